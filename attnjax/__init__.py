@@ -1,0 +1,28 @@
+"""attnjax: pure, jitted, differentiable attention variants for research in JAX.
+
+The public API is flat, as in optax::
+
+  import attnjax
+  out, stats = attnjax.dot_product_attention(q, k, v, is_causal=True, return_stats=True)
+
+Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
+``[B, S, K, H]`` with ``N % K == 0``; the output is ``[B, T, N, H]``.
+"""
+
+from attnjax import masks
+from attnjax import normalizers
+from attnjax.attention_stats import AttentionStats
+from attnjax.dense import dot_product_attention
+from attnjax.qk_norm import cosine_attention
+from attnjax.qk_norm import qk_norm_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionStats",
+    "cosine_attention",
+    "dot_product_attention",
+    "masks",
+    "normalizers",
+    "qk_norm_attention",
+]

@@ -1,0 +1,127 @@
+"""Argument validation shared by every attention family.
+
+All checks run at trace time on static shapes, so under ``jax.jit`` a bad call
+fails before anything is compiled, with a message naming the argument and the
+shapes seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+  return tuple(np.shape(x))
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+  if value not in choices:
+    valid = ", ".join(repr(c) for c in choices)
+    raise ValueError(f"{name}={value!r} is not one of: {valid}")
+
+
+def check_floating(name: str, x: Any) -> None:
+  if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+    raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
+
+
+def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int, int]:
+  """Checks q [B, T, N, H], k [B, S, K, H], v [B, S, K, Hv]; returns (B, T, S, N, K, H, Hv)."""
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    if np.ndim(x) != 4:
+      letters = "[B, T, N, H]" if name == "q" else "[B, S, K, H]"
+      raise ValueError(f"{name} must have rank 4 {letters}, got shape {shape_of(x)}")
+    check_floating(name, x)
+  if not (q.dtype == k.dtype == v.dtype):
+    raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+  B, T, N, H = q.shape
+  Bk, S, K, Hk = k.shape
+  if k.shape[:3] != v.shape[:3]:
+    raise ValueError(
+        f"k and v must agree on [B, S, K], got k {shape_of(k)} and v {shape_of(v)}")
+  if Bk != B:
+    raise ValueError(f"q and k batch sizes differ: q {shape_of(q)}, k {shape_of(k)}")
+  if Hk != H:
+    raise ValueError(f"q and k head dims differ: q {shape_of(q)}, k {shape_of(k)}")
+  if K == 0 or N % K != 0:
+    raise ValueError(
+        f"query heads N={N} must be a multiple of key/value heads K={K} "
+        f"(q {shape_of(q)}, k {shape_of(k)})")
+  return B, T, S, N, K, H, v.shape[3]
+
+
+def broadcastable_to(name: str, x: Any, target: tuple[int, ...]) -> None:
+  shape = shape_of(x)
+  if len(shape) > len(target) or any(
+      d != 1 and d != t for d, t in zip(shape[::-1], target[::-1])):
+    raise ValueError(
+        f"{name} of shape {shape} is not broadcastable to [B, N, T, S] = {target}")
+
+
+def as_rank4(name: str, x: Any, target: tuple[int, int, int, int], *, kind: str):
+  """Validates a mask or bias and returns it as a rank-4 array (leading 1s)."""
+  x = jnp.asarray(x)
+  if kind == "mask" and x.dtype != jnp.bool_:
+    raise TypeError(f"{name} must be boolean (True = may attend), got dtype {x.dtype}")
+  if kind == "bias":
+    check_floating(name, x)
+  broadcastable_to(name, x, target)
+  return jnp.reshape(x, (1,) * (4 - x.ndim) + x.shape)
+
+
+def check_window(window: Any) -> tuple[int, int] | None:
+  if window is None:
+    return None
+  if (not isinstance(window, tuple) or len(window) != 2
+      or not all(isinstance(w, (int, np.integer)) for w in window)):
+    raise TypeError(f"window must be a tuple (left, right) of ints, got {window!r}")
+  left, right = int(window[0]), int(window[1])
+  if left < 0 or right < 0:
+    raise ValueError(f"window=(left, right) must be non-negative, got {window!r}")
+  return left, right
+
+
+def check_segment_ids(segment_ids: Any, B: int, T: int, S: int):
+  """Returns (q_segment_ids [B, T], kv_segment_ids [B, S]) or (None, None)."""
+  if segment_ids is None:
+    return None, None
+  if isinstance(segment_ids, (tuple, list)):
+    if len(segment_ids) != 2:
+      raise ValueError(
+          f"segment_ids must be an array [B, T] or a pair (q [B, T], kv [B, S]), "
+          f"got a sequence of length {len(segment_ids)}")
+    q_seg, kv_seg = segment_ids
+  else:
+    if T != S:
+      raise ValueError(
+          f"a single segment_ids array needs T == S (got T={T}, S={S}); "
+          f"pass a pair (q_segment_ids [B, T], kv_segment_ids [B, S])")
+    q_seg = kv_seg = segment_ids
+  for name, seg, L in (("q segment_ids", q_seg, T), ("kv segment_ids", kv_seg, S)):
+    if shape_of(seg) != (B, L):
+      raise ValueError(f"{name} must have shape {(B, L)}, got {shape_of(seg)}")
+    if not jnp.issubdtype(jnp.result_type(seg), jnp.integer):
+      raise TypeError(f"{name} must be integer, got dtype {jnp.result_type(seg)}")
+  return jnp.asarray(q_seg), jnp.asarray(kv_seg)
+
+
+def check_positive_float(name: str, x: Any, *, allow_none: bool = True) -> float | None:
+  if x is None and allow_none:
+    return None
+  if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+    raise TypeError(f"{name} must be a Python float (static), got {type(x).__name__}")
+  if not np.isfinite(x) or x <= 0:
+    raise ValueError(f"{name} must be positive and finite, got {x!r}")
+  return float(x)
+
+
+def check_per_head(name: str, x: Any, N: int):
+  """A learned per-head quantity: shape [N] (or scalar)."""
+  check_floating(name, x)
+  shape = shape_of(x)
+  if shape not in ((), (N,)):
+    raise ValueError(f"{name} must have shape [N] = ({N},) or be a scalar, got {shape}")
+  return jnp.broadcast_to(jnp.asarray(x), (N,))

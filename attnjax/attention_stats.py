@@ -1,0 +1,77 @@
+"""``AttentionStats``: what one attention call reports about itself.
+
+Every family returns the same pytree with ``return_stats=True``. Fields a family
+cannot define are ``None``. All fields are float32 and finite, including for
+rows with no allowed key (those rows are left out of the means).
+
+Shapes: per (batch, query head) ``[B, N]``, except ``logsumexp`` which is per
+query row ``[B, N, T]`` because that is the quantity with a use of its own
+(merging partial attentions, a z-loss on attention logits); it carries a real
+gradient, unlike the stop-gradient residual of ``jax.nn.dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax.numpy as jnp
+
+Array = jnp.ndarray
+
+
+class AttentionStats(NamedTuple):
+  """Statistics of one attention call.
+
+  Attributes:
+    sink_mass: ``[B, N]`` mean over queries ``i >= 1`` of the weight on key 0,
+      on row-normalised weights ``|w_ij| / sum_l |w_il|`` (equal to the raw
+      weights for softmax; Gu et al. 2024 use row-normalised weights to compare
+      normalisers whose rows do not sum to one).
+    entropy: ``[B, N]`` mean over queries of ``-sum_j p_ij log p_ij`` on the same
+      row-normalised weights (Zhai et al. 2023).
+    max_logit: ``[B, N]`` maximum over allowed ``(i, j)`` of the logit the
+      normaliser sees (Wortsman et al. 2023).
+    logsumexp: ``[B, N, T]`` log of the softmax partition of each row, including
+      the null column of ``softmax_one`` / ``sink_logits``; 0 for empty rows.
+    row_sum: ``[B, N]`` mean over queries of ``sum_j w_ij`` of the raw weights
+      (1 for softmax; ``1 - null mass`` for softmax_one and sink logits).
+  """
+
+  sink_mass: Optional[Array] = None
+  entropy: Optional[Array] = None
+  max_logit: Optional[Array] = None
+  logsumexp: Optional[Array] = None
+  row_sum: Optional[Array] = None
+
+
+def _row_mean(x: Array, rows: Array) -> Array:
+  """Mean of ``x`` ``[B, N, T]`` over rows where ``rows`` is True; 0 when none is."""
+  count = jnp.sum(rows, axis=-1, dtype=jnp.float32)
+  total = jnp.sum(jnp.where(rows, x, 0.0), axis=-1)
+  return total / jnp.maximum(count, 1.0)
+
+
+def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array) -> AttentionStats:
+  """Reference statistics from materialised logits ``z`` and weights ``w`` ``[B, N, T, S]``."""
+  allowed = jnp.broadcast_to(allowed, z.shape)
+  has_key = jnp.any(allowed, axis=-1)  # [B, N, T]
+  mag = jnp.abs(w)
+  total = jnp.sum(mag, axis=-1, keepdims=True)
+  p = mag / jnp.where(total > 0, total, 1.0)
+  normalisable = jnp.logical_and(has_key, total[..., 0] > 0)
+
+  plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
+  entropy = _row_mean(-jnp.sum(plogp, axis=-1), normalisable)
+
+  T = z.shape[2]
+  later = (jnp.arange(T) >= 1)[None, None, :]
+  sink_mass = _row_mean(p[..., 0], jnp.logical_and(normalisable, later))
+
+  zmax = jnp.max(jnp.where(allowed, z, -jnp.inf), axis=(-2, -1))
+  max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
+
+  lse = log_normalizer[..., 0]
+  lse = jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0)
+  row_sum = _row_mean(jnp.sum(w, axis=-1), has_key)
+  return AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
+                        logsumexp=lse, row_sum=row_sum)

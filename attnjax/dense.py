@@ -1,0 +1,311 @@
+"""Dense scaled dot-product attention with every normaliser, and its dispatch.
+
+``dot_product_attention`` validates its arguments once, puts the static choices
+in a :class:`DenseOptions`, and hands the arrays to one implementation from
+``IMPLEMENTATIONS``. Every implementation takes the same canonical arguments,
+so the fast paths (block-wise, platform kernels) plug in beside the readable
+``reference`` below and are tested against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from attnjax import _checks, masks, normalizers
+from attnjax.attention_stats import AttentionStats, stats_from_weights
+
+Array = jnp.ndarray
+
+SIMILARITIES = ("dot", "neg_sq_euclidean")
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseOptions:
+  """Static, validated options of a dense attention call (hashable)."""
+
+  is_causal: bool = False
+  window: Optional[tuple[int, int]] = None
+  scale: float = 1.0
+  normalizer: str = "softmax"
+  softcap: Optional[float] = None
+  similarity: str = "dot"
+  return_stats: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseInputs:
+  """Canonical array arguments: bias and mask are rank 4 or None, sink logits ``[1, N, 1, 1]``."""
+
+  q: Array
+  k: Array
+  v: Array
+  bias: Optional[Array] = None
+  mask: Optional[Array] = None
+  sink_logits: Optional[Array] = None
+  q_segment_ids: Optional[Array] = None
+  kv_segment_ids: Optional[Array] = None
+
+
+# ---------------------------------------------------------------------------
+# Pieces shared by every dense path.
+
+
+def group_queries(q: Array, num_kv_heads: int) -> Array:
+  """``[B, T, N, H] -> [B, T, K, G, H]``: query head ``n`` uses kv head ``n // G`` (as jax.nn)."""
+  B, T, N, H = q.shape
+  return jnp.reshape(q, (B, T, num_kv_heads, N // num_kv_heads, H))
+
+
+def scores(q: Array, k: Array, *, scale: float, similarity: str = "dot",
+           softcap: Optional[float] = None) -> Array:
+  """Float32 logits ``[B, K, G, T, S]`` from grouped ``q`` ``[B, T, K, G, H]`` and ``k`` ``[B, S, K, H]``.
+
+  ``similarity="dot"``: ``scale * <q_i, k_j>``; ``"neg_sq_euclidean"``:
+  ``-scale * ||q_i - k_j||^2``. ``softcap`` then applies ``c * tanh(z / c)``
+  (Gemma 2) to the similarity, before any bias is added.
+  """
+  q32 = q.astype(jnp.float32)
+  k32 = k.astype(jnp.float32)
+  dots = jnp.einsum("btkgh,bskh->bkgts", q32, k32, preferred_element_type=jnp.float32)
+  if similarity == "dot":
+    z = dots * scale
+  else:
+    q_sq = jnp.einsum("btkgh,btkgh->bkgt", q32, q32)[..., None]
+    k_sq = jnp.einsum("bskh,bskh->bks", k32, k32)[:, :, None, None, :]
+    z = -scale * (q_sq - 2.0 * dots + k_sq)
+  if softcap is not None:
+    z = softcap * jnp.tanh(z / softcap)
+  return z
+
+
+def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> Optional[Array]:
+  """``[B|1, N|1, T]`` True where a query row has at least one allowed key; None if all do."""
+  structure_can_empty = (inputs.mask is not None or inputs.q_segment_ids is not None
+                         or (opts.window is not None and T > S))
+  if not structure_can_empty:
+    return None
+  full = masks.make_attention_mask(
+      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
+      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+  return jnp.any(full, axis=-1)
+
+
+# ---------------------------------------------------------------------------
+# Implementations.
+
+
+def reference(inputs: DenseInputs, opts: DenseOptions):
+  """Materialises the ``[B, N, T, S]`` logits and weights; obviously correct."""
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, H = q.shape
+  _, S, K, Hv = v.shape
+  z = scores(group_queries(q, K), k, scale=opts.scale, similarity=opts.similarity,
+             softcap=opts.softcap)
+  z = jnp.reshape(z, (B, N, T, S))
+  if inputs.bias is not None:
+    z = z + inputs.bias.astype(jnp.float32)
+  allowed = masks.make_attention_mask(
+      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
+      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+  if allowed is None:
+    allowed = jnp.ones((1, 1, 1, 1), bool)
+  sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
+  w, log_norm = normalizers.normalize(z, allowed, normalizer=opts.normalizer, sink_logits=sink)
+  w_grouped = jnp.reshape(w, (B, K, N // K, T, S))
+  out = jnp.einsum("bkgts,bskh->btkgh", w_grouped, v.astype(jnp.float32))
+  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
+  if not opts.return_stats:
+    return out
+  return out, stats_from_weights(z, w, allowed, log_norm)
+
+
+def _platform_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
+  reasons = []
+  if opts.normalizer != "softmax":
+    reasons.append(f"normalizer={opts.normalizer!r}")
+  if inputs.sink_logits is not None:
+    reasons.append("sink_logits")
+  if opts.softcap is not None:
+    reasons.append("softcap")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r}")
+  if opts.return_stats:
+    reasons.append("return_stats=True (its logsumexp residual has no gradient)")
+  if inputs.v.shape[-1] != inputs.q.shape[-1]:
+    reasons.append(f"a value head dim ({inputs.v.shape[-1]}) unlike the query's ({inputs.q.shape[-1]})")
+  return reasons
+
+
+def _jax_nn(inputs: DenseInputs, opts: DenseOptions, *, implementation: str):
+  q, k, v = inputs.q, inputs.k, inputs.v
+  T, S = q.shape[1], k.shape[1]
+  mask = masks.combine_masks(
+      inputs.mask,
+      None if inputs.q_segment_ids is None else
+      masks.segment_mask(inputs.q_segment_ids, inputs.kv_segment_ids))
+  bias = None if inputs.bias is None else inputs.bias.astype(q.dtype)
+  out = jax.nn.dot_product_attention(
+      q, k, v, bias=bias, mask=mask, scale=opts.scale, is_causal=opts.is_causal,
+      local_window_size=opts.window, implementation=implementation)
+  # jax.nn gives a row with no allowed key the mean of all values; ours is zero.
+  has_key = rows_with_keys(inputs, opts, T, S)
+  if has_key is not None:
+    keep = jnp.transpose(has_key, (0, 2, 1))[..., None]  # [B|1, T, N|1, 1]
+    out = jnp.where(keep, out, jnp.zeros((), out.dtype))
+  return out
+
+
+def xla(inputs: DenseInputs, opts: DenseOptions):
+  """``jax.nn.dot_product_attention(implementation="xla")`` for the options it supports."""
+  return _jax_nn(inputs, opts, implementation="xla")
+
+
+def cudnn(inputs: DenseInputs, opts: DenseOptions):
+  """``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU, fp16/bf16)."""
+  return _jax_nn(inputs, opts, implementation="cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+  fn: Callable[[DenseInputs, DenseOptions], Any]
+  # Returns the reasons this path cannot honour the call ([] = supported).
+  unsupported: Callable[[DenseInputs, DenseOptions], list[str]]
+
+
+def _cudnn_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
+  reasons = _platform_unsupported(inputs, opts)
+  if jax.default_backend() != "gpu":
+    reasons.append(f"the {jax.default_backend()!r} backend (cuDNN needs a GPU)")
+  if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
+    reasons.append(f"dtype {inputs.q.dtype} (cuDNN takes bfloat16 or float16)")
+  return reasons
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    "reference": Implementation(reference, lambda i, o: []),
+    "xla": Implementation(xla, _platform_unsupported),
+    "cudnn": Implementation(cudnn, _cudnn_unsupported),
+}
+
+
+def select_implementation(inputs: DenseInputs, opts: DenseOptions) -> str:
+  """Auto-dispatch: the fastest path that honours every option asked for."""
+  del inputs, opts
+  return "reference"
+
+
+def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+  """Runs a validated call on the named (or auto-selected) implementation."""
+  name = select_implementation(inputs, opts) if implementation is None else implementation
+  impl = IMPLEMENTATIONS[name]
+  reasons = impl.unsupported(inputs, opts)
+  if reasons:
+    raise ValueError(
+        f"implementation={name!r} does not support " + "; ".join(reasons)
+        + ". Use implementation='reference' or None (auto).")
+  return impl.fn(inputs, opts)
+
+
+# ---------------------------------------------------------------------------
+# Public function.
+
+
+def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
+            normalizer="softmax", sink_logits=None, softcap=None, window=None,
+            segment_ids=None, similarity="dot", implementation=None,
+            return_stats=False) -> tuple[DenseInputs, DenseOptions]:
+  """Validates a dense call and returns its canonical inputs and options."""
+  B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
+  _checks.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
+  _checks.check_choice("similarity", similarity, SIMILARITIES)
+  _checks.check_choice("implementation", implementation, (None, *IMPLEMENTATIONS))
+  if not isinstance(is_causal, bool):
+    raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+  window = _checks.check_window(window)
+  scale = H ** -0.5 if scale is None else scale
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+  softcap = _checks.check_positive_float("softcap", softcap)
+  target = (B, N, T, S)
+  if sink_logits is not None:
+    if normalizer != "softmax":
+      raise ValueError(
+          f"sink_logits adds a learned null column to softmax; it cannot be combined "
+          f"with normalizer={normalizer!r}")
+    sink_logits = jnp.reshape(_checks.check_per_head("sink_logits", sink_logits, N),
+                              (1, N, 1, 1))
+  bias = None if bias is None else _checks.as_rank4("bias", bias, target, kind="bias")
+  mask = None if mask is None else _checks.as_rank4("mask", mask, target, kind="mask")
+  q_seg, kv_seg = _checks.check_segment_ids(segment_ids, B, T, S)
+  inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg)
+  opts = DenseOptions(is_causal=is_causal, window=window, scale=float(scale),
+                      normalizer=normalizer, softcap=softcap, similarity=similarity,
+                      return_stats=bool(return_stats))
+  return inputs, opts
+
+
+def _dot_product_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    bias: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    normalizer: str = "softmax",
+    sink_logits: Optional[Array] = None,
+    softcap: Optional[float] = None,
+    window: Optional[tuple[int, int]] = None,
+    segment_ids: Any = None,
+    similarity: str = "dot",
+    implementation: Optional[str] = None,
+    return_stats: bool = False,
+):
+  """Scaled dot-product attention with a choice of normaliser.
+
+  Args:
+    q: queries ``[B, T, N, H]``.
+    k: keys ``[B, S, K, H]``; ``N % K == 0`` (GQA/MQA: query head ``n`` reads
+      key/value head ``n // (N // K)``).
+    v: values ``[B, S, K, Hv]``.
+    bias: float, added to the logits; broadcastable to ``[B, N, T, S]``.
+    mask: bool, True = may attend; broadcastable to ``[B, N, T, S]``.
+    is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as jax.nn).
+    scale: logit scale; None means ``H ** -0.5``.
+    normalizer: one of ``"softmax"``, ``"softmax_one"``, ``"sigmoid"``,
+      ``"softpick"``, ``"none"`` (see :mod:`attnjax.normalizers`).
+    sink_logits: ``[N]`` learned per-head logit of a null key that takes
+      softmax mass and is dropped (gpt-oss); softmax only.
+    softcap: ``c`` for ``c * tanh(z / c)`` logit capping (Gemma 2), applied to
+      the scaled similarity before ``bias``.
+    window: ``(left, right)``: query ``i`` sees keys ``i - left .. i + right``.
+    segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
+      queries attend only within their segment (packed sequences).
+    similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, for the
+      seed claim that distance scores give near-uniform weights).
+    implementation: None (auto), ``"reference"``, ``"xla"`` or ``"cudnn"``
+      (``jax.nn.dot_product_attention``; raise if an option is unsupported).
+    return_stats: also return :class:`AttentionStats`.
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
+    Logits and normaliser are float32; a query row with no allowed key is zero.
+  """
+  inputs, opts = prepare(
+      q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale,
+      normalizer=normalizer, sink_logits=sink_logits, softcap=softcap, window=window,
+      segment_ids=segment_ids, similarity=similarity, implementation=implementation,
+      return_stats=return_stats)
+  return run(inputs, opts, implementation)
+
+
+DENSE_STATIC = ("is_causal", "scale", "normalizer", "softcap", "window", "similarity",
+                "implementation", "return_stats")
+
+dot_product_attention = jax.jit(_dot_product_attention, static_argnames=DENSE_STATIC)
+dot_product_attention.__doc__ = _dot_product_attention.__doc__

@@ -1,0 +1,187 @@
+"""QK-normalised and cosine attention: normalise q and k over the head dim, then dense attention.
+
+Both are thin front ends to :func:`attnjax.dense.prepare` / ``run``, so every
+dense option and implementation works unchanged after the normalisation.
+
+References:
+  Dehghani et al. 2023 (ViT-22B) and Wortsman et al. 2023: QK LayerNorm.
+  Henry et al. 2020, "Query-Key Normalization for Transformers".
+  Liu et al. 2022, "Swin Transformer V2": cosine attention with a learned,
+  clamped log-scale per head.
+  Loshchilov et al. 2024, "nGPT": unit-norm q, k scaled by a learned ``s_qk``
+  and a softmax scale of ``sqrt(H)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from attnjax import _checks, dense
+
+Array = jnp.ndarray
+
+NORMS = ("l2", "rms", "layer")
+COSINE_CONVENTIONS = ("swin", "scale", "ngpt")
+SWIN_MAX_LOG_SCALE = math.log(100.0)
+
+
+def normalize_head(x: Array, norm: str, eps: float) -> Array:
+  """Normalises ``x`` over its last axis in float32."""
+  x = x.astype(jnp.float32)
+  if norm == "l2":
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+  if norm == "rms":
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+  centred = x - jnp.mean(x, axis=-1, keepdims=True)
+  return centred * jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + eps)
+
+
+def _gain(name: str, gain: Optional[Array], H: int) -> Optional[Array]:
+  if gain is None:
+    return None
+  _checks.check_floating(name, gain)
+  if jnp.shape(gain) != (H,):
+    raise ValueError(f"{name} must have shape [H] = ({H},), got {tuple(jnp.shape(gain))}")
+  return jnp.reshape(jnp.asarray(gain, jnp.float32), (1, 1, 1, H))
+
+
+def _check_qk(q, k):
+  for name, x in (("q", q), ("k", k)):
+    if jnp.ndim(x) != 4:
+      raise ValueError(f"{name} must have rank 4, got shape {tuple(jnp.shape(x))}")
+
+
+def _qk_norm_attention(
+    q: Array, k: Array, v: Array, *,
+    norm: str = "rms",
+    q_scale: Optional[Array] = None,
+    k_scale: Optional[Array] = None,
+    eps: float = 1e-6,
+    bias: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    normalizer: str = "softmax",
+    sink_logits: Optional[Array] = None,
+    softcap: Optional[float] = None,
+    window: Optional[tuple[int, int]] = None,
+    segment_ids: Any = None,
+    implementation: Optional[str] = None,
+    return_stats: bool = False,
+):
+  """Attention on normalised queries and keys (QK-norm).
+
+  ``q`` and ``k`` are normalised over the head dim (in float32, returned to the
+  input dtype), multiplied by the optional learned gains, and passed to
+  :func:`attnjax.dot_product_attention` with every other option.
+
+  Args:
+    q, k, v: as :func:`attnjax.dot_product_attention`.
+    norm: ``"rms"`` (RMSNorm, no centring), ``"layer"`` (LayerNorm without
+      bias) or ``"l2"`` (unit L2 norm: logits become ``scale * cos``; with the
+      default ``scale = H**-0.5`` they are tiny, so pass a scale or use
+      :func:`cosine_attention` for a learned temperature).
+    q_scale, k_scale: optional learned gains ``[H]``.
+    eps: added to the mean square (or sum of squares) before the square root.
+    The rest: see :func:`attnjax.dot_product_attention`.
+  """
+  _check_qk(q, k)
+  _checks.check_choice("norm", norm, NORMS)
+  _checks.check_positive_float("eps", eps, allow_none=False)
+  H = q.shape[-1]
+  qn = normalize_head(q, norm, eps)
+  kn = normalize_head(k, norm, eps)
+  gq, gk = _gain("q_scale", q_scale, H), _gain("k_scale", k_scale, H)
+  if gq is not None:
+    qn = qn * gq
+  if gk is not None:
+    kn = kn * gk
+  inputs, opts = dense.prepare(
+      qn.astype(q.dtype), kn.astype(k.dtype), v, bias=bias, mask=mask, is_causal=is_causal,
+      scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
+      window=window, segment_ids=segment_ids, implementation=implementation,
+      return_stats=return_stats)
+  return dense.run(inputs, opts, implementation)
+
+
+def _temperature_multiplier(temperature: Array, convention: str, N: int, H: int) -> Array:
+  """The per-head factor that multiplies the unit query, ``[1, 1, N, 1]`` or ``[1, 1, N, H]``."""
+  _checks.check_floating("temperature", temperature)
+  t = jnp.asarray(temperature, jnp.float32)
+  if convention == "ngpt":
+    if t.shape not in ((), (H,), (N, H)):
+      raise ValueError(
+          f"temperature (nGPT s_qk) must have shape [], [H] = ({H},) or [N, H] = ({N}, {H}), "
+          f"got {t.shape}")
+    # (s * q_hat) . (s * k_hat) = sum_h s_h^2 q_hat_h k_hat_h: apply s^2 on the query side,
+    # which also works when several query heads share a key head (GQA).
+    return jnp.reshape(jnp.broadcast_to(t * t, (N, H)), (1, 1, N, H))
+  t = _checks.check_per_head("temperature", t, N)
+  if convention == "swin":
+    t = jnp.exp(jnp.minimum(t, SWIN_MAX_LOG_SCALE))
+  return jnp.reshape(t, (1, 1, N, 1))
+
+
+def _cosine_attention(
+    q: Array, k: Array, v: Array, *,
+    temperature: Array,
+    convention: str = "swin",
+    eps: float = 1e-6,
+    bias: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    is_causal: bool = False,
+    normalizer: str = "softmax",
+    sink_logits: Optional[Array] = None,
+    softcap: Optional[float] = None,
+    window: Optional[tuple[int, int]] = None,
+    segment_ids: Any = None,
+    implementation: Optional[str] = None,
+    return_stats: bool = False,
+):
+  """Cosine attention: logits are ``cos(q_i, k_j)`` times a learned per-head scale.
+
+  Conventions for ``temperature``:
+
+  - ``"swin"`` (Swin v2): ``temperature`` ``[N]`` is a log-scale; logits are
+    ``cos * exp(min(temperature, log 100))``. Initialise it at ``log 10``.
+  - ``"scale"``: ``temperature`` ``[N]`` multiplies the cosine directly.
+  - ``"ngpt"`` (nGPT): ``temperature`` is ``s_qk`` (``[H]`` or ``[N, H]``);
+    logits are ``sqrt(H) * sum_h (s_h q_hat_h)(s_h k_hat_h)``.
+
+  The logits depend only on directions, so rescaling any ``q_i`` or ``k_j`` by a
+  positive factor changes nothing (up to ``eps``); dot-product attention keeps
+  the norms.
+
+  Args:
+    q, k, v: as :func:`attnjax.dot_product_attention`.
+    temperature: the learned scale (array argument, see conventions above).
+    convention: ``"swin"``, ``"scale"`` or ``"ngpt"``.
+    eps: added to the squared norm before the square root.
+    The rest: see :func:`attnjax.dot_product_attention`.
+  """
+  _check_qk(q, k)
+  _checks.check_choice("convention", convention, COSINE_CONVENTIONS)
+  _checks.check_positive_float("eps", eps, allow_none=False)
+  N, H = q.shape[2], q.shape[3]
+  qn = normalize_head(q, "l2", eps) * _temperature_multiplier(temperature, convention, N, H)
+  kn = normalize_head(k, "l2", eps)
+  scale = math.sqrt(H) if convention == "ngpt" else 1.0
+  inputs, opts = dense.prepare(
+      qn.astype(q.dtype), kn.astype(k.dtype), v, bias=bias, mask=mask, is_causal=is_causal,
+      scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
+      window=window, segment_ids=segment_ids, implementation=implementation,
+      return_stats=return_stats)
+  return dense.run(inputs, opts, implementation)
+
+
+_SHARED_STATIC = ("eps", "is_causal", "normalizer", "softcap", "window", "implementation",
+                  "return_stats")
+qk_norm_attention = jax.jit(_qk_norm_attention,
+                            static_argnames=("norm", "scale") + _SHARED_STATIC)
+qk_norm_attention.__doc__ = _qk_norm_attention.__doc__
+cosine_attention = jax.jit(_cosine_attention, static_argnames=("convention",) + _SHARED_STATIC)
+cosine_attention.__doc__ = _cosine_attention.__doc__

@@ -1,0 +1,292 @@
+"""Benchmarks: attnjax paths against the built-ins, as ratios measured in one run.
+
+    python experiments/bench.py                      # every suite
+    python experiments/bench.py --suite dense        # one suite
+    python experiments/bench.py --suite dense --sizes 256,1024 --repeats 3
+    python experiments/bench.py --list
+
+Each case is timed in this process after warm-up (compilation excluded), with
+``block_until_ready``, and reported as the median of ``--repeats`` runs. The
+machine's float32 matmul rate is measured in the same run, so every row shows
+achieved GFLOP/s, percent of that rate, and its time over the baseline at the
+same shape (``jax.nn.dot_product_attention`` unless the row says otherwise).
+
+Memory cases (``--memory``) run each case in a fresh child process and report
+its peak resident set size, so one case's allocations cannot hide another's.
+
+Suites register themselves with :func:`suite`; a new path adds a function that
+returns :class:`Case` rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Iterable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import attnjax  # noqa: E402
+
+
+@dataclasses.dataclass
+class Case:
+  """One timed row.
+
+  Attributes:
+    suite: table the row belongs to.
+    method: what is timed (e.g. ``"attnjax reference"``).
+    shape: label of the problem size; rows with equal ``(suite, shape)`` share a baseline.
+    fn: a jitted callable; ``fn(*args)`` is timed.
+    args: its arguments (created once, outside the timing).
+    flops: useful floating-point operations of one call (for GFLOP/s).
+    baseline: True for the row other rows at this shape are divided by.
+  """
+
+  suite: str
+  method: str
+  shape: str
+  fn: Callable
+  args: tuple
+  flops: float
+  baseline: bool = False
+
+
+_SUITES: dict[str, Callable[[argparse.Namespace], Iterable[Case]]] = {}
+_MEMORY: dict[str, Callable[[], Callable[[], object]]] = {}
+
+
+def suite(name: str):
+  """Decorator registering a function ``(args) -> Iterable[Case]`` as a suite."""
+  def register(fn):
+    _SUITES[name] = fn
+    return fn
+  return register
+
+
+def memory_case(name: str):
+  """Decorator registering ``() -> run`` whose ``run()`` is measured in its own process."""
+  def register(fn):
+    _MEMORY[name] = fn
+    return fn
+  return register
+
+
+# ---------------------------------------------------------------------------
+# Timing.
+
+
+def block(x):
+  return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
+
+
+def time_call(fn: Callable, args: tuple, *, repeats: int = 5, warmup: int = 1,
+              min_time: float = 0.0) -> float:
+  """Median wall time (s) of ``fn(*args)`` after ``warmup`` calls (the first compiles)."""
+  for _ in range(max(warmup, 1)):
+    block(fn(*args))
+  times = []
+  while len(times) < repeats or sum(times) < min_time:
+    t0 = time.perf_counter()
+    block(fn(*args))
+    times.append(time.perf_counter() - t0)
+    if len(times) >= 10 * repeats:
+      break
+  return statistics.median(times)
+
+
+def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
+  """This machine's float32 matmul rate in GFLOP/s (n x n x n, jitted)."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  f = jax.jit(jnp.matmul)
+  t = time_call(f, (a, b), repeats=repeats, warmup=2)
+  return 2 * n ** 3 / t / 1e9
+
+
+# ---------------------------------------------------------------------------
+# Shared helpers for suites.
+
+
+def qkv(B: int, T: int, N: int, H: int, *, S: Optional[int] = None, K: Optional[int] = None,
+        dtype=jnp.float32, seed: int = 0):
+  S = T if S is None else S
+  K = N if K is None else K
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(kq, (B, T, N, H), dtype),
+          jax.random.normal(kk, (B, S, K, H), dtype),
+          jax.random.normal(kv, (B, S, K, H), dtype))
+
+
+def allowed_pairs(T: int, S: int, *, is_causal: bool, window: Optional[tuple[int, int]] = None) -> int:
+  """Number of (query, key) pairs a causal/window mask allows (exact, top-left aligned)."""
+  i = np.arange(T)[:, None]
+  lo = np.zeros((T, 1), np.int64)
+  hi = np.full((T, 1), S - 1, np.int64)
+  if is_causal:
+    hi = np.minimum(hi, i)
+  if window is not None:
+    lo = np.maximum(lo, i - window[0])
+    hi = np.minimum(hi, i + window[1])
+  return int(np.clip(hi - lo + 1, 0, None).sum())
+
+
+def attention_flops(B: int, N: int, H: int, pairs: int, *, backward: bool = False) -> float:
+  """QK^T and PV matmuls over the allowed pairs; forward+backward counts 3.5x (FlashAttention-2)."""
+  fwd = 4.0 * B * N * H * pairs
+  return fwd * 3.5 if backward else fwd
+
+
+def fwd_bwd(attn: Callable) -> Callable:
+  """Jitted ``(q, k, v) -> (out, grads)`` of ``sum(attn(q, k, v) * ct)``-style loss."""
+  def loss(q, k, v):
+    return jnp.sum(attn(q, k, v).astype(jnp.float32))
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+def parse_sizes(text: str) -> list[int]:
+  return [int(s) for s in text.split(",") if s]
+
+
+# ---------------------------------------------------------------------------
+# Suites.
+
+
+@suite("dense")
+def dense_suite(args) -> Iterable[Case]:
+  """Dense causal forward (B=1, N=8, H=64, fp32): reference and xla against jax.nn."""
+  B, N, H = 1, 8, 64
+  for T in parse_sizes(args.sizes or "256,1024,4096"):
+    q, k, v = qkv(B, T, N, H)
+    flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True))
+    shape = f"T={T}"
+    yield Case("dense", "jax.nn.dot_product_attention", shape,
+               jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+               (q, k, v), flops, baseline=True)
+    for impl in ("reference", "xla"):
+      yield Case("dense", f"attnjax {impl}", shape,
+                 jax.jit(lambda q, k, v, impl=impl: attnjax.dot_product_attention(
+                     q, k, v, is_causal=True, implementation=impl)),
+                 (q, k, v), flops)
+
+
+# ---------------------------------------------------------------------------
+# Memory measurement in a child process.
+
+
+def _peak_rss_mib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _memory_child(name: str) -> None:
+  run = _MEMORY[name]()
+  base = _peak_rss_mib()
+  block(run())
+  print(json.dumps({"case": name, "peak_rss_mib": _peak_rss_mib(), "before_run_mib": base}))
+
+
+def measure_memory(name: str) -> dict:
+  out = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-child", name],
+                       capture_output=True, text=True, check=False)
+  if out.returncode != 0:
+    return {"case": name, "error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------
+# Reporting.
+
+
+def run_suites(names: list[str], args) -> list[dict]:
+  rate = matmul_rate()
+  print(f"# attnjax benchmarks ({jax.default_backend()}, {jax.device_count()} device(s), "
+        f"jax {jax.__version__})\n")
+  print(f"measured float32 matmul rate: {rate:.1f} GFLOP/s (2048^3, median of 5)\n")
+  results = []
+  for name in names:
+    rows = []
+    for case in _SUITES[name](args):
+      try:
+        t = time_call(case.fn, case.args, repeats=args.repeats)
+        err = None
+      except Exception as e:  # a path that cannot run a case reports it instead of aborting
+        t, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+      gflops = case.flops / t / 1e9 if t == t else float("nan")
+      rows.append(dict(suite=case.suite, method=case.method, shape=case.shape, time_ms=t * 1e3,
+                       gflops=gflops, pct_matmul=100 * gflops / rate, baseline=case.baseline,
+                       error=err))
+      print(f"  {case.suite} {case.shape} {case.method}: "
+            f"{'%.2f ms' % (t * 1e3) if err is None else err}", file=sys.stderr, flush=True)
+    base = {r["shape"]: r["time_ms"] for r in rows if r["baseline"]}
+    for r in rows:
+      r["ratio"] = r["time_ms"] / base[r["shape"]] if r["shape"] in base else float("nan")
+    print(f"## {name}\n\n{_SUITES[name].__doc__.strip()}\n")
+    print("| shape | method | time (ms) | GFLOP/s | % matmul | vs baseline |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in rows:
+      if r["error"]:
+        print(f"| {r['shape']} | {r['method']} | {r['error']} | | | |")
+        continue
+      print(f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} | {r['gflops']:.1f} | "
+            f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |")
+    print()
+    results.extend(rows)
+  return results
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--suite", default="all", help="comma-separated suite names, or 'all'")
+  p.add_argument("--sizes", default=None, help="comma-separated sequence lengths (suite default if unset)")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--memory", action="store_true", help="also run the memory cases")
+  p.add_argument("--json", default=None, help="write all rows to this JSON file")
+  p.add_argument("--list", action="store_true")
+  p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.memory_child:
+    _memory_child(args.memory_child)
+    return
+  if args.list:
+    for name, fn in _SUITES.items():
+      print(f"{name}: {fn.__doc__.strip().splitlines()[0]}")
+    for name in _MEMORY:
+      print(f"memory {name}")
+    return
+  names = list(_SUITES) if args.suite == "all" else args.suite.split(",")
+  for n in names:
+    if n not in _SUITES:
+      p.error(f"--suite {n!r} is not one of {sorted(_SUITES)}")
+  results = run_suites(names, args)
+  memory = []
+  if args.memory and _MEMORY:
+    print("## memory (peak resident set of a fresh process)\n")
+    print("| case | peak RSS (MiB) |")
+    print("|---|---:|")
+    for name in _MEMORY:
+      m = measure_memory(name)
+      memory.append(m)
+      print(f"| {name} | {m.get('peak_rss_mib', float('nan')):.0f} |" if "error" not in m
+            else f"| {name} | error: {m['error']} |")
+    print()
+  if args.json:
+    tmp = args.json + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"rows": results, "memory": memory}, f, indent=1)
+    os.replace(tmp, args.json)
+
+
+if __name__ == "__main__":
+  main()
