@@ -187,6 +187,15 @@ def dense_suite(args) -> Iterable[Case]:
 
 
 def _peak_rss_mib() -> float:
+  """Peak resident set of this process. ``VmHWM`` is reset by exec, unlike ``ru_maxrss``,
+  which a child started from a large bench process inherits from it."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
