@@ -1,0 +1,624 @@
+"""Sparse attention patterns: which keys each query may see, element by element and block by block.
+
+A pattern is a frozen, hashable object (so it can be a static argument of
+``jax.jit``) with one element rule, :meth:`Pattern.allowed`, evaluated on
+*position vectors*. The same rule builds
+
+- the exact dense ``[1, 1, T, S]`` boolean mask (:meth:`Pattern.mask`), which
+  the reference path hands to dense attention, and
+- the block layout (:meth:`Pattern.layout`): for each query block, the key
+  blocks holding at least one allowed pair, and which of them are entirely
+  allowed (visited without an element mask). The block-sparse path computes
+  only those blocks, and masks the partial ones with the same rule.
+
+Positions are top-left aligned as in ``jax.nn.dot_product_attention``: query
+``i`` sits at position ``i`` and key ``j`` at position ``j``. Causal and window
+parts of every rule come from :func:`attnjax.masks.structural_mask`.
+
+Patterns combine with ``|`` (union) and ``&`` (intersection), e.g.
+``global_window(2, 64) & causal()`` is a causal Longformer pattern.
+
+Example::
+
+  pattern = attnjax.patterns.sliding_window(256)
+  pattern.mask(1024)                       # [1, 1, 1024, 1024] bool
+  pattern.block_mask(1024, block_size=128)  # [8, 8] numpy bool of kept blocks
+  layout = pattern.layout(1024, block_size=128)
+  layout.kv_blocks[3, :layout.num_visits[3]]   # key blocks query block 3 visits
+
+References:
+  Child et al. 2019, "Generating Long Sequences with Sparse Transformers"
+  (strided and fixed patterns), arXiv:1904.10509.
+  Beltagy et al. 2020, "Longformer: The Long-Document Transformer"
+  (global + sliding window), arXiv:2004.05150.
+  Zaheer et al. 2020, "Big Bird: Transformers for Longer Sequences"
+  (global + window + random blocks), arXiv:2007.14062.
+  Xiao et al. 2024, "Efficient Streaming Language Models with Attention
+  Sinks" (StreamingLLM: sink tokens + rolling window), arXiv:2309.17453.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import masks
+
+Array = jnp.ndarray
+
+
+# ---------------------------------------------------------------------------
+# Argument validation.
+
+
+def _check_int(name: str, value, *, minimum: int, pattern: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{pattern}: {name} must be an int, got {value!r} ({type(value).__name__})")
+  if value < minimum:
+    bound = "positive" if minimum == 1 else f">= {minimum}"
+    raise ValueError(f"{pattern}: {name} must be {bound}, got {name}={value}")
+  return int(value)
+
+
+def check_lengths(T, S, block_size) -> tuple[int, int, int]:
+  """Validates a sequence shape and block size for a mask or layout."""
+  T = _check_int("T", T, minimum=1, pattern="layout")
+  S = _check_int("S", S, minimum=1, pattern="layout")
+  block_size = _check_int("block_size", block_size, minimum=1, pattern="layout")
+  return T, S, block_size
+
+
+# ---------------------------------------------------------------------------
+# Block layout.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockLayout:
+  """Which key blocks each query block visits, for a ``(T, S)`` problem.
+
+  Query block ``b`` holds positions ``[b * block_size, (b + 1) * block_size)``
+  (clipped to ``T``); key blocks likewise in ``S``.
+
+  Attributes:
+    T: number of queries.
+    S: number of keys.
+    block_size: block edge, in queries and in keys.
+    kv_blocks: ``int32 [num_q_blocks, max_visits]``: the key blocks visited by
+      each query block, ascending; entries past ``num_visits`` are -1.
+    num_visits: ``int32 [num_q_blocks]``: how many entries of ``kv_blocks`` are real.
+    needs_mask: ``bool [num_q_blocks, max_visits]``: True where the visit has
+      some disallowed pair (or a ragged edge) and needs the element rule;
+      False for full blocks (and for padding entries).
+  """
+
+  T: int
+  S: int
+  block_size: int
+  kv_blocks: np.ndarray
+  num_visits: np.ndarray
+  needs_mask: np.ndarray
+
+  @property
+  def num_q_blocks(self) -> int:
+    return -(-self.T // self.block_size)
+
+  @property
+  def num_k_blocks(self) -> int:
+    return -(-self.S // self.block_size)
+
+  @property
+  def max_visits(self) -> int:
+    return self.kv_blocks.shape[1]
+
+  @property
+  def kept(self) -> np.ndarray:
+    """``bool [num_q_blocks, num_k_blocks]``: blocks with at least one allowed pair."""
+    out = np.zeros((self.num_q_blocks, self.num_k_blocks), bool)
+    rows, cols = np.nonzero(self.kv_blocks >= 0)
+    out[rows, self.kv_blocks[rows, cols]] = True
+    return out
+
+  @property
+  def full(self) -> np.ndarray:
+    """``bool [num_q_blocks, num_k_blocks]``: kept blocks visited without an element mask."""
+    out = np.zeros((self.num_q_blocks, self.num_k_blocks), bool)
+    rows, cols = np.nonzero(np.logical_and(self.kv_blocks >= 0, ~self.needs_mask))
+    out[rows, self.kv_blocks[rows, cols]] = True
+    return out
+
+  @property
+  def num_kept_blocks(self) -> int:
+    return int(self.num_visits.sum())
+
+  @property
+  def density(self) -> float:
+    """Fraction of all ``num_q_blocks * num_k_blocks`` blocks that are computed."""
+    return self.num_kept_blocks / (self.num_q_blocks * self.num_k_blocks)
+
+
+# ---------------------------------------------------------------------------
+# Pattern base class.
+
+
+def _key_block_candidates(ranges, S: int, block_size: int) -> np.ndarray:
+  """``bool [num_k_blocks]``: key blocks touching any half-open position range ``[lo, hi)``."""
+  out = np.zeros(-(-S // block_size), bool)
+  for lo, hi in ranges:
+    lo, hi = max(lo, 0), min(hi, S)
+    if lo < hi:
+      out[lo // block_size:(hi - 1) // block_size + 1] = True
+  return out
+
+
+class Pattern:
+  """Base class: subclasses are frozen dataclasses defining :meth:`allowed`.
+
+  Subclasses may override :meth:`candidate_key_blocks` with a cheap superset
+  of the key blocks a query range can touch; the layout then evaluates the
+  rule only on those blocks, so building it costs in proportion to the kept
+  blocks rather than to ``T * S``.
+  """
+
+  def allowed(self, q_positions: Array, k_positions: Array, shape: tuple[int, int]) -> Array:
+    """The element rule: ``bool [Tq, Sk]``, True where query may attend key.
+
+    Args:
+      q_positions: ``[Tq]`` integer query positions (a block or all of them).
+      k_positions: ``[Sk]`` integer key positions.
+      shape: ``(T, S)`` of the whole problem (only patterns whose choice depends
+        on the length, e.g. BigBird's random blocks, read it).
+    """
+    raise NotImplementedError
+
+  def candidate_key_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
+                           block_size: int) -> np.ndarray:
+    """``bool [num_k_blocks]``: a superset of the key blocks queries ``[q_lo, q_hi)`` may see."""
+    del q_lo, q_hi
+    return np.ones(-(-shape[1] // block_size), bool)
+
+  def check_shape(self, T: int, S: int) -> None:
+    """Raises ValueError if the pattern cannot be laid on ``(T, S)``."""
+    del T, S
+
+  # -- derived ---------------------------------------------------------------
+
+  def mask(self, T: int, S: Optional[int] = None) -> Array:
+    """The exact dense mask ``bool [1, 1, T, S]`` (``S`` defaults to ``T``); the reference."""
+    S = T if S is None else S
+    T, S, _ = check_lengths(T, S, 1)
+    self.check_shape(T, S)
+    return self.allowed(jnp.arange(T), jnp.arange(S), (T, S))[None, None]
+
+  def layout(self, T: int, S: Optional[int] = None, *, block_size: int) -> BlockLayout:
+    """The block layout for square blocks of ``block_size`` (cached per shape)."""
+    S = T if S is None else S
+    T, S, block_size = check_lengths(T, S, block_size)
+    self.check_shape(T, S)
+    return _layout(self, T, S, block_size)
+
+  def block_mask(self, T: int, block_size: int, S: Optional[int] = None) -> np.ndarray:
+    """``numpy bool [num_q_blocks, num_k_blocks]`` of kept blocks, for drawing (``plt.imshow``)."""
+    return self.layout(T, S, block_size=block_size).kept
+
+  def __or__(self, other: "Pattern") -> "Pattern":
+    return union(self, other)
+
+  def __and__(self, other: "Pattern") -> "Pattern":
+    return intersection(self, other)
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(pattern: Pattern, T: int, S: int, block_size: int) -> BlockLayout:
+  """Evaluates the element rule on each candidate block (numpy, once per shape)."""
+  nq = -(-T // block_size)
+  rows_blocks, rows_partial = [], []
+  # Concrete evaluation even when called while tracing a jitted function: the
+  # layout is static structure, not part of the computation.
+  with jax.ensure_compile_time_eval():
+    for qb in range(nq):
+      q_lo, q_hi = qb * block_size, min((qb + 1) * block_size, T)
+      cand = np.flatnonzero(pattern.candidate_key_blocks(q_lo, q_hi, (T, S), block_size))
+      kept, partial = [], []
+      if cand.size:
+        # Pad every candidate block to block_size keys (clipped positions are
+        # dropped below) so one rule call covers all candidates of the row.
+        k_pos = (cand[:, None] * block_size + np.arange(block_size)[None, :]).reshape(-1)
+        valid_k = k_pos < S
+        rule = np.asarray(pattern.allowed(
+            jnp.arange(q_lo, q_hi), jnp.asarray(np.minimum(k_pos, S - 1)), (T, S)))
+        rule = np.logical_and(rule, valid_k[None, :]).reshape(q_hi - q_lo, cand.size, block_size)
+        any_allowed = rule.any(axis=(0, 2))
+        # A ragged block (past T or S) always needs the element mask: its
+        # padded rows and columns must be masked out.
+        ragged = (q_hi - q_lo < block_size) or np.logical_not(valid_k.reshape(cand.size, -1).all(-1))
+        all_allowed = np.logical_and(rule.all(axis=(0, 2)), np.logical_not(ragged))
+        kept = cand[any_allowed]
+        partial = np.logical_not(all_allowed[any_allowed])
+      rows_blocks.append(kept)
+      rows_partial.append(partial)
+  width = max(1, max(len(r) for r in rows_blocks))
+  kv_blocks = np.full((nq, width), -1, np.int32)
+  needs_mask = np.zeros((nq, width), bool)
+  num_visits = np.zeros((nq,), np.int32)
+  for qb, (kept, partial) in enumerate(zip(rows_blocks, rows_partial)):
+    kv_blocks[qb, :len(kept)] = kept
+    needs_mask[qb, :len(kept)] = partial
+    num_visits[qb] = len(kept)
+  for a in (kv_blocks, needs_mask, num_visits):
+    a.setflags(write=False)
+  return BlockLayout(T, S, block_size, kv_blocks, num_visits, needs_mask)
+
+
+def _structure(qp, kp, **kwargs) -> Array:
+  """``bool [Tq, Sk]`` from :func:`attnjax.masks.structural_mask` (the one mask rule)."""
+  return masks.structural_mask(qp, kp, **kwargs)[0, 0]
+
+
+# ---------------------------------------------------------------------------
+# Patterns.
+
+
+@dataclasses.dataclass(frozen=True)
+class Causal(Pattern):
+  """Query ``i`` sees keys ``j <= i``."""
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    return _structure(q_positions, k_positions, is_causal=True)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(0, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindow(Pattern):
+  """Query ``i`` sees keys ``i - left <= j <= i + right`` (causal when ``right == 0``)."""
+
+  left: int
+  right: int = 0
+
+  def __post_init__(self):
+    _check_int("left", self.left, minimum=0, pattern="sliding_window")
+    _check_int("right", self.right, minimum=0, pattern="sliding_window")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    return _structure(q_positions, k_positions, window=(self.left, self.right))
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(q_lo - self.left, q_hi + self.right)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Strided(Pattern):
+  """Child et al. strided pattern (causal).
+
+  Query ``i`` sees the previous ``stride`` positions, ``max(0, i - stride) <= j
+  <= i`` (the paper's A(1)), and every earlier ``j`` with ``(i - j) % stride == 0``
+  (A(2)): a row and a column of the ``[T / stride, stride]`` image of the sequence.
+
+  Note the column part touches every causal key block whenever
+  ``block_size <= stride``: with contiguous blocks the pattern is block-dense,
+  and only the element mask makes it sparse.
+  """
+
+  stride: int
+
+  def __post_init__(self):
+    _check_int("stride", self.stride, minimum=1, pattern="strided")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    local = _structure(q_positions, k_positions, is_causal=True, window=(self.stride, 0))
+    causal = _structure(q_positions, k_positions, is_causal=True)
+    offset = q_positions[:, None] - k_positions[None, :]
+    column = jnp.logical_and(causal, offset % self.stride == 0)
+    return jnp.logical_or(local, column)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(0, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed(Pattern):
+  """Child et al. fixed pattern (causal).
+
+  Query ``i`` sees the earlier keys of its own block of ``stride`` positions,
+  ``j // stride == i // stride`` (the paper's A(1)), and the last ``summary``
+  positions of every block, ``j % stride >= stride - summary`` (A(2), ``c`` in
+  the paper), always with ``j <= i``.
+  """
+
+  stride: int
+  summary: int
+
+  def __post_init__(self):
+    _check_int("stride", self.stride, minimum=1, pattern="fixed")
+    _check_int("summary", self.summary, minimum=1, pattern="fixed")
+    if self.summary > self.stride:
+      raise ValueError(
+          f"fixed: summary must be <= stride (the summary is the last positions of each "
+          f"block), got summary={self.summary}, stride={self.stride}")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    causal = _structure(q_positions, k_positions, is_causal=True)
+    same_block = (q_positions[:, None] // self.stride) == (k_positions[None, :] // self.stride)
+    summary = (k_positions % self.stride >= self.stride - self.summary)[None, :]
+    return jnp.logical_and(causal, jnp.logical_or(same_block, summary))
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(0, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalWindow(Pattern):
+  """Longformer: the first ``num_global`` tokens attend to and are attended by all; others use a window.
+
+  ``window`` is an int ``w`` (keys ``i - w .. i + w``, Longformer's window of
+  ``2w + 1``) or a pair ``(left, right)``. The pattern is bidirectional, as in
+  Longformer; intersect with :func:`causal` for a decoder.
+  """
+
+  num_global: int
+  window: Union[int, tuple[int, int]]
+
+  def __post_init__(self):
+    _check_int("num_global", self.num_global, minimum=0, pattern="global_window")
+    window = self.window
+    if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+      _check_int("window", window, minimum=0, pattern="global_window")
+      window = (int(window), int(window))
+    elif isinstance(window, tuple) and len(window) == 2:
+      window = (_check_int("window[0] (left)", window[0], minimum=0, pattern="global_window"),
+                _check_int("window[1] (right)", window[1], minimum=0, pattern="global_window"))
+    else:
+      raise TypeError(f"global_window: window must be an int or a (left, right) tuple of ints, "
+                      f"got {window!r}")
+    object.__setattr__(self, "window", window)
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    local = _structure(q_positions, k_positions, window=self.window)
+    is_global = jnp.logical_or((q_positions < self.num_global)[:, None],
+                               (k_positions < self.num_global)[None, :])
+    return jnp.logical_or(local, is_global)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    if q_lo < self.num_global:
+      return np.ones(-(-S // block_size), bool)
+    left, right = self.window
+    return _key_block_candidates(
+        [(0, self.num_global), (q_lo - left, q_hi + right)], S, block_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _bigbird_table(block: int, num_global: int, window_blocks: int, num_random: int,
+                   seed: int, num_q_blocks: int, num_k_blocks: int) -> np.ndarray:
+  """``bool [num_q_blocks, num_k_blocks]``: BigBird's allowed blocks, random part from ``seed``."""
+  del block
+  qb = np.arange(num_q_blocks)[:, None]
+  kb = np.arange(num_k_blocks)[None, :]
+  table = np.logical_or.reduce([
+      np.broadcast_to(qb < num_global, (num_q_blocks, num_k_blocks)),
+      np.broadcast_to(kb < num_global, (num_q_blocks, num_k_blocks)),
+      np.abs(qb - kb) <= window_blocks,
+  ])
+  for row in range(num_global, num_q_blocks):
+    free = np.flatnonzero(np.logical_not(table[row]))
+    if num_random and free.size:
+      # One generator per (seed, row): a row's draw does not depend on other rows.
+      rng = np.random.default_rng([seed, row])
+      table[row, rng.choice(free, size=min(num_random, free.size), replace=False)] = True
+  table.setflags(write=False)
+  return table
+
+
+@dataclasses.dataclass(frozen=True)
+class BigBird(Pattern):
+  """BigBird (ITC): global, sliding and random attention over blocks of ``block`` positions.
+
+  With query block ``a = i // block`` and key block ``b = j // block``, the pair
+  is allowed if ``a < num_global`` or ``b < num_global`` (global blocks attend
+  to and are attended by all), ``|a - b| <= window_blocks`` (the window: BigBird
+  uses 3 blocks, ``window_blocks=1``), or ``b`` is one of ``num_random`` key
+  blocks drawn for row ``a`` among those not already allowed. The draw uses
+  ``numpy.random.default_rng([seed, a])``, so equal seeds give equal patterns
+  for a given ``(T, S)``. Bidirectional, as in the paper; intersect with
+  :func:`causal` for a decoder (random blocks in the future are then dropped).
+  """
+
+  block: int
+  num_global: int
+  window_blocks: int
+  num_random: int
+  seed: int
+
+  def __post_init__(self):
+    _check_int("block", self.block, minimum=1, pattern="bigbird")
+    _check_int("num_global", self.num_global, minimum=0, pattern="bigbird")
+    _check_int("window_blocks", self.window_blocks, minimum=0, pattern="bigbird")
+    _check_int("num_random", self.num_random, minimum=0, pattern="bigbird")
+    _check_int("seed", self.seed, minimum=0, pattern="bigbird")
+
+  def check_shape(self, T, S):
+    if self.block > max(T, S):
+      raise ValueError(
+          f"bigbird: block={self.block} is longer than the sequence (T={T}, S={S}); "
+          f"use a block of at most {max(T, S)}")
+
+  def table(self, T: int, S: Optional[int] = None) -> np.ndarray:
+    """``numpy bool [ceil(T / block), ceil(S / block)]``: allowed BigBird blocks."""
+    S = T if S is None else S
+    return _bigbird_table(self.block, self.num_global, self.window_blocks, self.num_random,
+                          self.seed, -(-T // self.block), -(-S // self.block))
+
+  def allowed(self, q_positions, k_positions, shape):
+    table = jnp.asarray(self.table(*shape))
+    qb = jnp.clip(q_positions // self.block, 0, table.shape[0] - 1)
+    kb = jnp.clip(k_positions // self.block, 0, table.shape[1] - 1)
+    return table[qb[:, None], kb[None, :]]
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    rows = self.table(*shape)[q_lo // self.block:(q_hi - 1) // self.block + 1]
+    blocks = np.flatnonzero(rows.any(axis=0))
+    return _key_block_candidates([(b * self.block, (b + 1) * self.block) for b in blocks],
+                                 S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SinksWindow(Pattern):
+  """StreamingLLM: the first ``num_sinks`` keys plus a causal rolling window of ``window`` keys.
+
+  Query ``i`` sees ``j < num_sinks`` and ``i - window < j <= i`` (its own
+  position and the ``window - 1`` before it), always with ``j <= i``: the keys
+  a cache of ``num_sinks + window`` entries holds when it evicts the oldest
+  non-sink entry.
+  """
+
+  num_sinks: int
+  window: int
+
+  def __post_init__(self):
+    _check_int("num_sinks", self.num_sinks, minimum=0, pattern="sinks_window")
+    _check_int("window", self.window, minimum=1, pattern="sinks_window")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    recent = _structure(q_positions, k_positions, is_causal=True, window=(self.window - 1, 0))
+    causal = _structure(q_positions, k_positions, is_causal=True)
+    sinks = jnp.logical_and(causal, (k_positions < self.num_sinks)[None, :])
+    return jnp.logical_or(recent, sinks)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates(
+        [(0, min(self.num_sinks, q_hi)), (q_lo - self.window + 1, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternUnion(Pattern):
+  """Pairs allowed by any of ``parts``."""
+
+  parts: tuple
+
+  def allowed(self, q_positions, k_positions, shape):
+    out = self.parts[0].allowed(q_positions, k_positions, shape)
+    for p in self.parts[1:]:
+      out = jnp.logical_or(out, p.allowed(q_positions, k_positions, shape))
+    return out
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return np.logical_or.reduce(
+        [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])
+
+  def check_shape(self, T, S):
+    for p in self.parts:
+      p.check_shape(T, S)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternIntersection(Pattern):
+  """Pairs allowed by every one of ``parts``."""
+
+  parts: tuple
+
+  def allowed(self, q_positions, k_positions, shape):
+    out = self.parts[0].allowed(q_positions, k_positions, shape)
+    for p in self.parts[1:]:
+      out = jnp.logical_and(out, p.allowed(q_positions, k_positions, shape))
+    return out
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    # A block non-empty for the intersection is non-empty for every part.
+    return np.logical_and.reduce(
+        [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])
+
+  def check_shape(self, T, S):
+    for p in self.parts:
+      p.check_shape(T, S)
+
+
+# ---------------------------------------------------------------------------
+# Constructors (the public names).
+
+
+def causal() -> Causal:
+  """Query ``i`` sees keys ``j <= i``."""
+  return Causal()
+
+
+def sliding_window(left: int, right: int = 0) -> SlidingWindow:
+  """Keys ``i - left <= j <= i + right``; with ``right=0`` a causal window of ``left + 1`` keys."""
+  return SlidingWindow(left, right)
+
+
+def strided(stride: int) -> Strided:
+  """Child et al. 2019 strided: previous ``stride`` positions and every ``j`` with ``(i - j) % stride == 0``."""
+  return Strided(stride)
+
+
+def fixed(stride: int, summary: int) -> Fixed:
+  """Child et al. 2019 fixed: own block of ``stride`` positions and the last ``summary`` of every block."""
+  return Fixed(stride, summary)
+
+
+def global_window(num_global: int, window: Union[int, tuple[int, int]]) -> GlobalWindow:
+  """Longformer: ``num_global`` global tokens plus a sliding window (int ``w``: ``|i - j| <= w``)."""
+  return GlobalWindow(num_global, window)
+
+
+def bigbird(block: int, num_global: int, window_blocks: int, num_random: int,
+            seed: int) -> BigBird:
+  """BigBird over blocks of ``block``: global blocks, a window of blocks and seeded random blocks."""
+  return BigBird(block, num_global, window_blocks, num_random, seed)
+
+
+def sinks_window(num_sinks: int, window: int) -> SinksWindow:
+  """StreamingLLM: the first ``num_sinks`` keys plus the last ``window`` keys up to the query."""
+  return SinksWindow(num_sinks, window)
+
+
+def _check_parts(name: str, patterns) -> tuple:
+  if len(patterns) < 1:
+    raise ValueError(f"{name} needs at least one pattern")
+  for p in patterns:
+    if not isinstance(p, Pattern):
+      raise TypeError(f"{name} takes Pattern objects, got {type(p).__name__}")
+  return tuple(patterns)
+
+
+def union(*patterns: Pattern) -> Pattern:
+  """Pairs allowed by any pattern (also ``a | b``); nested unions are flattened."""
+  parts = []
+  for p in _check_parts("union", patterns):
+    parts.extend(p.parts if isinstance(p, PatternUnion) else (p,))
+  return parts[0] if len(parts) == 1 else PatternUnion(tuple(parts))
+
+
+def intersection(*patterns: Pattern) -> Pattern:
+  """Pairs allowed by every pattern (also ``a & b``); nested intersections are flattened."""
+  parts = []
+  for p in _check_parts("intersection", patterns):
+    parts.extend(p.parts if isinstance(p, PatternIntersection) else (p,))
+  return parts[0] if len(parts) == 1 else PatternIntersection(tuple(parts))
+
+
+__all__ = [
+    "BlockLayout", "Pattern", "bigbird", "causal", "fixed", "global_window", "intersection",
+    "sinks_window", "sliding_window", "strided", "union",
+]
+
