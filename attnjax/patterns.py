@@ -212,43 +212,67 @@ class Pattern:
     return intersection(self, other)
 
 
+# Rule evaluations per compiled call when building a layout (bounds its memory).
+_LAYOUT_CHUNK_ELEMENTS = 1 << 23
+
+
+@functools.partial(jax.jit, static_argnames=("pattern", "shape", "block_size"))
+def _classify_blocks(pattern, q_blocks, k_blocks, *, shape, block_size):
+  """For query blocks ``q_blocks [R]`` and candidate key blocks ``k_blocks [R, C]``:
+  ``(any, all)`` allowed, each ``bool [R, C]``, with positions past ``shape`` disallowed."""
+  T, S = shape
+  offsets = jnp.arange(block_size)
+
+  def one_row(qb, kbs):
+    q_pos = qb * block_size + offsets  # [bq]
+    k_pos = (kbs[:, None] * block_size + offsets[None, :]).reshape(-1)  # [C * bk]
+    inside = jnp.logical_and((q_pos < T)[:, None], (k_pos < S)[None, :])
+    rule = pattern.allowed(jnp.minimum(q_pos, T - 1), jnp.minimum(k_pos, S - 1), shape)
+    rule = jnp.logical_and(rule, inside).reshape(block_size, kbs.shape[0], block_size)
+    # A ragged block (past T or S) is never "full": its padding must be masked.
+    inside = inside.reshape(block_size, kbs.shape[0], block_size)
+    return rule.any(axis=(0, 2)), jnp.logical_and(rule, inside).all(axis=(0, 2)) & inside.all(
+        axis=(0, 2))
+
+  return jax.vmap(one_row)(q_blocks, k_blocks)
+
+
 @functools.lru_cache(maxsize=256)
 def _layout(pattern: Pattern, T: int, S: int, block_size: int) -> BlockLayout:
-  """Evaluates the element rule on each candidate block (numpy, once per shape)."""
+  """Evaluates the element rule on every candidate block, once per shape."""
   nq = -(-T // block_size)
-  rows_blocks, rows_partial = [], []
+  candidates = np.stack([
+      pattern.candidate_key_blocks(qb * block_size, min((qb + 1) * block_size, T), (T, S),
+                                   block_size)
+      for qb in range(nq)])
+  width = max(1, int(candidates.sum(axis=1).max()))
+  # Candidate key blocks of each row, ascending, padded with block 0 (dropped below).
+  order = np.argsort(np.logical_not(candidates), axis=1, kind="stable")[:, :width]
+  is_candidate = np.take_along_axis(candidates, order, axis=1)
+  cand_blocks = np.where(is_candidate, order, 0).astype(np.int32)
+  rows_per_call = max(1, _LAYOUT_CHUNK_ELEMENTS // (width * block_size * block_size))
+  rows_per_call = min(rows_per_call, nq)
+  any_allowed = np.zeros((nq, width), bool)
+  all_allowed = np.zeros((nq, width), bool)
   # Concrete evaluation even when called while tracing a jitted function: the
   # layout is static structure, not part of the computation.
   with jax.ensure_compile_time_eval():
-    for qb in range(nq):
-      q_lo, q_hi = qb * block_size, min((qb + 1) * block_size, T)
-      cand = np.flatnonzero(pattern.candidate_key_blocks(q_lo, q_hi, (T, S), block_size))
-      kept, partial = [], []
-      if cand.size:
-        # Pad every candidate block to block_size keys (clipped positions are
-        # dropped below) so one rule call covers all candidates of the row.
-        k_pos = (cand[:, None] * block_size + np.arange(block_size)[None, :]).reshape(-1)
-        valid_k = k_pos < S
-        rule = np.asarray(pattern.allowed(
-            jnp.arange(q_lo, q_hi), jnp.asarray(np.minimum(k_pos, S - 1)), (T, S)))
-        rule = np.logical_and(rule, valid_k[None, :]).reshape(q_hi - q_lo, cand.size, block_size)
-        any_allowed = rule.any(axis=(0, 2))
-        # A ragged block (past T or S) always needs the element mask: its
-        # padded rows and columns must be masked out.
-        ragged = (q_hi - q_lo < block_size) or np.logical_not(valid_k.reshape(cand.size, -1).all(-1))
-        all_allowed = np.logical_and(rule.all(axis=(0, 2)), np.logical_not(ragged))
-        kept = cand[any_allowed]
-        partial = np.logical_not(all_allowed[any_allowed])
-      rows_blocks.append(kept)
-      rows_partial.append(partial)
-  width = max(1, max(len(r) for r in rows_blocks))
-  kv_blocks = np.full((nq, width), -1, np.int32)
-  needs_mask = np.zeros((nq, width), bool)
-  num_visits = np.zeros((nq,), np.int32)
-  for qb, (kept, partial) in enumerate(zip(rows_blocks, rows_partial)):
-    kv_blocks[qb, :len(kept)] = kept
-    needs_mask[qb, :len(kept)] = partial
-    num_visits[qb] = len(kept)
+    for lo in range(0, nq, rows_per_call):
+      rows = np.minimum(np.arange(lo, lo + rows_per_call), nq - 1)  # equal shapes: one compile
+      a, b = _classify_blocks(pattern, jnp.asarray(rows, jnp.int32),
+                              jnp.asarray(cand_blocks[rows]), shape=(T, S),
+                              block_size=block_size)
+      n = min(rows_per_call, nq - lo)
+      any_allowed[lo:lo + n] = np.asarray(a)[:n]
+      all_allowed[lo:lo + n] = np.asarray(b)[:n]
+  kept = np.logical_and(any_allowed, is_candidate)
+  num_visits = kept.sum(axis=1).astype(np.int32)
+  width = max(1, int(num_visits.max()))
+  # Move kept entries to the front of each row, keeping their ascending order.
+  pack = np.argsort(np.logical_not(kept), axis=1, kind="stable")[:, :width]
+  in_row = np.arange(width)[None, :] < num_visits[:, None]
+  kv_blocks = np.where(in_row, np.take_along_axis(cand_blocks, pack, axis=1), -1).astype(np.int32)
+  needs_mask = np.logical_and(in_row, np.logical_not(np.take_along_axis(all_allowed, pack, axis=1)))
   for a in (kv_blocks, needs_mask, num_visits):
     a.setflags(write=False)
   return BlockLayout(T, S, block_size, kv_blocks, num_visits, needs_mask)
