@@ -185,6 +185,43 @@ class Pattern:
     """Raises ValueError if the pattern cannot be laid on ``(T, S)``."""
     del T, S
 
+  # -- extra keys: a second, gathered copy of some keys ------------------------
+  #
+  # A pattern whose allowed keys are scattered (e.g. the summary columns of
+  # ``fixed``) touches every key block although it keeps few keys. It can
+  # instead name those keys in :meth:`extra_key_positions`; the block-sparse
+  # path appends a gathered copy of them after the ``S`` keys ("slots"
+  # ``S, S + 1, ...``), and :meth:`allowed_slots` splits the rule between the
+  # original keys and the copies so that every allowed pair is counted once.
+
+  def extra_key_positions(self, S: int) -> np.ndarray:
+    """``int32 [E]``: key positions appended, gathered, after the ``S`` keys (default none)."""
+    del S
+    return np.zeros((0,), np.int32)
+
+  def allowed_slots(self, q_positions: Array, k_slots: Array, shape: tuple[int, int]) -> Array:
+    """The rule over slots ``0 .. S + E - 1`` (``shape`` is the real ``(T, S)``).
+
+    Must allow each pair of :meth:`allowed` through exactly one slot.
+    """
+    return self.allowed(q_positions, k_slots, shape)
+
+  def candidate_slot_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
+                            block_size: int) -> np.ndarray:
+    """Like :meth:`candidate_key_blocks`, over the ``S + E`` slots."""
+    return self.candidate_key_blocks(q_lo, q_hi, shape, block_size)
+
+  def plan(self, T: int, S: Optional[int] = None, *, block_size: int) -> "SparsePlan":
+    """What the block-sparse path runs: extra keys, the layout over slots and the slot rule."""
+    S = T if S is None else S
+    T, S, block_size = check_lengths(T, S, block_size)
+    self.check_shape(T, S)
+    extra = self.extra_key_positions(S)
+    if extra.size == 0:
+      return SparsePlan(extra, _layout(self, T, S, block_size), self)
+    view = _SlotView(self, S)
+    return SparsePlan(extra, _layout(view, T, S + extra.size, block_size), view)
+
   # -- derived ---------------------------------------------------------------
 
   def mask(self, T: int, S: Optional[int] = None) -> Array:
@@ -210,6 +247,37 @@ class Pattern:
 
   def __and__(self, other: "Pattern") -> "Pattern":
     return intersection(self, other)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparsePlan:
+  """The block-sparse computation of a pattern on ``(T, S)``.
+
+  Attributes:
+    extra_keys: ``int32 [E]`` key positions gathered and appended after the ``S``
+      keys (empty for most patterns).
+    layout: :class:`BlockLayout` over the ``S + E`` key slots.
+    rule: a pattern whose :meth:`Pattern.allowed` takes slot indices and the
+      shape ``(T, S + E)``; the element mask of partial blocks.
+  """
+
+  extra_keys: np.ndarray
+  layout: BlockLayout
+  rule: "Pattern"
+
+
+@dataclasses.dataclass(frozen=True)
+class _SlotView:
+  """A pattern seen over its ``S + E`` key slots (hashable: static under jit)."""
+
+  pattern: "Pattern"
+  S: int
+
+  def allowed(self, q_positions, k_slots, shape):
+    return self.pattern.allowed_slots(q_positions, k_slots, (shape[0], self.S))
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    return self.pattern.candidate_slot_blocks(q_lo, q_hi, (shape[0], self.S), block_size)
 
 
 # Rule evaluations per compiled call when building a layout (bounds its memory).
@@ -378,6 +446,40 @@ class Fixed(Pattern):
     same_block = (q_positions[:, None] // self.stride) == (k_positions[None, :] // self.stride)
     summary = (k_positions % self.stride >= self.stride - self.summary)[None, :]
     return jnp.logical_and(causal, jnp.logical_or(same_block, summary))
+
+  # The summary columns hit every key block; the block-sparse path visits a
+  # gathered copy of them instead (summary keys of earlier blocks), and the
+  # original keys only for the query's own block.
+
+  def extra_key_positions(self, S):
+    if self.summary == self.stride:  # every key is a summary key: plain causal
+      return np.zeros((0,), np.int32)
+    j = np.arange(S, dtype=np.int32)
+    return j[j % self.stride >= self.stride - self.summary]
+
+  def allowed_slots(self, q_positions, k_slots, shape):
+    T, S = shape
+    extra = self.extra_key_positions(S)
+    if extra.size == 0:
+      return self.allowed(q_positions, k_slots, shape)
+    is_copy = k_slots >= S
+    pos = jnp.where(is_copy, jnp.asarray(extra)[jnp.clip(k_slots - S, 0, extra.size - 1)],
+                    k_slots)
+    q_block = (q_positions // self.stride)[:, None]
+    k_block = (pos // self.stride)[None, :]
+    own_block = jnp.logical_and(_structure(q_positions, pos, is_causal=True), q_block == k_block)
+    return jnp.where(is_copy[None, :], k_block < q_block, own_block)
+
+  def candidate_slot_blocks(self, q_lo, q_hi, shape, block_size):
+    T, S = shape
+    extra = self.extra_key_positions(S)
+    if extra.size == 0:
+      return self.candidate_key_blocks(q_lo, q_hi, shape, block_size)
+    own_start = (q_lo // self.stride) * self.stride
+    last_block_start = ((q_hi - 1) // self.stride) * self.stride
+    copies = int(np.searchsorted(extra, last_block_start))
+    return _key_block_candidates([(own_start, q_hi), (S, S + copies)], S + extra.size,
+                                 block_size)
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
@@ -642,7 +744,7 @@ def intersection(*patterns: Pattern) -> Pattern:
 
 
 __all__ = [
-    "BlockLayout", "Pattern", "bigbird", "causal", "fixed", "global_window", "intersection",
+    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "fixed", "global_window", "intersection",
     "sinks_window", "sliding_window", "strided", "union",
 ]
 

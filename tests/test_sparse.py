@@ -304,3 +304,32 @@ def test_bf16_output_dtype():
   assert out.dtype == jnp.bfloat16
   ref = dense_with_mask(q, k, v, patterns.sliding_window(4))
   np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), atol=2e-2)
+
+
+PLAN_PATTERNS = [("fixed4_1", patterns.fixed(4, 1)), ("fixed5_2", patterns.fixed(5, 2)),
+                 ("fixed3_3", patterns.fixed(3, 3)), ("window3", patterns.sliding_window(3))]
+
+
+@pytest.mark.parametrize("name,pattern", PLAN_PATTERNS, ids=[n for n, _ in PLAN_PATTERNS])
+def test_plan_slots_count_each_pair_once(name, pattern):
+  T, S, block_size = 23, 21, 4
+  plan = pattern.plan(T, S, block_size=block_size)
+  E = plan.extra_keys.size
+  slots = np.asarray(plan.rule.allowed(jnp.arange(T), jnp.arange(S + E), (T, S + E)))
+  counts = slots[:, :S].astype(int)
+  for e, pos in enumerate(plan.extra_keys):
+    counts[:, pos] += slots[:, S + e]
+  np.testing.assert_array_equal(counts, np.asarray(pattern.mask(T, S))[0, 0].astype(int))
+  # The slot layout lists exactly the non-empty slot blocks.
+  nq, nk = -(-T // block_size), -(-(S + E) // block_size)
+  padded = np.zeros((nq * block_size, nk * block_size), bool)
+  padded[:T, :S + E] = slots
+  np.testing.assert_array_equal(plan.layout.kept,
+                                padded.reshape(nq, block_size, nk, block_size).any(axis=(1, 3)))
+
+
+def test_fixed_plan_is_sparse():
+  # Own block plus the gathered summary keys: ~8% of the blocks at T=4096, not half.
+  layout = patterns.fixed(64, 8).plan(4096, block_size=64).layout
+  assert layout.num_kept_blocks == 344
+  assert patterns.fixed(64, 8).layout(4096, block_size=64).num_kept_blocks == 64 * 65 // 2
