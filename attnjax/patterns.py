@@ -23,8 +23,8 @@ Example::
   pattern = attnjax.patterns.sliding_window(256)
   pattern.mask(1024)                       # [1, 1, 1024, 1024] bool
   pattern.block_mask(1024, block_size=128)  # [8, 8] numpy bool of kept blocks
-  layout = pattern.layout(1024, block_size=128)
-  layout.kv_blocks[3, :layout.num_visits[3]]   # key blocks query block 3 visits
+  layout = pattern.layout(1024, block_size=128)  # an attnjax.blockwise.BlockLayout
+  layout.visits(3)          # [(key_block, needs_mask), ...] of query block 3
 
 References:
   Child et al. 2019, "Generating Long Sequences with Sparse Transformers"
@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import masks
+from attnjax.blockwise import BlockLayout
 
 Array = jnp.ndarray
 
@@ -74,71 +75,30 @@ def check_lengths(T, S, block_size) -> tuple[int, int, int]:
 
 
 # ---------------------------------------------------------------------------
-# Block layout.
+# Block layout: the block-wise kernel's own :class:`attnjax.blockwise.BlockLayout`.
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class BlockLayout:
-  """Which key blocks each query block visits, for a ``(T, S)`` problem.
+def kept_blocks(layout: BlockLayout) -> np.ndarray:
+  """``bool [num_q_blocks, num_kv_blocks]``: blocks the layout visits."""
+  kv_blocks, _ = layout.as_arrays()
+  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
+  rows, cols = np.nonzero(kv_blocks >= 0)
+  out[rows, kv_blocks[rows, cols]] = True
+  return out
 
-  Query block ``b`` holds positions ``[b * block_size, (b + 1) * block_size)``
-  (clipped to ``T``); key blocks likewise in ``S``.
 
-  Attributes:
-    T: number of queries.
-    S: number of keys.
-    block_size: block edge, in queries and in keys.
-    kv_blocks: ``int32 [num_q_blocks, max_visits]``: the key blocks visited by
-      each query block, ascending; entries past ``num_visits`` are -1.
-    num_visits: ``int32 [num_q_blocks]``: how many entries of ``kv_blocks`` are real.
-    needs_mask: ``bool [num_q_blocks, max_visits]``: True where the visit has
-      some disallowed pair (or a ragged edge) and needs the element rule;
-      False for full blocks (and for padding entries).
-  """
+def full_blocks(layout: BlockLayout) -> np.ndarray:
+  """``bool [num_q_blocks, num_kv_blocks]``: visited blocks that need no element mask."""
+  kv_blocks, needs_mask = layout.as_arrays()
+  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
+  rows, cols = np.nonzero(np.logical_and(kv_blocks >= 0, np.logical_not(needs_mask)))
+  out[rows, kv_blocks[rows, cols]] = True
+  return out
 
-  T: int
-  S: int
-  block_size: int
-  kv_blocks: np.ndarray
-  num_visits: np.ndarray
-  needs_mask: np.ndarray
 
-  @property
-  def num_q_blocks(self) -> int:
-    return -(-self.T // self.block_size)
-
-  @property
-  def num_k_blocks(self) -> int:
-    return -(-self.S // self.block_size)
-
-  @property
-  def max_visits(self) -> int:
-    return self.kv_blocks.shape[1]
-
-  @property
-  def kept(self) -> np.ndarray:
-    """``bool [num_q_blocks, num_k_blocks]``: blocks with at least one allowed pair."""
-    out = np.zeros((self.num_q_blocks, self.num_k_blocks), bool)
-    rows, cols = np.nonzero(self.kv_blocks >= 0)
-    out[rows, self.kv_blocks[rows, cols]] = True
-    return out
-
-  @property
-  def full(self) -> np.ndarray:
-    """``bool [num_q_blocks, num_k_blocks]``: kept blocks visited without an element mask."""
-    out = np.zeros((self.num_q_blocks, self.num_k_blocks), bool)
-    rows, cols = np.nonzero(np.logical_and(self.kv_blocks >= 0, ~self.needs_mask))
-    out[rows, self.kv_blocks[rows, cols]] = True
-    return out
-
-  @property
-  def num_kept_blocks(self) -> int:
-    return int(self.num_visits.sum())
-
-  @property
-  def density(self) -> float:
-    """Fraction of all ``num_q_blocks * num_k_blocks`` blocks that are computed."""
-    return self.num_kept_blocks / (self.num_q_blocks * self.num_k_blocks)
+def density(layout: BlockLayout) -> float:
+  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes."""
+  return layout.num_pairs / (layout.num_q_blocks * layout.num_kv_blocks)
 
 
 # ---------------------------------------------------------------------------
@@ -240,7 +200,7 @@ class Pattern:
 
   def block_mask(self, T: int, block_size: int, S: Optional[int] = None) -> np.ndarray:
     """``numpy bool [num_q_blocks, num_k_blocks]`` of kept blocks, for drawing (``plt.imshow``)."""
-    return self.layout(T, S, block_size=block_size).kept
+    return kept_blocks(self.layout(T, S, block_size=block_size))
 
   def __or__(self, other: "Pattern") -> "Pattern":
     return union(self, other)
@@ -334,16 +294,11 @@ def _layout(pattern: Pattern, T: int, S: int, block_size: int) -> BlockLayout:
       any_allowed[lo:lo + n] = np.asarray(a)[:n]
       all_allowed[lo:lo + n] = np.asarray(b)[:n]
   kept = np.logical_and(any_allowed, is_candidate)
-  num_visits = kept.sum(axis=1).astype(np.int32)
-  width = max(1, int(num_visits.max()))
-  # Move kept entries to the front of each row, keeping their ascending order.
-  pack = np.argsort(np.logical_not(kept), axis=1, kind="stable")[:, :width]
-  in_row = np.arange(width)[None, :] < num_visits[:, None]
-  kv_blocks = np.where(in_row, np.take_along_axis(cand_blocks, pack, axis=1), -1).astype(np.int32)
-  needs_mask = np.logical_and(in_row, np.logical_not(np.take_along_axis(all_allowed, pack, axis=1)))
-  for a in (kv_blocks, needs_mask, num_visits):
-    a.setflags(write=False)
-  return BlockLayout(T, S, block_size, kv_blocks, num_visits, needs_mask)
+  visits = []
+  for qb in range(nq):
+    cols = np.flatnonzero(kept[qb])
+    visits.append([(int(cand_blocks[qb, c]), not bool(all_allowed[qb, c])) for c in cols])
+  return BlockLayout.from_visits(T, S, block_size, block_size, visits)
 
 
 def _structure(qp, kp, **kwargs) -> Array:
@@ -744,7 +699,8 @@ def intersection(*patterns: Pattern) -> Pattern:
 
 
 __all__ = [
-    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "fixed", "global_window", "intersection",
+    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "density", "fixed",
+    "full_blocks", "global_window", "intersection", "kept_blocks",
     "sinks_window", "sliding_window", "strided", "union",
 ]
 

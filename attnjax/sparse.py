@@ -22,7 +22,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, dense, masks
+from attnjax import _checks, blockwise, dense, masks
 from attnjax.patterns import Pattern
 
 Array = jnp.ndarray
@@ -36,9 +36,35 @@ def _reference(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pat
   return dense.reference(dataclasses.replace(inputs, mask=mask), opts)
 
 
+def _extend_keys(x: Array, extra: Array, axis: int) -> Array:
+  """Appends the gathered copies ``x[..., extra, ...]`` along the key axis."""
+  return jnp.concatenate([x, jnp.take(x, extra, axis=axis)], axis=axis)
+
+
 def _block_sparse(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern,
                   block_size: int):
-  raise NotImplementedError("block_sparse needs attnjax.blockwise (issue 3)")
+  """The pattern's plan run by the shared block-wise kernel (:func:`blockwise.attention`)."""
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  plan = pattern.plan(T, S, block_size=block_size)
+  if plan.extra_keys.size:
+    # Keys the pattern visits through gathered copies (e.g. fixed's summary
+    # columns): their gradients flow back to the originals through the gather.
+    extra = jnp.asarray(plan.extra_keys)
+    bias = inputs.bias
+    if bias is not None and bias.shape[3] != 1:
+      bias = _extend_keys(bias, extra, axis=3)
+    kv_seg = inputs.kv_segment_ids
+    inputs = dataclasses.replace(
+        inputs, k=_extend_keys(inputs.k, extra, 1), v=_extend_keys(inputs.v, extra, 1),
+        bias=bias, kv_segment_ids=None if kv_seg is None else _extend_keys(kv_seg, extra, 1))
+  shape = (T, plan.layout.kv_len)
+  rule = plan.rule
+
+  def mask_fn(q_positions, k_positions):
+    return rule.allowed(q_positions, k_positions, shape)[None, None]
+
+  return blockwise.attention(inputs, opts, layout=plan.layout, mask_fn=mask_fn,
+                             use_default_mask_fn=False)
 
 
 def _sparse_attention(
@@ -67,8 +93,8 @@ def _sparse_attention(
       ``attnjax.patterns.sliding_window(256)``.
     block_size: edge of the square ``[block_size, block_size]`` blocks of the
       layout (static); ``T`` and ``S`` need not be multiples of it.
-    bias: float, added to the logits; broadcastable to ``[B, N, T, S]``.
-      Reference only (a dense bias would cost what sparsity saves).
+    bias: float, added to the logits; broadcastable to ``[B, N, T, S]`` (the
+      block-sparse path slices it per visited block).
     scale: logit scale; None means ``H ** -0.5``.
     normalizer: ``"softmax"``, ``"softmax_one"``, ``"sigmoid"``, ``"softpick"``
       or ``"none"`` (see :mod:`attnjax.normalizers`); sigmoid's bias
@@ -106,10 +132,6 @@ def _sparse_attention(
   pattern.check_shape(T, S)
   if implementation == "reference":
     return _reference(inputs, opts, pattern)
-  if inputs.bias is not None:
-    raise ValueError(
-        f"implementation='block_sparse' does not take a dense bias (got bias of shape "
-        f"{_checks.shape_of(bias)}); use implementation='reference'")
   return _block_sparse(inputs, opts, pattern, block_size)
 
 
