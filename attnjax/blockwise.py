@@ -266,11 +266,25 @@ def _grouped5(x: Array, K: int) -> Array:
   return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
 
 
-def _tile(x: Array, q0: int, q1: int, k0: int, k1: int) -> Array:
+def _kslice(x: Array, k0, tk: int, axis: int) -> Array:
+  """``tk`` entries from ``k0`` along ``axis``; ``k0`` is an int or, inside a loop, a traced index."""
+  if isinstance(k0, int):
+    return jax.lax.slice_in_dim(x, k0, k0 + tk, axis=axis)
+  return jax.lax.dynamic_slice_in_dim(x, k0, tk, axis=axis)
+
+
+def _tile(x: Array, q0: int, q1: int, k0, tk: int) -> Array:
   """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
-  t = slice(None) if x.shape[3] == 1 else slice(q0, q1)
-  s = slice(None) if x.shape[4] == 1 else slice(k0, k1)
-  return x[:, :, :, t, s]
+  if x.shape[3] != 1:
+    x = x[:, :, :, q0:q1]
+  return x if x.shape[4] == 1 else _kslice(x, k0, tk, 4)
+
+
+def _add_tile(acc: Array, tile: Array, starts: tuple) -> Array:
+  """``acc[starts : starts + tile.shape] += tile`` (in place under XLA; starts may be traced)."""
+  starts = tuple(jnp.asarray(s, jnp.int32) for s in starts)
+  current = jax.lax.dynamic_slice(acc, starts, tile.shape)
+  return jax.lax.dynamic_update_slice(acc, current + tile, starts)
 
 
 def _rows(x: Array, G: int, tq: int) -> Array:
@@ -339,33 +353,34 @@ def _shift(m: Array, floor) -> Array:
   return _finite(m if floor is None else jnp.maximum(m, floor))
 
 
-def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, k1):
+def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
   """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity."""
-  s = jnp.einsum("bkrh,bksh->bkrs", qb, a.k[:, :, k0:k1], preferred_element_type=jnp.float32)
+  kb = _kslice(a.k, k0, tk, 2)
+  s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
     q_sq = _rows(a.q_sq[:, :, :, q0:q1], c.G, q1 - q0)
-    s = -c.opts.scale * (q_sq - 2.0 * s + a.k_sq[..., k0:k1])
+    s = -c.opts.scale * (q_sq - 2.0 * s + _kslice(a.k_sq, k0, tk, 3))
   if c.opts.softcap is not None:
     s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
   capped = s
   if a.bias is not None:
-    s = s + _rows(_tile(a.bias, q0, q1, k0, k1), c.G, q1 - q0)
+    s = s + _rows(_tile(a.bias, q0, q1, k0, tk), c.G, q1 - q0)
   return s, capped
 
 
-def _allowed(c: _Call, a: _Arrays, q0, q1, k0, k1, needs_mask: bool, seg_mask: bool):
+def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: bool):
   """Boolean ``[B|1, K|1, G*tq|1, tk]`` of the tile, or None when all is allowed."""
   out = None  # built as [X, K|1, G|1, tq, tk], then laid out as rows
-  tq, tk = q1 - q0, k1 - k0
-  if needs_mask and c.mask_fn is not None:
-    m = c.mask_fn(jnp.arange(q0, q1), jnp.arange(k0, k1))
+  tq = q1 - q0
+  if needs_mask and c.mask_fn is not None:  # masked visits are unrolled: k0 is an int
+    m = c.mask_fn(jnp.arange(q0, q1), jnp.arange(k0, k0 + tk))
     if m is not None:
       out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
   if seg_mask:
-    seg = a.q_seg[:, q0:q1, None] == a.kv_seg[:, None, k0:k1]
+    seg = a.q_seg[:, q0:q1, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
     out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
   if a.mask is not None:
-    out = _and(out, _tile(a.mask, q0, q1, k0, k1))
+    out = _and(out, _tile(a.mask, q0, q1, k0, tk))
   return None if out is None else _rows(out, c.G, tq)
 
 
@@ -408,16 +423,52 @@ def _segment_relations(c: _Call, a: _Arrays):
   return lambda i, j: table[i, j]
 
 
-def _run_visit(c: _Call, relation, i: int, j: int, body, skip_value):
-  """Calls ``body(seg_mask)`` for one visit, with the run-time segment skip when there are segments.
+# A query block's unmasked visits to full-size key blocks run in a lax.fori_loop once there are
+# more than this many (keeps the program, and its compile time, O(number of query blocks));
+# fewer are unrolled, which lets XLA schedule them freely.
+MAX_UNROLLED_FULL_VISITS = 2
 
-  ``lax.switch`` runs only the chosen branch, so a block whose query and key
-  segments cannot meet costs a few scalar comparisons, and a block inside one
+
+def _visit_blocks(c: _Call, relation, i: int, carry, visit):
+  """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
+
+  Unmasked visits to full-size key blocks (other than block 0, whose first
+  column feeds ``sink_mass``) go through a ``lax.fori_loop`` with a traced
+  ``k0`` when there are more than ``MAX_UNROLLED_FULL_VISITS``; the rest
+  (diagonal, partial and ragged blocks) are unrolled with static offsets.
+  With segment ids each visit is wrapped in ``lax.switch`` on the run-time
+  block relation: a block whose query and key segments cannot meet costs a few
+  scalar comparisons (only the chosen branch runs), and a block inside one
   segment pays no segment comparison.
   """
-  if not c.has_segments:
-    return body(False)
-  return jax.lax.switch(relation(i, j), [lambda: skip_value, lambda: body(False), lambda: body(True)])
+  L = c.layout
+  visits = L.visits(i)
+  looped = [j for j, nm in visits
+            if not nm and j != 0 and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k]
+  if len(looped) <= MAX_UNROLLED_FULL_VISITS:
+    looped = []
+  unrolled = [(j, nm) for j, nm in visits if j not in looped]
+
+  def one(carry, j, k0, tk, needs_mask, first):
+    def body(seg_mask):
+      return visit(carry, k0, tk, needs_mask, seg_mask, first)
+    if not c.has_segments:
+      return body(False)
+    return jax.lax.switch(relation(i, j),
+                          [lambda: carry, lambda: body(False), lambda: body(True)])
+
+  if looped:
+    kv_blocks = jnp.asarray(looped, jnp.int32)
+
+    def step(n, carry):
+      j = kv_blocks[n]
+      return one(carry, j, j * L.block_k, L.block_k, False, False)
+
+    carry = jax.lax.fori_loop(0, len(looped), step, carry)
+  for j, needs_mask in unrolled:
+    k0, k1 = L.kv_range(j)
+    carry = one(carry, j, k0, k1 - k0, needs_mask, k0 == 0)
+  return carry
 
 
 # ---------------------------------------------------------------------------
@@ -431,17 +482,16 @@ def _allowed_counts(c: _Call, a: _Arrays, relation) -> Array:
   for i in range(L.num_q_blocks):
     q0, q1 = L.q_range(i)
     shape = (c.B, c.K, c.G * (q1 - q0), 1)
-    total = jnp.zeros(shape, jnp.float32)
-    for j, needs_mask in L.visits(i):
-      k0, k1 = L.kv_range(j)
 
-      def body(seg_mask, q0=q0, q1=q1, k0=k0, k1=k1, needs_mask=needs_mask, shape=shape):
-        allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
-        if allowed is None:
-          return jnp.full(shape, float(k1 - k0), jnp.float32)
-        return jnp.broadcast_to(jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32), shape)
+    def visit(total, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, shape=shape):
+      del first
+      allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
+      if allowed is None:
+        return total + float(tk)
+      return total + jnp.broadcast_to(
+          jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32), shape)
 
-      total = total + _run_visit(c, relation, i, j, body, jnp.zeros(shape, jnp.float32))
+    total = _visit_blocks(c, relation, i, jnp.zeros(shape, jnp.float32), visit)
     per_block.append(_unrows(total, c.G))
   return jnp.concatenate(per_block, axis=3)
 
@@ -475,12 +525,12 @@ def _plogp(w: Array) -> Array:
   return jnp.where(w > 0, w * jnp.log(jnp.where(w > 0, w, 1.0)), 0.0)
 
 
-def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, q1, k0, k1, needs_mask, seg_mask,
-               floor, sig_bias) -> dict:
-  z, _ = _logits(c, a, qb, q0, q1, k0, k1)
-  allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
+def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, q1, k0, tk, needs_mask, seg_mask,
+               first, floor, sig_bias) -> dict:
+  z, _ = _logits(c, a, qb, q0, q1, k0, tk)
+  allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
   zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
-  vb = a.v[:, :, k0:k1]
+  vb = _kslice(a.v, k0, tk, 2)
   nz = c.normalizer
   st = dict(st)
 
@@ -539,7 +589,7 @@ def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, q1, k0, k1, needs_mask, s
     s_new = _finite(m_new)
     st["l"] = jnp.exp(m_old - s_new) * st["l"] + jnp.sum(
         jnp.exp(zm - s_new), axis=-1, keepdims=True)
-  if c.stats and k0 == 0:
+  if c.stats and first:
     st["z0"] = zm[..., 0:1]
   return st
 
@@ -613,15 +663,11 @@ def _forward(c: _Call, a: _Arrays):
     floor = _floor(c, a, tq)
     qb = a.q_rows(c, q0, q1)
     sb = None if sig_bias is None else _rows(sig_bias[:, :, :, q0:q1], G, tq)
-    st = _init_state(c, G * tq)
-    for j, needs_mask in L.visits(i):
-      k0, k1 = L.kv_range(j)
 
-      def body(seg_mask, st=st, k0=k0, k1=k1, needs_mask=needs_mask, q0=q0, q1=q1, sb=sb,
-               qb=qb, floor=floor):
-        return _fwd_visit(c, a, st, qb, q0, q1, k0, k1, needs_mask, seg_mask, floor, sb)
+    def visit(st, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, sb=sb, qb=qb, floor=floor):
+      return _fwd_visit(c, a, st, qb, q0, q1, k0, tk, needs_mask, seg_mask, first, floor, sb)
 
-      st = _run_visit(c, relation, i, j, body, st)
+    st = _visit_blocks(c, relation, i, _init_state(c, G * tq), visit)
     cb = None if counts is None else _rows(counts[:, :, :, q0:q1], G, tq)
     out, res, srow = _finish_block(c, st, floor, sb, cb)
     outs.append(_unrows(out, G))
@@ -671,14 +717,11 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
   if d_lse is not None:
     g = jnp.where(res["has_key"], d_lse, 0.0)
 
-  dq = [None] * L.num_q_blocks
-  dk = [None] * L.num_kv_blocks
-  dv = [None] * L.num_kv_blocks
-  dbias = {}
+  dk = jnp.zeros((c.B, c.K, c.S, c.H), jnp.float32)
+  dv = jnp.zeros((c.B, c.K, c.S, c.Hv), jnp.float32)
+  dbias = None if a.bias is None else jnp.zeros(a.bias.shape, jnp.float32)
+  dq_blocks = []
   dsink = None
-
-  def add(acc, x):
-    return x if acc is None else acc + x
 
   def rows(x, q0, q1):
     return None if x is None else _rows(x[:, :, :, q0:q1], G, q1 - q0)
@@ -695,56 +738,39 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
     if c.has_sink:
       w_null = jnp.exp(_floor(c, a, q1 - q0) - ln_b)
       term = _unrows(w_null * ((0.0 if g_b is None else g_b) - rd_b), G)
-      dsink = add(dsink, jnp.sum(term, axis=(0, 3, 4), keepdims=True))
-    for j, needs_mask in L.visits(i):
-      k0, k1 = L.kv_range(j)
+      dsink = (0.0 if dsink is None else dsink) + jnp.sum(term, axis=(0, 3, 4), keepdims=True)
 
-      def body(seg_mask, q0=q0, q1=q1, k0=k0, k1=k1, needs_mask=needs_mask, qb=qb, do_b=do_b,
-               rd_b=rd_b, g_b=g_b, ln_b=ln_b, lse_b=lse_b, sb=sb):
-        return _bwd_visit(c, a, qb, q0, q1, k0, k1, needs_mask, seg_mask, do_b, rd_b, g_b, ln_b,
-                          lse_b, sb)
+    def visit(carry, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, qb=qb, do_b=do_b,
+              rd_b=rd_b, g_b=g_b, ln_b=ln_b, lse_b=lse_b, sb=sb):
+      del first
+      dq_b, dk, dv, dbias = carry
+      d = _bwd_visit(c, a, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b, ln_b,
+                     lse_b, sb)
+      dk = _add_tile(dk, d["dk"], (0, 0, k0, 0))
+      dv = _add_tile(dv, d["dv"], (0, 0, k0, 0))
+      if dbias is not None:
+        dbias = _add_tile(dbias, d["dbias"], (0, 0, 0, q0 if dbias.shape[3] != 1 else 0,
+                                              k0 if dbias.shape[4] != 1 else 0))
+      return dq_b + d["dq"], dk, dv, dbias
 
-      d = _run_visit(c, relation, i, j, body, _bwd_zeros(c, a, q0, q1, k0, k1))
-      dq[i] = add(dq[i], d["dq"])
-      dk[j] = add(dk[j], d["dk"])
-      dv[j] = add(dv[j], d["dv"])
-      if "dbias" in d:
-        key = (i if a.bias.shape[3] != 1 else 0, j if a.bias.shape[4] != 1 else 0)
-        dbias[key] = add(dbias.get(key), d["dbias"])
+    dq_b = jnp.zeros((c.B, c.K, G * (q1 - q0), c.H), jnp.float32)
+    dq_b, dk, dv, dbias = _visit_blocks(c, relation, i, (dq_b, dk, dv, dbias), visit)
+    dq_blocks.append(_unrows(dq_b, G))
 
-  dq = jnp.concatenate(
-      [_unrows(x, G) if x is not None else jnp.zeros((c.B, c.K, G, q1 - q0, c.H), jnp.float32)
-       for x, (q0, q1) in zip(dq, map(L.q_range, range(L.num_q_blocks)))], axis=3)
-
-  def keys(blocks, width):
-    return jnp.concatenate(
-        [x if x is not None else jnp.zeros((c.B, c.K, k1 - k0, width), jnp.float32)
-         for x, (k0, k1) in zip(blocks, map(L.kv_range, range(L.num_kv_blocks)))], axis=2)
-
-  dk, dv = keys(dk, c.H), keys(dv, c.Hv)
+  dq = jnp.concatenate(dq_blocks, axis=3)
   if c.opts.similarity == "dot":
     dq = dq * c.opts.scale
-  db = _assemble_bias_grad(c, a, dbias) if a.bias is not None else None
-  return dq, dk, dv, db, dsink
+  return dq, dk, dv, dbias, dsink
 
 
-def _bwd_zeros(c: _Call, a: _Arrays, q0, q1, k0, k1) -> dict:
-  z = {"dq": jnp.zeros((c.B, c.K, c.G * (q1 - q0), c.H), jnp.float32),
-       "dk": jnp.zeros((c.B, c.K, k1 - k0, c.H), jnp.float32),
-       "dv": jnp.zeros((c.B, c.K, k1 - k0, c.Hv), jnp.float32)}
-  if a.bias is not None:
-    z["dbias"] = jnp.zeros(_tile(a.bias, q0, q1, k0, k1).shape, jnp.float32)
-  return z
-
-
-def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, k1, needs_mask, seg_mask, do_b, rd_b, g_b,
+def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
                ln_b, lse_b, sb) -> dict:
   nz = c.normalizer
-  z, capped = _logits(c, a, qb, q0, q1, k0, k1)
-  allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
+  z, capped = _logits(c, a, qb, q0, q1, k0, tk)
+  allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
   zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
-  kb = a.k[:, :, k0:k1]
-  vb = a.v[:, :, k0:k1]
+  kb = _kslice(a.k, k0, tk, 2)
+  vb = _kslice(a.v, k0, tk, 2)
   dp = jnp.einsum("bkrh,bksh->bkrs", do_b, vb, preferred_element_type=jnp.float32)
 
   if nz in SOFTMAX_FAMILY:
@@ -770,7 +796,7 @@ def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, k1, needs_mask, seg_mask, d
 
   d = {"dv": jnp.einsum("bkrs,bkrh->bksh", w, do_b, preferred_element_type=jnp.float32)}
   if a.bias is not None:
-    shape = _tile(a.bias, q0, q1, k0, k1).shape
+    shape = _tile(a.bias, q0, q1, k0, tk).shape
     dz5 = _unrows(dz, c.G)
     axes = tuple(ax for ax in range(5) if shape[ax] == 1 and dz5.shape[ax] != 1)
     d["dbias"] = jnp.sum(dz5, axis=axes, keepdims=True) if axes else dz5
@@ -787,23 +813,6 @@ def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, k1, needs_mask, seg_mask, d
     dk = f * (kb * col - dk)
   d["dq"], d["dk"] = dq, dk
   return d
-
-
-def _assemble_bias_grad(c: _Call, a: _Arrays, tiles: dict) -> Array:
-  L = c.layout
-  Bb, Kb, Gb, Tb, Sb = a.bias.shape
-  rows = range(L.num_q_blocks) if Tb != 1 else [0]
-  cols = range(L.num_kv_blocks) if Sb != 1 else [0]
-  grid = []
-  for i in rows:
-    rq = (L.q_range(i)[1] - L.q_range(i)[0]) if Tb != 1 else 1
-    line = []
-    for j in cols:
-      rk = (L.kv_range(j)[1] - L.kv_range(j)[0]) if Sb != 1 else 1
-      t = tiles.get((i, j))
-      line.append(jnp.zeros((Bb, Kb, Gb, rq, rk), jnp.float32) if t is None else t)
-    grid.append(jnp.concatenate(line, axis=4))
-  return jnp.concatenate(grid, axis=3)
 
 
 # ---------------------------------------------------------------------------

@@ -39,7 +39,9 @@ def _loss_and_stats(fn, q, k, v, extra, kwargs):
     out32 = out.astype(jnp.float32)
     value = jnp.sum(out32 * jnp.cos(out32)) + jnp.sum(jnp.sin(stats.logsumexp))
     return value, (out, stats)
-  (_, aux), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, extra)
+  # One jit around value and gradient: one compilation per case.
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+  (_, aux), grads = step(q, k, v, extra)
   return aux, grads
 
 
@@ -59,7 +61,7 @@ def _close(a, b, tol, what):
   np.testing.assert_allclose(a, b, atol=tol * scale, rtol=tol, err_msg=what)
 
 
-def _compare(q, k, v, extra, kwargs, *, block_q=16, block_k=8, tol=2e-5):
+def _compare(q, k, v, extra, kwargs, *, block_q=16, block_k=16, tol=2e-5):
   (out_r, st_r), g_r = _loss_and_stats(_reference, q, k, v, extra, kwargs)
   (out_b, st_b), g_b = _loss_and_stats(_blockwise(block_q, block_k), q, k, v, extra, kwargs)
   assert out_b.dtype == q.dtype and out_b.shape == out_r.shape
@@ -118,14 +120,18 @@ def _extra(kind, keys, T, S):
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_matches_reference(case):
+def test_matches_reference(case, monkeypatch):
+  # Loop over every unmasked full-size key block, so both the fori_loop and the unrolled
+  # (masked, ragged) visits are exercised.
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 0)
   T, S, K, kwargs, kind = CASES[case]
   q, k, v, keys = _arrays(B, T, S, N, K, H)
   extra = _extra(kind, keys, T, S)
   for name in ("segment_ids", "mask"):  # not differentiable: pass them as options
     if name in extra:
       kwargs = dict(kwargs, **{name: extra.pop(name)})
-  _compare(q, k, v, extra, kwargs)
+  # softpick's gradient divides by sum |e^z - 1|, which amplifies float32 rounding.
+  _compare(q, k, v, extra, kwargs, tol=1e-4 if "softpick" in case else 2e-5)
 
 
 @pytest.mark.parametrize("K", [1, 2, 8], ids=lambda K: f"N8-K{K}")
@@ -227,7 +233,8 @@ def _count_dots(fn, *args):
   return count
 
 
-def test_masked_blocks_are_not_computed():
+def test_masked_blocks_are_not_computed(monkeypatch):
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 10 ** 6)  # every visit unrolled
   q, k, v, _ = _arrays(1, 128, 128, 2, 2, 8)
   full = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v), q, k, v)
   causal = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v, is_causal=True), q, k, v)
