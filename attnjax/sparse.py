@@ -8,7 +8,12 @@ Two implementations, tested equal in value and gradient:
   kernel (:mod:`attnjax.blockwise`), which visits, for each query block, only
   the key blocks the layout lists, applies the pattern's element rule only on
   the partial ones, and recomputes in its backward pass. Cost and memory follow
-  the number of kept blocks.
+  the number of kept blocks. A banded pattern (a sliding window) on a long
+  sequence runs chunk by chunk under ``lax.map`` with one layout shared by all
+  chunks, so its compiled program and working memory do not grow with ``T``
+  (not with ``bias`` or ``return_stats``, which take the whole-sequence layout).
+  Patterns with scattered keys (``fixed``'s summary columns) visit a gathered
+  copy of those keys rather than every block that holds one.
 
 Both go through :func:`attnjax.dense.prepare`, so every dense option is
 validated the same way and means the same thing.
