@@ -131,12 +131,78 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
         inputs, q=take(qp, C), k=take(kp, KW), v=take(vp, KW), mask=key_ok,
         q_segment_ids=None if q_seg is None else take(q_seg, C),
         kv_segment_ids=None if kv_seg is None else take(kv_seg, KW))
-    return blockwise.attention(chunk_inputs, opts, layout=plan.layout, mask_fn=mask_fn,
-                               use_default_mask_fn=False)
+    res = blockwise.attention(chunk_inputs, opts, layout=plan.layout, mask_fn=mask_fn,
+                              use_default_mask_fn=False)
+    # With statistics only the per-row logsumexp is kept: per-chunk means of
+    # the other statistics would not combine into the sequence's.
+    return (res[0], res[1].logsumexp) if opts.return_stats else res
 
-  out = jax.lax.map(one_chunk, jnp.arange(num_chunks))  # [chunks, B, C, N, Hv]
-  out = jnp.moveaxis(out, 0, 1).reshape((B, num_chunks * C) + out.shape[3:])
-  return out[:, :T]
+  res = jax.lax.map(one_chunk, jnp.arange(num_chunks))
+  out = res[0] if opts.return_stats else res  # [chunks, B, C, N, Hv]
+  out = jnp.moveaxis(out, 0, 1).reshape((B, num_chunks * C) + out.shape[3:])[:, :T]
+  if not opts.return_stats:
+    return out
+  lse = jnp.moveaxis(res[1], 0, 2)  # [B, N, chunks, C]
+  return out, lse.reshape(lse.shape[:2] + (num_chunks * C,))[..., :T]
+
+
+def _strided_two_pass(inputs: dense.DenseInputs, opts: dense.DenseOptions, stride: int,
+                      block_size: int):
+  """Child et al.'s strided pattern as its two factors, merged by their logsumexps.
+
+  The column part (``j = i - m * stride``, ``m >= 2``) touches every key block
+  in sequence order, but in residue order (position ``r + stride * p`` at row
+  ``r``, column ``p``) it is a causal attention of length ``T / stride`` per
+  residue. So: (a) the local part ``i - stride <= j <= i`` runs as a sliding
+  window on the block-wise kernel; (b) the column part runs on the transposed
+  sequence, ``p' <= p - 2``; (c) the two are merged exactly as the softmax of
+  their union, with the null column of ``softmax_one`` / sink logits counted
+  once. Softmax family only, no bias, segments or statistics (the caller checks).
+  """
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, H = q.shape
+  K, Hv = k.shape[2], v.shape[3]
+  plain = dataclasses.replace(opts, normalizer="softmax", return_stats=True)
+  no_sink = dataclasses.replace(inputs, sink_logits=None)
+  local = patterns.sliding_window(stride)
+  if T > 2 * CHUNK_BLOCKS * block_size:
+    out_a, lse_a = _banded_chunks(no_sink, plain, local, block_size)
+  else:
+    out_a, stats_a = _block_sparse(no_sink, plain, local, block_size)
+    lse_a = stats_a.logsumexp
+  # (b) Transposed: [B, P, stride, ...] -> [B * stride, P, ...]; padding sits
+  # after every real position, so causality keeps it out of real rows.
+  P = -(-T // stride)
+
+  def to_columns(x):
+    x = jnp.pad(x, [(0, 0), (0, P * stride - T), (0, 0), (0, 0)])
+    x = jnp.reshape(x, (B, P, stride) + x.shape[2:])
+    return jnp.reshape(jnp.swapaxes(x, 1, 2), (B * stride, P) + x.shape[3:])
+
+  column_rule = masks.structural_mask(jnp.arange(P) - 2, jnp.arange(P), is_causal=True)
+  out_b, stats_b = dense.reference(
+      dense.DenseInputs(to_columns(q), to_columns(k), to_columns(v), mask=column_rule), plain)
+
+  def from_columns(x):  # [B * stride, P, N, X] -> [B, T, N, X]
+    x = jnp.swapaxes(jnp.reshape(x, (B, stride, P) + x.shape[2:]), 1, 2)
+    return jnp.reshape(x, (B, P * stride) + x.shape[3:])[:, :T]
+
+  out_b = from_columns(out_b)
+  lse_b = from_columns(jnp.swapaxes(stats_b.logsumexp, 1, 2)[..., None])  # [B, T, N, 1]
+  lse_a = jnp.swapaxes(lse_a, 1, 2)[..., None]
+  # Rows p < 2 have no column key; their (zero) logsumexp must weigh nothing.
+  has_b = (jnp.arange(T) >= 2 * stride)[None, :, None, None]
+  lse_b = jnp.where(has_b, lse_b, -jnp.inf)
+  m = jax.lax.stop_gradient(jnp.maximum(lse_a, lse_b))
+  w_a, w_b = jnp.exp(lse_a - m), jnp.exp(lse_b - m)
+  denom = w_a + w_b
+  if opts.normalizer == "softmax_one":
+    denom = denom + jnp.exp(-m)
+  if inputs.sink_logits is not None:  # [1, N, 1, 1] -> [1, 1, N, 1]
+    denom = denom + jnp.exp(jnp.swapaxes(inputs.sink_logits.astype(jnp.float32), 1, 2) - m)
+  out = (w_a * out_a.astype(jnp.float32) + w_b * out_b.astype(jnp.float32)) / denom
+  del K, H, Hv
+  return out.astype(q.dtype)
 
 
 def _sparse_attention(
@@ -207,6 +273,10 @@ def _sparse_attention(
   if (pattern.band() is not None and inputs.bias is None and not opts.return_stats
       and T > 2 * CHUNK_BLOCKS * block_size):
     return _banded_chunks(inputs, opts, pattern, block_size)
+  if (isinstance(pattern, patterns.Strided) and T == S and opts.normalizer in (
+      "softmax", "softmax_one") and inputs.bias is None and inputs.q_segment_ids is None
+      and not opts.return_stats):
+    return _strided_two_pass(inputs, opts, pattern.stride, block_size)
   return _block_sparse(inputs, opts, pattern, block_size)
 
 

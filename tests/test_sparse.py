@@ -361,3 +361,21 @@ def test_banded_chunks_match_reference(S, window, monkeypatch):
                                        normalizer="softmax_one")
   ref = lambda q, k, v: dense_with_mask(q, k, v, p, segment_ids=seg, normalizer="softmax_one")
   assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
+
+
+@pytest.mark.parametrize("normalizer,sink,chunk_blocks", [
+    ("softmax_one", False, 2), ("softmax", True, 16), ("sigmoid", False, 16)],
+    ids=["softmax_one_chunked", "sink_logits", "sigmoid_block_dense"])
+def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypatch):
+  # Softmax family: local window + transposed columns merged by logsumexp (the
+  # local part chunked when chunks are small); other normalisers: block-dense.
+  from attnjax import sparse
+  monkeypatch.setattr(sparse, "CHUNK_BLOCKS", chunk_blocks)
+  q, k, v = qkv(1, 30, 30, 4, 2, 4, seed=4)
+  kw = dict(normalizer=normalizer)
+  if sink:
+    kw["sink_logits"] = jnp.linspace(-1.0, 1.0, 4)
+  p = patterns.strided(3)
+  f = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4, **kw)
+  ref = lambda q, k, v: dense_with_mask(q, k, v, p, **kw)
+  assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
