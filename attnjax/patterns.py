@@ -390,9 +390,10 @@ class Strided(Pattern):
   <= i`` (the paper's A(1)), and every earlier ``j`` with ``(i - j) % stride == 0``
   (A(2)): a row and a column of the ``[T / stride, stride]`` image of the sequence.
 
-  Note the column part touches every causal key block whenever
-  ``block_size <= stride``: with contiguous blocks the pattern is block-dense,
-  and only the element mask makes it sparse.
+  The column part touches every causal key block whenever ``block_size <=
+  stride``, so this pattern's own layout is block-dense; for the softmax
+  family :func:`attnjax.sparse_attention` computes it instead as a sliding
+  window plus the columns of the transposed sequence (see ``sparse.py``).
   """
 
   stride: int

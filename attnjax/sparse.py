@@ -13,7 +13,9 @@ Two implementations, tested equal in value and gradient:
   chunks, so its compiled program and working memory do not grow with ``T``
   (not with ``bias`` or ``return_stats``, which take the whole-sequence layout).
   Patterns with scattered keys (``fixed``'s summary columns) visit a gathered
-  copy of those keys rather than every block that holds one.
+  copy of those keys rather than every block that holds one. ``strided`` with
+  a softmax-family normaliser runs as its two factors, a sliding window and
+  the columns of the transposed sequence, merged exactly by logsumexp.
 
 Both go through :func:`attnjax.dense.prepare`, so every dense option is
 validated the same way and means the same thing.
