@@ -432,8 +432,8 @@ MAX_UNROLLED_FULL_VISITS = 2
 def _visit_blocks(c: _Call, relation, i: int, carry, visit):
   """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
 
-  Unmasked visits to full-size key blocks (other than block 0, whose first
-  column feeds ``sink_mass``) go through a ``lax.fori_loop`` with a traced
+  Unmasked visits to full-size key blocks (other than block 0 when statistics
+  are asked for: its first column feeds ``sink_mass``) go through a ``lax.fori_loop`` with a traced
   ``k0`` when there are more than ``MAX_UNROLLED_FULL_VISITS``; the rest
   (diagonal, partial and ragged blocks) are unrolled with static offsets.
   With segment ids each visit is wrapped in ``lax.switch`` on the run-time
@@ -444,7 +444,8 @@ def _visit_blocks(c: _Call, relation, i: int, carry, visit):
   L = c.layout
   visits = L.visits(i)
   looped = [j for j, nm in visits
-            if not nm and j != 0 and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k]
+            if not nm and (j != 0 or not c.stats)
+            and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k]
   if len(looped) <= MAX_UNROLLED_FULL_VISITS:
     looped = []
   unrolled = [(j, nm) for j, nm in visits if j not in looped]
@@ -662,6 +663,10 @@ def _forward(c: _Call, a: _Arrays):
     tq = q1 - q0
     floor = _floor(c, a, tq)
     qb = a.q_rows(c, q0, q1)
+    if outs:
+      # Query block i starts after block i-1 is done: otherwise XLA may schedule the
+      # independent blocks side by side and keep all their tiles alive at once.
+      qb, _ = jax.lax.optimization_barrier((qb, outs[-1]))
     sb = None if sig_bias is None else _rows(sig_bias[:, :, :, q0:q1], G, tq)
 
     def visit(st, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, sb=sb, qb=qb, floor=floor):
@@ -730,6 +735,8 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
     q0, q1 = L.q_range(i)
     qb = a.q_rows(c, q0, q1)
     do_b = rows(d_out, q0, q1)
+    # One query block at a time (see _forward): its inputs wait for the previous block's updates.
+    qb, do_b, dk, dv = jax.lax.optimization_barrier((qb, do_b, dk, dv))
     rd_b = rows(row_dot, q0, q1)
     g_b = rows(g, q0, q1)
     ln_b = rows(res.get("log_norm"), q0, q1)
