@@ -11,10 +11,12 @@ Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
 
 from attnjax import masks
 from attnjax import normalizers
+from attnjax import patterns
 from attnjax.attention_stats import AttentionStats
 from attnjax.dense import dot_product_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
+from attnjax.sparse import sparse_attention
 
 __version__ = "0.1.0"
 
@@ -24,5 +26,7 @@ __all__ = [
     "dot_product_attention",
     "masks",
     "normalizers",
+    "patterns",
     "qk_norm_attention",
+    "sparse_attention",
 ]

@@ -175,11 +175,148 @@ def dense_suite(args) -> Iterable[Case]:
     yield Case("dense", "jax.nn.dot_product_attention", shape,
                jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
                (q, k, v), flops, baseline=True)
-    for impl in ("reference", "xla"):
+    for impl in ("reference", "xla", "blockwise"):
       yield Case("dense", f"attnjax {impl}", shape,
                  jax.jit(lambda q, k, v, impl=impl: attnjax.dot_product_attention(
                      q, k, v, is_causal=True, implementation=impl)),
                  (q, k, v), flops)
+
+
+def _pattern_pairs(pattern, T: int) -> int:
+  """Allowed (query, key) pairs of a pattern, counted from its mask one row block at a time."""
+  total = 0
+  for lo in range(0, T, 1024):
+    rows = jnp.arange(lo, min(lo + 1024, T))
+    total += int(jnp.sum(pattern.allowed(rows, jnp.arange(T), (T, T))))
+  return total
+
+
+@suite("sparse")
+def sparse_suite(args) -> Iterable[Case]:
+  """Block-sparse patterns, causal forward (B=1, N=8, H=64, fp32), against dense jax.nn causal at T=4096.
+
+  Every row is divided by the same baseline (jax.nn.dot_product_attention
+  causal at T=4096); jax.nn is never run at T=16384 (its logits need ~16 GiB).
+  """
+  B, N, H = 1, 8, 64
+  shape = "B=1,N=8,H=64"
+  q, k, v = qkv(B, 4096, N, H)
+  yield Case("sparse", "jax.nn.dot_product_attention causal T=4096", shape,
+             jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+             (q, k, v), attention_flops(B, N, H, allowed_pairs(4096, 4096, is_causal=True)),
+             baseline=True)
+  window = attnjax.patterns.sliding_window(256)
+  pairs = lambda T: allowed_pairs(T, T, is_causal=True, window=(256, 0))
+  # Block 64 computes 320 keys per query for the 257 it needs, block 128 384.
+  runs = [(T, block) for T in parse_sizes(args.sizes or "4096,16384") for block in (64, 128)]
+  for T, block in runs:
+    qT, kT, vT = qkv(B, T, N, H)
+    yield Case("sparse", f"sliding_window(256) T={T} block={block}", shape,
+               jax.jit(lambda q, k, v, block=block: attnjax.sparse_attention(
+                   q, k, v, pattern=window, block_size=block)),
+               (qT, kT, vT), attention_flops(B, N, H, pairs(T)))
+  # strided runs as a window plus its transposed columns; fixed visits its own
+  # block plus gathered summary keys.
+  for pattern, block in ((attnjax.patterns.strided(64), 64), (attnjax.patterns.fixed(64, 8), 64)):
+    yield Case("sparse", f"{pattern} T=4096 block={block}", shape,
+               jax.jit(lambda q, k, v, pattern=pattern, block=block: attnjax.sparse_attention(
+                   q, k, v, pattern=pattern, block_size=block)),
+               (q, k, v), attention_flops(B, N, H, _pattern_pairs(pattern, 4096)))
+
+
+@memory_case("sparse_window256_fwd_bwd_T16384")
+def sparse_window_memory():
+  """Forward + backward of sliding_window(256) at T=16384 (B=1, N=8, H=64, fp32)."""
+  q, k, v = qkv(1, 16384, 8, 64)
+  pattern = attnjax.patterns.sliding_window(256)
+  step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
+                                                          block_size=128))
+  return lambda: step(q, k, v)
+
+
+def _torch_sdpa(T: int, *, backward: bool, window: Optional[tuple[int, int]] = None):
+  """A jax-free callable timing torch's CPU scaled_dot_product_attention, or None without torch."""
+  try:
+    import torch  # optional bench extra, never a test dependency
+  except ImportError:
+    return None
+  g = torch.Generator().manual_seed(0)
+  q, k, v = (torch.randn(1, 8, T, 64, generator=g, requires_grad=backward) for _ in range(3))
+  attn_mask = None
+  if window is not None:
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    attn_mask = (j <= i) & (j >= i - window[0])
+
+  def run(*_):
+    if backward:
+      out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+      out.sum().backward()
+      return None
+    with torch.no_grad():
+      if attn_mask is not None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+      return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+  return run
+
+
+@suite("blockwise")
+def blockwise_suite(args) -> Iterable[Case]:
+  """Block-wise dense attention (B=1, N=8, H=64, fp32, causal): the issue-3 targets.
+
+  Rows: forward at T=4096 and forward+backward at T=2048 against
+  jax.nn.dot_product_attention (and torch's CPU SDPA when torch is installed);
+  window=(256, 0) at T=16384 against the same call at T=4096 (linear growth
+  means <= 4.6x for 4x the length; jax.nn is not run there, it would need
+  ~16 GiB).
+  """
+  B, N, H = 1, 8, 64
+  T = 4096
+  q, k, v = qkv(B, T, N, H)
+  flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True))
+  shape = f"fwd T={T}"
+  yield Case("blockwise", "jax.nn.dot_product_attention", shape,
+             jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+             (q, k, v), flops, baseline=True)
+  yield Case("blockwise", "attnjax blockwise", shape,
+             jax.jit(lambda q, k, v: attnjax.dot_product_attention(
+                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops)
+  torch_fwd = _torch_sdpa(T, backward=False)
+  if torch_fwd is not None:
+    yield Case("blockwise", "torch sdpa (cpu)", shape, torch_fwd, (), flops)
+
+  T = 2048
+  q, k, v = qkv(B, T, N, H)
+  flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True), backward=True)
+  shape = f"fwd+bwd T={T}"
+  yield Case("blockwise", "jax.nn.dot_product_attention", shape,
+             fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+             (q, k, v), flops, baseline=True)
+  yield Case("blockwise", "attnjax blockwise", shape,
+             fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
+                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops)
+  torch_bwd = _torch_sdpa(T, backward=True)
+  if torch_bwd is not None:
+    yield Case("blockwise", "torch sdpa (cpu)", shape, torch_bwd, (), flops)
+
+  window = (256, 0)
+  shape = f"fwd window={window} T=16384 vs T=4096"
+  for T in (4096, 16384):
+    q, k, v = qkv(B, T, N, H)
+    flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True, window=window))
+    yield Case("blockwise", f"attnjax blockwise T={T}", shape,
+               jax.jit(lambda q, k, v: attnjax.dot_product_attention(
+                   q, k, v, is_causal=True, window=window, implementation="blockwise")),
+               (q, k, v), flops, baseline=T == 4096)
+
+
+@memory_case("blockwise fwd+bwd T=16384 causal (B=1, N=8, H=64, fp32)")
+def blockwise_memory():
+  q, k, v = qkv(1, 16384, 8, 64)
+  step = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
+      q, k, v, is_causal=True, implementation="blockwise"))
+  return lambda: step(q, k, v)
 
 
 # ---------------------------------------------------------------------------
