@@ -240,7 +240,7 @@ def test_orthogonal_projection_structure():
 
 
 def test_favor_stabilised_equals_exact_estimator():
-  q, k, _ = _inputs(B=1, T=12, N=2, K=2, H=8, Hv=8, seed=10)
+  q, k, v = _inputs(B=1, T=12, N=2, K=2, H=8, Hv=8, seed=10)
   # Unit-variance entries at H=8 give |x|^2 ~ 2.8, where single draws are heavy-tailed.
   q, k = 0.6 * q, 0.6 * k
   exact = feature_maps.favor_plus(jax.random.key(4), 64, head_dim=8, stabilize=False)
@@ -249,6 +249,10 @@ def test_favor_stabilised_equals_exact_estimator():
     _allclose(linear_attention_weights(q, k, feature_map=stable, is_causal=is_causal),
               linear_attention_weights(q, k, feature_map=exact, is_causal=is_causal),
               "stabilised vs exact", tol=dict(rtol=1e-4, atol=1e-6))
+  # Stabilised features are computed before the chunk loop (the key constant is global).
+  _allclose(linear_attention(q, k, v, feature_map=stable, is_causal=True, chunk_size=5),
+            linear_attention(q, k, v, feature_map=stable, is_causal=True,
+                             implementation="parallel"), "stabilised chunked vs parallel")
   # Unbiased kernel estimate: the mean over draws approaches exp(q.k / sqrt(H)).
   kernel = jnp.exp(jnp.einsum("bthd,bshd->bhts", q, k) / 8 ** 0.5)
   draws = [linear_attention_weights(
