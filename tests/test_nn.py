@@ -124,24 +124,31 @@ def test_configs_round_trip_through_json():
 # The layer, per family and option.
 
 
+@nnx.jit
+def _loss_and_grad(layer, x):
+  return nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+
+
+# Without jit, each layer runs op by op; one per family keeps the test quick.
+EAGER = ("dense_gqa", "qk_layer_after", "cosine_ngpt", "linear_favor_gate", "sparse_strided",
+         "everything")
+
+
 @pytest.mark.parametrize("name", list(LAYER_CONFIGS))
 def test_layer_forward_grad_and_jit(name):
   cfg = LAYER_CONFIGS[name]
   layer = _layer(cfg)
   x = _x()
-  eager = layer(x)
-  assert eager.shape == x.shape and eager.dtype == jnp.float32
-
-  @nnx.jit
-  def loss_and_grad(layer, x):
-    return nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(layer)
-
-  loss, grads = loss_and_grad(layer, x)
-  np.testing.assert_allclose(loss, jnp.sum(eager ** 2), rtol=1e-5)
+  loss, grads = _loss_and_grad(layer, x)
+  assert bool(jnp.isfinite(loss))
   leaves = jax.tree.leaves(grads)
   assert leaves and all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
   # Every learned quantity of the layer receives a gradient.
   assert all(float(jnp.max(jnp.abs(g))) > 0 for g in leaves), name
+  if name in EAGER:
+    eager = layer(x)
+    assert eager.shape == x.shape and eager.dtype == jnp.float32
+    np.testing.assert_allclose(loss, jnp.sum(eager ** 2), rtol=1e-5)
 
 
 def test_layer_bfloat16_keeps_dtype():
