@@ -207,8 +207,8 @@ def test_weights_sown_are_the_weights_used():
 # The language model.
 
 
-def _model(attention=None, *, layer_attention=None, num_layers=2, seed=0, **kw):
-  cfg = nn.ModelConfig(vocab_size=V, d_model=D, num_layers=num_layers,
+def _model(attention=None, *, layer_attention=None, num_layers=2, seed=0, vocab_size=V, **kw):
+  cfg = nn.ModelConfig(vocab_size=vocab_size, d_model=D, num_layers=num_layers,
                        attention=attention or nn.AttentionConfig(num_kv_heads=2),
                        layer_attention=layer_attention, **kw)
   return nn.TransformerLM(cfg, rngs=nnx.Rngs(seed))
@@ -287,6 +287,22 @@ def test_init_sharding_names_and_param_count():
   per_block = 4 * D * D + 2 * D * F + 2 * D  # attention, GELU MLP, two RMSNorm scales
   assert model.num_params() == 2 * V * D + 2 * per_block + D
   assert model.num_params(exclude_embeddings=True) == V * D + 2 * per_block + D
+
+
+def test_state_shards_over_a_data_model_mesh():
+  P = jax.sharding.PartitionSpec
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+  model = _model(layer_attention=(LAYER_CONFIGS["everything"], LAYER_CONFIGS["linear_favor_gate"]),
+                 vocab_size=12)  # the vocabulary is split over "model"
+  tokens = jax.random.randint(jax.random.key(2), (4, 8), 0, 12)
+  forward = jax.jit(lambda graphdef, state, t: nnx.merge(graphdef, state)(t), static_argnums=0)
+  graphdef, state = nnx.split(model)
+  expected = forward(graphdef, state, tokens)
+  sharded = jax.device_put(state, nn.state_shardings(model, mesh))
+  kernel = sharded["blocks"][0]["attention"]["q_proj"]["kernel"].get_value()
+  assert kernel.sharding.spec == P(None, "model")
+  logits = forward(graphdef, sharded, jax.device_put(tokens, jax.sharding.NamedSharding(mesh, P("data"))))
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_wortsman_init_std():
