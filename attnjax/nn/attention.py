@@ -103,7 +103,7 @@ class Attention(nnx.Module):
     param_dtype: parameter dtype.
   """
 
-  def __init__(self, config: AttentionConfig, d_model: int, *, rngs: nnx.Rngs,
+  def __init__(self, config: AttentionConfig, d_model: int, rngs: nnx.Rngs, *,
                dtype=jnp.float32, param_dtype=jnp.float32):
     if not isinstance(config, AttentionConfig):
       raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
@@ -162,7 +162,11 @@ class Attention(nnx.Module):
     return min(max_len, c.num_sinks + c.window)
 
   def init_cache(self, batch_size: int, max_len: int) -> Cache:
-    """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
+    """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+    A full cache silently drops keys written past ``max_len`` (positions are
+    traced, so this cannot be checked); rolling and linear caches never fill.
+    """
     K, H = self.num_kv_heads, self.head_dim
     if self.config.family == "linear":
       F = self._feature_map(decoding=True).num_features(H)
@@ -244,7 +248,7 @@ class Attention(nnx.Module):
     if c.sink_logits:
       common["sink_logits"] = self.sink_logits[...]
     if c.family == "dense":
-      return lambda q, k, v: dot_product_attention(q, k, v, **common)
+      return lambda q, k, v: dot_product_attention(q, k, v, similarity=c.similarity, **common)
     if c.family == "qk_norm":
       if self._norm_before_rope():
         return lambda q, k, v: dot_product_attention(q, k, v, scale=c.qk_scale, **common)

@@ -66,7 +66,7 @@ class TransformerBlock(nnx.Module):
     rngs: ``nnx.Rngs``.
   """
 
-  def __init__(self, config: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+  def __init__(self, config: ModelConfig, layer: int, rngs: nnx.Rngs):
     dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     D = config.d_model
@@ -108,7 +108,7 @@ class TransformerLM(nnx.Module):
     rngs: ``nnx.Rngs`` (the ``params`` stream initialises every weight).
   """
 
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     if not isinstance(config, ModelConfig):
       raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     self.config = config
