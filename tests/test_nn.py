@@ -377,6 +377,9 @@ DECODE_MODELS = {
                            stabilize_features=False, num_kv_heads=1)),
     "sparse_strided+sparse_sinks_window": (LAYER_CONFIGS["sparse_strided"],
                                            LAYER_CONFIGS["sparse_sinks_window_sink_logits"]),
+    "everything_absolute+cosine_ngpt": (
+        LAYER_CONFIGS["everything"].replace(streaming_rope="absolute"),
+        LAYER_CONFIGS["cosine_ngpt"]),
     "sinks_window_norope+kv_bias_gate_sinks": (
         nn.AttentionConfig(window=3, num_sinks=1, num_kv_heads=1, rope_theta=None),
         nn.AttentionConfig(kv_bias=True, output_gate="headwise", sink_logits=True,

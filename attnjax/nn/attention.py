@@ -139,8 +139,9 @@ class Attention(nnx.Module):
     if config.kv_bias:
       # Zero init: the slot starts as a null key of logit 0 with a zero value,
       # i.e. the layer starts as softmax-plus-one; both are learned.
-      self.k_bias = _layers.param(jnp.zeros((K, H), param_dtype), ("heads", None))
-      self.v_bias = _layers.param(jnp.zeros((K, H), param_dtype), ("heads", None))
+      # Replicated: K can be smaller than the model axis (MQA), and the slot is tiny.
+      self.k_bias = _layers.param(jnp.zeros((K, H), param_dtype), (None, None))
+      self.v_bias = _layers.param(jnp.zeros((K, H), param_dtype), (None, None))
 
   # -------------------------------------------------------------------------
   # Public calls.
