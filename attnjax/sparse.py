@@ -22,7 +22,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, blockwise, dense, masks
+from attnjax import _checks, blockwise, dense, masks, patterns
 from attnjax.patterns import Pattern
 
 Array = jnp.ndarray
@@ -65,6 +65,72 @@ def _block_sparse(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: 
 
   return blockwise.attention(inputs, opts, layout=plan.layout, mask_fn=mask_fn,
                              use_default_mask_fn=False)
+
+
+# Query blocks per chunk of the banded path: bounds its compiled program (the
+# kernel unrolls its visits) and its working memory, whatever the length.
+CHUNK_BLOCKS = 16
+
+
+def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern,
+                   block_size: int):
+  """A banded pattern (e.g. a sliding window) run chunk by chunk under ``lax.map``.
+
+  Every chunk of ``C`` queries sees the same ``C + left + right`` keys around
+  it, so one layout and one compiled kernel serve all chunks; the sequence
+  ends are masked by position. Cost stays proportional to the kept blocks and
+  compile time and memory no longer grow with ``T``.
+  """
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, _ = q.shape
+  S = k.shape[1]
+  left, right = pattern.band()
+  C = CHUNK_BLOCKS * block_size
+  num_chunks = -(-T // C)
+  KW = C + left + right
+  plan = patterns.band_chunk_plan(pattern, C, block_size)
+  # Keys padded so that chunk c's keys are padded[c * C : c * C + KW]
+  # (global positions c * C - left ...); padding is masked by position.
+  key_len = num_chunks * C + left + right
+  kept = min(S, key_len - left)
+
+  def pad_keys(x, value=0):
+    x = x[:, :kept]
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (left, key_len - left - kept)
+    return jnp.pad(x, widths, constant_values=value)
+
+  def pad_queries(x):
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, num_chunks * C - T)
+    return jnp.pad(x, widths)
+
+  # Padding keys are masked through segment ids (data, so the kernel's custom
+  # VJP closes over nothing traced): real ids become even, padding keys odd.
+  # Padded queries are sliced off, and their zero cotangent gives no gradient.
+  q_seg = inputs.q_segment_ids
+  kv_seg = inputs.kv_segment_ids
+  q_seg = jnp.zeros((B, T), jnp.int32) if q_seg is None else 2 * q_seg.astype(jnp.int32)
+  kv_seg = jnp.zeros((B, S), jnp.int32) if kv_seg is None else 2 * kv_seg.astype(jnp.int32)
+  qp, kp, vp = pad_queries(q), pad_keys(k), pad_keys(v)
+  q_seg, kv_seg = pad_queries(q_seg), pad_keys(kv_seg, value=1)
+  rule = plan.rule
+
+  def mask_fn(q_local, k_local):
+    return rule.allowed(q_local, k_local, (C, KW))[None, None]
+
+  def one_chunk(c):
+    start = c * C
+    take = lambda x, n: jax.lax.dynamic_slice_in_dim(x, start, n, axis=1)
+    chunk_inputs = dataclasses.replace(
+        inputs, q=take(qp, C), k=take(kp, KW), v=take(vp, KW),
+        q_segment_ids=take(q_seg, C), kv_segment_ids=take(kv_seg, KW))
+    return blockwise.attention(chunk_inputs, opts, layout=plan.layout, mask_fn=mask_fn,
+                               use_default_mask_fn=False)
+
+  out = jax.lax.map(one_chunk, jnp.arange(num_chunks))  # [chunks, B, C, N, Hv]
+  out = jnp.moveaxis(out, 0, 1).reshape((B, num_chunks * C) + out.shape[3:])
+  return out[:, :T]
 
 
 def _sparse_attention(
@@ -132,6 +198,9 @@ def _sparse_attention(
   pattern.check_shape(T, S)
   if implementation == "reference":
     return _reference(inputs, opts, pattern)
+  if (pattern.band() is not None and inputs.bias is None and not opts.return_stats
+      and T > 2 * CHUNK_BLOCKS * block_size):
+    return _banded_chunks(inputs, opts, pattern, block_size)
   return _block_sparse(inputs, opts, pattern, block_size)
 
 
