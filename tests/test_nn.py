@@ -188,6 +188,11 @@ def test_random_features_are_state_not_params():
   assert "feature_projection" not in nnx.state(layer, nnx.Param)
   projection = nnx.state(layer, nn.FeatureProjection)["feature_projection"]
   assert projection.get_value().shape == (8, 4)
+  before = np.asarray(projection.get_value())
+  layer.redraw_features(jax.random.key(7))
+  assert not np.allclose(layer.feature_projection[...], before)
+  with pytest.raises(ValueError, match="random feature map"):
+    _layer(LAYER_CONFIGS["dense_gqa"]).redraw_features(jax.random.key(0))
 
 
 def test_very_negative_sink_logits_equal_softmax():

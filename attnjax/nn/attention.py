@@ -136,6 +136,7 @@ class Attention(nnx.Module):
                  else feature_maps.trig_features)
       drawn = factory(rngs.params(), config.num_features, head_dim=H)
       self.feature_projection = FeatureProjection(drawn.projection)
+      self.orthogonal_features = drawn.orthogonal
     if config.kv_bias:
       # Zero init: the slot starts as a null key of logit 0 with a zero value,
       # i.e. the layer starts as softmax-plus-one; both are learned.
@@ -348,7 +349,16 @@ class Attention(nnx.Module):
     # A carried state needs the exact (unstabilised) estimator; see AttentionConfig.
     return feature_maps.FeatureMap(
         c.feature_map, self.feature_projection[...],
-        stabilize=c.stabilize_features and not decoding, orthogonal=True)
+        stabilize=c.stabilize_features and not decoding, orthogonal=self.orthogonal_features)
+
+  def redraw_features(self, key: Array) -> None:
+    """Draws a new random-feature projection (Performer's periodic redrawing)."""
+    c = self.config
+    if c.family != "linear" or c.feature_map not in feature_maps.RANDOM:
+      raise ValueError(f"redraw_features needs a random feature map, this layer has "
+                       f"family={c.family!r}, feature_map={c.feature_map!r}")
+    self.feature_projection[...] = feature_maps.gaussian_projection(
+        key, c.num_features, self.head_dim, orthogonal=self.orthogonal_features)
 
   def _linear(self, q, k, v, positions, cache, capture, sow_weights):
     """Linear attention: full causal forward, or a step from the cached recurrent state."""
