@@ -320,7 +320,8 @@ def test_state_shards_over_a_data_model_mesh():
   sharded = jax.device_put(state, nn.state_shardings(model, mesh))
   kernel = sharded["blocks"][0]["attention"]["q_proj"]["kernel"].get_value()
   assert kernel.sharding.spec == P(None, "model")
-  logits = forward(graphdef, sharded, jax.device_put(tokens, jax.sharding.NamedSharding(mesh, P("data"))))
+  data_sharded = jax.device_put(tokens, jax.sharding.NamedSharding(mesh, P("data")))
+  logits = forward(graphdef, sharded, data_sharded)
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 

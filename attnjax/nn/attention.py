@@ -89,7 +89,7 @@ Cache = Union[KVCache, LinearCache]
 
 
 class FeatureProjection(nnx.Variable):
-  """Random-feature directions ``[m, H]`` of FAVOR+ / trig maps: state, but not a trained ``Param``."""
+  """Random-feature directions ``[m, H]`` of FAVOR+ / trig maps: state, not a trained ``Param``."""
 
 
 class Attention(nnx.Module):
@@ -153,7 +153,7 @@ class Attention(nnx.Module):
     return y
 
   def decode(self, x: Array, cache: Cache, *, sow_weights: Optional[bool] = None):
-    """Attends ``x`` ``[B, T, D]`` (the next ``T`` tokens) over the cache; returns ``(y, cache)``."""
+    """Attends ``x`` ``[B, T, D]`` (the next ``T`` tokens) over the cache: ``(y, cache)``."""
     return self._forward(x, cache, sow_weights)
 
   def cache_capacity(self, max_len: int) -> int:
@@ -399,7 +399,7 @@ class Attention(nnx.Module):
             jnp.concatenate([mask, ones], axis=-1))
 
   def _weights(self, q, k, mask, is_causal, window) -> Array:
-    """Attention weights ``[B, N, T, S]`` float32, from the same function applied to identity values.
+    """Attention weights ``[B, N, T, S]`` float32: the layer's function applied to identity values.
 
     Every family is linear in ``v``, so ``attn(q, k, I)`` is exactly the weight
     matrix the layer used, with its mask, normaliser and null columns; no second
@@ -412,7 +412,7 @@ class Attention(nnx.Module):
     return jnp.transpose(w, (0, 2, 1, 3))
 
   def _write(self, cache: KVCache, k: Array, v: Array, positions: Array) -> KVCache:
-    """Writes the new keys/values into their slots; tokens that would be evicted at once are dropped."""
+    """Writes the new keys/values into their slots; tokens evicted at once are dropped."""
     c = self.config
     C = cache.k.shape[1]
     T = k.shape[1]

@@ -236,7 +236,7 @@ class AttentionConfig:
       raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0")
 
   def make_pattern(self) -> "patterns.Pattern":
-    """Sparse family: the configured pattern intersected with causal (a decoder never looks ahead)."""
+    """Sparse family: the configured pattern intersected with causal (decoders never look ahead)."""
     if (not isinstance(self.pattern, tuple) or len(self.pattern) != 2
         or not isinstance(self.pattern[0], str) or not isinstance(self.pattern[1], tuple)):
       raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
@@ -351,7 +351,8 @@ class ModelConfig:
                          f"num_layers={self.num_layers}")
       for i, c in enumerate(self.layer_attention):
         if not isinstance(c, AttentionConfig):
-          raise TypeError(f"layer_attention[{i}] must be an AttentionConfig, got {type(c).__name__}")
+          raise TypeError(
+              f"layer_attention[{i}] must be an AttentionConfig, got {type(c).__name__}")
     for i in range(self.num_layers):
       self.attention_for(i).head_dim_for(self.d_model)
     _checks.check_choice("mlp", self.mlp, MLPS)
