@@ -381,8 +381,12 @@ DECODE_MODELS = {
         LAYER_CONFIGS["linear_elu_gqa"],
         nn.AttentionConfig(family="linear", feature_map="favor_plus", num_features=8,
                            stabilize_features=False, num_kv_heads=1)),
-    "sparse_strided+sparse_sinks_window": (LAYER_CONFIGS["sparse_strided"],
-                                           LAYER_CONFIGS["sparse_sinks_window_sink_logits"]),
+    # BigBird's random blocks depend on the length: the cache passes max_len = T.
+    "sparse_strided+sparse_bigbird": (
+        LAYER_CONFIGS["sparse_strided"],
+        nn.AttentionConfig(family="sparse", block_size=4, sink_logits=True, pattern=(
+            "bigbird", (("block", 4), ("num_global", 1), ("window_blocks", 1),
+                        ("num_random", 1), ("seed", 0))))),
     "everything_absolute+cosine_ngpt": (
         LAYER_CONFIGS["everything"].replace(streaming_rope="absolute"),
         LAYER_CONFIGS["cosine_ngpt"]),

@@ -210,14 +210,14 @@ class Attention(nnx.Module):
       y = y * jnp.reshape(gain.astype(jnp.float32), (1, 1, 1, -1))
     return y.astype(x.dtype)
 
-  def _allowed(self, q_positions: Array, k_positions: Array) -> Array:
+  def _allowed(self, q_positions: Array, k_positions: Array, length: int) -> Array:
     """``bool [1, 1, T, S]`` allowed pairs by position: causal, window, sinks; empty slots out."""
     c = self.config
     if c.family == "sparse":
       # The pattern's own element rule, at the cache's positions. Patterns whose
-      # choice depends on the length (BigBird's random blocks) see the cache size.
-      S = k_positions.shape[0]
-      allowed = c.make_pattern().allowed(q_positions, k_positions, (S, S))[None, None]
+      # choice depends on the length (BigBird's random blocks) see the full
+      # sequence length: the cache's capacity, max_len.
+      allowed = c.make_pattern().allowed(q_positions, k_positions, (length, length))[None, None]
     elif c.num_sinks:
       # patterns.sinks_window counts the query itself in its window; ours is the left extent.
       pattern = patterns.sinks_window(c.num_sinks, c.window + 1)
@@ -314,7 +314,8 @@ class Attention(nnx.Module):
       is_causal = True
       window = None if c.window is None else (c.window, 0)
     else:
-      mask = self._allowed(positions, k_positions)
+      length = T if cache is None else cache.k.shape[1]
+      mask = self._allowed(positions, k_positions, length)
     if c.kv_bias:
       k_all, v_all, mask = self._append_kv_bias(k_all, v_all, mask)
 
