@@ -266,16 +266,14 @@ class _BandChunk:
 def band_chunk_plan(pattern: "Pattern", chunk: int, block_size: int) -> SparsePlan:
   """The plan of one chunk of ``chunk`` queries of a banded pattern, shared by every chunk.
 
-  Keys are the ``chunk + left + right`` positions around the chunk. Every
-  visit is masked, since at the ends of the sequence a chunk's keys fall
-  outside ``[0, S)`` and the caller's mask removes them.
+  Keys are the ``chunk + left + right`` positions around the chunk; at the
+  ends of the sequence some fall outside ``[0, S)``, which the caller masks
+  with a data mask (applied on every visit).
   """
   left, right = pattern.band()
   view = _BandChunk(pattern)
-  layout = _layout(view, chunk, chunk + left + right, block_size)
-  visits = [[(kb, True) for kb, _ in layout.visits(i)] for i in range(layout.num_q_blocks)]
-  layout = BlockLayout.from_visits(chunk, chunk + left + right, block_size, block_size, visits)
-  return SparsePlan(np.zeros((0,), np.int32), layout, view)
+  return SparsePlan(np.zeros((0,), np.int32),
+                    _layout(view, chunk, chunk + left + right, block_size), view)
 
 
 # Rule evaluations per compiled call when building a layout (bounds its memory).

@@ -8,7 +8,12 @@ Two implementations, tested equal in value and gradient:
   kernel (:mod:`attnjax.blockwise`), which visits, for each query block, only
   the key blocks the layout lists, applies the pattern's element rule only on
   the partial ones, and recomputes in its backward pass. Cost and memory follow
-  the number of kept blocks.
+  the number of kept blocks. A banded pattern (a sliding window) on a long
+  sequence runs chunk by chunk under ``lax.map`` with one layout shared by all
+  chunks, so its compiled program and working memory do not grow with ``T``
+  (not with ``bias`` or ``return_stats``, which take the whole-sequence layout).
+  Patterns with scattered keys (``fixed``'s summary columns) visit a gathered
+  copy of those keys rather than every block that holds one.
 
 Both go through :func:`attnjax.dense.prepare`, so every dense option is
 validated the same way and means the same thing.
@@ -69,7 +74,7 @@ def _block_sparse(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: 
 
 # Query blocks per chunk of the banded path: bounds its compiled program (the
 # kernel unrolls its visits) and its working memory, whatever the length.
-CHUNK_BLOCKS = 16
+CHUNK_BLOCKS = 4
 
 
 def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern,
@@ -77,8 +82,8 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   """A banded pattern (e.g. a sliding window) run chunk by chunk under ``lax.map``.
 
   Every chunk of ``C`` queries sees the same ``C + left + right`` keys around
-  it, so one layout and one compiled kernel serve all chunks; the sequence
-  ends are masked by position. Cost stays proportional to the kept blocks and
+  it, so one layout and one compiled kernel serve all chunks; keys past the
+  sequence ends are masked by a per-chunk key mask. Cost stays proportional to the kept blocks and
   compile time and memory no longer grow with ``T``.
   """
   q, k, v = inputs.q, inputs.k, inputs.v
@@ -94,26 +99,21 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   key_len = num_chunks * C + left + right
   kept = min(S, key_len - left)
 
-  def pad_keys(x, value=0):
+  def pad_keys(x):
     x = x[:, :kept]
     widths = [(0, 0)] * x.ndim
     widths[1] = (left, key_len - left - kept)
-    return jnp.pad(x, widths, constant_values=value)
+    return jnp.pad(x, widths)
 
   def pad_queries(x):
     widths = [(0, 0)] * x.ndim
     widths[1] = (0, num_chunks * C - T)
     return jnp.pad(x, widths)
 
-  # Padding keys are masked through segment ids (data, so the kernel's custom
-  # VJP closes over nothing traced): real ids become even, padding keys odd.
-  # Padded queries are sliced off, and their zero cotangent gives no gradient.
-  q_seg = inputs.q_segment_ids
-  kv_seg = inputs.kv_segment_ids
-  q_seg = jnp.zeros((B, T), jnp.int32) if q_seg is None else 2 * q_seg.astype(jnp.int32)
-  kv_seg = jnp.zeros((B, S), jnp.int32) if kv_seg is None else 2 * kv_seg.astype(jnp.int32)
   qp, kp, vp = pad_queries(q), pad_keys(k), pad_keys(v)
-  q_seg, kv_seg = pad_queries(q_seg), pad_keys(kv_seg, value=1)
+  q_seg, kv_seg = inputs.q_segment_ids, inputs.kv_segment_ids
+  if q_seg is not None:
+    q_seg, kv_seg = pad_queries(q_seg), pad_keys(kv_seg)
   rule = plan.rule
 
   def mask_fn(q_local, k_local):
@@ -122,9 +122,15 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   def one_chunk(c):
     start = c * C
     take = lambda x, n: jax.lax.dynamic_slice_in_dim(x, start, n, axis=1)
+    # Keys outside [0, S) are padding: masked by a [1, 1, 1, KW] data mask (an
+    # argument of the kernel, so its custom VJP closes over nothing traced).
+    # Padded queries are sliced off; their zero cotangent gives no gradient.
+    k_global = start - left + jnp.arange(KW)
+    key_ok = jnp.logical_and(k_global >= 0, k_global < S)[None, None, None, :]
     chunk_inputs = dataclasses.replace(
-        inputs, q=take(qp, C), k=take(kp, KW), v=take(vp, KW),
-        q_segment_ids=take(q_seg, C), kv_segment_ids=take(kv_seg, KW))
+        inputs, q=take(qp, C), k=take(kp, KW), v=take(vp, KW), mask=key_ok,
+        q_segment_ids=None if q_seg is None else take(q_seg, C),
+        kv_segment_ids=None if kv_seg is None else take(kv_seg, KW))
     return blockwise.attention(chunk_inputs, opts, layout=plan.layout, mask_fn=mask_fn,
                                use_default_mask_fn=False)
 
