@@ -19,6 +19,7 @@ from attnjax.linear import linear_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
+from attnjax import nn  # noqa: E402  (after the functions it wraps)
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "feature_maps",
     "linear_attention",
     "masks",
+    "nn",
     "normalizers",
     "patterns",
     "qk_norm_attention",
