@@ -1100,14 +1100,14 @@ def spike_score(series: Sequence[float], *, window: int = 1000, sigmas: float = 
   Definition: the percentage of steps whose value lies at least ``sigmas``
   (7) standard deviations above the rolling mean of the previous ``window``
   (1000) values: step ``t`` is a spike when ``x_t - mu_t >= sigmas * sd_t`` and
-  ``x_t > mu_t``, with ``mu_t`` and ``sd_t`` (population) over ``x_{t-window}
-  .. x_{t-1}``. ``two_sided=True`` also counts drops ``mu_t - x_t >= sigmas *
+  ``x_t > mu_t``, with ``mu_t`` and ``sd_t`` (population) over the previous
+  ``window`` finite values (``x_{t-window} .. x_{t-1}`` when all are finite). ``two_sided=True`` also counts drops ``mu_t - x_t >= sigmas *
   sd_t`` ("away from" the mean).
 
   First steps: a step is scored only when at least ``min_history`` (default:
   ``window``, i.e. a full window) finite previous values exist; earlier steps
   are neither spikes nor counted in the denominator. Set ``min_history`` lower
-  for short runs. Non-finite values are left out of the rolling statistics; a
+  for short runs. Non-finite values are skipped by the rolling statistics; a
   non-finite value at a scored step counts as a spike (the loss blew up).
 
   Args:
@@ -1135,23 +1135,23 @@ def spike_score(series: Sequence[float], *, window: int = 1000, sigmas: float = 
     raise ValueError(f"min_history must be an int in [2, window={window}], got {min_history!r}")
   _checks.check_positive_float("sigmas", sigmas, allow_none=False)
   finite = np.isfinite(x)
-  # Rolling sums over the previous `window` finite values via cumulative sums,
-  # centred on the median to keep E[x^2] - E[x]^2 well conditioned.
+  # Rolling sums over the previous `window` finite values: cumulative sums over
+  # the finite values only, indexed by how many came before each step. Centred
+  # on the median to keep E[x^2] - E[x]^2 well conditioned.
   centre = float(np.median(x[finite])) if np.any(finite) else 0.0
   y = np.where(finite, x - centre, 0.0)
   zero = np.zeros(1)
-  c_n = np.concatenate([zero, np.cumsum(finite.astype(np.float64))])
-  c_1 = np.concatenate([zero, np.cumsum(y)])
-  c_2 = np.concatenate([zero, np.cumsum(y * y)])
-  t = np.arange(x.size)
-  lo = np.maximum(t - window, 0)
-  n = c_n[t] - c_n[lo]
+  c_1 = np.concatenate([zero, np.cumsum(y[finite])])
+  c_2 = np.concatenate([zero, np.cumsum(y[finite] ** 2)])
+  before = np.concatenate([[0], np.cumsum(finite)[:-1]])  # finite values before step t
+  lo = np.maximum(before - window, 0)
+  n = (before - lo).astype(np.float64)
   scored = n >= min_history
   if not np.any(scored):
     return float("nan")
   n_safe = np.maximum(n, 1.0)
-  mean = (c_1[t] - c_1[lo]) / n_safe
-  var = np.maximum((c_2[t] - c_2[lo]) / n_safe - mean * mean, 0.0)
+  mean = (c_1[before] - c_1[lo]) / n_safe
+  var = np.maximum((c_2[before] - c_2[lo]) / n_safe - mean * mean, 0.0)
   sd = np.sqrt(var)
   dev = y - mean
   up = np.logical_and(dev > 0, dev >= sigmas * sd)
