@@ -112,7 +112,7 @@ def test_sink_rate_on_unnormalised_rows():
 
 @pytest.mark.parametrize("normalizer", ["softmax", "softmax_one", "sigmoid"])
 def test_sink_rate_and_f_attn_from_stats_match_weights(normalizer):
-  q, k, v = random_qkv(0, T=16)
+  q, k, v = random_qkv(0)
   q = q * 3.0  # sharper rows so some heads cross eps
   B, T, N, H = q.shape
   K = k.shape[2]
@@ -409,8 +409,8 @@ def test_wrong_rank_and_empty_raise(fn):
 
 
 def test_other_input_errors():
-  with pytest.raises(ValueError, match=r"T == S"):
-    stats.sink_rate(jnp.ones((1, 1, 3, 4)))
+  with pytest.raises(ValueError, match=r"S >= T"):
+    stats.sink_rate(jnp.ones((1, 1, 4, 3)))
   with pytest.raises(ValueError, match="1-indexed"):
     stats.sink_rate(heads(uniform_causal(4)), k=0)
   with pytest.raises(ValueError, match="eps"):
@@ -443,3 +443,89 @@ def test_flatten_and_to_jsonable():
   assert back["drift/mean_log_z"] is None  # inf -> null
   assert stats.to_jsonable({"a": np.array([1, 2]), "b": (np.float32(np.nan),)}) == {
       "a": [1, 2], "b": [None]}
+
+
+# ---------------------------------------------------------------------------
+# Probe.
+
+
+def test_probe_statistics_from_hand_built_capture():
+  T, V = 16, 5
+  layer = np.stack([sink_head(T)] * 3 + [uniform_causal(T)] * 5)[None]  # [1, 8, T, T]
+  weights = jnp.asarray(np.stack([layer, layer]))  # [L=2, B=1, N=8, T, T]
+  hidden = np.full((2, 1, T, 4), 0.05, np.float32)
+  hidden[1, 0, 3, 2] = 400.0
+  gate = jnp.stack([jnp.full((1, 8), 0.2), jnp.full((1, 8), jnp.nan)])  # layer 1 ungated
+  capture = stats.ProbeCapture(logits=jnp.zeros((1, T, V)), weights=weights,
+                               hidden=jnp.asarray(hidden), gate_mean=gate)
+  out = stats.probe_statistics(capture)
+  assert float(out["sink_rate/rate"]) == pytest.approx(37.5)
+  np.testing.assert_allclose(out["f_attn/per_layer"], [(3 * 0.5 + 5 * (harmonic(T) - 1) / (T - 1)) / 8] * 2,
+                             rtol=1e-5)
+  np.testing.assert_array_equal(out["massive/count"], [0, 1])
+  assert float(out["output/mean_log_z"]) == pytest.approx(math.log(V), rel=1e-6)
+  assert float(out["gate/mean"]) == pytest.approx(0.2)
+  assert np.isnan(np.asarray(out["gate/per_layer"])[1])  # not defined -> null in JSON
+  assert "max_logit" not in out and "qk/q_rms" not in out  # nothing to compute them from
+  json.dumps(stats.to_jsonable(out), allow_nan=False)
+
+
+# Options a family needs to be built at all (attnjax.nn rejects a sparse layer without a pattern).
+FAMILY_OPTIONS = {"sparse": dict(pattern=("sliding_window", (("left", 4),)))}
+
+
+def available_families(d_model=16):
+  """Families of attnjax.nn that this build can run (others raise NotImplementedError)."""
+  from flax import nnx
+  found = []
+  for family in attnjax.nn.config.FAMILIES:
+    config = attnjax.nn.AttentionConfig(family=family, num_heads=2,
+                                        **FAMILY_OPTIONS.get(family, {}))
+    try:
+      attnjax.nn.Attention(config, d_model, rngs=nnx.Rngs(0))(jnp.zeros((1, 4, d_model)))
+    except NotImplementedError:
+      continue
+    found.append(family)
+  return found
+
+
+def family_layer(family, **options):
+  """A layer config of `family` with `options`, without the output gate if the family rejects it."""
+  A = attnjax.nn.AttentionConfig
+  options = dict(FAMILY_OPTIONS.get(family, {}), num_heads=4, num_kv_heads=2, **options)
+  try:
+    return A(family=family, output_gate="headwise", **options)
+  except ValueError:
+    return A(family=family, **options)
+
+
+def test_probe_runs_on_every_nn_family():
+  from flax import nnx
+  families = available_families()
+  assert {"dense", "qk_norm", "cosine"} <= set(families)
+  layers = [family_layer(f) for f in families] + [
+      family_layer("dense", sink_logits=True),
+      family_layer("dense", window=4, num_sinks=2, kv_bias=True),
+      family_layer("dense", normalizer="softpick")]
+  cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=len(layers),
+                               layer_attention=tuple(layers))
+  model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 20), 0, 32)
+  out = stats.probe(model, tokens, length=16)
+  L = len(layers)
+  for name in ("sink_rate/per_layer", "f_attn/per_layer", "entropy/min", "max_logit",
+               "sparsity/per_layer", "qk/mean_cos", "sink_geometry/key_norm_ratio",
+               "massive/max_abs", "kurtosis/per_layer", "gate/per_layer", "null_mass/per_layer"):
+    assert out[name].shape == (L,), name
+  gated = np.array([layer.output_gate is not None for layer in layers])
+  for name, value in out.items():
+    value = np.asarray(value)
+    if name.startswith("gate/per_"):  # defined for gated layers only (NaN -> null elsewhere)
+      assert np.all(np.isfinite(value[gated])) and np.all(np.isnan(value[~gated])), name
+    else:
+      assert np.all(np.isfinite(value)), name
+  null = np.asarray(out["null_mass/per_layer"])
+  assert null[len(families)] > 0 and np.all(null[:len(families)] == 0)  # only sink-logit layer
+  json.dumps(stats.to_jsonable(out), allow_nan=False)
+  with pytest.raises(ValueError, match="length=64"):
+    stats.probe(model, tokens)
