@@ -64,7 +64,10 @@ class SinkRate(NamedTuple):
 
 
 class FirstTokenAttention(NamedTuple):
-  """Result of :func:`first_token_attention`: ``f_attn`` scalar, ``per_layer`` ``[L]``, ``per_head`` ``[L, N]``."""
+  """Result of :func:`first_token_attention`.
+
+  ``f_attn`` scalar, ``per_layer`` ``[L]``, ``per_head`` ``[L, N]``.
+  """
 
   f_attn: Array
   per_layer: Array
@@ -72,7 +75,7 @@ class FirstTokenAttention(NamedTuple):
 
 
 class AttentionEntropy(NamedTuple):
-  """Result of :func:`attention_entropy`: ``mean`` and ``min`` over heads ``[L]``, ``per_head`` ``[L, N]``."""
+  """Result of :func:`attention_entropy`: ``mean``, ``min`` over heads ``[L]``; ``per_head``."""
 
   mean: Array
   min: Array
@@ -80,7 +83,7 @@ class AttentionEntropy(NamedTuple):
 
 
 class QKStatistics(NamedTuple):
-  """Result of :func:`qk_statistics`, each ``[L]``: ``q_rms``, ``k_rms``, ``mean_cos``, ``max_logit``."""
+  """Result of :func:`qk_statistics`, each ``[L]``."""
 
   q_rms: Array
   k_rms: Array
@@ -105,7 +108,7 @@ class SinkGeometry(NamedTuple):
 
 
 class LayerMean(NamedTuple):
-  """A quantity per layer ``[L]`` and over all layers (scalar); ``per_head`` ``[L, N]`` where defined."""
+  """A quantity over all layers (``mean``), per layer ``[L]`` and per head ``[L, N]`` if defined."""
 
   mean: Array
   per_layer: Array
@@ -149,7 +152,7 @@ def _nonempty(name: str, x) -> None:
 
 
 def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
-  """``x`` of rank ``rank`` (one layer), ``rank + 1`` or a list of rank-``rank`` arrays -> ``[L, ...]`` float32."""
+  """One layer (rank ``rank``), stacked layers (``rank + 1``) or a list -> ``[L, ...]`` float32."""
   if isinstance(x, (list, tuple)):
     if not x:
       raise ValueError(f"{name} is an empty list; pass one {letters} array per layer")
@@ -321,11 +324,11 @@ def _importance(weights: Array, *, row_normalize: bool = True) -> Array:
   if S < T:
     raise ValueError(f"weights must have S >= T for alpha_k, got shape {_shape(weights)}")
   w = jnp.asarray(weights, jnp.float32)
-  p = (_row_normalize(w) if row_normalize else w)[..., :T]
-  S = T
-  queries_see_key = _lift(jnp.arange(T)[:, None] >= jnp.arange(S)[None, :], p.ndim)  # i >= k
+  p = (_row_normalize(w) if row_normalize else w)[..., :T]  # sequence keys only
+  positions = jnp.arange(T)
+  queries_see_key = _lift(positions[:, None] >= positions[None, :], p.ndim)  # i >= k
   column = jnp.sum(jnp.where(queries_see_key, p, 0.0), axis=-2)
-  return column / _lift((T - jnp.arange(S)).astype(jnp.float32), column.ndim)
+  return column / _lift((T - positions).astype(jnp.float32), column.ndim)
 
 
 importance = jax.jit(_importance, static_argnames=("row_normalize",))
@@ -352,8 +355,8 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
   normalised, except a softpick first row whose only logit is ``<= 0`` (all
   zero; the formula then overstates ``alpha_1`` by ``1/T``) and a layer with an
   appended k/v bias slot (the first row shares its mass with it): pass the
-  weights for those. ``T`` comes from
-  ``logsumexp``. The stats are always row-normalised.
+  weights for those. ``T`` comes from ``logsumexp``. The stats are always
+  row-normalised.
 
   Args:
     attention: weights ``[L, B, N, T, S]`` / ``[B, N, T, S]`` / list per layer
@@ -384,7 +387,7 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
     row_sum = jnp.mean(row_sum, axis=(1, 2))
   else:
     w = _attention_layers("attention", attention)
-    T = w.shape[-1]
+    T = w.shape[-2]
     if k > T:
       raise ValueError(f"k={k} exceeds the sequence length T={T} (weights shape {_shape(w)})")
     alpha = _importance(w, row_normalize=row_normalize)[..., k - 1]
@@ -1112,7 +1115,8 @@ def spike_score(series: Sequence[float], *, window: int = 1000, sigmas: float = 
   (7) standard deviations above the rolling mean of the previous ``window``
   (1000) values: step ``t`` is a spike when ``x_t - mu_t >= sigmas * sd_t`` and
   ``x_t > mu_t``, with ``mu_t`` and ``sd_t`` (population) over the previous
-  ``window`` finite values (``x_{t-window} .. x_{t-1}`` when all are finite). ``two_sided=True`` also counts drops ``mu_t - x_t >= sigmas *
+  ``window`` finite values (``x_{t-window} .. x_{t-1}`` when all are
+  finite). ``two_sided=True`` also counts drops ``mu_t - x_t >= sigmas *
   sd_t`` ("away from" the mean).
 
   First steps: a step is scored only when at least ``min_history`` (default:

@@ -1,4 +1,4 @@
-"""Tests for attnjax.stats: every metric on hand-built inputs with closed-form answers, plus edges."""
+"""attnjax.stats: every metric on hand-built inputs with closed-form answers, plus edges."""
 
 import json
 import math
@@ -108,6 +108,18 @@ def test_sink_rate_on_unnormalised_rows():
   raw = stats.sink_rate(heads(w, uniform_causal(T) * 0.4), row_normalize=False)
   assert float(raw.rate) == 0.0
   np.testing.assert_allclose(raw.row_sum, [0.4], rtol=1e-5)
+
+
+def test_sink_rate_with_appended_bias_slot():
+  """S = T + 1 (attnjax.nn kv_bias): the slot shares each row's mass but gets no alpha."""
+  T = 8
+  w = np.concatenate([sink_head(T) * 0.5, np.full((T, 1), 0.5, np.float32)], axis=1)
+  result = stats.sink_rate(heads(w))
+  np.testing.assert_allclose(result.importance, [[[(0.5 + (T - 1) * 0.25) / T]]], rtol=1e-6)
+  np.testing.assert_allclose(result.row_sum, [1.0], rtol=1e-6)
+  assert stats.importance(heads(w)).shape == (1, 1, T)
+  with pytest.raises(ValueError, match="exceeds"):
+    stats.sink_rate(heads(w), k=T + 1)
 
 
 @pytest.mark.parametrize("normalizer", ["softmax", "softmax_one", "sigmoid"])
@@ -460,8 +472,8 @@ def test_probe_statistics_from_hand_built_capture():
                                hidden=jnp.asarray(hidden), gate_mean=gate)
   out = stats.probe_statistics(capture)
   assert float(out["sink_rate/rate"]) == pytest.approx(37.5)
-  np.testing.assert_allclose(out["f_attn/per_layer"], [(3 * 0.5 + 5 * (harmonic(T) - 1) / (T - 1)) / 8] * 2,
-                             rtol=1e-5)
+  f_attn = (3 * 0.5 + 5 * (harmonic(T) - 1) / (T - 1)) / 8
+  np.testing.assert_allclose(out["f_attn/per_layer"], [f_attn, f_attn], rtol=1e-5)
   np.testing.assert_array_equal(out["massive/count"], [0, 1])
   assert float(out["output/mean_log_z"]) == pytest.approx(math.log(V), rel=1e-6)
   assert float(out["gate/mean"]) == pytest.approx(0.2)
