@@ -35,8 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from attnjax import _checks, dense, masks, normalizers
+from attnjax import qk_norm as qk_norm_lib
 from attnjax.attention_stats import AttentionStats, stats_from_weights
+from attnjax.nn.rope import apply_rope
 
 Array = jnp.ndarray
 
@@ -1294,10 +1298,11 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   if w is not None or st is not None:
     sink = _sink_rate(w if w is not None else st, eps=eps)
     out.update(flatten(sink._replace(importance=jnp.mean(sink.importance, axis=1)), "sink_rate"))
-    source = st if st is not None and st.sink_mass is not None else w
-    out.update(flatten(_first_token_attention(source), "f_attn"))
-    source = st if st is not None and st.entropy is not None else w
-    out.update(flatten(_attention_entropy(source), "entropy"))
+  for key, field, metric in (("f_attn", "sink_mass", _first_token_attention),
+                             ("entropy", "entropy", _attention_entropy)):
+    source = st if st is not None and getattr(st, field) is not None else w
+    if source is not None:
+      out.update(flatten(metric(source), key))
   if st is not None and st.max_logit is not None:
     out["max_logit"] = _max_attention_logit(st)
   if st is not None and st.row_sum is not None and capture.null_column is not None:
@@ -1376,9 +1381,6 @@ def _compared_qk(attention, q: Array, k: Array):
   Cosine attention normalises inside the function; cosines are invariant to
   that (but not to the per-dim scale of the ``ngpt`` convention, ignored here).
   """
-  from attnjax import qk_norm as qk_norm_lib
-  from attnjax.nn import apply_rope
-
   c = attention.config
   T = q.shape[1]
 
@@ -1429,8 +1431,6 @@ def capture_from_model(model, tokens: Array, *, weights: bool = True) -> ProbeCa
   Returns:
     A :class:`ProbeCapture`.
   """
-  from flax import nnx
-
   def forward(m, t):
     return m(t, sow_weights=True if weights else None)
 
@@ -1462,13 +1462,13 @@ def capture_from_model(model, tokens: Array, *, weights: bool = True) -> ProbeCa
     gate = a.get("gate_mean")
     gates.append(jnp.full((B, N), jnp.nan, jnp.float32) if gate is None else _last(gate))
     nulls.append(bool(c.sink_logits or c.normalizer == "softmax_one"))
+  if len({q.shape for q in qs}) > 1 or len({k.shape for k in ks}) > 1:
+    raise ValueError("probe needs the same head layout in every layer (N, K, H); got "
+                     f"q shapes {[q.shape for q in qs]}, k shapes {[k.shape for k in ks]}")
+  # Layers with a k/v bias slot have one more key: pad the others with zero columns.
   S = max(w.shape[-1] for w in ws) if ws else T
   padded = [jnp.pad(w.astype(jnp.float32), ((0, 0), (0, 0), (0, 0), (0, S - w.shape[-1])))
             for w in ws]
-  heads_differ = len({q.shape for q in qs}) > 1 or len({k.shape for k in ks}) > 1
-  if heads_differ:
-    raise ValueError("probe needs the same head layout in every layer (N, K, H); got "
-                     f"q shapes {[q.shape for q in qs]}, k shapes {[k.shape for k in ks]}")
   return ProbeCapture(
       logits=logits,
       attention_stats=_stats_layers(_fill_missing_fields(stats)),
@@ -1490,7 +1490,7 @@ def _probe_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
   return out
 
 
-_probe_jit = None
+_probe_jit = nnx.jit(_probe_pass, static_argnames=("weights", "options"))
 
 
 def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
@@ -1521,9 +1521,6 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
   Returns:
     ``dict[str, Array]``: the keys of :func:`probe_statistics` plus ``loss``.
   """
-  global _probe_jit
-  from flax import nnx
-
   if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
     raise ValueError(f"tokens must be integer [B, T], got shape {_shape(tokens)} and dtype "
                      f"{jnp.result_type(tokens)}")
@@ -1536,8 +1533,6 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
     raise ValueError(f"probe needs at least one sequence of two tokens, got {_shape(tokens)}")
   eps = _check_probability("eps", eps)
   sparsity_threshold = _check_probability("sparsity_threshold", sparsity_threshold)
-  if _probe_jit is None:
-    _probe_jit = nnx.jit(_probe_pass, static_argnames=("weights", "options"))
   options = (("eps", eps), ("sparsity_threshold", sparsity_threshold),
              ("z_loss_coef", float(z_loss_coef)), ("massive_abs", float(massive_abs)),
              ("massive_ratio", float(massive_ratio)))
