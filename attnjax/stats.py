@@ -28,6 +28,7 @@ symbol (``k`` of ``Sink_k^eps``) use the paper's 1-indexing and say so.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
@@ -970,39 +971,26 @@ kernel_approximation_error = jax.jit(_kernel_approximation_error)
 kernel_approximation_error.__doc__ = _kernel_approximation_error.__doc__
 
 
-def _feature_map_attention_error(q, k, *, feature_map: Callable[[Array], Array],
-                                 is_causal: bool = True, scale: Optional[float] = None) -> Array:
-  """Relative error of kernel-feature attention against exact softmax attention.
+def _features(feature_map, x: Array, *, is_query: bool) -> Array:
+  """``phi(x)`` float32; passes ``is_query`` to maps that take it (``attnjax.feature_maps``)."""
+  try:
+    params = inspect.signature(feature_map).parameters
+  except (TypeError, ValueError):
+    params = {}
+  takes_role = "is_query" in params or any(
+      p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+  phi = feature_map(x, is_query=is_query) if takes_role else feature_map(x)
+  return jnp.asarray(phi, jnp.float32)
 
-  Builds ``A`` = softmax of ``scale * <q_i, k_j>`` (the dense reference path and
-  normaliser table) and ``A_hat_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l)``
-  over the same allowed keys, then returns
-  :func:`kernel_approximation_error` per (batch, head). ``feature_map`` must
-  approximate that kernel: ``phi(q).phi(k) ~ exp(scale <q, k>)`` (FAVOR+ maps
-  scale their input by ``H ** -1/4`` for the default ``scale``). Rows whose
-  denominator is 0 give zeros.
 
-  Args:
-    q: ``[B, T, N, H]``; k: ``[B, S, K, H]`` (GQA: ``N % K == 0``).
-    feature_map: ``phi``: ``[..., H] -> [..., M]`` (static: a function).
-    is_causal: causal mask for both matrices.
-    scale: softmax logit scale; None means ``H ** -0.5``.
-
-  Returns:
-    ``[B, N]`` float32 relative Frobenius errors.
-
-  References:
-    Choromanski et al. 2021, "Rethinking Attention with Performers".
-  """
-  if not callable(feature_map):
-    raise TypeError(f"feature_map must be a callable [..., H] -> [..., M], got {feature_map!r}")
+def _feature_map_error(q, k, feature_map, *, is_causal: bool, scale: Optional[float]) -> Array:
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, k)
   scale = H ** -0.5 if scale is None else _checks.check_positive_float("scale", scale)
   allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=None, mask=None)
   z = jnp.reshape(dense.scores(dense.group_queries(q, K), k, scale=scale), (B, N, T, S))
   exact, _ = normalizers.normalize(z, allowed, normalizer="softmax")
-  phi_q = jnp.asarray(feature_map(q.astype(jnp.float32)), jnp.float32)
-  phi_k = jnp.asarray(feature_map(k.astype(jnp.float32)), jnp.float32)
+  phi_q = _features(feature_map, q.astype(jnp.float32), is_query=True)
+  phi_k = _features(feature_map, k.astype(jnp.float32), is_query=False)
   kernel = jnp.reshape(dense.scores(dense.group_queries(phi_q, K), phi_k, scale=1.0),
                        (B, N, T, S))
   kernel = jnp.where(allowed, kernel, 0.0)
@@ -1011,9 +999,46 @@ def _feature_map_attention_error(q, k, *, feature_map: Callable[[Array], Array],
   return _kernel_approximation_error(approx, exact)
 
 
-feature_map_attention_error = jax.jit(_feature_map_attention_error,
-                                      static_argnames=("feature_map", "is_causal", "scale"))
-feature_map_attention_error.__doc__ = _feature_map_attention_error.__doc__
+# A map carrying arrays (a random projection) is a traced argument, so redrawing
+# features does not recompile; a plain function is a static argument.
+_feature_map_error_traced = jax.jit(_feature_map_error, static_argnames=("is_causal", "scale"))
+_feature_map_error_static = jax.jit(_feature_map_error,
+                                    static_argnames=("feature_map", "is_causal", "scale"))
+
+
+def feature_map_attention_error(q, k, *, feature_map: Callable[..., Array],
+                                is_causal: bool = True, scale: Optional[float] = None) -> Array:
+  """Relative error of kernel-feature attention against exact softmax attention.
+
+  Builds ``A`` = softmax of ``scale * <q_i, k_j>`` (the dense reference path and
+  normaliser table) and ``A_hat_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l)``
+  over the same allowed keys, then returns
+  :func:`kernel_approximation_error` per (batch, head). ``feature_map`` must
+  approximate that kernel: ``phi(q).phi(k) ~ c_i exp(scale <q, k>)`` with any
+  per-query constant ``c_i`` (row normalisation cancels it), as FAVOR+ maps do
+  for the default ``scale``, scaling their input by ``H ** -1/4``. Rows whose
+  denominator is 0 give zeros. Runs under ``jax.jit``.
+
+  Args:
+    q: ``[B, T, N, H]``; k: ``[B, S, K, H]`` (GQA: ``N % K == 0``).
+    feature_map: ``phi``: ``[..., H] -> [..., M]``; a function (static) or a
+      pytree callable carrying its projection, such as an
+      ``attnjax.feature_maps`` map (traced; called with ``is_query``).
+    is_causal: causal mask for both matrices.
+    scale: softmax logit scale; None means ``H ** -0.5``.
+
+  Returns:
+    ``[B, N]`` float32 relative Frobenius errors.
+
+  References:
+    Choromanski et al. 2021, "Rethinking Attention with Performers", sec. 4.
+  """
+  if not callable(feature_map):
+    raise TypeError(f"feature_map must be a callable [..., H] -> [..., M], got {feature_map!r}")
+  leaves = jax.tree.leaves(feature_map)
+  if leaves and all(isinstance(x, (jax.Array, np.ndarray)) for x in leaves):
+    return _feature_map_error_traced(q, k, feature_map, is_causal=is_causal, scale=scale)
+  return _feature_map_error_static(q, k, feature_map, is_causal=is_causal, scale=scale)
 
 
 # ---------------------------------------------------------------------------
