@@ -15,7 +15,10 @@ Layout conventions (letters as ``ARCHITECTURE.md``; ``L`` = layers):
   ``L`` for one layer); hidden states ``[L, B, T, D]`` (or ``[B, T, D]``).
 
 Per-layer results always carry a leading ``L`` axis (``L = 1`` for one layer),
-so a probe's output has the same keys for every model. Attention-level
+so a probe's output has the same keys for every model. :func:`probe` runs an
+``attnjax.nn.TransformerLM`` once under ``nnx.jit`` and returns every statistic
+as a flat dict of named arrays (:func:`to_jsonable` makes it JSON); any other
+model can fill a :class:`ProbeCapture` and call :func:`probe_statistics`. Attention-level
 functions are ``jax.jit``-wrapped with their static choices keyword-only; the
 run-level functions (LR sensitivity, spike score, divergence) take small host
 tables and run in NumPy, so a train loop can call them without compiling.
@@ -42,6 +45,7 @@ from attnjax import _checks, dense, masks, normalizers
 from attnjax import qk_norm as qk_norm_lib
 from attnjax.attention_stats import AttentionStats, stats_from_weights
 from attnjax.nn.rope import apply_rope
+from attnjax.nn.transformer import TransformerLM
 
 Array = jnp.ndarray
 
@@ -1300,7 +1304,9 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   - ``sparsity/*``: :func:`attention_sparsity` (weights);
   - ``qk/*``: :func:`qk_statistics` without its max logit (q, k), and
     ``sink_geometry/*``: :func:`sink_geometry` (q, k, v), over each layer's
-    allowed pairs;
+    allowed pairs. q and k are those the attention compares, so after a QK
+    norm their RMS is that of the norm's output (the pre-norm projection RMS
+    is in ``attnjax.nn.collect_stats``);
   - ``massive/*``, ``kurtosis/*``: :func:`massive_activations`,
     :func:`kurtosis` (hidden);
   - ``gate/*``: mean gate per head, layer and overall (gate_mean).
@@ -1546,6 +1552,10 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
   Returns:
     ``dict[str, Array]``: the keys of :func:`probe_statistics` plus ``loss``.
   """
+  if not isinstance(model, TransformerLM):
+    raise TypeError(
+        f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
+        f"model fill a ProbeCapture from its forward pass and call probe_statistics")
   if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
     raise ValueError(f"tokens must be integer [B, T], got shape {_shape(tokens)} and dtype "
                      f"{jnp.result_type(tokens)}")
