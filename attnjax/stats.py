@@ -1389,7 +1389,9 @@ def _layer_allowed(config, T: int, S: int) -> Array:
 
   Built from :func:`attnjax.masks.structural_mask` as the layer builds it:
   causal, the sliding window, StreamingLLM sink tokens, and the k/v bias slot
-  (key ``T``) open to every query; columns beyond are padding.
+  (key ``T``) open to every query; columns beyond are padding. A sparse-pattern
+  layer is taken as causal here (its pattern is not read), so its sparsity
+  also counts the pairs its pattern leaves out.
   """
   pos = jnp.arange(T)
   window = None if config.window is None else (config.window, 0)
@@ -1411,6 +1413,7 @@ def _compared_qk(attention, q: Array, k: Array):
   and RoPE, with the library's own ``normalize_head`` and ``apply_rope``.
   Cosine attention normalises inside the function; cosines are invariant to
   that (but not to the per-dim scale of the ``ngpt`` convention, ignored here).
+  For linear attention these are the inputs of the feature map.
   """
   c = attention.config
   T = q.shape[1]
@@ -1467,7 +1470,6 @@ def capture_from_model(model, tokens: Array, *, weights: bool = True) -> ProbeCa
 
   logits, inter = nnx.capture(forward, nnx.Intermediate,
                               method_outputs=nnx.Intermediate)(model, tokens)
-  logits = _last(logits) if isinstance(logits, tuple) else logits
   pure = nnx.to_pure_dict(inter)
   B, T = tokens.shape
   layers = pure["blocks"]
@@ -1479,7 +1481,7 @@ def capture_from_model(model, tokens: Array, *, weights: bool = True) -> ProbeCa
     c = attention.config
     configs.append(c)
     N, K, H = attention.num_heads, attention.num_kv_heads, attention.head_dim
-    stats.append(_last(a["attention_stats"]))
+    stats.append(_last(a.get("attention_stats", AttentionStats())))
     if weights:
       ws.append(_last(a["weights"]))
     q = jnp.reshape(_last(a["q_proj"]["__call__"]), (B, T, N, H))
