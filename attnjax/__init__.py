@@ -20,6 +20,7 @@ from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import nn  # noqa: E402  (after the functions it wraps)
+from attnjax import stats  # noqa: E402  (its probe reads attnjax.nn models)
 
 __version__ = "0.1.0"
 
@@ -35,4 +36,5 @@ __all__ = [
     "patterns",
     "qk_norm_attention",
     "sparse_attention",
+    "stats",
 ]
