@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, masks, normalizers
+from attnjax import masks, normalizers
 from attnjax.attention_stats import AttentionStats, _row_mean
 
 Array = jnp.ndarray
@@ -231,11 +231,6 @@ class _Call:
   G: int
   H: int
   Hv: int
-  dtype: Any
-  has_bias: bool
-  bias_shape: Optional[tuple[int, ...]]  # [Bb, Kb, Gb, Tb, Sb]
-  has_mask: bool
-  mask_shape: Optional[tuple[int, ...]]
   has_sink: bool
   has_segments: bool
 
@@ -864,11 +859,7 @@ def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = 
   if mask_fn is None and use_default_mask_fn:
     mask_fn = structural_mask_fn(opts)
   G = N // K
-  bias_shape = None if inputs.bias is None else tuple(inputs.bias.shape)
-  mask_shape = None if inputs.mask is None else tuple(inputs.mask.shape)
   c = _Call(opts=opts, layout=layout, mask_fn=mask_fn, B=B, T=T, S=S, K=K, G=G, H=H, Hv=Hv,
-            dtype=q.dtype, has_bias=inputs.bias is not None, bias_shape=bias_shape,
-            has_mask=inputs.mask is not None, mask_shape=mask_shape,
             has_sink=inputs.sink_logits is not None,
             has_segments=inputs.q_segment_ids is not None)
 
