@@ -272,6 +272,16 @@ def blockwise_memory():
 
 
 def _peak_rss_mib() -> float:
+  # VmHWM is this process's own high-water mark. ru_maxrss is not: when subprocess starts
+  # the child with vfork/posix_spawn, exec carries the parent's peak into the child's
+  # ru_maxrss, so a child of a parent that ran big cases would report the parent's peak.
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
