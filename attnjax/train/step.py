@@ -1,0 +1,135 @@
+"""Pure, jittable ``train_step`` and ``eval_step`` over an NNX model split into (graphdef, state).
+
+The model is split once with ``nnx.split(model, nnx.Param, ...)``: the
+parameters are the differentiated pytree, everything else (random-feature
+keys, buffers) is ``rest`` and passes through unchanged. Each step merges a
+fresh module from the arrays it receives, so the step is a pure function of
+``(state, rest, batch)`` and can be jitted, sharded and checkpointed as plain
+pytrees. Metrics stay on the device: the loop reads them every
+``train.log_every`` steps, never inside the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from attnjax.attention_stats import AttentionStats
+
+Array = jax.Array
+
+
+def attention_stats_by_layer(intermediates: Any) -> list[AttentionStats]:
+  """The ``AttentionStats`` sown by each attention layer, in layer order.
+
+  Walks an ``nnx.Intermediate`` state; layers are ordered by the integer keys
+  on their path (``blocks/10`` after ``blocks/9``), so any nesting works.
+  """
+  def sort_key(path):
+    key = []
+    for entry in path:
+      name = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", str(entry))))
+      key.append((0, int(name), "") if str(name).isdigit() else (1, 0, str(name)))
+    return tuple(key)
+
+  flat = jax.tree_util.tree_flatten_with_path(
+      intermediates, is_leaf=lambda x: isinstance(x, AttentionStats))[0]
+  found = [(sort_key(path), leaf) for path, leaf in flat if isinstance(leaf, AttentionStats)]
+  found.sort(key=lambda item: item[0])
+  return [leaf for _, leaf in found]
+
+
+def summarize_attention(stats: list[AttentionStats]) -> dict[str, Array]:
+  """Per-layer ``[L]`` float32 arrays: max logit, mean/min-over-heads entropy, F-Attn.
+
+  F-Attn (Qiu et al. 2025) is the mean weight on key 0 over queries ``i >= 1``
+  (0-based), which is ``AttentionStats.sink_mass``; layers whose family has no
+  such quantity (e.g. unnormalised linear attention) give NaN so the column
+  stays aligned with the layers.
+  """
+  out: dict[str, Array] = {}
+  if not stats:
+    return out
+
+  def per_layer(fn, field):
+    values = []
+    for s in stats:
+      x = getattr(s, field)
+      values.append(jnp.float32(jnp.nan) if x is None else fn(x.astype(jnp.float32)))
+    return jnp.stack(values)
+
+  out["max_logit"] = per_layer(jnp.max, "max_logit")
+  out["entropy"] = per_layer(jnp.mean, "entropy")
+  out["entropy_min"] = per_layer(lambda e: jnp.min(jnp.mean(e, axis=0)), "entropy")
+  out["f_attn"] = per_layer(jnp.mean, "sink_mass")
+  return out
+
+
+def _rms(tree: Any) -> Array:
+  leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(tree)]
+  total = sum(jnp.sum(jnp.square(x)) for x in leaves)
+  count = sum(x.size for x in leaves)
+  return jnp.sqrt(total / max(count, 1))
+
+
+def cross_entropy(logits: Array, targets: Array) -> tuple[Array, Array]:
+  """Per-token CE (nats) and log Z = logsumexp of the output logits, both float32 ``[B, T]``."""
+  logits = logits.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return log_z - target_logit, log_z
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
+                    z_loss: float = 0.0) -> Callable:
+  """``train_step(state, rest, inputs, targets) -> (state, metrics)``; pure, jit it outside.
+
+  Args:
+    graphdef: from ``nnx.split(model, nnx.Param, ...)``.
+    optimizer: the optax transformation (see :mod:`attnjax.train.optim`).
+    z_loss: coefficient of ``mean((log Z)^2)`` added to the loss (Wortsman sec. 3.1.2).
+
+  Returns:
+    The step. ``state`` is ``{"params", "opt_state", "step"}``; ``metrics``
+    holds float32 device scalars (``loss`` is the cross-entropy before the
+    update; ``total_loss`` adds the z-loss) and per-layer ``[L]`` arrays.
+  """
+
+  def loss_fn(params, rest, inputs, targets):
+    model = nnx.merge(graphdef, params, rest)
+    logits = model(inputs)
+    intermediates = nnx.pop(model, nnx.Intermediate)
+    ce, log_z = cross_entropy(logits, targets)
+    loss = jnp.mean(ce)
+    z_term = z_loss * jnp.mean(jnp.square(log_z))
+    aux = {"loss": loss, "z_loss": z_term, "log_z": jnp.mean(log_z)}
+    aux.update(summarize_attention(attention_stats_by_layer(intermediates)))
+    return loss + z_term, aux
+
+  def train_step(state, rest, inputs, targets):
+    (total, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state["params"], rest, inputs, targets)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(aux, total_loss=total, grad_norm=optax.global_norm(grads),
+                   update_rms=_rms(updates), param_rms=_rms(params))
+    return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), metrics
+
+  return train_step
+
+
+def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
+  """``eval_step(params, rest, inputs, targets) -> {"ce_sum", "count"}`` (float32 scalars)."""
+
+  def eval_step(params, rest, inputs, targets):
+    model = nnx.merge(graphdef, params, rest)
+    logits = model(inputs)
+    nnx.pop(model, nnx.Intermediate)
+    ce, _ = cross_entropy(logits, targets)
+    return {"ce_sum": jnp.sum(ce), "count": jnp.float32(ce.size)}
+
+  return eval_step
