@@ -15,6 +15,7 @@ from attnjax.attention_stats import AttentionStats
 from attnjax.dense import dot_product_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
+from attnjax import nn  # noqa: E402  (after the functions it wraps)
 
 __version__ = "0.1.0"
 
@@ -23,6 +24,7 @@ __all__ = [
     "cosine_attention",
     "dot_product_attention",
     "masks",
+    "nn",
     "normalizers",
     "qk_norm_attention",
 ]

@@ -1,0 +1,471 @@
+"""Linear (kernel-feature) attention: ``exp(q.k)`` replaced by ``phi(q) . phi(k)``.
+
+With a feature map ``phi`` (see :mod:`attnjax.feature_maps`) the causal output
+of query ``i`` only needs the running sums
+
+    S_i = sum_{j <= i} phi(k_j) v_j^T   [F, Hv]        z_i = sum_{j <= i} phi(k_j)   [F]
+
+so attention becomes a recurrence with a fixed-size state (Katharopoulos et al.
+2020). Three causal forms compute the same function and are tested equal in
+value, final state and gradient:
+
+- ``parallel``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``;
+  the readable reference, O(T^2).
+- ``recurrent``: ``lax.scan`` over time carrying ``(S, z)``; the decode form.
+- ``chunked``: splits time into chunks of ``chunk_size``; inside a chunk the
+  masked quadratic form, across chunks the state summed over earlier chunks.
+  O(T * chunk_size) time, any ``T`` (the last chunk is padded).
+
+Non-causal attention is O(T) through ``phi(K)^T V`` (``chunked``, the default)
+or the quadratic ``parallel`` reference.
+
+The three ways of normalising (``normalize``):
+
+- ``"denominator"`` (alias ``True``): ``phi(q_i).S_i / (phi(q_i).z_i + eps)``,
+  Katharopoulos et al. 2020;
+- ``"none"`` (alias ``False``): the unnormalised ``phi(q_i).S_i``;
+- ``"output_rms"``: ``RMSNorm(phi(q_i).S_i)`` over the value dim, no
+  denominator, no gain (the gain belongs to a module): Qin et al. 2022 show the
+  denominator makes gradients unbounded and normalise the output instead.
+
+An ``initial_state`` is a prefix every query sees (causal: the keys before the
+first query); the returned state is the initial state plus this call's keys,
+so calling the recurrent form token by token equals one call on the whole
+sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import _checks, feature_maps, masks
+from attnjax.attention_stats import AttentionStats, _row_mean, stats_from_weights
+from attnjax.dense import group_queries
+
+Array = jnp.ndarray
+
+NORMALIZE = ("denominator", "none", "output_rms")
+IMPLEMENTATIONS = ("parallel", "recurrent", "chunked")
+DEFAULT_CHUNK_SIZE = 64
+DEFAULT_EPS = 1e-6
+
+# Einsums over features run at full float32 precision, whatever the global default.
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class LinearState(NamedTuple):
+  """Recurrent state of linear attention, per batch element and key/value head.
+
+  Attributes:
+    kv_sum: ``[B, K, F, Hv]`` ``S = sum_j phi(k_j) v_j^T`` (float32).
+    k_sum: ``[B, K, F]`` ``z = sum_j phi(k_j)`` (float32).
+  """
+
+  kv_sum: Array
+  k_sum: Array
+
+
+def zeros_state(batch: int, num_kv_heads: int, num_features: int, value_dim: int) -> LinearState:
+  """The empty state (no keys seen)."""
+  return LinearState(jnp.zeros((batch, num_kv_heads, num_features, value_dim), jnp.float32),
+                     jnp.zeros((batch, num_kv_heads, num_features), jnp.float32))
+
+
+def _einsum(spec: str, *operands: Array) -> Array:
+  return jnp.einsum(spec, *operands, precision=_HIGHEST, preferred_element_type=jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Forms. Each takes float32 features phi_q [B, T, K, G, F], phi_k [B, S, K, F],
+# values v [B, S, K, Hv] and a LinearState; each returns the numerator
+# phi(q_i).S_i [B, T, K, G, Hv], the denominator phi(q_i).z_i [B, T, K, G] and
+# the final state.
+
+
+def _causal_keep(T: int, S: int) -> Array:
+  """``[1, 1, 1, T, S]`` causal mask from the one mask rule, for grouped scores."""
+  return jnp.reshape(masks.causal_mask(T, S), (1, 1, 1, T, S))
+
+
+def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
+  """Reference: the masked quadratic form ``(phi(Q) phi(K)^T * M) V``; O(T S)."""
+  T, S = phi_q.shape[1], phi_k.shape[1]
+  w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
+  if is_causal:
+    w = jnp.where(_causal_keep(T, S), w, 0.0)
+  num = (_einsum("bkgts,bskh->btkgh", w, v)
+         + _einsum("btkgf,bkfh->btkgh", phi_q, state.kv_sum))
+  den = (jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2))
+         + _einsum("btkgf,bkf->btkg", phi_q, state.k_sum))
+  final = LinearState(state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v),
+                      state.k_sum + jnp.sum(phi_k, axis=1))
+  return num, den, final
+
+
+def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
+  """Causal decode form: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state."""
+
+  def step(carry: LinearState, xs):
+    q_t, k_t, v_t = xs  # [B, K, G, F], [B, K, F], [B, K, Hv]
+    kv_sum = carry.kv_sum + k_t[..., :, None] * v_t[..., None, :]
+    k_sum = carry.k_sum + k_t
+    num_t = _einsum("bkgf,bkfh->bkgh", q_t, kv_sum)
+    den_t = _einsum("bkgf,bkf->bkg", q_t, k_sum)
+    return LinearState(kv_sum, k_sum), (num_t, den_t)
+
+  time_major = (jnp.moveaxis(phi_q, 1, 0), jnp.moveaxis(phi_k, 1, 0), jnp.moveaxis(v, 1, 0))
+  final, (num, den) = jax.lax.scan(step, state, time_major)
+  return jnp.moveaxis(num, 0, 1), jnp.moveaxis(den, 0, 1), final
+
+
+def chunked(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, chunk_size: int):
+  """Causal chunked form: intra-chunk masked quadratic + state of the earlier chunks.
+
+  Time is padded with zero features up to a multiple of ``chunk_size`` (a zero
+  key adds nothing to any sum; padded query rows are dropped). Per chunk ``c``
+  the state before it is an exclusive prefix sum over the per-chunk sums
+  ``phi(K_c)^T V_c``, so every contraction is a batched matmul and the cost is
+  ``O(T (C (F + Hv) + F Hv))``.
+  """
+  B, T, K, G, F = phi_q.shape
+  Hv = v.shape[-1]
+  C = min(chunk_size, T)
+  num_chunks = -(-T // C)
+  pad = num_chunks * C - T
+  if pad:
+    phi_q = jnp.pad(phi_q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+    phi_k = jnp.pad(phi_k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  # Head-major, chunk-minor layouts: [B, K, n, C, ...], so each einsum below is a
+  # plain batched matmul over (B, K, n) without transposes inside the loop nest.
+  qc = jnp.transpose(jnp.reshape(phi_q, (B, num_chunks, C, K, G, F)), (0, 3, 1, 4, 2, 5))
+  kc = jnp.transpose(jnp.reshape(phi_k, (B, num_chunks, C, K, F)), (0, 3, 1, 2, 4))
+  vc = jnp.transpose(jnp.reshape(v, (B, num_chunks, C, K, Hv)), (0, 3, 1, 2, 4))
+  # qc [B, K, n, G, C, F]; kc [B, K, n, C, F]; vc [B, K, n, C, Hv]
+
+  # Per-chunk sums and the state each chunk starts from (exclusive prefix + initial).
+  chunk_kv = _einsum("bkncf,bknch->bknfh", kc, vc)
+  chunk_k = jnp.sum(kc, axis=3)
+  kv_total = jnp.cumsum(chunk_kv, axis=2)
+  k_total = jnp.cumsum(chunk_k, axis=2)
+  kv_before = state.kv_sum[:, :, None] + jnp.concatenate(
+      [jnp.zeros_like(kv_total[:, :, :1]), kv_total[:, :, :-1]], axis=2)
+  k_before = state.k_sum[:, :, None] + jnp.concatenate(
+      [jnp.zeros_like(k_total[:, :, :1]), k_total[:, :, :-1]], axis=2)
+
+  w = _einsum("bkngcf,bkndf->bkngcd", qc, kc)
+  w = jnp.where(jnp.reshape(masks.causal_mask(C, C), (1, 1, 1, 1, C, C)), w, 0.0)
+  num = (_einsum("bkngcd,bkndh->bkngch", w, vc)
+         + _einsum("bkngcf,bknfh->bkngch", qc, kv_before))
+  den = jnp.sum(w, axis=-1) + _einsum("bkngcf,bknf->bkngc", qc, k_before)
+
+  num = jnp.reshape(jnp.transpose(num, (0, 2, 4, 1, 3, 5)), (B, num_chunks * C, K, G, Hv))[:, :T]
+  den = jnp.reshape(jnp.transpose(den, (0, 2, 4, 1, 3)), (B, num_chunks * C, K, G))[:, :T]
+  final = LinearState(state.kv_sum + kv_total[:, :, -1], state.k_sum + k_total[:, :, -1])
+  return num, den, final
+
+
+def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
+  """Non-causal O(T): every query reads the same ``S = S_0 + phi(K)^T V``."""
+  final = LinearState(state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v),
+                      state.k_sum + jnp.sum(phi_k, axis=1))
+  num = _einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
+  den = _einsum("btkgf,bkf->btkg", phi_q, final.k_sum)
+  return num, den, final
+
+
+def finish(num: Array, den: Array, *, normalize: str, eps: float) -> Array:
+  """Turns numerator and denominator into the output under ``normalize``."""
+  if normalize == "denominator":
+    return num / (den[..., None] + eps)
+  if normalize == "output_rms":
+    return num * jax.lax.rsqrt(jnp.mean(jnp.square(num), axis=-1, keepdims=True) + eps)
+  return num
+
+
+# ---------------------------------------------------------------------------
+# Statistics.
+
+
+def _reference_stats(phi_q: Array, phi_k: Array, *, is_causal: bool) -> AttentionStats:
+  """Stats from the materialised implied weights ``phi(q_i).phi(k_j)`` (O(T S) memory)."""
+  B, T, K, G, _ = phi_q.shape
+  S = phi_k.shape[1]
+  w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
+  w = jnp.reshape(w, (B, K * G, T, S))
+  allowed = masks.causal_mask(T, S) if is_causal else jnp.ones((1, 1, 1, 1), bool)
+  w = jnp.where(allowed, w, 0.0)
+  stats = stats_from_weights(w, w, allowed, jnp.zeros((B, K * G, T, 1), jnp.float32))
+  return stats._replace(max_logit=None, logsumexp=None)
+
+
+def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: bool,
+                   block: int) -> AttentionStats:
+  """The same statistics without the ``[T, S]`` matrix.
+
+  ``row_sum`` is ``phi(q_i).z_i``: O(T). For a nonnegative feature map the
+  row-normalised weight on key 0 is ``phi(q_i).phi(k_0) / phi(q_i).z_i``, also
+  O(T). The entropy needs ``log(phi(q_i).phi(k_j))``, which does not factor
+  through the features, so it (and, for signed maps, the ``|w|`` row sums of
+  ``sink_mass``) is computed by a scan over query blocks: O(T S) time, O(block S)
+  memory.
+  """
+  B, T, K, G, F = phi_q.shape
+  S = phi_k.shape[1]
+  N = K * G
+
+  def per_head(x):  # [B, T, K, G] -> [B, N, T]
+    return jnp.reshape(jnp.transpose(x, (0, 2, 3, 1)), (B, N, T))
+
+  k_prefix = jnp.cumsum(phi_k, axis=1) if is_causal else jnp.sum(phi_k, axis=1, keepdims=True)
+  raw_total = _einsum("btkgf,btkf->btkg", phi_q, jnp.broadcast_to(k_prefix, (B, T, K, F)))
+  row_sum = jnp.mean(per_head(raw_total), axis=-1)
+
+  num_blocks = -(-T // block)
+  pad = num_blocks * block - T
+  q_blocks = jnp.pad(phi_q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+  q_blocks = jnp.moveaxis(jnp.reshape(q_blocks, (B, num_blocks, block, K, G, F)), 1, 0)
+  positions = jnp.reshape(jnp.arange(num_blocks * block), (num_blocks, block))
+
+  def one_block(xs):
+    q_blk, pos = xs
+    w = _einsum("btkgf,bskf->bkgts", q_blk, phi_k)
+    if is_causal:
+      keep = masks.structural_mask(pos, jnp.arange(S), is_causal=True)
+      w = jnp.where(jnp.reshape(keep, (1, 1, 1, block, S)), w, 0.0)
+    mag = jnp.abs(w)
+    total = jnp.sum(mag, axis=-1)
+    p = mag / jnp.where(total > 0, total, 1.0)[..., None]
+    plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
+    return total, p[..., 0], -jnp.sum(plogp, axis=-1)  # each [B, K, G, block]
+
+  total, p0, ent = jax.lax.map(one_block, (q_blocks, positions))
+
+  def rows(x):  # [n, B, K, G, block] -> [B, N, T]
+    x = jnp.transpose(x, (1, 2, 3, 0, 4))
+    return jnp.reshape(x, (B, N, num_blocks * block))[..., :T]
+
+  total, p0, ent = rows(total), rows(p0), rows(ent)
+  normalisable = total > 0
+  if nonnegative:
+    w0 = _einsum("btkgf,bkf->btkg", phi_q, phi_k[:, 0])
+    p0 = per_head(w0) / jnp.where(normalisable, per_head(raw_total), 1.0)
+  later = (jnp.arange(T) >= 1)[None, None, :]
+  return AttentionStats(
+      sink_mass=_row_mean(p0, jnp.logical_and(normalisable, later)),
+      entropy=_row_mean(ent, normalisable),
+      row_sum=row_sum)
+
+
+# ---------------------------------------------------------------------------
+# Public functions.
+
+
+def _canonical_normalize(normalize: Any) -> str:
+  if normalize is True:
+    return "denominator"
+  if normalize is False:
+    return "none"
+  _checks.check_choice("normalize", normalize, NORMALIZE + (True, False))
+  return normalize
+
+
+def _check_feature_map(feature_map: Any, H: int) -> feature_maps.FeatureMap:
+  if not isinstance(feature_map, feature_maps.FeatureMap):
+    raise TypeError(
+        f"feature_map must be an attnjax.feature_maps.FeatureMap (e.g. feature_maps.elu_plus_one "
+        f"or feature_maps.favor_plus(key, m)), got {type(feature_map).__name__}")
+  feature_map.check(H)
+  return feature_map
+
+
+def _check_state(initial_state: Any, expected: tuple[tuple[int, ...], tuple[int, ...]]) -> LinearState:
+  if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
+    raise TypeError(
+        f"initial_state must be a LinearState (kv_sum [B, K, F, Hv], k_sum [B, K, F]), "
+        f"got {type(initial_state).__name__}")
+  state = LinearState(*initial_state)
+  for name, x, shape in (("initial_state.kv_sum", state.kv_sum, expected[0]),
+                         ("initial_state.k_sum", state.k_sum, expected[1])):
+    _checks.check_floating(name, x)
+    if _checks.shape_of(x) != shape:
+      letters = "[B, K, F, Hv]" if name.endswith("kv_sum") else "[B, K, F]"
+      raise ValueError(f"{name} must have shape {letters} = {shape}, got {_checks.shape_of(x)}")
+  return LinearState(state.kv_sum.astype(jnp.float32), state.k_sum.astype(jnp.float32))
+
+
+def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chunk_size,
+             initial_state, return_state, eps):
+  B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
+  feature_map = _check_feature_map(feature_map, H)
+  normalize = _canonical_normalize(normalize)
+  _checks.check_choice("implementation", implementation, (None,) + IMPLEMENTATIONS)
+  if not isinstance(is_causal, bool):
+    raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
+    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+  _checks.check_positive_float("eps", eps, allow_none=False)
+  if is_causal and T != S:
+    raise ValueError(
+        f"causal linear attention needs as many queries as keys (a state carries earlier "
+        f"keys), got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
+  if not is_causal and implementation == "recurrent":
+    raise ValueError("implementation='recurrent' is the causal decode form; with "
+                     "is_causal=False use 'chunked' (O(T), phi(K)^T V) or 'parallel'")
+  if feature_map.needs_consistent_scale:
+    if normalize == "none":
+      raise ValueError(
+          f"feature_map {feature_map.kind!r} with stabilize=True scales rows by constants that "
+          f"only a normalised output cancels; with normalize='none' draw it with stabilize=False")
+    if initial_state is not None or return_state:
+      raise ValueError(
+          f"feature_map {feature_map.kind!r} with stabilize=True takes its key constant from this "
+          f"call's keys, so a state cannot be carried across calls; draw it with stabilize=False")
+  F = feature_map.num_features(H)
+  state = (zeros_state(B, K, F, Hv) if initial_state is None
+           else _check_state(initial_state, ((B, K, F, Hv), (B, K, F))))
+  implementation = implementation or "chunked"
+  return feature_map, normalize, implementation, state
+
+
+def _linear_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
+    is_causal: bool = False,
+    normalize: Any = "denominator",
+    implementation: Optional[str] = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    initial_state: Optional[LinearState] = None,
+    return_state: bool = False,
+    return_stats: bool = False,
+    eps: float = DEFAULT_EPS,
+):
+  """Kernel-feature (linear) attention.
+
+  Args:
+    q: queries ``[B, T, N, H]``.
+    k: keys ``[B, S, K, H]``; ``N % K == 0`` (GQA: query head ``n`` reads
+      key/value head ``n // (N // K)``; K/V are never repeated).
+    v: values ``[B, S, K, Hv]``.
+    feature_map: a :class:`attnjax.feature_maps.FeatureMap` (a pytree: its
+      kind is static, a random projection is a traced array).
+    is_causal: query ``i`` sees keys ``j <= i`` (needs ``T == S``).
+    normalize: ``"denominator"`` (or True), ``"none"`` (or False),
+      ``"output_rms"`` (module docstring).
+    implementation: ``"parallel"`` (quadratic reference), ``"recurrent"``
+      (causal only), ``"chunked"``; None means ``"chunked"`` (O(T)).
+    chunk_size: chunk length of the chunked causal form.
+    initial_state: a :class:`LinearState` (``kv_sum [B, K, F, Hv]``,
+      ``k_sum [B, K, F]``) of keys seen before this call; None = empty.
+    return_state: also return the final :class:`LinearState` (float32).
+    return_stats: also return :class:`AttentionStats` of the implied weights
+      ``w_ij = phi(q_i).phi(k_j)`` over this call's keys (the initial state is
+      not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
+      ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
+      ``logsumexp`` are None (there are no logits). With ``"parallel"`` they
+      come from the materialised matrix; otherwise ``row_sum`` (and
+      ``sink_mass`` for nonnegative maps) are O(T) and the entropy is a scan
+      over query blocks, O(T S) time and O(chunk_size S) memory.
+    eps: added to the denominator (``"denominator"``) or inside the RMS
+      (``"output_rms"``).
+
+  Returns:
+    ``out`` ``[B, T, N, Hv]`` in the input dtype; ``(out, state)`` with
+    ``return_state``; ``(out, stats)`` with ``return_stats``;
+    ``(out, state, stats)`` with both.
+
+  References:
+    Katharopoulos et al. 2020, "Transformers are RNNs: Fast Autoregressive
+    Transformers with Linear Attention".
+    Qin et al. 2022, "The Devil in Linear Transformer" (output normalisation).
+    Choromanski et al. 2021, "Rethinking Attention with Performers".
+  """
+  feature_map, normalize, implementation, state = _prepare(
+      q, k, v, feature_map=feature_map, is_causal=is_causal, normalize=normalize,
+      implementation=implementation, chunk_size=chunk_size, initial_state=initial_state,
+      return_state=return_state, eps=eps)
+  B, T, N, _ = q.shape
+  K, Hv = k.shape[2], v.shape[3]
+  phi_q = group_queries(feature_map(q, is_query=True), K)
+  phi_k = feature_map(k, is_query=False)
+  v32 = v.astype(jnp.float32)
+  if implementation == "parallel":
+    num, den, final = parallel(phi_q, phi_k, v32, state, is_causal=is_causal)
+  elif not is_causal:
+    num, den, final = noncausal(phi_q, phi_k, v32, state)
+  elif implementation == "recurrent":
+    num, den, final = recurrent(phi_q, phi_k, v32, state)
+  else:
+    num, den, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size)
+  out = finish(num, den, normalize=normalize, eps=eps)
+  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
+  result = (out,)
+  if return_state:
+    result += (final,)
+  if return_stats:
+    if implementation == "parallel":
+      stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
+    else:
+      stats = _blocked_stats(phi_q, phi_k, is_causal=is_causal,
+                             nonnegative=feature_map.nonnegative, block=chunk_size)
+    result += (stats,)
+  return result[0] if len(result) == 1 else result
+
+
+LINEAR_STATIC = ("is_causal", "normalize", "implementation", "chunk_size", "return_state",
+                 "return_stats", "eps")
+
+linear_attention = jax.jit(_linear_attention, static_argnames=LINEAR_STATIC)
+linear_attention.__doc__ = _linear_attention.__doc__
+
+
+def _linear_attention_weights(
+    q: Array,
+    k: Array,
+    *,
+    feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
+    is_causal: bool = False,
+    normalize: Any = "denominator",
+    eps: float = DEFAULT_EPS,
+) -> Array:
+  """The implied attention matrix ``[B, N, T, S]`` (float32), for small ``T``.
+
+  ``"denominator"``: ``w_ij / (sum_l w_il + eps)`` with ``w_ij = phi(q_i).phi(k_j)``
+  (masked keys 0), so ``out = weights @ v``. ``"none"`` and ``"output_rms"``:
+  the raw ``w_ij`` (``output_rms`` then normalises ``w @ v`` per row, which no
+  weight matrix expresses). Materialises ``T x S``: notebooks and the
+  approximation experiment, not long sequences.
+
+  Args:
+    q: ``[B, T, N, H]``.
+    k: ``[B, S, K, H]``.
+    feature_map: as :func:`linear_attention`.
+    is_causal: mask keys after the query.
+    normalize: as :func:`linear_attention`.
+    eps: as :func:`linear_attention`.
+  """
+  _checks.check_qkv(q, k, k)
+  B, T, N, H = q.shape
+  S, K = k.shape[1], k.shape[2]
+  feature_map = _check_feature_map(feature_map, H)
+  normalize = _canonical_normalize(normalize)
+  phi_q = group_queries(feature_map(q, is_query=True), K)
+  phi_k = feature_map(k, is_query=False)
+  w = jnp.reshape(_einsum("btkgf,bskf->bkgts", phi_q, phi_k), (B, N, T, S))
+  if is_causal:
+    w = jnp.where(masks.causal_mask(T, S), w, 0.0)
+  if normalize == "denominator":
+    w = w / (jnp.sum(w, axis=-1, keepdims=True) + eps)
+  return w
+
+
+linear_attention_weights = jax.jit(_linear_attention_weights,
+                                   static_argnames=("is_causal", "normalize", "eps"))
+linear_attention_weights.__doc__ = _linear_attention_weights.__doc__

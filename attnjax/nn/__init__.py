@@ -1,0 +1,70 @@
+"""Flax NNX modules: one attention layer for every attnjax variant, and a decoder LM.
+
+Build a model::
+
+  from flax import nnx
+  from attnjax import nn
+
+  cfg = nn.ModelConfig(vocab_size=256, d_model=128, num_layers=2,
+                       attention=nn.AttentionConfig(family="qk_norm", num_heads=4))
+  model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  logits = model(tokens)                           # [B, T, V] float32
+  logits, log_z = model(tokens, return_log_z=True) # log Z for z-loss / drift
+
+Per-layer configs (e.g. alternating window and global layers)::
+
+  local = nn.AttentionConfig(window=64)
+  cfg = nn.ModelConfig(num_layers=4, layer_attention=(local, nn.AttentionConfig()) * 2)
+
+Read statistics of one forward pass (no model code changes; this is the entry
+point for the stats and experiment code)::
+
+  stats = nn.collect_stats(model, tokens)            # weights=True, hidden=True for more
+  stats["logits"]     # [B, T, V] float32
+  stats["log_z"]      # [B, T]    logsumexp of the output logits
+  stats["layers"][l]  # dict for layer l:
+    # "max_logit", "entropy", "sink_mass", "row_sum"  [B, N]   (attnjax.AttentionStats;
+    # "logsumexp"                                      [B, N, T] fields a family lacks
+    #                                                            are absent)
+    # "q_rms" [B, N], "k_rms" [B, K]   RMS of the projected q, k over time and head dim
+    # "hidden_max_abs", "hidden_median_abs" [B]   of the block's output hidden state
+    # "gate_mean" [B, N]                           gated layers only
+    # "weights" [B, N, T, S]   (weights=True)      attention weights; S = T, plus one
+    #                                              column at the end with kv_bias
+    # "hidden" [B, T, D]       (hidden=True)       block output hidden state
+
+``collect_stats`` runs the model under ``nnx.capture(..., nnx.Intermediate)``;
+the modules sow only inside a capture, so a training step computes none of it.
+The same values can be captured directly: ``nnx.capture(fn, nnx.Intermediate)``.
+
+Decoding (every family; prefill + steps equals the full forward)::
+
+  cache = nn.init_cache(model, batch_size, max_len)
+  logits, cache = nn.decode_step(model, prompt, cache)
+  logits, cache = nn.decode_step(model, next_token[:, None], cache)
+  tokens = nn.generate(model, prompt, num_tokens=32, temperature=0.8, rng=key)
+"""
+
+from attnjax.nn.attention import Attention, KVCache
+from attnjax.nn.config import AttentionConfig, ModelConfig
+from attnjax.nn.decode import decode_step, generate, init_cache
+from attnjax.nn.rope import apply_rope
+from attnjax.nn.transformer import (MLP, TransformerBlock, TransformerLM, collect_stats,
+                                    log_normalizer, num_params)
+
+__all__ = [
+    "Attention",
+    "AttentionConfig",
+    "KVCache",
+    "MLP",
+    "ModelConfig",
+    "TransformerBlock",
+    "TransformerLM",
+    "apply_rope",
+    "collect_stats",
+    "decode_step",
+    "generate",
+    "init_cache",
+    "log_normalizer",
+    "num_params",
+]

@@ -1,0 +1,56 @@
+"""Small shared pieces: initialisers with logical sharding names, dtype names, capture test."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Wortsman et al. 2023 (sec. 2): weights from a truncated normal with std 1 / sqrt(fan_in).
+# variance_scaling corrects the std for the truncation.
+fan_in_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def with_names(init, names: tuple[Optional[str], ...]):
+  """Adds logical axis names (``"embed"``, ``"heads"``, ``"mlp"``, ``"vocab"``) as sharding metadata.
+
+  The names are stored as the variable's ``out_sharding`` metadata, read by
+  ``nnx.get_partition_spec`` / ``nnx.logical_to_mesh_sharding``. Eager sharding
+  is off, so a model can be built without a mesh; a train loop shards the
+  state with its own rules.
+  """
+  return nnx.with_partitioning(init, names, eager_sharding=False)
+
+
+def param(value, names: tuple[Optional[str], ...]) -> nnx.Param:
+  return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+def linear(d_in: int, d_out: int, names: tuple[Optional[str], Optional[str]], *, rngs: nnx.Rngs,
+           dtype, param_dtype, use_bias: bool = False) -> nnx.Linear:
+  return nnx.Linear(
+      d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+      kernel_init=with_names(fan_in_init, names),
+      bias_init=with_names(jax.nn.initializers.zeros, (names[1],)),
+      precision=None, rngs=rngs)
+
+
+def dtype_of(name) -> jnp.dtype:
+  return jnp.dtype(name)
+
+
+def capturing(module: nnx.Module) -> bool:
+  """True inside ``nnx.capture(..., nnx.Intermediate)``: only then are statistics computed.
+
+  Sowing outside ``nnx.capture`` is deprecated in flax 0.12 (it adds attributes
+  to the module), and computing statistics on every training step would rule
+  out the platform kernels; so modules sow only when someone is listening.
+  """
+  return any(type(v) is nnx.Intermediate for v in getattr(module, "__captures__", ()))
+
+
+def sow(module: nnx.Module, name: str, value) -> None:
+  if capturing(module):
+    module.sow(nnx.Intermediate, name, value)
