@@ -65,7 +65,8 @@ class CorpusBatches:
                          f"({n} tokens)")
 
   @property
-  def vocab_size(self) -> int:
+  def model_vocab_size(self) -> int:
+    """Vocabulary of the model (BOS included)."""
     return self.data.vocab_size
 
   @property
@@ -143,6 +144,11 @@ class BigramBackcopyBatches:
   @property
   def bos_id(self) -> int:
     return self.vocab_size
+
+  @property
+  def model_vocab_size(self) -> int:
+    """Vocabulary of the model: the V ordinary tokens and BOS."""
+    return self.vocab_size + 1
 
   @property
   def unit(self) -> str:

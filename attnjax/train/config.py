@@ -85,6 +85,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2
   c.train.stop_after = 0       # > 0: stop (as if killed) after this many steps; for resume tests
   c.train.divergence_factor = 1.5  # diverged if loss > factor * initial loss (or NaN/Inf)
+  c.train.num_devices = 0      # data-parallel devices: 0 = all of jax.devices()
+  c.train.step_stats = True    # per-layer attention stats in every training step
   c.train.progress = True
   c.train.plots = True
   return c
@@ -98,7 +100,7 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
   if preset == "cpu":
     c.model.update(d_model=64, num_layers=2, num_heads=4, mlp_ratio=4)
     c.data.update(seq_len=64, batch_size=32)
-    c.train.update(steps=300, log_every=10, eval_every=100, probe_every=100, checkpoint_every=100)
+    c.train.update(steps=240, log_every=10, eval_every=80, probe_every=80, checkpoint_every=80)
   else:
     c.model.update(d_model=512, num_layers=8, num_heads=8, mlp_ratio=4)
     c.data.update(seq_len=512, batch_size=64 if preset == "gpu" else 256)
@@ -288,6 +290,11 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   _require(t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
   _require(t.probe_len >= 2, f"train.probe_len must be >= 2, got {t.probe_len}")
   _require(t.divergence_factor > 1, f"train.divergence_factor must be > 1, got {t.divergence_factor}")
+  _require(t.num_devices >= 0, f"train.num_devices must be >= 0, got {t.num_devices}")
+  if num_devices is not None and t.num_devices:
+    _require(t.num_devices <= num_devices,
+             f"train.num_devices={t.num_devices} but only {num_devices} devices exist")
+    num_devices = t.num_devices
   if num_devices is not None:
     _require(d.batch_size % num_devices == 0,
              f"data.batch_size={d.batch_size} is not divisible by the {num_devices} devices")

@@ -52,8 +52,13 @@ def init_distributed() -> None:
 class DataParallel:
   """Data parallelism over every device: batch axis sharded, parameters replicated."""
 
-  def __init__(self):
-    self.mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  def __init__(self, num_devices: int = 0):
+    devices = jax.devices()
+    if num_devices:
+      if jax.process_count() > 1:
+        raise ValueError("train.num_devices must be 0 (all devices) on more than one host")
+      devices = devices[:num_devices]
+    self.mesh = Mesh(np.asarray(devices), ("data",))
     self.batch = NamedSharding(self.mesh, P("data"))
     self.replicated = NamedSharding(self.mesh, P())
 
@@ -100,13 +105,12 @@ class Trainer:
     self.dir = rundir.RunDir(cfg.run_dir)
     self.is_writer = jax.process_index() == 0
     self.batches = data_lib.from_config(cfg.data, seed=cfg.seed)
-    self.dp = DataParallel()
+    self.dp = DataParallel(cfg.train.num_devices)
 
-    model = build_model(cfg, self.batches.vocab_size, seed=cfg.seed)
+    model = build_model(cfg, self.batches.model_vocab_size, seed=cfg.seed)
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
     self.num_params = count_params(params)
-    embedding = cfg.model.d_model * self.batches.vocab_size
-    self.flops_per_token = flops_per_token(cfg, self.num_params, embedding)
+    self.flops_per_token = flops_per_token(cfg, self.num_params)
     self.optimizer = optim.make_optimizer(cfg)
     self.schedule = optim.schedule(cfg)
     state = {"params": params, "opt_state": self.optimizer.init(params),
@@ -114,7 +118,8 @@ class Trainer:
     self.state = self.dp.replicate(state)
     self.rest = self.dp.replicate(self.rest)
 
-    step_fn = make_train_step(self.graphdef, self.optimizer, z_loss=cfg.opt.z_loss)
+    step_fn = make_train_step(self.graphdef, self.optimizer, z_loss=cfg.opt.z_loss,
+                              stats=cfg.train.step_stats)
     self.train_step = jax.jit(step_fn, donate_argnums=(0,))
     self.eval_step = jax.jit(make_eval_step(self.graphdef))
     self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
@@ -172,7 +177,7 @@ class Trainer:
     previous = self.dir.read_summary() or {}
     summary = {"status": "running", "variant": cfg.variant, "run_dir": cfg.run_dir,
                "num_params": self.num_params, "flops_per_token": self.flops_per_token,
-               "devices": jax.device_count(), "resumed_from": start}
+               "devices": int(self.dp.mesh.devices.size), "resumed_from": start}
     if self.is_writer:
       rundir.write_json(self.dir.summary, summary)
 
@@ -303,7 +308,8 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
   out: dict = {}
   if records:
     tail = records[-10:]
-    out["final_train_loss"] = float(np.mean([r["loss"] for r in tail]))
+    tail_losses = [r["loss"] for r in tail if r["loss"] is not None]
+    out["final_train_loss"] = float(np.mean(tail_losses)) if tail_losses else None
     last = records[-1]
     for key in ("max_logit", "entropy", "entropy_min", "f_attn"):
       if key in last:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from attnjax.train.variants import attention_kwargs
@@ -18,12 +17,13 @@ def model_config(cfg: Any, vocab_size: int):
   m = cfg.model
   attn = attention_kwargs(cfg.variant)
   if m.window > 0:
-    attn["window"] = (int(m.window), 0)
-  attention = nn.AttentionConfig(**attn)
+    attn["window"] = int(m.window)
+  attention = nn.AttentionConfig(num_heads=m.num_heads, num_kv_heads=m.num_kv_heads or None,
+                                 rope_theta=10000.0 if m.rope else None, **attn)
   return nn.ModelConfig(
-      vocab_size=vocab_size, d_model=m.d_model, num_layers=m.num_layers, num_heads=m.num_heads,
-      num_kv_heads=m.num_kv_heads or None, mlp_ratio=m.mlp_ratio, attention=attention,
-      dtype=m.dtype)
+      vocab_size=vocab_size, d_model=m.d_model, num_layers=m.num_layers, attention=attention,
+      mlp=m.mlp, mlp_dim=m.mlp_ratio * m.d_model if m.mlp == "gelu" else None, norm=m.norm,
+      tie_embeddings=m.tie_embeddings, dtype=m.dtype, remat=m.remat)
 
 
 def build_model(cfg: Any, vocab_size: int, *, seed: int) -> nnx.Module:
@@ -36,15 +36,13 @@ def count_params(params: Any) -> int:
   return int(sum(x.size for x in jax.tree.leaves(params)))
 
 
-def flops_per_token(cfg: Any, num_params: int, num_embedding: int) -> float:
-  """Training FLOPs per token: 6 x non-embedding params + attention (Kaplan; PaLM appendix B).
+def flops_per_token(cfg: Any, num_params: int) -> float:
+  """Training FLOPs per token: ``6 N`` plus attention (Kaplan et al. 2020; PaLM appendix B).
 
-  Attention: causal QK^T and AV over ~T/2 keys per query, 2 matmuls x 2
-  FLOPs x 3 (forward + backward) = 6 * L * T * D for the full square, halved
-  for causality. The output projection through the tied embedding matrix is
-  a real matmul, so it counts (6 * V * D).
+  ``N`` counts every parameter: the tied embedding is also the output
+  projection, a real ``[D, V]`` matmul. Attention adds the ``QK^T`` and ``AV``
+  matmuls: ``2 matmuls x 2 FLOPs x D x T`` per token and layer forward, x3
+  with the backward, halved for the causal mask: ``6 L T D``.
   """
   m = cfg.model
-  T = cfg.data.seq_len
-  attention = 6.0 * m.num_layers * T * m.d_model  # 12 L T D / 2 (causal)
-  return 6.0 * (num_params - num_embedding) + 6.0 * num_embedding + attention
+  return 6.0 * num_params + 6.0 * m.num_layers * cfg.data.seq_len * m.d_model

@@ -10,17 +10,14 @@ import math
 from typing import Any, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnjax.train.step import attention_stats_by_layer, summarize_attention
 
 
 def _stats_module():
-  try:
-    from attnjax import stats
-  except ImportError:
-    return None
+  from attnjax import stats
   return stats
 
 
@@ -42,25 +39,50 @@ def _flatten(record: dict) -> dict:
 def run_probe(model: nnx.Module, inputs: jax.Array) -> dict:
   """All sink statistics of ``model`` on the probe batch ``inputs`` ``[B, T]`` (T = 64 by default).
 
-  Uses ``attnjax.stats.probe`` (Sink_1^0.3, F-Attn, M-Act, entropy, max
-  logit, ...). Without it, records only the per-layer attention summary the
-  layers sow (max logit, entropy, F-Attn).
+  Uses ``attnjax.stats.probe`` when it exists; otherwise composes the same
+  ``attnjax.stats`` metrics over ``attnjax.nn.collect_stats``: Sink_1^0.3
+  (Gu et al.), F-Attn (Qiu et al.), entropy, max logit, massive activations
+  and M-Act (Sun et al.), mean log Z. Metrics a family cannot define (no
+  attention weights for unnormalised linear attention) are left out.
   """
+  from attnjax import nn
+  from attnjax.attention_stats import AttentionStats
+
   stats = _stats_module()
-  if stats is not None and hasattr(stats, "probe"):
-    return _flatten(stats.probe(model, inputs))
-  model(inputs)
-  summary = summarize_attention(attention_stats_by_layer(nnx.pop(model, nnx.Intermediate)))
-  record = {f"{k}_per_layer": v for k, v in summary.items()}
-  if "f_attn" in summary:
-    record["f_attn"] = float(np.nanmean(np.asarray(summary["f_attn"])))
+  if hasattr(stats, "probe"):
+    return _flatten(stats.flatten(stats.probe(model, inputs)) if hasattr(stats, "flatten")
+                    else stats.probe(model, inputs))
+  out = nn.collect_stats(model, inputs, hidden=True)
+  layers = out["layers"]
+  record: dict = {"log_z": jnp.mean(out["log_z"])}
+  fields = AttentionStats._fields
+  if all(l.get("sink_mass") is not None and l.get("logsumexp") is not None for l in layers):
+    att = [AttentionStats(**{f: l.get(f) for f in fields}) for l in layers]
+    sink = stats.sink_rate(att)
+    record.update(sink_rate=sink.rate, sink_rate_per_layer=sink.per_layer)
+    f_attn = stats.first_token_attention(att)
+    record.update(f_attn=f_attn.f_attn, f_attn_per_layer=f_attn.per_layer)
+  if all(l.get("entropy") is not None for l in layers):
+    entropy = stats.attention_entropy([AttentionStats(**{f: l.get(f) for f in fields})
+                                       for l in layers])
+    record.update(entropy=jnp.mean(entropy.mean), entropy_per_layer=entropy.mean)
+  if all(l.get("max_logit") is not None for l in layers):
+    record["max_logit_per_layer"] = jnp.stack([jnp.max(l["max_logit"]) for l in layers])
+    record["max_logit"] = jnp.max(record["max_logit_per_layer"])
+  massive = stats.massive_activations([l["hidden"] for l in layers])
+  record.update(m_act=massive.m_act, massive_count=jnp.sum(massive.count),
+                max_abs_per_layer=massive.max_abs)
   return _flatten(record)
 
 
 def spike_score(losses: Sequence[float]) -> Optional[float]:
-  """OLMo 2 spike score of a loss series through ``attnjax.stats``; None without it."""
-  stats = _stats_module()
-  if stats is None or not hasattr(stats, "spike_score") or len(losses) < 2:
+  """OLMo 2 spike score (percent) of a per-step loss series, via ``attnjax.stats.spike_score``."""
+  if len(losses) < 3:
     return None
   values = np.asarray([x if x is not None else math.nan for x in losses], np.float64)
-  return float(stats.spike_score(values))
+  # OLMo 2's window is the previous 1000 steps; a short run scores every step
+  # that has at least 50 steps of history (or all but the first few).
+  window = max(2, min(1000, len(values) - 1))
+  min_history = min(window, 50)
+  score = _stats_module().spike_score(values, window=window, min_history=min_history)
+  return None if not math.isfinite(score) else float(score)

@@ -76,22 +76,36 @@ def _rms(tree: Any) -> Array:
   return jnp.sqrt(total / max(count, 1))
 
 
-def cross_entropy(logits: Array, targets: Array) -> tuple[Array, Array]:
-  """Per-token CE (nats) and log Z = logsumexp of the output logits, both float32 ``[B, T]``."""
-  logits = logits.astype(jnp.float32)
-  log_z = jax.nn.logsumexp(logits, axis=-1)
-  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  return log_z - target_logit, log_z
+def cross_entropy(logits: Array, targets: Array) -> Array:
+  """Per-token cross-entropy (nats), float32 ``[B, T]``."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+
+
+def forward(graphdef: nnx.GraphDef, params: Any, rest: Any, inputs: Array, *,
+            stats: bool) -> tuple[Array, Array, dict[str, Array]]:
+  """``(logits [B, T, V], log Z [B, T], per-layer attention summary)`` of a merged model.
+
+  With ``stats=True`` the forward runs under ``nnx.capture(..., nnx.Intermediate)``
+  so the layers compute and sow their ``AttentionStats``; otherwise they skip it.
+  """
+  model = nnx.merge(graphdef, params, rest)
+  if not stats:
+    logits, log_z = model(inputs, return_log_z=True)
+    return logits, log_z, {}
+  (logits, log_z), inter = nnx.capture(
+      lambda m, x: m(x, return_log_z=True), nnx.Intermediate)(model, inputs)
+  return logits, log_z, summarize_attention(attention_stats_by_layer(inter))
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
-                    z_loss: float = 0.0) -> Callable:
+                    z_loss: float = 0.0, stats: bool = True) -> Callable:
   """``train_step(state, rest, inputs, targets) -> (state, metrics)``; pure, jit it outside.
 
   Args:
     graphdef: from ``nnx.split(model, nnx.Param, ...)``.
     optimizer: the optax transformation (see :mod:`attnjax.train.optim`).
     z_loss: coefficient of ``mean((log Z)^2)`` added to the loss (Wortsman sec. 3.1.2).
+    stats: compute per-layer attention statistics in the training forward.
 
   Returns:
     The step. ``state`` is ``{"params", "opt_state", "step"}``; ``metrics``
@@ -100,14 +114,11 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   """
 
   def loss_fn(params, rest, inputs, targets):
-    model = nnx.merge(graphdef, params, rest)
-    logits = model(inputs)
-    intermediates = nnx.pop(model, nnx.Intermediate)
-    ce, log_z = cross_entropy(logits, targets)
+    logits, log_z, layer_stats = forward(graphdef, params, rest, inputs, stats=stats)
+    ce = cross_entropy(logits, targets)
     loss = jnp.mean(ce)
     z_term = z_loss * jnp.mean(jnp.square(log_z))
-    aux = {"loss": loss, "z_loss": z_term, "log_z": jnp.mean(log_z)}
-    aux.update(summarize_attention(attention_stats_by_layer(intermediates)))
+    aux = {"loss": loss, "z_loss": z_term, "log_z": jnp.mean(log_z), **layer_stats}
     return loss + z_term, aux
 
   def train_step(state, rest, inputs, targets):
@@ -115,7 +126,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         state["params"], rest, inputs, targets)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics = dict(aux, total_loss=total, grad_norm=optax.global_norm(grads),
+    metrics = dict(aux, total_loss=total, grad_norm=optax.tree.norm(grads),
                    update_rms=_rms(updates), param_rms=_rms(params))
     return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), metrics
 
@@ -126,10 +137,8 @@ def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
   """``eval_step(params, rest, inputs, targets) -> {"ce_sum", "count"}`` (float32 scalars)."""
 
   def eval_step(params, rest, inputs, targets):
-    model = nnx.merge(graphdef, params, rest)
-    logits = model(inputs)
-    nnx.pop(model, nnx.Intermediate)
-    ce, _ = cross_entropy(logits, targets)
+    logits, _, _ = forward(graphdef, params, rest, inputs, stats=False)
+    ce = cross_entropy(logits, targets)
     return {"ce_sum": jnp.sum(ce), "count": jnp.float32(ce.size)}
 
   return eval_step

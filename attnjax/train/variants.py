@@ -19,9 +19,14 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "softpick": ({"family": "dense", "normalizer": "softpick"}, "softpick (Zuhri)"),
     "sink_logits": ({"family": "dense", "sink_logits": True}, "learned null logit per head (gpt-oss)"),
     "gated": ({"family": "dense", "output_gate": "elementwise"}, "sigmoid output gate (Qiu)"),
-    "linear": ({"family": "linear", "feature_map": "elu_plus_one", "normalize": True},
+    "linear": ({"family": "linear", "feature_map": "elu_plus_one",
+                "linear_normalize": "denominator"},
                "elu+1 linear, normalised"),
-    "linear_unnorm": ({"family": "linear", "feature_map": "elu_plus_one", "normalize": False},
+    "linear_rmsnorm": ({"family": "linear", "feature_map": "elu_plus_one",
+                        "linear_normalize": "output_rms"}, "elu+1 linear, output RMS-normalised (Qin)"),
+    "window": ({"family": "dense", "window": 16}, "softmax, causal sliding window of 16"),
+    "linear_unnorm": ({"family": "linear", "feature_map": "elu_plus_one",
+                       "linear_normalize": "none"},
                       "elu+1 linear, unnormalised"),
 }
 

@@ -1,0 +1,185 @@
+"""attnjax.train: resume bit for bit, divergence, data parallelism, configs, optimizer, sweeps, report."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnjax.train import config as config_lib
+from attnjax.train import optim, report, rundir, sweep
+from attnjax.train.loop import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPARE = os.path.join(REPO, "experiments", "configs", "compare.py")
+WALL_CLOCK = ("tokens_per_s",)
+
+
+def tiny(run_dir, *, data="bigram_backcopy", **changes):
+  """A config that compiles and trains in seconds."""
+  c = config_lib.base_config()
+  c.run_dir = str(run_dir)
+  c.data.update(dict(name=data, seq_len=16, batch_size=8, bb_vocab_size=16))
+  c.model.update(dict(d_model=16, num_layers=1, num_heads=2, mlp_ratio=2))
+  c.train.update(dict(steps=12, log_every=4, eval_every=6, eval_batches=1, probe_every=6,
+                      probe_batch=8, probe_len=16, checkpoint_every=4, progress=False,
+                      plots=False))
+  c.opt.lr = 1e-2
+  for key, value in changes.items():
+    config_lib.apply_overrides(c, [f"{key}={value}"])
+  return c
+
+
+def lines(path, drop=WALL_CLOCK):
+  return [{k: v for k, v in r.items() if k not in drop} for r in rundir.read_jsonl(path)]
+
+
+def test_stopped_run_resumes_bit_for_bit(tmp_path):
+  full = train(tiny(tmp_path / "full"))
+  assert full["status"] == "finished" and full["steps_done"] == 12
+
+  cut = tiny(tmp_path / "cut", **{"train.stop_after": 10})
+  stopped = train(cut)
+  assert stopped["status"] == "stopped" and stopped["steps_done"] == 10
+  run = rundir.RunDir(cut.run_dir)
+  assert max(r["step"] for r in rundir.read_jsonl(run.metrics)) == 9  # past checkpoint 8
+  cut.train.stop_after = 0
+  resumed = train(cut)
+  assert resumed["status"] == "finished" and resumed["resumed_from"] == 8
+
+  a, b = lines(rundir.RunDir(full["run_dir"]).metrics), lines(run.metrics)
+  assert [r["step"] for r in a] == [r["step"] for r in b]
+  assert a == b  # every loss, grad norm, per-layer stat: identical, not just close
+  assert lines(rundir.RunDir(full["run_dir"]).probes) == lines(run.probes)
+  assert [f for f in os.listdir(run.root) if ".tmp" in f] == []
+
+
+def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
+  base = tiny(tmp_path, **{"train.plots": True})
+  arms = [sweep.arm(base, "boom", str(tmp_path / "boom"), **{"opt.lr": 1e6}),
+          sweep.arm(base, "ok", str(tmp_path / "ok"))]
+  results = sweep.run_sweep(arms, verbose=False)
+  boom, ok = results
+  assert boom["status"] == "diverged" and isinstance(boom["diverged_step"], int)
+  assert boom["val_loss"] is None and ok["status"] == "finished"
+  assert ok["val_loss"] < ok["initial_loss"]
+  with open(tmp_path / "boom" / "summary.json") as f:
+    assert json.load(f)["status"] == "diverged"  # strict JSON: no NaN tokens
+  recorded = lines(tmp_path / "boom" / "metrics.jsonl")
+  assert max(r["step"] for r in recorded) == boom["diverged_step"]
+
+  again = sweep.run_sweep(arms, verbose=False)  # resumable: both arms are skipped
+  assert [r["status"] for r in again] == ["diverged", "finished"]
+
+  markdown = report.write_report(str(tmp_path), title="tiny")
+  assert "| variant | LR | val loss |" in markdown
+  assert "yes (step" in markdown and "| no |" in markdown
+  for name in ("loss.png", "max_logit.png", "f_attn.png"):
+    assert os.path.getsize(tmp_path / "plots" / name) > 1000
+  assert os.path.isfile(tmp_path / "report.md")
+
+
+def test_eight_devices_match_one_device(tmp_path):
+  assert jax.device_count() == 8
+  curves = []
+  for n in (1, 0):
+    summary = train(tiny(tmp_path / f"dev{n}", data="shakespeare",
+                         **{"train.num_devices": n, "train.steps": 8, "train.eval_every": 8,
+                            "train.probe_every": 8, "train.checkpoint_every": 0}))
+    assert summary["devices"] == (1 if n else 8)
+    curves.append([r["loss"] for r in lines(tmp_path / f"dev{n}" / "metrics.jsonl")
+                   if r["kind"] == "train"])
+  np.testing.assert_allclose(curves[0], curves[1], rtol=1e-5)
+  assert curves[0][-1] < curves[0][0]
+
+
+@pytest.mark.parametrize("spec,overrides,error,match", [
+    (f"{COMPARE}:preset=cpu", ["opt.lrr=1"], KeyError, r"opt.lrr.*did you mean 'opt.lr'"),
+    (f"{COMPARE}:preset=cpu", ["model.num_heads=3"], ValueError, "model.d_model=64 is not divisible"),
+    (f"{COMPARE}:preset=cpu", ["train.steps=many"], ValueError, "train.steps"),
+    (f"{COMPARE}:preset=cpu", ["data.name=text", "data.path=/no/such/file"], ValueError, "data.path"),
+    (f"{COMPARE}:preset=cpu", ["variant=softmaxx"], ValueError, "variant='softmaxx'"),
+    (f"{COMPARE}:preset=laptop", [], ValueError, "preset='laptop'"),
+    (f"{COMPARE}:presets=cpu", [], ValueError, "'presets' is unknown"),
+    ("experiments/configs/missing.py", [], FileNotFoundError, "missing.py"),
+], ids=["unknown-key", "heads-not-dividing", "bad-int", "missing-file", "unknown-variant",
+        "unknown-preset", "unknown-arg", "missing-config"])
+def test_bad_configs_fail_before_training_naming_the_key(spec, overrides, error, match):
+  with pytest.raises(error, match=match):
+    config_lib.load_config(spec, overrides)
+
+
+def test_config_arg_and_overrides_parse_to_the_right_types():
+  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu,lr=3e-3",
+                               ["train.steps=1e2", "model.rope=false", "data.path=x"])
+  assert cfg.opt.lr == 3e-3 and cfg.train.steps == 100 and isinstance(cfg.train.steps, int)
+  assert cfg.model.rope is False and cfg.preset == "cpu"
+  spec, overrides, rest = config_lib.split_argv(
+      ["--config", "a.py:preset=gpu", "--config.opt.lr=1", "--config.train.steps", "5", "--out", "o"])
+  assert spec == "a.py:preset=gpu" and overrides == ["opt.lr=1", "train.steps=5"]
+  assert rest == ["--out", "o"]
+
+
+def test_weight_decay_is_independent_of_the_peak_lr():
+  params = {"w": jnp.ones((3, 3)), "gain": jnp.ones((3,))}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  decays = []
+  for lr in (1e-3, 1.0):
+    cfg = config_lib.base_config()
+    cfg.opt.update(dict(lr=lr, weight_decay=0.1, clip=0.0))
+    cfg.train.steps = 100
+    tx = optim.make_optimizer(cfg)
+    state = tx.init(params)
+    for _ in range(50):  # halfway: past warmup, inside the cosine
+      updates, state = tx.update(zeros, state, params)
+    decays.append(updates)
+  schedule_shape = float(optim.schedule(cfg)(49)) / 1.0
+  np.testing.assert_allclose(decays[0]["w"], decays[1]["w"], rtol=1e-6)
+  np.testing.assert_allclose(decays[0]["w"], -0.1 * schedule_shape * np.ones((3, 3)), rtol=1e-5)
+  np.testing.assert_array_equal(decays[0]["gain"], 0.0)  # gains are not decayed
+
+
+def test_jsonl_truncation_and_torn_lines(tmp_path):
+  path = str(tmp_path / "m.jsonl")
+  with rundir.JsonlWriter(path) as w:
+    w.write([{"step": i, "loss": float("nan") if i == 2 else i} for i in range(5)])
+  with open(path, "a") as f:
+    f.write('{"step": 5, "lo')  # a kill mid-write
+  assert [r["step"] for r in rundir.read_jsonl(path)] == [0, 1, 2, 3, 4]
+  assert rundir.read_jsonl(path)[2]["loss"] is None
+  rundir.truncate_jsonl(path, 3)
+  assert [r["step"] for r in rundir.read_jsonl(path)] == [0, 1, 2]
+  with open(path) as f:
+    assert f.read().endswith("\n")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_matches(tmp_path):
+  """A real SIGKILL of a training process after its first checkpoint, then a resume."""
+  cfg = tiny(tmp_path / "killed", **{"train.steps": 400, "train.checkpoint_every": 50,
+                                     "train.eval_every": 100, "train.probe_every": 100})
+  spec = str(tmp_path / "spec.json")
+  rundir.write_json(spec, cfg.to_dict())
+  env = dict(os.environ, PYTHONPATH=REPO)
+  proc = subprocess.Popen([sys.executable, "-m", "attnjax.train.run_config", spec], env=env)
+  ckpt = tmp_path / "killed" / "checkpoints"
+  deadline = time.time() + 240
+  while time.time() < deadline and not (ckpt.is_dir() and any(p.name.isdigit() and int(p.name) >= 100
+                                                             for p in ckpt.iterdir())):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert rundir.RunDir(cfg.run_dir).read_summary()["status"] == "running"
+  resumed = train(cfg)
+  assert resumed["status"] == "finished" and resumed["resumed_from"] >= 100
+  reference = train(tiny(tmp_path / "reference", **{"train.steps": 400, "train.checkpoint_every": 50,
+                                                    "train.eval_every": 100, "train.probe_every": 100}))
+  assert lines(tmp_path / "killed" / "metrics.jsonl") == lines(
+      tmp_path / "reference" / "metrics.jsonl")
+  assert reference["status"] == "finished"
