@@ -16,6 +16,7 @@ from attnjax.dense import dot_product_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax import nn  # noqa: E402  (after the functions it wraps)
+from attnjax import stats  # noqa: E402  (its probe reads attnjax.nn models)
 
 __version__ = "0.1.0"
 
@@ -27,4 +28,5 @@ __all__ = [
     "nn",
     "normalizers",
     "qk_norm_attention",
+    "stats",
 ]

@@ -30,7 +30,8 @@ Random features for the softmax kernel (Choromanski et al. 2021): with input
 Numerical stabilisation (``stabilize=True``, the default) subtracts a
 stop-gradient maximum inside the exponent, as the Performer implementations
 do. For *queries* the constant is per row (``max_r`` over the features of that
-query), which scales ``phi(q_i)`` by a positive constant ``c_i``: every row of
+query), which scales ``phi(q_i)`` by a positive constant ``c_i`` (the constant
+``1 / sqrt(m)`` is dropped too): every row of
 the estimated attention matrix is scaled by ``c_i``, so any row-normalised
 output (``normalize="denominator"``, and ``"output_rms"``) is unchanged
 (up to ``eps``). For *keys* the constant must be shared by every key the query
@@ -152,18 +153,21 @@ class FeatureMap:
                     precision=jax.lax.Precision.HIGHEST)
     half_sq = 0.5 * jnp.sum(jnp.square(xs), axis=-1, keepdims=True)
     global_axes = (position_axis % x.ndim, x.ndim - 1)
+    # Stabilised maps also drop the constant 1/sqrt(m): after the maxima are
+    # subtracted it only shrinks phi(q).z towards the eps of the denominator
+    # (by ~1/m), which would then bias large-m estimates; it cancels anyway.
     if self.kind == "favor_plus":
       exponent = wx - half_sq
-      if self.stabilize:
-        axes = -1 if is_query else global_axes
-        exponent = exponent - jax.lax.stop_gradient(jnp.max(exponent, axis=axes, keepdims=True))
-      return jnp.exp(exponent) * m ** -0.5
+      if not self.stabilize:
+        return jnp.exp(exponent) * m ** -0.5
+      axes = -1 if is_query else global_axes
+      return jnp.exp(exponent - jax.lax.stop_gradient(jnp.max(exponent, axis=axes, keepdims=True)))
     # trig: exp(|x|^2/2) [sin, cos]; the magnitude factor is the part that overflows.
-    log_mag = half_sq
     if self.stabilize:
       axes = -1 if is_query else global_axes
-      log_mag = log_mag - jax.lax.stop_gradient(jnp.max(log_mag, axis=axes, keepdims=True))
-    scale = jnp.exp(log_mag) * m ** -0.5
+      scale = jnp.exp(half_sq - jax.lax.stop_gradient(jnp.max(half_sq, axis=axes, keepdims=True)))
+    else:
+      scale = jnp.exp(half_sq) * m ** -0.5
     return jnp.concatenate([jnp.sin(wx) * scale, jnp.cos(wx) * scale], axis=-1)
 
 

@@ -28,6 +28,7 @@ symbol (``k`` of ``Sink_k^eps``) use the paper's 1-indexing and say so.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
@@ -35,8 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from attnjax import _checks, dense, masks, normalizers
+from attnjax import qk_norm as qk_norm_lib
 from attnjax.attention_stats import AttentionStats, stats_from_weights
+from attnjax.nn.rope import apply_rope
 
 Array = jnp.ndarray
 
@@ -64,7 +69,10 @@ class SinkRate(NamedTuple):
 
 
 class FirstTokenAttention(NamedTuple):
-  """Result of :func:`first_token_attention`: ``f_attn`` scalar, ``per_layer`` ``[L]``, ``per_head`` ``[L, N]``."""
+  """Result of :func:`first_token_attention`.
+
+  ``f_attn`` scalar, ``per_layer`` ``[L]``, ``per_head`` ``[L, N]``.
+  """
 
   f_attn: Array
   per_layer: Array
@@ -72,7 +80,7 @@ class FirstTokenAttention(NamedTuple):
 
 
 class AttentionEntropy(NamedTuple):
-  """Result of :func:`attention_entropy`: ``mean`` and ``min`` over heads ``[L]``, ``per_head`` ``[L, N]``."""
+  """Result of :func:`attention_entropy`: ``mean``, ``min`` over heads ``[L]``; ``per_head``."""
 
   mean: Array
   min: Array
@@ -80,7 +88,7 @@ class AttentionEntropy(NamedTuple):
 
 
 class QKStatistics(NamedTuple):
-  """Result of :func:`qk_statistics`, each ``[L]``: ``q_rms``, ``k_rms``, ``mean_cos``, ``max_logit``."""
+  """Result of :func:`qk_statistics`, each ``[L]``."""
 
   q_rms: Array
   k_rms: Array
@@ -105,7 +113,7 @@ class SinkGeometry(NamedTuple):
 
 
 class LayerMean(NamedTuple):
-  """A quantity per layer ``[L]`` and over all layers (scalar); ``per_head`` ``[L, N]`` where defined."""
+  """A quantity over all layers (``mean``), per layer ``[L]`` and per head ``[L, N]`` if defined."""
 
   mean: Array
   per_layer: Array
@@ -149,7 +157,7 @@ def _nonempty(name: str, x) -> None:
 
 
 def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
-  """``x`` of rank ``rank`` (one layer), ``rank + 1`` or a list of rank-``rank`` arrays -> ``[L, ...]`` float32."""
+  """One layer (rank ``rank``), stacked layers (``rank + 1``) or a list -> ``[L, ...]`` float32."""
   if isinstance(x, (list, tuple)):
     if not x:
       raise ValueError(f"{name} is an empty list; pass one {letters} array per layer")
@@ -175,12 +183,17 @@ def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
 
 
 def _attention_layers(name: str, weights) -> Array:
-  """Weights (or logits) as ``[L, B, N, T, S]`` float32, with ``T == S`` (causal self-attention)."""
+  """Self-attention weights as ``[L, B, N, T, S]`` float32 with ``S >= T``.
+
+  Keys ``0 .. T-1`` are the sequence (key ``j`` at the position of query ``j``);
+  any further keys are slots appended after it (a learned key/value bias, as
+  ``attnjax.nn``'s ``kv_bias``), which take part in row normalisation only.
+  """
   w = _stack_layers(name, weights, 4, "[B, N, T, S]")
-  if w.shape[-2] != w.shape[-1]:
+  if w.shape[-1] < w.shape[-2]:
     raise ValueError(
-        f"{name} must be square self-attention weights (T == S), got shape {_shape(w)}; "
-        f"the sink metrics index queries and keys by the same positions")
+        f"{name} must be self-attention weights with S >= T (keys 0..T-1 at the queries' "
+        f"positions), got shape {_shape(w)}")
   return w
 
 
@@ -294,13 +307,15 @@ def _importance(weights: Array, *, row_normalize: bool = True) -> Array:
   ``[..., 0]`` is the first token's importance ``alpha_1``.
 
   Args:
-    weights: ``[..., T, T]`` attention weights (query, key), e.g.
-      ``[L, B, N, T, T]``; float.
+    weights: ``[..., T, S]`` attention weights (query, key), e.g.
+      ``[L, B, N, T, T]``; float. ``S > T``: keys ``T ..`` are slots appended
+      after the sequence (a learned k/v bias); they count in the row
+      normalisation and get no ``alpha``.
     row_normalize: use ``|w_ij| / sum_l |w_il|`` (Gu et al. compare normalisers
       whose rows do not sum to one this way); False uses the raw weights.
 
   Returns:
-    ``[..., T]`` float32 ``alpha`` per key.
+    ``[..., T]`` float32 ``alpha`` per sequence key.
 
   References:
     Gu et al. 2024, "When Attention Sink Emerges in Language Models: An
@@ -311,13 +326,14 @@ def _importance(weights: Array, *, row_normalize: bool = True) -> Array:
   _checks.check_floating("weights", weights)
   _nonempty("weights", weights)
   T, S = _shape(weights)[-2:]
-  if T != S:
-    raise ValueError(f"weights must be square (T == S) for alpha_k, got shape {_shape(weights)}")
+  if S < T:
+    raise ValueError(f"weights must have S >= T for alpha_k, got shape {_shape(weights)}")
   w = jnp.asarray(weights, jnp.float32)
-  p = _row_normalize(w) if row_normalize else w
-  queries_see_key = _lift(jnp.arange(T)[:, None] >= jnp.arange(S)[None, :], p.ndim)  # i >= k
+  p = (_row_normalize(w) if row_normalize else w)[..., :T]  # sequence keys only
+  positions = jnp.arange(T)
+  queries_see_key = _lift(positions[:, None] >= positions[None, :], p.ndim)  # i >= k
   column = jnp.sum(jnp.where(queries_see_key, p, 0.0), axis=-2)
-  return column / _lift((T - jnp.arange(S)).astype(jnp.float32), column.ndim)
+  return column / _lift((T - positions).astype(jnp.float32), column.ndim)
 
 
 importance = jax.jit(_importance, static_argnames=("row_normalize",))
@@ -342,12 +358,15 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
   queries ``i >= 2`` and ``p_{1,1} = 1`` because in causal attention the first
   query sees only the first key. That holds for every normaliser once rows are
   normalised, except a softpick first row whose only logit is ``<= 0`` (all
-  zero; the formula then overstates ``alpha_1`` by ``1/T``). ``T`` comes from
-  ``logsumexp``. The stats are always row-normalised.
+  zero; the formula then overstates ``alpha_1`` by ``1/T``) and a layer with an
+  appended k/v bias slot (the first row shares its mass with it): pass the
+  weights for those. ``T`` comes from ``logsumexp``. The stats are always
+  row-normalised.
 
   Args:
-    attention: weights ``[L, B, N, T, T]`` / ``[B, N, T, T]`` / list per layer,
-      or ``AttentionStats`` (one, stacked or a list per layer).
+    attention: weights ``[L, B, N, T, S]`` / ``[B, N, T, S]`` / list per layer
+      (``S >= T``, see :func:`importance`), or ``AttentionStats`` (one, stacked
+      or a list per layer).
     eps: threshold on ``alpha_k``, in ``[0, 1]``.
     k: key index, **1-indexed as in the paper** (``k = 1`` is the first token).
     row_normalize: see above (weights only).
@@ -373,7 +392,7 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
     row_sum = jnp.mean(row_sum, axis=(1, 2))
   else:
     w = _attention_layers("attention", attention)
-    T = w.shape[-1]
+    T = w.shape[-2]
     if k > T:
       raise ValueError(f"k={k} exceeds the sequence length T={T} (weights shape {_shape(w)})")
     alpha = _importance(w, row_normalize=row_normalize)[..., k - 1]
@@ -952,39 +971,26 @@ kernel_approximation_error = jax.jit(_kernel_approximation_error)
 kernel_approximation_error.__doc__ = _kernel_approximation_error.__doc__
 
 
-def _feature_map_attention_error(q, k, *, feature_map: Callable[[Array], Array],
-                                 is_causal: bool = True, scale: Optional[float] = None) -> Array:
-  """Relative error of kernel-feature attention against exact softmax attention.
+def _features(feature_map, x: Array, *, is_query: bool) -> Array:
+  """``phi(x)`` float32; passes ``is_query`` to maps that take it (``attnjax.feature_maps``)."""
+  try:
+    params = inspect.signature(feature_map).parameters
+  except (TypeError, ValueError):
+    params = {}
+  takes_role = "is_query" in params or any(
+      p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+  phi = feature_map(x, is_query=is_query) if takes_role else feature_map(x)
+  return jnp.asarray(phi, jnp.float32)
 
-  Builds ``A`` = softmax of ``scale * <q_i, k_j>`` (the dense reference path and
-  normaliser table) and ``A_hat_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l)``
-  over the same allowed keys, then returns
-  :func:`kernel_approximation_error` per (batch, head). ``feature_map`` must
-  approximate that kernel: ``phi(q).phi(k) ~ exp(scale <q, k>)`` (FAVOR+ maps
-  scale their input by ``H ** -1/4`` for the default ``scale``). Rows whose
-  denominator is 0 give zeros.
 
-  Args:
-    q: ``[B, T, N, H]``; k: ``[B, S, K, H]`` (GQA: ``N % K == 0``).
-    feature_map: ``phi``: ``[..., H] -> [..., M]`` (static: a function).
-    is_causal: causal mask for both matrices.
-    scale: softmax logit scale; None means ``H ** -0.5``.
-
-  Returns:
-    ``[B, N]`` float32 relative Frobenius errors.
-
-  References:
-    Choromanski et al. 2021, "Rethinking Attention with Performers".
-  """
-  if not callable(feature_map):
-    raise TypeError(f"feature_map must be a callable [..., H] -> [..., M], got {feature_map!r}")
+def _feature_map_error(q, k, feature_map, *, is_causal: bool, scale: Optional[float]) -> Array:
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, k)
   scale = H ** -0.5 if scale is None else _checks.check_positive_float("scale", scale)
   allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=None, mask=None)
   z = jnp.reshape(dense.scores(dense.group_queries(q, K), k, scale=scale), (B, N, T, S))
   exact, _ = normalizers.normalize(z, allowed, normalizer="softmax")
-  phi_q = jnp.asarray(feature_map(q.astype(jnp.float32)), jnp.float32)
-  phi_k = jnp.asarray(feature_map(k.astype(jnp.float32)), jnp.float32)
+  phi_q = _features(feature_map, q.astype(jnp.float32), is_query=True)
+  phi_k = _features(feature_map, k.astype(jnp.float32), is_query=False)
   kernel = jnp.reshape(dense.scores(dense.group_queries(phi_q, K), phi_k, scale=1.0),
                        (B, N, T, S))
   kernel = jnp.where(allowed, kernel, 0.0)
@@ -993,9 +999,46 @@ def _feature_map_attention_error(q, k, *, feature_map: Callable[[Array], Array],
   return _kernel_approximation_error(approx, exact)
 
 
-feature_map_attention_error = jax.jit(_feature_map_attention_error,
-                                      static_argnames=("feature_map", "is_causal", "scale"))
-feature_map_attention_error.__doc__ = _feature_map_attention_error.__doc__
+# A map carrying arrays (a random projection) is a traced argument, so redrawing
+# features does not recompile; a plain function is a static argument.
+_feature_map_error_traced = jax.jit(_feature_map_error, static_argnames=("is_causal", "scale"))
+_feature_map_error_static = jax.jit(_feature_map_error,
+                                    static_argnames=("feature_map", "is_causal", "scale"))
+
+
+def feature_map_attention_error(q, k, *, feature_map: Callable[..., Array],
+                                is_causal: bool = True, scale: Optional[float] = None) -> Array:
+  """Relative error of kernel-feature attention against exact softmax attention.
+
+  Builds ``A`` = softmax of ``scale * <q_i, k_j>`` (the dense reference path and
+  normaliser table) and ``A_hat_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l)``
+  over the same allowed keys, then returns
+  :func:`kernel_approximation_error` per (batch, head). ``feature_map`` must
+  approximate that kernel: ``phi(q).phi(k) ~ c_i exp(scale <q, k>)`` with any
+  per-query constant ``c_i`` (row normalisation cancels it), as FAVOR+ maps do
+  for the default ``scale``, scaling their input by ``H ** -1/4``. Rows whose
+  denominator is 0 give zeros. Runs under ``jax.jit``.
+
+  Args:
+    q: ``[B, T, N, H]``; k: ``[B, S, K, H]`` (GQA: ``N % K == 0``).
+    feature_map: ``phi``: ``[..., H] -> [..., M]``; a function (static) or a
+      pytree callable carrying its projection, such as an
+      ``attnjax.feature_maps`` map (traced; called with ``is_query``).
+    is_causal: causal mask for both matrices.
+    scale: softmax logit scale; None means ``H ** -0.5``.
+
+  Returns:
+    ``[B, N]`` float32 relative Frobenius errors.
+
+  References:
+    Choromanski et al. 2021, "Rethinking Attention with Performers", sec. 4.
+  """
+  if not callable(feature_map):
+    raise TypeError(f"feature_map must be a callable [..., H] -> [..., M], got {feature_map!r}")
+  leaves = jax.tree.leaves(feature_map)
+  if leaves and all(isinstance(x, (jax.Array, np.ndarray)) for x in leaves):
+    return _feature_map_error_traced(q, k, feature_map, is_causal=is_causal, scale=scale)
+  return _feature_map_error_static(q, k, feature_map, is_causal=is_causal, scale=scale)
 
 
 # ---------------------------------------------------------------------------
@@ -1100,14 +1143,15 @@ def spike_score(series: Sequence[float], *, window: int = 1000, sigmas: float = 
   Definition: the percentage of steps whose value lies at least ``sigmas``
   (7) standard deviations above the rolling mean of the previous ``window``
   (1000) values: step ``t`` is a spike when ``x_t - mu_t >= sigmas * sd_t`` and
-  ``x_t > mu_t``, with ``mu_t`` and ``sd_t`` (population) over ``x_{t-window}
-  .. x_{t-1}``. ``two_sided=True`` also counts drops ``mu_t - x_t >= sigmas *
+  ``x_t > mu_t``, with ``mu_t`` and ``sd_t`` (population) over the previous
+  ``window`` finite values (``x_{t-window} .. x_{t-1}`` when all are
+  finite). ``two_sided=True`` also counts drops ``mu_t - x_t >= sigmas *
   sd_t`` ("away from" the mean).
 
   First steps: a step is scored only when at least ``min_history`` (default:
   ``window``, i.e. a full window) finite previous values exist; earlier steps
   are neither spikes nor counted in the denominator. Set ``min_history`` lower
-  for short runs. Non-finite values are left out of the rolling statistics; a
+  for short runs. Non-finite values are skipped by the rolling statistics; a
   non-finite value at a scored step counts as a spike (the loss blew up).
 
   Args:
@@ -1135,23 +1179,23 @@ def spike_score(series: Sequence[float], *, window: int = 1000, sigmas: float = 
     raise ValueError(f"min_history must be an int in [2, window={window}], got {min_history!r}")
   _checks.check_positive_float("sigmas", sigmas, allow_none=False)
   finite = np.isfinite(x)
-  # Rolling sums over the previous `window` finite values via cumulative sums,
-  # centred on the median to keep E[x^2] - E[x]^2 well conditioned.
+  # Rolling sums over the previous `window` finite values: cumulative sums over
+  # the finite values only, indexed by how many came before each step. Centred
+  # on the median to keep E[x^2] - E[x]^2 well conditioned.
   centre = float(np.median(x[finite])) if np.any(finite) else 0.0
   y = np.where(finite, x - centre, 0.0)
   zero = np.zeros(1)
-  c_n = np.concatenate([zero, np.cumsum(finite.astype(np.float64))])
-  c_1 = np.concatenate([zero, np.cumsum(y)])
-  c_2 = np.concatenate([zero, np.cumsum(y * y)])
-  t = np.arange(x.size)
-  lo = np.maximum(t - window, 0)
-  n = c_n[t] - c_n[lo]
+  c_1 = np.concatenate([zero, np.cumsum(y[finite])])
+  c_2 = np.concatenate([zero, np.cumsum(y[finite] ** 2)])
+  before = np.concatenate([[0], np.cumsum(finite)[:-1]])  # finite values before step t
+  lo = np.maximum(before - window, 0)
+  n = (before - lo).astype(np.float64)
   scored = n >= min_history
   if not np.any(scored):
     return float("nan")
   n_safe = np.maximum(n, 1.0)
-  mean = (c_1[t] - c_1[lo]) / n_safe
-  var = np.maximum((c_2[t] - c_2[lo]) / n_safe - mean * mean, 0.0)
+  mean = (c_1[before] - c_1[lo]) / n_safe
+  var = np.maximum((c_2[before] - c_2[lo]) / n_safe - mean * mean, 0.0)
   sd = np.sqrt(var)
   dev = y - mean
   up = np.logical_and(dev > 0, dev >= sigmas * sd)
@@ -1183,6 +1227,341 @@ def is_diverged(loss, initial_loss, *, factor: float = 2.0):
   bad = xp.logical_not(xp.isfinite(loss))
   with np.errstate(invalid="ignore"):
     return xp.logical_or(bad, loss > factor * xp.asarray(initial_loss))
+
+
+# ---------------------------------------------------------------------------
+# Probe: every statistic of one forward pass.
+
+
+class ProbeCapture(NamedTuple):
+  """What one forward pass exposes, stacked over ``L`` layers; None where not available.
+
+  Any model can be probed by filling this in (see :func:`probe_statistics`);
+  :func:`probe` fills it from an ``attnjax.nn.TransformerLM``.
+
+  Attributes:
+    logits: ``[B, T, V]`` output logits.
+    attention_stats: ``AttentionStats`` with ``[L, B, N]`` fields (``logsumexp``
+      ``[L, B, N, T]``).
+    weights: ``[L, B, N, T, S]`` attention weights, ``S >= T`` (appended k/v
+      bias slots last; zero columns pad layers with fewer keys).
+    allowed: ``[L, 1, 1, T, S]`` bool, the pairs each layer may attend to;
+      None means causal.
+    q: ``[L, B, T, N, H]`` queries as the attention function compares them
+      (after any QK norm and RoPE).
+    k: ``[L, B, T, K, H]`` keys (sequence keys only), likewise.
+    v: ``[L, B, T, K, Hv]`` values.
+    hidden: ``[L, B, T, D]`` each block's output hidden state.
+    gate_mean: ``[L, B, N]`` mean output-gate value; NaN for ungated layers.
+    null_column: ``[L]`` bool, True where the normaliser has a null column
+      (softmax_one or sink logits), so ``1 - row_sum`` is its null mass.
+  """
+
+  logits: Optional[Array] = None
+  attention_stats: Optional[AttentionStats] = None
+  weights: Optional[Array] = None
+  allowed: Optional[Array] = None
+  q: Optional[Array] = None
+  k: Optional[Array] = None
+  v: Optional[Array] = None
+  hidden: Optional[Array] = None
+  gate_mean: Optional[Array] = None
+  null_column: Optional[Array] = None
+
+
+def _per_layer(fn, L: int, allowed: Optional[Array], *arrays):
+  """Runs a per-layer metric layer by layer (each with its own mask) and stacks the results."""
+  results = []
+  for l in range(L):
+    mask = None if allowed is None else allowed[l]
+    results.append(fn(*(a[l] for a in arrays), mask=mask))
+  # Each result is per layer with L = 1 ([1, ...] arrays); scalars (means over
+  # the one layer) stack to [L] and are recomputed by the caller.
+  return jax.tree.map(lambda *xs: jnp.stack(xs) if xs[0].ndim == 0 else jnp.concatenate(xs),
+                      *results)
+
+
+def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
+                      sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
+                      massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+  """All statistics of one forward pass as a flat dict of named arrays and scalars.
+
+  Keys are ``"<metric>/<field>"`` from this module's functions (per-layer
+  arrays ``[L]``, per-head ``[L, N]``, scalars over the model), computed from
+  whatever ``capture`` holds:
+
+  - ``output/*``: :func:`output_logit_drift` (logits);
+  - ``sink_rate/*``: :func:`sink_rate` (weights if present, else stats), with
+    ``sink_rate/importance`` averaged over the batch to ``[L, N]``;
+  - ``f_attn/*``, ``entropy/*``: :func:`first_token_attention`,
+    :func:`attention_entropy` (stats if present, else weights);
+  - ``max_logit``: :func:`max_attention_logit` ``[L]`` (stats);
+  - ``null_mass/*``: ``1 - row_sum`` where ``null_column``, else 0 (stats);
+  - ``sparsity/*``: :func:`attention_sparsity` (weights);
+  - ``qk/*``: :func:`qk_statistics` without its max logit (q, k), and
+    ``sink_geometry/*``: :func:`sink_geometry` (q, k, v), over each layer's
+    allowed pairs;
+  - ``massive/*``, ``kurtosis/*``: :func:`massive_activations`,
+    :func:`kurtosis` (hidden);
+  - ``gate/*``: mean gate per head, layer and overall (gate_mean).
+
+  Args:
+    capture: a :class:`ProbeCapture`.
+    eps: ``Sink_1^eps`` threshold.
+    sparsity_threshold: H2O threshold (fraction of the row maximum).
+    z_loss_coef: z-loss coefficient for ``output/z_loss``.
+    massive_abs, massive_ratio: massive-activation thresholds.
+
+  Returns:
+    ``dict[str, Array]``; :func:`to_jsonable` makes it JSON-ready.
+  """
+  out: dict[str, Any] = {}
+  st = None if capture.attention_stats is None else _stats_layers(capture.attention_stats)
+  w = capture.weights
+  if capture.logits is not None:
+    out.update(flatten(_output_logit_drift(capture.logits, z_loss_coef=z_loss_coef), "output"))
+  if w is not None or st is not None:
+    sink = _sink_rate(w if w is not None else st, eps=eps)
+    out.update(flatten(sink._replace(importance=jnp.mean(sink.importance, axis=1)), "sink_rate"))
+  for key, field, metric in (("f_attn", "sink_mass", _first_token_attention),
+                             ("entropy", "entropy", _attention_entropy)):
+    source = st if st is not None and getattr(st, field) is not None else w
+    if source is not None:
+      out.update(flatten(metric(source), key))
+  if st is not None and st.max_logit is not None:
+    out["max_logit"] = _max_attention_logit(st)
+  if st is not None and st.row_sum is not None and capture.null_column is not None:
+    nm = _null_mass(st)
+    has = jnp.reshape(jnp.asarray(capture.null_column, bool), (-1, 1))
+    per_head = jnp.where(has, nm.per_head, 0.0)
+    out.update(flatten(LayerMean(mean=jnp.mean(per_head), per_layer=jnp.mean(per_head, axis=1),
+                                 per_head=per_head), "null_mass"))
+  allowed = capture.allowed
+  if w is not None:
+    sparsity = _per_layer(
+        lambda wl, mask: _attention_sparsity(wl, threshold=sparsity_threshold,
+                                             is_causal=mask is None, mask=mask),
+        w.shape[0], allowed, w)
+    sparsity = sparsity._replace(mean=jnp.mean(sparsity.per_layer))
+    out.update(flatten(sparsity, "sparsity"))
+  if capture.q is not None and capture.k is not None:
+    Tk = capture.k.shape[2]
+    seq_allowed = None if allowed is None else allowed[..., :Tk]
+    qk = _per_layer(lambda q, k, mask: _qk_statistics(q, k, is_causal=mask is None, mask=mask),
+                    capture.q.shape[0], seq_allowed, capture.q, capture.k)
+    out.update(flatten(qk._asdict() | {"max_logit": None}, "qk"))
+    if capture.v is not None and Tk >= 2:
+      geometry = _per_layer(
+          lambda q, k, v, mask: _sink_geometry(q, k, v, is_causal=mask is None, mask=mask),
+          capture.q.shape[0], seq_allowed, capture.q, capture.k, capture.v)
+      out.update(flatten(geometry, "sink_geometry"))
+  if capture.hidden is not None:
+    out.update(flatten(_massive_activations(capture.hidden, abs_threshold=massive_abs,
+                                            ratio=massive_ratio), "massive"))
+    out.update(flatten(_kurtosis(capture.hidden), "kurtosis"))
+  if capture.gate_mean is not None:
+    per_head = jnp.mean(jnp.asarray(capture.gate_mean, jnp.float32), axis=1)
+    per_layer = jnp.mean(per_head, axis=1)
+    out.update(flatten(LayerMean(mean=jnp.nanmean(per_layer), per_layer=per_layer,
+                                 per_head=per_head), "gate"))
+  return out
+
+
+probe_statistics = jax.jit(
+    _probe_statistics,
+    static_argnames=("eps", "sparsity_threshold", "z_loss_coef", "massive_abs", "massive_ratio"))
+probe_statistics.__doc__ = _probe_statistics.__doc__
+
+
+def _last(x):
+  """A sown value: ``sow`` appends to a tuple; one forward pass sows each name once."""
+  return x[-1] if isinstance(x, tuple) else x
+
+
+def _layer_allowed(config, T: int, S: int) -> Array:
+  """``[1, 1, T, S]`` pairs an ``attnjax.nn.Attention`` layer allows in its training forward.
+
+  Built from :func:`attnjax.masks.structural_mask` as the layer builds it:
+  causal, the sliding window, StreamingLLM sink tokens, and the k/v bias slot
+  (key ``T``) open to every query; columns beyond are padding.
+  """
+  pos = jnp.arange(T)
+  window = None if config.window is None else (config.window, 0)
+  allowed = masks.structural_mask(pos, pos, is_causal=True, window=window)
+  if config.num_sinks:
+    causal = masks.structural_mask(pos, pos, is_causal=True)
+    sinks = jnp.reshape(pos < config.num_sinks, (1, 1, 1, T))
+    allowed = jnp.logical_or(allowed, jnp.logical_and(causal, sinks))
+  extra = jnp.zeros((1, 1, T, S - T), bool)
+  if config.kv_bias and S > T:
+    extra = extra.at[..., 0].set(True)
+  return jnp.concatenate([allowed, extra], axis=-1)
+
+
+def _compared_qk(attention, q: Array, k: Array):
+  """q and k ``[B, T, heads, H]`` as the layer's attention function compares them.
+
+  Applies the layer's QK norm and gains (family ``qk_norm``, in its placement)
+  and RoPE, with the library's own ``normalize_head`` and ``apply_rope``.
+  Cosine attention normalises inside the function; cosines are invariant to
+  that (but not to the per-dim scale of the ``ngpt`` convention, ignored here).
+  """
+  c = attention.config
+  T = q.shape[1]
+
+  def rope(x):
+    return x if c.rope_theta is None else apply_rope(x, jnp.arange(T), c.rope_theta)
+
+  if c.family != "qk_norm":
+    return rope(q), rope(k)
+
+  def norm(x, gain):
+    y = qk_norm_lib.normalize_head(x, c.qk_norm, c.qk_norm_eps)
+    if gain is not None:
+      y = y * jnp.reshape(gain[...].astype(jnp.float32), (1, 1, 1, -1))
+    return y
+
+  q_gain = attention.q_gain if c.qk_norm_gain else None
+  k_gain = attention.k_gain if c.qk_norm_gain else None
+  if c.qk_norm_placement == "before_rope":
+    return rope(norm(q, q_gain)), rope(norm(k, k_gain))
+  return norm(rope(q), q_gain), norm(rope(k), k_gain)
+
+
+def _fill_missing_fields(stats: list) -> list:
+  """Layers of different families may lack a field others have: NaN there (not defined)."""
+  for field in AttentionStats._fields:
+    present = [getattr(st, field) for st in stats if getattr(st, field) is not None]
+    if present and len(present) < len(stats):
+      nan = jnp.full(jnp.shape(present[0]), jnp.nan, jnp.float32)
+      stats = [st if getattr(st, field) is not None else st._replace(**{field: nan})
+               for st in stats]
+  return stats
+
+
+def capture_from_model(model, tokens: Array, *, weights: bool = True) -> ProbeCapture:
+  """Runs ``model`` (an ``attnjax.nn.TransformerLM``) once and gathers a :class:`ProbeCapture`.
+
+  Uses ``nnx.capture``: the layers' sown ``nnx.Intermediate`` values
+  (``AttentionStats``, gate means, weights with ``weights=True``) and, through
+  ``method_outputs``, each module's call output: the q/k/v projections and
+  every block's output hidden state, so no model code changes. Traceable:
+  :func:`probe` runs it inside ``nnx.jit``.
+
+  Args:
+    model: an ``attnjax.nn.TransformerLM``.
+    tokens: ``[B, T]`` integer tokens.
+    weights: also collect the attention weights ``[B, N, T, S]`` per layer.
+
+  Returns:
+    A :class:`ProbeCapture`.
+  """
+  def forward(m, t):
+    return m(t, sow_weights=True if weights else None)
+
+  logits, inter = nnx.capture(forward, nnx.Intermediate,
+                              method_outputs=nnx.Intermediate)(model, tokens)
+  logits = _last(logits) if isinstance(logits, tuple) else logits
+  pure = nnx.to_pure_dict(inter)
+  B, T = tokens.shape
+  layers = pure["blocks"]
+  stats, ws, qs, ks, vs, hidden, gates, nulls, configs = [], [], [], [], [], [], [], [], []
+  for l, block in enumerate(model.blocks):
+    d = layers[l]
+    a = d["attention"]
+    attention = block.attention
+    c = attention.config
+    configs.append(c)
+    N, K, H = attention.num_heads, attention.num_kv_heads, attention.head_dim
+    stats.append(_last(a["attention_stats"]))
+    if weights:
+      ws.append(_last(a["weights"]))
+    q = jnp.reshape(_last(a["q_proj"]["__call__"]), (B, T, N, H))
+    k = jnp.reshape(_last(a["k_proj"]["__call__"]), (B, T, K, H))
+    v = jnp.reshape(_last(a["v_proj"]["__call__"]), (B, T, K, -1))
+    q, k = _compared_qk(attention, q, k)
+    qs.append(q.astype(jnp.float32))
+    ks.append(k.astype(jnp.float32))
+    vs.append(v.astype(jnp.float32))
+    hidden.append(_last(d["__call__"]).astype(jnp.float32))
+    gate = a.get("gate_mean")
+    gates.append(jnp.full((B, N), jnp.nan, jnp.float32) if gate is None else _last(gate))
+    nulls.append(bool(c.sink_logits or c.normalizer == "softmax_one"))
+  if len({q.shape for q in qs}) > 1 or len({k.shape for k in ks}) > 1:
+    raise ValueError("probe needs the same head layout in every layer (N, K, H); got "
+                     f"q shapes {[q.shape for q in qs]}, k shapes {[k.shape for k in ks]}")
+  # Layers with a k/v bias slot have one more key: pad the others with zero columns.
+  S = max(w.shape[-1] for w in ws) if ws else T
+  padded = [jnp.pad(w.astype(jnp.float32), ((0, 0), (0, 0), (0, 0), (0, S - w.shape[-1])))
+            for w in ws]
+  return ProbeCapture(
+      logits=logits,
+      attention_stats=_stats_layers(_fill_missing_fields(stats)),
+      weights=jnp.stack(padded) if padded else None,
+      allowed=jnp.stack([_layer_allowed(c, T, S) for c in configs]),
+      q=jnp.stack(qs), k=jnp.stack(ks), v=jnp.stack(vs), hidden=jnp.stack(hidden),
+      gate_mean=jnp.stack(gates) if any("gate_mean" in layers[l]["attention"]
+                                        for l in range(len(configs))) else None,
+      null_column=jnp.asarray(nulls))
+
+
+def _probe_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
+  capture = capture_from_model(model, tokens, weights=weights)
+  out = _probe_statistics(capture, **dict(options))
+  # Next-token cross-entropy of the probe batch (nats), beside the statistics.
+  logp = jax.nn.log_softmax(capture.logits[:, :-1].astype(jnp.float32), axis=-1)
+  target = tokens[:, 1:]
+  out["loss"] = -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
+  return out
+
+
+_probe_jit = nnx.jit(_probe_pass, static_argnames=("weights", "options"))
+
+
+def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
+          eps: float = 0.3, sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
+          massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+  """Every per-layer / per-head statistic of a model on a fixed probe batch, in one jitted pass.
+
+  Runs :func:`capture_from_model` and :func:`probe_statistics` under one
+  ``nnx.jit`` and adds ``loss``, the next-token cross-entropy of the batch.
+  Gu et al. measure sinks on held-out sequences of length 64; ``length``
+  keeps the first ``length`` tokens of each sequence (None: all).
+
+  Example::
+
+    out = stats.probe(model, probe_tokens)          # probe_tokens [B, >= 64]
+    json.dumps(stats.to_jsonable(out))
+    out["sink_rate/rate"], out["f_attn/per_layer"], out["massive/m_act"]
+
+  Args:
+    model: an ``attnjax.nn.TransformerLM``.
+    tokens: ``[B, T]`` integer tokens (a fixed batch: the same every time).
+    length: probe length (``T >= length`` required), or None.
+    weights: collect full attention weights (needed for exact ``alpha_k`` with
+      k/v bias slots and for sparsity; ``O(L B N T^2)``).
+    eps, sparsity_threshold, z_loss_coef, massive_abs, massive_ratio: see
+      :func:`probe_statistics`.
+
+  Returns:
+    ``dict[str, Array]``: the keys of :func:`probe_statistics` plus ``loss``.
+  """
+  if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
+    raise ValueError(f"tokens must be integer [B, T], got shape {_shape(tokens)} and dtype "
+                     f"{jnp.result_type(tokens)}")
+  if length is not None:
+    if np.shape(tokens)[1] < length:
+      raise ValueError(f"tokens have T={np.shape(tokens)[1]} < length={length}; pass a longer "
+                       f"probe batch or length=None")
+    tokens = tokens[:, :length]
+  if np.shape(tokens)[1] < 2 or np.shape(tokens)[0] < 1:
+    raise ValueError(f"probe needs at least one sequence of two tokens, got {_shape(tokens)}")
+  eps = _check_probability("eps", eps)
+  sparsity_threshold = _check_probability("sparsity_threshold", sparsity_threshold)
+  options = (("eps", eps), ("sparsity_threshold", sparsity_threshold),
+             ("z_loss_coef", float(z_loss_coef)), ("massive_abs", float(massive_abs)),
+             ("massive_ratio", float(massive_ratio)))
+  return _probe_jit(model, jnp.asarray(tokens), weights=bool(weights), options=options)
 
 
 # ---------------------------------------------------------------------------
