@@ -17,6 +17,7 @@ if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from attnjax.train import cli, report, sweep  # noqa: E402
+from attnjax.train.config import validate  # noqa: E402
 from attnjax.train.loop import init_distributed  # noqa: E402
 
 
@@ -28,6 +29,8 @@ def main(argv=None) -> str:
   if not args.report_only:
     arms = [sweep.arm(cfg, v, os.path.join(args.out, v), variant=v)
             for v in cli.csv(cfg.sweep.variants)]
+    for a in arms:  # every arm's config is checked before any arm trains
+      validate(a.config)
     sweep.run_sweep(arms, processes=args.processes)
   markdown = report.write_report(args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})")
   print(markdown)

@@ -83,6 +83,16 @@ def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
   for name in ("loss.png", "max_logit.png", "f_attn.png"):
     assert os.path.getsize(tmp_path / "plots" / name) > 1000
   assert os.path.isfile(tmp_path / "report.md")
+  assert "| Sink_1^0.3 (%) |" in markdown
+
+  # The same two arms are an LR sweep of one variant: sensitivity, max stable LR, plots.
+  markdown = report.write_lr_sweep_report(str(tmp_path))
+  (summary,) = json.load(open(tmp_path / "lr_sensitivity.json"))
+  assert summary["max_stable_lr"] == pytest.approx(1e-2) and summary["diverged_lrs"] == [1e6]
+  assert summary["lr_sensitivity"] == pytest.approx(0.5 * (ok["initial_loss"] - ok["val_loss"]),
+                                                    rel=1e-6)
+  assert "| dense | 2 |" in markdown
+  assert os.path.getsize(tmp_path / "plots" / "loss_vs_lr.png") > 1000
 
 
 def test_eight_devices_match_one_device(tmp_path):

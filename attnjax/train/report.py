@@ -19,8 +19,9 @@ from attnjax.train import rundir
 from attnjax.train.plots import _save, plt
 
 # Probe keys as attnjax.stats.probe names them, with fallbacks for older names.
-_SINK_KEYS = ("sink_rate", "sink_rate_1", "sink_1", "sink_rate_k1_eps0.3")
-_MACT_KEYS = ("m_act", "massive_activation", "max_activation", "m_act_mean")
+_SINK_KEYS = ("sink_rate/rate",)
+_MACT_KEYS = ("massive/m_act",)
+_FATTN_KEYS = ("f_attn/f_attn",)
 
 
 def find_runs(root: str) -> list[str]:
@@ -59,7 +60,7 @@ def row_of(run_path: str, root: str) -> dict:
       "unit": s.get("unit") or "char",
       "max_logit": s.get("max_logit"),
       "entropy": s.get("entropy"),
-      "f_attn": probe.get("f_attn", s.get("f_attn")),
+      "f_attn": _first(probe, _FATTN_KEYS),
       "sink_rate": _first(probe, _SINK_KEYS),
       "m_act": _first(probe, _MACT_KEYS),
       "spike_score": s.get("spike_score"),
@@ -167,3 +168,92 @@ def write_report(root: str, *, title: Optional[str] = None, extra: str = "") -> 
   markdown = "\n".join(text)
   rundir.write_atomic(os.path.join(root, "report.md"), markdown)
   return markdown
+
+
+# ---------------------------------------------------------------------------
+# LR sweeps (Wortsman et al. 2023, sec. 2.2).
+
+
+def lr_sweep_rows(rows: list[dict]) -> list[dict]:
+  """Per variant: LR sensitivity, max stable LR and best loss over its LR grid (attnjax.stats)."""
+  from attnjax import stats
+
+  out = []
+  for variant in sorted({r["variant"] for r in rows if r["variant"]}):
+    runs = sorted((r for r in rows if r["variant"] == variant and r["lr"] and
+                   r["status"] in ("finished", "diverged")), key=lambda r: r["lr"])
+    if not runs or any(r["initial_loss"] is None for r in runs):
+      continue
+    lrs = [r["lr"] for r in runs]
+    final = [r["val_loss"] if r["val_loss"] is not None else float("nan") for r in runs]
+    loss_0 = [r["initial_loss"] for r in runs]
+    best = min(runs, key=lambda r: r["val_loss"] if r["val_loss"] is not None else float("inf"))
+    out.append({
+        "variant": variant, "num_lrs": len(runs),
+        "lr_sensitivity": stats.lr_sensitivity(lrs, final, loss_0),
+        "max_stable_lr": stats.max_stable_lr(lrs, final, loss_0,
+                                             diverged=[r["status"] == "diverged" for r in runs]),
+        "best_val_loss": best["val_loss"], "best_lr": best["lr"],
+        "diverged_lrs": [r["lr"] for r in runs if r["status"] == "diverged"],
+        "max_logit_at_max_lr": runs[-1]["max_logit"],
+    })
+  return out
+
+
+def lr_sweep_table(summary: list[dict]) -> str:
+  lines = ["| variant | LRs | LR sensitivity | max stable LR | best val loss | best LR | diverged at LR |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+  for s in summary:
+    lines.append(
+        f"| {s['variant']} | {s['num_lrs']} | {_fmt(s['lr_sensitivity'])} | "
+        f"{'-' if s['max_stable_lr'] is None else format(s['max_stable_lr'], 'g')} | "
+        f"{_fmt(s['best_val_loss'])} | {s['best_lr']:g} | "
+        f"{', '.join(f'{x:g}' for x in s['diverged_lrs']) or '-'} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
+  """``loss_vs_lr.png`` (diverged runs drawn at their initial loss) and max logit vs step per variant."""
+  paths = []
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for variant in sorted({r["variant"] for r in rows if r["variant"]}):
+    runs = sorted((r for r in rows if r["variant"] == variant and r["lr"]), key=lambda r: r["lr"])
+    lrs = [r["lr"] for r in runs]
+    y = [r["val_loss"] if r["val_loss"] is not None else (r["initial_loss"] or np.nan) for r in runs]
+    line, = ax.plot(lrs, y, "o-", label=variant)
+    bad = [(r["lr"], yy) for r, yy in zip(runs, y) if r["status"] == "diverged"]
+    if bad:
+      ax.plot(*zip(*bad), "x", ms=10, color=line.get_color())
+  ax.set(xscale="log", xlabel="peak learning rate", ylabel="final val loss (x: diverged, at loss_0)",
+         title="loss vs learning rate")
+  ax.legend(fontsize=8)
+  path = os.path.join(out_dir, "loss_vs_lr.png")
+  _save(fig, path)
+  paths.append(path)
+  for variant in sorted({r["variant"] for r in rows if r["variant"]}):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in sorted((r for r in rows if r["variant"] == variant and r["lr"]), key=lambda r: r["lr"]):
+      recs = _train_records(os.path.join(root, r["arm"]))
+      ax.plot([x["step"] for x in recs], [_layer_max(x, "max_logit") for x in recs], lw=0.9,
+              label=f"lr={r['lr']:g}" + (" (diverged)" if r["status"] == "diverged" else ""))
+    ax.set(xlabel="step", yscale="log", title=f"{variant}: max attention logit vs step")
+    if ax.lines:
+      ax.legend(fontsize=7)
+    path = os.path.join(out_dir, f"max_logit_{variant}.png")
+    _save(fig, path)
+    paths.append(path)
+  return paths
+
+
+def write_lr_sweep_report(root: str, *, title: Optional[str] = None) -> str:
+  """``write_report`` plus the LR-sensitivity table and the LR plots."""
+  rows = [row_of(r, root) for r in find_runs(root)]
+  summary = lr_sweep_rows(rows)
+  plots = plot_lr_sweep(rows, root, os.path.join(root, "plots")) if rows else []
+  extra = ("## LR sensitivity (Wortsman et al. 2023, sec. 2.2)\n\n"
+           "Sensitivity = mean over the LR grid of min(final val loss, loss_0) - best; "
+           "a diverged run counts as loss_0. Max stable LR: largest LR that neither diverged "
+           "nor ended above loss_0.\n\n" + lr_sweep_table(summary) + "\n"
+           + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})" for p in plots) + "\n")
+  rundir.write_json(os.path.join(root, "lr_sensitivity.json"), summary)
+  return write_report(root, title=title, extra=extra)
