@@ -61,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.remat = False
   c.model.dtype = "float32"    # compute dtype: float32 | bfloat16 (params stay float32)
   c.model.window = 0           # > 0: causal sliding window of this many past keys
+  c.model.implementation = ""  # attention implementation: "" (auto), reference, xla, blockwise, ...
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-2

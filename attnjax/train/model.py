@@ -18,6 +18,8 @@ def model_config(cfg: Any, vocab_size: int):
   attn = attention_kwargs(cfg.variant)
   if m.window > 0:
     attn["window"] = int(m.window)
+  if m.implementation and attn.get("family") != "linear":
+    attn["implementation"] = m.implementation
   attention = nn.AttentionConfig(num_heads=m.num_heads, num_kv_heads=m.num_kv_heads or None,
                                  rope_theta=10000.0 if m.rope else None, **attn)
   return nn.ModelConfig(
