@@ -11,10 +11,12 @@ Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
 
 from attnjax import masks
 from attnjax import normalizers
+from attnjax import patterns
 from attnjax.attention_stats import AttentionStats
 from attnjax.dense import dot_product_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
+from attnjax.sparse import sparse_attention
 from attnjax import nn  # noqa: E402  (after the functions it wraps)
 from attnjax import stats  # noqa: E402  (its probe reads attnjax.nn models)
 
@@ -27,6 +29,8 @@ __all__ = [
     "masks",
     "nn",
     "normalizers",
+    "patterns",
     "qk_norm_attention",
     "stats",
+    "sparse_attention",
 ]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, masks, normalizers
+from attnjax import _checks, blockwise, masks, normalizers
 from attnjax.attention_stats import AttentionStats, stats_from_weights
 
 Array = jnp.ndarray
@@ -187,6 +187,7 @@ def _cudnn_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
 
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "reference": Implementation(reference, lambda i, o: []),
+    "blockwise": Implementation(blockwise.blockwise, blockwise.unsupported),
     "xla": Implementation(xla, _platform_unsupported),
     "cudnn": Implementation(cudnn, _cudnn_unsupported),
 }

@@ -183,6 +183,59 @@ def dense_suite(args) -> Iterable[Case]:
                  (q, k, v), flops)
 
 
+def _pattern_pairs(pattern, T: int) -> int:
+  """Allowed (query, key) pairs of a pattern, counted from its mask one row block at a time."""
+  total = 0
+  for lo in range(0, T, 1024):
+    rows = jnp.arange(lo, min(lo + 1024, T))
+    total += int(jnp.sum(pattern.allowed(rows, jnp.arange(T), (T, T))))
+  return total
+
+
+@suite("sparse")
+def sparse_suite(args) -> Iterable[Case]:
+  """Block-sparse patterns, causal forward (B=1, N=8, H=64, fp32), against dense jax.nn causal at T=4096.
+
+  Every row is divided by the same baseline (jax.nn.dot_product_attention
+  causal at T=4096); jax.nn is never run at T=16384 (its logits need ~16 GiB).
+  """
+  B, N, H = 1, 8, 64
+  shape = "B=1,N=8,H=64"
+  q, k, v = qkv(B, 4096, N, H)
+  yield Case("sparse", "jax.nn.dot_product_attention causal T=4096", shape,
+             jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+             (q, k, v), attention_flops(B, N, H, allowed_pairs(4096, 4096, is_causal=True)),
+             baseline=True)
+  window = attnjax.patterns.sliding_window(256)
+  pairs = lambda T: allowed_pairs(T, T, is_causal=True, window=(256, 0))
+  # Block 64 computes 320 keys per query for the 257 it needs, block 128 384;
+  # the kernel is unrolled per visit, so block 64 at T=16384 is left out (compile time).
+  runs = [(4096, 64)] + [(T, 128) for T in parse_sizes(args.sizes or "4096,16384")]
+  for T, block in runs:
+    qT, kT, vT = qkv(B, T, N, H)
+    yield Case("sparse", f"sliding_window(256) T={T} block={block}", shape,
+               jax.jit(lambda q, k, v, block=block: attnjax.sparse_attention(
+                   q, k, v, pattern=window, block_size=block)),
+               (qT, kT, vT), attention_flops(B, N, H, pairs(T)))
+  # strided is block-dense (its column part touches every causal block), so it
+  # runs with large blocks; fixed visits its own block plus gathered summary keys.
+  for pattern, block in ((attnjax.patterns.strided(64), 256), (attnjax.patterns.fixed(64, 8), 64)):
+    yield Case("sparse", f"{pattern} T=4096 block={block}", shape,
+               jax.jit(lambda q, k, v, pattern=pattern, block=block: attnjax.sparse_attention(
+                   q, k, v, pattern=pattern, block_size=block)),
+               (q, k, v), attention_flops(B, N, H, _pattern_pairs(pattern, 4096)))
+
+
+@memory_case("sparse_window256_fwd_bwd_T16384")
+def sparse_window_memory():
+  """Forward + backward of sliding_window(256) at T=16384 (B=1, N=8, H=64, fp32)."""
+  q, k, v = qkv(1, 16384, 8, 64)
+  pattern = attnjax.patterns.sliding_window(256)
+  step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
+                                                          block_size=128))
+  return lambda: step(q, k, v)
+
+
 @suite("train")
 def train_suite(args) -> Iterable[Case]:
   """One AdamW training step of the cpu-preset decoder LM (experiments/configs/compare.py:preset=cpu).

@@ -12,6 +12,7 @@ calls::
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -77,21 +78,22 @@ def generate(model: TransformerLM, prompt: Array, num_tokens: int, *,
   rng = jax.random.key(0) if rng is None else rng
   graphdef, state = nnx.split(model)
   cache = model.init_cache(B, max_len)
+  return _generate(graphdef, state, prompt, cache, rng, num_tokens=num_tokens,
+                   temperature=float(temperature), top_k=top_k)
 
-  @jax.jit
-  def run(state, prompt, cache, rng):
-    m = nnx.merge(graphdef, state)
-    keys = jax.random.split(rng, num_tokens)
-    logits, cache = m.decode(prompt, cache)
-    first = _sample(logits[:, -1], keys[0], temperature, top_k)
 
-    def step(carry, key):
-      token, cache = carry
-      logits, cache = m.decode(token[:, None], cache)
-      return (_sample(logits[:, -1], key, temperature, top_k), cache), token
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_tokens", "temperature", "top_k"))
+def _generate(graphdef, state, prompt, cache, rng, *, num_tokens, temperature, top_k):
+  model = nnx.merge(graphdef, state)
+  keys = jax.random.split(rng, num_tokens)
+  logits, cache = model.decode(prompt, cache)
+  first = _sample(logits[:, -1], keys[0], temperature, top_k)
 
-    (last, _), tokens = jax.lax.scan(step, (first, cache), keys[1:])
-    generated = jnp.concatenate([jnp.transpose(tokens), last[:, None]], axis=1)
-    return jnp.concatenate([prompt, generated], axis=1)
+  def step(carry, key):
+    token, cache = carry
+    logits, cache = model.decode(token[:, None], cache)
+    return (_sample(logits[:, -1], key, temperature, top_k), cache), token
 
-  return run(state, prompt, cache, rng)
+  (last, _), tokens = jax.lax.scan(step, (first, cache), keys[1:])
+  generated = jnp.concatenate([jnp.transpose(tokens), last[:, None]], axis=1)
+  return jnp.concatenate([prompt, generated], axis=1)

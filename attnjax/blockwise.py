@@ -1,0 +1,883 @@
+"""Block-wise (FlashAttention-2 style) dense attention: O(T) memory, skipped blocks.
+
+The query axis is cut into blocks of ``block_q`` rows and the key axis into
+blocks of ``block_k`` columns. Each query block visits only the key blocks its
+:class:`BlockLayout` lists, keeping an online normaliser (running maximum and
+running sums, rescaled when the maximum grows) so that no ``T x S`` array is
+ever formed. The backward pass (``jax.custom_vjp``) recomputes each visited
+block from ``q``, ``k``, ``v`` and one float per row saved by the forward pass.
+
+Interface for block-sparse callers (the contract; internals may change)
+-----------------------------------------------------------------------
+
+``attention(inputs, opts, *, layout, mask_fn=None)`` is the kernel. It takes the
+canonical :class:`attnjax.dense.DenseInputs` / ``DenseOptions`` of a call and
+
+- ``layout``: a :class:`BlockLayout`, static. For query block ``i`` (rows
+  ``i * block_q .. min(T, (i + 1) * block_q)``), ``layout.kv_blocks[i]`` lists
+  the key-block indices it visits, padded with ``-1`` to a common length, and
+  ``layout.needs_mask[i]`` says, per visit, whether the block is only partly
+  allowed by the static structure (then ``mask_fn`` is evaluated on it) or
+  wholly allowed (then no mask is evaluated at all). Key blocks not listed
+  are never computed. Build one with :meth:`BlockLayout.from_visits` (a
+  pattern's blocks) or :func:`structural_layout` (causal / window).
+- ``mask_fn(q_positions [tq], k_positions [tk]) -> bool [B|1, 1, tq, tk]``
+  (or None = all allowed): the static structure inside a partial block,
+  called with the integer positions of the block's rows and columns.
+  Default: :func:`attnjax.masks.structural_mask` with the call's
+  ``is_causal`` and ``window``.
+
+The kernel itself adds what is data, not structure: the explicit ``mask``
+array, ``segment_ids`` (a visited block whose query and key segment ranges
+cannot meet is skipped at run time with ``lax.switch``; one where every query
+and key share one segment skips the segment comparison) and the padding of
+ragged last blocks (there is none: edge blocks are simply shorter).
+So ``mask_fn`` must not apply segment ids or the explicit mask again.
+
+Every dense option works here: all normalisers of
+:mod:`attnjax.normalizers` (``sigmoid``'s per-row ``-log n`` bias comes from a
+mask-only pre-pass that counts the allowed keys), ``sink_logits``,
+``softcap``, ``bias`` (sliced per block, never broadcast to ``T x S``),
+``similarity``, GQA (query heads of one group share a matmul against their
+key head, nothing is repeated), ``T != S``, any lengths, and half-precision
+inputs (logits and sums in float32). :class:`AttentionStats` are accumulated
+in the same pass; only ``logsumexp`` carries a gradient (the other statistics
+are diagnostics and are treated as constants by the backward pass).
+
+References:
+  Dao et al. 2022, "FlashAttention"; Dao 2023, "FlashAttention-2";
+  Rabe & Staats 2021, "Self-attention does not need O(n^2) memory".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import _checks, masks, normalizers
+from attnjax.attention_stats import AttentionStats, _row_mean
+
+Array = jnp.ndarray
+MaskFn = Callable[[Array, Array], Optional[Array]]
+
+SOFTMAX_FAMILY = ("softmax", "softmax_one")
+
+
+# ---------------------------------------------------------------------------
+# The static block layout.
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+  """Which key blocks each query block visits (static and hashable).
+
+  Attributes:
+    q_len: ``T``.
+    kv_len: ``S``.
+    block_q: rows per query block (the last block may be shorter).
+    block_k: columns per key block (the last block may be shorter).
+    kv_blocks: ``[num_q_blocks][max_visits]`` key-block indices, ``-1`` = padding.
+    needs_mask: same shape; True where the visit must evaluate ``mask_fn``.
+  """
+
+  q_len: int
+  kv_len: int
+  block_q: int
+  block_k: int
+  kv_blocks: tuple[tuple[int, ...], ...]
+  needs_mask: tuple[tuple[bool, ...], ...]
+
+  def __post_init__(self):
+    for name in ("q_len", "kv_len", "block_q", "block_k"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"BlockLayout.{name} must be a positive int, got {value!r}")
+    if len(self.kv_blocks) != self.num_q_blocks or len(self.needs_mask) != self.num_q_blocks:
+      raise ValueError(
+          f"BlockLayout needs one row per query block ({self.num_q_blocks} for q_len="
+          f"{self.q_len}, block_q={self.block_q}), got {len(self.kv_blocks)} kv_blocks rows "
+          f"and {len(self.needs_mask)} needs_mask rows")
+    for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
+      if len(row) != len(flags):
+        raise ValueError(f"BlockLayout row {i}: kv_blocks {row} and needs_mask {flags} differ in length")
+      real = [kb for kb in row if kb >= 0]
+      if any(kb < -1 or kb >= self.num_kv_blocks for kb in row):
+        raise ValueError(
+            f"BlockLayout row {i}: key-block indices must lie in [0, {self.num_kv_blocks}) "
+            f"or be -1 (padding), got {row}")
+      if len(set(real)) != len(real):
+        raise ValueError(f"BlockLayout row {i} visits a key block twice: {row}")
+
+  @property
+  def num_q_blocks(self) -> int:
+    return -(-self.q_len // self.block_q)
+
+  @property
+  def num_kv_blocks(self) -> int:
+    return -(-self.kv_len // self.block_k)
+
+  @property
+  def num_pairs(self) -> int:
+    """Number of (query block, key block) pairs computed (before run-time segment skipping)."""
+    return sum(kb >= 0 for row in self.kv_blocks for kb in row)
+
+  def q_range(self, i: int) -> tuple[int, int]:
+    return i * self.block_q, min(self.q_len, (i + 1) * self.block_q)
+
+  def kv_range(self, j: int) -> tuple[int, int]:
+    return j * self.block_k, min(self.kv_len, (j + 1) * self.block_k)
+
+  def visits(self, i: int) -> list[tuple[int, bool]]:
+    """``[(key_block, needs_mask), ...]`` of query block ``i`` (padding dropped)."""
+    return [(kb, nm) for kb, nm in zip(self.kv_blocks[i], self.needs_mask[i]) if kb >= 0]
+
+  def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    """``(kv_blocks int32 [num_q_blocks, max_visits], needs_mask bool [...])``."""
+    width = max([len(r) for r in self.kv_blocks] + [0])
+    idx = np.full((self.num_q_blocks, width), -1, np.int32)
+    flag = np.zeros((self.num_q_blocks, width), bool)
+    for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
+      idx[i, :len(row)] = row
+      flag[i, :len(flags)] = flags
+    return idx, flag
+
+  @classmethod
+  def from_visits(cls, q_len: int, kv_len: int, block_q: int, block_k: int,
+                  visits: Sequence[Sequence[tuple[int, bool]]]) -> "BlockLayout":
+    """Builds a layout from per-query-block lists of ``(key_block, needs_mask)``."""
+    width = max([len(v) for v in visits] + [0])
+    kv_blocks = tuple(tuple(int(kb) for kb, _ in v) + (-1,) * (width - len(v)) for v in visits)
+    needs_mask = tuple(tuple(bool(nm) for _, nm in v) + (False,) * (width - len(v)) for v in visits)
+    return cls(int(q_len), int(kv_len), int(block_q), int(block_k), kv_blocks, needs_mask)
+
+
+@functools.lru_cache(maxsize=256)
+def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
+                      is_causal: bool = False,
+                      window: Optional[tuple[int, int]] = None) -> BlockLayout:
+  """The layout of causal / window structure: exact, from each row's allowed key range.
+
+  Row ``i`` may attend keys ``lo_i .. hi_i`` (``lo_i = i - left`` with a window,
+  ``hi_i = i`` when causal, ``i + right`` with a window, clipped to the keys).
+  A key block is visited when some row of the query block reaches into it, and
+  needs a mask unless every row's range covers it.
+  """
+  rows = np.arange(q_len)
+  lo = np.zeros(q_len, np.int64)
+  hi = np.full(q_len, kv_len - 1, np.int64)
+  if is_causal:
+    hi = np.minimum(hi, rows)
+  if window is not None:
+    lo = np.maximum(lo, rows - window[0])
+    hi = np.minimum(hi, rows + window[1])
+  nq, nk = -(-q_len // block_q), -(-kv_len // block_k)
+  visits = []
+  for i in range(nq):
+    r_lo, r_hi = lo[i * block_q:(i + 1) * block_q], hi[i * block_q:(i + 1) * block_q]
+    row = []
+    for j in range(nk):
+      k0, k1 = j * block_k, min(kv_len, (j + 1) * block_k) - 1
+      touches = np.any((r_lo <= k1) & (r_hi >= k0) & (r_lo <= r_hi))
+      if touches:
+        full = bool(np.all((r_lo <= k0) & (r_hi >= k1)))
+        row.append((j, not full))
+    visits.append(row)
+  return BlockLayout.from_visits(q_len, kv_len, block_q, block_k, visits)
+
+
+def structural_mask_fn(opts) -> Optional[MaskFn]:
+  """The default ``mask_fn``: causal / window from ``opts`` by :func:`masks.structural_mask`."""
+  if not opts.is_causal and opts.window is None:
+    return None
+  return functools.partial(masks.structural_mask, is_causal=opts.is_causal, window=opts.window)
+
+
+# Measured on the 2-core CPU of this project (experiments/bench.py --suite blockwise_blocks):
+# large query blocks amortise the per-block overhead; key blocks of 512 keep the diagonal
+# waste of causal attention small while the matmuls stay efficient.
+CPU_BLOCK_Q = 512
+CPU_BLOCK_K = 512
+GPU_BLOCK_Q = 128
+GPU_BLOCK_K = 128
+
+
+def default_block_sizes(T: int, S: int, backend: Optional[str] = None) -> tuple[int, int]:
+  """``(block_q, block_k)`` for the platform, never larger than the sequences."""
+  backend = jax.default_backend() if backend is None else backend
+  bq, bk = (CPU_BLOCK_Q, CPU_BLOCK_K) if backend == "cpu" else (GPU_BLOCK_Q, GPU_BLOCK_K)
+  return min(bq, T), min(bk, S)
+
+
+# ---------------------------------------------------------------------------
+# Static description of one call.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  opts: Any
+  layout: BlockLayout
+  mask_fn: Optional[MaskFn]
+  B: int
+  T: int
+  S: int
+  K: int
+  G: int
+  H: int
+  Hv: int
+  dtype: Any
+  has_bias: bool
+  bias_shape: Optional[tuple[int, ...]]  # [Bb, Kb, Gb, Tb, Sb]
+  has_mask: bool
+  mask_shape: Optional[tuple[int, ...]]
+  has_sink: bool
+  has_segments: bool
+
+  @property
+  def normalizer(self) -> str:
+    return "softmax" if self.has_sink else self.opts.normalizer
+
+  @property
+  def stats(self) -> bool:
+    return self.opts.return_stats
+
+  @property
+  def needs_counts(self) -> bool:
+    return self.opts.normalizer == "sigmoid" or self.stats
+
+  @property
+  def tracks_max(self) -> bool:
+    return self.opts.normalizer in SOFTMAX_FAMILY or self.opts.normalizer == "softpick" or self.stats
+
+
+def _finite(x: Array) -> Array:
+  return jnp.where(jnp.isfinite(x), x, 0.0)
+
+
+def _grouped5(x: Array, K: int) -> Array:
+  """A rank-4 ``[Bx, Nx, Tx, Sx]`` mask/bias as ``[Bx, K|1, G|1, Tx, Sx]``."""
+  Bx, Nx, Tx, Sx = x.shape
+  if Nx == 1:
+    return jnp.reshape(x, (Bx, 1, 1, Tx, Sx))
+  return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
+
+
+def _tile(x: Array, q0: int, q1: int, k0: int, k1: int) -> Array:
+  """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
+  t = slice(None) if x.shape[3] == 1 else slice(q0, q1)
+  s = slice(None) if x.shape[4] == 1 else slice(k0, k1)
+  return x[:, :, :, t, s]
+
+
+def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
+  if a is None:
+    return b
+  if b is None:
+    return a
+  return jnp.logical_and(a, b)
+
+
+class _Arrays:
+  """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
+
+  def __init__(self, c: _Call, q, k, v, bias, sink, mask, q_seg, kv_seg):
+    B, T, S, K, G = c.B, c.T, c.S, c.K, c.G
+    q32 = jnp.transpose(jnp.reshape(q.astype(jnp.float32), (B, T, K, G, c.H)), (0, 2, 3, 1, 4))
+    self.k = jnp.transpose(k.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, H]
+    self.v = jnp.transpose(v.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, Hv]
+    if c.opts.similarity == "dot":
+      self.q = q32 * c.opts.scale  # [B, K, G, T, H]; scale folded into q once
+      self.q_sq = self.k_sq = None
+    else:
+      self.q = q32
+      self.q_sq = jnp.sum(q32 * q32, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+      self.k_sq = jnp.sum(self.k * self.k, axis=-1)[:, :, None, None, :]  # [B, K, 1, 1, S]
+    self.bias = None if bias is None else _grouped5(bias.astype(jnp.float32), K)
+    self.mask = None if mask is None else _grouped5(mask, K)
+    self.sink = None if sink is None else jnp.reshape(sink.astype(jnp.float32), (1, K, G, 1, 1))
+    self.q_seg, self.kv_seg = q_seg, kv_seg
+
+
+def _floor(c: _Call, a: _Arrays):
+  """Lower bound of the exp shift: the null column's logit (or 0 for softpick)."""
+  if c.has_sink:
+    return a.sink
+  if c.opts.normalizer in ("softmax_one", "softpick"):
+    return jnp.zeros((1, 1, 1, 1, 1), jnp.float32)
+  return None
+
+
+def _shift(m: Array, floor) -> Array:
+  return _finite(m if floor is None else jnp.maximum(m, floor))
+
+
+def _logits(c: _Call, a: _Arrays, q0, q1, k0, k1):
+  """Float32 logits of one tile ``[B, K, G, tq, tk]`` and the pre-bias capped similarity."""
+  qb = a.q[:, :, :, q0:q1]
+  kb = a.k[:, :, k0:k1]
+  s = jnp.einsum("bkgth,bksh->bkgts", qb, kb, preferred_element_type=jnp.float32)
+  if c.opts.similarity != "dot":
+    s = -c.opts.scale * (a.q_sq[:, :, :, q0:q1] - 2.0 * s + a.k_sq[..., k0:k1])
+  if c.opts.softcap is not None:
+    s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
+  capped = s
+  if a.bias is not None:
+    s = s + _tile(a.bias, q0, q1, k0, k1)
+  return s, capped
+
+
+def _allowed(c: _Call, a: _Arrays, q0, q1, k0, k1, needs_mask: bool, seg_mask: bool):
+  """Boolean ``[B|1, K|1, G|1, tq, tk]`` of the tile, or None when all is allowed."""
+  out = None
+  if needs_mask and c.mask_fn is not None:
+    m = c.mask_fn(jnp.arange(q0, q1), jnp.arange(k0, k1))
+    if m is not None:
+      out = jnp.reshape(m, (m.shape[0], 1, 1, q1 - q0, k1 - k0))
+  if a.mask is not None:
+    out = _and(out, _tile(a.mask, q0, q1, k0, k1))
+  if seg_mask:
+    seg = a.q_seg[:, q0:q1, None] == a.kv_seg[:, None, k0:k1]
+    out = _and(out, jnp.reshape(seg, (c.B, 1, 1, q1 - q0, k1 - k0)))
+  return out
+
+
+def _segment_relations(c: _Call, a: _Arrays):
+  """Per-block segment ranges, for the run-time skip: ``relation(i, j)`` -> 0 skip, 1 full, 2 mask."""
+  L = c.layout
+  q_rng = [(jnp.min(a.q_seg[:, q0:q1], axis=1), jnp.max(a.q_seg[:, q0:q1], axis=1))
+           for q0, q1 in map(L.q_range, range(L.num_q_blocks))]
+  k_rng = [(jnp.min(a.kv_seg[:, k0:k1], axis=1), jnp.max(a.kv_seg[:, k0:k1], axis=1))
+           for k0, k1 in map(L.kv_range, range(L.num_kv_blocks))]
+
+  def relation(i, j):
+    (qlo, qhi), (klo, khi) = q_rng[i], k_rng[j]
+    meets = jnp.any(jnp.logical_and(qlo <= khi, klo <= qhi))
+    single = jnp.all((qlo == qhi) & (klo == khi) & (qlo == klo))
+    return jnp.where(meets, jnp.where(single, 1, 2), 0)
+
+  return relation
+
+
+def _run_visit(c: _Call, relation, i: int, j: int, needs_mask: bool, body, skip_value):
+  """Calls ``body(seg_mask)`` for one visit, with the run-time segment skip when there are segments."""
+  if not c.has_segments:
+    return body(False)
+  return jax.lax.switch(relation(i, j), [lambda: skip_value, lambda: body(False), lambda: body(True)])
+
+
+# ---------------------------------------------------------------------------
+# Mask-only pre-pass: number of allowed keys per row.
+
+
+def _allowed_counts(c: _Call, a: _Arrays, relation) -> Array:
+  """``[B, K|1, G|1, T, 1]`` float32 number of allowed keys of each row."""
+  L = c.layout
+  heads = (c.K, c.G) if a.mask is not None and a.mask.shape[1] != 1 else (1, 1)
+  per_block = []
+  for i in range(L.num_q_blocks):
+    q0, q1 = L.q_range(i)
+    shape = (c.B,) + heads + (q1 - q0, 1)
+    total = jnp.zeros(shape, jnp.float32)
+    for j, needs_mask in L.visits(i):
+      k0, k1 = L.kv_range(j)
+
+      def body(seg_mask, q0=q0, q1=q1, k0=k0, k1=k1, needs_mask=needs_mask, shape=shape):
+        allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
+        if allowed is None:
+          return jnp.full(shape, float(k1 - k0), jnp.float32)
+        n = jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32)
+        return jnp.broadcast_to(n, shape)
+
+      total = total + _run_visit(c, relation, i, j, needs_mask, body,
+                                 jnp.zeros(shape, jnp.float32))
+    per_block.append(total)
+  return jnp.concatenate(per_block, axis=3)
+
+
+# ---------------------------------------------------------------------------
+# Forward.
+
+
+def _init_state(c: _Call, a: _Arrays, rows: int) -> dict:
+  r = (c.B, c.K, c.G, rows, 1)
+  st = {"acc": jnp.zeros((c.B, c.K, c.G, rows, c.Hv), jnp.float32)}
+  if c.tracks_max:
+    st["m"] = jnp.full(r, -jnp.inf, jnp.float32)
+  nz = c.normalizer
+  if nz in SOFTMAX_FAMILY:
+    st["l"] = jnp.zeros(r, jnp.float32)
+  if nz == "softpick":
+    st["dn"] = jnp.zeros(r, jnp.float32)
+  if c.stats:
+    if nz not in SOFTMAX_FAMILY:
+      st["l"] = jnp.zeros(r, jnp.float32)  # plain logsumexp for the statistic
+    st["h1"] = jnp.zeros(r, jnp.float32)  # sum of |weights| (up to the shift)
+    st["h2"] = jnp.zeros(r, jnp.float32)  # sum of w log w (entropy)
+    st["z0"] = jnp.full(r, -jnp.inf, jnp.float32)  # logit of key 0 where allowed
+    if nz == "none":
+      st["rs"] = jnp.zeros(r, jnp.float32)
+  return st
+
+
+def _plogp(w: Array) -> Array:
+  return jnp.where(w > 0, w * jnp.log(jnp.where(w > 0, w, 1.0)), 0.0)
+
+
+def _fwd_visit(c: _Call, a: _Arrays, st: dict, q0, q1, k0, k1, needs_mask, seg_mask,
+               floor, sig_bias) -> dict:
+  z, _ = _logits(c, a, q0, q1, k0, k1)
+  allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
+  zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
+  vb = a.v[:, :, k0:k1]
+  nz = c.normalizer
+  st = dict(st)
+
+  def pv(w):
+    return jnp.einsum("bkgts,bksh->bkgth", w, vb, preferred_element_type=jnp.float32)
+
+  if c.tracks_max:
+    m_old = st["m"]
+    m_new = jnp.maximum(m_old, jnp.max(zm, axis=-1, keepdims=True))
+    st["m"] = m_new
+
+  if nz in SOFTMAX_FAMILY:
+    s_new = _shift(m_new, floor)
+    s_old_raw = m_old if floor is None else jnp.maximum(m_old, floor)
+    alpha = jnp.exp(s_old_raw - s_new)
+    e = jnp.exp(zm - s_new)
+    l_old = st["l"]
+    st["l"] = alpha * l_old + jnp.sum(e, axis=-1, keepdims=True)
+    st["acc"] = alpha * st["acc"] + pv(e)
+    if c.stats:
+      st["h2"] = alpha * (st["h2"] + (_finite(s_old_raw) - s_new) * l_old) + jnp.sum(
+          e * (z - s_new), axis=-1, keepdims=True)
+  elif nz == "softpick":
+    s_old, s_new = jnp.maximum(m_old, 0.0), jnp.maximum(m_new, 0.0)
+    alpha = jnp.exp(s_old - s_new)
+    e = jnp.exp(zm - s_new)
+    centred = e - jnp.exp(-s_new)
+    if allowed is not None:
+      centred = jnp.where(allowed, centred, 0.0)
+    u = jnp.maximum(centred, 0.0)
+    st["dn"] = alpha * st["dn"] + jnp.sum(jnp.abs(centred), axis=-1, keepdims=True)
+    st["acc"] = alpha * st["acc"] + pv(u)
+    if c.stats:
+      h1_old = st["h1"]
+      st["h1"] = alpha * h1_old + jnp.sum(u, axis=-1, keepdims=True)
+      st["h2"] = alpha * (st["h2"] + (s_old - s_new) * h1_old) + jnp.sum(
+          _plogp(u), axis=-1, keepdims=True)
+  elif nz == "sigmoid":
+    w = jax.nn.sigmoid(z + sig_bias)
+    if allowed is not None:
+      w = jnp.where(allowed, w, 0.0)
+    st["acc"] = st["acc"] + pv(w)
+    if c.stats:
+      st["h1"] = st["h1"] + jnp.sum(w, axis=-1, keepdims=True)
+      st["h2"] = st["h2"] + jnp.sum(_plogp(w), axis=-1, keepdims=True)
+  else:  # none
+    w = z if allowed is None else jnp.where(allowed, z, 0.0)
+    st["acc"] = st["acc"] + pv(w)
+    if c.stats:
+      mag = jnp.abs(w)
+      st["h1"] = st["h1"] + jnp.sum(mag, axis=-1, keepdims=True)
+      st["h2"] = st["h2"] + jnp.sum(_plogp(mag), axis=-1, keepdims=True)
+      st["rs"] = st["rs"] + jnp.sum(w, axis=-1, keepdims=True)
+
+  if c.stats and nz not in SOFTMAX_FAMILY:  # plain logsumexp of the allowed logits
+    s_new = _finite(m_new)
+    st["l"] = jnp.exp(m_old - s_new) * st["l"] + jnp.sum(
+        jnp.exp(zm - s_new), axis=-1, keepdims=True)
+  if c.stats and k0 == 0:
+    st["z0"] = zm[..., 0:1]
+  return st
+
+
+def _finish_block(c: _Call, a: _Arrays, st: dict, floor, sig_bias, counts):
+  """Output rows of one query block, its backward residual rows and its statistics rows."""
+  nz = c.normalizer
+  res = {}
+  stats = {}
+  if nz in SOFTMAX_FAMILY:
+    s = _shift(st["m"], floor)
+    denom = st["l"] if floor is None else st["l"] + jnp.exp(floor - s)
+    safe = jnp.where(denom > 0, denom, 1.0)
+    out = st["acc"] / safe
+    res["log_norm"] = s + jnp.log(safe)
+    lse = res["log_norm"]
+  elif nz == "softpick":
+    s = jnp.maximum(st["m"], 0.0)
+    denom = st["dn"] + normalizers.SOFTPICK_EPS * jnp.exp(-s)
+    out = st["acc"] / denom
+    res["log_norm"] = s + jnp.log(denom)
+  else:
+    out = st["acc"]
+  if c.stats:
+    has_key = counts > 0
+    if nz in SOFTMAX_FAMILY:
+      mass = st["l"]
+      p0 = jnp.exp(st["z0"] - s) / jnp.where(mass > 0, mass, 1.0)
+      ent = jnp.log(jnp.where(mass > 0, mass, 1.0)) - st["h2"] / jnp.where(mass > 0, mass, 1.0)
+      row_sum = mass / safe
+    else:
+      ms = _finite(st["m"])
+      lse = ms + jnp.log(jnp.where(st["l"] > 0, st["l"], 1.0))
+      lse = jnp.where(st["l"] > 0, lse, -jnp.inf)
+      mass = st["h1"]
+      safe_mass = jnp.where(mass > 0, mass, 1.0)
+      ent = jnp.log(safe_mass) - st["h2"] / safe_mass
+      if nz == "softpick":
+        w0 = jnp.maximum(jnp.exp(st["z0"] - s) - jnp.exp(-s), 0.0)
+        row_sum = mass / denom
+      elif nz == "sigmoid":
+        w0 = jnp.where(jnp.isfinite(st["z0"]), jax.nn.sigmoid(_finite(st["z0"]) + sig_bias), 0.0)
+        row_sum = mass
+      else:
+        w0 = jnp.where(jnp.isfinite(st["z0"]), jnp.abs(_finite(st["z0"])), 0.0)
+        row_sum = st["rs"]
+      p0 = w0 / safe_mass
+    lse = jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0)
+    res["lse"] = lse
+    stats = dict(normalisable=jnp.logical_and(has_key, mass > 0), has_key=has_key,
+                 entropy=ent, p0=p0, row_max=st["m"], lse=lse, row_sum=row_sum)
+  return out, res, stats
+
+
+def _forward(c: _Call, a: _Arrays):
+  L = c.layout
+  floor = _floor(c, a)
+  relation = _segment_relations(c, a) if c.has_segments else None
+  counts = _allowed_counts(c, a, relation) if c.needs_counts else None
+  sig_bias = None
+  if c.opts.normalizer == "sigmoid":
+    sig_bias = -jnp.log(jnp.maximum(counts, 1.0))
+  outs, residuals, stats_rows = [], [], []
+  for i in range(L.num_q_blocks):
+    q0, q1 = L.q_range(i)
+    sb = None if sig_bias is None else sig_bias[:, :, :, q0:q1]
+    st = _init_state(c, a, q1 - q0)
+    for j, needs_mask in L.visits(i):
+      k0, k1 = L.kv_range(j)
+
+      def body(seg_mask, st=st, k0=k0, k1=k1, needs_mask=needs_mask, q0=q0, q1=q1, sb=sb):
+        return _fwd_visit(c, a, st, q0, q1, k0, k1, needs_mask, seg_mask, floor, sb)
+
+      st = _run_visit(c, relation, i, j, needs_mask, body, st)
+    cb = None if counts is None else counts[:, :, :, q0:q1]
+    out, res, srow = _finish_block(c, a, st, floor, sb, cb)
+    outs.append(out)
+    residuals.append(res)
+    stats_rows.append(srow)
+  out = jnp.concatenate(outs, axis=3)  # [B, K, G, T, Hv]
+  res = {key: jnp.concatenate([r[key] for r in residuals], axis=3) for key in residuals[0]}
+  if sig_bias is not None:
+    res["sig_bias"] = sig_bias
+  if c.stats:
+    res["has_key"] = jnp.concatenate([s["has_key"] for s in stats_rows], axis=3)
+  stats = _collect_stats(c, stats_rows) if c.stats else None
+  return out, res, stats
+
+
+def _to_bnt(c: _Call, x: Array) -> Array:
+  """``[Bx, Kx, Gx, T, 1]`` rows -> ``[B, N, T]``."""
+  x = jnp.broadcast_to(x, (c.B, c.K, c.G, c.T, 1))
+  return jnp.reshape(x, (c.B, c.K * c.G, c.T))
+
+
+def _collect_stats(c: _Call, rows: list[dict]) -> tuple:
+  cat = {key: _to_bnt(c, jnp.concatenate([r[key] for r in rows], axis=3)) for key in rows[0]}
+  later = (jnp.arange(c.T) >= 1)[None, None, :]
+  entropy = _row_mean(cat["entropy"], cat["normalisable"])
+  sink_mass = _row_mean(cat["p0"], jnp.logical_and(cat["normalisable"], later))
+  zmax = jnp.max(cat["row_max"], axis=-1)
+  max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
+  row_sum = _row_mean(cat["row_sum"], cat["has_key"])
+  return sink_mass, entropy, max_logit, cat["lse"], row_sum
+
+
+# ---------------------------------------------------------------------------
+# Backward: recompute each visited block.
+
+
+def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
+  L = c.layout
+  nz = c.normalizer
+  floor = _floor(c, a)
+  relation = _segment_relations(c, a) if c.has_segments else None
+  # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term).
+  row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+  g = None
+  if d_lse is not None:
+    g = jnp.where(res["has_key"], d_lse, 0.0)
+
+  dq = [None] * L.num_q_blocks
+  dk = [None] * L.num_kv_blocks
+  dv = [None] * L.num_kv_blocks
+  dbias = {}
+  dsink = None
+
+  def add(acc, x):
+    return x if acc is None else acc + x
+
+  for i in range(L.num_q_blocks):
+    q0, q1 = L.q_range(i)
+    do_b = d_out[:, :, :, q0:q1]
+    rd_b = row_dot[:, :, :, q0:q1]
+    g_b = None if g is None else g[:, :, :, q0:q1]
+    ln_b = res["log_norm"][:, :, :, q0:q1] if "log_norm" in res else None
+    lse_b = res["lse"][:, :, :, q0:q1] if (c.stats and nz not in SOFTMAX_FAMILY) else None
+    sb = res["sig_bias"][:, :, :, q0:q1] if "sig_bias" in res else None
+    if nz in SOFTMAX_FAMILY and c.has_sink:
+      w_null = jnp.exp(a.sink - ln_b)
+      term = w_null * ((0.0 if g_b is None else g_b) - rd_b)
+      dsink = add(dsink, jnp.sum(term, axis=(0, 3, 4), keepdims=True))
+    for j, needs_mask in L.visits(i):
+      k0, k1 = L.kv_range(j)
+
+      def body(seg_mask, q0=q0, q1=q1, k0=k0, k1=k1, needs_mask=needs_mask, do_b=do_b,
+               rd_b=rd_b, g_b=g_b, ln_b=ln_b, lse_b=lse_b, sb=sb):
+        return _bwd_visit(c, a, q0, q1, k0, k1, needs_mask, seg_mask, do_b, rd_b, g_b, ln_b,
+                          lse_b, sb)
+
+      zeros = _bwd_zeros(c, a, q0, q1, k0, k1)
+      d = _run_visit(c, relation, i, j, needs_mask, body, zeros)
+      dq[i] = add(dq[i], d["dq"])
+      dk[j] = add(dk[j], d["dk"])
+      dv[j] = add(dv[j], d["dv"])
+      if "dbias" in d:
+        key = (i if a.bias.shape[3] != 1 else 0, j if a.bias.shape[4] != 1 else 0)
+        dbias[key] = add(dbias.get(key), d["dbias"])
+
+  def fill(blocks, rng, n, shape_fn):
+    return [b if b is not None else jnp.zeros(shape_fn(*rng(t)), jnp.float32)
+            for t, b in zip(range(n), blocks)]
+
+  dq = jnp.concatenate(fill(dq, L.q_range, L.num_q_blocks,
+                            lambda q0, q1: (c.B, c.K, c.G, q1 - q0, c.H)), axis=3)
+  dk = jnp.concatenate(fill(dk, L.kv_range, L.num_kv_blocks,
+                            lambda k0, k1: (c.B, c.K, k1 - k0, c.H)), axis=2)
+  dv = jnp.concatenate(fill(dv, L.kv_range, L.num_kv_blocks,
+                            lambda k0, k1: (c.B, c.K, k1 - k0, c.Hv)), axis=2)
+  if c.opts.similarity == "dot":
+    dq = dq * c.opts.scale
+  db = _assemble_bias_grad(c, a, dbias) if a.bias is not None else None
+  return dq, dk, dv, db, dsink
+
+
+def _bwd_zeros(c: _Call, a: _Arrays, q0, q1, k0, k1) -> dict:
+  z = {"dq": jnp.zeros((c.B, c.K, c.G, q1 - q0, c.H), jnp.float32),
+       "dk": jnp.zeros((c.B, c.K, k1 - k0, c.H), jnp.float32),
+       "dv": jnp.zeros((c.B, c.K, k1 - k0, c.Hv), jnp.float32)}
+  if a.bias is not None:
+    z["dbias"] = jnp.zeros(_tile(a.bias, q0, q1, k0, k1).shape, jnp.float32)
+  return z
+
+
+def _bwd_visit(c: _Call, a: _Arrays, q0, q1, k0, k1, needs_mask, seg_mask, do_b, rd_b, g_b,
+               ln_b, lse_b, sb) -> dict:
+  nz = c.normalizer
+  z, capped = _logits(c, a, q0, q1, k0, k1)
+  allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
+  zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
+  qb = a.q[:, :, :, q0:q1]
+  kb = a.k[:, :, k0:k1]
+  vb = a.v[:, :, k0:k1]
+  dp = jnp.einsum("bkgth,bksh->bkgts", do_b, vb, preferred_element_type=jnp.float32)
+
+  if nz in SOFTMAX_FAMILY:
+    w = jnp.exp(zm - ln_b)
+    row = rd_b if g_b is None else rd_b - g_b
+    dz = w * (dp - row)
+  elif nz == "softpick":
+    scaled = jnp.exp(zm - ln_b)  # e^z / (sum |e^z - 1| + eps)
+    w = jnp.maximum(scaled - jnp.exp(-ln_b), 0.0)
+    if allowed is not None:
+      w = jnp.where(allowed, w, 0.0)
+    dz = scaled * (jnp.where(z > 0, dp, 0.0) - rd_b * jnp.sign(z))
+  elif nz == "sigmoid":
+    w = jax.nn.sigmoid(z + sb)
+    if allowed is not None:
+      w = jnp.where(allowed, w, 0.0)
+    dz = dp * w * (1.0 - w)
+  else:
+    w = z if allowed is None else jnp.where(allowed, z, 0.0)
+    dz = dp if allowed is None else jnp.where(allowed, dp, 0.0)
+  if g_b is not None and nz not in SOFTMAX_FAMILY:
+    dz = dz + g_b * jnp.exp(zm - lse_b)
+
+  d = {"dv": jnp.einsum("bkgts,bkgth->bksh", w, do_b, preferred_element_type=jnp.float32)}
+  if a.bias is not None:
+    shape = _tile(a.bias, q0, q1, k0, k1).shape
+    axes = tuple(ax for ax in range(5) if shape[ax] == 1 and dz.shape[ax] != 1)
+    d["dbias"] = jnp.sum(dz, axis=axes, keepdims=True) if axes else dz
+  ds = dz
+  if c.opts.softcap is not None:
+    t = capped / c.opts.softcap
+    ds = ds * (1.0 - t * t)
+  dq = jnp.einsum("bkgts,bksh->bkgth", ds, kb, preferred_element_type=jnp.float32)
+  dk = jnp.einsum("bkgts,bkgth->bksh", ds, qb, preferred_element_type=jnp.float32)
+  if c.opts.similarity != "dot":
+    f = -2.0 * c.opts.scale
+    dq = f * (qb * jnp.sum(ds, axis=-1, keepdims=True) - dq)
+    col = jnp.sum(ds, axis=(2, 3))[..., None]  # [B, K, tk, 1]
+    dk = f * (kb * col - dk)
+  d["dq"], d["dk"] = dq, dk
+  return d
+
+
+def _assemble_bias_grad(c: _Call, a: _Arrays, tiles: dict) -> Array:
+  L = c.layout
+  Bb, Kb, Gb, Tb, Sb = a.bias.shape
+  rows = range(L.num_q_blocks) if Tb != 1 else [0]
+  cols = range(L.num_kv_blocks) if Sb != 1 else [0]
+  grid = []
+  for i in rows:
+    rq = (L.q_range(i)[1] - L.q_range(i)[0]) if Tb != 1 else 1
+    line = []
+    for j in cols:
+      rk = (L.kv_range(j)[1] - L.kv_range(j)[0]) if Sb != 1 else 1
+      t = tiles.get((i, j))
+      line.append(jnp.zeros((Bb, Kb, Gb, rq, rk), jnp.float32) if t is None else t)
+    grid.append(jnp.concatenate(line, axis=4))
+  return jnp.concatenate(grid, axis=3)
+
+
+# ---------------------------------------------------------------------------
+# The kernel with its custom VJP.
+
+
+def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = None,
+              use_default_mask_fn: bool = True):
+  """Block-wise attention of a validated dense call over a static :class:`BlockLayout`.
+
+  Args:
+    inputs: :class:`attnjax.dense.DenseInputs` (from ``dense.prepare``).
+    opts: :class:`attnjax.dense.DenseOptions`.
+    layout: which key blocks each query block visits (see the module docstring).
+    mask_fn: ``(q_positions [tq], k_positions [tk]) -> bool [B|1, 1, tq, tk]`` or None,
+      evaluated on visits flagged ``needs_mask``. If None and
+      ``use_default_mask_fn``, :func:`structural_mask_fn` of ``opts``.
+    use_default_mask_fn: False makes ``mask_fn=None`` mean "no static mask".
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
+    ``opts.return_stats``.
+  """
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, H = q.shape
+  _, S, K, Hv = v.shape
+  if (layout.q_len, layout.kv_len) != (T, S):
+    raise ValueError(
+        f"layout is for q_len={layout.q_len}, kv_len={layout.kv_len} but the call has "
+        f"T={T}, S={S} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+  if mask_fn is None and use_default_mask_fn:
+    mask_fn = structural_mask_fn(opts)
+  G = N // K
+  bias_shape = None if inputs.bias is None else tuple(inputs.bias.shape)
+  mask_shape = None if inputs.mask is None else tuple(inputs.mask.shape)
+  c = _Call(opts=opts, layout=layout, mask_fn=mask_fn, B=B, T=T, S=S, K=K, G=G, H=H, Hv=Hv,
+            dtype=q.dtype, has_bias=inputs.bias is not None, bias_shape=bias_shape,
+            has_mask=inputs.mask is not None, mask_shape=mask_shape,
+            has_sink=inputs.sink_logits is not None,
+            has_segments=inputs.q_segment_ids is not None)
+
+  def to_output(o):
+    o = jnp.transpose(o, (0, 3, 1, 2, 4))  # [B, T, K, G, Hv]
+    return jnp.reshape(o, (B, T, N, Hv)).astype(q.dtype)
+
+  @jax.custom_vjp
+  def core(q, k, v, bias, sink, mask, q_seg, kv_seg):
+    return fwd(q, k, v, bias, sink, mask, q_seg, kv_seg)[0]
+
+  def fwd(q, k, v, bias, sink, mask, q_seg, kv_seg):
+    a = _Arrays(c, q, k, v, bias, sink, mask, q_seg, kv_seg)
+    out, res, stats = _forward(c, a)
+    return (to_output(out), stats), (q, k, v, bias, sink, mask, q_seg, kv_seg, out, res)
+
+  def bwd(saved, cts):
+    q, k, v, bias, sink, mask, q_seg, kv_seg, out, res = saved
+    d_out, d_stats = cts
+    a = _Arrays(c, q, k, v, bias, sink, mask, q_seg, kv_seg)
+    d_out = jnp.transpose(jnp.reshape(d_out.astype(jnp.float32), (B, T, K, G, Hv)),
+                          (0, 2, 3, 1, 4))
+    d_lse = None
+    if d_stats is not None:
+      d_lse = jnp.reshape(d_stats[3].astype(jnp.float32), (B, K, G, T, 1))
+    dq, dk, dv, dbias, dsink = _backward(c, a, res, out, d_out, d_lse)
+    dq = jnp.reshape(jnp.transpose(dq, (0, 3, 1, 2, 4)), (B, T, N, H)).astype(q.dtype)
+    dk = jnp.transpose(dk, (0, 2, 1, 3)).astype(k.dtype)
+    dv = jnp.transpose(dv, (0, 2, 1, 3)).astype(v.dtype)
+    if dbias is not None:
+      dbias = jnp.reshape(dbias, bias.shape).astype(bias.dtype)
+    if dsink is not None:
+      dsink = jnp.reshape(dsink, sink.shape).astype(sink.dtype)
+    return dq, dk, dv, dbias, dsink, None, None, None
+
+  core.defvjp(fwd, bwd)
+  out, stats = core(q, k, v, inputs.bias, inputs.sink_logits, inputs.mask,
+                    inputs.q_segment_ids, inputs.kv_segment_ids)
+  if not opts.return_stats:
+    return out
+  sink_mass, entropy, max_logit, lse, row_sum = stats
+  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
+                             logsumexp=lse, row_sum=row_sum)
+
+
+# ---------------------------------------------------------------------------
+# Dense registry entry and a public function with explicit block sizes.
+
+
+def unsupported(inputs, opts) -> list[str]:
+  """Reasons the block-wise path cannot run a call: none, every dense option is block-wise."""
+  del inputs, opts
+  return []
+
+
+def blockwise(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] = None):
+  """The ``implementation="blockwise"`` entry of :data:`attnjax.dense.IMPLEMENTATIONS`."""
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  dq, dk = default_block_sizes(T, S)
+  block_q = dq if block_q is None else min(block_q, T)
+  block_k = dk if block_k is None else min(block_k, S)
+  layout = structural_layout(T, S, block_q, block_k, is_causal=opts.is_causal, window=opts.window)
+  return attention(inputs, opts, layout=layout)
+
+
+def _check_block(name: str, value: Optional[int]) -> None:
+  if value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+def _dot_product_attention(q, k, v, *, block_q: Optional[int] = None,
+                           block_k: Optional[int] = None, **kwargs):
+  """:func:`attnjax.dot_product_attention` on the block-wise path with chosen block sizes.
+
+  Args:
+    q, k, v: as :func:`attnjax.dot_product_attention`.
+    block_q: query rows per block (None: :func:`default_block_sizes`).
+    block_k: keys per block (None: :func:`default_block_sizes`).
+    **kwargs: every other keyword of :func:`attnjax.dot_product_attention`
+      except ``implementation``.
+
+  Returns:
+    As :func:`attnjax.dot_product_attention`.
+  """
+  from attnjax import dense  # dense imports this module for its registry
+  _check_block("block_q", block_q)
+  _check_block("block_k", block_k)
+  if "implementation" in kwargs:
+    raise TypeError("blockwise.dot_product_attention takes no implementation argument")
+  inputs, opts = dense.prepare(q, k, v, **kwargs)
+  return blockwise(inputs, opts, block_q=block_q, block_k=block_k)
+
+
+dot_product_attention = jax.jit(
+    _dot_product_attention,
+    static_argnames=("block_q", "block_k", "is_causal", "scale", "normalizer", "softcap",
+                     "window", "similarity", "return_stats"))
+dot_product_attention.__doc__ = _dot_product_attention.__doc__

@@ -1,0 +1,706 @@
+"""Sparse attention patterns: which keys each query may see, element by element and block by block.
+
+A pattern is a frozen, hashable object (so it can be a static argument of
+``jax.jit``) with one element rule, :meth:`Pattern.allowed`, evaluated on
+*position vectors*. The same rule builds
+
+- the exact dense ``[1, 1, T, S]`` boolean mask (:meth:`Pattern.mask`), which
+  the reference path hands to dense attention, and
+- the block layout (:meth:`Pattern.layout`): for each query block, the key
+  blocks holding at least one allowed pair, and which of them are entirely
+  allowed (visited without an element mask). The block-sparse path computes
+  only those blocks, and masks the partial ones with the same rule.
+
+Positions are top-left aligned as in ``jax.nn.dot_product_attention``: query
+``i`` sits at position ``i`` and key ``j`` at position ``j``. Causal and window
+parts of every rule come from :func:`attnjax.masks.structural_mask`.
+
+Patterns combine with ``|`` (union) and ``&`` (intersection), e.g.
+``global_window(2, 64) & causal()`` is a causal Longformer pattern.
+
+Example::
+
+  pattern = attnjax.patterns.sliding_window(256)
+  pattern.mask(1024)                       # [1, 1, 1024, 1024] bool
+  pattern.block_mask(1024, block_size=128)  # [8, 8] numpy bool of kept blocks
+  layout = pattern.layout(1024, block_size=128)  # an attnjax.blockwise.BlockLayout
+  layout.visits(3)          # [(key_block, needs_mask), ...] of query block 3
+
+References:
+  Child et al. 2019, "Generating Long Sequences with Sparse Transformers"
+  (strided and fixed patterns), arXiv:1904.10509.
+  Beltagy et al. 2020, "Longformer: The Long-Document Transformer"
+  (global + sliding window), arXiv:2004.05150.
+  Zaheer et al. 2020, "Big Bird: Transformers for Longer Sequences"
+  (global + window + random blocks), arXiv:2007.14062.
+  Xiao et al. 2024, "Efficient Streaming Language Models with Attention
+  Sinks" (StreamingLLM: sink tokens + rolling window), arXiv:2309.17453.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import masks
+from attnjax.blockwise import BlockLayout
+
+Array = jnp.ndarray
+
+
+# ---------------------------------------------------------------------------
+# Argument validation.
+
+
+def _check_int(name: str, value, *, minimum: int, pattern: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{pattern}: {name} must be an int, got {value!r} ({type(value).__name__})")
+  if value < minimum:
+    bound = "positive" if minimum == 1 else f">= {minimum}"
+    raise ValueError(f"{pattern}: {name} must be {bound}, got {name}={value}")
+  return int(value)
+
+
+def check_lengths(T, S, block_size) -> tuple[int, int, int]:
+  """Validates a sequence shape and block size for a mask or layout."""
+  T = _check_int("T", T, minimum=1, pattern="layout")
+  S = _check_int("S", S, minimum=1, pattern="layout")
+  block_size = _check_int("block_size", block_size, minimum=1, pattern="layout")
+  return T, S, block_size
+
+
+# ---------------------------------------------------------------------------
+# Block layout: the block-wise kernel's own :class:`attnjax.blockwise.BlockLayout`.
+
+
+def kept_blocks(layout: BlockLayout) -> np.ndarray:
+  """``bool [num_q_blocks, num_kv_blocks]``: blocks the layout visits."""
+  kv_blocks, _ = layout.as_arrays()
+  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
+  rows, cols = np.nonzero(kv_blocks >= 0)
+  out[rows, kv_blocks[rows, cols]] = True
+  return out
+
+
+def full_blocks(layout: BlockLayout) -> np.ndarray:
+  """``bool [num_q_blocks, num_kv_blocks]``: visited blocks that need no element mask."""
+  kv_blocks, needs_mask = layout.as_arrays()
+  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
+  rows, cols = np.nonzero(np.logical_and(kv_blocks >= 0, np.logical_not(needs_mask)))
+  out[rows, kv_blocks[rows, cols]] = True
+  return out
+
+
+def density(layout: BlockLayout) -> float:
+  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes."""
+  return layout.num_pairs / (layout.num_q_blocks * layout.num_kv_blocks)
+
+
+# ---------------------------------------------------------------------------
+# Pattern base class.
+
+
+def _key_block_candidates(ranges, S: int, block_size: int) -> np.ndarray:
+  """``bool [num_k_blocks]``: key blocks touching any half-open position range ``[lo, hi)``."""
+  out = np.zeros(-(-S // block_size), bool)
+  for lo, hi in ranges:
+    lo, hi = max(lo, 0), min(hi, S)
+    if lo < hi:
+      out[lo // block_size:(hi - 1) // block_size + 1] = True
+  return out
+
+
+class Pattern:
+  """Base class: subclasses are frozen dataclasses defining :meth:`allowed`.
+
+  Subclasses may override :meth:`candidate_key_blocks` with a cheap superset
+  of the key blocks a query range can touch; the layout then evaluates the
+  rule only on those blocks, so building it costs in proportion to the kept
+  blocks rather than to ``T * S``.
+  """
+
+  def allowed(self, q_positions: Array, k_positions: Array, shape: tuple[int, int]) -> Array:
+    """The element rule: ``bool [Tq, Sk]``, True where query may attend key.
+
+    Args:
+      q_positions: ``[Tq]`` integer query positions (a block or all of them).
+      k_positions: ``[Sk]`` integer key positions.
+      shape: ``(T, S)`` of the whole problem (only patterns whose choice depends
+        on the length, e.g. BigBird's random blocks, read it).
+    """
+    raise NotImplementedError
+
+  def candidate_key_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
+                           block_size: int) -> np.ndarray:
+    """``bool [num_k_blocks]``: a superset of the key blocks queries ``[q_lo, q_hi)`` may see."""
+    del q_lo, q_hi
+    return np.ones(-(-shape[1] // block_size), bool)
+
+  def check_shape(self, T: int, S: int) -> None:
+    """Raises ValueError if the pattern cannot be laid on ``(T, S)``."""
+    del T, S
+
+  # -- extra keys: a second, gathered copy of some keys ------------------------
+  #
+  # A pattern whose allowed keys are scattered (e.g. the summary columns of
+  # ``fixed``) touches every key block although it keeps few keys. It can
+  # instead name those keys in :meth:`extra_key_positions`; the block-sparse
+  # path appends a gathered copy of them after the ``S`` keys ("slots"
+  # ``S, S + 1, ...``), and :meth:`allowed_slots` splits the rule between the
+  # original keys and the copies so that every allowed pair is counted once.
+
+  def extra_key_positions(self, S: int) -> np.ndarray:
+    """``int32 [E]``: key positions appended, gathered, after the ``S`` keys (default none)."""
+    del S
+    return np.zeros((0,), np.int32)
+
+  def allowed_slots(self, q_positions: Array, k_slots: Array, shape: tuple[int, int]) -> Array:
+    """The rule over slots ``0 .. S + E - 1`` (``shape`` is the real ``(T, S)``).
+
+    Must allow each pair of :meth:`allowed` through exactly one slot.
+    """
+    return self.allowed(q_positions, k_slots, shape)
+
+  def candidate_slot_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
+                            block_size: int) -> np.ndarray:
+    """Like :meth:`candidate_key_blocks`, over the ``S + E`` slots."""
+    return self.candidate_key_blocks(q_lo, q_hi, shape, block_size)
+
+  def plan(self, T: int, S: Optional[int] = None, *, block_size: int) -> "SparsePlan":
+    """What the block-sparse path runs: extra keys, the layout over slots and the slot rule."""
+    S = T if S is None else S
+    T, S, block_size = check_lengths(T, S, block_size)
+    self.check_shape(T, S)
+    extra = self.extra_key_positions(S)
+    if extra.size == 0:
+      return SparsePlan(extra, _layout(self, T, S, block_size), self)
+    view = _SlotView(self, S)
+    return SparsePlan(extra, _layout(view, T, S + extra.size, block_size), view)
+
+  # -- derived ---------------------------------------------------------------
+
+  def mask(self, T: int, S: Optional[int] = None) -> Array:
+    """The exact dense mask ``bool [1, 1, T, S]`` (``S`` defaults to ``T``); the reference."""
+    S = T if S is None else S
+    T, S, _ = check_lengths(T, S, 1)
+    self.check_shape(T, S)
+    return self.allowed(jnp.arange(T), jnp.arange(S), (T, S))[None, None]
+
+  def layout(self, T: int, S: Optional[int] = None, *, block_size: int) -> BlockLayout:
+    """The block layout for square blocks of ``block_size`` (cached per shape)."""
+    S = T if S is None else S
+    T, S, block_size = check_lengths(T, S, block_size)
+    self.check_shape(T, S)
+    return _layout(self, T, S, block_size)
+
+  def block_mask(self, T: int, block_size: int, S: Optional[int] = None) -> np.ndarray:
+    """``numpy bool [num_q_blocks, num_k_blocks]`` of kept blocks, for drawing (``plt.imshow``)."""
+    return kept_blocks(self.layout(T, S, block_size=block_size))
+
+  def __or__(self, other: "Pattern") -> "Pattern":
+    return union(self, other)
+
+  def __and__(self, other: "Pattern") -> "Pattern":
+    return intersection(self, other)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparsePlan:
+  """The block-sparse computation of a pattern on ``(T, S)``.
+
+  Attributes:
+    extra_keys: ``int32 [E]`` key positions gathered and appended after the ``S``
+      keys (empty for most patterns).
+    layout: :class:`BlockLayout` over the ``S + E`` key slots.
+    rule: a pattern whose :meth:`Pattern.allowed` takes slot indices and the
+      shape ``(T, S + E)``; the element mask of partial blocks.
+  """
+
+  extra_keys: np.ndarray
+  layout: BlockLayout
+  rule: "Pattern"
+
+
+@dataclasses.dataclass(frozen=True)
+class _SlotView:
+  """A pattern seen over its ``S + E`` key slots (hashable: static under jit)."""
+
+  pattern: "Pattern"
+  S: int
+
+  def allowed(self, q_positions, k_slots, shape):
+    return self.pattern.allowed_slots(q_positions, k_slots, (shape[0], self.S))
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    return self.pattern.candidate_slot_blocks(q_lo, q_hi, (shape[0], self.S), block_size)
+
+
+# Rule evaluations per compiled call when building a layout (bounds its memory).
+_LAYOUT_CHUNK_ELEMENTS = 1 << 23
+
+
+@functools.partial(jax.jit, static_argnames=("pattern", "shape", "block_size"))
+def _classify_blocks(pattern, q_blocks, k_blocks, *, shape, block_size):
+  """For query blocks ``q_blocks [R]`` and candidate key blocks ``k_blocks [R, C]``:
+  ``(any, all)`` allowed, each ``bool [R, C]``, with positions past ``shape`` disallowed."""
+  T, S = shape
+  offsets = jnp.arange(block_size)
+
+  def one_row(qb, kbs):
+    q_pos = qb * block_size + offsets  # [bq]
+    k_pos = (kbs[:, None] * block_size + offsets[None, :]).reshape(-1)  # [C * bk]
+    inside = jnp.logical_and((q_pos < T)[:, None], (k_pos < S)[None, :])
+    rule = pattern.allowed(jnp.minimum(q_pos, T - 1), jnp.minimum(k_pos, S - 1), shape)
+    rule = jnp.logical_and(rule, inside).reshape(block_size, kbs.shape[0], block_size)
+    # A ragged block (past T or S) is never "full": its padding must be masked.
+    inside = inside.reshape(block_size, kbs.shape[0], block_size)
+    return rule.any(axis=(0, 2)), jnp.logical_and(rule, inside).all(axis=(0, 2)) & inside.all(
+        axis=(0, 2))
+
+  return jax.vmap(one_row)(q_blocks, k_blocks)
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(pattern: Pattern, T: int, S: int, block_size: int) -> BlockLayout:
+  """Evaluates the element rule on every candidate block, once per shape."""
+  nq = -(-T // block_size)
+  candidates = np.stack([
+      pattern.candidate_key_blocks(qb * block_size, min((qb + 1) * block_size, T), (T, S),
+                                   block_size)
+      for qb in range(nq)])
+  width = max(1, int(candidates.sum(axis=1).max()))
+  # Candidate key blocks of each row, ascending, padded with block 0 (dropped below).
+  order = np.argsort(np.logical_not(candidates), axis=1, kind="stable")[:, :width]
+  is_candidate = np.take_along_axis(candidates, order, axis=1)
+  cand_blocks = np.where(is_candidate, order, 0).astype(np.int32)
+  rows_per_call = max(1, _LAYOUT_CHUNK_ELEMENTS // (width * block_size * block_size))
+  rows_per_call = min(rows_per_call, nq)
+  any_allowed = np.zeros((nq, width), bool)
+  all_allowed = np.zeros((nq, width), bool)
+  # Concrete evaluation even when called while tracing a jitted function: the
+  # layout is static structure, not part of the computation.
+  with jax.ensure_compile_time_eval():
+    for lo in range(0, nq, rows_per_call):
+      rows = np.minimum(np.arange(lo, lo + rows_per_call), nq - 1)  # equal shapes: one compile
+      a, b = _classify_blocks(pattern, jnp.asarray(rows, jnp.int32),
+                              jnp.asarray(cand_blocks[rows]), shape=(T, S),
+                              block_size=block_size)
+      n = min(rows_per_call, nq - lo)
+      any_allowed[lo:lo + n] = np.asarray(a)[:n]
+      all_allowed[lo:lo + n] = np.asarray(b)[:n]
+  kept = np.logical_and(any_allowed, is_candidate)
+  visits = []
+  for qb in range(nq):
+    cols = np.flatnonzero(kept[qb])
+    visits.append([(int(cand_blocks[qb, c]), not bool(all_allowed[qb, c])) for c in cols])
+  return BlockLayout.from_visits(T, S, block_size, block_size, visits)
+
+
+def _structure(qp, kp, **kwargs) -> Array:
+  """``bool [Tq, Sk]`` from :func:`attnjax.masks.structural_mask` (the one mask rule)."""
+  return masks.structural_mask(qp, kp, **kwargs)[0, 0]
+
+
+# ---------------------------------------------------------------------------
+# Patterns.
+
+
+@dataclasses.dataclass(frozen=True)
+class Causal(Pattern):
+  """Query ``i`` sees keys ``j <= i``."""
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    return _structure(q_positions, k_positions, is_causal=True)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(0, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindow(Pattern):
+  """Query ``i`` sees keys ``i - left <= j <= i + right`` (causal when ``right == 0``)."""
+
+  left: int
+  right: int = 0
+
+  def __post_init__(self):
+    _check_int("left", self.left, minimum=0, pattern="sliding_window")
+    _check_int("right", self.right, minimum=0, pattern="sliding_window")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    return _structure(q_positions, k_positions, window=(self.left, self.right))
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(q_lo - self.left, q_hi + self.right)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Strided(Pattern):
+  """Child et al. strided pattern (causal).
+
+  Query ``i`` sees the previous ``stride`` positions, ``max(0, i - stride) <= j
+  <= i`` (the paper's A(1)), and every earlier ``j`` with ``(i - j) % stride == 0``
+  (A(2)): a row and a column of the ``[T / stride, stride]`` image of the sequence.
+
+  Note the column part touches every causal key block whenever
+  ``block_size <= stride``: with contiguous blocks the pattern is block-dense,
+  and only the element mask makes it sparse.
+  """
+
+  stride: int
+
+  def __post_init__(self):
+    _check_int("stride", self.stride, minimum=1, pattern="strided")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    local = _structure(q_positions, k_positions, is_causal=True, window=(self.stride, 0))
+    causal = _structure(q_positions, k_positions, is_causal=True)
+    offset = q_positions[:, None] - k_positions[None, :]
+    column = jnp.logical_and(causal, offset % self.stride == 0)
+    return jnp.logical_or(local, column)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(0, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed(Pattern):
+  """Child et al. fixed pattern (causal).
+
+  Query ``i`` sees the earlier keys of its own block of ``stride`` positions,
+  ``j // stride == i // stride`` (the paper's A(1)), and the last ``summary``
+  positions of every block, ``j % stride >= stride - summary`` (A(2), ``c`` in
+  the paper), always with ``j <= i``.
+  """
+
+  stride: int
+  summary: int
+
+  def __post_init__(self):
+    _check_int("stride", self.stride, minimum=1, pattern="fixed")
+    _check_int("summary", self.summary, minimum=1, pattern="fixed")
+    if self.summary > self.stride:
+      raise ValueError(
+          f"fixed: summary must be <= stride (the summary is the last positions of each "
+          f"block), got summary={self.summary}, stride={self.stride}")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    causal = _structure(q_positions, k_positions, is_causal=True)
+    same_block = (q_positions[:, None] // self.stride) == (k_positions[None, :] // self.stride)
+    summary = (k_positions % self.stride >= self.stride - self.summary)[None, :]
+    return jnp.logical_and(causal, jnp.logical_or(same_block, summary))
+
+  # The summary columns hit every key block; the block-sparse path visits a
+  # gathered copy of them instead (summary keys of earlier blocks), and the
+  # original keys only for the query's own block.
+
+  def extra_key_positions(self, S):
+    if self.summary == self.stride:  # every key is a summary key: plain causal
+      return np.zeros((0,), np.int32)
+    j = np.arange(S, dtype=np.int32)
+    return j[j % self.stride >= self.stride - self.summary]
+
+  def allowed_slots(self, q_positions, k_slots, shape):
+    T, S = shape
+    extra = self.extra_key_positions(S)
+    if extra.size == 0:
+      return self.allowed(q_positions, k_slots, shape)
+    is_copy = k_slots >= S
+    pos = jnp.where(is_copy, jnp.asarray(extra)[jnp.clip(k_slots - S, 0, extra.size - 1)],
+                    k_slots)
+    q_block = (q_positions // self.stride)[:, None]
+    k_block = (pos // self.stride)[None, :]
+    own_block = jnp.logical_and(_structure(q_positions, pos, is_causal=True), q_block == k_block)
+    return jnp.where(is_copy[None, :], k_block < q_block, own_block)
+
+  def candidate_slot_blocks(self, q_lo, q_hi, shape, block_size):
+    T, S = shape
+    extra = self.extra_key_positions(S)
+    if extra.size == 0:
+      return self.candidate_key_blocks(q_lo, q_hi, shape, block_size)
+    own_start = (q_lo // self.stride) * self.stride
+    last_block_start = ((q_hi - 1) // self.stride) * self.stride
+    copies = int(np.searchsorted(extra, last_block_start))
+    return _key_block_candidates([(own_start, q_hi), (S, S + copies)], S + extra.size,
+                                 block_size)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates([(0, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalWindow(Pattern):
+  """Longformer: the first ``num_global`` tokens attend to and are attended by all; others use a window.
+
+  ``window`` is an int ``w`` (keys ``i - w .. i + w``, Longformer's window of
+  ``2w + 1``) or a pair ``(left, right)``. The pattern is bidirectional, as in
+  Longformer; intersect with :func:`causal` for a decoder.
+  """
+
+  num_global: int
+  window: Union[int, tuple[int, int]]
+
+  def __post_init__(self):
+    _check_int("num_global", self.num_global, minimum=0, pattern="global_window")
+    window = self.window
+    if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+      _check_int("window", window, minimum=0, pattern="global_window")
+      window = (int(window), int(window))
+    elif isinstance(window, tuple) and len(window) == 2:
+      window = (_check_int("window[0] (left)", window[0], minimum=0, pattern="global_window"),
+                _check_int("window[1] (right)", window[1], minimum=0, pattern="global_window"))
+    else:
+      raise TypeError(f"global_window: window must be an int or a (left, right) tuple of ints, "
+                      f"got {window!r}")
+    object.__setattr__(self, "window", window)
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    local = _structure(q_positions, k_positions, window=self.window)
+    is_global = jnp.logical_or((q_positions < self.num_global)[:, None],
+                               (k_positions < self.num_global)[None, :])
+    return jnp.logical_or(local, is_global)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    if q_lo < self.num_global:
+      return np.ones(-(-S // block_size), bool)
+    left, right = self.window
+    return _key_block_candidates(
+        [(0, self.num_global), (q_lo - left, q_hi + right)], S, block_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _bigbird_table(block: int, num_global: int, window_blocks: int, num_random: int,
+                   seed: int, num_q_blocks: int, num_k_blocks: int) -> np.ndarray:
+  """``bool [num_q_blocks, num_k_blocks]``: BigBird's allowed blocks, random part from ``seed``."""
+  del block
+  qb = np.arange(num_q_blocks)[:, None]
+  kb = np.arange(num_k_blocks)[None, :]
+  table = np.logical_or.reduce([
+      np.broadcast_to(qb < num_global, (num_q_blocks, num_k_blocks)),
+      np.broadcast_to(kb < num_global, (num_q_blocks, num_k_blocks)),
+      np.abs(qb - kb) <= window_blocks,
+  ])
+  for row in range(num_global, num_q_blocks):
+    free = np.flatnonzero(np.logical_not(table[row]))
+    if num_random and free.size:
+      # One generator per (seed, row): a row's draw does not depend on other rows.
+      rng = np.random.default_rng([seed, row])
+      table[row, rng.choice(free, size=min(num_random, free.size), replace=False)] = True
+  table.setflags(write=False)
+  return table
+
+
+@dataclasses.dataclass(frozen=True)
+class BigBird(Pattern):
+  """BigBird (ITC): global, sliding and random attention over blocks of ``block`` positions.
+
+  With query block ``a = i // block`` and key block ``b = j // block``, the pair
+  is allowed if ``a < num_global`` or ``b < num_global`` (global blocks attend
+  to and are attended by all), ``|a - b| <= window_blocks`` (the window: BigBird
+  uses 3 blocks, ``window_blocks=1``), or ``b`` is one of ``num_random`` key
+  blocks drawn for row ``a`` among those not already allowed. The draw uses
+  ``numpy.random.default_rng([seed, a])``, so equal seeds give equal patterns
+  for a given ``(T, S)``. Bidirectional, as in the paper; intersect with
+  :func:`causal` for a decoder (random blocks in the future are then dropped).
+  """
+
+  block: int
+  num_global: int
+  window_blocks: int
+  num_random: int
+  seed: int
+
+  def __post_init__(self):
+    _check_int("block", self.block, minimum=1, pattern="bigbird")
+    _check_int("num_global", self.num_global, minimum=0, pattern="bigbird")
+    _check_int("window_blocks", self.window_blocks, minimum=0, pattern="bigbird")
+    _check_int("num_random", self.num_random, minimum=0, pattern="bigbird")
+    _check_int("seed", self.seed, minimum=0, pattern="bigbird")
+
+  def check_shape(self, T, S):
+    if self.block > max(T, S):
+      raise ValueError(
+          f"bigbird: block={self.block} is longer than the sequence (T={T}, S={S}); "
+          f"use a block of at most {max(T, S)}")
+
+  def table(self, T: int, S: Optional[int] = None) -> np.ndarray:
+    """``numpy bool [ceil(T / block), ceil(S / block)]``: allowed BigBird blocks."""
+    S = T if S is None else S
+    return _bigbird_table(self.block, self.num_global, self.window_blocks, self.num_random,
+                          self.seed, -(-T // self.block), -(-S // self.block))
+
+  def allowed(self, q_positions, k_positions, shape):
+    table = jnp.asarray(self.table(*shape))
+    qb = jnp.clip(q_positions // self.block, 0, table.shape[0] - 1)
+    kb = jnp.clip(k_positions // self.block, 0, table.shape[1] - 1)
+    return table[qb[:, None], kb[None, :]]
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    rows = self.table(*shape)[q_lo // self.block:(q_hi - 1) // self.block + 1]
+    blocks = np.flatnonzero(rows.any(axis=0))
+    return _key_block_candidates([(b * self.block, (b + 1) * self.block) for b in blocks],
+                                 S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SinksWindow(Pattern):
+  """StreamingLLM: the first ``num_sinks`` keys plus a causal rolling window of ``window`` keys.
+
+  Query ``i`` sees ``j < num_sinks`` and ``i - window < j <= i`` (its own
+  position and the ``window - 1`` before it), always with ``j <= i``: the keys
+  a cache of ``num_sinks + window`` entries holds when it evicts the oldest
+  non-sink entry.
+  """
+
+  num_sinks: int
+  window: int
+
+  def __post_init__(self):
+    _check_int("num_sinks", self.num_sinks, minimum=0, pattern="sinks_window")
+    _check_int("window", self.window, minimum=1, pattern="sinks_window")
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    recent = _structure(q_positions, k_positions, is_causal=True, window=(self.window - 1, 0))
+    causal = _structure(q_positions, k_positions, is_causal=True)
+    sinks = jnp.logical_and(causal, (k_positions < self.num_sinks)[None, :])
+    return jnp.logical_or(recent, sinks)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return _key_block_candidates(
+        [(0, min(self.num_sinks, q_hi)), (q_lo - self.window + 1, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternUnion(Pattern):
+  """Pairs allowed by any of ``parts``."""
+
+  parts: tuple
+
+  def allowed(self, q_positions, k_positions, shape):
+    out = self.parts[0].allowed(q_positions, k_positions, shape)
+    for p in self.parts[1:]:
+      out = jnp.logical_or(out, p.allowed(q_positions, k_positions, shape))
+    return out
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    return np.logical_or.reduce(
+        [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])
+
+  def check_shape(self, T, S):
+    for p in self.parts:
+      p.check_shape(T, S)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternIntersection(Pattern):
+  """Pairs allowed by every one of ``parts``."""
+
+  parts: tuple
+
+  def allowed(self, q_positions, k_positions, shape):
+    out = self.parts[0].allowed(q_positions, k_positions, shape)
+    for p in self.parts[1:]:
+      out = jnp.logical_and(out, p.allowed(q_positions, k_positions, shape))
+    return out
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    # A block non-empty for the intersection is non-empty for every part.
+    return np.logical_and.reduce(
+        [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])
+
+  def check_shape(self, T, S):
+    for p in self.parts:
+      p.check_shape(T, S)
+
+
+# ---------------------------------------------------------------------------
+# Constructors (the public names).
+
+
+def causal() -> Causal:
+  """Query ``i`` sees keys ``j <= i``."""
+  return Causal()
+
+
+def sliding_window(left: int, right: int = 0) -> SlidingWindow:
+  """Keys ``i - left <= j <= i + right``; with ``right=0`` a causal window of ``left + 1`` keys."""
+  return SlidingWindow(left, right)
+
+
+def strided(stride: int) -> Strided:
+  """Child et al. 2019 strided: previous ``stride`` positions and every ``j`` with ``(i - j) % stride == 0``."""
+  return Strided(stride)
+
+
+def fixed(stride: int, summary: int) -> Fixed:
+  """Child et al. 2019 fixed: own block of ``stride`` positions and the last ``summary`` of every block."""
+  return Fixed(stride, summary)
+
+
+def global_window(num_global: int, window: Union[int, tuple[int, int]]) -> GlobalWindow:
+  """Longformer: ``num_global`` global tokens plus a sliding window (int ``w``: ``|i - j| <= w``)."""
+  return GlobalWindow(num_global, window)
+
+
+def bigbird(block: int, num_global: int, window_blocks: int, num_random: int,
+            seed: int) -> BigBird:
+  """BigBird over blocks of ``block``: global blocks, a window of blocks and seeded random blocks."""
+  return BigBird(block, num_global, window_blocks, num_random, seed)
+
+
+def sinks_window(num_sinks: int, window: int) -> SinksWindow:
+  """StreamingLLM: the first ``num_sinks`` keys plus the last ``window`` keys up to the query."""
+  return SinksWindow(num_sinks, window)
+
+
+def _check_parts(name: str, patterns) -> tuple:
+  if len(patterns) < 1:
+    raise ValueError(f"{name} needs at least one pattern")
+  for p in patterns:
+    if not isinstance(p, Pattern):
+      raise TypeError(f"{name} takes Pattern objects, got {type(p).__name__}")
+  return tuple(patterns)
+
+
+def union(*patterns: Pattern) -> Pattern:
+  """Pairs allowed by any pattern (also ``a | b``); nested unions are flattened."""
+  parts = []
+  for p in _check_parts("union", patterns):
+    parts.extend(p.parts if isinstance(p, PatternUnion) else (p,))
+  return parts[0] if len(parts) == 1 else PatternUnion(tuple(parts))
+
+
+def intersection(*patterns: Pattern) -> Pattern:
+  """Pairs allowed by every pattern (also ``a & b``); nested intersections are flattened."""
+  parts = []
+  for p in _check_parts("intersection", patterns):
+    parts.extend(p.parts if isinstance(p, PatternIntersection) else (p,))
+  return parts[0] if len(parts) == 1 else PatternIntersection(tuple(parts))
+
+
+__all__ = [
+    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "density", "fixed",
+    "full_blocks", "global_window", "intersection", "kept_blocks",
+    "sinks_window", "sliding_window", "strided", "union",
+]
+

@@ -1,0 +1,346 @@
+"""Sparse patterns and sparse attention.
+
+Masks are checked against brute-force masks written here with plain Python
+loops straight from each paper's definition; layouts against the masks; the
+block-sparse path against dense reference attention with the pattern's mask,
+in value and gradient.
+"""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import attnjax
+from attnjax import patterns
+from attnjax.sparse import sparse_attention
+
+
+# ---------------------------------------------------------------------------
+# Brute-force masks, one (i, j) at a time.
+
+
+def brute(rule, T, S):
+  return np.array([[bool(rule(i, j)) for j in range(S)] for i in range(T)])
+
+
+def brute_strided(l):
+  # Child et al. A(1): t = max(0, i - l) .. i ; A(2): (i - j) mod l == 0 ; causal.
+  return lambda i, j: j <= i and (max(0, i - l) <= j or (i - j) % l == 0)
+
+
+def brute_fixed(l, c):
+  # Child et al. A(1): floor(j / l) == floor(i / l) ; A(2): j mod l in {l - c, ..., l - 1}.
+  return lambda i, j: j <= i and (j // l == i // l or j % l >= l - c)
+
+
+def brute_global_window(g, left, right):
+  return lambda i, j: i < g or j < g or (i - left <= j <= i + right)
+
+
+def brute_sinks(s, w):
+  return lambda i, j: j <= i and (j < s or i - j < w)
+
+
+def brute_bigbird(block, g, wb, table):
+  del g, wb  # the table holds every part; its structure is checked separately
+  return lambda i, j: table[i // block, j // block]
+
+
+CASES = [
+    ("causal", patterns.causal(), lambda i, j: j <= i),
+    ("window3", patterns.sliding_window(3), lambda i, j: i - 3 <= j <= i),
+    ("window2_1", patterns.sliding_window(2, 1), lambda i, j: i - 2 <= j <= i + 1),
+    ("window0", patterns.sliding_window(0), lambda i, j: i == j),
+    ("strided4", patterns.strided(4), brute_strided(4)),
+    ("strided3", patterns.strided(3), brute_strided(3)),
+    ("fixed4_1", patterns.fixed(4, 1), brute_fixed(4, 1)),
+    ("fixed5_2", patterns.fixed(5, 2), brute_fixed(5, 2)),
+    ("fixed3_3", patterns.fixed(3, 3), brute_fixed(3, 3)),
+    ("global2_w2", patterns.global_window(2, 2), brute_global_window(2, 2, 2)),
+    ("global1_w3_0", patterns.global_window(1, (3, 0)), brute_global_window(1, 3, 0)),
+    ("sinks2_w3", patterns.sinks_window(2, 3), brute_sinks(2, 3)),
+    ("sinks0_w1", patterns.sinks_window(0, 1), brute_sinks(0, 1)),
+    ("union", patterns.sliding_window(1) | patterns.fixed(4, 1),
+     lambda i, j: (i - 1 <= j <= i) or brute_fixed(4, 1)(i, j)),
+    ("longformer_causal", patterns.global_window(2, 2) & patterns.causal(),
+     lambda i, j: j <= i and brute_global_window(2, 2, 2)(i, j)),
+    ("union3", patterns.union(patterns.sinks_window(1, 2), patterns.strided(5),
+                              patterns.sliding_window(0, 1)),
+     lambda i, j: brute_sinks(1, 2)(i, j) or brute_strided(5)(i, j) or i <= j <= i + 1),
+]
+IDS = [c[0] for c in CASES]
+
+
+@pytest.mark.parametrize("T,S", [(13, 13), (9, 14)], ids=["T13", "T9_S14"])
+@pytest.mark.parametrize("name,pattern,rule", CASES, ids=IDS)
+def test_mask_matches_brute_force(name, pattern, rule, T, S):
+  got = np.asarray(pattern.mask(T, S))
+  assert got.shape == (1, 1, T, S) and got.dtype == bool
+  np.testing.assert_array_equal(got[0, 0], brute(rule, T, S))
+
+
+def brute_bigbird_table(nq, nk, g, wb, num_random, seed):
+  table = np.zeros((nq, nk), bool)
+  for a in range(nq):
+    for b in range(nk):
+      table[a, b] = a < g or b < g or abs(a - b) <= wb
+  return table
+
+
+@pytest.mark.parametrize("T,S", [(30, 30), (27, 21)], ids=["T30", "T27_S21"])
+def test_bigbird_mask_structure(T, S):
+  block, g, wb, r = 3, 1, 1, 2
+  p = patterns.bigbird(block, g, wb, r, seed=7)
+  nq, nk = -(-T // block), -(-S // block)
+  table = p.table(T, S)
+  fixed_part = brute_bigbird_table(nq, nk, g, wb, r, 7)
+  # Global and window blocks are all present; each non-global row has exactly
+  # min(r, free) extra random blocks.
+  assert np.all(table[fixed_part])
+  extra = np.logical_and(table, np.logical_not(fixed_part)).sum(axis=1)
+  free = np.logical_not(fixed_part).sum(axis=1)
+  np.testing.assert_array_equal(extra[g:], np.minimum(r, free[g:]))
+  np.testing.assert_array_equal(extra[:g], 0)
+  np.testing.assert_array_equal(np.asarray(p.mask(T, S))[0, 0],
+                                brute(brute_bigbird(block, g, wb, table), T, S))
+
+
+def test_bigbird_seed_reproducible():
+  make = lambda seed: np.asarray(patterns.bigbird(2, 1, 1, 2, seed=seed).mask(64))
+  np.testing.assert_array_equal(make(3), make(3))
+  assert not np.array_equal(make(3), make(4))
+  assert patterns.bigbird(2, 1, 1, 2, 3) == patterns.bigbird(2, 1, 1, 2, 3)
+  assert hash(patterns.bigbird(2, 1, 1, 2, 3)) == hash(patterns.bigbird(2, 1, 1, 2, 3))
+
+
+# ---------------------------------------------------------------------------
+# Layouts.
+
+
+LAYOUT_PATTERNS = [(name, p) for name, p, _ in CASES] + [
+    ("bigbird", patterns.bigbird(3, 1, 1, 2, seed=0)),
+    ("bigbird_causal", patterns.bigbird(4, 1, 0, 1, seed=1) & patterns.causal()),
+]
+
+
+@pytest.mark.parametrize("block_size", [1, 5], ids=lambda b: f"block{b}")
+@pytest.mark.parametrize("name,pattern", LAYOUT_PATTERNS, ids=[n for n, _ in LAYOUT_PATTERNS])
+def test_layout_covers_exactly_the_mask(name, pattern, block_size):
+  T, S = 23, 21
+  mask = np.asarray(pattern.mask(T, S))[0, 0]
+  layout = pattern.layout(T, S, block_size=block_size)
+  kv_blocks, needs_mask = layout.as_arrays()
+  num_visits = (kv_blocks >= 0).sum(axis=1)
+  nq, nk = -(-T // block_size), -(-S // block_size)
+  padded = np.zeros((nq * block_size, nk * block_size), bool)
+  padded[:T, :S] = mask
+  blocks = padded.reshape(nq, block_size, nk, block_size)
+  any_kept = blocks.any(axis=(1, 3))
+  inside = np.zeros_like(padded)
+  inside[:T, :S] = True
+  all_kept = np.logical_and(blocks.all(axis=(1, 3)),
+                            inside.reshape(nq, block_size, nk, block_size).all(axis=(1, 3)))
+  # Every kept element lies in a listed block, and no listed block is empty.
+  np.testing.assert_array_equal(patterns.kept_blocks(layout), any_kept)
+  np.testing.assert_array_equal(patterns.full_blocks(layout), all_kept)
+  assert layout.num_pairs == any_kept.sum()
+  for qb in range(nq):
+    n = num_visits[qb]
+    row = kv_blocks[qb]
+    assert np.all(np.diff(row[:n]) > 0) and np.all(row[n:] == -1)
+    assert not needs_mask[qb, n:].any()
+  np.testing.assert_array_equal(pattern.block_mask(T, block_size, S), any_kept)
+
+
+def test_window_layout_is_banded():
+  layout = patterns.sliding_window(256).layout(4096, block_size=128)
+  assert max(len(layout.visits(i)) for i in range(layout.num_q_blocks)) == 3
+  assert layout.num_pairs == 1 + 2 + 3 * 30
+  assert patterns.density(layout) == 93 / 1024
+
+
+# ---------------------------------------------------------------------------
+# Validation.
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: patterns.strided(0), "strided: stride must be positive, got stride=0"),
+    (lambda: patterns.strided(2.5), "stride must be an int"),
+    (lambda: patterns.fixed(4, 5), "summary=5, stride=4"),
+    (lambda: patterns.fixed(4, 0), "summary must be positive"),
+    (lambda: patterns.sliding_window(-1), "left must be >= 0, got left=-1"),
+    (lambda: patterns.sliding_window(2, -3), "right must be >= 0"),
+    (lambda: patterns.global_window(-1, 2), "num_global must be >= 0"),
+    (lambda: patterns.global_window(1, (2,)), "window must be an int or a"),
+    (lambda: patterns.bigbird(0, 1, 1, 1, 0), "bigbird: block must be positive"),
+    (lambda: patterns.bigbird(4, 1, 1, -2, 0), "num_random must be >= 0"),
+    (lambda: patterns.sinks_window(4, 0), "sinks_window: window must be positive"),
+    (lambda: patterns.causal() | 3, "takes Pattern objects"),
+    (lambda: patterns.causal().layout(16, block_size=0), "block_size must be positive"),
+    (lambda: patterns.bigbird(32, 1, 1, 1, 0).mask(16), "block=32 is longer than the sequence"),
+], ids=["stride0", "stride_float", "summary_gt_stride", "summary0", "left_neg", "right_neg",
+        "global_neg", "window_tuple", "block0", "random_neg", "sinks_window0", "union_type",
+        "layout_block0", "bigbird_block_gt_T"])
+def test_pattern_validation(make, match):
+  with pytest.raises((ValueError, TypeError), match=match):
+    make()
+
+
+def qkv(B, T, S, N, K, H, seed=0):
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(kq, (B, T, N, H)), jax.random.normal(kk, (B, S, K, H)),
+          jax.random.normal(kv, (B, S, K, H)))
+
+
+def test_sparse_attention_validation():
+  q, k, v = qkv(1, 8, 8, 2, 1, 4)
+  with pytest.raises(TypeError, match="pattern must be an attnjax.patterns.Pattern"):
+    sparse_attention(q, k, v, pattern="causal", block_size=4)
+  with pytest.raises(ValueError, match="block_size must be a positive int, got block_size=0"):
+    sparse_attention(q, k, v, pattern=patterns.causal(), block_size=0)
+  with pytest.raises(ValueError, match="implementation='dense' is not one of"):
+    sparse_attention(q, k, v, pattern=patterns.causal(), block_size=4, implementation="dense")
+  with pytest.raises(ValueError, match=r"bias of shape \(8, 7\) is not broadcastable"):
+    sparse_attention(q, k, v, pattern=patterns.causal(), block_size=4, bias=jnp.zeros((8, 7)))
+  with pytest.raises(ValueError, match="N=2 must be a multiple of key/value heads K=3"):
+    sparse_attention(q, *qkv(1, 8, 8, 2, 3, 4)[1:], pattern=patterns.causal(), block_size=4)
+
+
+# ---------------------------------------------------------------------------
+# Attention: block-sparse against the dense reference with the pattern's mask.
+
+
+def dense_with_mask(q, k, v, pattern, **kw):
+  mask = pattern.mask(q.shape[1], k.shape[1])
+  return attnjax.dot_product_attention(q, k, v, mask=mask, implementation="reference", **kw)
+
+
+def test_reference_is_dense_with_pattern_mask():
+  q, k, v = qkv(1, 12, 12, 2, 2, 4)
+  p = patterns.fixed(4, 1)
+  np.testing.assert_allclose(sparse_attention(q, k, v, pattern=p, implementation="reference"),
+                             dense_with_mask(q, k, v, p), rtol=1e-6, atol=1e-6)
+
+
+ATTN_PATTERNS = [
+    ("causal", patterns.causal()),
+    ("window5", patterns.sliding_window(5)),
+    ("window3_2", patterns.sliding_window(3, 2)),
+    ("strided4", patterns.strided(4)),
+    ("fixed4_2", patterns.fixed(4, 2)),
+    ("global_window", patterns.global_window(2, 3)),
+    ("bigbird", patterns.bigbird(4, 1, 1, 1, seed=0)),
+    ("sinks_window", patterns.sinks_window(1, 4)),
+    ("union", patterns.sliding_window(2) | patterns.fixed(8, 1)),
+]
+
+
+def outputs_and_grads(fn, q, k, v):
+  """One compiled call: ``fn``'s outputs and the gradients of a loss on all of them.
+
+  The loss weights the output by a fixed cotangent and, with statistics, adds
+  the logsumexp (the one statistic that carries a gradient).
+  """
+  def loss(q, k, v):
+    res = fn(q, k, v)
+    out, stats = res if isinstance(res, tuple) else (res, None)
+    ct = jnp.cos(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
+    total = jnp.sum(out.astype(jnp.float32) * ct)
+    if stats is not None:
+      total = total + jnp.sum(jnp.sin(stats.logsumexp))
+    return total, res
+  (_, res), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+  return res, grads
+
+
+def assert_close_tree(a, b, tol=2e-5):
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name,pattern", ATTN_PATTERNS, ids=[n for n, _ in ATTN_PATTERNS])
+def test_block_sparse_matches_reference(name, pattern):
+  # T=22 is not a multiple of block_size=8; GQA with N=4 query heads over K=2.
+  q, k, v = qkv(1, 22, 22, 4, 2, 8)
+  sparse = lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, block_size=8,
+                                            implementation="block_sparse")
+  ref = lambda q, k, v: dense_with_mask(q, k, v, pattern)
+  assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
+
+
+@pytest.mark.parametrize("normalizer", ["softmax_one", "sigmoid", "softpick", "none"])
+def test_block_sparse_normalizers(normalizer):
+  q, k, v = qkv(1, 11, 11, 2, 1, 8, seed=1)
+  p = patterns.sinks_window(2, 4)
+  sparse = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4,
+                                            normalizer=normalizer)
+  ref = lambda q, k, v: dense_with_mask(q, k, v, p, normalizer=normalizer)
+  assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
+
+
+@pytest.mark.parametrize("name,pattern", [
+    ("longformer_causal_segments", patterns.global_window(1, (4, 0)) & patterns.causal()),
+    ("fixed_extra_keys", patterns.fixed(4, 1)),
+], ids=["longformer_causal_segments", "fixed_extra_keys"])
+def test_block_sparse_options_and_stats(name, pattern):
+  # Stats (with the logsumexp gradient), sink logits, softcap, scale, segment
+  # ids and a bias; fixed also runs its gathered summary keys through them.
+  q, k, v = qkv(2, 13, 13, 4, 2, 8, seed=2)
+  seg = jnp.array([[0] * 6 + [1] * 7, [0] * 13])
+  bias = 0.1 * jnp.sin(jnp.arange(13 * 13, dtype=jnp.float32)).reshape(13, 13)
+  kw = dict(sink_logits=jnp.linspace(-1.0, 1.0, 4), softcap=5.0, scale=0.3, segment_ids=seg,
+            bias=bias, return_stats=True)
+  sparse = lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, block_size=4, **kw)
+  ref = lambda q, k, v: dense_with_mask(q, k, v, pattern, **kw)
+  assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
+
+
+def test_block_sparse_empty_rows_are_zero():
+  # Keys shorter than queries: later queries of a window have no key at all.
+  q, k, v = qkv(1, 16, 6, 2, 2, 4)
+  out = sparse_attention(q, k, v, pattern=patterns.sliding_window(2), block_size=4)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_array_equal(out[:, 9:], 0.0)
+  np.testing.assert_allclose(out, dense_with_mask(q, k, v, patterns.sliding_window(2)),
+                             rtol=2e-5, atol=2e-5)
+
+
+def test_bf16_output_dtype():
+  q, k, v = (x.astype(jnp.bfloat16) for x in qkv(1, 16, 16, 2, 2, 8))
+  out = sparse_attention(q, k, v, pattern=patterns.sliding_window(4), block_size=8)
+  assert out.dtype == jnp.bfloat16
+  ref = dense_with_mask(q, k, v, patterns.sliding_window(4))
+  np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), atol=2e-2)
+
+
+PLAN_PATTERNS = [("fixed4_1", patterns.fixed(4, 1)), ("fixed5_2", patterns.fixed(5, 2)),
+                 ("fixed3_3", patterns.fixed(3, 3)), ("window3", patterns.sliding_window(3))]
+
+
+@pytest.mark.parametrize("name,pattern", PLAN_PATTERNS, ids=[n for n, _ in PLAN_PATTERNS])
+def test_plan_slots_count_each_pair_once(name, pattern):
+  T, S, block_size = 23, 21, 4
+  plan = pattern.plan(T, S, block_size=block_size)
+  E = plan.extra_keys.size
+  slots = np.asarray(plan.rule.allowed(jnp.arange(T), jnp.arange(S + E), (T, S + E)))
+  counts = slots[:, :S].astype(int)
+  for e, pos in enumerate(plan.extra_keys):
+    counts[:, pos] += slots[:, S + e]
+  np.testing.assert_array_equal(counts, np.asarray(pattern.mask(T, S))[0, 0].astype(int))
+  # The slot layout lists exactly the non-empty slot blocks.
+  nq, nk = -(-T // block_size), -(-(S + E) // block_size)
+  padded = np.zeros((nq * block_size, nk * block_size), bool)
+  padded[:T, :S + E] = slots
+  np.testing.assert_array_equal(patterns.kept_blocks(plan.layout),
+                                padded.reshape(nq, block_size, nk, block_size).any(axis=(1, 3)))
+
+
+def test_fixed_plan_is_sparse():
+  # Own block plus the gathered summary keys: ~8% of the blocks at T=4096, not half.
+  layout = patterns.fixed(64, 8).plan(4096, block_size=64).layout
+  assert layout.num_pairs == 344
+  assert patterns.fixed(64, 8).layout(4096, block_size=64).num_pairs == 64 * 65 // 2
