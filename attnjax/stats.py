@@ -15,7 +15,10 @@ Layout conventions (letters as ``ARCHITECTURE.md``; ``L`` = layers):
   ``L`` for one layer); hidden states ``[L, B, T, D]`` (or ``[B, T, D]``).
 
 Per-layer results always carry a leading ``L`` axis (``L = 1`` for one layer),
-so a probe's output has the same keys for every model. Attention-level
+so a probe's output has the same keys for every model. :func:`probe` runs an
+``attnjax.nn.TransformerLM`` once under ``nnx.jit`` and returns every statistic
+as a flat dict of named arrays (:func:`to_jsonable` makes it JSON); any other
+model can fill a :class:`ProbeCapture` and call :func:`probe_statistics`. Attention-level
 functions are ``jax.jit``-wrapped with their static choices keyword-only; the
 run-level functions (LR sensitivity, spike score, divergence) take small host
 tables and run in NumPy, so a train loop can call them without compiling.
@@ -42,6 +45,7 @@ from attnjax import _checks, dense, masks, normalizers
 from attnjax import qk_norm as qk_norm_lib
 from attnjax.attention_stats import AttentionStats, stats_from_weights
 from attnjax.nn.rope import apply_rope
+from attnjax.nn.transformer import TransformerLM
 
 Array = jnp.ndarray
 
@@ -1300,7 +1304,9 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   - ``sparsity/*``: :func:`attention_sparsity` (weights);
   - ``qk/*``: :func:`qk_statistics` without its max logit (q, k), and
     ``sink_geometry/*``: :func:`sink_geometry` (q, k, v), over each layer's
-    allowed pairs;
+    allowed pairs. q and k are those the attention compares, so after a QK
+    norm their RMS is that of the norm's output (the pre-norm projection RMS
+    is in ``attnjax.nn.collect_stats``);
   - ``massive/*``, ``kurtosis/*``: :func:`massive_activations`,
     :func:`kurtosis` (hidden);
   - ``gate/*``: mean gate per head, layer and overall (gate_mean).
@@ -1383,7 +1389,9 @@ def _layer_allowed(config, T: int, S: int) -> Array:
 
   Built from :func:`attnjax.masks.structural_mask` as the layer builds it:
   causal, the sliding window, StreamingLLM sink tokens, and the k/v bias slot
-  (key ``T``) open to every query; columns beyond are padding.
+  (key ``T``) open to every query; columns beyond are padding. A sparse-pattern
+  layer is taken as causal here (its pattern is not read), so its sparsity
+  also counts the pairs its pattern leaves out.
   """
   pos = jnp.arange(T)
   window = None if config.window is None else (config.window, 0)
@@ -1405,6 +1413,7 @@ def _compared_qk(attention, q: Array, k: Array):
   and RoPE, with the library's own ``normalize_head`` and ``apply_rope``.
   Cosine attention normalises inside the function; cosines are invariant to
   that (but not to the per-dim scale of the ``ngpt`` convention, ignored here).
+  For linear attention these are the inputs of the feature map.
   """
   c = attention.config
   T = q.shape[1]
@@ -1461,7 +1470,6 @@ def capture_from_model(model, tokens: Array, *, weights: bool = True) -> ProbeCa
 
   logits, inter = nnx.capture(forward, nnx.Intermediate,
                               method_outputs=nnx.Intermediate)(model, tokens)
-  logits = _last(logits) if isinstance(logits, tuple) else logits
   pure = nnx.to_pure_dict(inter)
   B, T = tokens.shape
   layers = pure["blocks"]
@@ -1473,7 +1481,7 @@ def capture_from_model(model, tokens: Array, *, weights: bool = True) -> ProbeCa
     c = attention.config
     configs.append(c)
     N, K, H = attention.num_heads, attention.num_kv_heads, attention.head_dim
-    stats.append(_last(a["attention_stats"]))
+    stats.append(_last(a.get("attention_stats", AttentionStats())))
     if weights:
       ws.append(_last(a["weights"]))
     q = jnp.reshape(_last(a["q_proj"]["__call__"]), (B, T, N, H))
@@ -1546,6 +1554,10 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
   Returns:
     ``dict[str, Array]``: the keys of :func:`probe_statistics` plus ``loss``.
   """
+  if not isinstance(model, TransformerLM):
+    raise TypeError(
+        f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
+        f"model fill a ProbeCapture from its forward pass and call probe_statistics")
   if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
     raise ValueError(f"tokens must be integer [B, T], got shape {_shape(tokens)} and dtype "
                      f"{jnp.result_type(tokens)}")

@@ -490,6 +490,8 @@ def test_probe_statistics_from_hand_built_capture():
   assert np.isnan(np.asarray(out["gate/per_layer"])[1])  # not defined -> null in JSON
   assert "max_logit" not in out and "qk/q_rms" not in out  # nothing to compute them from
   json.dumps(stats.to_jsonable(out), allow_nan=False)
+  with pytest.raises(TypeError, match="ProbeCapture"):
+    stats.probe(lambda tokens: tokens, jnp.zeros((1, 64), jnp.int32))
 
 
 # Options a family needs to be built at all (attnjax.nn rejects a sparse layer without a pattern).
