@@ -14,7 +14,7 @@ from attnjax.train.config import load_config, split_argv
 
 
 def parse(description: str, default_config: str, argv: Optional[Sequence[str]] = None,
-          default_out: str = "runs/experiment"):
+          default_out: str = "runs/experiment", check: bool = True):
   """Returns ``(config, args)``; the config is loaded, overridden and validated."""
   argv = list(sys.argv[1:] if argv is None else argv)
   spec, overrides, rest = split_argv(argv)
@@ -26,7 +26,7 @@ def parse(description: str, default_config: str, argv: Optional[Sequence[str]] =
   p.add_argument("--report-only", action="store_true", help="only rebuild the report")
   args = p.parse_args(rest)
   try:
-    cfg = load_config(spec or default_config, overrides)
+    cfg = load_config(spec or default_config, overrides, check=check)
   except (ValueError, KeyError, FileNotFoundError) as e:
     p.error(str(e).strip("'\""))
   return cfg, args

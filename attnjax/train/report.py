@@ -128,7 +128,9 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
   panels = (("loss", "training loss (nats)", lambda r: r["loss"], "log"),
             ("max_logit", "max attention logit (max over layers)", lambda r: _layer_max(r, "max_logit"), "log"),
             ("f_attn", "F-Attn (mean over layers)", lambda r: float(np.nanmean(
-                [v if v is not None else np.nan for v in r.get("f_attn") or [np.nan]])), "linear"))
+                [v if v is not None else np.nan for v in r.get("f_attn") or [np.nan]])), "linear"),
+            ("log_z", "mean log Z of the output logits (drift)",
+             lambda r: r["log_z"] if r.get("log_z") is not None else np.nan, "linear"))
   for name, title, get, yscale in panels:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:
@@ -147,11 +149,36 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
   return paths
 
 
+PROBE_PANELS = (("sink_rate/rate", "Sink_1^0.3 (%) on probe sequences"),
+                ("f_attn/f_attn", "F-Attn on probe sequences"),
+                ("massive/m_act", "M-Act (mean over layers of max |h|)"))
+
+
+def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
+  """Sink statistics of the probes against training step, one line per run."""
+  paths = []
+  for key, title in PROBE_PANELS:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+      recs = [r for r in rundir.read_jsonl(rundir.RunDir(run).probes) if r.get(key) is not None]
+      if recs:
+        ax.plot([r["step"] for r in recs], [r[key] for r in recs], "o-", ms=3, lw=0.9,
+                label=os.path.relpath(run, root))
+    ax.set(xlabel="step", title=title)
+    if ax.lines:
+      ax.legend(fontsize=7)
+    path = os.path.join(out_dir, "probe_" + key.split("/")[0] + ".png")
+    _save(fig, path)
+    paths.append(path)
+  return paths
+
+
 def write_report(root: str, *, title: Optional[str] = None, extra: str = "") -> str:
   """Writes ``root/report.md`` and ``root/plots/*.png``; returns the markdown."""
   runs = find_runs(root)
   rows = [row_of(r, root) for r in runs]
-  plots = plot_curves(root, runs, os.path.join(root, "plots")) if runs else []
+  plots = (plot_curves(root, runs, os.path.join(root, "plots"))
+           + plot_probes(root, runs, os.path.join(root, "plots"))) if runs else []
   unit = rows[0]["unit"] if rows else "char"
   text = [f"# {title or os.path.basename(os.path.abspath(root))}\n",
           f"{len(rows)} run(s) under `{root}`. Val loss in nats per token; BPC = bits per "
