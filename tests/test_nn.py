@@ -44,6 +44,16 @@ LAYER_CONFIGS = {
     "window_kv_bias": nn.AttentionConfig(window=3, num_kv_heads=2, kv_bias=True),
     "sinks_window": nn.AttentionConfig(window=2, num_sinks=2, num_kv_heads=2),
     "gate_elementwise": nn.AttentionConfig(output_gate="elementwise"),
+    "linear_elu_gqa": nn.AttentionConfig(family="linear", num_kv_heads=2, chunk_size=4),
+    "linear_favor_gate": nn.AttentionConfig(family="linear", feature_map="favor_plus",
+                                            num_features=8, output_gate="elementwise"),
+    "linear_relu_output_rms": nn.AttentionConfig(family="linear", feature_map="squared_relu",
+                                                 linear_normalize="output_rms", rope_theta=None),
+    "sparse_strided": nn.AttentionConfig(family="sparse", pattern=("strided", (("stride", 3),)),
+                                         block_size=4, num_kv_heads=2),
+    "sparse_sinks_window_sink_logits": nn.AttentionConfig(
+        family="sparse", pattern=("sinks_window", (("num_sinks", 1), ("window", 3))),
+        block_size=4, sink_logits=True),
     "everything": nn.AttentionConfig(family="qk_norm", num_kv_heads=2, sink_logits=True,
                                      kv_bias=True, output_gate="elementwise", window=3,
                                      num_sinks=1, softcap=10.0),
@@ -75,6 +85,11 @@ BAD_CONFIGS = [
     ("pattern", dict(family="sparse")),
     ("head_dim", dict(head_dim=5)),
     ("streaming_rope", dict(streaming_rope="absolute")),
+    ("feature_map", dict(family="linear", feature_map="softmax")),
+    ("linear_normalize", dict(family="linear", linear_normalize="rms")),
+    ("kv_bias", dict(family="sparse", pattern=("causal", ()), kv_bias=True)),
+    ("pattern", dict(family="sparse", pattern=("strided", (("strid", 4),)))),
+    ("pattern", dict(family="sparse", pattern=("nonexistent", ()))),
 ]
 
 
@@ -150,6 +165,13 @@ def test_saturated_gate_equals_ungated(gate):
   np.testing.assert_allclose(gated(x), 0.0, atol=1e-12)
 
 
+def test_random_features_are_state_not_params():
+  layer = _layer(LAYER_CONFIGS["linear_favor_gate"])
+  assert "feature_projection" not in nnx.state(layer, nnx.Param)
+  projection = nnx.state(layer, nn.FeatureProjection)["feature_projection"]
+  assert projection.get_value().shape == (8, 4)
+
+
 def test_very_negative_sink_logits_equal_softmax():
   sinked = _layer(nn.AttentionConfig(sink_logits=True, num_kv_heads=2))
   plain = _layer(nn.AttentionConfig(num_kv_heads=2))  # same seed: same projections
@@ -186,11 +208,12 @@ def _model(attention=None, *, layer_attention=None, num_layers=2, seed=0, **kw):
 
 
 MIXED = (LAYER_CONFIGS["everything"], LAYER_CONFIGS["cosine_swin"],
-         LAYER_CONFIGS["window_kv_bias"])
+         LAYER_CONFIGS["window_kv_bias"], LAYER_CONFIGS["linear_favor_gate"],
+         LAYER_CONFIGS["sparse_strided"])
 
 
 def test_model_logits_log_z_and_split_merge_round_trip():
-  model = _model(layer_attention=MIXED, num_layers=3, mlp="swiglu", norm="layer",
+  model = _model(layer_attention=MIXED, num_layers=5, mlp="swiglu", norm="layer",
                  tie_embeddings=False)
   tokens = _tokens()
   forward = nnx.jit(lambda m, t: m(t, return_log_z=True))
@@ -210,7 +233,7 @@ def test_bfloat16_model_returns_float32_logits():
 
 
 def test_model_is_causal_by_gradient():
-  model = _model(layer_attention=MIXED, num_layers=3)
+  model = _model(layer_attention=MIXED, num_layers=5)
   tokens = _tokens(T=10)
   h0 = model.embed(tokens)
 
@@ -269,14 +292,14 @@ def test_wortsman_init_std():
 
 
 def test_intermediates_hold_stats_of_every_layer():
-  model = _model(layer_attention=MIXED, num_layers=3)
+  model = _model(layer_attention=MIXED, num_layers=5)
   tokens = _tokens()
   forward = nnx.jit(lambda m, t: m(t))
   logits, inter = nnx.capture(forward, nnx.Intermediate)(model, tokens)
-  for i in range(3):
+  for i in range(5):
     stats = inter["blocks"][i]["attention"]["attention_stats"][0]
     assert isinstance(stats, attnjax.AttentionStats)
-    assert stats.max_logit.shape == (B, 4) and bool(jnp.all(jnp.isfinite(stats.entropy)))
+    assert stats.entropy.shape == (B, 4) and bool(jnp.all(jnp.isfinite(stats.entropy)))
     assert inter["blocks"][i]["hidden_max_abs"][0].shape == (B,)
   assert "gate_mean" in inter["blocks"][0]["attention"]
   assert inter["log_z"][0].shape == (B, 12)
@@ -285,11 +308,14 @@ def test_intermediates_hold_stats_of_every_layer():
 
   stats = nn.collect_stats(model, tokens, weights=True, hidden=True)
   np.testing.assert_allclose(stats["logits"], logits, rtol=1e-5, atol=1e-5)
-  assert len(stats["layers"]) == 3
-  for layer in stats["layers"]:
-    for key in ("max_logit", "entropy", "sink_mass", "row_sum", "q_rms", "k_rms",
-                "hidden_max_abs", "hidden_median_abs", "weights", "hidden"):
-      assert key in layer and bool(jnp.all(jnp.isfinite(layer[key]))), key
+  assert len(stats["layers"]) == 5
+  for i, layer in enumerate(stats["layers"]):
+    keys = ["entropy", "sink_mass", "row_sum", "q_rms", "k_rms", "hidden_max_abs",
+            "hidden_median_abs", "weights", "hidden"]
+    if MIXED[i].family != "linear":  # linear attention has no logits
+      keys += ["max_logit", "logsumexp"]
+    for key in keys:
+      assert key in layer and bool(jnp.all(jnp.isfinite(layer[key]))), (i, key)
   h = stats["layers"][1]["hidden"]
   np.testing.assert_allclose(stats["layers"][1]["hidden_max_abs"],
                              jnp.max(jnp.abs(h), axis=(1, 2)), rtol=1e-6)
@@ -307,6 +333,12 @@ DECODE_MODELS = {
     "window_gqa+sinks_window_absolute": (
         nn.AttentionConfig(window=3, num_kv_heads=2),
         nn.AttentionConfig(window=2, num_sinks=2, num_kv_heads=2, streaming_rope="absolute")),
+    "linear_elu_gqa+linear_favor_exact": (
+        LAYER_CONFIGS["linear_elu_gqa"],
+        nn.AttentionConfig(family="linear", feature_map="favor_plus", num_features=8,
+                           stabilize_features=False, num_kv_heads=1)),
+    "sparse_strided+sparse_sinks_window": (LAYER_CONFIGS["sparse_strided"],
+                                           LAYER_CONFIGS["sparse_sinks_window_sink_logits"]),
     "sinks_window_norope+kv_bias_gate_sinks": (
         nn.AttentionConfig(window=3, num_sinks=1, num_kv_heads=1, rope_theta=None),
         nn.AttentionConfig(kv_bias=True, output_gate="headwise", sink_logits=True,

@@ -45,7 +45,7 @@ Decoding (every family; prefill + steps equals the full forward)::
   tokens = nn.generate(model, prompt, num_tokens=32, temperature=0.8, rng=key)
 """
 
-from attnjax.nn.attention import Attention, KVCache
+from attnjax.nn.attention import Attention, FeatureProjection, KVCache, LinearCache
 from attnjax.nn.config import AttentionConfig, ModelConfig
 from attnjax.nn.decode import decode_step, generate, init_cache
 from attnjax.nn.rope import apply_rope
@@ -55,7 +55,9 @@ from attnjax.nn.transformer import (MLP, TransformerBlock, TransformerLM, collec
 __all__ = [
     "Attention",
     "AttentionConfig",
+    "FeatureProjection",
     "KVCache",
+    "LinearCache",
     "MLP",
     "ModelConfig",
     "TransformerBlock",

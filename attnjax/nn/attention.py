@@ -16,6 +16,8 @@ Decoding is functional: :meth:`Attention.init_cache` returns a pytree and
   window`` slots for StreamingLLM, whose keys are rotated at attention time by
   their sequence position (``streaming_rope="absolute"``) or by their position
   in the cache (``"cache"``, Xiao et al. 2024).
+- Linear attention keeps a :class:`LinearCache`, its recurrent state.
+- Sparse layers keep a full cache and mask it by the pattern's rule, by position.
 - A call with ``T`` new tokens attends over the old cache concatenated with the
   new keys, masked by position with :func:`attnjax.masks.structural_mask`, then
   writes the new keys into their slots; so one path serves prefill and steps.
@@ -41,9 +43,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax import masks
+from attnjax import feature_maps, masks, patterns
+from attnjax import linear as linear_lib
 from attnjax import qk_norm as qk_norm_lib
 from attnjax.dense import dot_product_attention
+from attnjax.sparse import sparse_attention
 from attnjax.nn import _layers
 from attnjax.nn.config import AttentionConfig
 from attnjax.nn.rope import apply_rope
@@ -68,7 +72,24 @@ class KVCache(NamedTuple):
   index: Array
 
 
-Cache = Union[KVCache]
+class LinearCache(NamedTuple):
+  """Decode state of a linear-attention layer.
+
+  Attributes:
+    state: :class:`attnjax.linear.LinearState` (``kv_sum [B, K, F, Hv]``,
+      ``k_sum [B, K, F]``), the sums over every key seen.
+    index: ``[]`` int32, tokens seen so far.
+  """
+
+  state: linear_lib.LinearState
+  index: Array
+
+
+Cache = Union[KVCache, LinearCache]
+
+
+class FeatureProjection(nnx.Variable):
+  """Random-feature directions ``[m, H]`` of FAVOR+ / trig maps: state, but not a trained ``Param``."""
 
 
 class Attention(nnx.Module):
@@ -110,6 +131,11 @@ class Attention(nnx.Module):
     if config.output_gate is not None:
       width = N * H if config.output_gate == "elementwise" else N
       self.gate_proj = _layers.linear(d_model, width, ("embed", "heads"), use_bias=True, **lin)
+    if config.family == "linear" and config.feature_map in feature_maps.RANDOM:
+      factory = (feature_maps.favor_plus if config.feature_map == "favor_plus"
+                 else feature_maps.trig_features)
+      drawn = factory(rngs.params(), config.num_features, head_dim=H)
+      self.feature_projection = FeatureProjection(drawn.projection)
     if config.kv_bias:
       # Zero init: the slot starts as a null key of logit 0 with a zero value,
       # i.e. the layer starts as softmax-plus-one; both are learned.
@@ -137,8 +163,12 @@ class Attention(nnx.Module):
 
   def init_cache(self, batch_size: int, max_len: int) -> Cache:
     """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
-    C = self.cache_capacity(max_len)
     K, H = self.num_kv_heads, self.head_dim
+    if self.config.family == "linear":
+      F = self._feature_map(decoding=True).num_features(H)
+      return LinearCache(state=linear_lib.zeros_state(batch_size, K, F, H),
+                         index=jnp.zeros((), jnp.int32))
+    C = self.cache_capacity(max_len)
     return KVCache(
         k=jnp.zeros((batch_size, C, K, H), self.dtype),
         v=jnp.zeros((batch_size, C, K, H), self.dtype),
@@ -177,12 +207,18 @@ class Attention(nnx.Module):
   def _allowed(self, q_positions: Array, k_positions: Array) -> Array:
     """``bool [1, 1, T, S]`` allowed pairs by position: causal, window, sinks; empty slots out."""
     c = self.config
-    window = None if c.window is None else (c.window, 0)
-    allowed = masks.structural_mask(q_positions, k_positions, is_causal=True, window=window)
-    if c.num_sinks:
-      causal = masks.structural_mask(q_positions, k_positions, is_causal=True)
-      sinks = jnp.logical_and(causal, (k_positions < c.num_sinks)[None, None, None, :])
-      allowed = jnp.logical_or(allowed, sinks)
+    if c.family == "sparse":
+      # The pattern's own element rule, at the cache's positions. Patterns whose
+      # choice depends on the length (BigBird's random blocks) see the cache size.
+      S = k_positions.shape[0]
+      allowed = c.make_pattern().allowed(q_positions, k_positions, (S, S))[None, None]
+    elif c.num_sinks:
+      # patterns.sinks_window counts the query itself in its window; ours is the left extent.
+      pattern = patterns.sinks_window(c.num_sinks, c.window + 1)
+      allowed = pattern.allowed(q_positions, k_positions, None)[None, None]
+    else:
+      window = None if c.window is None else (c.window, 0)
+      allowed = masks.structural_mask(q_positions, k_positions, is_causal=True, window=window)
     valid = (k_positions >= 0)[None, None, None, :]
     return jnp.logical_and(allowed, valid)
 
@@ -221,7 +257,14 @@ class Attention(nnx.Module):
       return lambda q, k, v: cosine_attention(
           q, k, v, temperature=temperature, convention=c.cosine_convention,
           eps=c.qk_norm_eps, **common)
-    raise NotImplementedError(f"family={c.family!r} is not available in this build")
+    if c.family == "sparse":
+      if mask is not None:  # decoding: the pattern as a mask over the cache
+        return lambda q, k, v: dot_product_attention(q, k, v, **common)
+      sparse = dict(common, pattern=c.make_pattern(), block_size=c.block_size)
+      for name in ("mask", "is_causal", "window"):
+        del sparse[name]
+      return lambda q, k, v: sparse_attention(q, k, v, **sparse)
+    raise ValueError(f"family={c.family!r} has no softmax-style attention function")
 
   def _forward(self, x: Array, cache: Optional[Cache], sow_weights: Optional[bool]):
     c = self.config
@@ -239,6 +282,9 @@ class Attention(nnx.Module):
 
     start = None if cache is None else cache.index
     positions = jnp.arange(T, dtype=jnp.int32)
+    if c.family == "linear":
+      out, new_cache = self._linear(q, k, v, positions, cache, capture, sow_weights)
+      return self._finish(x, out, capture), new_cache
     if cache is None:
       k_all, v_all, k_positions = k, v, positions
     else:
@@ -252,13 +298,17 @@ class Attention(nnx.Module):
       q = apply_rope(q, q_rope, c.rope_theta)
       k_all = apply_rope(k_all, k_rope, c.rope_theta)
 
-    # The plain training forward passes the structure as is_causal/window so fast
-    # paths can skip blocks; anything else gets an explicit mask by position.
-    if cache is None and not c.kv_bias and not c.num_sinks:
-      mask, is_causal = None, True
+    # The plain training forward passes the structure (is_causal/window, or the
+    # sparse pattern) so fast paths can skip blocks; anything else gets an
+    # explicit mask by position.
+    mask, is_causal, window = None, False, None
+    if cache is None and c.family == "sparse":
+      pass
+    elif cache is None and not c.kv_bias and not c.num_sinks:
+      is_causal = True
       window = None if c.window is None else (c.window, 0)
     else:
-      mask, is_causal, window = self._allowed(positions, k_positions), False, None
+      mask = self._allowed(positions, k_positions)
     if c.kv_bias:
       k_all, v_all, mask = self._append_kv_bias(k_all, v_all, mask)
 
@@ -271,16 +321,58 @@ class Attention(nnx.Module):
       want_weights = c.sow_weights if sow_weights is None else sow_weights
       if want_weights:
         _layers.sow(self, "weights", self._weights(q, k_all, mask, is_causal, window))
+    new_cache = None if cache is None else self._write(cache, k, v, positions)
+    return self._finish(x, out, capture), new_cache
 
+  def _finish(self, x: Array, out: Array, capture: bool) -> Array:
+    """Output gate (if any) and output projection of the heads ``[B, T, N, Hv]``."""
+    c = self.config
+    B, T, _ = x.shape
     if c.output_gate is not None:
       gate = jax.nn.sigmoid(self.gate_proj(x).astype(jnp.float32))
       gate = jnp.reshape(gate, (B, T, self.num_heads, -1))
       if capture:
         _layers.sow(self, "gate_mean", jnp.mean(gate, axis=(1, 3)))
       out = (out.astype(jnp.float32) * gate).astype(out.dtype)
-    y = self.o_proj(jnp.reshape(out, (B, T, -1)))
-    new_cache = None if cache is None else self._write(cache, k, v, positions)
-    return y, new_cache
+    return self.o_proj(jnp.reshape(out, (B, T, -1)))
+
+  def _feature_map(self, *, decoding: bool) -> feature_maps.FeatureMap:
+    c = self.config
+    if c.feature_map not in feature_maps.RANDOM:
+      return feature_maps.by_name(c.feature_map)
+    # A carried state needs the exact (unstabilised) estimator; see AttentionConfig.
+    return feature_maps.FeatureMap(
+        c.feature_map, self.feature_projection[...],
+        stabilize=c.stabilize_features and not decoding, orthogonal=True)
+
+  def _linear(self, q, k, v, positions, cache, capture, sow_weights):
+    """Linear attention: full causal forward, or a step from the cached recurrent state."""
+    c = self.config
+    if cache is not None:
+      positions = positions + cache.index
+    if c.rope_theta is not None:
+      q = apply_rope(q, positions, c.rope_theta)
+      k = apply_rope(k, positions, c.rope_theta)
+    fm = self._feature_map(decoding=cache is not None)
+    kwargs = dict(feature_map=fm, is_causal=True, normalize=c.linear_normalize,
+                  implementation=c.implementation, chunk_size=c.chunk_size)
+    new_cache = None
+    if cache is None:
+      result = linear_lib.linear_attention(q, k, v, return_stats=capture, **kwargs)
+    else:
+      result = linear_lib.linear_attention(q, k, v, initial_state=cache.state,
+                                           return_state=True, return_stats=capture, **kwargs)
+      new_cache = LinearCache(state=result[1], index=cache.index + q.shape[1])
+      result = (result[0],) + tuple(result[2:])
+    out = result[0] if isinstance(result, tuple) else result
+    if capture:
+      _layers.sow(self, "attention_stats", result[-1])
+      want_weights = c.sow_weights if sow_weights is None else sow_weights
+      if want_weights:
+        w = linear_lib.linear_attention_weights(
+            q, k, feature_map=fm, is_causal=True, normalize=c.linear_normalize)
+        _layers.sow(self, "weights", w)
+    return out, new_cache
 
   def _append_kv_bias(self, k: Array, v: Array, mask: Array):
     """Appends the learned key/value slot after the real keys; every query may attend to it."""

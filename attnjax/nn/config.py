@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-from attnjax import _checks, normalizers, qk_norm
+from attnjax import _checks, feature_maps, linear, normalizers, patterns, qk_norm
 
 FAMILIES = ("dense", "qk_norm", "cosine", "linear", "sparse")
 OUTPUT_GATES = (None, "elementwise", "headwise")
@@ -26,6 +26,9 @@ DENSE_FAMILIES = ("dense", "qk_norm", "cosine")
 MLPS = ("gelu", "swiglu")
 NORMS = ("rms", "layer")
 DTYPES = ("float32", "bfloat16", "float16")
+PATTERNS = ("causal", "sliding_window", "strided", "fixed", "global_window", "bigbird",
+            "sinks_window")
+FEATURE_MAPS = feature_maps.DETERMINISTIC + feature_maps.RANDOM
 
 # Initial cosine temperature per convention: Swin v2 learns log(scale) from log 10;
 # "scale" learns the multiplier itself; nGPT's s_qk starts at 1 (logits sqrt(H) cos).
@@ -89,8 +92,16 @@ class AttentionConfig:
     pattern: sparse family: ``(name, ((arg, value), ...))`` naming a factory of
       :mod:`attnjax.patterns`, e.g. ``("strided", (("stride", 4),))``.
     block_size: sparse family: block size of the block-sparse computation.
-    feature_map: linear family: a name from :mod:`attnjax.feature_maps`.
+    feature_map: linear family: a name from :mod:`attnjax.feature_maps`
+      (``"elu_plus_one"``, ``"relu"``, ``"identity"``, ``"squared_relu"``, or the
+      random ``"favor_plus"`` / ``"trig"``, whose projection ``[m, H]`` the
+      layer draws at init and keeps as a non-trained variable).
     num_features: linear family: random features m of ``favor_plus`` / ``trig``.
+    stabilize_features: linear family, random maps: subtract the stop-gradient
+      maxima in the full forward (Performer practice). A decode state cannot carry
+      them, so decoding always uses the exact estimator; with
+      ``linear_normalize="denominator"`` the constants cancel and the two agree
+      up to the denominator's ``eps``.
     linear_normalize: linear family: the ``normalize`` form of
       :func:`attnjax.linear_attention`.
     chunk_size: linear family: chunk size of the chunked implementation.
@@ -123,6 +134,7 @@ class AttentionConfig:
   block_size: int = 16
   feature_map: str = "elu_plus_one"
   num_features: int = 64
+  stabilize_features: bool = True
   linear_normalize: str = "denominator"
   chunk_size: int = 64
   rope_theta: Optional[float] = 10000.0
@@ -149,7 +161,7 @@ class AttentionConfig:
     _checks.check_choice("cosine_convention", self.cosine_convention, qk_norm.COSINE_CONVENTIONS)
     if self.temperature_init is not None:
       _check_type("temperature_init", self.temperature_init, (int, float), "a float")
-    for name in ("sink_logits", "kv_bias", "sow_weights"):
+    for name in ("sink_logits", "kv_bias", "sow_weights", "stabilize_features"):
       _check_type(name, getattr(self, name), bool, "a bool")
     _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
     _positive_int("window", self.window, allow_none=True, minimum=0)
@@ -160,8 +172,8 @@ class AttentionConfig:
     _positive_int("chunk_size", self.chunk_size)
     _checks.check_positive_float("rope_theta", self.rope_theta)
     _checks.check_positive_float("softcap", self.softcap)
-    if not isinstance(self.feature_map, str):
-      raise TypeError(f"feature_map must be a name (str), got {self.feature_map!r}")
+    _checks.check_choice("feature_map", self.feature_map, FEATURE_MAPS)
+    _checks.check_choice("linear_normalize", self.linear_normalize, linear.NORMALIZE)
     self._check_family_options()
 
   def _check_family_options(self):
@@ -186,7 +198,8 @@ class AttentionConfig:
     if family not in ("qk_norm", "cosine"):
       reject(("qk_norm_eps",), "only the qk_norm and cosine families normalise q and k")
     if family != "linear":
-      reject(("feature_map", "num_features", "linear_normalize", "chunk_size"),
+      reject(("feature_map", "num_features", "stabilize_features", "linear_normalize",
+              "chunk_size"),
              "feature maps belong to family='linear'")
     if family != "sparse":
       reject(("pattern", "block_size"), "patterns belong to family='sparse'")
@@ -194,14 +207,16 @@ class AttentionConfig:
       reject(("normalizer", "sink_logits", "kv_bias", "window", "num_sinks", "softcap"),
              "linear attention has no softmax logits to normalise, cap, or add a "
              "null column or window to")
+    if family == "linear":
+      if self.implementation is not None:
+        _checks.check_choice("implementation", self.implementation, linear.IMPLEMENTATIONS)
     if family == "sparse":
       reject(("window", "num_sinks"),
              "use pattern=('sliding_window', ...) or ('sinks_window', ...) instead")
+      reject(("kv_bias",), "sparse_attention takes no extra always-visible key column")
       if self.pattern is None:
         raise ValueError("pattern=None: family='sparse' needs pattern=(name, ((arg, value), ...))")
-      if (not isinstance(self.pattern, tuple) or len(self.pattern) != 2
-          or not isinstance(self.pattern[0], str) or not isinstance(self.pattern[1], tuple)):
-        raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
+      self.make_pattern()
     if self.sink_logits and self.normalizer != "softmax":
       raise ValueError(
           f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
@@ -210,6 +225,21 @@ class AttentionConfig:
       raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
     if changed("streaming_rope") and not self.num_sinks:
       raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0")
+
+  def make_pattern(self) -> "patterns.Pattern":
+    """Sparse family: the configured pattern intersected with causal (a decoder never looks ahead)."""
+    if (not isinstance(self.pattern, tuple) or len(self.pattern) != 2
+        or not isinstance(self.pattern[0], str) or not isinstance(self.pattern[1], tuple)):
+      raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
+    name, args = self.pattern
+    _checks.check_choice("pattern name", name, PATTERNS)
+    try:
+      pattern = getattr(patterns, name)(**dict(args))
+    except TypeError as e:
+      raise TypeError(f"pattern={self.pattern!r}: bad arguments for patterns.{name}: {e}") from e
+    except ValueError as e:
+      raise ValueError(f"pattern={self.pattern!r}: {e}") from e
+    return patterns.intersection(pattern, patterns.causal())
 
   @property
   def kv_heads(self) -> int:
