@@ -317,8 +317,9 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
         if values:
           out[key] = float(max(values) if key == "max_logit" else
                            min(values) if key == "entropy_min" else np.mean(values))
-    out["max_logit_ever"] = float(np.nanmax([max((v for v in r.get("max_logit", []) if v is not None),
-                                                  default=float("nan")) for r in records]))
+    ever = [v for r in records for v in (r.get("max_logit") or [])
+            if v is not None and math.isfinite(v)]
+    out["max_logit_ever"] = float(max(ever)) if ever else None
     out["log_z"] = last.get("log_z")
     out["spike_score"] = spike_score([r["loss"] for r in records])
   if vals:
