@@ -193,3 +193,22 @@ def test_sigkill_mid_run_then_resume_matches(tmp_path):
   assert lines(tmp_path / "killed" / "metrics.jsonl") == lines(
       tmp_path / "reference" / "metrics.jsonl")
   assert reference["status"] == "finished"
+
+
+def test_favor_approx_entry_point_writes_its_report(tmp_path):
+  sys.path.insert(0, os.path.join(REPO, "experiments"))
+  try:
+    import favor_approx
+  finally:
+    sys.path.pop(0)
+  markdown = favor_approx.main([
+      "--config", os.path.join(REPO, "experiments/configs/favor_approx.py:preset=cpu"),
+      "--config.seq_len=16", "--config.head_dim=8", "--config.num_heads=1", "--config.draws=2",
+      "--config.num_features=8,64", "--config.maps=favor_plus_orthogonal,trig_iid",
+      "--out", str(tmp_path)])
+  results = json.load(open(tmp_path / "results.json"))
+  assert set(results) == {"favor_plus_orthogonal", "trig_iid"}
+  assert len(results["trig_iid"]["64"]) == 2
+  # More features, smaller error (positive features, mean of 2 draws).
+  assert np.mean(results["favor_plus_orthogonal"]["64"]) < np.mean(results["favor_plus_orthogonal"]["8"])
+  assert "| 64 |" in markdown and os.path.getsize(tmp_path / "plots" / "favor_error.png") > 1000
