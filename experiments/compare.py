@@ -32,7 +32,8 @@ def main(argv=None) -> str:
     for a in arms:  # every arm's config is checked before any arm trains
       validate(a.config)
     sweep.run_sweep(arms, processes=args.processes)
-  markdown = report.write_report(args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})")
+  markdown = report.write_report(args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})",
+                                 order=cli.csv(cfg.sweep.variants))
   print(markdown)
   print(f"wall time {time.perf_counter() - t0:.0f} s; report: {os.path.join(args.out, 'report.md')}")
   return markdown

@@ -40,7 +40,7 @@ def main(argv=None) -> str:
   for d in datasets:
     root = os.path.join(args.out, d)
     if os.path.isdir(root):
-      md = report.write_report(root, title=f"sinks on {d}")
+      md = report.write_report(root, title=f"sinks on {d}", order=cli.csv(cfg.sweep.variants))
       parts.append(md.replace("](plots/", f"]({d}/plots/").replace("\n# ", "\n## ", 1)
                    .replace("# sinks on", "## sinks on", 1))
   markdown = "\n".join(parts)

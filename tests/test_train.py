@@ -78,7 +78,7 @@ def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
   assert [r["status"] for r in again] == ["diverged", "finished"]
 
   markdown = report.write_report(str(tmp_path), title="tiny")
-  assert "| variant | LR | val loss |" in markdown
+  assert "| variant | LR | initial loss | val loss |" in markdown
   assert "yes (step" in markdown and "| no |" in markdown
   for name in ("loss.png", "max_logit.png", "f_attn.png"):
     assert os.path.getsize(tmp_path / "plots" / name) > 1000

@@ -83,7 +83,8 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 
 COLUMNS = (
-    ("variant", "variant"), ("lr", "LR"), ("val_loss", "val loss"), ("val_bpc", "BPC"),
+    ("variant", "variant"), ("lr", "LR"), ("initial_loss", "initial loss"),
+    ("val_loss", "val loss"), ("val_bpc", "BPC"),
     ("diverged", "diverged?"), ("max_logit", "max logit"), ("entropy", "entropy"),
     ("f_attn", "F-Attn"), ("sink_rate", "Sink_1^0.3 (%)"), ("m_act", "M-Act"),
     ("spike_score", "spike score (%)"), ("tokens_per_s", "tokens/s"),
@@ -173,9 +174,15 @@ def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
   return paths
 
 
-def write_report(root: str, *, title: Optional[str] = None, extra: str = "") -> str:
-  """Writes ``root/report.md`` and ``root/plots/*.png``; returns the markdown."""
+def write_report(root: str, *, title: Optional[str] = None, extra: str = "",
+                 order: Sequence[str] = ()) -> str:
+  """Writes ``root/report.md`` and ``root/plots/*.png``; returns the markdown.
+
+  ``order`` lists run folders (relative to ``root``) to put first, in that order.
+  """
   runs = find_runs(root)
+  rank = {name: i for i, name in enumerate(order)}
+  runs.sort(key=lambda r: (rank.get(os.path.relpath(r, root), len(rank)), r))
   rows = [row_of(r, root) for r in runs]
   plots = (plot_curves(root, runs, os.path.join(root, "plots"))
            + plot_probes(root, runs, os.path.join(root, "plots"))) if runs else []
