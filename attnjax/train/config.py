@@ -85,7 +85,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 100  # 0: only at the end
   c.train.keep_checkpoints = 2
   c.train.stop_after = 0       # > 0: stop (as if killed) after this many steps; for resume tests
-  c.train.divergence_factor = 1.5  # diverged if loss > factor * initial loss (or NaN/Inf)
+  c.train.divergence_factor = 1.5  # diverged if loss > factor * initial loss ...
+  c.train.divergence_patience = 10  # ... for this many steps in a row (NaN/Inf: at once)
   c.train.num_devices = 0      # data-parallel devices: 0 = all of jax.devices()
   c.train.step_stats = True    # per-layer attention stats in every training step
   c.train.progress = True
@@ -297,6 +298,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   _require(t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
   _require(t.probe_len >= 2, f"train.probe_len must be >= 2, got {t.probe_len}")
   _require(t.divergence_factor > 1, f"train.divergence_factor must be > 1, got {t.divergence_factor}")
+  _require(t.divergence_patience >= 1,
+           f"train.divergence_patience must be >= 1, got {t.divergence_patience}")
   _require(t.num_devices >= 0, f"train.num_devices must be >= 0, got {t.num_devices}")
   if num_devices is not None and t.num_devices:
     _require(t.num_devices <= num_devices,

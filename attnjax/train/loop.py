@@ -13,10 +13,11 @@ drops every JSONL line with ``step >= c`` and continues, so its files equal
 those of a run that was never interrupted (apart from wall-clock fields:
 ``time_s``, ``tokens_per_s``).
 
-Divergence: the host reads the device metrics every ``log_every`` steps; the
-first step whose loss is NaN/Inf or above ``divergence_factor`` times the
-initial loss ends the run as ``"diverged"`` with that step, cleanly (files
-closed, summary written), and the caller (a sweep) carries on.
+Divergence: the host reads the device metrics every ``log_every`` steps; a
+NaN/Inf loss, or a loss above ``divergence_factor`` times the initial loss for
+``divergence_patience`` steps in a row, ends the run as ``"diverged"`` with
+the first such step, cleanly (files closed, summary written), and the caller
+(a sweep) carries on.
 """
 
 from __future__ import annotations
@@ -86,12 +87,36 @@ def _to_host(metrics: list[dict]) -> list[dict]:
   return out
 
 
-def _first_divergence(records: list[dict], initial_loss: float, factor: float) -> Optional[int]:
-  for r in records:
-    loss = r["loss"]
-    if not math.isfinite(loss) or not math.isfinite(r["grad_norm"]) or loss > factor * initial_loss:
-      return r["step"]
-  return None
+class DivergenceWatch:
+  """Finds the step where a run diverged: NaN/Inf loss or grad norm at once, or a loss
+  above ``factor`` x the initial loss for ``patience`` steps in a row (a transient
+  spike that recovers is not a divergence). Uses ``attnjax.stats.is_diverged``.
+  """
+
+  def __init__(self, factor: float, patience: int):
+    self.factor, self.patience = factor, patience
+    self.run_start: Optional[int] = None
+    self.run_length = 0
+    self.decided_at: Optional[int] = None  # the step whose loss settled the verdict
+
+  def update(self, records: list[dict], initial_loss: float) -> Optional[int]:
+    from attnjax import stats
+
+    for r in records:
+      loss, gnorm = r["loss"], r["grad_norm"]
+      if loss is None or gnorm is None or not (math.isfinite(loss) and math.isfinite(gnorm)):
+        self.decided_at = r["step"]
+        return r["step"]
+      if bool(stats.is_diverged(loss, initial_loss, factor=self.factor)):
+        if self.run_length == 0:
+          self.run_start = r["step"]
+        self.run_length += 1
+        if self.run_length >= self.patience:
+          self.decided_at = r["step"]
+          return self.run_start
+      else:
+        self.run_length = 0
+    return None
 
 
 class Trainer:
@@ -204,6 +229,11 @@ class Trainer:
       from tqdm.auto import tqdm
       bar = tqdm(total=t.steps, initial=start, desc=f"{cfg.variant}", leave=False, mininterval=1.0)
 
+    watch = DivergenceWatch(t.divergence_factor, t.divergence_patience)
+    if start > 0:  # a streak of high losses may span the checkpoint: replay it
+      watch.update([r for r in rundir.read_jsonl(self.dir.metrics) if r.get("kind") == "train"],
+                   initial_loss)
+
     def flush() -> Optional[int]:
       """Reads pending device metrics, writes them, returns the divergence step if any."""
       nonlocal pending, pending_steps, last_flush, initial_loss, train_time, last_train
@@ -221,9 +251,9 @@ class Trainer:
       if not math.isfinite(initial_loss):
         initial_loss = records[0]["loss"]
         self.state["initial_loss"] = self.dp.replicate(jnp.float32(initial_loss))
-      bad = _first_divergence(records, initial_loss, t.divergence_factor)
+      bad = watch.update(records, initial_loss)
       if bad is not None:
-        records = [r for r in records if r["step"] <= bad]
+        records = [r for r in records if r["step"] <= watch.decided_at]
       if metrics_out:
         metrics_out.write(records)
       last_train = records[-1]
