@@ -10,8 +10,8 @@ validation when ``s % eval_every == 0`` and at the end, a sink probe when
 Metrics of step ``s`` (``"kind": "train"``) describe the batch-``s`` loss
 before update ``s``. A resumed run restores the latest checkpoint ``c``,
 drops every JSONL line with ``step >= c`` and continues, so its files equal
-those of a run that was never interrupted (apart from wall-clock fields:
-``time_s``, ``tokens_per_s``).
+those of a run that was never interrupted (apart from the wall-clock field
+``tokens_per_s``).
 
 Divergence: the host reads the device metrics every ``log_every`` steps; a
 NaN/Inf loss, or a loss above ``divergence_factor`` times the initial loss for

@@ -108,7 +108,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     stats: compute per-layer attention statistics in the training forward.
 
   Returns:
-    The step. ``state`` is ``{"params", "opt_state", "step"}``; ``metrics``
+    The step. ``state`` is ``{"params", "opt_state", "step", "initial_loss"}``; ``metrics``
     holds float32 device scalars (``loss`` is the cross-entropy before the
     update; ``total_loss`` adds the z-loss) and per-layer ``[L]`` arrays.
   """
