@@ -290,6 +290,8 @@ class Trainer:
         if "ckpt" in boundary:
           manager.save(step, args=ocp.args.StandardSave(self.state))
           manager.wait_until_finished()
+        if boundary:  # tokens/s and train_time_s count training steps only
+          last_flush = time.perf_counter()
         if step == t.steps:
           break
         if t.stop_after and step == t.stop_after:
