@@ -58,7 +58,8 @@ def measure(cfg) -> dict:
 
 def main(argv=None) -> str:
   cfg, args = cli.parse(__doc__, "experiments/configs/favor_approx.py:preset=cpu", argv,
-                        default_out="runs/favor_approx", check=False)
+                        default_out="runs/favor_approx", check=False,
+                        sweep=False)
   t0 = time.perf_counter()
   results = measure(cfg)
   os.makedirs(args.out, exist_ok=True)

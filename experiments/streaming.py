@@ -69,7 +69,7 @@ def token_losses_streaming(model, inputs, targets, cache_len: int) -> np.ndarray
 
 def main(argv=None) -> str:
   cfg, args = cli.parse(__doc__, "experiments/configs/streaming.py:preset=cpu", argv,
-                        default_out="runs/streaming")
+                        default_out="runs/streaming", sweep=False)
   init_distributed()
   t0 = time.perf_counter()
   cfg.run_dir = os.path.join(args.out, "train")

@@ -22,7 +22,7 @@ from attnjax.train.loop import init_distributed, train  # noqa: E402
 
 def main(argv=None) -> dict:
   cfg, args = cli.parse(__doc__, "experiments/configs/shakespeare.py:preset=cpu", argv,
-                        default_out="")
+                        default_out="", sweep=False)
   cfg.run_dir = args.out or os.path.join("runs", "train", cfg.variant)
   init_distributed()
   summary = train(cfg)
