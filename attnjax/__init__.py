@@ -9,11 +9,13 @@ Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
 ``[B, S, K, H]`` with ``N % K == 0``; the output is ``[B, T, N, H]``.
 """
 
+from attnjax import feature_maps
 from attnjax import masks
 from attnjax import normalizers
 from attnjax import patterns
 from attnjax.attention_stats import AttentionStats
 from attnjax.dense import dot_product_attention
+from attnjax.linear import linear_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
@@ -26,6 +28,8 @@ __all__ = [
     "AttentionStats",
     "cosine_attention",
     "dot_product_attention",
+    "feature_maps",
+    "linear_attention",
     "masks",
     "nn",
     "normalizers",

@@ -55,6 +55,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import jax
@@ -217,6 +218,11 @@ def gaussian_projection(key: Array, num_features: int, head_dim: int, *,
     raise ValueError(f"num_features must be a positive int, got {num_features!r}")
   if not isinstance(head_dim, (int, np.integer)) or head_dim <= 0:
     raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+  return _draw_projection(key, int(num_features), int(head_dim), bool(orthogonal))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _draw_projection(key: Array, num_features: int, head_dim: int, orthogonal: bool) -> Array:
   if not orthogonal:
     return jax.random.normal(key, (num_features, head_dim), jnp.float32)
   num_blocks = -(-num_features // head_dim)

@@ -36,7 +36,9 @@ sequence.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+import functools
+
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -122,50 +124,81 @@ def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
   return jnp.moveaxis(num, 0, 1), jnp.moveaxis(den, 0, 1), final
 
 
-def chunked(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, chunk_size: int):
+def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int,
+            features: Optional[Callable[[Array, bool], Array]] = None,
+            finish_fn: Optional[Callable[[Array, Array], Array]] = None):
   """Causal chunked form: intra-chunk masked quadratic + the state of the earlier chunks.
 
-  Time is padded with zero features up to a multiple of ``chunk_size`` (a zero
-  key adds nothing to any sum; padded query rows are dropped) and split into
-  chunks. A ``lax.scan`` over chunks carries ``(S, z)``; each step does four
-  batched matmuls over ``(B, K)``: ``phi(Q_c) phi(K_c)^T`` (masked), its product
-  with ``V_c``, ``phi(Q_c) S`` and the update ``S += phi(K_c)^T V_c``. Cost
-  ``O(T (C (F + Hv) + F Hv))`` and a working set of one chunk, so time grows
-  linearly in ``T``; scanning (rather than materialising every chunk's state
-  with a prefix sum) keeps that set in cache, which is what made it several
-  times faster on the CPU.
+  A ``lax.scan`` over chunks of ``chunk_size`` carries ``(S, z)``; each step does
+  four batched matmuls over ``(B, K)``: ``phi(Q_c) phi(K_c)^T`` (masked), its
+  product with ``V_c``, ``phi(Q_c) S`` and the update ``S += phi(K_c)^T V_c``.
+  Cost ``O(T (C (F + Hv) + F Hv))`` with a working set of one chunk, so time
+  grows linearly in ``T``. (Materialising every chunk's state with a prefix sum
+  instead was several times slower on the CPU: the states do not stay in cache.)
+
+  Time is padded up to a multiple of ``chunk_size``; padded keys are zeroed (they
+  add nothing to any sum) and padded query rows are dropped.
+
+  Args:
+    q: ``[B, T, K, G, *]`` query features, or raw queries when ``features`` is given.
+    k: ``[B, T, K, *]`` key features, or raw keys.
+    v: ``[B, T, K, Hv]`` float32 values.
+    state: the state before the first chunk.
+    chunk_size: ``C``.
+    features: optional elementwise ``(x, is_query) -> phi(x)`` applied to each
+      chunk inside the step, so the feature map costs no pass over memory of its
+      own (only for maps without cross-position stabilisers).
+    finish_fn: optional ``(num, den) -> out`` applied inside the step; then the
+      first result is the finished output and the second is None.
+
+  Returns:
+    ``(num [B, T, K, G, Hv], den [B, T, K, G], final state)``, or
+    ``(out, None, final state)`` with ``finish_fn``.
   """
-  B, T, K, G, F = phi_q.shape
+  B, T, K, G = q.shape[:4]
   Hv = v.shape[-1]
   C = min(chunk_size, T)
   num_chunks = -(-T // C)
   pad = num_chunks * C - T
   if pad:
-    phi_q = jnp.pad(phi_q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
-    phi_k = jnp.pad(phi_k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+    k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
-  # Chunk-major, head-major layouts, so each step's einsums are plain batched
-  # matmuls over (B, K) with the contraction on the last axis or the one before.
-  qc = jnp.transpose(jnp.reshape(phi_q, (B, num_chunks, C, K, G, F)), (1, 0, 3, 4, 2, 5))
-  kc = jnp.transpose(jnp.reshape(phi_k, (B, num_chunks, C, K, F)), (1, 0, 3, 2, 4))
-  vc = jnp.transpose(jnp.reshape(v, (B, num_chunks, C, K, Hv)), (1, 0, 3, 2, 4))
-  # qc [n, B, K, G, C, F]; kc [n, B, K, C, F]; vc [n, B, K, C, Hv]
+  # Chunk-major in the inputs' own layout: [n, B, C, ...]. For B = 1 this is a
+  # reshape, not a copy; the per-step einsums transpose one chunk in cache.
+  qc = jnp.swapaxes(jnp.reshape(q, (B, num_chunks, C) + q.shape[2:]), 0, 1)
+  kc = jnp.swapaxes(jnp.reshape(k, (B, num_chunks, C) + k.shape[2:]), 0, 1)
+  vc = jnp.swapaxes(jnp.reshape(v, (B, num_chunks, C, K, Hv)), 0, 1)
   keep = jnp.reshape(masks.causal_mask(C, C), (1, 1, 1, C, C))
 
   def step(carry: LinearState, xs):
-    q_c, k_c, v_c = xs
-    w = jnp.where(keep, _einsum("bkgcf,bkdf->bkgcd", q_c, k_c), 0.0)
-    num = _einsum("bkgcd,bkdh->bkgch", w, v_c) + _einsum("bkgcf,bkfh->bkgch", q_c, carry.kv_sum)
-    den = jnp.sum(w, axis=-1) + _einsum("bkgcf,bkf->bkgc", q_c, carry.k_sum)
-    new = LinearState(carry.kv_sum + _einsum("bkcf,bkch->bkfh", k_c, v_c),
-                      carry.k_sum + jnp.sum(k_c, axis=2))
+    q_c, k_c, v_c, index = xs  # [B, C, K, G, *], [B, C, K, *], [B, C, K, Hv], []
+    if features is not None:
+      q_c = features(q_c, True)
+      k_c = features(k_c, False)
+    if pad:
+      real = (index * C + jnp.arange(C)) < T
+      k_c = jnp.where(jnp.reshape(real, (1, C, 1, 1)), k_c, 0.0)
+    w = jnp.where(keep, _einsum("bckgf,bdkf->bkgcd", q_c, k_c), 0.0)
+    num = (_einsum("bkgcd,bdkh->bckgh", w, v_c)
+           + _einsum("bckgf,bkfh->bckgh", q_c, carry.kv_sum))
+    den = (jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2))
+           + _einsum("bckgf,bkf->bckg", q_c, carry.k_sum))
+    new = LinearState(carry.kv_sum + _einsum("bckf,bckh->bkfh", k_c, v_c),
+                      carry.k_sum + jnp.sum(k_c, axis=1))
+    if finish_fn is not None:
+      return new, finish_fn(num, den)
     return new, (num, den)
 
-  final, (num, den) = jax.lax.scan(step, state, (qc, kc, vc))
-  # num [n, B, K, G, C, Hv] -> [B, T, K, G, Hv]; den likewise without Hv.
-  num = jnp.reshape(jnp.transpose(num, (1, 0, 4, 2, 3, 5)), (B, num_chunks * C, K, G, Hv))
-  den = jnp.reshape(jnp.transpose(den, (1, 0, 4, 2, 3)), (B, num_chunks * C, K, G))
-  return num[:, :T], den[:, :T], final
+  final, ys = jax.lax.scan(step, state, (qc, kc, vc, jnp.arange(num_chunks)))
+
+  def unchunk(x):  # [n, B, C, ...] -> [B, T, ...]
+    x = jnp.swapaxes(x, 0, 1)
+    return jnp.reshape(x, (B, num_chunks * C) + x.shape[3:])[:, :T]
+
+  if finish_fn is not None:
+    return unchunk(ys), None, final
+  return unchunk(ys[0]), unchunk(ys[1]), final
 
 
 def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
@@ -392,23 +425,34 @@ def _linear_attention(
       return_state=return_state, eps=eps)
   B, T, N, _ = q.shape
   K, Hv = k.shape[2], v.shape[3]
-  phi_q = group_queries(feature_map(q, is_query=True), K)
-  phi_k = feature_map(k, is_query=False)
   v32 = v.astype(jnp.float32)
-  if implementation == "parallel":
-    num, den, final = parallel(phi_q, phi_k, v32, state, is_causal=is_causal)
-  elif not is_causal:
-    num, den, final = noncausal(phi_q, phi_k, v32, state)
-  elif implementation == "recurrent":
-    num, den, final = recurrent(phi_q, phi_k, v32, state)
+  finish_fn = functools.partial(finish, normalize=normalize, eps=eps)
+  if is_causal and implementation == "chunked" and not feature_map.needs_consistent_scale:
+    # Elementwise maps run inside the chunk loop, fused with their matmuls.
+    out, _, final = chunked(group_queries(q, K), k, v32, state, chunk_size=chunk_size,
+                            features=lambda x, is_query: feature_map(x, is_query=is_query),
+                            finish_fn=finish_fn)
+    phi_q = phi_k = None
   else:
-    num, den, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size)
-  out = finish(num, den, normalize=normalize, eps=eps)
+    phi_q = group_queries(feature_map(q, is_query=True), K)
+    phi_k = feature_map(k, is_query=False)
+    if implementation == "parallel":
+      num, den, final = parallel(phi_q, phi_k, v32, state, is_causal=is_causal)
+    elif not is_causal:
+      num, den, final = noncausal(phi_q, phi_k, v32, state)
+    elif implementation == "recurrent":
+      num, den, final = recurrent(phi_q, phi_k, v32, state)
+    else:
+      num, den, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size)
+    out = finish_fn(num, den)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
   result = (out,)
   if return_state:
     result += (final,)
   if return_stats:
+    if phi_q is None:
+      phi_q = group_queries(feature_map(q, is_query=True), K)
+      phi_k = feature_map(k, is_query=False)
     if implementation == "parallel":
       stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
     else:

@@ -269,6 +269,68 @@ def train_suite(args) -> Iterable[Case]:
                    trainer.flops_per_token * tokens, baseline=not with_stats, tokens=tokens)
 
 
+def linear_flops(B: int, N: int, T: int, H: int, chunk_size: int, *, backward: bool = False) -> float:
+  """Matmul flops of the chunked linear form as computed (full C x C intra-chunk blocks).
+
+  Per token and head: ``2 C F + 2 C Hv`` (intra-chunk scores and their product
+  with V) plus ``4 F Hv`` (reading and updating the state), with F = Hv = H;
+  forward+backward counts 3x.
+  """
+  fwd = B * N * T * (4.0 * chunk_size * H + 4.0 * H * H)
+  return fwd * 3.0 if backward else fwd
+
+
+@suite("linear")
+def linear_suite(args) -> Iterable[Case]:
+  """Causal linear attention (B=1, N=8, H=64, fp32, elu+1, normalised): chunked form vs dense jax.nn.
+
+  Rows at the first size compare the chunked form (several chunk sizes C) with
+  causal ``jax.nn.dot_product_attention``, forward and forward+backward. The
+  "T_big/T_base" rows compare the chunked form with itself: the baseline is
+  the first size, so "vs baseline" is the time growth (linear in T means 4x
+  for 4096 -> 16384). jax.nn never runs above T=4096 (its T x T logits need
+  ~16 GiB at 16384). GFLOP/s of linear rows count the chunked form's own
+  matmuls (see ``linear_flops``), not dense-attention flops.
+  """
+  B, N, H = 1, 8, 64
+  sizes = parse_sizes(args.sizes or "4096,16384")
+  base_T = sizes[0]
+
+  def chunked(C):
+    return jax.jit(lambda q, k, v: attnjax.linear_attention(
+        q, k, v, is_causal=True, implementation="chunked", chunk_size=C))
+
+  q, k, v = qkv(B, base_T, N, H)
+  shape = f"T={base_T}"
+  dense_flops = attention_flops(B, N, H, allowed_pairs(base_T, base_T, is_causal=True))
+  if base_T <= 4096:
+    yield Case("linear", "jax.nn.dot_product_attention causal", shape,
+               jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+               (q, k, v), dense_flops, baseline=True)
+  for C in (32, 64, 128):
+    yield Case("linear", f"attnjax linear chunked C={C}", shape, chunked(C), (q, k, v),
+               linear_flops(B, N, base_T, H, C))
+  shape_bwd = f"T={base_T} fwd+bwd"
+  if base_T <= 4096:
+    yield Case("linear", "jax.nn.dot_product_attention causal", shape_bwd,
+               fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+               (q, k, v), attention_flops(B, N, H, allowed_pairs(base_T, base_T, is_causal=True),
+                                          backward=True), baseline=True)
+  for C in (32, 64):
+    yield Case("linear", f"attnjax linear chunked C={C}", shape_bwd,
+               fwd_bwd(lambda q, k, v, C=C: attnjax.linear_attention(
+                   q, k, v, is_causal=True, implementation="chunked", chunk_size=C)),
+               (q, k, v), linear_flops(B, N, base_T, H, C, backward=True))
+  for T in sizes[1:]:
+    big = qkv(B, T, N, H)
+    for C in (32, 64):
+      scaling = f"T={T}/T={base_T} C={C}"
+      yield Case("linear", f"attnjax linear chunked T={base_T}", scaling, chunked(C), (q, k, v),
+                 linear_flops(B, N, base_T, H, C), baseline=True)
+      yield Case("linear", f"attnjax linear chunked T={T}", scaling, chunked(C), big,
+                 linear_flops(B, N, T, H, C))
+
+
 # ---------------------------------------------------------------------------
 # Memory measurement in a child process.
 
