@@ -266,11 +266,46 @@ def _grouped5(x: Array, K: int) -> Array:
   return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
 
 
-def _tile(x: Array, q0: int, q1: int, k0: int, k1: int) -> Array:
+def _kslice(x: Array, k0, tk: int, axis: int) -> Array:
+  """``tk`` entries from ``k0`` along ``axis``; ``k0`` is an int or, inside a loop, a traced index."""
+  if isinstance(k0, int):
+    return jax.lax.slice_in_dim(x, k0, k0 + tk, axis=axis)
+  return jax.lax.dynamic_slice_in_dim(x, k0, tk, axis=axis)
+
+
+def _tile(x: Array, q0: int, q1: int, k0, tk: int) -> Array:
   """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
-  t = slice(None) if x.shape[3] == 1 else slice(q0, q1)
-  s = slice(None) if x.shape[4] == 1 else slice(k0, k1)
-  return x[:, :, :, t, s]
+  if x.shape[3] != 1:
+    x = x[:, :, :, q0:q1]
+  return x if x.shape[4] == 1 else _kslice(x, k0, tk, 4)
+
+
+def _add_tile(acc: Array, tile: Array, starts: tuple) -> Array:
+  """``acc[starts : starts + tile.shape] += tile`` (in place under XLA; starts may be traced)."""
+  starts = tuple(jnp.asarray(s, jnp.int32) for s in starts)
+  current = jax.lax.dynamic_slice(acc, starts, tile.shape)
+  return jax.lax.dynamic_update_slice(acc, current + tile, starts)
+
+
+def _rows(x: Array, G: int, tq: int) -> Array:
+  """``[X, Kx, G|1, tq|1, Y]`` -> ``[X, Kx, G * tq | 1, Y]``: the kernel's row axis is (group, time).
+
+  Every matmul of the kernel is a rank-4 batched matmul over ``(B, K)`` with all
+  ``G`` query heads of a group stacked along its rows, so GQA costs no copies of
+  K or V and XLA's CPU dot needs no layout changes.
+  """
+  X, Kx, Gx, Tx, Y = x.shape
+  if Gx == 1 and Tx == 1:
+    return jnp.reshape(x, (X, Kx, 1, Y))
+  if G == 1:
+    return jnp.reshape(x, (X, Kx, Tx, Y))
+  return jnp.reshape(jnp.broadcast_to(x, (X, Kx, G, tq, Y)), (X, Kx, G * tq, Y))
+
+
+def _unrows(x: Array, G: int) -> Array:
+  """``[B, K, G * tq, Y]`` -> ``[B, K, G, tq, Y]``."""
+  B, K, R, Y = x.shape
+  return jnp.reshape(x, (B, K, G, R // G, Y))
 
 
 def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
@@ -295,19 +330,22 @@ class _Arrays:
     else:
       self.q = q32
       self.q_sq = jnp.sum(q32 * q32, axis=-1, keepdims=True)  # [B, K, G, T, 1]
-      self.k_sq = jnp.sum(self.k * self.k, axis=-1)[:, :, None, None, :]  # [B, K, 1, 1, S]
+      self.k_sq = jnp.sum(self.k * self.k, axis=-1)[:, :, None, :]  # [B, K, 1, S]
     self.bias = None if bias is None else _grouped5(bias.astype(jnp.float32), K)
     self.mask = None if mask is None else _grouped5(mask, K)
     self.sink = None if sink is None else jnp.reshape(sink.astype(jnp.float32), (1, K, G, 1, 1))
     self.q_seg, self.kv_seg = q_seg, kv_seg
 
+  def q_rows(self, c: _Call, q0: int, q1: int) -> Array:
+    return _rows(self.q[:, :, :, q0:q1], c.G, q1 - q0)
 
-def _floor(c: _Call, a: _Arrays):
-  """Lower bound of the exp shift: the null column's logit (or 0 for softpick)."""
+
+def _floor(c: _Call, a: _Arrays, tq: int):
+  """Lower bound of the exp shift in rows: the null column's logit (or 0 for softpick)."""
   if c.has_sink:
-    return a.sink
+    return _rows(a.sink, c.G, tq)
   if c.opts.normalizer in ("softmax_one", "softpick"):
-    return jnp.zeros((1, 1, 1, 1, 1), jnp.float32)
+    return jnp.zeros((1, 1, 1, 1), jnp.float32)
   return None
 
 
@@ -315,58 +353,122 @@ def _shift(m: Array, floor) -> Array:
   return _finite(m if floor is None else jnp.maximum(m, floor))
 
 
-def _logits(c: _Call, a: _Arrays, q0, q1, k0, k1):
-  """Float32 logits of one tile ``[B, K, G, tq, tk]`` and the pre-bias capped similarity."""
-  qb = a.q[:, :, :, q0:q1]
-  kb = a.k[:, :, k0:k1]
-  s = jnp.einsum("bkgth,bksh->bkgts", qb, kb, preferred_element_type=jnp.float32)
+def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
+  """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity."""
+  kb = _kslice(a.k, k0, tk, 2)
+  s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
-    s = -c.opts.scale * (a.q_sq[:, :, :, q0:q1] - 2.0 * s + a.k_sq[..., k0:k1])
+    q_sq = _rows(a.q_sq[:, :, :, q0:q1], c.G, q1 - q0)
+    s = -c.opts.scale * (q_sq - 2.0 * s + _kslice(a.k_sq, k0, tk, 3))
   if c.opts.softcap is not None:
     s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
   capped = s
   if a.bias is not None:
-    s = s + _tile(a.bias, q0, q1, k0, k1)
+    s = s + _rows(_tile(a.bias, q0, q1, k0, tk), c.G, q1 - q0)
   return s, capped
 
 
-def _allowed(c: _Call, a: _Arrays, q0, q1, k0, k1, needs_mask: bool, seg_mask: bool):
-  """Boolean ``[B|1, K|1, G|1, tq, tk]`` of the tile, or None when all is allowed."""
-  out = None
-  if needs_mask and c.mask_fn is not None:
-    m = c.mask_fn(jnp.arange(q0, q1), jnp.arange(k0, k1))
+def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: bool):
+  """Boolean ``[B|1, K|1, G*tq|1, tk]`` of the tile, or None when all is allowed."""
+  out = None  # built as [X, K|1, G|1, tq, tk], then laid out as rows
+  tq = q1 - q0
+  if needs_mask and c.mask_fn is not None:  # masked visits are unrolled: k0 is an int
+    m = c.mask_fn(jnp.arange(q0, q1), jnp.arange(k0, k0 + tk))
     if m is not None:
-      out = jnp.reshape(m, (m.shape[0], 1, 1, q1 - q0, k1 - k0))
-  if a.mask is not None:
-    out = _and(out, _tile(a.mask, q0, q1, k0, k1))
+      out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
   if seg_mask:
-    seg = a.q_seg[:, q0:q1, None] == a.kv_seg[:, None, k0:k1]
-    out = _and(out, jnp.reshape(seg, (c.B, 1, 1, q1 - q0, k1 - k0)))
-  return out
+    seg = a.q_seg[:, q0:q1, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
+    out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
+  if a.mask is not None:
+    out = _and(out, _tile(a.mask, q0, q1, k0, tk))
+  return None if out is None else _rows(out, c.G, tq)
+
+
+SKIP, FULL, MASKED = 0, 1, 2
+
+
+def segment_block_relations(q_segment_ids: Array, kv_segment_ids: Array,
+                            layout: BlockLayout) -> Array:
+  """Run-time relation of every (query block, key block) pair under segment ids.
+
+  Args:
+    q_segment_ids: ``[B, T]`` integer ids.
+    kv_segment_ids: ``[B, S]`` integer ids.
+    layout: the blocks.
+
+  Returns:
+    int32 ``[num_q_blocks, num_kv_blocks]``: ``SKIP`` (0) when, in every batch
+    row, the query block's id range and the key block's id range do not
+    overlap (no pair can match, the block is not computed), ``FULL`` (1) when
+    every query and key of the pair share one id in every batch row (no
+    segment comparison needed), else ``MASKED`` (2). Exact for sorted
+    (packed) ids; for unsorted ids a block may be ``MASKED`` that could have
+    been skipped, never the reverse.
+  """
+  def ranges(ids, n, rng):
+    lo = jnp.stack([jnp.min(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
+    hi = jnp.stack([jnp.max(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
+    return lo[:, :, None], hi[:, :, None]  # [B, n, 1]
+
+  qlo, qhi = ranges(q_segment_ids, layout.num_q_blocks, layout.q_range)
+  klo, khi = ranges(kv_segment_ids, layout.num_kv_blocks, layout.kv_range)
+  klo, khi = jnp.transpose(klo, (0, 2, 1)), jnp.transpose(khi, (0, 2, 1))  # [B, 1, nk]
+  meets = jnp.any(jnp.logical_and(qlo <= khi, klo <= qhi), axis=0)
+  single = jnp.all((qlo == qhi) & (klo == khi) & (qlo == klo), axis=0)
+  return jnp.where(meets, jnp.where(single, FULL, MASKED), SKIP).astype(jnp.int32)
 
 
 def _segment_relations(c: _Call, a: _Arrays):
-  """Per-block segment ranges, for the run-time skip: ``relation(i, j)`` -> 0 skip, 1 full, 2 mask."""
+  table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)
+  return lambda i, j: table[i, j]
+
+
+# A query block's unmasked visits to full-size key blocks run in a lax.fori_loop once there are
+# more than this many (keeps the program, and its compile time, O(number of query blocks));
+# fewer are unrolled, which lets XLA schedule them freely.
+MAX_UNROLLED_FULL_VISITS = 2
+
+
+def _visit_blocks(c: _Call, relation, i: int, carry, visit):
+  """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
+
+  Unmasked visits to full-size key blocks (other than block 0, whose first
+  column feeds ``sink_mass``) go through a ``lax.fori_loop`` with a traced
+  ``k0`` when there are more than ``MAX_UNROLLED_FULL_VISITS``; the rest
+  (diagonal, partial and ragged blocks) are unrolled with static offsets.
+  With segment ids each visit is wrapped in ``lax.switch`` on the run-time
+  block relation: a block whose query and key segments cannot meet costs a few
+  scalar comparisons (only the chosen branch runs), and a block inside one
+  segment pays no segment comparison.
+  """
   L = c.layout
-  q_rng = [(jnp.min(a.q_seg[:, q0:q1], axis=1), jnp.max(a.q_seg[:, q0:q1], axis=1))
-           for q0, q1 in map(L.q_range, range(L.num_q_blocks))]
-  k_rng = [(jnp.min(a.kv_seg[:, k0:k1], axis=1), jnp.max(a.kv_seg[:, k0:k1], axis=1))
-           for k0, k1 in map(L.kv_range, range(L.num_kv_blocks))]
+  visits = L.visits(i)
+  looped = [j for j, nm in visits
+            if not nm and j != 0 and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k]
+  if len(looped) <= MAX_UNROLLED_FULL_VISITS:
+    looped = []
+  unrolled = [(j, nm) for j, nm in visits if j not in looped]
 
-  def relation(i, j):
-    (qlo, qhi), (klo, khi) = q_rng[i], k_rng[j]
-    meets = jnp.any(jnp.logical_and(qlo <= khi, klo <= qhi))
-    single = jnp.all((qlo == qhi) & (klo == khi) & (qlo == klo))
-    return jnp.where(meets, jnp.where(single, 1, 2), 0)
+  def one(carry, j, k0, tk, needs_mask, first):
+    def body(seg_mask):
+      return visit(carry, k0, tk, needs_mask, seg_mask, first)
+    if not c.has_segments:
+      return body(False)
+    return jax.lax.switch(relation(i, j),
+                          [lambda: carry, lambda: body(False), lambda: body(True)])
 
-  return relation
+  if looped:
+    kv_blocks = jnp.asarray(looped, jnp.int32)
 
+    def step(n, carry):
+      j = kv_blocks[n]
+      return one(carry, j, j * L.block_k, L.block_k, False, False)
 
-def _run_visit(c: _Call, relation, i: int, j: int, needs_mask: bool, body, skip_value):
-  """Calls ``body(seg_mask)`` for one visit, with the run-time segment skip when there are segments."""
-  if not c.has_segments:
-    return body(False)
-  return jax.lax.switch(relation(i, j), [lambda: skip_value, lambda: body(False), lambda: body(True)])
+    carry = jax.lax.fori_loop(0, len(looped), step, carry)
+  for j, needs_mask in unrolled:
+    k0, k1 = L.kv_range(j)
+    carry = one(carry, j, k0, k1 - k0, needs_mask, k0 == 0)
+  return carry
 
 
 # ---------------------------------------------------------------------------
@@ -374,27 +476,23 @@ def _run_visit(c: _Call, relation, i: int, j: int, needs_mask: bool, body, skip_
 
 
 def _allowed_counts(c: _Call, a: _Arrays, relation) -> Array:
-  """``[B, K|1, G|1, T, 1]`` float32 number of allowed keys of each row."""
+  """``[B, K, G, T, 1]`` float32 number of allowed keys of each row."""
   L = c.layout
-  heads = (c.K, c.G) if a.mask is not None and a.mask.shape[1] != 1 else (1, 1)
   per_block = []
   for i in range(L.num_q_blocks):
     q0, q1 = L.q_range(i)
-    shape = (c.B,) + heads + (q1 - q0, 1)
-    total = jnp.zeros(shape, jnp.float32)
-    for j, needs_mask in L.visits(i):
-      k0, k1 = L.kv_range(j)
+    shape = (c.B, c.K, c.G * (q1 - q0), 1)
 
-      def body(seg_mask, q0=q0, q1=q1, k0=k0, k1=k1, needs_mask=needs_mask, shape=shape):
-        allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
-        if allowed is None:
-          return jnp.full(shape, float(k1 - k0), jnp.float32)
-        n = jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32)
-        return jnp.broadcast_to(n, shape)
+    def visit(total, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, shape=shape):
+      del first
+      allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
+      if allowed is None:
+        return total + float(tk)
+      return total + jnp.broadcast_to(
+          jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32), shape)
 
-      total = total + _run_visit(c, relation, i, j, needs_mask, body,
-                                 jnp.zeros(shape, jnp.float32))
-    per_block.append(total)
+    total = _visit_blocks(c, relation, i, jnp.zeros(shape, jnp.float32), visit)
+    per_block.append(_unrows(total, c.G))
   return jnp.concatenate(per_block, axis=3)
 
 
@@ -402,9 +500,9 @@ def _allowed_counts(c: _Call, a: _Arrays, relation) -> Array:
 # Forward.
 
 
-def _init_state(c: _Call, a: _Arrays, rows: int) -> dict:
-  r = (c.B, c.K, c.G, rows, 1)
-  st = {"acc": jnp.zeros((c.B, c.K, c.G, rows, c.Hv), jnp.float32)}
+def _init_state(c: _Call, rows: int) -> dict:
+  r = (c.B, c.K, rows, 1)
+  st = {"acc": jnp.zeros((c.B, c.K, rows, c.Hv), jnp.float32)}
   if c.tracks_max:
     st["m"] = jnp.full(r, -jnp.inf, jnp.float32)
   nz = c.normalizer
@@ -427,17 +525,17 @@ def _plogp(w: Array) -> Array:
   return jnp.where(w > 0, w * jnp.log(jnp.where(w > 0, w, 1.0)), 0.0)
 
 
-def _fwd_visit(c: _Call, a: _Arrays, st: dict, q0, q1, k0, k1, needs_mask, seg_mask,
-               floor, sig_bias) -> dict:
-  z, _ = _logits(c, a, q0, q1, k0, k1)
-  allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
+def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, q1, k0, tk, needs_mask, seg_mask,
+               first, floor, sig_bias) -> dict:
+  z, _ = _logits(c, a, qb, q0, q1, k0, tk)
+  allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
   zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
-  vb = a.v[:, :, k0:k1]
+  vb = _kslice(a.v, k0, tk, 2)
   nz = c.normalizer
   st = dict(st)
 
   def pv(w):
-    return jnp.einsum("bkgts,bksh->bkgth", w, vb, preferred_element_type=jnp.float32)
+    return jnp.einsum("bkrs,bksh->bkrh", w, vb, preferred_element_type=jnp.float32)
 
   if c.tracks_max:
     m_old = st["m"]
@@ -491,12 +589,12 @@ def _fwd_visit(c: _Call, a: _Arrays, st: dict, q0, q1, k0, k1, needs_mask, seg_m
     s_new = _finite(m_new)
     st["l"] = jnp.exp(m_old - s_new) * st["l"] + jnp.sum(
         jnp.exp(zm - s_new), axis=-1, keepdims=True)
-  if c.stats and k0 == 0:
+  if c.stats and first:
     st["z0"] = zm[..., 0:1]
   return st
 
 
-def _finish_block(c: _Call, a: _Arrays, st: dict, floor, sig_bias, counts):
+def _finish_block(c: _Call, st: dict, floor, sig_bias, counts):
   """Output rows of one query block, its backward residual rows and its statistics rows."""
   nz = c.normalizer
   res = {}
@@ -519,8 +617,9 @@ def _finish_block(c: _Call, a: _Arrays, st: dict, floor, sig_bias, counts):
     has_key = counts > 0
     if nz in SOFTMAX_FAMILY:
       mass = st["l"]
-      p0 = jnp.exp(st["z0"] - s) / jnp.where(mass > 0, mass, 1.0)
-      ent = jnp.log(jnp.where(mass > 0, mass, 1.0)) - st["h2"] / jnp.where(mass > 0, mass, 1.0)
+      safe_mass = jnp.where(mass > 0, mass, 1.0)
+      p0 = jnp.exp(st["z0"] - s) / safe_mass
+      ent = jnp.log(safe_mass) - st["h2"] / safe_mass
       row_sum = mass / safe
     else:
       ms = _finite(st["m"])
@@ -541,14 +640,17 @@ def _finish_block(c: _Call, a: _Arrays, st: dict, floor, sig_bias, counts):
       p0 = w0 / safe_mass
     lse = jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0)
     res["lse"] = lse
-    stats = dict(normalisable=jnp.logical_and(has_key, mass > 0), has_key=has_key,
-                 entropy=ent, p0=p0, row_max=st["m"], lse=lse, row_sum=row_sum)
+    shape = out.shape[:3] + (1,)
+    stats = {key: jnp.broadcast_to(val, shape) for key, val in dict(
+        normalisable=jnp.logical_and(has_key, mass > 0), has_key=has_key, entropy=ent, p0=p0,
+        row_max=st["m"], lse=lse, row_sum=row_sum).items()}
   return out, res, stats
 
 
 def _forward(c: _Call, a: _Arrays):
+  """Returns ``out [B, K, G, T, Hv]``, residual rows (``[B, K, G, T, 1]``) and statistics."""
   L = c.layout
-  floor = _floor(c, a)
+  G = c.G
   relation = _segment_relations(c, a) if c.has_segments else None
   counts = _allowed_counts(c, a, relation) if c.needs_counts else None
   sig_bias = None
@@ -557,27 +659,28 @@ def _forward(c: _Call, a: _Arrays):
   outs, residuals, stats_rows = [], [], []
   for i in range(L.num_q_blocks):
     q0, q1 = L.q_range(i)
-    sb = None if sig_bias is None else sig_bias[:, :, :, q0:q1]
-    st = _init_state(c, a, q1 - q0)
-    for j, needs_mask in L.visits(i):
-      k0, k1 = L.kv_range(j)
+    tq = q1 - q0
+    floor = _floor(c, a, tq)
+    qb = a.q_rows(c, q0, q1)
+    sb = None if sig_bias is None else _rows(sig_bias[:, :, :, q0:q1], G, tq)
 
-      def body(seg_mask, st=st, k0=k0, k1=k1, needs_mask=needs_mask, q0=q0, q1=q1, sb=sb):
-        return _fwd_visit(c, a, st, q0, q1, k0, k1, needs_mask, seg_mask, floor, sb)
+    def visit(st, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, sb=sb, qb=qb, floor=floor):
+      return _fwd_visit(c, a, st, qb, q0, q1, k0, tk, needs_mask, seg_mask, first, floor, sb)
 
-      st = _run_visit(c, relation, i, j, needs_mask, body, st)
-    cb = None if counts is None else counts[:, :, :, q0:q1]
-    out, res, srow = _finish_block(c, a, st, floor, sb, cb)
-    outs.append(out)
-    residuals.append(res)
-    stats_rows.append(srow)
-  out = jnp.concatenate(outs, axis=3)  # [B, K, G, T, Hv]
+    st = _visit_blocks(c, relation, i, _init_state(c, G * tq), visit)
+    cb = None if counts is None else _rows(counts[:, :, :, q0:q1], G, tq)
+    out, res, srow = _finish_block(c, st, floor, sb, cb)
+    outs.append(_unrows(out, G))
+    residuals.append({key: _unrows(val, G) for key, val in res.items()})
+    stats_rows.append({key: _unrows(val, G) for key, val in srow.items()})
+  out = jnp.concatenate(outs, axis=3)
   res = {key: jnp.concatenate([r[key] for r in residuals], axis=3) for key in residuals[0]}
   if sig_bias is not None:
     res["sig_bias"] = sig_bias
+  stats = None
   if c.stats:
-    res["has_key"] = jnp.concatenate([s["has_key"] for s in stats_rows], axis=3)
-  stats = _collect_stats(c, stats_rows) if c.stats else None
+    res["has_key"] = counts > 0
+    stats = _collect_stats(c, stats_rows)
   return out, res, stats
 
 
@@ -603,9 +706,10 @@ def _collect_stats(c: _Call, rows: list[dict]) -> tuple:
 
 
 def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
+  """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink)`` from the residuals."""
   L = c.layout
+  G = c.G
   nz = c.normalizer
-  floor = _floor(c, a)
   relation = _segment_relations(c, a) if c.has_segments else None
   # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term).
   row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
@@ -613,79 +717,61 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
   if d_lse is not None:
     g = jnp.where(res["has_key"], d_lse, 0.0)
 
-  dq = [None] * L.num_q_blocks
-  dk = [None] * L.num_kv_blocks
-  dv = [None] * L.num_kv_blocks
-  dbias = {}
+  dk = jnp.zeros((c.B, c.K, c.S, c.H), jnp.float32)
+  dv = jnp.zeros((c.B, c.K, c.S, c.Hv), jnp.float32)
+  dbias = None if a.bias is None else jnp.zeros(a.bias.shape, jnp.float32)
+  dq_blocks = []
   dsink = None
 
-  def add(acc, x):
-    return x if acc is None else acc + x
+  def rows(x, q0, q1):
+    return None if x is None else _rows(x[:, :, :, q0:q1], G, q1 - q0)
 
   for i in range(L.num_q_blocks):
     q0, q1 = L.q_range(i)
-    do_b = d_out[:, :, :, q0:q1]
-    rd_b = row_dot[:, :, :, q0:q1]
-    g_b = None if g is None else g[:, :, :, q0:q1]
-    ln_b = res["log_norm"][:, :, :, q0:q1] if "log_norm" in res else None
-    lse_b = res["lse"][:, :, :, q0:q1] if (c.stats and nz not in SOFTMAX_FAMILY) else None
-    sb = res["sig_bias"][:, :, :, q0:q1] if "sig_bias" in res else None
-    if nz in SOFTMAX_FAMILY and c.has_sink:
-      w_null = jnp.exp(a.sink - ln_b)
-      term = w_null * ((0.0 if g_b is None else g_b) - rd_b)
-      dsink = add(dsink, jnp.sum(term, axis=(0, 3, 4), keepdims=True))
-    for j, needs_mask in L.visits(i):
-      k0, k1 = L.kv_range(j)
+    qb = a.q_rows(c, q0, q1)
+    do_b = rows(d_out, q0, q1)
+    rd_b = rows(row_dot, q0, q1)
+    g_b = rows(g, q0, q1)
+    ln_b = rows(res.get("log_norm"), q0, q1)
+    lse_b = rows(res["lse"], q0, q1) if (c.stats and nz not in SOFTMAX_FAMILY) else None
+    sb = rows(res.get("sig_bias"), q0, q1)
+    if c.has_sink:
+      w_null = jnp.exp(_floor(c, a, q1 - q0) - ln_b)
+      term = _unrows(w_null * ((0.0 if g_b is None else g_b) - rd_b), G)
+      dsink = (0.0 if dsink is None else dsink) + jnp.sum(term, axis=(0, 3, 4), keepdims=True)
 
-      def body(seg_mask, q0=q0, q1=q1, k0=k0, k1=k1, needs_mask=needs_mask, do_b=do_b,
-               rd_b=rd_b, g_b=g_b, ln_b=ln_b, lse_b=lse_b, sb=sb):
-        return _bwd_visit(c, a, q0, q1, k0, k1, needs_mask, seg_mask, do_b, rd_b, g_b, ln_b,
-                          lse_b, sb)
+    def visit(carry, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, qb=qb, do_b=do_b,
+              rd_b=rd_b, g_b=g_b, ln_b=ln_b, lse_b=lse_b, sb=sb):
+      del first
+      dq_b, dk, dv, dbias = carry
+      d = _bwd_visit(c, a, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b, ln_b,
+                     lse_b, sb)
+      dk = _add_tile(dk, d["dk"], (0, 0, k0, 0))
+      dv = _add_tile(dv, d["dv"], (0, 0, k0, 0))
+      if dbias is not None:
+        dbias = _add_tile(dbias, d["dbias"], (0, 0, 0, q0 if dbias.shape[3] != 1 else 0,
+                                              k0 if dbias.shape[4] != 1 else 0))
+      return dq_b + d["dq"], dk, dv, dbias
 
-      zeros = _bwd_zeros(c, a, q0, q1, k0, k1)
-      d = _run_visit(c, relation, i, j, needs_mask, body, zeros)
-      dq[i] = add(dq[i], d["dq"])
-      dk[j] = add(dk[j], d["dk"])
-      dv[j] = add(dv[j], d["dv"])
-      if "dbias" in d:
-        key = (i if a.bias.shape[3] != 1 else 0, j if a.bias.shape[4] != 1 else 0)
-        dbias[key] = add(dbias.get(key), d["dbias"])
+    dq_b = jnp.zeros((c.B, c.K, G * (q1 - q0), c.H), jnp.float32)
+    dq_b, dk, dv, dbias = _visit_blocks(c, relation, i, (dq_b, dk, dv, dbias), visit)
+    dq_blocks.append(_unrows(dq_b, G))
 
-  def fill(blocks, rng, n, shape_fn):
-    return [b if b is not None else jnp.zeros(shape_fn(*rng(t)), jnp.float32)
-            for t, b in zip(range(n), blocks)]
-
-  dq = jnp.concatenate(fill(dq, L.q_range, L.num_q_blocks,
-                            lambda q0, q1: (c.B, c.K, c.G, q1 - q0, c.H)), axis=3)
-  dk = jnp.concatenate(fill(dk, L.kv_range, L.num_kv_blocks,
-                            lambda k0, k1: (c.B, c.K, k1 - k0, c.H)), axis=2)
-  dv = jnp.concatenate(fill(dv, L.kv_range, L.num_kv_blocks,
-                            lambda k0, k1: (c.B, c.K, k1 - k0, c.Hv)), axis=2)
+  dq = jnp.concatenate(dq_blocks, axis=3)
   if c.opts.similarity == "dot":
     dq = dq * c.opts.scale
-  db = _assemble_bias_grad(c, a, dbias) if a.bias is not None else None
-  return dq, dk, dv, db, dsink
+  return dq, dk, dv, dbias, dsink
 
 
-def _bwd_zeros(c: _Call, a: _Arrays, q0, q1, k0, k1) -> dict:
-  z = {"dq": jnp.zeros((c.B, c.K, c.G, q1 - q0, c.H), jnp.float32),
-       "dk": jnp.zeros((c.B, c.K, k1 - k0, c.H), jnp.float32),
-       "dv": jnp.zeros((c.B, c.K, k1 - k0, c.Hv), jnp.float32)}
-  if a.bias is not None:
-    z["dbias"] = jnp.zeros(_tile(a.bias, q0, q1, k0, k1).shape, jnp.float32)
-  return z
-
-
-def _bwd_visit(c: _Call, a: _Arrays, q0, q1, k0, k1, needs_mask, seg_mask, do_b, rd_b, g_b,
+def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
                ln_b, lse_b, sb) -> dict:
   nz = c.normalizer
-  z, capped = _logits(c, a, q0, q1, k0, k1)
-  allowed = _allowed(c, a, q0, q1, k0, k1, needs_mask, seg_mask)
+  z, capped = _logits(c, a, qb, q0, q1, k0, tk)
+  allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
   zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
-  qb = a.q[:, :, :, q0:q1]
-  kb = a.k[:, :, k0:k1]
-  vb = a.v[:, :, k0:k1]
-  dp = jnp.einsum("bkgth,bksh->bkgts", do_b, vb, preferred_element_type=jnp.float32)
+  kb = _kslice(a.k, k0, tk, 2)
+  vb = _kslice(a.v, k0, tk, 2)
+  dp = jnp.einsum("bkrh,bksh->bkrs", do_b, vb, preferred_element_type=jnp.float32)
 
   if nz in SOFTMAX_FAMILY:
     w = jnp.exp(zm - ln_b)
@@ -708,41 +794,25 @@ def _bwd_visit(c: _Call, a: _Arrays, q0, q1, k0, k1, needs_mask, seg_mask, do_b,
   if g_b is not None and nz not in SOFTMAX_FAMILY:
     dz = dz + g_b * jnp.exp(zm - lse_b)
 
-  d = {"dv": jnp.einsum("bkgts,bkgth->bksh", w, do_b, preferred_element_type=jnp.float32)}
+  d = {"dv": jnp.einsum("bkrs,bkrh->bksh", w, do_b, preferred_element_type=jnp.float32)}
   if a.bias is not None:
-    shape = _tile(a.bias, q0, q1, k0, k1).shape
-    axes = tuple(ax for ax in range(5) if shape[ax] == 1 and dz.shape[ax] != 1)
-    d["dbias"] = jnp.sum(dz, axis=axes, keepdims=True) if axes else dz
+    shape = _tile(a.bias, q0, q1, k0, tk).shape
+    dz5 = _unrows(dz, c.G)
+    axes = tuple(ax for ax in range(5) if shape[ax] == 1 and dz5.shape[ax] != 1)
+    d["dbias"] = jnp.sum(dz5, axis=axes, keepdims=True) if axes else dz5
   ds = dz
   if c.opts.softcap is not None:
     t = capped / c.opts.softcap
     ds = ds * (1.0 - t * t)
-  dq = jnp.einsum("bkgts,bksh->bkgth", ds, kb, preferred_element_type=jnp.float32)
-  dk = jnp.einsum("bkgts,bkgth->bksh", ds, qb, preferred_element_type=jnp.float32)
+  dq = jnp.einsum("bkrs,bksh->bkrh", ds, kb, preferred_element_type=jnp.float32)
+  dk = jnp.einsum("bkrs,bkrh->bksh", ds, qb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
     f = -2.0 * c.opts.scale
     dq = f * (qb * jnp.sum(ds, axis=-1, keepdims=True) - dq)
-    col = jnp.sum(ds, axis=(2, 3))[..., None]  # [B, K, tk, 1]
+    col = jnp.sum(ds, axis=2)[..., None]  # [B, K, tk, 1]
     dk = f * (kb * col - dk)
   d["dq"], d["dk"] = dq, dk
   return d
-
-
-def _assemble_bias_grad(c: _Call, a: _Arrays, tiles: dict) -> Array:
-  L = c.layout
-  Bb, Kb, Gb, Tb, Sb = a.bias.shape
-  rows = range(L.num_q_blocks) if Tb != 1 else [0]
-  cols = range(L.num_kv_blocks) if Sb != 1 else [0]
-  grid = []
-  for i in rows:
-    rq = (L.q_range(i)[1] - L.q_range(i)[0]) if Tb != 1 else 1
-    line = []
-    for j in cols:
-      rk = (L.kv_range(j)[1] - L.kv_range(j)[0]) if Sb != 1 else 1
-      t = tiles.get((i, j))
-      line.append(jnp.zeros((Bb, Kb, Gb, rq, rk), jnp.float32) if t is None else t)
-    grid.append(jnp.concatenate(line, axis=4))
-  return jnp.concatenate(grid, axis=3)
 
 
 # ---------------------------------------------------------------------------

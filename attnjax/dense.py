@@ -193,9 +193,28 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
 }
 
 
+# Auto-dispatch uses the block-wise path on the CPU from this sequence length on (the longer of
+# T and S). Measured with `experiments/bench.py --suite dense --sizes 256,512,1024,2048`: at 512
+# one block covers everything and both paths cost the same; from 1024 on skipping masked
+# blocks and the smaller working set make the block-wise path faster.
+BLOCKWISE_MIN_LENGTH_CPU = 1024
+
+
 def select_implementation(inputs: DenseInputs, opts: DenseOptions) -> str:
-  """Auto-dispatch: the fastest path that honours every option asked for."""
-  del inputs, opts
+  """Auto-dispatch: the fastest path that honours every option asked for.
+
+  GPU: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16).
+  CPU: ``"blockwise"`` once ``max(T, S) >= BLOCKWISE_MIN_LENGTH_CPU``.
+  Otherwise ``"reference"`` (the block-wise path unrolls its blocks, so with
+  GPU-sized blocks long sequences would compile slowly; ask for it by name).
+  """
+  backend = jax.default_backend()
+  if backend == "gpu" and not _cudnn_unsupported(inputs, opts):
+    return "cudnn"
+  length = max(inputs.q.shape[1], inputs.k.shape[1])
+  if (backend == "cpu" and length >= BLOCKWISE_MIN_LENGTH_CPU
+      and not blockwise.unsupported(inputs, opts)):
+    return "blockwise"
   return "reference"
 
 
@@ -289,8 +308,11 @@ def _dot_product_attention(
       queries attend only within their segment (packed sequences).
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, for the
       seed claim that distance scores give near-uniform weights).
-    implementation: None (auto), ``"reference"``, ``"xla"`` or ``"cudnn"``
-      (``jax.nn.dot_product_attention``; raise if an option is unsupported).
+    implementation: None (auto, see :func:`select_implementation`),
+      ``"reference"``, ``"blockwise"`` (:mod:`attnjax.blockwise`: online
+      normaliser over key blocks, O(T) memory, masked blocks skipped), or
+      ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``; these raise if
+      an option is unsupported).
     return_stats: also return :class:`AttentionStats`.
 
   Returns:

@@ -145,6 +145,12 @@ class Pattern:
     """Raises ValueError if the pattern cannot be laid on ``(T, S)``."""
     del T, S
 
+  def band(self) -> Optional[tuple[int, int]]:
+    """``(left, right)`` if the rule depends only on ``j - i`` and allows only
+    ``-left <= j - i <= right``; None otherwise. Banded patterns can be run
+    chunk by chunk with one layout for every chunk."""
+    return None
+
   # -- extra keys: a second, gathered copy of some keys ------------------------
   #
   # A pattern whose allowed keys are scattered (e.g. the summary columns of
@@ -238,6 +244,36 @@ class _SlotView:
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     return self.pattern.candidate_slot_blocks(q_lo, q_hi, (shape[0], self.S), block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BandChunk:
+  """A banded pattern on one chunk: local query ``t`` is global ``c + t`` and
+  local key ``u`` is global ``c - left + u``; by translation invariance the rule
+  is the pattern's at positions ``(t + left, u)``."""
+
+  pattern: "Pattern"
+
+  def allowed(self, q_positions, k_positions, shape):
+    return self.pattern.allowed(q_positions + self.pattern.band()[0], k_positions, shape)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    left, right = self.pattern.band()
+    return _key_block_candidates([(q_lo, q_hi + left + right)], shape[1], block_size)
+
+
+@functools.lru_cache(maxsize=64)
+def band_chunk_plan(pattern: "Pattern", chunk: int, block_size: int) -> SparsePlan:
+  """The plan of one chunk of ``chunk`` queries of a banded pattern, shared by every chunk.
+
+  Keys are the ``chunk + left + right`` positions around the chunk; at the
+  ends of the sequence some fall outside ``[0, S)``, which the caller masks
+  with a data mask (applied on every visit).
+  """
+  left, right = pattern.band()
+  view = _BandChunk(pattern)
+  return SparsePlan(np.zeros((0,), np.int32),
+                    _layout(view, chunk, chunk + left + right, block_size), view)
 
 
 # Rule evaluations per compiled call when building a layout (bounds its memory).
@@ -341,6 +377,9 @@ class SlidingWindow(Pattern):
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
     return _key_block_candidates([(q_lo - self.left, q_hi + self.right)], S, block_size)
+
+  def band(self):
+    return (self.left, self.right)
 
 
 @dataclasses.dataclass(frozen=True)

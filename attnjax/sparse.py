@@ -8,7 +8,12 @@ Two implementations, tested equal in value and gradient:
   kernel (:mod:`attnjax.blockwise`), which visits, for each query block, only
   the key blocks the layout lists, applies the pattern's element rule only on
   the partial ones, and recomputes in its backward pass. Cost and memory follow
-  the number of kept blocks.
+  the number of kept blocks. A banded pattern (a sliding window) on a long
+  sequence runs chunk by chunk under ``lax.map`` with one layout shared by all
+  chunks, so its compiled program and working memory do not grow with ``T``
+  (not with ``bias`` or ``return_stats``, which take the whole-sequence layout).
+  Patterns with scattered keys (``fixed``'s summary columns) visit a gathered
+  copy of those keys rather than every block that holds one.
 
 Both go through :func:`attnjax.dense.prepare`, so every dense option is
 validated the same way and means the same thing.
@@ -22,7 +27,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, blockwise, dense, masks
+from attnjax import _checks, blockwise, dense, masks, patterns
 from attnjax.patterns import Pattern
 
 Array = jnp.ndarray
@@ -65,6 +70,73 @@ def _block_sparse(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: 
 
   return blockwise.attention(inputs, opts, layout=plan.layout, mask_fn=mask_fn,
                              use_default_mask_fn=False)
+
+
+# Query blocks per chunk of the banded path: bounds its compiled program (the
+# kernel unrolls its visits) and its working memory, whatever the length.
+CHUNK_BLOCKS = 4
+
+
+def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern,
+                   block_size: int):
+  """A banded pattern (e.g. a sliding window) run chunk by chunk under ``lax.map``.
+
+  Every chunk of ``C`` queries sees the same ``C + left + right`` keys around
+  it, so one layout and one compiled kernel serve all chunks; keys past the
+  sequence ends are masked by a per-chunk key mask. Cost stays proportional to the kept blocks and
+  compile time and memory no longer grow with ``T``.
+  """
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, _ = q.shape
+  S = k.shape[1]
+  left, right = pattern.band()
+  C = CHUNK_BLOCKS * block_size
+  num_chunks = -(-T // C)
+  KW = C + left + right
+  plan = patterns.band_chunk_plan(pattern, C, block_size)
+  # Keys padded so that chunk c's keys are padded[c * C : c * C + KW]
+  # (global positions c * C - left ...); padding is masked by position.
+  key_len = num_chunks * C + left + right
+  kept = min(S, key_len - left)
+
+  def pad_keys(x):
+    x = x[:, :kept]
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (left, key_len - left - kept)
+    return jnp.pad(x, widths)
+
+  def pad_queries(x):
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, num_chunks * C - T)
+    return jnp.pad(x, widths)
+
+  qp, kp, vp = pad_queries(q), pad_keys(k), pad_keys(v)
+  q_seg, kv_seg = inputs.q_segment_ids, inputs.kv_segment_ids
+  if q_seg is not None:
+    q_seg, kv_seg = pad_queries(q_seg), pad_keys(kv_seg)
+  rule = plan.rule
+
+  def mask_fn(q_local, k_local):
+    return rule.allowed(q_local, k_local, (C, KW))[None, None]
+
+  def one_chunk(c):
+    start = c * C
+    take = lambda x, n: jax.lax.dynamic_slice_in_dim(x, start, n, axis=1)
+    # Keys outside [0, S) are padding: masked by a [1, 1, 1, KW] data mask (an
+    # argument of the kernel, so its custom VJP closes over nothing traced).
+    # Padded queries are sliced off; their zero cotangent gives no gradient.
+    k_global = start - left + jnp.arange(KW)
+    key_ok = jnp.logical_and(k_global >= 0, k_global < S)[None, None, None, :]
+    chunk_inputs = dataclasses.replace(
+        inputs, q=take(qp, C), k=take(kp, KW), v=take(vp, KW), mask=key_ok,
+        q_segment_ids=None if q_seg is None else take(q_seg, C),
+        kv_segment_ids=None if kv_seg is None else take(kv_seg, KW))
+    return blockwise.attention(chunk_inputs, opts, layout=plan.layout, mask_fn=mask_fn,
+                               use_default_mask_fn=False)
+
+  out = jax.lax.map(one_chunk, jnp.arange(num_chunks))  # [chunks, B, C, N, Hv]
+  out = jnp.moveaxis(out, 0, 1).reshape((B, num_chunks * C) + out.shape[3:])
+  return out[:, :T]
 
 
 def _sparse_attention(
@@ -132,6 +204,9 @@ def _sparse_attention(
   pattern.check_shape(T, S)
   if implementation == "reference":
     return _reference(inputs, opts, pattern)
+  if (pattern.band() is not None and inputs.bias is None and not opts.return_stats
+      and T > 2 * CHUNK_BLOCKS * block_size):
+    return _banded_chunks(inputs, opts, pattern, block_size)
   return _block_sparse(inputs, opts, pattern, block_size)
 
 

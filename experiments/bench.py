@@ -176,7 +176,7 @@ def dense_suite(args) -> Iterable[Case]:
     yield Case("dense", "jax.nn.dot_product_attention", shape,
                jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
                (q, k, v), flops, baseline=True)
-    for impl in ("reference", "xla"):
+    for impl in ("reference", "xla", "blockwise"):
       yield Case("dense", f"attnjax {impl}", shape,
                  jax.jit(lambda q, k, v, impl=impl: attnjax.dot_product_attention(
                      q, k, v, is_causal=True, implementation=impl)),
@@ -208,9 +208,8 @@ def sparse_suite(args) -> Iterable[Case]:
              baseline=True)
   window = attnjax.patterns.sliding_window(256)
   pairs = lambda T: allowed_pairs(T, T, is_causal=True, window=(256, 0))
-  # Block 64 computes 320 keys per query for the 257 it needs, block 128 384;
-  # the kernel is unrolled per visit, so block 64 at T=16384 is left out (compile time).
-  runs = [(4096, 64)] + [(T, 128) for T in parse_sizes(args.sizes or "4096,16384")]
+  # Block 64 computes 320 keys per query for the 257 it needs, block 128 384.
+  runs = [(T, block) for T in parse_sizes(args.sizes or "4096,16384") for block in (64, 128)]
   for T, block in runs:
     qT, kT, vT = qkv(B, T, N, H)
     yield Case("sparse", f"sliding_window(256) T={T} block={block}", shape,
@@ -329,6 +328,91 @@ def linear_suite(args) -> Iterable[Case]:
                  linear_flops(B, N, base_T, H, C), baseline=True)
       yield Case("linear", f"attnjax linear chunked T={T}", scaling, chunked(C), big,
                  linear_flops(B, N, T, H, C))
+
+
+def _torch_sdpa(T: int, *, backward: bool, window: Optional[tuple[int, int]] = None):
+  """A jax-free callable timing torch's CPU scaled_dot_product_attention, or None without torch."""
+  try:
+    import torch  # optional bench extra, never a test dependency
+  except ImportError:
+    return None
+  g = torch.Generator().manual_seed(0)
+  q, k, v = (torch.randn(1, 8, T, 64, generator=g, requires_grad=backward) for _ in range(3))
+  attn_mask = None
+  if window is not None:
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    attn_mask = (j <= i) & (j >= i - window[0])
+
+  def run(*_):
+    if backward:
+      out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+      out.sum().backward()
+      return None
+    with torch.no_grad():
+      if attn_mask is not None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+      return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+  return run
+
+
+@suite("blockwise")
+def blockwise_suite(args) -> Iterable[Case]:
+  """Block-wise dense attention (B=1, N=8, H=64, fp32, causal): the issue-3 targets.
+
+  Rows: forward at T=4096 and forward+backward at T=2048 against
+  jax.nn.dot_product_attention (and torch's CPU SDPA when torch is installed);
+  window=(256, 0) at T=16384 against the same call at T=4096 (linear growth
+  means <= 4.6x for 4x the length; jax.nn is not run there, it would need
+  ~16 GiB).
+  """
+  B, N, H = 1, 8, 64
+  T = 4096
+  q, k, v = qkv(B, T, N, H)
+  flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True))
+  shape = f"fwd T={T}"
+  yield Case("blockwise", "jax.nn.dot_product_attention", shape,
+             jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+             (q, k, v), flops, baseline=True)
+  yield Case("blockwise", "attnjax blockwise", shape,
+             jax.jit(lambda q, k, v: attnjax.dot_product_attention(
+                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops)
+  torch_fwd = _torch_sdpa(T, backward=False)
+  if torch_fwd is not None:
+    yield Case("blockwise", "torch sdpa (cpu)", shape, torch_fwd, (), flops)
+
+  T = 2048
+  q, k, v = qkv(B, T, N, H)
+  flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True), backward=True)
+  shape = f"fwd+bwd T={T}"
+  yield Case("blockwise", "jax.nn.dot_product_attention", shape,
+             fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+             (q, k, v), flops, baseline=True)
+  yield Case("blockwise", "attnjax blockwise", shape,
+             fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
+                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops)
+  torch_bwd = _torch_sdpa(T, backward=True)
+  if torch_bwd is not None:
+    yield Case("blockwise", "torch sdpa (cpu)", shape, torch_bwd, (), flops)
+
+  window = (256, 0)
+  shape = f"fwd window={window} T=16384 vs T=4096"
+  for T in (4096, 16384):
+    q, k, v = qkv(B, T, N, H)
+    flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True, window=window))
+    yield Case("blockwise", f"attnjax blockwise T={T}", shape,
+               jax.jit(lambda q, k, v: attnjax.dot_product_attention(
+                   q, k, v, is_causal=True, window=window, implementation="blockwise")),
+               (q, k, v), flops, baseline=T == 4096)
+
+
+@memory_case("blockwise fwd+bwd T=16384 causal (B=1, N=8, H=64, fp32)")
+def blockwise_memory():
+  q, k, v = qkv(1, 16384, 8, 64)
+  step = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
+      q, k, v, is_causal=True, implementation="blockwise"))
+  return lambda: step(q, k, v)
 
 
 # ---------------------------------------------------------------------------

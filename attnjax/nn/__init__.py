@@ -37,6 +37,10 @@ point for the stats and experiment code)::
 the modules sow only inside a capture, so a training step computes none of it.
 The same values can be captured directly: ``nnx.capture(fn, nnx.Intermediate)``.
 
+Sharding: parameters carry logical axis names (``"embed"``, ``"heads"``,
+``"mlp"``, ``"vocab"``); ``state_shardings(model, mesh, LOGICAL_AXIS_RULES)``
+maps them onto a ``("data", "model")`` mesh.
+
 Decoding (every family; prefill + steps equals the full forward)::
 
   cache = nn.init_cache(model, batch_size, max_len)
@@ -49,14 +53,15 @@ from attnjax.nn.attention import Attention, FeatureProjection, KVCache, LinearCa
 from attnjax.nn.config import AttentionConfig, ModelConfig
 from attnjax.nn.decode import decode_step, generate, init_cache
 from attnjax.nn.rope import apply_rope
-from attnjax.nn.transformer import (MLP, TransformerBlock, TransformerLM, collect_stats,
-                                    log_normalizer, num_params)
+from attnjax.nn.transformer import (LOGICAL_AXIS_RULES, MLP, TransformerBlock, TransformerLM,
+                                    collect_stats, log_normalizer, num_params, state_shardings)
 
 __all__ = [
     "Attention",
     "AttentionConfig",
     "FeatureProjection",
     "KVCache",
+    "LOGICAL_AXIS_RULES",
     "LinearCache",
     "MLP",
     "ModelConfig",
@@ -69,4 +74,5 @@ __all__ = [
     "init_cache",
     "log_normalizer",
     "num_params",
+    "state_shardings",
 ]

@@ -14,7 +14,7 @@ fan_in_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_nor
 
 
 def with_names(init, names: tuple[Optional[str], ...]):
-  """Adds logical axis names (``"embed"``, ``"heads"``, ``"mlp"``, ``"vocab"``) as sharding metadata.
+  """Adds logical axis names (``"embed"``, ``"heads"``, ``"mlp"``, ``"vocab"``) as metadata.
 
   The names are stored as the variable's ``out_sharding`` metadata, read by
   ``nnx.get_partition_spec`` / ``nnx.logical_to_mesh_sharding``. Eager sharding

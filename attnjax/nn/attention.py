@@ -89,7 +89,7 @@ Cache = Union[KVCache, LinearCache]
 
 
 class FeatureProjection(nnx.Variable):
-  """Random-feature directions ``[m, H]`` of FAVOR+ / trig maps: state, but not a trained ``Param``."""
+  """Random-feature directions ``[m, H]`` of FAVOR+ / trig maps: state, not a trained ``Param``."""
 
 
 class Attention(nnx.Module):
@@ -103,7 +103,7 @@ class Attention(nnx.Module):
     param_dtype: parameter dtype.
   """
 
-  def __init__(self, config: AttentionConfig, d_model: int, *, rngs: nnx.Rngs,
+  def __init__(self, config: AttentionConfig, d_model: int, rngs: nnx.Rngs, *,
                dtype=jnp.float32, param_dtype=jnp.float32):
     if not isinstance(config, AttentionConfig):
       raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
@@ -136,11 +136,13 @@ class Attention(nnx.Module):
                  else feature_maps.trig_features)
       drawn = factory(rngs.params(), config.num_features, head_dim=H)
       self.feature_projection = FeatureProjection(drawn.projection)
+      self.orthogonal_features = drawn.orthogonal
     if config.kv_bias:
       # Zero init: the slot starts as a null key of logit 0 with a zero value,
       # i.e. the layer starts as softmax-plus-one; both are learned.
-      self.k_bias = _layers.param(jnp.zeros((K, H), param_dtype), ("heads", None))
-      self.v_bias = _layers.param(jnp.zeros((K, H), param_dtype), ("heads", None))
+      # Replicated: K can be smaller than the model axis (MQA), and the slot is tiny.
+      self.k_bias = _layers.param(jnp.zeros((K, H), param_dtype), (None, None))
+      self.v_bias = _layers.param(jnp.zeros((K, H), param_dtype), (None, None))
 
   # -------------------------------------------------------------------------
   # Public calls.
@@ -151,7 +153,7 @@ class Attention(nnx.Module):
     return y
 
   def decode(self, x: Array, cache: Cache, *, sow_weights: Optional[bool] = None):
-    """Attends ``x`` ``[B, T, D]`` (the next ``T`` tokens) over the cache; returns ``(y, cache)``."""
+    """Attends ``x`` ``[B, T, D]`` (the next ``T`` tokens) over the cache: ``(y, cache)``."""
     return self._forward(x, cache, sow_weights)
 
   def cache_capacity(self, max_len: int) -> int:
@@ -162,7 +164,11 @@ class Attention(nnx.Module):
     return min(max_len, c.num_sinks + c.window)
 
   def init_cache(self, batch_size: int, max_len: int) -> Cache:
-    """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens."""
+    """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+    A full cache silently drops keys written past ``max_len`` (positions are
+    traced, so this cannot be checked); rolling and linear caches never fill.
+    """
     K, H = self.num_kv_heads, self.head_dim
     if self.config.family == "linear":
       F = self._feature_map(decoding=True).num_features(H)
@@ -204,14 +210,14 @@ class Attention(nnx.Module):
       y = y * jnp.reshape(gain.astype(jnp.float32), (1, 1, 1, -1))
     return y.astype(x.dtype)
 
-  def _allowed(self, q_positions: Array, k_positions: Array) -> Array:
+  def _allowed(self, q_positions: Array, k_positions: Array, length: int) -> Array:
     """``bool [1, 1, T, S]`` allowed pairs by position: causal, window, sinks; empty slots out."""
     c = self.config
     if c.family == "sparse":
       # The pattern's own element rule, at the cache's positions. Patterns whose
-      # choice depends on the length (BigBird's random blocks) see the cache size.
-      S = k_positions.shape[0]
-      allowed = c.make_pattern().allowed(q_positions, k_positions, (S, S))[None, None]
+      # choice depends on the length (BigBird's random blocks) see the full
+      # sequence length: the cache's capacity, max_len.
+      allowed = c.make_pattern().allowed(q_positions, k_positions, (length, length))[None, None]
     elif c.num_sinks:
       # patterns.sinks_window counts the query itself in its window; ours is the left extent.
       pattern = patterns.sinks_window(c.num_sinks, c.window + 1)
@@ -244,7 +250,7 @@ class Attention(nnx.Module):
     if c.sink_logits:
       common["sink_logits"] = self.sink_logits[...]
     if c.family == "dense":
-      return lambda q, k, v: dot_product_attention(q, k, v, **common)
+      return lambda q, k, v: dot_product_attention(q, k, v, similarity=c.similarity, **common)
     if c.family == "qk_norm":
       if self._norm_before_rope():
         return lambda q, k, v: dot_product_attention(q, k, v, scale=c.qk_scale, **common)
@@ -308,7 +314,8 @@ class Attention(nnx.Module):
       is_causal = True
       window = None if c.window is None else (c.window, 0)
     else:
-      mask = self._allowed(positions, k_positions)
+      length = T if cache is None else cache.k.shape[1]
+      mask = self._allowed(positions, k_positions, length)
     if c.kv_bias:
       k_all, v_all, mask = self._append_kv_bias(k_all, v_all, mask)
 
@@ -343,7 +350,16 @@ class Attention(nnx.Module):
     # A carried state needs the exact (unstabilised) estimator; see AttentionConfig.
     return feature_maps.FeatureMap(
         c.feature_map, self.feature_projection[...],
-        stabilize=c.stabilize_features and not decoding, orthogonal=True)
+        stabilize=c.stabilize_features and not decoding, orthogonal=self.orthogonal_features)
+
+  def redraw_features(self, key: Array) -> None:
+    """Draws a new random-feature projection (Performer's periodic redrawing)."""
+    c = self.config
+    if c.family != "linear" or c.feature_map not in feature_maps.RANDOM:
+      raise ValueError(f"redraw_features needs a random feature map, this layer has "
+                       f"family={c.family!r}, feature_map={c.feature_map!r}")
+    self.feature_projection[...] = feature_maps.gaussian_projection(
+        key, c.num_features, self.head_dim, orthogonal=self.orthogonal_features)
 
   def _linear(self, q, k, v, positions, cache, capture, sow_weights):
     """Linear attention: full causal forward, or a step from the cached recurrent state."""
@@ -384,7 +400,7 @@ class Attention(nnx.Module):
             jnp.concatenate([mask, ones], axis=-1))
 
   def _weights(self, q, k, mask, is_causal, window) -> Array:
-    """Attention weights ``[B, N, T, S]`` float32, from the same function applied to identity values.
+    """Attention weights ``[B, N, T, S]`` float32: the layer's function applied to identity values.
 
     Every family is linear in ``v``, so ``attn(q, k, I)`` is exactly the weight
     matrix the layer used, with its mask, normaliser and null columns; no second
@@ -397,7 +413,7 @@ class Attention(nnx.Module):
     return jnp.transpose(w, (0, 2, 1, 3))
 
   def _write(self, cache: KVCache, k: Array, v: Array, positions: Array) -> KVCache:
-    """Writes the new keys/values into their slots; tokens that would be evicted at once are dropped."""
+    """Writes the new keys/values into their slots; tokens evicted at once are dropped."""
     c = self.config
     C = cache.k.shape[1]
     T = k.shape[1]

@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-from attnjax import _checks, feature_maps, linear, normalizers, patterns, qk_norm
+from attnjax import _checks, dense, feature_maps, linear, normalizers, patterns, qk_norm
 
 FAMILIES = ("dense", "qk_norm", "cosine", "linear", "sparse")
 OUTPUT_GATES = (None, "elementwise", "headwise")
@@ -63,6 +63,8 @@ class AttentionConfig:
     num_kv_heads: key/value heads K (None = N); ``N % K == 0`` (GQA / MQA).
     head_dim: H (None = ``d_model // num_heads``).
     normalizer: a name from :mod:`attnjax.normalizers` (dense-kernel families).
+    similarity: family ``"dense"``: ``"dot"`` or ``"neg_sq_euclidean"``
+      (``-||q - k||^2`` scores, see :func:`attnjax.dot_product_attention`).
     qk_norm: ``"rms"``, ``"layer"`` or ``"l2"`` (family ``"qk_norm"``).
     qk_norm_placement: ``"before_rope"`` (normalise the projections, then rotate;
       OLMo 2 / Qwen 3) or ``"after_rope"`` (rotate, then the attention function
@@ -88,7 +90,10 @@ class AttentionConfig:
     streaming_rope: how a sinks-window decode cache rotates keys: ``"cache"``
       (StreamingLLM: keys are stored before RoPE and rotated by their position
       in the cache) or ``"absolute"`` (by their position in the sequence, which
-      matches the full forward exactly).
+      matches the full forward exactly). ``"cache"`` is exact for one-token
+      steps; a prefill from an empty cache uses sequence positions (nothing is
+      evicted yet), and a multi-token chunk on a full cache shares the shift of
+      its first query.
     pattern: sparse family: ``(name, ((arg, value), ...))`` naming a factory of
       :mod:`attnjax.patterns`, e.g. ``("strided", (("stride", 4),))``.
     block_size: sparse family: block size of the block-sparse computation.
@@ -117,6 +122,7 @@ class AttentionConfig:
   num_kv_heads: Optional[int] = None
   head_dim: Optional[int] = None
   normalizer: str = "softmax"
+  similarity: str = "dot"
   qk_norm: str = "rms"
   qk_norm_placement: str = "before_rope"
   qk_norm_gain: bool = True
@@ -153,6 +159,7 @@ class AttentionConfig:
     if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
     _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    _checks.check_choice("similarity", self.similarity, dense.SIMILARITIES)
     _checks.check_choice("qk_norm", self.qk_norm, qk_norm.NORMS)
     _checks.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
     _check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
@@ -189,6 +196,8 @@ class AttentionConfig:
           raise ValueError(f"{name}={getattr(self, name)!r} cannot be used with "
                            f"family={family!r}: {reason}")
 
+    if family != "dense":
+      reject(("similarity",), "only family='dense' takes another similarity")
     if family != "qk_norm":
       reject(("qk_norm", "qk_norm_placement", "qk_norm_gain", "qk_scale"),
              "QK-norm options belong to family='qk_norm'")
@@ -227,7 +236,7 @@ class AttentionConfig:
       raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0")
 
   def make_pattern(self) -> "patterns.Pattern":
-    """Sparse family: the configured pattern intersected with causal (a decoder never looks ahead)."""
+    """Sparse family: the configured pattern intersected with causal (decoders never look ahead)."""
     if (not isinstance(self.pattern, tuple) or len(self.pattern) != 2
         or not isinstance(self.pattern[0], str) or not isinstance(self.pattern[1], tuple)):
       raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
@@ -342,7 +351,8 @@ class ModelConfig:
                          f"num_layers={self.num_layers}")
       for i, c in enumerate(self.layer_attention):
         if not isinstance(c, AttentionConfig):
-          raise TypeError(f"layer_attention[{i}] must be an AttentionConfig, got {type(c).__name__}")
+          raise TypeError(
+              f"layer_attention[{i}] must be an AttentionConfig, got {type(c).__name__}")
     for i in range(self.num_layers):
       self.attention_for(i).head_dim_for(self.d_model)
     _checks.check_choice("mlp", self.mlp, MLPS)

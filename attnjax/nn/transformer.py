@@ -66,7 +66,7 @@ class TransformerBlock(nnx.Module):
     rngs: ``nnx.Rngs``.
   """
 
-  def __init__(self, config: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+  def __init__(self, config: ModelConfig, layer: int, rngs: nnx.Rngs):
     dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     D = config.d_model
@@ -108,7 +108,7 @@ class TransformerLM(nnx.Module):
     rngs: ``nnx.Rngs`` (the ``params`` stream initialises every weight).
   """
 
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     if not isinstance(config, ModelConfig):
       raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     self.config = config
@@ -185,6 +185,33 @@ class TransformerLM(nnx.Module):
   def num_params(self, *, exclude_embeddings: bool = False) -> int:
     """Number of trainable parameters (optionally without the token embedding)."""
     return num_params(self, exclude_embeddings=exclude_embeddings)
+
+
+# Logical axis -> mesh axis for a ("data", "model") mesh: Megatron-style tensor
+# parallelism over heads, MLP width and vocabulary; the batch goes on "data".
+LOGICAL_AXIS_RULES = (("embed", None), ("heads", "model"), ("mlp", "model"),
+                      ("vocab", "model"))
+
+
+def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh,
+                    rules=LOGICAL_AXIS_RULES):
+  """``NamedSharding`` for every variable of ``nnx.state(model)``, from its logical names.
+
+  Example::
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    graphdef, state = nnx.split(model)
+    state = jax.device_put(state, nn.state_shardings(model, mesh))
+    tokens = jax.device_put(tokens, NamedSharding(mesh, P("data")))
+
+  Args:
+    model: any module built by attnjax.nn.
+    mesh: the device mesh.
+    rules: ``((logical, mesh_axis or None), ...)``; every logical name used
+      (``"embed"``, ``"heads"``, ``"mlp"``, ``"vocab"``) must appear.
+  """
+  with nnx.logical_axis_rules(rules):
+    return nnx.get_named_sharding(nnx.state(model), mesh)
 
 
 def log_normalizer(logits: Array) -> Array:

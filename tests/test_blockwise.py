@@ -1,0 +1,310 @@
+"""The block-wise dense path equals the reference in value, statistics and gradient.
+
+Small shapes with small blocks, so every case has several query and key blocks,
+ragged edge blocks, diagonal (masked) and interior (unmasked) blocks.
+"""
+
+import jax
+import jax.extend.core as jax_core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnjax
+from attnjax import blockwise, dense, masks
+
+FIELDS = ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum")
+
+
+def _arrays(B, T, S, N, K, H, dtype=jnp.float32, seed=0):
+  ks = jax.random.split(jax.random.key(seed), 6)
+  q = jax.random.normal(ks[0], (B, T, N, H), jnp.float32)
+  k = jax.random.normal(ks[1], (B, S, K, H), jnp.float32)
+  v = jax.random.normal(ks[2], (B, S, K, H), jnp.float32)
+  return q.astype(dtype), k.astype(dtype), v.astype(dtype), ks[3:]
+
+
+def _segments(B, L, cuts):
+  ids = np.zeros((B, L), np.int32)
+  for b in range(B):
+    for c in cuts[b % len(cuts)]:
+      ids[b, c:] += 1
+  return jnp.asarray(ids)
+
+
+def _loss_and_stats(fn, q, k, v, extra, kwargs):
+  """Scalar loss touching the output and the logsumexp statistic, plus (out, stats) as aux."""
+  def loss(q, k, v, extra):
+    out, stats = fn(q, k, v, return_stats=True, **extra, **kwargs)
+    out32 = out.astype(jnp.float32)
+    value = jnp.sum(out32 * jnp.cos(out32)) + jnp.sum(jnp.sin(stats.logsumexp))
+    return value, (out, stats)
+  # One jit around value and gradient: one compilation per case.
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+  (_, aux), grads = step(q, k, v, extra)
+  return aux, grads
+
+
+def _reference(q, k, v, **kw):
+  return attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
+
+
+def _blockwise(block_q, block_k):
+  def fn(q, k, v, **kw):
+    return blockwise.dot_product_attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
+  return fn
+
+
+def _close(a, b, tol, what):
+  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  scale = max(1.0, float(np.max(np.abs(b))) if b.size else 1.0)
+  np.testing.assert_allclose(a, b, atol=tol * scale, rtol=tol, err_msg=what)
+
+
+def _compare(q, k, v, extra, kwargs, *, block_q=16, block_k=16, tol=2e-5):
+  (out_r, st_r), g_r = _loss_and_stats(_reference, q, k, v, extra, kwargs)
+  (out_b, st_b), g_b = _loss_and_stats(_blockwise(block_q, block_k), q, k, v, extra, kwargs)
+  assert out_b.dtype == q.dtype and out_b.shape == out_r.shape
+  _close(out_b, out_r, tol, "output")
+  for f in FIELDS:
+    _close(getattr(st_b, f), getattr(st_r, f), tol, f"stats.{f}")
+  names = ("dq", "dk", "dv")
+  for name, a, b in zip(names, g_b[:3], g_r[:3]):
+    assert np.all(np.isfinite(np.asarray(a, np.float32))), name
+    _close(a, b, tol, name)
+  for name in g_r[3]:
+    _close(g_b[3][name], g_r[3][name], tol, f"d{name}")
+
+
+B, N, H = 2, 4, 8
+
+CASES = {
+    # id: (T, S, K, kwargs, extra-builder)
+    "softmax-causal-gqa-ragged": (37, 37, 2, dict(is_causal=True), None),
+    "softmax_one-window": (33, 33, 4, dict(normalizer="softmax_one", window=(5, 2)), None),
+    "sink_logits-causal-segments": (40, 40, 2, dict(is_causal=True), "sink+segments"),
+    "sigmoid-causal-segments": (40, 40, 1, dict(is_causal=True, normalizer="sigmoid"),
+                                "segments"),
+    "sigmoid-window-mask": (35, 35, 4, dict(window=(6, 3), normalizer="sigmoid"), "mask"),
+    "softpick-causal-softcap": (37, 37, 2, dict(is_causal=True, normalizer="softpick",
+                                                softcap=3.0), None),
+    "none-window": (30, 30, 4, dict(window=(4, 4), normalizer="none"), None),
+    "softmax-bias-full-causal": (29, 29, 2, dict(is_causal=True), "bias_full"),
+    "softmax-bias-per-key-softcap": (29, 29, 4, dict(softcap=2.0), "bias_key"),
+    "softmax-T<S-mask": (20, 45, 2, dict(), "mask"),
+    "softmax-T>S-causal-window-empty-rows": (45, 20, 2, dict(is_causal=True, window=(3, 0)),
+                                             None),
+    "softmax-neg_sq_euclidean-causal": (33, 33, 2, dict(is_causal=True,
+                                                        similarity="neg_sq_euclidean"), None),
+    "softpick-segments-window": (36, 36, 2, dict(window=(7, 1), normalizer="softpick"),
+                                 "segments"),
+}
+
+
+def _extra(kind, keys, T, S):
+  if kind is None:
+    return {}
+  out = {}
+  if "sink" in kind:
+    out["sink_logits"] = jnp.linspace(-1.0, 1.5, N)
+  if "segments" in kind:
+    seg = _segments(B, T, [[9, 25], [17]])
+    out["segment_ids"] = seg if T == S else (seg, _segments(B, S, [[9, 25], [17]]))
+  if kind == "mask":
+    out["mask"] = jax.random.bernoulli(keys[0], 0.7, (B, 1, T, S))
+  if kind == "bias_full":
+    out["bias"] = jax.random.normal(keys[1], (B, N, T, S))
+  if kind == "bias_key":
+    out["bias"] = jax.random.normal(keys[1], (1, N, 1, S))
+  return out
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_matches_reference(case, monkeypatch):
+  # Loop over every unmasked full-size key block, so both the fori_loop and the unrolled
+  # (masked, ragged) visits are exercised.
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 0)
+  T, S, K, kwargs, kind = CASES[case]
+  q, k, v, keys = _arrays(B, T, S, N, K, H)
+  extra = _extra(kind, keys, T, S)
+  for name in ("segment_ids", "mask"):  # not differentiable: pass them as options
+    if name in extra:
+      kwargs = dict(kwargs, **{name: extra.pop(name)})
+  # softpick's gradient divides by sum |e^z - 1|, which amplifies float32 rounding.
+  _compare(q, k, v, extra, kwargs, tol=1e-4 if "softpick" in case else 2e-5)
+
+
+@pytest.mark.parametrize("K", [1, 2, 8], ids=lambda K: f"N8-K{K}")
+def test_gqa_heads(K):
+  q, k, v, _ = _arrays(1, 50, 50, 8, K, 8)
+  _compare(q, k, v, {}, dict(is_causal=True), block_q=32, block_k=16)
+
+
+def test_bfloat16_inputs():
+  q, k, v, _ = _arrays(1, 40, 40, 4, 2, 16, dtype=jnp.bfloat16)
+  _compare(q, k, v, {}, dict(is_causal=True), tol=2e-2)
+
+
+def test_empty_rows_are_zero_with_finite_gradients():
+  T = 24
+  q, k, v, _ = _arrays(1, T, T, 2, 2, 8)
+  mask = jnp.ones((1, 1, T, T), bool).at[:, :, 5:9, :].set(False)
+  fn = _blockwise(8, 8)
+  out = fn(q, k, v, mask=mask, is_causal=True)
+  assert np.all(np.asarray(out[:, 5:9]) == 0.0)
+  for nz in ("softmax", "softmax_one", "sigmoid", "softpick", "none"):
+    grads = jax.grad(lambda q, k, v: jnp.sum(
+        fn(q, k, v, mask=mask, normalizer=nz, return_stats=True)[1].logsumexp)
+        + jnp.sum(fn(q, k, v, mask=mask, normalizer=nz) ** 2), argnums=(0, 1, 2))(q, k, v)
+    for g in grads:
+      assert np.all(np.isfinite(np.asarray(g))), nz
+
+
+def test_qk_norm_and_cosine_gradients_through_gains():
+  q, k, v, keys = _arrays(1, 40, 40, 4, 2, 8)
+  gain = 1.0 + 0.1 * jax.random.normal(keys[0], (8,))
+  temp = jnp.full((4,), jnp.log(10.0)) + 0.1 * jnp.arange(4.0)
+
+  def qk_loss(impl):
+    return lambda g, q: jnp.sum(attnjax.qk_norm_attention(
+        q, k, v, norm="rms", q_scale=g, k_scale=g, is_causal=True, implementation=impl) ** 2)
+
+  def cos_loss(impl):
+    return lambda t, q: jnp.sum(attnjax.cosine_attention(
+        q, k, v, temperature=t, window=(9, 0), implementation=impl) ** 2)
+
+  for make, param in ((qk_loss, gain), (cos_loss, temp)):
+    ref = jax.grad(make("reference"), argnums=(0, 1))(param, q)
+    blk = jax.grad(make("blockwise"), argnums=(0, 1))(param, q)
+    for a, b in zip(blk, ref):
+      _close(a, b, 2e-5, make.__name__)
+
+
+def test_custom_layout_and_mask_fn_equal_the_masked_reference():
+  """The interface the block-sparse path uses: its own layout and mask callback."""
+  T, bq, bk = 48, 16, 8
+  q, k, v, _ = _arrays(1, T, T, 4, 2, 8)
+  # Each query block sees key block 0 (partly: even keys only) and its own diagonal blocks.
+  visits = [[(0, True)] + [(j, True) for j in range(2 * i, 2 * i + 2) if j != 0]
+            for i in range(T // bq)]
+  layout = blockwise.BlockLayout.from_visits(T, T, bq, bk, visits)
+
+  def mask_fn(qp, kp):
+    block_ok = (kp[None, :] // bk == 0) | (kp[None, :] // 16 == qp[:, None] // 16)
+    return ((kp[None, :] % 2 == 0) | (kp[None, :] >= bk)) & block_ok
+
+  dense_mask = mask_fn(jnp.arange(T), jnp.arange(T))[None, None]
+  inputs, opts = dense.prepare(q, k, v, return_stats=True)
+  out, stats = blockwise.attention(inputs, opts, layout=layout,
+                                   mask_fn=lambda qp, kp: mask_fn(qp, kp)[None, None])
+  ref_out, ref_stats = _reference(q, k, v, mask=dense_mask, return_stats=True)
+  _close(out, ref_out, 2e-5, "output")
+  for f in FIELDS:
+    _close(getattr(stats, f), getattr(ref_stats, f), 2e-5, f)
+  idx, flag = layout.as_arrays()
+  assert idx.shape == (3, 3) and idx[0, 2] == -1 and layout.num_pairs == 8
+
+
+def test_structural_layout_skips_blocks():
+  causal = blockwise.structural_layout(4096, 4096, 512, 512, is_causal=True)
+  assert causal.num_pairs == 36  # of 64: the upper triangle is never computed
+  assert sum(nm for row in causal.needs_mask for nm in row) == 8  # only diagonal blocks masked
+  window = blockwise.structural_layout(16384, 16384, 512, 512, window=(256, 0))
+  assert window.num_pairs == 32 + 31  # each query block: its diagonal block and the previous
+  assert blockwise.structural_layout(100, 100, 32, 32).num_pairs == 16  # no structure: all
+  # T > S with a window: the last query blocks reach no key at all.
+  empty = blockwise.structural_layout(64, 16, 16, 16, is_causal=True, window=(3, 0))
+  assert [len(empty.visits(i)) for i in range(4)] == [1, 1, 0, 0]
+
+
+def _count_dots(fn, *args):
+  jaxpr = jax.make_jaxpr(fn)(*args)
+  count = 0
+
+  def walk(jp):
+    nonlocal count
+    for eqn in jp.eqns:
+      if eqn.primitive.name == "dot_general":
+        count += 1
+      for sub in jax_core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  return count
+
+
+def test_masked_blocks_are_not_computed(monkeypatch):
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 10 ** 6)  # every visit unrolled
+  q, k, v, _ = _arrays(1, 128, 128, 2, 2, 8)
+  full = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v), q, k, v)
+  causal = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v, is_causal=True), q, k, v)
+  window = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v, window=(8, 0)), q, k, v)
+  assert (full, causal, window) == (2 * 16, 2 * 10, 2 * 7)
+
+
+def test_no_full_size_intermediate_in_forward_and_backward():
+  T = 256
+  q, k, v, _ = _arrays(1, T, T, 2, 2, 8)
+  grad = jax.grad(lambda q, k, v: jnp.sum(_blockwise(64, 64)(q, k, v, is_causal=True)),
+                  argnums=(0, 1, 2))
+  jaxpr = jax.make_jaxpr(grad)(q, k, v)
+  biggest = 0
+
+  def walk(jp):
+    nonlocal biggest
+    for eqn in jp.eqns:
+      for var in eqn.outvars:
+        biggest = max(biggest, int(np.prod(getattr(var.aval, "shape", ()))))
+      for sub in jax_core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jaxpr.jaxpr)
+  assert biggest <= 2 * 64 * 64 < 2 * T * T
+
+
+def test_segment_block_relations():
+  layout = blockwise.structural_layout(12, 12, 4, 4)
+  ids = jnp.asarray([[0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1]])
+  rel = np.asarray(blockwise.segment_block_relations(ids, ids, layout))
+  S, F, M = blockwise.SKIP, blockwise.FULL, blockwise.MASKED
+  np.testing.assert_array_equal(rel, [[F, M, S], [M, M, M], [S, M, F]])
+
+
+def test_layout_validation():
+  with pytest.raises(ValueError, match="visits a key block twice"):
+    blockwise.BlockLayout.from_visits(8, 8, 4, 4, [[(0, False), (0, True)], []])
+  with pytest.raises(ValueError, match="one row per query block"):
+    blockwise.BlockLayout.from_visits(8, 8, 4, 4, [[(0, False)]])
+  with pytest.raises(ValueError, match=r"\[0, 2\)"):
+    blockwise.BlockLayout.from_visits(8, 8, 4, 4, [[(2, False)], []])
+  q, k, v, _ = _arrays(1, 8, 8, 2, 2, 4)
+  inputs, opts = dense.prepare(q, k, v)
+  with pytest.raises(ValueError, match="T=8, S=8"):
+    blockwise.attention(inputs, opts, layout=blockwise.structural_layout(16, 8, 4, 4))
+  with pytest.raises(ValueError, match="block_q"):
+    blockwise.dot_product_attention(q, k, v, block_q=0)
+
+
+def test_auto_dispatch_choice():
+  backend = jax.default_backend()
+  short = dense.prepare(*_arrays(1, 64, 64, 2, 2, 8)[:3], is_causal=True)
+  long = dense.prepare(*_arrays(1, dense.BLOCKWISE_MIN_LENGTH_CPU, 8, 2, 2, 8)[:3])
+  if backend == "cpu":
+    assert dense.select_implementation(*short) == "reference"
+    assert dense.select_implementation(*long) == "blockwise"
+    stats = dense.prepare(*_arrays(1, 2048, 16, 2, 2, 8)[:3], normalizer="softpick",
+                          return_stats=True)
+    assert dense.select_implementation(*stats) == "blockwise"  # no option is dropped
+  elif backend == "gpu":
+    q, k, v, _ = _arrays(1, 64, 64, 2, 2, 8, dtype=jnp.bfloat16)
+    assert dense.select_implementation(*dense.prepare(q, k, v, is_causal=True)) == "cudnn"
+    assert dense.select_implementation(
+        *dense.prepare(q, k, v, normalizer="sigmoid")) == "reference"
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs a GPU")
+def test_gpu_auto_dispatch_matches_reference():
+  q, k, v, _ = _arrays(2, 256, 256, 8, 2, 64, dtype=jnp.bfloat16)
+  out = attnjax.dot_product_attention(q, k, v, is_causal=True)
+  ref = _reference(q, k, v, is_causal=True)
+  _close(out, ref, 2e-2, "cudnn output")
