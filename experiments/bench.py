@@ -259,10 +259,12 @@ def train_suite(args) -> Iterable[Case]:
       b = trainer.batches.batch("train", 0)
       inputs, targets = trainer.dp.put_batch(b.inputs), trainer.dp.put_batch(b.targets)
       tokens = cfg.data.batch_size * cfg.data.seq_len
-      shape = (f"{variant} B={batch} T={cfg.data.seq_len} D={cfg.model.d_model} "
-               f"L={cfg.model.num_layers} ({trainer.num_params / 1e3:.0f}k params)")
+      shape = (f"{variant} B={batch} ({cfg.train.microbatches} microbatches) "
+               f"T={cfg.data.seq_len} D={cfg.model.d_model} L={cfg.model.num_layers} "
+               f"({trainer.num_params / 1e3:.0f}k params)")
       for label, with_stats in (("plain", False), ("with per-step stats", True)):
-        step = jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, stats=with_stats))
+        step = jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, stats=with_stats,
+                                       microbatches=cfg.train.microbatches))
         yield Case("train", f"train_step {label}", shape, step,
                    (trainer.state, trainer.rest, inputs, targets),
                    trainer.flops_per_token * tokens, baseline=not with_stats, tokens=tokens)

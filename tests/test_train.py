@@ -242,3 +242,24 @@ def test_divergence_needs_a_sustained_rise_or_a_nan():
   watch = DivergenceWatch(1.5, 3)
   assert watch.update(recs([4.0, 7.0, 7.0]), 4.0) is None
   assert watch.update([{"step": 3, "loss": 7.0, "grad_norm": 1.0}], 4.0) == 1
+
+
+def test_microbatches_give_the_same_update(tmp_path):
+  from attnjax.train.loop import Trainer
+  from attnjax.train.step import make_train_step
+
+  trainer = Trainer(tiny(tmp_path, **{"train.num_devices": 1}))
+  b = trainer.batches.batch("train", 0)
+  args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets))
+  outs = [jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, microbatches=m))(
+      trainer.state, *args) for m in (1, 4)]
+  (state1, m1), (state4, m4) = outs
+  for a, b_ in zip(jax.tree.leaves(state1["params"]), jax.tree.leaves(state4["params"])):
+    np.testing.assert_allclose(a, b_, rtol=1e-5, atol=1e-6)
+  for key in ("loss", "grad_norm", "max_logit", "f_attn", "log_z"):
+    np.testing.assert_allclose(m1[key], m4[key], rtol=1e-5, atol=1e-6)
+
+
+def test_microbatches_must_divide_the_batch():
+  with pytest.raises(ValueError, match="train.microbatches=3"):
+    config_lib.load_config(f"{COMPARE}:preset=cpu", ["train.microbatches=3"])

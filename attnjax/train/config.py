@@ -88,6 +88,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.divergence_factor = 1.5  # diverged if loss > factor * initial loss ...
   c.train.divergence_patience = 10  # ... for this many steps in a row (NaN/Inf: at once)
   c.train.num_devices = 0      # data-parallel devices: 0 = all of jax.devices()
+  c.train.microbatches = 1     # gradient accumulation over this many microbatches per step
   c.train.step_stats = True    # per-layer attention stats in every training step
   c.train.progress = True
   c.train.plots = True
@@ -102,7 +103,8 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
   if preset == "cpu":
     c.model.update(d_model=64, num_layers=2, num_heads=4, mlp_ratio=4)
     c.data.update(seq_len=64, batch_size=32)
-    c.train.update(steps=240, log_every=10, eval_every=80, probe_every=80, checkpoint_every=80)
+    c.train.update(steps=240, log_every=10, eval_every=80, probe_every=80, checkpoint_every=80,
+                   microbatches=4)  # 4 x 8 sequences: the working set stays in a CPU's cache
   else:
     c.model.update(d_model=512, num_layers=8, num_heads=8, mlp_ratio=4)
     c.data.update(seq_len=512, batch_size=64 if preset == "gpu" else 256)
@@ -301,11 +303,16 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   _require(t.divergence_patience >= 1,
            f"train.divergence_patience must be >= 1, got {t.divergence_patience}")
   _require(t.num_devices >= 0, f"train.num_devices must be >= 0, got {t.num_devices}")
+  _require(t.microbatches >= 1 and d.batch_size % t.microbatches == 0,
+           f"data.batch_size={d.batch_size} is not divisible by train.microbatches={t.microbatches}")
   if num_devices is not None and t.num_devices:
     _require(t.num_devices <= num_devices,
              f"train.num_devices={t.num_devices} but only {num_devices} devices exist")
     num_devices = t.num_devices
   if num_devices is not None:
+    _require((d.batch_size // t.microbatches) % num_devices == 0,
+             f"data.batch_size / train.microbatches = {d.batch_size // t.microbatches} is not "
+             f"divisible by the {num_devices} devices")
     _require(d.batch_size % num_devices == 0,
              f"data.batch_size={d.batch_size} is not divisible by the {num_devices} devices")
     _require(t.probe_batch % num_devices == 0,

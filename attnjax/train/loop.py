@@ -144,7 +144,7 @@ class Trainer:
     self.rest = self.dp.replicate(self.rest)
 
     step_fn = make_train_step(self.graphdef, self.optimizer, z_loss=cfg.opt.z_loss,
-                              stats=cfg.train.step_stats)
+                              stats=cfg.train.step_stats, microbatches=cfg.train.microbatches)
     self.train_step = jax.jit(step_fn, donate_argnums=(0,))
     self.eval_step = jax.jit(make_eval_step(self.graphdef))
     self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len

@@ -98,7 +98,7 @@ def forward(graphdef: nnx.GraphDef, params: Any, rest: Any, inputs: Array, *,
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
-                    z_loss: float = 0.0, stats: bool = True) -> Callable:
+                    z_loss: float = 0.0, stats: bool = True, microbatches: int = 1) -> Callable:
   """``train_step(state, rest, inputs, targets) -> (state, metrics)``; pure, jit it outside.
 
   Args:
@@ -106,6 +106,12 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     optimizer: the optax transformation (see :mod:`attnjax.train.optim`).
     z_loss: coefficient of ``mean((log Z)^2)`` added to the loss (Wortsman sec. 3.1.2).
     stats: compute per-layer attention statistics in the training forward.
+    microbatches: split the batch into this many equal microbatches and sum
+      their gradients in a ``lax.scan`` (gradient accumulation): the same update
+      as the whole batch up to float summation order, with a working set
+      ``microbatches`` times smaller (on a CPU, one that fits in cache). Rows
+      ``m, m + M, m + 2M, ...`` form microbatch ``m``, so a batch sharded over
+      devices stays sharded.
 
   Returns:
     The step. ``state`` is ``{"params", "opt_state", "step", "initial_loss"}``; ``metrics``
@@ -121,9 +127,34 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     aux = {"loss": loss, "z_loss": z_term, "log_z": jnp.mean(log_z), **layer_stats}
     return loss + z_term, aux
 
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def accumulated(params, rest, inputs, targets):
+    B, T = inputs.shape
+    if B % microbatches:
+      raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
+    split = lambda x: jnp.swapaxes(jnp.reshape(x, (B // microbatches, microbatches, T)), 0, 1)
+
+    def body(acc, batch):
+      (total, aux), grads = grad_fn(params, rest, *batch)
+      return jax.tree.map(jnp.add, acc, (total, aux, grads)), aux.get("max_logit")
+
+    shapes = jax.eval_shape(grad_fn, params, rest, inputs[:B // microbatches],
+                            targets[:B // microbatches])
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    zeros = (zeros[0][0], zeros[0][1], zeros[1])
+    (total, aux, grads), max_logits = jax.lax.scan(body, zeros, (split(inputs), split(targets)))
+    scale = 1.0 / microbatches
+    total, aux, grads = jax.tree.map(lambda x: x * scale, (total, aux, grads))
+    if max_logits is not None:  # a maximum, not a mean, over microbatches
+      aux["max_logit"] = jnp.max(max_logits, axis=0)
+    return (total, aux), grads
+
   def train_step(state, rest, inputs, targets):
-    (total, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state["params"], rest, inputs, targets)
+    if microbatches == 1:
+      (total, aux), grads = grad_fn(state["params"], rest, inputs, targets)
+    else:
+      (total, aux), grads = accumulated(state["params"], rest, inputs, targets)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = dict(aux, total_loss=total, grad_norm=optax.tree.norm(grads),
