@@ -75,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.opt.z_loss = 0.0           # coef of mean (log Z)^2 on the output logits
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 300
+  c.train.steps = 240
   c.train.log_every = 10       # host reads the device metrics every N steps
   c.train.eval_every = 100
   c.train.eval_batches = 4

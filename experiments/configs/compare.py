@@ -1,9 +1,9 @@
 """python experiments/compare.py --config experiments/configs/compare.py:preset=cpu
 
 Every attention variant at one learning rate on Shakespeare (character level):
-the README's main job. With ``preset=cpu`` (2 layers, d=64, T=64, batch 32,
-300 steps each) the 7 arms take a few minutes on a 2-core CPU, compilation
-included. Arguments after ``:``: ``preset`` (cpu, gpu, tpu), ``lr``, ``data``
+the README's main job. With ``preset=cpu`` (2 layers, d=64, T=64, batch 32 as
+4 accumulated microbatches of 8, 240 steps) the 7 arms take a few minutes on a
+2-core CPU, compilation included. Arguments after ``:``: ``preset`` (cpu, gpu, tpu), ``lr``, ``data``
 (shakespeare or bigram_backcopy). The arms are ``--config.sweep.variants``
 (comma-separated names from ``attnjax.train.variants.VARIANTS``).
 """
