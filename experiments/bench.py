@@ -62,6 +62,7 @@ class Case:
   args: tuple
   flops: float
   baseline: bool = False
+  tokens: int = 0  # training tokens per call: adds a tokens/s column to the suite's table
 
 
 _SUITES: dict[str, Callable[[argparse.Namespace], Iterable[Case]]] = {}
@@ -232,6 +233,41 @@ def sparse_window_memory():
   step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
                                                           block_size=128))
   return lambda: step(q, k, v)
+
+
+@suite("train")
+def train_suite(args) -> Iterable[Case]:
+  """One AdamW training step of the cpu-preset decoder LM (experiments/configs/compare.py:preset=cpu).
+
+  FLOPs are the model FLOPs of training, ``6 N`` per token plus causal attention
+  ``6 L T D`` (Kaplan et al. 2020; PaLM app. B), so "% matmul" is the model-FLOPs
+  utilisation (MFU) against this run's measured matmul rate. "with per-step
+  stats" is the step the loop runs (layers report max logit, entropy, F-Attn);
+  "plain" skips them. ``--sizes`` sets the batch sizes (default 32, the preset's).
+  """
+  from attnjax.train.config import load_config
+  from attnjax.train.loop import Trainer
+  from attnjax.train.step import make_train_step
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for variant in ("dense", "qk_layernorm"):
+    for batch in parse_sizes(args.sizes or "32"):
+      cfg = load_config(os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
+                        [f"variant={variant}", f"data.batch_size={batch}", "train.num_devices=1"])
+      cfg.run_dir = os.path.join("/tmp", "attnjax_bench_train")
+      trainer = Trainer(cfg)
+      b = trainer.batches.batch("train", 0)
+      inputs, targets = trainer.dp.put_batch(b.inputs), trainer.dp.put_batch(b.targets)
+      tokens = cfg.data.batch_size * cfg.data.seq_len
+      shape = (f"{variant} B={batch} ({cfg.train.microbatches} microbatches) "
+               f"T={cfg.data.seq_len} D={cfg.model.d_model} L={cfg.model.num_layers} "
+               f"({trainer.num_params / 1e3:.0f}k params)")
+      for label, with_stats in (("plain", False), ("with per-step stats", True)):
+        step = jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, stats=with_stats,
+                                       microbatches=cfg.train.microbatches))
+        yield Case("train", f"train_step {label}", shape, step,
+                   (trainer.state, trainer.rest, inputs, targets),
+                   trainer.flops_per_token * tokens, baseline=not with_stats, tokens=tokens)
 
 
 def _torch_sdpa(T: int, *, backward: bool, window: Optional[tuple[int, int]] = None):
@@ -433,21 +469,24 @@ def run_suites(names: list[str], args) -> list[dict]:
       gflops = case.flops / t / 1e9 if t == t else float("nan")
       rows.append(dict(suite=case.suite, method=case.method, shape=case.shape, time_ms=t * 1e3,
                        gflops=gflops, pct_matmul=100 * gflops / rate, baseline=case.baseline,
-                       error=err))
+                       error=err, tokens_per_s=case.tokens / t if case.tokens else None))
       print(f"  {case.suite} {case.shape} {case.method}: "
             f"{'%.2f ms' % (t * 1e3) if err is None else err}", file=sys.stderr, flush=True)
     base = {r["shape"]: r["time_ms"] for r in rows if r["baseline"]}
     for r in rows:
       r["ratio"] = r["time_ms"] / base[r["shape"]] if r["shape"] in base else float("nan")
     print(f"## {name}\n\n{_SUITES[name].__doc__.strip()}\n")
-    print("| shape | method | time (ms) | GFLOP/s | % matmul | vs baseline |")
-    print("|---|---|---:|---:|---:|---:|")
+    tok = any(r["tokens_per_s"] for r in rows)
+    print("| shape | method | time (ms) | GFLOP/s | % matmul | vs baseline |"
+          + (" tokens/s |" if tok else ""))
+    print("|---|---|---:|---:|---:|---:|" + ("---:|" if tok else ""))
     for r in rows:
       if r["error"]:
-        print(f"| {r['shape']} | {r['method']} | {r['error']} | | | |")
+        print(f"| {r['shape']} | {r['method']} | {r['error']} | | | |" + (" |" if tok else ""))
         continue
       print(f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} | {r['gflops']:.1f} | "
-            f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |")
+            f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |"
+            + (f" {r['tokens_per_s']:.0f} |" if tok else ""))
     print()
     results.extend(rows)
   return results

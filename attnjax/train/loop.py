@@ -1,0 +1,371 @@
+"""The training loop: one run directory from one config, resumable bit for bit.
+
+    from attnjax.train import train
+    summary = train(config)          # writes config.run_dir; returns summary.json's dict
+
+What happens at each step boundary ``s`` (the state after ``s`` updates):
+validation when ``s % eval_every == 0`` and at the end, a sink probe when
+``s % probe_every == 0`` and at the end, a checkpoint when
+``s % checkpoint_every == 0``; then train step ``s`` runs on batch ``s``.
+Metrics of step ``s`` (``"kind": "train"``) describe the batch-``s`` loss
+before update ``s``. A resumed run restores the latest checkpoint ``c``,
+drops every JSONL line with ``step >= c`` and continues, so its files equal
+those of a run that was never interrupted (apart from the wall-clock field
+``tokens_per_s``).
+
+Divergence: the host reads the device metrics every ``log_every`` steps; a
+NaN/Inf loss, or a loss above ``divergence_factor`` times the initial loss for
+``divergence_patience`` steps in a row, ends the run as ``"diverged"`` with
+the first such step, cleanly (files closed, summary written), and the caller
+(a sweep) carries on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from attnjax import data as data_lib
+from attnjax.train import config as config_lib
+from attnjax.train import optim, rundir
+from attnjax.train.model import build_model, count_params, flops_per_token
+from attnjax.train.probe import run_probe
+from attnjax.train.step import make_eval_step, make_train_step
+
+LN2 = math.log(2.0)
+
+
+def init_distributed() -> None:
+  """``jax.distributed.initialize()`` when the environment names a coordinator (multi-host)."""
+  if os.environ.get("JAX_COORDINATOR_ADDRESS") and jax.process_count() == 1:
+    jax.distributed.initialize()
+
+
+class DataParallel:
+  """Data parallelism over every device: batch axis sharded, parameters replicated."""
+
+  def __init__(self, num_devices: int = 0):
+    devices = jax.devices()
+    if num_devices:
+      if jax.process_count() > 1:
+        raise ValueError("train.num_devices must be 0 (all devices) on more than one host")
+      devices = devices[:num_devices]
+    self.mesh = Mesh(np.asarray(devices), ("data",))
+    self.batch = NamedSharding(self.mesh, P("data"))
+    self.replicated = NamedSharding(self.mesh, P())
+
+  def put_batch(self, array: np.ndarray) -> jax.Array:
+    """A global ``[B, ...]`` host array -> a device array sharded over the batch axis.
+
+    Every host computes the same global batch (it is a function of the step),
+    and contributes only its own rows.
+    """
+    n = jax.process_count()
+    rows = array.shape[0] // n
+    local = array[jax.process_index() * rows:(jax.process_index() + 1) * rows]
+    return jax.make_array_from_process_local_data(self.batch, local, array.shape)
+
+  def replicate(self, tree: Any) -> Any:
+    return jax.device_put(tree, self.replicated)
+
+
+def _to_host(metrics: list[dict]) -> list[dict]:
+  host = jax.device_get(metrics)
+  out = []
+  for m in host:
+    out.append({k: (float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)])
+                for k, v in m.items()})
+  return out
+
+
+class DivergenceWatch:
+  """Finds the step where a run diverged: NaN/Inf loss or grad norm at once, or a loss
+  above ``factor`` x the initial loss for ``patience`` steps in a row (a transient
+  spike that recovers is not a divergence). Uses ``attnjax.stats.is_diverged``.
+  """
+
+  def __init__(self, factor: float, patience: int):
+    self.factor, self.patience = factor, patience
+    self.run_start: Optional[int] = None
+    self.run_length = 0
+    self.decided_at: Optional[int] = None  # the step whose loss settled the verdict
+
+  def update(self, records: list[dict], initial_loss: float) -> Optional[int]:
+    from attnjax import stats
+
+    for r in records:
+      loss, gnorm = r["loss"], r["grad_norm"]
+      if loss is None or gnorm is None or not (math.isfinite(loss) and math.isfinite(gnorm)):
+        self.decided_at = r["step"]
+        return r["step"]
+      if bool(stats.is_diverged(loss, initial_loss, factor=self.factor)):
+        if self.run_length == 0:
+          self.run_start = r["step"]
+        self.run_length += 1
+        if self.run_length >= self.patience:
+          self.decided_at = r["step"]
+          return self.run_start
+      else:
+        self.run_length = 0
+    return None
+
+
+class Trainer:
+  """One run: builds data, model, optimizer and checkpointer from ``cfg`` and runs them."""
+
+  def __init__(self, cfg: Any):
+    self.cfg = cfg
+    config_lib.validate(cfg, num_devices=jax.device_count())
+    if not cfg.run_dir:
+      raise ValueError("run_dir must be set (entry points set runs/<experiment>/<arm>)")
+    self.dir = rundir.RunDir(cfg.run_dir)
+    self.is_writer = jax.process_index() == 0
+    self.batches = data_lib.from_config(cfg.data, seed=cfg.seed)
+    self.dp = DataParallel(cfg.train.num_devices)
+
+    model = build_model(cfg, self.batches.model_vocab_size, seed=cfg.seed)
+    self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.num_params = count_params(params)
+    self.flops_per_token = flops_per_token(cfg, self.num_params)
+    self.optimizer = optim.make_optimizer(cfg)
+    self.schedule = optim.schedule(cfg)
+    state = {"params": params, "opt_state": self.optimizer.init(params),
+             "step": jnp.zeros((), jnp.int32), "initial_loss": jnp.full((), jnp.nan, jnp.float32)}
+    self.state = self.dp.replicate(state)
+    self.rest = self.dp.replicate(self.rest)
+
+    step_fn = make_train_step(self.graphdef, self.optimizer, z_loss=cfg.opt.z_loss,
+                              stats=cfg.train.step_stats, microbatches=cfg.train.microbatches)
+    self.train_step = jax.jit(step_fn, donate_argnums=(0,))
+    self.eval_step = jax.jit(make_eval_step(self.graphdef))
+    self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
+
+  # -- checkpoints ----------------------------------------------------------
+
+  def _manager(self) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.train.keep_checkpoints,
+                                           enable_async_checkpointing=False)
+    return ocp.CheckpointManager(self.dir.checkpoints, options=options)
+
+  def _restore_latest(self, manager: ocp.CheckpointManager) -> int:
+    step = manager.latest_step()
+    if step is None:
+      return 0
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
+    self.state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    return int(step)
+
+  # -- evaluation -----------------------------------------------------------
+
+  def model(self) -> nnx.Module:
+    return nnx.merge(self.graphdef, self.state["params"], self.rest)
+
+  def evaluate(self, step: int) -> dict:
+    ce, count = 0.0, 0.0
+    for i in range(self.cfg.train.eval_batches):
+      b = self.batches.batch("val", i)
+      out = self.eval_step(self.state["params"], self.rest, self.dp.put_batch(b.inputs),
+                           self.dp.put_batch(b.targets))
+      out = jax.device_get(out)
+      ce += float(out["ce_sum"])
+      count += float(out["count"])
+    loss = ce / max(count, 1.0)
+    return {"kind": "val", "step": step, "val_loss": loss, "val_bpc": loss / LN2,
+            "unit": self.batches.unit}
+
+  def probe(self, step: int) -> dict:
+    t = self.cfg.train
+    b = self.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
+    record = run_probe(self.model(), self.dp.put_batch(b.inputs))
+    return {"step": step, **record}
+
+  # -- the loop -------------------------------------------------------------
+
+  def run(self) -> dict:
+    cfg, t = self.cfg, self.cfg.train
+    if self.is_writer:
+      rundir.write_json(self.dir.config, cfg.to_dict())
+    manager = self._manager()
+    start = self._restore_latest(manager)
+    if self.is_writer:
+      rundir.truncate_jsonl(self.dir.metrics, start)
+      rundir.truncate_jsonl(self.dir.probes, start)
+    previous = self.dir.read_summary() or {}
+    summary = {"status": "running", "variant": cfg.variant, "run_dir": cfg.run_dir,
+               "num_params": self.num_params, "flops_per_token": self.flops_per_token,
+               "devices": int(self.dp.mesh.devices.size), "resumed_from": start}
+    if self.is_writer:
+      rundir.write_json(self.dir.summary, summary)
+
+    t0 = time.perf_counter()
+    b = self.batches.batch("train", start)
+    compiled = self.train_step.lower(self.state, self.rest, self.dp.put_batch(b.inputs),
+                                     self.dp.put_batch(b.targets)).compile()
+    compile_s = time.perf_counter() - t0
+
+    metrics_out = rundir.JsonlWriter(self.dir.metrics) if self.is_writer else None
+    probes_out = rundir.JsonlWriter(self.dir.probes) if self.is_writer else None
+    pending: list[dict] = []
+    pending_steps: list[int] = []
+    initial_loss = float(jax.device_get(self.state["initial_loss"]))
+    last_flush = time.perf_counter()
+    train_time = float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0
+    tokens_per_s: list[float] = []
+    diverged_step: Optional[int] = None
+    last_train: dict = {}
+    last_val: dict = {}
+    last_probe: dict = {}
+    bar = None
+    if t.progress and self.is_writer:
+      from tqdm.auto import tqdm
+      bar = tqdm(total=t.steps, initial=start, desc=f"{cfg.variant}", leave=False, mininterval=1.0)
+
+    watch = DivergenceWatch(t.divergence_factor, t.divergence_patience)
+    if start > 0:  # a streak of high losses may span the checkpoint: replay it
+      watch.update([r for r in rundir.read_jsonl(self.dir.metrics) if r.get("kind") == "train"],
+                   initial_loss)
+
+    def flush() -> Optional[int]:
+      """Reads pending device metrics, writes them, returns the divergence step if any."""
+      nonlocal pending, pending_steps, last_flush, initial_loss, train_time, last_train
+      if not pending:
+        return None
+      records = _to_host(pending)
+      now = time.perf_counter()
+      elapsed = now - last_flush
+      train_time += elapsed
+      last_flush = now
+      rate = self.tokens_per_step * len(records) / max(elapsed, 1e-9)
+      tokens_per_s.append(rate)
+      for step, r in zip(pending_steps, records):
+        r.update(kind="train", step=step, lr=float(self.schedule(step)), tokens_per_s=rate)
+      if not math.isfinite(initial_loss):
+        initial_loss = records[0]["loss"]
+        self.state["initial_loss"] = self.dp.replicate(jnp.float32(initial_loss))
+      bad = watch.update(records, initial_loss)
+      if bad is not None:
+        records = [r for r in records if r["step"] <= watch.decided_at]
+      if metrics_out:
+        metrics_out.write(records)
+      last_train = records[-1]
+      if bar is not None:
+        bar.update(len(records))
+        bar.set_postfix(loss=f"{last_train['loss']:.3f}")
+      pending, pending_steps = [], []
+      return bad
+
+    status = "finished"
+    step = start
+    try:
+      while True:
+        boundary = []
+        if step % t.eval_every == 0 or step == t.steps:
+          boundary.append("eval")
+        if step % t.probe_every == 0 or step == t.steps:
+          boundary.append("probe")
+        if t.checkpoint_every and step % t.checkpoint_every == 0 and step > start:
+          boundary.append("ckpt")
+        if boundary or step == t.stop_after:
+          diverged_step = flush()
+          if diverged_step is not None:
+            status = "diverged"
+            break
+        if "eval" in boundary:
+          last_val = self.evaluate(step)
+          if metrics_out:
+            metrics_out.write([last_val])
+        if "probe" in boundary:
+          last_probe = self.probe(step)
+          if probes_out:
+            probes_out.write([last_probe])
+        if "ckpt" in boundary:
+          manager.save(step, args=ocp.args.StandardSave(self.state))
+          manager.wait_until_finished()
+        if boundary:  # tokens/s and train_time_s count training steps only
+          last_flush = time.perf_counter()
+        if step == t.steps:
+          break
+        if t.stop_after and step == t.stop_after:
+          status = "stopped"
+          break
+        b = self.batches.batch("train", step)
+        self.state, m = compiled(self.state, self.rest, self.dp.put_batch(b.inputs),
+                                 self.dp.put_batch(b.targets))
+        pending.append(m)
+        pending_steps.append(step)
+        step += 1
+        if len(pending) >= t.log_every:
+          diverged_step = flush()
+          if diverged_step is not None:
+            status = "diverged"
+            break
+    finally:
+      if bar is not None:
+        bar.close()
+      for w in (metrics_out, probes_out):
+        if w:
+          w.close()
+      manager.close()
+
+    summary.update(status=status, steps_done=step if status != "diverged" else diverged_step,
+                   diverged_step=diverged_step, initial_loss=initial_loss,
+                   compile_s=compile_s, train_time_s=train_time,
+                   tokens_per_s=float(np.median(tokens_per_s[1:] or tokens_per_s or [float("nan")])))
+    summary.update(final_metrics(self.dir, last_train, last_val, last_probe, status))
+    if self.is_writer:
+      rundir.write_json(self.dir.summary, summary)
+      if t.plots and status != "stopped":
+        from attnjax.train.plots import plot_run
+        plot_run(self.dir)
+    return summary
+
+
+def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_probe: dict,
+                  status: str) -> dict:
+  """The numbers a report row shows, from the run's files (so a resumed run reads them too)."""
+  from attnjax.train.probe import spike_score
+
+  records = [r for r in rundir.read_jsonl(run.metrics) if r.get("kind") == "train"]
+  vals = [r for r in rundir.read_jsonl(run.metrics) if r.get("kind") == "val"]
+  probes = rundir.read_jsonl(run.probes)
+  out: dict = {}
+  if records:
+    tail = records[-10:]
+    tail_losses = [r["loss"] for r in tail if r["loss"] is not None]
+    out["final_train_loss"] = float(np.mean(tail_losses)) if tail_losses else None
+    last = records[-1]
+    for key in ("max_logit", "entropy", "entropy_min", "f_attn"):
+      if key in last:
+        values = [v for v in last[key] if v is not None and math.isfinite(v)]
+        if values:
+          out[key] = float(max(values) if key == "max_logit" else
+                           min(values) if key == "entropy_min" else np.mean(values))
+    ever = [v for r in records for v in (r.get("max_logit") or [])
+            if v is not None and math.isfinite(v)]
+    out["max_logit_ever"] = float(max(ever)) if ever else None
+    out["log_z"] = last.get("log_z")
+    out["spike_score"] = spike_score([r["loss"] for r in records])
+  if vals:
+    out["val_loss"] = vals[-1]["val_loss"] if status != "diverged" else None
+    out["val_bpc"] = vals[-1]["val_bpc"] if status != "diverged" else None
+    out["unit"] = vals[-1].get("unit")
+  if probes:
+    out["probe"] = {k: v for k, v in probes[-1].items() if np.ndim(v) == 0}
+  return out
+
+
+def train(cfg: Any) -> dict:
+  """Runs (or resumes, or skips if already ended) the run ``cfg`` describes; returns its summary."""
+  run = rundir.RunDir(cfg.run_dir)
+  if run.is_done():
+    return run.read_summary()
+  return Trainer(cfg).run()

@@ -1,0 +1,160 @@
+"""Run directory files, written so that an interrupted run never leaves a truncated file.
+
+Layout of one run::
+
+    config.json      resolved config
+    metrics.jsonl    one line per training step (and validation lines, "kind": "val")
+    probes.jsonl     one line per sink probe
+    summary.json     status (running / finished / diverged / stopped), final numbers
+    checkpoints/     orbax, one folder per saved step
+    plots/           PNGs
+
+Whole files go through a temporary file and ``os.replace`` (atomic on POSIX).
+JSONL files are appended line by line with flush + fsync, and on resume
+:func:`truncate_jsonl` rewrites them (atomically) without the lines past the
+checkpoint step, so the resumed run appends exactly what an uninterrupted run
+would have written. A line cut by a kill mid-write is dropped on read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+
+def _jsonable(x: Any) -> Any:
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, (np.generic,)):
+    x = x.item()
+  if isinstance(x, np.ndarray):
+    return _jsonable(x.tolist())
+  if hasattr(x, "shape") and hasattr(x, "dtype"):  # a jax array
+    return _jsonable(np.asarray(x).tolist())
+  if isinstance(x, float) and not math.isfinite(x):
+    return None if math.isnan(x) else (1e308 if x > 0 else -1e308)  # JSON has no Inf
+  return x
+
+
+def dumps(record: dict) -> str:
+  """One JSON line; NaN becomes null and +-Inf +-1e308, so every line is strict JSON."""
+  return json.dumps(_jsonable(record), allow_nan=False, sort_keys=False)
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes ``text`` to ``path`` through a temporary file and ``os.replace``."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Any) -> None:
+  write_atomic(path, json.dumps(_jsonable(obj), indent=1, allow_nan=False) + "\n")
+
+
+def read_json(path: str) -> Optional[dict]:
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """All complete lines of a JSONL file (a final line cut mid-write is skipped)."""
+  if not os.path.isfile(path):
+    return []
+  out = []
+  with open(path) as f:
+    for line in f:
+      if not line.endswith("\n"):
+        break
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        break
+  return out
+
+
+def truncate_jsonl(path: str, keep_step_below: int) -> None:
+  """Atomically rewrites ``path`` keeping only complete lines with ``step < keep_step_below``."""
+  if not os.path.exists(path):
+    return
+  kept = [r for r in read_jsonl(path) if r.get("step", -1) < keep_step_below]
+  write_atomic(path, "".join(dumps(r) + "\n" for r in kept))
+
+
+class JsonlWriter:
+  """Appends records as lines; each ``write`` is flushed and fsynced before it returns."""
+
+  def __init__(self, path: str):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    self.path = path
+    self._f = open(path, "a")
+
+  def write(self, records: Iterable[dict]) -> None:
+    text = "".join(dumps(r) + "\n" for r in records)
+    if text:
+      self._f.write(text)
+      self._f.flush()
+      os.fsync(self._f.fileno())
+
+  def close(self) -> None:
+    self._f.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+class RunDir:
+  """Paths of one run directory."""
+
+  def __init__(self, root: str):
+    self.root = root
+
+  def path(self, *parts: str) -> str:
+    return os.path.join(self.root, *parts)
+
+  @property
+  def config(self) -> str:
+    return self.path("config.json")
+
+  @property
+  def metrics(self) -> str:
+    return self.path("metrics.jsonl")
+
+  @property
+  def probes(self) -> str:
+    return self.path("probes.jsonl")
+
+  @property
+  def summary(self) -> str:
+    return self.path("summary.json")
+
+  @property
+  def checkpoints(self) -> str:
+    return os.path.abspath(self.path("checkpoints"))
+
+  @property
+  def plots(self) -> str:
+    return self.path("plots")
+
+  def read_summary(self) -> Optional[dict]:
+    return read_json(self.summary)
+
+  def is_done(self) -> bool:
+    """True when the run ended (finished or diverged); a stopped or killed run is not done."""
+    s = self.read_summary()
+    return bool(s) and s.get("status") in ("finished", "diverged")

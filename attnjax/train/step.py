@@ -1,0 +1,175 @@
+"""Pure, jittable ``train_step`` and ``eval_step`` over an NNX model split into (graphdef, state).
+
+The model is split once with ``nnx.split(model, nnx.Param, ...)``: the
+parameters are the differentiated pytree, everything else (random-feature
+keys, buffers) is ``rest`` and passes through unchanged. Each step merges a
+fresh module from the arrays it receives, so the step is a pure function of
+``(state, rest, batch)`` and can be jitted, sharded and checkpointed as plain
+pytrees. Metrics stay on the device: the loop reads them every
+``train.log_every`` steps, never inside the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from attnjax.attention_stats import AttentionStats
+
+Array = jax.Array
+
+
+def attention_stats_by_layer(intermediates: Any) -> list[AttentionStats]:
+  """The ``AttentionStats`` sown by each attention layer, in layer order.
+
+  Walks an ``nnx.Intermediate`` state; layers are ordered by the integer keys
+  on their path (``blocks/10`` after ``blocks/9``), so any nesting works.
+  """
+  def sort_key(path):
+    key = []
+    for entry in path:
+      name = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", str(entry))))
+      key.append((0, int(name), "") if str(name).isdigit() else (1, 0, str(name)))
+    return tuple(key)
+
+  flat = jax.tree_util.tree_flatten_with_path(
+      intermediates, is_leaf=lambda x: isinstance(x, AttentionStats))[0]
+  found = [(sort_key(path), leaf) for path, leaf in flat if isinstance(leaf, AttentionStats)]
+  found.sort(key=lambda item: item[0])
+  return [leaf for _, leaf in found]
+
+
+def summarize_attention(stats: list[AttentionStats]) -> dict[str, Array]:
+  """Per-layer ``[L]`` float32 arrays: max logit, mean/min-over-heads entropy, F-Attn.
+
+  F-Attn (Qiu et al. 2025) is the mean weight on key 0 over queries ``i >= 1``
+  (0-based), which is ``AttentionStats.sink_mass``; layers whose family has no
+  such quantity (e.g. unnormalised linear attention) give NaN so the column
+  stays aligned with the layers.
+  """
+  out: dict[str, Array] = {}
+  if not stats:
+    return out
+
+  def per_layer(fn, field):
+    values = []
+    for s in stats:
+      x = getattr(s, field)
+      values.append(jnp.float32(jnp.nan) if x is None else fn(x.astype(jnp.float32)))
+    return jnp.stack(values)
+
+  out["max_logit"] = per_layer(jnp.max, "max_logit")
+  out["entropy"] = per_layer(jnp.mean, "entropy")
+  out["entropy_min"] = per_layer(lambda e: jnp.min(jnp.mean(e, axis=0)), "entropy")
+  out["f_attn"] = per_layer(jnp.mean, "sink_mass")
+  return out
+
+
+def _rms(tree: Any) -> Array:
+  leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(tree)]
+  total = sum(jnp.sum(jnp.square(x)) for x in leaves)
+  count = sum(x.size for x in leaves)
+  return jnp.sqrt(total / max(count, 1))
+
+
+def cross_entropy(logits: Array, targets: Array) -> Array:
+  """Per-token cross-entropy (nats), float32 ``[B, T]``."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+
+
+def forward(graphdef: nnx.GraphDef, params: Any, rest: Any, inputs: Array, *,
+            stats: bool) -> tuple[Array, Array, dict[str, Array]]:
+  """``(logits [B, T, V], log Z [B, T], per-layer attention summary)`` of a merged model.
+
+  With ``stats=True`` the forward runs under ``nnx.capture(..., nnx.Intermediate)``
+  so the layers compute and sow their ``AttentionStats``; otherwise they skip it.
+  """
+  model = nnx.merge(graphdef, params, rest)
+  if not stats:
+    logits, log_z = model(inputs, return_log_z=True)
+    return logits, log_z, {}
+  (logits, log_z), inter = nnx.capture(
+      lambda m, x: m(x, return_log_z=True), nnx.Intermediate)(model, inputs)
+  return logits, log_z, summarize_attention(attention_stats_by_layer(inter))
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
+                    z_loss: float = 0.0, stats: bool = True, microbatches: int = 1) -> Callable:
+  """``train_step(state, rest, inputs, targets) -> (state, metrics)``; pure, jit it outside.
+
+  Args:
+    graphdef: from ``nnx.split(model, nnx.Param, ...)``.
+    optimizer: the optax transformation (see :mod:`attnjax.train.optim`).
+    z_loss: coefficient of ``mean((log Z)^2)`` added to the loss (Wortsman sec. 3.1.2).
+    stats: compute per-layer attention statistics in the training forward.
+    microbatches: split the batch into this many equal microbatches and sum
+      their gradients in a ``lax.scan`` (gradient accumulation): the same update
+      as the whole batch up to float summation order, with a working set
+      ``microbatches`` times smaller (on a CPU, one that fits in cache). Rows
+      ``m, m + M, m + 2M, ...`` form microbatch ``m``, so a batch sharded over
+      devices stays sharded.
+
+  Returns:
+    The step. ``state`` is ``{"params", "opt_state", "step", "initial_loss"}``; ``metrics``
+    holds float32 device scalars (``loss`` is the cross-entropy before the
+    update; ``total_loss`` adds the z-loss) and per-layer ``[L]`` arrays.
+  """
+
+  def loss_fn(params, rest, inputs, targets):
+    logits, log_z, layer_stats = forward(graphdef, params, rest, inputs, stats=stats)
+    ce = cross_entropy(logits, targets)
+    loss = jnp.mean(ce)
+    z_term = z_loss * jnp.mean(jnp.square(log_z))
+    aux = {"loss": loss, "z_loss": z_term, "log_z": jnp.mean(log_z), **layer_stats}
+    return loss + z_term, aux
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def accumulated(params, rest, inputs, targets):
+    B, T = inputs.shape
+    if B % microbatches:
+      raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
+    split = lambda x: jnp.swapaxes(jnp.reshape(x, (B // microbatches, microbatches, T)), 0, 1)
+
+    def body(acc, batch):
+      (total, aux), grads = grad_fn(params, rest, *batch)
+      return jax.tree.map(jnp.add, acc, (total, aux, grads)), aux.get("max_logit")
+
+    shapes = jax.eval_shape(grad_fn, params, rest, inputs[:B // microbatches],
+                            targets[:B // microbatches])
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    zeros = (zeros[0][0], zeros[0][1], zeros[1])
+    (total, aux, grads), max_logits = jax.lax.scan(body, zeros, (split(inputs), split(targets)))
+    scale = 1.0 / microbatches
+    total, aux, grads = jax.tree.map(lambda x: x * scale, (total, aux, grads))
+    if max_logits is not None:  # a maximum, not a mean, over microbatches
+      aux["max_logit"] = jnp.max(max_logits, axis=0)
+    return (total, aux), grads
+
+  def train_step(state, rest, inputs, targets):
+    if microbatches == 1:
+      (total, aux), grads = grad_fn(state["params"], rest, inputs, targets)
+    else:
+      (total, aux), grads = accumulated(state["params"], rest, inputs, targets)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(aux, total_loss=total, grad_norm=optax.tree.norm(grads),
+                   update_rms=_rms(updates), param_rms=_rms(params))
+    return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), metrics
+
+  return train_step
+
+
+def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
+  """``eval_step(params, rest, inputs, targets) -> {"ce_sum", "count"}`` (float32 scalars)."""
+
+  def eval_step(params, rest, inputs, targets):
+    logits, _, _ = forward(graphdef, params, rest, inputs, stats=False)
+    ce = cross_entropy(logits, targets)
+    return {"ce_sum": jnp.sum(ce), "count": jnp.float32(ce.size)}
+
+  return eval_step

@@ -1,0 +1,45 @@
+"""Variants x learning rates: LR sensitivity, max stable LR, loss vs LR, max logit vs step.
+
+    python experiments/lr_sweep.py --config experiments/configs/lr_sweep.py:preset=cpu
+
+Writes ``runs/lr_sweep/<variant>/lr=<lr>/`` and ``runs/lr_sweep/report.md``
+(per-run table, LR-sensitivity table, plots). Resumable; a diverged arm is
+recorded and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from attnjax.train import cli, report, sweep  # noqa: E402
+from attnjax.train.config import validate  # noqa: E402
+from attnjax.train.loop import init_distributed  # noqa: E402
+
+
+def main(argv=None) -> str:
+  cfg, args = cli.parse(__doc__, "experiments/configs/lr_sweep.py:preset=cpu", argv,
+                        default_out="runs/lr_sweep")
+  init_distributed()
+  t0 = time.perf_counter()
+  if not args.report_only:
+    arms = []
+    for v in cli.csv(cfg.sweep.variants):
+      for lr in cli.csv(cfg.sweep.lrs):
+        a = sweep.arm(cfg, f"{v} lr={float(lr):g}", os.path.join(args.out, v, f"lr={float(lr):g}"),
+                      variant=v, **{"opt.lr": float(lr)})
+        validate(a.config)
+        arms.append(a)
+    sweep.run_sweep(arms, processes=args.processes)
+  markdown = report.write_lr_sweep_report(args.out, title=f"lr_sweep ({cfg.preset})")
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {os.path.join(args.out, 'report.md')}")
+  return markdown
+
+
+if __name__ == "__main__":
+  main()

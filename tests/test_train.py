@@ -1,0 +1,265 @@
+"""attnjax.train: resume bit for bit, divergence, data parallelism, configs, optimizer, sweeps, report."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnjax.train import config as config_lib
+from attnjax.train import optim, report, rundir, sweep
+from attnjax.train.loop import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPARE = os.path.join(REPO, "experiments", "configs", "compare.py")
+WALL_CLOCK = ("tokens_per_s",)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compilation_cache(tmp_path_factory):
+  """Runs of one tiny config compile the same programs: let XLA reuse them (tests only)."""
+  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  yield
+  jax.config.update("jax_compilation_cache_dir", old[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+
+
+def tiny(run_dir, *, data="bigram_backcopy", **changes):
+  """A config that compiles and trains in seconds."""
+  c = config_lib.base_config()
+  c.run_dir = str(run_dir)
+  c.data.update(dict(name=data, seq_len=16, batch_size=8, bb_vocab_size=16))
+  c.model.update(dict(d_model=16, num_layers=1, num_heads=2, mlp_ratio=2))
+  c.train.update(dict(steps=12, log_every=4, eval_every=6, eval_batches=1, probe_every=6,
+                      probe_batch=8, probe_len=16, checkpoint_every=4, progress=False,
+                      plots=False))
+  c.opt.lr = 1e-2
+  for key, value in changes.items():
+    config_lib.apply_overrides(c, [f"{key}={value}"])
+  return c
+
+
+def lines(path, drop=WALL_CLOCK):
+  return [{k: v for k, v in r.items() if k not in drop} for r in rundir.read_jsonl(path)]
+
+
+def test_stopped_run_resumes_bit_for_bit(tmp_path):
+  full = train(tiny(tmp_path / "full"))
+  assert full["status"] == "finished" and full["steps_done"] == 12
+
+  cut = tiny(tmp_path / "cut", **{"train.stop_after": 10})
+  stopped = train(cut)
+  assert stopped["status"] == "stopped" and stopped["steps_done"] == 10
+  run = rundir.RunDir(cut.run_dir)
+  assert max(r["step"] for r in rundir.read_jsonl(run.metrics)) == 9  # past checkpoint 8
+  cut.train.stop_after = 0
+  resumed = train(cut)
+  assert resumed["status"] == "finished" and resumed["resumed_from"] == 8
+
+  a, b = lines(rundir.RunDir(full["run_dir"]).metrics), lines(run.metrics)
+  assert [r["step"] for r in a] == [r["step"] for r in b]
+  assert a == b  # every loss, grad norm, per-layer stat: identical, not just close
+  assert lines(rundir.RunDir(full["run_dir"]).probes) == lines(run.probes)
+  assert [f for f in os.listdir(run.root) if ".tmp" in f] == []
+
+
+def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
+  base = tiny(tmp_path, **{"train.plots": True})
+  arms = [sweep.arm(base, "boom", str(tmp_path / "boom"), **{"opt.lr": 1e6}),
+          sweep.arm(base, "ok", str(tmp_path / "ok"))]
+  results = sweep.run_sweep(arms, verbose=False)
+  boom, ok = results
+  assert boom["status"] == "diverged" and isinstance(boom["diverged_step"], int)
+  assert boom["val_loss"] is None and ok["status"] == "finished"
+  assert ok["val_loss"] < ok["initial_loss"]
+  with open(tmp_path / "boom" / "summary.json") as f:
+    assert json.load(f)["status"] == "diverged"  # strict JSON: no NaN tokens
+  recorded = lines(tmp_path / "boom" / "metrics.jsonl")
+  steps = [r["step"] for r in recorded if r["kind"] == "train"]
+  assert boom["diverged_step"] <= max(steps) < boom["diverged_step"] + 10  # patience 10
+
+  again = sweep.run_sweep(arms, verbose=False)  # resumable: both arms are skipped
+  assert [r["status"] for r in again] == ["diverged", "finished"]
+
+  markdown = report.write_report(str(tmp_path), title="tiny")
+  assert "| variant | LR | initial loss | val loss |" in markdown
+  assert "yes (step" in markdown and "| no |" in markdown
+  for name in ("loss.png", "max_logit.png", "f_attn.png"):
+    assert os.path.getsize(tmp_path / "plots" / name) > 1000
+  assert os.path.isfile(tmp_path / "report.md")
+  assert "| Sink_1^0.3 (%) |" in markdown
+
+  # The same two arms are an LR sweep of one variant: sensitivity, max stable LR, plots.
+  markdown = report.write_lr_sweep_report(str(tmp_path))
+  (summary,) = json.load(open(tmp_path / "lr_sensitivity.json"))
+  assert summary["max_stable_lr"] == pytest.approx(1e-2) and summary["diverged_lrs"] == [1e6]
+  assert summary["lr_sensitivity"] == pytest.approx(0.5 * (ok["initial_loss"] - ok["val_loss"]),
+                                                    rel=1e-6)
+  assert "| dense | 2 |" in markdown
+  assert os.path.getsize(tmp_path / "plots" / "loss_vs_lr.png") > 1000
+
+
+def test_eight_devices_match_one_device(tmp_path):
+  assert jax.device_count() == 8
+  curves = []
+  for n in (1, 0):
+    summary = train(tiny(tmp_path / f"dev{n}", data="shakespeare",
+                         **{"train.num_devices": n, "train.steps": 8, "train.eval_every": 8,
+                            "train.probe_every": 8, "train.checkpoint_every": 0}))
+    assert summary["devices"] == (1 if n else 8)
+    curves.append([r["loss"] for r in lines(tmp_path / f"dev{n}" / "metrics.jsonl")
+                   if r["kind"] == "train"])
+  np.testing.assert_allclose(curves[0], curves[1], rtol=1e-5)
+  assert curves[0][-1] < curves[0][0]
+
+
+@pytest.mark.parametrize("spec,overrides,error,match", [
+    (f"{COMPARE}:preset=cpu", ["opt.lrr=1"], KeyError, r"opt.lrr.*did you mean 'opt.lr'"),
+    (f"{COMPARE}:preset=cpu", ["model.num_heads=3"], ValueError, "model.d_model=64 is not divisible"),
+    (f"{COMPARE}:preset=cpu", ["train.steps=many"], ValueError, "train.steps"),
+    (f"{COMPARE}:preset=cpu", ["data.name=text", "data.path=/no/such/file"], ValueError, "data.path"),
+    (f"{COMPARE}:preset=cpu", ["variant=softmaxx"], ValueError, "variant='softmaxx'"),
+    (f"{COMPARE}:preset=laptop", [], ValueError, "preset='laptop'"),
+    (f"{COMPARE}:presets=cpu", [], ValueError, "'presets' is unknown"),
+    ("experiments/configs/missing.py", [], FileNotFoundError, "missing.py"),
+], ids=["unknown-key", "heads-not-dividing", "bad-int", "missing-file", "unknown-variant",
+        "unknown-preset", "unknown-arg", "missing-config"])
+def test_bad_configs_fail_before_training_naming_the_key(spec, overrides, error, match):
+  with pytest.raises(error, match=match):
+    config_lib.load_config(spec, overrides)
+
+
+def test_config_arg_and_overrides_parse_to_the_right_types():
+  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu,lr=3e-3",
+                               ["train.steps=1e2", "model.rope=false", "data.path=x"])
+  assert cfg.opt.lr == 3e-3 and cfg.train.steps == 100 and isinstance(cfg.train.steps, int)
+  assert cfg.model.rope is False and cfg.preset == "cpu"
+  spec, overrides, rest = config_lib.split_argv(
+      ["--config", "a.py:preset=gpu", "--config.opt.lr=1", "--config.train.steps", "5", "--out", "o"])
+  assert spec == "a.py:preset=gpu" and overrides == ["opt.lr=1", "train.steps=5"]
+  assert rest == ["--out", "o"]
+
+
+def test_weight_decay_is_independent_of_the_peak_lr():
+  params = {"w": jnp.ones((3, 3)), "gain": jnp.ones((3,))}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  decays = []
+  for lr in (1e-3, 1.0):
+    cfg = config_lib.base_config()
+    cfg.opt.update(dict(lr=lr, weight_decay=0.1, clip=0.0))
+    cfg.train.steps = 100
+    tx = optim.make_optimizer(cfg)
+    state = tx.init(params)
+    for _ in range(50):  # halfway: past warmup, inside the cosine
+      updates, state = tx.update(zeros, state, params)
+    decays.append(updates)
+  schedule_shape = float(optim.schedule(cfg)(49)) / 1.0
+  np.testing.assert_allclose(decays[0]["w"], decays[1]["w"], rtol=1e-6)
+  np.testing.assert_allclose(decays[0]["w"], -0.1 * schedule_shape * np.ones((3, 3)), rtol=1e-5)
+  np.testing.assert_array_equal(decays[0]["gain"], 0.0)  # gains are not decayed
+
+
+def test_jsonl_truncation_and_torn_lines(tmp_path):
+  path = str(tmp_path / "m.jsonl")
+  with rundir.JsonlWriter(path) as w:
+    w.write([{"step": i, "loss": float("nan") if i == 2 else i} for i in range(5)])
+  with open(path, "a") as f:
+    f.write('{"step": 5, "lo')  # a kill mid-write
+  assert [r["step"] for r in rundir.read_jsonl(path)] == [0, 1, 2, 3, 4]
+  assert rundir.read_jsonl(path)[2]["loss"] is None
+  rundir.truncate_jsonl(path, 3)
+  assert [r["step"] for r in rundir.read_jsonl(path)] == [0, 1, 2]
+  with open(path) as f:
+    assert f.read().endswith("\n")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_matches(tmp_path):
+  """A real SIGKILL of a training process after its first checkpoint, then a resume."""
+  cfg = tiny(tmp_path / "killed", **{"train.steps": 400, "train.checkpoint_every": 50,
+                                     "train.eval_every": 100, "train.probe_every": 100})
+  spec = str(tmp_path / "spec.json")
+  rundir.write_json(spec, cfg.to_dict())
+  env = dict(os.environ, PYTHONPATH=REPO)
+  proc = subprocess.Popen([sys.executable, "-m", "attnjax.train.run_config", spec], env=env)
+  ckpt = tmp_path / "killed" / "checkpoints"
+  deadline = time.time() + 240
+  while time.time() < deadline and not (ckpt.is_dir() and any(p.name.isdigit() and int(p.name) >= 100
+                                                             for p in ckpt.iterdir())):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert rundir.RunDir(cfg.run_dir).read_summary()["status"] == "running"
+  resumed = train(cfg)
+  assert resumed["status"] == "finished" and resumed["resumed_from"] >= 100
+  reference = train(tiny(tmp_path / "reference", **{"train.steps": 400, "train.checkpoint_every": 50,
+                                                    "train.eval_every": 100, "train.probe_every": 100}))
+  assert lines(tmp_path / "killed" / "metrics.jsonl") == lines(
+      tmp_path / "reference" / "metrics.jsonl")
+  assert reference["status"] == "finished"
+
+
+def test_favor_approx_entry_point_writes_its_report(tmp_path):
+  sys.path.insert(0, os.path.join(REPO, "experiments"))
+  try:
+    import favor_approx
+  finally:
+    sys.path.pop(0)
+  markdown = favor_approx.main([
+      "--config", os.path.join(REPO, "experiments/configs/favor_approx.py:preset=cpu"),
+      "--config.seq_len=16", "--config.head_dim=8", "--config.num_heads=1", "--config.draws=2",
+      "--config.num_features=8,64", "--config.maps=favor_plus_orthogonal,trig_iid",
+      "--out", str(tmp_path)])
+  results = json.load(open(tmp_path / "results.json"))
+  assert set(results) == {"favor_plus_orthogonal", "trig_iid"}
+  assert len(results["trig_iid"]["64"]) == 2
+  # More features, smaller error (positive features, mean of 2 draws).
+  assert np.mean(results["favor_plus_orthogonal"]["64"]) < np.mean(results["favor_plus_orthogonal"]["8"])
+  assert "| 64 |" in markdown and os.path.getsize(tmp_path / "plots" / "favor_error.png") > 1000
+
+
+def test_divergence_needs_a_sustained_rise_or_a_nan():
+  from attnjax.train.loop import DivergenceWatch
+
+  def recs(losses):
+    return [{"step": i, "loss": x, "grad_norm": 1.0} for i, x in enumerate(losses)]
+
+  spike = [4.0, 3.0, 9.0, 9.0, 2.5, 2.4]  # 2 steps above 1.5 x 4.0, then recovers
+  assert DivergenceWatch(1.5, 3).update(recs(spike), 4.0) is None
+  watch = DivergenceWatch(1.5, 3)
+  assert watch.update(recs([4.0, 3.0, 7.0, 8.0, 9.0, 9.5]), 4.0) == 2 and watch.decided_at == 4
+  watch = DivergenceWatch(1.5, 3)
+  assert watch.update(recs([4.0, 3.0, float("nan"), 2.0]), 4.0) == 2 and watch.decided_at == 2
+  # A streak may span two reads of the device metrics.
+  watch = DivergenceWatch(1.5, 3)
+  assert watch.update(recs([4.0, 7.0, 7.0]), 4.0) is None
+  assert watch.update([{"step": 3, "loss": 7.0, "grad_norm": 1.0}], 4.0) == 1
+
+
+def test_microbatches_give_the_same_update(tmp_path):
+  from attnjax.train.loop import Trainer
+  from attnjax.train.step import make_train_step
+
+  trainer = Trainer(tiny(tmp_path, **{"train.num_devices": 1}))
+  b = trainer.batches.batch("train", 0)
+  args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets))
+  outs = [jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, microbatches=m))(
+      trainer.state, *args) for m in (1, 4)]
+  (state1, m1), (state4, m4) = outs
+  for a, b_ in zip(jax.tree.leaves(state1["params"]), jax.tree.leaves(state4["params"])):
+    np.testing.assert_allclose(a, b_, rtol=1e-5, atol=1e-6)
+  for key in ("loss", "grad_norm", "max_logit", "f_attn", "log_z"):
+    np.testing.assert_allclose(m1[key], m4[key], rtol=1e-5, atol=1e-6)
+
+
+def test_microbatches_must_divide_the_batch():
+  with pytest.raises(ValueError, match="train.microbatches=3"):
+    config_lib.load_config(f"{COMPARE}:preset=cpu", ["train.microbatches=3"])
