@@ -542,10 +542,14 @@ def test_probe_runs_on_every_nn_family():
                "massive/max_abs", "kurtosis/per_layer", "gate/per_layer", "null_mass/per_layer"):
     assert out[name].shape == (L,), name
   gated = np.array([layer.output_gate is not None for layer in layers])
+  # Linear attention has no softmax logits: its max logit is undefined (NaN -> null).
+  has_logits = np.array([layer.family != "linear" for layer in layers])
   for name, value in out.items():
     value = np.asarray(value)
     if name.startswith("gate/per_"):  # defined for gated layers only (NaN -> null elsewhere)
       assert np.all(np.isfinite(value[gated])) and np.all(np.isnan(value[~gated])), name
+    elif name == "max_logit":
+      assert np.all(np.isfinite(value[has_logits])) and np.all(np.isnan(value[~has_logits])), name
     else:
       assert np.all(np.isfinite(value)), name
   null = np.asarray(out["null_mass/per_layer"])
