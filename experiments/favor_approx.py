@@ -21,7 +21,7 @@ if __package__ in (None, ""):
 
 from attnjax import feature_maps, stats  # noqa: E402
 from attnjax.train import cli, rundir  # noqa: E402
-from attnjax.train.plots import _save, plt  # noqa: E402
+from attnjax.train.plots import _save, subplots  # noqa: E402
 
 MAPS = {
     "favor_plus_orthogonal": lambda key, m, H: feature_maps.favor_plus(key, m, True, head_dim=H),
@@ -67,7 +67,7 @@ def main(argv=None) -> str:
   rundir.write_json(os.path.join(args.out, "results.json"),
                     {n: {str(m): e for m, e in r.items()} for n, r in results.items()})
   ms = sorted(next(iter(results.values())))
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = subplots(figsize=(7, 4.5))
   for name, r in results.items():
     mean = [np.mean(r[m]) for m in ms]
     std = [np.std(r[m]) for m in ms]

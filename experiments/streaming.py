@@ -28,7 +28,7 @@ from attnjax import nn  # noqa: E402
 from attnjax.train import cli, rundir  # noqa: E402
 from attnjax.train.loop import Trainer, init_distributed, train  # noqa: E402
 from attnjax.train.model import model_config  # noqa: E402
-from attnjax.train.plots import _save, plt  # noqa: E402
+from attnjax.train.plots import _save, subplots  # noqa: E402
 
 
 def trained_model(cfg) -> tuple[nnx.Module, Trainer]:
@@ -110,7 +110,7 @@ def main(argv=None) -> str:
                      "per_position": losses.mean(0).tolist()}
     lines.append(f"| {name} | " + " | ".join(f"{x:.3f} ({math.exp(x):.1f})" for x in seg)
                  + f" | {losses.mean():.3f} ({math.exp(losses.mean()):.1f}) |")
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = subplots(figsize=(7, 4.5))
   for name, r in results.items():
     y = np.convolve(r["per_position"], np.ones(8) / 8, mode="valid")
     ax.plot(np.arange(len(y)) + 4, y, lw=1, label=name)

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import os
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from attnjax.train import rundir
 
-from attnjax.train import rundir  # noqa: E402
+
+def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
+  """``(fig, axes)`` as pyplot's ``subplots`` gives, on a bare ``Figure``.
+
+  Writing PNGs needs no pyplot backend, so importing this module leaves the
+  caller's backend alone (a notebook keeps showing figures inline).
+  """
+  fig = Figure(figsize=kwargs.pop("figsize", None))
+  return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def _save(fig, path: str) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.tmp.{os.getpid()}.png"
   fig.savefig(tmp, dpi=100, bbox_inches="tight")
-  plt.close(fig)
   os.replace(tmp, path)
 
 
@@ -37,7 +43,7 @@ def plot_run(run: rundir.RunDir) -> list[str]:
   if not train:
     return []
   steps = [r["step"] for r in train]
-  fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+  fig, axes = subplots(2, 2, figsize=(10, 7))
   ax = axes[0, 0]
   ax.plot(steps, [r["loss"] for r in train], label="train", lw=0.8)
   if val:

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from attnjax.train import rundir
-from attnjax.train.plots import _save, plt
+from attnjax.train.plots import _save, subplots
 
 # Probe keys as attnjax.stats.probe names them, with fallbacks for older names.
 _SINK_KEYS = ("sink_rate/rate",)
@@ -133,7 +133,7 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
             ("log_z", "mean log Z of the output logits (drift)",
              lambda r: r["log_z"] if r.get("log_z") is not None else np.nan, "linear"))
   for name, title, get, yscale in panels:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     for run in runs:
       recs = _train_records(run)
       if not recs:
@@ -159,7 +159,7 @@ def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
   """Sink statistics of the probes against training step, one line per run."""
   paths = []
   for key, title in PROBE_PANELS:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     for run in runs:
       recs = [r for r in rundir.read_jsonl(rundir.RunDir(run).probes) if r.get(key) is not None]
       if recs:
@@ -249,7 +249,7 @@ def lr_sweep_table(summary: list[dict]) -> str:
 def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
   """``loss_vs_lr.png`` (diverged runs drawn at their initial loss) and max logit vs step per variant."""
   paths = []
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = subplots(figsize=(7, 4.5))
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
     runs = sorted((r for r in rows if r["variant"] == variant and r["lr"]), key=lambda r: r["lr"])
     lrs = [r["lr"] for r in runs]
@@ -265,7 +265,7 @@ def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
   _save(fig, path)
   paths.append(path)
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     for r in sorted((r for r in rows if r["variant"] == variant and r["lr"]), key=lambda r: r["lr"]):
       recs = _train_records(os.path.join(root, r["arm"]))
       ax.plot([x["step"] for x in recs], [_layer_max(x, "max_logit") for x in recs], lw=0.9,
