@@ -39,3 +39,43 @@ def test_function_notebooks_execute(path):
 def test_notebooks_are_committed_without_outputs(path):
   nb = nbformat.read(path, as_version=4)
   assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep_root(tmp_path_factory):
+  """One tiny LR sweep (2 variants x 2 LRs, one LR diverges), written by the project's sweep code."""
+  import jax
+
+  from attnjax.train import config as config_lib
+  from attnjax.train import sweep
+
+  root = tmp_path_factory.mktemp("lr_sweep")
+  base = config_lib.base_config()
+  base.data.update(dict(name="bigram_backcopy", seq_len=16, batch_size=8, bb_vocab_size=16))
+  base.model.update(dict(d_model=16, num_layers=1, num_heads=2, mlp_ratio=2))
+  base.train.update(dict(steps=12, log_every=4, eval_every=12, eval_batches=1, probe_every=6,
+                         probe_batch=8, probe_len=16, checkpoint_every=0, num_devices=1,
+                         progress=False, plots=False))
+  arms = [sweep.arm(base, f"{v} lr={lr:g}", str(root / v / f"lr={lr:g}"), variant=v,
+                    **{"opt.lr": lr}) for v in ("dense", "cosine") for lr in (1e-2, 1e3)]
+  # Arms of one variant share their eval and probe programs: let XLA reuse them (tests only).
+  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  try:
+    statuses = [s["status"] for s in sweep.run_sweep(arms, verbose=False)]
+  finally:
+    jax.config.update("jax_compilation_cache_dir", old[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+  assert statuses == ["finished", "diverged"] * 2, statuses
+  return root
+
+
+def test_run_dir_notebooks_execute(tiny_sweep_root):
+  """03 and 04 on the same tiny run root (one test, so the root is trained once per session)."""
+  for name in ("03_training_stability.ipynb", "04_attention_sinks.ipynb"):
+    path = NOTEBOOKS[0].parent / name
+    nb = execute(path, {"ATTNJAX_RUN_DIR": str(tiny_sweep_root)})
+    images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
+                 for o in c.get("outputs", []))
+    assert images >= 3, f"{name} produced {images} figures"
