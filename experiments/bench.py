@@ -6,7 +6,10 @@
     python experiments/bench.py --list
 
 Each case is timed in this process after warm-up (compilation excluded), with
-``block_until_ready``, and reported as the median of ``--repeats`` runs. The
+``block_until_ready``. The cases of one shape are timed in interleaved rounds
+(one call of each, ``--repeats`` rounds) and reported as the best round, with
+the median in brackets, so that load from elsewhere on a shared machine
+cannot favour one row over the row it is compared with. The
 machine's float32 matmul rate is measured in the same run, so every row shows
 achieved GFLOP/s, percent of that rate, and its time over the baseline at the
 same shape (``jax.nn.dot_product_attention`` unless the row says otherwise).
@@ -94,8 +97,12 @@ def block(x):
 
 
 def time_call(fn: Callable, args: tuple, *, repeats: int = 5, warmup: int = 1,
-              min_time: float = 0.0) -> float:
-  """Median wall time (s) of ``fn(*args)`` after ``warmup`` calls (the first compiles)."""
+              min_time: float = 0.0, reduce: Callable = statistics.median) -> float:
+  """Wall time (s) of ``fn(*args)`` after ``warmup`` calls (the first compiles).
+
+  ``reduce`` turns the samples into one figure (median by default; ``min`` for
+  the best run).
+  """
   for _ in range(max(warmup, 1)):
     block(fn(*args))
   times = []
@@ -105,15 +112,15 @@ def time_call(fn: Callable, args: tuple, *, repeats: int = 5, warmup: int = 1,
     times.append(time.perf_counter() - t0)
     if len(times) >= 10 * repeats:
       break
-  return statistics.median(times)
+  return reduce(times)
 
 
 def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
-  """This machine's float32 matmul rate in GFLOP/s (n x n x n, jitted)."""
+  """This machine's float32 matmul rate in GFLOP/s (n x n x n, jitted, best of ``repeats``)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
   f = jax.jit(jnp.matmul)
-  t = time_call(f, (a, b), repeats=repeats, warmup=2)
+  t = time_call(f, (a, b), repeats=repeats, warmup=2, reduce=min)
   return 2 * n ** 3 / t / 1e9
 
 
@@ -452,39 +459,73 @@ def measure_memory(name: str) -> dict:
 # Reporting.
 
 
+def time_group(cases: list, repeats: int) -> list:
+  """Times the cases of one shape in interleaved rounds; per case ``(best, median)`` seconds.
+
+  Each case is warmed up (compiled) first, then every round times each case
+  once, in turn. A slow spell on a shared machine therefore hits every row of
+  the shape alike instead of one row, so the ratios are robust; the best of
+  the rounds is the reported time (as ``timeit`` advises: slower runs are
+  interference, not the code), the median is kept for reference. A case that
+  fails reports its exception instead of a time.
+  """
+  results: list = [None] * len(cases)
+  live = []
+  for n, case in enumerate(cases):
+    try:
+      block(case.fn(*case.args))
+      live.append(n)
+    except Exception as e:  # a path that cannot run a case reports it instead of aborting
+      results[n] = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+  samples = {n: [] for n in live}
+  for _ in range(max(repeats, 1)):
+    for n in live:
+      t0 = time.perf_counter()
+      block(cases[n].fn(*cases[n].args))
+      samples[n].append(time.perf_counter() - t0)
+  for n in live:
+    results[n] = (min(samples[n]), statistics.median(samples[n]))
+  return results
+
+
 def run_suites(names: list[str], args) -> list[dict]:
   rate = matmul_rate()
   print(f"# attnjax benchmarks ({jax.default_backend()}, {jax.device_count()} device(s), "
         f"jax {jax.__version__})\n")
-  print(f"measured float32 matmul rate: {rate:.1f} GFLOP/s (2048^3, median of 5)\n")
+  print(f"measured float32 matmul rate: {rate:.1f} GFLOP/s (2048^3, best of 5)\n")
+  print(f"Times are the best of {args.repeats} interleaved rounds per shape "
+        f"(median in brackets); ratios use the best times.\n")
   results = []
   for name in names:
     rows = []
+    groups: dict[str, list] = {}
     for case in _SUITES[name](args):
-      try:
-        t = time_call(case.fn, case.args, repeats=args.repeats)
-        err = None
-      except Exception as e:  # a path that cannot run a case reports it instead of aborting
-        t, err = float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
-      gflops = case.flops / t / 1e9 if t == t else float("nan")
-      rows.append(dict(suite=case.suite, method=case.method, shape=case.shape, time_ms=t * 1e3,
-                       gflops=gflops, pct_matmul=100 * gflops / rate, baseline=case.baseline,
-                       error=err, tokens_per_s=case.tokens / t if case.tokens else None))
-      print(f"  {case.suite} {case.shape} {case.method}: "
-            f"{'%.2f ms' % (t * 1e3) if err is None else err}", file=sys.stderr, flush=True)
+      groups.setdefault(case.shape, []).append(case)
+    for shape, cases in groups.items():
+      for case, timed in zip(cases, time_group(cases, args.repeats)):
+        err = timed if isinstance(timed, str) else None
+        t, t_med = (float("nan"), float("nan")) if err else timed
+        gflops = case.flops / t / 1e9 if t == t else float("nan")
+        rows.append(dict(suite=case.suite, method=case.method, shape=case.shape,
+                         time_ms=t * 1e3, median_ms=t_med * 1e3, gflops=gflops,
+                         pct_matmul=100 * gflops / rate, baseline=case.baseline, error=err,
+                         tokens_per_s=case.tokens / t if case.tokens else None))
+        print(f"  {case.suite} {case.shape} {case.method}: "
+              f"{'%.2f ms' % (t * 1e3) if err is None else err}", file=sys.stderr, flush=True)
     base = {r["shape"]: r["time_ms"] for r in rows if r["baseline"]}
     for r in rows:
       r["ratio"] = r["time_ms"] / base[r["shape"]] if r["shape"] in base else float("nan")
     print(f"## {name}\n\n{_SUITES[name].__doc__.strip()}\n")
     tok = any(r["tokens_per_s"] for r in rows)
-    print("| shape | method | time (ms) | GFLOP/s | % matmul | vs baseline |"
+    print("| shape | method | best (median) ms | GFLOP/s | % matmul | vs baseline |"
           + (" tokens/s |" if tok else ""))
     print("|---|---|---:|---:|---:|---:|" + ("---:|" if tok else ""))
     for r in rows:
       if r["error"]:
         print(f"| {r['shape']} | {r['method']} | {r['error']} | | | |" + (" |" if tok else ""))
         continue
-      print(f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} | {r['gflops']:.1f} | "
+      print(f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} ({r['median_ms']:.2f}) | "
+            f"{r['gflops']:.1f} | "
             f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |"
             + (f" {r['tokens_per_s']:.0f} |" if tok else ""))
     print()
