@@ -10,6 +10,8 @@ so the fast paths (block-wise, platform kernels) plug in beside the readable
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, Callable, Optional
 
 import jax
@@ -185,11 +187,168 @@ def _cudnn_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
   return reasons
 
 
+# ---------------------------------------------------------------------------
+# Splash attention (Pallas, TPU).
+
+# Block lengths tried for the splash kernel, largest first; T and S must each be a multiple of
+# the smallest (the kernel computes key blocks of whole 128-lane vregs, and its fused backward
+# puts query blocks in lanes too).
+SPLASH_BLOCKS = (512, 256, 128)
+SPLASH_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def _splash_lib():
+  """The ``splash_attention`` package of the installed jax, or None where it cannot be imported."""
+  try:
+    from jax.experimental.pallas.ops.tpu import splash_attention
+  except ImportError:
+    return None
+  return splash_attention
+
+
+def _splash_takes_sinks() -> bool:
+  """Whether the installed splash kernel takes per-head sink logits (newer jax)."""
+  try:
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  except ImportError:
+    return False
+  fn = getattr(sk, "_splash_attention", None)
+  return fn is not None and "sinks" in inspect.signature(fn).parameters
+
+
+def splash_block(length: int) -> Optional[int]:
+  """The largest of :data:`SPLASH_BLOCKS` that divides ``length``, or None."""
+  for b in SPLASH_BLOCKS:
+    if length % b == 0:
+      return b
+  return None
+
+
+def splash_mask(T: int, S: int, num_heads: int, *, is_causal: bool,
+                window: Optional[tuple[int, int]]):
+  """The splash ``MultiHeadMask`` ``[N, T, S]`` allowing exactly :func:`masks.structural_mask`.
+
+  Splash's ``CausalMask`` (``q >= k``) and ``LocalMask`` (``q - left <= k <= q + right``) at
+  ``offset=0`` are top-left aligned like ours. Causal AND window ``(left, right)`` is the
+  one-sided window ``(left, 0)`` (``right >= 0`` adds nothing once ``k <= q``), so a masked
+  call is one computable mask that the kernel evaluates in-register on partial blocks (and
+  an unmasked one a ``FullMask``). One mask object serves every head, so the kernel keeps
+  one copy of its block structure.
+  """
+  lib = _splash_lib()
+  if window is not None:
+    left, right = window
+    head = lib.LocalMask((T, S), window_size=(left, 0 if is_causal else right), offset=0)
+  elif is_causal:
+    head = lib.CausalMask((T, S), offset=0)
+  else:
+    head = lib.FullMask((T, S))
+  return lib.MultiHeadMask([head] * num_heads)
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(T: int, S: int, N: int, is_causal: bool, window: Optional[tuple[int, int]],
+                   softcap: Optional[float], interpret: bool):
+  """Builds (once per static configuration) the splash kernel for ``[N, T, H]`` queries."""
+  lib = _splash_lib()
+  bq, bkv = splash_block(T), splash_block(S)
+  block_sizes = lib.BlockSizes(
+      block_q=bq, block_kv=bkv, block_kv_compute=bkv,
+      block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+      use_fused_bwd_kernel=True)
+  # The kernel holds its block structure as arrays: make them concrete constants even when
+  # first built inside a trace, so the cached kernel never holds a tracer.
+  with jax.ensure_compile_time_eval():
+    return lib.make_splash_mha(
+        splash_mask(T, S, N, is_causal=is_causal, window=window), block_sizes=block_sizes,
+        attn_logits_soft_cap=softcap, head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def _splash_unsupported(inputs: DenseInputs, opts: DenseOptions, *,
+                        interpret: bool = False) -> list[str]:
+  """Reasons splash cannot run a call ([] = supported); ``interpret`` lifts the TPU need."""
+  reasons = []
+  if _splash_lib() is None:
+    reasons.append("this jax (jax.experimental.pallas.ops.tpu.splash_attention does not import)")
+    return reasons
+  if opts.normalizer != "softmax":
+    reasons.append(f"normalizer={opts.normalizer!r} (splash is a softmax kernel)")
+  if inputs.sink_logits is not None and not _splash_takes_sinks():
+    reasons.append("sink_logits (this jax's splash kernel has no sinks argument)")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r}")
+  if inputs.bias is not None:
+    reasons.append("bias (splash adds no bias to the logits)")
+  if inputs.mask is not None:
+    reasons.append("an explicit mask array (splash masks are static; use is_causal, window "
+                   "and segment_ids)")
+  if opts.return_stats:
+    reasons.append("return_stats=True (splash returns no weights)")
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  if splash_block(T) is None or splash_block(S) is None:
+    reasons.append(f"lengths T={T}, S={S} (splash needs multiples of {SPLASH_BLOCKS[-1]})")
+  if inputs.q.dtype not in SPLASH_DTYPES:
+    reasons.append(f"dtype {inputs.q.dtype} (splash takes float32 or bfloat16)")
+  if not interpret and jax.default_backend() != "tpu":
+    reasons.append(f"the {jax.default_backend()!r} backend (splash needs a TPU)")
+  return reasons
+
+
+def splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
+  """``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU, softmax, static masks).
+
+  The kernel takes one batch element ``q [N, T, H]``, ``k, v [K, S, H]`` (query head ``n``
+  reads kv head ``n // (N // K)``, as ours) and is mapped over the batch. It does not scale
+  the logits, so ``opts.scale`` is folded into ``q`` (in the input dtype); its soft cap is
+  ``c * tanh(z / c)`` on those scaled logits, and its sinks are our ``sink_logits``.
+
+  Args:
+    inputs: canonical arrays (no bias, no explicit mask; see :func:`_splash_unsupported`).
+    opts: static options.
+    interpret: run the Pallas kernel in interpret mode (any backend; for tests on the CPU).
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype; a query row with no allowed key is zero.
+  """
+  reasons = _splash_unsupported(inputs, opts, interpret=interpret)
+  if reasons:
+    raise ValueError("implementation='splash' does not support " + "; ".join(reasons))
+  lib = _splash_lib()
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, _ = q.shape
+  S = k.shape[1]
+  kernel = _splash_kernel(T, S, N, opts.is_causal, opts.window, opts.softcap, interpret)
+  qh = jnp.transpose(q * jnp.asarray(opts.scale, q.dtype), (0, 2, 1, 3))  # [B, N, T, H]
+  kh = jnp.transpose(k, (0, 2, 1, 3))  # [B, K, S, H]
+  vh = jnp.transpose(v, (0, 2, 1, 3))
+  sinks = None if inputs.sink_logits is None else jnp.reshape(inputs.sink_logits, (N,))
+  seg = None
+  if inputs.q_segment_ids is not None:
+    seg = lib.SegmentIds(q=inputs.q_segment_ids.astype(jnp.int32),
+                         kv=inputs.kv_segment_ids.astype(jnp.int32))
+
+  def one(q1, k1, v1, seg1):
+    if sinks is None:
+      return kernel(q1, k1, v1, segment_ids=seg1)
+    return kernel(q1, k1, v1, segment_ids=seg1, sinks=sinks.astype(jnp.float32))
+
+  out = jax.vmap(one)(qh, kh, vh, seg)  # [B, N, T, Hv]
+  out = jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
+  # Splash gives a row with no allowed key the mean of the values it visited (or NaN where it
+  # visited no block); ours is zero.
+  has_key = rows_with_keys(inputs, opts, T, S)
+  if has_key is not None:
+    keep = jnp.transpose(has_key, (0, 2, 1))[..., None]  # [B|1, T, N|1, 1]
+    out = jnp.where(keep, out, jnp.zeros((), out.dtype))
+  return out
+
+
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "reference": Implementation(reference, lambda i, o: []),
     "blockwise": Implementation(blockwise.blockwise, blockwise.unsupported),
     "xla": Implementation(xla, _platform_unsupported),
     "cudnn": Implementation(cudnn, _cudnn_unsupported),
+    "splash": Implementation(splash, _splash_unsupported),
 }
 
 
@@ -204,6 +363,8 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions) -> str:
   """Auto-dispatch: the fastest path that honours every option asked for.
 
   GPU: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16).
+  TPU: ``"splash"`` when it supports every option (softmax, no bias or mask
+  array, T and S multiples of 128, fp32/bf16).
   CPU: ``"blockwise"`` once ``max(T, S) >= BLOCKWISE_MIN_LENGTH_CPU``.
   Otherwise ``"reference"`` (the block-wise path unrolls its blocks, so with
   GPU-sized blocks long sequences would compile slowly; ask for it by name).
@@ -211,6 +372,8 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions) -> str:
   backend = jax.default_backend()
   if backend == "gpu" and not _cudnn_unsupported(inputs, opts):
     return "cudnn"
+  if backend == "tpu" and not _splash_unsupported(inputs, opts):
+    return "splash"
   length = max(inputs.q.shape[1], inputs.k.shape[1])
   if (backend == "cpu" and length >= BLOCKWISE_MIN_LENGTH_CPU
       and not blockwise.unsupported(inputs, opts)):
@@ -311,8 +474,10 @@ def _dot_product_attention(
     implementation: None (auto, see :func:`select_implementation`),
       ``"reference"``, ``"blockwise"`` (:mod:`attnjax.blockwise`: online
       normaliser over key blocks, O(T) memory, masked blocks skipped), or
-      ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``; these raise if
-      an option is unsupported).
+      ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
+      ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
+      causal/window/segment masks, softcap, sink logits, GQA; T and S
+      multiples of 128). Named paths raise if an option is unsupported.
     return_stats: also return :class:`AttentionStats`.
 
   Returns:
