@@ -151,6 +151,19 @@ class Pattern:
     chunk by chunk with one layout for every chunk."""
     return None
 
+  def band_parts(self) -> Optional["BandParts"]:
+    """A band plus a few global key columns and query rows, or None.
+
+    When not None, ``allowed(i, j)`` is exactly ``sliding_window(*band)``'s rule,
+    or ``j`` in ``columns`` with ``allowed(i, j)``, or ``i`` in ``rows`` with
+    ``allowed(i, j)``. Such a pattern runs chunk by chunk like a band, with the
+    columns as gathered key slots of every chunk and the rows computed on
+    their own (a StreamingLLM or Longformer pattern at any length). The
+    default is the plain band, if any.
+    """
+    band = self.band()
+    return None if band is None else BandParts(band, (), ())
+
   # -- extra keys: a second, gathered copy of some keys ------------------------
   #
   # A pattern whose allowed keys are scattered (e.g. the summary columns of
@@ -213,6 +226,16 @@ class Pattern:
 
   def __and__(self, other: "Pattern") -> "Pattern":
     return intersection(self, other)
+
+
+@dataclasses.dataclass(frozen=True)
+class BandParts:
+  """A pattern as a band ``(left, right)``, global key ``columns`` and global query ``rows``
+  (see :meth:`Pattern.band_parts`)."""
+
+  band: tuple[int, int]
+  columns: tuple[int, ...]
+  rows: tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,6 +537,10 @@ class GlobalWindow(Pattern):
                                (k_positions < self.num_global)[None, :])
     return jnp.logical_or(local, is_global)
 
+  def band_parts(self):
+    everyone = tuple(range(self.num_global))
+    return BandParts(self.window, everyone, everyone)
+
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
     if q_lo < self.num_global:
@@ -621,6 +648,9 @@ class SinksWindow(Pattern):
     causal = _structure(q_positions, k_positions, is_causal=True)
     sinks = jnp.logical_and(causal, (k_positions < self.num_sinks)[None, :])
     return jnp.logical_or(recent, sinks)
+
+  def band_parts(self):
+    return BandParts((self.window - 1, 0), tuple(range(self.num_sinks)), ())
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]

@@ -12,6 +12,10 @@ Two implementations, tested equal in value and gradient:
   sequence runs chunk by chunk under ``lax.map`` with one layout shared by all
   chunks, so its compiled program and working memory do not grow with ``T``
   (not with ``bias`` or ``return_stats``, which take the whole-sequence layout).
+  So does a band with a few global columns and rows
+  (:meth:`attnjax.patterns.Pattern.band_parts`: ``sinks_window``,
+  ``global_window``): the columns become gathered key slots of every chunk,
+  the global rows are computed on their own.
   Patterns with scattered keys (``fixed``'s summary columns) visit a gathered
   copy of those keys rather than every block that holds one. ``strided`` with
   a softmax-family normaliser runs as its two factors, a sliding window and
@@ -28,6 +32,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attnjax import _checks, blockwise, dense, masks, patterns
 from attnjax.patterns import Pattern
@@ -87,18 +92,39 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   it, so one layout and one compiled kernel serve all chunks; keys past the
   sequence ends are masked by a per-chunk key mask. Cost stays proportional to the kept blocks and
   compile time and memory no longer grow with ``T``.
+
+  A pattern whose :meth:`~attnjax.patterns.Pattern.band_parts` adds global key
+  columns (StreamingLLM's sinks, Longformer's global tokens) gives every chunk
+  a gathered copy of those keys after its band keys, in one extra key block;
+  the chunk's data mask applies the pattern's exact rule to them and drops
+  them from the band, so each pair counts once. Global query rows (Longformer)
+  are computed on their own against every key and replace their rows.
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, _ = q.shape
   S = k.shape[1]
-  left, right = pattern.band()
+  parts = pattern.band_parts()
+  left, right = parts.band
+  cols = np.asarray([c for c in parts.columns if c < S], np.int32)
+  E = cols.size
   C = CHUNK_BLOCKS * block_size
   num_chunks = -(-T // C)
+  band = patterns.sliding_window(left, right)
+  plan = patterns.band_chunk_plan(band, C, block_size)
   KW = C + left + right
-  plan = patterns.band_chunk_plan(pattern, C, block_size)
-  # Keys padded so that chunk c's keys are padded[c * C : c * C + KW]
+  if E:
+    # Band keys rounded up to whole blocks, then the column slots in blocks of their own.
+    KW = -(-KW // block_size) * block_size
+    layout = blockwise.BlockLayout.from_visits(
+        C, KW + E, block_size, block_size,
+        [plan.layout.visits(i) + [(KW // block_size + n, True)
+                                  for n in range(-(-E // block_size))]
+         for i in range(plan.layout.num_q_blocks)])
+  else:
+    layout = plan.layout
+  # Keys padded so that chunk c's band keys are padded[c * C : c * C + KW]
   # (global positions c * C - left ...); padding is masked by position.
-  key_len = num_chunks * C + left + right
+  key_len = (num_chunks - 1) * C + KW
   kept = min(S, key_len - left)
 
   def pad_keys(x):
@@ -115,25 +141,44 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   qp, kp, vp = pad_queries(q), pad_keys(k), pad_keys(v)
   q_seg, kv_seg = inputs.q_segment_ids, inputs.kv_segment_ids
   if q_seg is not None:
-    q_seg, kv_seg = pad_queries(q_seg), pad_keys(kv_seg)
-  rule = plan.rule
+    q_seg, kv_seg_p = pad_queries(q_seg), pad_keys(kv_seg)
+  else:
+    kv_seg_p = None
+  col_k = col_v = col_seg = None
+  if E:
+    col_k, col_v = jnp.take(k, cols, axis=1), jnp.take(v, cols, axis=1)
+    col_seg = None if kv_seg is None else jnp.take(kv_seg, cols, axis=1)
+  band_rule = plan.rule
 
   def mask_fn(q_local, k_local):
-    return rule.allowed(q_local, k_local, (C, KW))[None, None]
+    allowed = band_rule.allowed(q_local, k_local, (C, KW))
+    if E:  # column slots: the data mask holds their whole rule
+      allowed = jnp.logical_or(allowed, (k_local >= KW)[None, :])
+    return allowed[None, None]
 
   def one_chunk(c):
     start = c * C
     take = lambda x, n: jax.lax.dynamic_slice_in_dim(x, start, n, axis=1)
-    # Keys outside [0, S) are padding: masked by a [1, 1, 1, KW] data mask (an
-    # argument of the kernel, so its custom VJP closes over nothing traced).
-    # Padded queries are sliced off; their zero cotangent gives no gradient.
+    # Keys outside [0, S) are padding: masked by a data mask (an argument of
+    # the kernel, so its custom VJP closes over nothing traced). Padded
+    # queries are sliced off; their zero cotangent gives no gradient.
     k_global = start - left + jnp.arange(KW)
-    key_ok = jnp.logical_and(k_global >= 0, k_global < S)[None, None, None, :]
+    key_ok = jnp.logical_and(k_global >= 0, k_global < S)[None, :]
+    chunk_k, chunk_v = take(kp, KW), take(vp, KW)
+    chunk_seg = None if kv_seg_p is None else take(kv_seg_p, KW)
+    if E:
+      # Band slots holding a column key leave it to its column slot.
+      key_ok = jnp.logical_and(key_ok, jnp.logical_not(jnp.isin(k_global, cols))[None, :])
+      col_ok = pattern.allowed(start + jnp.arange(C), jnp.asarray(cols), (T, S))
+      key_ok = jnp.concatenate([jnp.broadcast_to(key_ok, (C, KW)), col_ok], axis=1)
+      chunk_k = jnp.concatenate([chunk_k, col_k], axis=1)
+      chunk_v = jnp.concatenate([chunk_v, col_v], axis=1)
+      if chunk_seg is not None:
+        chunk_seg = jnp.concatenate([chunk_seg, col_seg], axis=1)
     chunk_inputs = dataclasses.replace(
-        inputs, q=take(qp, C), k=take(kp, KW), v=take(vp, KW), mask=key_ok,
-        q_segment_ids=None if q_seg is None else take(q_seg, C),
-        kv_segment_ids=None if kv_seg is None else take(kv_seg, KW))
-    res = blockwise.attention(chunk_inputs, opts, layout=plan.layout, mask_fn=mask_fn,
+        inputs, q=take(qp, C), k=chunk_k, v=chunk_v, mask=key_ok[None, None],
+        q_segment_ids=None if q_seg is None else take(q_seg, C), kv_segment_ids=chunk_seg)
+    res = blockwise.attention(chunk_inputs, opts, layout=layout, mask_fn=mask_fn,
                               use_default_mask_fn=False)
     # With statistics only the per-row logsumexp is kept: per-chunk means of
     # the other statistics would not combine into the sequence's.
@@ -142,10 +187,23 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   res = jax.lax.map(one_chunk, jnp.arange(num_chunks))
   out = res[0] if opts.return_stats else res  # [chunks, B, C, N, Hv]
   out = jnp.moveaxis(out, 0, 1).reshape((B, num_chunks * C) + out.shape[3:])[:, :T]
-  if not opts.return_stats:
-    return out
-  lse = jnp.moveaxis(res[1], 0, 2)  # [B, N, chunks, C]
-  return out, lse.reshape(lse.shape[:2] + (num_chunks * C,))[..., :T]
+  lse = None
+  if opts.return_stats:
+    lse = jnp.moveaxis(res[1], 0, 2)  # [B, N, chunks, C]
+    lse = lse.reshape(lse.shape[:2] + (num_chunks * C,))[..., :T]
+  rows = np.asarray([r for r in parts.rows if r < T], np.int32)
+  if rows.size:
+    # Global query rows see (up to) every key: the dense reference on those rows only.
+    row_mask = pattern.allowed(jnp.asarray(rows), jnp.arange(S), (T, S))[None, None]
+    row_inputs = dataclasses.replace(  # sparse_attention takes no mask array of its own
+        inputs, q=jnp.take(q, rows, axis=1), mask=row_mask,
+        q_segment_ids=None if q_seg is None else jnp.take(inputs.q_segment_ids, rows, axis=1))
+    row_res = dense.reference(row_inputs, opts)
+    row_out = row_res[0] if opts.return_stats else row_res
+    out = out.at[:, rows].set(row_out)
+    if opts.return_stats:
+      lse = lse.at[:, :, rows].set(row_res[1].logsumexp)
+  return (out, lse) if opts.return_stats else out
 
 
 def _strided_two_pass(inputs: dense.DenseInputs, opts: dense.DenseOptions, stride: int,
@@ -272,7 +330,7 @@ def _sparse_attention(
   pattern.check_shape(T, S)
   if implementation == "reference":
     return _reference(inputs, opts, pattern)
-  if (pattern.band() is not None and inputs.bias is None and not opts.return_stats
+  if (pattern.band_parts() is not None and inputs.bias is None and not opts.return_stats
       and T > 2 * CHUNK_BLOCKS * block_size):
     return _banded_chunks(inputs, opts, pattern, block_size)
   if (isinstance(pattern, patterns.Strided) and T == S and opts.normalizer in (

@@ -363,6 +363,55 @@ def test_banded_chunks_match_reference(S, window, monkeypatch):
   assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
 
 
+BAND_PARTS_CASES = [
+    ("sinks6_w5", patterns.sinks_window(6, 5), brute_sinks(6, 5)),
+    ("sinks0_w3", patterns.sinks_window(0, 3), brute_sinks(0, 3)),
+    ("global5_w3_1", patterns.global_window(5, (3, 1)), brute_global_window(5, 3, 1)),
+    ("global2_w3", patterns.global_window(2, 3), brute_global_window(2, 3, 3)),
+    ("window3_2", patterns.sliding_window(3, 2), lambda i, j: i - 3 <= j <= i + 2),
+]
+
+
+@pytest.mark.parametrize("name,pattern,rule", BAND_PARTS_CASES, ids=[c[0] for c in BAND_PARTS_CASES])
+def test_band_parts_decompose_the_rule(name, pattern, rule):
+  # allowed = band, or a global column the rule allows, or a global row the rule allows.
+  parts = pattern.band_parts()
+  left, right = parts.band
+  T = S = 23
+  got = brute(lambda i, j: (i - left <= j <= i + right)
+              or ((j in parts.columns or i in parts.rows) and rule(i, j)), T, S)
+  np.testing.assert_array_equal(got, brute(rule, T, S))
+
+
+@pytest.mark.parametrize("name,pattern,S,normalizer", [
+    ("sinks6_w5", patterns.sinks_window(6, 5), 37, "softmax"),
+    ("sinks9_w3_sigmoid", patterns.sinks_window(9, 3), 37, "sigmoid"),
+    ("global5_w3_1", patterns.global_window(5, (3, 1)), 37, "softmax_one"),
+    ("global2_w3_S30", patterns.global_window(2, 3), 30, "softmax"),
+], ids=["sinks6_w5", "sinks9_w3_sigmoid", "global5_w3_1", "global2_w3_S30"])
+def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, normalizer,
+                                                             monkeypatch):
+  # StreamingLLM sinks and Longformer globals run chunk by chunk: the global
+  # columns as gathered key slots of every chunk (more columns than a block
+  # here), the global rows on their own. Segments, sink logits and softcap ride along.
+  from attnjax import sparse
+  monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 2)
+  calls = []
+  banded = sparse._banded_chunks
+  monkeypatch.setattr(sparse, "_banded_chunks", lambda *a: calls.append(1) or banded(*a))
+  T = 37
+  q, k, v = qkv(2, T, S, 4, 2, 4, seed=5)
+  seg = (jnp.stack([jnp.arange(T) >= 13, jnp.arange(T) >= 20]).astype(jnp.int32),
+         jnp.stack([jnp.arange(S) >= 13, jnp.arange(S) >= 20]).astype(jnp.int32))
+  kw = dict(segment_ids=seg, softcap=4.0, normalizer=normalizer)
+  if normalizer == "softmax":
+    kw["sink_logits"] = jnp.linspace(-1.0, 1.0, 4)
+  f = lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, block_size=4, **kw)
+  ref = lambda q, k, v: dense_with_mask(q, k, v, pattern, **kw)
+  assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert calls, "the banded chunk path was not taken"
+
+
 @pytest.mark.parametrize("normalizer,sink,chunk_blocks", [
     ("softmax_one", False, 2), ("softmax", True, 16), ("sigmoid", False, 16)],
     ids=["softmax_one_chunked", "sink_logits", "sigmoid_block_dense"])
