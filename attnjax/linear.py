@@ -125,7 +125,6 @@ def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
 
 
 def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int,
-            features: Optional[Callable[[Array, bool], Array]] = None,
             finish_fn: Optional[Callable[[Array, Array], Array]] = None):
   """Causal chunked form: intra-chunk masked quadratic + the state of the earlier chunks.
 
@@ -139,15 +138,17 @@ def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int
   Time is padded up to a multiple of ``chunk_size``; padded keys are zeroed (they
   add nothing to any sum) and padded query rows are dropped.
 
+  The feature maps are applied before the scan, in one pass over the whole
+  sequence: measured on the CPU (T=4096, C=32, elu+1, interleaved best of 7),
+  that ran 0.86-0.96x the time of applying them to each chunk inside the step,
+  where they add two small operations to every one of the T / C steps.
+
   Args:
-    q: ``[B, T, K, G, *]`` query features, or raw queries when ``features`` is given.
-    k: ``[B, T, K, *]`` key features, or raw keys.
+    q: ``[B, T, K, G, F]`` query features.
+    k: ``[B, T, K, F]`` key features.
     v: ``[B, T, K, Hv]`` float32 values.
     state: the state before the first chunk.
     chunk_size: ``C``.
-    features: optional elementwise ``(x, is_query) -> phi(x)`` applied to each
-      chunk inside the step, so the feature map costs no pass over memory of its
-      own (only for maps without cross-position stabilisers).
     finish_fn: optional ``(num, den) -> out`` applied inside the step; then the
       first result is the finished output and the second is None.
 
@@ -172,10 +173,7 @@ def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int
   keep = jnp.reshape(masks.causal_mask(C, C), (1, 1, 1, C, C))
 
   def step(carry: LinearState, xs):
-    q_c, k_c, v_c, index = xs  # [B, C, K, G, *], [B, C, K, *], [B, C, K, Hv], []
-    if features is not None:
-      q_c = features(q_c, True)
-      k_c = features(k_c, False)
+    q_c, k_c, v_c, index = xs  # [B, C, K, G, F], [B, C, K, F], [B, C, K, Hv], []
     if pad:
       real = (index * C + jnp.arange(C)) < T
       k_c = jnp.where(jnp.reshape(real, (1, C, 1, 1)), k_c, 0.0)
@@ -427,32 +425,25 @@ def _linear_attention(
   K, Hv = k.shape[2], v.shape[3]
   v32 = v.astype(jnp.float32)
   finish_fn = functools.partial(finish, normalize=normalize, eps=eps)
-  if is_causal and implementation == "chunked" and not feature_map.needs_consistent_scale:
-    # Elementwise maps run inside the chunk loop, fused with their matmuls.
-    out, _, final = chunked(group_queries(q, K), k, v32, state, chunk_size=chunk_size,
-                            features=lambda x, is_query: feature_map(x, is_query=is_query),
+  phi_q = group_queries(feature_map(q, is_query=True), K)
+  phi_k = feature_map(k, is_query=False)
+  if is_causal and implementation == "chunked":
+    # The output is finished inside the chunk loop (no [B, T, ...] denominator array).
+    out, _, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size,
                             finish_fn=finish_fn)
-    phi_q = phi_k = None
   else:
-    phi_q = group_queries(feature_map(q, is_query=True), K)
-    phi_k = feature_map(k, is_query=False)
     if implementation == "parallel":
       num, den, final = parallel(phi_q, phi_k, v32, state, is_causal=is_causal)
     elif not is_causal:
       num, den, final = noncausal(phi_q, phi_k, v32, state)
-    elif implementation == "recurrent":
-      num, den, final = recurrent(phi_q, phi_k, v32, state)
     else:
-      num, den, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size)
+      num, den, final = recurrent(phi_q, phi_k, v32, state)
     out = finish_fn(num, den)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
   result = (out,)
   if return_state:
     result += (final,)
   if return_stats:
-    if phi_q is None:
-      phi_q = group_queries(feature_map(q, is_query=True), K)
-      phi_k = feature_map(k, is_query=False)
     if implementation == "parallel":
       stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
     else:
