@@ -203,8 +203,10 @@ def _pattern_pairs(pattern, T: int) -> int:
 def sparse_suite(args) -> Iterable[Case]:
   """Block-sparse patterns, causal forward (B=1, N=8, H=64, fp32), against dense jax.nn causal at T=4096.
 
-  Every row is divided by the same baseline (jax.nn.dot_product_attention
-  causal at T=4096); jax.nn is never run at T=16384 (its logits need ~16 GiB).
+  Rows of the first shape are divided by the same baseline
+  (jax.nn.dot_product_attention causal at T=4096); jax.nn is never run at
+  T=16384 (its logits need ~16 GiB). The "T=16384/T=4096" rows divide the
+  window's time by its own time at T=4096 (linear growth: 4x).
   """
   B, N, H = 1, 8, 64
   shape = "B=1,N=8,H=64"
@@ -223,6 +225,16 @@ def sparse_suite(args) -> Iterable[Case]:
                jax.jit(lambda q, k, v, block=block: attnjax.sparse_attention(
                    q, k, v, pattern=window, block_size=block)),
                (qT, kT, vT), attention_flops(B, N, H, pairs(T)))
+  # Growth with length, each block size against its own T=4096 time (linear = 4x).
+  sizes = parse_sizes(args.sizes or "4096,16384")
+  for block in (64, 128):
+    growth = f"sliding_window(256) block={block}: T={sizes[-1]}/T={sizes[0]}"
+    for T in (sizes[0], sizes[-1]):
+      qT, kT, vT = qkv(B, T, N, H)
+      yield Case("sparse", f"sliding_window(256) T={T} block={block}", growth,
+                 jax.jit(lambda q, k, v, block=block: attnjax.sparse_attention(
+                     q, k, v, pattern=window, block_size=block)),
+                 (qT, kT, vT), attention_flops(B, N, H, pairs(T)), baseline=T == sizes[0])
   # strided runs as a window plus its transposed columns; fixed visits its own
   # block plus gathered summary keys.
   for pattern, block in ((attnjax.patterns.strided(64), 64), (attnjax.patterns.fixed(64, 8), 64)):
