@@ -318,7 +318,8 @@ def splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
   B, T, N, _ = q.shape
   S = k.shape[1]
   kernel = _splash_kernel(T, S, N, opts.is_causal, opts.window, opts.softcap, interpret)
-  qh = jnp.transpose(q * jnp.asarray(opts.scale, q.dtype), (0, 2, 1, 3))  # [B, N, T, H]
+  # Scale in float32, then one rounding to the input dtype (a bf16 scale would be rounded too).
+  qh = jnp.transpose((q.astype(jnp.float32) * opts.scale).astype(q.dtype), (0, 2, 1, 3))
   kh = jnp.transpose(k, (0, 2, 1, 3))  # [B, K, S, H]
   vh = jnp.transpose(v, (0, 2, 1, 3))
   sinks = None if inputs.sink_logits is None else jnp.reshape(inputs.sink_logits, (N,))
@@ -364,7 +365,9 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions) -> str:
 
   GPU: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16).
   TPU: ``"splash"`` when it supports every option (softmax, no bias or mask
-  array, T and S multiples of 128, fp32/bf16).
+  array, T and S multiples of 128, fp32/bf16) and there is one device: a
+  Mosaic kernel cannot be partitioned by XLA, so with several devices ask for
+  ``implementation="splash"`` inside ``shard_map``.
   CPU: ``"blockwise"`` once ``max(T, S) >= BLOCKWISE_MIN_LENGTH_CPU``.
   Otherwise ``"reference"`` (the block-wise path unrolls its blocks, so with
   GPU-sized blocks long sequences would compile slowly; ask for it by name).
@@ -372,7 +375,9 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions) -> str:
   backend = jax.default_backend()
   if backend == "gpu" and not _cudnn_unsupported(inputs, opts):
     return "cudnn"
-  if backend == "tpu" and not _splash_unsupported(inputs, opts):
+  # Splash is a Mosaic kernel, which XLA cannot partition: under a multi-device jit it would
+  # fail, so auto-dispatch takes it on one device only (call it inside shard_map by name).
+  if backend == "tpu" and jax.device_count() == 1 and not _splash_unsupported(inputs, opts):
     return "splash"
   length = max(inputs.q.shape[1], inputs.k.shape[1])
   if (backend == "cpu" and length >= BLOCKWISE_MIN_LENGTH_CPU

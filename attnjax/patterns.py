@@ -145,6 +145,11 @@ class Pattern:
     """Raises ValueError if the pattern cannot be laid on ``(T, S)``."""
     del T, S
 
+  @property
+  def is_causal(self) -> bool:
+    """True when the rule never allows ``j > i`` (then ``& causal()`` changes nothing)."""
+    return False
+
   def band(self) -> Optional[tuple[int, int]]:
     """``(left, right)`` if the rule depends only on ``j - i`` and allows only
     ``-left <= j - i <= right``; None otherwise. Banded patterns can be run
@@ -373,6 +378,10 @@ def _structure(qp, kp, **kwargs) -> Array:
 class Causal(Pattern):
   """Query ``i`` sees keys ``j <= i``."""
 
+  @property
+  def is_causal(self) -> bool:
+    return True
+
   def allowed(self, q_positions, k_positions, shape):
     del shape
     return _structure(q_positions, k_positions, is_causal=True)
@@ -404,6 +413,10 @@ class SlidingWindow(Pattern):
   def band(self):
     return (self.left, self.right)
 
+  @property
+  def is_causal(self) -> bool:
+    return self.right == 0
+
 
 @dataclasses.dataclass(frozen=True)
 class Strided(Pattern):
@@ -423,6 +436,10 @@ class Strided(Pattern):
 
   def __post_init__(self):
     _check_int("stride", self.stride, minimum=1, pattern="strided")
+
+  @property
+  def is_causal(self) -> bool:
+    return True
 
   def allowed(self, q_positions, k_positions, shape):
     del shape
@@ -457,6 +474,10 @@ class Fixed(Pattern):
       raise ValueError(
           f"fixed: summary must be <= stride (the summary is the last positions of each "
           f"block), got summary={self.summary}, stride={self.stride}")
+
+  @property
+  def is_causal(self) -> bool:
+    return True
 
   def allowed(self, q_positions, k_positions, shape):
     del shape
@@ -642,6 +663,10 @@ class SinksWindow(Pattern):
     _check_int("num_sinks", self.num_sinks, minimum=0, pattern="sinks_window")
     _check_int("window", self.window, minimum=1, pattern="sinks_window")
 
+  @property
+  def is_causal(self) -> bool:
+    return True
+
   def allowed(self, q_positions, k_positions, shape):
     del shape
     recent = _structure(q_positions, k_positions, is_causal=True, window=(self.window - 1, 0))
@@ -663,6 +688,10 @@ class PatternUnion(Pattern):
   """Pairs allowed by any of ``parts``."""
 
   parts: tuple
+
+  @property
+  def is_causal(self) -> bool:
+    return all(p.is_causal for p in self.parts)
 
   def allowed(self, q_positions, k_positions, shape):
     out = self.parts[0].allowed(q_positions, k_positions, shape)
@@ -686,11 +715,25 @@ class PatternIntersection(Pattern):
 
   parts: tuple
 
+  @property
+  def is_causal(self) -> bool:
+    return any(p.is_causal for p in self.parts)
+
   def allowed(self, q_positions, k_positions, shape):
     out = self.parts[0].allowed(q_positions, k_positions, shape)
     for p in self.parts[1:]:
       out = jnp.logical_and(out, p.allowed(q_positions, k_positions, shape))
     return out
+
+  def band_parts(self):
+    # A banded pattern (with global columns / rows) cut to causal: the band loses its right side.
+    if len(self.parts) == 2 and any(isinstance(p, Causal) for p in self.parts):
+      other = self.parts[1] if isinstance(self.parts[0], Causal) else self.parts[0]
+      parts = other.band_parts()
+      if parts is not None:
+        left, right = parts.band
+        return BandParts((left, min(right, 0)), parts.columns, parts.rows)
+    return None
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
@@ -761,10 +804,18 @@ def union(*patterns: Pattern) -> Pattern:
 
 
 def intersection(*patterns: Pattern) -> Pattern:
-  """Pairs allowed by every pattern (also ``a & b``); nested intersections are flattened."""
+  """Pairs allowed by every pattern (also ``a & b``).
+
+  Nested intersections are flattened, repeated parts kept once, and ``causal()`` is dropped next to a
+  pattern that is causal already (:attr:`Pattern.is_causal`), so that e.g.
+  ``strided(64) & causal()`` is ``strided(64)`` and keeps its fast paths.
+  """
   parts = []
   for p in _check_parts("intersection", patterns):
     parts.extend(p.parts if isinstance(p, PatternIntersection) else (p,))
+  parts = [p for n, p in enumerate(parts) if p not in parts[:n]]  # a & a is a
+  if any(p.is_causal and not isinstance(p, Causal) for p in parts):
+    parts = [p for p in parts if not isinstance(p, Causal)]
   return parts[0] if len(parts) == 1 else PatternIntersection(tuple(parts))
 
 

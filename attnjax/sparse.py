@@ -95,7 +95,7 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
 
   A pattern whose :meth:`~attnjax.patterns.Pattern.band_parts` adds global key
   columns (StreamingLLM's sinks, Longformer's global tokens) gives every chunk
-  a gathered copy of those keys after its band keys, in one extra key block;
+  a gathered copy of those keys after its band keys, in key blocks of their own;
   the chunk's data mask applies the pattern's exact rule to them and drops
   them from the band, so each pair counts once. Global query rows (Longformer)
   are computed on their own against every key and replace their rows.
@@ -109,7 +109,10 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   E = cols.size
   C = CHUNK_BLOCKS * block_size
   num_chunks = -(-T // C)
-  band = patterns.sliding_window(left, right)
+  # The band's element rule: the pattern's own when it is a plain band (its rule may keep
+  # fewer pairs than the whole band), else the band of its decomposition.
+  plain = not parts.columns and not parts.rows and pattern.band() is not None
+  band = pattern if plain else patterns.sliding_window(left, right)
   plan = patterns.band_chunk_plan(band, C, block_size)
   KW = C + left + right
   if E:

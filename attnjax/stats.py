@@ -1389,13 +1389,15 @@ def _layer_allowed(config, T: int, S: int) -> Array:
 
   Built from :func:`attnjax.masks.structural_mask` as the layer builds it:
   causal, the sliding window, StreamingLLM sink tokens, and the k/v bias slot
-  (key ``T``) open to every query; columns beyond are padding. A sparse-pattern
-  layer is taken as causal here (its pattern is not read), so its sparsity
-  also counts the pairs its pattern leaves out.
+  (key ``T``) open to every query; columns beyond are padding. A sparse-family
+  layer allows exactly its pattern (``config.make_pattern()``, causal).
   """
   pos = jnp.arange(T)
   window = None if config.window is None else (config.window, 0)
-  allowed = masks.structural_mask(pos, pos, is_causal=True, window=window)
+  if config.family == "sparse":
+    allowed = config.make_pattern().mask(T, T)
+  else:
+    allowed = masks.structural_mask(pos, pos, is_causal=True, window=window)
   if config.num_sinks:
     causal = masks.structural_mask(pos, pos, is_causal=True)
     sinks = jnp.reshape(pos < config.num_sinks, (1, 1, 1, T))

@@ -227,7 +227,7 @@ def sparse_suite(args) -> Iterable[Case]:
                (qT, kT, vT), attention_flops(B, N, H, pairs(T)))
   # Growth with length, each block size against its own T=4096 time (linear = 4x).
   sizes = parse_sizes(args.sizes or "4096,16384")
-  for block in (64, 128):
+  for block in ((64, 128) if len(sizes) > 1 else ()):
     growth = f"sliding_window(256) block={block}: T={sizes[-1]}/T={sizes[0]}"
     for T in (sizes[0], sizes[-1]):
       qT, kT, vT = qkv(B, T, N, H)
@@ -475,7 +475,7 @@ def time_group(cases: list, repeats: int) -> list:
   """Times the cases of one shape in interleaved rounds; per case ``(best, median)`` seconds.
 
   Each case is warmed up (compiled) first, then every round times each case
-  once, in turn. A slow spell on a shared machine therefore hits every row of
+  once, in turn (rotating the order). A slow spell on a shared machine hits every row of
   the shape alike instead of one row, so the ratios are robust; the best of
   the rounds is the reported time (as ``timeit`` advises: slower runs are
   interference, not the code), the median is kept for reference. A case that
@@ -490,13 +490,21 @@ def time_group(cases: list, repeats: int) -> list:
     except Exception as e:  # a path that cannot run a case reports it instead of aborting
       results[n] = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
   samples = {n: [] for n in live}
-  for _ in range(max(repeats, 1)):
-    for n in live:
-      t0 = time.perf_counter()
-      block(cases[n].fn(*cases[n].args))
-      samples[n].append(time.perf_counter() - t0)
-  for n in live:
-    results[n] = (min(samples[n]), statistics.median(samples[n]))
+  for round_ in range(max(repeats, 1)):
+    # The order rotates each round, so no row always runs first (or right after the baseline).
+    order = live[round_ % len(live):] + live[:round_ % len(live)] if live else []
+    for n in order:
+      if n not in samples:
+        continue
+      try:
+        t0 = time.perf_counter()
+        block(cases[n].fn(*cases[n].args))
+        samples[n].append(time.perf_counter() - t0)
+      except Exception as e:  # e.g. out of memory on a later call: report it, keep the run
+        results[n] = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+        del samples[n]
+  for n, times in samples.items():
+    results[n] = (min(times), statistics.median(times))
   return results
 
 

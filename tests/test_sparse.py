@@ -363,12 +363,26 @@ def test_banded_chunks_match_reference(S, window, monkeypatch):
   assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
 
 
+def test_intersection_with_causal_keeps_causal_patterns_as_they_are():
+  # `& causal()` is a no-op on causal patterns and must not hide their fast paths.
+  for p in (patterns.strided(4), patterns.fixed(4, 1), patterns.sinks_window(2, 3),
+            patterns.sliding_window(3), patterns.causal()):
+    assert p & patterns.causal() == p
+  both = patterns.sliding_window(3, 2) & patterns.causal()
+  assert isinstance(both, patterns.PatternIntersection)
+  np.testing.assert_array_equal(both.mask(12), patterns.sliding_window(3).mask(12))
+
+
 BAND_PARTS_CASES = [
     ("sinks6_w5", patterns.sinks_window(6, 5), brute_sinks(6, 5)),
     ("sinks0_w3", patterns.sinks_window(0, 3), brute_sinks(0, 3)),
     ("global5_w3_1", patterns.global_window(5, (3, 1)), brute_global_window(5, 3, 1)),
     ("global2_w3", patterns.global_window(2, 3), brute_global_window(2, 3, 3)),
     ("window3_2", patterns.sliding_window(3, 2), lambda i, j: i - 3 <= j <= i + 2),
+    ("longformer_causal", patterns.global_window(2, 3) & patterns.causal(),
+     lambda i, j: j <= i and brute_global_window(2, 3, 3)(i, j)),
+    ("window3_2_causal", patterns.sliding_window(3, 2) & patterns.causal(),
+     lambda i, j: i - 3 <= j <= i),
 ]
 
 
@@ -388,7 +402,8 @@ def test_band_parts_decompose_the_rule(name, pattern, rule):
     ("sinks9_w3_sigmoid", patterns.sinks_window(9, 3), 37, "sigmoid"),
     ("global5_w3_1", patterns.global_window(5, (3, 1)), 37, "softmax_one"),
     ("global2_w3_S30", patterns.global_window(2, 3), 30, "softmax"),
-], ids=["sinks6_w5", "sinks9_w3_sigmoid", "global5_w3_1", "global2_w3_S30"])
+    ("longformer_causal", patterns.global_window(3, 6) & patterns.causal(), 37, "softmax"),
+], ids=["sinks6_w5", "sinks9_w3_sigmoid", "global5_w3_1", "global2_w3_S30", "longformer_causal"])
 def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, normalizer,
                                                              monkeypatch):
   # StreamingLLM sinks and Longformer globals run chunk by chunk: the global

@@ -523,6 +523,20 @@ def family_layer(family, **options):
     return A(family=family, **options)
 
 
+def test_probe_sparsity_of_a_sparse_layer_counts_only_its_pattern():
+  # sliding_window(left=0): each query sees only itself, with weight 1, so no
+  # allowed entry is below the threshold. Counting the causal pairs the pattern
+  # leaves out (weight 0) would report most of the matrix as sparse.
+  from flax import nnx
+  layer = attnjax.nn.AttentionConfig(family="sparse", num_heads=2,
+                                     pattern=("sliding_window", (("left", 0),)), block_size=4)
+  cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=1, layer_attention=(layer,))
+  model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 32)
+  out = stats.probe(model, tokens, length=16)
+  assert float(np.asarray(out["sparsity/per_layer"])[0]) == 0.0
+
+
 def test_probe_runs_on_every_nn_family():
   from flax import nnx
   families = available_families()
