@@ -50,16 +50,17 @@ def plot_run(run: rundir.RunDir) -> list[str]:
     ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="val")
   ax.set(xlabel="step", ylabel="cross-entropy (nats)", title="loss")
   ax.legend()
-  for ax, key, title in ((axes[0, 1], "max_logit", "max attention logit"),
-                         (axes[1, 0], "f_attn", "F-Attn (weight on BOS)")):
+  for ax, key, title, ylabel in (
+      (axes[0, 1], "max_logit", "max attention logit", "max logit q.k * scale"),
+      (axes[1, 0], "f_attn", "F-Attn (weight on BOS)", "attention weight on the first token")):
     for i, series in enumerate(per_layer_series(train, key)):
       ax.plot(steps, series, label=f"layer {i}", lw=0.8)
-    ax.set(xlabel="step", title=title)
+    ax.set(xlabel="step", ylabel=ylabel, title=title)
     if ax.lines:
       ax.legend()
   ax = axes[1, 1]
   ax.plot(steps, [r.get("log_z", float("nan")) for r in train], lw=0.8)
-  ax.set(xlabel="step", title="mean log Z of output logits")
+  ax.set(xlabel="step", ylabel="log Z (nats)", title="mean log Z of output logits")
   fig.tight_layout()
   path = os.path.join(run.plots, "training.png")
   _save(fig, path)

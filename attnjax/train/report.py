@@ -126,13 +126,15 @@ def _layer_max(r: dict, key: str) -> float:
 def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
   """Loss, max attention logit and F-Attn against step, one line per run."""
   paths = []
-  panels = (("loss", "training loss (nats)", lambda r: r["loss"], "log"),
-            ("max_logit", "max attention logit (max over layers)", lambda r: _layer_max(r, "max_logit"), "log"),
-            ("f_attn", "F-Attn (mean over layers)", lambda r: float(np.nanmean(
-                [v if v is not None else np.nan for v in r.get("f_attn") or [np.nan]])), "linear"),
-            ("log_z", "mean log Z of the output logits (drift)",
+  panels = (("loss", "training loss (nats)", "cross-entropy (nats)", lambda r: r["loss"], "log"),
+            ("max_logit", "max attention logit (max over layers)", "max logit q.k * scale",
+             lambda r: _layer_max(r, "max_logit"), "log"),
+            ("f_attn", "F-Attn (mean over layers)", "attention weight on the first token",
+             lambda r: float(np.nanmean(
+                 [v if v is not None else np.nan for v in r.get("f_attn") or [np.nan]])), "linear"),
+            ("log_z", "mean log Z of the output logits (drift)", "log Z (nats)",
              lambda r: r["log_z"] if r.get("log_z") is not None else np.nan, "linear"))
-  for name, title, get, yscale in panels:
+  for name, title, ylabel, get, yscale in panels:
     fig, ax = subplots(figsize=(7, 4.5))
     for run in runs:
       recs = _train_records(run)
@@ -141,7 +143,7 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
       with np.errstate(all="ignore"):
         y = np.asarray([get(r) if r.get("loss") is not None else np.nan for r in recs], float)
       ax.plot([r["step"] for r in recs], y, lw=0.9, label=os.path.relpath(run, root))
-    ax.set(xlabel="step", title=title, yscale=yscale)
+    ax.set(xlabel="step", ylabel=ylabel, title=title, yscale=yscale)
     if ax.lines:
       ax.legend(fontsize=7)
     path = os.path.join(out_dir, f"{name}.png")
@@ -150,22 +152,22 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
   return paths
 
 
-PROBE_PANELS = (("sink_rate/rate", "Sink_1^0.3 (%) on probe sequences"),
-                ("f_attn/f_attn", "F-Attn on probe sequences"),
-                ("massive/m_act", "M-Act (mean over layers of max |h|)"))
+PROBE_PANELS = (("sink_rate/rate", "Sink_1^0.3 (%) on probe sequences", "heads with sink (%)"),
+                ("f_attn/f_attn", "F-Attn on probe sequences", "attention weight on the first token"),
+                ("massive/m_act", "M-Act (mean over layers of max |h|)", "max |hidden state|"))
 
 
 def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
   """Sink statistics of the probes against training step, one line per run."""
   paths = []
-  for key, title in PROBE_PANELS:
+  for key, title, ylabel in PROBE_PANELS:
     fig, ax = subplots(figsize=(7, 4.5))
     for run in runs:
       recs = [r for r in rundir.read_jsonl(rundir.RunDir(run).probes) if r.get(key) is not None]
       if recs:
         ax.plot([r["step"] for r in recs], [r[key] for r in recs], "o-", ms=3, lw=0.9,
                 label=os.path.relpath(run, root))
-    ax.set(xlabel="step", title=title)
+    ax.set(xlabel="step", ylabel=ylabel, title=title)
     if ax.lines:
       ax.legend(fontsize=7)
     path = os.path.join(out_dir, "probe_" + key.split("/")[0] + ".png")
@@ -270,7 +272,8 @@ def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
       recs = _train_records(os.path.join(root, r["arm"]))
       ax.plot([x["step"] for x in recs], [_layer_max(x, "max_logit") for x in recs], lw=0.9,
               label=f"lr={r['lr']:g}" + (" (diverged)" if r["status"] == "diverged" else ""))
-    ax.set(xlabel="step", yscale="log", title=f"{variant}: max attention logit vs step")
+    ax.set(xlabel="step", ylabel="max attention logit (max over layers)", yscale="log",
+           title=f"{variant}: max attention logit vs step")
     if ax.lines:
       ax.legend(fontsize=7)
     path = os.path.join(out_dir, f"max_logit_{variant}.png")
