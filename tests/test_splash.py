@@ -92,6 +92,18 @@ def test_splash_interpret_matches_reference(case):
     assert float(jnp.abs(out[:, S + 5:]).max()) == 0.0
 
 
+def test_splash_interpret_bf16_matches_float32_reference():
+  # bf16 inputs (H=128, whose scale 1/sqrt(128) is not a power of two): the output comes
+  # back in bf16, within bf16 rounding of the float32 reference on the same inputs.
+  q, k, v = rand_qkv(T=128, N=2, K=1, H=128, dtype=jnp.bfloat16, seed=3)
+  inputs, opts = dense.prepare(q, k, v, is_causal=True)
+  out = dense.splash(inputs, opts, interpret=True)
+  assert out.dtype == jnp.bfloat16
+  ref = dense.reference(*dense.prepare(*(x.astype(jnp.float32) for x in (q, k, v)),
+                                       is_causal=True))
+  np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=3e-2, rtol=3e-2)
+
+
 # ---------------------------------------------------------------------------
 # What splash refuses, and the auto-dispatch.
 
