@@ -34,9 +34,7 @@ def main(argv=None) -> str:
     sweep.run_sweep(arms, processes=args.processes)
   markdown = report.write_report(args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})",
                                  order=cli.csv(cfg.sweep.variants))
-  print(markdown)
-  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {os.path.join(args.out, 'report.md')}")
-  return markdown
+  return cli.finish(args.out, markdown, t0, write=False)
 
 
 if __name__ == "__main__":

@@ -92,10 +92,7 @@ def main(argv=None) -> str:
                + ", ".join(f"{n} {s:.2f}" for n, s in slopes.items()) + "\n")
   lines.append("![favor_error.png](plots/favor_error.png)\n")
   markdown = "\n".join(lines)
-  rundir.write_atomic(os.path.join(args.out, "report.md"), markdown)
-  print(markdown)
-  print(f"wall time {time.perf_counter() - t0:.0f} s")
-  return markdown
+  return cli.finish(args.out, markdown, t0)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,7 @@ def main(argv=None) -> str:
            + report.markdown_table(rows, columns=columns))
   markdown = report.write_report(args.out, title=f"logit_drift ({cfg.preset}, lr={cfg.opt.lr:g})",
                                  extra=extra)
-  print(markdown)
-  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {os.path.join(args.out, 'report.md')}")
-  return markdown
+  return cli.finish(args.out, markdown, t0, write=False)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,7 @@ def main(argv=None) -> str:
         arms.append(a)
     sweep.run_sweep(arms, processes=args.processes)
   markdown = report.write_lr_sweep_report(args.out, title=f"lr_sweep ({cfg.preset})")
-  print(markdown)
-  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {os.path.join(args.out, 'report.md')}")
-  return markdown
+  return cli.finish(args.out, markdown, t0, write=False)
 
 
 if __name__ == "__main__":

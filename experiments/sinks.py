@@ -16,7 +16,7 @@ import time
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from attnjax.train import cli, report, rundir, sweep  # noqa: E402
+from attnjax.train import cli, report, sweep  # noqa: E402
 from attnjax.train.config import validate  # noqa: E402
 from attnjax.train.loop import init_distributed  # noqa: E402
 
@@ -44,10 +44,7 @@ def main(argv=None) -> str:
       parts.append(md.replace("](plots/", f"]({d}/plots/").replace("\n# ", "\n## ", 1)
                    .replace("# sinks on", "## sinks on", 1))
   markdown = "\n".join(parts)
-  rundir.write_atomic(os.path.join(args.out, "report.md"), markdown)
-  print(markdown)
-  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {os.path.join(args.out, 'report.md')}")
-  return markdown
+  return cli.finish(args.out, markdown, t0)
 
 
 if __name__ == "__main__":

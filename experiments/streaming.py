@@ -15,7 +15,6 @@ import os
 import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -122,10 +121,7 @@ def main(argv=None) -> str:
   lines.append("\n![loss_by_position.png](plots/loss_by_position.png)\n")
   rundir.write_json(os.path.join(args.out, "results.json"), results)
   markdown = "\n".join(lines)
-  rundir.write_atomic(os.path.join(args.out, "report.md"), markdown)
-  print(markdown)
-  print(f"wall time {time.perf_counter() - t0:.0f} s")
-  return markdown
+  return cli.finish(args.out, markdown, t0)
 
 
 if __name__ == "__main__":

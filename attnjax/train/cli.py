@@ -7,9 +7,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from typing import Optional, Sequence
 
+from attnjax.train import rundir
 from attnjax.train.config import load_config, split_argv
 
 
@@ -35,3 +38,14 @@ def parse(description: str, default_config: str, argv: Optional[Sequence[str]] =
 
 def csv(text: str) -> list[str]:
   return [s.strip() for s in str(text).split(",") if s.strip()]
+
+
+def finish(out: str, markdown: str, t0: float, *, write: bool = True) -> str:
+  """Ends an experiment: writes ``out/report.md`` atomically (unless the report code
+  already did, ``write=False``), prints the report and the wall time since ``t0``."""
+  path = os.path.join(out, "report.md")
+  if write:
+    rundir.write_atomic(path, markdown)
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
