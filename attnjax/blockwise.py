@@ -331,7 +331,7 @@ class _Arrays:
   """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
 
   def __init__(self, c: _Call, q, k, v, bias, sink, mask, q_seg, kv_seg):
-    B, T, S, K, G = c.B, c.T, c.S, c.K, c.G
+    B, T, K, G = c.B, c.T, c.K, c.G
     q32 = jnp.transpose(jnp.reshape(q.astype(jnp.float32), (B, T, K, G, c.H)), (0, 2, 3, 1, 4))
     self.k = jnp.transpose(k.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, H]
     self.v = jnp.transpose(v.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, Hv]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, blockwise, masks, normalizers
-from attnjax.attention_stats import AttentionStats, stats_from_weights
+from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
 

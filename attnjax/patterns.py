@@ -700,7 +700,6 @@ class PatternUnion(Pattern):
     return out
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
-    S = shape[1]
     return np.logical_or.reduce(
         [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])
 
@@ -736,7 +735,6 @@ class PatternIntersection(Pattern):
     return None
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
-    S = shape[1]
     # A block non-empty for the intersection is non-empty for every part.
     return np.logical_and.reduce(
         [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])

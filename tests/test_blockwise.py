@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import blockwise, dense, masks
+from attnjax import blockwise, dense
 
 FIELDS = ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum")
 

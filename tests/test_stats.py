@@ -12,7 +12,6 @@ import pytest
 import attnjax
 from attnjax import normalizers
 from attnjax import stats
-from attnjax.attention_stats import AttentionStats
 
 
 def harmonic(n):
