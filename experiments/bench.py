@@ -96,32 +96,13 @@ def block(x):
   return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
 
 
-def time_call(fn: Callable, args: tuple, *, repeats: int = 5, warmup: int = 1,
-              min_time: float = 0.0, reduce: Callable = statistics.median) -> float:
-  """Wall time (s) of ``fn(*args)`` after ``warmup`` calls (the first compiles).
-
-  ``reduce`` turns the samples into one figure (median by default; ``min`` for
-  the best run).
-  """
-  for _ in range(max(warmup, 1)):
-    block(fn(*args))
-  times = []
-  while len(times) < repeats or sum(times) < min_time:
-    t0 = time.perf_counter()
-    block(fn(*args))
-    times.append(time.perf_counter() - t0)
-    if len(times) >= 10 * repeats:
-      break
-  return reduce(times)
-
-
 def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
   """This machine's float32 matmul rate in GFLOP/s (n x n x n, jitted, best of ``repeats``)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  f = jax.jit(jnp.matmul)
-  t = time_call(f, (a, b), repeats=repeats, warmup=2, reduce=min)
-  return 2 * n ** 3 / t / 1e9
+  case = Case("matmul", "jnp.matmul", f"{n}^3", jax.jit(jnp.matmul), (a, b), 2.0 * n ** 3)
+  best, _ = time_group([case], repeats)[0]
+  return case.flops / best / 1e9
 
 
 # ---------------------------------------------------------------------------
