@@ -2,7 +2,7 @@
 
 The query axis is cut into blocks of ``block_q`` rows and the key axis into
 blocks of ``block_k`` columns. Each query block visits only the key blocks its
-:class:`BlockLayout` lists, keeping an online normaliser (running maximum and
+:class:`attnjax.layout.BlockLayout` lists, keeping an online normaliser (running maximum and
 running sums, rescaled when the maximum grows) so that no ``T x S`` array is
 ever formed. The backward pass (``jax.custom_vjp``) recomputes each visited
 block from ``q``, ``k``, ``v`` and one float per row saved by the forward pass.
@@ -11,16 +11,17 @@ Interface for block-sparse callers (the contract; internals may change)
 -----------------------------------------------------------------------
 
 ``attention(inputs, opts, *, layout, mask_fn=None)`` is the kernel. It takes the
-canonical :class:`attnjax.dense.DenseInputs` / ``DenseOptions`` of a call and
+canonical :class:`attnjax._call.DenseInputs` / ``DenseOptions`` of a call and
 
-- ``layout``: a :class:`BlockLayout`, static. For query block ``i`` (rows
+- ``layout``: a :class:`attnjax.layout.BlockLayout`, static. For query block ``i`` (rows
   ``i * block_q .. min(T, (i + 1) * block_q)``), ``layout.kv_blocks[i]`` lists
   the key-block indices it visits, padded with ``-1`` to a common length, and
   ``layout.needs_mask[i]`` says, per visit, whether the block is only partly
   allowed by the static structure (then ``mask_fn`` is evaluated on it) or
   wholly allowed (then no mask is evaluated at all). Key blocks not listed
-  are never computed. Build one with :meth:`BlockLayout.from_visits` (a
-  pattern's blocks) or :func:`structural_layout` (causal / window).
+  are never computed. Build one with :meth:`BlockLayout.from_visits`,
+  :func:`attnjax.layout.rule_layout` (a pattern's blocks) or
+  :func:`attnjax.layout.structural_layout` (causal / window).
 - ``mask_fn(q_positions [tq], k_positions [tk]) -> bool [B|1, 1, tq, tk]``
   (or None = all allowed): the static structure inside a partial block,
   called with the integer positions of the block's rows and columns
@@ -55,141 +56,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import masks, normalizers
+from attnjax import _call, masks, normalizers
 from attnjax.attention_stats import AttentionStats, _row_mean
+from attnjax.layout import BlockLayout, segment_block_relations, structural_layout
 
 Array = jnp.ndarray
 MaskFn = Callable[[Array, Array], Optional[Array]]
 
 SOFTMAX_FAMILY = ("softmax", "softmax_one")
-
-
-# ---------------------------------------------------------------------------
-# The static block layout.
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockLayout:
-  """Which key blocks each query block visits (static and hashable).
-
-  Attributes:
-    q_len: ``T``.
-    kv_len: ``S``.
-    block_q: rows per query block (the last block may be shorter).
-    block_k: columns per key block (the last block may be shorter).
-    kv_blocks: ``[num_q_blocks][max_visits]`` key-block indices, ``-1`` = padding.
-    needs_mask: same shape; True where the visit must evaluate ``mask_fn``.
-  """
-
-  q_len: int
-  kv_len: int
-  block_q: int
-  block_k: int
-  kv_blocks: tuple[tuple[int, ...], ...]
-  needs_mask: tuple[tuple[bool, ...], ...]
-
-  def __post_init__(self):
-    for name in ("q_len", "kv_len", "block_q", "block_k"):
-      value = getattr(self, name)
-      if not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"BlockLayout.{name} must be a positive int, got {value!r}")
-    if len(self.kv_blocks) != self.num_q_blocks or len(self.needs_mask) != self.num_q_blocks:
-      raise ValueError(
-          f"BlockLayout needs one row per query block ({self.num_q_blocks} for q_len="
-          f"{self.q_len}, block_q={self.block_q}), got {len(self.kv_blocks)} kv_blocks rows "
-          f"and {len(self.needs_mask)} needs_mask rows")
-    for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
-      if len(row) != len(flags):
-        raise ValueError(f"BlockLayout row {i}: kv_blocks {row} and needs_mask {flags} differ in length")
-      real = [kb for kb in row if kb >= 0]
-      if any(kb < -1 or kb >= self.num_kv_blocks for kb in row):
-        raise ValueError(
-            f"BlockLayout row {i}: key-block indices must lie in [0, {self.num_kv_blocks}) "
-            f"or be -1 (padding), got {row}")
-      if len(set(real)) != len(real):
-        raise ValueError(f"BlockLayout row {i} visits a key block twice: {row}")
-
-  @property
-  def num_q_blocks(self) -> int:
-    return -(-self.q_len // self.block_q)
-
-  @property
-  def num_kv_blocks(self) -> int:
-    return -(-self.kv_len // self.block_k)
-
-  @property
-  def num_pairs(self) -> int:
-    """Number of (query block, key block) pairs computed (before run-time segment skipping)."""
-    return sum(kb >= 0 for row in self.kv_blocks for kb in row)
-
-  def q_range(self, i: int) -> tuple[int, int]:
-    return i * self.block_q, min(self.q_len, (i + 1) * self.block_q)
-
-  def kv_range(self, j: int) -> tuple[int, int]:
-    return j * self.block_k, min(self.kv_len, (j + 1) * self.block_k)
-
-  def visits(self, i: int) -> list[tuple[int, bool]]:
-    """``[(key_block, needs_mask), ...]`` of query block ``i`` (padding dropped)."""
-    return [(kb, nm) for kb, nm in zip(self.kv_blocks[i], self.needs_mask[i]) if kb >= 0]
-
-  def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-    """``(kv_blocks int32 [num_q_blocks, max_visits], needs_mask bool [...])``."""
-    width = max([len(r) for r in self.kv_blocks] + [0])
-    idx = np.full((self.num_q_blocks, width), -1, np.int32)
-    flag = np.zeros((self.num_q_blocks, width), bool)
-    for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
-      idx[i, :len(row)] = row
-      flag[i, :len(flags)] = flags
-    return idx, flag
-
-  @classmethod
-  def from_visits(cls, q_len: int, kv_len: int, block_q: int, block_k: int,
-                  visits: Sequence[Sequence[tuple[int, bool]]]) -> "BlockLayout":
-    """Builds a layout from per-query-block lists of ``(key_block, needs_mask)``."""
-    width = max([len(v) for v in visits] + [0])
-    kv_blocks = tuple(tuple(int(kb) for kb, _ in v) + (-1,) * (width - len(v)) for v in visits)
-    needs_mask = tuple(tuple(bool(nm) for _, nm in v) + (False,) * (width - len(v)) for v in visits)
-    return cls(int(q_len), int(kv_len), int(block_q), int(block_k), kv_blocks, needs_mask)
-
-
-@functools.lru_cache(maxsize=256)
-def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
-                      is_causal: bool = False,
-                      window: Optional[tuple[int, int]] = None) -> BlockLayout:
-  """The layout of causal / window structure: exact, from each row's allowed key range.
-
-  Row ``i`` may attend keys ``lo_i .. hi_i`` (``lo_i = i - left`` with a window,
-  ``hi_i = i`` when causal, ``i + right`` with a window, clipped to the keys).
-  A key block is visited when some row of the query block reaches into it, and
-  needs a mask unless every row's range covers it.
-  """
-  rows = np.arange(q_len)
-  lo = np.zeros(q_len, np.int64)
-  hi = np.full(q_len, kv_len - 1, np.int64)
-  if is_causal:
-    hi = np.minimum(hi, rows)
-  if window is not None:
-    lo = np.maximum(lo, rows - window[0])
-    hi = np.minimum(hi, rows + window[1])
-  nq, nk = -(-q_len // block_q), -(-kv_len // block_k)
-  visits = []
-  for i in range(nq):
-    r_lo, r_hi = lo[i * block_q:(i + 1) * block_q], hi[i * block_q:(i + 1) * block_q]
-    row = []
-    for j in range(nk):
-      k0, k1 = j * block_k, min(kv_len, (j + 1) * block_k) - 1
-      touches = np.any((r_lo <= k1) & (r_hi >= k0) & (r_lo <= r_hi))
-      if touches:
-        full = bool(np.all((r_lo <= k0) & (r_hi >= k1)))
-        row.append((j, not full))
-    visits.append(row)
-  return BlockLayout.from_visits(q_len, kv_len, block_q, block_k, visits)
 
 
 def structural_mask_fn(opts) -> Optional[MaskFn]:
@@ -393,40 +273,6 @@ def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: b
   if a.mask is not None:
     out = _and(out, _tile(a.mask, q0, q1, k0, tk))
   return None if out is None else _rows(out, c.G, tq)
-
-
-SKIP, FULL, MASKED = 0, 1, 2
-
-
-def segment_block_relations(q_segment_ids: Array, kv_segment_ids: Array,
-                            layout: BlockLayout) -> Array:
-  """Run-time relation of every (query block, key block) pair under segment ids.
-
-  Args:
-    q_segment_ids: ``[B, T]`` integer ids.
-    kv_segment_ids: ``[B, S]`` integer ids.
-    layout: the blocks.
-
-  Returns:
-    int32 ``[num_q_blocks, num_kv_blocks]``: ``SKIP`` (0) when, in every batch
-    row, the query block's id range and the key block's id range do not
-    overlap (no pair can match, the block is not computed), ``FULL`` (1) when
-    every query and key of the pair share one id in every batch row (no
-    segment comparison needed), else ``MASKED`` (2). Exact for sorted
-    (packed) ids; for unsorted ids a block may be ``MASKED`` that could have
-    been skipped, never the reverse.
-  """
-  def ranges(ids, n, rng):
-    lo = jnp.stack([jnp.min(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
-    hi = jnp.stack([jnp.max(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
-    return lo[:, :, None], hi[:, :, None]  # [B, n, 1]
-
-  qlo, qhi = ranges(q_segment_ids, layout.num_q_blocks, layout.q_range)
-  klo, khi = ranges(kv_segment_ids, layout.num_kv_blocks, layout.kv_range)
-  klo, khi = jnp.transpose(klo, (0, 2, 1)), jnp.transpose(khi, (0, 2, 1))  # [B, 1, nk]
-  meets = jnp.any(jnp.logical_and(qlo <= khi, klo <= qhi), axis=0)
-  single = jnp.all((qlo == qhi) & (klo == khi) & (qlo == klo), axis=0)
-  return jnp.where(meets, jnp.where(single, FULL, MASKED), SKIP).astype(jnp.int32)
 
 
 def _segment_relations(c: _Call, a: _Arrays):
@@ -851,8 +697,8 @@ def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = 
   """Block-wise attention of a validated dense call over a static :class:`BlockLayout`.
 
   Args:
-    inputs: :class:`attnjax.dense.DenseInputs` (from ``dense.prepare``).
-    opts: :class:`attnjax.dense.DenseOptions`.
+    inputs: :class:`attnjax._call.DenseInputs` (from ``dense.prepare``).
+    opts: :class:`attnjax._call.DenseOptions`.
     layout: which key blocks each query block visits (see the module docstring).
     mask_fn: ``(q_positions [tq], k_positions [tk]) -> bool [B|1, 1, tq, tk]`` or None,
       evaluated on visits flagged ``needs_mask``. If None and
@@ -960,12 +806,11 @@ def _dot_product_attention(q, k, v, *, block_q: Optional[int] = None,
   Returns:
     As :func:`attnjax.dot_product_attention`.
   """
-  from attnjax import dense  # dense imports this module for its registry
   _check_block("block_q", block_q)
   _check_block("block_k", block_k)
   if "implementation" in kwargs:
     raise TypeError("blockwise.dot_product_attention takes no implementation argument")
-  inputs, opts = dense.prepare(q, k, v, **kwargs)
+  inputs, opts = _call.validate(q, k, v, **kwargs)
   return blockwise(inputs, opts, block_q=block_q, block_k=block_k)
 
 

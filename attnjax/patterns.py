@@ -23,7 +23,7 @@ Example::
   pattern = attnjax.patterns.sliding_window(256)
   pattern.mask(1024)                       # [1, 1, 1024, 1024] bool
   pattern.block_mask(1024, block_size=128)  # [8, 8] numpy bool of kept blocks
-  layout = pattern.layout(1024, block_size=128)  # an attnjax.blockwise.BlockLayout
+  layout = pattern.layout(1024, block_size=128)  # an attnjax.layout.BlockLayout
   layout.visits(3)          # [(key_block, needs_mask), ...] of query block 3
 
 References:
@@ -43,12 +43,14 @@ import dataclasses
 import functools
 from typing import Optional, Union
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from attnjax import masks
-from attnjax.blockwise import BlockLayout
+# Layouts are built in attnjax.layout from these rules; the names below are re-exported
+# for callers of the pattern API (notebooks draw kept / full blocks).
+from attnjax.layout import BlockLayout, SparsePlan, density, full_blocks, kept_blocks
+from attnjax.layout import key_block_candidates, rule_layout
 
 Array = jnp.ndarray
 
@@ -75,44 +77,7 @@ def check_lengths(T, S, block_size) -> tuple[int, int, int]:
 
 
 # ---------------------------------------------------------------------------
-# Block layout: the block-wise kernel's own :class:`attnjax.blockwise.BlockLayout`.
-
-
-def kept_blocks(layout: BlockLayout) -> np.ndarray:
-  """``bool [num_q_blocks, num_kv_blocks]``: blocks the layout visits."""
-  kv_blocks, _ = layout.as_arrays()
-  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
-  rows, cols = np.nonzero(kv_blocks >= 0)
-  out[rows, kv_blocks[rows, cols]] = True
-  return out
-
-
-def full_blocks(layout: BlockLayout) -> np.ndarray:
-  """``bool [num_q_blocks, num_kv_blocks]``: visited blocks that need no element mask."""
-  kv_blocks, needs_mask = layout.as_arrays()
-  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
-  rows, cols = np.nonzero(np.logical_and(kv_blocks >= 0, np.logical_not(needs_mask)))
-  out[rows, kv_blocks[rows, cols]] = True
-  return out
-
-
-def density(layout: BlockLayout) -> float:
-  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes."""
-  return layout.num_pairs / (layout.num_q_blocks * layout.num_kv_blocks)
-
-
-# ---------------------------------------------------------------------------
 # Pattern base class.
-
-
-def _key_block_candidates(ranges, S: int, block_size: int) -> np.ndarray:
-  """``bool [num_k_blocks]``: key blocks touching any half-open position range ``[lo, hi)``."""
-  out = np.zeros(-(-S // block_size), bool)
-  for lo, hi in ranges:
-    lo, hi = max(lo, 0), min(hi, S)
-    if lo < hi:
-      out[lo // block_size:(hi - 1) // block_size + 1] = True
-  return out
 
 
 class Pattern:
@@ -202,9 +167,9 @@ class Pattern:
     self.check_shape(T, S)
     extra = self.extra_key_positions(S)
     if extra.size == 0:
-      return SparsePlan(extra, _layout(self, T, S, block_size), self)
+      return SparsePlan(extra, rule_layout(self, T, S, block_size), self)
     view = _SlotView(self, S)
-    return SparsePlan(extra, _layout(view, T, S + extra.size, block_size), view)
+    return SparsePlan(extra, rule_layout(view, T, S + extra.size, block_size), view)
 
   # -- derived ---------------------------------------------------------------
 
@@ -220,7 +185,7 @@ class Pattern:
     S = T if S is None else S
     T, S, block_size = check_lengths(T, S, block_size)
     self.check_shape(T, S)
-    return _layout(self, T, S, block_size)
+    return rule_layout(self, T, S, block_size)
 
   def block_mask(self, T: int, block_size: int, S: Optional[int] = None) -> np.ndarray:
     """``numpy bool [num_q_blocks, num_k_blocks]`` of kept blocks, for drawing (``plt.imshow``)."""
@@ -241,23 +206,6 @@ class BandParts:
   band: tuple[int, int]
   columns: tuple[int, ...]
   rows: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class SparsePlan:
-  """The block-sparse computation of a pattern on ``(T, S)``.
-
-  Attributes:
-    extra_keys: ``int32 [E]`` key positions gathered and appended after the ``S``
-      keys (empty for most patterns).
-    layout: :class:`BlockLayout` over the ``S + E`` key slots.
-    rule: a pattern whose :meth:`Pattern.allowed` takes slot indices and the
-      shape ``(T, S + E)``; the element mask of partial blocks.
-  """
-
-  extra_keys: np.ndarray
-  layout: BlockLayout
-  rule: "Pattern"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +235,7 @@ class _BandChunk:
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     left, right = self.pattern.band()
-    return _key_block_candidates([(q_lo, q_hi + left + right)], shape[1], block_size)
+    return key_block_candidates([(q_lo, q_hi + left + right)], shape[1], block_size)
 
 
 @functools.lru_cache(maxsize=64)
@@ -301,68 +249,7 @@ def band_chunk_plan(pattern: "Pattern", chunk: int, block_size: int) -> SparsePl
   left, right = pattern.band()
   view = _BandChunk(pattern)
   return SparsePlan(np.zeros((0,), np.int32),
-                    _layout(view, chunk, chunk + left + right, block_size), view)
-
-
-# Rule evaluations per compiled call when building a layout (bounds its memory).
-_LAYOUT_CHUNK_ELEMENTS = 1 << 23
-
-
-@functools.partial(jax.jit, static_argnames=("pattern", "shape", "block_size"))
-def _classify_blocks(pattern, q_blocks, k_blocks, *, shape, block_size):
-  """For query blocks ``q_blocks [R]`` and candidate key blocks ``k_blocks [R, C]``:
-  ``(any, all)`` allowed, each ``bool [R, C]``, with positions past ``shape`` disallowed."""
-  T, S = shape
-  offsets = jnp.arange(block_size)
-
-  def one_row(qb, kbs):
-    q_pos = qb * block_size + offsets  # [bq]
-    k_pos = (kbs[:, None] * block_size + offsets[None, :]).reshape(-1)  # [C * bk]
-    inside = jnp.logical_and((q_pos < T)[:, None], (k_pos < S)[None, :])
-    rule = pattern.allowed(jnp.minimum(q_pos, T - 1), jnp.minimum(k_pos, S - 1), shape)
-    rule = jnp.logical_and(rule, inside).reshape(block_size, kbs.shape[0], block_size)
-    # A ragged block (past T or S) is never "full": its padding must be masked.
-    inside = inside.reshape(block_size, kbs.shape[0], block_size)
-    return rule.any(axis=(0, 2)), jnp.logical_and(rule, inside).all(axis=(0, 2)) & inside.all(
-        axis=(0, 2))
-
-  return jax.vmap(one_row)(q_blocks, k_blocks)
-
-
-@functools.lru_cache(maxsize=256)
-def _layout(pattern: Pattern, T: int, S: int, block_size: int) -> BlockLayout:
-  """Evaluates the element rule on every candidate block, once per shape."""
-  nq = -(-T // block_size)
-  candidates = np.stack([
-      pattern.candidate_key_blocks(qb * block_size, min((qb + 1) * block_size, T), (T, S),
-                                   block_size)
-      for qb in range(nq)])
-  width = max(1, int(candidates.sum(axis=1).max()))
-  # Candidate key blocks of each row, ascending, padded with block 0 (dropped below).
-  order = np.argsort(np.logical_not(candidates), axis=1, kind="stable")[:, :width]
-  is_candidate = np.take_along_axis(candidates, order, axis=1)
-  cand_blocks = np.where(is_candidate, order, 0).astype(np.int32)
-  rows_per_call = max(1, _LAYOUT_CHUNK_ELEMENTS // (width * block_size * block_size))
-  rows_per_call = min(rows_per_call, nq)
-  any_allowed = np.zeros((nq, width), bool)
-  all_allowed = np.zeros((nq, width), bool)
-  # Concrete evaluation even when called while tracing a jitted function: the
-  # layout is static structure, not part of the computation.
-  with jax.ensure_compile_time_eval():
-    for lo in range(0, nq, rows_per_call):
-      rows = np.minimum(np.arange(lo, lo + rows_per_call), nq - 1)  # equal shapes: one compile
-      a, b = _classify_blocks(pattern, jnp.asarray(rows, jnp.int32),
-                              jnp.asarray(cand_blocks[rows]), shape=(T, S),
-                              block_size=block_size)
-      n = min(rows_per_call, nq - lo)
-      any_allowed[lo:lo + n] = np.asarray(a)[:n]
-      all_allowed[lo:lo + n] = np.asarray(b)[:n]
-  kept = np.logical_and(any_allowed, is_candidate)
-  visits = []
-  for qb in range(nq):
-    cols = np.flatnonzero(kept[qb])
-    visits.append([(int(cand_blocks[qb, c]), not bool(all_allowed[qb, c])) for c in cols])
-  return BlockLayout.from_visits(T, S, block_size, block_size, visits)
+                    rule_layout(view, chunk, chunk + left + right, block_size), view)
 
 
 def _structure(qp, kp, **kwargs) -> Array:
@@ -388,7 +275,7 @@ class Causal(Pattern):
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
-    return _key_block_candidates([(0, q_hi)], S, block_size)
+    return key_block_candidates([(0, q_hi)], S, block_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -408,7 +295,7 @@ class SlidingWindow(Pattern):
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
-    return _key_block_candidates([(q_lo - self.left, q_hi + self.right)], S, block_size)
+    return key_block_candidates([(q_lo - self.left, q_hi + self.right)], S, block_size)
 
   def band(self):
     return (self.left, self.right)
@@ -451,7 +338,7 @@ class Strided(Pattern):
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
-    return _key_block_candidates([(0, q_hi)], S, block_size)
+    return key_block_candidates([(0, q_hi)], S, block_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,12 +404,12 @@ class Fixed(Pattern):
     own_start = (q_lo // self.stride) * self.stride
     last_block_start = ((q_hi - 1) // self.stride) * self.stride
     copies = int(np.searchsorted(extra, last_block_start))
-    return _key_block_candidates([(own_start, q_hi), (S, S + copies)], S + extra.size,
+    return key_block_candidates([(own_start, q_hi), (S, S + copies)], S + extra.size,
                                  block_size)
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
-    return _key_block_candidates([(0, q_hi)], S, block_size)
+    return key_block_candidates([(0, q_hi)], S, block_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -567,7 +454,7 @@ class GlobalWindow(Pattern):
     if q_lo < self.num_global:
       return np.ones(-(-S // block_size), bool)
     left, right = self.window
-    return _key_block_candidates(
+    return key_block_candidates(
         [(0, self.num_global), (q_lo - left, q_hi + right)], S, block_size)
 
 
@@ -642,7 +529,7 @@ class BigBird(Pattern):
     S = shape[1]
     rows = self.table(*shape)[q_lo // self.block:(q_hi - 1) // self.block + 1]
     blocks = np.flatnonzero(rows.any(axis=0))
-    return _key_block_candidates([(b * self.block, (b + 1) * self.block) for b in blocks],
+    return key_block_candidates([(b * self.block, (b + 1) * self.block) for b in blocks],
                                  S, block_size)
 
 
@@ -679,7 +566,7 @@ class SinksWindow(Pattern):
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
-    return _key_block_candidates(
+    return key_block_candidates(
         [(0, min(self.num_sinks, q_hi)), (q_lo - self.window + 1, q_hi)], S, block_size)
 
 

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, blockwise, dense, masks, patterns
+from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
 
 Array = jnp.ndarray
@@ -118,7 +119,7 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   if E:
     # Band keys rounded up to whole blocks, then the column slots in blocks of their own.
     KW = -(-KW // block_size) * block_size
-    layout = blockwise.BlockLayout.from_visits(
+    layout = BlockLayout.from_visits(
         C, KW + E, block_size, block_size,
         [plan.layout.visits(i) + [(KW // block_size + n, True)
                                   for n in range(-(-E // block_size))]

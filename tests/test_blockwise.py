@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import blockwise, dense
+from attnjax import blockwise, dense, layout
 
 FIELDS = ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum")
 
@@ -188,7 +188,7 @@ def test_custom_layout_and_mask_fn_equal_the_masked_reference():
   # Each query block sees key block 0 (partly: even keys only) and its own diagonal blocks.
   visits = [[(0, True)] + [(j, True) for j in range(2 * i, 2 * i + 2) if j != 0]
             for i in range(T // bq)]
-  layout = blockwise.BlockLayout.from_visits(T, T, bq, bk, visits)
+  lay = layout.BlockLayout.from_visits(T, T, bq, bk, visits)
 
   def mask_fn(qp, kp):
     block_ok = (kp[None, :] // bk == 0) | (kp[None, :] // 16 == qp[:, None] // 16)
@@ -196,26 +196,14 @@ def test_custom_layout_and_mask_fn_equal_the_masked_reference():
 
   dense_mask = mask_fn(jnp.arange(T), jnp.arange(T))[None, None]
   inputs, opts = dense.prepare(q, k, v, return_stats=True)
-  out, stats = blockwise.attention(inputs, opts, layout=layout,
+  out, stats = blockwise.attention(inputs, opts, layout=lay,
                                    mask_fn=lambda qp, kp: mask_fn(qp, kp)[None, None])
   ref_out, ref_stats = _reference(q, k, v, mask=dense_mask, return_stats=True)
   _close(out, ref_out, 2e-5, "output")
   for f in FIELDS:
     _close(getattr(stats, f), getattr(ref_stats, f), 2e-5, f)
-  idx, flag = layout.as_arrays()
-  assert idx.shape == (3, 3) and idx[0, 2] == -1 and layout.num_pairs == 8
-
-
-def test_structural_layout_skips_blocks():
-  causal = blockwise.structural_layout(4096, 4096, 512, 512, is_causal=True)
-  assert causal.num_pairs == 36  # of 64: the upper triangle is never computed
-  assert sum(nm for row in causal.needs_mask for nm in row) == 8  # only diagonal blocks masked
-  window = blockwise.structural_layout(16384, 16384, 512, 512, window=(256, 0))
-  assert window.num_pairs == 32 + 31  # each query block: its diagonal block and the previous
-  assert blockwise.structural_layout(100, 100, 32, 32).num_pairs == 16  # no structure: all
-  # T > S with a window: the last query blocks reach no key at all.
-  empty = blockwise.structural_layout(64, 16, 16, 16, is_causal=True, window=(3, 0))
-  assert [len(empty.visits(i)) for i in range(4)] == [1, 1, 0, 0]
+  idx, flag = lay.as_arrays()
+  assert idx.shape == (3, 3) and idx[0, 2] == -1 and lay.num_pairs == 8
 
 
 def _count_dots(fn, *args):
@@ -263,25 +251,11 @@ def test_no_full_size_intermediate_in_forward_and_backward():
   assert biggest <= 2 * 64 * 64 < 2 * T * T
 
 
-def test_segment_block_relations():
-  layout = blockwise.structural_layout(12, 12, 4, 4)
-  ids = jnp.asarray([[0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1]])
-  rel = np.asarray(blockwise.segment_block_relations(ids, ids, layout))
-  S, F, M = blockwise.SKIP, blockwise.FULL, blockwise.MASKED
-  np.testing.assert_array_equal(rel, [[F, M, S], [M, M, M], [S, M, F]])
-
-
 def test_layout_validation():
-  with pytest.raises(ValueError, match="visits a key block twice"):
-    blockwise.BlockLayout.from_visits(8, 8, 4, 4, [[(0, False), (0, True)], []])
-  with pytest.raises(ValueError, match="one row per query block"):
-    blockwise.BlockLayout.from_visits(8, 8, 4, 4, [[(0, False)]])
-  with pytest.raises(ValueError, match=r"\[0, 2\)"):
-    blockwise.BlockLayout.from_visits(8, 8, 4, 4, [[(2, False)], []])
   q, k, v, _ = _arrays(1, 8, 8, 2, 2, 4)
   inputs, opts = dense.prepare(q, k, v)
   with pytest.raises(ValueError, match="T=8, S=8"):
-    blockwise.attention(inputs, opts, layout=blockwise.structural_layout(16, 8, 4, 4))
+    blockwise.attention(inputs, opts, layout=layout.structural_layout(16, 8, 4, 4))
   with pytest.raises(ValueError, match="block_q"):
     blockwise.dot_product_attention(q, k, v, block_q=0)
 

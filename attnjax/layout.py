@@ -1,0 +1,325 @@
+"""Block layouts: which (query block, key block) pairs a block-wise kernel computes.
+
+Three concerns are kept apart, as splash attention separates mask rules, block
+classification and kernel:
+
+- **rules** say which (query, key) pairs may attend: :func:`attnjax.masks.structural_mask`
+  (causal, window, segments) and the patterns of :mod:`attnjax.patterns`;
+- **layouts** (this module) classify blocks under a rule: skipped, full
+  (every pair allowed: no element mask) or partial (the rule is evaluated in
+  the block). :class:`BlockLayout` is the static result; :func:`structural_layout`
+  builds it for causal / window structure, :func:`rule_layout` for any element
+  rule (a pattern), and :func:`segment_block_relations` classifies blocks at run
+  time under segment ids (packed sequences);
+- **kernels** (:mod:`attnjax.blockwise`, :mod:`attnjax.sparse`) import layouts
+  and visit what they list. Nothing here imports a kernel or a pattern.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jnp.ndarray
+
+
+# ---------------------------------------------------------------------------
+# The static block layout.
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+  """Which key blocks each query block visits (static and hashable).
+
+  Attributes:
+    q_len: ``T``.
+    kv_len: ``S``.
+    block_q: rows per query block (the last block may be shorter).
+    block_k: columns per key block (the last block may be shorter).
+    kv_blocks: ``[num_q_blocks][max_visits]`` key-block indices, ``-1`` = padding.
+    needs_mask: same shape; True where the visit must evaluate ``mask_fn``.
+  """
+
+  q_len: int
+  kv_len: int
+  block_q: int
+  block_k: int
+  kv_blocks: tuple[tuple[int, ...], ...]
+  needs_mask: tuple[tuple[bool, ...], ...]
+
+  def __post_init__(self):
+    for name in ("q_len", "kv_len", "block_q", "block_k"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"BlockLayout.{name} must be a positive int, got {value!r}")
+    if len(self.kv_blocks) != self.num_q_blocks or len(self.needs_mask) != self.num_q_blocks:
+      raise ValueError(
+          f"BlockLayout needs one row per query block ({self.num_q_blocks} for q_len="
+          f"{self.q_len}, block_q={self.block_q}), got {len(self.kv_blocks)} kv_blocks rows "
+          f"and {len(self.needs_mask)} needs_mask rows")
+    for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
+      if len(row) != len(flags):
+        raise ValueError(f"BlockLayout row {i}: kv_blocks {row} and needs_mask {flags} differ in length")
+      real = [kb for kb in row if kb >= 0]
+      if any(kb < -1 or kb >= self.num_kv_blocks for kb in row):
+        raise ValueError(
+            f"BlockLayout row {i}: key-block indices must lie in [0, {self.num_kv_blocks}) "
+            f"or be -1 (padding), got {row}")
+      if len(set(real)) != len(real):
+        raise ValueError(f"BlockLayout row {i} visits a key block twice: {row}")
+
+  @property
+  def num_q_blocks(self) -> int:
+    return -(-self.q_len // self.block_q)
+
+  @property
+  def num_kv_blocks(self) -> int:
+    return -(-self.kv_len // self.block_k)
+
+  @property
+  def num_pairs(self) -> int:
+    """Number of (query block, key block) pairs computed (before run-time segment skipping)."""
+    return sum(kb >= 0 for row in self.kv_blocks for kb in row)
+
+  def q_range(self, i: int) -> tuple[int, int]:
+    return i * self.block_q, min(self.q_len, (i + 1) * self.block_q)
+
+  def kv_range(self, j: int) -> tuple[int, int]:
+    return j * self.block_k, min(self.kv_len, (j + 1) * self.block_k)
+
+  def visits(self, i: int) -> list[tuple[int, bool]]:
+    """``[(key_block, needs_mask), ...]`` of query block ``i`` (padding dropped)."""
+    return [(kb, nm) for kb, nm in zip(self.kv_blocks[i], self.needs_mask[i]) if kb >= 0]
+
+  def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    """``(kv_blocks int32 [num_q_blocks, max_visits], needs_mask bool [...])``."""
+    width = max([len(r) for r in self.kv_blocks] + [0])
+    idx = np.full((self.num_q_blocks, width), -1, np.int32)
+    flag = np.zeros((self.num_q_blocks, width), bool)
+    for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
+      idx[i, :len(row)] = row
+      flag[i, :len(flags)] = flags
+    return idx, flag
+
+  @classmethod
+  def from_visits(cls, q_len: int, kv_len: int, block_q: int, block_k: int,
+                  visits: Sequence[Sequence[tuple[int, bool]]]) -> "BlockLayout":
+    """Builds a layout from per-query-block lists of ``(key_block, needs_mask)``."""
+    width = max([len(v) for v in visits] + [0])
+    kv_blocks = tuple(tuple(int(kb) for kb, _ in v) + (-1,) * (width - len(v)) for v in visits)
+    needs_mask = tuple(tuple(bool(nm) for _, nm in v) + (False,) * (width - len(v)) for v in visits)
+    return cls(int(q_len), int(kv_len), int(block_q), int(block_k), kv_blocks, needs_mask)
+
+
+@functools.lru_cache(maxsize=256)
+def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
+                      is_causal: bool = False,
+                      window: Optional[tuple[int, int]] = None) -> BlockLayout:
+  """The layout of causal / window structure: exact, from each row's allowed key range.
+
+  Row ``i`` may attend keys ``lo_i .. hi_i`` (``lo_i = i - left`` with a window,
+  ``hi_i = i`` when causal, ``i + right`` with a window, clipped to the keys).
+  A key block is visited when some row of the query block reaches into it, and
+  needs a mask unless every row's range covers it.
+  """
+  rows = np.arange(q_len)
+  lo = np.zeros(q_len, np.int64)
+  hi = np.full(q_len, kv_len - 1, np.int64)
+  if is_causal:
+    hi = np.minimum(hi, rows)
+  if window is not None:
+    lo = np.maximum(lo, rows - window[0])
+    hi = np.minimum(hi, rows + window[1])
+  nq, nk = -(-q_len // block_q), -(-kv_len // block_k)
+  visits = []
+  for i in range(nq):
+    r_lo, r_hi = lo[i * block_q:(i + 1) * block_q], hi[i * block_q:(i + 1) * block_q]
+    row = []
+    for j in range(nk):
+      k0, k1 = j * block_k, min(kv_len, (j + 1) * block_k) - 1
+      touches = np.any((r_lo <= k1) & (r_hi >= k0) & (r_lo <= r_hi))
+      if touches:
+        full = bool(np.all((r_lo <= k0) & (r_hi >= k1)))
+        row.append((j, not full))
+    visits.append(row)
+  return BlockLayout.from_visits(q_len, kv_len, block_q, block_k, visits)
+
+
+def kept_blocks(layout: BlockLayout) -> np.ndarray:
+  """``bool [num_q_blocks, num_kv_blocks]``: blocks the layout visits."""
+  kv_blocks, _ = layout.as_arrays()
+  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
+  rows, cols = np.nonzero(kv_blocks >= 0)
+  out[rows, kv_blocks[rows, cols]] = True
+  return out
+
+
+def full_blocks(layout: BlockLayout) -> np.ndarray:
+  """``bool [num_q_blocks, num_kv_blocks]``: visited blocks that need no element mask."""
+  kv_blocks, needs_mask = layout.as_arrays()
+  out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
+  rows, cols = np.nonzero(np.logical_and(kv_blocks >= 0, np.logical_not(needs_mask)))
+  out[rows, kv_blocks[rows, cols]] = True
+  return out
+
+
+def density(layout: BlockLayout) -> float:
+  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes."""
+  return layout.num_pairs / (layout.num_q_blocks * layout.num_kv_blocks)
+
+
+# ---------------------------------------------------------------------------
+# Run-time classification under segment ids.
+
+
+SKIP, FULL, MASKED = 0, 1, 2
+
+
+def segment_block_relations(q_segment_ids: Array, kv_segment_ids: Array,
+                            layout: BlockLayout) -> Array:
+  """Run-time relation of every (query block, key block) pair under segment ids.
+
+  Args:
+    q_segment_ids: ``[B, T]`` integer ids.
+    kv_segment_ids: ``[B, S]`` integer ids.
+    layout: the blocks.
+
+  Returns:
+    int32 ``[num_q_blocks, num_kv_blocks]``: ``SKIP`` (0) when, in every batch
+    row, the query block's id range and the key block's id range do not
+    overlap (no pair can match, the block is not computed), ``FULL`` (1) when
+    every query and key of the pair share one id in every batch row (no
+    segment comparison needed), else ``MASKED`` (2). Exact for sorted
+    (packed) ids; for unsorted ids a block may be ``MASKED`` that could have
+    been skipped, never the reverse.
+  """
+  def ranges(ids, n, rng):
+    lo = jnp.stack([jnp.min(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
+    hi = jnp.stack([jnp.max(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
+    return lo[:, :, None], hi[:, :, None]  # [B, n, 1]
+
+  qlo, qhi = ranges(q_segment_ids, layout.num_q_blocks, layout.q_range)
+  klo, khi = ranges(kv_segment_ids, layout.num_kv_blocks, layout.kv_range)
+  klo, khi = jnp.transpose(klo, (0, 2, 1)), jnp.transpose(khi, (0, 2, 1))  # [B, 1, nk]
+  meets = jnp.any(jnp.logical_and(qlo <= khi, klo <= qhi), axis=0)
+  single = jnp.all((qlo == qhi) & (klo == khi) & (qlo == klo), axis=0)
+  return jnp.where(meets, jnp.where(single, FULL, MASKED), SKIP).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------
+# Layouts of element rules (patterns).
+
+
+def key_block_candidates(ranges, S: int, block_size: int) -> np.ndarray:
+  """``bool [num_k_blocks]``: key blocks touching any half-open position range ``[lo, hi)``."""
+  out = np.zeros(-(-S // block_size), bool)
+  for lo, hi in ranges:
+    lo, hi = max(lo, 0), min(hi, S)
+    if lo < hi:
+      out[lo // block_size:(hi - 1) // block_size + 1] = True
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SparsePlan:
+  """The block-sparse computation of a pattern on ``(T, S)``.
+
+  Attributes:
+    extra_keys: ``int32 [E]`` key positions gathered and appended after the ``S``
+      keys (empty for most patterns).
+    layout: :class:`BlockLayout` over the ``S + E`` key slots.
+    rule: a rule (see :func:`rule_layout`) whose ``allowed`` takes slot indices
+      and the shape ``(T, S + E)``; the element mask of partial blocks.
+  """
+
+  extra_keys: np.ndarray
+  layout: BlockLayout
+  rule: Any
+
+
+# Rule evaluations per compiled call when building a layout (bounds its memory).
+_LAYOUT_CHUNK_ELEMENTS = 1 << 23
+
+
+@functools.partial(jax.jit, static_argnames=("rule", "shape", "block_size"))
+def classify_blocks(rule, q_blocks, k_blocks, *, shape, block_size):
+  """For query blocks ``q_blocks [R]`` and candidate key blocks ``k_blocks [R, C]``:
+  ``(any, all)`` allowed, each ``bool [R, C]``, with positions past ``shape`` disallowed."""
+  T, S = shape
+  offsets = jnp.arange(block_size)
+
+  def one_row(qb, kbs):
+    q_pos = qb * block_size + offsets  # [bq]
+    k_pos = (kbs[:, None] * block_size + offsets[None, :]).reshape(-1)  # [C * bk]
+    inside = jnp.logical_and((q_pos < T)[:, None], (k_pos < S)[None, :])
+    allowed = rule.allowed(jnp.minimum(q_pos, T - 1), jnp.minimum(k_pos, S - 1), shape)
+    allowed = jnp.logical_and(allowed, inside).reshape(block_size, kbs.shape[0], block_size)
+    # A ragged block (past T or S) is never "full": its padding must be masked.
+    inside = inside.reshape(block_size, kbs.shape[0], block_size)
+    return allowed.any(axis=(0, 2)), jnp.logical_and(allowed, inside).all(axis=(0, 2)) & inside.all(
+        axis=(0, 2))
+
+  return jax.vmap(one_row)(q_blocks, k_blocks)
+
+
+@functools.lru_cache(maxsize=256)
+def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
+  """The layout of an element rule on ``(T, S)`` with square blocks (cached per rule and shape).
+
+  Args:
+    rule: a hashable object with ``allowed(q_positions [Tq], k_positions [Sk],
+      shape) -> bool [Tq, Sk]`` and ``candidate_key_blocks(q_lo, q_hi, shape,
+      block_size) -> bool [num_k_blocks]`` (a cheap superset of the key blocks
+      queries ``[q_lo, q_hi)`` may see), e.g. an :class:`attnjax.patterns.Pattern`.
+    T: number of queries.
+    S: number of keys (or key slots).
+    block_size: edge of the square blocks.
+
+  Returns:
+    A :class:`BlockLayout`: a candidate block is kept when the rule allows some
+    pair in it, and needs a mask unless it allows every pair (ragged edge blocks
+    always need one). The rule is evaluated only on candidate blocks.
+  """
+  nq = -(-T // block_size)
+  candidates = np.stack([
+      rule.candidate_key_blocks(qb * block_size, min((qb + 1) * block_size, T), (T, S),
+                                   block_size)
+      for qb in range(nq)])
+  width = max(1, int(candidates.sum(axis=1).max()))
+  # Candidate key blocks of each row, ascending, padded with block 0 (dropped below).
+  order = np.argsort(np.logical_not(candidates), axis=1, kind="stable")[:, :width]
+  is_candidate = np.take_along_axis(candidates, order, axis=1)
+  cand_blocks = np.where(is_candidate, order, 0).astype(np.int32)
+  rows_per_call = max(1, _LAYOUT_CHUNK_ELEMENTS // (width * block_size * block_size))
+  rows_per_call = min(rows_per_call, nq)
+  any_allowed = np.zeros((nq, width), bool)
+  all_allowed = np.zeros((nq, width), bool)
+  # Concrete evaluation even when called while tracing a jitted function: the
+  # layout is static structure, not part of the computation.
+  with jax.ensure_compile_time_eval():
+    for lo in range(0, nq, rows_per_call):
+      rows = np.minimum(np.arange(lo, lo + rows_per_call), nq - 1)  # equal shapes: one compile
+      a, b = classify_blocks(rule, jnp.asarray(rows, jnp.int32),
+                              jnp.asarray(cand_blocks[rows]), shape=(T, S),
+                              block_size=block_size)
+      n = min(rows_per_call, nq - lo)
+      any_allowed[lo:lo + n] = np.asarray(a)[:n]
+      all_allowed[lo:lo + n] = np.asarray(b)[:n]
+  kept = np.logical_and(any_allowed, is_candidate)
+  visits = []
+  for qb in range(nq):
+    cols = np.flatnonzero(kept[qb])
+    visits.append([(int(cand_blocks[qb, c]), not bool(all_allowed[qb, c])) for c in cols])
+  return BlockLayout.from_visits(T, S, block_size, block_size, visits)
+
+
+__all__ = [
+    "BlockLayout", "FULL", "MASKED", "SKIP", "SparsePlan", "classify_blocks", "density",
+    "full_blocks", "kept_blocks", "key_block_candidates", "rule_layout",
+    "segment_block_relations", "structural_layout",
+]
