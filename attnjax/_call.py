@@ -65,7 +65,7 @@ def validate(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
   softcap = _checks.check_positive_float("softcap", softcap)
   target = (B, N, T, S)
   if sink_logits is not None:
-    if normalizer != "softmax":
+    if not normalizers.REGISTRY[normalizer].accepts_sink_logits:
       raise ValueError(
           f"sink_logits adds a learned null column to softmax; it cannot be combined "
           f"with normalizer={normalizer!r}")

@@ -37,9 +37,12 @@ and key share one segment skips the segment comparison) and the padding of
 ragged last blocks (there is none: edge blocks are simply shorter).
 So ``mask_fn`` must not apply segment ids or the explicit mask again.
 
-Every dense option works here: all normalisers of
-:mod:`attnjax.normalizers` (``sigmoid``'s per-row ``-log n`` bias comes from a
-mask-only pre-pass that counts the allowed keys), ``sink_logits``,
+Every dense option works here: every normaliser of
+:mod:`attnjax.normalizers`, through its online methods only (``init``,
+``visit`` per tile, ``finish`` per query block, ``tile_backward``,
+``null_grad``: the kernel has no branch on a normaliser's name; normalisers
+that need allowed-key counts, e.g. sigmoid's ``-log n`` bias, get them from a
+mask-only pre-pass), ``sink_logits``,
 ``softcap``, ``bias`` (sliced per block, never broadcast to ``T x S``),
 ``similarity``, GQA (query heads of one group share a matmul against their
 key head, nothing is repeated), ``T != S``, any lengths, and half-precision
@@ -54,23 +57,21 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _call, masks, normalizers
+from attnjax import _call, masks
 from attnjax.attention_stats import AttentionStats, _row_mean
-from attnjax.layout import BlockLayout, segment_block_relations, structural_layout
+from attnjax._tiles import (_Arrays, _Call, _add_tile, _allowed, _kslice, _logits, _rows,
+                             _segment_relations, _sink_rows, _tile, _unrows)
+from attnjax.layout import BlockLayout, structural_layout
 
 Array = jnp.ndarray
 MaskFn = Callable[[Array, Array], Optional[Array]]
-
-SOFTMAX_FAMILY = ("softmax", "softmax_one")
-
 
 def structural_mask_fn(opts) -> Optional[MaskFn]:
   """The default ``mask_fn``: causal / window from ``opts`` by :func:`masks.structural_mask`."""
@@ -107,177 +108,6 @@ def default_block_sizes(T: int, S: int, backend: Optional[str] = None, *,
     narrow = max(128, 1 << max(0, half_span.bit_length() - 1))  # power of two <= half span
     bq, bk = min(bq, narrow), min(bk, narrow)
   return min(bq, T), min(bk, S)
-
-
-# ---------------------------------------------------------------------------
-# Static description of one call.
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-  opts: Any
-  layout: BlockLayout
-  mask_fn: Optional[MaskFn]
-  B: int
-  T: int
-  S: int
-  K: int
-  G: int
-  H: int
-  Hv: int
-  has_sink: bool
-  has_segments: bool
-
-  @property
-  def normalizer(self) -> str:
-    return "softmax" if self.has_sink else self.opts.normalizer
-
-  @property
-  def stats(self) -> bool:
-    return self.opts.return_stats
-
-  @property
-  def needs_counts(self) -> bool:
-    return self.opts.normalizer == "sigmoid" or self.stats
-
-  @property
-  def tracks_max(self) -> bool:
-    return self.opts.normalizer in SOFTMAX_FAMILY or self.opts.normalizer == "softpick" or self.stats
-
-
-def _finite(x: Array) -> Array:
-  return jnp.where(jnp.isfinite(x), x, 0.0)
-
-
-def _grouped5(x: Array, K: int) -> Array:
-  """A rank-4 ``[Bx, Nx, Tx, Sx]`` mask/bias as ``[Bx, K|1, G|1, Tx, Sx]``."""
-  Bx, Nx, Tx, Sx = x.shape
-  if Nx == 1:
-    return jnp.reshape(x, (Bx, 1, 1, Tx, Sx))
-  return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
-
-
-def _kslice(x: Array, k0, tk: int, axis: int) -> Array:
-  """``tk`` entries from ``k0`` along ``axis``; ``k0`` is an int or, inside a loop, a traced index."""
-  if isinstance(k0, int):
-    return jax.lax.slice_in_dim(x, k0, k0 + tk, axis=axis)
-  return jax.lax.dynamic_slice_in_dim(x, k0, tk, axis=axis)
-
-
-def _tile(x: Array, q0: int, q1: int, k0, tk: int) -> Array:
-  """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
-  if x.shape[3] != 1:
-    x = x[:, :, :, q0:q1]
-  return x if x.shape[4] == 1 else _kslice(x, k0, tk, 4)
-
-
-def _add_tile(acc: Array, tile: Array, starts: tuple) -> Array:
-  """``acc[starts : starts + tile.shape] += tile`` (in place under XLA; starts may be traced)."""
-  starts = tuple(jnp.asarray(s, jnp.int32) for s in starts)
-  current = jax.lax.dynamic_slice(acc, starts, tile.shape)
-  return jax.lax.dynamic_update_slice(acc, current + tile, starts)
-
-
-def _rows(x: Array, G: int, tq: int) -> Array:
-  """``[X, Kx, G|1, tq|1, Y]`` -> ``[X, Kx, G * tq | 1, Y]``: the kernel's row axis is (group, time).
-
-  Every matmul of the kernel is a rank-4 batched matmul over ``(B, K)`` with all
-  ``G`` query heads of a group stacked along its rows, so GQA costs no copies of
-  K or V and XLA's CPU dot needs no layout changes.
-  """
-  X, Kx, Gx, Tx, Y = x.shape
-  if Gx == 1 and Tx == 1:
-    return jnp.reshape(x, (X, Kx, 1, Y))
-  if G == 1:
-    return jnp.reshape(x, (X, Kx, Tx, Y))
-  return jnp.reshape(jnp.broadcast_to(x, (X, Kx, G, tq, Y)), (X, Kx, G * tq, Y))
-
-
-def _unrows(x: Array, G: int) -> Array:
-  """``[B, K, G * tq, Y]`` -> ``[B, K, G, tq, Y]``."""
-  B, K, R, Y = x.shape
-  return jnp.reshape(x, (B, K, G, R // G, Y))
-
-
-def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
-  if a is None:
-    return b
-  if b is None:
-    return a
-  return jnp.logical_and(a, b)
-
-
-class _Arrays:
-  """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
-
-  def __init__(self, c: _Call, q, k, v, bias, sink, mask, q_seg, kv_seg):
-    B, T, K, G = c.B, c.T, c.K, c.G
-    q32 = jnp.transpose(jnp.reshape(q.astype(jnp.float32), (B, T, K, G, c.H)), (0, 2, 3, 1, 4))
-    self.k = jnp.transpose(k.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, H]
-    self.v = jnp.transpose(v.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, Hv]
-    if c.opts.similarity == "dot":
-      self.q = q32 * c.opts.scale  # [B, K, G, T, H]; scale folded into q once
-      self.q_sq = self.k_sq = None
-    else:
-      self.q = q32
-      self.q_sq = jnp.sum(q32 * q32, axis=-1, keepdims=True)  # [B, K, G, T, 1]
-      self.k_sq = jnp.sum(self.k * self.k, axis=-1)[:, :, None, :]  # [B, K, 1, S]
-    self.bias = None if bias is None else _grouped5(bias.astype(jnp.float32), K)
-    self.mask = None if mask is None else _grouped5(mask, K)
-    self.sink = None if sink is None else jnp.reshape(sink.astype(jnp.float32), (1, K, G, 1, 1))
-    self.q_seg, self.kv_seg = q_seg, kv_seg
-
-  def q_rows(self, c: _Call, q0: int, q1: int) -> Array:
-    return _rows(self.q[:, :, :, q0:q1], c.G, q1 - q0)
-
-
-def _floor(c: _Call, a: _Arrays, tq: int):
-  """Lower bound of the exp shift in rows: the null column's logit (or 0 for softpick)."""
-  if c.has_sink:
-    return _rows(a.sink, c.G, tq)
-  if c.opts.normalizer in ("softmax_one", "softpick"):
-    return jnp.zeros((1, 1, 1, 1), jnp.float32)
-  return None
-
-
-def _shift(m: Array, floor) -> Array:
-  return _finite(m if floor is None else jnp.maximum(m, floor))
-
-
-def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
-  """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity."""
-  kb = _kslice(a.k, k0, tk, 2)
-  s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
-  if c.opts.similarity != "dot":
-    q_sq = _rows(a.q_sq[:, :, :, q0:q1], c.G, q1 - q0)
-    s = -c.opts.scale * (q_sq - 2.0 * s + _kslice(a.k_sq, k0, tk, 3))
-  if c.opts.softcap is not None:
-    s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
-  capped = s
-  if a.bias is not None:
-    s = s + _rows(_tile(a.bias, q0, q1, k0, tk), c.G, q1 - q0)
-  return s, capped
-
-
-def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: bool):
-  """Boolean ``[B|1, K|1, G*tq|1, tk]`` of the tile, or None when all is allowed."""
-  out = None  # built as [X, K|1, G|1, tq, tk], then laid out as rows
-  tq = q1 - q0
-  if needs_mask and c.mask_fn is not None:  # k0 is traced inside the loop over key blocks
-    m = c.mask_fn(jnp.arange(q0, q1), k0 + jnp.arange(tk))
-    if m is not None:
-      out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
-  if seg_mask:
-    seg = a.q_seg[:, q0:q1, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
-    out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
-  if a.mask is not None:
-    out = _and(out, _tile(a.mask, q0, q1, k0, tk))
-  return None if out is None else _rows(out, c.G, tq)
-
-
-def _segment_relations(c: _Call, a: _Arrays):
-  table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)
-  return lambda i, j: table[i, j]
 
 
 # A query block's unmasked visits to full-size key blocks run in a lax.fori_loop once there are
@@ -367,187 +197,51 @@ def _allowed_counts(c: _Call, a: _Arrays, relation) -> Array:
 # Forward.
 
 
-def _init_state(c: _Call, rows: int) -> dict:
-  r = (c.B, c.K, rows, 1)
-  st = {"acc": jnp.zeros((c.B, c.K, rows, c.Hv), jnp.float32)}
-  if c.tracks_max:
-    st["m"] = jnp.full(r, -jnp.inf, jnp.float32)
-  nz = c.normalizer
-  if nz in SOFTMAX_FAMILY:
-    st["l"] = jnp.zeros(r, jnp.float32)
-  if nz == "softpick":
-    st["dn"] = jnp.zeros(r, jnp.float32)
-  if c.stats:
-    if nz not in SOFTMAX_FAMILY:
-      st["l"] = jnp.zeros(r, jnp.float32)  # plain logsumexp for the statistic
-    st["h1"] = jnp.zeros(r, jnp.float32)  # sum of |weights| (up to the shift)
-    st["h2"] = jnp.zeros(r, jnp.float32)  # sum of w log w (entropy)
-    st["z0"] = jnp.full(r, -jnp.inf, jnp.float32)  # logit of key 0 where allowed
-    if nz == "none":
-      st["rs"] = jnp.zeros(r, jnp.float32)
-  return st
-
-
-def _plogp(w: Array) -> Array:
-  return jnp.where(w > 0, w * jnp.log(jnp.where(w > 0, w, 1.0)), 0.0)
-
-
 def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, q1, k0, tk, needs_mask, seg_mask,
-               first, floor, sig_bias) -> dict:
+               first, row) -> dict:
   z, _ = _logits(c, a, qb, q0, q1, k0, tk)
   allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
-  zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
   vb = _kslice(a.v, k0, tk, 2)
-  nz = c.normalizer
-  st = dict(st)
 
   def pv(w):
     return jnp.einsum("bkrs,bksh->bkrh", w, vb, preferred_element_type=jnp.float32)
 
-  if c.tracks_max:
-    m_old = st["m"]
-    m_new = jnp.maximum(m_old, jnp.max(zm, axis=-1, keepdims=True))
-    st["m"] = m_new
-
-  if nz in SOFTMAX_FAMILY:
-    s_new = _shift(m_new, floor)
-    s_old_raw = m_old if floor is None else jnp.maximum(m_old, floor)
-    alpha = jnp.exp(s_old_raw - s_new)
-    e = jnp.exp(zm - s_new)
-    l_old = st["l"]
-    st["l"] = alpha * l_old + jnp.sum(e, axis=-1, keepdims=True)
-    st["acc"] = alpha * st["acc"] + pv(e)
-    if c.stats:
-      st["h2"] = alpha * (st["h2"] + (_finite(s_old_raw) - s_new) * l_old) + jnp.sum(
-          e * (z - s_new), axis=-1, keepdims=True)
-  elif nz == "softpick":
-    s_old, s_new = jnp.maximum(m_old, 0.0), jnp.maximum(m_new, 0.0)
-    alpha = jnp.exp(s_old - s_new)
-    e = jnp.exp(zm - s_new)
-    centred = e - jnp.exp(-s_new)
-    if allowed is not None:
-      centred = jnp.where(allowed, centred, 0.0)
-    u = jnp.maximum(centred, 0.0)
-    st["dn"] = alpha * st["dn"] + jnp.sum(jnp.abs(centred), axis=-1, keepdims=True)
-    st["acc"] = alpha * st["acc"] + pv(u)
-    if c.stats:
-      h1_old = st["h1"]
-      st["h1"] = alpha * h1_old + jnp.sum(u, axis=-1, keepdims=True)
-      st["h2"] = alpha * (st["h2"] + (s_old - s_new) * h1_old) + jnp.sum(
-          _plogp(u), axis=-1, keepdims=True)
-  elif nz == "sigmoid":
-    w = jax.nn.sigmoid(z + sig_bias)
-    if allowed is not None:
-      w = jnp.where(allowed, w, 0.0)
-    st["acc"] = st["acc"] + pv(w)
-    if c.stats:
-      st["h1"] = st["h1"] + jnp.sum(w, axis=-1, keepdims=True)
-      st["h2"] = st["h2"] + jnp.sum(_plogp(w), axis=-1, keepdims=True)
-  else:  # none
-    w = z if allowed is None else jnp.where(allowed, z, 0.0)
-    st["acc"] = st["acc"] + pv(w)
-    if c.stats:
-      mag = jnp.abs(w)
-      st["h1"] = st["h1"] + jnp.sum(mag, axis=-1, keepdims=True)
-      st["h2"] = st["h2"] + jnp.sum(_plogp(mag), axis=-1, keepdims=True)
-      st["rs"] = st["rs"] + jnp.sum(w, axis=-1, keepdims=True)
-
-  if c.stats and nz not in SOFTMAX_FAMILY:  # plain logsumexp of the allowed logits
-    s_new = _finite(m_new)
-    st["l"] = jnp.exp(m_old - s_new) * st["l"] + jnp.sum(
-        jnp.exp(zm - s_new), axis=-1, keepdims=True)
-  if c.stats and first:
-    st["z0"] = zm[..., 0:1]
-  return st
-
-
-def _finish_block(c: _Call, st: dict, floor, sig_bias, counts):
-  """Output rows of one query block, its backward residual rows and its statistics rows."""
-  nz = c.normalizer
-  res = {}
-  stats = {}
-  if nz in SOFTMAX_FAMILY:
-    s = _shift(st["m"], floor)
-    denom = st["l"] if floor is None else st["l"] + jnp.exp(floor - s)
-    safe = jnp.where(denom > 0, denom, 1.0)
-    out = st["acc"] / safe
-    res["log_norm"] = s + jnp.log(safe)
-    lse = res["log_norm"]
-  elif nz == "softpick":
-    s = jnp.maximum(st["m"], 0.0)
-    denom = st["dn"] + normalizers.SOFTPICK_EPS * jnp.exp(-s)
-    out = st["acc"] / denom
-    res["log_norm"] = s + jnp.log(denom)
-  else:
-    out = st["acc"]
-  if c.stats:
-    has_key = counts > 0
-    if nz in SOFTMAX_FAMILY:
-      mass = st["l"]
-      safe_mass = jnp.where(mass > 0, mass, 1.0)
-      p0 = jnp.exp(st["z0"] - s) / safe_mass
-      ent = jnp.log(safe_mass) - st["h2"] / safe_mass
-      row_sum = mass / safe
-    else:
-      ms = _finite(st["m"])
-      lse = ms + jnp.log(jnp.where(st["l"] > 0, st["l"], 1.0))
-      lse = jnp.where(st["l"] > 0, lse, -jnp.inf)
-      mass = st["h1"]
-      safe_mass = jnp.where(mass > 0, mass, 1.0)
-      ent = jnp.log(safe_mass) - st["h2"] / safe_mass
-      if nz == "softpick":
-        w0 = jnp.maximum(jnp.exp(st["z0"] - s) - jnp.exp(-s), 0.0)
-        row_sum = mass / denom
-      elif nz == "sigmoid":
-        w0 = jnp.where(jnp.isfinite(st["z0"]), jax.nn.sigmoid(_finite(st["z0"]) + sig_bias), 0.0)
-        row_sum = mass
-      else:
-        w0 = jnp.where(jnp.isfinite(st["z0"]), jnp.abs(_finite(st["z0"])), 0.0)
-        row_sum = st["rs"]
-      p0 = w0 / safe_mass
-    lse = jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0)
-    res["lse"] = lse
-    shape = out.shape[:3] + (1,)
-    stats = {key: jnp.broadcast_to(val, shape) for key, val in dict(
-        normalisable=jnp.logical_and(has_key, mass > 0), has_key=has_key, entropy=ent, p0=p0,
-        row_max=st["m"], lse=lse, row_sum=row_sum).items()}
-  return out, res, stats
+  return c.nz.visit(st, z, allowed, pv, row, c.stats, first)
 
 
 def _forward(c: _Call, a: _Arrays):
   """Returns ``out [B, K, G, T, Hv]``, residual rows (``[B, K, G, T, 1]``) and statistics."""
   L = c.layout
   G = c.G
+  nz = c.nz
   relation = _segment_relations(c, a) if c.has_segments else None
   counts = _allowed_counts(c, a, relation) if c.needs_counts else None
-  sig_bias = None
-  if c.opts.normalizer == "sigmoid":
-    sig_bias = -jnp.log(jnp.maximum(counts, 1.0))
   outs, residuals, stats_rows = [], [], []
   for i in range(L.num_q_blocks):
     q0, q1 = L.q_range(i)
     tq = q1 - q0
-    floor = _floor(c, a, tq)
+    cb = None if counts is None else _rows(counts[:, :, :, q0:q1], G, tq)
+    row = nz.row_inputs(_sink_rows(c, a, tq), cb)
     qb = a.q_rows(c, q0, q1)
     if outs:
       # Query block i starts after block i-1 is done: otherwise XLA may schedule the
       # independent blocks side by side and keep all their tiles alive at once.
       qb, _ = jax.lax.optimization_barrier((qb, outs[-1]))
-    sb = None if sig_bias is None else _rows(sig_bias[:, :, :, q0:q1], G, tq)
 
-    def visit(st, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, sb=sb, qb=qb, floor=floor):
-      return _fwd_visit(c, a, st, qb, q0, q1, k0, tk, needs_mask, seg_mask, first, floor, sb)
+    def visit(st, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, qb=qb, row=row):
+      return _fwd_visit(c, a, st, qb, q0, q1, k0, tk, needs_mask, seg_mask, first, row)
 
-    st = _visit_blocks(c, relation, i, _init_state(c, G * tq), visit)
-    cb = None if counts is None else _rows(counts[:, :, :, q0:q1], G, tq)
-    out, res, srow = _finish_block(c, st, floor, sb, cb)
+    init = nz.init((c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv), c.stats)
+    st = _visit_blocks(c, relation, i, init, visit)
+    out, res, srow = nz.finish(st, row, c.stats)
     outs.append(_unrows(out, G))
     residuals.append({key: _unrows(val, G) for key, val in res.items()})
-    stats_rows.append({key: _unrows(val, G) for key, val in srow.items()})
+    if c.stats:
+      shape = out.shape[:3] + (1,)
+      stats_rows.append({key: _unrows(jnp.broadcast_to(val, shape), G)
+                         for key, val in srow.items()})
   out = jnp.concatenate(outs, axis=3)
   res = {key: jnp.concatenate([r[key] for r in residuals], axis=3) for key in residuals[0]}
-  if sig_bias is not None:
-    res["sig_bias"] = sig_bias
   stats = None
   if c.stats:
     res["has_key"] = counts > 0
@@ -580,7 +274,6 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
   """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink)`` from the residuals."""
   L = c.layout
   G = c.G
-  nz = c.normalizer
   relation = _segment_relations(c, a) if c.has_segments else None
   # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term).
   row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
@@ -605,20 +298,16 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
     qb, do_b, dk, dv = jax.lax.optimization_barrier((qb, do_b, dk, dv))
     rd_b = rows(row_dot, q0, q1)
     g_b = rows(g, q0, q1)
-    ln_b = rows(res.get("log_norm"), q0, q1)
-    lse_b = rows(res["lse"], q0, q1) if (c.stats and nz not in SOFTMAX_FAMILY) else None
-    sb = rows(res.get("sig_bias"), q0, q1)
+    res_b = {key: rows(val, q0, q1) for key, val in res.items() if key != "has_key"}
     if c.has_sink:
-      w_null = jnp.exp(_floor(c, a, q1 - q0) - ln_b)
-      term = _unrows(w_null * ((0.0 if g_b is None else g_b) - rd_b), G)
+      term = _unrows(c.nz.null_grad(_sink_rows(c, a, q1 - q0), res_b, rd_b, g_b), G)
       dsink = (0.0 if dsink is None else dsink) + jnp.sum(term, axis=(0, 3, 4), keepdims=True)
 
     def visit(carry, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, qb=qb, do_b=do_b,
-              rd_b=rd_b, g_b=g_b, ln_b=ln_b, lse_b=lse_b, sb=sb):
+              rd_b=rd_b, g_b=g_b, res_b=res_b):
       del first
       dq_b, dk, dv, dbias = carry
-      d = _bwd_visit(c, a, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b, ln_b,
-                     lse_b, sb)
+      d = _bwd_visit(c, a, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b, res_b)
       dk = _add_tile(dk, d["dk"], (0, 0, k0, 0))
       dv = _add_tile(dv, d["dv"], (0, 0, k0, 0))
       if dbias is not None:
@@ -637,35 +326,13 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
 
 
 def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
-               ln_b, lse_b, sb) -> dict:
-  nz = c.normalizer
+               res_b) -> dict:
   z, capped = _logits(c, a, qb, q0, q1, k0, tk)
   allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
-  zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
   kb = _kslice(a.k, k0, tk, 2)
   vb = _kslice(a.v, k0, tk, 2)
   dp = jnp.einsum("bkrh,bksh->bkrs", do_b, vb, preferred_element_type=jnp.float32)
-
-  if nz in SOFTMAX_FAMILY:
-    w = jnp.exp(zm - ln_b)
-    row = rd_b if g_b is None else rd_b - g_b
-    dz = w * (dp - row)
-  elif nz == "softpick":
-    scaled = jnp.exp(zm - ln_b)  # e^z / (sum |e^z - 1| + eps)
-    w = jnp.maximum(scaled - jnp.exp(-ln_b), 0.0)
-    if allowed is not None:
-      w = jnp.where(allowed, w, 0.0)
-    dz = scaled * (jnp.where(z > 0, dp, 0.0) - rd_b * jnp.sign(z))
-  elif nz == "sigmoid":
-    w = jax.nn.sigmoid(z + sb)
-    if allowed is not None:
-      w = jnp.where(allowed, w, 0.0)
-    dz = dp * w * (1.0 - w)
-  else:
-    w = z if allowed is None else jnp.where(allowed, z, 0.0)
-    dz = dp if allowed is None else jnp.where(allowed, dp, 0.0)
-  if g_b is not None and nz not in SOFTMAX_FAMILY:
-    dz = dz + g_b * jnp.exp(zm - lse_b)
+  w, dz = c.nz.tile_backward(z, allowed, dp, res_b, rd_b, g_b)
 
   d = {"dv": jnp.einsum("bkrs,bkrh->bksh", w, do_b, preferred_element_type=jnp.float32)}
   if a.bias is not None:

@@ -104,7 +104,7 @@ def reference(inputs: DenseInputs, opts: DenseOptions):
 
 def _platform_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
   reasons = []
-  if opts.normalizer != "softmax":
+  if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
     reasons.append(f"normalizer={opts.normalizer!r}")
   if inputs.sink_logits is not None:
     reasons.append("sink_logits")
@@ -248,7 +248,7 @@ def _splash_unsupported(inputs: DenseInputs, opts: DenseOptions, *,
   if _splash_lib() is None:
     reasons.append("this jax (jax.experimental.pallas.ops.tpu.splash_attention does not import)")
     return reasons
-  if opts.normalizer != "softmax":
+  if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
     reasons.append(f"normalizer={opts.normalizer!r} (splash is a softmax kernel)")
   if inputs.sink_logits is not None and not _splash_takes_sinks():
     reasons.append("sink_logits (this jax's splash kernel has no sinks argument)")
@@ -421,8 +421,9 @@ def _dot_product_attention(
     mask: bool, True = may attend; broadcastable to ``[B, N, T, S]``.
     is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as jax.nn).
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: one of ``"softmax"``, ``"softmax_one"``, ``"sigmoid"``,
-      ``"softpick"``, ``"none"`` (see :mod:`attnjax.normalizers`).
+    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (``"softmax"``,
+      ``"softmax_one"``, ``"sigmoid"``, ``"softpick"``, ``"none"``, ...; see the
+      table in :mod:`attnjax.normalizers`).
     sink_logits: ``[N]`` learned per-head logit of a null key that takes
       softmax mass and is dropped (gpt-oss); softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` logit capping (Gemma 2), applied to

@@ -18,8 +18,9 @@ Two implementations, tested equal in value and gradient:
   the global rows are computed on their own.
   Patterns with scattered keys (``fixed``'s summary columns) visit a gathered
   copy of those keys rather than every block that holds one. ``strided`` with
-  a softmax-family normaliser runs as its two factors, a sliding window and
-  the columns of the transposed sequence, merged exactly by logsumexp.
+  a normaliser that can merge partial results (softmax family; see
+  :attr:`attnjax.normalizers.Normalizer.mergeable`) runs as its two factors, a
+  sliding window and the columns of the transposed sequence, merged exactly.
 
 Both go through :func:`attnjax.dense.prepare`, so every dense option is
 validated the same way and means the same thing.
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, blockwise, dense, masks, patterns
+from attnjax import _checks, blockwise, dense, masks, normalizers, patterns
 from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
 
@@ -219,14 +220,17 @@ def _strided_two_pass(inputs: dense.DenseInputs, opts: dense.DenseOptions, strid
   ``r``, column ``p``) it is a causal attention of length ``T / stride`` per
   residue. So: (a) the local part ``i - stride <= j <= i`` runs as a sliding
   window on the block-wise kernel; (b) the column part runs on the transposed
-  sequence, ``p' <= p - 2``; (c) the two are merged exactly as the softmax of
-  their union, with the null column of ``softmax_one`` / sink logits counted
-  once. Softmax family only, no bias, segments or statistics (the caller checks).
+  sequence, ``p' <= p - 2``; (c) the two are merged exactly by the normaliser's
+  :meth:`~attnjax.normalizers.Normalizer.merge` (softmax family: as the softmax
+  of their union, with the null column of ``softmax_one`` / sink logits counted
+  once). Mergeable normalisers only, no bias, segments or statistics (the
+  caller checks).
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   K, Hv = k.shape[2], v.shape[3]
-  plain = dataclasses.replace(opts, normalizer="softmax", return_stats=True)
+  nz = normalizers.REGISTRY[opts.normalizer]
+  plain = dataclasses.replace(opts, normalizer=nz.merge_part, return_stats=True)
   no_sink = dataclasses.replace(inputs, sink_logits=None)
   local = patterns.sliding_window(stride)
   if T > 2 * CHUNK_BLOCKS * block_size:
@@ -257,14 +261,10 @@ def _strided_two_pass(inputs: dense.DenseInputs, opts: dense.DenseOptions, strid
   # Rows p < 2 have no column key; their (zero) logsumexp must weigh nothing.
   has_b = (jnp.arange(T) >= 2 * stride)[None, :, None, None]
   lse_b = jnp.where(has_b, lse_b, -jnp.inf)
-  m = jax.lax.stop_gradient(jnp.maximum(lse_a, lse_b))
-  w_a, w_b = jnp.exp(lse_a - m), jnp.exp(lse_b - m)
-  denom = w_a + w_b
-  if opts.normalizer == "softmax_one":
-    denom = denom + jnp.exp(-m)
+  sink = None
   if inputs.sink_logits is not None:  # [1, N, 1, 1] -> [1, 1, N, 1]
-    denom = denom + jnp.exp(jnp.swapaxes(inputs.sink_logits.astype(jnp.float32), 1, 2) - m)
-  out = (w_a * out_a.astype(jnp.float32) + w_b * out_b.astype(jnp.float32)) / denom
+    sink = jnp.swapaxes(inputs.sink_logits.astype(jnp.float32), 1, 2)
+  out = nz.merge([(out_a, lse_a), (out_b, lse_b)], sink)
   del K, H, Hv
   return out.astype(q.dtype)
 
@@ -298,9 +298,9 @@ def _sparse_attention(
     bias: float, added to the logits; broadcastable to ``[B, N, T, S]`` (the
       block-sparse path slices it per visited block).
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: ``"softmax"``, ``"softmax_one"``, ``"sigmoid"``, ``"softpick"``
-      or ``"none"`` (see :mod:`attnjax.normalizers`); sigmoid's bias
-      ``-log n`` counts the keys the pattern allows in each row.
+    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (see the table
+      in :mod:`attnjax.normalizers`); normalisers that count allowed keys
+      (sigmoid's bias ``-log n``) count the keys the pattern allows in each row.
     sink_logits: ``[N]`` learned null-column logits (gpt-oss); softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits (Gemma 2).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
@@ -337,9 +337,9 @@ def _sparse_attention(
   if (pattern.band_parts() is not None and inputs.bias is None and not opts.return_stats
       and T > 2 * CHUNK_BLOCKS * block_size):
     return _banded_chunks(inputs, opts, pattern, block_size)
-  if (isinstance(pattern, patterns.Strided) and T == S and opts.normalizer in (
-      "softmax", "softmax_one") and inputs.bias is None and inputs.q_segment_ids is None
-      and not opts.return_stats):
+  if (isinstance(pattern, patterns.Strided) and T == S
+      and normalizers.REGISTRY[opts.normalizer].mergeable and inputs.bias is None
+      and inputs.q_segment_ids is None and not opts.return_stats):
     return _strided_two_pass(inputs, opts, pattern.stride, block_size)
   return _block_sparse(inputs, opts, pattern, block_size)
 

@@ -1,0 +1,181 @@
+"""The tile machinery of the block-wise kernel (:mod:`attnjax.blockwise`).
+
+A call is described statically by :class:`_Call`; its arrays are laid out once
+by :class:`_Arrays` (float32, query heads grouped under their key/value head,
+time on axis -2, ``scale`` folded into ``q``). One tile is a query block's rows
+(``G * tq`` rows: every query head of a group stacked, so GQA costs no copies)
+against ``tk`` keys: :func:`_logits` gives its float32 logits and
+:func:`_allowed` its boolean mask (static structure on partial blocks, segment
+ids, the explicit mask), or None when every pair is allowed. What a tile's
+logits become is the normaliser's business (:mod:`attnjax.normalizers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from attnjax import normalizers
+from attnjax.layout import BlockLayout, segment_block_relations
+
+Array = jnp.ndarray
+MaskFn = Callable[[Array, Array], Optional[Array]]
+
+
+# ---------------------------------------------------------------------------
+# Static description of one call.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  opts: Any
+  layout: BlockLayout
+  mask_fn: Optional[MaskFn]
+  B: int
+  T: int
+  S: int
+  K: int
+  G: int
+  H: int
+  Hv: int
+  has_sink: bool
+  has_segments: bool
+
+  @property
+  def nz(self) -> normalizers.Normalizer:
+    """The normaliser: every normaliser-specific step of the kernel is one of its methods."""
+    return normalizers.REGISTRY[self.opts.normalizer]
+
+  @property
+  def stats(self) -> bool:
+    return self.opts.return_stats
+
+  @property
+  def needs_counts(self) -> bool:
+    return self.nz.needs_counts or self.stats
+
+
+def _grouped5(x: Array, K: int) -> Array:
+  """A rank-4 ``[Bx, Nx, Tx, Sx]`` mask/bias as ``[Bx, K|1, G|1, Tx, Sx]``."""
+  Bx, Nx, Tx, Sx = x.shape
+  if Nx == 1:
+    return jnp.reshape(x, (Bx, 1, 1, Tx, Sx))
+  return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
+
+
+def _kslice(x: Array, k0, tk: int, axis: int) -> Array:
+  """``tk`` entries from ``k0`` along ``axis``; ``k0`` is an int or, inside a loop, a traced index."""
+  if isinstance(k0, int):
+    return jax.lax.slice_in_dim(x, k0, k0 + tk, axis=axis)
+  return jax.lax.dynamic_slice_in_dim(x, k0, tk, axis=axis)
+
+
+def _tile(x: Array, q0: int, q1: int, k0, tk: int) -> Array:
+  """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
+  if x.shape[3] != 1:
+    x = x[:, :, :, q0:q1]
+  return x if x.shape[4] == 1 else _kslice(x, k0, tk, 4)
+
+
+def _add_tile(acc: Array, tile: Array, starts: tuple) -> Array:
+  """``acc[starts : starts + tile.shape] += tile`` (in place under XLA; starts may be traced)."""
+  starts = tuple(jnp.asarray(s, jnp.int32) for s in starts)
+  current = jax.lax.dynamic_slice(acc, starts, tile.shape)
+  return jax.lax.dynamic_update_slice(acc, current + tile, starts)
+
+
+def _rows(x: Array, G: int, tq: int) -> Array:
+  """``[X, Kx, G|1, tq|1, Y]`` -> ``[X, Kx, G * tq | 1, Y]``: the kernel's row axis is (group, time).
+
+  Every matmul of the kernel is a rank-4 batched matmul over ``(B, K)`` with all
+  ``G`` query heads of a group stacked along its rows, so GQA costs no copies of
+  K or V and XLA's CPU dot needs no layout changes.
+  """
+  X, Kx, Gx, Tx, Y = x.shape
+  if Gx == 1 and Tx == 1:
+    return jnp.reshape(x, (X, Kx, 1, Y))
+  if G == 1:
+    return jnp.reshape(x, (X, Kx, Tx, Y))
+  return jnp.reshape(jnp.broadcast_to(x, (X, Kx, G, tq, Y)), (X, Kx, G * tq, Y))
+
+
+def _unrows(x: Array, G: int) -> Array:
+  """``[B, K, G * tq, Y]`` -> ``[B, K, G, tq, Y]``."""
+  B, K, R, Y = x.shape
+  return jnp.reshape(x, (B, K, G, R // G, Y))
+
+
+def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
+  if a is None:
+    return b
+  if b is None:
+    return a
+  return jnp.logical_and(a, b)
+
+
+class _Arrays:
+  """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
+
+  def __init__(self, c: _Call, q, k, v, bias, sink, mask, q_seg, kv_seg):
+    B, T, K, G = c.B, c.T, c.K, c.G
+    q32 = jnp.transpose(jnp.reshape(q.astype(jnp.float32), (B, T, K, G, c.H)), (0, 2, 3, 1, 4))
+    self.k = jnp.transpose(k.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, H]
+    self.v = jnp.transpose(v.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, Hv]
+    if c.opts.similarity == "dot":
+      self.q = q32 * c.opts.scale  # [B, K, G, T, H]; scale folded into q once
+      self.q_sq = self.k_sq = None
+    else:
+      self.q = q32
+      self.q_sq = jnp.sum(q32 * q32, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+      self.k_sq = jnp.sum(self.k * self.k, axis=-1)[:, :, None, :]  # [B, K, 1, S]
+    self.bias = None if bias is None else _grouped5(bias.astype(jnp.float32), K)
+    self.mask = None if mask is None else _grouped5(mask, K)
+    self.sink = None if sink is None else jnp.reshape(sink.astype(jnp.float32), (1, K, G, 1, 1))
+    self.q_seg, self.kv_seg = q_seg, kv_seg
+
+  def q_rows(self, c: _Call, q0: int, q1: int) -> Array:
+    return _rows(self.q[:, :, :, q0:q1], c.G, q1 - q0)
+
+
+def _sink_rows(c: _Call, a: _Arrays, tq: int) -> Optional[Array]:
+  """The learned null logits in rows ``[1, K, G*tq|1, 1]``, or None."""
+  return _rows(a.sink, c.G, tq) if c.has_sink else None
+
+
+def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
+  """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity."""
+  kb = _kslice(a.k, k0, tk, 2)
+  s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
+  if c.opts.similarity != "dot":
+    q_sq = _rows(a.q_sq[:, :, :, q0:q1], c.G, q1 - q0)
+    s = -c.opts.scale * (q_sq - 2.0 * s + _kslice(a.k_sq, k0, tk, 3))
+  if c.opts.softcap is not None:
+    s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
+  capped = s
+  if a.bias is not None:
+    s = s + _rows(_tile(a.bias, q0, q1, k0, tk), c.G, q1 - q0)
+  return s, capped
+
+
+def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: bool):
+  """Boolean ``[B|1, K|1, G*tq|1, tk]`` of the tile, or None when all is allowed."""
+  out = None  # built as [X, K|1, G|1, tq, tk], then laid out as rows
+  tq = q1 - q0
+  if needs_mask and c.mask_fn is not None:  # k0 is traced inside the loop over key blocks
+    m = c.mask_fn(jnp.arange(q0, q1), k0 + jnp.arange(tk))
+    if m is not None:
+      out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
+  if seg_mask:
+    seg = a.q_seg[:, q0:q1, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
+    out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
+  if a.mask is not None:
+    out = _and(out, _tile(a.mask, q0, q1, k0, tk))
+  return None if out is None else _rows(out, c.G, tq)
+
+
+def _segment_relations(c: _Call, a: _Arrays):
+  table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)
+  return lambda i, j: table[i, j]
