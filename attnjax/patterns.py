@@ -18,6 +18,11 @@ parts of every rule come from :func:`attnjax.masks.structural_mask`.
 Patterns combine with ``|`` (union) and ``&`` (intersection), e.g.
 ``global_window(2, 64) & causal()`` is a causal Longformer pattern.
 
+Block layouts are built from these rules in :mod:`attnjax.layout` (this module
+only re-exports the layout names its API returns). The module is longer than
+the project's ~600-line guideline because each pattern keeps its element rule,
+candidate blocks and band / slot decompositions together in one class.
+
 Example::
 
   pattern = attnjax.patterns.sliding_window(256)
