@@ -43,6 +43,7 @@ softmax_one    exp(z_ij) / (1 + sum_l exp(z_il))                            Mill
 sigmoid        sigmoid(z_ij + b_i), b_i = -log(number of allowed keys)      Ramapuram et al. 2024
 softpick       relu(exp(z_ij) - 1) / (sum_l |exp(z_il) - 1| + eps)          Zuhri et al. 2025
 none           z_ij (raw scores)                                             -
+relu           relu(z_ij) / n_i, n_i = number of allowed keys of row i      Wortsman et al. 2023
 =============  ===========================================================  ======================
 
 Online state and row dictionaries
@@ -606,6 +607,36 @@ class Identity(Elementwise):
     return 1.0 if allowed is None else allowed.astype(jnp.float32)
 
 
+class ReLU(Elementwise):
+  """``relu(z_ij) / n_i``: ReLU attention (Wortsman et al. 2023).
+
+  The paper divides by the sequence length ``L``. Here ``n_i`` is the number of
+  keys row ``i`` may attend (as sigmoid's ``-log n_i``): ``S`` for an unmasked
+  row, as in the paper, and under causal, window, segment, padding or pattern
+  masks the row's own allowed keys (causal row ``i``: ``i + 1``), the same in
+  every path (reference, block-wise, sparse, decode with a KV cache). Rows
+  need not sum to one.
+  """
+
+  name = "relu"
+  source = "Wortsman et al. 2023"
+  needs_counts = True
+  constants = ("inv_n",)
+
+  def row_constants(self, counts):
+    if counts is None:
+      return {}
+    return {"inv_n": 1.0 / jnp.maximum(counts, 1.0)}
+
+  def weight(self, z, row):
+    return jax.nn.relu(z) * row["inv_n"]
+
+  def weight_grad(self, z, w, allowed, row):
+    del w
+    d = jnp.where(z > 0, row["inv_n"], 0.0)
+    return d if allowed is None else jnp.where(allowed, d, 0.0)
+
+
 # ---------------------------------------------------------------------------
 # The registry.
 
@@ -620,6 +651,7 @@ REGISTRY: dict[str, Normalizer] = _register(
     Sigmoid(),
     Softpick(),
     Identity(),
+    ReLU(),
 )
 
 NORMALIZERS = tuple(REGISTRY)

@@ -90,6 +90,10 @@ CASES = {
     "softpick-causal-softcap": (37, 37, 2, dict(is_causal=True, normalizer="softpick",
                                                 softcap=3.0), None),
     "none-window": (30, 30, 4, dict(window=(4, 4), normalizer="none"), None),
+    "relu-causal-segments-gqa": (40, 40, 2, dict(is_causal=True, normalizer="relu"),
+                                 "segments"),
+    "relu-window-mask": (35, 35, 4, dict(window=(6, 3), normalizer="relu"), "mask"),
+    "relu-T<S-bias-softcap": (20, 45, 2, dict(normalizer="relu", softcap=2.0), "bias_key"),
     "softmax-bias-full-causal": (29, 29, 2, dict(is_causal=True), "bias_full"),
     "softmax-bias-per-key-softcap": (29, 29, 4, dict(softcap=2.0), "bias_key"),
     "softmax-T<S-mask": (20, 45, 2, dict(), "mask"),
@@ -151,7 +155,7 @@ def test_empty_rows_are_zero_with_finite_gradients():
   q, k, v, _ = _arrays(1, T, T, 2, 2, 8)
   mask = jnp.ones((1, 1, T, T), bool).at[:, :, 5:9, :].set(False)
   fn = _blockwise(8, 8)
-  for nz in ("softmax", "sigmoid", "softpick", "none"):
+  for nz in ("softmax", "sigmoid", "softpick", "none", "relu"):
     def loss(q, k, v, nz=nz):
       out, stats = fn(q, k, v, mask=mask, normalizer=nz, is_causal=True, return_stats=True)
       return jnp.sum(stats.logsumexp) + jnp.sum(out ** 2), out

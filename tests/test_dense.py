@@ -161,6 +161,9 @@ def _np_weights(z, allowed, normalizer, sink=None):
     return num / den
   if normalizer == "none":
     return np.where(allowed, z, 0.0)
+  if normalizer == "relu":  # Wortsman et al. 2023: relu(z) / n, n = allowed keys of the row
+    n = np.maximum(allowed.sum(-1, keepdims=True), 1)
+    return np.where(allowed, np.maximum(z, 0.0), 0.0) / n
   raise AssertionError(normalizer)
 
 

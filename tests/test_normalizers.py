@@ -211,3 +211,31 @@ def test_extreme_logits_and_empty_rows_are_never_nan(name):
   assert np.all(np.isfinite(np.asarray(w)))
   grad = jax.grad(lambda z: jnp.sum(nz.weights(z, allowed)[0] * 0.5))(z)
   assert np.all(np.isfinite(np.asarray(grad)))
+
+
+# ---------------------------------------------------------------------------
+# ReLU attention (Wortsman et al. 2023), added by its definition alone.
+
+
+def test_relu_weights_are_relu_over_allowed_keys():
+  z, allowed, _, _, _, _ = _problem(6)
+  w, _ = normalizers.REGISTRY["relu"].weights(z, allowed)
+  a = np.asarray(allowed)
+  n = np.maximum(a.sum(-1, keepdims=True), 1)
+  np.testing.assert_allclose(w, np.where(a, np.maximum(np.asarray(z), 0.0), 0.0) / n, rtol=1e-6)
+
+
+def test_relu_layer_and_variant_run_with_gradients():
+  from flax import nnx
+
+  from attnjax import nn
+  from attnjax.train import variants
+  cfg = nn.AttentionConfig(**variants.attention_kwargs("relu"))
+  assert cfg.normalizer == "relu"
+  layer = nn.Attention(cfg, 16, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 7, 16))
+  y = layer(x)
+  assert y.shape == x.shape and bool(jnp.all(jnp.isfinite(y)))
+  grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+  leaves = jax.tree_util.tree_leaves(nnx.state(grads))
+  assert leaves and all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)

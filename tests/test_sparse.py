@@ -272,7 +272,7 @@ def test_block_sparse_matches_reference(name, pattern):
   assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
 
 
-@pytest.mark.parametrize("normalizer", ["softmax_one", "sigmoid", "softpick", "none"])
+@pytest.mark.parametrize("normalizer", ["softmax_one", "sigmoid", "softpick", "none", "relu"])
 def test_block_sparse_normalizers(normalizer):
   q, k, v = qkv(1, 11, 11, 2, 1, 8, seed=1)
   p = patterns.sinks_window(2, 4)
@@ -400,10 +400,12 @@ def test_band_parts_decompose_the_rule(name, pattern, rule):
 @pytest.mark.parametrize("name,pattern,S,normalizer", [
     ("sinks6_w5", patterns.sinks_window(6, 5), 37, "softmax"),
     ("sinks9_w3_sigmoid", patterns.sinks_window(9, 3), 37, "sigmoid"),
+    ("sinks4_w6_relu", patterns.sinks_window(4, 6), 37, "relu"),
     ("global5_w3_1", patterns.global_window(5, (3, 1)), 37, "softmax_one"),
     ("global2_w3_S30", patterns.global_window(2, 3), 30, "softmax"),
     ("longformer_causal", patterns.global_window(3, 6) & patterns.causal(), 37, "softmax"),
-], ids=["sinks6_w5", "sinks9_w3_sigmoid", "global5_w3_1", "global2_w3_S30", "longformer_causal"])
+], ids=["sinks6_w5", "sinks9_w3_sigmoid", "sinks4_w6_relu", "global5_w3_1", "global2_w3_S30",
+        "longformer_causal"])
 def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, normalizer,
                                                              monkeypatch):
   # StreamingLLM sinks and Longformer globals run chunk by chunk: the global
@@ -428,8 +430,9 @@ def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, n
 
 
 @pytest.mark.parametrize("normalizer,sink,chunk_blocks", [
-    ("softmax_one", False, 2), ("softmax", True, 16), ("sigmoid", False, 16)],
-    ids=["softmax_one_chunked", "sink_logits", "sigmoid_block_dense"])
+    ("softmax_one", False, 2), ("softmax", True, 16), ("sigmoid", False, 16),
+    ("relu", False, 16)],
+    ids=["softmax_one_chunked", "sink_logits", "sigmoid_block_dense", "relu_block_dense"])
 def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypatch):
   # Softmax family: local window + transposed columns merged by logsumexp (the
   # local part chunked when chunks are small); other normalisers: block-dense.

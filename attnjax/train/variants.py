@@ -17,6 +17,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "sigmoid": ({"family": "dense", "normalizer": "sigmoid"}, "sigmoid, bias -log n (Ramapuram)"),
     "softmax_one": ({"family": "dense", "normalizer": "softmax_one"}, "softmax + 1 (Miller)"),
     "softpick": ({"family": "dense", "normalizer": "softpick"}, "softpick (Zuhri)"),
+    "relu": ({"family": "dense", "normalizer": "relu"}, "relu(z) / n, ReLU attention (Wortsman)"),
     "sink_logits": ({"family": "dense", "sink_logits": True}, "learned null logit per head (gpt-oss)"),
     "gated": ({"family": "dense", "output_gate": "elementwise"}, "sigmoid output gate (Qiu)"),
     "linear": ({"family": "linear", "feature_map": "elu_plus_one",
