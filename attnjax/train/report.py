@@ -18,7 +18,7 @@ import numpy as np
 from attnjax.train import rundir
 from attnjax.train.plots import _save, subplots
 
-# Probe keys as attnjax.stats.probe names them, with fallbacks for older names.
+# Probe keys as attnjax.nn.probe.probe names them, with fallbacks for older names.
 _SINK_KEYS = ("sink_rate/rate",)
 _MACT_KEYS = ("massive/m_act",)
 _FATTN_KEYS = ("f_attn/f_attn",)
