@@ -48,7 +48,7 @@ def is_module(root: pathlib.Path, name: str) -> bool:
 
 
 def imports_of(root: pathlib.Path, path: pathlib.Path) -> set[str]:
-  """Every module ``path`` imports (absolute names; ``from p import m`` gives ``p.m`` if a module)."""
+  """Every module ``path`` imports (``from p import m`` gives ``p.m`` when that is a module)."""
   name = module_name(root, path)
   package = name if path.name == "__init__.py" else name.rpartition(".")[0]
   found = set()

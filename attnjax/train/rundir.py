@@ -30,7 +30,7 @@ from attnjax.stats.jsonable import to_jsonable
 
 
 def dumps(record: dict) -> str:
-  """One JSON line through ``attnjax.stats.to_jsonable``: NaN and +-Inf become null (strict JSON)."""
+  """One strict JSON line (``attnjax.stats.to_jsonable``: NaN and +-Inf become null)."""
   return json.dumps(to_jsonable(record), allow_nan=False, sort_keys=False)
 
 
