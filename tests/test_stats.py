@@ -664,3 +664,28 @@ def test_allowed_mask_of_sinks_window_and_kv_bias():
   assert allowed.shape == (5, 6) and allowed[:, 5].all()  # the k/v bias slot: every query
   with pytest.raises(ValueError, match="length"):
     layer.allowed_mask(0)
+
+
+def test_one_reader_serves_collect_stats_the_train_step_and_the_probe():
+  from flax import nnx
+  from attnjax.nn import intermediates
+  from attnjax.train import step
+  layers = (family_layer("dense"), family_layer("qk_norm", window=3))
+  cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=2, layer_attention=layers)
+  model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, 32)
+  collected = attnjax.nn.collect_stats(model, tokens, jit=False)
+  _, inter = nnx.capture(lambda m, t: m(t), nnx.Intermediate)(model, tokens)
+  by_layer = step.attention_stats_by_layer(inter)
+  capture = nn_probe.capture_from_model(model, tokens, weights=False)
+  assert len(by_layer) == len(collected["layers"]) == 2
+  for l in range(2):
+    np.testing.assert_allclose(collected["layers"][l]["sink_mass"], by_layer[l].sink_mass)
+    np.testing.assert_allclose(capture.attention_stats.sink_mass[l], by_layer[l].sink_mass)
+  recorded = intermediates.read(inter)
+  assert set(recorded.model) == {"log_z"}
+  assert "attention/attention_stats" in recorded.layers[1]
+  assert "hidden_max_abs" in recorded.layers[1]
+  same = intermediates.read(nnx.to_pure_dict(inter), num_layers=3)  # a pure dict reads alike
+  assert same.layers[2] == {} and set(same.layers[0]) == set(recorded.layers[0])
+  assert intermediates.find(recorded.layers[0], "q_rms") is recorded.layers[0]["attention/q_rms"]

@@ -78,7 +78,7 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
                       massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
   """All statistics of one forward pass as a flat dict of named arrays and scalars.
 
-  Keys are ``"<metric>/<field>"`` from this module's functions (per-layer
+  Keys are ``"<metric>/<field>"`` from the ``attnjax.stats`` functions (per-layer
   arrays ``[L]``, per-head ``[L, N]``, scalars over the model), computed from
   whatever ``capture`` holds:
 
