@@ -7,7 +7,13 @@ The public API is flat, as in optax::
 
 Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
 ``[B, S, K, H]`` with ``N % K == 0``; the output is ``[B, T, N, H]``.
+
+``import attnjax`` loads the functions layer only (JAX, no flax);
+``attnjax.nn`` (Flax NNX modules), ``attnjax.train`` and ``attnjax.data`` load
+on first access.
 """
+
+from __future__ import annotations
 
 from attnjax import feature_maps
 from attnjax import masks
@@ -19,10 +25,26 @@ from attnjax.linear import linear_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
-from attnjax import nn  # noqa: E402  (after the functions it wraps)
-from attnjax import stats  # noqa: E402  (its probe reads attnjax.nn models)
+from attnjax import stats
 
 __version__ = "0.1.0"
+
+# Flax-backed layers load on first access (PEP 562), so ``import attnjax``
+# loads only the functions layer and never flax: ``attnjax.nn.Attention``
+# works after ``import attnjax`` all the same.
+_LAZY = ("data", "nn", "train")
+
+
+def __getattr__(name: str):
+  if name in _LAZY:
+    import importlib
+
+    return importlib.import_module(f"attnjax.{name}")
+  raise AttributeError(f"module 'attnjax' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "AttentionStats",

@@ -12,6 +12,8 @@ import pytest
 import attnjax
 from attnjax import normalizers
 from attnjax import stats
+from attnjax.nn import probe as nn_probe
+from attnjax.train import metrics as run_metrics
 
 
 def harmonic(n):
@@ -343,32 +345,32 @@ LRS = [1e-3, 1e-2, 1e-1, 1.0]
 
 
 def test_lr_sensitivity_with_one_diverged_lr():
-  assert stats.lr_sensitivity(LRS, [3.0, 2.0, 2.5, float("nan")], 4.0) == pytest.approx(
+  assert run_metrics.lr_sensitivity(LRS, [3.0, 2.0, 2.5, float("nan")], 4.0) == pytest.approx(
       (1.0 + 0.0 + 0.5 + 2.0) / 4)
-  assert stats.lr_sensitivity(LRS, [3.0, 2.0, float("inf"), 5.0], 4.0) == pytest.approx(
+  assert run_metrics.lr_sensitivity(LRS, [3.0, 2.0, float("inf"), 5.0], 4.0) == pytest.approx(
       (1.0 + 0.0 + 2.0 + 2.0) / 4)  # Inf diverged; 5 > loss_0 clipped to loss_0
 
 
 def test_lr_sensitivity_edges():
-  assert stats.lr_sensitivity(LRS, [float("nan")] * 4, 4.0) == 0.0
-  assert stats.lr_sensitivity(LRS, [4.5, 5.0, 6.0, 4.2], 4.0) == 0.0  # never learns
-  assert stats.lr_sensitivity(LRS, [2.0] * 4, [4.0, 4.1, 3.9, 4.0]) == 0.0
+  assert run_metrics.lr_sensitivity(LRS, [float("nan")] * 4, 4.0) == 0.0
+  assert run_metrics.lr_sensitivity(LRS, [4.5, 5.0, 6.0, 4.2], 4.0) == 0.0  # never learns
+  assert run_metrics.lr_sensitivity(LRS, [2.0] * 4, [4.0, 4.1, 3.9, 4.0]) == 0.0
   with pytest.raises(ValueError, match="final_losses"):
-    stats.lr_sensitivity(LRS, [1.0, 2.0], 4.0)
+    run_metrics.lr_sensitivity(LRS, [1.0, 2.0], 4.0)
   with pytest.raises(ValueError, match="learning_rates is empty"):
-    stats.lr_sensitivity([], [], 4.0)
+    run_metrics.lr_sensitivity([], [], 4.0)
   with pytest.raises(ValueError, match="initial_loss must be finite"):
-    stats.lr_sensitivity(LRS, [1.0] * 4, float("nan"))
+    run_metrics.lr_sensitivity(LRS, [1.0] * 4, float("nan"))
   with pytest.raises(ValueError, match="positive"):
-    stats.lr_sensitivity([0.0, 1.0], [1.0, 1.0], 4.0)
+    run_metrics.lr_sensitivity([0.0, 1.0], [1.0, 1.0], 4.0)
 
 
 def test_max_stable_lr():
-  assert stats.max_stable_lr(LRS, [3.0, 2.0, 2.5, float("nan")], 4.0) == 0.1
-  assert stats.max_stable_lr(LRS, [3.0, 2.0, 4.5, float("nan")], 4.0) == 0.01
-  assert stats.max_stable_lr(LRS, [3.0, 2.0, 2.5, 3.0], 4.0,
-                             diverged=[False, False, True, True]) == 0.01
-  assert stats.max_stable_lr(LRS, [float("inf")] * 4, 4.0) is None
+  assert run_metrics.max_stable_lr(LRS, [3.0, 2.0, 2.5, float("nan")], 4.0) == 0.1
+  assert run_metrics.max_stable_lr(LRS, [3.0, 2.0, 4.5, float("nan")], 4.0) == 0.01
+  assert run_metrics.max_stable_lr(LRS, [3.0, 2.0, 2.5, 3.0], 4.0,
+                                   diverged=[False, False, True, True]) == 0.01
+  assert run_metrics.max_stable_lr(LRS, [float("inf")] * 4, 4.0) is None
 
 
 def alternating(n, base=3.0, amplitude=0.01):
@@ -378,38 +380,50 @@ def alternating(n, base=3.0, amplitude=0.01):
 def test_spike_score_one_planted_spike():
   x = alternating(2000)
   x[1500] = 3.5
-  assert stats.spike_score(x) == pytest.approx(100.0 / 1000)  # steps 1000..1999 are scored
-  assert stats.spike_score(x, window=100) == pytest.approx(100.0 / 1900)
+  assert run_metrics.spike_score(x) == pytest.approx(100.0 / 1000)  # steps 1000..1999 are scored
+  assert run_metrics.spike_score(x, window=100) == pytest.approx(100.0 / 1900)
   x[1500] = 3.0 + 0.06  # 6 sigma (sd of the window is exactly 0.01, mean exactly 3)
-  assert stats.spike_score(x, window=100) == 0.0
+  assert run_metrics.spike_score(x, window=100) == 0.0
   x[1500] = 3.0 + 0.08  # 8 sigma
-  assert stats.spike_score(x, window=100) == pytest.approx(100.0 / 1900)
+  assert run_metrics.spike_score(x, window=100) == pytest.approx(100.0 / 1900)
 
 
 def test_spike_score_edges():
   x = alternating(300)
-  assert math.isnan(stats.spike_score(x))  # shorter than a full window: nothing scored
-  assert stats.spike_score(x, window=1000, min_history=100) == 0.0
+  assert math.isnan(run_metrics.spike_score(x))  # shorter than a full window: nothing scored
+  assert run_metrics.spike_score(x, window=1000, min_history=100) == 0.0
   x[250] = float("nan")
-  assert stats.spike_score(x, window=100) == pytest.approx(100.0 / 200)
+  assert run_metrics.spike_score(x, window=100) == pytest.approx(100.0 / 200)
   drop = alternating(300)
   drop[200] = 2.0
-  assert stats.spike_score(drop, window=100) == 0.0
-  assert stats.spike_score(drop, window=100, two_sided=True) == pytest.approx(100.0 / 200)
-  assert stats.spike_score(np.full(50, 2.0), window=10) == 0.0  # constant: no spikes
+  assert run_metrics.spike_score(drop, window=100) == 0.0
+  assert run_metrics.spike_score(drop, window=100, two_sided=True) == pytest.approx(100.0 / 200)
+  assert run_metrics.spike_score(np.full(50, 2.0), window=10) == 0.0  # constant: no spikes
   with pytest.raises(ValueError, match="series is empty"):
-    stats.spike_score([])
+    run_metrics.spike_score([])
   with pytest.raises(ValueError, match="min_history"):
-    stats.spike_score(x, window=10, min_history=20)
+    run_metrics.spike_score(x, window=10, min_history=20)
+
+
+def test_loss_spike_score_of_a_short_run():
+  assert run_metrics.loss_spike_score([3.0, None]) is None  # too short
+  losses = list(alternating(120))
+  assert run_metrics.loss_spike_score(losses) == 0.0
+  losses[100] = None  # a non-finite loss (JSON null) at a scored step is a spike
+  window = 119
+  assert run_metrics.loss_spike_score(losses) == pytest.approx(
+      run_metrics.spike_score(np.array([np.nan if x is None else x for x in losses]),
+                              window=window, min_history=50))
+  assert run_metrics.loss_spike_score(losses) == pytest.approx(100.0 / 70)
 
 
 def test_is_diverged():
-  assert stats.is_diverged(float("nan"), 3.0)
-  assert stats.is_diverged(float("inf"), 3.0)
-  assert stats.is_diverged(6.1, 3.0)
-  assert not stats.is_diverged(5.9, 3.0)
-  assert stats.is_diverged(4.0, 3.0, factor=1.2)
-  flags = jax.jit(lambda l: stats.is_diverged(l, 3.0))(jnp.array([1.0, jnp.nan, 7.0]))
+  assert run_metrics.is_diverged(float("nan"), 3.0)
+  assert run_metrics.is_diverged(float("inf"), 3.0)
+  assert run_metrics.is_diverged(6.1, 3.0)
+  assert not run_metrics.is_diverged(5.9, 3.0)
+  assert run_metrics.is_diverged(4.0, 3.0, factor=1.2)
+  flags = jax.jit(lambda l: run_metrics.is_diverged(l, 3.0))(jnp.array([1.0, jnp.nan, 7.0]))
   np.testing.assert_array_equal(flags, [False, True, True])
 
 
@@ -466,6 +480,32 @@ def test_flatten_and_to_jsonable():
       "a": [1, 2], "b": [None]}
 
 
+def test_one_json_rule_for_metrics_and_run_directories(tmp_path):
+  from attnjax.train import rundir
+  record = {"loss": float("inf"), "drop": -np.inf, "nan": np.float32(np.nan),
+            "per_layer": jnp.array([1.0, jnp.inf, -jnp.inf, jnp.nan]),
+            "bf16": jnp.array([2.0, jnp.inf], jnp.bfloat16), "ints": np.arange(2),
+            "flags": np.array([True, False]), "nested": ({"x": np.float64(0.5)},), "s": "a"}
+  expected = {"loss": None, "drop": None, "nan": None, "per_layer": [1.0, None, None, None],
+              "bf16": [2.0, None], "ints": [0, 1], "flags": [True, False],
+              "nested": [{"x": 0.5}], "s": "a"}
+  assert stats.to_jsonable(record) == expected
+  assert json.loads(rundir.dumps(record)) == expected
+  rundir.write_json(str(tmp_path / "s.json"), record)
+  assert rundir.read_json(str(tmp_path / "s.json")) == expected
+  with pytest.raises(TypeError, match="object"):
+    stats.to_jsonable({"bad": object()})
+
+
+def test_moved_names_say_where_they_went():
+  for name, where in (("probe", "attnjax.nn.probe"), ("spike_score", "attnjax.train.metrics"),
+                      ("lr_sensitivity", "attnjax.train.metrics")):
+    with pytest.raises(AttributeError, match=where):
+      getattr(stats, name)
+  with pytest.raises(AttributeError, match="no attribute"):
+    stats.not_a_metric  # noqa: B018
+
+
 # ---------------------------------------------------------------------------
 # Probe.
 
@@ -490,7 +530,7 @@ def test_probe_statistics_from_hand_built_capture():
   assert "max_logit" not in out and "qk/q_rms" not in out  # nothing to compute them from
   json.dumps(stats.to_jsonable(out), allow_nan=False)
   with pytest.raises(TypeError, match="ProbeCapture"):
-    stats.probe(lambda tokens: tokens, jnp.zeros((1, 64), jnp.int32))
+    nn_probe.probe(lambda tokens: tokens, jnp.zeros((1, 64), jnp.int32))
 
 
 # Options a family needs to be built at all (attnjax.nn rejects a sparse layer without a pattern).
@@ -532,7 +572,7 @@ def test_probe_sparsity_of_a_sparse_layer_counts_only_its_pattern():
   cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=1, layer_attention=(layer,))
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 32)
-  out = stats.probe(model, tokens, length=16)
+  out = nn_probe.probe(model, tokens, length=16)
   assert float(np.asarray(out["sparsity/per_layer"])[0]) == 0.0
 
 
@@ -548,7 +588,7 @@ def test_probe_runs_on_every_nn_family():
                                layer_attention=tuple(layers))
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 20), 0, 32)
-  out = stats.probe(model, tokens, length=16)
+  out = nn_probe.probe(model, tokens, length=16)
   L = len(layers)
   for name in ("sink_rate/per_layer", "f_attn/per_layer", "entropy/min", "max_logit",
                "sparsity/per_layer", "qk/mean_cos", "sink_geometry/key_norm_ratio",
@@ -569,4 +609,83 @@ def test_probe_runs_on_every_nn_family():
   assert null[len(families)] > 0 and np.all(null[:len(families)] == 0)  # only sink-logit layer
   json.dumps(stats.to_jsonable(out), allow_nan=False)
   with pytest.raises(ValueError, match="length=64"):
-    stats.probe(model, tokens)
+    nn_probe.probe(model, tokens)
+
+
+LAYER_CASES = {
+    "dense_window": dict(family="dense", window=3),
+    "qk_norm_before_rope": dict(family="qk_norm", qk_norm_placement="before_rope"),
+    "qk_norm_after_rope": dict(family="qk_norm", qk_norm_placement="after_rope"),
+    "sinks_window": dict(family="dense", window=4, num_sinks=2),
+    "sparse_strided": dict(family="sparse", pattern=("strided", (("stride", 3),)), block_size=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_CASES))
+def test_layer_gives_the_probe_its_mask_and_compared_qk(name):
+  # softmax(scale * <q, k>) over allowed_mask, with q and k from compared_qk,
+  # must be the weights the layer itself used: the probe asks the layer
+  # instead of re-deriving its mask, QK norm placement, gains or RoPE.
+  from flax import nnx
+  from attnjax.nn import intermediates
+  config = attnjax.nn.AttentionConfig(num_heads=4, num_kv_heads=2, rope_theta=100.0,
+                                      **LAYER_CASES[name])
+  layer = attnjax.nn.Attention(config, 16, rngs=nnx.Rngs(0))
+  if config.family == "qk_norm":  # gains away from 1, so their placement matters
+    layer.q_gain[...] = jnp.linspace(0.5, 2.0, layer.head_dim)
+    layer.k_gain[...] = jnp.linspace(2.0, 0.5, layer.head_dim)
+  B, T, N, K, H = 2, 12, 4, 2, layer.head_dim
+  x = jax.random.normal(jax.random.key(1), (B, T, 16))
+  _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate,
+                         method_outputs=nnx.Intermediate)(layer, x)
+  recorded = intermediates.read(inter).model
+  q = jnp.reshape(recorded["q_proj/__call__"], (B, T, N, H))
+  k = jnp.reshape(recorded["k_proj/__call__"], (B, T, K, H))
+  q, k = layer.compared_qk(q, k)
+  allowed = layer.allowed_mask(T)
+  assert allowed.shape == (1, 1, T, T) and allowed.dtype == jnp.bool_
+  z = jnp.einsum("btnh,bsnh->bnts", q, jnp.repeat(k, N // K, axis=2)) * H ** -0.5
+  w = jax.nn.softmax(jnp.where(allowed, z, -jnp.inf), axis=-1)
+  np.testing.assert_allclose(w, recorded["weights"], atol=2e-6)
+  # Explicit positions equal to the default give the same q and k.
+  q2, _ = layer.compared_qk(jnp.reshape(recorded["q_proj/__call__"], (B, T, N, H)), k,
+                            positions=jnp.arange(T))
+  np.testing.assert_allclose(q2, q, rtol=1e-6)
+
+
+def test_allowed_mask_of_sinks_window_and_kv_bias():
+  from flax import nnx
+  config = attnjax.nn.AttentionConfig(num_heads=2, window=2, num_sinks=1, kv_bias=True)
+  layer = attnjax.nn.Attention(config, 8, rngs=nnx.Rngs(0))
+  allowed = np.asarray(layer.allowed_mask(5))[0, 0]
+  i, j = np.arange(5)[:, None], np.arange(5)[None, :]
+  expected = (j <= i) & ((i - j <= 2) | (j < 1))
+  np.testing.assert_array_equal(allowed[:, :5], expected)
+  assert allowed.shape == (5, 6) and allowed[:, 5].all()  # the k/v bias slot: every query
+  with pytest.raises(ValueError, match="length"):
+    layer.allowed_mask(0)
+
+
+def test_one_reader_serves_collect_stats_the_train_step_and_the_probe():
+  from flax import nnx
+  from attnjax.nn import intermediates
+  from attnjax.train import step
+  layers = (family_layer("dense"), family_layer("qk_norm", window=3))
+  cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=2, layer_attention=layers)
+  model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, 32)
+  collected = attnjax.nn.collect_stats(model, tokens, jit=False)
+  _, inter = nnx.capture(lambda m, t: m(t), nnx.Intermediate)(model, tokens)
+  by_layer = step.attention_stats_by_layer(inter)
+  capture = nn_probe.capture_from_model(model, tokens, weights=False)
+  assert len(by_layer) == len(collected["layers"]) == 2
+  for l in range(2):
+    np.testing.assert_allclose(collected["layers"][l]["sink_mass"], by_layer[l].sink_mass)
+    np.testing.assert_allclose(capture.attention_stats.sink_mass[l], by_layer[l].sink_mass)
+  recorded = intermediates.read(inter)
+  assert set(recorded.model) == {"log_z"}
+  assert "attention/attention_stats" in recorded.layers[1]
+  assert "hidden_max_abs" in recorded.layers[1]
+  same = intermediates.read(nnx.to_pure_dict(inter), num_layers=3)  # a pure dict reads alike
+  assert same.layers[2] == {} and set(same.layers[0]) == set(recorded.layers[0])
+  assert intermediates.find(recorded.layers[0], "q_rms") is recorded.layers[0]["attention/q_rms"]

@@ -432,6 +432,61 @@ class Attention(nnx.Module):
         positions=cache.positions.at[slots].set(positions, mode="drop"),
         index=end)
 
+  # -------------------------------------------------------------------------
+  # Introspection (for probes: ask the layer, never re-derive it).
+
+  def allowed_mask(self, length: int) -> Array:
+    """``bool [1, 1, T, S]``: the pairs this layer's causal self-attention forward allows.
+
+    Over positions ``0 .. T-1`` (``T = length``), by the rule the layer masks
+    with (:meth:`_allowed`): causal, the sliding window, StreamingLLM sink
+    tokens; a sparse layer's pattern. ``S = T``, plus one last column, open to
+    every query, for the learned key/value slot when ``config.kv_bias``.
+    """
+    if isinstance(length, bool) or not hasattr(length, "__index__") or length < 1:
+      raise ValueError(f"length must be an int >= 1, got {length!r}")
+    T = int(length)
+    positions = jnp.arange(T, dtype=jnp.int32)
+    allowed = self._allowed(positions, positions, T)
+    if self.config.kv_bias:  # as _append_kv_bias: the slot is open to every query
+      allowed = jnp.concatenate([allowed, jnp.ones((1, 1, T, 1), bool)], axis=-1)
+    return allowed
+
+  def compared_qk(self, q: Array, k: Array, positions: Optional[Array] = None):
+    """Raw projections q ``[B, T, N, H]``, k ``[B, T, K, H]`` as the attention compares them.
+
+    Applies what the layer and its attention function apply before the
+    ``q . k`` logits: the QK norm and gains (family ``qk_norm``, before or after
+    RoPE as ``qk_norm_placement`` says, with the layer's own norm code) and
+    RoPE at ``positions`` (default ``arange(T)``). Cosine attention normalises
+    inside its function; cosines are invariant to that (not to the per-dim
+    scale of the ``ngpt`` convention, which is left out). For linear attention
+    these are the inputs of the feature map.
+
+    Returns:
+      ``(q, k)`` in the input dtypes.
+    """
+    c = self.config
+    if q.ndim != 4 or k.ndim != 4:
+      raise ValueError(f"q and k must be [B, T, heads, H], got q {q.shape} and k {k.shape}")
+    if positions is None:
+      q_pos = jnp.arange(q.shape[1], dtype=jnp.int32)
+      k_pos = jnp.arange(k.shape[1], dtype=jnp.int32)
+    else:
+      if q.shape[1] != k.shape[1] or jnp.shape(positions)[-1] != q.shape[1]:
+        raise ValueError(f"positions {jnp.shape(positions)} must give one position per token "
+                         f"of q {q.shape} and k {k.shape} (self-attention)")
+      q_pos = k_pos = positions
+    q_gain, k_gain = self._gains()
+    before = self._norm_before_rope()
+    if before:
+      q, k = self._module_qk_norm(q, q_gain), self._module_qk_norm(k, k_gain)
+    if c.rope_theta is not None:
+      q, k = apply_rope(q, q_pos, c.rope_theta), apply_rope(k, k_pos, c.rope_theta)
+    if c.family == "qk_norm" and not before:  # qk_norm_attention's own normalisation
+      q, k = self._module_qk_norm(q, q_gain), self._module_qk_norm(k, k_gain)
+    return q, k
+
 
 def _rms(x: Array) -> Array:
   """RMS over time and head dim: ``[B, T, heads, H] -> [B, heads]`` float32."""

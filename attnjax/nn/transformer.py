@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax.nn import _layers
+from attnjax.nn import _layers, intermediates
 from attnjax.nn.attention import Attention
 from attnjax.nn.config import ModelConfig
 
@@ -235,25 +235,6 @@ def num_params(model: nnx.Module, *, exclude_embeddings: bool = False) -> int:
 # Statistics of one forward pass.
 
 
-def _unwrap(x: Any) -> Any:
-  # sow appends to a tuple; one forward pass sows each name once.
-  return x[-1] if isinstance(x, tuple) else x
-
-
-def _flatten_layer(d: dict) -> dict[str, Any]:
-  out = {}
-  for name, value in d.items():
-    if isinstance(value, dict):  # a submodule (attention)
-      out.update(_flatten_layer(value))
-      continue
-    value = _unwrap(value)
-    if hasattr(value, "_asdict"):  # AttentionStats
-      out.update({k: v for k, v in value._asdict().items() if v is not None})
-    else:
-      out[name] = value
-  return out
-
-
 def _forward_for_stats(model, tokens, *, weights: bool, hidden: bool):
   return model(tokens, sow_weights=weights or None, sow_hidden=hidden)
 
@@ -284,7 +265,6 @@ def collect_stats(model: TransformerLM, tokens: Array, *, weights: bool = False,
   fwd = _jit_forward_for_stats if jit else _forward_for_stats
   logits, inter = nnx.capture(fwd, nnx.Intermediate)(model, tokens, weights=weights,
                                                      hidden=hidden)
-  pure = nnx.to_pure_dict(inter)
-  blocks = pure.get("blocks", {})
-  layers = [_flatten_layer(blocks.get(i, {})) for i in range(len(model.blocks))]
-  return {"logits": logits, "log_z": _unwrap(pure["log_z"]), "layers": layers}
+  recorded = intermediates.read(inter, len(model.blocks))
+  return {"logits": logits, "log_z": recorded.model["log_z"],
+          "layers": [intermediates.fields(layer) for layer in recorded.layers]}

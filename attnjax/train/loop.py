@@ -36,6 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from attnjax import data as data_lib
 from attnjax.train import config as config_lib
+from attnjax.train import metrics as run_metrics
 from attnjax.train import optim, rundir
 from attnjax.train.model import build_model, count_params, flops_per_token
 from attnjax.train.probe import run_probe
@@ -90,7 +91,7 @@ def _to_host(metrics: list[dict]) -> list[dict]:
 class DivergenceWatch:
   """Finds the step where a run diverged: NaN/Inf loss or grad norm at once, or a loss
   above ``factor`` x the initial loss for ``patience`` steps in a row (a transient
-  spike that recovers is not a divergence). Uses ``attnjax.stats.is_diverged``.
+  spike that recovers is not a divergence). Uses ``attnjax.train.metrics.is_diverged``.
   """
 
   def __init__(self, factor: float, patience: int):
@@ -100,14 +101,12 @@ class DivergenceWatch:
     self.decided_at: Optional[int] = None  # the step whose loss settled the verdict
 
   def update(self, records: list[dict], initial_loss: float) -> Optional[int]:
-    from attnjax import stats
-
     for r in records:
       loss, gnorm = r["loss"], r["grad_norm"]
       if loss is None or gnorm is None or not (math.isfinite(loss) and math.isfinite(gnorm)):
         self.decided_at = r["step"]
         return r["step"]
-      if bool(stats.is_diverged(loss, initial_loss, factor=self.factor)):
+      if bool(run_metrics.is_diverged(loss, initial_loss, factor=self.factor)):
         if self.run_length == 0:
           self.run_start = r["step"]
         self.run_length += 1
@@ -332,8 +331,6 @@ class Trainer:
 def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_probe: dict,
                   status: str) -> dict:
   """The numbers a report row shows, from the run's files (so a resumed run reads them too)."""
-  from attnjax.train.probe import spike_score
-
   records = [r for r in rundir.read_jsonl(run.metrics) if r.get("kind") == "train"]
   vals = [r for r in rundir.read_jsonl(run.metrics) if r.get("kind") == "val"]
   probes = rundir.read_jsonl(run.probes)
@@ -353,7 +350,7 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
             if v is not None and math.isfinite(v)]
     out["max_logit_ever"] = float(max(ever)) if ever else None
     out["log_z"] = last.get("log_z")
-    out["spike_score"] = spike_score([r["loss"] for r in records])
+    out["spike_score"] = run_metrics.loss_spike_score([r["loss"] for r in records])
   if vals:
     out["val_loss"] = vals[-1]["val_loss"] if status != "diverged" else None
     out["val_bpc"] = vals[-1]["val_bpc"] if status != "diverged" else None

@@ -18,7 +18,7 @@ import numpy as np
 from attnjax.train import rundir
 from attnjax.train.plots import _save, subplots
 
-# Probe keys as attnjax.stats.probe names them, with fallbacks for older names.
+# Probe keys as attnjax.nn.probe.probe names them, with fallbacks for older names.
 _SINK_KEYS = ("sink_rate/rate",)
 _MACT_KEYS = ("massive/m_act",)
 _FATTN_KEYS = ("f_attn/f_attn",)
@@ -211,8 +211,8 @@ def write_report(root: str, *, title: Optional[str] = None, extra: str = "",
 
 
 def lr_sweep_rows(rows: list[dict]) -> list[dict]:
-  """Per variant: LR sensitivity, max stable LR and best loss over its LR grid (attnjax.stats)."""
-  from attnjax import stats
+  """Per variant: LR sensitivity, max stable LR and best loss over its LR grid (attnjax.train.metrics)."""
+  from attnjax.train import metrics as run_metrics
 
   out = []
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
@@ -226,9 +226,9 @@ def lr_sweep_rows(rows: list[dict]) -> list[dict]:
     best = min(runs, key=lambda r: r["val_loss"] if r["val_loss"] is not None else float("inf"))
     out.append({
         "variant": variant, "num_lrs": len(runs),
-        "lr_sensitivity": stats.lr_sensitivity(lrs, final, loss_0),
-        "max_stable_lr": stats.max_stable_lr(lrs, final, loss_0,
-                                             diverged=[r["status"] == "diverged" for r in runs]),
+        "lr_sensitivity": run_metrics.lr_sensitivity(lrs, final, loss_0),
+        "max_stable_lr": run_metrics.max_stable_lr(
+            lrs, final, loss_0, diverged=[r["status"] == "diverged" for r in runs]),
         "best_val_loss": best["val_loss"], "best_lr": best["lr"],
         "diverged_lrs": [r["lr"] for r in runs if r["status"] == "diverged"],
         "max_logit_at_max_lr": runs[-1]["max_logit"],

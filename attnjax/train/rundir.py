@@ -14,37 +14,24 @@ JSONL files are appended line by line with flush + fsync, and on resume
 :func:`truncate_jsonl` rewrites them (atomically) without the lines past the
 checkpoint step, so the resumed run appends exactly what an uninterrupted run
 would have written. A line cut by a kill mid-write is dropped on read.
+
+Every value goes through ``attnjax.stats.to_jsonable``, the one JSON rule of
+attnjax: arrays become lists, NaN and +-Inf become null. (Files written before
+this rule hold +-1e308 for an infinite loss; readers take both.)
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Iterable, Optional
 
-import numpy as np
-
-
-def _jsonable(x: Any) -> Any:
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, (np.generic,)):
-    x = x.item()
-  if isinstance(x, np.ndarray):
-    return _jsonable(x.tolist())
-  if hasattr(x, "shape") and hasattr(x, "dtype"):  # a jax array
-    return _jsonable(np.asarray(x).tolist())
-  if isinstance(x, float) and not math.isfinite(x):
-    return None if math.isnan(x) else (1e308 if x > 0 else -1e308)  # JSON has no Inf
-  return x
+from attnjax.stats.jsonable import to_jsonable
 
 
 def dumps(record: dict) -> str:
-  """One JSON line; NaN becomes null and +-Inf +-1e308, so every line is strict JSON."""
-  return json.dumps(_jsonable(record), allow_nan=False, sort_keys=False)
+  """One strict JSON line (``attnjax.stats.to_jsonable``: NaN and +-Inf become null)."""
+  return json.dumps(to_jsonable(record), allow_nan=False, sort_keys=False)
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -59,7 +46,7 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def write_json(path: str, obj: Any) -> None:
-  write_atomic(path, json.dumps(_jsonable(obj), indent=1, allow_nan=False) + "\n")
+  write_atomic(path, json.dumps(to_jsonable(obj), indent=1, allow_nan=False) + "\n")
 
 
 def read_json(path: str) -> Optional[dict]:

@@ -19,6 +19,7 @@ import optax
 from flax import nnx
 
 from attnjax.attention_stats import AttentionStats
+from attnjax.nn import intermediates as nn_intermediates
 
 Array = jax.Array
 
@@ -26,21 +27,13 @@ Array = jax.Array
 def attention_stats_by_layer(intermediates: Any) -> list[AttentionStats]:
   """The ``AttentionStats`` sown by each attention layer, in layer order.
 
-  Walks an ``nnx.Intermediate`` state; layers are ordered by the integer keys
-  on their path (``blocks/10`` after ``blocks/9``), so any nesting works.
+  Reads an ``nnx.Intermediate`` state of a ``TransformerLM`` forward through
+  :func:`attnjax.nn.intermediates.read`, the reader ``collect_stats`` and the
+  probe use; layers that sowed none are skipped.
   """
-  def sort_key(path):
-    key = []
-    for entry in path:
-      name = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", str(entry))))
-      key.append((0, int(name), "") if str(name).isdigit() else (1, 0, str(name)))
-    return tuple(key)
-
-  flat = jax.tree_util.tree_flatten_with_path(
-      intermediates, is_leaf=lambda x: isinstance(x, AttentionStats))[0]
-  found = [(sort_key(path), leaf) for path, leaf in flat if isinstance(leaf, AttentionStats)]
-  found.sort(key=lambda item: item[0])
-  return [leaf for _, leaf in found]
+  layers = nn_intermediates.read(intermediates).layers
+  found = [nn_intermediates.find(layer, "attention_stats") for layer in layers]
+  return [s for s in found if isinstance(s, AttentionStats)]
 
 
 def summarize_attention(stats: list[AttentionStats]) -> dict[str, Array]:
