@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional, get_args
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,10 @@ from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
 
-SIMILARITIES = ("dot", "neg_sq_euclidean")
+Similarity = Literal["dot", "neg_sq_euclidean"]
+# The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
+Implementation = Literal["reference", "blockwise", "xla", "cudnn", "splash"]
+SIMILARITIES: tuple[str, ...] = get_args(Similarity)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,13 +407,14 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
 
 def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
             normalizer="softmax", sink_logits=None, softcap=None, window=None,
-            segment_ids=None, similarity="dot", implementation=None,
+            segment_ids=None, similarity: Similarity = "dot",
+            implementation: Optional[Implementation] = None,
             return_stats=False) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call and returns its canonical inputs and options."""
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
   _checks.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
   _checks.check_choice("similarity", similarity, SIMILARITIES)
-  _checks.check_choice("implementation", implementation, (None, *IMPLEMENTATIONS))
+  _checks.check_implementation("implementation", implementation, tuple(IMPLEMENTATIONS))
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
   window = _checks.check_window(window)
@@ -450,8 +454,8 @@ def _dot_product_attention(
     softcap: Optional[float] = None,
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
-    similarity: str = "dot",
-    implementation: Optional[str] = None,
+    similarity: Similarity = "dot",
+    implementation: Optional[Implementation] = None,
     return_stats: bool = False,
 ):
   """Scaled dot-product attention with a choice of normaliser.
