@@ -24,7 +24,7 @@ Array = jnp.ndarray
 
 Similarity = Literal["dot", "neg_sq_euclidean"]
 # The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
-Implementation = Literal["reference", "blockwise", "xla", "cudnn", "splash"]
+ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash"]
 SIMILARITIES: tuple[str, ...] = get_args(Similarity)
 
 
@@ -408,7 +408,7 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
 def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
             normalizer="softmax", sink_logits=None, softcap=None, window=None,
             segment_ids=None, similarity: Similarity = "dot",
-            implementation: Optional[Implementation] = None,
+            implementation: Optional[ImplementationName] = None,
             return_stats=False) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call and returns its canonical inputs and options."""
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
@@ -455,7 +455,7 @@ def _dot_product_attention(
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
     similarity: Similarity = "dot",
-    implementation: Optional[Implementation] = None,
+    implementation: Optional[ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Scaled dot-product attention with a choice of normaliser.

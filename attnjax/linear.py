@@ -57,10 +57,10 @@ from attnjax.dense import group_queries
 Array = jnp.ndarray
 
 Normalize = Literal["denominator", "none", "output_rms"]
-Implementation = Literal["reference", "recurrent", "chunked"]
+ImplementationName = Literal["reference", "recurrent", "chunked"]
 
 NORMALIZE: tuple[str, ...] = get_args(Normalize)
-IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 # Old names that still work, with a DeprecationWarning: {old: current}.
 DEPRECATED_IMPLEMENTATIONS = {"parallel": "reference"}
 DEFAULT_CHUNK_SIZE = 64
@@ -382,7 +382,7 @@ def _linear_attention(
     feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
     is_causal: bool = False,
     normalize: Union[Normalize, bool] = "denominator",
-    implementation: Optional[Implementation] = None,
+    implementation: Optional[ImplementationName] = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     initial_state: Optional[LinearState] = None,
     return_state: bool = False,

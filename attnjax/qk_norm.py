@@ -72,7 +72,7 @@ def _qk_norm_attention(
     softcap: Optional[float] = None,
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
-    implementation: Optional[dense.Implementation] = None,
+    implementation: Optional[dense.ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Attention on normalised queries and keys (QK-norm).
@@ -142,7 +142,7 @@ def _cosine_attention(
     softcap: Optional[float] = None,
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
-    implementation: Optional[dense.Implementation] = None,
+    implementation: Optional[dense.ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Cosine attention: logits are ``cos(q_i, k_j)`` times a learned per-head scale.

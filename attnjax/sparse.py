@@ -39,8 +39,8 @@ from attnjax.patterns import Pattern
 
 Array = jnp.ndarray
 
-Implementation = Literal["reference", "block_sparse"]
-IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
+ImplementationName = Literal["reference", "block_sparse"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 
 
 def _reference(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern):
@@ -282,7 +282,7 @@ def _sparse_attention(
     sink_logits: Optional[Array] = None,
     softcap: Optional[float] = None,
     segment_ids: Any = None,
-    implementation: Optional[Implementation] = None,
+    implementation: Optional[ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
