@@ -324,7 +324,8 @@ def _check_feature_map(feature_map: object, H: int) -> feature_maps.FeatureMap:
   return feature_map
 
 
-def _check_state(initial_state: object, expected: tuple[tuple[int, ...], tuple[int, ...]]) -> LinearState:
+def _check_state(initial_state: object,
+                 expected: tuple[tuple[int, ...], tuple[int, ...]]) -> LinearState:
   if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
     raise TypeError(
         f"initial_state must be a LinearState (kv_sum [B, K, F, Hv], k_sum [B, K, F]), "

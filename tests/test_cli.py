@@ -1,4 +1,4 @@
-"""The entry points' command line: ``--help`` documents the config options; no ``sys.path`` edits."""
+"""Entry points' command line: ``--help`` documents the config options; no ``sys.path`` edits."""
 
 from __future__ import annotations
 
