@@ -10,7 +10,7 @@ it, and nothing here imports a kernel (no import cycles).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import jax.numpy as jnp
 
@@ -18,7 +18,8 @@ from attnjax import _checks, normalizers
 
 Array = jnp.ndarray
 
-SIMILARITIES = ("dot", "neg_sq_euclidean")
+Similarity = Literal["dot", "neg_sq_euclidean"]
+SIMILARITIES: tuple[str, ...] = get_args(Similarity)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ shapes seen.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import warnings
+from typing import Any, Mapping, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +22,40 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
   if value not in choices:
     valid = ", ".join(repr(c) for c in choices)
     raise ValueError(f"{name}={value!r} is not one of: {valid}")
+
+
+def check_implementation(name: str, value: Optional[str], allowed: Sequence[str], *,
+                         deprecated: Optional[Mapping[str, str]] = None) -> Optional[str]:
+  """Validates an ``implementation`` choice and returns its current name.
+
+  ``None`` (auto) passes through. A name in ``deprecated`` (``{old: new}``) still
+  works: it emits a ``DeprecationWarning`` naming the replacement and returns
+  ``new``. Called from inside a jitted function, the warning is raised while
+  the function is traced, i.e. on the first call with that (static) choice.
+
+  Args:
+    name: the argument's name, for messages (``"implementation"``).
+    value: the value passed.
+    allowed: the current names, the readable ``"reference"`` among them.
+    deprecated: old names mapped to the current name they stand for.
+
+  Returns:
+    ``value`` itself, its replacement when it is a deprecated name, or None.
+
+  Raises:
+    ValueError: ``value`` is neither None, an allowed name nor a deprecated one;
+      the message lists the allowed names.
+  """
+  deprecated = deprecated or {}
+  if value is not None and not isinstance(value, str):
+    raise TypeError(f"{name} must be a str or None, got {type(value).__name__} {value!r}")
+  if value in deprecated:
+    new = deprecated[value]
+    warnings.warn(f"{name}={value!r} is deprecated; use {name}={new!r} (the same computation)",
+                  DeprecationWarning, stacklevel=3)
+    return new
+  check_choice(name, value, (None, *allowed))
+  return value
 
 
 def check_floating(name: str, x: Any) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,9 @@ from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
 
+Similarity = _call.Similarity
+# The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
+ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash"]
 # The canonical call lives in attnjax._call so that kernels (blockwise) can take it without
 # importing this module, which imports them for its registry.
 SIMILARITIES = _call.SIMILARITIES
@@ -381,14 +384,15 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
 
 def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
             normalizer="softmax", sink_logits=None, softcap=None, window=None,
-            segment_ids=None, similarity="dot", implementation=None,
+            segment_ids=None, similarity: Similarity = "dot",
+            implementation: Optional[ImplementationName] = None,
             return_stats=False) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call and returns its canonical inputs and options."""
   inputs, opts = _call.validate(
       q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale, normalizer=normalizer,
       sink_logits=sink_logits, softcap=softcap, window=window, segment_ids=segment_ids,
       similarity=similarity, return_stats=return_stats)
-  _checks.check_choice("implementation", implementation, (None, *IMPLEMENTATIONS))
+  _checks.check_implementation("implementation", implementation, tuple(IMPLEMENTATIONS))
   return inputs, opts
 
 
@@ -406,8 +410,8 @@ def _dot_product_attention(
     softcap: Optional[float] = None,
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
-    similarity: str = "dot",
-    implementation: Optional[str] = None,
+    similarity: Similarity = "dot",
+    implementation: Optional[ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Scaled dot-product attention with a choice of normaliser.

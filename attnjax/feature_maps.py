@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import jax
 import jax.numpy as jnp
@@ -66,8 +66,10 @@ from attnjax import _checks
 
 Array = jnp.ndarray
 
-DETERMINISTIC = ("elu_plus_one", "relu", "identity", "squared_relu")
-RANDOM = ("favor_plus", "trig")
+DeterministicKind = Literal["elu_plus_one", "relu", "identity", "squared_relu"]
+RandomKind = Literal["favor_plus", "trig"]
+DETERMINISTIC: tuple[str, ...] = get_args(DeterministicKind)
+RANDOM: tuple[str, ...] = get_args(RandomKind)
 # Kinds whose features are never negative, so phi(q).phi(k) >= 0.
 NONNEGATIVE = ("elu_plus_one", "relu", "squared_relu", "favor_plus")
 
@@ -85,7 +87,7 @@ class FeatureMap:
     orthogonal: how ``projection`` was drawn (informational; static).
   """
 
-  kind: str
+  kind: DeterministicKind | RandomKind
   projection: Optional[Array] = None
   stabilize: bool = True
   orthogonal: bool = False
@@ -186,7 +188,7 @@ squared_relu = FeatureMap("squared_relu")
 """``max(x, 0) ** 2`` (Hua et al. 2022)."""
 
 
-def by_name(name: str) -> FeatureMap:
+def by_name(name: DeterministicKind) -> FeatureMap:
   """The deterministic map called ``name`` (for configs); random maps need a key: use the factories."""
   _checks.check_choice("feature map name", name, DETERMINISTIC)
   return {"elu_plus_one": elu_plus_one, "relu": relu, "identity": identity,

@@ -6,18 +6,19 @@ of query ``i`` only needs the running sums
     S_i = sum_{j <= i} phi(k_j) v_j^T   [F, Hv]        z_i = sum_{j <= i} phi(k_j)   [F]
 
 so attention becomes a recurrence with a fixed-size state (Katharopoulos et al.
-2020). Three causal forms compute the same function and are tested equal in
-value, final state and gradient:
+2020). Three causal forms (``implementation``) compute the same function and
+are tested equal in value, final state and gradient:
 
-- ``parallel``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``;
-  the readable reference, O(T^2).
+- ``reference``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``;
+  the readable reference, O(T^2). (Its old name ``"parallel"`` still works and
+  emits a ``DeprecationWarning``.)
 - ``recurrent``: ``lax.scan`` over time carrying ``(S, z)``; the decode form.
 - ``chunked``: splits time into chunks of ``chunk_size``; inside a chunk the
   masked quadratic form, across chunks the state summed over earlier chunks.
   O(T * chunk_size) time, any ``T`` (the last chunk is padded).
 
 Non-causal attention is O(T) through ``phi(K)^T V`` (``chunked``, the default)
-or the quadratic ``parallel`` reference.
+or the quadratic ``reference``.
 
 The three ways of normalising (``normalize``):
 
@@ -32,13 +33,18 @@ An ``initial_state`` is a prefix every query sees (causal: the keys before the
 first query); the returned state is the initial state plus this call's keys,
 so calling the recurrent form token by token equals one call on the whole
 sequence.
+
+What :func:`linear_attention` returns (the rule every stateful family follows):
+the *primary result* ``r`` is ``out`` when ``return_state=False`` and the pair
+``(out, state)`` when ``return_state=True``; ``return_stats=True`` wraps it as
+``(r, AttentionStats)``, exactly as in every other family. So the four cases are
+``out``, ``(out, state)``, ``(out, stats)`` and ``((out, state), stats)``.
 """
 
 from __future__ import annotations
 
 import functools
-
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, Literal, NamedTuple, Optional, Union, get_args
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +56,13 @@ from attnjax.dense import group_queries
 
 Array = jnp.ndarray
 
-NORMALIZE = ("denominator", "none", "output_rms")
-IMPLEMENTATIONS = ("parallel", "recurrent", "chunked")
+Normalize = Literal["denominator", "none", "output_rms"]
+ImplementationName = Literal["reference", "recurrent", "chunked"]
+
+NORMALIZE: tuple[str, ...] = get_args(Normalize)
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+# Old names that still work, with a DeprecationWarning: {old: current}.
+DEPRECATED_IMPLEMENTATIONS = {"parallel": "reference"}
 DEFAULT_CHUNK_SIZE = 64
 DEFAULT_EPS = 1e-6
 
@@ -93,7 +104,7 @@ def _causal_keep(T: int, S: int) -> Array:
   return jnp.reshape(masks.causal_mask(T, S), (1, 1, 1, T, S))
 
 
-def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
+def reference(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
   """Reference: the masked quadratic form ``(phi(Q) phi(K)^T * M) V``; O(T S)."""
   T, S = phi_q.shape[1], phi_k.shape[1]
   w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
@@ -295,7 +306,7 @@ def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: 
 # Public functions.
 
 
-def _canonical_normalize(normalize: Any) -> str:
+def _canonical_normalize(normalize: Union[Normalize, bool]) -> str:
   if normalize is True:
     return "denominator"
   if normalize is False:
@@ -304,7 +315,7 @@ def _canonical_normalize(normalize: Any) -> str:
   return normalize
 
 
-def _check_feature_map(feature_map: Any, H: int) -> feature_maps.FeatureMap:
+def _check_feature_map(feature_map: object, H: int) -> feature_maps.FeatureMap:
   if not isinstance(feature_map, feature_maps.FeatureMap):
     raise TypeError(
         f"feature_map must be an attnjax.feature_maps.FeatureMap (e.g. feature_maps.elu_plus_one "
@@ -313,7 +324,8 @@ def _check_feature_map(feature_map: Any, H: int) -> feature_maps.FeatureMap:
   return feature_map
 
 
-def _check_state(initial_state: Any, expected: tuple[tuple[int, ...], tuple[int, ...]]) -> LinearState:
+def _check_state(initial_state: object,
+                 expected: tuple[tuple[int, ...], tuple[int, ...]]) -> LinearState:
   if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
     raise TypeError(
         f"initial_state must be a LinearState (kv_sum [B, K, F, Hv], k_sum [B, K, F]), "
@@ -333,7 +345,8 @@ def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chun
   B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
   feature_map = _check_feature_map(feature_map, H)
   normalize = _canonical_normalize(normalize)
-  _checks.check_choice("implementation", implementation, (None,) + IMPLEMENTATIONS)
+  implementation = _checks.check_implementation(
+      "implementation", implementation, IMPLEMENTATIONS, deprecated=DEPRECATED_IMPLEMENTATIONS)
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
   if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
@@ -345,7 +358,7 @@ def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chun
         f"keys), got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
   if not is_causal and implementation == "recurrent":
     raise ValueError("implementation='recurrent' is the causal decode form; with "
-                     "is_causal=False use 'chunked' (O(T), phi(K)^T V) or 'parallel'")
+                     "is_causal=False use 'chunked' (O(T), phi(K)^T V) or 'reference'")
   if feature_map.needs_consistent_scale:
     if normalize == "none":
       raise ValueError(
@@ -369,8 +382,8 @@ def _linear_attention(
     *,
     feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
     is_causal: bool = False,
-    normalize: Any = "denominator",
-    implementation: Optional[str] = None,
+    normalize: Union[Normalize, bool] = "denominator",
+    implementation: Optional[ImplementationName] = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     initial_state: Optional[LinearState] = None,
     return_state: bool = False,
@@ -389,17 +402,21 @@ def _linear_attention(
     is_causal: query ``i`` sees keys ``j <= i`` (needs ``T == S``).
     normalize: ``"denominator"`` (or True), ``"none"`` (or False),
       ``"output_rms"`` (module docstring).
-    implementation: ``"parallel"`` (quadratic reference), ``"recurrent"``
+    implementation: ``"reference"`` (the quadratic form), ``"recurrent"``
       (causal only), ``"chunked"``; None means ``"chunked"`` (O(T)).
+      ``"parallel"``, the old name of ``"reference"``, still works and emits a
+      ``DeprecationWarning`` when the call is traced.
     chunk_size: chunk length of the chunked causal form.
     initial_state: a :class:`LinearState` (``kv_sum [B, K, F, Hv]``,
       ``k_sum [B, K, F]``) of keys seen before this call; None = empty.
-    return_state: also return the final :class:`LinearState` (float32).
-    return_stats: also return :class:`AttentionStats` of the implied weights
+    return_state: the primary result becomes ``(out, final state)``, the
+      final :class:`LinearState` in float32.
+    return_stats: return ``(primary result, stats)``, where ``stats`` is the
+      :class:`AttentionStats` of the implied weights
       ``w_ij = phi(q_i).phi(k_j)`` over this call's keys (the initial state is
       not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
       ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
-      ``logsumexp`` are None (there are no logits). With ``"parallel"`` they
+      ``logsumexp`` are None (there are no logits). With ``"reference"`` they
       come from the materialised matrix; otherwise ``row_sum`` (and
       ``sink_mass`` for nonnegative maps) are O(T) and the entropy is a scan
       over query blocks, O(T S) time and O(chunk_size S) memory.
@@ -409,7 +426,8 @@ def _linear_attention(
   Returns:
     ``out`` ``[B, T, N, Hv]`` in the input dtype; ``(out, state)`` with
     ``return_state``; ``(out, stats)`` with ``return_stats``;
-    ``(out, state, stats)`` with both.
+    ``((out, state), stats)`` with both (module docstring: ``return_stats``
+    wraps the primary result, as in every family).
 
   References:
     Katharopoulos et al. 2020, "Transformers are RNNs: Fast Autoregressive
@@ -432,25 +450,23 @@ def _linear_attention(
     out, _, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size,
                             finish_fn=finish_fn)
   else:
-    if implementation == "parallel":
-      num, den, final = parallel(phi_q, phi_k, v32, state, is_causal=is_causal)
+    if implementation == "reference":
+      num, den, final = reference(phi_q, phi_k, v32, state, is_causal=is_causal)
     elif not is_causal:
       num, den, final = noncausal(phi_q, phi_k, v32, state)
     else:
       num, den, final = recurrent(phi_q, phi_k, v32, state)
     out = finish_fn(num, den)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
-  result = (out,)
-  if return_state:
-    result += (final,)
-  if return_stats:
-    if implementation == "parallel":
-      stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
-    else:
-      stats = _blocked_stats(phi_q, phi_k, is_causal=is_causal,
-                             nonnegative=feature_map.nonnegative, block=chunk_size)
-    result += (stats,)
-  return result[0] if len(result) == 1 else result
+  result = (out, final) if return_state else out
+  if not return_stats:
+    return result
+  if implementation == "reference":
+    stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
+  else:
+    stats = _blocked_stats(phi_q, phi_k, is_causal=is_causal,
+                           nonnegative=feature_map.nonnegative, block=chunk_size)
+  return result, stats
 
 
 LINEAR_STATIC = ("is_causal", "normalize", "implementation", "chunk_size", "return_state",
@@ -466,7 +482,7 @@ def _linear_attention_weights(
     *,
     feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
     is_causal: bool = False,
-    normalize: Any = "denominator",
+    normalize: Union[Normalize, bool] = "denominator",
     eps: float = DEFAULT_EPS,
 ) -> Array:
   """The implied attention matrix ``[B, N, T, S]`` (float32), for small ``T``.

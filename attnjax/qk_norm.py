@@ -15,7 +15,7 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +24,14 @@ from attnjax import _checks, dense
 
 Array = jnp.ndarray
 
-NORMS = ("l2", "rms", "layer")
-COSINE_CONVENTIONS = ("swin", "scale", "ngpt")
+Norm = Literal["l2", "rms", "layer"]
+CosineConvention = Literal["swin", "scale", "ngpt"]
+NORMS: tuple[str, ...] = get_args(Norm)
+COSINE_CONVENTIONS: tuple[str, ...] = get_args(CosineConvention)
 SWIN_MAX_LOG_SCALE = math.log(100.0)
 
 
-def normalize_head(x: Array, norm: str, eps: float) -> Array:
+def normalize_head(x: Array, norm: Norm, eps: float) -> Array:
   """Normalises ``x`` over its last axis in float32."""
   x = x.astype(jnp.float32)
   if norm == "l2":
@@ -57,7 +59,7 @@ def _check_qk(q, k):
 
 def _qk_norm_attention(
     q: Array, k: Array, v: Array, *,
-    norm: str = "rms",
+    norm: Norm = "rms",
     q_scale: Optional[Array] = None,
     k_scale: Optional[Array] = None,
     eps: float = 1e-6,
@@ -70,7 +72,7 @@ def _qk_norm_attention(
     softcap: Optional[float] = None,
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
-    implementation: Optional[str] = None,
+    implementation: Optional[dense.ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Attention on normalised queries and keys (QK-norm).
@@ -108,7 +110,8 @@ def _qk_norm_attention(
   return dense.run(inputs, opts, implementation)
 
 
-def _temperature_multiplier(temperature: Array, convention: str, N: int, H: int) -> Array:
+def _temperature_multiplier(temperature: Array, convention: CosineConvention, N: int,
+                            H: int) -> Array:
   """The per-head factor that multiplies the unit query, ``[1, 1, N, 1]`` or ``[1, 1, N, H]``."""
   _checks.check_floating("temperature", temperature)
   t = jnp.asarray(temperature, jnp.float32)
@@ -129,7 +132,7 @@ def _temperature_multiplier(temperature: Array, convention: str, N: int, H: int)
 def _cosine_attention(
     q: Array, k: Array, v: Array, *,
     temperature: Array,
-    convention: str = "swin",
+    convention: CosineConvention = "swin",
     eps: float = 1e-6,
     bias: Optional[Array] = None,
     mask: Optional[Array] = None,
@@ -139,7 +142,7 @@ def _cosine_attention(
     softcap: Optional[float] = None,
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
-    implementation: Optional[str] = None,
+    implementation: Optional[dense.ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Cosine attention: logits are ``cos(q_i, k_j)`` times a learned per-head scale.

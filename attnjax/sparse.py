@@ -29,7 +29,7 @@ validated the same way and means the same thing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,8 @@ from attnjax.patterns import Pattern
 
 Array = jnp.ndarray
 
-IMPLEMENTATIONS = ("reference", "block_sparse")
+ImplementationName = Literal["reference", "block_sparse"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 
 
 def _reference(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern):
@@ -282,7 +283,7 @@ def _sparse_attention(
     sink_logits: Optional[Array] = None,
     softcap: Optional[float] = None,
     segment_ids: Any = None,
-    implementation: Optional[str] = None,
+    implementation: Optional[ImplementationName] = None,
     return_stats: bool = False,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
@@ -324,7 +325,7 @@ def _sparse_attention(
         f"got {type(pattern).__name__}")
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
-  _checks.check_choice("implementation", implementation, (None, *IMPLEMENTATIONS))
+  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
   implementation = "block_sparse" if implementation is None else implementation
   inputs, opts = dense.prepare(
       q, k, v, bias=bias, scale=scale, normalizer=normalizer, sink_logits=sink_logits,

@@ -38,10 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import attnjax  # noqa: E402
+import attnjax
 
 
 @dataclasses.dataclass

@@ -10,15 +10,11 @@ Resumable: run it again and finished arms are skipped, interrupted ones resume.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attnjax.train import cli, report, sweep  # noqa: E402
-from attnjax.train.config import validate  # noqa: E402
-from attnjax.train.loop import init_distributed  # noqa: E402
+from attnjax.train import cli, report, sweep
+from attnjax.train.config import validate
+from attnjax.train.loop import init_distributed
 
 
 def main(argv=None) -> str:

@@ -10,16 +10,10 @@ q.k growing with the head dim and the 1/sqrt(d) scale undoing it, and
 
 from __future__ import annotations
 
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import attnjax  # noqa: E402
+import attnjax
 
 
 def worked_example() -> None:

@@ -10,18 +10,14 @@ std of the error over draws, per map and m) and ``plots/favor_error.png``
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import jax
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attnjax import feature_maps, stats  # noqa: E402
-from attnjax.train import cli, rundir  # noqa: E402
-from attnjax.train.plots import _save, subplots  # noqa: E402
+from attnjax import feature_maps, stats
+from attnjax.train import cli, rundir
+from attnjax.train.plots import _save, subplots
 
 MAPS = {
     "favor_plus_orthogonal": lambda key, m, H: feature_maps.favor_plus(key, m, True, head_dim=H),

@@ -27,7 +27,6 @@ speed expectations), which only proves the script itself runs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -36,11 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import attnjax  # noqa: E402
-from attnjax import dense  # noqa: E402
+import attnjax
+from attnjax import dense
 
 
 def _arrays(B, T, N, K, H, dtype, seed=0):

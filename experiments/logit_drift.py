@@ -9,15 +9,11 @@ final mean log Z per arm and ``plots/log_z.png`` (mean log Z against step).
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attnjax.train import cli, report, sweep  # noqa: E402
-from attnjax.train.config import validate  # noqa: E402
-from attnjax.train.loop import init_distributed  # noqa: E402
+from attnjax.train import cli, report, sweep
+from attnjax.train.config import validate
+from attnjax.train.loop import init_distributed
 
 
 def parse_arms(text: str) -> list[tuple[str, float, float]]:

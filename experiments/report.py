@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attnjax.train import report  # noqa: E402
+from attnjax.train import report
 
 
 def main(argv=None) -> str:

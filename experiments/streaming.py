@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 
 import jax.numpy as jnp
@@ -20,14 +19,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attnjax import nn  # noqa: E402
-from attnjax.train import cli, rundir  # noqa: E402
-from attnjax.train.loop import Trainer, init_distributed, train  # noqa: E402
-from attnjax.train.model import model_config  # noqa: E402
-from attnjax.train.plots import _save, subplots  # noqa: E402
+from attnjax import nn
+from attnjax.train import cli, rundir
+from attnjax.train.loop import Trainer, init_distributed, train
+from attnjax.train.model import model_config
+from attnjax.train.plots import _save, subplots
 
 
 def trained_model(cfg) -> tuple[nnx.Module, Trainer]:

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
-if __package__ in (None, ""):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from attnjax.train import cli  # noqa: E402
-from attnjax.train.loop import init_distributed, train  # noqa: E402
+from attnjax.train import cli
+from attnjax.train.loop import init_distributed, train
 
 
 def main(argv=None) -> dict:

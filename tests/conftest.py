@@ -1,4 +1,16 @@
-"""Test configuration: strict numpy rank promotion and float32 matmuls, as nanodo does."""
+"""Test configuration: 8 host devices, strict rank promotion, float32 matmuls, a compilation cache.
+
+Strict numpy rank promotion and float32 matmuls as nanodo does. Compiled XLA
+programs go to a persistent cache shared by the whole run, the xdist workers
+and later runs: ``.pytest_cache/jax-compilation-cache`` in the repository, or
+the folder named by ``ATTNJAX_TEST_COMPILATION_CACHE`` (``0`` or ``off``
+disables it). Its keys include the program, the jax version, the backend and
+the flags, so a changed function is compiled anew; delete the folder to
+reclaim disk. A torn read of an entry another worker is writing only makes
+jax warn and compile.
+"""
+
+from __future__ import annotations
 
 import os
 
@@ -7,5 +19,25 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE_ENV = "ATTNJAX_TEST_COMPILATION_CACHE"
+
+
+def compilation_cache_dir() -> str | None:
+  """The persistent cache folder of this test run, or None when disabled."""
+  value = os.environ.get(CACHE_ENV)
+  if value is None:
+    return os.path.join(ROOT, ".pytest_cache", "jax-compilation-cache")
+  if value.strip().lower() in ("", "0", "off", "false", "none"):
+    return None
+  return value
+
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
+_cache = compilation_cache_dir()
+if _cache is not None:
+  jax.config.update("jax_compilation_cache_dir", _cache)
+  # Cache every program: the tests compile many small ones, each in well under a second.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

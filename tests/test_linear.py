@@ -11,16 +11,12 @@ import pytest
 import attnjax
 from attnjax import feature_maps, linear
 from attnjax.linear import LinearState, linear_attention, linear_attention_weights
+from helpers import assert_close, rand_qkv
 
-TOL = dict(rtol=2e-5, atol=2e-5)
 
-
-def _inputs(B=2, T=37, N=8, K=2, H=8, Hv=6, S=None, seed=0, dtype=jnp.float32):
+def _inputs(B, T, N, K, H, Hv, S=None, seed=0, dtype=jnp.float32):
   # numpy draws: eager jax.random calls would each compile an XLA program per shape.
-  S = T if S is None else S
-  rng = np.random.default_rng(seed)
-  return tuple(jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-               for shape in ((B, T, N, H), (B, S, K, H), (B, S, K, Hv)))
+  return rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv, seed=seed, dtype=dtype, source="numpy")
 
 
 def _state(B, K, F, Hv, seed=7):
@@ -37,13 +33,7 @@ def _cotangent(shape, seed=11):
   return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32))
 
 
-def _allclose(a, b, what, tol=TOL):
-  for path, x, y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(a),
-                        jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), err_msg=f"{what} {path[0]}", **tol)
-
-
-def _forms_and_grads(q, k, v, state, impls=("parallel", "recurrent", "chunked"), **kw):
+def _forms_and_grads(q, k, v, state, impls=("reference", "recurrent", "chunked"), **kw):
   """Per implementation: output, final state and gradients of a loss touching both.
 
   All implementations are differentiated inside one jit, so a case compiles once.
@@ -79,7 +69,7 @@ def test_causal_forms_agree(K, with_state):
     @jax.jit
     def run(q, k, v):
       res = {}
-      for impl in ("parallel", "recurrent", "chunked"):
+      for impl in ("reference", "recurrent", "chunked"):
         def loss(q, k, v, impl=impl):
           out, final = linear_attention(q, k, v, is_causal=True, implementation=impl,
                                         chunk_size=8, return_state=True)
@@ -90,7 +80,8 @@ def test_causal_forms_agree(K, with_state):
   else:
     results = _forms_and_grads(q, k, v, state)
   for impl in ("recurrent", "chunked"):
-    _allclose(results[impl], results["parallel"], f"{impl} output, final state and gradients")
+    assert_close(results[impl], results["reference"],
+                 f"{impl} output, final state and gradients")
 
 
 @pytest.mark.parametrize("normalize,feature_map", [
@@ -99,14 +90,14 @@ def test_causal_forms_agree(K, with_state):
     (True, feature_maps.favor_plus(jax.random.key(3), 12, head_dim=8, stabilize=False)),
 ], ids=["output_rms-squared_relu", "False-identity", "True-favor_plus"])
 def test_chunked_agrees_across_normalize_and_maps(normalize, feature_map):
-  # The forms see only features, so one chunked-vs-parallel check per option suffices.
+  # The forms see only features, so one chunked-vs-reference check per option suffices.
   B, T, N, K, H, Hv = 1, 21, 4, 2, 8, 8
   q, k, v = _inputs(B, T, N, K, H, Hv, seed=1)
   q, k = 0.5 * q, 0.5 * k  # keep the unstabilised FAVOR+ features modest
   state = _state(B, K, feature_map.num_features(H), Hv)
-  results = _forms_and_grads(q, k, v, state, impls=("parallel", "chunked"),
+  results = _forms_and_grads(q, k, v, state, impls=("reference", "chunked"),
                              feature_map=feature_map, normalize=normalize)
-  _allclose(results["chunked"], results["parallel"], "chunked", tol=dict(rtol=1e-4, atol=1e-4))
+  assert_close(results["chunked"], results["reference"], "chunked", rtol=1e-4, atol=1e-4)
 
 
 def test_matches_hand_written_loop():
@@ -123,11 +114,11 @@ def test_matches_hand_written_loop():
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_recurrent_token_by_token_equals_parallel():
+def test_recurrent_token_by_token_equals_reference():
   B, T, N, K, H, Hv = 2, 11, 4, 2, 8, 5
   q, k, v = _inputs(B, T, N, K, H, Hv, seed=3)
   state0 = _state(B, K, H, Hv)
-  full, full_state = linear_attention(q, k, v, is_causal=True, implementation="parallel",
+  full, full_state = linear_attention(q, k, v, is_causal=True, implementation="reference",
                                       initial_state=state0, return_state=True)
   state, outs = state0, []
   for t in range(T):
@@ -135,15 +126,15 @@ def test_recurrent_token_by_token_equals_parallel():
                                     implementation="recurrent", initial_state=state,
                                     return_state=True)
     outs.append(out_t)
-  _allclose(jnp.concatenate(outs, axis=1), full, "token-by-token output")
-  _allclose(state, full_state, "token-by-token final state")
+  assert_close(jnp.concatenate(outs, axis=1), full, "token-by-token output")
+  assert_close(state, full_state, "token-by-token final state")
   # Prefill half with the chunked form, then decode the rest.
   half = 6
   out_a, st = linear_attention(q[:, :half], k[:, :half], v[:, :half], is_causal=True,
                                chunk_size=4, initial_state=state0, return_state=True)
   out_b, st = linear_attention(q[:, half:], k[:, half:], v[:, half:], is_causal=True,
                                chunk_size=4, initial_state=st, return_state=True)
-  _allclose(jnp.concatenate([out_a, out_b], axis=1), full, "prefill + continue")
+  assert_close(jnp.concatenate([out_a, out_b], axis=1), full, "prefill + continue")
 
 
 def test_noncausal_linear_equals_quadratic():
@@ -154,7 +145,7 @@ def test_noncausal_linear_equals_quadratic():
   @jax.jit
   def run(q, k, v):
     res = {}
-    for impl in ("parallel", "chunked"):
+    for impl in ("reference", "chunked"):
       def loss(q, k, v, impl=impl):
         out, final = linear_attention(q, k, v, implementation=impl, initial_state=state,
                                       return_state=True)
@@ -163,7 +154,7 @@ def test_noncausal_linear_equals_quadratic():
     return res
 
   res = run(q, k, v)
-  _allclose(res["chunked"], res["parallel"], "non-causal output, state and gradients")
+  assert_close(res["chunked"], res["reference"], "non-causal output, state and gradients")
 
 
 def test_causality_by_gradient():
@@ -184,7 +175,7 @@ def test_weights_helper_reproduces_output():
   np.testing.assert_allclose(np.asarray(jnp.sum(w, axis=-1)), 1.0, atol=1e-5)
   grouped = jnp.reshape(w, (1, 2, 2, 10, 10))
   out = jnp.reshape(jnp.einsum("bkgts,bskh->btkgh", grouped, v), (1, 10, 4, 8))
-  _allclose(out, linear_attention(q, k, v, is_causal=True), "weights @ v")
+  assert_close(out, linear_attention(q, k, v, is_causal=True), "weights @ v")
 
 
 @pytest.mark.parametrize("feature_map,is_causal", [
@@ -193,7 +184,7 @@ def test_weights_helper_reproduces_output():
 def test_stats_match_materialised(feature_map, is_causal):
   q, k, v = _inputs(B=2, T=19, N=4, K=2, H=8, Hv=8, seed=8)
   _, ref = linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal,
-                            implementation="parallel", return_stats=True)
+                            implementation="reference", return_stats=True)
   _, got = linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal,
                             chunk_size=8, return_stats=True)
   assert got.max_logit is None and got.logsumexp is None and ref.max_logit is None
@@ -246,13 +237,13 @@ def test_favor_stabilised_equals_exact_estimator():
   exact = feature_maps.favor_plus(jax.random.key(4), 64, head_dim=8, stabilize=False)
   stable = feature_maps.favor_plus(jax.random.key(4), 64, head_dim=8)
   for is_causal in (True, False):
-    _allclose(linear_attention_weights(q, k, feature_map=stable, is_causal=is_causal),
-              linear_attention_weights(q, k, feature_map=exact, is_causal=is_causal),
-              "stabilised vs exact", tol=dict(rtol=1e-4, atol=1e-6))
+    assert_close(linear_attention_weights(q, k, feature_map=stable, is_causal=is_causal),
+                 linear_attention_weights(q, k, feature_map=exact, is_causal=is_causal),
+                 "stabilised vs exact", rtol=1e-4, atol=1e-6)
   # Stabilised features are computed before the chunk loop (the key constant is global).
-  _allclose(linear_attention(q, k, v, feature_map=stable, is_causal=True, chunk_size=5),
-            linear_attention(q, k, v, feature_map=stable, is_causal=True,
-                             implementation="parallel"), "stabilised chunked vs parallel")
+  assert_close(linear_attention(q, k, v, feature_map=stable, is_causal=True, chunk_size=5),
+               linear_attention(q, k, v, feature_map=stable, is_causal=True,
+                                implementation="reference"), "stabilised chunked vs reference")
   # Unbiased kernel estimate: the mean over draws approaches exp(q.k / sqrt(H)).
   kernel = jnp.exp(jnp.einsum("bthd,bshd->bhts", q, k) / 8 ** 0.5)
   draws = [linear_attention_weights(
@@ -360,6 +351,43 @@ def test_validation_names_args_and_shapes(kwargs, args, error, words):
     linear_attention(q, k, v, **kwargs)
   for word in words:
     assert word in str(info.value), (word, str(info.value))
+
+
+# ---------------------------------------------------------------------------
+# One vocabulary: "reference" names the quadratic form; one return rule.
+
+
+def test_parallel_is_a_deprecated_alias_of_reference():
+  q, k, v = _inputs(B=1, T=7, N=2, K=1, H=4, Hv=3, seed=12)
+  linear_attention.clear_cache()  # the warning is raised while the call is traced
+  message = "implementation='parallel' is deprecated; use implementation='reference'"
+  with pytest.warns(DeprecationWarning, match=message):
+    old = linear_attention(q, k, v, is_causal=True, implementation="parallel")
+  new = linear_attention(q, k, v, is_causal=True, implementation="reference")
+  assert_close(old, new, "parallel vs reference", rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("implementation", ["reference", "recurrent", "chunked"])
+def test_return_structure_follows_one_rule(implementation):
+  """``return_stats`` wraps the primary result, which is ``out`` or ``(out, state)``."""
+  q, k, v = _inputs(B=1, T=6, N=2, K=1, H=4, Hv=3, seed=13)
+  kw = dict(is_causal=True, implementation=implementation, chunk_size=4)
+  out = linear_attention(q, k, v, **kw)
+  assert isinstance(out, jax.Array) and out.shape == (1, 6, 2, 3)
+  with_state = linear_attention(q, k, v, return_state=True, **kw)
+  with_stats = linear_attention(q, k, v, return_stats=True, **kw)
+  both = linear_attention(q, k, v, return_state=True, return_stats=True, **kw)
+  for result in (with_state, with_stats, both):
+    assert type(result) is tuple and len(result) == 2, type(result)
+  assert isinstance(with_state[1], LinearState)
+  assert isinstance(with_stats[1], attnjax.AttentionStats)
+  primary, stats = both
+  assert type(primary) is tuple and len(primary) == 2
+  assert isinstance(primary[1], LinearState) and isinstance(stats, attnjax.AttentionStats)
+  for got in (with_state[0], with_stats[0], primary[0]):
+    assert_close(got, out, "output", rtol=0, atol=0)
+  assert_close(primary[1], with_state[1], "state", rtol=0, atol=0)
+  assert_close(stats, with_stats[1], "stats", rtol=0, atol=0)
 
 
 def test_public_exports():

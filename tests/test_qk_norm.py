@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 
 import attnjax
+from helpers import rand_qkv as _rand_qkv
 
 
 def rand_qkv(B=2, T=9, N=8, K=2, H=16, seed=0, dtype=jnp.float32):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, N, H), dtype) * 3.0,
-          jax.random.normal(kk, (B, T, K, H), dtype) * 0.5,
-          jax.random.normal(kv, (B, T, K, H), dtype))
+  """Large queries and small keys, so normalising them changes the logits a lot."""
+  return _rand_qkv(B=B, T=T, N=N, K=K, H=H, seed=seed, dtype=dtype, scales=(3.0, 0.5, 1.0))
 
 
 def _np_norm(x, norm, eps=1e-6):

@@ -378,11 +378,13 @@ class Attention(nnx.Module):
     else:
       result = linear_lib.linear_attention(q, k, v, initial_state=cache.state,
                                            return_state=True, return_stats=capture, **kwargs)
-      new_cache = LinearCache(state=result[1], index=cache.index + q.shape[1])
-      result = (result[0],) + tuple(result[2:])
-    out = result[0] if isinstance(result, tuple) else result
+    # return_stats wraps the primary result: out, or (out, state) with return_state.
+    out, stats = result if capture else (result, None)
+    if cache is not None:
+      out, state = out
+      new_cache = LinearCache(state=state, index=cache.index + q.shape[1])
     if capture:
-      _layers.sow(self, "attention_stats", result[-1])
+      _layers.sow(self, "attention_stats", stats)
       want_weights = c.sow_weights if sow_weights is None else sow_weights
       if want_weights:
         w = linear_lib.linear_attention_weights(

@@ -218,7 +218,8 @@ class AttentionConfig:
              "null column or window to")
     if family == "linear":
       if self.implementation is not None:
-        _checks.check_choice("implementation", self.implementation, linear.IMPLEMENTATIONS)
+        _checks.check_choice("implementation", self.implementation,
+                             linear.IMPLEMENTATIONS + tuple(linear.DEPRECATED_IMPLEMENTATIONS))
     if family == "sparse":
       reject(("window", "num_sinks"),
              "use pattern=('sliding_window', ...) or ('sinks_window', ...) instead")

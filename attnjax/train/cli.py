@@ -2,6 +2,10 @@
 
     python experiments/compare.py --config experiments/configs/compare.py:preset=cpu \\
         --config.opt.lr=3e-3 --out runs/compare --processes
+
+The entry points run from the repository root with the package installed
+(``pip install -e .``); ``--help`` lists both config options and the entry
+point's own flags.
 """
 
 from __future__ import annotations
@@ -16,21 +20,48 @@ from attnjax.train import rundir
 from attnjax.train.config import load_config, split_argv
 
 
-def parse(description: str, default_config: str, argv: Optional[Sequence[str]] = None,
-          default_out: str = "runs/experiment", check: bool = True, sweep: bool = True):
-  """Returns ``(config, args)``; the config is loaded, overridden and validated."""
-  argv = list(sys.argv[1:] if argv is None else argv)
-  spec, overrides, rest = split_argv(argv)
+def build_parser(description: str, default_config: str, default_out: str = "runs/experiment",
+                 sweep: bool = True) -> argparse.ArgumentParser:
+  """The argument parser of a config-driven entry point.
+
+  ``--config`` and ``--config.key=value`` are taken out of the command line by
+  :func:`attnjax.train.config.split_argv` before this parser sees the rest;
+  they are declared here so that ``--help`` documents them.
+  """
   p = argparse.ArgumentParser(description=description,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  group = p.add_argument_group(
+      "config", "a Python config file and overrides of its keys (big_vision style)")
+  group.add_argument(
+      "--config", metavar="FILE.py:ARG", default=default_config,
+      help=f"config file whose get_config(ARG) builds the config; ARG is 'k=v,k2=v2' "
+           f"(default: {default_config})")
+  group.add_argument(
+      "--config.KEY", metavar="VALUE", dest="config_overrides", action="append",
+      help="--config.key=value (or --config.key value): override one key, e.g. "
+           "--config.opt.lr=3e-3; repeatable; an unknown key is an error naming it")
   p.add_argument("--out", default=default_out, help="root folder of the run directories")
   if sweep:
     p.add_argument("--processes", action="store_true",
                    help="run each arm in its own process (default: sequentially in this one)")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report")
-  args = p.parse_args(rest)
+  return p
+
+
+def parse(description: str, default_config: str, argv: Optional[Sequence[str]] = None,
+          default_out: str = "runs/experiment", check: bool = True, sweep: bool = True):
+  """Returns ``(config, args)``; the config is loaded, overridden and validated."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  p = build_parser(description, default_config, default_out, sweep)
   try:
-    cfg = load_config(spec or default_config, overrides, check=check)
+    spec, overrides, rest = split_argv(argv)
+  except ValueError as e:
+    p.error(str(e))
+  args = p.parse_args(rest)
+  args.config = spec or default_config
+  args.config_overrides = overrides
+  try:
+    cfg = load_config(args.config, overrides, check=check)
   except (ValueError, KeyError, FileNotFoundError) as e:
     p.error(str(e).strip("'\""))
   return cfg, args

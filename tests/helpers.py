@@ -1,0 +1,58 @@
+"""Helpers shared by the test files: random attention inputs and tree-wise closeness."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def rand_qkv(B: int = 2, T: int = 12, S: int | None = None, N: int = 8, K: int = 2,
+             H: int = 16, Hv: int | None = None, *, seed: int = 0, dtype: Any = jnp.float32,
+             scales: tuple[float, float, float] = (1.0, 1.0, 1.0),
+             source: Literal["jax", "numpy"] = "jax"):
+  """Standard-normal ``q [B, T, N, H]``, ``k [B, S, K, H]``, ``v [B, S, K, Hv]``.
+
+  Args:
+    B, T, S, N, K, H, Hv: the shape letters of ARCHITECTURE.md; ``S`` defaults
+      to ``T`` and ``Hv`` to ``H``.
+    seed: the draw.
+    dtype: the arrays' dtype.
+    scales: factors multiplying ``q``, ``k`` and ``v`` after the draw.
+    source: ``"jax"`` draws ``jax.random.normal`` in ``dtype`` from the three
+      keys of ``jax.random.split(jax.random.key(seed), 3)``; ``"numpy"`` draws
+      q, k, v in that order from ``np.random.default_rng(seed)`` in float32,
+      which compiles no XLA program per shape (many small shapes stay fast).
+
+  Returns:
+    ``(q, k, v)``.
+  """
+  S = T if S is None else S
+  Hv = H if Hv is None else Hv
+  shapes = ((B, T, N, H), (B, S, K, H), (B, S, K, Hv))
+  if source == "jax":
+    keys = jax.random.split(jax.random.key(seed), 3)
+    arrays = [jax.random.normal(key, shape, dtype) for key, shape in zip(keys, shapes)]
+  elif source == "numpy":
+    rng = np.random.default_rng(seed)
+    arrays = [jnp.asarray(rng.standard_normal(shape, np.float32), dtype) for shape in shapes]
+  else:
+    raise ValueError(f"source={source!r} is not one of: 'jax', 'numpy'")
+  return tuple(x if c == 1.0 else x * c for x, c in zip(arrays, scales))
+
+
+def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e-5,
+                 atol: float = 2e-5) -> None:
+  """``np.testing.assert_allclose`` on every leaf of two pytrees with the same leaves.
+
+  The failure message names ``what`` and the leaf's path in ``actual``.
+  """
+  paths = jax.tree_util.tree_leaves_with_path(actual)
+  leaves = jax.tree.leaves(expected)
+  assert len(paths) == len(leaves), (
+      f"{what}: {len(paths)} leaves in actual, {len(leaves)} in expected")
+  for (path, x), y in zip(paths, leaves):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
+                               err_msg=f"{what} {jax.tree_util.keystr(path)}")
