@@ -21,7 +21,7 @@ from attnjax import _checks
 from attnjax.nn import specs
 from attnjax.nn.specs import DEFAULT_TEMPERATURE, FEATURE_MAPS, PATTERNS, STREAMING_ROPE  # noqa: F401
 
-FAMILIES = ("dense", "qk_norm", "cosine", "linear", "sparse")
+FAMILIES = tuple(specs.FAMILY_SPECS)  # the registered families (five built in)
 OUTPUT_GATES = (None, "elementwise", "headwise")
 QK_NORM_PLACEMENTS = ("before_rope", "after_rope")
 # Families built on the dense softmax-style kernel: they take normalisers, sink
