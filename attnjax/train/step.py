@@ -127,7 +127,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       as the whole batch up to float summation order, with a working set
       ``microbatches`` times smaller (on a CPU, one that fits in cache). Rows
       ``m, m + M, m + 2M, ...`` form microbatch ``m``, so a batch sharded over
-      devices stays sharded.
+      devices stays sharded. A packed batch's loss is then the mean of the
+      microbatches' weighted means (the whole batch's weighted mean when each
+      holds as many weighted targets).
 
   Returns:
     The step ``train_step(state, rest, inputs, targets, packing=None)``; ``packing``
