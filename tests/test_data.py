@@ -162,3 +162,27 @@ def test_seq_len_longer_than_split_is_rejected(tmp_path):
   with pytest.raises(ValueError, match="data.seq_len"):
     data.from_config(cfg, seed=0)
   assert isinstance(cfg, ml_collections.ConfigDict)
+
+
+def test_packing_needs_documents(tmp_path):
+  cfg = base_config().data
+  cfg.update(dict(name="bigram_backcopy", pack=True))
+  with pytest.raises(ValueError, match="data.pack"):
+    data.from_config(cfg, seed=0)
+  f = tmp_path / "one.txt"
+  f.write_text("first line\nsecond line\n" * 40)
+  cfg.update(dict(name="text", path=str(f), seq_len=16, batch_size=4))
+  batches = data.from_config(cfg, seed=0)
+  b = batches.batch("val", 2)
+  assert b.packed and b.inputs[0, 0] == batches.bos_id
+  # Every document is a whole line: a BOS is followed by "first" or "second".
+  tok = batches.data.tokenizer
+  for r, t in zip(*np.nonzero(b.inputs == batches.bos_id)):
+    rest = tok.decode(b.inputs[r, t + 1:])
+    assert "first line".startswith(rest[:10]) or "second line".startswith(rest[:11])
+  unpacked = data.CorpusBatches(batches.data, seq_len=16, batch_size=4, seed=0)
+  assert not unpacked.batch("val", 2).packed
+  bins = data.TokenData(train=np.arange(100, dtype=np.uint16), val=np.arange(50, dtype=np.uint16),
+                        vocab_size=101, bos_id=100, unit="token")
+  with pytest.raises(ValueError, match="data.pack"):
+    data.CorpusBatches(bins, seq_len=8, batch_size=2, pack=True)

@@ -263,3 +263,43 @@ def test_microbatches_give_the_same_update(tmp_path):
 def test_microbatches_must_divide_the_batch():
   with pytest.raises(ValueError, match="train.microbatches=3"):
     config_lib.load_config(f"{COMPARE}:preset=cpu", ["train.microbatches=3"])
+
+
+def _lines_file(tmp_path):
+  path = tmp_path / "lines.txt"
+  path.write_text("".join(f"line {i}: {'to be or not ' * (i % 4)}\n" for i in range(200)))
+  return str(path)
+
+
+def test_packed_training_runs_and_microbatches_split_the_packing(tmp_path):
+  from attnjax.train.loop import Trainer
+  from attnjax.train.step import make_train_step
+
+  cfg = tiny(tmp_path / "packed", data="text",
+             **{"data.path": _lines_file(tmp_path), "data.pack": True})
+  summary = train(cfg)
+  assert summary["status"] == "finished" and np.isfinite(summary["val_loss"])
+
+  trainer = Trainer(tiny(tmp_path / "mb", data="text", **{
+      "data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1}))
+  b = trainer.batches.batch("train", 0)
+  assert b.packed and b.weights.min() == 0.0
+  packing = {k: jnp.asarray(v) for k, v in b.packing().items()}
+  args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets), packing)
+  outs = [jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, microbatches=m))(
+      trainer.state, *args) for m in (1, 4)]
+  (state1, m1), (state4, m4) = outs
+  for a, b_ in zip(jax.tree.leaves(state1["params"]), jax.tree.leaves(state4["params"])):
+    np.testing.assert_allclose(a, b_, rtol=1e-4, atol=1e-6)
+  # The packing changes the loss (it is not ignored).
+  _, plain = jax.jit(make_train_step(trainer.graphdef, trainer.optimizer))(trainer.state, *args[:3])
+  assert abs(float(plain["loss"]) - float(m1["loss"])) > 1e-4
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["data.pack=True", "data.name=bigram_backcopy"], "data.pack=True needs a corpus"),
+    (["data.pack=True", "variant=linear"], "data.pack=True needs attention"),
+], ids=["bigram", "linear"])
+def test_packing_configs_that_cannot_work_fail_naming_the_key(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.load_config(f"{COMPARE}:preset=cpu", overrides)

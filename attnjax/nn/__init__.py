@@ -11,6 +11,23 @@ Build a model::
   logits = model(tokens)                           # [B, T, V] float32
   logits, log_z = model(tokens, return_log_z=True) # log Z for z-loss / drift
 
+The attention layer on its own, as research code calls it (as flax's
+``MultiHeadAttention``; every family, where it can)::
+
+  layer = nn.Attention(nn.AttentionConfig(num_heads=4), d_model=64, rngs=nnx.Rngs(0))
+  y = layer(x)                                    # causal self-attention [B, T, D]
+  y = layer(x, mask=keep[:, None, None, :])       # padding mask, True = may attend
+  y = layer(x, segment_ids=seg, positions=pos)    # packed documents, RoPE per document
+  y = layer(x, inputs_kv=memory)                  # cross-attention over [B, S, D]
+  enc = nn.Attention(nn.AttentionConfig(is_causal=False), 64, rngs=nnx.Rngs(0))  # encoder
+  nn.Attention(cfg, 64, rngs=rngs, attention_fn=my_fn)  # inject the attention function
+
+A config is the common fields plus a family spec (:mod:`attnjax.nn.specs`);
+the family keywords are a shorthand for the spec::
+
+  nn.AttentionConfig(spec=nn.QKNormSpec(qk_norm="layer"), num_heads=4)
+  nn.AttentionConfig(family="qk_norm", qk_norm="layer", num_heads=4)   # the same
+
 Per-layer configs (e.g. alternating window and global layers)::
 
   local = nn.AttentionConfig(window=64)
@@ -49,8 +66,12 @@ Decoding (every family; prefill + steps equals the full forward)::
   tokens = nn.generate(model, prompt, num_tokens=32, temperature=0.8, rng=key)
 """
 
-from attnjax.nn.attention import Attention, FeatureProjection, KVCache, LinearCache
+from attnjax.nn import specs
+from attnjax.nn.attention import Attention
+from attnjax.nn.caches import CrossCache, FeatureProjection, KVCache, LinearCache
 from attnjax.nn.config import AttentionConfig, ModelConfig
+from attnjax.nn.specs import (AttentionSpec, CosineSpec, DenseSpec, LinearSpec, QKNormSpec,
+                              SparseSpec, register_family)
 from attnjax.nn.decode import decode_step, generate, init_cache
 from attnjax.nn.rope import apply_rope
 from attnjax.nn.transformer import (LOGICAL_AXIS_RULES, MLP, TransformerBlock, TransformerLM,
@@ -59,12 +80,19 @@ from attnjax.nn.transformer import (LOGICAL_AXIS_RULES, MLP, TransformerBlock, T
 __all__ = [
     "Attention",
     "AttentionConfig",
+    "AttentionSpec",
+    "CosineSpec",
+    "CrossCache",
+    "DenseSpec",
     "FeatureProjection",
     "KVCache",
     "LOGICAL_AXIS_RULES",
     "LinearCache",
+    "LinearSpec",
     "MLP",
     "ModelConfig",
+    "QKNormSpec",
+    "SparseSpec",
     "TransformerBlock",
     "TransformerLM",
     "apply_rope",
@@ -74,5 +102,7 @@ __all__ = [
     "init_cache",
     "log_normalizer",
     "num_params",
+    "register_family",
+    "specs",
     "state_shardings",
 ]

@@ -1,155 +1,157 @@
 """Frozen, serialisable configurations of an attention layer and of a decoder LM.
 
-``AttentionConfig`` names an attention family and every option a layer can
-take; ``ModelConfig`` names the decoder around it. Both are frozen dataclasses
-(hashable, so a module may key jitted code on them) that round-trip through a
-plain dict (``to_dict`` / ``from_dict``) for run directories. Invalid
-combinations are rejected when the config is built, with a ``ValueError`` or
-``TypeError`` that names the field and the reason.
+``AttentionConfig`` holds what every attention layer has (heads, head dim,
+RoPE, output gate, causality, implementation) and one family *spec*
+(:mod:`attnjax.nn.specs`): a frozen dataclass of that family's options, which
+also builds the family's parameters, attention call and decode cache.
+``ModelConfig`` names the decoder around it. Both are hashable (a module may
+key jitted code on them) and round-trip through a plain dict (``to_dict`` /
+``from_dict``) for run directories; dicts written before the specs existed
+(one flat record of every family's options) still load. Invalid combinations
+are rejected when the config is built, with a ``ValueError`` or ``TypeError``
+that names the field and the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from attnjax import _checks, dense, feature_maps, linear, normalizers, patterns, qk_norm
+from attnjax import _checks
+from attnjax.nn import specs
+from attnjax.nn.specs import DEFAULT_TEMPERATURE, FEATURE_MAPS, PATTERNS, STREAMING_ROPE  # noqa: F401
 
-FAMILIES = ("dense", "qk_norm", "cosine", "linear", "sparse")
+FAMILIES = tuple(specs.FAMILY_SPECS)  # the registered families (five built in)
 OUTPUT_GATES = (None, "elementwise", "headwise")
 QK_NORM_PLACEMENTS = ("before_rope", "after_rope")
-STREAMING_ROPE = ("cache", "absolute")
 # Families built on the dense softmax-style kernel: they take normalisers, sink
 # logits, the k/v bias slot, windows and softcaps.
 DENSE_FAMILIES = ("dense", "qk_norm", "cosine")
 MLPS = ("gelu", "swiglu")
 NORMS = ("rms", "layer")
 DTYPES = ("float32", "bfloat16", "float16")
-PATTERNS = ("causal", "sliding_window", "strided", "fixed", "global_window", "bigbird",
-            "sinks_window")
-FEATURE_MAPS = feature_maps.DETERMINISTIC + feature_maps.RANDOM
 
-# Initial cosine temperature per convention: Swin v2 learns log(scale) from log 10;
-# "scale" learns the multiplier itself; nGPT's s_qk starts at 1 (logits sqrt(H) cos).
-DEFAULT_TEMPERATURE = {"swin": math.log(10.0), "scale": 10.0, "ngpt": 1.0}
+# The common fields of every layer, in order.
+COMMON_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "rope_theta", "output_gate",
+                 "is_causal", "implementation", "sow_weights")
+
+# Every family option of the flat record used before the per-family specs, with its
+# default there. A dict (or constructor call) written for that record may carry an
+# option of another family at this default: it is ignored. Any other value is an
+# error naming the field. Reading such an option from a config of another family
+# gives this default, so code written against the flat record keeps working.
+LEGACY_DEFAULTS: dict[str, Any] = {
+    "normalizer": "softmax", "similarity": "dot", "qk_norm": "rms",
+    "qk_norm_placement": "before_rope", "qk_norm_gain": True, "qk_norm_eps": 1e-6,
+    "qk_scale": None, "cosine_convention": "swin", "temperature_init": None,
+    "sink_logits": False, "kv_bias": False, "window": None, "num_sinks": 0,
+    "streaming_rope": "cache", "pattern": None, "block_size": 16,
+    "feature_map": "elu_plus_one", "num_features": 64, "stabilize_features": True,
+    "linear_normalize": "denominator", "chunk_size": 64, "softcap": None,
+}
+
+_check_type = specs.check_type
+_positive_int = specs.check_int
 
 
-def _check_type(name: str, value: Any, types, what: str) -> None:
-  if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-    raise TypeError(f"{name} must be {what}, got {value!r}")
-  if not isinstance(value, types):
-    raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+def _spec_fields(spec_class) -> tuple[str, ...]:
+  return tuple(f.name for f in dataclasses.fields(spec_class))
 
 
-def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
-  if value is None and allow_none:
-    return
-  _check_type(name, value, int, "an int")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+def _owners(name: str) -> str:
+  owners = [f for f, cls in specs.FAMILY_SPECS.items() if name in _spec_fields(cls)]
+  return ", ".join(repr(f) for f in owners) or "no family"
 
 
-@dataclasses.dataclass(frozen=True)
+def _build_spec(family: Optional[str], spec: Optional[specs.AttentionSpec],
+                options: dict[str, Any]) -> specs.AttentionSpec:
+  """The spec of ``family`` (or ``spec`` updated) from flat family options."""
+  if spec is not None:
+    if not isinstance(spec, specs.AttentionSpec):
+      raise TypeError(f"spec must be an attnjax.nn.specs.AttentionSpec, got "
+                      f"{type(spec).__name__}")
+    if family is not None and family != spec.family:
+      raise ValueError(f"family={family!r} disagrees with spec of family {spec.family!r}")
+    family, cls = spec.family, type(spec)
+  else:
+    family = "dense" if family is None else family
+    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    cls = specs.FAMILY_SPECS[family]
+  own = _spec_fields(cls)
+  kept = {}
+  for name, value in options.items():
+    if name in own:
+      kept[name] = value
+    elif name in LEGACY_DEFAULTS:
+      if value != LEGACY_DEFAULTS[name]:
+        raise ValueError(f"{name}={value!r} cannot be used with family={family!r}: it is an "
+                         f"option of family {_owners(name)}")
+    else:
+      raise TypeError(f"unknown AttentionConfig field {name!r} (family={family!r} takes: "
+                      f"{', '.join(COMMON_FIELDS + own)})")
+  if spec is not None:
+    return dataclasses.replace(spec, **kept) if kept else spec
+  return cls(**kept)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class AttentionConfig:
-  """One attention layer: a family and its options.
+  """One attention layer: the common options and a family spec.
+
+  Build it from a spec, or (a convenience that dispatches to the spec) from a
+  family name and that family's options as keywords::
+
+    AttentionConfig(spec=specs.QKNormSpec(qk_norm="layer"), num_heads=8)
+    AttentionConfig(family="qk_norm", qk_norm="layer", num_heads=8)   # the same
+
+  Reading a family option (``config.window``) reads the spec's field; an
+  option another family owns reads its old default (``LEGACY_DEFAULTS``).
 
   Attributes:
-    family: ``"dense"`` (scaled dot product), ``"qk_norm"`` (normalise q and k
-      over the head dim), ``"cosine"`` (cosine similarity times a learned
-      per-head temperature), ``"linear"`` (kernel feature map) or ``"sparse"``
-      (a block-sparse ``Pattern``).
+    spec: the family spec (:class:`attnjax.nn.specs.DenseSpec`,
+      ``QKNormSpec``, ``CosineSpec``, ``LinearSpec``, ``SparseSpec``, or any
+      registered with :func:`attnjax.nn.specs.register_family`); see each for
+      its options (normalisers, windows, sinks, QK norms, feature maps, patterns).
     num_heads: query heads N.
     num_kv_heads: key/value heads K (None = N); ``N % K == 0`` (GQA / MQA).
     head_dim: H (None = ``d_model // num_heads``).
-    normalizer: a name from :mod:`attnjax.normalizers` (dense-kernel families).
-    similarity: family ``"dense"``: ``"dot"`` or ``"neg_sq_euclidean"``
-      (``-||q - k||^2`` scores, see :func:`attnjax.dot_product_attention`).
-    qk_norm: ``"rms"``, ``"layer"`` or ``"l2"`` (family ``"qk_norm"``).
-    qk_norm_placement: ``"before_rope"`` (normalise the projections, then rotate;
-      OLMo 2 / Qwen 3) or ``"after_rope"`` (rotate, then the attention function
-      normalises).
-    qk_norm_gain: learn gains ``[H]`` for q and k after the norm.
-    qk_norm_eps: epsilon of the norm (and of cosine attention).
-    qk_scale: logit scale of QK-norm attention (None = ``H ** -0.5``; ``"l2"``
-      usually needs a larger one).
-    cosine_convention: ``"swin"``, ``"scale"`` or ``"ngpt"`` (see
-      :func:`attnjax.cosine_attention`).
-    temperature_init: initial temperature (None = the convention's default:
-      swin ``log 10``, scale ``10``, ngpt ``1``).
-    sink_logits: learn a per-head null logit ``[N]`` (gpt-oss; softmax only).
+    rope_theta: RoPE base, or None for no positional encoding.
     output_gate: None, ``"elementwise"`` or ``"headwise"``: multiply each head's
       attention output by ``sigmoid(x W_g + b_g)`` before the output projection
       (Qiu et al. 2025).
-    kv_bias: learn one extra key/value pair per key/value head that every query
-      may attend to (Sun et al. 2024, "attention bias"); it is appended after the
-      real keys, so key 0 stays the first token for sink statistics.
-    window: causal sliding window: query ``i`` sees keys ``i - window .. i``.
-    num_sinks: with ``window``, the first ``num_sinks`` tokens stay visible to
-      every query (StreamingLLM sinks + window).
-    streaming_rope: how a sinks-window decode cache rotates keys: ``"cache"``
-      (StreamingLLM: keys are stored before RoPE and rotated by their position
-      in the cache) or ``"absolute"`` (by their position in the sequence, which
-      matches the full forward exactly). ``"cache"`` is exact for one-token
-      steps; a prefill from an empty cache uses sequence positions (nothing is
-      evicted yet), and a multi-token chunk on a full cache shares the shift of
-      its first query.
-    pattern: sparse family: ``(name, ((arg, value), ...))`` naming a factory of
-      :mod:`attnjax.patterns`, e.g. ``("strided", (("stride", 4),))``.
-    block_size: sparse family: block size of the block-sparse computation.
-    feature_map: linear family: a name from :mod:`attnjax.feature_maps`
-      (``"elu_plus_one"``, ``"relu"``, ``"identity"``, ``"squared_relu"``, or the
-      random ``"favor_plus"`` / ``"trig"``, whose projection ``[m, H]`` the
-      layer draws at init and keeps as a non-trained variable).
-    num_features: linear family: random features m of ``favor_plus`` / ``trig``.
-    stabilize_features: linear family, random maps: subtract the stop-gradient
-      maxima in the full forward (Performer practice). A decode state cannot carry
-      them, so decoding always uses the exact estimator; with
-      ``linear_normalize="denominator"`` the constants cancel and the two agree
-      up to the denominator's ``eps``.
-    linear_normalize: linear family: the ``normalize`` form of
-      :func:`attnjax.linear_attention`.
-    chunk_size: linear family: chunk size of the chunked implementation.
-    rope_theta: RoPE base, or None for no positional encoding.
-    softcap: ``c`` of the ``c tanh(z / c)`` logit cap, or None.
+    is_causal: True for a decoder layer; False for an encoder (every token sees
+      every token; no decode). Cross-attention is never causal.
     implementation: the attention function's ``implementation`` (None = auto).
     sow_weights: sow the full attention weights ``[B, N, T, S]`` under
       ``nnx.capture`` (costly; also switchable per call).
   """
 
-  family: str = "dense"
   num_heads: int = 4
   num_kv_heads: Optional[int] = None
   head_dim: Optional[int] = None
-  normalizer: str = "softmax"
-  similarity: str = "dot"
-  qk_norm: str = "rms"
-  qk_norm_placement: str = "before_rope"
-  qk_norm_gain: bool = True
-  qk_norm_eps: float = 1e-6
-  qk_scale: Optional[float] = None
-  cosine_convention: str = "swin"
-  temperature_init: Optional[float] = None
-  sink_logits: bool = False
-  output_gate: Optional[str] = None
-  kv_bias: bool = False
-  window: Optional[int] = None
-  num_sinks: int = 0
-  streaming_rope: str = "cache"
-  pattern: Optional[tuple] = None
-  block_size: int = 16
-  feature_map: str = "elu_plus_one"
-  num_features: int = 64
-  stabilize_features: bool = True
-  linear_normalize: str = "denominator"
-  chunk_size: int = 64
   rope_theta: Optional[float] = 10000.0
-  softcap: Optional[float] = None
+  output_gate: Optional[Literal["elementwise", "headwise"]] = None
+  is_causal: bool = True
   implementation: Optional[str] = None
   sow_weights: bool = False
+  spec: specs.AttentionSpec = specs.DenseSpec()
 
-  def __post_init__(self):
-    _checks.check_choice("family", self.family, FAMILIES)
+  def __init__(self, family: Optional[str] = None, *, spec: Optional[specs.AttentionSpec] = None,
+               num_heads: int = 4, num_kv_heads: Optional[int] = None,
+               head_dim: Optional[int] = None, rope_theta: Optional[float] = 10000.0,
+               output_gate: Optional[str] = None, is_causal: bool = True,
+               implementation: Optional[str] = None, sow_weights: bool = False,
+               **options: Any):
+    built = _build_spec(family, spec, options)
+    for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim), ("rope_theta", rope_theta),
+                        ("output_gate", output_gate), ("is_causal", is_causal),
+                        ("implementation", implementation), ("sow_weights", sow_weights),
+                        ("spec", built)):
+      object.__setattr__(self, name, value)
+    self._check()
+
+  def _check(self):
     _positive_int("num_heads", self.num_heads)
     _positive_int("num_kv_heads", self.num_kv_heads, allow_none=True)
     if self.num_heads % self.kv_heads != 0:
@@ -158,98 +160,35 @@ class AttentionConfig:
     _positive_int("head_dim", self.head_dim, allow_none=True)
     if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
-    _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
-    _checks.check_choice("similarity", self.similarity, dense.SIMILARITIES)
-    _checks.check_choice("qk_norm", self.qk_norm, qk_norm.NORMS)
-    _checks.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
-    _check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
-    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
-    _checks.check_positive_float("qk_scale", self.qk_scale)
-    _checks.check_choice("cosine_convention", self.cosine_convention, qk_norm.COSINE_CONVENTIONS)
-    if self.temperature_init is not None:
-      _check_type("temperature_init", self.temperature_init, (int, float), "a float")
-    for name in ("sink_logits", "kv_bias", "sow_weights", "stabilize_features"):
-      _check_type(name, getattr(self, name), bool, "a bool")
-    _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
-    _positive_int("window", self.window, allow_none=True, minimum=0)
-    _positive_int("num_sinks", self.num_sinks, minimum=0)
-    _checks.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
-    _positive_int("block_size", self.block_size)
-    _positive_int("num_features", self.num_features)
-    _positive_int("chunk_size", self.chunk_size)
     _checks.check_positive_float("rope_theta", self.rope_theta)
-    _checks.check_positive_float("softcap", self.softcap)
-    _checks.check_choice("feature_map", self.feature_map, FEATURE_MAPS)
-    _checks.check_choice("linear_normalize", self.linear_normalize, linear.NORMALIZE)
-    self._check_family_options()
+    _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
+    for name in ("is_causal", "sow_weights"):
+      _check_type(name, getattr(self, name), bool, "a bool")
+    if self.implementation is not None:
+      _check_type("implementation", self.implementation, str, "a str or None")
+    self.spec.check(self)
 
-  def _check_family_options(self):
-    family = self.family
-    default = AttentionConfig.__dataclass_fields__
+  @property
+  def family(self) -> str:
+    return self.spec.family
 
-    def changed(name):
-      return getattr(self, name) != default[name].default
+  def __getattr__(self, name: str):
+    # Only called when normal lookup fails: family options live on the spec.
+    if name.startswith("__") or name == "spec":
+      raise AttributeError(name)
+    spec = self.spec
+    if name in _spec_fields(type(spec)) or isinstance(getattr(type(spec), name, None), property):
+      return getattr(spec, name)
+    if name in LEGACY_DEFAULTS:
+      return LEGACY_DEFAULTS[name]
+    raise AttributeError(f"AttentionConfig of family {spec.family!r} has no field {name!r}")
 
-    def reject(names, reason):
-      for name in names:
-        if changed(name):
-          raise ValueError(f"{name}={getattr(self, name)!r} cannot be used with "
-                           f"family={family!r}: {reason}")
-
-    if family != "dense":
-      reject(("similarity",), "only family='dense' takes another similarity")
-    if family != "qk_norm":
-      reject(("qk_norm", "qk_norm_placement", "qk_norm_gain", "qk_scale"),
-             "QK-norm options belong to family='qk_norm'")
-    if family != "cosine":
-      reject(("cosine_convention", "temperature_init"),
-             "temperatures belong to family='cosine'")
-    if family not in ("qk_norm", "cosine"):
-      reject(("qk_norm_eps",), "only the qk_norm and cosine families normalise q and k")
-    if family != "linear":
-      reject(("feature_map", "num_features", "stabilize_features", "linear_normalize",
-              "chunk_size"),
-             "feature maps belong to family='linear'")
-    if family != "sparse":
-      reject(("pattern", "block_size"), "patterns belong to family='sparse'")
-    if family == "linear":
-      reject(("normalizer", "sink_logits", "kv_bias", "window", "num_sinks", "softcap"),
-             "linear attention has no softmax logits to normalise, cap, or add a "
-             "null column or window to")
-    if family == "linear":
-      if self.implementation is not None:
-        _checks.check_choice("implementation", self.implementation,
-                             linear.IMPLEMENTATIONS + tuple(linear.DEPRECATED_IMPLEMENTATIONS))
-    if family == "sparse":
-      reject(("window", "num_sinks"),
-             "use pattern=('sliding_window', ...) or ('sinks_window', ...) instead")
-      reject(("kv_bias",), "sparse_attention takes no extra always-visible key column")
-      if self.pattern is None:
-        raise ValueError("pattern=None: family='sparse' needs pattern=(name, ((arg, value), ...))")
-      self.make_pattern()
-    if self.sink_logits and self.normalizer != "softmax":
-      raise ValueError(
-          f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
-          f"with normalizer={self.normalizer!r}")
-    if self.num_sinks and self.window is None:
-      raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
-    if changed("streaming_rope") and not self.num_sinks:
-      raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0")
-
-  def make_pattern(self) -> "patterns.Pattern":
-    """Sparse family: the configured pattern intersected with causal (decoders never look ahead)."""
-    if (not isinstance(self.pattern, tuple) or len(self.pattern) != 2
-        or not isinstance(self.pattern[0], str) or not isinstance(self.pattern[1], tuple)):
-      raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
-    name, args = self.pattern
-    _checks.check_choice("pattern name", name, PATTERNS)
-    try:
-      pattern = getattr(patterns, name)(**dict(args))
-    except TypeError as e:
-      raise TypeError(f"pattern={self.pattern!r}: bad arguments for patterns.{name}: {e}") from e
-    except ValueError as e:
-      raise ValueError(f"pattern={self.pattern!r}: {e}") from e
-    return patterns.intersection(pattern, patterns.causal())
+  def make_pattern(self):
+    """Sparse family: the configured pattern (intersected with causal when causal)."""
+    if not isinstance(self.spec, specs.SparseSpec):
+      raise ValueError(f"make_pattern needs family='sparse', this config has "
+                       f"family={self.family!r}")
+    return self.spec.make_pattern(self.is_causal)
 
   @property
   def kv_heads(self) -> int:
@@ -267,38 +206,42 @@ class AttentionConfig:
       raise ValueError(f"head_dim = d_model // num_heads = {H} must be even for RoPE")
     return H
 
-  @property
-  def initial_temperature(self) -> float:
-    if self.temperature_init is not None:
-      return float(self.temperature_init)
-    return DEFAULT_TEMPERATURE[self.cosine_convention]
-
   def to_dict(self) -> dict[str, Any]:
-    """A plain dict (JSON-serialisable); ``pattern`` becomes ``[name, {arg: value}]``."""
-    out = dataclasses.asdict(self)
-    if self.pattern is not None:
-      out["pattern"] = [self.pattern[0], dict(self.pattern[1])]
+    """A flat JSON-serialisable dict: ``family``, the common fields, the spec's fields.
+
+    ``pattern`` becomes ``[name, {arg: value}]``.
+    """
+    out = {"family": self.family}
+    out.update({name: getattr(self, name) for name in COMMON_FIELDS})
+    out.update(self.spec.to_dict())
     return out
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "AttentionConfig":
+    """Inverse of :meth:`to_dict`; also reads the flat record written before the specs.
+
+    An option of another family at its old default is ignored (old dicts carry
+    every option); any other value, or an unknown name, raises naming the field.
+    """
     d = dict(d)
-    unknown = set(d) - set(cls.__dataclass_fields__)
+    family = d.pop("family", "dense")
+    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    unknown = set(d) - set(COMMON_FIELDS) - set(LEGACY_DEFAULTS) - set(
+        _spec_fields(specs.FAMILY_SPECS[family]))
     if unknown:
       raise ValueError(f"unknown AttentionConfig fields: {sorted(unknown)}")
-    pattern = d.get("pattern")
-    if pattern is not None:
-      name, args = pattern
-      args = args.items() if isinstance(args, dict) else args
-      d["pattern"] = (name, tuple((k, _freeze(v)) for k, v in args))
-    return cls(**d)
+    common = {name: d.pop(name) for name in COMMON_FIELDS if name in d}
+    options = specs.FAMILY_SPECS[family].options_from_json(d)
+    return cls(family, **common, **options)
 
   def replace(self, **changes) -> "AttentionConfig":
-    return dataclasses.replace(self, **changes)
-
-
-def _freeze(v):
-  return tuple(v) if isinstance(v, list) else v
+    """A copy with common fields or family options changed (``family=`` starts a new spec)."""
+    common = {name: changes.pop(name, getattr(self, name)) for name in COMMON_FIELDS}
+    family = changes.pop("family", self.family)
+    spec = changes.pop("spec", None)
+    if spec is None and family == self.family:
+      spec = self.spec
+    return AttentionConfig(family if spec is None else None, spec=spec, **common, **changes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,9 +30,13 @@ def init_cache(model: TransformerLM, batch_size: int, max_len: int) -> list:
 
 
 @nnx.jit
-def decode_step(model: TransformerLM, tokens: Array, cache: list):
-  """``(logits [B, T, V], cache)`` for the next ``tokens`` ``[B, T]`` (jitted)."""
-  return model.decode(tokens, cache)
+def decode_step(model: TransformerLM, tokens: Array, cache: list,
+                segment_ids: Optional[Array] = None, positions: Optional[Array] = None):
+  """``(logits [B, T, V], cache)`` for the next ``tokens`` ``[B, T]`` (jitted).
+
+  ``segment_ids`` / ``positions`` ``[B, T]`` of the new tokens for a packed decode.
+  """
+  return model.decode(tokens, cache, segment_ids=segment_ids, positions=positions)
 
 
 def _sample(logits: Array, key: Array, temperature: float, top_k: Optional[int]) -> Array:

@@ -75,16 +75,21 @@ class TransformerBlock(nnx.Module):
     self.mlp_norm = _norm(config.norm, D, config.norm_eps, **kw)
     self.mlp = MLP(config.mlp, D, config.hidden_dim, **kw)
 
-  def __call__(self, h: Array, *, sow_weights: Optional[bool] = None,
+  def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
+               positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
                sow_hidden: bool = False) -> Array:
-    h = h + self.attention(self.attn_norm(h), sow_weights=sow_weights)
+    """``h`` ``[B, T, D]`` -> ``[B, T, D]``; ``segment_ids``/``positions`` as :class:`Attention`."""
+    h = h + self.attention(self.attn_norm(h), segment_ids=segment_ids, positions=positions,
+                           sow_weights=sow_weights)
     h = h + self.mlp(self.mlp_norm(h))
     self._sow_hidden(h, sow_hidden)
     return h
 
-  def decode(self, h: Array, cache, *, sow_weights: Optional[bool] = None,
+  def decode(self, h: Array, cache, *, segment_ids: Optional[Array] = None,
+             positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
              sow_hidden: bool = False):
-    a, cache = self.attention.decode(self.attn_norm(h), cache, sow_weights=sow_weights)
+    a, cache = self.attention.decode(self.attn_norm(h), cache, segment_ids=segment_ids,
+                                     positions=positions, sow_weights=sow_weights)
     h = h + a
     h = h + self.mlp(self.mlp_norm(h))
     self._sow_hidden(h, sow_hidden)
@@ -128,31 +133,47 @@ class TransformerLM(nnx.Module):
       self.head = _layers.linear(D, V, ("embed", "vocab"), rngs=rngs, dtype=dtype,
                                  param_dtype=param_dtype)
 
-  def __call__(self, tokens: Array, *, return_log_z: bool = False,
+  def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
+               positions: Optional[Array] = None, return_log_z: bool = False,
                sow_weights: Optional[bool] = None, sow_hidden: bool = False):
-    """Logits ``[B, T, V]`` float32 of ``tokens`` ``[B, T]`` (and ``log Z`` ``[B, T]``)."""
+    """Logits ``[B, T, V]`` float32 of ``tokens`` ``[B, T]`` (and ``log Z`` ``[B, T]``).
+
+    Args:
+      tokens: ``[B, T]`` integer tokens.
+      segment_ids: ``[B, T]`` int: packed documents; no token attends across a
+        document boundary.
+      positions: ``[T]`` or ``[B, T]`` RoPE positions (default ``0..T-1``), e.g.
+        restarting at 0 in every packed document.
+      return_log_z: also return ``log Z = logsumexp(logits)``.
+      sow_weights: sow attention weights (under ``nnx.capture``).
+      sow_hidden: sow every block's output hidden state (under ``nnx.capture``).
+    """
     h = self._embed(tokens)
+    flags = dict(sow_weights=sow_weights, sow_hidden=sow_hidden)
     for block in self.blocks:
       if self.config.remat:
-        h = nnx.remat(
-            lambda blk, h: blk(h, sow_weights=sow_weights, sow_hidden=sow_hidden))(block, h)
+        h = nnx.remat(lambda blk, h, seg, pos: blk(h, segment_ids=seg, positions=pos, **flags))(
+            block, h, segment_ids, positions)
       else:
-        h = block(h, sow_weights=sow_weights, sow_hidden=sow_hidden)
+        h = block(h, segment_ids=segment_ids, positions=positions, **flags)
     return self._logits(h, return_log_z)
 
-  def decode(self, tokens: Array, cache: list, *, sow_weights: Optional[bool] = None,
+  def decode(self, tokens: Array, cache: list, *, segment_ids: Optional[Array] = None,
+             positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
              sow_hidden: bool = False):
     """Runs ``tokens`` ``[B, T]`` (the next ``T`` tokens) through the caches: ``(logits, cache)``.
 
     A prefill is one call with the prompt; each step after it is a call with
-    ``T = 1``. Prefill plus steps gives the logits of the full forward.
+    ``T = 1``. Prefill plus steps gives the logits of the full forward. A packed
+    decode passes the new tokens' ``segment_ids`` (and ``positions``) on every call.
     """
     if len(cache) != len(self.blocks):
       raise ValueError(f"cache has {len(cache)} layers, the model {len(self.blocks)}")
     h = self._embed(tokens)
     new_cache = []
     for block, layer_cache in zip(self.blocks, cache):
-      h, layer_cache = block.decode(h, layer_cache, sow_weights=sow_weights,
+      h, layer_cache = block.decode(h, layer_cache, segment_ids=segment_ids,
+                                    positions=positions, sow_weights=sow_weights,
                                     sow_hidden=sow_hidden)
       new_cache.append(layer_cache)
     return self._logits(h, False), new_cache

@@ -47,6 +47,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.bb_num_triggers = 3
   c.data.bb_task_seed = 0
   c.data.bb_concentration = 0.1
+  c.data.pack = False          # pack whole documents (lines), segment ids + positions
 
   c.model = ml_collections.ConfigDict()
   c.model.d_model = 64
@@ -274,6 +275,13 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     _require(d.vocab_size > 0, "data.vocab_size must be > 0 for data.name='bin'")
   _require(d.seq_len >= 2, f"data.seq_len must be >= 2 (BOS + one token), got {d.seq_len}")
   _require(d.batch_size >= 1, f"data.batch_size must be >= 1, got {d.batch_size}")
+  if d.get("pack", False):
+    _require(d.name != "bigram_backcopy",
+             "data.pack=True needs a corpus of documents; data.name='bigram_backcopy' has none")
+    family = VARIANTS[cfg.variant][0].get("family", "dense")
+    _require(family != "linear",
+             f"data.pack=True needs attention that takes segment_ids; variant={cfg.variant!r} "
+             f"(family='linear') cannot")
   _require(m.d_model >= 1 and m.num_layers >= 1 and m.num_heads >= 1,
            "model.d_model, model.num_layers and model.num_heads must be >= 1")
   _require(m.d_model % m.num_heads == 0,

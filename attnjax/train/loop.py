@@ -75,6 +75,14 @@ class DataParallel:
     local = array[jax.process_index() * rows:(jax.process_index() + 1) * rows]
     return jax.make_array_from_process_local_data(self.batch, local, array.shape)
 
+  def batch_args(self, b) -> tuple:
+    """``(inputs, targets)`` of a Batch on the devices, plus its packing dict when packed."""
+    args = (self.put_batch(b.inputs), self.put_batch(b.targets))
+    packing = b.packing()
+    if packing is None:
+      return args
+    return args + ({k: self.put_batch(v) for k, v in packing.items()},)
+
   def replicate(self, tree: Any) -> Any:
     return jax.device_put(tree, self.replicated)
 
@@ -172,8 +180,7 @@ class Trainer:
     ce, count = 0.0, 0.0
     for i in range(self.cfg.train.eval_batches):
       b = self.batches.batch("val", i)
-      out = self.eval_step(self.state["params"], self.rest, self.dp.put_batch(b.inputs),
-                           self.dp.put_batch(b.targets))
+      out = self.eval_step(self.state["params"], self.rest, *self.dp.batch_args(b))
       out = jax.device_get(out)
       ce += float(out["ce_sum"])
       count += float(out["count"])
@@ -207,8 +214,7 @@ class Trainer:
 
     t0 = time.perf_counter()
     b = self.batches.batch("train", start)
-    compiled = self.train_step.lower(self.state, self.rest, self.dp.put_batch(b.inputs),
-                                     self.dp.put_batch(b.targets)).compile()
+    compiled = self.train_step.lower(self.state, self.rest, *self.dp.batch_args(b)).compile()
     compile_s = time.perf_counter() - t0
 
     metrics_out = rundir.JsonlWriter(self.dir.metrics) if self.is_writer else None
@@ -297,8 +303,7 @@ class Trainer:
           status = "stopped"
           break
         b = self.batches.batch("train", step)
-        self.state, m = compiled(self.state, self.rest, self.dp.put_batch(b.inputs),
-                                 self.dp.put_batch(b.targets))
+        self.state, m = compiled(self.state, self.rest, *self.dp.batch_args(b))
         pending.append(m)
         pending_steps.append(step)
         step += 1

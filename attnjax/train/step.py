@@ -11,7 +11,7 @@ pytrees. Metrics stay on the device: the loop reads them every
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -75,19 +75,35 @@ def cross_entropy(logits: Array, targets: Array) -> Array:
 
 
 def forward(graphdef: nnx.GraphDef, params: Any, rest: Any, inputs: Array, *,
-            stats: bool) -> tuple[Array, Array, dict[str, Array]]:
+            stats: bool, packing: Optional[dict[str, Array]] = None
+            ) -> tuple[Array, Array, dict[str, Array]]:
   """``(logits [B, T, V], log Z [B, T], per-layer attention summary)`` of a merged model.
 
   With ``stats=True`` the forward runs under ``nnx.capture(..., nnx.Intermediate)``
   so the layers compute and sow their ``AttentionStats``; otherwise they skip it.
+  ``packing`` (a packed batch's ``segment_ids`` and ``positions``) goes to the model.
   """
   model = nnx.merge(graphdef, params, rest)
+  kw = {} if packing is None else dict(segment_ids=packing["segment_ids"],
+                                       positions=packing["positions"])
   if not stats:
-    logits, log_z = model(inputs, return_log_z=True)
+    logits, log_z = model(inputs, return_log_z=True, **kw)
     return logits, log_z, {}
   (logits, log_z), inter = nnx.capture(
-      lambda m, x: m(x, return_log_z=True), nnx.Intermediate)(model, inputs)
+      lambda m, x: m(x, return_log_z=True, **kw), nnx.Intermediate)(model, inputs)
   return logits, log_z, summarize_attention(attention_stats_by_layer(inter))
+
+
+def mean_loss(values: Array, packing: Optional[dict[str, Array]]) -> Array:
+  """Mean of ``[B, T]`` per-token values; a packed batch weighs them by ``packing["weights"]``.
+
+  The weights are 0 where a target crosses into the next document, so those
+  targets count nowhere (neither in the sum nor in the count).
+  """
+  if packing is None:
+    return jnp.mean(values)
+  w = packing["weights"].astype(jnp.float32)
+  return jnp.sum(values * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
@@ -104,25 +120,32 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       as the whole batch up to float summation order, with a working set
       ``microbatches`` times smaller (on a CPU, one that fits in cache). Rows
       ``m, m + M, m + 2M, ...`` form microbatch ``m``, so a batch sharded over
-      devices stays sharded.
+      devices stays sharded. A packed batch's loss is then the mean of the
+      microbatches' weighted means (the whole batch's weighted mean when each
+      holds as many weighted targets).
 
   Returns:
-    The step. ``state`` is ``{"params", "opt_state", "step", "initial_loss"}``; ``metrics``
+    The step ``train_step(state, rest, inputs, targets, packing=None)``; ``packing``
+    is a packed batch's ``{"segment_ids", "positions", "weights"}`` ``[B, T]``
+    (:meth:`attnjax.data.Batch.packing`): the model sees the segments and
+    positions, and the losses weigh targets by ``weights``. ``state`` is
+    ``{"params", "opt_state", "step", "initial_loss"}``; ``metrics``
     holds float32 device scalars (``loss`` is the cross-entropy before the
     update; ``total_loss`` adds the z-loss) and per-layer ``[L]`` arrays.
   """
 
-  def loss_fn(params, rest, inputs, targets):
-    logits, log_z, layer_stats = forward(graphdef, params, rest, inputs, stats=stats)
+  def loss_fn(params, rest, inputs, targets, packing=None):
+    logits, log_z, layer_stats = forward(graphdef, params, rest, inputs, stats=stats,
+                                         packing=packing)
     ce = cross_entropy(logits, targets)
-    loss = jnp.mean(ce)
-    z_term = z_loss * jnp.mean(jnp.square(log_z))
+    loss = mean_loss(ce, packing)
+    z_term = z_loss * mean_loss(jnp.square(log_z), packing)
     aux = {"loss": loss, "z_loss": z_term, "log_z": jnp.mean(log_z), **layer_stats}
     return loss + z_term, aux
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def accumulated(params, rest, inputs, targets):
+  def accumulated(params, rest, inputs, targets, packing=None):
     B, T = inputs.shape
     if B % microbatches:
       raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
@@ -132,22 +155,23 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       (total, aux), grads = grad_fn(params, rest, *batch)
       return jax.tree.map(jnp.add, acc, (total, aux, grads)), aux.get("max_logit")
 
-    shapes = jax.eval_shape(grad_fn, params, rest, inputs[:B // microbatches],
-                            targets[:B // microbatches])
+    first = lambda x: x[:B // microbatches]
+    batch = (inputs, targets) if packing is None else (inputs, targets, packing)
+    shapes = jax.eval_shape(grad_fn, params, rest, *jax.tree.map(first, batch))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     zeros = (zeros[0][0], zeros[0][1], zeros[1])
-    (total, aux, grads), max_logits = jax.lax.scan(body, zeros, (split(inputs), split(targets)))
+    (total, aux, grads), max_logits = jax.lax.scan(body, zeros, jax.tree.map(split, batch))
     scale = 1.0 / microbatches
     total, aux, grads = jax.tree.map(lambda x: x * scale, (total, aux, grads))
     if max_logits is not None:  # a maximum, not a mean, over microbatches
       aux["max_logit"] = jnp.max(max_logits, axis=0)
     return (total, aux), grads
 
-  def train_step(state, rest, inputs, targets):
+  def train_step(state, rest, inputs, targets, packing=None):
     if microbatches == 1:
-      (total, aux), grads = grad_fn(state["params"], rest, inputs, targets)
+      (total, aux), grads = grad_fn(state["params"], rest, inputs, targets, packing)
     else:
-      (total, aux), grads = accumulated(state["params"], rest, inputs, targets)
+      (total, aux), grads = accumulated(state["params"], rest, inputs, targets, packing)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = dict(aux, total_loss=total, grad_norm=optax.tree.norm(grads),
@@ -158,11 +182,17 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
 
 def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
-  """``eval_step(params, rest, inputs, targets) -> {"ce_sum", "count"}`` (float32 scalars)."""
+  """``eval_step(params, rest, inputs, targets, packing=None) -> {"ce_sum", "count"}``.
 
-  def eval_step(params, rest, inputs, targets):
-    logits, _, _ = forward(graphdef, params, rest, inputs, stats=False)
+  Float32 scalars; a packed batch counts only targets of weight 1.
+  """
+
+  def eval_step(params, rest, inputs, targets, packing=None):
+    logits, _, _ = forward(graphdef, params, rest, inputs, stats=False, packing=packing)
     ce = cross_entropy(logits, targets)
-    return {"ce_sum": jnp.sum(ce), "count": jnp.float32(ce.size)}
+    if packing is None:
+      return {"ce_sum": jnp.sum(ce), "count": jnp.float32(ce.size)}
+    w = packing["weights"].astype(jnp.float32)
+    return {"ce_sum": jnp.sum(ce * w), "count": jnp.sum(w)}
 
   return eval_step

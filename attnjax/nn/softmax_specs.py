@@ -1,0 +1,558 @@
+"""Softmax-style family specs: dense, qk_norm and cosine (the dense kernel), and sparse.
+
+:class:`ScoreSpec` holds what every family with logits shares (normaliser,
+softcap, sink logits) and the three calls (self-attention, cross-attention,
+decode over a :class:`~attnjax.nn.caches.KVCache`); :class:`KernelSpec` adds
+the dense kernel's k/v bias slot, windows and sinks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, ClassVar, Literal, Optional
+
+import jax.numpy as jnp
+
+from attnjax import _checks, dense, masks, normalizers, patterns
+from attnjax import qk_norm as qk_norm_lib
+from attnjax.nn import _layers
+from attnjax.nn.caches import KVCache
+from attnjax.nn.rope import apply_rope
+from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, PATTERNS, STREAMING_ROPE, AttentionSpec,
+                                  Call, _and, _rope, check_int, check_type, register_family,
+                                  run_and_sow)
+from attnjax.sparse import sparse_attention
+
+Array = jnp.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreSpec(AttentionSpec):
+  """Options of every family that normalises logits (dense kernel and sparse).
+
+  Attributes:
+    normalizer: a name from :mod:`attnjax.normalizers`.
+    softcap: ``c`` of the ``c tanh(z / c)`` logit cap, or None.
+    sink_logits: learn a per-head null logit ``[N]`` (gpt-oss; softmax only).
+  """
+
+  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits",)
+
+  normalizer: str = "softmax"
+  softcap: Optional[float] = None
+  sink_logits: bool = False
+
+  def validate(self) -> None:
+    _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    _checks.check_positive_float("softcap", self.softcap)
+    check_type("sink_logits", self.sink_logits, bool, "a bool")
+    if self.sink_logits and self.normalizer != "softmax":
+      raise ValueError(
+          f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
+          f"with normalizer={self.normalizer!r}")
+
+  def init_params(self, layer, rngs, param_dtype) -> None:
+    if self.sink_logits:
+      layer.sink_logits = _layers.param(jnp.zeros((layer.num_heads,), param_dtype), ("heads",))
+
+  def kwargs(self, layer) -> dict[str, Any]:
+    """Static and learned arguments of the family's function (not the masks)."""
+    out = dict(normalizer=self.normalizer, softcap=self.softcap,
+               implementation=layer.config.implementation)
+    if self.sink_logits:
+      out["sink_logits"] = layer.sink_logits[...]
+    return out
+
+  def default_function(self, layer) -> Callable:
+    return dense.dot_product_attention
+
+  # Hooks of the masks: the structure by position, and how a cache rolls.
+
+  def allowed(self, layer, q_positions: Array, k_positions: Array, length: int) -> Array:
+    """``bool [1, 1, T, S]`` pairs allowed by position; empty cache slots (-1) out."""
+    raise NotImplementedError
+
+  def rolling(self) -> tuple[Optional[int], int]:
+    """``(window, num_sinks)`` of the cache's eviction rule; ``(None, 0)`` keeps every key."""
+    return None, 0
+
+  def kv_slot(self) -> bool:
+    return False
+
+  def full_call(self, layer, k: Array, v: Array, call: Call):
+    """``(run, k, v)`` of the self-attention training forward (the structure, fast paths)."""
+    raise NotImplementedError
+
+  def decode_function(self, layer) -> Callable:
+    return self.function(layer)
+
+  def check_cross(self, layer) -> None:
+    w, s = self.rolling()
+    if w is not None or s:
+      raise ValueError(f"inputs_kv: cross-attention takes no window or sinks (this layer has "
+                       f"window={w}, num_sinks={s})")
+
+  # The three calls.
+
+  def attend(self, layer, q, k, v, call):
+    q, k = self.prepare_qk(layer, q, k)
+    if call.cross:
+      return self._attend_cross(layer, q, k, v, call), None
+    if call.cache is None:
+      T = q.shape[1]
+      positions = jnp.arange(T, dtype=jnp.int32) if call.positions is None else call.positions
+      q, k = _rope(layer, q, positions), _rope(layer, k, positions)
+      run, k, v = self.full_call(layer, k, v, call)
+      return run_and_sow(layer, run, q, k, v, call), None
+    return self._attend_decode(layer, q, k, v, call)
+
+  def _attend_cross(self, layer, q, k, v, call):
+    self.check_cross(layer)
+    mask = call.mask
+    if self.kv_slot():
+      k, v, mask = self._append_kv_bias(layer, k, v, mask, q.shape[1])
+    run = functools.partial(self.function(layer), mask=mask, **self.kwargs(layer))
+    return run_and_sow(layer, run, q, k, v, call)
+
+  def _attend_decode(self, layer, q, k, v, call):
+    c, cache = layer.config, call.cache
+    if not isinstance(cache, KVCache):
+      raise TypeError(f"cache must be a KVCache for family={self.family!r}, "
+                      f"got {type(cache).__name__}")
+    if not c.is_causal:
+      raise ValueError("decode needs is_causal=True: an encoder layer (is_causal=False) has "
+                       "no decode")
+    if call.mask is not None:
+      raise ValueError("mask: a self-attention decode takes no mask; mark padding and packed "
+                       "documents with segment_ids")
+    B, T = q.shape[:2]
+    start = cache.index
+    idx = jnp.arange(T, dtype=jnp.int32) + start
+    seg = (jnp.zeros((B, T), jnp.int32) if call.segment_ids is None
+           else call.segment_ids.astype(jnp.int32))
+    rope_q = jnp.broadcast_to(idx if call.positions is None else call.positions,
+                              (B, T)).astype(jnp.int32)
+    k_all = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], axis=1)
+    v_all = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], axis=1)
+    k_idx = jnp.concatenate([cache.positions, idx])
+    k_seg = jnp.concatenate([cache.segment_ids, seg], axis=1)
+    if c.rope_theta is not None:
+      k_rope = jnp.concatenate([cache.rope_positions, rope_q], axis=1)
+      q_rope, k_rope = self.decode_rope(layer, idx, k_idx, rope_q, k_rope, start, call)
+      q = apply_rope(q, q_rope, c.rope_theta)
+      k_all = apply_rope(k_all, k_rope, c.rope_theta)
+    mask = self.allowed(layer, idx, k_idx, cache.k.shape[1])
+    mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
+    if self.kv_slot():
+      k_all, v_all, mask = self._append_kv_bias(layer, k_all, v_all, mask, T)
+    run = functools.partial(self.decode_function(layer), mask=mask, **self.kwargs(layer))
+    out = run_and_sow(layer, run, q, k_all, v_all, call)
+    return out, self._write(cache, k, v, idx, rope_q, seg)
+
+  def decode_rope(self, layer, q_idx, k_idx, q_rope, k_rope, start, call):
+    """RoPE positions of the decode's queries and keys (stored ones by default)."""
+    return q_rope, k_rope
+
+  def _append_kv_bias(self, layer, k, v, mask, T):
+    """Appends the learned key/value slot after the real keys; every query may attend to it."""
+    B = k.shape[0]
+    kb = jnp.broadcast_to(layer.k_bias[...].astype(k.dtype)[None, None], (B, 1) + k.shape[2:])
+    vb = jnp.broadcast_to(layer.v_bias[...].astype(v.dtype)[None, None], (B, 1) + v.shape[2:])
+    if mask is None:
+      mask = jnp.ones((1, 1, T, k.shape[1]), bool)
+    ones = jnp.ones(mask.shape[:3] + (1,), bool)
+    return (jnp.concatenate([k, kb], axis=1), jnp.concatenate([v, vb], axis=1),
+            jnp.concatenate([mask, ones], axis=-1))
+
+  def _write(self, cache: KVCache, k, v, positions, rope_positions, segment_ids) -> KVCache:
+    """Writes the new keys/values into their slots; tokens evicted at once are dropped."""
+    C = cache.k.shape[1]
+    T = k.shape[1]
+    end = cache.index + T
+    W, s = self.rolling()
+    if W is None:
+      slots, keep = positions, positions < C
+    else:
+      ring = s + (positions - s) % max(W, 1)
+      slots = jnp.where(positions < s, positions, ring)
+      keep = jnp.logical_or(positions < s, jnp.logical_and(W > 0, positions >= end - W))
+    slots = jnp.where(keep, slots, C)  # out of range: dropped by mode="drop"
+    return KVCache(
+        k=cache.k.at[:, slots].set(k.astype(cache.k.dtype), mode="drop"),
+        v=cache.v.at[:, slots].set(v.astype(cache.v.dtype), mode="drop"),
+        positions=cache.positions.at[slots].set(positions, mode="drop"),
+        index=end,
+        rope_positions=cache.rope_positions.at[:, slots].set(rope_positions, mode="drop"),
+        segment_ids=cache.segment_ids.at[:, slots].set(segment_ids, mode="drop"))
+
+  def init_cache(self, layer, batch_size, max_len):
+    K, H = layer.num_kv_heads, layer.head_dim
+    C = self.cache_capacity(layer, max_len)
+    return KVCache(
+        k=jnp.zeros((batch_size, C, K, H), layer.dtype),
+        v=jnp.zeros((batch_size, C, K, H), layer.dtype),
+        positions=jnp.full((C,), -1, jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+        rope_positions=jnp.full((batch_size, C), -1, jnp.int32),
+        segment_ids=jnp.zeros((batch_size, C), jnp.int32))
+
+  def allowed_mask(self, layer, length):
+    pos = jnp.arange(length, dtype=jnp.int32)
+    allowed = jnp.broadcast_to(self.allowed(layer, pos, pos, length), (1, 1, length, length))
+    if self.kv_slot():
+      allowed = jnp.concatenate([allowed, jnp.ones((1, 1, length, 1), bool)], axis=-1)
+    return allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec(ScoreSpec):
+  """Options shared by the families on the dense kernel (dense, qk_norm, cosine).
+
+  Attributes:
+    kv_bias: learn one extra key/value pair per key/value head that every query
+      may attend to (Sun et al. 2024, "attention bias"); it is appended after the
+      real keys, so key 0 stays the first token for sink statistics.
+    window: causal sliding window: query ``i`` sees keys ``i - window .. i``.
+    num_sinks: with ``window``, the first ``num_sinks`` tokens stay visible to
+      every query (StreamingLLM sinks + window).
+    streaming_rope: how a sinks-window decode cache rotates keys: ``"cache"``
+      (StreamingLLM: keys are stored before RoPE and rotated by their position
+      in the cache) or ``"absolute"`` (by their position in the sequence, which
+      matches the full forward exactly). ``"cache"`` is exact for one-token
+      steps; a prefill from an empty cache uses sequence positions (nothing is
+      evicted yet), and a multi-token chunk on a full cache shares the shift of
+      its first query.
+  """
+
+  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "k_bias", "v_bias")
+
+  kv_bias: bool = False
+  window: Optional[int] = None
+  num_sinks: int = 0
+  streaming_rope: Literal["cache", "absolute"] = "cache"
+
+  def validate(self) -> None:
+    super().validate()
+    check_type("kv_bias", self.kv_bias, bool, "a bool")
+    check_int("window", self.window, allow_none=True, minimum=0)
+    check_int("num_sinks", self.num_sinks, minimum=0)
+    _checks.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
+    if self.num_sinks and self.window is None:
+      raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
+    if self.streaming_rope != "cache" and not self.num_sinks:
+      raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0")
+
+  def check(self, config) -> None:
+    if not config.is_causal and self.window is not None:
+      raise ValueError(f"window={self.window} needs is_causal=True (a causal sliding window)")
+
+  def init_params(self, layer, rngs, param_dtype) -> None:
+    super().init_params(layer, rngs, param_dtype)
+    if self.kv_bias:
+      # Zero init: the slot starts as a null key of logit 0 with a zero value,
+      # i.e. the layer starts as softmax-plus-one; both are learned.
+      # Replicated: K can be smaller than the model axis (MQA), and the slot is tiny.
+      K, H = layer.num_kv_heads, layer.head_dim
+      layer.k_bias = _layers.param(jnp.zeros((K, H), param_dtype), (None, None))
+      layer.v_bias = _layers.param(jnp.zeros((K, H), param_dtype), (None, None))
+
+  def rolling(self):
+    return self.window, self.num_sinks
+
+  def kv_slot(self) -> bool:
+    return self.kv_bias
+
+  def cache_capacity(self, layer, max_len):
+    if self.window is None:
+      return max_len
+    return min(max_len, self.num_sinks + self.window)
+
+  def allowed(self, layer, q_positions, k_positions, length):
+    if not layer.config.is_causal:
+      allowed = jnp.ones((1, 1, q_positions.shape[0], k_positions.shape[0]), bool)
+    elif self.num_sinks:
+      # patterns.sinks_window counts the query itself in its window; ours is the left extent.
+      pattern = patterns.sinks_window(self.num_sinks, self.window + 1)
+      allowed = pattern.allowed(q_positions, k_positions, None)[None, None]
+    else:
+      window = None if self.window is None else (self.window, 0)
+      allowed = masks.structural_mask(q_positions, k_positions, is_causal=True, window=window)
+    valid = (k_positions >= 0)[None, None, None, :]
+    return jnp.logical_and(allowed, valid)
+
+  def full_call(self, layer, k, v, call):
+    c = layer.config
+    fn = functools.partial(self.function(layer), **self.kwargs(layer))
+    if not self.kv_bias and not self.num_sinks:
+      # The structure as is_causal/window, so fast paths can skip blocks.
+      window = None if self.window is None else (self.window, 0)
+      extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
+      return functools.partial(fn, mask=call.mask, is_causal=c.is_causal, window=window,
+                               **extra), k, v
+    T = k.shape[1]
+    pos = jnp.arange(T, dtype=jnp.int32)
+    mask = _and(self.allowed(layer, pos, pos, T), call.mask)
+    if call.segment_ids is not None:
+      mask = jnp.logical_and(mask, masks.segment_mask(call.segment_ids))
+    if self.kv_bias:
+      k, v, mask = self._append_kv_bias(layer, k, v, mask, T)
+    return functools.partial(fn, mask=mask, is_causal=False, window=None), k, v
+
+  def decode_rope(self, layer, q_idx, k_idx, q_rope, k_rope, start, call):
+    if not (self.num_sinks and self.streaming_rope == "cache"):
+      return q_rope, k_rope
+    if call.positions is not None:
+      raise ValueError("positions: a sinks-window decode with streaming_rope='cache' rotates "
+                       "keys by their cache slot; use streaming_rope='absolute'")
+    # With the chunk's first query at p, the cache holds the sinks at 0..s-1 and the
+    # window p-W..p-1 at s..s+W-1: every non-sink position shifts down by p - W - s
+    # once that is positive. Exact for one-token steps; a longer chunk on a full cache
+    # shares its first query's shift.
+    shift = jnp.maximum(start - self.window - self.num_sinks, 0)
+    k_shifted = jnp.where(k_idx < self.num_sinks, k_idx, k_idx - shift)
+    return q_idx - shift, k_shifted
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseSpec(KernelSpec):
+  """Scaled dot product (:func:`attnjax.dot_product_attention`).
+
+  Attributes:
+    similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2`` scores).
+  """
+
+  family: ClassVar[str] = "dense"
+
+  similarity: Literal["dot", "neg_sq_euclidean"] = "dot"
+
+  def validate(self) -> None:
+    super().validate()
+    _checks.check_choice("similarity", self.similarity, dense.SIMILARITIES)
+
+  def kwargs(self, layer):
+    return dict(super().kwargs(layer), similarity=self.similarity)
+
+
+@dataclasses.dataclass(frozen=True)
+class QKNormSpec(KernelSpec):
+  """Normalise q and k over the head dim (:func:`attnjax.qk_norm_attention`).
+
+  Attributes:
+    qk_norm: ``"rms"``, ``"layer"`` or ``"l2"``.
+    qk_norm_placement: ``"before_rope"`` (normalise the projections, then rotate;
+      OLMo 2 / Qwen 3) or ``"after_rope"`` (rotate, then the attention function
+      normalises).
+    qk_norm_gain: learn gains ``[H]`` for q and k after the norm.
+    qk_norm_eps: epsilon of the norm.
+    qk_scale: logit scale (None = ``H ** -0.5``; ``"l2"`` usually needs a larger one).
+  """
+
+  family: ClassVar[str] = "qk_norm"
+  optional_params: ClassVar[tuple[str, ...]] = ("q_gain", "k_gain") + KernelSpec.optional_params
+
+  qk_norm: Literal["rms", "layer", "l2"] = "rms"
+  qk_norm_placement: Literal["before_rope", "after_rope"] = "before_rope"
+  qk_norm_gain: bool = True
+  qk_norm_eps: float = 1e-6
+  qk_scale: Optional[float] = None
+
+  def validate(self) -> None:
+    super().validate()
+    _checks.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
+    _checks.check_choice("qk_norm_placement", self.qk_norm_placement,
+                         ("before_rope", "after_rope"))
+    check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
+    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+    _checks.check_positive_float("qk_scale", self.qk_scale)
+
+  def init_params(self, layer, rngs, param_dtype) -> None:
+    if self.qk_norm_gain:
+      H = layer.head_dim
+      layer.q_gain = _layers.param(jnp.ones((H,), param_dtype), (None,))
+      layer.k_gain = _layers.param(jnp.ones((H,), param_dtype), (None,))
+    super().init_params(layer, rngs, param_dtype)
+
+  def _norm_in_module(self, layer) -> bool:
+    return self.qk_norm_placement == "before_rope" and layer.config.rope_theta is not None
+
+  def _gains(self, layer):
+    if self.qk_norm_gain:
+      return layer.q_gain[...], layer.k_gain[...]
+    return None, None
+
+  def _norm(self, x: Array, gain: Optional[Array]) -> Array:
+    y = qk_norm_lib.normalize_head(x, self.qk_norm, self.qk_norm_eps)
+    if gain is not None:
+      y = y * jnp.reshape(gain.astype(jnp.float32), (1, 1, 1, -1))
+    return y.astype(x.dtype)
+
+  def prepare_qk(self, layer, q, k):
+    if not self._norm_in_module(layer):
+      return q, k
+    q_gain, k_gain = self._gains(layer)
+    return self._norm(q, q_gain), self._norm(k, k_gain)
+
+  def compared_qk(self, layer, q, k, positions):
+    q, k = super().compared_qk(layer, q, k, positions)
+    if self._norm_in_module(layer):
+      return q, k
+    q_gain, k_gain = self._gains(layer)
+    return self._norm(q, q_gain), self._norm(k, k_gain)
+
+  def default_function(self, layer):
+    if self._norm_in_module(layer):
+      return dense.dot_product_attention
+    return qk_norm_lib.qk_norm_attention
+
+  def kwargs(self, layer):
+    out = super().kwargs(layer)
+    if self._norm_in_module(layer):
+      return dict(out, scale=self.qk_scale)
+    q_gain, k_gain = self._gains(layer)
+    return dict(out, norm=self.qk_norm, q_scale=q_gain, k_scale=k_gain, eps=self.qk_norm_eps,
+                scale=self.qk_scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class CosineSpec(KernelSpec):
+  """Cosine similarity times a learned temperature (:func:`attnjax.cosine_attention`).
+
+  Attributes:
+    cosine_convention: ``"swin"``, ``"scale"`` or ``"ngpt"``.
+    temperature_init: initial temperature (None = the convention's default:
+      swin ``log 10``, scale ``10``, ngpt ``1``).
+    qk_norm_eps: epsilon of the normalisation of q and k.
+  """
+
+  family: ClassVar[str] = "cosine"
+  optional_params: ClassVar[tuple[str, ...]] = ("temperature",) + KernelSpec.optional_params
+
+  cosine_convention: Literal["swin", "scale", "ngpt"] = "swin"
+  temperature_init: Optional[float] = None
+  qk_norm_eps: float = 1e-6
+
+  def validate(self) -> None:
+    super().validate()
+    _checks.check_choice("cosine_convention", self.cosine_convention,
+                         qk_norm_lib.COSINE_CONVENTIONS)
+    if self.temperature_init is not None:
+      check_type("temperature_init", self.temperature_init, (int, float), "a float")
+    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+
+  @property
+  def initial_temperature(self) -> float:
+    if self.temperature_init is not None:
+      return float(self.temperature_init)
+    return DEFAULT_TEMPERATURE[self.cosine_convention]
+
+  def init_params(self, layer, rngs, param_dtype) -> None:
+    ngpt = self.cosine_convention == "ngpt"
+    shape = (layer.num_heads, layer.head_dim) if ngpt else (layer.num_heads,)
+    names = ("heads", None) if ngpt else ("heads",)
+    layer.temperature = _layers.param(
+        jnp.full(shape, self.initial_temperature, param_dtype), names)
+    super().init_params(layer, rngs, param_dtype)
+
+  def default_function(self, layer):
+    return qk_norm_lib.cosine_attention
+
+  def kwargs(self, layer):
+    return dict(super().kwargs(layer), temperature=layer.temperature[...],
+                convention=self.cosine_convention, eps=self.qk_norm_eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSpec(ScoreSpec):
+  """A block-sparse pattern (:func:`attnjax.sparse_attention`).
+
+  Attributes:
+    pattern: ``(name, ((arg, value), ...))`` naming a factory of
+      :mod:`attnjax.patterns`, e.g. ``("strided", (("stride", 4),))``;
+      intersected with causal when the layer is causal.
+    block_size: block size of the block-sparse computation.
+  """
+
+  family: ClassVar[str] = "sparse"
+
+  pattern: Optional[tuple] = None
+  block_size: int = 16
+
+  def validate(self) -> None:
+    super().validate()
+    check_int("block_size", self.block_size)
+    if self.pattern is None:
+      raise ValueError("pattern=None: family='sparse' needs pattern=(name, ((arg, value), ...))")
+    self.make_pattern()
+
+  def make_pattern(self, is_causal: bool = True) -> patterns.Pattern:
+    """The configured pattern, intersected with causal (decoders never look ahead)."""
+    if (not isinstance(self.pattern, tuple) or len(self.pattern) != 2
+        or not isinstance(self.pattern[0], str) or not isinstance(self.pattern[1], tuple)):
+      raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
+    name, args = self.pattern
+    _checks.check_choice("pattern name", name, PATTERNS)
+    try:
+      pattern = getattr(patterns, name)(**dict(args))
+    except TypeError as e:
+      raise TypeError(f"pattern={self.pattern!r}: bad arguments for patterns.{name}: {e}") from e
+    except ValueError as e:
+      raise ValueError(f"pattern={self.pattern!r}: {e}") from e
+    return patterns.intersection(pattern, patterns.causal()) if is_causal else pattern
+
+  def default_function(self, layer):
+    return sparse_attention
+
+  def decode_function(self, layer):
+    return dense.dot_product_attention  # the pattern as a mask over the cache
+
+  def check_cross(self, layer) -> None:
+    raise ValueError("inputs_kv: family='sparse' cannot cross-attend (its pattern relates "
+                     "positions of one sequence)")
+
+  def allowed(self, layer, q_positions, k_positions, length):
+    # The pattern's own element rule, at the cache's positions. Patterns whose
+    # choice depends on the length (BigBird's random blocks) see the full
+    # sequence length: the cache's capacity, max_len.
+    pattern = self.make_pattern(layer.config.is_causal)
+    allowed = pattern.allowed(q_positions, k_positions, (length, length))[None, None]
+    valid = (k_positions >= 0)[None, None, None, :]
+    return jnp.logical_and(allowed, valid)
+
+  def full_call(self, layer, k, v, call):
+    kw = self.kwargs(layer)
+    extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
+    if call.mask is None:
+      return functools.partial(
+          self.function(layer), pattern=self.make_pattern(layer.config.is_causal),
+          block_size=self.block_size, **kw, **extra), k, v
+    # sparse_attention takes no mask array: the pattern becomes a mask of the dense kernel.
+    T = k.shape[1]
+    pos = jnp.arange(T, dtype=jnp.int32)
+    mask = jnp.logical_and(self.allowed(layer, pos, pos, T), call.mask)
+    return functools.partial(dense.dot_product_attention, mask=mask, **kw, **extra), k, v
+
+  def to_dict(self):
+    out = super().to_dict()
+    out["pattern"] = [self.pattern[0], dict(self.pattern[1])]
+    return out
+
+  @classmethod
+  def options_from_json(cls, options):
+    options = dict(options)
+    pattern = options.get("pattern")
+    if pattern is not None and not isinstance(pattern, tuple):
+      name, args = pattern
+      args = args.items() if isinstance(args, dict) else args
+      options["pattern"] = (name, tuple((a, _freeze(b)) for a, b in args))
+    return options
+
+
+def _freeze(v):
+  return tuple(v) if isinstance(v, list) else v
+
+
+
+for _spec in (DenseSpec, QKNormSpec, CosineSpec, SparseSpec):
+  register_family(_spec)
+del _spec

@@ -1,0 +1,190 @@
+"""The base of the per-family attention specs: :class:`AttentionSpec`, :class:`Call`, the registry.
+
+See :mod:`attnjax.nn.specs` for the families and how to add one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, ClassVar, Optional
+
+import jax.numpy as jnp
+
+from attnjax import feature_maps
+from attnjax.nn import _layers
+from attnjax.nn.rope import apply_rope
+
+Array = jnp.ndarray
+
+STREAMING_ROPE = ("cache", "absolute")
+PATTERNS = ("causal", "sliding_window", "strided", "fixed", "global_window", "bigbird",
+            "sinks_window")
+FEATURE_MAPS = feature_maps.DETERMINISTIC + feature_maps.RANDOM
+
+# Initial cosine temperature per convention: Swin v2 learns log(scale) from log 10;
+# "scale" learns the multiplier itself; nGPT's s_qk starts at 1 (logits sqrt(H) cos).
+DEFAULT_TEMPERATURE = {"swin": math.log(10.0), "scale": 10.0, "ngpt": 1.0}
+
+
+def check_type(name: str, value: Any, types, what: str) -> None:
+  if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+    raise TypeError(f"{name} must be {what}, got {value!r}")
+  if not isinstance(value, types):
+    raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+
+
+def check_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
+  if value is None and allow_none:
+    return
+  check_type(name, value, int, "an int")
+  if value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """One call of the layer, as a spec sees it.
+
+  Attributes:
+    mask: user mask, rank 4, broadcastable to ``[B, N, T, S]`` (None = none).
+    segment_ids: ``[B, T]`` int segment ids of self-attention (None = none).
+    positions: RoPE positions ``[T]`` or ``[B, T]`` (None = sequence positions).
+    cross: keys and values come from a second sequence.
+    cache: the self-attention decode cache (None = full forward).
+    capture: statistics are being captured (``nnx.capture``).
+    sow_weights: sow the attention weights too (only when capturing).
+  """
+
+  mask: Optional[Array] = None
+  segment_ids: Optional[Array] = None
+  positions: Optional[Array] = None
+  cross: bool = False
+  cache: Any = None
+  capture: bool = False
+  sow_weights: bool = False
+
+
+def _rope(layer, x: Array, positions: Array) -> Array:
+  theta = layer.config.rope_theta
+  return x if theta is None else apply_rope(x, positions, theta)
+
+
+def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
+  if a is None:
+    return b
+  if b is None:
+    return a
+  return jnp.logical_and(a, b)
+
+
+def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, *,
+                weights: Optional[Callable[[], Array]] = None) -> Array:
+  """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
+
+  The weights default to ``run`` applied to identity values: every family is
+  linear in ``v``, so ``attn(q, k, I)`` is exactly the weight matrix the layer
+  used, with its mask, normaliser and null columns (``O(T S^2)``: for inspection).
+  """
+  if not call.capture:
+    return run(q, k, v, return_stats=False)
+  out, stats = run(q, k, v, return_stats=True)
+  _layers.sow(layer, "attention_stats", stats)
+  if call.sow_weights:
+    if weights is None:
+      B, S, K, _ = k.shape
+      eye = jnp.broadcast_to(jnp.eye(S, dtype=jnp.float32)[None, :, None, :], (B, S, K, S))
+      w = run(q.astype(jnp.float32), k.astype(jnp.float32), eye, return_stats=False)
+      w = jnp.transpose(w, (0, 2, 1, 3))  # [B, T, N, S] -> [B, N, T, S]
+    else:
+      w = weights()
+    _layers.sow(layer, "weights", w)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+  """Base of the family specs (see the module docstring).
+
+  Subclasses set ``family`` and ``optional_params`` (names of the layer
+  attributes their parameters may take; the layer declares them ``None``
+  before :meth:`init_params` runs) and override the methods below.
+  """
+
+  family: ClassVar[str] = ""
+  optional_params: ClassVar[tuple[str, ...]] = ()
+
+  def __post_init__(self):
+    self.validate()
+
+  def validate(self) -> None:
+    """Checks this spec's own fields (ValueError/TypeError naming the field)."""
+
+  def check(self, config) -> None:
+    """Checks the spec against the common fields of its :class:`AttentionConfig`."""
+
+  def init_params(self, layer, rngs, param_dtype) -> None:
+    """Creates the family's parameters as attributes of ``layer``."""
+
+  def function(self, layer) -> Callable:
+    """The pure attention function: the layer's injected one, or the family's."""
+    return layer.attention_fn or self.default_function(layer)
+
+  def default_function(self, layer) -> Callable:
+    raise NotImplementedError
+
+  def attend(self, layer, q: Array, k: Array, v: Array, call: Call):
+    """``(out [B, T, N, Hv], new self-attention cache or None)`` of projected q, k, v."""
+    raise NotImplementedError
+
+  def init_cache(self, layer, batch_size: int, max_len: int):
+    raise NotImplementedError
+
+  def cache_capacity(self, layer, max_len: int) -> int:
+    return max_len
+
+  def allowed_mask(self, layer, length: int) -> Array:
+    raise NotImplementedError
+
+  def prepare_qk(self, layer, q: Array, k: Array):
+    """q and k before RoPE, as the layer feeds them on (e.g. a pre-RoPE QK norm)."""
+    return q, k
+
+  def compared_qk(self, layer, q: Array, k: Array, positions: Array):
+    """What the attention function compares: :meth:`prepare_qk`, then RoPE."""
+    q, k = self.prepare_qk(layer, q, k)
+    return _rope(layer, q, positions), _rope(layer, k, positions)
+
+  def to_dict(self) -> dict[str, Any]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+  @classmethod
+  def options_from_json(cls, options: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of :meth:`to_dict`'s JSON-friendly conversions (lists back to tuples)."""
+    return options
+
+  def replace(self, **changes) -> "AttentionSpec":
+    return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------
+# The registry.
+
+FAMILY_SPECS: dict[str, type[AttentionSpec]] = {}
+
+
+def register_family(spec_class: type[AttentionSpec]) -> type[AttentionSpec]:
+  """Makes ``spec_class`` (a frozen :class:`AttentionSpec` dataclass) a family of the layer.
+
+  ``AttentionConfig(family=spec_class.family, ...)`` then builds it from its
+  fields. Usable as a class decorator. Spec fields must not shadow the common
+  fields of :class:`attnjax.nn.AttentionConfig`.
+  """
+  if not (isinstance(spec_class, type) and issubclass(spec_class, AttentionSpec)
+          and dataclasses.is_dataclass(spec_class)):
+    raise TypeError(f"spec_class must be an AttentionSpec dataclass, got {spec_class!r}")
+  if not spec_class.family:
+    raise ValueError(f"{spec_class.__name__}.family must name the family")
+  FAMILY_SPECS[spec_class.family] = spec_class
+  return spec_class
+

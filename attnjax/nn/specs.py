@@ -1,0 +1,43 @@
+"""Per-family attention specs: each family's options, parameters, attention call and cache.
+
+An :class:`attnjax.nn.AttentionConfig` holds the options every layer has
+(heads, head dim, RoPE, output gate, causality, implementation) and one *spec*,
+a frozen dataclass of its family's options that also knows how to
+
+- build the family's parameters on the layer (:meth:`AttentionSpec.init_params`),
+- call the family's pure function with the layer's q, k, v, masks and learned
+  arrays, for self-attention, cross-attention and decoding
+  (:meth:`AttentionSpec.attend`),
+- make its decode cache (:meth:`AttentionSpec.init_cache`),
+- say which pairs its training forward allows and what q/k it compares
+  (:meth:`AttentionSpec.allowed_mask`, :meth:`AttentionSpec.compared_qk`).
+
+``Attention`` never branches on the family: a new family is one new spec class
+registered with :func:`register_family`, e.g.::
+
+  @dataclasses.dataclass(frozen=True)
+  class MemoryCompressedSpec(DenseSpec):
+    family: ClassVar[str] = "memory_compressed"
+    stride: int = 2
+    ...
+  register_family(MemoryCompressedSpec)
+
+Families: ``dense`` (:class:`DenseSpec`), ``qk_norm`` (:class:`QKNormSpec`),
+``cosine`` (:class:`CosineSpec`) share the dense kernel (:class:`KernelSpec`:
+normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
+``sparse`` (:class:`SparseSpec`) a block-sparse pattern; ``linear``
+(:class:`LinearSpec`) kernel feature maps with a recurrent decode state.
+"""
+
+from attnjax.nn.linear_spec import LinearSpec
+from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, KernelSpec, QKNormSpec, ScoreSpec,
+                                      SparseSpec)
+from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, PATTERNS,
+                                  STREAMING_ROPE, AttentionSpec, Call, check_int, check_type,
+                                  register_family, run_and_sow)
+
+__all__ = [
+    "AttentionSpec", "Call", "CosineSpec", "DEFAULT_TEMPERATURE", "DenseSpec", "FAMILY_SPECS",
+    "FEATURE_MAPS", "KernelSpec", "LinearSpec", "PATTERNS", "QKNormSpec", "STREAMING_ROPE",
+    "ScoreSpec", "SparseSpec", "check_int", "check_type", "register_family", "run_and_sow",
+]
