@@ -191,7 +191,9 @@ class Attention(nnx.Module):
     (the k/v bias slot, always allowed) with ``kv_bias``. Causal, window and
     sinks as the layer applies them; the sparse family's pattern.
     """
-    return self.config.spec.allowed_mask(self, length)
+    if isinstance(length, bool) or not hasattr(length, "__index__") or length < 1:
+      raise ValueError(f"length must be an int >= 1, got {length!r}")
+    return self.config.spec.allowed_mask(self, int(length))
 
   def compared_qk(self, q: Array, k: Array, positions: Optional[Array] = None):
     """What the attention function compares, from raw projections ``[B, T, heads, H]``.
@@ -200,8 +202,13 @@ class Attention(nnx.Module):
     (default ``arange(T)``). Cosine attention normalises inside its function
     (cosines do not change); for linear attention these are the feature map's inputs.
     """
+    if q.ndim != 4 or k.ndim != 4:
+      raise ValueError(f"q and k must be [B, T, heads, H], got q {q.shape} and k {k.shape}")
     if positions is None:
       positions = jnp.arange(q.shape[1], dtype=jnp.int32)
+    elif q.shape[1] != k.shape[1] or jnp.shape(positions)[-1] != q.shape[1]:
+      raise ValueError(f"positions {jnp.shape(positions)} must give one position per token "
+                       f"of q {q.shape} and k {k.shape} (self-attention)")
     return self.config.spec.compared_qk(self, q, k, positions)
 
   # -------------------------------------------------------------------------

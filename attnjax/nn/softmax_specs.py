@@ -47,7 +47,7 @@ class ScoreSpec(AttentionSpec):
     _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
     _checks.check_positive_float("softcap", self.softcap)
     check_type("sink_logits", self.sink_logits, bool, "a bool")
-    if self.sink_logits and self.normalizer != "softmax":
+    if self.sink_logits and not normalizers.get(self.normalizer).accepts_sink_logits:
       raise ValueError(
           f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
           f"with normalizer={self.normalizer!r}")
