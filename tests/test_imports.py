@@ -19,7 +19,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -162,22 +161,36 @@ def test_layers_import_only_downwards():
   assert layer_violations(GRAPH) == []
 
 
-# The one cycle on main: dense <-> blockwise (blockwise imports dense inside a
-# function). The normaliser/layout seam work of issue 13 (another branch) removes it;
-# until that lands it is the only cycle allowed.
-KNOWN_CYCLE_MODULES = {"attnjax.blockwise", "attnjax.dense"}
-
-
-def test_no_unknown_import_cycles():
-  found = cycles(GRAPH)
-  unknown = [c for c in found if not set(c) <= KNOWN_CYCLE_MODULES]
-  assert unknown == [], f"import cycles among attnjax modules: {unknown}"
-
-
-@pytest.mark.xfail(strict=False, reason="the dense<->blockwise cycle is removed by the "
-                   "normaliser/layout seam work of issue 13 (another branch)")
 def test_no_import_cycles():
   assert cycles(GRAPH) == []
+
+
+def reaches(graph: dict[str, set[str]], a: str, b: str) -> bool:
+  """Whether module ``a`` imports ``b``, directly or through other attnjax modules."""
+  seen, todo = set(), [a]
+  while todo:
+    m = todo.pop()
+    for t in graph.get(m, ()):
+      if t == b:
+        return True
+      if t not in seen:
+        seen.add(t)
+        todo.append(t)
+  return False
+
+
+def test_reaches():
+  assert reaches({"a": {"b"}, "b": {"c"}, "c": set()}, "a", "c")
+  assert not reaches({"a": {"b"}, "b": set(), "c": {"a"}}, "a", "c")
+
+
+def test_layouts_sit_below_kernels_and_patterns():
+  """Rules (masks, patterns) and layouts below kernels; kernels below dispatch."""
+  for kernel in ("attnjax.blockwise", "attnjax.sparse", "attnjax.patterns", "attnjax.dense"):
+    assert not reaches(GRAPH, "attnjax.layout", kernel), kernel
+  assert not reaches(GRAPH, "attnjax.patterns", "attnjax.blockwise")
+  assert not reaches(GRAPH, "attnjax.blockwise", "attnjax.dense")
+  assert not reaches(GRAPH, "attnjax.normalizers", "attnjax.blockwise")
 
 
 def test_import_attnjax_loads_no_flax():

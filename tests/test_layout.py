@@ -1,13 +1,10 @@
-"""Block layouts (``attnjax.layout``) and the import graph of the functions layer.
+"""Block layouts (``attnjax.layout``).
 
 Layouts are static structure: which (query block, key block) pairs a kernel
 computes, which of them need an element mask, and how segment ids classify
-blocks at run time. The import-graph test holds the functions layer to a DAG:
-rules (masks, patterns) and layouts below kernels, kernels below dispatch.
+blocks at run time. That layouts sit below kernels in the import graph is
+checked in ``test_imports.py``.
 """
-
-import ast
-import pathlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,97 +60,3 @@ def test_key_block_candidates():
   want = np.zeros(9, bool)
   want[[0, 2, 7, 8]] = True
   np.testing.assert_array_equal(got, want)
-
-
-# ---------------------------------------------------------------------------
-# The import graph of the functions layer.
-
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "attnjax"
-# Layers above the functions layer: their own imports are checked by their own tests.
-ABOVE = ("nn", "train", "data")
-
-
-def _module_name(path: pathlib.Path) -> str:
-  rel = path.relative_to(ROOT.parent).with_suffix("")
-  parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-  return ".".join(parts)
-
-
-def _attnjax_imports(path: pathlib.Path, modules) -> set:
-  """``attnjax.*`` modules a file imports, at module level and inside functions.
-
-  ``from attnjax import dense`` imports the submodule ``attnjax.dense``;
-  ``from attnjax import name`` of a non-module (and ``import attnjax``) imports
-  the package itself, whose ``__init__`` imports every function module.
-  """
-  found = set()
-  for node in ast.walk(ast.parse(path.read_text(), str(path))):
-    if isinstance(node, ast.Import):
-      found.update(a.name for a in node.names if a.name.split(".")[0] == "attnjax")
-    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-      if node.module.split(".")[0] != "attnjax":
-        continue
-      for a in node.names:
-        sub = f"{node.module}.{a.name}"
-        found.add(sub if sub in modules else node.module)
-  return found
-
-
-def import_graph() -> dict:
-  """``{module: set of attnjax modules it imports}`` over the functions layer."""
-  files = [p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in ABOVE]
-  nodes = {_module_name(p): p for p in files}
-  every = {_module_name(p) for p in ROOT.rglob("*.py")}
-  return {name: {m for m in _attnjax_imports(path, every) if m in nodes and m != name}
-          for name, path in nodes.items()}
-
-
-def find_cycle(graph: dict):
-  """A list of modules forming a cycle, or None."""
-  state = {}
-  stack = []
-
-  def visit(n):
-    state[n] = "open"
-    stack.append(n)
-    for m in sorted(graph[n]):
-      if state.get(m) == "open":
-        return stack[stack.index(m):] + [m]
-      if m not in state:
-        cycle = visit(m)
-        if cycle:
-          return cycle
-    state[n] = "done"
-    stack.pop()
-    return None
-
-  for n in sorted(graph):
-    if n not in state:
-      cycle = visit(n)
-      if cycle:
-        return cycle
-  return None
-
-
-def test_find_cycle_finds_one():
-  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-  assert find_cycle({"a": {"b"}, "b": set()}) is None
-
-
-def test_functions_layer_has_no_import_cycle():
-  graph = import_graph()
-  assert {"attnjax.dense", "attnjax.blockwise", "attnjax.layout", "attnjax.patterns"} <= set(graph)
-  # The package's __init__ imports everything; a submodule importing the package back is a cycle.
-  assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
-
-
-def test_layouts_sit_below_kernels_and_patterns():
-  graph = import_graph()
-
-  def reaches(a, b, seen=()):
-    return b in graph[a] or any(reaches(m, b, seen + (a,)) for m in graph[a] if m not in seen)
-
-  assert not any(reaches("attnjax.layout", m) for m in
-                 ("attnjax.blockwise", "attnjax.sparse", "attnjax.patterns", "attnjax.dense"))
-  assert not reaches("attnjax.patterns", "attnjax.blockwise")
-  assert not reaches("attnjax.blockwise", "attnjax.dense")
