@@ -10,14 +10,7 @@ from jax.test_util import check_grads
 
 import attnjax
 from attnjax import dense
-
-
-def rand_qkv(B=2, T=12, S=None, N=8, K=2, H=16, dtype=jnp.float32, seed=0):
-  S = T if S is None else S
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, N, H), dtype),
-          jax.random.normal(kk, (B, S, K, H), dtype),
-          jax.random.normal(kv, (B, S, K, H), dtype))
+from helpers import rand_qkv
 
 
 def loss_of(fn):

@@ -20,6 +20,7 @@ import attnjax
 from attnjax import data, masks, nn
 from attnjax.nn import specs
 from attnjax.train import step as train_step
+from helpers import assert_close
 
 D = 16
 B = 2
@@ -56,7 +57,7 @@ def _rope(layer, x, positions):
 
 
 def _close(a, b, tol=2e-5):
-  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+  assert_close(a, b, rtol=tol, atol=tol)
 
 
 # A packed pair of rows: row 0 has documents of lengths 3, 4, 1; row 1 of 5, 3.

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import attnjax
 from attnjax import patterns
 from attnjax.sparse import sparse_attention
+from helpers import assert_close, rand_qkv
 
 
 # ---------------------------------------------------------------------------
@@ -189,9 +190,7 @@ def test_pattern_validation(make, match):
 
 
 def qkv(B, T, S, N, K, H, seed=0):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, N, H)), jax.random.normal(kk, (B, S, K, H)),
-          jax.random.normal(kv, (B, S, K, H)))
+  return rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, seed=seed)
 
 
 def test_sparse_attention_validation():
@@ -256,10 +255,7 @@ def outputs_and_grads(fn, q, k, v):
 
 
 def assert_close_tree(a, b, tol=2e-5):
-  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert len(leaves_a) == len(leaves_b)
-  for x, y in zip(leaves_a, leaves_b):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+  assert_close(a, b, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("name,pattern", ATTN_PATTERNS, ids=[n for n, _ in ATTN_PATTERNS])

@@ -14,14 +14,12 @@ import pytest
 
 import attnjax
 from attnjax import dense, masks
+from helpers import rand_qkv as _rand_qkv
 
 
 def rand_qkv(B=1, T=128, S=None, N=2, K=1, H=64, dtype=jnp.float32, seed=0):
-  S = T if S is None else S
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, N, H), dtype),
-          jax.random.normal(kk, (B, S, K, H), dtype),
-          jax.random.normal(kv, (B, S, K, H), dtype))
+  """:func:`helpers.rand_qkv` with this file's kernel-sized defaults."""
+  return _rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, dtype=dtype, seed=seed)
 
 
 # ---------------------------------------------------------------------------

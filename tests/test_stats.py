@@ -14,6 +14,7 @@ from attnjax import normalizers
 from attnjax import stats
 from attnjax.nn import probe as nn_probe
 from attnjax.train import metrics as run_metrics
+from helpers import rand_qkv
 
 
 def harmonic(n):
@@ -48,9 +49,7 @@ def causal_logits(key, B, N, T):
 
 
 def random_qkv(seed, B=2, T=12, N=4, K=2, H=8):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, N, H)), jax.random.normal(kk, (B, T, K, H)),
-          jax.random.normal(kv, (B, T, K, H)))
+  return rand_qkv(B=B, T=T, N=N, K=K, H=H, seed=seed)
 
 
 # ---------------------------------------------------------------------------
