@@ -41,7 +41,7 @@ SOURCES = ("shakespeare", "text", "bin", "bigram_backcopy")
 
 
 def from_config(cfg: Any, *, seed: int) -> Batches:
-  """Batches described by a ``config.data`` ConfigDict (see ``experiments/configs/common.py``)."""
+  """Batches described by a ``config.data`` ConfigDict (see ``attnjax.train.config.base_config``)."""
   name = cfg.name
   if name not in SOURCES:
     raise ValueError(f"data.name={name!r} is not one of: {', '.join(SOURCES)}")
