@@ -58,7 +58,7 @@ References:
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -66,12 +66,12 @@ import numpy as np
 
 from attnjax import _call, masks
 from attnjax.attention_stats import AttentionStats, _row_mean
-from attnjax._tiles import (_Arrays, _Call, _add_tile, _allowed, _kslice, _logits, _rows,
+from attnjax._tiles import (MaskFn, _Arrays, _Call, _add_tile, _allowed, _kslice, _logits, _rows,
                              _segment_relations, _sink_rows, _tile, _unrows)
 from attnjax.layout import BlockLayout, structural_layout
 
 Array = jnp.ndarray
-MaskFn = Callable[[Array, Array], Optional[Array]]
+
 
 def structural_mask_fn(opts) -> Optional[MaskFn]:
   """The default ``mask_fn``: causal / window from ``opts`` by :func:`masks.structural_mask`."""

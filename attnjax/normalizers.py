@@ -21,11 +21,13 @@ Pallas kernel body:
 - the **backward rule** per tile (:meth:`Normalizer.tile_backward`: ``dz`` from
   ``dp = dO V^T``, the residuals and the logsumexp cotangent) and the gradient of
   a learned null logit (:meth:`Normalizer.null_grad`);
-- **capabilities** read by dispatch instead of names: ``needs_counts``
-  (allowed keys per row up front), ``shift_floor`` (the exp shift never goes
-  below the null column's logit), ``null_column``, ``accepts_sink_logits``,
-  ``platform_kernel`` (what jax.nn / cuDNN / splash compute), ``softmax_like``
-  (weights are ``exp(z - log_normalizer)``), ``sums_to_one``;
+- **capabilities** read by kernels, dispatch and layers instead of names:
+  ``needs_counts`` (allowed keys per row up front), ``shift_floor`` (the exp
+  shift never goes below the null column's logit), ``null_column``,
+  ``accepts_sink_logits``, ``platform_kernel`` (what jax.nn / cuDNN / splash
+  compute), ``mergeable`` / ``merge_part`` (the strided fast path); and, as
+  facts for callers (no kernel reads them), ``softmax_like`` (weights are
+  ``exp(z - log_normalizer)``) and ``sums_to_one``;
 - **statistics** rows (entropy, first-key weight, row sum, logsumexp) from the
   online state, equal to :func:`attnjax.attention_stats.stats_from_weights`.
 

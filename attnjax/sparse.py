@@ -22,7 +22,7 @@ Two implementations, tested equal in value and gradient:
   :attr:`attnjax.normalizers.Normalizer.mergeable`) runs as its two factors, a
   sliding window and the columns of the transposed sequence, merged exactly.
 
-Both go through :func:`attnjax.dense.prepare`, so every dense option is
+Both go through :func:`attnjax._call.validate`, so every dense option is
 validated the same way and means the same thing.
 """
 
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, blockwise, dense, masks, normalizers, patterns
+from attnjax import _call, _checks, blockwise, dense, masks, normalizers, patterns
 from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
 
@@ -45,7 +45,7 @@ ImplementationName = Literal["reference", "block_sparse"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 
 
-def _reference(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern):
+def _reference(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: Pattern):
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   mask = masks.combine_masks(inputs.mask, pattern.mask(T, S))
   return dense.reference(dataclasses.replace(inputs, mask=mask), opts)
@@ -56,7 +56,7 @@ def _extend_keys(x: Array, extra: Array, axis: int) -> Array:
   return jnp.concatenate([x, jnp.take(x, extra, axis=axis)], axis=axis)
 
 
-def _block_sparse(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern,
+def _block_sparse(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: Pattern,
                   block_size: int):
   """The pattern's plan run by the shared block-wise kernel (:func:`blockwise.attention`)."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
@@ -87,7 +87,7 @@ def _block_sparse(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: 
 CHUNK_BLOCKS = 4
 
 
-def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern: Pattern,
+def _banded_chunks(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: Pattern,
                    block_size: int):
   """A banded pattern (e.g. a sliding window) run chunk by chunk under ``lax.map``.
 
@@ -212,7 +212,7 @@ def _banded_chunks(inputs: dense.DenseInputs, opts: dense.DenseOptions, pattern:
   return (out, lse) if opts.return_stats else out
 
 
-def _strided_two_pass(inputs: dense.DenseInputs, opts: dense.DenseOptions, stride: int,
+def _strided_two_pass(inputs: _call.DenseInputs, opts: _call.DenseOptions, stride: int,
                       block_size: int):
   """Child et al.'s strided pattern as its two factors, merged by their logsumexps.
 
@@ -250,7 +250,7 @@ def _strided_two_pass(inputs: dense.DenseInputs, opts: dense.DenseOptions, strid
 
   column_rule = masks.structural_mask(jnp.arange(P) - 2, jnp.arange(P), is_causal=True)
   out_b, stats_b = dense.reference(
-      dense.DenseInputs(to_columns(q), to_columns(k), to_columns(v), mask=column_rule), plain)
+      _call.DenseInputs(to_columns(q), to_columns(k), to_columns(v), mask=column_rule), plain)
 
   def from_columns(x):  # [B * stride, P, N, X] -> [B, T, N, X]
     x = jnp.swapaxes(jnp.reshape(x, (B, stride, P) + x.shape[2:]), 1, 2)
@@ -327,10 +327,9 @@ def _sparse_attention(
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
   implementation = "block_sparse" if implementation is None else implementation
-  inputs, opts = dense.prepare(
+  inputs, opts = _call.validate(
       q, k, v, bias=bias, scale=scale, normalizer=normalizer, sink_logits=sink_logits,
-      softcap=softcap, segment_ids=segment_ids, implementation="reference",
-      return_stats=return_stats)
+      softcap=softcap, segment_ids=segment_ids, return_stats=return_stats)
   T, S = q.shape[1], k.shape[1]
   pattern.check_shape(T, S)
   if implementation == "reference":
