@@ -297,6 +297,35 @@ def test_packed_training_runs_and_microbatches_split_the_packing(tmp_path):
   assert abs(float(plain["loss"]) - float(m1["loss"])) > 1e-4
 
 
+def test_packed_microbatches_with_unequal_weights_give_the_whole_batch_mean(tmp_path):
+  """Microbatches holding different numbers of weighted targets: same loss and grads as M=1."""
+  import optax
+  from attnjax.train.loop import Trainer
+  from attnjax.train.step import make_train_step
+
+  trainer = Trainer(tiny(tmp_path / "mb", data="text", **{
+      "data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1}))
+  b = trainer.batches.batch("train", 0)
+  packing = {k: jnp.asarray(v) for k, v in b.packing().items()}
+  # Rows 0, 2, 4, ... form microbatch 0 of 2: keep only 3 weighted targets per row there.
+  weights = np.asarray(b.weights, np.float32).copy()
+  weights[0::2, 3:] = 0.0
+  packing["weights"] = jnp.asarray(weights)
+  assert weights[0::2].sum() != weights[1::2].sum()
+  # An "optimizer" that keeps the gradients in its state and leaves the parameters.
+  keep_grads = optax.GradientTransformation(
+      lambda p: jax.tree.map(jnp.zeros_like, p),
+      lambda g, s, p=None: (jax.tree.map(jnp.zeros_like, g), g))
+  state = dict(trainer.state, opt_state=keep_grads.init(trainer.state["params"]))
+  args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets), packing)
+  (s1, m1), (s2, m2) = [jax.jit(make_train_step(trainer.graphdef, keep_grads, z_loss=1e-2,
+                                                microbatches=m))(state, *args) for m in (1, 2)]
+  for key in ("loss", "z_loss", "total_loss", "grad_norm", "log_z"):
+    np.testing.assert_allclose(m1[key], m2[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  for g1, g2 in zip(jax.tree.leaves(s1["opt_state"]), jax.tree.leaves(s2["opt_state"])):
+    np.testing.assert_allclose(g1, g2, rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("overrides,match", [
     (["data.pack=True", "data.name=bigram_backcopy"], "data.pack=True needs a corpus"),
     (["data.pack=True", "variant=linear"], "data.pack=True needs attention"),
