@@ -245,6 +245,30 @@ def test_divergence_needs_a_sustained_rise_or_a_nan():
   assert watch.update([{"step": 3, "loss": 7.0, "grad_norm": 1.0}], 4.0) == 1
 
 
+def test_old_run_files_with_1e308_for_inf_read_as_missing(tmp_path):
+  """Files from before to_jsonable wrote +-Inf as +-1e308: readers take it as null."""
+  from attnjax.train.loop import DivergenceWatch, final_metrics
+
+  assert rundir.finite_or_none(1e308) is None and rundir.finite_or_none(-1e308) is None
+  assert rundir.finite_or_none(float("inf")) is None and rundir.finite_or_none(None) is None
+  assert rundir.finite_or_none(float("nan")) is None and rundir.finite_or_none(3) == 3.0
+  run = rundir.RunDir(str(tmp_path))
+  old = [{"kind": "train", "step": i, "loss": loss, "grad_norm": 1.0, "log_z": 0.0,
+          "max_logit": [2.0, logit], "entropy": [1.0, 1.0], "entropy_min": [0.5, 0.5],
+          "f_attn": [0.1, 0.1]}
+         for i, (loss, logit) in enumerate([(3.0, 4.0), (2.0, 1e308), (1e308, None), (1.0, 1e308)])]
+  # Written as the old writer did (1e308 is a plain JSON number).
+  with open(run.metrics, "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in old))
+  out = final_metrics(run, {}, {}, {}, "diverged")
+  assert out["max_logit_ever"] == 4.0 and out["max_logit"] == 2.0
+  assert out["final_train_loss"] == pytest.approx(2.0)
+  records = [r for r in rundir.read_jsonl(run.metrics)]
+  assert report._layer_max(records[1], "max_logit") == 2.0
+  # An old infinite loss is a divergence at once, as a null one is.
+  assert DivergenceWatch(1.5, 3).update(records, 3.0) == 2
+
+
 def test_microbatches_give_the_same_update(tmp_path):
   from attnjax.train.loop import Trainer
   from attnjax.train.step import make_train_step
