@@ -245,6 +245,30 @@ def test_divergence_needs_a_sustained_rise_or_a_nan():
   assert watch.update([{"step": 3, "loss": 7.0, "grad_norm": 1.0}], 4.0) == 1
 
 
+def test_old_run_files_with_1e308_for_inf_read_as_missing(tmp_path):
+  """Files from before to_jsonable wrote +-Inf as +-1e308: readers take it as null."""
+  from attnjax.train.loop import DivergenceWatch, final_metrics
+
+  assert rundir.finite_or_none(1e308) is None and rundir.finite_or_none(-1e308) is None
+  assert rundir.finite_or_none(float("inf")) is None and rundir.finite_or_none(None) is None
+  assert rundir.finite_or_none(float("nan")) is None and rundir.finite_or_none(3) == 3.0
+  run = rundir.RunDir(str(tmp_path))
+  old = [{"kind": "train", "step": i, "loss": loss, "grad_norm": 1.0, "log_z": 0.0,
+          "max_logit": [2.0, logit], "entropy": [1.0, 1.0], "entropy_min": [0.5, 0.5],
+          "f_attn": [0.1, 0.1]}
+         for i, (loss, logit) in enumerate([(3.0, 4.0), (2.0, 1e308), (1e308, None), (1.0, 1e308)])]
+  # Written as the old writer did (1e308 is a plain JSON number).
+  with open(run.metrics, "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in old))
+  out = final_metrics(run, {}, {}, {}, "diverged")
+  assert out["max_logit_ever"] == 4.0 and out["max_logit"] == 2.0
+  assert out["final_train_loss"] == pytest.approx(2.0)
+  records = [r for r in rundir.read_jsonl(run.metrics)]
+  assert report._layer_max(records[1], "max_logit") == 2.0
+  # An old infinite loss is a divergence at once, as a null one is.
+  assert DivergenceWatch(1.5, 3).update(records, 3.0) == 2
+
+
 def test_microbatches_give_the_same_update(tmp_path):
   from attnjax.train.loop import Trainer
   from attnjax.train.step import make_train_step
@@ -295,6 +319,35 @@ def test_packed_training_runs_and_microbatches_split_the_packing(tmp_path):
   # The packing changes the loss (it is not ignored).
   _, plain = jax.jit(make_train_step(trainer.graphdef, trainer.optimizer))(trainer.state, *args[:3])
   assert abs(float(plain["loss"]) - float(m1["loss"])) > 1e-4
+
+
+def test_packed_microbatches_with_unequal_weights_give_the_whole_batch_mean(tmp_path):
+  """Microbatches holding different numbers of weighted targets: same loss and grads as M=1."""
+  import optax
+  from attnjax.train.loop import Trainer
+  from attnjax.train.step import make_train_step
+
+  trainer = Trainer(tiny(tmp_path / "mb", data="text", **{
+      "data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1}))
+  b = trainer.batches.batch("train", 0)
+  packing = {k: jnp.asarray(v) for k, v in b.packing().items()}
+  # Rows 0, 2, 4, ... form microbatch 0 of 2: keep only 3 weighted targets per row there.
+  weights = np.asarray(b.weights, np.float32).copy()
+  weights[0::2, 3:] = 0.0
+  packing["weights"] = jnp.asarray(weights)
+  assert weights[0::2].sum() != weights[1::2].sum()
+  # An "optimizer" that keeps the gradients in its state and leaves the parameters.
+  keep_grads = optax.GradientTransformation(
+      lambda p: jax.tree.map(jnp.zeros_like, p),
+      lambda g, s, p=None: (jax.tree.map(jnp.zeros_like, g), g))
+  state = dict(trainer.state, opt_state=keep_grads.init(trainer.state["params"]))
+  args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets), packing)
+  (s1, m1), (s2, m2) = [jax.jit(make_train_step(trainer.graphdef, keep_grads, z_loss=1e-2,
+                                                microbatches=m))(state, *args) for m in (1, 2)]
+  for key in ("loss", "z_loss", "total_loss", "grad_norm", "log_z"):
+    np.testing.assert_allclose(m1[key], m2[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  for g1, g2 in zip(jax.tree.leaves(s1["opt_state"]), jax.tree.leaves(s2["opt_state"])):
+    np.testing.assert_allclose(g1, g2, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("overrides,match", [

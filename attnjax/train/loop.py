@@ -110,8 +110,8 @@ class DivergenceWatch:
 
   def update(self, records: list[dict], initial_loss: float) -> Optional[int]:
     for r in records:
-      loss, gnorm = r["loss"], r["grad_norm"]
-      if loss is None or gnorm is None or not (math.isfinite(loss) and math.isfinite(gnorm)):
+      loss, gnorm = rundir.finite_or_none(r["loss"]), rundir.finite_or_none(r["grad_norm"])
+      if loss is None or gnorm is None:
         self.decided_at = r["step"]
         return r["step"]
       if bool(run_metrics.is_diverged(loss, initial_loss, factor=self.factor)):
@@ -341,21 +341,21 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
   probes = rundir.read_jsonl(run.probes)
   out: dict = {}
   if records:
-    tail = records[-10:]
-    tail_losses = [r["loss"] for r in tail if r["loss"] is not None]
+    losses = [rundir.finite_or_none(r["loss"]) for r in records]
+    tail_losses = [v for v in losses[-10:] if v is not None]
     out["final_train_loss"] = float(np.mean(tail_losses)) if tail_losses else None
     last = records[-1]
     for key in ("max_logit", "entropy", "entropy_min", "f_attn"):
       if key in last:
-        values = [v for v in last[key] if v is not None and math.isfinite(v)]
+        values = [v for v in map(rundir.finite_or_none, last[key]) if v is not None]
         if values:
           out[key] = float(max(values) if key == "max_logit" else
                            min(values) if key == "entropy_min" else np.mean(values))
-    ever = [v for r in records for v in (r.get("max_logit") or [])
-            if v is not None and math.isfinite(v)]
+    ever = [v for r in records for v in map(rundir.finite_or_none, r.get("max_logit") or [])
+            if v is not None]
     out["max_logit_ever"] = float(max(ever)) if ever else None
     out["log_z"] = last.get("log_z")
-    out["spike_score"] = run_metrics.loss_spike_score([r["loss"] for r in records])
+    out["spike_score"] = run_metrics.loss_spike_score(losses)
   if vals:
     out["val_loss"] = vals[-1]["val_loss"] if status != "diverged" else None
     out["val_bpc"] = vals[-1]["val_bpc"] if status != "diverged" else None

@@ -119,7 +119,7 @@ def _train_records(run_path: str) -> list[dict]:
 
 
 def _layer_max(r: dict, key: str) -> float:
-  values = [v for v in r.get(key) or [] if v is not None and math.isfinite(v)]
+  values = [v for v in map(rundir.finite_or_none, r.get(key) or []) if v is not None]
   return max(values) if values else float("nan")
 
 

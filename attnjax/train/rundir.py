@@ -16,17 +16,41 @@ checkpoint step, so the resumed run appends exactly what an uninterrupted run
 would have written. A line cut by a kill mid-write is dropped on read.
 
 Every value goes through ``attnjax.stats.to_jsonable``, the one JSON rule of
-attnjax: arrays become lists, NaN and +-Inf become null. (Files written before
-this rule hold +-1e308 for an infinite loss; readers take both.)
+attnjax: arrays become lists, NaN and +-Inf become null. Files written before
+this rule hold +-1e308 for +-Inf; readers of numbers from run files pass them
+through :func:`finite_or_none`, which takes both (and NaN, and +-Inf) as missing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Iterable, Optional
 
 from attnjax.stats.jsonable import to_jsonable
+
+
+# The writer before ``attnjax.stats.to_jsonable`` wrote +-Inf as +-1e308.
+OLD_INF = 1e308
+
+
+def finite_or_none(value: Any) -> Optional[float]:
+  """A number read from a run file as a float, or None where it stands for "missing".
+
+  Missing is None (JSON null, today's NaN and +-Inf), NaN, +-Inf, and any
+  magnitude of at least 1e308 (how older files wrote +-Inf).
+
+  Args:
+    value: a number or None.
+
+  Returns:
+    ``float(value)``, or None.
+  """
+  if value is None:
+    return None
+  value = float(value)
+  return value if math.isfinite(value) and abs(value) < OLD_INF else None
 
 
 def dumps(record: dict) -> str:

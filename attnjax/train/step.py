@@ -94,16 +94,33 @@ def forward(graphdef: nnx.GraphDef, params: Any, rest: Any, inputs: Array, *,
   return logits, log_z, summarize_attention(attention_stats_by_layer(inter))
 
 
-def mean_loss(values: Array, packing: Optional[dict[str, Array]]) -> Array:
+def weight_total(packing: dict[str, Array]) -> Array:
+  """The denominator of a packed batch's weighted mean: ``max(sum(weights), 1)``, float32."""
+  return jnp.maximum(jnp.sum(packing["weights"].astype(jnp.float32)), 1.0)
+
+
+def mean_loss(values: Array, packing: Optional[dict[str, Array]],
+              total: Optional[Array] = None) -> Array:
   """Mean of ``[B, T]`` per-token values; a packed batch weighs them by ``packing["weights"]``.
 
   The weights are 0 where a target crosses into the next document, so those
   targets count nowhere (neither in the sum nor in the count).
+
+  Args:
+    values: ``[B, T]`` per-token values.
+    packing: a packed batch's ``{"segment_ids", "positions", "weights"}``, or None.
+    total: for a packed batch, the denominator; defaults to :func:`weight_total`
+      of ``packing``. A microbatch passes the whole batch's total, so that its
+      weighted sum divided by it adds up over the microbatches to the whole
+      batch's weighted mean.
+
+  Returns:
+    A float32 scalar.
   """
   if packing is None:
     return jnp.mean(values)
   w = packing["weights"].astype(jnp.float32)
-  return jnp.sum(values * w) / jnp.maximum(jnp.sum(w), 1.0)
+  return jnp.sum(values * w) / (weight_total(packing) if total is None else total)
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
@@ -120,9 +137,11 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       as the whole batch up to float summation order, with a working set
       ``microbatches`` times smaller (on a CPU, one that fits in cache). Rows
       ``m, m + M, m + 2M, ...`` form microbatch ``m``, so a batch sharded over
-      devices stays sharded. A packed batch's loss is then the mean of the
-      microbatches' weighted means (the whole batch's weighted mean when each
-      holds as many weighted targets).
+      devices stays sharded. An unpacked batch's loss is the mean of the
+      microbatches' means; a packed batch's is the whole batch's weighted mean
+      even when the microbatches hold different numbers of weighted targets:
+      the total weight is summed once over the whole batch and each microbatch
+      adds its weighted sum divided by it.
 
   Returns:
     The step ``train_step(state, rest, inputs, targets, packing=None)``; ``packing``
@@ -134,12 +153,12 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     update; ``total_loss`` adds the z-loss) and per-layer ``[L]`` arrays.
   """
 
-  def loss_fn(params, rest, inputs, targets, packing=None):
+  def loss_fn(params, rest, inputs, targets, packing=None, total_weight=None):
     logits, log_z, layer_stats = forward(graphdef, params, rest, inputs, stats=stats,
                                          packing=packing)
     ce = cross_entropy(logits, targets)
-    loss = mean_loss(ce, packing)
-    z_term = z_loss * mean_loss(jnp.square(log_z), packing)
+    loss = mean_loss(ce, packing, total_weight)
+    z_term = z_loss * mean_loss(jnp.square(log_z), packing, total_weight)
     aux = {"loss": loss, "z_loss": z_term, "log_z": jnp.mean(log_z), **layer_stats}
     return loss + z_term, aux
 
@@ -151,8 +170,12 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
     split = lambda x: jnp.swapaxes(jnp.reshape(x, (B // microbatches, microbatches, T)), 0, 1)
 
+    # A packed microbatch divides its weighted sums by the whole batch's total
+    # weight, so the sums over microbatches are the whole batch's weighted means.
+    kw = {} if packing is None else {"total_weight": weight_total(packing)}
+
     def body(acc, batch):
-      (total, aux), grads = grad_fn(params, rest, *batch)
+      (total, aux), grads = grad_fn(params, rest, *batch, **kw)
       return jax.tree.map(jnp.add, acc, (total, aux, grads)), aux.get("max_logit")
 
     first = lambda x: x[:B // microbatches]
@@ -162,7 +185,10 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     zeros = (zeros[0][0], zeros[0][1], zeros[1])
     (total, aux, grads), max_logits = jax.lax.scan(body, zeros, jax.tree.map(split, batch))
     scale = 1.0 / microbatches
-    total, aux, grads = jax.tree.map(lambda x: x * scale, (total, aux, grads))
+    if packing is None:
+      total, aux, grads = jax.tree.map(lambda x: x * scale, (total, aux, grads))
+    else:  # the losses and gradients are sums already; the rest are means of means
+      aux = {k: v if k in ("loss", "z_loss") else v * scale for k, v in aux.items()}
     if max_logits is not None:  # a maximum, not a mean, over microbatches
       aux["max_logit"] = jnp.max(max_logits, axis=0)
     return (total, aux), grads
