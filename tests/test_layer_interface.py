@@ -26,12 +26,7 @@ D = 16
 B = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _x(T=8, seed=0):
