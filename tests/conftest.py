@@ -18,6 +18,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE_ENV = "ATTNJAX_TEST_COMPILATION_CACHE"
@@ -41,3 +42,13 @@ if _cache is not None:
   # Cache every program: the tests compile many small ones, each in well under a second.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+@pytest.fixture(scope="module")
+def fast_compiles():
+  """Modules that compile many small models request it: XLA's optimisation passes would
+  double their run time. Module-scoped: optimisations come back after the module."""
+  previous = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", previous)

@@ -26,12 +26,7 @@ D = 16
 B = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _x(T=8, seed=0):
@@ -262,6 +257,74 @@ def test_cross_attention_decode_caches_keys_once(cfg):
   _close(cache.k, k)
 
 
+SPARSE = dict(family="sparse", pattern=("strided", (("stride", 3),)), block_size=4)
+
+
+@pytest.mark.parametrize("implementation", ["block_sparse", "reference"])
+def test_sparse_implementation_reaches_the_decode_and_mask_paths(implementation):
+  layer = _layer(nn.AttentionConfig(**SPARSE, implementation=implementation))
+  plain = _layer(nn.AttentionConfig(**SPARSE))
+  x = _x(6)
+  keep = jnp.array([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
+  _close(layer(x, mask=keep), plain(x, mask=keep), tol=1e-5)
+  y, _ = layer.decode(x, layer.init_cache(B, 6))
+  _close(y, plain(x), tol=1e-5)
+
+
+@pytest.mark.parametrize("family,options,implementation", [
+    ("sparse", dict(pattern=("causal", ())), "blockwise"),
+    ("dense", {}, "block_sparse"),
+    ("qk_norm", {}, "chunked"),
+    ("linear", {}, "xla"),
+])
+def test_config_rejects_an_implementation_its_family_does_not_take(family, options,
+                                                                    implementation):
+  with pytest.raises(ValueError, match=f"implementation='{implementation}'.*family='{family}'"):
+    nn.AttentionConfig(family=family, implementation=implementation, **options)
+
+
+def test_spec_classes_declare_their_implementations():
+  from attnjax import dense, sparse
+  assert specs.SparseSpec.implementations == sparse.IMPLEMENTATIONS
+  assert specs.DenseSpec.implementations == tuple(dense.IMPLEMENTATIONS)
+  assert specs.LinearSpec.takes_implementation("parallel")  # deprecated, still loads
+  assert not specs.LinearSpec.takes_segment_ids and specs.SparseSpec.takes_segment_ids
+
+
+def test_injected_attention_fn_serves_the_sparse_mask_and_decode_paths():
+  seen = []
+
+  def fn(q, k, v, **kwargs):
+    seen.append(kwargs)
+    return attnjax.dot_product_attention(q, k, v, **kwargs)
+
+  cfg = nn.AttentionConfig(**SPARSE, implementation="block_sparse")
+  plain, injected = _layer(cfg), _layer(cfg, attention_fn=fn)
+  x = _x(6)
+  keep = jnp.array([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
+  _close(injected(x, mask=keep), plain(x, mask=keep), tol=1e-6)
+  y, _ = injected.decode(x, injected.init_cache(B, 6))
+  _close(y, plain(x), tol=1e-5)
+  assert len(seen) == 2
+  assert all("mask" in kw and "pattern" not in kw and kw["implementation"] is None for kw in seen)
+
+
+def test_has_null_column_follows_sink_logits_and_the_normalizer():
+  assert not nn.AttentionConfig().spec.has_null_column()
+  assert nn.AttentionConfig(sink_logits=True).spec.has_null_column()
+  assert nn.AttentionConfig(normalizer="softmax_one").spec.has_null_column()
+  assert nn.AttentionConfig(family="sparse", pattern=("causal", ()),
+                            normalizer="softmax_one").spec.has_null_column()
+  assert not nn.AttentionConfig(family="linear").spec.has_null_column()
+
+
+def test_cross_cache_rejects_inputs_kv_of_another_length():
+  layer = _layer(nn.AttentionConfig())
+  cache = layer.init_cache(B, 6, kv_length=5)
+  with pytest.raises(ValueError, match=r"inputs_kv has shape \(2, 4, 16\).*kv_length=5"):
+    layer.decode(_x(2), cache, inputs_kv=_x(4, seed=3))
+
+
 # ---------------------------------------------------------------------------
 # Errors name the option and the family.
 
@@ -411,7 +474,7 @@ def test_allowed_mask_and_compared_qk():
   np.testing.assert_array_equal(m[1, :5], [True, True, False, False, False])
   sparse = _layer(nn.AttentionConfig(family="sparse", pattern=("strided", (("stride", 2),))))
   np.testing.assert_array_equal(np.asarray(sparse.allowed_mask(6))[0, 0],
-                                np.asarray(sparse.config.make_pattern().mask(6, 6))[0, 0])
+                                np.asarray(sparse.config.spec.make_pattern().mask(6, 6))[0, 0])
   qk = _layer(nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_norm_placement="after_rope",
                                  qk_scale=4.0))
   q, k, _ = _heads(qk, _x(6))

@@ -16,13 +16,7 @@ V = 11
 B = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  """These tests compile many small models; XLA's optimisation passes would double the run time."""
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _x(T=8, dtype=jnp.float32, seed=0):

@@ -540,7 +540,7 @@ def available_families(d_model=16):
   """Families of attnjax.nn that this build can run (others raise NotImplementedError)."""
   from flax import nnx
   found = []
-  for family in attnjax.nn.config.FAMILIES:
+  for family in attnjax.nn.specs.FAMILY_SPECS:
     config = attnjax.nn.AttentionConfig(family=family, num_heads=2,
                                         **FAMILY_OPTIONS.get(family, {}))
     try:

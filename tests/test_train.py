@@ -357,3 +357,22 @@ def test_packed_microbatches_with_unequal_weights_give_the_whole_batch_mean(tmp_
 def test_packing_configs_that_cannot_work_fail_naming_the_key(overrides, match):
   with pytest.raises(ValueError, match=match):
     config_lib.load_config(f"{COMPARE}:preset=cpu", overrides)
+
+
+def test_packing_asks_the_family_spec_whether_it_takes_segment_ids(monkeypatch):
+  from attnjax.nn import specs
+  monkeypatch.setattr(specs.LinearSpec, "takes_segment_ids", True)
+  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu", ["data.pack=True", "variant=linear"])
+  assert cfg.data.pack
+
+
+@pytest.mark.parametrize("variant,implementation,kept", [
+    ("dense", "blockwise", "blockwise"),
+    ("linear", "blockwise", None),     # a dense kernel name: linear keeps its default
+    ("linear", "reference", "reference"),  # a name linear attention takes
+])
+def test_model_implementation_goes_to_families_that_take_it(variant, implementation, kept):
+  from attnjax.train.model import model_config
+  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu",
+                               [f"variant={variant}", f"model.implementation={implementation}"])
+  assert model_config(cfg, 11).attention.implementation == kept

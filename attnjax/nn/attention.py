@@ -59,13 +59,13 @@ from flax import nnx
 
 from attnjax import _checks
 from attnjax.nn import _layers
-from attnjax.nn.caches import Cache, CrossCache, FeatureProjection, KVCache, LinearCache
+from attnjax.nn.caches import Cache, CrossCache
 from attnjax.nn.config import AttentionConfig
 from attnjax.nn.specs import Call
 
 Array = jnp.ndarray
 
-__all__ = ["Attention", "Cache", "CrossCache", "FeatureProjection", "KVCache", "LinearCache"]
+__all__ = ["Attention"]
 
 
 class Attention(nnx.Module):
@@ -78,10 +78,15 @@ class Attention(nnx.Module):
     dtype: compute dtype (projections, cache); logits are float32 regardless.
     param_dtype: parameter dtype.
     attention_fn: the pure attention function to call instead of the family's
-      (None). It receives ``(q, k, v)`` and the keyword arguments the family's
-      function takes (e.g. :func:`attnjax.dot_product_attention`'s ``mask``,
-      ``is_causal``, ``window``, ``normalizer``, ``return_stats``, ...), as
-      flax's ``MultiHeadAttention(attention_fn=...)``.
+      (None), on every path (forward, cross-attention, decode), as flax's
+      ``MultiHeadAttention(attention_fn=...)``. It receives ``(q, k, v)`` and
+      the keyword arguments of the function the family calls on that path
+      (e.g. :func:`attnjax.dot_product_attention`'s ``mask``, ``is_causal``,
+      ``window``, ``normalizer``, ``implementation``, ``return_stats``, ...).
+      A sparse layer calls :func:`attnjax.sparse_attention` (``pattern``,
+      ``block_size``) only in a forward without ``mask``; when decoding or
+      given a ``mask`` it masks by the pattern and calls the dense kernel's
+      signature (its ``implementation`` mapped: ``"block_sparse"`` -> None).
   """
 
   def __init__(self, config: AttentionConfig, d_model: int, rngs: nnx.Rngs, *,
@@ -237,18 +242,23 @@ class Attention(nnx.Module):
     if inputs_kv is not None and cache is not None and not isinstance(cache, CrossCache):
       raise ValueError(f"inputs_kv: this cache is a {type(cache).__name__}, not a CrossCache; "
                        f"build one with init_cache(batch_size, max_len, kv_length=S)")
-    q = self._heads(self.q_proj, x, N)
     if inputs_kv is not None:
       self._check_sequence("inputs_kv", inputs_kv)
       if inputs_kv.shape[0] != B:
         raise ValueError(f"inputs_kv batch {inputs_kv.shape[0]} differs from x batch {B} "
                          f"(x {x.shape}, inputs_kv {inputs_kv.shape})")
+      if isinstance(cache, CrossCache) and inputs_kv.shape[1] != cache.k.shape[1]:
+        raise ValueError(f"inputs_kv has shape {inputs_kv.shape}: its length "
+                         f"{inputs_kv.shape[1]} must equal the CrossCache's "
+                         f"kv_length={cache.k.shape[1]}")
+      q = self._heads(self.q_proj, x, N)
       k = self._heads(self.k_proj, inputs_kv, K)
       v = self._heads(self.v_proj, inputs_kv, K)
     elif cross:
+      q = self._heads(self.q_proj, x, N)
       k, v = cache.k, cache.v
     else:
-      k, v = self._heads(self.k_proj, x, K), self._heads(self.v_proj, x, K)
+      q, k, v = self._project(x)
     if capture:
       _layers.sow(self, "q_rms", _rms(q))
       _layers.sow(self, "k_rms", _rms(k))

@@ -19,14 +19,10 @@ from typing import Any, Literal, Optional
 
 from attnjax import _checks
 from attnjax.nn import specs
-from attnjax.nn.specs import DEFAULT_TEMPERATURE, FEATURE_MAPS, PATTERNS, STREAMING_ROPE  # noqa: F401
+from attnjax.nn.specs import check_int, check_type
 
-FAMILIES = tuple(specs.FAMILY_SPECS)  # the registered families (five built in)
+# The families are the live registry, specs.FAMILY_SPECS (register_family adds to it).
 OUTPUT_GATES = (None, "elementwise", "headwise")
-QK_NORM_PLACEMENTS = ("before_rope", "after_rope")
-# Families built on the dense softmax-style kernel: they take normalisers, sink
-# logits, the k/v bias slot, windows and softcaps.
-DENSE_FAMILIES = ("dense", "qk_norm", "cosine")
 MLPS = ("gelu", "swiglu")
 NORMS = ("rms", "layer")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -49,10 +45,6 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "feature_map": "elu_plus_one", "num_features": 64, "stabilize_features": True,
     "linear_normalize": "denominator", "chunk_size": 64, "softcap": None,
 }
-
-_check_type = specs.check_type
-_positive_int = specs.check_int
-
 
 def _spec_fields(spec_class) -> tuple[str, ...]:
   return tuple(f.name for f in dataclasses.fields(spec_class))
@@ -121,7 +113,8 @@ class AttentionConfig:
       (Qiu et al. 2025).
     is_causal: True for a decoder layer; False for an encoder (every token sees
       every token; no decode). Cross-attention is never causal.
-    implementation: the attention function's ``implementation`` (None = auto).
+    implementation: the attention function's ``implementation`` (None = auto);
+      one of the spec's ``implementations`` (checked at build).
     sow_weights: sow the full attention weights ``[B, N, T, S]`` under
       ``nnx.capture`` (costly; also switchable per call).
   """
@@ -152,20 +145,19 @@ class AttentionConfig:
     self._check()
 
   def _check(self):
-    _positive_int("num_heads", self.num_heads)
-    _positive_int("num_kv_heads", self.num_kv_heads, allow_none=True)
+    check_int("num_heads", self.num_heads)
+    check_int("num_kv_heads", self.num_kv_heads, allow_none=True)
     if self.num_heads % self.kv_heads != 0:
       raise ValueError(
           f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.kv_heads}")
-    _positive_int("head_dim", self.head_dim, allow_none=True)
+    check_int("head_dim", self.head_dim, allow_none=True)
     if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
     _checks.check_positive_float("rope_theta", self.rope_theta)
     _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
     for name in ("is_causal", "sow_weights"):
-      _check_type(name, getattr(self, name), bool, "a bool")
-    if self.implementation is not None:
-      _check_type("implementation", self.implementation, str, "a str or None")
+      check_type(name, getattr(self, name), bool, "a bool")
+    type(self.spec).check_implementation(self.implementation)
     self.spec.check(self)
 
   @property
@@ -182,13 +174,6 @@ class AttentionConfig:
     if name in LEGACY_DEFAULTS:
       return LEGACY_DEFAULTS[name]
     raise AttributeError(f"AttentionConfig of family {spec.family!r} has no field {name!r}")
-
-  def make_pattern(self):
-    """Sparse family: the configured pattern (intersected with causal when causal)."""
-    if not isinstance(self.spec, specs.SparseSpec):
-      raise ValueError(f"make_pattern needs family='sparse', this config has "
-                       f"family={self.family!r}")
-    return self.spec.make_pattern(self.is_causal)
 
   @property
   def kv_heads(self) -> int:
@@ -281,10 +266,10 @@ class ModelConfig:
   remat: bool = False
 
   def __post_init__(self):
-    _positive_int("vocab_size", self.vocab_size)
-    _positive_int("d_model", self.d_model)
-    _positive_int("num_layers", self.num_layers)
-    _positive_int("mlp_dim", self.mlp_dim, allow_none=True)
+    check_int("vocab_size", self.vocab_size)
+    check_int("d_model", self.d_model)
+    check_int("num_layers", self.num_layers)
+    check_int("mlp_dim", self.mlp_dim, allow_none=True)
     if not isinstance(self.attention, AttentionConfig):
       raise TypeError(f"attention must be an AttentionConfig, got {type(self.attention).__name__}")
     if self.layer_attention is not None:
@@ -305,7 +290,7 @@ class ModelConfig:
     _checks.check_choice("dtype", self.dtype, DTYPES)
     _checks.check_choice("param_dtype", self.param_dtype, DTYPES)
     for name in ("tie_embeddings", "remat"):
-      _check_type(name, getattr(self, name), bool, "a bool")
+      check_type(name, getattr(self, name), bool, "a bool")
 
   def attention_for(self, layer: int) -> AttentionConfig:
     return self.attention if self.layer_attention is None else self.layer_attention[layer]

@@ -42,6 +42,11 @@ class LinearSpec(AttentionSpec):
 
   family: ClassVar[str] = "linear"
   optional_params: ClassVar[tuple[str, ...]] = ("feature_projection",)
+  implementations: ClassVar[tuple[str, ...]] = linear_lib.IMPLEMENTATIONS
+  # Deprecated names (e.g. "parallel") stay valid so run directories written before load.
+  deprecated_implementations: ClassVar[dict[str, str]] = dict(
+      linear_lib.DEPRECATED_IMPLEMENTATIONS)
+  takes_segment_ids: ClassVar[bool] = False
 
   feature_map: str = "elu_plus_one"
   num_features: int = 64
@@ -55,12 +60,6 @@ class LinearSpec(AttentionSpec):
     check_type("stabilize_features", self.stabilize_features, bool, "a bool")
     _checks.check_choice("feature_map", self.feature_map, FEATURE_MAPS)
     _checks.check_choice("linear_normalize", self.linear_normalize, linear_lib.NORMALIZE)
-
-  def check(self, config) -> None:
-    if config.implementation is not None:
-      # Deprecated names (e.g. "parallel") stay valid so run directories written before load.
-      _checks.check_choice("implementation", config.implementation,
-                           linear_lib.IMPLEMENTATIONS + tuple(linear_lib.DEPRECATED_IMPLEMENTATIONS))
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     layer.orthogonal_features = False

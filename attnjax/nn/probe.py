@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnjax import normalizers
 from attnjax.attention_stats import AttentionStats
 from attnjax.nn import intermediates
 from attnjax.nn.transformer import TransformerLM
@@ -81,7 +80,6 @@ def capture_from_model(model: TransformerLM, tokens: Array, *,
   stats, ws, qs, ks, vs, hidden, gates, nulls, masks = [], [], [], [], [], [], [], [], []
   for block, layer in zip(model.blocks, recorded.layers):
     attention = block.attention
-    c = attention.config
     N, K, H = attention.num_heads, attention.num_kv_heads, attention.head_dim
     stats.append(layer.get("attention/attention_stats", AttentionStats()))
     if weights:
@@ -96,7 +94,7 @@ def capture_from_model(model: TransformerLM, tokens: Array, *,
     hidden.append(layer["__call__"].astype(jnp.float32))
     gate = layer.get("attention/gate_mean")
     gates.append(jnp.full((B, N), jnp.nan, jnp.float32) if gate is None else gate)
-    nulls.append(bool(c.sink_logits or normalizers.get(c.normalizer).null_column))
+    nulls.append(attention.config.spec.has_null_column())
     masks.append(attention.allowed_mask(T))
   if len({q.shape for q in qs}) > 1 or len({k.shape for k in ks}) > 1:
     raise ValueError("probe needs the same head layout in every layer (N, K, H); got "

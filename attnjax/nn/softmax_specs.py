@@ -22,9 +22,11 @@ from attnjax.nn.rope import apply_rope
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, PATTERNS, STREAMING_ROPE, AttentionSpec,
                                   Call, _and, _rope, check_int, check_type, register_family,
                                   run_and_sow)
-from attnjax.sparse import sparse_attention
+from attnjax import sparse as sparse_lib
 
 Array = jnp.ndarray
+
+QK_NORM_PLACEMENTS = ("before_rope", "after_rope")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,7 @@ class ScoreSpec(AttentionSpec):
   """
 
   optional_params: ClassVar[tuple[str, ...]] = ("sink_logits",)
+  implementations: ClassVar[tuple[str, ...]] = tuple(dense.IMPLEMENTATIONS)
 
   normalizer: str = "softmax"
   softcap: Optional[float] = None
@@ -56,6 +59,9 @@ class ScoreSpec(AttentionSpec):
     if self.sink_logits:
       layer.sink_logits = _layers.param(jnp.zeros((layer.num_heads,), param_dtype), ("heads",))
 
+  def has_null_column(self) -> bool:
+    return bool(self.sink_logits or normalizers.get(self.normalizer).null_column)
+
   def kwargs(self, layer) -> dict[str, Any]:
     """Static and learned arguments of the family's function (not the masks)."""
     out = dict(normalizer=self.normalizer, softcap=self.softcap,
@@ -63,6 +69,10 @@ class ScoreSpec(AttentionSpec):
     if self.sink_logits:
       out["sink_logits"] = layer.sink_logits[...]
     return out
+
+  def decode_kwargs(self, layer) -> dict[str, Any]:
+    """:meth:`kwargs` of :meth:`decode_function` (the family's by default)."""
+    return self.kwargs(layer)
 
   def default_function(self, layer) -> Callable:
     return dense.dot_product_attention
@@ -146,7 +156,7 @@ class ScoreSpec(AttentionSpec):
     mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
     if self.kv_slot():
       k_all, v_all, mask = self._append_kv_bias(layer, k_all, v_all, mask, T)
-    run = functools.partial(self.decode_function(layer), mask=mask, **self.kwargs(layer))
+    run = functools.partial(self.decode_function(layer), mask=mask, **self.decode_kwargs(layer))
     out = run_and_sow(layer, run, q, k_all, v_all, call)
     return out, self._write(cache, k, v, idx, rope_q, seg)
 
@@ -360,8 +370,7 @@ class QKNormSpec(KernelSpec):
   def validate(self) -> None:
     super().validate()
     _checks.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
-    _checks.check_choice("qk_norm_placement", self.qk_norm_placement,
-                         ("before_rope", "after_rope"))
+    _checks.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
     check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
     _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
     _checks.check_positive_float("qk_scale", self.qk_scale)
@@ -474,6 +483,11 @@ class SparseSpec(ScoreSpec):
   """
 
   family: ClassVar[str] = "sparse"
+  implementations: ClassVar[tuple[str, ...]] = sparse_lib.IMPLEMENTATIONS
+  # The dense kernel's implementation standing for each of ours where the
+  # layer masks by the pattern instead (decode, an explicit mask).
+  DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {"block_sparse": None,
+                                                           "reference": "reference"}
 
   pattern: Optional[tuple] = None
   block_size: int = 16
@@ -501,10 +515,25 @@ class SparseSpec(ScoreSpec):
     return patterns.intersection(pattern, patterns.causal()) if is_causal else pattern
 
   def default_function(self, layer):
-    return sparse_attention
+    return sparse_lib.sparse_attention
+
+  def masked_function(self, layer) -> Callable:
+    """The function of the paths that mask by the pattern (decode, an explicit mask).
+
+    The injected ``attention_fn`` if any (it then receives the dense kernel's
+    keywords, :meth:`decode_kwargs`), else :func:`attnjax.dot_product_attention`.
+    """
+    return layer.attention_fn or dense.dot_product_attention
 
   def decode_function(self, layer):
-    return dense.dot_product_attention  # the pattern as a mask over the cache
+    return self.masked_function(layer)  # the pattern as a mask over the cache
+
+  def decode_kwargs(self, layer):
+    """:meth:`kwargs` for the dense kernel: our implementation name mapped to its equivalent."""
+    out = self.kwargs(layer)
+    impl = out["implementation"]
+    out["implementation"] = impl if impl is None else self.DENSE_EQUIVALENT[impl]
+    return out
 
   def check_cross(self, layer) -> None:
     raise ValueError("inputs_kv: family='sparse' cannot cross-attend (its pattern relates "
@@ -530,7 +559,8 @@ class SparseSpec(ScoreSpec):
     T = k.shape[1]
     pos = jnp.arange(T, dtype=jnp.int32)
     mask = jnp.logical_and(self.allowed(layer, pos, pos, T), call.mask)
-    return functools.partial(dense.dot_product_attention, mask=mask, **kw, **extra), k, v
+    return functools.partial(self.masked_function(layer), mask=mask,
+                             **self.decode_kwargs(layer), **extra), k, v
 
   def to_dict(self):
     out = super().to_dict()

@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import jax.numpy as jnp
 
-from attnjax import feature_maps
+from attnjax import _checks, feature_maps
 from attnjax.nn import _layers
 from attnjax.nn.rope import apply_rope
 
@@ -109,13 +109,44 @@ class AttentionSpec:
   Subclasses set ``family`` and ``optional_params`` (names of the layer
   attributes their parameters may take; the layer declares them ``None``
   before :meth:`init_params` runs) and override the methods below.
+
+  Attributes:
+    implementations: the ``implementation`` names the family's function takes
+      (besides None = auto); :class:`attnjax.nn.AttentionConfig` checks its
+      ``implementation`` against them (and ``deprecated_implementations``).
+    deprecated_implementations: old names still accepted, ``{old: new}``.
+    takes_segment_ids: the family can keep packed documents apart
+      (``segment_ids``).
   """
 
   family: ClassVar[str] = ""
   optional_params: ClassVar[tuple[str, ...]] = ()
+  implementations: ClassVar[tuple[str, ...]] = ()
+  deprecated_implementations: ClassVar[dict[str, str]] = {}
+  takes_segment_ids: ClassVar[bool] = True
 
   def __post_init__(self):
     self.validate()
+
+  @classmethod
+  def takes_implementation(cls, name: Optional[str]) -> bool:
+    """Whether the family's function takes ``implementation=name`` (None always)."""
+    return name is None or name in cls.implementations or name in cls.deprecated_implementations
+
+  @classmethod
+  def check_implementation(cls, name: Optional[str]) -> None:
+    """ValueError naming the field and the family unless :meth:`takes_implementation`."""
+    try:
+      # Deprecated names pass here unwarned (old run directories load); the
+      # function warns when called.
+      _checks.check_implementation(
+          "implementation", name, cls.implementations + tuple(cls.deprecated_implementations))
+    except ValueError as e:
+      raise ValueError(f"{e} (the implementations of family={cls.family!r})") from None
+
+  def has_null_column(self) -> bool:
+    """Whether the weights have a null column (a row may put mass on no key)."""
+    return False
 
   def validate(self) -> None:
     """Checks this spec's own fields (ValueError/TypeError naming the field)."""

@@ -278,10 +278,12 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   if d.get("pack", False):
     _require(d.name != "bigram_backcopy",
              "data.pack=True needs a corpus of documents; data.name='bigram_backcopy' has none")
+    from attnjax.nn import specs as nn_specs  # flax: imported only to check packing
+
     family = VARIANTS[cfg.variant][0].get("family", "dense")
-    _require(family != "linear",
+    _require(nn_specs.FAMILY_SPECS[family].takes_segment_ids,
              f"data.pack=True needs attention that takes segment_ids; variant={cfg.variant!r} "
-             f"(family='linear') cannot")
+             f"(family={family!r}) cannot")
   _require(m.d_model >= 1 and m.num_layers >= 1 and m.num_heads >= 1,
            "model.d_model, model.num_layers and model.num_heads must be >= 1")
   _require(m.d_model % m.num_heads == 0,

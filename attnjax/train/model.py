@@ -18,7 +18,10 @@ def model_config(cfg: Any, vocab_size: int):
   attn = attention_kwargs(cfg.variant)
   if m.window > 0:
     attn["window"] = int(m.window)
-  if m.implementation and attn.get("family") != "linear":
+  # model.implementation names a kernel of the dense family; a family whose
+  # function does not take that name keeps its own default.
+  spec_class = nn.specs.FAMILY_SPECS[attn.get("family", "dense")]
+  if m.implementation and spec_class.takes_implementation(m.implementation):
     attn["implementation"] = m.implementation
   attention = nn.AttentionConfig(num_heads=m.num_heads, num_kv_heads=m.num_kv_heads or None,
                                  rope_theta=10000.0 if m.rope else None, **attn)
