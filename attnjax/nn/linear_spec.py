@@ -102,12 +102,7 @@ class LinearSpec(AttentionSpec):
       T = q.shape[1]
       idx = jnp.arange(T, dtype=jnp.int32)
       if cache is not None:
-        if not isinstance(cache, LinearCache):
-          raise TypeError(f"cache must be a LinearCache for family='linear', "
-                          f"got {type(cache).__name__}")
-        if not c.is_causal:
-          raise ValueError("decode needs is_causal=True: an encoder layer (is_causal=False) "
-                           "has no decode")
+        self.check_decode_cache(layer, cache, LinearCache)
         idx = idx + cache.index
       positions = idx if call.positions is None else call.positions
       q, k = _rope(layer, q, positions), _rope(layer, k, positions)

@@ -20,7 +20,7 @@ from attnjax.nn import _layers
 from attnjax.nn.caches import KVCache
 from attnjax.nn.rope import apply_rope
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, PATTERNS, STREAMING_ROPE, AttentionSpec,
-                                  Call, _and, _rope, check_int, check_type, register_family,
+                                  Call, _rope, check_int, check_type, register_family,
                                   run_and_sow)
 from attnjax import sparse as sparse_lib
 
@@ -127,12 +127,7 @@ class ScoreSpec(AttentionSpec):
 
   def _attend_decode(self, layer, q, k, v, call):
     c, cache = layer.config, call.cache
-    if not isinstance(cache, KVCache):
-      raise TypeError(f"cache must be a KVCache for family={self.family!r}, "
-                      f"got {type(cache).__name__}")
-    if not c.is_causal:
-      raise ValueError("decode needs is_causal=True: an encoder layer (is_causal=False) has "
-                       "no decode")
+    self.check_decode_cache(layer, cache, KVCache)
     if call.mask is not None:
       raise ValueError("mask: a self-attention decode takes no mask; mark padding and packed "
                        "documents with segment_ids")
@@ -302,7 +297,7 @@ class KernelSpec(ScoreSpec):
                                **extra), k, v
     T = k.shape[1]
     pos = jnp.arange(T, dtype=jnp.int32)
-    mask = _and(self.allowed(layer, pos, pos, T), call.mask)
+    mask = masks.combine_masks(self.allowed(layer, pos, pos, T), call.mask)
     if call.segment_ids is not None:
       mask = jnp.logical_and(mask, masks.segment_mask(call.segment_ids))
     if self.kv_bias:

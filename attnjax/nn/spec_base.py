@@ -70,14 +70,6 @@ def _rope(layer, x: Array, positions: Array) -> Array:
   return x if theta is None else apply_rope(x, positions, theta)
 
 
-def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
-  if a is None:
-    return b
-  if b is None:
-    return a
-  return jnp.logical_and(a, b)
-
-
 def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, *,
                 weights: Optional[Callable[[], Array]] = None) -> Array:
   """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
@@ -167,6 +159,15 @@ class AttentionSpec:
   def attend(self, layer, q: Array, k: Array, v: Array, call: Call):
     """``(out [B, T, N, Hv], new self-attention cache or None)`` of projected q, k, v."""
     raise NotImplementedError
+
+  def check_decode_cache(self, layer, cache, cache_type: type) -> None:
+    """Raises unless ``cache`` is this family's ``cache_type`` and the layer is causal."""
+    if not isinstance(cache, cache_type):
+      raise TypeError(f"cache must be a {cache_type.__name__} for family={self.family!r}, "
+                      f"got {type(cache).__name__}")
+    if not layer.config.is_causal:
+      raise ValueError("decode needs is_causal=True: an encoder layer (is_causal=False) has "
+                       "no decode")
 
   def init_cache(self, layer, batch_size: int, max_len: int):
     raise NotImplementedError
