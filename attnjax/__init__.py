@@ -21,6 +21,7 @@ from attnjax import normalizers
 from attnjax import patterns
 from attnjax.attention_stats import AttentionStats
 from attnjax.dense import dot_product_attention
+from attnjax.delta_rule import delta_rule_attention
 from attnjax.linear import linear_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
@@ -49,6 +50,7 @@ def __dir__():
 __all__ = [
     "AttentionStats",
     "cosine_attention",
+    "delta_rule_attention",
     "dot_product_attention",
     "feature_maps",
     "linear_attention",

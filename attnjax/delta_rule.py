@@ -1,0 +1,285 @@
+"""Delta-rule linear attention: DeltaNet and Gated DeltaNet.
+
+Per query head the state ``S_t`` is an ``[H, Hv]`` fast-weight matrix updated by
+the delta rule (Schlag et al. 2021), optionally with a scalar decay per head and
+step (Gated DeltaNet, Yang et al. 2025):
+
+    S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+    o_t = scale * S_t^T q_t
+
+``beta_t`` in (0, 1) is the write strength, ``g_t <= 0`` the log decay
+(``g = 0``: DeltaNet). ``k`` is taken as given; the papers' layers L2-normalise
+``q`` and ``k`` before the call.
+
+Two forms (``implementation``) compute the same function and are tested equal
+in value, final state and every gradient:
+
+- ``reference``: ``lax.scan`` over time, one rank-1 update per step; the
+  readable reference and the decode form.
+- ``chunked`` (default): the WY / UT-transform chunk form (Yang et al. 2024).
+  Inside a chunk of length ``C`` with cumulative log gates
+  ``G_t = g_1 + ... + g_t`` and chunk-initial state ``S_0``, unrolling the
+  recurrence gives
+
+      S_t = exp(G_t) S_0 + sum_{j <= t} exp(G_t - G_j) k_j u_j^T
+
+  with pseudo-values ``u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t)``, i.e.
+  ``(I + A) U = diag(beta) V - diag(beta exp(G)) K S_0`` where
+  ``A_tj = beta_t exp(G_t - G_j) k_t.k_j`` for ``j < t``. One unit
+  lower-triangular solve gives ``U = T V`` and ``W = T' K`` (the UT transform,
+  ``T = (I + A)^{-1} diag(beta)``), then ``U' = U - W S_0``,
+  ``O = diag(exp(G)) Q S_0 + (Q K^T * Gamma) U'`` with the causal decay matrix
+  ``Gamma_tj = exp(G_t - G_j)`` (``j <= t``), and
+  ``S_C = exp(G_C) S_0 + K^T diag(exp(G_C - G)) U'``. Only differences
+  ``G_t - G_j <= 0`` (``j <= t``) and ``G_t <= 0`` are exponentiated, so strong
+  gates and long chunks underflow to 0 and never overflow.
+
+There is no ``"parallel"`` form: the delta rule's output is not a masked
+product ``(Q K^T * M) V`` with a fixed mask, because the pseudo-values need the
+triangular solve above. Its quadratic whole-sequence form is the chunked form
+with ``chunk_size >= T`` (one chunk), which the tests also cover.
+
+``segment_ids`` reset the state where the id changes between consecutive
+tokens (packed documents); the ``initial_state`` belongs to the document of
+token 0, so a call continuing a document with its state equals one call on the
+concatenation. Resets enter the chunked form as a same-document mask on
+``Gamma`` and on the ``exp(G)`` factors of ``S_0``.
+
+Return rule (as :mod:`attnjax.linear`): ``out``, or ``(out, state)`` with
+``return_state=True``. There are no statistics (no ``return_stats``).
+
+References:
+  Schlag, Irie, Schmidhuber 2021, "Linear Transformers Are Secretly Fast
+  Weight Programmers".
+  Yang, Wang, Zhang, Shen, Kim 2024, "Parallelizing Linear Transformers with
+  the Delta Rule over Sequence Length".
+  Yang, Kautz, Hatamizadeh 2025, "Gated Delta Networks: Improving Mamba2 with
+  Delta Rule".
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, get_args
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import _checks
+from attnjax.dense import group_queries
+
+Array = jnp.ndarray
+
+ImplementationName = Literal["reference", "chunked"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+DEFAULT_CHUNK_SIZE = 64
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _einsum(spec: str, *operands: Array) -> Array:
+  return jnp.einsum(spec, *operands, precision=_HIGHEST, preferred_element_type=jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Forms. Each takes float32 q [B, T, K, G, H] (already scaled), k [B, T, K, H],
+# v [B, T, K, Hv], beta and log decay g [B, T, K, G], a boolean reset [B, T]
+# (True: the state is zeroed before token t) and the state [B, K, G, H, Hv];
+# each returns (out [B, T, K, G, Hv], final state).
+
+
+def reference(q, k, v, beta, g, reset, state):
+  """Decode form: ``lax.scan`` over time, one delta-rule update per token."""
+
+  def step(s, xs):
+    q_t, k_t, v_t, b_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G] x2, [B]
+    keep = jnp.where(r_t, 0.0, 1.0)[:, None, None]
+    a_t = jnp.exp(g_t) * keep  # [B, K, G]
+    s = a_t[..., None, None] * s
+    k_s = _einsum("bkh,bkghv->bkgv", k_t, s)  # S_{t-1}^T k_t (decayed)
+    delta = b_t[..., None] * (v_t[:, :, None, :] - k_s)  # [B, K, G, Hv]
+    s = s + k_t[:, :, None, :, None] * delta[..., None, :]
+    return s, _einsum("bkgh,bkghv->bkgv", q_t, s)
+
+  xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, beta, g, reset))
+  final, out = jax.lax.scan(step, state, xs)
+  return jnp.moveaxis(out, 0, 1), final
+
+
+def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
+  """WY / UT-transform chunk form (module docstring); a ``lax.scan`` over chunks.
+
+  Time is padded to a multiple of ``chunk_size`` with ``k = v = beta = g = 0``
+  (those steps leave the state unchanged) and padded rows are dropped.
+  """
+  B, T, K, G, H = q.shape
+  Hv = v.shape[-1]
+  C = min(chunk_size, T)
+  n = -(-T // C)
+  pad = n * C - T
+  if pad:
+    def padt(x):
+      return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+    q, k, v, beta, g, reset = (padt(x) for x in (q, k, v, beta, g, reset))
+
+  def chunks(x):  # [B, n*C, ...] -> [n, B, C, ...]
+    return jnp.swapaxes(jnp.reshape(x, (B, n, C) + x.shape[2:]), 0, 1)
+
+  idx = jnp.arange(C)
+  strict = jnp.reshape(idx[:, None] > idx[None, :], (1, 1, 1, C, C))  # j < t
+  causal = jnp.reshape(idx[:, None] >= idx[None, :], (1, 1, 1, C, C))  # j <= t
+
+  def step(s, xs):
+    q_c, k_c, v_c, b_c, g_c, r_c = xs
+    b_c = jnp.transpose(b_c, (0, 2, 3, 1))  # [B, K, G, C]
+    gam = jnp.cumsum(jnp.transpose(g_c, (0, 2, 3, 1)), axis=-1)  # G_t, [B, K, G, C]
+    doc = jnp.cumsum(r_c.astype(jnp.int32), axis=1)  # resets so far in the chunk, [B, C]
+    from_start = (doc == 0)[:, None, None, :]  # S_0 reaches token t
+    same = (doc[:, :, None] == doc[:, None, :])[:, None, None]  # [B, 1, 1, C, C]
+    live = jnp.logical_and(same, causal)
+    diff = gam[..., :, None] - gam[..., None, :]
+    gamma = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # [B, K, G, C, C]
+    decay0 = jnp.where(from_start, jnp.exp(gam), 0.0)  # [B, K, G, C]
+
+    kk = _einsum("bckh,bdkh->bkcd", k_c, k_c)
+    a = jnp.where(strict, b_c[..., None] * gamma * kk[:, :, None], 0.0)
+    rhs_v = b_c[..., None] * jnp.transpose(v_c, (0, 2, 1, 3))[:, :, None]  # [B, K, G, C, Hv]
+    rhs_k = (b_c * decay0)[..., None] * jnp.transpose(k_c, (0, 2, 1, 3))[:, :, None]
+    rhs = jnp.concatenate([rhs_v, jnp.broadcast_to(rhs_k, (B, K, G, C, H))], axis=-1)
+    sol = jax.scipy.linalg.solve_triangular(a, rhs, lower=True, unit_diagonal=True)
+    u, w = sol[..., :Hv], sol[..., Hv:]
+    u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
+
+    qk = _einsum("bckgh,bdkh->bkgcd", q_c, k_c)
+    out = (decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s)
+           + _einsum("bkgcd,bkgdv->bkgcv", qk * gamma, u))
+    last = gamma[..., -1, :]  # exp(G_C - G_j) within the last document, [B, K, G, C]
+    s = (decay0[..., -1][..., None, None] * s
+         + _einsum("bdkh,bkgd,bkgdv->bkghv", k_c, last, u))
+    return s, jnp.transpose(out, (0, 3, 1, 2, 4))  # [B, C, K, G, Hv]
+
+  final, out = jax.lax.scan(step, state, tuple(chunks(x) for x in (q, k, v, beta, g, reset)))
+  out = jnp.reshape(jnp.swapaxes(out, 0, 1), (B, n * C, K, G, Hv))[:, :T]
+  return out, final
+
+
+# ---------------------------------------------------------------------------
+# Public function.
+
+
+def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
+  _checks.check_floating(name, x)
+  if _checks.shape_of(x) != (B, T, N):
+    raise ValueError(f"{name} must have shape [B, T, N] = {(B, T, N)}, got {_checks.shape_of(x)}")
+
+
+def _prepare(q, k, v, beta, *, log_decay, scale, initial_state, segment_ids, implementation,
+             chunk_size):
+  B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
+  if S != T:
+    raise ValueError(
+        f"delta_rule_attention is causal over one sequence: k and v need S == T, "
+        f"got q {_checks.shape_of(q)}, k {_checks.shape_of(k)}")
+  _check_per_step("beta", beta, B, T, N)
+  if log_decay is not None:
+    _check_per_step("log_decay", log_decay, B, T, N)
+  scale = _checks.check_positive_float("scale", scale)
+  implementation = _checks.check_implementation("implementation", implementation,
+                                                IMPLEMENTATIONS)
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+    raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+  if initial_state is not None:
+    _checks.check_floating("initial_state", initial_state)
+    if _checks.shape_of(initial_state) != (B, N, H, Hv):
+      raise ValueError(f"initial_state must have shape [B, N, H, Hv] = {(B, N, H, Hv)}, "
+                       f"got {_checks.shape_of(initial_state)}")
+  if isinstance(segment_ids, (tuple, list)):
+    raise TypeError("segment_ids must be one integer array [B, T] (queries and keys are the "
+                    f"same tokens), got a {type(segment_ids).__name__}")
+  seg, _ = _checks.check_segment_ids(segment_ids, B, T, T)
+  return scale, implementation or "chunked", seg
+
+
+def _delta_rule_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: Array,
+    *,
+    log_decay: Optional[Array] = None,
+    scale: Optional[float] = None,
+    initial_state: Optional[Array] = None,
+    return_state: bool = False,
+    segment_ids: Optional[Array] = None,
+    implementation: Optional[ImplementationName] = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+):
+  """Delta-rule attention (DeltaNet; Gated DeltaNet with ``log_decay``), causal.
+
+  Per query head: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
+  ``o_t = scale * S_t^T q_t`` (module docstring for the chunk form).
+
+  Args:
+    q: queries ``[B, T, N, H]``.
+    k: keys ``[B, T, K, H]``, ``N % K == 0`` (GQA: query head ``n`` reads key/value
+      head ``n // (N // K)``); taken as given (callers L2-normalise).
+    v: values ``[B, T, K, Hv]``.
+    beta: write strengths ``[B, T, N]`` in (0, 1), per query head.
+    log_decay: ``g`` ``[B, T, N]`` with values ``<= 0``, per query head, or None
+      (no decay: DeltaNet).
+    scale: output scale, a static float; None means ``H ** -0.5``.
+    initial_state: ``[B, N, H, Hv]`` state before token 0 (float32 is kept; other
+      float dtypes are cast); None = zeros.
+    return_state: the result becomes ``(out, final state [B, N, H, Hv] float32)``.
+    segment_ids: integer ``[B, T]``; the state is reset before every token whose
+      id differs from the previous token's (the initial state belongs to token 0's
+      document).
+    implementation: ``"reference"`` (scan over time) or ``"chunked"``; None means
+      ``"chunked"``.
+    chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
+      padded).
+
+  Returns:
+    ``out`` ``[B, T, N, Hv]`` in ``q``'s dtype, or ``(out, state)`` with
+    ``return_state``. Internals are float32.
+
+  References:
+    Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
+    (Gated DeltaNet).
+  """
+  scale, implementation, seg = _prepare(
+      q, k, v, beta, log_decay=log_decay, scale=scale, initial_state=initial_state,
+      segment_ids=segment_ids, implementation=implementation, chunk_size=chunk_size)
+  B, T, N, H = q.shape
+  K, Hv = k.shape[2], v.shape[3]
+  G = N // K
+  if scale is None:
+    scale = H ** -0.5
+  f32 = jnp.float32
+  qg = group_queries(q.astype(f32) * scale, K)  # [B, T, K, G, H]
+  k32, v32 = k.astype(f32), v.astype(f32)
+  b = jnp.reshape(beta.astype(f32), (B, T, K, G))
+  g = (jnp.zeros((B, T, K, G), f32) if log_decay is None
+       else jnp.reshape(log_decay.astype(f32), (B, T, K, G)))
+  if seg is None:
+    reset = jnp.zeros((B, T), bool)
+  else:
+    reset = jnp.concatenate([jnp.zeros((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  state = (jnp.zeros((B, K, G, H, Hv), f32) if initial_state is None
+           else jnp.reshape(initial_state.astype(f32), (B, K, G, H, Hv)))
+  if implementation == "reference":
+    out, final = reference(qg, k32, v32, b, g, reset, state)
+  else:
+    out, final = chunked(qg, k32, v32, b, g, reset, state, chunk_size=chunk_size)
+  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
+  if return_state:
+    return out, jnp.reshape(final, (B, N, H, Hv))
+  return out
+
+
+DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size")
+
+delta_rule_attention = jax.jit(_delta_rule_attention, static_argnames=DELTA_STATIC)
+delta_rule_attention.__doc__ = _delta_rule_attention.__doc__
