@@ -1,0 +1,239 @@
+"""Delta-rule attention: the chunked (WY / UT) form equals the scan reference in value,
+final state and every gradient; segment resets, state chaining, bf16, validation."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnjax
+from attnjax.delta_rule import delta_rule_attention
+from helpers import assert_close
+
+# Many small programs (two forms and their gradients per case): skip XLA optimisation passes.
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+
+def _inputs(B=2, T=37, N=4, K=2, H=8, Hv=None, *, seed=0, beta=(0.1, 0.9), decay=(-1.0, 0.0),
+            gated=True, dtype=jnp.float32):
+  """numpy draws (no XLA program per shape); k L2-normalised as the papers' layers do."""
+  Hv = H if Hv is None else Hv
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((B, T, N, H), np.float32)
+  k = rng.standard_normal((B, T, K, H), np.float32)
+  k /= np.linalg.norm(k, axis=-1, keepdims=True)
+  v = rng.standard_normal((B, T, K, Hv), np.float32)
+  b = rng.uniform(*beta, (B, T, N)).astype(np.float32)
+  g = rng.uniform(*decay, (B, T, N)).astype(np.float32) if gated else None
+  s0 = 0.5 * rng.standard_normal((B, N, H, Hv)).astype(np.float32)
+  cast = lambda x: None if x is None else jnp.asarray(x, dtype)
+  return cast(q), cast(k), cast(v), cast(b), cast(g), jnp.asarray(s0)
+
+
+def _cotangents(B, T, N, H, Hv, seed=11):
+  rng = np.random.default_rng(seed)
+  return (jnp.asarray(rng.standard_normal((B, T, N, Hv), np.float32)),
+          jnp.asarray(rng.standard_normal((B, N, H, Hv), np.float32)))
+
+
+@functools.partial(jax.jit, static_argnames=("chunk_size", "gated"))
+def _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state, *, chunk_size, gated):
+  """(out, state, grads) per form; grads of <out, ct_out> + <state, ct_state>
+  with respect to q, k, v, beta, log_decay (if gated) and initial_state."""
+  results = []
+  for impl in ("reference", "chunked"):
+    def loss(q, k, v, beta, g, s0):
+      out, state = delta_rule_attention(
+          q, k, v, beta, log_decay=g if gated else None, initial_state=s0, return_state=True,
+          segment_ids=seg, implementation=impl, chunk_size=chunk_size)
+      l = (jnp.sum(out.astype(jnp.float32) * ct_out) + jnp.sum(state * ct_state))
+      return l, (out, state)
+    argnums = (0, 1, 2, 3, 4, 5) if gated else (0, 1, 2, 3, 5)
+    grads, (out, state) = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, beta, g, s0)
+    results.append((out, state, grads))
+  return results
+
+
+def _check_forms(q, k, v, beta, g, s0, seg=None, *, chunk_size=16, rtol=2e-5, atol=2e-5,
+                 grad_tol=1e-4):
+  B, T, N, H = q.shape
+  Hv = v.shape[-1]
+  ct_out, ct_state = _cotangents(B, T, N, H, Hv)
+  gated = g is not None
+  if g is None:
+    g = jnp.zeros_like(beta)
+  (ro, rs, rg), (co, cs, cg) = _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state,
+                                           chunk_size=chunk_size, gated=gated)
+  assert co.dtype == q.dtype and cs.dtype == jnp.float32
+  assert co.shape == (B, T, N, Hv) and cs.shape == (B, N, H, Hv)
+  assert np.all(np.isfinite(np.asarray(co, np.float32)))
+  assert_close(co.astype(jnp.float32), ro.astype(jnp.float32), "out", rtol=rtol, atol=atol)
+  assert_close(cs, rs, "state", rtol=rtol, atol=atol)
+  names = ("q", "k", "v", "beta", "log_decay", "initial_state") if gated else (
+      "q", "k", "v", "beta", "initial_state")
+  for name, a, b in zip(names, cg, rg):
+    assert np.all(np.isfinite(np.asarray(a, np.float32))), name
+    assert_close(a.astype(jnp.float32), b.astype(jnp.float32), f"grad {name}",
+                 rtol=grad_tol, atol=grad_tol)
+  return ro, rs
+
+
+def test_exported():
+  assert attnjax.delta_rule_attention is delta_rule_attention
+  assert "delta_rule_attention" in attnjax.__all__
+
+
+@pytest.mark.parametrize("gated,T,chunk_size", [
+    (False, 37, 16), (True, 37, 16), (True, 32, 8), (False, 20, 64)],
+    ids=["deltanet-ragged", "gated-ragged", "gated-exact", "deltanet-one_chunk"])
+def test_chunked_equals_reference(gated, T, chunk_size):
+  q, k, v, b, g, s0 = _inputs(T=T, gated=gated)
+  _check_forms(q, k, v, b, g, s0, chunk_size=chunk_size)
+
+
+def test_gqa_heads_differ_and_mqa():
+  # N=4, K=2 above; here MQA (K=1) with Hv != H.
+  q, k, v, b, g, s0 = _inputs(T=19, N=4, K=1, H=8, Hv=4, seed=3)
+  _check_forms(q, k, v, b, g, s0, chunk_size=8)
+
+
+def test_gqa_equals_repeated_kv():
+  """GQA reads kv head n // (N // K): equal to repeating k, v to N heads."""
+  q, k, v, b, g, s0 = _inputs(T=21, N=4, K=2, seed=5)
+  out = delta_rule_attention(q, k, v, b, log_decay=g, initial_state=s0, chunk_size=8)
+  rep = delta_rule_attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2), b,
+                             log_decay=g, initial_state=s0, chunk_size=8)
+  assert_close(out, rep, "gqa")
+
+
+@pytest.mark.parametrize("beta", [(1e-3, 1e-3), (0.999, 0.999)], ids=["beta_small", "beta_one"])
+def test_beta_extremes(beta):
+  q, k, v, b, g, s0 = _inputs(T=29, beta=beta, seed=1)
+  _check_forms(q, k, v, b, g, s0, chunk_size=8)
+
+
+@pytest.mark.parametrize("decay", [(-20.0, -20.0), (-1e-4, -1e-4)], ids=["strong", "weak"])
+def test_decay_extremes(decay):
+  # chunk_size=32: cumulative gates reach -640 inside a chunk; nothing may overflow.
+  q, k, v, b, g, s0 = _inputs(T=45, decay=decay, seed=2)
+  ro, _ = _check_forms(q, k, v, b, g, s0, chunk_size=32)
+  if decay[0] == -20.0:
+    # exp(-20) ~ 2e-9: each output is (almost) only its own write beta_t k_t v_t^T.
+    B, T, N, H = q.shape
+    qg = np.asarray(q).reshape(B, T, 2, 2, H) * H ** -0.5
+    own = (np.einsum("btkgh,btkh->btkg", qg, np.asarray(k))[..., None]
+           * np.asarray(b).reshape(B, T, 2, 2)[..., None] * np.asarray(v)[:, :, :, None])
+    np.testing.assert_allclose(np.asarray(ro)[:, 1:], own.reshape(B, T, N, H)[:, 1:],
+                               atol=1e-6)
+
+
+def test_segments_equal_documents_run_separately():
+  lengths = (10, 17, 6)
+  T = sum(lengths)
+  q, k, v, b, g, s0 = _inputs(B=1, T=T, seed=4)
+  seg = jnp.asarray(np.repeat(np.arange(3), lengths)[None])
+  ro, rs = _check_forms(q, k, v, b, g, s0, seg, chunk_size=8)
+  start = 0
+  for i, L in enumerate(lengths):
+    sl = slice(start, start + L)
+    out, state = delta_rule_attention(
+        q[:, sl], k[:, sl], v[:, sl], b[:, sl], log_decay=g[:, sl],
+        initial_state=s0 if i == 0 else None, return_state=True, implementation="reference")
+    assert_close(ro[:, sl], out, f"document {i}")
+    start += L
+  assert_close(rs, state, "final state is the last document's")
+
+
+def test_segments_reset_inside_and_at_chunk_edges():
+  # Resets at a chunk boundary (8), mid-chunk, and ids that repeat non-contiguously.
+  ids = np.array([0] * 8 + [1] * 3 + [0] * 5 + [2] * 1 + [1] * 7)
+  q, k, v, b, g, s0 = _inputs(B=2, T=len(ids), seed=6)
+  seg = jnp.asarray(np.stack([ids, np.zeros_like(ids)]))
+  _check_forms(q, k, v, b, g, s0, seg, chunk_size=8)
+
+
+def test_bf16_inputs():
+  q, k, v, b, g, s0 = _inputs(T=33, seed=8, dtype=jnp.bfloat16)
+  _check_forms(q, k, v, b, g, s0, chunk_size=16, rtol=2e-2, atol=2e-2, grad_tol=5e-2)
+  # And close to the float32 computation on the same (rounded) inputs.
+  f32 = lambda x: x.astype(jnp.float32)
+  out16 = delta_rule_attention(q, k, v, b, log_decay=g, initial_state=s0)
+  out32 = delta_rule_attention(f32(q), f32(k), f32(v), f32(b), log_decay=f32(g), initial_state=s0)
+  assert out16.dtype == jnp.bfloat16
+  assert_close(f32(out16), out32, "bf16 vs f32", rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_state_chaining(impl):
+  q, k, v, b, g, s0 = _inputs(T=40, seed=9)
+  seg = jnp.asarray(np.repeat([[0] * 12 + [1] * 28], 2, axis=0))
+  kw = dict(implementation=impl, chunk_size=8, return_state=True)
+  out, state = delta_rule_attention(q, k, v, b, log_decay=g, initial_state=s0,
+                                    segment_ids=seg, **kw)
+  cut = 19
+  o1, s1 = delta_rule_attention(q[:, :cut], k[:, :cut], v[:, :cut], b[:, :cut],
+                                log_decay=g[:, :cut], initial_state=s0,
+                                segment_ids=seg[:, :cut], **kw)
+  o2, s2 = delta_rule_attention(q[:, cut:], k[:, cut:], v[:, cut:], b[:, cut:],
+                                log_decay=g[:, cut:], initial_state=s1,
+                                segment_ids=seg[:, cut:], **kw)
+  assert_close(jnp.concatenate([o1, o2], axis=1), out, "chained out")
+  assert_close(s2, state, "chained state")
+
+
+def test_hand_checked_tiny_case():
+  """T=2, H=2, one head: the recurrence written out by hand in numpy."""
+  q = np.array([[1.0, 0.0], [0.5, -1.0]])
+  k = np.array([[0.6, 0.8], [1.0, 0.0]])
+  v = np.array([[2.0, -1.0], [0.0, 3.0]])
+  beta = np.array([0.5, 0.25])
+  g = np.array([-0.1, -0.7])
+  scale = 0.5
+  s = np.zeros((2, 2))
+  s = np.exp(g[0]) * (np.eye(2) - beta[0] * np.outer(k[0], k[0])) @ s + beta[0] * np.outer(k[0], v[0])
+  # S_1 = 0.5 * [0.6, 0.8]^T [2, -1] = [[0.6, -0.3], [0.8, -0.4]]
+  np.testing.assert_allclose(s, [[0.6, -0.3], [0.8, -0.4]])
+  o0 = scale * s.T @ q[0]  # 0.5 * [0.6, -0.3]
+  s = np.exp(g[1]) * (np.eye(2) - beta[1] * np.outer(k[1], k[1])) @ s + beta[1] * np.outer(k[1], v[1])
+  o1 = scale * s.T @ q[1]
+  e = np.exp(-0.7)
+  np.testing.assert_allclose(s, [[0.75 * 0.6 * e, -0.75 * 0.3 * e + 0.75], [0.8 * e, -0.4 * e]])
+  arr = lambda x: jnp.asarray(x, jnp.float32)[None, :, None]
+  for impl in ("reference", "chunked"):
+    out, state = delta_rule_attention(arr(q), arr(k), arr(v), arr(beta), log_decay=arr(g),
+                                      scale=scale, return_state=True, implementation=impl)
+    np.testing.assert_allclose(np.asarray(out)[0, :, 0], np.stack([o0, o1]), rtol=1e-6,
+                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state)[0, 0], s, rtol=1e-6, atol=1e-6)
+
+
+def test_default_scale_and_no_decay_is_zero_decay():
+  q, k, v, b, g, s0 = _inputs(T=12, seed=10)
+  H = q.shape[-1]
+  out = delta_rule_attention(q, k, v, b)
+  assert_close(out, delta_rule_attention(q, k, v, b, scale=H ** -0.5), "default scale")
+  assert_close(out, delta_rule_attention(q, k, v, b, log_decay=jnp.zeros_like(b)), "g=0")
+
+
+@pytest.mark.parametrize("kwargs,args_fn,exc,match", [
+    ({}, lambda q, k, v, b: (q[0], k, v, b), ValueError, r"q must have rank 4"),
+    ({}, lambda q, k, v, b: (q, k[:, :5], v[:, :5], b), ValueError, r"S == T"),
+    ({}, lambda q, k, v, b: (q[:, :, :3], k, v, b), ValueError, r"N=3.*K=2"),
+    ({}, lambda q, k, v, b: (q, k, v, b[:, :, :2]), ValueError, r"beta must have shape"),
+    ({}, lambda q, k, v, b: (q, k, v, b.astype(jnp.int32)), TypeError, r"beta must be a floating"),
+    ({"log_decay": jnp.zeros((2, 12))}, None, ValueError, r"log_decay must have shape"),
+    ({"initial_state": jnp.zeros((2, 2, 8, 8))}, None, ValueError, r"initial_state must have"),
+    ({"implementation": "parallel"}, None, ValueError, r"implementation='parallel'"),
+    ({"chunk_size": 0}, None, ValueError, r"chunk_size must be positive"),
+    ({"scale": -1.0}, None, ValueError, r"scale must be positive"),
+    ({"segment_ids": jnp.zeros((2, 11), jnp.int32)}, None, ValueError, r"segment_ids"),
+    ({"segment_ids": (jnp.zeros((2, 12), jnp.int32),) * 2}, None, TypeError,
+     r"segment_ids must be one"),
+])
+def test_validation(kwargs, args_fn, exc, match):
+  q, k, v, b, _, _ = _inputs(T=12)
+  args = (q, k, v, b) if args_fn is None else args_fn(q, k, v, b)
+  with pytest.raises(exc, match=match):
+    delta_rule_attention(*args, **kwargs)
