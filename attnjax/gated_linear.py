@@ -26,6 +26,10 @@ in value, final state and every gradient:
   form with decays relative to the chunk's start (cumulative sums restart at
   every chunk, so the exponents stay ``<= 0`` and bounded by one chunk);
   across chunks a ``lax.scan`` carries the state, decayed by the chunk's total.
+  Per-channel decays inside a chunk that is a multiple of ``SUB_BLOCK`` use
+  secondary chunking (:func:`_intra_weights`): ``[SUB_BLOCK, SUB_BLOCK, H]``
+  decays on the diagonal, one matmul through a reference position for earlier
+  sub-blocks, never an ``exp`` of a positive number.
 
 ``segment_ids`` ``[B, T]`` reset the state where the id changes from one
 token to the next (packed documents): a token of a new segment sees no earlier
@@ -56,6 +60,8 @@ Array = jnp.ndarray
 ImplementationName = Literal["reference", "parallel", "chunked"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 DEFAULT_CHUNK_SIZE = 64
+# Query sub-block of the chunked form's per-channel intra-chunk weights (secondary chunking).
+SUB_BLOCK = 16
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -87,7 +93,63 @@ def reference(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array
   return jnp.moveaxis(out, 0, 1), final
 
 
-def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
+def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Array:
+  """``sum_h q_ih k_jh exp(bq_ih - bk_jh)`` on ``keep`` (0 elsewhere), materialising ``[i, j, D]``.
+
+  ``q [B, I, K, G, H]``, ``k [B, J, K, H]``, ``bq [B, I, K, G, D]``,
+  ``bk [B, J, K, G, D]``, ``keep [B, I, J]`` where ``bq_i <= bk_j``. Returns
+  ``[B, K, G, I, J]``. Masked exponents are set to 0 before ``exp``.
+  """
+  keep = keep[:, None, None, :, :, None]  # [B, 1, 1, i, j, 1]
+  diff = (jnp.moveaxis(bq, 1, 3)[:, :, :, :, None, :]
+          - jnp.moveaxis(bk, 1, 3)[:, :, :, None, :, :])  # [B, K, G, i, j, D]
+  decay = jnp.where(keep, jnp.exp(jnp.where(keep, diff, 0.0)), 0.0)
+  if bq.shape[-1] == 1:
+    return _einsum("bikgh,bjkh->bkgij", q, k) * decay[..., 0]
+  return _einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
+
+
+def _intra_weights(q: Array, k: Array, b: Array, keep: Array, *, sub: int) -> Array:
+  """Intra-chunk weights ``w_ij = sum_h q_ih k_jh exp(b_ih - b_jh)`` on ``keep``; ``[B, K, G, C, C]``.
+
+  A scalar decay (``D = 1``) or a sub-block that is the whole chunk
+  materialises the ``[C, C, D]`` decays. Per key channel, with ``C`` a multiple
+  of ``sub < C``, the chunk is split into query sub-blocks of ``sub`` rows
+  (secondary chunking): within a sub-block the ``[sub, sub, H]`` decays are
+  materialised; keys of earlier sub-blocks factor through the reference
+  position ``r = start - 1`` just before the query sub-block,
+  ``exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j)``, where both factors are
+  ``<= 1`` (``j <= r < i``), so the product is one matmul and never overflows.
+  """
+  B, C, K, G, D = b.shape
+  if D == 1 or sub >= C or C % sub:
+    return _decayed_scores(q, k, b, b, keep)
+  n = C // sub
+  qs = jnp.reshape(q, (B, n, sub) + q.shape[2:])  # [B, n, s, K, G, H]
+  bs = jnp.reshape(b, (B, n, sub, K, G, D))
+  keep_s = jnp.reshape(keep, (B, n, sub, n, sub))
+  # Diagonal sub-blocks: [B, K, G, n, s, s].
+  diag = jax.vmap(_decayed_scores, in_axes=(1, 1, 1, 1, 1), out_axes=3)(
+      qs, jnp.reshape(k, (B, n, sub) + k.shape[2:]), bs, bs,
+      jnp.diagonal(keep_s, axis1=1, axis2=3).transpose(0, 3, 1, 2))
+  # Earlier sub-blocks through the reference position r_I = I * sub - 1 (I >= 1).
+  ref_idx = jnp.maximum(jnp.arange(n) * sub - 1, 0)
+  ref = b[:, ref_idx]  # [B, n, K, G, D]
+  q_t = qs * jnp.exp(bs - ref[:, :, None])  # b_i <= b_r for i >= r
+  earlier = jnp.arange(C)[None, :] < (jnp.arange(n) * sub)[:, None]  # [n, C]: j < start_I
+  expo = ref[:, :, None] - b[:, None]  # [B, n, C, K, G, D]
+  earlier6 = jnp.reshape(earlier, (1, n, C, 1, 1, 1))
+  k_t = jnp.where(earlier6, jnp.exp(jnp.where(earlier6, expo, 0.0)), 0.0) * k[:, None, :, :, None, :]
+  off = _einsum("bnikgh,bnjkgh->bkgnij", q_t, k_t)  # [B, K, G, n, s, C]
+  off_keep = jnp.logical_and(keep_s, jnp.reshape(
+      jnp.arange(n)[:, None] > jnp.arange(n)[None, :], (1, n, 1, n, 1)))  # j in an earlier sub-block
+  off = jnp.where(jnp.reshape(off_keep, (B, 1, 1, n, sub, C)), off, 0.0)
+  eye = jnp.reshape(jnp.eye(n, dtype=jnp.float32), (1, 1, 1, n, 1, n, 1))
+  w = jnp.reshape(off, (B, K, G, n, sub, n, sub)) + diag[:, :, :, :, :, None, :] * eye
+  return jnp.reshape(w, (B, K, G, C, C))
+
+
+def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *, sub: int):
   """The masked quadratic form on one block of ``C`` tokens, given the state before it.
 
   ``b_i`` is the cumulative decay from the block's start to ``i`` (inclusive),
@@ -101,6 +163,7 @@ def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
   Args:
     q, k, v, g, reset: one block, shapes as the forms (``T = C``).
     state: ``[B, K, G, H, Hv]`` before the block.
+    sub: query sub-block of :func:`_intra_weights` (per-channel decays).
 
   Returns:
     ``(out [B, C, K, G, Hv], state after the block)``.
@@ -110,14 +173,7 @@ def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
   d = jnp.cumsum(reset.astype(jnp.int32), axis=1)  # [B, C]
   causal = jnp.tril(jnp.ones((C, C), bool))
   keep = jnp.logical_and(causal[None], d[:, :, None] == d[:, None, :])  # [B, i, j]
-  keep = keep[:, None, None, :, :, None]  # [B, 1, 1, i, j, 1]
-  bt = jnp.moveaxis(b, 1, 3)  # [B, K, G, C, D]
-  diff = bt[:, :, :, :, None, :] - bt[:, :, :, None, :, :]  # [B, K, G, i, j, D]
-  decay = jnp.where(keep, jnp.exp(jnp.where(keep, diff, 0.0)), 0.0)
-  if g.shape[-1] == 1:
-    w = _einsum("bikgh,bjkh->bkgij", q, k) * decay[..., 0]
-  else:
-    w = _einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
+  w = _intra_weights(q, k, b, keep, sub=sub)
   fresh = (d == 0)[:, :, None, None, None]  # [B, C, 1, 1, 1]: no reset so far in the block
   q_in = jnp.where(fresh, q * jnp.exp(b), 0.0)  # [B, C, K, G, H]
   out = _einsum("bkgij,bjkv->bikgv", w, v) + _einsum("bikgh,bkghv->bikgv", q_in, state)
@@ -134,7 +190,7 @@ def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
 
 def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
   """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel)."""
-  return _block(q, k, v, g, reset, state)
+  return _block(q, k, v, g, reset, state, sub=q.shape[1])
 
 
 def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *,
@@ -156,7 +212,7 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
     return jnp.swapaxes(jnp.reshape(x, (B, n, C) + x.shape[2:]), 0, 1)
 
   def step(s, xs):
-    out, s = _block(*xs, s)
+    out, s = _block(*xs, s, sub=SUB_BLOCK)
     return s, out
 
   final, out = jax.lax.scan(step, state, tuple(chunks(x) for x in (q, k, v, g, reset)))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import feature_maps
+from attnjax import feature_maps, gated_linear
 from attnjax.gated_linear import gated_linear_attention
 from helpers import assert_close, rand_qkv
 
@@ -55,10 +55,10 @@ def _check_forms(results, rtol=2e-5, atol=2e-5):
                  rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("chunk_size", [4, 13, 64])
+@pytest.mark.parametrize("chunk_size", [4, 64])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "per_channel"])
 def test_forms_agree_gqa_ragged_length(per_channel, chunk_size):
-  # N=4, K=2 (GQA), T=13: not a multiple of chunk_size=4, exactly one chunk, shorter than one.
+  # N=4, K=2 (GQA), T=13: not a multiple of chunk_size=4, and shorter than one chunk.
   q, k, v, g, s0 = _inputs(per_channel=per_channel)
   _check_forms(_forms_and_grads(q, k, v, g, s0, None, chunk_size=chunk_size))
 
@@ -69,6 +69,21 @@ def test_forms_agree_with_segments(per_channel):
   # Resets inside a chunk, at a chunk boundary (8) and an id that comes back (0).
   seg = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 0, 0, 0], [5] * 13], jnp.int32)
   _check_forms(_forms_and_grads(q, k, v, g, s0, seg))
+
+
+def test_forms_agree_secondary_chunking():
+  # chunk_size=32 is two sub-blocks of SUB_BLOCK=16 (per-channel decay); T=40: a ragged chunk.
+  assert gated_linear.SUB_BLOCK == 16
+  q, k, v, g, s0 = _inputs(T=40, H=16, per_channel=True, seed=1)
+  # Row 0: resets inside sub-blocks; row 1: none (one document).
+  seg = jnp.asarray([[0] * 7 + [1] * 25 + [2] * 8, [3] * 40], jnp.int32)
+  _check_forms(_forms_and_grads(q, k, v, g, s0, seg, chunk_size=32))
+  # The sub-blocked weights equal the fully materialised ones.
+  b = jnp.cumsum(jnp.reshape(g[:, :32], (2, 32, 2, 2, 16)), axis=1)
+  keep = jnp.broadcast_to(jnp.tril(jnp.ones((32, 32), bool)), (2, 32, 32))
+  qg = jnp.reshape(q[:, :32], (2, 32, 2, 2, 16))
+  assert_close(gated_linear._intra_weights(qg, k[:, :32], b, keep, sub=16),
+               gated_linear._intra_weights(qg, k[:, :32], b, keep, sub=32), "sub-blocks")
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -86,12 +101,12 @@ def test_segments_equal_separate_documents(form):
   assert_close(final, final2, f"{form} final state")
 
 
-@pytest.mark.parametrize("shape", [(2, 20, 4), (2, 20, 4, 8)], ids=["scalar", "per_channel"])
+@pytest.mark.parametrize("shape", [(2, 40, 4), (2, 40, 4, 8)], ids=["scalar", "per_channel"])
 @pytest.mark.parametrize("log_decay", [-20.0, -1e-4], ids=["strong", "weak"])
 def test_extreme_decays_finite_and_equal(log_decay, shape):
-  q, k, v, _, s0 = _inputs(T=20, seed=7)
+  q, k, v, _, s0 = _inputs(T=40, seed=7)
   g = jnp.full(shape, log_decay, jnp.float32)
-  results = _forms_and_grads(q, k, v, g, s0, None, chunk_size=8)
+  results = _forms_and_grads(q, k, v, g, s0, None, chunk_size=32)
   _check_forms(results, rtol=1e-4, atol=1e-4)
 
 
