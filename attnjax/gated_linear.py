@@ -97,13 +97,18 @@ def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Ar
   """``sum_h q_ih k_jh exp(bq_ih - bk_jh)`` on ``keep`` (0 elsewhere), materialising ``[i, j, D]``.
 
   ``q [B, I, K, G, H]``, ``k [B, J, K, H]``, ``bq [B, I, K, G, D]``,
-  ``bk [B, J, K, G, D]``, ``keep [B, I, J]`` where ``bq_i <= bk_j``. Returns
-  ``[B, K, G, I, J]``. Masked exponents are set to 0 before ``exp``.
+  ``bk [B, J, K, G, D]`` of the same positions (``I == J``), ``keep [B, I, J]``
+  where ``bq_i <= bk_j``. Returns ``[B, K, G, I, J]``. Masked exponents are set
+  to 0 before ``exp``; so is the diagonal's, which is 0 (its decay is 1 and
+  passes no gradient to ``b``: otherwise two O(1) terms of opposite sign would
+  cancel there, leaving float32 noise in the decays' gradient).
   """
+  off_diag = jnp.logical_not(jnp.eye(keep.shape[1], keep.shape[2], dtype=bool))
+  expo_keep = jnp.logical_and(keep, off_diag[None])[:, None, None, :, :, None]
   keep = keep[:, None, None, :, :, None]  # [B, 1, 1, i, j, 1]
   diff = (jnp.moveaxis(bq, 1, 3)[:, :, :, :, None, :]
           - jnp.moveaxis(bk, 1, 3)[:, :, :, None, :, :])  # [B, K, G, i, j, D]
-  decay = jnp.where(keep, jnp.exp(jnp.where(keep, diff, 0.0)), 0.0)
+  decay = jnp.where(keep, jnp.exp(jnp.where(expo_keep, diff, 0.0)), 0.0)
   if bq.shape[-1] == 1:
     return _einsum("bikgh,bjkh->bkgij", q, k) * decay[..., 0]
   return _einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
@@ -180,7 +185,13 @@ def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *
   # State after the block: keys of the last segment, decayed to the block's end.
   last_b = b[:, -1]  # [B, K, G, D]
   same = (d == d[:, -1:])[:, :, None, None, None]  # [B, C, 1, 1, 1]
-  to_end = jnp.where(same, jnp.exp(jnp.where(same, last_b[:, None] - b, 0.0)), 0.0)
+  # Exponent of key j: sum_{t > j} g_t, an exclusive reverse cumulative sum (not
+  # last_b - b_j): a key whose decay to the end is exp(0) = 1 (the last one, or the
+  # last real one before padding) then sends no pair of cancelling O(1) terms to g's
+  # gradient, which would bury its true, tiny value under a strong gate.
+  to_go = jnp.flip(jnp.cumsum(jnp.flip(g, axis=1), axis=1), axis=1)  # sum_{t >= j} g_t
+  to_go = jnp.concatenate([to_go[:, 1:], jnp.zeros_like(to_go[:, :1])], axis=1)
+  to_end = jnp.where(same, jnp.exp(jnp.where(same, to_go, 0.0)), 0.0)
   k_end = to_end * k[:, :, :, None, :]  # [B, C, K, G, H]
   carried = jnp.where((d[:, -1] == 0)[:, None, None, None, None],
                       jnp.exp(last_b)[..., None] * state, 0.0)
