@@ -37,8 +37,14 @@ key and none of the initial state. The first token of a call never resets, so
 ``initial_state`` always continues into it (chaining calls equals one call).
 
 Gradients flow to ``q``, ``k``, ``v``, ``log_decay`` and ``initial_state`` by
-JAX autodiff through the scans (the chunked form stores one state per chunk for
-the backward); a custom VJP that recomputes chunk states is a follow-up.
+JAX autodiff through the scans: the chunked form keeps every chunk's residuals
+(its incoming state and intra-chunk intermediates) for the backward, so training
+memory grows with ``T * (H * Hv / chunk_size + chunk_size)`` per head; a custom
+VJP that recomputes chunk states is a follow-up. Exponents that are exactly 0
+(a token's decay to itself, the last key's decay to the chunk's end) are set,
+not computed as differences, so the decays' gradient stays accurate on its own
+scale (~1e-8 under ``log_decay = -20``) instead of drowning in float32
+cancellation of O(1) terms.
 
 What :func:`gated_linear_attention` returns follows :mod:`attnjax.linear`:
 ``out``, or ``(out, state)`` with ``return_state=True``.
