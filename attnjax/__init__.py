@@ -22,6 +22,7 @@ from attnjax import patterns
 from attnjax.attention_stats import AttentionStats
 from attnjax.dense import dot_product_attention
 from attnjax.delta_rule import delta_rule_attention
+from attnjax.gated_linear import gated_linear_attention
 from attnjax.linear import linear_attention
 from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
@@ -53,6 +54,7 @@ __all__ = [
     "delta_rule_attention",
     "dot_product_attention",
     "feature_maps",
+    "gated_linear_attention",
     "linear_attention",
     "masks",
     "nn",

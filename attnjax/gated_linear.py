@@ -1,0 +1,387 @@
+"""Gated linear attention: a linear-attention state that decays, per head or per key channel.
+
+Per query head the state ``S_t`` (``[H, Hv]``, float32) follows
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T          o_t = scale * S_t^T q_t
+
+with ``g_t = log_decay_t <= 0``. A decay that is one scalar per head covers
+RetNet (a constant per head, Sun et al. 2023) and Mamba-2 / SSD (a
+data-dependent scalar, Dao & Gu 2024); a decay per key channel ``[H]`` is GLA
+(Yang et al. 2024). Unrolled,
+
+    o_i = scale * sum_{j <= i} (q_i * exp(c_i - c_j))^T k_j v_j
+          + scale * (q_i * exp(c_i))^T S_0,           c_i = sum_{t <= i} g_t,
+
+so every decay factor is ``exp`` of a difference of cumulative sums that is
+``<= 0``: it never overflows, however strong the gate.
+
+Three forms (``implementation``) compute the same function and are tested equal
+in value, final state and every gradient:
+
+- ``reference``: the recurrence as a ``lax.scan`` over time; the decode form.
+- ``parallel``: the masked quadratic form above over the whole sequence,
+  materialising the ``[T, T]`` (scalar decay) or ``[T, T, H]`` (per-channel)
+  decay matrix; for short sequences and tests.
+- ``chunked`` (default): O(T). Inside a chunk of ``chunk_size`` the quadratic
+  form with decays relative to the chunk's start (cumulative sums restart at
+  every chunk, so the exponents stay ``<= 0`` and bounded by one chunk);
+  across chunks a ``lax.scan`` carries the state, decayed by the chunk's total.
+  Per-channel decays inside a chunk that is a multiple of ``SUB_BLOCK`` use
+  secondary chunking (:func:`_intra_weights`): ``[SUB_BLOCK, SUB_BLOCK, H]``
+  decays on the diagonal, one matmul through a reference position for earlier
+  sub-blocks, never an ``exp`` of a positive number.
+
+``segment_ids`` ``[B, T]`` reset the state where the id changes from one
+token to the next (packed documents): a token of a new segment sees no earlier
+key and none of the initial state. The first token of a call never resets, so
+``initial_state`` always continues into it (chaining calls equals one call).
+
+Gradients flow to ``q``, ``k``, ``v``, ``log_decay`` and ``initial_state`` by
+JAX autodiff through the scans: the chunked form keeps every chunk's residuals
+(its incoming state and intra-chunk intermediates) for the backward, so training
+memory grows with ``T * (H * Hv / chunk_size + chunk_size)`` per head; a custom
+VJP that recomputes chunk states is a follow-up. Exponents that are exactly 0
+(a token's decay to itself, the last key's decay to the chunk's end) are set,
+not computed as differences, so the decays' gradient stays accurate on its own
+scale (~1e-8 under ``log_decay = -20``) instead of drowning in float32
+cancellation of O(1) terms.
+
+What :func:`gated_linear_attention` returns follows :mod:`attnjax.linear`:
+``out``, or ``(out, state)`` with ``return_state=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, get_args
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import _checks
+from attnjax.dense import group_queries
+
+Array = jnp.ndarray
+
+ImplementationName = Literal["reference", "parallel", "chunked"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+DEFAULT_CHUNK_SIZE = 64
+# Query sub-block of the chunked form's per-channel intra-chunk weights (secondary chunking).
+SUB_BLOCK = 16
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _einsum(spec: str, *operands: Array) -> Array:
+  return jnp.einsum(spec, *operands, precision=_HIGHEST, preferred_element_type=jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Forms. Each takes float32 grouped queries q [B, T, K, G, H] (already scaled),
+# keys k [B, T, K, H], values v [B, T, K, Hv], decays g [B, T, K, G, D] with
+# D = 1 (scalar per head) or D = H (per key channel), a boolean reset [B, T]
+# (True where a new segment starts; never at t = 0) and the state
+# [B, K, G, H, Hv]; each returns (out [B, T, K, G, Hv], final state).
+
+
+def reference(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
+  """Recurrent form: ``lax.scan`` over time carrying ``S``; the decode form."""
+
+  def step(s, xs):
+    q_t, k_t, v_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G,D], [B]
+    decayed = jnp.exp(g_t)[..., None] * s  # [B,K,G,D,1] * [B,K,G,H,Hv]
+    decayed = jnp.where(jnp.reshape(r_t, (-1, 1, 1, 1, 1)), 0.0, decayed)
+    s = decayed + (k_t[:, :, :, None] * v_t[:, :, None, :])[:, :, None]
+    return s, _einsum("bkgh,bkghv->bkgv", q_t, s)
+
+  xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, reset))
+  final, out = jax.lax.scan(step, state, xs)
+  return jnp.moveaxis(out, 0, 1), final
+
+
+def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Array:
+  """``sum_h q_ih k_jh exp(bq_ih - bk_jh)`` on ``keep`` (0 elsewhere), materialising ``[i, j, D]``.
+
+  ``q [B, I, K, G, H]``, ``k [B, J, K, H]``, ``bq [B, I, K, G, D]``,
+  ``bk [B, J, K, G, D]`` of the same positions (``I == J``), ``keep [B, I, J]``
+  where ``bq_i <= bk_j``. Returns ``[B, K, G, I, J]``. Masked exponents are set
+  to 0 before ``exp``; so is the diagonal's, which is 0 (its decay is 1 and
+  passes no gradient to ``b``: otherwise two O(1) terms of opposite sign would
+  cancel there, leaving float32 noise in the decays' gradient).
+  """
+  off_diag = jnp.logical_not(jnp.eye(keep.shape[1], keep.shape[2], dtype=bool))
+  expo_keep = jnp.logical_and(keep, off_diag[None])[:, None, None, :, :, None]
+  keep = keep[:, None, None, :, :, None]  # [B, 1, 1, i, j, 1]
+  diff = (jnp.moveaxis(bq, 1, 3)[:, :, :, :, None, :]
+          - jnp.moveaxis(bk, 1, 3)[:, :, :, None, :, :])  # [B, K, G, i, j, D]
+  decay = jnp.where(keep, jnp.exp(jnp.where(expo_keep, diff, 0.0)), 0.0)
+  if bq.shape[-1] == 1:
+    return _einsum("bikgh,bjkh->bkgij", q, k) * decay[..., 0]
+  return _einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
+
+
+def _intra_weights(q: Array, k: Array, b: Array, keep: Array, *, sub: int) -> Array:
+  """Intra-chunk weights ``w_ij = sum_h q_ih k_jh exp(b_ih - b_jh)`` on ``keep``; ``[B, K, G, C, C]``.
+
+  A scalar decay (``D = 1``) or a sub-block that is the whole chunk
+  materialises the ``[C, C, D]`` decays. Per key channel, with ``C`` a multiple
+  of ``sub < C``, the chunk is split into query sub-blocks of ``sub`` rows
+  (secondary chunking): within a sub-block the ``[sub, sub, H]`` decays are
+  materialised; keys of earlier sub-blocks factor through the reference
+  position ``r = start - 1`` just before the query sub-block,
+  ``exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j)``, where both factors are
+  ``<= 1`` (``j <= r < i``), so the product is one matmul and never overflows.
+  """
+  B, C, K, G, D = b.shape
+  if D == 1 or sub >= C or C % sub:
+    return _decayed_scores(q, k, b, b, keep)
+  n = C // sub
+  qs = jnp.reshape(q, (B, n, sub) + q.shape[2:])  # [B, n, s, K, G, H]
+  bs = jnp.reshape(b, (B, n, sub, K, G, D))
+  keep_s = jnp.reshape(keep, (B, n, sub, n, sub))
+  # Diagonal sub-blocks: [B, K, G, n, s, s].
+  diag = jax.vmap(_decayed_scores, in_axes=(1, 1, 1, 1, 1), out_axes=3)(
+      qs, jnp.reshape(k, (B, n, sub) + k.shape[2:]), bs, bs,
+      jnp.diagonal(keep_s, axis1=1, axis2=3).transpose(0, 3, 1, 2))
+  # Earlier sub-blocks through the reference position r_I = I * sub - 1 (I >= 1).
+  ref_idx = jnp.maximum(jnp.arange(n) * sub - 1, 0)
+  ref = b[:, ref_idx]  # [B, n, K, G, D]
+  q_t = qs * jnp.exp(bs - ref[:, :, None])  # b_i <= b_r for i >= r
+  earlier = jnp.arange(C)[None, :] < (jnp.arange(n) * sub)[:, None]  # [n, C]: j < start_I
+  expo = ref[:, :, None] - b[:, None]  # [B, n, C, K, G, D]
+  earlier6 = jnp.reshape(earlier, (1, n, C, 1, 1, 1))
+  k_t = jnp.where(earlier6, jnp.exp(jnp.where(earlier6, expo, 0.0)), 0.0) * k[:, None, :, :, None, :]
+  off = _einsum("bnikgh,bnjkgh->bkgnij", q_t, k_t)  # [B, K, G, n, s, C]
+  off_keep = jnp.logical_and(keep_s, jnp.reshape(
+      jnp.arange(n)[:, None] > jnp.arange(n)[None, :], (1, n, 1, n, 1)))  # j in an earlier sub-block
+  off = jnp.where(jnp.reshape(off_keep, (B, 1, 1, n, sub, C)), off, 0.0)
+  eye = jnp.reshape(jnp.eye(n, dtype=jnp.float32), (1, 1, 1, n, 1, n, 1))
+  w = jnp.reshape(off, (B, K, G, n, sub, n, sub)) + diag[:, :, :, :, :, None, :] * eye
+  return jnp.reshape(w, (B, K, G, C, C))
+
+
+def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *, sub: int):
+  """The masked quadratic form on one block of ``C`` tokens, given the state before it.
+
+  ``b_i`` is the cumulative decay from the block's start to ``i`` (inclusive),
+  ``d_i`` counts the resets in the block up to ``i``. Query ``i`` reads key
+  ``j <= i`` of its own segment (``d_j == d_i``) with weight ``exp(b_i - b_j)``
+  per channel, and the incoming state with ``exp(b_i)`` when no reset came
+  before it in the block (``d_i == 0``). Every exponent is ``<= 0``: masked
+  entries are set to 0 before ``exp`` (so neither values nor gradients see an
+  overflow) and their weight to 0 after.
+
+  Args:
+    q, k, v, g, reset: one block, shapes as the forms (``T = C``).
+    state: ``[B, K, G, H, Hv]`` before the block.
+    sub: query sub-block of :func:`_intra_weights` (per-channel decays).
+
+  Returns:
+    ``(out [B, C, K, G, Hv], state after the block)``.
+  """
+  C = q.shape[1]
+  b = jnp.cumsum(g, axis=1)  # [B, C, K, G, D]
+  d = jnp.cumsum(reset.astype(jnp.int32), axis=1)  # [B, C]
+  causal = jnp.tril(jnp.ones((C, C), bool))
+  keep = jnp.logical_and(causal[None], d[:, :, None] == d[:, None, :])  # [B, i, j]
+  w = _intra_weights(q, k, b, keep, sub=sub)
+  fresh = (d == 0)[:, :, None, None, None]  # [B, C, 1, 1, 1]: no reset so far in the block
+  q_in = jnp.where(fresh, q * jnp.exp(b), 0.0)  # [B, C, K, G, H]
+  out = _einsum("bkgij,bjkv->bikgv", w, v) + _einsum("bikgh,bkghv->bikgv", q_in, state)
+  # State after the block: keys of the last segment, decayed to the block's end.
+  last_b = b[:, -1]  # [B, K, G, D]
+  same = (d == d[:, -1:])[:, :, None, None, None]  # [B, C, 1, 1, 1]
+  # Exponent of key j: sum_{t > j} g_t, an exclusive reverse cumulative sum (not
+  # last_b - b_j): a key whose decay to the end is exp(0) = 1 (the last one, or the
+  # last real one before padding) then sends no pair of cancelling O(1) terms to g's
+  # gradient, which would bury its true, tiny value under a strong gate.
+  to_go = jnp.flip(jnp.cumsum(jnp.flip(g, axis=1), axis=1), axis=1)  # sum_{t >= j} g_t
+  to_go = jnp.concatenate([to_go[:, 1:], jnp.zeros_like(to_go[:, :1])], axis=1)
+  to_end = jnp.where(same, jnp.exp(jnp.where(same, to_go, 0.0)), 0.0)
+  k_end = to_end * k[:, :, :, None, :]  # [B, C, K, G, H]
+  carried = jnp.where((d[:, -1] == 0)[:, None, None, None, None],
+                      jnp.exp(last_b)[..., None] * state, 0.0)
+  new_state = carried + _einsum("bckgh,bckv->bkghv", k_end, v)
+  return out, new_state
+
+
+def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
+  """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel)."""
+  return _block(q, k, v, g, reset, state, sub=q.shape[1])
+
+
+def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *,
+            chunk_size: int):
+  """O(T): the quadratic form inside chunks, a ``lax.scan`` carrying the state across them.
+
+  Time is padded up to a multiple of ``chunk_size`` with zero keys, zero decay
+  and no reset, so padded tokens change neither the state nor any real output;
+  padded output rows are dropped.
+  """
+  B, T, K, G, _ = q.shape
+  C = min(chunk_size, T)
+  n = -(-T // C)
+  pad = n * C - T
+
+  def chunks(x):  # [B, T, ...] -> [n, B, C, ...]
+    if pad:
+      x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+    return jnp.swapaxes(jnp.reshape(x, (B, n, C) + x.shape[2:]), 0, 1)
+
+  def step(s, xs):
+    out, s = _block(*xs, s, sub=SUB_BLOCK)
+    return s, out
+
+  final, out = jax.lax.scan(step, state, tuple(chunks(x) for x in (q, k, v, g, reset)))
+  out = jnp.reshape(jnp.swapaxes(out, 0, 1), (B, n * C) + out.shape[3:])[:, :T]
+  return out, final
+
+
+# ---------------------------------------------------------------------------
+# Public function.
+
+
+def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
+  """Returns ``log_decay`` as float32 ``[B, T, N, D]`` with ``D`` in ``{1, H}``."""
+  if log_decay is None:
+    raise TypeError("log_decay is required: [B, T, N] (scalar per head) or [B, T, N, H] "
+                    "(per key channel), values <= 0")
+  _checks.check_floating("log_decay", log_decay)
+  shape = _checks.shape_of(log_decay)
+  if len(shape) <= 3:
+    target, per_channel = (B, T, N), False
+  elif len(shape) == 4:
+    target, per_channel = (B, T, N, H), True
+  else:
+    raise ValueError(f"log_decay must broadcast to [B, T, N] = {(B, T, N)} or "
+                     f"[B, T, N, H] = {(B, T, N, H)}, got rank {len(shape)} shape {shape}")
+  if any(d != 1 and d != t for d, t in zip(shape[::-1], target[::-1])):
+    letters = "[B, T, N, H]" if per_channel else "[B, T, N]"
+    raise ValueError(f"log_decay of shape {shape} is not broadcastable to {letters} = {target}")
+  g = jnp.asarray(log_decay, jnp.float32)
+  g = jnp.broadcast_to(jnp.reshape(g, (1,) * (len(target) - g.ndim) + g.shape), target)
+  return g if per_channel else g[..., None]
+
+
+def _check_initial_state(initial_state, B: int, N: int, H: int, Hv: int) -> Array:
+  if initial_state is None:
+    return jnp.zeros((B, N, H, Hv), jnp.float32)
+  _checks.check_floating("initial_state", initial_state)
+  if _checks.shape_of(initial_state) != (B, N, H, Hv):
+    raise ValueError(f"initial_state must have shape [B, N, H, Hv] = {(B, N, H, Hv)}, "
+                     f"got {_checks.shape_of(initial_state)}")
+  return jnp.asarray(initial_state, jnp.float32)
+
+
+def _prepare(q, k, v, *, log_decay, scale, initial_state, return_state, segment_ids,
+             implementation, chunk_size):
+  B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
+  if S != T:
+    raise ValueError(f"gated linear attention is causal and needs as many keys as queries, "
+                     f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
+  implementation = _checks.check_implementation("implementation", implementation,
+                                                 IMPLEMENTATIONS) or "chunked"
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
+    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+  if not isinstance(return_state, bool):
+    raise TypeError(f"return_state must be a bool, got {return_state!r}")
+  scale = _checks.check_positive_float("scale", scale)
+  scale = H ** -0.5 if scale is None else scale
+  g = _check_log_decay(log_decay, B, T, N, H)
+  state = _check_initial_state(initial_state, B, N, H, Hv)
+  if isinstance(segment_ids, (tuple, list)):
+    raise ValueError("segment_ids must be one array [B, T] (queries and keys are the same "
+                     "tokens), got a sequence")
+  seg, _ = _checks.check_segment_ids(segment_ids, B, T, T)
+  if seg is None:
+    reset = jnp.zeros((B, T), bool)
+  else:
+    reset = jnp.concatenate([jnp.zeros((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  return implementation, scale, g, state, reset
+
+
+def _gated_linear_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    log_decay: Array,
+    scale: Optional[float] = None,
+    initial_state: Optional[Array] = None,
+    return_state: bool = False,
+    segment_ids: Optional[Array] = None,
+    implementation: Optional[ImplementationName] = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+):
+  """Causal linear attention with a decaying state (RetNet, Mamba-2 decay, GLA).
+
+  Per query head ``n`` (reading key/value head ``n // (N // K)``):
+
+      S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,     o_t = scale * S_t^T q_t,
+
+  ``S_0 = initial_state``, ``g = log_decay``. Decays are applied as ``exp`` of
+  differences of cumulative sums of ``g`` that are ``<= 0`` (module
+  docstring), so strong gates (``g = -20``) underflow to 0 and never overflow.
+
+  Args:
+    q: queries ``[B, T, N, H]``.
+    k: keys ``[B, T, K, H]``, ``N % K == 0`` (GQA; K/V are never repeated).
+    v: values ``[B, T, K, Hv]``.
+    log_decay: ``g <= 0`` (float; not checked, as values are traced). Rank <= 3
+      broadcasts to ``[B, T, N]``, one decay per head (RetNet: a constant;
+      Mamba-2: data-dependent); rank 4 broadcasts to ``[B, T, N, H]``, one
+      gate per key channel (GLA).
+    scale: output scale (a static positive float); None means ``H ** -0.5``.
+    initial_state: ``[B, N, H, Hv]`` state before the first token (cast to
+      float32); None = zeros.
+    return_state: also return the final state ``[B, N, H, Hv]`` (float32).
+    segment_ids: integer ``[B, T]``; where the id changes from ``t - 1`` to
+      ``t`` the state is reset (``t`` sees no earlier key and no initial
+      state). Position 0 never resets.
+    implementation: ``"reference"`` (scan over time), ``"parallel"`` (masked
+      quadratic), ``"chunked"``; None means ``"chunked"``.
+    chunk_size: chunk length of ``"chunked"``; any ``T`` works.
+
+  Returns:
+    ``out`` ``[B, T, N, Hv]`` in the input dtype, or ``(out, state)`` with
+    ``return_state``.
+
+  Raises:
+    ValueError, TypeError: bad shapes, dtypes or options (message names the
+      argument and the shapes seen).
+
+  References:
+    Sun et al. 2023, "Retentive Network: A Successor to Transformer for Large
+    Language Models".
+    Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient
+    Algorithms Through Structured State Space Duality" (Mamba-2).
+    Yang et al. 2024, "Gated Linear Attention Transformers with
+    Hardware-Efficient Training".
+  """
+  implementation, scale, g, state, reset = _prepare(
+      q, k, v, log_decay=log_decay, scale=scale, initial_state=initial_state,
+      return_state=return_state, segment_ids=segment_ids, implementation=implementation,
+      chunk_size=chunk_size)
+  B, T, N, H = q.shape
+  K, Hv = k.shape[2], v.shape[3]
+  G = N // K
+  qg = group_queries(q.astype(jnp.float32) * scale, K)
+  k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
+  gg = jnp.reshape(g, (B, T, K, G, g.shape[-1]))
+  s0 = jnp.reshape(state, (B, K, G, H, Hv))
+  if implementation == "reference":
+    out, final = reference(qg, k32, v32, gg, reset, s0)
+  elif implementation == "parallel":
+    out, final = parallel(qg, k32, v32, gg, reset, s0)
+  else:
+    out, final = chunked(qg, k32, v32, gg, reset, s0, chunk_size=chunk_size)
+  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
+  if return_state:
+    return out, jnp.reshape(final, (B, N, H, Hv))
+  return out
+
+
+GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size")
+
+gated_linear_attention = jax.jit(_gated_linear_attention, static_argnames=GATED_LINEAR_STATIC)
+gated_linear_attention.__doc__ = _gated_linear_attention.__doc__

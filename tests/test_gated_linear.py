@@ -1,0 +1,198 @@
+"""Gated linear attention: the three forms agree (value, final state, every gradient)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnjax
+from attnjax import feature_maps, gated_linear
+from attnjax.gated_linear import gated_linear_attention
+from helpers import assert_close, rand_qkv
+
+FORMS = ("reference", "parallel", "chunked")
+
+
+def _inputs(B=2, T=13, N=4, K=2, H=8, Hv=6, *, per_channel=False, lo=0.05, hi=1.0, seed=0,
+            dtype=jnp.float32):
+  q, k, v = rand_qkv(B=B, T=T, N=N, K=K, H=H, Hv=Hv, seed=seed, dtype=dtype, source="numpy")
+  rng = np.random.default_rng(seed + 1)
+  shape = (B, T, N, H) if per_channel else (B, T, N)
+  g = jnp.asarray(-rng.uniform(lo, hi, shape), jnp.float32)
+  s0 = jnp.asarray(rng.standard_normal((B, N, H, Hv)), jnp.float32)
+  return q, k, v, g, s0
+
+
+@functools.partial(jax.jit, static_argnames=("forms", "chunk_size"))
+def _forms_and_grads(q, k, v, g, s0, seg, *, forms=FORMS, chunk_size=4):
+  """Per form: (out, final state) and gradients wrt (q, k, v, log_decay, initial_state)."""
+  rng = np.random.default_rng(11)
+  B, T, N, _ = q.shape
+  ct_out = jnp.asarray(rng.standard_normal((B, T, N, v.shape[-1])), jnp.float32)
+  ct_state = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
+  results = {}
+  for form in forms:
+    def loss(q, k, v, g, s0, form=form):
+      out, state = gated_linear_attention(
+          q, k, v, log_decay=g, initial_state=s0, return_state=True, segment_ids=seg,
+          implementation=form, chunk_size=chunk_size)
+      return (jnp.sum(out.astype(jnp.float32) * ct_out) + jnp.sum(state * ct_state),
+              (out, state))
+    grads, value = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)(q, k, v, g, s0)
+    results[form] = (value, grads)
+  return results
+
+
+def _check_forms(results, rtol=2e-5, atol=2e-5):
+  ref_value, ref_grads = results["reference"]
+  for form, (value, grads) in results.items():
+    for x in jax.tree.leaves((value, grads)):
+      assert np.all(np.isfinite(np.asarray(x, np.float32))), form
+    assert_close(value, ref_value, f"{form} value/state", rtol=rtol, atol=atol)
+    assert_close(grads, ref_grads, f"{form} grads (q, k, v, log_decay, initial_state)",
+                 rtol=rtol, atol=atol)
+    # Each gradient also on its own scale: under a strong gate the decays' gradient is
+    # ~1e-8, far below atol, and float32 cancellation could otherwise hide there.
+    for name, x, y in zip(("q", "k", "v", "log_decay", "initial_state"), grads, ref_grads):
+      y = np.asarray(y)
+      err = np.max(np.abs(np.asarray(x) - y)) / max(np.max(np.abs(y)), 1e-30)
+      assert err < 10 * rtol, f"{form} grad {name}: max error {err:.2e} of its max |grad|"
+
+
+@pytest.mark.parametrize("chunk_size", [4, 64])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "per_channel"])
+def test_forms_agree_gqa_ragged_length(per_channel, chunk_size):
+  # N=4, K=2 (GQA), T=13: not a multiple of chunk_size=4, and shorter than one chunk.
+  q, k, v, g, s0 = _inputs(per_channel=per_channel)
+  _check_forms(_forms_and_grads(q, k, v, g, s0, None, chunk_size=chunk_size))
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["scalar", "per_channel"])
+def test_forms_agree_with_segments(per_channel):
+  q, k, v, g, s0 = _inputs(per_channel=per_channel, seed=3)
+  # Resets inside a chunk, at a chunk boundary (8) and an id that comes back (0).
+  seg = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 0, 0, 0], [5] * 13], jnp.int32)
+  _check_forms(_forms_and_grads(q, k, v, g, s0, seg))
+
+
+def test_forms_agree_secondary_chunking():
+  # chunk_size=32 is two sub-blocks of SUB_BLOCK=16 (per-channel decay); T=40: a ragged chunk.
+  assert gated_linear.SUB_BLOCK == 16
+  q, k, v, g, s0 = _inputs(T=40, H=16, per_channel=True, seed=1)
+  # Row 0: resets inside sub-blocks; row 1: none (one document).
+  seg = jnp.asarray([[0] * 7 + [1] * 25 + [2] * 8, [3] * 40], jnp.int32)
+  _check_forms(_forms_and_grads(q, k, v, g, s0, seg, chunk_size=32))
+  # The sub-blocked weights equal the fully materialised ones.
+  b = jnp.cumsum(jnp.reshape(g[:, :32], (2, 32, 2, 2, 16)), axis=1)
+  keep = jnp.broadcast_to(jnp.tril(jnp.ones((32, 32), bool)), (2, 32, 32))
+  qg = jnp.reshape(q[:, :32], (2, 32, 2, 2, 16))
+  assert_close(gated_linear._intra_weights(qg, k[:, :32], b, keep, sub=16),
+               gated_linear._intra_weights(qg, k[:, :32], b, keep, sub=32), "sub-blocks")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_segments_equal_separate_documents(form):
+  q, k, v, g, s0 = _inputs(B=1, T=12, per_channel=True, seed=5)
+  seg = jnp.asarray([[0] * 5 + [1] * 7], jnp.int32)
+  kw = dict(implementation=form, chunk_size=4, return_state=True)
+  packed, final = gated_linear_attention(q, k, v, log_decay=g, initial_state=s0,
+                                         segment_ids=seg, **kw)
+  first, _ = gated_linear_attention(q[:, :5], k[:, :5], v[:, :5], log_decay=g[:, :5],
+                                    initial_state=s0, **kw)
+  second, final2 = gated_linear_attention(q[:, 5:], k[:, 5:], v[:, 5:], log_decay=g[:, 5:],
+                                          **kw)  # a new document: zero state
+  assert_close(packed, jnp.concatenate([first, second], axis=1), f"{form} outputs")
+  assert_close(final, final2, f"{form} final state")
+
+
+@pytest.mark.parametrize("shape", [(2, 40, 4), (2, 40, 4, 8)], ids=["scalar", "per_channel"])
+@pytest.mark.parametrize("log_decay", [-20.0, -1e-4], ids=["strong", "weak"])
+def test_extreme_decays_finite_and_equal(log_decay, shape):
+  q, k, v, _, s0 = _inputs(T=40, seed=7)
+  g = jnp.full(shape, log_decay, jnp.float32)
+  results = _forms_and_grads(q, k, v, g, s0, None, chunk_size=32)
+  _check_forms(results, rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_inputs():
+  q, k, v, g, s0 = _inputs(per_channel=True, dtype=jnp.bfloat16)
+  outs = {}
+  for form in FORMS:
+    out, state = gated_linear_attention(q, k, v, log_decay=g, initial_state=s0,
+                                        return_state=True, implementation=form, chunk_size=4)
+    assert out.dtype == jnp.bfloat16 and state.dtype == jnp.float32
+    outs[form] = (out.astype(jnp.float32), state)
+  f32 = gated_linear_attention(q.astype(jnp.float32), k.astype(jnp.float32),
+                               v.astype(jnp.float32), log_decay=g, initial_state=s0,
+                               return_state=True, implementation="reference")
+  for form in FORMS:
+    assert_close(outs[form], f32, f"bf16 {form}", rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_state_chaining(form):
+  q, k, v, g, s0 = _inputs(T=11, per_channel=True, seed=9)
+  kw = dict(implementation=form, chunk_size=4, return_state=True)
+  whole, final = gated_linear_attention(q, k, v, log_decay=g, initial_state=s0, **kw)
+  a, mid = gated_linear_attention(q[:, :6], k[:, :6], v[:, :6], log_decay=g[:, :6],
+                                  initial_state=s0, **kw)
+  b, end = gated_linear_attention(q[:, 6:], k[:, 6:], v[:, 6:], log_decay=g[:, 6:],
+                                  initial_state=mid, **kw)
+  assert_close(jnp.concatenate([a, b], axis=1), whole, f"{form} chained outputs")
+  assert_close(end, final, f"{form} chained final state")
+
+
+def test_return_rule_and_broadcast_decay():
+  q, k, v, _, _ = _inputs()
+  out = gated_linear_attention(q, k, v, log_decay=jnp.float32(-0.5))
+  assert out.shape == (2, 13, 4, 6) and out.dtype == jnp.float32
+  per_head = gated_linear_attention(q, k, v, log_decay=jnp.full((1, 1, 4), -0.5))
+  assert_close(out, per_head, "scalar vs [1, 1, N] decay")
+  out2, state = gated_linear_attention(q, k, v, log_decay=-0.5, return_state=True)
+  assert state.shape == (2, 4, 8, 6) and state.dtype == jnp.float32
+  assert_close(out2, out, "return_state keeps out")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_zero_decay_equals_linear_attention(form):
+  # linear_attention(identity, normalize="none", causal) is sum_{j<=i} (q_i.k_j) v_j with no
+  # scale; gated_linear_attention with g = 0 is the same times `scale`.
+  q, k, v, _, _ = _inputs(T=10, seed=13)
+  lin = attnjax.linear_attention(q, k, v, feature_map=feature_maps.identity, normalize="none",
+                                 is_causal=True, implementation="reference")
+  gla = gated_linear_attention(q, k, v, log_decay=jnp.zeros((2, 10, 4)), scale=0.5,
+                               implementation=form, chunk_size=4)
+  assert_close(gla, 0.5 * lin, form, rtol=1e-5, atol=1e-5)
+  default = gated_linear_attention(q, k, v, log_decay=0.0, implementation=form, chunk_size=4)
+  assert_close(default, lin * 8 ** -0.5, f"{form} default scale H**-0.5", rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(log_decay=jnp.zeros((2, 13, 3))), ValueError, r"log_decay of shape \(2, 13, 3\)"),
+    (dict(log_decay=jnp.zeros((2, 13, 4, 5))), ValueError, r"log_decay .*\[B, T, N, H\]"),
+    (dict(log_decay=jnp.zeros((1, 2, 13, 4, 8))), ValueError, "log_decay must broadcast"),
+    (dict(log_decay=jnp.zeros((2, 13, 4), jnp.int32)), TypeError, "log_decay must be a floating-point"),
+    (dict(log_decay=None), TypeError, "log_decay is required"),
+    (dict(log_decay=0.0, initial_state=jnp.zeros((2, 2, 8, 6))), ValueError,
+     r"initial_state must have shape \[B, N, H, Hv\] = \(2, 4, 8, 6\)"),
+    (dict(log_decay=0.0, segment_ids=jnp.zeros((2, 12), jnp.int32)), ValueError,
+     "segment_ids must have shape"),
+    (dict(log_decay=0.0, segment_ids=jnp.zeros((2, 13))), TypeError, "segment_ids must be integer"),
+    (dict(log_decay=0.0, implementation="recurrent"), ValueError, "implementation='recurrent'"),
+    (dict(log_decay=0.0, chunk_size=0), ValueError, "chunk_size must be a positive int"),
+    (dict(log_decay=0.0, scale=-1.0), ValueError, "scale must be positive"),
+])
+def test_validation_errors(kwargs, error, match):
+  q, k, v, _, _ = _inputs()
+  with pytest.raises(error, match=match):
+    gated_linear_attention(q, k, v, **kwargs)
+
+
+def test_validation_kv_heads_and_lengths():
+  q, k, v, _, _ = _inputs()
+  with pytest.raises(ValueError, match="multiple of key/value heads"):
+    gated_linear_attention(q[:, :, :3], k, v, log_decay=0.0)
+  with pytest.raises(ValueError, match="as many keys as queries"):
+    gated_linear_attention(q[:, :10], k, v, log_decay=0.0)
