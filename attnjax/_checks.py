@@ -63,6 +63,17 @@ def check_floating(name: str, x: Any) -> None:
     raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
 
 
+def check_initial_state(initial_state: Any, shape: tuple[int, ...]) -> Any:
+  """A recurrent ``initial_state`` of exactly ``shape`` (``[B, N, H, Hv]``) as float32, or None."""
+  if initial_state is None:
+    return None
+  check_floating("initial_state", initial_state)
+  if shape_of(initial_state) != tuple(shape):
+    raise ValueError(f"initial_state must have shape [B, N, H, Hv] = {tuple(shape)}, "
+                     f"got {shape_of(initial_state)}")
+  return jnp.asarray(initial_state, jnp.float32)
+
+
 def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int, int]:
   """Checks q [B, T, N, H], k [B, S, K, H], v [B, S, K, Hv]; returns (B, T, S, N, K, H, Hv)."""
   for name, x in (("q", q), ("k", k), ("v", v)):

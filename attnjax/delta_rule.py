@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks
+from attnjax import _checks, masks
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -190,11 +190,7 @@ def _prepare(q, k, v, beta, *, log_decay, scale, initial_state, segment_ids, imp
     raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-  if initial_state is not None:
-    _checks.check_floating("initial_state", initial_state)
-    if _checks.shape_of(initial_state) != (B, N, H, Hv):
-      raise ValueError(f"initial_state must have shape [B, N, H, Hv] = {(B, N, H, Hv)}, "
-                       f"got {_checks.shape_of(initial_state)}")
+  _checks.check_initial_state(initial_state, (B, N, H, Hv))
   if isinstance(segment_ids, (tuple, list)):
     raise TypeError("segment_ids must be one integer array [B, T] (queries and keys are the "
                     f"same tokens), got a {type(segment_ids).__name__}")
@@ -263,10 +259,7 @@ def _delta_rule_attention(
   b = jnp.reshape(beta.astype(f32), (B, T, K, G))
   g = (jnp.zeros((B, T, K, G), f32) if log_decay is None
        else jnp.reshape(log_decay.astype(f32), (B, T, K, G)))
-  if seg is None:
-    reset = jnp.zeros((B, T), bool)
-  else:
-    reset = jnp.concatenate([jnp.zeros((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  reset = masks.segment_resets(seg, B, T)
   state = (jnp.zeros((B, K, G, H, Hv), f32) if initial_state is None
            else jnp.reshape(initial_state.astype(f32), (B, K, G, H, Hv)))
   if implementation == "reference":

@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks
+from attnjax import _checks, masks
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -263,16 +263,6 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
   return g if per_channel else g[..., None]
 
 
-def _check_initial_state(initial_state, B: int, N: int, H: int, Hv: int) -> Array:
-  if initial_state is None:
-    return jnp.zeros((B, N, H, Hv), jnp.float32)
-  _checks.check_floating("initial_state", initial_state)
-  if _checks.shape_of(initial_state) != (B, N, H, Hv):
-    raise ValueError(f"initial_state must have shape [B, N, H, Hv] = {(B, N, H, Hv)}, "
-                     f"got {_checks.shape_of(initial_state)}")
-  return jnp.asarray(initial_state, jnp.float32)
-
-
 def _prepare(q, k, v, *, log_decay, scale, initial_state, return_state, segment_ids,
              implementation, chunk_size):
   B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
@@ -288,15 +278,14 @@ def _prepare(q, k, v, *, log_decay, scale, initial_state, return_state, segment_
   scale = _checks.check_positive_float("scale", scale)
   scale = H ** -0.5 if scale is None else scale
   g = _check_log_decay(log_decay, B, T, N, H)
-  state = _check_initial_state(initial_state, B, N, H, Hv)
+  state = _checks.check_initial_state(initial_state, (B, N, H, Hv))
+  if state is None:
+    state = jnp.zeros((B, N, H, Hv), jnp.float32)
   if isinstance(segment_ids, (tuple, list)):
     raise ValueError("segment_ids must be one array [B, T] (queries and keys are the same "
                      "tokens), got a sequence")
   seg, _ = _checks.check_segment_ids(segment_ids, B, T, T)
-  if seg is None:
-    reset = jnp.zeros((B, T), bool)
-  else:
-    reset = jnp.concatenate([jnp.zeros((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  reset = masks.segment_resets(seg, B, T)
   return implementation, scale, g, state, reset
 
 

@@ -146,3 +146,14 @@ def make_attention_mask(
       jnp.arange(T), jnp.arange(S), is_causal=is_causal, window=window,
       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
   return combine_masks(mask, structure)
+
+
+def segment_resets(segment_ids: Optional[Array], batch: int, length: int) -> Array:
+  """``[B, T]`` bool, True where a recurrent state restarts: the id differs from the previous token's.
+
+  Position 0 never resets (an ``initial_state`` continues into it); None means no resets.
+  """
+  if segment_ids is None:
+    return jnp.zeros((batch, length), bool)
+  return jnp.concatenate(
+      [jnp.zeros((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
