@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, masks
+from attnjax import _checks, _chunks, masks
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -107,60 +107,53 @@ def reference(q, k, v, beta, g, reset, state):
 
 
 def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
-  """WY / UT-transform chunk form (module docstring); a ``lax.scan`` over chunks.
+  """WY / UT-transform chunk form (module docstring); a scan over chunks.
 
   Time is padded to a multiple of ``chunk_size`` with ``k = v = beta = g = 0``
-  (those steps leave the state unchanged) and padded rows are dropped.
+  (those steps leave the state unchanged) and padded rows are dropped. The scan
+  is :func:`attnjax._chunks.chunk_scan`, whose backward keeps only each chunk's
+  incoming state and recomputes the chunk.
   """
-  B, T, K, G, H = q.shape
-  Hv = v.shape[-1]
-  C = min(chunk_size, T)
-  n = -(-T // C)
-  pad = n * C - T
-  if pad:
-    def padt(x):
-      return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
-    q, k, v, beta, g, reset = (padt(x) for x in (q, k, v, beta, g, reset))
+  C = min(chunk_size, q.shape[1])
+  xs = tuple(_chunks.to_chunks(x, C) for x in (q, k, v, beta, g, reset.astype(jnp.float32)))
+  out, final = _chunks.chunk_scan(_chunk_block, state, xs)
+  return _chunks.from_chunks(out, q.shape[1]), final
 
-  def chunks(x):  # [B, n*C, ...] -> [n, B, C, ...]
-    return jnp.swapaxes(jnp.reshape(x, (B, n, C) + x.shape[2:]), 0, 1)
 
+def _chunk_block(xs, s):
+  """One chunk of :func:`chunked`: ``(out [B, C, K, G, Hv], state after the chunk)``."""
+  q_c, k_c, v_c, b_c, g_c, r_c = xs
+  B, C, K, G, H = q_c.shape
+  Hv = v_c.shape[-1]
   idx = jnp.arange(C)
   strict = jnp.reshape(idx[:, None] > idx[None, :], (1, 1, 1, C, C))  # j < t
   causal = jnp.reshape(idx[:, None] >= idx[None, :], (1, 1, 1, C, C))  # j <= t
+  b_c = jnp.transpose(b_c, (0, 2, 3, 1))  # [B, K, G, C]
+  gam = jnp.cumsum(jnp.transpose(g_c, (0, 2, 3, 1)), axis=-1)  # G_t, [B, K, G, C]
+  doc = jnp.cumsum(r_c.astype(jnp.int32), axis=1)  # resets so far in the chunk, [B, C]
+  from_start = (doc == 0)[:, None, None, :]  # S_0 reaches token t
+  same = (doc[:, :, None] == doc[:, None, :])[:, None, None]  # [B, 1, 1, C, C]
+  live = jnp.logical_and(same, causal)
+  diff = gam[..., :, None] - gam[..., None, :]
+  gamma = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # [B, K, G, C, C]
+  decay0 = jnp.where(from_start, jnp.exp(gam), 0.0)  # [B, K, G, C]
 
-  def step(s, xs):
-    q_c, k_c, v_c, b_c, g_c, r_c = xs
-    b_c = jnp.transpose(b_c, (0, 2, 3, 1))  # [B, K, G, C]
-    gam = jnp.cumsum(jnp.transpose(g_c, (0, 2, 3, 1)), axis=-1)  # G_t, [B, K, G, C]
-    doc = jnp.cumsum(r_c.astype(jnp.int32), axis=1)  # resets so far in the chunk, [B, C]
-    from_start = (doc == 0)[:, None, None, :]  # S_0 reaches token t
-    same = (doc[:, :, None] == doc[:, None, :])[:, None, None]  # [B, 1, 1, C, C]
-    live = jnp.logical_and(same, causal)
-    diff = gam[..., :, None] - gam[..., None, :]
-    gamma = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # [B, K, G, C, C]
-    decay0 = jnp.where(from_start, jnp.exp(gam), 0.0)  # [B, K, G, C]
+  kk = _einsum("bckh,bdkh->bkcd", k_c, k_c)
+  a = jnp.where(strict, b_c[..., None] * gamma * kk[:, :, None], 0.0)
+  rhs_v = b_c[..., None] * jnp.transpose(v_c, (0, 2, 1, 3))[:, :, None]  # [B, K, G, C, Hv]
+  rhs_k = (b_c * decay0)[..., None] * jnp.transpose(k_c, (0, 2, 1, 3))[:, :, None]
+  rhs = jnp.concatenate([rhs_v, jnp.broadcast_to(rhs_k, (B, K, G, C, H))], axis=-1)
+  sol = jax.scipy.linalg.solve_triangular(a, rhs, lower=True, unit_diagonal=True)
+  u, w = sol[..., :Hv], sol[..., Hv:]
+  u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
 
-    kk = _einsum("bckh,bdkh->bkcd", k_c, k_c)
-    a = jnp.where(strict, b_c[..., None] * gamma * kk[:, :, None], 0.0)
-    rhs_v = b_c[..., None] * jnp.transpose(v_c, (0, 2, 1, 3))[:, :, None]  # [B, K, G, C, Hv]
-    rhs_k = (b_c * decay0)[..., None] * jnp.transpose(k_c, (0, 2, 1, 3))[:, :, None]
-    rhs = jnp.concatenate([rhs_v, jnp.broadcast_to(rhs_k, (B, K, G, C, H))], axis=-1)
-    sol = jax.scipy.linalg.solve_triangular(a, rhs, lower=True, unit_diagonal=True)
-    u, w = sol[..., :Hv], sol[..., Hv:]
-    u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
-
-    qk = _einsum("bckgh,bdkh->bkgcd", q_c, k_c)
-    out = (decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s)
-           + _einsum("bkgcd,bkgdv->bkgcv", qk * gamma, u))
-    last = gamma[..., -1, :]  # exp(G_C - G_j) within the last document, [B, K, G, C]
-    s = (decay0[..., -1][..., None, None] * s
-         + _einsum("bdkh,bkgd,bkgdv->bkghv", k_c, last, u))
-    return s, jnp.transpose(out, (0, 3, 1, 2, 4))  # [B, C, K, G, Hv]
-
-  final, out = jax.lax.scan(step, state, tuple(chunks(x) for x in (q, k, v, beta, g, reset)))
-  out = jnp.reshape(jnp.swapaxes(out, 0, 1), (B, n * C, K, G, Hv))[:, :T]
-  return out, final
+  qk = _einsum("bckgh,bdkh->bkgcd", q_c, k_c)
+  out = (decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s)
+         + _einsum("bkgcd,bkgdv->bkgcv", qk * gamma, u))
+  last = gamma[..., -1, :]  # exp(G_C - G_j) within the last document, [B, K, G, C]
+  s = (decay0[..., -1][..., None, None] * s
+       + _einsum("bdkh,bkgd,bkgdv->bkghv", k_c, last, u))
+  return jnp.transpose(out, (0, 3, 1, 2, 4)), s  # [B, C, K, G, Hv]
 
 
 # ---------------------------------------------------------------------------

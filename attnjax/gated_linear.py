@@ -36,11 +36,11 @@ token to the next (packed documents): a token of a new segment sees no earlier
 key and none of the initial state. The first token of a call never resets, so
 ``initial_state`` always continues into it (chaining calls equals one call).
 
-Gradients flow to ``q``, ``k``, ``v``, ``log_decay`` and ``initial_state`` by
-JAX autodiff through the scans: the chunked form keeps every chunk's residuals
-(its incoming state and intra-chunk intermediates) for the backward, so training
-memory grows with ``T * (H * Hv / chunk_size + chunk_size)`` per head; a custom
-VJP that recomputes chunk states is a follow-up. Exponents that are exactly 0
+Gradients flow to ``q``, ``k``, ``v``, ``log_decay`` and ``initial_state``.
+The chunked form's backward (:mod:`attnjax._chunks`) keeps only the state
+entering each chunk, ``T / chunk_size`` states of ``[H, Hv]`` per head, and
+recomputes each chunk in reverse order, so training memory is O(T); the
+reference and parallel forms are differentiated by plain autodiff. Exponents that are exactly 0
 (a token's decay to itself, the last key's decay to the chunk's end) are set,
 not computed as differences, so the decays' gradient stays accurate on its own
 scale (~1e-8 under ``log_decay = -20``) instead of drowning in float32
@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, masks
+from attnjax import _checks, _chunks, masks
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -212,29 +212,22 @@ def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array)
 
 def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *,
             chunk_size: int):
-  """O(T): the quadratic form inside chunks, a ``lax.scan`` carrying the state across them.
+  """O(T): the quadratic form inside chunks, a scan carrying the state across them.
 
   Time is padded up to a multiple of ``chunk_size`` with zero keys, zero decay
   and no reset, so padded tokens change neither the state nor any real output;
-  padded output rows are dropped.
+  padded output rows are dropped. The scan is :func:`attnjax._chunks.chunk_scan`,
+  whose backward keeps only each chunk's incoming state and recomputes the chunk.
   """
-  B, T, K, G, _ = q.shape
-  C = min(chunk_size, T)
-  n = -(-T // C)
-  pad = n * C - T
+  C = min(chunk_size, q.shape[1])
+  xs = tuple(_chunks.to_chunks(x, C) for x in (q, k, v, g, reset.astype(jnp.float32)))
+  out, final = _chunks.chunk_scan(_chunk_block, state, xs)
+  return _chunks.from_chunks(out, q.shape[1]), final
 
-  def chunks(x):  # [B, T, ...] -> [n, B, C, ...]
-    if pad:
-      x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
-    return jnp.swapaxes(jnp.reshape(x, (B, n, C) + x.shape[2:]), 0, 1)
 
-  def step(s, xs):
-    out, s = _block(*xs, s, sub=SUB_BLOCK)
-    return s, out
-
-  final, out = jax.lax.scan(step, state, tuple(chunks(x) for x in (q, k, v, g, reset)))
-  out = jnp.reshape(jnp.swapaxes(out, 0, 1), (B, n * C) + out.shape[3:])[:, :T]
-  return out, final
+def _chunk_block(xs, state):
+  q, k, v, g, reset = xs
+  return _block(q, k, v, g, reset, state, sub=SUB_BLOCK)
 
 
 # ---------------------------------------------------------------------------

@@ -413,6 +413,88 @@ def linear_suite(args) -> Iterable[Case]:
                  linear_flops(B, N, T, H, C))
 
 
+def _gated_calls(C: int = 64) -> dict[str, Callable]:
+  """The gated/delta-rule rows' attention calls ``(q, k, v) -> out``, chunked, C=64.
+
+  Decays, gates and betas are fixed functions of the inputs' shape (made
+  inside the call, so only q, k, v are differentiated in fwd+bwd rows):
+  RetNet-style constant scalar decay, a per-channel GLA gate, and betas of
+  0.5 with a scalar decay for Gated DeltaNet.
+  """
+  def scalar(q, k, v):
+    g = jnp.full(q.shape[:3], -0.05, jnp.float32)
+    return attnjax.gated_linear_attention(q, k, v, log_decay=g, chunk_size=C)
+
+  def per_channel(q, k, v):
+    g = jax.nn.log_sigmoid(jnp.linspace(2.0, 6.0, q.shape[-1]))[None, None, None, :]
+    g = jnp.broadcast_to(g / 16.0, q.shape)  # GLA's tau = 16
+    return attnjax.gated_linear_attention(q, k, v, log_decay=g, chunk_size=C)
+
+  def l2(x):
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+  def delta(q, k, v):
+    beta = jnp.full(q.shape[:3], 0.5, jnp.float32)
+    return attnjax.delta_rule_attention(l2(q), l2(k), v, beta, chunk_size=C)
+
+  def gated_delta(q, k, v):
+    beta = jnp.full(q.shape[:3], 0.5, jnp.float32)
+    g = jnp.full(q.shape[:3], -0.05, jnp.float32)
+    return attnjax.delta_rule_attention(l2(q), l2(k), v, beta, log_decay=g, chunk_size=C)
+
+  def elu1(q, k, v):
+    return attnjax.linear_attention(q, k, v, is_causal=True, implementation="chunked",
+                                    chunk_size=C)
+
+  return {"linear_attention elu+1 chunked": elu1,
+          "gated_linear_attention scalar decay (RetNet/Mamba-2)": scalar,
+          "gated_linear_attention per-channel gate (GLA)": per_channel,
+          "delta_rule_attention (DeltaNet)": delta,
+          "delta_rule_attention gated (Gated DeltaNet)": gated_delta}
+
+
+@suite("gated")
+def gated_suite(args) -> Iterable[Case]:
+  """Gated and delta-rule linear attention, chunked C=64, forward+backward (B=1, N=8, H=64, fp32).
+
+  At the first size every row is divided by our elu+1 chunked
+  ``linear_attention`` forward+backward (issue target: at most 2x). The
+  "T_big/T_base" rows divide each form's time by its own time at the first
+  size (linear growth: 4x for 4096 -> 16384; target at most 4.6x). Peak memory
+  of forward+backward at T=16384 is in the memory cases (``--memory``).
+  """
+  B, N, H = 1, 8, 64
+  sizes = parse_sizes(args.sizes or "4096,16384")
+  base_T = sizes[0]
+  calls = _gated_calls()
+  q, k, v = qkv(B, base_T, N, H)
+  flops = linear_flops(B, N, base_T, H, 64, backward=True)
+  for name, fn in calls.items():
+    yield Case("gated", name, f"T={base_T} fwd+bwd", fwd_bwd(fn), (q, k, v), flops,
+               baseline=name.startswith("linear_attention"))
+  for T in sizes[1:]:
+    big = qkv(B, T, N, H)
+    for name, fn in calls.items():
+      if name.startswith("linear_attention"):
+        continue
+      step = fwd_bwd(fn)
+      shape = f"T={T}/T={base_T} fwd+bwd {name}"
+      yield Case("gated", f"T={base_T}", shape, step, (q, k, v), flops, baseline=True)
+      yield Case("gated", f"T={T}", shape, step, big, linear_flops(B, N, T, H, 64, backward=True))
+
+
+def _gated_memory(name: str):
+  def make():
+    q, k, v = qkv(1, 16384, 8, 64)
+    step = fwd_bwd(_gated_calls()[name])
+    return lambda: step(q, k, v)
+  return make
+
+
+for _name in _gated_calls():
+  memory_case(f"gated: {_name} fwd+bwd T=16384 (B=1, N=8, H=64, fp32)")(_gated_memory(_name))
+
+
 # ---------------------------------------------------------------------------
 # Memory measurement in a child process.
 
@@ -537,6 +619,7 @@ def main(argv=None) -> None:
   p.add_argument("--sizes", default=None, help="comma-separated sequence lengths (suite default if unset)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--memory", action="store_true", help="also run the memory cases")
+  p.add_argument("--memory-filter", default="", help="run only memory cases whose name contains this")
   p.add_argument("--json", default=None, help="write all rows to this JSON file")
   p.add_argument("--list", action="store_true")
   p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -561,6 +644,8 @@ def main(argv=None) -> None:
     print("| case | peak RSS (MiB) |")
     print("|---|---:|")
     for name in _MEMORY:
+      if args.memory_filter not in name:
+        continue
       m = measure_memory(name)
       memory.append(m)
       print(f"| {name} | {m.get('peak_rss_mib', float('nan')):.0f} |" if "error" not in m
