@@ -120,43 +120,57 @@ def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Ar
   return _einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
 
 
-def _intra_weights(q: Array, k: Array, b: Array, keep: Array, *, sub: int) -> Array:
+def _intra_weights(q: Array, k: Array, g: Array, b: Array, keep: Array, *, sub: int) -> Array:
   """Intra-chunk weights ``w_ij = sum_h q_ih k_jh exp(b_ih - b_jh)`` on ``keep``; ``[B, K, G, C, C]``.
 
-  A scalar decay (``D = 1``) or a sub-block that is the whole chunk
-  materialises the ``[C, C, D]`` decays. Per key channel, with ``C`` a multiple
-  of ``sub < C``, the chunk is split into query sub-blocks of ``sub`` rows
-  (secondary chunking): within a sub-block the ``[sub, sub, H]`` decays are
-  materialised; keys of earlier sub-blocks factor through the reference
-  position ``r = start - 1`` just before the query sub-block,
-  ``exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j)``, where both factors are
-  ``<= 1`` (``j <= r < i``), so the product is one matmul and never overflows.
+  ``g`` are the chunk's log decays and ``b`` their cumulative sum from the
+  chunk's start. A scalar decay (``D = 1``) or a sub-block that is the whole
+  chunk materialises the ``[C, C, D]`` decays. Per key channel, with ``C`` a
+  multiple of ``sub < C``, the chunk is split into sub-blocks of ``sub`` tokens
+  (secondary chunking). Within a sub-block the ``[sub, sub, H]`` decays are
+  materialised. For a query in sub-block ``I`` and a key in an earlier
+  sub-block ``J`` the decay factors in three, through ``r`` (the last token
+  before ``I``) and ``e`` (the last token of ``J``, ``j <= e <= r < i``):
+
+      exp(b_i - b_j) = exp(b_i - b_r) * exp(b_r - b_e) * exp(b_e - b_j)
+
+  a query factor, a ``[n, n, H]`` factor between sub-blocks and a key factor,
+  each ``exp`` of a sum of decays ``<= 0`` (so nothing overflows), computed
+  from sums inside a sub-block or of whole sub-blocks (so no difference of
+  large cumulative sums loses precision). That is ``2 C H + n^2 H`` ``exp``
+  calls where materialising costs ``C^2 H``.
   """
   B, C, K, G, D = b.shape
   if D == 1 or sub >= C or C % sub:
     return _decayed_scores(q, k, b, b, keep)
   n = C // sub
-  qs = jnp.reshape(q, (B, n, sub) + q.shape[2:])  # [B, n, s, K, G, H]
-  bs = jnp.reshape(b, (B, n, sub, K, G, D))
+
+  def blocks(x):  # [B, C, ...] -> [B, n, sub, ...]
+    return jnp.reshape(x, (B, n, sub) + x.shape[2:])
+
+  gs = blocks(g)  # [B, n, s, K, G, D]
+  inside = jnp.cumsum(gs, axis=2)  # b_i - b_r: decay from the sub-block's start to i
+  # b_e - b_j: decay from after j to the sub-block's end (exclusive reverse cumsum).
+  to_end = jnp.flip(jnp.cumsum(jnp.flip(gs, axis=2), axis=2), axis=2)
+  to_end = jnp.concatenate([to_end[:, :, 1:], jnp.zeros_like(to_end[:, :, :1])], axis=2)
+  qs, ks = blocks(q), blocks(k)
   keep_s = jnp.reshape(keep, (B, n, sub, n, sub))
-  # Diagonal sub-blocks: [B, K, G, n, s, s].
   diag = jax.vmap(_decayed_scores, in_axes=(1, 1, 1, 1, 1), out_axes=3)(
-      qs, jnp.reshape(k, (B, n, sub) + k.shape[2:]), bs, bs,
-      jnp.diagonal(keep_s, axis1=1, axis2=3).transpose(0, 3, 1, 2))
-  # Earlier sub-blocks through the reference position r_I = I * sub - 1 (I >= 1).
-  ref_idx = jnp.maximum(jnp.arange(n) * sub - 1, 0)
-  ref = b[:, ref_idx]  # [B, n, K, G, D]
-  q_t = qs * jnp.exp(bs - ref[:, :, None])  # b_i <= b_r for i >= r
-  earlier = jnp.arange(C)[None, :] < (jnp.arange(n) * sub)[:, None]  # [n, C]: j < start_I
-  expo = ref[:, :, None] - b[:, None]  # [B, n, C, K, G, D]
-  earlier6 = jnp.reshape(earlier, (1, n, C, 1, 1, 1))
-  k_t = jnp.where(earlier6, jnp.exp(jnp.where(earlier6, expo, 0.0)), 0.0) * k[:, None, :, :, None, :]
-  off = _einsum("bnikgh,bnjkgh->bkgnij", q_t, k_t)  # [B, K, G, n, s, C]
-  off_keep = jnp.logical_and(keep_s, jnp.reshape(
-      jnp.arange(n)[:, None] > jnp.arange(n)[None, :], (1, n, 1, n, 1)))  # j in an earlier sub-block
-  off = jnp.where(jnp.reshape(off_keep, (B, 1, 1, n, sub, C)), off, 0.0)
+      qs, ks, inside, inside,
+      jnp.diagonal(keep_s, axis1=1, axis2=3).transpose(0, 3, 1, 2))  # [B, K, G, n, s, s]
+  # b_r(I) - b_e(J) = sum of whole sub-blocks J+1 .. I-1 (0 when J = I - 1).
+  totals = inside[:, :, -1]  # [B, n, K, G, D]
+  before = jnp.cumsum(totals, axis=1) - totals  # decay of sub-blocks < I
+  earlier = (jnp.arange(n)[:, None] > jnp.arange(n)[None, :])[None, :, :, None, None, None]
+  between = before[:, :, None] - before[:, None, :] - totals[:, None, :]  # [B, I, J, K, G, D]
+  mid = jnp.where(earlier, jnp.exp(jnp.where(earlier, between, 0.0)), 0.0)
+  q_hat = qs * jnp.exp(inside)  # [B, n, s, K, G, H]
+  k_hat = ks[:, :, :, :, None] * jnp.exp(to_end)  # [B, n, s, K, G, H]
+  q_mid = q_hat[:, :, None] * mid[:, :, :, None]  # [B, I, J, s, K, G, H]
+  off = _einsum("bIJikgh,bJjkgh->bkgIiJj", q_mid, k_hat)  # [B, K, G, n, s, n, s]
+  off = jnp.where(jnp.reshape(keep_s, (B, 1, 1, n, sub, n, sub)), off, 0.0)
   eye = jnp.reshape(jnp.eye(n, dtype=jnp.float32), (1, 1, 1, n, 1, n, 1))
-  w = jnp.reshape(off, (B, K, G, n, sub, n, sub)) + diag[:, :, :, :, :, None, :] * eye
+  w = off + diag[:, :, :, :, :, None, :] * eye
   return jnp.reshape(w, (B, K, G, C, C))
 
 
@@ -184,7 +198,7 @@ def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *
   d = jnp.cumsum(reset.astype(jnp.int32), axis=1)  # [B, C]
   causal = jnp.tril(jnp.ones((C, C), bool))
   keep = jnp.logical_and(causal[None], d[:, :, None] == d[:, None, :])  # [B, i, j]
-  w = _intra_weights(q, k, b, keep, sub=sub)
+  w = _intra_weights(q, k, g, b, keep, sub=sub)
   fresh = (d == 0)[:, :, None, None, None]  # [B, C, 1, 1, 1]: no reset so far in the block
   q_in = jnp.where(fresh, q * jnp.exp(b), 0.0)  # [B, C, K, G, H]
   out = _einsum("bkgij,bjkv->bikgv", w, v) + _einsum("bikgh,bkghv->bikgv", q_in, state)

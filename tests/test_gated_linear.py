@@ -78,18 +78,20 @@ def test_forms_agree_with_segments(per_channel):
 
 
 def test_forms_agree_secondary_chunking():
-  # chunk_size=32 is two sub-blocks of SUB_BLOCK=16 (per-channel decay); T=40: a ragged chunk.
+  # chunk_size=64 is four sub-blocks of SUB_BLOCK=16 (per-channel decay), so keys two and three
+  # sub-blocks back go through the factor between sub-blocks; T=72: a ragged chunk.
   assert gated_linear.SUB_BLOCK == 16
-  q, k, v, g, s0 = _inputs(T=40, H=16, per_channel=True, seed=1)
+  q, k, v, g, s0 = _inputs(T=72, H=16, per_channel=True, seed=1)
   # Row 0: resets inside sub-blocks; row 1: none (one document).
-  seg = jnp.asarray([[0] * 7 + [1] * 25 + [2] * 8, [3] * 40], jnp.int32)
-  _check_forms(_forms_and_grads(q, k, v, g, s0, seg, chunk_size=32))
+  seg = jnp.asarray([[0] * 7 + [1] * 33 + [2] * 30 + [3] * 2, [3] * 72], jnp.int32)
+  _check_forms(_forms_and_grads(q, k, v, g, s0, seg, chunk_size=64))
   # The sub-blocked weights equal the fully materialised ones.
-  b = jnp.cumsum(jnp.reshape(g[:, :32], (2, 32, 2, 2, 16)), axis=1)
-  keep = jnp.broadcast_to(jnp.tril(jnp.ones((32, 32), bool)), (2, 32, 32))
-  qg = jnp.reshape(q[:, :32], (2, 32, 2, 2, 16))
-  assert_close(gated_linear._intra_weights(qg, k[:, :32], b, keep, sub=16),
-               gated_linear._intra_weights(qg, k[:, :32], b, keep, sub=32), "sub-blocks")
+  gc = jnp.reshape(g[:, :64], (2, 64, 2, 2, 16))
+  b = jnp.cumsum(gc, axis=1)
+  keep = jnp.broadcast_to(jnp.tril(jnp.ones((64, 64), bool)), (2, 64, 64))
+  qg = jnp.reshape(q[:, :64], (2, 64, 2, 2, 16))
+  assert_close(gated_linear._intra_weights(qg, k[:, :64], gc, b, keep, sub=16),
+               gated_linear._intra_weights(qg, k[:, :64], gc, b, keep, sub=64), "sub-blocks")
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -107,12 +109,13 @@ def test_segments_equal_separate_documents(form):
   assert_close(final, final2, f"{form} final state")
 
 
-@pytest.mark.parametrize("shape", [(2, 40, 4), (2, 40, 4, 8)], ids=["scalar", "per_channel"])
+@pytest.mark.parametrize("shape", [(2, 72, 4), (2, 72, 4, 8)], ids=["scalar", "per_channel"])
 @pytest.mark.parametrize("log_decay", [-20.0, -1e-4], ids=["strong", "weak"])
 def test_extreme_decays_finite_and_equal(log_decay, shape):
-  q, k, v, _, s0 = _inputs(T=40, seed=7)
+  # chunk_size=64: per channel, four sub-blocks (keys up to three sub-blocks back); T=72 ragged.
+  q, k, v, _, s0 = _inputs(T=72, seed=7)
   g = jnp.full(shape, log_decay, jnp.float32)
-  results = _forms_and_grads(q, k, v, g, s0, None, chunk_size=32)
+  results = _forms_and_grads(q, k, v, g, s0, None, chunk_size=64)
   _check_forms(results, rtol=1e-4, atol=1e-4)
 
 
