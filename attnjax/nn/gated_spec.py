@@ -104,7 +104,8 @@ def short_conv(x: Array, weight: Array, tail: Array, segment_ids: Array,
   for lag in range(W):
     start = W - 1 - lag
     same = (ss[:, start:start + T] == segment_ids)[..., None]
-    out = out + jnp.where(same, xs[:, start:start + T], 0) * weight[lag].astype(jnp.float32)
+    tap = jnp.reshape(weight[lag].astype(jnp.float32), (1, 1, -1))
+    out = out + jnp.where(same, xs[:, start:start + T], 0) * tap
   return out.astype(x.dtype), xs[:, T:], ss[:, T:]
 
 
@@ -119,7 +120,7 @@ def _head_norm(out: Array, gain: Array, kind: str) -> Array:
   if kind == "layer":
     out = out - jnp.mean(out, axis=-1, keepdims=True)
   out = out * jax.lax.rsqrt(jnp.mean(out * out, axis=-1, keepdims=True) + _NORM_EPS)
-  return out * gain.astype(jnp.float32)
+  return out * jnp.reshape(gain.astype(jnp.float32), (1,) * (out.ndim - 1) + (-1,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,9 +340,9 @@ def _init_mamba2_decay(layer, rngs, param_dtype) -> None:
 
 def _mamba2_log_decay(layer, x: Array) -> Array:
   """``[B, T, N]`` ``-softplus(x W_dt + dt_bias) * exp(A_log)`` (Mamba-2)."""
-  dt = jax.nn.softplus(layer.dt_proj(x).astype(jnp.float32)
-                       + layer.dt_bias[...].astype(jnp.float32))
-  return -dt * jnp.exp(layer.A_log[...].astype(jnp.float32))
+  as_row = lambda p: jnp.reshape(p[...].astype(jnp.float32), (1, 1, -1))
+  dt = jax.nn.softplus(layer.dt_proj(x).astype(jnp.float32) + as_row(layer.dt_bias))
+  return -dt * jnp.exp(as_row(layer.A_log))
 
 
 # ---------------------------------------------------------------------------
