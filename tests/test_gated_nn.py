@@ -147,25 +147,35 @@ def test_mask_and_cross_attention_are_rejected():
     layer.decode(x, _layer(dict(family="linear")).init_cache(B, T))
 
 
-def test_retnet_implied_weights_are_the_decayed_scores():
-  # A[i, j] = scale * q_i . k_j * gamma_h^(i - j) (j <= i): what the probe reads.
+def test_retnet_decays_are_the_papers():
+  np.testing.assert_allclose(np.exp(gated_spec.retnet_log_decay(4)),
+                             [1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128, 1 - 1 / 256], rtol=1e-6)
+
+
+def test_sown_weights_are_the_decayed_scores_of_compared_qk():
+  # GLA with GQA, RoPE and the short convolution: the probe's weights are
+  # A[i, j] = scale * sum_h q_ih k_jh exp(c_ih - c_jh) (j <= i, c = cumsum of the
+  # log gates) with q, k from compared_qk: what the probe reads is what the layer did.
   from attnjax.nn import intermediates
-  layer = _layer(CASES["retnet"], num_kv_heads=None, rope_theta=None)
+  layer = _layer(CASES["gla"])
   x = _x()
   _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate,
                          method_outputs=nnx.Intermediate)(layer, x)
   rec = intermediates.read(inter).model
-  N, H = 4, layer.head_dim
+  N, K, H = 4, 2, layer.head_dim
   q = jnp.reshape(rec["q_proj/__call__"], (B, T, N, H))
-  k = jnp.reshape(rec["k_proj/__call__"], (B, T, N, H))
-  gamma = 1.0 - 2.0 ** (-5.0 - np.arange(N))
-  i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-  decay = np.where(j <= i, gamma[:, None, None] ** np.maximum(i - j, 0), 0.0)
-  want = jnp.einsum("btnh,bsnh->bnts", q, k) * H ** -0.5 * decay[None]
+  k = jnp.reshape(rec["k_proj/__call__"], (B, T, K, H))
+  q, k = layer.compared_qk(q, k)
+  q, k = np.asarray(q, np.float64), np.repeat(np.asarray(k, np.float64), N // K, axis=2)
+  c = np.cumsum(np.asarray(layer.config.spec.gates(layer, x)["log_decay"], np.float64), axis=1)
+  causal = np.tril(np.ones((T, T), bool))[None, None, :, :, None]
+  expo = np.where(causal, c.transpose(0, 2, 1, 3)[:, :, :, None] - c.transpose(0, 2, 1, 3)[:, :, None],
+                  -np.inf)
+  want = np.einsum("binh,bjnh,bnijh->bnij", q, k, np.exp(expo)) * H ** -0.5
   np.testing.assert_allclose(rec["weights"], want, atol=1e-5)
   stats = rec["attention_stats"]
   assert stats.max_logit is None and stats.entropy.shape == (B, N)
-  assert np.all(np.isfinite(stats.sink_mass))
+  assert np.all(np.isfinite(stats.sink_mass)) and np.all(np.isfinite(stats.row_sum))
   assert layer.allowed_mask(T).shape == (1, 1, T, T)
 
 
