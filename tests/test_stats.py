@@ -594,8 +594,10 @@ def test_probe_runs_on_every_nn_family():
                "massive/max_abs", "kurtosis/per_layer", "gate/per_layer", "null_mass/per_layer"):
     assert out[name].shape == (L,), name
   gated = np.array([layer.output_gate is not None for layer in layers])
-  # Linear attention has no softmax logits: its max logit is undefined (NaN -> null).
-  has_logits = np.array([layer.family != "linear" for layer in layers])
+  # Linear, gated and delta-rule attention have no softmax logits: their max logit is
+  # undefined (NaN -> null).
+  no_logits = ("linear",) + attnjax.nn.specs.GATED_FAMILIES
+  has_logits = np.array([layer.family not in no_logits for layer in layers])
   for name, value in out.items():
     value = np.asarray(value)
     if name.startswith("gate/per_"):  # defined for gated layers only (NaN -> null elsewhere)

@@ -68,7 +68,7 @@ Decoding (every family; prefill + steps equals the full forward)::
 
 from attnjax.nn import specs
 from attnjax.nn.attention import Attention
-from attnjax.nn.caches import CrossCache, FeatureProjection, KVCache, LinearCache
+from attnjax.nn.caches import CrossCache, FeatureProjection, GatedCache, KVCache, LinearCache
 from attnjax.nn.config import AttentionConfig, ModelConfig
 from attnjax.nn.specs import (AttentionSpec, CosineSpec, DenseSpec, LinearSpec, QKNormSpec,
                               SparseSpec, register_family)
@@ -85,6 +85,7 @@ __all__ = [
     "CrossCache",
     "DenseSpec",
     "FeatureProjection",
+    "GatedCache",
     "KVCache",
     "LOGICAL_AXIS_RULES",
     "LinearCache",

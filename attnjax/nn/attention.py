@@ -283,7 +283,7 @@ class Attention(nnx.Module):
     want_weights = self.config.sow_weights if sow_weights is None else sow_weights
     call = Call(mask=mask, segment_ids=segment_ids, positions=positions, cross=cross,
                 cache=None if cross else cache, capture=capture,
-                sow_weights=bool(capture and want_weights))
+                sow_weights=bool(capture and want_weights), inputs=x)
     out, new_cache = self.config.spec.attend(self, q, k, v, call)
     if cross and cache is not None:
       new_cache = CrossCache(k=k.astype(cache.k.dtype), v=v.astype(cache.v.dtype))

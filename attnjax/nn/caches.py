@@ -3,13 +3,16 @@
 - :class:`KVCache`: keys and values of a softmax-style layer, stored before
   RoPE, with each slot's sequence position, RoPE position and segment id.
 - :class:`LinearCache`: the recurrent state of a linear-attention layer.
+- :class:`GatedCache`: the recurrent state of a gated or delta-rule layer
+  (``retnet``, ``mamba2_decay``, ``gla``, ``deltanet``, ``gated_deltanet``),
+  with the tail of its short convolution.
 - :class:`CrossCache`: the projected keys and values of a cross-attention
   layer's second sequence, filled on the first call and reused after it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+from typing import NamedTuple, Optional, Union
 
 import jax.numpy as jnp
 from flax import nnx
@@ -54,6 +57,27 @@ class LinearCache(NamedTuple):
   index: Array
 
 
+class GatedCache(NamedTuple):
+  """Decode state of a gated or delta-rule linear-attention layer (:mod:`attnjax.nn.gated_spec`).
+
+  Attributes:
+    state: ``[B, N, H, Hv]`` float32 recurrent state (the ``initial_state`` of
+      :func:`attnjax.gated_linear_attention` / :func:`attnjax.delta_rule_attention`).
+    index: ``[]`` int32, tokens seen so far.
+    segment_id: ``[B]`` int32 segment of the last token seen (0 before any):
+      a call whose first token starts another segment resets the state.
+    conv: with a short convolution, the last ``W - 1`` inputs of the q, k and v
+      convolutions, ``([B, W-1, N*H], [B, W-1, K*H], [B, W-1, K*Hv])``; else None.
+    conv_segment_ids: ``[B, W - 1]`` int32 segments of those inputs; else None.
+  """
+
+  state: Array
+  index: Array
+  segment_id: Array
+  conv: Optional[tuple[Array, Array, Array]] = None
+  conv_segment_ids: Optional[Array] = None
+
+
 class CrossCache(NamedTuple):
   """Cross-attention cache: the keys and values projected from ``inputs_kv``.
 
@@ -66,7 +90,7 @@ class CrossCache(NamedTuple):
   v: Array
 
 
-Cache = Union[KVCache, LinearCache, CrossCache]
+Cache = Union[KVCache, LinearCache, GatedCache, CrossCache]
 
 
 class FeatureProjection(nnx.Variable):

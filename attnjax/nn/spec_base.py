@@ -54,6 +54,8 @@ class Call:
     cache: the self-attention decode cache (None = full forward).
     capture: statistics are being captured (``nnx.capture``).
     sow_weights: sow the attention weights too (only when capturing).
+    inputs: the layer's input ``x`` ``[B, T, D]`` (the queries' sequence), for
+      families whose gates or decays are projected from it (None = not given).
   """
 
   mask: Optional[Array] = None
@@ -63,6 +65,7 @@ class Call:
   cache: Any = None
   capture: bool = False
   sow_weights: bool = False
+  inputs: Optional[Array] = None
 
 
 def _rope(layer, x: Array, positions: Array) -> Array:

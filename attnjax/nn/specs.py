@@ -26,18 +26,25 @@ Families: ``dense`` (:class:`DenseSpec`), ``qk_norm`` (:class:`QKNormSpec`),
 ``cosine`` (:class:`CosineSpec`) share the dense kernel (:class:`KernelSpec`:
 normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
 ``sparse`` (:class:`SparseSpec`) a block-sparse pattern; ``linear``
-(:class:`LinearSpec`) kernel feature maps with a recurrent decode state.
+(:class:`LinearSpec`) kernel feature maps with a recurrent decode state;
+``retnet``, ``mamba2_decay``, ``gla``, ``deltanet``, ``gated_deltanet``
+(:mod:`attnjax.nn.gated_spec`) gated and delta-rule recurrent states.
 """
 
 from attnjax.nn.linear_spec import LinearSpec
 from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, KernelSpec, QKNormSpec, ScoreSpec,
                                       SparseSpec)
+# After the others: the gated families register after them (FAMILY_SPECS keeps that order).
+from attnjax.nn.gated_spec import (GATED_FAMILIES, DeltaNetSpec, GatedDeltaNetSpec, GatedSpec,
+                                   GLASpec, Mamba2DecaySpec, RetNetSpec)
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, PATTERNS,
                                   STREAMING_ROPE, AttentionSpec, Call, check_int, check_type,
                                   register_family, run_and_sow)
 
 __all__ = [
-    "AttentionSpec", "Call", "CosineSpec", "DEFAULT_TEMPERATURE", "DenseSpec", "FAMILY_SPECS",
-    "FEATURE_MAPS", "KernelSpec", "LinearSpec", "PATTERNS", "QKNormSpec", "STREAMING_ROPE",
-    "ScoreSpec", "SparseSpec", "check_int", "check_type", "register_family", "run_and_sow",
+    "AttentionSpec", "Call", "CosineSpec", "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
+    "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "GLASpec", "GatedDeltaNetSpec", "GatedSpec",
+    "KernelSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",
+    "STREAMING_ROPE", "ScoreSpec", "SparseSpec", "check_int", "check_type", "register_family",
+    "run_and_sow",
 ]

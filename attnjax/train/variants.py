@@ -29,10 +29,22 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "linear_unnorm": ({"family": "linear", "feature_map": "elu_plus_one",
                        "linear_normalize": "none"},
                       "elu+1 linear, unnormalised"),
+    "retnet": ({"family": "retnet"}, "RetNet retention, fixed decay per head (Sun)"),
+    "mamba2": ({"family": "mamba2_decay"}, "linear, Mamba-2 data-dependent decay (Dao & Gu)"),
+    "gla": ({"family": "gla"}, "gated linear attention, gate per key channel (Yang)"),
+    "deltanet": ({"family": "deltanet", "short_conv": 4}, "DeltaNet, delta rule (Schlag, Yang)"),
+    "gated_deltanet": ({"family": "gated_deltanet", "short_conv": 4},
+                       "Gated DeltaNet, delta rule + decay (Yang)"),
 }
 
 # The arms of `compare`, the README's main job.
 COMPARE = ("dense", "qk_layernorm", "cosine", "sigmoid", "linear", "gated", "sink_logits")
+
+# The gated and delta-rule linear families (attnjax.nn.gated_spec): arms of the
+# gpu/tpu presets of compare, sinks and lr_sweep. The cpu presets leave them out
+# (their documented run times and the README's main job stay as they were); add
+# them there with --config.sweep.variants.
+GATED = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet")
 
 
 def attention_kwargs(name: str) -> dict[str, Any]:

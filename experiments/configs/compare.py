@@ -5,13 +5,15 @@ the README's main job. With ``preset=cpu`` (2 layers, d=64, T=64, batch 32 as
 4 accumulated microbatches of 8, 240 steps) the 7 arms take a few minutes on a
 2-core CPU, compilation included. Arguments after ``:``: ``preset`` (cpu, gpu, tpu), ``lr``, ``data``
 (shakespeare or bigram_backcopy). The arms are ``--config.sweep.variants``
-(comma-separated names from ``attnjax.train.variants.VARIANTS``).
+(comma-separated names from ``attnjax.train.variants.VARIANTS``); presets gpu and
+tpu add the gated and delta-rule families (``variants.GATED``: retnet, mamba2,
+gla, deltanet, gated_deltanet), which the cpu preset runs only when named there.
 """
 
 import ml_collections
 
 from attnjax.train.config import apply_preset, base_config, parse_arg
-from attnjax.train.variants import COMPARE
+from attnjax.train.variants import COMPARE, GATED
 
 
 def get_config(arg=None):
@@ -19,5 +21,6 @@ def get_config(arg=None):
   c = apply_preset(base_config(), a.preset)
   c.data.name = a.data
   c.opt.lr = a.lr or (1e-2 if a.preset == "cpu" else 1e-3)
-  c.sweep = ml_collections.ConfigDict({"variants": ",".join(COMPARE)})
+  variants = COMPARE if a.preset == "cpu" else COMPARE + GATED
+  c.sweep = ml_collections.ConfigDict({"variants": ",".join(variants)})
   return c

@@ -6,12 +6,14 @@ which makes sinks appear in 1-3 layer models. Sink statistics (Sink_1^0.3,
 F-Attn, M-Act, ...) are probed on fixed held-out length-64 sequences every
 ``train.probe_every`` steps. Arguments after ``:``: ``preset`` (cpu, gpu,
 tpu), ``lr``. Arms: ``--config.sweep.variants`` x ``--config.sweep.datasets``.
-With preset=cpu: 11 variants x 2 datasets, about 10-15 CPU-minutes.
+With preset=cpu: 11 variants x 2 datasets, about 10-15 CPU-minutes; presets gpu
+and tpu add the gated and delta-rule families (``attnjax.train.variants.GATED``).
 """
 
 import ml_collections
 
 from attnjax.train.config import apply_preset, base_config, parse_arg
+from attnjax.train.variants import GATED
 
 
 def get_config(arg=None):
@@ -22,9 +24,12 @@ def get_config(arg=None):
   c.data.bb_num_triggers = 3
   if a.preset == "cpu":
     c.train.update(dict(probe_every=40, eval_every=120, checkpoint_every=120))
+  variants = ("dense,softmax_one,sink_logits,sigmoid,softpick,linear,linear_unnorm,"
+              "qk_layernorm,cosine,gated,window")
+  if a.preset != "cpu":
+    variants = ",".join((variants,) + GATED)
   c.sweep = ml_collections.ConfigDict({
-      "variants": ("dense,softmax_one,sink_logits,sigmoid,softpick,linear,linear_unnorm,"
-                   "qk_layernorm,cosine,gated,window"),
+      "variants": variants,
       "datasets": "shakespeare,bigram_backcopy",
   })
   return c
