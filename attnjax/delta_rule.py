@@ -64,6 +64,7 @@ from typing import Literal, Optional, get_args
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from attnjax import _checks, _chunks, masks
 from attnjax.dense import group_queries
@@ -107,22 +108,27 @@ def reference(q, k, v, beta, g, reset, state):
 
 
 def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
-  """WY / UT-transform chunk form (module docstring); a scan over chunks.
+  """WY / UT-transform chunk form (module docstring): chunk-parallel solves, then a state scan.
 
-  Time is padded to a multiple of ``chunk_size`` with ``k = v = beta = g = 0``
-  (those steps leave the state unchanged) and padded rows are dropped. The scan
-  is :func:`attnjax._chunks.chunk_scan`, whose backward keeps only each chunk's
-  incoming state and recomputes the chunk.
+  Everything that does not depend on the incoming state (the decays, the
+  triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) is computed for
+  all chunks at once by :func:`_chunk_terms` (whose backward keeps only the
+  solve's result and recomputes the rest); the scan over chunks
+  (:func:`attnjax._chunks.chunk_scan`, whose backward keeps only each chunk's
+  incoming state and recomputes the chunk) then does only the matmuls that
+  read the state. Time is padded to a multiple of ``chunk_size`` with
+  ``k = v = beta = g = 0`` (those steps leave the state unchanged) and padded
+  rows are dropped.
   """
   C = min(chunk_size, q.shape[1])
-  xs = tuple(_chunks.to_chunks(x, C) for x in (q, k, v, beta, g, reset.astype(jnp.float32)))
-  out, final = _chunks.chunk_scan(_chunk_block, state, xs)
+  q_c, k_c, v_c, b_c, g_c, r_c = (_chunks.to_chunks(x, C) for x in (q, k, v, beta, g, reset))
+  terms = jax.vmap(_CHUNK_TERMS)(q_c, k_c, v_c, b_c, g_c, r_c)
+  out, final = _chunks.chunk_scan(_chunk_block, state, (q_c, k_c) + terms)
   return _chunks.from_chunks(out, q.shape[1]), final
 
 
-def _chunk_block(xs, s):
-  """One chunk of :func:`chunked`: ``(out [B, C, K, G, Hv], state after the chunk)``."""
-  q_c, k_c, v_c, b_c, g_c, r_c = xs
+def _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c):
+  """One chunk's state-independent terms: ``(U, W, Q K^T * Gamma, exp(G) from S_0, exp(G_C - G_j))``."""
   B, C, K, G, H = q_c.shape
   Hv = v_c.shape[-1]
   idx = jnp.arange(C)
@@ -144,13 +150,25 @@ def _chunk_block(xs, s):
   rhs_k = (b_c * decay0)[..., None] * jnp.transpose(k_c, (0, 2, 1, 3))[:, :, None]
   rhs = jnp.concatenate([rhs_v, jnp.broadcast_to(rhs_k, (B, K, G, C, H))], axis=-1)
   sol = jax.scipy.linalg.solve_triangular(a, rhs, lower=True, unit_diagonal=True)
+  sol = checkpoint_name(sol, "delta_rule_solution")
   u, w = sol[..., :Hv], sol[..., Hv:]
-  u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
-
-  qk = _einsum("bckgh,bdkh->bkgcd", q_c, k_c)
-  out = (decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s)
-         + _einsum("bkgcd,bkgdv->bkgcv", qk * gamma, u))
+  qk = _einsum("bckgh,bdkh->bkgcd", q_c, k_c) * gamma
   last = gamma[..., -1, :]  # exp(G_C - G_j) within the last document, [B, K, G, C]
+  return u, w, qk, decay0, last
+
+
+# The backward keeps the solve's result (O(T (H + Hv)) per head) and recomputes the cheap
+# [C, C] terms (decays, masks, K K^T) instead of storing them.
+_CHUNK_TERMS = jax.checkpoint(
+    _chunk_terms, policy=jax.checkpoint_policies.save_only_these_names("delta_rule_solution"))
+
+
+def _chunk_block(xs, s):
+  """The state's part of one chunk: ``(out [B, C, K, G, Hv], state after the chunk)``."""
+  q_c, k_c, u, w, qk, decay0, last = xs
+  u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
+  out = (decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s)
+         + _einsum("bkgcd,bkgdv->bkgcv", qk, u))
   s = (decay0[..., -1][..., None, None] * s
        + _einsum("bdkh,bkgd,bkgdv->bkghv", k_c, last, u))
   return jnp.transpose(out, (0, 3, 1, 2, 4)), s  # [B, C, K, G, Hv]
