@@ -52,11 +52,13 @@ What :func:`gated_linear_attention` returns follows :mod:`attnjax.linear`:
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, Optional, get_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from attnjax import _checks, _chunks, masks
 from attnjax.dense import group_queries
@@ -174,8 +176,8 @@ def _intra_weights(q: Array, k: Array, g: Array, b: Array, keep: Array, *, sub: 
   return jnp.reshape(w, (B, K, G, C, C))
 
 
-def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *, sub: int):
-  """The masked quadratic form on one block of ``C`` tokens, given the state before it.
+def _block_terms(q: Array, k: Array, g: Array, reset: Array, *, sub: int):
+  """The state-independent terms of the masked quadratic form on one block of ``C`` tokens.
 
   ``b_i`` is the cumulative decay from the block's start to ``i`` (inclusive),
   ``d_i`` counts the resets in the block up to ``i``. Query ``i`` reads key
@@ -186,62 +188,73 @@ def _block(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *
   overflow) and their weight to 0 after.
 
   Args:
-    q, k, v, g, reset: one block, shapes as the forms (``T = C``).
-    state: ``[B, K, G, H, Hv]`` before the block.
+    q, k, g, reset: one block, shapes as the forms (``T = C``).
     sub: query sub-block of :func:`_intra_weights` (per-channel decays).
 
   Returns:
-    ``(out [B, C, K, G, Hv], state after the block)``.
+    ``(w [B, K, G, C, C], q_in [B, C, K, G, H], k_end [B, C, K, G, H], carry
+    [B, K, G, D])``: the intra-block weights, the queries decayed from the
+    block's start (0 after a reset), the keys decayed to the block's end (0
+    unless in the last segment), and the incoming state's decay to the end.
   """
   C = q.shape[1]
   b = jnp.cumsum(g, axis=1)  # [B, C, K, G, D]
   d = jnp.cumsum(reset.astype(jnp.int32), axis=1)  # [B, C]
   causal = jnp.tril(jnp.ones((C, C), bool))
   keep = jnp.logical_and(causal[None], d[:, :, None] == d[:, None, :])  # [B, i, j]
-  w = _intra_weights(q, k, g, b, keep, sub=sub)
+  w = checkpoint_name(_intra_weights(q, k, g, b, keep, sub=sub), "gated_linear_weights")
   fresh = (d == 0)[:, :, None, None, None]  # [B, C, 1, 1, 1]: no reset so far in the block
   q_in = jnp.where(fresh, q * jnp.exp(b), 0.0)  # [B, C, K, G, H]
-  out = _einsum("bkgij,bjkv->bikgv", w, v) + _einsum("bikgh,bkghv->bikgv", q_in, state)
   # State after the block: keys of the last segment, decayed to the block's end.
-  last_b = b[:, -1]  # [B, K, G, D]
   same = (d == d[:, -1:])[:, :, None, None, None]  # [B, C, 1, 1, 1]
   # Exponent of key j: sum_{t > j} g_t, an exclusive reverse cumulative sum (not
-  # last_b - b_j): a key whose decay to the end is exp(0) = 1 (the last one, or the
+  # b_C - b_j): a key whose decay to the end is exp(0) = 1 (the last one, or the
   # last real one before padding) then sends no pair of cancelling O(1) terms to g's
   # gradient, which would bury its true, tiny value under a strong gate.
   to_go = jnp.flip(jnp.cumsum(jnp.flip(g, axis=1), axis=1), axis=1)  # sum_{t >= j} g_t
   to_go = jnp.concatenate([to_go[:, 1:], jnp.zeros_like(to_go[:, :1])], axis=1)
   to_end = jnp.where(same, jnp.exp(jnp.where(same, to_go, 0.0)), 0.0)
   k_end = to_end * k[:, :, :, None, :]  # [B, C, K, G, H]
-  carried = jnp.where((d[:, -1] == 0)[:, None, None, None, None],
-                      jnp.exp(last_b)[..., None] * state, 0.0)
-  new_state = carried + _einsum("bckgh,bckv->bkghv", k_end, v)
+  carry = jnp.where((d[:, -1] == 0)[:, None, None, None], jnp.exp(b[:, -1]), 0.0)
+  return w, q_in, k_end, carry
+
+
+def _block_state(xs, state: Array):
+  """The state's part of one block: ``(out [B, C, K, G, Hv], state after the block)``."""
+  w, q_in, k_end, carry, v = xs
+  out = _einsum("bkgij,bjkv->bikgv", w, v) + _einsum("bikgh,bkghv->bikgv", q_in, state)
+  new_state = carry[..., None] * state + _einsum("bckgh,bckv->bkghv", k_end, v)
   return out, new_state
 
 
 def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
   """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel)."""
-  return _block(q, k, v, g, reset, state, sub=q.shape[1])
+  return _block_state(_block_terms(q, k, g, reset, sub=q.shape[1]) + (v,), state)
 
 
 def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *,
             chunk_size: int):
   """O(T): the quadratic form inside chunks, a scan carrying the state across them.
 
-  Time is padded up to a multiple of ``chunk_size`` with zero keys, zero decay
-  and no reset, so padded tokens change neither the state nor any real output;
-  padded output rows are dropped. The scan is :func:`attnjax._chunks.chunk_scan`,
-  whose backward keeps only each chunk's incoming state and recomputes the chunk.
+  The state-independent terms of every chunk (:func:`_block_terms`: intra-chunk
+  weights and decayed queries and keys) are computed for all chunks at once;
+  their backward keeps only the weights and recomputes the ``exp`` calls. The
+  scan over chunks (:func:`attnjax._chunks.chunk_scan`, whose backward keeps
+  only each chunk's incoming state and recomputes the chunk) then does only the
+  matmuls that read or write the state. Time is padded up to a multiple of
+  ``chunk_size`` with zero keys, zero decay and no reset, so padded tokens
+  change neither the state nor any real output; padded output rows are dropped.
   """
   C = min(chunk_size, q.shape[1])
-  xs = tuple(_chunks.to_chunks(x, C) for x in (q, k, v, g, reset.astype(jnp.float32)))
-  out, final = _chunks.chunk_scan(_chunk_block, state, xs)
+  q_c, k_c, v_c, g_c, r_c = (_chunks.to_chunks(x, C) for x in (q, k, v, g, reset))
+  terms = jax.vmap(_CHUNK_TERMS)(q_c, k_c, g_c, r_c)
+  out, final = _chunks.chunk_scan(_block_state, state, terms + (v_c,))
   return _chunks.from_chunks(out, q.shape[1]), final
 
 
-def _chunk_block(xs, state):
-  q, k, v, g, reset = xs
-  return _block(q, k, v, g, reset, state, sub=SUB_BLOCK)
+_CHUNK_TERMS = jax.checkpoint(
+    functools.partial(_block_terms, sub=SUB_BLOCK),
+    policy=jax.checkpoint_policies.save_only_these_names("gated_linear_weights"))
 
 
 # ---------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def _residual_bytes(fn, *args) -> int:
 def test_chunked_backward_keeps_only_chunk_states(family):
   """The chunked forms' VJP residuals stay within a few inputs' worth (O(T)); autodiff of
   the reference scan keeps a [H, Hv] state per token (O(T H Hv))."""
-  B, T, N, H, C = 1, 256, 2, 16, 32
+  B, T, N, H, C = 1, 256, 2, 32, 32
   q, k, v = rand_qkv(B=B, T=T, N=N, K=N, H=H, seed=1)
   if family == "gla":
     g = -0.1 * jax.random.uniform(jax.random.key(2), (B, T, N, H))
@@ -67,7 +67,8 @@ def test_chunked_backward_keeps_only_chunk_states(family):
   ours = _residual_bytes(fn, q, k, v)
   with_autodiff = _residual_bytes(lambda q, k, v: fn(q, k, v, implementation="reference"),
                                   q, k, v)
-  # Chunk states: T / C * N * H * H floats = one [T, N, H] input here (C = H);
-  # inputs are kept as float32 copies (scaled queries, keys, values, decays, resets).
-  assert ours <= 4 * inputs, (ours, inputs)
-  assert with_autodiff >= 4 * ours, (with_autodiff, ours)
+  # Kept: chunk states (T / C * N * H * H floats = one [T, N, H] input when C = H), the
+  # intra-chunk weights or the delta rule's solution (T * C and T * (H + Hv) per head), and
+  # float32 copies of the inputs: about 2.4-2.7 inputs' worth, against ~15-23 for the scan.
+  assert ours <= 3 * inputs, (ours, inputs)
+  assert with_autodiff >= 5 * ours, (with_autodiff, ours)
