@@ -11,7 +11,8 @@ implementation and the platform the program is being lowered for.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Sequence
 
 import jax
 from jax.extend.core import Primitive
@@ -49,6 +50,26 @@ def fail(message: str, like: Any) -> Any:
   leaves, tree = jax.tree.flatten(like)
   avals = tuple(jax.core.ShapedArray(x.shape, x.dtype) for x in leaves)
   return jax.tree.unflatten(tree, _fail_p.bind(message=message, out_avals=avals))
+
+
+def unknown_options(opts: Any, inputs: Any, known_options: Sequence[str],
+                    known_inputs: Sequence[str], who: str) -> list[str]:
+  """Reasons for every ``DenseOptions`` field outside ``known_options`` set away from its
+  default and every ``DenseInputs`` field outside ``known_inputs`` that is given.
+
+  A platform kernel lists the fields it honours; a field added later (a new
+  option of the dense call) is then reported until the kernel is taught it, so
+  auto-dispatch never silently drops it.
+  """
+  reasons = []
+  for f in dataclasses.fields(opts):
+    value = getattr(opts, f.name)
+    if f.name not in known_options and value != f.default:
+      reasons.append(f"{f.name}={value!r} (an option {who} does not know)")
+  for f in dataclasses.fields(inputs):
+    if f.name not in known_inputs and getattr(inputs, f.name) is not None:
+      reasons.append(f"{f.name} (an input {who} does not know)")
+  return reasons
 
 
 def current_platform() -> str:

@@ -158,8 +158,18 @@ class Implementation:
   unsupported: Callable[[DenseInputs, DenseOptions], list[str]]
 
 
+# The DenseOptions / DenseInputs fields the platform kernels (cuDNN, splash) are written for;
+# any other field set away from its default is reported (see _platform.unknown_options).
+PLATFORM_KNOWN_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
+                          "return_stats")
+PLATFORM_KNOWN_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids",
+                         "kv_segment_ids")
+
+
 def _cudnn_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
   reasons = _platform_unsupported(inputs, opts)
+  reasons += [r for r in _platform.unknown_options(
+      opts, inputs, PLATFORM_KNOWN_OPTIONS, PLATFORM_KNOWN_INPUTS, "cudnn") if r not in reasons]
   if jax.default_backend() != "gpu":
     reasons.append(f"the {jax.default_backend()!r} backend (cuDNN needs a GPU)")
   if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
@@ -274,6 +284,8 @@ def _splash_unsupported(inputs: DenseInputs, opts: DenseOptions, *,
     reasons.append(f"lengths T={T}, S={S} (splash needs multiples of {SPLASH_BLOCKS[-1]})")
   if inputs.q.dtype not in SPLASH_DTYPES:
     reasons.append(f"dtype {inputs.q.dtype} (splash takes float32 or bfloat16)")
+  reasons += _platform.unknown_options(opts, inputs, PLATFORM_KNOWN_OPTIONS,
+                                       PLATFORM_KNOWN_INPUTS, "splash")
   del interpret  # the platform is checked when the program is lowered (see splash)
   return reasons
 

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax import normalizers
+from attnjax import _platform, normalizers
 from attnjax.attention_stats import AttentionStats, _row_mean
 
 Array = jnp.ndarray
@@ -109,12 +109,8 @@ def unsupported(inputs, opts) -> list[str]:
     reasons.append("an explicit mask array (pallas_gpu takes is_causal, window and segment_ids)")
   if opts.similarity != "dot":
     reasons.append(f"similarity={opts.similarity!r} (pallas_gpu computes dot products)")
-  for f in dataclasses.fields(opts):
-    if f.name not in KNOWN_OPTIONS and getattr(opts, f.name) != f.default:
-      reasons.append(f"{f.name}={getattr(opts, f.name)!r} (an option pallas_gpu does not know)")
-  for f in dataclasses.fields(inputs):
-    if f.name not in KNOWN_INPUTS + ("bias", "mask") and getattr(inputs, f.name) is not None:
-      reasons.append(f"{f.name} (an input pallas_gpu does not know)")
+  reasons += _platform.unknown_options(opts, inputs, KNOWN_OPTIONS,
+                                       KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu")
   dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
   if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
     reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (pallas_gpu takes one of "
