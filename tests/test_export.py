@@ -9,7 +9,11 @@ dim 128) but keeps the presets' attention options (bfloat16, auto dispatch,
 per-layer statistics in the step).
 """
 
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -104,3 +108,20 @@ def test_platform_kernels_refuse_to_lower_for_the_cpu():
         fn, platforms=["cuda" if name == "pallas_gpu" else "tpu"],
         disabled_checks=[export.DisabledSafetyCheck.custom_call(pallas_gpu.TRITON_CALL_TARGET)])(q)
     assert call_targets(exported.mlir_module())
+
+
+def test_device_check_help_works_and_it_stops_at_once_without_a_gpu():
+  if jax.default_backend() == "gpu":
+    pytest.skip("checks the behaviour on a host without a GPU")
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = dict(os.environ, PYTHONPATH=str(root))
+  script = "experiments/device_check.py"
+  proc = subprocess.run([sys.executable, script, "--help"], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "usage: device_check.py" in proc.stdout and "--budget" in proc.stdout
+  proc = subprocess.run([sys.executable, script, "--out", "/nonexistent/x.md"], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, (proc.stdout, proc.stderr)
+  assert "needs a GPU" in proc.stdout
+  assert not (root / "experiments" / "gpu_check.py").exists()  # folded into device_check.py
