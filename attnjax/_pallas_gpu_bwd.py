@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax.pallas_gpu import (_layout, _Static, compiler_params, dot, kv_block_bounds, logits,
-                                q_block_bounds, segments_meet, tile_allowed, visit_loop)
+from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, kv_block_bounds, logits,
+                                      q_block_bounds, segments_meet, tile_allowed, visit_loop)
 
 Array = jnp.ndarray
 
