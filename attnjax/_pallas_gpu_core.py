@@ -151,18 +151,22 @@ def segments_meet(q_seg: Array, k_seg: Array) -> Array:
 
 def logits(c: _Static, q: Array, k: Array) -> tuple[Array, Array]:
   """``(z, s)`` float32 ``[tq, tk]``: the (soft-capped) logits and the scaled dots before the cap."""
-  s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                          preferred_element_type=jnp.float32) * c.opts.scale
+  s = dot(q, k, trans_b=True) * c.opts.scale
   if c.opts.softcap is None:
     return s, s
   return c.opts.softcap * jnp.tanh(s / c.opts.softcap), s
 
 
 def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Array:
-  """``a @ b`` with float32 accumulation (operands in their dtype: bf16 tensor cores)."""
+  """``a @ b`` with float32 accumulation (operands in their dtype: bf16 tensor cores).
+
+  Float32 operands ask for ``Precision.HIGHEST`` (Triton's IEEE input precision):
+  the default would round them to TF32 on tensor cores.
+  """
   ca = 0 if trans_a else 1
   cb = 1 if trans_b else 0
-  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())),
+  precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=precision,
                              preferred_element_type=jnp.float32)
 
 
