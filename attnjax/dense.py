@@ -2,7 +2,8 @@
 
 ``dot_product_attention`` validates its arguments once, puts the static choices
 in a :class:`DenseOptions`, and hands the arrays to one implementation from
-``IMPLEMENTATIONS``. Every implementation takes the same canonical arguments,
+``IMPLEMENTATIONS`` (with ``implementation=None``, one per platform, chosen when
+the program is lowered: :func:`run`). Every implementation takes the same canonical arguments,
 so the fast paths (block-wise, platform kernels) plug in beside the readable
 ``reference`` below and are tested against it.
 """
@@ -558,7 +559,10 @@ def _dot_product_attention(
       ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
       ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
       causal/window/segment masks, softcap, sink logits, GQA; T and S
-      multiples of 128). Named paths raise if an option is unsupported.
+      multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.pallas_gpu`, a
+      Pallas Triton kernel for every normaliser, no bias/mask arrays). Named
+      paths raise if an option is unsupported; None is chosen per platform
+      when the program is lowered (:func:`dispatch_table`).
     return_stats: also return :class:`AttentionStats`.
 
   Returns:
