@@ -131,3 +131,22 @@ def test_pallas_gpu_lists_what_it_cannot_do():
                                   implementation="pallas_gpu")
   with pytest.raises(ValueError, match="power of two"):
     pallas_gpu.BlockSizes(block_q=24)
+
+
+@pytest.mark.parametrize("T_,S_,kw", [
+    (70, 20, dict(is_causal=True, window=(5, 0), normalizer="sigmoid")),  # rows 25.. see no key
+    (5, 5, dict(window=(1, 1), normalizer="softmax_one")),  # shorter than the smallest block
+], ids=["rows_without_keys", "tiny"])
+def test_pallas_gpu_rows_without_keys_and_short_calls(T_, S_, kw):
+  q, k, v = rand_qkv(B=1, T=T_, S=S_, N=2, K=1, H=8, source="numpy")
+
+  def loss(q, impl):
+    out = _run(impl, q, k, v, None, kw)
+    return jnp.sum(out * jnp.cos(out)), out
+
+  (_, got), g_got = jax.value_and_grad(lambda q: loss(q, "pallas_gpu"), has_aux=True)(q)
+  (_, want), g_want = jax.value_and_grad(lambda q: loss(q, "reference"), has_aux=True)(q)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(g_got, g_want, atol=2e-5, rtol=2e-5)
+  if T_ > 25:
+    assert not np.any(np.asarray(got[:, 25:]))  # a row with no allowed key is zero
