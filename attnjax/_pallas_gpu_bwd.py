@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, kv_block_bounds, logits,
-                                      q_block_bounds, segments_meet, tile_allowed, visit_loop)
+from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, full_kv_blocks,
+                                      full_q_blocks, kv_block_bounds, logits, q_block_bounds,
+                                      segments_meet, tile_allowed, visit_loop)
 
 Array = jnp.ndarray
 
@@ -55,19 +56,22 @@ def _dq_kernel(c: _Static, res_keys, has_g, *refs):
   q_seg = qseg_ref[...] if c.has_segments else None
   lo, hi = kv_block_bounds(c, q0, q_last, bk)
 
-  def step(j, dq, k_seg):
+  def step(j, dq, k_seg, masked):
     k = k_ref[pl.ds(j * bk, bk), :]
     v = v_ref[pl.ds(j * bk, bk), :]
     z, s = logits(c, q, k)
     kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
-    allowed = tile_allowed(c, qpos, kpos, None if q_seg is None else q_seg[:, None],
-                           None if k_seg is None else k_seg[None, :])
+    allowed = None
+    if masked:
+      allowed = tile_allowed(c, qpos, kpos, None if q_seg is None else q_seg[:, None],
+                             None if k_seg is None else k_seg[None, :])
     dp = dot(do, v, trans_b=True)
     _, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
     ds = _softcap_grad(c, dz, s)
     return dq + dot(ds.astype(k.dtype), k)
 
-  dq = visit_loop(c, lo, hi, jnp.zeros((bq, c.Hp), jnp.float32), step, q_seg, kseg_ref, bk)
+  dq = visit_loop(c, lo, hi, jnp.zeros((bq, c.Hp), jnp.float32), step, q_seg, kseg_ref, bk,
+                  full_kv_blocks(c, q0, q_last, bk))
   dq_ref[...] = (dq * c.opts.scale).astype(dq_ref.dtype)
 
 
@@ -89,11 +93,14 @@ def _dkdv_kernel(c: _Static, res_keys, has_g, *refs):
   k, v = k_ref[...], v_ref[...]
   k_seg = kseg_ref[...] if c.has_segments else None
   lo, hi = q_block_bounds(c, k0, k_last, bq)
+  a, b = full_q_blocks(c, k0, k_last, bq)
+  a = jnp.clip(a, lo, hi)
+  b = jnp.clip(b, a, hi)  # [lo, a) and [b, hi) masked, [a, b) all allowed
 
   def head(gi, carry):
     base = gi * c.Tp  # the rows of query head g of this group
 
-    def step(i, carry, q_seg):
+    def step(i, carry, q_seg, masked):
       dk, dv = carry
       rows = pl.ds(base + i * bq, bq)
       q = q_ref[rows, :]
@@ -103,8 +110,10 @@ def _dkdv_kernel(c: _Static, res_keys, has_g, *refs):
       res = {key: r[rows, :] for key, r in res_refs.items()}
       z, s = logits(c, q, k)
       qpos = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
-      allowed = tile_allowed(c, qpos, kpos, None if q_seg is None else q_seg[:, None],
-                             None if k_seg is None else k_seg[None, :])
+      allowed = None
+      if masked:
+        allowed = tile_allowed(c, qpos, kpos, None if q_seg is None else q_seg[:, None],
+                               None if k_seg is None else k_seg[None, :])
       dp = dot(do, v, trans_b=True)
       w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
       dv = dv + dot(w.astype(do.dtype), do, trans_a=True)
@@ -112,14 +121,20 @@ def _dkdv_kernel(c: _Static, res_keys, has_g, *refs):
       dk = dk + dot(ds.astype(q.dtype), q, trans_a=True)
       return dk, dv
 
-    def body(i, carry):
-      if not c.has_segments:
-        return step(i, carry, None)
-      q_seg = qseg_ref[pl.ds(i * bq, bq)]
-      return jax.lax.cond(segments_meet(q_seg, k_seg), lambda: step(i, carry, q_seg),
-                          lambda: carry)
+    def body(masked):
+      def one(i, carry):
+        if not c.has_segments:
+          return step(i, carry, None, masked)
+        q_seg = qseg_ref[pl.ds(i * bq, bq)]
+        return jax.lax.cond(segments_meet(q_seg, k_seg), lambda: step(i, carry, q_seg, masked),
+                            lambda: carry)
+      return one
 
-    return jax.lax.fori_loop(lo, hi, body, carry)
+    if not c.needs_mask:
+      return jax.lax.fori_loop(lo, hi, body(False), carry)
+    carry = jax.lax.fori_loop(lo, a, body(True), carry)
+    carry = jax.lax.fori_loop(a, b, body(False), carry)
+    return jax.lax.fori_loop(b, hi, body(True), carry)
 
   init = (jnp.zeros((bk, c.Hp), jnp.float32), jnp.zeros((bk, c.Hvp), jnp.float32))
   dk, dv = jax.lax.fori_loop(0, c.G, head, init)

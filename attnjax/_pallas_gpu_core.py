@@ -178,17 +178,63 @@ def compiler_params(c: _Static, backward: bool = False):
                             num_stages=c.num_stages_bwd if backward else c.num_stages)
 
 
-def visit_loop(c: _Static, lo, hi, carry, step, q_seg_blk, kv_seg_ref, bk: int):
-  """``fori_loop`` over key blocks ``[lo, hi)``; with segments, blocks that cannot meet are skipped."""
+def full_kv_blocks(c: _Static, q0, q_last, bk: int):
+  """``[lo, hi)`` key blocks every row ``q0 .. q_last`` attends entirely (no element mask needed).
 
-  def body(j, carry):
-    if not c.has_segments:
-      return step(j, carry, None)
-    k_seg = kv_seg_ref[pl.ds(j * bk, bk)]
-    return jax.lax.cond(segments_meet(q_seg_blk, k_seg), lambda: step(j, carry, k_seg),
-                        lambda: carry)
+  Empty (``lo >= hi``) with segment ids, whose mask is data.
+  """
+  lo, hi = 0, c.S // bk  # a ragged last block is masked (its padded keys)
+  if c.has_segments:
+    return 0, 0
+  if c.opts.is_causal:
+    hi = jnp.minimum(hi, (q0 + 1) // bk)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    lo = jnp.maximum(0, pl.cdiv(jnp.maximum(0, q_last - left), bk))
+    hi = jnp.minimum(hi, jnp.maximum(0, q0 + right + 1) // bk)
+  return lo, hi
 
-  return jax.lax.fori_loop(lo, hi, body, carry)
+
+def full_q_blocks(c: _Static, k0, k_last, bq: int):
+  """``[lo, hi)`` query blocks whose rows all attend every key ``k0 .. k_last`` (the inverse)."""
+  if c.has_segments:
+    return 0, 0
+  lo = 0
+  hi = jnp.where(k_last + 1 - k0 == c.bk_bwd, pl.cdiv(c.T, bq), 0)  # a ragged block: masked
+  if c.opts.is_causal:
+    lo = pl.cdiv(k_last, bq)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    lo = jnp.maximum(lo, pl.cdiv(jnp.maximum(0, k_last - right), bq))
+    hi = jnp.minimum(hi, (k0 + left + 1) // bq)
+  return lo, hi
+
+
+def visit_loop(c: _Static, lo, hi, carry, step, q_seg_blk, kv_seg_ref, bk: int, full=None):
+  """Folds ``step(j, carry, k_seg, masked)`` over blocks ``[lo, hi)``.
+
+  ``full`` is the ``[full_lo, full_hi)`` range of blocks needing no element
+  mask (:func:`full_kv_blocks`); the loop then runs as three loops (masked
+  edge, unmasked interior, masked edge) so interior blocks evaluate no mask.
+  With segment ids, blocks whose segment ranges cannot meet are skipped.
+  """
+
+  def body(masked):
+    def one(j, carry):
+      if not c.has_segments:
+        return step(j, carry, None, masked)
+      k_seg = kv_seg_ref[pl.ds(j * bk, bk)]
+      return jax.lax.cond(segments_meet(q_seg_blk, k_seg),
+                          lambda: step(j, carry, k_seg, masked), lambda: carry)
+    return one
+
+  if full is None or not c.needs_mask:
+    return jax.lax.fori_loop(lo, hi, body(c.needs_mask), carry)
+  a = jnp.clip(full[0], lo, hi)
+  b = jnp.clip(full[1], a, hi)
+  carry = jax.lax.fori_loop(lo, a, body(True), carry)
+  carry = jax.lax.fori_loop(a, b, body(False), carry)
+  return jax.lax.fori_loop(b, hi, body(True), carry)
 
 
 def _layout(c: _Static, q, k, v, q_seg, kv_seg):

@@ -48,7 +48,8 @@ from jax.experimental import pallas as pl
 
 from attnjax import _pallas_gpu_bwd, _platform
 from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, kv_block_bounds,
-                                      logits, make_static, tile_allowed, visit_loop)
+                                      full_kv_blocks, logits, make_static, tile_allowed,
+                                      visit_loop)
 from attnjax.attention_stats import AttentionStats, _row_mean
 
 Array = jnp.ndarray
@@ -160,29 +161,33 @@ def _fwd_kernel(c: _Static, res_keys, stat_keys, *refs):
   q_seg_blk = qseg_ref[...] if c.has_segments else None
   lo, hi = kv_block_bounds(c, q0, q_last, bk)
 
-  def allowed_of(j, k_seg):
+  full = full_kv_blocks(c, q0, q_last, bk)
+
+  def allowed_of(j, k_seg, masked):
+    if not masked:
+      return None
     kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
     return tile_allowed(c, qpos, kpos, q_seg, None if k_seg is None else k_seg[None, :])
 
   counts = None
   if c.needs_counts:  # mask-only pre-pass: allowed keys per row
-    def count(j, total, k_seg):
-      allowed = allowed_of(j, k_seg)
+    def count(j, total, k_seg, masked):
+      allowed = allowed_of(j, k_seg, masked)
       if allowed is None:
         return total + float(bk)
       return total + jnp.sum(allowed.astype(jnp.float32), axis=-1, keepdims=True)
     counts = visit_loop(c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg_blk, kseg_ref,
-                        bk)
+                        bk, full)
   sink = None
   if c.has_sink:
     sink = jnp.broadcast_to(sink_ref[...].astype(jnp.float32), (bq, 1))
   row = nz.row_inputs(sink, counts)
 
-  def step(j, st, k_seg):
+  def step(j, st, k_seg, masked):
     k = k_ref[pl.ds(j * bk, bk), :]
     v = v_ref[pl.ds(j * bk, bk), :]
     z, _ = logits(c, q, k)
-    allowed = allowed_of(j, k_seg)
+    allowed = allowed_of(j, k_seg, masked)
 
     def pv(w):
       return dot(w.astype(v.dtype), v)
@@ -190,7 +195,7 @@ def _fwd_kernel(c: _Static, res_keys, stat_keys, *refs):
     return nz.visit(st, z, allowed, pv, row, c.stats, j == 0)
 
   st = visit_loop(c, lo, hi, nz.init((bq, 1), (bq, c.Hvp), c.stats), step, q_seg_blk, kseg_ref,
-                  bk)
+                  bk, full)
   out, res, srow = nz.finish(st, row, c.stats)
   o_ref[...] = out.astype(o_ref.dtype)
   for key in res_keys:
