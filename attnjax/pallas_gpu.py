@@ -21,9 +21,10 @@ Blocks are skipped, not masked: a query block's loop over key blocks runs
 between bounds computed from the causal / window relation of its rows (and the
 dk/dv loop over query blocks from the inverse relation); with segment ids a
 visited block whose query and key segment ranges cannot meet is skipped by a
-``lax.cond`` at run time. Inside visited blocks an element mask is evaluated
-only where some structure can cut the block (a causal, window, segment or
-ragged-edge call).
+``lax.cond`` at run time. Visited blocks that every row attends entirely (the
+interior of the causal / window band) run in a loop of their own that
+evaluates no element mask; only the edge blocks (and, with segment ids or a
+ragged last key block, those blocks) are masked element by element.
 
 Not supported (see :func:`unsupported`): ``bias`` and ``mask`` arrays,
 ``similarity="neg_sq_euclidean"``, and any option of :class:`DenseOptions` this
