@@ -2,7 +2,8 @@
 
 ``dot_product_attention`` validates its arguments once, puts the static choices
 in a :class:`DenseOptions`, and hands the arrays to one implementation from
-``IMPLEMENTATIONS``. Every implementation takes the same canonical arguments,
+``IMPLEMENTATIONS`` (with ``implementation=None``, one per platform, chosen when
+the program is lowered: :func:`run`). Every implementation takes the same canonical arguments,
 so the fast paths (block-wise, platform kernels) plug in beside the readable
 ``reference`` below and are tested against it.
 """
@@ -17,14 +18,14 @@ from typing import Any, Callable, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _call, _checks, blockwise, masks, normalizers
+from attnjax import _call, _checks, _platform, blockwise, masks, normalizers, pallas_gpu
 from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
 
 Similarity = _call.Similarity
 # The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
-ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash"]
+ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash", "pallas_gpu"]
 # The canonical call lives in attnjax._call so that kernels (blockwise) can take it without
 # importing this module, which imports them for its registry.
 SIMILARITIES = _call.SIMILARITIES
@@ -158,8 +159,18 @@ class Implementation:
   unsupported: Callable[[DenseInputs, DenseOptions], list[str]]
 
 
+# The DenseOptions / DenseInputs fields the platform kernels (cuDNN, splash) are written for;
+# any other field set away from its default is reported (see _platform.unknown_options).
+PLATFORM_KNOWN_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
+                          "return_stats")
+PLATFORM_KNOWN_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids",
+                         "kv_segment_ids")
+
+
 def _cudnn_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
   reasons = _platform_unsupported(inputs, opts)
+  reasons += [r for r in _platform.unknown_options(
+      opts, inputs, PLATFORM_KNOWN_OPTIONS, PLATFORM_KNOWN_INPUTS, "cudnn") if r not in reasons]
   if jax.default_backend() != "gpu":
     reasons.append(f"the {jax.default_backend()!r} backend (cuDNN needs a GPU)")
   if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
@@ -246,7 +257,12 @@ def _splash_kernel(T: int, S: int, N: int, is_causal: bool, window: Optional[tup
 
 def _splash_unsupported(inputs: DenseInputs, opts: DenseOptions, *,
                         interpret: bool = False) -> list[str]:
-  """Reasons splash cannot run a call ([] = supported); ``interpret`` lifts the TPU need."""
+  """Reasons splash cannot run a call ([] = supported), on any host.
+
+  The platform is not one of them: splash traces anywhere and lowers for
+  ``tpu`` from any host (``jax.export(..., platforms=["tpu"])``); lowering it
+  for another platform raises (see :func:`splash`).
+  """
   reasons = []
   if _splash_lib() is None:
     reasons.append("this jax (jax.experimental.pallas.ops.tpu.splash_attention does not import)")
@@ -269,12 +285,43 @@ def _splash_unsupported(inputs: DenseInputs, opts: DenseOptions, *,
     reasons.append(f"lengths T={T}, S={S} (splash needs multiples of {SPLASH_BLOCKS[-1]})")
   if inputs.q.dtype not in SPLASH_DTYPES:
     reasons.append(f"dtype {inputs.q.dtype} (splash takes float32 or bfloat16)")
-  if not interpret and jax.default_backend() != "tpu":
-    reasons.append(f"the {jax.default_backend()!r} backend (splash needs a TPU)")
+  reasons += _platform.unknown_options(opts, inputs, PLATFORM_KNOWN_OPTIONS,
+                                       PLATFORM_KNOWN_INPUTS, "splash")
+  del interpret  # the platform is checked when the program is lowered (see splash)
   return reasons
 
 
 def splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
+  """Splash attention (see :func:`_splash`); outside interpret mode it lowers for ``tpu`` only.
+
+  Lowering for another platform raises ``ValueError`` ("splash needs a TPU").
+  """
+  reasons = _splash_unsupported(inputs, opts, interpret=interpret)
+  if reasons:
+    raise ValueError("implementation='splash' does not support " + "; ".join(reasons))
+  if interpret:
+    return _splash(inputs, opts, interpret=True)
+  return _platform.on_platform(
+      "tpu", lambda: _splash(inputs, opts),
+      "implementation='splash' runs on a TPU only (splash needs a TPU); use implementation=None "
+      "to pick per platform")
+
+
+@jax.custom_vjp
+def _f32_cotangent(x: Array) -> Array:
+  """The identity on float32 ``x``, whose cotangent is cast to float32.
+
+  The splash kernel returns its sinks' cotangent in the output dtype (bfloat16
+  for bfloat16 calls) for float32 sinks; under ``platform_dependent`` the
+  branches' cotangent types must agree, so it is cast back here.
+  """
+  return x
+
+
+_f32_cotangent.defvjp(lambda x: (x, None), lambda _, g: (g.astype(jnp.float32),))
+
+
+def _splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
   """``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU, softmax, static masks).
 
   The kernel takes one batch element ``q [N, T, H]``, ``k, v [K, S, H]`` (query head ``n``
@@ -290,9 +337,6 @@ def splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
   Returns:
     ``[B, T, N, Hv]`` in the input dtype; a query row with no allowed key is zero.
   """
-  reasons = _splash_unsupported(inputs, opts, interpret=interpret)
-  if reasons:
-    raise ValueError("implementation='splash' does not support " + "; ".join(reasons))
   lib = _splash_lib()
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, _ = q.shape
@@ -311,7 +355,7 @@ def splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
   def one(q1, k1, v1, seg1):
     if sinks is None:
       return kernel(q1, k1, v1, segment_ids=seg1)
-    return kernel(q1, k1, v1, segment_ids=seg1, sinks=sinks.astype(jnp.float32))
+    return kernel(q1, k1, v1, segment_ids=seg1, sinks=_f32_cotangent(sinks.astype(jnp.float32)))
 
   out = jax.vmap(one)(qh, kh, vh, seg)  # [B, N, T, Hv]
   out = jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
@@ -324,12 +368,42 @@ def splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
   return out
 
 
+def pallas_gpu_attention(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False,
+                         block_sizes: Optional[pallas_gpu.BlockSizes] = None):
+  """:mod:`attnjax.pallas_gpu` (Triton); outside interpret mode it lowers for ``cuda`` only.
+
+  Args:
+    inputs: canonical arrays (no bias or mask array; see :func:`pallas_gpu.unsupported`).
+    opts: static options.
+    interpret: run the kernels in Pallas interpret mode (any backend; for tests on the CPU).
+    block_sizes: tiles and launch parameters (None: :data:`pallas_gpu.DEFAULT_BLOCK_SIZES`).
+  """
+  reasons = pallas_gpu.unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
+  bs = pallas_gpu.DEFAULT_BLOCK_SIZES if block_sizes is None else block_sizes
+  if interpret:
+    return pallas_gpu.attention(inputs, opts, block_sizes=bs, interpret=True)
+  return _platform.on_platform(
+      "cuda", lambda: pallas_gpu.attention(inputs, opts, block_sizes=bs),
+      "implementation='pallas_gpu' runs on a CUDA GPU only (a Triton kernel); use "
+      "implementation=None to pick per platform")
+
+
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "reference": Implementation(reference, lambda i, o: []),
     "blockwise": Implementation(blockwise.blockwise, blockwise.unsupported),
     "xla": Implementation(xla, _platform_unsupported),
     "cudnn": Implementation(cudnn, _cudnn_unsupported),
     "splash": Implementation(splash, _splash_unsupported),
+    "pallas_gpu": Implementation(pallas_gpu_attention, pallas_gpu.unsupported),
+}
+
+# The function each platform branch runs for an implementation name: the platform kernels
+# without their wrong-platform guard (the branch is the guard).
+_BRANCH_FNS: dict[str, Callable[[DenseInputs, DenseOptions], Any]] = {
+    "splash": lambda i, o: _splash(i, o),
+    "pallas_gpu": lambda i, o: pallas_gpu.attention(i, o),
 }
 
 
@@ -340,42 +414,84 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
 BLOCKWISE_MIN_LENGTH_CPU = 256
 
 
-def select_implementation(inputs: DenseInputs, opts: DenseOptions) -> str:
-  """Auto-dispatch: the fastest path that honours every option asked for.
-
-  GPU: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16).
-  TPU: ``"splash"`` when it supports every option (softmax, no bias or mask
-  array, T and S multiples of 128, fp32/bf16) and there is one device: a
-  Mosaic kernel cannot be partitioned by XLA, so with several devices ask for
-  ``implementation="splash"`` inside ``shard_map``.
-  CPU: ``"blockwise"`` once ``max(T, S) >= BLOCKWISE_MIN_LENGTH_CPU``.
-  Otherwise ``"reference"`` (the block-wise path unrolls its blocks, so with
-  GPU-sized blocks long sequences would compile slowly; ask for it by name).
-  """
-  backend = jax.default_backend()
-  if backend == "gpu" and not _cudnn_unsupported(inputs, opts):
-    return "cudnn"
-  # Splash is a Mosaic kernel, which XLA cannot partition: under a multi-device jit it would
-  # fail, so auto-dispatch takes it on one device only (call it inside shard_map by name).
-  if backend == "tpu" and jax.device_count() == 1 and not _splash_unsupported(inputs, opts):
-    return "splash"
+def _by_length(inputs: DenseInputs, opts: DenseOptions) -> str:
   length = max(inputs.q.shape[1], inputs.k.shape[1])
-  if (backend == "cpu" and length >= BLOCKWISE_MIN_LENGTH_CPU
-      and not blockwise.unsupported(inputs, opts)):
+  if length >= BLOCKWISE_MIN_LENGTH_CPU and not blockwise.unsupported(inputs, opts):
     return "blockwise"
   return "reference"
 
 
-def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
-  """Runs a validated call on the named (or auto-selected) implementation."""
-  name = select_implementation(inputs, opts) if implementation is None else implementation
+def select_implementation(inputs: DenseInputs, opts: DenseOptions,
+                          platform: Optional[str] = None) -> str:
+  """Auto-dispatch on one platform: the fastest path that honours every option asked for.
+
+  ``platform`` is a ``jax.lax.platform_dependent`` key (``"cpu"``, ``"cuda"``,
+  ``"tpu"``); None means the default backend's.
+
+  cuda: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16)
+  and this process has a GPU (jax's cuDNN wrapper checks the local cuDNN while
+  tracing, so a program lowered for ``cuda`` on a CPU host cannot hold it);
+  else ``"pallas_gpu"`` when it supports the call (no bias/mask arrays, dot
+  similarity); else as the CPU.
+  tpu: ``"splash"`` when it supports every option (softmax, no bias or mask
+  array, T and S multiples of 128, fp32/bf16) and there is one device: a
+  Mosaic kernel cannot be partitioned by XLA, so with several devices ask for
+  ``implementation="splash"`` inside ``shard_map``; else as the CPU.
+  cpu (and the fallbacks): ``"blockwise"`` once ``max(T, S) >=
+  BLOCKWISE_MIN_LENGTH_CPU``, else ``"reference"``.
+  """
+  platform = _platform.current_platform() if platform is None else platform
+  if platform == "cuda":
+    if not _cudnn_unsupported(inputs, opts):
+      return "cudnn"
+    if not pallas_gpu.unsupported(inputs, opts):
+      return "pallas_gpu"
+  # Splash is a Mosaic kernel, which XLA cannot partition: under a multi-device jit it would
+  # fail, so auto-dispatch takes it on one device only (call it inside shard_map by name).
+  if platform == "tpu" and jax.device_count() == 1 and not _splash_unsupported(inputs, opts):
+    return "splash"
+  return _by_length(inputs, opts)
+
+
+def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
+  """``{platform: implementation}`` that ``implementation=None`` lowers for each of
+  :data:`attnjax._platform.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
+  return {p: select_implementation(inputs, opts, p) for p in _platform.PLATFORMS}
+
+
+def _run_named(name: str, inputs: DenseInputs, opts: DenseOptions, branch: bool = False):
   impl = IMPLEMENTATIONS[name]
   reasons = impl.unsupported(inputs, opts)
   if reasons:
     raise ValueError(
         f"implementation={name!r} does not support " + "; ".join(reasons)
         + ". Use implementation='reference' or None (auto).")
+  if branch and name in _BRANCH_FNS:
+    return _BRANCH_FNS[name](inputs, opts)
   return impl.fn(inputs, opts)
+
+
+def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+  """Runs a validated call on the named implementation, or on each platform's choice.
+
+  ``implementation=None`` is decided when the program is lowered: the choices
+  of :func:`dispatch_table` become the branches of one
+  ``jax.lax.platform_dependent`` (a single branch when they agree), so a
+  function exported for ``cuda`` or ``tpu`` from a CPU host carries the GPU or
+  TPU kernel.
+  """
+  if implementation is not None:
+    return _run_named(implementation, inputs, opts)
+  table = dispatch_table(inputs, opts)
+  current = _platform.current_platform()
+  if current not in table:
+    table[current] = select_implementation(inputs, opts, current)
+  if len(set(table.values())) == 1:
+    return _run_named(table["cpu"], inputs, opts)
+  branches = {p: functools.partial(_run_named, name, inputs, opts, True)
+              for p, name in table.items()}
+  return jax.lax.platform_dependent(
+      **branches, default=functools.partial(_run_named, table["cpu"], inputs, opts, True))
 
 
 # ---------------------------------------------------------------------------
@@ -443,7 +559,10 @@ def _dot_product_attention(
       ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
       ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
       causal/window/segment masks, softcap, sink logits, GQA; T and S
-      multiples of 128). Named paths raise if an option is unsupported.
+      multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.pallas_gpu`, a
+      Pallas Triton kernel for every normaliser, no bias/mask arrays). Named
+      paths raise if an option is unsupported; None is chosen per platform
+      when the program is lowered (:func:`dispatch_table`).
     return_stats: also return :class:`AttentionStats`.
 
   Returns:

@@ -127,6 +127,22 @@ def num_allowed(allowed: Array, shape: tuple[int, ...]) -> Array:
   return jnp.maximum(n, 1.0)
 
 
+def first_logit(st: dict, zm: Array, first) -> dict:
+  """``st["z0"]``: the masked logit of key 0 when the tile starts at key 0.
+
+  ``first`` is a Python bool (the block-wise kernel knows each tile's start) or
+  a traced bool (a Pallas kernel body whose key-block index is a loop variable);
+  the column is picked with a reduction, not a slice, so the same code lowers
+  inside a Triton kernel body.
+  """
+  if first is False:
+    return st
+  col = jax.lax.broadcasted_iota(jnp.int32, zm.shape, zm.ndim - 1)
+  z0 = jnp.max(jnp.where(col == 0, zm, -jnp.inf), axis=-1, keepdims=True)
+  st["z0"] = z0 if first is True else jnp.where(first, z0, st["z0"])
+  return st
+
+
 def _stat_rows(counts: Array, mass: Array, entropy: Array, p0: Array, row_max: Array,
                lse: Array, row_sum: Array) -> dict:
   """Per-row statistics, reduced to :class:`attnjax.AttentionStats` by the kernel."""
@@ -199,7 +215,9 @@ class Normalizer:
       return sink_rows
     if self.shift_floor is None:
       return None
-    return jnp.full((1, 1, 1, 1), self.shift_floor, jnp.float32)
+    # A scalar: broadcasts against rows of any rank (the block-wise kernel's [B, K, R, 1] and a
+    # Pallas kernel body's [R, 1] alike).
+    return jnp.asarray(self.shift_floor, jnp.float32)
 
   def row_constants(self, counts: Optional[Array]) -> dict:
     """Per-row constants computed once per query block (e.g. sigmoid's ``-log n``)."""
@@ -227,7 +245,8 @@ class Normalizer:
       pv: ``w [..., R, tk] -> w @ V_tile [..., R, Hv]``.
       row: the query block's row inputs.
       stats: accumulate statistics too.
-      first: the tile starts at key 0 (its first column feeds ``sink_mass``).
+      first: the tile starts at key 0 (its first column feeds ``sink_mass``); a
+        Python bool, or a traced bool inside a kernel loop (see :func:`first_logit`).
     """
     raise NotImplementedError
 
@@ -335,8 +354,7 @@ class SoftmaxFamily(Normalizer):
     if stats:
       st["h2"] = alpha * (st["h2"] + (_finite(s_old_raw) - s_new) * l_old) + jnp.sum(
           e * (z - s_new), axis=-1, keepdims=True)
-      if first:
-        st["z0"] = zm[..., 0:1]
+      first_logit(st, zm, first)
     return st
 
   def finish(self, st, row, stats):
@@ -409,8 +427,7 @@ class _PlainLse(Normalizer):
     s_new = _finite(m_new)
     st["l"] = jnp.exp(m_old - s_new) * st["l"] + jnp.sum(
         jnp.exp(zm - s_new), axis=-1, keepdims=True)
-    if first:
-      st["z0"] = zm[..., 0:1]
+    first_logit(st, zm, first)
 
   def _stats_finish(self, st: dict, row: dict, w0: Array, row_sum: Array,
                     res: dict) -> dict:

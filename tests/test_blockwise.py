@@ -278,7 +278,7 @@ def test_auto_dispatch_choice():
     q, k, v, _ = _arrays(1, 64, 64, 2, 2, 8, dtype=jnp.bfloat16)
     assert dense.select_implementation(*dense.prepare(q, k, v, is_causal=True)) == "cudnn"
     assert dense.select_implementation(
-        *dense.prepare(q, k, v, normalizer="sigmoid")) == "reference"
+        *dense.prepare(q, k, v, normalizer="sigmoid")) == "pallas_gpu"
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs a GPU")

@@ -154,8 +154,9 @@ def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   monkeypatch.setattr(jax, "device_count", lambda *a: 8)
   q, k, v = rand_qkv(T=256)
-  # Several devices: a Mosaic kernel cannot be partitioned by XLA, so auto-dispatch avoids it.
-  assert dense.select_implementation(*dense.prepare(q, k, v, is_causal=True)) == "reference"
+  # Several devices: a Mosaic kernel cannot be partitioned by XLA, so auto-dispatch avoids it
+  # (and takes the block-wise kernel at this length, as on the CPU).
+  assert dense.select_implementation(*dense.prepare(q, k, v, is_causal=True)) == "blockwise"
   monkeypatch.setattr(jax, "device_count", lambda *a: 1)
   seg = jnp.zeros((1, 256), int)
   for kw in (dict(), dict(is_causal=True), dict(window=(16, 0), segment_ids=seg),
@@ -163,8 +164,9 @@ def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
     call = dense.prepare(q, k, v, **kw)
     assert dense._splash_unsupported(*call) == []
     assert dense.select_implementation(*call) == "splash", kw
-  # Anything splash cannot honour falls back to the reference on a TPU, as before.
-  assert dense.select_implementation(*dense.prepare(q, k, v, normalizer="softpick")) == "reference"
+  # Anything splash cannot honour falls back as on the CPU: block-wise from
+  # BLOCKWISE_MIN_LENGTH_CPU on, the reference below it.
+  assert dense.select_implementation(*dense.prepare(q, k, v, normalizer="softpick")) == "blockwise"
   assert dense.select_implementation(*dense.prepare(*rand_qkv(T=100))) == "reference"
   assert dense.select_implementation(
-      *dense.prepare(q, k, v, bias=jnp.zeros((1, 2, 256, 256)))) == "reference"
+      *dense.prepare(q, k, v, bias=jnp.zeros((1, 2, 256, 256)))) == "blockwise"

@@ -1,0 +1,84 @@
+"""Choosing code per platform when a program is lowered, and failing clearly on the wrong one.
+
+A platform kernel (Pallas Triton for ``cuda``, Pallas Mosaic for ``tpu``) can
+be traced on any host and lowered for its platform from any host (that is how
+``jax.export(..., platforms=["cuda"])`` works on a CPU machine). What must not
+happen is lowering it for another platform: :func:`on_platform` puts the kernel
+in the named platform's branch of ``jax.lax.platform_dependent`` and, in every
+other branch, :func:`fail` whose lowering raises a ``ValueError`` naming the
+implementation and the platform the program is being lowered for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+PLATFORMS = ("cpu", "cuda", "tpu")
+
+_fail_p = Primitive("attnjax_wrong_platform")
+_fail_p.multiple_results = True
+
+
+def _fail_abstract(*args, message: str, out_avals: tuple):
+  del args, message
+  return list(out_avals)
+
+
+def _fail_impl(*args, message: str, out_avals: tuple):
+  del args, out_avals
+  raise ValueError(message)
+
+
+def _fail_lowering(ctx, *args, message: str, out_avals: tuple):
+  del args, out_avals
+  platforms = ", ".join(repr(p) for p in (ctx.module_context.platforms or ()))
+  raise ValueError(f"{message} (this program is being lowered for {platforms})")
+
+
+_fail_p.def_abstract_eval(_fail_abstract)
+_fail_p.def_impl(_fail_impl)
+mlir.register_lowering(_fail_p, _fail_lowering)
+
+
+def fail(message: str, like: Any) -> Any:
+  """Values shaped like ``like`` (a pytree of ShapeDtypeStructs) whose lowering raises ``message``."""
+  leaves, tree = jax.tree.flatten(like)
+  avals = tuple(jax.core.ShapedArray(x.shape, x.dtype) for x in leaves)
+  return jax.tree.unflatten(tree, _fail_p.bind(message=message, out_avals=avals))
+
+
+def unknown_options(opts: Any, inputs: Any, known_options: Sequence[str],
+                    known_inputs: Sequence[str], who: str) -> list[str]:
+  """Reasons for every ``DenseOptions`` field outside ``known_options`` set away from its
+  default and every ``DenseInputs`` field outside ``known_inputs`` that is given.
+
+  A platform kernel lists the fields it honours; a field added later (a new
+  option of the dense call) is then reported until the kernel is taught it, so
+  auto-dispatch never silently drops it.
+  """
+  reasons = []
+  for f in dataclasses.fields(opts):
+    value = getattr(opts, f.name)
+    if f.name not in known_options and value != f.default:
+      reasons.append(f"{f.name}={value!r} (an option {who} does not know)")
+  for f in dataclasses.fields(inputs):
+    if f.name not in known_inputs and getattr(inputs, f.name) is not None:
+      reasons.append(f"{f.name} (an input {who} does not know)")
+  return reasons
+
+
+def current_platform() -> str:
+  """The default backend as a ``platform_dependent`` key (``"gpu"`` -> ``"cuda"``)."""
+  backend = jax.default_backend()
+  return "cuda" if backend == "gpu" else backend
+
+
+def on_platform(platform: str, fn: Callable[[], Any], message: str) -> Any:
+  """``fn()`` when lowered for ``platform``; lowering for any other platform raises ``message``."""
+  like = jax.eval_shape(fn)
+  return jax.lax.platform_dependent(**{platform: fn}, default=lambda: fail(message, like))

@@ -1,0 +1,304 @@
+"""A Pallas GPU (Triton) flash-attention kernel for every normaliser: ``implementation="pallas_gpu"``.
+
+The forward pass is FlashAttention-2: one program per (batch, query head,
+query block) walks the key blocks its rows may attend, keeping the
+normaliser's online state (:meth:`Normalizer.init` / :meth:`~Normalizer.visit` /
+:meth:`~Normalizer.finish` of :mod:`attnjax.normalizers`, the very functions the
+block-wise XLA kernel calls; the kernel body never looks at a normaliser's
+name). The backward pass (:mod:`attnjax._pallas_gpu_bwd`) recomputes blocks:
+a preprocessing pass for the row terms (``<dO_i, O_i>``), a dq kernel over key
+blocks and a dk/dv kernel over the query blocks (and the ``G`` query heads) of
+each key/value head, each tile's cotangent from :meth:`Normalizer.tile_backward`.
+
+What it supports: every normaliser in :data:`attnjax.normalizers.REGISTRY`,
+``sink_logits``, ``softcap``, ``scale``, causal / window structure and segment
+ids, GQA (query head ``n`` reads key/value head ``n // G`` through the block
+index map: K and V are never repeated), ``return_stats`` computed in the same
+pass (the logsumexp with its gradient), float32 / bfloat16 / float16, and any
+``T``, ``S``, head dims (padded to the block sizes and powers of two).
+
+Blocks are skipped, not masked: a query block's loop over key blocks runs
+between bounds computed from the causal / window relation of its rows (and the
+dk/dv loop over query blocks from the inverse relation); with segment ids a
+visited block whose query and key segment ranges cannot meet is skipped by a
+``lax.cond`` at run time. Visited blocks that every row attends entirely (the
+interior of the causal / window band) run in a loop of their own that
+evaluates no element mask; only the edge blocks (and, with segment ids or a
+ragged last key block, those blocks) are masked element by element.
+
+Not supported (see :func:`unsupported`): ``bias`` and ``mask`` arrays,
+``similarity="neg_sq_euclidean"``, and any option of :class:`DenseOptions` this
+module does not know (so dispatch never silently drops one).
+
+On a GPU the kernel is compiled by Triton; ``interpret=True`` runs the same
+kernel body in Pallas interpret mode on any backend (the tests' CPU check).
+Exporting for ``cuda`` from a host without a GPU works; the module then holds
+custom calls with target :data:`TRITON_CALL_TARGET`, which ``jax.export``
+accepts with ``DisabledSafetyCheck.custom_call(TRITON_CALL_TARGET)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from attnjax import _pallas_gpu_bwd, _platform
+from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, kv_block_bounds,
+                                      full_kv_blocks, logits, make_static, tile_allowed,
+                                      visit_loop)
+from attnjax.attention_stats import AttentionStats, _row_mean
+
+Array = jnp.ndarray
+
+# The custom-call target of a Pallas Triton kernel in lowered StableHLO.
+TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# DenseOptions fields this kernel honours; any other field set away from its default is
+# reported by unsupported() (a new option must be taught here before dispatch picks this path).
+KNOWN_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
+                 "return_stats")
+# DenseInputs fields this kernel honours (bias and mask arrays are refused).
+KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """Tile sizes and Triton launch parameters (powers of two, at least 16).
+
+  The defaults are the usual FlashAttention-2 Triton choices for Hopper-class
+  GPUs (H100/H200: 128-row query tiles against 64-key tiles forward, 64 x 64
+  backward, 4 warps for head dim <= 64 and 8 above, 2-3 pipeline stages). They
+  are not tuned: no GPU was available where this kernel was written, and
+  ``experiments/device_check.py`` is the place to measure them.
+
+  Attributes:
+    block_q: query rows per forward program.
+    block_k: keys per forward tile.
+    block_q_bwd: query rows per backward tile (dq programs and dk/dv loops).
+    block_k_bwd: keys per backward tile (dk/dv programs and dq loops).
+    num_warps: warps per program (None: 4 if the head dim is <= 64, else 8).
+    num_stages: software-pipelining stages of the forward kernel.
+    num_stages_bwd: the same for the backward kernels.
+  """
+
+  block_q: int = 128
+  block_k: int = 64
+  block_q_bwd: int = 64
+  block_k_bwd: int = 64
+  num_warps: Optional[int] = None
+  num_stages: int = 3
+  num_stages_bwd: int = 2
+
+  def __post_init__(self):
+    for f in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
+      b = getattr(self, f)
+      if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
+        raise ValueError(f"BlockSizes.{f} must be a power of two >= 16, got {b!r}")
+
+
+DEFAULT_BLOCK_SIZES = BlockSizes()
+
+
+def unsupported(inputs, opts) -> list[str]:
+  """Reasons ``pallas_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
+  reasons = []
+  if inputs.bias is not None:
+    reasons.append("bias (pallas_gpu adds no bias array)")
+  if inputs.mask is not None:
+    reasons.append("an explicit mask array (pallas_gpu takes is_causal, window and segment_ids)")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r} (pallas_gpu computes dot products)")
+  reasons += _platform.unknown_options(opts, inputs, KNOWN_OPTIONS,
+                                       KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu")
+  dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
+  if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
+    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (pallas_gpu takes one of "
+                   "float32, bfloat16, float16 for q, k and v)")
+  return reasons
+
+
+# ---------------------------------------------------------------------------
+# Forward kernel.
+
+
+def _row_keys(c: _Static):
+  """Names of the residual rows and statistics rows the normaliser's ``finish`` returns."""
+  nz = c.nz
+  rows = (8, 1)
+  cnt = jnp.ones(rows, jnp.float32) if c.needs_counts else None
+  sink = jnp.zeros(rows, jnp.float32) if c.has_sink else None
+
+  def run():
+    row = nz.row_inputs(sink, cnt)
+    return nz.finish(nz.init(rows, (8, 4), c.stats), row, c.stats)
+
+  _, res, srow = jax.eval_shape(run)
+  return tuple(sorted(res)), (tuple(sorted(srow)) if srow is not None else ())
+
+
+def _fwd_kernel(c: _Static, res_keys, stat_keys, *refs):
+  nz = c.nz
+  it = iter(refs)
+  q_ref, k_ref, v_ref = next(it), next(it), next(it)
+  sink_ref = next(it) if c.has_sink else None
+  qseg_ref = next(it) if c.has_segments else None
+  kseg_ref = next(it) if c.has_segments else None
+  o_ref = next(it)
+  res_refs = {key: next(it) for key in res_keys}
+  stat_refs = {key: next(it) for key in stat_keys}
+
+  bq, bk = c.bq, c.bk
+  i = pl.program_id(2)
+  q0 = i * bq
+  q_last = jnp.minimum(q0 + bq, c.T) - 1
+  qpos = q0 + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+  q = q_ref[...]
+  q_seg = qseg_ref[...][:, None] if c.has_segments else None
+  q_seg_blk = qseg_ref[...] if c.has_segments else None
+  lo, hi = kv_block_bounds(c, q0, q_last, bk)
+
+  full = full_kv_blocks(c, q0, q_last, bk)
+
+  def allowed_of(j, k_seg, masked):
+    if not masked:
+      return None
+    kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+    return tile_allowed(c, qpos, kpos, q_seg, None if k_seg is None else k_seg[None, :])
+
+  counts = None
+  if c.needs_counts:  # mask-only pre-pass: allowed keys per row
+    def count(j, total, k_seg, masked):
+      allowed = allowed_of(j, k_seg, masked)
+      if allowed is None:
+        return total + float(bk)
+      return total + jnp.sum(allowed.astype(jnp.float32), axis=-1, keepdims=True)
+    counts = visit_loop(c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg_blk, kseg_ref,
+                        bk, full)
+  sink = None
+  if c.has_sink:
+    sink = jnp.broadcast_to(sink_ref[...].astype(jnp.float32), (bq, 1))
+  row = nz.row_inputs(sink, counts)
+
+  def step(j, st, k_seg, masked):
+    k = k_ref[pl.ds(j * bk, bk), :]
+    v = v_ref[pl.ds(j * bk, bk), :]
+    z, _ = logits(c, q, k)
+    allowed = allowed_of(j, k_seg, masked)
+
+    def pv(w):
+      return dot(w.astype(v.dtype), v)
+
+    return nz.visit(st, z, allowed, pv, row, c.stats, j == 0)
+
+  st = visit_loop(c, lo, hi, nz.init((bq, 1), (bq, c.Hvp), c.stats), step, q_seg_blk, kseg_ref,
+                  bk, full)
+  out, res, srow = nz.finish(st, row, c.stats)
+  o_ref[...] = out.astype(o_ref.dtype)
+  for key in res_keys:
+    res_refs[key][...] = jnp.broadcast_to(res[key], (bq, 1)).astype(jnp.float32)
+  for key in stat_keys:
+    stat_refs[key][...] = jnp.broadcast_to(srow[key], (bq, 1)).astype(jnp.float32)
+
+
+def forward(c: _Static, q, k, v, sink, q_seg, kv_seg):
+  """Runs the forward kernel: ``(out [B, N, Tp, Hvp], residual rows, statistics rows)``."""
+  res_keys, stat_keys = _row_keys(c)
+  qh, kh, vh, q_seg, kv_seg = _layout(c, q, k, v, q_seg, kv_seg)
+  G, bq = c.G, c.bq
+  grid = (c.B, c.N, c.Tp // bq)
+  row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, n, i: (b, n, i, 0))
+  in_specs = [pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
+              pl.BlockSpec((None, None, c.Sp, c.Hp), lambda b, n, i: (b, n // G, 0, 0)),
+              pl.BlockSpec((None, None, c.Sp, c.Hvp), lambda b, n, i: (b, n // G, 0, 0))]
+  args = [qh, kh, vh]
+  if c.has_sink:
+    args.append(jnp.reshape(sink.astype(jnp.float32), (c.N, 1, 1)))
+    in_specs.append(pl.BlockSpec((None, 1, 1), lambda b, n, i: (n, 0, 0)))
+  if c.has_segments:
+    args += [q_seg, kv_seg]
+    in_specs += [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
+                 pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
+  rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32)
+  out_shape = ([jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hvp), q.dtype)]
+               + [rows] * (len(res_keys) + len(stat_keys)))
+  out_specs = ([pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))]
+               + [row_spec] * (len(res_keys) + len(stat_keys)))
+  outs = pl.pallas_call(
+      functools.partial(_fwd_kernel, c, res_keys, stat_keys), grid=grid, in_specs=in_specs,
+      out_specs=out_specs, out_shape=out_shape, interpret=c.interpret,
+      compiler_params=compiler_params(c), name=f"attnjax_fwd_{c.opts.normalizer}")(*args)
+  out = outs[0]
+  res = dict(zip(res_keys, outs[1:1 + len(res_keys)]))
+  srow = dict(zip(stat_keys, outs[1 + len(res_keys):]))
+  return out, res, srow
+
+
+def collect_stats(c: _Static, srow: dict) -> tuple:
+  """The :class:`AttentionStats` fields from the per-row statistics ``[B, N, Tp, 1]``."""
+  cat = {key: val[:, :, :c.T, 0] for key, val in srow.items()}
+  normalisable = cat["normalisable"] > 0
+  has_key = cat["has_key"] > 0
+  later = (jnp.arange(c.T) >= 1)[None, None, :]
+  entropy = _row_mean(cat["entropy"], normalisable)
+  sink_mass = _row_mean(cat["p0"], jnp.logical_and(normalisable, later))
+  zmax = jnp.max(cat["row_max"], axis=-1)
+  max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
+  row_sum = _row_mean(cat["row_sum"], has_key)
+  return sink_mass, entropy, max_logit, cat["lse"], row_sum
+
+
+# ---------------------------------------------------------------------------
+# The kernel with its custom VJP.
+
+
+def attention(inputs, opts, *, block_sizes: BlockSizes = DEFAULT_BLOCK_SIZES,
+              interpret: bool = False):
+  """Pallas GPU attention of a validated dense call (see the module docstring).
+
+  Args:
+    inputs: :class:`attnjax._call.DenseInputs` (no bias or mask array).
+    opts: :class:`attnjax._call.DenseOptions`.
+    block_sizes: tiles and launch parameters (:class:`BlockSizes`).
+    interpret: run the kernels in Pallas interpret mode (any backend).
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
+  """
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
+  c = make_static(inputs, opts, block_sizes, interpret)
+  q = inputs.q
+
+  @jax.custom_vjp
+  def core(q, k, v, sink, q_seg, kv_seg):
+    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
+
+  def fwd(q, k, v, sink, q_seg, kv_seg):
+    out, res, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
+    stats = collect_stats(c, srow) if c.stats else None
+    if c.stats:
+      res = dict(res, has_key=srow["has_key"])
+    o = jnp.transpose(out[:, :, :c.T, :c.Hv], (0, 2, 1, 3))
+    return (o, stats), (q, k, v, sink, q_seg, kv_seg, out, res)
+
+  def bwd(saved, cts):
+    q, k, v, sink, q_seg, kv_seg, out, res = saved
+    d_out, d_stats = cts
+    d_lse = None if d_stats is None else d_stats[3]
+    return _pallas_gpu_bwd.backward(c, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse)
+
+  core.defvjp(fwd, bwd)
+  out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
+                    inputs.kv_segment_ids)
+  out = out.astype(q.dtype)
+  if not opts.return_stats:
+    return out
+  sink_mass, entropy, max_logit, lse, row_sum = stats
+  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
+                             logsumexp=lse, row_sum=row_sum)

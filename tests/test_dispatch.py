@@ -1,0 +1,116 @@
+"""Auto-dispatch per platform: which implementation each branch of ``implementation=None`` picks.
+
+``dense.dispatch_table(inputs, opts)`` is what ``jax.lax.platform_dependent``
+receives when a call with ``implementation=None`` is traced. For every option
+combination below the choice of every platform must support every option of
+the call (no option is dropped), and the choices follow the documented order:
+cuda: cudnn (only where this process has a GPU), else pallas_gpu, else by
+length; tpu: splash (one device), else by length; cpu: by length
+(``blockwise`` from ``BLOCKWISE_MIN_LENGTH_CPU`` on, else ``reference``).
+"""
+
+import dataclasses
+import itertools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnjax
+from attnjax import dense, normalizers
+from helpers import rand_qkv
+
+STRUCTURES = {"none": {}, "causal": dict(is_causal=True), "window": dict(window=(8, 0)),
+              "segments": "segments"}
+EXTRAS = {"plain": {}, "sink": "sink", "softcap": dict(softcap=5.0),
+          "stats": dict(return_stats=True), "bias": "bias", "mask": "mask",
+          "euclid": dict(similarity="neg_sq_euclidean")}
+
+
+def _call(normalizer, structure, extra, T, dtype):
+  q, k, v = rand_qkv(B=1, T=T, N=2, K=1, H=8, dtype=dtype, source="numpy")
+  kw: dict[str, Any] = dict(normalizer=normalizer)
+  s = STRUCTURES[structure]
+  kw.update(dict(segment_ids=jnp.zeros((1, T), int)) if s == "segments" else s)
+  e = EXTRAS[extra]
+  if e == "sink":
+    if not normalizers.REGISTRY[normalizer].accepts_sink_logits:
+      return None
+    e = dict(sink_logits=jnp.zeros(2))
+  elif e == "bias":
+    e = dict(bias=jnp.zeros((1, 1, T, T)))
+  elif e == "mask":
+    e = dict(mask=jnp.ones((1, 1, T, T), bool))
+  kw.update(e)
+  return dense.prepare(q, k, v, **kw)
+
+
+def _expected(inputs, opts, T, dtype) -> dict[str, str]:
+  by_length = "blockwise" if T >= dense.BLOCKWISE_MIN_LENGTH_CPU else "reference"
+  pallas_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot")
+  splash_ok = (normalizers.REGISTRY[opts.normalizer].platform_kernel
+               and (inputs.sink_logits is None or dense._splash_takes_sinks())
+               and pallas_ok and not opts.return_stats and T % 128 == 0 and dtype != jnp.float16)
+  return {"cpu": by_length, "cuda": "pallas_gpu" if pallas_ok else by_length,
+          "tpu": "splash" if splash_ok else by_length}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the expected cuda choice assumes a "
+                    "host without a GPU (cuDNN cannot be traced here)")
+@pytest.mark.parametrize("normalizer", normalizers.NORMALIZERS)
+def test_every_platform_choice_supports_every_option(normalizer, monkeypatch):
+  monkeypatch.setattr(jax, "device_count", lambda *a: 1)  # splash's single-device rule
+  for structure, extra, T, dtype in itertools.product(
+      STRUCTURES, EXTRAS, (64, 256), (jnp.float32, jnp.bfloat16)):
+    call = _call(normalizer, structure, extra, T, dtype)
+    if call is None:
+      continue
+    inputs, opts = call
+    table = dense.dispatch_table(inputs, opts)
+    what = (normalizer, structure, extra, T, jnp.dtype(dtype).name)
+    assert table == _expected(inputs, opts, T, dtype), (what, table)
+    for platform, name in table.items():
+      assert dense.IMPLEMENTATIONS[name].unsupported(inputs, opts) == [], (what, platform, name)
+    assert dense.select_implementation(inputs, opts) == table["cpu"]
+
+
+def test_several_devices_keep_splash_out_of_auto_dispatch(monkeypatch):
+  monkeypatch.setattr(jax, "device_count", lambda *a: 8)
+  inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
+  assert dense.dispatch_table(inputs, opts)["tpu"] == "blockwise"
+  monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+  assert dense.dispatch_table(inputs, opts)["tpu"] == "splash"
+
+
+@dataclasses.dataclass(frozen=True)
+class _NewOptions(dense.DenseOptions):
+  """A dense call with an option added after the platform kernels were written."""
+
+  score_mod: Any = None
+
+
+def test_an_option_a_kernel_does_not_know_is_never_dropped():
+  inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
+  new = _NewOptions(**dataclasses.asdict(opts), score_mod=lambda z, *idx: z)
+  for check in (dense.pallas_gpu.unsupported, dense._splash_unsupported, dense._cudnn_unsupported):
+    assert any("score_mod" in r for r in check(inputs, new)), check
+  # at the default, the new field is no reason
+  assert dense.pallas_gpu.unsupported(inputs, _NewOptions(**dataclasses.asdict(opts))) == []
+  table = dense.dispatch_table(inputs, new)
+  assert "pallas_gpu" not in table.values() and "splash" not in table.values(), table
+
+
+def test_auto_dispatch_runs_the_cpu_branch_and_matches_the_reference():
+  # cpu -> reference, cuda -> pallas_gpu: one program holding both branches, run on the CPU.
+  q, k, v = rand_qkv(B=1, T=40, N=4, K=2, H=16, source="numpy")
+  kw = dict(normalizer="softpick", is_causal=True, return_stats=True)
+  assert len(set(dense.dispatch_table(*dense.prepare(q, k, v, **kw)).values())) == 2
+
+  def loss(q, impl):
+    out, st = attnjax.dot_product_attention(q, k, v, implementation=impl, **kw)
+    return jnp.sum(out ** 2) + jnp.sum(st.logsumexp)
+
+  for got, want in zip(jax.value_and_grad(loss)(q, None), jax.value_and_grad(loss)(q, "reference")):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -1,0 +1,127 @@
+"""The training steps of the ``gpu`` and ``tpu`` presets export for their platforms from a CPU host.
+
+``jax.export(..., platforms=[...])`` lowers a program for a platform this host
+does not have; auto-dispatch (``implementation=None``) is decided at lowering
+time, so the exported module holds the platform's kernel: the Pallas Triton
+call (:data:`attnjax.pallas_gpu.TRITON_CALL_TARGET`) for ``cuda``, splash
+(``tpu_custom_call``) for ``tpu``. The model is tiny (one layer, T=128, head
+dim 128) but keeps the presets' attention options (bfloat16, auto dispatch,
+per-layer statistics in the step).
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from jax import export
+
+from attnjax import dense, pallas_gpu
+from attnjax.train import optim
+from attnjax.train.config import apply_preset, base_config
+from attnjax.train.model import build_model
+from attnjax.train.step import make_train_step
+from attnjax.train.variants import COMPARE, attention_kwargs
+
+SPLASH_TARGET = "tpu_custom_call"
+
+
+def dense_kernel(variant: str) -> bool:
+  """The variant's attention is a dense kernel call (every family but linear attention)."""
+  return attention_kwargs(variant).get("family") != "linear"
+
+
+def softmax(variant: str) -> bool:
+  return dense_kernel(variant) and attention_kwargs(variant).get("normalizer",
+                                                                 "softmax") == "softmax"
+
+
+def call_targets(text: str) -> set[str]:
+  return set(re.findall(r"custom_call @([^\s(]+)\(", text))
+
+
+def export_step(preset: str, variant: str, platform: str, *, stats: bool = True) -> str:
+  """The MLIR text of ``preset``'s training step (fwd + bwd + update) exported for ``platform``."""
+  cfg = apply_preset(base_config(), preset)
+  cfg.variant = variant
+  cfg.model.update(d_model=256, num_layers=1, num_heads=2, mlp_ratio=1)
+  cfg.data.update(seq_len=128, batch_size=2)
+  cfg.train.microbatches = 1
+  model = build_model(cfg, 64, seed=0)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  opt = optim.make_optimizer(cfg)
+  state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
+           "initial_loss": jnp.zeros((), jnp.float32)}
+  step = make_train_step(graphdef, opt, stats=stats)
+  tokens = jnp.zeros((2, 128), jnp.int32)
+  exp = export.export(
+      jax.jit(step), platforms=[platform],
+      disabled_checks=[export.DisabledSafetyCheck.custom_call(pallas_gpu.TRITON_CALL_TARGET)])(
+          state, rest, tokens, tokens)
+  assert exp.platforms == (platform,)
+  return exp.mlir_module()
+
+
+@pytest.mark.parametrize("variant", COMPARE)
+def test_gpu_preset_step_exports_for_cuda(variant):
+  text = export_step("gpu", variant, "cuda")
+  targets = call_targets(text)
+  # Every dense-kernel variant (softmax, its gated / sink / QK-norm / cosine forms, sigmoid)
+  # runs the Pallas kernel: per-layer statistics rule cuDNN out, and a CPU host cannot trace
+  # jax's cuDNN call anyway.
+  assert (pallas_gpu.TRITON_CALL_TARGET in targets) == dense_kernel(variant), (variant, targets)
+  if dense_kernel(variant):  # forward, dq and dk/dv: the step's backward runs the kernels too
+    assert text.count("@" + pallas_gpu.TRITON_CALL_TARGET) >= 3
+  assert SPLASH_TARGET not in targets
+
+
+@pytest.mark.parametrize("variant", COMPARE)
+def test_tpu_preset_step_exports_for_tpu(variant, monkeypatch):
+  # Splash is auto-picked on one device only; the tests run with 8 host devices.
+  monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+  # Splash returns no statistics, so the step is exported without per-layer statistics
+  # (with them, the TPU branch is the block-wise kernel: exported below for "dense").
+  targets = call_targets(export_step("tpu", variant, "tpu", stats=False))
+  want = softmax(variant) and (variant != "sink_logits" or dense._splash_takes_sinks())
+  assert (SPLASH_TARGET in targets) == want, (variant, targets)
+  assert pallas_gpu.TRITON_CALL_TARGET not in targets
+
+
+def test_tpu_step_with_statistics_exports_through_the_blockwise_branch(monkeypatch):
+  monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+  targets = call_targets(export_step("tpu", "dense", "tpu", stats=True))
+  assert SPLASH_TARGET not in targets
+
+
+def test_platform_kernels_refuse_to_lower_for_the_cpu():
+  q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
+  for name in ("pallas_gpu", "splash"):
+    fn = jax.jit(lambda q, name=name: dense.run(*dense.prepare(q, q, q), name))
+    with pytest.raises(ValueError, match=rf"implementation='{name}' runs on .* lowered for 'cpu'"):
+      fn(q)
+    exported = export.export(
+        fn, platforms=["cuda" if name == "pallas_gpu" else "tpu"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call(pallas_gpu.TRITON_CALL_TARGET)])(q)
+    assert call_targets(exported.mlir_module())
+
+
+def test_device_check_help_works_and_it_stops_at_once_without_a_gpu():
+  if jax.default_backend() == "gpu":
+    pytest.skip("checks the behaviour on a host without a GPU")
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = dict(os.environ, PYTHONPATH=str(root))
+  script = "experiments/device_check.py"
+  proc = subprocess.run([sys.executable, script, "--help"], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "usage: device_check.py" in proc.stdout and "--budget" in proc.stdout
+  proc = subprocess.run([sys.executable, script, "--out", "/nonexistent/x.md"], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, (proc.stdout, proc.stderr)
+  assert "needs a GPU" in proc.stdout
+  assert not (root / "experiments" / "gpu_check.py").exists()  # folded into device_check.py

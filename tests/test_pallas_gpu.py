@@ -1,0 +1,152 @@
+"""The Pallas GPU kernel (``implementation="pallas_gpu"``) in interpret mode against the reference.
+
+Interpret mode runs the Triton kernel bodies as jax operations on the CPU, so
+these checks cover the kernel's logic (block bounds, skipping, the online
+normalisers, the FA2 backward), not Triton's compilation or speed. The lengths
+(T=40, S=72) are not multiples of the blocks (forward 32 x 16, backward
+16 x 32), and most calls use GQA (4 query heads on 2 key/value heads). The
+full cross product (every normaliser x {causal, window, segments} x {GQA, MHA}
+x {fp32, bf16}) is marked ``slow``; the default run takes a subset that still
+visits every normaliser, structure, dtype and option once.
+"""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnjax
+from attnjax import dense, normalizers, pallas_gpu
+from helpers import rand_qkv
+
+BLOCKS = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32)
+T, S = 40, 72
+STRUCTURES = {
+    "causal": lambda: dict(is_causal=True),
+    "window": lambda: dict(window=(9, 4)),
+    # two packed sequences per row, a boundary inside a block; causal within each
+    "segments": lambda: dict(is_causal=True, segment_ids=(
+        jnp.asarray([[0] * 13 + [1] * 27, [0] * 30 + [1] * 10]),
+        jnp.asarray([[0] * 13 + [1] * 59, [0] * 30 + [1] * 42]))),
+}
+
+
+def _run(impl, q, k, v, sink, kw):
+  extra = {} if sink is None else dict(sink_logits=sink)
+  inputs, opts = dense.prepare(q, k, v, **kw, **extra)
+  if impl == "pallas_gpu":
+    return dense.pallas_gpu_attention(inputs, opts, interpret=True, block_sizes=BLOCKS)
+  return dense.reference(inputs, opts)
+
+
+def check(normalizer, structure, *, gqa=True, dtype=jnp.float32, stats=False, sink=False,
+          softcap=None, seed=0):
+  """Values, statistics and gradients (q, k, v, sink logits) of pallas_gpu vs the reference."""
+  N, K = (4, 2) if gqa else (2, 2)
+  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=16, dtype=dtype, seed=seed, source="numpy")
+  sink_logits = jnp.linspace(-1.0, 1.0, N) if sink else None
+  kw = dict(STRUCTURES[structure](), normalizer=normalizer, softcap=softcap, return_stats=stats)
+  cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, 16), jnp.float32)
+
+  def loss(impl, q, k, v, sink_logits):
+    r = _run(impl, q, k, v, sink_logits, kw)
+    out, st = r if stats else (r, None)
+    total = jnp.sum(out.astype(jnp.float32) * cot)
+    if stats:  # the logsumexp statistic carries a gradient
+      total = total + jnp.sum(jnp.sin(st.logsumexp))
+    return total, r
+
+  argnums = (0, 1, 2, 3) if sink else (0, 1, 2)
+  results = {}
+  for impl in ("pallas_gpu", "reference"):
+    fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
+                                    has_aux=True))
+    (_, r), grads = fn(q, k, v, sink_logits)
+    results[impl] = (r, grads)
+  tol = 2e-5 if dtype == jnp.float32 else 3e-2
+  what = f"{normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
+  got, want = jax.tree.leaves(results["pallas_gpu"]), jax.tree.leaves(results["reference"])
+  assert len(got) == len(want)
+  names = jax.tree_util.tree_leaves_with_path(results["reference"])
+  for (path, _), a, b in zip(names, got, want):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert a.shape == b.shape, (what, path)
+    scale = max(1.0, float(np.max(np.abs(b))))
+    err = float(np.max(np.abs(a - b))) / scale
+    assert err < tol, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"
+
+
+DEFAULT_CASES = [
+    # normaliser, structure, gqa, dtype, stats, sink, softcap
+    ("softmax", "causal", True, jnp.float32, True, False, None),
+    ("softmax", "segments", False, jnp.bfloat16, False, True, 5.0),
+    ("softmax_one", "window", True, jnp.float32, False, False, None),
+    ("sigmoid", "segments", True, jnp.float32, True, False, None),
+    ("softpick", "causal", True, jnp.bfloat16, True, False, None),
+    ("none", "window", False, jnp.float32, False, False, 4.0),
+    ("relu", "causal", True, jnp.float32, False, False, None),
+    ("softmax", "window", True, jnp.float32, True, True, 3.0),
+]
+
+
+@pytest.mark.parametrize("normalizer,structure,gqa,dtype,stats,sink,softcap", DEFAULT_CASES,
+                         ids=lambda x: getattr(x, "__name__", str(x)))
+def test_pallas_gpu_matches_reference(normalizer, structure, gqa, dtype, stats, sink, softcap):
+  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=stats, sink=sink, softcap=softcap)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalizer,structure,gqa,dtype", list(itertools.product(
+    normalizers.NORMALIZERS, tuple(STRUCTURES), (True, False), (jnp.float32, jnp.bfloat16))),
+    ids=lambda x: getattr(x, "__name__", str(x)))
+def test_pallas_gpu_matches_reference_everywhere(normalizer, structure, gqa, dtype):
+  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=True,
+        sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+
+
+def test_pallas_gpu_float16_and_no_structure():
+  check("softmax", "causal", dtype=jnp.float16)
+  q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16, source="numpy")
+  out = dense.pallas_gpu_attention(*dense.prepare(q, k, v, normalizer="sigmoid"),
+                                   interpret=True, block_sizes=BLOCKS)
+  ref = attnjax.dot_product_attention(q, k, v, normalizer="sigmoid", implementation="reference")
+  np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_pallas_gpu_lists_what_it_cannot_do():
+  q, k, v = rand_qkv(T=8)
+  assert pallas_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
+  reasons = pallas_gpu.unsupported(*dense.prepare(
+      q, k, v, bias=jnp.zeros((1, 1, 8, 8)), mask=jnp.ones((1, 1, 8, 8), bool),
+      similarity="neg_sq_euclidean"))
+  assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
+  inputs, opts = dense.prepare(q, k, v)
+  mixed = dataclasses.replace(inputs, v=v.astype(jnp.bfloat16))
+  assert any("dtypes" in r for r in pallas_gpu.unsupported(mixed, opts))
+  with pytest.raises(ValueError, match="pallas_gpu' does not support bias"):
+    attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 8, 8)),
+                                  implementation="pallas_gpu")
+  with pytest.raises(ValueError, match="power of two"):
+    pallas_gpu.BlockSizes(block_q=24)
+
+
+@pytest.mark.parametrize("T_,S_,kw", [
+    (70, 20, dict(is_causal=True, window=(5, 0), normalizer="sigmoid")),  # rows 25.. see no key
+    (5, 5, dict(window=(1, 1), normalizer="softmax_one")),  # shorter than the smallest block
+], ids=["rows_without_keys", "tiny"])
+def test_pallas_gpu_rows_without_keys_and_short_calls(T_, S_, kw):
+  q, k, v = rand_qkv(B=1, T=T_, S=S_, N=2, K=1, H=8, source="numpy")
+
+  def loss(q, impl):
+    out = _run(impl, q, k, v, None, kw)
+    return jnp.sum(out * jnp.cos(out)), out
+
+  (_, got), g_got = jax.value_and_grad(lambda q: loss(q, "pallas_gpu"), has_aux=True)(q)
+  (_, want), g_want = jax.value_and_grad(lambda q: loss(q, "reference"), has_aux=True)(q)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(g_got, g_want, atol=2e-5, rtol=2e-5)
+  if T_ > 25:
+    assert not np.any(np.asarray(got[:, 25:]))  # a row with no allowed key is zero
