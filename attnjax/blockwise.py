@@ -144,6 +144,8 @@ def _visit_blocks(c: _Call, relation, i: int, carry, visit):
       return visit(carry, k0, tk, needs_mask, seg_mask, first)
     if not c.runtime_skip:
       return body(False)
+    if not c.has_segments:  # a mask_mod table only: skip or compute
+      return jax.lax.cond(relation(i, j) > 0, lambda: body(False), lambda: carry)
     return jax.lax.switch(relation(i, j),
                           [lambda: carry, lambda: body(False), lambda: body(True)])
 

@@ -80,12 +80,13 @@ def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> O
 # Implementations.
 
 
-def reference(inputs: DenseInputs, opts: DenseOptions):
+def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
   """Materialises the ``[B, N, T, S]`` logits and weights; obviously correct.
 
   Order on the float32 logits: ``scale`` (and similarity), ``softcap``,
   ``bias``, then ``score_mod``; ``mask_mod`` joins every other mask; then the
-  normaliser.
+  normaliser. ``positions``: None, or int ``(q_positions [T], k_positions [S])``,
+  the positions the modifiers see (a subset of rows of a longer call).
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
@@ -96,6 +97,9 @@ def reference(inputs: DenseInputs, opts: DenseOptions):
   if inputs.bias is not None:
     z = z + inputs.bias.astype(jnp.float32)
   grid = _call.index_grid(B, N, T, S)
+  if positions is not None:
+    grid = (grid[0], grid[1], jnp.reshape(positions[0].astype(jnp.int32), (1, 1, T, 1)),
+            jnp.reshape(positions[1].astype(jnp.int32), (1, 1, 1, S)))
   z = _call.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
   allowed = masks.make_attention_mask(
       T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
