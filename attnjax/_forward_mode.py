@@ -1,7 +1,29 @@
 """The differentiation rules of the block-wise kernel (:mod:`attnjax.blockwise`).
 
-:func:`kernel` wraps the kernel's plain forward pass and its hand-written
-block-wise backward pass into one differentiable function.
+:func:`kernel` makes one function of the kernel's plain forward pass and its
+hand-written block-wise backward pass that supports both modes of autodiff:
+
+- a ``jax.custom_jvp`` whose tangent is the JVP of the plain forward pass (a
+  ``lax.fori_loop`` over blocks: forward-mode stores nothing per block, so
+  ``jax.jvp`` / ``jax.linearize`` keep O(T) memory);
+- that tangent is wrapped in ``jax.custom_derivatives.linear_call`` with the
+  block-wise backward as its transpose, so reverse mode (``jax.grad``,
+  ``jax.vjp``) never transposes the loops: it saves the inputs and one row of
+  residuals per query (O(T)) and runs the hand-written backward, exactly as a
+  ``custom_vjp`` would (a ``custom_vjp`` alone raises under ``jax.jvp``).
+
+Why not a ``custom_vjp`` plus a tangent rule: JAX allows one custom rule per
+function; a ``custom_jvp`` whose tangent is plain autodiff would make reverse
+mode transpose the loops (saving every probability tile, O(T * S)).
+
+Limit: ``linear_call`` has no derivative with respect to its residuals, so
+second-order derivatives that differentiate the transpose or the tangent
+again (Hessian-vector products, ``jax.jvp`` of ``jax.grad`` and ``jax.grad`` of
+``jax.jvp``) raise; use ``implementation="reference"`` for those.
+
+Statistics: the tangent of every :class:`attnjax.AttentionStats` field is exact
+in forward mode; reverse mode propagates only ``logsumexp`` (the others are
+diagnostics, as before).
 """
 
 from __future__ import annotations
@@ -12,7 +34,7 @@ import jax
 
 
 def kernel(forward: Callable, backward: Callable, x: tuple, nondiff: tuple):
-  """``(out, stats)`` of ``forward(x, nondiff)`` with ``backward`` as its VJP.
+  """``(out, stats)`` of ``forward(x, nondiff)``, differentiable in both modes (see above).
 
   Args:
     forward: ``(x, nondiff) -> (out, stats, out_rows, residuals)``, plain JAX.
@@ -22,17 +44,25 @@ def kernel(forward: Callable, backward: Callable, x: tuple, nondiff: tuple):
     nondiff: inputs without gradients (masks, ids, positions).
   """
 
-  @jax.custom_vjp
+  # nondiff is an argument, not a closure: a custom_jvp must not close over traced arrays.
+  @jax.custom_jvp
   def core(x, nondiff):
     return forward(x, nondiff)[:2]
 
-  def fwd(x, nondiff):
+  @core.defjvp
+  def core_jvp(primals, tangents):
+    (x, nondiff), (tx, _) = primals, tangents
     out, stats, rows, res = forward(x, nondiff)
-    return (out, stats), (x, nondiff, rows, res)
 
-  def bwd(saved, cts):
-    x, nondiff, rows, res = saved
-    return backward(x, nondiff, rows, res, cts), None
+    def tangent(resid, t):
+      x_, nondiff_ = resid[0], resid[1]
+      return jax.jvp(lambda xx: forward(xx, nondiff_)[:2], (x_,), (t,))[1]
 
-  core.defvjp(fwd, bwd)
+    def transpose(resid, ct):
+      x_, nondiff_, rows_, res_ = resid
+      return backward(x_, nondiff_, rows_, res_, ct)
+
+    t_out = jax.custom_derivatives.linear_call(tangent, transpose, (x, nondiff, rows, res), tx)
+    return (out, stats), t_out
+
   return core(x, nondiff)

@@ -28,7 +28,7 @@ Score modifiers: :func:`alibi` (+ :func:`alibi_slopes`), :class:`T5RelativeBias`
 :class:`SlidingWindow`, :class:`Chunked`, :func:`prefix_lm`,
 :func:`document_mask`, :func:`causal_document_mask`, and any
 :mod:`attnjax.patterns` pattern through :class:`PatternMask`. Combine mask
-modifiers with :class:`And`.
+modifiers with :class:`And`, score modifiers with :class:`ScoreChain`.
 """
 
 from __future__ import annotations
@@ -295,8 +295,24 @@ class And:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoreChain:
+  """Score modifiers applied in order; ``args_split`` says how many args each one takes."""
+
+  mods: tuple[Callable[..., Any], ...]
+  args_split: tuple[int, ...] = ()
+
+  def __call__(self, z, b, n, i, j, *args):
+    split = self.args_split or (0,) * len(self.mods)
+    start = 0
+    for mod, count in zip(self.mods, split):
+      z = mod(z, b, n, i, j, *args[start:start + count])
+      start += count
+    return z
+
+
 __all__ = [
-    "And", "Chunked", "PatternMask", "PositionTemperature", "SlidingWindow", "SoftCap",
+    "And", "Chunked", "PatternMask", "PositionTemperature", "ScoreChain", "SlidingWindow", "SoftCap",
     "T5RelativeBias", "alibi", "alibi_slopes", "causal", "causal_document_mask", "chunked",
     "document_mask", "pattern_mask", "position_temperature_factor", "prefix_lm",
     "sliding_window", "t5_bucket", "t5_relative_bias",

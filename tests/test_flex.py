@@ -265,3 +265,93 @@ def test_modifier_factories_are_hashable_and_equal_by_value():
 
   with pytest.raises(TypeError, match="mask_mod must be hashable"):
     dense.prepare(q, k, v, mask_mod=Unhashable())
+
+
+# ---------------------------------------------------------------------------
+# nn: alibi, relative_bias, score_mod, mask_mod fields.
+
+
+def _layer(seed=0, **fields):
+  from flax import nnx
+  from attnjax import nn
+  cfg = nn.AttentionConfig("dense", num_heads=4, **fields)
+  return nn.Attention(cfg, 16, rngs=nnx.Rngs(seed))
+
+
+def test_nn_alibi_turns_rope_off_and_changes_the_output():
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 12, 16)), jnp.float32)
+  with_rope = _layer(alibi=True)(x)
+  without = _layer(alibi=True, rope_theta=None)(x)
+  assert_close(with_rope, without, "rope ignored under alibi", rtol=1e-6, atol=1e-6)
+  plain = _layer(rope_theta=None)(x)
+  assert np.abs(np.asarray(plain - without)).max() > 1e-4
+
+
+def test_nn_relative_bias_owns_a_learned_table_and_mask_mod():
+  from flax import nnx
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 12, 16)), jnp.float32)
+  layer = _layer(relative_bias=True, relative_buckets=8, relative_max_distance=16)
+  assert layer.relative_bias_table[...].shape == (8, 4)
+  grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+  assert np.abs(np.asarray(grads.relative_bias_table[...])).max() > 0
+  # mask_mod=causal on a non-causal layer equals the causal layer.
+  a = _layer(is_causal=False, mask_mod=mods.causal)(x)
+  b = _layer(is_causal=True)(x)
+  assert_close(a, b, "mask_mod causal", rtol=1e-5, atol=1e-5)
+  c = _layer(score_mod=mods.SoftCap(0.5))(x)
+  assert np.abs(np.asarray(c - b)).max() > 1e-4
+  from attnjax.train import variants
+  assert variants.attention_kwargs("alibi") == {"family": "dense", "alibi": True}
+
+
+# ---------------------------------------------------------------------------
+# Forward-mode autodiff through the block-wise and sparse kernels.
+
+
+def _fwd_cases():
+  slopes = jnp.asarray(mods.alibi_slopes(4))
+  blockwise_fn = lambda q, k, v, s: blockwise.dot_product_attention(
+      q, k, v, block_q=8, block_k=8, is_causal=True, score_mod=mods.alibi, score_mod_args=(s,),
+      mask_mod=mods.sliding_window(9), normalizer="softmax_one")
+  sparse_fn = lambda q, k, v, s: sparse.sparse_attention(
+      q, k, v, pattern=patterns.sliding_window(9), block_size=8, score_mod=mods.alibi,
+      score_mod_args=(s,), normalizer="softmax_one")
+  reference = lambda q, k, v, s: attnjax.dot_product_attention(
+      q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(s,),
+      mask_mod=mods.sliding_window(9), normalizer="softmax_one", implementation="reference")
+  return slopes, {"blockwise": blockwise_fn, "sparse": sparse_fn}, reference
+
+
+@pytest.mark.parametrize("path", ["blockwise", "sparse"])
+def test_jvp_and_linearize_match_the_reference(path):
+  q, k, v = rand_qkv(1, 32, 32, 4, 2, 8, seed=12, source="numpy")
+  tq, tk, tv = rand_qkv(1, 32, 32, 4, 2, 8, seed=13, source="numpy")
+  slopes, fns, reference = _fwd_cases()
+  primals, tangents = (q, k, v, slopes), (tq, tk, tv, jnp.ones_like(slopes))
+  want = jax.jvp(reference, primals, tangents)
+  got = jax.jit(lambda p, t: jax.jvp(fns[path], p, t))(primals, tangents)
+  assert_close(got, want, "jvp", rtol=1e-4, atol=1e-4)
+  _, lin = jax.linearize(fns[path], *primals)
+  assert_close(lin(*tangents), want[1], "linearize", rtol=1e-4, atol=1e-4)
+  # Reverse mode still runs the hand-written backward (its gradient equals the reference's).
+  loss = lambda f: (lambda *p: jnp.sum(jnp.sin(f(*p))))
+  assert_close(jax.grad(loss(fns[path]), argnums=(0, 1, 2, 3))(*primals),
+               jax.grad(loss(reference), argnums=(0, 1, 2, 3))(*primals), "grad",
+               rtol=1e-4, atol=1e-4)
+
+
+def test_reverse_mode_saves_no_probability_tiles():
+  # The linearised program keeps O(T) residuals: no [.., T, S]-sized tile per visit.
+  q, k, v = rand_qkv(1, 64, 64, 2, 2, 8, seed=1, source="numpy")
+  f = lambda q: jnp.sum(blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8,
+                                                        score_mod=mods.SoftCap(5.0)))
+  _, f_vjp = jax.vjp(f, q)
+  sizes = [np.size(x) for x in jax.tree.leaves(f_vjp)]
+  assert max(sizes) <= 64 * 2 * 8 * 2, sizes  # q/k/v-sized at most, never 64 * 64 * heads
+
+
+def test_second_order_through_blockwise_raises_a_clear_error():
+  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=1, source="numpy")
+  f = lambda q: jnp.sum(blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8) ** 2)
+  with pytest.raises(Exception):
+    jax.jvp(jax.grad(f), (q,), (q,))
