@@ -6,20 +6,24 @@ hand-written block-wise backward pass that supports both modes of autodiff:
 - a ``jax.custom_jvp`` whose tangent is the JVP of the plain forward pass (a
   ``lax.fori_loop`` over blocks: forward-mode stores nothing per block, so
   ``jax.jvp`` / ``jax.linearize`` keep O(T) memory);
-- that tangent is wrapped in ``jax.custom_derivatives.linear_call`` with the
-  block-wise backward as its transpose, so reverse mode (``jax.grad``,
-  ``jax.vjp``) never transposes the loops: it saves the inputs and one row of
-  residuals per query (O(T)) and runs the hand-written backward, exactly as a
-  ``custom_vjp`` would (a ``custom_vjp`` alone raises under ``jax.jvp``).
+- that tangent is a :func:`attnjax._linear_map.linear_map` (a primitive: a
+  linear map with a custom transpose) whose transpose is the block-wise
+  backward, so reverse mode (``jax.grad``, ``jax.vjp``) never transposes the
+  loops: it saves the inputs and one row of residuals per query (O(T)) and
+  runs the hand-written backward, exactly as a ``custom_vjp`` would (a
+  ``custom_vjp`` alone raises under ``jax.jvp``).
 
-Why not a ``custom_vjp`` plus a tangent rule: JAX allows one custom rule per
-function; a ``custom_jvp`` whose tangent is plain autodiff would make reverse
-mode transpose the loops (saving every probability tile, O(T * S)).
-
-Limit: ``linear_call`` has no derivative with respect to its residuals, so
-second-order derivatives that differentiate the transpose or the tangent
-again (Hessian-vector products, ``jax.jvp`` of ``jax.grad`` and ``jax.grad`` of
-``jax.jvp``) raise; use ``implementation="reference"`` for those.
+Why this route: JAX allows one custom rule per function; a ``custom_jvp``
+whose tangent is plain autodiff would make reverse mode transpose the loops
+(saving every probability tile, O(T * S)). ``jax.custom_derivatives.linear_call``
+gives the custom transpose but no derivative with respect to its residuals,
+so Hessian-vector products through it fail; the primitive's JVP rule
+differentiates the tangent and the backward with respect to the inputs by
+plain forward mode. Second order therefore works in both orders:
+``jax.jvp(jax.grad(f))`` stays O(T) (forward mode through the backward loops);
+``jax.grad(jax.jvp(f))`` transposes that second-order term by plain autodiff
+through the loops, which saves their tiles (O(T * S) memory, as the
+reference): prefer forward-over-reverse for Hessian-vector products.
 
 Statistics: the tangent of every :class:`attnjax.AttentionStats` field is exact
 in forward mode; reverse mode propagates only ``logsumexp`` (the others are
@@ -31,6 +35,8 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+
+from attnjax._linear_map import linear_map
 
 
 def kernel(forward: Callable, backward: Callable, x: tuple, nondiff: tuple):
@@ -62,7 +68,7 @@ def kernel(forward: Callable, backward: Callable, x: tuple, nondiff: tuple):
       x_, nondiff_, rows_, res_ = resid
       return backward(x_, nondiff_, rows_, res_, ct)
 
-    t_out = jax.custom_derivatives.linear_call(tangent, transpose, (x, nondiff, rows, res), tx)
+    t_out = linear_map(tangent, transpose, (x, nondiff, rows, res), tx)
     return (out, stats), t_out
 
   return core(x, nondiff)

@@ -350,8 +350,40 @@ def test_reverse_mode_saves_no_probability_tiles():
   assert max(sizes) <= 64 * 2 * 8 * 2, sizes  # q/k/v-sized at most, never 64 * 64 * heads
 
 
-def test_second_order_through_blockwise_raises_a_clear_error():
-  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=1, source="numpy")
-  f = lambda q: jnp.sum(blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8) ** 2)
-  with pytest.raises(Exception):
-    jax.jvp(jax.grad(f), (q,), (q,))
+@pytest.mark.parametrize("path", ["blockwise", "sparse"])
+def test_hessian_vector_products_both_orders(path):
+  q, k, v = rand_qkv(1, 24, 24, 4, 2, 8, seed=14, source="numpy")
+  tq = rand_qkv(1, 24, 24, 4, 2, 8, seed=15, source="numpy")[0]
+  slopes, fns, reference = _fwd_cases()
+
+  def loss(f):
+    return lambda q, s: jnp.sum(jnp.sin(f(q, k, v, s)))
+
+  def fwd_over_rev(f):
+    return jax.jvp(jax.grad(loss(f), argnums=(0, 1)), (q, slopes), (tq, jnp.ones_like(slopes)))[1]
+
+  def rev_over_fwd(f):
+    g = lambda q, s: jax.jvp(loss(f), (q, s), (tq, jnp.ones_like(slopes)))[1]
+    return jax.grad(g, argnums=(0, 1))(q, slopes)
+
+  assert_close(jax.jit(lambda: fwd_over_rev(fns[path]))(), fwd_over_rev(reference),
+               "jvp of grad", rtol=2e-4, atol=2e-4)
+  assert_close(jax.jit(lambda: rev_over_fwd(fns[path]))(), rev_over_fwd(reference),
+               "grad of jvp", rtol=2e-4, atol=2e-4)
+
+
+def test_vmap_of_grad_and_grad_of_vmap():
+  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=16, source="numpy")
+  f = lambda q: blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8, is_causal=True,
+                                                score_mod=mods.SoftCap(2.0))
+  r = lambda q: attnjax.dot_product_attention(q, k, v, is_causal=True, implementation="reference",
+                                              score_mod=mods.SoftCap(2.0))
+  qs = jnp.stack([q, 2.0 * q])
+  loss = lambda f: (lambda q: jnp.sum(jnp.sin(f(q))))
+  assert_close(jax.vmap(jax.grad(loss(f)))(qs), jax.vmap(jax.grad(loss(r)))(qs), "vmap(grad)",
+               rtol=1e-4, atol=1e-4)
+  both = lambda f: (lambda qs: jnp.sum(jnp.sin(jax.vmap(f)(qs))))
+  assert_close(jax.grad(both(f))(qs), jax.grad(both(r))(qs), "grad(vmap)", rtol=1e-4, atol=1e-4)
+  assert_close(jax.vmap(lambda q, t: jax.jvp(f, (q,), (t,))[1])(qs, qs),
+               jax.vmap(lambda q, t: jax.jvp(r, (q,), (t,))[1])(qs, qs), "vmap(jvp)",
+               rtol=1e-4, atol=1e-4)
