@@ -40,6 +40,8 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
+from attnjax.layout import segment_block_relations
+
 Array = jnp.ndarray
 
 
@@ -250,6 +252,16 @@ def document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Arr
 def causal_document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Array:
   """:func:`document_mask` and causal."""
   return jnp.logical_and(document_mask(b, n, i, j, doc_ids), j <= i)
+
+
+def _document_block_table(block_layout, doc_ids):
+  """Blocks of a document mask from each block's id range (as ``segment_ids``; exact when sorted)."""
+  return segment_block_relations(doc_ids, doc_ids, block_layout)
+
+
+# With traced ids the kernel classifies blocks per call: from id ranges, O(T) instead of O(T S).
+document_mask.block_table = _document_block_table
+causal_document_mask.block_table = _document_block_table
 
 
 @dataclasses.dataclass(frozen=True)

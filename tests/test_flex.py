@@ -99,6 +99,22 @@ def test_mask_mod_with_traced_args_skips_at_run_time_and_matches():
                rtol=1e-4, atol=1e-4)
 
 
+def test_document_mask_blocks_from_id_ranges(monkeypatch):
+  # mods.document_mask carries a block rule from the ids' ranges (O(T)), used with traced ids.
+  calls = []
+  rule = mods.document_mask.block_table
+  monkeypatch.setattr(mods.document_mask, "block_table",
+                      lambda *a: calls.append(1) or rule(*a), raising=True)
+  T = 32
+  q, k, v = rand_qkv(2, T, T, 2, 2, 8, seed=5, source="numpy")
+  ids = jnp.stack([jnp.arange(T) // 8, jnp.arange(T) // 20]).astype(jnp.int32)
+  got = blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8,  # jitted: ids traced
+                                        mask_mod=mods.document_mask, mask_mod_args=(ids,))
+  want = attnjax.dot_product_attention(q, k, v, segment_ids=ids, implementation="reference")
+  assert_close(got, want, "document", rtol=1e-5, atol=1e-5)
+  assert calls
+
+
 def test_bf16_and_gqa_with_modifiers():
   q, k, v = rand_qkv(1, 16, 16, 4, 1, 8, seed=6, dtype=jnp.bfloat16, source="numpy")
   kw = dict(score_mod=mods.alibi, mask_mod=mods.causal)
