@@ -211,7 +211,10 @@ def apply_mask_mod(opts: DenseOptions, args: tuple, b: Array, n: Array, i: Array
 
 
 def index_grid(B: int, N: int, T: int, S: int) -> tuple[Array, Array, Array, Array]:
-  """int32 ``b [B,1,1,1]``, ``n [1,N,1,1]``, ``i [1,1,T,1]``, ``j [1,1,1,S]`` for ``[B, N, T, S]`` logits."""
+  """int32 index arrays of ``[B, N, T, S]`` logits.
+
+  ``b [B,1,1,1]``, ``n [1,N,1,1]``, ``i [1,1,T,1]``, ``j [1,1,1,S]``.
+  """
   r = lambda size, axis: jnp.reshape(jnp.arange(size, dtype=jnp.int32),
                                      tuple(size if a == axis else 1 for a in range(4)))
   return r(B, 0), r(N, 1), r(T, 2), r(S, 3)

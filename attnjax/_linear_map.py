@@ -111,7 +111,7 @@ batching.primitive_batchers[linear_map_p] = _batch
 
 
 def linear_map(fun: Callable, transpose: Callable, residuals, linear):
-  """``fun(residuals, linear)``, linear in ``linear``, with ``transpose(residuals, ct)`` as its transpose.
+  """``fun(residuals, linear)``, linear in ``linear``, transposed by ``transpose(residuals, ct)``.
 
   Args:
     fun: ``(residuals, linear) -> out`` (pytrees), linear in ``linear``.

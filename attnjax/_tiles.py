@@ -159,7 +159,11 @@ def _sink_rows(c: _Call, a: _Arrays, tq: int) -> Optional[Array]:
 
 
 def _index5(c: _Call, a: _Arrays, q0: int, q1: int, k0, tk: int):
-  """int32 ``b [B,1,1,1,1]``, ``n [1,K,G,1,1]``, ``i [1,1,1,tq,1]``, ``j [1,1,1,1,tk]`` of a tile."""
+  """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]``.
+
+  ``b [B,1,1,1,1]``, ``n [1,K,G,1,1]`` (query head ``k * G + g``), ``i [1,1,1,tq,1]``,
+  ``j [1,1,1,1,tk]``; ``i`` / ``j`` are global positions when the call has them.
+  """
   b = jnp.reshape(jnp.arange(c.B, dtype=jnp.int32), (c.B, 1, 1, 1, 1))
   n = jnp.reshape(jnp.arange(c.K * c.G, dtype=jnp.int32), (1, c.K, c.G, 1, 1))
   i = jnp.arange(q0, q1, dtype=jnp.int32) if a.q_pos is None else a.q_pos[q0:q1]
@@ -180,7 +184,10 @@ def _score_mod(c: _Call, a: _Arrays, z: Array, score_args: tuple, q0: int, q1: i
 
 
 def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
-  """Float32 logits of one tile ``[B, K, G*tq, tk]`` before ``score_mod``, and the pre-bias capped similarity."""
+  """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity.
+
+  The logits are before ``score_mod`` (see :func:`_score_mod`).
+  """
   kb = _kslice(a.k, k0, tk, 2)
   s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":

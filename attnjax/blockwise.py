@@ -274,7 +274,7 @@ def _collect_stats(c: _Call, rows: list[dict]) -> tuple:
 
 
 def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
-  """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink, dargs)`` from the residuals.
+  """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink, dargs)``.
 
   ``dargs`` (float32, one per ``score_mod_args`` array) is accumulated over the
   visited blocks from a VJP of ``score_mod`` on each tile.
@@ -359,8 +359,9 @@ def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, tk, needs_mask, seg_mask, d
     dz, dargs = mod_vjp(dz)
     if allowed is not None:
       dz = jnp.where(allowed, dz, 0.0)
-    d["dargs"] = tuple(jnp.zeros(jnp.shape(x), jnp.float32) if g is None or g.dtype == jax.dtypes.float0
-                       else g.astype(jnp.float32) for x, g in zip(a.score_args, dargs))
+    d["dargs"] = tuple(
+        jnp.zeros(jnp.shape(x), jnp.float32) if g is None or g.dtype == jax.dtypes.float0
+        else g.astype(jnp.float32) for x, g in zip(a.score_args, dargs))
   if a.bias is not None:
     shape = _tile(a.bias, q0, q1, k0, tk).shape
     dz5 = _unrows(dz, c.G)

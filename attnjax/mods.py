@@ -255,7 +255,10 @@ def causal_document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array)
 
 
 def _document_block_table(block_layout, doc_ids):
-  """Blocks of a document mask from each block's id range (as ``segment_ids``; exact when sorted)."""
+  """Blocks of a document mask from each block's id range (as ``segment_ids``).
+
+  Exact for sorted ids; otherwise a block may be computed that holds no pair.
+  """
   return segment_block_relations(doc_ids, doc_ids, block_layout)
 
 
@@ -323,8 +326,47 @@ class ScoreChain:
     return z
 
 
+def layer_kwargs(*, num_heads: int, alibi: bool = False, relative_bias=None, score_mod=None,
+                 mask_mod=None) -> dict[str, Any]:
+  """Attention keywords of a layer's modifiers (used by :mod:`attnjax.nn` specs).
+
+  Args:
+    num_heads: query heads (ALiBi slopes).
+    alibi: add :func:`alibi` with :func:`alibi_slopes`.
+    relative_bias: None or ``(T5RelativeBias, table [buckets, N])``.
+    score_mod: a further argument-free score modifier, applied last.
+    mask_mod: an argument-free mask modifier.
+
+  Returns:
+    ``score_mod`` / ``score_mod_args`` / ``mask_mod`` entries (empty without modifiers).
+  """
+  chain, args, split = [], [], []
+  if alibi:
+    chain.append(_alibi_mod)
+    args.append(jnp.asarray(alibi_slopes(num_heads)))
+    split.append(1)
+  if relative_bias is not None:
+    chain.append(relative_bias[0])
+    args.append(relative_bias[1])
+    split.append(1)
+  if score_mod is not None:
+    chain.append(score_mod)
+    split.append(0)
+  out: dict[str, Any] = {}
+  if chain:
+    out["score_mod"] = chain[0] if len(chain) == 1 else ScoreChain(tuple(chain), tuple(split))
+    out["score_mod_args"] = tuple(args)
+  if mask_mod is not None:
+    out["mask_mod"] = mask_mod
+  return out
+
+
+_alibi_mod = alibi  # layer_kwargs' parameter ``alibi`` shadows the function
+
+
 __all__ = [
-    "And", "Chunked", "PatternMask", "PositionTemperature", "ScoreChain", "SlidingWindow", "SoftCap",
+    "And", "Chunked", "PatternMask", "PositionTemperature", "ScoreChain", "SlidingWindow",
+    "SoftCap",
     "T5RelativeBias", "alibi", "alibi_slopes", "causal", "causal_document_mask", "chunked",
     "document_mask", "pattern_mask", "position_temperature_factor", "prefix_lm",
     "sliding_window", "t5_bucket", "t5_relative_bias",

@@ -1,5 +1,8 @@
 """Softmax-style family specs: dense, qk_norm and cosine (the dense kernel), and sparse.
 
+(Over 600 lines: the shared options of every logit family, modifiers included, and
+their three calls stay in one place.)
+
 :class:`ScoreSpec` holds what every family with logits shares (normaliser,
 softcap, sink logits) and the three calls (self-attention, cross-attention,
 decode over a :class:`~attnjax.nn.caches.KVCache`); :class:`KernelSpec` adds
@@ -94,27 +97,13 @@ class ScoreSpec(AttentionSpec):
 
   def modifier_kwargs(self, layer) -> dict[str, Any]:
     """``score_mod`` / ``score_mod_args`` / ``mask_mod`` of the layer's modifiers (or {})."""
-    chain, args, split = [], [], []
-    if self.alibi:
-      chain.append(mods.alibi)
-      args.append(jnp.asarray(mods.alibi_slopes(layer.num_heads)))
-      split.append(1)
-    if self.relative_bias:
-      chain.append(mods.t5_relative_bias(self.relative_buckets, self.relative_max_distance,
-                                         bidirectional=not layer.config.is_causal))
-      args.append(layer.relative_bias_table[...])
-      split.append(1)
-    if self.score_mod is not None:
-      chain.append(self.score_mod)
-      split.append(0)
-    out = {}
-    if chain:
-      out["score_mod"] = chain[0] if len(chain) == 1 else mods.ScoreChain(tuple(chain),
-                                                                          tuple(split))
-      out["score_mod_args"] = tuple(args)
-    if self.mask_mod is not None:
-      out["mask_mod"] = self.mask_mod
-    return out
+    return mods.layer_kwargs(
+        num_heads=layer.num_heads, alibi=self.alibi,
+        relative_bias=None if not self.relative_bias else (
+            mods.t5_relative_bias(self.relative_buckets, self.relative_max_distance,
+                                  bidirectional=not layer.config.is_causal),
+            layer.relative_bias_table[...]),
+        score_mod=self.score_mod, mask_mod=self.mask_mod)
 
   def has_null_column(self) -> bool:
     return bool(self.sink_logits or normalizers.get(self.normalizer).null_column)
