@@ -489,12 +489,22 @@ def _cotangent_like(x, g):
   return g.astype(x.dtype)
 
 
+def _index_use(fn, args) -> tuple[bool, bool]:
+  """Whether a ``mask_mod`` reads its batch and head indices (from its jaxpr)."""
+  index = jax.ShapeDtypeStruct((), jnp.int32)
+  specs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
+  jaxpr = jax.make_jaxpr(fn)(index, index, index, index, *specs).jaxpr
+  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+  return id(jaxpr.invars[0]) in read, id(jaxpr.invars[1]) in read
+
+
 def layout_for(inputs, opts, block_q: int, block_k: int, base: BlockLayout):
   """``(layout, mod_table)``: ``base`` intersected with ``opts.mask_mod``'s blocks.
 
   ``opts.block_layout`` (from :func:`attnjax.layout.from_mask_mod`) when given;
   else the mask_mod's blocks found now when its arguments are concrete
-  (every element evaluated once per trace); else ``base`` and
+  (every element evaluated once per trace, over the batch rows and heads only
+  when the modifier reads ``b`` / ``n``); else ``base`` and
   ``mod_table=True`` (blocks skipped at run time from a table evaluated per call).
   """
   if opts.mask_mod is None:
@@ -505,8 +515,10 @@ def layout_for(inputs, opts, block_q: int, block_k: int, base: BlockLayout):
     return base, True
   from attnjax.layout import from_mask_mod  # noqa: PLC0415
   B, N = inputs.q.shape[0], inputs.q.shape[2]
+  used = _index_use(opts.mask_mod, inputs.mask_mod_args)
   mod_layout = from_mask_mod(opts.mask_mod, base.q_len, base.kv_len, block_q, block_k,
-                             *inputs.mask_mod_args, batch=B, heads=N)
+                             *inputs.mask_mod_args, batch=B if used[0] else None,
+                             heads=N if used[1] else None)
   return intersect(base, mod_layout), False
 
 

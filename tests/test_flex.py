@@ -403,3 +403,9 @@ def test_vmap_of_grad_and_grad_of_vmap():
   assert_close(jax.vmap(lambda q, t: jax.jvp(f, (q,), (t,))[1])(qs, qs),
                jax.vmap(lambda q, t: jax.jvp(r, (q,), (t,))[1])(qs, qs), "vmap(jvp)",
                rtol=1e-4, atol=1e-4)
+
+
+def test_in_call_layout_evaluates_batch_and_heads_only_when_read():
+  assert blockwise._index_use(mods.causal, ()) == (False, False)
+  assert blockwise._index_use(mods.prefix_lm, (jnp.zeros(2, jnp.int32),)) == (True, False)
+  assert blockwise._index_use(lambda b, n, i, j: n == i, ()) == (False, True)
