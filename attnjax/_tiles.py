@@ -43,8 +43,8 @@ class _Call:
   Hv: int
   has_sink: bool
   has_segments: bool
-  # mask_mod: evaluated on every computed block (its args are traced, so the layout could not
-  # be found statically) with blocks skipped at run time from a table of its blocks.
+  # mask_mod with traced args (no static layout): its blocks are classified per call into a
+  # table (SKIP / FULL / MASKED, joined with the segment relation); MASKED visits evaluate it.
   mod_table: bool = False
 
   @property
@@ -147,7 +147,7 @@ class _Arrays:
     self.score_args, self.mask_args = tuple(score_args), tuple(mask_args)
     # Global positions of the rows / key slots (sparse paths with chunks or gathered keys).
     self.q_pos, self.k_pos = (None, None) if positions is None else positions
-    self.mod_any = mod_any  # bool [num_q_blocks, num_kv_blocks] or None
+    self.mod_any = mod_any  # int32 [num_q_blocks, num_kv_blocks] SKIP / FULL / MASKED, or None
 
   def q_rows(self, c: _Call, q0: int, q1: int) -> Array:
     return _rows(self.q[:, :, :, q0:q1], c.G, q1 - q0)
@@ -209,10 +209,10 @@ def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: b
     m = c.mask_fn(jnp.arange(q0, q1), k0 + jnp.arange(tk))
     if m is not None:
       out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
-  if c.opts.mask_mod is not None and (needs_mask or c.mod_table):
+  if c.opts.mask_mod is not None and (needs_mask or (c.mod_table and seg_mask)):
     m = _call.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, q1, k0, tk))
     out = _and(out, jnp.broadcast_to(m, jnp.broadcast_shapes(jnp.shape(m), (1, c.K, c.G, tq, tk))))
-  if seg_mask:
+  if seg_mask and c.has_segments:
     seg = a.q_seg[:, q0:q1, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
     out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
   if a.mask is not None:
@@ -226,6 +226,6 @@ def _segment_relations(c: _Call, a: _Arrays):
     table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)
   else:
     table = jnp.full((c.layout.num_q_blocks, c.layout.num_kv_blocks), FULL, jnp.int32)
-  if c.mod_table:
-    table = jnp.where(a.mod_any, table, SKIP)
+  if c.mod_table:  # SKIP if either skips, FULL if both are full, else MASKED
+    table = jnp.where((table == SKIP) | (a.mod_any == SKIP), SKIP, jnp.maximum(table, a.mod_any))
   return lambda i, j: table[i, j]

@@ -126,10 +126,12 @@ def _visit_blocks(c: _Call, relation, i: int, carry, visit):
   no mask). One loop body per query block keeps the program small and lets
   XLA reuse one set of tile buffers (unrolled visits each got their own).
   Ragged key blocks, and every visit of short rows, are unrolled.
-  With segment ids each visit is wrapped in ``lax.switch`` on the run-time
-  block relation: a block whose query and key segments cannot meet costs a few
-  scalar comparisons (only the chosen branch runs), and a block inside one
-  segment pays no segment comparison.
+  With segment ids (or a ``mask_mod`` classified at run time) each visit is
+  wrapped in ``lax.switch`` on the run-time block relation: a block whose query
+  and key segments cannot meet (or that the ``mask_mod`` masks entirely) costs a
+  few scalar comparisons (only the chosen branch runs), and a block inside one
+  segment (fully allowed) pays no segment comparison (no ``mask_mod`` call);
+  ``seg_mask`` is True on the ``MASKED`` branch.
   """
   L = c.layout
   visits = L.visits(i)
@@ -144,8 +146,6 @@ def _visit_blocks(c: _Call, relation, i: int, carry, visit):
       return visit(carry, k0, tk, needs_mask, seg_mask, first)
     if not c.runtime_skip:
       return body(False)
-    if not c.has_segments:  # a mask_mod table only: skip or compute
-      return jax.lax.cond(relation(i, j) > 0, lambda: body(False), lambda: carry)
     return jax.lax.switch(relation(i, j),
                           [lambda: carry, lambda: body(False), lambda: body(True)])
 
@@ -403,9 +403,9 @@ def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = 
     positions: None, or int ``(q_positions [T], k_positions [S])``: the global
       positions that ``score_mod`` / ``mask_mod`` see for each row and key
       slot (chunked or gathered sparse calls).
-    mod_table: ``opts.mask_mod`` is evaluated on every computed block and
-      blocks it masks entirely are skipped at run time (its arguments are
-      traced, so no static layout could be built).
+    mod_table: ``opts.mask_mod``'s blocks are classified at run time (its
+      arguments are traced, so no static layout could be built): blocks it
+      masks entirely are skipped, fully allowed ones do not evaluate it.
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when

@@ -372,7 +372,7 @@ def _mask_mod_blocks(fn, args: tuple, T: int, S: int, block_q: int, block_k: int
 
 def mask_mod_block_table(fn, args: tuple, layout: BlockLayout, batch: int, heads: int, *,
                          positions=None) -> Array:
-  """``bool [num_q_blocks, num_kv_blocks]``: blocks where ``fn`` allows some pair (run time).
+  """int32 ``[num_q_blocks, num_kv_blocks]`` of ``SKIP`` / ``FULL`` / ``MASKED`` under ``fn`` (run time).
 
   A modifier may carry a cheaper exact rule as an attribute,
   ``fn.block_table(layout, *args) -> int32 [num_q_blocks, num_kv_blocks]`` of
@@ -382,9 +382,10 @@ def mask_mod_block_table(fn, args: tuple, layout: BlockLayout, batch: int, heads
   """
   rule = getattr(fn, "block_table", None)
   if rule is not None and positions is None:
-    return rule(layout, *args) != SKIP
-  return _mask_mod_blocks(fn, tuple(args), layout.q_len, layout.kv_len, layout.block_q,
-                          layout.block_k, batch, heads, positions)[0]
+    return rule(layout, *args).astype(jnp.int32)
+  any_ok, all_ok = _mask_mod_blocks(fn, tuple(args), layout.q_len, layout.kv_len, layout.block_q,
+                                    layout.block_k, batch, heads, positions)
+  return jnp.where(any_ok, jnp.where(all_ok, FULL, MASKED), SKIP).astype(jnp.int32)
 
 
 _MASK_MOD_LAYOUTS: dict = {}

@@ -409,3 +409,16 @@ def test_in_call_layout_evaluates_batch_and_heads_only_when_read():
   assert blockwise._index_use(mods.causal, ()) == (False, False)
   assert blockwise._index_use(mods.prefix_lm, (jnp.zeros(2, jnp.int32),)) == (True, False)
   assert blockwise._index_use(lambda b, n, i, j: n == i, ()) == (False, True)
+
+
+def test_run_time_mask_mod_table_joins_segment_ids():
+  # Both classified at run time: a block is skipped if either skips it, unmasked if both allow it.
+  T = 32
+  q, k, v = rand_qkv(2, T, T, 2, 2, 8, seed=8, source="numpy")
+  seg = jnp.stack([jnp.arange(T) // 16, jnp.arange(T) // 12]).astype(jnp.int32)
+  ids = jnp.stack([jnp.arange(T) // 8, jnp.arange(T) // 24]).astype(jnp.int32)
+  kw = dict(segment_ids=seg, is_causal=True, mask_mod=_doc_mask, mask_mod_args=(ids,))
+  f = lambda q, k, v, a: blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8, **kw)
+  r = lambda q, k, v, a: attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
+  assert_close(_value_and_grads(f, q, k, v, ()), _value_and_grads(r, q, k, v, ()), "joined",
+               rtol=1e-4, atol=1e-4)
