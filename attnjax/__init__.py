@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from attnjax import feature_maps
 from attnjax import masks
+from attnjax import mods
 from attnjax import normalizers
 from attnjax import patterns
 from attnjax.attention_stats import AttentionStats
@@ -57,6 +58,7 @@ __all__ = [
     "gated_linear_attention",
     "linear_attention",
     "masks",
+    "mods",
     "nn",
     "normalizers",
     "patterns",

@@ -10,8 +10,10 @@ it, and nothing here imports a kernel (no import cycles).
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional, get_args
+import functools
+from typing import Any, Callable, Literal, Optional, get_args
 
+import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, normalizers
@@ -33,11 +35,20 @@ class DenseOptions:
   softcap: Optional[float] = None
   similarity: str = "dot"
   return_stats: bool = False
+  # Modifiers (FlexAttention-style, see attnjax.mods): static, hashable callables or None.
+  score_mod: Optional[Callable[..., Any]] = None
+  mask_mod: Optional[Callable[..., Any]] = None
+  # A layout built ahead of time by attnjax.layout.from_mask_mod (static), or None.
+  block_layout: Optional[Any] = None
 
 
 @dataclasses.dataclass(frozen=True)
 class DenseInputs:
-  """Canonical array arguments: bias and mask are rank 4 or None, sink logits ``[1, N, 1, 1]``."""
+  """Canonical array arguments: bias and mask are rank 4 or None, sink logits ``[1, N, 1, 1]``.
+
+  ``score_mod_args`` / ``mask_mod_args`` are tuples of arrays read by the
+  modifiers; ``score_mod_args`` receive gradients.
+  """
 
   q: Array
   k: Array
@@ -47,13 +58,98 @@ class DenseInputs:
   sink_logits: Optional[Array] = None
   q_segment_ids: Optional[Array] = None
   kv_segment_ids: Optional[Array] = None
+  score_mod_args: tuple = ()
+  mask_mod_args: tuple = ()
+
+
+def _is_tracer(x: Any) -> bool:
+  return isinstance(x, jax.core.Tracer)
+
+
+def _closed_over(fn: Callable) -> list:
+  """Objects a callable closes over directly (closure cells, ``functools.partial`` arguments)."""
+  found = []
+  while isinstance(fn, functools.partial):
+    found.extend(fn.args)
+    found.extend(fn.keywords.values())
+    fn = fn.func
+  for cell in getattr(fn, "__closure__", None) or ():
+    try:
+      found.append(cell.cell_contents)
+    except ValueError:  # an empty cell
+      pass
+  return found
+
+
+def check_mod(name: str, fn: Any, args: Any, abstract_inputs: tuple) -> tuple:
+  """Validates a ``score_mod`` / ``mask_mod`` and its argument arrays; returns the args as a tuple.
+
+  The function must be callable and hashable (it is a static argument of the
+  jitted call: a module-level function, a ``functools.partial`` of hashable
+  values, or an object with ``__hash__``), and must not close over traced
+  arrays: those would be baked in as constants without gradients, so they
+  must be passed in ``<name>_args`` instead. Closure is detected on the
+  function's closure cells and on the constants of its traced jaxpr.
+
+  Args:
+    name: ``"score_mod"`` or ``"mask_mod"``.
+    fn: the callable, or None.
+    args: a tuple / list of arrays (or one array), or None / ``()``.
+    abstract_inputs: the leading positional inputs of ``fn`` for a trial trace.
+
+  Returns:
+    ``args`` as a tuple of arrays.
+  """
+  args = () if args is None else args
+  if not isinstance(args, (tuple, list)):
+    args = (args,)
+  args = tuple(a if _is_tracer(a) else jnp.asarray(a) for a in args)
+  if fn is None:
+    if args:
+      raise ValueError(f"{name}_args were given ({len(args)} arrays) but {name} is None")
+    return ()
+  if not callable(fn):
+    raise TypeError(f"{name} must be a callable, got {type(fn).__name__}")
+  try:
+    hash(fn)
+  except TypeError as e:
+    raise TypeError(f"{name} must be hashable (it is a static argument of a jitted call): "
+                    f"{e}") from None
+  message = (f"{name} closes over a traced array; pass the arrays it reads in {name}_args "
+             f"(they are then inputs of the call and receive gradients), as "
+             f"{name}=fn, {name}_args=(table, ...), with fn(..., table, ...)")
+  if any(_is_tracer(x) for x in jax.tree_util.tree_leaves(_closed_over(fn))):
+    raise ValueError(message)
+  specs = [jax.ShapeDtypeStruct((), x.dtype) if not hasattr(x, "shape")
+           else jax.ShapeDtypeStruct(x.shape, x.dtype) for x in abstract_inputs]
+  arg_specs = [jax.ShapeDtypeStruct(jnp.shape(a), a.dtype) for a in args]
+  try:
+    closed = jax.make_jaxpr(fn)(*specs, *arg_specs)
+  except Exception as e:  # noqa: BLE001 - reported with the signature expected
+    raise type(e)(f"{name} failed on a trial call {name}({', '.join(str(s) for s in specs)}, "
+                  f"*{name}_args): {e}") from e
+  if any(_is_tracer(x) for x in closed.consts):
+    raise ValueError(message)
+  return args
 
 
 def validate(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
              normalizer="softmax", sink_logits=None, softcap=None, window=None,
-             segment_ids=None, similarity="dot",
-             return_stats=False) -> tuple[DenseInputs, DenseOptions]:
-  """Validates a dense call (every argument but ``implementation``); see ``dense.prepare``."""
+             segment_ids=None, similarity="dot", return_stats=False, score_mod=None,
+             score_mod_args=None, mask_mod=None, mask_mod_args=None,
+             block_layout=None) -> tuple[DenseInputs, DenseOptions]:
+  """Validates a dense call (every argument but ``implementation``); see ``dense.prepare``.
+
+  Modifiers (``score_mod``, ``mask_mod``; see :mod:`attnjax.mods`):
+  ``score_mod(z, b, n, i, j, *score_mod_args) -> z'`` receives the float32
+  logits ``z`` and int32 index arrays broadcastable against them (batch, query
+  head, query position, key position) and must be written with elementwise,
+  broadcasting ``jnp`` operations. It is applied after ``scale``, ``softcap``
+  and ``bias``, just before the normaliser. ``mask_mod(b, n, i, j,
+  *mask_mod_args) -> bool`` (True = may attend) is intersected with every
+  other mask. Both are static (hashable) and receive their arrays through
+  the ``*_args`` tuples.
+  """
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
   _checks.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
   _checks.check_choice("similarity", similarity, SIMILARITIES)
@@ -75,8 +171,50 @@ def validate(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
   bias = None if bias is None else _checks.as_rank4("bias", bias, target, kind="bias")
   mask = None if mask is None else _checks.as_rank4("mask", mask, target, kind="mask")
   q_seg, kv_seg = _checks.check_segment_ids(segment_ids, B, T, S)
-  inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg)
+  index = jnp.zeros((), jnp.int32)
+  score_args = check_mod("score_mod", score_mod, score_mod_args,
+                         (jnp.zeros((), jnp.float32), index, index, index, index))
+  mask_args = check_mod("mask_mod", mask_mod, mask_mod_args, (index, index, index, index))
+  if block_layout is not None:
+    if mask_mod is None:
+      raise ValueError("block_layout (from attnjax.layout.from_mask_mod) needs its mask_mod")
+    if (getattr(block_layout, "q_len", None), getattr(block_layout, "kv_len", None)) != (T, S):
+      raise ValueError(
+          f"block_layout must be an attnjax.layout.BlockLayout for q_len={T}, kv_len={S}, got "
+          f"{block_layout!r:.120}")
+  inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
   opts = DenseOptions(is_causal=is_causal, window=window, scale=float(scale),
                       normalizer=normalizer, softcap=softcap, similarity=similarity,
-                      return_stats=bool(return_stats))
+                      return_stats=bool(return_stats), score_mod=score_mod, mask_mod=mask_mod,
+                      block_layout=block_layout)
   return inputs, opts
+
+
+def apply_score_mod(opts: DenseOptions, args: tuple, z: Array, b: Array, n: Array, i: Array,
+                    j: Array) -> Array:
+  """``z`` after ``opts.score_mod`` (float32, ``z``'s shape), or ``z`` when there is none."""
+  if opts.score_mod is None:
+    return z
+  out = opts.score_mod(z, b, n, i, j, *args)
+  return jnp.broadcast_to(jnp.asarray(out, jnp.float32), z.shape)
+
+
+def apply_mask_mod(opts: DenseOptions, args: tuple, b: Array, n: Array, i: Array,
+                   j: Array) -> Optional[Array]:
+  """``opts.mask_mod`` on broadcastable indices as a boolean array, or None when there is none."""
+  if opts.mask_mod is None:
+    return None
+  out = jnp.asarray(opts.mask_mod(b, n, i, j, *args))
+  if out.dtype != jnp.bool_:
+    raise TypeError(f"mask_mod must return booleans, got dtype {out.dtype}")
+  return out
+
+
+def index_grid(B: int, N: int, T: int, S: int) -> tuple[Array, Array, Array, Array]:
+  """int32 index arrays of ``[B, N, T, S]`` logits.
+
+  ``b [B,1,1,1]``, ``n [1,N,1,1]``, ``i [1,1,T,1]``, ``j [1,1,1,S]``.
+  """
+  r = lambda size, axis: jnp.reshape(jnp.arange(size, dtype=jnp.int32),
+                                     tuple(size if a == axis else 1 for a in range(4)))
+  return r(B, 0), r(N, 1), r(T, 2), r(S, 3)

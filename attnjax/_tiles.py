@@ -18,8 +18,8 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import normalizers
-from attnjax.layout import BlockLayout, segment_block_relations
+from attnjax import _call, normalizers
+from attnjax.layout import FULL, SKIP, BlockLayout, segment_block_relations
 
 Array = jnp.ndarray
 MaskFn = Callable[[Array, Array], Optional[Array]]
@@ -43,6 +43,14 @@ class _Call:
   Hv: int
   has_sink: bool
   has_segments: bool
+  # mask_mod with traced args (no static layout): its blocks are classified per call into a
+  # table (SKIP / FULL / MASKED, joined with the segment relation); MASKED visits evaluate it.
+  mod_table: bool = False
+
+  @property
+  def runtime_skip(self) -> bool:
+    """Whether visits are chosen at run time (segment ids or a mask_mod table)."""
+    return self.has_segments or self.mod_table
 
   @property
   def nz(self) -> normalizers.Normalizer:
@@ -119,7 +127,8 @@ def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
 class _Arrays:
   """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
 
-  def __init__(self, c: _Call, q, k, v, bias, sink, mask, q_seg, kv_seg):
+  def __init__(self, c: _Call, q, k, v, bias, sink, mask, q_seg, kv_seg, score_args=(),
+               mask_args=(), positions=None, mod_any=None):
     B, T, K, G = c.B, c.T, c.K, c.G
     q32 = jnp.transpose(jnp.reshape(q.astype(jnp.float32), (B, T, K, G, c.H)), (0, 2, 3, 1, 4))
     self.k = jnp.transpose(k.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, H]
@@ -135,6 +144,10 @@ class _Arrays:
     self.mask = None if mask is None else _grouped5(mask, K)
     self.sink = None if sink is None else jnp.reshape(sink.astype(jnp.float32), (1, K, G, 1, 1))
     self.q_seg, self.kv_seg = q_seg, kv_seg
+    self.score_args, self.mask_args = tuple(score_args), tuple(mask_args)
+    # Global positions of the rows / key slots (sparse paths with chunks or gathered keys).
+    self.q_pos, self.k_pos = (None, None) if positions is None else positions
+    self.mod_any = mod_any  # int32 [num_q_blocks, num_kv_blocks] SKIP / FULL / MASKED, or None
 
   def q_rows(self, c: _Call, q0: int, q1: int) -> Array:
     return _rows(self.q[:, :, :, q0:q1], c.G, q1 - q0)
@@ -145,8 +158,36 @@ def _sink_rows(c: _Call, a: _Arrays, tq: int) -> Optional[Array]:
   return _rows(a.sink, c.G, tq) if c.has_sink else None
 
 
+def _index5(c: _Call, a: _Arrays, q0: int, q1: int, k0, tk: int):
+  """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]``.
+
+  ``b [B,1,1,1,1]``, ``n [1,K,G,1,1]`` (query head ``k * G + g``), ``i [1,1,1,tq,1]``,
+  ``j [1,1,1,1,tk]``; ``i`` / ``j`` are global positions when the call has them.
+  """
+  b = jnp.reshape(jnp.arange(c.B, dtype=jnp.int32), (c.B, 1, 1, 1, 1))
+  n = jnp.reshape(jnp.arange(c.K * c.G, dtype=jnp.int32), (1, c.K, c.G, 1, 1))
+  i = jnp.arange(q0, q1, dtype=jnp.int32) if a.q_pos is None else a.q_pos[q0:q1]
+  j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else _kslice(a.k_pos, k0, tk, 0)
+  return (b, n, jnp.reshape(i.astype(jnp.int32), (1, 1, 1, q1 - q0, 1)),
+          jnp.reshape(j.astype(jnp.int32), (1, 1, 1, 1, tk)))
+
+
+def _score_mod(c: _Call, a: _Arrays, z: Array, score_args: tuple, q0: int, q1: int, k0,
+               tk: int) -> Array:
+  """The rows ``z [B, K, G*tq, tk]`` after ``opts.score_mod`` (identity without one)."""
+  if c.opts.score_mod is None:
+    return z
+  z5 = jnp.reshape(jnp.broadcast_to(z, (c.B, c.K, c.G * (q1 - q0), tk)),
+                   (c.B, c.K, c.G, q1 - q0, tk))
+  out = _call.apply_score_mod(c.opts, score_args, z5, *_index5(c, a, q0, q1, k0, tk))
+  return jnp.reshape(out, (c.B, c.K, c.G * (q1 - q0), tk))
+
+
 def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
-  """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity."""
+  """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity.
+
+  The logits are before ``score_mod`` (see :func:`_score_mod`).
+  """
   kb = _kslice(a.k, k0, tk, 2)
   s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
@@ -168,7 +209,10 @@ def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: b
     m = c.mask_fn(jnp.arange(q0, q1), k0 + jnp.arange(tk))
     if m is not None:
       out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
-  if seg_mask:
+  if c.opts.mask_mod is not None and (needs_mask or (c.mod_table and seg_mask)):
+    m = _call.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, q1, k0, tk))
+    out = _and(out, jnp.broadcast_to(m, jnp.broadcast_shapes(jnp.shape(m), (1, c.K, c.G, tq, tk))))
+  if seg_mask and c.has_segments:
     seg = a.q_seg[:, q0:q1, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
     out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
   if a.mask is not None:
@@ -177,5 +221,11 @@ def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: b
 
 
 def _segment_relations(c: _Call, a: _Arrays):
-  table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)
+  """``relation(i, j)``: ``SKIP`` / ``FULL`` / ``MASKED`` of a visit at run time (see layout)."""
+  if c.has_segments:
+    table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)
+  else:
+    table = jnp.full((c.layout.num_q_blocks, c.layout.num_kv_blocks), FULL, jnp.int32)
+  if c.mod_table:  # SKIP if either skips, FULL if both are full, else MASKED
+    table = jnp.where((table == SKIP) | (a.mod_any == SKIP), SKIP, jnp.maximum(table, a.mod_any))
   return lambda i, j: table[i, j]

@@ -67,8 +67,8 @@ import numpy as np
 from attnjax import _call, masks
 from attnjax.attention_stats import AttentionStats, _row_mean
 from attnjax._tiles import (MaskFn, _Arrays, _Call, _add_tile, _allowed, _kslice, _logits, _rows,
-                             _segment_relations, _sink_rows, _tile, _unrows)
-from attnjax.layout import BlockLayout, structural_layout
+                             _score_mod, _segment_relations, _sink_rows, _tile, _unrows)
+from attnjax.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
 
 Array = jnp.ndarray
 
@@ -126,10 +126,12 @@ def _visit_blocks(c: _Call, relation, i: int, carry, visit):
   no mask). One loop body per query block keeps the program small and lets
   XLA reuse one set of tile buffers (unrolled visits each got their own).
   Ragged key blocks, and every visit of short rows, are unrolled.
-  With segment ids each visit is wrapped in ``lax.switch`` on the run-time
-  block relation: a block whose query and key segments cannot meet costs a few
-  scalar comparisons (only the chosen branch runs), and a block inside one
-  segment pays no segment comparison.
+  With segment ids (or a ``mask_mod`` classified at run time) each visit is
+  wrapped in ``lax.switch`` on the run-time block relation: a block whose query
+  and key segments cannot meet (or that the ``mask_mod`` masks entirely) costs a
+  few scalar comparisons (only the chosen branch runs), and a block inside one
+  segment (fully allowed) pays no segment comparison (no ``mask_mod`` call);
+  ``seg_mask`` is True on the ``MASKED`` branch.
   """
   L = c.layout
   visits = L.visits(i)
@@ -142,7 +144,7 @@ def _visit_blocks(c: _Call, relation, i: int, carry, visit):
   def one(carry, j, k0, tk, needs_mask, first):
     def body(seg_mask):
       return visit(carry, k0, tk, needs_mask, seg_mask, first)
-    if not c.has_segments:
+    if not c.runtime_skip:
       return body(False)
     return jax.lax.switch(relation(i, j),
                           [lambda: carry, lambda: body(False), lambda: body(True)])
@@ -200,6 +202,7 @@ def _allowed_counts(c: _Call, a: _Arrays, relation) -> Array:
 def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, q1, k0, tk, needs_mask, seg_mask,
                first, row) -> dict:
   z, _ = _logits(c, a, qb, q0, q1, k0, tk)
+  z = _score_mod(c, a, z, a.score_args, q0, q1, k0, tk)
   allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
   vb = _kslice(a.v, k0, tk, 2)
 
@@ -214,7 +217,7 @@ def _forward(c: _Call, a: _Arrays):
   L = c.layout
   G = c.G
   nz = c.nz
-  relation = _segment_relations(c, a) if c.has_segments else None
+  relation = _segment_relations(c, a) if c.runtime_skip else None
   counts = _allowed_counts(c, a, relation) if c.needs_counts else None
   outs, residuals, stats_rows = [], [], []
   for i in range(L.num_q_blocks):
@@ -271,10 +274,14 @@ def _collect_stats(c: _Call, rows: list[dict]) -> tuple:
 
 
 def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
-  """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink)`` from the residuals."""
+  """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink, dargs)``.
+
+  ``dargs`` (float32, one per ``score_mod_args`` array) is accumulated over the
+  visited blocks from a VJP of ``score_mod`` on each tile.
+  """
   L = c.layout
   G = c.G
-  relation = _segment_relations(c, a) if c.has_segments else None
+  relation = _segment_relations(c, a) if c.runtime_skip else None
   # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term).
   row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
   g = None
@@ -284,6 +291,7 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
   dk = jnp.zeros((c.B, c.K, c.S, c.H), jnp.float32)
   dv = jnp.zeros((c.B, c.K, c.S, c.Hv), jnp.float32)
   dbias = None if a.bias is None else jnp.zeros(a.bias.shape, jnp.float32)
+  dargs = tuple(jnp.zeros(jnp.shape(x), jnp.float32) for x in a.score_args)
   dq_blocks = []
   dsink = None
 
@@ -306,28 +314,38 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
     def visit(carry, k0, tk, needs_mask, seg_mask, first, q0=q0, q1=q1, qb=qb, do_b=do_b,
               rd_b=rd_b, g_b=g_b, res_b=res_b):
       del first
-      dq_b, dk, dv, dbias = carry
+      dq_b, dk, dv, dbias, dargs = carry
       d = _bwd_visit(c, a, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b, res_b)
+      if dargs:
+        dargs = tuple(acc + g for acc, g in zip(dargs, d["dargs"]))
       dk = _add_tile(dk, d["dk"], (0, 0, k0, 0))
       dv = _add_tile(dv, d["dv"], (0, 0, k0, 0))
       if dbias is not None:
         dbias = _add_tile(dbias, d["dbias"], (0, 0, 0, q0 if dbias.shape[3] != 1 else 0,
                                               k0 if dbias.shape[4] != 1 else 0))
-      return dq_b + d["dq"], dk, dv, dbias
+      return dq_b + d["dq"], dk, dv, dbias, dargs
 
     dq_b = jnp.zeros((c.B, c.K, G * (q1 - q0), c.H), jnp.float32)
-    dq_b, dk, dv, dbias = _visit_blocks(c, relation, i, (dq_b, dk, dv, dbias), visit)
+    dq_b, dk, dv, dbias, dargs = _visit_blocks(c, relation, i, (dq_b, dk, dv, dbias, dargs),
+                                               visit)
     dq_blocks.append(_unrows(dq_b, G))
 
   dq = jnp.concatenate(dq_blocks, axis=3)
   if c.opts.similarity == "dot":
     dq = dq * c.opts.scale
-  return dq, dk, dv, dbias, dsink
+  return dq, dk, dv, dbias, dsink, dargs
 
 
 def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
                res_b) -> dict:
-  z, capped = _logits(c, a, qb, q0, q1, k0, tk)
+  z_pre, capped = _logits(c, a, qb, q0, q1, k0, tk)
+  mod_vjp = None
+  if c.opts.score_mod is None:
+    z = z_pre
+  else:
+    z, mod_vjp = jax.vjp(lambda zz, args: _score_mod(c, a, zz, args, q0, q1, k0, tk), z_pre,
+                         tuple(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating)
+                               else x for x in a.score_args))
   allowed = _allowed(c, a, q0, q1, k0, tk, needs_mask, seg_mask)
   kb = _kslice(a.k, k0, tk, 2)
   vb = _kslice(a.v, k0, tk, 2)
@@ -335,6 +353,15 @@ def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, tk, needs_mask, seg_mask, d
   w, dz = c.nz.tile_backward(z, allowed, dp, res_b, rd_b, g_b)
 
   d = {"dv": jnp.einsum("bkrs,bkrh->bksh", w, do_b, preferred_element_type=jnp.float32)}
+  if mod_vjp is not None:
+    if allowed is not None:  # a modifier's derivative at a masked pair must not leak in
+      dz = jnp.where(allowed, dz, 0.0)
+    dz, dargs = mod_vjp(dz)
+    if allowed is not None:
+      dz = jnp.where(allowed, dz, 0.0)
+    d["dargs"] = tuple(
+        jnp.zeros(jnp.shape(x), jnp.float32) if g is None or g.dtype == jax.dtypes.float0
+        else g.astype(jnp.float32) for x, g in zip(a.score_args, dargs))
   if a.bias is not None:
     shape = _tile(a.bias, q0, q1, k0, tk).shape
     dz5 = _unrows(dz, c.G)
@@ -360,17 +387,25 @@ def _bwd_visit(c: _Call, a: _Arrays, qb, q0, q1, k0, tk, needs_mask, seg_mask, d
 
 
 def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = None,
-              use_default_mask_fn: bool = True):
+              use_default_mask_fn: bool = True, positions=None, mod_table: bool = False):
   """Block-wise attention of a validated dense call over a static :class:`BlockLayout`.
 
   Args:
     inputs: :class:`attnjax._call.DenseInputs` (from ``dense.prepare``).
     opts: :class:`attnjax._call.DenseOptions`.
     layout: which key blocks each query block visits (see the module docstring).
+      With ``opts.mask_mod`` the layout must already exclude the blocks it
+      masks (see :func:`layout_for`), or ``mod_table`` be True.
     mask_fn: ``(q_positions [tq], k_positions [tk]) -> bool [B|1, 1, tq, tk]`` or None,
       evaluated on visits flagged ``needs_mask``. If None and
       ``use_default_mask_fn``, :func:`structural_mask_fn` of ``opts``.
     use_default_mask_fn: False makes ``mask_fn=None`` mean "no static mask".
+    positions: None, or int ``(q_positions [T], k_positions [S])``: the global
+      positions that ``score_mod`` / ``mask_mod`` see for each row and key
+      slot (chunked or gathered sparse calls).
+    mod_table: ``opts.mask_mod``'s blocks are classified at run time (its
+      arguments are traced, so no static layout could be built): blocks it
+      masks entirely are skipped, fully allowed ones do not evaluate it.
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
@@ -386,33 +421,45 @@ def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = 
   if mask_fn is None and use_default_mask_fn:
     mask_fn = structural_mask_fn(opts)
   G = N // K
+  mod_table = bool(mod_table and opts.mask_mod is not None)
   c = _Call(opts=opts, layout=layout, mask_fn=mask_fn, B=B, T=T, S=S, K=K, G=G, H=H, Hv=Hv,
             has_sink=inputs.sink_logits is not None,
-            has_segments=inputs.q_segment_ids is not None)
+            has_segments=inputs.q_segment_ids is not None, mod_table=mod_table)
+  return _run(c, inputs, positions)
+
+
+def _run(c: _Call, inputs, positions):
+  """The custom-VJP (and custom-JVP, see :mod:`attnjax._forward_mode`) kernel of a call."""
+  B, T, N, H, K, G, Hv = c.B, c.T, c.K * c.G, c.H, c.K, c.G, c.Hv
+  q = inputs.q
 
   def to_output(o):
     o = jnp.transpose(o, (0, 3, 1, 2, 4))  # [B, T, K, G, Hv]
     return jnp.reshape(o, (B, T, N, Hv)).astype(q.dtype)
 
-  @jax.custom_vjp
-  def core(q, k, v, bias, sink, mask, q_seg, kv_seg):
-    return fwd(q, k, v, bias, sink, mask, q_seg, kv_seg)[0]
+  def arrays(x, nondiff):
+    mask, q_seg, kv_seg, mask_args, pos = nondiff
+    mod_any = None
+    if c.mod_table:
+      mod_any = mask_mod_block_table(c.opts.mask_mod, mask_args, c.layout, B, N, positions=pos)
+    return _Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos,
+                   mod_any)
 
-  def fwd(q, k, v, bias, sink, mask, q_seg, kv_seg):
-    a = _Arrays(c, q, k, v, bias, sink, mask, q_seg, kv_seg)
-    out, res, stats = _forward(c, a)
-    return (to_output(out), stats), (q, k, v, bias, sink, mask, q_seg, kv_seg, out, res)
+  def forward(x, nondiff):
+    """The forward pass: output, residual rows and statistics (plain JAX, differentiable)."""
+    out, res, stats = _forward(c, arrays(x, nondiff))
+    return to_output(out), stats, out, res
 
-  def bwd(saved, cts):
-    q, k, v, bias, sink, mask, q_seg, kv_seg, out, res = saved
+  def backward(x, nondiff, out, res, cts):
+    q, k, v, bias, sink, score_args = x
     d_out, d_stats = cts
-    a = _Arrays(c, q, k, v, bias, sink, mask, q_seg, kv_seg)
+    a = arrays(x, nondiff)
     d_out = jnp.transpose(jnp.reshape(d_out.astype(jnp.float32), (B, T, K, G, Hv)),
                           (0, 2, 3, 1, 4))
     d_lse = None
-    if d_stats is not None:
+    if d_stats is not None and c.opts.return_stats:
       d_lse = jnp.reshape(d_stats[3].astype(jnp.float32), (B, K, G, T, 1))
-    dq, dk, dv, dbias, dsink = _backward(c, a, res, out, d_out, d_lse)
+    dq, dk, dv, dbias, dsink, dargs = _backward(c, a, res, out, d_out, d_lse)
     dq = jnp.reshape(jnp.transpose(dq, (0, 3, 1, 2, 4)), (B, T, N, H)).astype(q.dtype)
     dk = jnp.transpose(dk, (0, 2, 1, 3)).astype(k.dtype)
     dv = jnp.transpose(dv, (0, 2, 1, 3)).astype(v.dtype)
@@ -420,16 +467,59 @@ def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = 
       dbias = jnp.reshape(dbias, bias.shape).astype(bias.dtype)
     if dsink is not None:
       dsink = jnp.reshape(dsink, sink.shape).astype(sink.dtype)
-    return dq, dk, dv, dbias, dsink, None, None, None
+    dargs = tuple(_cotangent_like(x, g) for x, g in zip(score_args, dargs))
+    return dq, dk, dv, dbias, dsink, dargs
 
-  core.defvjp(fwd, bwd)
-  out, stats = core(q, k, v, inputs.bias, inputs.sink_logits, inputs.mask,
-                    inputs.q_segment_ids, inputs.kv_segment_ids)
-  if not opts.return_stats:
+  from attnjax import _forward_mode  # noqa: PLC0415 - a sibling built on this module's pieces
+  x = (inputs.q, inputs.k, inputs.v, inputs.bias, inputs.sink_logits, inputs.score_mod_args)
+  nondiff = (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids, inputs.mask_mod_args,
+             positions)
+  out, stats = _forward_mode.kernel(forward, backward, x, nondiff)
+  if not c.opts.return_stats:
     return out
   sink_mass, entropy, max_logit, lse, row_sum = stats
   return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
                              logsumexp=lse, row_sum=row_sum)
+
+
+def _cotangent_like(x, g):
+  """A float32 gradient as ``x``'s cotangent (float0 zeros for integer arrays)."""
+  if not jnp.issubdtype(x.dtype, jnp.inexact):
+    return np.zeros(jnp.shape(x), jax.dtypes.float0)
+  return g.astype(x.dtype)
+
+
+def _index_use(fn, args) -> tuple[bool, bool]:
+  """Whether a ``mask_mod`` reads its batch and head indices (from its jaxpr)."""
+  index = jax.ShapeDtypeStruct((), jnp.int32)
+  specs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
+  jaxpr = jax.make_jaxpr(fn)(index, index, index, index, *specs).jaxpr
+  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+  return id(jaxpr.invars[0]) in read, id(jaxpr.invars[1]) in read
+
+
+def layout_for(inputs, opts, block_q: int, block_k: int, base: BlockLayout):
+  """``(layout, mod_table)``: ``base`` intersected with ``opts.mask_mod``'s blocks.
+
+  ``opts.block_layout`` (from :func:`attnjax.layout.from_mask_mod`) when given;
+  else the mask_mod's blocks found now when its arguments are concrete
+  (every element evaluated once per trace, over the batch rows and heads only
+  when the modifier reads ``b`` / ``n``); else ``base`` and
+  ``mod_table=True`` (blocks skipped at run time from a table evaluated per call).
+  """
+  if opts.mask_mod is None:
+    return base, False
+  if opts.block_layout is not None:
+    return intersect(base, opts.block_layout), False
+  if any(isinstance(x, jax.core.Tracer) for x in inputs.mask_mod_args):
+    return base, True
+  from attnjax.layout import from_mask_mod  # noqa: PLC0415
+  B, N = inputs.q.shape[0], inputs.q.shape[2]
+  used = _index_use(opts.mask_mod, inputs.mask_mod_args)
+  mod_layout = from_mask_mod(opts.mask_mod, base.q_len, base.kv_len, block_q, block_k,
+                             *inputs.mask_mod_args, batch=B if used[0] else None,
+                             heads=N if used[1] else None)
+  return intersect(base, mod_layout), False
 
 
 # ---------------------------------------------------------------------------
@@ -445,11 +535,14 @@ def unsupported(inputs, opts) -> list[str]:
 def blockwise(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] = None):
   """The ``implementation="blockwise"`` entry of :data:`attnjax.dense.IMPLEMENTATIONS`."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
+  if opts.block_layout is not None:  # the caller's layout fixes the block sizes
+    block_q, block_k = opts.block_layout.block_q, opts.block_layout.block_k
   dq, dk = default_block_sizes(T, S, window=opts.window)
   block_q = dq if block_q is None else min(block_q, T)
   block_k = dk if block_k is None else min(block_k, S)
   layout = structural_layout(T, S, block_q, block_k, is_causal=opts.is_causal, window=opts.window)
-  return attention(inputs, opts, layout=layout)
+  layout, mod_table = layout_for(inputs, opts, block_q, block_k, layout)
+  return attention(inputs, opts, layout=layout, mod_table=mod_table)
 
 
 def _check_block(name: str, value: Optional[int]) -> None:
@@ -484,5 +577,6 @@ def _dot_product_attention(q, k, v, *, block_q: Optional[int] = None,
 dot_product_attention = jax.jit(
     _dot_product_attention,
     static_argnames=("block_q", "block_k", "is_causal", "scale", "normalizer", "softcap",
-                     "window", "similarity", "return_stats"))
+                     "window", "similarity", "return_stats", "score_mod", "mask_mod",
+                     "block_layout"))
 dot_product_attention.__doc__ = _dot_product_attention.__doc__

@@ -81,8 +81,14 @@ def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> O
 # Implementations.
 
 
-def reference(inputs: DenseInputs, opts: DenseOptions):
-  """Materialises the ``[B, N, T, S]`` logits and weights; obviously correct."""
+def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
+  """Materialises the ``[B, N, T, S]`` logits and weights; obviously correct.
+
+  Order on the float32 logits: ``scale`` (and similarity), ``softcap``,
+  ``bias``, then ``score_mod``; ``mask_mod`` joins every other mask; then the
+  normaliser. ``positions``: None, or int ``(q_positions [T], k_positions [S])``,
+  the positions the modifiers see (a subset of rows of a longer call).
+  """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
@@ -91,9 +97,16 @@ def reference(inputs: DenseInputs, opts: DenseOptions):
   z = jnp.reshape(z, (B, N, T, S))
   if inputs.bias is not None:
     z = z + inputs.bias.astype(jnp.float32)
+  grid = _call.index_grid(B, N, T, S)
+  if positions is not None:
+    grid = (grid[0], grid[1], jnp.reshape(positions[0].astype(jnp.int32), (1, 1, T, 1)),
+            jnp.reshape(positions[1].astype(jnp.int32), (1, 1, 1, S)))
+  z = _call.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
   allowed = masks.make_attention_mask(
       T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
       q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+  allowed = masks.combine_masks(allowed,
+                                _call.apply_mask_mod(opts, inputs.mask_mod_args, *grid))
   if allowed is None:
     allowed = jnp.ones((1, 1, 1, 1), bool)
   sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
@@ -118,6 +131,10 @@ def _platform_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
     reasons.append(f"similarity={opts.similarity!r}")
   if opts.return_stats:
     reasons.append("return_stats=True (its logsumexp residual has no gradient)")
+  if opts.score_mod is not None:
+    reasons.append("score_mod")
+  if opts.mask_mod is not None:
+    reasons.append("mask_mod")
   if inputs.v.shape[-1] != inputs.q.shape[-1]:
     reasons.append(f"a value head dim ({inputs.v.shape[-1]}) unlike the query's ({inputs.q.shape[-1]})")
   return reasons
@@ -502,12 +519,15 @@ def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
             normalizer="softmax", sink_logits=None, softcap=None, window=None,
             segment_ids=None, similarity: Similarity = "dot",
             implementation: Optional[ImplementationName] = None,
-            return_stats=False) -> tuple[DenseInputs, DenseOptions]:
+            return_stats=False, score_mod=None, score_mod_args=None, mask_mod=None,
+            mask_mod_args=None, block_layout=None) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call and returns its canonical inputs and options."""
   inputs, opts = _call.validate(
       q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale, normalizer=normalizer,
       sink_logits=sink_logits, softcap=softcap, window=window, segment_ids=segment_ids,
-      similarity=similarity, return_stats=return_stats)
+      similarity=similarity, return_stats=return_stats, score_mod=score_mod,
+      score_mod_args=score_mod_args, mask_mod=mask_mod, mask_mod_args=mask_mod_args,
+      block_layout=block_layout)
   _checks.check_implementation("implementation", implementation, tuple(IMPLEMENTATIONS))
   return inputs, opts
 
@@ -529,6 +549,11 @@ def _dot_product_attention(
     similarity: Similarity = "dot",
     implementation: Optional[ImplementationName] = None,
     return_stats: bool = False,
+    score_mod: Optional[Callable[..., Any]] = None,
+    score_mod_args: Any = None,
+    mask_mod: Optional[Callable[..., Any]] = None,
+    mask_mod_args: Any = None,
+    block_layout: Any = None,
 ):
   """Scaled dot-product attention with a choice of normaliser.
 
@@ -564,6 +589,21 @@ def _dot_product_attention(
       paths raise if an option is unsupported; None is chosen per platform
       when the program is lowered (:func:`dispatch_table`).
     return_stats: also return :class:`AttentionStats`.
+    score_mod: ``fn(z, b, n, i, j, *score_mod_args) -> z'`` (static, hashable):
+      rewrites the float32 logits after ``scale``, ``softcap`` and ``bias``,
+      just before the normaliser. ``b, n, i, j`` are int32 index arrays
+      (batch, query head, query position, key position) broadcastable against
+      ``z``; write ``fn`` with elementwise ``jnp`` operations. Ready ones:
+      :mod:`attnjax.mods`.
+    score_mod_args: arrays ``fn`` reads (tables, slopes); they receive
+      gradients. ``fn`` must not close over traced arrays (ValueError).
+    mask_mod: ``fn(b, n, i, j, *mask_mod_args) -> bool`` (static, hashable;
+      True = may attend), intersected with every other mask. The block-wise
+      and sparse paths skip blocks it masks entirely and evaluate it only on
+      partly masked blocks.
+    mask_mod_args: arrays ``mask_mod`` reads (e.g. document ids).
+    block_layout: a layout from :func:`attnjax.layout.from_mask_mod` for this
+      ``mask_mod`` (static), built once and reused across calls and layers.
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
@@ -573,12 +613,13 @@ def _dot_product_attention(
       q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale,
       normalizer=normalizer, sink_logits=sink_logits, softcap=softcap, window=window,
       segment_ids=segment_ids, similarity=similarity, implementation=implementation,
-      return_stats=return_stats)
+      return_stats=return_stats, score_mod=score_mod, score_mod_args=score_mod_args,
+      mask_mod=mask_mod, mask_mod_args=mask_mod_args, block_layout=block_layout)
   return run(inputs, opts, implementation)
 
 
 DENSE_STATIC = ("is_causal", "scale", "normalizer", "softcap", "window", "similarity",
-                "implementation", "return_stats")
+                "implementation", "return_stats", "score_mod", "mask_mod", "block_layout")
 
 dot_product_attention = jax.jit(_dot_product_attention, static_argnames=DENSE_STATIC)
 dot_product_attention.__doc__ = _dot_product_attention.__doc__

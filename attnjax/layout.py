@@ -318,8 +318,141 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
   return BlockLayout.from_visits(T, S, block_size, block_size, visits)
 
 
+# ---------------------------------------------------------------------------
+# Layouts of mask modifiers (attnjax.mods, FlexAttention's create_block_mask).
+
+
+def intersect(a: BlockLayout, b: BlockLayout) -> BlockLayout:
+  """The blocks both layouts visit; a visit needs a mask when either layout says so."""
+  if (a.q_len, a.kv_len, a.block_q, a.block_k) != (b.q_len, b.kv_len, b.block_q, b.block_k):
+    raise ValueError(
+        f"cannot intersect layouts of different geometry: (q_len, kv_len, block_q, block_k) = "
+        f"{(a.q_len, a.kv_len, a.block_q, a.block_k)} and "
+        f"{(b.q_len, b.kv_len, b.block_q, b.block_k)}; build block_layout with the block "
+        f"sizes of the call")
+  visits = []
+  for i in range(a.num_q_blocks):
+    other = dict(b.visits(i))
+    visits.append([(j, nm or other[j]) for j, nm in a.visits(i) if j in other])
+  return BlockLayout.from_visits(a.q_len, a.kv_len, a.block_q, a.block_k, visits)
+
+
+def _mask_mod_blocks(fn, args: tuple, T: int, S: int, block_q: int, block_k: int, batch: int,
+                     heads: int, positions=None) -> tuple[Array, Array]:
+  """``(any, all)`` allowed per block, each ``bool [num_q_blocks, num_kv_blocks]``.
+
+  Every element is evaluated (one query block at a time, ``lax.map``), so the
+  result is exact for any ``mask_mod``; ``all`` counts only the pairs inside
+  ``(T, S)`` (edge blocks are shorter, never padded).
+  """
+  nq, nk = -(-T // block_q), -(-S // block_k)
+  qi = jnp.arange(nq * block_q, dtype=jnp.int32)
+  kj = jnp.arange(nk * block_k, dtype=jnp.int32)
+  q_in, k_in = qi < T, kj < S
+  qi, kj = jnp.minimum(qi, T - 1), jnp.minimum(kj, S - 1)
+  if positions is not None:
+    qi, kj = positions[0][qi].astype(jnp.int32), positions[1][kj].astype(jnp.int32)
+  b = jnp.reshape(jnp.arange(batch, dtype=jnp.int32), (batch, 1, 1, 1))
+  n = jnp.reshape(jnp.arange(heads, dtype=jnp.int32), (1, heads, 1, 1))
+  j = jnp.reshape(kj, (1, 1, 1, -1))
+
+  def one(iq):
+    rows = jax.lax.dynamic_slice_in_dim(qi, iq * block_q, block_q)
+    inside = jnp.logical_and(jax.lax.dynamic_slice_in_dim(q_in, iq * block_q, block_q)[:, None],
+                             k_in[None, :])
+    m = jnp.asarray(fn(b, n, jnp.reshape(rows, (1, 1, -1, 1)), j, *args))
+    m = jnp.broadcast_to(m, jnp.broadcast_shapes(m.shape, (1, 1, block_q, nk * block_k)))
+    m = jnp.reshape(m, m.shape[:2] + (block_q, nk, block_k))
+    inside = jnp.reshape(inside, (1, 1, block_q, nk, block_k))
+    return (jnp.any(jnp.logical_and(m, inside), axis=(0, 1, 2, 4)),
+            jnp.all(jnp.logical_or(m, jnp.logical_not(inside)), axis=(0, 1, 2, 4)))
+
+  return jax.lax.map(one, jnp.arange(nq))
+
+
+def mask_mod_block_table(fn, args: tuple, layout: BlockLayout, batch: int, heads: int, *,
+                         positions=None) -> Array:
+  """int32 ``[num_q_blocks, num_kv_blocks]`` of ``SKIP`` / ``FULL`` / ``MASKED`` under ``fn`` (run time).
+
+  A modifier may carry a cheaper exact rule as an attribute,
+  ``fn.block_table(layout, *args) -> int32 [num_q_blocks, num_kv_blocks]`` of
+  ``SKIP`` / ``FULL`` / ``MASKED`` (e.g. :func:`attnjax.mods.document_mask`: from
+  the ids' ranges per block, as ``segment_ids``); it is used when the rows and
+  keys are at their own positions. Otherwise every element is evaluated.
+  """
+  rule = getattr(fn, "block_table", None)
+  if rule is not None and positions is None:
+    return rule(layout, *args).astype(jnp.int32)
+  any_ok, all_ok = _mask_mod_blocks(fn, tuple(args), layout.q_len, layout.kv_len, layout.block_q,
+                                    layout.block_k, batch, heads, positions)
+  return jnp.where(any_ok, jnp.where(all_ok, FULL, MASKED), SKIP).astype(jnp.int32)
+
+
+_MASK_MOD_LAYOUTS: dict = {}
+
+
+def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args,
+                  batch: Optional[int] = None, heads: Optional[int] = None) -> BlockLayout:
+  """The block layout of a ``mask_mod`` (as FlexAttention's ``create_block_mask``).
+
+  Build it once, outside ``jit``, and pass it to every call that uses the same
+  ``mask_mod`` and lengths as ``block_layout=`` (dense, block-wise and sparse
+  calls; it also fixes the block sizes of a block-wise call). Blocks where
+  ``fn`` allows nothing are never computed; blocks where it allows every pair
+  are computed without evaluating it.
+
+  ``fn(b, n, i, j, *args)`` is evaluated on every element, one query block at
+  a time, so the layout is exact for any rule (document masks from unsorted
+  ids and scattered patterns included); it costs ``O(batch * heads * T * S)``
+  elementwise work once. Lengths, block sizes and the modifier are static;
+  layouts of argument-free modifiers are cached.
+
+  Args:
+    fn: ``mask_mod(b, n, i, j, *args) -> bool`` (see :mod:`attnjax.mods`).
+    q_len: ``T``.
+    kv_len: ``S``.
+    block_q: rows per query block (the call's block size).
+    block_k: keys per key block.
+    *args: the ``mask_mod_args`` (concrete arrays: the layout is static).
+    batch: number of batch rows ``fn`` distinguishes; None = ``fn`` ignores
+      ``b`` (evaluated at ``b = 0``).
+    heads: likewise for the query head ``n``.
+
+  Returns:
+    A :class:`BlockLayout`.
+  """
+  for name, value in (("q_len", q_len), ("kv_len", kv_len), ("block_q", block_q),
+                      ("block_k", block_k)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+      raise ValueError(f"from_mask_mod: {name} must be a positive int, got {value!r}")
+  if not callable(fn):
+    raise TypeError(f"from_mask_mod: fn must be a mask_mod callable, got {type(fn).__name__}")
+  if any(isinstance(a, jax.core.Tracer) for a in args):
+    raise ValueError("from_mask_mod needs concrete args (the layout is static); build it "
+                     "outside jit, or pass mask_mod_args to the call (blocks are then "
+                     "skipped at run time)")
+  block_q, block_k = min(int(block_q), int(q_len)), min(int(block_k), int(kv_len))
+  batch = 1 if batch is None else int(batch)
+  heads = 1 if heads is None else int(heads)
+  key = None
+  if not args:
+    key = (fn, int(q_len), int(kv_len), block_q, block_k, batch, heads)
+    if key in _MASK_MOD_LAYOUTS:
+      return _MASK_MOD_LAYOUTS[key]
+  with jax.ensure_compile_time_eval():
+    any_ok, all_ok = _mask_mod_blocks(fn, tuple(jnp.asarray(a) for a in args), int(q_len),
+                                      int(kv_len), block_q, block_k, batch, heads)
+    any_ok, all_ok = np.asarray(any_ok), np.asarray(all_ok)
+  visits = [[(int(j), not bool(all_ok[i, j])) for j in np.flatnonzero(any_ok[i])]
+            for i in range(any_ok.shape[0])]
+  out = BlockLayout.from_visits(q_len, kv_len, block_q, block_k, visits)
+  if key is not None:
+    _MASK_MOD_LAYOUTS[key] = out
+  return out
+
+
 __all__ = [
     "BlockLayout", "FULL", "MASKED", "SKIP", "SparsePlan", "classify_blocks", "density",
-    "full_blocks", "kept_blocks", "key_block_candidates", "rule_layout",
-    "segment_block_relations", "structural_layout",
+    "from_mask_mod", "full_blocks", "intersect", "kept_blocks", "key_block_candidates",
+    "mask_mod_block_table", "rule_layout", "segment_block_relations", "structural_layout",
 ]

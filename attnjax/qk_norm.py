@@ -74,6 +74,11 @@ def _qk_norm_attention(
     segment_ids: Any = None,
     implementation: Optional[dense.ImplementationName] = None,
     return_stats: bool = False,
+    score_mod: Any = None,
+    score_mod_args: Any = None,
+    mask_mod: Any = None,
+    mask_mod_args: Any = None,
+    block_layout: Any = None,
 ):
   """Attention on normalised queries and keys (QK-norm).
 
@@ -89,7 +94,8 @@ def _qk_norm_attention(
       :func:`cosine_attention` for a learned temperature).
     q_scale, k_scale: optional learned gains ``[H]``.
     eps: added to the mean square (or sum of squares) before the square root.
-    The rest: see :func:`attnjax.dot_product_attention`.
+    The rest (``score_mod`` and ``mask_mod`` included, applied to these
+      logits): see :func:`attnjax.dot_product_attention`.
   """
   _check_qk(q, k)
   _checks.check_choice("norm", norm, NORMS)
@@ -106,7 +112,8 @@ def _qk_norm_attention(
       qn.astype(q.dtype), kn.astype(k.dtype), v, bias=bias, mask=mask, is_causal=is_causal,
       scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
       window=window, segment_ids=segment_ids, implementation=implementation,
-      return_stats=return_stats)
+      return_stats=return_stats, score_mod=score_mod, score_mod_args=score_mod_args,
+      mask_mod=mask_mod, mask_mod_args=mask_mod_args, block_layout=block_layout)
   return dense.run(inputs, opts, implementation)
 
 
@@ -144,6 +151,11 @@ def _cosine_attention(
     segment_ids: Any = None,
     implementation: Optional[dense.ImplementationName] = None,
     return_stats: bool = False,
+    score_mod: Any = None,
+    score_mod_args: Any = None,
+    mask_mod: Any = None,
+    mask_mod_args: Any = None,
+    block_layout: Any = None,
 ):
   """Cosine attention: logits are ``cos(q_i, k_j)`` times a learned per-head scale.
 
@@ -164,7 +176,8 @@ def _cosine_attention(
     temperature: the learned scale (array argument, see conventions above).
     convention: ``"swin"``, ``"scale"`` or ``"ngpt"``.
     eps: added to the squared norm before the square root.
-    The rest: see :func:`attnjax.dot_product_attention`.
+    The rest (``score_mod`` and ``mask_mod`` included, applied to these
+      logits): see :func:`attnjax.dot_product_attention`.
   """
   _check_qk(q, k)
   _checks.check_choice("convention", convention, COSINE_CONVENTIONS)
@@ -177,12 +190,13 @@ def _cosine_attention(
       qn.astype(q.dtype), kn.astype(k.dtype), v, bias=bias, mask=mask, is_causal=is_causal,
       scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
       window=window, segment_ids=segment_ids, implementation=implementation,
-      return_stats=return_stats)
+      return_stats=return_stats, score_mod=score_mod, score_mod_args=score_mod_args,
+      mask_mod=mask_mod, mask_mod_args=mask_mod_args, block_layout=block_layout)
   return dense.run(inputs, opts, implementation)
 
 
 _SHARED_STATIC = ("eps", "is_causal", "normalizer", "softcap", "window", "implementation",
-                  "return_stats")
+                  "return_stats", "score_mod", "mask_mod", "block_layout")
 qk_norm_attention = jax.jit(_qk_norm_attention,
                             static_argnames=("norm", "scale") + _SHARED_STATIC)
 qk_norm_attention.__doc__ = _qk_norm_attention.__doc__

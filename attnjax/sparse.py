@@ -61,6 +61,21 @@ def _block_sparse(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: 
   """The pattern's plan run by the shared block-wise kernel (:func:`blockwise.attention`)."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   plan = pattern.plan(T, S, block_size=block_size)
+  positions, layout, mod_table = None, plan.layout, False
+  has_mods = opts.score_mod is not None or opts.mask_mod is not None
+  if plan.extra_keys.size and has_mods:
+    # Gathered key slots: the modifiers see each slot's real key position, and the mask_mod
+    # is evaluated per block at run time (its static layout is in sequence positions).
+    positions = (jnp.arange(T, dtype=jnp.int32),
+                 jnp.concatenate([jnp.arange(S, dtype=jnp.int32),
+                                  jnp.asarray(plan.extra_keys, jnp.int32)]))
+    mod_table = True
+  elif opts.mask_mod is not None:
+    geometry = (T, S, min(block_size, T), min(block_size, S))
+    if (layout.q_len, layout.kv_len, layout.block_q, layout.block_k) == geometry:
+      layout, mod_table = blockwise.layout_for(inputs, opts, geometry[2], geometry[3], layout)
+    else:
+      mod_table = True
   if plan.extra_keys.size:
     # Keys the pattern visits through gathered copies (e.g. fixed's summary
     # columns): their gradients flow back to the originals through the gather.
@@ -78,8 +93,8 @@ def _block_sparse(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: 
   def mask_fn(q_positions, k_positions):
     return rule.allowed(q_positions, k_positions, shape)[None, None]
 
-  return blockwise.attention(inputs, opts, layout=plan.layout, mask_fn=mask_fn,
-                             use_default_mask_fn=False)
+  return blockwise.attention(inputs, opts, layout=layout, mask_fn=mask_fn,
+                             use_default_mask_fn=False, positions=positions, mod_table=mod_table)
 
 
 # Query blocks per chunk of the banded path: bounds its compiled program (the
@@ -184,8 +199,14 @@ def _banded_chunks(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern:
     chunk_inputs = dataclasses.replace(
         inputs, q=take(qp, C), k=chunk_k, v=chunk_v, mask=key_ok[None, None],
         q_segment_ids=None if q_seg is None else take(q_seg, C), kv_segment_ids=chunk_seg)
+    positions = None
+    if opts.score_mod is not None or opts.mask_mod is not None:
+      # The modifiers see global positions (padding slots are masked by key_ok).
+      k_pos = k_global if not E else jnp.concatenate([k_global, jnp.asarray(cols)])
+      positions = (start + jnp.arange(C, dtype=jnp.int32), k_pos.astype(jnp.int32))
     res = blockwise.attention(chunk_inputs, opts, layout=layout, mask_fn=mask_fn,
-                              use_default_mask_fn=False)
+                              use_default_mask_fn=False, positions=positions,
+                              mod_table=opts.mask_mod is not None)
     # With statistics only the per-row logsumexp is kept: per-chunk means of
     # the other statistics would not combine into the sequence's.
     return (res[0], res[1].logsumexp) if opts.return_stats else res
@@ -204,7 +225,8 @@ def _banded_chunks(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern:
     row_inputs = dataclasses.replace(  # sparse_attention takes no mask array of its own
         inputs, q=jnp.take(q, rows, axis=1), mask=row_mask,
         q_segment_ids=None if q_seg is None else jnp.take(inputs.q_segment_ids, rows, axis=1))
-    row_res = dense.reference(row_inputs, opts)
+    row_res = dense.reference(row_inputs, opts,
+                              positions=(jnp.asarray(rows), jnp.arange(S, dtype=jnp.int32)))
     row_out = row_res[0] if opts.return_stats else row_res
     out = out.at[:, rows].set(row_out)
     if opts.return_stats:
@@ -285,6 +307,11 @@ def _sparse_attention(
     segment_ids: Any = None,
     implementation: Optional[ImplementationName] = None,
     return_stats: bool = False,
+    score_mod: Any = None,
+    score_mod_args: Any = None,
+    mask_mod: Any = None,
+    mask_mod_args: Any = None,
+    block_layout: Any = None,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
 
@@ -309,6 +336,13 @@ def _sparse_attention(
     implementation: None (auto: ``"block_sparse"``), ``"reference"`` or
       ``"block_sparse"``.
     return_stats: also return :class:`attnjax.AttentionStats`.
+    score_mod, score_mod_args, mask_mod, mask_mod_args: modifiers, as in
+      :func:`attnjax.dot_product_attention` (see :mod:`attnjax.mods`); they
+      see global query and key positions on every path (chunks and gathered
+      keys included). A ``mask_mod`` is intersected with the pattern.
+    block_layout: a :func:`attnjax.layout.from_mask_mod` layout of
+      ``mask_mod`` with ``block_size`` blocks (used on the whole-sequence
+      path; chunked and gathered paths skip the mask_mod's blocks at run time).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``. A query
@@ -329,7 +363,9 @@ def _sparse_attention(
   implementation = "block_sparse" if implementation is None else implementation
   inputs, opts = _call.validate(
       q, k, v, bias=bias, scale=scale, normalizer=normalizer, sink_logits=sink_logits,
-      softcap=softcap, segment_ids=segment_ids, return_stats=return_stats)
+      softcap=softcap, segment_ids=segment_ids, return_stats=return_stats,
+      score_mod=score_mod, score_mod_args=score_mod_args, mask_mod=mask_mod,
+      mask_mod_args=mask_mod_args, block_layout=block_layout)
   T, S = q.shape[1], k.shape[1]
   pattern.check_shape(T, S)
   if implementation == "reference":
@@ -339,13 +375,14 @@ def _sparse_attention(
     return _banded_chunks(inputs, opts, pattern, block_size)
   if (isinstance(pattern, patterns.Strided) and T == S
       and normalizers.REGISTRY[opts.normalizer].mergeable and inputs.bias is None
-      and inputs.q_segment_ids is None and not opts.return_stats):
+      and inputs.q_segment_ids is None and not opts.return_stats
+      and opts.score_mod is None and opts.mask_mod is None):
     return _strided_two_pass(inputs, opts, pattern.stride, block_size)
   return _block_sparse(inputs, opts, pattern, block_size)
 
 
 SPARSE_STATIC = ("pattern", "block_size", "scale", "normalizer", "softcap", "implementation",
-                 "return_stats")
+                 "return_stats", "score_mod", "mask_mod", "block_layout")
 
 sparse_attention = jax.jit(_sparse_attention, static_argnames=SPARSE_STATIC)
 sparse_attention.__doc__ = _sparse_attention.__doc__

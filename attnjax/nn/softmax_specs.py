@@ -1,5 +1,8 @@
 """Softmax-style family specs: dense, qk_norm and cosine (the dense kernel), and sparse.
 
+(Over 600 lines: the shared options of every logit family, modifiers included, and
+their three calls stay in one place.)
+
 :class:`ScoreSpec` holds what every family with logits shares (normaliser,
 softcap, sink logits) and the three calls (self-attention, cross-attention,
 decode over a :class:`~attnjax.nn.caches.KVCache`); :class:`KernelSpec` adds
@@ -14,7 +17,7 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 
 import jax.numpy as jnp
 
-from attnjax import _checks, dense, masks, normalizers, patterns
+from attnjax import _checks, dense, masks, mods, normalizers, patterns
 from attnjax import qk_norm as qk_norm_lib
 from attnjax.nn import _layers
 from attnjax.nn.caches import KVCache
@@ -37,16 +40,42 @@ class ScoreSpec(AttentionSpec):
     normalizer: a name from :mod:`attnjax.normalizers`.
     softcap: ``c`` of the ``c tanh(z / c)`` logit cap, or None.
     sink_logits: learn a per-head null logit ``[N]`` (gpt-oss; softmax only).
+    alibi: add ALiBi's ``-slope_n |i - j|`` (:func:`attnjax.mods.alibi`, fixed
+      slopes); RoPE is then not applied, whatever ``rope_theta`` says.
+    relative_bias: add a learned T5 bucketed relative bias; the layer owns the
+      table ``relative_bias_table [relative_buckets, N]`` (zero init).
+      Bidirectional buckets unless the layer is causal.
+    relative_buckets: number of T5 buckets.
+    relative_max_distance: distance where the log buckets saturate.
+    score_mod: any further score modifier (static, hashable, no args; see
+      :mod:`attnjax.mods`), applied after ALiBi and the relative bias.
+    mask_mod: a mask modifier (static, hashable, no args), intersected with the
+      layer's masks. Modifiers are for full forwards (training, prefill
+      without a cache, cross-attention); a decode with a cache raises.
   """
 
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits",)
+  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
   implementations: ClassVar[tuple[str, ...]] = tuple(dense.IMPLEMENTATIONS)
 
   normalizer: str = "softmax"
   softcap: Optional[float] = None
   sink_logits: bool = False
+  alibi: bool = False
+  relative_bias: bool = False
+  relative_buckets: int = 32
+  relative_max_distance: int = 128
+  score_mod: Optional[Callable[..., Any]] = None
+  mask_mod: Optional[Callable[..., Any]] = None
 
   def validate(self) -> None:
+    check_type("alibi", self.alibi, bool, "a bool")
+    check_type("relative_bias", self.relative_bias, bool, "a bool")
+    check_int("relative_buckets", self.relative_buckets, minimum=4)
+    check_int("relative_max_distance", self.relative_max_distance, minimum=2)
+    for name in ("score_mod", "mask_mod"):
+      fn = getattr(self, name)
+      if fn is not None and not callable(fn):
+        raise TypeError(f"{name} must be a callable (see attnjax.mods) or None, got {fn!r}")
     _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
     _checks.check_positive_float("softcap", self.softcap)
     check_type("sink_logits", self.sink_logits, bool, "a bool")
@@ -58,6 +87,23 @@ class ScoreSpec(AttentionSpec):
   def init_params(self, layer, rngs, param_dtype) -> None:
     if self.sink_logits:
       layer.sink_logits = _layers.param(jnp.zeros((layer.num_heads,), param_dtype), ("heads",))
+    if self.relative_bias:
+      layer.relative_bias_table = _layers.param(
+          jnp.zeros((self.relative_buckets, layer.num_heads), param_dtype), (None, "heads"))
+
+  def has_modifiers(self) -> bool:
+    return bool(self.alibi or self.relative_bias or self.score_mod is not None
+                or self.mask_mod is not None)
+
+  def modifier_kwargs(self, layer) -> dict[str, Any]:
+    """``score_mod`` / ``score_mod_args`` / ``mask_mod`` of the layer's modifiers (or {})."""
+    return mods.layer_kwargs(
+        num_heads=layer.num_heads, alibi=self.alibi,
+        relative_bias=None if not self.relative_bias else (
+            mods.t5_relative_bias(self.relative_buckets, self.relative_max_distance,
+                                  bidirectional=not layer.config.is_causal),
+            layer.relative_bias_table[...]),
+        score_mod=self.score_mod, mask_mod=self.mask_mod)
 
   def has_null_column(self) -> bool:
     return bool(self.sink_logits or normalizers.get(self.normalizer).null_column)
@@ -68,6 +114,7 @@ class ScoreSpec(AttentionSpec):
                implementation=layer.config.implementation)
     if self.sink_logits:
       out["sink_logits"] = layer.sink_logits[...]
+    out.update(self.modifier_kwargs(layer))
     return out
 
   def decode_kwargs(self, layer) -> dict[str, Any]:
@@ -112,7 +159,8 @@ class ScoreSpec(AttentionSpec):
     if call.cache is None:
       T = q.shape[1]
       positions = jnp.arange(T, dtype=jnp.int32) if call.positions is None else call.positions
-      q, k = _rope(layer, q, positions), _rope(layer, k, positions)
+      if not self.alibi:  # ALiBi replaces RoPE
+        q, k = _rope(layer, q, positions), _rope(layer, k, positions)
       run, k, v = self.full_call(layer, k, v, call)
       return run_and_sow(layer, run, q, k, v, call), None
     return self._attend_decode(layer, q, k, v, call)
@@ -127,6 +175,10 @@ class ScoreSpec(AttentionSpec):
 
   def _attend_decode(self, layer, q, k, v, call):
     c, cache = layer.config, call.cache
+    if self.has_modifiers():
+      raise NotImplementedError(
+          "decode with a cache: alibi, relative_bias, score_mod and mask_mod see call-local "
+          "positions; run the full forward (no cache) for layers with modifiers")
     self.check_decode_cache(layer, cache, KVCache)
     if call.mask is not None:
       raise ValueError("mask: a self-attention decode takes no mask; mark padding and packed "

@@ -26,6 +26,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "linear_rmsnorm": ({"family": "linear", "feature_map": "elu_plus_one",
                         "linear_normalize": "output_rms"}, "elu+1 linear, output RMS-normalised (Qin)"),
     "window": ({"family": "dense", "window": 16}, "softmax, causal sliding window of 16"),
+    "alibi": ({"family": "dense", "alibi": True}, "softmax, ALiBi biases instead of RoPE (Press)"),
     "linear_unnorm": ({"family": "linear", "feature_map": "elu_plus_one",
                        "linear_normalize": "none"},
                       "elu+1 linear, unnormalised"),

@@ -1,0 +1,373 @@
+"""Ready score and mask modifiers (FlexAttention-style ``score_mod`` / ``mask_mod``).
+
+Pass them to :func:`attnjax.dot_product_attention`, :func:`attnjax.sparse_attention`,
+:func:`attnjax.qk_norm_attention` or :func:`attnjax.cosine_attention`::
+
+  out = attnjax.dot_product_attention(
+      q, k, v, score_mod=mods.alibi, score_mod_args=(mods.alibi_slopes(N),),
+      mask_mod=mods.causal)
+
+Conventions (every path calls modifiers the same way):
+
+- ``score_mod(z, b, n, i, j, *args) -> z'``: ``z`` float32 logits after
+  ``scale``, ``softcap`` and ``bias``, just before the normaliser; ``b, n, i,
+  j`` int32 arrays (batch, query head, query position, key position)
+  broadcastable against ``z``, with ``i`` varying along axis -2 and ``j``
+  along axis -1. Write modifiers with elementwise ``jnp`` operations.
+- ``mask_mod(b, n, i, j, *args) -> bool`` (True = may attend), intersected
+  with every other mask.
+- Modifiers are static arguments: they must be hashable. Module-level
+  functions are; the factories here return frozen dataclasses, so two equal
+  configurations share one compiled program. Arrays a modifier reads go in
+  ``score_mod_args`` / ``mask_mod_args`` (``score_mod_args`` receive
+  gradients), never in a closure.
+
+Score modifiers: :func:`alibi` (+ :func:`alibi_slopes`), :class:`T5RelativeBias`
+(:func:`t5_relative_bias`, learned table), :class:`SoftCap`,
+:class:`PositionTemperature` (Llama 4). Mask modifiers: :func:`causal`,
+:class:`SlidingWindow`, :class:`Chunked`, :func:`prefix_lm`,
+:func:`document_mask`, :func:`causal_document_mask`, and any
+:mod:`attnjax.patterns` pattern through :class:`PatternMask`. Combine mask
+modifiers with :class:`And`, score modifiers with :class:`ScoreChain`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax.layout import segment_block_relations
+
+Array = jnp.ndarray
+
+
+# ---------------------------------------------------------------------------
+# Score modifiers.
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """ALiBi's per-head slopes (Press et al. 2022), float32 ``[num_heads]``.
+
+  For ``N`` a power of two, ``2 ** (-8 k / N)`` for ``k = 1 .. N``; otherwise
+  the slopes of the power of two below ``N`` followed by every other slope of
+  twice that power (the paper's reference implementation).
+  """
+  if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+    raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+
+  def power_of_two(n):
+    return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+
+  p = 1 << (int(num_heads).bit_length() - 1)
+  slopes = power_of_two(p)
+  if p < num_heads:
+    slopes += power_of_two(2 * p)[0::2][:num_heads - p]
+  return np.asarray(slopes, np.float32)
+
+
+def alibi(z: Array, b: Array, n: Array, i: Array, j: Array, slopes: Array) -> Array:
+  """ALiBi: ``z - slopes[n] * |i - j|`` (``score_mod_args=(slopes [N],)``).
+
+  On causal attention this is the paper's ``slope * (j - i)``; off the
+  diagonal in both directions it is the symmetric form. Slopes may be learned.
+  """
+  del b
+  return z - slopes[n].astype(jnp.float32) * jnp.abs(i - j).astype(jnp.float32)
+
+
+def t5_bucket(relative_position: Array, *, num_buckets: int = 32, max_distance: int = 128,
+              bidirectional: bool = True) -> Array:
+  """T5's bucket of ``relative_position = j - i`` (Raffel et al. 2020), int32.
+
+  Half the buckets (per direction when ``bidirectional``) hold exact
+  distances ``0 .. num_buckets/2 - 1``; the rest are logarithmic up to
+  ``max_distance`` and saturate beyond it. Unidirectional buckets see only
+  ``i - j >= 0`` (later keys share bucket 0).
+  """
+  rel = jnp.asarray(relative_position, jnp.int32)
+  out = jnp.zeros_like(rel)
+  if bidirectional:
+    num_buckets //= 2
+    out = out + jnp.where(rel > 0, num_buckets, 0)
+    dist = jnp.abs(rel)
+  else:
+    dist = jnp.maximum(-rel, 0)
+  max_exact = num_buckets // 2
+  safe = jnp.maximum(dist, 1).astype(jnp.float32)
+  large = max_exact + (jnp.log(safe / max_exact) / math.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return out + jnp.where(dist < max_exact, dist, large)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5RelativeBias:
+  """T5 bucketed relative bias: ``z + table[bucket(j - i), n]`` (``score_mod_args=(table,)``).
+
+  ``table`` is ``[num_buckets, N]`` (learned, owned by the layer). See :func:`t5_bucket`.
+  """
+
+  num_buckets: int = 32
+  max_distance: int = 128
+  bidirectional: bool = True
+
+  def __call__(self, z, b, n, i, j, table):
+    del b
+    bucket = t5_bucket(j - i, num_buckets=self.num_buckets, max_distance=self.max_distance,
+                       bidirectional=self.bidirectional)
+    return z + table[bucket, n].astype(jnp.float32)
+
+
+def t5_relative_bias(num_buckets: int = 32, max_distance: int = 128,
+                     bidirectional: bool = True) -> T5RelativeBias:
+  """A :class:`T5RelativeBias` score modifier."""
+  if num_buckets < 4 or max_distance < 2:
+    raise ValueError(f"t5_relative_bias needs num_buckets >= 4 and max_distance >= 2, got "
+                     f"{num_buckets}, {max_distance}")
+  return T5RelativeBias(int(num_buckets), int(max_distance), bool(bidirectional))
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftCap:
+  """Soft-capping ``cap * tanh(z / cap)`` (Gemma 2) as a score modifier.
+
+  Unlike the ``softcap=`` option (applied before ``bias``) it caps the final
+  logits, bias and earlier modifiers included.
+  """
+
+  cap: float
+
+  def __post_init__(self):
+    if not self.cap > 0:
+      raise ValueError(f"SoftCap.cap must be positive, got {self.cap!r}")
+
+  def __call__(self, z, b, n, i, j):
+    del b, n, i, j
+    return self.cap * jnp.tanh(z / self.cap)
+
+
+def position_temperature_factor(i: Array, floor_scale: float = 8192.0,
+                                attn_scale: float = 0.1) -> Array:
+  """Llama 4's query temperature ``1 + attn_scale * log(floor((i + 1) / floor_scale) + 1)``."""
+  i = jnp.asarray(i).astype(jnp.float32)
+  return 1.0 + attn_scale * jnp.log(jnp.floor((i + 1.0) / floor_scale) + 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionTemperature:
+  """Llama-4-style position temperature: ``z * factor(i)``, growing with log position.
+
+  Llama 4 scales the queries of its NoPE layers by
+  :func:`position_temperature_factor`, which multiplies every dot-product
+  logit of row ``i``; this applies the same factor to the logits (equal when
+  there is no ``bias`` or ``softcap``).
+  """
+
+  floor_scale: float = 8192.0
+  attn_scale: float = 0.1
+
+  def __call__(self, z, b, n, i, j):
+    del b, n, j
+    return z * position_temperature_factor(i, self.floor_scale, self.attn_scale)
+
+
+# ---------------------------------------------------------------------------
+# Mask modifiers.
+
+
+def causal(b: Array, n: Array, i: Array, j: Array) -> Array:
+  """Causal mask: key ``j <= i``."""
+  del b, n
+  return j <= i
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindow:
+  """Keys ``i - left .. i + right`` (as ``window=(left, right)``)."""
+
+  left: int
+  right: int = 0
+
+  def __call__(self, b, n, i, j):
+    del b, n
+    return jnp.logical_and(j >= i - self.left, j <= i + self.right)
+
+
+def sliding_window(left: int, right: int = 0) -> SlidingWindow:
+  """A :class:`SlidingWindow` mask modifier."""
+  if left < 0 or right < 0:
+    raise ValueError(f"sliding_window needs left, right >= 0, got ({left}, {right})")
+  return SlidingWindow(int(left), int(right))
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunked:
+  """Chunked attention (Llama 4): queries see keys of their own chunk of ``size`` positions.
+
+  ``causal=True`` (the default) keeps only ``j <= i`` inside the chunk.
+  """
+
+  size: int
+  causal: bool = True
+
+  def __post_init__(self):
+    if self.size < 1:
+      raise ValueError(f"Chunked.size must be positive, got {self.size!r}")
+
+  def __call__(self, b, n, i, j):
+    del b, n
+    same = (i // self.size) == (j // self.size)
+    return jnp.logical_and(same, j <= i) if self.causal else same
+
+
+def chunked(size: int, causal: bool = True) -> Chunked:
+  """A :class:`Chunked` mask modifier."""
+  return Chunked(int(size), bool(causal))
+
+
+def prefix_lm(b: Array, n: Array, i: Array, j: Array, prefix_lengths: Array) -> Array:
+  """Prefix-LM: causal, plus every key of the prefix (``mask_mod_args=(prefix_lengths [B],)``).
+
+  Row ``b`` has a bidirectional prefix of ``prefix_lengths[b]`` positions.
+  """
+  del n
+  return jnp.logical_or(j <= i, j < prefix_lengths[b])
+
+
+def document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Array:
+  """Document (segment) mask: same id (``mask_mod_args=(doc_ids [B, T],)``; ``T == S``).
+
+  For packed documents the equivalent ``segment_ids=`` option also skips blocks
+  from the ids' ranges; as a ``mask_mod`` the blocks are found by evaluating
+  the mask (:func:`attnjax.layout.from_mask_mod` with concrete ids, or per call).
+  """
+  del n
+  return doc_ids[b, i] == doc_ids[b, j]
+
+
+def causal_document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Array:
+  """:func:`document_mask` and causal."""
+  return jnp.logical_and(document_mask(b, n, i, j, doc_ids), j <= i)
+
+
+def _document_block_table(block_layout, doc_ids):
+  """Blocks of a document mask from each block's id range (as ``segment_ids``).
+
+  Exact for sorted ids; otherwise a block may be computed that holds no pair.
+  """
+  return segment_block_relations(doc_ids, doc_ids, block_layout)
+
+
+# With traced ids the kernel classifies blocks per call: from id ranges, O(T) instead of O(T S).
+document_mask.block_table = _document_block_table
+causal_document_mask.block_table = _document_block_table
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternMask:
+  """A :mod:`attnjax.patterns` pattern as a mask modifier on a ``(T, S)`` problem.
+
+  Relies on the calling convention (``i`` varies along axis -2 only, ``j``
+  along axis -1 only), which every attnjax path follows.
+  """
+
+  pattern: Any
+  q_len: int
+  kv_len: int
+
+  def __call__(self, b, n, i, j):
+    del b, n
+    i, j = jnp.asarray(i), jnp.asarray(j)
+    rank = max(i.ndim, j.ndim, 2)
+    allowed = self.pattern.allowed(jnp.ravel(i), jnp.ravel(j), (self.q_len, self.kv_len))
+    return jnp.reshape(allowed, (1,) * (rank - 2) + allowed.shape)
+
+
+def pattern_mask(pattern: Any, q_len: int, kv_len: int) -> PatternMask:
+  """The mask modifier of ``pattern`` (e.g. ``patterns.bigbird(...)``) for ``(q_len, kv_len)``."""
+  pattern.check_shape(q_len, kv_len)
+  return PatternMask(pattern, int(q_len), int(kv_len))
+
+
+@dataclasses.dataclass(frozen=True)
+class And:
+  """Intersection of mask modifiers; ``args_split`` says how many args each one takes."""
+
+  mods: tuple[Callable[..., Any], ...]
+  args_split: tuple[int, ...] = ()
+
+  def __call__(self, b, n, i, j, *args):
+    split = self.args_split or (0,) * len(self.mods)
+    out, start = None, 0
+    for mod, count in zip(self.mods, split):
+      m = mod(b, n, i, j, *args[start:start + count])
+      start += count
+      out = m if out is None else jnp.logical_and(out, m)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreChain:
+  """Score modifiers applied in order; ``args_split`` says how many args each one takes."""
+
+  mods: tuple[Callable[..., Any], ...]
+  args_split: tuple[int, ...] = ()
+
+  def __call__(self, z, b, n, i, j, *args):
+    split = self.args_split or (0,) * len(self.mods)
+    start = 0
+    for mod, count in zip(self.mods, split):
+      z = mod(z, b, n, i, j, *args[start:start + count])
+      start += count
+    return z
+
+
+def layer_kwargs(*, num_heads: int, alibi: bool = False, relative_bias=None, score_mod=None,
+                 mask_mod=None) -> dict[str, Any]:
+  """Attention keywords of a layer's modifiers (used by :mod:`attnjax.nn` specs).
+
+  Args:
+    num_heads: query heads (ALiBi slopes).
+    alibi: add :func:`alibi` with :func:`alibi_slopes`.
+    relative_bias: None or ``(T5RelativeBias, table [buckets, N])``.
+    score_mod: a further argument-free score modifier, applied last.
+    mask_mod: an argument-free mask modifier.
+
+  Returns:
+    ``score_mod`` / ``score_mod_args`` / ``mask_mod`` entries (empty without modifiers).
+  """
+  chain, args, split = [], [], []
+  if alibi:
+    chain.append(_alibi_mod)
+    args.append(jnp.asarray(alibi_slopes(num_heads)))
+    split.append(1)
+  if relative_bias is not None:
+    chain.append(relative_bias[0])
+    args.append(relative_bias[1])
+    split.append(1)
+  if score_mod is not None:
+    chain.append(score_mod)
+    split.append(0)
+  out: dict[str, Any] = {}
+  if chain:
+    out["score_mod"] = chain[0] if len(chain) == 1 else ScoreChain(tuple(chain), tuple(split))
+    out["score_mod_args"] = tuple(args)
+  if mask_mod is not None:
+    out["mask_mod"] = mask_mod
+  return out
+
+
+_alibi_mod = alibi  # layer_kwargs' parameter ``alibi`` shadows the function
+
+
+__all__ = [
+    "And", "Chunked", "PatternMask", "PositionTemperature", "ScoreChain", "SlidingWindow",
+    "SoftCap",
+    "T5RelativeBias", "alibi", "alibi_slopes", "causal", "causal_document_mask", "chunked",
+    "document_mask", "pattern_mask", "position_temperature_factor", "prefix_lm",
+    "sliding_window", "t5_bucket", "t5_relative_bias",
+]
