@@ -55,7 +55,8 @@ def fail(message: str, like: Any) -> Any:
 def unknown_options(opts: Any, inputs: Any, known_options: Sequence[str],
                     known_inputs: Sequence[str], who: str) -> list[str]:
   """Reasons for every ``DenseOptions`` field outside ``known_options`` set away from its
-  default and every ``DenseInputs`` field outside ``known_inputs`` that is given.
+  default and every ``DenseInputs`` field outside ``known_inputs`` that is given (set away
+  from its default: None, or ``()`` for the modifiers' argument tuples).
 
   A platform kernel lists the fields it honours; a field added later (a new
   option of the dense call) is then reported until the kernel is taught it, so
@@ -67,7 +68,11 @@ def unknown_options(opts: Any, inputs: Any, known_options: Sequence[str],
     if f.name not in known_options and value != f.default:
       reasons.append(f"{f.name}={value!r} (an option {who} does not know)")
   for f in dataclasses.fields(inputs):
-    if f.name not in known_inputs and getattr(inputs, f.name) is not None:
+    value = getattr(inputs, f.name)
+    # An input is given when it is set away from its default (None, or () for argument tuples).
+    default = None if f.default is dataclasses.MISSING else f.default
+    given = value is not default if default is None else value != default
+    if f.name not in known_inputs and given:
       reasons.append(f"{f.name} (an input {who} does not know)")
   return reasons
 

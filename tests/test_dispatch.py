@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, normalizers
+from attnjax import dense, mods, normalizers
 from helpers import rand_qkv
 
 STRUCTURES = {"none": {}, "causal": dict(is_causal=True), "window": dict(window=(8, 0)),
               "segments": "segments"}
 EXTRAS = {"plain": {}, "sink": "sink", "softcap": dict(softcap=5.0),
           "stats": dict(return_stats=True), "bias": "bias", "mask": "mask",
-          "euclid": dict(similarity="neg_sq_euclidean")}
+          "euclid": dict(similarity="neg_sq_euclidean"), "score_mod": "score_mod",
+          "mask_mod": "mask_mod"}
 
 
 def _call(normalizer, structure, extra, T, dtype):
@@ -43,13 +44,18 @@ def _call(normalizer, structure, extra, T, dtype):
     e = dict(bias=jnp.zeros((1, 1, T, T)))
   elif e == "mask":
     e = dict(mask=jnp.ones((1, 1, T, T), bool))
+  elif e == "score_mod":
+    e = dict(score_mod=mods.alibi, score_mod_args=(jnp.asarray(mods.alibi_slopes(2)),))
+  elif e == "mask_mod":
+    e = dict(mask_mod=mods.prefix_lm, mask_mod_args=(jnp.asarray([5]),))
   kw.update(e)
   return dense.prepare(q, k, v, **kw)
 
 
 def _expected(inputs, opts, T, dtype) -> dict[str, str]:
   by_length = "blockwise" if T >= dense.BLOCKWISE_MIN_LENGTH_CPU else "reference"
-  pallas_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot")
+  pallas_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
+               and opts.score_mod is None and opts.mask_mod is None)
   splash_ok = (normalizers.REGISTRY[opts.normalizer].platform_kernel
                and (inputs.sink_logits is None or dense._splash_takes_sinks())
                and pallas_ok and not opts.return_stats and T % 128 == 0 and dtype != jnp.float16)
@@ -88,14 +94,14 @@ def test_several_devices_keep_splash_out_of_auto_dispatch(monkeypatch):
 class _NewOptions(dense.DenseOptions):
   """A dense call with an option added after the platform kernels were written."""
 
-  score_mod: Any = None
+  future_option: Any = None
 
 
 def test_an_option_a_kernel_does_not_know_is_never_dropped():
   inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
-  new = _NewOptions(**dataclasses.asdict(opts), score_mod=lambda z, *idx: z)
+  new = _NewOptions(**dataclasses.asdict(opts), future_option=lambda z, *idx: z)
   for check in (dense.pallas_gpu.unsupported, dense._splash_unsupported, dense._cudnn_unsupported):
-    assert any("score_mod" in r for r in check(inputs, new)), check
+    assert any("future_option" in r for r in check(inputs, new)), check
   # at the default, the new field is no reason
   assert dense.pallas_gpu.unsupported(inputs, _NewOptions(**dataclasses.asdict(opts))) == []
   table = dense.dispatch_table(inputs, new)
