@@ -40,7 +40,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax.layout import segment_block_relations
+from attnjax.layout import FULL, MASKED, SKIP, segment_block_relations
 
 Array = jnp.ndarray
 
@@ -262,9 +262,25 @@ def _document_block_table(block_layout, doc_ids):
   return segment_block_relations(doc_ids, doc_ids, block_layout)
 
 
+def _causal_document_block_table(block_layout, doc_ids):
+  """:func:`_document_block_table` joined with the causal relation of each block pair.
+
+  A pair is skipped when either rule skips it, full only when both say full
+  (a block inside one document that also crosses the diagonal needs the mask).
+  """
+  q = [block_layout.q_range(i) for i in range(block_layout.num_q_blocks)]
+  kv = [block_layout.kv_range(j) for j in range(block_layout.num_kv_blocks)]
+  q_first, q_last = np.array([a for a, _ in q])[:, None], np.array([b - 1 for _, b in q])[:, None]
+  k_first, k_last = np.array([a for a, _ in kv])[None], np.array([b - 1 for _, b in kv])[None]
+  causal = np.where(k_first > q_last, SKIP, np.where(k_last <= q_first, FULL, MASKED))
+  docs = _document_block_table(block_layout, doc_ids)
+  return jnp.where((docs == SKIP) | (causal == SKIP), SKIP,
+                   jnp.maximum(docs, causal)).astype(jnp.int32)
+
+
 # With traced ids the kernel classifies blocks per call: from id ranges, O(T) instead of O(T S).
 document_mask.block_table = _document_block_table
-causal_document_mask.block_table = _document_block_table
+causal_document_mask.block_table = _causal_document_block_table
 
 
 @dataclasses.dataclass(frozen=True)

@@ -413,6 +413,68 @@ def linear_suite(args) -> Iterable[Case]:
                  linear_flops(B, N, T, H, C))
 
 
+@suite("flex")
+def flex_suite(args) -> Iterable[Case]:
+  """Score and mask modifiers against the built-in options (B=1, N=8, H=64, fp32, block-wise).
+
+  ``mask_mod`` rows: a sliding window and a document mask written as
+  modifiers, against ``window=`` and ``segment_ids=`` at T=8192 (issue target:
+  within 1.3x). The window rows use 128 x 128 blocks on both sides (``window=``
+  would pick narrower ones by itself; a ``mask_mod`` cannot state its width).
+  ``score_mod`` rows: ALiBi as a modifier against plain causal attention,
+  forward+backward at T=4096 (target: within 1.5x).
+  """
+  from attnjax import blockwise, mods
+  B, N, H = 1, 8, 64
+  T = 8192
+  q, k, v = qkv(B, T, N, H)
+  window = (256, 0)
+  flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True, window=window))
+  shape = f"fwd window={window} T={T}"
+  yield Case("flex", "window=", shape, jax.jit(lambda q, k, v: blockwise.dot_product_attention(
+      q, k, v, is_causal=True, window=window, block_q=128, block_k=128)),
+             (q, k, v), flops, baseline=True)
+  yield Case("flex", "mask_mod=mods.sliding_window", shape,
+             jax.jit(lambda q, k, v: blockwise.dot_product_attention(
+                 q, k, v, mask_mod=mods.sliding_window(*window), block_q=128, block_k=128)),
+             (q, k, v), flops)
+  docs = 8
+  ids = jnp.repeat(jnp.arange(docs, dtype=jnp.int32), T // docs)[None]  # packed, sorted
+  flops = attention_flops(B, N, H, docs * (T // docs) ** 2)
+  shape = f"fwd {docs} documents T={T}"
+  yield Case("flex", "segment_ids=", shape, jax.jit(
+      lambda q, k, v, ids: attnjax.dot_product_attention(
+          q, k, v, segment_ids=ids, implementation="blockwise")),
+             (q, k, v, ids), flops, baseline=True)
+  yield Case("flex", "mask_mod=mods.document_mask", shape, jax.jit(
+      lambda q, k, v, ids: attnjax.dot_product_attention(
+          q, k, v, mask_mod=mods.document_mask, mask_mod_args=(ids,),
+          implementation="blockwise")), (q, k, v, ids), flops)
+  T = 4096
+  q, k, v = qkv(B, T, N, H)
+  slopes = jnp.asarray(mods.alibi_slopes(N))
+  flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True), backward=True)
+  shape = f"fwd+bwd causal T={T}"
+  yield Case("flex", "plain blockwise", shape, fwd_bwd(
+      lambda q, k, v: attnjax.dot_product_attention(
+          q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops, baseline=True)
+  yield Case("flex", "score_mod=mods.alibi", shape, fwd_bwd(
+      lambda q, k, v: attnjax.dot_product_attention(
+          q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(slopes,),
+          implementation="blockwise")), (q, k, v), flops)
+
+
+@memory_case("flex: blockwise fwd+bwd T=16384 causal + alibi score_mod (B=1, N=8, H=64, fp32)")
+def flex_alibi_memory():
+  from attnjax import mods
+  q, k, v = qkv(1, 16384, 8, 64)
+  slopes = jnp.asarray(mods.alibi_slopes(8))
+  step = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
+      q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(slopes,),
+      implementation="blockwise"))
+  return lambda: step(q, k, v)
+
+
 def _gated_calls(C: int = 64) -> dict[str, Callable]:
   """The gated/delta-rule rows' attention calls ``(q, k, v) -> out``, chunked, C=64.
 

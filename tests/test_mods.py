@@ -146,3 +146,20 @@ def test_and_combines_masks(qkv):
   got = _ref(q, k, v, mask_mod=both, mask_mod_args=(ids,))
   assert_close(got, _ref(q, k, v, mask_mod=mods.causal_document_mask, mask_mod_args=(ids,)),
                "and", rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["document", "causal_document"])
+def test_document_masks_with_block_rules_over_many_blocks(name):
+  # T=32 in blocks of 8 with two documents of 16: blocks inside one document are FULL by the
+  # id ranges, and only the causal rule can say that those above the diagonal must be skipped
+  # and those on it masked (traced ids: the jitted call classifies blocks from the rule).
+  from attnjax import blockwise
+  q, k, v = rand_qkv(1, 32, 32, 2, 1, 8, seed=3, source="numpy")
+  ids = jnp.asarray(np.arange(32)[None] // 16, jnp.int32)
+  fn = mods.document_mask if name == "document" else mods.causal_document_mask
+  allowed = ids[:, :, None] == ids[:, None, :]
+  if name == "causal_document":
+    allowed = allowed & jnp.tril(jnp.ones((32, 32), bool))[None]
+  got = blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8, mask_mod=fn,
+                                        mask_mod_args=(ids,))
+  assert_close(got, _ref(q, k, v, mask=allowed[:, None]), name, rtol=1e-5, atol=1e-5)
