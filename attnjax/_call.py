@@ -126,8 +126,8 @@ def check_mod(name: str, fn: Any, args: Any, abstract_inputs: tuple) -> tuple:
   try:
     closed = jax.make_jaxpr(fn)(*specs, *arg_specs)
   except Exception as e:  # noqa: BLE001 - reported with the signature expected
-    raise type(e)(f"{name} failed on a trial call {name}({', '.join(str(s) for s in specs)}, "
-                  f"*{name}_args): {e}") from e
+    raise TypeError(f"{name} failed on a trial call {name}({', '.join(str(s) for s in specs)}, "
+                    f"*{name}_args): {type(e).__name__}: {e}") from e
   if any(_is_tracer(x) for x in closed.consts):
     raise ValueError(message)
   return args

@@ -441,7 +441,10 @@ def _run(c: _Call, inputs, positions):
     mask, q_seg, kv_seg, mask_args, pos = nondiff
     mod_any = None
     if c.mod_table:
-      mod_any = mask_mod_block_table(c.opts.mask_mod, mask_args, c.layout, B, N, positions=pos)
+      # Over batch rows and heads only when the modifier reads b / n (as layout_for).
+      used_b, used_n = _index_use(c.opts.mask_mod, mask_args)
+      mod_any = mask_mod_block_table(c.opts.mask_mod, mask_args, c.layout, B if used_b else 1,
+                                     N if used_n else 1, positions=pos)
     return _Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos,
                    mod_any)
 

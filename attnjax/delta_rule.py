@@ -26,8 +26,9 @@ in value, final state and every gradient:
   with pseudo-values ``u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t)``, i.e.
   ``(I + A) U = diag(beta) V - diag(beta exp(G)) K S_0`` where
   ``A_tj = beta_t exp(G_t - G_j) k_t.k_j`` for ``j < t``. One unit
-  lower-triangular solve gives ``U = T V`` and ``W = T' K`` (the UT transform,
-  ``T = (I + A)^{-1} diag(beta)``), then ``U' = U - W S_0``,
+  lower-triangular solve (the inverse by block doubling,
+  :func:`unit_lower_inverse`) gives ``U = T V`` and ``W = T' K`` (the UT
+  transform, ``T = (I + A)^{-1} diag(beta)``), then ``U' = U - W S_0``,
   ``O = diag(exp(G)) Q S_0 + (Q K^T * Gamma) U'`` with the causal decay matrix
   ``Gamma_tj = exp(G_t - G_j)`` (``j <= t``), and
   ``S_C = exp(G_C) S_0 + K^T diag(exp(G_C - G)) U'``. Only differences
@@ -127,6 +128,41 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   return _chunks.from_chunks(out, q.shape[1]), final
 
 
+def unit_lower_inverse(a: Array) -> Array:
+  """``(I + a)^{-1}`` for strictly lower-triangular ``a [..., C, C]``, by block doubling.
+
+  Diagonal blocks of size ``s`` are inverted for ``s = 1, 2, 4, ...``: a block
+  of ``2s`` is ``[[L11, 0], [L21, L22]]`` with inverse ``[[X11, 0], [-X22 L21
+  X11, X22]]``, so ``log2(C)`` rounds of batched matmuls (``C`` padded to a
+  power of two with the identity). This replaces LAPACK's batched ``trsm``,
+  which on jaxlib 0.10.2's CPU backend takes the XLA thread pool for its batch
+  and deadlocks when two solves run at once (both pool threads wait for
+  subtasks that no free thread can run), as the chunk-parallel forward and
+  backward solves do; block doubling is plain matmuls, which also vectorise
+  better than a row-by-row substitution.
+  """
+  C = a.shape[-1]
+  P = 1 << max(C - 1, 0).bit_length()
+  lead = a.shape[:-2]
+  eye = jnp.reshape(jnp.eye(P, dtype=a.dtype), (1,) * len(lead) + (P, P))
+  m = eye + jnp.pad(a, [(0, 0)] * len(lead) + [(0, P - C), (0, P - C)])
+  inv = jnp.ones(lead + (P, 1, 1), a.dtype)  # the 1 x 1 diagonal blocks of a unit diagonal
+  s = 1
+  while s < P:
+    n = P // (2 * s)
+    pairs = jnp.reshape(m, lead + (n, 2 * s, n, 2 * s))
+    blocks = jnp.moveaxis(jnp.diagonal(pairs, axis1=-4, axis2=-2), -1, -3)  # [..., n, 2s, 2s]
+    low = blocks[..., s:, :s]
+    inv = jnp.reshape(inv, lead + (n, 2, s, s))
+    x11, x22 = inv[..., 0, :, :], inv[..., 1, :, :]
+    x21 = -_einsum("...ij,...jk,...kl->...il", x22, low, x11)
+    top = jnp.concatenate([x11, jnp.zeros_like(x11)], axis=-1)
+    bottom = jnp.concatenate([x21, x22], axis=-1)
+    inv = jnp.concatenate([top, bottom], axis=-2)  # [..., n, 2s, 2s]
+    s *= 2
+  return jnp.reshape(inv, lead + (P, P))[..., :C, :C]
+
+
 def _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c):
   """One chunk's state-independent terms: ``(U, W, Q K^T * Gamma, exp(G) from S_0, exp(G_C - G_j))``."""
   B, C, K, G, H = q_c.shape
@@ -149,7 +185,7 @@ def _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c):
   rhs_v = b_c[..., None] * jnp.transpose(v_c, (0, 2, 1, 3))[:, :, None]  # [B, K, G, C, Hv]
   rhs_k = (b_c * decay0)[..., None] * jnp.transpose(k_c, (0, 2, 1, 3))[:, :, None]
   rhs = jnp.concatenate([rhs_v, jnp.broadcast_to(rhs_k, (B, K, G, C, H))], axis=-1)
-  sol = jax.scipy.linalg.solve_triangular(a, rhs, lower=True, unit_diagonal=True)
+  sol = _einsum("bkgcd,bkgde->bkgce", unit_lower_inverse(a), rhs)
   sol = checkpoint_name(sol, "delta_rule_solution")
   u, w = sol[..., :Hv], sol[..., Hv:]
   qk = _einsum("bckgh,bdkh->bkgcd", q_c, k_c) * gamma

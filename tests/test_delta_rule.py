@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import attnjax
+from attnjax import delta_rule
 from attnjax.delta_rule import delta_rule_attention
 from helpers import assert_close
 
@@ -237,3 +238,11 @@ def test_validation(kwargs, args_fn, exc, match):
   args = (q, k, v, b) if args_fn is None else args_fn(q, k, v, b)
   with pytest.raises(exc, match=match):
     delta_rule_attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize("C", [1, 2, 5, 16, 64])
+def test_unit_lower_inverse(C):
+  a = np.tril(np.random.default_rng(C).standard_normal((3, C, C)) * 0.3, -1).astype(np.float32)
+  got = delta_rule.unit_lower_inverse(jnp.asarray(a))
+  want = np.linalg.inv(np.eye(C) + a.astype(np.float64))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

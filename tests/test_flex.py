@@ -363,7 +363,19 @@ def test_reverse_mode_saves_no_probability_tiles():
                                                         score_mod=mods.SoftCap(5.0)))
   _, f_vjp = jax.vjp(f, q)
   sizes = [np.size(x) for x in jax.tree.leaves(f_vjp)]
-  assert max(sizes) <= 64 * 2 * 8 * 2, sizes  # q/k/v-sized at most, never 64 * 64 * heads
+  # In all, a few q/k/v-sized arrays (64 * 2 * 8 each) and per-row terms: a saved 8 x 8
+  # probability tile per visited block (36 visits * 2 heads * 64) would add 4608.
+  assert sum(sizes) <= 8 * 64 * 2 * 8, sizes  # today 6 * 1024 + 128
+
+
+def test_a_mask_mod_that_branches_on_traced_indices_gets_a_clear_error():
+  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=1, source="numpy")
+
+  def bad(b, n, i, j):
+    return j <= i and i > 2  # Python `and` on traced indices
+
+  with pytest.raises(TypeError, match="mask_mod failed on a trial call"):
+    attnjax.dot_product_attention(q, k, v, mask_mod=bad)
 
 
 @pytest.mark.parametrize("path", ["blockwise", "sparse"])
