@@ -6,11 +6,13 @@ the ``[H, Hv]`` state. Differentiated by plain autodiff, that scan would keep
 every chunk's intermediates (decay tensors, the triangular solve's operands)
 for the backward: memory that grows with ``T * C * H`` per head, several times
 the inputs'. :func:`chunk_scan` instead has a custom VJP whose forward keeps
-only the state entering each chunk (``T / C`` states of ``H * Hv``: the size of
-one ``[T, H]`` input when ``Hv = C``) and whose backward walks the chunks in
-reverse, recomputing each chunk from its stored state and pulling the state's
-cotangent back through it. Memory is O(T) with a small constant; time is one
-extra chunk forward per chunk.
+the chunks' inputs and the state entering each chunk (``T / C`` states of
+``H * Hv``: the size of one ``[T, H]`` input when ``Hv = C``) and whose
+backward walks the chunks in reverse, recomputing each chunk from its stored
+state and pulling the state's cotangent back through it. Memory is O(T) with a
+small constant; time is one extra chunk forward per chunk. The forms keep the
+block function small (only the matmuls that touch the state) and compute the
+state-independent terms for all chunks at once, outside the scan.
 """
 
 from __future__ import annotations

@@ -113,11 +113,12 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
 
   Everything that does not depend on the incoming state (the decays, the
   triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) is computed for
-  all chunks at once by :func:`_chunk_terms` (whose backward keeps only the
-  solve's result and recomputes the rest); the scan over chunks
-  (:func:`attnjax._chunks.chunk_scan`, whose backward keeps only each chunk's
-  incoming state and recomputes the chunk) then does only the matmuls that
-  read the state. Time is padded to a multiple of ``chunk_size`` with
+  all chunks at once by :func:`_chunk_terms` (of its intermediates the
+  backward keeps only the solve's result and its outputs, and recomputes the
+  decays and masks); the scan over chunks (:func:`attnjax._chunks.chunk_scan`,
+  whose backward keeps each chunk's inputs and incoming state and recomputes
+  the chunk) then does only the matmuls that read the state. Memory for the
+  backward is O(T), about 2.4 inputs' worth (``tests/test_chunks.py``). Time is padded to a multiple of ``chunk_size`` with
   ``k = v = beta = g = 0`` (those steps leave the state unchanged) and padded
   rows are dropped.
   """

@@ -37,10 +37,12 @@ key and none of the initial state. The first token of a call never resets, so
 ``initial_state`` always continues into it (chaining calls equals one call).
 
 Gradients flow to ``q``, ``k``, ``v``, ``log_decay`` and ``initial_state``.
-The chunked form's backward (:mod:`attnjax._chunks`) keeps only the state
-entering each chunk, ``T / chunk_size`` states of ``[H, Hv]`` per head, and
-recomputes each chunk in reverse order, so training memory is O(T); the
-reference and parallel forms are differentiated by plain autodiff. Exponents that are exactly 0
+The chunked form keeps for its backward the state entering each chunk
+(``T / chunk_size`` states of ``[H, Hv]`` per head), the intra-chunk weights
+(``T * chunk_size``) and the decayed queries and keys (``T * H``), so training
+memory is O(T), about 2.7 inputs' worth (``tests/test_chunks.py``); the
+reference and parallel forms are differentiated by plain autodiff, which keeps
+a state per token (O(T H Hv)). Exponents that are exactly 0
 (a token's decay to itself, the last key's decay to the chunk's end) are set,
 not computed as differences, so the decays' gradient stays accurate on its own
 scale (~1e-8 under ``log_decay = -20``) instead of drowning in float32
@@ -238,10 +240,11 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
 
   The state-independent terms of every chunk (:func:`_block_terms`: intra-chunk
   weights and decayed queries and keys) are computed for all chunks at once;
-  their backward keeps only the weights and recomputes the ``exp`` calls. The
-  scan over chunks (:func:`attnjax._chunks.chunk_scan`, whose backward keeps
-  only each chunk's incoming state and recomputes the chunk) then does only the
-  matmuls that read or write the state. Time is padded up to a multiple of
+  of their intermediates the backward keeps only these terms (the ``exp``
+  calls are recomputed). The scan over chunks
+  (:func:`attnjax._chunks.chunk_scan`, whose backward keeps each chunk's inputs
+  and incoming state and recomputes the chunk) then does only the matmuls that
+  read or write the state. Time is padded up to a multiple of
   ``chunk_size`` with zero keys, zero decay and no reset, so padded tokens
   change neither the state nor any real output; padded output rows are dropped.
   """
