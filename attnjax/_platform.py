@@ -19,6 +19,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 PLATFORMS = ("cpu", "cuda", "tpu")
+# The DenseOptions fields every platform kernel (cuDNN, splash, pallas_gpu) is written for. A
+# field added later is reported by unknown_options until a kernel lists it, so auto-dispatch
+# never drops it.
+KERNEL_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
+                  "return_stats")
 
 _fail_p = Primitive("attnjax_wrong_platform")
 _fail_p.multiple_results = True

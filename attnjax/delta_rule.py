@@ -118,13 +118,13 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   decays and masks); the scan over chunks (:func:`attnjax._chunks.chunk_scan`,
   whose backward keeps each chunk's inputs and incoming state and recomputes
   the chunk) then does only the matmuls that read the state. Memory for the
-  backward is O(T), about 2.4 inputs' worth (``tests/test_chunks.py``). Time is padded to a multiple of ``chunk_size`` with
+  backward is O(T), about 3 inputs' worth (``tests/test_chunks.py``). Time is padded to a multiple of ``chunk_size`` with
   ``k = v = beta = g = 0`` (those steps leave the state unchanged) and padded
   rows are dropped.
   """
   C = min(chunk_size, q.shape[1])
   q_c, k_c, v_c, b_c, g_c, r_c = (_chunks.to_chunks(x, C) for x in (q, k, v, beta, g, reset))
-  terms = jax.vmap(_CHUNK_TERMS)(q_c, k_c, v_c, b_c, g_c, r_c)
+  terms = _chunks.map_chunks(_CHUNK_TERMS, (q_c, k_c, v_c, b_c, g_c, r_c))
   out, final = _chunks.chunk_scan(_chunk_block, state, (q_c, k_c) + terms)
   return _chunks.from_chunks(out, q.shape[1]), final
 

@@ -178,8 +178,7 @@ class Implementation:
 
 # The DenseOptions / DenseInputs fields the platform kernels (cuDNN, splash) are written for;
 # any other field set away from its default is reported (see _platform.unknown_options).
-PLATFORM_KNOWN_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
-                          "return_stats")
+PLATFORM_KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
 PLATFORM_KNOWN_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids",
                          "kv_segment_ids")
 

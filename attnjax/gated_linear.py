@@ -103,6 +103,14 @@ def reference(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array
   return jnp.moveaxis(out, 0, 1), final
 
 
+def _sum_after(g: Array, axis: int) -> Array:
+  """``sum_{t > j} g_t`` along ``axis`` (an exclusive reverse cumulative sum; 0 at the end)."""
+  total = jnp.flip(jnp.cumsum(jnp.flip(g, axis=axis), axis=axis), axis=axis)  # sum_{t >= j}
+  rest = jax.lax.slice_in_dim(total, 1, None, axis=axis)
+  return jnp.concatenate([rest, jnp.zeros_like(jax.lax.slice_in_dim(total, 0, 1, axis=axis))],
+                         axis=axis)
+
+
 def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Array:
   """``sum_h q_ih k_jh exp(bq_ih - bk_jh)`` on ``keep`` (0 elsewhere), materialising ``[i, j, D]``.
 
@@ -155,8 +163,7 @@ def _intra_weights(q: Array, k: Array, g: Array, b: Array, keep: Array, *, sub: 
   gs = blocks(g)  # [B, n, s, K, G, D]
   inside = jnp.cumsum(gs, axis=2)  # b_i - b_r: decay from the sub-block's start to i
   # b_e - b_j: decay from after j to the sub-block's end (exclusive reverse cumsum).
-  to_end = jnp.flip(jnp.cumsum(jnp.flip(gs, axis=2), axis=2), axis=2)
-  to_end = jnp.concatenate([to_end[:, :, 1:], jnp.zeros_like(to_end[:, :, :1])], axis=2)
+  to_end = _sum_after(gs, axis=2)
   qs, ks = blocks(q), blocks(k)
   keep_s = jnp.reshape(keep, (B, n, sub, n, sub))
   diag = jax.vmap(_decayed_scores, in_axes=(1, 1, 1, 1, 1), out_axes=3)(
@@ -213,8 +220,7 @@ def _block_terms(q: Array, k: Array, g: Array, reset: Array, *, sub: int):
   # b_C - b_j): a key whose decay to the end is exp(0) = 1 (the last one, or the
   # last real one before padding) then sends no pair of cancelling O(1) terms to g's
   # gradient, which would bury its true, tiny value under a strong gate.
-  to_go = jnp.flip(jnp.cumsum(jnp.flip(g, axis=1), axis=1), axis=1)  # sum_{t >= j} g_t
-  to_go = jnp.concatenate([to_go[:, 1:], jnp.zeros_like(to_go[:, :1])], axis=1)
+  to_go = _sum_after(g, axis=1)  # sum_{t > j} g_t
   to_end = jnp.where(same, jnp.exp(jnp.where(same, to_go, 0.0)), 0.0)
   k_end = to_end * k[:, :, :, None, :]  # [B, C, K, G, H]
   carry = jnp.where((d[:, -1] == 0)[:, None, None, None], jnp.exp(b[:, -1]), 0.0)
@@ -250,7 +256,7 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
   """
   C = min(chunk_size, q.shape[1])
   q_c, k_c, v_c, g_c, r_c = (_chunks.to_chunks(x, C) for x in (q, k, v, g, reset))
-  terms = jax.vmap(_CHUNK_TERMS)(q_c, k_c, g_c, r_c)
+  terms = _chunks.map_chunks(_CHUNK_TERMS, (q_c, k_c, g_c, r_c))
   out, final = _chunks.chunk_scan(_block_state, state, terms + (v_c,))
   return _chunks.from_chunks(out, q.shape[1]), final
 

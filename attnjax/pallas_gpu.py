@@ -60,8 +60,7 @@ TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 # DenseOptions fields this kernel honours; any other field set away from its default is
 # reported by unsupported() (a new option must be taught here before dispatch picks this path).
-KNOWN_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
-                 "return_stats")
+KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
 # DenseInputs fields this kernel honours (bias and mask arrays are refused).
 KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
 

@@ -67,6 +67,7 @@ from attnjax import _checks
 from attnjax import delta_rule as delta_lib
 from attnjax import gated_linear as gated_lib
 from attnjax.attention_stats import AttentionStats, stats_from_weights
+from attnjax.qk_norm import normalize_head
 from attnjax.nn import _layers
 from attnjax.nn.caches import GatedCache
 from attnjax.nn.spec_base import AttentionSpec, Call, _rope, check_int, check_type, register_family
@@ -110,8 +111,7 @@ def short_conv(x: Array, weight: Array, tail: Array, segment_ids: Array,
 
 
 def _l2_normalize(x: Array) -> Array:
-  x32 = x.astype(jnp.float32)
-  return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+  return normalize_head(x, "l2", 1e-6).astype(x.dtype)
 
 
 def _head_norm(out: Array, gain: Array, kind: str) -> Array:
