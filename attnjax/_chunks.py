@@ -10,9 +10,10 @@ the chunks' inputs and the state entering each chunk (``T / C`` states of
 ``H * Hv``: the size of one ``[T, H]`` input when ``Hv = C``) and whose
 backward walks the chunks in reverse, recomputing each chunk from its stored
 state and pulling the state's cotangent back through it. Memory is O(T) with a
-small constant; time is one extra chunk forward per chunk. The forms keep the
-block function small (only the matmuls that touch the state) and compute the
-state-independent terms for all chunks at once, outside the scan.
+small constant; time is one extra chunk forward per chunk. The delta rule
+computes its state-independent terms (the triangular solves) outside the scan,
+16 chunks at a time (:func:`map_chunks`), so the scan recomputes only the
+matmuls that touch the state.
 """
 
 from __future__ import annotations

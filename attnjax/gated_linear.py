@@ -37,10 +37,10 @@ key and none of the initial state. The first token of a call never resets, so
 ``initial_state`` always continues into it (chaining calls equals one call).
 
 Gradients flow to ``q``, ``k``, ``v``, ``log_decay`` and ``initial_state``.
-The chunked form keeps for its backward the state entering each chunk
-(``T / chunk_size`` states of ``[H, Hv]`` per head), the intra-chunk weights
-(``T * chunk_size``) and the decayed queries and keys (``T * H``), so training
-memory is O(T), about 2.7 inputs' worth (``tests/test_chunks.py``); the
+The chunked form keeps for its backward the chunks' inputs and the state
+entering each chunk (``T / chunk_size`` states of ``[H, Hv]`` per head) and
+recomputes each chunk, so training memory is O(T), about 1.7 inputs' worth
+(``tests/test_chunks.py``); the
 reference and parallel forms are differentiated by plain autodiff, which keeps
 a state per token (O(T H Hv)). Exponents that are exactly 0
 (a token's decay to itself, the last key's decay to the chunk's end) are set,
@@ -54,13 +54,11 @@ What :func:`gated_linear_attention` returns follows :mod:`attnjax.linear`:
 
 from __future__ import annotations
 
-import functools
 from typing import Literal, Optional, get_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.ad_checkpoint import checkpoint_name
 
 from attnjax import _checks, _chunks, masks
 from attnjax.dense import group_queries
@@ -211,7 +209,7 @@ def _block_terms(q: Array, k: Array, g: Array, reset: Array, *, sub: int):
   d = jnp.cumsum(reset.astype(jnp.int32), axis=1)  # [B, C]
   causal = jnp.tril(jnp.ones((C, C), bool))
   keep = jnp.logical_and(causal[None], d[:, :, None] == d[:, None, :])  # [B, i, j]
-  w = checkpoint_name(_intra_weights(q, k, g, b, keep, sub=sub), "gated_linear_weights")
+  w = _intra_weights(q, k, g, b, keep, sub=sub)
   fresh = (d == 0)[:, :, None, None, None]  # [B, C, 1, 1, 1]: no reset so far in the block
   q_in = jnp.where(fresh, q * jnp.exp(b), 0.0)  # [B, C, K, G, H]
   # State after the block: keys of the last segment, decayed to the block's end.
@@ -244,26 +242,28 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
             chunk_size: int):
   """O(T): the quadratic form inside chunks, a scan carrying the state across them.
 
-  The state-independent terms of every chunk (:func:`_block_terms`: intra-chunk
-  weights and decayed queries and keys) are computed for all chunks at once;
-  of their intermediates the backward keeps only these terms (the ``exp``
-  calls are recomputed). The scan over chunks
-  (:func:`attnjax._chunks.chunk_scan`, whose backward keeps each chunk's inputs
-  and incoming state and recomputes the chunk) then does only the matmuls that
-  read or write the state. Time is padded up to a multiple of
-  ``chunk_size`` with zero keys, zero decay and no reset, so padded tokens
-  change neither the state nor any real output; padded output rows are dropped.
+  The scan is :func:`attnjax._chunks.chunk_scan`, whose backward keeps each
+  chunk's inputs and incoming state and recomputes the chunk
+  (:func:`_block_terms`, then :func:`_block_state`). Time is padded up to a
+  multiple of ``chunk_size`` with zero keys, zero decay and no reset, so padded
+  tokens change neither the state nor any real output; padded output rows are
+  dropped.
+
+  The state-independent terms are computed inside the scan, one chunk at a
+  time: computed for many chunks at once (``lax.map`` / ``vmap``), the extra
+  batch axis makes rank-7/8 reductions with unit axes that crash jaxlib
+  0.10.2's CPU backend (``chunk_size=32``: a segfault in its "ynn" fusion,
+  jax-ml/jax#40412).
   """
   C = min(chunk_size, q.shape[1])
-  q_c, k_c, v_c, g_c, r_c = (_chunks.to_chunks(x, C) for x in (q, k, v, g, reset))
-  terms = _chunks.map_chunks(_CHUNK_TERMS, (q_c, k_c, g_c, r_c))
-  out, final = _chunks.chunk_scan(_block_state, state, terms + (v_c,))
+  xs = tuple(_chunks.to_chunks(x, C) for x in (q, k, v, g, reset.astype(jnp.float32)))
+  out, final = _chunks.chunk_scan(_chunk_block, state, xs)
   return _chunks.from_chunks(out, q.shape[1]), final
 
 
-_CHUNK_TERMS = jax.checkpoint(
-    functools.partial(_block_terms, sub=SUB_BLOCK),
-    policy=jax.checkpoint_policies.save_only_these_names("gated_linear_weights"))
+def _chunk_block(xs, state):
+  q, k, v, g, reset = xs
+  return _block_state(_block_terms(q, k, g, reset, sub=SUB_BLOCK) + (v,), state)
 
 
 # ---------------------------------------------------------------------------
