@@ -112,15 +112,16 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   """WY / UT-transform chunk form (module docstring): chunk-parallel solves, then a state scan.
 
   Everything that does not depend on the incoming state (the decays, the
-  triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) is computed for
-  all chunks at once by :func:`_chunk_terms` (of its intermediates the
-  backward keeps only the solve's result and its outputs, and recomputes the
-  decays and masks); the scan over chunks (:func:`attnjax._chunks.chunk_scan`,
-  whose backward keeps each chunk's inputs and incoming state and recomputes
-  the chunk) then does only the matmuls that read the state. Memory for the
-  backward is O(T), about 3 inputs' worth (``tests/test_chunks.py``). Time is padded to a multiple of ``chunk_size`` with
-  ``k = v = beta = g = 0`` (those steps leave the state unchanged) and padded
-  rows are dropped.
+  triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) is computed
+  outside the scan, 16 chunks at a time, by :func:`_chunk_terms` (of its
+  intermediates the backward keeps only the solve's result and its outputs,
+  and recomputes the decays and masks); the scan over chunks
+  (:func:`attnjax._chunks.chunk_scan`, whose backward keeps each chunk's
+  inputs and incoming state and recomputes the chunk) then does only the
+  matmuls that read the state. Memory for the backward is O(T), about 3
+  inputs' worth (``tests/test_chunks.py``). Time is padded to a multiple of
+  ``chunk_size`` with ``k = v = beta = g = 0`` (those steps leave the state
+  unchanged) and padded rows are dropped.
   """
   C = min(chunk_size, q.shape[1])
   q_c, k_c, v_c, b_c, g_c, r_c = (_chunks.to_chunks(x, C) for x in (q, k, v, beta, g, reset))

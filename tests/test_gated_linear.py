@@ -199,3 +199,12 @@ def test_validation_kv_heads_and_lengths():
     gated_linear_attention(q[:, :, :3], k, v, log_decay=0.0)
   with pytest.raises(ValueError, match="as many keys as queries"):
     gated_linear_attention(q[:, :10], k, v, log_decay=0.0)
+
+
+def test_chunk_size_32_runs_forward_and_backward():
+  # With the chunk terms computed for many chunks at once, this shape (per-channel gates,
+  # chunk_size=32, N=8, H=64) segfaulted jaxlib 0.10.2's CPU backend (its "ynn" fusion).
+  q, k, v = rand_qkv(B=1, T=256, N=8, K=8, H=64, seed=5)
+  g = jnp.broadcast_to(jax.nn.log_sigmoid(jnp.linspace(2.0, 6.0, 64)) / 16.0, q.shape)
+  loss = lambda q: jnp.sum(gated_linear_attention(q, k, v, log_decay=g, chunk_size=32) ** 2)
+  assert np.all(np.isfinite(np.asarray(jax.grad(loss)(q))))
