@@ -34,14 +34,21 @@ def _softcap_grad(c: _Static, dz: Array, s: Array) -> Array:
   return dz * (1.0 - t * t)
 
 
-def _dq_kernel(c: _Static, res_keys, has_g, *refs):
-  nz = c.nz
+def _input_refs(c: _Static, res_keys, has_g, refs):
+  """The backward kernels' input refs, in call order; the iterator is left at the outputs."""
   it = iter(refs)
   q_ref, k_ref, v_ref, do_ref, rd_ref = next(it), next(it), next(it), next(it), next(it)
   g_ref = next(it) if has_g else None
   res_refs = {key: next(it) for key in res_keys}
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
+  return q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref, it
+
+
+def _dq_kernel(c: _Static, res_keys, has_g, *refs):
+  nz = c.nz
+  (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
+   it) = _input_refs(c, res_keys, has_g, refs)
   dq_ref = next(it)
 
   bq, bk = c.bq_bwd, c.bk_bwd
@@ -77,12 +84,8 @@ def _dq_kernel(c: _Static, res_keys, has_g, *refs):
 
 def _dkdv_kernel(c: _Static, res_keys, has_g, *refs):
   nz = c.nz
-  it = iter(refs)
-  q_ref, k_ref, v_ref, do_ref, rd_ref = next(it), next(it), next(it), next(it), next(it)
-  g_ref = next(it) if has_g else None
-  res_refs = {key: next(it) for key in res_keys}
-  qseg_ref = next(it) if c.has_segments else None
-  kseg_ref = next(it) if c.has_segments else None
+  (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
+   it) = _input_refs(c, res_keys, has_g, refs)
   dk_ref, dv_ref = next(it), next(it)
 
   bq, bk = c.bq_bwd, c.bk_bwd

@@ -34,7 +34,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
+class _Static(normalizers.KernelCall):
   """Everything a kernel body reads from Python: shapes, options, block sizes."""
 
   opts: object
@@ -64,17 +64,6 @@ class _Static:
   def G(self) -> int:
     return self.N // self.K
 
-  @property
-  def nz(self) -> normalizers.Normalizer:
-    return normalizers.REGISTRY[self.opts.normalizer]
-
-  @property
-  def stats(self) -> bool:
-    return self.opts.return_stats
-
-  @property
-  def needs_counts(self) -> bool:
-    return self.nz.needs_counts or self.stats
 
   @property
   def needs_mask(self) -> bool:

@@ -30,7 +30,7 @@ MaskFn = Callable[[Array, Array], Optional[Array]]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Call:
+class _Call(normalizers.KernelCall):
   opts: Any
   layout: BlockLayout
   mask_fn: Optional[MaskFn]
@@ -52,18 +52,6 @@ class _Call:
     """Whether visits are chosen at run time (segment ids or a mask_mod table)."""
     return self.has_segments or self.mod_table
 
-  @property
-  def nz(self) -> normalizers.Normalizer:
-    """The normaliser: every normaliser-specific step of the kernel is one of its methods."""
-    return normalizers.REGISTRY[self.opts.normalizer]
-
-  @property
-  def stats(self) -> bool:
-    return self.opts.return_stats
-
-  @property
-  def needs_counts(self) -> bool:
-    return self.nz.needs_counts or self.stats
 
 
 def _grouped5(x: Array, K: int) -> Array:

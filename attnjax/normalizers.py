@@ -65,7 +65,7 @@ helpers, so splitting would separate what the seam keeps together.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -677,6 +677,29 @@ NORMALIZERS = tuple(REGISTRY)
 # Normalisers whose rows sum to one (softmax_one and sink logits sum to <= 1).
 SUMS_TO_ONE = tuple(name for name, n in REGISTRY.items() if n.sums_to_one)
 TABLE: dict[str, Callable] = {name: n.weights for name, n in REGISTRY.items()}
+
+
+class KernelCall:
+  """Mixin for a kernel's static call description that holds dense options as ``self.opts``.
+
+  The block-wise kernel (:mod:`attnjax._tiles`) and the Pallas GPU kernel
+  (:mod:`attnjax._pallas_gpu_core`) read the normaliser and its needs from here.
+  """
+
+  opts: Any
+
+  @property
+  def nz(self) -> "Normalizer":
+    """The normaliser: every normaliser-specific step of a kernel is one of its methods."""
+    return REGISTRY[self.opts.normalizer]
+
+  @property
+  def stats(self) -> bool:
+    return self.opts.return_stats
+
+  @property
+  def needs_counts(self) -> bool:
+    return self.nz.needs_counts or self.stats
 
 
 def get(normalizer: str) -> Normalizer:
