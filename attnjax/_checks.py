@@ -154,6 +154,23 @@ def check_segment_ids(segment_ids: Any, B: int, T: int, S: int):
   return jnp.asarray(q_seg), jnp.asarray(kv_seg)
 
 
+def check_one_sequence(name: str, q, k, v, segment_ids: Any):
+  """Checks a causal stateful call over one sequence (keys are the queries' tokens).
+
+  Returns ``(B, T, N, K, H, Hv, segment_ids [B, T] or None)``; used by
+  :mod:`attnjax.gated_linear` and :mod:`attnjax.delta_rule`.
+  """
+  B, T, S, N, K, H, Hv = check_qkv(q, k, v)
+  if S != T:
+    raise ValueError(f"{name} is causal over one sequence and needs as many keys as queries "
+                     f"(S == T), got q {shape_of(q)} and k {shape_of(k)}")
+  if isinstance(segment_ids, (tuple, list)):
+    raise TypeError("segment_ids must be one integer array [B, T] (queries and keys are the "
+                    f"same tokens), got a {type(segment_ids).__name__}")
+  seg, _ = check_segment_ids(segment_ids, B, T, T)
+  return B, T, N, K, H, Hv, seg
+
+
 def check_positive_float(name: str, x: Any, *, allow_none: bool = True) -> float | None:
   if x is None and allow_none:
     return None

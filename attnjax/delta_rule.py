@@ -224,11 +224,8 @@ def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
 
 def _prepare(q, k, v, beta, *, log_decay, scale, initial_state, segment_ids, implementation,
              chunk_size):
-  B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
-  if S != T:
-    raise ValueError(
-        f"delta_rule_attention is causal over one sequence: k and v need S == T, "
-        f"got q {_checks.shape_of(q)}, k {_checks.shape_of(k)}")
+  B, T, N, K, H, Hv, seg = _checks.check_one_sequence("delta_rule_attention", q, k, v,
+                                                       segment_ids)
   _check_per_step("beta", beta, B, T, N)
   if log_decay is not None:
     _check_per_step("log_decay", log_decay, B, T, N)
@@ -240,10 +237,6 @@ def _prepare(q, k, v, beta, *, log_decay, scale, initial_state, segment_ids, imp
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be positive, got {chunk_size}")
   _checks.check_initial_state(initial_state, (B, N, H, Hv))
-  if isinstance(segment_ids, (tuple, list)):
-    raise TypeError("segment_ids must be one integer array [B, T] (queries and keys are the "
-                    f"same tokens), got a {type(segment_ids).__name__}")
-  seg, _ = _checks.check_segment_ids(segment_ids, B, T, T)
   return scale, implementation or "chunked", seg
 
 

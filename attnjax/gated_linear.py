@@ -294,10 +294,8 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
 
 def _prepare(q, k, v, *, log_decay, scale, initial_state, return_state, segment_ids,
              implementation, chunk_size):
-  B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
-  if S != T:
-    raise ValueError(f"gated linear attention is causal and needs as many keys as queries, "
-                     f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
+  B, T, N, K, H, Hv, seg = _checks.check_one_sequence("gated_linear_attention", q, k, v,
+                                                       segment_ids)
   implementation = _checks.check_implementation("implementation", implementation,
                                                  IMPLEMENTATIONS) or "chunked"
   if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
@@ -310,10 +308,6 @@ def _prepare(q, k, v, *, log_decay, scale, initial_state, return_state, segment_
   state = _checks.check_initial_state(initial_state, (B, N, H, Hv))
   if state is None:
     state = jnp.zeros((B, N, H, Hv), jnp.float32)
-  if isinstance(segment_ids, (tuple, list)):
-    raise ValueError("segment_ids must be one array [B, T] (queries and keys are the same "
-                     "tokens), got a sequence")
-  seg, _ = _checks.check_segment_ids(segment_ids, B, T, T)
   reset = masks.segment_resets(seg, B, T)
   return implementation, scale, g, state, reset
 
