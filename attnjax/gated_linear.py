@@ -26,10 +26,11 @@ in value, final state and every gradient:
   form with decays relative to the chunk's start (cumulative sums restart at
   every chunk, so the exponents stay ``<= 0`` and bounded by one chunk);
   across chunks a ``lax.scan`` carries the state, decayed by the chunk's total.
-  Per-channel decays inside a chunk that is a multiple of ``SUB_BLOCK`` use
-  secondary chunking (:func:`_intra_weights`): ``[SUB_BLOCK, SUB_BLOCK, H]``
-  decays on the diagonal, one matmul through a reference position for earlier
-  sub-blocks, never an ``exp`` of a positive number.
+  Per-channel decays run :func:`attnjax._gla_chunk.gla_chunk` on each chunk:
+  secondary chunking (``[SUB_BLOCK, SUB_BLOCK, H]`` decays inside a sub-block,
+  one matmul through a reference token for earlier sub-blocks, never an
+  ``exp`` of a positive number) and a hand-written backward, whose decay
+  gradient is a sum identity instead of autodiff through every ``exp``.
 
 ``segment_ids`` ``[B, T]`` reset the state where the id changes from one
 token to the next (packed documents): a token of a new segment sees no earlier
@@ -60,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, _chunks, masks
+from attnjax import _checks, _chunks, _gla_chunk, masks
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -130,60 +131,7 @@ def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Ar
   return _einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
 
 
-def _intra_weights(q: Array, k: Array, g: Array, b: Array, keep: Array, *, sub: int) -> Array:
-  """Intra-chunk weights ``w_ij = sum_h q_ih k_jh exp(b_ih - b_jh)`` on ``keep``; ``[B, K, G, C, C]``.
-
-  ``g`` are the chunk's log decays and ``b`` their cumulative sum from the
-  chunk's start. A scalar decay (``D = 1``) or a sub-block that is the whole
-  chunk materialises the ``[C, C, D]`` decays. Per key channel, with ``C`` a
-  multiple of ``sub < C``, the chunk is split into sub-blocks of ``sub`` tokens
-  (secondary chunking). Within a sub-block the ``[sub, sub, H]`` decays are
-  materialised. For a query in sub-block ``I`` and a key in an earlier
-  sub-block ``J`` the decay factors in three, through ``r`` (the last token
-  before ``I``) and ``e`` (the last token of ``J``, ``j <= e <= r < i``):
-
-      exp(b_i - b_j) = exp(b_i - b_r) * exp(b_r - b_e) * exp(b_e - b_j)
-
-  a query factor, a ``[n, n, H]`` factor between sub-blocks and a key factor,
-  each ``exp`` of a sum of decays ``<= 0`` (so nothing overflows), computed
-  from sums inside a sub-block or of whole sub-blocks (so no difference of
-  large cumulative sums loses precision). That is ``2 C H + n^2 H`` ``exp``
-  calls where materialising costs ``C^2 H``.
-  """
-  B, C, K, G, D = b.shape
-  if D == 1 or sub >= C or C % sub:
-    return _decayed_scores(q, k, b, b, keep)
-  n = C // sub
-
-  def blocks(x):  # [B, C, ...] -> [B, n, sub, ...]
-    return jnp.reshape(x, (B, n, sub) + x.shape[2:])
-
-  gs = blocks(g)  # [B, n, s, K, G, D]
-  inside = jnp.cumsum(gs, axis=2)  # b_i - b_r: decay from the sub-block's start to i
-  # b_e - b_j: decay from after j to the sub-block's end (exclusive reverse cumsum).
-  to_end = _sum_after(gs, axis=2)
-  qs, ks = blocks(q), blocks(k)
-  keep_s = jnp.reshape(keep, (B, n, sub, n, sub))
-  diag = jax.vmap(_decayed_scores, in_axes=(1, 1, 1, 1, 1), out_axes=3)(
-      qs, ks, inside, inside,
-      jnp.diagonal(keep_s, axis1=1, axis2=3).transpose(0, 3, 1, 2))  # [B, K, G, n, s, s]
-  # b_r(I) - b_e(J) = sum of whole sub-blocks J+1 .. I-1 (0 when J = I - 1).
-  totals = inside[:, :, -1]  # [B, n, K, G, D]
-  before = jnp.cumsum(totals, axis=1) - totals  # decay of sub-blocks < I
-  earlier = (jnp.arange(n)[:, None] > jnp.arange(n)[None, :])[None, :, :, None, None, None]
-  between = before[:, :, None] - before[:, None, :] - totals[:, None, :]  # [B, I, J, K, G, D]
-  mid = jnp.where(earlier, jnp.exp(jnp.where(earlier, between, 0.0)), 0.0)
-  q_hat = qs * jnp.exp(inside)  # [B, n, s, K, G, H]
-  k_hat = ks[:, :, :, :, None] * jnp.exp(to_end)  # [B, n, s, K, G, H]
-  q_mid = q_hat[:, :, None] * mid[:, :, :, None]  # [B, I, J, s, K, G, H]
-  off = _einsum("bIJikgh,bJjkgh->bkgIiJj", q_mid, k_hat)  # [B, K, G, n, s, n, s]
-  off = jnp.where(jnp.reshape(keep_s, (B, 1, 1, n, sub, n, sub)), off, 0.0)
-  eye = jnp.reshape(jnp.eye(n, dtype=jnp.float32), (1, 1, 1, n, 1, n, 1))
-  w = off + diag[:, :, :, :, :, None, :] * eye
-  return jnp.reshape(w, (B, K, G, C, C))
-
-
-def _block_terms(q: Array, k: Array, g: Array, reset: Array, *, sub: int):
+def _block_terms(q: Array, k: Array, g: Array, reset: Array):
   """The state-independent terms of the masked quadratic form on one block of ``C`` tokens.
 
   ``b_i`` is the cumulative decay from the block's start to ``i`` (inclusive),
@@ -196,7 +144,6 @@ def _block_terms(q: Array, k: Array, g: Array, reset: Array, *, sub: int):
 
   Args:
     q, k, g, reset: one block, shapes as the forms (``T = C``).
-    sub: query sub-block of :func:`_intra_weights` (per-channel decays).
 
   Returns:
     ``(w [B, K, G, C, C], q_in [B, C, K, G, H], k_end [B, C, K, G, H], carry
@@ -209,7 +156,7 @@ def _block_terms(q: Array, k: Array, g: Array, reset: Array, *, sub: int):
   d = jnp.cumsum(reset.astype(jnp.int32), axis=1)  # [B, C]
   causal = jnp.tril(jnp.ones((C, C), bool))
   keep = jnp.logical_and(causal[None], d[:, :, None] == d[:, None, :])  # [B, i, j]
-  w = _intra_weights(q, k, g, b, keep, sub=sub)
+  w = _decayed_scores(q, k, b, b, keep)
   fresh = (d == 0)[:, :, None, None, None]  # [B, C, 1, 1, 1]: no reset so far in the block
   q_in = jnp.where(fresh, q * jnp.exp(b), 0.0)  # [B, C, K, G, H]
   # State after the block: keys of the last segment, decayed to the block's end.
@@ -235,7 +182,7 @@ def _block_state(xs, state: Array):
 
 def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
   """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel)."""
-  return _block_state(_block_terms(q, k, g, reset, sub=q.shape[1]) + (v,), state)
+  return _block_state(_block_terms(q, k, g, reset) + (v,), state)
 
 
 def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *,
@@ -263,7 +210,9 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
 
 def _chunk_block(xs, state):
   q, k, v, g, reset = xs
-  return _block_state(_block_terms(q, k, g, reset, sub=SUB_BLOCK) + (v,), state)
+  if g.shape[-1] > 1:  # per key channel: the hand-written chunk and backward
+    return _gla_chunk.gla_chunk(q, k, v, g, reset, state, SUB_BLOCK)
+  return _block_state(_block_terms(q, k, g, reset) + (v,), state)
 
 
 # ---------------------------------------------------------------------------
