@@ -56,8 +56,9 @@ IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 QueryPool = Literal["mean", "first"]
 QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
 
-# Query blocks computed together in one step of the gathered path's lax.map.
-MAP_BLOCKS = 4
+# Query blocks computed together in one step of the gathered path's lax.map
+# (1: vmapping several blocks' gathers measured slower on CPU).
+MAP_BLOCKS = 1
 
 
 def _pad_to(x: Array, length: int, axis: int = 1, value=0) -> Array:
@@ -204,9 +205,32 @@ def _reduce_stats(r: dict) -> AttentionStats:
       logsumexp=r["lse"], row_sum=_row_mean(r["row_sum"], r["has_key"]))
 
 
+def _tile_logits(opts: _call.DenseOptions, qb: Array, kg: Array) -> Array:
+  """Float32 logits ``[B, K, G, R, L]`` of ``qb [B, K, G, R, H]`` against ``kg [B, K, L, H]``.
+
+  The same order as :func:`attnjax.dense.scores`: scale (and similarity), then softcap.
+  """
+  dots = jnp.einsum("bkgrh,bklh->bkgrl", qb, kg, preferred_element_type=jnp.float32)
+  if opts.similarity == "dot":
+    z = dots * opts.scale
+  else:
+    q_sq = jnp.sum(qb * qb, axis=-1, keepdims=True)
+    k_sq = jnp.sum(kg * kg, axis=-1)[:, :, None, None, :]
+    z = -opts.scale * (q_sq - 2.0 * dots + k_sq)
+  if opts.softcap is not None:
+    z = opts.softcap * jnp.tanh(z / opts.softcap)
+  return z
+
+
 def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
               block_size: int):
-  """Per query block: gather its selected key/value blocks, run the normaliser on the tile."""
+  """Per query block: gather its selected key/value blocks, run the normaliser on the tile.
+
+  Keys and values are laid out ``[B, K, blocks, block_size, H]`` once, so a
+  query block's selection is a gather of whole blocks per KV head; its logits
+  ``[B, N, block_size, (top_k' + 1) * block_size]`` go through the normaliser's
+  materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
+  """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   K, Hv = k.shape[2], v.shape[3]
@@ -214,51 +238,53 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
   bs = block_size
   nb = -(-T // bs)
   Tp = nb * bs
-  qp, kp, vp = (_pad_to(x, Tp) for x in (q, k, v))
+  f32 = lambda x: x.astype(jnp.float32)
+  # [B, K, G, nb, bs, H] queries; [B, K, nb, bs, H] keys and values.
+  q6 = jnp.transpose(jnp.reshape(_pad_to(f32(q), Tp), (B, nb, bs, K, G, H)), (0, 3, 4, 1, 2, 5))
+  blocks_of = lambda x: jnp.transpose(jnp.reshape(_pad_to(f32(x), Tp), (B, nb, bs, K, -1)),
+                                      (0, 3, 1, 2, 4))
+  kb, vb = blocks_of(k), blocks_of(v)
   own = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32)[None, None, :, None], (B, K, nb, 1))
   slots = jnp.concatenate([sel, own], axis=3)  # [B, K, nb, ns]; the own block last
   ns = slots.shape[3]
   L = ns * bs
   q_seg, kv_seg = inputs.q_segment_ids, inputs.kv_segment_ids
   if q_seg is not None:
-    q_seg, kv_seg = _pad_to(q_seg, Tp, value=-1), _pad_to(kv_seg, Tp, value=-2)
+    q_seg = jnp.reshape(_pad_to(q_seg, Tp, value=-1), (B, nb, bs))
+    kv_seg = jnp.reshape(_pad_to(kv_seg, Tp, value=-2), (B, 1, nb, bs))
   nz = normalizers.REGISTRY[opts.normalizer]
   sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
 
   def one_block(i):
     blocks = slots[:, :, i]  # [B, K, ns]
-    pos = (jnp.maximum(blocks, 0)[..., None] * bs + jnp.arange(bs)).reshape(B, K, L)
-    ok = jnp.repeat(blocks >= 0, bs, axis=-1)  # [B, K, L]
-    ok = jnp.logical_and(ok, pos < T)
-    take = lambda x: jnp.take_along_axis(x, jnp.swapaxes(pos, 1, 2)[..., None], axis=1)
-    kg, vg = take(kp), take(vp)  # [B, L, K, H]
-    q_pos = i * bs + jnp.arange(bs)
-    qb = jax.lax.dynamic_slice_in_dim(qp, i * bs, bs, axis=1)
-    allowed = ok[:, :, None, None, :]  # [B, K, 1, 1, L]
+    safe = jnp.maximum(blocks, 0)[..., None, None]
+    take = lambda x: jnp.reshape(jnp.take_along_axis(x, safe, axis=2), (B, K, L, x.shape[-1]))
+    kg, vg = take(kb), take(vb)  # [B, K, L, H]
+    pos = jnp.reshape(safe[..., 0] * bs + jnp.arange(bs), (B, K, L))
+    ok = jnp.logical_and(jnp.repeat(blocks >= 0, bs, axis=-1), pos < T)  # [B, K, L]
+    allowed = ok[:, :, None, None, :]  # [B, K, 1, 1|bs, L]
     if opts.is_causal:
+      q_pos = i * bs + jnp.arange(bs)
       allowed = jnp.logical_and(allowed, pos[:, :, None, None, :] <= q_pos[:, None])
     if q_seg is not None:
-      seg_k = jnp.take_along_axis(kv_seg, jnp.reshape(pos, (B, K * L)), axis=1)
-      seg_q = jax.lax.dynamic_slice_in_dim(q_seg, i * bs, bs, axis=1)
-      same = seg_q[:, None, :, None] == jnp.reshape(seg_k, (B, K, 1, L))
+      seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
+                                              safe[..., 0], axis=2), (B, K, 1, L))
+      same = q_seg[:, i][:, None, :, None] == seg_k  # [B, K, bs, L]
       allowed = jnp.logical_and(allowed, same[:, :, None])
-    allowed = jnp.reshape(jnp.broadcast_to(allowed, (B, K, G) + allowed.shape[3:4] + (L,)),
-                          (B, N, -1, L))
-    z = dense.scores(dense.group_queries(qb, K), kg, scale=opts.scale,
-                     similarity=opts.similarity, softcap=opts.softcap)
-    z = jnp.reshape(z, (B, N, bs, L))
+    R = allowed.shape[3]
+    allowed = jnp.reshape(jnp.broadcast_to(allowed, (B, K, G, R, L)), (B, N, R, L))
+    z = jnp.reshape(_tile_logits(opts, q6[:, :, :, i], kg), (B, N, bs, L))
     w, log_norm = nz.weights(z, allowed, sink)
-    out = jnp.einsum("bkgts,bskh->btkgh", jnp.reshape(w, (B, K, G, bs, L)),
-                     vg.astype(jnp.float32))
-    out = jnp.reshape(out, (B, bs, N, Hv)).astype(q.dtype)
+    out = jnp.einsum("bkgrl,bklh->bkgrh", jnp.reshape(w, (B, K, G, bs, L)), vg)
     if not opts.return_stats:
       return out
     key0 = jnp.repeat(jnp.logical_and(pos == 0, ok), G, axis=1)[:, :, None, :]
     return out, _row_stats(z, w, allowed, log_norm, key0)
 
   res = jax.lax.map(jax.checkpoint(one_block), jnp.arange(nb), batch_size=min(MAP_BLOCKS, nb))
-  out_blocks = res[0] if opts.return_stats else res  # [nb, B, bs, N, Hv]
-  out = jnp.reshape(jnp.moveaxis(out_blocks, 0, 1), (B, Tp, N, Hv))[:, :T]
+  out_blocks = res[0] if opts.return_stats else res  # [nb, B, K, G, bs, Hv]
+  out = jnp.reshape(jnp.transpose(out_blocks, (1, 0, 4, 2, 3, 5)), (B, Tp, N, Hv))
+  out = out[:, :T].astype(q.dtype)
   if not opts.return_stats:
     return out
   rows = {name: jnp.reshape(jnp.moveaxis(x, 0, 2), (B, N, Tp))[..., :T]
