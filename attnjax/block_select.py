@@ -122,11 +122,11 @@ def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
   scores = block_scores(q_pooled, _pooled(k, block_size))
   i, j = jnp.arange(nb)[:, None], jnp.arange(nb)[None, :]
   candidate = j < i if is_causal else j != i
-  return top_blocks(scores, candidate, top_k)
+  return top_blocks(scores, candidate[None, None], top_k)
 
 
-def select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
-                  query_pool: QueryPool = "mean") -> Array:
+def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
+                   query_pool: QueryPool = "mean") -> Array:
   """The blocks :func:`block_select_attention` keeps besides each query block's own.
 
   Returns:
@@ -137,6 +137,11 @@ def select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal:
   _check_static(q, k, block_size, top_k, query_pool)
   sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
   return _pad_to(sel, top_k, axis=3, value=-1)
+
+
+select_blocks = jax.jit(_select_blocks,
+                        static_argnames=("block_size", "top_k", "is_causal", "query_pool"))
+select_blocks.__doc__ = _select_blocks.__doc__
 
 
 def _check_static(q, k, block_size, top_k, query_pool) -> None:
@@ -158,8 +163,8 @@ def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array
   """
   B, K, nb, _ = sel.shape
   blocks = jnp.arange(nb)
-  chosen = jnp.any(sel[..., None] == blocks, axis=3)  # [B, K, nbq, nbk]
-  chosen = jnp.logical_or(chosen, jnp.eye(nb, dtype=bool))
+  chosen = jnp.any(sel[..., None] == blocks[None, None, None, None], axis=3)  # [B, K, nbq, nbk]
+  chosen = jnp.logical_or(chosen, jnp.eye(nb, dtype=bool)[None, None])
   pos_block = jnp.arange(T) // block_size
   mask = chosen[:, :, pos_block][:, :, :, pos_block]  # [B, K, T, T]
   return jnp.repeat(mask, num_heads // K, axis=1)
@@ -260,12 +265,12 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
     safe = jnp.maximum(blocks, 0)[..., None, None]
     take = lambda x: jnp.reshape(jnp.take_along_axis(x, safe, axis=2), (B, K, L, x.shape[-1]))
     kg, vg = take(kb), take(vb)  # [B, K, L, H]
-    pos = jnp.reshape(safe[..., 0] * bs + jnp.arange(bs), (B, K, L))
+    pos = jnp.reshape(safe[..., 0] * bs + jnp.arange(bs)[None, None, None], (B, K, L))
     ok = jnp.logical_and(jnp.repeat(blocks >= 0, bs, axis=-1), pos < T)  # [B, K, L]
     allowed = ok[:, :, None, None, :]  # [B, K, 1, 1|bs, L]
     if opts.is_causal:
       q_pos = i * bs + jnp.arange(bs)
-      allowed = jnp.logical_and(allowed, pos[:, :, None, None, :] <= q_pos[:, None])
+      allowed = jnp.logical_and(allowed, pos[:, :, None, None, :] <= q_pos[None, None, None, :, None])
     if q_seg is not None:
       seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
                                               safe[..., 0], axis=2), (B, K, 1, L))
