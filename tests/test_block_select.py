@@ -131,12 +131,24 @@ def test_gathered_matches_reference_with_stats(T, N, K, causal):
 
 
 def test_every_normalizer_and_options():
+  # Every normaliser's forward (values and stats) in one compiled program; gradients for
+  # two (the slow cross product has every normaliser's gradients).
   q, k, v = rand_qkv(1, 24, N=4, K=2, H=8, seed=5)
-  for name in normalizers.NORMALIZERS:
-    compare(q, k, v, tol=5e-5, block_size=8, top_k=1, normalizer=name)
+
+  @jax.jit
+  def both(q, k, v):
+    run = lambda impl, name: attnjax.block_select_attention(
+        q, k, v, block_size=8, top_k=1, normalizer=name, implementation=impl, return_stats=True)
+    return {name: (run("gathered", name), run("reference", name))
+            for name in normalizers.NORMALIZERS}
+
+  for name, (got, want) in both(q, k, v).items():
+    assert_close(got, want, name, rtol=5e-5, atol=5e-5)
+  compare(q, k, v, tol=5e-5, block_size=8, top_k=1, normalizer="softpick")
   compare(q, k, v, block_size=8, top_k=1, sink_logits=jnp.array([0.5, -1.0, 0.0, 2.0]),
           softcap=3.0, query_pool="first")
-  compare(q, k, v, tol=5e-5, block_size=8, top_k=1, similarity="neg_sq_euclidean", scale=0.1)
+  compare(q, k, v, tol=5e-5, block_size=8, top_k=1, similarity="neg_sq_euclidean", scale=0.1,
+          normalizer="sigmoid")
 
 
 def test_bfloat16():
@@ -207,3 +219,84 @@ def test_cross_product(normalizer, causal, dtype):
   tol = 5e-5 if dtype == jnp.float32 else 3e-2
   compare(q, k, v, tol=tol, block_size=8, top_k=3, is_causal=causal, normalizer=normalizer,
           return_stats=True)
+
+
+# ---------------------------------------------------------------------------
+# The nn family.
+
+
+def _lm(*layers, vocab=32, d_model=32):
+  from flax import nnx
+  cfg = attnjax.nn.ModelConfig(vocab_size=vocab, d_model=d_model, num_layers=len(layers),
+                               layer_attention=tuple(layers))
+  return attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+
+
+def test_nn_layer_is_the_function():
+  from flax import nnx
+  config = attnjax.nn.AttentionConfig(family="block_select", num_heads=4, num_kv_heads=2,
+                                      block_size=4, top_k=1, rope_theta=None)
+  layer = attnjax.nn.Attention(config, 16, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(0), (2, 14, 16))
+  q, k, v = layer._project(x)
+  want = attnjax.block_select_attention(q, k, v, block_size=4, top_k=1, query_pool="first")
+  got = layer(x)
+  assert_close(got, layer.o_proj(jnp.reshape(want, (2, 14, -1))), "layer", rtol=1e-5, atol=1e-5)
+
+
+DECODE_LAYERS = {
+    "gqa_rope_block3_top2": dict(num_heads=4, num_kv_heads=2, block_size=3, top_k=2),
+    "softmax_one_norope_block4": dict(num_heads=2, block_size=4, top_k=1,
+                                      normalizer="softmax_one", rope_theta=None),
+}
+
+
+@pytest.mark.parametrize("name", [
+    "gqa_rope_block3_top2",
+    pytest.param("softmax_one_norope_block4", marks=pytest.mark.slow)])
+def test_nn_prefill_and_decode_equal_full_forward(name):
+  # T = 15 ends in a partial block; prefill 6 ends mid-block, so the block's first query
+  # comes from the cache; uneven chunks cross block borders.
+  from flax import nnx
+  layers = (attnjax.nn.AttentionConfig(family="block_select", **DECODE_LAYERS[name]),)
+  model = _lm(*layers)
+  tokens = jax.random.randint(jax.random.key(1), (2, 15), 0, 32)
+
+  @nnx.jit
+  def run(model, tokens):
+    full = model(tokens)
+    cache = model.init_cache(2, 15)
+    first, cache = model.decode(tokens[:, :6], cache)
+
+    def step(cache, token):
+      logits, cache = model.decode(token[:, None], cache)
+      return cache, logits[:, 0]
+
+    cache, rest = jax.lax.scan(step, cache, jnp.transpose(tokens[:, 6:]))
+    stepwise = jnp.concatenate([first, jnp.transpose(rest, (1, 0, 2))], axis=1)
+    chunk_cache, outs, start = model.init_cache(2, 15), [], 0
+    for size in (5, 10):
+      logits, chunk_cache = model.decode(tokens[:, start:start + size], chunk_cache)
+      outs.append(logits)
+      start += size
+    return full, stepwise, jnp.concatenate(outs, axis=1), cache
+
+  full, stepwise, chunked, cache = run(model, tokens)
+  np.testing.assert_allclose(stepwise, full, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(chunked, full, rtol=1e-5, atol=1e-5)
+  assert isinstance(cache[0], attnjax.nn.specs.BlockSelectCache)
+  assert int(cache[0].kv.index) == 15
+
+
+def test_nn_options_are_checked():
+  A = attnjax.nn.AttentionConfig
+  with pytest.raises(ValueError, match="top_k"):
+    A(family="block_select", top_k=-1)
+  with pytest.raises(ValueError, match="query_pool"):
+    A(family="block_select", query_pool="max")
+  with pytest.raises(ValueError, match="alibi"):
+    A(family="block_select", alibi=True)
+  model = _lm(A(family="block_select", num_heads=2, query_pool="mean", block_size=4))
+  assert model(jnp.zeros((1, 8), jnp.int32)).shape == (1, 8, 32)
+  with pytest.raises(ValueError, match="query_pool='first'"):
+    model.init_cache(1, 8)
