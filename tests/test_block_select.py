@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,8 @@ import pytest
 import attnjax
 from attnjax import block_select, normalizers
 from tests.helpers import assert_close, rand_qkv
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def brute_selection(q, k, block_size, top_k, is_causal, query_pool="mean"):
@@ -300,3 +304,36 @@ def test_nn_options_are_checked():
   assert model(jnp.zeros((1, 8), jnp.int32)).shape == (1, 8, 32)
   with pytest.raises(ValueError, match="query_pool='first'"):
     model.init_cache(1, 8)
+
+
+def _variant_model_config():
+  from attnjax.train import config as config_lib
+  from attnjax.train.model import model_config
+  cfg = config_lib.load_config(os.path.join(REPO, "experiments", "configs", "compare.py")
+                               + ":preset=cpu", ["variant=block_select"])
+  return model_config(cfg, 32)
+
+
+def test_experiment_variant():
+  mc = _variant_model_config()
+  assert mc.attention.family == "block_select"
+  assert (mc.attention.spec.block_size, mc.attention.spec.top_k) == (8, 2)
+
+
+@pytest.mark.slow
+def test_experiment_variant_trains_a_step():
+  import optax
+  from flax import nnx
+  model = attnjax.nn.TransformerLM(_variant_model_config(), rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (1, 33), 0, 32)
+
+  @nnx.jit
+  def step(model, tokens):
+    def loss(model):
+      logits = model(tokens[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    return nnx.value_and_grad(loss)(model)
+
+  value, grads = step(model, tokens)
+  assert np.isfinite(float(value))
+  assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
