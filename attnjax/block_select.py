@@ -248,7 +248,9 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
   q6 = jnp.transpose(jnp.reshape(_pad_to(f32(q), Tp), (B, nb, bs, K, G, H)), (0, 3, 4, 1, 2, 5))
   blocks_of = lambda x: jnp.transpose(jnp.reshape(_pad_to(f32(x), Tp), (B, nb, bs, K, -1)),
                                       (0, 3, 1, 2, 4))
-  kb, vb = blocks_of(k), blocks_of(v)
+  # Rows of whole blocks, [B * K * nb, bs * H]: a selection is a gather of rows.
+  kb, vb = (jnp.reshape(blocks_of(x), (B * K * nb, -1)) for x in (k, v))
+  head_rows = nb * jnp.reshape(jnp.arange(B * K, dtype=jnp.int32), (B, K, 1))
   own = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32)[None, None, :, None], (B, K, nb, 1))
   slots = jnp.concatenate([sel, own], axis=3)  # [B, K, nb, ns]; the own block last
   ns = slots.shape[3]
@@ -262,10 +264,11 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
 
   def one_block(i):
     blocks = slots[:, :, i]  # [B, K, ns]
-    safe = jnp.maximum(blocks, 0)[..., None, None]
-    take = lambda x: jnp.reshape(jnp.take_along_axis(x, safe, axis=2), (B, K, L, x.shape[-1]))
+    safe = jnp.maximum(blocks, 0)
+    rows = jnp.reshape(safe + head_rows, (-1,))
+    take = lambda x: jnp.reshape(jnp.take(x, rows, axis=0, mode="clip"), (B, K, L, -1))
     kg, vg = take(kb), take(vb)  # [B, K, L, H]
-    pos = jnp.reshape(safe[..., 0] * bs + jnp.arange(bs)[None, None, None], (B, K, L))
+    pos = jnp.reshape(safe[..., None] * bs + jnp.arange(bs)[None, None, None], (B, K, L))
     ok = jnp.logical_and(jnp.repeat(blocks >= 0, bs, axis=-1), pos < T)  # [B, K, L]
     allowed = ok[:, :, None, None, :]  # [B, K, 1, 1|bs, L]
     if opts.is_causal:
@@ -273,16 +276,28 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
       allowed = jnp.logical_and(allowed, pos[:, :, None, None, :] <= q_pos[None, None, None, :, None])
     if q_seg is not None:
       seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
-                                              safe[..., 0], axis=2), (B, K, 1, L))
+                                              safe[..., None], axis=2), (B, K, 1, L))
       same = q_seg[:, i][:, None, :, None] == seg_k  # [B, K, bs, L]
       allowed = jnp.logical_and(allowed, same[:, :, None])
     R = allowed.shape[3]
     allowed = jnp.reshape(jnp.broadcast_to(allowed, (B, K, G, R, L)), (B, N, R, L))
     z = jnp.reshape(_tile_logits(opts, q6[:, :, :, i], kg), (B, N, bs, L))
-    w, log_norm = nz.weights(z, allowed, sink)
-    out = jnp.einsum("bkgrl,bklh->bkgrh", jnp.reshape(w, (B, K, G, bs, L)), vg)
+    pv = lambda w: jnp.einsum("bkgrl,bklh->bkgrh", jnp.reshape(w, (B, K, G, bs, L)), vg)
     if not opts.return_stats:
-      return out
+      # The normaliser's online form on the one tile: softmax divides the [bs, Hv] rows
+      # instead of the [bs, L] weights.
+      counts = None
+      if nz.needs_counts:
+        counts = jnp.sum(jnp.broadcast_to(allowed, (B, N, bs, L)), axis=-1, keepdims=True,
+                         dtype=jnp.float32)
+      row = nz.row_inputs(sink, counts)
+      st = nz.init((B, N, bs, 1), (B, K, G, bs, Hv), False)
+      st["acc"] = jnp.reshape(st["acc"], (B, N, bs, Hv))
+      pv_rows = lambda w: jnp.reshape(pv(w), (B, N, bs, Hv))
+      out = nz.finish(nz.visit(st, z, allowed, pv_rows, row, False, False), row, False)[0]
+      return jnp.reshape(out, (B, K, G, bs, Hv))
+    w, log_norm = nz.weights(z, allowed, sink)
+    out = pv(w)
     key0 = jnp.repeat(jnp.logical_and(pos == 0, ok), G, axis=1)[:, :, None, :]
     return out, _row_stats(z, w, allowed, log_norm, key0)
 
