@@ -32,10 +32,13 @@ Implementations (tested equal in value and gradient):
 - ``"reference"``: the selection as an explicit ``[B, N, T, S]`` mask handed to
   :func:`attnjax.dense.reference`;
 - ``"gathered"`` (default): per query block, the selected key and value blocks
-  are gathered (``[B, (top_k + 1) * block_size, K, H]``) and the normaliser's
-  materialised math runs on that ``[block_size, (top_k + 1) * block_size]``
-  tile, under ``lax.map`` with a checkpointed body: cost follows ``top_k``, not
-  ``T``, and the backward recomputes one query block at a time.
+  are gathered per KV head (``[B, K, (top_k + 1) * block_size, H]``) and the
+  normaliser (:mod:`attnjax.normalizers`: its one-tile online form, or its
+  materialised weights when statistics are asked for) runs on that
+  ``[block_size, (top_k + 1) * block_size]`` tile, under ``lax.map`` with a
+  checkpointed body: cost follows ``top_k``, not ``T``, and the backward
+  recomputes one query block at a time (forward + backward at T=16384, B=1,
+  N=8, H=64, block 64, top_k 8: about 700 MiB peak resident memory).
 """
 
 from __future__ import annotations
@@ -95,7 +98,9 @@ def block_scores(q_pooled: Array, k_pooled: Array) -> Array:
 
 
 def top_blocks(scores: Array, candidate: Array, top_k: int) -> Array:
-  """int32 ``[..., top_k']`` best candidate blocks (ascending, -1 = none), ``top_k' = min(top_k, nk - 1)``.
+  """int32 ``[..., top_k']`` best candidate blocks, ascending, -1 = none.
+
+  ``top_k' = min(top_k, nk - 1)``; ties go to the lower block index.
 
   ``scores [..., nq, nk]``; ``candidate`` bool broadcastable to it.
   """
@@ -231,10 +236,12 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
               block_size: int):
   """Per query block: gather its selected key/value blocks, run the normaliser on the tile.
 
-  Keys and values are laid out ``[B, K, blocks, block_size, H]`` once, so a
-  query block's selection is a gather of whole blocks per KV head; its logits
-  ``[B, N, block_size, (top_k' + 1) * block_size]`` go through the normaliser's
-  materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
+  Keys and values are laid out once as rows of whole blocks per KV head
+  (``[B * K * blocks, block_size * H]``), so a query block's selection is a
+  gather of ``top_k' + 1`` rows; its logits ``[B, N, block_size, (top_k' + 1) *
+  block_size]`` go through the normaliser's online form for one tile
+  (:meth:`~attnjax.normalizers.Normalizer.visit` then ``finish``), or, with
+  statistics, its materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
@@ -273,7 +280,8 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
     allowed = ok[:, :, None, None, :]  # [B, K, 1, 1|bs, L]
     if opts.is_causal:
       q_pos = i * bs + jnp.arange(bs)
-      allowed = jnp.logical_and(allowed, pos[:, :, None, None, :] <= q_pos[None, None, None, :, None])
+      causal = pos[:, :, None, None, :] <= q_pos[None, None, None, :, None]
+      allowed = jnp.logical_and(allowed, causal)
     if q_seg is not None:
       seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
                                               safe[..., None], axis=2), (B, K, 1, L))
@@ -291,8 +299,7 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
         counts = jnp.sum(jnp.broadcast_to(allowed, (B, N, bs, L)), axis=-1, keepdims=True,
                          dtype=jnp.float32)
       row = nz.row_inputs(sink, counts)
-      st = nz.init((B, N, bs, 1), (B, K, G, bs, Hv), False)
-      st["acc"] = jnp.reshape(st["acc"], (B, N, bs, Hv))
+      st = nz.init((B, N, bs, 1), (B, N, bs, Hv), False)
       pv_rows = lambda w: jnp.reshape(pv(w), (B, N, bs, Hv))
       out = nz.finish(nz.visit(st, z, allowed, pv_rows, row, False, False), row, False)[0]
       return jnp.reshape(out, (B, K, G, bs, Hv))

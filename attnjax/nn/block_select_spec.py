@@ -98,7 +98,7 @@ class BlockSelectSpec(ScoreSpec):
         **extra), k, v
 
   def allowed_mask(self, layer, length):
-    """The pairs any selection may allow (causal, or all): which ones it keeps depends on content."""
+    """The pairs a selection may allow (causal, or all); which it keeps depends on content."""
     pos = jnp.arange(length)
     allowed = pos[None, :] <= pos[:, None] if layer.config.is_causal else jnp.ones(
         (length, length), bool)
