@@ -557,6 +557,44 @@ for _name in _gated_calls():
   memory_case(f"gated: {_name} fwd+bwd T=16384 (B=1, N=8, H=64, fp32)")(_gated_memory(_name))
 
 
+def _block_select(q, k, v):
+  return attnjax.block_select_attention(q, k, v, block_size=64, top_k=8, is_causal=True)
+
+
+@suite("block_select")
+def block_select_suite(args) -> Iterable[Case]:
+  """Content-selected block-sparse attention (MoBA), block 64, top_k 8, causal forward (B=1, N=8, H=64, fp32).
+
+  Shape "T=8192": ``block_select_attention`` divided by our blockwise dense
+  causal attention at T=8192 (issue target: at most 0.25x). The "T_big/T_base"
+  rows divide its time by its own time at the first size (cost follows top_k,
+  so linear growth: 4x for 4096 -> 16384; target at most 5x). Peak memory of
+  forward + backward at T=16384 is a memory case (``--memory``).
+  """
+  B, N, H = 1, 8, 64
+  keys = lambda T: min(T, 9 * 64)  # own block + 8 selected, per query (upper bound)
+  q, k, v = qkv(B, 8192, N, H)
+  shape = "T=8192"
+  yield Case("block_select", "attnjax blockwise dense causal", shape,
+             jax.jit(lambda q, k, v: attnjax.dot_product_attention(
+                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v),
+             attention_flops(B, N, H, allowed_pairs(8192, 8192, is_causal=True)), baseline=True)
+  yield Case("block_select", "block_select_attention block=64 top_k=8", shape,
+             jax.jit(_block_select), (q, k, v), attention_flops(B, N, H, 8192 * keys(8192)))
+  sizes = parse_sizes(args.sizes or "4096,16384")
+  shape = f"T={sizes[-1]}/T={sizes[0]}"
+  for T in (sizes[0], sizes[-1]) if len(sizes) > 1 else ():
+    yield Case("block_select", f"block_select_attention T={T}", shape, jax.jit(_block_select),
+               qkv(B, T, N, H), attention_flops(B, N, H, T * keys(T)), baseline=T == sizes[0])
+
+
+@memory_case("block_select fwd+bwd T=16384 block=64 top_k=8 (B=1, N=8, H=64, fp32)")
+def block_select_memory():
+  q, k, v = qkv(1, 16384, 8, 64)
+  step = fwd_bwd(_block_select)
+  return lambda: step(q, k, v)
+
+
 # ---------------------------------------------------------------------------
 # Memory measurement in a child process.
 

@@ -28,7 +28,8 @@ normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
 ``sparse`` (:class:`SparseSpec`) a block-sparse pattern; ``linear``
 (:class:`LinearSpec`) kernel feature maps with a recurrent decode state;
 ``retnet``, ``mamba2_decay``, ``gla``, ``deltanet``, ``gated_deltanet``
-(:mod:`attnjax.nn.gated_spec`) gated and delta-rule recurrent states.
+(:mod:`attnjax.nn.gated_spec`) gated and delta-rule recurrent states;
+``block_select`` (:class:`BlockSelectSpec`) content-selected key blocks (MoBA).
 """
 
 from attnjax.nn.linear_spec import LinearSpec
@@ -37,12 +38,14 @@ from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, KernelSpec, QKNormS
 # After the others: the gated families register after them (FAMILY_SPECS keeps that order).
 from attnjax.nn.gated_spec import (GATED_FAMILIES, DeltaNetSpec, GatedDeltaNetSpec, GatedSpec,
                                    GLASpec, Mamba2DecaySpec, RetNetSpec)
+from attnjax.nn.block_select_spec import BlockSelectCache, BlockSelectSpec
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, PATTERNS,
                                   STREAMING_ROPE, AttentionSpec, Call, check_int, check_type,
                                   register_family, run_and_sow)
 
 __all__ = [
-    "AttentionSpec", "Call", "CosineSpec", "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
+    "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "Call", "CosineSpec",
+    "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
     "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "GLASpec", "GatedDeltaNetSpec", "GatedSpec",
     "KernelSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",
     "STREAMING_ROPE", "ScoreSpec", "SparseSpec", "check_int", "check_type", "register_family",

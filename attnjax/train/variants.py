@@ -36,6 +36,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "deltanet": ({"family": "deltanet", "short_conv": 4}, "DeltaNet, delta rule (Schlag, Yang)"),
     "gated_deltanet": ({"family": "gated_deltanet", "short_conv": 4},
                        "Gated DeltaNet, delta rule + decay (Yang)"),
+    "block_select": ({"family": "block_select", "block_size": 8, "top_k": 2},
+                     "content-selected blocks: own + top 2 earlier 8-token blocks (MoBA, Lu)"),
 }
 
 # The arms of `compare`, the README's main job.

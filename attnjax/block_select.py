@@ -1,0 +1,404 @@
+"""Content-selected block-sparse attention (MoBA, Lu et al. 2025; NSA's selection branch).
+
+The sequence is cut into blocks of ``block_size`` positions. Each query block
+scores key blocks by the dot product of its pooled query with each block's
+mean-pooled key, keeps the ``top_k`` best candidates plus its own block, and
+attends to the union of those blocks in ONE normalisation (any normaliser of
+:mod:`attnjax.normalizers`).
+
+Selection rule (shared by every implementation, :func:`select_blocks`):
+
+- pooled key of block ``j``: the mean of its keys (a partial last block: the
+  mean of the keys it has);
+- pooled query of block ``i``: ``query_pool="mean"`` (default, MoBA) the mean
+  of its queries; ``"first"`` its first query. With ``"mean"`` a causal
+  block's selection depends on its later queries (no value crosses, but which
+  blocks are kept does); ``"first"`` is strictly causal, which is what a
+  decoder with a KV cache needs (the ``nn`` family ``block_select`` uses it);
+- GQA: the query heads of a KV group share one selection, scored by the sum of
+  their dot products (as NSA), so the selected keys are gathered once per KV
+  head; with ``K == N`` the selection is per head (as MoBA);
+- candidates: ``is_causal=True`` the strictly earlier blocks ``j < i``; the own
+  block is always kept, under the causal mask. ``is_causal=False``: every
+  other block ``j != i``; the own block is always kept, whole. A block with
+  fewer than ``top_k`` candidates keeps all it has;
+- ties go to the lower block index (``lax.top_k``); the selection is discrete
+  (``stop_gradient``): gradients reach ``q``, ``k``, ``v`` through the
+  attended keys only. ``segment_ids`` mask pairs after the selection (the
+  selection ignores them).
+
+Implementations (tested equal in value and gradient):
+
+- ``"reference"``: the selection as an explicit ``[B, N, T, S]`` mask handed to
+  :func:`attnjax.dense.reference`;
+- ``"gathered"`` (default): per query block, the selected key and value blocks
+  are gathered per KV head (``[B, K, (top_k + 1) * block_size, H]``) and the
+  normaliser (:mod:`attnjax.normalizers`: its one-tile online form, or its
+  materialised weights when statistics are asked for) runs on that
+  ``[block_size, (top_k + 1) * block_size]`` tile, under ``lax.map`` with a
+  checkpointed body: cost follows ``top_k``, not ``T``, and the backward
+  recomputes one query block at a time (forward + backward at T=16384, B=1,
+  N=8, H=64, block 64, top_k 8: about 700 MiB peak resident memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Optional, get_args
+
+import jax
+import jax.numpy as jnp
+
+from attnjax import _call, _checks, dense, normalizers
+from attnjax.attention_stats import AttentionStats, _row_mean
+
+Array = jnp.ndarray
+
+ImplementationName = Literal["reference", "gathered"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+QueryPool = Literal["mean", "first"]
+QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
+
+# Query blocks computed together in one step of the gathered path's lax.map
+# (1: vmapping several blocks' gathers measured slower on CPU).
+MAP_BLOCKS = 1
+
+
+def _pad_to(x: Array, length: int, axis: int = 1, value=0) -> Array:
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, length - x.shape[axis])
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _pooled(x: Array, block_size: int) -> Array:
+  """Mean over each block of ``x [B, L, ...]`` -> float32 ``[B, nb, ...]`` (partial last block)."""
+  L = x.shape[1]
+  nb = -(-L // block_size)
+  xp = _pad_to(x.astype(jnp.float32), nb * block_size)
+  sums = jnp.sum(jnp.reshape(xp, (x.shape[0], nb, block_size) + x.shape[2:]), axis=2)
+  counts = jnp.minimum(L - block_size * jnp.arange(nb), block_size).astype(jnp.float32)
+  return sums / jnp.reshape(counts, (1, nb) + (1,) * (x.ndim - 2))
+
+
+def num_slots(length: int, block_size: int, top_k: int) -> int:
+  """Selected blocks per query block besides its own: ``min(top_k, blocks - 1)``."""
+  return max(0, min(top_k, -(-length // block_size) - 1))
+
+
+def block_scores(q_pooled: Array, k_pooled: Array) -> Array:
+  """Float32 ``[B, K, nq, nk]`` scores, summed over the query heads of each KV group.
+
+  ``q_pooled [B, nq, N, H]``, ``k_pooled [B, nk, K, H]``; no gradient.
+  """
+  B, nq, N, H = q_pooled.shape
+  K = k_pooled.shape[2]
+  qg = jnp.reshape(q_pooled.astype(jnp.float32), (B, nq, K, N // K, H))
+  s = jnp.einsum("bikgh,bjkh->bkij", qg, k_pooled.astype(jnp.float32))
+  return jax.lax.stop_gradient(s)
+
+
+def top_blocks(scores: Array, candidate: Array, top_k: int) -> Array:
+  """int32 ``[..., top_k']`` best candidate blocks, ascending, -1 = none.
+
+  ``top_k' = min(top_k, nk - 1)``; ties go to the lower block index.
+
+  ``scores [..., nq, nk]``; ``candidate`` bool broadcastable to it.
+  """
+  nk = scores.shape[-1]
+  ks = max(0, min(top_k, nk - 1))
+  if ks == 0:
+    return jnp.zeros(scores.shape[:-1] + (0,), jnp.int32)
+  masked = jnp.where(candidate, scores, -jnp.inf)
+  best, idx = jax.lax.top_k(masked, ks)
+  idx = jnp.where(jnp.isneginf(best), nk, idx.astype(jnp.int32))
+  idx = jnp.sort(idx, axis=-1)
+  return jnp.where(idx == nk, -1, idx)
+
+
+def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
+               query_pool: str) -> Array:
+  """int32 ``[B, K, nqb, top_k']`` selected key blocks of each query block (-1 = none)."""
+  T = q.shape[1]
+  nb = -(-T // block_size)
+  if query_pool == "mean":
+    q_pooled = _pooled(q, block_size)
+  else:
+    q_pooled = q[:, ::block_size].astype(jnp.float32)
+  scores = block_scores(q_pooled, _pooled(k, block_size))
+  i, j = jnp.arange(nb)[:, None], jnp.arange(nb)[None, :]
+  candidate = j < i if is_causal else j != i
+  return top_blocks(scores, candidate[None, None], top_k)
+
+
+def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
+                   query_pool: QueryPool = "mean") -> Array:
+  """The blocks :func:`block_select_attention` keeps besides each query block's own.
+
+  Returns:
+    int32 ``[B, K, ceil(T / block_size), top_k]``: per batch, KV head and query
+    block, the selected key block indices in ascending order, -1 in unused
+    slots (fewer candidates than ``top_k``).
+  """
+  _check_static(q, k, block_size, top_k, query_pool)
+  sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
+  return _pad_to(sel, top_k, axis=3, value=-1)
+
+
+select_blocks = jax.jit(_select_blocks,
+                        static_argnames=("block_size", "top_k", "is_causal", "query_pool"))
+select_blocks.__doc__ = _select_blocks.__doc__
+
+
+def _check_static(q, k, block_size, top_k, query_pool) -> None:
+  if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
+  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    raise ValueError(f"top_k must be an int >= 0, got top_k={top_k!r}")
+  _checks.check_choice("query_pool", query_pool, QUERY_POOLS)
+  T, S = _checks.shape_of(q)[1], _checks.shape_of(k)[1]
+  if T != S:
+    raise ValueError(f"block_select_attention is self-attention: q and k need the same length, "
+                     f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
+
+
+def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array:
+  """bool ``[B, N, T, T]``: key block selected for the query's block, or its own block.
+
+  Causality is not applied here (the caller's ``is_causal`` does that).
+  """
+  B, K, nb, _ = sel.shape
+  blocks = jnp.arange(nb)
+  chosen = jnp.any(sel[..., None] == blocks[None, None, None, None], axis=3)  # [B, K, nbq, nbk]
+  chosen = jnp.logical_or(chosen, jnp.eye(nb, dtype=bool)[None, None])
+  pos_block = jnp.arange(T) // block_size
+  mask = chosen[:, :, pos_block][:, :, :, pos_block]  # [B, K, T, T]
+  return jnp.repeat(mask, num_heads // K, axis=1)
+
+
+# ---------------------------------------------------------------------------
+# Implementations.
+
+
+def _reference(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
+               block_size: int):
+  T, N = inputs.q.shape[1], inputs.q.shape[2]
+  mask = selection_mask(sel, T, block_size, N)
+  return dense.reference(dataclasses.replace(inputs, mask=mask), opts)
+
+
+def _row_stats(z, w, allowed, log_norm, key0):
+  """Per-row pieces of :func:`attnjax.attention_stats.stats_from_weights` ``[B, N, R]``."""
+  allowed = jnp.broadcast_to(allowed, z.shape)
+  has_key = jnp.any(allowed, axis=-1)
+  mag = jnp.abs(w)
+  total = jnp.sum(mag, axis=-1, keepdims=True)
+  p = mag / jnp.where(total > 0, total, 1.0)
+  normalisable = jnp.logical_and(has_key, total[..., 0] > 0)
+  plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
+  lse = log_norm[..., 0]
+  return dict(
+      has_key=has_key, normalisable=normalisable, entropy=-jnp.sum(plogp, axis=-1),
+      p0=jnp.sum(jnp.where(key0, p, 0.0), axis=-1),
+      zmax=jnp.max(jnp.where(allowed, z, -jnp.inf), axis=-1),
+      lse=jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0),
+      row_sum=jnp.sum(w, axis=-1))
+
+
+def _reduce_stats(r: dict) -> AttentionStats:
+  T = r["lse"].shape[-1]
+  later = (jnp.arange(T) >= 1)[None, None, :]
+  zmax = jnp.max(r["zmax"], axis=-1)
+  return AttentionStats(
+      sink_mass=_row_mean(r["p0"], jnp.logical_and(r["normalisable"], later)),
+      entropy=_row_mean(r["entropy"], r["normalisable"]),
+      max_logit=jnp.where(jnp.isfinite(zmax), zmax, 0.0),
+      logsumexp=r["lse"], row_sum=_row_mean(r["row_sum"], r["has_key"]))
+
+
+def _tile_logits(opts: _call.DenseOptions, qb: Array, kg: Array) -> Array:
+  """Float32 logits ``[B, K, G, R, L]`` of ``qb [B, K, G, R, H]`` against ``kg [B, K, L, H]``.
+
+  The same order as :func:`attnjax.dense.scores`: scale (and similarity), then softcap.
+  """
+  dots = jnp.einsum("bkgrh,bklh->bkgrl", qb, kg, preferred_element_type=jnp.float32)
+  if opts.similarity == "dot":
+    z = dots * opts.scale
+  else:
+    q_sq = jnp.sum(qb * qb, axis=-1, keepdims=True)
+    k_sq = jnp.sum(kg * kg, axis=-1)[:, :, None, None, :]
+    z = -opts.scale * (q_sq - 2.0 * dots + k_sq)
+  if opts.softcap is not None:
+    z = opts.softcap * jnp.tanh(z / opts.softcap)
+  return z
+
+
+def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
+              block_size: int):
+  """Per query block: gather its selected key/value blocks, run the normaliser on the tile.
+
+  Keys and values are laid out once as rows of whole blocks per KV head
+  (``[B * K * blocks, block_size * H]``), so a query block's selection is a
+  gather of ``top_k' + 1`` rows; its logits ``[B, N, block_size, (top_k' + 1) *
+  block_size]`` go through the normaliser's online form for one tile
+  (:meth:`~attnjax.normalizers.Normalizer.visit` then ``finish``), or, with
+  statistics, its materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
+  """
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, H = q.shape
+  K, Hv = k.shape[2], v.shape[3]
+  G = N // K
+  bs = block_size
+  nb = -(-T // bs)
+  Tp = nb * bs
+  f32 = lambda x: x.astype(jnp.float32)
+  # [B, K, G, nb, bs, H] queries; [B, K, nb, bs, H] keys and values.
+  q6 = jnp.transpose(jnp.reshape(_pad_to(f32(q), Tp), (B, nb, bs, K, G, H)), (0, 3, 4, 1, 2, 5))
+  blocks_of = lambda x: jnp.transpose(jnp.reshape(_pad_to(f32(x), Tp), (B, nb, bs, K, -1)),
+                                      (0, 3, 1, 2, 4))
+  # Rows of whole blocks, [B * K * nb, bs * H]: a selection is a gather of rows.
+  kb, vb = (jnp.reshape(blocks_of(x), (B * K * nb, -1)) for x in (k, v))
+  head_rows = nb * jnp.reshape(jnp.arange(B * K, dtype=jnp.int32), (B, K, 1))
+  own = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32)[None, None, :, None], (B, K, nb, 1))
+  slots = jnp.concatenate([sel, own], axis=3)  # [B, K, nb, ns]; the own block last
+  ns = slots.shape[3]
+  L = ns * bs
+  q_seg, kv_seg = inputs.q_segment_ids, inputs.kv_segment_ids
+  if q_seg is not None:
+    q_seg = jnp.reshape(_pad_to(q_seg, Tp, value=-1), (B, nb, bs))
+    kv_seg = jnp.reshape(_pad_to(kv_seg, Tp, value=-2), (B, 1, nb, bs))
+  nz = normalizers.REGISTRY[opts.normalizer]
+  sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
+
+  def one_block(i):
+    blocks = slots[:, :, i]  # [B, K, ns]
+    safe = jnp.maximum(blocks, 0)
+    rows = jnp.reshape(safe + head_rows, (-1,))
+    take = lambda x: jnp.reshape(jnp.take(x, rows, axis=0, mode="clip"), (B, K, L, -1))
+    kg, vg = take(kb), take(vb)  # [B, K, L, H]
+    pos = jnp.reshape(safe[..., None] * bs + jnp.arange(bs)[None, None, None], (B, K, L))
+    ok = jnp.logical_and(jnp.repeat(blocks >= 0, bs, axis=-1), pos < T)  # [B, K, L]
+    allowed = ok[:, :, None, None, :]  # [B, K, 1, 1|bs, L]
+    if opts.is_causal:
+      q_pos = i * bs + jnp.arange(bs)
+      causal = pos[:, :, None, None, :] <= q_pos[None, None, None, :, None]
+      allowed = jnp.logical_and(allowed, causal)
+    if q_seg is not None:
+      seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
+                                              safe[..., None], axis=2), (B, K, 1, L))
+      same = q_seg[:, i][:, None, :, None] == seg_k  # [B, K, bs, L]
+      allowed = jnp.logical_and(allowed, same[:, :, None])
+    R = allowed.shape[3]
+    allowed = jnp.reshape(jnp.broadcast_to(allowed, (B, K, G, R, L)), (B, N, R, L))
+    z = jnp.reshape(_tile_logits(opts, q6[:, :, :, i], kg), (B, N, bs, L))
+    pv = lambda w: jnp.einsum("bkgrl,bklh->bkgrh", jnp.reshape(w, (B, K, G, bs, L)), vg)
+    if not opts.return_stats:
+      # The normaliser's online form on the one tile: softmax divides the [bs, Hv] rows
+      # instead of the [bs, L] weights.
+      counts = None
+      if nz.needs_counts:
+        counts = jnp.sum(jnp.broadcast_to(allowed, (B, N, bs, L)), axis=-1, keepdims=True,
+                         dtype=jnp.float32)
+      row = nz.row_inputs(sink, counts)
+      st = nz.init((B, N, bs, 1), (B, N, bs, Hv), False)
+      pv_rows = lambda w: jnp.reshape(pv(w), (B, N, bs, Hv))
+      out = nz.finish(nz.visit(st, z, allowed, pv_rows, row, False, False), row, False)[0]
+      return jnp.reshape(out, (B, K, G, bs, Hv))
+    w, log_norm = nz.weights(z, allowed, sink)
+    out = pv(w)
+    key0 = jnp.repeat(jnp.logical_and(pos == 0, ok), G, axis=1)[:, :, None, :]
+    return out, _row_stats(z, w, allowed, log_norm, key0)
+
+  res = jax.lax.map(jax.checkpoint(one_block), jnp.arange(nb), batch_size=min(MAP_BLOCKS, nb))
+  out_blocks = res[0] if opts.return_stats else res  # [nb, B, K, G, bs, Hv]
+  out = jnp.reshape(jnp.transpose(out_blocks, (1, 0, 4, 2, 3, 5)), (B, Tp, N, Hv))
+  out = out[:, :T].astype(q.dtype)
+  if not opts.return_stats:
+    return out
+  rows = {name: jnp.reshape(jnp.moveaxis(x, 0, 2), (B, N, Tp))[..., :T]
+          for name, x in res[1].items()}  # [nb, B, N, bs] -> [B, N, T]
+  return out, _reduce_stats(rows)
+
+
+# ---------------------------------------------------------------------------
+# The public function.
+
+
+def _block_select_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    block_size: int,
+    top_k: int,
+    is_causal: bool = True,
+    query_pool: QueryPool = "mean",
+    scale: Optional[float] = None,
+    normalizer: str = "softmax",
+    sink_logits: Optional[Array] = None,
+    softcap: Optional[float] = None,
+    segment_ids: Any = None,
+    similarity: str = "dot",
+    implementation: Optional[ImplementationName] = None,
+    return_stats: bool = False,
+    return_selection: bool = False,
+):
+  """Attention over each query block's own block plus its ``top_k`` content-selected key blocks.
+
+  Args:
+    q: queries ``[B, T, N, H]``.
+    k: keys ``[B, T, K, H]`` (self-attention: the same length as ``q``);
+      ``N % K == 0`` (GQA/MQA: a KV group shares one selection).
+    v: values ``[B, T, K, Hv]``.
+    block_size: positions per block, for queries and keys alike (static);
+      ``T`` need not be a multiple of it.
+    top_k: key blocks selected per query block besides its own (static, >= 0;
+      0 is block-diagonal attention).
+    is_causal: candidates are the strictly earlier blocks and the own block is
+      causally masked; False: candidates are all other blocks.
+    query_pool: ``"mean"`` (MoBA) or ``"first"`` (strictly causal; see the
+      module docstring).
+    scale: logit scale; None means ``H ** -0.5``.
+    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`; normalisers
+      that count allowed keys count the attended (selected, unmasked) keys.
+    sink_logits: ``[N]`` learned null-column logits (softmax only).
+    softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
+    segment_ids: ``[B, T]`` ids (or a pair of them), intersected with the
+      selection; a row left without keys is zero.
+    similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (the attention logits; the
+      selection always uses dot products).
+    implementation: None (auto: ``"gathered"``), ``"reference"`` or ``"gathered"``.
+    return_stats: also return :class:`attnjax.AttentionStats` over the attended keys.
+    return_selection: also return :func:`select_blocks`'s int32
+      ``[B, K, ceil(T / block_size), top_k]`` selected blocks (-1 = none).
+
+  Returns:
+    ``out [B, T, N, Hv]`` in the input dtype; ``(out, stats)``,
+    ``(out, selection)`` or ``(out, stats, selection)`` as asked.
+
+  References:
+    Lu et al. 2025, "MoBA: Mixture of Block Attention for Long-Context LLMs".
+    Yuan et al. 2025, "Native Sparse Attention" (selection shared by a GQA group).
+  """
+  _check_static(q, k, block_size, top_k, query_pool)
+  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
+  inputs, opts = _call.validate(
+      q, k, v, is_causal=is_causal, scale=scale, normalizer=normalizer,
+      sink_logits=sink_logits, softcap=softcap, segment_ids=segment_ids,
+      similarity=similarity, return_stats=return_stats)
+  sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
+  if implementation == "reference":
+    res = _reference(inputs, opts, sel, block_size)
+  else:
+    res = _gathered(inputs, opts, sel, block_size)
+  if not return_selection:
+    return res
+  sel = _pad_to(sel, top_k, axis=3, value=-1)
+  return (*res, sel) if return_stats else (res, sel)
+
+
+BLOCK_SELECT_STATIC = ("block_size", "top_k", "is_causal", "query_pool", "scale", "normalizer",
+                       "softcap", "similarity", "implementation", "return_stats",
+                       "return_selection")
+
+block_select_attention = jax.jit(_block_select_attention, static_argnames=BLOCK_SELECT_STATIC)
+block_select_attention.__doc__ = _block_select_attention.__doc__
