@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _call, _checks, blockwise, dense
+from attnjax import _call, _checks, blockwise, dense, normalizers
 from attnjax.layout import key_block_candidates, rule_layout
 
 Array = jnp.ndarray
@@ -180,6 +180,64 @@ def _concat_inputs(inputs: _call.DenseInputs, k_c: Array, v_c: Array, rule: Comp
                              kv_segment_ids=None if kv_seg is None else seg)
 
 
+def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: Array, v_c: Array,
+                     stride: int, window: Optional[int], block_size: int):
+  """The causal fast path (``T == S``, ``S % stride == 0``): queries grouped by the blocks they see.
+
+  Queries ``i = p * stride - 1 .. p * stride + stride - 2`` all see exactly the
+  compressed blocks ``c < p``: stacked as ``stride`` extra query heads (GQA
+  over the same compressed key heads), group ``p`` becomes row ``p - 1`` of a
+  plain causal attention of ``C`` rows over the ``C`` compressed keys, run by
+  the block-wise dense kernel at causal block efficiency. The first
+  ``stride - 1`` queries see no block. With a window, the raw keys ``i - w <
+  j <= i`` run as a sliding window (:mod:`attnjax.sparse`'s banded chunks)
+  and the two parts are merged exactly by their logsumexps (mergeable
+  normalisers only; the caller checks), with the null column counted once.
+  """
+  from attnjax import patterns, sparse
+  q = inputs.q
+  B, T, N, H = q.shape
+  C, s = k_c.shape[1], stride
+  Hv = v_c.shape[3]
+  nz = normalizers.REGISTRY[opts.normalizer]
+  part_opts = opts if window is None else dataclasses.replace(
+      opts, normalizer=nz.merge_part, return_stats=True)
+  # Query i at padded row i + 1; rows (p * s .. p * s + s - 1) form group p; group 0 is dropped.
+  qp = jnp.pad(q, [(0, 0), (1, s - 1), (0, 0), (0, 0)])
+  qp = jnp.reshape(qp, (B, C + 1, s, N, H))[:, 1:]
+  qp = jnp.reshape(jnp.swapaxes(qp, 2, 3), (B, C, N * s, H))  # head n * s + r
+  grouped = _call.DenseInputs(qp, k_c, v_c,
+                              sink_logits=None if window is not None else (
+                                  None if inputs.sink_logits is None else
+                                  jnp.repeat(inputs.sink_logits, s, axis=1)))
+  res = blockwise.blockwise(grouped, dataclasses.replace(part_opts, is_causal=True))
+  out_a, stats_a = res if part_opts.return_stats else (res, None)
+
+  def ungroup(x, fill):  # [B, C, N * s, X] -> [B, T, N, X], rows before the first group = fill
+    x = jnp.swapaxes(jnp.reshape(x, (B, C, N, s) + x.shape[3:]), 2, 3)
+    x = jnp.reshape(x, (B, C * s, N) + x.shape[4:])
+    head = jnp.full((B, s - 1) + x.shape[2:], fill, x.dtype)
+    return jnp.concatenate([head, x], axis=1)[:, :T]
+
+  out_a = ungroup(out_a, 0)
+  if window is None:
+    return out_a
+  lse_a = ungroup(jnp.swapaxes(stats_a.logsumexp, 1, 2)[..., None], -jnp.inf)  # [B, T, N, 1]
+  no_sink = dataclasses.replace(inputs, sink_logits=None)
+  local = patterns.sliding_window(window - 1)
+  if T > 2 * sparse.CHUNK_BLOCKS * block_size:
+    out_b, lse_b = sparse._banded_chunks(no_sink, part_opts, local, block_size)
+  else:
+    out_b, stats_b = sparse._block_sparse(no_sink, part_opts, local, block_size)
+    lse_b = stats_b.logsumexp
+  lse_b = jnp.swapaxes(lse_b, 1, 2)[..., None]
+  sink = None
+  if inputs.sink_logits is not None:  # [1, N, 1, 1] -> [1, 1, N, 1]
+    sink = jnp.swapaxes(inputs.sink_logits.astype(jnp.float32), 1, 2)
+  del Hv
+  return nz.merge([(out_a, lse_a), (out_b, lse_b)], sink).astype(q.dtype)
+
+
 def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, normalizer,
                 sink_logits, softcap, segment_ids, implementation, return_stats, block_size):
   inputs, opts = _call.validate(q, k, v, scale=scale, normalizer=normalizer,
@@ -193,6 +251,10 @@ def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, no
     rule = CompressedRule(T, S, stride, is_causal, window, C)
     cat = _concat_inputs(inputs, k_c, v_c, rule)
     return dense.reference(dataclasses.replace(cat, mask=_mask(rule, T)), opts)
+  if (is_causal and T == S and S % stride == 0 and inputs.q_segment_ids is None
+      and not opts.return_stats
+      and (window is None or normalizers.REGISTRY[opts.normalizer].mergeable)):
+    return _grouped_queries(inputs, opts, k_c, v_c, stride, window, block_size)
   # The compressed keys padded to whole key blocks: the raw window then starts on a block edge.
   bs = min(block_size, T)
   rule = CompressedRule(T, S, stride, is_causal, window, -(-C // bs) * bs if window else C)
