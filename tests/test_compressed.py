@@ -31,7 +31,7 @@ def brute(q, k, v, *, stride, pool="mean", is_causal, window, **kw):
   mask = np.zeros((T, C + S), bool)
   for i in range(T):
     for c in range(C):
-      end = min((c + 1) * stride, S) - 1
+      end = (c + 1) * stride - 1  # a partial last block ends where a whole one would
       mask[i, c] = end <= i if is_causal else True
     for j in range(S):
       if window is not None:
@@ -75,22 +75,35 @@ def check_paths(q, k, v, tol=3e-5, **kw):
   return got
 
 
-@pytest.mark.parametrize("normalizer,is_causal,window,pool", [
-    ("softmax", True, 5, "mean"),
-    ("softmax_one", False, None, "max"),
-    ("sigmoid", True, None, "mean"),   # rows i < 3 see nothing: zeros, finite gradients
-    ("softpick", True, 6, "max"),
-    ("relu", False, 3, "mean"),
-    ("none", True, 4, "mean"),
+# Causal calls take the grouped-query path (with a window: mergeable normalisers only); the
+# others the concatenated-layout path.
+@pytest.mark.parametrize("T,normalizer,is_causal,window,pool", [
+    (24, "softmax_one", True, 5, "max"),     # grouped queries + window, merged
+    (24, "sigmoid", True, None, "mean"),     # grouped; rows i < 3 see nothing
+    (23, "softmax_one", False, None, "max"),
+    (23, "softpick", True, 6, "max"),
+    (23, "relu", False, 3, "mean"),
+    (24, "none", True, 4, "mean"),           # not mergeable: concatenated path
+    (23, "softmax", True, 5, "mean"),
 ])
-def test_blockwise_matches_reference(normalizer, is_causal, window, pool):
-  q, k, v = qkv(1, 23, 4, 2, 8, seed=2)
+def test_blockwise_matches_reference(T, normalizer, is_causal, window, pool):
+  q, k, v = qkv(1, T, 4, 2, 8, seed=2)
   check_paths(q, k, v, stride=4, pool=pool, is_causal=is_causal, window=window,
               normalizer=normalizer)
 
 
-def test_empty_rows_are_zero():
-  q, k, v = qkv(1, 11, 2, 1, 8, seed=3)
+def test_grouped_path_sink_logits_and_chunks(monkeypatch):
+  # Sink logits counted once across the merged parts; the window part in banded chunks.
+  from attnjax import sparse
+  monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 1)
+  q, k, v = qkv(2, 40, 4, 1, 8, seed=7)
+  check_paths(q, k, v, stride=5, is_causal=True, window=6, sink_logits=jnp.linspace(-1., 1., 4),
+              softcap=4.0)
+
+
+@pytest.mark.parametrize("T", [11, 12])
+def test_empty_rows_are_zero(T):
+  q, k, v = qkv(1, T, 2, 1, 8, seed=3)
   (out, grads) = check_paths(q, k, v, stride=4, is_causal=True)
   assert float(jnp.abs(out[:, :3]).max()) == 0.0
   assert float(jnp.abs(out[:, 3:]).min()) > 0.0
@@ -167,3 +180,79 @@ def test_blockwise_matches_reference_broad(normalizer, is_causal, window, stride
   q, k, v = qkv(2, 21, 4, 1, 8, seed=stride)
   check_paths(q, k, v, stride=stride, is_causal=is_causal, window=window,
               normalizer=normalizer, return_stats=True)
+
+
+# ---------------------------------------------------------------------------
+# nn family "compressed".
+
+
+def _layer(**kw):
+  from flax import nnx
+  from attnjax import nn
+  return nn.Attention(nn.AttentionConfig(family="compressed", block_size=4, **kw), 16,
+                      rngs=nnx.Rngs(0))
+
+
+def test_nn_decode_equals_full_forward():
+  from flax import nnx
+  layer = _layer(stride=3, window=4, num_kv_heads=2)
+  x = jax.random.normal(jax.random.key(1), (2, 13, 16))
+
+  @nnx.jit
+  def full_and_steps(layer, x):
+    cache = layer.init_cache(x.shape[0], 16)  # capacity past the sequence: empty slots ignored
+
+    def step(cache, x_t):
+      y, cache = layer.decode(x_t[:, None], cache)
+      return cache, y[:, 0]
+    _, ys = jax.lax.scan(step, cache, jnp.transpose(x, (1, 0, 2)))
+    return layer(x), jnp.transpose(ys, (1, 0, 2))
+
+  full, steps = full_and_steps(layer, x)
+  np.testing.assert_allclose(full, steps, rtol=2e-5, atol=2e-5)
+  assert float(jnp.abs(full).mean()) > 0
+
+
+def test_nn_conv_is_mean_pooling_at_init_and_learns():
+  from flax import nnx
+  from attnjax.nn import compressed_spec
+  layer = _layer(stride=4)
+  k = jax.random.normal(jax.random.key(2), (1, 10, 4, layer.head_dim))
+  got = compressed_spec.strided_conv(k[:, :8], layer.compress_k[...], 4)
+  assert_close(got, compressed.pool_keys(k[:, :8], 4, "mean"), "init", rtol=1e-5, atol=1e-6)
+  x = jax.random.normal(jax.random.key(3), (2, 12, 16))
+  grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+  assert float(jnp.abs(grads.compress_k[...]).max()) > 0
+  assert float(jnp.abs(grads.compress_v[...]).max()) > 0
+
+
+def test_nn_weights_and_linformer():
+  from flax import nnx
+  from attnjax import nn
+  layer = _layer(stride=4, window=2)
+  x = jax.random.normal(jax.random.key(4), (2, 12, 16))
+  _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate)(layer, x)
+  w = inter["weights"][0]
+  assert w.shape == (2, 4, 12, 3 + 12)  # [compressed ; raw] slots
+  np.testing.assert_allclose(jnp.sum(w[:, :, 3:], -1), 1.0, rtol=1e-5)
+  assert isinstance(inter["attention_stats"][0], attnjax.AttentionStats)
+  enc = _layer(projection="linformer", length=5, max_len=16, is_causal=False)
+  assert enc(x).shape == x.shape
+  with pytest.raises(ValueError, match="projection='linformer' is non-causal only"):
+    nn.AttentionConfig(family="compressed", projection="linformer")
+  with pytest.raises(ValueError, match="longer than max_len=8"):
+    _layer(projection="linformer", length=4, max_len=8, is_causal=False)(x)
+  with pytest.raises(ValueError, match="projection"):
+    nn.AttentionConfig(family="compressed", projection="pool")
+
+
+@pytest.mark.parametrize("name", ["compressed", "dilated"])
+def test_experiment_variants_build_and_round_trip(name):
+  from flax import nnx
+  from attnjax import nn
+  from attnjax.train import variants
+  cfg = nn.AttentionConfig(**variants.attention_kwargs(name))
+  assert nn.AttentionConfig.from_dict(cfg.to_dict()) == cfg
+  layer = nn.Attention(cfg, 32, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(0), (1, 64, 32))
+  assert bool(jnp.all(jnp.isfinite(layer(x))))

@@ -243,7 +243,7 @@ class CompressedSpec(AttentionSpec):
     j = jnp.arange(length)[None, :]
     if self.projection == "linformer" or not layer.config.is_causal:
       return jnp.ones((1, 1, length, length), bool)
-    end = jnp.minimum((j // self.stride + 1) * self.stride, length) - 1
+    end = (j // self.stride + 1) * self.stride - 1
     allowed = end <= i
     if self.window is not None:
       allowed = allowed | ((j <= i) & (j > i - self.window))

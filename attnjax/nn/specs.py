@@ -37,12 +37,13 @@ from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, KernelSpec, QKNormS
 # After the others: the gated families register after them (FAMILY_SPECS keeps that order).
 from attnjax.nn.gated_spec import (GATED_FAMILIES, DeltaNetSpec, GatedDeltaNetSpec, GatedSpec,
                                    GLASpec, Mamba2DecaySpec, RetNetSpec)
-from attnjax.nn.compressed_spec import CompressedSpec  # noqa: F401 - registers "compressed"
+from attnjax.nn.compressed_spec import CompressedSpec  # registers family "compressed"
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, PATTERNS,
                                   STREAMING_ROPE, AttentionSpec, Call, check_int, check_type,
                                   register_family, run_and_sow)
 
 __all__ = [
+    "CompressedSpec",
     "AttentionSpec", "Call", "CosineSpec", "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
     "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "GLASpec", "GatedDeltaNetSpec", "GatedSpec",
     "KernelSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",

@@ -36,6 +36,10 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "deltanet": ({"family": "deltanet", "short_conv": 4}, "DeltaNet, delta rule (Schlag, Yang)"),
     "gated_deltanet": ({"family": "gated_deltanet", "short_conv": 4},
                        "Gated DeltaNet, delta rule + decay (Yang)"),
+    "compressed": ({"family": "compressed", "stride": 4, "window": 16},
+                   "memory-compressed: strided-conv keys (stride 4) + raw window 16 (Liu, NSA)"),
+    "dilated": ({"family": "sparse", "pattern": ("dilated_window", (("window", 16), ("dilation", 4))),
+                 "block_size": 16}, "softmax, dilated window of 16 keys, dilation 4 (Longformer)"),
 }
 
 # The arms of `compare`, the README's main job.
