@@ -26,11 +26,16 @@ Two implementations, tested equal in value and gradient:
 
 - ``"reference"``: builds the compressed keys, concatenates ``[compressed ;
   raw]`` and runs :func:`attnjax.dense.reference` with the explicit mask.
-- ``"blockwise"`` (default): the same concatenation through the block-wise
-  kernel (:func:`attnjax.blockwise.attention`) with a block layout of the
-  rule, so blocks with no allowed pair are never computed: cost
-  ``O(T * (T / stride + w))`` and memory linear in ``T``. The compressed part
-  is padded to whole key blocks, so the raw window starts on a block edge.
+- ``"blockwise"`` (default): causal self-attention (``T == S``, no segment
+  ids or statistics) groups the ``stride`` queries that see the same
+  compressed blocks as extra heads of one causal block-wise call over
+  ``T / stride`` rows, and runs the window as a sliding window merged by
+  logsumexp (softmax family; see :func:`_grouped_queries`). Otherwise the
+  concatenation runs through the block-wise kernel
+  (:func:`attnjax.blockwise.attention`) over a block layout of the rule, so
+  blocks with no allowed pair are never computed (the compressed part padded
+  to whole key blocks, so the raw window starts on a block edge). Either way
+  cost ``O(T * (T / stride + w))`` and memory linear in ``T``.
 
 Example::
 
