@@ -22,6 +22,7 @@ from attnjax import normalizers
 from attnjax import patterns
 from attnjax.attention_stats import AttentionStats
 from attnjax.block_select import block_select_attention
+from attnjax.compressed import compressed_attention
 from attnjax.dense import dot_product_attention
 from attnjax.delta_rule import delta_rule_attention
 from attnjax.gated_linear import gated_linear_attention
@@ -53,6 +54,7 @@ def __dir__():
 __all__ = [
     "AttentionStats",
     "block_select_attention",
+    "compressed_attention",
     "cosine_attention",
     "delta_rule_attention",
     "dot_product_attention",

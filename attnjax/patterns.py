@@ -40,6 +40,8 @@ References:
   (global + window + random blocks), arXiv:2007.14062.
   Xiao et al. 2024, "Efficient Streaming Language Models with Attention
   Sinks" (StreamingLLM: sink tokens + rolling window), arXiv:2309.17453.
+  Beltagy et al. 2020 also define the dilated sliding window
+  (:func:`dilated_window`).
 """
 
 from __future__ import annotations
@@ -576,6 +578,50 @@ class SinksWindow(Pattern):
 
 
 @dataclasses.dataclass(frozen=True)
+class DilatedWindow(Pattern):
+  """Longformer's dilated sliding window (causal).
+
+  Query ``i`` sees keys ``j = i - dilation * m`` for ``m = 0 .. window - 1``
+  with ``j >= 0``: itself and the ``window - 1`` keys before it at a stride of
+  ``dilation``, spanning ``dilation * (window - 1) + 1`` positions. With
+  ``dilation=1`` it is ``sliding_window(window - 1)``.
+
+  Its kept keys are scattered over the span, so its own block layout visits
+  every block of the span; :func:`attnjax.sparse_attention` runs it instead
+  on the ``dilation`` residue columns of the sequence (positions ``r, r + d,
+  r + 2d, ...``), where it is a causal sliding window of ``window`` keys, so
+  the cost follows the ``T * window`` kept pairs (see ``sparse.py``).
+  """
+
+  window: int
+  dilation: int
+
+  def __post_init__(self):
+    _check_int("window", self.window, minimum=1, pattern="dilated_window")
+    _check_int("dilation", self.dilation, minimum=1, pattern="dilated_window")
+
+  @property
+  def is_causal(self) -> bool:
+    return True
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    offset = q_positions[:, None] - k_positions[None, :]
+    span = self.dilation * (self.window - 1)
+    return (offset >= 0) & (offset <= span) & (offset % self.dilation == 0)
+
+  def band(self):
+    # Translation invariant inside the band (j - i in [-span, 0]): the banded chunk path
+    # applies this rule on every chunk.
+    return (self.dilation * (self.window - 1), 0)
+
+  def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
+    S = shape[1]
+    span = self.dilation * (self.window - 1)
+    return key_block_candidates([(q_lo - span, q_hi)], S, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
 class PatternUnion(Pattern):
   """Pairs allowed by any of ``parts``."""
 
@@ -676,6 +722,11 @@ def sinks_window(num_sinks: int, window: int) -> SinksWindow:
   return SinksWindow(num_sinks, window)
 
 
+def dilated_window(window: int, dilation: int) -> DilatedWindow:
+  """Longformer dilated window (causal): keys ``i - dilation * m`` for ``m = 0 .. window - 1``."""
+  return DilatedWindow(window, dilation)
+
+
 def _check_parts(name: str, patterns) -> tuple:
   if len(patterns) < 1:
     raise ValueError(f"{name} needs at least one pattern")
@@ -710,7 +761,8 @@ def intersection(*patterns: Pattern) -> Pattern:
 
 
 __all__ = [
-    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "density", "fixed",
+    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "density", "dilated_window",
+    "fixed",
     "full_blocks", "global_window", "intersection", "kept_blocks",
     "sinks_window", "sliding_window", "strided", "union",
 ]

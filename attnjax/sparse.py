@@ -21,6 +21,8 @@ Two implementations, tested equal in value and gradient:
   a normaliser that can merge partial results (softmax family; see
   :attr:`attnjax.normalizers.Normalizer.mergeable`) runs as its two factors, a
   sliding window and the columns of the transposed sequence, merged exactly.
+  ``dilated_window(w, d)`` runs as a sliding window of ``w`` keys on each of
+  the ``d`` residue columns of the sequence (cost follows the kept keys).
 
 Both go through :func:`attnjax._call.validate`, so every dense option is
 validated the same way and means the same thing.
@@ -292,6 +294,46 @@ def _strided_two_pass(inputs: _call.DenseInputs, opts: _call.DenseOptions, strid
   return out.astype(q.dtype)
 
 
+def _dilated_columns(inputs: _call.DenseInputs, opts: _call.DenseOptions,
+                     pattern: patterns.DilatedWindow, block_size: int):
+  """A dilated window run as a sliding window on the ``dilation`` residue columns.
+
+  Query ``i`` keeps keys ``i - d * m``, all in its residue class ``i mod d``.
+  Reordered as ``d`` sequences of ``P = ceil(T / d)`` positions (position
+  ``r + d * p`` at column ``r``, index ``p``; as in :func:`_strided_two_pass`)
+  the pattern is ``sliding_window(window - 1)`` inside each column, which the
+  banded-chunk path (or, for short columns, the block-sparse path) runs at a
+  cost that follows the ``window`` kept keys per query. Padding sits after
+  every real position of its column, so causality keeps it out of real rows.
+  Segment ids travel with their positions. No bias, statistics or modifiers
+  (the caller checks).
+  """
+  q = inputs.q
+  B, T = q.shape[0], q.shape[1]
+  d = pattern.dilation
+  P = -(-T // d)
+
+  def to_columns(x):  # [B, T, ...] -> [B * d, P, ...]
+    x = jnp.pad(x, [(0, 0), (0, P * d - T)] + [(0, 0)] * (x.ndim - 2))
+    x = jnp.reshape(x, (B, P, d) + x.shape[2:])
+    return jnp.reshape(jnp.swapaxes(x, 1, 2), (B * d, P) + x.shape[3:])
+
+  def from_columns(x):  # [B * d, P, ...] -> [B, T, ...]
+    x = jnp.swapaxes(jnp.reshape(x, (B, d, P) + x.shape[2:]), 1, 2)
+    return jnp.reshape(x, (B, P * d) + x.shape[3:])[:, :T]
+
+  seg = lambda x: None if x is None else to_columns(x)
+  cols = dataclasses.replace(
+      inputs, q=to_columns(q), k=to_columns(inputs.k), v=to_columns(inputs.v),
+      q_segment_ids=seg(inputs.q_segment_ids), kv_segment_ids=seg(inputs.kv_segment_ids))
+  local = patterns.sliding_window(pattern.window - 1)
+  if P > 2 * CHUNK_BLOCKS * block_size:
+    out = _banded_chunks(cols, opts, local, block_size)
+  else:
+    out = _block_sparse(cols, opts, local, block_size)
+  return from_columns(out)
+
+
 def _sparse_attention(
     q: Array,
     k: Array,
@@ -370,6 +412,10 @@ def _sparse_attention(
   pattern.check_shape(T, S)
   if implementation == "reference":
     return _reference(inputs, opts, pattern)
+  if (isinstance(pattern, patterns.DilatedWindow) and pattern.dilation > 1 and T == S
+      and inputs.bias is None and not opts.return_stats
+      and opts.score_mod is None and opts.mask_mod is None):
+    return _dilated_columns(inputs, opts, pattern, block_size)
   if (pattern.band_parts() is not None and inputs.bias is None and not opts.return_stats
       and T > 2 * CHUNK_BLOCKS * block_size):
     return _banded_chunks(inputs, opts, pattern, block_size)

@@ -599,6 +599,61 @@ def block_select_memory():
 # Memory measurement in a child process.
 
 
+@suite("compressed")
+def compressed_suite(args) -> Iterable[Case]:
+  """Memory-compressed attention and the dilated window, causal forward (B=1, N=8, H=64, fp32).
+
+  compressed_attention (stride 4, mean pooling, raw window 64) at T=4096 against
+  our block-wise dense causal attention at T=4096 (target <= 0.3x);
+  sparse_attention with dilated_window(128, 4) at T=16384 against itself at
+  T=4096 (its cost follows the kept keys: target <= 4.6x for 4x the length).
+  """
+  B, N, H = 1, 8, 64
+  T = 4096
+  q, k, v = qkv(B, T, N, H)
+  shape = f"fwd T={T}"
+  yield Case("compressed", "attnjax blockwise dense causal", shape,
+             jax.jit(lambda q, k, v: attnjax.dot_product_attention(
+                 q, k, v, is_causal=True, implementation="blockwise")),
+             (q, k, v), attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True)),
+             baseline=True)
+  # Compressed keys seen (T * T / (2 * 4) roughly) plus the window's 64 raw keys per query.
+  pairs = T * (T // 4 + 1) // 2 + allowed_pairs(T, T, is_causal=True, window=(63, 0))
+  yield Case("compressed", "compressed_attention stride=4 window=64", shape,
+             jax.jit(lambda q, k, v: attnjax.compressed_attention(
+                 q, k, v, stride=4, is_causal=True, window=64)),
+             (q, k, v), attention_flops(B, N, H, pairs))
+  yield Case("compressed", "compressed_attention stride=4 (no window)", shape,
+             jax.jit(lambda q, k, v: attnjax.compressed_attention(q, k, v, stride=4,
+                                                                  is_causal=True)),
+             (q, k, v), attention_flops(B, N, H, T * (T // 4 + 1) // 2))
+  pattern = attnjax.patterns.dilated_window(128, 4)
+  growth = "fwd dilated_window(128, 4): T=16384/T=4096"
+  for T in (4096, 16384):
+    qT, kT, vT = qkv(B, T, N, H)
+    yield Case("compressed", f"dilated_window(128, 4) T={T}", growth,
+               jax.jit(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
+                                                                block_size=128)),
+               (qT, kT, vT), attention_flops(B, N, H, T * 128), baseline=T == 4096)
+
+
+@memory_case("compressed stride=4 window=64 fwd+bwd T=16384 causal (B=1, N=8, H=64, fp32)")
+def compressed_memory():
+  q, k, v = qkv(1, 16384, 8, 64)
+  step = fwd_bwd(lambda q, k, v: attnjax.compressed_attention(
+      q, k, v, stride=4, is_causal=True, window=64, block_size=128))
+  return lambda: step(q, k, v)
+
+
+@memory_case("compressed dilated_window(128, 4) fwd+bwd T=16384 (B=1, N=8, H=64, fp32)")
+def dilated_memory():
+  q, k, v = qkv(1, 16384, 8, 64)
+  pattern = attnjax.patterns.dilated_window(128, 4)
+  step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
+                                                          block_size=128))
+  return lambda: step(q, k, v)
+
+
 def _peak_rss_mib() -> float:
   """Peak resident set of this process. ``VmHWM`` is reset by exec, unlike ``ru_maxrss``,
   which a child started from a large bench process inherits from it."""

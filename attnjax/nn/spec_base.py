@@ -19,7 +19,7 @@ Array = jnp.ndarray
 
 STREAMING_ROPE = ("cache", "absolute")
 PATTERNS = ("causal", "sliding_window", "strided", "fixed", "global_window", "bigbird",
-            "sinks_window")
+            "sinks_window", "dilated_window")
 FEATURE_MAPS = feature_maps.DETERMINISTIC + feature_maps.RANDOM
 
 # Initial cosine temperature per convention: Swin v2 learns log(scale) from log 10;

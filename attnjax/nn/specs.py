@@ -29,7 +29,9 @@ normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
 (:class:`LinearSpec`) kernel feature maps with a recurrent decode state;
 ``retnet``, ``mamba2_decay``, ``gla``, ``deltanet``, ``gated_deltanet``
 (:mod:`attnjax.nn.gated_spec`) gated and delta-rule recurrent states;
-``block_select`` (:class:`BlockSelectSpec`) content-selected key blocks (MoBA).
+``block_select`` (:class:`BlockSelectSpec`) content-selected key blocks (MoBA);
+``compressed`` (:class:`CompressedSpec`) memory-compressed keys and values
+(a learned strided convolution or a Linformer projection) plus a raw window.
 """
 
 from attnjax.nn.linear_spec import LinearSpec
@@ -39,12 +41,13 @@ from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, KernelSpec, QKNormS
 from attnjax.nn.gated_spec import (GATED_FAMILIES, DeltaNetSpec, GatedDeltaNetSpec, GatedSpec,
                                    GLASpec, Mamba2DecaySpec, RetNetSpec)
 from attnjax.nn.block_select_spec import BlockSelectCache, BlockSelectSpec
+from attnjax.nn.compressed_spec import CompressedSpec
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, PATTERNS,
                                   STREAMING_ROPE, AttentionSpec, Call, check_int, check_type,
                                   register_family, run_and_sow)
 
 __all__ = [
-    "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "Call", "CosineSpec",
+    "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "Call", "CompressedSpec", "CosineSpec",
     "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
     "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "GLASpec", "GatedDeltaNetSpec", "GatedSpec",
     "KernelSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",

@@ -1,0 +1,389 @@
+"""Memory-compressed attention: queries attend to keys and values pooled along the sequence.
+
+Keys and values are reduced in blocks of ``stride`` positions (Liu et al.
+2018): compressed key ``c`` summarises raw keys ``c * stride .. min((c + 1) *
+stride, S) - 1`` (the last block may be partial and is pooled over the keys
+it has). Optionally each query also sees the raw keys of a local window (the
+compression + window branches of NSA, Yuan et al. 2025), in ONE normalisation
+over both: the keys of the call are ``[compressed ; raw]``, ``C + S`` slots.
+
+Rules (positions top-left aligned, query ``i`` at position ``i``):
+
+- causal: query ``i`` sees compressed block ``c`` iff the block ends at or
+  before it, ``(c + 1) * stride - 1 <= i`` (a partial last block counts as
+  ending where a whole one would, so no output depends on the sequence's
+  length and decoding equals the full forward); with ``window=w`` it also
+  sees the raw keys ``i - w < j <= i`` (its own key and the ``w - 1`` before).
+  The first ``stride - 1`` queries see no compressed block; without a window
+  their rows are empty and return zeros.
+- not causal: every query sees every compressed block; with ``window=w`` also
+  the raw keys ``|i - j| < w``.
+- segment ids: a compressed block is seen only by queries of the segment that
+  holds all of its keys (a block straddling a boundary is seen by nobody);
+  raw window keys follow the usual rule.
+
+Two implementations, tested equal in value and gradient:
+
+- ``"reference"``: builds the compressed keys, concatenates ``[compressed ;
+  raw]`` and runs :func:`attnjax.dense.reference` with the explicit mask.
+- ``"blockwise"`` (default): causal self-attention (``T == S``, no segment
+  ids or statistics) groups the ``stride`` queries that see the same
+  compressed blocks as extra heads of one causal block-wise call over
+  ``T / stride`` rows, and runs the window as a sliding window merged by
+  logsumexp (softmax family; see :func:`_grouped_queries`). Otherwise the
+  concatenation runs through the block-wise kernel
+  (:func:`attnjax.blockwise.attention`) over a block layout of the rule, so
+  blocks with no allowed pair are never computed (the compressed part padded
+  to whole key blocks, so the raw window starts on a block edge). Either way
+  cost ``O(T * (T / stride + w))`` and memory linear in ``T``.
+
+Example::
+
+  out = attnjax.compressed_attention(q, k, v, stride=4, is_causal=True, window=64)
+  out = attnjax.compressed_attention(q, k, v, stride=4, pool=(k_c, v_c))  # your own pooling
+
+References:
+  Liu et al. 2018, "Generating Wikipedia by Summarizing Long Sequences"
+  (memory-compressed attention), arXiv:1801.10198.
+  Yuan et al. 2025, "Native Sparse Attention" (compressed + window
+  branches), arXiv:2502.11089.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Optional, Union, get_args
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import _call, _checks, blockwise, dense, normalizers
+from attnjax.layout import key_block_candidates, rule_layout
+
+Array = jnp.ndarray
+
+ImplementationName = Literal["reference", "blockwise"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+POOLS: tuple[str, ...] = ("mean", "max")
+
+# Segment id of a compressed block whose keys span several segments: matches no query
+# (queries must not use this id).
+STRADDLING_SEGMENT = int(np.iinfo(np.int32).min)
+
+
+def num_blocks(S: int, stride: int) -> int:
+  """Number of compressed keys for ``S`` raw keys: ``ceil(S / stride)``."""
+  return -(-S // stride)
+
+
+def pool_keys(x: Array, stride: int, pool: str = "mean") -> Array:
+  """``x [B, S, K, X]`` pooled in blocks of ``stride`` along ``S``: ``[B, ceil(S / stride), K, X]``.
+
+  The last block, when partial, is pooled over the keys it has (its mean
+  divides by their number). Computed in float32, returned in ``x``'s dtype.
+  """
+  B, S = x.shape[:2]
+  C = num_blocks(S, stride)
+  pad = C * stride - S
+  x32 = x.astype(jnp.float32)
+  if pool == "mean":
+    x32 = jnp.pad(x32, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    total = jnp.sum(jnp.reshape(x32, (B, C, stride) + x.shape[2:]), axis=2)
+    count = jnp.minimum(stride, S - stride * jnp.arange(C)).astype(jnp.float32)
+    out = total / jnp.reshape(count, (1, C) + (1,) * (x.ndim - 2))
+  elif pool == "max":
+    x32 = jnp.pad(x32, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=-jnp.inf)
+    out = jnp.max(jnp.reshape(x32, (B, C, stride) + x.shape[2:]), axis=2)
+  else:
+    raise ValueError(f"pool must be one of {POOLS} or a pair (k_c, v_c), got pool={pool!r}")
+  return out.astype(x.dtype)
+
+
+def block_segments(kv_segment_ids: Array, stride: int) -> Array:
+  """``[B, C]`` segment id of each compressed block: its keys' id, or
+  :data:`STRADDLING_SEGMENT` when they span more than one segment."""
+  B, S = kv_segment_ids.shape
+  C = num_blocks(S, stride)
+  seg = jnp.pad(kv_segment_ids, [(0, 0), (0, C * stride - S)], mode="edge")
+  seg = jnp.reshape(seg, (B, C, stride))
+  uniform = jnp.all(seg == seg[:, :, :1], axis=2)
+  return jnp.where(uniform, seg[:, :, 0], STRADDLING_SEGMENT).astype(kv_segment_ids.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressedRule:
+  """The element rule over the key slots ``[compressed (padded to C_pad) ; raw (S)]`` (hashable).
+
+  Slot ``s < C`` is compressed block ``s``; slots ``C <= s < C_pad`` are
+  padding (never allowed); slot ``C_pad + j`` is raw key ``j``. With
+  ``C_pad == C`` it is the reference's concatenation.
+  """
+
+  T: int
+  S: int
+  stride: int
+  is_causal: bool
+  window: Optional[int]
+  C_pad: int
+
+  @property
+  def C(self) -> int:
+    return num_blocks(self.S, self.stride)
+
+  def allowed(self, q_positions: Array, k_slots: Array, shape=None) -> Array:
+    """``bool [Tq, Sk]``: may query ``q_positions`` attend slot ``k_slots``."""
+    del shape
+    i = q_positions[:, None]
+    s = k_slots[None, :]
+    is_block = s < self.C
+    if self.is_causal:
+      block_end = (s + 1) * self.stride - 1
+      is_block = jnp.logical_and(is_block, block_end <= i)
+    if self.window is None:
+      return jnp.broadcast_to(is_block, (q_positions.shape[0], k_slots.shape[0]))
+    j = s - self.C_pad
+    is_raw = jnp.logical_and(j >= 0, j < self.S)
+    if self.is_causal:
+      near = jnp.logical_and(j <= i, j > i - self.window)
+    else:
+      near = jnp.abs(i - j) < self.window
+    return jnp.logical_or(is_block, jnp.logical_and(is_raw, near))
+
+  def candidate_key_blocks(self, q_lo: int, q_hi: int, shape, block_size: int) -> np.ndarray:
+    """Key blocks queries ``[q_lo, q_hi)`` may touch: the visible compressed blocks and the window."""
+    seen = min(self.C, q_hi // self.stride + 1) if self.is_causal else self.C
+    ranges = [(0, seen)]
+    if self.window is not None:
+      right = q_hi if self.is_causal else q_hi + self.window - 1
+      ranges.append((self.C_pad + q_lo - self.window + 1, self.C_pad + right))
+    return key_block_candidates(ranges, shape[1], block_size)
+
+
+def _mask(rule: CompressedRule, T: int) -> Array:
+  """The rule as an explicit ``bool [1, 1, T, C + S]`` mask (reference concatenation)."""
+  slots = rule.C_pad + (rule.S if rule.window is not None else 0)
+  return rule.allowed(jnp.arange(T), jnp.arange(slots))[None, None]
+
+
+def _concat_inputs(inputs: _call.DenseInputs, k_c: Array, v_c: Array, rule: CompressedRule
+                   ) -> _call.DenseInputs:
+  """Keys ``[compressed (padded to C_pad) ; raw]`` (raw only with a window), segment ids alike."""
+  pad = rule.C_pad - rule.C
+
+  def padded(x, value=0):
+    return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=value)
+
+  k, v = padded(k_c), padded(v_c)
+  kv_seg = inputs.kv_segment_ids
+  if kv_seg is not None:
+    seg = padded(block_segments(kv_seg, rule.stride), STRADDLING_SEGMENT)
+  if rule.window is not None:
+    k = jnp.concatenate([k, inputs.k], axis=1)
+    v = jnp.concatenate([v, inputs.v], axis=1)
+    if kv_seg is not None:
+      seg = jnp.concatenate([seg, kv_seg], axis=1)
+  return dataclasses.replace(inputs, k=k, v=v,
+                             kv_segment_ids=None if kv_seg is None else seg)
+
+
+def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: Array, v_c: Array,
+                     stride: int, window: Optional[int], block_size: int):
+  """The causal fast path (``T == S``): queries grouped by the blocks they see.
+
+  Queries ``i = p * stride - 1 .. p * stride + stride - 2`` all see exactly the
+  compressed blocks ``c < p``: stacked as ``stride`` extra query heads (GQA
+  over the same compressed key heads), group ``p`` becomes row ``p - 1`` of a
+  plain causal attention of ``C`` rows over the ``C`` compressed keys, run by
+  the block-wise dense kernel at causal block efficiency. The first
+  ``stride - 1`` queries see no block. With a window, the raw keys ``i - w <
+  j <= i`` run as a sliding window (:mod:`attnjax.sparse`'s banded chunks)
+  and the two parts are merged exactly by their logsumexps (mergeable
+  normalisers only; the caller checks), with the null column counted once.
+  """
+  from attnjax import patterns, sparse
+  q = inputs.q
+  B, T, N, H = q.shape
+  C, s = k_c.shape[1], stride
+  Hv = v_c.shape[3]
+  nz = normalizers.REGISTRY[opts.normalizer]
+  part_opts = opts if window is None else dataclasses.replace(
+      opts, normalizer=nz.merge_part, return_stats=True)
+  # Query i at padded row i + 1; rows (p * s .. p * s + s - 1) form group p; group 0 is dropped.
+  qp = jnp.pad(q, [(0, 0), (1, (C + 1) * s - T - 1), (0, 0), (0, 0)])
+  qp = jnp.reshape(qp, (B, C + 1, s, N, H))[:, 1:]
+  qp = jnp.reshape(jnp.swapaxes(qp, 2, 3), (B, C, N * s, H))  # head n * s + r
+  grouped = _call.DenseInputs(qp, k_c, v_c,
+                              sink_logits=None if window is not None else (
+                                  None if inputs.sink_logits is None else
+                                  jnp.repeat(inputs.sink_logits, s, axis=1)))
+  # Blocks of block_size (128 by default): on CPU the default 512-blocks ran this GQA-heavy
+  # call ~4x slower than 128-blocks (T=4096, stride 4: C=1024 rows, 32 query heads).
+  res = blockwise.blockwise(grouped, dataclasses.replace(part_opts, is_causal=True),
+                            block_q=block_size, block_k=block_size)
+  out_a, stats_a = res if part_opts.return_stats else (res, None)
+
+  def ungroup(x, fill):  # [B, C, N * s, X] -> [B, T, N, X], rows before the first group = fill
+    x = jnp.swapaxes(jnp.reshape(x, (B, C, N, s) + x.shape[3:]), 2, 3)
+    x = jnp.reshape(x, (B, C * s, N) + x.shape[4:])
+    head = jnp.full((B, s - 1) + x.shape[2:], fill, x.dtype)
+    return jnp.concatenate([head, x], axis=1)[:, :T]
+
+  out_a = ungroup(out_a, 0)
+  if window is None:
+    return out_a
+  lse_a = ungroup(jnp.swapaxes(stats_a.logsumexp, 1, 2)[..., None], -jnp.inf)  # [B, T, N, 1]
+  no_sink = dataclasses.replace(inputs, sink_logits=None)
+  local = patterns.sliding_window(window - 1)
+  # Window blocks about the window's size (a power of two, 16 .. block_size): window 64 runs
+  # in 64-blocks, computing 128 keys per query rather than 256 with 128-blocks.
+  wb = min(block_size, max(16, 1 << (window - 1).bit_length()))
+  if T > 2 * sparse.CHUNK_BLOCKS * wb:
+    out_b, lse_b = sparse._banded_chunks(no_sink, part_opts, local, wb)
+  else:
+    out_b, stats_b = sparse._block_sparse(no_sink, part_opts, local, wb)
+    lse_b = stats_b.logsumexp
+  lse_b = jnp.swapaxes(lse_b, 1, 2)[..., None]
+  sink = None
+  if inputs.sink_logits is not None:  # [1, N, 1, 1] -> [1, 1, N, 1]
+    sink = jnp.swapaxes(inputs.sink_logits.astype(jnp.float32), 1, 2)
+  del Hv
+  return nz.merge([(out_a, lse_a), (out_b, lse_b)], sink).astype(q.dtype)
+
+
+def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, normalizer,
+                sink_logits, softcap, segment_ids, implementation, return_stats, block_size):
+  inputs, opts = _call.validate(q, k, v, scale=scale, normalizer=normalizer,
+                                sink_logits=sink_logits, softcap=softcap,
+                                segment_ids=segment_ids, return_stats=return_stats)
+  T, S = q.shape[1], k.shape[1]
+  if k_c is None:
+    k_c, v_c = pool_keys(k, stride, pool), pool_keys(v, stride, pool)
+  C = num_blocks(S, stride)
+  if implementation == "reference":
+    rule = CompressedRule(T, S, stride, is_causal, window, C)
+    cat = _concat_inputs(inputs, k_c, v_c, rule)
+    return dense.reference(dataclasses.replace(cat, mask=_mask(rule, T)), opts)
+  if (is_causal and T == S and inputs.q_segment_ids is None
+      and not opts.return_stats
+      and (window is None or normalizers.REGISTRY[opts.normalizer].mergeable)):
+    return _grouped_queries(inputs, opts, k_c, v_c, stride, window, block_size)
+  # The compressed keys padded to whole key blocks: the raw window then starts on a block edge.
+  bs = min(block_size, T)
+  rule = CompressedRule(T, S, stride, is_causal, window, -(-C // bs) * bs if window else C)
+  cat = _concat_inputs(inputs, k_c, v_c, rule)
+  layout = rule_layout(rule, T, cat.k.shape[1], bs)
+
+  def mask_fn(q_positions, k_slots):
+    return rule.allowed(q_positions, k_slots)[None, None]
+
+  return blockwise.attention(cat, opts, layout=layout, mask_fn=mask_fn,
+                             use_default_mask_fn=False)
+
+
+_compressed_jit = jax.jit(_compressed, static_argnames=(
+    "stride", "pool", "is_causal", "window", "scale", "normalizer", "softcap",
+    "implementation", "return_stats", "block_size"))
+
+
+def _check_compressed_kv(pool: Any, k: Array, v: Array, stride: int) -> tuple[Array, Array]:
+  if len(pool) != 2:
+    raise ValueError(f"pool as compressed keys and values must be a pair (k_c, v_c), got a "
+                     f"sequence of length {len(pool)}")
+  k_c, v_c = pool
+  B, S, K, H = k.shape
+  Hv = v.shape[3]
+  C = num_blocks(S, stride)
+  for name, x, want in (("k_c", k_c, (B, C, K, H)), ("v_c", v_c, (B, C, K, Hv))):
+    if _checks.shape_of(x) != want:
+      raise ValueError(
+          f"pool=(k_c, v_c): {name} must have shape {want} ([B, ceil(S / stride), K, "
+          f"{'H' if name == 'k_c' else 'Hv'}] for k {tuple(k.shape)}, stride={stride}), "
+          f"got {_checks.shape_of(x)}")
+  return jnp.asarray(k_c), jnp.asarray(v_c)
+
+
+def compressed_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    stride: int,
+    pool: Union[str, tuple[Array, Array]] = "mean",
+    is_causal: bool = False,
+    window: Optional[int] = None,
+    scale: Optional[float] = None,
+    normalizer: str = "softmax",
+    sink_logits: Optional[Array] = None,
+    softcap: Optional[float] = None,
+    segment_ids: Any = None,
+    implementation: Optional[ImplementationName] = None,
+    return_stats: bool = False,
+    block_size: int = 128,
+):
+  """Attention to keys and values pooled in blocks of ``stride``, plus an optional raw window.
+
+  See the module docstring for the exact rules. Jitted inside (the options
+  are static); callable under ``jax.jit`` and differentiable in ``q``, ``k``,
+  ``v``, ``sink_logits`` and caller-given compressed keys and values.
+
+  Args:
+    q: queries ``[B, T, N, H]``.
+    k: raw keys ``[B, S, K, H]``; ``N % K == 0`` (GQA/MQA).
+    v: raw values ``[B, S, K, Hv]``.
+    stride: positions per compressed block (a positive int).
+    pool: ``"mean"`` or ``"max"`` pooling of ``k`` and ``v`` per block, or a
+      pair ``(k_c [B, C, K, H], v_c [B, C, K, Hv])`` of compressed keys and
+      values made by the caller (``C = ceil(S / stride)``; block ``c`` stands
+      for raw keys ``c * stride ..``, which fixes the causal rule); ``k`` and
+      ``v`` then serve only the window.
+    is_causal: a query ``i`` sees only the compressed blocks ``c`` that end at or
+      before it, ``(c + 1) * stride - 1 <= i``.
+    window: None, or ``w >= 1``: also attend to raw keys ``i - w < j <= i``
+      (causal) or ``|i - j| < w`` (not causal), in the same normalisation.
+    scale: logit scale; None means ``H ** -0.5``.
+    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`; normalisers that
+      count allowed keys count the compressed and raw keys a row sees.
+    sink_logits: ``[N]`` learned null-column logits; softmax only.
+    softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
+    segment_ids: ``[B, T]`` when ``T == S`` or a pair ``([B, T], [B, S])``; a
+      compressed block is seen only by queries of the one segment holding all
+      its keys (ids must not be :data:`STRADDLING_SEGMENT`, int32's minimum).
+    implementation: None (``"blockwise"``), ``"reference"`` or ``"blockwise"``.
+    return_stats: also return :class:`attnjax.AttentionStats` over the key slots
+      ``[compressed ; raw]`` (``sink_mass`` is the weight on compressed block 0).
+    block_size: edge of the blockwise path's square blocks (static).
+
+  Returns:
+    ``[B, T, N, Hv]`` in ``q``'s dtype, or ``(out, AttentionStats)``. Rows with
+    no allowed key are zero, with finite gradients.
+  """
+  stride = _checks_int("stride", stride)
+  if window is not None:
+    window = _checks_int("window", window)
+  block_size = _checks_int("block_size", block_size)
+  if not isinstance(is_causal, bool):
+    raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
+  implementation = "blockwise" if implementation is None else implementation
+  _checks.check_qkv(q, k, v)
+  k_c = v_c = None
+  if isinstance(pool, (tuple, list)):
+    k_c, v_c = _check_compressed_kv(pool, k, v, stride)
+    pool = "given"
+  elif pool not in POOLS:
+    raise ValueError(f"pool must be one of {POOLS} or a pair (k_c, v_c), got pool={pool!r}")
+  return _compressed_jit(
+      q, k, v, k_c, v_c, stride=stride, pool=pool, is_causal=is_causal, window=window,
+      scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
+      segment_ids=segment_ids, implementation=implementation, return_stats=return_stats,
+      block_size=block_size)
+
+
+def _checks_int(name: str, value: Any) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+  if value < 1:
+    raise ValueError(f"{name} must be a positive int, got {name}={value}")
+  return int(value)
+
