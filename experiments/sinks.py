@@ -12,9 +12,11 @@ variants of ``sweep.variants`` and, for dense softmax, the extra seeds
 
 With ``sweep.attention_maps`` (preset ``cpu_sinks``) each finished arm's last
 checkpoint is probed once more and its batch-mean attention weights are kept
-in ``<arm>/attention_maps.npz`` (``weights [L, N, T, S]``, ``bos_nontrigger``
-and ``bos_trigger [L, N]``: the mean first-token weight of queries whose
-token is not / is a trigger); the report then adds per-layer and per-head
+in ``<arm>/attention_maps.npz`` (``weights [L, N, T, S]`` row-normalised,
+``bos_nontrigger`` and ``bos_trigger [L, N]``: the mean first-token weight of
+queries whose token is not / is a trigger, and ``f_attn_raw [L, N]``: the
+first-token weight before row normalisation, which for softmax_one and sink
+logits leaves out the mass sent to the null column); the report then adds per-layer and per-head
 first-token attention, Sink_1^eps against eps, F-Attn and the sink rate over
 training, massive activations, the value-state drain, the active-dormant split
 and the sink checks of issue 18, with first-token attention maps
@@ -88,8 +90,8 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   t = cfg.train
   b = trainer.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
   capture = capture_from_model(trainer.model(), jnp.asarray(b.inputs))
-  w = np.asarray(capture.weights, np.float32)  # [L, B, N, T, S]
-  w = w / np.maximum(np.abs(w).sum(-1, keepdims=True), 1e-30)  # row-normalised, as F-Attn
+  raw = np.asarray(capture.weights, np.float32)  # [L, B, N, T, S]
+  w = raw / np.maximum(np.abs(raw).sum(-1, keepdims=True), 1e-30)  # row-normalised, as F-Attn
   tokens = np.asarray(b.inputs)
   trigger = np.zeros_like(tokens, bool)
   if cfg.data.name == "bigram_backcopy":
@@ -104,6 +106,7 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   tmp = path + ".tmp.npz"
   np.savez_compressed(tmp, weights=w.mean(axis=1), step=step, tokens=tokens,
                       bos_nontrigger=masked(~sel), bos_trigger=masked(sel),
+                      f_attn_raw=raw[:, :, :, 1:, 0].mean(axis=(1, 3)),
                       trigger_fraction=float(trigger[:, 1:].mean()))
   os.replace(tmp, path)
   return path
@@ -160,18 +163,22 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
     out.append(f"| {n} | " + " | ".join(_fmt(c, 0) for c in curve) + " |")
   out += ["\n## Massive activations, value-state drain and the active-dormant split\n",
           "M-Act: max |hidden| over the probe (Sun et al.); value drain: ||v_BOS|| / mean "
-          "||v_j>=2|| per layer (Guo et al.; < 1 = drained); BOS weight of non-trigger and of "
-          "trigger queries per head (from `attention_maps.npz`; Guo et al.'s dormant heads park "
+          "||v_j>=2|| per layer (Guo et al.; < 1 = drained); null mass: weight sent to the null "
+          "column (softmax_one, sink logits); raw BOS weight: F-Attn before row normalisation "
+          "(per head); BOS weight of non-trigger and of trigger queries per head (from `attention_maps.npz`; Guo et al.'s dormant heads park "
           "on BOS except after a trigger).\n",
-          "| arm | M-Act | value drain per layer | BOS weight, non-trigger queries | "
-          "BOS weight, trigger queries |", "|---|---:|---|---|---|"]
+          "| arm | M-Act | value drain per layer | null mass | raw BOS weight | "
+          "BOS weight, non-trigger queries | BOS weight, trigger queries |",
+          "|---|---:|---|---:|---|---|---|"]
   for n, r in zip(names, runs):
     p = last[n]
     maps = _maps(r)
     nt = " ".join(_list(h) for h in maps["bos_nontrigger"]) if maps else "-"
     tr = " ".join(_list(h) for h in maps["bos_trigger"]) if maps else "-"
+    rw = " ".join(_list(h) for h in maps["f_attn_raw"]) if maps and "f_attn_raw" in maps else "-"
     out.append(f"| {n} | {_fmt(p.get('massive/m_act'), 1)} | "
-               f"{_list(p.get('value_drain/per_layer'))} | {nt} | {tr} |")
+               f"{_list(p.get('value_drain/per_layer'))} | {_fmt(p.get('null_mass/mean'))} | "
+               f"{rw} | {nt} | {tr} |")
   dense = [n for n in names if n.split("/")[-1] == "dense" or "dense_" in n.split("/")[-1]]
   if dense:
     steps = sorted({q["step"] for q in _probes(runs[names.index(dense[0])])})
@@ -188,15 +195,20 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
         cells.append("-" if q is None else
                      f"{_fmt(q.get('f_attn/f_attn'))} / {_fmt(q.get('sink_rate/rate'), 0)}")
       out.append(f"| {s} | " + " | ".join(cells) + " |")
-  out.append(_checks(names, last))
+  out.append(_checks(names, last, {n: _maps(r) for n, r in zip(names, runs)}))
   figures = [plot_attention_maps(root, runs, plots_dir), plot_sink_curve(root, runs, plots_dir)]
   out.append("\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})"
                                for p in figures if p) + "\n")
   return "\n".join(out)
 
 
-def _checks(names: list[str], last: dict) -> str:
-  """Issue 18's checks: dense forms the sink in >= 2 of 3 seeds; sink-free variants <= half."""
+def _checks(names: list[str], last: dict, maps: dict) -> str:
+  """Issue 18's checks: dense forms the sink in >= 2 of 3 seeds; sink-free variants <= half.
+
+  F-Attn is measured on row-normalised weights (Qiu et al.'s definition, comparable across
+  normalisers); for softmax_one and sink logits, whose rows send mass to a null column, the
+  raw first-token weight (``f_attn_raw`` of the attention maps) is shown beside it.
+  """
   leaf = {n.split("/")[-1]: n for n in names}
   seeds = [leaf[k] for k in leaf if k == "dense" or k.startswith("dense_seed")]
   lines = ["\n## Checks\n"]
@@ -209,7 +221,14 @@ def _checks(names: list[str], last: dict) -> str:
     if v in leaf and base is not None:
       f = last[leaf[v]].get("f_attn/f_attn")
       verdict = "-" if f is None else ("pass" if f <= base / 2 else "FAIL")
-      lines.append(f"- {v}: F-Attn {_fmt(f)} vs dense {_fmt(base)} (<= half: {verdict}).")
+      line = f"- {v}: F-Attn {_fmt(f)} vs dense {_fmt(base)} (<= half: {verdict})"
+      null = last[leaf[v]].get("null_mass/mean")
+      m = maps.get(leaf[v])
+      if null and m is not None and "f_attn_raw" in m:
+        raw = float(np.mean(m["f_attn_raw"]))
+        line += (f"; null column takes {_fmt(null)} of each row, so the raw first-token weight "
+                 f"is {_fmt(raw)} (<= half of dense: {'pass' if raw <= base / 2 else 'FAIL'})")
+      lines.append(line + ".")
   return "\n".join(lines) + "\n"
 
 
