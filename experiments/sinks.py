@@ -165,8 +165,9 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
           "M-Act: max |hidden| over the probe (Sun et al.); value drain: ||v_BOS|| / mean "
           "||v_j>=2|| per layer (Guo et al.; < 1 = drained); null mass: weight sent to the null "
           "column (softmax_one, sink logits); raw BOS weight: F-Attn before row normalisation "
-          "(per head); BOS weight of non-trigger and of trigger queries per head (from `attention_maps.npz`; Guo et al.'s dormant heads park "
-          "on BOS except after a trigger).\n",
+          "(per head); BOS weight (rows renormalised) of non-trigger and of trigger queries "
+          "per head (from `attention_maps.npz`; Guo et al.'s dormant heads park on BOS except "
+          "after a trigger).\n",
           "| arm | M-Act | value drain per layer | null mass | raw BOS weight | "
           "BOS weight, non-trigger queries | BOS weight, trigger queries |",
           "|---|---:|---|---:|---|---|---|"]
@@ -259,13 +260,15 @@ def plot_attention_maps(root: str, runs: list[str], out_dir: str) -> Optional[st
   rows = (len(items) + cols - 1) // cols
   fig, axes = subplots(rows, cols, figsize=(2.6 * cols, 2.5 * rows), squeeze=False)
   for ax, (title, w) in zip(axes.flat, items):
-    ax.imshow(np.sqrt(w[:, :w.shape[0]]), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    ax.imshow(np.sqrt(np.abs(w[:, :w.shape[0]])), cmap="viridis", vmin=0, vmax=1,
+              interpolation="nearest")
     ax.set_title(title, fontsize=7)
     ax.set_xticks([])
     ax.set_yticks([])
   for ax in list(axes.flat)[len(items):]:
     ax.axis("off")
-  fig.suptitle("attention weights (sqrt), query rows x key columns; the sink is the first column",
+  fig.suptitle("sqrt of |attention weight| (rows renormalised), query rows x key columns; the "
+               "sink is the first column",
                fontsize=8)
   path = os.path.join(out_dir, "attention_maps.png")
   _save(fig, path)
