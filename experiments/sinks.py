@@ -131,7 +131,7 @@ def _list(xs, digits: int = 2) -> str:
 
 
 def formed(probe: dict, *, f_min: float = 0.5, rate_min: float = 50.0) -> bool:
-  """Issue 18's criterion: some layer has F-Attn >= f_min and Sink_1^0.3 >= rate_min % of its heads."""
+  """Issue 18's criterion: a layer has F-Attn >= f_min and Sink_1^0.3 >= rate_min % of its heads."""
   f = probe.get("f_attn/per_layer") or []
   s = probe.get("sink_rate/per_layer") or []
   return any(fl is not None and sl is not None and fl >= f_min and sl >= rate_min

@@ -35,7 +35,8 @@ def test_cpu_sinks_config_and_arms(tmp_path):
   assert {"relu", "gla", "deltanet", "dense_seed1", "dense_seed2", "dense_lr0.01",
           "dense_lr0.1"} <= set(names)
   by_name = dict(zip(names, arms))
-  assert by_name["dense_seed2"].config.seed == 2 and by_name["dense_seed2"].config.variant == "dense"
+  seed2 = by_name["dense_seed2"].config
+  assert seed2.seed == 2 and seed2.variant == "dense"
   assert by_name["dense_lr0.1"].config.opt.lr == pytest.approx(0.1)
   # The fast preset keeps its arms (the tests and the documented 5 minutes use it).
   cpu = load_config(str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu")
