@@ -197,7 +197,8 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
                      f"{_fmt(q.get('f_attn/f_attn'))} / {_fmt(q.get('sink_rate/rate'), 0)}")
       out.append(f"| {s} | " + " | ".join(cells) + " |")
   out.append(_checks(names, last, {n: _maps(r) for n, r in zip(names, runs)}))
-  figures = [plot_attention_maps(root, runs, plots_dir), plot_sink_curve(root, runs, plots_dir)]
+  figures = [plot_attention_maps(root, runs, plots_dir), plot_sink_curve(root, runs, plots_dir),
+             plot_dense_over_training(root, [runs[names.index(n)] for n in dense], plots_dir)]
   out.append("\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})"
                                for p in figures if p) + "\n")
   return "\n".join(out)
@@ -291,6 +292,29 @@ def plot_sink_curve(root: str, runs: list[str], out_dir: str) -> Optional[str]:
   ax.set(xlabel="eps", ylabel="Sink_1^eps (%)", title="Sink_1^eps against eps (last probe)")
   ax.legend(fontsize=6, ncol=2)
   path = os.path.join(out_dir, "sink_curve.png")
+  _save(fig, path)
+  return path
+
+
+def plot_dense_over_training(root: str, runs: list[str], out_dir: str) -> Optional[str]:
+  """F-Attn and Sink_1^0.3 of the probes against step for the dense arms (seeds, LRs)."""
+  from attnjax.train.plots import _save, subplots
+
+  if not runs:
+    return None
+  fig, (ax1, ax2) = subplots(1, 2, figsize=(10, 3.6))
+  for r in runs:
+    recs = [q for q in _probes(r) if q.get("f_attn/f_attn") is not None]
+    steps = [q["step"] for q in recs]
+    label = os.path.relpath(r, root)
+    ax1.plot(steps, [q["f_attn/f_attn"] for q in recs], "o-", ms=2, lw=0.9, label=label)
+    ax2.plot(steps, [q.get("sink_rate/rate") for q in recs], "o-", ms=2, lw=0.9, label=label)
+  ax1.axhline(0.5, color="k", ls="--", lw=0.6)
+  ax1.set(xlabel="step", ylabel="F-Attn", title="dense: F-Attn over training", ylim=(0, 1))
+  ax2.set(xlabel="step", ylabel="Sink_1^0.3 (%)", title="dense: sink rate over training",
+          ylim=(-3, 103))
+  ax1.legend(fontsize=7)
+  path = os.path.join(out_dir, "dense_over_training.png")
   _save(fig, path)
   return path
 
