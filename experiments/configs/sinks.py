@@ -13,8 +13,8 @@ dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
   trigger tokens of 64 (Guo et al. 2024), one attention-only layer with one
   head (``model.mlp = "none"``, untied embeddings, RoPE), LR 3e-2, 2000 steps.
   Arms: 12 variants (the gated-linear and delta-rule families as GLA and
-  DeltaNet), dense at seeds 1 and 2 and at LRs 1e-2 and 1e-1: 16 runs, about
-  10-20 minutes on 2 cores.
+  DeltaNet), dense at seeds 1 and 2 and at LRs 1e-2 and 1e-1: 16 runs, 21
+  minutes measured on 2 heavily loaded cores (RESULTS.md; less on quiet ones).
 - ``cpu``: the fast default (the tests use it): 11 variants x Shakespeare and
   bigram-backcopy at the cpu model size (2 layers, 4 heads, MLPs), 240 steps,
   about 5 minutes; no sink forms at this size (RESULTS.md).
