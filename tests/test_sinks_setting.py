@@ -45,23 +45,26 @@ def test_cpu_sinks_config_and_arms(tmp_path):
 
 
 def test_cpu_sinks_tiny_arm_runs(tmp_path):
-  """One dense arm of the preset for a few steps: probes, attention maps, the sink report."""
+  """One dense arm of the preset for a few steps: probes, attention maps, the sink sections."""
+  from attnjax.train import sweep
+
   module = _sinks_module()
-  out = tmp_path / "sinks"
-  md = module.main(["--config", CPU_SINKS, "--out", str(out),
-                    "--config.sweep.variants=dense", "--config.sweep.dense_seeds=",
-                    "--config.sweep.dense_lrs=", "--config.train.steps=4",
-                    "--config.train.probe_every=2", "--config.train.checkpoint_every=2",
-                    "--config.train.eval_every=4", "--config.train.eval_batches=1",
-                    "--config.train.probe_batch=4", "--config.data.batch_size=8",
-                    "--config.train.progress=false", "--config.train.plots=false"])
-  run = out / "bigram_backcopy" / "dense"
-  with np.load(run / "attention_maps.npz") as z:
-    assert z["weights"].shape == (1, 1, 64, 64)
+  cfg = load_config(CPU_SINKS, ["sweep.variants=dense", "sweep.dense_seeds=", "sweep.dense_lrs=",
+                                "train.steps=4", "train.probe_every=2", "train.checkpoint_every=2",
+                                "train.eval_every=4", "train.eval_batches=1", "train.probe_batch=4",
+                                "train.probe_len=16", "data.batch_size=4", "train.microbatches=1",
+                                "train.num_devices=1", "train.progress=false", "train.plots=false"])
+  (arm,) = module.build_arms(cfg, str(tmp_path))
+  assert sweep.run_in_process(arm)["status"] == "finished"
+  run = arm.config.run_dir
+  with np.load(module.save_attention_maps(run)) as z:
+    assert z["weights"].shape == (1, 1, 16, 16)
     np.testing.assert_allclose(z["weights"].sum(-1), 1.0, rtol=1e-4)
-    assert z["bos_nontrigger"].shape == (1, 1) and int(z["step"]) == 4
-  assert "Sink_1^eps against eps" in md and "| dense | [" in md
-  assert (out / "bigram_backcopy" / "plots" / "attention_maps.png").is_file()
+    assert z["bos_nontrigger"].shape == z["f_attn_raw"].shape == (1, 1) and int(z["step"]) == 4
+  root = str(tmp_path / "bigram_backcopy")
+  md = module.sink_sections(root, [run], str(tmp_path / "plots"))
+  assert "Sink_1^eps against eps" in md and "| dense | [" in md and "## Checks" in md
+  assert (tmp_path / "plots" / "attention_maps.png").is_file()
 
 
 def test_model_without_mlp():
