@@ -23,7 +23,7 @@ from attnjax.nn.specs import check_int, check_type
 
 # The families are the live registry, specs.FAMILY_SPECS (register_family adds to it).
 OUTPUT_GATES = (None, "elementwise", "headwise")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "swiglu", "none")
 NORMS = ("rms", "layer")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -240,7 +240,8 @@ class ModelConfig:
     attention: the attention of every layer (unless ``layer_attention``).
     layer_attention: optional per-layer configs (a tuple of length
       ``num_layers``), e.g. alternating window and global layers.
-    mlp: ``"gelu"`` or ``"swiglu"``.
+    mlp: ``"gelu"``, ``"swiglu"`` or ``"none"`` (attention-only blocks, as in
+      the 1-3 layer models of Guo et al. 2024's bigram-backcopy task).
     mlp_dim: hidden width (None = ``4 D`` for GELU, ``8 D / 3`` rounded up to a
       multiple of 8 for SwiGLU, equal parameter counts).
     norm: ``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm).

@@ -58,7 +58,7 @@ class MLP(nnx.Module):
 
 
 class TransformerBlock(nnx.Module):
-  """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))``.
+  """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))`` (no MLP if ``mlp="none"``).
 
   Args:
     config: the :class:`ModelConfig`.
@@ -72,8 +72,8 @@ class TransformerBlock(nnx.Module):
     D = config.d_model
     self.attn_norm = _norm(config.norm, D, config.norm_eps, **kw)
     self.attention = Attention(config.attention_for(layer), D, **kw)
-    self.mlp_norm = _norm(config.norm, D, config.norm_eps, **kw)
-    self.mlp = MLP(config.mlp, D, config.hidden_dim, **kw)
+    self.mlp_norm = None if config.mlp == "none" else _norm(config.norm, D, config.norm_eps, **kw)
+    self.mlp = None if config.mlp == "none" else MLP(config.mlp, D, config.hidden_dim, **kw)
 
   def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
                positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
@@ -81,7 +81,8 @@ class TransformerBlock(nnx.Module):
     """``h`` ``[B, T, D]`` -> ``[B, T, D]``; ``segment_ids``/``positions`` as :class:`Attention`."""
     h = h + self.attention(self.attn_norm(h), segment_ids=segment_ids, positions=positions,
                            sow_weights=sow_weights)
-    h = h + self.mlp(self.mlp_norm(h))
+    if self.mlp is not None:
+      h = h + self.mlp(self.mlp_norm(h))
     self._sow_hidden(h, sow_hidden)
     return h
 
@@ -91,7 +92,8 @@ class TransformerBlock(nnx.Module):
     a, cache = self.attention.decode(self.attn_norm(h), cache, segment_ids=segment_ids,
                                      positions=positions, sow_weights=sow_weights)
     h = h + a
-    h = h + self.mlp(self.mlp_norm(h))
+    if self.mlp is not None:
+      h = h + self.mlp(self.mlp_norm(h))
     self._sow_hidden(h, sow_hidden)
     return h, cache
 

@@ -13,7 +13,8 @@ etc. work as before):
 - :mod:`~attnjax.stats.sinks`: ``importance``, ``sink_rate``,
   ``first_token_attention``, ``attention_entropy``, ``max_attention_logit``,
   ``null_mass``, ``gate_mass``, ``attention_sparsity``;
-- :mod:`~attnjax.stats.geometry`: ``qk_statistics``, ``sink_geometry``;
+- :mod:`~attnjax.stats.geometry`: ``qk_statistics``, ``sink_geometry``,
+  ``value_state_drain``;
 - :mod:`~attnjax.stats.activations`: ``massive_activations``, ``kurtosis``,
   ``output_logit_drift``;
 - :mod:`~attnjax.stats.kernels`: ``kernel_approximation_error``,
@@ -53,7 +54,7 @@ from __future__ import annotations
 
 from attnjax.stats.activations import kurtosis, massive_activations, output_logit_drift
 from attnjax.stats.capture import ProbeCapture, probe_statistics
-from attnjax.stats.geometry import qk_statistics, sink_geometry
+from attnjax.stats.geometry import qk_statistics, sink_geometry, value_state_drain
 from attnjax.stats.jsonable import flatten, to_jsonable
 from attnjax.stats.kernels import feature_map_attention_error, kernel_approximation_error
 from attnjax.stats.results import (AttentionEntropy, FirstTokenAttention, LayerMean, LogitDrift,
@@ -87,5 +88,5 @@ __all__ = [
     "attention_sparsity", "feature_map_attention_error", "first_token_attention", "flatten",
     "gate_mass", "importance", "kernel_approximation_error", "kurtosis", "massive_activations",
     "max_attention_logit", "null_mass", "output_logit_drift", "probe_statistics", "qk_statistics",
-    "sink_geometry", "sink_rate", "to_jsonable",
+    "sink_geometry", "sink_rate", "to_jsonable", "value_state_drain",
 ]

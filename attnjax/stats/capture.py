@@ -16,13 +16,16 @@ import jax.numpy as jnp
 from attnjax.attention_stats import AttentionStats
 from attnjax.stats._inputs import _stats_layers
 from attnjax.stats.activations import _kurtosis, _massive_activations, _output_logit_drift
-from attnjax.stats.geometry import _qk_statistics, _sink_geometry
+from attnjax.stats.geometry import _qk_statistics, _sink_geometry, _value_state_drain
 from attnjax.stats.jsonable import flatten
 from attnjax.stats.results import LayerMean
 from attnjax.stats.sinks import (_attention_entropy, _attention_sparsity, _first_token_attention,
                                  _max_attention_logit, _null_mass, _sink_rate)
 
 Array = jnp.ndarray
+
+# Thresholds of the ``sink_curve/*`` probe keys: Sink_1^eps against eps (Gu et al. 2024, fig. 3).
+SINK_CURVE_EPS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 class ProbeCapture(NamedTuple):
@@ -85,6 +88,8 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   - ``output/*``: :func:`output_logit_drift` (logits);
   - ``sink_rate/*``: :func:`sink_rate` (weights if present, else stats), with
     ``sink_rate/importance`` averaged over the batch to ``[L, N]``;
+    ``sink_curve/rate`` ``[E]`` and ``sink_curve/per_layer`` ``[E, L]``:
+    ``Sink_1^eps`` (percent) at each ``eps`` of ``SINK_CURVE_EPS``;
   - ``f_attn/*``, ``entropy/*``: :func:`first_token_attention`,
     :func:`attention_entropy` (stats if present, else weights);
   - ``max_logit``: :func:`max_attention_logit` ``[L]`` (stats);
@@ -94,7 +99,8 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
     ``sink_geometry/*``: :func:`sink_geometry` (q, k, v), over each layer's
     allowed pairs. q and k are those the attention compares, so after a QK
     norm their RMS is that of the norm's output (the pre-norm projection RMS
-    is in ``attnjax.nn.collect_stats``);
+    is in ``attnjax.nn.collect_stats``); ``value_drain/*``:
+    :func:`value_state_drain` (v), ``per_head`` ``[L, K]``;
   - ``massive/*``, ``kurtosis/*``: :func:`massive_activations`,
     :func:`kurtosis` (hidden);
   - ``gate/*``: mean gate per head, layer and overall (gate_mean).
@@ -117,6 +123,9 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   if w is not None or st is not None:
     sink = _sink_rate(w if w is not None else st, eps=eps)
     out.update(flatten(sink._replace(importance=jnp.mean(sink.importance, axis=1)), "sink_rate"))
+    above = sink.importance[None] > jnp.asarray(SINK_CURVE_EPS)[:, None, None, None]
+    out["sink_curve/rate"] = 100.0 * jnp.mean(above, axis=(1, 2, 3))
+    out["sink_curve/per_layer"] = 100.0 * jnp.mean(above, axis=(2, 3))
   for key, field, metric in (("f_attn", "sink_mass", _first_token_attention),
                              ("entropy", "entropy", _attention_entropy)):
     source = st if st is not None and getattr(st, field) is not None else w
@@ -149,6 +158,7 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
           lambda q, k, v, mask: _sink_geometry(q, k, v, is_causal=mask is None, mask=mask),
           capture.q.shape[0], seq_allowed, capture.q, capture.k, capture.v)
       out.update(flatten(geometry, "sink_geometry"))
+      out.update(flatten(_value_state_drain(capture.v), "value_drain"))
   if capture.hidden is not None:
     out.update(flatten(_massive_activations(capture.hidden, abs_threshold=massive_abs,
                                             ratio=massive_ratio), "massive"))

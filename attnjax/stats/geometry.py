@@ -1,6 +1,7 @@
-"""Query/key geometry: q/k RMS, cosines, max logit, sink geometry.
+"""Query/key geometry: q/k RMS, cosines, max logit, sink geometry, value-state drain.
 
-References: Wortsman et al. 2023 (q/k growth, max logit); Gu et al. 2024 (sink geometry).
+References: Wortsman et al. 2023 (q/k growth, max logit); Gu et al. 2024 (sink geometry);
+Guo et al. 2024 (value-state drain).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 
 from attnjax import _checks, dense
 from attnjax.stats._inputs import _allowed_pairs, _lift, _shape, _stack_layers
-from attnjax.stats.results import QKStatistics, SinkGeometry
+from attnjax.stats.results import LayerMean, QKStatistics, SinkGeometry
 
 Array = jnp.ndarray
 
@@ -166,3 +167,41 @@ def _sink_geometry(q, k, v, *, is_causal: bool = True, window=None, mask=None) -
 
 sink_geometry = jax.jit(_sink_geometry, static_argnames=("is_causal", "window"))
 sink_geometry.__doc__ = _sink_geometry.__doc__
+
+
+def _value_state_drain(v) -> LayerMean:
+  """Value-state drain of the first token, per layer and head (Guo et al. 2024).
+
+  Definition: per sequence and kv head, ``||v_1|| / mean_{j >= 2} ||v_j||``
+  (1-indexed tokens: ``v_1`` is the first token's value, BOS in the
+  experiments), averaged over the batch. Guo et al. find that a head parking
+  its attention on BOS drives ``||v_BOS||`` towards zero (a ratio well below
+  one), so the dormant head adds almost nothing to the residual stream; the
+  per-layer mean is :func:`sink_geometry`'s ``value_norm_ratio``.
+
+  Args:
+    v: values ``[L, B, S, K, Hv]`` / ``[B, S, K, Hv]`` / list per layer, ``S >= 2``.
+
+  Returns:
+    :class:`LayerMean`: ``mean`` scalar, ``per_layer`` ``[L]``, ``per_head``
+    ``[L, K]`` (kv heads).
+
+  References:
+    Guo et al. 2024, "Active-Dormant Attention Heads: Mechanistically
+    Demystifying Extreme-Token Phenomena in LLMs", sec. 2 (value-state drains).
+  """
+  v = _stack_layers("v", v, 4, "[B, S, K, Hv]")
+  if v.shape[2] < 2:
+    raise ValueError(f"value-state drain compares the first value with the others: needs "
+                     f"S >= 2, got v {_shape(v)}")
+  _checks.check_floating("v", v)
+  norms = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32)), axis=-1))  # [L, B, S, K]
+  others = jnp.mean(norms[:, :, 1:], axis=2)
+  ratio = norms[:, :, 0] / jnp.where(others > 0, others, 1.0)
+  per_head = jnp.mean(ratio, axis=1)
+  per_layer = jnp.mean(per_head, axis=1)
+  return LayerMean(mean=jnp.mean(per_layer), per_layer=per_layer, per_head=per_head)
+
+
+value_state_drain = jax.jit(_value_state_drain)
+value_state_drain.__doc__ = _value_state_drain.__doc__

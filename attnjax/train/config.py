@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.num_layers = 2
   c.model.num_heads = 4
   c.model.num_kv_heads = 0     # 0: same as num_heads
-  c.model.mlp = "gelu"         # gelu | swiglu
+  c.model.mlp = "gelu"         # gelu | swiglu | none (attention-only blocks)
   c.model.mlp_ratio = 4
   c.model.norm = "rms"         # rms | layer
   c.model.rope = True
@@ -294,7 +294,8 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   head_dim = m.d_model // m.num_heads
   _require(not m.rope or head_dim % 2 == 0,
            f"model.rope needs an even head dim, got model.d_model/model.num_heads={head_dim}")
-  _require(m.mlp in ("gelu", "swiglu"), f"model.mlp={m.mlp!r} is not one of: gelu, swiglu")
+  _require(m.mlp in ("gelu", "swiglu", "none"),
+           f"model.mlp={m.mlp!r} is not one of: gelu, swiglu, none")
   _require(m.norm in ("rms", "layer"), f"model.norm={m.norm!r} is not one of: rms, layer")
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r} is not one of: {', '.join(DTYPES)}")
   _require(m.window >= 0, f"model.window must be >= 0, got {m.window}")

@@ -1,13 +1,24 @@
-"""python experiments/sinks.py --config experiments/configs/sinks.py:preset=cpu
+"""python experiments/sinks.py --config experiments/configs/sinks.py:preset=cpu_sinks
 
-Attention sinks over training for each variant (EXPERIMENTS.md, experiment 3),
-on Shakespeare and on the synthetic bigram-backcopy task (Guo et al. 2024),
-which makes sinks appear in 1-3 layer models. Sink statistics (Sink_1^0.3,
-F-Attn, M-Act, ...) are probed on fixed held-out length-64 sequences every
-``train.probe_every`` steps. Arguments after ``:``: ``preset`` (cpu, gpu,
-tpu), ``lr``. Arms: ``--config.sweep.variants`` x ``--config.sweep.datasets``.
-With preset=cpu: 11 variants x 2 datasets, about 10-15 CPU-minutes; presets gpu
-and tpu add the gated and delta-rule families (``attnjax.train.variants.GATED``).
+Attention sinks over training for each variant (EXPERIMENTS.md, experiment 3).
+Sink statistics (Sink_1^eps, F-Attn, M-Act, value-state drain, ...) are
+probed on fixed held-out length-64 sequences every ``train.probe_every``
+steps. Arguments after ``:``: ``preset`` (cpu, cpu_sinks, gpu, tpu), ``lr``.
+Arms: ``--config.sweep.variants`` x ``--config.sweep.datasets``, plus, for
+dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
+``sweep.dense_lrs``.
+
+- ``cpu_sinks``: the setting in which dense softmax forms a sink on a 2-core
+  CPU (found by measurement, experiments/RESULTS.md): bigram-backcopy with 8
+  trigger tokens of 64 (Guo et al. 2024), one attention-only layer with one
+  head (``model.mlp = "none"``, untied embeddings, RoPE), LR 3e-2, 2000 steps.
+  Arms: 12 variants (the gated-linear and delta-rule families as GLA and
+  DeltaNet), dense at seeds 1 and 2 and at LRs 1e-2 and 1e-1: 16 runs, 21
+  minutes measured on 2 heavily loaded cores (RESULTS.md; less on quiet ones).
+- ``cpu``: the fast default (the tests use it): 11 variants x Shakespeare and
+  bigram-backcopy at the cpu model size (2 layers, 4 heads, MLPs), 240 steps,
+  about 5 minutes; no sink forms at this size (RESULTS.md).
+- ``gpu``/``tpu``: the cpu variant list plus ``attnjax.train.variants.GATED``.
 """
 
 import ml_collections
@@ -15,9 +26,34 @@ import ml_collections
 from attnjax.train.config import apply_preset, base_config, parse_arg
 from attnjax.train.variants import GATED
 
+CPU_SINKS_VARIANTS = ("dense,softmax_one,sink_logits,sigmoid,softpick,gated,qk_layernorm,window,"
+                      "linear,relu,gla,deltanet")
+
+
+def _cpu_sinks(c: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigDict:
+  """The sink-forming CPU setting (see the module docstring and RESULTS.md)."""
+  c.model.update(dict(d_model=64, num_layers=1, num_heads=1, mlp="none", tie_embeddings=False,
+                      rope=True))
+  c.data.update(dict(name="bigram_backcopy", seq_len=64, batch_size=32, bb_vocab_size=64,
+                     bb_num_triggers=8))
+  c.opt.lr = lr or 3e-2
+  c.train.update(dict(steps=2000, probe_every=100, eval_every=500, checkpoint_every=500,
+                      microbatches=4))
+  c.sweep = ml_collections.ConfigDict({
+      "setting": "cpu_sinks",
+      "variants": CPU_SINKS_VARIANTS,
+      "datasets": "bigram_backcopy",
+      "dense_seeds": "1,2",
+      "dense_lrs": "0.01,0.1",
+      "attention_maps": True,
+  })
+  return c
+
 
 def get_config(arg=None):
   a = parse_arg(arg, preset="cpu", lr=0.0)
+  if a.preset == "cpu_sinks":
+    return _cpu_sinks(apply_preset(base_config(), "cpu"), a.lr)
   c = apply_preset(base_config(), a.preset)
   c.opt.lr = a.lr or (1e-2 if a.preset == "cpu" else 1e-3)
   c.data.bb_vocab_size = 64
@@ -29,7 +65,11 @@ def get_config(arg=None):
   if a.preset != "cpu":
     variants = ",".join((variants,) + GATED)
   c.sweep = ml_collections.ConfigDict({
+      "setting": a.preset,
       "variants": variants,
       "datasets": "shakespeare,bigram_backcopy",
+      "dense_seeds": "",
+      "dense_lrs": "",
+      "attention_maps": False,
   })
   return c

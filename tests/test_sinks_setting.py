@@ -1,0 +1,117 @@
+"""The cpu_sinks setting (issue 18): its config, one tiny arm end to end, and its new statistics."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnjax import stats
+from attnjax.stats.capture import SINK_CURVE_EPS, ProbeCapture, probe_statistics
+from attnjax.train.config import load_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CPU_SINKS = str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu_sinks"
+
+
+def _sinks_module():
+  spec = importlib.util.spec_from_file_location("experiments_sinks", ROOT / "experiments/sinks.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_cpu_sinks_config_and_arms(tmp_path):
+  cfg = load_config(CPU_SINKS)
+  assert (cfg.model.num_layers, cfg.model.num_heads, cfg.model.mlp) == (1, 1, "none")
+  assert cfg.data.name == "bigram_backcopy" and cfg.data.bb_num_triggers == 8
+  arms = _sinks_module().build_arms(cfg, str(tmp_path))
+  names = [a.name.split("/")[1] for a in arms]
+  assert names[:3] == ["dense", "softmax_one", "sink_logits"]
+  assert {"relu", "gla", "deltanet", "dense_seed1", "dense_seed2", "dense_lr0.01",
+          "dense_lr0.1"} <= set(names)
+  by_name = dict(zip(names, arms))
+  seed2 = by_name["dense_seed2"].config
+  assert seed2.seed == 2 and seed2.variant == "dense"
+  assert by_name["dense_lr0.1"].config.opt.lr == pytest.approx(0.1)
+  # The fast preset keeps its arms (the tests and the documented 5 minutes use it).
+  cpu = load_config(str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu")
+  assert len(_sinks_module().build_arms(cpu, str(tmp_path))) == 22
+  assert cpu.model.mlp == "gelu" and cpu.model.num_layers == 2
+
+
+def test_cpu_sinks_tiny_arm_runs(tmp_path):
+  """One dense arm of the preset for a few steps: probes, attention maps, the sink sections."""
+  from attnjax.train import sweep
+
+  module = _sinks_module()
+  cfg = load_config(CPU_SINKS, ["sweep.variants=dense", "sweep.dense_seeds=", "sweep.dense_lrs=",
+                                "train.steps=4", "train.probe_every=2", "train.checkpoint_every=2",
+                                "train.eval_every=4", "train.eval_batches=1", "train.probe_batch=4",
+                                "train.probe_len=16", "data.batch_size=4", "train.microbatches=1",
+                                "train.num_devices=1", "train.progress=false", "train.plots=false"])
+  (arm,) = module.build_arms(cfg, str(tmp_path))
+  assert sweep.run_in_process(arm)["status"] == "finished"
+  run = arm.config.run_dir
+  with np.load(module.save_attention_maps(run)) as z:
+    assert z["weights"].shape == (1, 1, 16, 16)
+    np.testing.assert_allclose(z["weights"].sum(-1), 1.0, rtol=1e-4)
+    assert z["bos_nontrigger"].shape == z["f_attn_raw"].shape == (1, 1) and int(z["step"]) == 4
+  root = str(tmp_path / "bigram_backcopy")
+  md = module.sink_sections(root, [run], str(tmp_path / "plots"))
+  assert "Sink_1^eps against eps" in md and "| dense | [" in md and "## Checks" in md
+  assert (tmp_path / "plots" / "attention_maps.png").is_file()
+
+
+def test_model_without_mlp():
+  from flax import nnx
+
+  from attnjax import nn
+
+  cfg = nn.ModelConfig(vocab_size=11, d_model=16, num_layers=1, mlp="none",
+                       attention=nn.AttentionConfig(num_heads=2))
+  model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  assert model.blocks[0].mlp is None
+  logits = model(jnp.zeros((2, 5), jnp.int32))
+  assert logits.shape == (2, 5, 11) and bool(jnp.all(jnp.isfinite(logits)))
+  with_mlp = nn.TransformerLM(nn.ModelConfig(vocab_size=11, d_model=16, num_layers=1,
+                                             attention=nn.AttentionConfig(num_heads=2)),
+                              rngs=nnx.Rngs(0))
+  count = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
+  block = with_mlp.blocks[0]
+  assert count(with_mlp) - count(model) == count(block.mlp) + count(block.mlp_norm)
+
+
+def test_value_state_drain_closed_form():
+  v = np.ones((2, 3, 5, 2, 4), np.float32)
+  v[0, :, 0, 1] = 0.25  # layer 0, kv head 1: BOS value a quarter of the others
+  v[1, :, 1:, 0] = 2.0  # layer 1, kv head 0: the others twice BOS
+  r = stats.value_state_drain(jnp.asarray(v))
+  np.testing.assert_allclose(r.per_head, [[1.0, 0.25], [0.5, 1.0]], rtol=1e-6)
+  np.testing.assert_allclose(r.per_layer, [0.625, 0.75], rtol=1e-6)
+  one = stats.value_state_drain(jnp.asarray(v[0]))  # one layer: L = 1
+  np.testing.assert_allclose(one.per_head, [[1.0, 0.25]], rtol=1e-6)
+  with pytest.raises(ValueError, match="S >= 2"):
+    stats.value_state_drain(jnp.ones((2, 1, 2, 4)))
+
+
+def test_probe_sink_curve_and_value_drain():
+  """sink_curve/* thresholds the per-sequence alpha_1; value_drain/* is the drain of v."""
+  T = 6
+  w = np.zeros((1, 2, 1, T, T), np.float32)
+  for i in range(T):  # sequence 0 parks every query on key 1; sequence 1 attends to itself
+    w[0, 0, 0, i, 0] = 1.0
+    w[0, 1, 0, i, i] = 1.0
+  v = np.ones((1, 2, T, 1, 3), np.float32)
+  v[:, :, 0] = 0.0
+  q = k = jnp.ones((1, 2, T, 1, 3))
+  out = probe_statistics(ProbeCapture(weights=jnp.asarray(w), q=q, k=k, v=jnp.asarray(v)))
+  # alpha_1 = 1 for sequence 0 and 1 / T for sequence 1.
+  expected = [50.0 * (1.0 > e) + 50.0 * (1.0 / T > e) for e in SINK_CURVE_EPS]
+  np.testing.assert_allclose(out["sink_curve/rate"], expected)
+  assert out["sink_curve/per_layer"].shape == (len(SINK_CURVE_EPS), 1)
+  np.testing.assert_allclose(out["value_drain/per_head"], [[0.0]])
