@@ -110,10 +110,17 @@ def main(argv=None) -> str:
   if summary["status"] != "finished":
     raise SystemExit(f"training ended as {summary['status']}; nothing to evaluate")
   model, trainer = trained_model(cfg)
-  L = cfg.data.seq_len
-  batch = trainer.batches.batch("probe", 1, seq_len=L, batch_size=cfg.sweep.eval_batch)
-  inputs, targets = jnp.asarray(batch.inputs), jnp.asarray(batch.targets)
-  vocab = trainer.batches.model_vocab_size
+  batch = trainer.batches.batch("probe", 1, seq_len=cfg.data.seq_len,
+                                batch_size=cfg.sweep.eval_batch)
+  markdown = evaluate(cfg, model, trainer.batches.model_vocab_size, batch.inputs, batch.targets,
+                      args.out)
+  return cli.finish(args.out, markdown, t0)
+
+
+def evaluate(cfg, model: nnx.Module, vocab: int, inputs, targets, out: str) -> str:
+  """Decodes ``inputs`` ``[B, L]`` through every arm; writes results, plot; returns the table."""
+  inputs, targets = jnp.asarray(inputs), jnp.asarray(targets)
+  L = inputs.shape[1]
   mcfg = model_config(cfg, vocab)
   gpu_cfg = apply_preset(base_config(), "gpu")
   gpu_cfg.variant = cfg.variant
@@ -142,7 +149,7 @@ def main(argv=None) -> str:
       if "gpu_bytes" in r:
         r["gpu_bytes_vs_full"] = r["gpu_bytes"] / full["gpu_bytes"]
 
-  B = cfg.sweep.eval_batch
+  B = inputs.shape[0]
   lines = [f"# kv_cache ({cfg.preset}, {cfg.variant}, {mcfg.num_layers} layers, "
            f"trained and evaluated at T={L})\n",
            f"Held-out perplexity of {B} sequences of {L} tokens ({B * L} predictions), decoded "
@@ -183,10 +190,10 @@ def main(argv=None) -> str:
   ax.set(xlabel=f"cache bytes per sequence (T={L})", ylabel="held-out perplexity",
          title="perplexity vs KV-cache bytes")
   ax.legend(fontsize=8)
-  _save(fig, os.path.join(args.out, "plots", "perplexity_vs_bytes.png"))
+  _save(fig, os.path.join(out, "plots", "perplexity_vs_bytes.png"))
   lines.append("\n![perplexity_vs_bytes.png](plots/perplexity_vs_bytes.png)\n")
-  rundir.write_json(os.path.join(args.out, "results.json"), results)
-  return cli.finish(args.out, "\n".join(lines), t0)
+  rundir.write_json(os.path.join(out, "results.json"), results)
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

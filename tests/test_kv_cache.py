@@ -247,3 +247,36 @@ def test_configs_with_policies_round_trip_through_dicts():
   assert nn.AttentionConfig.from_dict(cfg.to_dict()) == cfg
   old = {k: v for k, v in nn.AttentionConfig().to_dict().items() if not k.startswith("cache_")}
   assert nn.AttentionConfig.from_dict(old).cache_policy == "full"
+
+
+def test_kv_cache_experiment_writes_its_table(tmp_path):
+  """The evaluation of experiments/kv_cache.py on an untrained tiny model (training is train())."""
+  import importlib.util
+  import json
+  import pathlib
+
+  from attnjax.train import cli
+  from attnjax.train.model import build_model
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  spec = importlib.util.spec_from_file_location("kv_cache_experiment",
+                                                root / "experiments" / "kv_cache.py")
+  experiment = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(experiment)
+  tiny = ["data.seq_len=16", "model.d_model=16", "model.num_layers=1", "model.num_heads=2",
+          "sweep.policies=full,int8,h2o", "sweep.budgets=0.5"]
+  config = str(root / "experiments" / "configs" / "kv_cache.py") + ":preset=cpu"
+  cfg, _ = cli.parse("doc", config, [f"--config.{o}" for o in tiny], sweep=False)
+  model = build_model(cfg, V, seed=0)
+  tokens = np.asarray(jax.random.randint(jax.random.key(0), (2, 17), 0, V))
+  markdown = experiment.evaluate(cfg, model, V, tokens[:, :-1], tokens[:, 1:], str(tmp_path))
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert set(results) == {"full forward (no cache)", "full", "int8", "h2o 8/16"}
+  assert results["full"]["ppl_vs_full_cache"] == 1.0
+  assert abs(results["full forward (no cache)"]["ppl_vs_full_cache"] - 1) < 1e-4
+  assert abs(results["int8"]["ppl_vs_full_cache"] - 1) < 0.01
+  assert results["int8"]["cache_bytes"] < results["full"]["cache_bytes"]
+  assert results["h2o 8/16"]["gpu_budget"] == 2048
+  assert results["h2o 8/16"]["gpu_bytes_vs_full"] < 0.6
+  assert "| int8 |" in markdown and "| h2o 8/16 |" in markdown
+  assert (tmp_path / "plots" / "perplexity_vs_bytes.png").exists()
