@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from attnjax import _checks, dense, masks, mods, normalizers, patterns
 from attnjax import qk_norm as qk_norm_lib
 from attnjax.nn import _layers, kv_policies
-from attnjax.nn.caches import KVCache
 from attnjax.nn.rope import apply_rope
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, PATTERNS, STREAMING_ROPE, AttentionSpec,
                                   Call, _rope, check_int, check_type, register_family,
@@ -265,7 +264,7 @@ class ScoreSpec(AttentionSpec):
   def _write(self, cache, k, v, positions, rope_positions, segment_ids, scales=None):
     """Writes the new keys/values (and their ``scales``) into their slots.
 
-    Tokens evicted at once are dropped. ``cache`` is a :class:`KVCache` or a
+    Tokens evicted at once are dropped. ``cache`` is a :class:`~attnjax.nn.caches.KVCache` or a
     :class:`~attnjax.nn.caches.QuantizedKVCache` (``k``, ``v`` already stored
     form); the same type is returned.
     """
