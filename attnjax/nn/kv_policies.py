@@ -30,7 +30,9 @@ is written back.
   slots and are not counted. When more than the budget is held, the slots with
   the smallest score outside the recent window are evicted
   (:class:`H2OCache`). The weights come from the layer's own function applied
-  to identity values, ``O(T (C + T)^2)`` per call: cheap for one-token steps.
+  to identity values (``implementation="reference"``; an injected
+  ``attention_fn`` receives them too), ``O(T (C + T)^2)`` per call: cheap for
+  one-token steps; the output is those weights times the values.
 - ``"sinks_window"`` (StreamingLLM, Xiao et al. 2024): the first
   ``cache_budget - cache_recent`` tokens plus the ``cache_recent`` latest; keys
   are rotated by their position in the cache (``streaming_rope="cache"``) or in
