@@ -64,11 +64,17 @@ Decoding (every family; prefill + steps equals the full forward)::
   logits, cache = nn.decode_step(model, prompt, cache)
   logits, cache = nn.decode_step(model, next_token[:, None], cache)
   tokens = nn.generate(model, prompt, num_tokens=32, temperature=0.8, rng=key)
+
+What the cache keeps is the layer's ``cache_policy`` (:mod:`attnjax.nn.kv_policies`:
+``"full"``, ``"int8"``, ``"fp8"``, ``"h2o"``, ``"sinks_window"``); ``nn.cache_bytes(cache)``
+measures it and ``nn.cache_bytes_for(model_config, policy, T, batch)`` predicts it.
 """
 
 from attnjax.nn import specs
 from attnjax.nn.attention import Attention
 from attnjax.nn.caches import CrossCache, FeatureProjection, GatedCache, KVCache, LinearCache
+from attnjax.nn.caches import H2OCache, QuantizedKVCache, cache_bytes
+from attnjax.nn.kv_policies import CACHE_POLICIES, cache_bytes_for
 from attnjax.nn.config import AttentionConfig, ModelConfig
 from attnjax.nn.specs import (AttentionSpec, CosineSpec, DenseSpec, LinearSpec, QKNormSpec,
                               SparseSpec, register_family)
@@ -79,6 +85,7 @@ from attnjax.nn.transformer import (LOGICAL_AXIS_RULES, MLP, TransformerBlock, T
 
 __all__ = [
     "Attention",
+    "CACHE_POLICIES",
     "AttentionConfig",
     "AttentionSpec",
     "CosineSpec",
@@ -86,6 +93,7 @@ __all__ = [
     "DenseSpec",
     "FeatureProjection",
     "GatedCache",
+    "H2OCache",
     "KVCache",
     "LOGICAL_AXIS_RULES",
     "LinearCache",
@@ -93,10 +101,13 @@ __all__ = [
     "MLP",
     "ModelConfig",
     "QKNormSpec",
+    "QuantizedKVCache",
     "SparseSpec",
     "TransformerBlock",
     "TransformerLM",
     "apply_rope",
+    "cache_bytes",
+    "cache_bytes_for",
     "collect_stats",
     "decode_step",
     "generate",

@@ -27,6 +27,12 @@ Decoding is functional: :meth:`Attention.init_cache` returns a pytree and
   are rotated at attention time by their stored position
   (``streaming_rope="absolute"``) or by their position in the cache
   (``"cache"``, Xiao et al. 2024).
+- What a softmax-style cache keeps is the config's ``cache_policy``
+  (:mod:`attnjax.nn.kv_policies`): ``"full"``; ``"int8"`` / ``"fp8"`` keys and
+  values with a scale per token and head (:class:`QuantizedKVCache`);
+  ``"h2o"`` heavy hitters plus a recent window within ``cache_budget`` slots
+  (:class:`H2OCache`); ``"sinks_window"`` the first tokens plus a recent
+  window (a :class:`KVCache` of ``cache_budget`` slots).
 - Linear attention keeps a :class:`LinearCache`, its recurrent state.
 - Sparse layers keep a full cache and mask it by the pattern's rule, by position.
 - Cross-attention keeps a :class:`CrossCache` (``init_cache(..., kv_length=S)``):
@@ -173,7 +179,9 @@ class Attention(nnx.Module):
     With ``kv_length`` (S), a :class:`CrossCache` for cross-attention over a
     second sequence of S tokens, filled by the first ``decode(..., inputs_kv=)``.
     A full cache silently drops keys written past ``max_len`` (positions are
-    traced, so this cannot be checked); rolling and linear caches never fill.
+    traced, so this cannot be checked); rolling, evicting (``cache_policy``
+    ``"h2o"``, ``"sinks_window"``: ``cache_budget <= max_len``) and linear
+    caches never fill.
     """
     if kv_length is not None:
       K, H = self.num_kv_heads, self.head_dim

@@ -5,8 +5,9 @@ their three calls stay in one place.)
 
 :class:`ScoreSpec` holds what every family with logits shares (normaliser,
 softcap, sink logits) and the three calls (self-attention, cross-attention,
-decode over a :class:`~attnjax.nn.caches.KVCache`); :class:`KernelSpec` adds
-the dense kernel's k/v bias slot, windows and sinks.
+decode over a :class:`~attnjax.nn.caches.KVCache`, under a cache policy of
+:mod:`attnjax.nn.kv_policies`); :class:`KernelSpec` adds the dense kernel's
+k/v bias slot, windows and sinks.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ import jax.numpy as jnp
 
 from attnjax import _checks, dense, masks, mods, normalizers, patterns
 from attnjax import qk_norm as qk_norm_lib
-from attnjax.nn import _layers
-from attnjax.nn.caches import KVCache
+from attnjax.nn import _layers, kv_policies
 from attnjax.nn.rope import apply_rope
 from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, PATTERNS, STREAMING_ROPE, AttentionSpec,
                                   Call, _rope, check_int, check_type, register_family,
@@ -52,6 +52,15 @@ class ScoreSpec(AttentionSpec):
     mask_mod: a mask modifier (static, hashable, no args), intersected with the
       layer's masks. Modifiers are for full forwards (training, prefill
       without a cache, cross-attention); a decode with a cache raises.
+    cache_policy: what a decode cache keeps (:mod:`attnjax.nn.kv_policies`):
+      ``"full"``, ``"int8"``, ``"fp8"``, ``"h2o"`` or ``"sinks_window"``. The
+      training forward is the same for every policy.
+    cache_budget: key slots per sequence and key/value head of ``"h2o"`` and
+      ``"sinks_window"`` (at most the cache's ``max_len``); None otherwise.
+    cache_recent: the latest tokens always kept within the budget (None = the
+      policy's default: half the budget for ``h2o``, all but 4 sink slots for
+      ``sinks_window``); the rest are heavy hitters (``h2o``) or the first
+      tokens (``sinks_window``).
   """
 
   optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
@@ -66,8 +75,12 @@ class ScoreSpec(AttentionSpec):
   relative_max_distance: int = 128
   score_mod: Optional[Callable[..., Any]] = None
   mask_mod: Optional[Callable[..., Any]] = None
+  cache_policy: Literal["full", "int8", "fp8", "h2o", "sinks_window"] = "full"
+  cache_budget: Optional[int] = None
+  cache_recent: Optional[int] = None
 
   def validate(self) -> None:
+    kv_policies.validate(self.cache_policy, self.cache_budget, self.cache_recent)
     check_type("alibi", self.alibi, bool, "a bool")
     check_type("relative_bias", self.relative_bias, bool, "a bool")
     check_int("relative_buckets", self.relative_buckets, minimum=4)
@@ -131,8 +144,19 @@ class ScoreSpec(AttentionSpec):
     raise NotImplementedError
 
   def rolling(self) -> tuple[Optional[int], int]:
-    """``(window, num_sinks)`` of the cache's eviction rule; ``(None, 0)`` keeps every key."""
+    """``(window, num_sinks)`` of the layer's window and sinks; ``(None, 0)`` = none."""
     return None, 0
+
+  def cache_rolling(self) -> tuple[Optional[int], int]:
+    """``(window, num_sinks)`` of the cache's eviction rule; ``(None, 0)`` keeps every key.
+
+    The layer's window and sinks, or those of ``cache_policy="sinks_window"``
+    (``cache_recent`` latest slots after ``cache_budget - cache_recent`` sinks).
+    """
+    if self.cache_policy == "sinks_window":
+      recent = kv_policies.recent_slots("sinks_window", self.cache_budget, self.cache_recent)
+      return recent, self.cache_budget - recent
+    return self.rolling()
 
   def kv_slot(self) -> bool:
     return False
@@ -174,15 +198,30 @@ class ScoreSpec(AttentionSpec):
     return run_and_sow(layer, run, q, k, v, call)
 
   def _attend_decode(self, layer, q, k, v, call):
-    c, cache = layer.config, call.cache
+    c, cache, policy = layer.config, call.cache, self.cache_policy
     if self.has_modifiers():
       raise NotImplementedError(
           "decode with a cache: alibi, relative_bias, score_mod and mask_mod see call-local "
           "positions; run the full forward (no cache) for layers with modifiers")
-    self.check_decode_cache(layer, cache, KVCache)
+    self.check_decode_cache(layer, cache, kv_policies.cache_type(policy))
     if call.mask is not None:
       raise ValueError("mask: a self-attention decode takes no mask; mark padding and packed "
                        "documents with segment_ids")
+    if policy == "h2o":
+      return kv_policies.h2o_decode(self, layer, q, k, v, call, run_and_sow)
+    scales = None
+    if policy in kv_policies.QUANTIZED:
+      # The new tokens attend as the cache will return them (quantised), so a
+      # decode does not depend on how the sequence is split into calls.
+      (k, k_scale), (v, v_scale) = (kv_policies.quantize(x, policy) for x in (k, v))
+      scales = (k_scale, v_scale)
+      old_k = kv_policies.dequantize(cache.k, cache.k_scale, layer.dtype)
+      old_v = kv_policies.dequantize(cache.v, cache.v_scale, layer.dtype)
+      new_k = kv_policies.dequantize(k, k_scale, layer.dtype)
+      new_v = kv_policies.dequantize(v, v_scale, layer.dtype)
+    else:
+      old_k, old_v = cache.k, cache.v
+      new_k, new_v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
     B, T = q.shape[:2]
     start = cache.index
     idx = jnp.arange(T, dtype=jnp.int32) + start
@@ -190,8 +229,8 @@ class ScoreSpec(AttentionSpec):
            else call.segment_ids.astype(jnp.int32))
     rope_q = jnp.broadcast_to(idx if call.positions is None else call.positions,
                               (B, T)).astype(jnp.int32)
-    k_all = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], axis=1)
-    v_all = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], axis=1)
+    k_all = jnp.concatenate([old_k, new_k], axis=1)
+    v_all = jnp.concatenate([old_v, new_v], axis=1)
     k_idx = jnp.concatenate([cache.positions, idx])
     k_seg = jnp.concatenate([cache.segment_ids, seg], axis=1)
     if c.rope_theta is not None:
@@ -205,7 +244,7 @@ class ScoreSpec(AttentionSpec):
       k_all, v_all, mask = self._append_kv_bias(layer, k_all, v_all, mask, T)
     run = functools.partial(self.decode_function(layer), mask=mask, **self.decode_kwargs(layer))
     out = run_and_sow(layer, run, q, k_all, v_all, call)
-    return out, self._write(cache, k, v, idx, rope_q, seg)
+    return out, self._write(cache, k, v, idx, rope_q, seg, scales)
 
   def decode_rope(self, layer, q_idx, k_idx, q_rope, k_rope, start, call):
     """RoPE positions of the decode's queries and keys (stored ones by default)."""
@@ -222,12 +261,17 @@ class ScoreSpec(AttentionSpec):
     return (jnp.concatenate([k, kb], axis=1), jnp.concatenate([v, vb], axis=1),
             jnp.concatenate([mask, ones], axis=-1))
 
-  def _write(self, cache: KVCache, k, v, positions, rope_positions, segment_ids) -> KVCache:
-    """Writes the new keys/values into their slots; tokens evicted at once are dropped."""
+  def _write(self, cache, k, v, positions, rope_positions, segment_ids, scales=None):
+    """Writes the new keys/values (and their ``scales``) into their slots.
+
+    Tokens evicted at once are dropped. ``cache`` is a :class:`~attnjax.nn.caches.KVCache` or a
+    :class:`~attnjax.nn.caches.QuantizedKVCache` (``k``, ``v`` already stored
+    form); the same type is returned.
+    """
     C = cache.k.shape[1]
     T = k.shape[1]
     end = cache.index + T
-    W, s = self.rolling()
+    W, s = self.cache_rolling()
     if W is None:
       slots, keep = positions, positions < C
     else:
@@ -235,24 +279,33 @@ class ScoreSpec(AttentionSpec):
       slots = jnp.where(positions < s, positions, ring)
       keep = jnp.logical_or(positions < s, jnp.logical_and(W > 0, positions >= end - W))
     slots = jnp.where(keep, slots, C)  # out of range: dropped by mode="drop"
-    return KVCache(
+    changes = {}
+    if scales is not None:
+      changes = dict(k_scale=cache.k_scale.at[:, slots].set(scales[0], mode="drop"),
+                     v_scale=cache.v_scale.at[:, slots].set(scales[1], mode="drop"))
+    return cache._replace(
         k=cache.k.at[:, slots].set(k.astype(cache.k.dtype), mode="drop"),
         v=cache.v.at[:, slots].set(v.astype(cache.v.dtype), mode="drop"),
         positions=cache.positions.at[slots].set(positions, mode="drop"),
         index=end,
         rope_positions=cache.rope_positions.at[:, slots].set(rope_positions, mode="drop"),
-        segment_ids=cache.segment_ids.at[:, slots].set(segment_ids, mode="drop"))
+        segment_ids=cache.segment_ids.at[:, slots].set(segment_ids, mode="drop"), **changes)
+
+  def cache_capacity_for(self, max_len: int) -> int:
+    """Key slots of the decode cache for ``max_len`` tokens (the layer's window, the budget)."""
+    if self.cache_policy in kv_policies.EVICTING:
+      return min(max_len, self.cache_budget)
+    return max_len
+
+  def cache_capacity(self, layer, max_len):
+    return self.cache_capacity_for(max_len)
 
   def init_cache(self, layer, batch_size, max_len):
-    K, H = layer.num_kv_heads, layer.head_dim
-    C = self.cache_capacity(layer, max_len)
-    return KVCache(
-        k=jnp.zeros((batch_size, C, K, H), layer.dtype),
-        v=jnp.zeros((batch_size, C, K, H), layer.dtype),
-        positions=jnp.full((C,), -1, jnp.int32),
-        index=jnp.zeros((), jnp.int32),
-        rope_positions=jnp.full((batch_size, C), -1, jnp.int32),
-        segment_ids=jnp.zeros((batch_size, C), jnp.int32))
+    if self.cache_policy in kv_policies.EVICTING:
+      kv_policies.check_budget(self.cache_budget, max_len)
+    return kv_policies.init_cache(self.cache_policy, batch_size,
+                                  self.cache_capacity(layer, max_len), layer.num_kv_heads,
+                                  layer.head_dim, layer.dtype)
 
   def allowed_mask(self, layer, length):
     pos = jnp.arange(length, dtype=jnp.int32)
@@ -297,8 +350,14 @@ class KernelSpec(ScoreSpec):
     _checks.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
     if self.num_sinks and self.window is None:
       raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
-    if self.streaming_rope != "cache" and not self.num_sinks:
-      raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0")
+    if (self.streaming_rope != "cache" and not self.num_sinks
+        and self.cache_policy != "sinks_window"):
+      raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0 "
+                       f"or cache_policy='sinks_window'")
+    if self.cache_policy in kv_policies.EVICTING and self.window is not None:
+      raise ValueError(f"cache_policy={self.cache_policy!r} cannot be combined with "
+                       f"window={self.window}: the window already bounds the cache (use "
+                       f"cache_policy='full', or no window)")
 
   def check(self, config) -> None:
     if not config.is_causal and self.window is not None:
@@ -320,9 +379,9 @@ class KernelSpec(ScoreSpec):
   def kv_slot(self) -> bool:
     return self.kv_bias
 
-  def cache_capacity(self, layer, max_len):
+  def cache_capacity_for(self, max_len):
     if self.window is None:
-      return max_len
+      return super().cache_capacity_for(max_len)
     return min(max_len, self.num_sinks + self.window)
 
   def allowed(self, layer, q_positions, k_positions, length):
@@ -357,7 +416,8 @@ class KernelSpec(ScoreSpec):
     return functools.partial(fn, mask=mask, is_causal=False, window=None), k, v
 
   def decode_rope(self, layer, q_idx, k_idx, q_rope, k_rope, start, call):
-    if not (self.num_sinks and self.streaming_rope == "cache"):
+    window, num_sinks = self.cache_rolling()
+    if not (num_sinks and self.streaming_rope == "cache"):
       return q_rope, k_rope
     if call.positions is not None:
       raise ValueError("positions: a sinks-window decode with streaming_rope='cache' rotates "
@@ -366,8 +426,8 @@ class KernelSpec(ScoreSpec):
     # window p-W..p-1 at s..s+W-1: every non-sink position shifts down by p - W - s
     # once that is positive. Exact for one-token steps; a longer chunk on a full cache
     # shares its first query's shift.
-    shift = jnp.maximum(start - self.window - self.num_sinks, 0)
-    k_shifted = jnp.where(k_idx < self.num_sinks, k_idx, k_idx - shift)
+    shift = jnp.maximum(start - window - num_sinks, 0)
+    k_shifted = jnp.where(k_idx < num_sinks, k_idx, k_idx - shift)
     return q_idx - shift, k_shifted
 
 
@@ -542,6 +602,9 @@ class SparseSpec(ScoreSpec):
   def validate(self) -> None:
     super().validate()
     check_int("block_size", self.block_size)
+    if self.cache_policy in kv_policies.EVICTING:
+      raise ValueError(f"cache_policy={self.cache_policy!r}: family='sparse' masks its cache "
+                       f"by the pattern and keeps every key; use 'full', 'int8' or 'fp8'")
     if self.pattern is None:
       raise ValueError("pattern=None: family='sparse' needs pattern=(name, ((arg, value), ...))")
     self.make_pattern()

@@ -1,0 +1,346 @@
+"""Decode-cache policies of the softmax-style layers: what the :class:`KVCache` stores.
+
+Set on the layer's config (every family on the dense kernel: ``dense``,
+``qk_norm``, ``cosine``; ``sparse`` takes the non-evicting ones)::
+
+  nn.AttentionConfig(cache_policy="int8")                             # quantised
+  nn.AttentionConfig(cache_policy="h2o", cache_budget=64)             # 32 heavy + 32 recent
+  nn.AttentionConfig(cache_policy="sinks_window", cache_budget=64)    # 4 sinks + 60 recent
+
+The training forward is the same for every policy; only what a decode keeps
+between calls changes. A call's new tokens attend to the cache and, causally,
+to each other (a prefill sees its whole prompt); the policy then decides what
+is written back.
+
+- ``"full"``: every key (today's cache; a layer ``window`` / ``num_sinks``
+  keeps its rolling cache).
+- ``"int8"`` / ``"fp8"``: keys and values quantised per token and key/value
+  head, ``x ~ s * round(x / s)`` with ``s = max|x| / 127`` in int8, or ``x / s``
+  cast to float8_e4m3fn with ``s = max|x| / 448``; scales are float32. The new
+  tokens are quantised before they attend, so a decode does not depend on how
+  the sequence is split into calls (:class:`QuantizedKVCache`).
+- ``"h2o"`` (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle"): ``cache_budget``
+  slots per sequence and key/value head: the ``cache_recent`` latest tokens
+  plus the ``cache_budget - cache_recent`` others with the largest accumulated
+  attention. Each slot accumulates ``sum_t sum_{n in group(k)} |w[b, n, t, j]|``:
+  the absolute weight (the weight itself for softmax) given to it by every query
+  token ``t`` of every call since it was written, summed over the query heads
+  ``n`` that share its key/value head ``k``. Weights of the layer's null
+  column (``sink_logits``, ``softmax_one``) and of the ``kv_bias`` slot are not
+  slots and are not counted. When more than the budget is held, the slots with
+  the smallest score outside the recent window are evicted
+  (:class:`H2OCache`). The weights come from the layer's own function applied
+  to identity values (``implementation="reference"``; an injected
+  ``attention_fn`` receives them too), ``O(T (C + T)^2)`` per call: cheap for
+  one-token steps; the output is those weights times the values.
+- ``"sinks_window"`` (StreamingLLM, Xiao et al. 2024): the first
+  ``cache_budget - cache_recent`` tokens plus the ``cache_recent`` latest; keys
+  are rotated by their position in the cache (``streaming_rope="cache"``) or in
+  the sequence (``"absolute"``), as the layer's ``window`` + ``num_sinks``
+  cache does, which stays available (it also windows the training forward).
+
+With ``cache_budget`` >= the tokens decoded, ``h2o`` and ``sinks_window`` evict
+nothing and equal the full forward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from attnjax.nn.caches import H2OCache, KVCache, QuantizedKVCache
+from attnjax.nn.rope import apply_rope
+
+Array = jnp.ndarray
+
+CACHE_POLICIES = ("full", "int8", "fp8", "h2o", "sinks_window")
+EVICTING = ("h2o", "sinks_window")
+# policy -> (stored dtype name, largest stored magnitude)
+QUANTIZED = {"int8": ("int8", 127.0), "fp8": ("float8_e4m3fn", 448.0)}
+DEFAULT_SINKS = 4  # StreamingLLM's sink tokens
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+  if value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def validate(policy: Any, budget: Any, recent: Any) -> None:
+  """Checks ``cache_policy``, ``cache_budget`` and ``cache_recent`` (errors name the field)."""
+  if policy not in CACHE_POLICIES:
+    raise ValueError(f"cache_policy={policy!r} is not one of: "
+                     f"{', '.join(repr(p) for p in CACHE_POLICIES)}")
+  if policy not in EVICTING:
+    for name, value in (("cache_budget", budget), ("cache_recent", recent)):
+      if value is not None:
+        raise ValueError(f"{name}={value!r}: cache_policy={policy!r} keeps every key; only "
+                         f"{' and '.join(repr(p) for p in EVICTING)} take a budget")
+    return
+  if budget is None:
+    raise ValueError(f"cache_budget=None: cache_policy={policy!r} needs cache_budget, the "
+                     f"number of key slots kept per sequence and key/value head")
+  _check_int("cache_budget", budget, 1)
+  if recent is not None:
+    _check_int("cache_recent", recent, 1)
+    if budget < recent:
+      raise ValueError(f"cache_budget={budget} is too small for the recent window "
+                       f"cache_recent={recent} (cache_budget >= cache_recent)")
+
+
+def recent_slots(policy: str, budget: int, recent: Optional[int]) -> int:
+  """The recent window of an evicting policy: ``recent``, or its default.
+
+  Defaults: ``h2o`` half the budget (H2O's even split of heavy hitters and
+  recent tokens, at least 1); ``sinks_window`` all but ``min(4, budget - 1)``
+  sink slots.
+  """
+  if recent is not None:
+    return recent
+  if policy == "h2o":
+    return max(budget // 2, 1)
+  return budget - min(DEFAULT_SINKS, budget - 1)
+
+
+def check_budget(budget: int, max_len: int) -> None:
+  if budget > max_len:
+    raise ValueError(f"cache_budget={budget} exceeds max_len={max_len}: a cache never holds "
+                     f"more keys than the tokens it decodes")
+
+
+@functools.cache
+def fp8_supported() -> bool:
+  """Whether JAX has float8_e4m3fn and the default backend converts to and from it."""
+  dtype = getattr(jnp, "float8_e4m3fn", None)
+  if dtype is None:
+    return False
+  try:
+    with jax.ensure_compile_time_eval():
+      back = jnp.asarray([1.5, -3.0], jnp.float32).astype(dtype).astype(jnp.float32)
+      return bool(jnp.all(back == jnp.asarray([1.5, -3.0])))
+  except (TypeError, ValueError, RuntimeError, NotImplementedError):
+    return False
+
+
+def check_fp8() -> None:
+  if not fp8_supported():
+    raise ValueError(f"cache_policy='fp8': float8_e4m3fn is unsupported by this JAX on the "
+                     f"{jax.default_backend()!r} backend; use cache_policy='int8'")
+
+
+# ---------------------------------------------------------------------------
+# Quantisation.
+
+
+def quantize(x: Array, policy: str) -> tuple[Array, Array]:
+  """``(stored [..., H], scale [...])``: ``x`` per vector over its last axis (absmax scale)."""
+  name, qmax = QUANTIZED[policy]
+  x32 = x.astype(jnp.float32)
+  scale = jnp.max(jnp.abs(x32), axis=-1) / qmax
+  y = x32 / jnp.where(scale > 0, scale, 1.0)[..., None]
+  if name == "int8":
+    y = jnp.clip(jnp.round(y), -qmax, qmax)
+  else:
+    y = jnp.clip(y, -qmax, qmax)
+  return y.astype(jnp.dtype(name)), scale
+
+
+def dequantize(stored: Array, scale: Array, dtype) -> Array:
+  """``stored * scale`` in ``dtype``."""
+  return (stored.astype(jnp.float32) * scale[..., None]).astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# Empty caches.
+
+
+def init_cache(policy: str, batch_size: int, capacity: int, num_kv_heads: int,
+               head_dim: int, dtype) -> Any:
+  """The empty cache of ``policy``: ``capacity`` slots of ``num_kv_heads`` x ``head_dim``."""
+  B, C, K, H = batch_size, capacity, num_kv_heads, head_dim
+  index = jnp.zeros((), jnp.int32)
+  if policy == "h2o":
+    return H2OCache(k=jnp.zeros((B, C, K, H), dtype), v=jnp.zeros((B, C, K, H), dtype),
+                    scores=jnp.zeros((B, C, K), jnp.float32),
+                    positions=jnp.full((B, C, K), -1, jnp.int32), index=index,
+                    rope_positions=jnp.full((B, C, K), -1, jnp.int32),
+                    segment_ids=jnp.zeros((B, C, K), jnp.int32))
+  meta = dict(positions=jnp.full((C,), -1, jnp.int32), index=index,
+              rope_positions=jnp.full((B, C), -1, jnp.int32),
+              segment_ids=jnp.zeros((B, C), jnp.int32))
+  if policy in QUANTIZED:
+    if policy == "fp8":
+      check_fp8()
+    stored = jnp.dtype(QUANTIZED[policy][0])
+    return QuantizedKVCache(k=jnp.zeros((B, C, K, H), stored), v=jnp.zeros((B, C, K, H), stored),
+                            k_scale=jnp.zeros((B, C, K), jnp.float32),
+                            v_scale=jnp.zeros((B, C, K), jnp.float32), **meta)
+  return KVCache(k=jnp.zeros((B, C, K, H), dtype), v=jnp.zeros((B, C, K, H), dtype), **meta)
+
+
+def cache_type(policy: str) -> type:
+  if policy == "h2o":
+    return H2OCache
+  return QuantizedKVCache if policy in QUANTIZED else KVCache
+
+
+def bytes_per_layer(policy: str, *, batch: int, capacity: int, num_kv_heads: int,
+                    head_dim: int, itemsize: int) -> int:
+  """Bytes of :func:`init_cache`'s arrays, by formula (equal to ``cache_bytes`` of it)."""
+  B, C, K, H = batch, capacity, num_kv_heads, head_dim
+  if policy == "h2o":
+    return 2 * B * C * K * H * itemsize + 4 * B * C * K * 4 + 4
+  meta = C * 4 + 4 + 2 * B * C * 4  # positions, index, rope positions, segment ids
+  if policy in QUANTIZED:
+    return 2 * B * C * K * H * 1 + 2 * B * C * K * 4 + meta
+  return 2 * B * C * K * H * itemsize + meta
+
+
+def cache_bytes_for(config, policy: Optional[str], T: int, batch: int = 1, *,
+                    budget: Optional[int] = None, recent: Optional[int] = None) -> int:
+  """Bytes the decode caches of a model ``config`` hold for ``batch`` sequences of ``T`` tokens.
+
+  A formula (nothing is allocated), equal to :func:`attnjax.nn.cache_bytes` of
+  ``init_cache(batch, T)`` of a model built from ``config`` with that policy.
+
+  Args:
+    config: an :class:`attnjax.nn.ModelConfig` whose layers are softmax-style
+      (families on the dense kernel, or sparse).
+    policy: the cache policy of every layer, or None for each layer's own
+      ``cache_policy`` (and ``cache_budget`` / ``cache_recent``).
+    T: tokens decoded (the caches' ``max_len``).
+    batch: sequences.
+    budget: ``cache_budget`` of an evicting ``policy`` (clipped to ``T``).
+    recent: ``cache_recent`` of an evicting ``policy`` (None = its default).
+  """
+  _check_int("T", T, 1)
+  _check_int("batch", batch, 1)
+  itemsize = jnp.dtype(config.dtype).itemsize
+  total = 0
+  for i in range(config.num_layers):
+    attn = config.attention_for(i)
+    spec = attn.spec
+    if not hasattr(spec, "cache_policy"):
+      raise ValueError(f"cache_bytes_for covers the softmax-style families; layer {i} has "
+                       f"family={attn.family!r}")
+    if policy is not None:
+      evicting = policy in EVICTING
+      b = None if not evicting else (min(budget, T) if isinstance(budget, int) else budget)
+      spec = spec.replace(cache_policy=policy, cache_budget=b,
+                          cache_recent=recent if evicting else None)
+      if evicting:
+        spec.check(attn)
+    if spec.cache_policy in EVICTING:
+      check_budget(spec.cache_budget, T)
+    capacity = spec.cache_capacity_for(T)
+    total += bytes_per_layer(spec.cache_policy, batch=batch, capacity=capacity,
+                             num_kv_heads=attn.kv_heads, head_dim=attn.head_dim_for(config.d_model),
+                             itemsize=itemsize)
+  return int(total)
+
+
+# ---------------------------------------------------------------------------
+# H2O.
+
+
+def h2o_keep(scores: Array, positions: Array, end: Array, budget: int, recent: int) -> Array:
+  """Slots kept by H2O: ``int32 [B, budget, K]`` indices into the slot axis, ascending.
+
+  Args:
+    scores: ``[B, S, K]`` accumulated attention of each slot.
+    positions: ``[B, S, K]`` sequence position of each slot, -1 = empty.
+    end: tokens seen (positions ``end - recent ..`` are the recent window).
+    budget: slots kept (``<= S``).
+    recent: the recent window, always kept.
+
+  The recent slots come first, then the others by decreasing score; empty
+  slots last (ties: the lower index).
+  """
+  valid = positions >= 0
+  priority = jnp.where(positions >= end - recent, jnp.inf, scores.astype(jnp.float32))
+  priority = jnp.where(valid, priority, -jnp.inf)
+  _, idx = jax.lax.top_k(jnp.swapaxes(priority, 1, 2), budget)  # [B, K, budget]
+  return jnp.swapaxes(jnp.sort(idx, axis=-1), 1, 2).astype(jnp.int32)
+
+
+def _rope_per_head(x: Array, positions: Array, theta: float) -> Array:
+  """``apply_rope`` with positions ``[B, S, K]`` per key/value head."""
+  B, S, K, H = x.shape
+  flat = jnp.reshape(jnp.swapaxes(x, 1, 2), (B * K, S, 1, H))
+  pos = jnp.reshape(jnp.swapaxes(positions, 1, 2), (B * K, S))
+  return jnp.swapaxes(jnp.reshape(apply_rope(flat, pos, theta), (B, K, S, H)), 1, 2)
+
+
+def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call, run_and_sow) -> tuple:
+  """``(out [B, T, N, Hv], new H2OCache)``: one decode call of an ``h2o`` layer.
+
+  ``spec`` is the layer's :class:`~attnjax.nn.softmax_specs.KernelSpec`;
+  ``q``, ``k``, ``v`` are the new tokens' projections (after ``prepare_qk``).
+  """
+  c, cache = layer.config, call.cache
+  B, T, N, _ = q.shape
+  _, C, K, _ = cache.k.shape
+  start = cache.index
+  idx = jnp.arange(T, dtype=jnp.int32) + start
+  seg = (jnp.zeros((B, T), jnp.int32) if call.segment_ids is None
+         else call.segment_ids.astype(jnp.int32))
+  rope_q = jnp.broadcast_to(idx if call.positions is None else call.positions,
+                            (B, T)).astype(jnp.int32)
+
+  def per_head(x):  # [B, T] -> [B, T, K]
+    return jnp.broadcast_to(x[:, :, None], (B, T, K))
+
+  k_store = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], axis=1)  # [B, S, K, H]
+  v_all = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], axis=1)
+  k_pos = jnp.concatenate([cache.positions, per_head(jnp.broadcast_to(idx, (B, T)))], axis=1)
+  k_seg = jnp.concatenate([cache.segment_ids, per_head(seg)], axis=1)
+  k_rope = jnp.concatenate([cache.rope_positions, per_head(rope_q)], axis=1)
+  k_all = k_store
+  if c.rope_theta is not None:
+    q = apply_rope(q, rope_q, c.rope_theta)
+    k_all = _rope_per_head(k_store, k_rope, c.rope_theta)
+  S = k_all.shape[1]
+  kp = jnp.swapaxes(k_pos, 1, 2)[:, :, None, :]  # [B, K, 1, S]
+  mask = jnp.logical_and(kp >= 0, kp <= idx[None, None, :, None])
+  mask = jnp.logical_and(mask, seg[:, None, :, None] == jnp.swapaxes(k_seg, 1, 2)[:, :, None, :])
+  mask = jnp.repeat(mask, N // K, axis=1)  # query head n uses key/value head n // G
+  if spec.kv_slot():
+    k_all, v_all, mask = spec._append_kv_bias(layer, k_all, v_all, mask, T)
+  kwargs = spec.decode_kwargs(layer)
+  if layer.attention_fn is None:
+    kwargs["implementation"] = "reference"  # identity values: any value width
+  run = functools.partial(spec.decode_function(layer), mask=mask, **kwargs)
+  width = k_all.shape[1]
+  eye = jnp.broadcast_to(jnp.eye(width, dtype=jnp.float32)[None, :, None, :], (B, width, K, width))
+  held = {}
+
+  def run_from_weights(q_, k_, v_, return_stats=False):
+    res = run(q_.astype(jnp.float32), k_.astype(jnp.float32), eye, return_stats=return_stats)
+    w, stats = res if return_stats else (res, None)
+    held["w"] = w  # [B, T, N, width]
+    grouped = jnp.reshape(w, (B, T, K, N // K, width))
+    out = jnp.einsum("btkgs,bskh->btkgh", grouped, v_.astype(jnp.float32))
+    out = jnp.reshape(out, (B, T, N, -1)).astype(q_.dtype)
+    return (out, stats) if return_stats else out
+
+  out = run_and_sow(layer, run_from_weights, q, k_all, v_all, call,
+                    weights=lambda: jnp.transpose(held["w"], (0, 2, 1, 3)))
+  w = jnp.abs(held["w"][..., :S])
+  received = jnp.sum(jnp.reshape(w, (B, T, K, N // K, S)), axis=(1, 3))  # [B, K, S]
+  scores = jnp.concatenate([cache.scores, jnp.zeros((B, T, K), jnp.float32)], axis=1)
+  scores = scores + jnp.swapaxes(received, 1, 2)
+  recent = recent_slots("h2o", C, spec.cache_recent)
+  keep = h2o_keep(scores, k_pos, start + T, C, recent)  # [B, C, K]
+
+  def take(x):
+    ix = keep if x.ndim == 3 else keep[..., None]
+    return jnp.take_along_axis(x, ix, axis=1)
+
+  new = H2OCache(k=take(k_store), v=take(v_all[:, :S]), scores=take(scores),
+                 positions=take(k_pos), index=start + T, rope_positions=take(k_rope),
+                 segment_ids=take(k_seg))
+  return out, new
