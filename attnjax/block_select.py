@@ -10,13 +10,17 @@ Selection rule (shared by every implementation, :func:`select_blocks`):
 
 - pooled key of block ``j``: the mean of its keys (a partial last block: the
   mean of the keys it has);
-- pooled query of block ``i``: ``query_pool="mean"`` (default, MoBA) the mean
-  of its queries; ``"first"`` its first query. With ``"mean"`` a causal
-  block's selection depends on its later queries (no value crosses, but which
-  blocks are kept does); ``"first"`` is strictly causal, which is what a
-  decoder with a KV cache needs (the ``nn`` family ``block_select`` uses it);
+- pooled query of block ``i``: ``query_pool="mean"`` the mean of its queries
+  (issue 14's rule; MoBA itself gates each query token separately);
+  ``"first"`` its first query. Causal calls take ``"first"`` (the default
+  when ``is_causal``) and refuse ``"mean"``: a block's mean query holds its
+  later queries, so which blocks an early query sees would depend on future
+  tokens (no value crosses, but the choice does). ``"first"`` is strictly
+  causal, which is also what a decoder with a KV cache needs; ``"mean"`` is
+  the default for ``is_causal=False``;
 - GQA: the query heads of a KV group share one selection, scored by the sum of
-  their dot products (as NSA), so the selected keys are gathered once per KV
+  their dot products over the group's heads (NSA sums its heads' compressed
+  attention probabilities), so the selected keys are gathered once per KV
   head; with ``K == N`` the selection is per head (as MoBA);
 - candidates: ``is_causal=True`` the strictly earlier blocks ``j < i``; the own
   block is always kept, under the causal mask. ``is_causal=False``: every
@@ -131,7 +135,7 @@ def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
 
 
 def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
-                   query_pool: QueryPool = "mean") -> Array:
+                   query_pool: Optional[QueryPool] = None) -> Array:
   """The blocks :func:`block_select_attention` keeps besides each query block's own.
 
   Returns:
@@ -139,7 +143,7 @@ def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal
     block, the selected key block indices in ascending order, -1 in unused
     slots (fewer candidates than ``top_k``).
   """
-  _check_static(q, k, block_size, top_k, query_pool)
+  query_pool = _check_static(q, k, block_size, top_k, query_pool, is_causal)
   sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
   return _pad_to(sel, top_k, axis=3, value=-1)
 
@@ -149,16 +153,24 @@ select_blocks = jax.jit(_select_blocks,
 select_blocks.__doc__ = _select_blocks.__doc__
 
 
-def _check_static(q, k, block_size, top_k, query_pool) -> None:
+def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
+  """Checks the static options; returns the query pool (None: "first" if causal, else "mean")."""
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
   if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
     raise ValueError(f"top_k must be an int >= 0, got top_k={top_k!r}")
+  if query_pool is None:
+    query_pool = "first" if is_causal else "mean"
   _checks.check_choice("query_pool", query_pool, QUERY_POOLS)
+  if is_causal and query_pool == "mean":
+    raise ValueError("query_pool='mean' with is_causal=True: a block's mean query includes its "
+                     "later queries, so the blocks an early query sees would depend on future "
+                     "tokens; use query_pool='first' (the default when causal)")
   T, S = _checks.shape_of(q)[1], _checks.shape_of(k)[1]
   if T != S:
     raise ValueError(f"block_select_attention is self-attention: q and k need the same length, "
                      f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
+  return query_pool
 
 
 def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array:
@@ -331,7 +343,7 @@ def _block_select_attention(
     block_size: int,
     top_k: int,
     is_causal: bool = True,
-    query_pool: QueryPool = "mean",
+    query_pool: Optional[QueryPool] = None,
     scale: Optional[float] = None,
     normalizer: str = "softmax",
     sink_logits: Optional[Array] = None,
@@ -355,8 +367,9 @@ def _block_select_attention(
       0 is block-diagonal attention).
     is_causal: candidates are the strictly earlier blocks and the own block is
       causally masked; False: candidates are all other blocks.
-    query_pool: ``"mean"`` (MoBA) or ``"first"`` (strictly causal; see the
-      module docstring).
+    query_pool: ``"first"`` (a block's first query; the default and the only
+      choice when causal) or ``"mean"`` (its mean query; the default when not
+      causal); see the module docstring.
     scale: logit scale; None means ``H ** -0.5``.
     normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`; normalisers
       that count allowed keys count the attended (selected, unmasked) keys.
@@ -379,7 +392,7 @@ def _block_select_attention(
     Lu et al. 2025, "MoBA: Mixture of Block Attention for Long-Context LLMs".
     Yuan et al. 2025, "Native Sparse Attention" (selection shared by a GQA group).
   """
-  _check_static(q, k, block_size, top_k, query_pool)
+  query_pool = _check_static(q, k, block_size, top_k, query_pool, is_causal)
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
   inputs, opts = _call.validate(
       q, k, v, is_causal=is_causal, scale=scale, normalizer=normalizer,

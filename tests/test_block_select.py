@@ -16,7 +16,7 @@ from tests.helpers import assert_close, rand_qkv
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def brute_selection(q, k, block_size, top_k, is_causal, query_pool="mean"):
+def brute_selection(q, k, block_size, top_k, is_causal, query_pool=None):
   """numpy: per (batch, kv head, query block) the set of kept key blocks (own block included)."""
   q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
   B, T, N, H = q.shape
@@ -29,7 +29,8 @@ def brute_selection(q, k, block_size, top_k, is_causal, query_pool="mean"):
       kbar = [k[b, s:e, h].mean(0) for s, e in spans]
       for i, (s, e) in enumerate(spans):
         heads = q[b, s:e, h * (N // K):(h + 1) * (N // K)]  # [rows, G, H]
-        qbar = heads.mean(0) if query_pool == "mean" else heads[0]
+        pool = query_pool or ("first" if is_causal else "mean")
+        qbar = heads.mean(0) if pool == "mean" else heads[0]
         cands = [j for j in range(nb) if (j < i if is_causal else j != i)]
         scores = {j: float(np.sum(qbar @ kbar[j])) for j in cands}
         best = sorted(cands, key=lambda j: (-scores[j], j))[:top_k]
@@ -68,18 +69,17 @@ def compare(q, k, v, *, tol=2e-5, **kw):
 
 def test_selection_matches_brute_force():
   q, k, _ = rand_qkv(2, 45, N=4, K=2, H=8, seed=1)
-  for causal in (True, False):
-    for pool in ("mean", "first"):
-      sel = np.asarray(block_select.select_blocks(q, k, block_size=8, top_k=2, is_causal=causal,
-                                                  query_pool=pool))
-      assert sel.shape == (2, 2, 6, 2)
-      kept = brute_selection(q, k, 8, 2, causal, pool)
-      got = np.zeros_like(kept)
-      for b, h, i in np.ndindex(*sel.shape[:3]):
-        got[b, h, i, [j for j in sel[b, h, i] if j >= 0] + [i]] = True
-      np.testing.assert_array_equal(got, kept, err_msg=f"causal={causal} pool={pool}")
-      valid = np.where(sel >= 0, sel, 10 ** 6)
-      assert np.all(np.diff(valid, axis=-1) >= 0)  # ascending, -1 at the end
+  for causal, pool in ((True, "first"), (False, "mean"), (False, "first")):
+    sel = np.asarray(block_select.select_blocks(q, k, block_size=8, top_k=2, is_causal=causal,
+                                                query_pool=pool))
+    assert sel.shape == (2, 2, 6, 2)
+    kept = brute_selection(q, k, 8, 2, causal, pool)
+    got = np.zeros_like(kept)
+    for b, h, i in np.ndindex(*sel.shape[:3]):
+      got[b, h, i, [j for j in sel[b, h, i] if j >= 0] + [i]] = True
+    np.testing.assert_array_equal(got, kept, err_msg=f"causal={causal} pool={pool}")
+    valid = np.where(sel >= 0, sel, 10 ** 6)
+    assert np.all(np.diff(valid, axis=-1) >= 0)  # ascending, -1 at the end
   # Causal: block 0 has no candidate, block 1 only block 0.
   sel = np.asarray(block_select.select_blocks(q, k, block_size=8, top_k=2))
   assert np.all(sel[:, :, 0] == -1) and np.all(sel[:, :, 1] == [0, -1])
@@ -172,14 +172,22 @@ def test_rows_with_nothing_allowed_are_zero():
   assert np.all(np.abs(np.asarray(out[:, :22])) > 0)
 
 
-def test_first_pool_is_strictly_causal():
-  q, k, v = rand_qkv(1, 32, N=2, K=2, H=8, seed=8)
-  later = q.at[:, 13:].set(jax.random.normal(jax.random.key(9), q[:, 13:].shape) * 5)
-  for pool, same in (("first", True), ("mean", None)):
-    a = attnjax.block_select_attention(q, k, v, block_size=4, top_k=1, query_pool=pool)
-    b = attnjax.block_select_attention(later, k, v, block_size=4, top_k=1, query_pool=pool)
-    if same:
-      np.testing.assert_array_equal(np.asarray(a[:, :13]), np.asarray(b[:, :13]))
+@pytest.mark.parametrize("implementation", ["reference", "gathered"])
+def test_causal_selection_is_strictly_causal(implementation):
+  # Changing q, k or v after position t leaves every output up to t unchanged (GQA, t inside a
+  # block); the default query pool when causal is "first", and "mean" is refused.
+  q, k, v = rand_qkv(1, 32, N=4, K=2, H=8, seed=8)
+  kw = dict(block_size=4, top_k=1, implementation=implementation)
+  base = attnjax.block_select_attention(q, k, v, **kw)
+  for t in (5, 13, 22):
+    noise = jax.random.normal(jax.random.key(t), q[:, t + 1:].shape) * 5
+    for which in range(3):
+      args = [q, k, v]
+      args[which] = args[which].at[:, t + 1:].set(noise[..., :args[which].shape[2], :])
+      out = attnjax.block_select_attention(*args, **kw)
+      np.testing.assert_array_equal(np.asarray(out[:, :t + 1]), np.asarray(base[:, :t + 1]))
+  with pytest.raises(ValueError, match="query_pool='mean' with is_causal=True"):
+    attnjax.block_select_attention(q, k, v, query_pool="mean", **kw)
 
 
 def test_return_selection():
@@ -300,8 +308,11 @@ def test_nn_options_are_checked():
     A(family="block_select", query_pool="max")
   with pytest.raises(ValueError, match="alibi"):
     A(family="block_select", alibi=True)
+  with pytest.raises(ValueError, match="cache_policy"):
+    A(family="block_select", cache_policy="int8")
   model = _lm(A(family="block_select", num_heads=2, query_pool="mean", block_size=4))
-  assert model(jnp.zeros((1, 8), jnp.int32)).shape == (1, 8, 32)
+  with pytest.raises(ValueError, match="query_pool='mean' with is_causal=True"):
+    model(jnp.zeros((1, 8), jnp.int32))
   with pytest.raises(ValueError, match="query_pool='first'"):
     model.init_cache(1, 8)
 

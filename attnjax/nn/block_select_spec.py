@@ -6,8 +6,8 @@ whose mean key best matches its query. The layer's default
 ``query_pool="first"`` represents a query block by its first query, so the
 selection of a block is fixed once its first token is seen: no position's
 output depends on a later token, and decoding token by token equals the full
-forward exactly (``"mean"``, MoBA's pooled query, looks ahead within a block
-and has no decode).
+forward exactly (``"mean"``, the block's mean query, looks ahead within a
+block: only non-causal layers take it, and it has no decode).
 
 Decode keeps a :class:`BlockSelectCache`: the full :class:`~attnjax.nn.caches.KVCache`
 plus the (RoPE'd) first query of the block the next token falls in. Each new
@@ -56,8 +56,9 @@ class BlockSelectSpec(ScoreSpec):
   Attributes:
     block_size: positions per query and key block.
     top_k: earlier key blocks each query block keeps besides its own.
-    query_pool: ``"first"`` (strictly causal, has a decode) or ``"mean"`` (MoBA;
-      full forwards only).
+    query_pool: ``"first"`` (strictly causal, has a decode) or ``"mean"``
+      (non-causal layers only: with a causal layer the call refuses it, as a
+      block's mean query holds its later tokens).
 
   Also the logit options of :class:`ScoreSpec` (normaliser, softcap, sink
   logits); not its modifiers (ALiBi, relative bias, score_mod, mask_mod).
@@ -76,6 +77,9 @@ class BlockSelectSpec(ScoreSpec):
     check_int("block_size", self.block_size)
     check_int("top_k", self.top_k, minimum=0)
     _checks.check_choice("query_pool", self.query_pool, block_select_lib.QUERY_POOLS)
+    if self.cache_policy != "full":
+      raise ValueError(f"cache_policy={self.cache_policy!r}: family='block_select' decodes "
+                       f"over a full KV cache only (its blocks are whole runs of positions)")
     if self.has_modifiers():
       raise ValueError("family='block_select' takes no alibi, relative_bias, score_mod or "
                        "mask_mod (its selected keys are gathered per head)")
