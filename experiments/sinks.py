@@ -78,7 +78,9 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   path = os.path.join(run_path, "attention_maps.npz")
   if summary.get("status") != "finished" or not os.path.isfile(run.config):
     return None
-  if os.path.isfile(path):
+  # Kept only if written after the run last finished (a longer re-run into the same folder
+  # rewrites its summary, so maps of an earlier, shorter run are recomputed).
+  if os.path.isfile(path) and os.path.getmtime(path) >= os.path.getmtime(run.summary):
     return path
   cfg = sweep.config_from_json(run.config)
   trainer = Trainer(cfg)
@@ -131,7 +133,10 @@ def _list(xs, digits: int = 2) -> str:
 
 
 def formed(probe: dict, *, f_min: float = 0.5, rate_min: float = 50.0) -> bool:
-  """Issue 18's criterion: a layer has F-Attn >= f_min and Sink_1^0.3 >= rate_min % of its heads."""
+  """Issue 18's criterion: a layer has F-Attn >= f_min and Sink_1^0.3 >= rate_min %.
+
+  Sink_1^0.3 of a layer is the share of its (head x probe sequence) pairs with a sink.
+  """
   f = probe.get("f_attn/per_layer") or []
   s = probe.get("sink_rate/per_layer") or []
   return any(fl is not None and sl is not None and fl >= f_min and sl >= rate_min
@@ -145,7 +150,8 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
   names = [os.path.relpath(r, root) for r in runs]
   last = {n: (_probes(r) or [{}])[-1] for n, r in zip(names, runs)}
   out = ["## Per layer and per head (last probe)\n",
-         "F-Attn (Qiu et al.) and Sink_1^0.3 (Gu et al., % of heads) per layer, F-Attn per head "
+         "F-Attn (Qiu et al.) and Sink_1^0.3 (Gu et al., % of heads x probe sequences) per layer, "
+         "F-Attn per head "
          "([layer][head]); *formed*: some layer has F-Attn >= 0.5 and Sink_1^0.3 >= 50%.\n",
          "| arm | F-Attn per layer | Sink_1^0.3 per layer (%) | F-Attn per head | formed |",
          "|---|---|---|---|---|"]
