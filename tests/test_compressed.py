@@ -141,6 +141,20 @@ def test_bf16():
   ref = attnjax.compressed_attention(*(x.astype(jnp.float32) for x in (q, k, v)), stride=4,
                                      is_causal=True, window=4, implementation="reference")
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), rtol=3e-2, atol=3e-2)
+  # Gradients too: bf16 inputs through the fast path against the fp32 reference.
+  ct = jax.random.normal(jax.random.key(1), out.shape)
+
+  def grads(impl, dtype):
+    def loss(q, k, v):
+      o = attnjax.compressed_attention(q, k, v, stride=4, is_causal=True, window=4,
+                                       block_size=8, implementation=impl)
+      return jnp.sum(o.astype(jnp.float32) * ct)
+    return jax.grad(loss, argnums=(0, 1, 2))(*(x.astype(dtype) for x in (q, k, v)))
+
+  for got, want in zip(grads(None, jnp.bfloat16), grads("reference", jnp.float32)):
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=5e-2,
+                               atol=5e-2)
 
 
 def test_validation():

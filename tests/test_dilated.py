@@ -8,6 +8,7 @@ dense reference attention with the pattern's mask, in value and gradient.
 import numpy as np
 import pytest
 
+import jax
 import jax.numpy as jnp
 
 import attnjax
@@ -123,6 +124,15 @@ def test_bf16(monkeypatch):
   ref = dense_with_mask(*(x.astype(jnp.float32) for x in (q, k, v)), p)
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), rtol=3e-2, atol=3e-2)
   assert calls
+  ct = jax.random.normal(jax.random.key(1), out.shape)
+  grads = [jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * ct),
+                    argnums=(0, 1, 2))(*(x.astype(dt) for x in (q, k, v)))
+           for f, dt in ((lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4),
+                          jnp.bfloat16),
+                         (lambda q, k, v: dense_with_mask(q, k, v, p), jnp.float32))]
+  for got, want in zip(*grads):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=5e-2,
+                               atol=5e-2)
 
 
 def test_column_layout_cost_follows_kept_keys():
