@@ -134,6 +134,7 @@ def test_gathered_matches_reference_with_stats(T, N, K, causal):
   assert out.shape == (2, T, N, 8) and stats.logsumexp.shape == (2, N, T)
 
 
+@pytest.mark.slow  # ~11 s; gathered == reference per normaliser is also in the slow cross product
 def test_every_normalizer_and_options():
   # Every normaliser's forward (values and stats) in one compiled program; gradients for
   # two (the slow cross product has every normaliser's gradients).

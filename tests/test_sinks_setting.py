@@ -44,6 +44,7 @@ def test_cpu_sinks_config_and_arms(tmp_path):
   assert cpu.model.mlp == "gelu" and cpu.model.num_layers == 2
 
 
+@pytest.mark.slow  # ~16 s of compiles; the preset's config is checked by the default tests
 def test_cpu_sinks_tiny_arm_runs(tmp_path):
   """One dense arm of the preset for a few steps: probes, attention maps, the sink sections."""
   from attnjax.train import sweep
