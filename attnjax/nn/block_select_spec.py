@@ -135,11 +135,7 @@ class BlockSelectSpec(ScoreSpec):
     K = k.shape[2]
     bs = self.block_size
     start = kv.index
-    idx = jnp.arange(T, dtype=jnp.int32) + start
-    seg = (jnp.zeros((B, T), jnp.int32) if call.segment_ids is None
-           else call.segment_ids.astype(jnp.int32))
-    rope_q = jnp.broadcast_to(idx if call.positions is None else call.positions,
-                              (B, T)).astype(jnp.int32)
+    idx, seg, rope_q = call.decode_positions(start, B, T)
     k_all = jnp.concatenate([kv.k, k.astype(kv.k.dtype)], axis=1)
     v_all = jnp.concatenate([kv.v, v.astype(kv.v.dtype)], axis=1)
     k_idx = jnp.concatenate([kv.positions, idx])

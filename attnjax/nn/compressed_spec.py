@@ -205,11 +205,7 @@ class CompressedSpec(AttentionSpec):
     B, T = q.shape[:2]
     L = cache.k.shape[1]
     start = cache.index
-    idx = jnp.arange(T, dtype=jnp.int32) + start
-    seg = (jnp.zeros((B, T), jnp.int32) if call.segment_ids is None
-           else call.segment_ids.astype(jnp.int32))
-    rope_q = jnp.broadcast_to(idx if call.positions is None else call.positions,
-                              (B, T)).astype(jnp.int32)
+    idx, seg, rope_q = call.decode_positions(start, B, T)
     put = lambda x, new: jax.lax.dynamic_update_slice_in_dim(x, new.astype(x.dtype), start,
                                                              axis=1)
     cache = KVCache(k=put(cache.k, k), v=put(cache.v, v),

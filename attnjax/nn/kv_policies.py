@@ -285,11 +285,7 @@ def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call, run_and_sow) -> 
   B, T, N, _ = q.shape
   _, C, K, _ = cache.k.shape
   start = cache.index
-  idx = jnp.arange(T, dtype=jnp.int32) + start
-  seg = (jnp.zeros((B, T), jnp.int32) if call.segment_ids is None
-         else call.segment_ids.astype(jnp.int32))
-  rope_q = jnp.broadcast_to(idx if call.positions is None else call.positions,
-                            (B, T)).astype(jnp.int32)
+  idx, seg, rope_q = call.decode_positions(start, B, T)
 
   def per_head(x):  # [B, T] -> [B, T, K]
     return jnp.broadcast_to(x[:, :, None], (B, T, K))

@@ -224,11 +224,7 @@ class ScoreSpec(AttentionSpec):
       new_k, new_v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
     B, T = q.shape[:2]
     start = cache.index
-    idx = jnp.arange(T, dtype=jnp.int32) + start
-    seg = (jnp.zeros((B, T), jnp.int32) if call.segment_ids is None
-           else call.segment_ids.astype(jnp.int32))
-    rope_q = jnp.broadcast_to(idx if call.positions is None else call.positions,
-                              (B, T)).astype(jnp.int32)
+    idx, seg, rope_q = call.decode_positions(start, B, T)
     k_all = jnp.concatenate([old_k, new_k], axis=1)
     v_all = jnp.concatenate([old_v, new_v], axis=1)
     k_idx = jnp.concatenate([cache.positions, idx])

@@ -67,6 +67,20 @@ class Call:
   sow_weights: bool = False
   inputs: Optional[Array] = None
 
+  def decode_positions(self, start: Array, batch: int, length: int):
+    """``(idx [T], seg [B, T], rope [B, T])`` of a decode call's new tokens (int32).
+
+    ``start`` is the cache's index (tokens seen so far): ``idx`` are the new
+    tokens' sequence positions, ``seg`` their segment ids (0 without
+    ``segment_ids``), ``rope`` their RoPE positions (``positions``, else ``idx``).
+    """
+    idx = jnp.arange(length, dtype=jnp.int32) + start
+    seg = (jnp.zeros((batch, length), jnp.int32) if self.segment_ids is None
+           else self.segment_ids.astype(jnp.int32))
+    rope = jnp.broadcast_to(idx if self.positions is None else self.positions,
+                            (batch, length)).astype(jnp.int32)
+    return idx, seg, rope
+
 
 def _rope(layer, x: Array, positions: Array) -> Array:
   theta = layer.config.rope_theta
