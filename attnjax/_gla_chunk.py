@@ -160,11 +160,11 @@ def gla_chunk(q, k, v, g, reset, state, sub):
 
 def _gla_chunk_fwd(q, k, v, g, reset, state, sub):
   out, new_state, saved = _forward(q, k, v, g, reset, state, sub)
-  return (out, new_state), (saved, new_state, state, reset)
+  return (out, new_state), (saved, state, reset)
 
 
 def _gla_chunk_bwd(sub, res, cts):
-  (p, w, vh, q_in, k_end), new_state, state, reset = res
+  (p, w, vh, q_in, k_end), state, reset = res
   d_out, d_new = cts
   B, K, G, n, s, H = p["q_b"].shape
   C = n * s
