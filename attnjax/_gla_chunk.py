@@ -17,6 +17,16 @@ factor per ``I`` (``[n, C, H]``), both ``<= 1``, so those weights are one
 batched matmul. Inside a sub-block the ``[sub, sub, H]`` decays are
 materialised. No ``exp`` of a positive number is ever taken.
 
+**Direct chunks.** Most chunks of a trained GLA decay little (a gate of
+``log_sigmoid(x) / 16`` takes ~3 nats off a 64-token chunk). When no channel
+decays by more than :data:`DIRECT_MAX_DECAY` over the chunk, one reference
+point (the chunk's start) is exact to float32 rounding: ``exp(b_i - b_j) =
+exp(b_i) * exp(-b_j)`` with ``exp(-b_j) <= exp(16)``, and all pairs are one
+``[C, C]`` matmul with no sub-blocks (1.7x -> 1.1x the time of elu+1 linear
+attention, forward+backward, T=4096). The choice is a ``lax.cond`` per chunk,
+so strong gates still take the sub-blocked path; each path has its own
+hand-written backward.
+
 **Backward** (the reason for this module: autodiff of the forward was 3.8x
 the time of elu+1 linear attention). With ``dw = keep * (do v^T)``, the
 gradients of q, k, v and ``S_0`` are the same products read the other way.
@@ -146,14 +156,26 @@ def _forward(q, k, v, g, reset, state, sub):
   return jnp.transpose(out, (0, 3, 1, 2, 4)), new_state, (p, w, vh, q_in, k_end)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def gla_chunk(q, k, v, g, reset, state, sub):
   """``(out [B, C, K, G, Hv], state after the chunk)`` of one chunk (module docstring).
 
   ``q [B, C, K, G, H]`` (scaled), ``k [B, C, K, H]``, ``v [B, C, K, Hv]``,
   ``g [B, C, K, G, H]`` log decays, ``reset [B, C]`` (1.0 where a segment
   starts), ``state [B, K, G, H, Hv]``; all float32. ``sub``: sub-block length.
+
+  A chunk whose total decay is at most :data:`DIRECT_MAX_DECAY` in every
+  channel runs :func:`direct_chunk` (one reference point, plain matmuls);
+  any other runs :func:`sub_blocked_chunk`. Both are exact; the choice is made
+  per chunk at run time (``lax.cond``: only the taken branch runs).
   """
+  direct = jnp.max(-jnp.sum(g, axis=1)) <= DIRECT_MAX_DECAY
+  return jax.lax.cond(direct, lambda: direct_chunk(q, k, v, g, reset, state),
+                      lambda: sub_blocked_chunk(q, k, v, g, reset, state, sub))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def sub_blocked_chunk(q, k, v, g, reset, state, sub):
+  """One chunk through secondary chunking (module docstring); :func:`gla_chunk`'s arguments."""
   out, new_state, _ = _forward(q, k, v, g, reset, state, sub)
   return out, new_state
 
@@ -208,4 +230,95 @@ def _gla_chunk_bwd(sub, res, cts):
   return dq, dk, dv, dg, jnp.zeros_like(reset), d_state
 
 
-gla_chunk.defvjp(_gla_chunk_fwd, _gla_chunk_bwd)
+sub_blocked_chunk.defvjp(_gla_chunk_fwd, _gla_chunk_bwd)
+
+
+# ---------------------------------------------------------------------------
+# The direct chunk: one reference point (the chunk's start), for chunks whose decay is bounded.
+
+# Largest total decay ``-sum_t g_t`` (over the chunk, in any channel) that :func:`gla_chunk`
+# runs through :func:`direct_chunk`. There the key factor ``exp(-b_j)`` is at most
+# ``exp(16) ~ 9e6`` and the weights' relative rounding about ``6e-8 * (|b_i| + |b_j|) <= 2e-6``.
+# A GLA gate (``log_sigmoid(x) / 16``) decays a 64-token chunk by ~3; only strong gates
+# (sub-blocks) go past it.
+DIRECT_MAX_DECAY = 16.0
+
+
+def _direct_forward(q, k, v, g, reset, state):
+  """The chunk with ``exp(b_i - b_j) = exp(b_i) * exp(-b_j)`` (both from the chunk's start).
+
+  Pairs ``j < i`` are one ``[C, C]`` matmul of ``q * exp(b)`` and ``k * exp(-b)``;
+  the diagonal (factor exactly 1) is ``q_i . k_i`` on its own. Returns the
+  outputs, the new state and what the backward reuses.
+  """
+  C = q.shape[1]
+  qh = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, C, H]
+  gh = jnp.transpose(g, (0, 2, 3, 1, 4))
+  kh = jnp.transpose(k, (0, 2, 1, 3))[:, :, None]  # [B, K, 1, C, H]
+  vh = jnp.transpose(v, (0, 2, 1, 3))  # [B, K, C, Hv]
+  d = jnp.cumsum(reset > 0.5, axis=1, dtype=jnp.int32)  # [B, C]
+  t = jnp.arange(C)
+  strict = jnp.logical_and((t[:, None] > t[None, :])[None],
+                           d[:, :, None] == d[:, None, :])[:, None, None]  # [B, 1, 1, C, C]
+  b = _running_sum(gh, 3, reverse=False, inclusive=True)  # b_i <= 0
+  e_b, e_nb = jnp.exp(b), jnp.exp(-b)
+  q_hat, k_hat = qh * e_b, kh * e_nb
+  w = jnp.where(strict, _ein("bkgih,bkgjh->bkgij", q_hat, k_hat), 0.0)
+  self_w = jnp.sum(qh * kh, axis=-1)  # [B, K, G, C]
+  e_q = jnp.where((d == 0)[:, None, None, :, None], e_b, 0.0)
+  q_in = qh * e_q
+  same = (d == d[:, -1:])[:, None, None, :, None]
+  to_go = _running_sum(gh, 3, reverse=True, inclusive=False)  # b_C - b_j, never subtracted
+  e_k = jnp.where(same, jnp.exp(jnp.where(same, to_go, 0.0)), 0.0)
+  k_end = kh * e_k
+  carry = jnp.where((d[:, -1] == 0)[:, None, None, None], e_b[:, :, :, -1], 0.0)  # [B, K, G, H]
+  out = (_ein("bkgij,bkjv->bkgiv", w, vh) + self_w[..., None] * vh[:, :, None]
+         + _ein("bkgih,bkghv->bkgiv", q_in, state))
+  new_state = carry[..., None] * state + _ein("bkgjh,bkjv->bkghv", k_end, vh)
+  saved = (qh, kh, vh, e_b, e_nb, q_hat, k_hat, strict, w, self_w, e_q, q_in, e_k, k_end,
+           carry, state)
+  return jnp.transpose(out, (0, 3, 1, 2, 4)), new_state, saved
+
+
+@jax.custom_vjp
+def direct_chunk(q, k, v, g, reset, state):
+  """One chunk with a single reference point; exact while the chunk's decay is bounded
+  (:data:`DIRECT_MAX_DECAY`); :func:`gla_chunk`'s arguments, without ``sub``."""
+  out, new_state, _ = _direct_forward(q, k, v, g, reset, state)
+  return out, new_state
+
+
+def _direct_fwd(q, k, v, g, reset, state):
+  out, new_state, saved = _direct_forward(q, k, v, g, reset, state)
+  return (out, new_state), (saved, reset)
+
+
+def _direct_bwd(res, cts):
+  (qh, kh, vh, e_b, e_nb, q_hat, k_hat, strict, w, self_w, e_q, q_in, e_k, k_end, carry,
+   state), reset = res
+  d_out, d_new = cts
+  do = jnp.transpose(d_out, (0, 2, 3, 1, 4))  # [B, K, G, C, Hv]
+  dw = jnp.where(strict, _ein("bkgiv,bkjv->bkgij", do, vh), 0.0)
+  d_self = jnp.sum(do * vh[:, :, None], axis=-1)  # [B, K, G, C]: the diagonal of do v^T
+  dv = (_ein("bkgij,bkgiv->bkjv", w, do) + _ein("bkgi,bkgiv->bkiv", self_w, do)
+        + _ein("bkgjh,bkghv->bkjv", k_end, d_new))
+  dq_in = _ein("bkgiv,bkghv->bkgih", do, state)
+  d_state = _ein("bkgih,bkgiv->bkghv", q_in, do) + carry[..., None] * d_new
+  dk_end = _ein("bkjv,bkghv->bkgjh", vh, d_new)
+  dq_pairs = _ein("bkgij,bkgjh->bkgih", dw, k_hat) * e_b  # sum_j dw_ij k_j exp(b_i - b_j)
+  dk_pairs = _ein("bkgij,bkgih->bkgjh", dw, q_hat) * e_nb
+  dq = dq_pairs + d_self[..., None] * kh + dq_in * e_q
+  dk = dk_pairs + d_self[..., None] * qh + dk_end * e_k
+  # The decays: the pair-sum identity of the module docstring, and the state terms.
+  dg = _running_sum(qh * dq_pairs - kh * dk_pairs + q_in * dq_in, 3, reverse=True,
+                    inclusive=True)
+  dg = dg + _running_sum(k_end * dk_end, 3, reverse=False, inclusive=False)
+  dg = dg + (carry * jnp.sum(state * d_new, axis=-1))[:, :, :, None]
+  dq = jnp.transpose(dq, (0, 3, 1, 2, 4))
+  dk = jnp.transpose(jnp.sum(dk, axis=2), (0, 2, 1, 3))
+  dv = jnp.transpose(dv, (0, 2, 1, 3))
+  dg = jnp.transpose(dg, (0, 3, 1, 2, 4))
+  return dq, dk, dv, dg, jnp.zeros_like(reset), d_state
+
+
+direct_chunk.defvjp(_direct_fwd, _direct_bwd)

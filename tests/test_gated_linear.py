@@ -96,17 +96,46 @@ def test_forms_agree_secondary_chunking():
     return gated_linear._block_state(gated_linear._block_terms(q, k, g, reset) + (v,), s)
 
   def sub_blocked(q, k, v, g, s):
-    return _gla_chunk.gla_chunk(q, k, v, g, reset, s, 16)
+    return _gla_chunk.sub_blocked_chunk(q, k, v, g, reset, s, 16)
 
-  args = (qg, k[:, :64], v[:, :64], gc, s0g)
-  rng = np.random.default_rng(2)
+  def direct(q, k, v, g, s):
+    return _gla_chunk.direct_chunk(q, k, v, g, reset, s)
+
+  # The chunk decays by more than the direct path takes: gla_chunk runs the sub-blocks.
+  assert float(jnp.max(-jnp.sum(gc, axis=1))) > _gla_chunk.DIRECT_MAX_DECAY
+  _check_chunk_vjps(materialised, sub_blocked, (qg, k[:, :64], v[:, :64], gc, s0g), "sub-blocked")
+  # The direct path on the same chunk with its decays scaled into its range (total <= 16).
+  weak = gc * (0.9 * _gla_chunk.DIRECT_MAX_DECAY / float(jnp.max(-jnp.sum(gc, axis=1))))
+  _check_chunk_vjps(materialised, direct, (qg, k[:, :64], v[:, :64], weak, s0g), "direct")
+
+
+def _check_chunk_vjps(materialised, fast, args, name):
+  """``fast`` equals autodiff of ``materialised`` in value and vjp (same random cotangents)."""
   results = []
-  for fn in (materialised, sub_blocked):
+  for fn in (materialised, fast):
+    rng = np.random.default_rng(2)
     value, pull = jax.vjp(fn, *args)
     cts = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), value)
-    rng = np.random.default_rng(2)
     results.append((value, pull(cts)))
-  assert_close(results[1], results[0], "sub-blocked chunk: value and vjp", rtol=2e-5, atol=2e-5)
+  assert_close(results[1], results[0], f"{name} chunk: value and vjp", rtol=2e-5, atol=2e-5)
+  # The decays' gradient on its own scale, as in _check_forms.
+  ref, got = results[0][1][3], results[1][1][3]
+  err = np.max(np.abs(np.asarray(got) - np.asarray(ref))) / np.max(np.abs(np.asarray(ref)))
+  assert err < 2e-4, f"{name} chunk: log_decay grad max error {err:.2e} of its max"
+
+
+def test_forms_agree_direct_and_sub_blocked_chunks_mixed():
+  # chunk_size=16, T=40: chunk 0 decays weakly (direct path), chunk 1 strongly (total 16 * 2 = 32
+  # > DIRECT_MAX_DECAY: sub-blocks of 16 = the whole chunk), chunk 2 (ragged) weakly again,
+  # so the state passes between the two paths both ways, in value and gradient.
+  q, k, v, _, s0 = _inputs(T=40, per_channel=True, seed=4)
+  rng = np.random.default_rng(9)
+  g = -rng.uniform(0.05, 0.5, (2, 40, 4, 8))
+  g[:, 16:32] = -rng.uniform(1.5, 2.5, (2, 16, 4, 8))
+  g = jnp.asarray(g, jnp.float32)
+  assert _gla_chunk.DIRECT_MAX_DECAY < float(jnp.min(-jnp.sum(g[:, 16:32], axis=1)))
+  assert float(jnp.max(-jnp.sum(g[:, :16], axis=1))) < _gla_chunk.DIRECT_MAX_DECAY
+  _check_forms(_forms_and_grads(q, k, v, g, s0, None, chunk_size=16))
 
 
 @pytest.mark.parametrize("form", FORMS)
