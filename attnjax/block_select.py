@@ -36,13 +36,19 @@ Implementations (tested equal in value and gradient):
 - ``"reference"``: the selection as an explicit ``[B, N, T, S]`` mask handed to
   :func:`attnjax.dense.reference`;
 - ``"gathered"`` (default): per query block, the selected key and value blocks
-  are gathered per KV head (``[B, K, (top_k + 1) * block_size, H]``) and the
-  normaliser (:mod:`attnjax.normalizers`: its one-tile online form, or its
-  materialised weights when statistics are asked for) runs on that
-  ``[block_size, (top_k + 1) * block_size]`` tile, under ``lax.map`` with a
+  and the own block are gathered per KV head (``[B, K, (top_k + 1) *
+  block_size, H]``) and the normaliser (:mod:`attnjax.normalizers`: its
+  one-tile online form, or its materialised weights when statistics are asked
+  for) runs on that ``[G * block_size, (top_k + 1) * block_size]`` tile (the
+  query heads of a KV group stacked as rows), under ``lax.map`` with a
   checkpointed body: cost follows ``top_k``, not ``T``, and the backward
-  recomputes one query block at a time (forward + backward at T=16384, B=1,
-  N=8, H=64, block 64, top_k 8: about 700 MiB peak resident memory).
+  recomputes one query block at a time. The tile's mask is a per-key validity
+  and a constant causal triangle on the own block's columns. On CPU (B=1,
+  N=8, H=64, block 64, top_k 8, one core) the forward at T=8192 takes about
+  0.19x the block-wise dense causal kernel's time, about 1.6x its ideal
+  matmul time (the rest: the gathers, the normaliser's elementwise passes, the
+  layout copies); forward + backward at T=16384 peaks at about 690 MiB
+  resident memory.
 """
 
 from __future__ import annotations
