@@ -273,16 +273,13 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
   R = G * bs
   f32 = lambda x: x.astype(jnp.float32)
   dot = opts.similarity == "dot"
-  qf = f32(q) * opts.scale if dot else f32(q)  # the scale folded into the queries once
-  # [nb, B, K, G * bs, H] query rows.
-  q_rows = jnp.reshape(jnp.transpose(jnp.reshape(_pad_to(qf, Tp), (B, nb, bs, K, G, H)),
-                                     (1, 0, 3, 4, 2, 5)), (nb, B, K, R, H))
-  # Whole blocks, [nb * B * K, bs, H]: a selection is a gather along axis 0. (Kept 3-d: flattened
-  # to [nb * B * K, bs * H], XLA's CPU transpose into it ran 2x slower.)
-  rows_of_blocks = lambda x: jnp.reshape(jnp.transpose(
-      jnp.reshape(_pad_to(f32(x), Tp), (B, nb, bs, K, -1)), (1, 0, 3, 2, 4)), (nb * B * K, bs, -1))
-  k_flat, v_flat = rows_of_blocks(k), rows_of_blocks(v)
-  head_rows = jnp.reshape(jnp.arange(B * K, dtype=jnp.int32), (B, K, 1))
+  # Nothing is transposed up front (with B=1 these are reshapes): a step's query block
+  # [B, bs, K, G, H] is laid out as rows in the step, and its key and value blocks are gathered
+  # from [B * nb, bs, K, H] (whole-array copies cost more, mostly as fresh memory to fault in).
+  q_blocks = jnp.reshape(_pad_to(f32(q), Tp), (B, nb, bs, N, H))
+  k_blocks, v_blocks = (jnp.reshape(_pad_to(f32(x), Tp), (B * nb, bs, K, -1)) for x in (k, v))
+  batch_blocks = nb * jnp.arange(B, dtype=jnp.int32)[:, None, None]  # [B, 1, 1]
+  heads = jnp.arange(K, dtype=jnp.int32)[None, :, None]  # [1, K, 1]
   own = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32)[:, None, None, None], (nb, B, K, 1))
   slots = jnp.concatenate([jnp.moveaxis(sel, 2, 0), own], axis=3)  # [nb, B, K, ns]; own last
   ns = slots.shape[3]
@@ -308,11 +305,17 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
                             (1, K, R, 1))
 
   def one_block(xs):
-    qb, blocks, q_seg_i = xs  # [B, K, R, H], [B, K, ns], [B, bs]
+    i, blocks, q_seg_i = xs  # [], [B, K, ns], [B, bs]
+    qb = jax.lax.dynamic_index_in_dim(q_blocks, i, axis=1, keepdims=False)  # [B, bs, N, H]
+    qb = jnp.reshape(jnp.transpose(jnp.reshape(qb, (B, bs, K, G, H)), (0, 2, 3, 1, 4)),
+                     (B, K, R, H))
+    if dot:
+      qb = qb * opts.scale
     safe = jnp.maximum(blocks, 0)
-    rows = jnp.reshape(safe * (B * K) + head_rows, (-1,))
-    take = lambda x: jnp.reshape(jnp.take(x, rows, axis=0, mode="clip"), (B, K, L, -1))
-    kg, vg = take(k_flat), take(v_flat)  # [B, K, L, H]
+    rows = jnp.broadcast_to(safe + batch_blocks, (B, K, ns))
+    hs = jnp.broadcast_to(heads, (B, K, ns))
+    take = lambda x: jnp.reshape(x[rows, :, hs], (B, K, L, -1))  # [B, K, ns, bs, H] -> rows
+    kg, vg = take(k_blocks), take(v_blocks)  # [B, K, L, H]
     z = _tile_logits(opts, qb, None if dot else jnp.sum(qb * qb, axis=-1, keepdims=True), kg)
     pos = jnp.reshape(safe[..., None] * bs + jnp.arange(bs)[None, None, None], (B, K, L))
     ok = jnp.repeat(blocks >= 0, bs, axis=-1)
@@ -328,6 +331,9 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
       same = jnp.reshape(jnp.broadcast_to(same, (B, K, G, bs, L)), (B, K, R, L))
       allowed = jnp.logical_and(allowed, same)
     pv = lambda w: jnp.einsum("bkrl,bklh->bkrh", w, vg)
+    # [B, K, G * bs, Hv] rows -> [B, bs, N, Hv], the output's layout.
+    time_major = lambda o: jnp.reshape(jnp.transpose(jnp.reshape(o, (B, K, G, bs, Hv)),
+                                                     (0, 3, 1, 2, 4)), (B, bs, N, Hv))
     if not opts.return_stats:
       # The normaliser's online form on the one tile: softmax divides the [R, Hv] rows
       # instead of the [R, L] weights.
@@ -337,17 +343,15 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
                          dtype=jnp.float32)
       row = nz.row_inputs(sink_rows, counts)
       st = nz.init((B, K, R, 1), (B, K, R, Hv), False)
-      return nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0]
+      return time_major(nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0])
     allowed = jnp.broadcast_to(allowed, (B, K, R, L))
     w, log_norm = nz.weights(z, allowed, sink_rows)
     key0 = jnp.logical_and(pos == 0, ok)[:, :, None, :]
-    return pv(w), _row_stats(z, w, allowed, log_norm, key0)
+    return time_major(pv(w)), _row_stats(z, w, allowed, log_norm, key0)
 
-  res = jax.lax.map(jax.checkpoint(one_block), (q_rows, slots, q_seg))
-  out_blocks = res[0] if opts.return_stats else res  # [nb, B, K, G * bs, Hv]
-  out = jnp.reshape(jnp.transpose(jnp.reshape(out_blocks, (nb, B, K, G, bs, Hv)),
-                                  (1, 0, 4, 2, 3, 5)), (B, Tp, N, Hv))
-  out = out[:, :T].astype(q.dtype)
+  res = jax.lax.map(jax.checkpoint(one_block), (jnp.arange(nb), slots, q_seg))
+  out_blocks = res[0] if opts.return_stats else res  # [nb, B, bs, N, Hv]
+  out = jnp.reshape(jnp.moveaxis(out_blocks, 0, 1), (B, Tp, N, Hv))[:, :T].astype(q.dtype)
   if not opts.return_stats:
     return out
   # [nb, B, K, G * bs] -> [B, N, T]
