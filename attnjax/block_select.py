@@ -45,10 +45,9 @@ Implementations (tested equal in value and gradient):
   recomputes one query block at a time. The tile's mask is a per-key validity
   and a constant causal triangle on the own block's columns. On CPU (B=1,
   N=8, H=64, block 64, top_k 8, one core) the forward at T=8192 takes about
-  0.19x the block-wise dense causal kernel's time, about 1.6x its ideal
-  matmul time (the rest: the gathers, the normaliser's elementwise passes, the
-  layout copies); forward + backward at T=16384 peaks at about 690 MiB
-  resident memory.
+  0.18x the block-wise dense causal kernel's time, about 1.7x its ideal
+  matmul time (most of the rest: the strided key/value gathers); forward +
+  backward at T=16384 peaks at about 580 MiB resident memory.
 """
 
 from __future__ import annotations
@@ -252,14 +251,16 @@ def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
               block_size: int):
   """Per query block: gather its selected key/value blocks, run the normaliser on the tile.
 
-  Everything is laid out once with the block index leading, so a ``lax.map``
-  step reads its query rows ``[B, K, G * block_size, H]`` (every query head of
-  a KV group stacked, as :mod:`attnjax._tiles`, so GQA costs no copies) as a
-  plain slice, and its ``top_k' + 1`` key and value blocks (the own block
-  last) as one gather from ``[blocks * B * K, block_size, H]``. The
-  tile's mask is a per-key validity (a -1 slot, a padded key) and, when
-  causal, a constant causal triangle on the own block's columns. Without
-  statistics the tile goes through the normaliser's online form for one tile
+  A ``lax.map`` step slices its query block from ``q`` and lays it out as rows
+  ``[B, K, G * block_size, H]`` (every query head of a KV group stacked, as
+  :mod:`attnjax._tiles`, so GQA costs no copies), gathers its ``top_k' + 1``
+  key and value blocks (the own block last) per KV head straight from the
+  inputs' layout, and writes its output rows in the output's layout, so no
+  whole-array transpose is made (on CPU they cost more than the strided
+  gathers: fresh memory to fault in each call). The tile's mask is a per-key
+  validity (a -1 slot, a padded key) and, when causal, a constant causal
+  triangle on the own block's columns. Without statistics the tile goes through
+  the normaliser's online form for one tile
   (:meth:`~attnjax.normalizers.Normalizer.visit` then ``finish``); with
   statistics, its materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
   """
