@@ -156,6 +156,14 @@ def test_every_normalizer_and_options():
           normalizer="sigmoid")
 
 
+def test_gathered_online_path_bidirectional_ragged():
+  # Without statistics the gathered path runs the normaliser's online form; here with a partial
+  # last block that other blocks select (bidirectional: its padded keys must not count) and a
+  # counting normaliser (relu divides by the attended keys), with GQA.
+  q, k, v = rand_qkv(2, 29, N=4, K=2, H=8, seed=12)
+  compare(q, k, v, tol=5e-5, block_size=8, top_k=2, is_causal=False, normalizer="relu")
+
+
 def test_bfloat16():
   q, k, v = rand_qkv(1, 36, N=4, K=2, H=8, seed=6, dtype=jnp.bfloat16)
   out = compare(q, k, v, tol=2e-2, block_size=8, top_k=2)
