@@ -11,6 +11,10 @@ from flax import nnx
 from attnjax import nn
 from attnjax.nn import gated_spec
 
+# Many small programs, each compiled once: XLA's optimisation passes would cost more
+# than they save (the kernels' optimised compiles are tested in their own modules).
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 D, B, T = 32, 2, 11
 
 # Every family with GQA (N=4, K=2) and a chunk that does not divide T; the delta

@@ -8,6 +8,9 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+# The kernels compile many small programs once each: XLA's optimisation passes would cost
+# them more than they save (as the ``fast_compiles`` fixture, for the kernel processes).
+FAST_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 
 
 def execute(path: pathlib.Path, env: dict) -> nbformat.NotebookNode:
@@ -29,7 +32,7 @@ def execute(path: pathlib.Path, env: dict) -> nbformat.NotebookNode:
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name.startswith(("01", "02"))],
                          ids=lambda p: p.stem)
 def test_function_notebooks_execute(path):
-  nb = execute(path, {"ATTNJAX_NB_QUICK": "1"})
+  nb = execute(path, {"ATTNJAX_NB_QUICK": "1", **FAST_COMPILES})
   images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
                for o in c.get("outputs", []))
   assert images >= 3, f"{path.name} produced {images} figures"
@@ -75,7 +78,7 @@ def test_run_dir_notebooks_execute(tiny_sweep_root):
   """03 and 04 on the same tiny run root (one test, so the root is trained once per session)."""
   for name in ("03_training_stability.ipynb", "04_attention_sinks.ipynb"):
     path = NOTEBOOKS[0].parent / name
-    nb = execute(path, {"ATTNJAX_RUN_DIR": str(tiny_sweep_root)})
+    nb = execute(path, {"ATTNJAX_RUN_DIR": str(tiny_sweep_root), **FAST_COMPILES})
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
                  for o in c.get("outputs", []))
     assert images >= 3, f"{name} produced {images} figures"

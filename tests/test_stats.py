@@ -16,6 +16,10 @@ from attnjax.nn import probe as nn_probe
 from attnjax.train import metrics as run_metrics
 from helpers import rand_qkv
 
+# Many small programs, each compiled once: XLA's optimisation passes would cost more
+# than they save (the kernels' optimised compiles are tested in their own modules).
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 
 def harmonic(n):
   return sum(1.0 / i for i in range(1, n + 1))
