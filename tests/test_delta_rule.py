@@ -13,8 +13,6 @@ from attnjax import delta_rule
 from attnjax.delta_rule import delta_rule_attention
 from helpers import assert_close
 
-# Many small programs (two forms and their gradients per case): skip XLA optimisation passes.
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _inputs(B=2, T=37, N=4, K=2, H=8, Hv=None, *, seed=0, beta=(0.1, 0.9), decay=(-1.0, 0.0),

@@ -11,9 +11,6 @@ import attnjax
 from attnjax import blockwise, dense, layout, mods, patterns, sparse
 from helpers import assert_close, rand_qkv
 
-# Many small programs, each compiled once: XLA's optimisation passes would cost more
-# than they save (the kernels' optimised compiles are tested in their own modules).
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _alibi_table(z, b, n, i, j, slopes, table):

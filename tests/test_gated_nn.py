@@ -11,9 +11,6 @@ from flax import nnx
 from attnjax import nn
 from attnjax.nn import gated_spec
 
-# Many small programs, each compiled once: XLA's optimisation passes would cost more
-# than they save (the kernels' optimised compiles are tested in their own modules).
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 D, B, T = 32, 2, 11
 

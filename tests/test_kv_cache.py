@@ -11,9 +11,6 @@ from flax import nnx
 from attnjax import nn
 from attnjax.nn import kv_policies
 
-# Many small programs, each compiled once: XLA's optimisation passes would cost more
-# than they save (the kernels' optimised compiles are tested in their own modules).
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 B, T, V, D = 2, 12, 32, 32
 

@@ -26,7 +26,6 @@ D = 16
 B = 2
 
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _x(T=8, seed=0):

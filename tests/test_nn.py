@@ -16,7 +16,6 @@ V = 11
 B = 2
 
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _x(T=8, dtype=jnp.float32, seed=0):

@@ -7,9 +7,12 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+# The tiny sweep must diverge at its absurd learning rate: optimised numerics in-process.
+pytestmark = pytest.mark.usefixtures("optimized_compiles")
+
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 # The kernels compile many small programs once each: XLA's optimisation passes would cost
-# them more than they save (as the ``fast_compiles`` fixture, for the kernel processes).
+# them more than they save (as in the tests' own process: see conftest).
 FAST_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 
 

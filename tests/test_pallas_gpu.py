@@ -22,9 +22,6 @@ import attnjax
 from attnjax import dense, normalizers, pallas_gpu
 from helpers import rand_qkv
 
-# Interpret mode compiles many small programs once each: XLA's optimisation passes would
-# cost more than they save (the lowering for the real backend is checked in test_export).
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 BLOCKS = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32)
 T, S = 40, 72

@@ -16,9 +16,6 @@ import attnjax
 from attnjax import dense, masks
 from helpers import rand_qkv as _rand_qkv
 
-# Interpret mode compiles many small programs once each: XLA's optimisation passes would
-# cost more than they save (the lowering for the real backend is checked in test_export).
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def rand_qkv(B=1, T=128, S=None, N=2, K=1, H=64, dtype=jnp.float32, seed=0):

@@ -16,9 +16,6 @@ from attnjax.nn import probe as nn_probe
 from attnjax.train import metrics as run_metrics
 from helpers import rand_qkv
 
-# Many small programs, each compiled once: XLA's optimisation passes would cost more
-# than they save (the kernels' optimised compiles are tested in their own modules).
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def harmonic(n):
