@@ -126,16 +126,20 @@ def test_bf16_and_gqa_with_modifiers():
   assert_close(got, want, "bf16", rtol=3e-2, atol=3e-2)
 
 
+# Slow: a whole-sequence window is block-sparse like the gathered keys; the sinks' columns
+# ride the chunks as the global columns do (~10 s each).
 SPARSE_CASES = [
-    ("whole_sequence_window", patterns.sliding_window(5), 24),
+    pytest.param("whole_sequence_window", patterns.sliding_window(5), 24, marks=pytest.mark.slow),
     ("fixed_gathered_keys", patterns.fixed(8, 2), 24),
     ("banded_chunks", patterns.sliding_window(6, 1), 40),
-    ("sinks_chunks_columns", patterns.sinks_window(3, 5), 40),
+    pytest.param("sinks_chunks_columns", patterns.sinks_window(3, 5), 40, marks=pytest.mark.slow),
     ("global_rows_chunks", patterns.global_window(2, 4), 40),
 ]
 
 
-@pytest.mark.parametrize("name,pattern,T", SPARSE_CASES, ids=[c[0] for c in SPARSE_CASES])
+@pytest.mark.parametrize("name,pattern,T", SPARSE_CASES, ids=[
+    "whole_sequence_window", "fixed_gathered_keys", "banded_chunks", "sinks_chunks_columns",
+    "global_rows_chunks"])
 def test_sparse_paths_with_modifiers_match_reference(name, pattern, T, monkeypatch):
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 2)  # T=40 with blocks of 4 takes the chunk path
   q, k, v = rand_qkv(2, T, T, 4, 2, 8, seed=7, source="numpy")
@@ -379,8 +383,8 @@ def test_a_mask_mod_that_branches_on_traced_indices_gets_a_clear_error():
     attnjax.dot_product_attention(q, k, v, mask_mod=bad)
 
 
-@pytest.mark.parametrize("path", ["blockwise", "sparse"])
-def test_hessian_vector_products_both_orders(path):
+@pytest.mark.parametrize("path", ["blockwise", pytest.param("sparse", marks=pytest.mark.slow)])
+def test_hessian_vector_products_both_orders(path):  # sparse: slow; its jvp runs by default
   q, k, v = rand_qkv(1, 24, 24, 4, 2, 8, seed=14, source="numpy")
   tq = rand_qkv(1, 24, 24, 4, 2, 8, seed=15, source="numpy")[0]
   slopes, fns, reference = _fwd_cases()
