@@ -219,10 +219,18 @@ def _gla_chunk_bwd(sub, res, cts):
   # Pairs (i >= t > j) and exp(b_i) (g_t for t <= i): sums over i >= t.
   dg = _running_sum(q_flat * dq_pairs - k_flat * dk_pairs + q_in * dq_in, 3, reverse=True,
                     inclusive=True)
-  # exp(b_C - b_j): g_t for t > j.
-  dg = dg + _running_sum(k_end * dk_end, 3, reverse=False, inclusive=False)
-  y = p["carry"] * jnp.sum(state * d_new, axis=-1)  # exp(b_C): every g_t
-  dg = dg + y[:, :, :, None]
+  return _cotangents(dq, dk, dv, dg, k_end * dk_end, p["carry"], state, d_new, reset, d_state)
+
+
+def _cotangents(dq, dk, dv, dg, k_dk_end, carry, state, d_new, reset, d_state):
+  """Both chunk backwards' last step: the decays' state terms, then the inputs' layouts.
+
+  ``dg`` holds the pairs' and the queries' state terms; this adds the keys'
+  ``exp(b_C - b_j)`` (``g_t`` for ``t > j``: a forward exclusive sum of
+  ``k_dk_end``) and the state's ``exp(b_C)`` (every ``g_t``).
+  """
+  dg = dg + _running_sum(k_dk_end, 3, reverse=False, inclusive=False)
+  dg = dg + (carry * jnp.sum(state * d_new, axis=-1))[:, :, :, None]
   dq = jnp.transpose(dq, (0, 3, 1, 2, 4))
   dk = jnp.transpose(jnp.sum(dk, axis=2), (0, 2, 1, 3))
   dv = jnp.transpose(dv, (0, 2, 1, 3))
@@ -312,13 +320,7 @@ def _direct_bwd(res, cts):
   # The decays: the pair-sum identity of the module docstring, and the state terms.
   dg = _running_sum(qh * dq_pairs - kh * dk_pairs + q_in * dq_in, 3, reverse=True,
                     inclusive=True)
-  dg = dg + _running_sum(k_end * dk_end, 3, reverse=False, inclusive=False)
-  dg = dg + (carry * jnp.sum(state * d_new, axis=-1))[:, :, :, None]
-  dq = jnp.transpose(dq, (0, 3, 1, 2, 4))
-  dk = jnp.transpose(jnp.sum(dk, axis=2), (0, 2, 1, 3))
-  dv = jnp.transpose(dv, (0, 2, 1, 3))
-  dg = jnp.transpose(dg, (0, 3, 1, 2, 4))
-  return dq, dk, dv, dg, jnp.zeros_like(reset), d_state
+  return _cotangents(dq, dk, dv, dg, k_end * dk_end, carry, state, d_new, reset, d_state)
 
 
 direct_chunk.defvjp(_direct_fwd, _direct_bwd)
