@@ -122,14 +122,26 @@ def _parts(q, k, g, reset, sub):
   diff = inside[:, :, :, :, :, None] - inside[:, :, :, :, None, :]  # [B, K, G, n, i, j, H]
   dec = jnp.where(strict, jnp.exp(jnp.where(strict, diff, 0.0)), 0.0)
   b = jnp.reshape(inside + before[:, :, :, :, None], (B, K, G, C, H))  # b_i
-  fresh = (d == 0)[:, None, None, :, None]  # [B, 1, 1, C, 1]
-  e_q = jnp.where(fresh, jnp.exp(b), 0.0)  # exp(b_i) where no reset came before i
+  e_q, e_k, carry = _state_factors(gh, d, jnp.exp(b))
+  return dict(qh=qh, kh=kh, q_b=q_b, k_b=k_b, q_hat=q_hat, k_i=k_i, f_key=f_key, e_in=e_in,
+              dec=dec, keep=keep, e_q=e_q, e_k=e_k, carry=carry)
+
+
+def _state_factors(gh, d, e_b):
+  """The state's decay factors, zero across a reset: ``(e_q, e_k, carry)``.
+
+  ``e_q = exp(b_i)`` where no reset came before ``i`` (queries read the
+  incoming state), ``e_k = exp(b_C - b_j)`` for keys of the last segment (they
+  reach the outgoing state; a reverse exclusive sum, never a subtraction) and
+  ``carry = exp(b_C)`` ``[B, K, G, H]`` when the chunk has no reset. ``gh``:
+  log decays ``[B, K, G, C, H]``; ``d [B, C]``: resets so far; ``e_b = exp(b)``.
+  """
+  e_q = jnp.where((d == 0)[:, None, None, :, None], e_b, 0.0)
   same = (d == d[:, -1:])[:, None, None, :, None]
   to_go = _running_sum(gh, 3, reverse=True, inclusive=False)  # b_C - b_j
   e_k = jnp.where(same, jnp.exp(jnp.where(same, to_go, 0.0)), 0.0)
-  carry = jnp.where((d[:, -1] == 0)[:, None, None, None], jnp.exp(b[:, :, :, -1]), 0.0)
-  return dict(qh=qh, kh=kh, q_b=q_b, k_b=k_b, q_hat=q_hat, k_i=k_i, f_key=f_key, e_in=e_in,
-              dec=dec, keep=keep, e_q=e_q, e_k=e_k, carry=carry)
+  carry = jnp.where((d[:, -1] == 0)[:, None, None, None], e_b[:, :, :, -1], 0.0)
+  return e_q, e_k, carry
 
 
 def _weights(p):
@@ -273,13 +285,8 @@ def _direct_forward(q, k, v, g, reset, state):
   q_hat, k_hat = qh * e_b, kh * e_nb
   w = jnp.where(strict, _ein("bkgih,bkgjh->bkgij", q_hat, k_hat), 0.0)
   self_w = jnp.sum(qh * kh, axis=-1)  # [B, K, G, C]
-  e_q = jnp.where((d == 0)[:, None, None, :, None], e_b, 0.0)
-  q_in = qh * e_q
-  same = (d == d[:, -1:])[:, None, None, :, None]
-  to_go = _running_sum(gh, 3, reverse=True, inclusive=False)  # b_C - b_j, never subtracted
-  e_k = jnp.where(same, jnp.exp(jnp.where(same, to_go, 0.0)), 0.0)
-  k_end = kh * e_k
-  carry = jnp.where((d[:, -1] == 0)[:, None, None, None], e_b[:, :, :, -1], 0.0)  # [B, K, G, H]
+  e_q, e_k, carry = _state_factors(gh, d, e_b)
+  q_in, k_end = qh * e_q, kh * e_k
   out = (_ein("bkgij,bkjv->bkgiv", w, vh) + self_w[..., None] * vh[:, :, None]
          + _ein("bkgih,bkghv->bkgiv", q_in, state))
   new_state = carry[..., None] * state + _ein("bkgjh,bkjv->bkghv", k_end, vh)
