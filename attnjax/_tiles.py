@@ -62,17 +62,18 @@ def _grouped5(x: Array, K: int) -> Array:
   return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
 
 
-def _kslice(x: Array, k0, tk: int, axis: int) -> Array:
-  """``tk`` entries from ``k0`` along ``axis``; ``k0`` is an int or, inside a loop, a traced index."""
-  if isinstance(k0, int):
-    return jax.lax.slice_in_dim(x, k0, k0 + tk, axis=axis)
-  return jax.lax.dynamic_slice_in_dim(x, k0, tk, axis=axis)
+def _kslice(x: Array, start, size: int, axis: int) -> Array:
+  """``size`` entries from ``start`` along ``axis``; ``start`` is an int or, inside a loop over
+  key blocks (``k0``) or query blocks (``q0``), a traced index."""
+  if isinstance(start, int):
+    return jax.lax.slice_in_dim(x, start, start + size, axis=axis)
+  return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _tile(x: Array, q0: int, q1: int, k0, tk: int) -> Array:
+def _tile(x: Array, q0, tq: int, k0, tk: int) -> Array:
   """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
   if x.shape[3] != 1:
-    x = x[:, :, :, q0:q1]
+    x = _kslice(x, q0, tq, 3)
   return x if x.shape[4] == 1 else _kslice(x, k0, tk, 4)
 
 
@@ -137,8 +138,9 @@ class _Arrays:
     self.q_pos, self.k_pos = (None, None) if positions is None else positions
     self.mod_any = mod_any  # int32 [num_q_blocks, num_kv_blocks] SKIP / FULL / MASKED, or None
 
-  def q_rows(self, c: _Call, q0: int, q1: int) -> Array:
-    return _rows(self.q[:, :, :, q0:q1], c.G, q1 - q0)
+  def q_rows(self, c: _Call, q0, tq: int) -> Array:
+    """Query rows ``q0 .. q0 + tq`` as ``[B, K, G * tq, H]`` (``q0`` may be traced)."""
+    return _rows(_kslice(self.q, q0, tq, 3), c.G, tq)
 
 
 def _sink_rows(c: _Call, a: _Arrays, tq: int) -> Optional[Array]:
@@ -146,7 +148,7 @@ def _sink_rows(c: _Call, a: _Arrays, tq: int) -> Optional[Array]:
   return _rows(a.sink, c.G, tq) if c.has_sink else None
 
 
-def _index5(c: _Call, a: _Arrays, q0: int, q1: int, k0, tk: int):
+def _index5(c: _Call, a: _Arrays, q0, tq: int, k0, tk: int):
   """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]``.
 
   ``b [B,1,1,1,1]``, ``n [1,K,G,1,1]`` (query head ``k * G + g``), ``i [1,1,1,tq,1]``,
@@ -154,24 +156,23 @@ def _index5(c: _Call, a: _Arrays, q0: int, q1: int, k0, tk: int):
   """
   b = jnp.reshape(jnp.arange(c.B, dtype=jnp.int32), (c.B, 1, 1, 1, 1))
   n = jnp.reshape(jnp.arange(c.K * c.G, dtype=jnp.int32), (1, c.K, c.G, 1, 1))
-  i = jnp.arange(q0, q1, dtype=jnp.int32) if a.q_pos is None else a.q_pos[q0:q1]
+  i = q0 + jnp.arange(tq, dtype=jnp.int32) if a.q_pos is None else _kslice(a.q_pos, q0, tq, 0)
   j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else _kslice(a.k_pos, k0, tk, 0)
-  return (b, n, jnp.reshape(i.astype(jnp.int32), (1, 1, 1, q1 - q0, 1)),
+  return (b, n, jnp.reshape(i.astype(jnp.int32), (1, 1, 1, tq, 1)),
           jnp.reshape(j.astype(jnp.int32), (1, 1, 1, 1, tk)))
 
 
-def _score_mod(c: _Call, a: _Arrays, z: Array, score_args: tuple, q0: int, q1: int, k0,
+def _score_mod(c: _Call, a: _Arrays, z: Array, score_args: tuple, q0, tq: int, k0,
                tk: int) -> Array:
   """The rows ``z [B, K, G*tq, tk]`` after ``opts.score_mod`` (identity without one)."""
   if c.opts.score_mod is None:
     return z
-  z5 = jnp.reshape(jnp.broadcast_to(z, (c.B, c.K, c.G * (q1 - q0), tk)),
-                   (c.B, c.K, c.G, q1 - q0, tk))
-  out = _call.apply_score_mod(c.opts, score_args, z5, *_index5(c, a, q0, q1, k0, tk))
-  return jnp.reshape(out, (c.B, c.K, c.G * (q1 - q0), tk))
+  z5 = jnp.reshape(jnp.broadcast_to(z, (c.B, c.K, c.G * tq, tk)), (c.B, c.K, c.G, tq, tk))
+  out = _call.apply_score_mod(c.opts, score_args, z5, *_index5(c, a, q0, tq, k0, tk))
+  return jnp.reshape(out, (c.B, c.K, c.G * tq, tk))
 
 
-def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
+def _logits(c: _Call, a: _Arrays, qb: Array, q0, tq, k0, tk):
   """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity.
 
   The logits are before ``score_mod`` (see :func:`_score_mod`).
@@ -179,32 +180,31 @@ def _logits(c: _Call, a: _Arrays, qb: Array, q0, q1, k0, tk):
   kb = _kslice(a.k, k0, tk, 2)
   s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
-    q_sq = _rows(a.q_sq[:, :, :, q0:q1], c.G, q1 - q0)
+    q_sq = _rows(_kslice(a.q_sq, q0, tq, 3), c.G, tq)
     s = -c.opts.scale * (q_sq - 2.0 * s + _kslice(a.k_sq, k0, tk, 3))
   if c.opts.softcap is not None:
     s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
   capped = s
   if a.bias is not None:
-    s = s + _rows(_tile(a.bias, q0, q1, k0, tk), c.G, q1 - q0)
+    s = s + _rows(_tile(a.bias, q0, tq, k0, tk), c.G, tq)
   return s, capped
 
 
-def _allowed(c: _Call, a: _Arrays, q0, q1, k0, tk, needs_mask: bool, seg_mask: bool):
+def _allowed(c: _Call, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: bool):
   """Boolean ``[B|1, K|1, G*tq|1, tk]`` of the tile, or None when all is allowed."""
   out = None  # built as [X, K|1, G|1, tq, tk], then laid out as rows
-  tq = q1 - q0
-  if needs_mask and c.mask_fn is not None:  # k0 is traced inside the loop over key blocks
-    m = c.mask_fn(jnp.arange(q0, q1), k0 + jnp.arange(tk))
+  if needs_mask and c.mask_fn is not None:  # q0 / k0 are traced inside the loops over blocks
+    m = c.mask_fn(q0 + jnp.arange(tq), k0 + jnp.arange(tk))
     if m is not None:
       out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
   if c.opts.mask_mod is not None and (needs_mask or (c.mod_table and seg_mask)):
-    m = _call.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, q1, k0, tk))
+    m = _call.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, tq, k0, tk))
     out = _and(out, jnp.broadcast_to(m, jnp.broadcast_shapes(jnp.shape(m), (1, c.K, c.G, tq, tk))))
   if seg_mask and c.has_segments:
-    seg = a.q_seg[:, q0:q1, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
+    seg = _kslice(a.q_seg, q0, tq, 1)[:, :, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
     out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
   if a.mask is not None:
-    out = _and(out, _tile(a.mask, q0, q1, k0, tk))
+    out = _and(out, _tile(a.mask, q0, tq, k0, tk))
   return None if out is None else _rows(out, c.G, tq)
 
 

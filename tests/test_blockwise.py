@@ -124,11 +124,14 @@ def _extra(kind, keys, T, S):
   return out
 
 
+@pytest.mark.parametrize("q_loop", ["unrolled", "rolled"])
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_matches_reference(case, monkeypatch):
+def test_matches_reference(case, q_loop, monkeypatch):
   # Loop over every unmasked full-size key block, so both the fori_loop and the unrolled
-  # (masked, ragged) visits are exercised.
+  # (masked, ragged) visits are exercised; "rolled" runs the full-size query blocks in the
+  # lax.scan over a traced block index (a ragged last block stays unrolled).
   monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 0)
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_Q_BLOCKS", 0 if q_loop == "rolled" else 10 ** 6)
   T, S, K, kwargs, kind = CASES[case]
   q, k, v, keys = _arrays(B, T, S, N, K, H)
   extra = _extra(kind, keys, T, S)
@@ -233,6 +236,36 @@ def test_masked_blocks_are_not_computed(monkeypatch):
   causal = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v, is_causal=True), q, k, v)
   window = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v, window=(8, 0)), q, k, v)
   assert (full, causal, window) == (2 * 16, 2 * 10, 2 * 7)
+
+
+def test_rolled_query_loop_program_does_not_grow_with_length():
+  # Above MAX_UNROLLED_Q_BLOCKS full query blocks the blocks run in one lax.scan: the
+  # program (here: its matmuls, forward and backward) is the same for 8 and 32 blocks.
+  def dots(T):
+    q, k, v, _ = _arrays(1, T, T, 2, 2, 8)
+    loss = lambda q, k, v: jnp.sum(_blockwise(16, 16)(q, k, v, is_causal=True))
+    return _count_dots(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
+  assert blockwise.MAX_UNROLLED_Q_BLOCKS < 8
+  assert dots(8 * 16) == dots(32 * 16)
+  assert dots(8 * 16 + 5) == dots(32 * 16 + 5)  # plus the unrolled ragged block's
+
+
+@pytest.mark.parametrize("order", ["fwd_over_rev", "rev_over_fwd"])
+def test_rolled_query_loop_second_order(order, monkeypatch):
+  # Hessian-vector products through the rolled kernel in both orders (reverse over forward
+  # transposes the forward's loops: their trip counts must be static).
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_Q_BLOCKS", 0)
+  q, k, v, _ = _arrays(1, 37, 37, 4, 2, 8)
+  tq = _arrays(1, 37, 37, 4, 2, 8, seed=1)[0]
+  kw = dict(is_causal=True, window=(9, 0))
+
+  def hvp(f):
+    loss = lambda q: jnp.sum(jnp.sin(f(q, k, v, **kw)))
+    if order == "fwd_over_rev":
+      return jax.jvp(jax.grad(loss), (q,), (tq,))[1]
+    return jax.grad(lambda q: jax.jvp(loss, (q,), (tq,))[1])(q)
+
+  _close(jax.jit(lambda: hvp(_blockwise(8, 8)))(), hvp(_reference), 1e-4, order)
 
 
 def test_no_full_size_intermediate_in_forward_and_backward():
