@@ -66,7 +66,7 @@ class Case:
 
 
 _SUITES: dict[str, Callable[[argparse.Namespace], Iterable[Case]]] = {}
-_MEMORY: dict[str, Callable[[], Callable[[], object]]] = {}
+_MEMORY: dict[str, Callable[[], tuple]] = {}
 
 
 def suite(name: str):
@@ -78,7 +78,8 @@ def suite(name: str):
 
 
 def memory_case(name: str):
-  """Decorator registering ``() -> run`` whose ``run()`` is measured in its own process."""
+  """Decorator registering ``() -> (step, args)``: ``step`` (a ``jax.jit`` function) is
+  compiled and run on ``args`` in a process of its own and measured there."""
   def register(fn):
     _MEMORY[name] = fn
     return fn
@@ -229,7 +230,7 @@ def sparse_window_memory():
   pattern = attnjax.patterns.sliding_window(256)
   step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
                                                           block_size=128))
-  return lambda: step(q, k, v)
+  return step, (q, k, v)
 
 
 @suite("train")
@@ -349,7 +350,7 @@ def blockwise_memory():
   q, k, v = qkv(1, 16384, 8, 64)
   step = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
       q, k, v, is_causal=True, implementation="blockwise"))
-  return lambda: step(q, k, v)
+  return step, (q, k, v)
 
 def linear_flops(B: int, N: int, T: int, H: int, chunk_size: int, *, backward: bool = False) -> float:
   """Matmul flops of the chunked linear form as computed (full C x C intra-chunk blocks).
@@ -472,7 +473,7 @@ def flex_alibi_memory():
   step = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
       q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(slopes,),
       implementation="blockwise"))
-  return lambda: step(q, k, v)
+  return step, (q, k, v)
 
 
 def _gated_calls(C: int = 64) -> dict[str, Callable]:
@@ -549,7 +550,7 @@ def _gated_memory(name: str):
   def make():
     q, k, v = qkv(1, 16384, 8, 64)
     step = fwd_bwd(_gated_calls()[name])
-    return lambda: step(q, k, v)
+    return step, (q, k, v)
   return make
 
 
@@ -592,7 +593,7 @@ def block_select_suite(args) -> Iterable[Case]:
 def block_select_memory():
   q, k, v = qkv(1, 16384, 8, 64)
   step = fwd_bwd(_block_select)
-  return lambda: step(q, k, v)
+  return step, (q, k, v)
 
 
 # ---------------------------------------------------------------------------
@@ -642,7 +643,7 @@ def compressed_memory():
   q, k, v = qkv(1, 16384, 8, 64)
   step = fwd_bwd(lambda q, k, v: attnjax.compressed_attention(
       q, k, v, stride=4, is_causal=True, window=64, block_size=128))
-  return lambda: step(q, k, v)
+  return step, (q, k, v)
 
 
 @memory_case("compressed dilated_window(128, 4) fwd+bwd T=16384 (B=1, N=8, H=64, fp32)")
@@ -651,7 +652,7 @@ def dilated_memory():
   pattern = attnjax.patterns.dilated_window(128, 4)
   step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
                                                           block_size=128))
-  return lambda: step(q, k, v)
+  return step, (q, k, v)
 
 
 def _peak_rss_mib() -> float:
@@ -668,10 +669,18 @@ def _peak_rss_mib() -> float:
 
 
 def _memory_child(name: str) -> None:
-  run = _MEMORY[name]()
+  step, args = _MEMORY[name]()
   base = _peak_rss_mib()
-  block(run())
-  print(json.dumps({"case": name, "peak_rss_mib": _peak_rss_mib(), "before_run_mib": base}))
+  compiled = step.lower(*args).compile()
+  after_compile = _peak_rss_mib()
+  m = compiled.memory_analysis()
+  xla = None
+  if m is not None:  # XLA's own accounting: the call's buffers, without the process around it
+    xla = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+           - m.alias_size_in_bytes) / 2.0 ** 20
+  block(compiled(*args))
+  print(json.dumps({"case": name, "peak_rss_mib": _peak_rss_mib(), "before_run_mib": base,
+                    "after_compile_mib": after_compile, "xla_buffers_mib": xla}))
 
 
 def measure_memory(name: str) -> dict:
@@ -796,15 +805,20 @@ def main(argv=None) -> None:
   memory = []
   if args.memory and _MEMORY:
     print("## memory (peak resident set of a fresh process)\n")
-    print("| case | peak RSS (MiB) |")
-    print("|---|---:|")
+    print("Peak RSS is the whole process: Python and JAX (~250 MiB), the inputs, what the\n"
+          "compiler leaves allocated, and the call. XLA buffers is XLA's own account of the\n"
+          "call: arguments + outputs + temporaries.\n")
+    print("| case | peak RSS (MiB) | after compile (MiB) | XLA buffers (MiB) |")
+    print("|---|---:|---:|---:|")
     for name in _MEMORY:
       if args.memory_filter not in name:
         continue
       m = measure_memory(name)
       memory.append(m)
-      print(f"| {name} | {m.get('peak_rss_mib', float('nan')):.0f} |" if "error" not in m
-            else f"| {name} | error: {m['error']} |")
+      nan = float("nan")
+      print(f"| {name} | {m.get('peak_rss_mib', nan):.0f} | {m.get('after_compile_mib', nan):.0f} "
+            f"| {m.get('xla_buffers_mib') or nan:.0f} |" if "error" not in m
+            else f"| {name} | error: {m['error']} | | |")
     print()
   if args.json:
     tmp = args.json + ".tmp"
