@@ -99,8 +99,8 @@ def _block_sparse(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: 
                              use_default_mask_fn=False, positions=positions, mod_table=mod_table)
 
 
-# Query blocks per chunk of the banded path: bounds its compiled program (the
-# kernel unrolls its visits) and its working memory, whatever the length.
+# Query blocks per chunk of the banded path: bounds its working memory, whatever the length
+# (the kernel unrolls a chunk's few query blocks; see blockwise.MAX_UNROLLED_Q_BLOCKS).
 CHUNK_BLOCKS = 4
 
 
