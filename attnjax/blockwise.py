@@ -267,15 +267,17 @@ def _visit_blocks(c: _Call, relation, i, carry, visit, rolled: Optional[_Rolled]
   return carry
 
 
-def _query_blocks(c: _Call, block, rolled: Optional[_Rolled], carry=None):
+def _query_blocks(c: _Call, block, rolled: Optional[_Rolled], carry=None, tie=lambda rows: rows):
   """Runs ``block(i, q0, tq, carry, after) -> (carry, rows)`` over every query block.
 
   ``rows`` is a pytree of ``[B, K, G, tq, X]`` arrays; returns the final carry
   and the rows concatenated along time (``[B, K, G, T, X]``). The first
   ``rolled.n`` blocks run in one ``lax.scan`` over a traced index (``q0 = i *
   block_q``), the others unrolled. ``after(x)`` returns ``x`` made to wait for
-  the previous block's rows: otherwise XLA may schedule unrolled blocks side by
-  side and keep all their tiles alive at once (in the scan it is the identity).
+  ``tie(rows)`` of the previous block: otherwise XLA may schedule unrolled blocks
+  side by side and keep all their tiles alive at once (in the scan it is the
+  identity). ``tie`` picks rows every caller uses: whatever goes into the
+  barrier is computed, so rows a caller drops (statistics) must stay out of it.
   """
   L = c.layout
   parts, start = [], 0
@@ -295,7 +297,7 @@ def _query_blocks(c: _Call, block, rolled: Optional[_Rolled], carry=None):
     start = rolled.n
   for i in range(start, L.num_q_blocks):
     q0, q1 = L.q_range(i)
-    prev = parts[-1] if parts else None
+    prev = tie(parts[-1]) if parts else None
 
     def after(x, prev=prev):
       return x if prev is None else jax.lax.optimization_barrier((x, prev))[0]
@@ -373,7 +375,7 @@ def _forward(c: _Call, a: _Arrays):
       rows["stats"] = {key: _unrows(jnp.broadcast_to(val, shape), G) for key, val in srow.items()}
     return carry, rows
 
-  rows = _query_blocks(c, block, rolled)[1]
+  rows = _query_blocks(c, block, rolled, tie=lambda r: r["out"])[1]
   out, res = rows["out"], rows["res"]
   stats = None
   if c.stats:
