@@ -62,7 +62,7 @@ def _grouped5(x: Array, K: int) -> Array:
   return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
 
 
-def _kslice(x: Array, start, size: int, axis: int) -> Array:
+def _span(x: Array, start, size: int, axis: int) -> Array:
   """``size`` entries from ``start`` along ``axis``; ``start`` is an int or, inside a loop over
   key blocks (``k0``) or query blocks (``q0``), a traced index."""
   if isinstance(start, int):
@@ -73,8 +73,8 @@ def _kslice(x: Array, start, size: int, axis: int) -> Array:
 def _tile(x: Array, q0, tq: int, k0, tk: int) -> Array:
   """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
   if x.shape[3] != 1:
-    x = _kslice(x, q0, tq, 3)
-  return x if x.shape[4] == 1 else _kslice(x, k0, tk, 4)
+    x = _span(x, q0, tq, 3)
+  return x if x.shape[4] == 1 else _span(x, k0, tk, 4)
 
 
 def _add_tile(acc: Array, tile: Array, starts: tuple) -> Array:
@@ -140,7 +140,7 @@ class _Arrays:
 
   def q_rows(self, c: _Call, q0, tq: int) -> Array:
     """Query rows ``q0 .. q0 + tq`` as ``[B, K, G * tq, H]`` (``q0`` may be traced)."""
-    return _rows(_kslice(self.q, q0, tq, 3), c.G, tq)
+    return _rows(_span(self.q, q0, tq, 3), c.G, tq)
 
 
 def _sink_rows(c: _Call, a: _Arrays, tq: int) -> Optional[Array]:
@@ -156,8 +156,8 @@ def _index5(c: _Call, a: _Arrays, q0, tq: int, k0, tk: int):
   """
   b = jnp.reshape(jnp.arange(c.B, dtype=jnp.int32), (c.B, 1, 1, 1, 1))
   n = jnp.reshape(jnp.arange(c.K * c.G, dtype=jnp.int32), (1, c.K, c.G, 1, 1))
-  i = q0 + jnp.arange(tq, dtype=jnp.int32) if a.q_pos is None else _kslice(a.q_pos, q0, tq, 0)
-  j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else _kslice(a.k_pos, k0, tk, 0)
+  i = q0 + jnp.arange(tq, dtype=jnp.int32) if a.q_pos is None else _span(a.q_pos, q0, tq, 0)
+  j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else _span(a.k_pos, k0, tk, 0)
   return (b, n, jnp.reshape(i.astype(jnp.int32), (1, 1, 1, tq, 1)),
           jnp.reshape(j.astype(jnp.int32), (1, 1, 1, 1, tk)))
 
@@ -177,11 +177,11 @@ def _logits(c: _Call, a: _Arrays, qb: Array, q0, tq, k0, tk):
 
   The logits are before ``score_mod`` (see :func:`_score_mod`).
   """
-  kb = _kslice(a.k, k0, tk, 2)
+  kb = _span(a.k, k0, tk, 2)
   s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
-    q_sq = _rows(_kslice(a.q_sq, q0, tq, 3), c.G, tq)
-    s = -c.opts.scale * (q_sq - 2.0 * s + _kslice(a.k_sq, k0, tk, 3))
+    q_sq = _rows(_span(a.q_sq, q0, tq, 3), c.G, tq)
+    s = -c.opts.scale * (q_sq - 2.0 * s + _span(a.k_sq, k0, tk, 3))
   if c.opts.softcap is not None:
     s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
   capped = s
@@ -201,7 +201,7 @@ def _allowed(c: _Call, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: b
     m = _call.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, tq, k0, tk))
     out = _and(out, jnp.broadcast_to(m, jnp.broadcast_shapes(jnp.shape(m), (1, c.K, c.G, tq, tk))))
   if seg_mask and c.has_segments:
-    seg = _kslice(a.q_seg, q0, tq, 1)[:, :, None] == _kslice(a.kv_seg, k0, tk, 1)[:, None, :]
+    seg = _span(a.q_seg, q0, tq, 1)[:, :, None] == _span(a.kv_seg, k0, tk, 1)[:, None, :]
     out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
   if a.mask is not None:
     out = _and(out, _tile(a.mask, q0, tq, k0, tk))

@@ -71,7 +71,7 @@ import numpy as np
 
 from attnjax import _call, masks
 from attnjax.attention_stats import AttentionStats, _row_mean
-from attnjax._tiles import (MaskFn, _Arrays, _Call, _add_tile, _allowed, _kslice, _logits, _rows,
+from attnjax._tiles import (MaskFn, _Arrays, _Call, _add_tile, _allowed, _span, _logits, _rows,
                              _score_mod, _segment_relations, _sink_rows, _tile, _unrows)
 from attnjax.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
 
@@ -234,7 +234,7 @@ def _visit_blocks(c: _Call, relation, i, carry, visit, rolled: Optional[_Rolled]
     kept = [b for b, h in zip(branches, has) if h]
     if len(kept) == 1:
       return fold(carry, kept[0](), k0, tk)
-    index = jnp.cumsum(jnp.asarray(has, jnp.int32))[state] - 1  # state -> index in kept
+    index = jnp.asarray(np.cumsum(has) - 1, jnp.int32)[state]  # state -> its branch in kept
     return fold(carry, jax.lax.switch(index, kept), k0, tk)
 
   if isinstance(i, int):
@@ -342,7 +342,7 @@ def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, s
   z, _ = _logits(c, a, qb, q0, tq, k0, tk)
   z = _score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
   allowed = _allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
-  vb = _kslice(a.v, k0, tk, 2)
+  vb = _span(a.v, k0, tk, 2)
 
   def pv(w):
     return jnp.einsum("bkrs,bksh->bkrh", w, vb, preferred_element_type=jnp.float32)
@@ -359,7 +359,7 @@ def _forward(c: _Call, a: _Arrays):
   counts = _allowed_counts(c, a, relation, rolled) if c.needs_counts else None
 
   def block(i, q0, tq, carry, after):
-    cb = None if counts is None else _rows(_kslice(counts, q0, tq, 3), G, tq)
+    cb = None if counts is None else _rows(_span(counts, q0, tq, 3), G, tq)
     row = nz.row_inputs(_sink_rows(c, a, tq), cb)
     qb = after(a.q_rows(c, q0, tq))
 
@@ -430,7 +430,7 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
     dk, dv, dbias, dsink, dargs = carry
 
     def rows(x):
-      return None if x is None else _rows(_kslice(x, q0, tq, 3), G, tq)
+      return None if x is None else _rows(_span(x, q0, tq, 3), G, tq)
 
     qb, do_b, dk, dv = after((a.q_rows(c, q0, tq), rows(d_out), dk, dv))
     rd_b, g_b = rows(row_dot), rows(g)
@@ -478,8 +478,8 @@ def _bwd_visit(c: _Call, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, d
                          tuple(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating)
                                else x for x in a.score_args))
   allowed = _allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
-  kb = _kslice(a.k, k0, tk, 2)
-  vb = _kslice(a.v, k0, tk, 2)
+  kb = _span(a.k, k0, tk, 2)
+  vb = _span(a.v, k0, tk, 2)
   dp = jnp.einsum("bkrh,bksh->bkrs", do_b, vb, preferred_element_type=jnp.float32)
   w, dz = c.nz.tile_backward(z, allowed, dp, res_b, rd_b, g_b)
 
