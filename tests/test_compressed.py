@@ -71,19 +71,22 @@ def check_paths(q, k, v, tol=3e-5, **kw):
   ref = lambda q, k, v: attnjax.compressed_attention(q, k, v, implementation="reference", **kw)
   got, want = outputs_and_grads(fast, q, k, v), outputs_and_grads(ref, q, k, v)
   assert_close(got, want, str(kw), rtol=tol, atol=tol)
+  # Evaluated without differentiation (causal self-attention: the grouped-query primal).
+  assert_close(jax.jit(fast)(q, k, v), jax.jit(ref)(q, k, v), f"forward only {kw}", rtol=tol,
+               atol=tol)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in got[1])
   return got
 
 
-# Causal calls take the grouped-query path (with a window: mergeable normalisers only); the
-# others the concatenated-layout path.
+# Causal calls evaluate the grouped-query path (with a window: mergeable normalisers only) and
+# differentiate the one-call path; the others take the one-call path both ways.
 @pytest.mark.parametrize("T,normalizer,is_causal,window,pool", [
     (24, "softmax_one", True, 5, "max"),     # grouped queries + window, merged
     (24, "sigmoid", True, None, "mean"),     # grouped; rows i < 3 see nothing
     (23, "softmax_one", False, None, "max"),
     (23, "softpick", True, 6, "max"),
     (23, "relu", False, 3, "mean"),
-    (24, "none", True, 4, "mean"),           # not mergeable: concatenated path
+    (24, "none", True, 4, "mean"),           # not mergeable: one call
     (23, "softmax", True, 5, "mean"),
 ])
 def test_blockwise_matches_reference(T, normalizer, is_causal, window, pool):
@@ -99,6 +102,22 @@ def test_grouped_path_sink_logits_and_chunks(monkeypatch):
   q, k, v = qkv(2, 40, 4, 1, 8, seed=7)
   check_paths(q, k, v, stride=5, is_causal=True, window=6, sink_logits=jnp.linspace(-1., 1., 4),
               softcap=4.0)
+
+
+def test_forward_mode_and_second_order():
+  # The causal path is a custom_jvp (grouped primal, one-call tangent): jax.jvp and both
+  # orders of Hessian-vector products equal the reference's.
+  q, k, v = qkv(1, 40, 4, 2, 8, seed=8)
+  kw = dict(stride=4, is_causal=True, window=6, block_size=8)
+  fast = lambda q: attnjax.compressed_attention(q, k, v, **kw)
+  ref = lambda q: attnjax.compressed_attention(q, k, v, implementation="reference", **kw)
+  ct = jax.random.normal(jax.random.key(2), q.shape)
+  for name, f in (
+      ("jvp", lambda a: jax.jvp(a, (q,), (k.repeat(2, axis=2),))[1]),
+      ("fwd-over-rev", lambda a: jax.jvp(jax.grad(lambda x: jnp.sum(a(x) ** 2)), (q,), (ct,))[1]),
+      ("rev-over-fwd", lambda a: jax.grad(lambda x: jnp.vdot(jax.jvp(a, (x,), (ct,))[1], ct))(q)),
+  ):
+    np.testing.assert_allclose(f(fast), f(ref), rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("T", [11, 12])
@@ -182,6 +201,22 @@ def test_layout_cost_follows_compression():
   rule = compressed.CompressedRule(T, T, 4, True, 64, C)
   pairs = rule_layout(rule, T, C + T, bs).num_pairs * bs * bs
   assert pairs < 0.33 * T * T / 2
+
+
+def test_fwd_bwd_temporaries_stay_a_few_arrays():
+  # Differentiated, the grouped path hands over to one block-wise call for both parts (rolled
+  # at 16 query blocks): XLA's temporaries for fwd+bwd at T=2048 are ~7x one [B, T, N, H]
+  # array (differentiating the grouped path itself: 21x).
+  T = 2048
+  x = jax.ShapeDtypeStruct((1, T, 8, 64), jnp.float32)
+
+  def loss(q, k, v):
+    return jnp.sum(attnjax.compressed_attention(q, k, v, stride=4, is_causal=True, window=64))
+
+  m = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile().memory_analysis()
+  if m is None:
+    pytest.skip("no memory analysis on this backend")
+  assert m.temp_size_in_bytes < 12 * T * 8 * 64 * 4, m.temp_size_in_bytes
 
 
 @pytest.mark.slow
