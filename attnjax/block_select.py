@@ -44,11 +44,14 @@ Implementations (tested equal in value and gradient):
   checkpointed body: cost follows ``top_k``, not ``T``, and the backward
   recomputes one query block at a time. The tile's mask is a per-key validity
   and a constant causal triangle on the own block's columns. On CPU (B=1,
-  N=8, H=64, block 64, top_k 8) the forward at T=8192 takes about 0.18x the
-  block-wise dense causal kernel's time on one core and 0.29x on two (the
-  tile's ``[64, 576]`` matmuls run at ~95 GFLOP/s, dense's larger tiles at
-  ~120; the strided key/value gathers take another fifth); forward +
-  backward at T=16384 peaks at about 580-700 MiB resident memory.
+  N=8, H=64, block 64, top_k 8) the forward at T=8192 takes about 0.19x the
+  block-wise dense causal kernel's time on one core and 0.27-0.28x on two:
+  XLA:CPU runs the tile's ``[64, 64] x [64, 576]`` products on one thread
+  (its dot library splits a product across threads only from about 256 rows),
+  so they take ~104 ms of a ~140 ms forward with one core or two, while
+  dense's 512-row tiles use both; the strided key/value gathers take most of
+  the rest. Forward + backward at T=16384 peaks at about 580-700 MiB resident
+  memory.
 """
 
 from __future__ import annotations
