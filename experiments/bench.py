@@ -4,6 +4,7 @@
     python experiments/bench.py --suite dense        # one suite
     python experiments/bench.py --suite dense --sizes 256,1024 --repeats 3
     python experiments/bench.py --list
+    python experiments/bench.py --memory --memory-filter compressed   # memory cases only
 
 Each case is timed in this process after warm-up (compilation excluded), with
 ``block_until_ready``. The cases of one shape are timed in interleaved rounds
@@ -779,7 +780,9 @@ def run_suites(names: list[str], args) -> list[dict]:
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--suite", default="all", help="comma-separated suite names, or 'all'")
+  p.add_argument("--suite", default=None,
+                 help="comma-separated suite names, or 'all' (the default, except that --memory "
+                      "alone runs only the memory cases)")
   p.add_argument("--sizes", default=None, help="comma-separated sequence lengths (suite default if unset)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--memory", action="store_true", help="also run the memory cases")
@@ -797,11 +800,12 @@ def main(argv=None) -> None:
     for name in _MEMORY:
       print(f"memory {name}")
     return
-  names = list(_SUITES) if args.suite == "all" else args.suite.split(",")
+  suite = args.suite if args.suite is not None else ("" if args.memory else "all")
+  names = list(_SUITES) if suite == "all" else [n for n in suite.split(",") if n]
   for n in names:
     if n not in _SUITES:
       p.error(f"--suite {n!r} is not one of {sorted(_SUITES)}")
-  results = run_suites(names, args)
+  results = run_suites(names, args) if names else []
   memory = []
   if args.memory and _MEMORY:
     print("## memory (peak resident set of a fresh process)\n")

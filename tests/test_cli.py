@@ -50,3 +50,12 @@ def test_parse_applies_overrides_and_reports_bad_keys(capsys):
   with pytest.raises(SystemExit):
     cli.parse("doc", str(ROOT / COMPARE), ["--config"])
   assert "--config needs a value" in capsys.readouterr().err
+
+
+def test_bench_memory_alone_runs_no_timing_suite():
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  proc = subprocess.run([sys.executable, "experiments/bench.py", "--memory", "--memory-filter",
+                         "matches no case"], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "## memory" in proc.stdout and "matmul rate" not in proc.stdout, proc.stdout
