@@ -39,9 +39,9 @@ Two implementations, tested equal in value and gradient:
   call merged by logsumexp. That path is a ``jax.custom_jvp`` whose
   derivative is the one call's (:func:`_grouped_forward`): differentiating
   the two-call path held twice the memory (fwd+bwd at T=16384, stride 4,
-  window 64: XLA temporaries 499 vs 233 MiB), while its forward is ~25%
-  faster (T=4096: 92 vs 121 ms on 2 CPU cores). Cost ``O(T * (T / stride +
-  w))``, memory linear in ``T``.
+  window 64: XLA temporaries 499 vs 233 MiB), while its forward is ~30%
+  faster (T=4096: 84-86 vs 121 ms on 2 CPU cores). Cost ``O(T * (T / stride
+  + w))``, memory linear in ``T``.
 
 Example::
 
@@ -223,10 +223,14 @@ def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: A
                               sink_logits=None if window is not None else (
                                   None if inputs.sink_logits is None else
                                   jnp.repeat(inputs.sink_logits, s, axis=1)))
-  # Blocks of block_size (128 by default): on CPU the default 512-blocks ran this GQA-heavy
-  # call ~4x slower than 128-blocks (T=4096, stride 4: C=1024 rows, 32 query heads).
+  # Query blocks of block_size / 2 and key blocks of 4 * block_size (64 and 512 by default):
+  # a tile then stacks stride * N / K query heads of 64 rows (256 at stride 4, MHA), enough
+  # for XLA:CPU to split its products over cores (from ~256 rows and ~512 keys), while the
+  # short query blocks keep the causal diagonal's waste small. T=4096, stride 4, MHA, 2 CPU
+  # cores, forward without window: 52-63 ms against 67-83 with square 128-blocks (and ~4x
+  # slower with the kernel's default 512-blocks); T=16384 with window 64: 711-748 vs 1028-1237.
   res = blockwise.blockwise(grouped, dataclasses.replace(part_opts, is_causal=True),
-                            block_q=block_size, block_k=block_size)
+                            block_q=max(1, block_size // 2), block_k=4 * block_size)
   out_a, stats_a = res if part_opts.return_stats else (res, None)
 
   def ungroup(x, fill):  # [B, C, N * s, X] -> [B, T, N, X], rows before the first group = fill
