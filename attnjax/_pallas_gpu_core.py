@@ -189,7 +189,10 @@ def full_q_blocks(c: _Static, k0, k_last, bq: int):
   if c.has_segments:
     return 0, 0
   lo = 0
-  hi = jnp.where(k_last + 1 - k0 == c.bk_bwd, pl.cdiv(c.T, bq), 0)  # a ragged block: masked
+  # int32 operands: Triton's lowering gives a select of two Python ints another integer type
+  # than the loop bounds (the compile fails: 'arith.minsi' op requires the same type).
+  hi = jnp.where(k_last + 1 - k0 == c.bk_bwd, jnp.int32(pl.cdiv(c.T, bq)),
+                 jnp.int32(0))  # a ragged block: masked
   if c.opts.is_causal:
     lo = pl.cdiv(k_last, bq)
   if c.opts.window is not None:
