@@ -11,8 +11,10 @@ implementation and the platform the program is being lowered for.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Sequence
+import functools
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 from jax.extend.core import Primitive
@@ -92,3 +94,182 @@ def on_platform(platform: str, fn: Callable[[], Any], message: str) -> Any:
   """``fn()`` when lowered for ``platform``; lowering for any other platform raises ``message``."""
   like = jax.eval_shape(fn)
   return jax.lax.platform_dependent(**{platform: fn}, default=lambda: fail(message, like))
+
+
+# ---------------------------------------------------------------------------
+# The target's generation and libraries, read when a program is traced.
+
+# Compute capability (major) by GPU device kind, for targets known only by their abstract mesh
+# (inside jit, jax exposes the ambient mesh's device kind, not the device itself).
+_GPU_MAJOR_BY_KIND = (("H100", 9), ("H200", 9), ("H800", 9), ("H20", 9), ("GH200", 9),
+                      ("B200", 10), ("B300", 10), ("GB200", 10), ("GB300", 10),
+                      ("A100", 8), ("A800", 8), ("A10", 8), ("A30", 8), ("A40", 8),
+                      ("A6000", 8), ("L4", 8), ("L40", 8))
+
+
+def _major_of_kind(kind: str) -> Optional[int]:
+  for name, major in _GPU_MAJOR_BY_KIND:
+    if name in kind:
+      return major
+  return None
+
+
+def cuda_major() -> Optional[int]:
+  """The compute capability major of the GPU a program is traced for, or None if unknown.
+
+  From the ambient mesh's device kind (``jax.set_mesh``: how a deviceless
+  compile names its target), else this process's first GPU. Block-size tables
+  use it; None means "any CUDA GPU" (the choices that fit the smallest).
+  """
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  if device is not None and getattr(device, "platform", None) == "gpu":
+    return _major_of_kind(device.device_kind)
+  return local_gpu_major()
+
+
+@functools.lru_cache(maxsize=1)
+def cudnn_version() -> Optional[int]:
+  """The cuDNN version jax's attention wrapper finds on this host, or None.
+
+  ``jax.nn.dot_product_attention(implementation="cudnn")`` reads the local
+  cuDNN's version while it traces, whatever platform the program is lowered
+  for: a program holding it can be traced (and exported or compiled for
+  ``cuda``) on any host with the cuDNN library, with or without a GPU.
+  """
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+    return int(cudnn_attention.check_cudnn_version())
+  except Exception:  # no plugin, no library, or an older layout of jax's internals
+    return None
+
+
+def local_gpu_major() -> Optional[int]:
+  """This process's first GPU's compute capability major, or None on a host without a GPU."""
+  try:
+    gpus = jax.devices("gpu")
+  except RuntimeError:
+    return None
+  if not gpus:
+    return None
+  cc = getattr(gpus[0], "compute_capability", None)
+  return int(str(cc).split(".")[0]) if cc else _major_of_kind(gpus[0].device_kind)
+
+
+# ---------------------------------------------------------------------------
+# Platform kernels inside shard_map.
+
+# Mesh axes that shard attention heads (tensor parallelism); any other mesh axis, except those
+# that shard the sequence, shards the batch when it divides it.
+HEAD_AXES = ("tensor", "model", "heads")
+SEQUENCE_AXES = ("context", "sequence")
+
+
+def kernel_axes(mesh: Any, batch: int, kv_heads: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """``(batch_axes, head_axes)``: the mesh axes a platform kernel's inputs are split over.
+
+  Heads go over the :data:`HEAD_AXES` present whose sizes divide ``kv_heads``
+  (so query heads of a group stay together: no key/value head is repeated),
+  the batch over the other axes (not :data:`SEQUENCE_AXES`) whose sizes divide
+  what is left of it. An axis used for neither replicates the kernel's work.
+  Any split is correct (``shard_map`` moves the data where its specs say);
+  these follow the training meshes' logical rules, so no data moves.
+  """
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  heads, batch_axes, head_axes = kv_heads, [], []
+  for name in mesh.axis_names:
+    if sizes[name] > 1 and name in HEAD_AXES and heads % sizes[name] == 0:
+      head_axes.append(name)
+      heads //= sizes[name]
+  left = batch
+  for name in mesh.axis_names:
+    if (sizes[name] > 1 and name not in HEAD_AXES and name not in SEQUENCE_AXES
+        and left % sizes[name] == 0):
+      batch_axes.append(name)
+      left //= sizes[name]
+  return tuple(batch_axes), tuple(head_axes)
+
+
+def _axes(names: tuple[str, ...]):
+  if not names:
+    return None
+  return names[0] if len(names) == 1 else names
+
+
+def per_shard(fn: Callable[[Any], Any], inputs: Any) -> Any:
+  """``fn(inputs)`` run on each device's shard when the ambient mesh has several devices.
+
+  XLA cannot partition a Mosaic or Triton kernel (nor cuDNN's call) across
+  devices, so under a multi-device mesh (``jax.set_mesh``) the kernel runs
+  inside ``jax.shard_map`` over :func:`kernel_axes`: each device computes its
+  batch rows and heads; nothing crosses devices. Without a mesh (or with one
+  device) ``fn`` runs as is. ``inputs`` is a ``DenseInputs``; ``fn`` returns
+  ``[B, T, N, Hv]`` or ``(out, AttentionStats)`` (fields ``[B, N]`` / ``[B, N, T]``).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return fn(inputs)
+  from jax.sharding import PartitionSpec as P
+  B, _, N, _ = inputs.q.shape
+  K = inputs.k.shape[2]
+  batch_axes, head_axes = kernel_axes(mesh, B, K)
+  if not batch_axes and not head_axes:
+    return fn(inputs)
+  b, h = _axes(batch_axes), _axes(head_axes)
+
+  def spec(field: str, x: Any):
+    if x is None:
+      return None
+    if field in ("q", "k", "v"):
+      return P(b, None, h, None)
+    if field in ("q_segment_ids", "kv_segment_ids"):
+      return P(b, None)
+    if field == "sink_logits":  # [1, N, 1, 1]
+      return P(None, h, None, None)
+    if field in ("bias", "mask"):  # [B|1, N|1, T, S]
+      return P(b if x.shape[0] == B else None, h if x.shape[1] == N else None, None, None)
+    return jax.tree.map(lambda _: P(), x)  # modifier arguments: replicated
+
+  fields = [f.name for f in dataclasses.fields(inputs)]
+  values = [getattr(inputs, f) for f in fields]
+  in_specs = tuple(spec(f, x) for f, x in zip(fields, values))
+
+  def out_spec(x):
+    if x.ndim == 4:
+      return P(b, None, h, None)
+    return P(b, h, *([None] * (x.ndim - 2)))
+
+  like = jax.eval_shape(lambda *a: fn(dataclasses.replace(inputs, **dict(zip(fields, a)))),
+                        *values)
+  out_specs = jax.tree.map(out_spec, like)
+
+  def local(*args):
+    return fn(dataclasses.replace(inputs, **dict(zip(fields, args))))
+
+  return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       check_vma=False)(*values)
+
+
+@contextlib.contextmanager
+def host_eval():
+  """``jax.ensure_compile_time_eval()`` on this process's default device.
+
+  Static structure (block layouts, a kernel's constant tables) is computed
+  concretely even while a function is traced. Under ``jax.set_mesh(mesh)`` jax
+  runs such eager work on the mesh's devices, and for a deviceless compile
+  those are compile-only: they run nothing. jax has no public way to step out
+  of the mesh inside a trace (``set_mesh`` refuses), so this swaps its
+  concrete-mesh context for the duration; where jax's internals moved, only
+  ``ensure_compile_time_eval`` applies.
+  """
+  with jax.ensure_compile_time_eval():
+    try:
+      from jax._src import config as jax_config
+      state = jax_config.device_context
+      previous = state.swap_local(None)
+    except (ImportError, AttributeError):
+      yield
+      return
+    try:
+      yield
+    finally:
+      state.set_local(previous)

@@ -184,13 +184,28 @@ PLATFORM_KNOWN_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segmen
 
 
 def _cudnn_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
+  """Reasons jax's cuDNN attention cannot run a call ([] = supported), on any host.
+
+  The platform is not one of them (the call is a ``cuda`` branch chosen when
+  the program is lowered), but the host is: jax's wrapper reads the local
+  cuDNN library's version while it traces, so the program can hold the cuDNN
+  call wherever that library is installed (a GPU machine, or a CPU host with
+  ``attnjax[aot]`` compiling for a GPU), and nowhere else.
+  """
   reasons = _platform_unsupported(inputs, opts)
   reasons += [r for r in _platform.unknown_options(
       opts, inputs, PLATFORM_KNOWN_OPTIONS, PLATFORM_KNOWN_INPUTS, "cudnn") if r not in reasons]
-  if jax.default_backend() != "gpu":
-    reasons.append(f"the {jax.default_backend()!r} backend (cuDNN needs a GPU)")
+  if _platform.cudnn_version() is None:
+    reasons.append("this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
+                   "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)")
   if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
     reasons.append(f"dtype {inputs.q.dtype} (cuDNN takes bfloat16 or float16)")
+  H = inputs.q.shape[-1]
+  # jax's wrapper allows head dims above 128 only when the tracing host's GPU is a Hopper.
+  h_max = 256 if (_platform.local_gpu_major() or 0) >= 9 else 128
+  if H % 8 or H > h_max:
+    reasons.append(f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} "
+                   "on this host)")
   return reasons
 
 
@@ -264,8 +279,9 @@ def _splash_kernel(T: int, S: int, N: int, is_causal: bool, window: Optional[tup
       block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
       use_fused_bwd_kernel=True)
   # The kernel holds its block structure as arrays: make them concrete constants even when
-  # first built inside a trace, so the cached kernel never holds a tracer.
-  with jax.ensure_compile_time_eval():
+  # first built inside a trace, so the cached kernel never holds a tracer (computed on this
+  # host, also when the program is traced for a mesh of compile-only devices).
+  with _platform.host_eval():
     return lib.make_splash_mha(
         splash_mask(T, S, N, is_causal=is_causal, window=window), block_sizes=block_sizes,
         attn_logits_soft_cap=softcap, head_shards=1, q_seq_shards=1, interpret=interpret)
@@ -392,16 +408,16 @@ def pallas_gpu_attention(inputs: DenseInputs, opts: DenseOptions, *, interpret: 
     inputs: canonical arrays (no bias or mask array; see :func:`pallas_gpu.unsupported`).
     opts: static options.
     interpret: run the kernels in Pallas interpret mode (any backend; for tests on the CPU).
-    block_sizes: tiles and launch parameters (None: :data:`pallas_gpu.DEFAULT_BLOCK_SIZES`).
+    block_sizes: tiles and launch parameters (None: :func:`pallas_gpu.block_sizes_for` the
+      target).
   """
   reasons = pallas_gpu.unsupported(inputs, opts)
   if reasons:
     raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
-  bs = pallas_gpu.DEFAULT_BLOCK_SIZES if block_sizes is None else block_sizes
   if interpret:
-    return pallas_gpu.attention(inputs, opts, block_sizes=bs, interpret=True)
+    return pallas_gpu.attention(inputs, opts, block_sizes=block_sizes, interpret=True)
   return _platform.on_platform(
-      "cuda", lambda: pallas_gpu.attention(inputs, opts, block_sizes=bs),
+      "cuda", lambda: pallas_gpu.attention(inputs, opts, block_sizes=block_sizes),
       "implementation='pallas_gpu' runs on a CUDA GPU only (a Triton kernel); use "
       "implementation=None to pick per platform")
 
@@ -450,9 +466,10 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
   else ``"pallas_gpu"`` when it supports the call (no bias/mask arrays, dot
   similarity); else as the CPU.
   tpu: ``"splash"`` when it supports every option (softmax, no bias or mask
-  array, T and S multiples of 128, fp32/bf16) and there is one device: a
-  Mosaic kernel cannot be partitioned by XLA, so with several devices ask for
-  ``implementation="splash"`` inside ``shard_map``; else as the CPU.
+  array, T and S multiples of 128, fp32/bf16); else as the CPU.
+  Platform kernels run inside ``shard_map`` when the ambient mesh
+  (``jax.set_mesh``) has several devices (:func:`attnjax._platform.per_shard`),
+  so the choice never depends on the device count.
   cpu (and the fallbacks): ``"blockwise"`` once ``max(T, S) >=
   BLOCKWISE_MIN_LENGTH_CPU``, else ``"reference"``.
   """
@@ -462,9 +479,7 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
       return "cudnn"
     if not pallas_gpu.unsupported(inputs, opts):
       return "pallas_gpu"
-  # Splash is a Mosaic kernel, which XLA cannot partition: under a multi-device jit it would
-  # fail, so auto-dispatch takes it on one device only (call it inside shard_map by name).
-  if platform == "tpu" and jax.device_count() == 1 and not _splash_unsupported(inputs, opts):
+  if platform == "tpu" and not _splash_unsupported(inputs, opts):
     return "splash"
   return _by_length(inputs, opts)
 
@@ -475,6 +490,10 @@ def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
   return {p: select_implementation(inputs, opts, p) for p in _platform.PLATFORMS}
 
 
+# Custom calls XLA cannot partition: under a multi-device mesh they run inside shard_map.
+_PER_SHARD = ("cudnn", "splash", "pallas_gpu")
+
+
 def _run_named(name: str, inputs: DenseInputs, opts: DenseOptions, branch: bool = False):
   impl = IMPLEMENTATIONS[name]
   reasons = impl.unsupported(inputs, opts)
@@ -482,9 +501,10 @@ def _run_named(name: str, inputs: DenseInputs, opts: DenseOptions, branch: bool 
     raise ValueError(
         f"implementation={name!r} does not support " + "; ".join(reasons)
         + ". Use implementation='reference' or None (auto).")
-  if branch and name in _BRANCH_FNS:
-    return _BRANCH_FNS[name](inputs, opts)
-  return impl.fn(inputs, opts)
+  fn = _BRANCH_FNS[name] if branch and name in _BRANCH_FNS else impl.fn
+  if name in _PER_SHARD:
+    return _platform.per_shard(lambda i: fn(i, opts), inputs)
+  return fn(inputs, opts)
 
 
 def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):

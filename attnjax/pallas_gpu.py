@@ -102,6 +102,45 @@ class BlockSizes:
 
 DEFAULT_BLOCK_SIZES = BlockSizes()
 
+# Block sizes per target: ``(compute capability major, head dim up to, input element bytes)``,
+# rows in order, the first that covers the call. Each row compiles for its targets' limits
+# (checked by tests/test_targets.py with deviceless compiles for an A100, H100 and H200, every
+# normaliser forward + backward with statistics): the tiles, times the pipeline stages, must
+# fit the shared memory per block (sm_80: 163 KiB; sm_90: 227 KiB). Head dims are padded to
+# powers of two. ``major=None`` (the target is unknown while tracing) takes the sm_80 rows,
+# which fit every GPU from the A100 on. Untuned for speed: no GPU was lent where they were
+# chosen; ``experiments/device_check.py`` measures them.
+BLOCK_SIZE_TABLE: tuple[tuple[int, int, int, BlockSizes], ...] = (
+    # major, head dim <=, bytes, sizes
+    (9, 128, 2, DEFAULT_BLOCK_SIZES),
+    (9, 256, 2, BlockSizes(block_q=128, block_k=64, num_stages=2)),
+    (9, 64, 4, DEFAULT_BLOCK_SIZES),
+    (9, 128, 4, DEFAULT_BLOCK_SIZES),
+    (9, 256, 4, BlockSizes(block_q=32, block_k=32, block_q_bwd=32, block_k_bwd=32,
+                           num_stages=1, num_stages_bwd=1)),
+    (8, 128, 2, DEFAULT_BLOCK_SIZES),
+    (8, 256, 2, BlockSizes(block_q=64, block_k=64, num_stages=2)),
+    (8, 64, 4, DEFAULT_BLOCK_SIZES),
+    (8, 128, 4, DEFAULT_BLOCK_SIZES),
+    (8, 256, 4, BlockSizes(block_q=32, block_k=32, block_q_bwd=32, block_k_bwd=32,
+                           num_stages=1, num_stages_bwd=1)),
+)
+
+
+def block_sizes_for(head_dim: int, dtype, major: Optional[int] = None) -> BlockSizes:
+  """The :data:`BLOCK_SIZE_TABLE` row for a call: head dim (the larger of q's and v's), the
+  inputs' dtype, and the target's compute capability major (None: unknown, the sm_80 rows).
+
+  Generations after Hopper take the sm_90 rows (their shared memory is as large).
+  """
+  major = 8 if major is None or major < 9 else 9
+  nbytes = jnp.dtype(dtype).itemsize
+  for row_major, max_head, row_bytes, sizes in BLOCK_SIZE_TABLE:
+    if row_major == major and head_dim <= max_head and nbytes <= row_bytes:
+      return sizes
+  raise ValueError(f"pallas_gpu has no block sizes for head dim {head_dim} "
+                   f"(the table stops at {max(r[1] for r in BLOCK_SIZE_TABLE)})")
+
 
 def unsupported(inputs, opts) -> list[str]:
   """Reasons ``pallas_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
@@ -255,14 +294,17 @@ def collect_stats(c: _Static, srow: dict) -> tuple:
 # The kernel with its custom VJP.
 
 
-def attention(inputs, opts, *, block_sizes: BlockSizes = DEFAULT_BLOCK_SIZES,
+def attention(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
               interpret: bool = False):
   """Pallas GPU attention of a validated dense call (see the module docstring).
 
   Args:
     inputs: :class:`attnjax._call.DenseInputs` (no bias or mask array).
     opts: :class:`attnjax._call.DenseOptions`.
-    block_sizes: tiles and launch parameters (:class:`BlockSizes`).
+    block_sizes: tiles and launch parameters (:class:`BlockSizes`); None: the
+      :data:`BLOCK_SIZE_TABLE` row of the target being traced for
+      (:func:`attnjax._platform.cuda_major`: the ambient mesh's device kind, or
+      this host's GPU).
     interpret: run the kernels in Pallas interpret mode (any backend).
 
   Returns:
@@ -271,6 +313,9 @@ def attention(inputs, opts, *, block_sizes: BlockSizes = DEFAULT_BLOCK_SIZES,
   reasons = unsupported(inputs, opts)
   if reasons:
     raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
+  if block_sizes is None:
+    block_sizes = block_sizes_for(max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype,
+                                  _platform.cuda_major())
   c = make_static(inputs, opts, block_sizes, interpret)
   q = inputs.q
 

@@ -197,6 +197,12 @@ class Trainer:
   # -- the loop -------------------------------------------------------------
 
   def run(self) -> dict:
+    """Trains (or resumes) the run; the data-parallel mesh is the ambient mesh throughout, so
+    attention dispatch puts platform kernels inside ``shard_map`` over it."""
+    with jax.set_mesh(self.dp.mesh):
+      return self._run()
+
+  def _run(self) -> dict:
     cfg, t = self.cfg, self.cfg.train
     if self.is_writer:
       rundir.write_json(self.dir.config, cfg.to_dict())
