@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 # Flax-backed layers load on first access (PEP 562), so ``import attnjax``
 # loads only the functions layer and never flax: ``attnjax.nn.Attention``
 # works after ``import attnjax`` all the same.
-_LAZY = ("data", "nn", "train")
+_LAZY = ("data", "nn", "targets", "train")
 
 
 def __getattr__(name: str):
@@ -69,4 +69,5 @@ __all__ = [
     "qk_norm_attention",
     "sparse_attention",
     "stats",
+    "targets",
 ]

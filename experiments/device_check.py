@@ -84,6 +84,18 @@ def _timed(fn: Callable, args, repeats: int) -> float:
   return statistics.median(times)
 
 
+# The speed table's (H, T): B = 16384 // T sequences of N = 2048 // H heads (16k tokens per
+# batch, model width 2048). tests/test_targets.py compiles these shapes for an H200.
+SPEED_SIZES = tuple((H, T) for H in (64, 128) for T in (1024, 4096, 16384)) + ((128, 8192),)
+# Section 2's correctness calls: B, T (= S), N, K, H.
+CHECK_SHAPE = (2, 300, 8, 2, 64)
+
+
+def speed_shape(H: int, T: int) -> tuple[int, int, int, int]:
+  """``(B, T, N, H)`` of a speed-table row."""
+  return max(1, 16384 // T), T, 2048 // H, H
+
+
 def qkv(B: int, T: int, N: int, K: int, H: int, dtype, seed: int = 0):
   """Standard-normal ``q [B, T, N, H]``, ``k, v [B, T, K, H]`` in ``dtype``."""
   import jax
@@ -118,18 +130,18 @@ def check_pallas(r: Report) -> None:
   import jax.numpy as jnp
   from attnjax import dense, normalizers
   r.add("")
-  r.add("## 2. pallas_gpu vs reference (B=2, T=300, S=300, N=8, K=2, H=64)")
-  T = 300
+  B, T, N, K, H = CHECK_SHAPE
+  r.add(f"## 2. pallas_gpu vs reference (B={B}, T={T}, S={T}, N={N}, K={K}, H={H})")
   seg = jnp.asarray([[0] * 100 + [1] * 200, [0] * 250 + [1] * 50])
   structures = {"causal": dict(is_causal=True), "window": dict(window=(64, 16)),
                 "segments": dict(is_causal=True, segment_ids=seg)}
   cases = [(n, s, jnp.bfloat16) for n, s in itertools.product(normalizers.NORMALIZERS, structures)]
   cases += [(n, "causal", jnp.float32) for n in normalizers.NORMALIZERS]
   for name, structure, dtype in cases:
-    q, k, v = qkv(2, T, 8, 2, 64, dtype)
+    q, k, v = qkv(B, T, N, K, H, dtype)
     kw = dict(structures[structure], normalizer=name, return_stats=True)
     if normalizers.REGISTRY[name].accepts_sink_logits:
-      kw.update(sink_logits=jnp.linspace(-1.0, 1.0, 8), softcap=20.0)
+      kw.update(sink_logits=jnp.linspace(-1.0, 1.0, N), softcap=20.0)
 
     def loss(q, k, v, impl, kw=kw):
       out, st = dense.run(*dense.prepare(q, k, v, **kw), impl)
@@ -195,9 +207,8 @@ def speed_table(r: Report, args) -> dict:
                 "blockwise softmax": dict(implementation="blockwise")})
   times = {}
   start = time.perf_counter()
-  sizes = [(H, T) for H in (64, 128) for T in (1024, 4096, 16384)] + [(128, 8192)]
-  for H, T in sizes:
-    B, N = max(1, 16384 // T), 2048 // H
+  for H, T in SPEED_SIZES:
+    B, _, N, _ = speed_shape(H, T)
     q, k, v = qkv(B, T, N, N, H, jnp.bfloat16)
     flops = 4.0 * B * N * T * T * H / 2  # causal forward
     chosen = dict(paths)

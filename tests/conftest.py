@@ -16,6 +16,10 @@ import os
 
 # Multi-device code is tested on the CPU with 8 host devices; set before jax imports.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The suite runs on the CPU backend even where the 'aot' extra installs jax's CUDA and TPU
+# plugins (they only describe compile-only devices here: tests/test_targets.py); GPU and TPU
+# runs are experiments/device_check.py's.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -42,6 +46,11 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # everywhere (the kernels' optimised compiles are also what experiments/bench.py runs).
 FAST_COMPILES = os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") in ("", "0")
 jax.config.update("jax_disable_most_optimizations", FAST_COMPILES)
+# The plugins' environment for describing devices this host does not have, set before jax
+# initialises any backend (importing attnjax initialises none).
+from attnjax import targets as _targets  # noqa: E402
+
+_targets.configure_environment()
 _cache = compilation_cache_dir()
 if _cache is not None:
   jax.config.update("jax_compilation_cache_dir", _cache)

@@ -1,0 +1,111 @@
+"""Compile-only devices of real targets: compile for an H100, H200, A100 or a TPU slice from a CPU host.
+
+Lowering a program for a platform validates nothing about its kernels (a
+Triton kernel that overflows shared memory lowers fine); only a compile does.
+jax can compile for devices this host does not have ("deviceless" ahead-of-time
+compilation, :mod:`jax.experimental.topologies`), given the platform's compiler:
+
+- CUDA: jax's CUDA plugin pinned to the installed jaxlib, ``nvidia-cuda-runtime-cu12``
+  and, for jax's cuDNN attention (whose wrapper reads the cuDNN version while
+  tracing), ``nvidia-cudnn-cu12``; the device is described by a GPU target
+  description (a ``stream_executor.GpuTargetConfigProto`` text proto; the ones
+  here keep the fields of XLA's own device specs that the compiler reads).
+- TPU: ``libtpu`` pinned to jax (``jax[tpu]``).
+
+``pip install 'attnjax[aot]'`` installs both. Then::
+
+    from attnjax import targets
+    targets.configure_environment()      # before jax initialises its backends
+    mesh = targets.mesh(targets.gpu_devices("h200", 4), ("data",))
+    x = jax.ShapeDtypeStruct((8, 1024, 8, 128), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P("data")))
+    with jax.set_mesh(mesh):             # dispatch reads the mesh (shard_map over kernels)
+      compiled = jax.jit(fn).lower(x, x, x).compile()
+
+Set the mesh while tracing: :func:`attnjax.dot_product_attention` reads the
+ambient mesh to put platform kernels inside ``shard_map`` and the device kind
+to pick block sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import pathlib
+from typing import Optional, Sequence
+
+import numpy as np
+
+# GPU targets: name -> target description file beside this module.
+GPU_TARGETS = {"h100": "h100.txtpb", "h200": "h200.txtpb", "a100": "a100.txtpb"}
+# TPU generations libtpu describes without a TPU; the smallest slice of each is 2x2 (4 chips).
+TPU_TARGETS = ("v5e", "v6e")
+# The environment that lets the plugins describe devices this host does not have: no cuDNN
+# constraints check (no GPU driver here), no TPU metadata server, and libtpu loaded by several
+# processes at once (test workers: libtpu otherwise holds a machine-wide lock file).
+ENVIRONMENT = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1", "TPU_SKIP_MDS_QUERY": "1",
+               "TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def configure_environment() -> None:
+  """Sets :data:`ENVIRONMENT` (where not already set); call before jax initialises backends."""
+  for key, value in ENVIRONMENT.items():
+    os.environ.setdefault(key, value)
+
+
+def missing(platform: str) -> Optional[str]:
+  """Why this host cannot compile for ``platform`` (``"cuda"`` or ``"tpu"``), or None if it can."""
+  if platform == "cuda":
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+      return ("jax's CUDA plugin is not installed (pip install 'attnjax[aot]': "
+              "jax[cuda12-local] pinned to jaxlib, nvidia-cuda-runtime-cu12)")
+    return None
+  if platform == "tpu":
+    if importlib.util.find_spec("libtpu") is None:
+      return "libtpu is not installed (pip install 'attnjax[aot]': jax[tpu] pinned to jaxlib)"
+    return None
+  raise ValueError(f"platform must be 'cuda' or 'tpu', got {platform!r}")
+
+
+def target_config(name: str) -> str:
+  """The target description text of GPU ``name`` (a key of :data:`GPU_TARGETS`)."""
+  if name not in GPU_TARGETS:
+    raise ValueError(f"GPU target must be one of {sorted(GPU_TARGETS)}, got {name!r}")
+  return (_HERE / GPU_TARGETS[name]).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_devices(name: str = "h200", num_devices: int = 1) -> tuple:
+  """``num_devices`` compile-only GPUs ``name`` on one host (cached: one topology per shape)."""
+  from jax.experimental import topologies
+  configure_environment()
+  reason = missing("cuda")
+  if reason:
+    raise RuntimeError(reason)
+  topo = topologies.get_topology_desc(platform="cuda", target_config=target_config(name),
+                                      topology=f"1x1x{num_devices}")
+  return tuple(topo.devices)
+
+
+@functools.lru_cache(maxsize=None)
+def tpu_devices(name: str = "v5e", shape: str = "2x2") -> tuple:
+  """The compile-only chips of a TPU slice ``name:shape`` (e.g. ``"v5e", "2x2"``: 4 chips)."""
+  from jax.experimental import topologies
+  configure_environment()
+  if name not in TPU_TARGETS:
+    raise ValueError(f"TPU target must be one of {TPU_TARGETS}, got {name!r}")
+  reason = missing("tpu")
+  if reason:
+    raise RuntimeError(reason)
+  return tuple(topologies.get_topology_desc(f"{name}:{shape}", "tpu").devices)
+
+
+def mesh(devices: Sequence, axis_names: Sequence[str] = ("data",),
+         shape: Optional[Sequence[int]] = None):
+  """A ``jax.sharding.Mesh`` over ``devices`` (``shape`` defaults to all of them on one axis)."""
+  import jax
+  shape = (len(devices),) if shape is None else tuple(shape)
+  return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), tuple(axis_names))

@@ -1,0 +1,397 @@
+"""Compiles (not only lowers) the kernels and the presets' training steps for real targets.
+
+Deviceless ahead-of-time compiles from this CPU host (:mod:`attnjax.targets`):
+an A100, H100 and H200 through jax's CUDA plugin (Triton kernels through
+ptxas, cuDNN's call), TPU v5e / v6e slices through libtpu (Mosaic kernels).
+Lowering validates nothing about a kernel (an oversized tile lowers fine);
+these compiles catch what a user's run on the device would hit first.
+
+Every test traces with ``jax.ShapeDtypeStruct`` inputs sharded on a mesh of
+the target's devices, under ``jax.set_mesh`` (as the train loop runs), so
+auto-dispatch sees the target's platform, device kind and mesh. The default
+run compiles a representative subset; ``-m slow`` the cross products. The
+module skips, naming the missing extra, where ``attnjax[aot]`` is not
+installed; ``.ci/run`` installs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import pathlib
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from attnjax import dense, normalizers, pallas_gpu, targets
+
+CUDA_MISSING = targets.missing("cuda")
+TPU_MISSING = targets.missing("tpu")
+needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
+                                reason=f"needs the 'aot' extra: {CUDA_MISSING}")
+needs_tpu = pytest.mark.skipif(TPU_MISSING is not None,
+                               reason=f"needs the 'aot' extra: {TPU_MISSING}")
+
+TRITON = pallas_gpu.TRITON_CALL_TARGET
+CUDNN_PREFIX = "__cudnn$fmha"
+MOSAIC = "tpu_custom_call"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compile_settings():
+  """Compile-only executables cannot be read back from jax's persistent cache (no client to
+  load them on), so the module compiles without it. And the suite's float32 default matmul
+  precision is lifted: Pallas TPU kernels read it when lowered and ask Mosaic for float32
+  products of bf16 tiles, which it refuses ("Bad lhs type": jax's splash kernel fails to
+  compile under jax_default_matmul_precision="highest"; our kernels set their precision)."""
+  cache = jax.config.jax_enable_compilation_cache
+  precision = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_enable_compilation_cache", False)
+  jax.config.update("jax_default_matmul_precision", None)
+  yield
+  jax.config.update("jax_enable_compilation_cache", cache)
+  jax.config.update("jax_default_matmul_precision", precision)
+
+
+def call_targets(compiled) -> set[str]:
+  """The custom-call targets of a compiled program (its optimised HLO)."""
+  return set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
+
+
+def abstract(tree, sharding):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def compile_on(mesh, fn, *args):
+  """``jax.jit(fn)`` compiled for ``mesh``'s devices with ``args`` (ShapeDtypeStructs)."""
+  with jax.set_mesh(mesh):
+    return jax.jit(fn).lower(*args).compile()
+
+
+# ---------------------------------------------------------------------------
+# GPU kernels: pallas_gpu (every normaliser), cuDNN.
+
+STRUCTURES = {
+    "causal": dict(is_causal=True),
+    "window": dict(window=(96, 0)),
+    "segments": dict(is_causal=True, segments=True),
+    "bidirectional": dict(),
+}
+
+
+def kernel_loss(impl: str, normalizer: str, structure: str, stats: bool):
+  """A scalar of one dense call's output (and logsumexp statistic) for fwd + bwd compiles."""
+  kw = dict(STRUCTURES[structure])
+  segments = kw.pop("segments", False)
+
+  def loss(q, k, v, sink, seg):
+    extra = dict(kw, normalizer=normalizer, return_stats=stats, implementation=impl)
+    if sink is not None:
+      extra.update(sink_logits=sink, softcap=30.0)
+    res = dense.dot_product_attention(q, k, v, segment_ids=seg if segments else None, **extra)
+    out, st = res if stats else (res, None)
+    total = jnp.sum(out.astype(jnp.float32) ** 2)
+    return total + (jnp.sum(st.logsumexp) if stats else 0.0)
+
+  return loss
+
+
+def compile_kernel(target: str, impl: str, normalizer: str, structure: str, heads: str, dtype,
+                   head_dim: int, *, T: int = 384, stats: bool = True, B: int = 2,
+                   sink_logits: bool = True):
+  """Compiles ``value_and_grad`` (q, k, v, sink logits) of one call for GPU ``target``."""
+  mesh = targets.mesh(targets.gpu_devices(target, 1))
+  rep = NamedSharding(mesh, P())
+  N, K = (4, 4) if heads == "MHA" else (4, 2)
+  q = jax.ShapeDtypeStruct((B, T, N, head_dim), dtype, sharding=rep)
+  kv = jax.ShapeDtypeStruct((B, T, K, head_dim), dtype, sharding=rep)
+  sink = None
+  if sink_logits and normalizers.REGISTRY[normalizer].accepts_sink_logits:
+    sink = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep)
+  seg = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=rep)
+  fn = jax.value_and_grad(kernel_loss(impl, normalizer, structure, stats),
+                          argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3))
+  return compile_on(mesh, fn, q, kv, kv, sink, seg)
+
+
+def assert_pallas_gpu(compiled):
+  text = compiled.as_text()
+  # forward, dq and dk/dv kernels all compiled (each a Triton custom call in the program)
+  assert text.count(f'custom_call_target="{TRITON}"') >= 3, call_targets(compiled)
+
+
+NORMS = normalizers.NORMALIZERS
+# The default subset: every normaliser once, every structure, MHA and GQA, both dtypes, the three
+# head dims and the three GPUs appear (the presets' steps below add every normaliser again).
+KERNEL_CASES = [
+    ("h200", "softmax", "causal", "GQA", jnp.bfloat16, 128),
+    ("h200", "sigmoid", "segments", "GQA", jnp.bfloat16, 256),
+    ("h200", "softpick", "bidirectional", "MHA", jnp.float32, 64),
+    ("h200", "relu", "window", "MHA", jnp.bfloat16, 64),
+    ("h100", "softmax_one", "window", "GQA", jnp.bfloat16, 256),
+    ("a100", "none", "causal", "GQA", jnp.bfloat16, 256),
+]
+SLOW_KERNEL_CASES = [
+    c for c in itertools.product(("h200", "a100"), NORMS, STRUCTURES, ("MHA", "GQA"),
+                                 (jnp.bfloat16, jnp.float32), (64, 128, 256))
+    if c not in KERNEL_CASES]
+
+
+def kernel_id(case) -> str:
+  target, norm, structure, heads, dtype, H = case
+  return f"{target}-{norm}-{structure}-{heads}-{jnp.dtype(dtype).name}-H{H}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=kernel_id)
+def test_pallas_gpu_compiles(case):
+  assert_pallas_gpu(compile_kernel(case[0], "pallas_gpu", *case[1:]))
+
+
+@needs_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_KERNEL_CASES, ids=kernel_id)
+def test_pallas_gpu_compiles_cross_product(case):
+  assert_pallas_gpu(compile_kernel(case[0], "pallas_gpu", *case[1:]))
+
+
+@needs_cuda
+def test_block_sizes_are_chosen_for_the_target():
+  # The sm_90 and sm_80 rows differ where shared memory does (head dim 256, bf16); the kind of
+  # the ambient mesh's devices picks the row while tracing.
+  seen = {}
+  for target in ("h200", "a100"):
+    mesh = targets.mesh(targets.gpu_devices(target, 1))
+    with jax.set_mesh(mesh):
+      seen[target] = pallas_gpu.block_sizes_for(256, jnp.bfloat16, dense._platform.cuda_major())
+  assert seen["h200"] == pallas_gpu.block_sizes_for(256, jnp.bfloat16, 9)
+  assert seen["a100"] == pallas_gpu.block_sizes_for(256, jnp.bfloat16, 8)
+  assert seen["h200"].block_q > seen["a100"].block_q
+  with pytest.raises(ValueError, match="head dim 512"):
+    pallas_gpu.block_sizes_for(512, jnp.bfloat16, 9)
+
+
+@needs_cuda
+def test_an_oversized_kernel_configuration_fails_to_compile():
+  # What these checks exist for: the sm_90 tiles for head dim 128 at head dim 256 overflow an
+  # H200's 227 KiB of shared memory, which only the compile (not lowering) reports.
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+  def fn(q):
+    return pallas_gpu.attention(*dense.prepare(q, q, q, is_causal=True),
+                                block_sizes=pallas_gpu.DEFAULT_BLOCK_SIZES)
+
+  with jax.set_mesh(mesh):
+    lowered = jax.jit(fn).lower(q)
+    with pytest.raises(Exception, match="[Ss]hared memory"):
+      lowered.compile()
+
+
+@needs_cuda
+@pytest.mark.skipif(dense._platform.cudnn_version() is None,
+                    reason="jax's cuDNN wrapper needs the cuDNN library on the tracing host")
+def test_cudnn_compiles_and_auto_dispatch_takes_it():
+  compiled = compile_kernel("h200", "cudnn", "softmax", "causal", "GQA", jnp.bfloat16, 128,
+                            stats=False, T=512, sink_logits=False)
+  assert any(t.startswith(CUDNN_PREFIX) for t in call_targets(compiled)), call_targets(compiled)
+  # implementation=None: a bf16 softmax call without statistics is cuDNN's on a GPU target
+  compiled = compile_kernel("h200", None, "softmax", "window", "MHA", jnp.bfloat16, 64,
+                            stats=False, T=512, sink_logits=False)
+  assert any(t.startswith(CUDNN_PREFIX) for t in call_targets(compiled)), call_targets(compiled)
+
+
+# ---------------------------------------------------------------------------
+# experiments/device_check.py's shapes.
+
+
+def device_check():
+  spec = importlib.util.spec_from_file_location("device_check",
+                                                ROOT / "experiments" / "device_check.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules.setdefault("device_check", module)
+  spec.loader.exec_module(module)
+  return module
+
+
+def speed_cases():
+  sizes = device_check().SPEED_SIZES
+  cases = []
+  for impl in ("pallas_gpu", "cudnn"):
+    for i, (H, T) in enumerate(sizes):
+      # cuDNN's compiles take a second; the Triton kernels' ~10 s: one per head dim by default
+      slow = impl == "pallas_gpu" and (H, T) not in ((64, 16384), (128, 4096))
+      cases.append(pytest.param(impl, H, T, marks=[pytest.mark.slow] if slow else [],
+                                id=f"{impl}-H{H}-T{T}"))
+  return cases
+
+
+@needs_cuda
+@pytest.mark.parametrize("impl,H,T", speed_cases())
+def test_device_check_speed_shapes_compile(impl, H, T):
+  if impl == "cudnn" and dense._platform.cudnn_version() is None:
+    pytest.skip("jax's cuDNN wrapper needs the cuDNN library on the tracing host")
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  B, T, N, H = device_check().speed_shape(H, T)
+  x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+  def loss(q, k, v):
+    return jnp.sum(dense.dot_product_attention(q, k, v, is_causal=True,
+                                               implementation=impl).astype(jnp.float32))
+
+  compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), x, x, x)
+  if impl == "pallas_gpu":
+    assert_pallas_gpu(compiled)
+  else:
+    assert any(t.startswith(CUDNN_PREFIX) for t in call_targets(compiled))
+
+
+@needs_cuda
+def test_device_check_correctness_shape_compiles():
+  dc = device_check()
+  B, T, N, K, H = dc.CHECK_SHAPE
+  assert (T, N, K, H) == (300, 8, 2, 64)  # GQA with a ragged T, as compiled below
+  assert_pallas_gpu(compile_kernel("h200", "pallas_gpu", "softpick", "segments", "GQA",
+                                   jnp.bfloat16, H, T=T, B=B))
+
+
+# ---------------------------------------------------------------------------
+# The presets' training steps.
+
+
+def variants():
+  from attnjax.train.variants import VARIANTS
+  return tuple(VARIANTS)
+
+
+def uses_dense_kernel(variant: str) -> bool:
+  from attnjax.train.variants import attention_kwargs
+  return attention_kwargs(variant).get("family", "dense") in ("dense", "qk_norm", "cosine")
+
+
+def softmax_kernel(variant: str) -> bool:
+  from attnjax.train.variants import attention_kwargs
+  kw = attention_kwargs(variant)
+  return (uses_dense_kernel(variant) and kw.get("normalizer", "softmax") == "softmax"
+          and not kw.get("alibi"))  # ALiBi adds a bias: splash takes none
+
+
+def compile_train_step(preset: str, variant: str, devices) -> object:
+  """The preset's real ``train_step`` (optimizer included) compiled data parallel on
+  ``devices`` (batch sharded over all of them; parameters replicated, as the loop runs)."""
+  from flax import nnx
+
+  from attnjax.train import optim
+  from attnjax.train.config import apply_preset, base_config
+  from attnjax.train.model import build_model
+  from attnjax.train.step import make_train_step
+  cfg = apply_preset(base_config(), preset)
+  cfg.variant = variant
+  # A small model with the preset's options (bfloat16, statistics as the preset sets them,
+  # auto dispatch): one layer, head dim 64, T=256 (splash takes multiples of 128).
+  cfg.model.update(d_model=128, num_layers=1, num_heads=2, mlp_ratio=1)
+  B, T = 8, 256
+  cfg.data.update(seq_len=T, batch_size=B)
+  cfg.train.microbatches = 1
+  model = build_model(cfg, 64, seed=0)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  opt = optim.make_optimizer(cfg)
+  state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
+           "initial_loss": jnp.zeros((), jnp.float32)}
+  step = make_train_step(graphdef, opt, stats=cfg.train.step_stats)
+  mesh = targets.mesh(devices)
+  rep, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch)
+  return compile_on(mesh, step, abstract(state, rep), abstract(rest, rep), tokens, tokens)
+
+
+def check_gpu_step(variant: str, compiled) -> None:
+  from attnjax.train.variants import attention_kwargs
+  found = call_targets(compiled)
+  # Statistics in every step rule cuDNN out: the Pallas kernel (fwd, dq, dk/dv) runs, except
+  # for ALiBi, whose bias the kernel does not take (it trains on the block-wise loop).
+  if uses_dense_kernel(variant) and not attention_kwargs(variant).get("alibi"):
+    assert TRITON in found, (variant, found)
+  assert MOSAIC not in found
+
+
+def check_tpu_step(variant: str, compiled) -> None:
+  found = call_targets(compiled)
+  if softmax_kernel(variant) and (variant != "sink_logits" or dense._splash_takes_sinks()):
+    assert MOSAIC in found, (variant, found)
+  assert TRITON not in found
+
+
+# Meshes: (devices, variants compiled by default; every variant in -m slow). By default every
+# variant compiles on an H200 and data parallel on a 4-chip v5e (what a user runs first).
+GPU_STEP_MESHES = {"1": (1, None), "dp4": (4, ("sigmoid",)), "dp8": (8, ("dense",))}
+TPU_STEP_MESHES = {"v5e-1": (("v5e", "2x2", 1), ("dense",)), "v5e-dp4": (("v5e", "2x2", 4), None),
+                   "v5e-dp8": (("v5e", "2x4", 8), ("sigmoid",)),
+                   "v6e-dp4": (("v6e", "2x2", 4), ("dense",))}
+
+
+def step_cases(meshes):
+  cases = []
+  for mesh, (_, default) in meshes.items():
+    for variant in variants():
+      slow = default is not None and variant not in default
+      cases.append(pytest.param(mesh, variant, marks=[pytest.mark.slow] if slow else [],
+                                id=f"{mesh}-{variant}"))
+  return cases
+
+
+@needs_cuda
+@pytest.mark.parametrize("mesh,variant", step_cases(GPU_STEP_MESHES))
+def test_gpu_preset_train_step_compiles_for_h200(mesh, variant):
+  devices = targets.gpu_devices("h200", GPU_STEP_MESHES[mesh][0])
+  check_gpu_step(variant, compile_train_step("gpu", variant, devices))
+
+
+@needs_tpu
+@pytest.mark.parametrize("mesh,variant", step_cases(TPU_STEP_MESHES))
+def test_tpu_preset_train_step_compiles(mesh, variant):
+  name, shape, n = TPU_STEP_MESHES[mesh][0]
+  devices = targets.tpu_devices(name, shape)[:n]
+  check_tpu_step(variant, compile_train_step("tpu", variant, devices))
+
+
+@needs_tpu
+@pytest.mark.parametrize("normalizer", [
+    pytest.param(n, marks=[] if n == "softmax" else [pytest.mark.slow]) for n in NORMS])
+def test_tpu_kernels_compile_data_parallel(normalizer):
+  # fwd + bwd of every normaliser on a 4-chip slice, batch sharded: splash inside shard_map
+  # for softmax; the others on the block-wise loop (the TPU kernel for them is future work).
+  mesh = targets.mesh(targets.tpu_devices("v5e", "2x2"))
+  batch = NamedSharding(mesh, P("data"))
+  q = jax.ShapeDtypeStruct((8, 256, 4, 128), jnp.bfloat16, sharding=batch)
+
+  def loss(q, k, v):
+    return jnp.sum(dense.dot_product_attention(q, k, v, is_causal=True, normalizer=normalizer)
+                   .astype(jnp.float32))
+
+  compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), q, q, q)
+  assert (MOSAIC in call_targets(compiled)) == (normalizer == "softmax")
+
+
+@needs_cuda
+def test_gpu_kernel_inside_shard_map_over_batch_and_heads():
+  # A ("data", "tensor") mesh: the kernel runs per (batch rows, kv heads) shard; nothing is
+  # gathered (no all-gather of q, k or v in the compiled program).
+  mesh = targets.mesh(targets.gpu_devices("h200", 8), ("data", "tensor"), (4, 2))
+  spec = NamedSharding(mesh, P("data", None, "tensor", None))
+  q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16, sharding=spec)
+  kv = jax.ShapeDtypeStruct((8, 256, 2, 64), jnp.bfloat16, sharding=spec)
+
+  def loss(q, k, v):
+    out, st = dense.dot_product_attention(q, k, v, is_causal=True, normalizer="sigmoid",
+                                          return_stats=True)
+    return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
+
+  compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), q, kv, kv)
+  assert_pallas_gpu(compiled)
+  assert "all-gather" not in compiled.as_text()
