@@ -10,7 +10,7 @@ implementation and the platform the program is being lowered for.
 
 A Triton kernel is lowered for a GPU model; on a host without a GPU,
 :func:`gpu_lowering_target` supplies one (:data:`EXPORT_GPU`), so exporting for
-``cuda`` needs no GPU and no setup from the caller.
+``cuda`` outside a mesh needs no GPU and no setup from the caller.
 """
 
 from __future__ import annotations
