@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from attnjax import _platform
 from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, full_kv_blocks,
                                       full_q_blocks, kv_block_bounds, logits, q_block_bounds,
                                       segments_meet, tile_allowed, visit_loop)
@@ -188,13 +189,14 @@ def backward(c: _Static, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   if c.has_segments:
     seg_specs_q = [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
                    pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
-  dq = pl.pallas_call(
-      functools.partial(_dq_kernel, c, res_keys, g is not None), grid=(c.B, c.N, c.Tp // bq),
-      in_specs=in_specs + seg_specs_q,
-      out_specs=pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
-      out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hp), q.dtype),
-      interpret=c.interpret, compiler_params=compiler_params(c, backward=True),
-      name=f"attnjax_dq_{c.opts.normalizer}")(qh, kh, vh, do, *rows_in, *seg_args)
+  with _platform.gpu_lowering_target(not c.interpret):
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, c, res_keys, g is not None), grid=(c.B, c.N, c.Tp // bq),
+        in_specs=in_specs + seg_specs_q,
+        out_specs=pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hp), q.dtype),
+        interpret=c.interpret, compiler_params=compiler_params(c, backward=True),
+        name=f"attnjax_dq_{c.opts.normalizer}")(qh, kh, vh, do, *rows_in, *seg_args)
 
   # dk, dv: one program per (b, kv head, key block); the G query heads of the group are rows
   # g * Tp .. of the [B, K, G * Tp, .] views (free reshapes).
@@ -211,16 +213,17 @@ def backward(c: _Static, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   if c.has_segments:
     seg_specs_k = [pl.BlockSpec((None, c.Tp), lambda b, h, j: (b, 0)),
                    pl.BlockSpec((None, bk), lambda b, h, j: (b, j))]
-  dk, dv = pl.pallas_call(
-      functools.partial(_dkdv_kernel, c, res_keys, g is not None), grid=(c.B, K, c.Sp // bk),
-      in_specs=in_specs + seg_specs_k,
-      out_specs=[pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
-                 pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0))],
-      out_shape=[jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hp), k.dtype),
-                 jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hvp), v.dtype)],
-      interpret=c.interpret, compiler_params=compiler_params(c, backward=True),
-      name=f"attnjax_dkdv_{c.opts.normalizer}")(
-          grouped(qh), kh, vh, grouped(do), *rows_g, *seg_args)
+  with _platform.gpu_lowering_target(not c.interpret):
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, c, res_keys, g is not None), grid=(c.B, K, c.Sp // bk),
+        in_specs=in_specs + seg_specs_k,
+        out_specs=[pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
+                   pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0))],
+        out_shape=[jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hp), k.dtype),
+                   jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hvp), v.dtype)],
+        interpret=c.interpret, compiler_params=compiler_params(c, backward=True),
+        name=f"attnjax_dkdv_{c.opts.normalizer}")(
+            grouped(qh), kh, vh, grouped(do), *rows_g, *seg_args)
 
   dq = jnp.transpose(dq[:, :, :c.T, :c.H], (0, 2, 1, 3)).astype(q.dtype)
   dk = jnp.transpose(dk[:, :, :c.S, :c.H], (0, 2, 1, 3)).astype(k.dtype)

@@ -7,6 +7,10 @@ happen is lowering it for another platform: :func:`on_platform` puts the kernel
 in the named platform's branch of ``jax.lax.platform_dependent`` and, in every
 other branch, :func:`fail` whose lowering raises a ``ValueError`` naming the
 implementation and the platform the program is being lowered for.
+
+A Triton kernel is lowered for a GPU model; on a host without a GPU,
+:func:`gpu_lowering_target` supplies one (:data:`EXPORT_GPU`), so exporting for
+``cuda`` outside a mesh needs no GPU and no setup from the caller.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 # never drops it.
 KERNEL_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
                   "return_stats")
+
+# The GPU a Triton kernel is lowered for on a host without one (``jax.export(...,
+# platforms=["cuda"])`` from a CPU host). From jax 0.11 the Triton lowering reads the GPU from
+# the abstract mesh's abstract device and raises without one; jax 0.10 fell back to compute
+# capability 9.0, which this keeps. The lowering uses the GPU only to check float8 casts (XLA
+# compiles the Triton IR for the GPU the program runs on), so one Hopper GPU stands for any.
+EXPORT_GPU = dict(device_kind="NVIDIA H100", num_cores=None, platform="cuda")
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 _fail_p = Primitive("attnjax_wrong_platform")
 _fail_p.multiple_results = True
@@ -273,3 +285,32 @@ def host_eval():
       yield
     finally:
       state.set_local(previous)
+
+@contextlib.contextmanager
+def gpu_lowering_target(enabled: bool = True):
+  """Lowers the Pallas Triton kernels traced inside for :data:`EXPORT_GPU` when no GPU is known.
+
+  The Triton lowering reads its GPU from the abstract mesh that was current
+  when the kernel was traced (``jax.sharding.use_abstract_mesh``); without an
+  abstract GPU device it takes the local GPU and, on a host without one, fails.
+  A GPU host, or a caller that set an abstract GPU device (to lower for a given
+  GPU model), is left alone; otherwise an empty abstract mesh (no mesh axes in
+  context) gains the abstract device :data:`EXPORT_GPU` for the kernels traced
+  inside. A mesh with axes (inside ``shard_map``, under ``jax.set_mesh``) is
+  left alone too: the arrays traced under it carry its device, and a kernel
+  traced under another one fails jax's mesh checks. To lower such a program
+  for ``cuda`` on a host without a GPU, trace it under a mesh whose abstract
+  device is a GPU (``jax.sharding.AbstractMesh(..., abstract_device=...)``).
+
+  Args:
+    enabled: False for kernels in interpret mode, which lower to XLA ops, not Triton.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  device = mesh.abstract_device
+  if (not enabled or not mesh.empty or (device is not None and device.platform in _GPU_PLATFORMS)
+      or (device is None and jax.default_backend() == "gpu")):
+    yield
+    return
+  target = jax.sharding.AbstractDevice(**EXPORT_GPU)
+  with jax.sharding.use_abstract_mesh(mesh.update(abstract_device=target)):
+    yield

@@ -32,9 +32,15 @@ module does not know (so dispatch never silently drops one).
 
 On a GPU the kernel is compiled by Triton; ``interpret=True`` runs the same
 kernel body in Pallas interpret mode on any backend (the tests' CPU check).
-Exporting for ``cuda`` from a host without a GPU works; the module then holds
-custom calls with target :data:`TRITON_CALL_TARGET`, which ``jax.export``
+Exporting for ``cuda`` from a host without a GPU works (the kernels are
+lowered for :data:`attnjax._platform.EXPORT_GPU` unless an abstract GPU device
+is set, see :func:`attnjax._platform.gpu_lowering_target`); the module then
+holds custom calls with target :data:`TRITON_CALL_TARGET`, which ``jax.export``
 accepts with ``DisabledSafetyCheck.custom_call(TRITON_CALL_TARGET)``.
+
+From jax 0.12 the Pallas Triton backend is deprecated: every lowering of these
+kernels warns (``DeprecationWarning`` from jax's lowering rule). jax offers no
+non-deprecated Triton path for Pallas; the replacement is a Mosaic GPU kernel.
 """
 
 from __future__ import annotations
@@ -266,10 +272,11 @@ def forward(c: _Static, q, k, v, sink, q_seg, kv_seg):
                + [rows] * (len(res_keys) + len(stat_keys)))
   out_specs = ([pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))]
                + [row_spec] * (len(res_keys) + len(stat_keys)))
-  outs = pl.pallas_call(
-      functools.partial(_fwd_kernel, c, res_keys, stat_keys), grid=grid, in_specs=in_specs,
-      out_specs=out_specs, out_shape=out_shape, interpret=c.interpret,
-      compiler_params=compiler_params(c), name=f"attnjax_fwd_{c.opts.normalizer}")(*args)
+  with _platform.gpu_lowering_target(not c.interpret):
+    outs = pl.pallas_call(
+        functools.partial(_fwd_kernel, c, res_keys, stat_keys), grid=grid, in_specs=in_specs,
+        out_specs=out_specs, out_shape=out_shape, interpret=c.interpret,
+        compiler_params=compiler_params(c), name=f"attnjax_fwd_{c.opts.normalizer}")(*args)
   out = outs[0]
   res = dict(zip(res_keys, outs[1:1 + len(res_keys)]))
   srow = dict(zip(stat_keys, outs[1 + len(res_keys):]))
