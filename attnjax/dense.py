@@ -165,8 +165,14 @@ def xla(inputs: DenseInputs, opts: DenseOptions):
 
 
 def cudnn(inputs: DenseInputs, opts: DenseOptions):
-  """``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU, fp16/bf16)."""
-  return _jax_nn(inputs, opts, implementation="cudnn")
+  """``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU, fp16/bf16).
+
+  Lowers for ``cuda`` only; lowering for another platform raises ``ValueError``.
+  """
+  return _platform.on_platform(
+      "cuda", lambda: _jax_nn(inputs, opts, implementation="cudnn"),
+      "implementation='cudnn' runs on a CUDA GPU only (jax's cuDNN call); use "
+      "implementation=None to pick per platform")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,6 +440,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
 # The function each platform branch runs for an implementation name: the platform kernels
 # without their wrong-platform guard (the branch is the guard).
 _BRANCH_FNS: dict[str, Callable[[DenseInputs, DenseOptions], Any]] = {
+    "cudnn": lambda i, o: _jax_nn(i, o, implementation="cudnn"),
     "splash": lambda i, o: _splash(i, o),
     "pallas_gpu": lambda i, o: pallas_gpu.attention(i, o),
 }

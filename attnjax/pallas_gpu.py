@@ -120,16 +120,15 @@ BLOCK_SIZE_TABLE: tuple[tuple[int, int, int, BlockSizes], ...] = (
     # major, head dim <=, bytes, sizes
     (9, 128, 2, DEFAULT_BLOCK_SIZES),
     (9, 256, 2, BlockSizes(block_q=128, block_k=64, num_stages=2)),
-    (9, 64, 4, DEFAULT_BLOCK_SIZES),
     (9, 128, 4, DEFAULT_BLOCK_SIZES),
-    (9, 256, 4, BlockSizes(block_q=32, block_k=32, block_q_bwd=32, block_k_bwd=32,
-                           num_stages=1, num_stages_bwd=1)),
+    (9, 256, 4, BlockSizes(block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32,
+                           num_stages=2, num_stages_bwd=1)),
     (8, 128, 2, DEFAULT_BLOCK_SIZES),
     (8, 256, 2, BlockSizes(block_q=64, block_k=64, num_stages=2)),
     (8, 64, 4, DEFAULT_BLOCK_SIZES),
-    (8, 128, 4, DEFAULT_BLOCK_SIZES),
-    (8, 256, 4, BlockSizes(block_q=32, block_k=32, block_q_bwd=32, block_k_bwd=32,
-                           num_stages=1, num_stages_bwd=1)),
+    (8, 128, 4, BlockSizes(block_q=64, block_k=64, num_stages=2)),
+    (8, 256, 4, BlockSizes(block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32,
+                           num_stages=2, num_stages_bwd=1)),
 )
 
 

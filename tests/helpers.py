@@ -56,3 +56,28 @@ def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e
   for (path, x), y in zip(paths, leaves):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
                                err_msg=f"{what} {jax.tree_util.keystr(path)}")
+
+
+def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int, seq_len: int,
+                      batch_size: int, stats: bool | None = None):
+  """``(step, state, rest)``: ``preset``'s real training step (optimizer included) for a
+  one-layer model of the given size, keeping the preset's other options (dtype, dispatch,
+  per-step statistics unless ``stats`` overrides them). Not jitted."""
+  from flax import nnx
+
+  from attnjax.train import optim
+  from attnjax.train.config import apply_preset, base_config
+  from attnjax.train.model import build_model
+  from attnjax.train.step import make_train_step
+  cfg = apply_preset(base_config(), preset)
+  cfg.variant = variant
+  cfg.model.update(d_model=d_model, num_layers=1, num_heads=num_heads, mlp_ratio=1)
+  cfg.data.update(seq_len=seq_len, batch_size=batch_size)
+  cfg.train.microbatches = 1
+  model = build_model(cfg, 64, seed=0)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  opt = optim.make_optimizer(cfg)
+  state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
+           "initial_loss": jnp.zeros((), jnp.float32)}
+  step = make_train_step(graphdef, opt, stats=cfg.train.step_stats if stats is None else stats)
+  return step, state, rest

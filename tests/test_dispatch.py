@@ -4,8 +4,8 @@
 receives when a call with ``implementation=None`` is traced. For every option
 combination below the choice of every platform must support every option of
 the call (no option is dropped), and the choices follow the documented order:
-cuda: cudnn (only where this process has a GPU), else pallas_gpu, else by
-length; tpu: splash (one device), else by length; cpu: by length
+cuda: cudnn (only where this host has the cuDNN library), else pallas_gpu, else
+by length; tpu: splash, else by length; cpu: by length
 (``blockwise`` from ``BLOCKWISE_MIN_LENGTH_CPU`` on, else ``reference``).
 """
 
@@ -59,15 +59,20 @@ def _expected(inputs, opts, T, dtype) -> dict[str, str]:
   splash_ok = (normalizers.REGISTRY[opts.normalizer].platform_kernel
                and (inputs.sink_logits is None or dense._splash_takes_sinks())
                and pallas_ok and not opts.return_stats and T % 128 == 0 and dtype != jnp.float16)
-  return {"cpu": by_length, "cuda": "pallas_gpu" if pallas_ok else by_length,
-          "tpu": "splash" if splash_ok else by_length}
+  # cuDNN: softmax without sinks, softcap, statistics or modifiers, bf16/fp16 (bias and mask
+  # arrays it takes), where jax can trace its cuDNN call on this host.
+  cudnn_ok = (dense._platform.cudnn_version() is not None and opts.normalizer == "softmax"
+              and inputs.sink_logits is None and opts.softcap is None and not opts.return_stats
+              and opts.similarity == "dot" and opts.score_mod is None and opts.mask_mod is None
+              and dtype in (jnp.bfloat16, jnp.float16))
+  cuda = "cudnn" if cudnn_ok else "pallas_gpu" if pallas_ok else by_length
+  return {"cpu": by_length, "cuda": cuda, "tpu": "splash" if splash_ok else by_length}
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the expected cuda choice assumes a "
-                    "host without a GPU (cuDNN cannot be traced here)")
+                    "host without a GPU (head dims above 128 for cuDNN)")
 @pytest.mark.parametrize("normalizer", normalizers.NORMALIZERS)
-def test_every_platform_choice_supports_every_option(normalizer, monkeypatch):
-  monkeypatch.setattr(jax, "device_count", lambda *a: 1)  # splash's single-device rule
+def test_every_platform_choice_supports_every_option(normalizer):
   for structure, extra, T, dtype in itertools.product(
       STRUCTURES, EXTRAS, (64, 256), (jnp.float32, jnp.bfloat16)):
     call = _call(normalizer, structure, extra, T, dtype)
@@ -82,12 +87,37 @@ def test_every_platform_choice_supports_every_option(normalizer, monkeypatch):
     assert dense.select_implementation(inputs, opts) == table["cpu"]
 
 
-def test_several_devices_keep_splash_out_of_auto_dispatch(monkeypatch):
-  monkeypatch.setattr(jax, "device_count", lambda *a: 8)
+def test_the_device_count_never_changes_the_choice(monkeypatch):
+  # Platform kernels run inside shard_map under a multi-device mesh (tests/test_targets.py
+  # compiles them so), so the choice is the same on one device or many.
   inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
-  assert dense.dispatch_table(inputs, opts)["tpu"] == "blockwise"
-  monkeypatch.setattr(jax, "device_count", lambda *a: 1)
-  assert dense.dispatch_table(inputs, opts)["tpu"] == "splash"
+  tables = []
+  for n in (1, 8):
+    monkeypatch.setattr(jax, "device_count", lambda *a, n=n: n)
+    tables.append(dense.dispatch_table(inputs, opts))
+  assert tables[0] == tables[1] and tables[0]["tpu"] == "splash"
+
+
+def test_platform_kernels_run_per_shard_under_a_mesh():
+  # The kernel runs inside shard_map over the mesh axes that divide the batch and kv heads;
+  # equal to the unsharded call (interpret-mode Pallas on 8 host devices).
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"))
+  assert dense._platform.kernel_axes(mesh, 8, 2) == (("data",), ("tensor",))
+  assert dense._platform.kernel_axes(mesh, 2, 3) == ((), ())  # neither divides: unsharded
+  q, k, v = rand_qkv(B=8, T=40, N=4, K=2, H=16, source="numpy")
+  inputs, opts = dense.prepare(q, k, v, is_causal=True, normalizer="softpick", return_stats=True)
+  seen = []
+
+  def kernel(i):
+    seen.append((i.q.shape, i.k.shape))
+    return dense.pallas_gpu_attention(i, opts, interpret=True)
+
+  want = kernel(inputs)
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda i: dense._platform.per_shard(kernel, i))(inputs)
+  assert seen[-1] == ((2, 40, 2, 16), (2, 40, 1, 16))  # a device's batch rows and heads
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 @dataclasses.dataclass(frozen=True)

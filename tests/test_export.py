@@ -18,15 +18,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
 from jax import export
 
 from attnjax import dense, pallas_gpu
-from attnjax.train import optim
-from attnjax.train.config import apply_preset, base_config
-from attnjax.train.model import build_model
-from attnjax.train.step import make_train_step
 from attnjax.train.variants import COMPARE, attention_kwargs
+from helpers import preset_train_step
 
 SPLASH_TARGET = "tpu_custom_call"
 # jax 0.12 deprecates the Pallas Triton backend: lowering a Triton kernel warns (a
@@ -54,17 +50,8 @@ def call_targets(text: str) -> set[str]:
 
 def export_step(preset: str, variant: str, platform: str, *, stats: bool = True) -> str:
   """The MLIR text of ``preset``'s training step (fwd + bwd + update) exported for ``platform``."""
-  cfg = apply_preset(base_config(), preset)
-  cfg.variant = variant
-  cfg.model.update(d_model=256, num_layers=1, num_heads=2, mlp_ratio=1)
-  cfg.data.update(seq_len=128, batch_size=2)
-  cfg.train.microbatches = 1
-  model = build_model(cfg, 64, seed=0)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  opt = optim.make_optimizer(cfg)
-  state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
-           "initial_loss": jnp.zeros((), jnp.float32)}
-  step = make_train_step(graphdef, opt, stats=stats)
+  step, state, rest = preset_train_step(preset, variant, d_model=256, num_heads=2, seq_len=128,
+                                        batch_size=2, stats=stats)
   tokens = jnp.zeros((2, 128), jnp.int32)
   exp = export.export(
       jax.jit(step), platforms=[platform],
@@ -89,9 +76,7 @@ def test_gpu_preset_step_exports_for_cuda(variant):
 
 
 @pytest.mark.parametrize("variant", COMPARE)
-def test_tpu_preset_step_exports_for_tpu(variant, monkeypatch):
-  # Splash is auto-picked on one device only; the tests run with 8 host devices.
-  monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+def test_tpu_preset_step_exports_for_tpu(variant):
   # Splash returns no statistics, so the step is exported without per-layer statistics
   # (with them, the TPU branch is the block-wise kernel: exported below for "dense").
   targets = call_targets(export_step("tpu", variant, "tpu", stats=False))
@@ -100,8 +85,7 @@ def test_tpu_preset_step_exports_for_tpu(variant, monkeypatch):
   assert pallas_gpu.TRITON_CALL_TARGET not in targets
 
 
-def test_tpu_step_with_statistics_exports_through_the_blockwise_branch(monkeypatch):
-  monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+def test_tpu_step_with_statistics_exports_through_the_blockwise_branch():
   targets = call_targets(export_step("tpu", "dense", "tpu", stats=True))
   assert SPLASH_TARGET not in targets
 

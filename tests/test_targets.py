@@ -28,6 +28,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from attnjax import dense, normalizers, pallas_gpu, targets
+from helpers import preset_train_step
 
 CUDA_MISSING = targets.missing("cuda")
 TPU_MISSING = targets.missing("tpu")
@@ -284,26 +285,11 @@ def softmax_kernel(variant: str) -> bool:
 def compile_train_step(preset: str, variant: str, devices) -> object:
   """The preset's real ``train_step`` (optimizer included) compiled data parallel on
   ``devices`` (batch sharded over all of them; parameters replicated, as the loop runs)."""
-  from flax import nnx
-
-  from attnjax.train import optim
-  from attnjax.train.config import apply_preset, base_config
-  from attnjax.train.model import build_model
-  from attnjax.train.step import make_train_step
-  cfg = apply_preset(base_config(), preset)
-  cfg.variant = variant
   # A small model with the preset's options (bfloat16, statistics as the preset sets them,
   # auto dispatch): one layer, head dim 64, T=256 (splash takes multiples of 128).
-  cfg.model.update(d_model=128, num_layers=1, num_heads=2, mlp_ratio=1)
   B, T = 8, 256
-  cfg.data.update(seq_len=T, batch_size=B)
-  cfg.train.microbatches = 1
-  model = build_model(cfg, 64, seed=0)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  opt = optim.make_optimizer(cfg)
-  state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
-           "initial_loss": jnp.zeros((), jnp.float32)}
-  step = make_train_step(graphdef, opt, stats=cfg.train.step_stats)
+  step, state, rest = preset_train_step(preset, variant, d_model=128, num_heads=2, seq_len=T,
+                                        batch_size=B)
   mesh = targets.mesh(devices)
   rep, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch)
