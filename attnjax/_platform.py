@@ -244,6 +244,11 @@ def per_shard(fn: Callable[[Any], Any], inputs: Any) -> Any:
   fields = [f.name for f in dataclasses.fields(inputs)]
   values = [getattr(inputs, f) for f in fields]
   in_specs = tuple(spec(f, x) for f, x in zip(fields, values))
+  if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+    # Arrays typed with an explicit sharding enter shard_map only as its specs say: move them
+    # there (a no-op where they already are).
+    values = [None if x is None else jax.tree.map(jax.sharding.reshard, x, s)
+              for x, s in zip(values, in_specs)]
 
   def out_spec(x):
     if x.ndim == 4:

@@ -158,6 +158,10 @@ def unsupported(inputs, opts) -> list[str]:
     reasons.append(f"similarity={opts.similarity!r} (pallas_gpu computes dot products)")
   reasons += _platform.unknown_options(opts, inputs, KNOWN_OPTIONS,
                                        KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu")
+  head_dim = max(inputs.q.shape[-1], inputs.v.shape[-1])
+  max_head = max(row[1] for row in BLOCK_SIZE_TABLE)
+  if head_dim > max_head:
+    reasons.append(f"head dim {head_dim} (pallas_gpu's block sizes go up to {max_head})")
   dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
   if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
     reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (pallas_gpu takes one of "

@@ -98,23 +98,31 @@ def test_the_device_count_never_changes_the_choice(monkeypatch):
   assert tables[0] == tables[1] and tables[0]["tpu"] == "splash"
 
 
-def test_platform_kernels_run_per_shard_under_a_mesh():
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
   # The kernel runs inside shard_map over the mesh axes that divide the batch and kv heads;
-  # equal to the unsharded call (interpret-mode Pallas on 8 host devices).
-  mesh = jax.make_mesh((4, 2), ("data", "tensor"))
+  # equal to the unsharded call. Auto axes (as the train loop's mesh): the Pallas GPU kernel in
+  # interpret mode; explicit axes (arrays typed replicated, resharded to the kernel's specs):
+  # the reference stands for the kernel (interpret-mode Pallas refuses explicitly sharded refs).
+  kind = jax.sharding.AxisType.Auto if axis_type == "auto" else jax.sharding.AxisType.Explicit
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(kind, kind))
   assert dense._platform.kernel_axes(mesh, 8, 2) == (("data",), ("tensor",))
   assert dense._platform.kernel_axes(mesh, 2, 3) == ((), ())  # neither divides: unsharded
   q, k, v = rand_qkv(B=8, T=40, N=4, K=2, H=16, source="numpy")
-  inputs, opts = dense.prepare(q, k, v, is_causal=True, normalizer="softpick", return_stats=True)
+  kw = dict(is_causal=True, normalizer="softpick", return_stats=True)
+  opts = dense.prepare(q, k, v, **kw)[1]
   seen = []
 
   def kernel(i):
     seen.append((i.q.shape, i.k.shape))
-    return dense.pallas_gpu_attention(i, opts, interpret=True)
+    if axis_type == "auto":
+      return dense.pallas_gpu_attention(i, opts, interpret=True)
+    return dense.reference(i, opts)
 
-  want = kernel(inputs)
+  want = kernel(dense.prepare(q, k, v, **kw)[0])
   with jax.set_mesh(mesh):
-    got = jax.jit(lambda i: dense._platform.per_shard(kernel, i))(inputs)
+    got = jax.jit(lambda *a: dense._platform.per_shard(kernel, dense.prepare(*a, **kw)[0]))(
+        q, k, v)
   assert seen[-1] == ((2, 40, 2, 16), (2, 40, 1, 16))  # a device's batch rows and heads
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
