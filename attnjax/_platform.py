@@ -278,18 +278,33 @@ def host_eval():
   concrete-mesh context for the duration; where jax's internals moved, only
   ``ensure_compile_time_eval`` applies.
   """
+  state = _concrete_mesh_state()
   with jax.ensure_compile_time_eval():
-    try:
-      from jax._src import config as jax_config
-      state = jax_config.device_context
-      previous = state.swap_local(None)
-    except (ImportError, AttributeError):
+    if state is None:
       yield
       return
+    # What jax.set_mesh(None) sets: the empty concrete mesh.
+    from jax._src import mesh as mesh_lib
+    previous = state.swap_local(getattr(mesh_lib, "empty_concrete_mesh", None))
     try:
       yield
     finally:
       state.set_local(previous)
+
+
+def _concrete_mesh_state():
+  """jax's context state holding the concrete mesh of ``jax.set_mesh``, or None if not found
+  (``jax._src.mesh.device_context`` from jax 0.11, ``jax._src.config.device_context`` before)."""
+  import importlib
+  for module in ("jax._src.mesh", "jax._src.config"):
+    try:
+      state = getattr(importlib.import_module(module), "device_context", None)
+    except ImportError:
+      state = None
+    if state is not None and hasattr(state, "swap_local"):
+      return state
+  return None
+
 
 @contextlib.contextmanager
 def gpu_lowering_target(enabled: bool = True):

@@ -37,6 +37,11 @@ needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
 needs_tpu = pytest.mark.skipif(TPU_MISSING is not None,
                                reason=f"needs the 'aot' extra: {TPU_MISSING}")
 
+# jax 0.12 deprecates the Pallas Triton backend (the replacement is a Mosaic GPU kernel): every
+# compile of our Triton kernels warns; this module compiles them on purpose (see test_export).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+
 TRITON = pallas_gpu.TRITON_CALL_TARGET
 CUDNN_PREFIX = "__cudnn$fmha"
 MOSAIC = "tpu_custom_call"
