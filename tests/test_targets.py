@@ -318,10 +318,16 @@ def check_tpu_step(variant: str, compiled) -> None:
   assert TRITON not in found
 
 
-# Meshes: (devices, variants compiled by default; every variant in -m slow). By default every
-# variant compiles on an H200 and data parallel on a 4-chip v5e (what a user runs first).
+# Meshes: (devices, variants compiled by default, None: all; every variant in -m slow). By
+# default every variant compiles on an H200, and every dense-kernel variant data parallel on a
+# 4-chip v5e (the other families run no TPU kernel: their XLA programs are compiled for the
+# H200 by default and for TPUs in -m slow).
 GPU_STEP_MESHES = {"1": (1, None), "dp4": (4, ("sigmoid",)), "dp8": (8, ("dense",))}
-TPU_STEP_MESHES = {"v5e-1": (("v5e", "2x2", 1), ("dense",)), "v5e-dp4": (("v5e", "2x2", 4), None),
+DENSE_KERNEL_VARIANTS = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine", "sigmoid",
+                         "softmax_one", "softpick", "relu", "sink_logits", "gated", "window",
+                         "alibi")
+TPU_STEP_MESHES = {"v5e-1": (("v5e", "2x2", 1), ("dense",)),
+                   "v5e-dp4": (("v5e", "2x2", 4), DENSE_KERNEL_VARIANTS),
                    "v5e-dp8": (("v5e", "2x4", 8), ("sigmoid",)),
                    "v6e-dp4": (("v6e", "2x2", 4), ("dense",))}
 
@@ -341,6 +347,10 @@ def step_cases(meshes):
 def test_gpu_preset_train_step_compiles_for_h200(mesh, variant):
   devices = targets.gpu_devices("h200", GPU_STEP_MESHES[mesh][0])
   check_gpu_step(variant, compile_train_step("gpu", variant, devices))
+
+
+def test_dense_kernel_variants_are_listed():
+  assert set(DENSE_KERNEL_VARIANTS) == {v for v in variants() if uses_dense_kernel(v)}
 
 
 @needs_tpu
