@@ -468,9 +468,8 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
   ``"tpu"``); None means the default backend's.
 
   cuda: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16)
-  and this process has a GPU (jax's cuDNN wrapper checks the local cuDNN while
-  tracing, so a program lowered for ``cuda`` on a CPU host cannot hold it);
-  else ``"pallas_gpu"`` when it supports the call (no bias/mask arrays, dot
+  and this host has the cuDNN library (jax's cuDNN wrapper reads its version
+  while tracing: a GPU machine, or a CPU host with ``attnjax[aot]``); else ``"pallas_gpu"`` when it supports the call (no bias/mask arrays, dot
   similarity); else as the CPU.
   tpu: ``"splash"`` when it supports every option (softmax, no bias or mask
   array, T and S multiples of 128, fp32/bf16); else as the CPU.
