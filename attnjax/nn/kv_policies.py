@@ -51,6 +51,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from attnjax import _platform
 from attnjax.nn.caches import H2OCache, KVCache, QuantizedKVCache
 from attnjax.nn.rope import apply_rope
 
@@ -119,7 +120,7 @@ def fp8_supported() -> bool:
   if dtype is None:
     return False
   try:
-    with jax.ensure_compile_time_eval():
+    with _platform.host_eval():
       back = jnp.asarray([1.5, -3.0], jnp.float32).astype(dtype).astype(jnp.float32)
       return bool(jnp.all(back == jnp.asarray([1.5, -3.0])))
   except (TypeError, ValueError, RuntimeError, NotImplementedError):
