@@ -255,13 +255,10 @@ def per_shard(fn: Callable[[Any], Any], inputs: Any) -> Any:
       return P(b, None, h, None)
     return P(b, h, *([None] * (x.ndim - 2)))
 
-  like = jax.eval_shape(lambda *a: fn(dataclasses.replace(inputs, **dict(zip(fields, a)))),
-                        *values)
-  out_specs = jax.tree.map(out_spec, like)
-
   def local(*args):
     return fn(dataclasses.replace(inputs, **dict(zip(fields, args))))
 
+  out_specs = jax.tree.map(out_spec, jax.eval_shape(local, *values))
   return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                        check_vma=False)(*values)
 
