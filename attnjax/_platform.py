@@ -30,6 +30,8 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 # never drops it.
 KERNEL_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
                   "return_stats")
+# The DenseInputs fields the platform kernels are written for (reported the same way).
+KERNEL_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids", "kv_segment_ids")
 
 # The GPU a Triton kernel is lowered for on a host without one (``jax.export(...,
 # platforms=["cuda"])`` from a CPU host). From jax 0.11 the Triton lowering reads the GPU from

@@ -44,7 +44,7 @@ class AttentionStats(NamedTuple):
   row_sum: Optional[Array] = None
 
 
-def _row_mean(x: Array, rows: Array) -> Array:
+def row_mean(x: Array, rows: Array) -> Array:
   """Mean of ``x`` ``[B, N, T]`` over rows where ``rows`` is True; 0 when none is."""
   count = jnp.sum(rows, axis=-1, dtype=jnp.float32)
   total = jnp.sum(jnp.where(rows, x, 0.0), axis=-1)
@@ -61,17 +61,17 @@ def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array
   normalisable = jnp.logical_and(has_key, total[..., 0] > 0)
 
   plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
-  entropy = _row_mean(-jnp.sum(plogp, axis=-1), normalisable)
+  entropy = row_mean(-jnp.sum(plogp, axis=-1), normalisable)
 
   T = z.shape[2]
   later = (jnp.arange(T) >= 1)[None, None, :]
-  sink_mass = _row_mean(p[..., 0], jnp.logical_and(normalisable, later))
+  sink_mass = row_mean(p[..., 0], jnp.logical_and(normalisable, later))
 
   zmax = jnp.max(jnp.where(allowed, z, -jnp.inf), axis=(-2, -1))
   max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
 
   lse = log_normalizer[..., 0]
   lse = jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0)
-  row_sum = _row_mean(jnp.sum(w, axis=-1), has_key)
+  row_sum = row_mean(jnp.sum(w, axis=-1), has_key)
   return AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
                         logsumexp=lse, row_sum=row_sum)

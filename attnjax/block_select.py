@@ -63,8 +63,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _call, _checks, dense, normalizers
-from attnjax.attention_stats import AttentionStats, _row_mean
+from attnjax import options, _checks, dense, normalizers
+from attnjax.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
 
@@ -197,7 +197,7 @@ def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array
 # Implementations.
 
 
-def _reference(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
+def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array,
                block_size: int):
   T, N = inputs.q.shape[1], inputs.q.shape[2]
   mask = selection_mask(sel, T, block_size, N)
@@ -227,13 +227,13 @@ def _reduce_stats(r: dict) -> AttentionStats:
   later = (jnp.arange(T) >= 1)[None, None, :]
   zmax = jnp.max(r["zmax"], axis=-1)
   return AttentionStats(
-      sink_mass=_row_mean(r["p0"], jnp.logical_and(r["normalisable"], later)),
-      entropy=_row_mean(r["entropy"], r["normalisable"]),
+      sink_mass=row_mean(r["p0"], jnp.logical_and(r["normalisable"], later)),
+      entropy=row_mean(r["entropy"], r["normalisable"]),
       max_logit=jnp.where(jnp.isfinite(zmax), zmax, 0.0),
-      logsumexp=r["lse"], row_sum=_row_mean(r["row_sum"], r["has_key"]))
+      logsumexp=r["lse"], row_sum=row_mean(r["row_sum"], r["has_key"]))
 
 
-def _tile_logits(opts: _call.DenseOptions, qb: Array, q_sq: Optional[Array], kg: Array) -> Array:
+def _tile_logits(opts: options.DenseOptions, qb: Array, q_sq: Optional[Array], kg: Array) -> Array:
   """Float32 logits ``[B, K, R, L]`` of query rows ``qb [B, K, R, H]`` against ``kg [B, K, L, H]``.
 
   With ``similarity="dot"`` the scale is already folded into ``qb``; otherwise
@@ -251,13 +251,13 @@ def _tile_logits(opts: _call.DenseOptions, qb: Array, q_sq: Optional[Array], kg:
   return z
 
 
-def _gathered(inputs: _call.DenseInputs, opts: _call.DenseOptions, sel: Array,
+def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array,
               block_size: int):
   """Per query block: gather its selected key/value blocks, run the normaliser on the tile.
 
   A ``lax.map`` step slices its query block from ``q`` and lays it out as rows
   ``[B, K, G * block_size, H]`` (every query head of a KV group stacked, as
-  :mod:`attnjax._tiles`, so GQA costs no copies), gathers its ``top_k' + 1``
+  :mod:`attnjax.kernels.blockwise.tiles`, so GQA costs no copies), gathers its ``top_k' + 1``
   key and value blocks (the own block last) per KV head straight from the
   inputs' layout, and writes its output rows in the output's layout, so no
   whole-array transpose is made (on CPU they cost more than the strided
@@ -429,7 +429,7 @@ def _block_select_attention(
   """
   query_pool = _check_static(q, k, block_size, top_k, query_pool, is_causal)
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
-  inputs, opts = _call.validate(
+  inputs, opts = options.validate(
       q, k, v, is_causal=is_causal, scale=scale, normalizer=normalizer,
       sink_logits=sink_logits, softcap=softcap, segment_ids=segment_ids,
       similarity=similarity, return_stats=return_stats)

@@ -27,7 +27,7 @@ Two implementations, tested equal in value and gradient:
 - ``"reference"``: builds the compressed keys, concatenates ``[compressed ;
   raw]`` and runs :func:`attnjax.dense.reference` with the explicit mask.
 - ``"blockwise"`` (default): the concatenation runs through ONE block-wise
-  kernel call (:func:`attnjax.blockwise.attention`) over a block layout of
+  kernel call (:func:`attnjax.kernels.blockwise.run_layout`) over a block layout of
   the rule, so blocks with no allowed pair are never computed (the
   compressed part padded to whole key blocks, so the raw window starts on a
   block edge); :func:`_one_call`. Causal self-attention (``T == S``, no
@@ -64,7 +64,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _call, _checks, blockwise, dense, normalizers
+from attnjax import _checks, dense, normalizers, options
+from attnjax.kernels import blockwise
 from attnjax.layout import key_block_candidates, rule_layout
 
 Array = jnp.ndarray
@@ -172,8 +173,8 @@ def _mask(rule: CompressedRule, T: int) -> Array:
   return rule.allowed(jnp.arange(T), jnp.arange(slots))[None, None]
 
 
-def _concat_inputs(inputs: _call.DenseInputs, k_c: Array, v_c: Array, rule: CompressedRule
-                   ) -> _call.DenseInputs:
+def _concat_inputs(inputs: options.DenseInputs, k_c: Array, v_c: Array, rule: CompressedRule
+                   ) -> options.DenseInputs:
   """Keys ``[compressed (padded to C_pad) ; raw]`` (raw only with a window), segment ids alike."""
   pad = rule.C_pad - rule.C
 
@@ -193,7 +194,7 @@ def _concat_inputs(inputs: _call.DenseInputs, k_c: Array, v_c: Array, rule: Comp
                              kv_segment_ids=None if kv_seg is None else seg)
 
 
-def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: Array, v_c: Array,
+def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array, v_c: Array,
                      stride: int, window: Optional[int], block_size: int):
   """The causal fast path (``T == S``): queries grouped by the blocks they see.
 
@@ -219,7 +220,7 @@ def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: A
   qp = jnp.pad(q, [(0, 0), (1, (C + 1) * s - T - 1), (0, 0), (0, 0)])
   qp = jnp.reshape(qp, (B, C + 1, s, N, H))[:, 1:]
   qp = jnp.reshape(jnp.swapaxes(qp, 2, 3), (B, C, N * s, H))  # head n * s + r
-  grouped = _call.DenseInputs(qp, k_c, v_c,
+  grouped = options.DenseInputs(qp, k_c, v_c,
                               sink_logits=None if window is not None else (
                                   None if inputs.sink_logits is None else
                                   jnp.repeat(inputs.sink_logits, s, axis=1)))
@@ -229,7 +230,7 @@ def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: A
   # short query blocks keep the causal diagonal's waste small. T=4096, stride 4, MHA, 2 CPU
   # cores, forward without window: 52-63 ms against 67-83 with square 128-blocks (and ~4x
   # slower with the kernel's default 512-blocks); T=16384 with window 64: 711-748 vs 1028-1237.
-  res = blockwise.blockwise(grouped, dataclasses.replace(part_opts, is_causal=True),
+  res = blockwise.run(grouped, dataclasses.replace(part_opts, is_causal=True),
                             block_q=max(1, block_size // 2), block_k=4 * block_size)
   out_a, stats_a = res if part_opts.return_stats else (res, None)
 
@@ -249,9 +250,9 @@ def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: A
   # in 64-blocks, computing 128 keys per query rather than 256 with 128-blocks.
   wb = min(block_size, max(16, 1 << (window - 1).bit_length()))
   if T > 2 * sparse.CHUNK_BLOCKS * wb:
-    out_b, lse_b = sparse._banded_chunks(no_sink, part_opts, local, wb)
+    out_b, lse_b = sparse.banded_chunks(no_sink, part_opts, local, wb)
   else:
-    out_b, stats_b = sparse._block_sparse(no_sink, part_opts, local, wb)
+    out_b, stats_b = sparse.block_sparse(no_sink, part_opts, local, wb)
     lse_b = stats_b.logsumexp
   lse_b = jnp.swapaxes(lse_b, 1, 2)[..., None]
   sink = None
@@ -261,7 +262,7 @@ def _grouped_queries(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: A
   return nz.merge([(out_a, lse_a), (out_b, lse_b)], sink).astype(q.dtype)
 
 
-def _one_call(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: Array, v_c: Array,
+def _one_call(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array, v_c: Array,
               stride: int, is_causal: bool, window: Optional[int], block_size: int):
   """The ``"blockwise"`` path: ``[compressed ; raw]`` keys through one block-wise kernel call."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
@@ -275,11 +276,11 @@ def _one_call(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: Array, v
   def mask_fn(q_positions, k_slots):
     return rule.allowed(q_positions, k_slots)[None, None]
 
-  return blockwise.attention(cat, opts, layout=layout, mask_fn=mask_fn,
+  return blockwise.run_layout(cat, opts, layout=layout, mask_fn=mask_fn,
                              use_default_mask_fn=False)
 
 
-def _grouped_forward(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: Array,
+def _grouped_forward(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array,
                      v_c: Array, stride: int, window: Optional[int], block_size: int):
   """Causal self-attention: :func:`_grouped_queries` when evaluated, :func:`_one_call` when differentiated.
 
@@ -292,11 +293,11 @@ def _grouped_forward(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: A
   # close over traced arrays.
   @jax.custom_jvp
   def call(q, k, v, k_c, v_c, sink_logits):
-    x = _call.DenseInputs(q, k, v, sink_logits=sink_logits)
+    x = options.DenseInputs(q, k, v, sink_logits=sink_logits)
     return _grouped_queries(x, opts, k_c, v_c, stride, window, block_size)
 
   def one_call(q, k, v, k_c, v_c, sink_logits):
-    x = _call.DenseInputs(q, k, v, sink_logits=sink_logits)
+    x = options.DenseInputs(q, k, v, sink_logits=sink_logits)
     return _one_call(x, opts, k_c, v_c, stride, True, window, block_size)
 
   @call.defjvp
@@ -308,7 +309,7 @@ def _grouped_forward(inputs: _call.DenseInputs, opts: _call.DenseOptions, k_c: A
 
 def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, normalizer,
                 sink_logits, softcap, segment_ids, implementation, return_stats, block_size):
-  inputs, opts = _call.validate(q, k, v, scale=scale, normalizer=normalizer,
+  inputs, opts = options.validate(q, k, v, scale=scale, normalizer=normalizer,
                                 sink_logits=sink_logits, softcap=softcap,
                                 segment_ids=segment_ids, return_stats=return_stats)
   T, S = q.shape[1], k.shape[1]

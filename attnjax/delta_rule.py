@@ -66,7 +66,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, _chunks, masks
+from attnjax import _checks, masks
+from attnjax.kernels.recurrent import chunks
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -113,7 +114,7 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   Each chunk (:func:`_chunk_block`) computes its state-independent terms (the
   decays, the triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) and
   then the matmuls that read the state. The scan is
-  :func:`attnjax._chunks.chunk_scan`, whose backward keeps each chunk's inputs
+  :func:`attnjax.kernels.recurrent.chunks.chunk_scan`, whose backward keeps each chunk's inputs
   and incoming state and recomputes the chunk, so memory for the backward is
   O(T), about 1.7 inputs' worth (``tests/test_chunks.py``); the solve has its
   own VJP (:func:`unit_lower_solve`). Computing the terms one chunk at a time
@@ -124,10 +125,10 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   the state unchanged) and padded rows are dropped.
   """
   C = min(chunk_size, q.shape[1])
-  xs = tuple(_chunks.to_chunks(x, C)
+  xs = tuple(chunks.to_chunks(x, C)
              for x in (q, k, v, beta, g, reset.astype(jnp.float32)))
-  out, final = _chunks.chunk_scan(_chunk_block, state, xs)
-  return _chunks.from_chunks(out, q.shape[1]), final
+  out, final = chunks.chunk_scan(_chunk_block, state, xs)
+  return chunks.from_chunks(out, q.shape[1]), final
 
 
 def unit_lower_inverse(a: Array) -> Array:

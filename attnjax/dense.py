@@ -18,19 +18,20 @@ from typing import Any, Callable, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _call, _checks, _platform, blockwise, masks, normalizers, pallas_gpu
+from attnjax import _checks, masks, normalizers, options, _platform
+from attnjax.kernels import blockwise, jax_nn, pallas_gpu, splash
 from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
 
-Similarity = _call.Similarity
+Similarity = options.Similarity
 # The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
 ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash", "pallas_gpu"]
-# The canonical call lives in attnjax._call so that kernels (blockwise) can take it without
+# The canonical call lives in attnjax.options so that kernels (blockwise) can take it without
 # importing this module, which imports them for its registry.
-SIMILARITIES = _call.SIMILARITIES
-DenseOptions = _call.DenseOptions
-DenseInputs = _call.DenseInputs
+SIMILARITIES = options.SIMILARITIES
+DenseOptions = options.DenseOptions
+DenseInputs = options.DenseInputs
 
 
 # ---------------------------------------------------------------------------
@@ -65,18 +66,6 @@ def scores(q: Array, k: Array, *, scale: float, similarity: str = "dot",
   return z
 
 
-def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> Optional[Array]:
-  """``[B|1, N|1, T]`` True where a query row has at least one allowed key; None if all do."""
-  structure_can_empty = (inputs.mask is not None or inputs.q_segment_ids is not None
-                         or (opts.window is not None and T > S))
-  if not structure_can_empty:
-    return None
-  full = masks.make_attention_mask(
-      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
-      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
-  return jnp.any(full, axis=-1)
-
-
 # ---------------------------------------------------------------------------
 # Implementations.
 
@@ -97,16 +86,16 @@ def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
   z = jnp.reshape(z, (B, N, T, S))
   if inputs.bias is not None:
     z = z + inputs.bias.astype(jnp.float32)
-  grid = _call.index_grid(B, N, T, S)
+  grid = options.index_grid(B, N, T, S)
   if positions is not None:
     grid = (grid[0], grid[1], jnp.reshape(positions[0].astype(jnp.int32), (1, 1, T, 1)),
             jnp.reshape(positions[1].astype(jnp.int32), (1, 1, 1, S)))
-  z = _call.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
+  z = options.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
   allowed = masks.make_attention_mask(
       T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
       q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
   allowed = masks.combine_masks(allowed,
-                                _call.apply_mask_mod(opts, inputs.mask_mod_args, *grid))
+                                options.apply_mask_mod(opts, inputs.mask_mod_args, *grid))
   if allowed is None:
     allowed = jnp.ones((1, 1, 1, 1), bool)
   sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
@@ -119,62 +108,6 @@ def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
   return out, stats_from_weights(z, w, allowed, log_norm)
 
 
-def _platform_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
-  reasons = []
-  if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
-    reasons.append(f"normalizer={opts.normalizer!r}")
-  if inputs.sink_logits is not None:
-    reasons.append("sink_logits")
-  if opts.softcap is not None:
-    reasons.append("softcap")
-  if opts.similarity != "dot":
-    reasons.append(f"similarity={opts.similarity!r}")
-  if opts.return_stats:
-    reasons.append("return_stats=True (its logsumexp residual has no gradient)")
-  if opts.score_mod is not None:
-    reasons.append("score_mod")
-  if opts.mask_mod is not None:
-    reasons.append("mask_mod")
-  if inputs.v.shape[-1] != inputs.q.shape[-1]:
-    reasons.append(f"a value head dim ({inputs.v.shape[-1]}) unlike the query's ({inputs.q.shape[-1]})")
-  return reasons
-
-
-def _jax_nn(inputs: DenseInputs, opts: DenseOptions, *, implementation: str):
-  q, k, v = inputs.q, inputs.k, inputs.v
-  T, S = q.shape[1], k.shape[1]
-  mask = masks.combine_masks(
-      inputs.mask,
-      None if inputs.q_segment_ids is None else
-      masks.segment_mask(inputs.q_segment_ids, inputs.kv_segment_ids))
-  bias = None if inputs.bias is None else inputs.bias.astype(q.dtype)
-  out = jax.nn.dot_product_attention(
-      q, k, v, bias=bias, mask=mask, scale=opts.scale, is_causal=opts.is_causal,
-      local_window_size=opts.window, implementation=implementation)
-  # jax.nn gives a row with no allowed key the mean of all values; ours is zero.
-  has_key = rows_with_keys(inputs, opts, T, S)
-  if has_key is not None:
-    keep = jnp.transpose(has_key, (0, 2, 1))[..., None]  # [B|1, T, N|1, 1]
-    out = jnp.where(keep, out, jnp.zeros((), out.dtype))
-  return out
-
-
-def xla(inputs: DenseInputs, opts: DenseOptions):
-  """``jax.nn.dot_product_attention(implementation="xla")`` for the options it supports."""
-  return _jax_nn(inputs, opts, implementation="xla")
-
-
-def cudnn(inputs: DenseInputs, opts: DenseOptions):
-  """``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU, fp16/bf16).
-
-  Lowers for ``cuda`` only; lowering for another platform raises ``ValueError``.
-  """
-  return _platform.on_platform(
-      "cuda", lambda: _jax_nn(inputs, opts, implementation="cudnn"),
-      "implementation='cudnn' runs on a CUDA GPU only (jax's cuDNN call); use "
-      "implementation=None to pick per platform")
-
-
 @dataclasses.dataclass(frozen=True)
 class Implementation:
   fn: Callable[[DenseInputs, DenseOptions], Any]
@@ -182,267 +115,21 @@ class Implementation:
   unsupported: Callable[[DenseInputs, DenseOptions], list[str]]
 
 
-# The DenseOptions / DenseInputs fields the platform kernels (cuDNN, splash) are written for;
-# any other field set away from its default is reported (see _platform.unknown_options).
-PLATFORM_KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
-PLATFORM_KNOWN_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids",
-                         "kv_segment_ids")
-
-
-def _cudnn_unsupported(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
-  """Reasons jax's cuDNN attention cannot run a call ([] = supported), on any host.
-
-  The platform is not one of them (the call is a ``cuda`` branch chosen when
-  the program is lowered), but the host is: jax's wrapper reads the local
-  cuDNN library's version while it traces, so the program can hold the cuDNN
-  call wherever that library is installed (a GPU machine, or a CPU host with
-  ``attnjax[aot]`` compiling for a GPU), and nowhere else.
-  """
-  reasons = _platform_unsupported(inputs, opts)
-  reasons += [r for r in _platform.unknown_options(
-      opts, inputs, PLATFORM_KNOWN_OPTIONS, PLATFORM_KNOWN_INPUTS, "cudnn") if r not in reasons]
-  if _platform.cudnn_version() is None:
-    reasons.append("this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
-                   "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)")
-  if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
-    reasons.append(f"dtype {inputs.q.dtype} (cuDNN takes bfloat16 or float16)")
-  H = inputs.q.shape[-1]
-  # jax's wrapper allows head dims above 128 only when the tracing host's GPU is a Hopper.
-  h_max = 256 if (_platform.local_gpu_major() or 0) >= 9 else 128
-  if H % 8 or H > h_max:
-    reasons.append(f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} "
-                   "on this host)")
-  return reasons
-
-
-# ---------------------------------------------------------------------------
-# Splash attention (Pallas, TPU).
-
-# Block lengths tried for the splash kernel, largest first; T and S must each be a multiple of
-# the smallest (the kernel computes key blocks of whole 128-lane vregs, and its fused backward
-# puts query blocks in lanes too).
-SPLASH_BLOCKS = (512, 256, 128)
-SPLASH_DTYPES = (jnp.float32, jnp.bfloat16)
-
-
-def _splash_lib():
-  """The ``splash_attention`` package of the installed jax, or None where it cannot be imported."""
-  try:
-    from jax.experimental.pallas.ops.tpu import splash_attention
-  except ImportError:
-    return None
-  return splash_attention
-
-
-def _splash_takes_sinks() -> bool:
-  """Whether the installed splash kernel takes per-head sink logits (newer jax)."""
-  try:
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-  except ImportError:
-    return False
-  fn = getattr(sk, "_splash_attention", None)
-  return fn is not None and "sinks" in inspect.signature(fn).parameters
-
-
-def splash_block(length: int) -> Optional[int]:
-  """The largest of :data:`SPLASH_BLOCKS` that divides ``length``, or None."""
-  for b in SPLASH_BLOCKS:
-    if length % b == 0:
-      return b
-  return None
-
-
-def splash_mask(T: int, S: int, num_heads: int, *, is_causal: bool,
-                window: Optional[tuple[int, int]]):
-  """The splash ``MultiHeadMask`` ``[N, T, S]`` allowing exactly :func:`masks.structural_mask`.
-
-  Splash's ``CausalMask`` (``q >= k``) and ``LocalMask`` (``q - left <= k <= q + right``) at
-  ``offset=0`` are top-left aligned like ours. Causal AND window ``(left, right)`` is the
-  one-sided window ``(left, 0)`` (``right >= 0`` adds nothing once ``k <= q``), so a masked
-  call is one computable mask that the kernel evaluates in-register on partial blocks (and
-  an unmasked one a ``FullMask``). One mask object serves every head, so the kernel keeps
-  one copy of its block structure.
-  """
-  lib = _splash_lib()
-  if window is not None:
-    left, right = window
-    head = lib.LocalMask((T, S), window_size=(left, 0 if is_causal else right), offset=0)
-  elif is_causal:
-    head = lib.CausalMask((T, S), offset=0)
-  else:
-    head = lib.FullMask((T, S))
-  return lib.MultiHeadMask([head] * num_heads)
-
-
-@functools.lru_cache(maxsize=32)
-def _splash_kernel(T: int, S: int, N: int, is_causal: bool, window: Optional[tuple[int, int]],
-                   softcap: Optional[float], interpret: bool):
-  """Builds (once per static configuration) the splash kernel for ``[N, T, H]`` queries."""
-  lib = _splash_lib()
-  bq, bkv = splash_block(T), splash_block(S)
-  block_sizes = lib.BlockSizes(
-      block_q=bq, block_kv=bkv, block_kv_compute=bkv,
-      block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
-      use_fused_bwd_kernel=True)
-  # The kernel holds its block structure as arrays: make them concrete constants even when
-  # first built inside a trace, so the cached kernel never holds a tracer (computed on this
-  # host, also when the program is traced for a mesh of compile-only devices).
-  with _platform.host_eval():
-    return lib.make_splash_mha(
-        splash_mask(T, S, N, is_causal=is_causal, window=window), block_sizes=block_sizes,
-        attn_logits_soft_cap=softcap, head_shards=1, q_seq_shards=1, interpret=interpret)
-
-
-def _splash_unsupported(inputs: DenseInputs, opts: DenseOptions, *,
-                        interpret: bool = False) -> list[str]:
-  """Reasons splash cannot run a call ([] = supported), on any host.
-
-  The platform is not one of them: splash traces anywhere and lowers for
-  ``tpu`` from any host (``jax.export(..., platforms=["tpu"])``); lowering it
-  for another platform raises (see :func:`splash`).
-  """
-  reasons = []
-  if _splash_lib() is None:
-    reasons.append("this jax (jax.experimental.pallas.ops.tpu.splash_attention does not import)")
-    return reasons
-  if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
-    reasons.append(f"normalizer={opts.normalizer!r} (splash is a softmax kernel)")
-  if inputs.sink_logits is not None and not _splash_takes_sinks():
-    reasons.append("sink_logits (this jax's splash kernel has no sinks argument)")
-  if opts.similarity != "dot":
-    reasons.append(f"similarity={opts.similarity!r}")
-  if inputs.bias is not None:
-    reasons.append("bias (splash adds no bias to the logits)")
-  if inputs.mask is not None:
-    reasons.append("an explicit mask array (splash masks are static; use is_causal, window "
-                   "and segment_ids)")
-  if opts.return_stats:
-    reasons.append("return_stats=True (splash returns no weights)")
-  T, S = inputs.q.shape[1], inputs.k.shape[1]
-  if splash_block(T) is None or splash_block(S) is None:
-    reasons.append(f"lengths T={T}, S={S} (splash needs multiples of {SPLASH_BLOCKS[-1]})")
-  if inputs.q.dtype not in SPLASH_DTYPES:
-    reasons.append(f"dtype {inputs.q.dtype} (splash takes float32 or bfloat16)")
-  reasons += _platform.unknown_options(opts, inputs, PLATFORM_KNOWN_OPTIONS,
-                                       PLATFORM_KNOWN_INPUTS, "splash")
-  del interpret  # the platform is checked when the program is lowered (see splash)
-  return reasons
-
-
-def splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
-  """Splash attention (see :func:`_splash`); outside interpret mode it lowers for ``tpu`` only.
-
-  Lowering for another platform raises ``ValueError`` ("splash needs a TPU").
-  """
-  reasons = _splash_unsupported(inputs, opts, interpret=interpret)
-  if reasons:
-    raise ValueError("implementation='splash' does not support " + "; ".join(reasons))
-  if interpret:
-    return _splash(inputs, opts, interpret=True)
-  return _platform.on_platform(
-      "tpu", lambda: _splash(inputs, opts),
-      "implementation='splash' runs on a TPU only (splash needs a TPU); use implementation=None "
-      "to pick per platform")
-
-
-@jax.custom_vjp
-def _f32_cotangent(x: Array) -> Array:
-  """The identity on float32 ``x``, whose cotangent is cast to float32.
-
-  The splash kernel returns its sinks' cotangent in the output dtype (bfloat16
-  for bfloat16 calls) for float32 sinks; under ``platform_dependent`` the
-  branches' cotangent types must agree, so it is cast back here.
-  """
-  return x
-
-
-_f32_cotangent.defvjp(lambda x: (x, None), lambda _, g: (g.astype(jnp.float32),))
-
-
-def _splash(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False):
-  """``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU, softmax, static masks).
-
-  The kernel takes one batch element ``q [N, T, H]``, ``k, v [K, S, H]`` (query head ``n``
-  reads kv head ``n // (N // K)``, as ours) and is mapped over the batch. It does not scale
-  the logits, so ``opts.scale`` is folded into ``q`` (in the input dtype); its soft cap is
-  ``c * tanh(z / c)`` on those scaled logits, and its sinks are our ``sink_logits``.
-
-  Args:
-    inputs: canonical arrays (no bias, no explicit mask; see :func:`_splash_unsupported`).
-    opts: static options.
-    interpret: run the Pallas kernel in interpret mode (any backend; for tests on the CPU).
-
-  Returns:
-    ``[B, T, N, Hv]`` in the input dtype; a query row with no allowed key is zero.
-  """
-  lib = _splash_lib()
-  q, k, v = inputs.q, inputs.k, inputs.v
-  B, T, N, _ = q.shape
-  S = k.shape[1]
-  kernel = _splash_kernel(T, S, N, opts.is_causal, opts.window, opts.softcap, interpret)
-  # Scale in float32, then one rounding to the input dtype (a bf16 scale would be rounded too).
-  qh = jnp.transpose((q.astype(jnp.float32) * opts.scale).astype(q.dtype), (0, 2, 1, 3))
-  kh = jnp.transpose(k, (0, 2, 1, 3))  # [B, K, S, H]
-  vh = jnp.transpose(v, (0, 2, 1, 3))
-  sinks = None if inputs.sink_logits is None else jnp.reshape(inputs.sink_logits, (N,))
-  seg = None
-  if inputs.q_segment_ids is not None:
-    seg = lib.SegmentIds(q=inputs.q_segment_ids.astype(jnp.int32),
-                         kv=inputs.kv_segment_ids.astype(jnp.int32))
-
-  def one(q1, k1, v1, seg1):
-    if sinks is None:
-      return kernel(q1, k1, v1, segment_ids=seg1)
-    return kernel(q1, k1, v1, segment_ids=seg1, sinks=_f32_cotangent(sinks.astype(jnp.float32)))
-
-  out = jax.vmap(one)(qh, kh, vh, seg)  # [B, N, T, Hv]
-  out = jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
-  # Splash gives a row with no allowed key the mean of the values it visited (or NaN where it
-  # visited no block); ours is zero.
-  has_key = rows_with_keys(inputs, opts, T, S)
-  if has_key is not None:
-    keep = jnp.transpose(has_key, (0, 2, 1))[..., None]  # [B|1, T, N|1, 1]
-    out = jnp.where(keep, out, jnp.zeros((), out.dtype))
-  return out
-
-
-def pallas_gpu_attention(inputs: DenseInputs, opts: DenseOptions, *, interpret: bool = False,
-                         block_sizes: Optional[pallas_gpu.BlockSizes] = None):
-  """:mod:`attnjax.pallas_gpu` (Triton); outside interpret mode it lowers for ``cuda`` only.
-
-  Args:
-    inputs: canonical arrays (no bias or mask array; see :func:`pallas_gpu.unsupported`).
-    opts: static options.
-    interpret: run the kernels in Pallas interpret mode (any backend; for tests on the CPU).
-    block_sizes: tiles and launch parameters (None: :func:`pallas_gpu.block_sizes_for` the
-      target).
-  """
-  reasons = pallas_gpu.unsupported(inputs, opts)
-  if reasons:
-    raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
-  if interpret:
-    return pallas_gpu.attention(inputs, opts, block_sizes=block_sizes, interpret=True)
-  return _platform.on_platform(
-      "cuda", lambda: pallas_gpu.attention(inputs, opts, block_sizes=block_sizes),
-      "implementation='pallas_gpu' runs on a CUDA GPU only (a Triton kernel); use "
-      "implementation=None to pick per platform")
-
-
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "reference": Implementation(reference, lambda i, o: []),
-    "blockwise": Implementation(blockwise.blockwise, blockwise.unsupported),
-    "xla": Implementation(xla, _platform_unsupported),
-    "cudnn": Implementation(cudnn, _cudnn_unsupported),
-    "splash": Implementation(splash, _splash_unsupported),
-    "pallas_gpu": Implementation(pallas_gpu_attention, pallas_gpu.unsupported),
+    "blockwise": Implementation(blockwise.run, blockwise.unsupported),
+    "xla": Implementation(jax_nn.xla, jax_nn.unsupported),
+    "cudnn": Implementation(jax_nn.cudnn, jax_nn.cudnn_unsupported),
+    "splash": Implementation(splash.run, splash.unsupported),
+    "pallas_gpu": Implementation(pallas_gpu.run, pallas_gpu.unsupported),
 }
 
 # The function each platform branch runs for an implementation name: the platform kernels
 # without their wrong-platform guard (the branch is the guard).
 _BRANCH_FNS: dict[str, Callable[[DenseInputs, DenseOptions], Any]] = {
-    "cudnn": lambda i, o: _jax_nn(i, o, implementation="cudnn"),
-    "splash": lambda i, o: _splash(i, o),
-    "pallas_gpu": lambda i, o: pallas_gpu.attention(i, o),
+    "cudnn": lambda i, o: jax_nn.compute(i, o, implementation="cudnn"),
+    "splash": lambda i, o: splash.compute(i, o),
+    "pallas_gpu": lambda i, o: pallas_gpu.compute(i, o),
 }
 
 
@@ -481,11 +168,11 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
   """
   platform = _platform.current_platform() if platform is None else platform
   if platform == "cuda":
-    if not _cudnn_unsupported(inputs, opts):
+    if not jax_nn.cudnn_unsupported(inputs, opts):
       return "cudnn"
     if not pallas_gpu.unsupported(inputs, opts):
       return "pallas_gpu"
-  if platform == "tpu" and not _splash_unsupported(inputs, opts):
+  if platform == "tpu" and not splash.unsupported(inputs, opts):
     return "splash"
   return _by_length(inputs, opts)
 
@@ -547,7 +234,7 @@ def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
             return_stats=False, score_mod=None, score_mod_args=None, mask_mod=None,
             mask_mod_args=None, block_layout=None) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call and returns its canonical inputs and options."""
-  inputs, opts = _call.validate(
+  inputs, opts = options.validate(
       q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale, normalizer=normalizer,
       sink_logits=sink_logits, softcap=softcap, window=window, segment_ids=segment_ids,
       similarity=similarity, return_stats=return_stats, score_mod=score_mod,
@@ -604,12 +291,12 @@ def _dot_product_attention(
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, for the
       seed claim that distance scores give near-uniform weights).
     implementation: None (auto, see :func:`select_implementation`),
-      ``"reference"``, ``"blockwise"`` (:mod:`attnjax.blockwise`: online
+      ``"reference"``, ``"blockwise"`` (:mod:`attnjax.kernels.blockwise`: online
       normaliser over key blocks, O(T) memory, masked blocks skipped), or
       ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
       ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
       causal/window/segment masks, softcap, sink logits, GQA; T and S
-      multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.pallas_gpu`, a
+      multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.kernels.pallas_gpu`, a
       Pallas Triton kernel for every normaliser, no bias/mask arrays). Named
       paths raise if an option is unsupported; None is chosen per platform
       when the program is lowered (:func:`dispatch_table`).
@@ -643,8 +330,7 @@ def _dot_product_attention(
   return run(inputs, opts, implementation)
 
 
-DENSE_STATIC = ("is_causal", "scale", "normalizer", "softcap", "window", "similarity",
-                "implementation", "return_stats", "score_mod", "mask_mod", "block_layout")
+DENSE_STATIC = options.STATIC_NAMES + ("implementation",)
 
 dot_product_attention = jax.jit(_dot_product_attention, static_argnames=DENSE_STATIC)
 dot_product_attention.__doc__ = _dot_product_attention.__doc__

@@ -26,7 +26,7 @@ in value, final state and every gradient:
   form with decays relative to the chunk's start (cumulative sums restart at
   every chunk, so the exponents stay ``<= 0`` and bounded by one chunk);
   across chunks a ``lax.scan`` carries the state, decayed by the chunk's total.
-  Per-channel decays run :func:`attnjax._gla_chunk.gla_chunk` on each chunk:
+  Per-channel decays run :func:`attnjax.kernels.recurrent.gla_chunk.gla_chunk` on each chunk:
   secondary chunking (``[SUB_BLOCK, SUB_BLOCK, H]`` decays inside a sub-block,
   one matmul through a reference token for earlier sub-blocks, never an
   ``exp`` of a positive number) and a hand-written backward, whose decay
@@ -61,7 +61,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, _chunks, _gla_chunk, masks
+from attnjax import _checks, masks
+from attnjax.kernels.recurrent import chunks, gla_chunk
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -189,7 +190,7 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
             chunk_size: int):
   """O(T): the quadratic form inside chunks, a scan carrying the state across them.
 
-  The scan is :func:`attnjax._chunks.chunk_scan`, whose backward keeps each
+  The scan is :func:`attnjax.kernels.recurrent.chunks.chunk_scan`, whose backward keeps each
   chunk's inputs and incoming state and recomputes the chunk
   (:func:`_block_terms`, then :func:`_block_state`). Time is padded up to a
   multiple of ``chunk_size`` with zero keys, zero decay and no reset, so padded
@@ -203,15 +204,15 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
   jax-ml/jax#40412).
   """
   C = min(chunk_size, q.shape[1])
-  xs = tuple(_chunks.to_chunks(x, C) for x in (q, k, v, g, reset.astype(jnp.float32)))
-  out, final = _chunks.chunk_scan(_chunk_block, state, xs)
-  return _chunks.from_chunks(out, q.shape[1]), final
+  xs = tuple(chunks.to_chunks(x, C) for x in (q, k, v, g, reset.astype(jnp.float32)))
+  out, final = chunks.chunk_scan(_chunk_block, state, xs)
+  return chunks.from_chunks(out, q.shape[1]), final
 
 
 def _chunk_block(xs, state):
   q, k, v, g, reset = xs
   if g.shape[-1] > 1:  # per key channel: the hand-written chunk and backward
-    return _gla_chunk.gla_chunk(q, k, v, g, reset, state, SUB_BLOCK)
+    return gla_chunk.gla_chunk(q, k, v, g, reset, state, SUB_BLOCK)
   return _block_state(_block_terms(q, k, g, reset) + (v,), state)
 
 

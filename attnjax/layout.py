@@ -11,7 +11,7 @@ classification and kernel:
   builds it for causal / window structure, :func:`rule_layout` for any element
   rule (a pattern), and :func:`segment_block_relations` classifies blocks at run
   time under segment ids (packed sequences);
-- **kernels** (:mod:`attnjax.blockwise`, :mod:`attnjax.sparse`) import layouts
+- **kernels** (:mod:`attnjax.kernels.blockwise`, :mod:`attnjax.sparse`) import layouts
   and visit what they list. Nothing here imports a kernel or a pattern.
 """
 

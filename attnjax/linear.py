@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, feature_maps, masks
-from attnjax.attention_stats import AttentionStats, _row_mean, stats_from_weights
+from attnjax.attention_stats import AttentionStats, row_mean, stats_from_weights
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
@@ -297,8 +297,8 @@ def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: 
     p0 = per_head(w0) / jnp.where(normalisable, per_head(raw_total), 1.0)
   later = (jnp.arange(T) >= 1)[None, None, :]
   return AttentionStats(
-      sink_mass=_row_mean(p0, jnp.logical_and(normalisable, later)),
-      entropy=_row_mean(ent, normalisable),
+      sink_mass=row_mean(p0, jnp.logical_and(normalisable, later)),
+      entropy=row_mean(ent, normalisable),
       row_sum=row_sum)
 
 

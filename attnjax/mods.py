@@ -5,7 +5,7 @@ Pass them to :func:`attnjax.dot_product_attention`, :func:`attnjax.sparse_attent
 
   out = attnjax.dot_product_attention(
       q, k, v, score_mod=mods.alibi, score_mod_args=(mods.alibi_slopes(N),),
-      mask_mod=mods.causal)
+      mask_mod=mods.causal_mask)
 
 Conventions (every path calls modifiers the same way):
 
@@ -24,8 +24,8 @@ Conventions (every path calls modifiers the same way):
 
 Score modifiers: :func:`alibi` (+ :func:`alibi_slopes`), :class:`T5RelativeBias`
 (:func:`t5_relative_bias`, learned table), :class:`SoftCap`,
-:class:`PositionTemperature` (Llama 4). Mask modifiers: :func:`causal`,
-:class:`SlidingWindow`, :class:`Chunked`, :func:`prefix_lm`,
+:class:`PositionTemperature` (Llama 4). Mask modifiers: :func:`causal_mask`,
+:class:`SlidingWindowMask`, :class:`ChunkedMask`, :func:`prefix_lm_mask`,
 :func:`document_mask`, :func:`causal_document_mask`, and any
 :mod:`attnjax.patterns` pattern through :class:`PatternMask`. Combine mask
 modifiers with :class:`And`, score modifiers with :class:`ScoreChain`.
@@ -179,14 +179,14 @@ class PositionTemperature:
 # Mask modifiers.
 
 
-def causal(b: Array, n: Array, i: Array, j: Array) -> Array:
+def causal_mask(b: Array, n: Array, i: Array, j: Array) -> Array:
   """Causal mask: key ``j <= i``."""
   del b, n
   return j <= i
 
 
 @dataclasses.dataclass(frozen=True)
-class SlidingWindow:
+class SlidingWindowMask:
   """Keys ``i - left .. i + right`` (as ``window=(left, right)``)."""
 
   left: int
@@ -197,15 +197,15 @@ class SlidingWindow:
     return jnp.logical_and(j >= i - self.left, j <= i + self.right)
 
 
-def sliding_window(left: int, right: int = 0) -> SlidingWindow:
-  """A :class:`SlidingWindow` mask modifier."""
+def sliding_window_mask(left: int, right: int = 0) -> SlidingWindowMask:
+  """A :class:`SlidingWindowMask` mask modifier."""
   if left < 0 or right < 0:
-    raise ValueError(f"sliding_window needs left, right >= 0, got ({left}, {right})")
-  return SlidingWindow(int(left), int(right))
+    raise ValueError(f"sliding_window_mask needs left, right >= 0, got ({left}, {right})")
+  return SlidingWindowMask(int(left), int(right))
 
 
 @dataclasses.dataclass(frozen=True)
-class Chunked:
+class ChunkedMask:
   """Chunked attention (Llama 4): queries see keys of their own chunk of ``size`` positions.
 
   ``causal=True`` (the default) keeps only ``j <= i`` inside the chunk.
@@ -216,7 +216,7 @@ class Chunked:
 
   def __post_init__(self):
     if self.size < 1:
-      raise ValueError(f"Chunked.size must be positive, got {self.size!r}")
+      raise ValueError(f"ChunkedMask.size must be positive, got {self.size!r}")
 
   def __call__(self, b, n, i, j):
     del b, n
@@ -224,12 +224,12 @@ class Chunked:
     return jnp.logical_and(same, j <= i) if self.causal else same
 
 
-def chunked(size: int, causal: bool = True) -> Chunked:
-  """A :class:`Chunked` mask modifier."""
-  return Chunked(int(size), bool(causal))
+def chunked_mask(size: int, causal: bool = True) -> ChunkedMask:
+  """A :class:`ChunkedMask` mask modifier."""
+  return ChunkedMask(int(size), bool(causal))
 
 
-def prefix_lm(b: Array, n: Array, i: Array, j: Array, prefix_lengths: Array) -> Array:
+def prefix_lm_mask(b: Array, n: Array, i: Array, j: Array, prefix_lengths: Array) -> Array:
   """Prefix-LM: causal, plus every key of the prefix (``mask_mod_args=(prefix_lengths [B],)``).
 
   Row ``b`` has a bidirectional prefix of ``prefix_lengths[b]`` positions.
@@ -381,9 +381,25 @@ _alibi_mod = alibi  # layer_kwargs' parameter ``alibi`` shadows the function
 
 
 __all__ = [
-    "And", "Chunked", "PatternMask", "PositionTemperature", "ScoreChain", "SlidingWindow",
+    "And", "ChunkedMask", "PatternMask", "PositionTemperature", "ScoreChain", "SlidingWindowMask",
     "SoftCap",
-    "T5RelativeBias", "alibi", "alibi_slopes", "causal", "causal_document_mask", "chunked",
-    "document_mask", "pattern_mask", "position_temperature_factor", "prefix_lm",
-    "sliding_window", "t5_bucket", "t5_relative_bias",
+    "T5RelativeBias", "alibi", "alibi_slopes", "causal_mask", "causal_document_mask", "chunked_mask",
+    "document_mask", "pattern_mask", "position_temperature_factor", "prefix_lm_mask",
+    "sliding_window_mask", "t5_bucket", "t5_relative_bias",
 ]
+
+# Names of the mask modifiers before they took the ``_mask`` suffix (which keeps them apart
+# from the patterns of :mod:`attnjax.patterns`); they keep working for one release.
+_RENAMED = {"causal": "causal_mask", "sliding_window": "sliding_window_mask",
+            "chunked": "chunked_mask", "prefix_lm": "prefix_lm_mask",
+            "SlidingWindow": "SlidingWindowMask", "Chunked": "ChunkedMask"}
+
+
+def __getattr__(name: str):
+  if name in _RENAMED:
+    import warnings  # noqa: PLC0415 - only on a deprecated name
+    warnings.warn(f"attnjax.mods.{name} is now attnjax.mods.{_RENAMED[name]} (mask modifiers "
+                  f"end in _mask, apart from the patterns of attnjax.patterns)",
+                  DeprecationWarning, stacklevel=2)
+    return globals()[_RENAMED[name]]
+  raise AttributeError(f"module 'attnjax.mods' has no attribute {name!r}")

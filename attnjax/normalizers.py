@@ -3,7 +3,7 @@
 Every normaliser is one object in :data:`REGISTRY` that carries everything each
 path needs, written in pure ``jnp`` on blocks (no Python branch depends on a
 normaliser's name outside its own class), so the same definition drives the
-dense reference, the block-wise kernel (:mod:`attnjax.blockwise`), the sparse
+dense reference, the block-wise kernel (:mod:`attnjax.kernels.blockwise`), the sparse
 paths (:mod:`attnjax.sparse`, including the strided merge) and could drive a
 Pallas kernel body:
 
@@ -679,11 +679,11 @@ SUMS_TO_ONE = tuple(name for name, n in REGISTRY.items() if n.sums_to_one)
 TABLE: dict[str, Callable] = {name: n.weights for name, n in REGISTRY.items()}
 
 
-class KernelCall:
-  """Mixin for a kernel's static call description that holds dense options as ``self.opts``.
+class KernelPlan:
+  """Mixin for a kernel's plan: the static description of one invocation (shapes, block sizes, and the dense options as ``self.opts``).
 
-  The block-wise kernel (:mod:`attnjax._tiles`) and the Pallas GPU kernel
-  (:mod:`attnjax._pallas_gpu_core`) read the normaliser and its needs from here.
+  The block-wise kernel (:mod:`attnjax.kernels.blockwise.tiles`) and the Pallas GPU kernel
+  (:mod:`attnjax.kernels.pallas_gpu.plan`) read the normaliser and its needs from here.
   """
 
   opts: Any
@@ -694,12 +694,13 @@ class KernelCall:
     return REGISTRY[self.opts.normalizer]
 
   @property
-  def stats(self) -> bool:
+  def with_stats(self) -> bool:
+    """Whether the call returns :class:`~attnjax.AttentionStats` (``opts.return_stats``)."""
     return self.opts.return_stats
 
   @property
   def needs_counts(self) -> bool:
-    return self.nz.needs_counts or self.stats
+    return self.nz.needs_counts or self.with_stats
 
 
 def get(normalizer: str) -> Normalizer:

@@ -5,7 +5,7 @@ Two implementations, tested equal in value and gradient:
 - ``"reference"``: the pattern's exact dense mask handed to the dense
   reference (:func:`attnjax.dense.reference`); materialises ``[B, N, T, S]``.
 - ``"block_sparse"``: the pattern's block layout drives the block-wise dense
-  kernel (:mod:`attnjax.blockwise`), which visits, for each query block, only
+  kernel (:mod:`attnjax.kernels.blockwise`), which visits, for each query block, only
   the key blocks the layout lists, applies the pattern's element rule only on
   the partial ones, and recomputes in its backward pass. Cost and memory follow
   the number of kept blocks. A banded pattern (a sliding window) on a long
@@ -24,7 +24,7 @@ Two implementations, tested equal in value and gradient:
   ``dilated_window(w, d)`` runs as a sliding window of ``w`` keys on each of
   the ``d`` residue columns of the sequence (cost follows the kept keys).
 
-Both go through :func:`attnjax._call.validate`, so every dense option is
+Both go through :func:`attnjax.options.validate`, so every dense option is
 validated the same way and means the same thing.
 """
 
@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _call, _checks, blockwise, dense, masks, normalizers, patterns
+from attnjax import _checks, dense, masks, normalizers, options, patterns
+from attnjax.kernels import blockwise
 from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
 
@@ -47,7 +48,7 @@ ImplementationName = Literal["reference", "block_sparse"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 
 
-def _reference(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: Pattern):
+def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern):
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   mask = masks.combine_masks(inputs.mask, pattern.mask(T, S))
   return dense.reference(dataclasses.replace(inputs, mask=mask), opts)
@@ -58,9 +59,9 @@ def _extend_keys(x: Array, extra: Array, axis: int) -> Array:
   return jnp.concatenate([x, jnp.take(x, extra, axis=axis)], axis=axis)
 
 
-def _block_sparse(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: Pattern,
+def block_sparse(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
                   block_size: int):
-  """The pattern's plan run by the shared block-wise kernel (:func:`blockwise.attention`)."""
+  """The pattern's plan run by the shared block-wise kernel (:func:`blockwise.run_layout`)."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   plan = pattern.plan(T, S, block_size=block_size)
   positions, layout, mod_table = None, plan.layout, False
@@ -95,7 +96,7 @@ def _block_sparse(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: 
   def mask_fn(q_positions, k_positions):
     return rule.allowed(q_positions, k_positions, shape)[None, None]
 
-  return blockwise.attention(inputs, opts, layout=layout, mask_fn=mask_fn,
+  return blockwise.run_layout(inputs, opts, layout=layout, mask_fn=mask_fn,
                              use_default_mask_fn=False, positions=positions, mod_table=mod_table)
 
 
@@ -104,7 +105,7 @@ def _block_sparse(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: 
 CHUNK_BLOCKS = 4
 
 
-def _banded_chunks(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern: Pattern,
+def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
                    block_size: int):
   """A banded pattern (e.g. a sliding window) run chunk by chunk under ``lax.map``.
 
@@ -206,7 +207,7 @@ def _banded_chunks(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern:
       # The modifiers see global positions (padding slots are masked by key_ok).
       k_pos = k_global if not E else jnp.concatenate([k_global, jnp.asarray(cols)])
       positions = (start + jnp.arange(C, dtype=jnp.int32), k_pos.astype(jnp.int32))
-    res = blockwise.attention(chunk_inputs, opts, layout=layout, mask_fn=mask_fn,
+    res = blockwise.run_layout(chunk_inputs, opts, layout=layout, mask_fn=mask_fn,
                               use_default_mask_fn=False, positions=positions,
                               mod_table=opts.mask_mod is not None)
     # With statistics only the per-row logsumexp is kept: per-chunk means of
@@ -236,7 +237,7 @@ def _banded_chunks(inputs: _call.DenseInputs, opts: _call.DenseOptions, pattern:
   return (out, lse) if opts.return_stats else out
 
 
-def _strided_two_pass(inputs: _call.DenseInputs, opts: _call.DenseOptions, stride: int,
+def _strided_two_pass(inputs: options.DenseInputs, opts: options.DenseOptions, stride: int,
                       block_size: int):
   """Child et al.'s strided pattern as its two factors, merged by their logsumexps.
 
@@ -259,9 +260,9 @@ def _strided_two_pass(inputs: _call.DenseInputs, opts: _call.DenseOptions, strid
   no_sink = dataclasses.replace(inputs, sink_logits=None)
   local = patterns.sliding_window(stride)
   if T > 2 * CHUNK_BLOCKS * block_size:
-    out_a, lse_a = _banded_chunks(no_sink, plain, local, block_size)
+    out_a, lse_a = banded_chunks(no_sink, plain, local, block_size)
   else:
-    out_a, stats_a = _block_sparse(no_sink, plain, local, block_size)
+    out_a, stats_a = block_sparse(no_sink, plain, local, block_size)
     lse_a = stats_a.logsumexp
   # (b) Transposed: [B, P, stride, ...] -> [B * stride, P, ...]; padding sits
   # after every real position, so causality keeps it out of real rows.
@@ -274,7 +275,7 @@ def _strided_two_pass(inputs: _call.DenseInputs, opts: _call.DenseOptions, strid
 
   column_rule = masks.structural_mask(jnp.arange(P) - 2, jnp.arange(P), is_causal=True)
   out_b, stats_b = dense.reference(
-      _call.DenseInputs(to_columns(q), to_columns(k), to_columns(v), mask=column_rule), plain)
+      options.DenseInputs(to_columns(q), to_columns(k), to_columns(v), mask=column_rule), plain)
 
   def from_columns(x):  # [B * stride, P, N, X] -> [B, T, N, X]
     x = jnp.swapaxes(jnp.reshape(x, (B, stride, P) + x.shape[2:]), 1, 2)
@@ -294,7 +295,7 @@ def _strided_two_pass(inputs: _call.DenseInputs, opts: _call.DenseOptions, strid
   return out.astype(q.dtype)
 
 
-def _dilated_columns(inputs: _call.DenseInputs, opts: _call.DenseOptions,
+def _dilated_columns(inputs: options.DenseInputs, opts: options.DenseOptions,
                      pattern: patterns.DilatedWindow, block_size: int):
   """A dilated window run as a sliding window on the ``dilation`` residue columns.
 
@@ -328,9 +329,9 @@ def _dilated_columns(inputs: _call.DenseInputs, opts: _call.DenseOptions,
       q_segment_ids=seg(inputs.q_segment_ids), kv_segment_ids=seg(inputs.kv_segment_ids))
   local = patterns.sliding_window(pattern.window - 1)
   if P > 2 * CHUNK_BLOCKS * block_size:
-    out = _banded_chunks(cols, opts, local, block_size)
+    out = banded_chunks(cols, opts, local, block_size)
   else:
-    out = _block_sparse(cols, opts, local, block_size)
+    out = block_sparse(cols, opts, local, block_size)
   return from_columns(out)
 
 
@@ -403,7 +404,7 @@ def _sparse_attention(
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
   implementation = "block_sparse" if implementation is None else implementation
-  inputs, opts = _call.validate(
+  inputs, opts = options.validate(
       q, k, v, bias=bias, scale=scale, normalizer=normalizer, sink_logits=sink_logits,
       softcap=softcap, segment_ids=segment_ids, return_stats=return_stats,
       score_mod=score_mod, score_mod_args=score_mod_args, mask_mod=mask_mod,
@@ -418,13 +419,13 @@ def _sparse_attention(
     return _dilated_columns(inputs, opts, pattern, block_size)
   if (pattern.band_parts() is not None and inputs.bias is None and not opts.return_stats
       and T > 2 * CHUNK_BLOCKS * block_size):
-    return _banded_chunks(inputs, opts, pattern, block_size)
+    return banded_chunks(inputs, opts, pattern, block_size)
   if (isinstance(pattern, patterns.Strided) and T == S
       and normalizers.REGISTRY[opts.normalizer].mergeable and inputs.bias is None
       and inputs.q_segment_ids is None and not opts.return_stats
       and opts.score_mod is None and opts.mask_mod is None):
     return _strided_two_pass(inputs, opts, pattern.stride, block_size)
-  return _block_sparse(inputs, opts, pattern, block_size)
+  return block_sparse(inputs, opts, pattern, block_size)
 
 
 SPARSE_STATIC = ("pattern", "block_size", "scale", "normalizer", "softcap", "implementation",

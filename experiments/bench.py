@@ -426,19 +426,20 @@ def flex_suite(args) -> Iterable[Case]:
   ``score_mod`` rows: ALiBi as a modifier against plain causal attention,
   forward+backward at T=4096 (target: within 1.5x).
   """
-  from attnjax import blockwise, mods
+  from attnjax import mods
+  from attnjax.kernels import blockwise
   B, N, H = 1, 8, 64
   T = 8192
   q, k, v = qkv(B, T, N, H)
   window = (256, 0)
   flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True, window=window))
   shape = f"fwd window={window} T={T}"
-  yield Case("flex", "window=", shape, jax.jit(lambda q, k, v: blockwise.dot_product_attention(
+  yield Case("flex", "window=", shape, jax.jit(lambda q, k, v: blockwise.attention(
       q, k, v, is_causal=True, window=window, block_q=128, block_k=128)),
              (q, k, v), flops, baseline=True)
-  yield Case("flex", "mask_mod=mods.sliding_window", shape,
-             jax.jit(lambda q, k, v: blockwise.dot_product_attention(
-                 q, k, v, mask_mod=mods.sliding_window(*window), block_q=128, block_k=128)),
+  yield Case("flex", "mask_mod=mods.sliding_window_mask", shape,
+             jax.jit(lambda q, k, v: blockwise.attention(
+                 q, k, v, mask_mod=mods.sliding_window_mask(*window), block_q=128, block_k=128)),
              (q, k, v), flops)
   docs = 8
   ids = jnp.repeat(jnp.arange(docs, dtype=jnp.int32), T // docs)[None]  # packed, sorted

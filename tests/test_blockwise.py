@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import blockwise, dense, layout
+from attnjax import dense, layout
+from attnjax.kernels.blockwise import kernel as blockwise
 
 FIELDS = ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum")
 
@@ -52,7 +53,7 @@ def _reference(q, k, v, **kw):
 
 def _blockwise(block_q, block_k):
   def fn(q, k, v, **kw):
-    return blockwise.dot_product_attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
+    return blockwise.attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
   return fn
 
 
@@ -203,7 +204,7 @@ def test_custom_layout_and_mask_fn_equal_the_masked_reference():
 
   dense_mask = mask_fn(jnp.arange(T), jnp.arange(T))[None, None]
   inputs, opts = dense.prepare(q, k, v, return_stats=True)
-  out, stats = blockwise.attention(inputs, opts, layout=lay,
+  out, stats = blockwise.run_layout(inputs, opts, layout=lay,
                                    mask_fn=lambda qp, kp: mask_fn(qp, kp)[None, None])
   ref_out, ref_stats = _reference(q, k, v, mask=dense_mask, return_stats=True)
   _close(out, ref_out, 2e-5, "output")
@@ -292,9 +293,9 @@ def test_layout_validation():
   q, k, v, _ = _arrays(1, 8, 8, 2, 2, 4)
   inputs, opts = dense.prepare(q, k, v)
   with pytest.raises(ValueError, match="T=8, S=8"):
-    blockwise.attention(inputs, opts, layout=layout.structural_layout(16, 8, 4, 4))
+    blockwise.run_layout(inputs, opts, layout=layout.structural_layout(16, 8, 4, 4))
   with pytest.raises(ValueError, match="block_q"):
-    blockwise.dot_product_attention(q, k, v, block_q=0)
+    blockwise.attention(q, k, v, block_q=0)
 
 
 def test_auto_dispatch_choice():

@@ -1,4 +1,4 @@
-"""The recomputing chunk scan (attnjax._chunks): gradients of a scan, memory of chunk states only."""
+"""The recomputing chunk scan (attnjax.kernels.recurrent.chunks): gradients of a scan, memory of chunk states only."""
 
 import functools
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _chunks
+from attnjax.kernels.recurrent import chunks
 from helpers import assert_close, rand_qkv
 
 
@@ -29,7 +29,7 @@ def test_chunk_scan_gradients_equal_plain_scan():
     return jnp.sum(outs ** 2) + jnp.sum(jnp.sin(final))
 
   def ours(s0, a, b):
-    outs, final = _chunks.chunk_scan(_toy_block, s0, (a, b))
+    outs, final = chunks.chunk_scan(_toy_block, s0, (a, b))
     return jnp.sum(outs ** 2) + jnp.sum(jnp.sin(final))
 
   assert_close(ours(s0, a, b), plain(s0, a, b), rtol=1e-6)
@@ -40,10 +40,10 @@ def test_chunk_scan_gradients_equal_plain_scan():
 
 def test_to_from_chunks_round_trip():
   x = jnp.arange(2 * 7 * 3, dtype=jnp.float32).reshape(2, 7, 3)
-  c = _chunks.to_chunks(x, 3)
+  c = chunks.to_chunks(x, 3)
   assert c.shape == (3, 2, 3, 3)
   np.testing.assert_array_equal(c[-1, :, 1:], 0.0)  # padding
-  np.testing.assert_array_equal(_chunks.from_chunks(c, 7), x)
+  np.testing.assert_array_equal(chunks.from_chunks(c, 7), x)
 
 
 def _residual_bytes(fn, *args) -> int:

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, mods, normalizers
+from attnjax import dense, mods, normalizers, _platform
+from attnjax.kernels import jax_nn, pallas_gpu, splash
 from helpers import rand_qkv
 
 STRUCTURES = {"none": {}, "causal": dict(is_causal=True), "window": dict(window=(8, 0)),
@@ -47,7 +48,7 @@ def _call(normalizer, structure, extra, T, dtype):
   elif e == "score_mod":
     e = dict(score_mod=mods.alibi, score_mod_args=(jnp.asarray(mods.alibi_slopes(2)),))
   elif e == "mask_mod":
-    e = dict(mask_mod=mods.prefix_lm, mask_mod_args=(jnp.asarray([5]),))
+    e = dict(mask_mod=mods.prefix_lm_mask, mask_mod_args=(jnp.asarray([5]),))
   kw.update(e)
   return dense.prepare(q, k, v, **kw)
 
@@ -57,11 +58,11 @@ def _expected(inputs, opts, T, dtype) -> dict[str, str]:
   pallas_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
                and opts.score_mod is None and opts.mask_mod is None)
   splash_ok = (normalizers.REGISTRY[opts.normalizer].platform_kernel
-               and (inputs.sink_logits is None or dense._splash_takes_sinks())
+               and (inputs.sink_logits is None or splash._takes_sinks())
                and pallas_ok and not opts.return_stats and T % 128 == 0 and dtype != jnp.float16)
   # cuDNN: softmax without sinks, softcap, statistics or modifiers, bf16/fp16 (bias and mask
   # arrays it takes), where jax can trace its cuDNN call on this host.
-  cudnn_ok = (dense._platform.cudnn_version() is not None and opts.normalizer == "softmax"
+  cudnn_ok = (_platform.cudnn_version() is not None and opts.normalizer == "softmax"
               and inputs.sink_logits is None and opts.softcap is None and not opts.return_stats
               and opts.similarity == "dot" and opts.score_mod is None and opts.mask_mod is None
               and dtype in (jnp.bfloat16, jnp.float16))
@@ -106,8 +107,8 @@ def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
   # the reference stands for the kernel (interpret-mode Pallas refuses explicitly sharded refs).
   kind = jax.sharding.AxisType.Auto if axis_type == "auto" else jax.sharding.AxisType.Explicit
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(kind, kind))
-  assert dense._platform.kernel_axes(mesh, 8, 2) == (("data",), ("tensor",))
-  assert dense._platform.kernel_axes(mesh, 2, 3) == ((), ())  # neither divides: unsharded
+  assert _platform.kernel_axes(mesh, 8, 2) == (("data",), ("tensor",))
+  assert _platform.kernel_axes(mesh, 2, 3) == ((), ())  # neither divides: unsharded
   q, k, v = rand_qkv(B=8, T=40, N=4, K=2, H=16, source="numpy")
   kw = dict(is_causal=True, normalizer="softpick", return_stats=True)
   opts = dense.prepare(q, k, v, **kw)[1]
@@ -116,12 +117,12 @@ def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
   def kernel(i):
     seen.append((i.q.shape, i.k.shape))
     if axis_type == "auto":
-      return dense.pallas_gpu_attention(i, opts, interpret=True)
+      return pallas_gpu.run(i, opts, interpret=True)
     return dense.reference(i, opts)
 
   want = kernel(dense.prepare(q, k, v, **kw)[0])
   with jax.set_mesh(mesh):
-    got = jax.jit(lambda *a: dense._platform.per_shard(kernel, dense.prepare(*a, **kw)[0]))(
+    got = jax.jit(lambda *a: _platform.per_shard(kernel, dense.prepare(*a, **kw)[0]))(
         q, k, v)
   assert seen[-1] == ((2, 40, 2, 16), (2, 40, 1, 16))  # a device's batch rows and heads
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -138,7 +139,7 @@ class _NewOptions(dense.DenseOptions):
 def test_an_option_a_kernel_does_not_know_is_never_dropped():
   inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
   new = _NewOptions(**dataclasses.asdict(opts), future_option=lambda z, *idx: z)
-  for check in (dense.pallas_gpu.unsupported, dense._splash_unsupported, dense._cudnn_unsupported):
+  for check in (dense.pallas_gpu.unsupported, splash.unsupported, jax_nn.cudnn_unsupported):
     assert any("future_option" in r for r in check(inputs, new)), check
   # at the default, the new field is no reason
   assert dense.pallas_gpu.unsupported(inputs, _NewOptions(**dataclasses.asdict(opts))) == []

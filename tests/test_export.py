@@ -3,7 +3,7 @@
 ``jax.export(..., platforms=[...])`` lowers a program for a platform this host
 does not have; auto-dispatch (``implementation=None``) is decided at lowering
 time, so the exported module holds the platform's kernel: the Pallas Triton
-call (:data:`attnjax.pallas_gpu.TRITON_CALL_TARGET`) for ``cuda``, splash
+call (:data:`attnjax.kernels.pallas_gpu.TRITON_CALL_TARGET`) for ``cuda``, splash
 (``tpu_custom_call``) for ``tpu``. The model is tiny (one layer, T=128, head
 dim 128) but keeps the presets' attention options (bfloat16, auto dispatch,
 per-layer statistics in the step).
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
-from attnjax import dense, pallas_gpu
+from attnjax import dense
+from attnjax.kernels import pallas_gpu, splash
 from attnjax.train.variants import COMPARE, attention_kwargs
 from helpers import preset_train_step
 
@@ -80,7 +81,7 @@ def test_tpu_preset_step_exports_for_tpu(variant):
   # Splash returns no statistics, so the step is exported without per-layer statistics
   # (with them, the TPU branch is the block-wise kernel: exported below for "dense").
   targets = call_targets(export_step("tpu", variant, "tpu", stats=False))
-  want = softmax(variant) and (variant != "sink_logits" or dense._splash_takes_sinks())
+  want = softmax(variant) and (variant != "sink_logits" or splash._takes_sinks())
   assert (SPLASH_TARGET in targets) == want, (variant, targets)
   assert pallas_gpu.TRITON_CALL_TARGET not in targets
 

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import blockwise, dense, layout, mods, patterns, sparse
+from attnjax import dense, layout, mods, patterns, sparse
+from attnjax.kernels.blockwise import kernel as blockwise
+from attnjax.kernels import jax_nn
 from helpers import assert_close, rand_qkv
 
 
@@ -38,7 +40,7 @@ def _value_and_grads(fn, q, k, v, args):
 
 
 def _blockwise(bq=8, bk=8, **kw):
-  return lambda q, k, v, args: blockwise.dot_product_attention(
+  return lambda q, k, v, args: blockwise.attention(
       q, k, v, block_q=bq, block_k=bk, score_mod_args=args, **kw)
 
 
@@ -90,7 +92,7 @@ def test_mask_mod_with_traced_args_skips_at_run_time_and_matches():
   ids = jnp.stack([jnp.arange(T) // 8, jnp.where(jnp.arange(T) < 20, 0, 1)]).astype(jnp.int32)
   seg_ref = attnjax.dot_product_attention(q, k, v, segment_ids=ids, is_causal=True,
                                           implementation="reference")
-  f = lambda q, k, v, args: blockwise.dot_product_attention(
+  f = lambda q, k, v, args: blockwise.attention(
       q, k, v, block_q=8, block_k=8, is_causal=True, mask_mod=_doc_mask, mask_mod_args=(ids,))
   r = lambda q, k, v, args: attnjax.dot_product_attention(
       q, k, v, is_causal=True, mask_mod=_doc_mask, mask_mod_args=(ids,),
@@ -109,7 +111,7 @@ def test_document_mask_blocks_from_id_ranges(monkeypatch):
   T = 32
   q, k, v = rand_qkv(2, T, T, 2, 2, 8, seed=5, source="numpy")
   ids = jnp.stack([jnp.arange(T) // 8, jnp.arange(T) // 20]).astype(jnp.int32)
-  got = blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8,  # jitted: ids traced
+  got = blockwise.attention(q, k, v, block_q=8, block_k=8,  # jitted: ids traced
                                         mask_mod=mods.document_mask, mask_mod_args=(ids,))
   want = attnjax.dot_product_attention(q, k, v, segment_ids=ids, implementation="reference")
   assert_close(got, want, "document", rtol=1e-5, atol=1e-5)
@@ -118,7 +120,7 @@ def test_document_mask_blocks_from_id_ranges(monkeypatch):
 
 def test_bf16_and_gqa_with_modifiers():
   q, k, v = rand_qkv(1, 16, 16, 4, 1, 8, seed=6, dtype=jnp.bfloat16, source="numpy")
-  kw = dict(score_mod=mods.alibi, mask_mod=mods.causal)
+  kw = dict(score_mod=mods.alibi, mask_mod=mods.causal_mask)
   args = (jnp.asarray(mods.alibi_slopes(4)),)
   got = _value_and_grads(_blockwise(**kw), q, k, v, args)
   want = _value_and_grads(_reference(**kw), q, k, v, args)
@@ -160,7 +162,7 @@ def test_qk_norm_and_cosine_take_modifiers():
   slopes = jnp.asarray(mods.alibi_slopes(2))
   for fn, extra in ((attnjax.qk_norm_attention, {}),
                     (attnjax.cosine_attention, dict(temperature=jnp.full((2,), 2.0)))):
-    got = fn(q, k, v, score_mod=mods.alibi, score_mod_args=(slopes,), mask_mod=mods.causal,
+    got = fn(q, k, v, score_mod=mods.alibi, score_mod_args=(slopes,), mask_mod=mods.causal_mask,
              **extra)
     plain = fn(q, k, v, is_causal=True, **extra)
     assert np.abs(np.asarray(got - plain)).max() > 1e-3  # the modifier changed something
@@ -204,12 +206,12 @@ def test_modifier_validation():
                                   implementation="reference")
   with pytest.raises(ValueError, match="block_layout .* needs its mask_mod"):
     attnjax.dot_product_attention(
-        q, k, v, block_layout=layout.from_mask_mod(mods.causal, 8, 8, 4, 4))
+        q, k, v, block_layout=layout.from_mask_mod(mods.causal_mask, 8, 8, 4, 4))
   with pytest.raises(ValueError, match="implementation='xla' does not support score_mod"):
     attnjax.dot_product_attention(q, k, v, score_mod=mods.SoftCap(5.0), implementation="xla")
-  inputs, opts = dense.prepare(q, k, v, mask_mod=mods.causal)
-  assert "mask_mod" in dense._platform_unsupported(inputs, opts)
-  assert opts.score_mod is None and opts.mask_mod is mods.causal
+  inputs, opts = dense.prepare(q, k, v, mask_mod=mods.causal_mask)
+  assert "mask_mod" in jax_nn.unsupported(inputs, opts)
+  assert opts.score_mod is None and opts.mask_mod is mods.causal_mask
 
 
 # ---------------------------------------------------------------------------
@@ -217,8 +219,8 @@ def test_modifier_validation():
 
 
 @pytest.mark.parametrize("name,mod,pattern", [
-    ("causal", mods.causal, patterns.causal()),
-    ("window", mods.sliding_window(5, 2), patterns.sliding_window(5, 2)),
+    ("causal", mods.causal_mask, patterns.causal()),
+    ("window", mods.sliding_window_mask(5, 2), patterns.sliding_window(5, 2)),
     ("bigbird", None, patterns.bigbird(4, 1, 1, 1, seed=0)),
 ], ids=["causal", "window", "bigbird"])
 def test_from_mask_mod_equals_the_rule_layout(name, mod, pattern):
@@ -251,13 +253,13 @@ def test_mask_mod_blocks_are_skipped_and_full_blocks_unmasked(monkeypatch):
   # A window as a mask_mod visits the same blocks as window=, and never
   # evaluates the modifier on a full block.
   calls = []
-  real = blockwise.attention
-  monkeypatch.setattr(blockwise, "attention",
+  real = blockwise.run_layout
+  monkeypatch.setattr(blockwise, "run_layout",
                       lambda *a, **kw: calls.append(kw["layout"]) or real(*a, **kw))
   q, k, v = rand_qkv(1, 64, 64, 2, 2, 4, source="numpy")
-  got = blockwise._dot_product_attention(q, k, v, block_q=8, block_k=8,
-                                         mask_mod=mods.sliding_window(8))
-  want = blockwise._dot_product_attention(q, k, v, block_q=8, block_k=8, window=(8, 0))
+  got = blockwise._attention(q, k, v, block_q=8, block_k=8,
+                                         mask_mod=mods.sliding_window_mask(8))
+  want = blockwise._attention(q, k, v, block_q=8, block_k=8, window=(8, 0))
   assert_close(got, want, "window", rtol=1e-5, atol=1e-5)
   assert calls[0].num_pairs == calls[1].num_pairs < 64
   np.testing.assert_array_equal(layout.full_blocks(calls[0]), layout.full_blocks(calls[1]))
@@ -265,15 +267,15 @@ def test_mask_mod_blocks_are_skipped_and_full_blocks_unmasked(monkeypatch):
 
 def test_layout_intersect_checks_geometry():
   a = layout.structural_layout(16, 16, 8, 8, is_causal=True)
-  b = layout.from_mask_mod(mods.sliding_window(3), 16, 16, 4, 4)
+  b = layout.from_mask_mod(mods.sliding_window_mask(3), 16, 16, 4, 4)
   with pytest.raises(ValueError, match="different geometry"):
     layout.intersect(a, b)
-  both = layout.intersect(a, layout.from_mask_mod(mods.sliding_window(3), 16, 16, 8, 8))
+  both = layout.intersect(a, layout.from_mask_mod(mods.sliding_window_mask(3), 16, 16, 8, 8))
   assert both.num_pairs == 3
 
 
 def test_modifier_factories_are_hashable_and_equal_by_value():
-  assert mods.sliding_window(4) == mods.sliding_window(4)
+  assert mods.sliding_window_mask(4) == mods.sliding_window_mask(4)
   assert hash(mods.t5_relative_bias(32, 64)) == hash(mods.t5_relative_bias(32, 64))
   q, k, v = rand_qkv(1, 8, 8, 2, 2, 4, source="numpy")
 
@@ -316,7 +318,7 @@ def test_nn_relative_bias_owns_a_learned_table_and_mask_mod():
   grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
   assert np.abs(np.asarray(grads.relative_bias_table[...])).max() > 0
   # mask_mod=causal on a non-causal layer equals the causal layer.
-  a = _layer(is_causal=False, mask_mod=mods.causal)(x)
+  a = _layer(is_causal=False, mask_mod=mods.causal_mask)(x)
   b = _layer(is_causal=True)(x)
   assert_close(a, b, "mask_mod causal", rtol=1e-5, atol=1e-5)
   c = _layer(score_mod=mods.SoftCap(0.5))(x)
@@ -331,15 +333,15 @@ def test_nn_relative_bias_owns_a_learned_table_and_mask_mod():
 
 def _fwd_cases():
   slopes = jnp.asarray(mods.alibi_slopes(4))
-  blockwise_fn = lambda q, k, v, s: blockwise.dot_product_attention(
+  blockwise_fn = lambda q, k, v, s: blockwise.attention(
       q, k, v, block_q=8, block_k=8, is_causal=True, score_mod=mods.alibi, score_mod_args=(s,),
-      mask_mod=mods.sliding_window(9), normalizer="softmax_one")
+      mask_mod=mods.sliding_window_mask(9), normalizer="softmax_one")
   sparse_fn = lambda q, k, v, s: sparse.sparse_attention(
       q, k, v, pattern=patterns.sliding_window(9), block_size=8, score_mod=mods.alibi,
       score_mod_args=(s,), normalizer="softmax_one")
   reference = lambda q, k, v, s: attnjax.dot_product_attention(
       q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(s,),
-      mask_mod=mods.sliding_window(9), normalizer="softmax_one", implementation="reference")
+      mask_mod=mods.sliding_window_mask(9), normalizer="softmax_one", implementation="reference")
   return slopes, {"blockwise": blockwise_fn, "sparse": sparse_fn}, reference
 
 
@@ -364,7 +366,7 @@ def test_jvp_and_linearize_match_the_reference(path):
 def test_reverse_mode_saves_no_probability_tiles():
   # The linearised program keeps O(T) residuals: no [.., T, S]-sized tile per visit.
   q, k, v = rand_qkv(1, 64, 64, 2, 2, 8, seed=1, source="numpy")
-  f = lambda q: jnp.sum(blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8,
+  f = lambda q: jnp.sum(blockwise.attention(q, k, v, block_q=8, block_k=8,
                                                         score_mod=mods.SoftCap(5.0)))
   _, f_vjp = jax.vjp(f, q)
   sizes = [np.size(x) for x in jax.tree.leaves(f_vjp)]
@@ -407,7 +409,7 @@ def test_hessian_vector_products_both_orders(path):  # sparse: slow; its jvp run
 
 def test_vmap_of_grad_and_grad_of_vmap():
   q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=16, source="numpy")
-  f = lambda q: blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8, is_causal=True,
+  f = lambda q: blockwise.attention(q, k, v, block_q=8, block_k=8, is_causal=True,
                                                 score_mod=mods.SoftCap(2.0))
   r = lambda q: attnjax.dot_product_attention(q, k, v, is_causal=True, implementation="reference",
                                               score_mod=mods.SoftCap(2.0))
@@ -423,9 +425,9 @@ def test_vmap_of_grad_and_grad_of_vmap():
 
 
 def test_in_call_layout_evaluates_batch_and_heads_only_when_read():
-  assert blockwise._index_use(mods.causal, ()) == (False, False)
-  assert blockwise._index_use(mods.prefix_lm, (jnp.zeros(2, jnp.int32),)) == (True, False)
-  assert blockwise._index_use(lambda b, n, i, j: n == i, ()) == (False, True)
+  assert blockwise.index_use(mods.causal_mask, ()) == (False, False)
+  assert blockwise.index_use(mods.prefix_lm_mask, (jnp.zeros(2, jnp.int32),)) == (True, False)
+  assert blockwise.index_use(lambda b, n, i, j: n == i, ()) == (False, True)
 
 
 def test_run_time_mask_mod_table_joins_segment_ids():
@@ -435,7 +437,7 @@ def test_run_time_mask_mod_table_joins_segment_ids():
   seg = jnp.stack([jnp.arange(T) // 16, jnp.arange(T) // 12]).astype(jnp.int32)
   ids = jnp.stack([jnp.arange(T) // 8, jnp.arange(T) // 24]).astype(jnp.int32)
   kw = dict(segment_ids=seg, is_causal=True, mask_mod=_doc_mask, mask_mod_args=(ids,))
-  f = lambda q, k, v, a: blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8, **kw)
+  f = lambda q, k, v, a: blockwise.attention(q, k, v, block_q=8, block_k=8, **kw)
   r = lambda q, k, v, a: attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
   assert_close(_value_and_grads(f, q, k, v, ()), _value_and_grads(r, q, k, v, ()), "joined",
                rtol=1e-4, atol=1e-4)

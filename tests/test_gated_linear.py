@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _gla_chunk, feature_maps, gated_linear, masks
+from attnjax import feature_maps, gated_linear, masks
+from attnjax.kernels.recurrent import gla_chunk
 from attnjax.gated_linear import gated_linear_attention
 from helpers import assert_close, rand_qkv
 
@@ -96,16 +97,16 @@ def test_forms_agree_secondary_chunking():
     return gated_linear._block_state(gated_linear._block_terms(q, k, g, reset) + (v,), s)
 
   def sub_blocked(q, k, v, g, s):
-    return _gla_chunk.sub_blocked_chunk(q, k, v, g, reset, s, 16)
+    return gla_chunk.sub_blocked_chunk(q, k, v, g, reset, s, 16)
 
   def direct(q, k, v, g, s):
-    return _gla_chunk.direct_chunk(q, k, v, g, reset, s)
+    return gla_chunk.direct_chunk(q, k, v, g, reset, s)
 
   # The chunk decays by more than the direct path takes: gla_chunk runs the sub-blocks.
-  assert float(jnp.max(-jnp.sum(gc, axis=1))) > _gla_chunk.DIRECT_MAX_DECAY
+  assert float(jnp.max(-jnp.sum(gc, axis=1))) > gla_chunk.DIRECT_MAX_DECAY
   _check_chunk_vjps(materialised, sub_blocked, (qg, k[:, :64], v[:, :64], gc, s0g), "sub-blocked")
   # The direct path on the same chunk with its decays scaled into its range (total <= 16).
-  weak = gc * (0.9 * _gla_chunk.DIRECT_MAX_DECAY / float(jnp.max(-jnp.sum(gc, axis=1))))
+  weak = gc * (0.9 * gla_chunk.DIRECT_MAX_DECAY / float(jnp.max(-jnp.sum(gc, axis=1))))
   _check_chunk_vjps(materialised, direct, (qg, k[:, :64], v[:, :64], weak, s0g), "direct")
 
 
@@ -133,8 +134,8 @@ def test_forms_agree_direct_and_sub_blocked_chunks_mixed():
   g = -rng.uniform(0.05, 0.5, (2, 40, 4, 8))
   g[:, 16:32] = -rng.uniform(1.5, 2.5, (2, 16, 4, 8))
   g = jnp.asarray(g, jnp.float32)
-  assert _gla_chunk.DIRECT_MAX_DECAY < float(jnp.min(-jnp.sum(g[:, 16:32], axis=1)))
-  assert float(jnp.max(-jnp.sum(g[:, :16], axis=1))) < _gla_chunk.DIRECT_MAX_DECAY
+  assert gla_chunk.DIRECT_MAX_DECAY < float(jnp.min(-jnp.sum(g[:, 16:32], axis=1)))
+  assert float(jnp.max(-jnp.sum(g[:, :16], axis=1))) < gla_chunk.DIRECT_MAX_DECAY
   _check_forms(_forms_and_grads(q, k, v, g, s0, None, chunk_size=16))
 
 

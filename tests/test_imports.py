@@ -186,11 +186,47 @@ def test_reaches():
 
 def test_layouts_sit_below_kernels_and_patterns():
   """Rules (masks, patterns) and layouts below kernels; kernels below dispatch."""
-  for kernel in ("attnjax.blockwise", "attnjax.sparse", "attnjax.patterns", "attnjax.dense"):
+  for kernel in ("attnjax.kernels.blockwise", "attnjax.sparse", "attnjax.patterns", "attnjax.dense"):
     assert not reaches(GRAPH, "attnjax.layout", kernel), kernel
-  assert not reaches(GRAPH, "attnjax.patterns", "attnjax.blockwise")
-  assert not reaches(GRAPH, "attnjax.blockwise", "attnjax.dense")
-  assert not reaches(GRAPH, "attnjax.normalizers", "attnjax.blockwise")
+  assert not reaches(GRAPH, "attnjax.patterns", "attnjax.kernels.blockwise")
+  assert not reaches(GRAPH, "attnjax.kernels.blockwise", "attnjax.dense")
+  assert not reaches(GRAPH, "attnjax.normalizers", "attnjax.kernels.blockwise")
+
+
+FAMILIES = tuple(f"attnjax.{name}" for name in (
+    "dense", "qk_norm", "sparse", "compressed", "block_select", "linear", "gated_linear",
+    "delta_rule"))
+VOCABULARY = tuple(f"attnjax.{name}" for name in (
+    "normalizers", "masks", "patterns", "layout", "mods", "feature_maps", "attention_stats",
+    "options", "_checks", "_platform"))
+
+
+def engine_violations(graph: dict[str, set[str]]) -> list[str]:
+  """Families import kernels, kernels never import families (nor does the shared vocabulary
+  import either), directly or through other modules."""
+  out = []
+  kernels = sorted(m for m in graph if under(m, "attnjax.kernels"))
+  for module in kernels:
+    out += [f"{module} (kernel) reaches {f}" for f in FAMILIES if reaches(graph, module, f)]
+  for module in VOCABULARY:
+    out += [f"{module} (vocabulary) reaches {t}" for t in FAMILIES + tuple(kernels)
+            if reaches(graph, module, t)]
+  return out
+
+
+def test_engine_rule_finds_a_kernel_importing_a_family():
+  graph = {"attnjax.kernels.x": {"attnjax.options"}, "attnjax.options": {"attnjax.sparse"},
+           "attnjax.sparse": {"attnjax.kernels.x"}}
+  assert engine_violations(graph) == [
+      "attnjax.kernels.x (kernel) reaches attnjax.sparse",
+      "attnjax.options (vocabulary) reaches attnjax.sparse",
+      "attnjax.options (vocabulary) reaches attnjax.kernels.x"]
+
+
+def test_families_import_kernels_and_kernels_never_import_families():
+  assert any(under(m, "attnjax.kernels") for m in GRAPH)
+  assert "attnjax.kernels.blockwise" in GRAPH["attnjax.dense"]
+  assert engine_violations(GRAPH) == []
 
 
 def test_import_attnjax_loads_no_flax():

@@ -84,16 +84,16 @@ def _mask_case(name):
   ids = np.stack([np.arange(T) // 6, (np.arange(T) >= 11).astype(int)]).astype(np.int32)
   prefix = np.asarray([5, 0], np.int32)
   if name == "causal":
-    return dict(mask_mod=mods.causal), j <= i
+    return dict(mask_mod=mods.causal_mask), j <= i
   if name == "sliding_window":
-    return dict(mask_mod=mods.sliding_window(4, 2)), (j >= i - 4) & (j <= i + 2)
+    return dict(mask_mod=mods.sliding_window_mask(4, 2)), (j >= i - 4) & (j <= i + 2)
   if name == "chunked":
-    return dict(mask_mod=mods.chunked(6)), (i // 6 == j // 6) & (j <= i)
+    return dict(mask_mod=mods.chunked_mask(6)), (i // 6 == j // 6) & (j <= i)
   if name == "chunked_bidirectional":
-    return dict(mask_mod=mods.chunked(6, causal=False)), i // 6 == j // 6
+    return dict(mask_mod=mods.chunked_mask(6, causal=False)), i // 6 == j // 6
   if name == "prefix_lm":
     mask = (j <= i)[None] | (j[None] < prefix[:, None, None])
-    return dict(mask_mod=mods.prefix_lm, mask_mod_args=(jnp.asarray(prefix),)), mask[:, None]
+    return dict(mask_mod=mods.prefix_lm_mask, mask_mod_args=(jnp.asarray(prefix),)), mask[:, None]
   if name == "document":
     mask = ids[:, :, None] == ids[:, None, :]
     return dict(mask_mod=mods.document_mask, mask_mod_args=(jnp.asarray(ids),)), mask[:, None]
@@ -141,7 +141,7 @@ def test_every_pattern_as_a_mask_mod(name, pattern, qkv):
 
 def test_and_combines_masks(qkv):
   q, k, v = qkv
-  both = mods.And((mods.causal, mods.document_mask), (0, 1))
+  both = mods.And((mods.causal_mask, mods.document_mask), (0, 1))
   ids = jnp.asarray(np.stack([np.arange(T) // 7] * B), jnp.int32)
   got = _ref(q, k, v, mask_mod=both, mask_mod_args=(ids,))
   assert_close(got, _ref(q, k, v, mask_mod=mods.causal_document_mask, mask_mod_args=(ids,)),
@@ -153,13 +153,13 @@ def test_document_masks_with_block_rules_over_many_blocks(name):
   # T=32 in blocks of 8 with two documents of 16: blocks inside one document are FULL by the
   # id ranges, and only the causal rule can say that those above the diagonal must be skipped
   # and those on it masked (traced ids: the jitted call classifies blocks from the rule).
-  from attnjax import blockwise
+  from attnjax.kernels import blockwise
   q, k, v = rand_qkv(1, 32, 32, 2, 1, 8, seed=3, source="numpy")
   ids = jnp.asarray(np.arange(32)[None] // 16, jnp.int32)
   fn = mods.document_mask if name == "document" else mods.causal_document_mask
   allowed = ids[:, :, None] == ids[:, None, :]
   if name == "causal_document":
     allowed = allowed & jnp.tril(jnp.ones((32, 32), bool))[None]
-  got = blockwise.dot_product_attention(q, k, v, block_q=8, block_k=8, mask_mod=fn,
+  got = blockwise.attention(q, k, v, block_q=8, block_k=8, mask_mod=fn,
                                         mask_mod_args=(ids,))
   assert_close(got, _ref(q, k, v, mask=allowed[:, None]), name, rtol=1e-5, atol=1e-5)

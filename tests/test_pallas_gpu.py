@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, normalizers, pallas_gpu
+from attnjax import dense, normalizers
+from attnjax.kernels import pallas_gpu
 from helpers import rand_qkv
 
 
@@ -39,7 +40,7 @@ def _run(impl, q, k, v, sink, kw):
   extra = {} if sink is None else dict(sink_logits=sink)
   inputs, opts = dense.prepare(q, k, v, **kw, **extra)
   if impl == "pallas_gpu":
-    return dense.pallas_gpu_attention(inputs, opts, interpret=True, block_sizes=BLOCKS)
+    return pallas_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
   return dense.reference(inputs, opts)
 
 
@@ -111,7 +112,7 @@ def test_pallas_gpu_matches_reference_everywhere(normalizer, structure, gqa, dty
 def test_pallas_gpu_float16_and_no_structure():
   check("softmax", "causal", dtype=jnp.float16)
   q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16, source="numpy")
-  out = dense.pallas_gpu_attention(*dense.prepare(q, k, v, normalizer="sigmoid"),
+  out = pallas_gpu.run(*dense.prepare(q, k, v, normalizer="sigmoid"),
                                    interpret=True, block_sizes=BLOCKS)
   ref = attnjax.dot_product_attention(q, k, v, normalizer="sigmoid", implementation="reference")
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)

@@ -413,8 +413,8 @@ def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, n
   from attnjax import sparse
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 2)
   calls = []
-  banded = sparse._banded_chunks
-  monkeypatch.setattr(sparse, "_banded_chunks", lambda *a: calls.append(1) or banded(*a))
+  banded = sparse.banded_chunks
+  monkeypatch.setattr(sparse, "banded_chunks", lambda *a: calls.append(1) or banded(*a))
   T = 37
   q, k, v = qkv(2, T, S, 4, 2, 4, seed=5)
   seg = (jnp.stack([jnp.arange(T) >= 13, jnp.arange(T) >= 20]).astype(jnp.int32),

@@ -1,7 +1,7 @@
 """The splash-attention path: its mask against ours, interpret-mode parity, refusals, dispatch.
 
 The Pallas kernel only compiles for a TPU; on other backends it runs in Pallas interpret
-mode (``dense.splash(..., interpret=True)``), which is slow, so the parity cases use the
+mode (``splash.run(..., interpret=True)``), which is slow, so the parity cases use the
 smallest lengths the kernel tiles (multiples of 128) and few heads.
 """
 
@@ -14,6 +14,7 @@ import pytest
 
 import attnjax
 from attnjax import dense, masks
+from attnjax.kernels import splash
 from helpers import rand_qkv as _rand_qkv
 
 
@@ -34,7 +35,7 @@ def test_splash_mask_is_our_mask_rule(is_causal):
     ours = masks.structural_mask(jnp.arange(T), jnp.arange(S), is_causal=is_causal,
                                  window=window)
     ours = np.ones((T, S), bool) if ours is None else np.asarray(ours[0, 0])
-    theirs = dense.splash_mask(T, S, 3, is_causal=is_causal, window=window)
+    theirs = splash.make_mask(T, S, 3, is_causal=is_causal, window=window)
     assert theirs.shape == (3, T, S)
     got = np.asarray(theirs[slice(None), slice(None), slice(None)])
     for h in range(3):
@@ -68,7 +69,7 @@ def _splash_and_reference(q, k, v, kw):
   def loss(impl):
     def f(q, k, v, *sink):
       inputs, opts = dense.prepare(q, k, v, **kw, **({"sink_logits": sink[0]} if sink else {}))
-      out = (dense.splash(inputs, opts, interpret=True) if impl == "splash"
+      out = (splash.run(inputs, opts, interpret=True) if impl == "splash"
              else dense.reference(inputs, opts))
       ct = jax.random.normal(jax.random.key(42), out.shape, jnp.float32)
       return jnp.sum(out * ct), out
@@ -96,7 +97,7 @@ def test_splash_interpret_bf16_matches_float32_reference():
   # back in bf16, within bf16 rounding of the float32 reference on the same inputs.
   q, k, v = rand_qkv(T=128, N=2, K=1, H=128, dtype=jnp.bfloat16, seed=3)
   inputs, opts = dense.prepare(q, k, v, is_causal=True)
-  out = dense.splash(inputs, opts, interpret=True)
+  out = splash.run(inputs, opts, interpret=True)
   assert out.dtype == jnp.bfloat16
   ref = dense.reference(*dense.prepare(*(x.astype(jnp.float32) for x in (q, k, v)),
                                        is_causal=True))
@@ -128,7 +129,7 @@ def test_splash_reasons_name_the_option(kw, word):
     kw["mask"] = jnp.ones((1, 1, T, S), bool)
   if kw.get("segment_ids") == "pair":
     kw["segment_ids"] = (jnp.zeros((B, T), int), jnp.zeros((B, S), int))
-  reasons = dense._splash_unsupported(*dense.prepare(q, k, v, **kw), interpret=True)
+  reasons = splash.unsupported(*dense.prepare(q, k, v, **kw), interpret=True)
   assert len(reasons) == 1 and word in reasons[0], reasons
 
 
@@ -137,9 +138,9 @@ def test_splash_supports_its_options_in_interpret_mode():
   seg = (jnp.zeros((1, 128), int), jnp.zeros((1, 256), int))
   call = dense.prepare(q, k, v, is_causal=True, window=(8, 0), softcap=3.0, scale=0.2,
                        sink_logits=jnp.zeros(4), segment_ids=seg)
-  assert dense._splash_unsupported(*call, interpret=True) == []
+  assert splash.unsupported(*call, interpret=True) == []
   bf16 = dense.prepare(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
-  assert dense._splash_unsupported(*bf16, interpret=True) == []
+  assert splash.unsupported(*bf16, interpret=True) == []
 
 
 @pytest.mark.skipif(jax.default_backend() == "tpu", reason="checks the non-TPU refusal")
@@ -148,7 +149,7 @@ def test_splash_refuses_without_tpu():
   with pytest.raises(ValueError, match=r"implementation='splash'.*splash needs a TPU"):
     attnjax.dot_product_attention(q, k, v, implementation="splash")
   with pytest.raises(ValueError, match="splash needs a TPU"):
-    dense.splash(*dense.prepare(q, k, v))
+    splash.run(*dense.prepare(q, k, v))
 
 
 def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
@@ -158,7 +159,7 @@ def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
   for kw in (dict(), dict(is_causal=True), dict(window=(16, 0), segment_ids=seg),
              dict(softcap=5.0, sink_logits=jnp.zeros(2))):
     call = dense.prepare(q, k, v, **kw)
-    assert dense._splash_unsupported(*call) == []
+    assert splash.unsupported(*call) == []
     assert dense.select_implementation(*call) == "splash", kw
   # Anything splash cannot honour falls back as on the CPU: block-wise from
   # BLOCKWISE_MIN_LENGTH_CPU on, the reference below it.

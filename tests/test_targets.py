@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnjax import dense, normalizers, pallas_gpu, targets
+from attnjax import dense, normalizers, _platform, targets
+from attnjax.kernels import pallas_gpu, splash
 from helpers import preset_train_step
 
 CUDA_MISSING = targets.missing("cuda")
@@ -174,7 +175,7 @@ def test_block_sizes_are_chosen_for_the_target():
   for target in ("h200", "a100"):
     mesh = targets.mesh(targets.gpu_devices(target, 1))
     with jax.set_mesh(mesh):
-      seen[target] = pallas_gpu.block_sizes_for(256, jnp.bfloat16, dense._platform.cuda_major())
+      seen[target] = pallas_gpu.block_sizes_for(256, jnp.bfloat16, _platform.cuda_major())
   assert seen["h200"] == pallas_gpu.block_sizes_for(256, jnp.bfloat16, 9)
   assert seen["a100"] == pallas_gpu.block_sizes_for(256, jnp.bfloat16, 8)
   assert seen["h200"].block_q > seen["a100"].block_q
@@ -190,7 +191,7 @@ def test_an_oversized_kernel_configuration_fails_to_compile():
   q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 
   def fn(q):
-    return pallas_gpu.attention(*dense.prepare(q, q, q, is_causal=True),
+    return pallas_gpu.compute(*dense.prepare(q, q, q, is_causal=True),
                                 block_sizes=pallas_gpu.DEFAULT_BLOCK_SIZES)
 
   with jax.set_mesh(mesh):
@@ -200,7 +201,7 @@ def test_an_oversized_kernel_configuration_fails_to_compile():
 
 
 @needs_cuda
-@pytest.mark.skipif(dense._platform.cudnn_version() is None,
+@pytest.mark.skipif(_platform.cudnn_version() is None,
                     reason="jax's cuDNN wrapper needs the cuDNN library on the tracing host")
 def test_cudnn_compiles_and_auto_dispatch_takes_it():
   compiled = compile_kernel("h200", "cudnn", "softmax", "causal", "GQA", jnp.bfloat16, 128,
@@ -240,7 +241,7 @@ def speed_cases():
 @needs_cuda
 @pytest.mark.parametrize("impl,H,T", speed_cases())
 def test_device_check_speed_shapes_compile(impl, H, T):
-  if impl == "cudnn" and dense._platform.cudnn_version() is None:
+  if impl == "cudnn" and _platform.cudnn_version() is None:
     pytest.skip("jax's cuDNN wrapper needs the cuDNN library on the tracing host")
   mesh = targets.mesh(targets.gpu_devices("h200", 1))
   B, T, N, H = device_check().speed_shape(H, T)
@@ -313,7 +314,7 @@ def check_gpu_step(variant: str, compiled) -> None:
 
 def check_tpu_step(variant: str, compiled) -> None:
   found = call_targets(compiled)
-  if softmax_kernel(variant) and (variant != "sink_logits" or dense._splash_takes_sinks()):
+  if softmax_kernel(variant) and (variant != "sink_logits" or splash._takes_sinks()):
     assert MOSAIC in found, (variant, found)
   assert TRITON not in found
 

@@ -279,7 +279,7 @@ def _rope_per_head(x: Array, positions: Array, theta: float) -> Array:
 def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call, run_and_sow) -> tuple:
   """``(out [B, T, N, Hv], new H2OCache)``: one decode call of an ``h2o`` layer.
 
-  ``spec`` is the layer's :class:`~attnjax.nn.softmax_specs.KernelSpec`;
+  ``spec`` is the layer's :class:`~attnjax.nn.softmax_specs.DotProductSpec`;
   ``q``, ``k``, ``v`` are the new tokens' projections (after ``prepare_qk``).
   """
   c, cache = layer.config, call.cache

@@ -6,7 +6,7 @@ their three calls stay in one place.)
 :class:`ScoreSpec` holds what every family with logits shares (normaliser,
 softcap, sink logits) and the three calls (self-attention, cross-attention,
 decode over a :class:`~attnjax.nn.caches.KVCache`, under a cache policy of
-:mod:`attnjax.nn.kv_policies`); :class:`KernelSpec` adds the dense kernel's
+:mod:`attnjax.nn.kv_policies`); :class:`DotProductSpec` adds the dense kernel's
 k/v bias slot, windows and sinks.
 """
 
@@ -312,8 +312,8 @@ class ScoreSpec(AttentionSpec):
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelSpec(ScoreSpec):
-  """Options shared by the families on the dense kernel (dense, qk_norm, cosine).
+class DotProductSpec(ScoreSpec):
+  """Options shared by the dot-product families (dense, qk_norm, cosine).
 
   Attributes:
     kv_bias: learn one extra key/value pair per key/value head that every query
@@ -428,7 +428,7 @@ class KernelSpec(ScoreSpec):
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseSpec(KernelSpec):
+class DenseSpec(DotProductSpec):
   """Scaled dot product (:func:`attnjax.dot_product_attention`).
 
   Attributes:
@@ -448,7 +448,7 @@ class DenseSpec(KernelSpec):
 
 
 @dataclasses.dataclass(frozen=True)
-class QKNormSpec(KernelSpec):
+class QKNormSpec(DotProductSpec):
   """Normalise q and k over the head dim (:func:`attnjax.qk_norm_attention`).
 
   Attributes:
@@ -462,7 +462,7 @@ class QKNormSpec(KernelSpec):
   """
 
   family: ClassVar[str] = "qk_norm"
-  optional_params: ClassVar[tuple[str, ...]] = ("q_gain", "k_gain") + KernelSpec.optional_params
+  optional_params: ClassVar[tuple[str, ...]] = ("q_gain", "k_gain") + DotProductSpec.optional_params
 
   qk_norm: Literal["rms", "layer", "l2"] = "rms"
   qk_norm_placement: Literal["before_rope", "after_rope"] = "before_rope"
@@ -527,7 +527,7 @@ class QKNormSpec(KernelSpec):
 
 
 @dataclasses.dataclass(frozen=True)
-class CosineSpec(KernelSpec):
+class CosineSpec(DotProductSpec):
   """Cosine similarity times a learned temperature (:func:`attnjax.cosine_attention`).
 
   Attributes:
@@ -538,7 +538,7 @@ class CosineSpec(KernelSpec):
   """
 
   family: ClassVar[str] = "cosine"
-  optional_params: ClassVar[tuple[str, ...]] = ("temperature",) + KernelSpec.optional_params
+  optional_params: ClassVar[tuple[str, ...]] = ("temperature",) + DotProductSpec.optional_params
 
   cosine_convention: Literal["swin", "scale", "ngpt"] = "swin"
   temperature_init: Optional[float] = None

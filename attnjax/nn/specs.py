@@ -23,7 +23,7 @@ registered with :func:`register_family`, e.g.::
   register_family(MemoryCompressedSpec)
 
 Families: ``dense`` (:class:`DenseSpec`), ``qk_norm`` (:class:`QKNormSpec`),
-``cosine`` (:class:`CosineSpec`) share the dense kernel (:class:`KernelSpec`:
+``cosine`` (:class:`CosineSpec`) share the dense kernel (:class:`DotProductSpec`:
 normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
 ``sparse`` (:class:`SparseSpec`) a block-sparse pattern; ``linear``
 (:class:`LinearSpec`) kernel feature maps with a recurrent decode state;
@@ -35,7 +35,7 @@ normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
 """
 
 from attnjax.nn.linear_spec import LinearSpec
-from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, KernelSpec, QKNormSpec, ScoreSpec,
+from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, DotProductSpec, QKNormSpec, ScoreSpec,
                                       SparseSpec)
 # After the others: the gated families register after them (FAMILY_SPECS keeps that order).
 from attnjax.nn.gated_spec import (GATED_FAMILIES, DeltaNetSpec, GatedDeltaNetSpec, GatedSpec,
@@ -50,7 +50,7 @@ __all__ = [
     "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "Call", "CompressedSpec", "CosineSpec",
     "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
     "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "GLASpec", "GatedDeltaNetSpec", "GatedSpec",
-    "KernelSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",
+    "DotProductSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",
     "STREAMING_ROPE", "ScoreSpec", "SparseSpec", "check_int", "check_type", "register_family",
     "run_and_sow",
 ]

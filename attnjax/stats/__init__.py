@@ -17,7 +17,7 @@ etc. work as before):
   ``value_state_drain``;
 - :mod:`~attnjax.stats.activations`: ``massive_activations``, ``kurtosis``,
   ``output_logit_drift``;
-- :mod:`~attnjax.stats.kernels`: ``kernel_approximation_error``,
+- :mod:`~attnjax.stats.approximation`: ``kernel_approximation_error``,
   ``feature_map_attention_error``;
 - :mod:`~attnjax.stats.capture`: ``ProbeCapture`` and ``probe_statistics``,
   every statistic of one forward pass;
@@ -56,7 +56,7 @@ from attnjax.stats.activations import kurtosis, massive_activations, output_logi
 from attnjax.stats.capture import ProbeCapture, probe_statistics
 from attnjax.stats.geometry import qk_statistics, sink_geometry, value_state_drain
 from attnjax.stats.jsonable import flatten, to_jsonable
-from attnjax.stats.kernels import feature_map_attention_error, kernel_approximation_error
+from attnjax.stats.approximation import feature_map_attention_error, kernel_approximation_error
 from attnjax.stats.results import (AttentionEntropy, FirstTokenAttention, LayerMean, LogitDrift,
                                    MassiveActivations, QKStatistics, SinkGeometry, SinkRate)
 from attnjax.stats.sinks import (attention_entropy, attention_sparsity, first_token_attention,

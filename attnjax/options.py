@@ -2,7 +2,7 @@
 
 :func:`validate` checks the arguments of a dense call once and returns a
 :class:`DenseInputs` (arrays) and a :class:`DenseOptions` (static choices).
-:mod:`attnjax.dense` (reference and dispatch), :mod:`attnjax.blockwise` and
+:mod:`attnjax.dense` (reference and dispatch), :mod:`attnjax.kernels.blockwise` and
 :mod:`attnjax.sparse` all take this form, so it lives below them: kernels import
 it, and nothing here imports a kernel (no import cycles).
 """
@@ -16,12 +16,15 @@ from typing import Any, Callable, Literal, Optional, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, normalizers
+from attnjax import _checks, masks, normalizers
 
 Array = jnp.ndarray
 
 Similarity = Literal["dot", "neg_sq_euclidean"]
 SIMILARITIES: tuple[str, ...] = get_args(Similarity)
+# The keywords of a dense call that are static under jax.jit (every other one is an array).
+STATIC_NAMES = ("is_causal", "scale", "normalizer", "softcap", "window", "similarity",
+                "return_stats", "score_mod", "mask_mod", "block_layout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,3 +221,36 @@ def index_grid(B: int, N: int, T: int, S: int) -> tuple[Array, Array, Array, Arr
   r = lambda size, axis: jnp.reshape(jnp.arange(size, dtype=jnp.int32),
                                      tuple(size if a == axis else 1 for a in range(4)))
   return r(B, 0), r(N, 1), r(T, 2), r(S, 3)
+
+
+def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> Optional[Array]:
+  """``[B|1, N|1, T]`` True where a query row has at least one allowed key; None if all do."""
+  structure_can_empty = (inputs.mask is not None or inputs.q_segment_ids is not None
+                         or (opts.window is not None and T > S))
+  if not structure_can_empty:
+    return None
+  full = masks.make_attention_mask(
+      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
+      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+  return jnp.any(full, axis=-1)
+
+
+def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, ...] = ()):
+  """An engine's ``attention(q, k, v, **dense_options, **engine_options)``, jitted.
+
+  ``run(inputs, opts, **engine_options)`` is the engine on a validated call;
+  the entry validates ``q, k, v`` and the keywords of
+  :func:`attnjax.dot_product_attention` (all but ``implementation``) with
+  :func:`validate`, and passes the engine's own keywords (``engine_static``,
+  e.g. ``block_sizes``, ``interpret``: static) through.
+  """
+
+  def attention(q, k, v, **kwargs):
+    if "implementation" in kwargs:
+      raise TypeError(f"{name}.attention takes no implementation argument (it is one)")
+    engine = {key: kwargs.pop(key) for key in engine_static if key in kwargs}
+    inputs, opts = validate(q, k, v, **kwargs)
+    return run(inputs, opts, **engine)
+
+  attention.__name__ = attention.__qualname__ = "attention"
+  return jax.jit(attention, static_argnames=STATIC_NAMES + tuple(engine_static))

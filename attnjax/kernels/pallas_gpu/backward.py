@@ -1,4 +1,4 @@
-"""The backward pass of :mod:`attnjax.pallas_gpu` (FlashAttention-2, blocks recomputed).
+"""The backward pass of :mod:`attnjax.kernels.pallas_gpu` (FlashAttention-2, blocks recomputed).
 
 1. Preprocessing (row terms, in XLA: one fused elementwise pass): ``D_i = <dO_i, O_i>``,
    the logsumexp cotangent ``g_i`` (zero on rows with no key) and, with
@@ -21,21 +21,21 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from attnjax import _platform
-from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, full_kv_blocks,
+from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, full_kv_blocks,
                                       full_q_blocks, kv_block_bounds, logits, q_block_bounds,
                                       segments_meet, tile_allowed, visit_loop)
 
 Array = jnp.ndarray
 
 
-def _softcap_grad(c: _Static, dz: Array, s: Array) -> Array:
+def _softcap_grad(c: GridPlan, dz: Array, s: Array) -> Array:
   if c.opts.softcap is None:
     return dz
   t = jnp.tanh(s / c.opts.softcap)
   return dz * (1.0 - t * t)
 
 
-def _input_refs(c: _Static, res_keys, has_g, refs):
+def _input_refs(c: GridPlan, res_keys, has_g, refs):
   """The backward kernels' input refs, in call order; the iterator is left at the outputs."""
   it = iter(refs)
   q_ref, k_ref, v_ref, do_ref, rd_ref = next(it), next(it), next(it), next(it), next(it)
@@ -46,7 +46,7 @@ def _input_refs(c: _Static, res_keys, has_g, refs):
   return q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref, it
 
 
-def _dq_kernel(c: _Static, res_keys, has_g, *refs):
+def _dq_kernel(c: GridPlan, res_keys, has_g, *refs):
   nz = c.nz
   (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
    it) = _input_refs(c, res_keys, has_g, refs)
@@ -83,7 +83,7 @@ def _dq_kernel(c: _Static, res_keys, has_g, *refs):
   dq_ref[...] = (dq * c.opts.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(c: _Static, res_keys, has_g, *refs):
+def _dkdv_kernel(c: GridPlan, res_keys, has_g, *refs):
   nz = c.nz
   (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
    it) = _input_refs(c, res_keys, has_g, refs)
@@ -146,8 +146,8 @@ def _dkdv_kernel(c: _Static, res_keys, has_g, *refs):
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def backward(c: _Static, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
-  """Cotangents ``(dq, dk, dv, dsink, None, None)`` of :func:`attnjax.pallas_gpu.attention`'s core.
+def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
+  """Cotangents ``(dq, dk, dv, dsink, None, None)`` of :func:`attnjax.kernels.pallas_gpu.attention`'s core.
 
   ``out`` is the forward's padded ``[B, N, Tp, Hvp]`` output, ``res`` its residual
   rows ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the
@@ -155,7 +155,7 @@ def backward(c: _Static, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   """
   nz = c.nz
   G, K = c.G, c.K
-  qh, kh, vh, q_seg_p, kv_seg_p = _layout(c, q, k, v, q_seg, kv_seg)
+  qh, kh, vh, q_seg_p, kv_seg_p = heads_first(c, q, k, v, q_seg, kv_seg)
   do = jnp.transpose(d_out, (0, 2, 1, 3))
   do = jnp.pad(do, ((0, 0), (0, 0), (0, c.Tp - c.T), (0, c.Hvp - c.Hv))).astype(q.dtype)
   # Preprocessing: the row terms (padded rows have dO = 0, so they add nothing).

@@ -13,7 +13,7 @@ as a primitive with three rules:
 - batching: the same primitive over ``jax.vmap`` of both functions (linear
   arguments broadcast to the batch).
 
-Used by :mod:`attnjax._forward_mode` for the block-wise kernel's tangent.
+Used by :mod:`attnjax.kernels.autodiff` for the block-wise kernel's tangent.
 """
 
 from __future__ import annotations

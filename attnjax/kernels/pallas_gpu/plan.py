@@ -1,6 +1,6 @@
-"""The pieces the Pallas GPU kernels (:mod:`attnjax.pallas_gpu`, :mod:`attnjax._pallas_gpu_bwd`) share.
+"""The pieces the Pallas GPU kernels (:mod:`attnjax.kernels.pallas_gpu`, :mod:`attnjax.kernels.pallas_gpu.backward`) share.
 
-A call's static description (:class:`_Static`), the block relation (loop bounds
+A call's static description (:class:`GridPlan`), the block relation (loop bounds
 of key blocks per query block and of query blocks per key block), a tile's
 element mask, logits and matmuls, the loop over visited blocks that skips
 blocks whose segments cannot meet, and the padded ``[B, heads, time, dim]``
@@ -34,7 +34,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static(normalizers.KernelCall):
+class GridPlan(normalizers.KernelPlan):
   """Everything a kernel body reads from Python: shapes, options, block sizes."""
 
   opts: object
@@ -73,7 +73,7 @@ class _Static(normalizers.KernelCall):
             or self.S % self.bk != 0 or self.S % self.bk_bwd != 0)
 
 
-def make_static(inputs, opts, block_sizes, interpret: bool) -> _Static:
+def make_plan(inputs, opts, block_sizes, interpret: bool) -> GridPlan:
   B, T, N, H = inputs.q.shape
   _, S, K, Hv = inputs.v.shape
   bq = min(block_sizes.block_q, _pow2(T))
@@ -82,7 +82,7 @@ def make_static(inputs, opts, block_sizes, interpret: bool) -> _Static:
   bk_bwd = min(block_sizes.block_k_bwd, _pow2(S))
   Hp, Hvp = _pow2(H), _pow2(Hv)
   warps = block_sizes.num_warps or (4 if max(Hp, Hvp) <= 64 else 8)
-  return _Static(
+  return GridPlan(
       opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv,
       Tp=_round_up(T, max(bq, bq_bwd)), Sp=_round_up(S, max(bk, bk_bwd)), Hp=Hp, Hvp=Hvp,
       bq=bq, bk=bk, bq_bwd=bq_bwd, bk_bwd=bk_bwd, has_sink=inputs.sink_logits is not None,
@@ -91,7 +91,7 @@ def make_static(inputs, opts, block_sizes, interpret: bool) -> _Static:
       interpret=interpret)
 
 
-def kv_block_bounds(c: _Static, q0, q_last, bk: int):
+def kv_block_bounds(c: GridPlan, q0, q_last, bk: int):
   """``[lo, hi)`` key blocks rows ``q0 .. q_last`` may attend (from causal / window only)."""
   lo = 0
   hi = pl.cdiv(c.S, bk)
@@ -104,7 +104,7 @@ def kv_block_bounds(c: _Static, q0, q_last, bk: int):
   return lo, hi
 
 
-def q_block_bounds(c: _Static, k0, k_last, bq: int):
+def q_block_bounds(c: GridPlan, k0, k_last, bq: int):
   """``[lo, hi)`` query blocks whose rows may attend keys ``k0 .. k_last`` (the inverse relation)."""
   lo = 0
   hi = pl.cdiv(c.T, bq)
@@ -117,7 +117,7 @@ def q_block_bounds(c: _Static, k0, k_last, bq: int):
   return lo, hi
 
 
-def tile_allowed(c: _Static, qpos: Array, kpos: Array, q_seg: Optional[Array],
+def tile_allowed(c: GridPlan, qpos: Array, kpos: Array, q_seg: Optional[Array],
                  k_seg: Optional[Array]) -> Optional[Array]:
   """Boolean ``[tq, tk]`` mask of one tile from positions ``[tq, 1]``, ``[1, tk]`` (None: all)."""
   if not c.needs_mask:
@@ -138,7 +138,7 @@ def segments_meet(q_seg: Array, k_seg: Array) -> Array:
   return (jnp.max(k_seg) >= jnp.min(q_seg)) & (jnp.min(k_seg) <= jnp.max(q_seg))
 
 
-def logits(c: _Static, q: Array, k: Array) -> tuple[Array, Array]:
+def logits(c: GridPlan, q: Array, k: Array) -> tuple[Array, Array]:
   """``(z, s)`` float32 ``[tq, tk]``: the (soft-capped) logits and the scaled dots before the cap."""
   s = dot(q, k, trans_b=True) * c.opts.scale
   if c.opts.softcap is None:
@@ -159,7 +159,7 @@ def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Arr
                              preferred_element_type=jnp.float32)
 
 
-def compiler_params(c: _Static, backward: bool = False):
+def compiler_params(c: GridPlan, backward: bool = False):
   if c.interpret:
     return None
   from jax.experimental.pallas import triton as plt
@@ -167,7 +167,7 @@ def compiler_params(c: _Static, backward: bool = False):
                             num_stages=c.num_stages_bwd if backward else c.num_stages)
 
 
-def full_kv_blocks(c: _Static, q0, q_last, bk: int):
+def full_kv_blocks(c: GridPlan, q0, q_last, bk: int):
   """``[lo, hi)`` key blocks every row ``q0 .. q_last`` attends entirely (no element mask needed).
 
   Empty (``lo >= hi``) with segment ids, whose mask is data.
@@ -184,7 +184,7 @@ def full_kv_blocks(c: _Static, q0, q_last, bk: int):
   return lo, hi
 
 
-def full_q_blocks(c: _Static, k0, k_last, bq: int):
+def full_q_blocks(c: GridPlan, k0, k_last, bq: int):
   """``[lo, hi)`` query blocks whose rows all attend every key ``k0 .. k_last`` (the inverse)."""
   if c.has_segments:
     return 0, 0
@@ -202,7 +202,7 @@ def full_q_blocks(c: _Static, k0, k_last, bq: int):
   return lo, hi
 
 
-def visit_loop(c: _Static, lo, hi, carry, step, q_seg_blk, kv_seg_ref, bk: int, full=None):
+def visit_loop(c: GridPlan, lo, hi, carry, step, q_seg_blk, kv_seg_ref, bk: int, full=None):
   """Folds ``step(j, carry, k_seg, masked)`` over blocks ``[lo, hi)``.
 
   ``full`` is the ``[full_lo, full_hi)`` range of blocks needing no element
@@ -229,14 +229,14 @@ def visit_loop(c: _Static, lo, hi, carry, step, q_seg_blk, kv_seg_ref, bk: int, 
   return jax.lax.fori_loop(b, hi, body(True), carry)
 
 
-def _layout(c: _Static, q, k, v, q_seg, kv_seg):
-  """Pads and transposes the arrays to the kernels' ``[B, N|K, T|S, H]`` layout."""
-  def heads_first(x, L, Hp):
+def heads_first(c: GridPlan, q, k, v, q_seg, kv_seg):
+  """Pads and transposes the arrays to the kernels' ``[B, N|K, T|S, H]`` order."""
+  def pad_heads_first(x, L, Hp):
     x = jnp.transpose(x, (0, 2, 1, 3))
     return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, Hp - x.shape[3])))
-  qh = heads_first(q, c.Tp, c.Hp)
-  kh = heads_first(k, c.Sp, c.Hp)
-  vh = heads_first(v, c.Sp, c.Hvp)
+  qh = pad_heads_first(q, c.Tp, c.Hp)
+  kh = pad_heads_first(k, c.Sp, c.Hp)
+  vh = pad_heads_first(v, c.Sp, c.Hvp)
   if q_seg is not None:
     q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
     kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")

@@ -1,4 +1,4 @@
-"""The differentiation rules of the block-wise kernel (:mod:`attnjax.blockwise`).
+"""The differentiation rules of the block-wise kernel (:mod:`attnjax.kernels.blockwise`).
 
 :func:`kernel` makes one function of the kernel's plain forward pass and its
 hand-written block-wise backward pass that supports both modes of autodiff:
@@ -6,7 +6,7 @@ hand-written block-wise backward pass that supports both modes of autodiff:
 - a ``jax.custom_jvp`` whose tangent is the JVP of the plain forward pass (a
   ``lax.fori_loop`` over blocks: forward-mode stores nothing per block, so
   ``jax.jvp`` / ``jax.linearize`` keep O(T) memory);
-- that tangent is a :func:`attnjax._linear_map.linear_map` (a primitive: a
+- that tangent is a :func:`attnjax.kernels.linear_map.linear_map` (a primitive: a
   linear map with a custom transpose) whose transpose is the block-wise
   backward, so reverse mode (``jax.grad``, ``jax.vjp``) never transposes the
   loops: it saves the inputs and one row of residuals per query (O(T)) and
@@ -36,10 +36,10 @@ from typing import Callable
 
 import jax
 
-from attnjax._linear_map import linear_map
+from attnjax.kernels.linear_map import linear_map
 
 
-def kernel(forward: Callable, backward: Callable, x: tuple, nondiff: tuple):
+def custom_vjp_with_jvp(forward: Callable, backward: Callable, x: tuple, nondiff: tuple):
   """``(out, stats)`` of ``forward(x, nondiff)``, differentiable in both modes (see above).
 
   Args:

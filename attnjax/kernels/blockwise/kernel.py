@@ -14,8 +14,8 @@ stay the same size whatever ``T``.
 Interface for block-sparse callers (the contract; internals may change)
 -----------------------------------------------------------------------
 
-``attention(inputs, opts, *, layout, mask_fn=None)`` is the kernel. It takes the
-canonical :class:`attnjax._call.DenseInputs` / ``DenseOptions`` of a call and
+``run_layout(inputs, opts, *, layout, mask_fn=None)`` is the kernel. It takes the
+canonical :class:`attnjax.options.DenseInputs` / ``DenseOptions`` of a call and
 
 - ``layout``: a :class:`attnjax.layout.BlockLayout`, static. For query block ``i`` (rows
   ``i * block_q .. min(T, (i + 1) * block_q)``), ``layout.kv_blocks[i]`` lists
@@ -69,9 +69,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _call, masks
-from attnjax.attention_stats import AttentionStats, _row_mean
-from attnjax._tiles import (MaskFn, _Arrays, _Call, _add_tile, _allowed, _span, _logits, _rows,
+from attnjax import options, masks
+from attnjax.attention_stats import AttentionStats, row_mean
+from attnjax.kernels.blockwise.tiles import (MaskFn, _Arrays, TilePlan, _add_tile, _allowed, _span, _logits, _rows,
                              _score_mod, _segment_relations, _sink_rows, _tile, _unrows)
 from attnjax.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
 
@@ -128,7 +128,7 @@ MAX_UNROLLED_FULL_VISITS = 2
 MAX_UNROLLED_Q_BLOCKS = 8
 
 
-def _split_visits(c: _Call, i: int, rolled: bool) -> tuple[list, list]:
+def _split_visits(c: TilePlan, i: int, rolled: bool) -> tuple[list, list]:
   """Query block ``i``'s visits as ``(looped, unrolled)`` lists of ``(j, needs_mask)``.
 
   Looped: visits to full-size key blocks, except block 0 when statistics are
@@ -138,7 +138,7 @@ def _split_visits(c: _Call, i: int, rolled: bool) -> tuple[list, list]:
   L = c.layout
   visits = L.visits(i)
   looped = [(j, nm) for j, nm in visits
-            if (j != 0 or not c.stats) and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k]
+            if (j != 0 or not c.with_stats) and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k]
   if not rolled and sum(not nm for _, nm in looped) <= MAX_UNROLLED_FULL_VISITS:
     looped = []
   return looped, [(j, nm) for j, nm in visits if (j, nm) not in looped]
@@ -159,7 +159,7 @@ class _Rolled:
   specials: tuple
 
 
-def _rolled_visits(c: _Call) -> Optional[_Rolled]:
+def _rolled_visits(c: TilePlan) -> Optional[_Rolled]:
   """The query-block loop's tables, or None when every query block is unrolled."""
   L = c.layout
   n = c.T // L.block_q
@@ -179,7 +179,7 @@ def _rolled_visits(c: _Call) -> Optional[_Rolled]:
   return _Rolled(n, kv, state, tuple(sorted(specials.items())))
 
 
-def _visit_blocks(c: _Call, relation, i, carry, visit, rolled: Optional[_Rolled] = None,
+def _visit_blocks(c: TilePlan, relation, i, carry, visit, rolled: Optional[_Rolled] = None,
                   tile=None):
   """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
 
@@ -267,7 +267,7 @@ def _visit_blocks(c: _Call, relation, i, carry, visit, rolled: Optional[_Rolled]
   return carry
 
 
-def _query_blocks(c: _Call, block, rolled: Optional[_Rolled], carry=None, tie=lambda rows: rows):
+def _query_blocks(c: TilePlan, block, rolled: Optional[_Rolled], carry=None, tie=lambda rows: rows):
   """Runs ``block(i, q0, tq, carry, after) -> (carry, rows)`` over every query block.
 
   ``rows`` is a pytree of ``[B, K, G, tq, X]`` arrays; returns the final carry
@@ -312,7 +312,7 @@ def _query_blocks(c: _Call, block, rolled: Optional[_Rolled], carry=None, tie=la
 # Mask-only pre-pass: number of allowed keys per row.
 
 
-def _allowed_counts(c: _Call, a: _Arrays, relation, rolled: Optional[_Rolled]) -> Array:
+def _allowed_counts(c: TilePlan, a: _Arrays, relation, rolled: Optional[_Rolled]) -> Array:
   """``[B, K, G, T, 1]`` float32 number of allowed keys of each row."""
 
   def block(i, q0, tq, carry, after):
@@ -337,7 +337,7 @@ def _allowed_counts(c: _Call, a: _Arrays, relation, rolled: Optional[_Rolled]) -
 # Forward.
 
 
-def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, seg_mask,
+def _fwd_visit(c: TilePlan, a: _Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, seg_mask,
                first, row) -> dict:
   z, _ = _logits(c, a, qb, q0, tq, k0, tk)
   z = _score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
@@ -347,10 +347,10 @@ def _fwd_visit(c: _Call, a: _Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, s
   def pv(w):
     return jnp.einsum("bkrs,bksh->bkrh", w, vb, preferred_element_type=jnp.float32)
 
-  return c.nz.visit(st, z, allowed, pv, row, c.stats, first)
+  return c.nz.visit(st, z, allowed, pv, row, c.with_stats, first)
 
 
-def _forward(c: _Call, a: _Arrays):
+def _forward(c: TilePlan, a: _Arrays):
   """Returns ``out [B, K, G, T, Hv]``, residual rows (``[B, K, G, T, 1]``) and statistics."""
   G = c.G
   nz = c.nz
@@ -366,11 +366,11 @@ def _forward(c: _Call, a: _Arrays):
     def visit(st, k0, tk, needs_mask, seg_mask, first):
       return _fwd_visit(c, a, st, qb, q0, tq, k0, tk, needs_mask, seg_mask, first, row)
 
-    init = nz.init((c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv), c.stats)
+    init = nz.init((c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv), c.with_stats)
     st = _visit_blocks(c, relation, i, init, visit, rolled)
-    out, res, srow = nz.finish(st, row, c.stats)
+    out, res, srow = nz.finish(st, row, c.with_stats)
     rows = {"out": _unrows(out, G), "res": {key: _unrows(val, G) for key, val in res.items()}}
-    if c.stats:
+    if c.with_stats:
       shape = out.shape[:3] + (1,)
       rows["stats"] = {key: _unrows(jnp.broadcast_to(val, shape), G) for key, val in srow.items()}
     return carry, rows
@@ -378,26 +378,26 @@ def _forward(c: _Call, a: _Arrays):
   rows = _query_blocks(c, block, rolled, tie=lambda r: r["out"])[1]
   out, res = rows["out"], rows["res"]
   stats = None
-  if c.stats:
+  if c.with_stats:
     res["has_key"] = counts > 0
     stats = _collect_stats(c, rows["stats"])
   return out, res, stats
 
 
-def _to_bnt(c: _Call, x: Array) -> Array:
+def _to_bnt(c: TilePlan, x: Array) -> Array:
   """``[Bx, Kx, Gx, T, 1]`` rows -> ``[B, N, T]``."""
   x = jnp.broadcast_to(x, (c.B, c.K, c.G, c.T, 1))
   return jnp.reshape(x, (c.B, c.K * c.G, c.T))
 
 
-def _collect_stats(c: _Call, rows: dict) -> tuple:
+def _collect_stats(c: TilePlan, rows: dict) -> tuple:
   cat = {key: _to_bnt(c, val) for key, val in rows.items()}
   later = (jnp.arange(c.T) >= 1)[None, None, :]
-  entropy = _row_mean(cat["entropy"], cat["normalisable"])
-  sink_mass = _row_mean(cat["p0"], jnp.logical_and(cat["normalisable"], later))
+  entropy = row_mean(cat["entropy"], cat["normalisable"])
+  sink_mass = row_mean(cat["p0"], jnp.logical_and(cat["normalisable"], later))
   zmax = jnp.max(cat["row_max"], axis=-1)
   max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
-  row_sum = _row_mean(cat["row_sum"], cat["has_key"])
+  row_sum = row_mean(cat["row_sum"], cat["has_key"])
   return sink_mass, entropy, max_logit, cat["lse"], row_sum
 
 
@@ -405,7 +405,7 @@ def _collect_stats(c: _Call, rows: dict) -> tuple:
 # Backward: recompute each visited block.
 
 
-def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
+def _backward(c: TilePlan, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
   """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink, dargs)``.
 
   ``dargs`` (float32, one per ``score_mod_args`` array) is accumulated over the
@@ -467,7 +467,7 @@ def _backward(c: _Call, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: 
   return dq, dk, dv, dbias, dsink, dargs
 
 
-def _bwd_visit(c: _Call, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
+def _bwd_visit(c: TilePlan, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
                res_b) -> dict:
   z_pre, capped = _logits(c, a, qb, q0, tq, k0, tk)
   mod_vjp = None
@@ -517,13 +517,13 @@ def _bwd_visit(c: _Call, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, d
 # The kernel with its custom VJP.
 
 
-def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = None,
+def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = None,
               use_default_mask_fn: bool = True, positions=None, mod_table: bool = False):
   """Block-wise attention of a validated dense call over a static :class:`BlockLayout`.
 
   Args:
-    inputs: :class:`attnjax._call.DenseInputs` (from ``dense.prepare``).
-    opts: :class:`attnjax._call.DenseOptions`.
+    inputs: :class:`attnjax.options.DenseInputs` (from ``dense.prepare``).
+    opts: :class:`attnjax.options.DenseOptions`.
     layout: which key blocks each query block visits (see the module docstring).
       With ``opts.mask_mod`` the layout must already exclude the blocks it
       masks (see :func:`layout_for`), or ``mod_table`` be True.
@@ -553,14 +553,14 @@ def attention(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = 
     mask_fn = structural_mask_fn(opts)
   G = N // K
   mod_table = bool(mod_table and opts.mask_mod is not None)
-  c = _Call(opts=opts, layout=layout, mask_fn=mask_fn, B=B, T=T, S=S, K=K, G=G, H=H, Hv=Hv,
+  c = TilePlan(opts=opts, layout=layout, mask_fn=mask_fn, B=B, T=T, S=S, K=K, G=G, H=H, Hv=Hv,
             has_sink=inputs.sink_logits is not None,
             has_segments=inputs.q_segment_ids is not None, mod_table=mod_table)
   return _run(c, inputs, positions)
 
 
-def _run(c: _Call, inputs, positions):
-  """The custom-VJP (and custom-JVP, see :mod:`attnjax._forward_mode`) kernel of a call."""
+def _run(c: TilePlan, inputs, positions):
+  """The custom-VJP (and custom-JVP, see :mod:`attnjax.kernels.autodiff`) kernel of a call."""
   B, T, N, H, K, G, Hv = c.B, c.T, c.K * c.G, c.H, c.K, c.G, c.Hv
   q = inputs.q
 
@@ -573,7 +573,7 @@ def _run(c: _Call, inputs, positions):
     mod_any = None
     if c.mod_table:
       # Over batch rows and heads only when the modifier reads b / n (as layout_for).
-      used_b, used_n = _index_use(c.opts.mask_mod, mask_args)
+      used_b, used_n = index_use(c.opts.mask_mod, mask_args)
       mod_any = mask_mod_block_table(c.opts.mask_mod, mask_args, c.layout, B if used_b else 1,
                                      N if used_n else 1, positions=pos)
     return _Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos,
@@ -604,11 +604,11 @@ def _run(c: _Call, inputs, positions):
     dargs = tuple(_cotangent_like(x, g) for x, g in zip(score_args, dargs))
     return dq, dk, dv, dbias, dsink, dargs
 
-  from attnjax import _forward_mode  # noqa: PLC0415 - a sibling built on this module's pieces
+  from attnjax.kernels import autodiff  # noqa: PLC0415 - a sibling built on this module's pieces
   x = (inputs.q, inputs.k, inputs.v, inputs.bias, inputs.sink_logits, inputs.score_mod_args)
   nondiff = (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids, inputs.mask_mod_args,
              positions)
-  out, stats = _forward_mode.kernel(forward, backward, x, nondiff)
+  out, stats = autodiff.custom_vjp_with_jvp(forward, backward, x, nondiff)
   if not c.opts.return_stats:
     return out
   sink_mass, entropy, max_logit, lse, row_sum = stats
@@ -623,7 +623,7 @@ def _cotangent_like(x, g):
   return g.astype(x.dtype)
 
 
-def _index_use(fn, args) -> tuple[bool, bool]:
+def index_use(fn, args) -> tuple[bool, bool]:
   """Whether a ``mask_mod`` reads its batch and head indices (from its jaxpr)."""
   index = jax.ShapeDtypeStruct((), jnp.int32)
   specs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
@@ -649,7 +649,7 @@ def layout_for(inputs, opts, block_q: int, block_k: int, base: BlockLayout):
     return base, True
   from attnjax.layout import from_mask_mod  # noqa: PLC0415
   B, N = inputs.q.shape[0], inputs.q.shape[2]
-  used = _index_use(opts.mask_mod, inputs.mask_mod_args)
+  used = index_use(opts.mask_mod, inputs.mask_mod_args)
   mod_layout = from_mask_mod(opts.mask_mod, base.q_len, base.kv_len, block_q, block_k,
                              *inputs.mask_mod_args, batch=B if used[0] else None,
                              heads=N if used[1] else None)
@@ -666,8 +666,8 @@ def unsupported(inputs, opts) -> list[str]:
   return []
 
 
-def blockwise(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] = None):
-  """The ``implementation="blockwise"`` entry of :data:`attnjax.dense.IMPLEMENTATIONS`."""
+def run(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] = None):
+  """The ``implementation="blockwise"`` engine: block sizes, the call's layout, then :func:`run_layout`."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   if opts.block_layout is not None:  # the caller's layout fixes the block sizes
     block_q, block_k = opts.block_layout.block_q, opts.block_layout.block_k
@@ -676,7 +676,7 @@ def blockwise(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[
   block_k = dk if block_k is None else min(block_k, S)
   layout = structural_layout(T, S, block_q, block_k, is_causal=opts.is_causal, window=opts.window)
   layout, mod_table = layout_for(inputs, opts, block_q, block_k, layout)
-  return attention(inputs, opts, layout=layout, mod_table=mod_table)
+  return run_layout(inputs, opts, layout=layout, mod_table=mod_table)
 
 
 def _check_block(name: str, value: Optional[int]) -> None:
@@ -686,7 +686,7 @@ def _check_block(name: str, value: Optional[int]) -> None:
     raise ValueError(f"{name} must be a positive int or None, got {value!r}")
 
 
-def _dot_product_attention(q, k, v, *, block_q: Optional[int] = None,
+def _attention(q, k, v, *, block_q: Optional[int] = None,
                            block_k: Optional[int] = None, **kwargs):
   """:func:`attnjax.dot_product_attention` on the block-wise path with chosen block sizes.
 
@@ -703,14 +703,14 @@ def _dot_product_attention(q, k, v, *, block_q: Optional[int] = None,
   _check_block("block_q", block_q)
   _check_block("block_k", block_k)
   if "implementation" in kwargs:
-    raise TypeError("blockwise.dot_product_attention takes no implementation argument")
-  inputs, opts = _call.validate(q, k, v, **kwargs)
-  return blockwise(inputs, opts, block_q=block_q, block_k=block_k)
+    raise TypeError("blockwise.attention takes no implementation argument")
+  inputs, opts = options.validate(q, k, v, **kwargs)
+  return run(inputs, opts, block_q=block_q, block_k=block_k)
 
 
-dot_product_attention = jax.jit(
-    _dot_product_attention,
+attention = jax.jit(
+    _attention,
     static_argnames=("block_q", "block_k", "is_causal", "scale", "normalizer", "softcap",
                      "window", "similarity", "return_stats", "score_mod", "mask_mod",
                      "block_layout"))
-dot_product_attention.__doc__ = _dot_product_attention.__doc__
+attention.__doc__ = _attention.__doc__

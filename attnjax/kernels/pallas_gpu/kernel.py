@@ -5,7 +5,7 @@ query block) walks the key blocks its rows may attend, keeping the
 normaliser's online state (:meth:`Normalizer.init` / :meth:`~Normalizer.visit` /
 :meth:`~Normalizer.finish` of :mod:`attnjax.normalizers`, the very functions the
 block-wise XLA kernel calls; the kernel body never looks at a normaliser's
-name). The backward pass (:mod:`attnjax._pallas_gpu_bwd`) recomputes blocks:
+name). The backward pass (:mod:`attnjax.kernels.pallas_gpu.backward`) recomputes blocks:
 a preprocessing pass for the row terms (``<dO_i, O_i>``), a dq kernel over key
 blocks and a dk/dv kernel over the query blocks (and the ``G`` query heads) of
 each key/value head, each tile's cotangent from :meth:`Normalizer.tile_backward`.
@@ -53,11 +53,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax import _pallas_gpu_bwd, _platform
-from attnjax._pallas_gpu_core import (_layout, _Static, compiler_params, dot, kv_block_bounds,
-                                      full_kv_blocks, logits, make_static, tile_allowed,
+from attnjax import _platform, options
+from attnjax.kernels.pallas_gpu import backward
+from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, kv_block_bounds,
+                                      full_kv_blocks, logits, make_plan, tile_allowed,
                                       visit_loop)
-from attnjax.attention_stats import AttentionStats, _row_mean
+from attnjax.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
 
@@ -173,7 +174,7 @@ def unsupported(inputs, opts) -> list[str]:
 # Forward kernel.
 
 
-def _row_keys(c: _Static):
+def _row_keys(c: GridPlan):
   """Names of the residual rows and statistics rows the normaliser's ``finish`` returns."""
   nz = c.nz
   rows = (8, 1)
@@ -182,13 +183,13 @@ def _row_keys(c: _Static):
 
   def run():
     row = nz.row_inputs(sink, cnt)
-    return nz.finish(nz.init(rows, (8, 4), c.stats), row, c.stats)
+    return nz.finish(nz.init(rows, (8, 4), c.with_stats), row, c.with_stats)
 
   _, res, srow = jax.eval_shape(run)
   return tuple(sorted(res)), (tuple(sorted(srow)) if srow is not None else ())
 
 
-def _fwd_kernel(c: _Static, res_keys, stat_keys, *refs):
+def _fwd_kernel(c: GridPlan, res_keys, stat_keys, *refs):
   nz = c.nz
   it = iter(refs)
   q_ref, k_ref, v_ref = next(it), next(it), next(it)
@@ -240,11 +241,11 @@ def _fwd_kernel(c: _Static, res_keys, stat_keys, *refs):
     def pv(w):
       return dot(w.astype(v.dtype), v)
 
-    return nz.visit(st, z, allowed, pv, row, c.stats, j == 0)
+    return nz.visit(st, z, allowed, pv, row, c.with_stats, j == 0)
 
-  st = visit_loop(c, lo, hi, nz.init((bq, 1), (bq, c.Hvp), c.stats), step, q_seg_blk, kseg_ref,
+  st = visit_loop(c, lo, hi, nz.init((bq, 1), (bq, c.Hvp), c.with_stats), step, q_seg_blk, kseg_ref,
                   bk, full)
-  out, res, srow = nz.finish(st, row, c.stats)
+  out, res, srow = nz.finish(st, row, c.with_stats)
   o_ref[...] = out.astype(o_ref.dtype)
   for key in res_keys:
     res_refs[key][...] = jnp.broadcast_to(res[key], (bq, 1)).astype(jnp.float32)
@@ -252,10 +253,10 @@ def _fwd_kernel(c: _Static, res_keys, stat_keys, *refs):
     stat_refs[key][...] = jnp.broadcast_to(srow[key], (bq, 1)).astype(jnp.float32)
 
 
-def forward(c: _Static, q, k, v, sink, q_seg, kv_seg):
+def forward(c: GridPlan, q, k, v, sink, q_seg, kv_seg):
   """Runs the forward kernel: ``(out [B, N, Tp, Hvp], residual rows, statistics rows)``."""
   res_keys, stat_keys = _row_keys(c)
-  qh, kh, vh, q_seg, kv_seg = _layout(c, q, k, v, q_seg, kv_seg)
+  qh, kh, vh, q_seg, kv_seg = heads_first(c, q, k, v, q_seg, kv_seg)
   G, bq = c.G, c.bq
   grid = (c.B, c.N, c.Tp // bq)
   row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, n, i: (b, n, i, 0))
@@ -286,17 +287,17 @@ def forward(c: _Static, q, k, v, sink, q_seg, kv_seg):
   return out, res, srow
 
 
-def collect_stats(c: _Static, srow: dict) -> tuple:
+def collect_stats(c: GridPlan, srow: dict) -> tuple:
   """The :class:`AttentionStats` fields from the per-row statistics ``[B, N, Tp, 1]``."""
   cat = {key: val[:, :, :c.T, 0] for key, val in srow.items()}
   normalisable = cat["normalisable"] > 0
   has_key = cat["has_key"] > 0
   later = (jnp.arange(c.T) >= 1)[None, None, :]
-  entropy = _row_mean(cat["entropy"], normalisable)
-  sink_mass = _row_mean(cat["p0"], jnp.logical_and(normalisable, later))
+  entropy = row_mean(cat["entropy"], normalisable)
+  sink_mass = row_mean(cat["p0"], jnp.logical_and(normalisable, later))
   zmax = jnp.max(cat["row_max"], axis=-1)
   max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
-  row_sum = _row_mean(cat["row_sum"], has_key)
+  row_sum = row_mean(cat["row_sum"], has_key)
   return sink_mass, entropy, max_logit, cat["lse"], row_sum
 
 
@@ -304,13 +305,13 @@ def collect_stats(c: _Static, srow: dict) -> tuple:
 # The kernel with its custom VJP.
 
 
-def attention(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
               interpret: bool = False):
   """Pallas GPU attention of a validated dense call (see the module docstring).
 
   Args:
-    inputs: :class:`attnjax._call.DenseInputs` (no bias or mask array).
-    opts: :class:`attnjax._call.DenseOptions`.
+    inputs: :class:`attnjax.options.DenseInputs` (no bias or mask array).
+    opts: :class:`attnjax.options.DenseOptions`.
     block_sizes: tiles and launch parameters (:class:`BlockSizes`); None: the
       :data:`BLOCK_SIZE_TABLE` row of the target being traced for
       (:func:`attnjax._platform.cuda_major`: the ambient mesh's device kind, or
@@ -326,7 +327,7 @@ def attention(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
   if block_sizes is None:
     block_sizes = block_sizes_for(max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype,
                                   _platform.cuda_major())
-  c = make_static(inputs, opts, block_sizes, interpret)
+  c = make_plan(inputs, opts, block_sizes, interpret)
   q = inputs.q
 
   @jax.custom_vjp
@@ -335,8 +336,8 @@ def attention(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
     out, res, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
-    stats = collect_stats(c, srow) if c.stats else None
-    if c.stats:
+    stats = collect_stats(c, srow) if c.with_stats else None
+    if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     o = jnp.transpose(out[:, :, :c.T, :c.Hv], (0, 2, 1, 3))
     return (o, stats), (q, k, v, sink, q_seg, kv_seg, out, res)
@@ -345,7 +346,7 @@ def attention(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
     q, k, v, sink, q_seg, kv_seg, out, res = saved
     d_out, d_stats = cts
     d_lse = None if d_stats is None else d_stats[3]
-    return _pallas_gpu_bwd.backward(c, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse)
+    return backward.backward(c, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse)
 
   core.defvjp(fwd, bwd)
   out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
@@ -356,3 +357,35 @@ def attention(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
   sink_mass, entropy, max_logit, lse, row_sum = stats
   return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
                              logsumexp=lse, row_sum=row_sum)
+
+
+def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+  """The ``implementation="pallas_gpu"`` engine: :func:`compute`, lowering for ``cuda`` only
+  outside interpret mode (another platform raises ``ValueError``).
+
+  Args:
+    inputs: canonical arrays (no bias or mask array; see :func:`unsupported`).
+    opts: static options.
+    block_sizes: tiles and launch parameters (None: :func:`block_sizes_for` the target).
+    interpret: run the kernels in Pallas interpret mode (any backend; for tests on the CPU).
+  """
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
+  if interpret:
+    return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
+  return _platform.on_platform(
+      "cuda", lambda: compute(inputs, opts, block_sizes=block_sizes),
+      "implementation='pallas_gpu' runs on a CUDA GPU only (a Triton kernel); use "
+      "implementation=None to pick per platform")
+
+
+attention = options.engine_entry(run, "pallas_gpu", ("block_sizes", "interpret"))
+attention.__doc__ = """The Pallas GPU kernel called like :func:`attnjax.dot_product_attention`.
+
+``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:
+every keyword of :func:`attnjax.dot_product_attention` but ``implementation``
+(``bias`` and ``mask`` arrays are refused, see :func:`unsupported`), the
+kernel's :class:`BlockSizes`, and ``interpret=True`` to run it in Pallas
+interpret mode on any backend.
+"""

@@ -1,6 +1,6 @@
-"""The tile machinery of the block-wise kernel (:mod:`attnjax.blockwise`).
+"""The tile machinery of the block-wise kernel (:mod:`attnjax.kernels.blockwise`).
 
-A call is described statically by :class:`_Call`; its arrays are laid out once
+A call is described statically by :class:`TilePlan`; its arrays are laid out once
 by :class:`_Arrays` (float32, query heads grouped under their key/value head,
 time on axis -2, ``scale`` folded into ``q``). One tile is a query block's rows
 (``G * tq`` rows: every query head of a group stacked, so GQA costs no copies)
@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _call, normalizers
+from attnjax import options, normalizers
 from attnjax.layout import FULL, SKIP, BlockLayout, segment_block_relations
 
 Array = jnp.ndarray
@@ -30,7 +30,7 @@ MaskFn = Callable[[Array, Array], Optional[Array]]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Call(normalizers.KernelCall):
+class TilePlan(normalizers.KernelPlan):
   opts: Any
   layout: BlockLayout
   mask_fn: Optional[MaskFn]
@@ -116,7 +116,7 @@ def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
 class _Arrays:
   """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
 
-  def __init__(self, c: _Call, q, k, v, bias, sink, mask, q_seg, kv_seg, score_args=(),
+  def __init__(self, c: TilePlan, q, k, v, bias, sink, mask, q_seg, kv_seg, score_args=(),
                mask_args=(), positions=None, mod_any=None):
     B, T, K, G = c.B, c.T, c.K, c.G
     q32 = jnp.transpose(jnp.reshape(q.astype(jnp.float32), (B, T, K, G, c.H)), (0, 2, 3, 1, 4))
@@ -138,17 +138,17 @@ class _Arrays:
     self.q_pos, self.k_pos = (None, None) if positions is None else positions
     self.mod_any = mod_any  # int32 [num_q_blocks, num_kv_blocks] SKIP / FULL / MASKED, or None
 
-  def q_rows(self, c: _Call, q0, tq: int) -> Array:
+  def q_rows(self, c: TilePlan, q0, tq: int) -> Array:
     """Query rows ``q0 .. q0 + tq`` as ``[B, K, G * tq, H]`` (``q0`` may be traced)."""
     return _rows(_span(self.q, q0, tq, 3), c.G, tq)
 
 
-def _sink_rows(c: _Call, a: _Arrays, tq: int) -> Optional[Array]:
+def _sink_rows(c: TilePlan, a: _Arrays, tq: int) -> Optional[Array]:
   """The learned null logits in rows ``[1, K, G*tq|1, 1]``, or None."""
   return _rows(a.sink, c.G, tq) if c.has_sink else None
 
 
-def _index5(c: _Call, a: _Arrays, q0, tq: int, k0, tk: int):
+def _index5(c: TilePlan, a: _Arrays, q0, tq: int, k0, tk: int):
   """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]``.
 
   ``b [B,1,1,1,1]``, ``n [1,K,G,1,1]`` (query head ``k * G + g``), ``i [1,1,1,tq,1]``,
@@ -162,17 +162,17 @@ def _index5(c: _Call, a: _Arrays, q0, tq: int, k0, tk: int):
           jnp.reshape(j.astype(jnp.int32), (1, 1, 1, 1, tk)))
 
 
-def _score_mod(c: _Call, a: _Arrays, z: Array, score_args: tuple, q0, tq: int, k0,
+def _score_mod(c: TilePlan, a: _Arrays, z: Array, score_args: tuple, q0, tq: int, k0,
                tk: int) -> Array:
   """The rows ``z [B, K, G*tq, tk]`` after ``opts.score_mod`` (identity without one)."""
   if c.opts.score_mod is None:
     return z
   z5 = jnp.reshape(jnp.broadcast_to(z, (c.B, c.K, c.G * tq, tk)), (c.B, c.K, c.G, tq, tk))
-  out = _call.apply_score_mod(c.opts, score_args, z5, *_index5(c, a, q0, tq, k0, tk))
+  out = options.apply_score_mod(c.opts, score_args, z5, *_index5(c, a, q0, tq, k0, tk))
   return jnp.reshape(out, (c.B, c.K, c.G * tq, tk))
 
 
-def _logits(c: _Call, a: _Arrays, qb: Array, q0, tq, k0, tk):
+def _logits(c: TilePlan, a: _Arrays, qb: Array, q0, tq, k0, tk):
   """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity.
 
   The logits are before ``score_mod`` (see :func:`_score_mod`).
@@ -190,7 +190,7 @@ def _logits(c: _Call, a: _Arrays, qb: Array, q0, tq, k0, tk):
   return s, capped
 
 
-def _allowed(c: _Call, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: bool):
+def _allowed(c: TilePlan, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: bool):
   """Boolean ``[B|1, K|1, G*tq|1, tk]`` of the tile, or None when all is allowed."""
   out = None  # built as [X, K|1, G|1, tq, tk], then laid out as rows
   if needs_mask and c.mask_fn is not None:  # q0 / k0 are traced inside the loops over blocks
@@ -198,7 +198,7 @@ def _allowed(c: _Call, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: b
     if m is not None:
       out = jnp.reshape(m, (m.shape[0], 1, 1, tq, tk))
   if c.opts.mask_mod is not None and (needs_mask or (c.mod_table and seg_mask)):
-    m = _call.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, tq, k0, tk))
+    m = options.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, tq, k0, tk))
     out = _and(out, jnp.broadcast_to(m, jnp.broadcast_shapes(jnp.shape(m), (1, c.K, c.G, tq, tk))))
   if seg_mask and c.has_segments:
     seg = _span(a.q_seg, q0, tq, 1)[:, :, None] == _span(a.kv_seg, k0, tk, 1)[:, None, :]
@@ -208,7 +208,7 @@ def _allowed(c: _Call, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: b
   return None if out is None else _rows(out, c.G, tq)
 
 
-def _segment_relations(c: _Call, a: _Arrays):
+def _segment_relations(c: TilePlan, a: _Arrays):
   """``relation(i, j)``: ``SKIP`` / ``FULL`` / ``MASKED`` of a visit at run time (see layout)."""
   if c.has_segments:
     table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)

@@ -1,0 +1,20 @@
+"""Engines: each kernel with its tiles, backward and autodiff rules, one package or module each.
+
+- :mod:`attnjax.kernels.blockwise`: the block-wise (FlashAttention-2 style) XLA kernel for
+  every dense option; O(T) memory, skipped blocks; the sparse families run on it too.
+- :mod:`attnjax.kernels.pallas_gpu`: a Pallas Triton kernel for every normaliser.
+- :mod:`attnjax.kernels.splash`: jax's Pallas TPU splash kernel (softmax).
+- :mod:`attnjax.kernels.jax_nn`: ``jax.nn.dot_product_attention`` (XLA, cuDNN).
+- :mod:`attnjax.kernels.recurrent`: the chunk scan and the GLA chunk of the recurrent
+  families (linear, gated linear, delta rule).
+- :mod:`attnjax.kernels.autodiff` / :mod:`~attnjax.kernels.linear_map`: forward mode for
+  custom-VJP kernels (a custom JVP whose tangent is a linear map transposed by the backward).
+
+Every dense engine takes a validated call (:class:`attnjax.options.DenseInputs`,
+:class:`~attnjax.options.DenseOptions`) through ``run(inputs, opts, ...)`` and names what it
+cannot honour with ``unsupported(inputs, opts)``; the Pallas engines also expose
+``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``. Families
+(:mod:`attnjax.dense`, :mod:`attnjax.sparse`, ...) import kernels; kernels never import
+families. Nothing is imported here, so ``import attnjax`` loads only the engines its families
+use.
+"""

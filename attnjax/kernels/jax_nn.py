@@ -1,0 +1,96 @@
+"""``jax.nn.dot_product_attention`` as a dense engine: ``implementation="xla"`` and ``"cudnn"``.
+
+:func:`compute` runs a validated dense call (:class:`attnjax.options.DenseInputs`,
+:class:`~attnjax.options.DenseOptions`) through jax's own attention; :func:`unsupported`
+and :func:`cudnn_unsupported` name what each cannot honour, so dispatch never drops an
+option. Rows with no allowed key come back as zeros (jax gives them the mean of the values).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attnjax import _platform, masks, normalizers, options
+
+
+def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list[str]:
+  reasons = []
+  if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
+    reasons.append(f"normalizer={opts.normalizer!r}")
+  if inputs.sink_logits is not None:
+    reasons.append("sink_logits")
+  if opts.softcap is not None:
+    reasons.append("softcap")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r}")
+  if opts.return_stats:
+    reasons.append("return_stats=True (its logsumexp residual has no gradient)")
+  if opts.score_mod is not None:
+    reasons.append("score_mod")
+  if opts.mask_mod is not None:
+    reasons.append("mask_mod")
+  if inputs.v.shape[-1] != inputs.q.shape[-1]:
+    reasons.append(f"a value head dim ({inputs.v.shape[-1]}) unlike the query's ({inputs.q.shape[-1]})")
+  return reasons
+
+
+def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, implementation: str):
+  q, k, v = inputs.q, inputs.k, inputs.v
+  T, S = q.shape[1], k.shape[1]
+  mask = masks.combine_masks(
+      inputs.mask,
+      None if inputs.q_segment_ids is None else
+      masks.segment_mask(inputs.q_segment_ids, inputs.kv_segment_ids))
+  bias = None if inputs.bias is None else inputs.bias.astype(q.dtype)
+  out = jax.nn.dot_product_attention(
+      q, k, v, bias=bias, mask=mask, scale=opts.scale, is_causal=opts.is_causal,
+      local_window_size=opts.window, implementation=implementation)
+  # jax.nn gives a row with no allowed key the mean of all values; ours is zero.
+  has_key = options.rows_with_keys(inputs, opts, T, S)
+  if has_key is not None:
+    keep = jnp.transpose(has_key, (0, 2, 1))[..., None]  # [B|1, T, N|1, 1]
+    out = jnp.where(keep, out, jnp.zeros((), out.dtype))
+  return out
+
+
+def xla(inputs: options.DenseInputs, opts: options.DenseOptions):
+  """``jax.nn.dot_product_attention(implementation="xla")`` for the options it supports."""
+  return compute(inputs, opts, implementation="xla")
+
+
+def cudnn(inputs: options.DenseInputs, opts: options.DenseOptions):
+  """``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU, fp16/bf16).
+
+  Lowers for ``cuda`` only; lowering for another platform raises ``ValueError``.
+  """
+  return _platform.on_platform(
+      "cuda", lambda: compute(inputs, opts, implementation="cudnn"),
+      "implementation='cudnn' runs on a CUDA GPU only (jax's cuDNN call); use "
+      "implementation=None to pick per platform")
+
+
+def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list[str]:
+  """Reasons jax's cuDNN attention cannot run a call ([] = supported), on any host.
+
+  The platform is not one of them (the call is a ``cuda`` branch chosen when
+  the program is lowered), but the host is: jax's wrapper reads the local
+  cuDNN library's version while it traces, so the program can hold the cuDNN
+  call wherever that library is installed (a GPU machine, or a CPU host with
+  ``attnjax[aot]`` compiling for a GPU), and nowhere else.
+  """
+  reasons = unsupported(inputs, opts)
+  reasons += [r for r in _platform.unknown_options(
+      opts, inputs, _platform.KERNEL_OPTIONS, _platform.KERNEL_INPUTS, "cudnn") if r not in reasons]
+  if _platform.cudnn_version() is None:
+    reasons.append("this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
+                   "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)")
+  if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
+    reasons.append(f"dtype {inputs.q.dtype} (cuDNN takes bfloat16 or float16)")
+  H = inputs.q.shape[-1]
+  # jax's wrapper allows head dims above 128 only when the tracing host's GPU is a Hopper.
+  h_max = 256 if (_platform.local_gpu_major() or 0) >= 9 else 128
+  if H % 8 or H > h_max:
+    reasons.append(f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} "
+                   "on this host)")
+  return reasons
