@@ -30,7 +30,7 @@ from attnjax.train import cli, rundir
 from attnjax.train.config import apply_preset, base_config
 from attnjax.train.loop import Trainer, init_distributed, train
 from attnjax.train.model import model_config
-from attnjax.train.plots import _save, subplots
+from attnjax.train.plots import save_figure, subplots
 
 
 def trained_model(cfg) -> tuple[nnx.Module, Trainer]:
@@ -189,7 +189,7 @@ def evaluate(cfg, model: nnx.Module, vocab: int, inputs, targets, out: str) -> s
   ax.set(xlabel=f"cache bytes per sequence (T={L})", ylabel="held-out perplexity",
          title="perplexity vs KV-cache bytes")
   ax.legend(fontsize=8)
-  _save(fig, os.path.join(out, "plots", "perplexity_vs_bytes.png"))
+  save_figure(fig, os.path.join(out, "plots", "perplexity_vs_bytes.png"))
   lines.append("\n![perplexity_vs_bytes.png](plots/perplexity_vs_bytes.png)\n")
   rundir.write_json(os.path.join(out, "results.json"), results)
   return "\n".join(lines)

@@ -23,7 +23,7 @@ from attnjax import nn
 from attnjax.train import cli, rundir
 from attnjax.train.loop import Trainer, init_distributed, train
 from attnjax.train.model import model_config
-from attnjax.train.plots import _save, subplots
+from attnjax.train.plots import save_figure, subplots
 
 
 def trained_model(cfg) -> tuple[nnx.Module, Trainer]:
@@ -113,7 +113,7 @@ def main(argv=None) -> str:
   ax.set(xlabel="position", ylabel="loss (nats, 8-token moving mean)",
          title="loss by position beyond the training length")
   ax.legend(fontsize=8)
-  _save(fig, os.path.join(args.out, "plots", "loss_by_position.png"))
+  save_figure(fig, os.path.join(args.out, "plots", "loss_by_position.png"))
   lines.append("\n![loss_by_position.png](plots/loss_by_position.png)\n")
   rundir.write_json(os.path.join(args.out, "results.json"), results)
   markdown = "\n".join(lines)
