@@ -84,9 +84,7 @@ def save_attention_maps(run_path: str) -> Optional[str]:
     return path
   cfg = sweep.config_from_json(run.config)
   trainer = Trainer(cfg)
-  manager = trainer._manager()
-  step = trainer._restore_latest(manager)
-  manager.close()
+  step = trainer.restore_latest()
   if step == 0:
     return None
   t = cfg.train

@@ -211,6 +211,17 @@ class Trainer:
                                            enable_async_checkpointing=False)
     return ocp.CheckpointManager(self.dir.checkpoints, options=options)
 
+  def restore_latest(self) -> int:
+    """Loads the run's latest checkpoint into the trainer's state; returns its step.
+
+    Returns 0, the state left as initialised, when the run has no checkpoint.
+    """
+    manager = self._manager()
+    try:
+      return self._restore_latest(manager)
+    finally:
+      manager.close()
+
   def _restore_latest(self, manager: ocp.CheckpointManager) -> int:
     step = manager.latest_step()
     if step is None:
