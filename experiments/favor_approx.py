@@ -17,7 +17,7 @@ import numpy as np
 
 from attnjax import feature_maps, stats
 from attnjax.train import cli, rundir
-from attnjax.train.plots import _save, subplots
+from attnjax.train.plots import save_figure, subplots
 
 MAPS = {
     "favor_plus_orthogonal": lambda key, m, H: feature_maps.favor_plus(key, m, True, head_dim=H),
@@ -73,7 +73,7 @@ def main(argv=None) -> str:
   ax.set(xscale="log", yscale="log", xlabel="random features m",
          ylabel="||A_hat - A||_F / ||A||_F", title=f"causal softmax, T={cfg.seq_len}, H={cfg.head_dim}")
   ax.legend(fontsize=8)
-  _save(fig, os.path.join(args.out, "plots", "favor_error.png"))
+  save_figure(fig, os.path.join(args.out, "plots", "favor_error.png"))
   lines = [f"# favor_approx ({cfg.preset})\n",
            f"Relative Frobenius error of random-feature attention vs exact causal softmax "
            f"(T={cfg.seq_len}, H={cfg.head_dim}, {cfg.num_heads} heads, q, k ~ N(0, "

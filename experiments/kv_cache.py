@@ -28,23 +28,10 @@ from attnjax import nn
 from attnjax.nn import kv_policies
 from attnjax.train import cli, rundir
 from attnjax.train.config import apply_preset, base_config
-from attnjax.train.loop import Trainer, init_distributed, train
+from attnjax.train.loop import init_distributed
 from attnjax.train.model import model_config
-from attnjax.train.plots import _save, subplots
-
-
-def trained_model(cfg) -> tuple[nnx.Module, Trainer]:
-  """The model of the finished run ``cfg.run_dir`` with its last checkpoint's parameters.
-
-  (As experiments/streaming.py: experiments are scripts and import nothing from each other.)
-  """
-  trainer = Trainer(cfg)
-  manager = trainer._manager()
-  if trainer._restore_latest(manager) != cfg.train.steps:
-    raise ValueError(f"{cfg.run_dir} has no checkpoint at the last step; set "
-                     f"train.checkpoint_every to a divisor of train.steps")
-  manager.close()
-  return trainer.model(), trainer
+from attnjax.train.plots import save_figure, subplots
+from attnjax.train.pretrained import train_or_load
 
 
 def with_cache_policy(model: nnx.Module, mcfg: nn.ModelConfig, policy: str,
@@ -102,13 +89,7 @@ def main(argv=None) -> str:
                         default_out="runs/kv_cache", sweep=False)
   init_distributed()
   t0 = time.perf_counter()
-  cfg.run_dir = os.path.join(args.out, "train")
-  if cfg.train.checkpoint_every == 0 or cfg.train.steps % cfg.train.checkpoint_every:
-    cfg.train.checkpoint_every = cfg.train.steps
-  summary = train(cfg)
-  if summary["status"] != "finished":
-    raise SystemExit(f"training ended as {summary['status']}; nothing to evaluate")
-  model, trainer = trained_model(cfg)
+  model, trainer = train_or_load(cfg, os.path.join(args.out, "train"))
   batch = trainer.batches.batch("probe", 1, seq_len=cfg.data.seq_len,
                                 batch_size=cfg.sweep.eval_batch)
   markdown = evaluate(cfg, model, trainer.batches.model_vocab_size, batch.inputs, batch.targets,
@@ -189,7 +170,7 @@ def evaluate(cfg, model: nnx.Module, vocab: int, inputs, targets, out: str) -> s
   ax.set(xlabel=f"cache bytes per sequence (T={L})", ylabel="held-out perplexity",
          title="perplexity vs KV-cache bytes")
   ax.legend(fontsize=8)
-  _save(fig, os.path.join(out, "plots", "perplexity_vs_bytes.png"))
+  save_figure(fig, os.path.join(out, "plots", "perplexity_vs_bytes.png"))
   lines.append("\n![perplexity_vs_bytes.png](plots/perplexity_vs_bytes.png)\n")
   rundir.write_json(os.path.join(out, "results.json"), results)
   return "\n".join(lines)

@@ -84,9 +84,7 @@ def save_attention_maps(run_path: str) -> Optional[str]:
     return path
   cfg = sweep.config_from_json(run.config)
   trainer = Trainer(cfg)
-  manager = trainer._manager()
-  step = trainer._restore_latest(manager)
-  manager.close()
+  step = trainer.restore_latest()
   if step == 0:
     return None
   t = cfg.train
@@ -250,7 +248,7 @@ def _maps(run_path: str) -> Optional[dict]:
 
 def plot_attention_maps(root: str, runs: list[str], out_dir: str) -> Optional[str]:
   """First-token attention maps: each arm's layer-0 (and last-layer) heads, queries x keys."""
-  from attnjax.train.plots import _save, subplots
+  from attnjax.train.plots import save_figure, subplots
 
   items = []
   for r in runs:
@@ -278,14 +276,14 @@ def plot_attention_maps(root: str, runs: list[str], out_dir: str) -> Optional[st
                "sink is the first column",
                fontsize=8)
   path = os.path.join(out_dir, "attention_maps.png")
-  _save(fig, path)
+  save_figure(fig, path)
   return path
 
 
 def plot_sink_curve(root: str, runs: list[str], out_dir: str) -> Optional[str]:
   """Sink_1^eps against eps at the last probe, one line per arm."""
   from attnjax.stats.capture import SINK_CURVE_EPS
-  from attnjax.train.plots import _save, subplots
+  from attnjax.train.plots import save_figure, subplots
 
   fig, ax = subplots(figsize=(6, 4))
   for r in runs:
@@ -298,13 +296,13 @@ def plot_sink_curve(root: str, runs: list[str], out_dir: str) -> Optional[str]:
   ax.set(xlabel="eps", ylabel="Sink_1^eps (%)", title="Sink_1^eps against eps (last probe)")
   ax.legend(fontsize=6, ncol=2)
   path = os.path.join(out_dir, "sink_curve.png")
-  _save(fig, path)
+  save_figure(fig, path)
   return path
 
 
 def plot_dense_over_training(root: str, runs: list[str], out_dir: str) -> Optional[str]:
   """F-Attn and Sink_1^0.3 of the probes against step for the dense arms (seeds, LRs)."""
-  from attnjax.train.plots import _save, subplots
+  from attnjax.train.plots import save_figure, subplots
 
   if not runs:
     return None
@@ -321,7 +319,7 @@ def plot_dense_over_training(root: str, runs: list[str], out_dir: str) -> Option
           ylim=(-3, 103))
   ax1.legend(fontsize=7)
   path = os.path.join(out_dir, "dense_over_training.png")
-  _save(fig, path)
+  save_figure(fig, path)
   return path
 
 

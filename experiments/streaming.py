@@ -21,20 +21,10 @@ from flax import nnx
 
 from attnjax import nn
 from attnjax.train import cli, rundir
-from attnjax.train.loop import Trainer, init_distributed, train
+from attnjax.train.loop import init_distributed
 from attnjax.train.model import model_config
-from attnjax.train.plots import _save, subplots
-
-
-def trained_model(cfg) -> tuple[nnx.Module, Trainer]:
-  """The model of the finished run ``cfg.run_dir`` with its last checkpoint's parameters."""
-  trainer = Trainer(cfg)
-  manager = trainer._manager()
-  if trainer._restore_latest(manager) != cfg.train.steps:
-    raise ValueError(f"{cfg.run_dir} has no checkpoint at the last step; set "
-                     f"train.checkpoint_every to a divisor of train.steps")
-  manager.close()
-  return trainer.model(), trainer
+from attnjax.train.plots import save_figure, subplots
+from attnjax.train.pretrained import train_or_load
 
 
 def with_attention(model: nnx.Module, cfg, vocab_size: int, **changes) -> nnx.Module:
@@ -67,13 +57,7 @@ def main(argv=None) -> str:
                         default_out="runs/streaming", sweep=False)
   init_distributed()
   t0 = time.perf_counter()
-  cfg.run_dir = os.path.join(args.out, "train")
-  if cfg.train.checkpoint_every == 0 or cfg.train.steps % cfg.train.checkpoint_every:
-    cfg.train.checkpoint_every = cfg.train.steps
-  summary = train(cfg)
-  if summary["status"] != "finished":
-    raise SystemExit(f"training ended as {summary['status']}; nothing to evaluate")
-  model, trainer = trained_model(cfg)
+  model, trainer = train_or_load(cfg, os.path.join(args.out, "train"))
   T = cfg.data.seq_len
   L = cfg.sweep.length_factor * T
   batch = trainer.batches.batch("probe", 1, seq_len=L, batch_size=cfg.sweep.eval_batch)
@@ -113,7 +97,7 @@ def main(argv=None) -> str:
   ax.set(xlabel="position", ylabel="loss (nats, 8-token moving mean)",
          title="loss by position beyond the training length")
   ax.legend(fontsize=8)
-  _save(fig, os.path.join(args.out, "plots", "loss_by_position.png"))
+  save_figure(fig, os.path.join(args.out, "plots", "loss_by_position.png"))
   lines.append("\n![loss_by_position.png](plots/loss_by_position.png)\n")
   rundir.write_json(os.path.join(args.out, "results.json"), results)
   markdown = "\n".join(lines)

@@ -46,20 +46,29 @@ def is_module(root: pathlib.Path, name: str) -> bool:
   return is_package(root, name) or root.joinpath(*name.split(".")).with_suffix(".py").is_file()
 
 
+def package_of(root: pathlib.Path, path: pathlib.Path) -> str:
+  """The package a relative import in ``path`` starts from (the module itself for ``__init__``)."""
+  name = module_name(root, path)
+  return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def from_source(package: str, node: ast.ImportFrom) -> str:
+  """The absolute module of ``from ... import``, relative imports resolved against ``package``."""
+  if not node.level:
+    return node.module
+  base = package.split(".")[:len(package.split(".")) - node.level + 1]
+  return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports_of(root: pathlib.Path, path: pathlib.Path) -> set[str]:
   """Every module ``path`` imports (``from p import m`` gives ``p.m`` when that is a module)."""
-  name = module_name(root, path)
-  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  package = package_of(root, path)
   found = set()
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
     if isinstance(node, ast.Import):
       found.update(alias.name for alias in node.names)
     elif isinstance(node, ast.ImportFrom):
-      if node.level:  # relative: resolve against this module's package
-        base = package.split(".")[:len(package.split(".")) - node.level + 1]
-        source = ".".join(base + ([node.module] if node.module else []))
-      else:
-        source = node.module
+      source = from_source(package, node)
       for alias in node.names:
         sub = f"{source}.{alias.name}"
         found.add(sub if is_module(root, sub) else source)

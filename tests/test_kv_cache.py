@@ -115,6 +115,18 @@ def test_h2o_keep_orders_recent_then_scores_then_empty():
   np.testing.assert_array_equal(np.asarray(keep)[0, :, 0], [0, 1, 2, 3, 4])  # empty slot last
 
 
+def test_rope_takes_positions_per_head_as_h2o_slots_hold():
+  x = jax.random.normal(jax.random.key(0), (B, 5, 3, 8))
+  positions = jax.random.randint(jax.random.key(1), (B, 5, 3), 0, 50)
+  rotated = nn.apply_rope(x, positions, 10_000.0)
+  for n in range(3):
+    np.testing.assert_allclose(rotated[:, :, n:n + 1],
+                               nn.apply_rope(x[:, :, n:n + 1], positions[:, :, n], 10_000.0),
+                               rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match=r"\[B, T, N\] with T=5, N=3"):
+    nn.apply_rope(x, positions[:, :, :2], 10_000.0)
+
+
 def test_h2o_evicts_the_lowest_accumulated_score():
   budget = 4
   layer = nn.Attention(nn.AttentionConfig(num_heads=4, num_kv_heads=2, cache_policy="h2o",

@@ -211,6 +211,26 @@ def test_sigkill_mid_run_then_resume_matches(tmp_path):
   assert reference["status"] == "finished"
 
 
+def test_train_or_load_trains_once_saves_the_last_step_and_reuses_the_run(tmp_path):
+  from flax import nnx
+
+  from attnjax.train.pretrained import train_or_load
+
+  cfg = tiny(tmp_path / "elsewhere", **{"train.checkpoint_every": 5})  # 5 does not divide 12
+  model, trainer = train_or_load(cfg, str(tmp_path / "run"))
+  assert cfg.run_dir == str(tmp_path / "run") and cfg.train.checkpoint_every == 12
+  assert int(trainer.state["step"]) == 12
+  summary = rundir.RunDir(cfg.run_dir).summary
+  written = os.path.getmtime(summary)
+  again, _ = train_or_load(cfg, cfg.run_dir)  # a finished run is read, not trained again
+  assert os.path.getmtime(summary) == written
+  same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), nnx.state(model, nnx.Param),
+                      nnx.state(again, nnx.Param))
+  assert all(jax.tree.leaves(same))
+  with pytest.raises(SystemExit, match="training ended as stopped"):
+    train_or_load(tiny(tmp_path, **{"train.stop_after": 4}), str(tmp_path / "stopped"))
+
+
 def test_favor_approx_entry_point_writes_its_report(tmp_path):
   # The entry point is a script, not a module of the package: load it from its file.
   spec = importlib.util.spec_from_file_location(

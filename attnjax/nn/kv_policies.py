@@ -53,7 +53,6 @@ import jax.numpy as jnp
 
 from attnjax import _platform
 from attnjax.nn.caches import H2OCache, KVCache, QuantizedKVCache
-from attnjax.nn.rope import apply_rope
 
 Array = jnp.ndarray
 
@@ -268,65 +267,34 @@ def h2o_keep(scores: Array, positions: Array, end: Array, budget: int, recent: i
   return jnp.swapaxes(jnp.sort(idx, axis=-1), 1, 2).astype(jnp.int32)
 
 
-def _rope_per_head(x: Array, positions: Array, theta: float) -> Array:
-  """``apply_rope`` with positions ``[B, S, K]`` per key/value head."""
-  B, S, K, H = x.shape
-  flat = jnp.reshape(jnp.swapaxes(x, 1, 2), (B * K, S, 1, H))
-  pos = jnp.reshape(jnp.swapaxes(positions, 1, 2), (B * K, S))
-  return jnp.swapaxes(jnp.reshape(apply_rope(flat, pos, theta), (B, K, S, H)), 1, 2)
-
-
-def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call, run_and_sow) -> tuple:
+def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call) -> tuple:
   """``(out [B, T, N, Hv], new H2OCache)``: one decode call of an ``h2o`` layer.
 
   ``spec`` is the layer's :class:`~attnjax.nn.softmax_specs.DotProductSpec`;
   ``q``, ``k``, ``v`` are the new tokens' projections (after ``prepare_qk``).
+  The new tokens attend through the spec's decode step
+  (:meth:`~attnjax.nn.softmax_specs.ScoreSpec.attend_cache`), with each key/value
+  head's own slots; its weights add to the slots' scores, then the budget is kept.
   """
-  c, cache = layer.config, call.cache
+  cache = call.cache
   B, T, N, _ = q.shape
   _, C, K, _ = cache.k.shape
   start = cache.index
-  idx, seg, rope_q = call.decode_positions(start, B, T)
+  queries = call.decode_positions(start, B, T)
+  idx, seg, rope_q = queries
 
   def per_head(x):  # [B, T] -> [B, T, K]
     return jnp.broadcast_to(x[:, :, None], (B, T, K))
 
   k_store = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], axis=1)  # [B, S, K, H]
-  v_all = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], axis=1)
+  v_store = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], axis=1)
   k_pos = jnp.concatenate([cache.positions, per_head(jnp.broadcast_to(idx, (B, T)))], axis=1)
   k_seg = jnp.concatenate([cache.segment_ids, per_head(seg)], axis=1)
   k_rope = jnp.concatenate([cache.rope_positions, per_head(rope_q)], axis=1)
-  k_all = k_store
-  if c.rope_theta is not None:
-    q = apply_rope(q, rope_q, c.rope_theta)
-    k_all = _rope_per_head(k_store, k_rope, c.rope_theta)
-  S = k_all.shape[1]
-  kp = jnp.swapaxes(k_pos, 1, 2)[:, :, None, :]  # [B, K, 1, S]
-  mask = jnp.logical_and(kp >= 0, kp <= idx[None, None, :, None])
-  mask = jnp.logical_and(mask, seg[:, None, :, None] == jnp.swapaxes(k_seg, 1, 2)[:, :, None, :])
-  mask = jnp.repeat(mask, N // K, axis=1)  # query head n uses key/value head n // G
-  if spec.kv_slot():
-    k_all, v_all, mask = spec._append_kv_bias(layer, k_all, v_all, mask, T)
-  kwargs = spec.decode_kwargs(layer)
-  if layer.attention_fn is None:
-    kwargs["implementation"] = "reference"  # identity values: any value width
-  run = functools.partial(spec.decode_function(layer), mask=mask, **kwargs)
-  width = k_all.shape[1]
-  eye = jnp.broadcast_to(jnp.eye(width, dtype=jnp.float32)[None, :, None, :], (B, width, K, width))
-  held = {}
-
-  def run_from_weights(q_, k_, v_, return_stats=False):
-    res = run(q_.astype(jnp.float32), k_.astype(jnp.float32), eye, return_stats=return_stats)
-    w, stats = res if return_stats else (res, None)
-    held["w"] = w  # [B, T, N, width]
-    grouped = jnp.reshape(w, (B, T, K, N // K, width))
-    out = jnp.einsum("btkgs,bskh->btkgh", grouped, v_.astype(jnp.float32))
-    out = jnp.reshape(out, (B, T, N, -1)).astype(q_.dtype)
-    return (out, stats) if return_stats else out
-
-  out = run_and_sow(layer, run_from_weights, q, k_all, v_all, call,
-                    weights=lambda: jnp.transpose(held["w"], (0, 2, 1, 3)))
-  w = jnp.abs(held["w"][..., :S])
+  out, w = spec.attend_cache(layer, q, k_store, v_store, call, start=start, length=C,
+                             queries=queries, keys=(k_pos, k_seg, k_rope), weights=True)
+  S = k_store.shape[1]
+  w = jnp.abs(w[..., :S])
   received = jnp.sum(jnp.reshape(w, (B, T, K, N // K, S)), axis=(1, 3))  # [B, K, S]
   scores = jnp.concatenate([cache.scores, jnp.zeros((B, T, K), jnp.float32)], axis=1)
   scores = scores + jnp.swapaxes(received, 1, 2)
@@ -337,7 +305,7 @@ def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call, run_and_sow) -> 
     ix = keep if x.ndim == 3 else keep[..., None]
     return jnp.take_along_axis(x, ix, axis=1)
 
-  new = H2OCache(k=take(k_store), v=take(v_all[:, :S]), scores=take(scores),
+  new = H2OCache(k=take(k_store), v=take(v_store), scores=take(scores),
                  positions=take(k_pos), index=start + T, rope_positions=take(k_rope),
                  segment_ids=take(k_seg))
   return out, new

@@ -13,7 +13,7 @@ Array = jnp.ndarray
 
 
 def apply_rope(x: Array, positions: Array, theta: float) -> Array:
-  """Rotates ``x`` ``[B, T, N, H]`` by ``positions`` ``[T]`` or ``[B, T]``.
+  """Rotates ``x`` ``[B, T, N, H]`` by ``positions`` ``[T]``, ``[B, T]`` or ``[B, T, N]``.
 
   Uses the half-split pairing (dimension ``d`` with ``d + H/2``, as GPT-NeoX and
   Llama in JAX) with frequencies ``theta ** (-2d / H)``. Computed in float32 and
@@ -22,7 +22,9 @@ def apply_rope(x: Array, positions: Array, theta: float) -> Array:
 
   Args:
     x: ``[B, T, N, H]`` with even ``H``.
-    positions: integer or float positions ``[T]`` (shared by the batch) or ``[B, T]``.
+    positions: integer or float positions ``[T]`` (shared by the batch), ``[B, T]``,
+      or ``[B, T, N]`` (one per head: a cache whose key/value heads keep
+      different tokens, :class:`~attnjax.nn.caches.H2OCache`).
     theta: the RoPE base.
 
   Returns:
@@ -32,13 +34,16 @@ def apply_rope(x: Array, positions: Array, theta: float) -> Array:
   if H % 2:
     raise ValueError(f"RoPE needs an even head dim, got x of shape {x.shape}")
   positions = jnp.asarray(positions, jnp.float32)
+  shape = positions.shape
   if positions.ndim == 1:
     positions = positions[None, :]
-  if positions.shape[-1] != T or positions.ndim != 2:
-    raise ValueError(f"positions must be [T] or [B, T] with T={T}, got {positions.shape}")
+  if positions.ndim == 2:
+    positions = positions[:, :, None]
+  if positions.ndim != 3 or positions.shape[1] != T or positions.shape[2] not in (1, N):
+    raise ValueError(f"positions must be [T], [B, T] or [B, T, N] with T={T}, N={N}, got {shape}")
   half = H // 2
   freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / H)
-  angles = positions[:, :, None, None] * jnp.reshape(freqs, (1, 1, 1, half))
+  angles = positions[..., None] * jnp.reshape(freqs, (1, 1, 1, half))
   cos, sin = jnp.cos(angles), jnp.sin(angles)
   x32 = x.astype(jnp.float32)
   x1, x2 = x32[..., :half], x32[..., half:]

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 from typing import Any, Callable, ClassVar, Literal, Optional
 
+import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, dense, masks, mods, normalizers, patterns
@@ -198,7 +199,7 @@ class ScoreSpec(AttentionSpec):
     return run_and_sow(layer, run, q, k, v, call)
 
   def _attend_decode(self, layer, q, k, v, call):
-    c, cache, policy = layer.config, call.cache, self.cache_policy
+    cache, policy = call.cache, self.cache_policy
     if self.has_modifiers():
       raise NotImplementedError(
           "decode with a cache: alibi, relative_bias, score_mod and mask_mod see call-local "
@@ -208,7 +209,7 @@ class ScoreSpec(AttentionSpec):
       raise ValueError("mask: a self-attention decode takes no mask; mark padding and packed "
                        "documents with segment_ids")
     if policy == "h2o":
-      return kv_policies.h2o_decode(self, layer, q, k, v, call, run_and_sow)
+      return kv_policies.h2o_decode(self, layer, q, k, v, call)
     scales = None
     if policy in kv_policies.QUANTIZED:
       # The new tokens attend as the cache will return them (quantised), so a
@@ -224,23 +225,88 @@ class ScoreSpec(AttentionSpec):
       new_k, new_v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
     B, T = q.shape[:2]
     start = cache.index
-    idx, seg, rope_q = call.decode_positions(start, B, T)
-    k_all = jnp.concatenate([old_k, new_k], axis=1)
-    v_all = jnp.concatenate([old_v, new_v], axis=1)
-    k_idx = jnp.concatenate([cache.positions, idx])
-    k_seg = jnp.concatenate([cache.segment_ids, seg], axis=1)
-    if c.rope_theta is not None:
-      k_rope = jnp.concatenate([cache.rope_positions, rope_q], axis=1)
-      q_rope, k_rope = self.decode_rope(layer, idx, k_idx, rope_q, k_rope, start, call)
-      q = apply_rope(q, q_rope, c.rope_theta)
-      k_all = apply_rope(k_all, k_rope, c.rope_theta)
-    mask = self.allowed(layer, idx, k_idx, cache.k.shape[1])
-    mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
-    if self.kv_slot():
-      k_all, v_all, mask = self._append_kv_bias(layer, k_all, v_all, mask, T)
-    run = functools.partial(self.decode_function(layer), mask=mask, **self.decode_kwargs(layer))
-    out = run_and_sow(layer, run, q, k_all, v_all, call)
+    queries = call.decode_positions(start, B, T)
+    idx, seg, rope_q = queries
+    keys = (jnp.concatenate([cache.positions, idx]),
+            jnp.concatenate([cache.segment_ids, seg], axis=1),
+            jnp.concatenate([cache.rope_positions, rope_q], axis=1))
+    out = self.attend_cache(layer, q, jnp.concatenate([old_k, new_k], axis=1),
+                            jnp.concatenate([old_v, new_v], axis=1), call, start=start,
+                            length=cache.k.shape[1], queries=queries, keys=keys)
     return out, self._write(cache, k, v, idx, rope_q, seg, scales)
+
+  def attend_cache(self, layer, q: Array, k: Array, v: Array, call: Call, *, start: Array,
+                   length: int, queries: tuple, keys: tuple, weights: bool = False):
+    """The decode step: the new tokens' ``q`` attend to ``k``, ``v`` (the cache's, then theirs).
+
+    RoPE (:meth:`decode_rope`), the mask (:meth:`allowed` and the segments),
+    the k/v bias slot and the family's function, as every cache policy decodes.
+
+    Args:
+      layer: the :class:`~attnjax.nn.Attention` layer.
+      q: ``[B, T, N, H]`` queries of the new tokens, before RoPE.
+      k: ``[B, S, K, H]`` keys, cached then new, as stored (before RoPE).
+      v: ``[B, S, K, Hv]`` values, likewise.
+      call: the layer call (its ``positions``, for the sinks-window RoPE).
+      start: the cache's index (tokens seen before this call).
+      length: the cache's capacity (the sequence length patterns see).
+      queries: ``(idx [T], seg [B, T], rope [B, T])`` of the new tokens
+        (:meth:`~attnjax.nn.spec_base.Call.decode_positions`).
+      keys: ``(positions, segment_ids, rope_positions)`` of the keys: ``[S]``,
+        ``[B, S]``, ``[B, S]`` (one slot layout for every key/value head), or
+        each ``[B, S, K]`` (slots per key/value head, ``cache_policy="h2o"``);
+        position -1 = an empty slot.
+      weights: also return the attention weights (``cache_policy="h2o"``).
+
+    Returns:
+      ``out [B, T, N, Hv]``, or with ``weights`` ``(out, w [B, T, N, S'])``:
+      ``w`` is the function applied to identity values (with
+      ``implementation="reference"`` unless an ``attention_fn`` is injected),
+      over the keys and then the k/v bias slot, and ``out`` is ``w`` times ``v``.
+    """
+    c = layer.config
+    idx, seg, q_rope = queries
+    k_idx, k_seg, k_rope = keys
+    B, T, N, _ = q.shape
+    K = k.shape[2]
+    if c.rope_theta is not None:
+      q_rope, k_rope = self.decode_rope(layer, idx, k_idx, q_rope, k_rope, start, call)
+      q = apply_rope(q, q_rope, c.rope_theta)
+      k = apply_rope(k, k_rope, c.rope_theta)
+    if k_idx.ndim == 1:
+      mask = self.allowed(layer, idx, k_idx, length)
+      mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
+    else:  # each key/value head's own slots: the same rule at its positions, [B, K, T, S]
+      per_head = jax.vmap(jax.vmap(lambda p: self.allowed(layer, idx, p, length)[0, 0]))
+      mask = per_head(jnp.swapaxes(k_idx, 1, 2))
+      same = seg[:, None, :, None] == jnp.swapaxes(k_seg, 1, 2)[:, :, None, :]
+      mask = jnp.logical_and(mask, same)
+      mask = jnp.repeat(mask, N // K, axis=1)  # query head n uses key/value head n // G
+    if self.kv_slot():
+      k, v, mask = self._append_kv_bias(layer, k, v, mask, T)
+    kwargs = self.decode_kwargs(layer)
+    if weights and layer.attention_fn is None:
+      kwargs["implementation"] = "reference"  # identity values: any value width
+    run = functools.partial(self.decode_function(layer), mask=mask, **kwargs)
+    if not weights:
+      return run_and_sow(layer, run, q, k, v, call)
+    width = k.shape[1]
+    eye = jnp.broadcast_to(jnp.eye(width, dtype=jnp.float32)[None, :, None, :],
+                           (B, width, K, width))
+    held = {}
+
+    def run_from_weights(q_, k_, v_, return_stats=False):
+      res = run(q_.astype(jnp.float32), k_.astype(jnp.float32), eye, return_stats=return_stats)
+      w, stats = res if return_stats else (res, None)
+      held["w"] = w  # [B, T, N, width]
+      grouped = jnp.reshape(w, (B, T, K, N // K, width))
+      out = jnp.einsum("btkgs,bskh->btkgh", grouped, v_.astype(jnp.float32))
+      out = jnp.reshape(out, (B, T, N, -1)).astype(q_.dtype)
+      return (out, stats) if return_stats else out
+
+    out = run_and_sow(layer, run_from_weights, q, k, v, call,
+                      weights=lambda: jnp.transpose(held["w"], (0, 2, 1, 3)))
+    return out, held["w"]
 
   def decode_rope(self, layer, q_idx, k_idx, q_rope, k_rope, start, call):
     """RoPE positions of the decode's queries and keys (stored ones by default)."""

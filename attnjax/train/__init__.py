@@ -17,6 +17,7 @@ from attnjax.train.loop import init_distributed
 from attnjax.train.loop import train
 from attnjax.train.optim import make_optimizer
 from attnjax.train.optim import schedule
+from attnjax.train.pretrained import train_or_load
 from attnjax.train.rundir import RunDir
 from attnjax.train.step import make_eval_step
 from attnjax.train.step import make_train_step
@@ -25,5 +26,5 @@ from attnjax.train.variants import VARIANTS
 __all__ = [
     "RunDir", "Trainer", "VARIANTS", "apply_overrides", "base_config", "init_distributed",
     "load_config", "make_eval_step", "make_optimizer", "make_train_step", "parse_arg", "schedule",
-    "split_argv", "train", "validate",
+    "split_argv", "train", "train_or_load", "validate",
 ]

@@ -22,6 +22,7 @@ the first such step, cleanly (files closed, summary written), and the caller
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -126,6 +127,53 @@ class DivergenceWatch:
     return None
 
 
+@dataclasses.dataclass
+class _Progress:
+  """What :meth:`Trainer.run` carries from one step boundary to the next, on the host.
+
+  Attributes:
+    start: the step the run began (or resumed) at.
+    step: the current step boundary (updates done so far).
+    metrics_out, probes_out: the JSONL writers (None on hosts that do not write).
+    initial_loss: the loss of the first step (NaN until the first flush).
+    train_time: seconds spent in training steps, over every resumed attempt.
+    watch: the divergence watch.
+    bar: the tqdm progress bar, or None.
+    status: ``"finished"``, ``"stopped"`` or ``"diverged"`` once the loop ends.
+    diverged_step: the step the run diverged at, or None.
+    pending, pending_steps: device metrics not yet read, and their steps.
+    last_flush: ``time.perf_counter()`` when training time last started counting.
+    tokens_per_s: the rate of each flush.
+    last_train, last_val, last_probe: the latest record of each kind.
+  """
+
+  start: int
+  step: int
+  metrics_out: Optional[rundir.JsonlWriter]
+  probes_out: Optional[rundir.JsonlWriter]
+  initial_loss: float
+  train_time: float
+  watch: DivergenceWatch
+  bar: Any = None
+  status: str = "finished"
+  diverged_step: Optional[int] = None
+  pending: list = dataclasses.field(default_factory=list)
+  pending_steps: list = dataclasses.field(default_factory=list)
+  last_flush: float = dataclasses.field(default_factory=time.perf_counter)
+  tokens_per_s: list = dataclasses.field(default_factory=list)
+  last_train: dict = dataclasses.field(default_factory=dict)
+  last_val: dict = dataclasses.field(default_factory=dict)
+  last_probe: dict = dataclasses.field(default_factory=dict)
+
+  def close(self) -> None:
+    """Closes the progress bar and the writers."""
+    if self.bar is not None:
+      self.bar.close()
+    for w in (self.metrics_out, self.probes_out):
+      if w:
+        w.close()
+
+
 class Trainer:
   """One run: builds data, model, optimizer and checkpointer from ``cfg`` and runs them."""
 
@@ -162,6 +210,17 @@ class Trainer:
     options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.train.keep_checkpoints,
                                            enable_async_checkpointing=False)
     return ocp.CheckpointManager(self.dir.checkpoints, options=options)
+
+  def restore_latest(self) -> int:
+    """Loads the run's latest checkpoint into the trainer's state; returns its step.
+
+    Returns 0, the state left as initialised, when the run has no checkpoint.
+    """
+    manager = self._manager()
+    try:
+      return self._restore_latest(manager)
+    finally:
+      manager.close()
 
   def _restore_latest(self, manager: ocp.CheckpointManager) -> int:
     step = manager.latest_step()
@@ -203,137 +262,162 @@ class Trainer:
       return self._run()
 
   def _run(self) -> dict:
-    cfg, t = self.cfg, self.cfg.train
     if self.is_writer:
-      rundir.write_json(self.dir.config, cfg.to_dict())
+      rundir.write_json(self.dir.config, self.cfg.to_dict())
     manager = self._manager()
     start = self._restore_latest(manager)
+    summary, previous = self._begin(start)
+    compiled, compile_s = self._compile(start)
+    progress = self._progress(start, previous)
+    try:
+      self._loop(compiled, manager, progress)
+    finally:
+      progress.close()
+      manager.close()
+    return self._end(summary, progress, compile_s)
+
+  def _begin(self, start: int) -> tuple[dict, dict]:
+    """Drops the JSONL lines of steps ``>= start`` and writes the "running" summary.
+
+    Returns ``(summary, previous)``: the new summary and the one a previous
+    attempt left (``{}`` if none).
+    """
     if self.is_writer:
       rundir.truncate_jsonl(self.dir.metrics, start)
       rundir.truncate_jsonl(self.dir.probes, start)
     previous = self.dir.read_summary() or {}
-    summary = {"status": "running", "variant": cfg.variant, "run_dir": cfg.run_dir,
+    summary = {"status": "running", "variant": self.cfg.variant, "run_dir": self.cfg.run_dir,
                "num_params": self.num_params, "flops_per_token": self.flops_per_token,
                "devices": int(self.dp.mesh.devices.size), "resumed_from": start}
     if self.is_writer:
       rundir.write_json(self.dir.summary, summary)
+    return summary, previous
 
+  def _compile(self, start: int):
+    """``(compiled train step, seconds it took)``, compiled for the batch of step ``start``."""
     t0 = time.perf_counter()
     b = self.batches.batch("train", start)
     compiled = self.train_step.lower(self.state, self.rest, *self.dp.batch_args(b)).compile()
-    compile_s = time.perf_counter() - t0
+    return compiled, time.perf_counter() - t0
 
-    metrics_out = rundir.JsonlWriter(self.dir.metrics) if self.is_writer else None
-    probes_out = rundir.JsonlWriter(self.dir.probes) if self.is_writer else None
-    pending: list[dict] = []
-    pending_steps: list[int] = []
-    initial_loss = float(jax.device_get(self.state["initial_loss"]))
-    last_flush = time.perf_counter()
-    train_time = float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0
-    tokens_per_s: list[float] = []
-    diverged_step: Optional[int] = None
-    last_train: dict = {}
-    last_val: dict = {}
-    last_probe: dict = {}
-    bar = None
+  def _progress(self, start: int, previous: dict) -> _Progress:
+    """The host-side state of a run starting at ``start``: writers, bar, divergence watch."""
+    t = self.cfg.train
+    progress = _Progress(
+        start=start, step=start,
+        metrics_out=rundir.JsonlWriter(self.dir.metrics) if self.is_writer else None,
+        probes_out=rundir.JsonlWriter(self.dir.probes) if self.is_writer else None,
+        initial_loss=float(jax.device_get(self.state["initial_loss"])),
+        train_time=float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0,
+        watch=DivergenceWatch(t.divergence_factor, t.divergence_patience))
     if t.progress and self.is_writer:
       from tqdm.auto import tqdm
-      bar = tqdm(total=t.steps, initial=start, desc=f"{cfg.variant}", leave=False, mininterval=1.0)
-
-    watch = DivergenceWatch(t.divergence_factor, t.divergence_patience)
+      progress.bar = tqdm(total=t.steps, initial=start, desc=f"{self.cfg.variant}", leave=False,
+                          mininterval=1.0)
     if start > 0:  # a streak of high losses may span the checkpoint: replay it
-      watch.update([r for r in rundir.read_jsonl(self.dir.metrics) if r.get("kind") == "train"],
-                   initial_loss)
+      progress.watch.update(
+          [r for r in rundir.read_jsonl(self.dir.metrics) if r.get("kind") == "train"],
+          progress.initial_loss)
+    return progress
 
-    def flush() -> Optional[int]:
-      """Reads pending device metrics, writes them, returns the divergence step if any."""
-      nonlocal pending, pending_steps, last_flush, initial_loss, train_time, last_train
-      if not pending:
-        return None
-      records = _to_host(pending)
-      now = time.perf_counter()
-      elapsed = now - last_flush
-      train_time += elapsed
-      last_flush = now
-      rate = self.tokens_per_step * len(records) / max(elapsed, 1e-9)
-      tokens_per_s.append(rate)
-      for step, r in zip(pending_steps, records):
-        r.update(kind="train", step=step, lr=float(self.schedule(step)), tokens_per_s=rate)
-      if not math.isfinite(initial_loss):
-        initial_loss = records[0]["loss"]
-        self.state["initial_loss"] = self.dp.replicate(jnp.float32(initial_loss))
-      bad = watch.update(records, initial_loss)
-      if bad is not None:
-        records = [r for r in records if r["step"] <= watch.decided_at]
-      if metrics_out:
-        metrics_out.write(records)
-      last_train = records[-1]
-      if bar is not None:
-        bar.update(len(records))
-        bar.set_postfix(loss=f"{last_train['loss']:.3f}")
-      pending, pending_steps = [], []
-      return bad
+  def _loop(self, compiled, manager: ocp.CheckpointManager, p: _Progress) -> None:
+    """Steps until ``train.steps``, ``train.stop_after`` or a divergence (``p.status`` says)."""
+    t = self.cfg.train
+    while True:
+      boundary = self._boundary(p.step, p.start)
+      if (boundary or p.step == t.stop_after) and self._diverged(p):
+        return
+      self._at_boundary(boundary, manager, p)
+      if p.step == t.steps:
+        return
+      if t.stop_after and p.step == t.stop_after:
+        p.status = "stopped"
+        return
+      b = self.batches.batch("train", p.step)
+      self.state, m = compiled(self.state, self.rest, *self.dp.batch_args(b))
+      p.pending.append(m)
+      p.pending_steps.append(p.step)
+      p.step += 1
+      if len(p.pending) >= t.log_every and self._diverged(p):
+        return
 
-    status = "finished"
-    step = start
-    try:
-      while True:
-        boundary = []
-        if step % t.eval_every == 0 or step == t.steps:
-          boundary.append("eval")
-        if step % t.probe_every == 0 or step == t.steps:
-          boundary.append("probe")
-        if t.checkpoint_every and step % t.checkpoint_every == 0 and step > start:
-          boundary.append("ckpt")
-        if boundary or step == t.stop_after:
-          diverged_step = flush()
-          if diverged_step is not None:
-            status = "diverged"
-            break
-        if "eval" in boundary:
-          last_val = self.evaluate(step)
-          if metrics_out:
-            metrics_out.write([last_val])
-        if "probe" in boundary:
-          last_probe = self.probe(step)
-          if probes_out:
-            probes_out.write([last_probe])
-        if "ckpt" in boundary:
-          manager.save(step, args=ocp.args.StandardSave(self.state))
-          manager.wait_until_finished()
-        if boundary:  # tokens/s and train_time_s count training steps only
-          last_flush = time.perf_counter()
-        if step == t.steps:
-          break
-        if t.stop_after and step == t.stop_after:
-          status = "stopped"
-          break
-        b = self.batches.batch("train", step)
-        self.state, m = compiled(self.state, self.rest, *self.dp.batch_args(b))
-        pending.append(m)
-        pending_steps.append(step)
-        step += 1
-        if len(pending) >= t.log_every:
-          diverged_step = flush()
-          if diverged_step is not None:
-            status = "diverged"
-            break
-    finally:
-      if bar is not None:
-        bar.close()
-      for w in (metrics_out, probes_out):
-        if w:
-          w.close()
-      manager.close()
+  def _boundary(self, step: int, start: int) -> list[str]:
+    """What is due at step boundary ``step``: ``"eval"``, ``"probe"``, ``"ckpt"``."""
+    t = self.cfg.train
+    due = []
+    if step % t.eval_every == 0 or step == t.steps:
+      due.append("eval")
+    if step % t.probe_every == 0 or step == t.steps:
+      due.append("probe")
+    if t.checkpoint_every and step % t.checkpoint_every == 0 and step > start:
+      due.append("ckpt")
+    return due
 
-    summary.update(status=status, steps_done=step if status != "diverged" else diverged_step,
-                   diverged_step=diverged_step, initial_loss=initial_loss,
-                   compile_s=compile_s, train_time_s=train_time,
-                   tokens_per_s=float(np.median(tokens_per_s[1:] or tokens_per_s or [float("nan")])))
-    summary.update(final_metrics(self.dir, last_train, last_val, last_probe, status))
+  def _at_boundary(self, due: list[str], manager: ocp.CheckpointManager, p: _Progress) -> None:
+    """Validation, probe and checkpoint of step ``p.step``, as ``due`` lists."""
+    if "eval" in due:
+      p.last_val = self.evaluate(p.step)
+      if p.metrics_out:
+        p.metrics_out.write([p.last_val])
+    if "probe" in due:
+      p.last_probe = self.probe(p.step)
+      if p.probes_out:
+        p.probes_out.write([p.last_probe])
+    if "ckpt" in due:
+      manager.save(p.step, args=ocp.args.StandardSave(self.state))
+      manager.wait_until_finished()
+    if due:  # tokens/s and train_time_s count training steps only
+      p.last_flush = time.perf_counter()
+
+  def _diverged(self, p: _Progress) -> bool:
+    """Flushes the pending metrics; on a divergence marks ``p`` diverged and returns True."""
+    p.diverged_step = self._flush(p)
+    if p.diverged_step is None:
+      return False
+    p.status = "diverged"
+    return True
+
+  def _flush(self, p: _Progress) -> Optional[int]:
+    """Reads the pending device metrics, writes them, returns the divergence step if any."""
+    if not p.pending:
+      return None
+    records = _to_host(p.pending)
+    now = time.perf_counter()
+    elapsed = now - p.last_flush
+    p.train_time += elapsed
+    p.last_flush = now
+    rate = self.tokens_per_step * len(records) / max(elapsed, 1e-9)
+    p.tokens_per_s.append(rate)
+    for step, r in zip(p.pending_steps, records):
+      r.update(kind="train", step=step, lr=float(self.schedule(step)), tokens_per_s=rate)
+    if not math.isfinite(p.initial_loss):
+      p.initial_loss = records[0]["loss"]
+      self.state["initial_loss"] = self.dp.replicate(jnp.float32(p.initial_loss))
+    bad = p.watch.update(records, p.initial_loss)
+    if bad is not None:
+      records = [r for r in records if r["step"] <= p.watch.decided_at]
+    if p.metrics_out:
+      p.metrics_out.write(records)
+    p.last_train = records[-1]
+    if p.bar is not None:
+      p.bar.update(len(records))
+      p.bar.set_postfix(loss=f"{p.last_train['loss']:.3f}")
+    p.pending, p.pending_steps = [], []
+    return bad
+
+  def _end(self, summary: dict, p: _Progress, compile_s: float) -> dict:
+    """Completes ``summary`` with the outcome and final numbers, writes it (and the plots)."""
+    t = self.cfg.train
+    summary.update(status=p.status,
+                   steps_done=p.step if p.status != "diverged" else p.diverged_step,
+                   diverged_step=p.diverged_step, initial_loss=p.initial_loss,
+                   compile_s=compile_s, train_time_s=p.train_time,
+                   tokens_per_s=float(np.median(p.tokens_per_s[1:] or p.tokens_per_s
+                                                or [float("nan")])))
+    summary.update(final_metrics(self.dir, p.last_train, p.last_val, p.last_probe, p.status))
     if self.is_writer:
       rundir.write_json(self.dir.summary, summary)
-      if t.plots and status != "stopped":
+      if t.plots and p.status != "stopped":
         from attnjax.train.plots import plot_run
         plot_run(self.dir)
     return summary

@@ -19,7 +19,12 @@ def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
   return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
-def _save(fig, path: str) -> None:
+def save_figure(fig, path: str) -> None:
+  """Writes ``fig`` as a PNG at ``path`` atomically, creating its folder.
+
+  The image goes to a temporary file beside ``path`` and is moved over it
+  (``os.replace``), so a reader never sees a half-written plot.
+  """
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.tmp.{os.getpid()}.png"
   fig.savefig(tmp, dpi=100, bbox_inches="tight")
@@ -63,5 +68,5 @@ def plot_run(run: rundir.RunDir) -> list[str]:
   ax.set(xlabel="step", ylabel="log Z (nats)", title="mean log Z of output logits")
   fig.tight_layout()
   path = os.path.join(run.plots, "training.png")
-  _save(fig, path)
+  save_figure(fig, path)
   return [path]

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from attnjax.train import rundir
-from attnjax.train.plots import _save, subplots
+from attnjax.train.plots import save_figure, subplots
 
 # Probe keys as attnjax.nn.probe.probe names them, with fallbacks for older names.
 _SINK_KEYS = ("sink_rate/rate",)
@@ -147,7 +147,7 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
     if ax.lines:
       ax.legend(fontsize=7)
     path = os.path.join(out_dir, f"{name}.png")
-    _save(fig, path)
+    save_figure(fig, path)
     paths.append(path)
   return paths
 
@@ -171,7 +171,7 @@ def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
     if ax.lines:
       ax.legend(fontsize=7)
     path = os.path.join(out_dir, "probe_" + key.split("/")[0] + ".png")
-    _save(fig, path)
+    save_figure(fig, path)
     paths.append(path)
   return paths
 
@@ -264,7 +264,7 @@ def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
          title="loss vs learning rate")
   ax.legend(fontsize=8)
   path = os.path.join(out_dir, "loss_vs_lr.png")
-  _save(fig, path)
+  save_figure(fig, path)
   paths.append(path)
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
     fig, ax = subplots(figsize=(7, 4.5))
@@ -277,7 +277,7 @@ def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
     if ax.lines:
       ax.legend(fontsize=7)
     path = os.path.join(out_dir, f"max_logit_{variant}.png")
-    _save(fig, path)
+    save_figure(fig, path)
     paths.append(path)
   return paths
 

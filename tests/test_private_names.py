@@ -1,0 +1,201 @@
+"""No private name crosses a package directory: a module's ``_x`` is for its own package.
+
+Every module under ``attnjax/`` and ``experiments/`` (``tests/`` are exempt) is
+read with ``ast``. A module may use an underscore name (``_x``; dunders such as
+``__version__`` are public, and so are the NamedTuple methods ``_replace``,
+``_asdict``, ``_make``, ``_fields``, ``_field_defaults``) only when the name
+belongs to a module of its own package directory. It is a violation to:
+
+- import one from elsewhere: ``from attnjax.train.plots import _save`` in
+  ``experiments/``, ``from attnjax import _checks`` in ``attnjax/nn/``, or a
+  path through one (``import jax._src.mesh``, ``from attnjax.stats._inputs
+  import shape``); relative imports are resolved first;
+- read one as an attribute of a name bound by an import (a module, a class,
+  a function), or of a variable assigned straight from calling one:
+  ``plots._save(...)``, ``Trainer._manager``, ``trainer = Trainer(cfg)`` then
+  ``trainer._manager()``, ``getattr(plots, "_save")``.
+
+Where a name belongs: to the directory of the module that defines it (the
+package's own directory for a package ``__init__``); a name from outside the
+repository (``jax._src``) belongs to no directory of ours. The allowed list is
+empty: a name another package needs is made public (a proper name and a
+docstring) or moved.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from test_imports import ROOT, from_source, is_module, is_package, module_name, package_of
+
+SOURCES = ("attnjax", "experiments")
+# Public API of every NamedTuple despite the underscore (it avoids clashing with field names).
+NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_make", "_fields", "_field_defaults"})
+ATTRIBUTE_FUNCTIONS = ("getattr", "hasattr", "setattr", "delattr")
+ALLOWED: frozenset[str] = frozenset()  # "path:line: name" entries; empty by design
+
+
+def is_private(name: str) -> bool:
+  dunder = name.startswith("__") and name.endswith("__")
+  return name.startswith("_") and not dunder and name not in NAMEDTUPLE_API
+
+
+def home(root: pathlib.Path, dotted: str) -> str:
+  """The directory (relative to ``root``) owning the names defined in or on ``dotted``.
+
+  That of the longest prefix of ``dotted`` that is a module of ours (a package
+  owns its own directory, a module file its parent's); ``external:<top>`` for
+  a name from outside the repository.
+  """
+  parts = dotted.split(".")
+  for n in range(len(parts), 0, -1):
+    name = ".".join(parts[:n])
+    if is_module(root, name):
+      folder = parts[:n] if is_package(root, name) else parts[:n - 1]
+      return "/".join(folder) or "."
+  return f"external:{parts[0]}"
+
+
+class Finder(ast.NodeVisitor):
+  """Collects the private names one module takes from other package directories."""
+
+  def __init__(self, root: pathlib.Path, path: pathlib.Path):
+    self.root, self.path = root, path
+    self.here = path.parent.relative_to(root).as_posix()
+    self.package = package_of(root, path)
+    self.bound: dict[str, str] = {}  # local name -> the dotted path it stands for
+    self.found: list[str] = []
+
+  def check(self, node: ast.AST, owner: str, name: str) -> None:
+    """Records ``name`` (read from ``owner``, a dotted path) unless it is public or ours."""
+    if is_private(name) and home(self.root, owner) != self.here:
+      where = self.path.relative_to(self.root).as_posix()
+      self.found.append(f"{where}:{node.lineno}: {name} (from {owner})")
+
+  def check_path(self, node: ast.AST, dotted: str) -> None:
+    """Each private component of a module path, owned by the path before it."""
+    parts = dotted.split(".")
+    for i in range(1, len(parts)):
+      self.check(node, ".".join(parts[:i]), parts[i])
+
+  def visit_Import(self, node: ast.Import) -> None:
+    for alias in node.names:
+      self.check_path(node, alias.name)
+      if alias.asname:
+        self.bound[alias.asname] = alias.name
+      else:
+        top = alias.name.split(".")[0]
+        self.bound[top] = top
+
+  def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+    source = from_source(self.package, node)
+    self.check_path(node, source)
+    for alias in node.names:
+      if alias.name == "*":
+        continue
+      self.check(node, source, alias.name)
+      self.bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+
+  def dotted(self, node: ast.AST) -> str | None:
+    """The dotted path a ``Name`` / ``Attribute`` chain stands for, if it starts at a bound name."""
+    if isinstance(node, ast.Name):
+      return self.bound.get(node.id)
+    if isinstance(node, ast.Attribute):
+      base = self.dotted(node.value)
+      return None if base is None else f"{base}.{node.attr}"
+    return None
+
+  def visit_Attribute(self, node: ast.Attribute) -> None:
+    base = self.dotted(node.value)
+    if base is not None:
+      self.check(node, base, node.attr)
+    self.generic_visit(node)
+
+  def visit_Call(self, node: ast.Call) -> None:
+    if (isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_FUNCTIONS
+        and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)):
+      base = self.dotted(node.args[0])
+      if base is not None:
+        self.check(node, base, node.args[1].value)
+    self.generic_visit(node)
+
+  def visit_Assign(self, node: ast.Assign) -> None:
+    # ``x = Imported(...)``: x is an instance of (or a result from) the import's module.
+    if (len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Call)):
+      made_by = self.dotted(node.value.func)
+      if made_by is not None:
+        self.bound[node.targets[0].id] = made_by
+    self.generic_visit(node)
+
+
+def private_uses(root: pathlib.Path, path: pathlib.Path) -> list[str]:
+  """``"path:line: name (from owner)"`` for every private name ``path`` takes from elsewhere."""
+  tree = ast.parse(path.read_text(), str(path))
+  finder = Finder(root, path)
+  # Imports first (a module-level import may follow the function that uses it).
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      finder.visit(node)
+  finder.found = []
+  finder.visit(tree)
+  return finder.found
+
+
+def offenders(root: pathlib.Path) -> list[str]:
+  out = []
+  for source in SOURCES:
+    for path in sorted(root.joinpath(source).rglob("*.py")):
+      out.extend(private_uses(root, path))
+  return [o for o in out if o not in ALLOWED]
+
+
+def test_the_finder_sees_each_form_and_allows_its_own_package(tmp_path):
+  files = {
+      "pkg/__init__.py": "",
+      "pkg/_util.py": "def _helper(): ...\ndef public(): ...\n",
+      "pkg/same.py": ("from pkg import _util\nfrom pkg._util import _helper\n"
+                      "from . import _util as u\nu._helper()\n"),
+      "pkg/sub/__init__.py": "from pkg import __version__\n",
+      "pkg/sub/own.py": "from pkg.sub import _mine\nfrom . import _mine as m\n",
+      "pkg/sub/other.py": (
+          "import pkg._util\n"
+          "from pkg import _util\n"
+          "from .._util import public\n"
+          "from pkg.same import Thing\n"
+          "import jax\n"
+          "def f(cache):\n"
+          "  pkg._util.public()\n"
+          "  jax._src.mesh\n"
+          "  thing = Thing()\n"
+          "  thing._private()\n"
+          "  getattr(Thing, '_hidden')\n"
+          "  cache._private()\n"
+          "  return Thing()._replace(x=1)\n"),
+  }
+  for name, text in files.items():
+    tmp_path.joinpath(name).parent.mkdir(parents=True, exist_ok=True)
+    tmp_path.joinpath(name).write_text(text)
+  assert module_name(tmp_path, tmp_path / "pkg/sub/other.py") == "pkg.sub.other"
+  assert home(tmp_path, "pkg.same.Thing") == "pkg"
+  assert home(tmp_path, "pkg.sub") == "pkg/sub"
+  assert private_uses(tmp_path, tmp_path / "pkg/same.py") == []
+  assert private_uses(tmp_path, tmp_path / "pkg/sub/__init__.py") == []
+  assert private_uses(tmp_path, tmp_path / "pkg/sub/own.py") == []
+  assert private_uses(tmp_path, tmp_path / "pkg/sub/other.py") == [
+      "pkg/sub/other.py:1: _util (from pkg)",
+      "pkg/sub/other.py:2: _util (from pkg)",
+      "pkg/sub/other.py:3: _util (from pkg)",
+      "pkg/sub/other.py:7: _util (from pkg)",
+      "pkg/sub/other.py:8: _src (from jax)",
+      "pkg/sub/other.py:10: _private (from pkg.same.Thing)",
+      "pkg/sub/other.py:11: _hidden (from pkg.same.Thing)",
+  ]
+
+
+def test_no_private_name_is_used_outside_its_package():
+  found = offenders(ROOT)
+  assert not found, ("private names used outside their package directory (make them public "
+                     "or move them):\n" + "\n".join(found))
