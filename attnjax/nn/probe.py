@@ -30,8 +30,8 @@ from flax import nnx
 from attnjax.attention_stats import AttentionStats
 from attnjax.nn import intermediates
 from attnjax.nn.transformer import TransformerLM
-from attnjax.stats._inputs import _check_probability, _shape, _stats_layers
-from attnjax.stats.capture import ProbeCapture, _probe_statistics
+from attnjax.stats.inputs import check_probability, shape_of, stats_layers
+from attnjax.stats.capture import ProbeCapture, probe_statistics
 
 Array = jnp.ndarray
 
@@ -106,7 +106,7 @@ def capture_from_model(model: TransformerLM, tokens: Array, *,
                                  constant_values=value)
   return ProbeCapture(
       logits=logits,
-      attention_stats=_stats_layers(_fill_missing_fields(stats)),
+      attention_stats=stats_layers(_fill_missing_fields(stats)),
       weights=jnp.stack([pad(w.astype(jnp.float32), 0.0) for w in ws]) if ws else None,
       allowed=jnp.stack([pad(m, False) for m in masks]),
       q=jnp.stack(qs), k=jnp.stack(ks), v=jnp.stack(vs), hidden=jnp.stack(hidden),
@@ -117,7 +117,7 @@ def capture_from_model(model: TransformerLM, tokens: Array, *,
 
 def _probe_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
   capture = capture_from_model(model, tokens, weights=weights)
-  out = _probe_statistics(capture, **dict(options))
+  out = probe_statistics(capture, **dict(options))
   # Next-token cross-entropy of the probe batch (nats), beside the statistics.
   logp = jax.nn.log_softmax(capture.logits[:, :-1].astype(jnp.float32), axis=-1)
   target = tokens[:, 1:]
@@ -160,7 +160,7 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
         f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
         f"model fill a ProbeCapture from its forward pass and call probe_statistics")
   if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
-    raise ValueError(f"tokens must be integer [B, T], got shape {_shape(tokens)} and dtype "
+    raise ValueError(f"tokens must be integer [B, T], got shape {shape_of(tokens)} and dtype "
                      f"{jnp.result_type(tokens)}")
   if length is not None:
     if np.shape(tokens)[1] < length:
@@ -168,9 +168,9 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
                        f"probe batch or length=None")
     tokens = tokens[:, :length]
   if np.shape(tokens)[1] < 2 or np.shape(tokens)[0] < 1:
-    raise ValueError(f"probe needs at least one sequence of two tokens, got {_shape(tokens)}")
-  eps = _check_probability("eps", eps)
-  sparsity_threshold = _check_probability("sparsity_threshold", sparsity_threshold)
+    raise ValueError(f"probe needs at least one sequence of two tokens, got {shape_of(tokens)}")
+  eps = check_probability("eps", eps)
+  sparsity_threshold = check_probability("sparsity_threshold", sparsity_threshold)
   options = (("eps", eps), ("sparsity_threshold", sparsity_threshold),
              ("z_loss_coef", float(z_loss_coef)), ("massive_abs", float(massive_abs)),
              ("massive_ratio", float(massive_ratio)))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks
-from attnjax.stats._inputs import _nonempty, _shape, _stack_layers
+from attnjax.stats.inputs import _nonempty, shape_of, _stack_layers
 from attnjax.stats.results import LayerMean, LogitDrift, MassiveActivations
 
 Array = jnp.ndarray
@@ -113,7 +113,7 @@ def _output_logit_drift(logits, *, mask=None, z_loss_coef: float = 1e-4) -> Logi
     training instabilities", sec. 3.1.2; Chowdhery et al. 2022 (PaLM), z-loss.
   """
   if np.ndim(logits) < 1:
-    raise ValueError(f"logits must have rank >= 1 [..., V], got shape {_shape(logits)}")
+    raise ValueError(f"logits must have rank >= 1 [..., V], got shape {shape_of(logits)}")
   _checks.check_floating("logits", logits)
   _nonempty("logits", logits)
   if isinstance(z_loss_coef, bool) or not isinstance(z_loss_coef, (int, float)) or z_loss_coef < 0:
@@ -122,9 +122,9 @@ def _output_logit_drift(logits, *, mask=None, z_loss_coef: float = 1e-4) -> Logi
   if mask is None:
     keep = jnp.ones(log_z.shape, bool)
   else:
-    if _shape(mask) != log_z.shape:
+    if shape_of(mask) != log_z.shape:
       raise ValueError(f"mask must have the logits' shape without V, {log_z.shape}, "
-                       f"got {_shape(mask)}")
+                       f"got {shape_of(mask)}")
     keep = jnp.asarray(mask, bool)
   count = jnp.maximum(jnp.sum(keep, dtype=jnp.float32), 1.0)
   mean_log_z = jnp.sum(jnp.where(keep, log_z, 0.0)) / count

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, dense, normalizers
-from attnjax.stats._inputs import _allowed_pairs, _nonempty, _shape
+from attnjax.stats.inputs import _allowed_pairs, _nonempty, shape_of
 
 Array = jnp.ndarray
 
@@ -36,12 +36,12 @@ def _kernel_approximation_error(approx_weights, exact_weights) -> Array:
   """
   for name, x in (("approx_weights", approx_weights), ("exact_weights", exact_weights)):
     if np.ndim(x) < 2:
-      raise ValueError(f"{name} must have rank >= 2 [..., T, S], got shape {_shape(x)}")
+      raise ValueError(f"{name} must have rank >= 2 [..., T, S], got shape {shape_of(x)}")
     _checks.check_floating(name, x)
     _nonempty(name, x)
-  if _shape(approx_weights) != _shape(exact_weights):
-    raise ValueError(f"approx_weights {_shape(approx_weights)} and exact_weights "
-                     f"{_shape(exact_weights)} must have the same shape")
+  if shape_of(approx_weights) != shape_of(exact_weights):
+    raise ValueError(f"approx_weights {shape_of(approx_weights)} and exact_weights "
+                     f"{shape_of(exact_weights)} must have the same shape")
   a = jnp.asarray(exact_weights, jnp.float32)
   diff = jnp.asarray(approx_weights, jnp.float32) - a
   num = jnp.sqrt(jnp.sum(diff * diff, axis=(-2, -1)))

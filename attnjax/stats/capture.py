@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax.attention_stats import AttentionStats
-from attnjax.stats._inputs import _stats_layers
+from attnjax.stats.inputs import stats_layers
 from attnjax.stats.activations import _kurtosis, _massive_activations, _output_logit_drift
 from attnjax.stats.geometry import _qk_statistics, _sink_geometry, _value_state_drain
 from attnjax.stats.jsonable import flatten
@@ -76,7 +76,7 @@ def _per_layer(fn, L: int, allowed: Optional[Array], *arrays):
                       *results)
 
 
-def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
+def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
                       sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
                       massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
   """All statistics of one forward pass as a flat dict of named arrays and scalars.
@@ -116,7 +116,7 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
     ``dict[str, Array]``; :func:`to_jsonable` makes it JSON-ready.
   """
   out: dict[str, Any] = {}
-  st = None if capture.attention_stats is None else _stats_layers(capture.attention_stats)
+  st = None if capture.attention_stats is None else stats_layers(capture.attention_stats)
   w = capture.weights
   if capture.logits is not None:
     out.update(flatten(_output_logit_drift(capture.logits, z_loss_coef=z_loss_coef), "output"))
@@ -172,6 +172,6 @@ def _probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
 
 
 probe_statistics = jax.jit(
-    _probe_statistics,
+    probe_statistics,
     static_argnames=("eps", "sparsity_threshold", "z_loss_coef", "massive_abs", "massive_ratio"))
-probe_statistics.__doc__ = _probe_statistics.__doc__
+probe_statistics.__doc__ = probe_statistics.__doc__

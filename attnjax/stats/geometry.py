@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, dense
-from attnjax.stats._inputs import _allowed_pairs, _lift, _shape, _stack_layers
+from attnjax.stats.inputs import _allowed_pairs, _lift, shape_of, _stack_layers
 from attnjax.stats.results import LayerMean, QKStatistics, SinkGeometry
 
 Array = jnp.ndarray
@@ -24,14 +24,14 @@ def _qkv_layers(q, k, v=None):
   if v is not None:
     v = _stack_layers("v", v, 4, "[B, S, K, Hv]")
     if v.shape[:4] != k.shape[:4]:
-      raise ValueError(f"k and v must agree on [L, B, S, K], got k {_shape(k)} and v {_shape(v)}")
+      raise ValueError(f"k and v must agree on [L, B, S, K], got k {shape_of(k)} and v {shape_of(v)}")
   L, B, T, N, H = q.shape
   if k.shape[0] != L or k.shape[1] != B or k.shape[4] != H:
-    raise ValueError(f"q [L, B, T, N, H] and k [L, B, S, K, H] disagree: q {_shape(q)}, "
-                     f"k {_shape(k)}")
+    raise ValueError(f"q [L, B, T, N, H] and k [L, B, S, K, H] disagree: q {shape_of(q)}, "
+                     f"k {shape_of(k)}")
   if N % k.shape[3] != 0:
     raise ValueError(f"query heads N={N} must be a multiple of key heads K={k.shape[3]} "
-                     f"(q {_shape(q)}, k {_shape(k)})")
+                     f"(q {shape_of(q)}, k {shape_of(k)})")
   return q, k, v
 
 
@@ -137,7 +137,7 @@ def _sink_geometry(q, k, v, *, is_causal: bool = True, window=None, mask=None) -
   S = k.shape[2]
   if S < 2:
     raise ValueError(f"sink geometry compares the first key with the others: needs S >= 2, "
-                     f"got k {_shape(k)}")
+                     f"got k {shape_of(k)}")
 
   def norm_ratio(x):
     norms = jnp.sqrt(jnp.sum(x * x, axis=-1))  # [L, B, S, K]
@@ -193,7 +193,7 @@ def _value_state_drain(v) -> LayerMean:
   v = _stack_layers("v", v, 4, "[B, S, K, Hv]")
   if v.shape[2] < 2:
     raise ValueError(f"value-state drain compares the first value with the others: needs "
-                     f"S >= 2, got v {_shape(v)}")
+                     f"S >= 2, got v {shape_of(v)}")
   _checks.check_floating("v", v)
   norms = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32)), axis=-1))  # [L, B, S, K]
   others = jnp.mean(norms[:, :, 1:], axis=2)

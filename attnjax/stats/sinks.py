@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks
-from attnjax.stats._inputs import (_allowed_pairs, _attention_layers, _check_probability,
-                                   _is_stats, _lift, _need, _nonempty, _row_normalize, _shape,
-                                   _stack_layers, _stats_layers, _weights_as_stats)
+from attnjax.stats.inputs import (_allowed_pairs, _attention_layers, check_probability,
+                                   _is_stats, _lift, _need, _nonempty, _row_normalize, shape_of,
+                                   _stack_layers, stats_layers, _weights_as_stats)
 from attnjax.stats.results import (AttentionEntropy, FirstTokenAttention, LayerMean, SinkRate)
 
 Array = jnp.ndarray
@@ -48,12 +48,12 @@ def _importance(weights: Array, *, row_normalize: bool = True) -> Array:
     Empirical View", sec. 3.1, and their ``compute_attention_sink``.
   """
   if np.ndim(weights) < 2:
-    raise ValueError(f"weights must have rank >= 2 [..., T, S], got shape {_shape(weights)}")
+    raise ValueError(f"weights must have rank >= 2 [..., T, S], got shape {shape_of(weights)}")
   _checks.check_floating("weights", weights)
   _nonempty("weights", weights)
-  T, S = _shape(weights)[-2:]
+  T, S = shape_of(weights)[-2:]
   if S < T:
-    raise ValueError(f"weights must have S >= T for alpha_k, got shape {_shape(weights)}")
+    raise ValueError(f"weights must have S >= T for alpha_k, got shape {shape_of(weights)}")
   w = jnp.asarray(weights, jnp.float32)
   p = (_row_normalize(w) if row_normalize else w)[..., :T]  # sequence keys only
   positions = jnp.arange(T)
@@ -104,13 +104,13 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
     Gu et al. 2024, "When Attention Sink Emerges in Language Models: An
     Empirical View" (ICLR 2025), sec. 3.1.
   """
-  eps = _check_probability("eps", eps)
+  eps = check_probability("eps", eps)
   if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
     raise ValueError(f"k is the paper's 1-indexed key (k = 1 is the first token), got {k!r}")
   if _is_stats(attention):
     if k != 1:
       raise ValueError(f"AttentionStats only carry the first key's mass; k={k} needs the weights")
-    stats = _stats_layers(attention)
+    stats = stats_layers(attention)
     sink_mass = _need(stats, "sink_mass", "sink_rate")
     T = _need(stats, "logsumexp", "sink_rate (for the sequence length T)").shape[-1]
     alpha = (1.0 + (T - 1) * sink_mass) / T
@@ -120,7 +120,7 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
     w = _attention_layers("attention", attention)
     T = w.shape[-2]
     if k > T:
-      raise ValueError(f"k={k} exceeds the sequence length T={T} (weights shape {_shape(w)})")
+      raise ValueError(f"k={k} exceeds the sequence length T={T} (weights shape {shape_of(w)})")
     alpha = _importance(w, row_normalize=row_normalize)[..., k - 1]
     row_sum = jnp.mean(jnp.sum(w, axis=-1), axis=(1, 2, 3))
   sink = (alpha > eps).astype(jnp.float32)
@@ -158,7 +158,7 @@ def _first_token_attention(attention) -> FirstTokenAttention:
     Non-linearity, Sparsity, and Attention-Sink-Free", table 4.
   """
   if _is_stats(attention):
-    sink_mass = _need(_stats_layers(attention), "sink_mass", "first_token_attention")
+    sink_mass = _need(stats_layers(attention), "sink_mass", "first_token_attention")
   else:
     sink_mass = _weights_as_stats(_attention_layers("attention", attention)).sink_mass
   per_head = jnp.mean(sink_mass, axis=1)
@@ -192,7 +192,7 @@ def _attention_entropy(attention) -> AttentionEntropy:
     Attention Entropy Collapse".
   """
   if _is_stats(attention):
-    entropy = _need(_stats_layers(attention), "entropy", "attention_entropy")
+    entropy = _need(stats_layers(attention), "entropy", "attention_entropy")
   else:
     w = _stack_layers("attention", attention, 4, "[B, N, T, S]")
     entropy = _weights_as_stats(w).entropy
@@ -229,7 +229,7 @@ def _max_attention_logit(attention, *, is_causal: bool = True, window=None, mask
     training instabilities", sec. 3.1.
   """
   if _is_stats(attention):
-    return jnp.max(_need(_stats_layers(attention), "max_logit", "max_attention_logit"),
+    return jnp.max(_need(stats_layers(attention), "max_logit", "max_attention_logit"),
                    axis=(1, 2))
   z = _stack_layers("attention", attention, 4, "[B, N, T, S]")
   window = _checks.check_window(window)
@@ -271,7 +271,7 @@ def _null_mass(attention, sink_logits=None, *, is_causal: bool = True, window=No
     "Attention Is Off By One".
   """
   if _is_stats(attention):
-    per_head = 1.0 - jnp.mean(_need(_stats_layers(attention), "row_sum", "null_mass"), axis=1)
+    per_head = 1.0 - jnp.mean(_need(stats_layers(attention), "row_sum", "null_mass"), axis=1)
   else:
     z = _stack_layers("attention", attention, 4, "[B, N, T, S]")
     L, B, N, T, S = z.shape
@@ -280,9 +280,9 @@ def _null_mass(attention, sink_logits=None, *, is_causal: bool = True, window=No
                        "softmax_one)")
     _checks.check_floating("sink_logits", sink_logits)
     s = jnp.asarray(sink_logits, jnp.float32)
-    if _shape(s) not in ((), (N,), (L, N)):
+    if shape_of(s) not in ((), (N,), (L, N)):
       raise ValueError(f"sink_logits must have shape (), [N] = ({N},) or [L, N] = ({L}, {N}), "
-                       f"got {_shape(s)}")
+                       f"got {shape_of(s)}")
     s = jnp.reshape(jnp.broadcast_to(s, (L, N)), (L, 1, N, 1))
     window = _checks.check_window(window)
     allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=window, mask=mask)[None]
@@ -356,7 +356,7 @@ def _attention_sparsity(weights, *, threshold: float = 0.01, is_causal: bool = T
     Inference of Large Language Models", sec. 3.1 ("sparse" = below 1% of the
     row's maximum).
   """
-  threshold = _check_probability("threshold", threshold)
+  threshold = check_probability("threshold", threshold)
   w = jnp.abs(_stack_layers("weights", weights, 4, "[B, N, T, S]"))
   window = _checks.check_window(window)
   allowed = jnp.broadcast_to(

@@ -11,13 +11,13 @@ from attnjax.attention_stats import AttentionStats, stats_from_weights
 Array = jnp.ndarray
 
 
-def _shape(x) -> tuple[int, ...]:
+def shape_of(x) -> tuple[int, ...]:
   return _checks.shape_of(x)
 
 
 def _nonempty(name: str, x) -> None:
-  if int(np.prod(_shape(x))) == 0:
-    raise ValueError(f"{name} is empty (shape {_shape(x)}); statistics need at least one entry")
+  if int(np.prod(shape_of(x))) == 0:
+    raise ValueError(f"{name} is empty (shape {shape_of(x)}); statistics need at least one entry")
 
 
 def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
@@ -28,8 +28,8 @@ def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
     for i, xi in enumerate(x):
       if np.ndim(xi) != rank:
         raise ValueError(
-            f"{name}[{i}] must have rank {rank} {letters}, got shape {_shape(xi)}")
-    shapes = {_shape(xi) for xi in x}
+            f"{name}[{i}] must have rank {rank} {letters}, got shape {shape_of(xi)}")
+    shapes = {shape_of(xi) for xi in x}
     if len(shapes) != 1:
       raise ValueError(f"{name} layers differ in shape: {sorted(shapes)}")
     x = jnp.stack([jnp.asarray(xi) for xi in x])
@@ -37,7 +37,7 @@ def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
     if np.ndim(x) not in (rank, rank + 1):
       raise ValueError(
           f"{name} must have rank {rank} {letters} or {rank + 1} [L, {letters[1:]}, "
-          f"got shape {_shape(x)}")
+          f"got shape {shape_of(x)}")
     x = jnp.asarray(x)
     if x.ndim == rank:
       x = x[None]
@@ -57,7 +57,7 @@ def _attention_layers(name: str, weights) -> Array:
   if w.shape[-1] < w.shape[-2]:
     raise ValueError(
         f"{name} must be self-attention weights with S >= T (keys 0..T-1 at the queries' "
-        f"positions), got shape {_shape(w)}")
+        f"positions), got shape {shape_of(w)}")
   return w
 
 
@@ -68,7 +68,7 @@ def _is_stats(x) -> bool:
       isinstance(s, AttentionStats) for s in x)
 
 
-def _stats_layers(stats) -> AttentionStats:
+def stats_layers(stats) -> AttentionStats:
   """``AttentionStats`` (one, stacked ``[L, ...]`` or a list per layer) -> fields ``[L, B, N]``."""
   if isinstance(stats, AttentionStats):
     layers = [stats]
@@ -89,7 +89,7 @@ def _stats_layers(stats) -> AttentionStats:
       if np.ndim(v) not in (base, base + 1):
         raise ValueError(
             f"AttentionStats.{field} must have rank {base} (one layer) or {base + 1} "
-            f"(stacked layers), got shape {_shape(v)}")
+            f"(stacked layers), got shape {shape_of(v)}")
       v = jnp.asarray(v, jnp.float32)
       stacked.append(v[None] if v.ndim == base else v)
     value = jnp.concatenate(stacked, axis=0)
@@ -146,7 +146,7 @@ def _allowed_pairs(target: tuple[int, int, int, int], *, is_causal: bool, window
   return jnp.ones((1, 1, T, S), bool) if allowed is None else allowed
 
 
-def _check_probability(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:
+def check_probability(name: str, value: float, *, low: float = 0.0, high: float = 1.0) -> float:
   if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
     raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
   if not (low <= value <= high):
