@@ -1,9 +1,10 @@
-"""Helpers shared by the test files: random attention inputs and tree-wise closeness."""
+"""Helpers shared by the test files: random attention inputs and tree-wise closeness (chex)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,17 +46,25 @@ def rand_qkv(B: int = 2, T: int = 12, S: int | None = None, N: int = 8, K: int =
 
 def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e-5,
                  atol: float = 2e-5) -> None:
-  """``np.testing.assert_allclose`` on every leaf of two pytrees with the same leaves.
+  """``chex.assert_trees_all_close`` on two pytrees with the same leaves.
 
-  The failure message names ``what`` and the leaf's path in ``actual``.
+  One call compares outputs, states and every gradient: each leaf pair must
+  satisfy ``|actual - expected| <= atol + rtol * |expected|`` (numpy's
+  ``assert_allclose``). Leaves pair up in flattening order, so the containers
+  may differ (a tuple against a list, a NamedTuple against a tuple) as long as
+  the leaves do. The failure message names the leaf's path in ``actual`` and
+  ends with ``[what]``.
   """
-  paths = jax.tree_util.tree_leaves_with_path(actual)
+  named = jax.tree_util.tree_leaves_with_path(actual)
   leaves = jax.tree.leaves(expected)
-  assert len(paths) == len(leaves), (
-      f"{what}: {len(paths)} leaves in actual, {len(leaves)} in expected")
-  for (path, x), y in zip(paths, leaves):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
-                               err_msg=f"{what} {jax.tree_util.keystr(path)}")
+  if len(named) != len(leaves):
+    raise AssertionError(
+        f"{what}: {len(named)} leaves in actual, {len(leaves)} in expected: "
+        f"{[jax.tree_util.keystr(path) for path, _ in named]}")
+  treedef = jax.tree.structure(actual)
+  if jax.tree.structure(expected) != treedef:
+    expected = jax.tree.unflatten(treedef, leaves)
+  chex.assert_trees_all_close(actual, expected, rtol=rtol, atol=atol, custom_message=what or None)
 
 
 def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int, seq_len: int,
