@@ -23,25 +23,13 @@ import pytest
 from flax import nnx
 
 from attnjax import dense, feature_maps, linear, mods, nn
-from attnjax.stats import kernels
+from attnjax.stats import approximation
 from attnjax.train import config as config_lib
 from attnjax.train import loop, step as step_lib
 from helpers import rand_qkv
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def splash_imported():
-  """What the first auto-dispatched trace of a process imports, imported before any test
-  here: on jax 0.12 it adds a value to jax's tracing context, so whether a test traces
-  again would depend on which test came first in the process. That first trace has its
-  own test, in a fresh process (the last test here)."""
-  try:
-    from jax.experimental.pallas.ops.tpu import splash_attention  # noqa: F401
-  except ImportError:
-    pass
 
 
 @pytest.fixture(autouse=True)
@@ -74,13 +62,13 @@ def test_linear_attention_with_a_new_favor_plus_key_does_not_retrace():
 
 
 def test_feature_map_error_with_a_new_favor_plus_key_does_not_retrace(monkeypatch):
-  # stats.kernels: "redrawing features does not recompile" (the map goes to the traced entry).
+  # stats.approximation: "redrawing features does not recompile" (the map goes to the traced entry).
   for name, static in (("_feature_map_error_traced", ("is_causal", "scale")),
                        ("_feature_map_error_static", ("feature_map", "is_causal", "scale"))):
-    monkeypatch.setattr(kernels, name, jax.jit(
-        chex.assert_max_traces(kernels._feature_map_error, n=1), static_argnames=static))
+    monkeypatch.setattr(approximation, name, jax.jit(
+        chex.assert_max_traces(approximation._feature_map_error, n=1), static_argnames=static))
   q, k, _ = rand_qkv(1, 8, 8, 2, 2, 8, source="numpy")
-  errs = [kernels.feature_map_attention_error(
+  errs = [approximation.feature_map_attention_error(
       q, k, feature_map=feature_maps.favor_plus(jax.random.key(seed), 8, head_dim=8))
       for seed in (0, 1)]
   assert _differ(*errs)
@@ -219,6 +207,7 @@ def test_the_first_auto_dispatched_call_of_a_process_does_not_make_the_next_retr
   assert run.returncode == 0, (
       ("the second call of a fresh process traced (and compiled) again: the first call's "
        f"trace changed jax's tracing context ({added[0] if added else 'no report'}; on jax "
-       "0.12 attnjax.dense's lazy import of jax's Pallas splash package, inside that trace, "
-       "adds pallas_fuser_disable_nested_fuse)" if retraced else "the script failed")
+       "0.12 importing jax's Pallas splash package inside that trace added "
+       "pallas_fuser_disable_nested_fuse; attnjax.kernels.splash imports it with the module)"
+       if retraced else "the script failed")
       + f"; stderr tail:\n{run.stderr[-1500:]}")

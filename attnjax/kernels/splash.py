@@ -29,22 +29,25 @@ BLOCKS = (512, 256, 128)
 DTYPES = (jnp.float32, jnp.bfloat16)
 
 
+# jax's splash package, imported with this module and never inside a trace: on jax 0.12 its
+# import adds a value to jax's tracing context, so a first import during a trace made every
+# function traced before it (the one being traced included) miss its jit cache once
+# (tests/test_traces.py). None where this jax cannot import it.
+try:
+  from jax.experimental.pallas.ops.tpu import splash_attention as _SPLASH
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _KERNEL
+except ImportError:  # pragma: no cover - a jax without the TPU Pallas ops
+  _SPLASH = _KERNEL = None
+
+
 def _library():
   """The ``splash_attention`` package of the installed jax, or None where it cannot be imported."""
-  try:
-    from jax.experimental.pallas.ops.tpu import splash_attention
-  except ImportError:
-    return None
-  return splash_attention
+  return _SPLASH
 
 
 def _takes_sinks() -> bool:
   """Whether the installed splash kernel takes per-head sink logits (newer jax)."""
-  try:
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-  except ImportError:
-    return False
-  fn = getattr(sk, "_splash_attention", None)
+  fn = getattr(_KERNEL, "_splash_attention", None)
   return fn is not None and "sinks" in inspect.signature(fn).parameters
 
 
