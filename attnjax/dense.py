@@ -227,19 +227,11 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
 # Public function.
 
 
-def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
-            normalizer="softmax", sink_logits=None, softcap=None, window=None,
-            segment_ids=None, similarity: Similarity = "dot",
-            implementation: Optional[ImplementationName] = None,
-            return_stats=False, score_mod=None, score_mod_args=None, mask_mod=None,
-            mask_mod_args=None, block_layout=None) -> tuple[DenseInputs, DenseOptions]:
-  """Validates a dense call and returns its canonical inputs and options."""
-  inputs, opts = options.validate(
-      q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale, normalizer=normalizer,
-      sink_logits=sink_logits, softcap=softcap, window=window, segment_ids=segment_ids,
-      similarity=similarity, return_stats=return_stats, score_mod=score_mod,
-      score_mod_args=score_mod_args, mask_mod=mask_mod, mask_mod_args=mask_mod_args,
-      block_layout=block_layout)
+def prepare(q, k, v, *, implementation: Optional[ImplementationName] = None,
+            **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
+  """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
+  its canonical inputs and options."""
+  inputs, opts = options.validate(q, k, v, **dense_keywords)
   _checks.check_implementation("implementation", implementation, tuple(IMPLEMENTATIONS))
   return inputs, opts
 
@@ -321,12 +313,8 @@ def _dot_product_attention(
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
     Logits and normaliser are float32; a query row with no allowed key is zero.
   """
-  inputs, opts = prepare(
-      q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale,
-      normalizer=normalizer, sink_logits=sink_logits, softcap=softcap, window=window,
-      segment_ids=segment_ids, similarity=similarity, implementation=implementation,
-      return_stats=return_stats, score_mod=score_mod, score_mod_args=score_mod_args,
-      mask_mod=mask_mod, mask_mod_args=mask_mod_args, block_layout=block_layout)
+  inputs, opts = prepare(q, k, v, implementation=implementation,
+                         **options.forwarded(options.KEYWORDS, locals()))
   return run(inputs, opts, implementation)
 
 
