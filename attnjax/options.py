@@ -289,12 +289,15 @@ def index_grid(B: int, N: int, T: int, S: int) -> tuple[Array, Array, Array, Arr
 def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> Optional[Array]:
   """``[B|1, N|1, T]`` True where a query row has at least one allowed key; None if all do."""
   structure_can_empty = (inputs.mask is not None or inputs.q_segment_ids is not None
-                         or (opts.window is not None and T > S))
+                         or (opts.window is not None and T > S) or opts.mask_mod is not None)
   if not structure_can_empty:
     return None
   full = masks.make_attention_mask(
       T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
       q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+  if opts.mask_mod is not None:
+    grid = index_grid(inputs.q.shape[0], inputs.q.shape[2], T, S)
+    full = masks.combine_masks(full, apply_mask_mod(opts, inputs.mask_mod_args, *grid))
   return jnp.any(full, axis=-1)
 
 
