@@ -305,9 +305,8 @@ def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, .
   """An engine's ``attention(q, k, v, **dense_options, **engine_options)``, jitted.
 
   ``run(inputs, opts, **engine_options)`` is the engine on a validated call;
-  the entry validates ``q, k, v`` and the keywords of
-  :func:`attnjax.dot_product_attention` (all but ``implementation``) with
-  :func:`validate`, and passes the engine's own keywords (``engine_static``,
+  the entry validates ``q, k, v`` and the dense keywords (:data:`KEYWORDS`)
+  with :func:`validate`, and passes the engine's own keywords (``engine_static``,
   e.g. ``block_sizes``, ``interpret``: static) through.
   """
 
