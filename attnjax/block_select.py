@@ -72,6 +72,11 @@ ImplementationName = Literal["reference", "gathered"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 QueryPool = Literal["mean", "first"]
 QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
+# The dense keywords block_select_attention takes and forwards (attnjax.options.KEYWORDS):
+# the selection stands for a mask, window and modifiers, and for bias (no [T, S] logits).
+DENSE_KEYWORDS = options.keywords(without=(
+    "bias", "mask", "window", "score_mod", "score_mod_args", "mask_mod", "mask_mod_args",
+    "block_layout"))
 
 
 def _pad_to(x: Array, length: int, axis: int = 1, value=0) -> Array:
@@ -429,10 +434,7 @@ def _block_select_attention(
   """
   query_pool = _check_static(q, k, block_size, top_k, query_pool, is_causal)
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
-  inputs, opts = options.validate(
-      q, k, v, is_causal=is_causal, scale=scale, normalizer=normalizer,
-      sink_logits=sink_logits, softcap=softcap, segment_ids=segment_ids,
-      similarity=similarity, return_stats=return_stats)
+  inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
   if implementation == "reference":
     res = _reference(inputs, opts, sel, block_size)
@@ -444,9 +446,8 @@ def _block_select_attention(
   return (*res, sel) if return_stats else (res, sel)
 
 
-BLOCK_SELECT_STATIC = ("block_size", "top_k", "is_causal", "query_pool", "scale", "normalizer",
-                       "softcap", "similarity", "implementation", "return_stats",
-                       "return_selection")
+BLOCK_SELECT_STATIC = ("block_size", "top_k", "query_pool", "implementation",
+                       "return_selection") + options.static(DENSE_KEYWORDS)
 
 block_select_attention = jax.jit(_block_select_attention, static_argnames=BLOCK_SELECT_STATIC)
 block_select_attention.__doc__ = _block_select_attention.__doc__

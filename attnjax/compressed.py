@@ -73,6 +73,11 @@ Array = jnp.ndarray
 ImplementationName = Literal["reference", "blockwise"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 POOLS: tuple[str, ...] = ("mean", "max")
+# The dense keywords compressed_attention forwards (attnjax.options.KEYWORDS); its is_causal
+# and window are its own rule's (CompressedRule), not the dense ones.
+DENSE_KEYWORDS = options.keywords(without=(
+    "bias", "mask", "is_causal", "window", "similarity", "score_mod", "score_mod_args",
+    "mask_mod", "mask_mod_args", "block_layout"))
 
 # Segment id of a compressed block whose keys span several segments: matches no query
 # (queries must not use this id).
@@ -309,9 +314,7 @@ def _grouped_forward(inputs: options.DenseInputs, opts: options.DenseOptions, k_
 
 def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, normalizer,
                 sink_logits, softcap, segment_ids, implementation, return_stats, block_size):
-  inputs, opts = options.validate(q, k, v, scale=scale, normalizer=normalizer,
-                                sink_logits=sink_logits, softcap=softcap,
-                                segment_ids=segment_ids, return_stats=return_stats)
+  inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   T, S = q.shape[1], k.shape[1]
   if k_c is None:
     k_c, v_c = pool_keys(k, stride, pool), pool_keys(v, stride, pool)
@@ -326,8 +329,8 @@ def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, no
 
 
 _compressed_jit = jax.jit(_compressed, static_argnames=(
-    "stride", "pool", "is_causal", "window", "scale", "normalizer", "softcap",
-    "implementation", "return_stats", "block_size"))
+    "stride", "pool", "is_causal", "window", "implementation", "block_size")
+    + options.static(DENSE_KEYWORDS))
 
 
 def _check_compressed_kv(pool: Any, k: Array, v: Array, stride: int) -> tuple[Array, Array]:
@@ -419,9 +422,8 @@ def compressed_attention(
     raise ValueError(f"pool must be one of {POOLS} or a pair (k_c, v_c), got pool={pool!r}")
   return _compressed_jit(
       q, k, v, k_c, v_c, stride=stride, pool=pool, is_causal=is_causal, window=window,
-      scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
-      segment_ids=segment_ids, implementation=implementation, return_stats=return_stats,
-      block_size=block_size)
+      implementation=implementation, block_size=block_size,
+      **options.forwarded(DENSE_KEYWORDS, locals()))
 
 
 def _checks_int(name: str, value: Any) -> int:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attnjax import _checks, masks, normalizers, options, _platform
 from attnjax.kernels import blockwise, jax_nn, pallas_gpu, splash
@@ -227,39 +228,115 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
 # Public function.
 
 
-def prepare(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
-            normalizer="softmax", sink_logits=None, softcap=None, window=None,
-            segment_ids=None, similarity: Similarity = "dot",
-            implementation: Optional[ImplementationName] = None,
-            return_stats=False, score_mod=None, score_mod_args=None, mask_mod=None,
-            mask_mod_args=None, block_layout=None) -> tuple[DenseInputs, DenseOptions]:
-  """Validates a dense call and returns its canonical inputs and options."""
-  inputs, opts = options.validate(
-      q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale, normalizer=normalizer,
-      sink_logits=sink_logits, softcap=softcap, window=window, segment_ids=segment_ids,
-      similarity=similarity, return_stats=return_stats, score_mod=score_mod,
-      score_mod_args=score_mod_args, mask_mod=mask_mod, mask_mod_args=mask_mod_args,
-      block_layout=block_layout)
+def prepare(q, k, v, *, implementation: Optional[ImplementationName] = None,
+            **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
+  """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
+  its canonical inputs and options."""
+  inputs, opts = options.validate(q, k, v, **dense_keywords)
   _checks.check_implementation("implementation", implementation, tuple(IMPLEMENTATIONS))
   return inputs, opts
 
 
+# jax.nn.dot_product_attention's value for masked logits: the residual of a row with no key.
+JAX_NN_MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def _window_of(local_window_size: Any, window: Any) -> Any:
+  """``window`` from jax.nn's ``local_window_size`` (an int ``w`` is ``(w, w)`` there)."""
+  if local_window_size is None:
+    return window
+  if isinstance(local_window_size, (int, np.integer)) and not isinstance(local_window_size, bool):
+    local = (int(local_window_size), int(local_window_size))
+  elif isinstance(local_window_size, (tuple, list)) and len(local_window_size) == 2:
+    local = tuple(local_window_size)
+  else:
+    raise TypeError(f"local_window_size must be an int or a pair (left, right) of ints, got "
+                    f"{local_window_size!r}")
+  local = _checks.check_window(local)
+  if window is not None and _checks.check_window(window) != local:
+    raise ValueError(f"local_window_size={local_window_size!r} (jax.nn's name, "
+                     f"(left, right) = {local}) and window={window!r} differ; pass one")
+  return local
+
+
+def _lengths_ok(name: str, lengths: Any, B: int, L: int) -> Optional[Array]:
+  """``[B, L]`` True at positions below ``lengths`` ``[B]``, or None."""
+  if lengths is None:
+    return None
+  if _checks.shape_of(lengths) != (B,):
+    raise ValueError(f"{name} must have shape [B] = ({B},), got {_checks.shape_of(lengths)}")
+  if not jnp.issubdtype(jnp.result_type(lengths), jnp.integer):
+    raise TypeError(f"{name} must be integer, got dtype {jnp.result_type(lengths)}")
+  return jnp.arange(L)[None, :] < jnp.asarray(lengths)[:, None]
+
+
+def _ragged(q, k, query_seq_lengths, key_value_seq_lengths, dense_keywords: dict) -> dict:
+  """jax.nn's ragged lengths as segment ids (when none are given: every fast path takes
+  them) or else as a mask intersected with the given one."""
+  B, T, S = _checks.shape_of(q)[0], _checks.shape_of(q)[1], _checks.shape_of(k)[1]
+  q_ok = _lengths_ok("query_seq_lengths", query_seq_lengths, B, T)
+  kv_ok = _lengths_ok("key_value_seq_lengths", key_value_seq_lengths, B, S)
+  if q_ok is None and kv_ok is None:
+    return dense_keywords
+  q_ok = jnp.ones((B, T), bool) if q_ok is None else q_ok
+  kv_ok = jnp.ones((B, S), bool) if kv_ok is None else kv_ok
+  if dense_keywords["segment_ids"] is None:
+    # Queries past their length match no key id, keys past theirs no query id.
+    segments = (jnp.where(q_ok, 0, 1).astype(jnp.int32), jnp.where(kv_ok, 0, 2).astype(jnp.int32))
+    return {**dense_keywords, "segment_ids": segments}
+  ok = jnp.logical_and(q_ok[:, None, :, None], kv_ok[:, None, None, :])
+  return {**dense_keywords, "mask": masks.combine_masks(dense_keywords["mask"], ok)}
+
+
+def _residual(inputs: DenseInputs, opts: DenseOptions, stats) -> Array:
+  """jax.nn's residual ``[B, T, N]`` in the input dtype: the per-row log-normaliser (with a
+  gradient), :data:`JAX_NN_MASKED_LOGIT` on a row with no allowed key."""
+  q = inputs.q
+  lse = stats.logsumexp
+  has_key = options.rows_with_keys(inputs, opts, q.shape[1], inputs.k.shape[1])
+  if has_key is not None:
+    lse = jnp.where(has_key, lse, JAX_NN_MASKED_LOGIT)
+  return jnp.swapaxes(lse, 1, 2).astype(q.dtype)
+
+
+def _check_residual(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+  if not normalizers.REGISTRY[opts.normalizer].softmax_like:
+    raise ValueError(
+        f"return_residual=True returns the softmax log-normaliser, which "
+        f"normalizer={opts.normalizer!r} does not have (its weights are not exp(z - r)); "
+        f"use return_stats=True for its statistics (stats.logsumexp is the plain logsumexp "
+        f"of the logits)")
+  if implementation is None:
+    return
+  impl = IMPLEMENTATIONS[implementation]
+  if impl.unsupported(inputs, dataclasses.replace(opts, return_stats=False)) == [] and (
+      impl.unsupported(inputs, opts)):
+    raise ValueError(
+        f"return_residual=True is computed by attnjax's own paths (the residual carries a "
+        f"gradient there), which implementation={implementation!r} is not; use "
+        f"implementation=None, 'reference' or 'blockwise'")
+
+
 def _dot_product_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
+    query: Array,
+    key: Array,
+    value: Array,
     bias: Optional[Array] = None,
     mask: Optional[Array] = None,
-    is_causal: bool = False,
+    *,
     scale: Optional[float] = None,
+    is_causal: bool = False,
+    query_seq_lengths: Optional[Array] = None,
+    key_value_seq_lengths: Optional[Array] = None,
+    local_window_size: Optional[Union[int, tuple[int, int]]] = None,
+    implementation: Optional[ImplementationName] = None,
+    return_residual: bool = False,
     normalizer: str = "softmax",
     sink_logits: Optional[Array] = None,
     softcap: Optional[float] = None,
     window: Optional[tuple[int, int]] = None,
     segment_ids: Any = None,
     similarity: Similarity = "dot",
-    implementation: Optional[ImplementationName] = None,
     return_stats: bool = False,
     score_mod: Optional[Callable[..., Any]] = None,
     score_mod_args: Any = None,
@@ -269,15 +346,45 @@ def _dot_product_attention(
 ):
   """Scaled dot-product attention with a choice of normaliser.
 
+  A drop-in for :func:`jax.nn.dot_product_attention`: its arguments come
+  first, with its names, positions and meanings (``query``, ``key``,
+  ``value``, ``bias``, ``mask``, ``scale``, ``is_causal``,
+  ``query_seq_lengths``, ``key_value_seq_lengths``, ``local_window_size``,
+  ``implementation``, ``return_residual``), then attnjax's own.
+
   Args:
-    q: queries ``[B, T, N, H]``.
-    k: keys ``[B, S, K, H]``; ``N % K == 0`` (GQA/MQA: query head ``n`` reads
-      key/value head ``n // (N // K)``).
-    v: values ``[B, S, K, Hv]``.
+    query: queries ``[B, T, N, H]`` (``q``).
+    key: keys ``[B, S, K, H]`` (``k``); ``N % K == 0`` (GQA/MQA: query head
+      ``n`` reads key/value head ``n // (N // K)``).
+    value: values ``[B, S, K, Hv]`` (``v``).
     bias: float, added to the logits; broadcastable to ``[B, N, T, S]``.
     mask: bool, True = may attend; broadcastable to ``[B, N, T, S]``.
-    is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as jax.nn).
     scale: logit scale; None means ``H ** -0.5``.
+    is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as jax.nn).
+    query_seq_lengths: int ``[B]``: queries ``i >= query_seq_lengths[b]`` are
+      padding; their rows are zero (as jax.nn).
+    key_value_seq_lengths: int ``[B]``: keys ``j >= key_value_seq_lengths[b]``
+      are masked. Both become segment ids (or, with ``segment_ids`` given, a
+      mask), so every path that takes segment ids takes them.
+    local_window_size: jax.nn's window: ``(left, right)``, or an int ``w``
+      meaning ``(w, w)``; the same as ``window`` (give one, or equal ones).
+    implementation: None (auto, see :func:`select_implementation`),
+      ``"reference"``, ``"blockwise"`` (:mod:`attnjax.kernels.blockwise`: online
+      normaliser over key blocks, O(T) memory, masked blocks skipped), or
+      ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
+      ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
+      causal/window/segment masks, softcap, sink logits, GQA; T and S
+      multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.kernels.pallas_gpu`, a
+      Pallas Triton kernel for every normaliser, no bias/mask arrays). Named
+      paths raise if an option is unsupported; None is chosen per platform
+      when the program is lowered (:func:`dispatch_table`).
+    return_residual: also return jax.nn's residual ``[B, T, N]`` in the input
+      dtype: the log-normaliser of each row, ``log sum_j exp(z_ij)`` (the null
+      column of ``softmax_one`` / ``sink_logits`` included), so that the
+      weights are ``exp(z - residual)``; on a row with no allowed key it is
+      jax.nn's masked logit, ``-0.7 * float32 max``. Softmax-like
+      normalisers only (others raise). Unlike jax.nn's it carries a
+      gradient; it is not computed by the ``"xla"`` / ``"cudnn"`` paths.
     normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (``"softmax"``,
       ``"softmax_one"``, ``"sigmoid"``, ``"softpick"``, ``"none"``, ...; see the
       table in :mod:`attnjax.normalizers`).
@@ -290,16 +397,6 @@ def _dot_product_attention(
       queries attend only within their segment (packed sequences).
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, for the
       seed claim that distance scores give near-uniform weights).
-    implementation: None (auto, see :func:`select_implementation`),
-      ``"reference"``, ``"blockwise"`` (:mod:`attnjax.kernels.blockwise`: online
-      normaliser over key blocks, O(T) memory, masked blocks skipped), or
-      ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
-      ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
-      causal/window/segment masks, softcap, sink logits, GQA; T and S
-      multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.kernels.pallas_gpu`, a
-      Pallas Triton kernel for every normaliser, no bias/mask arrays). Named
-      paths raise if an option is unsupported; None is chosen per platform
-      when the program is lowered (:func:`dispatch_table`).
     return_stats: also return :class:`AttentionStats`.
     score_mod: ``fn(z, b, n, i, j, *score_mod_args) -> z'`` (static, hashable):
       rewrites the float32 logits after ``scale``, ``softcap`` and ``bias``,
@@ -318,19 +415,27 @@ def _dot_product_attention(
       ``mask_mod`` (static), built once and reused across calls and layers.
 
   Returns:
-    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
-    Logits and normaliser are float32; a query row with no allowed key is zero.
+    ``[B, T, N, Hv]`` in the input dtype, ``(out, AttentionStats)`` or
+    ``(out, residual)``. Logits and normaliser are float32; a query row with
+    no allowed key is zero (jax.nn gives such a row the mean of all values,
+    except past ``query_seq_lengths``, where it is zero too).
   """
-  inputs, opts = prepare(
-      q, k, v, bias=bias, mask=mask, is_causal=is_causal, scale=scale,
-      normalizer=normalizer, sink_logits=sink_logits, softcap=softcap, window=window,
-      segment_ids=segment_ids, similarity=similarity, implementation=implementation,
-      return_stats=return_stats, score_mod=score_mod, score_mod_args=score_mod_args,
-      mask_mod=mask_mod, mask_mod_args=mask_mod_args, block_layout=block_layout)
-  return run(inputs, opts, implementation)
+  dense_keywords = options.forwarded(options.KEYWORDS, locals())
+  dense_keywords["window"] = _window_of(local_window_size, window)
+  dense_keywords = _ragged(query, key, query_seq_lengths, key_value_seq_lengths, dense_keywords)
+  if return_residual:
+    if return_stats:
+      raise ValueError("return_residual=True and return_stats=True: pass one (the residual is "
+                       "stats.logsumexp, transposed to [B, T, N])")
+    dense_keywords["return_stats"] = True
+  inputs, opts = prepare(query, key, value, implementation=implementation, **dense_keywords)
+  if not return_residual:
+    return run(inputs, opts, implementation)
+  _check_residual(inputs, opts, implementation)
+  out, stats = run(inputs, opts, implementation)
+  return out, _residual(inputs, opts, stats)
 
 
-DENSE_STATIC = options.STATIC_NAMES + ("implementation",)
-
+DENSE_STATIC = options.STATIC_NAMES + ("implementation", "local_window_size", "return_residual")
 dot_product_attention = jax.jit(_dot_product_attention, static_argnames=DENSE_STATIC)
 dot_product_attention.__doc__ = _dot_product_attention.__doc__

@@ -1,7 +1,9 @@
 """The canonical form of a dense attention call, shared by every dense path.
 
-:func:`validate` checks the arguments of a dense call once and returns a
-:class:`DenseInputs` (arrays) and a :class:`DenseOptions` (static choices).
+:class:`DenseKeywords` defines the keywords of a dense call once (names,
+defaults, which are static); :func:`validate` checks them once and returns a
+:class:`DenseInputs` (arrays) and a :class:`DenseOptions` (static choices),
+the record every engine takes.
 :mod:`attnjax.dense` (reference and dispatch), :mod:`attnjax.kernels.blockwise` and
 :mod:`attnjax.sparse` all take this form, so it lives below them: kernels import
 it, and nothing here imports a kernel (no import cycles).
@@ -22,9 +24,68 @@ Array = jnp.ndarray
 
 Similarity = Literal["dot", "neg_sq_euclidean"]
 SIMILARITIES: tuple[str, ...] = get_args(Similarity)
+
+
+def _static(default: Any) -> Any:
+  return dataclasses.field(default=default, metadata={"static": True})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DenseKeywords:
+  """The keywords of a dense call besides ``q, k, v`` and ``implementation``, as given.
+
+  The one definition of their names, defaults and static-ness (``_static``:
+  a static argument under ``jax.jit``; every other one is an array or a
+  tuple of arrays). :func:`validate` takes exactly these and turns them into
+  a :class:`DenseInputs` and a :class:`DenseOptions`; a family lists the
+  ones it takes in its public signature (``options.keywords(without=...)``,
+  held equal to the signatures by ``tests/test_options.py``), forwards them
+  with :func:`forwarded` and declares :func:`static` of them to ``jax.jit``.
+  Their meanings: :func:`attnjax.dot_product_attention`.
+  """
+
+  bias: Any = None
+  mask: Any = None
+  is_causal: bool = _static(False)
+  scale: Optional[float] = _static(None)
+  normalizer: str = _static("softmax")
+  sink_logits: Any = None
+  softcap: Optional[float] = _static(None)
+  window: Optional[tuple[int, int]] = _static(None)
+  segment_ids: Any = None
+  similarity: str = _static("dot")
+  return_stats: bool = _static(False)
+  score_mod: Optional[Callable[..., Any]] = _static(None)
+  score_mod_args: Any = None
+  mask_mod: Optional[Callable[..., Any]] = _static(None)
+  mask_mod_args: Any = None
+  block_layout: Any = _static(None)
+
+
+KEYWORDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DenseKeywords))
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DenseKeywords)}
 # The keywords of a dense call that are static under jax.jit (every other one is an array).
-STATIC_NAMES = ("is_causal", "scale", "normalizer", "softcap", "window", "similarity",
-                "return_stats", "score_mod", "mask_mod", "block_layout")
+STATIC_NAMES: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(DenseKeywords) if f.metadata.get("static"))
+
+
+def keywords(without: tuple[str, ...] = ()) -> tuple[str, ...]:
+  """:data:`KEYWORDS` less ``without`` (the dense keywords a family does not take)."""
+  unknown = [name for name in without if name not in KEYWORDS]
+  if unknown:
+    raise ValueError(f"not keywords of a dense call: {unknown}; they are {KEYWORDS}")
+  return tuple(name for name in KEYWORDS if name not in without)
+
+
+def static(names: tuple[str, ...]) -> tuple[str, ...]:
+  """The static ones among dense keyword ``names`` (for ``jax.jit(static_argnames=...)``)."""
+  return tuple(name for name in names if name in STATIC_NAMES)
+
+
+def forwarded(names: tuple[str, ...], scope: dict[str, Any]) -> dict[str, Any]:
+  """``{name: scope[name]}`` for dense keyword ``names``: a public function's ``locals()``
+  (read before it rebinds any of them) as the keywords of :func:`validate`."""
+  return {name: scope[name] for name in names}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,11 +197,7 @@ def check_mod(name: str, fn: Any, args: Any, abstract_inputs: tuple) -> tuple:
   return args
 
 
-def validate(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
-             normalizer="softmax", sink_logits=None, softcap=None, window=None,
-             segment_ids=None, similarity="dot", return_stats=False, score_mod=None,
-             score_mod_args=None, mask_mod=None, mask_mod_args=None,
-             block_layout=None) -> tuple[DenseInputs, DenseOptions]:
+def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call (every argument but ``implementation``); see ``dense.prepare``.
 
   Modifiers (``score_mod``, ``mask_mod``; see :mod:`attnjax.mods`):
@@ -153,43 +210,49 @@ def validate(q, k, v, *, bias=None, mask=None, is_causal=False, scale=None,
   other mask. Both are static (hashable) and receive their arrays through
   the ``*_args`` tuples.
   """
+  unknown = [name for name in dense_keywords if name not in KEYWORDS]
+  if unknown:
+    raise TypeError(f"unknown keyword(s) {unknown} of a dense call; the keywords are {KEYWORDS}")
+  kw = DenseKeywords(**dense_keywords)
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
-  _checks.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
-  _checks.check_choice("similarity", similarity, SIMILARITIES)
-  if not isinstance(is_causal, bool):
-    raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-  window = _checks.check_window(window)
-  scale = H ** -0.5 if scale is None else scale
+  _checks.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
+  _checks.check_choice("similarity", kw.similarity, SIMILARITIES)
+  if not isinstance(kw.is_causal, bool):
+    raise TypeError(f"is_causal must be a bool, got {kw.is_causal!r}")
+  window = _checks.check_window(kw.window)
+  scale = H ** -0.5 if kw.scale is None else kw.scale
   if isinstance(scale, bool) or not isinstance(scale, (int, float)):
     raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
-  softcap = _checks.check_positive_float("softcap", softcap)
+  softcap = _checks.check_positive_float("softcap", kw.softcap)
   target = (B, N, T, S)
+  sink_logits = kw.sink_logits
   if sink_logits is not None:
-    if not normalizers.REGISTRY[normalizer].accepts_sink_logits:
+    if not normalizers.REGISTRY[kw.normalizer].accepts_sink_logits:
       raise ValueError(
           f"sink_logits adds a learned null column to softmax; it cannot be combined "
-          f"with normalizer={normalizer!r}")
+          f"with normalizer={kw.normalizer!r}")
     sink_logits = jnp.reshape(_checks.check_per_head("sink_logits", sink_logits, N),
                               (1, N, 1, 1))
-  bias = None if bias is None else _checks.as_rank4("bias", bias, target, kind="bias")
-  mask = None if mask is None else _checks.as_rank4("mask", mask, target, kind="mask")
-  q_seg, kv_seg = _checks.check_segment_ids(segment_ids, B, T, S)
+  bias = None if kw.bias is None else _checks.as_rank4("bias", kw.bias, target, kind="bias")
+  mask = None if kw.mask is None else _checks.as_rank4("mask", kw.mask, target, kind="mask")
+  q_seg, kv_seg = _checks.check_segment_ids(kw.segment_ids, B, T, S)
   index = jnp.zeros((), jnp.int32)
-  score_args = check_mod("score_mod", score_mod, score_mod_args,
+  score_args = check_mod("score_mod", kw.score_mod, kw.score_mod_args,
                          (jnp.zeros((), jnp.float32), index, index, index, index))
-  mask_args = check_mod("mask_mod", mask_mod, mask_mod_args, (index, index, index, index))
-  if block_layout is not None:
-    if mask_mod is None:
+  mask_args = check_mod("mask_mod", kw.mask_mod, kw.mask_mod_args, (index, index, index, index))
+  layout = kw.block_layout
+  if layout is not None:
+    if kw.mask_mod is None:
       raise ValueError("block_layout (from attnjax.layout.from_mask_mod) needs its mask_mod")
-    if (getattr(block_layout, "q_len", None), getattr(block_layout, "kv_len", None)) != (T, S):
+    if (getattr(layout, "q_len", None), getattr(layout, "kv_len", None)) != (T, S):
       raise ValueError(
           f"block_layout must be an attnjax.layout.BlockLayout for q_len={T}, kv_len={S}, got "
-          f"{block_layout!r:.120}")
+          f"{layout!r:.120}")
   inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
-  opts = DenseOptions(is_causal=is_causal, window=window, scale=float(scale),
-                      normalizer=normalizer, softcap=softcap, similarity=similarity,
-                      return_stats=bool(return_stats), score_mod=score_mod, mask_mod=mask_mod,
-                      block_layout=block_layout)
+  opts = DenseOptions(is_causal=kw.is_causal, window=window, scale=float(scale),
+                      normalizer=kw.normalizer, softcap=softcap, similarity=kw.similarity,
+                      return_stats=bool(kw.return_stats), score_mod=kw.score_mod,
+                      mask_mod=kw.mask_mod, block_layout=layout)
   return inputs, opts
 
 
@@ -226,12 +289,15 @@ def index_grid(B: int, N: int, T: int, S: int) -> tuple[Array, Array, Array, Arr
 def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> Optional[Array]:
   """``[B|1, N|1, T]`` True where a query row has at least one allowed key; None if all do."""
   structure_can_empty = (inputs.mask is not None or inputs.q_segment_ids is not None
-                         or (opts.window is not None and T > S))
+                         or (opts.window is not None and T > S) or opts.mask_mod is not None)
   if not structure_can_empty:
     return None
   full = masks.make_attention_mask(
       T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
       q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+  if opts.mask_mod is not None:
+    grid = index_grid(inputs.q.shape[0], inputs.q.shape[2], T, S)
+    full = masks.combine_masks(full, apply_mask_mod(opts, inputs.mask_mod_args, *grid))
   return jnp.any(full, axis=-1)
 
 
@@ -239,9 +305,8 @@ def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, .
   """An engine's ``attention(q, k, v, **dense_options, **engine_options)``, jitted.
 
   ``run(inputs, opts, **engine_options)`` is the engine on a validated call;
-  the entry validates ``q, k, v`` and the keywords of
-  :func:`attnjax.dot_product_attention` (all but ``implementation``) with
-  :func:`validate`, and passes the engine's own keywords (``engine_static``,
+  the entry validates ``q, k, v`` and the dense keywords (:data:`KEYWORDS`)
+  with :func:`validate`, and passes the engine's own keywords (``engine_static``,
   e.g. ``block_sizes``, ``interpret``: static) through.
   """
 

@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, dense
+from attnjax import _checks, dense, options
 
 Array = jnp.ndarray
 
@@ -29,6 +29,10 @@ CosineConvention = Literal["swin", "scale", "ngpt"]
 NORMS: tuple[str, ...] = get_args(Norm)
 COSINE_CONVENTIONS: tuple[str, ...] = get_args(CosineConvention)
 SWIN_MAX_LOG_SCALE = math.log(100.0)
+# The dense keywords each function takes and forwards (attnjax.options.KEYWORDS): all but
+# similarity (both are dot-product logits); cosine attention also sets its own scale.
+QK_NORM_KEYWORDS = options.keywords(without=("similarity",))
+COSINE_KEYWORDS = options.keywords(without=("similarity", "scale"))
 
 
 def normalize_head(x: Array, norm: Norm, eps: float) -> Array:
@@ -94,9 +98,12 @@ def _qk_norm_attention(
       :func:`cosine_attention` for a learned temperature).
     q_scale, k_scale: optional learned gains ``[H]``.
     eps: added to the mean square (or sum of squares) before the square root.
-    The rest (``score_mod`` and ``mask_mod`` included, applied to these
-      logits): see :func:`attnjax.dot_product_attention`.
+    bias, mask, is_causal, scale, normalizer, sink_logits, softcap, window,
+      segment_ids, implementation, return_stats, score_mod, score_mod_args,
+      mask_mod, mask_mod_args, block_layout: as in
+      :func:`attnjax.dot_product_attention` (the modifiers see these logits).
   """
+  dense_keywords = options.forwarded(QK_NORM_KEYWORDS, locals())
   _check_qk(q, k)
   _checks.check_choice("norm", norm, NORMS)
   _checks.check_positive_float("eps", eps, allow_none=False)
@@ -108,12 +115,8 @@ def _qk_norm_attention(
     qn = qn * gq
   if gk is not None:
     kn = kn * gk
-  inputs, opts = dense.prepare(
-      qn.astype(q.dtype), kn.astype(k.dtype), v, bias=bias, mask=mask, is_causal=is_causal,
-      scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
-      window=window, segment_ids=segment_ids, implementation=implementation,
-      return_stats=return_stats, score_mod=score_mod, score_mod_args=score_mod_args,
-      mask_mod=mask_mod, mask_mod_args=mask_mod_args, block_layout=block_layout)
+  inputs, opts = dense.prepare(qn.astype(q.dtype), kn.astype(k.dtype), v,
+                               implementation=implementation, **dense_keywords)
   return dense.run(inputs, opts, implementation)
 
 
@@ -176,29 +179,27 @@ def _cosine_attention(
     temperature: the learned scale (array argument, see conventions above).
     convention: ``"swin"``, ``"scale"`` or ``"ngpt"``.
     eps: added to the squared norm before the square root.
-    The rest (``score_mod`` and ``mask_mod`` included, applied to these
-      logits): see :func:`attnjax.dot_product_attention`.
+    bias, mask, is_causal, normalizer, sink_logits, softcap, window,
+      segment_ids, implementation, return_stats, score_mod, score_mod_args,
+      mask_mod, mask_mod_args, block_layout: as in
+      :func:`attnjax.dot_product_attention` (the modifiers see these logits).
   """
+  dense_keywords = options.forwarded(COSINE_KEYWORDS, locals())
   _check_qk(q, k)
   _checks.check_choice("convention", convention, COSINE_CONVENTIONS)
   _checks.check_positive_float("eps", eps, allow_none=False)
   N, H = q.shape[2], q.shape[3]
   qn = normalize_head(q, "l2", eps) * _temperature_multiplier(temperature, convention, N, H)
   kn = normalize_head(k, "l2", eps)
-  scale = math.sqrt(H) if convention == "ngpt" else 1.0
-  inputs, opts = dense.prepare(
-      qn.astype(q.dtype), kn.astype(k.dtype), v, bias=bias, mask=mask, is_causal=is_causal,
-      scale=scale, normalizer=normalizer, sink_logits=sink_logits, softcap=softcap,
-      window=window, segment_ids=segment_ids, implementation=implementation,
-      return_stats=return_stats, score_mod=score_mod, score_mod_args=score_mod_args,
-      mask_mod=mask_mod, mask_mod_args=mask_mod_args, block_layout=block_layout)
+  dense_keywords["scale"] = math.sqrt(H) if convention == "ngpt" else 1.0
+  inputs, opts = dense.prepare(qn.astype(q.dtype), kn.astype(k.dtype), v,
+                               implementation=implementation, **dense_keywords)
   return dense.run(inputs, opts, implementation)
 
 
-_SHARED_STATIC = ("eps", "is_causal", "normalizer", "softcap", "window", "implementation",
-                  "return_stats", "score_mod", "mask_mod", "block_layout")
-qk_norm_attention = jax.jit(_qk_norm_attention,
-                            static_argnames=("norm", "scale") + _SHARED_STATIC)
+qk_norm_attention = jax.jit(_qk_norm_attention, static_argnames=(
+    "norm", "eps", "implementation") + options.static(QK_NORM_KEYWORDS))
 qk_norm_attention.__doc__ = _qk_norm_attention.__doc__
-cosine_attention = jax.jit(_cosine_attention, static_argnames=("convention",) + _SHARED_STATIC)
+cosine_attention = jax.jit(_cosine_attention, static_argnames=(
+    "convention", "eps", "implementation") + options.static(COSINE_KEYWORDS))
 cosine_attention.__doc__ = _cosine_attention.__doc__

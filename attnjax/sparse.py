@@ -46,6 +46,9 @@ Array = jnp.ndarray
 
 ImplementationName = Literal["reference", "block_sparse"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+# The dense keywords sparse_attention takes and forwards (attnjax.options.KEYWORDS): the
+# pattern stands for mask, is_causal and window; the block paths compute dot products.
+DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
 
 
 def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern):
@@ -404,11 +407,7 @@ def _sparse_attention(
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
   implementation = "block_sparse" if implementation is None else implementation
-  inputs, opts = options.validate(
-      q, k, v, bias=bias, scale=scale, normalizer=normalizer, sink_logits=sink_logits,
-      softcap=softcap, segment_ids=segment_ids, return_stats=return_stats,
-      score_mod=score_mod, score_mod_args=score_mod_args, mask_mod=mask_mod,
-      mask_mod_args=mask_mod_args, block_layout=block_layout)
+  inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   T, S = q.shape[1], k.shape[1]
   pattern.check_shape(T, S)
   if implementation == "reference":
@@ -428,8 +427,7 @@ def _sparse_attention(
   return block_sparse(inputs, opts, pattern, block_size)
 
 
-SPARSE_STATIC = ("pattern", "block_size", "scale", "normalizer", "softcap", "implementation",
-                 "return_stats", "score_mod", "mask_mod", "block_layout")
+SPARSE_STATIC = ("pattern", "block_size", "implementation") + options.static(DENSE_KEYWORDS)
 
 sparse_attention = jax.jit(_sparse_attention, static_argnames=SPARSE_STATIC)
 sparse_attention.__doc__ = _sparse_attention.__doc__

@@ -22,6 +22,11 @@ The attention layer on its own, as research code calls it (as flax's
   enc = nn.Attention(nn.AttentionConfig(is_causal=False), 64, rngs=nnx.Rngs(0))  # encoder
   nn.Attention(cfg, 64, rngs=rngs, attention_fn=my_fn)  # inject the attention function
 
+attnjax's attention inside flax's own layers (:mod:`attnjax.nn.flax_interop`)::
+
+  nnx.MultiHeadAttention(4, 64, attention_fn=nn.flax_attention_fn(normalizer="softpick"),
+                         decode=False, rngs=nnx.Rngs(0))
+
 A config is the common fields plus a family spec (:mod:`attnjax.nn.specs`);
 the family keywords are a shorthand for the spec::
 
@@ -79,6 +84,7 @@ from attnjax.nn.config import AttentionConfig, ModelConfig
 from attnjax.nn.specs import (AttentionSpec, CosineSpec, DenseSpec, LinearSpec, QKNormSpec,
                               SparseSpec, register_family)
 from attnjax.nn.decode import decode_step, generate, init_cache
+from attnjax.nn.flax_interop import flax_attention_fn
 from attnjax.nn.rope import apply_rope
 from attnjax.nn.transformer import (LOGICAL_AXIS_RULES, MLP, TransformerBlock, TransformerLM,
                                     collect_stats, log_normalizer, num_params, state_shardings)
@@ -110,6 +116,7 @@ __all__ = [
     "cache_bytes_for",
     "collect_stats",
     "decode_step",
+    "flax_attention_fn",
     "generate",
     "init_cache",
     "log_normalizer",

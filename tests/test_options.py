@@ -1,0 +1,113 @@
+"""The dense keywords are defined once (attnjax.options.DenseKeywords) and every family agrees.
+
+Each family's public signature lists exactly the dense keywords it claims to
+forward (its ``*_KEYWORDS`` constant), with the definition's defaults, names
+them in its docstring, and hands each of them, unchanged, to
+:func:`attnjax.options.validate`. Nothing here compiles: the forwarding test
+stops every call at ``validate``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import jax.numpy as jnp
+import pytest
+
+import attnjax
+from attnjax import block_select, compressed, mods, options, qk_norm, sparse
+
+# (public function, dense keywords it forwards, dense keyword names it uses with a meaning of
+# its own, defaults of its own)
+FAMILIES = {
+    "dot_product_attention": (attnjax.dot_product_attention, options.KEYWORDS, (), {}),
+    "qk_norm_attention": (attnjax.qk_norm_attention, qk_norm.QK_NORM_KEYWORDS, (), {}),
+    "cosine_attention": (attnjax.cosine_attention, qk_norm.COSINE_KEYWORDS, (), {}),
+    "sparse_attention": (attnjax.sparse_attention, sparse.DENSE_KEYWORDS, (), {}),
+    "block_select_attention": (attnjax.block_select_attention, block_select.DENSE_KEYWORDS, (),
+                               {"is_causal": True}),
+    # compressed_attention's is_causal and window are its own rule's (compressed.CompressedRule).
+    "compressed_attention": (attnjax.compressed_attention, compressed.DENSE_KEYWORDS,
+                             ("is_causal", "window"), {}),
+}
+
+
+def test_the_definition():
+  assert options.KEYWORDS == (
+      "bias", "mask", "is_causal", "scale", "normalizer", "sink_logits", "softcap", "window",
+      "segment_ids", "similarity", "return_stats", "score_mod", "score_mod_args", "mask_mod",
+      "mask_mod_args", "block_layout")
+  assert set(options.STATIC_NAMES) == {
+      "is_causal", "scale", "normalizer", "softcap", "window", "similarity", "return_stats",
+      "score_mod", "mask_mod", "block_layout"}
+  assert options.keywords(without=("bias",)) == options.KEYWORDS[1:]
+  with pytest.raises(ValueError, match="not keywords of a dense call.*'biass'"):
+    options.keywords(without=("biass",))
+  q = jnp.zeros((1, 4, 2, 8))
+  with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['biass'\] of a dense call"):
+    options.validate(q, q, q, biass=None)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_signature_lists_the_keywords_it_forwards(name):
+  fn, forwarded, own, defaults = FAMILIES[name]
+  params = inspect.signature(fn).parameters
+  assert set(forwarded) <= set(options.KEYWORDS)
+  assert {p for p in params if p in options.KEYWORDS} == set(forwarded) | set(own), name
+  for keyword in forwarded:
+    p = params[keyword]
+    assert p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD), (name, keyword)
+    assert p.default == defaults.get(keyword, options.DEFAULTS[keyword]), (name, keyword)
+    assert re.search(rf"\b{keyword}\b", fn.__doc__), f"{name}'s docstring lacks {keyword}"
+
+
+def _alibi_mod(z, b, n, i, j, slopes):
+  return mods.alibi(z, b, n, i, j, slopes)
+
+
+class _Stop(Exception):
+  pass
+
+
+# A value unlike the default for every dense keyword (B=1, T=S=8, N=2), recognisable after jit.
+_PROBES = {
+    "bias": jnp.zeros((1, 1, 8, 8)), "mask": jnp.ones((1, 1, 8, 1), bool), "is_causal": True,
+    "scale": 0.375, "normalizer": "softmax_one", "sink_logits": jnp.zeros((3,)),
+    "softcap": 7.5, "window": (3, 0), "segment_ids": jnp.zeros((1, 8), jnp.int32),
+    "similarity": "neg_sq_euclidean", "return_stats": True, "score_mod": _alibi_mod,
+    "score_mod_args": (jnp.zeros((5,)),), "mask_mod": mods.causal_mask,
+    "mask_mod_args": (jnp.zeros((6,)),), "block_layout": "a layout",
+}
+
+
+def _same(got, probe):
+  if isinstance(probe, tuple) and probe and hasattr(probe[0], "shape"):
+    return [jnp.shape(x) for x in got] == [x.shape for x in probe]
+  if hasattr(probe, "shape"):
+    return jnp.shape(got) == probe.shape and jnp.result_type(got) == probe.dtype
+  return got == probe
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_forwards_each_keyword_unchanged(name, monkeypatch):
+  fn, forwarded, _, defaults = FAMILIES[name]
+  seen = {}
+
+  def validate(q, k, v, **kw):
+    seen.update(kw)
+    raise _Stop
+
+  monkeypatch.setattr(options, "validate", validate)
+  q = jnp.ones((1, 8, 2, 4))
+  required = {"sparse_attention": dict(pattern=attnjax.patterns.causal(), block_size=4),
+              "block_select_attention": dict(block_size=4, top_k=1),
+              "compressed_attention": dict(stride=2),
+              "cosine_attention": dict(temperature=jnp.zeros((2,)))}.get(name, {})
+  probes = {k: _PROBES[k] for k in forwarded}
+  if "is_causal" in defaults:
+    probes["is_causal"] = not defaults["is_causal"]
+  with pytest.raises(_Stop):
+    fn(q, q, q, **required, **probes)
+  missing = [k for k in forwarded if not _same(seen.get(k), probes[k])]
+  assert not missing, f"{name} did not forward {missing} unchanged"
