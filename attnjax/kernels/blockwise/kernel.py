@@ -710,7 +710,5 @@ def _attention(q, k, v, *, block_q: Optional[int] = None,
 
 attention = jax.jit(
     _attention,
-    static_argnames=("block_q", "block_k", "is_causal", "scale", "normalizer", "softcap",
-                     "window", "similarity", "return_stats", "score_mod", "mask_mod",
-                     "block_layout"))
+    static_argnames=("block_q", "block_k") + options.STATIC_NAMES)
 attention.__doc__ = _attention.__doc__
