@@ -15,7 +15,7 @@ import pytest
 
 import attnjax
 from attnjax import (_checks, _recurrent, delta_rule, dense, feature_maps, gated_linear, linear,
-                     qk_norm, sparse)
+                     masks, qk_norm, sparse)
 from helpers import assert_close, rand_qkv
 
 
@@ -151,3 +151,72 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
   want = _loops(*arrays)
   for (family, name), out in every_form(*arrays[:3]).items():
     assert_close(out, want[family], f"{family} implementation={name!r}", rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# One window convention: (left, right); an int w is (w, 0), keys i - w .. i.
+
+
+def _layer_weights(T, **options):
+  """``[T, S]`` weights an ``nn.Attention`` layer used (sown), and the layer."""
+  from flax import nnx
+  from attnjax import nn
+
+  @nnx.jit  # one program per layer: faster than the capture's ops one by one
+  def sown(layer, x):
+    _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate)(layer, x)
+    return inter["weights"][0]
+
+  layer = nn.Attention(nn.AttentionConfig(num_heads=1, **options), 8, rngs=nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((1, T, 8)), jnp.float32)
+  return np.asarray(sown(layer, x))[0, 0], layer
+
+
+def test_window_keeps_the_same_keys_in_every_family_layer_and_variant():
+  """``window=w`` keeps keys ``i - w .. i`` (``w + 1``), what ``patterns.sliding_window(w)``
+  keeps: in the dense functions, patterns (sinks and globals aside), compressed attention's
+  raw keys, the nn layers and the experiment variants, read off the weights each used."""
+  from attnjax.train import variants
+  P = attnjax.patterns
+  T, w = 8, 2
+  want = np.asarray(P.sliding_window(w).mask(T))[0, 0]
+  assert want.sum(-1).tolist() == [min(i, w) + 1 for i in range(T)]
+  q, k, _ = rand_qkv(B=1, T=T, N=1, K=1, H=4, source="numpy")
+  eye = jnp.eye(T)[None, :, None, :]  # one-hot values: output [i, j] = the weight on key j
+  nothing = (jnp.zeros((1, 1, 1, 4)), jnp.zeros((1, 1, 1, T)))  # a compressed block adding 0
+
+  @jax.jit
+  def outputs(q, k):
+    return {
+        "dot_product_attention": attnjax.dot_product_attention(q, k, eye, window=w),
+        "qk_norm_attention": attnjax.qk_norm_attention(q, k, eye, norm="rms", window=w),
+        "sinks_window(1, w)": attnjax.sparse_attention(
+            q, k, eye, pattern=P.sinks_window(1, w), block_size=4),
+        "global_window(1, w)": attnjax.sparse_attention(
+            q, k, eye, pattern=P.global_window(1, w), block_size=4),
+        "compressed causal": attnjax.compressed_attention(
+            q, k, eye, stride=T, pool=nothing, is_causal=True, window=w),
+        "compressed": attnjax.compressed_attention(q, k, eye, stride=T, pool=nothing, window=w),
+    }
+
+  kept = {name: np.asarray(out)[0, :, 0, :] > 0 for name, out in outputs(q, k).items()}
+  kept["make_attention_mask"] = np.asarray(masks.make_attention_mask(T, T, window=w))[0, 0]
+  # Layers and experiment variants (the "compressed" arm with blocks longer than T: only its
+  # raw window reaches a query).
+  layers = {}
+  for name, options in (("window", {}), ("compressed", dict(stride=16))):
+    arm = dict(variants.attention_kwargs(name), **options)
+    assert arm["window"] == 16  # both arms: keys i - 16 .. i
+    weights, layers[name] = _layer_weights(T, **dict(arm, window=w))
+    kept[f"nn variant {name!r}"] = weights[:, -T:] > 0
+  weights, layers["sinks"] = _layer_weights(T, window=w, num_sinks=1)
+  kept["nn window + num_sinks"] = weights > 0
+  # The decode cache holds the w keys before the query (its own comes with the call), and the
+  # sinks: exactly the keys the window lets it see.
+  assert (layers["window"].cache_capacity(100), layers["sinks"].cache_capacity(100)) == (w, 1 + w)
+  for name, got in kept.items():
+    if name in ("sinks_window(1, w)", "global_window(1, w)", "nn window + num_sinks"):
+      got, expected = got[1:, 1:], want[1:, 1:]  # the sinks / globals aside
+    else:
+      expected = want
+    np.testing.assert_array_equal(got, expected, err_msg=name)
