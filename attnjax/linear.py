@@ -409,9 +409,10 @@ def _linear_attention(
       not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
       ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
       ``logsumexp`` are None (there are no logits). With ``"parallel"`` (and
-      ``"reference"``) they come from the materialised matrix; otherwise ``row_sum`` (and
-      ``sink_mass`` for nonnegative maps) are O(T) and the entropy is a scan
-      over query blocks, O(T S) time and O(chunk_size S) memory.
+      ``"reference"``) they come from the materialised matrix; otherwise
+      ``row_sum`` (and ``sink_mass`` for nonnegative maps) are O(T) and the
+      entropy is a scan over query blocks, O(T S) time and O(chunk_size S)
+      memory.
     eps: added to the denominator (``"denominator"``) or inside the RMS
       (``"output_rms"``).
 
