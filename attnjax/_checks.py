@@ -118,15 +118,27 @@ def as_rank4(name: str, x: Any, target: tuple[int, int, int, int], *, kind: str)
   return jnp.reshape(x, (1,) * (4 - x.ndim) + x.shape)
 
 
-def check_window(window: Any) -> tuple[int, int] | None:
+def _is_int(x: Any) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def check_window(window: Any, name: str = "window") -> tuple[int, int] | None:
+  """A local window as ``(left, right)``: query ``i`` keeps keys ``i - left .. i + right``.
+
+  The one window convention of every family, layer and pattern: a pair
+  ``(left, right)``, or an int ``w`` meaning ``(w, 0)``, i.e. keys ``i - w ..
+  i`` (``w + 1`` keys, the query's own included). None passes through.
+  """
   if window is None:
     return None
-  if (not isinstance(window, tuple) or len(window) != 2
-      or not all(isinstance(w, (int, np.integer)) for w in window)):
-    raise TypeError(f"window must be a tuple (left, right) of ints, got {window!r}")
-  left, right = int(window[0]), int(window[1])
+  pair = (window, 0) if _is_int(window) else window
+  if not isinstance(pair, tuple) or len(pair) != 2 or not all(map(_is_int, pair)):
+    raise TypeError(f"{name} must be an int w (keys i - w .. i) or a tuple (left, right) of "
+                    f"ints, got {window!r}")
+  left, right = int(pair[0]), int(pair[1])
   if left < 0 or right < 0:
-    raise ValueError(f"window=(left, right) must be non-negative, got {window!r}")
+    raise ValueError(f"{name} must be non-negative (an int w >= 0 or (left, right) with both "
+                     f">= 0), got {name}={window!r}")
   return left, right
 
 

@@ -13,11 +13,13 @@ Rules (positions top-left aligned, query ``i`` at position ``i``):
   before it, ``(c + 1) * stride - 1 <= i`` (a partial last block counts as
   ending where a whole one would, so no output depends on the sequence's
   length and decoding equals the full forward); with ``window=w`` it also
-  sees the raw keys ``i - w < j <= i`` (its own key and the ``w - 1`` before).
+  sees the raw keys ``i - w <= j <= i`` (its own key and the ``w`` before, as
+  ``patterns.sliding_window(w)``; ``window=(left, right)`` is cut at ``j <= i``).
   The first ``stride - 1`` queries see no compressed block; without a window
   their rows are empty and return zeros.
-- not causal: every query sees every compressed block; with ``window=w`` also
-  the raw keys ``|i - j| < w``.
+- not causal: every query sees every compressed block; with ``window=(left,
+  right)`` also the raw keys ``i - left <= j <= i + right`` (an int ``w`` is
+  ``(w, 0)``, the convention of every window: :func:`attnjax._checks.check_window`).
 - segment ids: a compressed block is seen only by queries of the segment that
   holds all of its keys (a block straddling a boundary is seen by nobody);
   raw window keys follow the usual rule.
@@ -136,7 +138,7 @@ class CompressedRule:
   S: int
   stride: int
   is_causal: bool
-  window: Optional[int]
+  window: Optional[tuple[int, int]]  # (left, right) of the raw keys
   C_pad: int
 
   @property
@@ -156,10 +158,8 @@ class CompressedRule:
       return jnp.broadcast_to(is_block, (q_positions.shape[0], k_slots.shape[0]))
     j = s - self.C_pad
     is_raw = jnp.logical_and(j >= 0, j < self.S)
-    if self.is_causal:
-      near = jnp.logical_and(j <= i, j > i - self.window)
-    else:
-      near = jnp.abs(i - j) < self.window
+    left, right = self.window
+    near = jnp.logical_and(j >= i - left, j <= (i if self.is_causal else i + right))
     return jnp.logical_or(is_block, jnp.logical_and(is_raw, near))
 
   def candidate_key_blocks(self, q_lo: int, q_hi: int, shape, block_size: int) -> np.ndarray:
@@ -167,8 +167,9 @@ class CompressedRule:
     seen = min(self.C, q_hi // self.stride + 1) if self.is_causal else self.C
     ranges = [(0, seen)]
     if self.window is not None:
-      right = q_hi if self.is_causal else q_hi + self.window - 1
-      ranges.append((self.C_pad + q_lo - self.window + 1, self.C_pad + right))
+      left, right = self.window
+      hi = q_hi if self.is_causal else q_hi + right
+      ranges.append((self.C_pad + q_lo - left, self.C_pad + hi))
     return key_block_candidates(ranges, shape[1], block_size)
 
 
@@ -200,7 +201,7 @@ def _concat_inputs(inputs: options.DenseInputs, k_c: Array, v_c: Array, rule: Co
 
 
 def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array, v_c: Array,
-                     stride: int, window: Optional[int], block_size: int):
+                     stride: int, window: Optional[tuple[int, int]], block_size: int):
   """The causal fast path (``T == S``): queries grouped by the blocks they see.
 
   Queries ``i = p * stride - 1 .. p * stride + stride - 2`` all see exactly the
@@ -208,8 +209,8 @@ def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_
   over the same compressed key heads), group ``p`` becomes row ``p - 1`` of a
   plain causal attention of ``C`` rows over the ``C`` compressed keys, run by
   the block-wise dense kernel at causal block efficiency. The first
-  ``stride - 1`` queries see no block. With a window, the raw keys ``i - w <
-  j <= i`` run as a sliding window (:mod:`attnjax.sparse`'s banded chunks)
+  ``stride - 1`` queries see no block. With a window, the raw keys ``i - left
+  <= j <= i`` run as a sliding window (:mod:`attnjax.sparse`'s banded chunks)
   and the two parts are merged exactly by their logsumexps (mergeable
   normalisers only; the caller checks), with the null column counted once.
   """
@@ -250,10 +251,12 @@ def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_
     return out_a
   lse_a = ungroup(jnp.swapaxes(stats_a.logsumexp, 1, 2)[..., None], -jnp.inf)  # [B, T, N, 1]
   no_sink = dataclasses.replace(inputs, sink_logits=None)
-  local = patterns.sliding_window(window - 1)
-  # Window blocks about the window's size (a power of two, 16 .. block_size): window 64 runs
-  # in 64-blocks, computing 128 keys per query rather than 256 with 128-blocks.
-  wb = min(block_size, max(16, 1 << (window - 1).bit_length()))
+  left = window[0]
+  local = patterns.sliding_window(left)
+  # Window blocks about the window's size (the smallest power of two >= left, 16 ..
+  # block_size): window 64 runs in 64-blocks, a query block's keys i - 64 .. i then span two
+  # of them, 128 keys per query rather than 256 with 128-blocks.
+  wb = min(block_size, max(16, 1 << max(left - 1, 0).bit_length()))
   if T > 2 * sparse.CHUNK_BLOCKS * wb:
     out_b, lse_b = sparse.banded_chunks(no_sink, part_opts, local, wb)
   else:
@@ -268,13 +271,14 @@ def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_
 
 
 def _one_call(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array, v_c: Array,
-              stride: int, is_causal: bool, window: Optional[int], block_size: int):
+              stride: int, is_causal: bool, window: Optional[tuple[int, int]], block_size: int):
   """The ``"blockwise"`` path: ``[compressed ; raw]`` keys through one block-wise kernel call."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   C = num_blocks(S, stride)
   # The compressed keys padded to whole key blocks: the raw window then starts on a block edge.
   bs = min(block_size, T)
-  rule = CompressedRule(T, S, stride, is_causal, window, -(-C // bs) * bs if window else C)
+  rule = CompressedRule(T, S, stride, is_causal, window,
+                        C if window is None else -(-C // bs) * bs)
   cat = _concat_inputs(inputs, k_c, v_c, rule)
   layout = rule_layout(rule, T, cat.k.shape[1], bs)
 
@@ -286,7 +290,8 @@ def _one_call(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Arra
 
 
 def _grouped_forward(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array,
-                     v_c: Array, stride: int, window: Optional[int], block_size: int):
+                     v_c: Array, stride: int, window: Optional[tuple[int, int]],
+                     block_size: int):
   """Causal self-attention: :func:`_grouped_queries` when evaluated, :func:`_one_call` when differentiated.
 
   A ``jax.custom_jvp`` whose primal is the grouped-query path and whose JVP
@@ -358,7 +363,7 @@ def compressed_attention(
     stride: int,
     pool: Union[str, tuple[Array, Array]] = "mean",
     is_causal: bool = False,
-    window: Optional[int] = None,
+    window: Union[int, tuple[int, int], None] = None,
     scale: Optional[float] = None,
     normalizer: str = "softmax",
     sink_logits: Optional[Array] = None,
@@ -386,8 +391,10 @@ def compressed_attention(
       ``v`` then serve only the window.
     is_causal: a query ``i`` sees only the compressed blocks ``c`` that end at or
       before it, ``(c + 1) * stride - 1 <= i``.
-    window: None, or ``w >= 1``: also attend to raw keys ``i - w < j <= i``
-      (causal) or ``|i - j| < w`` (not causal), in the same normalisation.
+    window: None, or the raw keys also attended to, in the same
+      normalisation: ``(left, right)`` keeps ``i - left <= j <= i + right``
+      (cut at ``j <= i`` when causal), an int ``w >= 0`` means ``(w, 0)``:
+      keys ``i - w .. i``, as ``window`` everywhere.
     scale: logit scale; None means ``H ** -0.5``.
     normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`; normalisers that
       count allowed keys count the compressed and raw keys a row sees.
@@ -406,8 +413,9 @@ def compressed_attention(
     no allowed key are zero, with finite gradients.
   """
   stride = _checks_int("stride", stride)
-  if window is not None:
-    window = _checks_int("window", window)
+  window = _checks.check_window(window)
+  if window is not None and is_causal is True:
+    window = (window[0], 0)  # the raw keys after the query are cut anyway: one compile
   block_size = _checks_int("block_size", block_size)
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")

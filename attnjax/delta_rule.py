@@ -11,11 +11,16 @@ step (Gated DeltaNet, Yang et al. 2025):
 (``g = 0``: DeltaNet). ``k`` is taken as given; the papers' layers L2-normalise
 ``q`` and ``k`` before the call.
 
-Two forms (``implementation``) compute the same function and are tested equal
-in value, final state and every gradient:
+Three forms (``implementation``, the names of every recurrent family, see
+:mod:`attnjax._recurrent`) compute the same function and are tested equal in
+value, final state and every gradient:
 
-- ``reference``: ``lax.scan`` over time, one rank-1 update per step; the
-  readable reference and the decode form.
+- ``recurrent``: ``lax.scan`` over time, one rank-1 update per step; the
+  decode form. It is the readable definition, so ``"reference"`` names it
+  (:data:`REFERENCE_FORM`).
+- ``parallel``: the chunk form below over the whole sequence as one chunk
+  (no scan): a ``[T, T]`` triangular solve and the masked ``(Q K^T * Gamma)``
+  product; for short sequences and tests.
 - ``chunked`` (default): the WY / UT-transform chunk form (Yang et al. 2024).
   Inside a chunk of length ``C`` with cumulative log gates
   ``G_t = g_1 + ... + g_t`` and chunk-initial state ``S_0``, unrolling the
@@ -35,10 +40,10 @@ in value, final state and every gradient:
   ``G_t - G_j <= 0`` (``j <= t``) and ``G_t <= 0`` are exponentiated, so strong
   gates and long chunks underflow to 0 and never overflow.
 
-There is no ``"parallel"`` form: the delta rule's output is not a masked
-product ``(Q K^T * M) V`` with a fixed mask, because the pseudo-values need the
-triangular solve above. Its quadratic whole-sequence form is the chunked form
-with ``chunk_size >= T`` (one chunk), which the tests also cover.
+The delta rule's output is not a masked product ``(Q K^T * M) V`` of the
+values themselves: the pseudo-values ``U`` need the triangular solve above, so
+its quadratic whole-sequence form (``"parallel"``) is the chunk form with one
+chunk of ``T`` tokens.
 
 ``segment_ids`` reset the state where the id changes between consecutive
 tokens (packed documents); the ``initial_state`` belongs to the document of
@@ -60,27 +65,20 @@ References:
 
 from __future__ import annotations
 
-from typing import Literal, Optional, get_args
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from attnjax import _checks, masks
+from attnjax import _checks, _recurrent
+from attnjax._numerics import einsum as _einsum
+from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.kernels.recurrent import chunks
-from attnjax.dense import group_queries
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "chunked"]
-IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
-DEFAULT_CHUNK_SIZE = 64
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _einsum(spec: str, *operands: Array) -> Array:
-  return jnp.einsum(spec, *operands, precision=_HIGHEST, preferred_element_type=jnp.float32)
+# The form "reference" names: the recurrence, the family's definition.
+REFERENCE_FORM = "recurrent"
 
 
 # ---------------------------------------------------------------------------
@@ -90,8 +88,8 @@ def _einsum(spec: str, *operands: Array) -> Array:
 # each returns (out [B, T, K, G, Hv], final state).
 
 
-def reference(q, k, v, beta, g, reset, state):
-  """Decode form: ``lax.scan`` over time, one delta-rule update per token."""
+def recurrent(q, k, v, beta, g, reset, state):
+  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token."""
 
   def step(s, xs):
     q_t, k_t, v_t, b_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G] x2, [B]
@@ -106,6 +104,11 @@ def reference(q, k, v, beta, g, reset, state):
   xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, beta, g, reset))
   final, out = jax.lax.scan(step, state, xs)
   return jnp.moveaxis(out, 0, 1), final
+
+
+def parallel(q, k, v, beta, g, reset, state):
+  """The chunk form over the whole sequence as one chunk (:func:`_chunk_block`, no scan)."""
+  return _chunk_block((q, k, v, beta, g, reset.astype(jnp.float32)), state)
 
 
 def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
@@ -247,24 +250,6 @@ def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
     raise ValueError(f"{name} must have shape [B, T, N] = {(B, T, N)}, got {_checks.shape_of(x)}")
 
 
-def _prepare(q, k, v, beta, *, log_decay, scale, initial_state, segment_ids, implementation,
-             chunk_size):
-  B, T, N, K, H, Hv, seg = _checks.check_one_sequence("delta_rule_attention", q, k, v,
-                                                       segment_ids)
-  _check_per_step("beta", beta, B, T, N)
-  if log_decay is not None:
-    _check_per_step("log_decay", log_decay, B, T, N)
-  scale = _checks.check_positive_float("scale", scale)
-  implementation = _checks.check_implementation("implementation", implementation,
-                                                IMPLEMENTATIONS)
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
-    raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
-  if chunk_size < 1:
-    raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-  _checks.check_initial_state(initial_state, (B, N, H, Hv))
-  return scale, implementation or "chunked", seg
-
-
 def _delta_rule_attention(
     q: Array,
     k: Array,
@@ -299,8 +284,11 @@ def _delta_rule_attention(
     segment_ids: integer ``[B, T]``; the state is reset before every token whose
       id differs from the previous token's (the initial state belongs to token 0's
       document).
-    implementation: ``"reference"`` (scan over time) or ``"chunked"``; None means
-      ``"chunked"``.
+    implementation: ``"recurrent"`` (scan over time), ``"parallel"`` (one chunk
+      of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
+      here the recurrence (``"recurrent"``); None means ``"chunked"``. The
+      names mean the same form in every recurrent family
+      (:mod:`attnjax._recurrent`).
     chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
       padded).
 
@@ -312,31 +300,25 @@ def _delta_rule_attention(
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
     (Gated DeltaNet).
   """
-  scale, implementation, seg = _prepare(
-      q, k, v, beta, log_decay=log_decay, scale=scale, initial_state=initial_state,
-      segment_ids=segment_ids, implementation=implementation, chunk_size=chunk_size)
-  B, T, N, H = q.shape
-  K, Hv = k.shape[2], v.shape[3]
-  G = N // K
-  if scale is None:
-    scale = H ** -0.5
-  f32 = jnp.float32
-  qg = group_queries(q.astype(f32) * scale, K)  # [B, T, K, G, H]
-  k32, v32 = k.astype(f32), v.astype(f32)
-  b = jnp.reshape(beta.astype(f32), (B, T, K, G))
-  g = (jnp.zeros((B, T, K, G), f32) if log_decay is None
-       else jnp.reshape(log_decay.astype(f32), (B, T, K, G)))
-  reset = masks.segment_resets(seg, B, T)
-  state = (jnp.zeros((B, K, G, H, Hv), f32) if initial_state is None
-           else jnp.reshape(initial_state.astype(f32), (B, K, G, H, Hv)))
-  if implementation == "reference":
-    out, final = reference(qg, k32, v32, b, g, reset, state)
+  x = _recurrent.prepare("delta_rule_attention", q, k, v, scale=scale,
+                         initial_state=initial_state, return_state=return_state,
+                         segment_ids=segment_ids, implementation=implementation,
+                         chunk_size=chunk_size, reference=REFERENCE_FORM)
+  B, T, N, _ = q.shape
+  K = k.shape[2]
+  _check_per_step("beta", beta, B, T, N)
+  if log_decay is None:
+    log_decay = jnp.zeros((B, T, N), jnp.float32)
+  _check_per_step("log_decay", log_decay, B, T, N)
+  args = (x.q, x.k, x.v, _recurrent.by_kv_head(beta, K), _recurrent.by_kv_head(log_decay, K),
+          x.reset, x.state)
+  if x.form == "recurrent":
+    out, final = recurrent(*args)
+  elif x.form == "parallel":
+    out, final = parallel(*args)
   else:
-    out, final = chunked(qg, k32, v32, b, g, reset, state, chunk_size=chunk_size)
-  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
-  if return_state:
-    return out, jnp.reshape(final, (B, N, H, Hv))
-  return out
+    out, final = chunked(*args, chunk_size=chunk_size)
+  return _recurrent.finish(out, final, q, return_state=return_state)
 
 
 DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size")

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks
+from attnjax._numerics import einsum
 
 Array = jnp.ndarray
 
@@ -152,8 +153,7 @@ class FeatureMap:
     H = x.shape[-1]
     m = self.projection.shape[0]
     xs = x * H ** -0.25
-    wx = jnp.einsum("...h,mh->...m", xs, self.projection.astype(jnp.float32),
-                    precision=jax.lax.Precision.HIGHEST)
+    wx = einsum("...h,mh->...m", xs, self.projection.astype(jnp.float32))
     half_sq = 0.5 * jnp.sum(jnp.square(xs), axis=-1, keepdims=True)
     global_axes = (position_axis % x.ndim, x.ndim - 1)
     # Stabilised maps also drop the constant 1/sqrt(m): after the maxima are

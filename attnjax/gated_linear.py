@@ -15,10 +15,13 @@ data-dependent scalar, Dao & Gu 2024); a decay per key channel ``[H]`` is GLA
 so every decay factor is ``exp`` of a difference of cumulative sums that is
 ``<= 0``: it never overflows, however strong the gate.
 
-Three forms (``implementation``) compute the same function and are tested equal
-in value, final state and every gradient:
+Three forms (``implementation``, the names of every recurrent family, see
+:mod:`attnjax._recurrent`) compute the same function and are tested equal in
+value, final state and every gradient:
 
-- ``reference``: the recurrence as a ``lax.scan`` over time; the decode form.
+- ``recurrent``: the recurrence as a ``lax.scan`` over time; the decode form.
+  It is the readable definition, so ``"reference"`` names it
+  (:data:`REFERENCE_FORM`).
 - ``parallel``: the masked quadratic form above over the whole sequence,
   materialising the ``[T, T]`` (scalar decay) or ``[T, T, H]`` (per-channel)
   decay matrix; for short sequences and tests.
@@ -42,7 +45,7 @@ The chunked form keeps for its backward the chunks' inputs and the state
 entering each chunk (``T / chunk_size`` states of ``[H, Hv]`` per head) and
 recomputes each chunk, so training memory is O(T), about 1.7 inputs' worth
 (``tests/test_chunks.py``); the
-reference and parallel forms are differentiated by plain autodiff, which keeps
+recurrent and parallel forms are differentiated by plain autodiff, which keeps
 a state per token (O(T H Hv)). Exponents that are exactly 0
 (a token's decay to itself, the last key's decay to the chunk's end) are set,
 not computed as differences, so the decays' gradient stays accurate on its own
@@ -55,29 +58,22 @@ What :func:`gated_linear_attention` returns follows :mod:`attnjax.linear`:
 
 from __future__ import annotations
 
-from typing import Literal, Optional, get_args
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from attnjax import _checks, masks
+from attnjax import _checks, _recurrent
+from attnjax._numerics import einsum as _einsum
+from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.kernels.recurrent import chunks, gla_chunk
-from attnjax.dense import group_queries
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "parallel", "chunked"]
-IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
-DEFAULT_CHUNK_SIZE = 64
+# The form "reference" names: the recurrence, the family's definition.
+REFERENCE_FORM = "recurrent"
 # Query sub-block of the chunked form's per-channel intra-chunk weights (secondary chunking).
 SUB_BLOCK = 16
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _einsum(spec: str, *operands: Array) -> Array:
-  return jnp.einsum(spec, *operands, precision=_HIGHEST, preferred_element_type=jnp.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -88,8 +84,8 @@ def _einsum(spec: str, *operands: Array) -> Array:
 # [B, K, G, H, Hv]; each returns (out [B, T, K, G, Hv], final state).
 
 
-def reference(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
-  """Recurrent form: ``lax.scan`` over time carrying ``S``; the decode form."""
+def recurrent(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
+  """Recurrent form (the reference): ``lax.scan`` over time carrying ``S``; the decode form."""
 
   def step(s, xs):
     q_t, k_t, v_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G,D], [B]
@@ -242,26 +238,6 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
   return g if per_channel else g[..., None]
 
 
-def _prepare(q, k, v, *, log_decay, scale, initial_state, return_state, segment_ids,
-             implementation, chunk_size):
-  B, T, N, K, H, Hv, seg = _checks.check_one_sequence("gated_linear_attention", q, k, v,
-                                                       segment_ids)
-  implementation = _checks.check_implementation("implementation", implementation,
-                                                 IMPLEMENTATIONS) or "chunked"
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
-    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-  if not isinstance(return_state, bool):
-    raise TypeError(f"return_state must be a bool, got {return_state!r}")
-  scale = _checks.check_positive_float("scale", scale)
-  scale = H ** -0.5 if scale is None else scale
-  g = _check_log_decay(log_decay, B, T, N, H)
-  state = _checks.check_initial_state(initial_state, (B, N, H, Hv))
-  if state is None:
-    state = jnp.zeros((B, N, H, Hv), jnp.float32)
-  reset = masks.segment_resets(seg, B, T)
-  return implementation, scale, g, state, reset
-
-
 def _gated_linear_attention(
     q: Array,
     k: Array,
@@ -300,8 +276,11 @@ def _gated_linear_attention(
     segment_ids: integer ``[B, T]``; where the id changes from ``t - 1`` to
       ``t`` the state is reset (``t`` sees no earlier key and no initial
       state). Position 0 never resets.
-    implementation: ``"reference"`` (scan over time), ``"parallel"`` (masked
-      quadratic), ``"chunked"``; None means ``"chunked"``.
+    implementation: ``"recurrent"`` (scan over time), ``"parallel"`` (masked
+      quadratic), ``"chunked"``, or ``"reference"``, the readable definition:
+      here the recurrence (``"recurrent"``); None means ``"chunked"``. The
+      names mean the same form in every recurrent family
+      (:mod:`attnjax._recurrent`).
     chunk_size: chunk length of ``"chunked"``; any ``T`` works.
 
   Returns:
@@ -320,27 +299,20 @@ def _gated_linear_attention(
     Yang et al. 2024, "Gated Linear Attention Transformers with
     Hardware-Efficient Training".
   """
-  implementation, scale, g, state, reset = _prepare(
-      q, k, v, log_decay=log_decay, scale=scale, initial_state=initial_state,
-      return_state=return_state, segment_ids=segment_ids, implementation=implementation,
-      chunk_size=chunk_size)
+  x = _recurrent.prepare("gated_linear_attention", q, k, v, scale=scale,
+                         initial_state=initial_state, return_state=return_state,
+                         segment_ids=segment_ids, implementation=implementation,
+                         chunk_size=chunk_size, reference=REFERENCE_FORM)
   B, T, N, H = q.shape
-  K, Hv = k.shape[2], v.shape[3]
-  G = N // K
-  qg = group_queries(q.astype(jnp.float32) * scale, K)
-  k32, v32 = k.astype(jnp.float32), v.astype(jnp.float32)
-  gg = jnp.reshape(g, (B, T, K, G, g.shape[-1]))
-  s0 = jnp.reshape(state, (B, K, G, H, Hv))
-  if implementation == "reference":
-    out, final = reference(qg, k32, v32, gg, reset, s0)
-  elif implementation == "parallel":
-    out, final = parallel(qg, k32, v32, gg, reset, s0)
+  g = _recurrent.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
+  args = (x.q, x.k, x.v, g, x.reset, x.state)
+  if x.form == "recurrent":
+    out, final = recurrent(*args)
+  elif x.form == "parallel":
+    out, final = parallel(*args)
   else:
-    out, final = chunked(qg, k32, v32, gg, reset, s0, chunk_size=chunk_size)
-  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
-  if return_state:
-    return out, jnp.reshape(final, (B, N, H, Hv))
-  return out
+    out, final = chunked(*args, chunk_size=chunk_size)
+  return _recurrent.finish(out, final, q, return_state=return_state)
 
 
 GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size")

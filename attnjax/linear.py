@@ -6,19 +6,21 @@ of query ``i`` only needs the running sums
     S_i = sum_{j <= i} phi(k_j) v_j^T   [F, Hv]        z_i = sum_{j <= i} phi(k_j)   [F]
 
 so attention becomes a recurrence with a fixed-size state (Katharopoulos et al.
-2020). Three causal forms (``implementation``) compute the same function and
-are tested equal in value, final state and gradient:
+2020). Three causal forms (``implementation``, the names of every recurrent
+family, see :mod:`attnjax._recurrent`) compute the same function and are tested
+equal in value, final state and gradient:
 
-- ``reference``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``;
-  the readable reference, O(T^2). (Its old name ``"parallel"`` still works and
-  emits a ``DeprecationWarning``.)
+- ``parallel``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``,
+  O(T^2). Linear attention is defined as attention with these weights, so
+  this is its readable definition and ``"reference"`` names it
+  (:data:`REFERENCE_FORM`).
 - ``recurrent``: ``lax.scan`` over time carrying ``(S, z)``; the decode form.
 - ``chunked``: splits time into chunks of ``chunk_size``; inside a chunk the
   masked quadratic form, across chunks the state summed over earlier chunks.
   O(T * chunk_size) time, any ``T`` (the last chunk is padded).
 
 Non-causal attention is O(T) through ``phi(K)^T V`` (``chunked``, the default)
-or the quadratic ``reference``.
+or the quadratic ``parallel`` (= ``reference``); there is no ``recurrent``.
 
 The three ways of normalising (``normalize``):
 
@@ -48,26 +50,21 @@ from typing import Callable, Literal, NamedTuple, Optional, Union, get_args
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from attnjax import _checks, feature_maps, masks
+from attnjax import _checks, _recurrent, feature_maps, masks
+from attnjax._numerics import einsum as _einsum
+from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.attention_stats import AttentionStats, row_mean, stats_from_weights
 from attnjax.dense import group_queries
 
 Array = jnp.ndarray
 
 Normalize = Literal["denominator", "none", "output_rms"]
-ImplementationName = Literal["reference", "recurrent", "chunked"]
 
 NORMALIZE: tuple[str, ...] = get_args(Normalize)
-IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
-# Old names that still work, with a DeprecationWarning: {old: current}.
-DEPRECATED_IMPLEMENTATIONS = {"parallel": "reference"}
-DEFAULT_CHUNK_SIZE = 64
+# The form "reference" names: the masked weight matrix, the family's definition.
+REFERENCE_FORM = "parallel"
 DEFAULT_EPS = 1e-6
-
-# Einsums over features run at full float32 precision, whatever the global default.
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class LinearState(NamedTuple):
@@ -88,10 +85,6 @@ def zeros_state(batch: int, num_kv_heads: int, num_features: int, value_dim: int
                      jnp.zeros((batch, num_kv_heads, num_features), jnp.float32))
 
 
-def _einsum(spec: str, *operands: Array) -> Array:
-  return jnp.einsum(spec, *operands, precision=_HIGHEST, preferred_element_type=jnp.float32)
-
-
 # ---------------------------------------------------------------------------
 # Forms. Each takes float32 features phi_q [B, T, K, G, F], phi_k [B, S, K, F],
 # values v [B, S, K, Hv] and a LinearState; each returns the numerator
@@ -104,8 +97,8 @@ def _causal_keep(T: int, S: int) -> Array:
   return jnp.reshape(masks.causal_mask(T, S), (1, 1, 1, T, S))
 
 
-def reference(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
-  """Reference: the masked quadratic form ``(phi(Q) phi(K)^T * M) V``; O(T S)."""
+def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
+  """The masked quadratic form ``(phi(Q) phi(K)^T * M) V`` (the reference); O(T S)."""
   T, S = phi_q.shape[1], phi_k.shape[1]
   w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
   if is_causal:
@@ -345,20 +338,19 @@ def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chun
   B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
   feature_map = _check_feature_map(feature_map, H)
   normalize = _canonical_normalize(normalize)
-  implementation = _checks.check_implementation(
-      "implementation", implementation, IMPLEMENTATIONS, deprecated=DEPRECATED_IMPLEMENTATIONS)
+  form = _recurrent.check_form(implementation, reference=REFERENCE_FORM)
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size <= 0:
-    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+  _recurrent.check_chunk_size(chunk_size)
   _checks.check_positive_float("eps", eps, allow_none=False)
   if is_causal and T != S:
     raise ValueError(
         f"causal linear attention needs as many queries as keys (a state carries earlier "
         f"keys), got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
-  if not is_causal and implementation == "recurrent":
+  if not is_causal and form == "recurrent":
     raise ValueError("implementation='recurrent' is the causal decode form; with "
-                     "is_causal=False use 'chunked' (O(T), phi(K)^T V) or 'reference'")
+                     "is_causal=False use 'chunked' (O(T), phi(K)^T V) or 'parallel' "
+                     "(= 'reference', the quadratic form)")
   if feature_map.needs_consistent_scale:
     if normalize == "none":
       raise ValueError(
@@ -371,8 +363,7 @@ def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chun
   F = feature_map.num_features(H)
   state = (zeros_state(B, K, F, Hv) if initial_state is None
            else _check_state(initial_state, ((B, K, F, Hv), (B, K, F))))
-  implementation = implementation or "chunked"
-  return feature_map, normalize, implementation, state
+  return feature_map, normalize, form, state
 
 
 def _linear_attention(
@@ -402,10 +393,11 @@ def _linear_attention(
     is_causal: query ``i`` sees keys ``j <= i`` (needs ``T == S``).
     normalize: ``"denominator"`` (or True), ``"none"`` (or False),
       ``"output_rms"`` (module docstring).
-    implementation: ``"reference"`` (the quadratic form), ``"recurrent"``
-      (causal only), ``"chunked"``; None means ``"chunked"`` (O(T)).
-      ``"parallel"``, the old name of ``"reference"``, still works and emits a
-      ``DeprecationWarning`` when the call is traced.
+    implementation: ``"parallel"`` (the quadratic form), ``"recurrent"``
+      (causal only), ``"chunked"``, or ``"reference"``, the readable
+      definition: here the quadratic form (``"parallel"``); None means
+      ``"chunked"`` (O(T)). The names mean the same form in every recurrent
+      family (:mod:`attnjax._recurrent`).
     chunk_size: chunk length of the chunked causal form.
     initial_state: a :class:`LinearState` (``kv_sum [B, K, F, Hv]``,
       ``k_sum [B, K, F]``) of keys seen before this call; None = empty.
@@ -416,10 +408,11 @@ def _linear_attention(
       ``w_ij = phi(q_i).phi(k_j)`` over this call's keys (the initial state is
       not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
       ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
-      ``logsumexp`` are None (there are no logits). With ``"reference"`` they
-      come from the materialised matrix; otherwise ``row_sum`` (and
-      ``sink_mass`` for nonnegative maps) are O(T) and the entropy is a scan
-      over query blocks, O(T S) time and O(chunk_size S) memory.
+      ``logsumexp`` are None (there are no logits). With ``"parallel"`` (and
+      ``"reference"``) they come from the materialised matrix; otherwise
+      ``row_sum`` (and ``sink_mass`` for nonnegative maps) are O(T) and the
+      entropy is a scan over query blocks, O(T S) time and O(chunk_size S)
+      memory.
     eps: added to the denominator (``"denominator"``) or inside the RMS
       (``"output_rms"``).
 
@@ -435,7 +428,7 @@ def _linear_attention(
     Qin et al. 2022, "The Devil in Linear Transformer" (output normalisation).
     Choromanski et al. 2021, "Rethinking Attention with Performers".
   """
-  feature_map, normalize, implementation, state = _prepare(
+  feature_map, normalize, form, state = _prepare(
       q, k, v, feature_map=feature_map, is_causal=is_causal, normalize=normalize,
       implementation=implementation, chunk_size=chunk_size, initial_state=initial_state,
       return_state=return_state, eps=eps)
@@ -445,13 +438,13 @@ def _linear_attention(
   finish_fn = functools.partial(finish, normalize=normalize, eps=eps)
   phi_q = group_queries(feature_map(q, is_query=True), K)
   phi_k = feature_map(k, is_query=False)
-  if is_causal and implementation == "chunked":
+  if is_causal and form == "chunked":
     # The output is finished inside the chunk loop (no [B, T, ...] denominator array).
     out, _, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size,
                             finish_fn=finish_fn)
   else:
-    if implementation == "reference":
-      num, den, final = reference(phi_q, phi_k, v32, state, is_causal=is_causal)
+    if form == "parallel":
+      num, den, final = parallel(phi_q, phi_k, v32, state, is_causal=is_causal)
     elif not is_causal:
       num, den, final = noncausal(phi_q, phi_k, v32, state)
     else:
@@ -461,7 +454,7 @@ def _linear_attention(
   result = (out, final) if return_state else out
   if not return_stats:
     return result
-  if implementation == "reference":
+  if form == "parallel":
     stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
   else:
     stats = _blocked_stats(phi_q, phi_k, is_causal=is_causal,

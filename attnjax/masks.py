@@ -12,14 +12,16 @@ Conventions (as ``jax.nn.dot_product_attention``):
   sees keys ``j <= i``), as in ``jax.nn``. A decoder that holds ``S`` cached
   keys and asks ``T`` new queries passes ``offset=S - T``.
 - ``window=(left, right)`` allows keys with
-  ``pos_q - left <= pos_k <= pos_q + right``.
+  ``pos_q - left <= pos_k <= pos_q + right``; an int ``w`` means ``(w, 0)``
+  (keys ``pos_q - w .. pos_q``), the convention of every family
+  (:func:`attnjax._checks.check_window`).
 - Segment ids (packed sequences) allow pairs with equal ids.
 - Every builder returns a rank-4 array broadcastable to ``[B, N, T, S]``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import jax.numpy as jnp
 
@@ -137,13 +139,13 @@ def make_attention_mask(
     *,
     mask: Optional[Array] = None,
     is_causal: bool = False,
-    window: Optional[tuple[int, int]] = None,
+    window: Union[int, tuple[int, int], None] = None,
     q_segment_ids: Optional[Array] = None,
     kv_segment_ids: Optional[Array] = None,
 ) -> Optional[Array]:
   """The full mask an attention call uses: explicit mask AND structure. None if unmasked."""
   structure = structural_mask(
-      jnp.arange(T), jnp.arange(S), is_causal=is_causal, window=window,
+      jnp.arange(T), jnp.arange(S), is_causal=is_causal, window=_checks.check_window(window),
       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
   return combine_masks(mask, structure)
 

@@ -13,7 +13,13 @@ A pattern is a frozen, hashable object (so it can be a static argument of
 
 Positions are top-left aligned as in ``jax.nn.dot_product_attention``: query
 ``i`` sits at position ``i`` and key ``j`` at position ``j``. Causal and window
-parts of every rule come from :func:`attnjax.masks.structural_mask`.
+parts of every rule come from :func:`attnjax.masks.structural_mask`. A
+``window`` follows the convention of every family: ``(left, right)`` keeps keys
+``i - left .. i + right`` and an int ``w`` means ``(w, 0)``, keys ``i - w .. i``
+(``w + 1`` keys): ``sliding_window(w)``, ``sinks_window(s, w)`` minus its
+sinks and ``global_window(g, w)`` minus its globals keep the same keys.
+(``dilated_window(window, dilation)`` counts keys instead: ``window`` of them,
+``dilation`` apart.)
 
 Patterns combine with ``|`` (union) and ``&`` (intersection), e.g.
 ``global_window(2, 64) & causal()`` is a causal Longformer pattern.
@@ -423,9 +429,11 @@ class Fixed(Pattern):
 class GlobalWindow(Pattern):
   """Longformer: the first ``num_global`` tokens attend to and are attended by all; others use a window.
 
-  ``window`` is an int ``w`` (keys ``i - w .. i + w``, Longformer's window of
-  ``2w + 1``) or a pair ``(left, right)``. The pattern is bidirectional, as in
-  Longformer; intersect with :func:`causal` for a decoder.
+  ``window`` is a pair ``(left, right)`` (keys ``i - left .. i + right``;
+  Longformer's symmetric window of ``2w + 1`` keys is ``(w, w)``) or an int
+  ``w``, meaning ``(w, 0)`` (keys ``i - w .. i``) as everywhere. The global
+  part is bidirectional, as in Longformer; intersect with :func:`causal` for a
+  decoder.
   """
 
   num_global: int
@@ -435,8 +443,7 @@ class GlobalWindow(Pattern):
     _check_int("num_global", self.num_global, minimum=0, pattern="global_window")
     window = self.window
     if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
-      _check_int("window", window, minimum=0, pattern="global_window")
-      window = (int(window), int(window))
+      window = (_check_int("window", window, minimum=0, pattern="global_window"), 0)
     elif isinstance(window, tuple) and len(window) == 2:
       window = (_check_int("window[0] (left)", window[0], minimum=0, pattern="global_window"),
                 _check_int("window[1] (right)", window[1], minimum=0, pattern="global_window"))
@@ -542,12 +549,13 @@ class BigBird(Pattern):
 
 @dataclasses.dataclass(frozen=True)
 class SinksWindow(Pattern):
-  """StreamingLLM: the first ``num_sinks`` keys plus a causal rolling window of ``window`` keys.
+  """StreamingLLM: the first ``num_sinks`` keys plus a causal sliding window.
 
-  Query ``i`` sees ``j < num_sinks`` and ``i - window < j <= i`` (its own
-  position and the ``window - 1`` before it), always with ``j <= i``: the keys
-  a cache of ``num_sinks + window`` entries holds when it evicts the oldest
-  non-sink entry.
+  Query ``i`` sees ``j < num_sinks`` and ``i - window <= j <= i`` (its own
+  position and the ``window`` before it, as ``sliding_window(window)``),
+  always with ``j <= i``: the keys a decode cache of ``num_sinks + window``
+  earlier entries holds beside the query's own key when it evicts the oldest
+  non-sink entry (:mod:`attnjax.nn`'s sinks + window layer).
   """
 
   num_sinks: int
@@ -555,7 +563,7 @@ class SinksWindow(Pattern):
 
   def __post_init__(self):
     _check_int("num_sinks", self.num_sinks, minimum=0, pattern="sinks_window")
-    _check_int("window", self.window, minimum=1, pattern="sinks_window")
+    _check_int("window", self.window, minimum=0, pattern="sinks_window")
 
   @property
   def is_causal(self) -> bool:
@@ -563,18 +571,18 @@ class SinksWindow(Pattern):
 
   def allowed(self, q_positions, k_positions, shape):
     del shape
-    recent = _structure(q_positions, k_positions, is_causal=True, window=(self.window - 1, 0))
+    recent = _structure(q_positions, k_positions, is_causal=True, window=(self.window, 0))
     causal = _structure(q_positions, k_positions, is_causal=True)
     sinks = jnp.logical_and(causal, (k_positions < self.num_sinks)[None, :])
     return jnp.logical_or(recent, sinks)
 
   def band_parts(self):
-    return BandParts((self.window - 1, 0), tuple(range(self.num_sinks)), ())
+    return BandParts((self.window, 0), tuple(range(self.num_sinks)), ())
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
     return key_block_candidates(
-        [(0, min(self.num_sinks, q_hi)), (q_lo - self.window + 1, q_hi)], S, block_size)
+        [(0, min(self.num_sinks, q_hi)), (q_lo - self.window, q_hi)], S, block_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -707,7 +715,7 @@ def fixed(stride: int, summary: int) -> Fixed:
 
 
 def global_window(num_global: int, window: Union[int, tuple[int, int]]) -> GlobalWindow:
-  """Longformer: ``num_global`` global tokens plus a sliding window (int ``w``: ``|i - j| <= w``)."""
+  """Longformer: ``num_global`` global tokens plus a window ``(left, right)`` (int ``w``: ``(w, 0)``)."""
   return GlobalWindow(num_global, window)
 
 
@@ -718,7 +726,7 @@ def bigbird(block: int, num_global: int, window_blocks: int, num_random: int,
 
 
 def sinks_window(num_sinks: int, window: int) -> SinksWindow:
-  """StreamingLLM: the first ``num_sinks`` keys plus the last ``window`` keys up to the query."""
+  """StreamingLLM: the first ``num_sinks`` keys plus keys ``i - window .. i`` (``window + 1``)."""
   return SinksWindow(num_sinks, window)
 
 

@@ -620,8 +620,8 @@ def compressed_suite(args) -> Iterable[Case]:
                  q, k, v, is_causal=True, implementation="blockwise")),
              (q, k, v), attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True)),
              baseline=True)
-  # Compressed keys seen (T * T / (2 * 4) roughly) plus the window's 64 raw keys per query.
-  pairs = T * (T // 4 + 1) // 2 + allowed_pairs(T, T, is_causal=True, window=(63, 0))
+  # Compressed keys seen (T * T / (2 * 4) roughly) plus the window's raw keys i-64..i per query.
+  pairs = T * (T // 4 + 1) // 2 + allowed_pairs(T, T, is_causal=True, window=(64, 0))
   yield Case("compressed", "compressed_attention stride=4 window=64", shape,
              jax.jit(lambda q, k, v: attnjax.compressed_attention(
                  q, k, v, stride=4, is_causal=True, window=64)),

@@ -29,13 +29,14 @@ def brute(q, k, v, *, stride, pool="mean", is_causal, window, **kw):
   k_c = np.stack([reduce(k[:, c * stride:(c + 1) * stride], axis=1) for c in range(C)], axis=1)
   v_c = np.stack([reduce(v[:, c * stride:(c + 1) * stride], axis=1) for c in range(C)], axis=1)
   mask = np.zeros((T, C + S), bool)
+  left, right = (window, 0) if isinstance(window, int) else (window or (0, 0))
   for i in range(T):
     for c in range(C):
       end = (c + 1) * stride - 1  # a partial last block ends where a whole one would
       mask[i, c] = end <= i if is_causal else True
     for j in range(S):
       if window is not None:
-        mask[i, C + j] = (i - window < j <= i) if is_causal else abs(i - j) < window
+        mask[i, C + j] = i - left <= j <= (i if is_causal else i + right)
   keys = jnp.asarray(np.concatenate([k_c, k], axis=1), jnp.float32)
   values = jnp.asarray(np.concatenate([v_c, v], axis=1), jnp.float32)
   return attnjax.dot_product_attention(q, keys, values, mask=jnp.asarray(mask),
@@ -43,7 +44,7 @@ def brute(q, k, v, *, stride, pool="mean", is_causal, window, **kw):
 
 
 @pytest.mark.parametrize("is_causal,window,pool", [
-    (True, None, "mean"), (True, 3, "max"), (False, None, "max"), (False, 2, "mean")])
+    (True, None, "mean"), (True, 3, "max"), (False, None, "max"), (False, (2, 1), "mean")])
 def test_reference_matches_brute_force(is_causal, window, pool):
   q, k, v = qkv(2, 13, 4, 2, 8, seed=1)  # T=13 is not a multiple of stride=4; GQA
   got = compressed.compressed_attention(q, k, v, stride=4, pool=pool, is_causal=is_causal,
@@ -85,7 +86,7 @@ def check_paths(q, k, v, tol=3e-5, **kw):
     (24, "sigmoid", True, None, "mean"),     # grouped; rows i < 3 see nothing
     (23, "softmax_one", False, None, "max"),
     (23, "softpick", True, 6, "max"),
-    (23, "relu", False, 3, "mean"),
+    (23, "relu", False, (3, 2), "mean"),
     (24, "none", True, 4, "mean"),           # not mergeable: one call
     (23, "softmax", True, 5, "mean"),
 ])
@@ -193,12 +194,12 @@ def test_validation():
 
 
 def test_layout_cost_follows_compression():
-  # T=4096, stride 4, window 64, blocks of 64: the kept pairs are near T * (T / (2 * 4) + 64),
-  # well under a third of causal attention's T^2 / 2.
+  # T=4096, stride 4, window 64 (keys i-64..i), blocks of 64: the kept pairs are near
+  # T * (T / (2 * 4) + 65), well under a third of causal attention's T^2 / 2.
   from attnjax.layout import rule_layout
   T, bs = 4096, 64
   C = T // 4
-  rule = compressed.CompressedRule(T, T, 4, True, 64, C)
+  rule = compressed.CompressedRule(T, T, 4, True, (64, 0), C)
   pairs = rule_layout(rule, T, C + T, bs).num_pairs * bs * bs
   assert pairs < 0.33 * T * T / 2
 

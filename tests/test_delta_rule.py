@@ -1,5 +1,6 @@
-"""Delta-rule attention: the chunked (WY / UT) form equals the scan reference in value,
-final state and every gradient; segment resets, state chaining, bf16, validation."""
+"""Delta-rule attention: the chunked (WY / UT) and parallel (one chunk) forms equal the scan
+reference in value, final state and every gradient; segment resets, state chaining, bf16,
+validation."""
 
 import functools
 
@@ -37,12 +38,12 @@ def _cotangents(B, T, N, H, Hv, seed=11):
           jnp.asarray(rng.standard_normal((B, N, H, Hv), np.float32)))
 
 
-@functools.partial(jax.jit, static_argnames=("chunk_size", "gated"))
-def _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state, *, chunk_size, gated):
+@functools.partial(jax.jit, static_argnames=("chunk_size", "gated", "forms"))
+def _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state, *, chunk_size, gated, forms):
   """(out, state, grads) per form; grads of <out, ct_out> + <state, ct_state>
   with respect to q, k, v, beta, log_decay (if gated) and initial_state."""
   results = []
-  for impl in ("reference", "chunked"):
+  for impl in forms:
     def loss(q, k, v, beta, g, s0):
       out, state = delta_rule_attention(
           q, k, v, beta, log_decay=g if gated else None, initial_state=s0, return_state=True,
@@ -56,7 +57,7 @@ def _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state, *, chunk_size, gate
 
 
 def _check_forms(q, k, v, beta, g, s0, seg=None, *, chunk_size=16, rtol=2e-5, atol=2e-5,
-                 grad_tol=1e-4):
+                 grad_tol=1e-4, forms=("reference", "chunked")):
   B, T, N, H = q.shape
   Hv = v.shape[-1]
   ct_out, ct_state = _cotangents(B, T, N, H, Hv)
@@ -64,7 +65,7 @@ def _check_forms(q, k, v, beta, g, s0, seg=None, *, chunk_size=16, rtol=2e-5, at
   if g is None:
     g = jnp.zeros_like(beta)
   (ro, rs, rg), (co, cs, cg) = _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state,
-                                           chunk_size=chunk_size, gated=gated)
+                                           chunk_size=chunk_size, gated=gated, forms=forms)
   assert co.dtype == q.dtype and cs.dtype == jnp.float32
   assert co.shape == (B, T, N, Hv) and cs.shape == (B, N, H, Hv)
   assert np.all(np.isfinite(np.asarray(co, np.float32)))
@@ -90,6 +91,13 @@ def test_exported():
 def test_chunked_equals_reference(gated, T, chunk_size):
   q, k, v, b, g, s0 = _inputs(T=T, gated=gated)
   _check_forms(q, k, v, b, g, s0, chunk_size=chunk_size)
+
+
+def test_parallel_equals_reference_with_segments():
+  # The chunk form over the whole sequence as one chunk (no scan); a reset inside it.
+  q, k, v, b, g, s0 = _inputs(T=13, seed=6)
+  seg = jnp.asarray(np.repeat([[0] * 5 + [1] * 8], 2, axis=0), jnp.int32)
+  _check_forms(q, k, v, b, g, s0, seg, forms=("reference", "parallel"))
 
 
 def test_gqa_heads_differ_and_mqa():
@@ -224,8 +232,9 @@ def test_default_scale_and_no_decay_is_zero_decay():
     ({}, lambda q, k, v, b: (q, k, v, b.astype(jnp.int32)), TypeError, r"beta must be a floating"),
     ({"log_decay": jnp.zeros((2, 12))}, None, ValueError, r"log_decay must have shape"),
     ({"initial_state": jnp.zeros((2, 2, 8, 8))}, None, ValueError, r"initial_state must have"),
-    ({"implementation": "parallel"}, None, ValueError, r"implementation='parallel'"),
-    ({"chunk_size": 0}, None, ValueError, r"chunk_size must be positive"),
+    ({"implementation": "blockwise"}, None, ValueError, r"implementation='blockwise'"),
+    ({"chunk_size": 0}, None, ValueError, r"chunk_size must be a positive int, got chunk_size=0"),
+    ({"chunk_size": 2.5}, None, TypeError, r"a positive int, got chunk_size=2.5"),
     ({"scale": -1.0}, None, ValueError, r"scale must be positive"),
     ({"segment_ids": jnp.zeros((2, 11), jnp.int32)}, None, ValueError, r"segment_ids"),
     ({"segment_ids": (jnp.zeros((2, 12), jnp.int32),) * 2}, None, TypeError,

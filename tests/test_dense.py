@@ -405,7 +405,7 @@ def _call(**kw):
     (dict(normalizer="softmax2"), ValueError, r"normalizer='softmax2'.*softpick"),
     (dict(implementation="flash"), ValueError, r"implementation='flash'"),
     (dict(window=(-1, 0)), ValueError, r"non-negative"),
-    (dict(window=3), TypeError, r"window must be a tuple"),
+    (dict(window=3.0), TypeError, r"window must be an int w .* or a tuple \(left, right\)"),
     (dict(mask=jnp.ones((2, 8, 4, 5), bool)), ValueError, r"mask of shape \(2, 8, 4, 5\)"),
     (dict(mask=jnp.ones((4, 4))), TypeError, r"mask must be boolean"),
     (dict(bias=jnp.ones((3, 4, 4))), ValueError, r"bias of shape \(3, 4, 4\)"),

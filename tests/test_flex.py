@@ -135,7 +135,7 @@ SPARSE_CASES = [
     ("fixed_gathered_keys", patterns.fixed(8, 2), 24),
     ("banded_chunks", patterns.sliding_window(6, 1), 40),
     pytest.param("sinks_chunks_columns", patterns.sinks_window(3, 5), 40, marks=pytest.mark.slow),
-    ("global_rows_chunks", patterns.global_window(2, 4), 40),
+    ("global_rows_chunks", patterns.global_window(2, (4, 4)), 40),
 ]
 
 

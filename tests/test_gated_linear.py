@@ -228,8 +228,9 @@ def test_zero_decay_equals_linear_attention(form):
     (dict(log_decay=0.0, segment_ids=jnp.zeros((2, 12), jnp.int32)), ValueError,
      "segment_ids must have shape"),
     (dict(log_decay=0.0, segment_ids=jnp.zeros((2, 13))), TypeError, "segment_ids must be integer"),
-    (dict(log_decay=0.0, implementation="recurrent"), ValueError, "implementation='recurrent'"),
-    (dict(log_decay=0.0, chunk_size=0), ValueError, "chunk_size must be a positive int"),
+    (dict(log_decay=0.0, implementation="blockwise"), ValueError, "implementation='blockwise'"),
+    (dict(log_decay=0.0, chunk_size=0), ValueError,
+     "chunk_size must be a positive int, got chunk_size=0"),
     (dict(log_decay=0.0, scale=-1.0), ValueError, "scale must be positive"),
 ])
 def test_validation_errors(kwargs, error, match):

@@ -204,10 +204,10 @@ def test_layouts_sit_below_kernels_and_patterns():
 
 FAMILIES = tuple(f"attnjax.{name}" for name in (
     "dense", "qk_norm", "sparse", "compressed", "block_select", "linear", "gated_linear",
-    "delta_rule"))
+    "delta_rule", "_recurrent"))
 VOCABULARY = tuple(f"attnjax.{name}" for name in (
     "normalizers", "masks", "patterns", "layout", "mods", "feature_maps", "attention_stats",
-    "options", "_checks", "_platform"))
+    "options", "_checks", "_platform", "_numerics"))
 
 
 def engine_violations(graph: dict[str, set[str]]) -> list[str]:

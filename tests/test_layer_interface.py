@@ -286,7 +286,8 @@ def test_spec_classes_declare_their_implementations():
   from attnjax import dense, sparse
   assert specs.SparseSpec.implementations == sparse.IMPLEMENTATIONS
   assert specs.DenseSpec.implementations == tuple(dense.IMPLEMENTATIONS)
-  assert specs.LinearSpec.takes_implementation("parallel")  # deprecated, still loads
+  for family in (specs.LinearSpec, specs.GatedSpec, specs.DeltaNetSpec):  # one vocabulary
+    assert family.implementations == ("reference", "recurrent", "parallel", "chunked")
   assert not specs.LinearSpec.takes_segment_ids and specs.SparseSpec.takes_segment_ids
 
 

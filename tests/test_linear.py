@@ -353,17 +353,7 @@ def test_validation_names_args_and_shapes(kwargs, args, error, words):
 
 
 # ---------------------------------------------------------------------------
-# One vocabulary: "reference" names the quadratic form; one return rule.
-
-
-def test_parallel_is_a_deprecated_alias_of_reference():
-  q, k, v = _inputs(B=1, T=7, N=2, K=1, H=4, Hv=3, seed=12)
-  linear_attention.clear_cache()  # the warning is raised while the call is traced
-  message = "implementation='parallel' is deprecated; use implementation='reference'"
-  with pytest.warns(DeprecationWarning, match=message):
-    old = linear_attention(q, k, v, is_causal=True, implementation="parallel")
-  new = linear_attention(q, k, v, is_causal=True, implementation="reference")
-  assert_close(old, new, "parallel vs reference", rtol=0, atol=0)
+# One return rule (the implementation names: tests/test_vocab.py).
 
 
 @pytest.mark.parametrize("implementation", ["reference", "recurrent", "chunked"])

@@ -123,7 +123,7 @@ PATTERNS = [
     ("sliding_window", patterns.sliding_window(3, 1)),
     ("strided", patterns.strided(4)),
     ("fixed", patterns.fixed(5, 2)),
-    ("global_window", patterns.global_window(2, 3)),
+    ("global_window", patterns.global_window(2, (3, 3))),
     ("bigbird", patterns.bigbird(4, 1, 1, 1, seed=3)),
     ("sinks_window", patterns.sinks_window(2, 4)),
     ("union", patterns.sliding_window(2) | patterns.strided(5)),

@@ -41,7 +41,7 @@ def brute_global_window(g, left, right):
 
 
 def brute_sinks(s, w):
-  return lambda i, j: j <= i and (j < s or i - j < w)
+  return lambda i, j: j <= i and (j < s or i - j <= w)
 
 
 def brute_bigbird(block, g, wb, table):
@@ -59,14 +59,14 @@ CASES = [
     ("fixed4_1", patterns.fixed(4, 1), brute_fixed(4, 1)),
     ("fixed5_2", patterns.fixed(5, 2), brute_fixed(5, 2)),
     ("fixed3_3", patterns.fixed(3, 3), brute_fixed(3, 3)),
-    ("global2_w2", patterns.global_window(2, 2), brute_global_window(2, 2, 2)),
+    ("global2_w2", patterns.global_window(2, (2, 2)), brute_global_window(2, 2, 2)),
     ("global1_w3_0", patterns.global_window(1, (3, 0)), brute_global_window(1, 3, 0)),
     ("sinks2_w3", patterns.sinks_window(2, 3), brute_sinks(2, 3)),
     ("sinks0_w1", patterns.sinks_window(0, 1), brute_sinks(0, 1)),
     ("union", patterns.sliding_window(1) | patterns.fixed(4, 1),
      lambda i, j: (i - 1 <= j <= i) or brute_fixed(4, 1)(i, j)),
-    ("longformer_causal", patterns.global_window(2, 2) & patterns.causal(),
-     lambda i, j: j <= i and brute_global_window(2, 2, 2)(i, j)),
+    ("longformer_causal", patterns.global_window(2, 2) & patterns.causal(),  # int w: (w, 0)
+     lambda i, j: j <= i and brute_global_window(2, 2, 0)(i, j)),
     ("union3", patterns.union(patterns.sinks_window(1, 2), patterns.strided(5),
                               patterns.sliding_window(0, 1)),
      lambda i, j: brute_sinks(1, 2)(i, j) or brute_strided(5)(i, j) or i <= j <= i + 1),
@@ -177,7 +177,7 @@ def test_window_layout_is_banded():
     (lambda: patterns.global_window(1, (2,)), "window must be an int or a"),
     (lambda: patterns.bigbird(0, 1, 1, 1, 0), "bigbird: block must be positive"),
     (lambda: patterns.bigbird(4, 1, 1, -2, 0), "num_random must be >= 0"),
-    (lambda: patterns.sinks_window(4, 0), "sinks_window: window must be positive"),
+    (lambda: patterns.sinks_window(4, -1), "sinks_window: window must be >= 0"),
     (lambda: patterns.causal() | 3, "takes Pattern objects"),
     (lambda: patterns.causal().layout(16, block_size=0), "block_size must be positive"),
     (lambda: patterns.bigbird(32, 1, 1, 1, 0).mask(16), "block=32 is longer than the sequence"),
@@ -229,7 +229,7 @@ ATTN_PATTERNS = [
     ("window3_2", patterns.sliding_window(3, 2)),
     ("strided4", patterns.strided(4)),
     ("fixed4_2", patterns.fixed(4, 2)),
-    ("global_window", patterns.global_window(2, 3)),
+    ("global_window", patterns.global_window(2, (3, 3))),
     ("bigbird", patterns.bigbird(4, 1, 1, 1, seed=0)),
     ("sinks_window", patterns.sinks_window(1, 4)),
     ("union", patterns.sliding_window(2) | patterns.fixed(8, 1)),
@@ -373,7 +373,8 @@ BAND_PARTS_CASES = [
     ("sinks6_w5", patterns.sinks_window(6, 5), brute_sinks(6, 5)),
     ("sinks0_w3", patterns.sinks_window(0, 3), brute_sinks(0, 3)),
     ("global5_w3_1", patterns.global_window(5, (3, 1)), brute_global_window(5, 3, 1)),
-    ("global2_w3", patterns.global_window(2, 3), brute_global_window(2, 3, 3)),
+    ("global2_w3", patterns.global_window(2, (3, 3)), brute_global_window(2, 3, 3)),
+    ("global2_w3_int", patterns.global_window(2, 3), brute_global_window(2, 3, 0)),
     ("window3_2", patterns.sliding_window(3, 2), lambda i, j: i - 3 <= j <= i + 2),
     ("longformer_causal", patterns.global_window(2, 3) & patterns.causal(),
      lambda i, j: j <= i and brute_global_window(2, 3, 3)(i, j)),
@@ -401,7 +402,7 @@ def test_band_parts_decompose_the_rule(name, pattern, rule):
                  marks=pytest.mark.slow),
     ("sinks4_w6_relu", patterns.sinks_window(4, 6), 37, "relu"),
     ("global5_w3_1", patterns.global_window(5, (3, 1)), 37, "softmax_one"),
-    ("global2_w3_S30", patterns.global_window(2, 3), 30, "softmax"),
+    ("global2_w3_S30", patterns.global_window(2, (3, 3)), 30, "softmax"),
     ("longformer_causal", patterns.global_window(3, 6) & patterns.causal(), 37, "softmax"),
 ], ids=["sinks6_w5", "sinks9_w3_sigmoid", "sinks4_w6_relu", "global5_w3_1", "global2_w3_S30",
         "longformer_causal"])

@@ -23,7 +23,9 @@ Decoding is functional: :meth:`Attention.init_cache` returns a pytree and
 - Softmax-style families keep a :class:`KVCache` of keys stored *before* RoPE
   with the sequence position, RoPE position and segment id of every slot: a
   full cache (``max_len`` slots), a rolling cache of ``window`` slots for
-  sliding windows, or ``num_sinks + window`` slots for StreamingLLM, whose keys
+  sliding windows (the ``window`` keys before the query; its own key comes
+  with the call, so it sees ``i - window .. i``), or ``num_sinks + window``
+  slots for StreamingLLM, whose keys
   are rotated at attention time by their stored position
   (``streaming_rope="absolute"``) or by their position in the cache
   (``"cache"``, Xiao et al. 2024).

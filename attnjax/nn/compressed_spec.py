@@ -70,8 +70,9 @@ class CompressedSpec(AttentionSpec):
 
   Attributes:
     stride: positions per compressed block (conv kernel and stride).
-    window: raw keys of a local window seen beside the compressed ones
-      (:func:`attnjax.compressed_attention`'s ``window``), or None.
+    window: raw keys of a local window seen beside the compressed ones: keys
+      ``i - window .. i`` (``window + 1``, as ``window`` everywhere;
+      :func:`attnjax.compressed_attention`'s ``window``), or None.
     projection: ``"conv"`` (learned strided convolution) or ``"linformer"``
       (learned ``E, F`` along the sequence; non-causal layers only).
     length: Linformer's projected length ``m``.
@@ -97,7 +98,7 @@ class CompressedSpec(AttentionSpec):
 
   def validate(self) -> None:
     check_int("stride", self.stride)
-    check_int("window", self.window, allow_none=True)
+    check_int("window", self.window, allow_none=True, minimum=0)
     check_int("length", self.length)
     check_int("max_len", self.max_len)
     check_int("block_size", self.block_size)
@@ -242,7 +243,7 @@ class CompressedSpec(AttentionSpec):
     end = (j // self.stride + 1) * self.stride - 1
     allowed = end <= i
     if self.window is not None:
-      allowed = allowed | ((j <= i) & (j > i - self.window))
+      allowed = allowed | ((j <= i) & (j >= i - self.window))
     return allowed[None, None]
 
 

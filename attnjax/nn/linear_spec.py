@@ -43,9 +43,6 @@ class LinearSpec(AttentionSpec):
   family: ClassVar[str] = "linear"
   optional_params: ClassVar[tuple[str, ...]] = ("feature_projection",)
   implementations: ClassVar[tuple[str, ...]] = linear_lib.IMPLEMENTATIONS
-  # Deprecated names (e.g. "parallel") stay valid so run directories written before load.
-  deprecated_implementations: ClassVar[dict[str, str]] = dict(
-      linear_lib.DEPRECATED_IMPLEMENTATIONS)
   takes_segment_ids: ClassVar[bool] = False
 
   feature_map: str = "elu_plus_one"

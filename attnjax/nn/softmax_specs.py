@@ -450,8 +450,7 @@ class DotProductSpec(ScoreSpec):
     if not layer.config.is_causal:
       allowed = jnp.ones((1, 1, q_positions.shape[0], k_positions.shape[0]), bool)
     elif self.num_sinks:
-      # patterns.sinks_window counts the query itself in its window; ours is the left extent.
-      pattern = patterns.sinks_window(self.num_sinks, self.window + 1)
+      pattern = patterns.sinks_window(self.num_sinks, self.window)
       allowed = pattern.allowed(q_positions, k_positions, None)[None, None]
     else:
       window = None if self.window is None else (self.window, 0)

@@ -25,7 +25,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
                "elu+1 linear, normalised"),
     "linear_rmsnorm": ({"family": "linear", "feature_map": "elu_plus_one",
                         "linear_normalize": "output_rms"}, "elu+1 linear, output RMS-normalised (Qin)"),
-    "window": ({"family": "dense", "window": 16}, "softmax, causal sliding window of 16"),
+    "window": ({"family": "dense", "window": 16},
+               "softmax, causal sliding window of 16 (keys i-16..i)"),
     "alibi": ({"family": "dense", "alibi": True}, "softmax, ALiBi biases instead of RoPE (Press)"),
     "linear_unnorm": ({"family": "linear", "feature_map": "elu_plus_one",
                        "linear_normalize": "none"},
@@ -39,7 +40,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "block_select": ({"family": "block_select", "block_size": 8, "top_k": 2},
                      "content-selected blocks: own + top 2 earlier 8-token blocks (MoBA, Lu)"),
     "compressed": ({"family": "compressed", "stride": 4, "window": 16},
-                   "memory-compressed: strided-conv keys (stride 4) + raw window 16 (Liu, NSA); "
+                   "memory-compressed: strided-conv keys (stride 4) + raw window 16 (keys "
+                   "i-16..i) (Liu, NSA); "
                    "its F-Attn is the weight on compressed block 0 (tokens 0-3)"),
     "dilated": ({"family": "sparse", "pattern": ("dilated_window", (("window", 16), ("dilation", 4))),
                  "block_size": 16}, "softmax, dilated window of 16 keys, dilation 4 (Longformer)"),

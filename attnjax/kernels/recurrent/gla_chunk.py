@@ -51,13 +51,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from attnjax._numerics import einsum as _ein
+
 Array = jnp.ndarray
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _ein(spec: str, *operands: Array) -> Array:
-  return jnp.einsum(spec, *operands, precision=_HIGHEST, preferred_element_type=jnp.float32)
 
 
 def _running_sum(x: Array, axis: int, *, reverse: bool, inclusive: bool) -> Array:

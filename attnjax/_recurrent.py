@@ -1,0 +1,141 @@
+"""What the recurrent families share: one vocabulary of forms and one input preparation.
+
+The recurrent families (:mod:`attnjax.linear`, :mod:`attnjax.gated_linear`,
+:mod:`attnjax.delta_rule`) take the same ``implementation`` names, with the
+same meaning in each:
+
+- ``"recurrent"``: a ``lax.scan`` over time carrying the state, one token per
+  step; the decode form (causal only).
+- ``"parallel"``: the masked quadratic form over the whole sequence, which
+  materialises a ``[T, T]`` matrix (weights, decays, or for the delta rule
+  the ``[T, T]`` triangular solve of its one-chunk form); for short
+  sequences and tests.
+- ``"chunked"`` (the default, None): the quadratic form inside chunks of
+  ``chunk_size`` tokens and the state carried across them; O(T).
+- ``"reference"``: the family's readable definition, which is always one of
+  the three forms above, named by the family's ``REFERENCE_FORM``. Linear
+  attention is defined as attention with the weights ``phi(q_i).phi(k_j)``,
+  so its reference is the masked matrix (``"parallel"``, which also defines
+  its non-causal case). The gated and delta-rule families are defined by
+  their recurrences, so theirs is ``"recurrent"``: their quadratic forms are
+  derived from the recurrence (a decay matrix; the delta rule's triangular
+  solve) and are what the tests check, not what they check against.
+
+:func:`prepare` validates a causal stateful call over one sequence (the gated
+and delta-rule families) and brings its inputs to the layout every form
+takes; :func:`check_form` and :func:`check_chunk_size` are the checks linear
+attention shares with them.
+
+This module is family level (it imports :mod:`attnjax.dense`); kernels must
+not import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple, Optional, get_args
+
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import _checks, masks
+from attnjax.dense import group_queries
+
+Array = jnp.ndarray
+
+ImplementationName = Literal["reference", "recurrent", "parallel", "chunked"]
+IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+# The forms a name resolves to ("reference" is one of them, per family).
+FORMS: tuple[str, ...] = ("recurrent", "parallel", "chunked")
+DEFAULT_CHUNK_SIZE = 64
+
+
+def check_form(implementation: Optional[str], *, reference: str) -> str:
+  """The form ``implementation`` names (``"reference"``: the family's ``reference``; None: chunked).
+
+  Raises:
+    ValueError: an unknown name (the message lists :data:`IMPLEMENTATIONS`).
+    TypeError: not a str or None.
+  """
+  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
+  if implementation is None:
+    return "chunked"
+  return reference if implementation == "reference" else implementation
+
+
+def check_chunk_size(chunk_size: Any) -> int:
+  """``chunk_size`` as a positive int (the chunk length of ``"chunked"``; any ``T`` works)."""
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+    error = TypeError
+  elif chunk_size < 1:
+    error = ValueError
+  else:
+    return int(chunk_size)
+  raise error(f"chunk_size must be a positive int, got chunk_size={chunk_size!r}")
+
+
+class Inputs(NamedTuple):
+  """A causal stateful call's inputs in the layout every form takes (all float32).
+
+  Attributes:
+    q: ``[B, T, K, G, H]`` queries grouped by key/value head, times ``scale``.
+    k: ``[B, T, K, H]`` keys.
+    v: ``[B, T, K, Hv]`` values.
+    reset: ``[B, T]`` bool, True where a new segment starts (never at ``t = 0``).
+    state: ``[B, K, G, H, Hv]`` the state before the first token (zeros if none given).
+    form: ``"recurrent"``, ``"parallel"`` or ``"chunked"`` (:func:`check_form`).
+  """
+
+  q: Array
+  k: Array
+  v: Array
+  reset: Array
+  state: Array
+  form: str
+
+
+def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_ids,
+            implementation, chunk_size, reference: str) -> Inputs:
+  """Validates a causal stateful call over one sequence and returns its :class:`Inputs`.
+
+  Args:
+    name: the public function's name, for messages.
+    q, k, v: ``[B, T, N, H]``, ``[B, T, K, H]``, ``[B, T, K, Hv]``.
+    scale: a static positive float, or None for ``H ** -0.5``.
+    initial_state: ``[B, N, H, Hv]`` or None.
+    return_state: a bool.
+    segment_ids: ``[B, T]`` integers or None.
+    implementation: a name of :data:`IMPLEMENTATIONS` or None.
+    chunk_size: a positive int.
+    reference: the family's ``REFERENCE_FORM``.
+  """
+  B, T, N, K, H, Hv, seg = _checks.check_one_sequence(name, q, k, v, segment_ids)
+  form = check_form(implementation, reference=reference)
+  check_chunk_size(chunk_size)
+  if not isinstance(return_state, bool):
+    raise TypeError(f"return_state must be a bool, got {return_state!r}")
+  scale = _checks.check_positive_float("scale", scale)
+  scale = H ** -0.5 if scale is None else scale
+  state = _checks.check_initial_state(initial_state, (B, N, H, Hv))
+  if state is None:
+    state = jnp.zeros((B, N, H, Hv), jnp.float32)
+  f32 = jnp.float32
+  return Inputs(q=group_queries(q.astype(f32) * scale, K), k=k.astype(f32), v=v.astype(f32),
+                reset=masks.segment_resets(seg, B, T),
+                state=jnp.reshape(state, (B, K, N // K, H, Hv)), form=form)
+
+
+def by_kv_head(x: Array, num_kv_heads: int) -> Array:
+  """A per-query-head input ``[B, T, N, ...]`` as float32 ``[B, T, K, G, ...]``."""
+  B, T, N = x.shape[:3]
+  return jnp.reshape(x.astype(jnp.float32),
+                     (B, T, num_kv_heads, N // num_kv_heads) + x.shape[3:])
+
+
+def finish(out: Array, final: Array, q: Array, *, return_state: bool):
+  """``out [B, T, K, G, Hv]`` as ``[B, T, N, Hv]`` in ``q``'s dtype, and with ``return_state``
+  the final state ``[B, K, G, H, Hv]`` as ``[B, N, H, Hv]`` (float32)."""
+  B, T, N = q.shape[:3]
+  out = jnp.reshape(out, (B, T, N, out.shape[-1])).astype(q.dtype)
+  if return_state:
+    return out, jnp.reshape(final, (B, N) + final.shape[3:])
+  return out
