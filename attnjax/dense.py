@@ -334,7 +334,7 @@ def _dot_product_attention(
     normalizer: str = "softmax",
     sink_logits: Optional[Array] = None,
     softcap: Optional[float] = None,
-    window: Optional[tuple[int, int]] = None,
+    window: Optional[Union[int, tuple[int, int]]] = None,
     segment_ids: Any = None,
     similarity: Similarity = "dot",
     return_stats: bool = False,
@@ -392,7 +392,8 @@ def _dot_product_attention(
       softmax mass and is dropped (gpt-oss); softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` logit capping (Gemma 2), applied to
       the scaled similarity before ``bias``.
-    window: ``(left, right)``: query ``i`` sees keys ``i - left .. i + right``.
+    window: ``(left, right)``: query ``i`` sees keys ``i - left .. i + right``; an int
+      ``w`` is ``(w, 0)`` (keys ``i - w .. i``, the convention of every family).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       queries attend only within their segment (packed sequences).
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, for the
