@@ -15,7 +15,7 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Optional, Union, get_args
 
 import jax
 import jax.numpy as jnp
