@@ -58,7 +58,7 @@ from attnjax.nn import _layers
 # cannot take: everything else may be fixed when the adapter is made.
 _PER_CALL = ("query", "key", "value", "bias", "mask", "return_stats", "return_residual")
 ADAPTER_KEYWORDS: tuple[str, ...] = tuple(
-    name for name in inspect.signature(dense._dot_product_attention).parameters
+    name for name in inspect.signature(dense.dot_product_attention).parameters
     if name not in _PER_CALL)
 
 
