@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, masks
+from attnjax.kernels import autodiff
 from attnjax.kernels.recurrent import chunks
 from attnjax.dense import group_queries
 
@@ -166,7 +167,7 @@ def unit_lower_inverse(a: Array) -> Array:
   return jnp.reshape(inv, lead + (P, P))[..., :C, :C]
 
 
-@jax.custom_vjp
+@autodiff.custom_vjp
 def unit_lower_solve(a: Array, rhs: Array) -> Array:
   """``(I + a)^{-1} rhs`` for strictly lower-triangular ``a [..., C, C]``, ``rhs [..., C, D]``.
 

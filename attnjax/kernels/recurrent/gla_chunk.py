@@ -51,6 +51,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from attnjax.kernels import autodiff
+
 Array = jnp.ndarray
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -185,7 +187,7 @@ def gla_chunk(q, k, v, g, reset, state, sub):
                       lambda: sub_blocked_chunk(q, k, v, g, reset, state, sub))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+@functools.partial(autodiff.custom_vjp, nondiff_argnums=(6,))
 def sub_blocked_chunk(q, k, v, g, reset, state, sub):
   """One chunk through secondary chunking (module docstring); :func:`gla_chunk`'s arguments."""
   out, new_state, _ = _forward(q, k, v, g, reset, state, sub)
@@ -295,7 +297,7 @@ def _direct_forward(q, k, v, g, reset, state):
   return jnp.transpose(out, (0, 3, 1, 2, 4)), new_state, saved
 
 
-@jax.custom_vjp
+@autodiff.custom_vjp
 def direct_chunk(q, k, v, g, reset, state):
   """One chunk with a single reference point; exact while the chunk's decay is bounded
   (:data:`DIRECT_MAX_DECAY`); :func:`gla_chunk`'s arguments, without ``sub``."""
