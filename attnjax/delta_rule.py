@@ -73,6 +73,7 @@ import jax.numpy as jnp
 from attnjax import _checks, _recurrent
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
+from attnjax.kernels import autodiff
 from attnjax.kernels.recurrent import chunks
 
 Array = jnp.ndarray
@@ -169,7 +170,7 @@ def unit_lower_inverse(a: Array) -> Array:
   return jnp.reshape(inv, lead + (P, P))[..., :C, :C]
 
 
-@jax.custom_vjp
+@autodiff.custom_vjp
 def unit_lower_solve(a: Array, rhs: Array) -> Array:
   """``(I + a)^{-1} rhs`` for strictly lower-triangular ``a [..., C, C]``, ``rhs [..., C, D]``.
 

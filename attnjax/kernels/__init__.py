@@ -7,8 +7,10 @@
 - :mod:`attnjax.kernels.jax_nn`: ``jax.nn.dot_product_attention`` (XLA, cuDNN).
 - :mod:`attnjax.kernels.recurrent`: the chunk scan and the GLA chunk of the recurrent
   families (linear, gated linear, delta rule).
-- :mod:`attnjax.kernels.autodiff` / :mod:`~attnjax.kernels.linear_map`: forward mode for
-  custom-VJP kernels (a custom JVP whose tangent is a linear map transposed by the backward).
+- :mod:`attnjax.kernels.autodiff` / :mod:`~attnjax.kernels.linear_map`: every mode of
+  autodiff for the custom-VJP kernels (a custom JVP whose tangent is a linear map transposed
+  by the backward); kernels JAX cannot differentiate (Pallas, splash, cuDNN) take their
+  tangent from the block-wise engine.
 
 Every dense engine takes a validated call (:class:`attnjax.options.DenseInputs`,
 :class:`~attnjax.options.DenseOptions`) through ``run(inputs, opts, ...)`` and names what it

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import _platform, masks, normalizers, options
+from attnjax.kernels import autodiff, blockwise
 
 
 def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list[str]:
@@ -36,6 +37,21 @@ def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list
 
 
 def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, implementation: str):
+  """``jax.nn.dot_product_attention`` on a validated call.
+
+  ``"cudnn"`` has reverse mode only (jax's ``custom_vjp``): its forward mode (``jax.jvp``,
+  second order) comes from the block-wise engine
+  (:func:`attnjax.kernels.autodiff.custom_vjp_of`); ``"xla"`` is plain JAX.
+  """
+  if implementation != "cudnn":
+    return _compute(inputs, opts, implementation)
+  x, nondiff = blockwise.split_inputs(inputs)
+  return autodiff.custom_vjp_of(
+      lambda x, nondiff: _compute(blockwise.join_inputs(x, nondiff), opts, implementation),
+      x, nondiff, twin=blockwise.twin(opts), name="cudnn")
+
+
+def _compute(inputs: options.DenseInputs, opts: options.DenseOptions, implementation: str):
   q, k, v = inputs.q, inputs.k, inputs.v
   T, S = q.shape[1], k.shape[1]
   mask = masks.combine_masks(

@@ -11,6 +11,7 @@ keywords.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Optional
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import _platform, normalizers, options
+from attnjax.kernels import autodiff, blockwise
 
 Array = jnp.ndarray
 
@@ -169,6 +171,10 @@ _f32_cotangent.defvjp(lambda x: (x, None), lambda _, g: (g.astype(jnp.float32),)
 def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False):
   """``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU, softmax, static masks).
 
+  Reverse mode is splash's own backward; forward mode (``jax.jvp``, second order), which
+  splash does not have, comes from the block-wise engine
+  (:func:`attnjax.kernels.autodiff.custom_vjp_of`).
+
   The kernel takes one batch element ``q [N, T, H]``, ``k, v [K, S, H]`` (query head ``n``
   reads kv head ``n // (N // K)``, as ours) and is mapped over the batch. It does not scale
   the logits, so ``opts.scale`` is folded into ``q`` (in the input dtype); its soft cap is
@@ -191,19 +197,38 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpre
   qh = jnp.transpose((q.astype(jnp.float32) * opts.scale).astype(q.dtype), (0, 2, 1, 3))
   kh = jnp.transpose(k, (0, 2, 1, 3))  # [B, K, S, H]
   vh = jnp.transpose(v, (0, 2, 1, 3))
-  sinks = None if inputs.sink_logits is None else jnp.reshape(inputs.sink_logits, (N,))
+  sinks = None
+  if inputs.sink_logits is not None:
+    sinks = jnp.reshape(inputs.sink_logits, (N,)).astype(jnp.float32)
   seg = None
   if inputs.q_segment_ids is not None:
     seg = lib.SegmentIds(q=inputs.q_segment_ids.astype(jnp.int32),
                          kv=inputs.kv_segment_ids.astype(jnp.int32))
 
-  def one(q1, k1, v1, seg1):
-    if sinks is None:
-      return kernel(q1, k1, v1, segment_ids=seg1)
-    return kernel(q1, k1, v1, segment_ids=seg1, sinks=_f32_cotangent(sinks.astype(jnp.float32)))
+  def splash_call(x, seg):
+    """The kernel on the heads-first arrays ``x = (qh, kh, vh, sinks)``: ``[B, N, T, Hv]``."""
+    qh, kh, vh, sinks = x
 
-  out = jax.vmap(one)(qh, kh, vh, seg)  # [B, N, T, Hv]
-  out = jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
+    def one(q1, k1, v1, seg1):
+      if sinks is None:
+        return kernel(q1, k1, v1, segment_ids=seg1)
+      return kernel(q1, k1, v1, segment_ids=seg1, sinks=_f32_cotangent(sinks))
+
+    return jax.vmap(one)(qh, kh, vh, seg).astype(qh.dtype)
+
+  def twin(x, seg):
+    """The same on the block-wise engine (``q`` is scaled already)."""
+    qh, kh, vh, sinks = x
+    heads = lambda a: jnp.transpose(a, (0, 2, 1, 3))
+    call = options.DenseInputs(
+        q=heads(qh), k=heads(kh), v=heads(vh),
+        sink_logits=None if sinks is None else jnp.reshape(sinks, (1, N, 1, 1)),
+        q_segment_ids=None if seg is None else seg.q, kv_segment_ids=None if seg is None else seg.kv)
+    return heads(blockwise.run(call, dataclasses.replace(opts, scale=1.0))).astype(qh.dtype)
+
+  # Splash's residuals are these heads-first arrays: the linear map keeps no copy of q, k, v.
+  out = autodiff.custom_vjp_of(splash_call, (qh, kh, vh, sinks), seg, twin=twin, name="splash")
+  out = jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)  # [B, T, N, Hv]
   # Splash gives a row with no allowed key the mean of the values it visited (or NaN where it
   # visited no block); ours is zero.
   has_key = options.rows_with_keys(inputs, opts, T, S)

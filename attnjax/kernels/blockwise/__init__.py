@@ -11,9 +11,10 @@ sizes. See :mod:`attnjax.kernels.blockwise.kernel` for the algorithm and
 from attnjax.kernels.blockwise.kernel import (CPU_BLOCK_K, CPU_BLOCK_Q, GPU_BLOCK_K, GPU_BLOCK_Q,
                                               MAX_UNROLLED_FULL_VISITS, MAX_UNROLLED_Q_BLOCKS,
                                               attention, default_block_sizes, index_use,
-                                              layout_for, run, run_layout, structural_mask_fn,
-                                              unsupported)
+                                              join_inputs, layout_for, run, run_layout,
+                                              split_inputs, structural_mask_fn, twin, unsupported)
 
 __all__ = ["CPU_BLOCK_K", "CPU_BLOCK_Q", "GPU_BLOCK_K", "GPU_BLOCK_Q", "MAX_UNROLLED_FULL_VISITS",
-           "MAX_UNROLLED_Q_BLOCKS", "attention", "default_block_sizes", "index_use", "layout_for",
-           "run", "run_layout", "structural_mask_fn", "unsupported"]
+           "MAX_UNROLLED_Q_BLOCKS", "attention", "default_block_sizes", "index_use", "join_inputs",
+           "layout_for", "run", "run_layout", "split_inputs", "structural_mask_fn", "twin",
+           "unsupported"]

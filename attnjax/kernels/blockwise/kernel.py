@@ -4,7 +4,7 @@ The query axis is cut into blocks of ``block_q`` rows and the key axis into
 blocks of ``block_k`` columns. Each query block visits only the key blocks its
 :class:`attnjax.layout.BlockLayout` lists, keeping an online normaliser (running maximum and
 running sums, rescaled when the maximum grows) so that no ``T x S`` array is
-ever formed. The backward pass (``jax.custom_vjp``) recomputes each visited
+ever formed. The backward pass (:mod:`attnjax.kernels.autodiff`) recomputes each visited
 block from ``q``, ``k``, ``v`` and one float per row saved by the forward pass.
 Long calls (more than ``MAX_UNROLLED_Q_BLOCKS`` full query blocks) run their
 query blocks in one ``lax.scan`` over a traced block index, reading each
@@ -71,6 +71,7 @@ import numpy as np
 
 from attnjax import options, masks
 from attnjax.attention_stats import AttentionStats, row_mean
+from attnjax.kernels import autodiff
 from attnjax.kernels.blockwise.tiles import (MaskFn, _Arrays, TilePlan, _add_tile, _allowed, _span, _logits, _rows,
                              _score_mod, _segment_relations, _sink_rows, _tile, _unrows)
 from attnjax.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
@@ -580,12 +581,13 @@ def _run(c: TilePlan, inputs, positions):
                    mod_any)
 
   def forward(x, nondiff):
-    """The forward pass: output, residual rows and statistics (plain JAX, differentiable)."""
+    """The forward pass: ``((output, statistics), (output rows, residual rows))`` (plain JAX)."""
     out, res, stats = _forward(c, arrays(x, nondiff))
-    return to_output(out), stats, out, res
+    return (to_output(out), stats), (out, res)
 
-  def backward(x, nondiff, out, res, cts):
+  def backward(x, nondiff, saved, cts):
     q, k, v, bias, sink, score_args = x
+    out, res = saved
     d_out, d_stats = cts
     a = arrays(x, nondiff)
     d_out = jnp.transpose(jnp.reshape(d_out.astype(jnp.float32), (B, T, K, G, Hv)),
@@ -604,11 +606,10 @@ def _run(c: TilePlan, inputs, positions):
     dargs = tuple(_cotangent_like(x, g) for x, g in zip(score_args, dargs))
     return dq, dk, dv, dbias, dsink, dargs
 
-  from attnjax.kernels import autodiff  # noqa: PLC0415 - a sibling built on this module's pieces
   x = (inputs.q, inputs.k, inputs.v, inputs.bias, inputs.sink_logits, inputs.score_mod_args)
   nondiff = (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids, inputs.mask_mod_args,
              positions)
-  out, stats = autodiff.custom_vjp_with_jvp(forward, backward, x, nondiff)
+  out, stats = autodiff.custom_vjp_with_jvp(forward, backward, x, nondiff, name="blockwise")
   if not c.opts.return_stats:
     return out
   sink_mass, entropy, max_logit, lse, row_sum = stats
@@ -677,6 +678,31 @@ def run(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] =
   layout = structural_layout(T, S, block_q, block_k, is_causal=opts.is_causal, window=opts.window)
   layout, mod_table = layout_for(inputs, opts, block_q, block_k, layout)
   return run_layout(inputs, opts, layout=layout, mod_table=mod_table)
+
+
+# ---------------------------------------------------------------------------
+# This engine as the twin of the dense kernels that JAX cannot differentiate in forward mode.
+
+
+def split_inputs(inputs) -> tuple[tuple, tuple]:
+  """A dense call's arrays without modifier arguments as ``(x, nondiff)``: ``x = (q, k, v,
+  bias, sink_logits)`` (differentiable), ``nondiff = (mask, q_segment_ids, kv_segment_ids)``."""
+  return ((inputs.q, inputs.k, inputs.v, inputs.bias, inputs.sink_logits),
+          (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids))
+
+
+def join_inputs(x: tuple, nondiff: tuple):
+  """The :class:`attnjax.options.DenseInputs` of :func:`split_inputs`'s ``(x, nondiff)``."""
+  (q, k, v, bias, sink), (mask, q_seg, kv_seg) = x, nondiff
+  return options.DenseInputs(q=q, k=k, v=v, bias=bias, mask=mask, sink_logits=sink,
+                             q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+
+
+def twin(opts):
+  """This engine as another dense kernel's ``twin`` (:mod:`attnjax.kernels.autodiff`):
+  ``(x, nondiff) -> out`` on :func:`split_inputs`'s arrays, differentiable in every mode:
+  the call ``opts`` describes (``(out, AttentionStats)`` with ``opts.return_stats``)."""
+  return lambda x, nondiff: run(join_inputs(x, nondiff), opts)
 
 
 def _check_block(name: str, value: Optional[int]) -> None:

@@ -30,6 +30,12 @@ Not supported (see :func:`unsupported`): ``bias`` and ``mask`` arrays,
 ``similarity="neg_sq_euclidean"``, and any option of :class:`DenseOptions` this
 module does not know (so dispatch never silently drops one).
 
+Autodiff (:mod:`attnjax.kernels.autodiff`): reverse mode runs the backward kernels;
+forward mode (``jax.jvp``, ``jax.linearize``) runs the forward kernel for the output and
+takes the tangent, like every second-order term, from the block-wise engine on the same call
+(:func:`attnjax.kernels.blockwise.twin`: plain JAX, run by XLA), as a ``pallas_call`` has no
+usable JVP.
+
 On a GPU the kernel is compiled by Triton; ``interpret=True`` runs the same
 kernel body in Pallas interpret mode on any backend (the tests' CPU check).
 Exporting for ``cuda`` from a host without a GPU works (the kernels are
@@ -54,6 +60,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from attnjax import _platform, options
+from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.pallas_gpu import backward
 from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, kv_block_bounds,
                                       full_kv_blocks, logits, make_plan, tile_allowed,
@@ -330,7 +337,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
   c = make_plan(inputs, opts, block_sizes, interpret)
   q = inputs.q
 
-  @jax.custom_vjp
+  @autodiff.custom_vjp
   def core(q, k, v, sink, q_seg, kv_seg):
     return fwd(q, k, v, sink, q_seg, kv_seg)[0]
 
@@ -348,7 +355,15 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
     d_lse = None if d_stats is None else d_stats[3]
     return backward.backward(c, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse)
 
-  core.defvjp(fwd, bwd)
+  def twin(q, k, v, sink, q_seg, kv_seg):
+    """The same call on the block-wise engine (plain JAX): forward mode and second order."""
+    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
+    if not opts.return_stats:
+      return out, None
+    o, st = out
+    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
+
+  core.defvjp(fwd, bwd, twin=twin)
   out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
                     inputs.kv_segment_ids)
   out = out.astype(q.dtype)

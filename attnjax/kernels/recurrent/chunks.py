@@ -27,6 +27,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from attnjax.kernels import autodiff
+
 Array = jnp.ndarray
 
 
@@ -63,7 +65,7 @@ def chunk_scan(block: Callable, state: Array, xs: tuple) -> tuple[Array, Array]:
   return _chunk_scan(block, state, xs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(autodiff.custom_vjp, nondiff_argnums=(0,))
 def _chunk_scan(block, state, xs):
   def step(s, x):
     out, s = block(x, s)

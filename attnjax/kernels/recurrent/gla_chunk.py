@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax._numerics import einsum as _ein
+from attnjax.kernels import autodiff
 
 Array = jnp.ndarray
 
@@ -181,7 +182,7 @@ def gla_chunk(q, k, v, g, reset, state, sub):
                       lambda: sub_blocked_chunk(q, k, v, g, reset, state, sub))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+@functools.partial(autodiff.custom_vjp, nondiff_argnums=(6,))
 def sub_blocked_chunk(q, k, v, g, reset, state, sub):
   """One chunk through secondary chunking (module docstring); :func:`gla_chunk`'s arguments."""
   out, new_state, _ = _forward(q, k, v, g, reset, state, sub)
@@ -291,7 +292,7 @@ def _direct_forward(q, k, v, g, reset, state):
   return jnp.transpose(out, (0, 3, 1, 2, 4)), new_state, saved
 
 
-@jax.custom_vjp
+@autodiff.custom_vjp
 def direct_chunk(q, k, v, g, reset, state):
   """One chunk with a single reference point; exact while the chunk's decay is bounded
   (:data:`DIRECT_MAX_DECAY`); :func:`gla_chunk`'s arguments, without ``sub``."""
