@@ -218,9 +218,12 @@ def test_forward_mode_lowers_for_gpus_and_tpus(normalizer):
 # with a twin (Pallas). With the slow tests: the GLA chunks (the costliest to compile, ~10 s),
 # the scalar-decay scan, and the block-wise kernel (tests/test_flex.py and
 # tests/test_blockwise.py check its second order by default).
-SECOND_ORDER = ("delta_rule_attention[chunked]", "kernels.pallas_gpu.attention[softmax, stats]",
+# The Pallas kernel by default; the recurrent engines' second order (10-16 s of compiles each)
+# and the block-wise one (also in test_flex / test_blockwise) with -m slow.
+SECOND_ORDER = ("kernels.pallas_gpu.attention[softmax, stats]",
                 *(pytest.param(name, marks=pytest.mark.slow)
-                  for name in ("gated_linear_attention/per_channel[chunked]",
+                  for name in ("delta_rule_attention[chunked]",
+                               "gated_linear_attention/per_channel[chunked]",
                                "gated_linear_attention[chunked]",
                                "kernels.blockwise.attention[softmax, stats]")))
 ENGINES = tuple(getattr(name, "values", (name,))[0] for name in SECOND_ORDER)

@@ -5,7 +5,8 @@ so ``without_jit`` runs it eagerly on concrete arrays (document ids, decays and
 states as values: the host-side branches) and ``with_jit`` traces it inside an
 outer jit (the traced branches). Outputs, final states and every gradient are
 compared in one :func:`helpers.assert_close` call. Small shapes, but the eager
-variant compiles each operation once: a few cases, the gated one in ``-m slow``.
+variant compiles each operation once: a few cases, all in ``-m slow`` (the default suite is
+at its time budget).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _value_and_grads(attend, argnums):
   return run
 
 
+@pytest.mark.slow  # ~25 s of compiles (eager runs included): kept out of the default run
 class FastPathsMatchReferences(chex.TestCase):
 
   def _name(self) -> str:
