@@ -19,14 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, masks, normalizers, options, _platform
-from attnjax.kernels import blockwise, jax_nn, pallas_gpu, splash
+from attnjax.kernels import blockwise, jax_nn, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
 
 Similarity = options.Similarity
 # The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
-ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash", "pallas_gpu"]
+ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash", "pallas_gpu",
+                             "pallas_tpu"]
 # The canonical call lives in attnjax.options so that kernels (blockwise) can take it without
 # importing this module, which imports them for its registry.
 SIMILARITIES = options.SIMILARITIES
@@ -122,6 +123,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     "cudnn": Implementation(jax_nn.cudnn, jax_nn.cudnn_unsupported),
     "splash": Implementation(splash.run, splash.unsupported),
     "pallas_gpu": Implementation(pallas_gpu.run, pallas_gpu.unsupported),
+    "pallas_tpu": Implementation(pallas_tpu.run, pallas_tpu.unsupported),
 }
 
 # The function each platform branch runs for an implementation name: the platform kernels
@@ -130,6 +132,7 @@ _BRANCH_FNS: dict[str, Callable[[DenseInputs, DenseOptions], Any]] = {
     "cudnn": lambda i, o: jax_nn.compute(i, o, implementation="cudnn"),
     "splash": lambda i, o: splash.compute(i, o),
     "pallas_gpu": lambda i, o: pallas_gpu.compute(i, o),
+    "pallas_tpu": lambda i, o: pallas_tpu.compute(i, o),
 }
 
 
@@ -159,7 +162,9 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
   while tracing: a GPU machine, or a CPU host with ``attnjax[aot]``); else ``"pallas_gpu"`` when it supports the call (no bias/mask arrays, dot
   similarity); else as the CPU.
   tpu: ``"splash"`` when it supports every option (softmax, no bias or mask
-  array, T and S multiples of 128, fp32/bf16); else as the CPU.
+  array, T and S multiples of 128, fp32/bf16); else ``"pallas_tpu"`` when it
+  supports the call (every normaliser, statistics, any lengths; no bias/mask
+  arrays, argument-free modifiers); else as the CPU.
   Platform kernels run inside ``shard_map`` when the ambient mesh
   (``jax.set_mesh``) has several devices (:func:`attnjax._platform.per_shard`),
   so the choice never depends on the device count.
@@ -172,8 +177,11 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
       return "cudnn"
     if not pallas_gpu.unsupported(inputs, opts):
       return "pallas_gpu"
-  if platform == "tpu" and not splash.unsupported(inputs, opts):
-    return "splash"
+  if platform == "tpu":
+    if not splash.unsupported(inputs, opts):
+      return "splash"
+    if not pallas_tpu.unsupported(inputs, opts):
+      return "pallas_tpu"
   return _by_length(inputs, opts)
 
 
@@ -184,7 +192,7 @@ def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
 
 
 # Custom calls XLA cannot partition: under a multi-device mesh they run inside shard_map.
-_PER_SHARD = ("cudnn", "splash", "pallas_gpu")
+_PER_SHARD = ("cudnn", "splash", "pallas_gpu", "pallas_tpu")
 
 
 def _run_named(name: str, inputs: DenseInputs, opts: DenseOptions, branch: bool = False):
@@ -374,7 +382,9 @@ def _dot_product_attention(
       ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
       causal/window/segment masks, softcap, sink logits, GQA; T and S
       multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.kernels.pallas_gpu`, a
-      Pallas Triton kernel for every normaliser, no bias/mask arrays). Named
+      Pallas Triton kernel for every normaliser, no bias/mask arrays), or
+      ``"pallas_tpu"`` (:mod:`attnjax.kernels.pallas_tpu`, a Pallas Mosaic TPU
+      kernel for every normaliser, no bias/mask arrays). Named
       paths raise if an option is unsupported; None is chosen per platform
       when the program is lowered (:func:`dispatch_table`).
     return_residual: also return jax.nn's residual ``[B, T, N]`` in the input

@@ -1,0 +1,517 @@
+"""A Pallas TPU (Mosaic) flash-attention kernel for every normaliser: ``implementation="pallas_tpu"``.
+
+The forward pass is FlashAttention-2 laid out for a TPU: the grid is
+``(batch, query head, query block, visit)``, the last axis walking the key
+blocks the query block visits (:mod:`attnjax.kernels.pallas_tpu.plan`: skipped
+blocks get no grid step, run-time skips neither a copy nor a computation),
+Pallas's pipeline copying the next key/value block into VMEM while the current
+one is computed. The normaliser's online state (:meth:`Normalizer.init` /
+:meth:`~Normalizer.visit` / :meth:`~Normalizer.finish` of :mod:`attnjax.normalizers`,
+the functions the block-wise XLA kernel and the Triton kernel call) lives in
+VMEM scratch across the visits; the kernel body never looks at a normaliser's
+name. Normalisers that need the number of allowed keys per row before the
+first tile (sigmoid, ReLU; statistics) get it from a mask-only pass of the same
+grid. The backward pass (:mod:`attnjax.kernels.pallas_tpu.backward`) recomputes
+tiles: a dq kernel over the same visits and a dk/dv kernel over the query blocks
+(and the ``G`` query heads) that visit each key block, so GQA never repeats K/V.
+
+What it supports: every normaliser in :data:`attnjax.normalizers.REGISTRY`,
+``sink_logits`` (with their gradient), ``softcap``, ``scale``, causal / window
+structure and segment ids (packed sequences), GQA, ``return_stats`` in the same
+pass (the logsumexp with its gradient), float32 and bfloat16, any ``T``, ``S``
+(padded to whole blocks, padded keys masked) and head dims, and argument-free
+``score_mod`` / ``mask_mod`` (:mod:`attnjax.mods`' ``sliding_window_mask``,
+``chunked_mask``, ``causal_mask``, ``position_temperature``, ...) evaluated on
+each tile from its positions, a ``mask_mod``'s layout skipping blocks it masks
+entirely. Not supported (:func:`unsupported`: dispatch then takes the
+block-wise engine): ``bias`` and ``mask`` arrays, ``similarity="neg_sq_euclidean"``,
+modifiers with arguments (``score_mod_args`` / ``mask_mod_args``: tables read by
+a traced index, such as ALiBi's slopes or document ids), float16.
+
+Autodiff (:mod:`attnjax.kernels.autodiff`): reverse mode runs the backward
+kernels; forward mode and second order take the block-wise engine's tangent on
+the same call (:func:`attnjax.kernels.blockwise.twin`), as a ``pallas_call`` has
+no JVP.
+
+On a TPU the kernels are compiled by Mosaic; ``interpret=True`` runs the same
+bodies in Pallas interpret mode on any backend (the tests' CPU check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from attnjax import _platform, options
+from attnjax.attention_stats import AttentionStats
+from attnjax.kernels import autodiff, blockwise
+from attnjax.kernels.pallas_gpu.kernel import collect_stats
+from attnjax.kernels.pallas_tpu import backward
+from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, logits, dot,
+                                             round_up, run_time_kinds, score_mod, static_tables,
+                                             tile_allowed, visit_tables)
+
+Array = jnp.ndarray
+
+# The custom-call target of a Mosaic kernel in compiled HLO.
+MOSAIC_CALL_TARGET = "tpu_custom_call"
+DTYPES = (jnp.float32, jnp.bfloat16)
+KNOWN_OPTIONS = _platform.KERNEL_OPTIONS + ("score_mod", "mask_mod", "block_layout")
+KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """Tile sizes (multiples of 128: whole lanes of a vector register).
+
+  Attributes:
+    block_q: query rows per forward (and count-pass) tile.
+    block_k: keys per forward tile.
+    block_q_bwd: query rows per backward tile (dq and dk/dv kernels).
+    block_k_bwd: keys per backward tile.
+  """
+
+  block_q: int = 512
+  block_k: int = 512
+  block_q_bwd: int = 256
+  block_k_bwd: int = 512
+
+  def __post_init__(self):
+    for f in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
+      b = getattr(self, f)
+      if isinstance(b, bool) or not isinstance(b, int) or b < LANES or b % LANES:
+        raise ValueError(f"BlockSizes.{f} must be a positive multiple of {LANES}, got {b!r}")
+
+
+DEFAULT_BLOCK_SIZES = BlockSizes()
+
+# Block sizes per TPU generation: ``(generation, head dim up to, sizes)``, the first row that
+# covers the call. Each row compiles for its chip (tests/test_targets.py: deviceless compiles
+# of every normaliser forward + backward on v5e and v6e). The VMEM a step holds is about
+# 2 x (q, k, v, dO blocks) double-buffered + the [block_q, block_k] float32 logits and their
+# exponentials + the float32 accumulators: under 12 MiB for every row (v5e's default scoped
+# VMEM limit is 16 MiB, v6e's 32 MiB). v5e's MXU is 128 x 128, v6e's 256 x 256: v6e takes
+# longer key tiles. Untuned for speed (no TPU was lent where they were chosen):
+# ``experiments/device_check.py --platform tpu`` measures them.
+BLOCK_SIZE_TABLE: tuple[tuple[str, int, BlockSizes], ...] = (
+    ("v5e", 128, BlockSizes(512, 512, 256, 512)),
+    ("v5e", 256, BlockSizes(256, 512, 256, 256)),
+    ("v6e", 128, BlockSizes(512, 1024, 512, 512)),
+    ("v6e", 256, BlockSizes(512, 512, 256, 512)),
+)
+# Device kinds of TPU generations (the ambient mesh's device kind, or this host's TPU).
+_GENERATION_BY_KIND = (("v6", "v6e"), ("v5 lite", "v5e"), ("v5e", "v5e"))
+
+
+def generation() -> Optional[str]:
+  """``"v5e"`` / ``"v6e"`` for the TPU a program is traced for (ambient mesh or local), or None."""
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  kind = getattr(device, "device_kind", None) if device is not None else None
+  if kind is None:
+    try:
+      tpus = jax.devices("tpu")
+      kind = tpus[0].device_kind if tpus else None
+    except RuntimeError:
+      kind = None
+  if kind is None:
+    return None
+  for name, gen in _GENERATION_BY_KIND:
+    if name in kind.lower():
+      return gen
+  return None
+
+
+def block_sizes_for(head_dim: int, gen: Optional[str] = None) -> BlockSizes:
+  """The :data:`BLOCK_SIZE_TABLE` row for a head dim (the larger of q's and v's) and a TPU
+  generation (None or another chip: the v5e rows, which fit every chip's VMEM from v5e on)."""
+  gen = gen if gen in ("v5e", "v6e") else "v5e"
+  for row_gen, max_head, sizes in BLOCK_SIZE_TABLE:
+    if row_gen == gen and head_dim <= max_head:
+      return sizes
+  # Longer heads: the smallest tiles of the generation (VMEM grows with the head dim).
+  return BlockSizes(256, 256, 128, 256)
+
+
+def unsupported(inputs, opts) -> list[str]:
+  """Reasons ``pallas_tpu`` cannot honour a call ([] = supported); lists unknown options too."""
+  reasons = []
+  if inputs.bias is not None:
+    reasons.append("bias (pallas_tpu adds no bias array)")
+  if inputs.mask is not None:
+    reasons.append("an explicit mask array (pallas_tpu takes is_causal, window, segment_ids "
+                   "and argument-free mask_mod)")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r} (pallas_tpu computes dot products)")
+  if opts.score_mod is not None and inputs.score_mod_args:
+    reasons.append("score_mod_args (pallas_tpu evaluates argument-free score_mod only)")
+  if opts.mask_mod is not None and inputs.mask_mod_args:
+    reasons.append("mask_mod_args (pallas_tpu evaluates argument-free mask_mod only)")
+  for name, fn, score in (("score_mod", opts.score_mod, True), ("mask_mod", opts.mask_mod, False)):
+    if fn is not None and not getattr(inputs, name + "_args") and _reads_batch_or_head(fn, score):
+      reasons.append(f"a {name} that reads the batch or head index (inside shard_map the "
+                     "kernel sees its shard's indices)")
+  reasons += _platform.unknown_options(
+      opts, inputs, KNOWN_OPTIONS,
+      KNOWN_INPUTS + ("bias", "mask", "score_mod_args", "mask_mod_args"), "pallas_tpu")
+  dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
+  if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
+    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (pallas_tpu takes float32 or "
+                   "bfloat16 for q, k and v)")
+  return reasons
+
+
+def _reads_batch_or_head(fn, score: bool) -> bool:
+  """Whether an argument-free modifier reads ``b`` or ``n`` (from its jaxpr)."""
+  index = jax.ShapeDtypeStruct((), jnp.int32)
+  lead = (jax.ShapeDtypeStruct((), jnp.float32),) if score else ()
+  jaxpr = jax.make_jaxpr(fn)(*lead, index, index, index, index).jaxpr
+  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+  first = len(lead)
+  return id(jaxpr.invars[first]) in read or id(jaxpr.invars[first + 1]) in read
+
+
+def make_plan(inputs, opts, block_sizes: BlockSizes, interpret: bool) -> TpuPlan:
+  B, T, N, H = inputs.q.shape
+  _, S, K, Hv = inputs.v.shape
+  fit = lambda b, L: min(b, round_up(L, LANES))
+  bq, bq_bwd = fit(block_sizes.block_q, T), fit(block_sizes.block_q_bwd, T)
+  bk, bk_bwd = fit(block_sizes.block_k, S), fit(block_sizes.block_k_bwd, S)
+  return TpuPlan(
+      opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv,
+      Tp=round_up(T, math.lcm(bq, bq_bwd)), Sp=round_up(S, math.lcm(bk, bk_bwd)),
+      bq=bq, bk=bk, bq_bwd=bq_bwd, bk_bwd=bk_bwd,
+      has_sink=inputs.sink_logits is not None, has_segments=inputs.q_segment_ids is not None,
+      mask_in_kernel=opts.mask_mod is not None, score_in_kernel=opts.score_mod is not None,
+      interpret=interpret)
+
+
+def tables_of(c: TpuPlan, inputs, opts, bq: int, bk: int) -> Tables:
+  """Static tables of one block geometry, a ``mask_mod``'s layout included."""
+  extra = None
+  if opts.mask_mod is not None:
+    if opts.block_layout is not None and (opts.block_layout.block_q,
+                                          opts.block_layout.block_k) == (bq, bk):
+      extra = opts.block_layout
+    else:
+      from attnjax.layout import from_mask_mod  # noqa: PLC0415
+      used_b, used_n = blockwise.index_use(opts.mask_mod, ())
+      extra = from_mask_mod(opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
+                            heads=c.N if used_n else None)
+  return static_tables(c, bq, bk, extra)
+
+
+def run_time_table(c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int) -> Array:
+  """int32 ``[nq, nk]`` kinds of a call: the static ones tightened by its segment ids."""
+  if not c.has_segments:
+    return run_time_kinds(t.kinds, None)
+  from attnjax.layout import BlockLayout, segment_block_relations  # noqa: PLC0415
+  nq, nk = t.kinds.shape
+  geometry = BlockLayout.from_visits(c.T, c.S, bq, bk, [[] for _ in range(nq)])
+  rel = segment_block_relations(q_seg, kv_seg, geometry)
+  return run_time_kinds(t.kinds, rel)
+
+
+def compiler_params(dims: int, interpret: bool):
+  if interpret:
+    return None
+  return pltpu.CompilerParams(
+      dimension_semantics=("parallel",) * (dims - 1) + ("arbitrary",))
+
+
+def heads_first(c: TpuPlan, q, k, v, q_seg, kv_seg):
+  """Pads T / S to whole blocks and transposes to ``[B, N|K, T|S, H]``; segment ids as
+  ``[B, Tp, 128]`` (a column per query: sublanes) and ``[B, 8, Sp]`` (a row per key: lanes)."""
+  def pad(x, L):
+    x = jnp.transpose(x, (0, 2, 1, 3))
+    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
+  qh, kh, vh = pad(q, c.Tp), pad(k, c.Sp), pad(v, c.Sp)
+  if q_seg is not None:
+    qs = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
+    ks = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
+    q_seg = jnp.broadcast_to(qs[:, :, None], (c.B, c.Tp, LANES))
+    kv_seg = jnp.broadcast_to(ks[:, None, :], (c.B, 8, c.Sp))
+  return qh, kh, vh, q_seg, kv_seg
+
+
+# ---------------------------------------------------------------------------
+# The count pass and the forward kernel.
+
+
+def _state_layout(c: TpuPlan, bq: int):
+  """``(state keys with shapes, residual keys, statistics keys)`` of the normaliser's online
+  state for ``bq`` rows (from its ``init`` / ``finish``, evaluated abstractly)."""
+  nz = c.nz
+  rows = (bq, 1)
+  cnt = jnp.ones(rows, jnp.float32) if c.needs_counts else None
+  sink = jnp.zeros(rows, jnp.float32) if c.has_sink else None
+
+  def run():
+    st = nz.init(rows, (bq, c.Hv), c.with_stats)
+    return st, nz.finish(st, nz.row_inputs(sink, cnt), c.with_stats)
+
+  st, (_, res, srow) = jax.eval_shape(run)
+  state = tuple((key, st[key].shape) for key in sorted(st))
+  return state, tuple(sorted(res)), (tuple(sorted(srow)) if srow is not None else ())
+
+
+def _positions(c: TpuPlan, i, j, bq: int, bk: int):
+  qpos = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+  kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+  return qpos, kpos
+
+
+def _segments(qseg_ref, kseg_ref):
+  if qseg_ref is None:
+    return None, None
+  return qseg_ref[...][:, :1], kseg_ref[...][:1, :]
+
+
+def _count_kernel(c: TpuPlan, kind_ref, fetch_ref, *refs):
+  it = iter(refs)
+  qseg_ref = next(it) if c.has_segments else None
+  kseg_ref = next(it) if c.has_segments else None
+  cnt_ref = next(it)
+  b, n, i, s = (pl.program_id(a) for a in range(4))
+  kind, j = kind_ref[i, s], fetch_ref[i, s]
+
+  @pl.when(s == 0)
+  def _():
+    cnt_ref[...] = jnp.zeros_like(cnt_ref)
+
+  @pl.when(kind == FULL)
+  def _():
+    cnt_ref[...] += float(c.bk)
+
+  @pl.when(kind == MASKED)
+  def _():
+    qpos, kpos = _positions(c, i, j, c.bq, c.bk)
+    q_seg, k_seg = _segments(qseg_ref, kseg_ref)
+    allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, b, n)
+    cnt_ref[...] += jnp.sum(allowed.astype(jnp.float32), axis=1, keepdims=True)
+
+
+def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_ref, *refs):
+  nz = c.nz
+  it = iter(refs)
+  q_ref, k_ref, v_ref = next(it), next(it), next(it)
+  sink_ref = next(it) if c.has_sink else None
+  cnt_ref = next(it) if c.needs_counts else None
+  qseg_ref = next(it) if c.has_segments else None
+  kseg_ref = next(it) if c.has_segments else None
+  o_ref = next(it)
+  res_refs = {key: next(it) for key in res_keys}
+  stat_refs = {key: next(it) for key in stat_keys}
+  st_refs = {key: next(it) for key, _ in state}
+
+  b, n, i, s = (pl.program_id(a) for a in range(4))
+  kind, j = kind_ref[i, s], fetch_ref[i, s]
+  bq, bk = c.bq, c.bk
+
+  def row_inputs():
+    sink = None
+    if c.has_sink:
+      sink = jnp.full((bq, 1), sink_ref[n], jnp.float32)
+    return nz.row_inputs(sink, cnt_ref[...] if c.needs_counts else None)
+
+  @pl.when(s == 0)
+  def _():
+    for key, val in nz.init((bq, 1), (bq, c.Hv), c.with_stats).items():
+      st_refs[key][...] = val
+
+  def visit(masked: bool):
+    st = {key: ref[...] for key, ref in st_refs.items()}
+    qpos, kpos = _positions(c, i, j, bq, bk)
+    z, _ = logits(c, q_ref[...], k_ref[...])
+    z = score_mod(c, z, qpos, kpos, b, n)
+    allowed = None
+    if masked:
+      q_seg, k_seg = _segments(qseg_ref, kseg_ref)
+      allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, b, n)
+    v = v_ref[...]
+    st = nz.visit(st, z, allowed, lambda w: dot(w.astype(v.dtype), v), row_inputs(),
+                  c.with_stats, j == 0)
+    for key, ref in st_refs.items():
+      ref[...] = st[key]
+
+  pl.when(kind == FULL)(lambda: visit(False))
+  pl.when(kind == MASKED)(lambda: visit(True))
+
+  @pl.when(s == width - 1)
+  def _():
+    st = {key: ref[...] for key, ref in st_refs.items()}
+    out, res, srow = nz.finish(st, row_inputs(), c.with_stats)
+    o_ref[...] = out.astype(o_ref.dtype)
+    for key in res_keys:
+      res_refs[key][...] = jnp.broadcast_to(res[key], (bq, 1)).astype(jnp.float32)
+    for key in stat_keys:
+      stat_refs[key][...] = jnp.broadcast_to(srow[key], (bq, 1)).astype(jnp.float32)
+
+
+def _seg_specs(c: TpuPlan, bq: int, bk: int, q_block, k_block):
+  """BlockSpecs of the segment-id layouts: ``q_block(grid ids) -> query block``, likewise keys."""
+  return [pl.BlockSpec((None, bq, LANES), lambda *a: (a[0], q_block(*a), 0)),
+          pl.BlockSpec((None, 8, bk), lambda *a: (a[0], 0, k_block(*a)))]
+
+
+def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg) -> Array:
+  """Allowed keys per row ``[B, N, Tp, 1]`` float32 (the mask-only pass)."""
+  nq, width = kind.shape
+  args, in_specs = [], []
+  if c.has_segments:
+    args += [q_seg, kv_seg]
+    in_specs += _seg_specs(c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i,
+                           lambda b, n, i, s, kr, fr: fr[i, s])
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs,
+      out_specs=pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0)))
+  return pl.pallas_call(
+      functools.partial(_count_kernel, c), grid_spec=grid_spec,
+      out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32),
+      compiler_params=compiler_params(4, c.interpret), interpret=c.interpret,
+      name="attnjax_tpu_counts")(kind, fetch, *args)
+
+
+def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg):
+  """Runs the forward kernels: ``(out [B, N, Tp, Hv], residual rows, statistics rows, counts)``."""
+  state, res_keys, stat_keys = _state_layout(c, c.bq)
+  qh, kh, vh, q_seg, kv_seg = heads_first(c, q, k, v, q_seg, kv_seg)
+  kinds = run_time_table(c, tables, q_seg[:, :, 0] if c.has_segments else None,
+                         kv_seg[:, 0, :] if c.has_segments else None, c.bq, c.bk)
+  kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
+  nq, width = kind.shape
+  G = c.G
+  cnt = counts(c, kind, fetch, q_seg, kv_seg) if c.needs_counts else None
+
+  in_specs = [
+      pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
+      pl.BlockSpec((None, None, c.bk, c.H), lambda b, n, i, s, kr, fr: (b, n // G, fr[i, s], 0)),
+      pl.BlockSpec((None, None, c.bk, c.Hv),
+                   lambda b, n, i, s, kr, fr: (b, n // G, fr[i, s], 0))]
+  args = [qh, kh, vh]
+  row_spec = pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0))
+  if c.has_sink:
+    args.append(jnp.reshape(sink.astype(jnp.float32), (c.N,)))
+    in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))
+  if c.needs_counts:
+    args.append(cnt)
+    in_specs.append(row_spec)
+  if c.has_segments:
+    args += [q_seg, kv_seg]
+    in_specs += _seg_specs(c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i,
+                           lambda b, n, i, s, kr, fr: fr[i, s])
+  rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32)
+  out_shape = ([jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hv), q.dtype)]
+               + [rows] * (len(res_keys) + len(stat_keys)))
+  out_specs = ([pl.BlockSpec((None, None, c.bq, c.Hv), lambda b, n, i, s, kr, fr: (b, n, i, 0))]
+               + [row_spec] * (len(res_keys) + len(stat_keys)))
+  scratch = [pltpu.VMEM(shape, jnp.float32) for _, shape in state]
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs,
+      out_specs=out_specs, scratch_shapes=scratch)
+  outs = pl.pallas_call(
+      functools.partial(_fwd_kernel, c, state, res_keys, stat_keys, width),
+      grid_spec=grid_spec, out_shape=out_shape,
+      compiler_params=compiler_params(4, c.interpret), interpret=c.interpret,
+      name=f"attnjax_tpu_fwd_{c.opts.normalizer}")(kind, fetch, *args)
+  out = outs[0]
+  res = dict(zip(res_keys, outs[1:1 + len(res_keys)]))
+  srow = dict(zip(stat_keys, outs[1 + len(res_keys):]))
+  return out, res, srow
+
+
+# ---------------------------------------------------------------------------
+# The kernel with its custom VJP.
+
+
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+  """Pallas TPU attention of a validated dense call (see the module docstring).
+
+  Args:
+    inputs: :class:`attnjax.options.DenseInputs` (see :func:`unsupported`).
+    opts: :class:`attnjax.options.DenseOptions`.
+    block_sizes: tiles (:class:`BlockSizes`); None: the :data:`BLOCK_SIZE_TABLE` row of the
+      TPU generation being traced for (:func:`generation`).
+    interpret: run the kernels in Pallas interpret mode (any backend).
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
+  """
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='pallas_tpu' does not support " + "; ".join(reasons))
+  if block_sizes is None:
+    block_sizes = block_sizes_for(max(inputs.q.shape[-1], inputs.v.shape[-1]), generation())
+  c = make_plan(inputs, opts, block_sizes, interpret)
+  fwd_tables = tables_of(c, inputs, opts, c.bq, c.bk)
+  bwd_tables = tables_of(c, inputs, opts, c.bq_bwd, c.bk_bwd)
+  q = inputs.q
+
+  @autodiff.custom_vjp
+  def core(q, k, v, sink, q_seg, kv_seg):
+    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
+
+  def fwd(q, k, v, sink, q_seg, kv_seg):
+    out, res, srow = forward(c, fwd_tables, q, k, v, sink, q_seg, kv_seg)
+    stats = collect_stats(c, srow) if c.with_stats else None
+    if c.with_stats:
+      res = dict(res, has_key=srow["has_key"])
+    o = jnp.transpose(out[:, :, :c.T, :], (0, 2, 1, 3))
+    return (o, stats), (q, k, v, sink, q_seg, kv_seg, out, res)
+
+  def bwd(saved, cts):
+    q, k, v, sink, q_seg, kv_seg, out, res = saved
+    d_out, d_stats = cts
+    d_lse = None if d_stats is None else d_stats[3]
+    return backward.backward(c, bwd_tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out,
+                             d_lse)
+
+  def twin(q, k, v, sink, q_seg, kv_seg):
+    """The same call on the block-wise engine (plain JAX): forward mode and second order."""
+    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
+    if not opts.return_stats:
+      return out, None
+    o, st = out
+    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
+
+  core.defvjp(fwd, bwd, twin=twin)
+  out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
+                    inputs.kv_segment_ids)
+  out = out.astype(q.dtype)
+  if not opts.return_stats:
+    return out
+  sink_mass, entropy, max_logit, lse, row_sum = stats
+  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
+                             logsumexp=lse, row_sum=row_sum)
+
+
+def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+  """The ``implementation="pallas_tpu"`` engine: :func:`compute`, lowering for ``tpu`` only
+  outside interpret mode (another platform raises ``ValueError``)."""
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='pallas_tpu' does not support " + "; ".join(reasons))
+  if interpret:
+    return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
+  return _platform.on_platform(
+      "tpu", lambda: compute(inputs, opts, block_sizes=block_sizes),
+      "implementation='pallas_tpu' runs on a TPU only (a Mosaic kernel); use "
+      "implementation=None to pick per platform")
+
+
+attention = options.engine_entry(run, "pallas_tpu", ("block_sizes", "interpret"))
+attention.__doc__ = """The Pallas TPU kernel called like :func:`attnjax.dot_product_attention`.
+
+``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:
+every keyword of :func:`attnjax.dot_product_attention` but ``implementation``
+(``bias`` and ``mask`` arrays and modifiers with arguments are refused, see
+:func:`unsupported`), the kernel's :class:`BlockSizes`, and ``interpret=True``
+to run it in Pallas interpret mode on any backend.
+"""

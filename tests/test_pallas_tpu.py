@@ -1,0 +1,227 @@
+"""The Pallas TPU kernel (``implementation="pallas_tpu"``) in interpret mode against the reference.
+
+Interpret mode runs the Mosaic kernel bodies (forward, count pass, dq, dk/dv)
+as jax operations on the CPU, so these checks cover the kernels' logic (block
+tables, run-time skips, the online normalisers, the FA2 backward), not Mosaic's
+compilation (``tests/test_targets.py`` compiles them for v5e / v6e) or speed.
+The lengths (T=200, S=328) are not multiples of the blocks (forward 128 x 128,
+backward 128 x 256), and most calls use GQA (4 query heads on 2 key/value
+heads). The cross product (every normaliser x {causal, window, segments,
+bidirectional, mask_mod} x {GQA, MHA} x {fp32, bf16}) is ``slow``; the default
+run takes a subset that visits every normaliser, structure, dtype and option.
+"""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnjax
+from attnjax import dense, mods, normalizers
+from attnjax.kernels import pallas_tpu
+from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
+from attnjax.kernels.pallas_tpu.plan import FULL, MASKED, SKIP
+from helpers import rand_qkv
+
+BLOCKS = pallas_tpu.BlockSizes(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=256)
+T, S = 200, 328
+
+
+def decay(z, b, n, i, j):
+  """An argument-free score_mod: a distance penalty (ALiBi with one slope)."""
+  del b, n
+  return z - 0.05 * jnp.abs(i - j).astype(jnp.float32)
+
+
+STRUCTURES = {
+    "causal": lambda: dict(is_causal=True),
+    "window": lambda: dict(window=(70, 30)),
+    # two packed sequences per row, the boundary inside a block; causal within each
+    "segments": lambda: dict(is_causal=True, segment_ids=(
+        jnp.asarray([[0] * 90 + [1] * 110, [0] * 150 + [1] * 50]),
+        jnp.asarray([[0] * 90 + [1] * 238, [0] * 150 + [1] * 178]))),
+    "bidirectional": lambda: dict(),
+    # a mask_mod (chunks of 96 keys, causal) and a score_mod, both evaluated in the kernel
+    "mask_mod": lambda: dict(mask_mod=mods.chunked_mask(96), score_mod=decay),
+}
+
+
+def _run(impl, q, k, v, sink, kw):
+  extra = {} if sink is None else dict(sink_logits=sink)
+  inputs, opts = dense.prepare(q, k, v, **kw, **extra)
+  if impl == "pallas_tpu":
+    return pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+  return dense.reference(inputs, opts)
+
+
+def check(normalizer, structure, *, gqa=True, dtype=jnp.float32, stats=False, sink=False,
+          softcap=None, seed=0):
+  """Values, statistics and gradients (q, k, v, sink logits) of pallas_tpu vs the reference."""
+  N, K = (4, 2) if gqa else (2, 2)
+  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=16, dtype=dtype, seed=seed, source="numpy")
+  sink_logits = jnp.linspace(-1.0, 1.0, N) if sink else None
+  kw = dict(STRUCTURES[structure](), normalizer=normalizer, softcap=softcap, return_stats=stats)
+  if structure == "mask_mod" and normalizer in ("softmax_one",):
+    kw["score_mod"] = None  # one call in the subset without a score_mod
+  cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, 16), jnp.float32)
+
+  def loss(impl, q, k, v, sink_logits):
+    r = _run(impl, q, k, v, sink_logits, kw)
+    out, st = r if stats else (r, None)
+    total = jnp.sum(out.astype(jnp.float32) * cot)
+    if stats:  # the logsumexp statistic carries a gradient
+      total = total + jnp.sum(jnp.sin(st.logsumexp))
+    return total, r
+
+  argnums = (0, 1, 2, 3) if sink else (0, 1, 2)
+  results = {}
+  for impl in ("pallas_tpu", "reference"):
+    fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
+                                    has_aux=True))
+    (_, r), grads = fn(q, k, v, sink_logits)
+    results[impl] = (r, grads)
+  tol = 2e-5 if dtype == jnp.float32 else 3e-2
+  what = f"{normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
+  got, want = jax.tree.leaves(results["pallas_tpu"]), jax.tree.leaves(results["reference"])
+  assert len(got) == len(want)
+  names = jax.tree_util.tree_leaves_with_path(results["reference"])
+  for (path, _), a, b in zip(names, got, want):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert a.shape == b.shape, (what, path)
+    scale = max(1.0, float(np.max(np.abs(b))))
+    err = float(np.max(np.abs(a - b))) / scale
+    assert err < tol, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"
+
+
+DEFAULT_CASES = [
+    # normaliser, structure, gqa, dtype, stats, sink, softcap
+    ("softmax", "causal", True, jnp.float32, True, True, None),
+    ("softmax", "segments", False, jnp.bfloat16, False, True, 5.0),
+    ("softmax_one", "mask_mod", True, jnp.float32, False, False, None),
+    ("sigmoid", "segments", True, jnp.float32, True, False, None),
+    ("softpick", "window", True, jnp.bfloat16, True, False, None),
+    ("none", "bidirectional", False, jnp.float32, False, False, 4.0),
+    ("relu", "mask_mod", True, jnp.float32, True, False, None),
+]
+
+
+@pytest.mark.parametrize("normalizer,structure,gqa,dtype,stats,sink,softcap", DEFAULT_CASES,
+                         ids=lambda x: getattr(x, "__name__", str(x)))
+def test_pallas_tpu_matches_reference(normalizer, structure, gqa, dtype, stats, sink, softcap):
+  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=stats, sink=sink, softcap=softcap)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalizer,structure,gqa,dtype", list(itertools.product(
+    normalizers.NORMALIZERS, tuple(STRUCTURES), (True, False), (jnp.float32, jnp.bfloat16))),
+    ids=lambda x: getattr(x, "__name__", str(x)))
+def test_pallas_tpu_matches_reference_everywhere(normalizer, structure, gqa, dtype):
+  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=True,
+        sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+
+
+def test_block_tables_skip_blocks_and_drop_masks():
+  # Causal, T = S = 1024, 128 x 128 blocks: 36 of the 64 block pairs are visited (the lower
+  # triangle), the 8 diagonal ones masked, the 28 below it without an element mask; each query
+  # block's grid row has 8 steps, the padding steps SKIP and fetching the last visited block.
+  q, k, v = rand_qkv(B=1, T=1024, S=1024, N=2, K=1, H=8, source="numpy")
+  inputs, opts = dense.prepare(q, k, v, is_causal=True)
+  c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
+  t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
+  assert t.kv_count.tolist() == list(range(1, 9)) and t.kv_index.shape == (8, 8)
+  assert int(np.sum(t.kinds == MASKED)) == 8 and int(np.sum(t.kinds == FULL)) == 28
+  kind, fetch = tpu_kernel.visit_tables(tpu_kernel.run_time_kinds(t.kinds, None), t.kv_index,
+                                        t.kv_count, transpose=False)
+  kind, fetch = np.asarray(kind), np.asarray(fetch)
+  assert kind[0].tolist() == [MASKED] + [SKIP] * 7 and fetch[0].tolist() == [0] * 8
+  assert kind[3].tolist() == [FULL] * 3 + [MASKED] + [SKIP] * 4
+  # The dk/dv tables are the transpose: key block 2 is visited by query blocks 2..7.
+  assert t.q_index[2][:t.q_count[2]].tolist() == [2, 3, 4, 5, 6, 7]
+  # A window (256, 0): rows visit at most 3 key blocks; a chunked mask_mod keeps its chunks only.
+  inputs, opts = dense.prepare(q, k, v, window=(256, 0))
+  c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
+  assert tpu_kernel.tables_of(c, inputs, opts, 128, 128).kv_count.max() == 3
+  inputs, opts = dense.prepare(q, k, v, mask_mod=mods.chunked_mask(256))
+  c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
+  t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
+  assert t.kv_count.tolist() == [1, 2] * 4 and int(np.sum(t.kinds == FULL)) == 4
+
+
+def test_segments_skip_blocks_at_run_time():
+  # Four packed documents of 256 tokens: a query block never meets another document's keys, so
+  # every block pair across documents is SKIP at run time (no copy: fetch repeats), and pairs
+  # inside one document (one id on both sides) run without an element mask.
+  q, k, v = rand_qkv(B=1, T=1024, S=1024, N=2, K=1, H=8, source="numpy")
+  ids = jnp.repeat(jnp.arange(4), 256)[None]
+  inputs, opts = dense.prepare(q, k, v, segment_ids=ids)
+  c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
+  t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
+  kinds = np.asarray(tpu_kernel.run_time_table(c, t, ids, ids, 128, 128))
+  assert int(np.sum(kinds != SKIP)) == 16 and int(np.sum(kinds == FULL)) == 16
+  kind, fetch = tpu_kernel.visit_tables(jnp.asarray(kinds), t.kv_index, t.kv_count,
+                                        transpose=False)
+  kind, fetch = np.asarray(kind), np.asarray(fetch)
+  assert kind[2].tolist() == [SKIP, SKIP, FULL, FULL] + [SKIP] * 4
+  assert fetch[2].tolist() == [2, 2, 2, 3, 3, 3, 3, 3]
+  out = pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+  np.testing.assert_allclose(out, dense.reference(inputs, opts), atol=2e-5, rtol=2e-5)
+
+
+def test_pallas_tpu_lists_what_it_cannot_do():
+  q, k, v = rand_qkv(T=8)
+  assert pallas_tpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
+  reasons = pallas_tpu.unsupported(*dense.prepare(
+      q, k, v, bias=jnp.zeros((1, 1, 8, 8)), mask=jnp.ones((1, 1, 8, 8), bool),
+      similarity="neg_sq_euclidean"))
+  assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
+  slopes = jnp.asarray(mods.alibi_slopes(q.shape[2]))
+  reasons = pallas_tpu.unsupported(*dense.prepare(q, k, v, score_mod=mods.alibi,
+                                                  score_mod_args=(slopes,)))
+  assert reasons == ["score_mod_args (pallas_tpu evaluates argument-free score_mod only)"]
+  inputs, opts = dense.prepare(q, k, v)
+  assert any("dtypes" in r for r in pallas_tpu.unsupported(
+      dataclasses.replace(inputs, v=v.astype(jnp.bfloat16)), opts))
+  assert any("dtypes" in r for r in pallas_tpu.unsupported(*dense.prepare(
+      q.astype(jnp.float16), k.astype(jnp.float16), v.astype(jnp.float16))))
+  with pytest.raises(ValueError, match="pallas_tpu' does not support bias"):
+    attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 8, 8)),
+                                  implementation="pallas_tpu")
+  with pytest.raises(ValueError, match="multiple of 128"):
+    pallas_tpu.BlockSizes(block_q=96)
+  with pytest.raises(ValueError, match="runs on a TPU only"):
+    attnjax.dot_product_attention(q, k, v, implementation="pallas_tpu")
+
+
+def test_tpu_dispatch_takes_splash_then_pallas_tpu_then_blockwise():
+  def choice(T_, **kw):
+    q, k, v = rand_qkv(T=T_, N=4, K=2)
+    return dense.dispatch_table(*dense.prepare(q, k, v, **kw))["tpu"]
+
+  assert choice(256, is_causal=True) == "splash"
+  assert choice(200, is_causal=True) == "pallas_tpu"  # splash needs multiples of 128
+  assert choice(256, normalizer="sigmoid", return_stats=True) == "pallas_tpu"
+  assert choice(256, normalizer="softpick", mask_mod=mods.sliding_window_mask(64)) == "pallas_tpu"
+  assert choice(256, normalizer="relu", bias=jnp.zeros((1, 1, 256, 256))) == "blockwise"
+
+
+def test_pallas_tpu_rows_without_keys_and_the_entry_point():
+  # Rows 105.. of a causal window (5, 0) over 100 keys see no key: zero rows, zero gradients.
+  q, k, v = rand_qkv(B=1, T=170, S=100, N=2, K=1, H=8, source="numpy")
+  kw = dict(is_causal=True, window=(5, 0), normalizer="sigmoid")
+
+  def loss(fn, q, k, v):
+    out = fn(q, k, v)
+    return jnp.sum(out * jnp.cos(out)), out
+
+  tpu = lambda q, k, v: pallas_tpu.attention(q, k, v, interpret=True, block_sizes=BLOCKS, **kw)
+  ref = lambda q, k, v: attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
+  grad = lambda fn: jax.value_and_grad(lambda *a: loss(fn, *a), (0, 1, 2), has_aux=True)(q, k, v)
+  (_, got), g_got = grad(tpu)
+  (_, want), g_want = grad(ref)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+  for name, a, b in zip("qkv", g_got, g_want):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5, err_msg=f"d{name}")
+  assert not np.any(np.asarray(got[:, 105:]))
