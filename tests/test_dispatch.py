@@ -5,7 +5,7 @@ receives when a call with ``implementation=None`` is traced. For every option
 combination below the choice of every platform must support every option of
 the call (no option is dropped), and the choices follow the documented order:
 cuda: cudnn (only where this host has the cuDNN library), else pallas_gpu, else
-by length; tpu: splash, else by length; cpu: by length
+by length; tpu: splash, else pallas_tpu, else by length; cpu: by length
 (``blockwise`` from ``BLOCKWISE_MIN_LENGTH_CPU`` on, else ``reference``).
 """
 
@@ -67,7 +67,10 @@ def _expected(inputs, opts, T, dtype) -> dict[str, str]:
               and opts.similarity == "dot" and opts.score_mod is None and opts.mask_mod is None
               and dtype in (jnp.bfloat16, jnp.float16))
   cuda = "cudnn" if cudnn_ok else "pallas_gpu" if pallas_ok else by_length
-  return {"cpu": by_length, "cuda": cuda, "tpu": "splash" if splash_ok else by_length}
+  # pallas_tpu: what pallas_gpu takes (the modifiers here all have arguments), fp32 / bf16.
+  tpu_ok = pallas_ok and dtype in (jnp.float32, jnp.bfloat16)
+  tpu = "splash" if splash_ok else "pallas_tpu" if tpu_ok else by_length
+  return {"cpu": by_length, "cuda": cuda, "tpu": tpu}
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the expected cuda choice assumes a "
@@ -139,19 +142,21 @@ class _NewOptions(dense.DenseOptions):
 def test_an_option_a_kernel_does_not_know_is_never_dropped():
   inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
   new = _NewOptions(**dataclasses.asdict(opts), future_option=lambda z, *idx: z)
-  for check in (dense.pallas_gpu.unsupported, splash.unsupported, jax_nn.cudnn_unsupported):
+  for check in (dense.pallas_gpu.unsupported, dense.pallas_tpu.unsupported, splash.unsupported,
+                jax_nn.cudnn_unsupported):
     assert any("future_option" in r for r in check(inputs, new)), check
   # at the default, the new field is no reason
   assert dense.pallas_gpu.unsupported(inputs, _NewOptions(**dataclasses.asdict(opts))) == []
   table = dense.dispatch_table(inputs, new)
-  assert "pallas_gpu" not in table.values() and "splash" not in table.values(), table
+  assert not {"pallas_gpu", "pallas_tpu", "splash"} & set(table.values()), table
 
 
 def test_auto_dispatch_runs_the_cpu_branch_and_matches_the_reference():
-  # cpu -> reference, cuda -> pallas_gpu: one program holding both branches, run on the CPU.
+  # cpu -> reference, cuda -> pallas_gpu, tpu -> pallas_tpu: one program holding the three
+  # branches, run on the CPU.
   q, k, v = rand_qkv(B=1, T=40, N=4, K=2, H=16, source="numpy")
   kw = dict(normalizer="softpick", is_causal=True, return_stats=True)
-  assert len(set(dense.dispatch_table(*dense.prepare(q, k, v, **kw)).values())) == 2
+  assert len(set(dense.dispatch_table(*dense.prepare(q, k, v, **kw)).values())) == 3
 
   def loss(q, impl):
     out, st = attnjax.dot_product_attention(q, k, v, implementation=impl, **kw)

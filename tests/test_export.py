@@ -3,8 +3,8 @@
 ``jax.export(..., platforms=[...])`` lowers a program for a platform this host
 does not have; auto-dispatch (``implementation=None``) is decided at lowering
 time, so the exported module holds the platform's kernel: the Pallas Triton
-call (:data:`attnjax.kernels.pallas_gpu.TRITON_CALL_TARGET`) for ``cuda``, splash
-(``tpu_custom_call``) for ``tpu``. The model is tiny (one layer, T=128, head
+call (:data:`attnjax.kernels.pallas_gpu.TRITON_CALL_TARGET`) for ``cuda``, splash or the
+Pallas TPU kernel (``tpu_custom_call``) for ``tpu``. The model is tiny (one layer, T=128, head
 dim 128) but keeps the presets' attention options (bfloat16, auto dispatch,
 per-layer statistics in the step).
 """
@@ -25,7 +25,7 @@ from attnjax.kernels import pallas_gpu, splash
 from attnjax.train.variants import COMPARE, attention_kwargs
 from helpers import preset_train_step
 
-SPLASH_TARGET = "tpu_custom_call"
+MOSAIC_TARGET = "tpu_custom_call"  # splash and the Pallas TPU kernel
 # jax 0.12 deprecates the Pallas Triton backend: lowering a Triton kernel warns (a
 # DeprecationWarning raised in jax's lowering rule, jax/_src/pallas/triton/
 # pallas_call_registration.py). jax has no non-deprecated way to lower a Pallas kernel through
@@ -73,28 +73,30 @@ def test_gpu_preset_step_exports_for_cuda(variant):
   assert (pallas_gpu.TRITON_CALL_TARGET in targets) == dense_kernel(variant), (variant, targets)
   if dense_kernel(variant):  # forward, dq and dk/dv: the step's backward runs the kernels too
     assert text.count("@" + pallas_gpu.TRITON_CALL_TARGET) >= 3
-  assert SPLASH_TARGET not in targets
+  assert MOSAIC_TARGET not in targets
 
 
 @pytest.mark.parametrize("variant", COMPARE)
 def test_tpu_preset_step_exports_for_tpu(variant):
-  # Splash returns no statistics, so the step is exported without per-layer statistics
-  # (with them, the TPU branch is the block-wise kernel: exported below for "dense").
+  # Without per-layer statistics: splash for the softmax variants (sinks where this jax's splash
+  # takes them), our Pallas TPU kernel for the other dense-kernel variants (sigmoid, ...).
   targets = call_targets(export_step("tpu", variant, "tpu", stats=False))
-  want = softmax(variant) and (variant != "sink_logits" or splash._takes_sinks())
-  assert (SPLASH_TARGET in targets) == want, (variant, targets)
+  assert (MOSAIC_TARGET in targets) == dense_kernel(variant), (variant, targets)
   assert pallas_gpu.TRITON_CALL_TARGET not in targets
 
 
-def test_tpu_step_with_statistics_exports_through_the_blockwise_branch():
-  targets = call_targets(export_step("tpu", "dense", "tpu", stats=True))
-  assert SPLASH_TARGET not in targets
+def test_tpu_step_with_statistics_exports_through_the_pallas_tpu_kernel():
+  # Statistics rule splash out; the Pallas TPU kernel computes them in the same pass: the count
+  # pass, the forward, dq and dk/dv kernels, all Mosaic custom calls (no block-wise loop).
+  text = export_step("tpu", "dense", "tpu", stats=True)
+  assert text.count("@" + MOSAIC_TARGET) >= 4, call_targets(text)
+  assert "attnjax_tpu_fwd_softmax" in text and "attnjax_tpu_dkdv_softmax" in text
 
 
 @lowers_triton
 def test_platform_kernels_refuse_to_lower_for_the_cpu():
   q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
-  for name in ("pallas_gpu", "splash"):
+  for name in ("pallas_gpu", "splash", "pallas_tpu"):
     fn = jax.jit(lambda q, name=name: dense.run(*dense.prepare(q, q, q), name))
     with pytest.raises(ValueError, match=rf"implementation='{name}' runs on .* lowered for 'cpu'"):
       fn(q)

@@ -23,6 +23,7 @@ import attnjax
 from attnjax import dense, mods, normalizers
 from attnjax.kernels import pallas_tpu
 from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
+from attnjax.kernels.pallas_tpu import plan
 from attnjax.kernels.pallas_tpu.plan import FULL, MASKED, SKIP
 from helpers import rand_qkv
 
@@ -133,7 +134,7 @@ def test_block_tables_skip_blocks_and_drop_masks():
   t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
   assert t.kv_count.tolist() == list(range(1, 9)) and t.kv_index.shape == (8, 8)
   assert int(np.sum(t.kinds == MASKED)) == 8 and int(np.sum(t.kinds == FULL)) == 28
-  kind, fetch = tpu_kernel.visit_tables(tpu_kernel.run_time_kinds(t.kinds, None), t.kv_index,
+  kind, fetch = plan.visit_tables(plan.run_time_kinds(t.kinds, None), t.kv_index,
                                         t.kv_count, transpose=False)
   kind, fetch = np.asarray(kind), np.asarray(fetch)
   assert kind[0].tolist() == [MASKED] + [SKIP] * 7 and fetch[0].tolist() == [0] * 8
@@ -159,9 +160,9 @@ def test_segments_skip_blocks_at_run_time():
   inputs, opts = dense.prepare(q, k, v, segment_ids=ids)
   c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
   t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
-  kinds = np.asarray(tpu_kernel.run_time_table(c, t, ids, ids, 128, 128))
+  kinds = np.asarray(plan.run_time_table(c, t, ids, ids, 128, 128))
   assert int(np.sum(kinds != SKIP)) == 16 and int(np.sum(kinds == FULL)) == 16
-  kind, fetch = tpu_kernel.visit_tables(jnp.asarray(kinds), t.kv_index, t.kv_count,
+  kind, fetch = plan.visit_tables(jnp.asarray(kinds), t.kv_index, t.kv_count,
                                         transpose=False)
   kind, fetch = np.asarray(kind), np.asarray(fetch)
   assert kind[2].tolist() == [SKIP, SKIP, FULL, FULL] + [SKIP] * 4

@@ -22,8 +22,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, dot, logits,
-                                             score_mod, tile_allowed, visit_tables)
+from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, dot,
+                                             heads_first, logits, run_time_table, score_mod,
+                                             tile_allowed, visit_tables)
 
 Array = jnp.ndarray
 
@@ -103,7 +104,7 @@ def _dkdv_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs)
   dk_acc, dv_acc = next(it), next(it)
 
   b, h, j, t = (pl.program_id(a) for a in range(4))
-  g, s = t // width, t % width
+  g, s = jax.lax.div(t, width), jax.lax.rem(t, width)  # non-negative: no sign logic
   n = h * c.G + g
   kind, i = kind_ref[j, s], fetch_ref[j, s]
   bq, bk = c.bq_bwd, c.bk_bwd
@@ -146,7 +147,6 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
   ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the logsumexp statistic's
   cotangent ``[B, N, T]`` or None.
   """
-  from attnjax.kernels.pallas_tpu.kernel import heads_first, run_time_table  # noqa: PLC0415
   nz = c.nz
   G, K = c.G, c.K
   qh, kh, vh, q_seg_p, kv_seg_p = heads_first(c, q, k, v, q_seg, kv_seg)
@@ -176,7 +176,7 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
   kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
   nq, width = kind.shape
   at_q = lambda b, n, i, s, kr, fr: (b, n, i, 0)
-  at_k = lambda b, n, i, s, kr, fr: (b, n // G, fr[i, s], 0)
+  at_k = lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)
   in_specs = [pl.BlockSpec((None, None, bq, c.H), at_q),
               pl.BlockSpec((None, None, bk, c.H), at_k),
               pl.BlockSpec((None, None, bk, c.Hv), at_k),
@@ -199,7 +199,8 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
   # dk, dv: grid (b, kv head, key block, G x visit); step t reads query head h * G + t // W.
   kind_t, fetch_t = visit_tables(kinds, tables.q_index, tables.q_count, transpose=True)
   nk, width_t = kind_t.shape
-  at_qt = lambda b, h, j, t, kr, fr: (b, h * G + t // width_t, fr[j, t % width_t], 0)
+  at_qt = lambda b, h, j, t, kr, fr: (b, h * G + jax.lax.div(t, width_t),
+                                               fr[j, jax.lax.rem(t, width_t)], 0)
   at_kt = lambda b, h, j, t, kr, fr: (b, h, j, 0)
   in_specs = [pl.BlockSpec((None, None, bq, c.H), at_qt),
               pl.BlockSpec((None, None, bk, c.H), at_kt),
@@ -208,7 +209,7 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
   in_specs += [pl.BlockSpec((None, None, bq, 1), at_qt)] * len(rows_in)
   if c.has_segments:
     in_specs += [pl.BlockSpec((None, bq, LANES),
-                              lambda b, h, j, t, kr, fr: (b, fr[j, t % width_t], 0)),
+                              lambda b, h, j, t, kr, fr: (b, fr[j, jax.lax.rem(t, width_t)], 0)),
                  pl.BlockSpec((None, 8, bk), lambda b, h, j, t, kr, fr: (b, 0, j))]
   grid_spec = pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=2, grid=(c.B, K, nk, G * width_t), in_specs=in_specs,

@@ -46,17 +46,17 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax import _platform, options
+from attnjax import _platform, layout, options
 from attnjax.attention_stats import AttentionStats
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.pallas_gpu.kernel import collect_stats
 from attnjax.kernels.pallas_tpu import backward
-from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, logits, dot,
-                                             round_up, run_time_kinds, score_mod, static_tables,
+from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, dot,
+                                             heads_first, logits, round_up, run_time_table,
+                                             score_mod, static_tables,
                                              tile_allowed, visit_tables)
 
 Array = jnp.ndarray
@@ -201,22 +201,10 @@ def tables_of(c: TpuPlan, inputs, opts, bq: int, bk: int) -> Tables:
                                           opts.block_layout.block_k) == (bq, bk):
       extra = opts.block_layout
     else:
-      from attnjax.layout import from_mask_mod  # noqa: PLC0415
       used_b, used_n = blockwise.index_use(opts.mask_mod, ())
-      extra = from_mask_mod(opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
+      extra = layout.from_mask_mod(opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
                             heads=c.N if used_n else None)
   return static_tables(c, bq, bk, extra)
-
-
-def run_time_table(c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int) -> Array:
-  """int32 ``[nq, nk]`` kinds of a call: the static ones tightened by its segment ids."""
-  if not c.has_segments:
-    return run_time_kinds(t.kinds, None)
-  from attnjax.layout import BlockLayout, segment_block_relations  # noqa: PLC0415
-  nq, nk = t.kinds.shape
-  geometry = BlockLayout.from_visits(c.T, c.S, bq, bk, [[] for _ in range(nq)])
-  rel = segment_block_relations(q_seg, kv_seg, geometry)
-  return run_time_kinds(t.kinds, rel)
 
 
 def compiler_params(dims: int, interpret: bool):
@@ -224,21 +212,6 @@ def compiler_params(dims: int, interpret: bool):
     return None
   return pltpu.CompilerParams(
       dimension_semantics=("parallel",) * (dims - 1) + ("arbitrary",))
-
-
-def heads_first(c: TpuPlan, q, k, v, q_seg, kv_seg):
-  """Pads T / S to whole blocks and transposes to ``[B, N|K, T|S, H]``; segment ids as
-  ``[B, Tp, 128]`` (a column per query: sublanes) and ``[B, 8, Sp]`` (a row per key: lanes)."""
-  def pad(x, L):
-    x = jnp.transpose(x, (0, 2, 1, 3))
-    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
-  qh, kh, vh = pad(q, c.Tp), pad(k, c.Sp), pad(v, c.Sp)
-  if q_seg is not None:
-    qs = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
-    ks = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
-    q_seg = jnp.broadcast_to(qs[:, :, None], (c.B, c.Tp, LANES))
-    kv_seg = jnp.broadcast_to(ks[:, None, :], (c.B, 8, c.Sp))
-  return qh, kh, vh, q_seg, kv_seg
 
 
 # ---------------------------------------------------------------------------
@@ -392,9 +365,9 @@ def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg):
 
   in_specs = [
       pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
-      pl.BlockSpec((None, None, c.bk, c.H), lambda b, n, i, s, kr, fr: (b, n // G, fr[i, s], 0)),
+      pl.BlockSpec((None, None, c.bk, c.H), lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)),
       pl.BlockSpec((None, None, c.bk, c.Hv),
-                   lambda b, n, i, s, kr, fr: (b, n // G, fr[i, s], 0))]
+                   lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0))]
   args = [qh, kh, vh]
   row_spec = pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0))
   if c.has_sink:

@@ -152,6 +152,31 @@ def visit_tables(kinds: Array, index: np.ndarray, count: np.ndarray,
   return kind, fetch
 
 
+def run_time_table(c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int) -> Array:
+  """int32 ``[nq, nk]`` kinds of a call: the static ones tightened by its segment ids."""
+  if not c.has_segments:
+    return run_time_kinds(t.kinds, None)
+  nq, nk = t.kinds.shape
+  geometry = layout_lib.BlockLayout.from_visits(c.T, c.S, bq, bk, [[] for _ in range(nq)])
+  rel = layout_lib.segment_block_relations(q_seg, kv_seg, geometry)
+  return run_time_kinds(t.kinds, rel)
+
+
+def heads_first(c: TpuPlan, q, k, v, q_seg, kv_seg):
+  """Pads T / S to whole blocks and transposes to ``[B, N|K, T|S, H]``; segment ids as
+  ``[B, Tp, 128]`` (a column per query: sublanes) and ``[B, 8, Sp]`` (a row per key: lanes)."""
+  def pad(x, L):
+    x = jnp.transpose(x, (0, 2, 1, 3))
+    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
+  qh, kh, vh = pad(q, c.Tp), pad(k, c.Sp), pad(v, c.Sp)
+  if q_seg is not None:
+    qs = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
+    ks = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
+    q_seg = jnp.broadcast_to(qs[:, :, None], (c.B, c.Tp, LANES))
+    kv_seg = jnp.broadcast_to(ks[:, None, :], (c.B, 8, c.Sp))
+  return qh, kh, vh, q_seg, kv_seg
+
+
 def logits(c: TpuPlan, q: Array, k: Array) -> tuple[Array, Array]:
   """``(z, s)`` float32 ``[tq, tk]``: the (soft-capped) logits and the scaled dots before the cap."""
   s = dot(q, k, trans_b=True) * c.opts.scale
