@@ -24,7 +24,7 @@ from jax.extend import core as jax_core
 import attnjax
 from attnjax import (block_select, compressed, delta_rule, dense, gated_linear, linear, options,
                      patterns, sparse)
-from attnjax.kernels import blockwise, pallas_gpu, splash
+from attnjax.kernels import blockwise, pallas_gpu, pallas_tpu, splash
 from attnjax.kernels.blockwise import kernel as blockwise_kernel
 from attnjax.kernels.pallas_gpu import backward as pallas_backward
 from attnjax.kernels.pallas_gpu import kernel as pallas_kernel
@@ -138,6 +138,11 @@ def _cases() -> tuple[Case, ...]:
            lambda q, k, v: pallas_gpu.attention(q, k, v, is_causal=True, normalizer="sigmoid",
                                                 block_sizes=sizes, interpret=True),
            _dense_reference(is_causal=True, normalizer="sigmoid"), qkv),
+      Case("kernels.pallas_tpu.attention[softmax, stats]",
+           lambda q, k, v, s: pallas_tpu.attention(
+               q, k, v, sink_logits=s, block_sizes=pallas_tpu.BlockSizes(128, 128, 128, 128),
+               interpret=True, **stats),
+           stats_reference, qkv + (a["sink"],)),
       # Splash (jax's TPU kernel, reverse mode only) with the block-wise engine's tangent;
       # interpret mode takes blocks of 128.
       Case("kernels.splash.attention[softmax, sinks, segments]",
@@ -203,7 +208,7 @@ def test_forward_mode_lowers_for_gpus_and_tpus(normalizer):
       jax.jvp(f, p, t), jax.jvp(grad, p, t),
       jax.grad(lambda *x: jax.jvp(loss, x, t)[1], argnums=(0, 1, 2))(*p)))
   targets = {"cudnn": "__cudnn$fmha", "pallas_gpu": pallas_gpu.TRITON_CALL_TARGET,
-             "splash": "tpu_custom_call"}
+             "splash": "tpu_custom_call", "pallas_tpu": pallas_tpu.MOSAIC_CALL_TARGET}
   chosen = dense.dispatch_table(*dense.prepare(q, q, q, **kw))
   for platform in ("cuda", "tpu"):
     text = program.trace((q, q, q), (q, q, q)).lower(lowering_platforms=(platform,)).as_text()

@@ -436,6 +436,8 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     stats = collect_stats(c, srow) if c.with_stats else None
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
+    # Saved compact: a [.., Tp, 1] row array is laid out in whole 128-lane tiles on a TPU.
+    res = {key: val[..., 0] for key, val in res.items()}
     o = jnp.transpose(out[:, :, :c.T, :], (0, 2, 1, 3))
     return (o, stats), (q, k, v, sink, q_seg, kv_seg, out, res)
 
@@ -443,6 +445,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     q, k, v, sink, q_seg, kv_seg, out, res = saved
     d_out, d_stats = cts
     d_lse = None if d_stats is None else d_stats[3]
+    res = {key: val[..., None] for key, val in res.items()}
     return backward.backward(c, bwd_tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out,
                              d_lse)
 
