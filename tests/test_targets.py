@@ -16,6 +16,7 @@ installed; ``.ci/run`` installs it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import pathlib
@@ -28,7 +29,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from attnjax import dense, normalizers, _platform, targets
-from attnjax.kernels import pallas_gpu, splash
+from attnjax.kernels import pallas_gpu, pallas_tpu, splash
 from helpers import preset_train_step
 
 CUDA_MISSING = targets.missing("cuda")
@@ -108,11 +109,18 @@ def kernel_loss(impl: str, normalizer: str, structure: str, stats: bool):
   return loss
 
 
+def target_devices(target: str, count: int = 1) -> tuple:
+  """``count`` compile-only devices of a GPU (``"h200"``, ...) or a TPU (``"v5e"``, ``"v6e"``)."""
+  if target in targets.TPU_TARGETS:
+    return targets.tpu_devices(target, "2x2")[:count]
+  return targets.gpu_devices(target, count)
+
+
 def compile_kernel(target: str, impl: str, normalizer: str, structure: str, heads: str, dtype,
                    head_dim: int, *, T: int = 384, stats: bool = True, B: int = 2,
                    sink_logits: bool = True):
-  """Compiles ``value_and_grad`` (q, k, v, sink logits) of one call for GPU ``target``."""
-  mesh = targets.mesh(targets.gpu_devices(target, 1))
+  """Compiles ``value_and_grad`` (q, k, v, sink logits) of one call for ``target``."""
+  mesh = targets.mesh(target_devices(target))
   rep = NamedSharding(mesh, P())
   N, K = (4, 4) if heads == "MHA" else (4, 2)
   q = jax.ShapeDtypeStruct((B, T, N, head_dim), dtype, sharding=rep)
@@ -165,6 +173,70 @@ def test_pallas_gpu_compiles(case):
 @pytest.mark.parametrize("case", SLOW_KERNEL_CASES, ids=kernel_id)
 def test_pallas_gpu_compiles_cross_product(case):
   assert_pallas_gpu(compile_kernel(case[0], "pallas_gpu", *case[1:]))
+
+
+# ---------------------------------------------------------------------------
+# The Pallas TPU kernel: every normaliser forward + backward on v5e and v6e.
+
+# The default subset: every structure, head dim, dtype and both chips once (the presets' steps
+# below compile every normaliser's kernel on v5e by default); T=1200 is ragged against every
+# block size of the table (the fwd, count, dq and dk/dv kernels at the table's real tiles,
+# several blocks per row).
+TPU_KERNEL_CASES = [
+    ("v5e", "softmax", "causal", "GQA", jnp.bfloat16, 128),
+    ("v6e", "sigmoid", "segments", "GQA", jnp.bfloat16, 128),
+    ("v5e", "softpick", "window", "MHA", jnp.float32, 64),
+    ("v6e", "relu", "bidirectional", "GQA", jnp.bfloat16, 256),
+]
+SLOW_TPU_KERNEL_CASES = [
+    c for c in itertools.product(("v5e", "v6e"), NORMS, STRUCTURES, ("MHA", "GQA"),
+                                 (jnp.bfloat16, jnp.float32), (64, 128, 256))
+    if c not in TPU_KERNEL_CASES]
+
+
+def assert_pallas_tpu(compiled, normalizer: str):
+  text = compiled.as_text()
+  # forward, dq and dk/dv kernels (and the count pass: statistics are asked for) compiled
+  for kernel in ("counts", f"fwd_{normalizer}", f"dq_{normalizer}", f"dkdv_{normalizer}"):
+    assert f"attnjax_tpu_{kernel}" in text, (kernel, call_targets(compiled))
+  assert TRITON not in call_targets(compiled)
+
+
+@needs_tpu
+@pytest.mark.parametrize("case", TPU_KERNEL_CASES, ids=kernel_id)
+def test_pallas_tpu_compiles(case):
+  assert_pallas_tpu(compile_kernel(case[0], "pallas_tpu", *case[1:], T=1200), case[1])
+
+
+@needs_tpu
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_TPU_KERNEL_CASES, ids=kernel_id)
+def test_pallas_tpu_compiles_cross_product(case):
+  assert_pallas_tpu(compile_kernel(case[0], "pallas_tpu", *case[1:], T=1200), case[1])
+
+
+@needs_tpu
+def test_pallas_tpu_block_sizes_by_generation_and_an_oversized_one_fails():
+  # The v6e rows take longer key tiles (its MXU is 256 wide); the ambient mesh picks the row.
+  seen = {}
+  for gen in ("v5e", "v6e"):
+    with jax.set_mesh(targets.mesh(target_devices(gen))):
+      seen[gen] = pallas_tpu.block_sizes_for(128, pallas_tpu.generation())
+  assert seen == {"v5e": pallas_tpu.block_sizes_for(128, "v5e"),
+                  "v6e": pallas_tpu.block_sizes_for(128, "v6e")}
+  assert seen["v6e"].block_k > seen["v5e"].block_k
+  # What the compile checks: 2048 x 2048 float32 tiles at head dim 256 overflow v5e's VMEM.
+  mesh = targets.mesh(target_devices("v5e"))
+  q = jax.ShapeDtypeStruct((1, 4096, 2, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
+
+  def fn(q):
+    return pallas_tpu.compute(*dense.prepare(q, q, q, is_causal=True),
+                              block_sizes=pallas_tpu.BlockSizes(2048, 2048, 2048, 2048))
+
+  with jax.set_mesh(mesh):
+    lowered = jax.jit(fn).lower(q)
+    with pytest.raises(Exception, match="[Vv]mem"):
+      lowered.compile()
 
 
 @needs_cuda
@@ -281,13 +353,6 @@ def uses_dense_kernel(variant: str) -> bool:
   return attention_kwargs(variant).get("family", "dense") in ("dense", "qk_norm", "cosine")
 
 
-def softmax_kernel(variant: str) -> bool:
-  from attnjax.train.variants import attention_kwargs
-  kw = attention_kwargs(variant)
-  return (uses_dense_kernel(variant) and kw.get("normalizer", "softmax") == "softmax"
-          and not kw.get("alibi"))  # ALiBi adds a bias: splash takes none
-
-
 def compile_train_step(preset: str, variant: str, devices) -> object:
   """The preset's real ``train_step`` (optimizer included) compiled data parallel on
   ``devices`` (batch sharded over all of them; parameters replicated, as the loop runs)."""
@@ -312,10 +377,26 @@ def check_gpu_step(variant: str, compiled) -> None:
   assert MOSAIC not in found
 
 
+def splash_step(variant: str) -> bool:
+  """The variant's TPU step runs splash: softmax, no bias (ALiBi adds one), sinks where this
+  jax's splash takes them (the tpu preset's step asks for no statistics)."""
+  from attnjax.train.variants import attention_kwargs
+  kw = attention_kwargs(variant)
+  return (uses_dense_kernel(variant) and kw.get("normalizer", "softmax") == "softmax"
+          and not kw.get("alibi") and (variant != "sink_logits" or splash._takes_sinks()))
+
+
 def check_tpu_step(variant: str, compiled) -> None:
+  from attnjax.train.variants import attention_kwargs
   found = call_targets(compiled)
-  if softmax_kernel(variant) and (variant != "sink_logits" or splash._takes_sinks()):
+  # Every dense-kernel variant runs a Mosaic kernel, forward and backward: splash where it
+  # covers the call, the Pallas TPU kernel for the rest; ALiBi's bias array takes neither.
+  ours = "attnjax_tpu_dkdv_" in compiled.as_text()
+  if uses_dense_kernel(variant) and not attention_kwargs(variant).get("alibi"):
     assert MOSAIC in found, (variant, found)
+    assert ours != splash_step(variant), (variant, ours)
+  else:
+    assert not ours, variant
   assert TRITON not in found
 
 
@@ -364,20 +445,30 @@ def test_tpu_preset_train_step_compiles(mesh, variant):
 
 @needs_tpu
 @pytest.mark.parametrize("normalizer", [
-    pytest.param(n, marks=[] if n == "softmax" else [pytest.mark.slow]) for n in NORMS])
+    pytest.param(n, marks=[] if n in ("softmax", "sigmoid") else [pytest.mark.slow])
+    for n in NORMS])
 def test_tpu_kernels_compile_data_parallel(normalizer):
-  # fwd + bwd of every normaliser on a 4-chip slice, batch sharded: splash inside shard_map
-  # for softmax; the others on the block-wise loop (the TPU kernel for them is future work).
+  # fwd + bwd of every normaliser on a 4-chip slice, batch sharded: splash inside shard_map for
+  # softmax, the Pallas TPU kernel for the others (with statistics: for every normaliser).
   mesh = targets.mesh(targets.tpu_devices("v5e", "2x2"))
   batch = NamedSharding(mesh, P("data"))
   q = jax.ShapeDtypeStruct((8, 256, 4, 128), jnp.bfloat16, sharding=batch)
 
-  def loss(q, k, v):
-    return jnp.sum(dense.dot_product_attention(q, k, v, is_causal=True, normalizer=normalizer)
-                   .astype(jnp.float32))
+  def loss(q, k, v, stats):
+    out = dense.dot_product_attention(q, k, v, is_causal=True, normalizer=normalizer,
+                                      return_stats=stats)
+    if stats:
+      out, st = out
+      return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
+    return jnp.sum(out.astype(jnp.float32))
 
-  compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), q, q, q)
-  assert (MOSAIC in call_targets(compiled)) == (normalizer == "softmax")
+  for stats in (False, True):
+    compiled = compile_on(mesh, jax.grad(functools.partial(loss, stats=stats), (0, 1, 2)),
+                          q, q, q)
+    assert MOSAIC in call_targets(compiled)
+    ours = f"attnjax_tpu_dkdv_{normalizer}" in compiled.as_text()
+    assert ours == (stats or normalizer != "softmax"), (normalizer, stats)
+    assert "all-gather" not in compiled.as_text()
 
 
 @needs_cuda
