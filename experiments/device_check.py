@@ -29,13 +29,23 @@ Sections of the markdown report (the exit status is 1 if a correctness check fai
    variants, random tokens) and the model-FLOPs utilisation against
    ``--peak-tflops`` (H100/H200 dense bf16: 989).
 
-On a host without a GPU it prints that it needs one and exits with status 2
-at once (``--help`` works anywhere).
+With ``--platform tpu`` (a TPU host, e.g. a v5e or v6e VM) the same sections
+check the TPU paths: dispatch picks splash for plain softmax and
+``"pallas_tpu"`` for every other call it covers; ``pallas_tpu`` against the
+reference (every normaliser x causal / window / segments, bf16 and fp32); the
+speed table for ``pallas_tpu`` (each normaliser), splash softmax, ``jax.nn``
+XLA and the block-wise kernel; the targets (``pallas_tpu`` softmax within
+1.25x of splash, every other normaliser within 1.25x of our softmax); and the
+``tpu`` preset's training steps (``--peak-tflops``: v5e 197, v6e 918).
+
+On a host without the platform's device it prints that it needs one and exits
+with status 2 at once (``--help`` works anywhere).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -50,8 +60,11 @@ def parse(argv=None) -> argparse.Namespace:
                  help="seconds for the speed table (section 4) before it stops")
   p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
   p.add_argument("--steps", type=int, default=50, help="training steps per variant (section 6)")
-  p.add_argument("--peak-tflops", type=float, default=989.0,
-                 help="the GPU's dense bf16 peak for the MFU (H100/H200 SXM: 989)")
+  p.add_argument("--peak-tflops", type=float, default=None,
+                 help="the device's dense bf16 peak for the MFU (default: H100/H200 SXM 989 "
+                      "on a GPU; 197 (v5e) on a TPU, 918 for a v6e)")
+  p.add_argument("--platform", choices=("gpu", "tpu"), default="gpu",
+                 help="which device's paths to check (default gpu)")
   return p.parse_args(argv)
 
 
@@ -123,7 +136,21 @@ def check_dispatch(r: Report) -> None:
   r.expect(pick(q32, k32, v32, is_causal=True) == "pallas_gpu", "fp32 causal -> pallas_gpu")
 
 
-def check_pallas(r: Report) -> None:
+def check_dispatch_tpu(r: Report) -> None:
+  import jax.numpy as jnp
+  from attnjax import dense
+  r.add("## 1. Dispatch (tpu branch of implementation=None)")
+  q, k, v = qkv(1, 256, 4, 2, 64, jnp.bfloat16)
+  pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), "tpu")
+  r.expect(pick(q, k, v, is_causal=True) == "splash", "bf16 causal softmax -> splash")
+  r.expect(pick(q, k, v, normalizer="sigmoid") == "pallas_tpu", "bf16 sigmoid -> pallas_tpu")
+  r.expect(pick(q, k, v, return_stats=True) == "pallas_tpu", "bf16 with statistics -> pallas_tpu")
+  q, k, v = qkv(1, 200, 4, 2, 64, jnp.bfloat16)
+  r.expect(pick(q, k, v, is_causal=True) == "pallas_tpu", "T=200 (not a multiple of 128) -> "
+           "pallas_tpu")
+
+
+def check_pallas(r: Report, impl: str = "pallas_gpu") -> None:
   import itertools
 
   import jax
@@ -131,7 +158,7 @@ def check_pallas(r: Report) -> None:
   from attnjax import dense, normalizers
   r.add("")
   B, T, N, K, H = CHECK_SHAPE
-  r.add(f"## 2. pallas_gpu vs reference (B={B}, T={T}, S={T}, N={N}, K={K}, H={H})")
+  r.add(f"## 2. {impl} vs reference (B={B}, T={T}, S={T}, N={N}, K={K}, H={H})")
   seg = jnp.asarray([[0] * 100 + [1] * 200, [0] * 250 + [1] * 50])
   structures = {"causal": dict(is_causal=True), "window": dict(window=(64, 16)),
                 "segments": dict(is_causal=True, segment_ids=seg)}
@@ -147,11 +174,11 @@ def check_pallas(r: Report) -> None:
       out, st = dense.run(*dense.prepare(q, k, v, **kw), impl)
       return jnp.sum(out.astype(jnp.float32) ** 2) + jnp.sum(st.logsumexp), out
 
-    got = jax.jit(jax.value_and_grad(lambda *a: loss(*a, "pallas_gpu"), (0, 1, 2),
+    got = jax.jit(jax.value_and_grad(lambda *a: loss(*a, impl), (0, 1, 2),
                                      has_aux=True))(q, k, v)
     want = jax.jit(jax.value_and_grad(lambda *a: loss(*a, "reference"), (0, 1, 2),
                                       has_aux=True))(q, k, v)
-    tol = 2e-3 if dtype == jnp.float32 else 3e-2  # fp32 dots may run as TF32 on tensor cores
+    tol = 2e-3 if dtype == jnp.float32 else 3e-2  # fp32 dots may run as TF32 / bf16 passes
     errs = [_rel_err(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
     r.expect(max(errs) < tol, f"{name} {structure} {jnp.dtype(dtype).name}: max rel err "
              f"{max(errs):.1e} (out, dq, dk, dv)")
@@ -200,9 +227,10 @@ def speed_table(r: Report, args) -> dict:
   r.add("")
   r.add("| path | H | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s |")
   r.add("|---|---:|---:|---:|---:|---:|---:|")
-  paths = {f"pallas_gpu {n}": dict(implementation="pallas_gpu", normalizer=n)
+  ours = KERNEL[args.platform]
+  paths = {f"{ours} {n}": dict(implementation=ours, normalizer=n)
            for n in normalizers.NORMALIZERS}
-  paths.update({"cudnn softmax": dict(implementation="cudnn"),
+  paths.update({f"{BUILTIN[args.platform]} softmax": dict(implementation=BUILTIN[args.platform]),
                 "jax.nn xla": dict(implementation="xla"),
                 "blockwise softmax": dict(implementation="blockwise")})
   times = {}
@@ -213,7 +241,7 @@ def speed_table(r: Report, args) -> dict:
     flops = 4.0 * B * N * T * T * H / 2  # causal forward
     chosen = dict(paths)
     if T == 8192:
-      chosen = {"pallas_gpu softmax": paths["pallas_gpu softmax"],
+      chosen = {f"{ours} softmax": paths[f"{ours} softmax"],
                 "reference softmax": dict(implementation="reference")}
     for name, kw in chosen.items():
       if T >= 16384 and name in ("jax.nn xla", "blockwise softmax"):
@@ -238,9 +266,26 @@ def speed_table(r: Report, args) -> dict:
   return times
 
 
-def targets(r: Report, times: dict) -> None:
+# Our kernel and the platform's built-in softmax kernel, per --platform.
+KERNEL = {"gpu": "pallas_gpu", "tpu": "pallas_tpu"}
+BUILTIN = {"gpu": "cudnn", "tpu": "splash"}
+
+
+def targets(r: Report, times: dict, platform: str = "gpu") -> None:
   from attnjax import normalizers
   r.add("")
+  if platform == "tpu":
+    r.add("## 5. Targets (issue 29)")
+    for col, mode in ((0, "fwd"), (1, "fwd+bwd")):
+      a, b = ("pallas_tpu softmax", 128, 4096), ("splash softmax", 128, 4096)
+      _say(r, times[a][col] / times[b][col] if a in times and b in times else None, 1.25,
+           f"pallas_tpu softmax / splash time, T=4096 H=128 {mode}")
+      for n in normalizers.NORMALIZERS:
+        if n != "softmax":
+          a, b = (f"pallas_tpu {n}", 128, 4096), ("pallas_tpu softmax", 128, 4096)
+          _say(r, times[a][col] / times[b][col] if a in times and b in times else None, 1.25,
+               f"pallas_tpu {n} / pallas_tpu softmax time, T=4096 H=128 {mode}")
+    return
   r.add("## 5. Targets (issue 17)")
 
   def ratio(a, b, col):
@@ -248,13 +293,7 @@ def targets(r: Report, times: dict) -> None:
       return times[a][col] / times[b][col]
     return None
 
-  def say(value, limit, what, lower_is_better=True):
-    if value is None:
-      r.add(f"- [not measured] {what}")
-      return
-    met = value <= limit if lower_is_better else value >= limit
-    r.add(f"- [{'met' if met else 'MISSED'}] {what}: {value:.2f}x (target "
-          f"{'<=' if lower_is_better else '>='} {limit}x)")
+  say = functools.partial(_say, r)
 
   for col, mode in ((0, "fwd"), (1, "fwd+bwd")):
     say(ratio(("pallas_gpu softmax", 128, 4096), ("cudnn softmax", 128, 4096), col), 1.5,
@@ -267,6 +306,15 @@ def targets(r: Report, times: dict) -> None:
         f"reference / pallas_gpu softmax time, T=8192 H=128 {mode}", lower_is_better=False)
 
 
+def _say(r: Report, value, limit, what, lower_is_better=True):
+  if value is None:
+    r.add(f"- [not measured] {what}")
+    return
+  met = value <= limit if lower_is_better else value >= limit
+  r.add(f"- [{'met' if met else 'MISSED'}] {what}: {value:.2f}x (target "
+        f"{'<=' if lower_is_better else '>='} {limit}x)")
+
+
 def training_mfu(r: Report, args) -> None:
   import jax
   import jax.numpy as jnp
@@ -276,12 +324,12 @@ def training_mfu(r: Report, args) -> None:
   from attnjax.train.model import build_model, count_params, flops_per_token
   from attnjax.train.step import make_train_step
   r.add("")
-  r.add(f"## 6. gpu preset: {args.steps} training steps, random tokens")
+  r.add(f"## 6. {args.platform} preset: {args.steps} training steps, random tokens")
   r.add("")
   r.add("| variant | params | step ms | tokens/s | MFU |")
   r.add("|---|---:|---:|---:|---:|")
   for variant in ("dense", "sigmoid"):
-    cfg = apply_preset(base_config(), "gpu")
+    cfg = apply_preset(base_config(), args.platform)
     cfg.variant = variant
     model = build_model(cfg, 256, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -308,20 +356,26 @@ def training_mfu(r: Report, args) -> None:
 def main(argv=None) -> int:
   args = parse(argv)
   import jax
-  if jax.default_backend() != "gpu":
-    print(f"device_check.py needs a GPU (this host's backend is {jax.default_backend()!r}); "
-          "nothing was run.")
+  if jax.default_backend() != args.platform:
+    print(f"device_check.py --platform {args.platform} needs a {args.platform.upper()} (this "
+          f"host's backend is {jax.default_backend()!r}); nothing was run.")
     return 2
+  if args.peak_tflops is None:
+    args.peak_tflops = 989.0 if args.platform == "gpu" else 197.0
   r = Report()
   r.add("# attnjax device check")
   r.add("")
   r.add(f"devices: {jax.devices()}; jax {jax.__version__}")
   r.add("")
-  check_dispatch(r)
-  check_pallas(r)
-  check_cudnn_and_blockwise(r)
+  if args.platform == "gpu":
+    check_dispatch(r)
+    check_pallas(r, "pallas_gpu")
+    check_cudnn_and_blockwise(r)
+  else:
+    check_dispatch_tpu(r)
+    check_pallas(r, "pallas_tpu")
   times = speed_table(r, args)
-  targets(r, times)
+  targets(r, times, args.platform)
   training_mfu(r, args)
   r.add("")
   r.add("FAILED: " + "; ".join(r.failed) if r.failed else "all correctness checks passed")

@@ -120,4 +120,8 @@ def test_device_check_help_works_and_it_stops_at_once_without_a_gpu():
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, (proc.stdout, proc.stderr)
   assert "needs a GPU" in proc.stdout
+  if jax.default_backend() != "tpu":
+    proc = subprocess.run([sys.executable, script, "--platform", "tpu"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "needs a TPU" in proc.stdout, (proc.stdout, proc.stderr)
   assert not (root / "experiments" / "gpu_check.py").exists()  # folded into device_check.py

@@ -339,6 +339,29 @@ def test_device_check_correctness_shape_compiles():
                                    jnp.bfloat16, H, T=T, B=B))
 
 
+@needs_tpu
+@pytest.mark.parametrize("H,T", [
+    pytest.param(H, T, marks=[] if (H, T) == (128, 16384) else [pytest.mark.slow],
+                 id=f"H{H}-T{T}") for H, T in (
+                     (64, 1024), (64, 4096), (64, 16384), (128, 1024), (128, 4096),
+                     (128, 8192), (128, 16384))])
+def test_device_check_tpu_shapes_compile(H, T):
+  # device_check.py --platform tpu: pallas_tpu (every normaliser in -m slow: sigmoid here) and
+  # splash at the speed table's shapes on one v5e chip, forward + backward.
+  mesh = targets.mesh(target_devices("v5e"))
+  B, T, N, H = device_check().speed_shape(H, T)
+  x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+  for impl, normalizer in (("pallas_tpu", "sigmoid"), ("splash", "softmax")):
+    def loss(q, k, v):
+      return jnp.sum(dense.dot_product_attention(
+          q, k, v, is_causal=True, normalizer=normalizer,
+          implementation=impl).astype(jnp.float32))
+
+    compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), x, x, x)
+    assert MOSAIC in call_targets(compiled)
+    assert ("attnjax_tpu_dkdv_sigmoid" in compiled.as_text()) == (impl == "pallas_tpu")
+
+
 # ---------------------------------------------------------------------------
 # The presets' training steps.
 
