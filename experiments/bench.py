@@ -170,6 +170,48 @@ def dense_suite(args) -> Iterable[Case]:
                  (q, k, v), flops)
 
 
+@suite("pallas_tpu")
+def pallas_tpu_suite(args) -> Iterable[Case]:
+  """The Pallas TPU kernel (causal, fwd+bwd, bf16 on a TPU: B=1, N=8, H=128) against jax.nn
+  and splash; every normaliser. Without a TPU the kernel runs in Pallas interpret mode on
+  this backend, as a correctness smoke test only: each normaliser's output is checked against
+  the reference before its row is timed, and the times measure the interpreter, not the
+  kernel (``experiments/device_check.py --platform tpu`` measures it on a TPU)."""
+  from attnjax.kernels import pallas_tpu
+  on_tpu = jax.default_backend() == "tpu"
+  B, N, H = 1, 8, 128 if on_tpu else 32
+  dtype = jnp.bfloat16 if on_tpu else jnp.float32
+  sizes = parse_sizes(args.sizes or ("1024,4096,16384" if on_tpu else "256"))
+  for T in sizes:
+    q, k, v = (x.astype(dtype) for x in qkv(B, T, N, H))
+    flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True), backward=True)
+    shape = f"T={T}" + ("" if on_tpu else " (interpret mode: not kernel speed)")
+    yield Case("pallas_tpu", "jax.nn.dot_product_attention", shape,
+               fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+               (q, k, v), flops, baseline=True)
+    if on_tpu:
+      yield Case("pallas_tpu", "attnjax splash softmax", shape,
+                 fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
+                     q, k, v, is_causal=True, implementation="splash")), (q, k, v), flops)
+    for n in attnjax.normalizers.NORMALIZERS:
+      if on_tpu:
+        attn = lambda q, k, v, n=n: attnjax.dot_product_attention(
+            q, k, v, is_causal=True, normalizer=n, implementation="pallas_tpu")
+      else:
+        attn = lambda q, k, v, n=n: pallas_tpu.attention(
+            q, k, v, is_causal=True, normalizer=n, interpret=True,
+            block_sizes=pallas_tpu.BlockSizes(128, 128, 128, 128))
+        ref = attnjax.dot_product_attention(q, k, v, is_causal=True, normalizer=n,
+                                            implementation="reference")
+        err = float(jnp.max(jnp.abs(jax.jit(attn)(q, k, v) - ref)))
+        if not err < 1e-4:
+          raise AssertionError(f"pallas_tpu interpret {n}: max error {err:.2e} vs the reference")
+        print(f"  pallas_tpu interpret {n}: max |error| vs reference {err:.1e} (ok)",
+              file=sys.stderr)
+      yield Case("pallas_tpu", f"attnjax pallas_tpu {n}" + ("" if on_tpu else " (interpret)"),
+                 shape, fwd_bwd(attn), (q, k, v), flops)
+
+
 def _pattern_pairs(pattern, T: int) -> int:
   """Allowed (query, key) pairs of a pattern, counted from its mask one row block at a time."""
   total = 0
