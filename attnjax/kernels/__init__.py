@@ -3,6 +3,7 @@
 - :mod:`attnjax.kernels.blockwise`: the block-wise (FlashAttention-2 style) XLA kernel for
   every dense option; O(T) memory, skipped blocks; the sparse families run on it too.
 - :mod:`attnjax.kernels.pallas_gpu`: a Pallas Triton kernel for every normaliser.
+- :mod:`attnjax.kernels.pallas_tpu`: a Pallas Mosaic TPU kernel for every normaliser.
 - :mod:`attnjax.kernels.splash`: jax's Pallas TPU splash kernel (softmax).
 - :mod:`attnjax.kernels.jax_nn`: ``jax.nn.dot_product_attention`` (XLA, cuDNN).
 - :mod:`attnjax.kernels.recurrent`: the chunk scan and the GLA chunk of the recurrent
