@@ -209,6 +209,16 @@ def _axes(names: tuple[str, ...]):
   return names[0] if len(names) == 1 else names
 
 
+_SHARD_OFFSETS: list = []
+
+
+def shard_offsets() -> tuple[Any, Any]:
+  """``(first batch row, first query head)`` of the shard a kernel is traced for inside
+  :func:`per_shard` (traced int32 scalars), ``(0, 0)`` outside it: a kernel adds them to its
+  local indices where a modifier reads the batch or head index."""
+  return _SHARD_OFFSETS[-1] if _SHARD_OFFSETS else (0, 0)
+
+
 def per_shard(fn: Callable[[Any], Any], inputs: Any) -> Any:
   """``fn(inputs)`` run on each device's shard when the ambient mesh has several devices.
 
@@ -257,10 +267,20 @@ def per_shard(fn: Callable[[Any], Any], inputs: Any) -> Any:
       return P(b, None, h, None)
     return P(b, h, *([None] * (x.ndim - 2)))
 
-  def local(*args):
-    return fn(dataclasses.replace(inputs, **dict(zip(fields, args))))
+  def local(*args, mapped=True):
+    shard = dataclasses.replace(inputs, **dict(zip(fields, args)))
+    # Where this shard's rows and heads start in the whole call (kernels evaluating a modifier
+    # on batch / head indices read them: shard_offsets).
+    b0 = jax.lax.axis_index(b) * shard.q.shape[0] if b is not None and mapped else 0
+    n0 = jax.lax.axis_index(h) * shard.q.shape[2] if h is not None and mapped else 0
+    _SHARD_OFFSETS.append((b0, n0))
+    try:
+      return fn(shard)
+    finally:
+      _SHARD_OFFSETS.pop()
 
-  out_specs = jax.tree.map(out_spec, jax.eval_shape(local, *values))
+  out_specs = jax.tree.map(out_spec, jax.eval_shape(functools.partial(local, mapped=False),
+                                                    *values))
   return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                        check_vma=False)(*values)
 

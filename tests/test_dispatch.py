@@ -67,8 +67,10 @@ def _expected(inputs, opts, T, dtype) -> dict[str, str]:
               and opts.similarity == "dot" and opts.score_mod is None and opts.mask_mod is None
               and dtype in (jnp.bfloat16, jnp.float16))
   cuda = "cudnn" if cudnn_ok else "pallas_gpu" if pallas_ok else by_length
-  # pallas_tpu: what pallas_gpu takes (the modifiers here all have arguments), fp32 / bf16.
-  tpu_ok = pallas_ok and dtype in (jnp.float32, jnp.bfloat16)
+  # pallas_tpu: no bias / mask array, dot similarity, fp32 / bf16; the modifiers here (ALiBi's
+  # slopes[n], prefix lengths[b]) read their arguments by scalar index, which it evaluates.
+  tpu_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
+            and dtype in (jnp.float32, jnp.bfloat16))
   tpu = "splash" if splash_ok else "pallas_tpu" if tpu_ok else by_length
   return {"cpu": by_length, "cuda": cuda, "tpu": tpu}
 

@@ -12,6 +12,7 @@ run takes a subset that visits every normaliser, structure, dtype and option.
 """
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 import attnjax
+from attnjax import _platform as jax_platform
 from attnjax import dense, mods, normalizers
 from attnjax.kernels import pallas_tpu
 from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
@@ -178,10 +180,18 @@ def test_pallas_tpu_lists_what_it_cannot_do():
       q, k, v, bias=jnp.zeros((1, 1, 8, 8)), mask=jnp.ones((1, 1, 8, 8), bool),
       similarity="neg_sq_euclidean"))
   assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
+  # Modifier arguments are SMEM tables read by scalar index: ALiBi's slopes[n] runs in the
+  # kernel; T5's table[bucket(i - j), n] (a gather) and document ids doc[b, i] do not.
   slopes = jnp.asarray(mods.alibi_slopes(q.shape[2]))
-  reasons = pallas_tpu.unsupported(*dense.prepare(q, k, v, score_mod=mods.alibi,
-                                                  score_mod_args=(slopes,)))
-  assert reasons == ["score_mod_args (pallas_tpu evaluates argument-free score_mod only)"]
+  assert pallas_tpu.unsupported(*dense.prepare(q, k, v, score_mod=mods.alibi,
+                                               score_mod_args=(slopes,))) == []
+  t5 = mods.t5_relative_bias(num_buckets=8, max_distance=16)
+  reasons = pallas_tpu.unsupported(*dense.prepare(
+      q, k, v, score_mod=t5, score_mod_args=(jnp.zeros((8, q.shape[2])),)))
+  assert len(reasons) == 1 and "scalar index" in reasons[0], reasons
+  reasons = pallas_tpu.unsupported(*dense.prepare(
+      q, k, v, mask_mod=mods.document_mask, mask_mod_args=(jnp.zeros((1, 8), jnp.int32),)))
+  assert len(reasons) == 1 and "mask_mod" in reasons[0], reasons
   inputs, opts = dense.prepare(q, k, v)
   assert any("dtypes" in r for r in pallas_tpu.unsupported(
       dataclasses.replace(inputs, v=v.astype(jnp.bfloat16)), opts))
@@ -194,6 +204,61 @@ def test_pallas_tpu_lists_what_it_cannot_do():
     pallas_tpu.BlockSizes(block_q=96)
   with pytest.raises(ValueError, match="runs on a TPU only"):
     attnjax.dot_product_attention(q, k, v, implementation="pallas_tpu")
+
+
+def alibi_per_head(z, b, n, i, j, slopes, offsets):
+  """ALiBi with a per-(batch, head) offset table: reads b and n, two float tables."""
+  return (z - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
+          + offsets[b, n] * (j == 0).astype(jnp.float32))
+
+
+def test_score_mod_arguments_get_their_gradients_and_mask_mod_arguments_run_in_kernel():
+  # ALiBi-style slopes [N] and a [B, N] table, read at (b, n): values, statistics and the
+  # gradients of q, k, v and of both tables equal the reference; a prefix-LM mask_mod with
+  # prefix lengths [B] (blocks it masks entirely found per call) likewise.
+  q, k, v = rand_qkv(B=2, T=T, S=T, N=4, K=2, H=16, source="numpy")
+  slopes = jnp.asarray(mods.alibi_slopes(4))
+  offsets = jnp.asarray(np.random.default_rng(3).standard_normal((2, 4)), jnp.float32)
+  prefix = jnp.asarray([30, 150], jnp.int32)
+  kw = dict(score_mod=alibi_per_head, mask_mod=mods.prefix_lm_mask, mask_mod_args=(prefix,),
+            normalizer="softmax", return_stats=True)
+
+  def loss(impl, q, k, v, slopes, offsets):
+    inputs, opts = dense.prepare(q, k, v, score_mod_args=(slopes, offsets), **kw)
+    if impl == "pallas_tpu":
+      out, st = pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+    else:
+      out, st = dense.reference(inputs, opts)
+    return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(st.logsumexp)), (out, st)
+
+  got, want = (jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2, 3, 4),
+                                          has_aux=True))(q, k, v, slopes, offsets)
+               for impl in ("pallas_tpu", "reference"))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=3e-5, rtol=3e-5)
+  assert float(jnp.max(jnp.abs(got[1][3]))) > 0  # the slopes' gradient is not trivially zero
+
+
+def test_modifiers_reading_batch_and_head_inside_shard_map():
+  # Under a (data 2, tensor 2) mesh the kernel runs per shard; a modifier reading b and n sees
+  # the whole call's indices (the shard's offsets are added), as the unsharded reference does.
+  auto = jax.sharding.AxisType.Auto  # (interpret-mode Pallas refuses explicitly sharded refs)
+  mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(auto, auto))
+  q, k, v = rand_qkv(B=2, T=T, S=T, N=4, K=2, H=16, source="numpy")
+  args = (jnp.asarray(mods.alibi_slopes(4)), jnp.arange(8, dtype=jnp.float32).reshape(2, 4))
+  kw = dict(is_causal=True, score_mod=alibi_per_head, score_mod_args=args)
+  want = attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
+
+  def sharded(q, k, v):
+    inputs, opts = dense.prepare(q, k, v, **kw)
+    return jax_platform.per_shard(
+        lambda i: pallas_tpu.run(i, opts, interpret=True, block_sizes=BLOCKS), inputs)
+
+  if len(jax.devices()) < 4:
+    pytest.skip("needs 4 devices (the suite's CPU backend has 8)")
+  with jax.set_mesh(mesh):
+    got = jax.jit(sharded)(q, k, v)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
 def test_tpu_dispatch_takes_splash_then_pallas_tpu_then_blockwise():

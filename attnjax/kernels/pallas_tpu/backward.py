@@ -19,33 +19,45 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, dot,
-                                             heads_first, logits, run_time_table, score_mod,
-                                             tile_allowed, visit_tables)
+                                             global_indices, heads_first, logits,
+                                             mod_inputs, mod_kinds, run_time_table, score_mod, score_mod_vjp,
+                                             tables_of_refs, tile_allowed, visit_tables)
 
 Array = jnp.ndarray
 
 
 def _tile_grads(c: TpuPlan, q, k, v, do, rows, qpos, kpos, b, n, masked, q_seg, k_seg,
-                res_keys, has_g):
-  """``(w, ds)`` of one tile: its weights and the cotangent of the scaled dots ``q k^T scale``."""
+                res_keys, has_g, mods, darg_refs=None):
+  """``(w, ds)`` of one tile: its weights and the cotangent of the scaled dots ``q k^T scale``;
+  with ``darg_refs``, the cotangents of the ``score_mod`` arguments it read are added there."""
   nz = c.nz
+  off_ref, score_refs, mask_args = mods
+  b, n = global_indices(c, b, n, off_ref)
   row_dot = rows[0]
   g = rows[1] if has_g else None
   res = dict(zip(res_keys, rows[1 + has_g:]))
   z_pre, s = logits(c, q, k)
-  if c.score_in_kernel:
-    z, mod_vjp = jax.vjp(lambda zz: score_mod(c, zz, qpos, kpos, b, n), z_pre)
+  pull = None
+  if c.score_in_kernel and darg_refs is not None:
+    z, pull = score_mod_vjp(c, z_pre, qpos, kpos, b, n, score_refs)
+  elif c.score_in_kernel:
+    z, mod_vjp = jax.vjp(
+        lambda zz: score_mod(c, zz, qpos, kpos, b, n, tables_of_refs(score_refs)), z_pre)
+    pull = lambda dz: (mod_vjp(dz)[0], [])
   else:
-    z, mod_vjp = z_pre, None
-  allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, b, n) if masked else None
+    z = z_pre
+  allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, b, n, mask_args) if masked else None
   dp = dot(do, v, trans_b=True)
   w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
-  if mod_vjp is not None:
-    dz = mod_vjp(dz)[0]
+  if pull is not None:
+    dz, dargs = pull(dz)
+    for a, idx, d in dargs:
+      darg_refs[a][idx] += d
   if c.opts.softcap is not None:
     t = jnp.tanh(s / c.opts.softcap)
     dz = dz * (1.0 - t * t)
@@ -58,14 +70,26 @@ def _segments(qseg_ref, kseg_ref):
   return qseg_ref[...][:, :1], kseg_ref[...][:1, :]
 
 
-def _dq_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs):
+def _mods(c: TpuPlan, it):
+  """``(offsets ref, score_mod argument refs, mask_mod tables)`` from a kernel's ref iterator."""
+  if not c.has_mods:
+    return None, [], []
+  off = next(it)
+  score = [next(it) for _ in range(c.num_score_args)]
+  mask = [next(it) for _ in range(c.num_mask_args)]
+  return off, score, tables_of_refs(mask)
+
+
+def _dq_kernel(c: TpuPlan, res_keys, has_g, width, darg_ids, kind_ref, fetch_ref, *refs):
   n_rows = 1 + has_g + len(res_keys)
   it = iter(refs)
   q_ref, k_ref, v_ref, do_ref = next(it), next(it), next(it), next(it)
   row_refs = [next(it) for _ in range(n_rows)]
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
+  mods = _mods(c, it)
   dq_ref = next(it)
+  darg_refs = {a: next(it) for a in darg_ids}
   acc_ref = next(it)
 
   b, n, i, s = (pl.program_id(a) for a in range(4))
@@ -76,13 +100,20 @@ def _dq_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs):
   def _():
     acc_ref[...] = jnp.zeros_like(acc_ref)
 
+  if darg_refs:  # accumulated over the whole (sequential) grid
+    @pl.when((b == 0) & (n == 0) & (i == 0) & (s == 0))
+    def _():
+      for ref in darg_refs.values():
+        _zero_smem(ref)
+
   def visit(masked: bool):
     qpos = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
     kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
     k = k_ref[...]
     q_seg, k_seg = _segments(qseg_ref, kseg_ref)
     _, ds = _tile_grads(c, q_ref[...], k, v_ref[...], do_ref[...], [r[...] for r in row_refs],
-                        qpos, kpos, b, n, masked, q_seg, k_seg, res_keys, has_g)
+                        qpos, kpos, b, n, masked, q_seg, k_seg, res_keys, has_g, mods,
+                        darg_refs or None)
     acc_ref[...] += dot(ds.astype(k.dtype), k)
 
   pl.when(kind == FULL)(lambda: visit(False))
@@ -100,6 +131,7 @@ def _dkdv_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs)
   row_refs = [next(it) for _ in range(n_rows)]
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
+  mods = _mods(c, it)
   dk_ref, dv_ref = next(it), next(it)
   dk_acc, dv_acc = next(it), next(it)
 
@@ -120,7 +152,7 @@ def _dkdv_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs)
     q, do = q_ref[...], do_ref[...]
     q_seg, k_seg = _segments(qseg_ref, kseg_ref)
     w, ds = _tile_grads(c, q, k_ref[...], v_ref[...], do, [r[...] for r in row_refs], qpos,
-                        kpos, b, n, masked, q_seg, k_seg, res_keys, has_g)
+                        kpos, b, n, masked, q_seg, k_seg, res_keys, has_g, mods)
     dv_acc[...] += dot(w.astype(do.dtype), do, trans_a=True)
     dk_acc[...] += dot(ds.astype(q.dtype), q, trans_a=True)
 
@@ -133,15 +165,27 @@ def _dkdv_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs)
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
-def _params(c: TpuPlan):
+def _zero_smem(ref):
+  """Zeros an SMEM table element by element (SMEM holds scalars)."""
+  if len(ref.shape) == 1:
+    for a in range(ref.shape[0]):
+      ref[a] = jnp.zeros((), ref.dtype)
+  else:
+    for a in range(ref.shape[0]):
+      for b in range(ref.shape[1]):
+        ref[a, b] = jnp.zeros((), ref.dtype)
+
+
+def _params(c: TpuPlan, sequential: bool = False):
   if c.interpret:
     return None
-  return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel",
-                                                   "arbitrary"))
+  parallel = "arbitrary" if sequential else "parallel"
+  return pltpu.CompilerParams(dimension_semantics=(parallel, parallel, parallel, "arbitrary"))
 
 
-def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
-  """Cotangents ``(dq, dk, dv, dsink, None, None)`` of the kernel's core.
+def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse,
+             score_args=(), mask_args=()):
+  """Cotangents ``(dq, dk, dv, dsink, None, None, dscore_args, None)`` of the kernel's core.
 
   ``out`` is the forward's padded ``[B, N, Tp, Hv]`` output, ``res`` its residual rows
   ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the logsumexp statistic's
@@ -169,8 +213,13 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
 
   bq, bk = c.bq_bwd, c.bk_bwd
   kinds = run_time_table(c, tables, q_seg_p[:, :, 0] if c.has_segments else None,
-                         kv_seg_p[:, 0, :] if c.has_segments else None, bq, bk)
+                         kv_seg_p[:, 0, :] if c.has_segments else None, bq, bk,
+                         mod_kinds(c, c.opts, mask_args, bq, bk))
   seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
+  mod_args, mod_specs = mod_inputs(c, score_args, mask_args)
+  # score_mod arguments with gradients: float tables, accumulated in SMEM over the dq grid.
+  darg_ids = tuple(a for a, x in enumerate(score_args)
+                   if jnp.issubdtype(jnp.result_type(x), jnp.inexact))
 
   # dq: grid (b, n, query block, visit).
   kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
@@ -185,16 +234,19 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
   if c.has_segments:
     in_specs += [pl.BlockSpec((None, bq, LANES), lambda b, n, i, s, kr, fr: (b, i, 0)),
                  pl.BlockSpec((None, 8, bk), lambda b, n, i, s, kr, fr: (b, 0, fr[i, s]))]
+  in_specs += mod_specs
   grid_spec = pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs,
-      out_specs=pl.BlockSpec((None, None, bq, c.H), at_q),
+      out_specs=[pl.BlockSpec((None, None, bq, c.H), at_q)]
+      + [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(darg_ids),
       scratch_shapes=[pltpu.VMEM((bq, c.H), jnp.float32)])
-  dq = pl.pallas_call(
-      functools.partial(_dq_kernel, c, res_keys, has_g, width), grid_spec=grid_spec,
-      out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), q.dtype),
-      compiler_params=_params(c), interpret=c.interpret,
+  dq, *dargs = pl.pallas_call(
+      functools.partial(_dq_kernel, c, res_keys, has_g, width, darg_ids), grid_spec=grid_spec,
+      out_shape=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), q.dtype)]
+      + [jax.ShapeDtypeStruct(jnp.shape(score_args[a]), jnp.float32) for a in darg_ids],
+      compiler_params=_params(c, sequential=bool(darg_ids)), interpret=c.interpret,
       name=f"attnjax_tpu_dq_{c.opts.normalizer}")(kind, fetch, qh, kh, vh, do, *rows_in,
-                                                  *seg_args)
+                                                  *seg_args, *mod_args)
 
   # dk, dv: grid (b, kv head, key block, G x visit); step t reads query head h * G + t // W.
   kind_t, fetch_t = visit_tables(kinds, tables.q_index, tables.q_count, transpose=True)
@@ -211,6 +263,7 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
     in_specs += [pl.BlockSpec((None, bq, LANES),
                               lambda b, h, j, t, kr, fr: (b, fr[j, jax.lax.rem(t, width_t)], 0)),
                  pl.BlockSpec((None, 8, bk), lambda b, h, j, t, kr, fr: (b, 0, j))]
+  in_specs += mod_specs
   grid_spec = pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=2, grid=(c.B, K, nk, G * width_t), in_specs=in_specs,
       out_specs=[pl.BlockSpec((None, None, bk, c.H), at_kt),
@@ -222,9 +275,16 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
                  jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hv), v.dtype)],
       compiler_params=_params(c), interpret=c.interpret,
       name=f"attnjax_tpu_dkdv_{c.opts.normalizer}")(kind_t, fetch_t, qh, kh, vh, do, *rows_in,
-                                                    *seg_args)
+                                                    *seg_args, *mod_args)
 
   dq = jnp.transpose(dq[:, :, :c.T], (0, 2, 1, 3)).astype(q.dtype)
   dk = jnp.transpose(dk[:, :, :c.S], (0, 2, 1, 3)).astype(k.dtype)
   dv = jnp.transpose(dv[:, :, :c.S], (0, 2, 1, 3)).astype(v.dtype)
-  return dq, dk, dv, dsink, None, None
+  dscore = []
+  got = dict(zip(darg_ids, dargs))
+  for a, x in enumerate(score_args):
+    if a in got:
+      dscore.append(got[a].astype(jnp.result_type(x)))
+    else:  # integer tables have no gradient
+      dscore.append(np.zeros(jnp.shape(x), jax.dtypes.float0))
+  return dq, dk, dv, dsink, None, None, tuple(dscore), None

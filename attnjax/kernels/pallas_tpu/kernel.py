@@ -19,14 +19,21 @@ What it supports: every normaliser in :data:`attnjax.normalizers.REGISTRY`,
 ``sink_logits`` (with their gradient), ``softcap``, ``scale``, causal / window
 structure and segment ids (packed sequences), GQA, ``return_stats`` in the same
 pass (the logsumexp with its gradient), float32 and bfloat16, any ``T``, ``S``
-(padded to whole blocks, padded keys masked) and head dims, and argument-free
-``score_mod`` / ``mask_mod`` (:mod:`attnjax.mods`' ``sliding_window_mask``,
-``chunked_mask``, ``causal_mask``, ``position_temperature``, ...) evaluated on
-each tile from its positions, a ``mask_mod``'s layout skipping blocks it masks
-entirely. Not supported (:func:`unsupported`: dispatch then takes the
-block-wise engine): ``bias`` and ``mask`` arrays, ``similarity="neg_sq_euclidean"``,
-modifiers with arguments (``score_mod_args`` / ``mask_mod_args``: tables read by
-a traced index, such as ALiBi's slopes or document ids), float16.
+(padded to whole blocks, padded keys masked) and head dims, and ``score_mod`` /
+``mask_mod`` evaluated on each tile from its positions and indices. A
+modifier's arguments are held in SMEM and read by scalar index
+(:class:`~attnjax.kernels.pallas_tpu.plan.ScalarTable`: ALiBi's ``slopes[n]``,
+``prefix_lengths[b]``, a ``[B, N]`` table at ``[b, n]``); the dq kernel
+accumulates the gradients of floating ``score_mod_args`` from each tile's VJP
+of the modifier. Inside ``shard_map`` (:func:`attnjax._platform.per_shard`) the
+batch and head indices a modifier sees are the whole call's. A ``mask_mod``'s
+layout skips the blocks it masks entirely (static without arguments or with a
+``block_layout``, else classified per call). Not supported (:func:`unsupported`:
+dispatch then takes the block-wise engine): ``bias`` and ``mask`` arrays,
+``similarity="neg_sq_euclidean"``, float16, and modifiers that read their
+arguments otherwise (T5's ``table[bucket(i - j), n]``, document ids
+``doc[b, i]``: a gather per element) or whose tables exceed
+:data:`~attnjax.kernels.pallas_tpu.plan.MAX_ARG_SIZE` elements.
 
 Autodiff (:mod:`attnjax.kernels.autodiff`): reverse mode runs the backward
 kernels; forward mode and second order take the block-wise engine's tangent on
@@ -54,10 +61,12 @@ from attnjax.attention_stats import AttentionStats
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.pallas_gpu.kernel import collect_stats
 from attnjax.kernels.pallas_tpu import backward
-from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, dot,
-                                             heads_first, logits, round_up, run_time_table,
-                                             score_mod, static_tables,
-                                             tile_allowed, visit_tables)
+from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, MAX_ARG_SIZE, ScalarTable,
+                                             TpuPlan, Tables, dot, global_indices, heads_first,
+                                             logits, mod_inputs, mod_kinds, round_up,
+                                             run_time_table, score_mod, smem_dtype,
+                                             static_tables, take_mods, tile_allowed,
+                                             visit_tables)
 
 Array = jnp.ndarray
 
@@ -150,14 +159,11 @@ def unsupported(inputs, opts) -> list[str]:
                    "and argument-free mask_mod)")
   if opts.similarity != "dot":
     reasons.append(f"similarity={opts.similarity!r} (pallas_tpu computes dot products)")
-  if opts.score_mod is not None and inputs.score_mod_args:
-    reasons.append("score_mod_args (pallas_tpu evaluates argument-free score_mod only)")
-  if opts.mask_mod is not None and inputs.mask_mod_args:
-    reasons.append("mask_mod_args (pallas_tpu evaluates argument-free mask_mod only)")
-  for name, fn, score in (("score_mod", opts.score_mod, True), ("mask_mod", opts.mask_mod, False)):
-    if fn is not None and not getattr(inputs, name + "_args") and _reads_batch_or_head(fn, score):
-      reasons.append(f"a {name} that reads the batch or head index (inside shard_map the "
-                     "kernel sees its shard's indices)")
+  for name, fn, args, score in (("score_mod", opts.score_mod, inputs.score_mod_args, True),
+                                ("mask_mod", opts.mask_mod, inputs.mask_mod_args, False)):
+    why = None if fn is None else _not_in_kernel(fn, args, score)
+    if why:
+      reasons.append(f"this {name} (the kernel cannot evaluate it: {why})")
   reasons += _platform.unknown_options(
       opts, inputs, KNOWN_OPTIONS,
       KNOWN_INPUTS + ("bias", "mask", "score_mod_args", "mask_mod_args"), "pallas_tpu")
@@ -168,14 +174,25 @@ def unsupported(inputs, opts) -> list[str]:
   return reasons
 
 
-def _reads_batch_or_head(fn, score: bool) -> bool:
-  """Whether an argument-free modifier reads ``b`` or ``n`` (from its jaxpr)."""
+def _not_in_kernel(fn, args, score: bool) -> Optional[str]:
+  """Why a modifier cannot run in the kernel body, or None: its arguments must be small
+  1-D / 2-D tables (held in SMEM) that it reads by scalar index (``slopes[n]``), which one
+  trace on a tile's index shapes finds out."""
+  for a in args:
+    if jnp.ndim(a) not in (1, 2) or jnp.size(a) > MAX_ARG_SIZE:
+      return (f"an argument of shape {tuple(jnp.shape(a))}: the kernel keeps 1-D or 2-D "
+              f"tables of at most {MAX_ARG_SIZE} elements")
+  tables = [ScalarTable(jnp.shape(a), smem_dtype(jnp.result_type(a)),
+                        lambda idx, a=a: jnp.zeros((), smem_dtype(jnp.result_type(a))))
+            for a in args]
   index = jax.ShapeDtypeStruct((), jnp.int32)
-  lead = (jax.ShapeDtypeStruct((), jnp.float32),) if score else ()
-  jaxpr = jax.make_jaxpr(fn)(*lead, index, index, index, index).jaxpr
-  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
-  first = len(lead)
-  return id(jaxpr.invars[first]) in read or id(jaxpr.invars[first + 1]) in read
+  rows, cols = jax.ShapeDtypeStruct((8, 1), jnp.int32), jax.ShapeDtypeStruct((1, LANES), jnp.int32)
+  lead = (jax.ShapeDtypeStruct((8, LANES), jnp.float32),) if score else ()
+  try:
+    jax.eval_shape(lambda *x: fn(*x, *tables), *lead, index, index, rows, cols)
+  except Exception as e:  # noqa: BLE001 - any failure to trace means "not in the kernel"
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+  return None
 
 
 def make_plan(inputs, opts, block_sizes: BlockSizes, interpret: bool) -> TpuPlan:
@@ -190,28 +207,34 @@ def make_plan(inputs, opts, block_sizes: BlockSizes, interpret: bool) -> TpuPlan
       bq=bq, bk=bk, bq_bwd=bq_bwd, bk_bwd=bk_bwd,
       has_sink=inputs.sink_logits is not None, has_segments=inputs.q_segment_ids is not None,
       mask_in_kernel=opts.mask_mod is not None, score_in_kernel=opts.score_mod is not None,
-      interpret=interpret)
+      interpret=interpret,
+      num_score_args=len(inputs.score_mod_args) if opts.score_mod is not None else 0,
+      num_mask_args=len(inputs.mask_mod_args) if opts.mask_mod is not None else 0,
+      mod_table=opts.mask_mod is not None and bool(inputs.mask_mod_args))
 
 
 def tables_of(c: TpuPlan, inputs, opts, bq: int, bk: int) -> Tables:
-  """Static tables of one block geometry, a ``mask_mod``'s layout included."""
+  """Static tables of one block geometry, a ``mask_mod``'s layout included (with arguments:
+  its ``block_layout`` when built for this geometry, else its blocks are found per call)."""
   extra = None
   if opts.mask_mod is not None:
     if opts.block_layout is not None and (opts.block_layout.block_q,
                                           opts.block_layout.block_k) == (bq, bk):
       extra = opts.block_layout
-    else:
+    elif not inputs.mask_mod_args:
       used_b, used_n = blockwise.index_use(opts.mask_mod, ())
       extra = layout.from_mask_mod(opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
                             heads=c.N if used_n else None)
   return static_tables(c, bq, bk, extra)
 
 
-def compiler_params(dims: int, interpret: bool):
+def compiler_params(dims: int, interpret: bool, sequential: bool = False):
+  """Mosaic's grid semantics: the last axis (visits) carries state; with ``sequential`` every
+  axis does (a kernel accumulating over the whole grid: score_mod arguments' gradients)."""
   if interpret:
     return None
-  return pltpu.CompilerParams(
-      dimension_semantics=("parallel",) * (dims - 1) + ("arbitrary",))
+  parallel = "arbitrary" if sequential else "parallel"
+  return pltpu.CompilerParams(dimension_semantics=(parallel,) * (dims - 1) + ("arbitrary",))
 
 
 # ---------------------------------------------------------------------------
@@ -251,9 +274,11 @@ def _count_kernel(c: TpuPlan, kind_ref, fetch_ref, *refs):
   it = iter(refs)
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
+  off_ref, _, mask_args = take_mods(c, it)
   cnt_ref = next(it)
   b, n, i, s = (pl.program_id(a) for a in range(4))
   kind, j = kind_ref[i, s], fetch_ref[i, s]
+  gb, gn = global_indices(c, b, n, off_ref)
 
   @pl.when(s == 0)
   def _():
@@ -267,7 +292,7 @@ def _count_kernel(c: TpuPlan, kind_ref, fetch_ref, *refs):
   def _():
     qpos, kpos = _positions(c, i, j, c.bq, c.bk)
     q_seg, k_seg = _segments(qseg_ref, kseg_ref)
-    allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, b, n)
+    allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, gb, gn, mask_args)
     cnt_ref[...] += jnp.sum(allowed.astype(jnp.float32), axis=1, keepdims=True)
 
 
@@ -279,6 +304,7 @@ def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_r
   cnt_ref = next(it) if c.needs_counts else None
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
+  off_ref, score_args, mask_args = take_mods(c, it)
   o_ref = next(it)
   res_refs = {key: next(it) for key in res_keys}
   stat_refs = {key: next(it) for key in stat_keys}
@@ -286,6 +312,7 @@ def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_r
 
   b, n, i, s = (pl.program_id(a) for a in range(4))
   kind, j = kind_ref[i, s], fetch_ref[i, s]
+  gb, gn = global_indices(c, b, n, off_ref)
   bq, bk = c.bq, c.bk
 
   def row_inputs():
@@ -303,11 +330,11 @@ def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_r
     st = {key: ref[...] for key, ref in st_refs.items()}
     qpos, kpos = _positions(c, i, j, bq, bk)
     z, _ = logits(c, q_ref[...], k_ref[...])
-    z = score_mod(c, z, qpos, kpos, b, n)
+    z = score_mod(c, z, qpos, kpos, gb, gn, score_args)
     allowed = None
     if masked:
       q_seg, k_seg = _segments(qseg_ref, kseg_ref)
-      allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, b, n)
+      allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, gb, gn, mask_args)
     v = v_ref[...]
     st = nz.visit(st, z, allowed, lambda w: dot(w.astype(v.dtype), v), row_inputs(),
                   c.with_stats, j == 0)
@@ -334,7 +361,7 @@ def _seg_specs(c: TpuPlan, bq: int, bk: int, q_block, k_block):
           pl.BlockSpec((None, 8, bk), lambda *a: (a[0], 0, k_block(*a)))]
 
 
-def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg) -> Array:
+def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg, mods) -> Array:
   """Allowed keys per row ``[B, N, Tp, 1]`` float32 (the mask-only pass)."""
   nq, width = kind.shape
   args, in_specs = [], []
@@ -342,6 +369,8 @@ def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg) -> Array:
     args += [q_seg, kv_seg]
     in_specs += _seg_specs(c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i,
                            lambda b, n, i, s, kr, fr: fr[i, s])
+  args += mods[0]
+  in_specs += mods[1]
   grid_spec = pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs,
       out_specs=pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0)))
@@ -352,16 +381,19 @@ def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg) -> Array:
       name="attnjax_tpu_counts")(kind, fetch, *args)
 
 
-def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg):
-  """Runs the forward kernels: ``(out [B, N, Tp, Hv], residual rows, statistics rows, counts)``."""
+def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args=(),
+            mask_args=()):
+  """Runs the forward kernels: ``(out [B, N, Tp, Hv], residual rows, statistics rows)``."""
   state, res_keys, stat_keys = _state_layout(c, c.bq)
   qh, kh, vh, q_seg, kv_seg = heads_first(c, q, k, v, q_seg, kv_seg)
   kinds = run_time_table(c, tables, q_seg[:, :, 0] if c.has_segments else None,
-                         kv_seg[:, 0, :] if c.has_segments else None, c.bq, c.bk)
+                         kv_seg[:, 0, :] if c.has_segments else None, c.bq, c.bk,
+                         mod_kinds(c, c.opts, mask_args, c.bq, c.bk))
   kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
   nq, width = kind.shape
   G = c.G
-  cnt = counts(c, kind, fetch, q_seg, kv_seg) if c.needs_counts else None
+  mods = mod_inputs(c, score_args, mask_args)
+  cnt = counts(c, kind, fetch, q_seg, kv_seg, mods) if c.needs_counts else None
 
   in_specs = [
       pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
@@ -380,6 +412,8 @@ def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg):
     args += [q_seg, kv_seg]
     in_specs += _seg_specs(c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i,
                            lambda b, n, i, s, kr, fr: fr[i, s])
+  args += mods[0]
+  in_specs += mods[1]
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32)
   out_shape = ([jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hv), q.dtype)]
                + [rows] * (len(res_keys) + len(stat_keys)))
@@ -427,31 +461,37 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   bwd_tables = tables_of(c, inputs, opts, c.bq_bwd, c.bk_bwd)
   q = inputs.q
 
-  @autodiff.custom_vjp
-  def core(q, k, v, sink, q_seg, kv_seg):
-    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
+  score_args = tuple(inputs.score_mod_args) if c.num_score_args else ()
+  mask_args = tuple(inputs.mask_mod_args) if c.num_mask_args else ()
 
-  def fwd(q, k, v, sink, q_seg, kv_seg):
-    out, res, srow = forward(c, fwd_tables, q, k, v, sink, q_seg, kv_seg)
+  @autodiff.custom_vjp
+  def core(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+    return fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)[0]
+
+  def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+    out, res, srow = forward(c, fwd_tables, q, k, v, sink, q_seg, kv_seg, score_args,
+                             mask_args)
     stats = collect_stats(c, srow) if c.with_stats else None
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     # Saved compact: a [.., Tp, 1] row array is laid out in whole 128-lane tiles on a TPU.
     res = {key: val[..., 0] for key, val in res.items()}
     o = jnp.transpose(out[:, :, :c.T, :], (0, 2, 1, 3))
-    return (o, stats), (q, k, v, sink, q_seg, kv_seg, out, res)
+    return (o, stats), (q, k, v, sink, q_seg, kv_seg, score_args, mask_args, out, res)
 
   def bwd(saved, cts):
-    q, k, v, sink, q_seg, kv_seg, out, res = saved
+    q, k, v, sink, q_seg, kv_seg, score_args, mask_args, out, res = saved
     d_out, d_stats = cts
     d_lse = None if d_stats is None else d_stats[3]
     res = {key: val[..., None] for key, val in res.items()}
     return backward.backward(c, bwd_tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out,
-                             d_lse)
+                             d_lse, score_args, mask_args)
 
-  def twin(q, k, v, sink, q_seg, kv_seg):
+  def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
     """The same call on the block-wise engine (plain JAX): forward mode and second order."""
-    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
+    out = blockwise.run(options.DenseInputs(
+        q=q, k=k, v=v, sink_logits=sink, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+        score_mod_args=score_args, mask_mod_args=mask_args), opts)
     if not opts.return_stats:
       return out, None
     o, st = out
@@ -459,7 +499,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   core.defvjp(fwd, bwd, twin=twin)
   out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
-                    inputs.kv_segment_ids)
+                    inputs.kv_segment_ids, score_args, mask_args)
   out = out.astype(q.dtype)
   if not opts.return_stats:
     return out

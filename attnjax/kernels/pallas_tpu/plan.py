@@ -21,14 +21,17 @@ entirely run without any element mask.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from attnjax import layout as layout_lib
-from attnjax import normalizers
+from attnjax import _platform, normalizers
+from attnjax.kernels.blockwise import index_use
 
 Array = jnp.ndarray
 SKIP, FULL, MASKED = layout_lib.SKIP, layout_lib.FULL, layout_lib.MASKED
@@ -62,6 +65,14 @@ class TpuPlan(normalizers.KernelPlan):
   mask_in_kernel: bool  # opts.mask_mod is evaluated on partial tiles
   score_in_kernel: bool  # opts.score_mod rewrites every tile's logits
   interpret: bool
+  num_score_args: int = 0  # score_mod_args / mask_mod_args, in SMEM (ScalarTable)
+  num_mask_args: int = 0
+  mod_table: bool = False  # mask_mod's blocks classified per call (its arguments are data)
+
+  @property
+  def has_mods(self) -> bool:
+    """A modifier runs in the kernel: it gets the shard offsets and its arguments' refs."""
+    return self.score_in_kernel or self.mask_in_kernel
 
   @property
   def G(self) -> int:
@@ -152,14 +163,16 @@ def visit_tables(kinds: Array, index: np.ndarray, count: np.ndarray,
   return kind, fetch
 
 
-def run_time_table(c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int) -> Array:
-  """int32 ``[nq, nk]`` kinds of a call: the static ones tightened by its segment ids."""
-  if not c.has_segments:
-    return run_time_kinds(t.kinds, None)
-  nq, nk = t.kinds.shape
-  geometry = layout_lib.BlockLayout.from_visits(c.T, c.S, bq, bk, [[] for _ in range(nq)])
-  rel = layout_lib.segment_block_relations(q_seg, kv_seg, geometry)
-  return run_time_kinds(t.kinds, rel)
+def run_time_table(c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int,
+                   mod: Optional[Array] = None) -> Array:
+  """int32 ``[nq, nk]`` kinds of a call: the static ones tightened by its segment ids and by
+  ``mod`` (a ``mask_mod``'s kinds computed per call, or None)."""
+  kinds = run_time_kinds(t.kinds, mod)
+  if c.has_segments:
+    nq = t.kinds.shape[0]
+    geometry = layout_lib.BlockLayout.from_visits(c.T, c.S, bq, bk, [[] for _ in range(nq)])
+    kinds = run_time_kinds(kinds, layout_lib.segment_block_relations(q_seg, kv_seg, geometry))
+  return kinds
 
 
 def heads_first(c: TpuPlan, q, k, v, q_seg, kv_seg):
@@ -195,8 +208,92 @@ def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Arr
                              preferred_element_type=jnp.float32)
 
 
+# ---------------------------------------------------------------------------
+# Modifier arguments inside a kernel.
+
+MAX_ARG_SIZE = 8192  # elements of one modifier argument kept in SMEM
+
+
+class ScalarTable:
+  """A modifier argument as a kernel sees it: an SMEM array read by scalar index only.
+
+  ``slopes[n]`` (ALiBi) or ``prefix_lengths[b]`` read one element through the
+  kernel's scalar unit; anything else (an index array, arithmetic on the whole
+  table) raises ``TypeError``, so :func:`attnjax.kernels.pallas_tpu.unsupported`
+  can find, by tracing the modifier once, whether the kernel can evaluate it.
+  """
+
+  def __init__(self, shape, dtype, read: Callable[[tuple], Array]):
+    self.shape, self.dtype, self.ndim = tuple(shape), jnp.dtype(dtype), len(shape)
+    self._read = read
+
+  def __getitem__(self, idx):
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    if len(idx) != self.ndim or any(jnp.ndim(i) != 0 for i in idx):
+      raise TypeError(f"a modifier argument of shape {self.shape} is read by scalar index only "
+                      f"in the Pallas TPU kernel, got an index of shapes "
+                      f"{[tuple(jnp.shape(i)) for i in idx]}")
+    return self._read(tuple(jnp.asarray(i, jnp.int32) for i in idx))
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __jax_array__(self):
+    raise TypeError("a modifier argument is read by scalar index only in the Pallas TPU kernel")
+
+
+def smem_dtype(dtype):
+  """The dtype a modifier argument is held in SMEM with (32-bit words)."""
+  return jnp.float32 if jnp.issubdtype(dtype, jnp.inexact) else jnp.int32
+
+
+def tables_of_refs(refs) -> list:
+  return [ScalarTable(r.shape, r.dtype, lambda idx, r=r: r[idx]) for r in refs]
+
+
+def global_indices(c: TpuPlan, b, n, off_ref):
+  """The batch row and query head of the whole call (shard offsets added)."""
+  if off_ref is None:
+    return b, n
+  return b + off_ref[0], n + off_ref[1]
+
+
+def mod_kinds(c: TpuPlan, opts, mask_args, bq: int, bk: int) -> Optional[Array]:
+  """int32 ``[nq, nk]`` kinds of a ``mask_mod`` with arguments, evaluated per call (XLA), or
+  None when its blocks are static."""
+  if not c.mod_table:
+    return None
+  nq = -(-c.T // bq)
+  geometry = layout_lib.BlockLayout.from_visits(c.T, c.S, bq, bk, [[] for _ in range(nq)])
+  used_b, used_n = index_use(opts.mask_mod, mask_args)
+  return layout_lib.mask_mod_block_table(opts.mask_mod, mask_args, geometry,
+                                     c.B if used_b else 1, c.N if used_n else 1)
+
+
+def mod_inputs(c: TpuPlan, score_args, mask_args) -> tuple[list, list]:
+  """``(arrays, specs)`` the kernels take for their modifiers: the shard's offsets (batch row,
+  query head) and the modifiers' arguments, all in SMEM (:class:`ScalarTable` reads them)."""
+  if not c.has_mods:
+    return [], []
+  b0, n0 = _platform.shard_offsets()
+  arrays = [jnp.stack([jnp.asarray(b0, jnp.int32), jnp.asarray(n0, jnp.int32)])]
+  arrays += [jnp.asarray(a).astype(smem_dtype(jnp.result_type(a)))
+             for a in tuple(score_args)[:c.num_score_args] + tuple(mask_args)[:c.num_mask_args]]
+  return arrays, [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(arrays)
+
+
+def take_mods(c: TpuPlan, it):
+  """``(offsets, score_mod tables, mask_mod tables)`` from a kernel's ref iterator."""
+  if not c.has_mods:
+    return None, [], []
+  off = next(it)
+  score = [next(it) for _ in range(c.num_score_args)]
+  mask = [next(it) for _ in range(c.num_mask_args)]
+  return off, tables_of_refs(score), tables_of_refs(mask)
+
+
 def tile_allowed(c: TpuPlan, qpos: Array, kpos: Array, q_seg: Optional[Array],
-                 k_seg: Optional[Array], b, n) -> Array:
+                 k_seg: Optional[Array], b, n, mask_args=()) -> Array:
   """Boolean ``[tq, tk]`` element mask of a partial tile from positions ``[tq, 1]``, ``[1, tk]``."""
   allowed = jnp.broadcast_to(kpos < c.S, (qpos.shape[0], kpos.shape[1]))
   if c.opts.is_causal:
@@ -207,13 +304,46 @@ def tile_allowed(c: TpuPlan, qpos: Array, kpos: Array, q_seg: Optional[Array],
   if q_seg is not None:
     allowed = allowed & (q_seg == k_seg)
   if c.mask_in_kernel:
-    allowed = allowed & jnp.asarray(c.opts.mask_mod(b, n, qpos, kpos), bool)
+    allowed = allowed & jnp.asarray(c.opts.mask_mod(b, n, qpos, kpos, *mask_args), bool)
   return allowed
 
 
-def score_mod(c: TpuPlan, z: Array, qpos: Array, kpos: Array, b, n) -> Array:
-  """The tile's logits after an argument-free ``score_mod`` evaluated in the kernel."""
+def score_mod(c: TpuPlan, z: Array, qpos: Array, kpos: Array, b, n, score_args=()) -> Array:
+  """The tile's logits after ``score_mod`` evaluated in the kernel (arguments: ScalarTables)."""
   if not c.score_in_kernel:
     return z
-  return jnp.broadcast_to(jnp.asarray(c.opts.score_mod(z, b, n, qpos, kpos), jnp.float32),
-                          z.shape)
+  return jnp.broadcast_to(
+      jnp.asarray(c.opts.score_mod(z, b, n, qpos, kpos, *score_args), jnp.float32), z.shape)
+
+
+def score_mod_vjp(c: TpuPlan, z: Array, qpos: Array, kpos: Array, b, n, arg_refs):
+  """``(z', pullback)`` of the kernel's ``score_mod`` on a tile: ``pullback(dz') ->
+  (dz, [(arg, index, d element)])``, the cotangents of the elements of floating arguments
+  the tile read (each summed over the tile)."""
+  reads: list = []  # (arg, index) of every float element read, in order
+
+  def recording(a, r):
+    def read(idx):
+      if jnp.issubdtype(r.dtype, jnp.inexact):
+        reads.append((a, idx))
+      return r[idx]
+    return read
+
+  tables = [ScalarTable(r.shape, r.dtype, recording(a, r)) for a, r in enumerate(arg_refs)]
+  score_mod(c, z, qpos, kpos, b, n, tables)  # finds the reads (its result is unused)
+  values = [arg_refs[a][idx] for a, idx in reads]
+
+  def replay(zz, *vals):
+    it = iter(vals)
+    def read(a, r):
+      return lambda idx: next(it) if jnp.issubdtype(r.dtype, jnp.inexact) else r[idx]
+    return score_mod(c, zz, qpos, kpos, b, n,
+                     [ScalarTable(r.shape, r.dtype, read(a, r)) for a, r in enumerate(arg_refs)])
+
+  out, pull = jax.vjp(replay, z, *values)
+
+  def pullback(dz):
+    grads = pull(dz)
+    return grads[0], [(a, idx, g) for (a, idx), g in zip(reads, grads[1:])]
+
+  return out, pullback
