@@ -7,7 +7,8 @@ compilation (``tests/test_targets.py`` compiles them for v5e / v6e) or speed.
 The lengths (T=200, S=328) are not multiples of the blocks (forward 128 x 128,
 backward 128 x 256), and most calls use GQA (4 query heads on 2 key/value
 heads). The cross product (every normaliser x {causal, window, segments,
-bidirectional, mask_mod} x {GQA, MHA} x {fp32, bf16}) is ``slow``; the default
+bidirectional, mask_mod, modifiers with arguments} x {GQA, MHA} x {fp32, bf16}, the
+gradients of q, k, v, sink logits and score_mod arguments) is ``slow``; the default
 run takes a subset that visits every normaliser, structure, dtype and option.
 """
 
@@ -39,6 +40,12 @@ def decay(z, b, n, i, j):
   return z - 0.05 * jnp.abs(i - j).astype(jnp.float32)
 
 
+def alibi_per_head(z, b, n, i, j, slopes, offsets):
+  """ALiBi with a per-(batch, head) offset table: reads b and n, two float tables."""
+  return (z - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
+          + offsets[b, n] * (j == 0).astype(jnp.float32))
+
+
 STRUCTURES = {
     "causal": lambda: dict(is_causal=True),
     "window": lambda: dict(window=(70, 30)),
@@ -49,11 +56,20 @@ STRUCTURES = {
     "bidirectional": lambda: dict(),
     # a mask_mod (chunks of 96 keys, causal) and a score_mod, both evaluated in the kernel
     "mask_mod": lambda: dict(mask_mod=mods.chunked_mask(96), score_mod=decay),
+    # modifiers with arguments: per-head slopes and a [B, N] table (gradients checked), prefix
+    # lengths per batch row (blocks classified per call)
+    "mod_args": lambda: dict(
+        score_mod=alibi_per_head, score_mod_args=(
+            jnp.asarray(mods.alibi_slopes(4)),
+            jnp.asarray(np.random.default_rng(3).standard_normal((2, 4)), jnp.float32)),
+        mask_mod=mods.prefix_lm_mask, mask_mod_args=(jnp.asarray([30, 150], jnp.int32),)),
 }
 
 
-def _run(impl, q, k, v, sink, kw):
+def _run(impl, q, k, v, sink, kw, score_args=None):
   extra = {} if sink is None else dict(sink_logits=sink)
+  if score_args is not None:
+    extra["score_mod_args"] = score_args
   inputs, opts = dense.prepare(q, k, v, **kw, **extra)
   if impl == "pallas_tpu":
     return pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
@@ -70,21 +86,24 @@ def check(normalizer, structure, *, gqa=True, dtype=jnp.float32, stats=False, si
   if structure == "mask_mod" and normalizer in ("softmax_one",):
     kw["score_mod"] = None  # one call in the subset without a score_mod
   cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, 16), jnp.float32)
+  score_args = kw.pop("score_mod_args", None)
+  if score_args is not None and not gqa:
+    score_args = (score_args[0][:N], score_args[1][:, :N])
 
-  def loss(impl, q, k, v, sink_logits):
-    r = _run(impl, q, k, v, sink_logits, kw)
+  def loss(impl, q, k, v, sink_logits, score_args):
+    r = _run(impl, q, k, v, sink_logits, kw, score_args)
     out, st = r if stats else (r, None)
     total = jnp.sum(out.astype(jnp.float32) * cot)
     if stats:  # the logsumexp statistic carries a gradient
       total = total + jnp.sum(jnp.sin(st.logsumexp))
     return total, r
 
-  argnums = (0, 1, 2, 3) if sink else (0, 1, 2)
+  argnums = (0, 1, 2) + ((3,) if sink else ()) + ((4,) if score_args is not None else ())
   results = {}
   for impl in ("pallas_tpu", "reference"):
     fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
                                     has_aux=True))
-    (_, r), grads = fn(q, k, v, sink_logits)
+    (_, r), grads = fn(q, k, v, sink_logits, score_args)
     results[impl] = (r, grads)
   tol = 2e-5 if dtype == jnp.float32 else 3e-2
   what = f"{normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
@@ -108,6 +127,7 @@ DEFAULT_CASES = [
     ("softpick", "window", True, jnp.bfloat16, True, False, None),
     ("none", "bidirectional", False, jnp.float32, False, False, 4.0),
     ("relu", "mask_mod", True, jnp.float32, True, False, None),
+    ("sigmoid", "mod_args", False, jnp.float32, True, False, None),
 ]
 
 
@@ -204,12 +224,6 @@ def test_pallas_tpu_lists_what_it_cannot_do():
     pallas_tpu.BlockSizes(block_q=96)
   with pytest.raises(ValueError, match="runs on a TPU only"):
     attnjax.dot_product_attention(q, k, v, implementation="pallas_tpu")
-
-
-def alibi_per_head(z, b, n, i, j, slopes, offsets):
-  """ALiBi with a per-(batch, head) offset table: reads b and n, two float tables."""
-  return (z - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
-          + offsets[b, n] * (j == 0).astype(jnp.float32))
 
 
 def test_score_mod_arguments_get_their_gradients_and_mask_mod_arguments_run_in_kernel():
