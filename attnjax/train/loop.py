@@ -23,8 +23,11 @@ the first such step, cleanly (files closed, summary written), and the caller
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import shutil
+import sys
 import time
 from typing import Any, Optional
 
@@ -201,6 +204,7 @@ class Trainer:
     step_fn = make_train_step(self.graphdef, self.optimizer, z_loss=cfg.opt.z_loss,
                               stats=cfg.train.step_stats, microbatches=cfg.train.microbatches)
     self.train_step = jax.jit(step_fn, donate_argnums=(0,))
+    self.skipped_checkpoints: list[dict] = []
     self.eval_step = jax.jit(make_eval_step(self.graphdef))
     self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
 
@@ -223,12 +227,35 @@ class Trainer:
       manager.close()
 
   def _restore_latest(self, manager: ocp.CheckpointManager) -> int:
-    step = manager.latest_step()
-    if step is None:
-      return 0
+    """Restores the newest checkpoint that restores. One that fails (its files truncated or
+    missing) is named on stderr with the error, moved aside to ``checkpoints.damaged/`` (never
+    deleted) and recorded in :attr:`skipped_checkpoints`; the next older one is tried."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
-    self.state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    return int(step)
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        self.state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        return int(step)
+      except Exception as e:  # noqa: BLE001 - any failure to read a checkpoint: try the previous
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}" if str(e) else repr(e)
+        moved = self._set_aside(manager, int(step))
+        self.skipped_checkpoints.append({"step": int(step), "error": reason, "moved_to": moved})
+        print(f"{self.cfg.run_dir}: checkpoint {step} does not restore ({reason}); moved to "
+              f"{moved}, trying the one before it", file=sys.stderr, flush=True)
+    return 0
+
+  def _set_aside(self, manager: ocp.CheckpointManager, step: int) -> str:
+    """Moves a damaged checkpoint out of the manager's directory; returns where it went."""
+    src = os.path.join(self.dir.checkpoints, str(step))
+    dst = os.path.join(self.dir.root, "checkpoints.damaged",
+                       f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if self.is_writer and os.path.exists(src):
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      shutil.move(src, dst)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # noqa: PLC0415
+      multihost_utils.sync_global_devices(f"attnjax set aside checkpoint {step}")
+    manager.reload()
+    return dst
 
   # -- evaluation -----------------------------------------------------------
 
@@ -262,6 +289,10 @@ class Trainer:
       return self._run()
 
   def _run(self) -> dict:
+    changed = check_config(self.dir, self.cfg)
+    if changed:
+      print(f"{self.cfg.run_dir}: resuming with {', '.join(changed)} changed (keys that do not "
+            f"change what the run computes)", file=sys.stderr, flush=True)
     if self.is_writer:
       rundir.write_json(self.dir.config, self.cfg.to_dict())
     manager = self._manager()
@@ -289,6 +320,8 @@ class Trainer:
     summary = {"status": "running", "variant": self.cfg.variant, "run_dir": self.cfg.run_dir,
                "num_params": self.num_params, "flops_per_token": self.flops_per_token,
                "devices": int(self.dp.mesh.devices.size), "resumed_from": start}
+    if self.skipped_checkpoints:
+      summary["skipped_checkpoints"] = self.skipped_checkpoints
     if self.is_writer:
       rundir.write_json(self.dir.summary, summary)
     return summary, previous
@@ -455,9 +488,63 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
   return out
 
 
+# Config keys that may differ when a run directory is resumed or rerun: where the run is and how
+# often it logs, evaluates, probes and checkpoints, and on how many devices it runs (data
+# parallel: the same step up to the order of floating-point reductions). Every other key changes
+# what the run computes; ``train.steps`` too (the learning-rate schedule decays over it, so the
+# first steps of a longer run differ: a longer run is a new run).
+RESUMABLE_KEYS = ("run_dir", "train.log_every", "train.eval_every", "train.probe_every",
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
+                  "train.stop_after", "train.num_devices", "train.plots")
+
+
+def _flat(tree: Any, prefix: str = "") -> dict:
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flat(value, f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def config_changes(old: dict, new: dict) -> dict:
+  """``{dotted key: (old value, new value)}`` of two configs (as ``config.json`` holds them)."""
+  a = _flat(old)
+  b = _flat(json.loads(rundir.dumps(new)))
+  return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def check_config(run: rundir.RunDir, cfg: Any) -> list[str]:
+  """The keys of ``cfg`` that differ from the run directory's ``config.json`` (none if it has
+  none); ValueError naming every key outside :data:`RESUMABLE_KEYS` that differs, with both
+  values."""
+  old = rundir.read_json(run.config)
+  if old is None:
+    return []
+  changes = config_changes(old, cfg.to_dict())
+  fixed = {k: v for k, v in changes.items() if k not in RESUMABLE_KEYS}
+  if fixed:
+    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
+    raise ValueError(
+        f"{run.root} holds a run with another config ({listed}). These keys change what the "
+        f"run computes (train.steps sets the length of the learning-rate schedule, so a "
+        f"longer run is a new run, not an extension): use a new run directory, or the run's "
+        f"own values (its config.json). Keys that may change on resume: "
+        + ", ".join(RESUMABLE_KEYS))
+  return sorted(changes)
+
+
 def train(cfg: Any) -> dict:
-  """Runs (or resumes, or skips if already ended) the run ``cfg`` describes; returns its summary."""
+  """Runs (or resumes, or returns the summary of, if already ended) the run ``cfg`` describes.
+
+  Rerunning a run directory with a config that changes what it computes raises, naming the
+  keys (:func:`check_config`); keys of :data:`RESUMABLE_KEYS` may change.
+  """
   run = rundir.RunDir(cfg.run_dir)
   if run.is_done():
+    changed = check_config(run, cfg)
+    if changed:
+      print(f"{cfg.run_dir}: the run has ended; {', '.join(changed)} changed, which an ended "
+            f"run does not use (its summary is returned)", file=sys.stderr, flush=True)
     return run.read_summary()
   return Trainer(cfg).run()
