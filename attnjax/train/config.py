@@ -88,11 +88,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.stop_after = 0       # > 0: stop (as if killed) after this many steps; for resume tests
   c.train.divergence_factor = 1.5  # diverged if loss > factor * initial loss ...
   c.train.divergence_patience = 10  # ... for this many steps in a row (NaN/Inf: at once)
-  c.train.num_devices = 0      # data-parallel devices: 0 = all of jax.devices()
+  c.train.num_devices = 0      # devices of the mesh: 0 = all of jax.devices()
   c.train.microbatches = 1     # gradient accumulation over this many microbatches per step
   c.train.step_stats = True    # per-layer attention stats in every training step
   c.train.progress = True
   c.train.plots = True
+
+  # The device mesh (attnjax.train.mesh): sizes of its data, FSDP, tensor and context axes;
+  # one of them may be -1 (the devices left). The default is data parallel over every device.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  c.mesh.context = 1
   return c
 
 
@@ -325,11 +333,6 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     _require(t.num_devices <= num_devices,
              f"train.num_devices={t.num_devices} but only {num_devices} devices exist")
     num_devices = t.num_devices
-  if num_devices is not None:
-    _require((d.batch_size // t.microbatches) % num_devices == 0,
-             f"data.batch_size / train.microbatches = {d.batch_size // t.microbatches} is not "
-             f"divisible by the {num_devices} devices")
-    _require(d.batch_size % num_devices == 0,
-             f"data.batch_size={d.batch_size} is not divisible by the {num_devices} devices")
-    _require(t.probe_batch % num_devices == 0,
-             f"train.probe_batch={t.probe_batch} is not divisible by the {num_devices} devices")
+  if num_devices is not None:  # the mesh fills the devices; the shapes split over it
+    from attnjax.train import mesh as mesh_lib
+    mesh_lib.check_shapes(cfg, mesh_lib.mesh_sizes(cfg.get("mesh", {}), num_devices))

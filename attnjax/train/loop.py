@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from attnjax import data as data_lib
 from attnjax.train import config as config_lib
 from attnjax.train import metrics as run_metrics
+from attnjax.train import mesh as mesh_lib
 from attnjax.train import optim, rundir
 from attnjax.train.model import build_model, count_params, flops_per_token
 from attnjax.train.probe import run_probe
@@ -53,42 +53,6 @@ def init_distributed() -> None:
   """``jax.distributed.initialize()`` when the environment names a coordinator (multi-host)."""
   if os.environ.get("JAX_COORDINATOR_ADDRESS") and jax.process_count() == 1:
     jax.distributed.initialize()
-
-
-class DataParallel:
-  """Data parallelism over every device: batch axis sharded, parameters replicated."""
-
-  def __init__(self, num_devices: int = 0):
-    devices = jax.devices()
-    if num_devices:
-      if jax.process_count() > 1:
-        raise ValueError("train.num_devices must be 0 (all devices) on more than one host")
-      devices = devices[:num_devices]
-    self.mesh = Mesh(np.asarray(devices), ("data",))
-    self.batch = NamedSharding(self.mesh, P("data"))
-    self.replicated = NamedSharding(self.mesh, P())
-
-  def put_batch(self, array: np.ndarray) -> jax.Array:
-    """A global ``[B, ...]`` host array -> a device array sharded over the batch axis.
-
-    Every host computes the same global batch (it is a function of the step),
-    and contributes only its own rows.
-    """
-    n = jax.process_count()
-    rows = array.shape[0] // n
-    local = array[jax.process_index() * rows:(jax.process_index() + 1) * rows]
-    return jax.make_array_from_process_local_data(self.batch, local, array.shape)
-
-  def batch_args(self, b) -> tuple:
-    """``(inputs, targets)`` of a Batch on the devices, plus its packing dict when packed."""
-    args = (self.put_batch(b.inputs), self.put_batch(b.targets))
-    packing = b.packing()
-    if packing is None:
-      return args
-    return args + ({k: self.put_batch(v) for k, v in packing.items()},)
-
-  def replicate(self, tree: Any) -> Any:
-    return jax.device_put(tree, self.replicated)
 
 
 def _to_host(metrics: list[dict]) -> list[dict]:
@@ -188,22 +152,23 @@ class Trainer:
     self.dir = rundir.RunDir(cfg.run_dir)
     self.is_writer = jax.process_index() == 0
     self.batches = data_lib.from_config(cfg.data, seed=cfg.seed)
-    self.dp = DataParallel(cfg.train.num_devices)
+    self.dp = mesh_lib.MeshParallel(cfg)
 
-    model = build_model(cfg, self.batches.model_vocab_size, seed=cfg.seed)
-    self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-    self.num_params = count_params(params)
-    self.flops_per_token = flops_per_token(cfg, self.num_params)
-    self.optimizer = optim.make_optimizer(cfg)
-    self.schedule = optim.schedule(cfg)
-    state = {"params": params, "opt_state": self.optimizer.init(params),
-             "step": jnp.zeros((), jnp.int32), "initial_loss": jnp.full((), jnp.nan, jnp.float32)}
-    self.state = self.dp.replicate(state)
-    self.rest = self.dp.replicate(self.rest)
+    vocab = self.batches.model_vocab_size
+    with jax.set_mesh(self.dp.mesh):  # created sharded: no device holds the whole model
+      self.graphdef, params, self.rest = self.dp.init_model(
+          lambda: build_model(cfg, vocab, seed=cfg.seed))
+      self.num_params = count_params(params)
+      self.flops_per_token = flops_per_token(cfg, self.num_params)
+      self.optimizer = optim.make_optimizer(cfg)
+      self.schedule = optim.schedule(cfg)
+      self.state = {"params": params, "opt_state": self.dp.init_optimizer(self.optimizer, params),
+                    "step": self.dp.replicate(jnp.zeros((), jnp.int32)),
+                    "initial_loss": self.dp.replicate(jnp.full((), jnp.nan, jnp.float32))}
 
     step_fn = make_train_step(self.graphdef, self.optimizer, z_loss=cfg.opt.z_loss,
                               stats=cfg.train.step_stats, microbatches=cfg.train.microbatches)
-    self.train_step = jax.jit(step_fn, donate_argnums=(0,))
+    self.train_step = jax.jit(self.dp.keep_shardings(step_fn, self.state), donate_argnums=(0,))
     self.skipped_checkpoints: list[dict] = []
     self.eval_step = jax.jit(make_eval_step(self.graphdef))
     self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
@@ -489,13 +454,15 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
 
 
 # Config keys that may differ when a run directory is resumed or rerun: where the run is and how
-# often it logs, evaluates, probes and checkpoints, and on how many devices it runs (data
-# parallel: the same step up to the order of floating-point reductions). Every other key changes
+# often it logs, evaluates, probes and checkpoints, and on how many devices and which mesh it
+# runs (the same step up to the order of floating-point reductions; a checkpoint is resharded
+# onto the new mesh when restored). Every other key changes
 # what the run computes; ``train.steps`` too (the learning-rate schedule decays over it, so the
 # first steps of a longer run differ: a longer run is a new run).
 RESUMABLE_KEYS = ("run_dir", "train.log_every", "train.eval_every", "train.probe_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
-                  "train.stop_after", "train.num_devices", "train.plots")
+                  "train.stop_after", "train.num_devices", "train.plots", "mesh.data",
+                  "mesh.fsdp", "mesh.tensor", "mesh.context")
 
 
 def _flat(tree: Any, prefix: str = "") -> dict:
