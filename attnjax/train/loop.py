@@ -50,13 +50,28 @@ LN2 = math.log(2.0)
 
 
 def init_distributed() -> None:
-  """``jax.distributed.initialize()`` when the environment names a coordinator (multi-host)."""
-  if os.environ.get("JAX_COORDINATOR_ADDRESS") and jax.process_count() == 1:
-    jax.distributed.initialize()
+  """``jax.distributed.initialize`` when the environment names a coordinator; call it first.
+
+  ``JAX_COORDINATOR_ADDRESS`` (``host:port``) with ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID`` (as :mod:`attnjax.train.launch` sets them), or the coordinator
+  address alone where jax reads the rest from the cluster (SLURM, a TPU pod, ...).
+  CPU processes exchange collectives through gloo. Nothing happens without a
+  coordinator or when jax's distributed runtime is already up.
+  """
+  address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if not address or jax.distributed.is_initialized():
+    return
+  kwargs = {}
+  if os.environ.get("JAX_NUM_PROCESSES"):
+    kwargs = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                  process_id=int(os.environ["JAX_PROCESS_ID"]))
+  if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=address, **kwargs)
 
 
 def _to_host(metrics: list[dict]) -> list[dict]:
-  host = jax.device_get(metrics)
+  host = mesh_lib.to_host(metrics)
   out = []
   for m in host:
     out.append({k: (float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)])
@@ -232,7 +247,7 @@ class Trainer:
     for i in range(self.cfg.train.eval_batches):
       b = self.batches.batch("val", i)
       out = self.eval_step(self.state["params"], self.rest, *self.dp.batch_args(b))
-      out = jax.device_get(out)
+      out = mesh_lib.to_host(out)
       ce += float(out["ce_sum"])
       count += float(out["count"])
     loss = ce / max(count, 1.0)
@@ -242,7 +257,7 @@ class Trainer:
   def probe(self, step: int) -> dict:
     t = self.cfg.train
     b = self.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
-    record = run_probe(self.model(), self.dp.put_batch(b.inputs))
+    record = run_probe(self.model(), self.dp.put_batch(b.inputs), to_host=mesh_lib.to_host)
     return {"step": step, **record}
 
   # -- the loop -------------------------------------------------------------
@@ -305,7 +320,7 @@ class Trainer:
         start=start, step=start,
         metrics_out=rundir.JsonlWriter(self.dir.metrics) if self.is_writer else None,
         probes_out=rundir.JsonlWriter(self.dir.probes) if self.is_writer else None,
-        initial_loss=float(jax.device_get(self.state["initial_loss"])),
+        initial_loss=float(mesh_lib.to_host(self.state["initial_loss"])),
         train_time=float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0,
         watch=DivergenceWatch(t.divergence_factor, t.divergence_patience))
     if t.progress and self.is_writer:

@@ -187,6 +187,17 @@ class MeshParallel:
     return step
 
 
+def to_host(tree: Any) -> Any:
+  """``jax.device_get`` that also reads arrays spread over several processes' devices (each
+  process gathers the whole array: metrics, probe statistics, validation sums)."""
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+      from jax.experimental import multihost_utils  # noqa: PLC0415
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.device_get(x)
+  return jax.tree.map(one, tree)
+
+
 def bytes_per_device(tree: Any) -> dict[Any, int]:
   """Bytes of ``tree``'s arrays held on each device (from their shardings)."""
   out: dict[Any, int] = {}

@@ -1,0 +1,127 @@
+"""Start several local processes of one command under ``jax.distributed`` (multi-process on a host).
+
+    python -m attnjax.train.launch --processes 2 --devices-per-process 4 -- \\
+        python experiments/train.py --config experiments/configs/shakespeare.py:preset=cpu \\
+        --out runs/train/two_procs
+
+Every process gets ``JAX_COORDINATOR_ADDRESS=127.0.0.1:<port>``,
+``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` and, on the CPU (the default platform
+here), ``JAX_NUM_CPU_DEVICES`` devices with gloo collectives; the entry points'
+:func:`attnjax.train.init_distributed` joins them into one run over all
+``processes x devices-per-process`` devices (the mesh of ``config.mesh``), each
+process feeding its own rows of every batch and writing its shards of every
+checkpoint. Output lines are prefixed ``[p<i>]``. If one process exits with an
+error or is killed, the others are stopped (a collective would wait for it
+forever) and the launcher exits with that status; running the same command
+again resumes the run from its last checkpoint.
+
+On a GPU cluster or a TPU pod the cluster's own launcher (SLURM's ``srun``, a
+TPU VM's ``gcloud ... --worker=all``) starts one process per host instead and
+sets the coordinator (``JAX_COORDINATOR_ADDRESS`` or the cluster's variables
+jax reads), and the same entry points run unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional, Sequence
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def environments(processes: int, devices: int, port: int, platform: str) -> list[dict]:
+  """The environment of each process."""
+  envs = []
+  for i in range(processes):
+    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+               JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i))
+    if platform == "cpu":
+      env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
+      # XLA's own host device count would override JAX_NUM_CPU_DEVICES.
+      flags = [f for f in env.get("XLA_FLAGS", "").split()
+               if not f.startswith("--xla_force_host_platform_device_count")]
+      env["XLA_FLAGS"] = " ".join(flags)
+    envs.append(env)
+  return envs
+
+
+def _pump(i: int, stream, out) -> None:
+  for line in iter(stream.readline, ""):
+    out.write(f"[p{i}] {line}")
+    out.flush()
+
+
+def launch(command: Sequence[str], processes: int, devices: int, *, port: Optional[int] = None,
+           platform: str = "cpu") -> int:
+  """Runs ``command`` in ``processes`` processes; returns the first failing status (or 0)."""
+  if processes < 1 or devices < 1:
+    raise ValueError(f"--processes={processes} and --devices-per-process={devices} must be >= 1")
+  if not command:
+    raise ValueError("no command to launch (put it after --)")
+  port = port or free_port()
+  procs, pumps = [], []
+  for i, env in enumerate(environments(processes, devices, port, platform)):
+    p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, bufsize=1)
+    t = threading.Thread(target=_pump, args=(i, p.stdout, sys.stdout), daemon=True)
+    t.start()
+    procs.append(p)
+    pumps.append(t)
+  status = 0
+  try:
+    while any(p.poll() is None for p in procs):
+      failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+      if failed:
+        status = failed[0]
+        for p in procs:
+          if p.poll() is None:
+            p.terminate()
+        break
+      time.sleep(0.2)
+    for p in procs:
+      try:
+        p.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for t in pumps:
+    t.join(timeout=5)
+  return status or next((p.returncode for p in procs if p.returncode), 0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if "--" not in argv:
+    print("usage: python -m attnjax.train.launch --processes P --devices-per-process D -- "
+          "<command>", file=sys.stderr)
+    return 2
+  cut = argv.index("--")
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--processes", type=int, required=True)
+  p.add_argument("--devices-per-process", type=int, default=1)
+  p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
+  p.add_argument("--platform", default="cpu",
+                 help="cpu (local test runs: JAX_NUM_CPU_DEVICES, gloo) or anything else to "
+                      "leave the processes' platform alone")
+  args = p.parse_args(argv[:cut])
+  return launch(argv[cut + 1:], args.processes, args.devices_per_process, port=args.port,
+                platform=args.platform)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
