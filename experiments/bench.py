@@ -212,6 +212,68 @@ def pallas_tpu_suite(args) -> Iterable[Case]:
                  shape, fwd_bwd(attn), (q, k, v), flops)
 
 
+MESH_SHAPES = ("data=8", "fsdp=8", "data=2,fsdp=4", "fsdp=4,tensor=2", "data=2,context=4",
+               "fsdp=2,tensor=2,context=2")
+
+
+def _mesh_child() -> None:
+  """In a process of 8 host devices: per-device bytes of parameters + optimizer state and the
+  step time of the cpu preset's model (d_model 256, 4 layers) on each mesh of MESH_SHAPES."""
+  import tempfile
+  from attnjax.train import config as config_lib
+  from attnjax.train import mesh as mesh_lib
+  from attnjax.train.loop import Trainer
+  rows = []
+  for shape in MESH_SHAPES:
+    c = config_lib.apply_preset(config_lib.base_config(), "cpu")
+    c.model.update(d_model=256, num_layers=4, num_heads=8)
+    c.data.name = "bigram_backcopy"
+    c.train.update(progress=False, plots=False)
+    c.mesh.update(dict(dict(data=1), **{k: int(v) for k, v in
+                                        (kv.split("=") for kv in shape.split(","))}))
+    c.run_dir = tempfile.mkdtemp()
+    t = Trainer(c)
+    per_device = mesh_lib.bytes_per_device((t.state["params"], t.state["opt_state"]))
+    with jax.set_mesh(t.dp.mesh):
+      b = t.batches.batch("train", 0)
+      args = t.dp.batch_args(b)
+      step = t.train_step.lower(t.state, t.rest, *args).compile()
+      state, m = step(t.state, t.rest, *args)
+      block(m)
+      t0 = time.perf_counter()
+      for _ in range(3):
+        state, m = step(state, t.rest, *args)
+      block(m)
+    rows.append(dict(mesh=shape, max_bytes=max(per_device.values()),
+                     step_ms=(time.perf_counter() - t0) / 3 * 1e3, params=t.num_params))
+  print(json.dumps(rows))
+
+
+@suite("mesh")
+def mesh_suite(args) -> Iterable[Case]:
+  """Training meshes (8 host devices in a child process): bytes of parameters + Adam state on
+  the fullest device, against the replicated (data=8) run, and the cpu preset's step time at
+  d_model 256, 4 layers (host devices share this CPU: the times show overheads, not scaling)."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, os.path.abspath(__file__), "--mesh-child"],
+                       capture_output=True, text=True, env=env, check=False)
+  if out.returncode != 0:
+    print(f"## mesh\n\nfailed: {out.stderr.strip().splitlines()[-1:]}\n")
+    return []
+  rows = json.loads(out.stdout.strip().splitlines()[-1])
+  base = rows[0]["max_bytes"]
+  print(f"## mesh\n\n{mesh_suite.__doc__.strip()}\n")
+  print(f"params: {rows[0]['params']:,}\n")
+  print("| mesh | params + opt state, fullest device (MiB) | vs data=8 | step ms |")
+  print("|---|---:|---:|---:|")
+  for r in rows:
+    print(f"| {r['mesh']} | {r['max_bytes'] / 2**20:.2f} | {r['max_bytes'] / base:.3f}x | "
+          f"{r['step_ms']:.1f} |")
+  print()
+  return []
+
+
 def _pattern_pairs(pattern, T: int) -> int:
   """Allowed (query, key) pairs of a pattern, counted from its mask one row block at a time."""
   total = 0
@@ -800,6 +862,8 @@ def run_suites(names: list[str], args) -> list[dict]:
                          tokens_per_s=case.tokens / t if case.tokens else None))
         print(f"  {case.suite} {case.shape} {case.method}: "
               f"{'%.2f ms' % (t * 1e3) if err is None else err}", file=sys.stderr, flush=True)
+    if not rows:  # a suite that printed its own table (mesh)
+      continue
     base = {r["shape"]: r["time_ms"] for r in rows if r["baseline"]}
     for r in rows:
       r["ratio"] = r["time_ms"] / base[r["shape"]] if r["shape"] in base else float("nan")
@@ -833,9 +897,13 @@ def main(argv=None) -> None:
   p.add_argument("--json", default=None, help="write all rows to this JSON file")
   p.add_argument("--list", action="store_true")
   p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--mesh-child", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.memory_child:
     _memory_child(args.memory_child)
+    return
+  if args.mesh_child:
+    _mesh_child()
     return
   if args.list:
     for name, fn in _SUITES.items():
