@@ -53,13 +53,19 @@ def init_distributed() -> None:
   """``jax.distributed.initialize`` when the environment names a coordinator; call it first.
 
   ``JAX_COORDINATOR_ADDRESS`` (``host:port``) with ``JAX_NUM_PROCESSES`` and
-  ``JAX_PROCESS_ID`` (as :mod:`attnjax.train.launch` sets them), or the coordinator
-  address alone where jax reads the rest from the cluster (SLURM, a TPU pod, ...).
-  CPU processes exchange collectives through gloo. Nothing happens without a
-  coordinator or when jax's distributed runtime is already up.
+  ``JAX_PROCESS_ID`` (as :mod:`attnjax.train.launch` sets them); or, with no address,
+  jax's own cluster detection (a SLURM job of several tasks, or ``ATTNJAX_DISTRIBUTED=1``
+  on a TPU pod's workers, where jax reads the coordinator from the TPU metadata). CPU
+  processes exchange collectives through gloo. Nothing happens on a single process or
+  when jax's distributed runtime is already up.
   """
   address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-  if not address or jax.distributed.is_initialized():
+  cluster = (os.environ.get("ATTNJAX_DISTRIBUTED") == "1"
+             or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1)
+  if (not address and not cluster) or jax.distributed.is_initialized():
+    return
+  if not address:
+    jax.distributed.initialize()
     return
   kwargs = {}
   if os.environ.get("JAX_NUM_PROCESSES"):
