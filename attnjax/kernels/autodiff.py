@@ -73,12 +73,25 @@ def invariant_like(x, ct):
   Inside ``jax.shard_map`` a hand-written backward computes each device's part
   of an input's cotangent; an input the same on every device of an axis (sink
   logits, ``score_mod`` tables) gets the sum of the parts, as jax's own
-  transpose of the implicit broadcast gives.
+  transpose of the implicit broadcast gives. ``x`` and ``ct`` are pytrees of the
+  same structure; the sums over the same axes are one collective (independent
+  collectives may run in different orders on different devices of a CPU host,
+  which deadlocks its in-process communicator).
   """
-  if isinstance(ct, np.ndarray) or isinstance(x, np.ndarray):
-    return ct
-  extra = tuple(a for a in varying_axes(as_aval(ct)) if a not in varying_axes(as_aval(x)))
-  return jax.lax.psum(ct, extra) if extra else ct
+  x_leaves, tree = jax.tree.flatten(x)
+  ct_leaves = tree.flatten_up_to(ct)
+  groups: dict = {}
+  for i, (xi, ci) in enumerate(zip(x_leaves, ct_leaves)):
+    if ci is None or isinstance(ci, np.ndarray) or isinstance(xi, np.ndarray):
+      continue
+    extra = tuple(a for a in varying_axes(as_aval(ci)) if a not in varying_axes(as_aval(xi)))
+    if extra:
+      groups.setdefault(extra, []).append(i)
+  for axes, idx in groups.items():
+    summed = jax.lax.psum([ct_leaves[i] for i in idx], axes)
+    for i, total in zip(idx, summed):
+      ct_leaves[i] = total
+  return jax.tree.unflatten(tree, ct_leaves)
 
 
 def custom_vjp_with_jvp(forward: Callable, backward: Callable, x, nondiff=(), *,
@@ -113,7 +126,7 @@ def custom_vjp_with_jvp(forward: Callable, backward: Callable, x, nondiff=(), *,
 
   def transpose(resid, own, ct):
     x_, nd_ = resid
-    return jax.tree.map(invariant_like, x_, backward(x_, nd_, residuals(x_, own), ct))
+    return invariant_like(x_, backward(x_, nd_, residuals(x_, own), ct))
 
   def rule(x, nondiff, tx):
     out, res = with_residuals(x, nondiff)

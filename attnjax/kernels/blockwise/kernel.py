@@ -514,8 +514,11 @@ def _bwd_visit(c: TilePlan, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask
   if c.opts.score_mod is None:
     z = z_pre
   else:
+    # Typed as varying like the tile (inside shard_map): the tile's part of their cotangent then
+    # stays this device's, summed over devices once, after every tile (autodiff.invariant_like),
+    # not by a collective inside a visit (visits differ between devices of a ring).
     z, mod_vjp = jax.vjp(lambda zz, args: _score_mod(c, a, zz, args, q0, tq, k0, tk), z_pre,
-                         tuple(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating)
+                         tuple(a.vary(x.astype(jnp.float32)) if jnp.issubdtype(x.dtype, jnp.floating)
                                else x for x in a.score_args))
   allowed = _allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
   kb = _span(a.k, k0, tk, 2)

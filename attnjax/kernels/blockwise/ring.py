@@ -57,7 +57,7 @@ from attnjax.layout import BlockLayout, mask_mod_block_table
 
 Array = jnp.ndarray
 
-LAYOUTS = ("contiguous", "zigzag")
+
 
 
 def shard_positions(shard, axis_size: int, length: int, layout: str):
@@ -299,7 +299,10 @@ def _forward(call: _Call, x, nondiff):
   if not stats:
     return (out_bt, None), (out, res)
   res["has_key"] = counts > 0
-  return (out_bt, _collect_stats(call, srow, gq)), (out, res)
+  stats = _collect_stats(call, srow, gq)
+  # The backward's ring waits for the statistics' sums, which nothing else orders before it.
+  _, (out, res) = jax.lax.optimization_barrier((stats, (out, res)))
+  return (out_bt, stats), (out, res)
 
 
 def _collect_stats(call: _Call, rows: dict, gq: Array) -> tuple:
@@ -308,17 +311,19 @@ def _collect_stats(call: _Call, rows: dict, gq: Array) -> tuple:
   cat = {key: jnp.reshape(jnp.broadcast_to(val, (B, call.K, call.G, T, 1)), (B, N, T))
          for key, val in rows.items()}
 
-  def mean(x, rows):
-    total = jax.lax.psum(jnp.sum(jnp.where(rows, x, 0.0), axis=-1), axis)
-    count = jax.lax.psum(jnp.sum(rows, axis=-1, dtype=jnp.float32), axis)
-    return total / jnp.maximum(count, 1.0)
-
   later = (gq >= 1)[None, None, :]
-  entropy = mean(cat["entropy"], cat["normalisable"])
-  sink_mass = mean(cat["p0"], jnp.logical_and(cat["normalisable"], later))
-  zmax = jax.lax.pmax(jnp.max(cat["row_max"], axis=-1), axis)
+  means = ((cat["entropy"], cat["normalisable"]),
+           (cat["p0"], jnp.logical_and(cat["normalisable"], later)),
+           (cat["row_sum"], cat["has_key"]))
+  # One all-reduce for the sums, then one for the maximum (after it): collectives that do not
+  # depend on each other may run in different orders on the devices of a CPU host, which
+  # deadlocks its in-process communicator.
+  sums = jax.lax.psum([(jnp.sum(jnp.where(rows, x, 0.0), axis=-1),
+                        jnp.sum(rows, axis=-1, dtype=jnp.float32)) for x, rows in means], axis)
+  entropy, sink_mass, row_sum = (total / jnp.maximum(count, 1.0) for total, count in sums)
+  row_max, _ = jax.lax.optimization_barrier((jnp.max(cat["row_max"], axis=-1), sums))
+  zmax = jax.lax.pmax(row_max, axis)
   max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
-  row_sum = mean(cat["row_sum"], cat["has_key"])
   return sink_mass, entropy, max_logit, cat["lse"], row_sum
 
 
@@ -358,6 +363,8 @@ def _backward(call: _Call, x, nondiff, saved, cts):
     term = nz.null_grad(floor, {key: val for key, val in res.items() if key != "has_key"},
                         row_dot, g)
     dsink = jnp.reshape(jnp.sum(term, axis=(0, 3, 4)), sink.shape).astype(sink.dtype)
+    # After the ring: its sum over the devices must not overtake the ring's collectives.
+    dsink, carry = jax.lax.optimization_barrier((dsink, carry))
   dq = jnp.reshape(jnp.transpose(carry["dq"], (0, 3, 1, 2, 4)), (B, T, K * G, H)).astype(q.dtype)
   dk = jnp.transpose(kv["dk"], (0, 2, 1, 3)).astype(k.dtype)
   dv = jnp.transpose(kv["dv"], (0, 2, 1, 3)).astype(v.dtype)
