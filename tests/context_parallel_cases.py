@@ -74,6 +74,71 @@ def keywords(case: dict) -> dict:
   return kw
 
 
+def run_recurrent_case(case: dict) -> dict:
+  """Errors of a recurrent-family case: ``family`` (gated_linear / delta_rule), ``P``, ``T``,
+  ``gla`` (per-channel gates), ``segments``, ``initial_state``, ``chunk_size``."""
+  Pn, T = case["P"], case["T"]
+  mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:Pn])
+  rng = np.random.default_rng(case.get("seed", 0))
+  B, N, K, H = 1, 4, 2, 8
+  f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  k = f(B, T, K, H)
+  if case["family"] == "delta_rule":
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+  gate_shape = (B, T, N, H) if case.get("gla") else (B, T, N)
+  diff = {"q": f(B, T, N, H), "k": k, "v": f(B, T, K, H),
+          "log_decay": jnp.asarray(-rng.uniform(0.01, 0.5, gate_shape), jnp.float32)}
+  if case["family"] == "delta_rule":
+    diff["beta"] = jnp.asarray(rng.uniform(0.1, 0.9, (B, T, N)), jnp.float32)
+  if case.get("initial_state"):
+    diff["initial_state"] = f(B, N, H, H)
+  rest = {}
+  if case.get("segments"):
+    cuts = np.sort(rng.choice(np.arange(1, T), 3, replace=False))
+    cuts[0] = T // Pn  # one reset exactly at a shard boundary
+    rest["segment_ids"] = jnp.asarray(
+        np.searchsorted(np.sort(cuts), np.arange(T), side="right")[None], jnp.int32)
+  fn = {"gated_linear": attnjax.gated_linear_attention,
+        "delta_rule": attnjax.delta_rule_attention}[case["family"]]
+  kw = dict(chunk_size=case.get("chunk_size", 8), return_state=True)
+  sharded = {"q", "k", "v", "log_decay", "beta", "segment_ids"}
+
+  def reference(**a):
+    q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
+    beta = (a.pop("beta"),) if "beta" in a else ()
+    return fn(q, k, v, *beta, **a, **kw)
+
+  def sharded_call(**a):
+    names = sorted(a)
+    specs = tuple(P(None, AXIS) if n in sharded else P() for n in names)
+
+    def local(*xs):
+      return reference(**dict(zip(names, xs)), context_axis=AXIS)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(None, AXIS), P()))(
+        *(a[n] for n in names))
+
+  def loss(call, diff, rest):
+    out, state = call(**diff, **rest)
+    return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(state)), (out, state)
+
+  import functools as ft  # noqa: PLC0415
+  with jax.set_mesh(mesh):
+    (_, got), g_got = jax.jit(jax.value_and_grad(ft.partial(loss, sharded_call), has_aux=True))(
+        diff, rest)
+  (_, want), g_want = jax.jit(jax.value_and_grad(ft.partial(loss, reference), has_aux=True))(
+      diff, rest)
+  errors = {"out": _rel(got[0], want[0]), "state": _rel(got[1], want[1])}
+  errors.update({f"d{n}": _rel(g_got[n], g_want[n]) for n in diff})
+  return errors
+
+
+def _rel(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b)) / (1.0 + np.max(np.abs(b))))
+
+
 def run_case(case: dict) -> dict:
   """Errors of one case: ``strategy``, ``P``, ``T``, ``layout``, ``normalizer``, ``mask``
   (causal / window / segments / bidirectional / mask_mod), ``heads`` (mha / gqa / mqa),
@@ -161,7 +226,8 @@ def main(argv: list[str]) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   for case in json.loads(argv[1]):
     try:
-      print(json.dumps({"case": case, "errors": run_case(case)}), flush=True)
+      run = run_recurrent_case if "family" in case else run_case
+      print(json.dumps({"case": case, "errors": run(case)}), flush=True)
     except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
       if os.environ.get("ATTNJAX_CP_TRACEBACK"):
         import traceback  # noqa: PLC0415

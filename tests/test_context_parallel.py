@@ -82,6 +82,9 @@ REPRESENTATIVE = [
          heads="gqa", sinks=True, score_mod=True, layout="zigzag"),
     dict(strategy="all_gather", P=4, T=128, normalizer="softmax_one", mask="window",
          heads="gqa", score_mod=True, stats=False, layout="zigzag"),
+    # Recurrent families: state passing, with resets (one at a shard boundary), initial state.
+    dict(family="gated_linear", P=4, T=64, segments=True, gla=True),
+    dict(family="delta_rule", P=2, T=64, initial_state=True),
     # Errors raised while tracing inside shard_map (no compile).
     dict(strategy="all_to_all", P=8, T=64, heads="gqa",
          expect="N=4 heads (q (1, 8, 4, 8)) are not divisible by the axis size 8"),
@@ -111,6 +114,15 @@ def _cross_product() -> list[dict]:
       case["T"] = 64
     cases.append(case)
   return cases
+
+
+@pytest.mark.slow
+def test_recurrent_families_equal_the_unsharded_call_on_2_4_8_devices():
+  check(run_cases([dict(family=family, P=P, T=16 * P, segments=segments,
+                        initial_state=initial, gla=family == "gated_linear" and segments)
+                   for family, P, segments, initial in itertools.product(
+                       ("gated_linear", "delta_rule"), (2, 4, 8), (False, True),
+                       (False, True))], timeout=3600))
 
 
 @pytest.mark.slow

@@ -15,6 +15,11 @@ Dense family (:func:`attention`, ``context_strategy=``):
   single-device implementation on the whole sequence for ``N / P`` heads,
   then back.
 
+Recurrent families (:func:`state_passing`, ``context_axis=`` of
+``gated_linear_attention`` and ``delta_rule_attention``): each device's
+affine state map ``S -> A S + B`` over its tokens, summed to every device,
+composed into its entering state, then its own pass from there.
+
 Layouts of the sequence (``context_layout=``): ``"contiguous"`` (shard ``p``
 holds tokens ``p * T / P ..``) or ``"zigzag"`` (shard ``p`` holds chunks
 ``p`` and ``2P - 1 - p`` of ``2P``; under a causal mask every device does the
@@ -28,8 +33,9 @@ import jax.numpy as jnp
 
 from attnjax.kernels.blockwise.ring import shard_positions
 from attnjax.options import CONTEXT_LAYOUTS, CONTEXT_STRATEGIES
+from attnjax.parallel.recurrent import state_passing
 from attnjax.parallel.strategies import attention
 from attnjax.parallel.tokens import unzigzag, zigzag
 
-__all__ = ["CONTEXT_LAYOUTS", "CONTEXT_STRATEGIES", "attention", "shard_positions", "unzigzag",
-           "zigzag"]
+__all__ = ["CONTEXT_LAYOUTS", "CONTEXT_STRATEGIES", "attention", "shard_positions",
+           "state_passing", "unzigzag", "zigzag"]
