@@ -212,7 +212,7 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   strategies call back here for each device's own part).
   """
   if opts.context_axis is not None:
-    return parallel.attention(inputs, opts, implementation, run)
+    return parallel.attention(inputs, opts, implementation, _run_on_this_platform)
   if implementation is not None:
     return _run_named(implementation, inputs, opts)
   table = dispatch_table(inputs, opts)
@@ -225,6 +225,15 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
               for p, name in table.items()}
   return jax.lax.platform_dependent(
       **branches, default=functools.partial(_run_named, table["cpu"], inputs, opts, True))
+
+
+def _run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+  """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
+  context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
+  ``pallas_call`` would have no manual-axis types there)."""
+  if implementation is None:
+    implementation = select_implementation(inputs, opts)
+  return run(inputs, opts, implementation)
 
 
 # ---------------------------------------------------------------------------
