@@ -76,7 +76,8 @@ QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
 # the selection stands for a mask, window and modifiers, and for bias (no [T, S] logits).
 DENSE_KEYWORDS = options.keywords(without=(
     "bias", "mask", "window", "score_mod", "score_mod_args", "mask_mod", "mask_mod_args",
-    "block_layout"))
+    "block_layout",
+    "context_axis", "context_strategy", "context_layout"))
 
 
 def _pad_to(x: Array, length: int, axis: int = 1, value=0) -> Array:

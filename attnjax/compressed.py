@@ -79,7 +79,8 @@ POOLS: tuple[str, ...] = ("mean", "max")
 # and window are its own rule's (CompressedRule), not the dense ones.
 DENSE_KEYWORDS = options.keywords(without=(
     "bias", "mask", "is_causal", "window", "similarity", "score_mod", "score_mod_args",
-    "mask_mod", "mask_mod_args", "block_layout"))
+    "mask_mod", "mask_mod_args", "block_layout",
+    "context_axis", "context_strategy", "context_layout"))
 
 # Segment id of a compressed block whose keys span several segments: matches no query
 # (queries must not use this id).

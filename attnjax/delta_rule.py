@@ -71,6 +71,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, _recurrent
+from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.kernels import autodiff
@@ -264,8 +265,15 @@ def _delta_rule_attention(
     segment_ids: Optional[Array] = None,
     implementation: Optional[ImplementationName] = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    context_axis: Optional[str] = None,
 ):
   """Delta-rule attention (DeltaNet; Gated DeltaNet with ``log_decay``), causal.
+    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
+      over (context parallelism, :mod:`attnjax.parallel.recurrent`): called inside
+      ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
+      along time (``initial_state`` whole), returns this device's shard of the output
+      (and the final state of the whole sequence, on every device), equal to the
+      unsharded call.
 
   Per query head: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
   ``o_t = scale * S_t^T q_t`` (module docstring for the chunk form).
@@ -301,6 +309,18 @@ def _delta_rule_attention(
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
     (Gated DeltaNet).
   """
+  if context_axis is not None:
+
+    def local(v_, state_):
+      return _delta_rule_attention(q, k, v_, beta, log_decay=log_decay, scale=scale,
+                                   initial_state=state_, return_state=True, segment_ids=segment_ids,
+                                   implementation=implementation, chunk_size=chunk_size)
+
+    _checks.check_initial_state(initial_state,
+                                (q.shape[0], q.shape[2], k.shape[-1], v.shape[-1]))
+    return state_passing(local, v, num_heads=q.shape[2], head_dim=k.shape[-1],
+                         initial_state=initial_state, segment_ids=segment_ids,
+                         return_state=return_state, axis=context_axis)
   x = _recurrent.prepare("delta_rule_attention", q, k, v, scale=scale,
                          initial_state=initial_state, return_state=return_state,
                          segment_ids=segment_ids, implementation=implementation,
@@ -322,7 +342,7 @@ def _delta_rule_attention(
   return _recurrent.finish(out, final, q, return_state=return_state)
 
 
-DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size")
+DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
 delta_rule_attention = jax.jit(_delta_rule_attention, static_argnames=DELTA_STATIC)
 delta_rule_attention.__doc__ = _delta_rule_attention.__doc__

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, masks, normalizers, options, _platform
+from attnjax import _checks, masks, normalizers, options, parallel, _platform
 from attnjax.kernels import blockwise, jax_nn, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
 
@@ -215,8 +215,12 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   of :func:`dispatch_table` become the branches of one
   ``jax.lax.platform_dependent`` (a single branch when they agree), so a
   function exported for ``cuda`` or ``tpu`` from a CPU host carries the GPU or
-  TPU kernel.
+  TPU kernel. With ``opts.context_axis`` the call is one device's shard of a sequence
+  sharded over that ``shard_map`` axis: :func:`attnjax.parallel.attention` runs it (its
+  strategies call back here for each device's own part).
   """
+  if opts.context_axis is not None:
+    return parallel.attention(inputs, opts, implementation, _run_on_this_platform)
   if implementation is not None:
     return _run_named(implementation, inputs, opts)
   table = dispatch_table(inputs, opts)
@@ -229,6 +233,15 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
               for p, name in table.items()}
   return jax.lax.platform_dependent(
       **branches, default=functools.partial(_run_named, table["cpu"], inputs, opts, True))
+
+
+def _run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+  """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
+  context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
+  ``pallas_call`` would have no manual-axis types there)."""
+  if implementation is None:
+    implementation = select_implementation(inputs, opts)
+  return run(inputs, opts, implementation)
 
 
 # ---------------------------------------------------------------------------
@@ -350,6 +363,9 @@ def _dot_product_attention(
     mask_mod: Optional[Callable[..., Any]] = None,
     mask_mod_args: Any = None,
     block_layout: Any = None,
+    context_axis: Optional[str] = None,
+    context_strategy: options.ContextStrategy = "ring",
+    context_layout: Optional[options.ContextLayout] = None,
 ):
   """Scaled dot-product attention with a choice of normaliser.
 
@@ -423,6 +439,22 @@ def _dot_product_attention(
     mask_mod_args: arrays ``mask_mod`` reads (e.g. document ids).
     block_layout: a layout from :func:`attnjax.layout.from_mask_mod` for this
       ``mask_mod`` (static), built once and reused across calls and layers.
+    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
+      over (context parallelism, :mod:`attnjax.parallel`): called inside ``shard_map``
+      with q, k, v and segment ids sharded along time over that axis (sink logits and
+      modifier arguments whole), the call returns this device's shard of the output
+      (statistics: ``logsumexp`` of the local rows, the other fields over the whole
+      sequence), equal to the unsharded call. Causal, window, ``score_mod`` and
+      ``mask_mod`` act on global positions; no ``bias`` / ``mask`` arrays,
+      ``return_residual`` or ragged lengths.
+    context_strategy: ``"ring"`` (keys/values travel around the devices, the
+      normaliser's online state stays; O(T / P) memory; block-wise kernel),
+      ``"all_gather"`` (keys/values gathered; no ``return_stats``) or
+      ``"all_to_all"`` (Ulysses: heads <-> sequence, any ``implementation``; needs
+      ``N`` divisible by the axis size).
+    context_layout: ``"contiguous"`` (None; shard ``p`` holds tokens ``p * T / P ..``)
+      or ``"zigzag"`` (shard ``p`` holds chunks ``p`` and ``2P - 1 - p`` of ``2P``:
+      equal causal work per device; :func:`attnjax.parallel.zigzag` orders tokens so).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, ``(out, AttentionStats)`` or
@@ -431,6 +463,11 @@ def _dot_product_attention(
     except past ``query_seq_lengths``, where it is zero too).
   """
   dense_keywords = options.forwarded(options.KEYWORDS, locals())
+  if context_axis is not None and (return_residual or query_seq_lengths is not None
+                                   or key_value_seq_lengths is not None):
+    raise ValueError(f"context_axis={context_axis!r} takes no return_residual, "
+                     f"query_seq_lengths or key_value_seq_lengths (they describe one device's "
+                     f"whole sequence); pass segment ids, and return_stats for the logsumexp")
   dense_keywords["window"] = _window_of(local_window_size, window)
   dense_keywords = _ragged(query, key, query_seq_lengths, key_value_seq_lengths, dense_keywords)
   if return_residual:

@@ -64,6 +64,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, _recurrent
+from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.kernels.recurrent import chunks, gla_chunk
@@ -250,8 +251,15 @@ def _gated_linear_attention(
     segment_ids: Optional[Array] = None,
     implementation: Optional[ImplementationName] = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    context_axis: Optional[str] = None,
 ):
   """Causal linear attention with a decaying state (RetNet, Mamba-2 decay, GLA).
+    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
+      over (context parallelism, :mod:`attnjax.parallel.recurrent`): called inside
+      ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
+      along time (``initial_state`` whole), returns this device's shard of the output
+      (and the final state of the whole sequence, on every device), equal to the
+      unsharded call.
 
   Per query head ``n`` (reading key/value head ``n // (N // K)``):
 
@@ -299,6 +307,18 @@ def _gated_linear_attention(
     Yang et al. 2024, "Gated Linear Attention Transformers with
     Hardware-Efficient Training".
   """
+  if context_axis is not None:
+
+    def local(v_, state_):
+      return _gated_linear_attention(q, k, v_, log_decay=log_decay, scale=scale,
+                                     initial_state=state_, return_state=True, segment_ids=segment_ids,
+                                     implementation=implementation, chunk_size=chunk_size)
+
+    _checks.check_initial_state(initial_state,
+                                (q.shape[0], q.shape[2], k.shape[-1], v.shape[-1]))
+    return state_passing(local, v, num_heads=q.shape[2], head_dim=k.shape[-1],
+                         initial_state=initial_state, segment_ids=segment_ids,
+                         return_state=return_state, axis=context_axis)
   x = _recurrent.prepare("gated_linear_attention", q, k, v, scale=scale,
                          initial_state=initial_state, return_state=return_state,
                          segment_ids=segment_ids, implementation=implementation,
@@ -315,7 +335,7 @@ def _gated_linear_attention(
   return _recurrent.finish(out, final, q, return_state=return_state)
 
 
-GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size")
+GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
 gated_linear_attention = jax.jit(_gated_linear_attention, static_argnames=GATED_LINEAR_STATIC)
 gated_linear_attention.__doc__ = _gated_linear_attention.__doc__

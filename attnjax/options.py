@@ -25,6 +25,13 @@ Array = jnp.ndarray
 Similarity = Literal["dot", "neg_sq_euclidean"]
 SIMILARITIES: tuple[str, ...] = get_args(Similarity)
 
+# Context parallelism (attnjax.parallel): how a call sharded along time over a mesh axis
+# reaches the keys of the other shards, and which tokens each shard holds.
+ContextStrategy = Literal["ring", "all_gather", "all_to_all"]
+CONTEXT_STRATEGIES: tuple[str, ...] = get_args(ContextStrategy)
+ContextLayout = Literal["contiguous", "zigzag"]
+CONTEXT_LAYOUTS: tuple[str, ...] = get_args(ContextLayout)
+
 
 def _static(default: Any) -> Any:
   return dataclasses.field(default=default, metadata={"static": True})
@@ -60,6 +67,9 @@ class DenseKeywords:
   mask_mod: Optional[Callable[..., Any]] = _static(None)
   mask_mod_args: Any = None
   block_layout: Any = _static(None)
+  context_axis: Optional[str] = _static(None)
+  context_strategy: str = _static("ring")
+  context_layout: Optional[str] = _static(None)
 
 
 KEYWORDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DenseKeywords))
@@ -104,6 +114,16 @@ class DenseOptions:
   mask_mod: Optional[Callable[..., Any]] = None
   # A layout built ahead of time by attnjax.layout.from_mask_mod (static), or None.
   block_layout: Optional[Any] = None
+  # Context parallelism (attnjax.parallel): the shard_map axis the sequence is sharded over
+  # (None: not sharded), the strategy and the layout of the tokens over the shards.
+  context_axis: Optional[str] = None
+  context_strategy: str = "ring"
+  context_layout: str = "contiguous"
+
+  def local(self) -> "DenseOptions":
+    """These options for one device's own call (no context parallelism)."""
+    return dataclasses.replace(self, context_axis=None, context_strategy="ring",
+                               context_layout="contiguous")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +217,21 @@ def check_mod(name: str, fn: Any, args: Any, abstract_inputs: tuple) -> tuple:
   return args
 
 
+def check_context(context_axis: Any, context_strategy: Any, context_layout: Any) -> str:
+  """Validates the context-parallel keywords; returns the layout (None means contiguous)."""
+  if context_axis is not None and not isinstance(context_axis, str):
+    raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
+                    f"{context_axis!r}")
+  _checks.check_choice("context_strategy", context_strategy, CONTEXT_STRATEGIES)
+  layout = "contiguous" if context_layout is None else context_layout
+  _checks.check_choice("context_layout", layout, CONTEXT_LAYOUTS)
+  if context_axis is None and (context_strategy != "ring" or layout != "contiguous"):
+    raise ValueError(f"context_strategy={context_strategy!r} / context_layout="
+                     f"{context_layout!r} were given without context_axis (the shard_map axis "
+                     f"the sequence is sharded over)")
+  return layout
+
+
 def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call (every argument but ``implementation``); see ``dense.prepare``.
 
@@ -248,11 +283,14 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
       raise ValueError(
           f"block_layout must be an attnjax.layout.BlockLayout for q_len={T}, kv_len={S}, got "
           f"{layout!r:.120}")
+  context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
   inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
   opts = DenseOptions(is_causal=kw.is_causal, window=window, scale=float(scale),
                       normalizer=kw.normalizer, softcap=softcap, similarity=kw.similarity,
                       return_stats=bool(kw.return_stats), score_mod=kw.score_mod,
-                      mask_mod=kw.mask_mod, block_layout=layout)
+                      mask_mod=kw.mask_mod, block_layout=layout,
+                      context_axis=kw.context_axis, context_strategy=kw.context_strategy,
+                      context_layout=context_layout)
   return inputs, opts
 
 

@@ -83,6 +83,9 @@ def _qk_norm_attention(
     mask_mod: Any = None,
     mask_mod_args: Any = None,
     block_layout: Any = None,
+    context_axis: Optional[str] = None,
+    context_strategy: options.ContextStrategy = "ring",
+    context_layout: Optional[options.ContextLayout] = None,
 ):
   """Attention on normalised queries and keys (QK-norm).
 
@@ -100,7 +103,8 @@ def _qk_norm_attention(
     eps: added to the mean square (or sum of squares) before the square root.
     bias, mask, is_causal, scale, normalizer, sink_logits, softcap, window,
       segment_ids, implementation, return_stats, score_mod, score_mod_args,
-      mask_mod, mask_mod_args, block_layout: as in
+      mask_mod, mask_mod_args, block_layout, context_axis, context_strategy,
+      context_layout: as in
       :func:`attnjax.dot_product_attention` (the modifiers see these logits).
   """
   dense_keywords = options.forwarded(QK_NORM_KEYWORDS, locals())
@@ -159,6 +163,9 @@ def _cosine_attention(
     mask_mod: Any = None,
     mask_mod_args: Any = None,
     block_layout: Any = None,
+    context_axis: Optional[str] = None,
+    context_strategy: options.ContextStrategy = "ring",
+    context_layout: Optional[options.ContextLayout] = None,
 ):
   """Cosine attention: logits are ``cos(q_i, k_j)`` times a learned per-head scale.
 
@@ -181,7 +188,8 @@ def _cosine_attention(
     eps: added to the squared norm before the square root.
     bias, mask, is_causal, normalizer, sink_logits, softcap, window,
       segment_ids, implementation, return_stats, score_mod, score_mod_args,
-      mask_mod, mask_mod_args, block_layout: as in
+      mask_mod, mask_mod_args, block_layout, context_axis, context_strategy,
+      context_layout: as in
       :func:`attnjax.dot_product_attention` (the modifiers see these logits).
   """
   dense_keywords = options.forwarded(COSINE_KEYWORDS, locals())

@@ -48,7 +48,8 @@ ImplementationName = Literal["reference", "block_sparse"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 # The dense keywords sparse_attention takes and forwards (attnjax.options.KEYWORDS): the
 # pattern stands for mask, is_causal and window; the block paths compute dot products.
-DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
+DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity",
+    "context_axis", "context_strategy", "context_layout"))
 
 
 def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern):

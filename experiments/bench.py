@@ -706,6 +706,23 @@ def block_select_memory():
 # Memory measurement in a child process.
 
 
+@suite("context_parallel")
+def context_parallel_suite(args) -> Iterable[Case]:
+  """Context parallelism on 8 forced host devices: per-device XLA buffers, tiles, bytes per step.
+
+  Runs ``experiments/context_parallel.py`` in a process of its own (the forced
+  device count must be set before jax starts) and prints its table; nothing
+  is timed. ``--sizes`` picks T (default 65536).
+  """
+  sizes = parse_sizes(args.sizes) if args.sizes else [65536]
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
+  for T in sizes:
+    subprocess.run([sys.executable, os.path.join(here, "context_parallel.py"), "--T", str(T)],
+                   check=True, env=env)
+  return []
+
+
 @suite("compressed")
 def compressed_suite(args) -> Iterable[Case]:
   """Memory-compressed attention and the dilated window, causal forward (B=1, N=8, H=64, fp32).

@@ -37,10 +37,11 @@ def test_the_definition():
   assert options.KEYWORDS == (
       "bias", "mask", "is_causal", "scale", "normalizer", "sink_logits", "softcap", "window",
       "segment_ids", "similarity", "return_stats", "score_mod", "score_mod_args", "mask_mod",
-      "mask_mod_args", "block_layout")
+      "mask_mod_args", "block_layout", "context_axis", "context_strategy", "context_layout")
   assert set(options.STATIC_NAMES) == {
       "is_causal", "scale", "normalizer", "softcap", "window", "similarity", "return_stats",
-      "score_mod", "mask_mod", "block_layout"}
+      "score_mod", "mask_mod", "block_layout", "context_axis", "context_strategy",
+      "context_layout"}
   assert options.keywords(without=("bias",)) == options.KEYWORDS[1:]
   with pytest.raises(ValueError, match="not keywords of a dense call.*'biass'"):
     options.keywords(without=("biass",))
@@ -78,6 +79,7 @@ _PROBES = {
     "similarity": "neg_sq_euclidean", "return_stats": True, "score_mod": _alibi_mod,
     "score_mod_args": (jnp.zeros((5,)),), "mask_mod": mods.causal_mask,
     "mask_mod_args": (jnp.zeros((6,)),), "block_layout": "a layout",
+    "context_axis": "a mesh axis", "context_strategy": "all_to_all", "context_layout": "zigzag",
 }
 
 

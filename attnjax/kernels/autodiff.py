@@ -47,20 +47,51 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax.kernels.linear_map import linear_map
+from attnjax.kernels.linear_map import as_aval, linear_map, varying_axes, zeros_of
 
 
-def tangent_like(x) -> jax.ShapeDtypeStruct:
-  """The shape and dtype of ``x``'s tangent (float0 for integer and boolean arrays)."""
+def tangent_like(x):
+  """The abstract value of ``x``'s tangent (float0 for integer and boolean arrays); inside
+  ``jax.shard_map`` it varies over the manual axes ``x`` varies over."""
   dtype = jnp.result_type(x)
-  return jax.ShapeDtypeStruct(jnp.shape(x), dtype if jnp.issubdtype(dtype, jnp.inexact)
-                              else jax.dtypes.float0)
+  if not jnp.issubdtype(dtype, jnp.inexact):
+    return jax.ShapeDtypeStruct(jnp.shape(x), jax.dtypes.float0)
+  if isinstance(x, np.ndarray):
+    return jax.ShapeDtypeStruct(x.shape, dtype)
+  return as_aval(x).to_tangent_aval()
 
 
 def zeros_like_tangent(x):
   """Zeros in ``x``'s tangent type (float0 for integer and boolean arrays)."""
   t = tangent_like(x)
-  return np.zeros(t.shape, t.dtype) if t.dtype == jax.dtypes.float0 else jnp.zeros(t.shape, t.dtype)
+  return np.zeros(t.shape, t.dtype) if t.dtype == jax.dtypes.float0 else zeros_of(t)
+
+
+def invariant_like(x, ct):
+  """``ct`` summed over the manual mesh axes it varies over and ``x`` does not.
+
+  Inside ``jax.shard_map`` a hand-written backward computes each device's part
+  of an input's cotangent; an input the same on every device of an axis (sink
+  logits, ``score_mod`` tables) gets the sum of the parts, as jax's own
+  transpose of the implicit broadcast gives. ``x`` and ``ct`` are pytrees of the
+  same structure; the sums over the same axes are one collective (independent
+  collectives may run in different orders on different devices of a CPU host,
+  which deadlocks its in-process communicator).
+  """
+  x_leaves, tree = jax.tree.flatten(x)
+  ct_leaves = tree.flatten_up_to(ct)
+  groups: dict = {}
+  for i, (xi, ci) in enumerate(zip(x_leaves, ct_leaves)):
+    if ci is None or isinstance(ci, np.ndarray) or isinstance(xi, np.ndarray):
+      continue
+    extra = tuple(a for a in varying_axes(as_aval(ci)) if a not in varying_axes(as_aval(xi)))
+    if extra:
+      groups.setdefault(extra, []).append(i)
+  for axes, idx in groups.items():
+    summed = jax.lax.psum([ct_leaves[i] for i in idx], axes)
+    for i, total in zip(idx, summed):
+      ct_leaves[i] = total
+  return jax.tree.unflatten(tree, ct_leaves)
 
 
 def custom_vjp_with_jvp(forward: Callable, backward: Callable, x, nondiff=(), *,
@@ -95,7 +126,7 @@ def custom_vjp_with_jvp(forward: Callable, backward: Callable, x, nondiff=(), *,
 
   def transpose(resid, own, ct):
     x_, nd_ = resid
-    return backward(x_, nd_, residuals(x_, own), ct)
+    return invariant_like(x_, backward(x_, nd_, residuals(x_, own), ct))
 
   def rule(x, nondiff, tx):
     out, res = with_residuals(x, nondiff)

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import api_util
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -102,10 +103,31 @@ def _jvp(primals, tangents, *, m: _Map, n_res: int, n_fixed: int):
   return out, list(total)
 
 
+def varying_axes(aval) -> tuple:
+  """The manual mesh axes (inside ``jax.shard_map``) an abstract value varies over, sorted."""
+  mat = getattr(aval, "manual_axis_type", None)
+  return tuple(sorted(getattr(mat, "varying", ()) or ()))
+
+
+def zeros_of(aval):
+  """Zeros of ``aval``'s shape and dtype, varying over the manual axes it varies over."""
+  z = jnp.zeros(aval.shape, aval.dtype)
+  axes = varying_axes(aval)
+  return jax.lax.pcast(z, axes, to="varying") if axes else z
+
+
+def as_aval(x) -> jax.core.ShapedArray:
+  """The abstract value of an array, tracer, aval or ``jax.ShapeDtypeStruct``, with its
+  sharding and the manual axes it varies over (inside ``jax.shard_map`` they are its type)."""
+  if isinstance(x, jax.core.ShapedArray):
+    return x
+  return api_util.shaped_abstractify(x)
+
+
 def _transpose(cts, *args, m: _Map, n_res: int, n_fixed: int):
   res, fixed, _ = _split(args, n_res, n_fixed)
   assert not any(ad.is_undefined_primal(x) for x in res + fixed)
-  cts = [jnp.zeros(a.shape, a.dtype) if _is_zero(ct) else ct for ct, a in zip(cts, m.out_avals)]
+  cts = [zeros_of(a) if _is_zero(ct) else ct for ct, a in zip(cts, m.out_avals)]
   lin_cts = linear_map_p.bind(*res, *fixed, *cts, m=m.transposed(), n_res=n_res, n_fixed=n_fixed)
   return [None] * (n_res + n_fixed) + list(lin_cts)
 
@@ -215,8 +237,8 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, fixed=(
   else:
     out_shapes, tree = jax.tree.flatten(out_like)
     out_tree_box.append(tree)
-  out_avals = tuple(jax.core.ShapedArray(s.shape, s.dtype) for s in out_shapes)
-  lin_avals = tuple(jax.core.ShapedArray(jnp.shape(x), jnp.result_type(x)) for x in lin_flat)
+  out_avals = tuple(as_aval(s) for s in out_shapes)
+  lin_avals = tuple(as_aval(x) for x in lin_flat)
   m = _Map(forward(on_fixed(fun)), backward(on_fixed(transpose)), forward(fun_s),
            backward(transpose_s), out_avals, lin_avals, *names)
   out = linear_map_p.bind(*res_flat, *fixed_flat, *lin_flat, m=m, n_res=len(res_flat),

@@ -72,6 +72,7 @@ import numpy as np
 from attnjax import options, masks
 from attnjax.attention_stats import AttentionStats, row_mean
 from attnjax.kernels import autodiff
+from attnjax.kernels.linear_map import as_aval, zeros_of
 from attnjax.kernels.blockwise.tiles import (MaskFn, _Arrays, TilePlan, _add_tile, _allowed, _span, _logits, _rows,
                              _score_mod, _segment_relations, _sink_rows, _tile, _unrows)
 from attnjax.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
@@ -223,7 +224,7 @@ def _visit_blocks(c: TilePlan, relation, i, carry, visit, rolled: Optional[_Roll
     if tile is None:
       return carry
     shapes = jax.eval_shape(lambda: tile(k0, tk, False, False, first))
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return jax.tree.map(lambda s: zeros_of(as_aval(s)), shapes)
 
   def fold(carry, result, k0, tk):
     return result if tile is None else visit(carry, result, k0, tk)
@@ -259,12 +260,14 @@ def _visit_blocks(c: TilePlan, relation, i, carry, visit, rolled: Optional[_Roll
     carry = jax.lax.fori_loop(0, kv.shape[0], step, carry)
   for j, needs_mask in unrolled:
     k0, k1 = L.kv_range(j)
-    carry = fold(carry, one(carry, j, k0, k1 - k0, needs_mask, k0 == 0), k0, k1 - k0)
+    carry = fold(carry, one(carry, j, k0, k1 - k0, needs_mask, k0 == 0 and c.holds_key0),
+                 k0, k1 - k0)
   if not isinstance(i, int):
     for j, states in rolled.specials:
       k0, k1 = L.kv_range(j)
       has = tuple(bool((states == s).any()) for s in range(3))
-      carry = by_state(jnp.asarray(states)[i], carry, j, k0, k1 - k0, k0 == 0, has)
+      carry = by_state(jnp.asarray(states)[i], carry, j, k0, k1 - k0, k0 == 0 and c.holds_key0,
+                       has)
   return carry
 
 
@@ -328,7 +331,7 @@ def _allowed_counts(c: TilePlan, a: _Arrays, relation, rolled: Optional[_Rolled]
       return total + jnp.broadcast_to(
           jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32), shape)
 
-    total = _visit_blocks(c, relation, i, jnp.zeros(shape, jnp.float32), visit, rolled)
+    total = _visit_blocks(c, relation, i, a.vary(jnp.zeros(shape, jnp.float32)), visit, rolled)
     return carry, _unrows(total, c.G)
 
   return _query_blocks(c, block, rolled)[1]
@@ -367,7 +370,8 @@ def _forward(c: TilePlan, a: _Arrays):
     def visit(st, k0, tk, needs_mask, seg_mask, first):
       return _fwd_visit(c, a, st, qb, q0, tq, k0, tk, needs_mask, seg_mask, first, row)
 
-    init = nz.init((c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv), c.with_stats)
+    init = jax.tree.map(a.vary, nz.init((c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv),
+                                        c.with_stats))
     st = _visit_blocks(c, relation, i, init, visit, rolled)
     out, res, srow = nz.finish(st, row, c.with_stats)
     rows = {"out": _unrows(out, G), "res": {key: _unrows(val, G) for key, val in res.items()}}
@@ -383,6 +387,40 @@ def _forward(c: TilePlan, a: _Arrays):
     res["has_key"] = counts > 0
     stats = _collect_stats(c, rows["stats"])
   return out, res, stats
+
+
+def count_allowed(c: TilePlan, a: _Arrays) -> Array:
+  """``[B, K, G, T, 1]`` float32 number of keys of ``c.layout`` each row may attend."""
+  relation = _segment_relations(c, a) if c.runtime_skip else None
+  return _allowed_counts(c, a, relation, _rolled_visits(c))
+
+
+def accumulate(c: TilePlan, a: _Arrays, counts: Optional[Array], state: dict) -> dict:
+  """The normaliser's online ``state`` after the visits of ``c.layout``, without finishing.
+
+  ``state`` holds rows ``[B, K, G, T, X]`` (:meth:`Normalizer.init`'s entries,
+  time on axis 3); ``counts`` ``[B, K, G, T, 1]`` are the rows' allowed keys
+  over the whole call (None unless the normaliser or statistics need them). A
+  caller that sees the keys in several parts (a ring over devices) carries the
+  state from part to part and finishes once.
+  """
+  G, nz = c.G, c.nz
+  relation = _segment_relations(c, a) if c.runtime_skip else None
+  rolled = _rolled_visits(c)
+
+  def block(i, q0, tq, carry, after):
+    cb = None if counts is None else _rows(_span(counts, q0, tq, 3), G, tq)
+    row = nz.row_inputs(_sink_rows(c, a, tq), cb)
+    qb = after(a.q_rows(c, q0, tq))
+    st = {key: _rows(_span(val, q0, tq, 3), G, tq) for key, val in state.items()}
+
+    def visit(st, k0, tk, needs_mask, seg_mask, first):
+      return _fwd_visit(c, a, st, qb, q0, tq, k0, tk, needs_mask, seg_mask, first, row)
+
+    st = _visit_blocks(c, relation, i, st, visit, rolled)
+    return carry, {key: _unrows(val, G) for key, val in st.items()}
+
+  return _query_blocks(c, block, rolled, tie=lambda r: r["acc"])[1]
 
 
 def _to_bnt(c: TilePlan, x: Array) -> Array:
@@ -421,11 +459,12 @@ def _backward(c: TilePlan, a: _Arrays, res: dict, out: Array, d_out: Array, d_ls
   if d_lse is not None:
     g = jnp.where(res["has_key"], d_lse, 0.0)
 
-  dk = jnp.zeros((c.B, c.K, c.S, c.H), jnp.float32)
-  dv = jnp.zeros((c.B, c.K, c.S, c.Hv), jnp.float32)
-  dbias = None if a.bias is None else jnp.zeros(a.bias.shape, jnp.float32)
-  dargs = tuple(jnp.zeros(jnp.shape(x), jnp.float32) for x in a.score_args)
-  dsink = jnp.zeros((1, c.K, G, 1, 1), jnp.float32) if c.has_sink else None
+  zeros = lambda shape: a.vary(jnp.zeros(shape, jnp.float32))
+  dk = zeros((c.B, c.K, c.S, c.H))
+  dv = zeros((c.B, c.K, c.S, c.Hv))
+  dbias = None if a.bias is None else zeros(a.bias.shape)
+  dargs = tuple(zeros(jnp.shape(x)) for x in a.score_args)
+  dsink = zeros((1, c.K, G, 1, 1)) if c.has_sink else None
 
   def block(i, q0, tq, carry, after):
     dk, dv, dbias, dsink, dargs = carry
@@ -456,7 +495,7 @@ def _backward(c: TilePlan, a: _Arrays, res: dict, out: Array, d_out: Array, d_ls
                                               k0 if dbias.shape[4] != 1 else 0))
       return dq_b + d["dq"], dk, dv, dbias, dargs
 
-    dq_b = jnp.zeros((c.B, c.K, G * tq, c.H), jnp.float32)
+    dq_b = a.vary(jnp.zeros((c.B, c.K, G * tq, c.H), jnp.float32))
     dq_b, dk, dv, dbias, dargs = _visit_blocks(c, relation, i, (dq_b, dk, dv, dbias, dargs),
                                                visit, rolled, tile=tile)
     return (dk, dv, dbias, dsink, dargs), _unrows(dq_b, G)
@@ -475,8 +514,11 @@ def _bwd_visit(c: TilePlan, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask
   if c.opts.score_mod is None:
     z = z_pre
   else:
+    # Typed as varying like the tile (inside shard_map): the tile's part of their cotangent then
+    # stays this device's, summed over devices once, after every tile (autodiff.invariant_like),
+    # not by a collective inside a visit (visits differ between devices of a ring).
     z, mod_vjp = jax.vjp(lambda zz, args: _score_mod(c, a, zz, args, q0, tq, k0, tk), z_pre,
-                         tuple(x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating)
+                         tuple(a.vary(x.astype(jnp.float32)) if jnp.issubdtype(x.dtype, jnp.floating)
                                else x for x in a.score_args))
   allowed = _allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
   kb = _span(a.k, k0, tk, 2)

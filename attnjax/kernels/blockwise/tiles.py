@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import options, normalizers
+from attnjax.kernels.linear_map import as_aval, varying_axes
 from attnjax.layout import FULL, SKIP, BlockLayout, segment_block_relations
 
 Array = jnp.ndarray
@@ -46,6 +47,9 @@ class TilePlan(normalizers.KernelPlan):
   # mask_mod with traced args (no static layout): its blocks are classified per call into a
   # table (SKIP / FULL / MASKED, joined with the segment relation); MASKED visits evaluate it.
   mod_table: bool = False
+  # The call's key 0 is this call's key 0 (its first column feeds ``sink_mass``). False for a
+  # ring step (:mod:`attnjax.kernels.blockwise.ring`) whose keys start later in the sequence.
+  holds_key0: bool = True
 
   @property
   def runtime_skip(self) -> bool:
@@ -137,6 +141,14 @@ class _Arrays:
     # Global positions of the rows / key slots (sparse paths with chunks or gathered keys).
     self.q_pos, self.k_pos = (None, None) if positions is None else positions
     self.mod_any = mod_any  # int32 [num_q_blocks, num_kv_blocks] SKIP / FULL / MASKED, or None
+    # Inside jax.shard_map: the manual axes the inputs vary over (loop carries started from
+    # zeros must be typed as varying over them too).
+    self.varying = tuple(sorted({axis for x in (q, k, v) for axis in varying_axes(as_aval(x))}))
+
+  def vary(self, x: Array) -> Array:
+    """``x`` (made here, e.g. zeros) typed as varying over the manual axes the inputs vary over."""
+    missing = tuple(axis for axis in self.varying if axis not in varying_axes(as_aval(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
   def q_rows(self, c: TilePlan, q0, tq: int) -> Array:
     """Query rows ``q0 .. q0 + tq`` as ``[B, K, G * tq, H]`` (``q0`` may be traced)."""

@@ -1,0 +1,41 @@
+"""Context parallelism: attention over a sequence sharded across devices.
+
+Called inside ``jax.shard_map`` with the token axis of every input sharded
+over one mesh axis (``context_axis=`` of the attention functions), each call
+returns its shard of the output, equal to the unsharded call.
+
+Dense family (:func:`attention`, ``context_strategy=``):
+
+- ``"ring"`` (default): keys/values travel around the ring, the normaliser's
+  online state stays (:mod:`attnjax.kernels.blockwise.ring`); O(T / P) memory.
+- ``"all_gather"``: keys/values (and their segment ids) are gathered, the
+  queries stay sharded and run the single-device path at their global
+  positions.
+- ``"all_to_all"`` (Ulysses, Jacobs et al. 2023): heads <-> sequence, any
+  single-device implementation on the whole sequence for ``N / P`` heads,
+  then back.
+
+Recurrent families (:func:`state_passing`, ``context_axis=`` of
+``gated_linear_attention`` and ``delta_rule_attention``): each device's
+affine state map ``S -> A S + B`` over its tokens, summed to every device,
+composed into its entering state, then its own pass from there.
+
+Layouts of the sequence (``context_layout=``): ``"contiguous"`` (shard ``p``
+holds tokens ``p * T / P ..``) or ``"zigzag"`` (shard ``p`` holds chunks
+``p`` and ``2P - 1 - p`` of ``2P``; under a causal mask every device does the
+same work). :func:`zigzag` / :func:`unzigzag` reorder a token axis between
+the natural order and the order whose contiguous shards are the zigzag ones.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from attnjax.kernels.blockwise.ring import shard_positions
+from attnjax.options import CONTEXT_LAYOUTS, CONTEXT_STRATEGIES
+from attnjax.parallel.recurrent import state_passing
+from attnjax.parallel.strategies import attention
+from attnjax.parallel.tokens import unzigzag, zigzag
+
+__all__ = ["CONTEXT_LAYOUTS", "CONTEXT_STRATEGIES", "attention", "shard_positions",
+           "state_passing", "unzigzag", "zigzag"]

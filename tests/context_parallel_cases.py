@@ -1,0 +1,239 @@
+"""Context-parallel cases, run in a process of their own on forced host devices.
+
+``python tests/context_parallel_cases.py '<json list of cases>'`` runs each case
+(a dict, see :func:`run_case`) inside ``jax.shard_map`` over a mesh axis of
+``P`` host devices and prints one JSON line per case: the largest error of the
+output, every statistic and every gradient against the unsharded
+``attnjax`` call, each relative to the reference's largest magnitude
+(``{"case": ..., "errors": {name: error}}``, or ``{"case": ..., "error": message}``
+when the call raised). ``tests/test_context_parallel.py`` starts it with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (set before jax is imported).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import attnjax  # noqa: E402
+from attnjax import mods, parallel  # noqa: E402
+
+AXIS = "ctx"
+
+
+def _alibi(z, b, n, i, j, slopes):
+  return mods.alibi(z, b, n, i, j, slopes)
+
+
+def _documents(b, n, i, j, doc):
+  return doc[i] == doc[j]
+
+
+def arrays(case: dict) -> dict:
+  """The case's inputs (natural token order), seeded by the case."""
+  rng = np.random.default_rng(case.get("seed", 0))
+  B, T, N, H = 1, case["T"], 4, 8
+  K = {"mha": N, "gqa": 2, "mqa": 1}[case.get("heads", "mha")]
+  f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  out = {"q": f(B, T, N, H), "k": f(B, T, K, H), "v": f(B, T, K, H)}
+  if case.get("sinks"):
+    out["sink_logits"] = f(N)
+  if case.get("score_mod"):
+    out["score_mod_args"] = (jnp.asarray(rng.uniform(0.1, 1.0, N), jnp.float32),)
+  if case.get("mask") == "segments":
+    cuts = np.sort(rng.choice(np.arange(1, T), 3, replace=False))
+    out["segment_ids"] = jnp.asarray(np.searchsorted(cuts, np.arange(T), side="right")[None],
+                                     jnp.int32)
+  if case.get("mask") == "mask_mod":
+    out["mask_mod_args"] = (jnp.asarray(np.arange(T) // (T // 3 + 1), jnp.int32),)
+  return out
+
+
+def keywords(case: dict) -> dict:
+  mask = case.get("mask", "causal")
+  kw = dict(normalizer=case.get("normalizer", "softmax"),
+            return_stats=case.get("stats", True))
+  if mask in ("causal", "segments", "mask_mod"):
+    kw["is_causal"] = True
+  if mask == "window":
+    kw["window"] = (case["T"] // 8 + 3, 0)
+  if mask == "mask_mod":
+    kw["mask_mod"] = _documents
+  if case.get("score_mod"):
+    kw["score_mod"] = _alibi
+  return kw
+
+
+def run_recurrent_case(case: dict) -> dict:
+  """Errors of a recurrent-family case: ``family`` (gated_linear / delta_rule), ``P``, ``T``,
+  ``gla`` (per-channel gates), ``segments``, ``initial_state``, ``chunk_size``."""
+  Pn, T = case["P"], case["T"]
+  mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:Pn])
+  rng = np.random.default_rng(case.get("seed", 0))
+  B, N, K, H = 1, 4, 2, 8
+  f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  k = f(B, T, K, H)
+  if case["family"] == "delta_rule":
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+  gate_shape = (B, T, N, H) if case.get("gla") else (B, T, N)
+  diff = {"q": f(B, T, N, H), "k": k, "v": f(B, T, K, H),
+          "log_decay": jnp.asarray(-rng.uniform(0.01, 0.5, gate_shape), jnp.float32)}
+  if case["family"] == "delta_rule":
+    diff["beta"] = jnp.asarray(rng.uniform(0.1, 0.9, (B, T, N)), jnp.float32)
+  if case.get("initial_state"):
+    diff["initial_state"] = f(B, N, H, H)
+  rest = {}
+  if case.get("segments"):
+    cuts = np.sort(rng.choice(np.arange(1, T), 3, replace=False))
+    cuts[0] = T // Pn  # one reset exactly at a shard boundary
+    rest["segment_ids"] = jnp.asarray(
+        np.searchsorted(np.sort(cuts), np.arange(T), side="right")[None], jnp.int32)
+  fn = {"gated_linear": attnjax.gated_linear_attention,
+        "delta_rule": attnjax.delta_rule_attention}[case["family"]]
+  kw = dict(chunk_size=case.get("chunk_size", 8), return_state=True)
+  sharded = {"q", "k", "v", "log_decay", "beta", "segment_ids"}
+
+  def reference(**a):
+    q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
+    beta = (a.pop("beta"),) if "beta" in a else ()
+    return fn(q, k, v, *beta, **a, **kw)
+
+  def sharded_call(**a):
+    names = sorted(a)
+    specs = tuple(P(None, AXIS) if n in sharded else P() for n in names)
+
+    def local(*xs):
+      return reference(**dict(zip(names, xs)), context_axis=AXIS)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(None, AXIS), P()))(
+        *(a[n] for n in names))
+
+  def loss(call, diff, rest):
+    out, state = call(**diff, **rest)
+    return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(state)), (out, state)
+
+  import functools as ft  # noqa: PLC0415
+  with jax.set_mesh(mesh):
+    (_, got), g_got = jax.jit(jax.value_and_grad(ft.partial(loss, sharded_call), has_aux=True))(
+        diff, rest)
+  (_, want), g_want = jax.jit(jax.value_and_grad(ft.partial(loss, reference), has_aux=True))(
+      diff, rest)
+  errors = {"out": _rel(got[0], want[0]), "state": _rel(got[1], want[1])}
+  errors.update({f"d{n}": _rel(g_got[n], g_want[n]) for n in diff})
+  return errors
+
+
+def _rel(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b)) / (1.0 + np.max(np.abs(b))))
+
+
+def run_case(case: dict) -> dict:
+  """Errors of one case: ``strategy``, ``P``, ``T``, ``layout``, ``normalizer``, ``mask``
+  (causal / window / segments / bidirectional / mask_mod), ``heads`` (mha / gqa / mqa),
+  ``sinks``, ``score_mod``, ``stats``."""
+  Pn, layout = case["P"], case.get("layout", "contiguous")
+  mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:Pn])
+  data = arrays(case)
+  kw = keywords(case)
+  stats = kw["return_stats"]
+  diff_names = [n for n in ("q", "k", "v", "sink_logits", "score_mod_args") if n in data]
+  sharded = {"q", "k", "v", "segment_ids"}
+  order = (lambda x, axis=1: parallel.zigzag(x, Pn, axis)) if layout == "zigzag" else (
+      lambda x, axis=1: x)
+  natural = (lambda x, axis=1: parallel.unzigzag(x, Pn, axis)) if layout == "zigzag" else (
+      lambda x, axis=1: x)
+
+  def call(fn, diff, rest):
+    return fn(**diff, **rest)
+
+  def reference(**a):
+    return attnjax.dot_product_attention(a.pop("q"), a.pop("k"), a.pop("v"), **a, **kw)
+
+  def sharded_call(**a):
+    names = sorted(a)
+    specs = tuple(P(None, AXIS) if n in sharded else P() for n in names)
+    stat_specs = attnjax.AttentionStats(P(), P(), P(), P(None, None, AXIS), P())
+
+    def local(*xs):
+      b = dict(zip(names, xs))
+      return attnjax.dot_product_attention(
+          b.pop("q"), b.pop("k"), b.pop("v"), **b, **kw, context_axis=AXIS,
+          context_strategy=case["strategy"], context_layout=layout)
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs,
+                       out_specs=(P(None, AXIS), stat_specs) if stats else P(None, AXIS),
+                       check_vma=case.get("check_vma", True))
+    ins = [order(a[n]) if n in sharded else a[n] for n in names]
+    result = fn(*ins)
+    if not stats:
+      return natural(result)
+    out, st = result
+    return natural(out), st._replace(logsumexp=natural(st.logsumexp, 2))
+
+  def loss(fn, diff, rest):
+    result = fn(**diff, **rest)
+    out, st = result if stats else (result, None)
+    total = jnp.sum(out * jnp.cos(out))
+    if st is not None:
+      total = total + jnp.sum(jnp.sin(st.logsumexp))
+    return total, result
+
+  diff = {n: data[n] for n in diff_names}
+  rest = {n: x for n, x in data.items() if n not in diff}
+  with jax.set_mesh(mesh):
+    grad_cp = jax.jit(jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True))
+    (_, got), g_got = grad_cp(diff, rest)
+  grad_ref = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))
+  (_, want), g_want = grad_ref(diff, rest)
+
+  def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / (1.0 + np.max(np.abs(b))))
+
+  errors = {}
+  if stats:
+    errors["out"] = rel(got[0], want[0])
+    for field in want[1]._fields:
+      errors[field] = rel(getattr(got[1], field), getattr(want[1], field))
+  else:
+    errors["out"] = rel(got, want)
+  for name in diff_names:
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(g_got[name]), jax.tree.leaves(g_want[name]))):
+      errors[f"d{name}{'' if i == 0 else i}"] = rel(a, b)
+  return errors
+
+
+def main(argv: list[str]) -> None:
+  jax.config.update("jax_default_matmul_precision", "highest")
+  jax.config.update("jax_numpy_rank_promotion", "raise")
+  jax.config.update("jax_disable_most_optimizations", os.environ.get("ATTNJAX_CP_OPTIMIZE", "") in ("", "0"))
+  cache = os.environ.get("ATTNJAX_CP_CACHE")
+  if cache:
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  for case in json.loads(argv[1]):
+    try:
+      run = run_recurrent_case if "family" in case else run_case
+      print(json.dumps({"case": case, "errors": run(case)}), flush=True)
+    except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
+      if os.environ.get("ATTNJAX_CP_TRACEBACK"):
+        import traceback  # noqa: PLC0415
+        traceback.print_exc()
+      print(json.dumps({"case": case, "error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv)

@@ -1,0 +1,201 @@
+"""Context parallelism (attnjax.parallel): sharded calls equal the unsharded call.
+
+The multi-device cases run in a process of their own
+(``tests/context_parallel_cases.py``, on ``--xla_force_host_platform_device_count=8``),
+one process for many cases, each compiled once; they compare the output,
+every statistic and the gradients of q, k, v, sink logits and ``score_mod``
+arguments with the unsharded ``attnjax.dot_product_attention``. The default
+run checks a representative subset; ``-m slow`` the cross product. The
+static pieces (zigzag order, ring plans, argument errors) run here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnjax
+from attnjax import parallel
+from attnjax.kernels.blockwise import ring
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOLERANCE = 2e-5  # relative to the reference's largest magnitude (float32, highest precision)
+
+
+def run_cases(cases: list[dict], timeout: int = 1200) -> list[dict]:
+  """Runs ``cases`` in a fresh process on 8 forced host devices; one result per case."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  cache = os.environ.get("ATTNJAX_TEST_COMPILATION_CACHE",
+                         str(ROOT / ".pytest_cache" / "jax-compilation-cache"))
+  if cache.strip().lower() not in ("", "0", "off", "false", "none"):
+    env["ATTNJAX_CP_CACHE"] = cache
+  proc = subprocess.run([sys.executable, str(ROOT / "tests" / "context_parallel_cases.py"),
+                         json.dumps(cases)], capture_output=True, text=True, env=env,
+                        timeout=timeout, cwd=ROOT)
+  results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  assert proc.returncode == 0 and len(results) == len(cases), (
+      f"the case process exited {proc.returncode} after {len(results)} of {len(cases)} "
+      f"cases:\n{proc.stderr[-3000:]}")
+  return results
+
+
+def check(results: list[dict]) -> None:
+  failures = []
+  for r in results:
+    expect = r["case"].get("expect")
+    if expect is not None:
+      if expect not in r.get("error", ""):
+        failures.append(f"{r['case']}: expected an error with {expect!r}, got {r}")
+      continue
+    if "error" in r:
+      failures.append(f"{r['case']}: raised {r['error']}")
+      continue
+    bad = {name: e for name, e in r["errors"].items() if not e <= TOLERANCE}
+    if bad:
+      failures.append(f"{r['case']}: {bad}")
+  assert not failures, "\n".join(failures)
+
+
+# Every strategy, layout, normaliser and head grouping, and each mask but on one strategy at
+# least; sinks and score_mod on each strategy; statistics (with the logsumexp gradient) on
+# ring and all_to_all; check_vma=False once. (Seven compiles: ~25 s warm, ~75 s cold.)
+REPRESENTATIVE = [
+    dict(strategy="ring", P=4, T=128, normalizer="softmax", mask="causal", heads="gqa",
+         sinks=True, score_mod=True),
+    dict(strategy="ring", P=8, T=128, normalizer="softpick", mask="causal", layout="zigzag",
+         heads="mha"),
+    dict(strategy="ring", P=2, T=128, normalizer="sigmoid", mask="window", heads="gqa"),
+    dict(strategy="ring", P=4, T=128, normalizer="relu", mask="segments", heads="mqa",
+         layout="zigzag"),
+    dict(strategy="ring", P=4, T=128, normalizer="none", mask="mask_mod", heads="mha",
+         check_vma=False),
+    dict(strategy="all_to_all", P=4, T=128, normalizer="softmax", mask="bidirectional",
+         heads="gqa", sinks=True, score_mod=True, layout="zigzag"),
+    dict(strategy="all_gather", P=4, T=128, normalizer="softmax_one", mask="window",
+         heads="gqa", score_mod=True, stats=False, layout="zigzag"),
+    # Recurrent families: state passing, with resets (one at a shard boundary), initial state.
+    dict(family="gated_linear", P=4, T=64, segments=True, gla=True),
+    dict(family="delta_rule", P=2, T=64, initial_state=True),
+    # Errors raised while tracing inside shard_map (no compile).
+    dict(strategy="all_to_all", P=8, T=64, heads="gqa",
+         expect="N=4 heads (q (1, 8, 4, 8)) are not divisible by the axis size 8"),
+    dict(strategy="all_gather", P=2, T=64, heads="gqa", stats=True,
+         expect="return_stats=True with context_strategy='all_gather'"),
+]
+
+
+def test_representative_cases_equal_the_unsharded_call():
+  check(run_cases(REPRESENTATIVE))
+
+
+def _cross_product() -> list[dict]:
+  cases = []
+  for strategy, P, normalizer, mask, heads in itertools.product(
+      parallel.CONTEXT_STRATEGIES, (2, 4, 8), attnjax.normalizers.NORMALIZERS,
+      ("causal", "causal_zigzag", "window", "segments", "bidirectional", "mask_mod"),
+      ("mha", "gqa")):
+    case = dict(strategy=strategy, P=P, T=16 * P, normalizer=normalizer, heads=heads,
+                mask="causal" if mask == "causal_zigzag" else mask,
+                layout="zigzag" if mask == "causal_zigzag" else "contiguous",
+                stats=strategy != "all_gather", sinks=normalizer == "softmax",
+                score_mod=normalizer == "softmax")
+    if strategy == "all_to_all" and P == 8:
+      case["heads"] = "mha" if heads == "mha" else "gqa"
+      case["P"] = 4  # N=4 query heads cannot split over 8 devices
+      case["T"] = 64
+    cases.append(case)
+  return cases
+
+
+@pytest.mark.slow
+def test_recurrent_families_equal_the_unsharded_call_on_2_4_8_devices():
+  check(run_cases([dict(family=family, P=P, T=16 * P, segments=segments,
+                        initial_state=initial, gla=family == "gated_linear" and segments)
+                   for family, P, segments, initial in itertools.product(
+                       ("gated_linear", "delta_rule"), (2, 4, 8), (False, True),
+                       (False, True))], timeout=3600))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ring", "all_gather", "all_to_all"])
+def test_cross_product_equals_the_unsharded_call(strategy):
+  check(run_cases([c for c in _cross_product() if c["strategy"] == strategy], timeout=7200))
+
+
+# ---------------------------------------------------------------------------
+# Static pieces: no devices needed.
+
+
+@pytest.mark.parametrize("P", [1, 2, 4, 8])
+def test_zigzag_puts_chunks_p_and_2p_minus_1_minus_p_on_shard_p(P):
+  T = 2 * P * 3
+  x = jnp.arange(T)[None, :, None] * jnp.ones((2, 1, 5), jnp.int32)
+  z = parallel.zigzag(x, P)
+  shards = np.asarray(z[0, :, 0]).reshape(P, 6)
+  for p in range(P):
+    want = np.concatenate([np.arange(3) + 3 * p, np.arange(3) + 3 * (2 * P - 1 - p)])
+    np.testing.assert_array_equal(shards[p], want)
+    np.testing.assert_array_equal(ring.shard_positions(p, P, 6, "zigzag"), want)
+  np.testing.assert_array_equal(parallel.unzigzag(z, P), x)
+  np.testing.assert_array_equal(parallel.unzigzag(parallel.zigzag(x, P, axis=-2), P, axis=-2), x)
+
+
+def test_zigzag_names_the_axis_and_shape_it_cannot_split():
+  with pytest.raises(ValueError, match=r"zigzag: the token axis \(1\) of shape \(1, 6, 2\) has "
+                                       r"length 6, not a multiple of 2 \* axis_size = 4"):
+    parallel.zigzag(jnp.zeros((1, 6, 2)), 2)
+  with pytest.raises(ValueError, match="axis_size must be a positive int"):
+    parallel.unzigzag(jnp.zeros((1, 8)), 0)
+
+
+@pytest.mark.parametrize("P", [2, 4, 8])
+def test_zigzag_balances_causal_tiles_and_contiguous_does_not(P):
+  """Under a causal mask every device visits the same number of tiles (within one) with
+  zigzag; with contiguous shards the last device visits about 2P - 1 times the first's."""
+  T = 512
+  zz = ring.plan(T, T, P, "zigzag", is_causal=True, window=None, with_stats=False,
+                 block_q=64, block_k=64)
+  tiles = [zz.tiles(p) for p in range(P)]
+  assert max(tiles) - min(tiles) <= 1, tiles
+  flat = ring.plan(T, T, P, "contiguous", is_causal=True, window=None, with_stats=False,
+                   block_q=64, block_k=64)
+  tiles = [flat.tiles(p) for p in range(P)]
+  per_block = T // 64
+  assert tiles[0] == per_block * (per_block + 1) // 2
+  assert tiles[-1] == tiles[0] + (P - 1) * per_block ** 2
+  # Every causal tile of the whole sequence is visited once in either layout.
+  whole = (P * per_block) * (P * per_block + 1) // 2
+  assert sum(tiles) == whole and sum(zz.tiles(p) for p in range(P)) >= whole
+
+
+def test_a_window_crosses_only_the_shards_it_reaches():
+  P, T, w = 8, 256, 100
+  r = ring.plan(T, T, P, "contiguous", is_causal=False, window=(w, 0), with_stats=False,
+                block_q=64, block_k=64)
+  for p in range(P):
+    visited = [src for src in range(P) if r.classes[r.table[p][src]][0] is not None]
+    assert visited == ([p - 1, p] if p else [0]), (p, visited)
+
+
+def test_context_keywords_are_checked():
+  q = jnp.zeros((1, 8, 2, 4))
+  with pytest.raises(ValueError, match="context_strategy='ring_attention' is not one of: "
+                                       "'ring', 'all_gather', 'all_to_all'"):
+    attnjax.dot_product_attention(q, q, q, context_axis="c", context_strategy="ring_attention")
+  with pytest.raises(ValueError, match="context_layout='striped' is not one of"):
+    attnjax.dot_product_attention(q, q, q, context_axis="c", context_layout="striped")
+  with pytest.raises(ValueError, match="were given without context_axis"):
+    attnjax.dot_product_attention(q, q, q, context_strategy="all_to_all")
+  with pytest.raises(TypeError, match="context_axis must be a shard_map mesh axis name"):
+    attnjax.dot_product_attention(q, q, q, context_axis=3)
+  with pytest.raises(ValueError, match="takes no return_residual"):
+    attnjax.dot_product_attention(q, q, q, context_axis="c", return_residual=True)
