@@ -107,8 +107,10 @@ def test_grouped_path_sink_logits_and_chunks(monkeypatch):
 
 def test_forward_mode_and_second_order():
   # The causal path is a custom_jvp (grouped primal, one-call tangent): jax.jvp and both
-  # orders of Hessian-vector products equal the reference's.
-  q, k, v = qkv(1, 40, 4, 2, 8, seed=8)
+  # orders of Hessian-vector products equal the reference's. T=24: three key blocks of 8 and
+  # six query groups of 4 (the grouped path needs T == S and a window); each side is one jitted
+  # program (eager, the fast side's second order took ~10 s of compiles per order at T=40).
+  q, k, v = qkv(1, 24, 4, 2, 8, seed=8)
   kw = dict(stride=4, is_causal=True, window=6, block_size=8)
   fast = lambda q: attnjax.compressed_attention(q, k, v, **kw)
   ref = lambda q: attnjax.compressed_attention(q, k, v, implementation="reference", **kw)
@@ -118,7 +120,8 @@ def test_forward_mode_and_second_order():
       ("fwd-over-rev", lambda a: jax.jvp(jax.grad(lambda x: jnp.sum(a(x) ** 2)), (q,), (ct,))[1]),
       ("rev-over-fwd", lambda a: jax.grad(lambda x: jnp.vdot(jax.jvp(a, (x,), (ct,))[1], ct))(q)),
   ):
-    np.testing.assert_allclose(f(fast), f(ref), rtol=1e-4, atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(jax.jit(lambda: f(fast))(), jax.jit(lambda: f(ref))(),
+                               rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("T", [11, 12])
