@@ -429,8 +429,9 @@ def check_tpu_step(variant: str, compiled) -> None:
 # sigmoid's step is the dp4 one), the dense loop without it (alibi), the QK-norm projections,
 # and each other family's XLA program once (linear; gla for the gated-linear decays; the
 # gated delta rule with its short convolution; block_select; compressed; dilated sparse). On
-# TPUs: splash (dense, and the QK-norm, sink, window and ALiBi forms data parallel on a 4-chip
-# v5e) and the block-wise loop of a non-softmax normaliser (sigmoid, dp8). The other families
+# TPUs: splash (dense, and the QK-norm, sink and window forms data parallel on a 4-chip v5e)
+# and the Pallas TPU kernel (ALiBi's score_mod with its slopes on the 4-chip v5e, a non-softmax
+# normaliser on 8 chips: sigmoid; every normaliser's kernel is compiled above). The other families
 # run no TPU kernel: their XLA programs are compiled for TPUs in -m slow, as is every other
 # (mesh, variant) pair (same kernels, other options; tests/test_export.py exports the compared
 # variants' steps for both platforms by default).
