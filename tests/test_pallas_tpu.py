@@ -305,3 +305,14 @@ def test_pallas_tpu_rows_without_keys_and_the_entry_point():
   for name, a, b in zip("qkv", g_got, g_want):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5, err_msg=f"d{name}")
   assert not np.any(np.asarray(got[:, 105:]))
+
+
+def test_a_mask_mod_layout_built_for_other_blocks_on_a_short_call():
+  # T = 12 < the 128-row tile: a block_layout from from_mask_mod (its blocks clamped to 12) is
+  # the same single block; the kernel uses it (auto-dispatch traces this TPU branch on any host).
+  q, k, v = rand_qkv(B=1, T=12, S=12, N=2, K=1, H=8, source="numpy")
+  mod = mods.sliding_window_mask(3)
+  lay = attnjax.layout.from_mask_mod(mod, 12, 12, 128, 128)
+  inputs, opts = dense.prepare(q, k, v, mask_mod=mod, block_layout=lay, normalizer="sigmoid")
+  out = pallas_tpu.run(inputs, opts, interpret=True)
+  np.testing.assert_allclose(out, dense.reference(inputs, opts), atol=2e-5, rtol=2e-5)

@@ -53,6 +53,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -61,8 +62,8 @@ from attnjax.attention_stats import AttentionStats
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.pallas_gpu.kernel import collect_stats
 from attnjax.kernels.pallas_tpu import backward
-from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, MAX_ARG_SIZE, ScalarTable,
-                                             TpuPlan, Tables, dot, global_indices, heads_first,
+from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, MAX_ARG_SIZE, SKIP,
+                                             ScalarTable, TpuPlan, Tables, dot, global_indices, heads_first,
                                              logits, mod_inputs, mod_kinds, round_up,
                                              run_time_table, score_mod, smem_dtype,
                                              static_tables, take_mods, tile_allowed,
@@ -218,14 +219,36 @@ def tables_of(c: TpuPlan, inputs, opts, bq: int, bk: int) -> Tables:
   its ``block_layout`` when built for this geometry, else its blocks are found per call)."""
   extra = None
   if opts.mask_mod is not None:
-    if opts.block_layout is not None and (opts.block_layout.block_q,
-                                          opts.block_layout.block_k) == (bq, bk):
-      extra = opts.block_layout
+    given = None if opts.block_layout is None else _same_blocks(opts.block_layout, c, bq, bk)
+    if given is not None:
+      extra = given
     elif not inputs.mask_mod_args:
       used_b, used_n = blockwise.index_use(opts.mask_mod, ())
-      extra = layout.from_mask_mod(opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
-                            heads=c.N if used_n else None)
-  return static_tables(c, bq, bk, extra)
+      extra = _same_blocks(layout.from_mask_mod(
+          opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
+          heads=c.N if used_n else None), c, bq, bk)
+  tables = static_tables(c, bq, bk, extra)
+  if opts.mask_mod is not None and extra is None and not c.mod_table:
+    # No layout of the modifier's blocks: every visited block evaluates it.
+    kinds = np.where(tables.kinds == SKIP, SKIP, MASKED).astype(np.int8)
+    tables = dataclasses.replace(tables, kinds=kinds)
+  return tables
+
+
+def _same_blocks(lay: layout.BlockLayout, c: TpuPlan, bq: int, bk: int):
+  """``lay`` in the kernel's block geometry ``(bq, bk)``, or None if its blocks differ.
+
+  A layout's block is clamped to the length (``from_mask_mod`` with ``bq > T``
+  builds ``block_q = T``); with one block on that axis either way the blocks are
+  the same.
+  """
+  if (lay.q_len, lay.kv_len) != (c.T, c.S):
+    return None
+  same_q = lay.block_q == bq or (lay.num_q_blocks == 1 and -(-c.T // bq) == 1)
+  same_k = lay.block_k == bk or (lay.num_kv_blocks == 1 and -(-c.S // bk) == 1)
+  if not (same_q and same_k):
+    return None
+  return layout.BlockLayout(c.T, c.S, bq, bk, lay.kv_blocks, lay.needs_mask)
 
 
 def compiler_params(dims: int, interpret: bool, sequential: bool = False):
