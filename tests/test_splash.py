@@ -161,9 +161,10 @@ def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
     call = dense.prepare(q, k, v, **kw)
     assert splash.unsupported(*call) == []
     assert dense.select_implementation(*call) == "splash", kw
-  # Anything splash cannot honour falls back as on the CPU: block-wise from
-  # BLOCKWISE_MIN_LENGTH_CPU on, the reference below it.
-  assert dense.select_implementation(*dense.prepare(q, k, v, normalizer="softpick")) == "blockwise"
-  assert dense.select_implementation(*dense.prepare(*rand_qkv(T=100))) == "reference"
+  # What splash cannot honour goes to the Pallas TPU kernel where it covers the call (another
+  # normaliser, lengths that are not multiples of 128); what neither covers falls back as on the
+  # CPU: block-wise from BLOCKWISE_MIN_LENGTH_CPU on (a bias array).
+  assert dense.select_implementation(*dense.prepare(q, k, v, normalizer="softpick")) == "pallas_tpu"
+  assert dense.select_implementation(*dense.prepare(*rand_qkv(T=100))) == "pallas_tpu"
   assert dense.select_implementation(
       *dense.prepare(q, k, v, bias=jnp.zeros((1, 2, 256, 256)))) == "blockwise"
