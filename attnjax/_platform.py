@@ -188,7 +188,9 @@ def kernel_axes(mesh: Any, batch: int, kv_heads: int) -> tuple[tuple[str, ...], 
   Any split is correct (``shard_map`` moves the data where its specs say);
   these follow the training meshes' logical rules, so no data moves.
   """
-  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  # Axes already manual (inside a shard_map over them) split nothing more.
+  sizes = {name: (1 if kind == jax.sharding.AxisType.Manual else size)
+           for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types)}
   heads, batch_axes, head_axes = kv_heads, [], []
   for name in mesh.axis_names:
     if sizes[name] > 1 and name in HEAD_AXES and heads % sizes[name] == 0:

@@ -105,3 +105,13 @@ def test_a_checkpoint_resumes_on_another_mesh(tmp_path):
   assert resumed["status"] == "finished" and resumed["resumed_from"] == 10
   assert resumed["devices"] == 8 and full["status"] == "finished"
   np.testing.assert_allclose(losses(tmp_path / "cut"), losses(tmp_path / "full"), rtol=1e-5)
+
+
+def test_context_axis_runs_the_attention_ring(tmp_path):
+  # With mesh.context > 1 the layers' attention runs sequence-sharded (a ring of key/value
+  # shards: collective-permutes in the compiled step); without it, none.
+  for name, ring in (("data=2,context=4", True), ("data=8", False)):
+    t = Trainer(cpu_preset(tmp_path / name, MESHES[name]))
+    with jax.set_mesh(t.dp.mesh):
+      compiled, _ = t._compile(0)
+    assert ("collective-permute" in compiled.as_text()) == ring, name

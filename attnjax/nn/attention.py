@@ -44,6 +44,11 @@ Decoding is functional: :meth:`Attention.init_cache` returns a pytree and
   new keys, masked by position and segment, then writes the new keys into
   their slots; so one path serves prefill and steps.
 
+Context parallelism: under ``jax.set_mesh`` of a mesh with a ``context`` axis
+larger than 1, the self-attention training forward runs the family function
+sequence-sharded (``context_axis="context"`` inside ``shard_map``, see
+:mod:`attnjax.nn._context`); decoding and cross-attention stay unsharded.
+
 Statistics: under ``nnx.capture(..., nnx.Intermediate)`` the layer sows
 ``attention_stats`` (:class:`attnjax.AttentionStats`), ``q_rms`` ``[B, N]`` and
 ``k_rms`` ``[B, K]`` (RMS over time and head dim of the projected q and k),

@@ -68,7 +68,7 @@ from attnjax import delta_rule as delta_lib
 from attnjax import gated_linear as gated_lib
 from attnjax.attention_stats import AttentionStats, stats_from_weights
 from attnjax.qk_norm import normalize_head
-from attnjax.nn import _layers
+from attnjax.nn import _context, _layers
 from attnjax.nn.caches import GatedCache
 from attnjax.nn.spec_base import AttentionSpec, Call, _rope, check_int, check_type, register_family
 
@@ -256,8 +256,8 @@ class GatedSpec(AttentionSpec):
     gates = self.gates(layer, x)
     fn = self.function(layer)
     kwargs = dict(segment_ids=seg, implementation=c.implementation, chunk_size=self.chunk_size)
-    if cache is None:
-      out = self.call_function(fn, q, k, v, gates, **kwargs)
+    if cache is None:  # sequence-sharded under a mesh with a context axis
+      out = self.call_function(_context.sharded(fn), q, k, v, gates, **kwargs)
       if call.capture:
         self._sow(layer, fn, q, k, gates, kwargs, call)
       return self._finish(layer, x, out), None

@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Optional
 import jax.numpy as jnp
 
 from attnjax import _checks, feature_maps
-from attnjax.nn import _layers
+from attnjax.nn import _context, _layers
 from attnjax.nn.rope import apply_rope
 
 Array = jnp.ndarray
@@ -91,13 +91,15 @@ def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, 
                 weights: Optional[Callable[[], Array]] = None) -> Array:
   """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
 
+  Under a mesh with a ``context`` axis the call runs sequence-sharded (:mod:`attnjax.nn._context`).
+
   The weights default to ``run`` applied to identity values: every family is
   linear in ``v``, so ``attn(q, k, I)`` is exactly the weight matrix the layer
   used, with its mask, normaliser and null columns (``O(T S^2)``: for inspection).
   """
   if not call.capture:
-    return run(q, k, v, return_stats=False)
-  out, stats = run(q, k, v, return_stats=True)
+    return _context.run(run, q, k, v, kwargs=dict(return_stats=False))
+  out, stats = _context.run(run, q, k, v, kwargs=dict(return_stats=True))
   _layers.sow(layer, "attention_stats", stats)
   if call.sow_weights:
     if weights is None:
