@@ -68,6 +68,34 @@ def test_cpu_sinks_tiny_arm_runs(tmp_path):
   assert (tmp_path / "plots" / "attention_maps.png").is_file()
 
 
+CPU_LONG = str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu_long"
+
+
+def test_cpu_long_config_shards_a_16k_sequence(tmp_path):
+  from attnjax.train.config import validate
+
+  cfg = load_config(CPU_LONG)
+  assert cfg.data.seq_len == 16384 and cfg.mesh.context == 8 and cfg.mesh.data == 1
+  arms = _sinks_module().build_arms(cfg, str(tmp_path))  # validates each arm on 8 devices
+  assert [a.name.split("/")[1] for a in arms] == ["dense", "sink_logits", "gla"]
+  with pytest.raises(ValueError, match=r"context=8 = 8 devices, but the run has 1 \(a CPU host "
+                                       r"makes 8 devices with XLA_FLAGS="):
+    validate(cfg, num_devices=1)
+
+
+@pytest.mark.slow  # ~1 minute: two steps at T = 16384 over the 8 host devices
+def test_cpu_long_arm_runs_sequence_sharded(tmp_path):
+  from attnjax.train import sweep
+
+  cfg = load_config(CPU_LONG, ["sweep.variants=dense", "train.steps=2", "train.probe_every=2",
+                               "train.checkpoint_every=2", "train.eval_every=2",
+                               "train.progress=false", "train.plots=false"])
+  (arm,) = _sinks_module().build_arms(cfg, str(tmp_path))
+  summary = sweep.run_in_process(arm)
+  assert summary["status"] == "finished" and summary["devices"] == 8
+  assert np.isfinite(summary["val_loss"]) and summary["probe"]["step"] == 2
+
+
 def test_model_without_mlp():
   from flax import nnx
 

@@ -63,10 +63,14 @@ def mesh_sizes(mesh_cfg: Any, num_devices: int) -> dict[str, int]:
           f"config.mesh: {', '.join(f'{a}={s}' for a, s in sizes.items())} cannot fill "
           f"{num_devices} devices ({num_devices} is not a multiple of {fixed})")
     sizes[free[0]] = num_devices // fixed
-  if math.prod(sizes.values()) != num_devices:
+  want = math.prod(sizes.values())
+  if want != num_devices:
+    hint = (f" (a CPU host makes {want} devices with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={want} set before jax starts)"
+            if want > num_devices else "")
     raise ValueError(
         f"config.mesh: {' x '.join(f'{a}={s}' for a, s in sizes.items())} = "
-        f"{math.prod(sizes.values())} devices, but the run has {num_devices}")
+        f"{want} devices, but the run has {num_devices}{hint}")
   return sizes
 
 

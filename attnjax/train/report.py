@@ -9,6 +9,7 @@ including for a sweep that is still running.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any, Optional, Sequence
@@ -189,10 +190,12 @@ def write_report(root: str, *, title: Optional[str] = None, extra: str = "",
   plots = (plot_curves(root, runs, os.path.join(root, "plots"))
            + plot_probes(root, runs, os.path.join(root, "plots"))) if runs else []
   unit = rows[0]["unit"] if rows else "char"
+  probe_lens = sorted({_probe_len(r) for r in runs} - {None})
+  probe_len = "/".join(str(n) for n in probe_lens) or "64"
   text = [f"# {title or os.path.basename(os.path.abspath(root))}\n",
           f"{len(rows)} run(s) under `{root}`. Val loss in nats per token; BPC = bits per "
           f"{unit}; max logit, entropy: last training step (max / mean over layers); F-Attn, "
-          f"Sink_1^0.3, M-Act: last probe (length-64 held-out sequences).\n",
+          f"Sink_1^0.3, M-Act: last probe (length-{probe_len} held-out sequences).\n",
           markdown_table(rows)]
   failed = [r for r in rows if r["status"] == "failed"]
   for r in failed:
@@ -294,3 +297,12 @@ def write_lr_sweep_report(root: str, *, title: Optional[str] = None) -> str:
            + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})" for p in plots) + "\n")
   rundir.write_json(os.path.join(root, "lr_sensitivity.json"), summary)
   return write_report(root, title=title, extra=extra)
+
+
+def _probe_len(run_path: str):
+  """The run's ``train.probe_len`` from its ``config.json`` (None if unreadable)."""
+  try:
+    with open(rundir.RunDir(run_path).config) as f:
+      return int(json.load(f)["train"]["probe_len"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None

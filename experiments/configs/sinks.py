@@ -3,7 +3,7 @@
 Attention sinks over training for each variant (EXPERIMENTS.md, experiment 3).
 Sink statistics (Sink_1^eps, F-Attn, M-Act, value-state drain, ...) are
 probed on fixed held-out length-64 sequences every ``train.probe_every``
-steps. Arguments after ``:``: ``preset`` (cpu, cpu_sinks, gpu, tpu), ``lr``.
+steps. Arguments after ``:``: ``preset`` (cpu, cpu_sinks, cpu_long, gpu, tpu), ``lr``.
 Arms: ``--config.sweep.variants`` x ``--config.sweep.datasets``, plus, for
 dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
 ``sweep.dense_lrs``.
@@ -15,6 +15,12 @@ dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
   Arms: 12 variants (the gated-linear and delta-rule families as GLA and
   DeltaNet), dense at seeds 1 and 2 and at LRs 1e-2 and 1e-1: 16 runs, 21
   minutes measured on 2 heavily loaded cores (RESULTS.md; less on quiet ones).
+- ``cpu_long``: long context on a CPU: T = 16384 tokens sharded over
+  ``mesh.context=8`` (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``),
+  each layer's attention sequence-sharded (the ring for dense and sink logits,
+  state passing for GLA); one attention-only layer with 2 heads at width 32,
+  one sequence per step, 20 steps, probes on length-2048 sequences. Arms:
+  dense, sink_logits, gla: about 2 minutes each on 2 cores.
 - ``cpu``: the fast default (the tests use it): 11 variants x Shakespeare and
   bigram-backcopy at the cpu model size (2 layers, 4 heads, MLPs), 240 steps,
   about 5 minutes; no sink forms at this size (RESULTS.md).
@@ -26,6 +32,7 @@ import ml_collections
 from attnjax.train.config import apply_preset, base_config, parse_arg
 from attnjax.train.variants import GATED
 
+CPU_LONG_VARIANTS = "dense,sink_logits,gla"
 CPU_SINKS_VARIANTS = ("dense,softmax_one,sink_logits,sigmoid,softpick,gated,qk_layernorm,window,"
                       "linear,relu,gla,deltanet")
 
@@ -50,10 +57,33 @@ def _cpu_sinks(c: ml_collections.ConfigDict, lr: float) -> ml_collections.Config
   return c
 
 
+def _cpu_long(c: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigDict:
+  """T = 16384 over 8 host devices (context parallelism); see the module docstring."""
+  c.model.update(dict(d_model=32, num_layers=1, num_heads=2, mlp="none", tie_embeddings=False,
+                      rope=True))
+  c.data.update(dict(name="bigram_backcopy", seq_len=16384, batch_size=1, bb_vocab_size=64,
+                     bb_num_triggers=8))
+  c.mesh.update(dict(data=1, fsdp=1, tensor=1, context=8))
+  c.opt.lr = lr or 3e-2
+  c.train.update(dict(steps=20, log_every=5, probe_every=10, probe_batch=1, probe_len=2048,
+                      eval_every=20, eval_batches=1, checkpoint_every=10, microbatches=1))
+  c.sweep = ml_collections.ConfigDict({
+      "setting": "cpu_long",
+      "variants": CPU_LONG_VARIANTS,
+      "datasets": "bigram_backcopy",
+      "dense_seeds": "",
+      "dense_lrs": "",
+      "attention_maps": False,
+  })
+  return c
+
+
 def get_config(arg=None):
   a = parse_arg(arg, preset="cpu", lr=0.0)
   if a.preset == "cpu_sinks":
     return _cpu_sinks(apply_preset(base_config(), "cpu"), a.lr)
+  if a.preset == "cpu_long":
+    return _cpu_long(apply_preset(base_config(), "cpu"), a.lr)
   c = apply_preset(base_config(), a.preset)
   c.opt.lr = a.lr or (1e-2 if a.preset == "cpu" else 1e-3)
   c.data.bb_vocab_size = 64
