@@ -47,8 +47,14 @@ def run(out, **kw):
                         text=True, timeout=900)
 
 
-def test_two_processes_train_like_one(tmp_path):
-  proc = run(tmp_path / "two")
+@pytest.mark.parametrize("mesh", [
+    # The sequence sharded over all 8 devices, across both processes: each process feeds
+    # its half of every row's tokens, and the attention ring crosses processes.
+    "data=1,context=8",
+    pytest.param("data=-1", marks=pytest.mark.slow),
+])
+def test_two_processes_train_like_one(tmp_path, mesh):
+  proc = run(tmp_path / "two", mesh=mesh)
   assert proc.returncode == 0, proc.stdout[-3000:]
   assert "[p0]" in proc.stdout and "[p1]" in proc.stdout
   summary = rundir.RunDir(str(tmp_path / "two")).read_summary()

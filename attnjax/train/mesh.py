@@ -122,13 +122,11 @@ class MeshParallel:
     """A global ``[B, ...]`` host array -> a device array sharded over the batch (and length).
 
     Every host computes the same global batch (a function of the step) and
-    contributes only its own rows.
+    places only the pieces its own devices hold: whole rows on a data / FSDP
+    mesh, and a slice of the tokens where ``context`` spans processes.
     """
-    n = jax.process_count()
-    rows = array.shape[0] // n
-    local = array[jax.process_index() * rows:(jax.process_index() + 1) * rows]
     sharding = self.batch if array.ndim >= 2 else self.rows
-    return jax.make_array_from_process_local_data(sharding, local, array.shape)
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
   def batch_args(self, b) -> tuple:
     """``(inputs, targets)`` of a Batch on the devices, plus its packing dict when packed."""

@@ -19,8 +19,11 @@ dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
   ``mesh.context=8`` (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``),
   each layer's attention sequence-sharded (the ring for dense and sink logits,
   state passing for GLA); one attention-only layer with 2 heads at width 32,
-  one sequence per step, 20 steps, probes on length-2048 sequences. Arms:
-  dense, sink_logits, gla: about 2 minutes each on 2 cores.
+  one sequence per step, 20 steps. The sink statistics come from the probes
+  (length-2048 sequences) only: ``train.step_stats`` is off, since a recurrent
+  family's statistics need its implied T x T weights (2 GiB per [B, T, N, T]
+  array at this length; the step ran out of the CPU's 24 GiB).
+  Arms: dense, sink_logits, gla: about 2 minutes each on 2 cores.
 - ``cpu``: the fast default (the tests use it): 11 variants x Shakespeare and
   bigram-backcopy at the cpu model size (2 layers, 4 heads, MLPs), 240 steps,
   about 5 minutes; no sink forms at this size (RESULTS.md).
@@ -66,7 +69,8 @@ def _cpu_long(c: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigD
   c.mesh.update(dict(data=1, fsdp=1, tensor=1, context=8))
   c.opt.lr = lr or 3e-2
   c.train.update(dict(steps=20, log_every=5, probe_every=10, probe_batch=1, probe_len=2048,
-                      eval_every=20, eval_batches=1, checkpoint_every=10, microbatches=1))
+                      eval_every=20, eval_batches=1, checkpoint_every=10, microbatches=1,
+                      step_stats=False))
   c.sweep = ml_collections.ConfigDict({
       "setting": "cpu_long",
       "variants": CPU_LONG_VARIANTS,
