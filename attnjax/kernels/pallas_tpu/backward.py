@@ -26,7 +26,8 @@ from jax.experimental.pallas import tpu as pltpu
 from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, dot,
                                              global_indices, heads_first, logits,
                                              mod_inputs, mod_kinds, run_time_table, score_mod, score_mod_vjp,
-                                             tables_of_refs, tile_allowed, visit_tables)
+                                             tables_of_refs, take_mods, tile_allowed,
+                                             visit_tables)
 
 Array = jnp.ndarray
 
@@ -70,16 +71,6 @@ def _segments(qseg_ref, kseg_ref):
   return qseg_ref[...][:, :1], kseg_ref[...][:1, :]
 
 
-def _mods(c: TpuPlan, it):
-  """``(offsets ref, score_mod argument refs, mask_mod tables)`` from a kernel's ref iterator."""
-  if not c.has_mods:
-    return None, [], []
-  off = next(it)
-  score = [next(it) for _ in range(c.num_score_args)]
-  mask = [next(it) for _ in range(c.num_mask_args)]
-  return off, score, tables_of_refs(mask)
-
-
 def _dq_kernel(c: TpuPlan, res_keys, has_g, width, darg_ids, kind_ref, fetch_ref, *refs):
   n_rows = 1 + has_g + len(res_keys)
   it = iter(refs)
@@ -87,7 +78,7 @@ def _dq_kernel(c: TpuPlan, res_keys, has_g, width, darg_ids, kind_ref, fetch_ref
   row_refs = [next(it) for _ in range(n_rows)]
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
-  mods = _mods(c, it)
+  mods = take_mods(c, it, score_tables=False)
   dq_ref = next(it)
   darg_refs = {a: next(it) for a in darg_ids}
   acc_ref = next(it)
@@ -131,7 +122,7 @@ def _dkdv_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs)
   row_refs = [next(it) for _ in range(n_rows)]
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
-  mods = _mods(c, it)
+  mods = take_mods(c, it, score_tables=False)
   dk_ref, dv_ref = next(it), next(it)
   dk_acc, dv_acc = next(it), next(it)
 

@@ -282,14 +282,18 @@ def mod_inputs(c: TpuPlan, score_args, mask_args) -> tuple[list, list]:
   return arrays, [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(arrays)
 
 
-def take_mods(c: TpuPlan, it):
-  """``(offsets, score_mod tables, mask_mod tables)`` from a kernel's ref iterator."""
+def take_mods(c: TpuPlan, it, *, score_tables: bool = True):
+  """``(offsets, score_mod tables, mask_mod tables)`` from a kernel's ref iterator.
+
+  ``score_tables=False`` leaves the ``score_mod`` arguments as refs (the dq kernel reads
+  them by index for their gradient).
+  """
   if not c.has_mods:
     return None, [], []
   off = next(it)
   score = [next(it) for _ in range(c.num_score_args)]
   mask = [next(it) for _ in range(c.num_mask_args)]
-  return off, tables_of_refs(score), tables_of_refs(mask)
+  return off, tables_of_refs(score) if score_tables else score, tables_of_refs(mask)
 
 
 def tile_allowed(c: TpuPlan, qpos: Array, kpos: Array, q_seg: Optional[Array],
