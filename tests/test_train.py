@@ -435,6 +435,7 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(tmp_path, capsy
   err = capsys.readouterr().err
   assert resumed["status"] == "finished" and resumed["resumed_from"] == 4
   assert "checkpoint 8 does not restore" in err and "checkpoints.damaged" in err, err
+  assert "resumed from checkpoint 4 (skipped damaged checkpoint 8)" in err, err
   (skipped,) = resumed["skipped_checkpoints"]
   assert skipped["step"] == 8 and os.path.isdir(skipped["moved_to"])  # moved aside, not deleted
   assert lines(rundir.RunDir(full["run_dir"]).metrics) == lines(run.metrics)

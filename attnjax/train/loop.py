@@ -220,6 +220,10 @@ class Trainer:
     for step in sorted(manager.all_steps(), reverse=True):
       try:
         self.state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        if self.skipped_checkpoints:
+          skipped = ", ".join(str(c["step"]) for c in self.skipped_checkpoints)
+          print(f"{self.cfg.run_dir}: resumed from checkpoint {step} (skipped damaged "
+                f"checkpoint {skipped})", file=sys.stderr, flush=True)
         return int(step)
       except Exception as e:  # noqa: BLE001 - any failure to read a checkpoint: try the previous
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}" if str(e) else repr(e)
