@@ -80,6 +80,11 @@ CASES = {
     "gla": (dict(family="gla"), dict(data=2, context=4)),
     "gated_deltanet, tensor=2": (dict(family="gated_deltanet"), dict(fsdp=2, tensor=2, context=2)),
     "retnet, tensor=2": (dict(family="retnet"), dict(tensor=2, context=4)),
+    # A named implementation, which the ring cannot run: heads <-> sequence where the axis
+    # divides the heads, else keys/values gathered.
+    "dense xla, all_to_all": (dict(family="dense", implementation="xla"), dict(data=2, context=4)),
+    "dense reference, all_gather": (dict(family="dense", implementation="reference", window=12),
+                                    dict(context=8)),
 }
 
 
@@ -92,8 +97,12 @@ def test_layer_shards_the_sequence_and_matches(case):
   jaxpr = reference[2]
   # The family function ran inside shard_map over the context axis (GSPMD would have none).
   assert "shard_map" in jaxpr and "context" in jaxpr
-  if options["family"] in ("dense", "qk_norm", "cosine"):
+  if options["family"] in ("dense", "qk_norm", "cosine") and "implementation" not in options:
     assert "ppermute" in jaxpr  # the ring
+  if "all_to_all" in case:
+    assert "all_to_all" in jaxpr and "ppermute" not in jaxpr
+  if "all_gather" in case:
+    assert "all_gather" in jaxpr and "ppermute" not in jaxpr
   assert_close(y0, y1)
   np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5, atol=1e-4)  # a sum of B*T*D terms
   assert_close(g0, g1, rtol=1e-4, atol=5e-6)

@@ -89,8 +89,9 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
     args: further positional arrays (the delta rule's ``beta`` ``[B, T, N]``).
     kwargs: keyword arguments; ``mask`` must be None for the sharded path.
     strategy: ``context_strategy`` for functions that take one (None: ``"ring"`` for
-      the block-wise or automatic implementation, else ``"all_to_all"``, which runs
-      any single-device implementation).
+      the block-wise or automatic implementation; for a named one, which the ring
+      cannot run, ``"all_to_all"`` where the axis divides the device's heads, else
+      ``"all_gather"``).
 
   Returns:
     What ``fn`` returns (``out``, ``(out, stats)``, ...) for the whole call.
@@ -147,7 +148,14 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
     leaves = [jax.tree.map(jax.sharding.reshard, x, s) for x, s in zip(leaves, in_specs)]
   if "context_strategy" in _parameters(fn):
     if strategy is None:
-      strategy = "ring" if full.get("implementation") in (None, "blockwise") else "all_to_all"
+      sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+      local_heads = N // (1 if h is None else _prod(sizes[a] for a in head_axes))
+      if full.get("implementation") in (None, "blockwise"):
+        strategy = "ring"
+      elif local_heads % size == 0:
+        strategy = "all_to_all"
+      else:
+        strategy = "all_gather"
     static["context_strategy"] = strategy
   na = len(args)
 
@@ -195,3 +203,10 @@ def _axes(names):
   if not names:
     return None
   return names[0] if len(names) == 1 else tuple(names)
+
+
+def _prod(values) -> int:
+  out = 1
+  for v in values:
+    out *= int(v)
+  return out
