@@ -90,3 +90,60 @@ def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int
            "initial_loss": jnp.zeros((), jnp.float32)}
   step = make_train_step(graphdef, opt, stats=cfg.train.step_stats if stats is None else stats)
   return step, state, rest
+
+
+def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: int,
+                       gqa: bool = True, dtype: Any = jnp.float32, stats: bool = False,
+                       sink: bool = False, softcap: float | None = None, seed: int = 0,
+                       score_args: Any = None, name: str = "kernel") -> None:
+  """Values, statistics and gradients (q, k, v, sink logits, ``score_mod`` arguments) of a
+  dense kernel against :func:`attnjax.dense.reference`.
+
+  ``kernel(inputs, opts)`` runs the kernel on :func:`attnjax.dense.prepare`'s output;
+  ``structure`` holds the mask options (``is_causal``, ``window``, ``segment_ids``,
+  ``mask_mod``, ...). Inputs are ``B=2``, head dim 16, ``(N, K) = (4, 2)`` with ``gqa``
+  else ``(2, 2)``; the loss weights the output by a random cotangent and adds ``sin`` of the
+  logsumexp statistic (which carries a gradient). Each leaf must agree within 2e-5 (float32)
+  or 3e-2 (16-bit) of its largest reference entry (at least 1).
+  """
+  from attnjax import dense
+
+  N, K = (4, 2) if gqa else (2, 2)
+  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=16, dtype=dtype, seed=seed, source="numpy")
+  sink_logits = jnp.linspace(-1.0, 1.0, N) if sink else None
+  kw = dict(structure, normalizer=normalizer, softcap=softcap, return_stats=stats)
+  cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, 16), jnp.float32)
+
+  def run(impl, q, k, v, sink_logits, score_args):
+    extra = {} if sink_logits is None else dict(sink_logits=sink_logits)
+    if score_args is not None:
+      extra["score_mod_args"] = score_args
+    inputs, opts = dense.prepare(q, k, v, **kw, **extra)
+    return kernel(inputs, opts) if impl == name else dense.reference(inputs, opts)
+
+  def loss(impl, *args):
+    r = run(impl, *args)
+    out, st = r if stats else (r, None)
+    total = jnp.sum(out.astype(jnp.float32) * cot)
+    if stats:
+      total = total + jnp.sum(jnp.sin(st.logsumexp))
+    return total, r
+
+  argnums = (0, 1, 2) + ((3,) if sink else ()) + ((4,) if score_args is not None else ())
+  results = {}
+  for impl in (name, "reference"):
+    fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
+                                    has_aux=True))
+    (_, r), grads = fn(q, k, v, sink_logits, score_args)
+    results[impl] = (r, grads)
+  tol = 2e-5 if dtype == jnp.float32 else 3e-2
+  what = f"{name} {normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
+  got, want = jax.tree.leaves(results[name]), jax.tree.leaves(results["reference"])
+  assert len(got) == len(want), what
+  names = jax.tree_util.tree_leaves_with_path(results["reference"])
+  for (path, _), a, b in zip(names, got, want):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert a.shape == b.shape, (what, path)
+    scale = max(1.0, float(np.max(np.abs(b))))
+    err = float(np.max(np.abs(a - b))) / scale
+    assert err < tol, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"

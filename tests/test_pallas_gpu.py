@@ -21,7 +21,7 @@ import pytest
 import attnjax
 from attnjax import dense, normalizers
 from attnjax.kernels import pallas_gpu
-from helpers import rand_qkv
+from helpers import check_dense_kernel, rand_qkv
 
 
 BLOCKS = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32)
@@ -47,38 +47,10 @@ def _run(impl, q, k, v, sink, kw):
 def check(normalizer, structure, *, gqa=True, dtype=jnp.float32, stats=False, sink=False,
           softcap=None, seed=0):
   """Values, statistics and gradients (q, k, v, sink logits) of pallas_gpu vs the reference."""
-  N, K = (4, 2) if gqa else (2, 2)
-  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=16, dtype=dtype, seed=seed, source="numpy")
-  sink_logits = jnp.linspace(-1.0, 1.0, N) if sink else None
-  kw = dict(STRUCTURES[structure](), normalizer=normalizer, softcap=softcap, return_stats=stats)
-  cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, 16), jnp.float32)
-
-  def loss(impl, q, k, v, sink_logits):
-    r = _run(impl, q, k, v, sink_logits, kw)
-    out, st = r if stats else (r, None)
-    total = jnp.sum(out.astype(jnp.float32) * cot)
-    if stats:  # the logsumexp statistic carries a gradient
-      total = total + jnp.sum(jnp.sin(st.logsumexp))
-    return total, r
-
-  argnums = (0, 1, 2, 3) if sink else (0, 1, 2)
-  results = {}
-  for impl in ("pallas_gpu", "reference"):
-    fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
-                                    has_aux=True))
-    (_, r), grads = fn(q, k, v, sink_logits)
-    results[impl] = (r, grads)
-  tol = 2e-5 if dtype == jnp.float32 else 3e-2
-  what = f"{normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
-  got, want = jax.tree.leaves(results["pallas_gpu"]), jax.tree.leaves(results["reference"])
-  assert len(got) == len(want)
-  names = jax.tree_util.tree_leaves_with_path(results["reference"])
-  for (path, _), a, b in zip(names, got, want):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert a.shape == b.shape, (what, path)
-    scale = max(1.0, float(np.max(np.abs(b))))
-    err = float(np.max(np.abs(a - b))) / scale
-    assert err < tol, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"
+  check_dense_kernel(
+      lambda inputs, opts: pallas_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS),
+      STRUCTURES[structure](), normalizer=normalizer, T=T, S=S, gqa=gqa, dtype=dtype,
+      stats=stats, sink=sink, softcap=softcap, seed=seed, name="pallas_gpu")
 
 
 DEFAULT_CASES = [

@@ -28,7 +28,7 @@ from attnjax.kernels import pallas_tpu
 from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
 from attnjax.kernels.pallas_tpu import plan
 from attnjax.kernels.pallas_tpu.plan import FULL, MASKED, SKIP
-from helpers import rand_qkv
+from helpers import check_dense_kernel, rand_qkv
 
 BLOCKS = pallas_tpu.BlockSizes(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=256)
 T, S = 200, 328
@@ -66,56 +66,21 @@ STRUCTURES = {
 }
 
 
-def _run(impl, q, k, v, sink, kw, score_args=None):
-  extra = {} if sink is None else dict(sink_logits=sink)
-  if score_args is not None:
-    extra["score_mod_args"] = score_args
-  inputs, opts = dense.prepare(q, k, v, **kw, **extra)
-  if impl == "pallas_tpu":
-    return pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
-  return dense.reference(inputs, opts)
-
-
 def check(normalizer, structure, *, gqa=True, dtype=jnp.float32, stats=False, sink=False,
           softcap=None, seed=0):
-  """Values, statistics and gradients (q, k, v, sink logits) of pallas_tpu vs the reference."""
-  N, K = (4, 2) if gqa else (2, 2)
-  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=16, dtype=dtype, seed=seed, source="numpy")
-  sink_logits = jnp.linspace(-1.0, 1.0, N) if sink else None
-  kw = dict(STRUCTURES[structure](), normalizer=normalizer, softcap=softcap, return_stats=stats)
+  """Values, statistics and gradients (q, k, v, sink logits, score_mod arguments) of
+  pallas_tpu vs the reference."""
+  N = 4 if gqa else 2
+  kw = STRUCTURES[structure]()
   if structure == "mask_mod" and normalizer in ("softmax_one",):
     kw["score_mod"] = None  # one call in the subset without a score_mod
-  cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, 16), jnp.float32)
   score_args = kw.pop("score_mod_args", None)
   if score_args is not None and not gqa:
     score_args = (score_args[0][:N], score_args[1][:, :N])
-
-  def loss(impl, q, k, v, sink_logits, score_args):
-    r = _run(impl, q, k, v, sink_logits, kw, score_args)
-    out, st = r if stats else (r, None)
-    total = jnp.sum(out.astype(jnp.float32) * cot)
-    if stats:  # the logsumexp statistic carries a gradient
-      total = total + jnp.sum(jnp.sin(st.logsumexp))
-    return total, r
-
-  argnums = (0, 1, 2) + ((3,) if sink else ()) + ((4,) if score_args is not None else ())
-  results = {}
-  for impl in ("pallas_tpu", "reference"):
-    fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
-                                    has_aux=True))
-    (_, r), grads = fn(q, k, v, sink_logits, score_args)
-    results[impl] = (r, grads)
-  tol = 2e-5 if dtype == jnp.float32 else 3e-2
-  what = f"{normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
-  got, want = jax.tree.leaves(results["pallas_tpu"]), jax.tree.leaves(results["reference"])
-  assert len(got) == len(want)
-  names = jax.tree_util.tree_leaves_with_path(results["reference"])
-  for (path, _), a, b in zip(names, got, want):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert a.shape == b.shape, (what, path)
-    scale = max(1.0, float(np.max(np.abs(b))))
-    err = float(np.max(np.abs(a - b))) / scale
-    assert err < tol, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"
+  check_dense_kernel(
+      lambda inputs, opts: pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS),
+      kw, normalizer=normalizer, T=T, S=S, gqa=gqa, dtype=dtype, stats=stats, sink=sink,
+      softcap=softcap, seed=seed, score_args=score_args, name="pallas_tpu")
 
 
 DEFAULT_CASES = [
