@@ -85,7 +85,13 @@ REPRESENTATIVE = [
     # Recurrent families: state passing, with resets (one at a shard boundary), initial state.
     dict(family="gated_linear", P=4, T=64, segments=True, gla=True),
     dict(family="delta_rule", P=2, T=64, initial_state=True),
+    # linear_attention: causal (chunked, entering state from the earlier shards) with an
+    # initial state; non-causal (global K^T V) with FAVOR+, its projection's gradient.
+    dict(family="linear", P=4, T=64, initial_state=True),
+    dict(family="linear", P=2, T=32, causal=False, feature_map="favor", heads="mha"),
     # Errors raised while tracing inside shard_map (no compile).
+    dict(family="linear", P=2, T=32, stats=True,
+         expect="return_stats=True with context_axis='ctx'"),
     dict(strategy="all_to_all", P=8, T=64, heads="gqa",
          expect="N=4 heads (q (1, 8, 4, 8)) are not divisible by the axis size 8"),
     dict(strategy="all_gather", P=2, T=64, heads="gqa", stats=True,
@@ -123,6 +129,22 @@ def test_recurrent_families_equal_the_unsharded_call_on_2_4_8_devices():
                    for family, P, segments, initial in itertools.product(
                        ("gated_linear", "delta_rule"), (2, 4, 8), (False, True),
                        (False, True))], timeout=3600))
+
+
+@pytest.mark.slow
+def test_linear_attention_equals_the_unsharded_call_on_2_4_8_devices():
+  cases = []
+  for P, causal, implementation, normalize, initial in itertools.product(
+      (2, 4, 8), (True, False), (None, "parallel", "recurrent"),
+      ("denominator", "none", "output_rms"), (False, True)):
+    if implementation == "recurrent" and not causal:
+      continue  # no non-causal recurrent form
+    cases.append(dict(family="linear", P=P, T=8 * P + 4 * (P == 2), causal=causal,
+                      implementation=implementation, normalize=normalize,
+                      initial_state=initial, heads="gqa" if initial else "mha",
+                      feature_map="favor" if normalize == "none" else "elu_plus_one",
+                      chunk_size=3))
+  check(run_cases(cases, timeout=3600))
 
 
 @pytest.mark.slow
@@ -199,3 +221,12 @@ def test_context_keywords_are_checked():
     attnjax.dot_product_attention(q, q, q, context_axis=3)
   with pytest.raises(ValueError, match="takes no return_residual"):
     attnjax.dot_product_attention(q, q, q, context_axis="c", return_residual=True)
+
+
+def test_linear_attention_context_axis_is_checked():
+  q = jnp.zeros((1, 8, 2, 4))
+  with pytest.raises(ValueError, match="context_axis='c' is not a mesh axis of the enclosing "
+                                       "jax.shard_map"):
+    attnjax.linear_attention(q, q, q, is_causal=True, context_axis="c")
+  with pytest.raises(TypeError, match="context_axis must be a shard_map mesh axis name"):
+    attnjax.linear_attention(q, q, q, context_axis=3)
