@@ -220,7 +220,7 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   strategies call back here for each device's own part).
   """
   if opts.context_axis is not None:
-    return parallel.attention(inputs, opts, implementation, _run_on_this_platform)
+    return parallel.attention(inputs, opts, implementation, run_on_this_platform)
   if implementation is not None:
     return _run_named(implementation, inputs, opts)
   table = dispatch_table(inputs, opts)
@@ -235,7 +235,7 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
       **branches, default=functools.partial(_run_named, table["cpu"], inputs, opts, True))
 
 
-def _run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
   context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
   ``pallas_call`` would have no manual-axis types there)."""

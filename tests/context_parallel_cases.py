@@ -60,6 +60,19 @@ def arrays(case: dict) -> dict:
   return out
 
 
+def sparse_pattern(name: str, T: int):
+  """A :mod:`attnjax.patterns` pattern for a case's whole length ``T``."""
+  patterns = attnjax.patterns
+  return {"sliding_window": lambda: patterns.sliding_window(T // 8 + 3),
+          "strided": lambda: patterns.strided(T // 8),
+          "fixed": lambda: patterns.fixed(T // 4, 3),
+          "global_window": lambda: patterns.global_window(3, (T // 16, T // 16)),
+          "bigbird": lambda: patterns.bigbird(T // 16, 1, 1, 2, seed=3),
+          "sinks_window": lambda: patterns.sinks_window(4, T // 8),
+          "dilated_window": lambda: patterns.dilated_window(5, 3),
+          "causal_global": lambda: patterns.global_window(2, T // 8) & patterns.causal()}[name]()
+
+
 def keywords(case: dict) -> dict:
   mask = case.get("mask", "causal")
   kw = dict(normalizer=case.get("normalizer", "softmax"),
@@ -72,6 +85,10 @@ def keywords(case: dict) -> dict:
     kw["mask_mod"] = _documents
   if case.get("score_mod"):
     kw["score_mod"] = _alibi
+  if case.get("pattern"):  # sparse_attention: the pattern stands for is_causal and window
+    kw.pop("is_causal", None)
+    kw.pop("window", None)
+    kw["pattern"] = sparse_pattern(case["pattern"], case["T"])
   return kw
 
 
@@ -207,7 +224,10 @@ def _rel(a, b) -> float:
 def run_case(case: dict) -> dict:
   """Errors of one case: ``strategy``, ``P``, ``T``, ``layout``, ``normalizer``, ``mask``
   (causal / window / segments / bidirectional / mask_mod), ``heads`` (mha / gqa / mqa),
-  ``sinks``, ``score_mod``, ``stats``."""
+  ``sinks``, ``score_mod``, ``stats``; ``pattern`` (a :func:`sparse_pattern` name) makes it
+  a ``sparse_attention`` call (``mask`` then adds only segments or a mask_mod), against the
+  unsharded ``sparse_attention`` (its default, block-sparse path); ``implementation`` of
+  the sharded call."""
   Pn, layout = case["P"], case.get("layout", "contiguous")
   mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:Pn])
@@ -224,8 +244,13 @@ def run_case(case: dict) -> dict:
   def call(fn, diff, rest):
     return fn(**diff, **rest)
 
+  family = attnjax.sparse_attention if case.get("pattern") else attnjax.dot_product_attention
+  if case.get("implementation"):
+    kw["implementation"] = case["implementation"]
+
   def reference(**a):
-    return attnjax.dot_product_attention(a.pop("q"), a.pop("k"), a.pop("v"), **a, **kw)
+    return family(a.pop("q"), a.pop("k"), a.pop("v"), **a,
+              **{n: x for n, x in kw.items() if n != "implementation"})
 
   def sharded_call(**a):
     names = sorted(a)
@@ -234,7 +259,7 @@ def run_case(case: dict) -> dict:
 
     def local(*xs):
       b = dict(zip(names, xs))
-      return attnjax.dot_product_attention(
+      return family(
           b.pop("q"), b.pop("k"), b.pop("v"), **b, **kw, context_axis=AXIS,
           context_strategy=case["strategy"], context_layout=layout)
 
