@@ -449,7 +449,8 @@ def _dot_product_attention(
       ``return_residual`` or ragged lengths.
     context_strategy: ``"ring"`` (keys/values travel around the devices, the
       normaliser's online state stays; O(T / P) memory; block-wise kernel),
-      ``"all_gather"`` (keys/values gathered; no ``return_stats``) or
+      ``"all_gather"`` (keys/values gathered; with ``return_stats`` the block-wise
+      kernel, statistics over every device's rows) or
       ``"all_to_all"`` (Ulysses: heads <-> sequence, any ``implementation``; needs
       ``N`` divisible by the axis size).
     context_layout: ``"contiguous"`` (None; shard ``p`` holds tokens ``p * T / P ..``)
