@@ -189,7 +189,7 @@ def test_linear_attention_equals_the_unsharded_call_on_2_4_8_devices():
     cases.append(dict(family="linear", P=P, T=8 * P + 4 * (P == 2), causal=causal,
                       implementation=implementation, normalize=normalize,
                       initial_state=initial, heads="gqa" if initial else "mha",
-                      feature_map="favor" if normalize == "none" else "elu_plus_one",
+                      feature_map="favor" if normalize == "output_rms" else "elu_plus_one",
                       chunk_size=3))
   check(run_cases(cases, timeout=3600))
 
