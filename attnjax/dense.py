@@ -220,7 +220,7 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   strategies call back here for each device's own part).
   """
   if opts.context_axis is not None:
-    return parallel.attention(inputs, opts, implementation, _run_on_this_platform)
+    return parallel.attention(inputs, opts, implementation, run_on_this_platform)
   if implementation is not None:
     return _run_named(implementation, inputs, opts)
   table = dispatch_table(inputs, opts)
@@ -235,7 +235,7 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
       **branches, default=functools.partial(_run_named, table["cpu"], inputs, opts, True))
 
 
-def _run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
   context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
   ``pallas_call`` would have no manual-axis types there)."""
@@ -449,7 +449,8 @@ def _dot_product_attention(
       ``return_residual`` or ragged lengths.
     context_strategy: ``"ring"`` (keys/values travel around the devices, the
       normaliser's online state stays; O(T / P) memory; block-wise kernel),
-      ``"all_gather"`` (keys/values gathered; no ``return_stats``) or
+      ``"all_gather"`` (keys/values gathered; with ``return_stats`` the block-wise
+      kernel, statistics over every device's rows) or
       ``"all_to_all"`` (Ulysses: heads <-> sequence, any ``implementation``; needs
       ``N`` divisible by the axis size).
     context_layout: ``"contiguous"`` (None; shard ``p`` holds tokens ``p * T / P ..``)

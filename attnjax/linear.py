@@ -56,6 +56,8 @@ from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.attention_stats import AttentionStats, row_mean, stats_from_weights
 from attnjax.dense import group_queries
+from attnjax.kernels.blockwise.ring import varying
+from attnjax.parallel.recurrent import every_shard
 
 Array = jnp.ndarray
 
@@ -296,6 +298,59 @@ def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: 
 
 
 # ---------------------------------------------------------------------------
+# Context parallelism.
+
+
+def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bool,
+                    axis: str) -> tuple[LinearState, LinearState]:
+  """``(entering, final)`` states of this device's shard of a sequence sharded over ``axis``.
+
+  The state update is ``S -> S + phi(K)^T V`` (the transition's decay is the identity),
+  so a shard's whole contribution is one product of its own features and values; every
+  device's is stacked on every device (:func:`attnjax.parallel.recurrent.every_shard`, one
+  all-reduce). A causal shard ``p`` enters with ``state`` plus shards ``0 .. p - 1`` (an
+  exclusive scan over the axis); a non-causal one with ``state`` plus every *other* shard
+  (its own keys are added by its local pass). ``final`` is ``state`` plus every shard, the
+  same on every device.
+  """
+  own = LinearState(_einsum("bskf,bskh->bkfh", phi_k, v), jnp.sum(phi_k, axis=1))
+  every = every_shard(own, axis)  # each [P, ...]
+  p = jax.lax.axis_index(axis)
+  total = jax.tree.map(lambda x: jnp.sum(x, axis=0), every)
+  if is_causal:
+    before = jax.tree.map(lambda x: jnp.take(jnp.cumsum(x, axis=0) - x, p, axis=0), every)
+  else:
+    before = jax.tree.map(lambda t, x: t - jnp.take(x, p, axis=0), total, every)
+  entering = jax.tree.map(lambda s, b: varying(s + b, axis), state, before)
+  final = jax.tree.map(jnp.add, state, total)
+  return LinearState(*entering), LinearState(*final)
+
+
+def _check_context(context_axis, *, feature_map, return_stats: bool, q, k) -> None:
+  if not isinstance(context_axis, str):
+    raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
+                    f"{context_axis!r}")
+  try:
+    jax.lax.axis_size(context_axis)
+  except NameError as e:
+    raise ValueError(f"context_axis={context_axis!r} is not a mesh axis of the enclosing "
+                     f"jax.shard_map (call linear_attention inside shard_map over that "
+                     f"axis)") from e
+  if q.shape[1] != k.shape[1]:
+    raise ValueError(f"context_axis={context_axis!r}: queries and keys must be sharded alike "
+                     f"(the same local length), got q {_checks.shape_of(q)} and k "
+                     f"{_checks.shape_of(k)}")
+  if return_stats:
+    raise ValueError(f"return_stats=True with context_axis={context_axis!r}: the statistics "
+                     f"of linear attention (entropy, sink mass on key 0) need every key of "
+                     f"the sequence per query row; call without context_axis for them")
+  if feature_map.needs_consistent_scale:
+    raise ValueError(f"feature_map {feature_map.kind!r} with stabilize=True takes its key "
+                     f"constant from the call's keys, which differ per shard with "
+                     f"context_axis={context_axis!r}; draw it with stabilize=False")
+
+
+# ---------------------------------------------------------------------------
 # Public functions.
 
 
@@ -380,6 +435,7 @@ def _linear_attention(
     return_state: bool = False,
     return_stats: bool = False,
     eps: float = DEFAULT_EPS,
+    context_axis: Optional[str] = None,
 ):
   """Kernel-feature (linear) attention.
 
@@ -415,6 +471,19 @@ def _linear_attention(
       memory.
     eps: added to the denominator (``"denominator"``) or inside the RMS
       (``"output_rms"``).
+    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is
+      sharded over (context parallelism): called inside ``shard_map`` with q,
+      k, v sharded along time in contiguous shards (``initial_state`` and
+      the feature map whole on every device), returns this device's shard of
+      the output, equal to the unsharded call in value and gradient (q, k, v,
+      the feature map's arrays, ``initial_state``). Each device's
+      ``phi(K)^T V`` and ``sum phi(K)`` are stacked on every device (one
+      all-reduce); causal: shard ``p`` enters with ``initial_state`` plus
+      shards ``0 .. p - 1`` and runs its own pass (any ``implementation``)
+      from there; non-causal: with every other shard's sums (the global
+      ``K^T V`` and normaliser). ``return_state`` gives the whole sequence's
+      final state on every device. Not with ``return_stats`` or a
+      ``stabilize=True`` feature map (both need every key of the sequence).
 
   Returns:
     ``out`` ``[B, T, N, Hv]`` in the input dtype; ``(out, state)`` with
@@ -432,12 +501,18 @@ def _linear_attention(
       q, k, v, feature_map=feature_map, is_causal=is_causal, normalize=normalize,
       implementation=implementation, chunk_size=chunk_size, initial_state=initial_state,
       return_state=return_state, eps=eps)
+  if context_axis is not None:
+    _check_context(context_axis, feature_map=feature_map, return_stats=return_stats, q=q, k=k)
   B, T, N, _ = q.shape
   K, Hv = k.shape[2], v.shape[3]
   v32 = v.astype(jnp.float32)
   finish_fn = functools.partial(finish, normalize=normalize, eps=eps)
   phi_q = group_queries(feature_map(q, is_query=True), K)
   phi_k = feature_map(k, is_query=False)
+  whole_final = None
+  if context_axis is not None:
+    state, whole_final = _context_states(phi_k, v32, state, is_causal=is_causal,
+                                         axis=context_axis)
   if is_causal and form == "chunked":
     # The output is finished inside the chunk loop (no [B, T, ...] denominator array).
     out, _, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size,
@@ -451,6 +526,8 @@ def _linear_attention(
       num, den, final = recurrent(phi_q, phi_k, v32, state)
     out = finish_fn(num, den)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
+  if whole_final is not None:
+    final = whole_final
   result = (out, final) if return_state else out
   if not return_stats:
     return result
@@ -463,7 +540,7 @@ def _linear_attention(
 
 
 LINEAR_STATIC = ("is_causal", "normalize", "implementation", "chunk_size", "return_state",
-                 "return_stats", "eps")
+                 "return_stats", "eps", "context_axis")
 
 linear_attention = jax.jit(_linear_attention, static_argnames=LINEAR_STATIC)
 linear_attention.__doc__ = _linear_attention.__doc__

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, dense, masks, normalizers, options, patterns
+from attnjax import _checks, dense, masks, mods, normalizers, options, parallel, patterns
 from attnjax.kernels import blockwise
 from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
@@ -48,8 +48,7 @@ ImplementationName = Literal["reference", "block_sparse"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 # The dense keywords sparse_attention takes and forwards (attnjax.options.KEYWORDS): the
 # pattern stands for mask, is_causal and window; the block paths compute dot products.
-DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity",
-    "context_axis", "context_strategy", "context_layout"))
+DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
 
 
 def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern):
@@ -339,6 +338,46 @@ def _dilated_columns(inputs: options.DenseInputs, opts: options.DenseOptions,
   return from_columns(out)
 
 
+def _context_parallel(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
+                      implementation: Optional[str]):
+  """This device's shard of a sparse call whose sequence is sharded over ``opts.context_axis``.
+
+  Every pattern is a rule on global positions, so the call is the dense one with the
+  pattern as a ``mask_mod`` (:class:`attnjax.mods.PatternMask` on the whole ``(T, T)``,
+  intersected with the caller's ``mask_mod``) run by the dense strategies
+  (:func:`attnjax.parallel.attention`). The pattern's causality and band
+  (:meth:`~attnjax.patterns.Pattern.band`) also become the dense ``is_causal`` / ``window``
+  (they keep every pair the pattern keeps), so the ring skips, when it is traced, the
+  shard pairs outside them; inside a visited pair the pattern's blocks are classified per
+  call and blocks it masks entirely are skipped.
+  """
+  axis = opts.context_axis
+  try:
+    P = jax.lax.axis_size(axis)
+  except NameError as e:
+    raise ValueError(f"context_axis={axis!r} is not a mesh axis of the enclosing "
+                     f"jax.shard_map (call sparse_attention inside shard_map over that "
+                     f"axis)") from e
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  if T != S:
+    raise ValueError(f"context_axis={axis!r}: queries and keys must be sharded alike (the same "
+                     f"local length), got q {tuple(inputs.q.shape)} and k "
+                     f"{tuple(inputs.k.shape)}")
+  if opts.block_layout is not None:
+    raise ValueError("block_layout describes one device's whole call; with context_axis pass "
+                     "the mask_mod alone (the pattern's blocks are found per shard at run time)")
+  whole = T * P
+  rule = mods.pattern_mask(pattern, whole, whole)
+  mask_mod = rule
+  if opts.mask_mod is not None:
+    mask_mod = mods.And((rule, opts.mask_mod), (0, len(inputs.mask_mod_args)))
+  dense_opts = dataclasses.replace(opts, mask_mod=mask_mod, is_causal=pattern.is_causal,
+                                   window=pattern.band())
+  names = {None: None, "reference": "reference", "block_sparse": "blockwise"}
+  return parallel.attention(inputs, dense_opts, names[implementation],
+                            dense.run_on_this_platform)
+
+
 def _sparse_attention(
     q: Array,
     k: Array,
@@ -359,6 +398,9 @@ def _sparse_attention(
     mask_mod: Any = None,
     mask_mod_args: Any = None,
     block_layout: Any = None,
+    context_axis: Optional[str] = None,
+    context_strategy: options.ContextStrategy = "ring",
+    context_layout: Optional[options.ContextLayout] = None,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
 
@@ -390,6 +432,18 @@ def _sparse_attention(
     block_layout: a :func:`attnjax.layout.from_mask_mod` layout of
       ``mask_mod`` with ``block_size`` blocks (used on the whole-sequence
       path; chunked and gathered paths skip the mask_mod's blocks at run time).
+    context_axis, context_strategy, context_layout: context parallelism, as in
+      :func:`attnjax.dot_product_attention` (called inside ``jax.shard_map``
+      with q, k, v and segment ids sharded along time, returns this device's
+      shard, equal to the unsharded call in value, gradient and statistics).
+      The pattern is laid on the whole sequence (``P`` times the local
+      length) and applied as a mask on global positions by the dense
+      strategies: ``"ring"`` skips the shard pairs outside the pattern's
+      causality / band and, inside the others, the blocks it masks;
+      ``"all_gather"`` and ``"all_to_all"`` as for dense attention.
+      ``implementation``: None (each strategy's default), ``"block_sparse"``
+      (the block-wise kernel) or ``"reference"`` (not with the ring). No
+      ``bias`` or ``block_layout``.
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``. A query
@@ -407,8 +461,10 @@ def _sparse_attention(
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
-  implementation = "block_sparse" if implementation is None else implementation
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
+  if opts.context_axis is not None:
+    return _context_parallel(inputs, opts, pattern, implementation)
+  implementation = "block_sparse" if implementation is None else implementation
   T, S = q.shape[1], k.shape[1]
   pattern.check_shape(T, S)
   if implementation == "reference":

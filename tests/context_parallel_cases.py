@@ -12,6 +12,7 @@ when the call raised). ``tests/test_context_parallel.py`` starts it with
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -59,6 +60,19 @@ def arrays(case: dict) -> dict:
   return out
 
 
+def sparse_pattern(name: str, T: int):
+  """A :mod:`attnjax.patterns` pattern for a case's whole length ``T``."""
+  patterns = attnjax.patterns
+  return {"sliding_window": lambda: patterns.sliding_window(T // 8 + 3),
+          "strided": lambda: patterns.strided(T // 8),
+          "fixed": lambda: patterns.fixed(T // 4, 3),
+          "global_window": lambda: patterns.global_window(3, (T // 16, T // 16)),
+          "bigbird": lambda: patterns.bigbird(T // 16, 1, 1, 2, seed=3),
+          "sinks_window": lambda: patterns.sinks_window(4, T // 8),
+          "dilated_window": lambda: patterns.dilated_window(5, 3),
+          "causal_global": lambda: patterns.global_window(2, T // 8) & patterns.causal()}[name]()
+
+
 def keywords(case: dict) -> dict:
   mask = case.get("mask", "causal")
   kw = dict(normalizer=case.get("normalizer", "softmax"),
@@ -71,6 +85,10 @@ def keywords(case: dict) -> dict:
     kw["mask_mod"] = _documents
   if case.get("score_mod"):
     kw["score_mod"] = _alibi
+  if case.get("pattern"):  # sparse_attention: the pattern stands for is_causal and window
+    kw.pop("is_causal", None)
+    kw.pop("window", None)
+    kw["pattern"] = sparse_pattern(case["pattern"], case["T"])
   return kw
 
 
@@ -134,6 +152,75 @@ def run_recurrent_case(case: dict) -> dict:
   return errors
 
 
+def run_linear_case(case: dict) -> dict:
+  """Errors of a ``linear_attention`` case: ``P``, ``T``, ``causal``, ``implementation``,
+  ``normalize``, ``feature_map`` (elu_plus_one / favor: FAVOR+ without stabilising, its
+  projection differentiated), ``initial_state``, ``heads`` (mha / gqa), ``chunk_size``,
+  ``stats``."""
+  Pn, T = case["P"], case["T"]
+  mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:Pn])
+  rng = np.random.default_rng(case.get("seed", 0))
+  B, N, H = 1, 4, 8
+  K = {"mha": N, "gqa": 2}[case.get("heads", "gqa")]
+  f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  diff = {"q": f(B, T, N, H), "k": f(B, T, K, H), "v": f(B, T, K, H)}
+  if case.get("feature_map") == "favor":
+    fmap = attnjax.feature_maps.favor_plus(jax.random.key(case.get("seed", 0)), 16,
+                                           head_dim=H, stabilize=False)
+    diff["projection"] = fmap.projection
+  else:
+    fmap = attnjax.feature_maps.elu_plus_one
+  F = fmap.num_features(H)
+  if case.get("initial_state"):
+    diff["initial_state"] = attnjax.linear.LinearState(
+        f(B, K, F, H), jnp.asarray(rng.uniform(0.5, 2.0, (B, K, F)), jnp.float32))
+  kw = dict(is_causal=case.get("causal", True), normalize=case.get("normalize", "denominator"),
+            implementation=case.get("implementation"), chunk_size=case.get("chunk_size", 8),
+            return_state=True)
+  if case.get("stats"):
+    kw["return_stats"] = True  # not supported with context_axis: the case expects the error
+  sharded = {"q", "k", "v"}
+
+  def reference(**a):
+    q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
+    # The projection as an argument (a traced array): its gradient is checked.
+    fm = fmap if "projection" not in a else dataclasses.replace(fmap, projection=a.pop("projection"))
+    return attnjax.linear_attention(q, k, v, feature_map=fm, **a, **kw)
+
+  def sharded_call(**a):
+    names = sorted(a)
+    specs = tuple(P(None, AXIS) if n in sharded else P() for n in names)
+
+    def local(*xs):
+      return reference(**dict(zip(names, xs)), context_axis=AXIS)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(None, AXIS), P()))(
+        *(a[n] for n in names))
+
+  # normalize="none" sums O(T) unnormalised terms per row: the loss sees them divided by T,
+  # else float32 summation order alone (sharded or not) moves its gradients by ~|out| ulps.
+  out_scale = 1.0 / T if kw["normalize"] in ("none", False) else 1.0
+
+  def loss(call, diff):
+    out, state = call(**diff)
+    out = out * out_scale
+    total = jnp.sum(out * jnp.cos(out))
+    return total + sum(jnp.sum(jnp.sin(s)) for s in state), (out, state)
+
+  with jax.set_mesh(mesh):
+    (_, got), g_got = jax.jit(jax.value_and_grad(functools.partial(loss, sharded_call),
+                                                 has_aux=True))(diff)
+  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference),
+                                                 has_aux=True))(diff)
+  errors = {"out": _rel(got[0], want[0]), "kv_sum": _rel(got[1].kv_sum, want[1].kv_sum),
+            "k_sum": _rel(got[1].k_sum, want[1].k_sum)}
+  for n in diff:
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(g_got[n]), jax.tree.leaves(g_want[n]))):
+      errors[f"d{n}{'' if i == 0 else i}"] = _rel(a, b)
+  return errors
+
+
 def _rel(a, b) -> float:
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   return float(np.max(np.abs(a - b)) / (1.0 + np.max(np.abs(b))))
@@ -142,7 +229,10 @@ def _rel(a, b) -> float:
 def run_case(case: dict) -> dict:
   """Errors of one case: ``strategy``, ``P``, ``T``, ``layout``, ``normalizer``, ``mask``
   (causal / window / segments / bidirectional / mask_mod), ``heads`` (mha / gqa / mqa),
-  ``sinks``, ``score_mod``, ``stats``."""
+  ``sinks``, ``score_mod``, ``stats``; ``pattern`` (a :func:`sparse_pattern` name) makes it
+  a ``sparse_attention`` call (``mask`` then adds only segments or a mask_mod), against the
+  unsharded ``sparse_attention`` (its default, block-sparse path); ``implementation`` of
+  the sharded call."""
   Pn, layout = case["P"], case.get("layout", "contiguous")
   mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:Pn])
@@ -159,8 +249,13 @@ def run_case(case: dict) -> dict:
   def call(fn, diff, rest):
     return fn(**diff, **rest)
 
+  family = attnjax.sparse_attention if case.get("pattern") else attnjax.dot_product_attention
+  if case.get("implementation"):
+    kw["implementation"] = case["implementation"]
+
   def reference(**a):
-    return attnjax.dot_product_attention(a.pop("q"), a.pop("k"), a.pop("v"), **a, **kw)
+    return family(a.pop("q"), a.pop("k"), a.pop("v"), **a,
+              **{n: x for n, x in kw.items() if n != "implementation"})
 
   def sharded_call(**a):
     names = sorted(a)
@@ -169,7 +264,7 @@ def run_case(case: dict) -> dict:
 
     def local(*xs):
       b = dict(zip(names, xs))
-      return attnjax.dot_product_attention(
+      return family(
           b.pop("q"), b.pop("k"), b.pop("v"), **b, **kw, context_axis=AXIS,
           context_strategy=case["strategy"], context_layout=layout)
 
@@ -226,7 +321,12 @@ def main(argv: list[str]) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   for case in json.loads(argv[1]):
     try:
-      run = run_recurrent_case if "family" in case else run_case
+      if case.get("family") == "linear":
+        run = run_linear_case
+      elif "family" in case:
+        run = run_recurrent_case
+      else:
+        run = run_case
       print(json.dumps({"case": case, "errors": run(case)}), flush=True)
     except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
       if os.environ.get("ATTNJAX_CP_TRACEBACK"):

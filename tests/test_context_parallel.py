@@ -88,13 +88,46 @@ REPRESENTATIVE = [
     # Errors raised while tracing inside shard_map (no compile).
     dict(strategy="all_to_all", P=8, T=64, heads="gqa",
          expect="N=4 heads (q (1, 8, 4, 8)) are not divisible by the axis size 8"),
-    dict(strategy="all_gather", P=2, T=64, heads="gqa", stats=True,
-         expect="return_stats=True with context_strategy='all_gather'"),
+
 ]
 
 
 def test_representative_cases_equal_the_unsharded_call():
   check(run_cases(REPRESENTATIVE))
+
+
+def test_linear_attention_equals_the_unsharded_call():
+  """Causal (chunked from the state the earlier shards pass) with an initial state on 4
+  devices; non-causal (the global K^T V) with FAVOR+, its projection's gradient, on 2."""
+  check(run_cases([
+      dict(family="linear", P=4, T=64, initial_state=True),
+      dict(family="linear", P=2, T=32, causal=False, feature_map="favor", heads="mha"),
+      dict(family="linear", P=2, T=32, stats=True,
+           expect="return_stats=True with context_axis='ctx'")]))
+
+
+def test_sparse_attention_equals_the_unsharded_call():
+  """A sliding window on the ring (the shard pairs out of its reach skipped), with sinks,
+  score_mod and GQA; strided on all_to_all under zigzag with a mask_mod."""
+  check(run_cases([
+      dict(strategy="ring", P=4, T=64, pattern="sliding_window", mask="bidirectional",
+           heads="gqa", sinks=True, score_mod=True),
+      dict(strategy="all_to_all", P=2, T=64, pattern="strided", mask="mask_mod",
+           layout="zigzag"),
+      dict(strategy="ring", P=2, T=32, pattern="strided", implementation="reference",
+           expect="context_strategy='ring' runs the block-wise kernel on each pair of shards; "
+                  "implementation='reference' cannot")]))
+
+
+def test_all_gather_statistics_equal_the_unsharded_call():
+  """return_stats with all_gather (the block-wise kernel on the local rows, means and max
+  over every device's rows, the logsumexp gradient): dense with segments, a normaliser that
+  counts keys and zigzag on 2 devices; a sparse Longformer pattern on 8."""
+  check(run_cases([
+      dict(strategy="all_gather", P=2, T=64, normalizer="sigmoid", mask="segments",
+           heads="gqa", stats=True, layout="zigzag"),
+      dict(strategy="all_gather", P=8, T=64, pattern="global_window", mask="bidirectional",
+           heads="mha", sinks=True, stats=True)]))
 
 
 def _cross_product() -> list[dict]:
@@ -106,7 +139,7 @@ def _cross_product() -> list[dict]:
     case = dict(strategy=strategy, P=P, T=16 * P, normalizer=normalizer, heads=heads,
                 mask="causal" if mask == "causal_zigzag" else mask,
                 layout="zigzag" if mask == "causal_zigzag" else "contiguous",
-                stats=strategy != "all_gather", sinks=normalizer == "softmax",
+                stats=True, sinks=normalizer == "softmax",
                 score_mod=normalizer == "softmax")
     if strategy == "all_to_all" and P == 8:
       case["heads"] = "mha" if heads == "mha" else "gqa"
@@ -123,6 +156,42 @@ def test_recurrent_families_equal_the_unsharded_call_on_2_4_8_devices():
                    for family, P, segments, initial in itertools.product(
                        ("gated_linear", "delta_rule"), (2, 4, 8), (False, True),
                        (False, True))], timeout=3600))
+
+
+SPARSE_PATTERNS = ("sliding_window", "strided", "fixed", "global_window", "bigbird",
+                   "sinks_window", "dilated_window", "causal_global")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ring", "all_gather", "all_to_all"])
+def test_sparse_attention_equals_the_unsharded_call_on_2_4_8_devices(strategy):
+  cases = []
+  for n, (pattern, P, mask) in enumerate(itertools.product(
+      SPARSE_PATTERNS, (2, 4, 8), ("bidirectional", "segments", "mask_mod"))):
+    case = dict(strategy=strategy, P=P, T=16 * P, pattern=pattern, mask=mask,
+                heads=("mha", "gqa")[n % 2], normalizer=("softmax", "sigmoid")[n % 3 == 2],
+                sinks=n % 3 == 0, score_mod=n % 4 == 0, stats=True,
+                layout="zigzag" if n % 5 == 1 else "contiguous")
+    if strategy == "all_to_all" and P == 8:
+      case.update(P=4, T=64)  # N=4 query heads cannot split over 8 devices
+    cases.append(case)
+  check(run_cases(cases, timeout=7200))
+
+
+@pytest.mark.slow
+def test_linear_attention_equals_the_unsharded_call_on_2_4_8_devices():
+  cases = []
+  for P, causal, implementation, normalize, initial in itertools.product(
+      (2, 4, 8), (True, False), (None, "parallel", "recurrent"),
+      ("denominator", "none", "output_rms"), (False, True)):
+    if implementation == "recurrent" and not causal:
+      continue  # no non-causal recurrent form
+    cases.append(dict(family="linear", P=P, T=8 * P + 4 * (P == 2), causal=causal,
+                      implementation=implementation, normalize=normalize,
+                      initial_state=initial, heads="gqa" if initial else "mha",
+                      feature_map="favor" if normalize == "output_rms" else "elu_plus_one",
+                      chunk_size=3))
+  check(run_cases(cases, timeout=3600))
 
 
 @pytest.mark.slow
@@ -199,3 +268,22 @@ def test_context_keywords_are_checked():
     attnjax.dot_product_attention(q, q, q, context_axis=3)
   with pytest.raises(ValueError, match="takes no return_residual"):
     attnjax.dot_product_attention(q, q, q, context_axis="c", return_residual=True)
+
+
+def test_linear_attention_context_axis_is_checked():
+  q = jnp.zeros((1, 8, 2, 4))
+  with pytest.raises(ValueError, match="context_axis='c' is not a mesh axis of the enclosing "
+                                       "jax.shard_map"):
+    attnjax.linear_attention(q, q, q, is_causal=True, context_axis="c")
+  with pytest.raises(TypeError, match="context_axis must be a shard_map mesh axis name"):
+    attnjax.linear_attention(q, q, q, context_axis=3)
+
+
+def test_sparse_attention_context_axis_is_checked():
+  q = jnp.zeros((1, 8, 2, 4))
+  window = attnjax.patterns.sliding_window(2)
+  with pytest.raises(ValueError, match="context_axis='c' is not a mesh axis of the enclosing "
+                                       "jax.shard_map"):
+    attnjax.sparse_attention(q, q, q, pattern=window, context_axis="c")
+  with pytest.raises(ValueError, match="were given without context_axis"):
+    attnjax.sparse_attention(q, q, q, pattern=window, context_strategy="all_gather")

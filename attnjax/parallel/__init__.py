@@ -10,15 +10,24 @@ Dense family (:func:`attention`, ``context_strategy=``):
   online state stays (:mod:`attnjax.kernels.blockwise.ring`); O(T / P) memory.
 - ``"all_gather"``: keys/values (and their segment ids) are gathered, the
   queries stay sharded and run the single-device path at their global
-  positions.
+  positions (with ``return_stats``: the block-wise kernel, statistics over
+  every device's rows).
 - ``"all_to_all"`` (Ulysses, Jacobs et al. 2023): heads <-> sequence, any
   single-device implementation on the whole sequence for ``N / P`` heads,
   then back.
+
+``sparse_attention(context_axis=)``: the pattern as a ``mask_mod`` on global
+positions over the dense strategies (its causality and band let the ring skip
+shard pairs out of reach).
 
 Recurrent families (:func:`state_passing`, ``context_axis=`` of
 ``gated_linear_attention`` and ``delta_rule_attention``): each device's
 affine state map ``S -> A S + B`` over its tokens, summed to every device,
 composed into its entering state, then its own pass from there.
+``linear_attention(context_axis=)``: its map is ``S -> S + phi(K)^T V``, so
+only the sums travel (:func:`attnjax.parallel.recurrent.every_shard`, the
+same one all-reduce): causal, the earlier shards' sums (an exclusive scan);
+non-causal, the global ``K^T V`` and normaliser.
 
 Layouts of the sequence (``context_layout=``): ``"contiguous"`` (shard ``p``
 holds tokens ``p * T / P ..``) or ``"zigzag"`` (shard ``p`` holds chunks

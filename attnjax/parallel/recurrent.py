@@ -27,6 +27,18 @@ Array = jnp.ndarray
 Local = Callable[[Array, Array], tuple]
 
 
+def every_shard(xs, axis: str):
+  """Each device's arrays ``xs`` (a pytree) -> ``[P, ...]`` stacks of every device's, on every
+  device: each placed in its row of zeros, one sum over ``axis`` (invariant over it)."""
+  P = jax.lax.axis_size(axis)
+  p = jax.lax.axis_index(axis)
+
+  def place(x):
+    return jax.lax.dynamic_update_index_in_dim(jnp.zeros((P,) + x.shape, x.dtype), x, p, 0)
+
+  return jax.lax.psum(jax.tree.map(place, xs), axis)
+
+
 def state_passing(local: Local, v: Array, *, num_heads: int, head_dim: int,
                   initial_state: Optional[Array], segment_ids: Optional[Array],
                   return_state: bool, axis: str):
@@ -56,13 +68,10 @@ def state_passing(local: Local, v: Array, *, num_heads: int, head_dim: int,
                            jnp.zeros((B, N, H, Hv), jnp.float32)], axis=-1)
   _, transition = local(widened, varying(start, axis))  # typed per device, as the scan's carry  # [B, N, H, H + Hv] = [A | B]
 
-  def everywhere(x):  # [...] per device -> [P, ...] on every device (one sum)
-    return jax.lax.dynamic_update_index_in_dim(jnp.zeros((P,) + x.shape, x.dtype), x, p, 0)
-
-  parts = [everywhere(transition)]
+  parts = [transition]
   if segment_ids is not None:  # does a segment start at each shard's first token?
-    parts += [everywhere(segment_ids[:, 0]), everywhere(segment_ids[:, -1])]
-  parts = jax.lax.psum(parts, axis)
+    parts += [segment_ids[:, 0], segment_ids[:, -1]]
+  parts = every_shard(parts, axis)
   transitions = parts[0]
   state = (jnp.zeros((B, N, H, Hv), jnp.float32) if initial_state is None
            else initial_state.astype(jnp.float32))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from attnjax import options
 from attnjax.attention_stats import AttentionStats
+from attnjax.kernels.blockwise import kernel as blockwise_kernel
 from attnjax.kernels.blockwise import ring
 from attnjax.kernels.blockwise.ring import shard_positions
 from attnjax.parallel.tokens import unzigzag as natural_order
@@ -51,7 +52,11 @@ def _check_shards(inputs: options.DenseInputs, opts: options.DenseOptions, P: in
 
 def _at_positions(b, n, i, j, positions, *args, user, is_causal, window):
   """``mask_mod`` of local query rows: the structure and ``user`` at ``positions[i]``."""
-  i = positions[i]
+  return _structure(b, n, positions[i], j, *args, user=user, is_causal=is_causal, window=window)
+
+
+def _structure(b, n, i, j, *args, user, is_causal, window):
+  """``mask_mod`` of global positions ``i``, ``j``: causal / window and ``user``."""
   out = jnp.ones(jnp.broadcast_shapes(jnp.shape(i), jnp.shape(j)), bool)
   if is_causal:
     out = jnp.logical_and(out, j <= i)
@@ -79,12 +84,17 @@ def _score_of_heads(z, b, n, i, j, first, *args, user):
 
 
 def _all_gather(inputs, opts, implementation, run_local, P: int):
-  """Keys/values gathered; the local queries run the single-device path at global positions."""
-  if opts.return_stats:
-    raise ValueError("return_stats=True with context_strategy='all_gather': its statistics are "
-                     "means over rows of every shard, which a local call cannot weigh; use "
-                     "context_strategy='ring' or 'all_to_all'")
+  """Keys/values gathered; the local queries run the single-device path at global positions.
+
+  With ``return_stats`` the block-wise kernel runs the local rows at their global
+  positions and takes the statistics' means and maximum over the rows of every device
+  (:func:`attnjax.kernels.blockwise.kernel.run_gathered`), as the ring does.
+  """
   axis, layout = opts.context_axis, opts.context_layout
+  if opts.return_stats and implementation not in (None, "blockwise"):
+    raise ValueError(f"return_stats=True with context_strategy='all_gather' runs the block-wise "
+                     f"kernel (its statistics are over the rows of every device); "
+                     f"implementation={implementation!r} cannot (use None or 'blockwise')")
   T = inputs.q.shape[1]
 
   def gather(x):
@@ -95,6 +105,18 @@ def _all_gather(inputs, opts, implementation, run_local, P: int):
 
   positions = shard_positions(jax.lax.axis_index(axis), P, T, layout)
   structure = opts.is_causal or opts.window is not None
+  if opts.return_stats:  # the kernel gives the modifiers global positions itself
+    mask_mod = opts.mask_mod
+    if structure:
+      mask_mod = functools.partial(_structure, user=opts.mask_mod, is_causal=opts.is_causal,
+                                   window=opts.window)
+    local_inputs = dataclasses.replace(
+        inputs, k=gather(inputs.k), v=gather(inputs.v),
+        kv_segment_ids=gather(inputs.kv_segment_ids))
+    local_opts = dataclasses.replace(opts.local(), is_causal=False, window=None,
+                                     mask_mod=mask_mod)
+    return blockwise_kernel.run_gathered(local_inputs, local_opts, q_positions=positions,
+                                         stats_axis=axis)
   mask_mod, mask_args = opts.mask_mod, tuple(inputs.mask_mod_args)
   if structure or mask_mod is not None:
     mask_mod = functools.partial(_at_positions, user=opts.mask_mod, is_causal=opts.is_causal,

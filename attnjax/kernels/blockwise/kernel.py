@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import options, masks
-from attnjax.attention_stats import AttentionStats, row_mean
+from attnjax.attention_stats import AttentionStats
 from attnjax.kernels import autodiff
 from attnjax.kernels.linear_map import as_aval, zeros_of
 from attnjax.kernels.blockwise.tiles import (MaskFn, _Arrays, TilePlan, _add_tile, _allowed, _span, _logits, _rows,
@@ -385,7 +385,7 @@ def _forward(c: TilePlan, a: _Arrays):
   stats = None
   if c.with_stats:
     res["has_key"] = counts > 0
-    stats = _collect_stats(c, rows["stats"])
+    stats = _collect_stats(c, rows["stats"], a.q_pos)
   return out, res, stats
 
 
@@ -429,15 +429,40 @@ def _to_bnt(c: TilePlan, x: Array) -> Array:
   return jnp.reshape(x, (c.B, c.K * c.G, c.T))
 
 
-def _collect_stats(c: TilePlan, rows: dict) -> tuple:
+def _collect_stats(c: TilePlan, rows: dict, q_positions: Optional[Array]) -> tuple:
   cat = {key: _to_bnt(c, val) for key, val in rows.items()}
-  later = (jnp.arange(c.T) >= 1)[None, None, :]
-  entropy = row_mean(cat["entropy"], cat["normalisable"])
-  sink_mass = row_mean(cat["p0"], jnp.logical_and(cat["normalisable"], later))
-  zmax = jnp.max(cat["row_max"], axis=-1)
-  max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
-  row_sum = row_mean(cat["row_sum"], cat["has_key"])
-  return sink_mass, entropy, max_logit, cat["lse"], row_sum
+  q_positions = jnp.arange(c.T) if q_positions is None else q_positions
+  return collect_stats(cat, q_positions, c.stats_axis)
+
+
+def collect_stats(rows: dict, q_positions: Array, axis: Optional[str] = None) -> tuple:
+  """``(sink_mass, entropy, max_logit, logsumexp, row_sum)`` from the statistics rows.
+
+  Args:
+    rows: ``[B, N, T]`` per query row: ``entropy``, ``p0``, ``row_sum``, ``row_max``,
+      ``lse``, and the masks ``normalisable`` and ``has_key``.
+    q_positions: ``[T]`` global positions of the rows (``sink_mass`` leaves out position 0).
+    axis: None, or a ``shard_map`` axis whose devices hold the other rows of the call (a
+      sequence sharded over it): the means and the maximum are then over every device's
+      rows (sums and counts summed over the axis), the same on every device.
+  """
+  later = (q_positions >= 1)[None, None, :]
+  means = ((rows["entropy"], rows["normalisable"]),
+           (rows["p0"], jnp.logical_and(rows["normalisable"], later)),
+           (rows["row_sum"], rows["has_key"]))
+  sums = [(jnp.sum(jnp.where(keep, x, 0.0), axis=-1), jnp.sum(keep, axis=-1, dtype=jnp.float32))
+          for x, keep in means]
+  row_max = jnp.max(rows["row_max"], axis=-1)
+  if axis is not None:
+    # One all-reduce for the sums, then one for the maximum (after it): collectives that do
+    # not depend on each other may run in different orders on the devices of a CPU host,
+    # which deadlocks its in-process communicator.
+    sums = jax.lax.psum(sums, axis)
+    row_max, _ = jax.lax.optimization_barrier((row_max, sums))
+    row_max = jax.lax.pmax(row_max, axis)
+  entropy, sink_mass, row_sum = (total / jnp.maximum(count, 1.0) for total, count in sums)
+  max_logit = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  return sink_mass, entropy, max_logit, rows["lse"], row_sum
 
 
 # ---------------------------------------------------------------------------
@@ -561,7 +586,8 @@ def _bwd_visit(c: TilePlan, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask
 
 
 def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = None,
-              use_default_mask_fn: bool = True, positions=None, mod_table: bool = False):
+              use_default_mask_fn: bool = True, positions=None, mod_table: bool = False,
+              stats_axis: Optional[str] = None):
   """Block-wise attention of a validated dense call over a static :class:`BlockLayout`.
 
   Args:
@@ -580,6 +606,9 @@ def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] =
     mod_table: ``opts.mask_mod``'s blocks are classified at run time (its
       arguments are traced, so no static layout could be built): blocks it
       masks entirely are skipped, fully allowed ones do not evaluate it.
+    stats_axis: None, or the ``shard_map`` axis whose devices hold the other query
+      rows of the call (context parallelism, all-gather): the statistics' means and
+      maximum are then over the rows of every device (:func:`collect_stats`).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
@@ -598,8 +627,28 @@ def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] =
   mod_table = bool(mod_table and opts.mask_mod is not None)
   c = TilePlan(opts=opts, layout=layout, mask_fn=mask_fn, B=B, T=T, S=S, K=K, G=G, H=H, Hv=Hv,
             has_sink=inputs.sink_logits is not None,
-            has_segments=inputs.q_segment_ids is not None, mod_table=mod_table)
+            has_segments=inputs.q_segment_ids is not None, mod_table=mod_table,
+            stats_axis=stats_axis)
   return _run(c, inputs, positions)
+
+
+def run_gathered(inputs, opts, *, q_positions: Array, stats_axis: str):
+  """This device's query rows against every key of a sequence sharded over ``stats_axis``.
+
+  The all-gather strategy of context parallelism with statistics
+  (:mod:`attnjax.parallel.strategies`): ``inputs`` hold the local queries (at global
+  positions ``q_positions`` ``[T]``) and the gathered keys / values in natural order;
+  ``opts`` carry no causal / window structure (express it in ``opts.mask_mod``, which
+  sees global positions here, as ``score_mod`` does, and whose blocks are classified per
+  call). The statistics are those of the whole sequence (:func:`collect_stats` over the
+  axis); ``logsumexp`` is the local rows', with its gradient.
+  """
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  block_q, block_k = default_block_sizes(T, S)
+  layout = structural_layout(T, S, block_q, block_k, is_causal=False, window=None)
+  positions = (jnp.asarray(q_positions, jnp.int32), jnp.arange(S, dtype=jnp.int32))
+  return run_layout(inputs, opts, layout=layout, positions=positions,
+                    mod_table=opts.mask_mod is not None, stats_axis=stats_axis)
 
 
 def _run(c: TilePlan, inputs, positions):

@@ -49,8 +49,8 @@ from attnjax import masks, normalizers
 from attnjax.attention_stats import AttentionStats
 from attnjax.kernels import autodiff
 from attnjax.kernels.blockwise.kernel import _backward as kernel_backward
-from attnjax.kernels.blockwise.kernel import (_cotangent_like, accumulate, count_allowed,
-                                              default_block_sizes, index_use)
+from attnjax.kernels.blockwise.kernel import (_cotangent_like, accumulate, collect_stats,
+                                              count_allowed, default_block_sizes, index_use)
 from attnjax.kernels.blockwise.tiles import TilePlan, _Arrays
 from attnjax.kernels.linear_map import as_aval, varying_axes
 from attnjax.layout import BlockLayout, mask_mod_block_table
@@ -307,24 +307,10 @@ def _forward(call: _Call, x, nondiff):
 
 def _collect_stats(call: _Call, rows: dict, gq: Array) -> tuple:
   """The statistics of the whole sequence: row means summed over the axis, max over it."""
-  B, N, T, axis = call.B, call.K * call.G, call.T, call.axis
+  B, N, T = call.B, call.K * call.G, call.T
   cat = {key: jnp.reshape(jnp.broadcast_to(val, (B, call.K, call.G, T, 1)), (B, N, T))
          for key, val in rows.items()}
-
-  later = (gq >= 1)[None, None, :]
-  means = ((cat["entropy"], cat["normalisable"]),
-           (cat["p0"], jnp.logical_and(cat["normalisable"], later)),
-           (cat["row_sum"], cat["has_key"]))
-  # One all-reduce for the sums, then one for the maximum (after it): collectives that do not
-  # depend on each other may run in different orders on the devices of a CPU host, which
-  # deadlocks its in-process communicator.
-  sums = jax.lax.psum([(jnp.sum(jnp.where(rows, x, 0.0), axis=-1),
-                        jnp.sum(rows, axis=-1, dtype=jnp.float32)) for x, rows in means], axis)
-  entropy, sink_mass, row_sum = (total / jnp.maximum(count, 1.0) for total, count in sums)
-  row_max, _ = jax.lax.optimization_barrier((jnp.max(cat["row_max"], axis=-1), sums))
-  zmax = jax.lax.pmax(row_max, axis)
-  max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
-  return sink_mass, entropy, max_logit, cat["lse"], row_sum
+  return collect_stats(cat, gq, call.axis)
 
 
 def _backward(call: _Call, x, nondiff, saved, cts):

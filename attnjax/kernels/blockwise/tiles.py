@@ -50,6 +50,9 @@ class TilePlan(normalizers.KernelPlan):
   # The call's key 0 is this call's key 0 (its first column feeds ``sink_mass``). False for a
   # ring step (:mod:`attnjax.kernels.blockwise.ring`) whose keys start later in the sequence.
   holds_key0: bool = True
+  # The shard_map axis whose devices hold the call's other query rows (context parallelism,
+  # all-gather): statistics are taken over every device's rows. None: this call's rows only.
+  stats_axis: Optional[str] = None
 
   @property
   def runtime_skip(self) -> bool:
