@@ -80,6 +80,9 @@ CASES = {
     "gla": (dict(family="gla"), dict(data=2, context=4)),
     "gated_deltanet, tensor=2": (dict(family="gated_deltanet"), dict(fsdp=2, tensor=2, context=2)),
     "retnet, tensor=2": (dict(family="retnet"), dict(tensor=2, context=4)),
+    "linear": (dict(family="linear"), dict(data=2, context=4)),
+    "sparse dilated window": (dict(family="sparse", block_size=8, pattern=(
+        "dilated_window", (("window", 16), ("dilation", 4)))), dict(data=2, context=4)),
     # A named implementation, which the ring cannot run: heads <-> sequence where the axis
     # divides the heads, else keys/values gathered.
     "dense xla, all_to_all": (dict(family="dense", implementation="xla"), dict(data=2, context=4)),
@@ -97,7 +100,7 @@ def test_layer_shards_the_sequence_and_matches(case):
   jaxpr = reference[2]
   # The family function ran inside shard_map over the context axis (GSPMD would have none).
   assert "shard_map" in jaxpr and "context" in jaxpr
-  if options["family"] in ("dense", "qk_norm", "cosine") and "implementation" not in options:
+  if options["family"] in ("dense", "qk_norm", "cosine", "sparse") and "implementation" not in options:
     assert "ppermute" in jaxpr  # the ring
   if "all_to_all" in case:
     assert "all_to_all" in jaxpr and "ppermute" not in jaxpr
@@ -114,6 +117,16 @@ def test_sown_statistics_match_under_context_parallelism():
   (_, (_, s1)), _ = both[1]
   assert s0 and len(s0) == len(s1)
   assert_close(s0, s1)
+
+
+def test_linear_statistics_under_a_context_mesh_are_those_of_the_whole_call():
+  # linear_attention gives no statistics from a shard (its entropy needs every key): when
+  # captured, that call runs partitioned by XLA, the same numbers.
+  config = nn.AttentionConfig(num_heads=4, family="linear")
+  (_, (y0, s0)), _ = (both := run_both(config, dict(data=2, context=4), capture=True))[0]
+  (_, (y1, s1)), _ = both[1]
+  assert s0 and len(s0) == len(s1)
+  assert_close((y0, s0), (y1, s1))
 
 
 def test_what_cannot_shard_the_sequence_runs_as_before():
