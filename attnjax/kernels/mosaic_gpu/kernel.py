@@ -1,0 +1,390 @@
+"""A Pallas Mosaic GPU flash-attention forward kernel for Hopper (sm_90): ``implementation="mosaic_gpu"``.
+
+One program per (query head, query block, batch) and one warpgroup: the query tile is
+loaded once by TMA into shared memory; key/value tiles stream through a ``num_stages`` ring
+of shared-memory slots filled by TMA (the copy of tile ``j + num_stages - 1`` is issued
+before tile ``j`` is computed, each slot guarded by a barrier); ``Q K^T`` and ``W V`` are
+warpgroup MMAs (wgmma) into float32 accumulators. The online state is the normaliser's
+(:meth:`Normalizer.init` / :meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`, the
+functions the block-wise and Triton kernels call; the kernel never looks at a normaliser's
+name), run through :func:`attnjax.kernels.mosaic_gpu.plan.lower_rows` (Mosaic GPU has no
+layout for the normalisers' ``[R, 1]`` rows).
+
+Blocks are skipped, not masked: a query block visits only the key blocks its rows may
+attend (causal / window bounds); the interior blocks every row attends entirely run a loop
+that evaluates no element mask; only edge blocks (and a ragged last key block) are masked.
+GQA: query head ``n`` reads key/value head ``n // G`` by its TMA index (K and V are never
+repeated). Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
+
+What it does not do yet (see :func:`unsupported`, which names each refusal): segment ids,
+``return_stats``, float32 inputs, bias / mask arrays, ``similarity="neg_sq_euclidean"``.
+There is no Mosaic GPU backward kernel yet: gradients (and forward-mode tangents) come from
+the block-wise engine on the same call (:func:`attnjax.kernels.blockwise.twin`, run by XLA),
+which recomputes the forward; the values are this kernel's.
+
+Interpret mode (``interpret=True``) runs the kernel in jax's Mosaic GPU interpreter
+(``InterpretGPUParams``) on the CPU. jax 0.10.2's interpreter lacks ``wgmma`` with a
+transposed shared-memory operand (``plgpu.transpose_ref``: ``'TransposeTransform' object has
+no attribute 'indices'``) and ``pl.run_state``; in interpret mode only the ``Q K^T`` product
+is therefore computed from the shared-memory tiles by a register ``dot`` instead of a wgmma
+(everything else, TMA copies, barriers, the ``W V`` wgmma, the normaliser state, block
+bounds and masks, is the compiled path's code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import jax.experimental.pallas as pl
+
+from attnjax import _platform, normalizers, options
+from attnjax.kernels import autodiff, blockwise
+from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
+                                             block_sizes_for, lower_rows)
+
+Array = jnp.ndarray
+
+DTYPES = (jnp.bfloat16, jnp.float16)
+HEAD_DIMS = (64, 128, 256)
+KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
+KNOWN_INPUTS = ("q", "k", "v", "sink_logits")
+# The custom-call target of a compiled Mosaic GPU kernel in optimised HLO.
+MOSAIC_GPU_CALL_TARGET = "mosaic_gpu_v2"
+
+
+def unsupported(inputs, opts) -> list[str]:
+  """Reasons ``mosaic_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
+  reasons = []
+  if inputs.bias is not None:
+    reasons.append("bias (mosaic_gpu adds no bias array)")
+  if inputs.mask is not None:
+    reasons.append("an explicit mask array (mosaic_gpu takes is_causal and window)")
+  if inputs.q_segment_ids is not None:
+    reasons.append("segment ids (not yet in the mosaic_gpu kernel)")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r} (mosaic_gpu computes dot products)")
+  if opts.return_stats:
+    reasons.append("return_stats (not yet in the mosaic_gpu kernel)")
+  reasons += _platform.unknown_options(
+      opts, inputs, tuple(o for o in KNOWN_OPTIONS if o != "return_stats"),
+      KNOWN_INPUTS + ("bias", "mask", "q_segment_ids", "kv_segment_ids"), "mosaic_gpu")
+  H, Hv = inputs.q.shape[-1], inputs.v.shape[-1]
+  if H != Hv or H not in HEAD_DIMS:
+    reasons.append(f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of "
+                   f"{HEAD_DIMS})")
+  dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
+  if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
+    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (mosaic_gpu takes bfloat16 or "
+                   "float16 for q, k and v; float32 goes to pallas_gpu)")
+  return reasons
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan(normalizers.KernelPlan):
+  """Everything the kernel body reads from Python."""
+
+  opts: object
+  B: int
+  T: int
+  S: int
+  N: int
+  K: int
+  H: int
+  Tp: int
+  Sp: int
+  bq: int
+  bk: int
+  stages: int
+  has_sink: bool
+  interpret: bool
+
+  @property
+  def G(self) -> int:
+    return self.N // self.K
+
+  @property
+  def needs_mask(self) -> bool:
+    o = self.opts
+    return o.is_causal or o.window is not None or self.S % self.bk != 0
+
+  @property
+  def with_stats(self) -> bool:
+    return False
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def make_plan(inputs, opts, sizes: BlockSizes, interpret: bool) -> Plan:
+  B, T, N, H = inputs.q.shape
+  S, K = inputs.k.shape[1], inputs.k.shape[2]
+  return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, sizes.block_q),
+              Sp=_round_up(S, sizes.block_k), bq=sizes.block_q, bk=sizes.block_k,
+              stages=sizes.num_stages, has_sink=inputs.sink_logits is not None,
+              interpret=interpret)
+
+
+def kv_bounds(c: Plan, q0, q_last):
+  """``(lo, hi, full_lo, full_hi)``: key blocks ``[lo, hi)`` visited by rows ``q0 .. q_last``,
+  ``[full_lo, full_hi)`` of them attended by every row (no element mask)."""
+  bk = c.bk
+  lo, hi = jnp.int32(0), jnp.int32(pl.cdiv(c.S, bk))
+  flo, fhi = jnp.int32(0), jnp.int32(c.S // bk)
+  if c.opts.is_causal:
+    hi = jnp.minimum(hi, q_last // bk + 1)
+    fhi = jnp.minimum(fhi, (q0 + 1) // bk)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    lo = jnp.maximum(0, q0 - left) // bk
+    hi = jnp.minimum(hi, jnp.maximum(0, q_last + right) // bk + 1)
+    flo = jnp.maximum(0, pl.cdiv(jnp.maximum(0, q_last - left), bk))
+    fhi = jnp.minimum(fhi, jnp.maximum(0, q0 + right + 1) // bk)
+  hi = jnp.maximum(hi, lo)
+  flo = jnp.clip(flo, lo, hi)
+  fhi = jnp.clip(fhi, flo, hi)
+  return lo, hi, flo, fhi
+
+
+def _allowed(c: Plan, qpos, kpos):
+  allowed = kpos < c.S
+  if c.opts.is_causal:
+    allowed = allowed & (kpos <= qpos)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    allowed = allowed & (kpos >= qpos - left) & (kpos <= qpos + right)
+  return allowed
+
+
+def _kernel(c: Plan, q_ref, k_ref, v_ref, sink_ref, o_ref, scratch):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  nz = c.nz
+  q_smem, k_smem, v_smem, o_smem, q_bar, k_bars, v_bars = scratch[:7]
+  p_smem = scratch[7] if c.interpret else None
+  n = lax.axis_index("heads")
+  i = lax.axis_index("q_blocks")
+  b = lax.axis_index("batch")
+  h = lax.div(n, jnp.int32(c.G))
+  bq, bk, H = c.bq, c.bk, c.H
+  q0 = i * bq
+  q_last = jnp.minimum(q0 + bq, c.T) - 1
+  lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
+
+  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar.at[0])
+
+  def fetch(j):
+    slot = lax.rem(j - lo, jnp.int32(c.stages))
+    rows = pl.ds(j * bk, bk)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
+
+  for s in range(c.stages - 1):  # fill the ring
+    @pl.when(lo + s < hi)
+    def _():
+      fetch(lo + s)
+
+  plgpu.barrier_wait(q_bar.at[0])
+
+  layout = plgpu.Layout.WGMMA
+  # The interpreter has no rule for layout annotations (layout_cast, an iota's layout): it
+  # runs the same values without them.
+  if c.interpret:
+    iota = lambda d: lax.broadcasted_iota(jnp.int32, (bq, bk), d)
+    cast = lambda x, lay: x
+  else:
+    iota = lambda d: plgpu.broadcasted_iota(jnp.int32, (bq, bk), d, layout=layout)
+    cast = plgpu.layout_cast
+  qpos = q0 + iota(0)
+  kcol = iota(1)
+
+  sink_rows = None
+  if c.has_sink:
+    sink_rows = jnp.full((bq,), sink_ref[n], jnp.float32)
+  counts = None
+  if nz.needs_counts:  # allowed keys per row, exact for causal / window / ragged keys
+    r = jnp.max(qpos, axis=1)
+    first = jnp.int32(0)
+    last = jnp.full((bq,), c.S - 1, jnp.int32)
+    if c.opts.is_causal:
+      last = jnp.minimum(last, r)
+    if c.opts.window is not None:
+      left, right = c.opts.window
+      first = jnp.maximum(first, r - left)
+      last = jnp.minimum(last, r + right)
+    counts = jnp.maximum(last - first + 1, 0).astype(jnp.float32)
+
+  row = lower_rows(nz.row_inputs, bq)(sink_rows, counts)
+
+  def step(masked, j, st):
+    slot = lax.rem(j - lo, jnp.int32(c.stages))
+
+    @pl.when(j + c.stages - 1 < hi)
+    def _():
+      fetch(j + c.stages - 1)
+
+    plgpu.barrier_wait(k_bars.at[slot])
+    if c.interpret:  # the interpreter has no wgmma with a transposed operand
+      s = lax.dot_general(q_smem[...], k_smem.at[slot][...], (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+    else:
+      def qk(acc):
+        plgpu.wgmma(acc, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+        return acc[...]
+      s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+    z = s * c.opts.scale
+    if c.opts.softcap is not None:
+      z = c.opts.softcap * jnp.tanh(z / c.opts.softcap)
+    allowed = _allowed(c, qpos, j * bk + kcol) if masked else None
+    plgpu.barrier_wait(v_bars.at[slot])
+
+    def pv(w):
+      w16 = w.astype(q_smem.dtype)
+
+      def mm(acc):
+        if c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
+          p_smem[...] = w16
+          plgpu.wgmma(acc, p_smem, v_smem.at[slot])
+        else:
+          plgpu.wgmma(acc, w16, v_smem.at[slot])
+        return acc[...]
+      return pl.run_scoped(mm, plgpu.ACC((bq, H), jnp.float32))
+
+    visit = functools.partial(nz.visit, stats=False, first=j == 0)
+    return lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), bq,
+                      pv=pv, hv=H)(st, z, allowed, row)
+
+  def init():
+    st = nz.init((bq, 1), (bq, H), False)
+    return {key: (cast(jnp.reshape(x, (bq,)), layout.reduce(1)) if x.shape[-1] == 1
+                  else cast(x, layout))
+            for key, x in st.items()}
+
+  st = init()
+  if c.needs_mask:
+    st = lax.fori_loop(lo, flo, functools.partial(step, True), st)
+    st = lax.fori_loop(flo, fhi, functools.partial(step, False), st)
+    st = lax.fori_loop(fhi, hi, functools.partial(step, True), st)
+  else:
+    st = lax.fori_loop(lo, hi, functools.partial(step, False), st)
+  out = lower_rows(lambda st, row: nz.finish(st, row, False)[0], bq)(st, row)
+  o_smem[...] = out.astype(o_smem.dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b, n, pl.ds(q0, bq)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def forward(c: Plan, q, k, v, sink):
+  """The kernel on ``[B, T, N, H]`` inputs: the output ``[B, T, N, H]``."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+
+  def heads_first(x, L):
+    x = jnp.transpose(x, (0, 2, 1, 3))
+    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
+
+  qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
+  dtype = q.dtype
+  swizzle = 128
+  transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+                plgpu.SwizzleTransform(swizzle))
+  scratch = [
+      plgpu.SMEM((c.bq, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((c.bq, c.H), dtype, transforms=transforms),
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_barriers=c.stages),
+      plgpu.Barrier(num_barriers=c.stages),
+  ]
+  if c.interpret:
+    scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=transforms))
+  sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
+              else jnp.zeros((c.N,), jnp.float32))
+
+  def body(q_ref, k_ref, v_ref, sink_ref, o_ref, *scr):
+    _kernel(c, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, o_ref, scr)
+
+  interpret = None
+  if c.interpret:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    interpret = InterpretGPUParams()
+  out = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype),
+      scratch_shapes=scratch, grid=(c.N, c.Tp // c.bq, c.B),
+      grid_names=("heads", "q_blocks", "batch"), interpret=interpret,
+      compiler_params=plgpu.CompilerParams(approx_math=False),
+      )(qh, kh, vh, _sink_gmem(sink_arr))
+  return jnp.transpose(out[:, :, :c.T], (0, 2, 1, 3))
+
+
+def _sink_gmem(sink):
+  return sink
+
+
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+  """Mosaic GPU attention of a validated dense call (see the module docstring).
+
+  Args:
+    inputs: :class:`attnjax.options.DenseInputs`.
+    opts: :class:`attnjax.options.DenseOptions`.
+    block_sizes: tiles and pipeline depth (None: the :data:`BLOCK_SIZE_TABLE` row).
+    interpret: run the kernel in jax's Mosaic GPU interpreter (on the CPU).
+
+  Returns:
+    ``[B, T, N, H]`` in the input dtype.
+  """
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='mosaic_gpu' does not support " + "; ".join(reasons))
+  if block_sizes is None:
+    block_sizes = block_sizes_for(inputs.q.shape[-1])
+  c = make_plan(inputs, opts, block_sizes, interpret)
+
+  def twin(q, k, v, sink):
+    return blockwise.twin(opts)((q, k, v, None, sink), (None, None, None))
+
+  @autodiff.custom_vjp
+  def core(q, k, v, sink):
+    return forward(c, q, k, v, sink)
+
+  def fwd(q, k, v, sink):
+    return forward(c, q, k, v, sink), (q, k, v, sink)
+
+  def bwd(saved, ct):
+    q, k, v, sink = saved
+    _, vjp = jax.vjp(twin, q, k, v, sink)
+    return vjp(ct.astype(q.dtype))
+
+  core.defvjp(fwd, bwd, twin=twin)
+  return core(inputs.q, inputs.k, inputs.v, inputs.sink_logits).astype(inputs.q.dtype)
+
+
+def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+  """The ``implementation="mosaic_gpu"`` engine: :func:`compute`, lowering for ``cuda`` only
+  outside interpret mode (another platform raises ``ValueError``)."""
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='mosaic_gpu' does not support " + "; ".join(reasons))
+  if interpret:
+    return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
+  return _platform.on_platform(
+      "cuda", lambda: compute(inputs, opts, block_sizes=block_sizes),
+      "implementation='mosaic_gpu' runs on a CUDA GPU (sm_90) only; use implementation=None "
+      "to pick per platform")
+
+
+attention = options.engine_entry(run, "mosaic_gpu", ("block_sizes", "interpret"))
+attention.__doc__ = """The Mosaic GPU kernel called like :func:`attnjax.dot_product_attention`.
+
+``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``: every keyword
+of :func:`attnjax.dot_product_attention` but ``implementation`` (what the kernel refuses is
+named by :func:`unsupported`), the kernel's :class:`BlockSizes`, and ``interpret=True`` to
+run it in jax's Mosaic GPU interpreter on the CPU.
+"""
+
+__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "MOSAIC_GPU_CALL_TARGET",
+           "BlockSizes", "attention", "block_sizes_for", "compute", "run", "unsupported"]
