@@ -314,7 +314,7 @@ def forward(c: Plan, q, k, v, sink):
     interpret = InterpretGPUParams()
   out = plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype),
-      scratch_shapes=scratch, grid=(c.N, c.Tp // c.bq, c.B),
+      scratch_types=scratch, grid=(c.N, c.Tp // c.bq, c.B),
       grid_names=("heads", "q_blocks", "batch"), interpret=interpret,
       compiler_params=plgpu.CompilerParams(approx_math=False),
       )(qh, kh, vh, _sink_gmem(sink_arr))

@@ -1,0 +1,295 @@
+"""The Mosaic GPU kernel (``implementation="mosaic_gpu"``): interpret mode, block bounds, compiles.
+
+Interpret mode runs the kernel in jax's Mosaic GPU interpreter on the CPU (TMA copies into the
+shared-memory ring, barriers, the ``W V`` wgmma, the normaliser state through the row
+lowering, block bounds and masks). The interpreter of jax 0.10.2 lacks a wgmma with a
+transposed operand (``plgpu.transpose_ref``), a wgmma with a register operand, ``pl.run_state``
+and layout annotations (``plgpu.layout_cast``, an iota's layout): in interpret mode the kernel
+computes ``Q K^T`` by a register dot of the shared-memory tiles, stages ``W`` through shared
+memory, and drops layout annotations; the compiled path's wgmma/layouts are validated by the
+deviceless compiles for an H100 and an H200 below (``needs_cuda``: the 'aot' extra).
+
+Lengths (T=100, S=130) are not multiples of the 64-blocks; most calls use GQA (4 query heads
+on 2 key/value heads). The cross products are ``slow``.
+"""
+
+import dataclasses
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import attnjax
+from attnjax import dense, normalizers, targets
+from attnjax.kernels import mosaic_gpu
+from attnjax.kernels.mosaic_gpu import kernel as mkernel, plan as mplan
+from helpers import rand_qkv
+
+CUDA_MISSING = targets.missing("cuda")
+needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
+                                reason=f"needs the 'aot' extra: {CUDA_MISSING}")
+
+BLOCKS = mosaic_gpu.BlockSizes(block_q=64, block_k=64, num_stages=2)
+T, S = 100, 130
+STRUCTURES = {
+    "causal": dict(is_causal=True),
+    "window": dict(window=(70, 10)),
+    "bidirectional": dict(),
+}
+NORMS = normalizers.NORMALIZERS
+
+
+def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, softcap=None,
+            scale=None, H=64, seed=0):
+  N, K = (4, 2) if gqa else (2, 2)
+  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=H, seed=seed, source="numpy")
+  q, k, v = (x.astype(dtype) for x in (q, k, v))
+  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale)
+  if sink:
+    kw["sink_logits"] = jnp.linspace(-1.0, 1.0, N)
+  return q, k, v, kw
+
+
+def _reference(q, k, v, kw):
+  """The reference on the same (rounded) inputs in float32."""
+  up = lambda x: x.astype(jnp.float32)
+  return dense.reference(*dense.prepare(up(q), up(k), up(v), **kw))
+
+
+def _close(got, want, what, tol=1.5e-2):
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  assert got.shape == want.shape, what
+  scale = max(1.0, float(np.max(np.abs(want))))
+  err = float(np.max(np.abs(got - want))) / scale
+  assert err < tol, f"{what}: error {err:.2e} (scale {scale:.3g})"
+
+
+def check_values(normalizer, structure, **kw):
+  q, k, v, opts_kw = _inputs(structure, normalizer, **kw)
+  got = jax.jit(lambda q, k, v: mosaic_gpu.run(*dense.prepare(q, k, v, **opts_kw),
+                                               interpret=True, block_sizes=BLOCKS))(q, k, v)
+  assert got.dtype == q.dtype
+  _close(got, _reference(q, k, v, opts_kw), f"{normalizer} {structure} {kw}")
+
+
+# Every normaliser, structure, GQA/MHA, dtype, sink logits, softcap and scale once.
+DEFAULT_CASES = [
+    ("softmax", "causal", dict(gqa=True, dtype=jnp.bfloat16, sink=True, softcap=5.0)),
+    ("softmax_one", "window", dict(gqa=True, dtype=jnp.float16)),
+    ("sigmoid", "causal", dict(gqa=False, dtype=jnp.bfloat16, scale=0.2)),
+    ("softpick", "bidirectional", dict(gqa=True, dtype=jnp.bfloat16)),
+    ("none", "window", dict(gqa=True, dtype=jnp.bfloat16, softcap=4.0)),
+    ("relu", "bidirectional", dict(gqa=False, dtype=jnp.float16)),
+]
+
+
+@pytest.mark.parametrize("normalizer,structure,kw", DEFAULT_CASES,
+                         ids=[f"{n}-{s}" for n, s, _ in DEFAULT_CASES])
+def test_mosaic_gpu_interpret_matches_reference(normalizer, structure, kw):
+  check_values(normalizer, structure, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalizer,structure,gqa,dtype", list(itertools.product(
+    NORMS, STRUCTURES, (True, False), (jnp.bfloat16, jnp.float16))),
+    ids=lambda x: getattr(x, "__name__", str(x)))
+def test_mosaic_gpu_interpret_matches_reference_everywhere(normalizer, structure, gqa, dtype):
+  check_values(normalizer, structure, gqa=gqa, dtype=dtype,
+               sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("H", [128, 256])
+def test_mosaic_gpu_interpret_large_head_dims(H):
+  check_values("softmax", "causal", H=H, sink=True)
+
+
+def test_mosaic_gpu_gradients_and_jvp():
+  """Reverse mode (the block-wise engine's backward: no Mosaic GPU backward kernel yet) and
+  forward mode through attnjax.kernels.autodiff, against the reference on the same inputs."""
+  q, k, v, kw = _inputs("causal", "softmax", sink=True, softcap=5.0)
+  sink = kw.pop("sink_logits")
+  cot = jax.random.normal(jax.random.key(3), (2, T, 4, 64), jnp.float32)
+
+  def loss(fn, q, k, v, sink):
+    return jnp.sum(fn(q, k, v, sink).astype(jnp.float32) * cot)
+
+  fast = lambda q, k, v, s: mosaic_gpu.attention(q, k, v, sink_logits=s, block_sizes=BLOCKS,
+                                                 interpret=True, **kw)
+  ref = lambda q, k, v, s: dense.reference(*dense.prepare(
+      q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), sink_logits=s, **kw))
+  g_fast = jax.jit(jax.grad(lambda *a: loss(fast, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
+  g_ref = jax.jit(jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
+  for name, a, b in zip(("dq", "dk", "dv", "dsink"), g_fast, g_ref):
+    _close(a, b, name)
+  t = tuple(0.5 * x for x in (q, k, v))
+  _, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink), (q, k, v), t))(t)
+  up = lambda xs: tuple(x.astype(jnp.float32) for x in xs)
+  _, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink), up((q, k, v)),
+                                    up(t)))(t)
+  _close(jf, jr, "jvp")
+
+
+@pytest.mark.parametrize("normalizer", NORMS)
+def test_row_lowering_equals_the_normaliser(normalizer):
+  """The [R] row lowering of visit / finish (with statistics) equals the [R, 1] originals."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, tk, Hv = 8, 16, 4
+  rng = np.random.default_rng(0)
+  z = jnp.asarray(rng.standard_normal((R, tk)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((tk, Hv)), jnp.float32)
+  allowed = jnp.asarray(rng.random((R, tk)) > 0.3).at[0].set(False)  # row 0: no key
+  counts = jnp.sum(allowed, axis=1, keepdims=True).astype(jnp.float32)
+  sink = jnp.full((R, 1), 0.3, jnp.float32) if nz.accepts_sink_logits else None
+  pv = lambda w: w @ v
+  row = nz.row_inputs(sink, counts)
+  st = nz.visit(nz.init((R, 1), (R, Hv), True), z, allowed, pv, row, True, True)
+  want = nz.finish(st, row, True)
+
+  flat = lambda x: None if x is None else x[:, 0]
+  row_r = mplan.lower_rows(nz.row_inputs, R)(flat(sink), flat(counts))
+  init = {k: (x[:, 0] if x.shape[-1] == 1 else x) for k, x in nz.init((R, 1), (R, Hv), True).items()}
+  st_r = mplan.lower_rows(lambda st, z, a, row, pv_: nz.visit(st, z, a, pv_, row, True, True), R,
+                          pv=pv, hv=Hv)(init, z, allowed, row_r)
+  got = mplan.lower_rows(lambda st, row: nz.finish(st, row, True), R)(st_r, row_r)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+    a = np.asarray(a)
+    np.testing.assert_allclose(np.reshape(np.asarray(b), a.shape), a, rtol=1e-6, atol=1e-6,
+                               err_msg=f"{normalizer} {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("structure", [dict(is_causal=True), dict(window=(70, 10)),
+                                       dict(window=(0, 200)), dict(is_causal=True, window=(5, 0)),
+                                       dict()])
+def test_block_bounds_skip_exactly_the_blocks_without_an_allowed_pair(structure):
+  """Visited blocks are those with an allowed pair; unmasked ones those every row attends."""
+  inputs, opts = dense.prepare(*rand_qkv(B=1, T=T, S=S, N=1, K=1, H=64, dtype=jnp.bfloat16),
+                               **structure)
+  c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
+  qpos, kpos = np.arange(c.Tp)[:, None], np.arange(c.Sp)[None, :]
+  allowed = (kpos < S) & (qpos < T)
+  if opts.is_causal:
+    allowed &= kpos <= qpos
+  if opts.window is not None:
+    allowed &= (kpos >= qpos - opts.window[0]) & (kpos <= qpos + opts.window[1])
+  for i in range(c.Tp // c.bq):
+    q0, q_last = i * c.bq, min(i * c.bq + c.bq, T) - 1
+    lo, hi, flo, fhi = (int(x) for x in mkernel.kv_bounds(c, q0, q_last))
+    rows = allowed[q0:q_last + 1]
+    for j in range(c.Sp // c.bk):
+      tile = rows[:, j * c.bk:(j + 1) * c.bk]
+      assert (lo <= j < hi) == bool(tile.any()), (structure, i, j, lo, hi)
+      if flo <= j < fhi:
+        assert tile.all(), (structure, i, j, flo, fhi)
+      elif lo <= j < hi:  # masked: an edge block, or a ragged last key block
+        assert not tile.all() or j == c.Sp // c.bk - 1 and S % c.bk, (structure, i, j)
+
+
+def test_mosaic_gpu_names_what_it_cannot_do():
+  q, k, v = rand_qkv(B=1, T=64, N=2, K=1, H=64, dtype=jnp.bfloat16)
+  assert mosaic_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
+  reasons = mosaic_gpu.unsupported(*dense.prepare(
+      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), segment_ids=jnp.zeros((1, 64), jnp.int32),
+      return_stats=True))
+  assert any("bias" in r for r in reasons) and any("segment ids" in r for r in reasons)
+  assert any("return_stats" in r for r in reasons), reasons
+  inputs, opts = dense.prepare(*rand_qkv(B=1, T=64, N=2, K=1, H=96), is_causal=True)
+  reasons = mosaic_gpu.unsupported(inputs, opts)
+  assert any("head dims q 96" in r for r in reasons) and any("float32" in r for r in reasons)
+  mixed = dataclasses.replace(*dense.prepare(q, k, v)[:1], v=v.astype(jnp.float16))
+  assert any("dtypes" in r for r in mosaic_gpu.unsupported(mixed, dense.prepare(q, k, v)[1]))
+  with pytest.raises(ValueError, match="mosaic_gpu' does not support .*segment ids"):
+    attnjax.dot_product_attention(q, k, v, segment_ids=jnp.zeros((1, 64), jnp.int32),
+                                  implementation="mosaic_gpu")
+  with pytest.raises(ValueError, match="mosaic_gpu' runs on a CUDA GPU"):
+    attnjax.dot_product_attention(q, k, v, implementation="mosaic_gpu")
+  with pytest.raises(ValueError, match="multiple of 64"):
+    mosaic_gpu.BlockSizes(block_q=32)
+  with pytest.raises(ValueError, match="num_stages"):
+    mosaic_gpu.BlockSizes(num_stages=1)
+  # explicit choice only: auto-dispatch never picks it
+  assert "mosaic_gpu" not in dense.dispatch_table(*dense.prepare(q, k, v)).values()
+
+
+def test_block_size_table_fits_shared_memory():
+  for head_dim, sizes in mosaic_gpu.BLOCK_SIZE_TABLE:
+    used = mosaic_gpu.smem_bytes(sizes, head_dim, head_dim)
+    assert used <= mosaic_gpu.SMEM_LIMIT_BYTES, (head_dim, sizes, used)
+  assert mosaic_gpu.block_sizes_for(100) == mosaic_gpu.BLOCK_SIZE_TABLE[1][1]
+  with pytest.raises(ValueError, match="head dim 512"):
+    mosaic_gpu.block_sizes_for(512)
+
+
+# ---------------------------------------------------------------------------
+# Deviceless compiles for an H100 and an H200 (jax's CUDA plugin).
+
+
+def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.bfloat16,
+                grad=True, block_sizes=None, T_=512):
+  mesh = targets.mesh(targets.gpu_devices(target, 1))
+  rep = NamedSharding(mesh, P())
+  N, K = (4, 2) if gqa else (4, 4)
+  q = jax.ShapeDtypeStruct((2, T_, N, head_dim), dtype, sharding=rep)
+  kv = jax.ShapeDtypeStruct((2, T_, K, head_dim), dtype, sharding=rep)
+  sink = None
+  if normalizers.REGISTRY[normalizer].accepts_sink_logits:
+    sink = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep)
+  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=30.0)
+
+  def out(q, k, v, s):
+    return mosaic_gpu.compute(*dense.prepare(q, k, v, sink_logits=s, **kw),
+                              block_sizes=block_sizes)
+
+  fn = out
+  if grad:
+    fn = jax.value_and_grad(lambda *a: jnp.sum(out(*a).astype(jnp.float32) ** 2),
+                            argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3))
+  with jax.set_mesh(mesh):
+    return jax.jit(fn).lower(q, kv, kv, sink).compile()
+
+
+def assert_mosaic(compiled):
+  calls = set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
+  assert mosaic_gpu.MOSAIC_GPU_CALL_TARGET in calls, calls
+
+
+COMPILE_CASES = [
+    ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
+    ("h200", "sigmoid", "window", 256, False, jnp.float16),
+    ("h200", "softpick", "bidirectional", 64, True, jnp.bfloat16),
+]
+SLOW_COMPILE_CASES = [c for c in itertools.product(("h100", "h200"), NORMS, STRUCTURES,
+                                                   (64, 128, 256), (True,), (jnp.bfloat16,))
+                      if c not in COMPILE_CASES]
+
+
+def _cid(case):
+  return "-".join(getattr(x, "__name__", str(x)) for x in case)
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=_cid)
+def test_mosaic_gpu_compiles_for_hopper(case):
+  target, normalizer, structure, H, gqa, dtype = case
+  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype))
+
+
+@needs_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_COMPILE_CASES, ids=_cid)
+def test_mosaic_gpu_compiles_for_hopper_cross_product(case):
+  target, normalizer, structure, H, gqa, dtype = case
+  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype))
+
+
+@needs_cuda
+def test_an_oversized_configuration_is_rejected():
+  # 64 x 256 K and V tiles, 4 stages, head dim 256: ~1.1 MB of shared memory (limit 227 KiB).
+  sizes = mosaic_gpu.BlockSizes(block_q=64, block_k=256, num_stages=4)
+  assert mosaic_gpu.smem_bytes(sizes, 256, 256) > mosaic_gpu.SMEM_LIMIT_BYTES
+  with pytest.raises(Exception, match="exceeds available shared memory"):
+    compile_for("h200", "softmax", "causal", 256, grad=False, block_sizes=sizes)
