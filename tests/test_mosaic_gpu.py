@@ -44,11 +44,12 @@ NORMS = normalizers.NORMALIZERS
 
 
 def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, softcap=None,
-            scale=None, H=64, seed=0):
+            scale=None, stats=False, H=64, seed=0):
   N, K = (4, 2) if gqa else (2, 2)
   q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=H, seed=seed, source="numpy")
   q, k, v = (x.astype(dtype) for x in (q, k, v))
-  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale)
+  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale,
+            return_stats=stats)
   if sink:
     kw["sink_logits"] = jnp.linspace(-1.0, 1.0, N)
   return q, k, v, kw
@@ -72,16 +73,22 @@ def check_values(normalizer, structure, **kw):
   q, k, v, opts_kw = _inputs(structure, normalizer, **kw)
   got = jax.jit(lambda q, k, v: mosaic_gpu.run(*dense.prepare(q, k, v, **opts_kw),
                                                interpret=True, block_sizes=BLOCKS))(q, k, v)
+  want = _reference(q, k, v, opts_kw)
+  if opts_kw["return_stats"]:  # statistics from float32 logits: a tighter tolerance
+    (got, got_stats), (want, want_stats) = got, want
+    for field in ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum"):
+      _close(getattr(got_stats, field), getattr(want_stats, field),
+             f"{normalizer} {structure} {kw} {field}", tol=1e-5)
   assert got.dtype == q.dtype
-  _close(got, _reference(q, k, v, opts_kw), f"{normalizer} {structure} {kw}")
+  _close(got, want, f"{normalizer} {structure} {kw}")
 
 
 # Every normaliser, structure, GQA/MHA, dtype, sink logits, softcap and scale once.
 DEFAULT_CASES = [
-    ("softmax", "causal", dict(gqa=True, dtype=jnp.bfloat16, sink=True, softcap=5.0)),
+    ("softmax", "causal", dict(gqa=True, dtype=jnp.bfloat16, sink=True, softcap=5.0, stats=True)),
     ("softmax_one", "window", dict(gqa=True, dtype=jnp.float16)),
-    ("sigmoid", "causal", dict(gqa=False, dtype=jnp.bfloat16, scale=0.2)),
-    ("softpick", "bidirectional", dict(gqa=True, dtype=jnp.bfloat16)),
+    ("sigmoid", "causal", dict(gqa=False, dtype=jnp.bfloat16, scale=0.2, stats=True)),
+    ("softpick", "bidirectional", dict(gqa=True, dtype=jnp.bfloat16, stats=True)),
     ("none", "window", dict(gqa=True, dtype=jnp.bfloat16, softcap=4.0)),
     ("relu", "bidirectional", dict(gqa=False, dtype=jnp.float16)),
 ]
@@ -98,25 +105,26 @@ def test_mosaic_gpu_interpret_matches_reference(normalizer, structure, kw):
     NORMS, STRUCTURES, (True, False), (jnp.bfloat16, jnp.float16))),
     ids=lambda x: getattr(x, "__name__", str(x)))
 def test_mosaic_gpu_interpret_matches_reference_everywhere(normalizer, structure, gqa, dtype):
-  check_values(normalizer, structure, gqa=gqa, dtype=dtype,
+  check_values(normalizer, structure, gqa=gqa, dtype=dtype, stats=True,
                sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("H", [128, 256])
 def test_mosaic_gpu_interpret_large_head_dims(H):
-  check_values("softmax", "causal", H=H, sink=True)
+  check_values("softmax", "causal", H=H, sink=True, stats=True)
 
 
 def test_mosaic_gpu_gradients_and_jvp():
   """Reverse mode (the block-wise engine's backward: no Mosaic GPU backward kernel yet) and
   forward mode through attnjax.kernels.autodiff, against the reference on the same inputs."""
-  q, k, v, kw = _inputs("causal", "softmax", sink=True, softcap=5.0)
+  q, k, v, kw = _inputs("causal", "softmax", sink=True, softcap=5.0, stats=True)
   sink = kw.pop("sink_logits")
   cot = jax.random.normal(jax.random.key(3), (2, T, 4, 64), jnp.float32)
 
-  def loss(fn, q, k, v, sink):
-    return jnp.sum(fn(q, k, v, sink).astype(jnp.float32) * cot)
+  def loss(fn, q, k, v, sink):  # the logsumexp statistic carries a gradient too
+    out, st = fn(q, k, v, sink)
+    return jnp.sum(out.astype(jnp.float32) * cot) + jnp.sum(jnp.sin(st.logsumexp))
 
   fast = lambda q, k, v, s: mosaic_gpu.attention(q, k, v, sink_logits=s, block_sizes=BLOCKS,
                                                  interpret=True, **kw)
@@ -127,9 +135,9 @@ def test_mosaic_gpu_gradients_and_jvp():
   for name, a, b in zip(("dq", "dk", "dv", "dsink"), g_fast, g_ref):
     _close(a, b, name)
   t = tuple(0.5 * x for x in (q, k, v))
-  _, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink), (q, k, v), t))(t)
+  _, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink)[0], (q, k, v), t))(t)
   up = lambda xs: tuple(x.astype(jnp.float32) for x in xs)
-  _, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink), up((q, k, v)),
+  _, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink)[0], up((q, k, v)),
                                     up(t)))(t)
   _close(jf, jr, "jvp")
 
@@ -193,10 +201,8 @@ def test_mosaic_gpu_names_what_it_cannot_do():
   q, k, v = rand_qkv(B=1, T=64, N=2, K=1, H=64, dtype=jnp.bfloat16)
   assert mosaic_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
   reasons = mosaic_gpu.unsupported(*dense.prepare(
-      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), segment_ids=jnp.zeros((1, 64), jnp.int32),
-      return_stats=True))
+      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), segment_ids=jnp.zeros((1, 64), jnp.int32)))
   assert any("bias" in r for r in reasons) and any("segment ids" in r for r in reasons)
-  assert any("return_stats" in r for r in reasons), reasons
   inputs, opts = dense.prepare(*rand_qkv(B=1, T=64, N=2, K=1, H=96), is_causal=True)
   reasons = mosaic_gpu.unsupported(inputs, opts)
   assert any("head dims q 96" in r for r in reasons) and any("float32" in r for r in reasons)
@@ -238,16 +244,19 @@ def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.
   sink = None
   if normalizers.REGISTRY[normalizer].accepts_sink_logits:
     sink = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep)
-  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=30.0)
+  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=30.0, return_stats=True)
 
   def out(q, k, v, s):
     return mosaic_gpu.compute(*dense.prepare(q, k, v, sink_logits=s, **kw),
                               block_sizes=block_sizes)
 
+  def loss(*a):
+    o, st = out(*a)
+    return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(st.logsumexp)
+
   fn = out
   if grad:
-    fn = jax.value_and_grad(lambda *a: jnp.sum(out(*a).astype(jnp.float32) ** 2),
-                            argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3))
+    fn = jax.value_and_grad(loss, argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3))
   with jax.set_mesh(mesh):
     return jax.jit(fn).lower(q, kv, kv, sink).compile()
 

@@ -17,7 +17,7 @@ GQA: query head ``n`` reads key/value head ``n // G`` by its TMA index (K and V 
 repeated). Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
 
 What it does not do yet (see :func:`unsupported`, which names each refusal): segment ids,
-``return_stats``, float32 inputs, bias / mask arrays, ``similarity="neg_sq_euclidean"``.
+float32 inputs, bias / mask arrays, ``similarity="neg_sq_euclidean"``.
 There is no Mosaic GPU backward kernel yet: gradients (and forward-mode tangents) come from
 the block-wise engine on the same call (:func:`attnjax.kernels.blockwise.twin`, run by XLA),
 which recomputes the forward; the values are this kernel's.
@@ -44,8 +44,10 @@ import jax.experimental.pallas as pl
 
 from attnjax import _platform, normalizers, options
 from attnjax.kernels import autodiff, blockwise
+from attnjax.attention_stats import AttentionStats
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
-                                             block_sizes_for, lower_rows)
+                                             block_sizes_for, lower_rows, stat_row_keys)
+from attnjax.kernels.pallas_gpu.kernel import collect_stats
 
 Array = jnp.ndarray
 
@@ -68,11 +70,8 @@ def unsupported(inputs, opts) -> list[str]:
     reasons.append("segment ids (not yet in the mosaic_gpu kernel)")
   if opts.similarity != "dot":
     reasons.append(f"similarity={opts.similarity!r} (mosaic_gpu computes dot products)")
-  if opts.return_stats:
-    reasons.append("return_stats (not yet in the mosaic_gpu kernel)")
   reasons += _platform.unknown_options(
-      opts, inputs, tuple(o for o in KNOWN_OPTIONS if o != "return_stats"),
-      KNOWN_INPUTS + ("bias", "mask", "q_segment_ids", "kv_segment_ids"), "mosaic_gpu")
+      opts, inputs, KNOWN_OPTIONS, KNOWN_INPUTS + ("bias", "mask", "q_segment_ids", "kv_segment_ids"), "mosaic_gpu")
   H, Hv = inputs.q.shape[-1], inputs.v.shape[-1]
   if H != Hv or H not in HEAD_DIMS:
     reasons.append(f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of "
@@ -111,10 +110,6 @@ class Plan(normalizers.KernelPlan):
   def needs_mask(self) -> bool:
     o = self.opts
     return o.is_causal or o.window is not None or self.S % self.bk != 0
-
-  @property
-  def with_stats(self) -> bool:
-    return False
 
 
 def _round_up(n: int, m: int) -> int:
@@ -161,11 +156,11 @@ def _allowed(c: Plan, qpos, kpos):
   return allowed
 
 
-def _kernel(c: Plan, q_ref, k_ref, v_ref, sink_ref, o_ref, scratch):
+def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, o_ref, stat_refs, scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   nz = c.nz
-  q_smem, k_smem, v_smem, o_smem, q_bar, k_bars, v_bars = scratch[:7]
-  p_smem = scratch[7] if c.interpret else None
+  q_smem, k_smem, v_smem, o_smem, q_bar, k_bars, v_bars, rows_smem = scratch[:8]
+  p_smem = scratch[8] if c.interpret else None
   n = lax.axis_index("heads")
   i = lax.axis_index("q_blocks")
   b = lax.axis_index("batch")
@@ -194,11 +189,12 @@ def _kernel(c: Plan, q_ref, k_ref, v_ref, sink_ref, o_ref, scratch):
   # The interpreter has no rule for layout annotations (layout_cast, an iota's layout): it
   # runs the same values without them.
   if c.interpret:
-    iota = lambda d: lax.broadcasted_iota(jnp.int32, (bq, bk), d)
+    any_iota = None
     cast = lambda x, lay: x
   else:
-    iota = lambda d: plgpu.broadcasted_iota(jnp.int32, (bq, bk), d, layout=layout)
+    any_iota = lambda dtype, shape, d: plgpu.broadcasted_iota(dtype, shape, d, layout=layout)
     cast = plgpu.layout_cast
+  iota = lambda d: (any_iota or lax.broadcasted_iota)(jnp.int32, (bq, bk), d)
   qpos = q0 + iota(0)
   kcol = iota(1)
 
@@ -206,7 +202,7 @@ def _kernel(c: Plan, q_ref, k_ref, v_ref, sink_ref, o_ref, scratch):
   if c.has_sink:
     sink_rows = jnp.full((bq,), sink_ref[n], jnp.float32)
   counts = None
-  if nz.needs_counts:  # allowed keys per row, exact for causal / window / ragged keys
+  if c.needs_counts:  # allowed keys per row, exact for causal / window / ragged keys
     r = jnp.max(qpos, axis=1)
     first = jnp.int32(0)
     last = jnp.full((bq,), c.S - 1, jnp.int32)
@@ -219,6 +215,9 @@ def _kernel(c: Plan, q_ref, k_ref, v_ref, sink_ref, o_ref, scratch):
     counts = jnp.maximum(last - first + 1, 0).astype(jnp.float32)
 
   row = lower_rows(nz.row_inputs, bq)(sink_rows, counts)
+  # Constant rows (a splat: e.g. every row's count without structure) take the row layout,
+  # which the broadcasts against [bq, bk] tiles need.
+  row = jax.tree.map(lambda x: cast(x, layout.reduce(1)) if jnp.ndim(x) == 1 else x, row)
 
   def step(masked, j, st):
     slot = lax.rem(j - lo, jnp.int32(c.stages))
@@ -254,12 +253,12 @@ def _kernel(c: Plan, q_ref, k_ref, v_ref, sink_ref, o_ref, scratch):
         return acc[...]
       return pl.run_scoped(mm, plgpu.ACC((bq, H), jnp.float32))
 
-    visit = functools.partial(nz.visit, stats=False, first=j == 0)
+    visit = functools.partial(nz.visit, stats=c.with_stats, first=j == 0)
     return lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), bq,
-                      pv=pv, hv=H)(st, z, allowed, row)
+                      pv=pv, hv=H, iota=any_iota)(st, z, allowed, row)
 
   def init():
-    st = nz.init((bq, 1), (bq, H), False)
+    st = nz.init((bq, 1), (bq, H), c.with_stats)
     return {key: (cast(jnp.reshape(x, (bq,)), layout.reduce(1)) if x.shape[-1] == 1
                   else cast(x, layout))
             for key, x in st.items()}
@@ -271,15 +270,20 @@ def _kernel(c: Plan, q_ref, k_ref, v_ref, sink_ref, o_ref, scratch):
     st = lax.fori_loop(fhi, hi, functools.partial(step, True), st)
   else:
     st = lax.fori_loop(lo, hi, functools.partial(step, False), st)
-  out = lower_rows(lambda st, row: nz.finish(st, row, False)[0], bq)(st, row)
+  out, _, srow = lower_rows(lambda st, row: nz.finish(st, row, c.with_stats), bq)(st, row)
   o_smem[...] = out.astype(o_smem.dtype)
+  for idx, key in enumerate(stat_keys):  # statistics rows, [bq] float32 each
+    rows_smem.at[idx][...] = jnp.broadcast_to(srow[key], (bq,)).astype(jnp.float32)
   plgpu.commit_smem()
   plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b, n, pl.ds(q0, bq)])
+  for idx, ref in enumerate(stat_refs):
+    plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
   plgpu.wait_smem_to_gmem(0)
 
 
 def forward(c: Plan, q, k, v, sink):
-  """The kernel on ``[B, T, N, H]`` inputs: the output ``[B, T, N, H]``."""
+  """The kernel on ``[B, T, N, H]`` inputs: ``(out [B, T, N, H], statistics rows)``, the rows
+  ``{name: [B, N, Tp, 1]}`` of :meth:`Normalizer.finish` (empty without ``return_stats``)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
   def heads_first(x, L):
@@ -288,6 +292,7 @@ def forward(c: Plan, q, k, v, sink):
 
   qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
   dtype = q.dtype
+  stat_keys = stat_row_keys(c.nz, c.with_stats, c.has_sink) if c.with_stats else ()
   swizzle = 128
   transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
                 plgpu.SwizzleTransform(swizzle))
@@ -299,30 +304,31 @@ def forward(c: Plan, q, k, v, sink):
       plgpu.Barrier(num_barriers=1),
       plgpu.Barrier(num_barriers=c.stages),
       plgpu.Barrier(num_barriers=c.stages),
+      plgpu.SMEM((max(1, len(stat_keys)), c.bq), jnp.float32),
   ]
   if c.interpret:
     scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=transforms))
   sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
               else jnp.zeros((c.N,), jnp.float32))
 
-  def body(q_ref, k_ref, v_ref, sink_ref, o_ref, *scr):
-    _kernel(c, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, o_ref, scr)
+  def body(q_ref, k_ref, v_ref, sink_ref, o_ref, *rest):
+    stat_refs, scr = rest[:len(stat_keys)], rest[len(stat_keys):]
+    _kernel(c, stat_keys, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, o_ref,
+            stat_refs, scr)
 
   interpret = None
   if c.interpret:
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
     interpret = InterpretGPUParams()
-  out = plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype),
+  rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
+  outs = plgpu.kernel(
+      body, out_type=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype)] + [rows] * len(stat_keys),
       scratch_types=scratch, grid=(c.N, c.Tp // c.bq, c.B),
       grid_names=("heads", "q_blocks", "batch"), interpret=interpret,
       compiler_params=plgpu.CompilerParams(approx_math=False),
-      )(qh, kh, vh, _sink_gmem(sink_arr))
-  return jnp.transpose(out[:, :, :c.T], (0, 2, 1, 3))
-
-
-def _sink_gmem(sink):
-  return sink
+      )(qh, kh, vh, sink_arr)
+  srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
+  return jnp.transpose(outs[0][:, :, :c.T], (0, 2, 1, 3)), srow
 
 
 def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
@@ -335,7 +341,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     interpret: run the kernel in jax's Mosaic GPU interpreter (on the CPU).
 
   Returns:
-    ``[B, T, N, H]`` in the input dtype.
+    ``[B, T, N, H]`` in the input dtype, or ``(out, AttentionStats)``.
   """
   reasons = unsupported(inputs, opts)
   if reasons:
@@ -345,22 +351,36 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   c = make_plan(inputs, opts, block_sizes, interpret)
 
   def twin(q, k, v, sink):
-    return blockwise.twin(opts)((q, k, v, None, sink), (None, None, None))
+    """The same call on the block-wise engine (plain JAX): gradients and forward mode."""
+    out = blockwise.twin(opts)((q, k, v, None, sink), (None, None, None))
+    if not opts.return_stats:
+      return out, None
+    o, st = out
+    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
 
   @autodiff.custom_vjp
   def core(q, k, v, sink):
-    return forward(c, q, k, v, sink)
+    return fwd(q, k, v, sink)[0]
 
   def fwd(q, k, v, sink):
-    return forward(c, q, k, v, sink), (q, k, v, sink)
+    out, srow = forward(c, q, k, v, sink)
+    stats = collect_stats(c, srow) if c.with_stats else None
+    return (out, stats), (q, k, v, sink)
 
-  def bwd(saved, ct):
+  def bwd(saved, cts):
     q, k, v, sink = saved
     _, vjp = jax.vjp(twin, q, k, v, sink)
-    return vjp(ct.astype(q.dtype))
+    d_out, d_stats = cts
+    return vjp((d_out.astype(q.dtype), d_stats))
 
   core.defvjp(fwd, bwd, twin=twin)
-  return core(inputs.q, inputs.k, inputs.v, inputs.sink_logits).astype(inputs.q.dtype)
+  out, stats = core(inputs.q, inputs.k, inputs.v, inputs.sink_logits)
+  out = out.astype(inputs.q.dtype)
+  if not opts.return_stats:
+    return out
+  sink_mass, entropy, max_logit, lse, row_sum = stats
+  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
+                             logsumexp=lse, row_sum=row_sum)
 
 
 def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):

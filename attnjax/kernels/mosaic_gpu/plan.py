@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jex_core
 
-from attnjax import normalizers
 
 Array = jnp.ndarray
 
@@ -103,11 +102,13 @@ def _pv_abstract(w, *, hv):
 _pv_p.def_abstract_eval(_pv_abstract)
 
 
-def lower_rows(fn: Callable, R: int, pv: Optional[Callable] = None, hv: int = 0) -> Callable:
+def lower_rows(fn: Callable, R: int, pv: Optional[Callable] = None, hv: int = 0,
+               iota: Optional[Callable] = None) -> Callable:
   """``fn`` evaluated with every ``[R, 1]`` value held as an ``[R]`` array (see the module
   docstring). ``fn`` takes and returns pytrees whose row leaves are ``[R]`` arrays here and
   ``[R, 1]`` arrays to ``fn``; ``pv`` (if given) is passed to ``fn`` as its last argument
-  and evaluated on the ``[R, tk]`` weights."""
+  and evaluated on the ``[R, tk]`` weights; ``iota(dtype, shape, dimension)`` (if given)
+  replaces ``lax.broadcasted_iota`` (Mosaic GPU needs its layout named)."""
 
   def wrapped(*args):
     leaves, tree = jax.tree.flatten(args)
@@ -121,7 +122,7 @@ def lower_rows(fn: Callable, R: int, pv: Optional[Callable] = None, hv: int = 0)
       return fn(*a)
 
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*logical)
-    outs = _eval(closed.jaxpr, closed.consts, leaves, R, pv)
+    outs = _eval(closed.jaxpr, closed.consts, leaves, R, (pv, iota))
     return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
   return wrapped
@@ -135,7 +136,7 @@ def _logical_is_row(aval, R: int) -> bool:
   return tuple(getattr(aval, "shape", ())) == (R, 1)
 
 
-def _eval(jaxpr, consts, args, R: int, pv):
+def _eval(jaxpr, consts, args, R: int, hooks):
   env = {}
 
   def read(v):
@@ -149,7 +150,7 @@ def _eval(jaxpr, consts, args, R: int, pv):
     env[var] = val
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
-    outs = _eval_eqn(eqn, invals, R, pv)
+    outs = _eval_eqn(eqn, invals, R, hooks)
     for var, val in zip(eqn.outvars, outs):
       env[var] = val
   return [read(v) for v in jaxpr.outvars]
@@ -161,21 +162,24 @@ def _to_rep(val, aval, R):
   return val
 
 
-def _eval_eqn(eqn, invals, R: int, pv):
+def _eval_eqn(eqn, invals, R: int, hooks):
   prim, params = eqn.primitive, eqn.params
   in_rows = [_logical_is_row(v.aval, R) for v in eqn.invars]
   out_rows = [_logical_is_row(v.aval, R) for v in eqn.outvars]
   name = prim.name
+  pv, iota = hooks
   if prim is _pv_p:
     return [pv(invals[0])]
+  if name == "iota" and iota is not None:
+    return [iota(params["dtype"], tuple(params["shape"]), params["dimension"])]
   if name == "is_finite":  # no Mosaic GPU lowering; |x| < inf is the same for floats (NaN: False)
     return [jnp.abs(invals[0]) < jnp.inf]
   if name in ("pjit", "jit", "closed_call", "core_call"):
     inner = params["jaxpr"]
-    return _eval(inner.jaxpr, inner.consts, invals, R, pv)
+    return _eval(inner.jaxpr, inner.consts, invals, R, hooks)
   if name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
     inner = params.get("call_jaxpr", params.get("fun_jaxpr"))
-    return _eval(inner.jaxpr, inner.consts, invals, R, pv)
+    return _eval(inner.jaxpr, inner.consts, invals, R, hooks)
   if name == "broadcast_in_dim":
     (x,), shape = invals, tuple(params["shape"])
     if in_rows[0]:
@@ -207,19 +211,18 @@ def _eval_eqn(eqn, invals, R: int, pv):
   return list(out) if prim.multiple_results else [out]
 
 
-def stat_keys(nz, with_stats: bool, has_sink: bool, needs_counts: bool):
-  """Names of the residual rows and statistics rows a normaliser's ``finish`` returns."""
+def stat_row_keys(nz, with_stats: bool, has_sink: bool) -> tuple[str, ...]:
+  """Names of the statistics rows a normaliser's ``finish`` returns (sorted)."""
   rows = (8, 1)
-  cnt = jnp.ones(rows, jnp.float32) if needs_counts else None
   sink = jnp.zeros(rows, jnp.float32) if has_sink else None
 
   def run():
-    row = nz.row_inputs(sink, cnt)
+    row = nz.row_inputs(sink, jnp.ones(rows, jnp.float32))
     return nz.finish(nz.init(rows, (8, 4), with_stats), row, with_stats)
 
-  _, res, srow = jax.eval_shape(run)
-  return tuple(sorted(res)), (tuple(sorted(srow)) if srow is not None else ())
+  _, _, srow = jax.eval_shape(run)
+  return tuple(sorted(srow)) if srow is not None else ()
 
 
 __all__ = ["BLOCK_SIZE_TABLE", "BlockSizes", "DEFAULT_BLOCK_SIZES", "SMEM_LIMIT_BYTES",
-           "block_sizes_for", "lower_rows", "normalizers", "smem_bytes", "stat_keys"]
+           "block_sizes_for", "lower_rows", "smem_bytes", "stat_row_keys"]
