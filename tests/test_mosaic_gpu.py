@@ -39,6 +39,11 @@ STRUCTURES = {
     "causal": dict(is_causal=True),
     "window": dict(window=(70, 10)),
     "bidirectional": dict(),
+    # two packed sequences per row, boundaries inside blocks; causal within each. Row 1's key
+    # block 0 (keys 0..63, segment 0) cannot meet query block 1 (rows 64.., segment 1): skipped.
+    "segments": dict(is_causal=True, segment_ids=(
+        np.asarray([[0] * 13 + [1] * 87, [0] * 64 + [1] * 36]),
+        np.asarray([[0] * 13 + [1] * 117, [0] * 64 + [1] * 66]))),
 }
 NORMS = normalizers.NORMALIZERS
 
@@ -50,6 +55,8 @@ def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, 
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale,
             return_stats=stats)
+  if "segment_ids" in kw:
+    kw["segment_ids"] = tuple(jnp.asarray(x) for x in kw["segment_ids"])
   if sink:
     kw["sink_logits"] = jnp.linspace(-1.0, 1.0, N)
   return q, k, v, kw
@@ -87,7 +94,7 @@ def check_values(normalizer, structure, **kw):
 DEFAULT_CASES = [
     ("softmax", "causal", dict(gqa=True, dtype=jnp.bfloat16, sink=True, softcap=5.0, stats=True)),
     ("softmax_one", "window", dict(gqa=True, dtype=jnp.float16)),
-    ("sigmoid", "causal", dict(gqa=False, dtype=jnp.bfloat16, scale=0.2, stats=True)),
+    ("sigmoid", "segments", dict(gqa=False, dtype=jnp.bfloat16, scale=0.2, stats=True)),
     ("softpick", "bidirectional", dict(gqa=True, dtype=jnp.bfloat16, stats=True)),
     ("none", "window", dict(gqa=True, dtype=jnp.bfloat16, softcap=4.0)),
     ("relu", "bidirectional", dict(gqa=False, dtype=jnp.float16)),
@@ -118,7 +125,7 @@ def test_mosaic_gpu_interpret_large_head_dims(H):
 def test_mosaic_gpu_gradients_and_jvp():
   """Reverse mode (the block-wise engine's backward: no Mosaic GPU backward kernel yet) and
   forward mode through attnjax.kernels.autodiff, against the reference on the same inputs."""
-  q, k, v, kw = _inputs("causal", "softmax", sink=True, softcap=5.0, stats=True)
+  q, k, v, kw = _inputs("segments", "softmax", sink=True, softcap=5.0, stats=True)
   sink = kw.pop("sink_logits")
   cot = jax.random.normal(jax.random.key(3), (2, T, 4, 64), jnp.float32)
 
@@ -135,10 +142,11 @@ def test_mosaic_gpu_gradients_and_jvp():
   for name, a, b in zip(("dq", "dk", "dv", "dsink"), g_fast, g_ref):
     _close(a, b, name)
   t = tuple(0.5 * x for x in (q, k, v))
-  _, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink)[0], (q, k, v), t))(t)
+  of, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink)[0], (q, k, v), t))(t)
   up = lambda xs: tuple(x.astype(jnp.float32) for x in xs)
-  _, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink)[0], up((q, k, v)),
-                                    up(t)))(t)
+  orf, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink)[0], up((q, k, v)),
+                                      up(t)))(t)
+  _close(of, orf, "values (segments, sink logits)")
   _close(jf, jr, "jvp")
 
 
@@ -201,15 +209,16 @@ def test_mosaic_gpu_names_what_it_cannot_do():
   q, k, v = rand_qkv(B=1, T=64, N=2, K=1, H=64, dtype=jnp.bfloat16)
   assert mosaic_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
   reasons = mosaic_gpu.unsupported(*dense.prepare(
-      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), segment_ids=jnp.zeros((1, 64), jnp.int32)))
-  assert any("bias" in r for r in reasons) and any("segment ids" in r for r in reasons)
+      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), mask=jnp.ones((1, 1, 64, 64), bool),
+      similarity="neg_sq_euclidean"))
+  assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
   inputs, opts = dense.prepare(*rand_qkv(B=1, T=64, N=2, K=1, H=96), is_causal=True)
   reasons = mosaic_gpu.unsupported(inputs, opts)
   assert any("head dims q 96" in r for r in reasons) and any("float32" in r for r in reasons)
   mixed = dataclasses.replace(*dense.prepare(q, k, v)[:1], v=v.astype(jnp.float16))
   assert any("dtypes" in r for r in mosaic_gpu.unsupported(mixed, dense.prepare(q, k, v)[1]))
-  with pytest.raises(ValueError, match="mosaic_gpu' does not support .*segment ids"):
-    attnjax.dot_product_attention(q, k, v, segment_ids=jnp.zeros((1, 64), jnp.int32),
+  with pytest.raises(ValueError, match="mosaic_gpu' does not support bias"):
+    attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 64, 64)),
                                   implementation="mosaic_gpu")
   with pytest.raises(ValueError, match="mosaic_gpu' runs on a CUDA GPU"):
     attnjax.dot_product_attention(q, k, v, implementation="mosaic_gpu")
@@ -245,9 +254,12 @@ def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.
   if normalizers.REGISTRY[normalizer].accepts_sink_logits:
     sink = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep)
   kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=30.0, return_stats=True)
+  seg = None
+  if kw.pop("segment_ids", None) is not None:
+    seg = jax.ShapeDtypeStruct((2, T_), jnp.int32, sharding=rep)
 
-  def out(q, k, v, s):
-    return mosaic_gpu.compute(*dense.prepare(q, k, v, sink_logits=s, **kw),
+  def out(q, k, v, s, seg):
+    return mosaic_gpu.compute(*dense.prepare(q, k, v, sink_logits=s, segment_ids=seg, **kw),
                               block_sizes=block_sizes)
 
   def loss(*a):
@@ -258,7 +270,7 @@ def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.
   if grad:
     fn = jax.value_and_grad(loss, argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3))
   with jax.set_mesh(mesh):
-    return jax.jit(fn).lower(q, kv, kv, sink).compile()
+    return jax.jit(fn).lower(q, kv, kv, sink, seg).compile()
 
 
 def assert_mosaic(compiled):
@@ -269,7 +281,7 @@ def assert_mosaic(compiled):
 COMPILE_CASES = [
     ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
     ("h200", "sigmoid", "window", 256, False, jnp.float16),
-    ("h200", "softpick", "bidirectional", 64, True, jnp.bfloat16),
+    ("h200", "softpick", "segments", 64, True, jnp.bfloat16),
 ]
 SLOW_COMPILE_CASES = [c for c in itertools.product(("h100", "h200"), NORMS, STRUCTURES,
                                                    (64, 128, 256), (True,), (jnp.bfloat16,))

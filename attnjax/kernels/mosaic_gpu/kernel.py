@@ -54,7 +54,7 @@ Array = jnp.ndarray
 DTYPES = (jnp.bfloat16, jnp.float16)
 HEAD_DIMS = (64, 128, 256)
 KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
-KNOWN_INPUTS = ("q", "k", "v", "sink_logits")
+KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
 # The custom-call target of a compiled Mosaic GPU kernel in optimised HLO.
 MOSAIC_GPU_CALL_TARGET = "mosaic_gpu_v2"
 
@@ -65,13 +65,12 @@ def unsupported(inputs, opts) -> list[str]:
   if inputs.bias is not None:
     reasons.append("bias (mosaic_gpu adds no bias array)")
   if inputs.mask is not None:
-    reasons.append("an explicit mask array (mosaic_gpu takes is_causal and window)")
-  if inputs.q_segment_ids is not None:
-    reasons.append("segment ids (not yet in the mosaic_gpu kernel)")
+    reasons.append("an explicit mask array (mosaic_gpu takes is_causal, window and segment ids)")
   if opts.similarity != "dot":
     reasons.append(f"similarity={opts.similarity!r} (mosaic_gpu computes dot products)")
   reasons += _platform.unknown_options(
-      opts, inputs, KNOWN_OPTIONS, KNOWN_INPUTS + ("bias", "mask", "q_segment_ids", "kv_segment_ids"), "mosaic_gpu")
+      opts, inputs, KNOWN_OPTIONS,
+      KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu")
   H, Hv = inputs.q.shape[-1], inputs.v.shape[-1]
   if H != Hv or H not in HEAD_DIMS:
     reasons.append(f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of "
@@ -100,6 +99,7 @@ class Plan(normalizers.KernelPlan):
   bk: int
   stages: int
   has_sink: bool
+  has_segments: bool
   interpret: bool
 
   @property
@@ -109,7 +109,8 @@ class Plan(normalizers.KernelPlan):
   @property
   def needs_mask(self) -> bool:
     o = self.opts
-    return o.is_causal or o.window is not None or self.S % self.bk != 0
+    return (o.is_causal or o.window is not None or self.has_segments
+            or self.S % self.bk != 0)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -122,12 +123,14 @@ def make_plan(inputs, opts, sizes: BlockSizes, interpret: bool) -> Plan:
   return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, sizes.block_q),
               Sp=_round_up(S, sizes.block_k), bq=sizes.block_q, bk=sizes.block_k,
               stages=sizes.num_stages, has_sink=inputs.sink_logits is not None,
+              has_segments=inputs.q_segment_ids is not None,
               interpret=interpret)
 
 
 def kv_bounds(c: Plan, q0, q_last):
   """``(lo, hi, full_lo, full_hi)``: key blocks ``[lo, hi)`` visited by rows ``q0 .. q_last``,
-  ``[full_lo, full_hi)`` of them attended by every row (no element mask)."""
+  ``[full_lo, full_hi)`` of them attended by every row (no element mask; none with segment
+  ids, whose mask is data: their blocks are skipped at run time, see ``_kernel``)."""
   bk = c.bk
   lo, hi = jnp.int32(0), jnp.int32(pl.cdiv(c.S, bk))
   flo, fhi = jnp.int32(0), jnp.int32(c.S // bk)
@@ -141,13 +144,17 @@ def kv_bounds(c: Plan, q0, q_last):
     flo = jnp.maximum(0, pl.cdiv(jnp.maximum(0, q_last - left), bk))
     fhi = jnp.minimum(fhi, jnp.maximum(0, q0 + right + 1) // bk)
   hi = jnp.maximum(hi, lo)
+  if c.has_segments:
+    flo, fhi = lo, lo
   flo = jnp.clip(flo, lo, hi)
   fhi = jnp.clip(fhi, flo, hi)
   return lo, hi, flo, fhi
 
 
-def _allowed(c: Plan, qpos, kpos):
+def _allowed(c: Plan, qpos, kpos, q_seg=None, k_seg=None):
   allowed = kpos < c.S
+  if q_seg is not None:
+    allowed = allowed & (q_seg == k_seg)
   if c.opts.is_causal:
     allowed = allowed & (kpos <= qpos)
   if c.opts.window is not None:
@@ -156,11 +163,15 @@ def _allowed(c: Plan, qpos, kpos):
   return allowed
 
 
-def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, o_ref, stat_refs, scratch):
+def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, stat_refs,
+            scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   nz = c.nz
   q_smem, k_smem, v_smem, o_smem, q_bar, k_bars, v_bars, rows_smem = scratch[:8]
-  p_smem = scratch[8] if c.interpret else None
+  extra = list(scratch[8:])
+  p_smem = extra.pop(0) if c.interpret else None
+  if c.has_segments:
+    qseg_smem, kseg_smem, kseg_one, qseg_bar, kseg_bars, kseg_one_bar = extra
   n = lax.axis_index("heads")
   i = lax.axis_index("q_blocks")
   b = lax.axis_index("batch")
@@ -177,6 +188,12 @@ def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, o_ref, stat_refs,
     rows = pl.ds(j * bk, bk)
     plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
     plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
+    if c.has_segments:
+      kseg_ref = seg_refs[1]
+      plgpu.copy_gmem_to_smem(kseg_ref.at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
+
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar.at[0])
 
   for s in range(c.stages - 1):  # fill the ring
     @pl.when(lo + s < hi)
@@ -198,11 +215,40 @@ def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, o_ref, stat_refs,
   qpos = q0 + iota(0)
   kcol = iota(1)
 
+  # Segment ids: the query block's ids as rows, each key block's as columns (TMA'd into shared
+  # memory, the key tiles' ids with the K/V ring), and per-block [min, max] ranges read from
+  # global memory: a visited block whose ranges cannot meet is skipped at run time.
+  q_seg = meets = None
+  if c.has_segments:
+    _, _, qrange_ref, krange_ref = seg_refs
+    if c.interpret:  # the interpreter has no plgpu.load: a plain read
+      load = lambda ref, axis: ref[...]
+    else:
+      load = lambda ref, axis: plgpu.load(ref, (), layout=layout.reduce(axis))
+    plgpu.barrier_wait(qseg_bar.at[0])
+    q_seg = lax.broadcast_in_dim(load(qseg_smem, 1), (bq, bk), (0,))
+    q_min, q_max = qrange_ref[b, i, 0], qrange_ref[b, i, 1]
+    meets = lambda j: (krange_ref[b, j, 1] >= q_min) & (krange_ref[b, j, 0] <= q_max)
+
+  def allowed_of(j, kseg_tile=None):
+    k_seg = None
+    if c.has_segments:
+      k_seg = lax.broadcast_in_dim(load(kseg_tile, 0), (bq, bk), (1,))
+    return _allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
+
   sink_rows = None
   if c.has_sink:
     sink_rows = jnp.full((bq,), sink_ref[n], jnp.float32)
   counts = None
-  if c.needs_counts:  # allowed keys per row, exact for causal / window / ragged keys
+  if c.needs_counts and c.has_segments:  # allowed keys per row: a mask-only pre-pass
+    def count(j, total):
+      def add():  # the key block's ids, loaded synchronously (no K/V)
+        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(j * bk, bk)], kseg_one, kseg_one_bar.at[0])
+        plgpu.barrier_wait(kseg_one_bar.at[0])
+        return total + jnp.sum(allowed_of(j, kseg_one).astype(jnp.float32), axis=1)
+      return lax.cond(meets(j), add, lambda: total)
+    counts = lax.fori_loop(lo, hi, count, cast(jnp.zeros((bq,), jnp.float32), layout.reduce(1)))
+  elif c.needs_counts:  # allowed keys per row, exact for causal / window / ragged keys
     r = jnp.max(qpos, axis=1)
     first = jnp.int32(0)
     last = jnp.full((bq,), c.S - 1, jnp.int32)
@@ -227,6 +273,15 @@ def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, o_ref, stat_refs,
       fetch(j + c.stages - 1)
 
     plgpu.barrier_wait(k_bars.at[slot])
+    plgpu.barrier_wait(v_bars.at[slot])
+    if not c.has_segments:
+      return compute(masked, j, slot, st)
+    plgpu.barrier_wait(kseg_bars.at[slot])
+    # a block whose segments cannot meet: its tiles were loaded (the ring stays in phase),
+    # its products and normaliser work are skipped
+    return lax.cond(meets(j), lambda: compute(masked, j, slot, st), lambda: st)
+
+  def compute(masked, j, slot, st):
     if c.interpret:  # the interpreter has no wgmma with a transposed operand
       s = lax.dot_general(q_smem[...], k_smem.at[slot][...], (((1,), (1,)), ((), ())),
                           preferred_element_type=jnp.float32)
@@ -238,8 +293,9 @@ def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, o_ref, stat_refs,
     z = s * c.opts.scale
     if c.opts.softcap is not None:
       z = c.opts.softcap * jnp.tanh(z / c.opts.softcap)
-    allowed = _allowed(c, qpos, j * bk + kcol) if masked else None
-    plgpu.barrier_wait(v_bars.at[slot])
+    allowed = None
+    if masked:
+      allowed = allowed_of(j, kseg_smem.at[slot] if c.has_segments else None)
 
     def pv(w):
       w16 = w.astype(q_smem.dtype)
@@ -281,7 +337,7 @@ def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, o_ref, stat_refs,
   plgpu.wait_smem_to_gmem(0)
 
 
-def forward(c: Plan, q, k, v, sink):
+def forward(c: Plan, q, k, v, sink, q_seg, kv_seg):
   """The kernel on ``[B, T, N, H]`` inputs: ``(out [B, T, N, H], statistics rows)``, the rows
   ``{name: [B, N, Tp, 1]}`` of :meth:`Normalizer.finish` (empty without ``return_stats``)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -308,13 +364,30 @@ def forward(c: Plan, q, k, v, sink):
   ]
   if c.interpret:
     scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=transforms))
+  if c.has_segments:
+    scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
+                plgpu.SMEM((c.bk,), jnp.int32), plgpu.Barrier(num_barriers=1),
+                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=1)]
   sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
               else jnp.zeros((c.N,), jnp.float32))
 
-  def body(q_ref, k_ref, v_ref, sink_ref, o_ref, *rest):
+  seg_args = []
+  if c.has_segments:
+    q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
+    kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
+
+    def ranges(x, blk):
+      x = jnp.reshape(x, (c.B, -1, blk))
+      return jnp.stack([jnp.min(x, axis=-1), jnp.max(x, axis=-1)], axis=-1)
+
+    seg_args = [q_seg, kv_seg, ranges(q_seg, c.bq), ranges(kv_seg, c.bk)]
+
+  def body(q_ref, k_ref, v_ref, sink_ref, *rest):
+    seg_refs, rest = rest[:len(seg_args)], rest[len(seg_args):]
+    o_ref, rest = rest[0], rest[1:]
     stat_refs, scr = rest[:len(stat_keys)], rest[len(stat_keys):]
-    _kernel(c, stat_keys, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, o_ref,
-            stat_refs, scr)
+    _kernel(c, stat_keys, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, seg_refs,
+            o_ref, stat_refs, scr)
 
   interpret = None
   if c.interpret:
@@ -326,7 +399,7 @@ def forward(c: Plan, q, k, v, sink):
       scratch_types=scratch, grid=(c.N, c.Tp // c.bq, c.B),
       grid_names=("heads", "q_blocks", "batch"), interpret=interpret,
       compiler_params=plgpu.CompilerParams(approx_math=False),
-      )(qh, kh, vh, sink_arr)
+      )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
   return jnp.transpose(outs[0][:, :, :c.T], (0, 2, 1, 3)), srow
 
@@ -350,31 +423,32 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     block_sizes = block_sizes_for(inputs.q.shape[-1])
   c = make_plan(inputs, opts, block_sizes, interpret)
 
-  def twin(q, k, v, sink):
+  def twin(q, k, v, sink, q_seg, kv_seg):
     """The same call on the block-wise engine (plain JAX): gradients and forward mode."""
-    out = blockwise.twin(opts)((q, k, v, None, sink), (None, None, None))
+    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
     if not opts.return_stats:
       return out, None
     o, st = out
     return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
 
   @autodiff.custom_vjp
-  def core(q, k, v, sink):
-    return fwd(q, k, v, sink)[0]
+  def core(q, k, v, sink, q_seg, kv_seg):
+    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
 
-  def fwd(q, k, v, sink):
-    out, srow = forward(c, q, k, v, sink)
+  def fwd(q, k, v, sink, q_seg, kv_seg):
+    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
     stats = collect_stats(c, srow) if c.with_stats else None
-    return (out, stats), (q, k, v, sink)
+    return (out, stats), (q, k, v, sink, q_seg, kv_seg)
 
   def bwd(saved, cts):
-    q, k, v, sink = saved
-    _, vjp = jax.vjp(twin, q, k, v, sink)
+    q, k, v, sink, q_seg, kv_seg = saved
+    _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
     d_out, d_stats = cts
-    return vjp((d_out.astype(q.dtype), d_stats))
+    return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)
 
   core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(inputs.q, inputs.k, inputs.v, inputs.sink_logits)
+  out, stats = core(inputs.q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
+                    inputs.kv_segment_ids)
   out = out.astype(inputs.q.dtype)
   if not opts.return_stats:
     return out
