@@ -44,9 +44,11 @@ import jax.experimental.pallas as pl
 
 from attnjax import _platform, normalizers, options
 from attnjax.kernels import autodiff, blockwise
+from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
-                                             block_sizes_for, lower_rows, stat_row_keys)
+                                             block_sizes_for, lower_rows, res_row_keys,
+                                             stat_row_keys)
 from attnjax.kernels.pallas_gpu.kernel import collect_stats
 
 Array = jnp.ndarray
@@ -163,7 +165,7 @@ def _allowed(c: Plan, qpos, kpos, q_seg=None, k_seg=None):
   return allowed
 
 
-def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, stat_refs,
+def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
             scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   nz = c.nz
@@ -326,20 +328,22 @@ def _kernel(c: Plan, stat_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, 
     st = lax.fori_loop(fhi, hi, functools.partial(step, True), st)
   else:
     st = lax.fori_loop(lo, hi, functools.partial(step, False), st)
-  out, _, srow = lower_rows(lambda st, row: nz.finish(st, row, c.with_stats), bq)(st, row)
+  out, res, srow = lower_rows(lambda st, row: nz.finish(st, row, c.with_stats), bq)(st, row)
+  rows_out = dict(srow or {}, **{"res:" + key: x for key, x in res.items()})
   o_smem[...] = out.astype(o_smem.dtype)
-  for idx, key in enumerate(stat_keys):  # statistics rows, [bq] float32 each
-    rows_smem.at[idx][...] = jnp.broadcast_to(srow[key], (bq,)).astype(jnp.float32)
+  for idx, key in enumerate(row_keys):  # residual / statistics rows, [bq] float32 each
+    rows_smem.at[idx][...] = jnp.broadcast_to(rows_out[key], (bq,)).astype(jnp.float32)
   plgpu.commit_smem()
   plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b, n, pl.ds(q0, bq)])
-  for idx, ref in enumerate(stat_refs):
+  for idx, ref in enumerate(row_refs):
     plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
   plgpu.wait_smem_to_gmem(0)
 
 
-def forward(c: Plan, q, k, v, sink, q_seg, kv_seg):
-  """The kernel on ``[B, T, N, H]`` inputs: ``(out [B, T, N, H], statistics rows)``, the rows
-  ``{name: [B, N, Tp, 1]}`` of :meth:`Normalizer.finish` (empty without ``return_stats``)."""
+def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
+  """The kernel on ``[B, T, N, H]`` inputs: ``(out [B, T, N, H], rows)``, the statistics rows
+  ``{name: [B, N, Tp, 1]}`` of :meth:`Normalizer.finish` (none without ``return_stats``) and,
+  with ``residuals``, its residual rows ``{"res:" + name: ...}`` (for the backward kernels)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
   def heads_first(x, L):
@@ -349,6 +353,11 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg):
   qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
   dtype = q.dtype
   stat_keys = stat_row_keys(c.nz, c.with_stats, c.has_sink) if c.with_stats else ()
+  res_keys = ()
+  if residuals:
+    res_keys = tuple("res:" + key for key in res_row_keys(c.nz, c.with_stats, c.has_sink,
+                                                          c.needs_counts))
+  stat_keys = stat_keys + res_keys
   swizzle = 128
   transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
                 plgpu.SwizzleTransform(swizzle))
@@ -395,7 +404,8 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg):
     interpret = InterpretGPUParams()
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
   outs = plgpu.kernel(
-      body, out_type=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype)] + [rows] * len(stat_keys),
+      body,
+      out_type=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype)] + [rows] * len(stat_keys),
       scratch_types=scratch, grid=(c.N, c.Tp // c.bq, c.B),
       grid_names=("heads", "q_blocks", "batch"), interpret=interpret,
       compiler_params=plgpu.CompilerParams(approx_math=False),
@@ -435,15 +445,26 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   def core(q, k, v, sink, q_seg, kv_seg):
     return fwd(q, k, v, sink, q_seg, kv_seg)[0]
 
+  # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
+  # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
+  # block-wise backward, and tests call the backward kernels directly (backward_direct).
+  mosaic_bwd = backward.supported(c) and not c.interpret
+
   def fwd(q, k, v, sink, q_seg, kv_seg):
-    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
+    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
     stats = collect_stats(c, srow) if c.with_stats else None
-    return (out, stats), (q, k, v, sink, q_seg, kv_seg)
+    res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
+    has_key = srow["has_key"][..., 0] if c.with_stats else None
+    return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)
 
   def bwd(saved, cts):
-    q, k, v, sink, q_seg, kv_seg = saved
-    _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
+    q, k, v, sink, q_seg, kv_seg, out, res, has_key = saved
     d_out, d_stats = cts
+    if mosaic_bwd:  # the dq and dk/dv kernels
+      d_lse = None if d_stats is None else d_stats[3]
+      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key) + (None, None)
+    # segment ids: the block-wise engine's backward
+    _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
     return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)
 
   core.defvjp(fwd, bwd, twin=twin)

@@ -103,17 +103,27 @@ _pv_p.def_abstract_eval(_pv_abstract)
 
 
 def lower_rows(fn: Callable, R: int, pv: Optional[Callable] = None, hv: int = 0,
-               iota: Optional[Callable] = None) -> Callable:
+               iota: Optional[Callable] = None, transposed: bool = False) -> Callable:
   """``fn`` evaluated with every ``[R, 1]`` value held as an ``[R]`` array (see the module
   docstring). ``fn`` takes and returns pytrees whose row leaves are ``[R]`` arrays here and
   ``[R, 1]`` arrays to ``fn``; ``pv`` (if given) is passed to ``fn`` as its last argument
   and evaluated on the ``[R, tk]`` weights; ``iota(dtype, shape, dimension)`` (if given)
-  replaces ``lax.broadcasted_iota`` (Mosaic GPU needs its layout named)."""
+  replaces ``lax.broadcasted_iota`` (Mosaic GPU needs its layout named).
+
+  ``transposed=True`` (the dk/dv kernel, whose tiles have keys as rows): ``fn`` sees
+  ``[R, X]`` tiles that are held as their transposes ``[X, R]``, rows broadcast along
+  dimension 1; only elementwise work on tiles is allowed then (a reduction, a product or
+  a reshape of a tile raises NotImplementedError), which is what
+  :meth:`Normalizer.tile_backward` does."""
 
   def wrapped(*args):
     leaves, tree = jax.tree.flatten(args)
-    logical = [jax.ShapeDtypeStruct((R, 1) if _is_row(x, R) else jnp.shape(x),
-                                    jnp.result_type(x)) for x in leaves]
+    def logical_shape(x):
+      if _is_row(x, R):
+        return (R, 1)
+      return jnp.shape(x)[::-1] if transposed and jnp.ndim(x) == 2 else jnp.shape(x)
+
+    logical = [jax.ShapeDtypeStruct(logical_shape(x), jnp.result_type(x)) for x in leaves]
 
     def flat_fn(*flat):
       a = jax.tree.unflatten(tree, flat)
@@ -122,7 +132,7 @@ def lower_rows(fn: Callable, R: int, pv: Optional[Callable] = None, hv: int = 0,
       return fn(*a)
 
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*logical)
-    outs = _eval(closed.jaxpr, closed.consts, leaves, R, (pv, iota))
+    outs = _eval(closed.jaxpr, closed.consts, leaves, R, (pv, iota, transposed))
     return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
   return wrapped
@@ -167,7 +177,7 @@ def _eval_eqn(eqn, invals, R: int, hooks):
   in_rows = [_logical_is_row(v.aval, R) for v in eqn.invars]
   out_rows = [_logical_is_row(v.aval, R) for v in eqn.outvars]
   name = prim.name
-  pv, iota = hooks
+  pv, iota, transposed = hooks
   if prim is _pv_p:
     return [pv(invals[0])]
   if name == "iota" and iota is not None:
@@ -180,6 +190,8 @@ def _eval_eqn(eqn, invals, R: int, hooks):
   if name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
     inner = params.get("call_jaxpr", params.get("fun_jaxpr"))
     return _eval(inner.jaxpr, inner.consts, invals, R, hooks)
+  if transposed:
+    return _eval_transposed(eqn, invals, R, in_rows, out_rows)
   if name == "broadcast_in_dim":
     (x,), shape = invals, tuple(params["shape"])
     if in_rows[0]:
@@ -209,6 +221,43 @@ def _eval_eqn(eqn, invals, R: int, hooks):
     return list(out) if prim.multiple_results else [out]
   out = prim.bind(*invals, **params)
   return list(out) if prim.multiple_results else [out]
+
+
+_ELEMENTWISE_SHAPES = ("broadcast_in_dim", "reshape", "squeeze", "expand_dims")
+
+
+def _eval_transposed(eqn, invals, R, in_rows, out_rows):
+  prim, params, name = eqn.primitive, eqn.params, eqn.primitive.name
+  out_shape = tuple(eqn.outvars[0].aval.shape)
+  phys = out_shape[::-1] if len(out_shape) == 2 and not out_rows[0] else None
+  if name == "broadcast_in_dim":
+    x = invals[0]
+    if out_rows[0]:
+      return [x if in_rows[0] else jnp.broadcast_to(jnp.reshape(x, ()), (R,))]
+    if in_rows[0]:
+      return [lax.broadcast_in_dim(x, phys, (1,))]
+    if jnp.ndim(x) == 0:
+      return [lax.broadcast_in_dim(x, phys, ())]
+  if name in _ELEMENTWISE_SHAPES or name.startswith("reduce") or name in (
+      "dot_general", "transpose", "iota", "argmax", "argmin", "cumsum"):
+    raise NotImplementedError(f"{name} of a transposed tile in the row lowering ({eqn})")
+  if phys is not None:
+    invals = [lax.broadcast_in_dim(x, phys, (1,)) if r else x for x, r in zip(invals, in_rows)]
+  out = prim.bind(*invals, **params)
+  return list(out) if prim.multiple_results else [out]
+
+
+def res_row_keys(nz, with_stats: bool, has_sink: bool, needs_counts: bool) -> tuple[str, ...]:
+  """Names of the residual rows a normaliser's ``finish`` returns (sorted)."""
+  rows = (8, 1)
+  sink = jnp.zeros(rows, jnp.float32) if has_sink else None
+
+  def run():
+    row = nz.row_inputs(sink, jnp.ones(rows, jnp.float32) if needs_counts else None)
+    return nz.finish(nz.init(rows, (8, 4), with_stats), row, with_stats)
+
+  _, res, _ = jax.eval_shape(run)
+  return tuple(sorted(res))
 
 
 def stat_row_keys(nz, with_stats: bool, has_sink: bool) -> tuple[str, ...]:
