@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import attnjax
 from attnjax import dense, normalizers, targets
 from attnjax.kernels import mosaic_gpu
-from attnjax.kernels.mosaic_gpu import kernel as mkernel, plan as mplan
+from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
 from helpers import rand_qkv
 
 CUDA_MISSING = targets.missing("cuda")
@@ -96,8 +96,8 @@ DEFAULT_CASES = [
     ("softmax_one", "window", dict(gqa=True, dtype=jnp.float16)),
     ("sigmoid", "segments", dict(gqa=False, dtype=jnp.bfloat16, scale=0.2, stats=True)),
     ("softpick", "bidirectional", dict(gqa=True, dtype=jnp.bfloat16, stats=True)),
-    ("none", "window", dict(gqa=True, dtype=jnp.bfloat16, softcap=4.0)),
     ("relu", "bidirectional", dict(gqa=False, dtype=jnp.float16)),
+    # none: in the backward kernels' default case below (forward values checked too)
 ]
 
 
@@ -148,6 +148,69 @@ def test_mosaic_gpu_gradients_and_jvp():
                                       up(t)))(t)
   _close(of, orf, "values (segments, sink logits)")
   _close(jf, jr, "jvp")
+
+
+def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
+  """The dq and dk/dv kernels in interpret mode, called directly (forward with residuals, then
+  the backward; in interpret mode the custom-VJP path takes the block-wise backward, see
+  attnjax.kernels.mosaic_gpu.kernel.compute), against the reference's VJP of the output and
+  (with statistics) of the logsumexp."""
+  q, k, v, opts_kw = _inputs(structure, normalizer, **kw)
+  stats = opts_kw["return_stats"]
+  sink = opts_kw.pop("sink_logits", None)
+  inputs, opts = dense.prepare(q, k, v, sink_logits=sink, **opts_kw)
+  c = mkernel.make_plan(inputs, opts, block_sizes or BLOCKS, interpret=True)
+  assert mbackward.supported(c)
+  rng = np.random.default_rng(5)
+  cot = jnp.asarray(rng.standard_normal(q.shape[:3] + (v.shape[-1],)), jnp.float32)
+  d_lse = jnp.asarray(rng.standard_normal((q.shape[0], q.shape[2], T)), jnp.float32) if stats else None
+
+  def kernels(q, k, v, sink):
+    out, rows = mkernel.forward(c, q, k, v, sink, None, None, residuals=True)
+    res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
+    has_key = rows["has_key"][..., 0] if stats else None
+    return out, mbackward.backward(c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse,
+                                   has_key)
+
+  out, grads = jax.jit(kernels)(q, k, v, sink)
+
+  def ref(q, k, v, sink):
+    return dense.reference(*dense.prepare(q, k, v, sink_logits=sink, **opts_kw))
+
+  up = lambda x: x.astype(jnp.float32)
+  want, vjp = jax.vjp(ref, up(q), up(k), up(v), sink)
+  if stats:
+    want, st = want
+    want_grads = vjp((cot, jax.tree.map(jnp.zeros_like, st)._replace(logsumexp=d_lse)))
+  else:
+    want_grads = vjp(cot)
+  what = f"{normalizer} {structure} {kw}"
+  _close(out, want, what + " out")
+  for name, a, b in zip(("dq", "dk", "dv", "dsink"), grads, want_grads):
+    if b is not None:
+      _close(a, b, f"{what} {name}")
+
+
+BACKWARD_CASES = [
+    # 64 x 128 tiles (dk/dv tiles [128 keys, 64 queries]): the transposed row lowering
+    ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True,
+                               block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
+    ("none", "window", dict(gqa=False, dtype=jnp.float16, softcap=4.0, stats=True)),
+]
+
+
+@pytest.mark.parametrize("normalizer,structure,kw", BACKWARD_CASES,
+                         ids=[f"{n}-{s}" for n, s, _ in BACKWARD_CASES])
+def test_mosaic_gpu_backward_kernels_interpret(normalizer, structure, kw):
+  check_backward_kernels(normalizer, structure, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalizer,structure,gqa", list(itertools.product(
+    NORMS, ("causal", "window", "bidirectional"), (True, False))))
+def test_mosaic_gpu_backward_kernels_interpret_everywhere(normalizer, structure, gqa):
+  check_backward_kernels(normalizer, structure, gqa=gqa, stats=True,
+                         sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
 
 
 @pytest.mark.parametrize("normalizer", NORMS)
@@ -273,14 +336,18 @@ def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.
     return jax.jit(fn).lower(q, kv, kv, sink, seg).compile()
 
 
-def assert_mosaic(compiled):
-  calls = set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
-  assert mosaic_gpu.MOSAIC_GPU_CALL_TARGET in calls, calls
+def assert_mosaic(compiled, kernels: int = 1):
+  """``kernels`` Mosaic GPU kernels compiled (forward, and the dq and dk/dv kernels)."""
+  text = compiled.as_text()
+  count = text.count(f'custom_call_target="{mosaic_gpu.MOSAIC_GPU_CALL_TARGET}"')
+  assert count >= kernels, set(re.findall(r'custom_call_target="([^"]+)"', text))
 
 
+# The default subset (each ~10-20 s on two CPU cores): fwd + dq + dk/dv on an H100, and the
+# segment-id forward (block-wise backward) on an H200; every normaliser x head dim x structure
+# with -m slow.
 COMPILE_CASES = [
     ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
-    ("h200", "sigmoid", "window", 256, False, jnp.float16),
     ("h200", "softpick", "segments", 64, True, jnp.bfloat16),
 ]
 SLOW_COMPILE_CASES = [c for c in itertools.product(("h100", "h200"), NORMS, STRUCTURES,
@@ -296,7 +363,8 @@ def _cid(case):
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=_cid)
 def test_mosaic_gpu_compiles_for_hopper(case):
   target, normalizer, structure, H, gqa, dtype = case
-  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype))
+  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype),
+                1 if structure == "segments" else 3)
 
 
 @needs_cuda
@@ -304,7 +372,8 @@ def test_mosaic_gpu_compiles_for_hopper(case):
 @pytest.mark.parametrize("case", SLOW_COMPILE_CASES, ids=_cid)
 def test_mosaic_gpu_compiles_for_hopper_cross_product(case):
   target, normalizer, structure, H, gqa, dtype = case
-  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype))
+  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype),
+                1 if structure == "segments" else 3)
 
 
 @needs_cuda

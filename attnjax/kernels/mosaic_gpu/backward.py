@@ -106,9 +106,10 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   from attnjax.kernels.mosaic_gpu.kernel import _allowed, kv_bounds
   nz = c.nz
   q_ref, k_ref, v_ref, do_ref, rows_ref, dq_ref = refs
-  (q_smem, do_smem, k_smem, v_smem, rows_smem, dq_smem, q_bar, rows_bars, k_bars,
-   v_bars) = scratch[:10]
-  staging = scratch[10] if c.interpret else None
+  (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bar, rows_bars, k_bars,
+   v_bars) = scratch[:9]
+  staging = scratch[9] if c.interpret else None
+  dq_smem = q_smem  # Q is read by the last wgmma before dq is written: its buffer is reused
   n, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
   h = lax.div(n, jnp.int32(c.G))
   bq, bk, H = c.bq, c.bk, c.H
@@ -180,9 +181,10 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   from attnjax.kernels.mosaic_gpu.kernel import _allowed
   nz = c.nz
   q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref = refs
-  (k_smem, v_smem, q_smem, do_smem, rows_smem, dk_smem, dv_smem, k_bar, q_bars, do_bars,
-   rows_bars) = scratch[:11]
-  staging = scratch[11] if c.interpret else None
+  (k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar, q_bars, do_bars,
+   rows_bars) = scratch[:9]
+  staging = scratch[9] if c.interpret else None
+  dk_smem, dv_smem = k_smem, v_smem  # K and V are done with when dk and dv are written
   h, j, b = lax.axis_index("heads"), lax.axis_index("k_blocks"), lax.axis_index("batch")
   bq, bk, H = c.bq, c.bk, c.H
   k0 = j * bk
@@ -317,7 +319,6 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key):
                 plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
                 plgpu.SMEM((nrows, c.bq), jnp.float32),
-                plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
                 plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=nrows),
                 plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=c.stages)]
   if c.interpret:
@@ -333,8 +334,6 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key):
                 plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, nrows, c.bq), jnp.float32),
-                plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
                 plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=c.stages),
                 plgpu.Barrier(num_barriers=c.stages),
                 plgpu.Barrier(num_barriers=c.stages * nrows)]
