@@ -1,6 +1,6 @@
-"""A Pallas Mosaic GPU flash-attention forward kernel for Hopper (sm_90): ``implementation="mosaic_gpu"``.
+"""A Pallas Mosaic GPU flash-attention kernel for Hopper (sm_90): ``implementation="mosaic_gpu"``.
 
-One program per (query head, query block, batch) and one warpgroup: the query tile is
+Forward: one program per (query head, query block, batch), one warpgroup. The query tile is
 loaded once by TMA into shared memory; key/value tiles stream through a ``num_stages`` ring
 of shared-memory slots filled by TMA (the copy of tile ``j + num_stages - 1`` is issued
 before tile ``j`` is computed, each slot guarded by a barrier); ``Q K^T`` and ``W V`` are
@@ -8,27 +8,47 @@ warpgroup MMAs (wgmma) into float32 accumulators. The online state is the normal
 (:meth:`Normalizer.init` / :meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`, the
 functions the block-wise and Triton kernels call; the kernel never looks at a normaliser's
 name), run through :func:`attnjax.kernels.mosaic_gpu.plan.lower_rows` (Mosaic GPU has no
-layout for the normalisers' ``[R, 1]`` rows).
+layout for the normalisers' ``[R, 1]`` rows). Not yet FlashAttention-3's producer/consumer
+split: the same warpgroup issues the TMA copies and computes (no dedicated producer
+warpgroup, no ping-pong of two consumer warpgroups, no wgmma/softmax overlap).
 
 Blocks are skipped, not masked: a query block visits only the key blocks its rows may
-attend (causal / window bounds); the interior blocks every row attends entirely run a loop
-that evaluates no element mask; only edge blocks (and a ragged last key block) are masked.
-GQA: query head ``n`` reads key/value head ``n // G`` by its TMA index (K and V are never
-repeated). Ragged lengths are padded to the blocks (padded keys masked, padded rows dropped).
+attend (causal / window bounds, :func:`kv_bounds`); the interior blocks every row attends
+entirely run a loop that evaluates no element mask; only edge blocks (and a ragged last key
+block) are masked. Segment ids: the ids ride the K/V ring into shared memory, and a visited
+block whose [min, max] segment range cannot meet the query block's is skipped at run time
+(its tiles are still copied, keeping the ring's barriers in phase; its products and
+normaliser work are not done). Normalisers that need the number of allowed keys first
+(sigmoid, relu; statistics) get it in closed form from causal / window, or from a mask-only
+pre-pass with segment ids. GQA: query head ``n`` reads key/value head ``n // G`` by its TMA
+index (K and V are never repeated). ``return_stats`` comes from the same pass (the
+normaliser's statistics rows). Ragged lengths are padded to the blocks (padded keys masked,
+padded rows dropped).
 
-What it does not do yet (see :func:`unsupported`, which names each refusal): segment ids,
-float32 inputs, bias / mask arrays, ``similarity="neg_sq_euclidean"``.
-There is no Mosaic GPU backward kernel yet: gradients (and forward-mode tangents) come from
-the block-wise engine on the same call (:func:`attnjax.kernels.blockwise.twin`, run by XLA),
-which recomputes the forward; the values are this kernel's.
+Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
+recomputed tiles, with the sink-logit and logsumexp gradients. Calls with segment ids take
+the block-wise engine's backward (:func:`attnjax.kernels.blockwise.twin`, run by XLA);
+forward mode (``jax.jvp``) always does, as for the other Pallas kernels.
 
-Interpret mode (``interpret=True``) runs the kernel in jax's Mosaic GPU interpreter
-(``InterpretGPUParams``) on the CPU. jax 0.10.2's interpreter lacks ``wgmma`` with a
-transposed shared-memory operand (``plgpu.transpose_ref``: ``'TransposeTransform' object has
-no attribute 'indices'``) and ``pl.run_state``; in interpret mode only the ``Q K^T`` product
-is therefore computed from the shared-memory tiles by a register ``dot`` instead of a wgmma
-(everything else, TMA copies, barriers, the ``W V`` wgmma, the normaliser state, block
-bounds and masks, is the compiled path's code).
+Refused (see :func:`unsupported`, which names each refusal): float32 inputs, head dims other
+than 64 / 128 / 256 (or q's differing from v's), bias / mask arrays,
+``similarity="neg_sq_euclidean"``.
+
+Interpret mode (``interpret=True``) runs the kernels in jax's Mosaic GPU interpreter
+(``InterpretGPUParams``) on the CPU. jax 0.10.2's interpreter lacks: ``wgmma`` with a
+transposed shared-memory operand (``plgpu.transpose_ref``: ``'TransposeTransform' object
+has no attribute 'indices'``), ``wgmma`` with a register lhs (it reads the lhs's allocation
+key: "Expected shape (5,) but got (64, 64)"), ``pl.run_state`` ("Higher-order primitive
+run_state"), ``plgpu.layout_cast`` ("MLIR translation rule for primitive 'layout_cast' not
+found for platform cpu"). In interpret mode the kernels therefore compute the transposed
+products by a register ``dot`` of the shared-memory tiles, stage register lhs operands
+through a shared-memory buffer, and drop layout annotations (``layout_cast``, the layouts of
+iotas and of ``plgpu.load``, whose place plain reads of the shared-memory refs take: whether
+the interpreter runs them was not tried); TMA copies, barriers, the
+other wgmmas, block bounds, masks and the normaliser code are the compiled path's. And the
+interpreter's kernels carry an ordered IO effect that the custom-VJP machinery
+(:mod:`attnjax.kernels.autodiff`) cannot hold, so in interpret mode gradients through
+:func:`compute` take the block-wise backward; the tests call the backward kernels directly.
 """
 
 from __future__ import annotations

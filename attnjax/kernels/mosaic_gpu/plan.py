@@ -56,12 +56,16 @@ class BlockSizes:
 
 DEFAULT_BLOCK_SIZES = BlockSizes()
 
-# Block sizes and pipeline depth per head dim (q's and v's, the larger) for H100/H200 (sm_90),
-# 2-byte inputs (bf16/fp16). First row whose head dim covers the call. Each row's shared
-# memory (:func:`smem_bytes`) is within SMEM_LIMIT_BYTES, and each compiles for an H100 and an
-# H200 (tests/test_mosaic_gpu.py, deviceless). One warpgroup per program: block_q = 64 rows
-# (the wgmma M of one warpgroup); the [64, head dim] float32 accumulator takes head_dim / 2
-# registers per thread. Untuned: no GPU was lent where they were chosen.
+# Block sizes and pipeline depth per head dim for H100/H200 (sm_90), 2-byte inputs (bf16/fp16),
+# shared by the forward and the two backward kernels. First row whose head dim covers the call.
+# Each row's shared memory (:func:`smem_bytes`: forward / dq / dk/dv, KiB below) is within
+# SMEM_LIMIT_BYTES, and each compiles for an H100 and an H200 (tests/test_mosaic_gpu.py,
+# deviceless; 64 x 256 tiles x 4 stages at head dim 256 ask ~1.1 MB and are rejected). One
+# warpgroup per program: block_q = 64 rows (one warpgroup's wgmma M); the [64, head dim]
+# float32 accumulator takes head_dim / 2 registers per thread. Untuned: no GPU was lent.
+#   head dim 64:  64 x 128, 3 stages: 112 / 112 / 80 KiB
+#   head dim 128: 64 x 128, 2 stages: 160 / 160 / 128 KiB
+#   head dim 256: 64 x 64,  2 stages: 192 / 192 / 192 KiB
 BLOCK_SIZE_TABLE: tuple[tuple[int, BlockSizes], ...] = (
     # head dim <=, sizes
     (64, BlockSizes(block_q=64, block_k=128, num_stages=3)),
@@ -79,13 +83,20 @@ def block_sizes_for(head_dim: int) -> BlockSizes:
                    f"(the table stops at {BLOCK_SIZE_TABLE[-1][0]})")
 
 
-def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int = 2) -> int:
-  """Shared memory of the forward kernel: the Q tile, the output tile, ``num_stages`` K and V
-  tiles (barriers and row outputs are a few hundred bytes more)."""
-  q = sizes.block_q * head_dim * itemsize
-  o = sizes.block_q * head_dim_v * itemsize
-  kv = sizes.num_stages * sizes.block_k * (head_dim + head_dim_v) * itemsize
-  return q + o + kv
+def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int = 2,
+               kernel: str = "forward") -> int:
+  """Shared memory of a kernel's tiles (barriers and float32 row vectors are a few KiB more).
+
+  ``"forward"``: the Q and output tiles and ``num_stages`` K and V tiles; ``"dq"``: the Q and
+  dO tiles (dq is written into Q's) and ``num_stages`` K and V tiles; ``"dkdv"``: the K and V
+  tiles (dk, dv written into them) and ``num_stages`` Q and dO tiles.
+  """
+  bq, bk, st = sizes.block_q, sizes.block_k, sizes.num_stages
+  if kernel in ("forward", "dq"):
+    return (bq * (head_dim + head_dim_v) + st * bk * (head_dim + head_dim_v)) * itemsize
+  if kernel == "dkdv":
+    return (bk * (head_dim + head_dim_v) + st * bq * (head_dim + head_dim_v)) * itemsize
+  raise ValueError(f"kernel must be 'forward', 'dq' or 'dkdv', got {kernel!r}")
 
 
 # ---------------------------------------------------------------------------
