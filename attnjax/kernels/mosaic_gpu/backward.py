@@ -15,7 +15,9 @@ recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with
    the normaliser's tile rule runs through the transposed row lowering. GQA gradients are
    summed in registers, never through repeated K/V.
 
-Segment ids take the block-wise engine's backward (see :func:`supported`).
+Segment ids: the ids ride the rings into shared memory (the key tiles' with K/V in dq, the
+query tiles' with Q/dO in dk/dv), and a visited block whose [min, max] segment range cannot
+meet the program's is skipped at run time (copied, not computed); every block is masked.
 """
 
 from __future__ import annotations
@@ -28,11 +30,6 @@ import jax.experimental.pallas as pl
 from attnjax.kernels.mosaic_gpu.plan import lower_rows
 
 Array = jnp.ndarray
-
-
-def supported(c) -> bool:
-  """Whether the Mosaic GPU backward kernels cover the call (else the block-wise backward)."""
-  return not c.has_segments
 
 
 def _softcap_grad(c, dz, s):
@@ -62,6 +59,8 @@ def q_block_bounds(c, k0, k_last, nq: int):
   if c.T % bq:
     full_hi = jnp.minimum(full_hi, c.T // bq)
   hi = jnp.maximum(hi, lo)
+  if c.has_segments:  # the mask is data: every visited block is masked
+    full_lo, full_hi = lo, lo
   full_lo = jnp.clip(full_lo, lo, hi)
   full_hi = jnp.clip(full_hi, full_lo, hi)
   return lo, hi, full_lo, full_hi
@@ -105,10 +104,14 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   from attnjax.kernels.mosaic_gpu.kernel import _allowed, kv_bounds
   nz = c.nz
-  q_ref, k_ref, v_ref, do_ref, rows_ref, dq_ref = refs
+  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  seg_refs, dq_ref = refs[5:-1], refs[-1]
   (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bar, rows_bars, k_bars,
    v_bars) = scratch[:9]
-  staging = scratch[9] if c.interpret else None
+  extra = list(scratch[9:])
+  staging = extra.pop(0) if c.interpret else None
+  if c.has_segments:
+    qseg_smem, kseg_smem, qseg_bar, kseg_bars = extra
   dq_smem = q_smem  # Q is read by the last wgmma before dq is written: its buffer is reused
   n, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
   h = lax.div(n, jnp.int32(c.G))
@@ -129,6 +132,11 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
     keys = pl.ds(j * bk, bk)
     plgpu.copy_gmem_to_smem(k_ref.at[b, h, keys], k_smem.at[slot], k_bars.at[slot])
     plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem.at[slot], v_bars.at[slot])
+    if c.has_segments:
+      plgpu.copy_gmem_to_smem(seg_refs[1].at[b, keys], kseg_smem.at[slot], kseg_bars.at[slot])
+
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar.at[0])
 
   for s in range(c.stages - 1):
     @pl.when(lo + s < hi)
@@ -146,6 +154,11 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
     rows.append(load(rows_smem.at[r], 1))
   row_dot, g = rows[0], (rows[1] if has_g else None)
   res = dict(zip(res_keys, rows[1 + int(has_g):]))
+  q_seg = None
+  if c.has_segments:
+    plgpu.barrier_wait(qseg_bar.at[0])
+    q_seg = lax.broadcast_in_dim(load(qseg_smem, 1), (bq, bk), (0,))
+    q_min, q_max = seg_refs[2][b, i, 0], seg_refs[2][b, i, 1]
 
   def step(masked, j, dq):
     slot = lax.rem(j - lo, jnp.int32(c.stages))
@@ -156,10 +169,22 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
 
     plgpu.barrier_wait(k_bars.at[slot])
     plgpu.barrier_wait(v_bars.at[slot])
+    if not c.has_segments:
+      return compute(masked, j, slot, dq)
+    plgpu.barrier_wait(kseg_bars.at[slot])
+    meets = (seg_refs[3][b, j, 1] >= q_min) & (seg_refs[3][b, j, 0] <= q_max)
+    return lax.cond(meets, lambda: compute(masked, j, slot, dq), lambda: dq)
+
+  def compute(masked, j, slot, dq):
     s = _mm(c, plgpu, (bq, bk), None, k_smem.at[slot], trans_b=True, a_ref=q_smem) * c.opts.scale
     z = s if c.opts.softcap is None else c.opts.softcap * jnp.tanh(s / c.opts.softcap)
     dp = _mm(c, plgpu, (bq, bk), None, v_smem.at[slot], trans_b=True, a_ref=do_smem)
-    allowed = _allowed(c, qpos, j * bk + kcol) if masked else None
+    allowed = None
+    if masked:
+      k_seg = None
+      if c.has_segments:
+        k_seg = lax.broadcast_in_dim(load(kseg_smem.at[slot], 0), (bq, bk), (1,))
+      allowed = _allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
     _, dz = lower_rows(nz.tile_backward, bq, iota=any_iota)(z, allowed, dp, res, row_dot, g)
     ds = _softcap_grad(c, dz, s).astype(q_smem.dtype)
     return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
@@ -180,10 +205,14 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   from attnjax.kernels.mosaic_gpu.kernel import _allowed
   nz = c.nz
-  q_ref, k_ref, v_ref, do_ref, rows_ref, dk_ref, dv_ref = refs
+  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  seg_refs, (dk_ref, dv_ref) = refs[5:-2], refs[-2:]
   (k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar, q_bars, do_bars,
    rows_bars) = scratch[:9]
-  staging = scratch[9] if c.interpret else None
+  extra = list(scratch[9:])
+  staging = extra.pop(0) if c.interpret else None
+  if c.has_segments:
+    kseg_smem, qseg_smem, kseg_bar, qseg_bars = extra
   dk_smem, dv_smem = k_smem, v_smem  # K and V are done with when dk and dv are written
   h, j, b = lax.axis_index("heads"), lax.axis_index("k_blocks"), lax.axis_index("batch")
   bq, bk, H = c.bq, c.bk, c.H
@@ -211,6 +240,11 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     for r in range(nrows):
       plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
                               rows_bars.at[slot * nrows + r])
+    if c.has_segments:
+      plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
+
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(k0, bk)], kseg_smem, kseg_bar.at[0])
 
   for s in range(c.stages - 1):
     @pl.when(s < total)
@@ -222,6 +256,11 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   qcol = iota(1)
   plgpu.barrier_wait(k_bar.at[0])
   plgpu.barrier_wait(k_bar.at[1])
+  k_seg = None
+  if c.has_segments:
+    plgpu.barrier_wait(kseg_bar.at[0])
+    k_seg = lax.broadcast_in_dim(load(kseg_smem, 1), (bk, bq), (0,))
+    k_min, k_max = seg_refs[3][b, j, 0], seg_refs[3][b, j, 1]
 
   def compute(masked, t, slot, carry):
     dk, dv = carry
@@ -232,9 +271,12 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     s = _mm(c, plgpu, (bk, bq), None, q_smem.at[slot], trans_b=True, a_ref=k_smem) * c.opts.scale
     z = s if c.opts.softcap is None else c.opts.softcap * jnp.tanh(s / c.opts.softcap)
     dp = _mm(c, plgpu, (bk, bq), None, do_smem.at[slot], trans_b=True, a_ref=v_smem)
-    allowed = _allowed(c, i * bq + qcol, kpos) if masked else None
+    allowed = None
     if masked:  # padded query rows attend nothing
-      allowed = allowed & (i * bq + qcol < c.T)
+      q_seg = None
+      if c.has_segments:
+        q_seg = lax.broadcast_in_dim(load(qseg_smem.at[slot], 0), (bk, bq), (1,))
+      allowed = _allowed(c, i * bq + qcol, kpos, q_seg, k_seg) & (i * bq + qcol < c.T)
     w, dz = lower_rows(nz.tile_backward, bq, transposed=True)(z, allowed, dp, res, row_dot, g)
     dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
                   staging=staging)
@@ -254,6 +296,10 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     for r in range(nrows):
       plgpu.barrier_wait(rows_bars.at[slot * nrows + r])
     _, i = where(t)
+    if c.has_segments:  # every block masked; one whose segments cannot meet is skipped
+      plgpu.barrier_wait(qseg_bars.at[slot])
+      meets = (seg_refs[2][b, i, 1] >= k_min) & (seg_refs[2][b, i, 0] <= k_max)
+      return lax.cond(meets, lambda: compute(True, t, slot, carry), lambda: carry)
     full = (i >= flo) & (i < fhi)
     return lax.cond(full, lambda: compute(False, t, slot, carry),
                     lambda: compute(True, t, slot, carry))
@@ -270,7 +316,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   plgpu.wait_smem_to_gmem(0)
 
 
-def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key):
+def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
   """Cotangents ``(dq, dk, dv, dsink)`` of the kernel's core.
 
   ``out`` ``[B, T, N, H]``; ``res`` the forward's residual rows ``{name: [B, N, Tp]}``;
@@ -278,8 +324,11 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key):
   or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``).
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
+  from attnjax.kernels.mosaic_gpu.kernel import segment_args
   nz = c.nz
   dtype = q.dtype
+  seg_args = segment_args(c, q_seg, kv_seg)
+  nseg = len(seg_args)
 
   def heads_first(x, L):
     x = jnp.transpose(x, (0, 2, 1, 3))
@@ -323,11 +372,14 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key):
                 plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=c.stages)]
   if c.interpret:
     dq_scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=tr))
+  if c.has_segments:
+    dq_scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
+                   plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
   dq = plgpu.kernel(
-      lambda *a: _dq_kernel(c, res_keys, has_g, a[:6], a[6:]),
+      lambda *a: _dq_kernel(c, res_keys, has_g, a[:6 + nseg], a[6 + nseg:]),
       out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype), scratch_types=dq_scratch,
       grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
-      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows)
+      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
 
   kv_scratch = [plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
@@ -339,12 +391,15 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key):
                 plgpu.Barrier(num_barriers=c.stages * nrows)]
   if c.interpret:
     kv_scratch.append(plgpu.SMEM((c.bk, c.bq), dtype, transforms=tr))
+  if c.has_segments:
+    kv_scratch += [plgpu.SMEM((c.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
+                   plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
   kv_out = jax.ShapeDtypeStruct((c.B, c.K, c.Sp, c.H), dtype)
   dk, dv = plgpu.kernel(
-      lambda *a: _dkdv_kernel(c, res_keys, has_g, a[:7], a[7:]),
+      lambda *a: _dkdv_kernel(c, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
       out_type=[kv_out, kv_out], scratch_types=kv_scratch,
       grid=(c.K, c.Sp // c.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
-      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows)
+      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
 
   back = lambda x, L: jnp.transpose(x[:, :, :L], (0, 2, 1, 3))
   return back(dq, c.T), back(dk, c.S), back(dv, c.S), dsink

@@ -26,9 +26,9 @@ normaliser's statistics rows). Ragged lengths are padded to the blocks (padded k
 padded rows dropped).
 
 Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
-recomputed tiles, with the sink-logit and logsumexp gradients. Calls with segment ids take
-the block-wise engine's backward (:func:`attnjax.kernels.blockwise.twin`, run by XLA);
-forward mode (``jax.jvp``) always does, as for the other Pallas kernels.
+recomputed tiles, with the sink-logit and logsumexp gradients, segment ids included. Forward
+mode (``jax.jvp``) takes its tangent from the block-wise engine
+(:func:`attnjax.kernels.blockwise.twin`, run by XLA), as for the other Pallas kernels.
 
 Refused (see :func:`unsupported`, which names each refusal): float32 inputs, head dims other
 than 64 / 128 / 256 (or q's differing from v's), bias / mask arrays,
@@ -360,6 +360,21 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
   plgpu.wait_smem_to_gmem(0)
 
 
+def segment_args(c: Plan, q_seg, kv_seg) -> list:
+  """``[q ids [B, Tp], kv ids [B, Sp], q block ranges [B, Tp / bq, 2], kv block ranges]``
+  (padded by repeating the last id; each block's [min, max]); [] without segment ids."""
+  if not c.has_segments:
+    return []
+  q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
+  kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
+
+  def ranges(x, blk):
+    x = jnp.reshape(x, (c.B, -1, blk))
+    return jnp.stack([jnp.min(x, axis=-1), jnp.max(x, axis=-1)], axis=-1)
+
+  return [q_seg, kv_seg, ranges(q_seg, c.bq), ranges(kv_seg, c.bk)]
+
+
 def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   """The kernel on ``[B, T, N, H]`` inputs: ``(out [B, T, N, H], rows)``, the statistics rows
   ``{name: [B, N, Tp, 1]}`` of :meth:`Normalizer.finish` (none without ``return_stats``) and,
@@ -400,16 +415,7 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
               else jnp.zeros((c.N,), jnp.float32))
 
-  seg_args = []
-  if c.has_segments:
-    q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
-    kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
-
-    def ranges(x, blk):
-      x = jnp.reshape(x, (c.B, -1, blk))
-      return jnp.stack([jnp.min(x, axis=-1), jnp.max(x, axis=-1)], axis=-1)
-
-    seg_args = [q_seg, kv_seg, ranges(q_seg, c.bq), ranges(kv_seg, c.bk)]
+  seg_args = segment_args(c, q_seg, kv_seg)
 
   def body(q_ref, k_ref, v_ref, sink_ref, *rest):
     seg_refs, rest = rest[:len(seg_args)], rest[len(seg_args):]
@@ -468,7 +474,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
   # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
   # block-wise backward, and tests call the backward kernels directly (backward_direct).
-  mosaic_bwd = backward.supported(c) and not c.interpret
+  mosaic_bwd = not c.interpret
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
     out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
@@ -482,8 +488,9 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     d_out, d_stats = cts
     if mosaic_bwd:  # the dq and dk/dv kernels
       d_lse = None if d_stats is None else d_stats[3]
-      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key) + (None, None)
-    # segment ids: the block-wise engine's backward
+      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg,
+                               kv_seg) + (None, None)
+    # interpret mode: the block-wise engine's backward
     _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
     return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)
 
