@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax.kernels.mosaic_gpu.plan import lower_rows
+from attnjax.kernels.mosaic_gpu.plan import load_vector, lower_rows
 
 Array = jnp.ndarray
 
@@ -73,7 +73,7 @@ def _layout_tools(c, plgpu, shape):
             lambda ref, axis: ref[...], layout)
   return (lambda d: plgpu.broadcasted_iota(jnp.int32, shape, d, layout=layout),
           lambda dtype, shp, d: plgpu.broadcasted_iota(dtype, shp, d, layout=layout),
-          lambda ref, axis: plgpu.load(ref, (), layout=layout.reduce(axis)), layout)
+          lambda ref, axis: load_vector(ref, layout.reduce(axis)), layout)
 
 
 def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):

@@ -67,7 +67,8 @@ from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
-                                             block_sizes_for, lower_rows, res_row_keys,
+                                             block_sizes_for, load_vector, lower_rows,
+                                             res_row_keys,
                                              stat_row_keys)
 from attnjax.kernels.pallas_gpu.kernel import collect_stats
 
@@ -246,7 +247,7 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
     if c.interpret:  # the interpreter has no plgpu.load: a plain read
       load = lambda ref, axis: ref[...]
     else:
-      load = lambda ref, axis: plgpu.load(ref, (), layout=layout.reduce(axis))
+      load = lambda ref, axis: load_vector(ref, layout.reduce(axis))
     plgpu.barrier_wait(qseg_bar.at[0])
     q_seg = lax.broadcast_in_dim(load(qseg_smem, 1), (bq, bk), (0,))
     q_min, q_max = qrange_ref[b, i, 0], qrange_ref[b, i, 1]

@@ -99,6 +99,16 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
   raise ValueError(f"kernel must be 'forward', 'dq' or 'dkdv', got {kernel!r}")
 
 
+def load_vector(ref, layout):
+  """``plgpu.load`` of a whole shared-memory vector with ``layout`` (jax 0.10 takes an index
+  argument, jax 0.12 none)."""
+  import inspect
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  if "idx" in inspect.signature(plgpu.load).parameters:
+    return plgpu.load(ref, (), layout=layout)
+  return plgpu.load(ref, layout=layout)
+
+
 # ---------------------------------------------------------------------------
 # Row lowering of the normalisers' online state.
 
@@ -177,6 +187,14 @@ def _eval(jaxpr, consts, args, R: int, hooks):
   return [read(v) for v in jaxpr.outvars]
 
 
+def _splat_row(x, R: int):
+  """A size-1 value as an ``[R]`` row (a scalar is broadcast as is: jax 0.12's Mosaic GPU
+  lowering refuses the 0-d vector a reshape to ``()`` makes)."""
+  if jnp.ndim(x):
+    x = jnp.reshape(x, ())
+  return lax.broadcast_in_dim(x, (R,), ())
+
+
 def _to_rep(val, aval, R):
   if _logical_is_row(aval, R):
     return jnp.reshape(val, (R,))
@@ -212,7 +230,7 @@ def _eval_eqn(eqn, invals, R: int, hooks):
     if out_rows[0]:
       if jnp.ndim(x) == 1 and jnp.shape(x)[0] == R:
         return [x]  # expand_dims of a reduction: [R] -> [R, 1]
-      return [jnp.broadcast_to(jnp.reshape(x, ()), (R,))]
+      return [_splat_row(x, R)]
   if name in ("reshape", "squeeze", "expand_dims"):
     x = invals[0]
     if out_rows[0] or in_rows[0]:
@@ -224,14 +242,28 @@ def _eval_eqn(eqn, invals, R: int, hooks):
     # An elementwise primitive on [R, 1] operands (lax ops take equal shapes; jnp inserted the
     # broadcasts, or the primitive broadcasts a size-1 axis itself): apply it to the [R]
     # values, broadcasting rows along dimension 0 where the result is an [R, X] tile.
+    shape = (R,) if all(out_rows) else tuple(eqn.outvars[0].aval.shape)
     if not all(out_rows):
-      shape = tuple(eqn.outvars[0].aval.shape)
       invals = [lax.broadcast_in_dim(x, shape, (0,)) if r else x
                 for x, r in zip(invals, in_rows)]
-    out = prim.bind(*invals, **params)
+    out = prim.bind(*_explicit_scalars(name, invals, shape), **params)
     return list(out) if prim.multiple_results else [out]
+  if len(eqn.outvars) == 1:
+    invals = _explicit_scalars(name, invals, tuple(eqn.outvars[0].aval.shape))
   out = prim.bind(*invals, **params)
   return list(out) if prim.multiple_results else [out]
+
+
+# Elementwise primitives whose scalar operands are broadcast explicitly (jax 0.12's Mosaic GPU
+# lowering has no implicit broadcast: "Implicit broadcast not implemented").
+_ELEMENTWISE = frozenset(("add", "sub", "mul", "div", "max", "min", "pow", "rem", "select_n",
+                          "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "atan2"))
+
+
+def _explicit_scalars(name: str, invals, shape):
+  if name not in _ELEMENTWISE or not shape:
+    return invals
+  return [lax.broadcast_in_dim(x, shape, ()) if jnp.ndim(x) == 0 else x for x in invals]
 
 
 _ELEMENTWISE_SHAPES = ("broadcast_in_dim", "reshape", "squeeze", "expand_dims")
@@ -244,7 +276,7 @@ def _eval_transposed(eqn, invals, R, in_rows, out_rows):
   if name == "broadcast_in_dim":
     x = invals[0]
     if out_rows[0]:
-      return [x if in_rows[0] else jnp.broadcast_to(jnp.reshape(x, ()), (R,))]
+      return [x if in_rows[0] else _splat_row(x, R)]
     if in_rows[0]:
       return [lax.broadcast_in_dim(x, phys, (1,))]
     if jnp.ndim(x) == 0:
