@@ -382,3 +382,24 @@ def test_an_oversized_configuration_is_rejected():
   assert mosaic_gpu.smem_bytes(sizes, 256, 256) > mosaic_gpu.SMEM_LIMIT_BYTES
   with pytest.raises(Exception, match="exceeds available shared memory"):
     compile_for("h200", "softmax", "causal", 256, grad=False, block_sizes=sizes)
+
+
+@needs_cuda
+@pytest.mark.slow  # ~20 s of compiles
+def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
+  # A ("data", "tensor") mesh of H200s: dot_product_attention runs the kernels per
+  # (batch rows, kv heads) shard (attnjax._platform.per_shard); nothing is gathered.
+  mesh = targets.mesh(targets.gpu_devices("h200", 8), ("data", "tensor"), (4, 2))
+  spec = NamedSharding(mesh, P("data", None, "tensor", None))
+  q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16, sharding=spec)
+  kv = jax.ShapeDtypeStruct((8, 256, 2, 64), jnp.bfloat16, sharding=spec)
+
+  def loss(q, k, v):
+    out, st = dense.dot_product_attention(q, k, v, is_causal=True, normalizer="sigmoid",
+                                          return_stats=True, implementation="mosaic_gpu")
+    return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
+
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).compile()
+  assert_mosaic(compiled, 3)
+  assert "all-gather" not in compiled.as_text()
