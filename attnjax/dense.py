@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, masks, normalizers, options, parallel, _platform
-from attnjax.kernels import blockwise, jax_nn, pallas_gpu, pallas_tpu, splash
+from attnjax.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
@@ -27,7 +27,7 @@ Array = jnp.ndarray
 Similarity = options.Similarity
 # The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
 ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash", "pallas_gpu",
-                             "pallas_tpu"]
+                             "pallas_tpu", "mosaic_gpu"]
 # The canonical call lives in attnjax.options so that kernels (blockwise) can take it without
 # importing this module, which imports them for its registry.
 SIMILARITIES = options.SIMILARITIES
@@ -124,6 +124,8 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     "splash": Implementation(splash.run, splash.unsupported),
     "pallas_gpu": Implementation(pallas_gpu.run, pallas_gpu.unsupported),
     "pallas_tpu": Implementation(pallas_tpu.run, pallas_tpu.unsupported),
+    # explicit choice only: auto-dispatch does not pick it (select_implementation)
+    "mosaic_gpu": Implementation(mosaic_gpu.run, mosaic_gpu.unsupported),
 }
 
 # The function each platform branch runs for an implementation name: the platform kernels
@@ -192,7 +194,7 @@ def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
 
 
 # Custom calls XLA cannot partition: under a multi-device mesh they run inside shard_map.
-_PER_SHARD = ("cudnn", "splash", "pallas_gpu", "pallas_tpu")
+_PER_SHARD = ("cudnn", "splash", "pallas_gpu", "pallas_tpu", "mosaic_gpu")
 
 
 def _run_named(name: str, inputs: DenseInputs, opts: DenseOptions, branch: bool = False):
@@ -400,7 +402,9 @@ def _dot_product_attention(
       multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.kernels.pallas_gpu`, a
       Pallas Triton kernel for every normaliser, no bias/mask arrays), or
       ``"pallas_tpu"`` (:mod:`attnjax.kernels.pallas_tpu`, a Pallas Mosaic TPU
-      kernel for every normaliser, no bias/mask arrays). Named
+      kernel for every normaliser, no bias/mask arrays), or ``"mosaic_gpu"``
+      (:mod:`attnjax.kernels.mosaic_gpu`, a Pallas Mosaic GPU forward kernel for
+      Hopper, every normaliser; explicit choice only, see its ``unsupported``). Named
       paths raise if an option is unsupported; None is chosen per platform
       when the program is lowered (:func:`dispatch_table`).
     return_residual: also return jax.nn's residual ``[B, T, N]`` in the input

@@ -4,6 +4,8 @@
   every dense option; O(T) memory, skipped blocks; the sparse families run on it too.
 - :mod:`attnjax.kernels.pallas_gpu`: a Pallas Triton kernel for every normaliser.
 - :mod:`attnjax.kernels.pallas_tpu`: a Pallas Mosaic TPU kernel for every normaliser.
+- :mod:`attnjax.kernels.mosaic_gpu`: a Pallas Mosaic GPU kernel for Hopper, every normaliser
+  (explicit ``implementation="mosaic_gpu"`` only).
 - :mod:`attnjax.kernels.splash`: jax's Pallas TPU splash kernel (softmax).
 - :mod:`attnjax.kernels.jax_nn`: ``jax.nn.dot_product_attention`` (XLA, cuDNN).
 - :mod:`attnjax.kernels.recurrent`: the chunk scan and the GLA chunk of the recurrent

@@ -1,0 +1,405 @@
+"""The backward kernels of :mod:`attnjax.kernels.mosaic_gpu` (FlashAttention-2/3 style, tiles
+recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with a TMA ring.
+
+1. Preprocessing (XLA, one fused pass): ``D_i = <dO_i, O_i>``, the logsumexp cotangent
+   ``g_i`` (zero on rows with no key) and, with ``sink_logits``, the null logit's cotangent
+   from :meth:`Normalizer.null_grad`.
+2. dq: one program per (query head, query block, batch) walks the key blocks its rows attend
+   (the forward's bounds; interior blocks unmasked), recomputes ``z = Q K^T`` and
+   ``dP = dO V^T`` (wgmma), takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` (row
+   lowering) and adds ``dS K`` (wgmma).
+3. dk/dv: one program per (key/value head, key block, batch) walks the ``G`` query heads of
+   its group and the query blocks that may attend the block (the inverse relation), with the
+   tiles transposed (keys as rows: ``z^T = K Q^T``, ``dP^T = V dO^T``) so that
+   ``dV += W^T dO`` and ``dK += dS^T Q`` are wgmmas with the register operand on the left;
+   the normaliser's tile rule runs through the transposed row lowering. GQA gradients are
+   summed in registers, never through repeated K/V.
+
+Segment ids: the ids ride the rings into shared memory (the key tiles' with K/V in dq, the
+query tiles' with Q/dO in dk/dv), and a visited block whose [min, max] segment range cannot
+meet the program's is skipped at run time (copied, not computed); every block is masked.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import jax.experimental.pallas as pl
+
+from attnjax.kernels.mosaic_gpu.plan import load_vector, lower_rows
+
+Array = jnp.ndarray
+
+
+def _softcap_grad(c, dz, s):
+  if c.opts.softcap is None:
+    return dz
+  t = jnp.tanh(s / c.opts.softcap)
+  return dz * (1.0 - t * t)
+
+
+def q_block_bounds(c, k0, k_last, nq: int):
+  """``(lo, hi, full_lo, full_hi)`` query blocks that may attend keys ``k0 .. k_last``, and
+  those whose rows all attend every one of them (no element mask)."""
+  bq = c.bq
+  lo, hi = jnp.int32(0), jnp.int32(pl.cdiv(c.T, bq))
+  full_hi = jnp.where(k_last + 1 - k0 == c.bk, hi, jnp.int32(0))  # a ragged key block: masked
+  full_lo = jnp.int32(0)
+  if c.opts.is_causal:
+    lo = k0 // bq
+    full_lo = pl.cdiv(k_last, bq)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    lo = jnp.maximum(lo, jnp.maximum(0, k0 - right) // bq)
+    hi = jnp.minimum(hi, (k_last + left) // bq + 1)
+    full_lo = jnp.maximum(full_lo, pl.cdiv(jnp.maximum(0, k_last - right), bq))
+    full_hi = jnp.minimum(full_hi, (k0 + left + 1) // bq)
+  # the last query block holds padded rows (rows >= T): masked as a ragged block
+  if c.T % bq:
+    full_hi = jnp.minimum(full_hi, c.T // bq)
+  hi = jnp.maximum(hi, lo)
+  if c.has_segments:  # the mask is data: every visited block is masked
+    full_lo, full_hi = lo, lo
+  full_lo = jnp.clip(full_lo, lo, hi)
+  full_hi = jnp.clip(full_hi, full_lo, hi)
+  return lo, hi, full_lo, full_hi
+
+
+def _layout_tools(c, plgpu, shape):
+  layout = plgpu.Layout.WGMMA
+  if c.interpret:
+    return (lambda d: lax.broadcasted_iota(jnp.int32, shape, d), None,
+            lambda ref, axis: ref[...], layout)
+  return (lambda d: plgpu.broadcasted_iota(jnp.int32, shape, d, layout=layout),
+          lambda dtype, shp, d: plgpu.broadcasted_iota(dtype, shp, d, layout=layout),
+          lambda ref, axis: load_vector(ref, layout.reduce(axis)), layout)
+
+
+def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
+  """``a @ b`` (float32) by wgmma: ``a`` a register tile (or ``a_ref`` in shared memory),
+  ``b_ref`` shared memory (``trans_b``: its transpose). In interpret mode a transposed
+  operand is a register ``dot`` and a register lhs is staged through ``staging``."""
+  if c.interpret and trans_b:
+    lhs = a if a_ref is None else a_ref[...]
+    return lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+  def body(acc):
+    if a_ref is not None:
+      lhs = a_ref
+    elif c.interpret:
+      staging[...] = a
+      lhs = staging
+    else:
+      lhs = a
+    rhs = plgpu.transpose_ref(b_ref, (1, 0)) if trans_b else b_ref
+    plgpu.wgmma(acc, lhs, rhs)
+    return acc[...]
+
+  return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def _dq_kernel(c, res_keys, has_g, refs, scratch):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  from attnjax.kernels.mosaic_gpu.kernel import _allowed, kv_bounds
+  nz = c.nz
+  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  seg_refs, dq_ref = refs[5:-1], refs[-1]
+  (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bar, rows_bars, k_bars,
+   v_bars) = scratch[:9]
+  extra = list(scratch[9:])
+  staging = extra.pop(0) if c.interpret else None
+  if c.has_segments:
+    qseg_smem, kseg_smem, qseg_bar, kseg_bars = extra
+  dq_smem = q_smem  # Q is read by the last wgmma before dq is written: its buffer is reused
+  n, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
+  h = lax.div(n, jnp.int32(c.G))
+  bq, bk, H = c.bq, c.bk, c.H
+  q0 = i * bq
+  q_last = jnp.minimum(q0 + bq, c.T) - 1
+  lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
+  nrows = len(res_keys) + 1 + int(has_g)
+
+  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar.at[0])
+  plgpu.copy_gmem_to_smem(do_ref.at[b, n, pl.ds(q0, bq)], do_smem, q_bar.at[1])
+  for r in range(nrows):
+    plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, pl.ds(q0, bq)], rows_smem.at[r],
+                            rows_bars.at[r])
+
+  def fetch(j):
+    slot = lax.rem(j - lo, jnp.int32(c.stages))
+    keys = pl.ds(j * bk, bk)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, h, keys], k_smem.at[slot], k_bars.at[slot])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem.at[slot], v_bars.at[slot])
+    if c.has_segments:
+      plgpu.copy_gmem_to_smem(seg_refs[1].at[b, keys], kseg_smem.at[slot], kseg_bars.at[slot])
+
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar.at[0])
+
+  for s in range(c.stages - 1):
+    @pl.when(lo + s < hi)
+    def _():
+      fetch(lo + s)
+
+  iota, any_iota, load, layout = _layout_tools(c, plgpu, (bq, bk))
+  qpos = q0 + iota(0)
+  kcol = iota(1)
+  plgpu.barrier_wait(q_bar.at[0])
+  plgpu.barrier_wait(q_bar.at[1])
+  rows = []
+  for r in range(nrows):
+    plgpu.barrier_wait(rows_bars.at[r])
+    rows.append(load(rows_smem.at[r], 1))
+  row_dot, g = rows[0], (rows[1] if has_g else None)
+  res = dict(zip(res_keys, rows[1 + int(has_g):]))
+  q_seg = None
+  if c.has_segments:
+    plgpu.barrier_wait(qseg_bar.at[0])
+    q_seg = lax.broadcast_in_dim(load(qseg_smem, 1), (bq, bk), (0,))
+    q_min, q_max = seg_refs[2][b, i, 0], seg_refs[2][b, i, 1]
+
+  def step(masked, j, dq):
+    slot = lax.rem(j - lo, jnp.int32(c.stages))
+
+    @pl.when(j + c.stages - 1 < hi)
+    def _():
+      fetch(j + c.stages - 1)
+
+    plgpu.barrier_wait(k_bars.at[slot])
+    plgpu.barrier_wait(v_bars.at[slot])
+    if not c.has_segments:
+      return compute(masked, j, slot, dq)
+    plgpu.barrier_wait(kseg_bars.at[slot])
+    meets = (seg_refs[3][b, j, 1] >= q_min) & (seg_refs[3][b, j, 0] <= q_max)
+    return lax.cond(meets, lambda: compute(masked, j, slot, dq), lambda: dq)
+
+  def compute(masked, j, slot, dq):
+    s = _mm(c, plgpu, (bq, bk), None, k_smem.at[slot], trans_b=True, a_ref=q_smem) * c.opts.scale
+    z = s if c.opts.softcap is None else c.opts.softcap * jnp.tanh(s / c.opts.softcap)
+    dp = _mm(c, plgpu, (bq, bk), None, v_smem.at[slot], trans_b=True, a_ref=do_smem)
+    allowed = None
+    if masked:
+      k_seg = None
+      if c.has_segments:
+        k_seg = lax.broadcast_in_dim(load(kseg_smem.at[slot], 0), (bq, bk), (1,))
+      allowed = _allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
+    _, dz = lower_rows(nz.tile_backward, bq, iota=any_iota)(z, allowed, dp, res, row_dot, g)
+    ds = _softcap_grad(c, dz, s).astype(q_smem.dtype)
+    return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
+
+  dq = jnp.zeros((bq, H), jnp.float32)
+  if not c.interpret:
+    dq = plgpu.layout_cast(dq, layout)
+  dq = lax.fori_loop(lo, flo, lambda j, a: step(True, j, a), dq)
+  dq = lax.fori_loop(flo, fhi, lambda j, a: step(False, j, a), dq)
+  dq = lax.fori_loop(fhi, hi, lambda j, a: step(True, j, a), dq)
+  dq_smem[...] = (dq * c.opts.scale).astype(dq_smem.dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b, n, pl.ds(q0, bq)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  from attnjax.kernels.mosaic_gpu.kernel import _allowed
+  nz = c.nz
+  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  seg_refs, (dk_ref, dv_ref) = refs[5:-2], refs[-2:]
+  (k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar, q_bars, do_bars,
+   rows_bars) = scratch[:9]
+  extra = list(scratch[9:])
+  staging = extra.pop(0) if c.interpret else None
+  if c.has_segments:
+    kseg_smem, qseg_smem, kseg_bar, qseg_bars = extra
+  dk_smem, dv_smem = k_smem, v_smem  # K and V are done with when dk and dv are written
+  h, j, b = lax.axis_index("heads"), lax.axis_index("k_blocks"), lax.axis_index("batch")
+  bq, bk, H = c.bq, c.bk, c.H
+  k0 = j * bk
+  k_last = jnp.minimum(k0 + bk, c.S) - 1
+  nq = c.Tp // bq
+  lo, hi, flo, fhi = q_block_bounds(c, k0, k_last, nq)
+  per_head = hi - lo
+  total = per_head * c.G  # steps: (query head of the group, query block)
+  nrows = len(res_keys) + 1 + int(has_g)
+
+  plgpu.copy_gmem_to_smem(k_ref.at[b, h, pl.ds(k0, bk)], k_smem, k_bar.at[0])
+  plgpu.copy_gmem_to_smem(v_ref.at[b, h, pl.ds(k0, bk)], v_smem, k_bar.at[1])
+
+  def where(t):
+    gi = lax.div(t, jnp.maximum(per_head, 1))
+    return h * c.G + gi, lo + t - gi * per_head  # query head, query block
+
+  def fetch(t):
+    slot = lax.rem(t, jnp.int32(c.stages))
+    n, i = where(t)
+    qrows = pl.ds(i * bq, bq)
+    plgpu.copy_gmem_to_smem(q_ref.at[b, n, qrows], q_smem.at[slot], q_bars.at[slot])
+    plgpu.copy_gmem_to_smem(do_ref.at[b, n, qrows], do_smem.at[slot], do_bars.at[slot])
+    for r in range(nrows):
+      plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
+                              rows_bars.at[slot * nrows + r])
+    if c.has_segments:
+      plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
+
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(k0, bk)], kseg_smem, kseg_bar.at[0])
+
+  for s in range(c.stages - 1):
+    @pl.when(s < total)
+    def _():
+      fetch(jnp.int32(s))
+
+  iota, _, load, layout = _layout_tools(c, plgpu, (bk, bq))
+  kpos = k0 + iota(0)  # tiles are [keys, queries]
+  qcol = iota(1)
+  plgpu.barrier_wait(k_bar.at[0])
+  plgpu.barrier_wait(k_bar.at[1])
+  k_seg = None
+  if c.has_segments:
+    plgpu.barrier_wait(kseg_bar.at[0])
+    k_seg = lax.broadcast_in_dim(load(kseg_smem, 1), (bk, bq), (0,))
+    k_min, k_max = seg_refs[3][b, j, 0], seg_refs[3][b, j, 1]
+
+  def compute(masked, t, slot, carry):
+    dk, dv = carry
+    _, i = where(t)
+    rows = [load(rows_smem.at[slot, r], 0) for r in range(nrows)]
+    row_dot, g = rows[0], (rows[1] if has_g else None)
+    res = dict(zip(res_keys, rows[1 + int(has_g):]))
+    s = _mm(c, plgpu, (bk, bq), None, q_smem.at[slot], trans_b=True, a_ref=k_smem) * c.opts.scale
+    z = s if c.opts.softcap is None else c.opts.softcap * jnp.tanh(s / c.opts.softcap)
+    dp = _mm(c, plgpu, (bk, bq), None, do_smem.at[slot], trans_b=True, a_ref=v_smem)
+    allowed = None
+    if masked:  # padded query rows attend nothing
+      q_seg = None
+      if c.has_segments:
+        q_seg = lax.broadcast_in_dim(load(qseg_smem.at[slot], 0), (bk, bq), (1,))
+      allowed = _allowed(c, i * bq + qcol, kpos, q_seg, k_seg) & (i * bq + qcol < c.T)
+    w, dz = lower_rows(nz.tile_backward, bq, transposed=True)(z, allowed, dp, res, row_dot, g)
+    dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
+                  staging=staging)
+    ds = _softcap_grad(c, dz, s).astype(q_smem.dtype)
+    dk = dk + _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging)
+    return dk, dv
+
+  def step(t, carry):
+    slot = lax.rem(t, jnp.int32(c.stages))
+
+    @pl.when(t + c.stages - 1 < total)
+    def _():
+      fetch(t + c.stages - 1)
+
+    plgpu.barrier_wait(q_bars.at[slot])
+    plgpu.barrier_wait(do_bars.at[slot])
+    for r in range(nrows):
+      plgpu.barrier_wait(rows_bars.at[slot * nrows + r])
+    _, i = where(t)
+    if c.has_segments:  # every block masked; one whose segments cannot meet is skipped
+      plgpu.barrier_wait(qseg_bars.at[slot])
+      meets = (seg_refs[2][b, i, 1] >= k_min) & (seg_refs[2][b, i, 0] <= k_max)
+      return lax.cond(meets, lambda: compute(True, t, slot, carry), lambda: carry)
+    full = (i >= flo) & (i < fhi)
+    return lax.cond(full, lambda: compute(False, t, slot, carry),
+                    lambda: compute(True, t, slot, carry))
+
+  zeros = jnp.zeros((bk, H), jnp.float32)
+  if not c.interpret:
+    zeros = plgpu.layout_cast(zeros, layout)
+  dk, dv = lax.fori_loop(0, total, step, (zeros, zeros))
+  dk_smem[...] = (dk * c.opts.scale).astype(dk_smem.dtype)
+  dv_smem[...] = dv.astype(dv_smem.dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b, h, pl.ds(k0, bk)])
+  plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b, h, pl.ds(k0, bk)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
+  """Cotangents ``(dq, dk, dv, dsink)`` of the kernel's core.
+
+  ``out`` ``[B, T, N, H]``; ``res`` the forward's residual rows ``{name: [B, N, Tp]}``;
+  ``d_out`` ``[B, T, N, H]``; ``d_lse`` the logsumexp statistic's cotangent ``[B, N, T]``
+  or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``).
+  """
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  from attnjax.kernels.mosaic_gpu.kernel import segment_args
+  nz = c.nz
+  dtype = q.dtype
+  seg_args = segment_args(c, q_seg, kv_seg)
+  nseg = len(seg_args)
+
+  def heads_first(x, L):
+    x = jnp.transpose(x, (0, 2, 1, 3))
+    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
+
+  qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
+  doh = heads_first(d_out.astype(dtype), c.Tp)
+  oh = heads_first(out, c.Tp)
+  row_dot = jnp.sum(doh.astype(jnp.float32) * oh.astype(jnp.float32), axis=-1)
+  g = None
+  if d_lse is not None:
+    g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))
+    g = jnp.where(has_key > 0, g, 0.0)
+  res_keys = tuple(sorted(res))
+  rows = jnp.stack([row_dot] + ([g] if g is not None else []) + [res[key] for key in res_keys])
+
+  dsink = None
+  if c.has_sink:
+    floor = jnp.reshape(sink.astype(jnp.float32), (1, c.N, 1, 1))
+    rs = {key: res[key][..., None] for key in res_keys}
+    term = nz.null_grad(floor, rs, row_dot[..., None], None if g is None else g[..., None])
+    dsink = jnp.reshape(jnp.sum(term[:, :, :c.T, 0], axis=(0, 2)), sink.shape).astype(sink.dtype)
+
+  swizzle = 128
+  tr = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+        plgpu.SwizzleTransform(swizzle))
+  nrows = rows.shape[0]
+  has_g = g is not None
+  interpret = None
+  if c.interpret:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    interpret = InterpretGPUParams()
+  params = plgpu.CompilerParams(approx_math=False)
+
+  dq_scratch = [plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
+                plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
+                plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
+                plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
+                plgpu.SMEM((nrows, c.bq), jnp.float32),
+                plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=nrows),
+                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=c.stages)]
+  if c.interpret:
+    dq_scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=tr))
+  if c.has_segments:
+    dq_scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
+                   plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
+  dq = plgpu.kernel(
+      lambda *a: _dq_kernel(c, res_keys, has_g, a[:6 + nseg], a[6 + nseg:]),
+      out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype), scratch_types=dq_scratch,
+      grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
+      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
+
+  kv_scratch = [plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
+                plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
+                plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
+                plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
+                plgpu.SMEM((c.stages, nrows, c.bq), jnp.float32),
+                plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=c.stages),
+                plgpu.Barrier(num_barriers=c.stages),
+                plgpu.Barrier(num_barriers=c.stages * nrows)]
+  if c.interpret:
+    kv_scratch.append(plgpu.SMEM((c.bk, c.bq), dtype, transforms=tr))
+  if c.has_segments:
+    kv_scratch += [plgpu.SMEM((c.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
+                   plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
+  kv_out = jax.ShapeDtypeStruct((c.B, c.K, c.Sp, c.H), dtype)
+  dk, dv = plgpu.kernel(
+      lambda *a: _dkdv_kernel(c, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
+      out_type=[kv_out, kv_out], scratch_types=kv_scratch,
+      grid=(c.K, c.Sp // c.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
+      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
+
+  back = lambda x, L: jnp.transpose(x[:, :, :L], (0, 2, 1, 3))
+  return back(dq, c.T), back(dk, c.S), back(dv, c.S), dsink

@@ -1,0 +1,533 @@
+"""A Pallas Mosaic GPU flash-attention kernel for Hopper (sm_90): ``implementation="mosaic_gpu"``.
+
+Forward: one program per (query head, query block, batch), one warpgroup. The query tile is
+loaded once by TMA into shared memory; key/value tiles stream through a ``num_stages`` ring
+of shared-memory slots filled by TMA (the copy of tile ``j + num_stages - 1`` is issued
+before tile ``j`` is computed, each slot guarded by a barrier); ``Q K^T`` and ``W V`` are
+warpgroup MMAs (wgmma) into float32 accumulators. The online state is the normaliser's
+(:meth:`Normalizer.init` / :meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`, the
+functions the block-wise and Triton kernels call; the kernel never looks at a normaliser's
+name), run through :func:`attnjax.kernels.mosaic_gpu.plan.lower_rows` (Mosaic GPU has no
+layout for the normalisers' ``[R, 1]`` rows). Not yet FlashAttention-3's producer/consumer
+split: the same warpgroup issues the TMA copies and computes (no dedicated producer
+warpgroup, no ping-pong of two consumer warpgroups, no wgmma/softmax overlap).
+
+Blocks are skipped, not masked: a query block visits only the key blocks its rows may
+attend (causal / window bounds, :func:`kv_bounds`); the interior blocks every row attends
+entirely run a loop that evaluates no element mask; only edge blocks (and a ragged last key
+block) are masked. Segment ids: the ids ride the K/V ring into shared memory, and a visited
+block whose [min, max] segment range cannot meet the query block's is skipped at run time
+(its tiles are still copied, keeping the ring's barriers in phase; its products and
+normaliser work are not done). Normalisers that need the number of allowed keys first
+(sigmoid, relu; statistics) get it in closed form from causal / window, or from a mask-only
+pre-pass with segment ids. GQA: query head ``n`` reads key/value head ``n // G`` by its TMA
+index (K and V are never repeated). ``return_stats`` comes from the same pass (the
+normaliser's statistics rows). Ragged lengths are padded to the blocks (padded keys masked,
+padded rows dropped).
+
+Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
+recomputed tiles, with the sink-logit and logsumexp gradients, segment ids included. Forward
+mode (``jax.jvp``) takes its tangent from the block-wise engine
+(:func:`attnjax.kernels.blockwise.twin`, run by XLA), as for the other Pallas kernels.
+
+Refused (see :func:`unsupported`, which names each refusal): float32 inputs, head dims other
+than 64 / 128 / 256 (or q's differing from v's), bias / mask arrays,
+``similarity="neg_sq_euclidean"``.
+
+Interpret mode (``interpret=True``) runs the kernels in jax's Mosaic GPU interpreter
+(``InterpretGPUParams``) on the CPU. jax 0.10.2's interpreter lacks: ``wgmma`` with a
+transposed shared-memory operand (``plgpu.transpose_ref``: ``'TransposeTransform' object
+has no attribute 'indices'``), ``wgmma`` with a register lhs (it reads the lhs's allocation
+key: "Expected shape (5,) but got (64, 64)"), ``pl.run_state`` ("Higher-order primitive
+run_state"), ``plgpu.layout_cast`` ("MLIR translation rule for primitive 'layout_cast' not
+found for platform cpu"). In interpret mode the kernels therefore compute the transposed
+products by a register ``dot`` of the shared-memory tiles, stage register lhs operands
+through a shared-memory buffer, and drop layout annotations (``layout_cast``, the layouts of
+iotas and of ``plgpu.load``, whose place plain reads of the shared-memory refs take: whether
+the interpreter runs them was not tried); TMA copies, barriers, the
+other wgmmas, block bounds, masks and the normaliser code are the compiled path's. And the
+interpreter's kernels carry an ordered IO effect that the custom-VJP machinery
+(:mod:`attnjax.kernels.autodiff`) cannot hold, so in interpret mode gradients through
+:func:`compute` take the block-wise backward; the tests call the backward kernels directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import jax.experimental.pallas as pl
+
+from attnjax import _platform, normalizers, options
+from attnjax.kernels import autodiff, blockwise
+from attnjax.kernels.mosaic_gpu import backward
+from attnjax.attention_stats import AttentionStats
+from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
+                                             block_sizes_for, load_vector, lower_rows,
+                                             res_row_keys,
+                                             stat_row_keys)
+from attnjax.kernels.pallas_gpu.kernel import collect_stats
+
+Array = jnp.ndarray
+
+DTYPES = (jnp.bfloat16, jnp.float16)
+HEAD_DIMS = (64, 128, 256)
+KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
+KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
+# The custom-call target of a compiled Mosaic GPU kernel in optimised HLO.
+MOSAIC_GPU_CALL_TARGET = "mosaic_gpu_v2"
+
+
+def unsupported(inputs, opts) -> list[str]:
+  """Reasons ``mosaic_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
+  reasons = []
+  if inputs.bias is not None:
+    reasons.append("bias (mosaic_gpu adds no bias array)")
+  if inputs.mask is not None:
+    reasons.append("an explicit mask array (mosaic_gpu takes is_causal, window and segment ids)")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r} (mosaic_gpu computes dot products)")
+  reasons += _platform.unknown_options(
+      opts, inputs, KNOWN_OPTIONS,
+      KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu")
+  H, Hv = inputs.q.shape[-1], inputs.v.shape[-1]
+  if H != Hv or H not in HEAD_DIMS:
+    reasons.append(f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of "
+                   f"{HEAD_DIMS})")
+  dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
+  if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
+    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (mosaic_gpu takes bfloat16 or "
+                   "float16 for q, k and v; float32 goes to pallas_gpu)")
+  return reasons
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan(normalizers.KernelPlan):
+  """Everything the kernel body reads from Python."""
+
+  opts: object
+  B: int
+  T: int
+  S: int
+  N: int
+  K: int
+  H: int
+  Tp: int
+  Sp: int
+  bq: int
+  bk: int
+  stages: int
+  has_sink: bool
+  has_segments: bool
+  interpret: bool
+
+  @property
+  def G(self) -> int:
+    return self.N // self.K
+
+  @property
+  def needs_mask(self) -> bool:
+    o = self.opts
+    return (o.is_causal or o.window is not None or self.has_segments
+            or self.S % self.bk != 0)
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def make_plan(inputs, opts, sizes: BlockSizes, interpret: bool) -> Plan:
+  B, T, N, H = inputs.q.shape
+  S, K = inputs.k.shape[1], inputs.k.shape[2]
+  return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, sizes.block_q),
+              Sp=_round_up(S, sizes.block_k), bq=sizes.block_q, bk=sizes.block_k,
+              stages=sizes.num_stages, has_sink=inputs.sink_logits is not None,
+              has_segments=inputs.q_segment_ids is not None,
+              interpret=interpret)
+
+
+def kv_bounds(c: Plan, q0, q_last):
+  """``(lo, hi, full_lo, full_hi)``: key blocks ``[lo, hi)`` visited by rows ``q0 .. q_last``,
+  ``[full_lo, full_hi)`` of them attended by every row (no element mask; none with segment
+  ids, whose mask is data: their blocks are skipped at run time, see ``_kernel``)."""
+  bk = c.bk
+  lo, hi = jnp.int32(0), jnp.int32(pl.cdiv(c.S, bk))
+  flo, fhi = jnp.int32(0), jnp.int32(c.S // bk)
+  if c.opts.is_causal:
+    hi = jnp.minimum(hi, q_last // bk + 1)
+    fhi = jnp.minimum(fhi, (q0 + 1) // bk)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    lo = jnp.maximum(0, q0 - left) // bk
+    hi = jnp.minimum(hi, jnp.maximum(0, q_last + right) // bk + 1)
+    flo = jnp.maximum(0, pl.cdiv(jnp.maximum(0, q_last - left), bk))
+    fhi = jnp.minimum(fhi, jnp.maximum(0, q0 + right + 1) // bk)
+  hi = jnp.maximum(hi, lo)
+  if c.has_segments:
+    flo, fhi = lo, lo
+  flo = jnp.clip(flo, lo, hi)
+  fhi = jnp.clip(fhi, flo, hi)
+  return lo, hi, flo, fhi
+
+
+def _allowed(c: Plan, qpos, kpos, q_seg=None, k_seg=None):
+  allowed = kpos < c.S
+  if q_seg is not None:
+    allowed = allowed & (q_seg == k_seg)
+  if c.opts.is_causal:
+    allowed = allowed & (kpos <= qpos)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    allowed = allowed & (kpos >= qpos - left) & (kpos <= qpos + right)
+  return allowed
+
+
+def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
+            scratch):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  nz = c.nz
+  q_smem, k_smem, v_smem, o_smem, q_bar, k_bars, v_bars, rows_smem = scratch[:8]
+  extra = list(scratch[8:])
+  p_smem = extra.pop(0) if c.interpret else None
+  if c.has_segments:
+    qseg_smem, kseg_smem, kseg_one, qseg_bar, kseg_bars, kseg_one_bar = extra
+  n = lax.axis_index("heads")
+  i = lax.axis_index("q_blocks")
+  b = lax.axis_index("batch")
+  h = lax.div(n, jnp.int32(c.G))
+  bq, bk, H = c.bq, c.bk, c.H
+  q0 = i * bq
+  q_last = jnp.minimum(q0 + bq, c.T) - 1
+  lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
+
+  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar.at[0])
+
+  def fetch(j):
+    slot = lax.rem(j - lo, jnp.int32(c.stages))
+    rows = pl.ds(j * bk, bk)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
+    if c.has_segments:
+      kseg_ref = seg_refs[1]
+      plgpu.copy_gmem_to_smem(kseg_ref.at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
+
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar.at[0])
+
+  for s in range(c.stages - 1):  # fill the ring
+    @pl.when(lo + s < hi)
+    def _():
+      fetch(lo + s)
+
+  plgpu.barrier_wait(q_bar.at[0])
+
+  layout = plgpu.Layout.WGMMA
+  # The interpreter has no rule for layout annotations (layout_cast, an iota's layout): it
+  # runs the same values without them.
+  if c.interpret:
+    any_iota = None
+    cast = lambda x, lay: x
+  else:
+    any_iota = lambda dtype, shape, d: plgpu.broadcasted_iota(dtype, shape, d, layout=layout)
+    cast = plgpu.layout_cast
+  iota = lambda d: (any_iota or lax.broadcasted_iota)(jnp.int32, (bq, bk), d)
+  qpos = q0 + iota(0)
+  kcol = iota(1)
+
+  # Segment ids: the query block's ids as rows, each key block's as columns (TMA'd into shared
+  # memory, the key tiles' ids with the K/V ring), and per-block [min, max] ranges read from
+  # global memory: a visited block whose ranges cannot meet is skipped at run time.
+  q_seg = meets = None
+  if c.has_segments:
+    _, _, qrange_ref, krange_ref = seg_refs
+    if c.interpret:  # the interpreter has no plgpu.load: a plain read
+      load = lambda ref, axis: ref[...]
+    else:
+      load = lambda ref, axis: load_vector(ref, layout.reduce(axis))
+    plgpu.barrier_wait(qseg_bar.at[0])
+    q_seg = lax.broadcast_in_dim(load(qseg_smem, 1), (bq, bk), (0,))
+    q_min, q_max = qrange_ref[b, i, 0], qrange_ref[b, i, 1]
+    meets = lambda j: (krange_ref[b, j, 1] >= q_min) & (krange_ref[b, j, 0] <= q_max)
+
+  def allowed_of(j, kseg_tile=None):
+    k_seg = None
+    if c.has_segments:
+      k_seg = lax.broadcast_in_dim(load(kseg_tile, 0), (bq, bk), (1,))
+    return _allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
+
+  sink_rows = None
+  if c.has_sink:
+    sink_rows = jnp.full((bq,), sink_ref[n], jnp.float32)
+  counts = None
+  if c.needs_counts and c.has_segments:  # allowed keys per row: a mask-only pre-pass
+    def count(j, total):
+      def add():  # the key block's ids, loaded synchronously (no K/V)
+        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(j * bk, bk)], kseg_one, kseg_one_bar.at[0])
+        plgpu.barrier_wait(kseg_one_bar.at[0])
+        return total + jnp.sum(allowed_of(j, kseg_one).astype(jnp.float32), axis=1)
+      return lax.cond(meets(j), add, lambda: total)
+    counts = lax.fori_loop(lo, hi, count, cast(jnp.zeros((bq,), jnp.float32), layout.reduce(1)))
+  elif c.needs_counts:  # allowed keys per row, exact for causal / window / ragged keys
+    r = jnp.max(qpos, axis=1)
+    first = jnp.int32(0)
+    last = jnp.full((bq,), c.S - 1, jnp.int32)
+    if c.opts.is_causal:
+      last = jnp.minimum(last, r)
+    if c.opts.window is not None:
+      left, right = c.opts.window
+      first = jnp.maximum(first, r - left)
+      last = jnp.minimum(last, r + right)
+    counts = jnp.maximum(last - first + 1, 0).astype(jnp.float32)
+
+  row = lower_rows(nz.row_inputs, bq)(sink_rows, counts)
+  # Constant rows (a splat: e.g. every row's count without structure) take the row layout,
+  # which the broadcasts against [bq, bk] tiles need.
+  row = jax.tree.map(lambda x: cast(x, layout.reduce(1)) if jnp.ndim(x) == 1 else x, row)
+
+  def step(masked, j, st):
+    slot = lax.rem(j - lo, jnp.int32(c.stages))
+
+    @pl.when(j + c.stages - 1 < hi)
+    def _():
+      fetch(j + c.stages - 1)
+
+    plgpu.barrier_wait(k_bars.at[slot])
+    plgpu.barrier_wait(v_bars.at[slot])
+    if not c.has_segments:
+      return compute(masked, j, slot, st)
+    plgpu.barrier_wait(kseg_bars.at[slot])
+    # a block whose segments cannot meet: its tiles were loaded (the ring stays in phase),
+    # its products and normaliser work are skipped
+    return lax.cond(meets(j), lambda: compute(masked, j, slot, st), lambda: st)
+
+  def compute(masked, j, slot, st):
+    if c.interpret:  # the interpreter has no wgmma with a transposed operand
+      s = lax.dot_general(q_smem[...], k_smem.at[slot][...], (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+    else:
+      def qk(acc):
+        plgpu.wgmma(acc, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+        return acc[...]
+      s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
+    z = s * c.opts.scale
+    if c.opts.softcap is not None:
+      z = c.opts.softcap * jnp.tanh(z / c.opts.softcap)
+    allowed = None
+    if masked:
+      allowed = allowed_of(j, kseg_smem.at[slot] if c.has_segments else None)
+
+    def pv(w):
+      w16 = w.astype(q_smem.dtype)
+
+      def mm(acc):
+        if c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
+          p_smem[...] = w16
+          plgpu.wgmma(acc, p_smem, v_smem.at[slot])
+        else:
+          plgpu.wgmma(acc, w16, v_smem.at[slot])
+        return acc[...]
+      return pl.run_scoped(mm, plgpu.ACC((bq, H), jnp.float32))
+
+    visit = functools.partial(nz.visit, stats=c.with_stats, first=j == 0)
+    return lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), bq,
+                      pv=pv, hv=H, iota=any_iota)(st, z, allowed, row)
+
+  def init():
+    st = nz.init((bq, 1), (bq, H), c.with_stats)
+    return {key: (cast(jnp.reshape(x, (bq,)), layout.reduce(1)) if x.shape[-1] == 1
+                  else cast(x, layout))
+            for key, x in st.items()}
+
+  st = init()
+  if c.needs_mask:
+    st = lax.fori_loop(lo, flo, functools.partial(step, True), st)
+    st = lax.fori_loop(flo, fhi, functools.partial(step, False), st)
+    st = lax.fori_loop(fhi, hi, functools.partial(step, True), st)
+  else:
+    st = lax.fori_loop(lo, hi, functools.partial(step, False), st)
+  out, res, srow = lower_rows(lambda st, row: nz.finish(st, row, c.with_stats), bq)(st, row)
+  rows_out = dict(srow or {}, **{"res:" + key: x for key, x in res.items()})
+  o_smem[...] = out.astype(o_smem.dtype)
+  for idx, key in enumerate(row_keys):  # residual / statistics rows, [bq] float32 each
+    rows_smem.at[idx][...] = jnp.broadcast_to(rows_out[key], (bq,)).astype(jnp.float32)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b, n, pl.ds(q0, bq)])
+  for idx, ref in enumerate(row_refs):
+    plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def segment_args(c: Plan, q_seg, kv_seg) -> list:
+  """``[q ids [B, Tp], kv ids [B, Sp], q block ranges [B, Tp / bq, 2], kv block ranges]``
+  (padded by repeating the last id; each block's [min, max]); [] without segment ids."""
+  if not c.has_segments:
+    return []
+  q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
+  kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
+
+  def ranges(x, blk):
+    x = jnp.reshape(x, (c.B, -1, blk))
+    return jnp.stack([jnp.min(x, axis=-1), jnp.max(x, axis=-1)], axis=-1)
+
+  return [q_seg, kv_seg, ranges(q_seg, c.bq), ranges(kv_seg, c.bk)]
+
+
+def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
+  """The kernel on ``[B, T, N, H]`` inputs: ``(out [B, T, N, H], rows)``, the statistics rows
+  ``{name: [B, N, Tp, 1]}`` of :meth:`Normalizer.finish` (none without ``return_stats``) and,
+  with ``residuals``, its residual rows ``{"res:" + name: ...}`` (for the backward kernels)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+
+  def heads_first(x, L):
+    x = jnp.transpose(x, (0, 2, 1, 3))
+    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
+
+  qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
+  dtype = q.dtype
+  stat_keys = stat_row_keys(c.nz, c.with_stats, c.has_sink) if c.with_stats else ()
+  res_keys = ()
+  if residuals:
+    res_keys = tuple("res:" + key for key in res_row_keys(c.nz, c.with_stats, c.has_sink,
+                                                          c.needs_counts))
+  stat_keys = stat_keys + res_keys
+  swizzle = 128
+  transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+                plgpu.SwizzleTransform(swizzle))
+  scratch = [
+      plgpu.SMEM((c.bq, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((c.bq, c.H), dtype, transforms=transforms),
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_barriers=c.stages),
+      plgpu.Barrier(num_barriers=c.stages),
+      plgpu.SMEM((max(1, len(stat_keys)), c.bq), jnp.float32),
+  ]
+  if c.interpret:
+    scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=transforms))
+  if c.has_segments:
+    scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
+                plgpu.SMEM((c.bk,), jnp.int32), plgpu.Barrier(num_barriers=1),
+                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=1)]
+  sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
+              else jnp.zeros((c.N,), jnp.float32))
+
+  seg_args = segment_args(c, q_seg, kv_seg)
+
+  def body(q_ref, k_ref, v_ref, sink_ref, *rest):
+    seg_refs, rest = rest[:len(seg_args)], rest[len(seg_args):]
+    o_ref, rest = rest[0], rest[1:]
+    stat_refs, scr = rest[:len(stat_keys)], rest[len(stat_keys):]
+    _kernel(c, stat_keys, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, seg_refs,
+            o_ref, stat_refs, scr)
+
+  interpret = None
+  if c.interpret:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    interpret = InterpretGPUParams()
+  rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
+  outs = plgpu.kernel(
+      body,
+      out_type=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype)] + [rows] * len(stat_keys),
+      scratch_types=scratch, grid=(c.N, c.Tp // c.bq, c.B),
+      grid_names=("heads", "q_blocks", "batch"), interpret=interpret,
+      compiler_params=plgpu.CompilerParams(approx_math=False),
+      )(qh, kh, vh, sink_arr, *seg_args)
+  srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
+  return jnp.transpose(outs[0][:, :, :c.T], (0, 2, 1, 3)), srow
+
+
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+  """Mosaic GPU attention of a validated dense call (see the module docstring).
+
+  Args:
+    inputs: :class:`attnjax.options.DenseInputs`.
+    opts: :class:`attnjax.options.DenseOptions`.
+    block_sizes: tiles and pipeline depth (None: the :data:`BLOCK_SIZE_TABLE` row).
+    interpret: run the kernel in jax's Mosaic GPU interpreter (on the CPU).
+
+  Returns:
+    ``[B, T, N, H]`` in the input dtype, or ``(out, AttentionStats)``.
+  """
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='mosaic_gpu' does not support " + "; ".join(reasons))
+  if block_sizes is None:
+    block_sizes = block_sizes_for(inputs.q.shape[-1])
+  c = make_plan(inputs, opts, block_sizes, interpret)
+
+  def twin(q, k, v, sink, q_seg, kv_seg):
+    """The same call on the block-wise engine (plain JAX): gradients and forward mode."""
+    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
+    if not opts.return_stats:
+      return out, None
+    o, st = out
+    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
+
+  @autodiff.custom_vjp
+  def core(q, k, v, sink, q_seg, kv_seg):
+    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
+
+  # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
+  # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
+  # block-wise backward, and tests call the backward kernels directly (backward_direct).
+  mosaic_bwd = not c.interpret
+
+  def fwd(q, k, v, sink, q_seg, kv_seg):
+    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
+    stats = collect_stats(c, srow) if c.with_stats else None
+    res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
+    has_key = srow["has_key"][..., 0] if c.with_stats else None
+    return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)
+
+  def bwd(saved, cts):
+    q, k, v, sink, q_seg, kv_seg, out, res, has_key = saved
+    d_out, d_stats = cts
+    if mosaic_bwd:  # the dq and dk/dv kernels
+      d_lse = None if d_stats is None else d_stats[3]
+      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg,
+                               kv_seg) + (None, None)
+    # interpret mode: the block-wise engine's backward
+    _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
+    return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)
+
+  core.defvjp(fwd, bwd, twin=twin)
+  out, stats = core(inputs.q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
+                    inputs.kv_segment_ids)
+  out = out.astype(inputs.q.dtype)
+  if not opts.return_stats:
+    return out
+  sink_mass, entropy, max_logit, lse, row_sum = stats
+  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
+                             logsumexp=lse, row_sum=row_sum)
+
+
+def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+  """The ``implementation="mosaic_gpu"`` engine: :func:`compute`, lowering for ``cuda`` only
+  outside interpret mode (another platform raises ``ValueError``)."""
+  reasons = unsupported(inputs, opts)
+  if reasons:
+    raise ValueError("implementation='mosaic_gpu' does not support " + "; ".join(reasons))
+  if interpret:
+    return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
+  return _platform.on_platform(
+      "cuda", lambda: compute(inputs, opts, block_sizes=block_sizes),
+      "implementation='mosaic_gpu' runs on a CUDA GPU (sm_90) only; use implementation=None "
+      "to pick per platform")
+
+
+attention = options.engine_entry(run, "mosaic_gpu", ("block_sizes", "interpret"))
+attention.__doc__ = """The Mosaic GPU kernel called like :func:`attnjax.dot_product_attention`.
+
+``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``: every keyword
+of :func:`attnjax.dot_product_attention` but ``implementation`` (what the kernel refuses is
+named by :func:`unsupported`), the kernel's :class:`BlockSizes`, and ``interpret=True`` to
+run it in jax's Mosaic GPU interpreter on the CPU.
+"""
+
+__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "MOSAIC_GPU_CALL_TARGET",
+           "BlockSizes", "attention", "block_sizes_for", "compute", "run", "unsupported"]

@@ -1,0 +1,405 @@
+"""The Mosaic GPU kernel (``implementation="mosaic_gpu"``): interpret mode, block bounds, compiles.
+
+Interpret mode runs the kernel in jax's Mosaic GPU interpreter on the CPU (TMA copies into the
+shared-memory ring, barriers, the ``W V`` wgmma, the normaliser state through the row
+lowering, block bounds and masks). The interpreter of jax 0.10.2 lacks a wgmma with a
+transposed operand (``plgpu.transpose_ref``), a wgmma with a register operand, ``pl.run_state``
+and layout annotations (``plgpu.layout_cast``, an iota's layout): in interpret mode the kernel
+computes ``Q K^T`` by a register dot of the shared-memory tiles, stages ``W`` through shared
+memory, and drops layout annotations; the compiled path's wgmma/layouts are validated by the
+deviceless compiles for an H100 and an H200 below (``needs_cuda``: the 'aot' extra).
+
+Lengths (T=100, S=130) are not multiples of the 64-blocks; most calls use GQA (4 query heads
+on 2 key/value heads). The cross products are ``slow``.
+"""
+
+import dataclasses
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import attnjax
+from attnjax import dense, normalizers, targets
+from attnjax.kernels import mosaic_gpu
+from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
+from helpers import rand_qkv
+
+CUDA_MISSING = targets.missing("cuda")
+needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
+                                reason=f"needs the 'aot' extra: {CUDA_MISSING}")
+
+BLOCKS = mosaic_gpu.BlockSizes(block_q=64, block_k=64, num_stages=2)
+T, S = 100, 130
+STRUCTURES = {
+    "causal": dict(is_causal=True),
+    "window": dict(window=(70, 10)),
+    "bidirectional": dict(),
+    # two packed sequences per row, boundaries inside blocks; causal within each. Row 1's key
+    # block 0 (keys 0..63, segment 0) cannot meet query block 1 (rows 64.., segment 1): skipped.
+    "segments": dict(is_causal=True, segment_ids=(
+        np.asarray([[0] * 13 + [1] * 87, [0] * 64 + [1] * 36]),
+        np.asarray([[0] * 13 + [1] * 117, [0] * 64 + [1] * 66]))),
+}
+NORMS = normalizers.NORMALIZERS
+
+
+def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, softcap=None,
+            scale=None, stats=False, H=64, seed=0):
+  N, K = (4, 2) if gqa else (2, 2)
+  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=H, seed=seed, source="numpy")
+  q, k, v = (x.astype(dtype) for x in (q, k, v))
+  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale,
+            return_stats=stats)
+  if "segment_ids" in kw:
+    kw["segment_ids"] = tuple(jnp.asarray(x) for x in kw["segment_ids"])
+  if sink:
+    kw["sink_logits"] = jnp.linspace(-1.0, 1.0, N)
+  return q, k, v, kw
+
+
+def _reference(q, k, v, kw):
+  """The reference on the same (rounded) inputs in float32."""
+  up = lambda x: x.astype(jnp.float32)
+  return dense.reference(*dense.prepare(up(q), up(k), up(v), **kw))
+
+
+def _close(got, want, what, tol=1.5e-2):
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  assert got.shape == want.shape, what
+  scale = max(1.0, float(np.max(np.abs(want))))
+  err = float(np.max(np.abs(got - want))) / scale
+  assert err < tol, f"{what}: error {err:.2e} (scale {scale:.3g})"
+
+
+def check_values(normalizer, structure, **kw):
+  q, k, v, opts_kw = _inputs(structure, normalizer, **kw)
+  got = jax.jit(lambda q, k, v: mosaic_gpu.run(*dense.prepare(q, k, v, **opts_kw),
+                                               interpret=True, block_sizes=BLOCKS))(q, k, v)
+  want = _reference(q, k, v, opts_kw)
+  if opts_kw["return_stats"]:  # statistics from float32 logits: a tighter tolerance
+    (got, got_stats), (want, want_stats) = got, want
+    for field in ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum"):
+      _close(getattr(got_stats, field), getattr(want_stats, field),
+             f"{normalizer} {structure} {kw} {field}", tol=1e-5)
+  assert got.dtype == q.dtype
+  _close(got, want, f"{normalizer} {structure} {kw}")
+
+
+# Every normaliser, structure, GQA/MHA, dtype, sink logits, softcap and scale once.
+DEFAULT_CASES = [
+    ("softmax", "causal", dict(gqa=True, dtype=jnp.bfloat16, sink=True, softcap=5.0, stats=True)),
+    ("softmax_one", "window", dict(gqa=True, dtype=jnp.float16)),
+    ("sigmoid", "segments", dict(gqa=False, dtype=jnp.bfloat16, scale=0.2, stats=True)),
+    ("softpick", "bidirectional", dict(gqa=True, dtype=jnp.bfloat16, stats=True)),
+    ("relu", "bidirectional", dict(gqa=False, dtype=jnp.float16)),
+    ("none", "window", dict(gqa=False, dtype=jnp.float16, softcap=4.0)),
+]
+
+
+@pytest.mark.parametrize("normalizer,structure,kw", DEFAULT_CASES,
+                         ids=[f"{n}-{s}" for n, s, _ in DEFAULT_CASES])
+def test_mosaic_gpu_interpret_matches_reference(normalizer, structure, kw):
+  check_values(normalizer, structure, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalizer,structure,gqa,dtype", list(itertools.product(
+    NORMS, STRUCTURES, (True, False), (jnp.bfloat16, jnp.float16))),
+    ids=lambda x: getattr(x, "__name__", str(x)))
+def test_mosaic_gpu_interpret_matches_reference_everywhere(normalizer, structure, gqa, dtype):
+  check_values(normalizer, structure, gqa=gqa, dtype=dtype, stats=True,
+               sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("H", [128, 256])
+def test_mosaic_gpu_interpret_large_head_dims(H):
+  check_values("softmax", "causal", H=H, sink=True, stats=True)
+
+
+def test_mosaic_gpu_gradients_and_jvp():
+  """Reverse mode (the block-wise engine's backward: no Mosaic GPU backward kernel yet) and
+  forward mode through attnjax.kernels.autodiff, against the reference on the same inputs."""
+  q, k, v, kw = _inputs("segments", "softmax", sink=True, softcap=5.0, stats=True)
+  sink = kw.pop("sink_logits")
+  cot = jax.random.normal(jax.random.key(3), (2, T, 4, 64), jnp.float32)
+
+  def loss(fn, q, k, v, sink):  # the logsumexp statistic carries a gradient too
+    out, st = fn(q, k, v, sink)
+    return jnp.sum(out.astype(jnp.float32) * cot) + jnp.sum(jnp.sin(st.logsumexp))
+
+  fast = lambda q, k, v, s: mosaic_gpu.attention(q, k, v, sink_logits=s, block_sizes=BLOCKS,
+                                                 interpret=True, **kw)
+  ref = lambda q, k, v, s: dense.reference(*dense.prepare(
+      q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), sink_logits=s, **kw))
+  g_fast = jax.jit(jax.grad(lambda *a: loss(fast, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
+  g_ref = jax.jit(jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
+  for name, a, b in zip(("dq", "dk", "dv", "dsink"), g_fast, g_ref):
+    _close(a, b, name)
+  t = tuple(0.5 * x for x in (q, k, v))
+  of, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink)[0], (q, k, v), t))(t)
+  up = lambda xs: tuple(x.astype(jnp.float32) for x in xs)
+  orf, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink)[0], up((q, k, v)),
+                                      up(t)))(t)
+  _close(of, orf, "values (segments, sink logits)")
+  _close(jf, jr, "jvp")
+
+
+def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
+  """The dq and dk/dv kernels in interpret mode, called directly (forward with residuals, then
+  the backward; in interpret mode the custom-VJP path takes the block-wise backward, see
+  attnjax.kernels.mosaic_gpu.kernel.compute), against the reference's VJP of the output and
+  (with statistics) of the logsumexp."""
+  q, k, v, opts_kw = _inputs(structure, normalizer, **kw)
+  stats = opts_kw["return_stats"]
+  sink = opts_kw.pop("sink_logits", None)
+  inputs, opts = dense.prepare(q, k, v, sink_logits=sink, **opts_kw)
+  c = mkernel.make_plan(inputs, opts, block_sizes or BLOCKS, interpret=True)
+  rng = np.random.default_rng(5)
+  cot = jnp.asarray(rng.standard_normal(q.shape[:3] + (v.shape[-1],)), jnp.float32)
+  d_lse = jnp.asarray(rng.standard_normal((q.shape[0], q.shape[2], T)), jnp.float32) if stats else None
+
+  def kernels(q, k, v, sink):
+    segs = inputs.q_segment_ids, inputs.kv_segment_ids
+    out, rows = mkernel.forward(c, q, k, v, sink, *segs, residuals=True)
+    res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
+    has_key = rows["has_key"][..., 0] if stats else None
+    return out, mbackward.backward(c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse,
+                                   has_key, *segs)
+
+  out, grads = jax.jit(kernels)(q, k, v, sink)
+
+  def ref(q, k, v, sink):
+    return dense.reference(*dense.prepare(q, k, v, sink_logits=sink, **opts_kw))
+
+  up = lambda x: x.astype(jnp.float32)
+  want, vjp = jax.vjp(ref, up(q), up(k), up(v), sink)
+  if stats:
+    want, st = want
+    want_grads = vjp((cot, jax.tree.map(jnp.zeros_like, st)._replace(logsumexp=d_lse)))
+  else:
+    want_grads = vjp(cot)
+  what = f"{normalizer} {structure} {kw}"
+  _close(out, want, what + " out")
+  for name, a, b in zip(("dq", "dk", "dv", "dsink"), grads, want_grads):
+    if b is not None:
+      _close(a, b, f"{what} {name}")
+
+
+BACKWARD_CASES = [
+    # 64 x 128 tiles (dk/dv tiles [128 keys, 64 queries]): the transposed row lowering
+    ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True,
+                               block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
+    # segment ids: blocks skipped at run time in both kernels; sigmoid's counts pre-pass
+    ("sigmoid", "segments", dict(gqa=True, stats=True)),
+]
+
+
+@pytest.mark.parametrize("normalizer,structure,kw", BACKWARD_CASES,
+                         ids=[f"{n}-{s}" for n, s, _ in BACKWARD_CASES])
+def test_mosaic_gpu_backward_kernels_interpret(normalizer, structure, kw):
+  check_backward_kernels(normalizer, structure, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalizer,structure,gqa", list(itertools.product(
+    NORMS, STRUCTURES, (True, False))))
+def test_mosaic_gpu_backward_kernels_interpret_everywhere(normalizer, structure, gqa):
+  check_backward_kernels(normalizer, structure, gqa=gqa, stats=True,
+                         sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+
+
+@pytest.mark.parametrize("normalizer", NORMS)
+def test_row_lowering_equals_the_normaliser(normalizer):
+  """The [R] row lowering of visit / finish (with statistics) equals the [R, 1] originals."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, tk, Hv = 8, 16, 4
+  rng = np.random.default_rng(0)
+  z = jnp.asarray(rng.standard_normal((R, tk)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((tk, Hv)), jnp.float32)
+  allowed = jnp.asarray(rng.random((R, tk)) > 0.3).at[0].set(False)  # row 0: no key
+  counts = jnp.sum(allowed, axis=1, keepdims=True).astype(jnp.float32)
+  sink = jnp.full((R, 1), 0.3, jnp.float32) if nz.accepts_sink_logits else None
+  pv = lambda w: w @ v
+  row = nz.row_inputs(sink, counts)
+  st = nz.visit(nz.init((R, 1), (R, Hv), True), z, allowed, pv, row, True, True)
+  want = nz.finish(st, row, True)
+
+  flat = lambda x: None if x is None else x[:, 0]
+  row_r = mplan.lower_rows(nz.row_inputs, R)(flat(sink), flat(counts))
+  init = {k: (x[:, 0] if x.shape[-1] == 1 else x) for k, x in nz.init((R, 1), (R, Hv), True).items()}
+  st_r = mplan.lower_rows(lambda st, z, a, row, pv_: nz.visit(st, z, a, pv_, row, True, True), R,
+                          pv=pv, hv=Hv)(init, z, allowed, row_r)
+  got = mplan.lower_rows(lambda st, row: nz.finish(st, row, True), R)(st_r, row_r)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+    a = np.asarray(a)
+    np.testing.assert_allclose(np.reshape(np.asarray(b), a.shape), a, rtol=1e-6, atol=1e-6,
+                               err_msg=f"{normalizer} {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("structure", [dict(is_causal=True), dict(window=(70, 10)),
+                                       dict(window=(0, 200)), dict(is_causal=True, window=(5, 0)),
+                                       dict()])
+def test_block_bounds_skip_exactly_the_blocks_without_an_allowed_pair(structure):
+  """Visited blocks are those with an allowed pair; unmasked ones those every row attends."""
+  inputs, opts = dense.prepare(*rand_qkv(B=1, T=T, S=S, N=1, K=1, H=64, dtype=jnp.bfloat16),
+                               **structure)
+  c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
+  qpos, kpos = np.arange(c.Tp)[:, None], np.arange(c.Sp)[None, :]
+  allowed = (kpos < S) & (qpos < T)
+  if opts.is_causal:
+    allowed &= kpos <= qpos
+  if opts.window is not None:
+    allowed &= (kpos >= qpos - opts.window[0]) & (kpos <= qpos + opts.window[1])
+  for i in range(c.Tp // c.bq):
+    q0, q_last = i * c.bq, min(i * c.bq + c.bq, T) - 1
+    lo, hi, flo, fhi = (int(x) for x in mkernel.kv_bounds(c, q0, q_last))
+    rows = allowed[q0:q_last + 1]
+    for j in range(c.Sp // c.bk):
+      tile = rows[:, j * c.bk:(j + 1) * c.bk]
+      assert (lo <= j < hi) == bool(tile.any()), (structure, i, j, lo, hi)
+      if flo <= j < fhi:
+        assert tile.all(), (structure, i, j, flo, fhi)
+      elif lo <= j < hi:  # masked: an edge block, or a ragged last key block
+        assert not tile.all() or j == c.Sp // c.bk - 1 and S % c.bk, (structure, i, j)
+
+
+def test_mosaic_gpu_names_what_it_cannot_do():
+  q, k, v = rand_qkv(B=1, T=64, N=2, K=1, H=64, dtype=jnp.bfloat16)
+  assert mosaic_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
+  reasons = mosaic_gpu.unsupported(*dense.prepare(
+      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), mask=jnp.ones((1, 1, 64, 64), bool),
+      similarity="neg_sq_euclidean"))
+  assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
+  inputs, opts = dense.prepare(*rand_qkv(B=1, T=64, N=2, K=1, H=96), is_causal=True)
+  reasons = mosaic_gpu.unsupported(inputs, opts)
+  assert any("head dims q 96" in r for r in reasons) and any("float32" in r for r in reasons)
+  mixed = dataclasses.replace(*dense.prepare(q, k, v)[:1], v=v.astype(jnp.float16))
+  assert any("dtypes" in r for r in mosaic_gpu.unsupported(mixed, dense.prepare(q, k, v)[1]))
+  with pytest.raises(ValueError, match="mosaic_gpu' does not support bias"):
+    attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 64, 64)),
+                                  implementation="mosaic_gpu")
+  with pytest.raises(ValueError, match="mosaic_gpu' runs on a CUDA GPU"):
+    attnjax.dot_product_attention(q, k, v, implementation="mosaic_gpu")
+  with pytest.raises(ValueError, match="multiple of 64"):
+    mosaic_gpu.BlockSizes(block_q=32)
+  with pytest.raises(ValueError, match="num_stages"):
+    mosaic_gpu.BlockSizes(num_stages=1)
+  # explicit choice only: auto-dispatch never picks it
+  assert "mosaic_gpu" not in dense.dispatch_table(*dense.prepare(q, k, v)).values()
+
+
+def test_block_size_table_fits_shared_memory():
+  for head_dim, sizes in mosaic_gpu.BLOCK_SIZE_TABLE:
+    for kernel in ("forward", "dq", "dkdv"):
+      used = mosaic_gpu.smem_bytes(sizes, head_dim, head_dim, kernel=kernel)
+      assert used <= mosaic_gpu.SMEM_LIMIT_BYTES - 4096, (head_dim, sizes, kernel, used)
+  assert mosaic_gpu.block_sizes_for(100) == mosaic_gpu.BLOCK_SIZE_TABLE[1][1]
+  with pytest.raises(ValueError, match="head dim 512"):
+    mosaic_gpu.block_sizes_for(512)
+
+
+# ---------------------------------------------------------------------------
+# Deviceless compiles for an H100 and an H200 (jax's CUDA plugin).
+
+
+def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.bfloat16,
+                grad=True, block_sizes=None, T_=512):
+  mesh = targets.mesh(targets.gpu_devices(target, 1))
+  rep = NamedSharding(mesh, P())
+  N, K = (4, 2) if gqa else (4, 4)
+  q = jax.ShapeDtypeStruct((2, T_, N, head_dim), dtype, sharding=rep)
+  kv = jax.ShapeDtypeStruct((2, T_, K, head_dim), dtype, sharding=rep)
+  sink = None
+  if normalizers.REGISTRY[normalizer].accepts_sink_logits:
+    sink = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep)
+  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=30.0, return_stats=True)
+  seg = None
+  if kw.pop("segment_ids", None) is not None:
+    seg = jax.ShapeDtypeStruct((2, T_), jnp.int32, sharding=rep)
+
+  def out(q, k, v, s, seg):
+    return mosaic_gpu.compute(*dense.prepare(q, k, v, sink_logits=s, segment_ids=seg, **kw),
+                              block_sizes=block_sizes)
+
+  def loss(*a):
+    o, st = out(*a)
+    return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(st.logsumexp)
+
+  fn = out
+  if grad:
+    fn = jax.value_and_grad(loss, argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3))
+  with jax.set_mesh(mesh):
+    return jax.jit(fn).lower(q, kv, kv, sink, seg).compile()
+
+
+def assert_mosaic(compiled, kernels: int = 1):
+  """``kernels`` Mosaic GPU kernels compiled (forward, and the dq and dk/dv kernels)."""
+  text = compiled.as_text()
+  count = text.count(f'custom_call_target="{mosaic_gpu.MOSAIC_GPU_CALL_TARGET}"')
+  assert count >= kernels, set(re.findall(r'custom_call_target="([^"]+)"', text))
+
+
+# The default subset (each ~10-20 s on two CPU cores): fwd + dq + dk/dv on an H100 and, with
+# segment ids, on an H200; every normaliser x head dim x structure with -m slow.
+COMPILE_CASES = [
+    ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
+    ("h200", "softpick", "segments", 64, True, jnp.bfloat16),
+]
+SLOW_COMPILE_CASES = [c for c in itertools.product(("h100", "h200"), NORMS, STRUCTURES,
+                                                   (64, 128, 256), (True,), (jnp.bfloat16,))
+                      if c not in COMPILE_CASES]
+
+
+def _cid(case):
+  return "-".join(getattr(x, "__name__", str(x)) for x in case)
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=_cid)
+def test_mosaic_gpu_compiles_for_hopper(case):
+  target, normalizer, structure, H, gqa, dtype = case
+  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype), 3)
+
+
+@needs_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_COMPILE_CASES, ids=_cid)
+def test_mosaic_gpu_compiles_for_hopper_cross_product(case):
+  target, normalizer, structure, H, gqa, dtype = case
+  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype), 3)
+
+
+@needs_cuda
+def test_an_oversized_configuration_is_rejected():
+  # 64 x 256 K and V tiles, 4 stages, head dim 256: ~1.1 MB of shared memory (limit 227 KiB).
+  sizes = mosaic_gpu.BlockSizes(block_q=64, block_k=256, num_stages=4)
+  assert mosaic_gpu.smem_bytes(sizes, 256, 256) > mosaic_gpu.SMEM_LIMIT_BYTES
+  with pytest.raises(Exception, match="exceeds available shared memory"):
+    compile_for("h200", "softmax", "causal", 256, grad=False, block_sizes=sizes)
+
+
+@needs_cuda
+@pytest.mark.slow  # ~20 s of compiles
+def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
+  # A ("data", "tensor") mesh of H200s: dot_product_attention runs the kernels per
+  # (batch rows, kv heads) shard (attnjax._platform.per_shard); nothing is gathered.
+  mesh = targets.mesh(targets.gpu_devices("h200", 8), ("data", "tensor"), (4, 2))
+  spec = NamedSharding(mesh, P("data", None, "tensor", None))
+  q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16, sharding=spec)
+  kv = jax.ShapeDtypeStruct((8, 256, 2, 64), jnp.bfloat16, sharding=spec)
+
+  def loss(q, k, v):
+    out, st = dense.dot_product_attention(q, k, v, is_causal=True, normalizer="sigmoid",
+                                          return_stats=True, implementation="mosaic_gpu")
+    return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
+
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).compile()
+  assert_mosaic(compiled, 3)
+  assert "all-gather" not in compiled.as_text()
