@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax.kernels.mosaic_gpu.plan import load_vector, lower_rows
+from attnjax.kernels.mosaic_gpu.plan import (kv_bounds, load_vector, lower_rows, segment_args,
+                                             tile_allowed)
 
 Array = jnp.ndarray
 
@@ -102,7 +103,6 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
 
 def _dq_kernel(c, res_keys, has_g, refs, scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  from attnjax.kernels.mosaic_gpu.kernel import _allowed, kv_bounds
   nz = c.nz
   q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
   seg_refs, dq_ref = refs[5:-1], refs[-1]
@@ -184,7 +184,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
       k_seg = None
       if c.has_segments:
         k_seg = lax.broadcast_in_dim(load(kseg_smem.at[slot], 0), (bq, bk), (1,))
-      allowed = _allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
+      allowed = tile_allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
     _, dz = lower_rows(nz.tile_backward, bq, iota=any_iota)(z, allowed, dp, res, row_dot, g)
     ds = _softcap_grad(c, dz, s).astype(q_smem.dtype)
     return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
@@ -203,7 +203,6 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
 
 def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  from attnjax.kernels.mosaic_gpu.kernel import _allowed
   nz = c.nz
   q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
   seg_refs, (dk_ref, dv_ref) = refs[5:-2], refs[-2:]
@@ -276,7 +275,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
       q_seg = None
       if c.has_segments:
         q_seg = lax.broadcast_in_dim(load(qseg_smem.at[slot], 0), (bk, bq), (1,))
-      allowed = _allowed(c, i * bq + qcol, kpos, q_seg, k_seg) & (i * bq + qcol < c.T)
+      allowed = tile_allowed(c, i * bq + qcol, kpos, q_seg, k_seg) & (i * bq + qcol < c.T)
     w, dz = lower_rows(nz.tile_backward, bq, transposed=True)(z, allowed, dp, res, row_dot, g)
     dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
                   staging=staging)
@@ -324,7 +323,6 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``).
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  from attnjax.kernels.mosaic_gpu.kernel import segment_args
   nz = c.nz
   dtype = q.dtype
   seg_args = segment_args(c, q_seg, kv_seg)

@@ -53,7 +53,6 @@ interpreter's kernels carry an ordered IO effect that the custom-VJP machinery
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Optional
 
@@ -62,14 +61,14 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax import _platform, normalizers, options
+from attnjax import _platform, options
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
-                                             block_sizes_for, load_vector, lower_rows,
-                                             res_row_keys,
-                                             stat_row_keys)
+                                             Plan, block_sizes_for, kv_bounds, load_vector,
+                                             lower_rows, make_plan, res_row_keys, segment_args,
+                                             stat_row_keys, tile_allowed)
 from attnjax.kernels.pallas_gpu.kernel import collect_stats
 
 Array = jnp.ndarray
@@ -103,87 +102,6 @@ def unsupported(inputs, opts) -> list[str]:
     reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (mosaic_gpu takes bfloat16 or "
                    "float16 for q, k and v; float32 goes to pallas_gpu)")
   return reasons
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan(normalizers.KernelPlan):
-  """Everything the kernel body reads from Python."""
-
-  opts: object
-  B: int
-  T: int
-  S: int
-  N: int
-  K: int
-  H: int
-  Tp: int
-  Sp: int
-  bq: int
-  bk: int
-  stages: int
-  has_sink: bool
-  has_segments: bool
-  interpret: bool
-
-  @property
-  def G(self) -> int:
-    return self.N // self.K
-
-  @property
-  def needs_mask(self) -> bool:
-    o = self.opts
-    return (o.is_causal or o.window is not None or self.has_segments
-            or self.S % self.bk != 0)
-
-
-def _round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
-
-
-def make_plan(inputs, opts, sizes: BlockSizes, interpret: bool) -> Plan:
-  B, T, N, H = inputs.q.shape
-  S, K = inputs.k.shape[1], inputs.k.shape[2]
-  return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, sizes.block_q),
-              Sp=_round_up(S, sizes.block_k), bq=sizes.block_q, bk=sizes.block_k,
-              stages=sizes.num_stages, has_sink=inputs.sink_logits is not None,
-              has_segments=inputs.q_segment_ids is not None,
-              interpret=interpret)
-
-
-def kv_bounds(c: Plan, q0, q_last):
-  """``(lo, hi, full_lo, full_hi)``: key blocks ``[lo, hi)`` visited by rows ``q0 .. q_last``,
-  ``[full_lo, full_hi)`` of them attended by every row (no element mask; none with segment
-  ids, whose mask is data: their blocks are skipped at run time, see ``_kernel``)."""
-  bk = c.bk
-  lo, hi = jnp.int32(0), jnp.int32(pl.cdiv(c.S, bk))
-  flo, fhi = jnp.int32(0), jnp.int32(c.S // bk)
-  if c.opts.is_causal:
-    hi = jnp.minimum(hi, q_last // bk + 1)
-    fhi = jnp.minimum(fhi, (q0 + 1) // bk)
-  if c.opts.window is not None:
-    left, right = c.opts.window
-    lo = jnp.maximum(0, q0 - left) // bk
-    hi = jnp.minimum(hi, jnp.maximum(0, q_last + right) // bk + 1)
-    flo = jnp.maximum(0, pl.cdiv(jnp.maximum(0, q_last - left), bk))
-    fhi = jnp.minimum(fhi, jnp.maximum(0, q0 + right + 1) // bk)
-  hi = jnp.maximum(hi, lo)
-  if c.has_segments:
-    flo, fhi = lo, lo
-  flo = jnp.clip(flo, lo, hi)
-  fhi = jnp.clip(fhi, flo, hi)
-  return lo, hi, flo, fhi
-
-
-def _allowed(c: Plan, qpos, kpos, q_seg=None, k_seg=None):
-  allowed = kpos < c.S
-  if q_seg is not None:
-    allowed = allowed & (q_seg == k_seg)
-  if c.opts.is_causal:
-    allowed = allowed & (kpos <= qpos)
-  if c.opts.window is not None:
-    left, right = c.opts.window
-    allowed = allowed & (kpos >= qpos - left) & (kpos <= qpos + right)
-  return allowed
 
 
 def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
@@ -257,7 +175,7 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
     k_seg = None
     if c.has_segments:
       k_seg = lax.broadcast_in_dim(load(kseg_tile, 0), (bq, bk), (1,))
-    return _allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
+    return tile_allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
 
   sink_rows = None
   if c.has_sink:
@@ -359,21 +277,6 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
   for idx, ref in enumerate(row_refs):
     plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
   plgpu.wait_smem_to_gmem(0)
-
-
-def segment_args(c: Plan, q_seg, kv_seg) -> list:
-  """``[q ids [B, Tp], kv ids [B, Sp], q block ranges [B, Tp / bq, 2], kv block ranges]``
-  (padded by repeating the last id; each block's [min, max]); [] without segment ids."""
-  if not c.has_segments:
-    return []
-  q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
-  kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
-
-  def ranges(x, blk):
-    x = jnp.reshape(x, (c.B, -1, blk))
-    return jnp.stack([jnp.min(x, axis=-1), jnp.max(x, axis=-1)], axis=-1)
-
-  return [q_seg, kv_seg, ranges(q_seg, c.bq), ranges(kv_seg, c.bk)]
 
 
 def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):

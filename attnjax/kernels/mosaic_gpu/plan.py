@@ -22,7 +22,10 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 from jax import lax
+import jax.experimental.pallas as pl
 from jax.extend import core as jex_core
+
+from attnjax import normalizers
 
 
 Array = jnp.ndarray
@@ -318,3 +321,104 @@ def stat_row_keys(nz, with_stats: bool, has_sink: bool) -> tuple[str, ...]:
 
 __all__ = ["BLOCK_SIZE_TABLE", "BlockSizes", "DEFAULT_BLOCK_SIZES", "SMEM_LIMIT_BYTES",
            "block_sizes_for", "lower_rows", "smem_bytes", "stat_row_keys"]
+
+
+# ---------------------------------------------------------------------------
+# The plan of one call, and what the kernels read from it.
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan(normalizers.KernelPlan):
+  """Everything the kernel body reads from Python."""
+
+  opts: object
+  B: int
+  T: int
+  S: int
+  N: int
+  K: int
+  H: int
+  Tp: int
+  Sp: int
+  bq: int
+  bk: int
+  stages: int
+  has_sink: bool
+  has_segments: bool
+  interpret: bool
+
+  @property
+  def G(self) -> int:
+    return self.N // self.K
+
+  @property
+  def needs_mask(self) -> bool:
+    o = self.opts
+    return (o.is_causal or o.window is not None or self.has_segments
+            or self.S % self.bk != 0)
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def make_plan(inputs, opts, sizes: BlockSizes, interpret: bool) -> Plan:
+  B, T, N, H = inputs.q.shape
+  S, K = inputs.k.shape[1], inputs.k.shape[2]
+  return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, sizes.block_q),
+              Sp=_round_up(S, sizes.block_k), bq=sizes.block_q, bk=sizes.block_k,
+              stages=sizes.num_stages, has_sink=inputs.sink_logits is not None,
+              has_segments=inputs.q_segment_ids is not None,
+              interpret=interpret)
+
+
+def kv_bounds(c: Plan, q0, q_last):
+  """``(lo, hi, full_lo, full_hi)``: key blocks ``[lo, hi)`` visited by rows ``q0 .. q_last``,
+  ``[full_lo, full_hi)`` of them attended by every row (no element mask; none with segment
+  ids, whose mask is data: their blocks are skipped at run time, see ``_kernel``)."""
+  bk = c.bk
+  lo, hi = jnp.int32(0), jnp.int32(pl.cdiv(c.S, bk))
+  flo, fhi = jnp.int32(0), jnp.int32(c.S // bk)
+  if c.opts.is_causal:
+    hi = jnp.minimum(hi, q_last // bk + 1)
+    fhi = jnp.minimum(fhi, (q0 + 1) // bk)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    lo = jnp.maximum(0, q0 - left) // bk
+    hi = jnp.minimum(hi, jnp.maximum(0, q_last + right) // bk + 1)
+    flo = jnp.maximum(0, pl.cdiv(jnp.maximum(0, q_last - left), bk))
+    fhi = jnp.minimum(fhi, jnp.maximum(0, q0 + right + 1) // bk)
+  hi = jnp.maximum(hi, lo)
+  if c.has_segments:
+    flo, fhi = lo, lo
+  flo = jnp.clip(flo, lo, hi)
+  fhi = jnp.clip(fhi, flo, hi)
+  return lo, hi, flo, fhi
+
+
+def tile_allowed(c: Plan, qpos, kpos, q_seg=None, k_seg=None):
+  """Boolean tile of the pairs the structure and segment ids allow (keys past S out)."""
+  allowed = kpos < c.S
+  if q_seg is not None:
+    allowed = allowed & (q_seg == k_seg)
+  if c.opts.is_causal:
+    allowed = allowed & (kpos <= qpos)
+  if c.opts.window is not None:
+    left, right = c.opts.window
+    allowed = allowed & (kpos >= qpos - left) & (kpos <= qpos + right)
+  return allowed
+
+
+def segment_args(c: Plan, q_seg, kv_seg) -> list:
+  """``[q ids [B, Tp], kv ids [B, Sp], q block ranges [B, Tp / bq, 2], kv block ranges]``
+  (padded by repeating the last id; each block's [min, max]); [] without segment ids."""
+  if not c.has_segments:
+    return []
+  q_seg = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
+  kv_seg = jnp.pad(kv_seg.astype(jnp.int32), ((0, 0), (0, c.Sp - c.S)), mode="edge")
+
+  def ranges(x, blk):
+    x = jnp.reshape(x, (c.B, -1, blk))
+    return jnp.stack([jnp.min(x, axis=-1), jnp.max(x, axis=-1)], axis=-1)
+
+  return [q_seg, kv_seg, ranges(q_seg, c.bq), ranges(kv_seg, c.bk)]
