@@ -38,6 +38,15 @@ XLA and the block-wise kernel; the targets (``pallas_tpu`` softmax within
 1.25x of splash, every other normaliser within 1.25x of our softmax); and the
 ``tpu`` preset's training steps (``--peak-tflops``: v5e 197, v6e 918).
 
+With ``--kernel mosaic_gpu`` (an H100/H200; one run of about 5 minutes) the
+check is issue 30's: the Mosaic GPU kernel against the reference (every
+normaliser x causal / window / segments, bf16 and fp16, values and gradients);
+TFLOP/s forward and backward (backward = fwd+bwd time minus forward time,
+counted as 2.5x the forward FLOPs) at T = 4k and 16k, H = 128, bf16, causal
+and not, for each normaliser and cuDNN softmax; and the targets: softmax
+forward >= 550 TFLOP/s at T=16k non-causal and within 1.15x of cuDNN's time,
+every other normaliser within 1.15x of our softmax, backward >= 400 TFLOP/s.
+
 On a host without the platform's device it prints that it needs one and exits
 with status 2 at once (``--help`` works anywhere).
 """
@@ -65,6 +74,9 @@ def parse(argv=None) -> argparse.Namespace:
                       "on a GPU; 197 (v5e) on a TPU, 918 for a v6e)")
   p.add_argument("--platform", choices=("gpu", "tpu"), default="gpu",
                  help="which device's paths to check (default gpu)")
+  p.add_argument("--kernel", choices=("default", "mosaic_gpu"), default="default",
+                 help="mosaic_gpu: only the Mosaic GPU kernel's checks and targets (issue 30; "
+                      "Hopper GPUs)")
   return p.parse_args(argv)
 
 
@@ -150,7 +162,7 @@ def check_dispatch_tpu(r: Report) -> None:
            "pallas_tpu")
 
 
-def check_pallas(r: Report, impl: str = "pallas_gpu") -> None:
+def check_pallas(r: Report, impl: str = "pallas_gpu", dtypes: tuple = ()) -> None:
   import itertools
 
   import jax
@@ -163,7 +175,9 @@ def check_pallas(r: Report, impl: str = "pallas_gpu") -> None:
   structures = {"causal": dict(is_causal=True), "window": dict(window=(64, 16)),
                 "segments": dict(is_causal=True, segment_ids=seg)}
   cases = [(n, s, jnp.bfloat16) for n, s in itertools.product(normalizers.NORMALIZERS, structures)]
-  cases += [(n, "causal", jnp.float32) for n in normalizers.NORMALIZERS]
+  # fp32 by default (Triton / Mosaic TPU take it); the Mosaic GPU kernel is bf16 / fp16 only
+  for dtype in dtypes or (jnp.float32,):
+    cases += [(n, "causal", dtype) for n in normalizers.NORMALIZERS]
   for name, structure, dtype in cases:
     q, k, v = qkv(B, T, N, K, H, dtype)
     kw = dict(structures[structure], normalizer=name, return_stats=True)
@@ -264,6 +278,80 @@ def speed_table(r: Report, args) -> dict:
       r.add(f"| {name} | {H} | {T} | {tf * 1e3:.2f} | {flops / tf / 1e12:.1f} | {tb * 1e3:.2f} "
             f"| {3.5 * flops / tb / 1e12:.1f} |")
   return times
+
+
+# Issue 30: the Mosaic GPU kernel's shapes (bf16, H=128) and targets.
+MOSAIC_SIZES = ((128, 4096), (128, 16384))
+
+
+def mosaic_table(r: Report, args) -> dict:
+  """``{(path, T, causal): (fwd s, fwd+bwd s)}`` of mosaic_gpu (each normaliser) and cuDNN."""
+  import jax
+  import jax.numpy as jnp
+  import attnjax
+  from attnjax import normalizers
+  r.add("")
+  r.add("## 4. mosaic_gpu TFLOP/s, bf16, H=128 (16k tokens per batch, N x H = 2048)")
+  r.add("")
+  r.add("| path | T | causal | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |")
+  r.add("|---|---:|---|---:|---:|---:|---:|")
+  paths = {f"mosaic_gpu {n}": dict(implementation="mosaic_gpu", normalizer=n)
+           for n in normalizers.NORMALIZERS}
+  paths["cudnn softmax"] = dict(implementation="cudnn")
+  times, start = {}, time.perf_counter()
+  for H, T in MOSAIC_SIZES:
+    B, _, N, _ = speed_shape(H, T)
+    q, k, v = qkv(B, T, N, N, H, jnp.bfloat16)
+    for causal in (False, True):
+      flops = 4.0 * B * N * T * T * H / (2 if causal else 1)
+      for name, kw in paths.items():
+        if time.perf_counter() - start > args.budget:
+          r.add(f"| {name} | {T} | {causal} | not run (budget) | | | |")
+          continue
+        fwd = jax.jit(lambda q, k, v, kw=kw, c=causal: attnjax.dot_product_attention(
+            q, k, v, is_causal=c, **kw))
+        both = jax.jit(jax.grad(lambda q, k, v, kw=kw, c=causal: jnp.sum(
+            attnjax.dot_product_attention(q, k, v, is_causal=c, **kw).astype(jnp.float32)),
+            (0, 1, 2)))
+        try:
+          tf = _timed(fwd, (q, k, v), args.repeats)
+          tb = max(_timed(both, (q, k, v), args.repeats) - tf, 1e-9)
+        except Exception as e:  # a path failing at a size is a result, not a crash
+          r.add(f"| {name} | {T} | {causal} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
+          continue
+        times[(name, T, causal)] = (tf, tb, flops)
+        r.add(f"| {name} | {T} | {causal} | {tf * 1e3:.2f} | {flops / tf / 1e12:.1f} | "
+              f"{tb * 1e3:.2f} | {2.5 * flops / tb / 1e12:.1f} |")
+  return times
+
+
+def mosaic_targets(r: Report, times: dict) -> None:
+  from attnjax import normalizers
+  r.add("")
+  r.add("## 5. Targets (issue 30; reported, not failed)")
+  soft = ("mosaic_gpu softmax", 16384, False)
+  if soft in times:
+    tf, tb, flops = times[soft]
+    _say(r, flops / tf / 1e12, 550.0, "mosaic_gpu softmax forward TFLOP/s, T=16k non-causal",
+         lower_is_better=False)
+    _say(r, 2.5 * flops / tb / 1e12, 400.0, "mosaic_gpu softmax backward TFLOP/s, T=16k "
+         "non-causal", lower_is_better=False)
+  else:
+    _say(r, None, 550.0, "mosaic_gpu softmax forward TFLOP/s, T=16k non-causal")
+  for T in (4096, 16384):
+    for causal in (False, True):
+      base = times.get(("mosaic_gpu softmax", T, causal))
+      cudnn = times.get(("cudnn softmax", T, causal))
+      where = f"T={T} {'causal' if causal else 'non-causal'}"
+      _say(r, base[0] / cudnn[0] if base and cudnn else None, 1.15,
+           f"mosaic_gpu softmax / cuDNN forward time, {where}")
+      for n in normalizers.NORMALIZERS:
+        if n == "softmax":
+          continue
+        other = times.get((f"mosaic_gpu {n}", T, causal))
+        for col, mode in ((0, "forward"), (1, "backward")):
+          _say(r, other[col] / base[col] if other and base else None, 1.15,
+               f"mosaic_gpu {n} / mosaic_gpu softmax {mode} time, {where}")
 
 
 # Our kernel and the platform's built-in softmax kernel, per --platform.
@@ -367,6 +455,14 @@ def main(argv=None) -> int:
   r.add("")
   r.add(f"devices: {jax.devices()}; jax {jax.__version__}")
   r.add("")
+  if args.kernel == "mosaic_gpu":
+    if args.platform != "gpu":
+      print("--kernel mosaic_gpu needs --platform gpu (a Hopper GPU)")
+      return 2
+    import jax.numpy as jnp
+    check_pallas(r, "mosaic_gpu", dtypes=(jnp.bfloat16, jnp.float16))
+    mosaic_targets(r, mosaic_table(r, args))
+    return _write(r, args)
   if args.platform == "gpu":
     check_dispatch(r)
     check_pallas(r, "pallas_gpu")
@@ -377,6 +473,10 @@ def main(argv=None) -> int:
   times = speed_table(r, args)
   targets(r, times, args.platform)
   training_mfu(r, args)
+  return _write(r, args)
+
+
+def _write(r: Report, args) -> int:
   r.add("")
   r.add("FAILED: " + "; ".join(r.failed) if r.failed else "all correctness checks passed")
   with open(args.out, "w") as f:

@@ -68,10 +68,12 @@ def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e
 
 
 def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int, seq_len: int,
-                      batch_size: int, stats: bool | None = None):
+                      batch_size: int, stats: bool | None = None,
+                      implementation: str | None = None):
   """``(step, state, rest)``: ``preset``'s real training step (optimizer included) for a
   one-layer model of the given size, keeping the preset's other options (dtype, dispatch,
-  per-step statistics unless ``stats`` overrides them). Not jitted."""
+  per-step statistics unless ``stats`` overrides them; ``implementation`` sets the attention
+  implementation, default the preset's automatic one). Not jitted."""
   from flax import nnx
 
   from attnjax.train import optim
@@ -83,6 +85,8 @@ def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int
   cfg.model.update(d_model=d_model, num_layers=1, num_heads=num_heads, mlp_ratio=1)
   cfg.data.update(seq_len=seq_len, batch_size=batch_size)
   cfg.train.microbatches = 1
+  if implementation is not None:
+    cfg.model.implementation = implementation
   model = build_model(cfg, 64, seed=0)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   opt = optim.make_optimizer(cfg)

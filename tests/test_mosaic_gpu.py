@@ -27,7 +27,7 @@ import attnjax
 from attnjax import dense, normalizers, targets
 from attnjax.kernels import mosaic_gpu
 from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
-from helpers import rand_qkv
+from helpers import preset_train_step, rand_qkv
 
 CUDA_MISSING = targets.missing("cuda")
 needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
@@ -403,3 +403,62 @@ def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
     compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv).compile()
   assert_mosaic(compiled, 3)
   assert "all-gather" not in compiled.as_text()
+
+
+# The gpu preset's training step (optimizer included) with mosaic_gpu inside, for an H200: the
+# forward, dq and dk/dv kernels per attention layer (dense by default; every dense-kernel
+# variant the kernel takes in -m slow: ALiBi's score_mod is not one of its options).
+MOSAIC_STEP_VARIANTS = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine", "sigmoid",
+                        "softmax_one", "softpick", "relu", "sink_logits", "gated", "window")
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", [
+    pytest.param(v, marks=[] if v == "dense" else [pytest.mark.slow])
+    for v in MOSAIC_STEP_VARIANTS])
+def test_gpu_preset_train_step_with_mosaic_gpu_compiles(variant):
+  B, T = 8, 256
+  step, state, rest = preset_train_step("gpu", variant, d_model=128, num_heads=2, seq_len=T,
+                                        batch_size=B, implementation="mosaic_gpu")
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  rep = NamedSharding(mesh, P())
+  shapes = lambda tree: jax.tree.map(  # noqa: E731
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), tree)
+  tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=rep)
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(step).lower(shapes(state), shapes(rest), tokens, tokens).compile()
+  assert_mosaic(compiled, 3)
+
+
+# experiments/device_check.py --kernel mosaic_gpu: its speed shapes compile for an H200.
+def _device_check():
+  import importlib.util
+  import pathlib
+  import sys
+  path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "device_check.py"
+  spec = importlib.util.spec_from_file_location("device_check", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules.setdefault("device_check", module)
+  spec.loader.exec_module(module)
+  return module
+
+
+@needs_cuda
+@pytest.mark.parametrize("T,causal", [
+    pytest.param(T, c, marks=[] if (T, c) == (16384, False) else [pytest.mark.slow],
+                 id=f"T{T}-{'causal' if c else 'full'}")
+    for T in (4096, 16384) for c in (False, True)])
+def test_device_check_mosaic_shapes_compile(T, causal):
+  dc = _device_check()
+  assert (128, T) in dc.MOSAIC_SIZES
+  B, T, N, H = dc.speed_shape(128, T)
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+  def loss(q, k, v):
+    return jnp.sum(attnjax.dot_product_attention(
+        q, k, v, is_causal=causal, implementation="mosaic_gpu").astype(jnp.float32))
+
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(x, x, x).compile()
+  assert_mosaic(compiled, 3)
