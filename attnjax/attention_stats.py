@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 
 Array = jnp.ndarray
@@ -75,3 +76,42 @@ def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array
   row_sum = row_mean(jnp.sum(w, axis=-1), has_key)
   return AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
                         logsumexp=lse, row_sum=row_sum)
+
+
+def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None) -> tuple:
+  """``(sink_mass, entropy, max_logit, logsumexp, row_sum)`` from the statistics rows.
+
+  Args:
+    rows: ``[B, N, T]`` per query row: ``entropy``, ``p0``, ``row_sum``, ``row_max``,
+      ``lse``, and the masks ``normalisable`` and ``has_key``.
+    q_positions: ``[T]`` global positions of the rows (``sink_mass`` leaves out position 0).
+    axis: None, or a ``shard_map`` axis whose devices hold the other rows of the call (a
+      sequence sharded over it): the means and the maximum are then over every device's
+      rows (sums and counts summed over the axis), the same on every device.
+  """
+  later = (q_positions >= 1)[None, None, :]
+  means = ((rows["entropy"], rows["normalisable"]),
+           (rows["p0"], jnp.logical_and(rows["normalisable"], later)),
+           (rows["row_sum"], rows["has_key"]))
+  sums = [(jnp.sum(jnp.where(keep, x, 0.0), axis=-1), jnp.sum(keep, axis=-1, dtype=jnp.float32))
+          for x, keep in means]
+  row_max = jnp.max(rows["row_max"], axis=-1)
+  if axis is not None:
+    # One all-reduce for the sums, then one for the maximum (after it): collectives that do
+    # not depend on each other may run in different orders on the devices of a CPU host,
+    # which deadlocks its in-process communicator.
+    sums = jax.lax.psum(sums, axis)
+    row_max, _ = jax.lax.optimization_barrier((row_max, sums))
+    row_max = jax.lax.pmax(row_max, axis)
+  entropy, sink_mass, row_sum = (total / jnp.maximum(count, 1.0) for total, count in sums)
+  max_logit = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  return sink_mass, entropy, max_logit, rows["lse"], row_sum
+
+
+def stats_from_padded_rows(rows: dict, T: int) -> tuple:
+  """:func:`stats_from_rows` of a kernel's per-row outputs ``[B, N, Tp, 1]`` (``Tp >= T``
+  padded rows; the masks as numbers, > 0 = True), rows at positions ``0 .. T-1``."""
+  cat = {key: val[:, :, :T, 0] for key, val in rows.items()}
+  for key in ("normalisable", "has_key"):
+    cat[key] = cat[key] > 0
+  return stats_from_rows(cat, jnp.arange(T))

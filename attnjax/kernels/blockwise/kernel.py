@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import options, masks
-from attnjax.attention_stats import AttentionStats
+from attnjax.attention_stats import AttentionStats, stats_from_rows
 from attnjax.kernels import autodiff
 from attnjax.kernels.linear_map import as_aval, zeros_of
 from attnjax.kernels.blockwise.tiles import (MaskFn, _Arrays, TilePlan, _add_tile, _allowed, _span, _logits, _rows,
@@ -432,37 +432,7 @@ def _to_bnt(c: TilePlan, x: Array) -> Array:
 def _collect_stats(c: TilePlan, rows: dict, q_positions: Optional[Array]) -> tuple:
   cat = {key: _to_bnt(c, val) for key, val in rows.items()}
   q_positions = jnp.arange(c.T) if q_positions is None else q_positions
-  return collect_stats(cat, q_positions, c.stats_axis)
-
-
-def collect_stats(rows: dict, q_positions: Array, axis: Optional[str] = None) -> tuple:
-  """``(sink_mass, entropy, max_logit, logsumexp, row_sum)`` from the statistics rows.
-
-  Args:
-    rows: ``[B, N, T]`` per query row: ``entropy``, ``p0``, ``row_sum``, ``row_max``,
-      ``lse``, and the masks ``normalisable`` and ``has_key``.
-    q_positions: ``[T]`` global positions of the rows (``sink_mass`` leaves out position 0).
-    axis: None, or a ``shard_map`` axis whose devices hold the other rows of the call (a
-      sequence sharded over it): the means and the maximum are then over every device's
-      rows (sums and counts summed over the axis), the same on every device.
-  """
-  later = (q_positions >= 1)[None, None, :]
-  means = ((rows["entropy"], rows["normalisable"]),
-           (rows["p0"], jnp.logical_and(rows["normalisable"], later)),
-           (rows["row_sum"], rows["has_key"]))
-  sums = [(jnp.sum(jnp.where(keep, x, 0.0), axis=-1), jnp.sum(keep, axis=-1, dtype=jnp.float32))
-          for x, keep in means]
-  row_max = jnp.max(rows["row_max"], axis=-1)
-  if axis is not None:
-    # One all-reduce for the sums, then one for the maximum (after it): collectives that do
-    # not depend on each other may run in different orders on the devices of a CPU host,
-    # which deadlocks its in-process communicator.
-    sums = jax.lax.psum(sums, axis)
-    row_max, _ = jax.lax.optimization_barrier((row_max, sums))
-    row_max = jax.lax.pmax(row_max, axis)
-  entropy, sink_mass, row_sum = (total / jnp.maximum(count, 1.0) for total, count in sums)
-  max_logit = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  return sink_mass, entropy, max_logit, rows["lse"], row_sum
+  return stats_from_rows(cat, q_positions, c.stats_axis)
 
 
 # ---------------------------------------------------------------------------
@@ -608,7 +578,7 @@ def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] =
       masks entirely are skipped, fully allowed ones do not evaluate it.
     stats_axis: None, or the ``shard_map`` axis whose devices hold the other query
       rows of the call (context parallelism, all-gather): the statistics' means and
-      maximum are then over the rows of every device (:func:`collect_stats`).
+      maximum are then over the rows of every device (:func:`attnjax.attention_stats.stats_from_rows`).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
@@ -640,7 +610,7 @@ def run_gathered(inputs, opts, *, q_positions: Array, stats_axis: str):
   positions ``q_positions`` ``[T]``) and the gathered keys / values in natural order;
   ``opts`` carry no causal / window structure (express it in ``opts.mask_mod``, which
   sees global positions here, as ``score_mod`` does, and whose blocks are classified per
-  call). The statistics are those of the whole sequence (:func:`collect_stats` over the
+  call). The statistics are those of the whole sequence (:func:`attnjax.attention_stats.stats_from_rows` over the
   axis); ``logsumexp`` is the local rows', with its gradient.
   """
   T, S = inputs.q.shape[1], inputs.k.shape[1]

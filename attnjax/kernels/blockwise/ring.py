@@ -46,10 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import masks, normalizers
-from attnjax.attention_stats import AttentionStats
+from attnjax.attention_stats import AttentionStats, stats_from_rows
 from attnjax.kernels import autodiff
 from attnjax.kernels.blockwise.kernel import _backward as kernel_backward
-from attnjax.kernels.blockwise.kernel import (_cotangent_like, accumulate, collect_stats,
+from attnjax.kernels.blockwise.kernel import (_cotangent_like, accumulate,
                                               count_allowed, default_block_sizes, index_use)
 from attnjax.kernels.blockwise.tiles import TilePlan, _Arrays
 from attnjax.kernels.linear_map import as_aval, varying_axes
@@ -310,7 +310,7 @@ def _collect_stats(call: _Call, rows: dict, gq: Array) -> tuple:
   B, N, T = call.B, call.K * call.G, call.T
   cat = {key: jnp.reshape(jnp.broadcast_to(val, (B, call.K, call.G, T, 1)), (B, N, T))
          for key, val in rows.items()}
-  return collect_stats(cat, gq, call.axis)
+  return stats_from_rows(cat, gq, call.axis)
 
 
 def _backward(call: _Call, x, nondiff, saved, cts):

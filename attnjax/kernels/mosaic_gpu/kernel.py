@@ -64,12 +64,11 @@ import jax.experimental.pallas as pl
 from attnjax import _platform, options
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
-from attnjax.attention_stats import AttentionStats
+from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
                                              Plan, block_sizes_for, kv_bounds, load_vector,
                                              lower_rows, make_plan, res_row_keys, segment_args,
                                              stat_row_keys, tile_allowed)
-from attnjax.kernels.pallas_gpu.kernel import collect_stats
 
 Array = jnp.ndarray
 
@@ -382,7 +381,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
     out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
-    stats = collect_stats(c, srow) if c.with_stats else None
+    stats = stats_from_padded_rows(srow, c.T) if c.with_stats else None
     res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
     has_key = srow["has_key"][..., 0] if c.with_stats else None
     return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)

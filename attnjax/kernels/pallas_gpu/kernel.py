@@ -65,7 +65,7 @@ from attnjax.kernels.pallas_gpu import backward
 from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, kv_block_bounds,
                                       full_kv_blocks, logits, make_plan, tile_allowed,
                                       visit_loop)
-from attnjax.attention_stats import AttentionStats, row_mean
+from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 
 Array = jnp.ndarray
 
@@ -294,20 +294,6 @@ def forward(c: GridPlan, q, k, v, sink, q_seg, kv_seg):
   return out, res, srow
 
 
-def collect_stats(c: GridPlan, srow: dict) -> tuple:
-  """The :class:`AttentionStats` fields from the per-row statistics ``[B, N, Tp, 1]``."""
-  cat = {key: val[:, :, :c.T, 0] for key, val in srow.items()}
-  normalisable = cat["normalisable"] > 0
-  has_key = cat["has_key"] > 0
-  later = (jnp.arange(c.T) >= 1)[None, None, :]
-  entropy = row_mean(cat["entropy"], normalisable)
-  sink_mass = row_mean(cat["p0"], jnp.logical_and(normalisable, later))
-  zmax = jnp.max(cat["row_max"], axis=-1)
-  max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
-  row_sum = row_mean(cat["row_sum"], has_key)
-  return sink_mass, entropy, max_logit, cat["lse"], row_sum
-
-
 # ---------------------------------------------------------------------------
 # The kernel with its custom VJP.
 
@@ -343,7 +329,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
     out, res, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
-    stats = collect_stats(c, srow) if c.with_stats else None
+    stats = stats_from_padded_rows(srow, c.T) if c.with_stats else None
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     o = jnp.transpose(out[:, :, :c.T, :c.Hv], (0, 2, 1, 3))

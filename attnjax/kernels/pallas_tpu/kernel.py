@@ -58,9 +58,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from attnjax import _platform, layout, options
-from attnjax.attention_stats import AttentionStats
+from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels import autodiff, blockwise
-from attnjax.kernels.pallas_gpu.kernel import collect_stats
 from attnjax.kernels.pallas_tpu import backward
 from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, MAX_ARG_SIZE, SKIP,
                                              ScalarTable, TpuPlan, Tables, dot, global_indices, heads_first,
@@ -494,7 +493,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
     out, res, srow = forward(c, fwd_tables, q, k, v, sink, q_seg, kv_seg, score_args,
                              mask_args)
-    stats = collect_stats(c, srow) if c.with_stats else None
+    stats = stats_from_padded_rows(srow, c.T) if c.with_stats else None
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     # Saved compact: a [.., Tp, 1] row array is laid out in whole 128-lane tiles on a TPU.
