@@ -110,6 +110,31 @@ def on_platform(platform: str, fn: Callable[[], Any], message: str) -> Any:
   return jax.lax.platform_dependent(**{platform: fn}, default=lambda: fail(message, like))
 
 
+def kernel_engine(name: str, platform: str, unsupported: Callable, compute: Callable,
+                  where: str) -> Callable:
+  """The ``run(inputs, opts, *, block_sizes=None, interpret=False)`` of a Pallas kernel engine.
+
+  It raises ``ValueError`` naming what ``unsupported(inputs, opts)`` lists, runs
+  ``compute(inputs, opts, block_sizes=..., interpret=True)`` anywhere in interpret mode,
+  and otherwise lowers only for ``platform`` (another platform raises ``ValueError``
+  saying the kernel ``where``, e.g. "runs on a TPU only (a Mosaic kernel)").
+  """
+  def run(inputs, opts, *, block_sizes=None, interpret: bool = False):
+    reasons = unsupported(inputs, opts)
+    if reasons:
+      raise ValueError(f"implementation={name!r} does not support " + "; ".join(reasons))
+    if interpret:
+      return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
+    return on_platform(
+        platform, lambda: compute(inputs, opts, block_sizes=block_sizes),
+        f"implementation={name!r} {where}; use implementation=None to pick per platform")
+
+  run.__doc__ = (f"The ``implementation={name!r}`` engine: ``compute``, lowering for "
+                 f"``{platform}`` only outside interpret mode (another platform raises "
+                 f"``ValueError``); ``block_sizes`` None picks the target's row.")
+  return run
+
+
 # ---------------------------------------------------------------------------
 # The target's generation and libraries, read when a program is traced.
 

@@ -401,25 +401,11 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   out, stats = core(inputs.q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
                     inputs.kv_segment_ids)
   out = out.astype(inputs.q.dtype)
-  if not opts.return_stats:
-    return out
-  sink_mass, entropy, max_logit, lse, row_sum = stats
-  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
-                             logsumexp=lse, row_sum=row_sum)
+  return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
-  """The ``implementation="mosaic_gpu"`` engine: :func:`compute`, lowering for ``cuda`` only
-  outside interpret mode (another platform raises ``ValueError``)."""
-  reasons = unsupported(inputs, opts)
-  if reasons:
-    raise ValueError("implementation='mosaic_gpu' does not support " + "; ".join(reasons))
-  if interpret:
-    return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
-  return _platform.on_platform(
-      "cuda", lambda: compute(inputs, opts, block_sizes=block_sizes),
-      "implementation='mosaic_gpu' runs on a CUDA GPU (sm_90) only; use implementation=None "
-      "to pick per platform")
+run = _platform.kernel_engine("mosaic_gpu", "cuda", unsupported, compute,
+                              "runs on a CUDA GPU (sm_90) only")
 
 
 attention = options.engine_entry(run, "mosaic_gpu", ("block_sizes", "interpret"))

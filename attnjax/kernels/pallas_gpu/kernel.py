@@ -353,32 +353,11 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
   out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
                     inputs.kv_segment_ids)
   out = out.astype(q.dtype)
-  if not opts.return_stats:
-    return out
-  sink_mass, entropy, max_logit, lse, row_sum = stats
-  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
-                             logsumexp=lse, row_sum=row_sum)
+  return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
-  """The ``implementation="pallas_gpu"`` engine: :func:`compute`, lowering for ``cuda`` only
-  outside interpret mode (another platform raises ``ValueError``).
-
-  Args:
-    inputs: canonical arrays (no bias or mask array; see :func:`unsupported`).
-    opts: static options.
-    block_sizes: tiles and launch parameters (None: :func:`block_sizes_for` the target).
-    interpret: run the kernels in Pallas interpret mode (any backend; for tests on the CPU).
-  """
-  reasons = unsupported(inputs, opts)
-  if reasons:
-    raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
-  if interpret:
-    return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
-  return _platform.on_platform(
-      "cuda", lambda: compute(inputs, opts, block_sizes=block_sizes),
-      "implementation='pallas_gpu' runs on a CUDA GPU only (a Triton kernel); use "
-      "implementation=None to pick per platform")
+run = _platform.kernel_engine("pallas_gpu", "cuda", unsupported, compute,
+                              "runs on a CUDA GPU only (a Triton kernel)")
 
 
 attention = options.engine_entry(run, "pallas_gpu", ("block_sizes", "interpret"))

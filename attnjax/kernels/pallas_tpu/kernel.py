@@ -523,25 +523,11 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
                     inputs.kv_segment_ids, score_args, mask_args)
   out = out.astype(q.dtype)
-  if not opts.return_stats:
-    return out
-  sink_mass, entropy, max_logit, lse, row_sum = stats
-  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
-                             logsumexp=lse, row_sum=row_sum)
+  return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-def run(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
-  """The ``implementation="pallas_tpu"`` engine: :func:`compute`, lowering for ``tpu`` only
-  outside interpret mode (another platform raises ``ValueError``)."""
-  reasons = unsupported(inputs, opts)
-  if reasons:
-    raise ValueError("implementation='pallas_tpu' does not support " + "; ".join(reasons))
-  if interpret:
-    return compute(inputs, opts, block_sizes=block_sizes, interpret=True)
-  return _platform.on_platform(
-      "tpu", lambda: compute(inputs, opts, block_sizes=block_sizes),
-      "implementation='pallas_tpu' runs on a TPU only (a Mosaic kernel); use "
-      "implementation=None to pick per platform")
+run = _platform.kernel_engine("pallas_tpu", "tpu", unsupported, compute,
+                              "runs on a TPU only (a Mosaic kernel)")
 
 
 attention = options.engine_entry(run, "pallas_tpu", ("block_sizes", "interpret"))
