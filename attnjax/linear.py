@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from attnjax import _checks, _recurrent, feature_maps, masks
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
-from attnjax.attention_stats import AttentionStats, row_mean, stats_from_weights
+from attnjax.attention_stats import AttentionStats, stats_from_weights
 from attnjax.dense import group_queries
 from attnjax.kernels.blockwise.ring import varying
 from attnjax.parallel.recurrent import every_shard
@@ -240,7 +240,7 @@ def _reference_stats(phi_q: Array, phi_k: Array, *, is_causal: bool) -> Attentio
 
 
 def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: bool,
-                   block: int) -> AttentionStats:
+                   block: int, axis: Optional[str] = None) -> AttentionStats:
   """The same statistics without the ``[T, S]`` matrix.
 
   ``row_sum`` is ``phi(q_i).z_i``: O(T). For a nonnegative feature map the
@@ -249,23 +249,39 @@ def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: 
   through the features, so it (and, for signed maps, the ``|w|`` row sums of
   ``sink_mass``) is computed by a scan over query blocks: O(T S) time, O(block S)
   memory.
+
+  With ``axis`` (context parallelism, contiguous shards) ``phi_q`` holds this device's
+  rows and ``phi_k`` every key of the sequence (gathered): the rows sit at their global
+  positions, and the means over rows are over every device's (sums and counts summed
+  over the axis), the same on every device.
   """
   B, T, K, G, F = phi_q.shape
   S = phi_k.shape[1]
   N = K * G
+  offset = 0 if axis is None else jax.lax.axis_index(axis) * T
 
   def per_head(x):  # [B, T, K, G] -> [B, N, T]
     return jnp.reshape(jnp.transpose(x, (0, 2, 3, 1)), (B, N, T))
 
-  k_prefix = jnp.cumsum(phi_k, axis=1) if is_causal else jnp.sum(phi_k, axis=1, keepdims=True)
+  def mean_over_rows(x, rows):
+    total = jnp.sum(jnp.where(rows, x, 0.0), axis=-1)
+    count = jnp.sum(rows, axis=-1, dtype=jnp.float32)
+    if axis is not None:
+      total, count = jax.lax.psum((total, count), axis)
+    return total / jnp.maximum(count, 1.0)
+
+  if is_causal:
+    k_prefix = jax.lax.dynamic_slice_in_dim(jnp.cumsum(phi_k, axis=1), offset, T, axis=1)
+  else:
+    k_prefix = jnp.sum(phi_k, axis=1, keepdims=True)
   raw_total = _einsum("btkgf,btkf->btkg", phi_q, jnp.broadcast_to(k_prefix, (B, T, K, F)))
-  row_sum = jnp.mean(per_head(raw_total), axis=-1)
+  row_sum = mean_over_rows(per_head(raw_total), jnp.ones((1, 1, T), bool))
 
   num_blocks = -(-T // block)
   pad = num_blocks * block - T
   q_blocks = jnp.pad(phi_q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
   q_blocks = jnp.moveaxis(jnp.reshape(q_blocks, (B, num_blocks, block, K, G, F)), 1, 0)
-  positions = jnp.reshape(jnp.arange(num_blocks * block), (num_blocks, block))
+  positions = jnp.reshape(jnp.arange(num_blocks * block) + offset, (num_blocks, block))
 
   def one_block(xs):
     q_blk, pos = xs
@@ -290,10 +306,10 @@ def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: 
   if nonnegative:
     w0 = _einsum("btkgf,bkf->btkg", phi_q, phi_k[:, 0])
     p0 = per_head(w0) / jnp.where(normalisable, per_head(raw_total), 1.0)
-  later = (jnp.arange(T) >= 1)[None, None, :]
+  later = (jnp.arange(T) + offset >= 1)[None, None, :]
   return AttentionStats(
-      sink_mass=row_mean(p0, jnp.logical_and(normalisable, later)),
-      entropy=row_mean(ent, normalisable),
+      sink_mass=mean_over_rows(p0, jnp.logical_and(normalisable, later)),
+      entropy=mean_over_rows(ent, normalisable),
       row_sum=row_sum)
 
 
@@ -326,7 +342,7 @@ def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bo
   return LinearState(*entering), LinearState(*final)
 
 
-def _check_context(context_axis, *, feature_map, return_stats: bool, q, k) -> None:
+def _check_context(context_axis, *, feature_map, q, k) -> None:
   if not isinstance(context_axis, str):
     raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
                     f"{context_axis!r}")
@@ -340,10 +356,6 @@ def _check_context(context_axis, *, feature_map, return_stats: bool, q, k) -> No
     raise ValueError(f"context_axis={context_axis!r}: queries and keys must be sharded alike "
                      f"(the same local length), got q {_checks.shape_of(q)} and k "
                      f"{_checks.shape_of(k)}")
-  if return_stats:
-    raise ValueError(f"return_stats=True with context_axis={context_axis!r}: the statistics "
-                     f"of linear attention (entropy, sink mass on key 0) need every key of "
-                     f"the sequence per query row; call without context_axis for them")
   if feature_map.needs_consistent_scale:
     raise ValueError(f"feature_map {feature_map.kind!r} with stabilize=True takes its key "
                      f"constant from the call's keys, which differ per shard with "
@@ -482,8 +494,10 @@ def _linear_attention(
       shards ``0 .. p - 1`` and runs its own pass (any ``implementation``)
       from there; non-causal: with every other shard's sums (the global
       ``K^T V`` and normaliser). ``return_state`` gives the whole sequence's
-      final state on every device. Not with ``return_stats`` or a
-      ``stabilize=True`` feature map (both need every key of the sequence).
+      final state on every device. ``return_stats``: this device's rows
+      against every key's features (gathered, O(T F)), the means over every
+      device's rows, the same on every device. Not with a ``stabilize=True``
+      feature map (its key constant comes from every key of the sequence).
 
   Returns:
     ``out`` ``[B, T, N, Hv]`` in the input dtype; ``(out, state)`` with
@@ -502,7 +516,7 @@ def _linear_attention(
       implementation=implementation, chunk_size=chunk_size, initial_state=initial_state,
       return_state=return_state, eps=eps)
   if context_axis is not None:
-    _check_context(context_axis, feature_map=feature_map, return_stats=return_stats, q=q, k=k)
+    _check_context(context_axis, feature_map=feature_map, q=q, k=k)
   B, T, N, _ = q.shape
   K, Hv = k.shape[2], v.shape[3]
   v32 = v.astype(jnp.float32)
@@ -531,7 +545,13 @@ def _linear_attention(
   result = (out, final) if return_state else out
   if not return_stats:
     return result
-  if form == "parallel":
+  if context_axis is not None:
+    # Each row's weights span every key: gather the features (O(T F) per device), then the
+    # block scan over this device's rows at their global positions.
+    keys = jax.lax.all_gather(phi_k, context_axis, axis=1, tiled=True)
+    stats = _blocked_stats(phi_q, keys, is_causal=is_causal, nonnegative=feature_map.nonnegative,
+                           block=chunk_size, axis=context_axis)
+  elif form == "parallel":
     stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
   else:
     stats = _blocked_stats(phi_q, phi_k, is_causal=is_causal,

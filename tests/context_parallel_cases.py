@@ -134,7 +134,10 @@ def run_recurrent_case(case: dict) -> dict:
     def local(*xs):
       return reference(**dict(zip(names, xs)), context_axis=AXIS)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(None, AXIS), P()))(
+    out_specs = (P(None, AXIS), P())
+    if stats:
+      out_specs = (out_specs, P())
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)(
         *(a[n] for n in names))
 
   def loss(call, diff, rest):
@@ -178,8 +181,9 @@ def run_linear_case(case: dict) -> dict:
   kw = dict(is_causal=case.get("causal", True), normalize=case.get("normalize", "denominator"),
             implementation=case.get("implementation"), chunk_size=case.get("chunk_size", 8),
             return_state=True)
-  if case.get("stats"):
-    kw["return_stats"] = True  # not supported with context_axis: the case expects the error
+  stats = bool(case.get("stats"))
+  if stats:
+    kw["return_stats"] = True  # sink mass, entropy and row sum over the whole sequence's rows
   sharded = {"q", "k", "v"}
 
   def reference(**a):
@@ -195,7 +199,10 @@ def run_linear_case(case: dict) -> dict:
     def local(*xs):
       return reference(**dict(zip(names, xs)), context_axis=AXIS)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(None, AXIS), P()))(
+    out_specs = (P(None, AXIS), P())
+    if stats:
+      out_specs = (out_specs, P())
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)(
         *(a[n] for n in names))
 
   # normalize="none" sums O(T) unnormalised terms per row: the loss sees them divided by T,
@@ -203,10 +210,14 @@ def run_linear_case(case: dict) -> dict:
   out_scale = 1.0 / T if kw["normalize"] in ("none", False) else 1.0
 
   def loss(call, diff):
-    out, state = call(**diff)
+    result = call(**diff)
+    (out, state), st = result if stats else (result, None)
     out = out * out_scale
     total = jnp.sum(out * jnp.cos(out))
-    return total + sum(jnp.sum(jnp.sin(s)) for s in state), (out, state)
+    total = total + sum(jnp.sum(jnp.sin(s)) for s in state)
+    if stats:  # the statistics carry gradients (through the feature maps)
+      total = total + sum(jnp.sum(jnp.sin(x)) for x in (st.sink_mass, st.entropy, st.row_sum))
+    return total, (out, state, st)
 
   with jax.set_mesh(mesh):
     (_, got), g_got = jax.jit(jax.value_and_grad(functools.partial(loss, sharded_call),
@@ -215,6 +226,9 @@ def run_linear_case(case: dict) -> dict:
                                                  has_aux=True))(diff)
   errors = {"out": _rel(got[0], want[0]), "kv_sum": _rel(got[1].kv_sum, want[1].kv_sum),
             "k_sum": _rel(got[1].k_sum, want[1].k_sum)}
+  if stats:
+    for field in ("sink_mass", "entropy", "row_sum"):
+      errors[field] = _rel(getattr(got[2], field), getattr(want[2], field))
   for n in diff:
     for i, (a, b) in enumerate(zip(jax.tree.leaves(g_got[n]), jax.tree.leaves(g_want[n]))):
       errors[f"d{n}{'' if i == 0 else i}"] = _rel(a, b)

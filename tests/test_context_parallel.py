@@ -98,12 +98,13 @@ def test_representative_cases_equal_the_unsharded_call():
 
 def test_linear_attention_equals_the_unsharded_call():
   """Causal (chunked from the state the earlier shards pass) with an initial state on 4
-  devices; non-causal (the global K^T V) with FAVOR+, its projection's gradient, on 2."""
+  devices; non-causal (the global K^T V) with FAVOR+, its projection's gradient, on 2;
+  statistics (every row against the gathered keys), causal on 2 and non-causal on 4."""
   check(run_cases([
       dict(family="linear", P=4, T=64, initial_state=True),
       dict(family="linear", P=2, T=32, causal=False, feature_map="favor", heads="mha"),
-      dict(family="linear", P=2, T=32, stats=True,
-           expect="return_stats=True with context_axis='ctx'")]))
+      dict(family="linear", P=2, T=32, stats=True),
+      dict(family="linear", P=4, T=48, causal=False, stats=True, feature_map="favor")]))
 
 
 def test_sparse_attention_equals_the_unsharded_call():
@@ -190,7 +191,7 @@ def test_linear_attention_equals_the_unsharded_call_on_2_4_8_devices():
                       implementation=implementation, normalize=normalize,
                       initial_state=initial, heads="gqa" if initial else "mha",
                       feature_map="favor" if normalize == "output_rms" else "elu_plus_one",
-                      chunk_size=3))
+                      chunk_size=3, stats=normalize == "denominator"))
   check(run_cases(cases, timeout=3600))
 
 

@@ -114,8 +114,7 @@ class LinearSpec(AttentionSpec):
 
     if cache is None:
       run = functools.partial(fn, **kwargs)
-      # Statistics (nnx.capture) need every key: that call is partitioned by XLA.
-      return run_and_sow(layer, run, q, k, v, call, weights=weights, sharded_stats=False), None
+      return run_and_sow(layer, run, q, k, v, call, weights=weights), None
     result = fn(q, k, v, initial_state=cache.state, return_state=True,
                 return_stats=call.capture, **kwargs)
     # return_stats wraps the primary result, here (out, state): see attnjax.linear.

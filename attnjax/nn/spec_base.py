@@ -88,13 +88,10 @@ def _rope(layer, x: Array, positions: Array) -> Array:
 
 
 def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, *,
-                weights: Optional[Callable[[], Array]] = None,
-                sharded_stats: bool = True) -> Array:
+                weights: Optional[Callable[[], Array]] = None) -> Array:
   """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
 
-  Under a mesh with a ``context`` axis the call runs sequence-sharded (:mod:`attnjax.nn._context`),
-  with statistics too unless ``sharded_stats=False`` (a family whose function cannot give
-  them from a shard: linear attention's entropy needs every key).
+  Under a mesh with a ``context`` axis the call runs sequence-sharded (:mod:`attnjax.nn._context`).
 
   The weights default to ``run`` applied to identity values: every family is
   linear in ``v``, so ``attn(q, k, I)`` is exactly the weight matrix the layer
@@ -102,10 +99,7 @@ def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, 
   """
   if not call.capture:
     return _context.run(run, q, k, v, kwargs=dict(return_stats=False))
-  if sharded_stats:
-    out, stats = _context.run(run, q, k, v, kwargs=dict(return_stats=True))
-  else:
-    out, stats = run(q, k, v, return_stats=True)
+  out, stats = _context.run(run, q, k, v, kwargs=dict(return_stats=True))
   _layers.sow(layer, "attention_stats", stats)
   if call.sow_weights:
     if weights is None:
