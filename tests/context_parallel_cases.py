@@ -134,10 +134,7 @@ def run_recurrent_case(case: dict) -> dict:
     def local(*xs):
       return reference(**dict(zip(names, xs)), context_axis=AXIS)
 
-    out_specs = (P(None, AXIS), P())
-    if stats:
-      out_specs = (out_specs, P())
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)(
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(None, AXIS), P()))(
         *(a[n] for n in names))
 
   def loss(call, diff, rest):
