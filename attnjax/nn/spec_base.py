@@ -99,7 +99,13 @@ def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, 
   """
   if not call.capture:
     return _context.run(run, q, k, v, kwargs=dict(return_stats=False))
-  out, stats = _context.run(run, q, k, v, kwargs=dict(return_stats=True))
+  if call.sow_weights:
+    # The weights are materialised ([B, N, T, S]) anyway: the whole capture runs partitioned
+    # by XLA. A sequence-sharded ring beside the XLA-partitioned weights in one program
+    # deadlocked the CPU runtime's collectives on jax 0.12 (the probe of a context mesh).
+    out, stats = run(q, k, v, return_stats=True)
+  else:
+    out, stats = _context.run(run, q, k, v, kwargs=dict(return_stats=True))
   _layers.sow(layer, "attention_stats", stats)
   if call.sow_weights:
     if weights is None:
