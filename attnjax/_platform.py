@@ -110,6 +110,19 @@ def on_platform(platform: str, fn: Callable[[], Any], message: str) -> Any:
   return jax.lax.platform_dependent(**{platform: fn}, default=lambda: fail(message, like))
 
 
+def array_refusals(name: str, inputs: Any, opts: Any, takes: str) -> list[str]:
+  """What a fused dense kernel named ``name`` refuses in every call: a ``bias`` array, a
+  ``mask`` array (the kernel ``takes`` its structure otherwise) and a non-dot similarity."""
+  reasons = []
+  if inputs.bias is not None:
+    reasons.append(f"bias ({name} adds no bias array)")
+  if inputs.mask is not None:
+    reasons.append(f"an explicit mask array ({name} takes {takes})")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r} ({name} computes dot products)")
+  return reasons
+
+
 def kernel_engine(name: str, platform: str, unsupported: Callable, compute: Callable,
                   where: str) -> Callable:
   """The ``run(inputs, opts, *, block_sizes=None, interpret=False)`` of a Pallas kernel engine.

@@ -82,13 +82,8 @@ MOSAIC_GPU_CALL_TARGET = "mosaic_gpu_v2"
 
 def unsupported(inputs, opts) -> list[str]:
   """Reasons ``mosaic_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
-  reasons = []
-  if inputs.bias is not None:
-    reasons.append("bias (mosaic_gpu adds no bias array)")
-  if inputs.mask is not None:
-    reasons.append("an explicit mask array (mosaic_gpu takes is_causal, window and segment ids)")
-  if opts.similarity != "dot":
-    reasons.append(f"similarity={opts.similarity!r} (mosaic_gpu computes dot products)")
+  reasons = _platform.array_refusals("mosaic_gpu", inputs, opts,
+                                     "is_causal, window and segment ids")
   reasons += _platform.unknown_options(
       opts, inputs, KNOWN_OPTIONS,
       KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu")

@@ -157,13 +157,8 @@ def block_sizes_for(head_dim: int, dtype, major: Optional[int] = None) -> BlockS
 
 def unsupported(inputs, opts) -> list[str]:
   """Reasons ``pallas_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
-  reasons = []
-  if inputs.bias is not None:
-    reasons.append("bias (pallas_gpu adds no bias array)")
-  if inputs.mask is not None:
-    reasons.append("an explicit mask array (pallas_gpu takes is_causal, window and segment_ids)")
-  if opts.similarity != "dot":
-    reasons.append(f"similarity={opts.similarity!r} (pallas_gpu computes dot products)")
+  reasons = _platform.array_refusals("pallas_gpu", inputs, opts,
+                                     "is_causal, window and segment_ids")
   reasons += _platform.unknown_options(opts, inputs, KNOWN_OPTIONS,
                                        KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu")
   head_dim = max(inputs.q.shape[-1], inputs.v.shape[-1])

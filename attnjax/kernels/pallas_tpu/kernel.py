@@ -151,14 +151,8 @@ def block_sizes_for(head_dim: int, gen: Optional[str] = None) -> BlockSizes:
 
 def unsupported(inputs, opts) -> list[str]:
   """Reasons ``pallas_tpu`` cannot honour a call ([] = supported); lists unknown options too."""
-  reasons = []
-  if inputs.bias is not None:
-    reasons.append("bias (pallas_tpu adds no bias array)")
-  if inputs.mask is not None:
-    reasons.append("an explicit mask array (pallas_tpu takes is_causal, window, segment_ids "
-                   "and argument-free mask_mod)")
-  if opts.similarity != "dot":
-    reasons.append(f"similarity={opts.similarity!r} (pallas_tpu computes dot products)")
+  reasons = _platform.array_refusals(
+      "pallas_tpu", inputs, opts, "is_causal, window, segment_ids and argument-free mask_mod")
   for name, fn, args, score in (("score_mod", opts.score_mod, inputs.score_mod_args, True),
                                 ("mask_mod", opts.mask_mod, inputs.mask_mod_args, False)):
     why = None if fn is None else _not_in_kernel(fn, args, score)
