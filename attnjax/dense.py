@@ -161,8 +161,14 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
 
   cuda: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16)
   and this host has the cuDNN library (jax's cuDNN wrapper reads its version
-  while tracing: a GPU machine, or a CPU host with ``attnjax[aot]``); else ``"pallas_gpu"`` when it supports the call (no bias/mask arrays, dot
-  similarity); else as the CPU.
+  while tracing: a GPU machine, or a CPU host with ``attnjax[aot]``); else, on
+  a Hopper (compute capability 9: :func:`attnjax._platform.cuda_major`, the
+  ambient mesh's device kind or this process's GPU), ``"mosaic_gpu"`` when it
+  supports the call (bf16/fp16, head dims 64/128/256, no modifiers or
+  bias/mask arrays); else ``"pallas_gpu"`` when it supports the call (no
+  bias/mask arrays, dot similarity); else as the CPU. ``mosaic_gpu``'s
+  warpgroup MMAs are sm_90 instructions, so other majors (Ampere, Blackwell)
+  and an unknown GPU take ``pallas_gpu``.
   tpu: ``"splash"`` when it supports every option (softmax, no bias or mask
   array, T and S multiples of 128, fp32/bf16); else ``"pallas_tpu"`` when it
   supports the call (every normaliser, statistics, any lengths; no bias/mask
@@ -177,6 +183,8 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
   if platform == "cuda":
     if not jax_nn.cudnn_unsupported(inputs, opts):
       return "cudnn"
+    if _platform.cuda_major() == 9 and not mosaic_gpu.unsupported(inputs, opts):
+      return "mosaic_gpu"
     if not pallas_gpu.unsupported(inputs, opts):
       return "pallas_gpu"
   if platform == "tpu":
@@ -403,8 +411,8 @@ def _dot_product_attention(
       Pallas Triton kernel for every normaliser, no bias/mask arrays), or
       ``"pallas_tpu"`` (:mod:`attnjax.kernels.pallas_tpu`, a Pallas Mosaic TPU
       kernel for every normaliser, no bias/mask arrays), or ``"mosaic_gpu"``
-      (:mod:`attnjax.kernels.mosaic_gpu`, a Pallas Mosaic GPU forward kernel for
-      Hopper, every normaliser; explicit choice only, see its ``unsupported``). Named
+      (:mod:`attnjax.kernels.mosaic_gpu`, a Pallas Mosaic GPU kernel for Hopper,
+      every normaliser, bf16/fp16; see its ``unsupported``). Named
       paths raise if an option is unsupported; None is chosen per platform
       when the program is lowered (:func:`dispatch_table`).
     return_residual: also return jax.nn's residual ``[B, T, N]`` in the input

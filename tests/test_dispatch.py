@@ -4,8 +4,8 @@
 receives when a call with ``implementation=None`` is traced. For every option
 combination below the choice of every platform must support every option of
 the call (no option is dropped), and the choices follow the documented order:
-cuda: cudnn (only where this host has the cuDNN library), else pallas_gpu, else
-by length; tpu: splash, else pallas_tpu, else by length; cpu: by length
+cuda: cudnn (only where this host has the cuDNN library), else mosaic_gpu on a
+Hopper, else pallas_gpu, else by length; tpu: splash, else pallas_tpu, else by length; cpu: by length
 (``blockwise`` from ``BLOCKWISE_MIN_LENGTH_CPU`` on, else ``reference``).
 """
 
@@ -31,8 +31,8 @@ EXTRAS = {"plain": {}, "sink": "sink", "softcap": dict(softcap=5.0),
           "mask_mod": "mask_mod"}
 
 
-def _call(normalizer, structure, extra, T, dtype):
-  q, k, v = rand_qkv(B=1, T=T, N=2, K=1, H=8, dtype=dtype, source="numpy")
+def _call(normalizer, structure, extra, T, dtype, H=8):
+  q, k, v = rand_qkv(B=1, T=T, N=2, K=1, H=H, dtype=dtype, source="numpy")
   kw: dict[str, Any] = dict(normalizer=normalizer)
   s = STRUCTURES[structure]
   kw.update(dict(segment_ids=jnp.zeros((1, T), int)) if s == "segments" else s)
@@ -53,7 +53,7 @@ def _call(normalizer, structure, extra, T, dtype):
   return dense.prepare(q, k, v, **kw)
 
 
-def _expected(inputs, opts, T, dtype) -> dict[str, str]:
+def _expected(inputs, opts, T, dtype, major=None) -> dict[str, str]:
   by_length = "blockwise" if T >= dense.BLOCKWISE_MIN_LENGTH_CPU else "reference"
   pallas_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
                and opts.score_mod is None and opts.mask_mod is None)
@@ -66,7 +66,11 @@ def _expected(inputs, opts, T, dtype) -> dict[str, str]:
               and inputs.sink_logits is None and opts.softcap is None and not opts.return_stats
               and opts.similarity == "dot" and opts.score_mod is None and opts.mask_mod is None
               and dtype in (jnp.bfloat16, jnp.float16))
-  cuda = "cudnn" if cudnn_ok else "pallas_gpu" if pallas_ok else by_length
+  # mosaic_gpu: on a Hopper (compute capability 9) only; bf16/fp16, head dims 64/128/256.
+  mosaic_ok = (major == 9 and pallas_ok and dtype in (jnp.bfloat16, jnp.float16)
+               and inputs.q.shape[-1] in (64, 128, 256))
+  cuda = ("cudnn" if cudnn_ok else "mosaic_gpu" if mosaic_ok else "pallas_gpu" if pallas_ok
+          else by_length)
   # pallas_tpu: no bias / mask array, dot similarity, fp32 / bf16; the modifiers here (ALiBi's
   # slopes[n], prefix lengths[b]) read their arguments by scalar index, which it evaluates.
   tpu_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
@@ -92,6 +96,29 @@ def test_every_platform_choice_supports_every_option(normalizer):
       assert dense.IMPLEMENTATIONS[name].unsupported(inputs, opts) == [], (what, platform, name)
     assert dense.select_implementation(inputs, opts) == table["cpu"]
 
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the expected cuda choice assumes a "
+                    "host without a GPU (head dims above 128 for cuDNN)")
+@pytest.mark.parametrize("major", [None, 8, 9, 10])
+def test_the_cuda_choice_follows_the_compute_capability(monkeypatch, major):
+  # The GPU a program is traced for (attnjax._platform.cuda_major: the ambient mesh's device
+  # kind, else this process's GPU): a Hopper takes mosaic_gpu where cuDNN does not cover the
+  # call; Ampere, Blackwell (no wgmma) and an unknown GPU take pallas_gpu.
+  monkeypatch.setattr(_platform, "cuda_major", lambda: major)
+  seen = set()
+  for normalizer, structure, extra, dtype, H in itertools.product(
+      ("softmax", "sigmoid"), STRUCTURES, EXTRAS, (jnp.float32, jnp.bfloat16, jnp.float16),
+      (64, 96)):
+    call = _call(normalizer, structure, extra, 128, dtype, H=H)
+    if call is None:
+      continue
+    inputs, opts = call
+    table = dense.dispatch_table(inputs, opts)
+    what = (major, normalizer, structure, extra, jnp.dtype(dtype).name, H)
+    assert table == _expected(inputs, opts, 128, dtype, major), (what, table)
+    assert dense.IMPLEMENTATIONS[table["cuda"]].unsupported(inputs, opts) == [], what
+    seen.add(table["cuda"])
+  assert ("mosaic_gpu" in seen) == (major == 9), seen
 
 def test_the_device_count_never_changes_the_choice(monkeypatch):
   # Platform kernels run inside shard_map under a multi-device mesh (tests/test_targets.py

@@ -1,13 +1,15 @@
 """The Mosaic GPU kernel (``implementation="mosaic_gpu"``): interpret mode, block bounds, compiles.
 
-Interpret mode runs the kernel in jax's Mosaic GPU interpreter on the CPU (TMA copies into the
-shared-memory ring, barriers, the ``W V`` wgmma, the normaliser state through the row
-lowering, block bounds and masks). The interpreter of jax 0.10.2 lacks a wgmma with a
-transposed operand (``plgpu.transpose_ref``), a wgmma with a register operand, ``pl.run_state``
-and layout annotations (``plgpu.layout_cast``, an iota's layout): in interpret mode the kernel
-computes ``Q K^T`` by a register dot of the shared-memory tiles, stages ``W`` through shared
-memory, and drops layout annotations; the compiled path's wgmma/layouts are validated by the
-deviceless compiles for an H100 and an H200 below (``needs_cuda``: the 'aot' extra).
+Interpret mode runs the kernel in jax's Mosaic GPU interpreter on the CPU: TMA copies into the
+shared-memory ring, barriers, the wgmmas, the normaliser state through the row lowering,
+block bounds and masks. Under jax 0.12 (the py3.13 run) it is the compiled path's code,
+transposed-operand wgmmas and layouts included, except for register-lhs wgmmas, which no
+interpreter runs: their lhs is staged through shared memory
+(``test_interpreter_runs_the_compiled_products``). jax 0.10.2's interpreter also lacks
+transposed wgmma operands and layout annotations: there ``Q K^T`` and the backward's
+transposed products are register dots of the shared-memory tiles and layouts are dropped.
+The compiled path is also validated by the deviceless compiles for an H100 and an H200 below
+(``needs_cuda``: the 'aot' extra).
 
 Lengths (T=100, S=130) are not multiples of the 64-blocks; most calls use GQA (4 query heads
 on 2 key/value heads). The cross products are ``slow``.
@@ -27,7 +29,7 @@ import attnjax
 from attnjax import dense, normalizers, targets
 from attnjax.kernels import mosaic_gpu
 from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
-from helpers import preset_train_step, rand_qkv
+from helpers import rand_qkv
 
 CUDA_MISSING = targets.missing("cuda")
 needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
@@ -191,6 +193,29 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
       _close(a, b, f"{what} {name}")
 
 
+
+@pytest.mark.skipif(not mplan.INTERPRETER_RUNS_LAYOUTS,
+                    reason="jax < 0.12: the interpreter lacks transposed wgmma and layouts")
+def test_interpreter_runs_the_compiled_products():
+  """Under jax 0.12 the interpret-mode kernels' products are all wgmmas (no register dot),
+  with the compiled path's layout annotations: the values tested here are the compiled
+  path's, bar the staging of register lhs operands."""
+  q, k, v, kw = _inputs("causal", "softmax", stats=True)
+  inputs, opts = dense.prepare(q, k, v, **kw)
+  c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
+  assert not c.plain
+  segs = (None, None)
+
+  def both(q, k, v):
+    out, rows = mkernel.forward(c, q, k, v, None, *segs, residuals=True)
+    res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
+    return mbackward.backward(c, q, k, v, None, out, res, out, None, None, *segs)
+
+  for fn in (lambda q, k, v: mkernel.forward(c, q, k, v, None, *segs), both):
+    text = str(jax.make_jaxpr(fn)(q, k, v))
+    assert "dot_general" not in text
+    assert "wgmma" in text and "layout_cast" in text
+
 BACKWARD_CASES = [
     # 64 x 128 tiles (dk/dv tiles [128 keys, 64 queries]): the transposed row lowering
     ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True,
@@ -290,7 +315,7 @@ def test_mosaic_gpu_names_what_it_cannot_do():
     mosaic_gpu.BlockSizes(block_q=32)
   with pytest.raises(ValueError, match="num_stages"):
     mosaic_gpu.BlockSizes(num_stages=1)
-  # explicit choice only: auto-dispatch never picks it
+  # auto-dispatch picks it only for a Hopper (tests/test_dispatch.py); this host has no GPU
   assert "mosaic_gpu" not in dense.dispatch_table(*dense.prepare(q, k, v)).values()
 
 
@@ -387,8 +412,9 @@ def test_an_oversized_configuration_is_rejected():
 @needs_cuda
 @pytest.mark.slow  # ~20 s of compiles
 def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
-  # A ("data", "tensor") mesh of H200s: dot_product_attention runs the kernels per
-  # (batch rows, kv heads) shard (attnjax._platform.per_shard); nothing is gathered.
+  # A ("data", "tensor") mesh of H200s: auto-dispatch takes mosaic_gpu (a Hopper; statistics
+  # rule cuDNN out) and runs the kernels per (batch rows, kv heads) shard
+  # (attnjax._platform.per_shard); nothing is gathered.
   mesh = targets.mesh(targets.gpu_devices("h200", 8), ("data", "tensor"), (4, 2))
   spec = NamedSharding(mesh, P("data", None, "tensor", None))
   q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16, sharding=spec)
@@ -396,7 +422,7 @@ def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
 
   def loss(q, k, v):
     out, st = dense.dot_product_attention(q, k, v, is_causal=True, normalizer="sigmoid",
-                                          return_stats=True, implementation="mosaic_gpu")
+                                          return_stats=True)
     return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
 
   with jax.set_mesh(mesh):
@@ -405,29 +431,8 @@ def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
   assert "all-gather" not in compiled.as_text()
 
 
-# The gpu preset's training step (optimizer included) with mosaic_gpu inside, for an H200: the
-# forward, dq and dk/dv kernels per attention layer (dense by default; every dense-kernel
-# variant the kernel takes in -m slow: ALiBi's score_mod is not one of its options).
-MOSAIC_STEP_VARIANTS = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine", "sigmoid",
-                        "softmax_one", "softpick", "relu", "sink_logits", "gated", "window")
-
-
-@needs_cuda
-@pytest.mark.parametrize("variant", [
-    pytest.param(v, marks=[] if v == "dense" else [pytest.mark.slow])
-    for v in MOSAIC_STEP_VARIANTS])
-def test_gpu_preset_train_step_with_mosaic_gpu_compiles(variant):
-  B, T = 8, 256
-  step, state, rest = preset_train_step("gpu", variant, d_model=128, num_heads=2, seq_len=T,
-                                        batch_size=B, implementation="mosaic_gpu")
-  mesh = targets.mesh(targets.gpu_devices("h200", 1))
-  rep = NamedSharding(mesh, P())
-  shapes = lambda tree: jax.tree.map(  # noqa: E731
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), tree)
-  tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=rep)
-  with jax.set_mesh(mesh):
-    compiled = jax.jit(step).lower(shapes(state), shapes(rest), tokens, tokens).compile()
-  assert_mosaic(compiled, 3)
+# The gpu preset's training step with mosaic_gpu inside (auto-dispatch on an H200) for every
+# dense-kernel variant: tests/test_targets.py::test_gpu_preset_train_step_compiles.
 
 
 # experiments/device_check.py --kernel mosaic_gpu: its speed shapes compile for an H200.

@@ -29,7 +29,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from attnjax import dense, normalizers, _platform, targets
-from attnjax.kernels import pallas_gpu, pallas_tpu, splash
+from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from helpers import preset_train_step
 
 CUDA_MISSING = targets.missing("cuda")
@@ -45,6 +45,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
 
 TRITON = pallas_gpu.TRITON_CALL_TARGET
+MOSAIC_GPU = mosaic_gpu.MOSAIC_GPU_CALL_TARGET
 CUDNN_PREFIX = "__cudnn$fmha"
 MOSAIC = "tpu_custom_call"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -390,14 +391,17 @@ def compile_train_step(preset: str, variant: str, devices) -> object:
   return compile_on(mesh, step, abstract(state, rep), abstract(rest, rep), tokens, tokens)
 
 
-def check_gpu_step(variant: str, compiled) -> None:
+def check_gpu_step(variant: str, compiled, gpu: str) -> None:
   from attnjax.train.variants import attention_kwargs
-  found = call_targets(compiled)
-  # Statistics in every step rule cuDNN out: the Pallas kernel (fwd, dq, dk/dv) runs, except
-  # for ALiBi, whose bias the kernel does not take (it trains on the block-wise loop).
+  text = compiled.as_text()
+  # Statistics in every step rule cuDNN out: our kernel (fwd, dq, dk/dv) runs, the Mosaic GPU
+  # kernel on a Hopper and the Triton kernel on an A100, except for ALiBi, whose bias neither
+  # kernel takes (it trains on the block-wise loop).
+  ours, other = (MOSAIC_GPU, TRITON) if gpu in ("h100", "h200") else (TRITON, MOSAIC_GPU)
   if uses_dense_kernel(variant) and not attention_kwargs(variant).get("alibi"):
-    assert TRITON in found, (variant, found)
-  assert MOSAIC not in found
+    assert text.count(f'custom_call_target="{ours}"') >= 3, (variant, call_targets(compiled))
+  found = call_targets(compiled)
+  assert other not in found and MOSAIC not in found, (variant, found)
 
 
 def splash_step(variant: str) -> bool:
@@ -435,9 +439,9 @@ def check_tpu_step(variant: str, compiled) -> None:
 # run no TPU kernel: their XLA programs are compiled for TPUs in -m slow, as is every other
 # (mesh, variant) pair (same kernels, other options; tests/test_export.py exports the compared
 # variants' steps for both platforms by default).
-GPU_STEP_MESHES = {"1": (1, ("dense", "qk_layernorm", "alibi", "linear", "gla", "gated_deltanet",
-                             "block_select", "compressed", "dilated")),
-                   "dp4": (4, ("sigmoid",)), "dp8": (8, ("dense",))}
+GPU_STEP_MESHES = {"1": (("h200", 1), ("dense", "qk_layernorm", "alibi", "linear", "gla",
+                                     "gated_deltanet", "block_select", "compressed", "dilated")),
+                   "a100-dp4": (("a100", 4), ("sigmoid",)), "dp8": (("h200", 8), ("dense",))}
 DENSE_KERNEL_VARIANTS = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine", "sigmoid",
                          "softmax_one", "softpick", "relu", "sink_logits", "gated", "window",
                          "alibi")
@@ -460,9 +464,9 @@ def step_cases(meshes):
 
 @needs_cuda
 @pytest.mark.parametrize("mesh,variant", step_cases(GPU_STEP_MESHES))
-def test_gpu_preset_train_step_compiles_for_h200(mesh, variant):
-  devices = targets.gpu_devices("h200", GPU_STEP_MESHES[mesh][0])
-  check_gpu_step(variant, compile_train_step("gpu", variant, devices))
+def test_gpu_preset_train_step_compiles(mesh, variant):
+  gpu, n = GPU_STEP_MESHES[mesh][0]
+  check_gpu_step(variant, compile_train_step("gpu", variant, targets.gpu_devices(gpu, n)), gpu)
 
 
 def test_dense_kernel_variants_are_listed():
@@ -507,9 +511,10 @@ def test_tpu_kernels_compile_data_parallel(normalizer):
 
 @needs_cuda
 def test_gpu_kernel_inside_shard_map_over_batch_and_heads():
-  # A ("data", "tensor") mesh: the kernel runs per (batch rows, kv heads) shard; nothing is
-  # gathered (no all-gather of q, k or v in the compiled program).
-  mesh = targets.mesh(targets.gpu_devices("h200", 8), ("data", "tensor"), (4, 2))
+  # A ("data", "tensor") mesh of A100s: the Triton kernel runs per (batch rows, kv heads)
+  # shard; nothing is gathered (no all-gather of q, k or v in the compiled program). (On
+  # Hopper the same call takes mosaic_gpu: test_mosaic_gpu.py.)
+  mesh = targets.mesh(targets.gpu_devices("a100", 8), ("data", "tensor"), (4, 2))
   spec = NamedSharding(mesh, P("data", None, "tensor", None))
   q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16, sharding=spec)
   kv = jax.ShapeDtypeStruct((8, 256, 2, 64), jnp.bfloat16, sharding=spec)

@@ -69,7 +69,7 @@ def q_block_bounds(c, k0, k_last, nq: int):
 
 def _layout_tools(c, plgpu, shape):
   layout = plgpu.Layout.WGMMA
-  if c.interpret:
+  if c.plain:
     return (lambda d: lax.broadcasted_iota(jnp.int32, shape, d), None,
             lambda ref, axis: ref[...], layout)
   return (lambda d: plgpu.broadcasted_iota(jnp.int32, shape, d, layout=layout),
@@ -81,7 +81,7 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
   """``a @ b`` (float32) by wgmma: ``a`` a register tile (or ``a_ref`` in shared memory),
   ``b_ref`` shared memory (``trans_b``: its transpose). In interpret mode a transposed
   operand is a register ``dot`` and a register lhs is staged through ``staging``."""
-  if c.interpret and trans_b:
+  if c.plain and trans_b:
     lhs = a if a_ref is None else a_ref[...]
     return lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),
                            preferred_element_type=jnp.float32)
@@ -94,7 +94,7 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
       lhs = staging
     else:
       lhs = a
-    rhs = plgpu.transpose_ref(b_ref, (1, 0)) if trans_b else b_ref
+    rhs = b_ref.transpose((1, 0)) if trans_b else b_ref
     plgpu.wgmma(acc, lhs, rhs)
     return acc[...]
 
@@ -190,7 +190,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
     return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
 
   dq = jnp.zeros((bq, H), jnp.float32)
-  if not c.interpret:
+  if not c.plain:
     dq = plgpu.layout_cast(dq, layout)
   dq = lax.fori_loop(lo, flo, lambda j, a: step(True, j, a), dq)
   dq = lax.fori_loop(flo, fhi, lambda j, a: step(False, j, a), dq)
@@ -304,7 +304,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
                     lambda: compute(True, t, slot, carry))
 
   zeros = jnp.zeros((bk, H), jnp.float32)
-  if not c.interpret:
+  if not c.plain:
     zeros = plgpu.layout_cast(zeros, layout)
   dk, dv = lax.fori_loop(0, total, step, (zeros, zeros))
   dk_smem[...] = (dk * c.opts.scale).astype(dk_smem.dtype)

@@ -35,20 +35,21 @@ than 64 / 128 / 256 (or q's differing from v's), bias / mask arrays,
 ``similarity="neg_sq_euclidean"``.
 
 Interpret mode (``interpret=True``) runs the kernels in jax's Mosaic GPU interpreter
-(``InterpretGPUParams``) on the CPU. jax 0.10.2's interpreter lacks: ``wgmma`` with a
-transposed shared-memory operand (``plgpu.transpose_ref``: ``'TransposeTransform' object
-has no attribute 'indices'``), ``wgmma`` with a register lhs (it reads the lhs's allocation
-key: "Expected shape (5,) but got (64, 64)"), ``pl.run_state`` ("Higher-order primitive
-run_state"), ``plgpu.layout_cast`` ("MLIR translation rule for primitive 'layout_cast' not
-found for platform cpu"). In interpret mode the kernels therefore compute the transposed
-products by a register ``dot`` of the shared-memory tiles, stage register lhs operands
-through a shared-memory buffer, and drop layout annotations (``layout_cast``, the layouts of
-iotas and of ``plgpu.load``, whose place plain reads of the shared-memory refs take: whether
-the interpreter runs them was not tried); TMA copies, barriers, the
-other wgmmas, block bounds, masks and the normaliser code are the compiled path's. And the
-interpreter's kernels carry an ordered IO effect that the custom-VJP machinery
-(:mod:`attnjax.kernels.autodiff`) cannot hold, so in interpret mode gradients through
-:func:`compute` take the block-wise backward; the tests call the backward kernels directly.
+(``InterpretGPUParams``) on the CPU. Under jax 0.12 it runs the compiled path's code (TMA
+copies, barriers, the K/V ring, wgmma with a transposed shared-memory operand, layouts, block
+bounds, masks and the normaliser code) except one primitive, which every interpreter so far
+lacks: ``wgmma`` with a register lhs (it reads the lhs's allocation key: "Expected shape (6,)
+but got (64, 128)"); in interpret mode that lhs (the weights of ``W V``, ``dS`` of
+``dS K``, and the backward's transposed tiles) is staged through a shared-memory buffer.
+jax 0.10.2's interpreter also lacks ``wgmma`` with a transposed operand (``'TransposeTransform'
+object has no attribute 'indices'``) and layout annotations (``layout_cast``, the layouts of
+iotas and of ``plgpu.load``: "MLIR translation rule for primitive 'layout_cast' not found for
+platform cpu"); under it (``Plan.plain``) the transposed products are register dots of
+the shared-memory tiles and the layout annotations are dropped. The interpreter's kernels
+carry an ordered IO effect that the custom-VJP machinery (:mod:`attnjax.kernels.autodiff`)
+cannot hold (``KeyError: OrderedIOEffect``, jax 0.10.2 and 0.12), so in interpret mode
+gradients through :func:`compute` take the block-wise backward; the tests call the backward
+kernels directly.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
   layout = plgpu.Layout.WGMMA
   # The interpreter has no rule for layout annotations (layout_cast, an iota's layout): it
   # runs the same values without them.
-  if c.interpret:
+  if c.plain:
     any_iota = None
     cast = lambda x, lay: x
   else:
@@ -156,7 +157,7 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
   q_seg = meets = None
   if c.has_segments:
     _, _, qrange_ref, krange_ref = seg_refs
-    if c.interpret:  # the interpreter has no plgpu.load: a plain read
+    if c.plain:  # jax 0.10's interpreter has no plgpu.load: a plain read
       load = lambda ref, axis: ref[...]
     else:
       load = lambda ref, axis: load_vector(ref, layout.reduce(axis))
@@ -217,12 +218,12 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
     return lax.cond(meets(j), lambda: compute(masked, j, slot, st), lambda: st)
 
   def compute(masked, j, slot, st):
-    if c.interpret:  # the interpreter has no wgmma with a transposed operand
+    if c.plain:  # jax 0.10's interpreter has no wgmma with a transposed operand
       s = lax.dot_general(q_smem[...], k_smem.at[slot][...], (((1,), (1,)), ((), ())),
                           preferred_element_type=jnp.float32)
     else:
       def qk(acc):
-        plgpu.wgmma(acc, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+        plgpu.wgmma(acc, q_smem, k_smem.at[slot].transpose((1, 0)))
         return acc[...]
       s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
     z = s * c.opts.scale

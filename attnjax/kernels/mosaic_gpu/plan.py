@@ -102,6 +102,12 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
   raise ValueError(f"kernel must be 'forward', 'dq' or 'dkdv', got {kernel!r}")
 
 
+# jax 0.12's Mosaic GPU interpreter runs layout annotations (layout_cast, iotas' and loads'
+# layouts) and wgmma with a transposed shared-memory operand; jax 0.10.2's has neither. Both
+# lack wgmma with a register lhs (the kernels stage it through shared memory in interpret mode).
+INTERPRETER_RUNS_LAYOUTS = jax.__version_info__ >= (0, 12)
+
+
 def load_vector(ref, layout):
   """``plgpu.load`` of a whole shared-memory vector with ``layout`` (jax 0.10 takes an index
   argument, jax 0.12 none)."""
@@ -346,6 +352,12 @@ class Plan(normalizers.KernelPlan):
   has_sink: bool
   has_segments: bool
   interpret: bool
+
+  @property
+  def plain(self) -> bool:
+    """In the interpreter of a jax without layouts or transposed wgmma operands (jax < 0.12):
+    the kernels drop layout annotations and compute transposed products by register dots."""
+    return self.interpret and not INTERPRETER_RUNS_LAYOUTS
 
   @property
   def G(self) -> int:
