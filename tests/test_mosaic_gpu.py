@@ -51,9 +51,10 @@ NORMS = normalizers.NORMALIZERS
 
 
 def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, softcap=None,
-            scale=None, stats=False, H=64, seed=0):
+            scale=None, stats=False, H=64, seed=0, lengths=(T, S)):
   N, K = (4, 2) if gqa else (2, 2)
-  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=H, seed=seed, source="numpy")
+  q, k, v = rand_qkv(B=2, T=lengths[0], S=lengths[1], N=N, K=K, H=H, seed=seed,
+                     source="numpy")
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale,
             return_stats=stats)
@@ -215,6 +216,28 @@ def test_interpreter_runs_the_compiled_products():
     text = str(jax.make_jaxpr(fn)(q, k, v))
     assert "dot_general" not in text
     assert "wgmma" in text and "layout_cast" in text
+
+@pytest.mark.parametrize("normalizer,structure", [("softmax", "window"), ("sigmoid", "causal")])
+def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, structure):
+  # T = S = 300 in 64-row blocks: three programs of two consumer warpgroups (128 rows), the
+  # last one ragged. Causal: the second consumer visits one block more than the first (the
+  # first waits for it and releases it); window (70, 10): in the second program the first
+  # consumer starts a block earlier. Every tile is released by both, or the producer hangs.
+  q, k, v, kw = _inputs(structure, normalizer, stats=True, sink=normalizer == "softmax",
+                        lengths=(300, 300))
+  inputs, opts = dense.prepare(q, k, v, **kw)
+  c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
+  assert (c.Tp, c.Tp // (mplan.CONSUMERS * c.bq)) == (384, 3)
+  fn = lambda q, k, v: mosaic_gpu.run(*dense.prepare(q, k, v, **kw), interpret=True,
+                                      block_sizes=BLOCKS)
+  text = str(jax.make_jaxpr(fn)(q, k, v))
+  # a producer and two consumers, registers moved between them
+  assert "num_threads=3" in text and text.count("set_max_registers") == 2
+  (got, got_stats), (want, want_stats) = jax.jit(fn)(q, k, v), _reference(q, k, v, kw)
+  _close(got, want, f"{normalizer} {structure} T=300")
+  for field in ("sink_mass", "entropy", "logsumexp"):
+    _close(getattr(got_stats, field), getattr(want_stats, field), field, tol=1e-5)
+
 
 BACKWARD_CASES = [
     # 64 x 128 tiles (dk/dv tiles [128 keys, 64 queries]): the transposed row lowering

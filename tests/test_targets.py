@@ -226,13 +226,14 @@ def test_pallas_tpu_block_sizes_by_generation_and_an_oversized_one_fails():
   assert seen == {"v5e": pallas_tpu.block_sizes_for(128, "v5e"),
                   "v6e": pallas_tpu.block_sizes_for(128, "v6e")}
   assert seen["v6e"].block_k > seen["v5e"].block_k
-  # What the compile checks: 2048 x 2048 float32 tiles at head dim 256 overflow v5e's VMEM.
+  # What the compile checks: 1024 x 1024 float32 tiles at head dim 256 overflow v5e's VMEM
+  # (one block per call: 2048-tiles fail the same way after a 5x longer compile).
   mesh = targets.mesh(target_devices("v5e"))
-  q = jax.ShapeDtypeStruct((1, 4096, 2, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
+  q = jax.ShapeDtypeStruct((1, 1024, 2, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
 
   def fn(q):
     return pallas_tpu.compute(*dense.prepare(q, q, q, is_causal=True),
-                              block_sizes=pallas_tpu.BlockSizes(2048, 2048, 2048, 2048))
+                              block_sizes=pallas_tpu.BlockSizes(1024, 1024, 1024, 1024))
 
   with jax.set_mesh(mesh):
     lowered = jax.jit(fn).lower(q)

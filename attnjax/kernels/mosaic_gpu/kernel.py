@@ -1,21 +1,25 @@
 """A Pallas Mosaic GPU flash-attention kernel for Hopper (sm_90): ``implementation="mosaic_gpu"``.
 
-Forward: one program per (query head, query block, batch), one warpgroup. The query tile is
-loaded once by TMA into shared memory; key/value tiles stream through a ``num_stages`` ring
-of shared-memory slots filled by TMA (the copy of tile ``j + num_stages - 1`` is issued
-before tile ``j`` is computed, each slot guarded by a barrier); ``Q K^T`` and ``W V`` are
-warpgroup MMAs (wgmma) into float32 accumulators. The online state is the normaliser's
-(:meth:`Normalizer.init` / :meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`, the
-functions the block-wise and Triton kernels call; the kernel never looks at a normaliser's
-name), run through :func:`attnjax.kernels.mosaic_gpu.plan.lower_rows` (Mosaic GPU has no
-layout for the normalisers' ``[R, 1]`` rows). Not yet FlashAttention-3's producer/consumer
-split: the same warpgroup issues the TMA copies and computes (no dedicated producer
-warpgroup, no ping-pong of two consumer warpgroups, no wgmma/softmax overlap).
+Forward: one program per (query head, pair of query blocks, batch) with three warpgroups,
+as in FlashAttention-3 and jax's ``attention_mgpu`` example. The producer warpgroup (its
+registers cut to 40 per thread by ``setmaxnreg``) only issues TMA copies: key/value tiles
+stream through a ``num_stages`` ring of shared-memory slots, each slot refilled once both
+consumers have released it (a two-arrival barrier per slot). Two consumer warpgroups (232
+registers per thread) each own a block of ``block_q`` query rows, loaded once by TMA:
+``Q K^T`` and ``W V`` are warpgroup MMAs (wgmma) into float32 accumulators, and a schedule
+barrier makes the two take turns (ping-pong: one consumer's ``Q K^T`` runs on the tensor
+cores while the other works on its weights); the output tile is written into the query
+tile's shared memory. The online state is the normaliser's (:meth:`Normalizer.init` /
+:meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`, the functions the block-wise and
+Triton kernels call; the kernel never looks at a normaliser's name), run through
+:func:`attnjax.kernels.mosaic_gpu.plan.lower_rows` (Mosaic GPU has no layout for the
+normalisers' ``[R, 1]`` rows).
 
-Blocks are skipped, not masked: a query block visits only the key blocks its rows may
-attend (causal / window bounds, :func:`kv_bounds`); the interior blocks every row attends
-entirely run a loop that evaluates no element mask; only edge blocks (and a ragged last key
-block) are masked. Segment ids: the ids ride the K/V ring into shared memory, and a visited
+Blocks are skipped, not masked: a program loads only the key blocks its rows may attend
+(causal / window bounds, :func:`kv_bounds`), and each consumer computes only those of its
+own rows (it waits for and releases the others: one more block at most per causal diagonal);
+the interior blocks every row attends entirely run a loop that evaluates no element mask;
+only edge blocks (and a ragged last key block) are masked. Segment ids: the ids ride the K/V ring into shared memory, and a visited
 block whose [min, max] segment range cannot meet the query block's is skipped at run time
 (its tiles are still copied, keeping the ring's barriers in phase; its products and
 normaliser work are not done). Normalisers that need the number of allowed keys first
@@ -23,10 +27,10 @@ normaliser work are not done). Normalisers that need the number of allowed keys 
 pre-pass with segment ids. GQA: query head ``n`` reads key/value head ``n // G`` by its TMA
 index (K and V are never repeated). ``return_stats`` comes from the same pass (the
 normaliser's statistics rows). Ragged lengths are padded to the blocks (padded keys masked,
-padded rows dropped).
+padded rows dropped; query lengths to a multiple of ``2 * block_q``).
 
 Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
-recomputed tiles, with the sink-logit and logsumexp gradients, segment ids included. Forward
+recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with the sink-logit and logsumexp gradients, segment ids included. Forward
 mode (``jax.jvp``) takes its tangent from the block-wise engine
 (:func:`attnjax.kernels.blockwise.twin`, run by XLA), as for the other Pallas kernels.
 
@@ -66,8 +70,8 @@ from attnjax import _platform, options
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
-from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, BlockSizes,
-                                             Plan, block_sizes_for, kv_bounds, load_vector,
+from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
+                                             BlockSizes, Plan, block_sizes_for, kv_bounds, load_vector,
                                              lower_rows, make_plan, res_row_keys, segment_args,
                                              stat_row_keys, tile_allowed)
 
@@ -99,48 +103,100 @@ def unsupported(inputs, opts) -> list[str]:
   return reasons
 
 
+# Registers per thread after setmaxnreg: the consumers hold the accumulators, the producer
+# only addresses (2 x 128 x 232 + 128 x 40 <= 64K registers per SM).
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
+
+
 def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
             scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  nz = c.nz
-  q_smem, k_smem, v_smem, o_smem, q_bar, k_bars, v_bars, rows_smem = scratch[:8]
-  extra = list(scratch[8:])
+  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, consumed, schedule,
+   rows_smem) = scratch[:9]
+  extra = list(scratch[9:])
   p_smem = extra.pop(0) if c.interpret else None
   if c.has_segments:
-    qseg_smem, kseg_smem, kseg_one, qseg_bar, kseg_bars, kseg_one_bar = extra
+    qseg_smem, kseg_smem, kseg_one, qseg_bars, kseg_bars, kseg_one_bars = extra
+  wg = lax.axis_index("wg")
   n = lax.axis_index("heads")
   i = lax.axis_index("q_blocks")
   b = lax.axis_index("batch")
   h = lax.div(n, jnp.int32(c.G))
+  bq, bk = c.bq, c.bk
+  # The program's rows (both consumers'): the key blocks any of them visits, [lo_u, hi_u)
+  # (kv_bounds' lower bound follows the first row, its upper bound the last).
+  q0_u = i * (CONSUMERS * bq)
+  lo_u, hi_u, _, _ = kv_bounds(c, q0_u, jnp.minimum(q0_u + CONSUMERS * bq, c.T) - 1)
+
+  def slot_of(j):
+    return lax.rem(j - lo_u, jnp.int32(c.stages))
+
+  @pl.when(wg == CONSUMERS)
+  def _producer():
+    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+    def fill(j, carry):
+      slot = slot_of(j)
+
+      @pl.when(j - lo_u >= c.stages)  # the slot's previous tile consumed by both consumers
+      def _():
+        plgpu.barrier_wait(consumed.at[slot])
+
+      rows = pl.ds(j * bk, bk)
+      plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
+      if c.has_segments:
+        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
+      return carry
+
+    lax.fori_loop(lo_u, hi_u, fill, None)
+    # Wait for the last tiles' consumption too: every thread sees every phase of a barrier it
+    # waits on (jax's interpreter checks it), and the program ends with its consumers.
+    for s in range(c.stages):
+      j = hi_u - c.stages + s
+
+      @pl.when(j >= lo_u)
+      def _():
+        plgpu.barrier_wait(consumed.at[slot_of(j)])
+
+  @pl.when(wg < CONSUMERS)
+  def _consumer():
+    plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    _consume(c, row_keys, wg, n, b, h, q0_u + wg * bq, i * CONSUMERS + wg, lo_u, hi_u,
+             slot_of, q_ref, sink_ref, seg_refs, o_ref, row_refs, qo_smem.at[wg], k_smem,
+             v_smem, q_bars.at[wg], k_bars, v_bars, consumed, schedule, rows_smem.at[wg],
+             None if p_smem is None else p_smem.at[wg],
+             (qseg_smem.at[wg], kseg_smem, kseg_one.at[wg], qseg_bars.at[wg], kseg_bars,
+              kseg_one_bars.at[wg]) if c.has_segments else None)
+
+
+def _consume(c, row_keys, wg, n, b, h, q0, qb, lo_u, hi_u, slot_of, q_ref, sink_ref, seg_refs,
+             o_ref, row_refs, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, consumed,
+             schedule, rows_smem, p_smem, seg_scratch):
+  """One consumer warpgroup: query rows ``q0 .. q0 + bq`` (query block ``qb``) over the
+  program's key tiles ``[lo_u, hi_u)``, computing those its rows may attend (``[lo, hi)``) and
+  releasing every tile to the producer. Its output tile is written into its Q tile."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  nz = c.nz
   bq, bk, H = c.bq, c.bk, c.H
-  q0 = i * bq
   q_last = jnp.minimum(q0 + bq, c.T) - 1
   lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
-
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar.at[0])
-
-  def fetch(j):
-    slot = lax.rem(j - lo, jnp.int32(c.stages))
-    rows = pl.ds(j * bk, bk)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
-    if c.has_segments:
-      kseg_ref = seg_refs[1]
-      plgpu.copy_gmem_to_smem(kseg_ref.at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
-
+  # within the program's tiles (a block of padding rows past T may reach outside them)
+  lo = jnp.clip(lo, lo_u, hi_u)
+  hi = jnp.clip(hi, lo, hi_u)
+  flo = jnp.clip(flo, lo, hi)
+  fhi = jnp.clip(fhi, flo, hi)
   if c.has_segments:
-    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar.at[0])
+    qseg_smem, kseg_smem, kseg_one, qseg_bar, kseg_bars, kseg_one_bar = seg_scratch
 
-  for s in range(c.stages - 1):  # fill the ring
-    @pl.when(lo + s < hi)
-    def _():
-      fetch(lo + s)
-
-  plgpu.barrier_wait(q_bar.at[0])
+  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar)
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar)
+  plgpu.barrier_wait(q_bar)
 
   layout = plgpu.Layout.WGMMA
-  # The interpreter has no rule for layout annotations (layout_cast, an iota's layout): it
-  # runs the same values without them.
+  # jax 0.10's interpreter has no rule for layout annotations (layout_cast, an iota's layout):
+  # it runs the same values without them.
   if c.plain:
     any_iota = None
     cast = lambda x, lay: x
@@ -161,9 +217,9 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
       load = lambda ref, axis: ref[...]
     else:
       load = lambda ref, axis: load_vector(ref, layout.reduce(axis))
-    plgpu.barrier_wait(qseg_bar.at[0])
+    plgpu.barrier_wait(qseg_bar)
     q_seg = lax.broadcast_in_dim(load(qseg_smem, 1), (bq, bk), (0,))
-    q_min, q_max = qrange_ref[b, i, 0], qrange_ref[b, i, 1]
+    q_min, q_max = qrange_ref[b, qb, 0], qrange_ref[b, qb, 1]
     meets = lambda j: (krange_ref[b, j, 1] >= q_min) & (krange_ref[b, j, 0] <= q_max)
 
   def allowed_of(j, kseg_tile=None):
@@ -179,8 +235,8 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
   if c.needs_counts and c.has_segments:  # allowed keys per row: a mask-only pre-pass
     def count(j, total):
       def add():  # the key block's ids, loaded synchronously (no K/V)
-        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(j * bk, bk)], kseg_one, kseg_one_bar.at[0])
-        plgpu.barrier_wait(kseg_one_bar.at[0])
+        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(j * bk, bk)], kseg_one, kseg_one_bar)
+        plgpu.barrier_wait(kseg_one_bar)
         return total + jnp.sum(allowed_of(j, kseg_one).astype(jnp.float32), axis=1)
       return lax.cond(meets(j), add, lambda: total)
     counts = lax.fori_loop(lo, hi, count, cast(jnp.zeros((bq,), jnp.float32), layout.reduce(1)))
@@ -201,29 +257,50 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
   # which the broadcasts against [bq, bk] tiles need.
   row = jax.tree.map(lambda x: cast(x, layout.reduce(1)) if jnp.ndim(x) == 1 else x, row)
 
-  def step(masked, j, st):
-    slot = lax.rem(j - lo, jnp.int32(c.stages))
+  def take_turn():
+    """The consumers' schedule barrier: they alternate, one's QK^T wgmma issued while the
+    other works on its weights (FlashAttention-3's ping-pong)."""
+    plgpu.barrier_arrive(schedule)
+    plgpu.barrier_wait(schedule)
 
-    @pl.when(j + c.stages - 1 < hi)
-    def _():
-      fetch(j + c.stages - 1)
-
+  def wait_tile(slot):
     plgpu.barrier_wait(k_bars.at[slot])
     plgpu.barrier_wait(v_bars.at[slot])
-    if not c.has_segments:
-      return compute(masked, j, slot, st)
-    plgpu.barrier_wait(kseg_bars.at[slot])
-    # a block whose segments cannot meet: its tiles were loaded (the ring stays in phase),
-    # its products and normaliser work are skipped
-    return lax.cond(meets(j), lambda: compute(masked, j, slot, st), lambda: st)
+    if c.has_segments:
+      plgpu.barrier_wait(kseg_bars.at[slot])
+
+  def release(slot):
+    plgpu.barrier_arrive(consumed.at[slot])
+
+  def pass_over(j, st):
+    """A program tile outside this consumer's rows' reach: wait for it, release it."""
+    slot = slot_of(j)
+    wait_tile(slot)
+    take_turn()
+    release(slot)
+    return st
+
+  def step(masked, j, st):
+    slot = slot_of(j)
+    wait_tile(slot)
+    if c.has_segments:
+      # a block whose segments cannot meet: its products and normaliser work are skipped
+      st = lax.cond(meets(j), lambda: compute(masked, j, slot, st),
+                    lambda: (take_turn(), st)[1])
+    else:
+      st = compute(masked, j, slot, st)
+    release(slot)
+    return st
 
   def compute(masked, j, slot, st):
     if c.plain:  # jax 0.10's interpreter has no wgmma with a transposed operand
+      take_turn()
       s = lax.dot_general(q_smem[...], k_smem.at[slot][...], (((1,), (1,)), ((), ())),
                           preferred_element_type=jnp.float32)
     else:
       def qk(acc):
         plgpu.wgmma(acc, q_smem, k_smem.at[slot].transpose((1, 0)))
+        take_turn()  # the other consumer's turn while this product runs
         return acc[...]
       s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
     z = s * c.opts.scale
@@ -256,19 +333,31 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
             for key, x in st.items()}
 
   st = init()
+
+  @pl.when(wg == 1)  # the second consumer starts a turn behind the first
+  def _():
+    take_turn()
+
+  st = lax.fori_loop(lo_u, lo, pass_over, st)
   if c.needs_mask:
     st = lax.fori_loop(lo, flo, functools.partial(step, True), st)
     st = lax.fori_loop(flo, fhi, functools.partial(step, False), st)
     st = lax.fori_loop(fhi, hi, functools.partial(step, True), st)
   else:
     st = lax.fori_loop(lo, hi, functools.partial(step, False), st)
+  st = lax.fori_loop(hi, hi_u, pass_over, st)
+
+  @pl.when(wg == 0)  # and the first one ends a turn after it (the barrier's phases even)
+  def _():
+    take_turn()
+
   out, res, srow = lower_rows(lambda st, row: nz.finish(st, row, c.with_stats), bq)(st, row)
   rows_out = dict(srow or {}, **{"res:" + key: x for key, x in res.items()})
-  o_smem[...] = out.astype(o_smem.dtype)
+  q_smem[...] = out.astype(q_smem.dtype)  # the output tile takes the query tile's place
   for idx, key in enumerate(row_keys):  # residual / statistics rows, [bq] float32 each
     rows_smem.at[idx][...] = jnp.broadcast_to(rows_out[key], (bq,)).astype(jnp.float32)
   plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b, n, pl.ds(q0, bq)])
+  plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, n, pl.ds(q0, bq)])
   for idx, ref in enumerate(row_refs):
     plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
   plgpu.wait_smem_to_gmem(0)
@@ -295,22 +384,24 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   swizzle = 128
   transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
                 plgpu.SwizzleTransform(swizzle))
+  W = CONSUMERS
   scratch = [
-      plgpu.SMEM((c.bq, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((W, c.bq, c.H), dtype, transforms=transforms),  # Q, then the output
       plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
       plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
-      plgpu.SMEM((c.bq, c.H), dtype, transforms=transforms),
-      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_barriers=W),
       plgpu.Barrier(num_barriers=c.stages),
       plgpu.Barrier(num_barriers=c.stages),
-      plgpu.SMEM((max(1, len(stat_keys)), c.bq), jnp.float32),
+      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a tile consumed by both
+      plgpu.Barrier(num_arrivals=W),  # the consumers' turns
+      plgpu.SMEM((W, max(1, len(stat_keys)), c.bq), jnp.float32),
   ]
   if c.interpret:
-    scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=transforms))
+    scratch.append(plgpu.SMEM((W, c.bq, c.bk), dtype, transforms=transforms))
   if c.has_segments:
-    scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
-                plgpu.SMEM((c.bk,), jnp.int32), plgpu.Barrier(num_barriers=1),
-                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=1)]
+    scratch += [plgpu.SMEM((W, c.bq), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
+                plgpu.SMEM((W, c.bk), jnp.int32), plgpu.Barrier(num_barriers=W),
+                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=W)]
   sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
               else jnp.zeros((c.N,), jnp.float32))
 
@@ -331,8 +422,9 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   outs = plgpu.kernel(
       body,
       out_type=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype)] + [rows] * len(stat_keys),
-      scratch_types=scratch, grid=(c.N, c.Tp // c.bq, c.B),
-      grid_names=("heads", "q_blocks", "batch"), interpret=interpret,
+      scratch_types=scratch, grid=(c.N, c.Tp // (CONSUMERS * c.bq), c.B),
+      grid_names=("heads", "q_blocks", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
+      interpret=interpret,
       compiler_params=plgpu.CompilerParams(approx_math=False),
       )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}

@@ -30,6 +30,10 @@ from attnjax import normalizers
 
 Array = jnp.ndarray
 
+# Warpgroups of a forward program that compute, each its own block_q query rows (a further
+# one, the producer, only issues the K/V copies); query lengths are padded to their multiple.
+CONSUMERS = 2
+
 # Shared memory per block on sm_90 (H100, H200): 227 KiB usable of the 228 KiB per SM.
 SMEM_LIMIT_BYTES = 227 * 1024
 
@@ -39,7 +43,8 @@ class BlockSizes:
   """Tiles and pipeline depth of the Mosaic GPU forward kernel.
 
   Attributes:
-    block_q: query rows per program (one warpgroup's wgmma M; a multiple of 64).
+    block_q: query rows per warpgroup (one wgmma M; a multiple of 64); a forward program's
+      two consumer warpgroups take ``2 * block_q`` rows.
     block_k: keys per tile (a multiple of 64: the 128-byte swizzle of a bf16 tile row).
     num_stages: K/V tiles in flight in shared memory (TMA ring buffer depth, >= 2).
   """
@@ -63,9 +68,10 @@ DEFAULT_BLOCK_SIZES = BlockSizes()
 # shared by the forward and the two backward kernels. First row whose head dim covers the call.
 # Each row's shared memory (:func:`smem_bytes`: forward / dq / dk/dv, KiB below) is within
 # SMEM_LIMIT_BYTES, and each compiles for an H100 and an H200 (tests/test_mosaic_gpu.py,
-# deviceless; 64 x 256 tiles x 4 stages at head dim 256 ask ~1.1 MB and are rejected). One
-# warpgroup per program: block_q = 64 rows (one warpgroup's wgmma M); the [64, head dim]
-# float32 accumulator takes head_dim / 2 registers per thread. Untuned: no GPU was lent.
+# deviceless; 64 x 256 tiles x 4 stages at head dim 256 ask ~1.1 MB and are rejected).
+# block_q = 64 rows per consumer warpgroup (one wgmma M; a forward program's two consumers
+# take 128 rows); the [64, head dim] float32 accumulator takes head_dim / 2 registers per
+# thread. Untuned: no GPU was lent.
 #   head dim 64:  64 x 128, 3 stages: 112 / 112 / 80 KiB
 #   head dim 128: 64 x 128, 2 stages: 160 / 160 / 128 KiB
 #   head dim 256: 64 x 64,  2 stages: 192 / 192 / 192 KiB
@@ -90,12 +96,16 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
                kernel: str = "forward") -> int:
   """Shared memory of a kernel's tiles (barriers and float32 row vectors are a few KiB more).
 
-  ``"forward"``: the Q and output tiles and ``num_stages`` K and V tiles; ``"dq"``: the Q and
-  dO tiles (dq is written into Q's) and ``num_stages`` K and V tiles; ``"dkdv"``: the K and V
-  tiles (dk, dv written into them) and ``num_stages`` Q and dO tiles.
+  ``"forward"``: the two consumers' Q tiles (each output written into its Q's) and
+  ``num_stages`` K and V tiles; ``"dq"``: the Q and dO tiles (dq is written into Q's) and
+  ``num_stages`` K and V tiles; ``"dkdv"``: the K and V tiles (dk, dv written into them) and
+  ``num_stages`` Q and dO tiles.
   """
   bq, bk, st = sizes.block_q, sizes.block_k, sizes.num_stages
-  if kernel in ("forward", "dq"):
+  if kernel == "forward":
+    return (CONSUMERS * bq * max(head_dim, head_dim_v)
+            + st * bk * (head_dim + head_dim_v)) * itemsize
+  if kernel == "dq":
     return (bq * (head_dim + head_dim_v) + st * bk * (head_dim + head_dim_v)) * itemsize
   if kernel == "dkdv":
     return (bk * (head_dim + head_dim_v) + st * bq * (head_dim + head_dim_v)) * itemsize
@@ -377,7 +387,7 @@ def _round_up(n: int, m: int) -> int:
 def make_plan(inputs, opts, sizes: BlockSizes, interpret: bool) -> Plan:
   B, T, N, H = inputs.q.shape
   S, K = inputs.k.shape[1], inputs.k.shape[2]
-  return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, sizes.block_q),
+  return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, CONSUMERS * sizes.block_q),
               Sp=_round_up(S, sizes.block_k), bq=sizes.block_q, bk=sizes.block_k,
               stages=sizes.num_stages, has_sink=inputs.sink_logits is not None,
               has_segments=inputs.q_segment_ids is not None,
