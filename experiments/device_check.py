@@ -7,7 +7,8 @@ Sections of the markdown report (the exit status is 1 if a correctness check fai
 
 1. Dispatch: for a bf16 causal call the ``cuda`` branch of ``implementation=None``
    picks ``"cudnn"``; for options cuDNN lacks (``normalizer="sigmoid"``,
-   ``return_stats``) ``"pallas_gpu"``; fp32 inputs do not go to cuDNN.
+   ``return_stats``) ``"mosaic_gpu"`` on a Hopper, else ``"pallas_gpu"``; fp32
+   inputs go to ``"pallas_gpu"``.
 2. ``pallas_gpu`` against ``reference``, values and gradients (q, k, v, sink
    logits, and the logsumexp statistic's), every normaliser x causal / window /
    segments in bf16 and causal in fp32, GQA, lengths not multiples of the blocks.
@@ -39,7 +40,7 @@ XLA and the block-wise kernel; the targets (``pallas_tpu`` softmax within
 ``tpu`` preset's training steps (``--peak-tflops``: v5e 197, v6e 918).
 
 With ``--kernel mosaic_gpu`` (an H100/H200; one run of about 5 minutes) the
-check is issue 30's: the Mosaic GPU kernel against the reference (every
+check is issue 30's: the dispatch of section 1, the Mosaic GPU kernel against the reference (every
 normaliser x causal / window / segments, bf16 and fp16, values and gradients);
 TFLOP/s forward and backward (backward = fwd+bwd time minus forward time,
 counted as 2.5x the forward FLOPs) at T = 4k and 16k, H = 128, bf16, causal
@@ -140,10 +141,13 @@ def check_dispatch(r: Report) -> None:
   from attnjax import dense
   r.add("## 1. Dispatch (cuda branch of implementation=None)")
   q, k, v = qkv(1, 256, 4, 2, 64, jnp.bfloat16)
+  from attnjax import _platform
   pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), "cuda")
+  # a Hopper takes our Mosaic GPU kernel where cuDNN does not cover a bf16 call
+  ours = "mosaic_gpu" if _platform.cuda_major() == 9 else "pallas_gpu"
   r.expect(pick(q, k, v, is_causal=True) == "cudnn", "bf16 causal softmax -> cudnn")
-  r.expect(pick(q, k, v, normalizer="sigmoid") == "pallas_gpu", "bf16 sigmoid -> pallas_gpu")
-  r.expect(pick(q, k, v, return_stats=True) == "pallas_gpu", "bf16 with statistics -> pallas_gpu")
+  r.expect(pick(q, k, v, normalizer="sigmoid") == ours, f"bf16 sigmoid -> {ours}")
+  r.expect(pick(q, k, v, return_stats=True) == ours, f"bf16 with statistics -> {ours}")
   q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
   r.expect(pick(q32, k32, v32, is_causal=True) == "pallas_gpu", "fp32 causal -> pallas_gpu")
 
@@ -460,6 +464,7 @@ def main(argv=None) -> int:
       print("--kernel mosaic_gpu needs --platform gpu (a Hopper GPU)")
       return 2
     import jax.numpy as jnp
+    check_dispatch(r)
     check_pallas(r, "mosaic_gpu", dtypes=(jnp.bfloat16, jnp.float16))
     mosaic_targets(r, mosaic_table(r, args))
     return _write(r, args)
