@@ -125,8 +125,17 @@ def _extra(kind, keys, T, S):
   return out
 
 
-@pytest.mark.parametrize("q_loop", ["unrolled", "rolled"])
-@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+# The rolled query loop on four cases by default (GQA and ragged, segments with a window,
+# T < S with a bias, sinks with segments); every case rolled in -m slow.
+ROLLED_DEFAULT = ("softmax-causal-gqa-ragged", "softpick-segments-window", "relu-T<S-bias-softcap",
+                  "sink_logits-causal-segments")
+
+
+@pytest.mark.parametrize("case,q_loop", [
+    pytest.param(case, q_loop, id=f"{case}-{q_loop}",
+                 marks=[pytest.mark.slow] if q_loop == "rolled" and case not in ROLLED_DEFAULT
+                 else [])
+    for q_loop in ("unrolled", "rolled") for case in CASES])
 def test_matches_reference(case, q_loop, monkeypatch):
   # Loop over every unmasked full-size key block, so both the fori_loop and the unrolled
   # (masked, ragged) visits are exercised; "rolled" runs the full-size query blocks in the

@@ -63,7 +63,9 @@ def test_forward_shapes_and_finite_gradients_reach_every_parameter(name):
     assert found and any(float(jnp.max(jnp.abs(g))) > 0 for g in found), param
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# deltanet in -m slow: gated_deltanet runs the same delta-rule prefill and steps, gated.
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=[pytest.mark.slow] if n == "deltanet" else []) for n in sorted(CASES)])
 def test_prefill_then_steps_equals_the_full_forward_with_packed_documents(name):
   layer = _layer(CASES[name])
   x = _x()

@@ -429,19 +429,19 @@ def check_tpu_step(variant: str, compiled) -> None:
 
 
 # Meshes: (devices, variants compiled by default, None: all; every variant in -m slow). By
-# default one variant per path a step takes to the target compiles on an H200: the Pallas
-# kernel (dense; its other normalisers, windows and sinks are the kernel compiles above, and
-# sigmoid's step is the dp4 one), the dense loop without it (alibi), the QK-norm projections,
-# and each other family's XLA program once (linear; gla for the gated-linear decays; the
-# gated delta rule with its short convolution; block_select; compressed; dilated sparse). On
+# default one variant per path a step takes to the target compiles: on an H200 the Mosaic GPU
+# kernel (dense, alone and data parallel on 8; its other normalisers, windows and sinks are
+# the kernel compiles of test_mosaic_gpu.py), the dense loop without it (alibi), and the
+# recurrent families' XLA programs (linear; the gated delta rule with its short convolution);
+# the Triton kernel on 4 A100s (sigmoid). The QK-norm projections, gla, block_select,
+# compressed and dilated sparse steps compile in -m slow. On
 # TPUs: splash (dense, and the QK-norm, sink and window forms data parallel on a 4-chip v5e)
 # and the Pallas TPU kernel (ALiBi's score_mod with its slopes on the 4-chip v5e, a non-softmax
 # normaliser on 8 chips: sigmoid; every normaliser's kernel is compiled above). The other families
 # run no TPU kernel: their XLA programs are compiled for TPUs in -m slow, as is every other
 # (mesh, variant) pair (same kernels, other options; tests/test_export.py exports the compared
 # variants' steps for both platforms by default).
-GPU_STEP_MESHES = {"1": (("h200", 1), ("dense", "qk_layernorm", "alibi", "linear", "gla",
-                                     "gated_deltanet", "block_select", "compressed", "dilated")),
+GPU_STEP_MESHES = {"1": (("h200", 1), ("dense", "alibi", "linear", "gated_deltanet")),
                    "a100-dp4": (("a100", 4), ("sigmoid",)), "dp8": (("h200", 8), ("dense",))}
 DENSE_KERNEL_VARIANTS = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine", "sigmoid",
                          "softmax_one", "softpick", "relu", "sink_logits", "gated", "window",
