@@ -30,13 +30,15 @@ normaliser's statistics rows). Ragged lengths are padded to the blocks (padded k
 padded rows dropped; query lengths to a multiple of ``2 * block_q``).
 
 Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
-recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with the sink-logit and logsumexp gradients, segment ids included. Forward
-mode (``jax.jvp``) takes its tangent from the block-wise engine
-(:func:`attnjax.kernels.blockwise.twin`, run by XLA), as for the other Pallas kernels.
+recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with
+the sink-logit and logsumexp gradients, segment ids included. Forward mode (``jax.jvp``)
+takes its tangent from the block-wise engine (:func:`attnjax.kernels.blockwise.twin`, run by
+XLA), as for the other Pallas kernels.
 
 Refused (see :func:`unsupported`, which names each refusal): float32 inputs, head dims other
 than 64 / 128 / 256 (or q's differing from v's), bias / mask arrays,
-``similarity="neg_sq_euclidean"``.
+``similarity="neg_sq_euclidean"``, score / mask modifiers; auto-dispatch routes such calls to
+``pallas_gpu``.
 
 Interpret mode (``interpret=True``) runs the kernels in jax's Mosaic GPU interpreter
 (``InterpretGPUParams``) on the CPU. Under jax 0.12 it runs the compiled path's code (TMA
