@@ -5,7 +5,8 @@ receives when a call with ``implementation=None`` is traced. For every option
 combination below the choice of every platform must support every option of
 the call (no option is dropped), and the choices follow the documented order:
 cuda: cudnn (only where this host has the cuDNN library), else mosaic_gpu on a
-Hopper, else pallas_gpu, else by length; tpu: splash, else pallas_tpu, else by length; cpu: by length
+Hopper, else pallas_gpu, else by length; tpu: splash, else pallas_tpu, else by
+length; cpu: by length
 (``blockwise`` from ``BLOCKWISE_MIN_LENGTH_CPU`` on, else ``reference``).
 """
 

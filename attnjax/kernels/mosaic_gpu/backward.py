@@ -79,8 +79,9 @@ def _layout_tools(c, plgpu, shape):
 
 def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
   """``a @ b`` (float32) by wgmma: ``a`` a register tile (or ``a_ref`` in shared memory),
-  ``b_ref`` shared memory (``trans_b``: its transpose). In interpret mode a transposed
-  operand is a register ``dot`` and a register lhs is staged through ``staging``."""
+  ``b_ref`` shared memory (``trans_b``: its transpose). In interpret mode a register lhs is
+  staged through ``staging``, and under jax 0.10's interpreter (``Plan.plain``) a transposed
+  operand is a register ``dot``."""
   if c.plain and trans_b:
     lhs = a if a_ref is None else a_ref[...]
     return lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),

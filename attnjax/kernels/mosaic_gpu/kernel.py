@@ -19,15 +19,15 @@ Blocks are skipped, not masked: a program loads only the key blocks its rows may
 (causal / window bounds, :func:`kv_bounds`), and each consumer computes only those of its
 own rows (it waits for and releases the others: one more block at most per causal diagonal);
 the interior blocks every row attends entirely run a loop that evaluates no element mask;
-only edge blocks (and a ragged last key block) are masked. Segment ids: the ids ride the K/V ring into shared memory, and a visited
-block whose [min, max] segment range cannot meet the query block's is skipped at run time
-(its tiles are still copied, keeping the ring's barriers in phase; its products and
-normaliser work are not done). Normalisers that need the number of allowed keys first
-(sigmoid, relu; statistics) get it in closed form from causal / window, or from a mask-only
-pre-pass with segment ids. GQA: query head ``n`` reads key/value head ``n // G`` by its TMA
-index (K and V are never repeated). ``return_stats`` comes from the same pass (the
-normaliser's statistics rows). Ragged lengths are padded to the blocks (padded keys masked,
-padded rows dropped; query lengths to a multiple of ``2 * block_q``).
+only edge blocks (and a ragged last key block) are masked. Segment ids: the ids ride the K/V
+ring into shared memory, and a visited block whose [min, max] segment range cannot meet the
+query block's is skipped at run time (its tiles are still copied, keeping the ring's
+barriers in phase; its products and normaliser work are not done). Normalisers that need the
+number of allowed keys first (sigmoid, relu; statistics) get it in closed form from causal /
+window, or from a mask-only pre-pass with segment ids. GQA: query head ``n`` reads key/value
+head ``n // G`` by its TMA index (K and V are never repeated). ``return_stats`` comes from
+the same pass (the normaliser's statistics rows). Ragged lengths are padded to the blocks
+(padded keys masked, padded rows dropped; query lengths to a multiple of ``2 * block_q``).
 
 Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
 recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with
@@ -73,9 +73,9 @@ from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
-                                             BlockSizes, Plan, block_sizes_for, kv_bounds, load_vector,
-                                             lower_rows, make_plan, res_row_keys, segment_args,
-                                             stat_row_keys, tile_allowed)
+                                             BlockSizes, Plan, block_sizes_for, kv_bounds,
+                                             load_vector, lower_rows, make_plan, res_row_keys,
+                                             segment_args, stat_row_keys, tile_allowed)
 
 Array = jnp.ndarray
 
