@@ -68,3 +68,14 @@ def optimized_compiles():
   jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", previous)
+
+
+def pytest_runtest_setup(item):
+  """``@pytest.mark.targets("cuda" | "tpu")`` marks a compile for a real target without its
+  device (left out of the default run; ``-m targets`` runs them): it skips, naming the
+  missing extra, where this host cannot compile for that platform (no ``attnjax[aot]``)."""
+  for mark in item.iter_markers("targets"):
+    for platform in mark.args:
+      reason = _targets.missing(platform)
+      if reason is not None:
+        pytest.skip(f"needs the 'aot' extra: {reason}")

@@ -32,9 +32,7 @@ from attnjax.kernels import mosaic_gpu
 from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
 from helpers import rand_qkv
 
-CUDA_MISSING = targets.missing("cuda")
-needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
-                                reason=f"needs the 'aot' extra: {CUDA_MISSING}")
+needs_cuda = pytest.mark.targets("cuda")
 
 BLOCKS = mosaic_gpu.BlockSizes(block_q=64, block_k=64, num_stages=2)
 T, S = 100, 130

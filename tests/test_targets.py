@@ -32,12 +32,8 @@ from attnjax import dense, normalizers, _platform, targets
 from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from helpers import preset_train_step
 
-CUDA_MISSING = targets.missing("cuda")
-TPU_MISSING = targets.missing("tpu")
-needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None,
-                                reason=f"needs the 'aot' extra: {CUDA_MISSING}")
-needs_tpu = pytest.mark.skipif(TPU_MISSING is not None,
-                               reason=f"needs the 'aot' extra: {TPU_MISSING}")
+needs_cuda = pytest.mark.targets("cuda")
+needs_tpu = pytest.mark.targets("tpu")
 
 # jax 0.12 deprecates the Pallas Triton backend (the replacement is a Mosaic GPU kernel): every
 # compile of our Triton kernels warns; this module compiles them on purpose (see test_export).

@@ -56,15 +56,24 @@ def configure_environment() -> None:
     os.environ.setdefault(key, value)
 
 
+def _installed(module: str) -> bool:
+  """Whether ``module`` (a dotted name) can be imported; False when a parent package is absent
+  (``importlib.util.find_spec`` of ``a.b`` imports ``a`` and raises without it)."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
+
+
 def missing(platform: str) -> Optional[str]:
   """Why this host cannot compile for ``platform`` (``"cuda"`` or ``"tpu"``), or None if it can."""
   if platform == "cuda":
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    if not _installed("jax_plugins.xla_cuda12"):
       return ("jax's CUDA plugin is not installed (pip install 'attnjax[aot]': "
               "jax[cuda12-local] pinned to jaxlib, nvidia-cuda-runtime-cu12)")
     return None
   if platform == "tpu":
-    if importlib.util.find_spec("libtpu") is None:
+    if not _installed("libtpu"):
       return "libtpu is not installed (pip install 'attnjax[aot]': jax[tpu] pinned to jaxlib)"
     return None
   raise ValueError(f"platform must be 'cuda' or 'tpu', got {platform!r}")
