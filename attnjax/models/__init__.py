@@ -8,7 +8,8 @@
   logits = model(tokens)                                        # [B, T, V] float32
   stats = nn.collect_stats(model, tokens)                       # per-layer AttentionStats
   model = models.from_pretrained(path, attention={"implementation": "blockwise"})
-  model = models.from_pretrained(path, mesh=jax.make_mesh((1, 8), ("data", "model")))
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(1, 8), ("data", "model"))
+  model = models.from_pretrained(path, mesh=mesh)             # sharded as it is read
 
 ``SUPPORTED`` lists the ``model_type``s: ``gpt2``, ``llama`` (Llama 2/3,
 SmolLM), ``mistral``, ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3_text``,

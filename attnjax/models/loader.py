@@ -65,8 +65,11 @@ def check_tensors(checkpoint: Checkpoint, arch: Architecture, rules: dict[tuple,
       tensor whose shape differs from what the config implies (both shapes).
   """
   present: dict[str, str] = {}
+  prefix = ""  # the prefix the checkpoint's names carry (to name missing tensors as it would)
   for name in checkpoint.names():
     short = _strip(name, arch.prefixes)
+    if short != name:
+      prefix = name[:len(name) - len(short)]
     if arch.ignored(short):
       continue
     if tied and short == "lm_head.weight":
@@ -80,9 +83,10 @@ def check_tensors(checkpoint: Checkpoint, arch: Architecture, rules: dict[tuple,
   unexpected = sorted(set(present) - set(expected))
   problems = []
   if missing:
-    problems.append(f"missing tensors {missing}")
+    problems.append(f"missing tensors {[prefix + m for m in missing]}")
   if unexpected:
-    problems.append(f"unexpected tensors {unexpected} (not used by this config)")
+    problems.append(f"unexpected tensors {[present[u] for u in unexpected]} (not used by "
+                    f"this config)")
   for source in sorted(set(expected) & set(present)):
     shape = checkpoint.shape(present[source])
     if shape != tuple(expected[source]):

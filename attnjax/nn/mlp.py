@@ -46,7 +46,8 @@ class PlusOneRMSNorm(nnx.Module):
   def __call__(self, x: Array) -> Array:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * (1.0 + self.scale[...].astype(jnp.float32))).astype(self.dtype)
+    gain = 1.0 + jnp.reshape(self.scale[...].astype(jnp.float32), (1,) * (x.ndim - 1) + (-1,))
+    return (y * gain).astype(self.dtype)
 
 
 def norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype):
@@ -150,13 +151,13 @@ class MixtureOfExperts(nnx.Module):
 
     def expert(acc, xs):
       w, (wg, bg, wu, bu, wd, bd) = xs
-      gate = jnp.einsum("btd,di->bti", x, wg) + bg
-      up = jnp.einsum("btd,di->bti", x, wu) + bu
+      gate = jnp.einsum("btd,di->bti", x, wg) + bg[None, None]
+      up = jnp.einsum("btd,di->bti", x, wu) + bu[None, None]
       if self.limit is not None:
         gate = jnp.minimum(gate, self.limit)
         up = jnp.clip(up, -self.limit, self.limit)
       h = (up + 1) * (gate * jax.nn.sigmoid(gate * self.alpha))
-      out = jnp.einsum("bti,id->btd", h, wd) + bd
+      out = jnp.einsum("bti,id->btd", h, wd) + bd[None, None]
       return acc + (out * w[..., None]).astype(acc.dtype), None
 
     acc, _ = jax.lax.scan(expert, jnp.zeros_like(x), (weights, params))

@@ -222,7 +222,8 @@ class TransformerLM(nnx.Module):
           raise ValueError(f"tokens {tokens.shape}: T={T} exceeds the "
                            f"learned_positions={c.learned_positions} of this model")
         positions = jnp.arange(T, dtype=jnp.int32)
-      h = h + self.position_embed(jnp.asarray(positions, jnp.int32)).astype(h.dtype)
+      pos = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), tokens.shape)
+      h = h + self.position_embed(pos).astype(h.dtype)
     return h
 
   def _logits(self, h: Array, return_log_z: bool):
