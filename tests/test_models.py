@@ -585,3 +585,74 @@ def test_import_attnjax_does_not_load_flax_or_models():
           "assert 'attnjax.models' not in sys.modules; "
           "m = attnjax.models; assert m.from_pretrained and 'flax' in sys.modules")
   subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+# ---------------------------------------------------------------------------
+# experiments/pretrained.py
+
+
+def _experiment():
+  import importlib.util
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+      "pretrained_experiment", os.path.join(root, "experiments", "pretrained.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module, os.path.join(root, "experiments", "configs", "pretrained.py")
+
+
+def test_experiment_statistics_equal_transformers_and_write_the_run(tmp_path):
+  # The fixture's two sequences as one token file: the experiment's windows are exactly them.
+  experiment, config = _experiment()
+  e = _expected("gpt_oss")
+  ids = np.concatenate([e["tokens"][0], e["tokens"][1], [7]]).astype(np.int64)
+  np.save(tmp_path / "tokens.npy", ids)
+  out = tmp_path / "run"
+  experiment.main(["--model", os.path.join(FIXTURES, "gpt_oss"), "--text",
+                   str(tmp_path / "tokens.npy"), "--config", config + ":preset=cpu",
+                   "--config.seq_len=24", "--config.num_sequences=2", "--config.add_bos=False",
+                   "--config.dtype=float32", "--config.loss_chunk=5", "--out", str(out)])
+  results = json.loads((out / "results.json").read_text())
+  assert results["tokens"] == 24 and results["sequences"] == 2
+  np.testing.assert_allclose(results["first_token_weight"], e["sink_mass"].mean(axis=1),
+                             atol=SINK_TOL, rtol=0)
+  null = np.asarray(results["null_mass"])  # gpt-oss's sink logits take part of every row
+  assert null.shape == (2, 4) and np.all(null > 0) and np.all(null < 1)
+  targets = np.stack([ids[1:25], ids[25:49]])
+  logits = e["logits"].astype(np.float64)
+  lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+  nll = lse - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+  assert results["nll"] == pytest.approx(nll.mean(), rel=1e-5)
+  T = 24
+  alpha = (1 + (T - 1) * e["sink_mass"]) / T  # [L, B, N]
+  np.testing.assert_allclose(results["alpha_1"], alpha.mean(axis=1), atol=SINK_TOL)
+  for i, eps in enumerate(results["sink_eps"]):
+    assert results["sink_curve"][i] == pytest.approx(100 * np.mean(alpha > eps))
+  L, K = 2, 2
+  assert np.shape(results["value_drain"]) == (L, K) and np.all(np.isfinite(results["value_drain"]))
+  assert len(results["hidden_max_abs"]) == L and results["m_act"] > 0
+  report = (out / "report.md").read_text()
+  assert "Sink_1^eps" in report and "perplexity" in report
+  for plot in ("sink_curve", "first_token", "value_drain", "activations"):
+    assert (out / "plots" / f"{plot}.png").stat().st_size > 0
+  config_json = json.loads((out / "config.json").read_text())
+  assert config_json["model_type"] == "gpt_oss"
+  assert nn.ModelConfig.from_dict(config_json["model_config"]).attention.sink_logits
+
+
+def test_experiment_reads_text_through_the_tokenizer_or_says_what_is_missing(tmp_path):
+  experiment, config = _experiment()
+  (tmp_path / "text.txt").write_text("To be, or not to be: that is the question. " * 4)
+  argv = ["--model", os.path.join(FIXTURES, "llama"), "--text", str(tmp_path / "text.txt"),
+          "--config", config + ":preset=cpu", "--config.seq_len=32", "--out",
+          str(tmp_path / "run")]
+  try:
+    import tokenizers  # noqa: F401
+  except ImportError:
+    with pytest.raises(ImportError, match="tokenizers"):
+      experiment.main(argv)
+    return
+  experiment.main(argv)
+  results = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert results["tokens"] == 32 and np.isfinite(results["perplexity"])

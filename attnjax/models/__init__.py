@@ -20,13 +20,15 @@ tensor names onto the one decoder of :mod:`attnjax.nn`
 per-head sink mass and greedy generation equal to. No torch, no network.
 
 :func:`tokenizer` opens a checkpoint's ``tokenizer.json`` with the optional
-``tokenizers`` package.
+``tokenizers`` package; :mod:`attnjax.models.probe` measures sink statistics of long
+sequences in O(T) memory (``experiments/pretrained.py``).
 """
 
 from __future__ import annotations
 
 import os
 
+from attnjax.models import probe
 from attnjax.models.architectures import ARCHITECTURES, SUPPORTED, dequantize_mxfp4
 from attnjax.models.checkpoint import Checkpoint, CheckpointError
 from attnjax.models.loader import from_pretrained, logical_rules, override_attention
@@ -52,4 +54,4 @@ def tokenizer(path: str):
 
 
 __all__ = ["ARCHITECTURES", "Checkpoint", "CheckpointError", "SUPPORTED", "dequantize_mxfp4",
-           "from_pretrained", "logical_rules", "override_attention", "tokenizer"]
+           "from_pretrained", "logical_rules", "override_attention", "probe", "tokenizer"]

@@ -170,6 +170,20 @@ class TransformerLM(nnx.Module):
       sow_weights: sow attention weights (under ``nnx.capture``).
       sow_hidden: sow every block's output hidden state (under ``nnx.capture``).
     """
+    h = self.features(tokens, segment_ids=segment_ids, positions=positions,
+                      sow_weights=sow_weights, sow_hidden=sow_hidden)
+    return self._logits(h, return_log_z)
+
+  def features(self, tokens: Array, *, segment_ids: Optional[Array] = None,
+               positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
+               sow_hidden: bool = False) -> Array:
+    """The hidden states the output head reads: the last block's output, final-normed.
+
+    ``model(tokens)`` is ``model.output_logits(model.features(tokens))`` (plus
+    ``log Z`` under a capture); a long sequence's loss can take the logits of
+    a few positions at a time from these ``[B, T, D]`` features instead of the
+    ``[B, T, V]`` logits at once. Arguments as :meth:`__call__`.
+    """
     h = self._embed(tokens, positions)
     flags = dict(sow_weights=sow_weights, sow_hidden=sow_hidden)
     for block in self.blocks:
@@ -178,7 +192,23 @@ class TransformerLM(nnx.Module):
             block, h, segment_ids, positions)
       else:
         h = block(h, segment_ids=segment_ids, positions=positions, **flags)
-    return self._logits(h, return_log_z)
+    return self.final_norm(h)
+
+  def output_logits(self, features: Array) -> Array:
+    """Float32 logits ``[..., T, V]`` of :meth:`features` ``[..., T, D]``: the output head
+    (the tied embedding or ``head``) and ``config.final_softcap``."""
+    h = features
+    if self.config.tie_embeddings:
+      w = self.embed.embedding[...].astype(h.dtype)
+      logits = jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
+    else:
+      w = self.head.kernel[...].astype(h.dtype)
+      logits = jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+    logits = logits.astype(jnp.float32)
+    cap = self.config.final_softcap
+    if cap is not None:
+      logits = cap * jnp.tanh(logits / cap)
+    return logits
 
   def decode(self, tokens: Array, cache: list, *, segment_ids: Optional[Array] = None,
              positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
@@ -202,7 +232,7 @@ class TransformerLM(nnx.Module):
                                     positions=positions, sow_weights=sow_weights,
                                     sow_hidden=sow_hidden)
       new_cache.append(layer_cache)
-    return self._logits(h, False), new_cache
+    return self._logits(self.final_norm(h), False), new_cache
 
   def init_cache(self, batch_size: int, max_len: int) -> list:
     """Empty per-layer caches (a list, a pytree) for sequences up to ``max_len`` tokens."""
@@ -226,18 +256,8 @@ class TransformerLM(nnx.Module):
       h = h + self.position_embed(pos).astype(h.dtype)
     return h
 
-  def _logits(self, h: Array, return_log_z: bool):
-    h = self.final_norm(h)
-    if self.config.tie_embeddings:
-      w = self.embed.embedding[...].astype(h.dtype)
-      logits = jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
-    else:
-      w = self.head.kernel[...].astype(h.dtype)
-      logits = jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
-    logits = logits.astype(jnp.float32)
-    cap = self.config.final_softcap
-    if cap is not None:
-      logits = cap * jnp.tanh(logits / cap)
+  def _logits(self, features: Array, return_log_z: bool):
+    logits = self.output_logits(features)
     capture = _layers.capturing(self)
     if not (return_log_z or capture):
       return logits
