@@ -45,7 +45,7 @@ DEFAULT_CONFIG = "experiments/configs/pretrained.py:preset=cpu"
 
 
 def parse(argv=None):
-  """``(config, args)``: the shared ``--config`` / ``--out`` flags plus ``--model`` and ``--text``."""
+  """``(config, args)``: the shared ``--config`` / ``--out`` plus ``--model`` and ``--text``."""
   argv = list(sys.argv[1:] if argv is None else argv)
   p = cli.build_parser(__doc__, DEFAULT_CONFIG, "runs/pretrained", sweep=False)
   p.add_argument("--model", default=None, help="checkpoint directory (config.json + safetensors)")

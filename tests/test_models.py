@@ -382,7 +382,8 @@ def test_config_keys_that_change_the_computation_are_named(tmp_path, changes, ma
 def test_missing_unexpected_and_misshapen_tensors_are_named(tmp_path):
   path = _copy_fixture(tmp_path)
   _rewrite_tensors(path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-  with pytest.raises(models.CheckpointError, match=r"missing tensors \['model.layers.1.mlp.up_proj.weight'\]"):
+  with pytest.raises(models.CheckpointError,
+                     match=r"missing tensors \['model.layers.1.mlp.up_proj.weight'\]"):
     models.from_pretrained(str(path))
   path = _copy_fixture(tmp_path / "b")
   _rewrite_tensors(path, lambda t: t.update(extra=np.zeros(3, np.float32)))

@@ -33,7 +33,8 @@ import numpy as np
 
 from attnjax.models.checkpoint import CheckpointError
 
-Path = tuple  # a parameter's path in nnx.to_pure_dict(state), e.g. ("blocks", 0, "mlp", "up", "kernel")
+# A parameter's path in nnx.to_pure_dict(state), e.g. ("blocks", 0, "mlp", "up", "kernel").
+Path = tuple
 
 # Config keys of every model type that do not change the forward pass of a causal LM.
 INERT_KEYS = frozenset({
@@ -256,8 +257,9 @@ FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 
 
 def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-  """MXFP4 (OCP microscaling) experts ``[E, out, G, 16]`` bytes + ``[E, out, G]`` scales -> ``[E, in, out]``.
+  """MXFP4 experts: bytes ``[E, out, G, 16]`` and scales ``[E, out, G]`` -> ``[E, in, out]``.
 
+  The OCP microscaling format, as gpt-oss ships its experts.
   Each byte holds two FP4 (e2m1) values, the low nibble first; each group of
   32 values along ``in`` shares a power-of-two scale stored as a biased
   exponent (127 = 1). Returns float32 (exact: every value is an FP4 number
@@ -346,6 +348,9 @@ def _build_llama_style(style: _Style):
     D, N = c.int("hidden_size"), c.int("num_attention_heads")
     K = c["num_key_value_heads"] or N
     H = (c["head_dim"] if style.head_dim_key else None) or D // N
+    if c.raw.get("rope_interleaved"):
+      raise CheckpointError("config.json: rope_interleaved=true (RoPE on interleaved pairs) is "
+                            "not how transformers computes this model; not supported")
     if c.raw.get("use_bidirectional_attention"):
       raise CheckpointError("config.json: use_bidirectional_attention=true (an encoder) is not "
                             "supported; a causal language model is loaded")
@@ -500,8 +505,10 @@ def _moe_rules(pre: str, blk: tuple, mcfg, quantized: bool) -> dict:
              ((E, 2 * I, D // 32, 16), (E, 2 * I, D // 32)))
   down = ((f"{ex}down_proj_blocks", f"{ex}down_proj_scales"),
           ((E, D, I // 32, 16), (E, D, I // 32)))
-  rules[blk + ("mlp", "gate")] = Rule(*gate_up, lambda b, s: _every_other(0)(dequantize_mxfp4(b, s)))
-  rules[blk + ("mlp", "up")] = Rule(*gate_up, lambda b, s: _every_other(1)(dequantize_mxfp4(b, s)))
+  rules[blk + ("mlp", "gate")] = Rule(*gate_up,
+                                      lambda b, s: _every_other(0)(dequantize_mxfp4(b, s)))
+  rules[blk + ("mlp", "up")] = Rule(*gate_up,
+                                    lambda b, s: _every_other(1)(dequantize_mxfp4(b, s)))
   rules[blk + ("mlp", "down")] = Rule(*down, dequantize_mxfp4)
   return rules
 
@@ -532,8 +539,11 @@ def _register(arch: Architecture) -> None:
   ARCHITECTURES[arch.model_type] = arch
 
 
+# pretraining_tp sliced Llama 2's matmuls (the same sums); SmolLM's configs carry nanotron's
+# is_llama_config and rope_interleaved, which transformers does not read (false: checked).
 _register(_llama_style("llama", _Style(defaults=_LLAMA_DEFAULTS, mlp_bias_key=True),
-                       {"attention_bias", "mlp_bias"}, {"pretraining_tp"}))
+                       {"attention_bias", "mlp_bias", "rope_interleaved"},
+                       {"pretraining_tp", "is_llama_config"}))
 _register(_llama_style(
     "mistral", _Style(defaults=dict(_LLAMA_DEFAULTS, max_position_embeddings=4096 * 32,
                                     num_key_value_heads=8, sliding_window=4096),

@@ -55,8 +55,9 @@ def layer_statistics(model: TransformerLM, tokens: Array):
 
 @nnx.jit(static_argnames=("chunk",))
 def token_nll(model: TransformerLM, features: Array, targets: Array, *, chunk: int = 512):
-  """Per-token negative log-likelihood ``[B, T]`` of ``targets`` from :meth:`TransformerLM.features`.
+  """Per-token negative log-likelihood ``[B, T]`` of ``targets`` from the model's features.
 
+  ``features`` ``[B, T, D]`` are :meth:`~attnjax.nn.TransformerLM.features`.
   The output logits of ``chunk`` positions at a time (``jax.lax.map``): memory
   ``B chunk V`` instead of ``B T V``.
   """

@@ -1,4 +1,6 @@
-"""python experiments/pretrained.py --model DIR --text FILE --config experiments/configs/pretrained.py:preset=cpu
+"""python experiments/pretrained.py --model DIR --text FILE
+
+(The default ``--config experiments/configs/pretrained.py:preset=cpu``.)
 
 Attention sinks of a pretrained checkpoint (a Hugging Face format directory:
 ``config.json`` + ``*.safetensors``, any ``attnjax.models.SUPPORTED`` type), measured on
