@@ -112,19 +112,29 @@ def read_tokens(cfg, checkpoint: models.Checkpoint) -> np.ndarray:
 
 
 def sequences(ids: np.ndarray, cfg, bos) -> tuple[np.ndarray, np.ndarray]:
-  """``(inputs, targets)`` ``[B, T]``: consecutive windows of the text, each led by BOS."""
-  lead = [int(bos)] if (cfg.add_bos and bos is not None) else []
-  body = cfg.seq_len + 1 - len(lead)  # text tokens per sequence (inputs + the last target)
-  B = max(1, min(cfg.num_sequences, (len(ids) - 1) // max(body - 1, 1)))
-  if len(ids) < body:
-    body = len(ids)
-  if body + len(lead) < 2:
-    raise ValueError(f"--text gives {len(ids)} tokens: too few for one prediction")
-  rows = [np.concatenate([lead, ids[b * (body - 1):b * (body - 1) + body]]).astype(np.int32)
-          for b in range(B)]
-  rows = [r for r in rows if len(r) == len(rows[0])]
-  seq = np.stack(rows)
-  return seq[:, :-1], seq[:, 1:]
+  """``(inputs, targets)`` ``[B, T]``: up to ``num_sequences`` consecutive chunks of the text.
+
+  With BOS, chunk ``b`` of ``T`` text tokens is predicted from ``[BOS] + chunk[:-1]``
+  (every text token once); without, ``inputs`` are ``T`` text tokens and ``targets``
+  the ``T`` after them. A text shorter than one chunk gives one shorter sequence.
+  """
+  T = int(cfg.seq_len)
+  if cfg.add_bos and bos is not None:
+    n = min(int(cfg.num_sequences), len(ids) // T)
+    if n == 0:
+      n, T = 1, len(ids)
+    if T < 1:
+      raise ValueError("--text gives no tokens")
+    chunks = np.asarray(ids[:n * T], np.int32).reshape(n, T)
+    inputs = np.concatenate([np.full((n, 1), int(bos), np.int32), chunks[:, :-1]], axis=1)
+    return inputs, chunks
+  n = min(int(cfg.num_sequences), (len(ids) - 1) // T)
+  if n == 0:
+    n, T = 1, len(ids) - 1
+  if T < 1:
+    raise ValueError(f"--text gives {len(ids)} token(s): too few for one prediction")
+  ids = np.asarray(ids, np.int32)
+  return ids[:n * T].reshape(n, T), ids[1:n * T + 1].reshape(n, T)
 
 
 # ---------------------------------------------------------------------------

@@ -657,3 +657,27 @@ def test_experiment_reads_text_through_the_tokenizer_or_says_what_is_missing(tmp
   experiment.main(argv)
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results["tokens"] == 32 and np.isfinite(results["perplexity"])
+
+
+def test_experiment_token_files_and_sequences(tmp_path):
+  experiment, config = _experiment()
+  from attnjax.train.config import load_config
+
+  cfg = load_config(config + ":preset=cpu", ["seq_len=8", "num_sequences=3"], check=False)
+  ckpt = models.Checkpoint(os.path.join(FIXTURES, "llama"))
+  ids = np.arange(20, dtype=np.uint16) + 3
+  ids.tofile(tmp_path / "tokens.bin")
+  cfg.text = str(tmp_path / "tokens.bin")
+  np.testing.assert_array_equal(experiment.read_tokens(cfg, ckpt), ids)
+  inputs, targets = experiment.sequences(ids.astype(np.int64), cfg, bos=1)
+  # Chunks of 8 text tokens, each predicted once: from BOS and the chunk's first 7.
+  np.testing.assert_array_equal(targets, [np.arange(3, 11), np.arange(11, 19)])
+  np.testing.assert_array_equal(inputs, [[1, *range(3, 10)], [1, *range(11, 18)]])
+  cfg.add_bos = False
+  inputs, targets = experiment.sequences(ids.astype(np.int64), cfg, bos=1)
+  np.testing.assert_array_equal(inputs, [np.arange(3, 11), np.arange(11, 19)])
+  np.testing.assert_array_equal(targets, [np.arange(4, 12), np.arange(12, 20)])
+  np.save(tmp_path / "bad.npy", np.array([0, 500]))
+  cfg.text = str(tmp_path / "bad.npy")
+  with pytest.raises(ValueError, match="vocabulary of 128"):
+    experiment.read_tokens(cfg, ckpt)

@@ -246,7 +246,11 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
     mesh: a ``jax.sharding.Mesh``: each parameter is placed with the
       ``NamedSharding`` of its logical axes (:func:`logical_rules`) as it is
       read (``jax.make_array_from_callback``), so no device holds a full copy.
-      A dimension its mesh axes do not divide is replicated.
+      A dimension its mesh axes do not divide is replicated. Build the mesh with
+      ``Auto`` axis types (``jax.sharding.Mesh(devices, names)``, as
+      ``attnjax.train`` does): under ``Explicit`` axes (``jax.make_mesh``'s
+      default) the embedding lookup of a vocabulary-sharded table needs an
+      explicit output sharding.
 
   Returns:
     The :class:`attnjax.nn.TransformerLM`.
@@ -298,22 +302,25 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
     warnings.warn(f"attention={dict(attention or {})}: parameters not in the checkpoint start "
                   f"from their initial values: {sorted('/'.join(map(str, p)) for p in fresh)}",
                   stacklevel=2)
-    for leaf_path, value in _initial_values(mcfg, fresh, shardings).items():
+    for leaf_path, value in _initial_values(mcfg, fresh, shardings, leaves).items():
       _set(pure, leaf_path, value)
   nnx.replace_by_pure_dict(state, pure)
   return nnx.merge(graphdef, state)
 
 
-def _initial_values(mcfg: nn.ModelConfig, paths: list, shardings) -> dict:
-  """The initial values of some parameters (the rest of the initialisation is compiled away)."""
+def _initial_values(mcfg: nn.ModelConfig, paths: list, shardings, leaves: dict) -> dict:
+  """The initial values of some parameters (the rest of the initialisation is compiled away).
+
+  ``leaves`` are the abstract parameters by path (their shapes fit the shardings).
+  """
 
   def init():
     model = nn.TransformerLM(mcfg, rngs=nnx.Rngs(0))
-    leaves = _paths(nnx.to_pure_dict(nnx.state(model)))
-    return {"/".join(map(str, p)): leaves[p] for p in paths}
+    values = _paths(nnx.to_pure_dict(nnx.state(model)))
+    return {"/".join(map(str, p)): values[p] for p in paths}
 
   out_shardings = None
   if shardings is not None:
-    out_shardings = {"/".join(map(str, p)): shardings[p] for p in paths}
+    out_shardings = {"/".join(map(str, p)): _fit(shardings[p], leaves[p].shape) for p in paths}
   values = jax.jit(init, out_shardings=out_shardings)()
   return {p: values["/".join(map(str, p))] for p in paths}
