@@ -131,10 +131,6 @@ class _Config:
     value = self.raw.get(key)
     return self.defaults.get(key) if value is None and key not in self.raw else value
 
-  def get(self, key, default=None):
-    value = self[key]
-    return default if value is None else value
-
   def int(self, key) -> int:
     value = self[key]
     if isinstance(value, bool) or not isinstance(value, int):
