@@ -9,8 +9,8 @@ Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
 ``[B, S, K, H]`` with ``N % K == 0``; the output is ``[B, T, N, H]``.
 
 ``import attnjax`` loads the functions layer only (JAX, no flax);
-``attnjax.nn`` (Flax NNX modules), ``attnjax.train`` and ``attnjax.data`` load
-on first access.
+``attnjax.nn`` (Flax NNX modules), ``attnjax.models`` (pretrained checkpoints),
+``attnjax.train`` and ``attnjax.data`` load on first access.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 # Flax-backed layers load on first access (PEP 562), so ``import attnjax``
 # loads only the functions layer and never flax: ``attnjax.nn.Attention``
 # works after ``import attnjax`` all the same.
-_LAZY = ("data", "nn", "targets", "train")
+_LAZY = ("data", "models", "nn", "targets", "train")
 
 
 def __getattr__(name: str):
@@ -62,6 +62,7 @@ __all__ = [
     "gated_linear_attention",
     "linear_attention",
     "masks",
+    "models",
     "mods",
     "nn",
     "normalizers",

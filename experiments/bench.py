@@ -5,6 +5,7 @@
     python experiments/bench.py --suite dense --sizes 256,1024 --repeats 3
     python experiments/bench.py --list
     python experiments/bench.py --memory --memory-filter compressed   # memory cases only
+    python experiments/bench.py --suite pretrained   # sink statistics at 8k and 32k tokens
 
 Each case is timed in this process after warm-up (compilation excluded), with
 ``block_until_ready``. The cases of one shape are timed in interleaved rounds
@@ -778,6 +779,104 @@ def dilated_memory():
   return step, (q, k, v)
 
 
+# ---------------------------------------------------------------------------
+# Pretrained models: sink statistics of a long sequence in O(T) memory.
+
+PRETRAINED_LENGTHS = (8192, 32768)
+
+
+def _pretrained_config():
+  """A Llama-shaped model small enough for a CPU at 32k tokens: GQA, RoPE with llama3
+  scaling, SwiGLU, RMSNorm, untied head; block-wise attention (statistics in the fused pass)."""
+  from attnjax import nn
+
+  attention = nn.AttentionConfig(
+      num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=500000.0, implementation="blockwise",
+      rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+  return nn.ModelConfig(vocab_size=2048, d_model=128, num_layers=2, attention=attention,
+                        mlp="swiglu", mlp_dim=344, norm_eps=1e-5, tie_embeddings=False)
+
+
+def _pretrained_child(T: int) -> None:
+  """In a fresh process: compile and run the probe of experiments/pretrained.py (features,
+  every layer's fused-pass statistics, value drain, |hidden|, chunked perplexity) at length T;
+  print XLA's buffer sizes, the peak resident set and the run time."""
+  from flax import nnx
+
+  from attnjax import nn
+  from attnjax.models import probe
+
+  model = nn.TransformerLM(_pretrained_config(), rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  tokens = jax.random.randint(jax.random.key(0), (1, T + 1), 0, model.config.vocab_size)
+
+  def run(state, tokens):
+    m = nnx.merge(graphdef, state)
+    features, layers = probe.layer_statistics(m, tokens[:, :-1])
+    nll = probe.token_nll(m, features, tokens[:, 1:], chunk=512)
+    return [layer["sink_mass"] for layer in layers], jnp.mean(nll)
+
+  before = _peak_rss_mib()
+  compiled = jax.jit(run).lower(state, tokens).compile()
+  m = compiled.memory_analysis()
+  xla = None if m is None else dict(args=m.argument_size_in_bytes, out=m.output_size_in_bytes,
+                                    temp=m.temp_size_in_bytes, alias=m.alias_size_in_bytes)
+  block(compiled(state, tokens))
+  t0 = time.perf_counter()
+  sink, loss = compiled(state, tokens)
+  block((sink, loss))
+  seconds = time.perf_counter() - t0
+  print(json.dumps({"T": T, "xla": xla, "peak_rss_mib": _peak_rss_mib(), "before_mib": before,
+                    "seconds": seconds, "loss": float(loss),
+                    "params": int(sum(x.size for x in jax.tree.leaves(state)))}))
+
+
+@suite("pretrained")
+def pretrained_suite(args) -> Iterable[Case]:
+  """Sink statistics of a Llama-shaped random model (built in memory) at long T on this
+  backend, each length in a fresh process: the forward with every layer's fused-pass
+  AttentionStats, value drain and |hidden| (attnjax.models.probe, as experiments/pretrained.py
+  runs it) and the chunked perplexity. Memory must grow at most 4.6x from 8k to 32k tokens
+  (O(T)); TransformerLens's run_with_cache would store every layer's [B, N, T, T] pattern."""
+  lengths = parse_sizes(args.sizes) if args.sizes else list(PRETRAINED_LENGTHS)
+  print(f"## pretrained\n\n{pretrained_suite.__doc__.strip()}\n")
+  rows = []
+  for T in lengths:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--pretrained-child",
+                          str(T)], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+      print(f"T={T}: failed: {out.stderr.strip().splitlines()[-1:]}\n")
+      return []
+    rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+  cfg = _pretrained_config()
+  N, L = cfg.attention.num_heads, cfg.num_layers
+  print(f"model: d_model {cfg.d_model}, {L} layers, {N} heads ({cfg.attention.kv_heads} kv), "
+        f"head dim {cfg.attention.head_dim}, vocab {cfg.vocab_size}, {rows[0]['params']:,} "
+        f"params; batch 1\n")
+  print("| T | XLA buffers (MiB) | of which temporaries | peak RSS (MiB) | run s | "
+        "T x T pattern, one layer, this model (MiB) | all layers, Llama-3-8B (GiB) |")
+  print("|---:|---:|---:|---:|---:|---:|---:|")
+  for r in rows:
+    x = r["xla"] or {}
+    total = (x.get("args", 0) + x.get("out", 0) + x.get("temp", 0) - x.get("alias", 0)) / 2**20
+    pattern = N * r["T"] ** 2 * 4 / 2**20  # float32 [1, N, T, T]
+    llama8b = 32 * 32 * r["T"] ** 2 * 2 / 2**30  # bf16 [1, 32, T, T] x 32 layers
+    r["xla_mib"] = total
+    print(f"| {r['T']} | {total:.1f} | {x.get('temp', 0) / 2**20:.1f} | "
+          f"{r['peak_rss_mib']:.0f} | {r['seconds']:.1f} | {pattern:,.0f} | {llama8b:,.0f} |")
+  if len(rows) >= 2:
+    a, b = rows[0], rows[-1]
+    grow = b["T"] / a["T"]
+    xla_ratio = b["xla_mib"] / a["xla_mib"] if a["xla_mib"] else float("nan")
+    rss_ratio = b["peak_rss_mib"] / a["peak_rss_mib"]
+    verdict = "pass" if max(xla_ratio, rss_ratio) <= 4.6 * grow / 4 else "FAIL"
+    print(f"\nT x{grow:g}: XLA buffers x{xla_ratio:.2f}, peak RSS x{rss_ratio:.2f} "
+          f"(O(T): at most 4.6x for 4x the tokens: {verdict}); the T x T patterns grow "
+          f"x{grow ** 2:g}.\n")
+  return []
+
+
 def _peak_rss_mib() -> float:
   """Peak resident set of this process. ``VmHWM`` is reset by exec, unlike ``ru_maxrss``,
   which a child started from a large bench process inherits from it."""
@@ -915,12 +1014,16 @@ def main(argv=None) -> None:
   p.add_argument("--list", action="store_true")
   p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
   p.add_argument("--mesh-child", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--pretrained-child", type=int, default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.memory_child:
     _memory_child(args.memory_child)
     return
   if args.mesh_child:
     _mesh_child()
+    return
+  if args.pretrained_child:
+    _pretrained_child(args.pretrained_child)
     return
   if args.list:
     for name, fn in _SUITES.items():

@@ -1,11 +1,12 @@
 """The import graph of attnjax: layers import only downwards, no cycles, no flax on import.
 
 Layers (``ARCHITECTURE.md``): the functions layer (every module under
-``attnjax/`` outside ``nn``, ``train`` and ``data``, ``attnjax.stats``
+``attnjax/`` outside ``nn``, ``models``, ``train`` and ``data``, ``attnjax.stats``
 included) imports no flax, no training libraries, no ``attnjax.nn`` /
 ``attnjax.train`` / ``attnjax.data`` and no ``experiments``; ``attnjax.data``
 imports no flax, ``attnjax.nn``, ``attnjax.train`` or ``experiments``;
-``attnjax.nn`` imports no ``attnjax.train`` or ``experiments``;
+``attnjax.nn`` imports no ``attnjax.models``, ``attnjax.train`` or ``experiments``;
+``attnjax.models`` imports no ``attnjax.train`` or ``experiments``;
 ``attnjax.train`` imports no ``experiments``. The graph is read with ``ast``
 from every ``import`` / ``from ... import`` statement, at module level and
 inside functions alike, so a deferred import cannot hide an upward edge.
@@ -23,11 +24,13 @@ import textwrap
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 LAYERS = (  # (layer, module prefix, forbidden import prefixes); first match wins
-    ("nn", "attnjax.nn", ("attnjax.train", "experiments")),
+    ("nn", "attnjax.nn", ("attnjax.models", "attnjax.train", "experiments")),
+    ("models", "attnjax.models", ("attnjax.train", "experiments")),
     ("train", "attnjax.train", ("experiments",)),
-    ("data", "attnjax.data", ("flax", "attnjax.nn", "attnjax.train", "experiments")),
+    ("data", "attnjax.data", ("flax", "attnjax.nn", "attnjax.models", "attnjax.train",
+                              "experiments")),
     ("functions", "attnjax", ("flax", "optax", "orbax", "ml_collections", "attnjax.nn",
-                              "attnjax.train", "attnjax.data", "experiments")),
+                              "attnjax.models", "attnjax.train", "attnjax.data", "experiments")),
 )
 
 

@@ -85,3 +85,12 @@ def test_run_dir_notebooks_execute(tiny_sweep_root):
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
                  for o in c.get("outputs", []))
     assert images >= 3, f"{name} produced {images} figures"
+
+
+def test_pretrained_notebook_builds_its_own_run_and_executes():
+  """05 without ATTNJAX_RUN_DIR: a tiny run of experiments/pretrained.py on a test checkpoint."""
+  path = NOTEBOOKS[0].parent / "05_pretrained_sinks.ipynb"
+  nb = execute(path, {"ATTNJAX_RUN_DIR": "", **FAST_COMPILES})
+  images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
+               for o in c.get("outputs", []))
+  assert images >= 3, f"{path.name} produced {images} figures"

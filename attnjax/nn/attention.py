@@ -117,10 +117,12 @@ class Attention(nnx.Module):
     self.num_kv_heads = K = config.kv_heads
     self.head_dim = H = config.head_dim_for(d_model)
     lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.q_proj = _layers.linear(d_model, N * H, ("embed", "heads"), **lin)
-    self.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), **lin)
-    self.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), **lin)
-    self.o_proj = _layers.linear(N * H, d_model, ("heads", "embed"), **lin)
+    qkv_bias = config.qkv_bias
+    self.q_proj = _layers.linear(d_model, N * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
+    self.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
+    self.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
+    self.o_proj = _layers.linear(N * H, d_model, ("heads", "embed"), use_bias=config.out_bias,
+                                 **lin)
     # Optional parameters, declared up front; the spec fills in those it uses.
     self.gate_proj = nnx.data(None)
     for name in config.spec.optional_params:

@@ -215,8 +215,9 @@ class CompressedSpec(AttentionSpec):
                     segment_ids=put(cache.segment_ids, seg))
     k_all, theta = cache.k, layer.config.rope_theta
     if theta is not None:
-      q = apply_rope(q, rope_q, theta)
-      k_all = apply_rope(k_all, cache.rope_positions, theta)
+      scaling = layer.config.rope_scaling
+      q = apply_rope(q, rope_q, theta, scaling=scaling)
+      k_all = apply_rope(k_all, cache.rope_positions, theta, scaling=scaling)
     # The new queries at their positions of a full-length query sequence; other rows are dropped.
     q_all = put(jnp.zeros((B, L) + q.shape[2:], q.dtype), q)
     out = self._run(layer, q_all, k_all, cache.v,

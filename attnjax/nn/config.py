@@ -18,18 +18,24 @@ import dataclasses
 from typing import Any, Literal, Optional
 
 from attnjax import _checks
+from attnjax.nn import rope as rope_lib
 from attnjax.nn import specs
 from attnjax.nn.specs import check_int, check_type
 
 # The families are the live registry, specs.FAMILY_SPECS (register_family adds to it).
 OUTPUT_GATES = (None, "elementwise", "headwise")
-MLPS = ("gelu", "swiglu", "none")
-NORMS = ("rms", "layer")
+MLPS = ("gelu", "swiglu", "geglu", "moe", "none")
+# The activations each MLP kind takes (mlp_activation; None = the first).
+MLP_ACTIVATIONS = {"gelu": ("gelu_tanh", "gelu_exact"), "geglu": ("gelu_tanh", "gelu_exact"),
+                   "swiglu": ("silu",)}
+NORMS = ("rms", "layer", "rms_plus_one")
+NORM_PLACEMENTS = ("pre", "sandwich", "post")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # The common fields of every layer, in order.
 COMMON_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "rope_theta", "output_gate",
-                 "is_causal", "implementation", "sow_weights")
+                 "is_causal", "implementation", "sow_weights", "qkv_bias", "out_bias",
+                 "rope_scaling")
 
 # Every family option of the flat record used before the per-family specs, with its
 # default there. A dict (or constructor call) written for that record may carry an
@@ -117,6 +123,12 @@ class AttentionConfig:
       one of the spec's ``implementations`` (checked at build).
     sow_weights: sow the full attention weights ``[B, N, T, S]`` under
       ``nnx.capture`` (costly; also switchable per call).
+    qkv_bias: the q, k and v projections have biases (GPT-2, Qwen 2, gpt-oss).
+    out_bias: the output projection has a bias (GPT-2, gpt-oss).
+    rope_scaling: None, or a RoPE frequency scaling (``"linear"``, ``"llama3"``,
+      ``"yarn"``; :mod:`attnjax.nn.rope`), given as a dict or a tuple of
+      ``(key, value)`` pairs and kept as the sorted tuple (hashable); needs
+      ``rope_theta``.
   """
 
   num_heads: int = 4
@@ -127,6 +139,9 @@ class AttentionConfig:
   is_causal: bool = True
   implementation: Optional[str] = None
   sow_weights: bool = False
+  qkv_bias: bool = False
+  out_bias: bool = False
+  rope_scaling: Optional[tuple] = None
   spec: specs.AttentionSpec = specs.DenseSpec()
 
   def __init__(self, family: Optional[str] = None, *, spec: Optional[specs.AttentionSpec] = None,
@@ -134,12 +149,15 @@ class AttentionConfig:
                head_dim: Optional[int] = None, rope_theta: Optional[float] = 10000.0,
                output_gate: Optional[str] = None, is_causal: bool = True,
                implementation: Optional[str] = None, sow_weights: bool = False,
+               qkv_bias: bool = False, out_bias: bool = False, rope_scaling: Any = None,
                **options: Any):
     built = _build_spec(family, spec, options)
     for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                         ("head_dim", head_dim), ("rope_theta", rope_theta),
                         ("output_gate", output_gate), ("is_causal", is_causal),
                         ("implementation", implementation), ("sow_weights", sow_weights),
+                        ("qkv_bias", qkv_bias), ("out_bias", out_bias),
+                        ("rope_scaling", rope_lib.normalize_scaling(rope_scaling)),
                         ("spec", built)):
       object.__setattr__(self, name, value)
     self._check()
@@ -155,8 +173,10 @@ class AttentionConfig:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
     _checks.check_positive_float("rope_theta", self.rope_theta)
     _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
-    for name in ("is_causal", "sow_weights"):
+    for name in ("is_causal", "sow_weights", "qkv_bias", "out_bias"):
       check_type(name, getattr(self, name), bool, "a bool")
+    if self.rope_scaling is not None and self.rope_theta is None:
+      raise ValueError(f"rope_scaling={dict(self.rope_scaling)} needs rope_theta (RoPE)")
     type(self.spec).check_implementation(self.implementation)
     self.spec.check(self)
 
@@ -198,6 +218,8 @@ class AttentionConfig:
     """
     out = {"family": self.family}
     out.update({name: getattr(self, name) for name in COMMON_FIELDS})
+    if self.rope_scaling is not None:
+      out["rope_scaling"] = dict(self.rope_scaling)
     out.update(self.spec.to_dict())
     return out
 
@@ -231,7 +253,10 @@ class AttentionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """A pre-norm decoder-only language model.
+  """A decoder-only language model (pre-norm by default).
+
+  The defaults are attnjax's own small models; the other fields express the
+  choices of pretrained architectures (:mod:`attnjax.models`).
 
   Attributes:
     vocab_size: V.
@@ -240,16 +265,35 @@ class ModelConfig:
     attention: the attention of every layer (unless ``layer_attention``).
     layer_attention: optional per-layer configs (a tuple of length
       ``num_layers``), e.g. alternating window and global layers.
-    mlp: ``"gelu"``, ``"swiglu"`` or ``"none"`` (attention-only blocks, as in
-      the 1-3 layer models of Guo et al. 2024's bigram-backcopy task).
-    mlp_dim: hidden width (None = ``4 D`` for GELU, ``8 D / 3`` rounded up to a
-      multiple of 8 for SwiGLU, equal parameter counts).
-    norm: ``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm).
+    mlp: ``"gelu"`` (``down(act(up x))``), ``"swiglu"`` / ``"geglu"`` (gated:
+      ``down(act(gate x) * up x)``), ``"moe"`` (gpt-oss's mixture of experts,
+      :class:`attnjax.nn.mlp.MixtureOfExperts`) or ``"none"`` (attention-only
+      blocks, as in the 1-3 layer models of Guo et al. 2024's bigram-backcopy task).
+    mlp_dim: hidden width (of each expert for ``"moe"``; None = ``4 D`` for
+      GELU, ``8 D / 3`` rounded up to a multiple of 8 otherwise, equal parameter counts).
+    norm: ``"rms"`` (RMSNorm), ``"layer"`` (LayerNorm with bias) or
+      ``"rms_plus_one"`` (Gemma's RMSNorm: gain ``1 + w``, in float32).
     norm_eps: epsilon of every norm.
     tie_embeddings: the output projection is the transposed embedding.
     dtype: compute dtype name; parameters are ``param_dtype``.
     param_dtype: parameter dtype name.
     remat: rematerialise each block in the backward pass (``nnx.remat``).
+    norm_placement: ``"pre"`` (``h + f(norm(h))``), ``"sandwich"`` (``h +
+      norm'(f(norm(h)))``, Gemma 2/3) or ``"post"`` (``h + norm'(f(h))``, OLMo 2),
+      for the attention and the MLP alike.
+    mlp_activation: the MLP's activation, None = the kind's (``"gelu_tanh"`` for
+      ``"gelu"`` and ``"geglu"``, ``"silu"`` for ``"swiglu"``); ``"gelu"`` and
+      ``"geglu"`` also take ``"gelu_exact"`` (erf).
+    mlp_bias: biases on the MLP's projections (GPT-2; Llama's ``mlp_bias``).
+    num_experts: experts of ``mlp="moe"``.
+    experts_per_token: experts each token is routed to (``mlp="moe"``).
+    moe_alpha: sigmoid slope of the experts' SwiGLU (``mlp="moe"``; gpt-oss 1.702).
+    moe_limit: clip of the experts' gate and up projections (None = none; gpt-oss 7).
+    learned_positions: number of learned absolute position embeddings added to
+      the token embeddings (GPT-2's ``n_positions``); None = none.
+    embed_scale: multiplier of the token embeddings, cast to ``param_dtype``
+      first (Gemma: ``sqrt(D)``); None = none.
+    final_softcap: ``c`` of ``c tanh(logits / c)`` on the output logits (Gemma 2); None = none.
   """
 
   vocab_size: int = 256
@@ -265,6 +309,16 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  norm_placement: str = "pre"
+  mlp_activation: Optional[str] = None
+  mlp_bias: bool = False
+  num_experts: Optional[int] = None
+  experts_per_token: Optional[int] = None
+  moe_alpha: float = 1.702
+  moe_limit: Optional[float] = 7.0
+  learned_positions: Optional[int] = None
+  embed_scale: Optional[float] = None
+  final_softcap: Optional[float] = None
 
   def __post_init__(self):
     check_int("vocab_size", self.vocab_size)
@@ -290,8 +344,28 @@ class ModelConfig:
     _checks.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
     _checks.check_choice("dtype", self.dtype, DTYPES)
     _checks.check_choice("param_dtype", self.param_dtype, DTYPES)
-    for name in ("tie_embeddings", "remat"):
+    for name in ("tie_embeddings", "remat", "mlp_bias"):
       check_type(name, getattr(self, name), bool, "a bool")
+    _checks.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+    if self.mlp_activation is not None:
+      allowed = MLP_ACTIVATIONS.get(self.mlp, ())
+      if self.mlp_activation not in allowed:
+        raise ValueError(f"mlp_activation={self.mlp_activation!r} does not apply to "
+                         f"mlp={self.mlp!r} (it takes: {allowed or 'none'})")
+    check_int("learned_positions", self.learned_positions, allow_none=True)
+    _checks.check_positive_float("embed_scale", self.embed_scale)
+    _checks.check_positive_float("final_softcap", self.final_softcap)
+    if self.mlp == "moe":
+      check_int("num_experts", self.num_experts)
+      check_int("experts_per_token", self.experts_per_token)
+      if self.experts_per_token > self.num_experts:
+        raise ValueError(f"experts_per_token={self.experts_per_token} exceeds "
+                         f"num_experts={self.num_experts}")
+      _checks.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
+      _checks.check_positive_float("moe_limit", self.moe_limit)
+    elif self.num_experts is not None or self.experts_per_token is not None:
+      raise ValueError(f"num_experts={self.num_experts}, experts_per_token="
+                       f"{self.experts_per_token} need mlp='moe', got mlp={self.mlp!r}")
 
   def attention_for(self, layer: int) -> AttentionConfig:
     return self.attention if self.layer_attention is None else self.layer_attention[layer]

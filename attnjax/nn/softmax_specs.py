@@ -31,6 +31,7 @@ from attnjax import sparse as sparse_lib
 Array = jnp.ndarray
 
 QK_NORM_PLACEMENTS = ("before_rope", "after_rope")
+QK_NORM_SCOPES = ("head", "projection")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,8 +272,8 @@ class ScoreSpec(AttentionSpec):
     K = k.shape[2]
     if c.rope_theta is not None:
       q_rope, k_rope = self.decode_rope(layer, idx, k_idx, q_rope, k_rope, start, call)
-      q = apply_rope(q, q_rope, c.rope_theta)
-      k = apply_rope(k, k_rope, c.rope_theta)
+      q = apply_rope(q, q_rope, c.rope_theta, scaling=c.rope_scaling)
+      k = apply_rope(k, k_rope, c.rope_theta, scaling=c.rope_scaling)
     if k_idx.ndim == 1:
       mask = self.allowed(layer, idx, k_idx, length)
       mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
@@ -498,18 +499,22 @@ class DenseSpec(DotProductSpec):
 
   Attributes:
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2`` scores).
+    scale: logit scale (None = ``H ** -0.5``), e.g. Gemma's
+      ``query_pre_attn_scalar ** -0.5``.
   """
 
   family: ClassVar[str] = "dense"
 
   similarity: Literal["dot", "neg_sq_euclidean"] = "dot"
+  scale: Optional[float] = None
 
   def validate(self) -> None:
     super().validate()
     _checks.check_choice("similarity", self.similarity, dense.SIMILARITIES)
+    _checks.check_positive_float("scale", self.scale)
 
   def kwargs(self, layer):
-    return dict(super().kwargs(layer), similarity=self.similarity)
+    return dict(super().kwargs(layer), similarity=self.similarity, scale=self.scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -524,6 +529,12 @@ class QKNormSpec(DotProductSpec):
     qk_norm_gain: learn gains ``[H]`` for q and k after the norm.
     qk_norm_eps: epsilon of the norm.
     qk_scale: logit scale (None = ``H ** -0.5``; ``"l2"`` usually needs a larger one).
+    qk_norm_scope: ``"head"`` (over each head's ``H`` dims; Qwen 3, Gemma 3) or
+      ``"projection"`` (over the whole projection, ``N H`` for q and ``K H``
+      for k, before the heads are split; OLMo 2). The gains have that many
+      entries; ``"projection"`` normalises in the module, before RoPE.
+    qk_norm_gain_offset: the gains multiply as ``offset + gain`` (Gemma 3
+      stores ``w`` of ``(1 + w)``, offset 1; 0 = the gains themselves).
   """
 
   family: ClassVar[str] = "qk_norm"
@@ -534,6 +545,8 @@ class QKNormSpec(DotProductSpec):
   qk_norm_gain: bool = True
   qk_norm_eps: float = 1e-6
   qk_scale: Optional[float] = None
+  qk_norm_scope: Literal["head", "projection"] = "head"
+  qk_norm_gain_offset: float = 0.0
 
   def validate(self) -> None:
     super().validate()
@@ -542,23 +555,46 @@ class QKNormSpec(DotProductSpec):
     check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
     _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
     _checks.check_positive_float("qk_scale", self.qk_scale)
+    _checks.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
+    check_type("qk_norm_gain_offset", self.qk_norm_gain_offset, (int, float), "a float")
+    if self.qk_norm_scope == "projection" and self.qk_norm_placement != "before_rope":
+      raise ValueError(f"qk_norm_scope='projection' normalises the projections before RoPE; "
+                       f"it needs qk_norm_placement='before_rope', got "
+                       f"{self.qk_norm_placement!r}")
+    if self.qk_norm_gain_offset and not self.qk_norm_gain:
+      raise ValueError(f"qk_norm_gain_offset={self.qk_norm_gain_offset} needs qk_norm_gain=True")
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     if self.qk_norm_gain:
       H = layer.head_dim
-      layer.q_gain = _layers.param(jnp.ones((H,), param_dtype), (None,))
-      layer.k_gain = _layers.param(jnp.ones((H,), param_dtype), (None,))
+      q_size, k_size = H, H
+      if self.qk_norm_scope == "projection":
+        q_size, k_size = layer.num_heads * H, layer.num_kv_heads * H
+      init = 1.0 - self.qk_norm_gain_offset  # the gains start as ones
+      layer.q_gain = _layers.param(jnp.full((q_size,), init, param_dtype), (None,))
+      layer.k_gain = _layers.param(jnp.full((k_size,), init, param_dtype), (None,))
     super().init_params(layer, rngs, param_dtype)
 
   def _norm_in_module(self, layer) -> bool:
+    if self.qk_norm_scope == "projection":
+      return True
     return self.qk_norm_placement == "before_rope" and layer.config.rope_theta is not None
 
   def _gains(self, layer):
+    """The float32 gains the norm multiplies by (offset included), or ``(None, None)``."""
     if self.qk_norm_gain:
-      return layer.q_gain[...], layer.k_gain[...]
+      offset = float(self.qk_norm_gain_offset)
+      return tuple(g[...].astype(jnp.float32) + offset for g in (layer.q_gain, layer.k_gain))
     return None, None
 
   def _norm(self, x: Array, gain: Optional[Array]) -> Array:
+    if self.qk_norm_scope == "projection":  # over the heads and their dims together
+      B, T, n, H = x.shape
+      y = qk_norm_lib.normalize_head(jnp.reshape(x, (B, T, 1, n * H)), self.qk_norm,
+                                     self.qk_norm_eps)
+      if gain is not None:
+        y = y * jnp.reshape(gain.astype(jnp.float32), (1, 1, 1, -1))
+      return jnp.reshape(y, x.shape).astype(x.dtype)
     y = qk_norm_lib.normalize_head(x, self.qk_norm, self.qk_norm_eps)
     if gain is not None:
       y = y * jnp.reshape(gain.astype(jnp.float32), (1, 1, 1, -1))

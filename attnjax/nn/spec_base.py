@@ -83,8 +83,11 @@ class Call:
 
 
 def _rope(layer, x: Array, positions: Array) -> Array:
-  theta = layer.config.rope_theta
-  return x if theta is None else apply_rope(x, positions, theta)
+  """``x`` rotated by the layer's RoPE (base and scaling) at ``positions``; as is without RoPE."""
+  c = layer.config
+  if c.rope_theta is None:
+    return x
+  return apply_rope(x, positions, c.rope_theta, scaling=c.rope_scaling)
 
 
 def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, *,

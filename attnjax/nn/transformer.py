@@ -24,41 +24,26 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnjax.nn import _layers, intermediates
+from attnjax.nn import mlp as mlp_lib
 from attnjax.nn.attention import Attention
 from attnjax.nn.config import ModelConfig
+from attnjax.nn.mlp import MLP
 
 Array = jnp.ndarray
 
 
 def _norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype):
-  names = _layers.with_names
-  if kind == "rms":
-    return nnx.RMSNorm(d, epsilon=eps, dtype=dtype, param_dtype=param_dtype,
-                       scale_init=names(jax.nn.initializers.ones, ("embed",)), rngs=rngs)
-  return nnx.LayerNorm(d, epsilon=eps, dtype=dtype, param_dtype=param_dtype,
-                       scale_init=names(jax.nn.initializers.ones, ("embed",)),
-                       bias_init=names(jax.nn.initializers.zeros, ("embed",)), rngs=rngs)
-
-
-class MLP(nnx.Module):
-  """GELU (``down(gelu(up x))``) or SwiGLU (``down(silu(gate x) * up x)``, Shazeer 2020)."""
-
-  def __init__(self, kind: str, d_model: int, hidden: int, *, rngs, dtype, param_dtype):
-    lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.kind = kind
-    self.up = _layers.linear(d_model, hidden, ("embed", "mlp"), **lin)
-    if kind == "swiglu":
-      self.gate = _layers.linear(d_model, hidden, ("embed", "mlp"), **lin)
-    self.down = _layers.linear(hidden, d_model, ("mlp", "embed"), **lin)
-
-  def __call__(self, x: Array) -> Array:
-    if self.kind == "swiglu":
-      return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
-    return self.down(jax.nn.gelu(self.up(x)))
+  return mlp_lib.norm(kind, d, eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
 class TransformerBlock(nnx.Module):
-  """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))`` (no MLP if ``mlp="none"``).
+  """One block: attention then MLP, each added to the residual stream ``h``.
+
+  The norms sit as ``config.norm_placement`` says: ``"pre"`` (``h + f(norm(h))``,
+  the default), ``"sandwich"`` (``h + post_norm(f(norm(h)))``) or ``"post"``
+  (``h + post_norm(f(h))``). Parameters: ``attn_norm`` / ``mlp_norm`` (not with
+  ``"post"``), ``attn_post_norm`` / ``mlp_post_norm`` (``"sandwich"``,
+  ``"post"``), ``attention``, ``mlp`` (none if ``mlp="none"``).
 
   Args:
     config: the :class:`ModelConfig`.
@@ -70,32 +55,57 @@ class TransformerBlock(nnx.Module):
     dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     D = config.d_model
-    self.attn_norm = _norm(config.norm, D, config.norm_eps, **kw)
+    has_mlp = config.mlp != "none"
+    pre = config.norm_placement != "post"
+    post = config.norm_placement != "pre"
+
+    def norm(present: bool):
+      return _norm(config.norm, D, config.norm_eps, **kw) if present else None
+
+    self.attn_norm = norm(pre)
     self.attention = Attention(config.attention_for(layer), D, **kw)
-    self.mlp_norm = None if config.mlp == "none" else _norm(config.norm, D, config.norm_eps, **kw)
-    self.mlp = None if config.mlp == "none" else MLP(config.mlp, D, config.hidden_dim, **kw)
+    self.mlp_norm = norm(has_mlp and pre)
+    if not has_mlp:
+      self.mlp = None
+    elif config.mlp == "moe":
+      self.mlp = mlp_lib.MixtureOfExperts(
+          D, config.hidden_dim, num_experts=config.num_experts,
+          top_k=config.experts_per_token, alpha=config.moe_alpha, limit=config.moe_limit, **kw)
+    else:
+      self.mlp = MLP(config.mlp, D, config.hidden_dim, activation=config.mlp_activation,
+                     use_bias=config.mlp_bias, **kw)
+    # Declared after the layers they follow: the rngs stream of the defaults is unchanged.
+    self.attn_post_norm = norm(post)
+    self.mlp_post_norm = norm(has_mlp and post)
 
   def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
                positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
                sow_hidden: bool = False) -> Array:
     """``h`` ``[B, T, D]`` -> ``[B, T, D]``; ``segment_ids``/``positions`` as :class:`Attention`."""
-    h = h + self.attention(self.attn_norm(h), segment_ids=segment_ids, positions=positions,
-                           sow_weights=sow_weights)
-    if self.mlp is not None:
-      h = h + self.mlp(self.mlp_norm(h))
+    a = self.attention(self._apply(self.attn_norm, h), segment_ids=segment_ids,
+                       positions=positions, sow_weights=sow_weights)
+    h = self._feed_forward(h + self._apply(self.attn_post_norm, a))
     self._sow_hidden(h, sow_hidden)
     return h
 
   def decode(self, h: Array, cache, *, segment_ids: Optional[Array] = None,
              positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
              sow_hidden: bool = False):
-    a, cache = self.attention.decode(self.attn_norm(h), cache, segment_ids=segment_ids,
-                                     positions=positions, sow_weights=sow_weights)
-    h = h + a
-    if self.mlp is not None:
-      h = h + self.mlp(self.mlp_norm(h))
+    a, cache = self.attention.decode(self._apply(self.attn_norm, h), cache,
+                                     segment_ids=segment_ids, positions=positions,
+                                     sow_weights=sow_weights)
+    h = self._feed_forward(h + self._apply(self.attn_post_norm, a))
     self._sow_hidden(h, sow_hidden)
     return h, cache
+
+  @staticmethod
+  def _apply(norm, x: Array) -> Array:
+    return x if norm is None else norm(x)
+
+  def _feed_forward(self, h: Array) -> Array:
+    if self.mlp is None:
+      return h
+    return h + self._apply(self.mlp_post_norm, self.mlp(self._apply(self.mlp_norm, h)))
 
   def _sow_hidden(self, h: Array, full: bool) -> None:
     if not _layers.capturing(self):
@@ -108,7 +118,13 @@ class TransformerBlock(nnx.Module):
 
 
 class TransformerLM(nnx.Module):
-  """Decoder-only LM: embedding, ``num_layers`` pre-norm blocks, final norm, output head.
+  """Decoder-only LM: embedding, ``num_layers`` blocks, final norm, output head.
+
+  Besides the token embedding ``embed`` (scaled by ``config.embed_scale``), a
+  model with ``config.learned_positions`` adds ``position_embed`` of each
+  token's position (``positions``, default ``0..T-1``; when decoding, the
+  position after the tokens the cache has seen). ``config.final_softcap`` caps
+  the output logits.
 
   Args:
     config: the :class:`ModelConfig`.
@@ -134,6 +150,9 @@ class TransformerLM(nnx.Module):
     if not config.tie_embeddings:
       self.head = _layers.linear(D, V, ("embed", "vocab"), rngs=rngs, dtype=dtype,
                                  param_dtype=param_dtype)
+    self.position_embed = None if config.learned_positions is None else nnx.Embed(
+        config.learned_positions, D, dtype=dtype, param_dtype=param_dtype,
+        embedding_init=_layers.with_names(embed_init, (None, "embed")), rngs=rngs)
 
   def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
                positions: Optional[Array] = None, return_log_z: bool = False,
@@ -144,13 +163,28 @@ class TransformerLM(nnx.Module):
       tokens: ``[B, T]`` integer tokens.
       segment_ids: ``[B, T]`` int: packed documents; no token attends across a
         document boundary.
-      positions: ``[T]`` or ``[B, T]`` RoPE positions (default ``0..T-1``), e.g.
+      positions: ``[T]`` or ``[B, T]`` RoPE positions, and positions of learned
+        position embeddings (default ``0..T-1``), e.g.
         restarting at 0 in every packed document.
       return_log_z: also return ``log Z = logsumexp(logits)``.
       sow_weights: sow attention weights (under ``nnx.capture``).
       sow_hidden: sow every block's output hidden state (under ``nnx.capture``).
     """
-    h = self._embed(tokens)
+    h = self.features(tokens, segment_ids=segment_ids, positions=positions,
+                      sow_weights=sow_weights, sow_hidden=sow_hidden)
+    return self._logits(h, return_log_z)
+
+  def features(self, tokens: Array, *, segment_ids: Optional[Array] = None,
+               positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
+               sow_hidden: bool = False) -> Array:
+    """The hidden states the output head reads: the last block's output, final-normed.
+
+    ``model(tokens)`` is ``model.output_logits(model.features(tokens))`` (plus
+    ``log Z`` under a capture); a long sequence's loss can take the logits of
+    a few positions at a time from these ``[B, T, D]`` features instead of the
+    ``[B, T, V]`` logits at once. Arguments as :meth:`__call__`.
+    """
+    h = self._embed(tokens, positions)
     flags = dict(sow_weights=sow_weights, sow_hidden=sow_hidden)
     for block in self.blocks:
       if self.config.remat:
@@ -158,7 +192,23 @@ class TransformerLM(nnx.Module):
             block, h, segment_ids, positions)
       else:
         h = block(h, segment_ids=segment_ids, positions=positions, **flags)
-    return self._logits(h, return_log_z)
+    return self.final_norm(h)
+
+  def output_logits(self, features: Array) -> Array:
+    """Float32 logits ``[..., T, V]`` of :meth:`features` ``[..., T, D]``: the output head
+    (the tied embedding or ``head``) and ``config.final_softcap``."""
+    h = features
+    if self.config.tie_embeddings:
+      w = self.embed.embedding[...].astype(h.dtype)
+      logits = jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
+    else:
+      w = self.head.kernel[...].astype(h.dtype)
+      logits = jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+    logits = logits.astype(jnp.float32)
+    cap = self.config.final_softcap
+    if cap is not None:
+      logits = cap * jnp.tanh(logits / cap)
+    return logits
 
   def decode(self, tokens: Array, cache: list, *, segment_ids: Optional[Array] = None,
              positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
@@ -171,33 +221,43 @@ class TransformerLM(nnx.Module):
     """
     if len(cache) != len(self.blocks):
       raise ValueError(f"cache has {len(cache)} layers, the model {len(self.blocks)}")
-    h = self._embed(tokens)
+    embed_positions = positions
+    if positions is None and self.position_embed is not None:
+      # Learned positions continue from the tokens the caches have seen.
+      embed_positions = cache[0].index + jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    h = self._embed(tokens, embed_positions)
     new_cache = []
     for block, layer_cache in zip(self.blocks, cache):
       h, layer_cache = block.decode(h, layer_cache, segment_ids=segment_ids,
                                     positions=positions, sow_weights=sow_weights,
                                     sow_hidden=sow_hidden)
       new_cache.append(layer_cache)
-    return self._logits(h, False), new_cache
+    return self._logits(self.final_norm(h), False), new_cache
 
   def init_cache(self, batch_size: int, max_len: int) -> list:
     """Empty per-layer caches (a list, a pytree) for sequences up to ``max_len`` tokens."""
     return [block.attention.init_cache(batch_size, max_len) for block in self.blocks]
 
-  def _embed(self, tokens: Array) -> Array:
+  def _embed(self, tokens: Array, positions: Optional[Array] = None) -> Array:
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"tokens must be integer [B, T], got {tokens.dtype} {tokens.shape}")
-    return self.embed(tokens)
+    c = self.config
+    h = self.embed(tokens)
+    if c.embed_scale is not None:
+      h = h * jnp.asarray(c.embed_scale, c.param_dtype).astype(h.dtype)
+    if self.position_embed is not None:
+      T = tokens.shape[1]
+      if positions is None:
+        if T > c.learned_positions:
+          raise ValueError(f"tokens {tokens.shape}: T={T} exceeds the "
+                           f"learned_positions={c.learned_positions} of this model")
+        positions = jnp.arange(T, dtype=jnp.int32)
+      pos = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), tokens.shape)
+      h = h + self.position_embed(pos).astype(h.dtype)
+    return h
 
-  def _logits(self, h: Array, return_log_z: bool):
-    h = self.final_norm(h)
-    if self.config.tie_embeddings:
-      w = self.embed.embedding[...].astype(h.dtype)
-      logits = jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
-    else:
-      w = self.head.kernel[...].astype(h.dtype)
-      logits = jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
-    logits = logits.astype(jnp.float32)
+  def _logits(self, features: Array, return_log_z: bool):
+    logits = self.output_logits(features)
     capture = _layers.capturing(self)
     if not (return_log_z or capture):
       return logits

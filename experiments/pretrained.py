@@ -1,0 +1,289 @@
+"""Attention sinks of a pretrained checkpoint, per layer and head, from the fused attention pass.
+
+    python experiments/pretrained.py --model path/to/checkpoint --text book.txt \\
+        --config experiments/configs/pretrained.py:preset=cpu --out runs/pretrained
+
+Loads the checkpoint with ``attnjax.models.from_pretrained`` (block-wise attention by
+default, ``--config.implementation``; more options with ``--config.attention``), runs
+each sequence of the text once through :mod:`attnjax.models.probe`, which reads what the
+layers sow under ``nnx.capture``: the ``AttentionStats`` of the fused pass
+(``sink_mass``, ``row_sum``, ``logsumexp``), every block's largest and median
+``|hidden|``, and each layer's value-state drain. No ``T x T`` weights and no ``[T, V]``
+logits are materialised: the perplexity takes the output logits of ``loss_chunk``
+positions at a time from the final features.
+
+Writes into ``--out``: ``config.json`` (the resolved config and the model's
+``ModelConfig``), ``results.json`` (every number below), ``report.md`` and
+``plots/`` (``sink_curve.png``, ``first_token.png``, ``value_drain.png``,
+``activations.png``), all written atomically. Per layer and head: the first token's
+importance alpha_1 and Sink_1^eps against eps (Gu et al. 2024; alpha_1 = (1 + (T - 1)
+sink_mass) / T from the statistics), the first-token weight and F-Attn (Qiu et al.
+2025), the null mass of sink logits (gpt-oss), the value-state drain ||v_1|| / mean
+||v_j>1|| per key/value head (Guo et al. 2024); per layer the largest |hidden| and its
+ratio to the median, M-Act (Sun et al. 2024); and the text's perplexity.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnjax import AttentionStats, models, nn, stats
+from attnjax.models import probe
+from attnjax.train import cli, rundir
+from attnjax.train.config import load_config, split_argv
+from attnjax.train.plots import save_figure, subplots
+
+DEFAULT_CONFIG = "experiments/configs/pretrained.py:preset=cpu"
+
+
+def parse(argv=None):
+  """``(config, args)``: the shared ``--config`` / ``--out`` plus ``--model`` and ``--text``."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  p = cli.build_parser(__doc__, DEFAULT_CONFIG, "runs/pretrained", sweep=False)
+  p.add_argument("--model", default=None, help="checkpoint directory (config.json + safetensors)")
+  p.add_argument("--text", default=None, help="text file, or token ids (.npy / .bin)")
+  try:
+    spec, overrides, rest = split_argv(argv)
+  except ValueError as e:
+    p.error(str(e))
+  args = p.parse_args(rest)
+  try:
+    cfg = load_config(spec or DEFAULT_CONFIG, overrides, check=False)
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    p.error(str(e).strip("'\""))
+  if args.model:
+    cfg.model = args.model
+  if args.text:
+    cfg.text = args.text
+  if not cfg.model:
+    p.error("--model DIR (a checkpoint directory) is required")
+  if not cfg.text:
+    p.error("--text FILE (a text file or token ids, .npy / .bin) is required")
+  return cfg, args
+
+
+def attention_options(cfg) -> dict:
+  """``implementation`` and the ``key=value`` pairs of ``cfg.attention`` (values as literals)."""
+  options = {} if not cfg.implementation else {"implementation": cfg.implementation}
+  for item in cli.csv(cfg.attention):
+    key, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"attention: {item!r} is not key=value")
+    try:
+      options[key.strip()] = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+      options[key.strip()] = value.strip()
+  return options
+
+
+# ---------------------------------------------------------------------------
+# Tokens.
+
+
+def read_tokens(cfg, checkpoint: models.Checkpoint) -> np.ndarray:
+  """The text's token ids (1-D int64): from ``.npy`` / ``.bin``, or through ``tokenizer.json``."""
+  path = cfg.text
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"--text {path!r} does not exist")
+  if path.endswith(".npy"):
+    ids = np.load(path)
+  elif path.endswith(".bin"):
+    ids = np.fromfile(path, dtype=np.dtype(cfg.bin_dtype))
+  else:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    ids = np.asarray(models.tokenizer(checkpoint.path).encode(text).ids)
+  ids = np.asarray(ids).reshape(-1)
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"--text {path!r}: token ids must be integers, got {ids.dtype}")
+  vocab = checkpoint.config.get("vocab_size") or checkpoint.config.get("n_vocab")
+  if vocab and ids.size and (ids.min() < 0 or ids.max() >= vocab):
+    raise ValueError(f"--text {path!r}: token ids span [{ids.min()}, {ids.max()}], outside the "
+                     f"model's vocabulary of {vocab}")
+  return ids.astype(np.int64)
+
+
+def sequences(ids: np.ndarray, cfg, bos) -> tuple[np.ndarray, np.ndarray]:
+  """``(inputs, targets)`` ``[B, T]``: up to ``num_sequences`` consecutive chunks of the text.
+
+  With BOS, chunk ``b`` of ``T`` text tokens is predicted from ``[BOS] + chunk[:-1]``
+  (every text token once); without, ``inputs`` are ``T`` text tokens and ``targets``
+  the ``T`` after them. A text shorter than one chunk gives one shorter sequence.
+  """
+  T = int(cfg.seq_len)
+  if cfg.add_bos and bos is not None:
+    n = min(int(cfg.num_sequences), len(ids) // T)
+    if n == 0:
+      n, T = 1, len(ids)
+    if T < 1:
+      raise ValueError("--text gives no tokens")
+    chunks = np.asarray(ids[:n * T], np.int32).reshape(n, T)
+    inputs = np.concatenate([np.full((n, 1), int(bos), np.int32), chunks[:, :-1]], axis=1)
+    return inputs, chunks
+  n = min(int(cfg.num_sequences), (len(ids) - 1) // T)
+  if n == 0:
+    n, T = 1, len(ids) - 1
+  if T < 1:
+    raise ValueError(f"--text gives {len(ids)} token(s): too few for one prediction")
+  ids = np.asarray(ids, np.int32)
+  return ids[:n * T].reshape(n, T), ids[1:n * T + 1].reshape(n, T)
+
+
+# ---------------------------------------------------------------------------
+# The measurement.
+
+
+def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cfg) -> dict:
+  """Every statistic of the report over the sequences (one forward each), as lists/floats."""
+  per_seq, nll = [], []
+  for b in range(inputs.shape[0]):
+    features, layers = probe.layer_statistics(model, jnp.asarray(inputs[b:b + 1]))
+    nll.append(np.asarray(probe.token_nll(model, features, jnp.asarray(targets[b:b + 1]),
+                                          chunk=int(cfg.loss_chunk))))
+    per_seq.append(jax.tree.map(np.asarray, layers))
+  L = len(per_seq[0])
+  # Every field over the sequences: [L, B, ...] (each sequence's fields have batch 1).
+  cat = {k: np.stack([np.concatenate([seq[l][k] for seq in per_seq]) for l in range(L)])
+         for k in per_seq[0][0]}
+  layer_stats = [AttentionStats(**{f: jnp.asarray(cat[f][l]) for f in AttentionStats._fields
+                                   if f in cat}) for l in range(L)]
+  eps = [float(e) for e in cli.csv(cfg.sink_eps)]
+  rates = [stats.sink_rate(layer_stats, eps=e) for e in eps]
+  importance = np.asarray(stats.sink_rate(layer_stats, eps=0.3).importance)  # [L, B, N]
+  f_attn = stats.first_token_attention(layer_stats)
+  token_nll = np.concatenate(nll, axis=0)
+  max_abs, median = cat["hidden_max_abs"], cat["hidden_median_abs"]  # [L, B]
+  return {
+      "tokens": int(inputs.shape[1]), "sequences": int(inputs.shape[0]),
+      "perplexity": float(math.exp(float(token_nll.mean()))), "nll": float(token_nll.mean()),
+      "sink_eps": eps, "sink_curve": [float(r.rate) for r in rates],
+      "sink_curve_per_layer": [np.asarray(r.per_layer).tolist() for r in rates],  # [eps][L]
+      "alpha_1": importance.mean(axis=1).tolist(),                        # [L, N]
+      "first_token_weight": np.asarray(f_attn.per_head).tolist(),         # [L, N]
+      "f_attn": float(f_attn.f_attn), "f_attn_per_layer": np.asarray(f_attn.per_layer).tolist(),
+      "null_mass": (1.0 - cat["row_sum"]).mean(axis=1).tolist(),         # [L, N]
+      "entropy": cat["entropy"].mean(axis=1).tolist(),                    # [L, N]
+      "max_logit": cat["max_logit"].max(axis=1).tolist(),                 # [L, N]
+      "value_drain": cat["value_drain"].mean(axis=1).tolist(),            # [L, K]
+      "hidden_max_abs": max_abs.max(axis=1).tolist(),                     # [L]
+      "hidden_max_over_median": (max_abs / np.maximum(median, 1e-30)).max(axis=1).tolist(),
+      "m_act": float(max_abs.max(axis=1).mean()),
+  }
+
+
+# ---------------------------------------------------------------------------
+# Report.
+
+
+def _row(xs, digits=2) -> str:
+  return " ".join(f"{x:.{digits}f}" for x in xs)
+
+
+def plots(results: dict, out_dir: str) -> list[str]:
+  paths = []
+  fig, ax = subplots(figsize=(6, 4))
+  ax.plot(results["sink_eps"], results["sink_curve"], "o-", lw=1.2, label="all layers")
+  for l, _ in enumerate(results["alpha_1"]):
+    ax.plot(results["sink_eps"], [c[l] for c in results["sink_curve_per_layer"]], lw=0.6,
+            alpha=0.6)
+  ax.set(xlabel="eps", ylabel="Sink_1^eps (% of heads x sequences)", ylim=(-3, 103),
+         title=f"Sink_1^eps (thin: each layer), T = {results['tokens']}")
+  ax.legend(fontsize=7)
+  paths.append(os.path.join(out_dir, "sink_curve.png"))
+  save_figure(fig, paths[-1])
+  for name, key, label in (("first_token", "first_token_weight", "first-token weight"),
+                           ("value_drain", "value_drain", "||v_1|| / mean ||v_j>1||")):
+    a = np.asarray(results[key])
+    fig, ax = subplots(figsize=(2 + 0.35 * a.shape[1], 1.5 + 0.3 * a.shape[0]))
+    im = ax.imshow(a, aspect="auto", cmap="magma", vmin=0,
+                   vmax=1 if key == "first_token_weight" else None)
+    ax.set(xlabel="head" if key == "first_token_weight" else "key/value head", ylabel="layer",
+           title=label)
+    fig.colorbar(im, ax=ax)
+    paths.append(os.path.join(out_dir, f"{name}.png"))
+    save_figure(fig, paths[-1])
+  fig, ax = subplots(figsize=(6, 3.5))
+  ax.semilogy(results["hidden_max_abs"], "o-", label="max |hidden|")
+  ax.semilogy(results["hidden_max_over_median"], "s-", label="max / median |hidden|")
+  ax.set(xlabel="layer", title=f"massive activations (M-Act {results['m_act']:.1f})")
+  ax.legend(fontsize=7)
+  paths.append(os.path.join(out_dir, "activations.png"))
+  save_figure(fig, paths[-1])
+  return paths
+
+
+def report(results: dict, cfg, model_type: str, plot_paths: list, out: str) -> str:
+  L = len(results["alpha_1"])
+  lines = [
+      f"# attention sinks of {os.path.basename(os.path.normpath(cfg.model))} ({model_type})\n",
+      f"{results['sequences']} sequence(s) of T = {results['tokens']} tokens of "
+      f"`{os.path.basename(cfg.text)}`; attention options {attention_options(cfg)}. "
+      f"Statistics from the fused attention pass (no T x T weights).\n",
+      f"- perplexity: **{results['perplexity']:.3f}** (mean NLL {results['nll']:.4f} nats)",
+      f"- F-Attn (mean first-token weight, queries i >= 2): **{results['f_attn']:.3f}**",
+      f"- Sink_1^0.3: **{_curve_at(results, 0.3)}** % of heads x sequences",
+      f"- M-Act (mean over layers of max |hidden|): **{results['m_act']:.1f}**\n",
+      "## Sink_1^eps against eps (% of heads x sequences)\n",
+      "| eps | " + " | ".join(f"{e:g}" for e in results["sink_eps"]) + " |",
+      "|---|" + "---:|" * len(results["sink_eps"]),
+      "| all | " + " | ".join(f"{c:.0f}" for c in results["sink_curve"]) + " |",
+  ]
+  for l in range(L):
+    lines.append(f"| layer {l} | " + " | ".join(f"{c[l]:.0f}"
+                                                 for c in results["sink_curve_per_layer"]) + " |")
+  lines += ["\n## Per layer and head\n",
+            "alpha_1: the first token's importance (Gu et al.); first-token weight: mean over "
+            "queries i >= 2 (F-Attn per head, rows renormalised); null mass: weight sent to "
+            "sink logits (gpt-oss; 0 otherwise); value drain per key/value head (< 1: the "
+            "first token's value is small); max / median |hidden| of the block's output.\n",
+            "| layer | F-Attn | alpha_1 per head | first-token weight per head | null mass per "
+            "head | value drain per kv head | max abs hidden | max / median |",
+            "|---:|---:|---|---|---|---|---:|---:|"]
+  for l in range(L):
+    lines.append(
+        f"| {l} | {results['f_attn_per_layer'][l]:.3f} | {_row(results['alpha_1'][l])} | "
+        f"{_row(results['first_token_weight'][l])} | {_row(results['null_mass'][l])} | "
+        f"{_row(results['value_drain'][l])} | {results['hidden_max_abs'][l]:.1f} | "
+        f"{results['hidden_max_over_median'][l]:.0f} |")
+  lines.append("\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, out)})"
+                                for p in plot_paths) + "\n")
+  return "\n".join(lines)
+
+
+def _curve_at(results: dict, eps: float) -> str:
+  for e, c in zip(results["sink_eps"], results["sink_curve"]):
+    if abs(e - eps) < 1e-9:
+      return f"{c:.0f}"
+  return "-"
+
+
+def main(argv=None) -> str:
+  cfg, args = parse(argv)
+  t0 = time.perf_counter()
+  checkpoint = models.Checkpoint(cfg.model)
+  model = models.from_pretrained(cfg.model, dtype=cfg.dtype or None,
+                                 attention=attention_options(cfg))
+  ids = read_tokens(cfg, checkpoint)
+  bos = checkpoint.config.get("bos_token_id")
+  inputs, targets = sequences(ids, cfg, bos if isinstance(bos, int) else None)
+  results = measure(model, inputs, targets, cfg)
+  out = args.out
+  rundir.write_json(os.path.join(out, "config.json"),
+                    {"experiment": cfg.to_dict(), "model_config": model.config.to_dict(),
+                     "model_type": checkpoint.config.get("model_type")})
+  rundir.write_json(os.path.join(out, "results.json"), results)
+  paths = plots(results, os.path.join(out, "plots"))
+  markdown = report(results, cfg, checkpoint.config.get("model_type"), paths, out)
+  return cli.finish(out, markdown, t0)
+
+
+if __name__ == "__main__":
+  main()
