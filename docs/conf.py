@@ -1,0 +1,101 @@
+"""Sphinx configuration of the attnjax documentation site.
+
+Build (from the repository root)::
+
+  pip install -e '.[docs]' && sphinx-build -W -b html docs docs/_build/html
+
+Nothing is fetched at build time (no intersphinx): references to jax, numpy, flax, optax,
+the standard library and typing are listed in ``nitpick_ignore_regex``, so that ``-W`` fails on
+any broken reference to an attnjax name. The notebooks are committed without outputs and
+executed here (myst-nb, cached under ``docs/_build/.jupyter_cache``).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+DOCS = pathlib.Path(__file__).resolve().parent
+ROOT = DOCS.parent
+# The repository's package, whether or not it is installed (an editable install points here).
+sys.path.insert(0, str(ROOT))
+# The notebooks' kernels and autodoc's imports run on the CPU whatever plugins are installed.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import attnjax  # noqa: E402
+
+project = "attnjax"
+author = "the attnjax authors"
+copyright = "the attnjax authors"  # noqa: A001 (Sphinx's name)
+release = attnjax.__version__
+version = release
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.viewcode",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
+exclude_patterns = ["_build", "**/.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
+templates_path = ["_templates"]
+
+# MyST: ::: fences, $math$, definition lists, heading anchors for links within a page.
+myst_enable_extensions = ["colon_fence", "dollarmath", "deflist", "substitution"]
+myst_heading_anchors = 3
+
+# Notebooks: executed when their source changed (cache), errors fail the build.
+nb_execution_mode = "cache"
+nb_execution_cache_path = str(DOCS / "_build" / ".jupyter_cache")
+nb_execution_timeout = 600
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
+nb_merge_streams = True
+
+# API reference: autosummary writes one page per public name under api/_generated.
+autosummary_generate = True
+autosummary_imported_members = False
+autodoc_default_options = {"member-order": "bysource"}
+autodoc_typehints = "signature"
+autodoc_typehints_format = "short"
+autodoc_preserve_defaults = True
+autodoc_inherit_docstrings = False
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
+napoleon_use_ivar = True
+napoleon_preprocess_types = False
+
+# Every broken reference to our names is an error under -W; other projects' names are not
+# resolved here (no network): they are listed below.
+nitpicky = True
+_EXTERNAL = (
+    r"jax|jaxlib|jnp|np|numpy|flax|nnx|linen|optax|orbax|ml_collections|chex|matplotlib|plt"
+    r"|typing|typing_extensions|collections|builtins|types|enum|dataclasses|functools|os"
+    r"|pathlib|abc|argparse|subprocess|concurrent|json|io|contextlib|math|re|numbers"
+)
+nitpick_ignore_regex = [
+    (r"py:.*", rf"({_EXTERNAL})(\..*)?"),
+    # Builtins and typing names as annotations show them (``int``, ``Optional``, ``Array``...).
+    (r"py:.*", r"(int|float|bool|str|bytes|complex|object|tuple|list|dict|set|frozenset|type"
+               r"|None|NoneType|Ellipsis|callable|Exception|ValueError|TypeError|RuntimeError"
+               r"|Any|Optional|Union|Callable|Sequence|Mapping|Iterable|Iterator|Literal|Tuple"
+               r"|List|Dict|Set|Hashable|NamedTuple|Protocol|ClassVar|Self|Array|ArrayLike"
+               r"|DTypeLike|Shape|PRNGKey|KeyArray|PyTree|ndarray|Mesh|NamedSharding"
+               r"|PartitionSpec|Sharding|Device|ConfigDict|FieldReference|Module|Rngs|Variable"
+               r"|Param|Intermediate|State|GraphDef|GradientTransformation|Path|PathLike"
+               r"|Generator|Number|np\.ndarray|array_like|optional|callable)"),
+]
+
+html_theme = "sphinx_book_theme"
+html_title = f"attnjax {release}"
+html_theme_options = {
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "home_page_in_toc": True,
+}
+html_static_path: list[str] = []
