@@ -8,12 +8,15 @@ the same object (a re-export such as ``attnjax.stats.sink_rate`` of
 ``attnjax.stats.sinks.sink_rate`` is documented once, where users import it).
 
 Public names: a module's ``__all__``, or, without one, the classes and functions it
-defines whose names have no leading underscore. Public modules: :data:`PUBLIC_MODULES`,
-plus every package of attnjax that declares ``__all__``.
+defines whose names have no leading underscore and the constants (``UPPER_CASE`` names)
+it assigns at module level. Public modules: :data:`PUBLIC_MODULES`, plus every package
+of attnjax that declares ``__all__``. Scalars (numbers, strings) are only covered by an
+entry of their own module (two equal numbers may be one object).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -59,14 +62,28 @@ def public_modules() -> list[str]:
   return names
 
 
+def constants(module: types.ModuleType) -> list[str]:
+  """``UPPER_CASE`` names assigned at the top level of the module's source."""
+  tree = ast.parse(pathlib.Path(module.__file__).read_text())
+  names = []
+  for node in tree.body:
+    targets = (node.targets if isinstance(node, ast.Assign)
+               else [node.target] if isinstance(node, ast.AnnAssign) else [])
+    for target in targets:
+      if isinstance(target, ast.Name) and re.fullmatch(r"[A-Z][A-Z0-9_]*", target.id):
+        names.append(target.id)
+  return [n for n in dict.fromkeys(names) if hasattr(module, n)]
+
+
 def public_names(module: types.ModuleType) -> list[str]:
-  """``__all__``, else the classes and functions the module defines without a leading ``_``."""
+  """``__all__``, else the classes and functions the module defines and its constants."""
   if hasattr(module, "__all__"):
     return list(module.__all__)
-  return [name for name, obj in vars(module).items()
-          if not name.startswith("_") and (inspect.isclass(obj) or callable(obj))
-          and not isinstance(obj, types.ModuleType)
-          and getattr(obj, "__module__", None) == module.__name__]
+  defined = [name for name, obj in vars(module).items()
+             if not name.startswith("_") and (inspect.isclass(obj) or callable(obj))
+             and not isinstance(obj, types.ModuleType)
+             and getattr(obj, "__module__", None) == module.__name__]
+  return defined + [n for n in constants(module) if n not in defined]
 
 
 def rst_blocks(text: str) -> list[str]:
@@ -132,7 +149,9 @@ def test_every_public_name_has_a_page(module_name):
     if isinstance(obj, types.ModuleType):
       if obj.__name__ not in modules:
         missing.append(f"{name} (module {obj.__name__}: no automodule)")
-    elif f"{module_name}.{name}" not in entries and id(obj) not in by_id:
+    elif f"{module_name}.{name}" in entries:
+      continue
+    elif isinstance(obj, (int, float, str, bool, type(None))) or id(obj) not in by_id:
       missing.append(name)
   assert not missing, f"{module_name}: no API entry for {missing}"
 
@@ -146,3 +165,16 @@ def test_every_entry_names_a_public_object():
     except (AttributeError, ImportError) as e:
       bad.append(f"{page}: {dotted} ({e})")
   assert not bad, bad
+
+
+def test_entries_without_a_generated_page_are_documented_on_their_module_page():
+  """An autosummary without ``:toctree:`` links to an ``auto*`` entry of the same page."""
+  missing = []
+  for page in sorted(API.glob("*.md")):
+    for block in rst_blocks(page.read_text()):
+      if ":toctree:" in block:
+        continue
+      listed = set(re.findall(r"^   (\w+)$", block, flags=re.M))
+      described = set(re.findall(r"^\.\. auto(?:function|class|data):: (\w+)", block, flags=re.M))
+      missing += [f"{page.name}: {name}" for name in sorted(listed - described)]
+  assert not missing, missing
