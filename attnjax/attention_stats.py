@@ -109,8 +109,8 @@ def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None) 
 
 
 def stats_from_padded_rows(rows: dict, T: int) -> tuple:
-  """:func:`stats_from_rows` of a kernel's per-row outputs ``[B, N, Tp, 1]`` (``Tp >= T``
-  padded rows; the masks as numbers, > 0 = True), rows at positions ``0 .. T-1``."""
+  """:func:`.stats_from_rows` of a kernel's per-row outputs ``[B, N, Tp, 1]`` (``Tp >= T``
+  padded rows; the masks as numbers, > 0 = True), rows at positions ``0`` to ``T - 1``."""
   cat = {key: val[:, :, :T, 0] for key, val in rows.items()}
   for key in ("normalisable", "has_key"):
     cat[key] = cat[key] > 0

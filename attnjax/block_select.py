@@ -6,7 +6,7 @@ mean-pooled key, keeps the ``top_k`` best candidates plus its own block, and
 attends to the union of those blocks in ONE normalisation (any normaliser of
 :mod:`attnjax.normalizers`).
 
-Selection rule (shared by every implementation, :func:`select_blocks`):
+Selection rule (shared by every implementation, :func:`.select_blocks`):
 
 - pooled key of block ``j``: the mean of its keys (a partial last block: the
   mean of the keys it has);
@@ -148,7 +148,7 @@ def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
 
 def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
                    query_pool: Optional[QueryPool] = None) -> Array:
-  """The blocks :func:`block_select_attention` keeps besides each query block's own.
+  """The blocks :func:`.block_select_attention` keeps besides each query block's own.
 
   Returns:
     int32 ``[B, K, ceil(T / block_size), top_k]``: per batch, KV head and query
@@ -263,7 +263,7 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
 
   A ``lax.map`` step slices its query block from ``q`` and lays it out as rows
   ``[B, K, G * block_size, H]`` (every query head of a KV group stacked, as
-  :mod:`attnjax.kernels.blockwise.tiles`, so GQA costs no copies), gathers its ``top_k' + 1``
+  ``attnjax.kernels.blockwise.tiles``, so GQA costs no copies), gathers its ``top_k' + 1``
   key and value blocks (the own block last) per KV head straight from the
   inputs' layout, and writes its output rows in the output's layout, so no
   whole-array transpose is made (on CPU they cost more than the strided
@@ -422,7 +422,7 @@ def _block_select_attention(
       selection always uses dot products).
     implementation: None (auto: ``"gathered"``), ``"reference"`` or ``"gathered"``.
     return_stats: also return :class:`attnjax.AttentionStats` over the attended keys.
-    return_selection: also return :func:`select_blocks`'s int32
+    return_selection: also return :func:`.select_blocks`'s int32
       ``[B, K, ceil(T / block_size), top_k]`` selected blocks (-1 = none).
 
   Returns:

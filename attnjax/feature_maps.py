@@ -1,6 +1,6 @@
 """Feature maps ``phi`` for linear attention: ``exp(q.k)`` is replaced by ``phi(q).phi(k)``.
 
-Every map is a :class:`FeatureMap`: a small frozen dataclass registered as a
+Every map is a :class:`.FeatureMap`: a small frozen dataclass registered as a
 JAX pytree. Its *kind* and options are pytree metadata (static, hashable); the
 random projection of the softmax-kernel maps is its only array leaf. So a map
 is passed to :func:`attnjax.linear_attention` as an ordinary argument:
@@ -255,7 +255,7 @@ def favor_plus(key: Array, num_features: int, orthogonal: bool = True, *,
     stabilize: subtract the per-row (queries) / global (keys) maxima.
 
   Returns:
-    A :class:`FeatureMap` with ``projection`` ``[m, H]`` and ``F = m``.
+    A :class:`.FeatureMap` with ``projection`` ``[m, H]`` and ``F = m``.
 
   References:
     Choromanski et al. 2021, "Rethinking Attention with Performers", Lemma 1
@@ -284,7 +284,7 @@ def trig_features(key: Array, num_features: int, orthogonal: bool = False, *,
     stabilize: subtract the per-row / global maxima of ``|x|^2 / 2``.
 
   Returns:
-    A :class:`FeatureMap` with ``projection`` ``[m, H]``.
+    A :class:`.FeatureMap` with ``projection`` ``[m, H]``.
 
   References:
     Rahimi and Recht 2007, "Random Features for Large-Scale Kernel Machines".

@@ -7,9 +7,9 @@ classification and kernel:
   (causal, window, segments) and the patterns of :mod:`attnjax.patterns`;
 - **layouts** (this module) classify blocks under a rule: skipped, full
   (every pair allowed: no element mask) or partial (the rule is evaluated in
-  the block). :class:`BlockLayout` is the static result; :func:`structural_layout`
-  builds it for causal / window structure, :func:`rule_layout` for any element
-  rule (a pattern), and :func:`segment_block_relations` classifies blocks at run
+  the block). :class:`.BlockLayout` is the static result; :func:`.structural_layout`
+  builds it for causal / window structure, :func:`.rule_layout` for any element
+  rule (a pattern), and :func:`.segment_block_relations` classifies blocks at run
   time under segment ids (packed sequences);
 - **kernels** (:mod:`attnjax.kernels.blockwise`, :mod:`attnjax.sparse`) import layouts
   and visit what they list. Nothing here imports a kernel or a pattern.
@@ -234,8 +234,8 @@ class SparsePlan:
   Attributes:
     extra_keys: ``int32 [E]`` key positions gathered and appended after the ``S``
       keys (empty for most patterns).
-    layout: :class:`BlockLayout` over the ``S + E`` key slots.
-    rule: a rule (see :func:`rule_layout`) whose ``allowed`` takes slot indices
+    layout: :class:`.BlockLayout` over the ``S + E`` key slots.
+    rule: a rule (see :func:`.rule_layout`) whose ``allowed`` takes slot indices
       and the shape ``(T, S + E)``; the element mask of partial blocks.
   """
 
@@ -283,7 +283,7 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
     block_size: edge of the square blocks.
 
   Returns:
-    A :class:`BlockLayout`: a candidate block is kept when the rule allows some
+    A :class:`.BlockLayout`: a candidate block is kept when the rule allows some
     pair in it, and needs a mask unless it allows every pair (ragged edge blocks
     always need one). The rule is evaluated only on candidate blocks.
   """
@@ -421,7 +421,7 @@ def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args
     heads: likewise for the query head ``n``.
 
   Returns:
-    A :class:`BlockLayout`.
+    A :class:`.BlockLayout`.
   """
   for name, value in (("q_len", q_len), ("kv_len", kv_len), ("block_q", block_q),
                       ("block_k", block_k)):

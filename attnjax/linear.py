@@ -7,13 +7,13 @@ of query ``i`` only needs the running sums
 
 so attention becomes a recurrence with a fixed-size state (Katharopoulos et al.
 2020). Three causal forms (``implementation``, the names of every recurrent
-family, see :mod:`attnjax._recurrent`) compute the same function and are tested
+family, see ``attnjax._recurrent``) compute the same function and are tested
 equal in value, final state and gradient:
 
 - ``parallel``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``,
   O(T^2). Linear attention is defined as attention with these weights, so
   this is its readable definition and ``"reference"`` names it
-  (:data:`REFERENCE_FORM`).
+  (:data:`~attnjax.linear.REFERENCE_FORM`).
 - ``recurrent``: ``lax.scan`` over time carrying ``(S, z)``; the decode form.
 - ``chunked``: splits time into chunks of ``chunk_size``; inside a chunk the
   masked quadratic form, across chunks the state summed over earlier chunks.
@@ -36,7 +36,7 @@ first query); the returned state is the initial state plus this call's keys,
 so calling the recurrent form token by token equals one call on the whole
 sequence.
 
-What :func:`linear_attention` returns (the rule every stateful family follows):
+What :func:`.linear_attention` returns (the rule every stateful family follows):
 the *primary result* ``r`` is ``out`` when ``return_state=False`` and the pair
 ``(out, state)`` when ``return_state=True``; ``return_stats=True`` wraps it as
 ``(r, AttentionStats)``, exactly as in every other family. So the four cases are
@@ -323,7 +323,7 @@ def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bo
 
   The state update is ``S -> S + phi(K)^T V`` (the transition's decay is the identity),
   so a shard's whole contribution is one product of its own features and values; every
-  device's is stacked on every device (:func:`attnjax.parallel.recurrent.every_shard`, one
+  device's is stacked on every device (``attnjax.parallel.recurrent.every_shard``, one
   all-reduce). A causal shard ``p`` enters with ``state`` plus shards ``0 .. p - 1`` (an
   exclusive scan over the axis); a non-causal one with ``state`` plus every *other* shard
   (its own keys are added by its local pass). ``final`` is ``state`` plus every shard, the
@@ -465,14 +465,14 @@ def _linear_attention(
       (causal only), ``"chunked"``, or ``"reference"``, the readable
       definition: here the quadratic form (``"parallel"``); None means
       ``"chunked"`` (O(T)). The names mean the same form in every recurrent
-      family (:mod:`attnjax._recurrent`).
+      family (``attnjax._recurrent``).
     chunk_size: chunk length of the chunked causal form.
-    initial_state: a :class:`LinearState` (``kv_sum [B, K, F, Hv]``,
+    initial_state: a :class:`.LinearState` (``kv_sum [B, K, F, Hv]``,
       ``k_sum [B, K, F]``) of keys seen before this call; None = empty.
     return_state: the primary result becomes ``(out, final state)``, the
-      final :class:`LinearState` in float32.
+      final :class:`.LinearState` in float32.
     return_stats: return ``(primary result, stats)``, where ``stats`` is the
-      :class:`AttentionStats` of the implied weights
+      :class:`.AttentionStats` of the implied weights
       ``w_ij = phi(q_i).phi(k_j)`` over this call's keys (the initial state is
       not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
       ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
@@ -586,10 +586,10 @@ def _linear_attention_weights(
   Args:
     q: ``[B, T, N, H]``.
     k: ``[B, S, K, H]``.
-    feature_map: as :func:`linear_attention`.
+    feature_map: as :func:`.linear_attention`.
     is_causal: mask keys after the query.
-    normalize: as :func:`linear_attention`.
-    eps: as :func:`linear_attention`.
+    normalize: as :func:`.linear_attention`.
+    eps: as :func:`.linear_attention`.
   """
   _checks.check_qkv(q, k, k)
   B, T, N, H = q.shape

@@ -1,6 +1,6 @@
 """Boolean attention masks: True = the query may attend to the key.
 
-Every family builds its masks here, from one function, :func:`structural_mask`,
+Every family builds its masks here, from one function, :func:`.structural_mask`,
 that works on *position vectors*. The dense reference calls it with all
 positions; block-wise and block-sparse paths call it with the positions of one
 block, so a block is masked by exactly the rule the reference uses.
@@ -14,7 +14,7 @@ Conventions (as ``jax.nn.dot_product_attention``):
 - ``window=(left, right)`` allows keys with
   ``pos_q - left <= pos_k <= pos_q + right``; an int ``w`` means ``(w, 0)``
   (keys ``pos_q - w .. pos_q``), the convention of every family
-  (:func:`attnjax._checks.check_window`).
+  (``attnjax._checks.check_window``).
 - Segment ids (packed sequences) allow pairs with equal ids.
 - Every builder returns a rank-4 array broadcastable to ``[B, N, T, S]``.
 """

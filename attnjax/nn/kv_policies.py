@@ -1,4 +1,4 @@
-"""Decode-cache policies of the softmax-style layers: what the :class:`KVCache` stores.
+"""Decode-cache policies of the softmax-style layers: what the :class:`.KVCache` stores.
 
 Set on the layer's config (every family on the dense kernel: ``dense``,
 ``qk_norm``, ``cosine``; ``sparse`` takes the non-evicting ones)::
@@ -18,7 +18,7 @@ is written back.
   head, ``x ~ s * round(x / s)`` with ``s = max|x| / 127`` in int8, or ``x / s``
   cast to float8_e4m3fn with ``s = max|x| / 448``; scales are float32. The new
   tokens are quantised before they attend, so a decode does not depend on how
-  the sequence is split into calls (:class:`QuantizedKVCache`).
+  the sequence is split into calls (:class:`.QuantizedKVCache`).
 - ``"h2o"`` (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle"): ``cache_budget``
   slots per sequence and key/value head: the ``cache_recent`` latest tokens
   plus the ``cache_budget - cache_recent`` others with the largest accumulated
@@ -29,7 +29,7 @@ is written back.
   column (``sink_logits``, ``softmax_one``) and of the ``kv_bias`` slot are not
   slots and are not counted. When more than the budget is held, the slots with
   the smallest score outside the recent window are evicted
-  (:class:`H2OCache`). The weights come from the layer's own function applied
+  (:class:`.H2OCache`). The weights come from the layer's own function applied
   to identity values (``implementation="reference"``; an injected
   ``attention_fn`` receives them too), ``O(T (C + T)^2)`` per call: cheap for
   one-token steps; the output is those weights times the values.
@@ -190,7 +190,19 @@ def cache_type(policy: str) -> type:
 
 def bytes_per_layer(policy: str, *, batch: int, capacity: int, num_kv_heads: int,
                     head_dim: int, itemsize: int) -> int:
-  """Bytes of :func:`init_cache`'s arrays, by formula (equal to ``cache_bytes`` of it)."""
+  """Bytes of one layer's cache arrays (:func:`~attnjax.nn.kv_policies.init_cache`), by formula.
+
+  Args:
+    policy: a name of :data:`~attnjax.nn.CACHE_POLICIES`.
+    batch: sequences.
+    capacity: slots per sequence (the budget of ``h2o``, else the cache length).
+    num_kv_heads: ``K``.
+    head_dim: ``H``.
+    itemsize: bytes per key or value element of an unquantised cache.
+
+  Returns:
+    The bytes :func:`attnjax.nn.cache_bytes` reports for that cache.
+  """
   B, C, K, H = batch, capacity, num_kv_heads, head_dim
   if policy == "h2o":
     return 2 * B * C * K * H * itemsize + 4 * B * C * K * 4 + 4
@@ -270,10 +282,10 @@ def h2o_keep(scores: Array, positions: Array, end: Array, budget: int, recent: i
 def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call) -> tuple:
   """``(out [B, T, N, Hv], new H2OCache)``: one decode call of an ``h2o`` layer.
 
-  ``spec`` is the layer's :class:`~attnjax.nn.softmax_specs.DotProductSpec`;
+  ``spec`` is the layer's :class:`~.DotProductSpec`;
   ``q``, ``k``, ``v`` are the new tokens' projections (after ``prepare_qk``).
   The new tokens attend through the spec's decode step
-  (:meth:`~attnjax.nn.softmax_specs.ScoreSpec.attend_cache`), with each key/value
+  (:meth:`~attnjax.nn.specs.ScoreSpec.attend_cache`), with each key/value
   head's own slots; its weights add to the slots' scores, then the budget is kept.
   """
   cache = call.cache

@@ -24,7 +24,7 @@ def apply_rope(x: Array, positions: Array, theta: float) -> Array:
     x: ``[B, T, N, H]`` with even ``H``.
     positions: integer or float positions ``[T]`` (shared by the batch), ``[B, T]``,
       or ``[B, T, N]`` (one per head: a cache whose key/value heads keep
-      different tokens, :class:`~attnjax.nn.caches.H2OCache`).
+      different tokens, :class:`~.H2OCache`).
     theta: the RoPE base.
 
   Returns:

@@ -1,4 +1,4 @@
-"""The base of the per-family attention specs: :class:`AttentionSpec`, :class:`Call`, the registry.
+"""The base of the per-family attention specs: :class:`.AttentionSpec`, :class:`.Call`, registry.
 
 See :mod:`attnjax.nn.specs` for the families and how to add one.
 """
@@ -91,7 +91,7 @@ def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, 
                 weights: Optional[Callable[[], Array]] = None) -> Array:
   """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
 
-  Under a mesh with a ``context`` axis the call runs sequence-sharded (:mod:`attnjax.nn._context`).
+  Under a mesh with a ``context`` axis the call runs sequence-sharded (``attnjax.nn._context``).
 
   The weights default to ``run`` applied to identity values: every family is
   linear in ``v``, so ``attn(q, k, I)`` is exactly the weight matrix the layer
@@ -125,7 +125,7 @@ class AttentionSpec:
 
   Subclasses set ``family`` and ``optional_params`` (names of the layer
   attributes their parameters may take; the layer declares them ``None``
-  before :meth:`init_params` runs) and override the methods below.
+  before ``init_params`` runs) and override the methods below.
 
   Attributes:
     implementations: the ``implementation`` names the family's function takes
@@ -152,7 +152,7 @@ class AttentionSpec:
 
   @classmethod
   def check_implementation(cls, name: Optional[str]) -> None:
-    """ValueError naming the field and the family unless :meth:`takes_implementation`."""
+    """ValueError naming the field and the family unless ``takes_implementation``."""
     try:
       # Deprecated names pass here unwarned (old run directories load); the
       # function warns when called.
@@ -169,7 +169,7 @@ class AttentionSpec:
     """Checks this spec's own fields (ValueError/TypeError naming the field)."""
 
   def check(self, config) -> None:
-    """Checks the spec against the common fields of its :class:`AttentionConfig`."""
+    """Checks the spec against the common fields of its :class:`.AttentionConfig`."""
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     """Creates the family's parameters as attributes of ``layer``."""
@@ -179,6 +179,11 @@ class AttentionSpec:
     return layer.attention_fn or self.default_function(layer)
 
   def default_function(self, layer) -> Callable:
+    """The family's own pure attention function (used when none is injected).
+
+    Raises:
+      NotImplementedError: a spec that does not define one.
+    """
     raise NotImplementedError
 
   def attend(self, layer, q: Array, k: Array, v: Array, call: Call):
@@ -195,12 +200,39 @@ class AttentionSpec:
                        "no decode")
 
   def init_cache(self, layer, batch_size: int, max_len: int):
+    """The family's empty decode cache for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+    Args:
+      layer: the :class:`.Attention` layer (its config and parameters).
+      batch_size: ``B``.
+      max_len: the longest sequence the cache will hold.
+
+    Returns:
+      The cache (a NamedTuple of arrays, e.g. :class:`~attnjax.nn.KVCache`).
+
+    Raises:
+      NotImplementedError: a spec that does not define one.
+    """
     raise NotImplementedError
 
   def cache_capacity(self, layer, max_len: int) -> int:
+    """Key slots the decode cache keeps for ``max_len`` tokens (``max_len`` unless bounded)."""
     return max_len
 
   def allowed_mask(self, layer, length: int) -> Array:
+    """Which (query, key) pairs the layer's training forward allows.
+
+    Args:
+      layer: the :class:`.Attention` layer.
+      length: ``T`` (self-attention).
+
+    Returns:
+      Boolean ``[1 or B, 1 or N, T, S]``, True = may attend (``S`` includes a k/v bias
+      slot where the layer has one).
+
+    Raises:
+      NotImplementedError: a spec that does not define one.
+    """
     raise NotImplementedError
 
   def prepare_qk(self, layer, q: Array, k: Array):
@@ -208,19 +240,21 @@ class AttentionSpec:
     return q, k
 
   def compared_qk(self, layer, q: Array, k: Array, positions: Array):
-    """What the attention function compares: :meth:`prepare_qk`, then RoPE."""
+    """What the attention function compares: ``prepare_qk``, then RoPE."""
     q, k = self.prepare_qk(layer, q, k)
     return _rope(layer, q, positions), _rope(layer, k, positions)
 
   def to_dict(self) -> dict[str, Any]:
+    """The spec's fields as a dict (``AttentionConfig.to_dict`` nests it)."""
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
   @classmethod
   def options_from_json(cls, options: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of :meth:`to_dict`'s JSON-friendly conversions (lists back to tuples)."""
+    """Inverse of ``to_dict``'s JSON-friendly conversions (lists back to tuples)."""
     return options
 
   def replace(self, **changes) -> "AttentionSpec":
+    """A copy with ``changes`` (field name -> value), validated as a new spec."""
     return dataclasses.replace(self, **changes)
 
 
@@ -231,7 +265,7 @@ FAMILY_SPECS: dict[str, type[AttentionSpec]] = {}
 
 
 def register_family(spec_class: type[AttentionSpec]) -> type[AttentionSpec]:
-  """Makes ``spec_class`` (a frozen :class:`AttentionSpec` dataclass) a family of the layer.
+  """Makes ``spec_class`` (a frozen :class:`.AttentionSpec` dataclass) a family of the layer.
 
   ``AttentionConfig(family=spec_class.family, ...)`` then builds it from its
   fields. Usable as a class decorator. Spec fields must not shadow the common

@@ -61,7 +61,7 @@ class TransformerBlock(nnx.Module):
   """Pre-norm block: ``h + attn(norm(h))`` then ``h + mlp(norm(h))`` (no MLP if ``mlp="none"``).
 
   Args:
-    config: the :class:`ModelConfig`.
+    config: the :class:`.ModelConfig`.
     layer: index of this block (selects its attention config).
     rngs: ``nnx.Rngs``.
   """
@@ -78,7 +78,7 @@ class TransformerBlock(nnx.Module):
   def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
                positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
                sow_hidden: bool = False) -> Array:
-    """``h`` ``[B, T, D]`` -> ``[B, T, D]``; ``segment_ids``/``positions`` as :class:`Attention`."""
+    """``h`` ``[B, T, D]`` -> ``[B, T, D]``; the other arguments as :class:`.Attention`'s."""
     h = h + self.attention(self.attn_norm(h), segment_ids=segment_ids, positions=positions,
                            sow_weights=sow_weights)
     if self.mlp is not None:
@@ -111,7 +111,7 @@ class TransformerLM(nnx.Module):
   """Decoder-only LM: embedding, ``num_layers`` pre-norm blocks, final norm, output head.
 
   Args:
-    config: the :class:`ModelConfig`.
+    config: the :class:`.ModelConfig`.
     rngs: ``nnx.Rngs`` (the ``params`` stream initialises every weight).
   """
 
@@ -270,7 +270,7 @@ def collect_stats(model: TransformerLM, tokens: Array, *, weights: bool = False,
   """Per-layer statistics of one forward pass, read from ``nnx.Intermediate``.
 
   Args:
-    model: a :class:`TransformerLM`.
+    model: a :class:`.TransformerLM`.
     tokens: ``[B, T]`` integer tokens.
     weights: also return each layer's attention weights ``[B, N, T, S]``.
     hidden: also return each block's output hidden state ``[B, T, D]``.

@@ -1,6 +1,6 @@
 """The one JSON sanitiser of attnjax: metric trees to strict JSON.
 
-:func:`to_jsonable` is used by the metrics (``attnjax.stats``), the probe and
+:func:`.to_jsonable` is used by the metrics (``attnjax.stats``), the probe and
 the run-directory writer (``attnjax.train.rundir``), so every file attnjax
 writes follows one rule: NaN and +-Inf become ``null`` (JSON has neither), and
 ``json.dumps(..., allow_nan=False)`` always succeeds. Readers treat ``null`` as

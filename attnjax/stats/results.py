@@ -14,7 +14,7 @@ Array = jnp.ndarray
 
 
 class SinkRate(NamedTuple):
-  """Result of :func:`sink_rate`.
+  """Result of :func:`.sink_rate`.
 
   Attributes:
     rate: scalar, percent of (layer, head) pairs with ``alpha_k > eps``,
@@ -33,7 +33,7 @@ class SinkRate(NamedTuple):
 
 
 class FirstTokenAttention(NamedTuple):
-  """Result of :func:`first_token_attention`.
+  """Result of :func:`.first_token_attention`.
 
   ``f_attn`` scalar, ``per_layer`` ``[L]``, ``per_head`` ``[L, N]``.
   """
@@ -44,7 +44,7 @@ class FirstTokenAttention(NamedTuple):
 
 
 class AttentionEntropy(NamedTuple):
-  """Result of :func:`attention_entropy`: ``mean``, ``min`` over heads ``[L]``; ``per_head``."""
+  """Result of :func:`.attention_entropy`: ``mean``, ``min`` over heads ``[L]``; ``per_head``."""
 
   mean: Array
   min: Array
@@ -52,7 +52,7 @@ class AttentionEntropy(NamedTuple):
 
 
 class QKStatistics(NamedTuple):
-  """Result of :func:`qk_statistics`, each ``[L]``."""
+  """Result of :func:`.qk_statistics`, each ``[L]``."""
 
   q_rms: Array
   k_rms: Array
@@ -61,7 +61,7 @@ class QKStatistics(NamedTuple):
 
 
 class SinkGeometry(NamedTuple):
-  """Result of :func:`sink_geometry`, each ``[L]``.
+  """Result of :func:`.sink_geometry`, each ``[L]``.
 
   Attributes:
     key_norm_ratio: ``||k_1|| / mean_{j >= 2} ||k_j||``.
@@ -85,7 +85,7 @@ class LayerMean(NamedTuple):
 
 
 class MassiveActivations(NamedTuple):
-  """Result of :func:`massive_activations`.
+  """Result of :func:`.massive_activations`.
 
   Attributes:
     count: ``[L]`` number of massive entries per layer, summed over the batch.
@@ -101,7 +101,7 @@ class MassiveActivations(NamedTuple):
 
 
 class LogitDrift(NamedTuple):
-  """Result of :func:`output_logit_drift`: ``mean_log_z`` and ``z_loss`` (scalars)."""
+  """Result of :func:`.output_logit_drift`: ``mean_log_z`` and ``z_loss`` (scalars)."""
 
   mean_log_z: Array
   z_loss: Array

@@ -3,7 +3,7 @@
 Lowering a program for a platform validates nothing about its kernels (a
 Triton kernel that overflows shared memory lowers fine); only a compile does.
 jax can compile for devices this host does not have ("deviceless" ahead-of-time
-compilation, :mod:`jax.experimental.topologies`), given the platform's compiler:
+compilation, ``jax.experimental.topologies``), given the platform's compiler:
 
 - CUDA: jax's CUDA plugin pinned to the installed jaxlib, ``nvidia-cuda-runtime-cu12``
   and, for jax's cuDNN attention (whose wrapper reads the cuDNN version while
@@ -51,7 +51,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 
 
 def configure_environment() -> None:
-  """Sets :data:`ENVIRONMENT` (where not already set); call before jax initialises backends."""
+  """Sets :data:`.ENVIRONMENT` (where not already set); call before jax initialises backends."""
   for key, value in ENVIRONMENT.items():
     os.environ.setdefault(key, value)
 
@@ -80,7 +80,7 @@ def missing(platform: str) -> Optional[str]:
 
 
 def target_config(name: str) -> str:
-  """The target description text of GPU ``name`` (a key of :data:`GPU_TARGETS`)."""
+  """The target description text of GPU ``name`` (a key of :data:`.GPU_TARGETS`)."""
   if name not in GPU_TARGETS:
     raise ValueError(f"GPU target must be one of {sorted(GPU_TARGETS)}, got {name!r}")
   return (_HERE / GPU_TARGETS[name]).read_text()

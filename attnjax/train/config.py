@@ -8,7 +8,7 @@ its docstring starts with the command that runs it. On the command line::
 
 Every key an override names must already exist in the config (the config is
 locked), every value is parsed to the type of the value it replaces, and
-:func:`validate` checks shapes and choices, all before anything is compiled,
+:func:`~attnjax.train.validate` checks shapes and choices, all before anything is compiled,
 with messages that name the key.
 """
 
@@ -212,7 +212,7 @@ def load_config(spec: str, overrides: Sequence[str] = (), *,
                 check: bool = True) -> ml_collections.ConfigDict:
   """Loads ``path.py[:arg]``, calls its ``get_config(arg)``, applies ``overrides``, validates.
 
-  ``check=False`` skips :func:`validate` (for configs that do not train, such as
+  ``check=False`` skips :func:`~attnjax.train.validate` (for configs that do not train, such as
   ``favor_approx``; they check their own keys).
   """
   path, _, arg = spec.partition(":")

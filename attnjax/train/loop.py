@@ -117,7 +117,7 @@ class DivergenceWatch:
 
 @dataclasses.dataclass
 class _Progress:
-  """What :meth:`Trainer.run` carries from one step boundary to the next, on the host.
+  """What :meth:`.Trainer.run` carries from one step boundary to the next, on the host.
 
   Attributes:
     start: the step the run began (or resumed) at.
@@ -215,7 +215,7 @@ class Trainer:
   def _restore_latest(self, manager: ocp.CheckpointManager) -> int:
     """Restores the newest checkpoint that restores. One that fails (its files truncated or
     missing) is named on stderr with the error, moved aside to ``checkpoints.damaged/`` (never
-    deleted) and recorded in :attr:`skipped_checkpoints`; the next older one is tried."""
+    deleted) and recorded in ``skipped_checkpoints``; the next older one is tried."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
     for step in sorted(manager.all_steps(), reverse=True):
       try:
@@ -508,7 +508,7 @@ def config_changes(old: dict, new: dict) -> dict:
 
 def check_config(run: rundir.RunDir, cfg: Any) -> list[str]:
   """The keys of ``cfg`` that differ from the run directory's ``config.json`` (none if it has
-  none); ValueError naming every key outside :data:`RESUMABLE_KEYS` that differs, with both
+  none); ValueError naming every key outside ``RESUMABLE_KEYS`` that differs, with both
   values."""
   old = rundir.read_json(run.config)
   if old is None:
@@ -530,7 +530,7 @@ def train(cfg: Any) -> dict:
   """Runs (or resumes, or returns the summary of, if already ended) the run ``cfg`` describes.
 
   Rerunning a run directory with a config that changes what it computes raises, naming the
-  keys (:func:`check_config`); keys of :data:`RESUMABLE_KEYS` may change.
+  keys (``check_config``); keys of ``RESUMABLE_KEYS`` may change.
   """
   run = rundir.RunDir(cfg.run_dir)
   if run.is_done():

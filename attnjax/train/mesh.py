@@ -5,24 +5,24 @@ A run's devices (every process's) form one mesh with axes ``("data", "fsdp",
 ``-1``: the devices left). Logical axis rules (as MaxText's and levanter's) map
 the model's named dimensions onto it:
 
-=============  ==================  =============================================
-logical name   mesh axis           what it shards
-=============  ==================  =============================================
-``embed``      ``fsdp``            every matrix's model-width dimension (FSDP)
-``heads``      ``tensor``          attention heads (Megatron tensor parallelism)
-``mlp``        ``tensor``          the MLP's hidden width
-``vocab``      ``tensor``          the embedding / output vocabulary
-batch          (``data``, ``fsdp``)  the activations' batch rows
-length         ``context``         the activations' sequence (context parallelism)
-=============  ==================  =============================================
+=============  ======================  ===============================================
+logical name   mesh axis               what it shards
+=============  ======================  ===============================================
+``embed``      ``fsdp``                every matrix's model-width dimension (FSDP)
+``heads``      ``tensor``              attention heads (Megatron tensor parallelism)
+``mlp``        ``tensor``              the MLP's hidden width
+``vocab``      ``tensor``              the embedding / output vocabulary
+batch          (``data``, ``fsdp``)    the activations' batch rows
+length         ``context``             the activations' sequence (context parallelism)
+=============  ======================  ===============================================
 
 The model is initialised directly sharded (``jax.jit`` of its construction with
 the parameters' shardings as outputs: no device ever holds the whole model), the
 optimizer state is sharded like the parameters it mirrors, and the train step
 keeps both where they are. Platform attention kernels run inside ``shard_map``
-over the batch and head axes (:func:`attnjax._platform.per_shard`); with
+over the batch and head axes (``attnjax._platform.per_shard``); with
 ``context`` > 1 every attention layer runs sequence-sharded inside ``shard_map``
-(:mod:`attnjax.nn._context`: the ring for the dense family, state passing for the
+(``attnjax.nn._context``: the ring for the dense family, state passing for the
 recurrent ones).
 """
 

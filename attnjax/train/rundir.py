@@ -11,14 +11,14 @@ Layout of one run::
 
 Whole files go through a temporary file and ``os.replace`` (atomic on POSIX).
 JSONL files are appended line by line with flush + fsync, and on resume
-:func:`truncate_jsonl` rewrites them (atomically) without the lines past the
+:func:`.truncate_jsonl` rewrites them (atomically) without the lines past the
 checkpoint step, so the resumed run appends exactly what an uninterrupted run
 would have written. A line cut by a kill mid-write is dropped on read.
 
 Every value goes through ``attnjax.stats.to_jsonable``, the one JSON rule of
 attnjax: arrays become lists, NaN and +-Inf become null. Files written before
 this rule hold +-1e308 for +-Inf; readers of numbers from run files pass them
-through :func:`finite_or_none`, which takes both (and NaN, and +-Inf) as missing.
+through :func:`.finite_or_none`, which takes both (and NaN, and +-Inf) as missing.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def mean_loss(values: Array, packing: Optional[dict[str, Array]],
   Args:
     values: ``[B, T]`` per-token values.
     packing: a packed batch's ``{"segment_ids", "positions", "weights"}``, or None.
-    total: for a packed batch, the denominator; defaults to :func:`weight_total`
+    total: for a packed batch, the denominator; defaults to ``weight_total``
       of ``packing``. A microbatch passes the whole batch's total, so that its
       weighted sum divided by it adds up over the microbatches to the whole
       batch's weighted mean.
@@ -129,7 +129,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   Args:
     graphdef: from ``nnx.split(model, nnx.Param, ...)``.
-    optimizer: the optax transformation (see :mod:`attnjax.train.optim`).
+    optimizer: the optax transformation (see ``attnjax.train.optim``).
     z_loss: coefficient of ``mean((log Z)^2)`` added to the loss (Wortsman sec. 3.1.2).
     stats: compute per-layer attention statistics in the training forward.
     microbatches: split the batch into this many equal microbatches and sum

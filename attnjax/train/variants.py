@@ -1,6 +1,6 @@
 """Named attention variants: the arms of the experiments, as ``attnjax.nn.AttentionConfig`` fields.
 
-``config.variant = "cosine"`` selects one; :func:`attention_kwargs` gives the
+``config.variant = "cosine"`` selects one; :func:`.attention_kwargs` gives the
 fields passed to ``AttentionConfig``. Names follow EXPERIMENTS.md.
 """
 
