@@ -97,14 +97,28 @@ def _pooled(x: Array, block_size: int) -> Array:
 
 
 def num_slots(length: int, block_size: int, top_k: int) -> int:
-  """Selected blocks per query block besides its own: ``min(top_k, blocks - 1)``."""
+  """Selected blocks per query block besides its own: ``min(top_k, blocks - 1)``.
+
+  Args:
+    length: ``T``.
+    block_size: tokens per block.
+    top_k: blocks asked for.
+
+  Returns:
+    The number of selection slots (0 with a single block).
+  """
   return max(0, min(top_k, -(-length // block_size) - 1))
 
 
 def block_scores(q_pooled: Array, k_pooled: Array) -> Array:
-  """Float32 ``[B, K, nq, nk]`` scores, summed over the query heads of each KV group.
+  """Block scores: pooled query times mean key, summed over the query heads of a KV group.
 
-  ``q_pooled [B, nq, N, H]``, ``k_pooled [B, nk, K, H]``; no gradient.
+  Args:
+    q_pooled: ``[B, nq, N, H]`` one pooled query per query block.
+    k_pooled: ``[B, nk, K, H]`` the mean key of each key block.
+
+  Returns:
+    float32 ``[B, K, nq, nk]``, with no gradient (the selection is discrete).
   """
   B, nq, N, H = q_pooled.shape
   K = k_pooled.shape[2]
@@ -114,11 +128,16 @@ def block_scores(q_pooled: Array, k_pooled: Array) -> Array:
 
 
 def top_blocks(scores: Array, candidate: Array, top_k: int) -> Array:
-  """int32 ``[..., top_k']`` best candidate blocks, ascending, -1 = none.
+  """The best candidate blocks of each query block, in ascending order.
 
-  ``top_k' = min(top_k, nk - 1)``; ties go to the lower block index.
+  Args:
+    scores: ``[..., nq, nk]``.
+    candidate: boolean, broadcastable to ``scores``: which blocks may be chosen.
+    top_k: blocks to keep; ``top_k' = min(top_k, nk - 1)`` slots are returned.
 
-  ``scores [..., nq, nk]``; ``candidate`` bool broadcastable to it.
+  Returns:
+    int32 ``[..., nq, top_k']``: block indices, ascending, -1 in slots with no candidate
+    left; ties go to the lower block index.
   """
   nk = scores.shape[-1]
   ks = max(0, min(top_k, nk - 1))
@@ -149,6 +168,15 @@ def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
 def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
                    query_pool: Optional[QueryPool] = None) -> Array:
   """The blocks :func:`.block_select_attention` keeps besides each query block's own.
+
+  Args:
+    q: ``[B, T, N, H]``.
+    k: ``[B, T, K, H]``.
+    block_size: tokens per block.
+    top_k: key blocks per query block besides its own.
+    is_causal: only strictly earlier key blocks are candidates.
+    query_pool: ``"first"`` (a block's first query; the only choice when causal) or
+      ``"mean"``; None picks ``"first"`` when causal, else ``"mean"``.
 
   Returns:
     int32 ``[B, K, ceil(T / block_size), top_k]``: per batch, KV head and query
@@ -186,9 +214,19 @@ def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
 
 
 def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array:
-  """bool ``[B, N, T, T]``: key block selected for the query's block, or its own block.
+  """The dense mask of a selection: the query's block selected the key's block, or they
+  are the same block.
 
   Causality is not applied here (the caller's ``is_causal`` does that).
+
+  Args:
+    sel: int32 ``[B, K, blocks, slots]`` from :func:`.select_blocks` (-1 = none).
+    T: sequence length.
+    block_size: tokens per block.
+    num_heads: ``N`` (each KV head's selection serves its ``N // K`` query heads).
+
+  Returns:
+    bool ``[B, N, T, T]``.
   """
   B, K, nb, _ = sel.shape
   blocks = jnp.arange(nb)

@@ -88,7 +88,15 @@ STRADDLING_SEGMENT = int(np.iinfo(np.int32).min)
 
 
 def num_blocks(S: int, stride: int) -> int:
-  """Number of compressed keys for ``S`` raw keys: ``ceil(S / stride)``."""
+  """Number of compressed keys for ``S`` raw keys: ``ceil(S / stride)``.
+
+  Args:
+    S: raw keys.
+    stride: keys per block.
+
+  Returns:
+    ``C``.
+  """
   return -(-S // stride)
 
 
@@ -97,6 +105,17 @@ def pool_keys(x: Array, stride: int, pool: str = "mean") -> Array:
 
   The last block, when partial, is pooled over the keys it has (its mean
   divides by their number). Computed in float32, returned in ``x``'s dtype.
+
+  Args:
+    x: ``[B, S, K, X]`` keys or values.
+    stride: keys per block.
+    pool: ``"mean"`` or ``"max"``.
+
+  Returns:
+    ``[B, ceil(S / stride), K, X]``.
+
+  Raises:
+    ValueError: another ``pool``.
   """
   B, S = x.shape[:2]
   C = num_blocks(S, stride)
@@ -116,8 +135,16 @@ def pool_keys(x: Array, stride: int, pool: str = "mean") -> Array:
 
 
 def block_segments(kv_segment_ids: Array, stride: int) -> Array:
-  """``[B, C]`` segment id of each compressed block: its keys' id, or
-  :data:`.STRADDLING_SEGMENT` when they span more than one segment."""
+  """The segment id of each compressed block.
+
+  Args:
+    kv_segment_ids: integer ``[B, S]``.
+    stride: keys per block.
+
+  Returns:
+    ``[B, C]``: the id its keys share, or :data:`.STRADDLING_SEGMENT` when they span
+    more than one segment.
+  """
   B, S = kv_segment_ids.shape
   C = num_blocks(S, stride)
   seg = jnp.pad(kv_segment_ids, [(0, 0), (0, C * stride - S)], mode="edge")

@@ -91,7 +91,21 @@ REFERENCE_FORM = "recurrent"
 
 
 def recurrent(q, k, v, beta, g, reset, state):
-  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token."""
+  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token.
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]`` (L2-normalised by the caller).
+    v: values ``[B, T, K, Hv]``.
+    beta: write strengths ``[B, T, K, G]`` in ``(0, 1)``.
+    g: log decays ``[B, T, K, G]``, ``<= 0`` (zeros without a decay).
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
 
   def step(s, xs):
     q_t, k_t, v_t, b_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G] x2, [B]
@@ -109,7 +123,21 @@ def recurrent(q, k, v, beta, g, reset, state):
 
 
 def parallel(q, k, v, beta, g, reset, state):
-  """The chunk form over the whole sequence as one chunk (``_chunk_block``, no scan)."""
+  """The chunk form over the whole sequence as one chunk (``_chunk_block``, no scan).
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]`` (L2-normalised by the caller).
+    v: values ``[B, T, K, Hv]``.
+    beta: write strengths ``[B, T, K, G]`` in ``(0, 1)``.
+    g: log decays ``[B, T, K, G]``, ``<= 0`` (zeros without a decay).
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
   return _chunk_block((q, k, v, beta, g, reset.astype(jnp.float32)), state)
 
 
@@ -128,6 +156,20 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   out worse: T=4096 forward+backward 331 ms against 399 ms. Time is padded to a
   multiple of ``chunk_size`` with ``k = v = beta = g = 0`` (those steps leave
   the state unchanged) and padded rows are dropped.
+
+  Args:
+    q: queries ``[B, T, K, G, H]``.
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    beta: ``[B, T, K, G]``.
+    g: log decays ``[B, T, K, G]``.
+    reset: ``[B, T]``, where the state restarts.
+    state: float32 ``[B, K, G, H, Hv]``.
+    chunk_size: tokens per chunk.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
   """
   C = min(chunk_size, q.shape[1])
   xs = tuple(chunks.to_chunks(x, C)
@@ -148,6 +190,12 @@ def unit_lower_inverse(a: Array) -> Array:
   subtasks that no free thread can run), as the chunk-parallel forward and
   backward solves do; block doubling is plain matmuls, which also vectorise
   better than a row-by-row substitution.
+
+  Args:
+    a: strictly lower-triangular ``[..., C, C]``.
+
+  Returns:
+    ``(I + a)^{-1}``, ``[..., C, C]`` (unit lower-triangular).
   """
   C = a.shape[-1]
   P = 1 << max(C - 1, 0).bit_length()
@@ -179,6 +227,13 @@ def unit_lower_solve(a: Array, rhs: Array) -> Array:
   (with ``X`` the solution): ``d rhs = (I + a)^{-T} dX`` and ``da = -tril(d rhs
   X^T, -1)``, two matmuls with the kept inverse, instead of differentiating
   the ``log2(C)`` rounds of block doubling.
+
+  Args:
+    a: strictly lower-triangular ``[..., C, C]``.
+    rhs: ``[..., C, D]``.
+
+  Returns:
+    ``X = (I + a)^{-1} rhs``, ``[..., C, D]``.
   """
   return _einsum("...cd,...de->...ce", unit_lower_inverse(a), rhs)
 

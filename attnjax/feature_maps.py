@@ -189,7 +189,19 @@ squared_relu = FeatureMap("squared_relu")
 
 
 def by_name(name: DeterministicKind) -> FeatureMap:
-  """The deterministic map called ``name`` (for configs); random maps need a key: use the factories."""
+  """The deterministic feature map called ``name`` (for configs).
+
+  Random maps need a key: use :func:`.favor_plus` or :func:`.trig_features`.
+
+  Args:
+    name: ``"elu_plus_one"``, ``"relu"``, ``"identity"`` or ``"squared_relu"``.
+
+  Returns:
+    The :class:`.FeatureMap` of that name.
+
+  Raises:
+    ValueError: an unknown name (the message lists the valid ones).
+  """
   _checks.check_choice("feature map name", name, DETERMINISTIC)
   return {"elu_plus_one": elu_plus_one, "relu": relu, "identity": identity,
           "squared_relu": squared_relu}[name]
@@ -215,6 +227,9 @@ def gaussian_projection(key: Array, num_features: int, head_dim: int, *,
 
   Returns:
     float32 ``[m, H]``.
+
+  Raises:
+    ValueError: ``num_features`` or ``head_dim`` is not a positive int.
   """
   if not isinstance(num_features, (int, np.integer)) or num_features <= 0:
     raise ValueError(f"num_features must be a positive int, got {num_features!r}")

@@ -86,7 +86,21 @@ SUB_BLOCK = 16
 
 
 def recurrent(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
-  """Recurrent form (the reference): ``lax.scan`` over time carrying ``S``; the decode form."""
+  """Recurrent form (the reference): ``lax.scan`` over time carrying ``S``; the decode form.
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    g: log decays ``[B, T, K, G, D]`` (``D = 1``: one per head; ``D = H``: per key
+      channel), ``<= 0``.
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
 
   def step(s, xs):
     q_t, k_t, v_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G,D], [B]
@@ -179,7 +193,21 @@ def _block_state(xs, state: Array):
 
 
 def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
-  """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel)."""
+  """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel).
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    g: log decays ``[B, T, K, G, D]`` (``D = 1``: one per head; ``D = H``: per key
+      channel), ``<= 0``.
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
   return _block_state(_block_terms(q, k, g, reset) + (v,), state)
 
 
@@ -199,6 +227,19 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
   batch axis makes rank-7/8 reductions with unit axes that crash jaxlib
   0.10.2's CPU backend (``chunk_size=32``: a segfault in its "ynn" fusion,
   jax-ml/jax#40412).
+
+  Args:
+    q: queries ``[B, T, K, G, H]``.
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    g: log decays ``[B, T, K, G, D]``, ``<= 0`` (``D`` 1 or ``H``).
+    reset: ``[B, T]``, where the state restarts.
+    state: float32 ``[B, K, G, H, Hv]``.
+    chunk_size: tokens per chunk.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
   """
   C = min(chunk_size, q.shape[1])
   xs = tuple(chunks.to_chunks(x, C) for x in (q, k, v, g, reset.astype(jnp.float32)))

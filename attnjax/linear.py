@@ -82,7 +82,17 @@ class LinearState(NamedTuple):
 
 
 def zeros_state(batch: int, num_kv_heads: int, num_features: int, value_dim: int) -> LinearState:
-  """The empty state (no keys seen)."""
+  """The empty state (no keys seen).
+
+  Args:
+    batch: ``B``.
+    num_kv_heads: ``K``.
+    num_features: ``F``, the feature map's output dimension.
+    value_dim: ``Hv``.
+
+  Returns:
+    A :class:`.LinearState` of float32 zeros: ``kv_sum [B, K, F, Hv]``, ``k_sum [B, K, F]``.
+  """
   return LinearState(jnp.zeros((batch, num_kv_heads, num_features, value_dim), jnp.float32),
                      jnp.zeros((batch, num_kv_heads, num_features), jnp.float32))
 
@@ -100,7 +110,21 @@ def _causal_keep(T: int, S: int) -> Array:
 
 
 def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
-  """The masked quadratic form ``(phi(Q) phi(K)^T * M) V`` (the reference); O(T S)."""
+  """The masked quadratic form ``(phi(Q) phi(K)^T * M) V`` (the reference); O(T S).
+
+  Args:
+    phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
+      key/value head).
+    phi_k: float32 key features ``[B, S, K, F]``.
+    v: values ``[B, S, K, Hv]``.
+    state: the :class:`.LinearState` before the first key.
+    is_causal: mask keys after the query (``M``; needs ``T == S``).
+
+  Returns:
+    ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
+    numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
+    every key (:func:`.finish` turns the first two into the output).
+  """
   T, S = phi_q.shape[1], phi_k.shape[1]
   w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
   if is_causal:
@@ -115,7 +139,20 @@ def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_cau
 
 
 def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
-  """Causal decode form: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state."""
+  """Causal decode form: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state.
+
+  Args:
+    phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
+      key/value head).
+    phi_k: float32 key features ``[B, S, K, F]``.
+    v: values ``[B, S, K, Hv]``.
+    state: the :class:`.LinearState` before the first key.
+
+  Returns:
+    ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
+    numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
+    every key (:func:`.finish` turns the first two into the output).
+  """
 
   def step(carry: LinearState, xs):
     q_t, k_t, v_t = xs  # [B, K, G, F], [B, K, F], [B, K, Hv]
@@ -206,7 +243,20 @@ def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int
 
 
 def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
-  """Non-causal O(T): every query reads the same ``S = S_0 + phi(K)^T V``."""
+  """Non-causal O(T): every query reads the same ``S = S_0 + phi(K)^T V``.
+
+  Args:
+    phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
+      key/value head).
+    phi_k: float32 key features ``[B, S, K, F]``.
+    v: values ``[B, S, K, Hv]``.
+    state: the :class:`.LinearState` before the first key.
+
+  Returns:
+    ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
+    numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
+    every key (:func:`.finish` turns the first two into the output).
+  """
   final = LinearState(state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v),
                       state.k_sum + jnp.sum(phi_k, axis=1))
   num = _einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
@@ -215,7 +265,18 @@ def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
 
 
 def finish(num: Array, den: Array, *, normalize: str, eps: float) -> Array:
-  """Turns numerator and denominator into the output under ``normalize``."""
+  """Turns numerator and denominator into the output under ``normalize``.
+
+  Args:
+    num: ``[..., Hv]`` numerators ``phi(q_i).S_i``.
+    den: ``[...]`` denominators ``phi(q_i).z_i``.
+    normalize: ``"denominator"`` (``num / (den + eps)``), ``"output_rms"`` (an RMSNorm
+      of ``num`` over ``Hv``) or ``"none"`` (``num``).
+    eps: added to the denominator, or inside the RMS.
+
+  Returns:
+    ``[..., Hv]``.
+  """
   if normalize == "denominator":
     return num / (den[..., None] + eps)
   if normalize == "output_rms":
@@ -590,6 +651,12 @@ def _linear_attention_weights(
     is_causal: mask keys after the query.
     normalize: as :func:`.linear_attention`.
     eps: as :func:`.linear_attention`.
+
+  Returns:
+    float32 ``[B, N, T, S]``.
+
+  Raises:
+    ValueError, TypeError: bad shapes or options (as :func:`attnjax.linear_attention`).
   """
   _checks.check_qkv(q, k, k)
   B, T, N, H = q.shape

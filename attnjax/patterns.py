@@ -427,7 +427,7 @@ class Fixed(Pattern):
 
 @dataclasses.dataclass(frozen=True)
 class GlobalWindow(Pattern):
-  """Longformer: the first ``num_global`` tokens attend to and are attended by all; others use a window.
+  """Longformer: the first ``num_global`` tokens see and are seen by all; others use a window.
 
   ``window`` is a pair ``(left, right)`` (keys ``i - left .. i + right``;
   Longformer's symmetric window of ``2w + 1`` keys is ``(w, w)``) or an int
@@ -695,43 +695,142 @@ class PatternIntersection(Pattern):
 
 
 def causal() -> Causal:
-  """Query ``i`` sees keys ``j <= i``."""
+  """The causal pattern: query ``i`` sees keys ``j <= i``.
+
+  Returns:
+    A :class:`.Causal` pattern.
+  """
   return Causal()
 
 
 def sliding_window(left: int, right: int = 0) -> SlidingWindow:
-  """Keys ``i - left <= j <= i + right``; with ``right=0`` a causal window of ``left + 1`` keys."""
+  """A sliding window: query ``i`` sees keys ``i - left <= j <= i + right``.
+
+  Args:
+    left: keys before the query (``>= 0``).
+    right: keys after it (``>= 0``); ``right=0`` is a causal window of ``left + 1`` keys.
+
+  Returns:
+    A :class:`.SlidingWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return SlidingWindow(left, right)
 
 
 def strided(stride: int) -> Strided:
-  """Child et al. 2019 strided: previous ``stride`` positions and every ``j`` with ``(i - j) % stride == 0``."""
+  """Child et al. 2019's strided pattern (causal).
+
+  Query ``i`` sees the previous ``stride`` positions (``i - stride <= j <= i``) and every
+  earlier ``j`` with ``(i - j) % stride == 0``.
+
+  Args:
+    stride: ``l`` in the paper (``>= 1``).
+
+  Returns:
+    A :class:`.Strided` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return Strided(stride)
 
 
 def fixed(stride: int, summary: int) -> Fixed:
-  """Child et al. 2019 fixed: own block of ``stride`` positions and the last ``summary`` of every block."""
+  """Child et al. 2019's fixed pattern (causal).
+
+  Query ``i`` sees the earlier keys of its own block of ``stride`` positions and the last
+  ``summary`` positions of every earlier block.
+
+  Args:
+    stride: block length ``l``.
+    summary: summary positions ``c`` per block (``1 <= c <= l``).
+
+  Returns:
+    A :class:`.Fixed` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return Fixed(stride, summary)
 
 
 def global_window(num_global: int, window: Union[int, tuple[int, int]]) -> GlobalWindow:
-  """Longformer: ``num_global`` global tokens plus a window ``(left, right)`` (int ``w``: ``(w, 0)``)."""
+  """Longformer: ``num_global`` global tokens plus a local window.
+
+  The first ``num_global`` tokens see and are seen by every token; every other query sees
+  keys ``i - left <= j <= i + right`` (Longformer's symmetric window is ``(w, w)``).
+
+  Args:
+    num_global: global tokens at the start of the sequence.
+    window: ``(left, right)``, or an int ``w`` meaning ``(w, 0)``.
+
+  Returns:
+    A :class:`.GlobalWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return GlobalWindow(num_global, window)
 
 
 def bigbird(block: int, num_global: int, window_blocks: int, num_random: int,
             seed: int) -> BigBird:
-  """BigBird over blocks of ``block``: global blocks, a window of blocks and seeded random blocks."""
+  """BigBird over blocks of ``block`` tokens: global, window and random blocks.
+
+  Args:
+    block: block length ``b``; ``T`` and ``S`` must be multiples of it.
+    num_global: global blocks ``g`` at the start (they see and are seen by all).
+    window_blocks: neighbour blocks ``w`` on each side of a block's own.
+    num_random: random key blocks ``r`` per query block, drawn with numpy from ``seed``.
+    seed: the random blocks' seed (the pattern is a pure function of it and the length).
+
+  Returns:
+    A :class:`.BigBird` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return BigBird(block, num_global, window_blocks, num_random, seed)
 
 
 def sinks_window(num_sinks: int, window: int) -> SinksWindow:
-  """StreamingLLM: the first ``num_sinks`` keys and keys ``i - window`` to ``i`` (causal)."""
+  """StreamingLLM: the first ``num_sinks`` keys and keys ``i - window`` to ``i`` (causal).
+
+  Args:
+    num_sinks: sink keys at the start of the sequence.
+    window: keys before the query (``window + 1`` keys with the query's own).
+
+  Returns:
+    A :class:`.SinksWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return SinksWindow(num_sinks, window)
 
 
 def dilated_window(window: int, dilation: int) -> DilatedWindow:
-  """Longformer dilated window (causal): keys ``i - dilation * m`` for ``0 <= m < window``."""
+  """Longformer's dilated window (causal): keys ``i - dilation * m`` for ``0 <= m < window``.
+
+  Args:
+    window: keys per query, its own included (``>= 1``).
+    dilation: spacing between them (``>= 1``).
+
+  Returns:
+    A :class:`.DilatedWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return DilatedWindow(window, dilation)
 
 
@@ -745,7 +844,18 @@ def _check_parts(name: str, patterns) -> tuple:
 
 
 def union(*patterns: Pattern) -> Pattern:
-  """Pairs allowed by any pattern (also ``a | b``); nested unions are flattened."""
+  """Pairs allowed by any pattern (also ``a | b``); nested unions are flattened.
+
+  Args:
+    *patterns: one or more :class:`.Pattern`.
+
+  Returns:
+    The pattern itself for one, else a :class:`.PatternUnion`.
+
+  Raises:
+    ValueError: no pattern.
+    TypeError: an argument that is not a :class:`.Pattern`.
+  """
   parts = []
   for p in _check_parts("union", patterns):
     parts.extend(p.parts if isinstance(p, PatternUnion) else (p,))
@@ -755,9 +865,19 @@ def union(*patterns: Pattern) -> Pattern:
 def intersection(*patterns: Pattern) -> Pattern:
   """Pairs allowed by every pattern (also ``a & b``).
 
-  Nested intersections are flattened, repeated parts kept once, and ``causal()`` is dropped next to a
-  pattern that is causal already (:attr:`.Pattern.is_causal`), so that e.g.
+  Nested intersections are flattened, repeated parts kept once, and ``causal()`` is dropped
+  next to a pattern that is causal already (:attr:`.Pattern.is_causal`), so that e.g.
   ``strided(64) & causal()`` is ``strided(64)`` and keeps its fast paths.
+
+  Args:
+    *patterns: one or more :class:`.Pattern`.
+
+  Returns:
+    The pattern itself when one part is left, else a :class:`.PatternIntersection`.
+
+  Raises:
+    ValueError: no pattern.
+    TypeError: an argument that is not a :class:`.Pattern`.
   """
   parts = []
   for p in _check_parts("intersection", patterns):

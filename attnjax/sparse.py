@@ -64,7 +64,18 @@ def _extend_keys(x: Array, extra: Array, axis: int) -> Array:
 
 def block_sparse(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
                   block_size: int):
-  """The pattern's plan run by the shared block-wise kernel (:func:`.blockwise.run_layout`)."""
+  """The pattern's plan run by the shared block-wise kernel (:func:`.blockwise.run_layout`).
+
+  Args:
+    inputs: the validated call (:class:`attnjax.options.DenseInputs`).
+    opts: its static options (:class:`attnjax.options.DenseOptions`).
+    pattern: the :class:`attnjax.patterns.Pattern`.
+    block_size: the block size of both axes.
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when ``opts`` asks
+    for statistics.
+  """
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   plan = pattern.plan(T, S, block_size=block_size)
   positions, layout, mod_table = None, plan.layout, False
@@ -123,6 +134,16 @@ def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, patte
   the chunk's data mask applies the pattern's exact rule to them and drops
   them from the band, so each pair counts once. Global query rows (Longformer)
   are computed on their own against every key and replace their rows.
+
+  Args:
+    inputs: the validated call (:class:`attnjax.options.DenseInputs`).
+    opts: its static options (:class:`attnjax.options.DenseOptions`).
+    pattern: the :class:`attnjax.patterns.Pattern`.
+    block_size: the block size of both axes.
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when ``opts`` asks
+    for statistics.
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, _ = q.shape

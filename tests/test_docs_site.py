@@ -24,12 +24,12 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HTML = ROOT / "docs" / "_build" / "html"
 SHOTS = ROOT / "docs" / "_build" / "screenshots"
-PAGES = {
-    "index": ("index.html", ["attnjax", "Dense attention and normalisers", "API reference"]),
+PAGES = {  # name: (page, texts it must show, screenshot height: the notebook's whole page)
+    "index": ("index.html", ["attnjax", "Dense attention and normalisers", "API reference"], 2400),
     "dot_product_attention": ("api/_generated/attnjax.dot_product_attention.html",
-                              ["attnjax.dot_product_attention", "normalizer", "Parameters"]),
+                              ["attnjax.dot_product_attention", "normalizer", "Parameters"], 2400),
     "notebook_04": ("notebooks/04_attention_sinks.html",
-                    ["Attention sinks", "First-token attention per layer"]),
+                    ["Attention sinks", "First-token attention per layer"], 14000),
 }
 
 
@@ -62,7 +62,7 @@ def browse(url: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name", sorted(PAGES))
 def test_page_renders_in_chromium(site, name):
-  path, expected = PAGES[name]
+  path, expected, height = PAGES[name]
   url = (site / path).as_uri()
   dom = browse(url, "--dump-dom").stdout
   (SHOTS / f"{name}.html").write_text(dom)
@@ -70,7 +70,7 @@ def test_page_renders_in_chromium(site, name):
     assert text in dom, f"{path}: {text!r} not in the rendered page"
   shot = SHOTS / f"{name}.png"
   shot.unlink(missing_ok=True)
-  browse(url, f"--screenshot={shot}", "--window-size=1280,2400")
+  browse(url, f"--screenshot={shot}", f"--window-size=1280,{height}")
   assert shot.is_file() and shot.stat().st_size > 20_000, f"no screenshot of {path}"
   if name == "notebook_04":
     images = re.findall(r'<img[^>]+src="([^"]+\.png)"', dom)

@@ -157,9 +157,16 @@ Cache = Union[KVCache, QuantizedKVCache, H2OCache, LinearCache, GatedCache, Cros
 def cache_bytes(cache: Any) -> int:
   """Bytes the arrays of ``cache`` hold: every leaf (keys, values, scales, scores, positions).
 
-  ``cache`` is one layer's cache, a model's list of them, or any pytree of
-  arrays (``jax.ShapeDtypeStruct`` leaves count too, so an abstract
-  ``jax.eval_shape`` cache costs nothing to measure).
+  Args:
+    cache: one layer's cache, a model's list of them, or any pytree of arrays
+      (``jax.ShapeDtypeStruct`` leaves count too, so an abstract ``jax.eval_shape``
+      cache costs nothing to measure).
+
+  Returns:
+    The sum over leaves of their element count times item size.
+
+  Raises:
+    TypeError: a leaf that is not an array (no ``shape`` and ``dtype``).
   """
   total = 0
   for leaf in jax.tree.leaves(cache):

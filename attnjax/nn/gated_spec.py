@@ -321,7 +321,15 @@ class GatedSpec(AttentionSpec):
 
 
 def retnet_log_decay(num_heads: int) -> Array:
-  """``[N]`` ``log(gamma_h)``, ``gamma_h = 1 - 2^(-5-h)`` (Sun et al. 2023)."""
+  """RetNet's fixed per-head log decays ``log(gamma_h)``, ``gamma_h = 1 - 2^(-5-h)`` (Sun et al.
+  2023).
+
+  Args:
+    num_heads: ``N``.
+
+  Returns:
+    float32 ``[N]``.
+  """
   h = jnp.arange(num_heads, dtype=jnp.float32)
   return jnp.log1p(-jnp.exp2(-5.0 - h))
 

@@ -28,6 +28,8 @@ DEFAULT_TEMPERATURE = {"swin": math.log(10.0), "scale": 10.0, "ngpt": 1.0}
 
 
 def check_type(name: str, value: Any, types, what: str) -> None:
+  """Raises TypeError naming ``name`` unless ``value`` is one of ``types`` (a bool is not an
+  int unless ``bool`` is listed); ``what`` describes the expected type in the message."""
   if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
     raise TypeError(f"{name} must be {what}, got {value!r}")
   if not isinstance(value, types):
@@ -35,6 +37,8 @@ def check_type(name: str, value: Any, types, what: str) -> None:
 
 
 def check_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
+  """Raises TypeError unless ``value`` is an int (or None with ``allow_none``), ValueError
+  when it is below ``minimum``; both name ``name``."""
   if value is None and allow_none:
     return
   check_type(name, value, int, "an int")
@@ -96,6 +100,18 @@ def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, 
   The weights default to ``run`` applied to identity values: every family is
   linear in ``v``, so ``attn(q, k, I)`` is exactly the weight matrix the layer
   used, with its mask, normaliser and null columns (``O(T S^2)``: for inspection).
+
+  Args:
+    layer: the :class:`~attnjax.nn.Attention` layer (it sows).
+    run: the family's attention call, ``run(q, k, v, return_stats=...)``.
+    q: ``[B, T, N, H]``.
+    k: ``[B, S, K, H]``.
+    v: ``[B, S, K, Hv]``.
+    call: the :class:`.Call` (whether a capture is on and asks for weights).
+    weights: a function returning the weights ``[B, N, T, S]``, instead of the default.
+
+  Returns:
+    The output ``[B, T, N, Hv]``.
   """
   if not call.capture:
     return _context.run(run, q, k, v, kwargs=dict(return_stats=False))
@@ -270,6 +286,17 @@ def register_family(spec_class: type[AttentionSpec]) -> type[AttentionSpec]:
   ``AttentionConfig(family=spec_class.family, ...)`` then builds it from its
   fields. Usable as a class decorator. Spec fields must not shadow the common
   fields of :class:`attnjax.nn.AttentionConfig`.
+
+  Args:
+    spec_class: a frozen dataclass subclassing :class:`.AttentionSpec`, whose ``family``
+      class variable names the family.
+
+  Returns:
+    ``spec_class`` itself (registered).
+
+  Raises:
+    TypeError: ``spec_class`` is not an :class:`.AttentionSpec` dataclass.
+    ValueError: it names no family.
   """
   if not (isinstance(spec_class, type) and issubclass(spec_class, AttentionSpec)
           and dataclasses.is_dataclass(spec_class)):

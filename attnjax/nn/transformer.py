@@ -41,7 +41,19 @@ def _norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype):
 
 
 class MLP(nnx.Module):
-  """GELU (``down(gelu(up x))``) or SwiGLU (``down(silu(gate x) * up x)``, Shazeer 2020)."""
+  """GELU (``down(gelu(up x))``) or SwiGLU (``down(silu(gate x) * up x)``, Shazeer 2020).
+
+  Maps ``[..., D]`` to ``[..., D]`` through a hidden width ``hidden``; the weights carry
+  the logical axes ``("embed", "mlp")`` and ``("mlp", "embed")``.
+
+  Args:
+    kind: ``"gelu"`` or ``"swiglu"``.
+    d_model: ``D``.
+    hidden: the hidden width.
+    rngs: the ``nnx.Rngs`` of the initialisers.
+    dtype: the computation dtype.
+    param_dtype: the parameters' dtype.
+  """
 
   def __init__(self, kind: str, d_model: int, hidden: int, *, rngs, dtype, param_dtype):
     lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
@@ -232,21 +244,38 @@ def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh,
     mesh: the device mesh.
     rules: ``((logical, mesh_axis or None), ...)``; every logical name used
       (``"embed"``, ``"heads"``, ``"mlp"``, ``"vocab"``) must appear.
+
+  Returns:
+    A pytree of ``NamedSharding`` shaped as ``nnx.state(model)``.
   """
   with nnx.logical_axis_rules(rules):
     return nnx.get_named_sharding(nnx.state(model), mesh)
 
 
 def log_normalizer(logits: Array) -> Array:
-  """``log Z = logsumexp(logits)`` over the vocabulary, float32 ``[B, T]``.
+  """``log Z = logsumexp(logits)`` over the vocabulary.
 
   z-loss is ``coef * mean(log Z ** 2)``; the drift metric is ``mean(log Z)``.
+
+  Args:
+    logits: ``[B, T, V]``.
+
+  Returns:
+    float32 ``[B, T]``.
   """
   return jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
 
 
 def num_params(model: nnx.Module, *, exclude_embeddings: bool = False) -> int:
-  """Number of ``nnx.Param`` entries of ``model``."""
+  """Number of parameters (``nnx.Param`` elements) of ``model``.
+
+  Args:
+    model: any ``nnx.Module``.
+    exclude_embeddings: leave out a :class:`.TransformerLM`'s token embedding.
+
+  Returns:
+    The count.
+  """
   state = nnx.state(model, nnx.Param)
   total = sum(x.size for x in jax.tree.leaves(state))
   if exclude_embeddings and isinstance(model, TransformerLM):

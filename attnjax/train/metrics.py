@@ -210,8 +210,14 @@ def loss_spike_score(losses: Sequence[Optional[float]]) -> Optional[float]:
   OLMo 2's window is the previous 1000 steps; a shorter run uses all steps so
   far (``window = min(1000, steps - 1)``) and scores each step that has at
   least ``min(window, 50)`` steps of history. ``None`` entries (NaN or Inf
-  written as JSON null) are non-finite losses. Returns None for fewer than 3
-  steps or when no step could be scored.
+  written as JSON null) are non-finite losses.
+
+  Args:
+    losses: the training loss of every step, in order (None = non-finite).
+
+  Returns:
+    The percentage of spiking steps, or None for fewer than 3 steps or when no step
+    could be scored.
   """
   if len(losses) < 3:
     return None

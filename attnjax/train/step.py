@@ -208,9 +208,16 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
 
 def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
-  """``eval_step(params, rest, inputs, targets, packing=None) -> {"ce_sum", "count"}``.
+  """The evaluation step of a model: summed next-token cross-entropy and its count.
 
-  Float32 scalars; a packed batch counts only targets of weight 1.
+  Args:
+    graphdef: the model's ``nnx.GraphDef`` (``nnx.split(model)[0]``).
+
+  Returns:
+    ``eval_step(params, rest, inputs, targets, packing=None) -> {"ce_sum", "count"}``,
+    pure (jit it outside): ``inputs`` and ``targets`` integer ``[B, T]``, ``packing``
+    the packed batch's ``{"segment_ids", "positions", "weights"}`` ``[B, T]`` or None;
+    float32 scalars, a packed batch counting only targets of weight 1.
   """
 
   def eval_step(params, rest, inputs, targets, packing=None):
