@@ -164,7 +164,14 @@ def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
 
 
 def kept_blocks(layout: BlockLayout) -> np.ndarray:
-  """``bool [num_q_blocks, num_kv_blocks]``: blocks the layout visits."""
+  """The blocks a layout visits.
+
+  Args:
+    layout: a :class:`.BlockLayout`.
+
+  Returns:
+    numpy bool ``[num_q_blocks, num_kv_blocks]`` (e.g. for ``imshow``).
+  """
   kv_blocks, _ = layout.as_arrays()
   out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
   rows, cols = np.nonzero(kv_blocks >= 0)
@@ -173,7 +180,14 @@ def kept_blocks(layout: BlockLayout) -> np.ndarray:
 
 
 def full_blocks(layout: BlockLayout) -> np.ndarray:
-  """``bool [num_q_blocks, num_kv_blocks]``: visited blocks that need no element mask."""
+  """The visited blocks that need no element mask.
+
+  Args:
+    layout: a :class:`.BlockLayout`.
+
+  Returns:
+    numpy bool ``[num_q_blocks, num_kv_blocks]``.
+  """
   kv_blocks, needs_mask = layout.as_arrays()
   out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
   rows, cols = np.nonzero(np.logical_and(kv_blocks >= 0, np.logical_not(needs_mask)))
@@ -182,7 +196,14 @@ def full_blocks(layout: BlockLayout) -> np.ndarray:
 
 
 def density(layout: BlockLayout) -> float:
-  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes."""
+  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes.
+
+  Args:
+    layout: a :class:`.BlockLayout`.
+
+  Returns:
+    A float in ``[0, 1]``.
+  """
   return layout.num_pairs / (layout.num_q_blocks * layout.num_kv_blocks)
 
 

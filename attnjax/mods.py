@@ -138,6 +138,11 @@ class T5RelativeBias:
   """T5 bucketed relative bias: ``z + table[bucket(j - i), n]`` (``score_mod_args=(table,)``).
 
   ``table`` is ``[num_buckets, N]`` (learned, owned by the layer). See :func:`.t5_bucket`.
+
+  Attributes:
+    num_buckets: buckets in all.
+    max_distance: distance from which positions share the last bucket.
+    bidirectional: separate buckets for keys after the query.
   """
 
   num_buckets: int = 32
@@ -178,6 +183,12 @@ class SoftCap:
 
   Unlike the ``softcap=`` option (applied before ``bias``) it caps the final
   logits, bias and earlier modifiers included.
+
+  Attributes:
+    cap: ``c > 0``.
+
+  Raises:
+    ValueError: a cap that is not positive.
   """
 
   cap: float
@@ -215,6 +226,10 @@ class PositionTemperature:
   :func:`.position_temperature_factor`, which multiplies every dot-product
   logit of row ``i``; this applies the same factor to the logits (equal when
   there is no ``bias`` or ``softcap``).
+
+  Attributes:
+    floor_scale: positions per step of the logarithm.
+    attn_scale: the logarithm's weight.
   """
 
   floor_scale: float = 8192.0
@@ -247,7 +262,12 @@ def causal_mask(b: Array, n: Array, i: Array, j: Array) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class SlidingWindowMask:
-  """Keys ``i - left`` to ``i + right`` (as ``window=(left, right)``)."""
+  """Keys ``i - left`` to ``i + right`` (as ``window=(left, right)``).
+
+  Attributes:
+    left: keys before the query.
+    right: keys after it.
+  """
 
   left: int
   right: int = 0
@@ -280,6 +300,10 @@ class ChunkedMask:
   """Chunked attention (Llama 4): queries see keys of their own chunk of ``size`` positions.
 
   ``causal=True`` (the default) keeps only ``j <= i`` inside the chunk.
+
+  Attributes:
+    size: positions per chunk.
+    causal: keep only ``j <= i`` inside the chunk.
   """
 
   size: int
@@ -402,6 +426,11 @@ class PatternMask:
 
   Relies on the calling convention (``i`` varies along axis -2 only, ``j``
   along axis -1 only), which every attnjax path follows.
+
+  Attributes:
+    pattern: the :class:`attnjax.patterns.Pattern`.
+    q_len: ``T``.
+    kv_len: ``S``.
   """
 
   pattern: Any
@@ -436,7 +465,13 @@ def pattern_mask(pattern: Any, q_len: int, kv_len: int) -> PatternMask:
 
 @dataclasses.dataclass(frozen=True)
 class And:
-  """Intersection of mask modifiers; ``args_split`` says how many args each one takes."""
+  """Intersection of mask modifiers.
+
+  Attributes:
+    mods: the mask modifiers.
+    args_split: how many of the call's ``mask_mod_args`` each one takes, in order
+      (empty: none takes any).
+  """
 
   mods: tuple[Callable[..., Any], ...]
   args_split: tuple[int, ...] = ()
@@ -453,7 +488,13 @@ class And:
 
 @dataclasses.dataclass(frozen=True)
 class ScoreChain:
-  """Score modifiers applied in order; ``args_split`` says how many args each one takes."""
+  """Score modifiers applied in order.
+
+  Attributes:
+    mods: the score modifiers.
+    args_split: how many of the call's ``score_mod_args`` each one takes, in order
+      (empty: none takes any).
+  """
 
   mods: tuple[Callable[..., Any], ...]
   args_split: tuple[int, ...] = ()

@@ -1,7 +1,9 @@
 """The release installs: the wheel and the sdist built from this tree import without the repository.
 
-``python -m build`` (or ``pip wheel`` where the ``build`` package is absent) writes
-the distributions into a temporary folder; each is installed with ``--no-deps`` into
+``python -m build`` (or ``pip wheel`` where the ``build`` package is absent) builds the
+distributions from a copy of the tree without a checkout's build products (an editable
+install's ``attnjax.egg-info`` lists files the package data configuration might not), into
+a temporary folder; each is installed with ``--no-deps`` into
 a fresh virtual environment whose other packages (jax, flax, ...) come from this
 environment's site-packages through a ``.pth`` file (nothing is downloaded but the
 build backend). The check runs from a folder outside the repository with no
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import shutil
 import site
 import subprocess
 import sys
@@ -34,7 +37,7 @@ import attnjax, attnjax.nn
 from attnjax import data, targets
 print(attnjax.__version__)
 print(pathlib.Path(attnjax.__file__).resolve())
-assert "h200" in targets.target_config("h200").lower() or targets.target_config("h200")
+assert "gpu_device_info" in targets.target_config("h200")
 assert pathlib.Path(data.shakespeare_dir()).is_dir()
 assert not any("attnjax" in p and "site-packages" not in p for p in sys.path if p), sys.path
 """
@@ -49,13 +52,23 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
   return proc
 
 
+# Left out of the copy the distributions are built from: a checkout's build products, above
+# all an editable install's attnjax.egg-info, whose file list would stand in for the package
+# data configuration.
+BUILD_LEFTOVERS = shutil.ignore_patterns(
+    ".git", "*.egg-info", "build", "dist", ".venv*", "_build", "runs", "__pycache__",
+    ".pytest_cache", "_generated", "*.pyc")
+
+
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory) -> dict[str, pathlib.Path]:
+  source = tmp_path_factory.mktemp("source") / "attnjax"
+  shutil.copytree(ROOT, source, ignore=BUILD_LEFTOVERS)
   out = tmp_path_factory.mktemp("dist")
   if importlib.util.find_spec("build") is not None:
-    run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)])
+    run([sys.executable, "-m", "build", "--outdir", str(out), str(source)])
   else:
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(ROOT)])
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(source)])
   found = {"wheel": sorted(out.glob("attnjax-*.whl")), "sdist": sorted(out.glob("attnjax-*.tar.gz"))}
   assert found["wheel"], list(out.iterdir())
   return {kind: paths[0] for kind, paths in found.items() if paths}
