@@ -12,6 +12,7 @@ executed here (myst-nb, cached under ``docs/_build/.jupyter_cache``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import sys
@@ -41,6 +42,9 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "**/.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
+# Pretrained models: their API page is built where the package exists (a glob toctree lists it).
+if importlib.util.find_spec("attnjax.models") is None:
+  exclude_patterns.append("api/attnjax.models.md")
 templates_path = ["_templates"]
 
 # MyST: ::: fences, $math$, definition lists, heading anchors for links within a page.
