@@ -42,9 +42,12 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "**/.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
-# Pretrained models: their API page is built where the package exists (a glob toctree lists it).
+# Pretrained models: their API page is built where the package exists; elsewhere it is left
+# out, and so is the warning about the API index's entry for it (the only excluded page).
+suppress_warnings: list[str] = []
 if importlib.util.find_spec("attnjax.models") is None:
-  exclude_patterns.append("api/attnjax.models.md")
+  exclude_patterns.append("api/attnjax.models.*")
+  suppress_warnings.append("toc.excluded")
 templates_path = ["_templates"]
 
 # MyST: ::: fences, $math$, definition lists, heading anchors for links within a page.
