@@ -46,14 +46,32 @@ class AttentionStats(NamedTuple):
 
 
 def row_mean(x: Array, rows: Array) -> Array:
-  """Mean of ``x`` ``[B, N, T]`` over rows where ``rows`` is True; 0 when none is."""
+  """Mean of ``x`` over the rows where ``rows`` is True; 0 where none is.
+
+  Args:
+    x: ``[B, N, T]``.
+    rows: boolean ``[B, N, T]``.
+
+  Returns:
+    ``[B, N]``.
+  """
   count = jnp.sum(rows, axis=-1, dtype=jnp.float32)
   total = jnp.sum(jnp.where(rows, x, 0.0), axis=-1)
   return total / jnp.maximum(count, 1.0)
 
 
 def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array) -> AttentionStats:
-  """Reference statistics from materialised logits ``z`` and weights ``w`` ``[B, N, T, S]``."""
+  """Reference statistics from materialised logits and weights (the readable definition).
+
+  Args:
+    z: float32 logits ``[B, N, T, S]`` as the normaliser saw them.
+    w: the weights ``[B, N, T, S]``.
+    allowed: boolean mask broadcastable to ``[B, N, T, S]``.
+    log_normalizer: ``[B, N, T, 1]`` the log partition of each row.
+
+  Returns:
+    The :class:`.AttentionStats`.
+  """
   allowed = jnp.broadcast_to(allowed, z.shape)
   has_key = jnp.any(allowed, axis=-1)  # [B, N, T]
   mag = jnp.abs(w)
@@ -88,6 +106,10 @@ def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None) 
     axis: None, or a ``shard_map`` axis whose devices hold the other rows of the call (a
       sequence sharded over it): the means and the maximum are then over every device's
       rows (sums and counts summed over the axis), the same on every device.
+
+  Returns:
+    ``(sink_mass [B, N], entropy [B, N], max_logit [B, N], logsumexp [B, N, T],
+    row_sum [B, N])``, the fields of :class:`.AttentionStats`.
   """
   later = (q_positions >= 1)[None, None, :]
   means = ((rows["entropy"], rows["normalisable"]),
@@ -109,8 +131,16 @@ def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None) 
 
 
 def stats_from_padded_rows(rows: dict, T: int) -> tuple:
-  """:func:`stats_from_rows` of a kernel's per-row outputs ``[B, N, Tp, 1]`` (``Tp >= T``
-  padded rows; the masks as numbers, > 0 = True), rows at positions ``0 .. T-1``."""
+  """:func:`.stats_from_rows` of a kernel's per-row outputs ``[B, N, Tp, 1]`` (``Tp >= T``
+  padded rows; the masks as numbers, > 0 = True), rows at positions ``0`` to ``T - 1``.
+
+  Args:
+    rows: the kernel's ``[B, N, Tp, 1]`` rows (keys as :func:`.stats_from_rows`).
+    T: the real number of rows.
+
+  Returns:
+    As :func:`.stats_from_rows`.
+  """
   cat = {key: val[:, :, :T, 0] for key, val in rows.items()}
   for key in ("normalisable", "has_key"):
     cat[key] = cat[key] > 0

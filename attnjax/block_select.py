@@ -6,7 +6,7 @@ mean-pooled key, keeps the ``top_k`` best candidates plus its own block, and
 attends to the union of those blocks in ONE normalisation (any normaliser of
 :mod:`attnjax.normalizers`).
 
-Selection rule (shared by every implementation, :func:`select_blocks`):
+Selection rule (shared by every implementation, :func:`.select_blocks`):
 
 - pooled key of block ``j``: the mean of its keys (a partial last block: the
   mean of the keys it has);
@@ -97,14 +97,28 @@ def _pooled(x: Array, block_size: int) -> Array:
 
 
 def num_slots(length: int, block_size: int, top_k: int) -> int:
-  """Selected blocks per query block besides its own: ``min(top_k, blocks - 1)``."""
+  """Selected blocks per query block besides its own: ``min(top_k, blocks - 1)``.
+
+  Args:
+    length: ``T``.
+    block_size: tokens per block.
+    top_k: blocks asked for.
+
+  Returns:
+    The number of selection slots (0 with a single block).
+  """
   return max(0, min(top_k, -(-length // block_size) - 1))
 
 
 def block_scores(q_pooled: Array, k_pooled: Array) -> Array:
-  """Float32 ``[B, K, nq, nk]`` scores, summed over the query heads of each KV group.
+  """Block scores: pooled query times mean key, summed over the query heads of a KV group.
 
-  ``q_pooled [B, nq, N, H]``, ``k_pooled [B, nk, K, H]``; no gradient.
+  Args:
+    q_pooled: ``[B, nq, N, H]`` one pooled query per query block.
+    k_pooled: ``[B, nk, K, H]`` the mean key of each key block.
+
+  Returns:
+    float32 ``[B, K, nq, nk]``, with no gradient (the selection is discrete).
   """
   B, nq, N, H = q_pooled.shape
   K = k_pooled.shape[2]
@@ -114,11 +128,16 @@ def block_scores(q_pooled: Array, k_pooled: Array) -> Array:
 
 
 def top_blocks(scores: Array, candidate: Array, top_k: int) -> Array:
-  """int32 ``[..., top_k']`` best candidate blocks, ascending, -1 = none.
+  """The best candidate blocks of each query block, in ascending order.
 
-  ``top_k' = min(top_k, nk - 1)``; ties go to the lower block index.
+  Args:
+    scores: ``[..., nq, nk]``.
+    candidate: boolean, broadcastable to ``scores``: which blocks may be chosen.
+    top_k: blocks to keep; ``top_k' = min(top_k, nk - 1)`` slots are returned.
 
-  ``scores [..., nq, nk]``; ``candidate`` bool broadcastable to it.
+  Returns:
+    int32 ``[..., nq, top_k']``: block indices, ascending, -1 in slots with no candidate
+    left; ties go to the lower block index.
   """
   nk = scores.shape[-1]
   ks = max(0, min(top_k, nk - 1))
@@ -148,7 +167,16 @@ def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
 
 def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
                    query_pool: Optional[QueryPool] = None) -> Array:
-  """The blocks :func:`block_select_attention` keeps besides each query block's own.
+  """The blocks :func:`.block_select_attention` keeps besides each query block's own.
+
+  Args:
+    q: ``[B, T, N, H]``.
+    k: ``[B, T, K, H]``.
+    block_size: tokens per block.
+    top_k: key blocks per query block besides its own.
+    is_causal: only strictly earlier key blocks are candidates.
+    query_pool: ``"first"`` (a block's first query; the only choice when causal) or
+      ``"mean"``; None picks ``"first"`` when causal, else ``"mean"``.
 
   Returns:
     int32 ``[B, K, ceil(T / block_size), top_k]``: per batch, KV head and query
@@ -186,9 +214,19 @@ def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
 
 
 def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array:
-  """bool ``[B, N, T, T]``: key block selected for the query's block, or its own block.
+  """The dense mask of a selection: the query's block selected the key's block, or they
+  are the same block.
 
   Causality is not applied here (the caller's ``is_causal`` does that).
+
+  Args:
+    sel: int32 ``[B, K, blocks, slots]`` from :func:`.select_blocks` (-1 = none).
+    T: sequence length.
+    block_size: tokens per block.
+    num_heads: ``N`` (each KV head's selection serves its ``N // K`` query heads).
+
+  Returns:
+    bool ``[B, N, T, T]``.
   """
   B, K, nb, _ = sel.shape
   blocks = jnp.arange(nb)
@@ -263,7 +301,7 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
 
   A ``lax.map`` step slices its query block from ``q`` and lays it out as rows
   ``[B, K, G * block_size, H]`` (every query head of a KV group stacked, as
-  :mod:`attnjax.kernels.blockwise.tiles`, so GQA costs no copies), gathers its ``top_k' + 1``
+  ``attnjax.kernels.blockwise.tiles``, so GQA costs no copies), gathers its ``top_k' + 1``
   key and value blocks (the own block last) per KV head straight from the
   inputs' layout, and writes its output rows in the output's layout, so no
   whole-array transpose is made (on CPU they cost more than the strided
@@ -422,7 +460,7 @@ def _block_select_attention(
       selection always uses dot products).
     implementation: None (auto: ``"gathered"``), ``"reference"`` or ``"gathered"``.
     return_stats: also return :class:`attnjax.AttentionStats` over the attended keys.
-    return_selection: also return :func:`select_blocks`'s int32
+    return_selection: also return :func:`.select_blocks`'s int32
       ``[B, K, ceil(T / block_size), top_k]`` selected blocks (-1 = none).
 
   Returns:

@@ -19,7 +19,7 @@ Rules (positions top-left aligned, query ``i`` at position ``i``):
   their rows are empty and return zeros.
 - not causal: every query sees every compressed block; with ``window=(left,
   right)`` also the raw keys ``i - left <= j <= i + right`` (an int ``w`` is
-  ``(w, 0)``, the convention of every window: :func:`attnjax._checks.check_window`).
+  ``(w, 0)``, the convention of every window: ``attnjax._checks.check_window``).
 - segment ids: a compressed block is seen only by queries of the segment that
   holds all of its keys (a block straddling a boundary is seen by nobody);
   raw window keys follow the usual rule.
@@ -32,14 +32,14 @@ Two implementations, tested equal in value and gradient:
   kernel call (:func:`attnjax.kernels.blockwise.run_layout`) over a block layout of
   the rule, so blocks with no allowed pair are never computed (the
   compressed part padded to whole key blocks, so the raw window starts on a
-  block edge); :func:`_one_call`. Causal self-attention (``T == S``, no
+  block edge); ``_one_call``. Causal self-attention (``T == S``, no
   segment ids or statistics; with a window, a mergeable normaliser) is
-  *evaluated* faster another way, :func:`_grouped_queries`: the ``stride``
+  *evaluated* faster another way, ``_grouped_queries``: the ``stride``
   queries that see the same compressed blocks become extra heads of one
   causal call over ``T / stride`` rows (tiles with ``stride`` times more
   rows, whose products XLA:CPU spreads over cores), the window a sliding-window
   call merged by logsumexp. That path is a ``jax.custom_jvp`` whose
-  derivative is the one call's (:func:`_grouped_forward`): differentiating
+  derivative is the one call's (``_grouped_forward``): differentiating
   the two-call path held twice the memory (fwd+bwd at T=16384, stride 4,
   window 64: XLA temporaries 499 vs 233 MiB), while its forward is ~30%
   faster (T=4096: 84-86 vs 121 ms on 2 CPU cores). Cost ``O(T * (T / stride
@@ -88,7 +88,15 @@ STRADDLING_SEGMENT = int(np.iinfo(np.int32).min)
 
 
 def num_blocks(S: int, stride: int) -> int:
-  """Number of compressed keys for ``S`` raw keys: ``ceil(S / stride)``."""
+  """Number of compressed keys for ``S`` raw keys: ``ceil(S / stride)``.
+
+  Args:
+    S: raw keys.
+    stride: keys per block.
+
+  Returns:
+    ``C``.
+  """
   return -(-S // stride)
 
 
@@ -97,6 +105,17 @@ def pool_keys(x: Array, stride: int, pool: str = "mean") -> Array:
 
   The last block, when partial, is pooled over the keys it has (its mean
   divides by their number). Computed in float32, returned in ``x``'s dtype.
+
+  Args:
+    x: ``[B, S, K, X]`` keys or values.
+    stride: keys per block.
+    pool: ``"mean"`` or ``"max"``.
+
+  Returns:
+    ``[B, ceil(S / stride), K, X]``.
+
+  Raises:
+    ValueError: another ``pool``.
   """
   B, S = x.shape[:2]
   C = num_blocks(S, stride)
@@ -116,8 +135,16 @@ def pool_keys(x: Array, stride: int, pool: str = "mean") -> Array:
 
 
 def block_segments(kv_segment_ids: Array, stride: int) -> Array:
-  """``[B, C]`` segment id of each compressed block: its keys' id, or
-  :data:`STRADDLING_SEGMENT` when they span more than one segment."""
+  """The segment id of each compressed block.
+
+  Args:
+    kv_segment_ids: integer ``[B, S]``.
+    stride: keys per block.
+
+  Returns:
+    ``[B, C]``: the id its keys share, or :data:`.STRADDLING_SEGMENT` when they span
+    more than one segment.
+  """
   B, S = kv_segment_ids.shape
   C = num_blocks(S, stride)
   seg = jnp.pad(kv_segment_ids, [(0, 0), (0, C * stride - S)], mode="edge")
@@ -293,7 +320,7 @@ def _one_call(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Arra
 def _grouped_forward(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array,
                      v_c: Array, stride: int, window: Optional[tuple[int, int]],
                      block_size: int):
-  """Causal self-attention: :func:`_grouped_queries` when evaluated, :func:`_one_call` when differentiated.
+  """Causal self-attention: ``_grouped_queries`` when evaluated, ``_one_call`` when differentiated.
 
   A ``jax.custom_jvp`` whose primal is the grouped-query path and whose JVP
   is the one-call path's (so ``jax.grad`` transposes the one-call path, and
@@ -403,7 +430,7 @@ def compressed_attention(
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
     segment_ids: ``[B, T]`` when ``T == S`` or a pair ``([B, T], [B, S])``; a
       compressed block is seen only by queries of the one segment holding all
-      its keys (ids must not be :data:`STRADDLING_SEGMENT`, int32's minimum).
+      its keys (ids must not be :data:`.STRADDLING_SEGMENT`, int32's minimum).
     implementation: None (``"blockwise"``), ``"reference"`` or ``"blockwise"``.
     return_stats: also return :class:`attnjax.AttentionStats` over the key slots
       ``[compressed ; raw]`` (``sink_mass`` is the weight on compressed block 0).

@@ -12,12 +12,12 @@ step (Gated DeltaNet, Yang et al. 2025):
 ``q`` and ``k`` before the call.
 
 Three forms (``implementation``, the names of every recurrent family, see
-:mod:`attnjax._recurrent`) compute the same function and are tested equal in
+``attnjax._recurrent``) compute the same function and are tested equal in
 value, final state and every gradient:
 
 - ``recurrent``: ``lax.scan`` over time, one rank-1 update per step; the
   decode form. It is the readable definition, so ``"reference"`` names it
-  (:data:`REFERENCE_FORM`).
+  (:data:`~attnjax.delta_rule.REFERENCE_FORM`).
 - ``parallel``: the chunk form below over the whole sequence as one chunk
   (no scan): a ``[T, T]`` triangular solve and the masked ``(Q K^T * Gamma)``
   product; for short sequences and tests.
@@ -32,7 +32,7 @@ value, final state and every gradient:
   ``(I + A) U = diag(beta) V - diag(beta exp(G)) K S_0`` where
   ``A_tj = beta_t exp(G_t - G_j) k_t.k_j`` for ``j < t``. One unit
   lower-triangular solve (the inverse by block doubling,
-  :func:`unit_lower_inverse`) gives ``U = T V`` and ``W = T' K`` (the UT
+  :func:`.unit_lower_inverse`) gives ``U = T V`` and ``W = T' K`` (the UT
   transform, ``T = (I + A)^{-1} diag(beta)``), then ``U' = U - W S_0``,
   ``O = diag(exp(G)) Q S_0 + (Q K^T * Gamma) U'`` with the causal decay matrix
   ``Gamma_tj = exp(G_t - G_j)`` (``j <= t``), and
@@ -91,7 +91,21 @@ REFERENCE_FORM = "recurrent"
 
 
 def recurrent(q, k, v, beta, g, reset, state):
-  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token."""
+  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token.
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]`` (L2-normalised by the caller).
+    v: values ``[B, T, K, Hv]``.
+    beta: write strengths ``[B, T, K, G]`` in ``(0, 1)``.
+    g: log decays ``[B, T, K, G]``, ``<= 0`` (zeros without a decay).
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
 
   def step(s, xs):
     q_t, k_t, v_t, b_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G] x2, [B]
@@ -109,25 +123,53 @@ def recurrent(q, k, v, beta, g, reset, state):
 
 
 def parallel(q, k, v, beta, g, reset, state):
-  """The chunk form over the whole sequence as one chunk (:func:`_chunk_block`, no scan)."""
+  """The chunk form over the whole sequence as one chunk (``_chunk_block``, no scan).
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]`` (L2-normalised by the caller).
+    v: values ``[B, T, K, Hv]``.
+    beta: write strengths ``[B, T, K, G]`` in ``(0, 1)``.
+    g: log decays ``[B, T, K, G]``, ``<= 0`` (zeros without a decay).
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
   return _chunk_block((q, k, v, beta, g, reset.astype(jnp.float32)), state)
 
 
 def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   """WY / UT-transform chunk form (module docstring): a scan over chunks carrying the state.
 
-  Each chunk (:func:`_chunk_block`) computes its state-independent terms (the
+  Each chunk (``_chunk_block``) computes its state-independent terms (the
   decays, the triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) and
   then the matmuls that read the state. The scan is
-  :func:`attnjax.kernels.recurrent.chunks.chunk_scan`, whose backward keeps each chunk's inputs
+  ``attnjax.kernels.recurrent.chunks.chunk_scan``, whose backward keeps each chunk's inputs
   and incoming state and recomputes the chunk, so memory for the backward is
   O(T), about 1.7 inputs' worth (``tests/test_chunks.py``); the solve has its
-  own VJP (:func:`unit_lower_solve`). Computing the terms one chunk at a time
+  own VJP (:func:`.unit_lower_solve`). Computing the terms one chunk at a time
   inside the scan is also faster here than batching them over chunks
   (``lax.map`` / ``vmap``), whose batched small matmuls XLA's CPU backend lays
   out worse: T=4096 forward+backward 331 ms against 399 ms. Time is padded to a
   multiple of ``chunk_size`` with ``k = v = beta = g = 0`` (those steps leave
   the state unchanged) and padded rows are dropped.
+
+  Args:
+    q: queries ``[B, T, K, G, H]``.
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    beta: ``[B, T, K, G]``.
+    g: log decays ``[B, T, K, G]``.
+    reset: ``[B, T]``, where the state restarts.
+    state: float32 ``[B, K, G, H, Hv]``.
+    chunk_size: tokens per chunk.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
   """
   C = min(chunk_size, q.shape[1])
   xs = tuple(chunks.to_chunks(x, C)
@@ -148,6 +190,12 @@ def unit_lower_inverse(a: Array) -> Array:
   subtasks that no free thread can run), as the chunk-parallel forward and
   backward solves do; block doubling is plain matmuls, which also vectorise
   better than a row-by-row substitution.
+
+  Args:
+    a: strictly lower-triangular ``[..., C, C]``.
+
+  Returns:
+    ``(I + a)^{-1}``, ``[..., C, C]`` (unit lower-triangular).
   """
   C = a.shape[-1]
   P = 1 << max(C - 1, 0).bit_length()
@@ -175,10 +223,17 @@ def unit_lower_inverse(a: Array) -> Array:
 def unit_lower_solve(a: Array, rhs: Array) -> Array:
   """``(I + a)^{-1} rhs`` for strictly lower-triangular ``a [..., C, C]``, ``rhs [..., C, D]``.
 
-  The inverse comes from :func:`unit_lower_inverse`. The VJP is the solve's own
+  The inverse comes from :func:`.unit_lower_inverse`. The VJP is the solve's own
   (with ``X`` the solution): ``d rhs = (I + a)^{-T} dX`` and ``da = -tril(d rhs
   X^T, -1)``, two matmuls with the kept inverse, instead of differentiating
   the ``log2(C)`` rounds of block doubling.
+
+  Args:
+    a: strictly lower-triangular ``[..., C, C]``.
+    rhs: ``[..., C, D]``.
+
+  Returns:
+    ``X = (I + a)^{-1} rhs``, ``[..., C, D]``.
   """
   return _einsum("...cd,...de->...ce", unit_lower_inverse(a), rhs)
 
@@ -268,12 +323,6 @@ def _delta_rule_attention(
     context_axis: Optional[str] = None,
 ):
   """Delta-rule attention (DeltaNet; Gated DeltaNet with ``log_decay``), causal.
-    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
-      over (context parallelism, :mod:`attnjax.parallel.recurrent`): called inside
-      ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
-      along time (``initial_state`` whole), returns this device's shard of the output
-      (and the final state of the whole sequence, on every device), equal to the
-      unsharded call.
 
   Per query head: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
   ``o_t = scale * S_t^T q_t`` (module docstring for the chunk form).
@@ -297,9 +346,15 @@ def _delta_rule_attention(
       of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
       names mean the same form in every recurrent family
-      (:mod:`attnjax._recurrent`).
+      (``attnjax._recurrent``).
     chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
       padded).
+    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
+      over (context parallelism, ``attnjax.parallel.recurrent``): called inside
+      ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
+      along time (``initial_state`` whole), returns this device's shard of the output
+      (and the final state of the whole sequence, on every device), equal to the
+      unsharded call.
 
   Returns:
     ``out`` ``[B, T, N, Hv]`` in ``q``'s dtype, or ``(out, state)`` with

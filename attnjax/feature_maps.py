@@ -1,6 +1,6 @@
 """Feature maps ``phi`` for linear attention: ``exp(q.k)`` is replaced by ``phi(q).phi(k)``.
 
-Every map is a :class:`FeatureMap`: a small frozen dataclass registered as a
+Every map is a :class:`.FeatureMap`: a small frozen dataclass registered as a
 JAX pytree. Its *kind* and options are pytree metadata (static, hashable); the
 random projection of the softmax-kernel maps is its only array leaf. So a map
 is passed to :func:`attnjax.linear_attention` as an ordinary argument:
@@ -189,7 +189,19 @@ squared_relu = FeatureMap("squared_relu")
 
 
 def by_name(name: DeterministicKind) -> FeatureMap:
-  """The deterministic map called ``name`` (for configs); random maps need a key: use the factories."""
+  """The deterministic feature map called ``name`` (for configs).
+
+  Random maps need a key: use :func:`.favor_plus` or :func:`.trig_features`.
+
+  Args:
+    name: ``"elu_plus_one"``, ``"relu"``, ``"identity"`` or ``"squared_relu"``.
+
+  Returns:
+    The :class:`.FeatureMap` of that name.
+
+  Raises:
+    ValueError: an unknown name (the message lists the valid ones).
+  """
   _checks.check_choice("feature map name", name, DETERMINISTIC)
   return {"elu_plus_one": elu_plus_one, "relu": relu, "identity": identity,
           "squared_relu": squared_relu}[name]
@@ -215,6 +227,9 @@ def gaussian_projection(key: Array, num_features: int, head_dim: int, *,
 
   Returns:
     float32 ``[m, H]``.
+
+  Raises:
+    ValueError: ``num_features`` or ``head_dim`` is not a positive int.
   """
   if not isinstance(num_features, (int, np.integer)) or num_features <= 0:
     raise ValueError(f"num_features must be a positive int, got {num_features!r}")
@@ -255,7 +270,7 @@ def favor_plus(key: Array, num_features: int, orthogonal: bool = True, *,
     stabilize: subtract the per-row (queries) / global (keys) maxima.
 
   Returns:
-    A :class:`FeatureMap` with ``projection`` ``[m, H]`` and ``F = m``.
+    A :class:`.FeatureMap` with ``projection`` ``[m, H]`` and ``F = m``.
 
   References:
     Choromanski et al. 2021, "Rethinking Attention with Performers", Lemma 1
@@ -284,7 +299,7 @@ def trig_features(key: Array, num_features: int, orthogonal: bool = False, *,
     stabilize: subtract the per-row / global maxima of ``|x|^2 / 2``.
 
   Returns:
-    A :class:`FeatureMap` with ``projection`` ``[m, H]``.
+    A :class:`.FeatureMap` with ``projection`` ``[m, H]``.
 
   References:
     Rahimi and Recht 2007, "Random Features for Large-Scale Kernel Machines".

@@ -16,12 +16,12 @@ so every decay factor is ``exp`` of a difference of cumulative sums that is
 ``<= 0``: it never overflows, however strong the gate.
 
 Three forms (``implementation``, the names of every recurrent family, see
-:mod:`attnjax._recurrent`) compute the same function and are tested equal in
+``attnjax._recurrent``) compute the same function and are tested equal in
 value, final state and every gradient:
 
 - ``recurrent``: the recurrence as a ``lax.scan`` over time; the decode form.
   It is the readable definition, so ``"reference"`` names it
-  (:data:`REFERENCE_FORM`).
+  (:data:`~attnjax.gated_linear.REFERENCE_FORM`).
 - ``parallel``: the masked quadratic form above over the whole sequence,
   materialising the ``[T, T]`` (scalar decay) or ``[T, T, H]`` (per-channel)
   decay matrix; for short sequences and tests.
@@ -29,7 +29,7 @@ value, final state and every gradient:
   form with decays relative to the chunk's start (cumulative sums restart at
   every chunk, so the exponents stay ``<= 0`` and bounded by one chunk);
   across chunks a ``lax.scan`` carries the state, decayed by the chunk's total.
-  Per-channel decays run :func:`attnjax.kernels.recurrent.gla_chunk.gla_chunk` on each chunk:
+  Per-channel decays run ``attnjax.kernels.recurrent.gla_chunk.gla_chunk`` on each chunk:
   secondary chunking (``[SUB_BLOCK, SUB_BLOCK, H]`` decays inside a sub-block,
   one matmul through a reference token for earlier sub-blocks, never an
   ``exp`` of a positive number) and a hand-written backward, whose decay
@@ -52,7 +52,7 @@ not computed as differences, so the decays' gradient stays accurate on its own
 scale (~1e-8 under ``log_decay = -20``) instead of drowning in float32
 cancellation of O(1) terms.
 
-What :func:`gated_linear_attention` returns follows :mod:`attnjax.linear`:
+What :func:`.gated_linear_attention` returns follows :mod:`attnjax.linear`:
 ``out``, or ``(out, state)`` with ``return_state=True``.
 """
 
@@ -86,7 +86,21 @@ SUB_BLOCK = 16
 
 
 def recurrent(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
-  """Recurrent form (the reference): ``lax.scan`` over time carrying ``S``; the decode form."""
+  """Recurrent form (the reference): ``lax.scan`` over time carrying ``S``; the decode form.
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    g: log decays ``[B, T, K, G, D]`` (``D = 1``: one per head; ``D = H``: per key
+      channel), ``<= 0``.
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
 
   def step(s, xs):
     q_t, k_t, v_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G,D], [B]
@@ -179,7 +193,21 @@ def _block_state(xs, state: Array):
 
 
 def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
-  """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel)."""
+  """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel).
+
+  Args:
+    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    g: log decays ``[B, T, K, G, D]`` (``D = 1``: one per head; ``D = H``: per key
+      channel), ``<= 0``.
+    reset: ``[B, T]``, true (1) where the state restarts before the token.
+    state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
+  """
   return _block_state(_block_terms(q, k, g, reset) + (v,), state)
 
 
@@ -187,9 +215,9 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
             chunk_size: int):
   """O(T): the quadratic form inside chunks, a scan carrying the state across them.
 
-  The scan is :func:`attnjax.kernels.recurrent.chunks.chunk_scan`, whose backward keeps each
+  The scan is ``attnjax.kernels.recurrent.chunks.chunk_scan``, whose backward keeps each
   chunk's inputs and incoming state and recomputes the chunk
-  (:func:`_block_terms`, then :func:`_block_state`). Time is padded up to a
+  (``_block_terms``, then ``_block_state``). Time is padded up to a
   multiple of ``chunk_size`` with zero keys, zero decay and no reset, so padded
   tokens change neither the state nor any real output; padded output rows are
   dropped.
@@ -199,6 +227,19 @@ def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, 
   batch axis makes rank-7/8 reductions with unit axes that crash jaxlib
   0.10.2's CPU backend (``chunk_size=32``: a segfault in its "ynn" fusion,
   jax-ml/jax#40412).
+
+  Args:
+    q: queries ``[B, T, K, G, H]``.
+    k: keys ``[B, T, K, H]``.
+    v: values ``[B, T, K, Hv]``.
+    g: log decays ``[B, T, K, G, D]``, ``<= 0`` (``D`` 1 or ``H``).
+    reset: ``[B, T]``, where the state restarts.
+    state: float32 ``[B, K, G, H, Hv]``.
+    chunk_size: tokens per chunk.
+
+  Returns:
+    ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
+    ``scale``).
   """
   C = min(chunk_size, q.shape[1])
   xs = tuple(chunks.to_chunks(x, C) for x in (q, k, v, g, reset.astype(jnp.float32)))
@@ -254,12 +295,6 @@ def _gated_linear_attention(
     context_axis: Optional[str] = None,
 ):
   """Causal linear attention with a decaying state (RetNet, Mamba-2 decay, GLA).
-    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
-      over (context parallelism, :mod:`attnjax.parallel.recurrent`): called inside
-      ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
-      along time (``initial_state`` whole), returns this device's shard of the output
-      (and the final state of the whole sequence, on every device), equal to the
-      unsharded call.
 
   Per query head ``n`` (reading key/value head ``n // (N // K)``):
 
@@ -288,8 +323,14 @@ def _gated_linear_attention(
       quadratic), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
       names mean the same form in every recurrent family
-      (:mod:`attnjax._recurrent`).
+      (``attnjax._recurrent``).
     chunk_size: chunk length of ``"chunked"``; any ``T`` works.
+    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
+      over (context parallelism, ``attnjax.parallel.recurrent``): called inside
+      ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
+      along time (``initial_state`` whole), returns this device's shard of the output
+      (and the final state of the whole sequence, on every device), equal to the
+      unsharded call.
 
   Returns:
     ``out`` ``[B, T, N, Hv]`` in the input dtype, or ``(out, state)`` with

@@ -7,9 +7,9 @@ classification and kernel:
   (causal, window, segments) and the patterns of :mod:`attnjax.patterns`;
 - **layouts** (this module) classify blocks under a rule: skipped, full
   (every pair allowed: no element mask) or partial (the rule is evaluated in
-  the block). :class:`BlockLayout` is the static result; :func:`structural_layout`
-  builds it for causal / window structure, :func:`rule_layout` for any element
-  rule (a pattern), and :func:`segment_block_relations` classifies blocks at run
+  the block). :class:`.BlockLayout` is the static result; :func:`.structural_layout`
+  builds it for causal / window structure, :func:`.rule_layout` for any element
+  rule (a pattern), and :func:`.segment_block_relations` classifies blocks at run
   time under segment ids (packed sequences);
 - **kernels** (:mod:`attnjax.kernels.blockwise`, :mod:`attnjax.sparse`) import layouts
   and visit what they list. Nothing here imports a kernel or a pattern.
@@ -128,6 +128,17 @@ def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
   ``hi_i = i`` when causal, ``i + right`` with a window, clipped to the keys).
   A key block is visited when some row of the query block reaches into it, and
   needs a mask unless every row's range covers it.
+
+  Args:
+    q_len: ``T``.
+    kv_len: ``S``.
+    block_q: query block size.
+    block_k: key block size.
+    is_causal: rows see keys ``j <= i``.
+    window: ``(left, right)``, or None.
+
+  Returns:
+    The :class:`.BlockLayout`.
   """
   rows = np.arange(q_len)
   lo = np.zeros(q_len, np.int64)
@@ -153,7 +164,14 @@ def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
 
 
 def kept_blocks(layout: BlockLayout) -> np.ndarray:
-  """``bool [num_q_blocks, num_kv_blocks]``: blocks the layout visits."""
+  """The blocks a layout visits.
+
+  Args:
+    layout: a :class:`.BlockLayout`.
+
+  Returns:
+    numpy bool ``[num_q_blocks, num_kv_blocks]`` (e.g. for ``imshow``).
+  """
   kv_blocks, _ = layout.as_arrays()
   out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
   rows, cols = np.nonzero(kv_blocks >= 0)
@@ -162,7 +180,14 @@ def kept_blocks(layout: BlockLayout) -> np.ndarray:
 
 
 def full_blocks(layout: BlockLayout) -> np.ndarray:
-  """``bool [num_q_blocks, num_kv_blocks]``: visited blocks that need no element mask."""
+  """The visited blocks that need no element mask.
+
+  Args:
+    layout: a :class:`.BlockLayout`.
+
+  Returns:
+    numpy bool ``[num_q_blocks, num_kv_blocks]``.
+  """
   kv_blocks, needs_mask = layout.as_arrays()
   out = np.zeros((layout.num_q_blocks, layout.num_kv_blocks), bool)
   rows, cols = np.nonzero(np.logical_and(kv_blocks >= 0, np.logical_not(needs_mask)))
@@ -171,7 +196,14 @@ def full_blocks(layout: BlockLayout) -> np.ndarray:
 
 
 def density(layout: BlockLayout) -> float:
-  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes."""
+  """Fraction of all ``num_q_blocks * num_kv_blocks`` blocks the layout computes.
+
+  Args:
+    layout: a :class:`.BlockLayout`.
+
+  Returns:
+    A float in ``[0, 1]``.
+  """
   return layout.num_pairs / (layout.num_q_blocks * layout.num_kv_blocks)
 
 
@@ -218,7 +250,16 @@ def segment_block_relations(q_segment_ids: Array, kv_segment_ids: Array,
 
 
 def key_block_candidates(ranges, S: int, block_size: int) -> np.ndarray:
-  """``bool [num_k_blocks]``: key blocks touching any half-open position range ``[lo, hi)``."""
+  """The key blocks touching any half-open position range ``[lo, hi)``.
+
+  Args:
+    ranges: ``(lo, hi)`` pairs of key positions (clipped to ``[0, S)``).
+    S: key length.
+    block_size: key block size.
+
+  Returns:
+    numpy bool ``[ceil(S / block_size)]``.
+  """
   out = np.zeros(-(-S // block_size), bool)
   for lo, hi in ranges:
     lo, hi = max(lo, 0), min(hi, S)
@@ -234,8 +275,8 @@ class SparsePlan:
   Attributes:
     extra_keys: ``int32 [E]`` key positions gathered and appended after the ``S``
       keys (empty for most patterns).
-    layout: :class:`BlockLayout` over the ``S + E`` key slots.
-    rule: a rule (see :func:`rule_layout`) whose ``allowed`` takes slot indices
+    layout: :class:`.BlockLayout` over the ``S + E`` key slots.
+    rule: a rule (see :func:`.rule_layout`) whose ``allowed`` takes slot indices
       and the shape ``(T, S + E)``; the element mask of partial blocks.
   """
 
@@ -250,8 +291,19 @@ _LAYOUT_CHUNK_ELEMENTS = 1 << 23
 
 @functools.partial(jax.jit, static_argnames=("rule", "shape", "block_size"))
 def classify_blocks(rule, q_blocks, k_blocks, *, shape, block_size):
-  """For query blocks ``q_blocks [R]`` and candidate key blocks ``k_blocks [R, C]``:
-  ``(any, all)`` allowed, each ``bool [R, C]``, with positions past ``shape`` disallowed."""
+  """Which candidate blocks a pattern's rule allows somewhere, and everywhere.
+
+  Args:
+    rule: a pattern (its ``allowed(q_positions, k_positions, shape)``).
+    q_blocks: int ``[R]`` query block indices.
+    k_blocks: int ``[R, C]`` candidate key block indices of each query block.
+    shape: ``(T, S)``; positions past it are disallowed.
+    block_size: the block size of both axes.
+
+  Returns:
+    ``(any, all)``, each bool ``[R, C]``: some pair of the block is allowed; every pair
+    is (a ragged block past ``T`` or ``S`` is never all-allowed).
+  """
   T, S = shape
   offsets = jnp.arange(block_size)
 
@@ -283,7 +335,7 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
     block_size: edge of the square blocks.
 
   Returns:
-    A :class:`BlockLayout`: a candidate block is kept when the rule allows some
+    A :class:`.BlockLayout`: a candidate block is kept when the rule allows some
     pair in it, and needs a mask unless it allows every pair (ragged edge blocks
     always need one). The rule is evaluated only on candidate blocks.
   """
@@ -325,7 +377,18 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
 
 
 def intersect(a: BlockLayout, b: BlockLayout) -> BlockLayout:
-  """The blocks both layouts visit; a visit needs a mask when either layout says so."""
+  """The blocks both layouts visit; a visit needs a mask when either layout says so.
+
+  Args:
+    a: a :class:`.BlockLayout`.
+    b: a layout of the same lengths and block sizes.
+
+  Returns:
+    The intersected :class:`.BlockLayout`.
+
+  Raises:
+    ValueError: layouts of different lengths or block sizes.
+  """
   if (a.q_len, a.kv_len, a.block_q, a.block_k) != (b.q_len, b.kv_len, b.block_q, b.block_k):
     raise ValueError(
         f"cannot intersect layouts of different geometry: (q_len, kv_len, block_q, block_k) = "
@@ -374,13 +437,25 @@ def _mask_mod_blocks(fn, args: tuple, T: int, S: int, block_q: int, block_k: int
 
 def mask_mod_block_table(fn, args: tuple, layout: BlockLayout, batch: int, heads: int, *,
                          positions=None) -> Array:
-  """int32 ``[num_q_blocks, num_kv_blocks]`` of ``SKIP`` / ``FULL`` / ``MASKED`` under ``fn`` (run time).
+  """Each block's kind under a ``mask_mod`` whose arguments are traced (run time).
 
   A modifier may carry a cheaper exact rule as an attribute,
   ``fn.block_table(layout, *args) -> int32 [num_q_blocks, num_kv_blocks]`` of
   ``SKIP`` / ``FULL`` / ``MASKED`` (e.g. :func:`attnjax.mods.document_mask`: from
   the ids' ranges per block, as ``segment_ids``); it is used when the rows and
   keys are at their own positions. Otherwise every element is evaluated.
+
+  Args:
+    fn: the mask modifier ``fn(b, n, i, j, *args) -> bool``.
+    args: its arguments.
+    layout: the :class:`.BlockLayout` whose blocks are classified.
+    batch: ``B``.
+    heads: ``N``.
+    positions: None, or int ``(q_positions [T], k_positions [S])`` the modifier sees.
+
+  Returns:
+    int32 ``[num_q_blocks, num_kv_blocks]`` of :data:`.SKIP`, :data:`.FULL`,
+    :data:`.MASKED`.
   """
   rule = getattr(fn, "block_table", None)
   if rule is not None and positions is None:
@@ -421,7 +496,7 @@ def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args
     heads: likewise for the query head ``n``.
 
   Returns:
-    A :class:`BlockLayout`.
+    A :class:`.BlockLayout`.
   """
   for name, value in (("q_len", q_len), ("kv_len", kv_len), ("block_q", block_q),
                       ("block_k", block_k)):

@@ -7,13 +7,13 @@ of query ``i`` only needs the running sums
 
 so attention becomes a recurrence with a fixed-size state (Katharopoulos et al.
 2020). Three causal forms (``implementation``, the names of every recurrent
-family, see :mod:`attnjax._recurrent`) compute the same function and are tested
+family, see ``attnjax._recurrent``) compute the same function and are tested
 equal in value, final state and gradient:
 
 - ``parallel``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``,
   O(T^2). Linear attention is defined as attention with these weights, so
   this is its readable definition and ``"reference"`` names it
-  (:data:`REFERENCE_FORM`).
+  (:data:`~attnjax.linear.REFERENCE_FORM`).
 - ``recurrent``: ``lax.scan`` over time carrying ``(S, z)``; the decode form.
 - ``chunked``: splits time into chunks of ``chunk_size``; inside a chunk the
   masked quadratic form, across chunks the state summed over earlier chunks.
@@ -36,7 +36,7 @@ first query); the returned state is the initial state plus this call's keys,
 so calling the recurrent form token by token equals one call on the whole
 sequence.
 
-What :func:`linear_attention` returns (the rule every stateful family follows):
+What :func:`.linear_attention` returns (the rule every stateful family follows):
 the *primary result* ``r`` is ``out`` when ``return_state=False`` and the pair
 ``(out, state)`` when ``return_state=True``; ``return_stats=True`` wraps it as
 ``(r, AttentionStats)``, exactly as in every other family. So the four cases are
@@ -82,7 +82,17 @@ class LinearState(NamedTuple):
 
 
 def zeros_state(batch: int, num_kv_heads: int, num_features: int, value_dim: int) -> LinearState:
-  """The empty state (no keys seen)."""
+  """The empty state (no keys seen).
+
+  Args:
+    batch: ``B``.
+    num_kv_heads: ``K``.
+    num_features: ``F``, the feature map's output dimension.
+    value_dim: ``Hv``.
+
+  Returns:
+    A :class:`.LinearState` of float32 zeros: ``kv_sum [B, K, F, Hv]``, ``k_sum [B, K, F]``.
+  """
   return LinearState(jnp.zeros((batch, num_kv_heads, num_features, value_dim), jnp.float32),
                      jnp.zeros((batch, num_kv_heads, num_features), jnp.float32))
 
@@ -100,7 +110,21 @@ def _causal_keep(T: int, S: int) -> Array:
 
 
 def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
-  """The masked quadratic form ``(phi(Q) phi(K)^T * M) V`` (the reference); O(T S)."""
+  """The masked quadratic form ``(phi(Q) phi(K)^T * M) V`` (the reference); O(T S).
+
+  Args:
+    phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
+      key/value head).
+    phi_k: float32 key features ``[B, S, K, F]``.
+    v: values ``[B, S, K, Hv]``.
+    state: the :class:`.LinearState` before the first key.
+    is_causal: mask keys after the query (``M``; needs ``T == S``).
+
+  Returns:
+    ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
+    numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
+    every key (:func:`.finish` turns the first two into the output).
+  """
   T, S = phi_q.shape[1], phi_k.shape[1]
   w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
   if is_causal:
@@ -115,7 +139,20 @@ def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_cau
 
 
 def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
-  """Causal decode form: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state."""
+  """Causal decode form: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state.
+
+  Args:
+    phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
+      key/value head).
+    phi_k: float32 key features ``[B, S, K, F]``.
+    v: values ``[B, S, K, Hv]``.
+    state: the :class:`.LinearState` before the first key.
+
+  Returns:
+    ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
+    numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
+    every key (:func:`.finish` turns the first two into the output).
+  """
 
   def step(carry: LinearState, xs):
     q_t, k_t, v_t = xs  # [B, K, G, F], [B, K, F], [B, K, Hv]
@@ -206,7 +243,20 @@ def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int
 
 
 def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
-  """Non-causal O(T): every query reads the same ``S = S_0 + phi(K)^T V``."""
+  """Non-causal O(T): every query reads the same ``S = S_0 + phi(K)^T V``.
+
+  Args:
+    phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
+      key/value head).
+    phi_k: float32 key features ``[B, S, K, F]``.
+    v: values ``[B, S, K, Hv]``.
+    state: the :class:`.LinearState` before the first key.
+
+  Returns:
+    ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
+    numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
+    every key (:func:`.finish` turns the first two into the output).
+  """
   final = LinearState(state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v),
                       state.k_sum + jnp.sum(phi_k, axis=1))
   num = _einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
@@ -215,7 +265,18 @@ def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
 
 
 def finish(num: Array, den: Array, *, normalize: str, eps: float) -> Array:
-  """Turns numerator and denominator into the output under ``normalize``."""
+  """Turns numerator and denominator into the output under ``normalize``.
+
+  Args:
+    num: ``[..., Hv]`` numerators ``phi(q_i).S_i``.
+    den: ``[...]`` denominators ``phi(q_i).z_i``.
+    normalize: ``"denominator"`` (``num / (den + eps)``), ``"output_rms"`` (an RMSNorm
+      of ``num`` over ``Hv``) or ``"none"`` (``num``).
+    eps: added to the denominator, or inside the RMS.
+
+  Returns:
+    ``[..., Hv]``.
+  """
   if normalize == "denominator":
     return num / (den[..., None] + eps)
   if normalize == "output_rms":
@@ -323,7 +384,7 @@ def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bo
 
   The state update is ``S -> S + phi(K)^T V`` (the transition's decay is the identity),
   so a shard's whole contribution is one product of its own features and values; every
-  device's is stacked on every device (:func:`attnjax.parallel.recurrent.every_shard`, one
+  device's is stacked on every device (``attnjax.parallel.recurrent.every_shard``, one
   all-reduce). A causal shard ``p`` enters with ``state`` plus shards ``0 .. p - 1`` (an
   exclusive scan over the axis); a non-causal one with ``state`` plus every *other* shard
   (its own keys are added by its local pass). ``final`` is ``state`` plus every shard, the
@@ -465,14 +526,14 @@ def _linear_attention(
       (causal only), ``"chunked"``, or ``"reference"``, the readable
       definition: here the quadratic form (``"parallel"``); None means
       ``"chunked"`` (O(T)). The names mean the same form in every recurrent
-      family (:mod:`attnjax._recurrent`).
+      family (``attnjax._recurrent``).
     chunk_size: chunk length of the chunked causal form.
-    initial_state: a :class:`LinearState` (``kv_sum [B, K, F, Hv]``,
+    initial_state: a :class:`.LinearState` (``kv_sum [B, K, F, Hv]``,
       ``k_sum [B, K, F]``) of keys seen before this call; None = empty.
     return_state: the primary result becomes ``(out, final state)``, the
-      final :class:`LinearState` in float32.
+      final :class:`.LinearState` in float32.
     return_stats: return ``(primary result, stats)``, where ``stats`` is the
-      :class:`AttentionStats` of the implied weights
+      :class:`.AttentionStats` of the implied weights
       ``w_ij = phi(q_i).phi(k_j)`` over this call's keys (the initial state is
       not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
       ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
@@ -586,10 +647,16 @@ def _linear_attention_weights(
   Args:
     q: ``[B, T, N, H]``.
     k: ``[B, S, K, H]``.
-    feature_map: as :func:`linear_attention`.
+    feature_map: as :func:`.linear_attention`.
     is_causal: mask keys after the query.
-    normalize: as :func:`linear_attention`.
-    eps: as :func:`linear_attention`.
+    normalize: as :func:`.linear_attention`.
+    eps: as :func:`.linear_attention`.
+
+  Returns:
+    float32 ``[B, N, T, S]``.
+
+  Raises:
+    ValueError, TypeError: bad shapes or options (as :func:`attnjax.linear_attention`).
   """
   _checks.check_qkv(q, k, k)
   B, T, N, H = q.shape

@@ -1,6 +1,6 @@
 """Boolean attention masks: True = the query may attend to the key.
 
-Every family builds its masks here, from one function, :func:`structural_mask`,
+Every family builds its masks here, from one function, :func:`.structural_mask`,
 that works on *position vectors*. The dense reference calls it with all
 positions; block-wise and block-sparse paths call it with the positions of one
 block, so a block is masked by exactly the rule the reference uses.
@@ -14,7 +14,7 @@ Conventions (as ``jax.nn.dot_product_attention``):
 - ``window=(left, right)`` allows keys with
   ``pos_q - left <= pos_k <= pos_q + right``; an int ``w`` means ``(w, 0)``
   (keys ``pos_q - w .. pos_q``), the convention of every family
-  (:func:`attnjax._checks.check_window`).
+  (``attnjax._checks.check_window``).
 - Segment ids (packed sequences) allow pairs with equal ids.
 - Every builder returns a rank-4 array broadcastable to ``[B, N, T, S]``.
 """
@@ -74,18 +74,53 @@ def structural_mask(
 
 
 def causal_mask(T: int, S: int, *, offset: int = 0) -> Array:
-  """``[1, 1, T, S]``: query ``i`` (at position ``i + offset``) sees keys ``j <= i + offset``."""
+  """The causal mask: query ``i`` (at position ``i + offset``) sees keys ``j <= i + offset``.
+
+  Args:
+    T: query length.
+    S: key length.
+    offset: position of query 0 (``S - T`` for ``T`` new queries after ``S - T``
+      cached keys).
+
+  Returns:
+    Boolean ``[1, 1, T, S]``.
+  """
   return structural_mask(jnp.arange(T) + offset, jnp.arange(S), is_causal=True)
 
 
 def window_mask(T: int, S: int, left: int, right: int = 0, *, offset: int = 0) -> Array:
-  """``[1, 1, T, S]`` local window ``pos_q - left <= j <= pos_q + right``."""
+  """A local window: query ``i``, at ``p = i + offset``, sees keys ``p - left <= j <= p + right``.
+
+  Args:
+    T: query length.
+    S: key length.
+    left: keys allowed before the query's position.
+    right: keys allowed after it.
+    offset: position of query 0.
+
+  Returns:
+    Boolean ``[1, 1, T, S]``.
+
+  Raises:
+    ValueError: a negative ``left`` or ``right``.
+  """
   window = _checks.check_window((left, right))
   return structural_mask(jnp.arange(T) + offset, jnp.arange(S), window=window)
 
 
 def segment_mask(q_segment_ids: Array, kv_segment_ids: Optional[Array] = None) -> Array:
-  """``[B, 1, T, S]``: queries attend only to keys of the same segment."""
+  """Packed sequences: queries attend only to keys of the same segment.
+
+  Args:
+    q_segment_ids: integer ``[B, T]``.
+    kv_segment_ids: integer ``[B, S]``, or None for ``q_segment_ids`` (self-attention).
+
+  Returns:
+    Boolean ``[B, 1, T, S]``, True where the ids are equal.
+
+  Raises:
+    ValueError: ids that are not ``[B, T]`` and ``[B, S]`` with one ``B``.
+  """
   q_segment_ids = jnp.asarray(q_segment_ids)
   kv_segment_ids = q_segment_ids if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
   if q_segment_ids.ndim != 2 or kv_segment_ids.ndim != 2 or (
@@ -99,9 +134,21 @@ def segment_mask(q_segment_ids: Array, kv_segment_ids: Optional[Array] = None) -
 
 
 def padding_mask(q_lengths: Optional[Array], kv_lengths: Optional[Array], T: int, S: int) -> Array:
-  """``[B, 1, T, S]``: only the first ``q_lengths[b]`` queries and ``kv_lengths[b]`` keys are valid.
+  """Padding: only the first ``q_lengths[b]`` queries and ``kv_lengths[b]`` keys are valid.
 
   Padded queries get rows with no allowed key; attention returns zeros there.
+
+  Args:
+    q_lengths: integer ``[B]`` valid queries per sequence, or None (all valid).
+    kv_lengths: integer ``[B]`` valid keys per sequence, or None (all valid).
+    T: query length.
+    S: key length.
+
+  Returns:
+    Boolean ``[B, 1, T, S]``.
+
+  Raises:
+    ValueError: both lengths None, or lengths that are not ``[B]``.
   """
   if q_lengths is None and kv_lengths is None:
     raise ValueError("padding_mask needs q_lengths or kv_lengths")
@@ -118,7 +165,19 @@ def padding_mask(q_lengths: Optional[Array], kv_lengths: Optional[Array], T: int
 
 
 def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
-  """Logical AND of masks (None entries are ignored); each rank <= 4, broadcast to rank 4."""
+  """Logical AND of masks; None entries are ignored.
+
+  Args:
+    *masks: boolean arrays of rank <= 4 (leading axes are added up to rank 4), each
+      broadcastable to ``[B, N, T, S]``, or None.
+
+  Returns:
+    The boolean intersection, rank 4, or None when every mask is None.
+
+  Raises:
+    TypeError: a mask that is not boolean.
+    ValueError: a mask of rank above 4.
+  """
   out = None
   for m in masks:
     if m is None:
@@ -143,7 +202,24 @@ def make_attention_mask(
     q_segment_ids: Optional[Array] = None,
     kv_segment_ids: Optional[Array] = None,
 ) -> Optional[Array]:
-  """The full mask an attention call uses: explicit mask AND structure. None if unmasked."""
+  """The full mask an attention call uses: the explicit mask AND the structure.
+
+  Args:
+    T: query length.
+    S: key length.
+    mask: a boolean mask broadcastable to ``[B, N, T, S]``, or None.
+    is_causal: keys after the query are masked.
+    window: ``(left, right)``, an int ``w`` meaning ``(w, 0)``, or None.
+    q_segment_ids: integer ``[B, T]``, or None.
+    kv_segment_ids: integer ``[B, S]``, or None.
+
+  Returns:
+    Boolean rank 4, broadcastable to ``[B, N, T, S]``, or None when nothing is masked.
+
+  Raises:
+    ValueError: an invalid window.
+    TypeError: a mask that is not boolean.
+  """
   structure = structural_mask(
       jnp.arange(T), jnp.arange(S), is_causal=is_causal, window=_checks.check_window(window),
       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
@@ -151,9 +227,17 @@ def make_attention_mask(
 
 
 def segment_resets(segment_ids: Optional[Array], batch: int, length: int) -> Array:
-  """``[B, T]`` bool, True where a recurrent state restarts: the id differs from the previous token's.
+  """Where a recurrent state restarts: the segment id differs from the previous token's.
 
-  Position 0 never resets (an ``initial_state`` continues into it); None means no resets.
+  Position 0 never resets (an ``initial_state`` continues into it).
+
+  Args:
+    segment_ids: integer ``[B, T]``, or None (no resets).
+    batch: ``B``.
+    length: ``T``.
+
+  Returns:
+    Boolean ``[B, T]``.
   """
   if segment_ids is None:
     return jnp.zeros((batch, length), bool)

@@ -22,13 +22,13 @@ Conventions (every path calls modifiers the same way):
   ``score_mod_args`` / ``mask_mod_args`` (``score_mod_args`` receive
   gradients), never in a closure.
 
-Score modifiers: :func:`alibi` (+ :func:`alibi_slopes`), :class:`T5RelativeBias`
-(:func:`t5_relative_bias`, learned table), :class:`SoftCap`,
-:class:`PositionTemperature` (Llama 4). Mask modifiers: :func:`causal_mask`,
-:class:`SlidingWindowMask`, :class:`ChunkedMask`, :func:`prefix_lm_mask`,
-:func:`document_mask`, :func:`causal_document_mask`, and any
-:mod:`attnjax.patterns` pattern through :class:`PatternMask`. Combine mask
-modifiers with :class:`And`, score modifiers with :class:`ScoreChain`.
+Score modifiers: :func:`.alibi` (+ :func:`.alibi_slopes`), :class:`.T5RelativeBias`
+(:func:`.t5_relative_bias`, learned table), :class:`.SoftCap`,
+:class:`.PositionTemperature` (Llama 4). Mask modifiers: :func:`~attnjax.mods.causal_mask`,
+:class:`.SlidingWindowMask`, :class:`.ChunkedMask`, :func:`.prefix_lm_mask`,
+:func:`.document_mask`, :func:`.causal_document_mask`, and any
+:mod:`attnjax.patterns` pattern through :class:`.PatternMask`. Combine mask
+modifiers with :class:`.And`, score modifiers with :class:`.ScoreChain`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,15 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
   For ``N`` a power of two, ``2 ** (-8 k / N)`` for ``k = 1 .. N``; otherwise
   the slopes of the power of two below ``N`` followed by every other slope of
   twice that power (the paper's reference implementation).
+
+  Args:
+    num_heads: ``N``.
+
+  Returns:
+    numpy float32 ``[N]``.
+
+  Raises:
+    ValueError: ``num_heads`` is not a positive int.
   """
   if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
     raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
@@ -74,6 +83,17 @@ def alibi(z: Array, b: Array, n: Array, i: Array, j: Array, slopes: Array) -> Ar
 
   On causal attention this is the paper's ``slope * (j - i)``; off the
   diagonal in both directions it is the symmetric form. Slopes may be learned.
+
+  Args:
+    z: float32 logits.
+    b: int32 batch index, broadcastable against ``z``.
+    n: int32 query-head index.
+    i: int32 query position.
+    j: int32 key position.
+    slopes: ``[N]`` per-head slopes (:func:`.alibi_slopes`, or learned).
+
+  Returns:
+    The penalised logits, shaped as ``z``.
   """
   del b
   return z - slopes[n].astype(jnp.float32) * jnp.abs(i - j).astype(jnp.float32)
@@ -87,6 +107,15 @@ def t5_bucket(relative_position: Array, *, num_buckets: int = 32, max_distance: 
   distances ``0 .. num_buckets/2 - 1``; the rest are logarithmic up to
   ``max_distance`` and saturate beyond it. Unidirectional buckets see only
   ``i - j >= 0`` (later keys share bucket 0).
+
+  Args:
+    relative_position: integer array of ``j - i``, any shape.
+    num_buckets: buckets in all (both directions together when ``bidirectional``).
+    max_distance: distance from which every position shares the last bucket.
+    bidirectional: separate buckets for keys after the query.
+
+  Returns:
+    int32 bucket ids in ``[0, num_buckets)``, shaped as ``relative_position``.
   """
   rel = jnp.asarray(relative_position, jnp.int32)
   out = jnp.zeros_like(rel)
@@ -108,7 +137,12 @@ def t5_bucket(relative_position: Array, *, num_buckets: int = 32, max_distance: 
 class T5RelativeBias:
   """T5 bucketed relative bias: ``z + table[bucket(j - i), n]`` (``score_mod_args=(table,)``).
 
-  ``table`` is ``[num_buckets, N]`` (learned, owned by the layer). See :func:`t5_bucket`.
+  ``table`` is ``[num_buckets, N]`` (learned, owned by the layer). See :func:`.t5_bucket`.
+
+  Attributes:
+    num_buckets: buckets in all.
+    max_distance: distance from which positions share the last bucket.
+    bidirectional: separate buckets for keys after the query.
   """
 
   num_buckets: int = 32
@@ -124,7 +158,19 @@ class T5RelativeBias:
 
 def t5_relative_bias(num_buckets: int = 32, max_distance: int = 128,
                      bidirectional: bool = True) -> T5RelativeBias:
-  """A :class:`T5RelativeBias` score modifier."""
+  """A :class:`.T5RelativeBias` score modifier (its ``table`` goes in ``score_mod_args``).
+
+  Args:
+    num_buckets: see :func:`.t5_bucket`.
+    max_distance: see :func:`.t5_bucket`.
+    bidirectional: see :func:`.t5_bucket`.
+
+  Returns:
+    The modifier.
+
+  Raises:
+    ValueError: ``num_buckets < 4`` or ``max_distance < 2``.
+  """
   if num_buckets < 4 or max_distance < 2:
     raise ValueError(f"t5_relative_bias needs num_buckets >= 4 and max_distance >= 2, got "
                      f"{num_buckets}, {max_distance}")
@@ -137,6 +183,12 @@ class SoftCap:
 
   Unlike the ``softcap=`` option (applied before ``bias``) it caps the final
   logits, bias and earlier modifiers included.
+
+  Attributes:
+    cap: ``c > 0``.
+
+  Raises:
+    ValueError: a cap that is not positive.
   """
 
   cap: float
@@ -152,7 +204,16 @@ class SoftCap:
 
 def position_temperature_factor(i: Array, floor_scale: float = 8192.0,
                                 attn_scale: float = 0.1) -> Array:
-  """Llama 4's query temperature ``1 + attn_scale * log(floor((i + 1) / floor_scale) + 1)``."""
+  """Llama 4's query temperature ``1 + attn_scale * log(floor((i + 1) / floor_scale) + 1)``.
+
+  Args:
+    i: query positions, any shape.
+    floor_scale: positions per step of the logarithm.
+    attn_scale: the logarithm's weight.
+
+  Returns:
+    float32 factors, shaped as ``i``.
+  """
   i = jnp.asarray(i).astype(jnp.float32)
   return 1.0 + attn_scale * jnp.log(jnp.floor((i + 1.0) / floor_scale) + 1.0)
 
@@ -162,9 +223,13 @@ class PositionTemperature:
   """Llama-4-style position temperature: ``z * factor(i)``, growing with log position.
 
   Llama 4 scales the queries of its NoPE layers by
-  :func:`position_temperature_factor`, which multiplies every dot-product
+  :func:`.position_temperature_factor`, which multiplies every dot-product
   logit of row ``i``; this applies the same factor to the logits (equal when
   there is no ``bias`` or ``softcap``).
+
+  Attributes:
+    floor_scale: positions per step of the logarithm.
+    attn_scale: the logarithm's weight.
   """
 
   floor_scale: float = 8192.0
@@ -180,14 +245,29 @@ class PositionTemperature:
 
 
 def causal_mask(b: Array, n: Array, i: Array, j: Array) -> Array:
-  """Causal mask: key ``j <= i``."""
+  """Causal mask: key ``j <= i``.
+
+  Args:
+    b: int32 batch index, broadcastable against the logits ``[B, N, T, S]``.
+    n: int32 query-head index.
+    i: int32 query position.
+    j: int32 key position.
+
+  Returns:
+    Boolean, broadcast of ``i`` and ``j``.
+  """
   del b, n
   return j <= i
 
 
 @dataclasses.dataclass(frozen=True)
 class SlidingWindowMask:
-  """Keys ``i - left .. i + right`` (as ``window=(left, right)``)."""
+  """Keys ``i - left`` to ``i + right`` (as ``window=(left, right)``).
+
+  Attributes:
+    left: keys before the query.
+    right: keys after it.
+  """
 
   left: int
   right: int = 0
@@ -198,7 +278,18 @@ class SlidingWindowMask:
 
 
 def sliding_window_mask(left: int, right: int = 0) -> SlidingWindowMask:
-  """A :class:`SlidingWindowMask` mask modifier."""
+  """A :class:`.SlidingWindowMask` mask modifier: keys ``i - left`` to ``i + right``.
+
+  Args:
+    left: keys before the query.
+    right: keys after it.
+
+  Returns:
+    The modifier.
+
+  Raises:
+    ValueError: a negative ``left`` or ``right``.
+  """
   if left < 0 or right < 0:
     raise ValueError(f"sliding_window_mask needs left, right >= 0, got ({left}, {right})")
   return SlidingWindowMask(int(left), int(right))
@@ -209,6 +300,10 @@ class ChunkedMask:
   """Chunked attention (Llama 4): queries see keys of their own chunk of ``size`` positions.
 
   ``causal=True`` (the default) keeps only ``j <= i`` inside the chunk.
+
+  Attributes:
+    size: positions per chunk.
+    causal: keep only ``j <= i`` inside the chunk.
   """
 
   size: int
@@ -225,7 +320,18 @@ class ChunkedMask:
 
 
 def chunked_mask(size: int, causal: bool = True) -> ChunkedMask:
-  """A :class:`ChunkedMask` mask modifier."""
+  """A :class:`.ChunkedMask` mask modifier (Llama 4's chunked attention).
+
+  Args:
+    size: positions per chunk.
+    causal: also keep only ``j <= i`` inside the chunk.
+
+  Returns:
+    The modifier.
+
+  Raises:
+    ValueError: a non-positive ``size``.
+  """
   return ChunkedMask(int(size), bool(causal))
 
 
@@ -233,6 +339,16 @@ def prefix_lm_mask(b: Array, n: Array, i: Array, j: Array, prefix_lengths: Array
   """Prefix-LM: causal, plus every key of the prefix (``mask_mod_args=(prefix_lengths [B],)``).
 
   Row ``b`` has a bidirectional prefix of ``prefix_lengths[b]`` positions.
+
+  Args:
+    b: int32 batch index, broadcastable against the logits ``[B, N, T, S]``.
+    n: int32 query-head index.
+    i: int32 query position.
+    j: int32 key position.
+    prefix_lengths: integer ``[B]``.
+
+  Returns:
+    Boolean, True where ``j <= i`` or ``j`` is in the prefix.
   """
   del n
   return jnp.logical_or(j <= i, j < prefix_lengths[b])
@@ -244,13 +360,34 @@ def document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Arr
   For packed documents the equivalent ``segment_ids=`` option also skips blocks
   from the ids' ranges; as a ``mask_mod`` the blocks are found by evaluating
   the mask (:func:`attnjax.layout.from_mask_mod` with concrete ids, or per call).
+
+  Args:
+    b: int32 batch index, broadcastable against the logits ``[B, N, T, S]``.
+    n: int32 query-head index.
+    i: int32 query position.
+    j: int32 key position.
+    doc_ids: integer ``[B, T]`` document id of every position.
+
+  Returns:
+    Boolean, True where query and key belong to the same document.
   """
   del n
   return doc_ids[b, i] == doc_ids[b, j]
 
 
 def causal_document_mask(b: Array, n: Array, i: Array, j: Array, doc_ids: Array) -> Array:
-  """:func:`document_mask` and causal."""
+  """:func:`.document_mask` and causal: the same document and ``j <= i``.
+
+  Args:
+    b: int32 batch index, broadcastable against the logits ``[B, N, T, S]``.
+    n: int32 query-head index.
+    i: int32 query position.
+    j: int32 key position.
+    doc_ids: integer ``[B, T]`` document id of every position.
+
+  Returns:
+    Boolean.
+  """
   return jnp.logical_and(document_mask(b, n, i, j, doc_ids), j <= i)
 
 
@@ -263,7 +400,7 @@ def _document_block_table(block_layout, doc_ids):
 
 
 def _causal_document_block_table(block_layout, doc_ids):
-  """:func:`_document_block_table` joined with the causal relation of each block pair.
+  """``_document_block_table`` joined with the causal relation of each block pair.
 
   A pair is skipped when either rule skips it, full only when both say full
   (a block inside one document that also crosses the diagonal needs the mask).
@@ -289,6 +426,11 @@ class PatternMask:
 
   Relies on the calling convention (``i`` varies along axis -2 only, ``j``
   along axis -1 only), which every attnjax path follows.
+
+  Attributes:
+    pattern: the :class:`attnjax.patterns.Pattern`.
+    q_len: ``T``.
+    kv_len: ``S``.
   """
 
   pattern: Any
@@ -304,14 +446,32 @@ class PatternMask:
 
 
 def pattern_mask(pattern: Any, q_len: int, kv_len: int) -> PatternMask:
-  """The mask modifier of ``pattern`` (e.g. ``patterns.bigbird(...)``) for ``(q_len, kv_len)``."""
+  """The mask modifier of an :mod:`attnjax.patterns` pattern on a ``(q_len, kv_len)`` problem.
+
+  Args:
+    pattern: a :class:`attnjax.patterns.Pattern` (e.g. ``patterns.bigbird(...)``).
+    q_len: ``T``.
+    kv_len: ``S``.
+
+  Returns:
+    A :class:`.PatternMask`.
+
+  Raises:
+    ValueError: a pattern that cannot be laid on ``(q_len, kv_len)``.
+  """
   pattern.check_shape(q_len, kv_len)
   return PatternMask(pattern, int(q_len), int(kv_len))
 
 
 @dataclasses.dataclass(frozen=True)
 class And:
-  """Intersection of mask modifiers; ``args_split`` says how many args each one takes."""
+  """Intersection of mask modifiers.
+
+  Attributes:
+    mods: the mask modifiers.
+    args_split: how many of the call's ``mask_mod_args`` each one takes, in order
+      (empty: none takes any).
+  """
 
   mods: tuple[Callable[..., Any], ...]
   args_split: tuple[int, ...] = ()
@@ -328,7 +488,13 @@ class And:
 
 @dataclasses.dataclass(frozen=True)
 class ScoreChain:
-  """Score modifiers applied in order; ``args_split`` says how many args each one takes."""
+  """Score modifiers applied in order.
+
+  Attributes:
+    mods: the score modifiers.
+    args_split: how many of the call's ``score_mod_args`` each one takes, in order
+      (empty: none takes any).
+  """
 
   mods: tuple[Callable[..., Any], ...]
   args_split: tuple[int, ...] = ()
@@ -348,7 +514,7 @@ def layer_kwargs(*, num_heads: int, alibi: bool = False, relative_bias=None, sco
 
   Args:
     num_heads: query heads (ALiBi slopes).
-    alibi: add :func:`alibi` with :func:`alibi_slopes`.
+    alibi: add :func:`.alibi` with :func:`.alibi_slopes`.
     relative_bias: None or ``(T5RelativeBias, table [buckets, N])``.
     score_mod: a further argument-free score modifier, applied last.
     mask_mod: an argument-free mask modifier.

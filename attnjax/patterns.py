@@ -1,12 +1,12 @@
 """Sparse attention patterns: which keys each query may see, element by element and block by block.
 
 A pattern is a frozen, hashable object (so it can be a static argument of
-``jax.jit``) with one element rule, :meth:`Pattern.allowed`, evaluated on
+``jax.jit``) with one element rule, :meth:`.Pattern.allowed`, evaluated on
 *position vectors*. The same rule builds
 
-- the exact dense ``[1, 1, T, S]`` boolean mask (:meth:`Pattern.mask`), which
+- the exact dense ``[1, 1, T, S]`` boolean mask (:meth:`.Pattern.mask`), which
   the reference path hands to dense attention, and
-- the block layout (:meth:`Pattern.layout`): for each query block, the key
+- the block layout (:meth:`.Pattern.layout`): for each query block, the key
   blocks holding at least one allowed pair, and which of them are entirely
   allowed (visited without an element mask). The block-sparse path computes
   only those blocks, and masks the partial ones with the same rule.
@@ -47,7 +47,7 @@ References:
   Xiao et al. 2024, "Efficient Streaming Language Models with Attention
   Sinks" (StreamingLLM: sink tokens + rolling window), arXiv:2309.17453.
   Beltagy et al. 2020 also define the dilated sliding window
-  (:func:`dilated_window`).
+  (:func:`.dilated_window`).
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ def check_lengths(T, S, block_size) -> tuple[int, int, int]:
 
 
 class Pattern:
-  """Base class: subclasses are frozen dataclasses defining :meth:`allowed`.
+  """Base class: subclasses are frozen dataclasses defining ``allowed``.
 
-  Subclasses may override :meth:`candidate_key_blocks` with a cheap superset
+  Subclasses may override ``candidate_key_blocks`` with a cheap superset
   of the key blocks a query range can touch; the layout then evaluates the
   rule only on those blocks, so building it costs in proportion to the kept
   blocks rather than to ``T * S``.
@@ -151,9 +151,9 @@ class Pattern:
   #
   # A pattern whose allowed keys are scattered (e.g. the summary columns of
   # ``fixed``) touches every key block although it keeps few keys. It can
-  # instead name those keys in :meth:`extra_key_positions`; the block-sparse
+  # instead name those keys in ``extra_key_positions``; the block-sparse
   # path appends a gathered copy of them after the ``S`` keys ("slots"
-  # ``S, S + 1, ...``), and :meth:`allowed_slots` splits the rule between the
+  # ``S, S + 1, ...``), and ``allowed_slots`` splits the rule between the
   # original keys and the copies so that every allowed pair is counted once.
 
   def extra_key_positions(self, S: int) -> np.ndarray:
@@ -164,13 +164,13 @@ class Pattern:
   def allowed_slots(self, q_positions: Array, k_slots: Array, shape: tuple[int, int]) -> Array:
     """The rule over slots ``0 .. S + E - 1`` (``shape`` is the real ``(T, S)``).
 
-    Must allow each pair of :meth:`allowed` through exactly one slot.
+    Must allow each pair of ``allowed`` through exactly one slot.
     """
     return self.allowed(q_positions, k_slots, shape)
 
   def candidate_slot_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
                             block_size: int) -> np.ndarray:
-    """Like :meth:`candidate_key_blocks`, over the ``S + E`` slots."""
+    """Like ``candidate_key_blocks``, over the ``S + E`` slots."""
     return self.candidate_key_blocks(q_lo, q_hi, shape, block_size)
 
   def plan(self, T: int, S: Optional[int] = None, *, block_size: int) -> "SparsePlan":
@@ -214,7 +214,7 @@ class Pattern:
 @dataclasses.dataclass(frozen=True)
 class BandParts:
   """A pattern as a band ``(left, right)``, global key ``columns`` and global query ``rows``
-  (see :meth:`Pattern.band_parts`)."""
+  (see :meth:`.Pattern.band_parts`)."""
 
   band: tuple[int, int]
   columns: tuple[int, ...]
@@ -427,12 +427,12 @@ class Fixed(Pattern):
 
 @dataclasses.dataclass(frozen=True)
 class GlobalWindow(Pattern):
-  """Longformer: the first ``num_global`` tokens attend to and are attended by all; others use a window.
+  """Longformer: the first ``num_global`` tokens see and are seen by all; others use a window.
 
   ``window`` is a pair ``(left, right)`` (keys ``i - left .. i + right``;
   Longformer's symmetric window of ``2w + 1`` keys is ``(w, w)``) or an int
   ``w``, meaning ``(w, 0)`` (keys ``i - w .. i``) as everywhere. The global
-  part is bidirectional, as in Longformer; intersect with :func:`causal` for a
+  part is bidirectional, as in Longformer; intersect with :func:`.causal` for a
   decoder.
   """
 
@@ -505,7 +505,7 @@ class BigBird(Pattern):
   blocks drawn for row ``a`` among those not already allowed. The draw uses
   ``numpy.random.default_rng([seed, a])``, so equal seeds give equal patterns
   for a given ``(T, S)``. Bidirectional, as in the paper; intersect with
-  :func:`causal` for a decoder (random blocks in the future are then dropped).
+  :func:`.causal` for a decoder (random blocks in the future are then dropped).
   """
 
   block: int
@@ -695,43 +695,142 @@ class PatternIntersection(Pattern):
 
 
 def causal() -> Causal:
-  """Query ``i`` sees keys ``j <= i``."""
+  """The causal pattern: query ``i`` sees keys ``j <= i``.
+
+  Returns:
+    A :class:`.Causal` pattern.
+  """
   return Causal()
 
 
 def sliding_window(left: int, right: int = 0) -> SlidingWindow:
-  """Keys ``i - left <= j <= i + right``; with ``right=0`` a causal window of ``left + 1`` keys."""
+  """A sliding window: query ``i`` sees keys ``i - left <= j <= i + right``.
+
+  Args:
+    left: keys before the query (``>= 0``).
+    right: keys after it (``>= 0``); ``right=0`` is a causal window of ``left + 1`` keys.
+
+  Returns:
+    A :class:`.SlidingWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return SlidingWindow(left, right)
 
 
 def strided(stride: int) -> Strided:
-  """Child et al. 2019 strided: previous ``stride`` positions and every ``j`` with ``(i - j) % stride == 0``."""
+  """Child et al. 2019's strided pattern (causal).
+
+  Query ``i`` sees the previous ``stride`` positions (``i - stride <= j <= i``) and every
+  earlier ``j`` with ``(i - j) % stride == 0``.
+
+  Args:
+    stride: ``l`` in the paper (``>= 1``).
+
+  Returns:
+    A :class:`.Strided` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return Strided(stride)
 
 
 def fixed(stride: int, summary: int) -> Fixed:
-  """Child et al. 2019 fixed: own block of ``stride`` positions and the last ``summary`` of every block."""
+  """Child et al. 2019's fixed pattern (causal).
+
+  Query ``i`` sees the earlier keys of its own block of ``stride`` positions and the last
+  ``summary`` positions of every earlier block.
+
+  Args:
+    stride: block length ``l``.
+    summary: summary positions ``c`` per block (``1 <= c <= l``).
+
+  Returns:
+    A :class:`.Fixed` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return Fixed(stride, summary)
 
 
 def global_window(num_global: int, window: Union[int, tuple[int, int]]) -> GlobalWindow:
-  """Longformer: ``num_global`` global tokens plus a window ``(left, right)`` (int ``w``: ``(w, 0)``)."""
+  """Longformer: ``num_global`` global tokens plus a local window.
+
+  The first ``num_global`` tokens see and are seen by every token; every other query sees
+  keys ``i - left <= j <= i + right`` (Longformer's symmetric window is ``(w, w)``).
+
+  Args:
+    num_global: global tokens at the start of the sequence.
+    window: ``(left, right)``, or an int ``w`` meaning ``(w, 0)``.
+
+  Returns:
+    A :class:`.GlobalWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return GlobalWindow(num_global, window)
 
 
 def bigbird(block: int, num_global: int, window_blocks: int, num_random: int,
             seed: int) -> BigBird:
-  """BigBird over blocks of ``block``: global blocks, a window of blocks and seeded random blocks."""
+  """BigBird over blocks of ``block`` tokens: global, window and random blocks.
+
+  Args:
+    block: block length ``b``; ``T`` and ``S`` must be multiples of it.
+    num_global: global blocks ``g`` at the start (they see and are seen by all).
+    window_blocks: neighbour blocks ``w`` on each side of a block's own.
+    num_random: random key blocks ``r`` per query block, drawn with numpy from ``seed``.
+    seed: the random blocks' seed (the pattern is a pure function of it and the length).
+
+  Returns:
+    A :class:`.BigBird` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return BigBird(block, num_global, window_blocks, num_random, seed)
 
 
 def sinks_window(num_sinks: int, window: int) -> SinksWindow:
-  """StreamingLLM: the first ``num_sinks`` keys plus keys ``i - window .. i`` (``window + 1``)."""
+  """StreamingLLM: the first ``num_sinks`` keys and keys ``i - window`` to ``i`` (causal).
+
+  Args:
+    num_sinks: sink keys at the start of the sequence.
+    window: keys before the query (``window + 1`` keys with the query's own).
+
+  Returns:
+    A :class:`.SinksWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return SinksWindow(num_sinks, window)
 
 
 def dilated_window(window: int, dilation: int) -> DilatedWindow:
-  """Longformer dilated window (causal): keys ``i - dilation * m`` for ``m = 0 .. window - 1``."""
+  """Longformer's dilated window (causal): keys ``i - dilation * m`` for ``0 <= m < window``.
+
+  Args:
+    window: keys per query, its own included (``>= 1``).
+    dilation: spacing between them (``>= 1``).
+
+  Returns:
+    A :class:`.DilatedWindow` pattern.
+
+  Raises:
+    TypeError: an argument that is not an int.
+    ValueError: an argument out of its range (the message names it).
+  """
   return DilatedWindow(window, dilation)
 
 
@@ -745,7 +844,18 @@ def _check_parts(name: str, patterns) -> tuple:
 
 
 def union(*patterns: Pattern) -> Pattern:
-  """Pairs allowed by any pattern (also ``a | b``); nested unions are flattened."""
+  """Pairs allowed by any pattern (also ``a | b``); nested unions are flattened.
+
+  Args:
+    *patterns: one or more :class:`.Pattern`.
+
+  Returns:
+    The pattern itself for one, else a :class:`.PatternUnion`.
+
+  Raises:
+    ValueError: no pattern.
+    TypeError: an argument that is not a :class:`.Pattern`.
+  """
   parts = []
   for p in _check_parts("union", patterns):
     parts.extend(p.parts if isinstance(p, PatternUnion) else (p,))
@@ -755,9 +865,19 @@ def union(*patterns: Pattern) -> Pattern:
 def intersection(*patterns: Pattern) -> Pattern:
   """Pairs allowed by every pattern (also ``a & b``).
 
-  Nested intersections are flattened, repeated parts kept once, and ``causal()`` is dropped next to a
-  pattern that is causal already (:attr:`Pattern.is_causal`), so that e.g.
+  Nested intersections are flattened, repeated parts kept once, and ``causal()`` is dropped
+  next to a pattern that is causal already (:attr:`.Pattern.is_causal`), so that e.g.
   ``strided(64) & causal()`` is ``strided(64)`` and keeps its fast paths.
+
+  Args:
+    *patterns: one or more :class:`.Pattern`.
+
+  Returns:
+    The pattern itself when one part is left, else a :class:`.PatternIntersection`.
+
+  Raises:
+    ValueError: no pattern.
+    TypeError: an argument that is not a :class:`.Pattern`.
   """
   parts = []
   for p in _check_parts("intersection", patterns):
@@ -769,9 +889,10 @@ def intersection(*patterns: Pattern) -> Pattern:
 
 
 __all__ = [
-    "BlockLayout", "Pattern", "SparsePlan", "bigbird", "causal", "density", "dilated_window",
-    "fixed",
-    "full_blocks", "global_window", "intersection", "kept_blocks",
-    "sinks_window", "sliding_window", "strided", "union",
+    "BandParts", "BigBird", "BlockLayout", "Causal", "DilatedWindow", "Fixed", "GlobalWindow",
+    "Pattern", "PatternIntersection", "PatternUnion", "SinksWindow", "SlidingWindow",
+    "SparsePlan", "Strided", "bigbird", "causal", "density", "dilated_window", "fixed",
+    "full_blocks", "global_window", "intersection", "kept_blocks", "sinks_window",
+    "sliding_window", "strided", "union",
 ]
 

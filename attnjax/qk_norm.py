@@ -1,6 +1,6 @@
 """QK-normalised and cosine attention: normalise q and k over the head dim, then dense attention.
 
-Both are thin front ends to :func:`attnjax.dense.prepare` / ``run``, so every
+Both are thin front ends to :func:`attnjax.dense.prepare` / :func:`~attnjax.dense.run`, so every
 dense option and implementation works unchanged after the normalisation.
 
 References:
@@ -36,7 +36,17 @@ COSINE_KEYWORDS = options.keywords(without=("similarity", "scale"))
 
 
 def normalize_head(x: Array, norm: Norm, eps: float) -> Array:
-  """Normalises ``x`` over its last axis in float32."""
+  """Normalises ``x`` over its last axis in float32.
+
+  Args:
+    x: ``[..., H]``.
+    norm: ``"l2"`` (unit norm), ``"rms"`` (unit root mean square) or ``"layer"``
+      (zero mean, unit variance; no gain or bias).
+    eps: added to the sum (``"l2"``) or mean of squares before the square root.
+
+  Returns:
+    ``[..., H]`` float32.
+  """
   x = x.astype(jnp.float32)
   if norm == "l2":
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
@@ -91,21 +101,35 @@ def _qk_norm_attention(
 
   ``q`` and ``k`` are normalised over the head dim (in float32, returned to the
   input dtype), multiplied by the optional learned gains, and passed to
-  :func:`attnjax.dot_product_attention` with every other option.
+  :func:`attnjax.dot_product_attention` with every other option: ``bias``,
+  ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``sink_logits``,
+  ``softcap``, ``window``, ``segment_ids``, ``implementation``,
+  ``return_stats``, ``score_mod``, ``score_mod_args``, ``mask_mod``,
+  ``mask_mod_args``, ``block_layout``, ``context_axis``, ``context_strategy``
+  and ``context_layout`` mean what they mean there (the modifiers see the
+  logits of the normalised q and k).
 
   Args:
-    q, k, v: as :func:`attnjax.dot_product_attention`.
+    q: queries ``[B, T, N, H]``.
+    k: keys ``[B, S, K, H]``, ``N % K == 0``.
+    v: values ``[B, S, K, H]``.
     norm: ``"rms"`` (RMSNorm, no centring), ``"layer"`` (LayerNorm without
       bias) or ``"l2"`` (unit L2 norm: logits become ``scale * cos``; with the
       default ``scale = H**-0.5`` they are tiny, so pass a scale or use
-      :func:`cosine_attention` for a learned temperature).
-    q_scale, k_scale: optional learned gains ``[H]``.
+      :func:`attnjax.cosine_attention` for a learned temperature).
+    q_scale: optional learned gain ``[H]`` of the normalised queries.
+    k_scale: optional learned gain ``[H]`` of the normalised keys.
     eps: added to the mean square (or sum of squares) before the square root.
-    bias, mask, is_causal, scale, normalizer, sink_logits, softcap, window,
-      segment_ids, implementation, return_stats, score_mod, score_mod_args,
-      mask_mod, mask_mod_args, block_layout, context_axis, context_strategy,
-      context_layout: as in
-      :func:`attnjax.dot_product_attention` (the modifiers see these logits).
+
+  Returns:
+    The output ``[B, T, N, H]`` in the input dtype, or ``(out, AttentionStats)``
+    with ``return_stats=True``.
+
+  Raises:
+    ValueError: ``q`` or ``k`` not of rank 4, an unknown ``norm``, a gain not of
+      shape ``[H]``, a non-positive ``eps``, or any error of
+      :func:`attnjax.dot_product_attention`.
+    TypeError: a gain that is not floating point.
   """
   dense_keywords = options.forwarded(QK_NORM_KEYWORDS, locals())
   _check_qk(q, k)
@@ -174,23 +198,35 @@ def _cosine_attention(
   - ``"swin"`` (Swin v2): ``temperature`` ``[N]`` is a log-scale; logits are
     ``cos * exp(min(temperature, log 100))``. Initialise it at ``log 10``.
   - ``"scale"``: ``temperature`` ``[N]`` multiplies the cosine directly.
-  - ``"ngpt"`` (nGPT): ``temperature`` is ``s_qk`` (``[H]`` or ``[N, H]``);
+  - ``"ngpt"`` (nGPT): ``temperature`` is ``s_qk`` (``[]``, ``[H]`` or ``[N, H]``);
     logits are ``sqrt(H) * sum_h (s_h q_hat_h)(s_h k_hat_h)``.
 
   The logits depend only on directions, so rescaling any ``q_i`` or ``k_j`` by a
   positive factor changes nothing (up to ``eps``); dot-product attention keeps
-  the norms.
+  the norms. Every other option (``bias``, ``mask``, ``is_causal``,
+  ``normalizer``, ``sink_logits``, ``softcap``, ``window``, ``segment_ids``,
+  ``implementation``, ``return_stats``, ``score_mod``, ``score_mod_args``,
+  ``mask_mod``, ``mask_mod_args``, ``block_layout``, ``context_axis``,
+  ``context_strategy``, ``context_layout``) is that of
+  :func:`attnjax.dot_product_attention`; the modifiers see these logits.
 
   Args:
-    q, k, v: as :func:`attnjax.dot_product_attention`.
-    temperature: the learned scale (array argument, see conventions above).
+    q: queries ``[B, T, N, H]``.
+    k: keys ``[B, S, K, H]``, ``N % K == 0``.
+    v: values ``[B, S, K, H]``.
+    temperature: the learned scale (an array argument; shapes as above).
     convention: ``"swin"``, ``"scale"`` or ``"ngpt"``.
     eps: added to the squared norm before the square root.
-    bias, mask, is_causal, normalizer, sink_logits, softcap, window,
-      segment_ids, implementation, return_stats, score_mod, score_mod_args,
-      mask_mod, mask_mod_args, block_layout, context_axis, context_strategy,
-      context_layout: as in
-      :func:`attnjax.dot_product_attention` (the modifiers see these logits).
+
+  Returns:
+    The output ``[B, T, N, H]`` in the input dtype, or ``(out, AttentionStats)``
+    with ``return_stats=True``.
+
+  Raises:
+    ValueError: ``q`` or ``k`` not of rank 4, an unknown ``convention``, a
+      ``temperature`` of the wrong shape, a non-positive ``eps``, or any error of
+      :func:`attnjax.dot_product_attention`.
+    TypeError: a ``temperature`` that is not floating point.
   """
   dense_keywords = options.forwarded(COSINE_KEYWORDS, locals())
   _check_qk(q, k)

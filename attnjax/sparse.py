@@ -19,7 +19,7 @@ Two implementations, tested equal in value and gradient:
   Patterns with scattered keys (``fixed``'s summary columns) visit a gathered
   copy of those keys rather than every block that holds one. ``strided`` with
   a normaliser that can merge partial results (softmax family; see
-  :attr:`attnjax.normalizers.Normalizer.mergeable`) runs as its two factors, a
+  ``Normalizer.mergeable``) runs as its two factors, a
   sliding window and the columns of the transposed sequence, merged exactly.
   ``dilated_window(w, d)`` runs as a sliding window of ``w`` keys on each of
   the ``d`` residue columns of the sequence (cost follows the kept keys).
@@ -64,7 +64,18 @@ def _extend_keys(x: Array, extra: Array, axis: int) -> Array:
 
 def block_sparse(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
                   block_size: int):
-  """The pattern's plan run by the shared block-wise kernel (:func:`blockwise.run_layout`)."""
+  """The pattern's plan run by the shared block-wise kernel (:func:`.blockwise.run_layout`).
+
+  Args:
+    inputs: the validated call (:class:`attnjax.options.DenseInputs`).
+    opts: its static options (:class:`attnjax.options.DenseOptions`).
+    pattern: the :class:`attnjax.patterns.Pattern`.
+    block_size: the block size of both axes.
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when ``opts`` asks
+    for statistics.
+  """
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   plan = pattern.plan(T, S, block_size=block_size)
   positions, layout, mod_table = None, plan.layout, False
@@ -123,6 +134,16 @@ def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, patte
   the chunk's data mask applies the pattern's exact rule to them and drops
   them from the band, so each pair counts once. Global query rows (Longformer)
   are computed on their own against every key and replace their rows.
+
+  Args:
+    inputs: the validated call (:class:`attnjax.options.DenseInputs`).
+    opts: its static options (:class:`attnjax.options.DenseOptions`).
+    pattern: the :class:`attnjax.patterns.Pattern`.
+    block_size: the block size of both axes.
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when ``opts`` asks
+    for statistics.
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, _ = q.shape
@@ -304,7 +325,7 @@ def _dilated_columns(inputs: options.DenseInputs, opts: options.DenseOptions,
 
   Query ``i`` keeps keys ``i - d * m``, all in its residue class ``i mod d``.
   Reordered as ``d`` sequences of ``P = ceil(T / d)`` positions (position
-  ``r + d * p`` at column ``r``, index ``p``; as in :func:`_strided_two_pass`)
+  ``r + d * p`` at column ``r``, index ``p``; as in ``_strided_two_pass``)
   the pattern is ``sliding_window(window - 1)`` inside each column, which the
   banded-chunk path (or, for short columns, the block-sparse path) runs at a
   cost that follows the ``window`` kept keys per query. Padding sits after

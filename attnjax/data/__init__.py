@@ -41,7 +41,21 @@ SOURCES = ("shakespeare", "text", "bin", "bigram_backcopy")
 
 
 def from_config(cfg: Any, *, seed: int) -> Batches:
-  """Batches described by a ``config.data`` ConfigDict (see ``attnjax.train.config.base_config``)."""
+  """The batches a ``config.data`` ConfigDict describes (keys of :func:`attnjax.train.base_config`).
+
+  Args:
+    cfg: the ``data`` group of a run config.
+    seed: the run's seed; every batch is a pure function of it, the split and the step.
+
+  Returns:
+    A :class:`.CorpusBatches` (``shakespeare``, ``text``, ``bin``) or a
+    :class:`.BigramBackcopyBatches`; ``batch(split, step)`` gives a :class:`.Batch`.
+
+  Raises:
+    ValueError: an unknown ``data.name``, a ``seq_len`` below 2, a ``batch_size`` below 1,
+      a missing ``data.path``, or ``pack=True`` on the synthetic task.
+    FileNotFoundError: a ``data.path`` that does not exist.
+  """
   name = cfg.name
   if name not in SOURCES:
     raise ValueError(f"data.name={name!r} is not one of: {', '.join(SOURCES)}")

@@ -28,13 +28,16 @@ def _rng(seed: int, split: str, step: int) -> np.random.Generator:
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-  """``inputs`` and ``targets`` ``[B, T]`` int32; ``inputs[:, 0]`` is BOS.
+  """One batch of next-token prediction; every field is a numpy ``[B, T]`` array.
 
-  A packed batch (``data.pack=True``) also has, all ``[B, T]``:
-  ``segment_ids`` int32 (the document of each input token, from 1),
-  ``positions`` int32 (its position in its document; its BOS is at 0) and
-  ``weights`` float32 (1 where the target is the next token of the same
-  document, 0 where it would cross into the next document).
+  Attributes:
+    inputs: int32 tokens; ``inputs[:, 0]`` is BOS.
+    targets: int32, ``inputs`` shifted left by one.
+    segment_ids: int32 document of each input token, from 1 (packed batches,
+      ``data.pack=True``; else None).
+    positions: int32 position of each token in its document, its BOS at 0 (packed).
+    weights: float32, 1 where the target is the next token of the same document, 0
+      where it would cross into the next one (packed).
   """
 
   inputs: np.ndarray
@@ -45,6 +48,7 @@ class Batch:
 
   @property
   def packed(self) -> bool:
+    """Whether the batch packs documents (has segment ids)."""
     return self.segment_ids is not None
 
   def packing(self) -> Optional[dict[str, np.ndarray]]:
@@ -61,6 +65,17 @@ def pack_documents(docs: list[np.ndarray], length: int, bos_id: int) -> Batch:
   The last document is cut where the row ends; documents left over are
   dropped. Segment ids count documents from 1; positions restart at 0 on each
   BOS; a target is weighted 0 where it is the next document's BOS.
+
+  Args:
+    docs: integer token arrays, one per document, in order.
+    length: ``T``, the row's input length.
+    bos_id: the BOS token.
+
+  Returns:
+    A packed :class:`.Batch` of one row (every field ``[1, T]``).
+
+  Raises:
+    ValueError: the documents hold fewer than ``T + 1`` tokens with their BOS.
   """
   tokens, segments, positions = [], [], []
   for i, doc in enumerate(docs):
@@ -83,7 +98,14 @@ def pack_documents(docs: list[np.ndarray], length: int, bos_id: int) -> Batch:
 
 
 def stack_batches(rows: list[Batch]) -> Batch:
-  """Concatenates batches along the batch axis (packed or not, all alike)."""
+  """Concatenates batches along the batch axis.
+
+  Args:
+    rows: :class:`.Batch` objects, all packed or all not.
+
+  Returns:
+    One :class:`.Batch` whose fields are ``[sum of B, T]``.
+  """
   fields = [f.name for f in dataclasses.fields(Batch)]
   return Batch(**{name: (None if getattr(rows[0], name) is None else
                          np.concatenate([getattr(r, name) for r in rows]))
@@ -91,7 +113,15 @@ def stack_batches(rows: list[Batch]) -> Batch:
 
 
 def with_bos(windows: np.ndarray, bos_id: int) -> Batch:
-  """``windows`` ``[B, T]`` of corpus ids -> inputs ``[BOS, w_0..w_{T-2}]``, targets ``w``."""
+  """A batch of corpus windows behind a BOS: inputs ``[BOS, w_0, ..., w_{T-2}]``, targets ``w``.
+
+  Args:
+    windows: integer ``[B, T]`` corpus ids.
+    bos_id: the BOS token.
+
+  Returns:
+    A :class:`.Batch` with ``inputs`` and ``targets`` int32 ``[B, T]``.
+  """
   B = windows.shape[0]
   seq = np.concatenate([np.full((B, 1), bos_id, np.int64), windows.astype(np.int64)], axis=1)
   return Batch(inputs=seq[:, :-1].astype(np.int32), targets=seq[:, 1:].astype(np.int32))
@@ -99,7 +129,7 @@ def with_bos(windows: np.ndarray, bos_id: int) -> Batch:
 
 @dataclasses.dataclass(frozen=True)
 class CorpusBatches:
-  """Random windows of a :class:`TokenData` split.
+  """Random windows of a :class:`.TokenData` split.
 
   Attributes:
     data: the corpus.
@@ -135,7 +165,7 @@ class CorpusBatches:
 
   @property
   def model_vocab_size(self) -> int:
-    """Vocabulary of the model (BOS included)."""
+    """The model's vocabulary size (BOS included)."""
     return self.data.vocab_size
 
   @property
@@ -245,7 +275,7 @@ class BigramBackcopyBatches:
 
   @property
   def model_vocab_size(self) -> int:
-    """Vocabulary of the model: the V ordinary tokens and BOS."""
+    """The model's vocabulary size (the V ordinary tokens and BOS)."""
     return self.vocab_size + 1
 
   @property

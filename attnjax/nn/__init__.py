@@ -22,7 +22,7 @@ The attention layer on its own, as research code calls it (as flax's
   enc = nn.Attention(nn.AttentionConfig(is_causal=False), 64, rngs=nnx.Rngs(0))  # encoder
   nn.Attention(cfg, 64, rngs=rngs, attention_fn=my_fn)  # inject the attention function
 
-attnjax's attention inside flax's own layers (:mod:`attnjax.nn.flax_interop`)::
+attnjax's attention inside flax's own layers (``attnjax.nn.flax_interop``)::
 
   nnx.MultiHeadAttention(4, 64, attention_fn=nn.flax_attention_fn(normalizer="softpick"),
                          decode=False, rngs=nnx.Rngs(0))

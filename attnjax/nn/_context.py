@@ -8,7 +8,7 @@ O(T / P) memory per device), the recurrent families by passing their state
 across the axis. The shard_map splits
 
 - the tokens of every array that has them (``[B, T, ...]``) over ``context``;
-- the batch over the other axes that divide it (as :func:`attnjax._platform.kernel_axes`:
+- the batch over the other axes that divide it (as ``attnjax._platform.kernel_axes``:
   ``data`` and ``fsdp`` on the training mesh);
 - the heads over ``tensor`` where it divides the key/value heads (``[B, T, N|K, ...]``
   arrays and per-head vectors ``[N]``, e.g. sink logits or RetNet's decays);
@@ -72,7 +72,7 @@ def _offset_mask(b, n, i, j, first, *args, user):
 
 
 def sharded(fn: Callable) -> Callable:
-  """``fn`` whose calls ``(q, k, v, *args, **kwargs)`` go through :func:`run`."""
+  """``fn`` whose calls ``(q, k, v, *args, **kwargs)`` go through ``run``."""
   @functools.wraps(fn)
   def call(q, k, v, *args, **kwargs):
     return run(fn, q, k, v, args, kwargs)

@@ -17,10 +17,10 @@ Calls::
   y = layer(x, segment_ids=seg, positions=pos)   # packed documents, RoPE per document
   y = layer(x, inputs_kv=memory)                 # cross-attention over [B, S, D]
 
-Decoding is functional: :meth:`Attention.init_cache` returns a pytree and
-:meth:`Attention.decode` maps ``(x, cache) -> (y, cache)``.
+Decoding is functional: :meth:`.Attention.init_cache` returns a pytree and
+:meth:`.Attention.decode` maps ``(x, cache) -> (y, cache)``.
 
-- Softmax-style families keep a :class:`KVCache` of keys stored *before* RoPE
+- Softmax-style families keep a :class:`.KVCache` of keys stored *before* RoPE
   with the sequence position, RoPE position and segment id of every slot: a
   full cache (``max_len`` slots), a rolling cache of ``window`` slots for
   sliding windows (the ``window`` keys before the query; its own key comes
@@ -31,13 +31,13 @@ Decoding is functional: :meth:`Attention.init_cache` returns a pytree and
   (``"cache"``, Xiao et al. 2024).
 - What a softmax-style cache keeps is the config's ``cache_policy``
   (:mod:`attnjax.nn.kv_policies`): ``"full"``; ``"int8"`` / ``"fp8"`` keys and
-  values with a scale per token and head (:class:`QuantizedKVCache`);
+  values with a scale per token and head (:class:`.QuantizedKVCache`);
   ``"h2o"`` heavy hitters plus a recent window within ``cache_budget`` slots
-  (:class:`H2OCache`); ``"sinks_window"`` the first tokens plus a recent
-  window (a :class:`KVCache` of ``cache_budget`` slots).
-- Linear attention keeps a :class:`LinearCache`, its recurrent state.
+  (:class:`.H2OCache`); ``"sinks_window"`` the first tokens plus a recent
+  window (a :class:`.KVCache` of ``cache_budget`` slots).
+- Linear attention keeps a :class:`.LinearCache`, its recurrent state.
 - Sparse layers keep a full cache and mask it by the pattern's rule, by position.
-- Cross-attention keeps a :class:`CrossCache` (``init_cache(..., kv_length=S)``):
+- Cross-attention keeps a :class:`.CrossCache` (``init_cache(..., kv_length=S)``):
   the first ``decode(x, cache, inputs_kv=memory)`` projects and stores the keys
   and values, later ``decode(x, cache)`` calls reuse them.
 - A call with ``T`` new tokens attends over the old cache concatenated with the
@@ -47,7 +47,7 @@ Decoding is functional: :meth:`Attention.init_cache` returns a pytree and
 Context parallelism: under ``jax.set_mesh`` of a mesh with a ``context`` axis
 larger than 1, the self-attention training forward runs the family function
 sequence-sharded (``context_axis="context"`` inside ``shard_map``, see
-:mod:`attnjax.nn._context`); decoding and cross-attention stay unsharded.
+``attnjax.nn._context``); decoding and cross-attention stay unsharded.
 
 Statistics: under ``nnx.capture(..., nnx.Intermediate)`` the layer sows
 ``attention_stats`` (:class:`attnjax.AttentionStats`), ``q_rms`` ``[B, N]`` and
@@ -85,7 +85,7 @@ class Attention(nnx.Module):
   """Multi-head attention of any attnjax family (see the module docstring).
 
   Args:
-    config: the :class:`AttentionConfig`.
+    config: the :class:`.AttentionConfig`.
     d_model: model width D.
     rngs: ``nnx.Rngs`` for the parameters.
     dtype: compute dtype (projections, cache); logits are float32 regardless.
@@ -168,7 +168,7 @@ class Attention(nnx.Module):
     Self-attention: ``segment_ids`` ``[B, T]`` (default 0) and ``positions``
     (default the sequence positions) of the new tokens are stored with their
     keys; a packed decode passes them on every call; ``mask`` is not taken
-    (mark padding with segment ids). Cross-attention (a :class:`CrossCache`):
+    (mark padding with segment ids). Cross-attention (a :class:`.CrossCache`):
     pass ``inputs_kv`` on the first call to fill the cache; ``mask``
     ``[B, N, T, S]`` is taken on every call.
     """
@@ -185,7 +185,7 @@ class Attention(nnx.Module):
                  kv_length: Optional[int] = None) -> Cache:
     """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens.
 
-    With ``kv_length`` (S), a :class:`CrossCache` for cross-attention over a
+    With ``kv_length`` (S), a :class:`.CrossCache` for cross-attention over a
     second sequence of S tokens, filled by the first ``decode(..., inputs_kv=)``.
     A full cache silently drops keys written past ``max_len`` (positions are
     traced, so this cannot be checked); rolling, evicting (``cache_policy``

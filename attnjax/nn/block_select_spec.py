@@ -9,7 +9,7 @@ output depends on a later token, and decoding token by token equals the full
 forward exactly (``"mean"``, the block's mean query, looks ahead within a
 block: only non-causal layers take it, and it has no decode).
 
-Decode keeps a :class:`BlockSelectCache`: the full :class:`~attnjax.nn.caches.KVCache`
+Decode keeps a :class:`.BlockSelectCache`: the full :class:`~.KVCache`
 plus the (RoPE'd) first query of the block the next token falls in. Each new
 token scores the complete key blocks of the cache (the mean of their stored,
 RoPE'd keys) with its block's first query, and attends, through the dense
@@ -40,7 +40,7 @@ class BlockSelectCache(NamedTuple):
   """Decode cache of a ``block_select`` layer.
 
   Attributes:
-    kv: the keys and values seen so far (a full :class:`KVCache`).
+    kv: the keys and values seen so far (a full :class:`.KVCache`).
     block_query: ``[B, N, H]`` the compared (RoPE'd) first query of the block
       that holds the next position (read when that position is not a block start).
   """
@@ -60,7 +60,7 @@ class BlockSelectSpec(ScoreSpec):
       (non-causal layers only: with a causal layer the call refuses it, as a
       block's mean query holds its later tokens).
 
-  Also the logit options of :class:`ScoreSpec` (normaliser, softcap, sink
+  Also the logit options of :class:`.ScoreSpec` (normaliser, softcap, sink
   logits); not its modifiers (ALiBi, relative bias, score_mod, mask_mod).
   """
 

@@ -1,18 +1,18 @@
 """Decode caches of :class:`attnjax.nn.Attention`: pytrees threaded through pure calls.
 
-- :class:`KVCache`: keys and values of a softmax-style layer, stored before
+- :class:`.KVCache`: keys and values of a softmax-style layer, stored before
   RoPE, with each slot's sequence position, RoPE position and segment id
   (``cache_policy="full"`` or ``"sinks_window"``).
-- :class:`QuantizedKVCache`: the same, keys and values stored as int8 or
+- :class:`.QuantizedKVCache`: the same, keys and values stored as int8 or
   float8_e4m3fn with a float32 scale per token and key/value head
   (``cache_policy="int8"`` / ``"fp8"``).
-- :class:`H2OCache`: a budget of key slots per sequence and key/value head,
+- :class:`.H2OCache`: a budget of key slots per sequence and key/value head,
   each with the attention it has received (``cache_policy="h2o"``).
-- :class:`LinearCache`: the recurrent state of a linear-attention layer.
-- :class:`GatedCache`: the recurrent state of a gated or delta-rule layer
+- :class:`.LinearCache`: the recurrent state of a linear-attention layer.
+- :class:`.GatedCache`: the recurrent state of a gated or delta-rule layer
   (``retnet``, ``mamba2_decay``, ``gla``, ``deltanet``, ``gated_deltanet``),
   with the tail of its short convolution.
-- :class:`CrossCache`: the projected keys and values of a cross-attention
+- :class:`.CrossCache`: the projected keys and values of a cross-attention
   layer's second sequence, filled on the first call and reused after it.
 """
 
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax import linear as linear_lib
+import attnjax.linear
 
 Array = jnp.ndarray
 
@@ -53,7 +53,7 @@ class KVCache(NamedTuple):
 
 
 class QuantizedKVCache(NamedTuple):
-  """:class:`KVCache` with quantised keys and values (``cache_policy="int8"`` or ``"fp8"``).
+  """:class:`.KVCache` with quantised keys and values (``cache_policy="int8"`` or ``"fp8"``).
 
   Each key (value) vector ``x`` of one token and key/value head is stored as
   ``round(x / s)`` in int8 with ``s = max|x| / 127``, or as ``x / s`` cast to
@@ -64,7 +64,7 @@ class QuantizedKVCache(NamedTuple):
     v: ``[B, C, K, Hv]`` values, same dtype.
     k_scale: ``[B, C, K]`` float32 scale of each stored key.
     v_scale: ``[B, C, K]`` float32 scale of each stored value.
-    positions, index, rope_positions, segment_ids: as :class:`KVCache`.
+    positions, index, rope_positions, segment_ids: as :class:`.KVCache`.
   """
 
   k: Array
@@ -114,12 +114,12 @@ class LinearCache(NamedTuple):
     index: ``[]`` int32, tokens seen so far.
   """
 
-  state: linear_lib.LinearState
+  state: attnjax.linear.LinearState
   index: Array
 
 
 class GatedCache(NamedTuple):
-  """Decode state of a gated or delta-rule linear-attention layer (:mod:`attnjax.nn.gated_spec`).
+  """Decode state of a gated or delta-rule linear-attention layer (``attnjax.nn.gated_spec``).
 
   Attributes:
     state: ``[B, N, H, Hv]`` float32 recurrent state (the ``initial_state`` of
@@ -157,9 +157,16 @@ Cache = Union[KVCache, QuantizedKVCache, H2OCache, LinearCache, GatedCache, Cros
 def cache_bytes(cache: Any) -> int:
   """Bytes the arrays of ``cache`` hold: every leaf (keys, values, scales, scores, positions).
 
-  ``cache`` is one layer's cache, a model's list of them, or any pytree of
-  arrays (``jax.ShapeDtypeStruct`` leaves count too, so an abstract
-  ``jax.eval_shape`` cache costs nothing to measure).
+  Args:
+    cache: one layer's cache, a model's list of them, or any pytree of arrays
+      (``jax.ShapeDtypeStruct`` leaves count too, so an abstract ``jax.eval_shape``
+      cache costs nothing to measure).
+
+  Returns:
+    The sum over leaves of their element count times item size.
+
+  Raises:
+    TypeError: a leaf that is not an array (no ``shape`` and ``dtype``).
   """
   total = 0
   for leaf in jax.tree.leaves(cache):

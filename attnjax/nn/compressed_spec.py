@@ -16,7 +16,7 @@ Two projections of the (RoPE'd) keys and values along the sequence:
   them. Encoder use only: a causal layer with it is rejected.
 
 Decode (conv only, causal layers): the cache is a full
-:class:`~attnjax.nn.caches.KVCache` of raw keys (stored before RoPE, as the
+:class:`~.KVCache` of raw keys (stored before RoPE, as the
 softmax families store them). Each step writes the new keys, then recomputes
 compressed attention over the whole cache with the new queries at their
 positions: simple and exactly the full forward (cost ``O(max_len)`` per

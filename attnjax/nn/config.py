@@ -106,9 +106,9 @@ class AttentionConfig:
   option another family owns reads its old default (``LEGACY_DEFAULTS``).
 
   Attributes:
-    spec: the family spec (:class:`attnjax.nn.specs.DenseSpec`,
+    spec: the family spec (:class:`.DenseSpec`,
       ``QKNormSpec``, ``CosineSpec``, ``LinearSpec``, ``SparseSpec``, or any
-      registered with :func:`attnjax.nn.specs.register_family`); see each for
+      registered with :func:`.register_family`); see each for
       its options (normalisers, windows, sinks, QK norms, feature maps, patterns).
     num_heads: query heads N.
     num_kv_heads: key/value heads K (None = N); ``N % K == 0`` (GQA / MQA).
@@ -225,7 +225,7 @@ class AttentionConfig:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "AttentionConfig":
-    """Inverse of :meth:`to_dict`; also reads the flat record written before the specs.
+    """Inverse of ``to_dict``; also reads the flat record written before the specs.
 
     An option of another family at its old default is ignored (old dicts carry
     every option); any other value, or an unknown name, raises naming the field.

@@ -25,16 +25,36 @@ Array = jnp.ndarray
 
 
 def init_cache(model: TransformerLM, batch_size: int, max_len: int) -> list:
-  """Empty per-layer caches for ``batch_size`` sequences of up to ``max_len`` tokens."""
+  """Empty per-layer caches for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+  Args:
+    model: a :class:`.TransformerLM`.
+    batch_size: ``B``.
+    max_len: the longest sequence to decode (prompt included).
+
+  Returns:
+    A list with each layer's cache (its family's, and its ``cache_policy``'s).
+  """
   return model.init_cache(batch_size, max_len)
 
 
 @nnx.jit
 def decode_step(model: TransformerLM, tokens: Array, cache: list,
                 segment_ids: Optional[Array] = None, positions: Optional[Array] = None):
-  """``(logits [B, T, V], cache)`` for the next ``tokens`` ``[B, T]`` (jitted).
+  """The logits of the next ``tokens`` given the cache, and the advanced cache (jitted).
 
-  ``segment_ids`` / ``positions`` ``[B, T]`` of the new tokens for a packed decode.
+  A prompt goes in at once (prefill), later tokens one at a time; prefill then steps
+  equal the full forward.
+
+  Args:
+    model: a :class:`.TransformerLM`.
+    tokens: integer ``[B, T]``, the tokens after those the cache holds.
+    cache: the list :func:`.init_cache` made, as the last step returned it.
+    segment_ids: ``[B, T]`` segment ids of the new tokens (packed decoding), or None.
+    positions: ``[B, T]`` positions of the new tokens (packed decoding), or None.
+
+  Returns:
+    ``(logits [B, T, V] float32, cache)``.
   """
   return model.decode(tokens, cache, segment_ids=segment_ids, positions=positions)
 
@@ -55,7 +75,7 @@ def generate(model: TransformerLM, prompt: Array, num_tokens: int, *,
   """Continues ``prompt`` ``[B, T0]`` by ``num_tokens`` tokens.
 
   Args:
-    model: a :class:`TransformerLM`.
+    model: a :class:`.TransformerLM`.
     prompt: ``[B, T0]`` integer tokens, ``T0 >= 1``.
     num_tokens: tokens to generate.
     rng: PRNG key for sampling (needed when ``temperature > 0``).
@@ -65,6 +85,10 @@ def generate(model: TransformerLM, prompt: Array, num_tokens: int, *,
 
   Returns:
     ``[B, T0 + num_tokens]`` int32: the prompt followed by the generated tokens.
+
+  Raises:
+    ValueError: a prompt that is not ``[B, T0]`` with ``T0 >= 1``, a negative
+      ``num_tokens`` or ``temperature``, or ``temperature > 0`` without ``rng``.
   """
   prompt = jnp.asarray(prompt, jnp.int32)
   if prompt.ndim != 2 or prompt.shape[1] < 1:

@@ -1,6 +1,6 @@
 """attnjax attention inside flax's own attention layers.
 
-:func:`flax_attention_fn` returns an ``attention_fn`` that
+:func:`.flax_attention_fn` returns an ``attention_fn`` that
 ``flax.nnx.MultiHeadAttention`` and ``flax.linen.MultiHeadDotProductAttention``
 accept in place of their ``dot_product_attention``::
 
@@ -93,7 +93,7 @@ def flax_attention_fn(**attnjax_options: Any) -> Callable[..., jax.Array]:
 
   Args:
     **attnjax_options: keywords of :func:`attnjax.dot_product_attention`
-      fixed for every call (:data:`ADAPTER_KEYWORDS`: ``normalizer``,
+      fixed for every call (``ADAPTER_KEYWORDS``: ``normalizer``,
       ``scale``, ``softcap``, ``window``, ``sink_logits``, ``implementation``,
       ``score_mod``, ...); the ones flax passes per call (``bias``, ``mask``)
       and the ``return_*`` flags are not among them. ``is_causal=True`` makes
@@ -105,7 +105,7 @@ def flax_attention_fn(**attnjax_options: Any) -> Callable[..., jax.Array]:
     and returning ``[batch..., q_len, heads, v_head_dim]``.
 
   Raises:
-    TypeError: an option that is not in :data:`ADAPTER_KEYWORDS`.
+    TypeError: an option that is not in ``ADAPTER_KEYWORDS``.
   """
   unknown = [name for name in attnjax_options if name not in ADAPTER_KEYWORDS]
   if unknown:

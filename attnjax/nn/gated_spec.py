@@ -192,7 +192,7 @@ class GatedSpec(AttentionSpec):
   def _mix(self, layer, q, k, v, seg, cache):
     """Short convolution + SiLU (if any), then the L2 norm of the delta rule; new conv tail.
 
-    ``v`` None (the probe's :meth:`prepare_qk`) convolves a zero ``v`` and drops it.
+    ``v`` None (the probe's ``prepare_qk``) convolves a zero ``v`` and drops it.
     """
     tails = None
     if self.short_conv is not None:
@@ -321,7 +321,15 @@ class GatedSpec(AttentionSpec):
 
 
 def retnet_log_decay(num_heads: int) -> Array:
-  """``[N]`` ``log(gamma_h)``, ``gamma_h = 1 - 2^(-5-h)`` (Sun et al. 2023)."""
+  """RetNet's fixed per-head log decays ``log(gamma_h)``, ``gamma_h = 1 - 2^(-5-h)`` (Sun et al.
+  2023).
+
+  Args:
+    num_heads: ``N``.
+
+  Returns:
+    float32 ``[N]``.
+  """
   h = jnp.arange(num_heads, dtype=jnp.float32)
   return jnp.log1p(-jnp.exp2(-5.0 - h))
 

@@ -3,7 +3,7 @@
 ``nnx.capture(fn, nnx.Intermediate)`` returns the values the modules sowed
 (``attention_stats``, ``q_rms``, ``weights``, ``hidden_max_abs``, ``log_z``,
 ...), and with ``method_outputs=nnx.Intermediate`` every module's call output
-(``__call__``), nested as the modules are. :func:`read` turns that tree into
+(``__call__``), nested as the modules are. :func:`.read` turns that tree into
 one flat dict for the model and one per block of the ``TransformerLM``, keyed
 by the path below it (``"attention/attention_stats"``,
 ``"attention/q_proj/__call__"``, ``"hidden_max_abs"``, ``"__call__"``), each
@@ -36,7 +36,14 @@ class Recorded(NamedTuple):
 
 
 def last(value: Any) -> Any:
-  """The value of one sown name: ``sow`` appends to a tuple; a pass sows each name once."""
+  """The value of one sown name: ``sow`` appends to a tuple; a pass sows each name once.
+
+  Args:
+    value: a sown tuple, or a value already unpacked (a NamedTuple is a value).
+
+  Returns:
+    The tuple's last element, or ``value`` itself.
+  """
   return value[-1] if isinstance(value, tuple) and not hasattr(value, "_fields") else value
 
 
@@ -60,7 +67,7 @@ def read(intermediates: Any, num_layers: Optional[int] = None) -> Recorded:
       None: as many as the highest block index recorded, plus one.
 
   Returns:
-    A :class:`Recorded`.
+    A :class:`.Recorded`.
   """
   pure = intermediates if isinstance(intermediates, dict) else nnx.to_pure_dict(intermediates)
   blocks = pure.get(BLOCKS, {})
@@ -72,7 +79,16 @@ def read(intermediates: Any, num_layers: Optional[int] = None) -> Recorded:
 
 
 def find(record: Mapping[str, Any], name: str, default: Any = None) -> Any:
-  """The value recorded under ``name`` (the last path component) in one flat dict."""
+  """The value recorded under ``name`` (the last path component) in one flat dict.
+
+  Args:
+    record: a flat ``{path: value}`` dict (a :class:`.Recorded` field).
+    name: the name, e.g. ``"log_z"``.
+    default: returned when nothing was recorded under it.
+
+  Returns:
+    The first value whose path is ``name`` or ends with ``/name``.
+  """
   for path, value in record.items():
     if path == name or path.endswith(f"/{name}"):
       return value
@@ -85,6 +101,12 @@ def fields(record: Mapping[str, Any]) -> dict[str, Any]:
   The view of :func:`attnjax.nn.collect_stats`: ``{"sink_mass": ..., "entropy": ...,
   "q_rms": ..., "hidden_max_abs": ..., "weights": ...}``; call outputs
   (``__call__``) are left out.
+
+  Args:
+    record: one layer's flat ``{path: value}`` dict.
+
+  Returns:
+    ``{name: value}``.
   """
   out: dict[str, Any] = {}
   for path, value in record.items():

@@ -1,4 +1,4 @@
-"""Decode-cache policies of the softmax-style layers: what the :class:`KVCache` stores.
+"""Decode-cache policies of the softmax-style layers: what the :class:`.KVCache` stores.
 
 Set on the layer's config (every family on the dense kernel: ``dense``,
 ``qk_norm``, ``cosine``; ``sparse`` takes the non-evicting ones)::
@@ -18,7 +18,7 @@ is written back.
   head, ``x ~ s * round(x / s)`` with ``s = max|x| / 127`` in int8, or ``x / s``
   cast to float8_e4m3fn with ``s = max|x| / 448``; scales are float32. The new
   tokens are quantised before they attend, so a decode does not depend on how
-  the sequence is split into calls (:class:`QuantizedKVCache`).
+  the sequence is split into calls (:class:`.QuantizedKVCache`).
 - ``"h2o"`` (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle"): ``cache_budget``
   slots per sequence and key/value head: the ``cache_recent`` latest tokens
   plus the ``cache_budget - cache_recent`` others with the largest accumulated
@@ -29,7 +29,7 @@ is written back.
   column (``sink_logits``, ``softmax_one``) and of the ``kv_bias`` slot are not
   slots and are not counted. When more than the budget is held, the slots with
   the smallest score outside the recent window are evicted
-  (:class:`H2OCache`). The weights come from the layer's own function applied
+  (:class:`.H2OCache`). The weights come from the layer's own function applied
   to identity values (``implementation="reference"``; an injected
   ``attention_fn`` receives them too), ``O(T (C + T)^2)`` per call: cheap for
   one-token steps; the output is those weights times the values.
@@ -71,7 +71,18 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 
 
 def validate(policy: Any, budget: Any, recent: Any) -> None:
-  """Checks ``cache_policy``, ``cache_budget`` and ``cache_recent`` (errors name the field)."""
+  """Checks ``cache_policy``, ``cache_budget`` and ``cache_recent`` of a layer's config.
+
+  Args:
+    policy: a name of :data:`.CACHE_POLICIES`.
+    budget: key slots per sequence and KV head (evicting policies only), or None.
+    recent: the recent window (evicting policies only), or None.
+
+  Raises:
+    ValueError: an unknown policy, a budget for a policy that keeps every key, no
+      budget for an evicting one, or ``budget < recent`` (each error names the field).
+    TypeError: a budget or window that is not an int.
+  """
   if policy not in CACHE_POLICIES:
     raise ValueError(f"cache_policy={policy!r} is not one of: "
                      f"{', '.join(repr(p) for p in CACHE_POLICIES)}")
@@ -98,6 +109,14 @@ def recent_slots(policy: str, budget: int, recent: Optional[int]) -> int:
   Defaults: ``h2o`` half the budget (H2O's even split of heavy hitters and
   recent tokens, at least 1); ``sinks_window`` all but ``min(4, budget - 1)``
   sink slots.
+
+  Args:
+    policy: ``"h2o"`` or ``"sinks_window"``.
+    budget: key slots kept.
+    recent: the configured window, or None for the default.
+
+  Returns:
+    The number of most recent tokens always kept.
   """
   if recent is not None:
     return recent
@@ -107,6 +126,7 @@ def recent_slots(policy: str, budget: int, recent: Optional[int]) -> int:
 
 
 def check_budget(budget: int, max_len: int) -> None:
+  """Raises ValueError when ``budget`` exceeds the cache's ``max_len`` (it could never fill)."""
   if budget > max_len:
     raise ValueError(f"cache_budget={budget} exceeds max_len={max_len}: a cache never holds "
                      f"more keys than the tokens it decodes")
@@ -114,7 +134,11 @@ def check_budget(budget: int, max_len: int) -> None:
 
 @functools.cache
 def fp8_supported() -> bool:
-  """Whether JAX has float8_e4m3fn and the default backend converts to and from it."""
+  """Whether JAX has float8_e4m3fn and the default backend converts to and from it.
+
+  Returns:
+    True where ``cache_policy="fp8"`` can run (cached after the first call).
+  """
   dtype = getattr(jnp, "float8_e4m3fn", None)
   if dtype is None:
     return False
@@ -127,6 +151,7 @@ def fp8_supported() -> bool:
 
 
 def check_fp8() -> None:
+  """Raises ValueError naming the backend where :func:`.fp8_supported` is False."""
   if not fp8_supported():
     raise ValueError(f"cache_policy='fp8': float8_e4m3fn is unsupported by this JAX on the "
                      f"{jax.default_backend()!r} backend; use cache_policy='int8'")
@@ -137,7 +162,16 @@ def check_fp8() -> None:
 
 
 def quantize(x: Array, policy: str) -> tuple[Array, Array]:
-  """``(stored [..., H], scale [...])``: ``x`` per vector over its last axis (absmax scale)."""
+  """Quantises each vector of ``x`` over its last axis with its own absmax scale.
+
+  Args:
+    x: ``[..., H]`` keys or values.
+    policy: ``"int8"`` (scale ``max |x| / 127``, rounded) or ``"fp8"`` (float8_e4m3fn,
+      scale ``max |x| / 448``).
+
+  Returns:
+    ``(stored [..., H] in the policy's dtype, scale [...] float32)``.
+  """
   name, qmax = QUANTIZED[policy]
   x32 = x.astype(jnp.float32)
   scale = jnp.max(jnp.abs(x32), axis=-1) / qmax
@@ -150,7 +184,16 @@ def quantize(x: Array, policy: str) -> tuple[Array, Array]:
 
 
 def dequantize(stored: Array, scale: Array, dtype) -> Array:
-  """``stored * scale`` in ``dtype``."""
+  """The inverse of :func:`.quantize`: ``stored * scale``.
+
+  Args:
+    stored: ``[..., H]`` quantised values.
+    scale: ``[...]`` float32 scales.
+    dtype: the dtype to return.
+
+  Returns:
+    ``[..., H]`` in ``dtype``.
+  """
   return (stored.astype(jnp.float32) * scale[..., None]).astype(dtype)
 
 
@@ -160,7 +203,23 @@ def dequantize(stored: Array, scale: Array, dtype) -> Array:
 
 def init_cache(policy: str, batch_size: int, capacity: int, num_kv_heads: int,
                head_dim: int, dtype) -> Any:
-  """The empty cache of ``policy``: ``capacity`` slots of ``num_kv_heads`` x ``head_dim``."""
+  """The empty cache of ``policy``: ``capacity`` slots of ``num_kv_heads`` x ``head_dim``.
+
+  Args:
+    policy: a name of :data:`.CACHE_POLICIES`.
+    batch_size: ``B``.
+    capacity: key slots per sequence (the budget of an evicting policy).
+    num_kv_heads: ``K``.
+    head_dim: ``H``.
+    dtype: keys' and values' dtype (a quantised cache stores its own).
+
+  Returns:
+    A :class:`~attnjax.nn.KVCache`, :class:`~attnjax.nn.QuantizedKVCache` or
+    :class:`~attnjax.nn.H2OCache` of ``[B, capacity, K, H]`` keys and values.
+
+  Raises:
+    ValueError: ``"fp8"`` where it is unsupported.
+  """
   B, C, K, H = batch_size, capacity, num_kv_heads, head_dim
   index = jnp.zeros((), jnp.int32)
   if policy == "h2o":
@@ -183,6 +242,7 @@ def init_cache(policy: str, batch_size: int, capacity: int, num_kv_heads: int,
 
 
 def cache_type(policy: str) -> type:
+  """The cache class of ``policy`` (:class:`~attnjax.nn.KVCache` for full and sinks_window)."""
   if policy == "h2o":
     return H2OCache
   return QuantizedKVCache if policy in QUANTIZED else KVCache
@@ -190,7 +250,19 @@ def cache_type(policy: str) -> type:
 
 def bytes_per_layer(policy: str, *, batch: int, capacity: int, num_kv_heads: int,
                     head_dim: int, itemsize: int) -> int:
-  """Bytes of :func:`init_cache`'s arrays, by formula (equal to ``cache_bytes`` of it)."""
+  """Bytes of one layer's cache arrays (:func:`~attnjax.nn.kv_policies.init_cache`), by formula.
+
+  Args:
+    policy: a name of :data:`~attnjax.nn.CACHE_POLICIES`.
+    batch: sequences.
+    capacity: slots per sequence (the budget of ``h2o``, else the cache length).
+    num_kv_heads: ``K``.
+    head_dim: ``H``.
+    itemsize: bytes per key or value element of an unquantised cache.
+
+  Returns:
+    The bytes :func:`attnjax.nn.cache_bytes` reports for that cache.
+  """
   B, C, K, H = batch, capacity, num_kv_heads, head_dim
   if policy == "h2o":
     return 2 * B * C * K * H * itemsize + 4 * B * C * K * 4 + 4
@@ -216,6 +288,13 @@ def cache_bytes_for(config, policy: Optional[str], T: int, batch: int = 1, *,
     batch: sequences.
     budget: ``cache_budget`` of an evicting ``policy`` (clipped to ``T``).
     recent: ``cache_recent`` of an evicting ``policy`` (None = its default).
+
+  Returns:
+    Bytes, summed over the layers.
+
+  Raises:
+    ValueError: a layer of another family (linear, gated, ...), an unknown policy or
+      a budget the policy cannot take; ``T`` or ``batch`` below 1.
   """
   _check_int("T", T, 1)
   _check_int("batch", batch, 1)
@@ -248,7 +327,7 @@ def cache_bytes_for(config, policy: Optional[str], T: int, batch: int = 1, *,
 
 
 def h2o_keep(scores: Array, positions: Array, end: Array, budget: int, recent: int) -> Array:
-  """Slots kept by H2O: ``int32 [B, budget, K]`` indices into the slot axis, ascending.
+  """Slots kept by H2O: indices into the slot axis.
 
   Args:
     scores: ``[B, S, K]`` accumulated attention of each slot.
@@ -257,8 +336,9 @@ def h2o_keep(scores: Array, positions: Array, end: Array, budget: int, recent: i
     budget: slots kept (``<= S``).
     recent: the recent window, always kept.
 
-  The recent slots come first, then the others by decreasing score; empty
-  slots last (ties: the lower index).
+  Returns:
+    int32 ``[B, budget, K]``, ascending. The recent slots are chosen first, then the
+    others by decreasing score, empty slots last (ties: the lower index).
   """
   valid = positions >= 0
   priority = jnp.where(positions >= end - recent, jnp.inf, scores.astype(jnp.float32))
@@ -270,11 +350,22 @@ def h2o_keep(scores: Array, positions: Array, end: Array, budget: int, recent: i
 def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call) -> tuple:
   """``(out [B, T, N, Hv], new H2OCache)``: one decode call of an ``h2o`` layer.
 
-  ``spec`` is the layer's :class:`~attnjax.nn.softmax_specs.DotProductSpec`;
+  ``spec`` is the layer's :class:`~.DotProductSpec`;
   ``q``, ``k``, ``v`` are the new tokens' projections (after ``prepare_qk``).
   The new tokens attend through the spec's decode step
-  (:meth:`~attnjax.nn.softmax_specs.ScoreSpec.attend_cache`), with each key/value
+  (:meth:`~attnjax.nn.specs.ScoreSpec.attend_cache`), with each key/value
   head's own slots; its weights add to the slots' scores, then the budget is kept.
+
+  Args:
+    spec: the layer's spec.
+    layer: the :class:`~attnjax.nn.Attention` layer.
+    q: ``[B, T, N, H]`` new queries.
+    k: ``[B, T, K, H]`` new keys.
+    v: ``[B, T, K, Hv]`` new values.
+    call: the :class:`~attnjax.nn.specs.Call` holding the :class:`~attnjax.nn.H2OCache`.
+
+  Returns:
+    ``(out [B, T, N, Hv], new H2OCache)``.
   """
   cache = call.cache
   B, T, N, _ = q.shape

@@ -1,6 +1,6 @@
 """The model probe: runs an ``attnjax.nn.TransformerLM`` once and computes every statistic.
 
-:func:`capture_from_model` records one forward pass (through the one reader,
+:func:`.capture_from_model` records one forward pass (through the one reader,
 :mod:`attnjax.nn.intermediates`) into an ``attnjax.stats.ProbeCapture``; the
 statistics themselves are the pure ``attnjax.stats.probe_statistics``. The
 probe asks each layer what it does instead of re-deriving it:
@@ -56,7 +56,7 @@ def capture_from_model(model: TransformerLM, tokens: Array, *,
   ``method_outputs``, each module's call output: the q/k/v projections and
   every block's output hidden state, so no model code changes. Each layer
   gives its allowed pairs (``Attention.allowed_mask``) and the q/k it
-  compares (``Attention.compared_qk``). Traceable: :func:`probe` runs it
+  compares (``Attention.compared_qk``). Traceable: :func:`~attnjax.nn.probe.probe` runs it
   inside ``nnx.jit``.
 
   Args:
@@ -133,7 +133,7 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
           massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
   """Every per-layer / per-head statistic of a model on a fixed probe batch, in one jitted pass.
 
-  Runs :func:`capture_from_model` and ``attnjax.stats.probe_statistics`` under one
+  Runs :func:`.capture_from_model` and ``attnjax.stats.probe_statistics`` under one
   ``nnx.jit`` and adds ``loss``, the next-token cross-entropy of the batch.
   Gu et al. measure sinks on held-out sequences of length 64; ``length``
   keeps the first ``length`` tokens of each sequence (None: all).

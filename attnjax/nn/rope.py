@@ -164,7 +164,7 @@ def apply_rope(x: Array, positions: Array, theta: float, *,
     x: ``[B, T, N, H]`` with even ``H``.
     positions: integer or float positions ``[T]`` (shared by the batch), ``[B, T]``,
       or ``[B, T, N]`` (one per head: a cache whose key/value heads keep
-      different tokens, :class:`~attnjax.nn.caches.H2OCache`).
+      different tokens, :class:`~.H2OCache`).
     theta: the RoPE base.
     scaling: None, or a scaling of :func:`normalize_scaling` (linear, llama3,
       yarn); yarn's attention factor multiplies the result.

@@ -3,10 +3,10 @@
 (Over 600 lines: the shared options of every logit family, modifiers included, and
 their three calls stay in one place.)
 
-:class:`ScoreSpec` holds what every family with logits shares (normaliser,
+:class:`.ScoreSpec` holds what every family with logits shares (normaliser,
 softcap, sink logits) and the three calls (self-attention, cross-attention,
-decode over a :class:`~attnjax.nn.caches.KVCache`, under a cache policy of
-:mod:`attnjax.nn.kv_policies`); :class:`DotProductSpec` adds the dense kernel's
+decode over a :class:`~.KVCache`, under a cache policy of
+:mod:`attnjax.nn.kv_policies`); :class:`.DotProductSpec` adds the dense kernel's
 k/v bias slot, windows and sinks.
 """
 
@@ -133,7 +133,7 @@ class ScoreSpec(AttentionSpec):
     return out
 
   def decode_kwargs(self, layer) -> dict[str, Any]:
-    """:meth:`kwargs` of :meth:`decode_function` (the family's by default)."""
+    """``kwargs`` of ``decode_function`` (the family's by default)."""
     return self.kwargs(layer)
 
   def default_function(self, layer) -> Callable:
@@ -240,7 +240,7 @@ class ScoreSpec(AttentionSpec):
                    length: int, queries: tuple, keys: tuple, weights: bool = False):
     """The decode step: the new tokens' ``q`` attend to ``k``, ``v`` (the cache's, then theirs).
 
-    RoPE (:meth:`decode_rope`), the mask (:meth:`allowed` and the segments),
+    RoPE (``decode_rope``), the mask (``allowed`` and the segments),
     the k/v bias slot and the family's function, as every cache policy decodes.
 
     Args:
@@ -252,7 +252,7 @@ class ScoreSpec(AttentionSpec):
       start: the cache's index (tokens seen before this call).
       length: the cache's capacity (the sequence length patterns see).
       queries: ``(idx [T], seg [B, T], rope [B, T])`` of the new tokens
-        (:meth:`~attnjax.nn.spec_base.Call.decode_positions`).
+        (:meth:`~attnjax.nn.specs.Call.decode_positions`).
       keys: ``(positions, segment_ids, rope_positions)`` of the keys: ``[S]``,
         ``[B, S]``, ``[B, S]`` (one slot layout for every key/value head), or
         each ``[B, S, K]`` (slots per key/value head, ``cache_policy="h2o"``);
@@ -327,8 +327,8 @@ class ScoreSpec(AttentionSpec):
   def _write(self, cache, k, v, positions, rope_positions, segment_ids, scales=None):
     """Writes the new keys/values (and their ``scales``) into their slots.
 
-    Tokens evicted at once are dropped. ``cache`` is a :class:`~attnjax.nn.caches.KVCache` or a
-    :class:`~attnjax.nn.caches.QuantizedKVCache` (``k``, ``v`` already stored
+    Tokens evicted at once are dropped. ``cache`` is a :class:`~.KVCache` or a
+    :class:`~.QuantizedKVCache` (``k``, ``v`` already stored
     form); the same type is returned.
     """
     C = cache.k.shape[1]
@@ -728,7 +728,7 @@ class SparseSpec(ScoreSpec):
     """The function of the paths that mask by the pattern (decode, an explicit mask).
 
     The injected ``attention_fn`` if any (it then receives the dense kernel's
-    keywords, :meth:`decode_kwargs`), else :func:`attnjax.dot_product_attention`.
+    keywords, ``decode_kwargs``), else :func:`attnjax.dot_product_attention`.
     """
     return layer.attention_fn or dense.dot_product_attention
 
@@ -736,7 +736,7 @@ class SparseSpec(ScoreSpec):
     return self.masked_function(layer)  # the pattern as a mask over the cache
 
   def decode_kwargs(self, layer):
-    """:meth:`kwargs` for the dense kernel: our implementation name mapped to its equivalent."""
+    """``kwargs`` for the dense kernel: our implementation name mapped to its equivalent."""
     out = self.kwargs(layer)
     impl = out["implementation"]
     out["implementation"] = impl if impl is None else self.DENSE_EQUIVALENT[impl]

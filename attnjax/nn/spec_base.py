@@ -1,4 +1,4 @@
-"""The base of the per-family attention specs: :class:`AttentionSpec`, :class:`Call`, the registry.
+"""The base of the per-family attention specs: :class:`.AttentionSpec`, :class:`.Call`, registry.
 
 See :mod:`attnjax.nn.specs` for the families and how to add one.
 """
@@ -28,6 +28,8 @@ DEFAULT_TEMPERATURE = {"swin": math.log(10.0), "scale": 10.0, "ngpt": 1.0}
 
 
 def check_type(name: str, value: Any, types, what: str) -> None:
+  """Raises TypeError naming ``name`` unless ``value`` is one of ``types`` (a bool is not an
+  int unless ``bool`` is listed); ``what`` describes the expected type in the message."""
   if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
     raise TypeError(f"{name} must be {what}, got {value!r}")
   if not isinstance(value, types):
@@ -35,6 +37,8 @@ def check_type(name: str, value: Any, types, what: str) -> None:
 
 
 def check_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
+  """Raises TypeError unless ``value`` is an int (or None with ``allow_none``), ValueError
+  when it is below ``minimum``; both name ``name``."""
   if value is None and allow_none:
     return
   check_type(name, value, int, "an int")
@@ -94,11 +98,23 @@ def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, 
                 weights: Optional[Callable[[], Array]] = None) -> Array:
   """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
 
-  Under a mesh with a ``context`` axis the call runs sequence-sharded (:mod:`attnjax.nn._context`).
+  Under a mesh with a ``context`` axis the call runs sequence-sharded (``attnjax.nn._context``).
 
   The weights default to ``run`` applied to identity values: every family is
   linear in ``v``, so ``attn(q, k, I)`` is exactly the weight matrix the layer
   used, with its mask, normaliser and null columns (``O(T S^2)``: for inspection).
+
+  Args:
+    layer: the :class:`~attnjax.nn.Attention` layer (it sows).
+    run: the family's attention call, ``run(q, k, v, return_stats=...)``.
+    q: ``[B, T, N, H]``.
+    k: ``[B, S, K, H]``.
+    v: ``[B, S, K, Hv]``.
+    call: the :class:`.Call` (whether a capture is on and asks for weights).
+    weights: a function returning the weights ``[B, N, T, S]``, instead of the default.
+
+  Returns:
+    The output ``[B, T, N, Hv]``.
   """
   if not call.capture:
     return _context.run(run, q, k, v, kwargs=dict(return_stats=False))
@@ -128,7 +144,7 @@ class AttentionSpec:
 
   Subclasses set ``family`` and ``optional_params`` (names of the layer
   attributes their parameters may take; the layer declares them ``None``
-  before :meth:`init_params` runs) and override the methods below.
+  before ``init_params`` runs) and override the methods below.
 
   Attributes:
     implementations: the ``implementation`` names the family's function takes
@@ -155,7 +171,7 @@ class AttentionSpec:
 
   @classmethod
   def check_implementation(cls, name: Optional[str]) -> None:
-    """ValueError naming the field and the family unless :meth:`takes_implementation`."""
+    """ValueError naming the field and the family unless ``takes_implementation``."""
     try:
       # Deprecated names pass here unwarned (old run directories load); the
       # function warns when called.
@@ -172,7 +188,7 @@ class AttentionSpec:
     """Checks this spec's own fields (ValueError/TypeError naming the field)."""
 
   def check(self, config) -> None:
-    """Checks the spec against the common fields of its :class:`AttentionConfig`."""
+    """Checks the spec against the common fields of its :class:`.AttentionConfig`."""
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     """Creates the family's parameters as attributes of ``layer``."""
@@ -182,6 +198,11 @@ class AttentionSpec:
     return layer.attention_fn or self.default_function(layer)
 
   def default_function(self, layer) -> Callable:
+    """The family's own pure attention function (used when none is injected).
+
+    Raises:
+      NotImplementedError: a spec that does not define one.
+    """
     raise NotImplementedError
 
   def attend(self, layer, q: Array, k: Array, v: Array, call: Call):
@@ -198,12 +219,39 @@ class AttentionSpec:
                        "no decode")
 
   def init_cache(self, layer, batch_size: int, max_len: int):
+    """The family's empty decode cache for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+    Args:
+      layer: the :class:`.Attention` layer (its config and parameters).
+      batch_size: ``B``.
+      max_len: the longest sequence the cache will hold.
+
+    Returns:
+      The cache (a NamedTuple of arrays, e.g. :class:`~attnjax.nn.KVCache`).
+
+    Raises:
+      NotImplementedError: a spec that does not define one.
+    """
     raise NotImplementedError
 
   def cache_capacity(self, layer, max_len: int) -> int:
+    """Key slots the decode cache keeps for ``max_len`` tokens (``max_len`` unless bounded)."""
     return max_len
 
   def allowed_mask(self, layer, length: int) -> Array:
+    """Which (query, key) pairs the layer's training forward allows.
+
+    Args:
+      layer: the :class:`.Attention` layer.
+      length: ``T`` (self-attention).
+
+    Returns:
+      Boolean ``[1 or B, 1 or N, T, S]``, True = may attend (``S`` includes a k/v bias
+      slot where the layer has one).
+
+    Raises:
+      NotImplementedError: a spec that does not define one.
+    """
     raise NotImplementedError
 
   def prepare_qk(self, layer, q: Array, k: Array):
@@ -211,19 +259,21 @@ class AttentionSpec:
     return q, k
 
   def compared_qk(self, layer, q: Array, k: Array, positions: Array):
-    """What the attention function compares: :meth:`prepare_qk`, then RoPE."""
+    """What the attention function compares: ``prepare_qk``, then RoPE."""
     q, k = self.prepare_qk(layer, q, k)
     return _rope(layer, q, positions), _rope(layer, k, positions)
 
   def to_dict(self) -> dict[str, Any]:
+    """The spec's fields as a dict (``AttentionConfig.to_dict`` nests it)."""
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
   @classmethod
   def options_from_json(cls, options: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of :meth:`to_dict`'s JSON-friendly conversions (lists back to tuples)."""
+    """Inverse of ``to_dict``'s JSON-friendly conversions (lists back to tuples)."""
     return options
 
   def replace(self, **changes) -> "AttentionSpec":
+    """A copy with ``changes`` (field name -> value), validated as a new spec."""
     return dataclasses.replace(self, **changes)
 
 
@@ -234,11 +284,22 @@ FAMILY_SPECS: dict[str, type[AttentionSpec]] = {}
 
 
 def register_family(spec_class: type[AttentionSpec]) -> type[AttentionSpec]:
-  """Makes ``spec_class`` (a frozen :class:`AttentionSpec` dataclass) a family of the layer.
+  """Makes ``spec_class`` (a frozen :class:`.AttentionSpec` dataclass) a family of the layer.
 
   ``AttentionConfig(family=spec_class.family, ...)`` then builds it from its
   fields. Usable as a class decorator. Spec fields must not shadow the common
   fields of :class:`attnjax.nn.AttentionConfig`.
+
+  Args:
+    spec_class: a frozen dataclass subclassing :class:`.AttentionSpec`, whose ``family``
+      class variable names the family.
+
+  Returns:
+    ``spec_class`` itself (registered).
+
+  Raises:
+    TypeError: ``spec_class`` is not an :class:`.AttentionSpec` dataclass.
+    ValueError: it names no family.
   """
   if not (isinstance(spec_class, type) and issubclass(spec_class, AttentionSpec)
           and dataclasses.is_dataclass(spec_class)):

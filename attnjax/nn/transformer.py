@@ -46,7 +46,7 @@ class TransformerBlock(nnx.Module):
   ``"post"``), ``attention``, ``mlp`` (none if ``mlp="none"``).
 
   Args:
-    config: the :class:`ModelConfig`.
+    config: the :class:`.ModelConfig`.
     layer: index of this block (selects its attention config).
     rngs: ``nnx.Rngs``.
   """
@@ -81,7 +81,7 @@ class TransformerBlock(nnx.Module):
   def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
                positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
                sow_hidden: bool = False) -> Array:
-    """``h`` ``[B, T, D]`` -> ``[B, T, D]``; ``segment_ids``/``positions`` as :class:`Attention`."""
+    """``h`` ``[B, T, D]`` -> ``[B, T, D]``; the other arguments as :class:`.Attention`'s."""
     a = self.attention(self._apply(self.attn_norm, h), segment_ids=segment_ids,
                        positions=positions, sow_weights=sow_weights)
     h = self._feed_forward(h + self._apply(self.attn_post_norm, a))
@@ -127,7 +127,7 @@ class TransformerLM(nnx.Module):
   the output logits.
 
   Args:
-    config: the :class:`ModelConfig`.
+    config: the :class:`.ModelConfig`.
     rngs: ``nnx.Rngs`` (the ``params`` stream initialises every weight).
   """
 
@@ -292,21 +292,38 @@ def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh,
     mesh: the device mesh.
     rules: ``((logical, mesh_axis or None), ...)``; every logical name used
       (``"embed"``, ``"heads"``, ``"mlp"``, ``"vocab"``) must appear.
+
+  Returns:
+    A pytree of ``NamedSharding`` shaped as ``nnx.state(model)``.
   """
   with nnx.logical_axis_rules(rules):
     return nnx.get_named_sharding(nnx.state(model), mesh)
 
 
 def log_normalizer(logits: Array) -> Array:
-  """``log Z = logsumexp(logits)`` over the vocabulary, float32 ``[B, T]``.
+  """``log Z = logsumexp(logits)`` over the vocabulary.
 
   z-loss is ``coef * mean(log Z ** 2)``; the drift metric is ``mean(log Z)``.
+
+  Args:
+    logits: ``[B, T, V]``.
+
+  Returns:
+    float32 ``[B, T]``.
   """
   return jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
 
 
 def num_params(model: nnx.Module, *, exclude_embeddings: bool = False) -> int:
-  """Number of ``nnx.Param`` entries of ``model``."""
+  """Number of parameters (``nnx.Param`` elements) of ``model``.
+
+  Args:
+    model: any ``nnx.Module``.
+    exclude_embeddings: leave out a :class:`.TransformerLM`'s token embedding.
+
+  Returns:
+    The count.
+  """
   state = nnx.state(model, nnx.Param)
   total = sum(x.size for x in jax.tree.leaves(state))
   if exclude_embeddings and isinstance(model, TransformerLM):
@@ -330,7 +347,7 @@ def collect_stats(model: TransformerLM, tokens: Array, *, weights: bool = False,
   """Per-layer statistics of one forward pass, read from ``nnx.Intermediate``.
 
   Args:
-    model: a :class:`TransformerLM`.
+    model: a :class:`.TransformerLM`.
     tokens: ``[B, T]`` integer tokens.
     weights: also return each layer's attention weights ``[B, N, T, S]``.
     hidden: also return each block's output hidden state ``[B, T, D]``.

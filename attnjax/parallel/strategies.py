@@ -1,6 +1,6 @@
 """The dense family over a sequence sharded across devices: ring, all-gather, all-to-all.
 
-:func:`attention` takes a validated dense call whose options name a
+:func:`~attnjax.parallel.attention` takes a validated dense call whose options name a
 ``context_axis`` (inside ``jax.shard_map``, every array holding this
 device's shard of the tokens) and returns this device's shard of the output.
 The single-device path is passed in (``run_local``, :func:`attnjax.dense.run`)
@@ -88,7 +88,7 @@ def _all_gather(inputs, opts, implementation, run_local, P: int):
 
   With ``return_stats`` the block-wise kernel runs the local rows at their global
   positions and takes the statistics' means and maximum over the rows of every device
-  (:func:`attnjax.kernels.blockwise.kernel.run_gathered`), as the ring does.
+  (``attnjax.kernels.blockwise.kernel.run_gathered``), as the ring does.
   """
   axis, layout = opts.context_axis, opts.context_layout
   if opts.return_stats and implementation not in (None, "blockwise"):

@@ -1,4 +1,4 @@
-"""Token orders of a sharded sequence: :func:`zigzag` and :func:`unzigzag`."""
+"""Token orders of a sharded sequence: :func:`.zigzag` and :func:`.unzigzag`."""
 
 from __future__ import annotations
 
@@ -31,7 +31,10 @@ def zigzag(x: Array, axis_size: int, axis: int = 1) -> Array:
     axis: the token axis.
 
   Returns:
-    ``x`` reordered; :func:`unzigzag` undoes it.
+    ``x`` reordered; :func:`.unzigzag` undoes it.
+
+  Raises:
+    ValueError: an axis out of range, or a length not a multiple of ``2 * axis_size``.
   """
   axis = _token_axis(x, axis_size, axis, "zigzag")
   P = axis_size
@@ -41,7 +44,19 @@ def zigzag(x: Array, axis_size: int, axis: int = 1) -> Array:
 
 
 def unzigzag(x: Array, axis_size: int, axis: int = 1) -> Array:
-  """The natural order of a token axis that :func:`zigzag` reordered (same arguments)."""
+  """The natural order of a token axis that :func:`.zigzag` reordered.
+
+  Args:
+    x: the reordered array (axis ``axis`` of length a multiple of ``2 * axis_size``).
+    axis_size: the number of devices of the context axis.
+    axis: the token axis.
+
+  Returns:
+    ``x`` in the natural order.
+
+  Raises:
+    ValueError: an axis out of range, or a length not a multiple of ``2 * axis_size``.
+  """
   axis = _token_axis(x, axis_size, axis, "unzigzag")
   P = axis_size
   chunks = jnp.split(x, 2 * P, axis=axis)  # shard p holds natural chunks p and 2P - 1 - p

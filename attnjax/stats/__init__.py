@@ -10,19 +10,19 @@ the functions layer: it imports neither flax nor ``attnjax.nn`` /
 Modules (every public name is re-exported here, so ``attnjax.stats.sink_rate``
 etc. work as before):
 
-- :mod:`~attnjax.stats.sinks`: ``importance``, ``sink_rate``,
+- ``attnjax.stats.sinks``: ``importance``, ``sink_rate``,
   ``first_token_attention``, ``attention_entropy``, ``max_attention_logit``,
   ``null_mass``, ``gate_mass``, ``attention_sparsity``;
-- :mod:`~attnjax.stats.geometry`: ``qk_statistics``, ``sink_geometry``,
+- ``attnjax.stats.geometry``: ``qk_statistics``, ``sink_geometry``,
   ``value_state_drain``;
-- :mod:`~attnjax.stats.activations`: ``massive_activations``, ``kurtosis``,
+- ``attnjax.stats.activations``: ``massive_activations``, ``kurtosis``,
   ``output_logit_drift``;
-- :mod:`~attnjax.stats.approximation`: ``kernel_approximation_error``,
+- ``attnjax.stats.approximation``: ``kernel_approximation_error``,
   ``feature_map_attention_error``;
-- :mod:`~attnjax.stats.capture`: ``ProbeCapture`` and ``probe_statistics``,
+- ``attnjax.stats.capture``: ``ProbeCapture`` and ``probe_statistics``,
   every statistic of one forward pass;
-- :mod:`~attnjax.stats.results`: the result NamedTuples;
-- :mod:`~attnjax.stats.jsonable`: ``flatten`` and ``to_jsonable``, the one
+- ``attnjax.stats.results``: the result NamedTuples;
+- ``attnjax.stats.jsonable``: ``flatten`` and ``to_jsonable``, the one
   JSON sanitiser (NaN and Inf become null).
 
 Elsewhere: the probe that runs an ``attnjax.nn.TransformerLM`` and fills a

@@ -33,7 +33,7 @@ def _massive_activations(hidden, *, abs_threshold: float = 100.0,
     ratio: multiple of the median (Sun et al.: about 1000).
 
   Returns:
-    :class:`MassiveActivations`.
+    :class:`.MassiveActivations`.
 
   References:
     Sun et al. 2024, "Massive Activations in Large Language Models", sec. 2;
@@ -66,7 +66,7 @@ def _kurtosis(hidden) -> LayerMean:
     hidden: ``[L, B, T, D]`` / ``[B, T, D]`` / list per layer.
 
   Returns:
-    :class:`LayerMean`: ``mean`` over layers (scalar) and ``per_layer`` ``[L]``.
+    :class:`.LayerMean`: ``mean`` over layers (scalar) and ``per_layer`` ``[L]``.
 
   References:
     Bondarenko et al. 2023, "Quantizable Transformers: Removing Outliers by
@@ -106,7 +106,7 @@ def _output_logit_drift(logits, *, mask=None, z_loss_coef: float = 1e-4) -> Logi
     z_loss_coef: the z-loss coefficient (>= 0).
 
   Returns:
-    :class:`LogitDrift` of scalars (0 when no token is counted).
+    :class:`.LogitDrift` of scalars (0 when no token is counted).
 
   References:
     Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer

@@ -96,7 +96,7 @@ def feature_map_attention_error(q, k, *, feature_map: Callable[..., Array],
   Builds ``A`` = softmax of ``scale * <q_i, k_j>`` (the dense reference path and
   normaliser table) and ``A_hat_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l)``
   over the same allowed keys, then returns
-  :func:`kernel_approximation_error` per (batch, head). ``feature_map`` must
+  :func:`.kernel_approximation_error` per (batch, head). ``feature_map`` must
   approximate that kernel: ``phi(q).phi(k) ~ c_i exp(scale <q, k>)`` with any
   per-query constant ``c_i`` (row normalisation cancels it), as FAVOR+ maps do
   for the default ``scale``, scaling their input by ``H ** -1/4``. Rows whose

@@ -1,7 +1,7 @@
-"""Every statistic of one forward pass from a :class:`ProbeCapture` (pure; no model code).
+"""Every statistic of one forward pass from a :class:`.ProbeCapture` (pure; no model code).
 
-Any model fills a :class:`ProbeCapture` from its forward pass and calls
-:func:`probe_statistics`; ``attnjax.nn.probe`` does it for an
+Any model fills a :class:`.ProbeCapture` from its forward pass and calls
+:func:`.probe_statistics`; ``attnjax.nn.probe`` does it for an
 ``attnjax.nn.TransformerLM``, asking each layer for its mask and for the q/k
 its attention function compares.
 """
@@ -31,7 +31,7 @@ SINK_CURVE_EPS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 class ProbeCapture(NamedTuple):
   """What one forward pass exposes, stacked over ``L`` layers; None where not available.
 
-  Any model can be probed by filling this in (see :func:`probe_statistics`);
+  Any model can be probed by filling this in (see :func:`.probe_statistics`);
   ``attnjax.nn.probe.capture_from_model`` fills it from an ``attnjax.nn.TransformerLM``.
 
   Attributes:
@@ -85,35 +85,35 @@ def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   arrays ``[L]``, per-head ``[L, N]``, scalars over the model), computed from
   whatever ``capture`` holds:
 
-  - ``output/*``: :func:`output_logit_drift` (logits);
-  - ``sink_rate/*``: :func:`sink_rate` (weights if present, else stats), with
+  - ``output/*``: :func:`.output_logit_drift` (logits);
+  - ``sink_rate/*``: :func:`.sink_rate` (weights if present, else stats), with
     ``sink_rate/importance`` averaged over the batch to ``[L, N]``;
     ``sink_curve/rate`` ``[E]`` and ``sink_curve/per_layer`` ``[E, L]``:
     ``Sink_1^eps`` (percent) at each ``eps`` of ``SINK_CURVE_EPS``;
-  - ``f_attn/*``, ``entropy/*``: :func:`first_token_attention`,
-    :func:`attention_entropy` (stats if present, else weights);
-  - ``max_logit``: :func:`max_attention_logit` ``[L]`` (stats);
+  - ``f_attn/*``, ``entropy/*``: :func:`.first_token_attention`,
+    :func:`.attention_entropy` (stats if present, else weights);
+  - ``max_logit``: :func:`.max_attention_logit` ``[L]`` (stats);
   - ``null_mass/*``: ``1 - row_sum`` where ``null_column``, else 0 (stats);
-  - ``sparsity/*``: :func:`attention_sparsity` (weights);
-  - ``qk/*``: :func:`qk_statistics` without its max logit (q, k), and
-    ``sink_geometry/*``: :func:`sink_geometry` (q, k, v), over each layer's
+  - ``sparsity/*``: :func:`.attention_sparsity` (weights);
+  - ``qk/*``: :func:`.qk_statistics` without its max logit (q, k), and
+    ``sink_geometry/*``: :func:`.sink_geometry` (q, k, v), over each layer's
     allowed pairs. q and k are those the attention compares, so after a QK
     norm their RMS is that of the norm's output (the pre-norm projection RMS
     is in ``attnjax.nn.collect_stats``); ``value_drain/*``:
-    :func:`value_state_drain` (v), ``per_head`` ``[L, K]``;
-  - ``massive/*``, ``kurtosis/*``: :func:`massive_activations`,
-    :func:`kurtosis` (hidden);
+    :func:`.value_state_drain` (v), ``per_head`` ``[L, K]``;
+  - ``massive/*``, ``kurtosis/*``: :func:`.massive_activations`,
+    :func:`.kurtosis` (hidden);
   - ``gate/*``: mean gate per head, layer and overall (gate_mean).
 
   Args:
-    capture: a :class:`ProbeCapture`.
+    capture: a :class:`.ProbeCapture`.
     eps: ``Sink_1^eps`` threshold.
     sparsity_threshold: H2O threshold (fraction of the row maximum).
     z_loss_coef: z-loss coefficient for ``output/z_loss``.
     massive_abs, massive_ratio: massive-activation thresholds.
 
   Returns:
-    ``dict[str, Array]``; :func:`to_jsonable` makes it JSON-ready.
+    ``dict[str, Array]``; :func:`.to_jsonable` makes it JSON-ready.
   """
   out: dict[str, Any] = {}
   st = None if capture.attention_stats is None else stats_layers(capture.attention_stats)

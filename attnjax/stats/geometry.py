@@ -67,11 +67,11 @@ def _qk_statistics(q, k, *, scale: Optional[float] = None, is_causal: bool = Tru
     k: ``[L, B, S, K, H]`` / ``[B, S, K, H]``; ``N % K == 0`` (GQA).
     scale: logit scale; None means ``H ** -0.5``. (The max logit of a model
       with temperature, softcap or bias is best read from ``AttentionStats``
-      with :func:`max_attention_logit`.)
+      with :func:`.max_attention_logit`.)
     is_causal, window, mask: which pairs are allowed.
 
   Returns:
-    :class:`QKStatistics`, each ``[L]``.
+    :class:`.QKStatistics`, each ``[L]``.
 
   References:
     Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer
@@ -127,7 +127,7 @@ def _sink_geometry(q, k, v, *, is_causal: bool = True, window=None, mask=None) -
     is_causal, window, mask: which pairs are allowed.
 
   Returns:
-    :class:`SinkGeometry`, each ``[L]``.
+    :class:`.SinkGeometry`, each ``[L]``.
 
   References:
     Gu et al. 2024, "When Attention Sink Emerges in Language Models: An
@@ -177,13 +177,13 @@ def _value_state_drain(v) -> LayerMean:
   experiments), averaged over the batch. Guo et al. find that a head parking
   its attention on BOS drives ``||v_BOS||`` towards zero (a ratio well below
   one), so the dormant head adds almost nothing to the residual stream; the
-  per-layer mean is :func:`sink_geometry`'s ``value_norm_ratio``.
+  per-layer mean is :func:`.sink_geometry`'s ``value_norm_ratio``.
 
   Args:
     v: values ``[L, B, S, K, Hv]`` / ``[B, S, K, Hv]`` / list per layer, ``S >= 2``.
 
   Returns:
-    :class:`LayerMean`: ``mean`` scalar, ``per_layer`` ``[L]``, ``per_head``
+    :class:`.LayerMean`: ``mean`` scalar, ``per_layer`` ``[L]``, ``per_head``
     ``[L, K]`` (kv heads).
 
   References:

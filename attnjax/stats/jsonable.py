@@ -1,6 +1,6 @@
 """The one JSON sanitiser of attnjax: metric trees to strict JSON.
 
-:func:`to_jsonable` is used by the metrics (``attnjax.stats``), the probe and
+:func:`.to_jsonable` is used by the metrics (``attnjax.stats``), the probe and
 the run-directory writer (``attnjax.train.rundir``), so every file attnjax
 writes follows one rule: NaN and +-Inf become ``null`` (JSON has neither), and
 ``json.dumps(..., allow_nan=False)`` always succeeds. Readers treat ``null`` as
@@ -16,7 +16,15 @@ import numpy as np
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  """Flattens nested dicts / NamedTuples into ``{"a/b": leaf}`` (None leaves dropped)."""
+  """Flattens nested dicts and NamedTuples into ``{"a/b": leaf}``; None leaves are dropped.
+
+  Args:
+    tree: nested mappings, NamedTuples and leaves (arrays, numbers, ...).
+    prefix: prepended to every key (``"prefix/a/b"``).
+
+  Returns:
+    A flat dict from ``/``-joined paths to leaves.
+  """
   out: dict[str, Any] = {}
 
   def visit(node, path):
@@ -53,6 +61,12 @@ def to_jsonable(tree: Any) -> Any:
   string keys, tuples become lists; non-finite floats (NaN, +-Inf) become
   None, so ``json.dumps`` succeeds with ``allow_nan=False``. Strings, bools,
   ints and None pass through.
+
+  Args:
+    tree: arrays, NamedTuples, mappings, sequences and scalars, nested.
+
+  Returns:
+    The same structure in plain Python values.
 
   Raises:
     TypeError: for a value of any other type (naming the type and dtype).

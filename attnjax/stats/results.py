@@ -14,7 +14,7 @@ Array = jnp.ndarray
 
 
 class SinkRate(NamedTuple):
-  """Result of :func:`sink_rate`.
+  """Result of :func:`.sink_rate`.
 
   Attributes:
     rate: scalar, percent of (layer, head) pairs with ``alpha_k > eps``,
@@ -33,9 +33,12 @@ class SinkRate(NamedTuple):
 
 
 class FirstTokenAttention(NamedTuple):
-  """Result of :func:`first_token_attention`.
+  """Result of :func:`.first_token_attention`, each a mean over the batch.
 
-  ``f_attn`` scalar, ``per_layer`` ``[L]``, ``per_head`` ``[L, N]``.
+  Attributes:
+    f_attn: scalar, the mean over layers, heads and queries ``i >= 2``.
+    per_layer: ``[L]``.
+    per_head: ``[L, N]``.
   """
 
   f_attn: Array
@@ -44,7 +47,13 @@ class FirstTokenAttention(NamedTuple):
 
 
 class AttentionEntropy(NamedTuple):
-  """Result of :func:`attention_entropy`: ``mean``, ``min`` over heads ``[L]``; ``per_head``."""
+  """Result of :func:`.attention_entropy`.
+
+  Attributes:
+    mean: ``[L]`` mean entropy over heads.
+    min: ``[L]`` lowest head's entropy.
+    per_head: ``[L, N]``.
+  """
 
   mean: Array
   min: Array
@@ -52,7 +61,14 @@ class AttentionEntropy(NamedTuple):
 
 
 class QKStatistics(NamedTuple):
-  """Result of :func:`qk_statistics`, each ``[L]``."""
+  """Result of :func:`.qk_statistics`, each ``[L]``.
+
+  Attributes:
+    q_rms: root mean square of the queries.
+    k_rms: root mean square of the keys.
+    mean_cos: mean cosine of the allowed (query, key) pairs.
+    max_logit: largest scaled logit of an allowed pair.
+  """
 
   q_rms: Array
   k_rms: Array
@@ -61,7 +77,7 @@ class QKStatistics(NamedTuple):
 
 
 class SinkGeometry(NamedTuple):
-  """Result of :func:`sink_geometry`, each ``[L]``.
+  """Result of :func:`.sink_geometry`, each ``[L]``.
 
   Attributes:
     key_norm_ratio: ``||k_1|| / mean_{j >= 2} ||k_j||``.
@@ -77,7 +93,13 @@ class SinkGeometry(NamedTuple):
 
 
 class LayerMean(NamedTuple):
-  """A quantity over all layers (``mean``), per layer ``[L]`` and per head ``[L, N]`` if defined."""
+  """A quantity over all layers, per layer and per head.
+
+  Attributes:
+    mean: scalar, over every layer.
+    per_layer: ``[L]``.
+    per_head: ``[L, N]``, or None where the quantity has no head axis.
+  """
 
   mean: Array
   per_layer: Array
@@ -85,7 +107,7 @@ class LayerMean(NamedTuple):
 
 
 class MassiveActivations(NamedTuple):
-  """Result of :func:`massive_activations`.
+  """Result of :func:`.massive_activations`.
 
   Attributes:
     count: ``[L]`` number of massive entries per layer, summed over the batch.
@@ -101,7 +123,12 @@ class MassiveActivations(NamedTuple):
 
 
 class LogitDrift(NamedTuple):
-  """Result of :func:`output_logit_drift`: ``mean_log_z`` and ``z_loss`` (scalars)."""
+  """Result of :func:`.output_logit_drift`.
+
+  Attributes:
+    mean_log_z: scalar, mean of ``log Z`` of the output logits (the drift).
+    z_loss: scalar, ``coef * mean(log Z ** 2)``.
+  """
 
   mean_log_z: Array
   z_loss: Array

@@ -70,7 +70,7 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
   """Attention-sink rate ``Sink_k^eps`` (Gu et al. 2024, sec. 3.1).
 
   Definition: ``Sink_k^eps = 1/L sum_l 1/H sum_h 1[alpha_k^{l,h} > eps]``, in
-  percent, with ``alpha_k`` from :func:`importance`. As in the authors' code,
+  percent, with ``alpha_k`` from :func:`.importance`. As in the authors' code,
   the indicator is taken per sequence and averaged over the batch (not
   thresholded on a batch-mean ``alpha``). Defaults are the paper's: ``eps =
   0.3``, ``k = 1`` (first token), probe sequences of length 64.
@@ -91,14 +91,14 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
 
   Args:
     attention: weights ``[L, B, N, T, S]`` / ``[B, N, T, S]`` / list per layer
-      (``S >= T``, see :func:`importance`), or ``AttentionStats`` (one, stacked
+      (``S >= T``, see :func:`.importance`), or ``AttentionStats`` (one, stacked
       or a list per layer).
     eps: threshold on ``alpha_k``, in ``[0, 1]``.
     k: key index, **1-indexed as in the paper** (``k = 1`` is the first token).
     row_normalize: see above (weights only).
 
   Returns:
-    :class:`SinkRate` (percentages in ``[0, 100]``).
+    :class:`.SinkRate` (percentages in ``[0, 100]``).
 
   References:
     Gu et al. 2024, "When Attention Sink Emerges in Language Models: An
@@ -150,7 +150,7 @@ def _first_token_attention(attention) -> FirstTokenAttention:
       or ``AttentionStats``.
 
   Returns:
-    :class:`FirstTokenAttention`: ``f_attn`` scalar, ``per_layer`` ``[L]``,
+    :class:`.FirstTokenAttention`: ``f_attn`` scalar, ``per_layer`` ``[L]``,
     ``per_head`` ``[L, N]`` (each a mean over the batch).
 
   References:
@@ -184,7 +184,7 @@ def _attention_entropy(attention) -> AttentionEntropy:
       list per layer, or ``AttentionStats``.
 
   Returns:
-    :class:`AttentionEntropy` in nats: ``mean`` ``[L]``, ``min`` ``[L]``,
+    :class:`.AttentionEntropy` in nats: ``mean`` ``[L]``, ``min`` ``[L]``,
     ``per_head`` ``[L, N]``.
 
   References:
@@ -263,7 +263,7 @@ def _null_mass(attention, sink_logits=None, *, is_causal: bool = True, window=No
     is_causal, window, mask: logits only: which pairs are allowed.
 
   Returns:
-    :class:`LayerMean`: ``mean`` scalar, ``per_layer`` ``[L]``, ``per_head``
+    :class:`.LayerMean`: ``mean`` scalar, ``per_layer`` ``[L]``, ``per_head``
     ``[L, N]``.
 
   References:
@@ -313,7 +313,7 @@ def _gate_mass(gates, *, from_logits: bool = False) -> LayerMean:
     from_logits: apply the sigmoid first.
 
   Returns:
-    :class:`LayerMean`: ``mean`` scalar, ``per_layer`` ``[L]``, ``per_head``
+    :class:`.LayerMean`: ``mean`` scalar, ``per_layer`` ``[L]``, ``per_head``
     ``[L, N]``.
 
   References:
@@ -348,7 +348,7 @@ def _attention_sparsity(weights, *, threshold: float = 0.01, is_causal: bool = T
       materialised weights are zero and must not count as sparse).
 
   Returns:
-    :class:`LayerMean` of fractions in ``[0, 1]``: ``mean`` scalar,
+    :class:`.LayerMean` of fractions in ``[0, 1]``: ``mean`` scalar,
     ``per_layer`` ``[L]``, ``per_head`` ``[L, N]``.
 
   References:

@@ -3,7 +3,7 @@
 Lowering a program for a platform validates nothing about its kernels (a
 Triton kernel that overflows shared memory lowers fine); only a compile does.
 jax can compile for devices this host does not have ("deviceless" ahead-of-time
-compilation, :mod:`jax.experimental.topologies`), given the platform's compiler:
+compilation, ``jax.experimental.topologies``), given the platform's compiler:
 
 - CUDA: jax's CUDA plugin pinned to the installed jaxlib, ``nvidia-cuda-runtime-cu12``
   and, for jax's cuDNN attention (whose wrapper reads the cuDNN version while
@@ -51,7 +51,10 @@ _HERE = pathlib.Path(__file__).resolve().parent
 
 
 def configure_environment() -> None:
-  """Sets :data:`ENVIRONMENT` (where not already set); call before jax initialises backends."""
+  """Sets :data:`.ENVIRONMENT` in ``os.environ`` where not already set.
+
+  Call it before jax initialises its backends (the first array or device query).
+  """
   for key, value in ENVIRONMENT.items():
     os.environ.setdefault(key, value)
 
@@ -66,7 +69,17 @@ def _installed(module: str) -> bool:
 
 
 def missing(platform: str) -> Optional[str]:
-  """Why this host cannot compile for ``platform`` (``"cuda"`` or ``"tpu"``), or None if it can."""
+  """Why this host cannot compile for ``platform``, or None if it can.
+
+  Args:
+    platform: ``"cuda"`` or ``"tpu"``.
+
+  Returns:
+    None, or a sentence naming the missing package and the extra that installs it.
+
+  Raises:
+    ValueError: another platform.
+  """
   if platform == "cuda":
     if not _installed("jax_plugins.xla_cuda12"):
       return ("jax's CUDA plugin is not installed (pip install 'attnjax[aot]': "
@@ -80,7 +93,17 @@ def missing(platform: str) -> Optional[str]:
 
 
 def target_config(name: str) -> str:
-  """The target description text of GPU ``name`` (a key of :data:`GPU_TARGETS`)."""
+  """The target description of a GPU, read from the package's ``*.txtpb`` files.
+
+  Args:
+    name: a key of :data:`.GPU_TARGETS` (``"h100"``, ``"h200"``, ``"a100"``).
+
+  Returns:
+    The ``GpuTargetConfigProto`` text.
+
+  Raises:
+    ValueError: an unknown name.
+  """
   if name not in GPU_TARGETS:
     raise ValueError(f"GPU target must be one of {sorted(GPU_TARGETS)}, got {name!r}")
   return (_HERE / GPU_TARGETS[name]).read_text()
@@ -88,7 +111,19 @@ def target_config(name: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def gpu_devices(name: str = "h200", num_devices: int = 1) -> tuple:
-  """``num_devices`` compile-only GPUs ``name`` on one host (cached: one topology per shape)."""
+  """Compile-only GPUs of one host (cached: one topology per shape).
+
+  Args:
+    name: a key of :data:`.GPU_TARGETS`.
+    num_devices: GPUs on the host.
+
+  Returns:
+    A tuple of ``num_devices`` jax devices that programs compile for (they run nothing).
+
+  Raises:
+    RuntimeError: jax's CUDA plugin is not installed (the ``aot`` extra).
+    ValueError: an unknown name.
+  """
   from jax.experimental import topologies
   configure_environment()
   reason = missing("cuda")
@@ -101,7 +136,19 @@ def gpu_devices(name: str = "h200", num_devices: int = 1) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def tpu_devices(name: str = "v5e", shape: str = "2x2") -> tuple:
-  """The compile-only chips of a TPU slice ``name:shape`` (e.g. ``"v5e", "2x2"``: 4 chips)."""
+  """The compile-only chips of a TPU slice ``name:shape``.
+
+  Args:
+    name: a TPU generation of :data:`.TPU_TARGETS` (``"v5e"``, ``"v6e"``).
+    shape: the slice's chip grid, e.g. ``"2x2"`` (4 chips).
+
+  Returns:
+    A tuple of jax devices that programs compile for.
+
+  Raises:
+    RuntimeError: libtpu is not installed (the ``aot`` extra).
+    ValueError: an unknown generation.
+  """
   from jax.experimental import topologies
   configure_environment()
   if name not in TPU_TARGETS:
@@ -114,7 +161,16 @@ def tpu_devices(name: str = "v5e", shape: str = "2x2") -> tuple:
 
 def mesh(devices: Sequence, axis_names: Sequence[str] = ("data",),
          shape: Optional[Sequence[int]] = None):
-  """A ``jax.sharding.Mesh`` over ``devices`` (``shape`` defaults to all of them on one axis)."""
+  """A ``jax.sharding.Mesh`` over compile-only (or real) devices.
+
+  Args:
+    devices: the devices, e.g. from :func:`.gpu_devices` or :func:`.tpu_devices`.
+    axis_names: the mesh's axis names.
+    shape: the mesh's shape; None puts every device on one axis.
+
+  Returns:
+    The mesh.
+  """
   import jax
   shape = (len(devices),) if shape is None else tuple(shape)
   return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), tuple(axis_names))

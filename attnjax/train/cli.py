@@ -25,7 +25,7 @@ def build_parser(description: str, default_config: str, default_out: str = "runs
   """The argument parser of a config-driven entry point.
 
   ``--config`` and ``--config.key=value`` are taken out of the command line by
-  :func:`attnjax.train.config.split_argv` before this parser sees the rest;
+  :func:`.split_argv` before this parser sees the rest;
   they are declared here so that ``--help`` documents them.
   """
   p = argparse.ArgumentParser(description=description,

@@ -8,7 +8,7 @@ its docstring starts with the command that runs it. On the command line::
 
 Every key an override names must already exist in the config (the config is
 locked), every value is parsed to the type of the value it replaces, and
-:func:`validate` checks shapes and choices, all before anything is compiled,
+:func:`~attnjax.train.validate` checks shapes and choices, all before anything is compiled,
 with messages that name the key.
 """
 
@@ -27,7 +27,11 @@ DTYPES = ("float32", "bfloat16")
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Every key a run reads, with the protocol defaults of EXPERIMENTS.md (cpu-sized)."""
+  """Every key a run reads, with the protocol's defaults (cpu-sized).
+
+  Returns:
+    A new ``ml_collections.ConfigDict`` (its keys are listed in the training guide).
+  """
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.preset = "cpu"
@@ -105,7 +109,21 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
-  """Sizes for ``preset`` in {cpu, gpu, tpu}: cpu runs in about a minute per arm on 2 cores."""
+  """Sizes the model and the run for a preset.
+
+  ``cpu`` runs in about a minute per arm on 2 cores; ``gpu`` and ``tpu`` are the real
+  size (bf16, 10000 steps).
+
+  Args:
+    c: the config, changed in place.
+    preset: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+
+  Returns:
+    ``c``.
+
+  Raises:
+    ValueError: an unknown preset.
+  """
   if preset not in PRESETS:
     raise ValueError(f"preset={preset!r} is not one of: {', '.join(PRESETS)}")
   c.preset = preset
@@ -163,9 +181,19 @@ def _parse_value(key: str, text: str, current: Any) -> Any:
 
 
 def parse_arg(arg: Optional[str], **defaults: Any) -> ml_collections.ConfigDict:
-  """The ``:k=v,k2=v2`` string of ``--config file.py:ARG`` as a ConfigDict of ``defaults``' keys.
+  """The ``k=v,k2=v2`` string of ``--config file.py:ARG`` as a ConfigDict of ``defaults``' keys.
 
-  A bare word ``k`` means ``k=True``. Unknown keys raise naming the key.
+  A bare word ``k`` means ``k=True``. Each value is parsed to its default's type.
+
+  Args:
+    arg: the string after ``:``, or None (all defaults).
+    **defaults: every accepted key with its default.
+
+  Returns:
+    A ``ConfigDict`` with every key of ``defaults``.
+
+  Raises:
+    ValueError: an unknown key (named) or a value that does not parse.
   """
   out = ml_collections.ConfigDict(defaults)
   for item in (arg or "").split(","):
@@ -196,7 +224,21 @@ def _lookup(cfg: ml_collections.ConfigDict, dotted: str) -> tuple[ml_collections
 
 
 def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Iterable[str]) -> ml_collections.ConfigDict:
-  """Applies ``["opt.lr=3e-3", "train.steps=100"]`` in order; unknown keys raise naming the key."""
+  """Applies ``key=value`` overrides (``["opt.lr=3e-3", "train.steps=100"]``) in order.
+
+  Values are parsed to the type of the key's current value (bool, int, float, str).
+
+  Args:
+    cfg: the config, changed in place.
+    overrides: ``"dotted.key=value"`` strings.
+
+  Returns:
+    ``cfg``.
+
+  Raises:
+    ValueError: an item without ``=``, an unknown key or a group (both named), or a
+      value that does not parse as the key's type.
+  """
   for item in overrides:
     key, sep, text = item.partition("=")
     if not sep:
@@ -212,8 +254,20 @@ def load_config(spec: str, overrides: Sequence[str] = (), *,
                 check: bool = True) -> ml_collections.ConfigDict:
   """Loads ``path.py[:arg]``, calls its ``get_config(arg)``, applies ``overrides``, validates.
 
-  ``check=False`` skips :func:`validate` (for configs that do not train, such as
-  ``favor_approx``; they check their own keys).
+  Args:
+    spec: ``"path/to/config.py"`` or ``"path/to/config.py:arg"`` (big_vision style;
+      ``arg`` is the config's own ``k=v,...`` string).
+    overrides: ``"dotted.key=value"`` strings (:func:`.apply_overrides`).
+    check: run :func:`~attnjax.train.validate`; False for configs that do not train,
+      such as ``favor_approx``'s (they check their own keys).
+
+  Returns:
+    The ``ml_collections.ConfigDict``.
+
+  Raises:
+    FileNotFoundError: no such config file.
+    ValueError: a file without ``get_config``, a bad override, or a config that does not
+      validate (the message names the key).
   """
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
@@ -232,7 +286,17 @@ def load_config(spec: str, overrides: Sequence[str] = (), *,
 
 
 def split_argv(argv: Sequence[str]) -> tuple[Optional[str], list[str], list[str]]:
-  """Separates ``--config SPEC``, ``--config.k=v`` (also ``--config.k v``) and the other args."""
+  """Separates ``--config SPEC``, ``--config.k=v`` (also ``--config.k v``) and the other args.
+
+  Args:
+    argv: command-line arguments (without the program name).
+
+  Returns:
+    ``(spec or None, ["k=v", ...] overrides, other arguments)``.
+
+  Raises:
+    ValueError: ``--config`` or ``--config.k`` without a value.
+  """
   spec, overrides, rest = None, [], []
   i = 0
   argv = list(argv)
@@ -270,7 +334,16 @@ def _require(ok: bool, message: str) -> None:
 
 
 def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = None) -> None:
-  """Checks choices and shapes, naming the key; ``num_devices`` also checks the batch split."""
+  """Checks a run's config before anything is built: choices, sizes and shapes.
+
+  Args:
+    cfg: a config with the keys of :func:`.base_config`.
+    num_devices: the devices the run will use; also checks that the batch splits over
+      them (and the mesh fills them).
+
+  Raises:
+    ValueError: the first key whose value cannot run, named with its value.
+  """
   from attnjax.data import SOURCES
   from attnjax.train.variants import VARIANTS
 

@@ -34,13 +34,30 @@ from typing import Optional, Sequence
 
 
 def free_port() -> int:
+  """A TCP port of 127.0.0.1 that is free now (for the coordinator).
+
+  Returns:
+    The port number.
+  """
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
 
 
 def environments(processes: int, devices: int, port: int, platform: str) -> list[dict]:
-  """The environment of each process."""
+  """The environment of each process: this one's, plus jax.distributed's coordinates.
+
+  Args:
+    processes: ``P``.
+    devices: devices per process (``JAX_NUM_CPU_DEVICES`` on the CPU).
+    port: the coordinator's port on 127.0.0.1.
+    platform: ``"cpu"`` sets the CPU device count (and drops XLA's host-device flag);
+      other platforms keep the environment's devices.
+
+  Returns:
+    ``P`` dicts, process ``i``'s with ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``
+    and ``JAX_PROCESS_ID=i``.
+  """
   envs = []
   for i in range(processes):
     env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
@@ -63,7 +80,24 @@ def _pump(i: int, stream, out) -> None:
 
 def launch(command: Sequence[str], processes: int, devices: int, *, port: Optional[int] = None,
            platform: str = "cpu") -> int:
-  """Runs ``command`` in ``processes`` processes; returns the first failing status (or 0)."""
+  """Runs ``command`` in ``processes`` local processes under ``jax.distributed``.
+
+  Their output is interleaved on stdout, each line prefixed ``[p<i>]``. When one process
+  fails the others are terminated, so a killed or crashed process stops the run.
+
+  Args:
+    command: the program and its arguments, e.g. ``["python", "experiments/train.py", ...]``.
+    processes: ``P``.
+    devices: devices per process.
+    port: the coordinator's port (default: a free one).
+    platform: ``"cpu"`` (forced host devices) or the platform of the processes' devices.
+
+  Returns:
+    The first failing exit status, or 0.
+
+  Raises:
+    ValueError: ``processes`` or ``devices`` below 1, or an empty command.
+  """
   if processes < 1 or devices < 1:
     raise ValueError(f"--processes={processes} and --devices-per-process={devices} must be >= 1")
   if not command:
@@ -104,6 +138,14 @@ def launch(command: Sequence[str], processes: int, devices: int, *, port: Option
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """``python -m attnjax.train.launch --processes P --devices-per-process D -- <command>``.
+
+  Args:
+    argv: the arguments (default ``sys.argv[1:]``).
+
+  Returns:
+    The exit status (2 for a usage error).
+  """
   argv = list(sys.argv[1:] if argv is None else argv)
   if "--" not in argv:
     print("usage: python -m attnjax.train.launch --processes P --devices-per-process D -- "

@@ -58,6 +58,10 @@ def init_distributed() -> None:
   on a TPU pod's workers, where jax reads the coordinator from the TPU metadata). CPU
   processes exchange collectives through gloo. Nothing happens on a single process or
   when jax's distributed runtime is already up.
+
+  Raises:
+    KeyError: ``JAX_NUM_PROCESSES`` set without ``JAX_PROCESS_ID``.
+    RuntimeError: jax could not reach the coordinator (its own error).
   """
   address = os.environ.get("JAX_COORDINATOR_ADDRESS")
   cluster = (os.environ.get("ATTNJAX_DISTRIBUTED") == "1"
@@ -117,7 +121,7 @@ class DivergenceWatch:
 
 @dataclasses.dataclass
 class _Progress:
-  """What :meth:`Trainer.run` carries from one step boundary to the next, on the host.
+  """What :meth:`.Trainer.run` carries from one step boundary to the next, on the host.
 
   Attributes:
     start: the step the run began (or resumed) at.
@@ -163,7 +167,26 @@ class _Progress:
 
 
 class Trainer:
-  """One run: builds data, model, optimizer and checkpointer from ``cfg`` and runs them."""
+  """One run: builds data, model, optimizer and checkpointer from ``cfg`` and runs them.
+
+  The model is created sharded over the run's mesh (:class:`attnjax.train.mesh.MeshParallel`),
+  the optimizer state sharded like the parameters. :meth:`run` trains or resumes;
+  :func:`attnjax.train.train` is the usual entry.
+
+  Args:
+    cfg: a validated run config with ``run_dir`` set.
+
+  Attributes:
+    cfg: the config.
+    dir: the :class:`~attnjax.train.RunDir`.
+    batches: the run's data (:func:`attnjax.data.from_config`).
+    state: ``{"params", "opt_state", "step"}``, sharded over the mesh.
+    num_params: parameters of the model.
+    skipped_checkpoints: checkpoints that did not restore and were set aside.
+
+  Raises:
+    ValueError: a config that does not validate, or no ``run_dir``.
+  """
 
   def __init__(self, cfg: Any):
     self.cfg = cfg
@@ -215,7 +238,7 @@ class Trainer:
   def _restore_latest(self, manager: ocp.CheckpointManager) -> int:
     """Restores the newest checkpoint that restores. One that fails (its files truncated or
     missing) is named on stderr with the error, moved aside to ``checkpoints.damaged/`` (never
-    deleted) and recorded in :attr:`skipped_checkpoints`; the next older one is tried."""
+    deleted) and recorded in ``skipped_checkpoints``; the next older one is tried."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
     for step in sorted(manager.all_steps(), reverse=True):
       try:
@@ -250,9 +273,19 @@ class Trainer:
   # -- evaluation -----------------------------------------------------------
 
   def model(self) -> nnx.Module:
+    """The model with the current parameters (an ``attnjax.nn.TransformerLM``)."""
     return nnx.merge(self.graphdef, self.state["params"], self.rest)
 
   def evaluate(self, step: int) -> dict:
+    """Validation loss over ``train.eval_batches`` batches.
+
+    Args:
+      step: the training step the record is labelled with.
+
+    Returns:
+      ``{"kind": "val", "step", "val_loss", "val_bpc", "unit"}`` (loss in nats per token,
+      bits per character or byte).
+    """
     ce, count = 0.0, 0.0
     for i in range(self.cfg.train.eval_batches):
       b = self.batches.batch("val", i)
@@ -265,6 +298,14 @@ class Trainer:
             "unit": self.batches.unit}
 
   def probe(self, step: int) -> dict:
+    """Every sink and stability statistic of the model on the fixed probe batch.
+
+    Args:
+      step: the training step the record is labelled with.
+
+    Returns:
+      ``{"step", ...}`` with the flat keys of :func:`attnjax.nn.probe.probe`.
+    """
     t = self.cfg.train
     b = self.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
     record = run_probe(self.model(), self.dp.put_batch(b.inputs), to_host=mesh_lib.to_host)
@@ -273,8 +314,20 @@ class Trainer:
   # -- the loop -------------------------------------------------------------
 
   def run(self) -> dict:
-    """Trains (or resumes) the run; the data-parallel mesh is the ambient mesh throughout, so
-    attention dispatch puts platform kernels inside ``shard_map`` over it."""
+    """Trains (or resumes) the run to ``train.steps``, or until it diverges.
+
+    The run's mesh is the ambient mesh throughout, so attention dispatch puts platform
+    kernels inside ``shard_map`` over it. Metrics, probes, checkpoints and the summary go
+    to the run directory.
+
+    Returns:
+      The summary (also written as ``summary.json``): ``status`` (``"finished"`` or
+      ``"diverged"``), the final losses, step, timings and the run's statistics.
+
+    Raises:
+      ValueError: the run directory holds a run whose config differs in a key that
+        changes what it computes (each key named with both values).
+    """
     with jax.set_mesh(self.dp.mesh):
       return self._run()
 
@@ -508,7 +561,7 @@ def config_changes(old: dict, new: dict) -> dict:
 
 def check_config(run: rundir.RunDir, cfg: Any) -> list[str]:
   """The keys of ``cfg`` that differ from the run directory's ``config.json`` (none if it has
-  none); ValueError naming every key outside :data:`RESUMABLE_KEYS` that differs, with both
+  none); ValueError naming every key outside ``RESUMABLE_KEYS`` that differs, with both
   values."""
   old = rundir.read_json(run.config)
   if old is None:
@@ -529,8 +582,16 @@ def check_config(run: rundir.RunDir, cfg: Any) -> list[str]:
 def train(cfg: Any) -> dict:
   """Runs (or resumes, or returns the summary of, if already ended) the run ``cfg`` describes.
 
-  Rerunning a run directory with a config that changes what it computes raises, naming the
-  keys (:func:`check_config`); keys of :data:`RESUMABLE_KEYS` may change.
+  Args:
+    cfg: a run config (:func:`attnjax.train.load_config`) with ``run_dir`` set.
+
+  Returns:
+    The run's summary (``summary.json``) as a dict.
+
+  Raises:
+    ValueError: an invalid config, or a run directory whose run differs in a key that
+      changes what it computes (``opt.lr``, ``train.steps``, ...: each named with both
+      values); logging, evaluation, checkpoint cadence and the mesh may change.
   """
   run = rundir.RunDir(cfg.run_dir)
   if run.is_done():

@@ -5,24 +5,24 @@ A run's devices (every process's) form one mesh with axes ``("data", "fsdp",
 ``-1``: the devices left). Logical axis rules (as MaxText's and levanter's) map
 the model's named dimensions onto it:
 
-=============  ==================  =============================================
-logical name   mesh axis           what it shards
-=============  ==================  =============================================
-``embed``      ``fsdp``            every matrix's model-width dimension (FSDP)
-``heads``      ``tensor``          attention heads (Megatron tensor parallelism)
-``mlp``        ``tensor``          the MLP's hidden width
-``vocab``      ``tensor``          the embedding / output vocabulary
-batch          (``data``, ``fsdp``)  the activations' batch rows
-length         ``context``         the activations' sequence (context parallelism)
-=============  ==================  =============================================
+=============  ======================  ===============================================
+logical name   mesh axis               what it shards
+=============  ======================  ===============================================
+``embed``      ``fsdp``                every matrix's model-width dimension (FSDP)
+``heads``      ``tensor``              attention heads (Megatron tensor parallelism)
+``mlp``        ``tensor``              the MLP's hidden width
+``vocab``      ``tensor``              the embedding / output vocabulary
+batch          (``data``, ``fsdp``)    the activations' batch rows
+length         ``context``             the activations' sequence (context parallelism)
+=============  ======================  ===============================================
 
 The model is initialised directly sharded (``jax.jit`` of its construction with
 the parameters' shardings as outputs: no device ever holds the whole model), the
 optimizer state is sharded like the parameters it mirrors, and the train step
 keeps both where they are. Platform attention kernels run inside ``shard_map``
-over the batch and head axes (:func:`attnjax._platform.per_shard`); with
+over the batch and head axes (``attnjax._platform.per_shard``); with
 ``context`` > 1 every attention layer runs sequence-sharded inside ``shard_map``
-(:mod:`attnjax.nn._context`: the ring for the dense family, state passing for the
+(``attnjax.nn._context``: the ring for the dense family, state passing for the
 recurrent ones).
 """
 
@@ -46,9 +46,18 @@ LENGTH_AXIS = "context"
 
 
 def mesh_sizes(mesh_cfg: Any, num_devices: int) -> dict[str, int]:
-  """``{axis: size}`` from ``config.mesh`` for ``num_devices`` devices (one ``-1`` takes the rest).
+  """The mesh's axis sizes for ``num_devices`` devices (one ``-1`` takes the rest).
 
-  Raises ``ValueError`` naming the sizes when they do not multiply to the device count.
+  Args:
+    mesh_cfg: ``config.mesh`` (``data``, ``fsdp``, ``tensor``, ``context``; missing = 1).
+    num_devices: the run's devices.
+
+  Returns:
+    ``{axis: size}`` over :data:`.AXES`, whose product is ``num_devices``.
+
+  Raises:
+    ValueError: sizes that do not multiply to the device count (named), a size of 0 or
+      below -1, or more than one -1.
   """
   sizes = {a: int(mesh_cfg.get(a, 1)) for a in AXES}
   free = [a for a, s in sizes.items() if s == -1]
@@ -75,7 +84,16 @@ def mesh_sizes(mesh_cfg: Any, num_devices: int) -> dict[str, int]:
 
 
 def check_shapes(cfg: Any, sizes: dict[str, int]) -> None:
-  """Clear errors, before any compile, for shapes the mesh cannot split."""
+  """Clear errors, before any compile, for shapes the mesh cannot split.
+
+  Args:
+    cfg: the run config.
+    sizes: the mesh's ``{axis: size}`` (:func:`.mesh_sizes`).
+
+  Raises:
+    ValueError: heads or the MLP width not divisible by ``tensor``, ``d_model`` by
+      ``fsdp``, the sequence by ``context``, or a batch by ``data x fsdp`` (named).
+  """
   m, d, t = cfg.model, cfg.data, cfg.train
   kv = m.num_kv_heads or m.num_heads
   if m.num_heads % sizes["tensor"] or kv % sizes["tensor"]:
@@ -98,7 +116,19 @@ def check_shapes(cfg: Any, sizes: dict[str, int]) -> None:
 
 
 class MeshParallel:
-  """The run's mesh, its shardings, and the host <-> device moves of batches and state."""
+  """The run's mesh, its shardings, and the host <-> device moves of batches and state.
+
+  Args:
+    cfg: the run config (``config.mesh``, ``train.num_devices`` and the shapes are read).
+
+  Attributes:
+    sizes: ``{axis: size}`` of the mesh.
+    mesh: the ``jax.sharding.Mesh`` over every process's devices, axes :data:`.AXES`.
+
+  Raises:
+    ValueError: sizes or shapes the devices cannot hold (:func:`.mesh_sizes`,
+      :func:`.check_shapes`), or ``train.num_devices`` on several hosts.
+  """
 
   def __init__(self, cfg: Any):
     devices = jax.devices()
@@ -193,8 +223,16 @@ class MeshParallel:
 
 
 def to_host(tree: Any) -> Any:
-  """``jax.device_get`` that also reads arrays spread over several processes' devices (each
-  process gathers the whole array: metrics, probe statistics, validation sums)."""
+  """``jax.device_get`` that also reads arrays spread over several processes' devices.
+
+  Each process gathers the whole array (metrics, probe statistics, validation sums).
+
+  Args:
+    tree: a pytree of arrays.
+
+  Returns:
+    The same pytree of numpy arrays.
+  """
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
       from jax.experimental import multihost_utils  # noqa: PLC0415
@@ -204,7 +242,14 @@ def to_host(tree: Any) -> Any:
 
 
 def bytes_per_device(tree: Any) -> dict[Any, int]:
-  """Bytes of ``tree``'s arrays held on each device (from their shardings)."""
+  """Bytes of ``tree``'s arrays held on each device of this process (from their shardings).
+
+  Args:
+    tree: a pytree of ``jax.Array``.
+
+  Returns:
+    ``{device: bytes}``.
+  """
   out: dict[Any, int] = {}
   for x in jax.tree.leaves(tree):
     for shard in x.addressable_shards:

@@ -95,7 +95,7 @@ def max_stable_lr(learning_rates: Sequence[float], final_losses: Sequence[float]
     final_losses: ``[G]`` final losses (NaN/Inf allowed).
     initial_loss: ``loss_0``, a scalar or ``[G]``.
     diverged: optional ``[G]`` booleans, True where the run stopped as diverged
-      (e.g. by :func:`is_diverged`) even if its last logged loss is finite.
+      (e.g. by :func:`.is_diverged`) even if its last logged loss is finite.
 
   Returns:
     The LR as a float, or None when no run was stable.
@@ -184,7 +184,7 @@ def is_diverged(loss, initial_loss, *, factor: float = 2.0):
   """Divergence test for a train loop: NaN/Inf loss, or loss > ``factor`` x the initial loss.
 
   Not from a paper: a practical stop rule (a diverged run records its LR as
-  unstable for :func:`max_stable_lr`). Works on Python/NumPy numbers (returns
+  unstable for :func:`.max_stable_lr`). Works on Python/NumPy numbers (returns
   a NumPy bool) and on JAX arrays, including inside ``jax.jit`` (returns a JAX
   bool), elementwise.
 
@@ -205,13 +205,19 @@ def is_diverged(loss, initial_loss, *, factor: float = 2.0):
 
 
 def loss_spike_score(losses: Sequence[Optional[float]]) -> Optional[float]:
-  """The train loop's :func:`spike_score` of a per-step loss series, or None when undefined.
+  """The train loop's :func:`.spike_score` of a per-step loss series, or None when undefined.
 
   OLMo 2's window is the previous 1000 steps; a shorter run uses all steps so
   far (``window = min(1000, steps - 1)``) and scores each step that has at
   least ``min(window, 50)`` steps of history. ``None`` entries (NaN or Inf
-  written as JSON null) are non-finite losses. Returns None for fewer than 3
-  steps or when no step could be scored.
+  written as JSON null) are non-finite losses.
+
+  Args:
+    losses: the training loss of every step, in order (None = non-finite).
+
+  Returns:
+    The percentage of spiking steps, or None for fewer than 3 steps or when no step
+    could be scored.
   """
   if len(losses) < 3:
     return None

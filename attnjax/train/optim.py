@@ -22,7 +22,17 @@ import optax
 
 
 def schedule(cfg: Any) -> optax.Schedule:
-  """Linear warmup over ``opt.warmup_frac * train.steps`` steps, then cosine to ``lr * min_lr_frac``."""
+  """The learning-rate schedule of a run.
+
+  Linear warmup from 0 over ``opt.warmup_frac * train.steps`` steps to ``opt.lr``, then
+  cosine decay to ``opt.lr * opt.min_lr_frac`` at ``train.steps``.
+
+  Args:
+    cfg: a run config (``cfg.opt`` and ``cfg.train.steps`` are read).
+
+  Returns:
+    An ``optax`` schedule: step -> learning rate.
+  """
   steps = int(cfg.train.steps)
   warmup = int(round(cfg.opt.warmup_frac * steps))
   lr = float(cfg.opt.lr)
@@ -36,7 +46,19 @@ def decay_mask(params: Any) -> Any:
 
 
 def make_optimizer(cfg: Any) -> optax.GradientTransformation:
-  """The optimizer of ``cfg.opt`` (see the module docstring for the weight-decay form)."""
+  """The optimizer of ``cfg.opt``: clipping, Adam, independent weight decay, the schedule.
+
+  Global-norm clipping at ``opt.clip`` (0: none), Adam (``b1``, ``b2``, ``eps``), weight
+  decay on matrices only with coefficient ``opt.weight_decay / opt.lr`` before the
+  learning rate, so that the decay per step is independent of the peak LR (the module
+  docstring), and :func:`.schedule`.
+
+  Args:
+    cfg: a run config.
+
+  Returns:
+    An ``optax.GradientTransformation``.
+  """
   o = cfg.opt
   parts = []
   if o.clip > 0:

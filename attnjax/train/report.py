@@ -26,7 +26,14 @@ _FATTN_KEYS = ("f_attn/f_attn",)
 
 
 def find_runs(root: str) -> list[str]:
-  """Run directories (folders holding ``summary.json``) under ``root``, sorted."""
+  """Run directories (folders holding ``summary.json``) under ``root``, sorted.
+
+  Args:
+    root: a folder of runs, e.g. ``runs/compare``.
+
+  Returns:
+    Their paths.
+  """
   out = []
   for dirpath, _, files in os.walk(root):
     if "summary.json" in files and "checkpoints" not in dirpath:
@@ -42,7 +49,16 @@ def _first(d: dict, keys: Sequence[str]) -> Optional[float]:
 
 
 def row_of(run_path: str, root: str) -> dict:
-  """One report row from a run directory."""
+  """One report row from a run directory.
+
+  Args:
+    run_path: the run directory.
+    root: the report's root (the row's ``arm`` is the path relative to it).
+
+  Returns:
+    A dict of the summary's and the config's values (variant, LR, status, losses,
+    statistics, timings; None where the run recorded none).
+  """
   run = rundir.RunDir(run_path)
   s = run.read_summary() or {}
   cfg = rundir.read_json(run.config) or {}
@@ -93,7 +109,15 @@ COLUMNS = (
 
 
 def markdown_table(rows: list[dict], *, columns=COLUMNS) -> str:
-  """A markdown table of report rows (diverged? shows the step)."""
+  """A markdown table of report rows (the "diverged?" column shows the step).
+
+  Args:
+    rows: :func:`.row_of` dicts.
+    columns: ``(key, header)`` pairs.
+
+  Returns:
+    The table, one line per row.
+  """
   lines = ["| " + " | ".join(title for _, title in columns) + " |",
            "|" + "|".join("---" if k == "variant" else "---:" for k, _ in columns) + "|"]
   for r in rows:
@@ -125,7 +149,16 @@ def _layer_max(r: dict, key: str) -> float:
 
 
 def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
-  """Loss, max attention logit and F-Attn against step, one line per run."""
+  """Loss, max attention logit and F-Attn against step, one line per run.
+
+  Args:
+    root: the report's root (labels are paths relative to it).
+    runs: run directories.
+    out_dir: the folder the PNGs are written to.
+
+  Returns:
+    The paths of the PNGs written.
+  """
   paths = []
   panels = (("loss", "training loss (nats)", "cross-entropy (nats)", lambda r: r["loss"], "log"),
             ("max_logit", "max attention logit (max over layers)", "max logit q.k * scale",
@@ -159,7 +192,16 @@ PROBE_PANELS = (("sink_rate/rate", "Sink_1^0.3 (%) on probe sequences", "heads w
 
 
 def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
-  """Sink statistics of the probes against training step, one line per run."""
+  """Sink statistics of the probes against training step, one line per run.
+
+  Args:
+    root: the report's root.
+    runs: run directories.
+    out_dir: the folder the PNGs are written to.
+
+  Returns:
+    The paths of the PNGs written.
+  """
   paths = []
   for key, title, ylabel in PROBE_PANELS:
     fig, ax = subplots(figsize=(7, 4.5))
@@ -179,9 +221,16 @@ def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
 
 def write_report(root: str, *, title: Optional[str] = None, extra: str = "",
                  order: Sequence[str] = ()) -> str:
-  """Writes ``root/report.md`` and ``root/plots/*.png``; returns the markdown.
+  """Writes ``root/report.md`` and ``root/plots/*.png``.
 
-  ``order`` lists run folders (relative to ``root``) to put first, in that order.
+  Args:
+    root: a folder of run directories.
+    title: the report's heading (default: the folder).
+    extra: markdown added after the table.
+    order: run folders (relative to ``root``) to put first, in that order.
+
+  Returns:
+    The markdown.
   """
   runs = find_runs(root)
   rank = {name: i for i, name in enumerate(order)}
@@ -214,7 +263,16 @@ def write_report(root: str, *, title: Optional[str] = None, extra: str = "",
 
 
 def lr_sweep_rows(rows: list[dict]) -> list[dict]:
-  """Per variant: LR sensitivity, max stable LR and best loss over its LR grid (attnjax.train.metrics)."""
+  """Per variant: LR sensitivity, max stable LR and best loss over its LR grid.
+
+  Args:
+    rows: :func:`.row_of` dicts of an LR sweep (several LRs per variant).
+
+  Returns:
+    One dict per variant: ``variant``, ``num_lrs``, ``lr_sensitivity`` and
+    ``max_stable_lr`` (:mod:`attnjax.train.metrics`), ``best_val_loss``, ``best_lr``,
+    ``diverged_lrs``.
+  """
   from attnjax.train import metrics as run_metrics
 
   out = []
@@ -240,6 +298,14 @@ def lr_sweep_rows(rows: list[dict]) -> list[dict]:
 
 
 def lr_sweep_table(summary: list[dict]) -> str:
+  """The markdown table of :func:`.lr_sweep_rows`.
+
+  Args:
+    summary: its dicts.
+
+  Returns:
+    The table.
+  """
   lines = ["| variant | LRs | LR sensitivity | max stable LR | best val loss | best LR | diverged at LR |",
            "|---|---:|---:|---:|---:|---:|---|"]
   for s in summary:
@@ -252,7 +318,18 @@ def lr_sweep_table(summary: list[dict]) -> str:
 
 
 def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
-  """``loss_vs_lr.png`` (diverged runs drawn at their initial loss) and max logit vs step per variant."""
+  """``loss_vs_lr.png`` and, per variant, max logit against step.
+
+  Diverged runs are drawn at their initial loss (Wortsman et al.'s convention).
+
+  Args:
+    rows: :func:`.row_of` dicts of an LR sweep.
+    root: the sweep's root.
+    out_dir: the folder the PNGs are written to.
+
+  Returns:
+    The paths of the PNGs written.
+  """
   paths = []
   fig, ax = subplots(figsize=(7, 4.5))
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
@@ -286,7 +363,15 @@ def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
 
 
 def write_lr_sweep_report(root: str, *, title: Optional[str] = None) -> str:
-  """``write_report`` plus the LR-sensitivity table and the LR plots."""
+  """:func:`.write_report` plus the LR-sensitivity table and the LR plots.
+
+  Args:
+    root: an LR sweep's root.
+    title: the report's heading.
+
+  Returns:
+    The markdown.
+  """
   rows = [row_of(r, root) for r in find_runs(root)]
   summary = lr_sweep_rows(rows)
   plots = plot_lr_sweep(rows, root, os.path.join(root, "plots")) if rows else []

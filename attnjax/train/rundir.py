@@ -11,14 +11,14 @@ Layout of one run::
 
 Whole files go through a temporary file and ``os.replace`` (atomic on POSIX).
 JSONL files are appended line by line with flush + fsync, and on resume
-:func:`truncate_jsonl` rewrites them (atomically) without the lines past the
+:func:`.truncate_jsonl` rewrites them (atomically) without the lines past the
 checkpoint step, so the resumed run appends exactly what an uninterrupted run
 would have written. A line cut by a kill mid-write is dropped on read.
 
 Every value goes through ``attnjax.stats.to_jsonable``, the one JSON rule of
 attnjax: arrays become lists, NaN and +-Inf become null. Files written before
 this rule hold +-1e308 for +-Inf; readers of numbers from run files pass them
-through :func:`finite_or_none`, which takes both (and NaN, and +-Inf) as missing.
+through :func:`.finite_or_none`, which takes both (and NaN, and +-Inf) as missing.
 """
 
 from __future__ import annotations
@@ -54,12 +54,26 @@ def finite_or_none(value: Any) -> Optional[float]:
 
 
 def dumps(record: dict) -> str:
-  """One strict JSON line (``attnjax.stats.to_jsonable``: NaN and +-Inf become null)."""
+  """One strict JSON line (``attnjax.stats.to_jsonable``: NaN and +-Inf become null).
+
+  Args:
+    record: a dict of JSON-able values, arrays or NamedTuples.
+
+  Returns:
+    The line, without its newline.
+  """
   return json.dumps(to_jsonable(record), allow_nan=False, sort_keys=False)
 
 
 def write_atomic(path: str, text: str) -> None:
-  """Writes ``text`` to ``path`` through a temporary file and ``os.replace``."""
+  """Writes ``text`` to ``path`` through a temporary file and ``os.replace``.
+
+  A reader (or a killed writer) never sees a partly written file.
+
+  Args:
+    path: the file (its folder is created).
+    text: the contents.
+  """
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp.{os.getpid()}"
   with open(tmp, "w") as f:
@@ -70,10 +84,24 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def write_json(path: str, obj: Any) -> None:
+  """Writes ``obj`` as strict JSON (NaN and +-Inf become null), atomically.
+
+  Args:
+    path: the file.
+    obj: JSON-able values, arrays or NamedTuples.
+  """
   write_atomic(path, json.dumps(to_jsonable(obj), indent=1, allow_nan=False) + "\n")
 
 
 def read_json(path: str) -> Optional[dict]:
+  """The JSON of ``path``, or None when there is no such file.
+
+  Args:
+    path: the file.
+
+  Returns:
+    The parsed value, or None.
+  """
   if not os.path.isfile(path):
     return None
   with open(path) as f:
@@ -81,7 +109,14 @@ def read_json(path: str) -> Optional[dict]:
 
 
 def read_jsonl(path: str) -> list[dict]:
-  """All complete lines of a JSONL file (a final line cut mid-write is skipped)."""
+  """All complete lines of a JSONL file (a final line cut mid-write is skipped).
+
+  Args:
+    path: the file (none: no records).
+
+  Returns:
+    The records in order, up to the first incomplete or unparsable line.
+  """
   if not os.path.isfile(path):
     return []
   out = []
@@ -97,7 +132,14 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def truncate_jsonl(path: str, keep_step_below: int) -> None:
-  """Atomically rewrites ``path`` keeping only complete lines with ``step < keep_step_below``."""
+  """Atomically rewrites ``path`` keeping only complete lines with ``step < keep_step_below``.
+
+  A resumed run drops the records it will write again.
+
+  Args:
+    path: the JSONL file (nothing happens if it does not exist).
+    keep_step_below: the first step to drop.
+  """
   if not os.path.exists(path):
     return
   kept = [r for r in read_jsonl(path) if r.get("step", -1) < keep_step_below]
@@ -105,7 +147,13 @@ def truncate_jsonl(path: str, keep_step_below: int) -> None:
 
 
 class JsonlWriter:
-  """Appends records as lines; each ``write`` is flushed and fsynced before it returns."""
+  """Appends records as lines; each ``write`` is flushed and fsynced before it returns.
+
+  A context manager (closes on exit).
+
+  Args:
+    path: the JSONL file, opened for appending (its folder is created).
+  """
 
   def __init__(self, path: str):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -113,6 +161,7 @@ class JsonlWriter:
     self._f = open(path, "a")
 
   def write(self, records: Iterable[dict]) -> None:
+    """Appends ``records``, one strict JSON line each (:func:`.dumps`)."""
     text = "".join(dumps(r) + "\n" for r in records)
     if text:
       self._f.write(text)
@@ -120,6 +169,7 @@ class JsonlWriter:
       os.fsync(self._f.fileno())
 
   def close(self) -> None:
+    """Closes the file."""
     self._f.close()
 
   def __enter__(self):
@@ -130,39 +180,51 @@ class JsonlWriter:
 
 
 class RunDir:
-  """Paths of one run directory."""
+  """Paths of one run directory (nothing is created until a run writes).
+
+  Args:
+    root: the run directory, e.g. ``runs/compare/dense``.
+  """
 
   def __init__(self, root: str):
     self.root = root
 
   def path(self, *parts: str) -> str:
+    """``root/parts...``."""
     return os.path.join(self.root, *parts)
 
   @property
   def config(self) -> str:
+    """The resolved config, ``config.json``."""
     return self.path("config.json")
 
   @property
   def metrics(self) -> str:
+    """Every logged step, ``metrics.jsonl``."""
     return self.path("metrics.jsonl")
 
   @property
   def probes(self) -> str:
+    """The probe's statistics at each probe step, ``probes.jsonl``."""
     return self.path("probes.jsonl")
 
   @property
   def summary(self) -> str:
+    """How the run ended, ``summary.json``."""
     return self.path("summary.json")
 
   @property
   def checkpoints(self) -> str:
+    """The orbax checkpoints' folder (absolute, as orbax requires)."""
     return os.path.abspath(self.path("checkpoints"))
 
   @property
   def plots(self) -> str:
+    """The run's PNG plots' folder."""
     return self.path("plots")
 
   def read_summary(self) -> Optional[dict]:
+    """The summary as a dict, or None when the run has written none."""
     return read_json(self.summary)
 
   def is_done(self) -> bool:

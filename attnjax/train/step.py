@@ -109,7 +109,7 @@ def mean_loss(values: Array, packing: Optional[dict[str, Array]],
   Args:
     values: ``[B, T]`` per-token values.
     packing: a packed batch's ``{"segment_ids", "positions", "weights"}``, or None.
-    total: for a packed batch, the denominator; defaults to :func:`weight_total`
+    total: for a packed batch, the denominator; defaults to ``weight_total``
       of ``packing``. A microbatch passes the whole batch's total, so that its
       weighted sum divided by it adds up over the microbatches to the whole
       batch's weighted mean.
@@ -129,7 +129,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   Args:
     graphdef: from ``nnx.split(model, nnx.Param, ...)``.
-    optimizer: the optax transformation (see :mod:`attnjax.train.optim`).
+    optimizer: the optax transformation (see ``attnjax.train.optim``).
     z_loss: coefficient of ``mean((log Z)^2)`` added to the loss (Wortsman sec. 3.1.2).
     stats: compute per-layer attention statistics in the training forward.
     microbatches: split the batch into this many equal microbatches and sum
@@ -208,9 +208,16 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
 
 def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
-  """``eval_step(params, rest, inputs, targets, packing=None) -> {"ce_sum", "count"}``.
+  """The evaluation step of a model: summed next-token cross-entropy and its count.
 
-  Float32 scalars; a packed batch counts only targets of weight 1.
+  Args:
+    graphdef: the model's ``nnx.GraphDef`` (``nnx.split(model)[0]``).
+
+  Returns:
+    ``eval_step(params, rest, inputs, targets, packing=None) -> {"ce_sum", "count"}``,
+    pure (jit it outside): ``inputs`` and ``targets`` integer ``[B, T]``, ``packing``
+    the packed batch's ``{"segment_ids", "positions", "weights"}`` ``[B, T]`` or None;
+    float32 scalars, a packed batch counting only targets of weight 1.
   """
 
   def eval_step(params, rest, inputs, targets, packing=None):

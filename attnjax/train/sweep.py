@@ -23,14 +23,32 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 @dataclasses.dataclass
 class Arm:
-  """One run of a sweep: a label for the report and its full config (``run_dir`` set)."""
+  """One run of a sweep: a label for the report and its full config (``run_dir`` set).
+
+  Attributes:
+    name: the label, e.g. ``"dense lr=0.01"``.
+    config: the run's config.
+  """
 
   name: str
   config: Any
 
 
 def arm(base: Any, name: str, run_dir: str, **changes: Any) -> Arm:
-  """A copy of ``base`` with dotted-key ``changes`` (``{"opt.lr": 3e-3}``) and its run dir."""
+  """An arm: a copy of ``base`` with dotted-key changes and its own run directory.
+
+  Args:
+    base: the sweep's base config (not changed).
+    name: the arm's label.
+    run_dir: the arm's run directory.
+    **changes: ``{"opt.lr": 3e-3, "variant": "cosine"}``-style dotted keys.
+
+  Returns:
+    The :class:`.Arm`.
+
+  Raises:
+    KeyError: an unknown key (named).
+  """
   cfg = copy.deepcopy(base)
   for key, value in changes.items():
     node = cfg
@@ -52,6 +70,14 @@ def _record_failure(arm: Arm, error: str) -> dict:
 
 
 def run_in_process(arm: Arm) -> dict:
+  """Trains the arm in this process; a failure is recorded as its summary, not raised.
+
+  Args:
+    arm: the :class:`.Arm`.
+
+  Returns:
+    The run's summary, or ``{"status": "failed", "error", ...}`` (also written).
+  """
   from attnjax.train.loop import train
 
   try:
@@ -61,7 +87,14 @@ def run_in_process(arm: Arm) -> dict:
 
 
 def run_in_subprocess(arm: Arm) -> dict:
-  """Runs the arm with ``python -m attnjax.train.run_config`` (fresh process, own compile)."""
+  """Runs the arm with ``python -m attnjax.train.run_config`` (fresh process, own compile).
+
+  Args:
+    arm: the :class:`.Arm`.
+
+  Returns:
+    The run's summary, or a ``"failed"`` summary when the process died without one.
+  """
   run = rundir.RunDir(arm.config.run_dir)
   if run.is_done():
     return run.read_summary()
@@ -79,7 +112,16 @@ def run_in_subprocess(arm: Arm) -> dict:
 
 
 def run_sweep(arms: Iterable[Arm], *, processes: bool = False, verbose: bool = True) -> list[dict]:
-  """Runs every arm (skipping those already ended); returns their summaries in order."""
+  """Runs every arm, skipping those already ended (a rerun of a sweep resumes it).
+
+  Args:
+    arms: the :class:`.Arm` objects, run in order.
+    processes: each arm in its own process (:func:`.run_in_subprocess`).
+    verbose: print one line per arm.
+
+  Returns:
+    The summaries in order, each with the arm's ``"arm"`` label added.
+  """
   results = []
   for a in arms:
     run = rundir.RunDir(a.config.run_dir)
@@ -100,7 +142,14 @@ def run_sweep(arms: Iterable[Arm], *, processes: bool = False, verbose: bool = T
 
 
 def config_from_json(path: str):
-  """A ConfigDict from a resolved ``config.json``."""
+  """A ConfigDict from a resolved ``config.json``.
+
+  Args:
+    path: the file.
+
+  Returns:
+    The ``ml_collections.ConfigDict``.
+  """
   import ml_collections
 
   with open(path) as f:

@@ -1,6 +1,6 @@
 """Named attention variants: the arms of the experiments, as ``attnjax.nn.AttentionConfig`` fields.
 
-``config.variant = "cosine"`` selects one; :func:`attention_kwargs` gives the
+``config.variant = "cosine"`` selects one; :func:`.attention_kwargs` gives the
 fields passed to ``AttentionConfig``. Names follow EXPERIMENTS.md.
 """
 
@@ -58,10 +58,22 @@ GATED = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet")
 
 
 def attention_kwargs(name: str) -> dict[str, Any]:
+  """The attention options of a variant (keywords of :class:`attnjax.nn.AttentionConfig`).
+
+  Args:
+    name: a key of :data:`.VARIANTS`.
+
+  Returns:
+    A new dict of options.
+
+  Raises:
+    ValueError: an unknown variant (the message lists the valid ones).
+  """
   if name not in VARIANTS:
     raise ValueError(f"variant={name!r} is not one of: {', '.join(sorted(VARIANTS))}")
   return dict(VARIANTS[name][0])
 
 
 def describe(name: str) -> str:
+  """A variant's one-line description for reports (the name itself if unknown)."""
   return VARIANTS[name][1] if name in VARIANTS else name
