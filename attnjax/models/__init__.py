@@ -15,7 +15,7 @@
 SmolLM), ``mistral``, ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3_text``,
 ``olmo2`` and ``gpt_oss``. Each is a mapping of its ``config.json`` and
 tensor names onto the one decoder of :mod:`attnjax.nn`
-(:mod:`attnjax.models.architectures`); the reference for each is
+(``attnjax.models.architectures``); the reference for each is
 ``transformers``, whose eager forward the tests hold the logits, the
 per-head sink mass and greedy generation equal to. No torch, no network.
 

@@ -256,11 +256,12 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
     The :class:`attnjax.nn.TransformerLM`.
 
   Raises:
-    CheckpointError (a ValueError): not a checkpoint directory, unknown
+    CheckpointError: (a ``ValueError``) not a checkpoint directory, unknown
       ``model_type`` (lists SUPPORTED), a config key that is not understood,
       missing or unexpected tensors, a tensor whose shape differs from the
       config (both shapes named); all before any weight is read.
-    ValueError / TypeError: a bad ``dtype``, ``attention`` or ``mesh``.
+    ValueError: a bad ``dtype``, ``attention`` or ``mesh`` value.
+    TypeError: an ``attention`` option or ``mesh`` of the wrong type.
   """
   checkpoint = Checkpoint(path)
   config = checkpoint.config

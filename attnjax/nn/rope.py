@@ -19,7 +19,7 @@ Face ``transformers`` names them in ``rope_parameters`` / ``rope_scaling``):
   the rotated vectors multiplied by the attention factor (so logits by its square).
 
 A scaling is a hashable tuple of ``(key, value)`` pairs sorted by key (a
-config field); :func:`normalize_scaling` makes one from a dict and checks it.
+config field); ``attnjax.nn.rope.normalize_scaling`` makes one from a dict and checks it.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def apply_rope(x: Array, positions: Array, theta: float, *,
       or ``[B, T, N]`` (one per head: a cache whose key/value heads keep
       different tokens, :class:`~.H2OCache`).
     theta: the RoPE base.
-    scaling: None, or a scaling of :func:`normalize_scaling` (linear, llama3,
+    scaling: None, or a scaling of ``attnjax.nn.rope.normalize_scaling`` (linear, llama3,
       yarn); yarn's attention factor multiplies the result.
 
   Returns:

@@ -182,7 +182,7 @@ class TransformerLM(nnx.Module):
     ``model(tokens)`` is ``model.output_logits(model.features(tokens))`` (plus
     ``log Z`` under a capture); a long sequence's loss can take the logits of
     a few positions at a time from these ``[B, T, D]`` features instead of the
-    ``[B, T, V]`` logits at once. Arguments as :meth:`__call__`.
+    ``[B, T, V]`` logits at once. Arguments as calling the model.
     """
     h = self._embed(tokens, positions)
     flags = dict(sow_weights=sow_weights, sow_hidden=sow_hidden)
