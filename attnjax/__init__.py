@@ -31,8 +31,9 @@ from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import stats
+from attnjax._config import config
+from attnjax._version import __version__
 
-__version__ = "0.1.0"
 
 # Flax-backed layers load on first access (PEP 562), so ``import attnjax``
 # loads only the functions layer and never flax: ``attnjax.nn.Attention``
@@ -55,6 +56,7 @@ __all__ = [
     "AttentionStats",
     "block_select_attention",
     "compressed_attention",
+    "config",
     "cosine_attention",
     "delta_rule_attention",
     "dot_product_attention",

@@ -33,7 +33,8 @@ class AttentionStats(NamedTuple):
     max_logit: ``[B, N]`` maximum over allowed ``(i, j)`` of the logit the
       normaliser sees (Wortsman et al. 2023).
     logsumexp: ``[B, N, T]`` log of the softmax partition of each row, including
-      the null column of ``softmax_one`` / ``sink_logits``; 0 for empty rows.
+      the null column of ``softmax_one`` / ``sink_logits``; 0 for empty rows (jax.nn's
+      masked logit when ``dot_product_attention`` returns jax.nn's residual from it).
     row_sum: ``[B, N]`` mean over queries of ``sum_j w_ij`` of the raw weights
       (1 for softmax; ``1 - null mass`` for softmax_one and sink logits).
   """
@@ -60,7 +61,8 @@ def row_mean(x: Array, rows: Array) -> Array:
   return total / jnp.maximum(count, 1.0)
 
 
-def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array) -> AttentionStats:
+def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array,
+                       empty_logsumexp: float = 0.0) -> AttentionStats:
   """Reference statistics from materialised logits and weights (the readable definition).
 
   Args:
@@ -68,6 +70,7 @@ def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array
     w: the weights ``[B, N, T, S]``.
     allowed: boolean mask broadcastable to ``[B, N, T, S]``.
     log_normalizer: ``[B, N, T, 1]`` the log partition of each row.
+    empty_logsumexp: the ``logsumexp`` of a row with no allowed key.
 
   Returns:
     The :class:`.AttentionStats`.
@@ -90,22 +93,25 @@ def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array
   max_logit = jnp.where(jnp.isfinite(zmax), zmax, 0.0)
 
   lse = log_normalizer[..., 0]
-  lse = jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0)
+  lse = jnp.where(has_key, jnp.where(jnp.isfinite(lse), lse, 0.0), empty_logsumexp)
   row_sum = row_mean(jnp.sum(w, axis=-1), has_key)
   return AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
                         logsumexp=lse, row_sum=row_sum)
 
 
-def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None) -> tuple:
+def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None,
+                    empty_logsumexp: float = 0.0) -> tuple:
   """``(sink_mass, entropy, max_logit, logsumexp, row_sum)`` from the statistics rows.
 
   Args:
     rows: ``[B, N, T]`` per query row: ``entropy``, ``p0``, ``row_sum``, ``row_max``,
-      ``lse``, and the masks ``normalisable`` and ``has_key``.
+      ``lse`` (0 on a row without keys), and the masks ``normalisable`` and ``has_key``.
     q_positions: ``[T]`` global positions of the rows (``sink_mass`` leaves out position 0).
     axis: None, or a ``shard_map`` axis whose devices hold the other rows of the call (a
       sequence sharded over it): the means and the maximum are then over every device's
       rows (sums and counts summed over the axis), the same on every device.
+    empty_logsumexp: the ``logsumexp`` of a row with no allowed key (the kernel's own count
+      of the row's keys says which: ``has_key``).
 
   Returns:
     ``(sink_mass [B, N], entropy [B, N], max_logit [B, N], logsumexp [B, N, T],
@@ -127,16 +133,20 @@ def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None) 
     row_max = jax.lax.pmax(row_max, axis)
   entropy, sink_mass, row_sum = (total / jnp.maximum(count, 1.0) for total, count in sums)
   max_logit = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  return sink_mass, entropy, max_logit, rows["lse"], row_sum
+  lse = rows["lse"]
+  if empty_logsumexp != 0.0:
+    lse = jnp.where(rows["has_key"], lse, empty_logsumexp)
+  return sink_mass, entropy, max_logit, lse, row_sum
 
 
-def stats_from_padded_rows(rows: dict, T: int) -> tuple:
+def stats_from_padded_rows(rows: dict, T: int, empty_logsumexp: float = 0.0) -> tuple:
   """:func:`.stats_from_rows` of a kernel's per-row outputs ``[B, N, Tp, 1]`` (``Tp >= T``
   padded rows; the masks as numbers, > 0 = True), rows at positions ``0`` to ``T - 1``.
 
   Args:
     rows: the kernel's ``[B, N, Tp, 1]`` rows (keys as :func:`.stats_from_rows`).
     T: the real number of rows.
+    empty_logsumexp: the ``logsumexp`` of a row with no allowed key.
 
   Returns:
     As :func:`.stats_from_rows`.
@@ -144,4 +154,4 @@ def stats_from_padded_rows(rows: dict, T: int) -> tuple:
   cat = {key: val[:, :, :T, 0] for key, val in rows.items()}
   for key in ("normalisable", "has_key"):
     cat[key] = cat[key] > 0
-  return stats_from_rows(cat, jnp.arange(T))
+  return stats_from_rows(cat, jnp.arange(T), empty_logsumexp=empty_logsumexp)

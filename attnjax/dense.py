@@ -1,38 +1,37 @@
 """Dense scaled dot-product attention with every normaliser, and its dispatch.
 
 ``dot_product_attention`` validates its arguments once, puts the static choices
-in a :class:`DenseOptions`, and hands the arrays to one implementation from
-``IMPLEMENTATIONS`` (with ``implementation=None``, one per platform, chosen when
-the program is lowered: :func:`run`). Every implementation takes the same canonical arguments,
-so the fast paths (block-wise, platform kernels) plug in beside the readable
-``reference`` below and are tested against it.
+in a :class:`DenseOptions`, and hands the arrays to one :class:`Engine` of
+:data:`ENGINES` (with ``implementation=None``, one per platform from its list in
+:data:`PREFERENCES`, chosen when the program is lowered: :func:`run`). Every
+engine takes the same canonical arguments, so the fast paths (block-wise,
+platform kernels) plug in beside the readable ``reference`` below and are
+tested against it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from attnjax import _checks, masks, normalizers, options, parallel, _platform
+from attnjax import (_checks, _jax_nn_compat, _lowering, _sharding, _trust, masks, normalizers,
+                     options, parallel)
 from attnjax.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
 
 Array = jnp.ndarray
 
 Similarity = options.Similarity
-# The names of IMPLEMENTATIONS below, for signatures (a test keeps the two equal).
-ImplementationName = Literal["reference", "blockwise", "xla", "cudnn", "splash", "pallas_gpu",
-                             "pallas_tpu", "mosaic_gpu"]
 # The canonical call lives in attnjax.options so that kernels (blockwise) can take it without
 # importing this module, which imports them for its registry.
 SIMILARITIES = options.SIMILARITIES
 DenseOptions = options.DenseOptions
 DenseInputs = options.DenseInputs
+JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
 
 
 # ---------------------------------------------------------------------------
@@ -106,116 +105,170 @@ def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
   if not opts.return_stats:
     return out
-  return out, stats_from_weights(z, w, allowed, log_norm)
+  return out, stats_from_weights(z, w, allowed, log_norm, opts.empty_row_logsumexp)
 
 
 @dataclasses.dataclass(frozen=True)
-class Implementation:
-  fn: Callable[[DenseInputs, DenseOptions], Any]
-  # Returns the reasons this path cannot honour the call ([] = supported).
+class Engine:
+  """One dense implementation, as dispatch sees it: adding an engine is one of these in
+  :data:`ENGINES` and, for auto-dispatch, its name in a list of :data:`PREFERENCES`.
+
+  Attributes:
+    name: the ``implementation=`` that names it.
+    compute: ``(inputs, opts) -> out`` on a call ``unsupported`` accepts, without a
+      wrong-platform guard (a ``platform_dependent`` branch is its own guard); a
+      ``per_shard`` engine's also takes ``shard_offsets=``.
+    unsupported: ``(inputs, opts) -> reasons`` it cannot honour the call ([] = it can);
+      checked once per call.
+    platform: the platform it lowers for (``"cuda"``, ``"tpu"``), or None: any.
+    where: where it runs, for the error of a named call lowered for another platform.
+    per_shard: a custom call XLA cannot partition: under a multi-device mesh it runs inside
+      :func:`attnjax._sharding.per_shard`.
+    vouched_by: who checks it on hardware: ``"jax"`` (jax's own kernels), ``"attnjax"``
+      (plain JAX, held equal to the reference by this project's tests) or
+      ``"device-check"`` (attnjax's Pallas kernels: auto-dispatch takes them only where
+      :mod:`attnjax._trust` allows).
+    min_length: auto-dispatch takes it from this sequence length on (the longer of T, S).
+  """
+
+  name: str
+  compute: Callable[..., Any]
   unsupported: Callable[[DenseInputs, DenseOptions], list[str]]
+  platform: Optional[str] = None
+  where: str = ""
+  per_shard: bool = False
+  vouched_by: str = "attnjax"
+  min_length: int = 0
 
 
-IMPLEMENTATIONS: dict[str, Implementation] = {
-    "reference": Implementation(reference, lambda i, o: []),
-    "blockwise": Implementation(blockwise.run, blockwise.unsupported),
-    "xla": Implementation(jax_nn.xla, jax_nn.unsupported),
-    "cudnn": Implementation(jax_nn.cudnn, jax_nn.cudnn_unsupported),
-    "splash": Implementation(splash.run, splash.unsupported),
-    "pallas_gpu": Implementation(pallas_gpu.run, pallas_gpu.unsupported),
-    "pallas_tpu": Implementation(pallas_tpu.run, pallas_tpu.unsupported),
-    # explicit choice only: auto-dispatch does not pick it (select_implementation)
-    "mosaic_gpu": Implementation(mosaic_gpu.run, mosaic_gpu.unsupported),
-}
-
-# The function each platform branch runs for an implementation name: the platform kernels
-# without their wrong-platform guard (the branch is the guard).
-_BRANCH_FNS: dict[str, Callable[[DenseInputs, DenseOptions], Any]] = {
-    "cudnn": lambda i, o: jax_nn.compute(i, o, implementation="cudnn"),
-    "splash": lambda i, o: splash.compute(i, o),
-    "pallas_gpu": lambda i, o: pallas_gpu.compute(i, o),
-    "pallas_tpu": lambda i, o: pallas_tpu.compute(i, o),
-}
+def _supports_everything(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
+  del inputs, opts
+  return []
 
 
-# Auto-dispatch uses the block-wise path on the CPU from this sequence length on (the longer of
-# T and S). Measured with `experiments/bench.py --suite dense --sizes 256,512,1024,2048` (causal
-# forward, B=1, N=8, H=64, fp32): block-wise / reference = 0.53x at 256, 0.76x at 512, 0.21x at
-# 1024, 0.12x at 2048. Shorter calls keep the reference (less to compile, nothing to skip).
+# Auto-dispatch uses the block-wise path from this sequence length on (the longer of T and S).
+# Measured with `experiments/bench.py --suite dense --sizes 256,512,1024,2048` (causal
+# forward, B=1, N=8, H=64, fp32, CPU): block-wise / reference = 0.53x at 256, 0.76x at 512,
+# 0.21x at 1024, 0.12x at 2048. Shorter calls keep the reference (less to compile, nothing to
+# skip).
 BLOCKWISE_MIN_LENGTH_CPU = 256
 
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("reference", reference, _supports_everything),
+    Engine("blockwise", blockwise.run, blockwise.unsupported,
+           min_length=BLOCKWISE_MIN_LENGTH_CPU),
+    Engine("xla", functools.partial(jax_nn.compute, implementation="xla"), jax_nn.unsupported,
+           vouched_by="jax"),
+    Engine("cudnn", functools.partial(jax_nn.compute, implementation="cudnn"),
+           jax_nn.cudnn_unsupported, platform="cuda", per_shard=True, vouched_by="jax",
+           where="runs on a CUDA GPU only (jax's cuDNN call)"),
+    Engine("splash", splash.compute, splash.unsupported, platform="tpu", per_shard=True,
+           vouched_by="jax", where="runs on a TPU only (splash needs a TPU)"),
+    Engine("pallas_gpu", pallas_gpu.compute, pallas_gpu.unsupported, platform="cuda",
+           per_shard=True, vouched_by="device-check",
+           where="runs on a CUDA GPU only (a Triton kernel)"),
+    Engine("pallas_tpu", pallas_tpu.compute, pallas_tpu.unsupported, platform="tpu",
+           per_shard=True, vouched_by="device-check",
+           where="runs on a TPU only (a Mosaic kernel)"),
+    Engine("mosaic_gpu", mosaic_gpu.compute, mosaic_gpu.unsupported, platform="cuda",
+           per_shard=True, vouched_by="device-check",
+           where="runs on a CUDA GPU (sm_90) only"),
+)}
+# The names of the built-in engines (the layer's and the signatures' choices).
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 
-def _by_length(inputs: DenseInputs, opts: DenseOptions) -> str:
+# Auto-dispatch's order per platform (a platform_dependent key): the first engine that
+# supports the call (and, for attnjax's Pallas kernels, that the kernel-trust rule allows),
+# then FALLBACK. Another platform takes FALLBACK alone.
+PREFERENCES: dict[str, tuple[str, ...]] = {
+    "cuda": ("cudnn", "mosaic_gpu", "pallas_gpu"),
+    "tpu": ("splash", "pallas_tpu"),
+}
+FALLBACK: tuple[str, ...] = ("blockwise", "reference")
+
+
+def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...]) -> dict[str, str]:
+  """``{platform: engine name}``: each platform's first engine of its list that covers the
+  call; each engine's ``unsupported`` runs once however many lists name it."""
+  reasons: dict[str, list[str]] = {}
   length = max(inputs.q.shape[1], inputs.k.shape[1])
-  if length >= BLOCKWISE_MIN_LENGTH_CPU and not blockwise.unsupported(inputs, opts):
-    return "blockwise"
-  return "reference"
+  table = {}
+  for platform in platforms:
+    notes = []
+    for name in PREFERENCES.get(platform, ()) + FALLBACK:
+      engine = ENGINES[name]
+      if length < engine.min_length:
+        continue
+      if name not in reasons:
+        reasons[name] = engine.unsupported(inputs, opts)
+      if reasons[name]:
+        continue
+      if engine.vouched_by == "device-check":
+        decision = _trust.allows(name, platform)
+        if not decision.allowed:
+          notes += [decision.note] if decision.note else []
+          continue
+      table[platform] = name
+      break
+    _trust.note_skipped(notes, table[platform])
+  return table
 
 
 def select_implementation(inputs: DenseInputs, opts: DenseOptions,
                           platform: Optional[str] = None) -> str:
-  """Auto-dispatch on one platform: the fastest path that honours every option asked for.
+  """Auto-dispatch on one platform: the first engine of :data:`PREFERENCES` (then
+  :data:`FALLBACK`) that honours every option asked for.
 
   ``platform`` is a ``jax.lax.platform_dependent`` key (``"cpu"``, ``"cuda"``,
   ``"tpu"``); None means the default backend's.
 
-  cuda: ``"cudnn"`` when it supports every option and the dtype (bf16/fp16)
-  and this host has the cuDNN library (jax's cuDNN wrapper reads its version
-  while tracing: a GPU machine, or a CPU host with ``attnjax[aot]``); else, on
-  a Hopper (compute capability 9: :func:`attnjax._platform.cuda_major`, the
-  ambient mesh's device kind or this process's GPU), ``"mosaic_gpu"`` when it
-  supports the call (bf16/fp16, head dims 64/128/256, no modifiers or
-  bias/mask arrays); else ``"pallas_gpu"`` when it supports the call (no
-  bias/mask arrays, dot similarity); else as the CPU. ``mosaic_gpu``'s
-  warpgroup MMAs are sm_90 instructions, so other majors (Ampere, Blackwell)
-  and an unknown GPU take ``pallas_gpu``.
-  tpu: ``"splash"`` when it supports every option (softmax, no bias or mask
-  array, T and S multiples of 128, fp32/bf16); else ``"pallas_tpu"`` when it
-  supports the call (every normaliser, statistics, any lengths; no bias/mask
-  arrays, argument-free modifiers); else as the CPU.
-  Platform kernels run inside ``shard_map`` when the ambient mesh
-  (``jax.set_mesh``) has several devices (:func:`attnjax._platform.per_shard`),
-  so the choice never depends on the device count.
-  cpu (and the fallbacks): ``"blockwise"`` once ``max(T, S) >=
-  BLOCKWISE_MIN_LENGTH_CPU``, else ``"reference"``.
+  cuda: ``"cudnn"`` (jax's, where it supports every option and the dtype and
+  this host has the cuDNN library: jax's wrapper reads its version while
+  tracing), else ``"mosaic_gpu"`` (a Hopper target, bf16/fp16, head dims
+  64/128/256, no modifiers or bias/mask arrays), else ``"pallas_gpu"`` (no
+  bias/mask arrays, dot similarity). tpu: ``"splash"`` (softmax, no bias or
+  mask array, T and S multiples of 128, fp32/bf16), else ``"pallas_tpu"``
+  (every normaliser, statistics, any lengths; no bias/mask arrays,
+  argument-free modifiers). Every platform then: ``"blockwise"`` once ``max(T,
+  S) >= BLOCKWISE_MIN_LENGTH_CPU``, else ``"reference"``. Each engine's
+  ``unsupported`` decides whether it covers the call; attnjax's own Pallas
+  kernels (``vouched_by="device-check"``) are taken only on a kind of device
+  where ``python -m attnjax.check`` passed, or with ``attnjax.config.kernels =
+  "all"`` (:mod:`attnjax._trust`). Platform kernels run inside ``shard_map``
+  when the ambient mesh (``jax.set_mesh``) has several devices
+  (:func:`attnjax._sharding.per_shard`), so the choice never depends on the
+  device count.
   """
-  platform = _platform.current_platform() if platform is None else platform
-  if platform == "cuda":
-    if not jax_nn.cudnn_unsupported(inputs, opts):
-      return "cudnn"
-    if _platform.cuda_major() == 9 and not mosaic_gpu.unsupported(inputs, opts):
-      return "mosaic_gpu"
-    if not pallas_gpu.unsupported(inputs, opts):
-      return "pallas_gpu"
-  if platform == "tpu":
-    if not splash.unsupported(inputs, opts):
-      return "splash"
-    if not pallas_tpu.unsupported(inputs, opts):
-      return "pallas_tpu"
-  return _by_length(inputs, opts)
+  platform = _lowering.current_platform() if platform is None else platform
+  return _choose(inputs, opts, (platform,))[platform]
 
 
 def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
   """``{platform: implementation}`` that ``implementation=None`` lowers for each of
-  :data:`attnjax._platform.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
-  return {p: select_implementation(inputs, opts, p) for p in _platform.PLATFORMS}
+  :data:`attnjax._lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
+  return _choose(inputs, opts, _lowering.PLATFORMS)
 
 
-# Custom calls XLA cannot partition: under a multi-device mesh they run inside shard_map.
-_PER_SHARD = ("cudnn", "splash", "pallas_gpu", "pallas_tpu", "mosaic_gpu")
+def _compute(engine: Engine, inputs: DenseInputs, opts: DenseOptions):
+  """``engine.compute`` of a call it supports, per shard where it must be."""
+  if not engine.per_shard:
+    return engine.compute(inputs, opts)
+  return _sharding.per_shard(
+      lambda shard, offsets: engine.compute(shard, opts, shard_offsets=offsets), inputs)
 
 
-def _run_named(name: str, inputs: DenseInputs, opts: DenseOptions, branch: bool = False):
-  impl = IMPLEMENTATIONS[name]
-  reasons = impl.unsupported(inputs, opts)
+def _run_named(engine: Engine, inputs: DenseInputs, opts: DenseOptions):
+  """A named engine: its one check of the call, then its computation, lowering for its own
+  platform only (another platform raises ``ValueError`` when the program is lowered)."""
+  reasons = engine.unsupported(inputs, opts)
   if reasons:
     raise ValueError(
-        f"implementation={name!r} does not support " + "; ".join(reasons)
+        f"implementation={engine.name!r} does not support " + "; ".join(reasons)
         + ". Use implementation='reference' or None (auto).")
-  fn = _BRANCH_FNS[name] if branch and name in _BRANCH_FNS else impl.fn
-  if name in _PER_SHARD:
-    return _platform.per_shard(lambda i: fn(i, opts), inputs)
-  return fn(inputs, opts)
+  if engine.platform is None:
+    return _compute(engine, inputs, opts)
+  return _lowering.on_platform(engine.platform, lambda: _compute(engine, inputs, opts),
+                               _lowering.wrong_platform(engine.name, engine.where))
 
 
 def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
@@ -232,17 +285,14 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   if opts.context_axis is not None:
     return parallel.attention(inputs, opts, implementation, run_on_this_platform)
   if implementation is not None:
-    return _run_named(implementation, inputs, opts)
-  table = dispatch_table(inputs, opts)
-  current = _platform.current_platform()
-  if current not in table:
-    table[current] = select_implementation(inputs, opts, current)
+    return _run_named(ENGINES[implementation], inputs, opts)
+  current = _lowering.current_platform()
+  table = _choose(inputs, opts, tuple(dict.fromkeys(_lowering.PLATFORMS + (current,))))
   if len(set(table.values())) == 1:
-    return _run_named(table["cpu"], inputs, opts)
-  branches = {p: functools.partial(_run_named, name, inputs, opts, True)
+    return _compute(ENGINES[table["cpu"]], inputs, opts)
+  branches = {p: functools.partial(_compute, ENGINES[name], inputs, opts)
               for p, name in table.items()}
-  return jax.lax.platform_dependent(
-      **branches, default=functools.partial(_run_named, table["cpu"], inputs, opts, True))
+  return jax.lax.platform_dependent(**branches, default=branches["cpu"])
 
 
 def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
@@ -250,7 +300,7 @@ def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation
   context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
   ``pallas_call`` would have no manual-axis types there)."""
   if implementation is None:
-    implementation = select_implementation(inputs, opts)
+    return _compute(ENGINES[select_implementation(inputs, opts)], inputs, opts)
   return run(inputs, opts, implementation)
 
 
@@ -258,93 +308,13 @@ def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation
 # Public function.
 
 
-def prepare(q, k, v, *, implementation: Optional[ImplementationName] = None,
+def prepare(q, k, v, *, implementation: Optional[str] = None,
             **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
-  its canonical inputs and options."""
+  its canonical inputs and options; ``implementation`` is None or a name of :data:`ENGINES`."""
   inputs, opts = options.validate(q, k, v, **dense_keywords)
-  _checks.check_implementation("implementation", implementation, tuple(IMPLEMENTATIONS))
+  _checks.check_implementation("implementation", implementation, tuple(ENGINES))
   return inputs, opts
-
-
-# jax.nn.dot_product_attention's value for masked logits: the residual of a row with no key.
-JAX_NN_MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)
-
-
-def _window_of(local_window_size: Any, window: Any) -> Any:
-  """``window`` from jax.nn's ``local_window_size`` (an int ``w`` is ``(w, w)`` there)."""
-  if local_window_size is None:
-    return window
-  if isinstance(local_window_size, (int, np.integer)) and not isinstance(local_window_size, bool):
-    local = (int(local_window_size), int(local_window_size))
-  elif isinstance(local_window_size, (tuple, list)) and len(local_window_size) == 2:
-    local = tuple(local_window_size)
-  else:
-    raise TypeError(f"local_window_size must be an int or a pair (left, right) of ints, got "
-                    f"{local_window_size!r}")
-  local = _checks.check_window(local)
-  if window is not None and _checks.check_window(window) != local:
-    raise ValueError(f"local_window_size={local_window_size!r} (jax.nn's name, "
-                     f"(left, right) = {local}) and window={window!r} differ; pass one")
-  return local
-
-
-def _lengths_ok(name: str, lengths: Any, B: int, L: int) -> Optional[Array]:
-  """``[B, L]`` True at positions below ``lengths`` ``[B]``, or None."""
-  if lengths is None:
-    return None
-  if _checks.shape_of(lengths) != (B,):
-    raise ValueError(f"{name} must have shape [B] = ({B},), got {_checks.shape_of(lengths)}")
-  if not jnp.issubdtype(jnp.result_type(lengths), jnp.integer):
-    raise TypeError(f"{name} must be integer, got dtype {jnp.result_type(lengths)}")
-  return jnp.arange(L)[None, :] < jnp.asarray(lengths)[:, None]
-
-
-def _ragged(q, k, query_seq_lengths, key_value_seq_lengths, dense_keywords: dict) -> dict:
-  """jax.nn's ragged lengths as segment ids (when none are given: every fast path takes
-  them) or else as a mask intersected with the given one."""
-  B, T, S = _checks.shape_of(q)[0], _checks.shape_of(q)[1], _checks.shape_of(k)[1]
-  q_ok = _lengths_ok("query_seq_lengths", query_seq_lengths, B, T)
-  kv_ok = _lengths_ok("key_value_seq_lengths", key_value_seq_lengths, B, S)
-  if q_ok is None and kv_ok is None:
-    return dense_keywords
-  q_ok = jnp.ones((B, T), bool) if q_ok is None else q_ok
-  kv_ok = jnp.ones((B, S), bool) if kv_ok is None else kv_ok
-  if dense_keywords["segment_ids"] is None:
-    # Queries past their length match no key id, keys past theirs no query id.
-    segments = (jnp.where(q_ok, 0, 1).astype(jnp.int32), jnp.where(kv_ok, 0, 2).astype(jnp.int32))
-    return {**dense_keywords, "segment_ids": segments}
-  ok = jnp.logical_and(q_ok[:, None, :, None], kv_ok[:, None, None, :])
-  return {**dense_keywords, "mask": masks.combine_masks(dense_keywords["mask"], ok)}
-
-
-def _residual(inputs: DenseInputs, opts: DenseOptions, stats) -> Array:
-  """jax.nn's residual ``[B, T, N]`` in the input dtype: the per-row log-normaliser (with a
-  gradient), :data:`JAX_NN_MASKED_LOGIT` on a row with no allowed key."""
-  q = inputs.q
-  lse = stats.logsumexp
-  has_key = options.rows_with_keys(inputs, opts, q.shape[1], inputs.k.shape[1])
-  if has_key is not None:
-    lse = jnp.where(has_key, lse, JAX_NN_MASKED_LOGIT)
-  return jnp.swapaxes(lse, 1, 2).astype(q.dtype)
-
-
-def _check_residual(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
-  if not normalizers.REGISTRY[opts.normalizer].softmax_like:
-    raise ValueError(
-        f"return_residual=True returns the softmax log-normaliser, which "
-        f"normalizer={opts.normalizer!r} does not have (its weights are not exp(z - r)); "
-        f"use return_stats=True for its statistics (stats.logsumexp is the plain logsumexp "
-        f"of the logits)")
-  if implementation is None:
-    return
-  impl = IMPLEMENTATIONS[implementation]
-  if impl.unsupported(inputs, dataclasses.replace(opts, return_stats=False)) == [] and (
-      impl.unsupported(inputs, opts)):
-    raise ValueError(
-        f"return_residual=True is computed by attnjax's own paths (the residual carries a "
-        f"gradient there), which implementation={implementation!r} is not; use "
-        f"implementation=None, 'reference' or 'blockwise'")
 
 
 def _dot_product_attention(
@@ -359,7 +329,7 @@ def _dot_product_attention(
     query_seq_lengths: Optional[Array] = None,
     key_value_seq_lengths: Optional[Array] = None,
     local_window_size: Optional[Union[int, tuple[int, int]]] = None,
-    implementation: Optional[ImplementationName] = None,
+    implementation: Optional[str] = None,
     return_residual: bool = False,
     normalizer: str = "softmax",
     sink_logits: Optional[Array] = None,
@@ -481,19 +451,20 @@ def _dot_product_attention(
     raise ValueError(f"context_axis={context_axis!r} takes no return_residual, "
                      f"query_seq_lengths or key_value_seq_lengths (they describe one device's "
                      f"whole sequence); pass segment ids, and return_stats for the logsumexp")
-  dense_keywords["window"] = _window_of(local_window_size, window)
-  dense_keywords = _ragged(query, key, query_seq_lengths, key_value_seq_lengths, dense_keywords)
-  if return_residual:
-    if return_stats:
-      raise ValueError("return_residual=True and return_stats=True: pass one (the residual is "
-                       "stats.logsumexp, transposed to [B, T, N])")
-    dense_keywords["return_stats"] = True
+  dense_keywords["window"] = _jax_nn_compat.window_of(local_window_size, window)
+  dense_keywords = _jax_nn_compat.ragged(query, key, query_seq_lengths, key_value_seq_lengths,
+                                         dense_keywords)
+  if return_residual and return_stats:
+    raise ValueError("return_residual=True and return_stats=True: pass one (the residual is "
+                     "stats.logsumexp, transposed to [B, T, N])")
   inputs, opts = prepare(query, key, value, implementation=implementation, **dense_keywords)
   if not return_residual:
     return run(inputs, opts, implementation)
-  _check_residual(inputs, opts, implementation)
-  out, stats = run(inputs, opts, implementation)
-  return out, _residual(inputs, opts, stats)
+  _jax_nn_compat.check_residual(
+      inputs, opts, implementation,
+      None if implementation is None else ENGINES[implementation].unsupported)
+  out, stats = run(inputs, _jax_nn_compat.residual_options(opts), implementation)
+  return out, _jax_nn_compat.residual(inputs, stats)
 
 
 DENSE_STATIC = options.STATIC_NAMES + ("implementation", "local_window_size", "return_residual")

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _platform
+from attnjax import _lowering
 
 Array = jnp.ndarray
 
@@ -355,7 +355,7 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
   all_allowed = np.zeros((nq, width), bool)
   # Concrete evaluation even when called while tracing a jitted function: the
   # layout is static structure, not part of the computation.
-  with _platform.host_eval():
+  with _lowering.host_eval():
     for lo in range(0, nq, rows_per_call):
       rows = np.minimum(np.arange(lo, lo + rows_per_call), nq - 1)  # equal shapes: one compile
       a, b = classify_blocks(rule, jnp.asarray(rows, jnp.int32),
@@ -516,7 +516,7 @@ def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args
     key = (fn, int(q_len), int(kv_len), block_q, block_k, batch, heads)
     if key in _MASK_MOD_LAYOUTS:
       return _MASK_MOD_LAYOUTS[key]
-  with _platform.host_eval():
+  with _lowering.host_eval():
     any_ok, all_ok = _mask_mod_blocks(fn, tuple(jnp.asarray(a) for a in args), int(q_len),
                                       int(kv_len), block_q, block_k, batch, heads)
     any_ok, all_ok = np.asarray(any_ok), np.asarray(all_ok)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Literal, Optional, get_args
+from typing import Any, Callable, Literal, Optional, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,14 @@ ContextLayout = Literal["contiguous", "zigzag"]
 CONTEXT_LAYOUTS: tuple[str, ...] = get_args(ContextLayout)
 
 
-def _static(default: Any) -> Any:
-  return dataclasses.field(default=default, metadata={"static": True})
+def _static(default: Any, *, validated: Any = dataclasses.MISSING) -> Any:
+  """A static keyword, and so a field of :class:`DenseOptions`: its default there is
+  ``validated`` when given (what the keyword's default stands for once validated), else the
+  keyword's default."""
+  metadata = {"static": True}
+  if validated is not dataclasses.MISSING:
+    metadata["validated"] = validated
+  return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -42,9 +48,10 @@ class DenseKeywords:
   """The keywords of a dense call besides ``q, k, v`` and ``implementation``, as given.
 
   The one definition of their names, defaults and static-ness (``_static``:
-  a static argument under ``jax.jit``; every other one is an array or a
-  tuple of arrays). :func:`validate` takes exactly these and turns them into
-  a :class:`DenseInputs` and a :class:`DenseOptions`; a family lists the
+  a static argument under ``jax.jit`` and a field of :class:`DenseOptions`;
+  every other one is an array or a tuple of arrays). :func:`validate` takes
+  exactly these and turns them into a :class:`DenseInputs` and a
+  :class:`DenseOptions`; a family lists the
   ones it takes in its public signature (``options.keywords(without=...)``,
   held equal to the signatures by ``tests/test_options.py``), forwards them
   with :func:`forwarded` and declares :func:`static` of them to ``jax.jit``.
@@ -69,7 +76,7 @@ class DenseKeywords:
   block_layout: Any = _static(None)
   context_axis: Optional[str] = _static(None)
   context_strategy: str = _static("ring")
-  context_layout: Optional[str] = _static(None)
+  context_layout: Optional[str] = _static(None, validated="contiguous")
 
 
 KEYWORDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DenseKeywords))
@@ -98,32 +105,37 @@ def forwarded(names: tuple[str, ...], scope: dict[str, Any]) -> dict[str, Any]:
   return {name: scope[name] for name in names}
 
 
-@dataclasses.dataclass(frozen=True)
-class DenseOptions:
-  """Static, validated options of a dense attention call (hashable)."""
-
-  is_causal: bool = False
-  window: Optional[tuple[int, int]] = None
-  scale: float = 1.0
-  normalizer: str = "softmax"
-  softcap: Optional[float] = None
-  similarity: str = "dot"
-  return_stats: bool = False
-  # Modifiers (FlexAttention-style, see attnjax.mods): static, hashable callables or None.
-  score_mod: Optional[Callable[..., Any]] = None
-  mask_mod: Optional[Callable[..., Any]] = None
-  # A layout built ahead of time by attnjax.layout.from_mask_mod (static), or None.
-  block_layout: Optional[Any] = None
-  # Context parallelism (attnjax.parallel): the shard_map axis the sequence is sharded over
-  # (None: not sharded), the strategy and the layout of the tokens over the shards.
-  context_axis: Optional[str] = None
-  context_strategy: str = "ring"
-  context_layout: str = "contiguous"
+class _OptionsMethods:
+  """The methods of :class:`DenseOptions`."""
 
   def local(self) -> "DenseOptions":
     """These options for one device's own call (no context parallelism)."""
     return dataclasses.replace(self, context_axis=None, context_strategy="ring",
                                context_layout="contiguous")
+
+
+# The options of a dense call that no keyword sets: (name, type, default, meaning).
+INTERNAL_OPTIONS = (
+    ("empty_row_logsumexp", float, 0.0,
+     "the logsumexp statistic of a query row with no allowed key (0; jax.nn's masked logit "
+     "where dot_product_attention returns jax.nn's residual)"),
+)
+
+DenseOptions = dataclasses.make_dataclass(
+    "DenseOptions",
+    [(f.name, f.type, dataclasses.field(default=f.metadata.get("validated", f.default)))
+     for f in dataclasses.fields(DenseKeywords) if f.metadata.get("static")]
+    + [(name, kind, dataclasses.field(default=default))
+       for name, kind, default, _ in INTERNAL_OPTIONS],
+    bases=(_OptionsMethods,), frozen=True)
+DenseOptions.__module__ = __name__
+DenseOptions.__doc__ = """Static, validated options of a dense attention call (hashable).
+
+Its fields are the static keywords of :class:`DenseKeywords` (names, types and
+defaults from there; ``scale`` a float, ``window`` a pair and
+``context_layout`` a name once validated) followed by
+:data:`INTERNAL_OPTIONS`, which no keyword sets.
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +156,53 @@ class DenseInputs:
   kv_segment_ids: Optional[Array] = None
   score_mod_args: tuple = ()
   mask_mod_args: tuple = ()
+
+
+# The DenseOptions fields every platform kernel (cuDNN, splash, the Pallas kernels) is written
+# for. A field added later is reported by unknown_options until a kernel lists it, so
+# auto-dispatch never drops it.
+KERNEL_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
+                  "return_stats", "empty_row_logsumexp")
+# The DenseInputs fields the platform kernels are written for (reported the same way).
+KERNEL_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids", "kv_segment_ids")
+
+
+def unknown_options(opts: DenseOptions, inputs: DenseInputs, known_options: Sequence[str],
+                    known_inputs: Sequence[str], who: str) -> list[str]:
+  """Reasons for every ``DenseOptions`` field outside ``known_options`` set away from its
+  default and every ``DenseInputs`` field outside ``known_inputs`` that is given (set away
+  from its default: None, or ``()`` for the modifiers' argument tuples).
+
+  A platform kernel lists the fields it honours; a field added later (a new
+  option of the dense call) is then reported until the kernel is taught it, so
+  auto-dispatch never silently drops it.
+  """
+  reasons = []
+  for f in dataclasses.fields(opts):
+    value = getattr(opts, f.name)
+    if f.name not in known_options and value != f.default:
+      reasons.append(f"{f.name}={value!r} (an option {who} does not know)")
+  for f in dataclasses.fields(inputs):
+    value = getattr(inputs, f.name)
+    # An input is given when it is set away from its default (None, or () for argument tuples).
+    default = None if f.default is dataclasses.MISSING else f.default
+    given = value is not default if default is None else value != default
+    if f.name not in known_inputs and given:
+      reasons.append(f"{f.name} (an input {who} does not know)")
+  return reasons
+
+
+def array_refusals(name: str, inputs: DenseInputs, opts: DenseOptions, takes: str) -> list[str]:
+  """What a fused dense kernel named ``name`` refuses in every call: a ``bias`` array, a
+  ``mask`` array (the kernel ``takes`` its structure otherwise) and a non-dot similarity."""
+  reasons = []
+  if inputs.bias is not None:
+    reasons.append(f"bias ({name} adds no bias array)")
+  if inputs.mask is not None:
+    reasons.append(f"an explicit mask array ({name} takes {takes})")
+  if opts.similarity != "dot":
+    reasons.append(f"similarity={opts.similarity!r} ({name} computes dot products)")
+  return reasons
 
 
 def _is_tracer(x: Any) -> bool:

@@ -458,6 +458,38 @@ def blockwise_memory():
       q, k, v, is_causal=True, implementation="blockwise"))
   return step, (q, k, v)
 
+@suite("residual")
+def residual_suite(args) -> Iterable[Case]:
+  """jax.nn's residual with ragged lengths (B=1, N=8, H=64, fp32, causal, block-wise): the
+  compiled program's temporaries (``compiled.memory_analysis()``, compiled only) of
+  ``return_residual=True`` with ``key_value_seq_lengths`` against the same call without them,
+  at T = S = 8192 (``--sizes`` for others). The residual comes from the kernel's own count of
+  each row's keys: no ``[B, 1, T, S]`` mask is built (target: at most 1.2x)."""
+  B, N, H = 1, 8, 64
+  print(f"## residual\n\n{residual_suite.__doc__.strip()}\n")
+  print("| T | program | temporaries without lengths (MiB) | with lengths (MiB) | ratio |")
+  print("|---:|---|---:|---:|---:|")
+  for T in parse_sizes(args.sizes) if args.sizes else (8192,):
+    x = jax.ShapeDtypeStruct((B, T, N, H), jnp.float32)
+    lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
+
+    def call(q, k, v, kv_len, ragged):
+      return attnjax.dot_product_attention(
+          q, k, v, is_causal=True, return_residual=True, implementation="blockwise",
+          key_value_seq_lengths=kv_len if ragged else None)
+
+    def loss(q, k, v, kv_len, ragged):
+      out, res = call(q, k, v, kv_len, ragged)
+      return jnp.sum(out) + jnp.sum(res)
+
+    for program, fn in (("forward", call), ("fwd+bwd", jax.grad(loss, (0, 1, 2)))):
+      temp = [jax.jit(fn, static_argnums=4).lower(x, x, x, lengths, ragged).compile()
+              .memory_analysis().temp_size_in_bytes / 2.0 ** 20 for ragged in (False, True)]
+      print(f"| {T} | {program} | {temp[0]:.1f} | {temp[1]:.1f} | {temp[1] / temp[0]:.2f}x |")
+  print()
+  return []
+
+
 def linear_flops(B: int, N: int, T: int, H: int, chunk_size: int, *, backward: bool = False) -> float:
   """Matmul flops of the chunked linear form as computed (full C x C intra-chunk blocks).
 

@@ -21,6 +21,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # runs are experiments/device_check.py's.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# Auto-dispatch's kernel-trust rule reads the verdicts of `python -m attnjax.check` from the
+# cache directory and ATTNJAX_KERNELS: the suite starts from an empty directory of its own and
+# the default setting, whatever the machine has recorded or the shell sets.
+import tempfile  # noqa: E402
+
+os.environ["ATTNJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnjax-test-cache-")
+os.environ.pop("ATTNJAX_KERNELS", None)
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -68,6 +76,18 @@ def optimized_compiles():
   jax.config.update("jax_disable_most_optimizations", False)
   yield
   jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture
+def all_kernels():
+  """Auto-dispatch takes attnjax's Pallas kernels wherever they cover a call
+  (``attnjax.config.kernels = "all"``, as ``ATTNJAX_KERNELS=all``): for the tests of the
+  platforms' preference order and of the kernels' compiles, on a host where no kernel was
+  checked."""
+  import attnjax
+  attnjax.config.kernels = "all"
+  yield
+  attnjax.config.kernels = None
 
 
 def pytest_runtest_setup(item):

@@ -9,7 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 import attnjax
-from attnjax import dense, _platform
+from attnjax import _target, dense
 from helpers import rand_qkv
 
 
@@ -117,7 +117,7 @@ def test_xla_refuses_options_it_cannot_honour(kw, word):
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU refusal")
 def test_cudnn_refuses_to_run_on_the_cpu():
   q, k, v = rand_qkv(T=4, dtype=jnp.bfloat16)
-  if _platform.cudnn_version() is None:  # jax cannot even trace its cuDNN call here
+  if _target.cudnn_version() is None:  # jax cannot even trace its cuDNN call here
     match = "cuDNN library"
   else:  # traced (and compiled for a GPU in tests/test_targets.py), but not lowered for the CPU
     match = r"implementation='cudnn' runs on a CUDA GPU only.*lowered for 'cpu'"

@@ -1,13 +1,16 @@
 """Auto-dispatch per platform: which implementation each branch of ``implementation=None`` picks.
 
 ``dense.dispatch_table(inputs, opts)`` is what ``jax.lax.platform_dependent``
-receives when a call with ``implementation=None`` is traced. For every option
-combination below the choice of every platform must support every option of
-the call (no option is dropped), and the choices follow the documented order:
-cuda: cudnn (only where this host has the cuDNN library), else mosaic_gpu on a
-Hopper, else pallas_gpu, else by length; tpu: splash, else pallas_tpu, else by
-length; cpu: by length
-(``blockwise`` from ``BLOCKWISE_MIN_LENGTH_CPU`` on, else ``reference``).
+receives when a call with ``implementation=None`` is traced: for each platform
+the first engine of ``dense.PREFERENCES[platform]`` and then ``dense.FALLBACK``
+whose ``unsupported`` accepts the call. For every option combination below the
+choice of every platform must support every option of the call (no option is
+dropped), and the choices follow the documented order: cuda: cudnn (only where
+this host has the cuDNN library), else mosaic_gpu on a Hopper, else
+pallas_gpu, else by length; tpu: splash, else pallas_tpu, else by length; cpu:
+by length (``blockwise`` from ``BLOCKWISE_MIN_LENGTH_CPU`` on, else
+``reference``). The module runs with every kernel allowed (``all_kernels``):
+the kernel-trust filter on these lists is tests/test_trust.py's.
 """
 
 import dataclasses
@@ -20,9 +23,11 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, mods, normalizers, _platform
-from attnjax.kernels import jax_nn, pallas_gpu, splash
+from attnjax import _sharding, _target, dense, mods, normalizers
+from attnjax.kernels import jax_nn, mosaic_gpu, pallas_gpu, splash
 from helpers import rand_qkv
+
+pytestmark = pytest.mark.usefixtures("all_kernels")
 
 STRUCTURES = {"none": {}, "causal": dict(is_causal=True), "window": dict(window=(8, 0)),
               "segments": "segments"}
@@ -63,7 +68,7 @@ def _expected(inputs, opts, T, dtype, major=None) -> dict[str, str]:
                and pallas_ok and not opts.return_stats and T % 128 == 0 and dtype != jnp.float16)
   # cuDNN: softmax without sinks, softcap, statistics or modifiers, bf16/fp16 (bias and mask
   # arrays it takes), where jax can trace its cuDNN call on this host.
-  cudnn_ok = (_platform.cudnn_version() is not None and opts.normalizer == "softmax"
+  cudnn_ok = (_target.cudnn_version() is not None and opts.normalizer == "softmax"
               and inputs.sink_logits is None and opts.softcap is None and not opts.return_stats
               and opts.similarity == "dot" and opts.score_mod is None and opts.mask_mod is None
               and dtype in (jnp.bfloat16, jnp.float16))
@@ -94,7 +99,7 @@ def test_every_platform_choice_supports_every_option(normalizer):
     what = (normalizer, structure, extra, T, jnp.dtype(dtype).name)
     assert table == _expected(inputs, opts, T, dtype), (what, table)
     for platform, name in table.items():
-      assert dense.IMPLEMENTATIONS[name].unsupported(inputs, opts) == [], (what, platform, name)
+      assert dense.ENGINES[name].unsupported(inputs, opts) == [], (what, platform, name)
     assert dense.select_implementation(inputs, opts) == table["cpu"]
 
 
@@ -102,10 +107,11 @@ def test_every_platform_choice_supports_every_option(normalizer):
                     "host without a GPU (head dims above 128 for cuDNN)")
 @pytest.mark.parametrize("major", [None, 8, 9, 10])
 def test_the_cuda_choice_follows_the_compute_capability(monkeypatch, major):
-  # The GPU a program is traced for (attnjax._platform.cuda_major: the ambient mesh's device
-  # kind, else this process's GPU): a Hopper takes mosaic_gpu where cuDNN does not cover the
-  # call; Ampere, Blackwell (no wgmma) and an unknown GPU take pallas_gpu.
-  monkeypatch.setattr(_platform, "cuda_major", lambda: major)
+  # The GPU a program is traced for (attnjax._target.cuda_major: the ambient mesh's device
+  # kind, else this process's GPU), read by mosaic_gpu.unsupported: a Hopper takes mosaic_gpu
+  # where cuDNN does not cover the call; Ampere, Blackwell (no wgmma) and an unknown GPU take
+  # pallas_gpu.
+  monkeypatch.setattr(_target, "cuda_major", lambda: major)
   seen = set()
   for normalizer, structure, extra, dtype, H in itertools.product(
       ("softmax", "sigmoid"), STRUCTURES, EXTRAS, (jnp.float32, jnp.bfloat16, jnp.float16),
@@ -117,9 +123,13 @@ def test_the_cuda_choice_follows_the_compute_capability(monkeypatch, major):
     table = dense.dispatch_table(inputs, opts)
     what = (major, normalizer, structure, extra, jnp.dtype(dtype).name, H)
     assert table == _expected(inputs, opts, 128, dtype, major), (what, table)
-    assert dense.IMPLEMENTATIONS[table["cuda"]].unsupported(inputs, opts) == [], what
+    assert dense.ENGINES[table["cuda"]].unsupported(inputs, opts) == [], what
     seen.add(table["cuda"])
   assert ("mosaic_gpu" in seen) == (major == 9), seen
+  inputs, opts = _call("sigmoid", "causal", "plain", 128, jnp.bfloat16, H=64)
+  reasons = mosaic_gpu.unsupported(inputs, opts)
+  assert (reasons == []) == (major == 9), reasons
+  assert mosaic_gpu.unsupported(inputs, opts, interpret=True) == []  # the interpreter: any host
 
 def test_the_device_count_never_changes_the_choice(monkeypatch):
   # Platform kernels run inside shard_map under a multi-device mesh (tests/test_targets.py
@@ -134,30 +144,33 @@ def test_the_device_count_never_changes_the_choice(monkeypatch):
 
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])
 def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
-  # The kernel runs inside shard_map over the mesh axes that divide the batch and kv heads;
-  # equal to the unsharded call. Auto axes (as the train loop's mesh): the Pallas GPU kernel in
-  # interpret mode; explicit axes (arrays typed replicated, resharded to the kernel's specs):
-  # the reference stands for the kernel (interpret-mode Pallas refuses explicitly sharded refs).
+  # The kernel runs inside shard_map over the mesh axes that divide the batch and kv heads and
+  # is told where its shard starts; equal to the unsharded call. Auto axes (as the train loop's
+  # mesh): the Pallas GPU kernel in interpret mode; explicit axes (arrays typed replicated,
+  # resharded to the kernel's specs): the reference stands for the kernel (interpret-mode
+  # Pallas refuses explicitly sharded refs).
   kind = jax.sharding.AxisType.Auto if axis_type == "auto" else jax.sharding.AxisType.Explicit
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(kind, kind))
-  assert _platform.kernel_axes(mesh, 8, 2) == (("data",), ("tensor",))
-  assert _platform.kernel_axes(mesh, 2, 3) == ((), ())  # neither divides: unsharded
+  assert _sharding.kernel_axes(mesh, 8, 2) == (("data",), ("tensor",))
+  assert _sharding.kernel_axes(mesh, 2, 3) == ((), ())  # neither divides: unsharded
   q, k, v = rand_qkv(B=8, T=40, N=4, K=2, H=16, source="numpy")
   kw = dict(is_causal=True, normalizer="softpick", return_stats=True)
   opts = dense.prepare(q, k, v, **kw)[1]
   seen = []
 
-  def kernel(i):
-    seen.append((i.q.shape, i.k.shape))
+  def kernel(i, offsets):
+    seen.append((i.q.shape, i.k.shape, offsets))
     if axis_type == "auto":
       return pallas_gpu.run(i, opts, interpret=True)
     return dense.reference(i, opts)
 
-  want = kernel(dense.prepare(q, k, v, **kw)[0])
+  want = kernel(dense.prepare(q, k, v, **kw)[0], _sharding.ShardOffsets())
+  assert seen[-1][2] == (0, 0)  # outside a mesh: the whole call
   with jax.set_mesh(mesh):
-    got = jax.jit(lambda *a: _platform.per_shard(kernel, dense.prepare(*a, **kw)[0]))(
+    got = jax.jit(lambda *a: _sharding.per_shard(kernel, dense.prepare(*a, **kw)[0]))(
         q, k, v)
-  assert seen[-1] == ((2, 40, 2, 16), (2, 40, 1, 16))  # a device's batch rows and heads
+  assert seen[-1][:2] == ((2, 40, 2, 16), (2, 40, 1, 16))  # a device's batch rows and heads
+  assert all(isinstance(x, jax.core.Tracer) for x in seen[-1][2])  # axis_index * shard size
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -172,11 +185,11 @@ class _NewOptions(dense.DenseOptions):
 def test_an_option_a_kernel_does_not_know_is_never_dropped():
   inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
   new = _NewOptions(**dataclasses.asdict(opts), future_option=lambda z, *idx: z)
-  for check in (dense.pallas_gpu.unsupported, dense.pallas_tpu.unsupported, splash.unsupported,
-                jax_nn.cudnn_unsupported):
+  for check in (pallas_gpu.unsupported, dense.pallas_tpu.unsupported, splash.unsupported,
+                jax_nn.cudnn_unsupported, mosaic_gpu.unsupported):
     assert any("future_option" in r for r in check(inputs, new)), check
   # at the default, the new field is no reason
-  assert dense.pallas_gpu.unsupported(inputs, _NewOptions(**dataclasses.asdict(opts))) == []
+  assert pallas_gpu.unsupported(inputs, _NewOptions(**dataclasses.asdict(opts))) == []
   table = dense.dispatch_table(inputs, new)
   assert not {"pallas_gpu", "pallas_tpu", "splash"} & set(table.values()), table
 
@@ -194,3 +207,75 @@ def test_auto_dispatch_runs_the_cpu_branch_and_matches_the_reference():
 
   for got, want in zip(jax.value_and_grad(loss)(q, None), jax.value_and_grad(loss)(q, "reference")):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Dispatch is data: a record in dense.ENGINES and a name in a list of dense.PREFERENCES.
+
+
+def _counting_reference(calls: list):
+  """The reference under another name, counting its traces."""
+  def compute(inputs, opts):
+    calls.append(opts.normalizer)
+    return dense.reference(inputs, opts)
+  return compute
+
+
+def test_a_stand_in_engine_is_chosen_where_it_covers_the_call(monkeypatch):
+  # One record and one list entry, no other edit: auto-dispatch takes the stand-in where its
+  # unsupported accepts the call (softmax), and the old choice elsewhere (sigmoid) and once it
+  # is gone. A length no other test uses keeps jax's trace caches out of the way.
+  q, k, v = rand_qkv(B=1, T=37, N=2, K=1, H=8, source="numpy")
+  softmax, sigmoid = (dense.prepare(q, k, v, normalizer=n) for n in ("softmax", "sigmoid"))
+  before = {n: dense.dispatch_table(*call) for n, call in (("softmax", softmax),
+                                                          ("sigmoid", sigmoid))}
+  calls = []
+  stand_in = dense.Engine(
+      "counting", _counting_reference(calls),
+      lambda inputs, opts: [] if opts.normalizer == "softmax" else ["only softmax"])
+  with monkeypatch.context() as m:
+    m.setitem(dense.ENGINES, "counting", stand_in)
+    m.setitem(dense.PREFERENCES, "cpu", ("counting",))
+    assert dense.dispatch_table(*softmax) == dict(before["softmax"], cpu="counting")
+    assert dense.dispatch_table(*sigmoid) == before["sigmoid"]
+    out = jax.jit(lambda q: attnjax.dot_product_attention(q, k, v))(q)
+    assert calls == ["softmax"]
+    np.testing.assert_allclose(out, dense.reference(*softmax), rtol=1e-6, atol=1e-6)
+    # ... and by name, as every engine of the registry
+    attnjax.dot_product_attention(q, k, v, implementation="counting")
+    assert calls == ["softmax"] * 2
+  assert {n: dense.dispatch_table(*call) for n, call in (("softmax", softmax),
+                                                         ("sigmoid", sigmoid))} == before
+  with pytest.raises(ValueError, match="implementation='counting' is not one of"):
+    attnjax.dot_product_attention(q[:, :36], k, v, implementation="counting")  # a new trace
+
+
+def test_each_engine_is_checked_once_per_call(monkeypatch):
+  # Auto-dispatch asks each engine's unsupported once however many platforms' lists name it,
+  # and a named call once (the engine's computation does not ask again).
+  q, k, v = rand_qkv(B=1, T=41, N=2, K=1, H=8, source="numpy")
+  asked = []
+  for name, engine in list(dense.ENGINES.items()):
+    def counted(inputs, opts, *, _name=name, _check=engine.unsupported):
+      asked.append(_name)
+      return _check(inputs, opts)
+    monkeypatch.setitem(dense.ENGINES, name, dataclasses.replace(engine, unsupported=counted))
+  bias = jnp.zeros((1, 1, 41, 41))  # no platform kernel takes it: every list ends on reference
+  jax.jit(lambda q: attnjax.dot_product_attention(q, k, v, bias, normalizer="softpick"))(q)
+  assert sorted(asked) == sorted({"cudnn", "mosaic_gpu", "pallas_gpu", "splash", "pallas_tpu",
+                                  "reference"}), asked
+  asked.clear()
+  jax.jit(lambda q: attnjax.dot_product_attention(q, k, v, implementation="blockwise"))(q)
+  assert asked == ["blockwise"]
+
+
+def test_the_records_say_who_vouches_for_each_engine():
+  vouched = {name: e.vouched_by for name, e in dense.ENGINES.items()}
+  assert vouched == {"reference": "attnjax", "blockwise": "attnjax", "xla": "jax",
+                     "cudnn": "jax", "splash": "jax", "pallas_gpu": "device-check",
+                     "pallas_tpu": "device-check", "mosaic_gpu": "device-check"}
+  assert dense.IMPLEMENTATIONS == tuple(dense.ENGINES)
+  for platform, names in dense.PREFERENCES.items():
+    assert all(dense.ENGINES[n].platform == platform for n in names), platform
+  assert {n for names in dense.PREFERENCES.values() for n in names} == {
+      n for n, e in dense.ENGINES.items() if e.per_shard}

@@ -4,22 +4,21 @@
 does not have; auto-dispatch (``implementation=None``) is decided at lowering
 time, so the exported module holds the platform's kernel: the Pallas Triton
 call (:data:`attnjax.kernels.pallas_gpu.TRITON_CALL_TARGET`) for ``cuda``, splash or the
-Pallas TPU kernel (``tpu_custom_call``) for ``tpu``. The model is tiny (one layer, T=128, head
-dim 128) but keeps the presets' attention options (bfloat16, auto dispatch,
-per-layer statistics in the step).
+Pallas TPU kernel (``tpu_custom_call``) for ``tpu``. attnjax's own kernels are
+taken for a device nobody checked them on only when the user opts in: these
+tests do (``all_kernels``), except the one that checks the default. The model
+is tiny (one layer, T=128, head dim 128) but keeps the presets' attention
+options (bfloat16, auto dispatch, per-layer statistics in the step).
 """
 
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax import export
 
+import attnjax
 from attnjax import dense
 from attnjax.kernels import pallas_gpu, splash
 from attnjax.train.variants import COMPARE, attention_kwargs
@@ -63,6 +62,7 @@ def export_step(preset: str, variant: str, platform: str, *, stats: bool = True)
 
 
 @lowers_triton
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("variant", COMPARE)
 def test_gpu_preset_step_exports_for_cuda(variant):
   text = export_step("gpu", variant, "cuda")
@@ -76,6 +76,7 @@ def test_gpu_preset_step_exports_for_cuda(variant):
   assert MOSAIC_TARGET not in targets
 
 
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("variant", COMPARE)
 def test_tpu_preset_step_exports_for_tpu(variant):
   # Without per-layer statistics: splash for the softmax variants (sinks where this jax's splash
@@ -85,6 +86,7 @@ def test_tpu_preset_step_exports_for_tpu(variant):
   assert pallas_gpu.TRITON_CALL_TARGET not in targets
 
 
+@pytest.mark.usefixtures("all_kernels")
 def test_tpu_step_with_statistics_exports_through_the_pallas_tpu_kernel():
   # Statistics rule splash out; the Pallas TPU kernel computes them in the same pass: the count
   # pass, the forward, dq and dk/dv kernels, all Mosaic custom calls (no block-wise loop).
@@ -106,22 +108,10 @@ def test_platform_kernels_refuse_to_lower_for_the_cpu():
     assert call_targets(exported.mlir_module())
 
 
-def test_device_check_help_works_and_it_stops_at_once_without_a_gpu():
-  if jax.default_backend() == "gpu":
-    pytest.skip("checks the behaviour on a host without a GPU")
-  root = pathlib.Path(__file__).resolve().parents[1]
-  env = dict(os.environ, PYTHONPATH=str(root))
-  script = "experiments/device_check.py"
-  proc = subprocess.run([sys.executable, script, "--help"], cwd=root, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr
-  assert "usage: device_check.py" in proc.stdout and "--budget" in proc.stdout
-  proc = subprocess.run([sys.executable, script, "--out", "/nonexistent/x.md"], cwd=root, env=env,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 2, (proc.stdout, proc.stderr)
-  assert "needs a GPU" in proc.stdout
-  if jax.default_backend() != "tpu":
-    proc = subprocess.run([sys.executable, script, "--platform", "tpu"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "needs a TPU" in proc.stdout, (proc.stdout, proc.stderr)
-  assert not (root / "experiments" / "gpu_check.py").exists()  # folded into device_check.py
+def test_by_default_an_export_for_an_unknown_device_holds_no_unchecked_kernel(monkeypatch):
+  # Exporting from a CPU host, no device of the target is known, so no check of attnjax's
+  # kernels can have passed for it: without opting in, the sigmoid step's attention is the
+  # block-wise engine (no Pallas call), while splash, which jax vouches for, stays.
+  monkeypatch.setattr(attnjax.config, "kernels", "checked")  # the default, whatever ran before
+  assert call_targets(export_step("tpu", "sigmoid", "tpu", stats=False)) == set()
+  assert MOSAIC_TARGET in call_targets(export_step("tpu", "dense", "tpu", stats=False))

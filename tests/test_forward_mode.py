@@ -196,6 +196,7 @@ def test_the_walk_covers_every_function():
 
 # jax 0.12 deprecates the Pallas Triton backend: lowering its kernels warns (tests/test_export.py).
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+@pytest.mark.usefixtures("all_kernels")
 @pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
 def test_forward_mode_lowers_for_gpus_and_tpus(normalizer):
   # Auto-dispatch's GPU and TPU kernels (cuDNN where this host has its library, Pallas

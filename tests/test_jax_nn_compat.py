@@ -128,3 +128,32 @@ def test_row_without_keys_is_zero():
   assert_close(want[0], jnp.broadcast_to(jnp.repeat(v[0].mean(0), N // K, 0), (T, N, H)),
                "jax.nn's empty rows", atol=1e-5)
   assert_close(r, r_jax, "residual, empty rows included")
+
+
+@pytest.mark.parametrize("engine", ["reference", "blockwise", "pallas_gpu", "pallas_tpu"])
+def test_the_residual_comes_from_each_engines_own_row_counts(engine):
+  """The residual is the engine's logsumexp statistic, jax.nn's masked logit exactly on the
+  rows the engine counted no key for (padded queries, and real rows whose window holds only
+  padded keys), with no mask rebuilt; elsewhere it is the reference's logsumexp."""
+  from attnjax import _jax_nn_compat, dense
+  from attnjax.kernels import pallas_gpu, pallas_tpu
+  q, k, v = rand_qkv(B=2, T=24, N=4, K=2, H=8, source="numpy")
+  q_len, kv_len = np.array([20, 24]), np.array([3, 24])
+  keywords = _jax_nn_compat.ragged(
+      q, k, jnp.asarray(q_len), jnp.asarray(kv_len),
+      dict(attnjax.options.DEFAULTS, is_causal=True, window=(1, 0)))
+  inputs, opts = dense.prepare(q, k, v, **keywords)
+  run = {"reference": dense.reference, "blockwise": dense.ENGINES["blockwise"].compute,
+         "pallas_gpu": lambda i, o: pallas_gpu.run(i, o, interpret=True),
+         "pallas_tpu": lambda i, o: pallas_tpu.run(i, o, interpret=True)}[engine]
+  _, stats = run(inputs, _jax_nn_compat.residual_options(opts))
+  residual = np.asarray(_jax_nn_compat.residual(inputs, stats))  # [B, T, N]
+  i, j = np.arange(24)[:, None], np.arange(24)[None, :]
+  allowed = ((j <= i) & (j >= i - 1))[None] & (i < q_len[:, None, None]) & (
+      j < kv_len[:, None, None])
+  has_key = np.broadcast_to(allowed.any(-1)[:, :, None], residual.shape)
+  assert 0 < has_key.sum() < has_key.size and not has_key[0, 10:].any()
+  np.testing.assert_array_equal(residual[~has_key], np.float32(_jax_nn_compat.JAX_NN_MASKED_LOGIT))
+  want = np.swapaxes(np.asarray(dense.reference(*dense.prepare(
+      q, k, v, **dict(keywords, return_stats=True)))[1].logsumexp), 1, 2)
+  np.testing.assert_allclose(residual[has_key], want[has_key], rtol=1e-5, atol=1e-5)

@@ -27,7 +27,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
-from attnjax import dense, normalizers, targets
+from attnjax import _target, check, dense, normalizers, targets
 from attnjax.kernels import mosaic_gpu
 from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
 from helpers import rand_qkv
@@ -332,12 +332,12 @@ def test_block_bounds_skip_exactly_the_blocks_without_an_allowed_pair(structure)
         assert not tile.all() or j == c.Sp // c.bk - 1 and S % c.bk, (structure, i, j)
 
 
-def test_mosaic_gpu_names_what_it_cannot_do():
+def test_mosaic_gpu_names_what_it_cannot_do(monkeypatch):
   q, k, v = rand_qkv(B=1, T=64, N=2, K=1, H=64, dtype=jnp.bfloat16)
-  assert mosaic_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
+  assert mosaic_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True), interpret=True) == []
   reasons = mosaic_gpu.unsupported(*dense.prepare(
       q, k, v, bias=jnp.zeros((1, 1, 64, 64)), mask=jnp.ones((1, 1, 64, 64), bool),
-      similarity="neg_sq_euclidean"))
+      similarity="neg_sq_euclidean"), interpret=True)
   assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
   inputs, opts = dense.prepare(*rand_qkv(B=1, T=64, N=2, K=1, H=96), is_causal=True)
   reasons = mosaic_gpu.unsupported(inputs, opts)
@@ -347,8 +347,13 @@ def test_mosaic_gpu_names_what_it_cannot_do():
   with pytest.raises(ValueError, match="mosaic_gpu' does not support bias"):
     attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 64, 64)),
                                   implementation="mosaic_gpu")
-  with pytest.raises(ValueError, match="mosaic_gpu' runs on a CUDA GPU"):
+  # named on a host that knows no Hopper target: refused (its wgmmas are sm_90 instructions)
+  with pytest.raises(ValueError, match="mosaic_gpu' does not support a GPU of unknown generation"):
     attnjax.dot_product_attention(q, k, v, implementation="mosaic_gpu")
+  # ... and, traced for a Hopper, refused when lowered for this CPU
+  monkeypatch.setattr(_target, "cuda_major", lambda: 9)
+  with pytest.raises(ValueError, match="mosaic_gpu' runs on a CUDA GPU"):
+    attnjax.dot_product_attention(q, k[:, :63], v[:, :63], implementation="mosaic_gpu")
   with pytest.raises(ValueError, match="multiple of 64"):
     mosaic_gpu.BlockSizes(block_q=32)
   with pytest.raises(ValueError, match="num_stages"):
@@ -449,10 +454,11 @@ def test_an_oversized_configuration_is_rejected():
 
 @needs_cuda
 @pytest.mark.slow  # ~20 s of compiles
+@pytest.mark.usefixtures("all_kernels")
 def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
   # A ("data", "tensor") mesh of H200s: auto-dispatch takes mosaic_gpu (a Hopper; statistics
   # rule cuDNN out) and runs the kernels per (batch rows, kv heads) shard
-  # (attnjax._platform.per_shard); nothing is gathered.
+  # (attnjax._sharding.per_shard); nothing is gathered.
   mesh = targets.mesh(targets.gpu_devices("h200", 8), ("data", "tensor"), (4, 2))
   spec = NamedSharding(mesh, P("data", None, "tensor", None))
   q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16, sharding=spec)
@@ -473,28 +479,15 @@ def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
 # dense-kernel variant: tests/test_targets.py::test_gpu_preset_train_step_compiles.
 
 
-# experiments/device_check.py --kernel mosaic_gpu: its speed shapes compile for an H200.
-def _device_check():
-  import importlib.util
-  import pathlib
-  import sys
-  path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "device_check.py"
-  spec = importlib.util.spec_from_file_location("device_check", path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules.setdefault("device_check", module)
-  spec.loader.exec_module(module)
-  return module
-
-
+# python -m attnjax.check --kernel mosaic_gpu: its speed shapes compile for an H200.
 @needs_cuda
 @pytest.mark.parametrize("T,causal", [
     pytest.param(T, c, marks=[] if (T, c) == (16384, False) else [pytest.mark.slow],
                  id=f"T{T}-{'causal' if c else 'full'}")
     for T in (4096, 16384) for c in (False, True)])
 def test_device_check_mosaic_shapes_compile(T, causal):
-  dc = _device_check()
-  assert (128, T) in dc.MOSAIC_SIZES
-  B, T, N, H = dc.speed_shape(128, T)
+  assert (128, T) in check.MOSAIC_SIZES
+  B, T, N, H = check.speed_shape(128, T)
   mesh = targets.mesh(targets.gpu_devices("h200", 1))
   x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 

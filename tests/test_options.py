@@ -9,6 +9,7 @@ stops every call at ``validate``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 
@@ -48,6 +49,24 @@ def test_the_definition():
   q = jnp.zeros((1, 4, 2, 8))
   with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['biass'\] of a dense call"):
     options.validate(q, q, q, biass=None)
+
+
+def test_the_options_are_the_static_keywords_validated():
+  # DenseOptions is derived from DenseKeywords: the static keywords in order, with their
+  # defaults (context_layout's as validated), then the options no keyword sets; a call at
+  # the defaults validates to exactly those (scale apart: H ** -0.5).
+  static = [f for f in dataclasses.fields(options.DenseKeywords)
+            if f.name in options.STATIC_NAMES]
+  fields = dataclasses.fields(options.DenseOptions)
+  assert [f.name for f in fields] == ([f.name for f in static]
+                                      + [name for name, *_ in options.INTERNAL_OPTIONS])
+  assert {f.name: f.default for f in fields} == dict(
+      {f.name: f.default for f in static}, context_layout="contiguous",
+      empty_row_logsumexp=0.0)
+  q = jnp.zeros((1, 4, 2, 16))
+  _, opts = options.validate(q, q, q)
+  assert opts.scale == 0.25 and dataclasses.replace(opts, scale=None) == options.DenseOptions()
+  assert opts.local() == opts
 
 
 @pytest.mark.parametrize("name", FAMILIES)

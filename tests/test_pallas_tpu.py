@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _platform as jax_platform
+from attnjax import _sharding
 from attnjax import dense, mods, normalizers
 from attnjax.kernels import pallas_tpu
 from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
@@ -220,26 +220,37 @@ def test_score_mod_arguments_get_their_gradients_and_mask_mod_arguments_run_in_k
 
 def test_modifiers_reading_batch_and_head_inside_shard_map():
   # Under a (data 2, tensor 2) mesh the kernel runs per shard; a modifier reading b and n sees
-  # the whole call's indices (the shard's offsets are added), as the unsharded reference does.
+  # the whole call's indices (per_shard passes the shard's offsets), as the unsharded reference
+  # does, in the forward and in the backward kernels (the offsets are an input of the kernel's
+  # custom VJP, so its backward, traced after the shard_map's body, reads them too).
   auto = jax.sharding.AxisType.Auto  # (interpret-mode Pallas refuses explicitly sharded refs)
   mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(auto, auto))
   q, k, v = rand_qkv(B=2, T=T, S=T, N=4, K=2, H=16, source="numpy")
   args = (jnp.asarray(mods.alibi_slopes(4)), jnp.arange(8, dtype=jnp.float32).reshape(2, 4))
   kw = dict(is_causal=True, score_mod=alibi_per_head, score_mod_args=args)
-  want = attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
 
-  def sharded(q, k, v):
+  def loss(impl, q, k, v):
     inputs, opts = dense.prepare(q, k, v, **kw)
-    return jax_platform.per_shard(
-        lambda i: pallas_tpu.run(i, opts, interpret=True, block_sizes=BLOCKS), inputs)
+    if impl == "reference":
+      out = dense.reference(inputs, opts)
+    else:
+      out = _sharding.per_shard(
+          lambda i, offsets: pallas_tpu.run(i, opts, interpret=True, block_sizes=BLOCKS,
+                                            shard_offsets=offsets), inputs)
+    return jnp.sum(out * jnp.cos(out)), out
 
   if len(jax.devices()) < 4:
     pytest.skip("needs 4 devices (the suite's CPU backend has 8)")
+  grad = lambda impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2),
+                                                 has_aux=True))(q, k, v)
+  want = grad("reference")
   with jax.set_mesh(mesh):
-    got = jax.jit(sharded)(q, k, v)
-  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+    got = grad("pallas_tpu")
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.usefixtures("all_kernels")
 def test_tpu_dispatch_takes_splash_then_pallas_tpu_then_blockwise():
   def choice(T_, **kw):
     q, k, v = rand_qkv(T=T_, N=4, K=2)

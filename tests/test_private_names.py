@@ -17,7 +17,7 @@ belongs to a module of its own package directory. It is a violation to:
 
 Where a name belongs: to the directory of the module that defines it (the
 package's own directory for a package ``__init__``); a private *module*
-(``attnjax._checks``, ``attnjax._platform``) belongs to its package and every
+(``attnjax._checks``, ``attnjax._lowering``) belongs to its package and every
 package below it, as in Python's convention (so ``attnjax.nn`` may import
 ``attnjax._checks``, ``experiments/`` may not). Names from outside the
 repository (``jax._src``, which attnjax reads where jax has no public API) are

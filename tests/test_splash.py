@@ -152,6 +152,7 @@ def test_splash_refuses_without_tpu():
     splash.run(*dense.prepare(q, k, v))
 
 
+@pytest.mark.usefixtures("all_kernels")
 def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   q, k, v = rand_qkv(T=256)

@@ -17,18 +17,16 @@ installed; ``.ci/run`` installs it.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
-import pathlib
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnjax import dense, normalizers, _platform, targets
+import attnjax
+from attnjax import _target, _trust, check, dense, normalizers, targets
 from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from helpers import preset_train_step
 
@@ -37,14 +35,16 @@ needs_tpu = pytest.mark.targets("tpu")
 
 # jax 0.12 deprecates the Pallas Triton backend (the replacement is a Mosaic GPU kernel): every
 # compile of our Triton kernels warns; this module compiles them on purpose (see test_export).
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
+    # Auto-dispatch takes our kernels for these targets: no check can have run on them here.
+    pytest.mark.usefixtures("all_kernels"),
+]
 
 TRITON = pallas_gpu.TRITON_CALL_TARGET
 MOSAIC_GPU = mosaic_gpu.MOSAIC_GPU_CALL_TARGET
 CUDNN_PREFIX = "__cudnn$fmha"
 MOSAIC = "tpu_custom_call"
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -245,7 +245,7 @@ def test_block_sizes_are_chosen_for_the_target():
   for target in ("h200", "a100"):
     mesh = targets.mesh(targets.gpu_devices(target, 1))
     with jax.set_mesh(mesh):
-      seen[target] = pallas_gpu.block_sizes_for(256, jnp.bfloat16, _platform.cuda_major())
+      seen[target] = pallas_gpu.block_sizes_for(256, jnp.bfloat16, _target.cuda_major())
   assert seen["h200"] == pallas_gpu.block_sizes_for(256, jnp.bfloat16, 9)
   assert seen["a100"] == pallas_gpu.block_sizes_for(256, jnp.bfloat16, 8)
   assert seen["h200"].block_q > seen["a100"].block_q
@@ -271,7 +271,7 @@ def test_an_oversized_kernel_configuration_fails_to_compile():
 
 
 @needs_cuda
-@pytest.mark.skipif(_platform.cudnn_version() is None,
+@pytest.mark.skipif(_target.cudnn_version() is None,
                     reason="jax's cuDNN wrapper needs the cuDNN library on the tracing host")
 def test_cudnn_compiles_and_auto_dispatch_takes_it():
   compiled = compile_kernel("h200", "cudnn", "softmax", "causal", "GQA", jnp.bfloat16, 128,
@@ -284,20 +284,11 @@ def test_cudnn_compiles_and_auto_dispatch_takes_it():
 
 
 # ---------------------------------------------------------------------------
-# experiments/device_check.py's shapes.
-
-
-def device_check():
-  spec = importlib.util.spec_from_file_location("device_check",
-                                                ROOT / "experiments" / "device_check.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules.setdefault("device_check", module)
-  spec.loader.exec_module(module)
-  return module
+# The shapes of python -m attnjax.check (attnjax/check.py).
 
 
 def speed_cases():
-  sizes = device_check().SPEED_SIZES
+  sizes = check.SPEED_SIZES
   cases = []
   for impl in ("pallas_gpu", "cudnn"):
     for i, (H, T) in enumerate(sizes):
@@ -311,10 +302,10 @@ def speed_cases():
 @needs_cuda
 @pytest.mark.parametrize("impl,H,T", speed_cases())
 def test_device_check_speed_shapes_compile(impl, H, T):
-  if impl == "cudnn" and _platform.cudnn_version() is None:
+  if impl == "cudnn" and _target.cudnn_version() is None:
     pytest.skip("jax's cuDNN wrapper needs the cuDNN library on the tracing host")
   mesh = targets.mesh(targets.gpu_devices("h200", 1))
-  B, T, N, H = device_check().speed_shape(H, T)
+  B, T, N, H = check.speed_shape(H, T)
   x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 
   def loss(q, k, v):
@@ -330,8 +321,7 @@ def test_device_check_speed_shapes_compile(impl, H, T):
 
 @needs_cuda
 def test_device_check_correctness_shape_compiles():
-  dc = device_check()
-  B, T, N, K, H = dc.CHECK_SHAPE
+  B, T, N, K, H = check.CHECK_SHAPE
   assert (T, N, K, H) == (300, 8, 2, 64)  # GQA with a ragged T, as compiled below
   assert_pallas_gpu(compile_kernel("h200", "pallas_gpu", "softpick", "segments", "GQA",
                                    jnp.bfloat16, H, T=T, B=B))
@@ -344,10 +334,10 @@ def test_device_check_correctness_shape_compiles():
                      (64, 1024), (64, 4096), (64, 16384), (128, 1024), (128, 4096),
                      (128, 8192), (128, 16384))])
 def test_device_check_tpu_shapes_compile(H, T):
-  # device_check.py --platform tpu: pallas_tpu (every normaliser in -m slow: sigmoid here) and
-  # splash at the speed table's shapes on one v5e chip, forward + backward.
+  # python -m attnjax.check --platform tpu: pallas_tpu (every normaliser in -m slow: sigmoid
+  # here) and splash at the speed table's shapes on one v5e chip, forward + backward.
   mesh = targets.mesh(target_devices("v5e"))
-  B, T, N, H = device_check().speed_shape(H, T)
+  B, T, N, H = check.speed_shape(H, T)
   x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
   for impl, normalizer in (("pallas_tpu", "sigmoid"), ("splash", "softmax")):
     def loss(q, k, v):
@@ -504,6 +494,27 @@ def test_tpu_kernels_compile_data_parallel(normalizer):
     ours = f"attnjax_tpu_dkdv_{normalizer}" in compiled.as_text()
     assert ours == (stats or normalizer != "softmax"), (normalizer, stats)
     assert "all-gather" not in compiled.as_text()
+
+
+@needs_cuda
+def test_auto_dispatch_takes_our_kernel_for_a_target_once_checked_on_its_kind(monkeypatch,
+                                                                                tmp_path):
+  # The kernel-trust rule reads the device kind of the target being traced for (the ambient
+  # mesh's): by default an A100 target gets the block-wise engine for a sigmoid call, and
+  # pallas_gpu once `python -m attnjax.check` has passed on that kind of device.
+  monkeypatch.setenv("ATTNJAX_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(attnjax.config, "kernels", "checked")
+  mesh = targets.mesh(targets.gpu_devices("a100", 1))
+  x = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+  def lowered():
+    fn = lambda q: dense.dot_product_attention(q, q, q, normalizer="sigmoid")  # a new trace
+    with jax.set_mesh(mesh):
+      return jax.jit(fn).lower(x).as_text()
+
+  assert f"@{TRITON}" not in lowered()
+  _trust.write_verdict(mesh.devices.flat[0].device_kind, {"pallas_gpu": {"passed": True}})
+  assert f"@{TRITON}" in lowered()
 
 
 @needs_cuda

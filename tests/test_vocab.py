@@ -37,7 +37,6 @@ def test_check_implementation_passes_current_names_and_maps_old_ones():
 
 
 @pytest.mark.parametrize("literal,names", [
-    (dense.ImplementationName, tuple(dense.IMPLEMENTATIONS)),
     (dense.Similarity, dense.SIMILARITIES),
     (sparse.ImplementationName, sparse.IMPLEMENTATIONS),
     (linear.ImplementationName, linear.IMPLEMENTATIONS),
@@ -45,7 +44,7 @@ def test_check_implementation_passes_current_names_and_maps_old_ones():
     (qk_norm.Norm, qk_norm.NORMS),
     (qk_norm.CosineConvention, qk_norm.COSINE_CONVENTIONS),
     (feature_maps.DeterministicKind, feature_maps.DETERMINISTIC),
-], ids=["dense", "similarity", "sparse", "linear", "normalize", "norm", "convention", "kind"])
+], ids=["similarity", "sparse", "linear", "normalize", "norm", "convention", "kind"])
 def test_literal_types_name_what_the_functions_accept(literal, names):
   assert typing.get_args(literal) == names
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnjax import _platform, masks, normalizers, options
+from attnjax import _target, masks, normalizers, options
 from attnjax.kernels import autodiff, blockwise
 
 
@@ -36,13 +36,19 @@ def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list
   return reasons
 
 
-def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, implementation: str):
-  """``jax.nn.dot_product_attention`` on a validated call.
+def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, implementation: str,
+            shard_offsets=None):
+  """``jax.nn.dot_product_attention`` (``implementation`` ``"xla"`` or ``"cudnn"``) on a
+  validated call it supports, without a platform guard (``"cudnn"`` lowers for ``cuda``
+  only: dispatch puts it in that platform's branch).
 
   ``"cudnn"`` has reverse mode only (jax's ``custom_vjp``): its forward mode (``jax.jvp``,
   second order) comes from the block-wise engine
   (:func:`attnjax.kernels.autodiff.custom_vjp_of`); ``"xla"`` is plain JAX.
+  ``shard_offsets`` (a shard's place in a call split by :func:`attnjax._sharding.per_shard`)
+  changes nothing: no modifier runs here.
   """
+  del shard_offsets
   if implementation != "cudnn":
     return _compute(inputs, opts, implementation)
   x, nondiff = blockwise.split_inputs(inputs)
@@ -70,22 +76,6 @@ def _compute(inputs: options.DenseInputs, opts: options.DenseOptions, implementa
   return out
 
 
-def xla(inputs: options.DenseInputs, opts: options.DenseOptions):
-  """``jax.nn.dot_product_attention(implementation="xla")`` for the options it supports."""
-  return compute(inputs, opts, implementation="xla")
-
-
-def cudnn(inputs: options.DenseInputs, opts: options.DenseOptions):
-  """``jax.nn.dot_product_attention(implementation="cudnn")`` (GPU, fp16/bf16).
-
-  Lowers for ``cuda`` only; lowering for another platform raises ``ValueError``.
-  """
-  return _platform.on_platform(
-      "cuda", lambda: compute(inputs, opts, implementation="cudnn"),
-      "implementation='cudnn' runs on a CUDA GPU only (jax's cuDNN call); use "
-      "implementation=None to pick per platform")
-
-
 def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list[str]:
   """Reasons jax's cuDNN attention cannot run a call ([] = supported), on any host.
 
@@ -96,16 +86,16 @@ def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -
   ``attnjax[aot]`` compiling for a GPU), and nowhere else.
   """
   reasons = unsupported(inputs, opts)
-  reasons += [r for r in _platform.unknown_options(
-      opts, inputs, _platform.KERNEL_OPTIONS, _platform.KERNEL_INPUTS, "cudnn") if r not in reasons]
-  if _platform.cudnn_version() is None:
+  reasons += [r for r in options.unknown_options(
+      opts, inputs, options.KERNEL_OPTIONS, options.KERNEL_INPUTS, "cudnn") if r not in reasons]
+  if _target.cudnn_version() is None:
     reasons.append("this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
                    "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)")
   if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
     reasons.append(f"dtype {inputs.q.dtype} (cuDNN takes bfloat16 or float16)")
   H = inputs.q.shape[-1]
   # jax's wrapper allows head dims above 128 only when the tracing host's GPU is a Hopper.
-  h_max = 256 if (_platform.local_gpu_major() or 0) >= 9 else 128
+  h_max = 256 if (_target.local_gpu_major() or 0) >= 9 else 128
   if H % 8 or H > h_max:
     reasons.append(f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} "
                    "on this host)")

@@ -19,7 +19,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _platform, normalizers, options
+from attnjax import _lowering, normalizers, options
 from attnjax.kernels import autodiff, blockwise
 
 Array = jnp.ndarray
@@ -96,7 +96,7 @@ def _kernel(T: int, S: int, N: int, is_causal: bool, window: Optional[tuple[int,
   # The kernel holds its block structure as arrays: make them concrete constants even when
   # first built inside a trace, so the cached kernel never holds a tracer (computed on this
   # host, also when the program is traced for a mesh of compile-only devices).
-  with _platform.host_eval():
+  with _lowering.host_eval():
     return lib.make_splash_mha(
         make_mask(T, S, N, is_causal=is_causal, window=window), block_sizes=block_sizes,
         attn_logits_soft_cap=softcap, head_shards=1, q_seq_shards=1, interpret=interpret)
@@ -132,8 +132,8 @@ def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions, *,
     reasons.append(f"lengths T={T}, S={S} (splash needs multiples of {BLOCKS[-1]})")
   if inputs.q.dtype not in DTYPES:
     reasons.append(f"dtype {inputs.q.dtype} (splash takes float32 or bfloat16)")
-  reasons += _platform.unknown_options(opts, inputs, _platform.KERNEL_OPTIONS,
-                                       _platform.KERNEL_INPUTS, "splash")
+  reasons += options.unknown_options(opts, inputs, options.KERNEL_OPTIONS,
+                                       options.KERNEL_INPUTS, "splash")
   del interpret  # the platform is checked when the program is lowered (see splash)
   return reasons
 
@@ -148,7 +148,7 @@ def run(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: b
     raise ValueError("implementation='splash' does not support " + "; ".join(reasons))
   if interpret:
     return compute(inputs, opts, interpret=True)
-  return _platform.on_platform(
+  return _lowering.on_platform(
       "tpu", lambda: compute(inputs, opts),
       "implementation='splash' runs on a TPU only (splash needs a TPU); use implementation=None "
       "to pick per platform")
@@ -168,8 +168,10 @@ def _f32_cotangent(x: Array) -> Array:
 _f32_cotangent.defvjp(lambda x: (x, None), lambda _, g: (g.astype(jnp.float32),))
 
 
-def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False):
-  """``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU, softmax, static masks).
+def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False,
+            shard_offsets=None):
+  """``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU, softmax, static masks) on a
+  call :func:`unsupported` accepts.
 
   Reverse mode is splash's own backward; forward mode (``jax.jvp``, second order), which
   splash does not have, comes from the block-wise engine
@@ -184,10 +186,13 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpre
     inputs: canonical arrays (no bias, no explicit mask; see :func:`unsupported`).
     opts: static options.
     interpret: run the Pallas kernel in interpret mode (any backend; for tests on the CPU).
+    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+      unused (splash takes no modifiers).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype; a query row with no allowed key is zero.
   """
+  del shard_offsets
   lib = _library()
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, _ = q.shape

@@ -8,7 +8,7 @@ O(T / P) memory per device), the recurrent families by passing their state
 across the axis. The shard_map splits
 
 - the tokens of every array that has them (``[B, T, ...]``) over ``context``;
-- the batch over the other axes that divide it (as ``attnjax._platform.kernel_axes``:
+- the batch over the other axes that divide it (as ``attnjax._sharding.kernel_axes``:
   ``data`` and ``fsdp`` on the training mesh);
 - the heads over ``tensor`` where it divides the key/value heads (``[B, T, N|K, ...]``
   arrays and per-head vectors ``[N]``, e.g. sink logits or RetNet's decays);
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from attnjax import _platform
+from attnjax import _sharding
 
 CONTEXT_AXIS = "context"
 # Arguments that are never token arrays (their arrays are replicated, their modifiers wrapped).
@@ -111,7 +111,7 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
   mesh = jax.sharding.get_abstract_mesh()
   B, T, N = q.shape[:3]
   K = k.shape[2]
-  batch_axes, head_axes = _platform.kernel_axes(mesh, B, K)
+  batch_axes, head_axes = _sharding.kernel_axes(mesh, B, K)
   b, h = _axes(batch_axes), _axes(head_axes)
 
   def spec(x):

@@ -51,7 +51,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _platform
+from attnjax import _lowering
 from attnjax.nn.caches import H2OCache, KVCache, QuantizedKVCache
 
 Array = jnp.ndarray
@@ -143,7 +143,7 @@ def fp8_supported() -> bool:
   if dtype is None:
     return False
   try:
-    with _platform.host_eval():
+    with _lowering.host_eval():
       back = jnp.asarray([1.5, -3.0], jnp.float32).astype(dtype).astype(jnp.float32)
       return bool(jnp.all(back == jnp.asarray([1.5, -3.0])))
   except (TypeError, ValueError, RuntimeError, NotImplementedError):

@@ -20,7 +20,7 @@ The model is initialised directly sharded (``jax.jit`` of its construction with
 the parameters' shardings as outputs: no device ever holds the whole model), the
 optimizer state is sharded like the parameters it mirrors, and the train step
 keeps both where they are. Platform attention kernels run inside ``shard_map``
-over the batch and head axes (``attnjax._platform.per_shard``); with
+over the batch and head axes (``attnjax._sharding.per_shard``); with
 ``context`` > 1 every attention layer runs sequence-sharded inside ``shard_map``
 (``attnjax.nn._context``: the ring for the dense family, state passing for the
 recurrent ones).

@@ -432,7 +432,8 @@ def _to_bnt(c: TilePlan, x: Array) -> Array:
 def _collect_stats(c: TilePlan, rows: dict, q_positions: Optional[Array]) -> tuple:
   cat = {key: _to_bnt(c, val) for key, val in rows.items()}
   q_positions = jnp.arange(c.T) if q_positions is None else q_positions
-  return stats_from_rows(cat, q_positions, c.stats_axis)
+  return stats_from_rows(cat, q_positions, c.stats_axis,
+                         empty_logsumexp=c.opts.empty_row_logsumexp)
 
 
 # ---------------------------------------------------------------------------

@@ -310,7 +310,7 @@ def _collect_stats(call: _Call, rows: dict, gq: Array) -> tuple:
   B, N, T = call.B, call.K * call.G, call.T
   cat = {key: jnp.reshape(jnp.broadcast_to(val, (B, call.K, call.G, T, 1)), (B, N, T))
          for key, val in rows.items()}
-  return stats_from_rows(cat, gq, call.axis)
+  return stats_from_rows(cat, gq, call.axis, empty_logsumexp=call.opts.empty_row_logsumexp)
 
 
 def _backward(call: _Call, x, nondiff, saved, cts):

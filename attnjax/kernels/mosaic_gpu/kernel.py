@@ -35,10 +35,10 @@ the sink-logit and logsumexp gradients, segment ids included. Forward mode (``ja
 takes its tangent from the block-wise engine (:func:`attnjax.kernels.blockwise.twin`, run by
 XLA), as for the other Pallas kernels.
 
-Refused (see :func:`unsupported`, which names each refusal): float32 inputs, head dims other
-than 64 / 128 / 256 (or q's differing from v's), bias / mask arrays,
-``similarity="neg_sq_euclidean"``, score / mask modifiers; auto-dispatch routes such calls to
-``pallas_gpu``.
+Refused (see :func:`unsupported`, which names each refusal): a target that is not a Hopper
+GPU (outside interpret mode), float32 inputs, head dims other than 64 / 128 / 256 (or q's
+differing from v's), bias / mask arrays, ``similarity="neg_sq_euclidean"``, score / mask
+modifiers; auto-dispatch takes the next engine of its list for such calls (``pallas_gpu``).
 
 Interpret mode (``interpret=True``) runs the kernels in jax's Mosaic GPU interpreter
 (``InterpretGPUParams``) on the CPU. Under jax 0.12 it runs the compiled path's code (TMA
@@ -68,7 +68,7 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax import _platform, options
+from attnjax import _lowering, _target, options
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
@@ -81,19 +81,30 @@ Array = jnp.ndarray
 
 DTYPES = (jnp.bfloat16, jnp.float16)
 HEAD_DIMS = (64, 128, 256)
-KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
+KNOWN_OPTIONS = options.KERNEL_OPTIONS
 KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
 # The custom-call target of a compiled Mosaic GPU kernel in optimised HLO.
 MOSAIC_GPU_CALL_TARGET = "mosaic_gpu_v2"
 
 
-def unsupported(inputs, opts) -> list[str]:
-  """Reasons ``mosaic_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
-  reasons = _platform.array_refusals("mosaic_gpu", inputs, opts,
-                                     "is_causal, window and segment ids")
-  reasons += _platform.unknown_options(
+def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
+  """Reasons ``mosaic_gpu`` cannot honour a call ([] = supported); lists unknown options too.
+
+  Outside interpret mode the target must be a Hopper (compute capability 9, read as
+  :func:`attnjax._target.cuda_major` does: the ambient mesh's device kind, else this
+  process's GPU): the kernels are sm_90 instructions (wgmma, setmaxnreg), which Ampere and
+  Blackwell GPUs do not run, and a GPU of unknown generation may be either.
+  """
+  reasons = options.array_refusals("mosaic_gpu", inputs, opts,
+                                   "is_causal, window and segment ids")
+  reasons += options.unknown_options(
       opts, inputs, KNOWN_OPTIONS,
       KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu")
+  major = None if interpret else _target.cuda_major()
+  if not interpret and major != 9:
+    target = "a GPU of unknown generation" if major is None else f"compute capability {major}"
+    reasons.append(f"{target} (mosaic_gpu runs on Hopper, sm_90, only; trace under a mesh of "
+                   "H100 / H200 devices to compile for one from another host)")
   H, Hv = inputs.q.shape[-1], inputs.v.shape[-1]
   if H != Hv or H not in HEAD_DIMS:
     reasons.append(f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of "
@@ -433,21 +444,24 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   return jnp.transpose(outs[0][:, :, :c.T], (0, 2, 1, 3)), srow
 
 
-def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
+            shard_offsets=None):
   """Mosaic GPU attention of a validated dense call (see the module docstring).
+
+  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs`.
     opts: :class:`attnjax.options.DenseOptions`.
     block_sizes: tiles and pipeline depth (None: the :data:`BLOCK_SIZE_TABLE` row).
     interpret: run the kernel in jax's Mosaic GPU interpreter (on the CPU).
+    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+      unused (this kernel takes no modifiers, so it reads no batch or head index).
 
   Returns:
     ``[B, T, N, H]`` in the input dtype, or ``(out, AttentionStats)``.
   """
-  reasons = unsupported(inputs, opts)
-  if reasons:
-    raise ValueError("implementation='mosaic_gpu' does not support " + "; ".join(reasons))
+  del shard_offsets
   if block_sizes is None:
     block_sizes = block_sizes_for(inputs.q.shape[-1])
   c = make_plan(inputs, opts, block_sizes, interpret)
@@ -471,7 +485,8 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
     out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
-    stats = stats_from_padded_rows(srow, c.T) if c.with_stats else None
+    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
+             else None)
     res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
     has_key = srow["has_key"][..., 0] if c.with_stats else None
     return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)
@@ -494,7 +509,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-run = _platform.kernel_engine("mosaic_gpu", "cuda", unsupported, compute,
+run = _lowering.kernel_engine("mosaic_gpu", "cuda", unsupported, compute,
                               "runs on a CUDA GPU (sm_90) only")
 
 

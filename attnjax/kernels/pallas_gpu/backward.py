@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax import _platform
+from attnjax import _lowering
 from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, full_kv_blocks,
                                       full_q_blocks, kv_block_bounds, logits, q_block_bounds,
                                       segments_meet, tile_allowed, visit_loop)
@@ -189,7 +189,7 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   if c.has_segments:
     seg_specs_q = [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
                    pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
-  with _platform.gpu_lowering_target(not c.interpret):
+  with _lowering.gpu_lowering_target(not c.interpret):
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, c, res_keys, g is not None), grid=(c.B, c.N, c.Tp // bq),
         in_specs=in_specs + seg_specs_q,
@@ -213,7 +213,7 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   if c.has_segments:
     seg_specs_k = [pl.BlockSpec((None, c.Tp), lambda b, h, j: (b, 0)),
                    pl.BlockSpec((None, bk), lambda b, h, j: (b, j))]
-  with _platform.gpu_lowering_target(not c.interpret):
+  with _lowering.gpu_lowering_target(not c.interpret):
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, c, res_keys, g is not None), grid=(c.B, K, c.Sp // bk),
         in_specs=in_specs + seg_specs_k,

@@ -39,8 +39,8 @@ usable JVP.
 On a GPU the kernel is compiled by Triton; ``interpret=True`` runs the same
 kernel body in Pallas interpret mode on any backend (the tests' CPU check).
 Exporting for ``cuda`` from a host without a GPU works (the kernels are
-lowered for :data:`attnjax._platform.EXPORT_GPU` unless an abstract GPU device
-is set, see :func:`attnjax._platform.gpu_lowering_target`); the module then
+lowered for :data:`attnjax._lowering.EXPORT_GPU` unless an abstract GPU device
+is set, see :func:`attnjax._lowering.gpu_lowering_target`); the module then
 holds custom calls with target :data:`TRITON_CALL_TARGET`, which ``jax.export``
 accepts with ``DisabledSafetyCheck.custom_call(TRITON_CALL_TARGET)``.
 
@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax import _platform, options
+from attnjax import _lowering, _target, options
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.pallas_gpu import backward
 from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, kv_block_bounds,
@@ -74,7 +74,7 @@ TRITON_CALL_TARGET = "__gpu$xla.gpu.triton"
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 # DenseOptions fields this kernel honours; any other field set away from its default is
 # reported by unsupported() (a new option must be taught here before dispatch picks this path).
-KNOWN_OPTIONS = _platform.KERNEL_OPTIONS
+KNOWN_OPTIONS = options.KERNEL_OPTIONS
 # DenseInputs fields this kernel honours (bias and mask arrays are refused).
 KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
 
@@ -155,12 +155,14 @@ def block_sizes_for(head_dim: int, dtype, major: Optional[int] = None) -> BlockS
                    f"(the table stops at {max(r[1] for r in BLOCK_SIZE_TABLE)})")
 
 
-def unsupported(inputs, opts) -> list[str]:
-  """Reasons ``pallas_gpu`` cannot honour a call ([] = supported); lists unknown options too."""
-  reasons = _platform.array_refusals("pallas_gpu", inputs, opts,
-                                     "is_causal, window and segment_ids")
-  reasons += _platform.unknown_options(opts, inputs, KNOWN_OPTIONS,
-                                       KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu")
+def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
+  """Reasons ``pallas_gpu`` cannot honour a call ([] = supported); lists unknown options too
+  (the same in interpret mode)."""
+  del interpret
+  reasons = options.array_refusals("pallas_gpu", inputs, opts,
+                                   "is_causal, window and segment_ids")
+  reasons += options.unknown_options(opts, inputs, KNOWN_OPTIONS,
+                                     KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu")
   head_dim = max(inputs.q.shape[-1], inputs.v.shape[-1])
   max_head = max(row[1] for row in BLOCK_SIZE_TABLE)
   if head_dim > max_head:
@@ -278,7 +280,7 @@ def forward(c: GridPlan, q, k, v, sink, q_seg, kv_seg):
                + [rows] * (len(res_keys) + len(stat_keys)))
   out_specs = ([pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))]
                + [row_spec] * (len(res_keys) + len(stat_keys)))
-  with _platform.gpu_lowering_target(not c.interpret):
+  with _lowering.gpu_lowering_target(not c.interpret):
     outs = pl.pallas_call(
         functools.partial(_fwd_kernel, c, res_keys, stat_keys), grid=grid, in_specs=in_specs,
         out_specs=out_specs, out_shape=out_shape, interpret=c.interpret,
@@ -293,28 +295,30 @@ def forward(c: GridPlan, q, k, v, sink, q_seg, kv_seg):
 # The kernel with its custom VJP.
 
 
-def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
-              interpret: bool = False):
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
+            shard_offsets=None):
   """Pallas GPU attention of a validated dense call (see the module docstring).
+
+  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs` (no bias or mask array).
     opts: :class:`attnjax.options.DenseOptions`.
     block_sizes: tiles and launch parameters (:class:`BlockSizes`); None: the
       :data:`BLOCK_SIZE_TABLE` row of the target being traced for
-      (:func:`attnjax._platform.cuda_major`: the ambient mesh's device kind, or
+      (:func:`attnjax._target.cuda_major`: the ambient mesh's device kind, or
       this host's GPU).
     interpret: run the kernels in Pallas interpret mode (any backend).
+    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+      unused (this kernel takes no modifiers, so it reads no batch or head index).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
   """
-  reasons = unsupported(inputs, opts)
-  if reasons:
-    raise ValueError("implementation='pallas_gpu' does not support " + "; ".join(reasons))
+  del shard_offsets
   if block_sizes is None:
     block_sizes = block_sizes_for(max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype,
-                                  _platform.cuda_major())
+                                  _target.cuda_major())
   c = make_plan(inputs, opts, block_sizes, interpret)
   q = inputs.q
 
@@ -324,7 +328,8 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
     out, res, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
-    stats = stats_from_padded_rows(srow, c.T) if c.with_stats else None
+    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
+             else None)
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     o = jnp.transpose(out[:, :, :c.T, :c.Hv], (0, 2, 1, 3))
@@ -351,7 +356,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-run = _platform.kernel_engine("pallas_gpu", "cuda", unsupported, compute,
+run = _lowering.kernel_engine("pallas_gpu", "cuda", unsupported, compute,
                               "runs on a CUDA GPU only (a Triton kernel)")
 
 

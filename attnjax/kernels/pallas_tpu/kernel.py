@@ -25,7 +25,7 @@ modifier's arguments are held in SMEM and read by scalar index
 (:class:`~attnjax.kernels.pallas_tpu.plan.ScalarTable`: ALiBi's ``slopes[n]``,
 ``prefix_lengths[b]``, a ``[B, N]`` table at ``[b, n]``); the dq kernel
 accumulates the gradients of floating ``score_mod_args`` from each tile's VJP
-of the modifier. Inside ``shard_map`` (:func:`attnjax._platform.per_shard`) the
+of the modifier. Inside ``shard_map`` (:func:`attnjax._sharding.per_shard`) the
 batch and head indices a modifier sees are the whole call's. A ``mask_mod``'s
 layout skips the blocks it masks entirely (static without arguments or with a
 ``block_layout``, else classified per call). Not supported (:func:`unsupported`:
@@ -57,7 +57,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax import _platform, layout, options
+from attnjax import _lowering, layout, options
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.pallas_tpu import backward
@@ -73,7 +73,7 @@ Array = jnp.ndarray
 # The custom-call target of a Mosaic kernel in compiled HLO.
 MOSAIC_CALL_TARGET = "tpu_custom_call"
 DTYPES = (jnp.float32, jnp.bfloat16)
-KNOWN_OPTIONS = _platform.KERNEL_OPTIONS + ("score_mod", "mask_mod", "block_layout")
+KNOWN_OPTIONS = options.KERNEL_OPTIONS + ("score_mod", "mask_mod", "block_layout")
 KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
 
 
@@ -149,16 +149,18 @@ def block_sizes_for(head_dim: int, gen: Optional[str] = None) -> BlockSizes:
   return BlockSizes(256, 256, 128, 256)
 
 
-def unsupported(inputs, opts) -> list[str]:
-  """Reasons ``pallas_tpu`` cannot honour a call ([] = supported); lists unknown options too."""
-  reasons = _platform.array_refusals(
+def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
+  """Reasons ``pallas_tpu`` cannot honour a call ([] = supported); lists unknown options too
+  (the same in interpret mode)."""
+  del interpret
+  reasons = options.array_refusals(
       "pallas_tpu", inputs, opts, "is_causal, window, segment_ids and argument-free mask_mod")
   for name, fn, args, score in (("score_mod", opts.score_mod, inputs.score_mod_args, True),
                                 ("mask_mod", opts.mask_mod, inputs.mask_mod_args, False)):
     why = None if fn is None else _not_in_kernel(fn, args, score)
     if why:
       reasons.append(f"this {name} (the kernel cannot evaluate it: {why})")
-  reasons += _platform.unknown_options(
+  reasons += options.unknown_options(
       opts, inputs, KNOWN_OPTIONS,
       KNOWN_INPUTS + ("bias", "mask", "score_mod_args", "mask_mod_args"), "pallas_tpu")
   dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
@@ -398,8 +400,9 @@ def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg, mods) -> Array:
 
 
 def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args=(),
-            mask_args=()):
-  """Runs the forward kernels: ``(out [B, N, Tp, Hv], residual rows, statistics rows)``."""
+            mask_args=(), offsets=None):
+  """Runs the forward kernels: ``(out [B, N, Tp, Hv], residual rows, statistics rows)``;
+  ``offsets``: int32 ``[2]``, where the shard starts (batch row, query head), or None."""
   state, res_keys, stat_keys = _state_layout(c, c.bq)
   qh, kh, vh, q_seg, kv_seg = heads_first(c, q, k, v, q_seg, kv_seg)
   kinds = run_time_table(c, tables, q_seg[:, :, 0] if c.has_segments else None,
@@ -408,7 +411,7 @@ def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args
   kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
   nq, width = kind.shape
   G = c.G
-  mods = mod_inputs(c, score_args, mask_args)
+  mods = mod_inputs(c, offsets, score_args, mask_args)
   cnt = counts(c, kind, fetch, q_seg, kv_seg, mods) if c.needs_counts else None
 
   in_specs = [
@@ -454,8 +457,11 @@ def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args
 # The kernel with its custom VJP.
 
 
-def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False):
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
+            shard_offsets=None):
   """Pallas TPU attention of a validated dense call (see the module docstring).
+
+  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs` (see :func:`unsupported`).
@@ -463,13 +469,13 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     block_sizes: tiles (:class:`BlockSizes`); None: the :data:`BLOCK_SIZE_TABLE` row of the
       TPU generation being traced for (:func:`generation`).
     interpret: run the kernels in Pallas interpret mode (any backend).
+    shard_offsets: where this call's batch rows and heads start in a call split by
+      :func:`attnjax._sharding.per_shard` (an :class:`attnjax._sharding.ShardOffsets`;
+      None: 0, 0): a modifier reading the batch or head index sees the whole call's.
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
   """
-  reasons = unsupported(inputs, opts)
-  if reasons:
-    raise ValueError("implementation='pallas_tpu' does not support " + "; ".join(reasons))
   if block_sizes is None:
     block_sizes = block_sizes_for(max(inputs.q.shape[-1], inputs.v.shape[-1]), generation())
   c = make_plan(inputs, opts, block_sizes, interpret)
@@ -479,32 +485,43 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   score_args = tuple(inputs.score_mod_args) if c.num_score_args else ()
   mask_args = tuple(inputs.mask_mod_args) if c.num_mask_args else ()
+  # The shard's offsets are an input of the core (not a closure): the backward reads them too.
+  offsets = None
+  if c.has_mods:
+    b0, n0 = (0, 0) if shard_offsets is None else shard_offsets
+    offsets = jnp.stack([jnp.asarray(b0, jnp.int32), jnp.asarray(n0, jnp.int32)])
 
   @autodiff.custom_vjp
-  def core(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
-    return fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)[0]
+  def core(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
+    return fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets)[0]
 
-  def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+  def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
     out, res, srow = forward(c, fwd_tables, q, k, v, sink, q_seg, kv_seg, score_args,
-                             mask_args)
-    stats = stats_from_padded_rows(srow, c.T) if c.with_stats else None
+                             mask_args, offsets)
+    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
+             else None)
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     # Saved compact: a [.., Tp, 1] row array is laid out in whole 128-lane tiles on a TPU.
     res = {key: val[..., 0] for key, val in res.items()}
     o = jnp.transpose(out[:, :, :c.T, :], (0, 2, 1, 3))
-    return (o, stats), (q, k, v, sink, q_seg, kv_seg, score_args, mask_args, out, res)
+    return (o, stats), (q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets, out, res)
 
   def bwd(saved, cts):
-    q, k, v, sink, q_seg, kv_seg, score_args, mask_args, out, res = saved
+    q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets, out, res = saved
     d_out, d_stats = cts
     d_lse = None if d_stats is None else d_stats[3]
     res = {key: val[..., None] for key, val in res.items()}
     return backward.backward(c, bwd_tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out,
-                             d_lse, score_args, mask_args)
+                             d_lse, score_args, mask_args, offsets) + (None,)
 
-  def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
-    """The same call on the block-wise engine (plain JAX): forward mode and second order."""
+  def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
+    """The same call on the block-wise engine (plain JAX): forward mode and second order.
+
+    It does not add ``offsets``: inside :func:`attnjax._sharding.per_shard` a modifier
+    reading the batch or head index sees the shard's own here, so forward mode of such a
+    modifier is the shard's, not the whole call's (reverse mode, the kernels', is).
+    """
     out = blockwise.run(options.DenseInputs(
         q=q, k=k, v=v, sink_logits=sink, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
         score_mod_args=score_args, mask_mod_args=mask_args), opts)
@@ -515,12 +532,12 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   core.defvjp(fwd, bwd, twin=twin)
   out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
-                    inputs.kv_segment_ids, score_args, mask_args)
+                    inputs.kv_segment_ids, score_args, mask_args, offsets)
   out = out.astype(q.dtype)
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-run = _platform.kernel_engine("pallas_tpu", "tpu", unsupported, compute,
+run = _lowering.kernel_engine("pallas_tpu", "tpu", unsupported, compute,
                               "runs on a TPU only (a Mosaic kernel)")
 
 

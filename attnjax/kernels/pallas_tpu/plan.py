@@ -30,7 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from attnjax import layout as layout_lib
-from attnjax import _platform, normalizers
+from attnjax import normalizers
 from attnjax.kernels.blockwise import index_use
 
 Array = jnp.ndarray
@@ -270,13 +270,13 @@ def mod_kinds(c: TpuPlan, opts, mask_args, bq: int, bk: int) -> Optional[Array]:
                                      c.B if used_b else 1, c.N if used_n else 1)
 
 
-def mod_inputs(c: TpuPlan, score_args, mask_args) -> tuple[list, list]:
-  """``(arrays, specs)`` the kernels take for their modifiers: the shard's offsets (batch row,
-  query head) and the modifiers' arguments, all in SMEM (:class:`ScalarTable` reads them)."""
+def mod_inputs(c: TpuPlan, offsets, score_args, mask_args) -> tuple[list, list]:
+  """``(arrays, specs)`` the kernels take for their modifiers: the shard's offsets (int32
+  ``[2]``: batch row, query head; None: 0, 0) and the modifiers' arguments, all in SMEM
+  (:class:`ScalarTable` reads them)."""
   if not c.has_mods:
     return [], []
-  b0, n0 = _platform.shard_offsets()
-  arrays = [jnp.stack([jnp.asarray(b0, jnp.int32), jnp.asarray(n0, jnp.int32)])]
+  arrays = [jnp.zeros((2,), jnp.int32) if offsets is None else offsets]
   arrays += [jnp.asarray(a).astype(smem_dtype(jnp.result_type(a)))
              for a in tuple(score_args)[:c.num_score_args] + tuple(mask_args)[:c.num_mask_args]]
   return arrays, [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(arrays)

@@ -1,0 +1,66 @@
+"""attnjax's settings: ``attnjax.config``.
+
+``attnjax.config.kernels`` says when auto-dispatch (``implementation=None``)
+may take attnjax's own Pallas kernels (``pallas_gpu``, ``mosaic_gpu``,
+``pallas_tpu``), which only a run on the device itself can vouch for:
+
+- ``"checked"`` (the default): on a kind of device where ``python -m
+  attnjax.check`` has passed (its verdict in the cache directory, for this
+  attnjax and jax version), in a single-process run;
+- ``"all"``: wherever they cover the call, checked or not;
+- ``"trusted"``: never; the kernels jax ships (cuDNN, splash) and the
+  block-wise engine run instead.
+
+The environment variable ``ATTNJAX_KERNELS`` gives the default; setting the
+attribute overrides it for this process (``None`` restores the environment's).
+A named ``implementation=`` always runs what it names.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import jax
+
+KERNELS = ("checked", "all", "trusted")
+ENV_KERNELS = "ATTNJAX_KERNELS"
+
+
+class Config:
+  """The settings object ``attnjax.config``.
+
+  Attributes:
+    kernels: one of :data:`KERNELS` (see the module docstring). Dispatch reads it when a
+      function is traced, so a change clears jax's caches (``jax.clear_caches()``): the
+      functions traced before it are traced again on their next call.
+  """
+
+  def __init__(self):
+    self._kernels: Optional[str] = None
+
+  @property
+  def kernels(self) -> str:
+    if self._kernels is not None:
+      return self._kernels
+    value = os.environ.get(ENV_KERNELS, "").strip().lower() or "checked"
+    if value not in KERNELS:
+      raise ValueError(f"{ENV_KERNELS}={value!r} is not one of: "
+                       + ", ".join(repr(k) for k in KERNELS))
+    return value
+
+  @kernels.setter
+  def kernels(self, value: Optional[str]) -> None:
+    if value is not None and value not in KERNELS:
+      raise ValueError(f"attnjax.config.kernels={value!r} is not one of: "
+                       + ", ".join(repr(k) for k in (*KERNELS, None)))
+    before = self._kernels or os.environ.get(ENV_KERNELS)
+    self._kernels = value
+    if (self._kernels or os.environ.get(ENV_KERNELS)) != before:
+      jax.clear_caches()
+
+  def __repr__(self) -> str:
+    return f"attnjax.config(kernels={self.kernels!r})"
+
+
+config = Config()
