@@ -259,19 +259,36 @@ def shard_offsets() -> tuple[Any, Any]:
   return _SHARD_OFFSETS[-1] if _SHARD_OFFSETS else (0, 0)
 
 
+def operand_mesh(inputs: Any) -> Any:
+  """The mesh ``q``, ``k`` or ``v`` of a call are sharded on when several devices hold it, or
+  None. Under ``jax.jit`` of arrays placed with a ``NamedSharding`` (no ``jax.set_mesh``, or
+  the legacy ``with mesh:`` context) their types carry that mesh (its axes, sizes and device
+  kind), and so do the values computed from them."""
+  for x in (inputs.q, inputs.k, inputs.v):
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    if mesh is not None and not mesh.empty and mesh.size > 1:
+      return mesh
+  return None
+
+
 def per_shard(fn: Callable[[Any], Any], inputs: Any) -> Any:
-  """``fn(inputs)`` run on each device's shard when the ambient mesh has several devices.
+  """``fn(inputs)`` run on each device's shard when the call spans several devices.
 
   XLA cannot partition a Mosaic or Triton kernel (nor cuDNN's call) across
-  devices, so under a multi-device mesh (``jax.set_mesh``) the kernel runs
-  inside ``jax.shard_map`` over :func:`kernel_axes`: each device computes its
-  batch rows and heads; nothing crosses devices. Without a mesh (or with one
-  device) ``fn`` runs as is. ``inputs`` is a ``DenseInputs``; ``fn`` returns
-  ``[B, T, N, Hv]`` or ``(out, AttentionStats)`` (fields ``[B, N]`` / ``[B, N, T]``).
+  devices, so under a multi-device mesh the kernel runs inside
+  ``jax.shard_map`` over :func:`kernel_axes`: each device computes its batch
+  rows and heads; nothing crosses devices. The mesh is the ambient one
+  (``jax.set_mesh``), else the one the operands are sharded on
+  (:func:`operand_mesh`: plain ``jax.jit`` of sharded arrays, the legacy
+  ``with mesh:`` context). Without one (or with one device) ``fn`` runs as is.
+  ``inputs`` is a ``DenseInputs``; ``fn`` returns ``[B, T, N, Hv]`` or
+  ``(out, AttentionStats)`` (fields ``[B, N]`` / ``[B, N, T]``).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return fn(inputs)
+    mesh = operand_mesh(inputs)
+    if mesh is None:
+      return fn(inputs)
   from jax.sharding import PartitionSpec as P
   B, _, N, _ = inputs.q.shape
   K = inputs.k.shape[2]
