@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
@@ -297,6 +298,30 @@ def test_pallas_tpu_is_lowered_for_the_chip_compiled_for(compile_settings, monke
     assert "attnjax_tpu_dkdv_softpick" in text
     # Lowered for the chip (the trace for the result types alone knows no chip: None).
     assert gen in seen and other not in seen, (gen, seen)
+
+
+def test_pallas_tpu_exports_for_tpu_from_this_host():
+  # No TPU and no mesh: the kernels lower for a v5e (before, Mosaic lowered for this host's
+  # CPU: "Unsupported TPU device kind: cpu" for softpick's sign).
+  q = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
+  loss = lambda q: jnp.sum(dense.dot_product_attention(
+      q, q, q, is_causal=True, normalizer="softpick").astype(jnp.float32))
+  text = export.export(jax.jit(jax.grad(loss)), platforms=["tpu"])(q).mlir_module()
+  assert "attnjax_tpu_dkdv_softpick" in text and "@tpu_custom_call" in text
+
+
+@pytest.mark.targets("tpu")
+def test_a_sharded_call_exports_for_a_tpu_slice(compile_settings):
+  # jax.export of a program sharded on 4 v6e chips, without jax.set_mesh: each kernel inside
+  # shard_map over the operands' mesh (nothing for XLA to partition).
+  mesh = target_mesh("v6e", heads=True)
+  q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P("data", None, "tensor")))
+  for normalizer in ("softmax", "softpick"):
+    loss = lambda q: jnp.sum(dense.dot_product_attention(
+        q, q, q, is_causal=True, normalizer=normalizer).astype(jnp.float32))
+    exported = export.export(jax.jit(jax.grad(loss)), platforms=["tpu"])(q)
+    assert exported.nr_devices == 4 and "@tpu_custom_call" in exported.mlir_module()
 
 
 @pytest.mark.targets("cuda")

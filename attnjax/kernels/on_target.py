@@ -99,9 +99,11 @@ def _lowering(ctx, *args, kernel: _Kernel):
         "it runs inside jax.shard_map over its operands' batch and heads: call it through "
         "attnjax.dot_product_attention or the engine's attention() with arrays sharded on a "
         "jax.sharding.Mesh, or under jax.set_mesh(mesh)")
-  device = _target_of(ctx)
   mesh = jax.sharding.get_abstract_mesh()
-  if device is None or mesh.abstract_device is not None:
+  # A mesh with axes (jax.set_mesh, shard_map) names the target: the arrays traced under it
+  # carry it, and a kernel traced under another one fails jax's mesh checks.
+  device = _target_of(ctx) if mesh.empty else None
+  if device is None or mesh.abstract_device == device:
     return mlir.lower_fun(_checked(kernel), multiple_results=True)(ctx, *args)
   with jax.sharding.use_abstract_mesh(mesh.update(abstract_device=device)):
     return mlir.lower_fun(_checked(kernel), multiple_results=True)(ctx, *args)
@@ -194,25 +196,27 @@ def _same_platform(device, platforms) -> bool:
 
 
 def _target_of(ctx) -> Optional[Any]:
-  """The device a program is lowered for: the mesh's (ambient, or ``shard_map``'s), else the
-  compiling backend's where it is of the platform lowered for, else :data:`EXPORT_TPU` for
-  ``tpu``; None where unknown (jax's default device)."""
+  """The device a program is lowered for: the first of the mesh's (ambient, or
+  ``shard_map``'s) and the compiling backend's that is of the platform lowered for, else
+  :data:`EXPORT_TPU` for ``tpu``; None where unknown (jax's default device)."""
   platforms = tuple(ctx.platforms or ctx.module_context.platforms or ())
-  ambient = jax.sharding.get_abstract_mesh().abstract_device
-  if ambient is not None:
-    return ambient
-  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-  device = getattr(mesh, "abstract_device", None)
-  if device is None and mesh is not None and getattr(mesh, "devices", None) is not None:
-    device = _abstract(mesh.devices.flat[0])
-  if device is None:
+
+  def candidates():
+    yield jax.sharding.get_abstract_mesh().abstract_device
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    if isinstance(mesh, jax.sharding.Mesh):
+      yield _abstract(mesh.devices.flat[0]) if mesh.devices.size else None
+    else:
+      yield getattr(mesh, "abstract_device", None)
     backend = ctx.module_context.backend
     try:
-      device = _abstract(backend.devices()[0]) if backend is not None else None
+      yield _abstract(backend.devices()[0]) if backend is not None else None
     except Exception:  # noqa: BLE001 - a backend that lists no devices
-      device = None
-  if device is not None and _same_platform(device, platforms):
-    return device
+      pass
+
+  for device in candidates():
+    if device is not None and _same_platform(device, platforms):
+      return device
   if platforms == ("tpu",):
     return jax.sharding.AbstractDevice(**EXPORT_TPU)
   return None
