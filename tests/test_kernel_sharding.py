@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
+from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
@@ -175,14 +176,18 @@ def test_per_shard_takes_the_operands_mesh_and_nothing_else():
 @pytest.fixture(scope="module")
 def compile_settings():
   """As tests/test_targets.py: no persistent cache for compile-only executables, and jax's
-  default matmul precision (Mosaic refuses float32 products of bf16 tiles)."""
+  default matmul precision (Mosaic refuses float32 products of bf16 tiles). jax decides once
+  per process whether it uses the cache (the CPU tests above may have decided it): the
+  decision is reset on the way in and out."""
   cache = jax.config.jax_enable_compilation_cache
   precision = jax.config.jax_default_matmul_precision
   jax.config.update("jax_enable_compilation_cache", False)
   jax.config.update("jax_default_matmul_precision", None)
+  compilation_cache.reset_cache()
   yield
   jax.config.update("jax_enable_compilation_cache", cache)
   jax.config.update("jax_default_matmul_precision", precision)
+  compilation_cache.reset_cache()
 
 
 def call_targets(text: str) -> set[str]:

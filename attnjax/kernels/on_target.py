@@ -129,7 +129,7 @@ mlir.register_lowering(kernel_call_p, _lowering)
 
 
 def call(fn: Callable, args: Sequence[Any], *, offsets: tuple = (0, 0), name: str = "kernel",
-         mosaic: bool = False) -> Any:
+         mosaic: bool = False, out_like: Any = None) -> Any:
   """``fn(shard, *args)``, one step of a platform kernel, traced when lowered for its target.
 
   Args:
@@ -141,6 +141,8 @@ def call(fn: Callable, args: Sequence[Any], *, offsets: tuple = (0, 0), name: st
       (inside ``shard_map``: :func:`attnjax._platform.shard_offsets`).
     name: the step's name, in jaxprs and errors.
     mosaic: the step lowers to Mosaic custom calls (which XLA cannot partition).
+    out_like: None, or ``fn``'s outputs as a pytree of ``jax.ShapeDtypeStruct`` (or arrays):
+      saves tracing ``fn`` now for them.
 
   Returns:
     ``fn``'s outputs.
@@ -155,8 +157,11 @@ def call(fn: Callable, args: Sequence[Any], *, offsets: tuple = (0, 0), name: st
     return flat_out
 
   b0, n0 = (jnp.asarray(o, jnp.int32) for o in offsets)
-  out_avals = jax.eval_shape(flat_fn, b0, n0, *leaves)
-  (tree,) = out_tree
+  if out_like is None:
+    out_avals = jax.eval_shape(flat_fn, b0, n0, *leaves)
+    (tree,) = out_tree
+  else:
+    out_avals, tree = jax.tree.flatten(out_like)
   kernel = _Kernel(flat_fn, [jax.core.ShapedArray(a.shape, a.dtype) for a in out_avals], name,
                    mosaic)
   return jax.tree.unflatten(tree, kernel_call_p.bind(b0, n0, *leaves, kernel=kernel))

@@ -538,9 +538,12 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets, out, res = saved
     d_out, d_stats = cts
     d_lse = None if d_stats is None else d_stats[3]
+    like = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+    floats = [x for x in score_args if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
     dq, dk, dv, dsink, dfloat = on_target.call(
         bwd_step, (q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args),
-        offsets=offsets, mosaic=not interpret, name=f"pallas_tpu_bwd_{opts.normalizer}")
+        offsets=offsets, mosaic=not interpret, name=f"pallas_tpu_bwd_{opts.normalizer}",
+        out_like=jax.tree.map(like, (q, k, v, sink, floats)))
     dfloat = iter(dfloat)
     dscore = tuple(next(dfloat) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
                    else np.zeros(jnp.shape(x), jax.dtypes.float0) for x in score_args)
