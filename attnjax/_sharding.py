@@ -64,13 +64,30 @@ def _axes(names: tuple[str, ...]):
   return names[0] if len(names) == 1 else names
 
 
+def operand_mesh(inputs: Any) -> Any:
+  """The mesh ``q``, ``k`` or ``v`` of a call are sharded on when several devices hold it, or
+  None.
+
+  Under ``jax.jit`` of arrays placed with a ``NamedSharding`` (no ``jax.set_mesh``, or the
+  legacy ``with mesh:`` context) their types carry that mesh (its axes, sizes and device
+  kind), and so do the values computed from them.
+  """
+  for x in (inputs.q, inputs.k, inputs.v):
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    if mesh is not None and not mesh.empty and mesh.size > 1:
+      return mesh
+  return None
+
+
 def per_shard(fn: Callable[[Any, ShardOffsets], Any], inputs: Any) -> Any:
-  """``fn(shard, offsets)`` run on each device's shard when the ambient mesh has several devices.
+  """``fn(shard, offsets)`` run on each device's shard when the call spans several devices.
 
   XLA cannot partition a Mosaic or Triton kernel (nor cuDNN's call) across
-  devices, so under a multi-device mesh (``jax.set_mesh``) the kernel runs
-  inside ``jax.shard_map`` over :func:`kernel_axes`: each device computes its
-  batch rows and heads; nothing crosses devices. Without a mesh (or with one
+  devices, so under a multi-device mesh the kernel runs inside ``jax.shard_map``
+  over :func:`kernel_axes`: each device computes its batch rows and heads;
+  nothing crosses devices. The mesh is the ambient one (``jax.set_mesh``), else
+  the one the operands are sharded on (:func:`operand_mesh`: plain ``jax.jit`` of
+  sharded arrays, the legacy ``with mesh:`` context). Without one (or with one
   device, or axes that split nothing) it is ``fn(inputs, ShardOffsets())``.
 
   Args:
@@ -83,7 +100,9 @@ def per_shard(fn: Callable[[Any, ShardOffsets], Any], inputs: Any) -> Any:
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return fn(inputs, ShardOffsets())
+    mesh = operand_mesh(inputs)
+    if mesh is None:
+      return fn(inputs, ShardOffsets())
   B, _, N, _ = inputs.q.shape
   K = inputs.k.shape[2]
   batch_axes, head_axes = kernel_axes(mesh, B, K)

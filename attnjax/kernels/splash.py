@@ -19,7 +19,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _lowering, normalizers, options
+from attnjax import _lowering, _sharding, normalizers, options
 from attnjax.kernels import autodiff, blockwise
 
 Array = jnp.ndarray
@@ -243,11 +243,18 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpre
   return out
 
 
-attention = options.engine_entry(run, "splash", ("interpret",))
+def _run_per_shard(inputs: options.DenseInputs, opts: options.DenseOptions, *,
+                   interpret: bool = False):
+  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
+  return _sharding.per_shard(lambda part, offsets: run(part, opts, interpret=interpret), inputs)
+
+
+attention = options.engine_entry(_run_per_shard, "splash", ("interpret",))
 attention.__doc__ = """Splash attention called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, interpret=False)``: every keyword of
 :func:`attnjax.dot_product_attention` but ``implementation`` (what splash
 cannot honour is refused, see :func:`unsupported`); ``interpret=True`` runs the
-kernel in Pallas interpret mode on any backend.
+kernel in Pallas interpret mode on any backend. Over several devices the kernel
+runs on each device's batch rows and heads, as in :func:`attnjax.dot_product_attention`.
 """

@@ -180,7 +180,8 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
 
   ``out`` is the forward's padded ``[B, N, Tp, Hv]`` output, ``res`` its residual rows
   ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the logsumexp statistic's
-  cotangent ``[B, N, T]`` or None; ``offsets`` the shard's (int32 ``[2]``) or None.
+  cotangent ``[B, N, T]`` or None; ``offsets``: the first batch row and query head of these
+  arrays in the whole call (see :func:`~attnjax.kernels.pallas_tpu.plan.mod_inputs`).
   """
   nz = c.nz
   G, K = c.G, c.K
@@ -205,9 +206,9 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
   bq, bk = c.bq_bwd, c.bk_bwd
   kinds = run_time_table(c, tables, q_seg_p[:, :, 0] if c.has_segments else None,
                          kv_seg_p[:, 0, :] if c.has_segments else None, bq, bk,
-                         mod_kinds(c, c.opts, mask_args, bq, bk))
+                         mod_kinds(c, c.opts, mask_args, bq, bk, offsets))
   seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
-  mod_args, mod_specs = mod_inputs(c, offsets, score_args, mask_args)
+  mod_args, mod_specs = mod_inputs(c, score_args, mask_args, offsets)
   # score_mod arguments with gradients: float tables, accumulated in SMEM over the dq grid.
   darg_ids = tuple(a for a, x in enumerate(score_args)
                    if jnp.issubdtype(jnp.result_type(x), jnp.inexact))

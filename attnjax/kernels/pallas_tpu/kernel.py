@@ -57,9 +57,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax import _lowering, layout, options
+from attnjax import _lowering, _sharding, layout, options
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
-from attnjax.kernels import autodiff, blockwise
+from attnjax.kernels import autodiff, blockwise, on_target
 from attnjax.kernels.pallas_tpu import backward
 from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, MAX_ARG_SIZE, SKIP,
                                              ScalarTable, TpuPlan, Tables, dot, global_indices, heads_first,
@@ -217,7 +217,7 @@ def tables_of(c: TpuPlan, inputs, opts, bq: int, bk: int) -> Tables:
     given = None if opts.block_layout is None else _same_blocks(opts.block_layout, c, bq, bk)
     if given is not None:
       extra = given
-    elif not inputs.mask_mod_args:
+    elif not c.mod_table:
       used_b, used_n = blockwise.index_use(opts.mask_mod, ())
       extra = _same_blocks(layout.from_mask_mod(
           opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
@@ -402,16 +402,16 @@ def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg, mods) -> Array:
 def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args=(),
             mask_args=(), offsets=None):
   """Runs the forward kernels: ``(out [B, N, Tp, Hv], residual rows, statistics rows)``;
-  ``offsets``: int32 ``[2]``, where the shard starts (batch row, query head), or None."""
+  ``offsets``: the first batch row and query head of these arrays in the whole call."""
   state, res_keys, stat_keys = _state_layout(c, c.bq)
   qh, kh, vh, q_seg, kv_seg = heads_first(c, q, k, v, q_seg, kv_seg)
   kinds = run_time_table(c, tables, q_seg[:, :, 0] if c.has_segments else None,
                          kv_seg[:, 0, :] if c.has_segments else None, c.bq, c.bk,
-                         mod_kinds(c, c.opts, mask_args, c.bq, c.bk))
+                         mod_kinds(c, c.opts, mask_args, c.bq, c.bk, offsets))
   kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
   nq, width = kind.shape
   G = c.G
-  mods = mod_inputs(c, offsets, score_args, mask_args)
+  mods = mod_inputs(c, score_args, mask_args, offsets)
   cnt = counts(c, kind, fetch, q_seg, kv_seg, mods) if c.needs_counts else None
 
   in_specs = [
@@ -462,12 +462,15 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   """Pallas TPU attention of a validated dense call (see the module docstring).
 
   The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The forward and the backward are each traced when the program is lowered, for the TPU it
+  is compiled for (:func:`attnjax.kernels.on_target.call`): tiles and Mosaic's lowering
+  follow the target, whatever the host.
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs` (see :func:`unsupported`).
     opts: :class:`attnjax.options.DenseOptions`.
     block_sizes: tiles (:class:`BlockSizes`); None: the :data:`BLOCK_SIZE_TABLE` row of the
-      TPU generation being traced for (:func:`generation`).
+      TPU generation the kernels are compiled for (:func:`generation`).
     interpret: run the kernels in Pallas interpret mode (any backend).
     shard_offsets: where this call's batch rows and heads start in a call split by
       :func:`attnjax._sharding.per_shard` (an :class:`attnjax._sharding.ShardOffsets`;
@@ -476,52 +479,83 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
   """
-  if block_sizes is None:
-    block_sizes = block_sizes_for(max(inputs.q.shape[-1], inputs.v.shape[-1]), generation())
-  c = make_plan(inputs, opts, block_sizes, interpret)
-  fwd_tables = tables_of(c, inputs, opts, c.bq, c.bk)
-  bwd_tables = tables_of(c, inputs, opts, c.bq_bwd, c.bk_bwd)
   q = inputs.q
+  score_args = tuple(inputs.score_mod_args) if opts.score_mod is not None else ()
+  mask_args = tuple(inputs.mask_mod_args) if opts.mask_mod is not None else ()
+  # Where this shard's rows and heads start in the whole call (attnjax._sharding.per_shard).
+  # An argument of the custom VJP, so the backward (traced later) has them too.
+  where = tuple(_sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
+  offsets = tuple(jnp.asarray(o, jnp.int32) for o in where)
+  # A mask_mod reading the batch or head index of a shard of the call: its blocks are found
+  # per call from the shard's rows and heads (a static layout would be the first shard's).
+  shifted = _shifted_indices(opts.mask_mod, mask_args, where)
 
-  score_args = tuple(inputs.score_mod_args) if c.num_score_args else ()
-  mask_args = tuple(inputs.mask_mod_args) if c.num_mask_args else ()
-  # The shard's offsets are an input of the core (not a closure): the backward reads them too.
-  offsets = None
-  if c.has_mods:
-    b0, n0 = (0, 0) if shard_offsets is None else shard_offsets
-    offsets = jnp.stack([jnp.asarray(b0, jnp.int32), jnp.asarray(n0, jnp.int32)])
+  def plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+    """The plan of the call in these arrays, for the target being lowered for."""
+    part = options.DenseInputs(q=q, k=k, v=v, sink_logits=sink, q_segment_ids=q_seg,
+                               kv_segment_ids=kv_seg, score_mod_args=score_args,
+                               mask_mod_args=mask_args)
+    sizes = block_sizes
+    if sizes is None:
+      sizes = block_sizes_for(max(q.shape[-1], v.shape[-1]), generation())
+    c = make_plan(part, opts, sizes, interpret)
+    if shifted:
+      c = dataclasses.replace(c, mod_table=True)
+    return c, part
+
+  def fwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+    c, part = plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
+    tables = tables_of(c, part, opts, c.bq, c.bk)
+    out, res, srow = forward(c, tables, q, k, v, sink, q_seg, kv_seg, score_args, mask_args,
+                             (shard.batch_offset, shard.head_offset))
+    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
+             else None)
+    if c.with_stats:
+      res = dict(res, has_key=srow["has_key"])
+    # Saved without the block padding (the blocks are the target's): the output heads-first
+    # [B, N, T, Hv] and the rows [B, N, T] (a [.., Tp, 1] array takes whole 128-lane tiles).
+    out = out[:, :, :c.T]
+    res = {key: val[:, :, :c.T, 0] for key, val in res.items()}
+    return (jnp.transpose(out, (0, 2, 1, 3)), stats), out, res
+
+  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args,
+               mask_args):
+    c, part = plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
+    tables = tables_of(c, part, opts, c.bq_bwd, c.bk_bwd)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, c.Tp - c.T)) + ((0, 0),) * (x.ndim - 3))
+    res = {key: pad(val)[..., None] for key, val in res.items()}
+    dq, dk, dv, dsink, _, _, dscore, _ = backward.backward(
+        c, tables, q, k, v, sink, q_seg, kv_seg, pad(out), res, d_out, d_lse, score_args,
+        mask_args, (shard.batch_offset, shard.head_offset))
+    return dq, dk, dv, dsink, [d for d in dscore if d.dtype != jax.dtypes.float0]
 
   @autodiff.custom_vjp
   def core(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
     return fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets)[0]
 
   def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    out, res, srow = forward(c, fwd_tables, q, k, v, sink, q_seg, kv_seg, score_args,
-                             mask_args, offsets)
-    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
-             else None)
-    if c.with_stats:
-      res = dict(res, has_key=srow["has_key"])
-    # Saved compact: a [.., Tp, 1] row array is laid out in whole 128-lane tiles on a TPU.
-    res = {key: val[..., 0] for key, val in res.items()}
-    o = jnp.transpose(out[:, :, :c.T, :], (0, 2, 1, 3))
-    return (o, stats), (q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets, out, res)
+    args = (q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
+    o_stats, out, res = on_target.call(fwd_step, args, offsets=offsets, mosaic=not interpret,
+                                       name=f"pallas_tpu_fwd_{opts.normalizer}")
+    return o_stats, args + (offsets, out, res)
 
   def bwd(saved, cts):
     q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets, out, res = saved
     d_out, d_stats = cts
     d_lse = None if d_stats is None else d_stats[3]
-    res = {key: val[..., None] for key, val in res.items()}
-    return backward.backward(c, bwd_tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out,
-                             d_lse, score_args, mask_args, offsets) + (None,)
+    like = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+    floats = [x for x in score_args if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    dq, dk, dv, dsink, dfloat = on_target.call(
+        bwd_step, (q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args),
+        offsets=offsets, mosaic=not interpret, name=f"pallas_tpu_bwd_{opts.normalizer}",
+        out_like=jax.tree.map(like, (q, k, v, sink, floats)))
+    dfloat = iter(dfloat)
+    dscore = tuple(next(dfloat) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+                   else np.zeros(jnp.shape(x), jax.dtypes.float0) for x in score_args)
+    return dq, dk, dv, dsink, None, None, dscore, None, None
 
   def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    """The same call on the block-wise engine (plain JAX): forward mode and second order.
-
-    It does not add ``offsets``: inside :func:`attnjax._sharding.per_shard` a modifier
-    reading the batch or head index sees the shard's own here, so forward mode of such a
-    modifier is the shard's, not the whole call's (reverse mode, the kernels', is).
-    """
+    """The same call on the block-wise engine (plain JAX): forward mode and second order."""
     out = blockwise.run(options.DenseInputs(
         q=q, k=k, v=v, sink_logits=sink, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
         score_mod_args=score_args, mask_mod_args=mask_args), opts)
@@ -537,16 +571,36 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
+def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
+  """Whether ``mask_mod`` reads a batch or head index that starts elsewhere than 0 here (a
+  traced shard offset: inside ``shard_map``)."""
+  if mask_mod is None:
+    return False
+  used_b, used_n = blockwise.index_use(mask_mod, mask_args)
+  moved = [not (isinstance(o, int) and o == 0) for o in offsets]
+  return (used_b and moved[0]) or (used_n and moved[1])
+
+
 run = _lowering.kernel_engine("pallas_tpu", "tpu", unsupported, compute,
                               "runs on a TPU only (a Mosaic kernel)")
 
 
-attention = options.engine_entry(run, "pallas_tpu", ("block_sizes", "interpret"))
+def _run_per_shard(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
+                   interpret: bool = False):
+  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
+  return _sharding.per_shard(
+      lambda part, offsets: run(part, opts, block_sizes=block_sizes, interpret=interpret,
+                                shard_offsets=offsets), inputs)
+
+
+attention = options.engine_entry(_run_per_shard, "pallas_tpu", ("block_sizes", "interpret"))
 attention.__doc__ = """The Pallas TPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:
 every keyword of :func:`attnjax.dot_product_attention` but ``implementation``
 (``bias`` and ``mask`` arrays and modifiers with arguments are refused, see
 :func:`unsupported`), the kernel's :class:`BlockSizes`, and ``interpret=True``
-to run it in Pallas interpret mode on any backend.
+to run it in Pallas interpret mode on any backend. Over several devices the
+kernel runs on each device's batch rows and heads, as in
+:func:`attnjax.dot_product_attention`.
 """

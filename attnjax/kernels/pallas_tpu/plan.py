@@ -67,7 +67,9 @@ class TpuPlan(normalizers.KernelPlan):
   interpret: bool
   num_score_args: int = 0  # score_mod_args / mask_mod_args, in SMEM (ScalarTable)
   num_mask_args: int = 0
-  mod_table: bool = False  # mask_mod's blocks classified per call (its arguments are data)
+  # mask_mod's blocks classified per call: its arguments are data, or it reads the batch or
+  # head index of a shard of the call
+  mod_table: bool = False
 
   @property
   def has_mods(self) -> bool:
@@ -258,25 +260,34 @@ def global_indices(c: TpuPlan, b, n, off_ref):
   return b + off_ref[0], n + off_ref[1]
 
 
-def mod_kinds(c: TpuPlan, opts, mask_args, bq: int, bk: int) -> Optional[Array]:
-  """int32 ``[nq, nk]`` kinds of a ``mask_mod`` with arguments, evaluated per call (XLA), or
-  None when its blocks are static."""
+def mod_kinds(c: TpuPlan, opts, mask_args, bq: int, bk: int, offsets=None) -> Optional[Array]:
+  """int32 ``[nq, nk]`` kinds of a ``mask_mod`` evaluated per call (XLA; with arguments, or
+  reading the batch / head index of a shard), or None when its blocks are static.
+
+  ``offsets``: the first batch row and query head of the call's arrays in the whole call
+  (inside ``shard_map``), added to the indices the modifier is evaluated at.
+  """
   if not c.mod_table:
     return None
   nq = -(-c.T // bq)
   geometry = layout_lib.BlockLayout.from_visits(c.T, c.S, bq, bk, [[] for _ in range(nq)])
   used_b, used_n = index_use(opts.mask_mod, mask_args)
-  return layout_lib.mask_mod_block_table(opts.mask_mod, mask_args, geometry,
-                                     c.B if used_b else 1, c.N if used_n else 1)
+  fn = opts.mask_mod
+  if offsets is not None and getattr(fn, "block_table", None) is None:
+    b0, n0 = offsets
+    fn = lambda b, n, i, j, *a: opts.mask_mod(b + b0, n + n0, i, j, *a)  # noqa: E731
+  return layout_lib.mask_mod_block_table(fn, mask_args, geometry, c.B if used_b else 1,
+                                         c.N if used_n else 1)
 
 
-def mod_inputs(c: TpuPlan, offsets, score_args, mask_args) -> tuple[list, list]:
-  """``(arrays, specs)`` the kernels take for their modifiers: the shard's offsets (int32
-  ``[2]``: batch row, query head; None: 0, 0) and the modifiers' arguments, all in SMEM
-  (:class:`ScalarTable` reads them)."""
+def mod_inputs(c: TpuPlan, score_args, mask_args, offsets=None) -> tuple[list, list]:
+  """``(arrays, specs)`` the kernels take for their modifiers: the shard's ``offsets`` (batch
+  row, query head; None: 0, 0) and the modifiers'
+  arguments, all in SMEM (:class:`ScalarTable` reads them)."""
   if not c.has_mods:
     return [], []
-  arrays = [jnp.zeros((2,), jnp.int32) if offsets is None else offsets]
+  b0, n0 = (0, 0) if offsets is None else offsets
+  arrays = [jnp.stack([jnp.asarray(b0, jnp.int32), jnp.asarray(n0, jnp.int32)])]
   arrays += [jnp.asarray(a).astype(smem_dtype(jnp.result_type(a)))
              for a in tuple(score_args)[:c.num_score_args] + tuple(mask_args)[:c.num_mask_args]]
   return arrays, [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(arrays)
