@@ -34,9 +34,11 @@ from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
 from helpers import rand_qkv
 
 # jax 0.12 deprecates the Pallas Triton backend: compiling our Triton kernel warns (as in
-# tests/test_targets.py).
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+# tests/test_targets.py). Auto-dispatch takes the kernels unchecked here (all_kernels): these
+# tests are about where they run, on a host where none was checked on a device.
+pytestmark = [pytest.mark.filterwarnings(
+    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
+              pytest.mark.usefixtures("all_kernels")]
 
 MOSAIC = "tpu_custom_call"
 WAYS = ("plain", "legacy", "set_mesh")
