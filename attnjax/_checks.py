@@ -92,6 +92,9 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int, int]:
     raise ValueError(f"q and k batch sizes differ: q {shape_of(q)}, k {shape_of(k)}")
   if Hk != H:
     raise ValueError(f"q and k head dims differ: q {shape_of(q)}, k {shape_of(k)}")
+  if H == 0 or v.shape[3] == 0:
+    raise ValueError(f"head dims must be positive (H of q and k, Hv of v), got q {shape_of(q)}, "
+                     f"k {shape_of(k)}, v {shape_of(v)}")
   if K == 0 or N % K != 0:
     raise ValueError(
         f"query heads N={N} must be a multiple of key/value heads K={K} "

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import options, _checks, dense, normalizers
+from attnjax import options, _checks, _static, dense, normalizers
 from attnjax.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
@@ -188,9 +188,7 @@ def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal
   return _pad_to(sel, top_k, axis=3, value=-1)
 
 
-select_blocks = jax.jit(_select_blocks,
-                        static_argnames=("block_size", "top_k", "is_causal", "query_pool"))
-select_blocks.__doc__ = _select_blocks.__doc__
+select_blocks = _static.jit(_select_blocks, ("block_size", "top_k", "is_causal", "query_pool"))
 
 
 def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
@@ -488,5 +486,4 @@ def _block_select_attention(
 BLOCK_SELECT_STATIC = ("block_size", "top_k", "query_pool", "implementation",
                        "return_selection") + options.static(DENSE_KEYWORDS)
 
-block_select_attention = jax.jit(_block_select_attention, static_argnames=BLOCK_SELECT_STATIC)
-block_select_attention.__doc__ = _block_select_attention.__doc__
+block_select_attention = _static.jit(_block_select_attention, BLOCK_SELECT_STATIC)

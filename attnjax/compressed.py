@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, dense, normalizers, options
+from attnjax import _checks, _static, dense, normalizers, options
 from attnjax.kernels import blockwise
 from attnjax.layout import key_block_candidates, rule_layout
 
@@ -383,7 +383,7 @@ def _check_compressed_kv(pool: Any, k: Array, v: Array, stride: int) -> tuple[Ar
   return jnp.asarray(k_c), jnp.asarray(v_c)
 
 
-def compressed_attention(
+def _compressed_attention(
     q: Array,
     k: Array,
     v: Array,
@@ -460,6 +460,11 @@ def compressed_attention(
       q, k, v, k_c, v_c, stride=stride, pool=pool, is_causal=is_causal, window=window,
       implementation=implementation, block_size=block_size,
       **options.forwarded(DENSE_KEYWORDS, locals()))
+
+
+compressed_attention = _static.canonicalized(
+    _compressed_attention, ("stride", "is_causal", "window", "implementation", "block_size")
+    + options.static(DENSE_KEYWORDS))
 
 
 def _checks_int(name: str, value: Any) -> int:

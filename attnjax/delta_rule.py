@@ -70,7 +70,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _recurrent
+from attnjax import _checks, _recurrent, _static
 from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
@@ -399,5 +399,4 @@ def _delta_rule_attention(
 
 DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
-delta_rule_attention = jax.jit(_delta_rule_attention, static_argnames=DELTA_STATIC)
-delta_rule_attention.__doc__ = _delta_rule_attention.__doc__
+delta_rule_attention = _static.jit(_delta_rule_attention, DELTA_STATIC)

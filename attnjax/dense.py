@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from attnjax import (_checks, _jax_nn_compat, _lowering, _sharding, _trust, masks, normalizers,
+from attnjax import (_checks, _jax_nn_compat, _lowering, _sharding, _static, _trust, masks,
+                     normalizers,
                      options, parallel)
 from attnjax.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
@@ -468,5 +469,4 @@ def _dot_product_attention(
 
 
 DENSE_STATIC = options.STATIC_NAMES + ("implementation", "local_window_size", "return_residual")
-dot_product_attention = jax.jit(_dot_product_attention, static_argnames=DENSE_STATIC)
-dot_product_attention.__doc__ = _dot_product_attention.__doc__
+dot_product_attention = _static.jit(_dot_product_attention, DENSE_STATIC)

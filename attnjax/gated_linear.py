@@ -63,7 +63,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _recurrent
+from attnjax import _checks, _recurrent, _static
 from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
@@ -378,5 +378,4 @@ def _gated_linear_attention(
 
 GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
-gated_linear_attention = jax.jit(_gated_linear_attention, static_argnames=GATED_LINEAR_STATIC)
-gated_linear_attention.__doc__ = _gated_linear_attention.__doc__
+gated_linear_attention = _static.jit(_gated_linear_attention, GATED_LINEAR_STATIC)

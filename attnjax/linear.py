@@ -51,7 +51,7 @@ from typing import Callable, Literal, NamedTuple, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _recurrent, feature_maps, masks
+from attnjax import _checks, _recurrent, _static, feature_maps, masks
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.attention_stats import AttentionStats, stats_from_weights
@@ -432,6 +432,9 @@ def _canonical_normalize(normalize: Union[Normalize, bool]) -> str:
     return "denominator"
   if normalize is False:
     return "none"
+  if not isinstance(normalize, str):
+    raise TypeError(f"normalize must be one of {NORMALIZE} or a bool (True: 'denominator', "
+                    f"False: 'none'), got {type(normalize).__name__} {normalize!r}")
   _checks.check_choice("normalize", normalize, NORMALIZE + (True, False))
   return normalize
 
@@ -623,8 +626,7 @@ def _linear_attention(
 LINEAR_STATIC = ("is_causal", "normalize", "implementation", "chunk_size", "return_state",
                  "return_stats", "eps", "context_axis")
 
-linear_attention = jax.jit(_linear_attention, static_argnames=LINEAR_STATIC)
-linear_attention.__doc__ = _linear_attention.__doc__
+linear_attention = _static.jit(_linear_attention, LINEAR_STATIC)
 
 
 def _linear_attention_weights(
@@ -673,6 +675,4 @@ def _linear_attention_weights(
   return w
 
 
-linear_attention_weights = jax.jit(_linear_attention_weights,
-                                   static_argnames=("is_causal", "normalize", "eps"))
-linear_attention_weights.__doc__ = _linear_attention_weights.__doc__
+linear_attention_weights = _static.jit(_linear_attention_weights, ("is_causal", "normalize", "eps"))

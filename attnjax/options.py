@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, Literal, Optional, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, masks, normalizers
+from attnjax import _static as _static_options
 
 Array = jnp.ndarray
 
@@ -84,6 +86,9 @@ DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DenseK
 # The keywords of a dense call that are static under jax.jit (every other one is an array).
 STATIC_NAMES: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(DenseKeywords) if f.metadata.get("static"))
+# The flags among them (True or False only).
+FLAGS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(DenseKeywords) if f.type in (bool, "bool"))
 
 
 def keywords(without: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -317,6 +322,8 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   scale = H ** -0.5 if kw.scale is None else kw.scale
   if isinstance(scale, bool) or not isinstance(scale, (int, float)):
     raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+  if not math.isfinite(scale):
+    raise ValueError(f"scale must be finite, got scale={scale!r}")
   softcap = _checks.check_positive_float("softcap", kw.softcap)
   target = (B, N, T, S)
   sink_logits = kw.sink_logits
@@ -415,4 +422,5 @@ def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, .
     return run(inputs, opts, **engine)
 
   attention.__name__ = attention.__qualname__ = "attention"
-  return jax.jit(attention, static_argnames=STATIC_NAMES + tuple(engine_static))
+  flags = FLAGS + tuple(name for name in engine_static if name == "interpret")
+  return _static_options.jit(attention, STATIC_NAMES + tuple(engine_static), flags=flags)

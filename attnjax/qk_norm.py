@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, dense, options
+from attnjax import _checks, _static, dense, options
 
 Array = jnp.ndarray
 
@@ -241,9 +241,7 @@ def _cosine_attention(
   return dense.run(inputs, opts, implementation)
 
 
-qk_norm_attention = jax.jit(_qk_norm_attention, static_argnames=(
+qk_norm_attention = _static.jit(_qk_norm_attention, (
     "norm", "eps", "implementation") + options.static(QK_NORM_KEYWORDS))
-qk_norm_attention.__doc__ = _qk_norm_attention.__doc__
-cosine_attention = jax.jit(_cosine_attention, static_argnames=(
+cosine_attention = _static.jit(_cosine_attention, (
     "convention", "eps", "implementation") + options.static(COSINE_KEYWORDS))
-cosine_attention.__doc__ = _cosine_attention.__doc__

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, dense, masks, mods, normalizers, options, parallel, patterns
+from attnjax import _checks, _static, dense, masks, mods, normalizers, options, parallel, patterns
 from attnjax.kernels import blockwise
 from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
@@ -507,5 +507,4 @@ def _sparse_attention(
 
 SPARSE_STATIC = ("pattern", "block_size", "implementation") + options.static(DENSE_KEYWORDS)
 
-sparse_attention = jax.jit(_sparse_attention, static_argnames=SPARSE_STATIC)
-sparse_attention.__doc__ = _sparse_attention.__doc__
+sparse_attention = _static.jit(_sparse_attention, SPARSE_STATIC)

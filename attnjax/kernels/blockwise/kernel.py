@@ -69,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import options, masks
+from attnjax import _static, options, masks
 from attnjax.attention_stats import AttentionStats, stats_from_rows
 from attnjax.kernels import autodiff
 from attnjax.kernels.linear_map import as_aval, zeros_of
@@ -782,8 +782,14 @@ def _attention(q, k, v, *, block_q: Optional[int] = None,
     q, k, v: as :func:`attnjax.dot_product_attention`.
     block_q: query rows per block (None: :func:`default_block_sizes`).
     block_k: keys per block (None: :func:`default_block_sizes`).
-    **kwargs: every other keyword of :func:`attnjax.dot_product_attention`
-      except ``implementation``.
+    **kwargs: the dense keywords of :class:`attnjax.options.DenseKeywords` (``bias``,
+      ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``sink_logits``, ``softcap``,
+      ``window``, ``segment_ids``, ``similarity``, ``return_stats``, ``score_mod``,
+      ``score_mod_args``, ``mask_mod``, ``mask_mod_args``, ``block_layout``,
+      ``context_axis``, ``context_strategy``, ``context_layout``); not
+      ``implementation`` nor jax.nn's names (``local_window_size``,
+      ``query_seq_lengths``, ``key_value_seq_lengths``, ``return_residual``): any other
+      keyword is a ``TypeError`` naming it.
 
   Returns:
     As :func:`attnjax.dot_product_attention`.
@@ -796,7 +802,5 @@ def _attention(q, k, v, *, block_q: Optional[int] = None,
   return run(inputs, opts, block_q=block_q, block_k=block_k)
 
 
-attention = jax.jit(
-    _attention,
-    static_argnames=("block_q", "block_k") + options.STATIC_NAMES)
-attention.__doc__ = _attention.__doc__
+attention = _static.jit(_attention, ("block_q", "block_k") + options.STATIC_NAMES,
+                        flags=options.FLAGS)
