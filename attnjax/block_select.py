@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import options, _checks, _static, dense, normalizers
+from attnjax import options, _checks, _empty, _static, dense, normalizers
 from attnjax.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
@@ -472,11 +472,15 @@ def _block_select_attention(
   query_pool = _check_static(q, k, block_size, top_k, query_pool, is_causal)
   _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
-  sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
-  if implementation == "reference":
-    res = _reference(inputs, opts, sel, block_size)
+  if _empty.is_empty(q, k):  # T = S = 0: no query block selects anything
+    res = _empty.dense(inputs, opts)
+    sel = jnp.full((q.shape[0], k.shape[2], 0, top_k), -1, jnp.int32)
   else:
-    res = _gathered(inputs, opts, sel, block_size)
+    sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
+    if implementation == "reference":
+      res = _reference(inputs, opts, sel, block_size)
+    else:
+      res = _gathered(inputs, opts, sel, block_size)
   if not return_selection:
     return res
   sel = _pad_to(sel, top_k, axis=3, value=-1)

@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, _static, dense, normalizers, options
+from attnjax import _checks, _empty, _static, dense, normalizers, options
 from attnjax.kernels import blockwise
 from attnjax.layout import key_block_candidates, rule_layout
 
@@ -349,6 +349,8 @@ def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, no
                 sink_logits, softcap, segment_ids, implementation, return_stats, block_size):
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   T, S = q.shape[1], k.shape[1]
+  if _empty.is_empty(q, k):
+    return _empty.dense(inputs, opts)
   if k_c is None:
     k_c, v_c = pool_keys(k, stride, pool), pool_keys(v, stride, pool)
   if implementation == "reference":

@@ -70,7 +70,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _recurrent, _static
+from attnjax import _checks, _empty, _recurrent, _static
 from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
@@ -388,7 +388,9 @@ def _delta_rule_attention(
   _check_per_step("log_decay", log_decay, B, T, N)
   args = (x.q, x.k, x.v, _recurrent.by_kv_head(beta, K), _recurrent.by_kv_head(log_decay, K),
           x.reset, x.state)
-  if x.form == "recurrent":
+  if T == 0:
+    out, final = _empty.no_steps(x.v, x.state)
+  elif x.form == "recurrent":
     out, final = recurrent(*args)
   elif x.form == "parallel":
     out, final = parallel(*args)

@@ -18,9 +18,8 @@ from typing import Any, Callable, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from attnjax import (_checks, _jax_nn_compat, _lowering, _sharding, _static, _trust, masks,
-                     normalizers,
-                     options, parallel)
+from attnjax import (_checks, _empty, _jax_nn_compat, _lowering, _sharding, _static, _trust,
+                     masks, normalizers, options, parallel)
 from attnjax.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
 
@@ -281,8 +280,11 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   function exported for ``cuda`` or ``tpu`` from a CPU host carries the GPU or
   TPU kernel. With ``opts.context_axis`` the call is one device's shard of a sequence
   sharded over that ``shard_map`` axis: :func:`attnjax.parallel.attention` runs it (its
-  strategies call back here for each device's own part).
+  strategies call back here for each device's own part). A call with no queries or no keys
+  is answered by :func:`attnjax._empty.dense` before any engine is chosen.
   """
+  if _empty.is_empty(inputs.q, inputs.k):
+    return _empty.dense(inputs, opts)
   if opts.context_axis is not None:
     return parallel.attention(inputs, opts, implementation, run_on_this_platform)
   if implementation is not None:

@@ -63,7 +63,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _recurrent, _static
+from attnjax import _checks, _empty, _recurrent, _static
 from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
@@ -367,7 +367,9 @@ def _gated_linear_attention(
   B, T, N, H = q.shape
   g = _recurrent.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
   args = (x.q, x.k, x.v, g, x.reset, x.state)
-  if x.form == "recurrent":
+  if T == 0:
+    out, final = _empty.no_steps(x.v, x.state)
+  elif x.form == "recurrent":
     out, final = recurrent(*args)
   elif x.form == "parallel":
     out, final = parallel(*args)

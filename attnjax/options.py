@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal, Optional, Sequence, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, masks, normalizers
+from attnjax import _checks, _empty, masks, normalizers
 from attnjax import _static as _static_options
 
 Array = jnp.ndarray
@@ -419,6 +419,8 @@ def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, .
       raise TypeError(f"{name}.attention takes no implementation argument (it is one)")
     engine = {key: kwargs.pop(key) for key in engine_static if key in kwargs}
     inputs, opts = validate(q, k, v, **kwargs)
+    if _empty.is_empty(q, k):
+      return _empty.dense(inputs, opts)
     return run(inputs, opts, **engine)
 
   attention.__name__ = attention.__qualname__ = "attention"

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, _static, dense, masks, mods, normalizers, options, parallel, patterns
+from attnjax import _checks, _empty, _static, dense, masks, mods, normalizers, options, parallel, patterns
 from attnjax.kernels import blockwise
 from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
@@ -488,6 +488,8 @@ def _sparse_attention(
   implementation = "block_sparse" if implementation is None else implementation
   T, S = q.shape[1], k.shape[1]
   pattern.check_shape(T, S)
+  if _empty.is_empty(q, k):
+    return _empty.dense(inputs, opts)
   if implementation == "reference":
     return _reference(inputs, opts, pattern)
   if (isinstance(pattern, patterns.DilatedWindow) and pattern.dilation > 1 and T == S

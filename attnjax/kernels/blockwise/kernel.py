@@ -69,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _static, options, masks
+from attnjax import _empty, _static, options, masks
 from attnjax.attention_stats import AttentionStats, stats_from_rows
 from attnjax.kernels import autodiff
 from attnjax.kernels.linear_map import as_aval, zeros_of
@@ -799,6 +799,8 @@ def _attention(q, k, v, *, block_q: Optional[int] = None,
   if "implementation" in kwargs:
     raise TypeError("blockwise.attention takes no implementation argument")
   inputs, opts = options.validate(q, k, v, **kwargs)
+  if _empty.is_empty(q, k):
+    return _empty.dense(inputs, opts)
   return run(inputs, opts, block_q=block_q, block_k=block_k)
 
 
