@@ -51,7 +51,7 @@ from typing import Callable, Literal, NamedTuple, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _recurrent, _static, feature_maps, masks
+from attnjax import _checks, _empty, _recurrent, _static, feature_maps, masks
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.attention_stats import AttentionStats, stats_from_weights
@@ -609,7 +609,9 @@ def _linear_attention(
   result = (out, final) if return_state else out
   if not return_stats:
     return result
-  if context_axis is not None:
+  if _empty.is_empty(q, k):
+    stats = _empty.empty_stats(B, N, T)._replace(max_logit=None, logsumexp=None)
+  elif context_axis is not None:
     # Each row's weights span every key: gather the features (O(T F) per device), then the
     # block scan over this device's rows at their global positions.
     keys = jax.lax.all_gather(phi_k, context_axis, axis=1, tiled=True)

@@ -65,12 +65,6 @@ def _gain(name: str, gain: Optional[Array], H: int) -> Optional[Array]:
   return jnp.reshape(jnp.asarray(gain, jnp.float32), (1, 1, 1, H))
 
 
-def _check_qk(q, k):
-  for name, x in (("q", q), ("k", k)):
-    if jnp.ndim(x) != 4:
-      raise ValueError(f"{name} must have rank 4, got shape {tuple(jnp.shape(x))}")
-
-
 def _qk_norm_attention(
     q: Array, k: Array, v: Array, *,
     norm: Norm = "rms",
@@ -132,7 +126,7 @@ def _qk_norm_attention(
     TypeError: a gain that is not floating point.
   """
   dense_keywords = options.forwarded(QK_NORM_KEYWORDS, locals())
-  _check_qk(q, k)
+  _checks.check_qkv(q, k, v)
   _checks.check_choice("norm", norm, NORMS)
   _checks.check_positive_float("eps", eps, allow_none=False)
   H = q.shape[-1]
@@ -229,7 +223,7 @@ def _cosine_attention(
     TypeError: a ``temperature`` that is not floating point.
   """
   dense_keywords = options.forwarded(COSINE_KEYWORDS, locals())
-  _check_qk(q, k)
+  _checks.check_qkv(q, k, v)
   _checks.check_choice("convention", convention, COSINE_CONVENTIONS)
   _checks.check_positive_float("eps", eps, allow_none=False)
   N, H = q.shape[2], q.shape[3]
