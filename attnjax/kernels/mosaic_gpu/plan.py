@@ -137,10 +137,10 @@ def interpret_params(enabled: bool):
   if not enabled:
     return None
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  params = getattr(plgpu, "InterpretGPUParams", None)
-  if params is None:
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params
-  return params()
+  params_type = getattr(plgpu, "InterpretGPUParams", None)
+  if params_type is None:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params_type
+  return params_type()
 
 
 # ---------------------------------------------------------------------------
