@@ -143,7 +143,7 @@ def _concrete_mesh_context() -> tuple[Any, Any]:
   ``jax.set_mesh`` (which runs it on the mesh's devices, compile-only ones for a deviceless
   compile), and jax offers no public way out of the mesh there. Needed on every jax this
   project supports (0.10.2 to 0.12): the state is ``jax._src.config.device_context`` on
-  jax 0.10 and ``jax._src.mesh.device_context`` from jax 0.11, the empty mesh
+  jax 0.10.2 and ``jax._src.mesh.device_context`` on jax 0.12, the empty mesh
   ``jax._src.mesh.empty_concrete_mesh`` on both.
   """
   try:

@@ -26,8 +26,8 @@ and delta-rule families) and brings its inputs to the layout every form
 takes; :func:`check_form` and :func:`check_chunk_size` are the checks linear
 attention shares with them.
 
-This module is family level (it imports :mod:`attnjax.dense`); kernels must
-not import it.
+This module is family level (the linear, gated and delta-rule families share
+it); kernels must not import it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, masks
-from attnjax.dense import group_queries
+from attnjax._logits import group_queries
 
 Array = jnp.ndarray
 

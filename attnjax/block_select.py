@@ -11,7 +11,7 @@ Selection rule (shared by every implementation, :func:`.select_blocks`):
 - pooled key of block ``j``: the mean of its keys (a partial last block: the
   mean of the keys it has);
 - pooled query of block ``i``: ``query_pool="mean"`` the mean of its queries
-  (issue 14's rule; MoBA itself gates each query token separately);
+  (one gate per block; MoBA itself gates each query token separately);
   ``"first"`` its first query. Causal calls take ``"first"`` (the default
   when ``is_causal``) and refuse ``"mean"``: a block's mean query holds its
   later queries, so which blocks an early query sees would depend on future
@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import options, _checks, _empty, _static, dense, normalizers
+from attnjax import options, _checks, _empty, _logits, _static, dense, normalizers
 from attnjax.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
@@ -279,18 +279,13 @@ def _tile_logits(opts: options.DenseOptions, qb: Array, q_sq: Optional[Array], k
   """Float32 logits ``[B, K, R, L]`` of query rows ``qb [B, K, R, H]`` against ``kg [B, K, L, H]``.
 
   With ``similarity="dot"`` the scale is already folded into ``qb``; otherwise
-  ``q_sq`` holds the rows' squared norms. Then the softcap, as
-  :func:`attnjax.dense.scores`.
+  ``q_sq`` holds the rows' squared norms. Then the softcap (``attnjax._logits``).
   """
   dots = jnp.einsum("bkrh,bklh->bkrl", qb, kg, preferred_element_type=jnp.float32)
-  if q_sq is None:
-    z = dots
-  else:
-    k_sq = jnp.sum(kg * kg, axis=-1)[:, :, None, :]
-    z = -opts.scale * (q_sq - 2.0 * dots + k_sq)
-  if opts.softcap is not None:
-    z = opts.softcap * jnp.tanh(z / opts.softcap)
-  return z
+  if q_sq is not None:
+    dots = _logits.from_dots(dots, scale=opts.scale, similarity=opts.similarity, q_sq=q_sq,
+                             k_sq=jnp.sum(kg * kg, axis=-1)[:, :, None, :])
+  return _logits.softcap(dots, opts.softcap)
 
 
 def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array,

@@ -18,8 +18,8 @@ from typing import Any, Callable, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from attnjax import (_checks, _empty, _jax_nn_compat, _lowering, _sharding, _static, _trust,
-                     masks, normalizers, options, parallel)
+from attnjax import (_checks, _empty, _jax_nn_compat, _logits, _lowering, _sharding, _static,
+                     _trust, masks, normalizers, options, parallel)
 from attnjax.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
 
@@ -32,38 +32,6 @@ SIMILARITIES = options.SIMILARITIES
 DenseOptions = options.DenseOptions
 DenseInputs = options.DenseInputs
 JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
-
-
-# ---------------------------------------------------------------------------
-# Pieces shared by every dense path.
-
-
-def group_queries(q: Array, num_kv_heads: int) -> Array:
-  """``[B, T, N, H] -> [B, T, K, G, H]``: query head ``n`` uses kv head ``n // G`` (as jax.nn)."""
-  B, T, N, H = q.shape
-  return jnp.reshape(q, (B, T, num_kv_heads, N // num_kv_heads, H))
-
-
-def scores(q: Array, k: Array, *, scale: float, similarity: str = "dot",
-           softcap: Optional[float] = None) -> Array:
-  """Float32 logits ``[B, K, G, T, S]`` from grouped ``q`` ``[B, T, K, G, H]`` and ``k`` ``[B, S, K, H]``.
-
-  ``similarity="dot"``: ``scale * <q_i, k_j>``; ``"neg_sq_euclidean"``:
-  ``-scale * ||q_i - k_j||^2``. ``softcap`` then applies ``c * tanh(z / c)``
-  (Gemma 2) to the similarity, before any bias is added.
-  """
-  q32 = q.astype(jnp.float32)
-  k32 = k.astype(jnp.float32)
-  dots = jnp.einsum("btkgh,bskh->bkgts", q32, k32, preferred_element_type=jnp.float32)
-  if similarity == "dot":
-    z = dots * scale
-  else:
-    q_sq = jnp.einsum("btkgh,btkgh->bkgt", q32, q32)[..., None]
-    k_sq = jnp.einsum("bskh,bskh->bks", k32, k32)[:, :, None, None, :]
-    z = -scale * (q_sq - 2.0 * dots + k_sq)
-  if softcap is not None:
-    z = softcap * jnp.tanh(z / softcap)
-  return z
 
 
 # ---------------------------------------------------------------------------
@@ -81,15 +49,11 @@ def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
-  z = scores(group_queries(q, K), k, scale=opts.scale, similarity=opts.similarity,
-             softcap=opts.softcap)
-  z = jnp.reshape(z, (B, N, T, S))
-  if inputs.bias is not None:
-    z = z + inputs.bias.astype(jnp.float32)
-  grid = options.index_grid(B, N, T, S)
-  if positions is not None:
-    grid = (grid[0], grid[1], jnp.reshape(positions[0].astype(jnp.int32), (1, 1, T, 1)),
-            jnp.reshape(positions[1].astype(jnp.int32), (1, 1, 1, S)))
+  s = _logits.scores(_logits.group_queries(q, K), k, scale=opts.scale,
+                     similarity=opts.similarity)
+  z, _ = _logits.capped_logits(jnp.reshape(s, (B, N, T, S)), opts.softcap, inputs.bias)
+  q_pos, k_pos = (jnp.arange(T), jnp.arange(S)) if positions is None else positions
+  grid = _logits.index_grid(B, (N,), q_pos, k_pos)
   z = options.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
   allowed = masks.make_attention_mask(
       T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
@@ -406,8 +370,8 @@ def _dot_product_attention(
       ``w`` is ``(w, 0)`` (keys ``i - w .. i``, the convention of every family).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       queries attend only within their segment (packed sequences).
-    similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, for the
-      seed claim that distance scores give near-uniform weights).
+    similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, to test
+      whether distance scores give near-uniform weights).
     return_stats: also return :class:`AttentionStats`.
     score_mod: ``fn(z, b, n, i, j, *score_mod_args) -> z'`` (static, hashable):
       rewrites the float32 logits after ``scale``, ``softcap`` and ``bias``,

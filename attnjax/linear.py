@@ -55,7 +55,7 @@ from attnjax import _checks, _empty, _recurrent, _static, feature_maps, masks
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
 from attnjax.attention_stats import AttentionStats, stats_from_weights
-from attnjax.dense import group_queries
+from attnjax._logits import group_queries
 from attnjax.kernels.blockwise.ring import varying
 from attnjax.parallel.recurrent import every_shard
 

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
+from attnjax import _logits
 from attnjax.layout import FULL, MASKED, SKIP, segment_block_relations
 
 Array = jnp.ndarray
@@ -199,7 +200,7 @@ class SoftCap:
 
   def __call__(self, z, b, n, i, j):
     del b, n, i, j
-    return self.cap * jnp.tanh(z / self.cap)
+    return _logits.softcap(z, self.cap)
 
 
 def position_temperature_factor(i: Array, floor_scale: float = 8192.0,

@@ -65,7 +65,7 @@ helpers, so splitting would separate what the seam keeps together.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -677,30 +677,6 @@ NORMALIZERS = tuple(REGISTRY)
 # Normalisers whose rows sum to one (softmax_one and sink logits sum to <= 1).
 SUMS_TO_ONE = tuple(name for name, n in REGISTRY.items() if n.sums_to_one)
 TABLE: dict[str, Callable] = {name: n.weights for name, n in REGISTRY.items()}
-
-
-class KernelPlan:
-  """Mixin for a kernel's plan: the static description of one invocation (shapes, block sizes, and the dense options as ``self.opts``).
-
-  The block-wise kernel (:mod:`attnjax.kernels.blockwise.tiles`) and the Pallas GPU kernel
-  (:mod:`attnjax.kernels.pallas_gpu.plan`) read the normaliser and its needs from here.
-  """
-
-  opts: Any
-
-  @property
-  def nz(self) -> "Normalizer":
-    """The normaliser: every normaliser-specific step of a kernel is one of its methods."""
-    return REGISTRY[self.opts.normalizer]
-
-  @property
-  def with_stats(self) -> bool:
-    """Whether the call returns :class:`~attnjax.AttentionStats` (``opts.return_stats``)."""
-    return self.opts.return_stats
-
-  @property
-  def needs_counts(self) -> bool:
-    return self.nz.needs_counts or self.with_stats
 
 
 def get(normalizer: str) -> Normalizer:

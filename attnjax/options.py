@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal, Optional, Sequence, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _empty, masks, normalizers
+from attnjax import _checks, _empty, _logits, masks, normalizers
 from attnjax import _static as _static_options
 
 Array = jnp.ndarray
@@ -380,16 +380,6 @@ def apply_mask_mod(opts: DenseOptions, args: tuple, b: Array, n: Array, i: Array
   return out
 
 
-def index_grid(B: int, N: int, T: int, S: int) -> tuple[Array, Array, Array, Array]:
-  """int32 index arrays of ``[B, N, T, S]`` logits.
-
-  ``b [B,1,1,1]``, ``n [1,N,1,1]``, ``i [1,1,T,1]``, ``j [1,1,1,S]``.
-  """
-  r = lambda size, axis: jnp.reshape(jnp.arange(size, dtype=jnp.int32),
-                                     tuple(size if a == axis else 1 for a in range(4)))
-  return r(B, 0), r(N, 1), r(T, 2), r(S, 3)
-
-
 def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> Optional[Array]:
   """``[B|1, N|1, T]`` True where a query row has at least one allowed key; None if all do."""
   structure_can_empty = (inputs.mask is not None or inputs.q_segment_ids is not None
@@ -400,7 +390,8 @@ def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> O
       T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
       q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
   if opts.mask_mod is not None:
-    grid = index_grid(inputs.q.shape[0], inputs.q.shape[2], T, S)
+    grid = _logits.index_grid(inputs.q.shape[0], (inputs.q.shape[2],), jnp.arange(T),
+                              jnp.arange(S))
     full = masks.combine_masks(full, apply_mask_mod(opts, inputs.mask_mod_args, *grid))
   return jnp.any(full, axis=-1)
 

@@ -1,8 +1,8 @@
-"""A short tour of the attention functions: the seed documents' numbers, computed.
+"""A short tour of the attention functions, with worked numbers.
 
     python experiments/demo.py
 
-Prints (1) the worked example of the seed lesson (weights 0.330 / 0.670),
+Prints (1) a worked two-key example (weights 0.330 / 0.670),
 (2) each normaliser's statistics on the same causal input, (3) the variance of
 q.k growing with the head dim and the 1/sqrt(d) scale undoing it, and
 (4) agreement with ``jax.nn.dot_product_attention``.
@@ -23,8 +23,8 @@ def worked_example() -> None:
   out, stats = attnjax.dot_product_attention(q, k, v, return_stats=True)
   logits = (q[0, 0, 0] @ k[0, :, 0].T) / jnp.sqrt(2.0)
   print("1. worked example q=(1,2), k1=(1,0), k2=(0,1), d_k=2")
-  print(f"   logits  {logits[0]:.3f} {logits[1]:.3f}   (seed: 0.707 1.414)")
-  print(f"   weights {out[0, 0, 0, 0]:.3f} {out[0, 0, 0, 1]:.3f}   (seed: 0.330 0.670)")
+  print(f"   logits  {logits[0]:.3f} {logits[1]:.3f}   (by hand: 0.707 1.414)")
+  print(f"   weights {out[0, 0, 0, 0]:.3f} {out[0, 0, 0, 1]:.3f}   (by hand: 0.330 0.670)")
   print(f"   logsumexp {stats.logsumexp[0, 0, 0]:.3f}, entropy {stats.entropy[0, 0]:.3f} nats\n")
 
 

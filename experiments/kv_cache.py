@@ -1,4 +1,4 @@
-"""Held-out perplexity against cache bytes for each KV-cache policy (issue 14 item 5).
+"""Held-out perplexity against cache bytes for each KV-cache policy.
 
     python experiments/kv_cache.py --config experiments/configs/kv_cache.py:preset=cpu
 

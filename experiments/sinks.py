@@ -19,7 +19,7 @@ first-token weight before row normalisation, which for softmax_one and sink
 logits leaves out the mass sent to the null column); the report then adds per-layer and per-head
 first-token attention, Sink_1^eps against eps, F-Attn and the sink rate over
 training, massive activations, the value-state drain, the active-dormant split
-and the sink checks of issue 18, with first-token attention maps
+and the sink checks (``_checks`` below), with first-token attention maps
 (``plots/attention_maps.png``) that notebook 04 also draws.
 """
 
@@ -35,7 +35,7 @@ from attnjax.train import cli, report, rundir, sweep
 from attnjax.train.config import validate
 from attnjax.train.loop import init_distributed
 
-# The variants that should not form a sink (issue 18): their F-Attn should end
+# The variants that should not form a sink: their F-Attn should end
 # at most half of dense softmax's.
 SINK_FREE = ("sink_logits", "softmax_one", "sigmoid", "gated")
 
@@ -131,7 +131,7 @@ def _list(xs, digits: int = 2) -> str:
 
 
 def formed(probe: dict, *, f_min: float = 0.5, rate_min: float = 50.0) -> bool:
-  """Issue 18's criterion: a layer has F-Attn >= f_min and Sink_1^0.3 >= rate_min %.
+  """The sink criterion: a layer has F-Attn >= f_min and Sink_1^0.3 >= rate_min %.
 
   Sink_1^0.3 of a layer is the share of its (head x probe sequence) pairs with a sink.
   """
@@ -209,7 +209,7 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
 
 
 def _checks(names: list[str], last: dict, maps: dict) -> str:
-  """Issue 18's checks: dense forms the sink in >= 2 of 3 seeds; sink-free variants <= half.
+  """The sink checks: dense forms the sink in >= 2 of 3 seeds; sink-free variants <= half.
 
   F-Attn is measured on row-normalised weights (Qiu et al.'s definition, comparable across
   normalisers); for softmax_one and sink logits, whose rows send mass to a null column, the

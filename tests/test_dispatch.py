@@ -64,7 +64,6 @@ def _expected(inputs, opts, T, dtype, major=None) -> dict[str, str]:
   pallas_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
                and opts.score_mod is None and opts.mask_mod is None)
   splash_ok = (normalizers.REGISTRY[opts.normalizer].platform_kernel
-               and (inputs.sink_logits is None or splash._takes_sinks())
                and pallas_ok and not opts.return_stats and T % 128 == 0 and dtype != jnp.float16)
   # cuDNN: softmax without sinks, softcap, statistics or modifiers, bf16/fp16 (bias and mask
   # arrays it takes), where jax can trace its cuDNN call on this host.

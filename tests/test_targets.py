@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
 from attnjax import _target, _trust, check, dense, normalizers, targets
-from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
+from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
 from helpers import preset_train_step
 
 needs_cuda = pytest.mark.targets("cuda")
@@ -392,12 +392,12 @@ def check_gpu_step(variant: str, compiled, gpu: str) -> None:
 
 
 def splash_step(variant: str) -> bool:
-  """The variant's TPU step runs splash: softmax, no bias (ALiBi adds one), sinks where this
-  jax's splash takes them (the tpu preset's step asks for no statistics)."""
+  """The variant's TPU step runs splash: softmax (with or without sinks), no bias (ALiBi adds
+  one); the tpu preset's step asks for no statistics."""
   from attnjax.train.variants import attention_kwargs
   kw = attention_kwargs(variant)
   return (uses_dense_kernel(variant) and kw.get("normalizer", "softmax") == "softmax"
-          and not kw.get("alibi") and (variant != "sink_logits" or splash._takes_sinks()))
+          and not kw.get("alibi"))
 
 
 def check_tpu_step(variant: str, compiled) -> None:

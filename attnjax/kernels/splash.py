@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from typing import Optional
 
 import jax
@@ -37,20 +36,13 @@ DTYPES = (jnp.float32, jnp.bfloat16)
 # (tests/test_traces.py). None where this jax cannot import it.
 try:
   from jax.experimental.pallas.ops.tpu import splash_attention as _SPLASH
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _KERNEL
 except ImportError:  # pragma: no cover - a jax without the TPU Pallas ops
-  _SPLASH = _KERNEL = None
+  _SPLASH = None
 
 
 def _library():
   """The ``splash_attention`` package of the installed jax, or None where it cannot be imported."""
   return _SPLASH
-
-
-def _takes_sinks() -> bool:
-  """Whether the installed splash kernel takes per-head sink logits (newer jax)."""
-  fn = getattr(_KERNEL, "_splash_attention", None)
-  return fn is not None and "sinks" in inspect.signature(fn).parameters
 
 
 def block_length(length: int) -> Optional[int]:
@@ -116,8 +108,6 @@ def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions, *,
     return reasons
   if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
     reasons.append(f"normalizer={opts.normalizer!r} (splash is a softmax kernel)")
-  if inputs.sink_logits is not None and not _takes_sinks():
-    reasons.append("sink_logits (this jax's splash kernel has no sinks argument)")
   if opts.similarity != "dot":
     reasons.append(f"similarity={opts.similarity!r}")
   if inputs.bias is not None:

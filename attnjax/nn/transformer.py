@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attnjax._logits import softcap
 from attnjax.nn import _layers, intermediates
 from attnjax.nn import mlp as mlp_lib
 from attnjax.nn.attention import Attention
@@ -205,10 +206,7 @@ class TransformerLM(nnx.Module):
       w = self.head.kernel[...].astype(h.dtype)
       logits = jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
     logits = logits.astype(jnp.float32)
-    cap = self.config.final_softcap
-    if cap is not None:
-      logits = cap * jnp.tanh(logits / cap)
-    return logits
+    return softcap(logits, self.config.final_softcap)
 
   def decode(self, tokens: Array, cache: list, *, segment_ids: Optional[Array] = None,
              positions: Optional[Array] = None, sow_weights: Optional[bool] = None,

@@ -11,7 +11,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, dense
+from attnjax import _checks, _logits
 from attnjax.stats.inputs import _allowed_pairs, _lift, shape_of, _stack_layers
 from attnjax.stats.results import LayerMean, QKStatistics, SinkGeometry
 
@@ -46,7 +46,7 @@ def _pair_cosines(q: Array, k: Array) -> Array:
   S, K = k.shape[2], k.shape[3]
   qu = jnp.reshape(_unit(q), (L * B, T, N, H))
   ku = jnp.reshape(_unit(k), (L * B, S, K, H))
-  cos = dense.scores(dense.group_queries(qu, K), ku, scale=1.0)  # [L*B, K, G, T, S]
+  cos = _logits.scores(_logits.group_queries(qu, K), ku, scale=1.0)  # [L*B, K, G, T, S]
   return jnp.reshape(cos, (L, B, N, T, S))
 
 
@@ -89,8 +89,8 @@ def _qk_statistics(q, k, *, scale: Optional[float] = None, is_causal: bool = Tru
   count = jnp.sum(allowed, axis=(1, 2, 3, 4), dtype=jnp.float32)
   mean_cos = jnp.sum(jnp.where(allowed, cos, 0.0), axis=(1, 2, 3, 4)) / jnp.maximum(count, 1.0)
   K = k.shape[3]
-  z = dense.scores(dense.group_queries(jnp.reshape(q, (L * B, T, N, H)), K),
-                   jnp.reshape(k, (L * B, k.shape[2], K, H)), scale=scale)
+  z = _logits.scores(_logits.group_queries(jnp.reshape(q, (L * B, T, N, H)), K),
+                     jnp.reshape(k, (L * B, k.shape[2], K, H)), scale=scale)
   z = jnp.reshape(z, cos.shape)
   zmax = jnp.max(jnp.where(allowed, z, -jnp.inf), axis=(1, 2, 3, 4))
   rms = lambda x: jnp.sqrt(jnp.mean(x * x, axis=(1, 2, 3, 4)))

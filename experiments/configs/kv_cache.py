@@ -1,6 +1,6 @@
 """python experiments/kv_cache.py --config experiments/configs/kv_cache.py:preset=cpu
 
-Compressed KV caches (issue 14 item 5): train a softmax model on Shakespeare
+Compressed KV caches: train a softmax model on Shakespeare
 (64 tokens, 240 steps on cpu), then decode held-out sequences of ``data.seq_len``
 tokens one token at a time through each cache policy of
 :mod:`attnjax.nn.kv_policies` (full, int8, fp8, and h2o and sinks_window at

@@ -69,12 +69,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _empty, _static, options, masks
+from attnjax import _empty, _logits, _static, options, masks
 from attnjax.attention_stats import AttentionStats, stats_from_rows
 from attnjax.kernels import autodiff
 from attnjax.kernels.linear_map import as_aval, zeros_of
-from attnjax.kernels.blockwise.tiles import (MaskFn, _Arrays, TilePlan, _add_tile, _allowed, _span, _logits, _rows,
-                             _score_mod, _segment_relations, _sink_rows, _tile, _unrows)
+from attnjax.kernels.blockwise.tiles import (Arrays, MaskFn, TilePlan, add_tile, as_rows, from_rows,
+                                             segment_relations, sink_rows, span, tile_allowed,
+                                             tile_logits, tile_of, tile_score_mod)
 from attnjax.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
 
 Array = jnp.ndarray
@@ -316,7 +317,7 @@ def _query_blocks(c: TilePlan, block, rolled: Optional[_Rolled], carry=None, tie
 # Mask-only pre-pass: number of allowed keys per row.
 
 
-def _allowed_counts(c: TilePlan, a: _Arrays, relation, rolled: Optional[_Rolled]) -> Array:
+def _allowed_counts(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled]) -> Array:
   """``[B, K, G, T, 1]`` float32 number of allowed keys of each row."""
 
   def block(i, q0, tq, carry, after):
@@ -325,14 +326,14 @@ def _allowed_counts(c: TilePlan, a: _Arrays, relation, rolled: Optional[_Rolled]
 
     def visit(total, k0, tk, needs_mask, seg_mask, first):
       del first
-      allowed = _allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+      allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
       if allowed is None:
         return total + float(tk)
       return total + jnp.broadcast_to(
           jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32), shape)
 
     total = _visit_blocks(c, relation, i, a.vary(jnp.zeros(shape, jnp.float32)), visit, rolled)
-    return carry, _unrows(total, c.G)
+    return carry, from_rows(total, c.G)
 
   return _query_blocks(c, block, rolled)[1]
 
@@ -341,12 +342,12 @@ def _allowed_counts(c: TilePlan, a: _Arrays, relation, rolled: Optional[_Rolled]
 # Forward.
 
 
-def _fwd_visit(c: TilePlan, a: _Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, seg_mask,
+def _fwd_visit(c: TilePlan, a: Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, seg_mask,
                first, row) -> dict:
-  z, _ = _logits(c, a, qb, q0, tq, k0, tk)
-  z = _score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
-  allowed = _allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
-  vb = _span(a.v, k0, tk, 2)
+  z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
+  z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
+  allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+  vb = span(a.v, k0, tk, 2)
 
   def pv(w):
     return jnp.einsum("bkrs,bksh->bkrh", w, vb, preferred_element_type=jnp.float32)
@@ -354,17 +355,17 @@ def _fwd_visit(c: TilePlan, a: _Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask
   return c.nz.visit(st, z, allowed, pv, row, c.with_stats, first)
 
 
-def _forward(c: TilePlan, a: _Arrays):
+def _forward(c: TilePlan, a: Arrays):
   """Returns ``out [B, K, G, T, Hv]``, residual rows (``[B, K, G, T, 1]``) and statistics."""
   G = c.G
   nz = c.nz
-  relation = _segment_relations(c, a) if c.runtime_skip else None
+  relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
   counts = _allowed_counts(c, a, relation, rolled) if c.needs_counts else None
 
   def block(i, q0, tq, carry, after):
-    cb = None if counts is None else _rows(_span(counts, q0, tq, 3), G, tq)
-    row = nz.row_inputs(_sink_rows(c, a, tq), cb)
+    cb = None if counts is None else as_rows(span(counts, q0, tq, 3), G, tq)
+    row = nz.row_inputs(sink_rows(c, a, tq), cb)
     qb = after(a.q_rows(c, q0, tq))
 
     def visit(st, k0, tk, needs_mask, seg_mask, first):
@@ -374,10 +375,10 @@ def _forward(c: TilePlan, a: _Arrays):
                                         c.with_stats))
     st = _visit_blocks(c, relation, i, init, visit, rolled)
     out, res, srow = nz.finish(st, row, c.with_stats)
-    rows = {"out": _unrows(out, G), "res": {key: _unrows(val, G) for key, val in res.items()}}
+    rows = {"out": from_rows(out, G), "res": {key: from_rows(val, G) for key, val in res.items()}}
     if c.with_stats:
       shape = out.shape[:3] + (1,)
-      rows["stats"] = {key: _unrows(jnp.broadcast_to(val, shape), G) for key, val in srow.items()}
+      rows["stats"] = {key: from_rows(jnp.broadcast_to(val, shape), G) for key, val in srow.items()}
     return carry, rows
 
   rows = _query_blocks(c, block, rolled, tie=lambda r: r["out"])[1]
@@ -389,13 +390,13 @@ def _forward(c: TilePlan, a: _Arrays):
   return out, res, stats
 
 
-def count_allowed(c: TilePlan, a: _Arrays) -> Array:
+def count_allowed(c: TilePlan, a: Arrays) -> Array:
   """``[B, K, G, T, 1]`` float32 number of keys of ``c.layout`` each row may attend."""
-  relation = _segment_relations(c, a) if c.runtime_skip else None
+  relation = segment_relations(c, a) if c.runtime_skip else None
   return _allowed_counts(c, a, relation, _rolled_visits(c))
 
 
-def accumulate(c: TilePlan, a: _Arrays, counts: Optional[Array], state: dict) -> dict:
+def accumulate(c: TilePlan, a: Arrays, counts: Optional[Array], state: dict) -> dict:
   """The normaliser's online ``state`` after the visits of ``c.layout``, without finishing.
 
   ``state`` holds rows ``[B, K, G, T, X]`` (:meth:`Normalizer.init`'s entries,
@@ -405,20 +406,20 @@ def accumulate(c: TilePlan, a: _Arrays, counts: Optional[Array], state: dict) ->
   state from part to part and finishes once.
   """
   G, nz = c.G, c.nz
-  relation = _segment_relations(c, a) if c.runtime_skip else None
+  relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
 
   def block(i, q0, tq, carry, after):
-    cb = None if counts is None else _rows(_span(counts, q0, tq, 3), G, tq)
-    row = nz.row_inputs(_sink_rows(c, a, tq), cb)
+    cb = None if counts is None else as_rows(span(counts, q0, tq, 3), G, tq)
+    row = nz.row_inputs(sink_rows(c, a, tq), cb)
     qb = after(a.q_rows(c, q0, tq))
-    st = {key: _rows(_span(val, q0, tq, 3), G, tq) for key, val in state.items()}
+    st = {key: as_rows(span(val, q0, tq, 3), G, tq) for key, val in state.items()}
 
     def visit(st, k0, tk, needs_mask, seg_mask, first):
       return _fwd_visit(c, a, st, qb, q0, tq, k0, tk, needs_mask, seg_mask, first, row)
 
     st = _visit_blocks(c, relation, i, st, visit, rolled)
-    return carry, {key: _unrows(val, G) for key, val in st.items()}
+    return carry, {key: from_rows(val, G) for key, val in st.items()}
 
   return _query_blocks(c, block, rolled, tie=lambda r: r["acc"])[1]
 
@@ -440,14 +441,14 @@ def _collect_stats(c: TilePlan, rows: dict, q_positions: Optional[Array]) -> tup
 # Backward: recompute each visited block.
 
 
-def _backward(c: TilePlan, a: _Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
+def _backward(c: TilePlan, a: Arrays, res: dict, out: Array, d_out: Array, d_lse: Optional[Array]):
   """Gradients ``(dq [B, K, G, T, H], dk [B, K, S, H], dv, dbias, dsink, dargs)``.
 
   ``dargs`` (float32, one per ``score_mod_args`` array) is accumulated over the
   visited blocks from a VJP of ``score_mod`` on each tile.
   """
   G = c.G
-  relation = _segment_relations(c, a) if c.runtime_skip else None
+  relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
   # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term).
   row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
@@ -466,13 +467,13 @@ def _backward(c: TilePlan, a: _Arrays, res: dict, out: Array, d_out: Array, d_ls
     dk, dv, dbias, dsink, dargs = carry
 
     def rows(x):
-      return None if x is None else _rows(_span(x, q0, tq, 3), G, tq)
+      return None if x is None else as_rows(span(x, q0, tq, 3), G, tq)
 
     qb, do_b, dk, dv = after((a.q_rows(c, q0, tq), rows(d_out), dk, dv))
     rd_b, g_b = rows(row_dot), rows(g)
     res_b = {key: rows(val) for key, val in res.items() if key != "has_key"}
     if c.has_sink:
-      term = _unrows(c.nz.null_grad(_sink_rows(c, a, tq), res_b, rd_b, g_b), G)
+      term = from_rows(c.nz.null_grad(sink_rows(c, a, tq), res_b, rd_b, g_b), G)
       dsink = dsink + jnp.sum(term, axis=(0, 3, 4), keepdims=True)
 
     def tile(k0, tk, needs_mask, seg_mask, first):
@@ -484,17 +485,17 @@ def _backward(c: TilePlan, a: _Arrays, res: dict, out: Array, d_out: Array, d_ls
       dq_b, dk, dv, dbias, dargs = carry
       if dargs:
         dargs = tuple(acc + g for acc, g in zip(dargs, d["dargs"]))
-      dk = _add_tile(dk, d["dk"], (0, 0, k0, 0))
-      dv = _add_tile(dv, d["dv"], (0, 0, k0, 0))
+      dk = add_tile(dk, d["dk"], (0, 0, k0, 0))
+      dv = add_tile(dv, d["dv"], (0, 0, k0, 0))
       if dbias is not None:
-        dbias = _add_tile(dbias, d["dbias"], (0, 0, 0, q0 if dbias.shape[3] != 1 else 0,
+        dbias = add_tile(dbias, d["dbias"], (0, 0, 0, q0 if dbias.shape[3] != 1 else 0,
                                               k0 if dbias.shape[4] != 1 else 0))
       return dq_b + d["dq"], dk, dv, dbias, dargs
 
     dq_b = a.vary(jnp.zeros((c.B, c.K, G * tq, c.H), jnp.float32))
     dq_b, dk, dv, dbias, dargs = _visit_blocks(c, relation, i, (dq_b, dk, dv, dbias, dargs),
                                                visit, rolled, tile=tile)
-    return (dk, dv, dbias, dsink, dargs), _unrows(dq_b, G)
+    return (dk, dv, dbias, dsink, dargs), from_rows(dq_b, G)
 
   (dk, dv, dbias, dsink, dargs), dq = _query_blocks(c, block, rolled,
                                                     (dk, dv, dbias, dsink, dargs))
@@ -503,9 +504,9 @@ def _backward(c: TilePlan, a: _Arrays, res: dict, out: Array, d_out: Array, d_ls
   return dq, dk, dv, dbias, dsink, dargs
 
 
-def _bwd_visit(c: TilePlan, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
+def _bwd_visit(c: TilePlan, a: Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
                res_b) -> dict:
-  z_pre, capped = _logits(c, a, qb, q0, tq, k0, tk)
+  z_pre, capped = tile_logits(c, a, qb, q0, tq, k0, tk)
   mod_vjp = None
   if c.opts.score_mod is None:
     z = z_pre
@@ -513,12 +514,12 @@ def _bwd_visit(c: TilePlan, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask
     # Typed as varying like the tile (inside shard_map): the tile's part of their cotangent then
     # stays this device's, summed over devices once, after every tile (autodiff.invariant_like),
     # not by a collective inside a visit (visits differ between devices of a ring).
-    z, mod_vjp = jax.vjp(lambda zz, args: _score_mod(c, a, zz, args, q0, tq, k0, tk), z_pre,
+    z, mod_vjp = jax.vjp(lambda zz, args: tile_score_mod(c, a, zz, args, q0, tq, k0, tk), z_pre,
                          tuple(a.vary(x.astype(jnp.float32)) if jnp.issubdtype(x.dtype, jnp.floating)
                                else x for x in a.score_args))
-  allowed = _allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
-  kb = _span(a.k, k0, tk, 2)
-  vb = _span(a.v, k0, tk, 2)
+  allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+  kb = span(a.k, k0, tk, 2)
+  vb = span(a.v, k0, tk, 2)
   dp = jnp.einsum("bkrh,bksh->bkrs", do_b, vb, preferred_element_type=jnp.float32)
   w, dz = c.nz.tile_backward(z, allowed, dp, res_b, rd_b, g_b)
 
@@ -533,14 +534,11 @@ def _bwd_visit(c: TilePlan, a: _Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask
         jnp.zeros(jnp.shape(x), jnp.float32) if g is None or g.dtype == jax.dtypes.float0
         else g.astype(jnp.float32) for x, g in zip(a.score_args, dargs))
   if a.bias is not None:
-    shape = _tile(a.bias, q0, tq, k0, tk).shape
-    dz5 = _unrows(dz, c.G)
+    shape = tile_of(a.bias, q0, tq, k0, tk).shape
+    dz5 = from_rows(dz, c.G)
     axes = tuple(ax for ax in range(5) if shape[ax] == 1 and dz5.shape[ax] != 1)
     d["dbias"] = jnp.sum(dz5, axis=axes, keepdims=True) if axes else dz5
-  ds = dz
-  if c.opts.softcap is not None:
-    t = capped / c.opts.softcap
-    ds = ds * (1.0 - t * t)
+  ds = _logits.softcap_grad(dz, c.opts.softcap, capped=capped)
   dq = jnp.einsum("bkrs,bksh->bkrh", ds, kb, preferred_element_type=jnp.float32)
   dk = jnp.einsum("bkrs,bkrh->bksh", ds, qb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
@@ -639,7 +637,7 @@ def _run(c: TilePlan, inputs, positions):
       used_b, used_n = index_use(c.opts.mask_mod, mask_args)
       mod_any = mask_mod_block_table(c.opts.mask_mod, mask_args, c.layout, B if used_b else 1,
                                      N if used_n else 1, positions=pos)
-    return _Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos,
+    return Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos,
                    mod_any)
 
   def forward(x, nondiff):

@@ -51,7 +51,7 @@ from attnjax.kernels import autodiff
 from attnjax.kernels.blockwise.kernel import _backward as kernel_backward
 from attnjax.kernels.blockwise.kernel import (_cotangent_like, accumulate,
                                               count_allowed, default_block_sizes, index_use)
-from attnjax.kernels.blockwise.tiles import TilePlan, _Arrays
+from attnjax.kernels.blockwise.tiles import TilePlan, Arrays
 from attnjax.kernels.linear_map import as_aval, varying_axes
 from attnjax.layout import BlockLayout, mask_mod_block_table
 
@@ -220,7 +220,7 @@ class _Call:
       mod_any = mask_mod_block_table(opts.mask_mod, mask_args, c.layout,
                                      self.B if used_b else 1, self.K * self.G if used_n else 1,
                                      positions=(gq, gk))
-    return _Arrays(c, q, k, v, None, sink, None, q_seg, kv_seg, score_args, mask_args,
+    return Arrays(c, q, k, v, None, sink, None, q_seg, kv_seg, score_args, mask_args,
                    positions, mod_any)
 
 

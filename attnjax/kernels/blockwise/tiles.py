@@ -1,11 +1,11 @@
 """The tile machinery of the block-wise kernel (:mod:`attnjax.kernels.blockwise`).
 
 A call is described statically by :class:`TilePlan`; its arrays are laid out once
-by :class:`_Arrays` (float32, query heads grouped under their key/value head,
+by :class:`Arrays` (float32, query heads grouped under their key/value head,
 time on axis -2, ``scale`` folded into ``q``). One tile is a query block's rows
 (``G * tq`` rows: every query head of a group stacked, so GQA costs no copies)
-against ``tk`` keys: :func:`_logits` gives its float32 logits and
-:func:`_allowed` its boolean mask (static structure on partial blocks, segment
+against ``tk`` keys: :func:`tile_logits` gives its float32 logits and
+:func:`tile_allowed` its boolean mask (static structure on partial blocks, segment
 ids, the explicit mask), or None when every pair is allowed. What a tile's
 logits become is the normaliser's business (:mod:`attnjax.normalizers`).
 """
@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import options, normalizers
+from attnjax import _logits, options
+from attnjax.kernels._plan import KernelPlan
 from attnjax.kernels.linear_map import as_aval, varying_axes
 from attnjax.layout import FULL, SKIP, BlockLayout, segment_block_relations
 
@@ -31,7 +32,7 @@ MaskFn = Callable[[Array, Array], Optional[Array]]
 
 
 @dataclasses.dataclass(frozen=True)
-class TilePlan(normalizers.KernelPlan):
+class TilePlan(KernelPlan):
   opts: Any
   layout: BlockLayout
   mask_fn: Optional[MaskFn]
@@ -69,7 +70,7 @@ def _grouped5(x: Array, K: int) -> Array:
   return jnp.reshape(x, (Bx, K, Nx // K, Tx, Sx))
 
 
-def _span(x: Array, start, size: int, axis: int) -> Array:
+def span(x: Array, start, size: int, axis: int) -> Array:
   """``size`` entries from ``start`` along ``axis``; ``start`` is an int or, inside a loop over
   key blocks (``k0``) or query blocks (``q0``), a traced index."""
   if isinstance(start, int):
@@ -77,21 +78,21 @@ def _span(x: Array, start, size: int, axis: int) -> Array:
   return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _tile(x: Array, q0, tq: int, k0, tk: int) -> Array:
+def tile_of(x: Array, q0, tq: int, k0, tk: int) -> Array:
   """Slices the ``[.., Tx, Sx]`` tile of a broadcastable 5-d array (size-1 axes kept)."""
   if x.shape[3] != 1:
-    x = _span(x, q0, tq, 3)
-  return x if x.shape[4] == 1 else _span(x, k0, tk, 4)
+    x = span(x, q0, tq, 3)
+  return x if x.shape[4] == 1 else span(x, k0, tk, 4)
 
 
-def _add_tile(acc: Array, tile: Array, starts: tuple) -> Array:
+def add_tile(acc: Array, tile: Array, starts: tuple) -> Array:
   """``acc[starts : starts + tile.shape] += tile`` (in place under XLA; starts may be traced)."""
   starts = tuple(jnp.asarray(s, jnp.int32) for s in starts)
   current = jax.lax.dynamic_slice(acc, starts, tile.shape)
   return jax.lax.dynamic_update_slice(acc, current + tile, starts)
 
 
-def _rows(x: Array, G: int, tq: int) -> Array:
+def as_rows(x: Array, G: int, tq: int) -> Array:
   """``[X, Kx, G|1, tq|1, Y]`` -> ``[X, Kx, G * tq | 1, Y]``: the kernel's row axis is (group, time).
 
   Every matmul of the kernel is a rank-4 batched matmul over ``(B, K)`` with all
@@ -106,7 +107,7 @@ def _rows(x: Array, G: int, tq: int) -> Array:
   return jnp.reshape(jnp.broadcast_to(x, (X, Kx, G, tq, Y)), (X, Kx, G * tq, Y))
 
 
-def _unrows(x: Array, G: int) -> Array:
+def from_rows(x: Array, G: int) -> Array:
   """``[B, K, G * tq, Y]`` -> ``[B, K, G, tq, Y]``."""
   B, K, R, Y = x.shape
   return jnp.reshape(x, (B, K, G, R // G, Y))
@@ -120,7 +121,7 @@ def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
   return jnp.logical_and(a, b)
 
 
-class _Arrays:
+class Arrays:
   """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
 
   def __init__(self, c: TilePlan, q, k, v, bias, sink, mask, q_seg, kv_seg, score_args=(),
@@ -155,29 +156,23 @@ class _Arrays:
 
   def q_rows(self, c: TilePlan, q0, tq: int) -> Array:
     """Query rows ``q0 .. q0 + tq`` as ``[B, K, G * tq, H]`` (``q0`` may be traced)."""
-    return _rows(_span(self.q, q0, tq, 3), c.G, tq)
+    return as_rows(span(self.q, q0, tq, 3), c.G, tq)
 
 
-def _sink_rows(c: TilePlan, a: _Arrays, tq: int) -> Optional[Array]:
+def sink_rows(c: TilePlan, a: Arrays, tq: int) -> Optional[Array]:
   """The learned null logits in rows ``[1, K, G*tq|1, 1]``, or None."""
-  return _rows(a.sink, c.G, tq) if c.has_sink else None
+  return as_rows(a.sink, c.G, tq) if c.has_sink else None
 
 
-def _index5(c: TilePlan, a: _Arrays, q0, tq: int, k0, tk: int):
-  """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]``.
-
-  ``b [B,1,1,1,1]``, ``n [1,K,G,1,1]`` (query head ``k * G + g``), ``i [1,1,1,tq,1]``,
-  ``j [1,1,1,1,tk]``; ``i`` / ``j`` are global positions when the call has them.
-  """
-  b = jnp.reshape(jnp.arange(c.B, dtype=jnp.int32), (c.B, 1, 1, 1, 1))
-  n = jnp.reshape(jnp.arange(c.K * c.G, dtype=jnp.int32), (1, c.K, c.G, 1, 1))
-  i = q0 + jnp.arange(tq, dtype=jnp.int32) if a.q_pos is None else _span(a.q_pos, q0, tq, 0)
-  j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else _span(a.k_pos, k0, tk, 0)
-  return (b, n, jnp.reshape(i.astype(jnp.int32), (1, 1, 1, tq, 1)),
-          jnp.reshape(j.astype(jnp.int32), (1, 1, 1, 1, tk)))
+def _index5(c: TilePlan, a: Arrays, q0, tq: int, k0, tk: int):
+  """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]`` (:func:`attnjax._logits.index_grid`);
+  ``i`` / ``j`` are global positions when the call has them."""
+  i = q0 + jnp.arange(tq, dtype=jnp.int32) if a.q_pos is None else span(a.q_pos, q0, tq, 0)
+  j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else span(a.k_pos, k0, tk, 0)
+  return _logits.index_grid(c.B, (c.K, c.G), i, j)
 
 
-def _score_mod(c: TilePlan, a: _Arrays, z: Array, score_args: tuple, q0, tq: int, k0,
+def tile_score_mod(c: TilePlan, a: Arrays, z: Array, score_args: tuple, q0, tq: int, k0,
                tk: int) -> Array:
   """The rows ``z [B, K, G*tq, tk]`` after ``opts.score_mod`` (identity without one)."""
   if c.opts.score_mod is None:
@@ -187,25 +182,22 @@ def _score_mod(c: TilePlan, a: _Arrays, z: Array, score_args: tuple, q0, tq: int
   return jnp.reshape(out, (c.B, c.K, c.G * tq, tk))
 
 
-def _logits(c: TilePlan, a: _Arrays, qb: Array, q0, tq, k0, tk):
+def tile_logits(c: TilePlan, a: Arrays, qb: Array, q0, tq, k0, tk):
   """Float32 logits of one tile ``[B, K, G*tq, tk]`` and the pre-bias capped similarity.
 
-  The logits are before ``score_mod`` (see :func:`_score_mod`).
+  The logits are before ``score_mod`` (see :func:`tile_score_mod`).
   """
-  kb = _span(a.k, k0, tk, 2)
+  kb = span(a.k, k0, tk, 2)
   s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
-  if c.opts.similarity != "dot":
-    q_sq = _rows(_span(a.q_sq, q0, tq, 3), c.G, tq)
-    s = -c.opts.scale * (q_sq - 2.0 * s + _span(a.k_sq, k0, tk, 3))
-  if c.opts.softcap is not None:
-    s = c.opts.softcap * jnp.tanh(s / c.opts.softcap)
-  capped = s
-  if a.bias is not None:
-    s = s + _rows(_tile(a.bias, q0, tq, k0, tk), c.G, tq)
-  return s, capped
+  if c.opts.similarity != "dot":  # for "dot" the scale is folded into the rows
+    s = _logits.from_dots(s, scale=c.opts.scale, similarity=c.opts.similarity,
+                          q_sq=as_rows(span(a.q_sq, q0, tq, 3), c.G, tq),
+                          k_sq=span(a.k_sq, k0, tk, 3))
+  bias = None if a.bias is None else as_rows(tile_of(a.bias, q0, tq, k0, tk), c.G, tq)
+  return _logits.capped_logits(s, c.opts.softcap, bias)
 
 
-def _allowed(c: TilePlan, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: bool):
+def tile_allowed(c: TilePlan, a: Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: bool):
   """Boolean ``[B|1, K|1, G*tq|1, tk]`` of the tile, or None when all is allowed."""
   out = None  # built as [X, K|1, G|1, tq, tk], then laid out as rows
   if needs_mask and c.mask_fn is not None:  # q0 / k0 are traced inside the loops over blocks
@@ -216,14 +208,14 @@ def _allowed(c: TilePlan, a: _Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask
     m = options.apply_mask_mod(c.opts, a.mask_args, *_index5(c, a, q0, tq, k0, tk))
     out = _and(out, jnp.broadcast_to(m, jnp.broadcast_shapes(jnp.shape(m), (1, c.K, c.G, tq, tk))))
   if seg_mask and c.has_segments:
-    seg = _span(a.q_seg, q0, tq, 1)[:, :, None] == _span(a.kv_seg, k0, tk, 1)[:, None, :]
+    seg = span(a.q_seg, q0, tq, 1)[:, :, None] == span(a.kv_seg, k0, tk, 1)[:, None, :]
     out = _and(out, jnp.reshape(seg, (c.B, 1, 1, tq, tk)))
   if a.mask is not None:
-    out = _and(out, _tile(a.mask, q0, tq, k0, tk))
-  return None if out is None else _rows(out, c.G, tq)
+    out = _and(out, tile_of(a.mask, q0, tq, k0, tk))
+  return None if out is None else as_rows(out, c.G, tq)
 
 
-def _segment_relations(c: TilePlan, a: _Arrays):
+def segment_relations(c: TilePlan, a: Arrays):
   """``relation(i, j)``: ``SKIP`` / ``FULL`` / ``MASKED`` of a visit at run time (see layout)."""
   if c.has_segments:
     table = segment_block_relations(a.q_seg, a.kv_seg, c.layout)

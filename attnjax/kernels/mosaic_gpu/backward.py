@@ -27,17 +27,11 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax.kernels.mosaic_gpu.plan import (kv_bounds, load_vector, lower_rows, segment_args,
-                                             tile_allowed)
+from attnjax import _logits
+from attnjax.kernels.mosaic_gpu.plan import (interpret_params, kv_bounds, load_vector,
+                                             lower_rows, segment_args, tile_allowed)
 
 Array = jnp.ndarray
-
-
-def _softcap_grad(c, dz, s):
-  if c.opts.softcap is None:
-    return dz
-  t = jnp.tanh(s / c.opts.softcap)
-  return dz * (1.0 - t * t)
 
 
 def q_block_bounds(c, k0, k_last, nq: int):
@@ -178,7 +172,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
 
   def compute(masked, j, slot, dq):
     s = _mm(c, plgpu, (bq, bk), None, k_smem.at[slot], trans_b=True, a_ref=q_smem) * c.opts.scale
-    z = s if c.opts.softcap is None else c.opts.softcap * jnp.tanh(s / c.opts.softcap)
+    z = _logits.softcap(s, c.opts.softcap)
     dp = _mm(c, plgpu, (bq, bk), None, v_smem.at[slot], trans_b=True, a_ref=do_smem)
     allowed = None
     if masked:
@@ -187,7 +181,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
         k_seg = lax.broadcast_in_dim(load(kseg_smem.at[slot], 0), (bq, bk), (1,))
       allowed = tile_allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
     _, dz = lower_rows(nz.tile_backward, bq, iota=any_iota)(z, allowed, dp, res, row_dot, g)
-    ds = _softcap_grad(c, dz, s).astype(q_smem.dtype)
+    ds = _logits.softcap_grad(dz, c.opts.softcap, s=s).astype(q_smem.dtype)
     return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
 
   dq = jnp.zeros((bq, H), jnp.float32)
@@ -269,7 +263,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     row_dot, g = rows[0], (rows[1] if has_g else None)
     res = dict(zip(res_keys, rows[1 + int(has_g):]))
     s = _mm(c, plgpu, (bk, bq), None, q_smem.at[slot], trans_b=True, a_ref=k_smem) * c.opts.scale
-    z = s if c.opts.softcap is None else c.opts.softcap * jnp.tanh(s / c.opts.softcap)
+    z = _logits.softcap(s, c.opts.softcap)
     dp = _mm(c, plgpu, (bk, bq), None, do_smem.at[slot], trans_b=True, a_ref=v_smem)
     allowed = None
     if masked:  # padded query rows attend nothing
@@ -280,7 +274,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     w, dz = lower_rows(nz.tile_backward, bq, transposed=True)(z, allowed, dp, res, row_dot, g)
     dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
                   staging=staging)
-    ds = _softcap_grad(c, dz, s).astype(q_smem.dtype)
+    ds = _logits.softcap_grad(dz, c.opts.softcap, s=s).astype(q_smem.dtype)
     dk = dk + _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging)
     return dk, dv
 
@@ -356,10 +350,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
         plgpu.SwizzleTransform(swizzle))
   nrows = rows.shape[0]
   has_g = g is not None
-  interpret = None
-  if c.interpret:
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    interpret = InterpretGPUParams()
+  interpret = interpret_params(c.interpret)
   params = plgpu.CompilerParams(approx_math=False)
 
   dq_scratch = [plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),

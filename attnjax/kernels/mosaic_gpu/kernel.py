@@ -68,14 +68,15 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax import _lowering, _target, options
+from attnjax import _logits, _lowering, _target, options
 from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
                                              BlockSizes, Plan, block_sizes_for, kv_bounds,
-                                             load_vector, lower_rows, make_plan, res_row_keys,
-                                             segment_args, stat_row_keys, tile_allowed)
+                                             interpret_params, load_vector, lower_rows,
+                                             make_plan, res_row_keys, segment_args,
+                                             stat_row_keys, tile_allowed)
 
 Array = jnp.ndarray
 
@@ -316,9 +317,7 @@ def _consume(c, row_keys, wg, n, b, h, q0, qb, lo_u, hi_u, slot_of, q_ref, sink_
         take_turn()  # the other consumer's turn while this product runs
         return acc[...]
       s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
-    z = s * c.opts.scale
-    if c.opts.softcap is not None:
-      z = c.opts.softcap * jnp.tanh(z / c.opts.softcap)
+    z = _logits.softcap(s * c.opts.scale, c.opts.softcap)
     allowed = None
     if masked:
       allowed = allowed_of(j, kseg_smem.at[slot] if c.has_segments else None)
@@ -427,10 +426,7 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
     _kernel(c, stat_keys, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, seg_refs,
             o_ref, stat_refs, scr)
 
-  interpret = None
-  if c.interpret:
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    interpret = InterpretGPUParams()
+  interpret = interpret_params(c.interpret)
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
   outs = plgpu.kernel(
       body,

@@ -25,7 +25,7 @@ from jax import lax
 import jax.experimental.pallas as pl
 from jax.extend import core as jex_core
 
-from attnjax import normalizers
+from attnjax.kernels._plan import KernelPlan
 
 
 Array = jnp.ndarray
@@ -126,6 +126,21 @@ def load_vector(ref, layout):
   if "idx" in inspect.signature(plgpu.load).parameters:
     return plgpu.load(ref, (), layout=layout)
   return plgpu.load(ref, layout=layout)
+
+
+def interpret_params(enabled: bool):
+  """``plgpu.kernel``'s ``interpret=``: the Mosaic GPU interpreter's parameters, or None.
+
+  jax 0.12 exports ``InterpretGPUParams`` from ``jax.experimental.pallas.mosaic_gpu``;
+  jax 0.10.2 has it only at ``jax._src.pallas.mosaic_gpu.interpret.params``.
+  """
+  if not enabled:
+    return None
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  params_type = getattr(plgpu, "InterpretGPUParams", None)
+  if params_type is None:
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params_type
+  return params_type()
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +359,7 @@ __all__ = ["BLOCK_SIZE_TABLE", "BlockSizes", "DEFAULT_BLOCK_SIZES", "SMEM_LIMIT_
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan(normalizers.KernelPlan):
+class Plan(KernelPlan):
   """Everything the kernel body reads from Python."""
 
   opts: object

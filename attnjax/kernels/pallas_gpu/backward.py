@@ -20,19 +20,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax import _lowering
+from attnjax import _logits, _lowering
 from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, full_kv_blocks,
                                       full_q_blocks, kv_block_bounds, logits, q_block_bounds,
                                       segments_meet, tile_allowed, visit_loop)
 
 Array = jnp.ndarray
-
-
-def _softcap_grad(c: GridPlan, dz: Array, s: Array) -> Array:
-  if c.opts.softcap is None:
-    return dz
-  t = jnp.tanh(s / c.opts.softcap)
-  return dz * (1.0 - t * t)
 
 
 def _input_refs(c: GridPlan, res_keys, has_g, refs):
@@ -75,7 +68,7 @@ def _dq_kernel(c: GridPlan, res_keys, has_g, *refs):
                              None if k_seg is None else k_seg[None, :])
     dp = dot(do, v, trans_b=True)
     _, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
-    ds = _softcap_grad(c, dz, s)
+    ds = _logits.softcap_grad(dz, c.opts.softcap, s=s)
     return dq + dot(ds.astype(k.dtype), k)
 
   dq = visit_loop(c, lo, hi, jnp.zeros((bq, c.Hp), jnp.float32), step, q_seg, kseg_ref, bk,
@@ -121,7 +114,7 @@ def _dkdv_kernel(c: GridPlan, res_keys, has_g, *refs):
       dp = dot(do, v, trans_b=True)
       w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
       dv = dv + dot(w.astype(do.dtype), do, trans_a=True)
-      ds = _softcap_grad(c, dz, s)
+      ds = _logits.softcap_grad(dz, c.opts.softcap, s=s)
       dk = dk + dot(ds.astype(q.dtype), q, trans_a=True)
       return dk, dv
 

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax import normalizers
+from attnjax import _logits
+from attnjax.kernels._plan import KernelPlan
 
 Array = jnp.ndarray
 
@@ -34,7 +35,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class GridPlan(normalizers.KernelPlan):
+class GridPlan(KernelPlan):
   """Everything a kernel body reads from Python: shapes, options, block sizes."""
 
   opts: object
@@ -141,9 +142,7 @@ def segments_meet(q_seg: Array, k_seg: Array) -> Array:
 def logits(c: GridPlan, q: Array, k: Array) -> tuple[Array, Array]:
   """``(z, s)`` float32 ``[tq, tk]``: the (soft-capped) logits and the scaled dots before the cap."""
   s = dot(q, k, trans_b=True) * c.opts.scale
-  if c.opts.softcap is None:
-    return s, s
-  return c.opts.softcap * jnp.tanh(s / c.opts.softcap), s
+  return _logits.softcap(s, c.opts.softcap), s
 
 
 def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Array:

@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from attnjax import _logits
 from attnjax.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, TpuPlan, Tables, dot,
                                              global_indices, heads_first, logits,
                                              mod_inputs, mod_kinds, run_time_table, score_mod, score_mod_vjp,
@@ -59,10 +60,7 @@ def _tile_grads(c: TpuPlan, q, k, v, do, rows, qpos, kpos, b, n, masked, q_seg, 
     dz, dargs = pull(dz)
     for a, idx, d in dargs:
       darg_refs[a][idx] += d
-  if c.opts.softcap is not None:
-    t = jnp.tanh(s / c.opts.softcap)
-    dz = dz * (1.0 - t * t)
-  return w, dz
+  return w, _logits.softcap_grad(dz, c.opts.softcap, s=s)
 
 
 def _segments(qseg_ref, kseg_ref):

@@ -29,8 +29,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from attnjax import _logits
 from attnjax import layout as layout_lib
-from attnjax import normalizers
+from attnjax.kernels._plan import KernelPlan
 from attnjax.kernels.blockwise import index_use
 
 Array = jnp.ndarray
@@ -43,7 +44,7 @@ def round_up(n: int, m: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class TpuPlan(normalizers.KernelPlan):
+class TpuPlan(KernelPlan):
   """Everything a kernel body reads from Python: shapes, options, block sizes."""
 
   opts: object
@@ -195,9 +196,7 @@ def heads_first(c: TpuPlan, q, k, v, q_seg, kv_seg):
 def logits(c: TpuPlan, q: Array, k: Array) -> tuple[Array, Array]:
   """``(z, s)`` float32 ``[tq, tk]``: the (soft-capped) logits and the scaled dots before the cap."""
   s = dot(q, k, trans_b=True) * c.opts.scale
-  if c.opts.softcap is None:
-    return s, s
-  return c.opts.softcap * jnp.tanh(s / c.opts.softcap), s
+  return _logits.softcap(s, c.opts.softcap), s
 
 
 def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Array:
