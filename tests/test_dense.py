@@ -262,19 +262,21 @@ def test_all_normalizers_have_finite_gradients():
 
 
 # ---------------------------------------------------------------------------
-# The seed lesson's examples.
+# Worked examples.
 
 
-def test_seed_worked_example():
+def test_worked_example():
+  # Logits (1, 2) / sqrt(2): softmax weights 1 / (1 + e^(1/sqrt 2)) and its complement.
   q = jnp.array([1.0, 2.0]).reshape(1, 1, 1, 2)
   k = jnp.array([[1.0, 0.0], [0.0, 1.0]]).reshape(1, 2, 1, 2)
   v = jnp.eye(2).reshape(1, 2, 1, 2)  # one-hot values: the output is the weights
   out, stats = attnjax.dot_product_attention(q, k, v, return_stats=True)
+  w0 = 1.0 / (1.0 + np.exp(1.0 / np.sqrt(2.0)))
+  np.testing.assert_allclose(out[0, 0, 0], [w0, 1.0 - w0], rtol=1e-6)
   np.testing.assert_allclose(out[0, 0, 0], [0.330, 0.670], atol=5e-4)
-  logits = np.array([1.0, 2.0]) / np.sqrt(2.0)
-  np.testing.assert_allclose(logits, [0.707, 1.414], atol=5e-4)
-  np.testing.assert_allclose(stats.max_logit[0, 0], 1.414, atol=5e-4)
-  np.testing.assert_allclose(stats.logsumexp[0, 0, 0], np.log(np.exp(logits).sum()), atol=1e-6)
+  np.testing.assert_allclose(stats.max_logit[0, 0], np.sqrt(2.0), rtol=1e-6)
+  np.testing.assert_allclose(stats.logsumexp[0, 0, 0],
+                             np.log(np.exp(1 / np.sqrt(2.0)) + np.exp(np.sqrt(2.0))), rtol=1e-6)
 
 
 def test_zero_query_gives_uniform_weights():
@@ -289,13 +291,19 @@ def test_zero_query_gives_uniform_weights():
 # Properties.
 
 
-@pytest.mark.parametrize("normalizer", ["softmax"])
-def test_rows_sum_to_one(normalizer):
+def test_row_sums_of_softmax_and_softmax_one():
+  # softmax rows sum to one; softmax_one's to sum(e^z) / (1 + sum(e^z)) over the allowed keys.
   q, k, _ = rand_qkv(T=9)
   ones = jnp.ones((2, 9, 2, 1))
-  out = attnjax.dot_product_attention(q, k, ones, is_causal=True, window=(3, 0),
-                                      normalizer=normalizer)
+  kw = dict(is_causal=True, window=(3, 0))
+  out = attnjax.dot_product_attention(q, k, ones, normalizer="softmax", **kw)
   np.testing.assert_allclose(out, 1.0, atol=1e-6)
+  out = attnjax.dot_product_attention(q, k, ones, normalizer="softmax_one", **kw)
+  qn, kn = np.asarray(q, np.float64), np.repeat(np.asarray(k, np.float64), 4, axis=2)
+  z = np.einsum("btnh,bsnh->bnts", qn, kn) / np.sqrt(q.shape[-1])
+  i, j = np.arange(9)[:, None], np.arange(9)[None, :]
+  e = np.where((j <= i) & (j >= i - 3), np.exp(z), 0.0).sum(-1)
+  np.testing.assert_allclose(out[..., 0], np.transpose(e / (1.0 + e), (0, 2, 1)), rtol=1e-5)
 
 
 def test_causality_by_gradient():

@@ -1,4 +1,4 @@
-"""The layer interface for research code and the per-family specs (issue 13, parts 4 and 5).
+"""The layer interface for research code and the per-family specs.
 
 Cross-attention, padding masks, segment ids and positions are checked against
 the pure functions called directly with the layer's own projections; decode

@@ -78,7 +78,7 @@ def tiny_sweep_root(tmp_path_factory):
 
 
 def test_run_dir_notebooks_execute(tiny_sweep_root):
-  """03 and 04 on the same tiny run root (one test, so the root is trained once per session)."""
+  """03 and 04 on the same tiny run root (one test, so the root is trained once per test run)."""
   for name in ("03_training_stability.ipynb", "04_attention_sinks.ipynb"):
     path = NOTEBOOKS[0].parent / name
     nb = execute(path, {"ATTNJAX_RUN_DIR": str(tiny_sweep_root), **FAST_COMPILES})

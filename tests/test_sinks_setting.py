@@ -1,4 +1,4 @@
-"""The cpu_sinks setting (issue 18): its config, one tiny arm end to end, and its new statistics."""
+"""The cpu_sinks setting: its config, one tiny arm end to end, and its new statistics."""
 
 from __future__ import annotations
 
