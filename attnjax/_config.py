@@ -23,7 +23,9 @@ from typing import Optional
 
 import jax
 
+#: The values of ``attnjax.config.kernels`` (see the module docstring).
 KERNELS = ("checked", "all", "trusted")
+#: The environment variable that gives ``attnjax.config.kernels``'s default.
 ENV_KERNELS = "ATTNJAX_KERNELS"
 
 

@@ -1,5 +1,5 @@
 """``python -m attnjax.check``: attnjax's Pallas kernels checked on this device, and the verdict
-that lets auto-dispatch take them here.
+that lets auto-dispatch take them here. For example::
 
     python -m attnjax.check                          # a GPU: pallas_gpu (about 4 min, 1 GPU)
     python -m attnjax.check --kernel mosaic_gpu      # an H100 / H200: the Mosaic GPU kernel
@@ -66,21 +66,26 @@ import sys
 import time
 from typing import Callable, Optional
 
-# The speed table's (H, T): B = 16384 // T sequences of N = 2048 // H heads (16k tokens per
-# batch, model width 2048). tests/test_targets.py compiles these shapes for an H200.
+#: The speed table's ``(H, T)``, each run as ``B = 16384 // T`` sequences of ``N = 2048 // H``
+#: heads (16k tokens per batch, model width 2048). tests/test_targets.py compiles these shapes
+#: for an H200.
 SPEED_SIZES = tuple((H, T) for H in (64, 128) for T in (1024, 4096, 16384)) + ((128, 8192),)
-# The Mosaic GPU kernel's speed shapes (bf16, H=128).
+#: The Mosaic GPU kernel's speed shapes ``(H, T)`` (bf16, H=128).
 MOSAIC_SIZES = ((128, 4096), (128, 16384))
-# Section 2's calls: B, T (= S), N, K, H; on a device, and in interpret mode.
+#: Section 2's call shape on a device, ``(B, T, N, K, H)`` with ``S = T``.
 CHECK_SHAPE = (2, 300, 8, 2, 64)
+#: Section 2's call shape in interpret mode (``--interpret``), ``(B, T, N, K, H)`` with ``S = T``.
 INTERPRET_SHAPE = (2, 40, 4, 2, 16)
+#: Section 2's mask structures, each checked with every normaliser.
 STRUCTURES = ("causal", "window", "segments")
-# Our kernel and the platform's built-in softmax kernel, per --platform.
+#: Our kernel per ``--platform``.
 KERNEL = {"gpu": "pallas_gpu", "tpu": "pallas_tpu"}
+#: The platform's built-in softmax kernel per ``--platform`` (the speed targets' baseline).
 BUILTIN = {"gpu": "cudnn", "tpu": "splash"}
 
 
 def parser() -> argparse.ArgumentParser:
+  """The command line of ``python -m attnjax.check`` (``--help`` prints the module docstring)."""
   p = argparse.ArgumentParser(prog="python -m attnjax.check", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="device_check.md", help="markdown report path")
@@ -106,10 +111,12 @@ class Report:
     self.failed: list[str] = []
 
   def add(self, line: str = "") -> None:
+    """Prints ``line`` and appends it to the report."""
     print(line, flush=True)
     self.lines.append(line)
 
   def expect(self, ok: bool, what: str) -> None:
+    """Adds ``what`` as a passed or failed check; a failed one is also kept in ``failed``."""
     self.add(f"- [{'ok' if ok else 'FAIL'}] {what}")
     if not ok:
       self.failed.append(what)
@@ -482,6 +489,13 @@ def write(r: Report, out: str) -> int:
 
 
 def main(argv=None) -> int:
+  """Runs the command on ``argv`` (default: ``sys.argv[1:]``).
+
+  Returns:
+    The exit status: 0 when every correctness check passed, 1 when one failed, 2 when
+    nothing was run (this host has no device of the platform asked for, or ``--kernel
+    mosaic_gpu`` without ``--platform gpu``; see :func:`run_checks`).
+  """
   args = parser().parse_args(argv)
   r = Report()
   status = run_checks(r, args)

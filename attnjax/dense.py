@@ -1,7 +1,7 @@
 """Dense scaled dot-product attention with every normaliser, and its dispatch.
 
 ``dot_product_attention`` validates its arguments once, puts the static choices
-in a :class:`DenseOptions`, and hands the arrays to one :class:`Engine` of
+in a :class:`~attnjax.options.DenseOptions`, and hands the arrays to one :class:`Engine` of
 :data:`ENGINES` (with ``implementation=None``, one per platform from its list in
 :data:`PREFERENCES`, chosen when the program is lowered: :func:`run`). Every
 engine takes the same canonical arguments, so the fast paths (block-wise,
@@ -338,7 +338,7 @@ def _dot_product_attention(
       mask), so every path that takes segment ids takes them.
     local_window_size: jax.nn's window: ``(left, right)``, or an int ``w``
       meaning ``(w, w)``; the same as ``window`` (give one, or equal ones).
-    implementation: None (auto, see :func:`select_implementation`),
+    implementation: None (auto, see :func:`attnjax.dense.select_implementation`),
       ``"reference"``, ``"blockwise"`` (:mod:`attnjax.kernels.blockwise`: online
       normaliser over key blocks, O(T) memory, masked blocks skipped), or
       ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
@@ -351,7 +351,7 @@ def _dot_product_attention(
       (:mod:`attnjax.kernels.mosaic_gpu`, a Pallas Mosaic GPU kernel for Hopper,
       every normaliser, bf16/fp16; see its ``unsupported``). Named
       paths raise if an option is unsupported; None is chosen per platform
-      when the program is lowered (:func:`dispatch_table`).
+      when the program is lowered (:func:`attnjax.dense.dispatch_table`).
     return_residual: also return jax.nn's residual ``[B, T, N]`` in the input
       dtype: the log-normaliser of each row, ``log sum_j exp(z_ij)`` (the null
       column of ``softmax_one`` / ``sink_logits`` included), so that the

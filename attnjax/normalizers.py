@@ -17,7 +17,7 @@ Pallas kernel body:
   :meth:`Normalizer.visit` (one tile of logits -> new state),
   :meth:`Normalizer.finish` (output rows, backward residuals, statistics rows);
 - **merge** of partial results of the same rows over disjoint key sets
-  (:meth:`Normalizer.merge`, where :attr:`Normalizer.mergeable`);
+  (:meth:`Normalizer.merge`, where ``mergeable``);
 - the **backward rule** per tile (:meth:`Normalizer.tile_backward`: ``dz`` from
   ``dp = dO V^T``, the residuals and the logsumexp cotangent) and the gradient of
   a learned null logit (:meth:`Normalizer.null_grad`);
@@ -43,7 +43,7 @@ softmax        exp(z_ij) / sum_l exp(z_il)                                  Vasw
 softmax_one    exp(z_ij) / (1 + sum_l exp(z_il))                            Miller 2023 ("off by one")
 (sink_logits)  exp(z_ij) / (exp(s_h) + sum_l exp(z_il)), learned s_h         gpt-oss (2025)
 sigmoid        sigmoid(z_ij + b_i), b_i = -log(number of allowed keys)      Ramapuram et al. 2024
-softpick       relu(exp(z_ij) - 1) / (sum_l |exp(z_il) - 1| + eps)          Zuhri et al. 2025
+softpick       relu(exp(z_ij) - 1) / (sum_l abs(exp(z_il) - 1) + eps)       Zuhri et al. 2025
 none           z_ij (raw scores)                                             -
 relu           relu(z_ij) / n_i, n_i = number of allowed keys of row i      Wortsman et al. 2023
 =============  ===========================================================  ======================
@@ -174,7 +174,7 @@ class Normalizer:
       statistic is the log-normaliser (the null column included).
     sums_to_one: every row with a key sums to one.
     mergeable: partial results over disjoint key sets merge exactly
-      (:meth:`merge`); parts are computed with normaliser :attr:`merge_part`.
+      (:meth:`merge`); parts are computed with normaliser ``merge_part``.
     merge_part: the normaliser name parts of a merge are computed with.
   """
 
@@ -203,7 +203,7 @@ class Normalizer:
       z: float32 logits ``[B, N, T, S]``.
       allowed: bool, broadcastable to ``z``.
       sink_logits: ``[1, N, 1, 1]`` learned null logits (only where
-        :attr:`accepts_sink_logits`), or None.
+        ``accepts_sink_logits``), or None.
     """
     raise NotImplementedError
 
@@ -279,7 +279,7 @@ class Normalizer:
 
   def null_grad(self, floor: Array, res: dict, row_dot: Array,
                 d_lse: Optional[Array]) -> Array:
-    """Cotangent of a learned null logit per row (only where :attr:`accepts_sink_logits`)."""
+    """Cotangent of a learned null logit per row (only where ``accepts_sink_logits``)."""
     raise NotImplementedError(f"normalizer {self.name!r} has no learned null column")
 
   # -- merge -------------------------------------------------------------------
@@ -289,7 +289,7 @@ class Normalizer:
     """Merges partial results of the same rows over disjoint key sets.
 
     Args:
-      parts: ``(out, lse)`` pairs, each computed with :attr:`merge_part` over
+      parts: ``(out, lse)`` pairs, each computed with ``merge_part`` over
         its keys; ``lse`` broadcasts against ``out`` (a trailing axis of 1)
         and is ``-inf`` for rows with no key in that part.
       sink_logits: learned null logits broadcastable to ``lse``, or None.
@@ -517,7 +517,7 @@ class Elementwise(_PlainLse):
   """Weights ``f(z_ij; row constants)`` of each logit on its own: no running normaliser.
 
   Subclasses give :meth:`weight` and :meth:`weight_grad` (and, with
-  ``needs_counts``, :meth:`row_constants` from the allowed-key counts); one tile
+  ``needs_counts``, :meth:`Normalizer.row_constants` from the allowed-key counts); one tile
   adds ``f(z) @ V`` to the accumulator, and the backward is ``dz = dp f'(z)``.
 
   Attributes:

@@ -109,85 +109,6 @@ html_theme_options = {
 html_static_path: list[str] = []
 
 
-# Docstrings of the modules being rewritten elsewhere at the time of writing: their warnings
-# are listed (docs/_build/deferred-warnings.txt and the build's output) but do not fail -W.
-# Empty this tuple once their docstring pass is done; nothing else is exempt.
-DEFERRED_DOCSTRINGS = (
-    "attnjax/dense.py", "attnjax/options.py", "attnjax/_lowering.py", "attnjax/_target.py",
-    "attnjax/_sharding.py", "attnjax/_trust.py", "attnjax/_config.py", "attnjax/check.py",
-    "attnjax/_jax_nn_compat.py", "attnjax/normalizers.py",
-    "attnjax/_checks.py", "attnjax/kernels/",
-    # Their API pages, where autosummary quotes the first line of each docstring.
-    "docs/api/attnjax.dense.md", "docs/api/attnjax.options.md", "docs/api/attnjax.normalizers.md",
-    "docs/api/attnjax.kernels",
-)
-
-
-def _location(record) -> str:
-  """The source location of a Sphinx log record, as text (a node, a tuple or a string)."""
-  from sphinx.util.logging import get_node_location
-
-  loc = getattr(record, "location", None)
-  if loc is None:
-    return ""
-  if isinstance(loc, tuple):
-    return ":".join(str(x) for x in loc if x is not None)
-  if isinstance(loc, str):
-    return loc
-  try:
-    return get_node_location(loc) or ""
-  except Exception:  # noqa: BLE001 (an unknown location type: not deferred)
-    return ""
-
-
-class _DeferredDocstrings:
-  """A warning handler filter: warnings located in DEFERRED_DOCSTRINGS go to the info stream."""
-
-  def __init__(self, info_handler):
-    self.info_handler = info_handler
-    self.seen: list[str] = []
-
-  def filter(self, record) -> bool:
-    where = _location(record)
-    source = where.split(":docstring of")[0]
-    if not any(str(ROOT / path) in source or source.startswith(path)
-               for path in DEFERRED_DOCSTRINGS):
-      return True
-    text = f"{where}: {record.getMessage()}"
-    self.seen.append(text)
-    import logging
-
-    info = logging.makeLogRecord(dict(record.__dict__, levelno=logging.INFO, levelname="INFO",
-                                      location=None, args=(), nonl=False,
-                                      msg=f"deferred docstring warning: {text}"))
-    self.info_handler.handle(info)
-    return False
-
-
-def _defer_warnings(app) -> None:
-  import logging
-
-  from sphinx.util.logging import NAMESPACE, WarningStreamHandler
-
-  logger = logging.getLogger(NAMESPACE)
-  warnings = [h for h in logger.handlers if isinstance(h, WarningStreamHandler)]
-  infos = [h for h in logger.handlers if not isinstance(h, WarningStreamHandler)]
-  if not warnings or not infos or not DEFERRED_DOCSTRINGS:
-    return
-  deferred = _DeferredDocstrings(infos[0])
-  warnings[0].filters.insert(0, deferred)
-
-  def write(app, exception):
-    out = pathlib.Path(app.outdir).parent / "deferred-warnings.txt"
-    out.write_text("".join(f"{line}\n" for line in sorted(set(deferred.seen))))
-    if deferred.seen:
-      logging.getLogger(NAMESPACE).info(
-          "%d deferred docstring warnings (DEFERRED_DOCSTRINGS in docs/conf.py), listed in %s",
-          len(set(deferred.seen)), out)
-
-  app.connect("build-finished", write)
-
-
 def _no_type_docstrings(app, what, name, obj, options, lines) -> None:
   """A constant has no docstring of its own: drop the one its type lends it (``dict``'s...)."""
   import inspect
@@ -207,6 +128,6 @@ def _fresh_stubs(app) -> None:
 
 
 def setup(app):
-  _defer_warnings(app)
   app.connect("builder-inited", _fresh_stubs, priority=100)
-  app.connect("autodoc-process-docstring", _no_type_docstrings)
+  # Before napoleon (priority 500) rewrites the lines it compares with the type's docstring.
+  app.connect("autodoc-process-docstring", _no_type_docstrings, priority=100)

@@ -45,6 +45,8 @@ PUBLIC_MODULES = (
     "attnjax.kernels", "attnjax.kernels.blockwise", "attnjax.kernels.pallas_gpu",
     "attnjax.kernels.pallas_tpu", "attnjax.kernels.mosaic_gpu", "attnjax.kernels.splash",
     "attnjax.kernels.jax_nn",
+    # Settings and the device check (``python -m attnjax.check``).
+    "attnjax.check",
     # Modules, diagnostics, data, training, targets.
     "attnjax.nn", "attnjax.nn.specs", "attnjax.nn.kv_policies", "attnjax.nn.probe",
     "attnjax.nn.intermediates", "attnjax.stats", "attnjax.data", "attnjax.train",

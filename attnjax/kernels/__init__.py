@@ -7,9 +7,9 @@
 - :mod:`attnjax.kernels.mosaic_gpu`: a Pallas Mosaic GPU kernel for Hopper, every normaliser.
 - :mod:`attnjax.kernels.splash`: jax's Pallas TPU splash kernel (softmax).
 - :mod:`attnjax.kernels.jax_nn`: ``jax.nn.dot_product_attention`` (XLA, cuDNN).
-- :mod:`attnjax.kernels.recurrent`: the chunk scan and the GLA chunk of the recurrent
+- ``attnjax.kernels.recurrent``: the chunk scan and the GLA chunk of the recurrent
   families (linear, gated linear, delta rule).
-- :mod:`attnjax.kernels.autodiff` / :mod:`~attnjax.kernels.linear_map`: every mode of
+- ``attnjax.kernels.autodiff`` / ``attnjax.kernels.linear_map``: every mode of
   autodiff for the custom-VJP kernels (a custom JVP whose tangent is a linear map transposed
   by the backward); kernels JAX cannot differentiate (Pallas, splash, cuDNN) take their
   tangent from the block-wise engine.

@@ -44,7 +44,7 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, implemen
 
   ``"cudnn"`` has reverse mode only (jax's ``custom_vjp``): its forward mode (``jax.jvp``,
   second order) comes from the block-wise engine
-  (:func:`attnjax.kernels.autodiff.custom_vjp_of`); ``"xla"`` is plain JAX.
+  (``attnjax.kernels.autodiff.custom_vjp_of``); ``"xla"`` is plain JAX.
   ``shard_offsets`` (a shard's place in a call split by :func:`attnjax._sharding.per_shard`)
   changes nothing: no modifier runs here.
   """

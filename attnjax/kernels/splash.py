@@ -4,9 +4,8 @@ Softmax with causal / window / segment structure, softcap, sink logits (where
 this jax's kernel takes them) and GQA, for ``T`` and ``S`` multiples of 128.
 :func:`run` is the engine (it lowers for ``tpu`` only, or anywhere with
 ``interpret=True``), :func:`compute` the kernel without its platform guard (a
-``platform_dependent`` branch), :func:`unsupported` what it cannot honour, and
-:func:`attention` the same kernel called with :func:`attnjax.dot_product_attention`'s
-keywords.
+``platform_dependent`` branch) and :func:`unsupported` what it cannot honour;
+:func:`attnjax.dot_product_attention` runs it with ``implementation="splash"``.
 """
 
 from __future__ import annotations
@@ -165,7 +164,7 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpre
 
   Reverse mode is splash's own backward; forward mode (``jax.jvp``, second order), which
   splash does not have, comes from the block-wise engine
-  (:func:`attnjax.kernels.autodiff.custom_vjp_of`).
+  (``attnjax.kernels.autodiff.custom_vjp_of``).
 
   The kernel takes one batch element ``q [N, T, H]``, ``k, v [K, S, H]`` (query head ``n``
   reads kv head ``n // (N // K)``, as ours) and is mapped over the batch. It does not scale

@@ -4,8 +4,8 @@
 :func:`run_layout` the kernel over a given :class:`attnjax.layout.BlockLayout` (the sparse,
 compressed and block-select families call it with their own layouts); :func:`attention`
 the same engine called like :func:`attnjax.dot_product_attention`, with explicit block
-sizes. See :mod:`attnjax.kernels.blockwise.kernel` for the algorithm and
-:mod:`~attnjax.kernels.blockwise.tiles` for the per-tile pieces.
+sizes. See ``attnjax.kernels.blockwise.kernel`` for the algorithm and
+``attnjax.kernels.blockwise.tiles`` for the per-tile pieces.
 """
 
 from attnjax.kernels.blockwise.kernel import (CPU_BLOCK_K, CPU_BLOCK_Q, GPU_BLOCK_K, GPU_BLOCK_Q,

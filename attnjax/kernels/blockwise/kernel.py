@@ -4,7 +4,7 @@ The query axis is cut into blocks of ``block_q`` rows and the key axis into
 blocks of ``block_k`` columns. Each query block visits only the key blocks its
 :class:`attnjax.layout.BlockLayout` lists, keeping an online normaliser (running maximum and
 running sums, rescaled when the maximum grows) so that no ``T x S`` array is
-ever formed. The backward pass (:mod:`attnjax.kernels.autodiff`) recomputes each visited
+ever formed. The backward pass (``attnjax.kernels.autodiff``) recomputes each visited
 block from ``q``, ``k``, ``v`` and one float per row saved by the forward pass.
 Long calls (more than ``MAX_UNROLLED_Q_BLOCKS`` full query blocks) run their
 query blocks in one ``lax.scan`` over a traced block index, reading each
@@ -82,7 +82,8 @@ Array = jnp.ndarray
 
 
 def structural_mask_fn(opts) -> Optional[MaskFn]:
-  """The default ``mask_fn``: causal / window from ``opts`` by :func:`masks.structural_mask`."""
+  """The default ``mask_fn``: causal / window from ``opts`` by
+  :func:`attnjax.masks.structural_mask`."""
   if not opts.is_causal and opts.window is None:
     return None
   return functools.partial(masks.structural_mask, is_causal=opts.is_causal, window=opts.window)
@@ -557,7 +558,8 @@ def _bwd_visit(c: TilePlan, a: Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask,
 def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = None,
               use_default_mask_fn: bool = True, positions=None, mod_table: bool = False,
               stats_axis: Optional[str] = None):
-  """Block-wise attention of a validated dense call over a static :class:`BlockLayout`.
+  """Block-wise attention of a validated dense call over a static
+  :class:`~attnjax.layout.BlockLayout`.
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs` (from ``dense.prepare``).
@@ -759,7 +761,7 @@ def join_inputs(x: tuple, nondiff: tuple):
 
 
 def twin(opts):
-  """This engine as another dense kernel's ``twin`` (:mod:`attnjax.kernels.autodiff`):
+  """This engine as another dense kernel's ``twin`` (``attnjax.kernels.autodiff``):
   ``(x, nondiff) -> out`` on :func:`split_inputs`'s arrays, differentiable in every mode:
   the call ``opts`` describes (``(out, AttentionStats)`` with ``opts.return_stats``)."""
   return lambda x, nondiff: run(join_inputs(x, nondiff), opts)

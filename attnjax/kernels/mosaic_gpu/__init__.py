@@ -3,9 +3,9 @@
 :func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
 platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
 (``interpret=True`` runs it in jax's Mosaic GPU interpreter on the CPU). The forward kernel is
-in :mod:`attnjax.kernels.mosaic_gpu.kernel`, the dq and dk/dv kernels in
-:mod:`~attnjax.kernels.mosaic_gpu.backward`; block sizes, the shared-memory budget and the row
-lowering of the normalisers' state in :mod:`~attnjax.kernels.mosaic_gpu.plan`.
+in ``attnjax.kernels.mosaic_gpu.kernel``, the dq and dk/dv kernels in
+``attnjax.kernels.mosaic_gpu.backward``; block sizes, the shared-memory budget and the row
+lowering of the normalisers' state in ``attnjax.kernels.mosaic_gpu.plan``.
 """
 
 from attnjax.kernels.mosaic_gpu.kernel import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, DTYPES,

@@ -3,9 +3,9 @@
 :func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
 platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
 (``interpret=True`` runs it on any backend). The forward kernel is in
-:mod:`attnjax.kernels.pallas_gpu.kernel`, the backward kernels in
-:mod:`~attnjax.kernels.pallas_gpu.backward`, and the grid plan and tile helpers they share in
-:mod:`~attnjax.kernels.pallas_gpu.plan`.
+``attnjax.kernels.pallas_gpu.kernel``, the backward kernels in
+``attnjax.kernels.pallas_gpu.backward``, and the grid plan and tile helpers they share in
+``attnjax.kernels.pallas_gpu.plan``.
 """
 
 from attnjax.kernels.pallas_gpu.kernel import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, DTYPES,

@@ -463,7 +463,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
   The forward and the backward are each traced when the program is lowered, for the TPU it
-  is compiled for (:func:`attnjax.kernels.on_target.call`): tiles and Mosaic's lowering
+  is compiled for (``attnjax.kernels.on_target.call``): tiles and Mosaic's lowering
   follow the target, whatever the host.
 
   Args:
