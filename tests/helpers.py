@@ -67,6 +67,27 @@ def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e
   chex.assert_trees_all_close(actual, expected, rtol=rtol, atol=atol, custom_message=what or None)
 
 
+def outputs_and_grads(fn, *args):
+  """One compiled call: ``fn(*args)``'s result and the gradients, with respect to every
+  argument, of a loss on it.
+
+  The loss weights the output (``fn``'s result, or its first element when ``fn`` returns
+  ``(out, stats)``) by a fixed cotangent and, with statistics, adds ``sin`` of the
+  logsumexp (the one statistic that carries a gradient).
+  """
+  def loss(*args):
+    res = fn(*args)
+    out, stats = res if isinstance(res, tuple) else (res, None)
+    ct = jnp.cos(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
+    total = jnp.sum(out.astype(jnp.float32) * ct)
+    if stats is not None:
+      total = total + jnp.sum(jnp.sin(stats.logsumexp))
+    return total, res
+  (_, res), grads = jax.jit(jax.value_and_grad(
+      loss, argnums=tuple(range(len(args))), has_aux=True))(*args)
+  return res, grads
+
+
 def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int, seq_len: int,
                       batch_size: int, stats: bool | None = None,
                       implementation: str | None = None):
@@ -99,31 +120,39 @@ def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int
 def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: int,
                        gqa: bool = True, dtype: Any = jnp.float32, stats: bool = False,
                        sink: bool = False, softcap: float | None = None, seed: int = 0,
-                       score_args: Any = None, name: str = "kernel") -> None:
+                       score_args: Any = None, name: str = "kernel", grad: bool = True,
+                       tol: float | None = None, stats_tol: float | None = None,
+                       H: int = 16) -> None:
   """Values, statistics and gradients (q, k, v, sink logits, ``score_mod`` arguments) of a
-  dense kernel against :func:`attnjax.dense.reference`.
+  dense kernel against :func:`attnjax.dense.reference` (in float32 on the same, rounded,
+  inputs).
 
   ``kernel(inputs, opts)`` runs the kernel on :func:`attnjax.dense.prepare`'s output;
   ``structure`` holds the mask options (``is_causal``, ``window``, ``segment_ids``,
-  ``mask_mod``, ...). Inputs are ``B=2``, head dim 16, ``(N, K) = (4, 2)`` with ``gqa``
+  ``mask_mod``, ...). Inputs are ``B=2``, head dim ``H``, ``(N, K) = (4, 2)`` with ``gqa``
   else ``(2, 2)``; the loss weights the output by a random cotangent and adds ``sin`` of the
-  logsumexp statistic (which carries a gradient). Each leaf must agree within 2e-5 (float32)
-  or 3e-2 (16-bit) of its largest reference entry (at least 1).
+  logsumexp statistic (which carries a gradient). Each leaf must agree within ``tol``
+  (default 2e-5 for float32, 3e-2 for 16-bit inputs) of its largest reference entry (at
+  least 1); the statistics' values within ``stats_tol`` when given (an engine that computes
+  them from float32 logits of 16-bit inputs). ``grad=False`` compares values and statistics
+  only.
   """
   from attnjax import dense
 
   N, K = (4, 2) if gqa else (2, 2)
-  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=16, dtype=dtype, seed=seed, source="numpy")
+  q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=H, dtype=dtype, seed=seed, source="numpy")
   sink_logits = jnp.linspace(-1.0, 1.0, N) if sink else None
   kw = dict(structure, normalizer=normalizer, softcap=softcap, return_stats=stats)
-  cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, 16), jnp.float32)
+  cot = jax.random.normal(jax.random.key(seed + 1), (2, T, N, H), jnp.float32)
 
   def run(impl, q, k, v, sink_logits, score_args):
     extra = {} if sink_logits is None else dict(sink_logits=sink_logits)
     if score_args is not None:
       extra["score_mod_args"] = score_args
-    inputs, opts = dense.prepare(q, k, v, **kw, **extra)
-    return kernel(inputs, opts) if impl == name else dense.reference(inputs, opts)
+    if impl == name:
+      return kernel(*dense.prepare(q, k, v, **kw, **extra))
+    up = lambda x: x.astype(jnp.float32)
+    return dense.reference(*dense.prepare(up(q), up(k), up(v), **kw, **extra))
 
   def loss(impl, *args):
     r = run(impl, *args)
@@ -136,11 +165,16 @@ def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: i
   argnums = (0, 1, 2) + ((3,) if sink else ()) + ((4,) if score_args is not None else ())
   results = {}
   for impl in (name, "reference"):
-    fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
-                                    has_aux=True))
-    (_, r), grads = fn(q, k, v, sink_logits, score_args)
-    results[impl] = (r, grads)
-  tol = 2e-5 if dtype == jnp.float32 else 3e-2
+    if grad:
+      fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
+                                      has_aux=True))
+      (_, r), grads = fn(q, k, v, sink_logits, score_args)
+      results[impl] = (r, grads)
+    else:
+      results[impl] = (jax.jit(lambda *a, impl=impl: run(impl, *a))(q, k, v, sink_logits,
+                                                                     score_args),)
+  if tol is None:
+    tol = 2e-5 if dtype == jnp.float32 else 3e-2
   what = f"{name} {normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
   got, want = jax.tree.leaves(results[name]), jax.tree.leaves(results["reference"])
   assert len(got) == len(want), what
@@ -150,4 +184,7 @@ def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: i
     assert a.shape == b.shape, (what, path)
     scale = max(1.0, float(np.max(np.abs(b))))
     err = float(np.max(np.abs(a - b))) / scale
-    assert err < tol, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"
+    # results: (value, ...) with value = out or (out, stats): path[1] == 1 is a statistic
+    is_stat = stats and len(path) > 2 and getattr(path[1], "idx", None) == 1
+    limit = stats_tol if is_stat and stats_tol is not None else tol
+    assert err < limit, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"

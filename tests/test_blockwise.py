@@ -13,6 +13,7 @@ import pytest
 import attnjax
 from attnjax import dense, layout
 from attnjax.kernels.blockwise import kernel as blockwise
+from engine_base import DenseEngineTests
 
 FIELDS = ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum")
 
@@ -80,31 +81,49 @@ def _compare(q, k, v, extra, kwargs, *, block_q=16, block_k=16, tol=2e-5):
 
 B, N, H = 2, 4, 8
 
+class TestBlockwise(DenseEngineTests):
+  """Causal, packed segments, window, a mask_mod with a score_mod, modifiers with arguments;
+  GQA and MHA; float32 and bfloat16; every normaliser once (the normaliser seam). Blocks of
+  16, so the 40 x 72 calls have ragged, diagonal and interior blocks; every unmasked
+  full-size key block goes through the loop (no unrolled visits)."""
+
+  name = "blockwise"
+  structures = ("causal", "segments", "window", "mask_mod", "mod_args")
+  every_normaliser = True
+  # softpick's gradient divides by sum |e^z - 1|, which amplifies float32 rounding
+  tolerance = {jnp.float32: 1e-4, jnp.bfloat16: 3e-2}
+
+  @pytest.fixture(autouse=True)
+  def _loop_visits(self, monkeypatch):
+    monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 0)
+
+  def run(self, inputs, opts):
+    return blockwise.run(inputs, opts, block_q=16, block_k=16)
+
+
+# What the engine test base does not build: dense masks and biases, T > S with rows that see
+# no key, another similarity, and the rolled query loop.
 CASES = {
     # id: (T, S, K, kwargs, extra-builder)
     "softmax-causal-gqa-ragged": (37, 37, 2, dict(is_causal=True), None),
-    "softmax_one-window": (33, 33, 4, dict(normalizer="softmax_one", window=(5, 2)), None),
     "sink_logits-causal-segments": (40, 40, 2, dict(is_causal=True), "sink+segments"),
-    "sigmoid-causal-segments": (40, 40, 1, dict(is_causal=True, normalizer="sigmoid"),
-                                "segments"),
     "sigmoid-window-mask": (35, 35, 4, dict(window=(6, 3), normalizer="sigmoid"), "mask"),
-    "softpick-causal-softcap": (37, 37, 2, dict(is_causal=True, normalizer="softpick",
-                                                softcap=3.0), None),
-    "none-window": (30, 30, 4, dict(window=(4, 4), normalizer="none"), None),
-    "relu-causal-segments-gqa": (40, 40, 2, dict(is_causal=True, normalizer="relu"),
-                                 "segments"),
-    "relu-window-mask": (35, 35, 4, dict(window=(6, 3), normalizer="relu"), "mask"),
-    "relu-T<S-bias-softcap": (20, 45, 2, dict(normalizer="relu", softcap=2.0), "bias_key"),
+    "sigmoid-T<S-bias-softcap": (20, 45, 2, dict(normalizer="sigmoid", softcap=2.0),
+                                 "bias_key"),
     "softmax-bias-full-causal": (29, 29, 2, dict(is_causal=True), "bias_full"),
-    "softmax-bias-per-key-softcap": (29, 29, 4, dict(softcap=2.0), "bias_key"),
-    "softmax-T<S-mask": (20, 45, 2, dict(), "mask"),
     "softmax-T>S-causal-window-empty-rows": (45, 20, 2, dict(is_causal=True, window=(3, 0)),
                                              None),
     "softmax-neg_sq_euclidean-causal": (33, 33, 2, dict(is_causal=True,
                                                         similarity="neg_sq_euclidean"), None),
-    "softpick-segments-window": (36, 36, 2, dict(window=(7, 1), normalizer="softpick"),
-                                 "segments"),
+    "sigmoid-segments-window": (36, 36, 2, dict(window=(7, 1), normalizer="sigmoid"),
+                                "segments"),
 }
+# Unrolled: the cases the base does not cover; rolled: GQA and ragged, segments with a window
+# and sinks, T < S with a bias. Every case both ways under -m slow.
+UNROLLED_DEFAULT = ("sigmoid-window-mask", "sigmoid-T<S-bias-softcap", "softmax-bias-full-causal",
+                    "softmax-T>S-causal-window-empty-rows", "softmax-neg_sq_euclidean-causal")
+ROLLED_DEFAULT = ("softmax-causal-gqa-ragged", "sigmoid-segments-window", "sigmoid-T<S-bias-softcap",
+                  "sink_logits-causal-segments")
 
 
 def _extra(kind, keys, T, S):
@@ -125,18 +144,12 @@ def _extra(kind, keys, T, S):
   return out
 
 
-# The rolled query loop on four cases by default (GQA and ragged, segments with a window,
-# T < S with a bias, sinks with segments); every case rolled in -m slow.
-ROLLED_DEFAULT = ("softmax-causal-gqa-ragged", "softpick-segments-window", "relu-T<S-bias-softcap",
-                  "sink_logits-causal-segments")
-
-
 @pytest.mark.parametrize("case,q_loop", [
     pytest.param(case, q_loop, id=f"{case}-{q_loop}",
-                 marks=[pytest.mark.slow] if q_loop == "rolled" and case not in ROLLED_DEFAULT
-                 else [])
+                 marks=[] if case in (ROLLED_DEFAULT if q_loop == "rolled" else UNROLLED_DEFAULT)
+                 else [pytest.mark.slow])
     for q_loop in ("unrolled", "rolled") for case in CASES])
-def test_matches_reference(case, q_loop, monkeypatch):
+def test_special_cases_match_reference(case, q_loop, monkeypatch):
   # Loop over every unmasked full-size key block, so both the fori_loop and the unrolled
   # (masked, ragged) visits are exercised; "rolled" runs the full-size query blocks in the
   # lax.scan over a traced block index (a ragged last block stays unrolled).
@@ -148,19 +161,13 @@ def test_matches_reference(case, q_loop, monkeypatch):
   for name in ("segment_ids", "mask"):  # not differentiable: pass them as options
     if name in extra:
       kwargs = dict(kwargs, **{name: extra.pop(name)})
-  # softpick's gradient divides by sum |e^z - 1|, which amplifies float32 rounding.
-  _compare(q, k, v, extra, kwargs, tol=1e-4 if "softpick" in case else 2e-5)
+  _compare(q, k, v, extra, kwargs)
 
 
-@pytest.mark.parametrize("K", [1, 2, 8], ids=lambda K: f"N8-K{K}")
-def test_gqa_heads(K):
-  q, k, v, _ = _arrays(1, 40, 40, 8, K, 8)
+def test_one_key_value_head_for_eight_query_heads():
+  # the base runs 4 query heads on 2 key/value heads and 2 on 2; here MQA
+  q, k, v, _ = _arrays(1, 40, 40, 8, 1, 8)
   _compare(q, k, v, {}, dict(is_causal=True))
-
-
-def test_bfloat16_inputs():
-  q, k, v, _ = _arrays(1, 40, 40, 4, 2, 16, dtype=jnp.bfloat16)
-  _compare(q, k, v, {}, dict(is_causal=True), tol=2e-2)
 
 
 def test_empty_rows_are_zero_with_finite_gradients():

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 import attnjax
 from attnjax import compressed
-from helpers import assert_close, rand_qkv
+from helpers import assert_close, outputs_and_grads, rand_qkv
 
 
 def qkv(B, T, N, K, H, seed=0, dtype=jnp.float32):
@@ -51,20 +51,6 @@ def test_reference_matches_brute_force(is_causal, window, pool):
                                         window=window, implementation="reference")
   want = brute(q, k, v, stride=4, pool=pool, is_causal=is_causal, window=window)
   assert_close(got, want, "reference", rtol=1e-5, atol=1e-5)
-
-
-def outputs_and_grads(fn, *args):
-  def loss(*args):
-    res = fn(*args)
-    out, stats = res if isinstance(res, tuple) else (res, None)
-    ct = jnp.cos(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
-    total = jnp.sum(out.astype(jnp.float32) * ct)
-    if stats is not None:
-      total = total + jnp.sum(jnp.sin(stats.logsumexp))
-    return total, res
-  (_, res), grads = jax.jit(jax.value_and_grad(
-      loss, argnums=tuple(range(len(args))), has_aux=True))(*args)
-  return res, grads
 
 
 def check_paths(q, k, v, tol=3e-5, **kw):

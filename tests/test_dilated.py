@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import attnjax
 from attnjax import patterns, sparse
 from attnjax.sparse import sparse_attention
-from helpers import assert_close, rand_qkv
+from helpers import assert_close, outputs_and_grads, rand_qkv
 
 
 def qkv(B, T, N, K, H, seed=0, dtype=jnp.float32):
@@ -24,17 +24,6 @@ def qkv(B, T, N, K, H, seed=0, dtype=jnp.float32):
 def dense_with_mask(q, k, v, pattern, **kw):
   mask = pattern.mask(q.shape[1], k.shape[1])
   return attnjax.dot_product_attention(q, k, v, mask=mask, implementation="reference", **kw)
-
-
-def outputs_and_grads(fn, q, k, v):
-  import jax
-
-  def loss(q, k, v):
-    out = fn(q, k, v)
-    ct = jnp.cos(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
-    return jnp.sum(out.astype(jnp.float32) * ct), out
-  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
-  return out, grads
 
 
 @pytest.mark.parametrize("window,dilation", [(3, 2), (4, 3), (1, 5), (5, 1)])

@@ -5,13 +5,12 @@ these checks cover the kernel's logic (block bounds, skipping, the online
 normalisers, the FA2 backward), not Triton's compilation or speed. The lengths
 (T=40, S=72) are not multiples of the blocks (forward 32 x 16, backward
 16 x 32), and most calls use GQA (4 query heads on 2 key/value heads). The
-full cross product (every normaliser x {causal, window, segments} x {GQA, MHA}
-x {fp32, bf16}) is marked ``slow``; the default run takes a subset that still
-visits every normaliser, structure, dtype and option once.
+value / gradient cases come from the engine test base (``tests/engine_base.py``):
+softmax and sigmoid on every structure by default, the cross product of every
+normaliser, structure, GQA / MHA and dtype under ``slow``.
 """
 
 import dataclasses
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -19,21 +18,14 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, normalizers
+from attnjax import dense
 from attnjax.kernels import pallas_gpu
-from helpers import check_dense_kernel, rand_qkv
+from engine_base import DenseEngineTests
+from helpers import rand_qkv
 
 
 BLOCKS = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32)
 T, S = 40, 72
-STRUCTURES = {
-    "causal": lambda: dict(is_causal=True),
-    "window": lambda: dict(window=(9, 4)),
-    # two packed sequences per row, a boundary inside a block; causal within each
-    "segments": lambda: dict(is_causal=True, segment_ids=(
-        jnp.asarray([[0] * 13 + [1] * 27, [0] * 30 + [1] * 10]),
-        jnp.asarray([[0] * 13 + [1] * 59, [0] * 30 + [1] * 42]))),
-}
 
 
 def _run(impl, q, k, v, sink, kw):
@@ -44,45 +36,20 @@ def _run(impl, q, k, v, sink, kw):
   return dense.reference(inputs, opts)
 
 
-def check(normalizer, structure, *, gqa=True, dtype=jnp.float32, stats=False, sink=False,
-          softcap=None, seed=0):
-  """Values, statistics and gradients (q, k, v, sink logits) of pallas_gpu vs the reference."""
-  check_dense_kernel(
-      lambda inputs, opts: pallas_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS),
-      STRUCTURES[structure](), normalizer=normalizer, T=T, S=S, gqa=gqa, dtype=dtype,
-      stats=stats, sink=sink, softcap=softcap, seed=seed, name="pallas_gpu")
+class TestPallasGpu(DenseEngineTests):
+  """Causal, window and packed segments; GQA and MHA; float32 and bfloat16."""
 
+  name = "pallas_gpu"
+  T, S = T, S
+  structures = ("causal", "segments", "window")
+  segment_cuts = (13, 30)
 
-DEFAULT_CASES = [
-    # normaliser, structure, gqa, dtype, stats, sink, softcap
-    ("softmax", "causal", True, jnp.float32, True, False, None),
-    ("softmax", "segments", False, jnp.bfloat16, False, True, 5.0),
-    ("softmax_one", "window", True, jnp.float32, False, False, None),
-    ("sigmoid", "segments", True, jnp.float32, True, False, None),
-    ("softpick", "causal", True, jnp.bfloat16, True, False, None),
-    ("none", "window", False, jnp.float32, False, False, 4.0),
-    ("relu", "causal", True, jnp.float32, False, False, None),
-    ("softmax", "window", True, jnp.float32, True, True, 3.0),
-]
-
-
-@pytest.mark.parametrize("normalizer,structure,gqa,dtype,stats,sink,softcap", DEFAULT_CASES,
-                         ids=lambda x: getattr(x, "__name__", str(x)))
-def test_pallas_gpu_matches_reference(normalizer, structure, gqa, dtype, stats, sink, softcap):
-  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=stats, sink=sink, softcap=softcap)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("normalizer,structure,gqa,dtype", list(itertools.product(
-    normalizers.NORMALIZERS, tuple(STRUCTURES), (True, False), (jnp.float32, jnp.bfloat16))),
-    ids=lambda x: getattr(x, "__name__", str(x)))
-def test_pallas_gpu_matches_reference_everywhere(normalizer, structure, gqa, dtype):
-  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=True,
-        sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+  def run(self, inputs, opts):
+    return pallas_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
 
 
 def test_pallas_gpu_float16_and_no_structure():
-  check("softmax", "causal", dtype=jnp.float16)
+  TestPallasGpu().check(("softmax", "causal", True, jnp.float16, False, False, None))
   q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16, source="numpy")
   out = pallas_gpu.run(*dense.prepare(q, k, v, normalizer="sigmoid"),
                                    interpret=True, block_sizes=BLOCKS)

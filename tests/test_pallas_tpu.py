@@ -6,15 +6,15 @@ tables, run-time skips, the online normalisers, the FA2 backward), not Mosaic's
 compilation (``tests/test_targets.py`` compiles them for v5e / v6e) or speed.
 The lengths (T=200, S=328) are not multiples of the blocks (forward 128 x 128,
 backward 128 x 256), and most calls use GQA (4 query heads on 2 key/value
-heads). The cross product (every normaliser x {causal, window, segments,
-bidirectional, mask_mod, modifiers with arguments} x {GQA, MHA} x {fp32, bf16}, the
-gradients of q, k, v, sink logits and score_mod arguments) is ``slow``; the default
-run takes a subset that visits every normaliser, structure, dtype and option.
+heads). The value / gradient cases come from the engine test base
+(``tests/engine_base.py``): softmax and sigmoid over {causal, window, segments,
+bidirectional, mask_mod, modifiers with arguments} by default (the gradients of q, k,
+v, sink logits and score_mod arguments), the cross product of every normaliser,
+structure, GQA / MHA and dtype under ``slow``.
 """
 
 import dataclasses
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -23,92 +23,29 @@ import pytest
 
 import attnjax
 from attnjax import _sharding
-from attnjax import dense, mods, normalizers
+from attnjax import dense, mods
 from attnjax.kernels import pallas_tpu
 from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
 from attnjax.kernels.pallas_tpu import plan
 from attnjax.kernels.pallas_tpu.plan import FULL, MASKED, SKIP
-from helpers import check_dense_kernel, rand_qkv
+from engine_base import DenseEngineTests, alibi_per_head
+from helpers import rand_qkv
 
 BLOCKS = pallas_tpu.BlockSizes(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=256)
 T, S = 200, 328
 
 
-def decay(z, b, n, i, j):
-  """An argument-free score_mod: a distance penalty (ALiBi with one slope)."""
-  del b, n
-  return z - 0.05 * jnp.abs(i - j).astype(jnp.float32)
+class TestPallasTpu(DenseEngineTests):
+  """Causal, window, packed segments, bidirectional, a mask_mod with a score_mod, and
+  modifiers with arguments (their gradients checked); GQA and MHA; float32 and bfloat16."""
 
+  name = "pallas_tpu"
+  T, S = T, S
+  structures = ("causal", "segments", "window", "bidirectional", "mask_mod", "mod_args")
+  segment_cuts = (90, 150)
 
-def alibi_per_head(z, b, n, i, j, slopes, offsets):
-  """ALiBi with a per-(batch, head) offset table: reads b and n, two float tables."""
-  return (z - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
-          + offsets[b, n] * (j == 0).astype(jnp.float32))
-
-
-STRUCTURES = {
-    "causal": lambda: dict(is_causal=True),
-    "window": lambda: dict(window=(70, 30)),
-    # two packed sequences per row, the boundary inside a block; causal within each
-    "segments": lambda: dict(is_causal=True, segment_ids=(
-        jnp.asarray([[0] * 90 + [1] * 110, [0] * 150 + [1] * 50]),
-        jnp.asarray([[0] * 90 + [1] * 238, [0] * 150 + [1] * 178]))),
-    "bidirectional": lambda: dict(),
-    # a mask_mod (chunks of 96 keys, causal) and a score_mod, both evaluated in the kernel
-    "mask_mod": lambda: dict(mask_mod=mods.chunked_mask(96), score_mod=decay),
-    # modifiers with arguments: per-head slopes and a [B, N] table (gradients checked), prefix
-    # lengths per batch row (blocks classified per call)
-    "mod_args": lambda: dict(
-        score_mod=alibi_per_head, score_mod_args=(
-            jnp.asarray(mods.alibi_slopes(4)),
-            jnp.asarray(np.random.default_rng(3).standard_normal((2, 4)), jnp.float32)),
-        mask_mod=mods.prefix_lm_mask, mask_mod_args=(jnp.asarray([30, 150], jnp.int32),)),
-}
-
-
-def check(normalizer, structure, *, gqa=True, dtype=jnp.float32, stats=False, sink=False,
-          softcap=None, seed=0):
-  """Values, statistics and gradients (q, k, v, sink logits, score_mod arguments) of
-  pallas_tpu vs the reference."""
-  N = 4 if gqa else 2
-  kw = STRUCTURES[structure]()
-  if structure == "mask_mod" and normalizer in ("softmax_one",):
-    kw["score_mod"] = None  # one call in the subset without a score_mod
-  score_args = kw.pop("score_mod_args", None)
-  if score_args is not None and not gqa:
-    score_args = (score_args[0][:N], score_args[1][:, :N])
-  check_dense_kernel(
-      lambda inputs, opts: pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS),
-      kw, normalizer=normalizer, T=T, S=S, gqa=gqa, dtype=dtype, stats=stats, sink=sink,
-      softcap=softcap, seed=seed, score_args=score_args, name="pallas_tpu")
-
-
-DEFAULT_CASES = [
-    # normaliser, structure, gqa, dtype, stats, sink, softcap
-    ("softmax", "causal", True, jnp.float32, True, True, None),
-    ("softmax", "segments", False, jnp.bfloat16, False, True, 5.0),
-    ("softmax_one", "mask_mod", True, jnp.float32, False, False, None),
-    ("sigmoid", "segments", True, jnp.float32, True, False, None),
-    ("softpick", "window", True, jnp.bfloat16, True, False, None),
-    ("none", "bidirectional", False, jnp.float32, False, False, 4.0),
-    ("relu", "mask_mod", True, jnp.float32, True, False, None),
-    ("sigmoid", "mod_args", False, jnp.float32, True, False, None),
-]
-
-
-@pytest.mark.parametrize("normalizer,structure,gqa,dtype,stats,sink,softcap", DEFAULT_CASES,
-                         ids=lambda x: getattr(x, "__name__", str(x)))
-def test_pallas_tpu_matches_reference(normalizer, structure, gqa, dtype, stats, sink, softcap):
-  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=stats, sink=sink, softcap=softcap)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("normalizer,structure,gqa,dtype", list(itertools.product(
-    normalizers.NORMALIZERS, tuple(STRUCTURES), (True, False), (jnp.float32, jnp.bfloat16))),
-    ids=lambda x: getattr(x, "__name__", str(x)))
-def test_pallas_tpu_matches_reference_everywhere(normalizer, structure, gqa, dtype):
-  check(normalizer, structure, gqa=gqa, dtype=dtype, stats=True,
-        sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+  def run(self, inputs, opts):
+    return pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
 
 
 def test_block_tables_skip_blocks_and_drop_masks():
@@ -189,33 +126,6 @@ def test_pallas_tpu_lists_what_it_cannot_do():
     pallas_tpu.BlockSizes(block_q=96)
   with pytest.raises(ValueError, match="runs on a TPU only"):
     attnjax.dot_product_attention(q, k, v, implementation="pallas_tpu")
-
-
-def test_score_mod_arguments_get_their_gradients_and_mask_mod_arguments_run_in_kernel():
-  # ALiBi-style slopes [N] and a [B, N] table, read at (b, n): values, statistics and the
-  # gradients of q, k, v and of both tables equal the reference; a prefix-LM mask_mod with
-  # prefix lengths [B] (blocks it masks entirely found per call) likewise.
-  q, k, v = rand_qkv(B=2, T=T, S=T, N=4, K=2, H=16, source="numpy")
-  slopes = jnp.asarray(mods.alibi_slopes(4))
-  offsets = jnp.asarray(np.random.default_rng(3).standard_normal((2, 4)), jnp.float32)
-  prefix = jnp.asarray([30, 150], jnp.int32)
-  kw = dict(score_mod=alibi_per_head, mask_mod=mods.prefix_lm_mask, mask_mod_args=(prefix,),
-            normalizer="softmax", return_stats=True)
-
-  def loss(impl, q, k, v, slopes, offsets):
-    inputs, opts = dense.prepare(q, k, v, score_mod_args=(slopes, offsets), **kw)
-    if impl == "pallas_tpu":
-      out, st = pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
-    else:
-      out, st = dense.reference(inputs, opts)
-    return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(st.logsumexp)), (out, st)
-
-  got, want = (jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2, 3, 4),
-                                          has_aux=True))(q, k, v, slopes, offsets)
-               for impl in ("pallas_tpu", "reference"))
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(a, b, atol=3e-5, rtol=3e-5)
-  assert float(jnp.max(jnp.abs(got[1][3]))) > 0  # the slopes' gradient is not trivially zero
 
 
 def test_modifiers_reading_batch_and_head_inside_shard_map():

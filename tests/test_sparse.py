@@ -9,13 +9,12 @@ in value and gradient.
 import numpy as np
 import pytest
 
-import jax
 import jax.numpy as jnp
 
 import attnjax
 from attnjax import patterns
 from attnjax.sparse import sparse_attention
-from helpers import assert_close, rand_qkv
+from helpers import assert_close, outputs_and_grads, rand_qkv
 
 
 # ---------------------------------------------------------------------------
@@ -234,24 +233,6 @@ ATTN_PATTERNS = [
     ("sinks_window", patterns.sinks_window(1, 4)),
     ("union", patterns.sliding_window(2) | patterns.fixed(8, 1)),
 ]
-
-
-def outputs_and_grads(fn, q, k, v):
-  """One compiled call: ``fn``'s outputs and the gradients of a loss on all of them.
-
-  The loss weights the output by a fixed cotangent and, with statistics, adds
-  the logsumexp (the one statistic that carries a gradient).
-  """
-  def loss(q, k, v):
-    res = fn(q, k, v)
-    out, stats = res if isinstance(res, tuple) else (res, None)
-    ct = jnp.cos(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
-    total = jnp.sum(out.astype(jnp.float32) * ct)
-    if stats is not None:
-      total = total + jnp.sum(jnp.sin(stats.logsumexp))
-    return total, res
-  (_, res), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
-  return res, grads
 
 
 def assert_close_tree(a, b, tol=2e-5):
