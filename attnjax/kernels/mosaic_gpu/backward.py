@@ -136,6 +136,42 @@ def _dq_mask(c, load, qpos, kcol, q_seg, kseg_ring, slot, j):
   return tile_allowed(c, qpos, j * c.bk + kcol, q_seg, k_seg)
 
 
+def _dkdv_mask(c, load, i, qcol, kpos, qseg_ring, slot, k_seg):
+  """The dk/dv kernel's ``[bk, bq]`` element mask (keys as rows at ``kpos``, segment ids
+  ``k_seg``) of query block ``i`` (column offsets ``qcol``), its query ids in ring slot
+  ``slot`` of ``qseg_ring`` (with segments); padded query rows attend nothing."""
+  q_seg = None
+  if c.has_segments:
+    q_seg = lax.broadcast_in_dim(load(qseg_ring.at[slot], 0), (c.bk, c.bq), (1,))
+  return tile_allowed(c, i * c.bq + qcol, kpos, q_seg, k_seg) & (i * c.bq + qcol < c.T)
+
+
+def _fetch_q_tile(c, plgpu, refs, scratch, nrows, b, n, i, slot):
+  """The dk/dv kernel's ring fill: starts the copies of query block ``i`` of head ``n`` (Q, dO,
+  the ``nrows`` row inputs and, with segments, the query ids) into ring slot ``slot``."""
+  q_ref, _, _, do_ref, rows_ref = refs[:5]
+  q_smem, do_smem, rows_smem, _, q_bars, do_bars, rows_bars = scratch[2:9]
+  qrows = pl.ds(i * c.bq, c.bq)
+  plgpu.copy_gmem_to_smem(q_ref.at[b, n, qrows], q_smem.at[slot], q_bars.at[slot])
+  plgpu.copy_gmem_to_smem(do_ref.at[b, n, qrows], do_smem.at[slot], do_bars.at[slot])
+  for r in range(nrows):
+    plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
+                            rows_bars.at[slot * nrows + r])
+  if c.has_segments:
+    _, qseg_smem, _, qseg_bars = _scratch_tail(c, scratch)[1]
+    plgpu.copy_gmem_to_smem(refs[5].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
+
+
+def _wait_q_tile(plgpu, scratch, nrows, slot):
+  """Waits for the Q, dO and row-input copies of the dk/dv kernel's ring slot ``slot`` (not
+  the query ids')."""
+  q_bars, do_bars, rows_bars = scratch[6:9]
+  plgpu.barrier_wait(q_bars.at[slot])
+  plgpu.barrier_wait(do_bars.at[slot])
+  for r in range(nrows):
+    plgpu.barrier_wait(rows_bars.at[slot * nrows + r])
+
+
 def _zeros(c, plgpu, shape, layout):
   """A float32 accumulator of zeros in the wgmma layout (plain under jax 0.10's interpreter)."""
   zeros = jnp.zeros(shape, jnp.float32)
@@ -238,23 +274,19 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
 
 
 def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
+  """One dk/dv program: key block ``k_blocks`` of K/V head ``heads`` over the query blocks of
+  its group's ``G`` query heads that may attend it, Q/dO tiles through a ``c.stages``-deep TMA
+  ring (see the module docstring)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  nz = c.nz
-  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  k_ref, v_ref = refs[1:3]
   seg_refs, (dk_ref, dv_ref) = refs[5:-2], refs[-2:]
-  (k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar, q_bars, do_bars,
-   rows_bars) = scratch[:9]
-  extra = list(scratch[9:])
-  staging = extra.pop(0) if c.interpret else None
-  if c.has_segments:
-    kseg_smem, qseg_smem, kseg_bar, qseg_bars = extra
+  k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar = scratch[:6]
+  staging, (kseg_smem, qseg_smem, kseg_bar, qseg_bars) = _scratch_tail(c, scratch)
   dk_smem, dv_smem = k_smem, v_smem  # K and V are done with when dk and dv are written
   h, j, b = lax.axis_index("heads"), lax.axis_index("k_blocks"), lax.axis_index("batch")
   bq, bk, H = c.bq, c.bk, c.H
   k0 = j * bk
-  k_last = jnp.minimum(k0 + bk, c.S) - 1
-  nq = c.Tp // bq
-  lo, hi, flo, fhi = q_block_bounds(c, k0, k_last, nq)
+  lo, hi, flo, fhi = q_block_bounds(c, k0, jnp.minimum(k0 + bk, c.S) - 1, c.Tp // bq)
   per_head = hi - lo
   total = per_head * c.G  # steps: (query head of the group, query block)
   nrows = len(res_keys) + 1 + int(has_g)
@@ -269,14 +301,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   def fetch(t):
     slot = lax.rem(t, jnp.int32(c.stages))
     n, i = where(t)
-    qrows = pl.ds(i * bq, bq)
-    plgpu.copy_gmem_to_smem(q_ref.at[b, n, qrows], q_smem.at[slot], q_bars.at[slot])
-    plgpu.copy_gmem_to_smem(do_ref.at[b, n, qrows], do_smem.at[slot], do_bars.at[slot])
-    for r in range(nrows):
-      plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
-                              rows_bars.at[slot * nrows + r])
-    if c.has_segments:
-      plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
+    _fetch_q_tile(c, plgpu, refs, scratch, nrows, b, n, i, slot)
 
   if c.has_segments:
     plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(k0, bk)], kseg_smem, kseg_bar.at[0])
@@ -301,18 +326,11 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     dk, dv = carry
     _, i = where(t)
     rows = [load(rows_smem.at[slot, r], 0) for r in range(nrows)]
-
-    def mask():
-      if not masked:
-        return None
-      q_seg = None
-      if c.has_segments:
-        q_seg = lax.broadcast_in_dim(load(qseg_smem.at[slot], 0), (bk, bq), (1,))
-      # padded query rows attend nothing
-      return tile_allowed(c, i * bq + qcol, kpos, q_seg, k_seg) & (i * bq + qcol < c.T)
+    mask = lambda: (_dkdv_mask(c, load, i, qcol, kpos, qseg_smem, slot, k_seg) if masked
+                    else None)
     s, w, dz = _tile_rule(c, plgpu, k_smem, q_smem.at[slot], v_smem, do_smem.at[slot], mask,
                           _row_args(rows, res_keys, has_g),
-                          lower_rows(nz.tile_backward, bq, transposed=True))
+                          lower_rows(c.nz.tile_backward, bq, transposed=True))
     dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
                   staging=staging)
     ds = _ds(c, dz, s, q_smem.dtype)
@@ -326,10 +344,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     def _():
       fetch(t + c.stages - 1)
 
-    plgpu.barrier_wait(q_bars.at[slot])
-    plgpu.barrier_wait(do_bars.at[slot])
-    for r in range(nrows):
-      plgpu.barrier_wait(rows_bars.at[slot * nrows + r])
+    _wait_q_tile(plgpu, scratch, nrows, slot)
     _, i = where(t)
     if c.has_segments:  # every block masked; one whose segments cannot meet is skipped
       plgpu.barrier_wait(qseg_bars.at[slot])
