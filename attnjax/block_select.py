@@ -288,6 +288,56 @@ def _tile_logits(opts: options.DenseOptions, qb: Array, q_sq: Optional[Array], k
   return _logits.softcap(dots, opts.softcap)
 
 
+def _own_block_causal(bs: int, G: int, L: int) -> Array:
+  """The causal triangle of a gathered tile ``[1, 1, G * bs, L]``: on the own block's columns
+  (the last ``bs``; the selected blocks before them are strictly earlier, all allowed)."""
+  tri = np.tril(np.ones((bs, bs), bool))
+  return jnp.asarray(np.concatenate([np.ones((G * bs, L - bs), bool), np.tile(tri, (G, 1))],
+                                    axis=1))[None, None]
+
+
+def _tile_allowed(blocks: Array, safe: Array, causal: Optional[Array], seg, T: int, Tp: int,
+                  bs: int, G: int):
+  """``(allowed, pos, ok)`` of a gathered tile whose key slots are the blocks ``blocks
+  [B, K, ns]`` of ``bs`` keys (-1: an empty slot; ``safe`` the same with 0 there): the key
+  positions ``pos`` and validity ``ok`` ``[B, K, ns * bs]`` (a real slot, a key before ``T``
+  of the ``Tp`` padded ones), and the mask ``[B, K, 1 | G * bs, ns * bs]``: ``ok``, the
+  ``causal`` triangle if any, and equal segment ids if ``seg`` (``(q_seg_i [B, bs],
+  kv_seg [B, 1, nb, bs])``) is given."""
+  B, K, ns = blocks.shape
+  L = ns * bs
+  pos = jnp.reshape(safe[..., None] * bs + jnp.arange(bs)[None, None, None], (B, K, L))
+  ok = jnp.repeat(blocks >= 0, bs, axis=-1)
+  if Tp != T:
+    ok = jnp.logical_and(ok, pos < T)
+  allowed = ok[:, :, None, :]  # [B, K, 1, L]
+  if causal is not None:
+    allowed = jnp.logical_and(allowed, causal)
+  if seg is not None:
+    q_seg_i, kv_seg = seg
+    nb = kv_seg.shape[2]
+    seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
+                                            safe[..., None], axis=2), (B, K, 1, 1, L))
+    same = q_seg_i[:, None, None, :, None] == seg_k  # [B, K, 1, bs, L]
+    same = jnp.reshape(jnp.broadcast_to(same, (B, K, G, bs, L)), (B, K, G * bs, L))
+    allowed = jnp.logical_and(allowed, same)
+  return allowed, pos, ok
+
+
+def _online_tile(nz, z: Array, allowed: Array, pv, sink_rows: Optional[Array], Hv: int) -> Array:
+  """The normaliser's online form on the one tile ``z [B, K, R, L]`` (``visit`` then
+  ``finish``): its output rows ``[B, K, R, Hv]``. Softmax divides the ``[R, Hv]`` rows instead
+  of the ``[R, L]`` weights."""
+  B, K, R, L = z.shape
+  counts = None
+  if nz.needs_counts:
+    counts = jnp.sum(jnp.broadcast_to(allowed, (B, K, R, L)), axis=-1, keepdims=True,
+                     dtype=jnp.float32)
+  row = nz.row_inputs(sink_rows, counts)
+  st = nz.init((B, K, R, 1), (B, K, R, Hv), False)
+  return nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0]
+
+
 def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array,
               block_size: int):
   """Per query block: gather its selected key/value blocks, run the normaliser on the tile.
@@ -299,8 +349,8 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
   inputs' layout, and writes its output rows in the output's layout, so no
   whole-array transpose is made (on CPU they cost more than the strided
   gathers: fresh memory to fault in each call). The tile's mask is a per-key
-  validity (a -1 slot, a padded key) and, when causal, a constant causal
-  triangle on the own block's columns. Without statistics the tile goes through
+  validity (a -1 slot, a padded key), equal segment ids when given and, when
+  causal, a constant causal triangle on the own block's columns. Without statistics the tile goes through
   the normaliser's online form for one tile
   (:meth:`~attnjax.normalizers.Normalizer.visit` then ``finish``); with
   statistics, its materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
@@ -326,12 +376,7 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
   slots = jnp.concatenate([jnp.moveaxis(sel, 2, 0), own], axis=3)  # [nb, B, K, ns]; own last
   ns = slots.shape[3]
   L = ns * bs
-  # The causal triangle on the own block's columns (selected blocks are strictly earlier).
-  causal = None
-  if opts.is_causal:
-    tri = np.tril(np.ones((bs, bs), bool))
-    causal = jnp.asarray(np.concatenate([np.ones((R, L - bs), bool), np.tile(tri, (G, 1))],
-                                        axis=1))[None, None]  # [1, 1, R, L]
+  causal = _own_block_causal(bs, G, L) if opts.is_causal else None
   q_seg, kv_seg = inputs.q_segment_ids, inputs.kv_segment_ids
   has_seg = q_seg is not None
   if has_seg:
@@ -359,33 +404,14 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
     take = lambda x: jnp.reshape(x[rows, :, hs], (B, K, L, -1))  # [B, K, ns, bs, H] -> rows
     kg, vg = take(k_blocks), take(v_blocks)  # [B, K, L, H]
     z = _tile_logits(opts, qb, None if dot else jnp.sum(qb * qb, axis=-1, keepdims=True), kg)
-    pos = jnp.reshape(safe[..., None] * bs + jnp.arange(bs)[None, None, None], (B, K, L))
-    ok = jnp.repeat(blocks >= 0, bs, axis=-1)
-    if Tp != T:
-      ok = jnp.logical_and(ok, pos < T)
-    allowed = ok[:, :, None, :]  # [B, K, 1, L]
-    if causal is not None:
-      allowed = jnp.logical_and(allowed, causal)
-    if has_seg:
-      seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
-                                              safe[..., None], axis=2), (B, K, 1, 1, L))
-      same = q_seg_i[:, None, None, :, None] == seg_k  # [B, K, 1, bs, L]
-      same = jnp.reshape(jnp.broadcast_to(same, (B, K, G, bs, L)), (B, K, R, L))
-      allowed = jnp.logical_and(allowed, same)
+    seg = (q_seg_i, kv_seg) if has_seg else None
+    allowed, pos, ok = _tile_allowed(blocks, safe, causal, seg, T, Tp, bs, G)
     pv = lambda w: jnp.einsum("bkrl,bklh->bkrh", w, vg)
     # [B, K, G * bs, Hv] rows -> [B, bs, N, Hv], the output's layout.
     time_major = lambda o: jnp.reshape(jnp.transpose(jnp.reshape(o, (B, K, G, bs, Hv)),
                                                      (0, 3, 1, 2, 4)), (B, bs, N, Hv))
     if not opts.return_stats:
-      # The normaliser's online form on the one tile: softmax divides the [R, Hv] rows
-      # instead of the [R, L] weights.
-      counts = None
-      if nz.needs_counts:
-        counts = jnp.sum(jnp.broadcast_to(allowed, (B, K, R, L)), axis=-1, keepdims=True,
-                         dtype=jnp.float32)
-      row = nz.row_inputs(sink_rows, counts)
-      st = nz.init((B, K, R, 1), (B, K, R, Hv), False)
-      return time_major(nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0])
+      return time_major(_online_tile(nz, z, allowed, pv, sink_rows, Hv))
     allowed = jnp.broadcast_to(allowed, (B, K, R, L))
     w, log_norm = nz.weights(z, allowed, sink_rows)
     key0 = jnp.logical_and(pos == 0, ok)[:, :, None, :]

@@ -142,34 +142,20 @@ def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, patte
     block_size: the block size of both axes.
 
   Returns:
-    ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when ``opts`` asks
-    for statistics.
+    ``[B, T, N, Hv]`` in the input dtype, or ``(out, lse)`` with the per-row logsumexp
+    ``[B, N, T]`` when ``opts`` asks for statistics (the other statistics of chunks would not
+    combine into the sequence's).
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, _ = q.shape
   S = k.shape[1]
   parts = pattern.band_parts()
-  left, right = parts.band
+  left = parts.band[0]
   cols = np.asarray([c for c in parts.columns if c < S], np.int32)
   E = cols.size
   C = CHUNK_BLOCKS * block_size
   num_chunks = -(-T // C)
-  # The band's element rule: the pattern's own when it is a plain band (its rule may keep
-  # fewer pairs than the whole band), else the band of its decomposition.
-  plain = not parts.columns and not parts.rows and pattern.band() is not None
-  band = pattern if plain else patterns.sliding_window(left, right)
-  plan = patterns.band_chunk_plan(band, C, block_size)
-  KW = C + left + right
-  if E:
-    # Band keys rounded up to whole blocks, then the column slots in blocks of their own.
-    KW = -(-KW // block_size) * block_size
-    layout = BlockLayout.from_visits(
-        C, KW + E, block_size, block_size,
-        [plan.layout.visits(i) + [(KW // block_size + n, True)
-                                  for n in range(-(-E // block_size))]
-         for i in range(plan.layout.num_q_blocks)])
-  else:
-    layout = plan.layout
+  band_rule, KW, layout = _chunk_layout(pattern, parts, C, block_size, E)
   # Keys padded so that chunk c's band keys are padded[c * C : c * C + KW]
   # (global positions c * C - left ...); padding is masked by position.
   key_len = (num_chunks - 1) * C + KW
@@ -196,7 +182,6 @@ def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, patte
   if E:
     col_k, col_v = jnp.take(k, cols, axis=1), jnp.take(v, cols, axis=1)
     col_seg = None if kv_seg is None else jnp.take(kv_seg, cols, axis=1)
-  band_rule = plan.rule
 
   def mask_fn(q_local, k_local):
     allowed = band_rule.allowed(q_local, k_local, (C, KW))
@@ -239,26 +224,68 @@ def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, patte
     return (res[0], res[1].logsumexp) if opts.return_stats else res
 
   res = jax.lax.map(one_chunk, jnp.arange(num_chunks))
+  out, lse = _stitch_chunks(res, opts, B, T, num_chunks * C)
+  rows = np.asarray([r for r in parts.rows if r < T], np.int32)
+  if rows.size:
+    out, lse = _global_rows(inputs, opts, pattern, rows, out, lse)
+  return (out, lse) if opts.return_stats else out
+
+
+def _chunk_layout(pattern: Pattern, parts, C: int, block_size: int, E: int):
+  """``(rule, KW, layout)`` shared by every chunk of :func:`banded_chunks`: the band's element
+  rule on a chunk's ``[C, KW]`` band keys, their width ``KW``, and the chunk's block layout
+  (with ``E`` global columns, ``KW`` is rounded up to whole blocks and the columns' own key
+  blocks follow the band's in every query block's visits)."""
+  left, right = parts.band
+  # The band's element rule: the pattern's own when it is a plain band (its rule may keep
+  # fewer pairs than the whole band), else the band of its decomposition.
+  plain = not parts.columns and not parts.rows and pattern.band() is not None
+  band = pattern if plain else patterns.sliding_window(left, right)
+  plan = patterns.band_chunk_plan(band, C, block_size)
+  KW = C + left + right
+  if not E:
+    return plan.rule, KW, plan.layout
+  # Band keys rounded up to whole blocks, then the column slots in blocks of their own.
+  KW = -(-KW // block_size) * block_size
+  layout = BlockLayout.from_visits(
+      C, KW + E, block_size, block_size,
+      [plan.layout.visits(i) + [(KW // block_size + n, True)
+                                for n in range(-(-E // block_size))]
+       for i in range(plan.layout.num_q_blocks)])
+  return plan.rule, KW, layout
+
+
+def _stitch_chunks(res, opts: options.DenseOptions, B: int, T: int, padded: int):
+  """``(out [B, T, N, Hv], lse [B, N, T] or None)`` from the stacked chunk results of
+  :func:`banded_chunks` (``out [chunks, B, C, N, Hv]``, and with statistics the logsumexp
+  ``[chunks, B, N, C]``) covering ``padded`` query rows."""
   out = res[0] if opts.return_stats else res  # [chunks, B, C, N, Hv]
-  out = jnp.moveaxis(out, 0, 1).reshape((B, num_chunks * C) + out.shape[3:])[:, :T]
+  out = jnp.moveaxis(out, 0, 1).reshape((B, padded) + out.shape[3:])[:, :T]
   lse = None
   if opts.return_stats:
     lse = jnp.moveaxis(res[1], 0, 2)  # [B, N, chunks, C]
-    lse = lse.reshape(lse.shape[:2] + (num_chunks * C,))[..., :T]
-  rows = np.asarray([r for r in parts.rows if r < T], np.int32)
-  if rows.size:
-    # Global query rows see (up to) every key: the dense reference on those rows only.
-    row_mask = pattern.allowed(jnp.asarray(rows), jnp.arange(S), (T, S))[None, None]
-    row_inputs = dataclasses.replace(  # sparse_attention takes no mask array of its own
-        inputs, q=jnp.take(q, rows, axis=1), mask=row_mask,
-        q_segment_ids=None if q_seg is None else jnp.take(inputs.q_segment_ids, rows, axis=1))
-    row_res = dense.reference(row_inputs, opts,
-                              positions=(jnp.asarray(rows), jnp.arange(S, dtype=jnp.int32)))
-    row_out = row_res[0] if opts.return_stats else row_res
-    out = out.at[:, rows].set(row_out)
-    if opts.return_stats:
-      lse = lse.at[:, :, rows].set(row_res[1].logsumexp)
-  return (out, lse) if opts.return_stats else out
+    lse = lse.reshape(lse.shape[:2] + (padded,))[..., :T]
+  return out, lse
+
+
+def _global_rows(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
+                 rows, out, lse):
+  """``(out, lse)`` with the global query ``rows`` replaced: they see (up to) every key, so
+  the dense reference runs on those rows only (``lse`` None without statistics)."""
+  q = inputs.q
+  T, S = q.shape[1], inputs.k.shape[1]
+  q_seg = inputs.q_segment_ids
+  row_mask = pattern.allowed(jnp.asarray(rows), jnp.arange(S), (T, S))[None, None]
+  row_inputs = dataclasses.replace(  # sparse_attention takes no mask array of its own
+      inputs, q=jnp.take(q, rows, axis=1), mask=row_mask,
+      q_segment_ids=None if q_seg is None else jnp.take(q_seg, rows, axis=1))
+  row_res = dense.reference(row_inputs, opts,
+                            positions=(jnp.asarray(rows), jnp.arange(S, dtype=jnp.int32)))
+  row_out = row_res[0] if opts.return_stats else row_res
+  out = out.at[:, rows].set(row_out)
+  if opts.return_stats:
+    lse = lse.at[:, :, rows].set(row_res[1].logsumexp)
+  return out, lse
 
 
 def _strided_two_pass(inputs: options.DenseInputs, opts: options.DenseOptions, stride: int,

@@ -113,31 +113,9 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
   K = k.shape[2]
   batch_axes, head_axes = _sharding.kernel_axes(mesh, B, K)
   b, h = _axes(batch_axes), _axes(head_axes)
+  spec = functools.partial(_in_spec, dims=(B, T, N, K), b=b, h=h)
 
-  def spec(x):
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-      return None
-    shape = tuple(x.shape)
-    if len(shape) >= 2 and shape[:2] == (B, T):
-      heads = h if len(shape) >= 3 and shape[2] in (N, K) else None
-      return P(b, CONTEXT_AXIS, *((heads,) if len(shape) >= 3 else ()),
-               *([None] * (len(shape) - 3)))
-    if shape in ((N,), (1, N, 1, 1)):  # per-head vectors: sink logits, fixed decays
-      return P(h) if len(shape) == 1 else P(None, h, None, None)
-    return P()
-
-  names = sorted(kwargs)
-  static = {}
-  for n in names:
-    value = kwargs[n]
-    if n in _MODIFIER_ARGS or callable(value) or value is None or not _is_arrays(value):
-      static[n] = value
-  arg_names = [n for n in names if n not in static]
-  mods = {n: kwargs.get(n) for n in ("score_mod", "mask_mod")}
-  mod_args = {n: tuple(kwargs.get(n + "_args") or ()) for n in ("score_mod", "mask_mod")}
-  for n in ("score_mod", "mask_mod"):
-    static.pop(n, None)
-    static.pop(n + "_args", None)
+  static, arg_names, mods, mod_args = _split_keywords(kwargs)
   leaves = ([q, k, v] + list(args) + [kwargs[n] for n in arg_names]
             + [mod_args["score_mod"], mod_args["mask_mod"]])
   in_specs = ([spec(q), spec(k), spec(v)] + [spec(a) for a in args]
@@ -149,49 +127,94 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
   if "context_strategy" in _parameters(fn):
     if strategy is None:
       sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-      local_heads = N // (1 if h is None else _prod(sizes[a] for a in head_axes))
-      if full.get("implementation") in (None, "blockwise"):
-        strategy = "ring"
-      elif local_heads % size == 0:
-        strategy = "all_to_all"
-      else:
-        strategy = "all_gather"
+      local_heads = N // _prod(sizes[a] for a in head_axes)
+      strategy = _default_strategy(full.get("implementation"), local_heads, size)
     static["context_strategy"] = strategy
-  na = len(args)
-
-  def local(q_, k_, v_, *rest):
-    pos = rest[:na]
-    named = dict(zip(arg_names, rest[na:na + len(arg_names)]))
-    score_args, mask_args = rest[na + len(arg_names):]
-    extra = dict(static, **named)
-    first = jnp.stack([
-        jax.lax.axis_index(b) * q_.shape[0] if b is not None else jnp.int32(0),
-        jax.lax.axis_index(h) * q_.shape[2] if h is not None else jnp.int32(0)]).astype(jnp.int32)
-    if mods["score_mod"] is not None:
-      extra["score_mod"] = functools.partial(_offset_score, user=mods["score_mod"])
-      extra["score_mod_args"] = (first,) + tuple(score_args)
-    if mods["mask_mod"] is not None:
-      extra["mask_mod"] = functools.partial(_offset_mask, user=mods["mask_mod"])
-      extra["mask_mod_args"] = (first,) + tuple(mask_args)
-    return fn(q_, k_, v_, *pos, context_axis=CONTEXT_AXIS, **extra)
-
-  def out_spec(x):  # from the whole call's output shapes
-    shape = tuple(x.shape)
-    if len(shape) >= 2 and shape[:2] == (B, T):  # outputs [B, T, N, Hv]
-      heads = h if len(shape) >= 3 and shape[2] in (N, K) else None
-      return P(b, CONTEXT_AXIS, *((heads,) if len(shape) >= 3 else ()),
-               *([None] * (len(shape) - 3)))
-    if len(shape) >= 2 and shape[0] == B and shape[1] in (N, K):
-      # statistics [B, N] (of the whole sequence, on every shard), [B, N, T] (rows), states
-      # [B, N, H, Hv] (the whole sequence's, on every shard)
-      rows = CONTEXT_AXIS if len(shape) == 3 and shape[2] == T else None
-      return P(b, h, *((rows,) if len(shape) >= 3 else ()), *([None] * (len(shape) - 3)))
-    return P()
-
+  local = functools.partial(_local, fn=fn, static=static, arg_names=arg_names, mods=mods,
+                            num_args=len(args), b=b, h=h)
   whole = jax.eval_shape(lambda: fn(q, k, v, *args, **kwargs))
-  out_specs = jax.tree.map(out_spec, whole)
+  out_specs = jax.tree.map(functools.partial(_out_spec, dims=(B, T, N, K), b=b, h=h), whole)
   return jax.shard_map(local, mesh=mesh, in_specs=tuple(in_specs), out_specs=out_specs,
                        check_vma=False)(*leaves)
+
+
+def _token_spec(shape: tuple, dims: tuple, b, h) -> P:
+  """A ``[B, T, N|K|other, ...]`` array: batch over ``b``, tokens over the context axis, heads
+  over ``h``."""
+  _, _, N, K = dims
+  heads = h if len(shape) >= 3 and shape[2] in (N, K) else None
+  return P(b, CONTEXT_AXIS, *((heads,) if len(shape) >= 3 else ()), *([None] * (len(shape) - 3)))
+
+
+def _in_spec(x, *, dims: tuple, b, h):
+  """The shard_map input spec of one argument leaf (None for a non-array)."""
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    return None
+  B, T, N, _ = dims
+  shape = tuple(x.shape)
+  if len(shape) >= 2 and shape[:2] == (B, T):
+    return _token_spec(shape, dims, b, h)
+  if shape in ((N,), (1, N, 1, 1)):  # per-head vectors: sink logits, fixed decays
+    return P(h) if len(shape) == 1 else P(None, h, None, None)
+  return P()
+
+
+def _out_spec(x, *, dims: tuple, b, h):
+  """The shard_map output spec of one leaf of the whole call's output shapes."""
+  B, T, N, K = dims
+  shape = tuple(x.shape)
+  if len(shape) >= 2 and shape[:2] == (B, T):  # outputs [B, T, N, Hv]
+    return _token_spec(shape, dims, b, h)
+  if len(shape) >= 2 and shape[0] == B and shape[1] in (N, K):
+    # statistics [B, N] (of the whole sequence, on every shard), [B, N, T] (rows), states
+    # [B, N, H, Hv] (the whole sequence's, on every shard)
+    rows = CONTEXT_AXIS if len(shape) == 3 and shape[2] == T else None
+    return P(b, h, *((rows,) if len(shape) >= 3 else ()), *([None] * (len(shape) - 3)))
+  return P()
+
+
+def _split_keywords(kwargs: dict):
+  """``(static, arg_names, mods, mod_args)``: the keywords passed through unchanged, the names
+  of the array keywords (sharded), the modifiers and their argument tables (replicated)."""
+  static = {}
+  for n in sorted(kwargs):
+    value = kwargs[n]
+    if n in _MODIFIER_ARGS or callable(value) or value is None or not _is_arrays(value):
+      static[n] = value
+  arg_names = [n for n in sorted(kwargs) if n not in static]
+  mods = {n: kwargs.get(n) for n in ("score_mod", "mask_mod")}
+  mod_args = {n: tuple(kwargs.get(n + "_args") or ()) for n in ("score_mod", "mask_mod")}
+  for n in ("score_mod", "mask_mod"):
+    static.pop(n, None)
+    static.pop(n + "_args", None)
+  return static, arg_names, mods, mod_args
+
+
+def _default_strategy(implementation: Optional[str], local_heads: int, size: int) -> str:
+  """The ring for the block-wise or automatic implementation; else all-to-all where the
+  context axis divides the device's heads, else all-gather."""
+  if implementation in (None, "blockwise"):
+    return "ring"
+  return "all_to_all" if local_heads % size == 0 else "all_gather"
+
+
+def _local(q_, k_, v_, *rest, fn, static, arg_names, mods, num_args: int, b, h):
+  """One device's call: ``fn`` on its shards, its modifiers given the shard's first batch row
+  and query head (``first``) so that they see the whole call's indices."""
+  pos = rest[:num_args]
+  named = dict(zip(arg_names, rest[num_args:num_args + len(arg_names)]))
+  score_args, mask_args = rest[num_args + len(arg_names):]
+  extra = dict(static, **named)
+  first = jnp.stack([
+      jax.lax.axis_index(b) * q_.shape[0] if b is not None else jnp.int32(0),
+      jax.lax.axis_index(h) * q_.shape[2] if h is not None else jnp.int32(0)]).astype(jnp.int32)
+  if mods["score_mod"] is not None:
+    extra["score_mod"] = functools.partial(_offset_score, user=mods["score_mod"])
+    extra["score_mod_args"] = (first,) + tuple(score_args)
+  if mods["mask_mod"] is not None:
+    extra["mask_mod"] = functools.partial(_offset_mask, user=mods["mask_mod"])
+    extra["mask_mod_args"] = (first,) + tuple(mask_args)
+  return fn(q_, k_, v_, *pos, context_axis=CONTEXT_AXIS, **extra)
 
 
 def _is_arrays(value: Any) -> bool:

@@ -96,17 +96,105 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
   return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
+def _row_args(rows, res_keys, has_g: bool):
+  """``(res, row_dot, g)`` of the loaded row vectors ``[row_dot, g?, *residuals]``."""
+  return dict(zip(res_keys, rows[1 + int(has_g):])), rows[0], (rows[1] if has_g else None)
+
+
+def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lowered):
+  """``(s, w, dz)`` of one tile: ``s = a b^T * scale`` (before the soft cap), then with
+  ``dp = do_a do_b^T`` the normaliser's tile rule ``lowered`` (:meth:`Normalizer.tile_backward`
+  through a row lowering) on the tile's mask ``mask()`` (None: unmasked) and ``row_args``."""
+  shape = (a_ref.shape[0], b_ref.shape[0])
+  s = _mm(c, plgpu, shape, None, b_ref, trans_b=True, a_ref=a_ref) * c.opts.scale
+  z = _logits.softcap(s, c.opts.softcap)
+  dp = _mm(c, plgpu, shape, None, do_b_ref, trans_b=True, a_ref=do_a_ref)
+  w, dz = lowered(z, mask(), dp, *row_args)
+  return s, w, dz
+
+
+def _ds(c, dz, s, dtype):
+  """The similarity's cotangent ``dS`` (through the soft cap) in ``dtype``."""
+  return _logits.softcap_grad(dz, c.opts.softcap, s=s).astype(dtype)
+
+
+def _scratch_tail(c, scratch):
+  """``(staging, seg_scratch)`` after a backward kernel's nine common scratch entries: the
+  interpret-mode staging buffer of a register lhs (None compiled) and the four segment-id
+  buffers and barriers (all None without segments)."""
+  extra = list(scratch[9:])
+  staging = extra.pop(0) if c.interpret else None
+  return staging, (tuple(extra) if c.has_segments else (None,) * 4)
+
+
+def _dq_mask(c, load, qpos, kcol, q_seg, kseg_ring, slot, j):
+  """The dq kernel's ``[bq, bk]`` element mask of key block ``j``: rows at ``qpos`` (segment
+  ids ``q_seg``), the block's key ids in ring slot ``slot`` of ``kseg_ring`` (with segments)."""
+  k_seg = None
+  if c.has_segments:
+    k_seg = lax.broadcast_in_dim(load(kseg_ring.at[slot], 0), (c.bq, c.bk), (1,))
+  return tile_allowed(c, qpos, j * c.bk + kcol, q_seg, k_seg)
+
+
+def _dkdv_mask(c, load, i, qcol, kpos, qseg_ring, slot, k_seg):
+  """The dk/dv kernel's ``[bk, bq]`` element mask (keys as rows at ``kpos``, segment ids
+  ``k_seg``) of query block ``i`` (column offsets ``qcol``), its query ids in ring slot
+  ``slot`` of ``qseg_ring`` (with segments); padded query rows attend nothing."""
+  q_seg = None
+  if c.has_segments:
+    q_seg = lax.broadcast_in_dim(load(qseg_ring.at[slot], 0), (c.bk, c.bq), (1,))
+  return tile_allowed(c, i * c.bq + qcol, kpos, q_seg, k_seg) & (i * c.bq + qcol < c.T)
+
+
+def _fetch_q_tile(c, plgpu, refs, scratch, nrows, b, n, i, slot):
+  """The dk/dv kernel's ring fill: starts the copies of query block ``i`` of head ``n`` (Q, dO,
+  the ``nrows`` row inputs and, with segments, the query ids) into ring slot ``slot``."""
+  q_ref, _, _, do_ref, rows_ref = refs[:5]
+  q_smem, do_smem, rows_smem, _, q_bars, do_bars, rows_bars = scratch[2:9]
+  qrows = pl.ds(i * c.bq, c.bq)
+  plgpu.copy_gmem_to_smem(q_ref.at[b, n, qrows], q_smem.at[slot], q_bars.at[slot])
+  plgpu.copy_gmem_to_smem(do_ref.at[b, n, qrows], do_smem.at[slot], do_bars.at[slot])
+  for r in range(nrows):
+    plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
+                            rows_bars.at[slot * nrows + r])
+  if c.has_segments:
+    _, qseg_smem, _, qseg_bars = _scratch_tail(c, scratch)[1]
+    plgpu.copy_gmem_to_smem(refs[5].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
+
+
+def _wait_q_tile(plgpu, scratch, nrows, slot):
+  """Waits for the Q, dO and row-input copies of the dk/dv kernel's ring slot ``slot`` (not
+  the query ids')."""
+  q_bars, do_bars, rows_bars = scratch[6:9]
+  plgpu.barrier_wait(q_bars.at[slot])
+  plgpu.barrier_wait(do_bars.at[slot])
+  for r in range(nrows):
+    plgpu.barrier_wait(rows_bars.at[slot * nrows + r])
+
+
+def _zeros(c, plgpu, shape, layout):
+  """A float32 accumulator of zeros in the wgmma layout (plain under jax 0.10's interpreter)."""
+  zeros = jnp.zeros(shape, jnp.float32)
+  return zeros if c.plain else plgpu.layout_cast(zeros, layout)
+
+
+def _store(plgpu, pairs):
+  """Copies each ``(shared memory tile, global memory ref)`` out and waits for the copies."""
+  plgpu.commit_smem()
+  for smem, ref in pairs:
+    plgpu.copy_smem_to_gmem(smem, ref)
+  plgpu.wait_smem_to_gmem(0)
+
+
 def _dq_kernel(c, res_keys, has_g, refs, scratch):
+  """One dq program: query block ``q_blocks`` of head ``heads`` over the key blocks it may
+  attend, K/V tiles through a ``c.stages``-deep TMA ring (see the module docstring)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  nz = c.nz
   q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
   seg_refs, dq_ref = refs[5:-1], refs[-1]
   (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bar, rows_bars, k_bars,
    v_bars) = scratch[:9]
-  extra = list(scratch[9:])
-  staging = extra.pop(0) if c.interpret else None
-  if c.has_segments:
-    qseg_smem, kseg_smem, qseg_bar, kseg_bars = extra
+  staging, (qseg_smem, kseg_smem, qseg_bar, kseg_bars) = _scratch_tail(c, scratch)
   dq_smem = q_smem  # Q is read by the last wgmma before dq is written: its buffer is reused
   n, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
   h = lax.div(n, jnp.int32(c.G))
@@ -147,8 +235,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   for r in range(nrows):
     plgpu.barrier_wait(rows_bars.at[r])
     rows.append(load(rows_smem.at[r], 1))
-  row_dot, g = rows[0], (rows[1] if has_g else None)
-  res = dict(zip(res_keys, rows[1 + int(has_g):]))
+  row_args = _row_args(rows, res_keys, has_g)
   q_seg = None
   if c.has_segments:
     plgpu.barrier_wait(qseg_bar.at[0])
@@ -171,49 +258,35 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
     return lax.cond(meets, lambda: compute(masked, j, slot, dq), lambda: dq)
 
   def compute(masked, j, slot, dq):
-    s = _mm(c, plgpu, (bq, bk), None, k_smem.at[slot], trans_b=True, a_ref=q_smem) * c.opts.scale
-    z = _logits.softcap(s, c.opts.softcap)
-    dp = _mm(c, plgpu, (bq, bk), None, v_smem.at[slot], trans_b=True, a_ref=do_smem)
-    allowed = None
-    if masked:
-      k_seg = None
-      if c.has_segments:
-        k_seg = lax.broadcast_in_dim(load(kseg_smem.at[slot], 0), (bq, bk), (1,))
-      allowed = tile_allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
-    _, dz = lower_rows(nz.tile_backward, bq, iota=any_iota)(z, allowed, dp, res, row_dot, g)
-    ds = _logits.softcap_grad(dz, c.opts.softcap, s=s).astype(q_smem.dtype)
+    mask = lambda: (_dq_mask(c, load, qpos, kcol, q_seg, kseg_smem, slot, j) if masked
+                    else None)
+    s, _, dz = _tile_rule(c, plgpu, q_smem, k_smem.at[slot], do_smem, v_smem.at[slot], mask,
+                          row_args, lower_rows(c.nz.tile_backward, bq, iota=any_iota))
+    ds = _ds(c, dz, s, q_smem.dtype)
     return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
 
-  dq = jnp.zeros((bq, H), jnp.float32)
-  if not c.plain:
-    dq = plgpu.layout_cast(dq, layout)
+  dq = _zeros(c, plgpu, (bq, H), layout)
   dq = lax.fori_loop(lo, flo, lambda j, a: step(True, j, a), dq)
   dq = lax.fori_loop(flo, fhi, lambda j, a: step(False, j, a), dq)
   dq = lax.fori_loop(fhi, hi, lambda j, a: step(True, j, a), dq)
   dq_smem[...] = (dq * c.opts.scale).astype(dq_smem.dtype)
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b, n, pl.ds(q0, bq)])
-  plgpu.wait_smem_to_gmem(0)
+  _store(plgpu, [(dq_smem, dq_ref.at[b, n, pl.ds(q0, bq)])])
 
 
 def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
+  """One dk/dv program: key block ``k_blocks`` of K/V head ``heads`` over the query blocks of
+  its group's ``G`` query heads that may attend it, Q/dO tiles through a ``c.stages``-deep TMA
+  ring (see the module docstring)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  nz = c.nz
-  q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
+  k_ref, v_ref = refs[1:3]
   seg_refs, (dk_ref, dv_ref) = refs[5:-2], refs[-2:]
-  (k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar, q_bars, do_bars,
-   rows_bars) = scratch[:9]
-  extra = list(scratch[9:])
-  staging = extra.pop(0) if c.interpret else None
-  if c.has_segments:
-    kseg_smem, qseg_smem, kseg_bar, qseg_bars = extra
+  k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar = scratch[:6]
+  staging, (kseg_smem, qseg_smem, kseg_bar, qseg_bars) = _scratch_tail(c, scratch)
   dk_smem, dv_smem = k_smem, v_smem  # K and V are done with when dk and dv are written
   h, j, b = lax.axis_index("heads"), lax.axis_index("k_blocks"), lax.axis_index("batch")
   bq, bk, H = c.bq, c.bk, c.H
   k0 = j * bk
-  k_last = jnp.minimum(k0 + bk, c.S) - 1
-  nq = c.Tp // bq
-  lo, hi, flo, fhi = q_block_bounds(c, k0, k_last, nq)
+  lo, hi, flo, fhi = q_block_bounds(c, k0, jnp.minimum(k0 + bk, c.S) - 1, c.Tp // bq)
   per_head = hi - lo
   total = per_head * c.G  # steps: (query head of the group, query block)
   nrows = len(res_keys) + 1 + int(has_g)
@@ -228,14 +301,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   def fetch(t):
     slot = lax.rem(t, jnp.int32(c.stages))
     n, i = where(t)
-    qrows = pl.ds(i * bq, bq)
-    plgpu.copy_gmem_to_smem(q_ref.at[b, n, qrows], q_smem.at[slot], q_bars.at[slot])
-    plgpu.copy_gmem_to_smem(do_ref.at[b, n, qrows], do_smem.at[slot], do_bars.at[slot])
-    for r in range(nrows):
-      plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
-                              rows_bars.at[slot * nrows + r])
-    if c.has_segments:
-      plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
+    _fetch_q_tile(c, plgpu, refs, scratch, nrows, b, n, i, slot)
 
   if c.has_segments:
     plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(k0, bk)], kseg_smem, kseg_bar.at[0])
@@ -260,21 +326,14 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     dk, dv = carry
     _, i = where(t)
     rows = [load(rows_smem.at[slot, r], 0) for r in range(nrows)]
-    row_dot, g = rows[0], (rows[1] if has_g else None)
-    res = dict(zip(res_keys, rows[1 + int(has_g):]))
-    s = _mm(c, plgpu, (bk, bq), None, q_smem.at[slot], trans_b=True, a_ref=k_smem) * c.opts.scale
-    z = _logits.softcap(s, c.opts.softcap)
-    dp = _mm(c, plgpu, (bk, bq), None, do_smem.at[slot], trans_b=True, a_ref=v_smem)
-    allowed = None
-    if masked:  # padded query rows attend nothing
-      q_seg = None
-      if c.has_segments:
-        q_seg = lax.broadcast_in_dim(load(qseg_smem.at[slot], 0), (bk, bq), (1,))
-      allowed = tile_allowed(c, i * bq + qcol, kpos, q_seg, k_seg) & (i * bq + qcol < c.T)
-    w, dz = lower_rows(nz.tile_backward, bq, transposed=True)(z, allowed, dp, res, row_dot, g)
+    mask = lambda: (_dkdv_mask(c, load, i, qcol, kpos, qseg_smem, slot, k_seg) if masked
+                    else None)
+    s, w, dz = _tile_rule(c, plgpu, k_smem, q_smem.at[slot], v_smem, do_smem.at[slot], mask,
+                          _row_args(rows, res_keys, has_g),
+                          lower_rows(c.nz.tile_backward, bq, transposed=True))
     dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
                   staging=staging)
-    ds = _logits.softcap_grad(dz, c.opts.softcap, s=s).astype(q_smem.dtype)
+    ds = _ds(c, dz, s, q_smem.dtype)
     dk = dk + _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging)
     return dk, dv
 
@@ -285,10 +344,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     def _():
       fetch(t + c.stages - 1)
 
-    plgpu.barrier_wait(q_bars.at[slot])
-    plgpu.barrier_wait(do_bars.at[slot])
-    for r in range(nrows):
-      plgpu.barrier_wait(rows_bars.at[slot * nrows + r])
+    _wait_q_tile(plgpu, scratch, nrows, slot)
     _, i = where(t)
     if c.has_segments:  # every block masked; one whose segments cannot meet is skipped
       plgpu.barrier_wait(qseg_bars.at[slot])
@@ -298,16 +354,12 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     return lax.cond(full, lambda: compute(False, t, slot, carry),
                     lambda: compute(True, t, slot, carry))
 
-  zeros = jnp.zeros((bk, H), jnp.float32)
-  if not c.plain:
-    zeros = plgpu.layout_cast(zeros, layout)
+  zeros = _zeros(c, plgpu, (bk, H), layout)
   dk, dv = lax.fori_loop(0, total, step, (zeros, zeros))
   dk_smem[...] = (dk * c.opts.scale).astype(dk_smem.dtype)
   dv_smem[...] = dv.astype(dv_smem.dtype)
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b, h, pl.ds(k0, bk)])
-  plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b, h, pl.ds(k0, bk)])
-  plgpu.wait_smem_to_gmem(0)
+  _store(plgpu, [(dk_smem, dk_ref.at[b, h, pl.ds(k0, bk)]),
+                 (dv_smem, dv_ref.at[b, h, pl.ds(k0, bk)])])
 
 
 def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):

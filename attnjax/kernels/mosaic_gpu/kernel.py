@@ -191,179 +191,240 @@ def _consume(c, row_keys, wg, n, b, h, q0, qb, lo_u, hi_u, slot_of, q_ref, sink_
   program's key tiles ``[lo_u, hi_u)``, computing those its rows may attend (``[lo, hi)``) and
   releasing every tile to the producer. Its output tile is written into its Q tile."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  nz = c.nz
-  bq, bk, H = c.bq, c.bk, c.H
-  q_last = jnp.minimum(q0 + bq, c.T) - 1
-  lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
-  # within the program's tiles (a block of padding rows past T may reach outside them)
+  del h
+  lo, hi, flo, fhi = _consumer_bounds(c, q0, lo_u, hi_u)
+  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, c.bq)], q_smem, q_bar)
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, c.bq)], seg_scratch[0], seg_scratch[3])
+  plgpu.barrier_wait(q_bar)
+  con = _Consumer(c, n, b, q0, qb, slot_of, seg_refs, q_smem, k_smem, v_smem, k_bars, v_bars,
+                  consumed, schedule, p_smem, seg_scratch)
+  row = con.row_inputs(sink_ref, lo, hi)
+  st = con.init()
+
+  @pl.when(wg == 1)  # the second consumer starts a turn behind the first
+  def _():
+    con.take_turn()
+
+  st = lax.fori_loop(lo_u, lo, con.pass_over, st)
+  if c.needs_mask:
+    st = lax.fori_loop(lo, flo, functools.partial(con.step, True), st)
+    st = lax.fori_loop(flo, fhi, functools.partial(con.step, False), st)
+    st = lax.fori_loop(fhi, hi, functools.partial(con.step, True), st)
+  else:
+    st = lax.fori_loop(lo, hi, functools.partial(con.step, False), st)
+  st = lax.fori_loop(hi, hi_u, con.pass_over, st)
+
+  @pl.when(wg == 0)  # and the first one ends a turn after it (the barrier's phases even)
+  def _():
+    con.take_turn()
+
+  _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_refs)
+
+
+def _consumer_bounds(c, q0, lo_u, hi_u):
+  """``(lo, hi, flo, fhi)``: the key blocks rows ``q0 .. q0 + bq`` may attend and those they
+  attend whole (no element mask), within the program's tiles ``[lo_u, hi_u)`` (a block of
+  padding rows past T may reach outside them)."""
+  lo, hi, flo, fhi = kv_bounds(c, q0, jnp.minimum(q0 + c.bq, c.T) - 1)
   lo = jnp.clip(lo, lo_u, hi_u)
   hi = jnp.clip(hi, lo, hi_u)
   flo = jnp.clip(flo, lo, hi)
   fhi = jnp.clip(fhi, flo, hi)
-  if c.has_segments:
-    qseg_smem, kseg_smem, kseg_one, qseg_bar, kseg_bars, kseg_one_bar = seg_scratch
+  return lo, hi, flo, fhi
 
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar)
-  if c.has_segments:
-    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar)
-  plgpu.barrier_wait(q_bar)
 
-  layout = plgpu.Layout.WGMMA
-  # jax 0.10's interpreter has no rule for layout annotations (layout_cast, an iota's layout):
-  # it runs the same values without them.
-  if c.plain:
-    any_iota = None
-    cast = lambda x, lay: x
-  else:
-    any_iota = lambda dtype, shape, d: plgpu.broadcasted_iota(dtype, shape, d, layout=layout)
-    cast = plgpu.layout_cast
-  iota = lambda d: (any_iota or lax.broadcasted_iota)(jnp.int32, (bq, bk), d)
-  qpos = q0 + iota(0)
-  kcol = iota(1)
+class _Consumer:
+  """A consumer warpgroup's tile steps over the K/V ring (see :func:`_consume`): its query tile
+  is in ``q_smem``, the producer fills ``k_smem`` / ``v_smem`` slot by slot."""
 
-  # Segment ids: the query block's ids as rows, each key block's as columns (TMA'd into shared
-  # memory, the key tiles' ids with the K/V ring), and per-block [min, max] ranges read from
-  # global memory: a visited block whose ranges cannot meet is skipped at run time.
-  q_seg = meets = None
-  if c.has_segments:
-    _, _, qrange_ref, krange_ref = seg_refs
-    if c.plain:  # jax 0.10's interpreter has no plgpu.load: a plain read
-      load = lambda ref, axis: ref[...]
+  def __init__(self, c, n, b, q0, qb, slot_of, seg_refs, q_smem, k_smem, v_smem, k_bars,
+               v_bars, consumed, schedule, p_smem, seg_scratch):
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+    self.plgpu = plgpu
+    self.c, self.n, self.b, self.slot_of, self.seg_refs = c, n, b, slot_of, seg_refs
+    self.q_smem, self.k_smem, self.v_smem, self.p_smem = q_smem, k_smem, v_smem, p_smem
+    self.k_bars, self.v_bars, self.consumed, self.schedule = k_bars, v_bars, consumed, schedule
+    self.seg_scratch = seg_scratch
+    self.layout = plgpu.Layout.WGMMA
+    # jax 0.10's interpreter has no rule for layout annotations (layout_cast, an iota's
+    # layout): it runs the same values without them.
+    if c.plain:
+      self.any_iota = None
+      self.cast = lambda x, lay: x
     else:
-      load = lambda ref, axis: load_vector(ref, layout.reduce(axis))
-    plgpu.barrier_wait(qseg_bar)
-    q_seg = lax.broadcast_in_dim(load(qseg_smem, 1), (bq, bk), (0,))
-    q_min, q_max = qrange_ref[b, qb, 0], qrange_ref[b, qb, 1]
-    meets = lambda j: (krange_ref[b, j, 1] >= q_min) & (krange_ref[b, j, 0] <= q_max)
+      self.any_iota = lambda dtype, shape, d: plgpu.broadcasted_iota(dtype, shape, d,
+                                                                     layout=self.layout)
+      self.cast = plgpu.layout_cast
+    iota = lambda d: (self.any_iota or lax.broadcasted_iota)(jnp.int32, (c.bq, c.bk), d)
+    self.qpos = q0 + iota(0)
+    self.kcol = iota(1)
+    self.q_seg = None
+    if c.has_segments:
+      self._segments(qb)
 
-  def allowed_of(j, kseg_tile=None):
+  def _segments(self, qb):
+    """Segment ids: the query block's ids as rows, each key block's as columns (TMA'd into
+    shared memory, the key tiles' ids with the K/V ring), and per-block ``[min, max]`` ranges
+    read from global memory: a visited block whose ranges cannot meet is skipped at run time."""
+    c, b = self.c, self.b
+    qseg_smem, _, _, qseg_bar, _, _ = self.seg_scratch
+    _, _, qrange_ref, self.krange_ref = self.seg_refs
+    self.plgpu.barrier_wait(qseg_bar)
+    self.q_seg = lax.broadcast_in_dim(self.load(qseg_smem, 1), (c.bq, c.bk), (0,))
+    self.q_min, self.q_max = qrange_ref[b, qb, 0], qrange_ref[b, qb, 1]
+
+  def load(self, ref, axis):
+    """A segment-id vector from shared memory, laid out along ``axis`` of a tile."""
+    if self.c.plain:  # jax 0.10's interpreter has no plgpu.load: a plain read
+      return ref[...]
+    return load_vector(ref, self.layout.reduce(axis))
+
+  def meets(self, j):
+    """Whether key block ``j``'s segment range can meet the query block's."""
+    return (self.krange_ref[self.b, j, 1] >= self.q_min) & (self.krange_ref[self.b, j, 0]
+                                                             <= self.q_max)
+
+  def allowed_of(self, j, kseg_tile=None):
+    """The boolean ``[bq, bk]`` mask of key block ``j`` (``kseg_tile``: its segment ids)."""
+    c = self.c
     k_seg = None
     if c.has_segments:
-      k_seg = lax.broadcast_in_dim(load(kseg_tile, 0), (bq, bk), (1,))
-    return tile_allowed(c, qpos, j * bk + kcol, q_seg, k_seg)
+      k_seg = lax.broadcast_in_dim(self.load(kseg_tile, 0), (c.bq, c.bk), (1,))
+    return tile_allowed(c, self.qpos, j * c.bk + self.kcol, self.q_seg, k_seg)
 
-  sink_rows = None
-  if c.has_sink:
-    sink_rows = jnp.full((bq,), sink_ref[n], jnp.float32)
-  counts = None
-  if c.needs_counts and c.has_segments:  # allowed keys per row: a mask-only pre-pass
-    def count(j, total):
-      def add():  # the key block's ids, loaded synchronously (no K/V)
-        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(j * bk, bk)], kseg_one, kseg_one_bar)
-        plgpu.barrier_wait(kseg_one_bar)
-        return total + jnp.sum(allowed_of(j, kseg_one).astype(jnp.float32), axis=1)
-      return lax.cond(meets(j), add, lambda: total)
-    counts = lax.fori_loop(lo, hi, count, cast(jnp.zeros((bq,), jnp.float32), layout.reduce(1)))
-  elif c.needs_counts:  # allowed keys per row, exact for causal / window / ragged keys
-    r = jnp.max(qpos, axis=1)
+  def counts(self, lo, hi):
+    """Allowed keys per row ``[bq]`` float32, or None where the normaliser needs none."""
+    c, plgpu = self.c, self.plgpu
+    if not c.needs_counts:
+      return None
+    if c.has_segments:  # a mask-only pre-pass over the blocks whose segments meet
+      _, _, kseg_one, _, _, kseg_one_bar = self.seg_scratch
+
+      def count(j, total):
+        def add():  # the key block's ids, loaded synchronously (no K/V)
+          plgpu.copy_gmem_to_smem(self.seg_refs[1].at[self.b, pl.ds(j * c.bk, c.bk)], kseg_one,
+                                  kseg_one_bar)
+          plgpu.barrier_wait(kseg_one_bar)
+          return total + jnp.sum(self.allowed_of(j, kseg_one).astype(jnp.float32), axis=1)
+        return lax.cond(self.meets(j), add, lambda: total)
+      zeros = self.cast(jnp.zeros((c.bq,), jnp.float32), self.layout.reduce(1))
+      return lax.fori_loop(lo, hi, count, zeros)
+    # exact for causal / window / ragged keys
+    r = jnp.max(self.qpos, axis=1)
     first = jnp.int32(0)
-    last = jnp.full((bq,), c.S - 1, jnp.int32)
+    last = jnp.full((c.bq,), c.S - 1, jnp.int32)
     if c.opts.is_causal:
       last = jnp.minimum(last, r)
     if c.opts.window is not None:
       left, right = c.opts.window
       first = jnp.maximum(first, r - left)
       last = jnp.minimum(last, r + right)
-    counts = jnp.maximum(last - first + 1, 0).astype(jnp.float32)
+    return jnp.maximum(last - first + 1, 0).astype(jnp.float32)
 
-  row = lower_rows(nz.row_inputs, bq)(sink_rows, counts)
-  # Constant rows (a splat: e.g. every row's count without structure) take the row layout,
-  # which the broadcasts against [bq, bk] tiles need.
-  row = jax.tree.map(lambda x: cast(x, layout.reduce(1)) if jnp.ndim(x) == 1 else x, row)
+  def row_inputs(self, sink_ref, lo, hi):
+    """The normaliser's per-row inputs (sink logits, counts), in the row layout; kept as
+    ``self.row`` for the visits."""
+    c = self.c
+    sink_rows = jnp.full((c.bq,), sink_ref[self.n], jnp.float32) if c.has_sink else None
+    row = lower_rows(c.nz.row_inputs, c.bq)(sink_rows, self.counts(lo, hi))
+    # Constant rows (a splat: e.g. every row's count without structure) take the row layout,
+    # which the broadcasts against [bq, bk] tiles need.
+    self.row = jax.tree.map(lambda x: self.cast(x, self.layout.reduce(1)) if jnp.ndim(x) == 1
+                            else x, row)
+    return self.row
 
-  def take_turn():
-    """The consumers' schedule barrier: they alternate, one's QK^T wgmma issued while the
-    other works on its weights (FlashAttention-3's ping-pong)."""
-    plgpu.barrier_arrive(schedule)
-    plgpu.barrier_wait(schedule)
-
-  def wait_tile(slot):
-    plgpu.barrier_wait(k_bars.at[slot])
-    plgpu.barrier_wait(v_bars.at[slot])
-    if c.has_segments:
-      plgpu.barrier_wait(kseg_bars.at[slot])
-
-  def release(slot):
-    plgpu.barrier_arrive(consumed.at[slot])
-
-  def pass_over(j, st):
-    """A program tile outside this consumer's rows' reach: wait for it, release it."""
-    slot = slot_of(j)
-    wait_tile(slot)
-    take_turn()
-    release(slot)
-    return st
-
-  def step(masked, j, st):
-    slot = slot_of(j)
-    wait_tile(slot)
-    if c.has_segments:
-      # a block whose segments cannot meet: its products and normaliser work are skipped
-      st = lax.cond(meets(j), lambda: compute(masked, j, slot, st),
-                    lambda: (take_turn(), st)[1])
-    else:
-      st = compute(masked, j, slot, st)
-    release(slot)
-    return st
-
-  def compute(masked, j, slot, st):
-    if c.plain:  # jax 0.10's interpreter has no wgmma with a transposed operand
-      take_turn()
-      s = lax.dot_general(q_smem[...], k_smem.at[slot][...], (((1,), (1,)), ((), ())),
-                          preferred_element_type=jnp.float32)
-    else:
-      def qk(acc):
-        plgpu.wgmma(acc, q_smem, k_smem.at[slot].transpose((1, 0)))
-        take_turn()  # the other consumer's turn while this product runs
-        return acc[...]
-      s = pl.run_scoped(qk, plgpu.ACC((bq, bk), jnp.float32))
-    z = _logits.softcap(s * c.opts.scale, c.opts.softcap)
-    allowed = None
-    if masked:
-      allowed = allowed_of(j, kseg_smem.at[slot] if c.has_segments else None)
-
-    def pv(w):
-      w16 = w.astype(q_smem.dtype)
-
-      def mm(acc):
-        if c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
-          p_smem[...] = w16
-          plgpu.wgmma(acc, p_smem, v_smem.at[slot])
-        else:
-          plgpu.wgmma(acc, w16, v_smem.at[slot])
-        return acc[...]
-      return pl.run_scoped(mm, plgpu.ACC((bq, H), jnp.float32))
-
-    visit = functools.partial(nz.visit, stats=c.with_stats, first=j == 0)
-    return lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), bq,
-                      pv=pv, hv=H, iota=any_iota)(st, z, allowed, row)
-
-  def init():
-    st = nz.init((bq, 1), (bq, H), c.with_stats)
-    return {key: (cast(jnp.reshape(x, (bq,)), layout.reduce(1)) if x.shape[-1] == 1
-                  else cast(x, layout))
+  def init(self):
+    """The normaliser's initial online state, rows in the row layout."""
+    c = self.c
+    st = c.nz.init((c.bq, 1), (c.bq, c.H), c.with_stats)
+    return {key: (self.cast(jnp.reshape(x, (c.bq,)), self.layout.reduce(1)) if x.shape[-1] == 1
+                  else self.cast(x, self.layout))
             for key, x in st.items()}
 
-  st = init()
+  def take_turn(self):
+    """The consumers' schedule barrier: they alternate, one's QK^T wgmma issued while the
+    other works on its weights (FlashAttention-3's ping-pong)."""
+    self.plgpu.barrier_arrive(self.schedule)
+    self.plgpu.barrier_wait(self.schedule)
 
-  @pl.when(wg == 1)  # the second consumer starts a turn behind the first
-  def _():
-    take_turn()
+  def wait_tile(self, slot):
+    self.plgpu.barrier_wait(self.k_bars.at[slot])
+    self.plgpu.barrier_wait(self.v_bars.at[slot])
+    if self.c.has_segments:
+      self.plgpu.barrier_wait(self.seg_scratch[4].at[slot])
 
-  st = lax.fori_loop(lo_u, lo, pass_over, st)
-  if c.needs_mask:
-    st = lax.fori_loop(lo, flo, functools.partial(step, True), st)
-    st = lax.fori_loop(flo, fhi, functools.partial(step, False), st)
-    st = lax.fori_loop(fhi, hi, functools.partial(step, True), st)
-  else:
-    st = lax.fori_loop(lo, hi, functools.partial(step, False), st)
-  st = lax.fori_loop(hi, hi_u, pass_over, st)
+  def release(self, slot):
+    self.plgpu.barrier_arrive(self.consumed.at[slot])
 
-  @pl.when(wg == 0)  # and the first one ends a turn after it (the barrier's phases even)
-  def _():
-    take_turn()
+  def pass_over(self, j, st):
+    """A program tile outside this consumer's rows' reach: wait for it, release it."""
+    slot = self.slot_of(j)
+    self.wait_tile(slot)
+    self.take_turn()
+    self.release(slot)
+    return st
 
-  out, res, srow = lower_rows(lambda st, row: nz.finish(st, row, c.with_stats), bq)(st, row)
+  def step(self, masked, j, st):
+    """Key tile ``j``: its products and normaliser visit (``masked``: with the element mask)."""
+    slot = self.slot_of(j)
+    self.wait_tile(slot)
+    if self.c.has_segments:
+      # a block whose segments cannot meet: its products and normaliser work are skipped
+      st = lax.cond(self.meets(j), lambda: self.compute(masked, j, slot, st),
+                    lambda: (self.take_turn(), st)[1])
+    else:
+      st = self.compute(masked, j, slot, st)
+    self.release(slot)
+    return st
+
+  def scores(self, slot):
+    """``q k^T`` of the tile in ``slot``, float32 ``[bq, bk]``; the other consumer's turn is
+    taken while the product runs."""
+    c, plgpu = self.c, self.plgpu
+    if c.plain:  # jax 0.10's interpreter has no wgmma with a transposed operand
+      self.take_turn()
+      return lax.dot_general(self.q_smem[...], self.k_smem.at[slot][...],
+                             (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+    def qk(acc):
+      plgpu.wgmma(acc, self.q_smem, self.k_smem.at[slot].transpose((1, 0)))
+      self.take_turn()
+      return acc[...]
+    return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
+
+  def pv(self, slot, w):
+    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``."""
+    plgpu = self.plgpu
+    w16 = w.astype(self.q_smem.dtype)
+
+    def mm(acc):
+      if self.c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
+        self.p_smem[...] = w16
+        plgpu.wgmma(acc, self.p_smem, self.v_smem.at[slot])
+      else:
+        plgpu.wgmma(acc, w16, self.v_smem.at[slot])
+      return acc[...]
+    return pl.run_scoped(mm, plgpu.ACC((self.c.bq, self.c.H), jnp.float32))
+
+  def compute(self, masked, j, slot, st):
+    c = self.c
+    z = _logits.softcap(self.scores(slot) * c.opts.scale, c.opts.softcap)
+    allowed = None
+    if masked:
+      allowed = self.allowed_of(j, self.seg_scratch[1].at[slot] if c.has_segments else None)
+    visit = functools.partial(c.nz.visit, stats=c.with_stats, first=j == 0)
+    return lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), c.bq,
+                      pv=functools.partial(self.pv, slot), hv=c.H,
+                      iota=self.any_iota)(st, z, allowed, self.row)
+
+
+def _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_refs):
+  """Finishes the normaliser's state and writes the output tile (through the query tile's
+  shared memory) and the residual / statistics rows."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  bq = c.bq
+  out, res, srow = lower_rows(lambda st, row: c.nz.finish(st, row, c.with_stats), bq)(st, row)
   rows_out = dict(srow or {}, **{"res:" + key: x for key, x in res.items()})
   q_smem[...] = out.astype(q_smem.dtype)  # the output tile takes the query tile's place
   for idx, key in enumerate(row_keys):  # residual / statistics rows, [bq] float32 each

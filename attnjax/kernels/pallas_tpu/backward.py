@@ -172,18 +172,9 @@ def _params(c: TpuPlan, sequential: bool = False):
   return pltpu.CompilerParams(dimension_semantics=(parallel, parallel, parallel, "arbitrary"))
 
 
-def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse,
-             score_args=(), mask_args=(), offsets=None):
-  """Cotangents ``(dq, dk, dv, dsink, None, None, dscore_args, None)`` of the kernel's core.
-
-  ``out`` is the forward's padded ``[B, N, Tp, Hv]`` output, ``res`` its residual rows
-  ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the logsumexp statistic's
-  cotangent ``[B, N, T]`` or None; ``offsets``: the first batch row and query head of these
-  arrays in the whole call (see :func:`~attnjax.kernels.pallas_tpu.plan.mod_inputs`).
-  """
-  nz = c.nz
-  G, K = c.G, c.K
-  qh, kh, vh, q_seg_p, kv_seg_p = heads_first(c, q, k, v, q_seg, kv_seg)
+def _row_operands(c: TpuPlan, q, out, res, d_out, d_lse):
+  """``(do, rows_in, res_keys, g)``: the padded heads-first ``do`` and the per-row inputs of
+  both kernels (``row_dot``, the logsumexp cotangent ``g`` if any, the residual rows)."""
   do = jnp.transpose(d_out, (0, 2, 1, 3))
   do = jnp.pad(do, ((0, 0), (0, 0), (0, c.Tp - c.T), (0, 0))).astype(q.dtype)
   row_dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
@@ -193,34 +184,34 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
     g = jnp.where(res["has_key"] > 0, g, 0.0)
   res_keys = tuple(key for key in sorted(res) if key != "has_key")
   rows_in = [row_dot] + ([g] if g is not None else []) + [res[key] for key in res_keys]
-  has_g = g is not None
+  return do, rows_in, res_keys, g
 
-  dsink = None
-  if c.has_sink:
-    floor = jnp.reshape(sink.astype(jnp.float32), (1, c.N, 1, 1))
-    term = nz.null_grad(floor, {key: res[key] for key in res_keys}, row_dot, g)[:, :, :c.T, 0]
-    dsink = jnp.reshape(jnp.sum(term, axis=(0, 2)).astype(sink.dtype), sink.shape)
 
+def _sink_cotangent(c: TpuPlan, sink, res, res_keys, row_dot, g):
+  """The sink logits' cotangent ``[N]`` (in ``sink``'s dtype), or None without sinks."""
+  if not c.has_sink:
+    return None
+  floor = jnp.reshape(sink.astype(jnp.float32), (1, c.N, 1, 1))
+  term = c.nz.null_grad(floor, {key: res[key] for key in res_keys}, row_dot, g)[:, :, :c.T, 0]
+  return jnp.reshape(jnp.sum(term, axis=(0, 2)).astype(sink.dtype), sink.shape)
+
+
+def _dq_call(c: TpuPlan, tables: Tables, kinds, operands, n_rows: int, mod_specs, res_keys,
+             has_g: bool, score_args, darg_ids):
+  """The dq kernel on grid ``(b, n, query block, visit)``: ``(dq [B, N, Tp, H], *dargs)``.
+
+  ``operands``: ``qh, kh, vh, do``, the ``n_rows`` row inputs, segment ids, modifier tables.
+  """
   bq, bk = c.bq_bwd, c.bk_bwd
-  kinds = run_time_table(c, tables, q_seg_p[:, :, 0] if c.has_segments else None,
-                         kv_seg_p[:, 0, :] if c.has_segments else None, bq, bk,
-                         mod_kinds(c, c.opts, mask_args, bq, bk, offsets))
-  seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
-  mod_args, mod_specs = mod_inputs(c, score_args, mask_args, offsets)
-  # score_mod arguments with gradients: float tables, accumulated in SMEM over the dq grid.
-  darg_ids = tuple(a for a, x in enumerate(score_args)
-                   if jnp.issubdtype(jnp.result_type(x), jnp.inexact))
-
-  # dq: grid (b, n, query block, visit).
   kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
   nq, width = kind.shape
   at_q = lambda b, n, i, s, kr, fr: (b, n, i, 0)
-  at_k = lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)
+  at_k = lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, c.G), fr[i, s], 0)
   in_specs = [pl.BlockSpec((None, None, bq, c.H), at_q),
               pl.BlockSpec((None, None, bk, c.H), at_k),
               pl.BlockSpec((None, None, bk, c.Hv), at_k),
               pl.BlockSpec((None, None, bq, c.Hv), at_q)]
-  in_specs += [pl.BlockSpec((None, None, bq, 1), at_q)] * len(rows_in)
+  in_specs += [pl.BlockSpec((None, None, bq, 1), at_q)] * n_rows
   if c.has_segments:
     in_specs += [pl.BlockSpec((None, bq, LANES), lambda b, n, i, s, kr, fr: (b, i, 0)),
                  pl.BlockSpec((None, 8, bk), lambda b, n, i, s, kr, fr: (b, 0, fr[i, s]))]
@@ -230,51 +221,84 @@ def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res,
       out_specs=[pl.BlockSpec((None, None, bq, c.H), at_q)]
       + [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(darg_ids),
       scratch_shapes=[pltpu.VMEM((bq, c.H), jnp.float32)])
-  dq, *dargs = pl.pallas_call(
+  return pl.pallas_call(
       functools.partial(_dq_kernel, c, res_keys, has_g, width, darg_ids), grid_spec=grid_spec,
-      out_shape=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), q.dtype)]
+      out_shape=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), operands[0].dtype)]
       + [jax.ShapeDtypeStruct(jnp.shape(score_args[a]), jnp.float32) for a in darg_ids],
       compiler_params=_params(c, sequential=bool(darg_ids)), interpret=c.interpret,
-      name=f"attnjax_tpu_dq_{c.opts.normalizer}")(kind, fetch, qh, kh, vh, do, *rows_in,
-                                                  *seg_args, *mod_args)
+      name=f"attnjax_tpu_dq_{c.opts.normalizer}")(kind, fetch, *operands)
 
-  # dk, dv: grid (b, kv head, key block, G x visit); step t reads query head h * G + t // W.
+
+def _dkdv_call(c: TpuPlan, tables: Tables, kinds, operands, n_rows: int, mod_specs, res_keys,
+               has_g: bool, k_dtype, v_dtype):
+  """The dk, dv kernel on grid ``(b, kv head, key block, G x visit)`` (step ``t`` reads query
+  head ``h * G + t // W``): ``(dk [B, K, Sp, H], dv [B, K, Sp, Hv])``."""
+  bq, bk, G = c.bq_bwd, c.bk_bwd, c.G
   kind_t, fetch_t = visit_tables(kinds, tables.q_index, tables.q_count, transpose=True)
   nk, width_t = kind_t.shape
   at_qt = lambda b, h, j, t, kr, fr: (b, h * G + jax.lax.div(t, width_t),
-                                               fr[j, jax.lax.rem(t, width_t)], 0)
+                                      fr[j, jax.lax.rem(t, width_t)], 0)
   at_kt = lambda b, h, j, t, kr, fr: (b, h, j, 0)
   in_specs = [pl.BlockSpec((None, None, bq, c.H), at_qt),
               pl.BlockSpec((None, None, bk, c.H), at_kt),
               pl.BlockSpec((None, None, bk, c.Hv), at_kt),
               pl.BlockSpec((None, None, bq, c.Hv), at_qt)]
-  in_specs += [pl.BlockSpec((None, None, bq, 1), at_qt)] * len(rows_in)
+  in_specs += [pl.BlockSpec((None, None, bq, 1), at_qt)] * n_rows
   if c.has_segments:
     in_specs += [pl.BlockSpec((None, bq, LANES),
                               lambda b, h, j, t, kr, fr: (b, fr[j, jax.lax.rem(t, width_t)], 0)),
                  pl.BlockSpec((None, 8, bk), lambda b, h, j, t, kr, fr: (b, 0, j))]
   in_specs += mod_specs
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=2, grid=(c.B, K, nk, G * width_t), in_specs=in_specs,
+      num_scalar_prefetch=2, grid=(c.B, c.K, nk, G * width_t), in_specs=in_specs,
       out_specs=[pl.BlockSpec((None, None, bk, c.H), at_kt),
                  pl.BlockSpec((None, None, bk, c.Hv), at_kt)],
       scratch_shapes=[pltpu.VMEM((bk, c.H), jnp.float32), pltpu.VMEM((bk, c.Hv), jnp.float32)])
-  dk, dv = pl.pallas_call(
+  return pl.pallas_call(
       functools.partial(_dkdv_kernel, c, res_keys, has_g, width_t), grid_spec=grid_spec,
-      out_shape=[jax.ShapeDtypeStruct((c.B, K, c.Sp, c.H), k.dtype),
-                 jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hv), v.dtype)],
+      out_shape=[jax.ShapeDtypeStruct((c.B, c.K, c.Sp, c.H), k_dtype),
+                 jax.ShapeDtypeStruct((c.B, c.K, c.Sp, c.Hv), v_dtype)],
       compiler_params=_params(c), interpret=c.interpret,
-      name=f"attnjax_tpu_dkdv_{c.opts.normalizer}")(kind_t, fetch_t, qh, kh, vh, do, *rows_in,
-                                                    *seg_args, *mod_args)
+      name=f"attnjax_tpu_dkdv_{c.opts.normalizer}")(kind_t, fetch_t, *operands)
 
+
+def _score_arg_cotangents(score_args, darg_ids, dargs) -> tuple:
+  """One cotangent per ``score_mod`` argument: the kernel's sums for float tables, float0
+  zeros for integer tables (they have no gradient)."""
+  got = dict(zip(darg_ids, dargs))
+  return tuple(got[a].astype(jnp.result_type(x)) if a in got
+               else np.zeros(jnp.shape(x), jax.dtypes.float0)
+               for a, x in enumerate(score_args))
+
+
+def backward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse,
+             score_args=(), mask_args=(), offsets=None):
+  """Cotangents ``(dq, dk, dv, dsink, None, None, dscore_args, None)`` of the kernel's core.
+
+  ``out`` is the forward's padded ``[B, N, Tp, Hv]`` output, ``res`` its residual rows
+  ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the logsumexp statistic's
+  cotangent ``[B, N, T]`` or None; ``offsets``: the first batch row and query head of these
+  arrays in the whole call (see :func:`~attnjax.kernels.pallas_tpu.plan.mod_inputs`).
+  """
+  qh, kh, vh, q_seg_p, kv_seg_p = heads_first(c, q, k, v, q_seg, kv_seg)
+  do, rows_in, res_keys, g = _row_operands(c, q, out, res, d_out, d_lse)
+  dsink = _sink_cotangent(c, sink, res, res_keys, rows_in[0], g)
+  bq, bk = c.bq_bwd, c.bk_bwd
+  kinds = run_time_table(c, tables, q_seg_p[:, :, 0] if c.has_segments else None,
+                         kv_seg_p[:, 0, :] if c.has_segments else None, bq, bk,
+                         mod_kinds(c, c.opts, mask_args, bq, bk, offsets))
+  seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
+  mod_args, mod_specs = mod_inputs(c, score_args, mask_args, offsets)
+  # score_mod arguments with gradients: float tables, accumulated in SMEM over the dq grid.
+  darg_ids = tuple(a for a, x in enumerate(score_args)
+                   if jnp.issubdtype(jnp.result_type(x), jnp.inexact))
+  operands = (qh, kh, vh, do, *rows_in, *seg_args, *mod_args)
+  dq, *dargs = _dq_call(c, tables, kinds, operands, len(rows_in), mod_specs, res_keys,
+                        g is not None, score_args, darg_ids)
+  dk, dv = _dkdv_call(c, tables, kinds, operands, len(rows_in), mod_specs, res_keys,
+                      g is not None, k.dtype, v.dtype)
   dq = jnp.transpose(dq[:, :, :c.T], (0, 2, 1, 3)).astype(q.dtype)
   dk = jnp.transpose(dk[:, :, :c.S], (0, 2, 1, 3)).astype(k.dtype)
   dv = jnp.transpose(dv[:, :, :c.S], (0, 2, 1, 3)).astype(v.dtype)
-  dscore = []
-  got = dict(zip(darg_ids, dargs))
-  for a, x in enumerate(score_args):
-    if a in got:
-      dscore.append(got[a].astype(jnp.result_type(x)))
-    else:  # integer tables have no gradient
-      dscore.append(np.zeros(jnp.shape(x), jax.dtypes.float0))
-  return dq, dk, dv, dsink, None, None, tuple(dscore), None
+  return (dq, dk, dv, dsink, None, None, _score_arg_cotangents(score_args, darg_ids, dargs),
+          None)
