@@ -16,6 +16,30 @@ import os
 
 # Multi-device code is tested on the CPU with 8 host devices; set before jax imports.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+
+def _fast_cpu_codegen_flags() -> list[str]:
+  """XLA:CPU flags that compile the suite's small programs faster, where this jaxlib has them.
+
+  jaxlib 0.10's XLA:CPU still has the elemental fusion emitter beside the MLIR one
+  (``--xla_cpu_use_fusion_emitters=false``): it compiles a block-wise forward and backward
+  in about a third of the time, and the suite is compile-bound. Later jaxlibs dropped the
+  flag (XLA aborts on a flag it does not know), so it is asked for only where the version
+  has it. ``ATTNJAX_TEST_OPTIMIZED=1`` leaves XLA's defaults alone.
+  """
+  if os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") not in ("", "0"):
+    return []
+  from jaxlib import version  # reads the version only: no backend starts
+
+  if tuple(int(p) for p in version.__version__.split(".")[:2]) >= (0, 11):
+    return []
+  return ["--xla_cpu_use_fusion_emitters=false"]
+
+
+# Subprocesses of the tests inherit these flags through the environment.
+for _flag in _fast_cpu_codegen_flags():
+  if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + _flag
 # The suite runs on the CPU backend even where the 'aot' extra installs jax's CUDA and TPU
 # plugins (they only describe compile-only devices here: tests/test_targets.py); GPU and TPU
 # runs are experiments/device_check.py's.
@@ -49,7 +73,7 @@ def compilation_cache_dir() -> str | None:
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 # The suite compiles ~900 tests' worth of small programs, most once each: XLA's optimisation
-# passes cost more than they save there (a clean run took 17 min with them). Modules that need
+# passes cost more than they save there (a clean run took 17 min with them). Tests that need
 # optimised numerics ask for ``optimized_compiles``; ATTNJAX_TEST_OPTIMIZED=1 turns them on
 # everywhere (the kernels' optimised compiles are also what experiments/bench.py runs).
 FAST_COMPILES = os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") in ("", "0")
@@ -67,11 +91,10 @@ if _cache is not None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def optimized_compiles():
-  """Modules whose results depend on XLA's optimised numerics request it (a run meant to
-  diverge at an absurd learning rate, bit-for-bit resumes): optimisations come back for the
-  module. Module-scoped."""
+  """A test whose result depends on XLA's optimised numerics (a run meant to diverge at an
+  absurd learning rate) requests it: optimisations come back for that test."""
   previous = jax.config.read("jax_disable_most_optimizations")
   jax.config.update("jax_disable_most_optimizations", False)
   yield
@@ -99,3 +122,23 @@ def pytest_runtest_setup(item):
       reason = _targets.missing(platform)
       if reason is not None:
         pytest.skip(f"needs the 'aot' extra: {reason}")
+
+
+SLOW_CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_cases.txt")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """The parametrized cases named in ``tests/slow_cases.txt`` are ``slow``: each of them takes
+  only branches that a test of the default run also takes (``tests/select_default_cases.py``
+  chose them from a coverage run; every test function keeps a case in the default run).
+  ``ATTNJAX_TEST_ALL_CASES=1`` runs them with the rest."""
+  del config
+  if os.environ.get("ATTNJAX_TEST_ALL_CASES", "") not in ("", "0"):
+    return  # the measuring run of tests/select_default_cases.py
+  with open(SLOW_CASES, encoding="utf-8") as f:
+    listed = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+  for item in items:
+    if item.nodeid in listed:
+      item.add_marker(pytest.mark.slow)
+

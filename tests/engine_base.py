@@ -19,6 +19,10 @@ statistics). The base then checks values, statistics and gradients against
 - ``test_matches_reference_everywhere`` (``slow``): the cross product of every normaliser,
   structure, GQA / MHA and dtype, with statistics and (where accepted) sink logits.
 
+Of the default cases, those whose every branch another default test also takes are ``slow``
+(``tests/slow_cases.txt``, chosen by ``tests/select_default_cases.py`` from a coverage run);
+``test_every_normaliser_once`` keeps all its cases.
+
 Structures are built from the engine's lengths, so the same causal, window, packed-segment,
 bidirectional and modifier structures hit ragged and interior blocks of every engine.
 """

@@ -15,8 +15,6 @@ from attnjax.train import mesh as mesh_lib
 from attnjax.train import rundir
 from attnjax.train.loop import Trainer, train
 
-pytestmark = pytest.mark.usefixtures("optimized_compiles")
-
 MESHES = {
     "data=8": dict(data=8),
     "data=2,fsdp=4": dict(data=2, fsdp=4),

@@ -7,8 +7,6 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-# The tiny sweep must diverge at its absurd learning rate: optimised numerics in-process.
-pytestmark = pytest.mark.usefixtures("optimized_compiles")
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 # The kernels compile many small programs once each: XLA's optimisation passes would cost
@@ -65,14 +63,19 @@ def tiny_sweep_root(tmp_path_factory):
   arms = [sweep.arm(base, f"{v} lr={lr:g}", str(root / v / f"lr={lr:g}"), variant=v,
                     **{"opt.lr": lr}) for v in ("dense", "cosine") for lr in (1e-2, 1e3)]
   # Arms of one variant share their eval and probe programs: let XLA reuse them (tests only).
-  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  # The absurd learning rate must diverge: XLA's optimised numerics (the suite's unoptimised
+  # compiles keep that loss finite; see conftest).
+  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
+         jax.config.jax_disable_most_optimizations)
   jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_disable_most_optimizations", False)
   try:
     statuses = [s["status"] for s in sweep.run_sweep(arms, verbose=False)]
   finally:
     jax.config.update("jax_compilation_cache_dir", old[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+    jax.config.update("jax_disable_most_optimizations", old[2])
   assert statuses == ["finished", "diverged"] * 2, statuses
   return root
 

@@ -18,8 +18,6 @@ from attnjax.train import optim, report, rundir, sweep
 from attnjax.train.loop import train
 
 # Runs meant to diverge, bit-for-bit resumes and device-count equality: optimised numerics.
-pytestmark = pytest.mark.usefixtures("optimized_compiles")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPARE = os.path.join(REPO, "experiments", "configs", "compare.py")
 WALL_CLOCK = ("tokens_per_s",)
@@ -80,6 +78,9 @@ def test_stopped_run_resumes_bit_for_bit(tmp_path):
   assert [f for f in os.listdir(run.root) if ".tmp" in f] == []
 
 
+# At lr=1e6 the run diverges under XLA's optimised numerics (the unoptimised compiles the
+# suite uses elsewhere keep its loss finite).
+@pytest.mark.usefixtures("optimized_compiles")
 def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
   base = tiny(tmp_path, **{"train.plots": True})
   arms = [sweep.arm(base, "boom", str(tmp_path / "boom"), **{"opt.lr": 1e6}),
