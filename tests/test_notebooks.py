@@ -66,7 +66,7 @@ def tiny_sweep_root(tmp_path_factory):
   # The absurd learning rate must diverge: XLA's optimised numerics (the suite's unoptimised
   # compiles keep that loss finite; see conftest).
   old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
-         jax.config.jax_disable_most_optimizations)
+         jax.config.read("jax_disable_most_optimizations"))
   jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_disable_most_optimizations", False)
