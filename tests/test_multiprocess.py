@@ -24,6 +24,7 @@ from test_mesh import cpu_preset, losses
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
 def command(out, steps=20, checkpoint_every=10, mesh="data=-1"):
   overrides = [f"--config.mesh.{kv}" for kv in mesh.split(",")]
   return [sys.executable, "-m", "attnjax.train.launch", "--processes", "2",

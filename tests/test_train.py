@@ -17,7 +17,6 @@ from attnjax.train import config as config_lib
 from attnjax.train import optim, report, rundir, sweep
 from attnjax.train.loop import train
 
-# Runs meant to diverge, bit-for-bit resumes and device-count equality: optimised numerics.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPARE = os.path.join(REPO, "experiments", "configs", "compare.py")
 WALL_CLOCK = ("tokens_per_s",)
