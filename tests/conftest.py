@@ -16,6 +16,11 @@ import os
 
 # Multi-device code is tested on the CPU with 8 host devices; set before jax imports.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The suite compiles ~900 tests' worth of small programs, most once each: XLA's optimisation
+# passes cost more than they save there (a clean run took 17 min with them). Tests that need
+# optimised numerics ask for ``optimized_compiles``; ATTNJAX_TEST_OPTIMIZED=1 turns them on
+# everywhere (the kernels' optimised compiles are also what experiments/bench.py runs).
+FAST_COMPILES = os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") in ("", "0")
 
 
 def _fast_cpu_codegen_flags() -> list[str]:
@@ -27,7 +32,7 @@ def _fast_cpu_codegen_flags() -> list[str]:
   flag (XLA aborts on a flag it does not know), so it is asked for only where the version
   has it. ``ATTNJAX_TEST_OPTIMIZED=1`` leaves XLA's defaults alone.
   """
-  if os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") not in ("", "0"):
+  if not FAST_COMPILES:
     return []
   from jaxlib import version  # reads the version only: no backend starts
 
@@ -40,6 +45,7 @@ def _fast_cpu_codegen_flags() -> list[str]:
 for _flag in _fast_cpu_codegen_flags():
   if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + _flag
+
 # The suite runs on the CPU backend even where the 'aot' extra installs jax's CUDA and TPU
 # plugins (they only describe compile-only devices here: tests/test_targets.py); GPU and TPU
 # runs are experiments/device_check.py's.
@@ -72,11 +78,6 @@ def compilation_cache_dir() -> str | None:
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
-# The suite compiles ~900 tests' worth of small programs, most once each: XLA's optimisation
-# passes cost more than they save there (a clean run took 17 min with them). Tests that need
-# optimised numerics ask for ``optimized_compiles``; ATTNJAX_TEST_OPTIMIZED=1 turns them on
-# everywhere (the kernels' optimised compiles are also what experiments/bench.py runs).
-FAST_COMPILES = os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") in ("", "0")
 jax.config.update("jax_disable_most_optimizations", FAST_COMPILES)
 # The plugins' environment for describing devices this host does not have, set before jax
 # initialises any backend (importing attnjax initialises none).
@@ -141,4 +142,3 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.nodeid in listed:
       item.add_marker(pytest.mark.slow)
-

@@ -64,6 +64,8 @@ def durations(path: str) -> dict[str, float]:
 
 
 def select(arcs: dict[str, set], seconds: dict[str, float]) -> list[str]:
+  """The node ids that move to ``slow``: slowest first, each only if its function keeps a
+  case, it costs at least ``MIN_SECONDS`` and no arc it takes would be left untested."""
   groups: dict[str, list[str]] = collections.defaultdict(list)
   for nodeid in arcs:
     if "[" in nodeid and not nodeid.startswith(KEEP_FILES + KEEP_FUNCTIONS):
@@ -71,7 +73,7 @@ def select(arcs: dict[str, set], seconds: dict[str, float]) -> list[str]:
   count = collections.Counter(arc for test in arcs.values() for arc in test)
   kept = {g: len(ids) for g, ids in groups.items()}
   candidates = sorted((n for ids in groups.values() for n in ids),
-                    key=lambda n: -seconds.get(n, 0.0))
+                      key=lambda n: -seconds.get(n, 0.0))
   moved = []
   for nodeid in candidates:
     group = nodeid.split("[", 1)[0]
