@@ -17,9 +17,9 @@ import os
 # Multi-device code is tested on the CPU with 8 host devices; set before jax imports.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # The suite compiles ~900 tests' worth of small programs, most once each: XLA's optimisation
-# passes cost more than they save there (a clean run took 17 min with them). Tests that need
-# optimised numerics ask for ``optimized_compiles``; ATTNJAX_TEST_OPTIMIZED=1 turns them on
-# everywhere (the kernels' optimised compiles are also what experiments/bench.py runs).
+# passes cost more than they save there (a clean run took 17 min with them), and no test's
+# result depends on them; ATTNJAX_TEST_OPTIMIZED=1 turns them on everywhere (the kernels'
+# optimised compiles are also what experiments/bench.py runs).
 FAST_COMPILES = os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") in ("", "0")
 
 
@@ -90,16 +90,6 @@ if _cache is not None:
   # Cache every program: the tests compile many small ones, each in well under a second.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-@pytest.fixture
-def optimized_compiles():
-  """A test whose result depends on XLA's optimised numerics (a run meant to diverge at an
-  absurd learning rate) requests it: optimisations come back for that test."""
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", False)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
 
 
 @pytest.fixture

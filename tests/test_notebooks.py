@@ -62,20 +62,19 @@ def tiny_sweep_root(tmp_path_factory):
                          progress=False, plots=False))
   arms = [sweep.arm(base, f"{v} lr={lr:g}", str(root / v / f"lr={lr:g}"), variant=v,
                     **{"opt.lr": lr}) for v in ("dense", "cosine") for lr in (1e-2, 1e3)]
-  # Arms of one variant share their eval and probe programs: let XLA reuse them (tests only).
-  # The absurd learning rate must diverge: XLA's optimised numerics (the suite's unoptimised
-  # compiles keep that loss finite; see conftest).
-  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs,
-         jax.config.read("jax_disable_most_optimizations"))
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_disable_most_optimizations", False)
+  # Arms of one variant share their eval and probe programs: the suite's persistent cache
+  # (conftest) lets XLA reuse them; where it is off, a cache of this fixture's own.
+  own_cache = not (jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache)
+  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  if own_cache:
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   try:
     statuses = [s["status"] for s in sweep.run_sweep(arms, verbose=False)]
   finally:
-    jax.config.update("jax_compilation_cache_dir", old[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
-    jax.config.update("jax_disable_most_optimizations", old[2])
+    if own_cache:
+      jax.config.update("jax_compilation_cache_dir", old[0])
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
   assert statuses == ["finished", "diverged"] * 2, statuses
   return root
 

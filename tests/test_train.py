@@ -77,12 +77,9 @@ def test_stopped_run_resumes_bit_for_bit(tmp_path):
   assert [f for f in os.listdir(run.root) if ".tmp" in f] == []
 
 
-# At lr=1e6 the run diverges under XLA's optimised numerics (the unoptimised compiles the
-# suite uses elsewhere keep its loss finite).
-@pytest.mark.usefixtures("optimized_compiles")
 def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
   base = tiny(tmp_path, **{"train.plots": True})
-  arms = [sweep.arm(base, "boom", str(tmp_path / "boom"), **{"opt.lr": 1e6}),
+  arms = [sweep.arm(base, "boom", str(tmp_path / "boom"), **{"opt.lr": 1e3}),
           sweep.arm(base, "ok", str(tmp_path / "ok"))]
   results = sweep.run_sweep(arms, verbose=False)
   boom, ok = results
@@ -109,7 +106,7 @@ def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
   # The same two arms are an LR sweep of one variant: sensitivity, max stable LR, plots.
   markdown = report.write_lr_sweep_report(str(tmp_path))
   (summary,) = json.load(open(tmp_path / "lr_sensitivity.json"))
-  assert summary["max_stable_lr"] == pytest.approx(1e-2) and summary["diverged_lrs"] == [1e6]
+  assert summary["max_stable_lr"] == pytest.approx(1e-2) and summary["diverged_lrs"] == [1e3]
   assert summary["lr_sensitivity"] == pytest.approx(0.5 * (ok["initial_loss"] - ok["val_loss"]),
                                                     rel=1e-6)
   assert "| dense | 2 |" in markdown
