@@ -18,7 +18,7 @@ from helpers import assert_close, outputs_and_grads, rand_qkv
 
 
 def qkv(B, T, N, K, H, seed=0, dtype=jnp.float32):
-  return rand_qkv(B, T, T, N, K, H, seed=seed, dtype=dtype, source="numpy")
+  return rand_qkv(B, T, T, N, K, H, seed=seed, dtype=dtype)
 
 
 def dense_with_mask(q, k, v, pattern, **kw):

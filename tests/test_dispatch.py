@@ -38,7 +38,7 @@ EXTRAS = {"plain": {}, "sink": "sink", "softcap": dict(softcap=5.0),
 
 
 def _call(normalizer, structure, extra, T, dtype, H=8):
-  q, k, v = rand_qkv(B=1, T=T, N=2, K=1, H=H, dtype=dtype, source="numpy")
+  q, k, v = rand_qkv(B=1, T=T, N=2, K=1, H=H, dtype=dtype)
   kw: dict[str, Any] = dict(normalizer=normalizer)
   s = STRUCTURES[structure]
   kw.update(dict(segment_ids=jnp.zeros((1, T), int)) if s == "segments" else s)
@@ -152,7 +152,7 @@ def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
   mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(kind, kind))
   assert _sharding.kernel_axes(mesh, 8, 2) == (("data",), ("tensor",))
   assert _sharding.kernel_axes(mesh, 2, 3) == ((), ())  # neither divides: unsharded
-  q, k, v = rand_qkv(B=8, T=40, N=4, K=2, H=16, source="numpy")
+  q, k, v = rand_qkv(B=8, T=40, N=4, K=2, H=16)
   kw = dict(is_causal=True, normalizer="softpick", return_stats=True)
   opts = dense.prepare(q, k, v, **kw)[1]
   seen = []
@@ -196,7 +196,7 @@ def test_an_option_a_kernel_does_not_know_is_never_dropped():
 def test_auto_dispatch_runs_the_cpu_branch_and_matches_the_reference():
   # cpu -> reference, cuda -> pallas_gpu, tpu -> pallas_tpu: one program holding the three
   # branches, run on the CPU.
-  q, k, v = rand_qkv(B=1, T=40, N=4, K=2, H=16, source="numpy")
+  q, k, v = rand_qkv(B=1, T=40, N=4, K=2, H=16)
   kw = dict(normalizer="softpick", is_causal=True, return_stats=True)
   assert len(set(dense.dispatch_table(*dense.prepare(q, k, v, **kw)).values())) == 3
 
@@ -224,7 +224,7 @@ def test_a_stand_in_engine_is_chosen_where_it_covers_the_call(monkeypatch):
   # One record and one list entry, no other edit: auto-dispatch takes the stand-in where its
   # unsupported accepts the call (softmax), and the old choice elsewhere (sigmoid) and once it
   # is gone. A length no other test uses keeps jax's trace caches out of the way.
-  q, k, v = rand_qkv(B=1, T=37, N=2, K=1, H=8, source="numpy")
+  q, k, v = rand_qkv(B=1, T=37, N=2, K=1, H=8)
   softmax, sigmoid = (dense.prepare(q, k, v, normalizer=n) for n in ("softmax", "sigmoid"))
   before = {n: dense.dispatch_table(*call) for n, call in (("softmax", softmax),
                                                           ("sigmoid", sigmoid))}
@@ -252,7 +252,7 @@ def test_a_stand_in_engine_is_chosen_where_it_covers_the_call(monkeypatch):
 def test_each_engine_is_checked_once_per_call(monkeypatch):
   # Auto-dispatch asks each engine's unsupported once however many platforms' lists name it,
   # and a named call once (the engine's computation does not ask again).
-  q, k, v = rand_qkv(B=1, T=41, N=2, K=1, H=8, source="numpy")
+  q, k, v = rand_qkv(B=1, T=41, N=2, K=1, H=8)
   asked = []
   for name, engine in list(dense.ENGINES.items()):
     def counted(inputs, opts, *, _name=name, _check=engine.unsupported):

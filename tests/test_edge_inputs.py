@@ -128,7 +128,7 @@ IDS = [c.name for c in CASES]
 
 
 def _qkv(T, S, *, H=H, seed=0):
-  return rand_qkv(B=1, T=T, S=S, N=N, K=K, H=H, seed=seed, source="numpy")
+  return rand_qkv(B=1, T=T, S=S, N=N, K=K, H=H, seed=seed)
 
 
 def _result(case: Case, q, k, v, **kw):

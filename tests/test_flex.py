@@ -61,7 +61,7 @@ CASES = [
 
 @pytest.mark.parametrize("name,kw,T,S", CASES, ids=[c[0] for c in CASES])
 def test_score_and_mask_mod_blockwise_match_reference(name, kw, T, S):
-  q, k, v = rand_qkv(2, T, S, 4, 2, 8, seed=1, source="numpy")
+  q, k, v = rand_qkv(2, T, S, 4, 2, 8, seed=1)
   args = (jnp.asarray(mods.alibi_slopes(4)), 0.1 * jnp.asarray(
       np.random.default_rng(2).standard_normal((T, S), np.float32)))
   kw = dict(kw, score_mod=_alibi_table, mask_mod=_late_rows if T == S else None)
@@ -88,7 +88,7 @@ def test_mask_mod_with_traced_args_skips_at_run_time_and_matches():
   # Document ids as mask_mod_args are traced inside the jitted call: the blocks
   # are classified per call; a row block whose document ends early is skipped.
   T = 32
-  q, k, v = rand_qkv(2, T, T, 4, 2, 8, seed=4, source="numpy")
+  q, k, v = rand_qkv(2, T, T, 4, 2, 8, seed=4)
   ids = jnp.stack([jnp.arange(T) // 8, jnp.where(jnp.arange(T) < 20, 0, 1)]).astype(jnp.int32)
   seg_ref = attnjax.dot_product_attention(q, k, v, segment_ids=ids, is_causal=True,
                                           implementation="reference")
@@ -109,7 +109,7 @@ def test_document_mask_blocks_from_id_ranges(monkeypatch):
   monkeypatch.setattr(mods.document_mask, "block_table",
                       lambda *a: calls.append(1) or rule(*a), raising=True)
   T = 32
-  q, k, v = rand_qkv(2, T, T, 2, 2, 8, seed=5, source="numpy")
+  q, k, v = rand_qkv(2, T, T, 2, 2, 8, seed=5)
   ids = jnp.stack([jnp.arange(T) // 8, jnp.arange(T) // 20]).astype(jnp.int32)
   got = blockwise.attention(q, k, v, block_q=8, block_k=8,  # jitted: ids traced
                                         mask_mod=mods.document_mask, mask_mod_args=(ids,))
@@ -119,7 +119,7 @@ def test_document_mask_blocks_from_id_ranges(monkeypatch):
 
 
 def test_bf16_and_gqa_with_modifiers():
-  q, k, v = rand_qkv(1, 16, 16, 4, 1, 8, seed=6, dtype=jnp.bfloat16, source="numpy")
+  q, k, v = rand_qkv(1, 16, 16, 4, 1, 8, seed=6, dtype=jnp.bfloat16)
   kw = dict(score_mod=mods.alibi, mask_mod=mods.causal_mask)
   args = (jnp.asarray(mods.alibi_slopes(4)),)
   got = _value_and_grads(_blockwise(**kw), q, k, v, args)
@@ -144,7 +144,7 @@ SPARSE_CASES = [
     "global_rows_chunks"])
 def test_sparse_paths_with_modifiers_match_reference(name, pattern, T, monkeypatch):
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 2)  # T=40 with blocks of 4 takes the chunk path
-  q, k, v = rand_qkv(2, T, T, 4, 2, 8, seed=7, source="numpy")
+  q, k, v = rand_qkv(2, T, T, 4, 2, 8, seed=7)
   ids = (jnp.arange(T)[None, :] // 13 * jnp.ones((2, 1), jnp.int32)).astype(jnp.int32)
   args = (jnp.asarray(mods.alibi_slopes(4)), 0.1 * jnp.asarray(
       np.random.default_rng(8).standard_normal((T, T), np.float32)))
@@ -158,7 +158,7 @@ def test_sparse_paths_with_modifiers_match_reference(name, pattern, T, monkeypat
 
 
 def test_qk_norm_and_cosine_take_modifiers():
-  q, k, v = rand_qkv(1, 12, 12, 2, 2, 8, seed=2, source="numpy")
+  q, k, v = rand_qkv(1, 12, 12, 2, 2, 8, seed=2)
   slopes = jnp.asarray(mods.alibi_slopes(2))
   for fn, extra in ((attnjax.qk_norm_attention, {}),
                     (attnjax.cosine_attention, dict(temperature=jnp.full((2,), 2.0)))):
@@ -176,7 +176,7 @@ def test_qk_norm_and_cosine_take_modifiers():
 
 
 def test_closing_over_a_traced_array_raises():
-  q, k, v = rand_qkv(1, 8, 8, 2, 2, 4, source="numpy")
+  q, k, v = rand_qkv(1, 8, 8, 2, 2, 4)
 
   @jax.jit
   def bad(q, slopes):
@@ -196,7 +196,7 @@ def test_closing_over_a_traced_array_raises():
 
 
 def test_modifier_validation():
-  q, k, v = rand_qkv(1, 8, 8, 2, 2, 4, source="numpy")
+  q, k, v = rand_qkv(1, 8, 8, 2, 2, 4)
   with pytest.raises(ValueError, match="score_mod_args were given"):
     attnjax.dot_product_attention(q, k, v, score_mod_args=(jnp.ones(2),))
   with pytest.raises(TypeError, match="score_mod must be a callable"):
@@ -242,7 +242,7 @@ def test_from_mask_mod_per_head_and_batch_and_reuse():
   kept = layout.kept_blocks(lay)
   np.testing.assert_array_equal(kept, np.tril(np.ones((4, 4), bool)))  # union over heads
   assert not layout.full_blocks(lay).any()  # no block is full for both heads
-  q, k, v = rand_qkv(1, 32, 32, 2, 2, 4, seed=3, source="numpy")
+  q, k, v = rand_qkv(1, 32, 32, 2, 2, 4, seed=3)
   kw = dict(mask_mod=mod, mask_mod_args=(jnp.asarray(ids),))
   got = attnjax.dot_product_attention(q, k, v, implementation="blockwise", block_layout=lay, **kw)
   want = attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
@@ -256,7 +256,7 @@ def test_mask_mod_blocks_are_skipped_and_full_blocks_unmasked(monkeypatch):
   real = blockwise.run_layout
   monkeypatch.setattr(blockwise, "run_layout",
                       lambda *a, **kw: calls.append(kw["layout"]) or real(*a, **kw))
-  q, k, v = rand_qkv(1, 64, 64, 2, 2, 4, source="numpy")
+  q, k, v = rand_qkv(1, 64, 64, 2, 2, 4)
   got = blockwise._attention(q, k, v, block_q=8, block_k=8,
                                          mask_mod=mods.sliding_window_mask(8))
   want = blockwise._attention(q, k, v, block_q=8, block_k=8, window=(8, 0))
@@ -277,7 +277,7 @@ def test_layout_intersect_checks_geometry():
 def test_modifier_factories_are_hashable_and_equal_by_value():
   assert mods.sliding_window_mask(4) == mods.sliding_window_mask(4)
   assert hash(mods.t5_relative_bias(32, 64)) == hash(mods.t5_relative_bias(32, 64))
-  q, k, v = rand_qkv(1, 8, 8, 2, 2, 4, source="numpy")
+  q, k, v = rand_qkv(1, 8, 8, 2, 2, 4)
 
   class Unhashable:
     def __eq__(self, other):
@@ -347,8 +347,8 @@ def _fwd_cases():
 
 @pytest.mark.parametrize("path", ["blockwise", "sparse"])
 def test_jvp_and_linearize_match_the_reference(path):
-  q, k, v = rand_qkv(1, 32, 32, 4, 2, 8, seed=12, source="numpy")
-  tq, tk, tv = rand_qkv(1, 32, 32, 4, 2, 8, seed=13, source="numpy")
+  q, k, v = rand_qkv(1, 32, 32, 4, 2, 8, seed=12)
+  tq, tk, tv = rand_qkv(1, 32, 32, 4, 2, 8, seed=13)
   slopes, fns, reference = _fwd_cases()
   primals, tangents = (q, k, v, slopes), (tq, tk, tv, jnp.ones_like(slopes))
   want = jax.jvp(reference, primals, tangents)
@@ -365,7 +365,7 @@ def test_jvp_and_linearize_match_the_reference(path):
 
 def test_reverse_mode_saves_no_probability_tiles():
   # The linearised program keeps O(T) residuals: no [.., T, S]-sized tile per visit.
-  q, k, v = rand_qkv(1, 64, 64, 2, 2, 8, seed=1, source="numpy")
+  q, k, v = rand_qkv(1, 64, 64, 2, 2, 8, seed=1)
   f = lambda q: jnp.sum(blockwise.attention(q, k, v, block_q=8, block_k=8,
                                                         score_mod=mods.SoftCap(5.0)))
   _, f_vjp = jax.vjp(f, q)
@@ -376,7 +376,7 @@ def test_reverse_mode_saves_no_probability_tiles():
 
 
 def test_a_mask_mod_that_branches_on_traced_indices_gets_a_clear_error():
-  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=1, source="numpy")
+  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=1)
 
   def bad(b, n, i, j):
     return j <= i and i > 2  # Python `and` on traced indices
@@ -387,8 +387,8 @@ def test_a_mask_mod_that_branches_on_traced_indices_gets_a_clear_error():
 
 @pytest.mark.parametrize("path", ["blockwise", pytest.param("sparse", marks=pytest.mark.slow)])
 def test_hessian_vector_products_both_orders(path):  # sparse: slow; its jvp runs by default
-  q, k, v = rand_qkv(1, 24, 24, 4, 2, 8, seed=14, source="numpy")
-  tq = rand_qkv(1, 24, 24, 4, 2, 8, seed=15, source="numpy")[0]
+  q, k, v = rand_qkv(1, 24, 24, 4, 2, 8, seed=14)
+  tq = rand_qkv(1, 24, 24, 4, 2, 8, seed=15)[0]
   slopes, fns, reference = _fwd_cases()
 
   def loss(f):
@@ -408,7 +408,7 @@ def test_hessian_vector_products_both_orders(path):  # sparse: slow; its jvp run
 
 
 def test_vmap_of_grad_and_grad_of_vmap():
-  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=16, source="numpy")
+  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, seed=16)
   f = lambda q: blockwise.attention(q, k, v, block_q=8, block_k=8, is_causal=True,
                                                 score_mod=mods.SoftCap(2.0))
   r = lambda q: attnjax.dot_product_attention(q, k, v, is_causal=True, implementation="reference",
@@ -433,7 +433,7 @@ def test_in_call_layout_evaluates_batch_and_heads_only_when_read():
 def test_run_time_mask_mod_table_joins_segment_ids():
   # Both classified at run time: a block is skipped if either skips it, unmasked if both allow it.
   T = 32
-  q, k, v = rand_qkv(2, T, T, 2, 2, 8, seed=8, source="numpy")
+  q, k, v = rand_qkv(2, T, T, 2, 2, 8, seed=8)
   seg = jnp.stack([jnp.arange(T) // 16, jnp.arange(T) // 12]).astype(jnp.int32)
   ids = jnp.stack([jnp.arange(T) // 8, jnp.arange(T) // 24]).astype(jnp.int32)
   kw = dict(segment_ids=seg, is_causal=True, mask_mod=_doc_mask, mask_mod_args=(ids,))

@@ -18,7 +18,7 @@ FORMS = ("reference", "parallel", "chunked")
 
 def _inputs(B=2, T=13, N=4, K=2, H=8, Hv=6, *, per_channel=False, lo=0.05, hi=1.0, seed=0,
             dtype=jnp.float32):
-  q, k, v = rand_qkv(B=B, T=T, N=N, K=K, H=H, Hv=Hv, seed=seed, dtype=dtype, source="numpy")
+  q, k, v = rand_qkv(B=B, T=T, N=N, K=K, H=H, Hv=Hv, seed=seed, dtype=dtype)
   rng = np.random.default_rng(seed + 1)
   shape = (B, T, N, H) if per_channel else (B, T, N)
   g = jnp.asarray(-rng.uniform(lo, hi, shape), jnp.float32)

@@ -23,7 +23,7 @@ B, T, N, K, H = 2, 8, 4, 2, 8
 
 
 def _inputs():
-  q, k, v = rand_qkv(B=B, T=T, N=N, K=K, H=H, source="numpy")
+  q, k, v = rand_qkv(B=B, T=T, N=N, K=K, H=H)
   rng = np.random.default_rng(1)
   bias = jnp.asarray(rng.standard_normal((B, N, T, T), np.float32))
   mask = jnp.asarray(rng.random((B, 1, T, T)) < 0.8).at[..., 0].set(True)
@@ -137,7 +137,7 @@ def test_the_residual_comes_from_each_engines_own_row_counts(engine):
   padded keys), with no mask rebuilt; elsewhere it is the reference's logsumexp."""
   from attnjax import _jax_nn_compat, dense
   from attnjax.kernels import pallas_gpu, pallas_tpu
-  q, k, v = rand_qkv(B=2, T=24, N=4, K=2, H=8, source="numpy")
+  q, k, v = rand_qkv(B=2, T=24, N=4, K=2, H=8)
   q_len, kv_len = np.array([20, 24]), np.array([3, 24])
   keywords = _jax_nn_compat.ragged(
       q, k, jnp.asarray(q_len), jnp.asarray(kv_len),

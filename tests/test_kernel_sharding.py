@@ -77,7 +77,7 @@ def modifier_case():
   """A call whose modifiers read the batch row and the head: a score_mod with per-(b, n)
   tables and a prefix-LM mask_mod whose prefix lengths differ per row, so that the key blocks
   the later rows need are ones the earlier rows skip (T = 256: 2 x 2 blocks of 128)."""
-  q, k, v = rand_qkv(B=4, T=256, S=256, N=4, K=2, H=16, source="numpy")
+  q, k, v = rand_qkv(B=4, T=256, S=256, N=4, K=2, H=16)
   score_args = (jnp.asarray(mods.alibi_slopes(4)),
                 jnp.asarray(np.random.default_rng(5).standard_normal((4, 4)), jnp.float32))
   kw = dict(score_mod=alibi_per_row_and_head, mask_mod=mods.prefix_lm_mask,
@@ -127,7 +127,7 @@ def test_pallas_tpu_per_shard_sees_the_whole_calls_rows_and_heads(way):
 @pytest.mark.parametrize("way", WAYS)
 def test_splash_per_shard_matches_the_reference(way):
   needs_devices(4)
-  q, k, v = rand_qkv(B=4, T=256, S=256, N=4, K=2, H=16, source="numpy")
+  q, k, v = rand_qkv(B=4, T=256, S=256, N=4, K=2, H=16)
   sink = jnp.linspace(-1.0, 1.0, 4)
   mesh = jax.make_mesh((4,), ("data",), axis_types=AUTO[:1])
 

@@ -16,7 +16,7 @@ from helpers import assert_close, rand_qkv
 
 def _inputs(B, T, N, K, H, Hv, S=None, seed=0, dtype=jnp.float32):
   # numpy draws: eager jax.random calls would each compile an XLA program per shape.
-  return rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv, seed=seed, dtype=dtype, source="numpy")
+  return rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv, seed=seed, dtype=dtype)
 
 
 def _state(B, K, F, Hv, seed=7):

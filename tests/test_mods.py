@@ -19,7 +19,7 @@ def _ref(q, k, v, **kw):
 
 @pytest.fixture(scope="module")
 def qkv():
-  return rand_qkv(B, T, T, N, K, H, seed=11, source="numpy")
+  return rand_qkv(B, T, T, N, K, H, seed=11)
 
 
 def test_alibi_slopes():
@@ -154,7 +154,7 @@ def test_document_masks_with_block_rules_over_many_blocks(name):
   # id ranges, and only the causal rule can say that those above the diagonal must be skipped
   # and those on it masked (traced ids: the jitted call classifies blocks from the rule).
   from attnjax.kernels import blockwise
-  q, k, v = rand_qkv(1, 32, 32, 2, 1, 8, seed=3, source="numpy")
+  q, k, v = rand_qkv(1, 32, 32, 2, 1, 8, seed=3)
   ids = jnp.asarray(np.arange(32)[None] // 16, jnp.int32)
   fn = mods.document_mask if name == "document" else mods.causal_document_mask
   allowed = ids[:, :, None] == ids[:, None, :]

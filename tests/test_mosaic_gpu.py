@@ -61,8 +61,7 @@ compiled_interpreter = pytest.mark.skipif(
 def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, softcap=None,
             scale=None, stats=False, H=64, seed=0, lengths=(T, S)):
   N, K = (4, 2) if gqa else (2, 2)
-  q, k, v = rand_qkv(B=2, T=lengths[0], S=lengths[1], N=N, K=K, H=H, seed=seed,
-                     source="numpy")
+  q, k, v = rand_qkv(B=2, T=lengths[0], S=lengths[1], N=N, K=K, H=H, seed=seed)
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale,
             return_stats=stats)

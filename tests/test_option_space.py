@@ -72,7 +72,7 @@ def _arrays(rng, *, self_only: bool, values: str = "normal"):
   if values == "huge" or (values == "any" and rng.random() < 0.2):
     scales = (30.0, 30.0, 1e4)
   q, k, v = rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, seed=int(rng.integers(1 << 30)),
-                     dtype=dtype, scales=scales, source="numpy")
+                     dtype=dtype, scales=scales)
   if values == "any" and T > 0 and S > 0 and rng.random() < 0.15:
     # A NaN in one input: it may spread (as in the reference), never differ between paths.
     which = int(rng.integers(3))

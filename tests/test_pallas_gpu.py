@@ -50,7 +50,7 @@ class TestPallasGpu(DenseEngineTests):
 
 def test_pallas_gpu_float16_and_no_structure():
   TestPallasGpu().check(("softmax", "causal", True, jnp.float16, False, False, None))
-  q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16, source="numpy")
+  q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16)
   out = pallas_gpu.run(*dense.prepare(q, k, v, normalizer="sigmoid"),
                                    interpret=True, block_sizes=BLOCKS)
   ref = attnjax.dot_product_attention(q, k, v, normalizer="sigmoid", implementation="reference")
@@ -79,7 +79,7 @@ def test_pallas_gpu_lists_what_it_cannot_do():
     (5, 5, dict(window=(1, 1), normalizer="softmax_one")),  # shorter than the smallest block
 ], ids=["rows_without_keys", "tiny"])
 def test_pallas_gpu_rows_without_keys_and_short_calls(T_, S_, kw):
-  q, k, v = rand_qkv(B=1, T=T_, S=S_, N=2, K=1, H=8, source="numpy")
+  q, k, v = rand_qkv(B=1, T=T_, S=S_, N=2, K=1, H=8)
 
   def loss(q, k, v, impl):
     out = _run(impl, q, k, v, None, kw)

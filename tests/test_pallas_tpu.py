@@ -52,7 +52,7 @@ def test_block_tables_skip_blocks_and_drop_masks():
   # Causal, T = S = 1024, 128 x 128 blocks: 36 of the 64 block pairs are visited (the lower
   # triangle), the 8 diagonal ones masked, the 28 below it without an element mask; each query
   # block's grid row has 8 steps, the padding steps SKIP and fetching the last visited block.
-  q, k, v = rand_qkv(B=1, T=1024, S=1024, N=2, K=1, H=8, source="numpy")
+  q, k, v = rand_qkv(B=1, T=1024, S=1024, N=2, K=1, H=8)
   inputs, opts = dense.prepare(q, k, v, is_causal=True)
   c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
   t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
@@ -79,7 +79,7 @@ def test_segments_skip_blocks_at_run_time():
   # Four packed documents of 256 tokens: a query block never meets another document's keys, so
   # every block pair across documents is SKIP at run time (no copy: fetch repeats), and pairs
   # inside one document (one id on both sides) run without an element mask.
-  q, k, v = rand_qkv(B=1, T=1024, S=1024, N=2, K=1, H=8, source="numpy")
+  q, k, v = rand_qkv(B=1, T=1024, S=1024, N=2, K=1, H=8)
   ids = jnp.repeat(jnp.arange(4), 256)[None]
   inputs, opts = dense.prepare(q, k, v, segment_ids=ids)
   c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
@@ -135,7 +135,7 @@ def test_modifiers_reading_batch_and_head_inside_shard_map():
   # custom VJP, so its backward, traced after the shard_map's body, reads them too).
   auto = jax.sharding.AxisType.Auto  # (interpret-mode Pallas refuses explicitly sharded refs)
   mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=(auto, auto))
-  q, k, v = rand_qkv(B=2, T=T, S=T, N=4, K=2, H=16, source="numpy")
+  q, k, v = rand_qkv(B=2, T=T, S=T, N=4, K=2, H=16)
   args = (jnp.asarray(mods.alibi_slopes(4)), jnp.arange(8, dtype=jnp.float32).reshape(2, 4))
   kw = dict(is_causal=True, score_mod=alibi_per_head, score_mod_args=args)
 
@@ -175,7 +175,7 @@ def test_tpu_dispatch_takes_splash_then_pallas_tpu_then_blockwise():
 
 def test_pallas_tpu_rows_without_keys_and_the_entry_point():
   # Rows 105.. of a causal window (5, 0) over 100 keys see no key: zero rows, zero gradients.
-  q, k, v = rand_qkv(B=1, T=170, S=100, N=2, K=1, H=8, source="numpy")
+  q, k, v = rand_qkv(B=1, T=170, S=100, N=2, K=1, H=8)
   kw = dict(is_causal=True, window=(5, 0), normalizer="sigmoid")
 
   def loss(fn, q, k, v):
@@ -196,7 +196,7 @@ def test_pallas_tpu_rows_without_keys_and_the_entry_point():
 def test_a_mask_mod_layout_built_for_other_blocks_on_a_short_call():
   # T = 12 < the 128-row tile: a block_layout from from_mask_mod (its blocks clamped to 12) is
   # the same single block; the kernel uses it (auto-dispatch traces this TPU branch on any host).
-  q, k, v = rand_qkv(B=1, T=12, S=12, N=2, K=1, H=8, source="numpy")
+  q, k, v = rand_qkv(B=1, T=12, S=12, N=2, K=1, H=8)
   mod = mods.sliding_window_mask(3)
   lay = attnjax.layout.from_mask_mod(mod, 12, 12, 128, 128)
   inputs, opts = dense.prepare(q, k, v, mask_mod=mod, block_layout=lay, normalizer="sigmoid")

@@ -53,7 +53,7 @@ def test_linear_attention_with_a_new_favor_plus_key_does_not_retrace():
   # does not recompile".
   attend = jax.jit(chex.assert_max_traces(linear._linear_attention, n=1),
                    static_argnames=linear.LINEAR_STATIC)
-  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, dtype=jnp.bfloat16, source="numpy")
+  q, k, v = rand_qkv(1, 16, 16, 2, 2, 8, dtype=jnp.bfloat16)
   outs = [attend(q, k, v, feature_map=feature_maps.favor_plus(jax.random.key(seed), 16,
                                                               head_dim=8), is_causal=True)
           for seed in (0, 1)]
@@ -67,7 +67,7 @@ def test_feature_map_error_with_a_new_favor_plus_key_does_not_retrace(monkeypatc
                        ("_feature_map_error_static", ("feature_map", "is_causal", "scale"))):
     monkeypatch.setattr(approximation, name, jax.jit(
         chex.assert_max_traces(approximation._feature_map_error, n=1), static_argnames=static))
-  q, k, _ = rand_qkv(1, 8, 8, 2, 2, 8, source="numpy")
+  q, k, _ = rand_qkv(1, 8, 8, 2, 2, 8)
   errs = [approximation.feature_map_attention_error(
       q, k, feature_map=feature_maps.favor_plus(jax.random.key(seed), 8, head_dim=8))
       for seed in (0, 1)]
@@ -85,7 +85,7 @@ def test_new_score_and_mask_mod_args_do_not_retrace(implementation):
   attend = jax.jit(chex.assert_max_traces(dense._dot_product_attention, n=1),
                    static_argnames=dense.DENSE_STATIC)
   B, T, N = 2, 16, 2
-  q, k, v = rand_qkv(B, T, T, N, N, 4, source="numpy")
+  q, k, v = rand_qkv(B, T, T, N, N, 4)
   rng = np.random.default_rng(0)
   outs = []
   for cut in (5, 11):
@@ -100,7 +100,7 @@ def test_new_score_and_mask_mod_args_do_not_retrace(implementation):
 def test_new_alibi_slopes_do_not_retrace():
   attend = jax.jit(chex.assert_max_traces(dense._dot_product_attention, n=1),
                    static_argnames=dense.DENSE_STATIC)
-  q, k, v = rand_qkv(1, 8, 8, 4, 2, 4, source="numpy")
+  q, k, v = rand_qkv(1, 8, 8, 4, 2, 4)
   slopes = jnp.asarray(mods.alibi_slopes(4))
   outs = [attend(q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(s,))
           for s in (slopes, 4.0 * slopes)]

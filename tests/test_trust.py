@@ -50,7 +50,7 @@ def on_gpu(monkeypatch, cache):
 
 
 def _sigmoid_call(T=64, dtype=jnp.float32):
-  q, k, v = rand_qkv(B=1, T=T, N=2, K=1, H=8, dtype=dtype, source="numpy")
+  q, k, v = rand_qkv(B=1, T=T, N=2, K=1, H=8, dtype=dtype)
   return dense.prepare(q, k, v, normalizer="sigmoid", is_causal=True)
 
 
@@ -66,7 +66,7 @@ def test_an_unchecked_kernel_is_skipped_with_one_log_line(on_gpu, caplog):
   assert "`python -m attnjax.check`" in lines[0] and "ATTNJAX_KERNELS=all" in lines[0]
   assert "runs 'reference' instead" in lines[0]
   # jax's kernels are always taken where they cover the call
-  q, k, v = rand_qkv(B=1, T=256, N=2, K=1, H=64, dtype=jnp.bfloat16, source="numpy")
+  q, k, v = rand_qkv(B=1, T=256, N=2, K=1, H=64, dtype=jnp.bfloat16)
   assert dense.dispatch_table(*dense.prepare(q, k, v, is_causal=True))["tpu"] == "splash"
 
 

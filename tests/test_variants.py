@@ -46,7 +46,7 @@ class FastPathsMatchReferences(chex.TestCase):
   def test_blockwise_with_document_mask_mod(self):
     # Concrete ids build the block layout on the host; traced ids classify blocks at run time.
     B, T = 2, 12
-    q, k, v = rand_qkv(B, T, T, 4, 2, 8, source="numpy")
+    q, k, v = rand_qkv(B, T, T, 4, 2, 8)
     ids = jnp.asarray(np.stack([np.arange(T) // 5, np.arange(T) // 8]), jnp.int32)
 
     def blockwise(q, k, v, ids):
@@ -65,7 +65,7 @@ class FastPathsMatchReferences(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_linear_chunked_with_a_state(self):
     B, T, K, H = 1, 11, 2, 4  # T is not a multiple of chunk_size
-    q, k, v = rand_qkv(B, T, T, 4, K, H, seed=1, source="numpy")
+    q, k, v = rand_qkv(B, T, T, 4, K, H, seed=1)
     rng = np.random.default_rng(2)
     state = linear.LinearState(jnp.asarray(rng.uniform(0, 1, (B, K, H, H)), jnp.float32),
                                jnp.asarray(rng.uniform(1, 2, (B, K, H)), jnp.float32))
@@ -85,7 +85,7 @@ class FastPathsMatchReferences(chex.TestCase):
   @pytest.mark.slow  # ~8 s of compiles; tests/test_gated_linear.py checks the forms under jit
   def test_gated_linear_chunked_with_segments(self):
     B, T, N, H = 1, 11, 2, 4
-    q, k, v = rand_qkv(B, T, T, N, N, H, seed=3, source="numpy")
+    q, k, v = rand_qkv(B, T, T, N, N, H, seed=3)
     rng = np.random.default_rng(4)
     g = jnp.asarray(-rng.uniform(0.05, 1.0, (B, T, N)), jnp.float32)
     s0 = jnp.asarray(rng.standard_normal((B, N, H, H)), jnp.float32)

@@ -50,7 +50,7 @@ def test_literal_types_name_what_the_functions_accept(literal, names):
 
 
 def test_every_family_calls_its_readable_form_reference():
-  q, k, v = rand_qkv(B=1, T=8, N=2, K=1, H=4, source="numpy")
+  q, k, v = rand_qkv(B=1, T=8, N=2, K=1, H=4)
   kw = dict(implementation="reference")
   ref = attnjax.dot_product_attention(q, k, v, is_causal=True, **kw)
   assert_close(attnjax.sparse_attention(q, k, v, pattern=attnjax.patterns.causal(),
@@ -180,7 +180,7 @@ def test_window_keeps_the_same_keys_in_every_family_layer_and_variant():
   T, w = 8, 2
   want = np.asarray(P.sliding_window(w).mask(T))[0, 0]
   assert want.sum(-1).tolist() == [min(i, w) + 1 for i in range(T)]
-  q, k, _ = rand_qkv(B=1, T=T, N=1, K=1, H=4, source="numpy")
+  q, k, _ = rand_qkv(B=1, T=T, N=1, K=1, H=4)
   eye = jnp.eye(T)[None, :, None, :]  # one-hot values: output [i, j] = the weight on key j
   nothing = (jnp.zeros((1, 1, 1, 4)), jnp.zeros((1, 1, 1, T)))  # a compressed block adding 0
 
