@@ -37,7 +37,7 @@ KEEP_FUNCTIONS = ("tests/test_blockwise.py::TestBlockwise::test_every_normaliser
 SOURCES = ("/attnjax/", "/experiments/")
 # Cases cheaper than this (setup + call + teardown in the measuring run) stay: moving them
 # would save little and thin the default run's inputs.
-MIN_SECONDS = 1.0
+MIN_SECONDS = 0.5
 
 
 def arcs_by_test(path: str) -> dict[str, set]:
