@@ -92,6 +92,22 @@ if _cache is not None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+@pytest.fixture(scope="module")
+def compilation_cache(tmp_path_factory):
+  """Runs of one tiny config compile the same programs: let XLA reuse them. The suite's
+  persistent cache (above) does that for both xdist workers; where it is off, a cache of the
+  requesting module's own."""
+  if jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
+    yield
+    return
+  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  yield
+  jax.config.update("jax_compilation_cache_dir", old[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+
+
 @pytest.fixture
 def all_kernels():
   """Auto-dispatch takes attnjax's Pallas kernels wherever they cover a call

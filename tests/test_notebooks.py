@@ -46,10 +46,9 @@ def test_notebooks_are_committed_without_outputs(path):
 
 
 @pytest.fixture(scope="module")
-def tiny_sweep_root(tmp_path_factory):
+def tiny_sweep_root(tmp_path_factory, compilation_cache):
   """One tiny LR sweep (2 variants x 2 LRs, one LR diverges), written by the project's sweep code."""
-  import jax
-
+  del compilation_cache  # requested for its effect: arms of one variant share programs
   from attnjax.train import config as config_lib
   from attnjax.train import sweep
 
@@ -62,19 +61,7 @@ def tiny_sweep_root(tmp_path_factory):
                          progress=False, plots=False))
   arms = [sweep.arm(base, f"{v} lr={lr:g}", str(root / v / f"lr={lr:g}"), variant=v,
                     **{"opt.lr": lr}) for v in ("dense", "cosine") for lr in (1e-2, 1e3)]
-  # Arms of one variant share their eval and probe programs: the suite's persistent cache
-  # (conftest) lets XLA reuse them; where it is off, a cache of this fixture's own.
-  own_cache = not (jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache)
-  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
-  if own_cache:
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  try:
-    statuses = [s["status"] for s in sweep.run_sweep(arms, verbose=False)]
-  finally:
-    if own_cache:
-      jax.config.update("jax_compilation_cache_dir", old[0])
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+  statuses = [s["status"] for s in sweep.run_sweep(arms, verbose=False)]
   assert statuses == ["finished", "diverged"] * 2, statuses
   return root
 

@@ -22,20 +22,8 @@ COMPARE = os.path.join(REPO, "experiments", "configs", "compare.py")
 WALL_CLOCK = ("tokens_per_s",)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def compilation_cache(tmp_path_factory):
-  """Runs of one tiny config compile the same programs: let XLA reuse them (tests only). The
-  suite's persistent cache (conftest) does that for both xdist workers, which split this
-  module's tests between them; where it is off, a cache of this module's own."""
-  if jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
-    yield
-    return
-  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  yield
-  jax.config.update("jax_compilation_cache_dir", old[0])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+# Runs of one tiny config compile the same programs: conftest's compilation_cache reuses them.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def tiny(run_dir, *, data="bigram_backcopy", **changes):
