@@ -90,19 +90,18 @@ def test_every_mesh_gives_the_same_losses(tmp_path, mesh, data_parallel_losses):
   np.testing.assert_allclose(b, a, rtol=1e-5)
 
 
-def test_a_checkpoint_resumes_on_another_mesh(tmp_path):
+def test_a_checkpoint_resumes_on_another_mesh(tmp_path, data_parallel_losses):
   # Saved at fsdp=4, tensor=2 after 10 steps, resumed at data=8 (orbax reshards on restore):
-  # the same losses as the uninterrupted run.
-  full = train(cpu_preset(tmp_path / "full", MESHES["data=8"], steps=14))
-  cut = cpu_preset(tmp_path / "cut", MESHES["fsdp=4,tensor=2"], steps=14, stop_after=10,
+  # the same losses as the uninterrupted data=8 run of the fixture.
+  cut = cpu_preset(tmp_path / "cut", MESHES["fsdp=4,tensor=2"], stop_after=10,
                    checkpoint_every=5)
   assert train(cut)["status"] == "stopped"
   cut.train.stop_after = 0
   cut.mesh.update(**dict(data=8, fsdp=1, tensor=1, context=1))
   resumed = train(cut)
   assert resumed["status"] == "finished" and resumed["resumed_from"] == 10
-  assert resumed["devices"] == 8 and full["status"] == "finished"
-  np.testing.assert_allclose(losses(tmp_path / "cut"), losses(tmp_path / "full"), rtol=1e-5)
+  assert resumed["devices"] == 8
+  np.testing.assert_allclose(losses(tmp_path / "cut"), data_parallel_losses, rtol=1e-5)
 
 
 def test_context_axis_runs_the_attention_ring(tmp_path):

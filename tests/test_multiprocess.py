@@ -58,13 +58,14 @@ def run(out, **kw):
     pytest.param("data=-1", marks=pytest.mark.slow),
 ])
 def test_two_processes_train_like_one(tmp_path, mesh):
-  proc = run(tmp_path / "two", mesh=mesh, steps=6, checkpoint_every=3)
+  proc = run(tmp_path / "two", mesh=mesh, steps=4, checkpoint_every=2)
   assert proc.returncode == 0, proc.stdout[-3000:]
   assert "[p0]" in proc.stdout and "[p1]" in proc.stdout
   summary = rundir.RunDir(str(tmp_path / "two")).read_summary()
   assert summary["status"] == "finished" and summary["devices"] == 8
-  one = train(cpu_preset(tmp_path / "one", dict(data=8), steps=6, checkpoint_every=3))
+  one = train(cpu_preset(tmp_path / "one", dict(data=8), steps=4, checkpoint_every=2))
   assert one["status"] == "finished"
+  assert len(losses(tmp_path / "two")) == 4
   np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
 
 
