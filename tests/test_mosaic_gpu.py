@@ -60,7 +60,9 @@ compiled_interpreter = pytest.mark.skipif(
 
 def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, softcap=None,
             scale=None, stats=False, H=64, seed=0, lengths=(T, S)):
-  N, K = (4, 2) if gqa else (2, 2)
+  # Two query heads (a group of two per key head under GQA): the interpreter's time grows
+  # with the heads, and the kernels' grids treat every head alike.
+  N, K = (2, 1) if gqa else (2, 2)
   q, k, v = rand_qkv(B=2, T=lengths[0], S=lengths[1], N=N, K=K, H=H, seed=seed)
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale,
@@ -124,7 +126,7 @@ def test_mosaic_gpu_gradients_and_jvp():
   forward mode through attnjax.kernels.autodiff, against the reference on the same inputs."""
   q, k, v, kw = _inputs("segments", "softmax", sink=True, softcap=5.0, stats=True)
   sink = kw.pop("sink_logits")
-  cot = jax.random.normal(jax.random.key(3), (2, T, 4, 64), jnp.float32)
+  cot = jax.random.normal(jax.random.key(3), q.shape[:3] + (64,), jnp.float32)
 
   def loss(fn, q, k, v, sink):  # the logsumexp statistic carries a gradient too
     out, st = fn(q, k, v, sink)
