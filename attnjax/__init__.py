@@ -32,7 +32,7 @@ from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import stats
 from attnjax._config import config
-from attnjax._version import __version__
+from attnjax._version import __version__ as __version__
 
 
 # Flax-backed layers load on first access (PEP 562), so ``import attnjax``

@@ -564,7 +564,7 @@ _RENAMED = {"causal": "causal_mask", "sliding_window": "sliding_window_mask",
 
 def __getattr__(name: str):
   if name in _RENAMED:
-    import warnings  # noqa: PLC0415 - only on a deprecated name
+    import warnings  # only on a deprecated name
     warnings.warn(f"attnjax.mods.{name} is now attnjax.mods.{_RENAMED[name]} (mask modifiers "
                   f"end in _mask, apart from the patterns of attnjax.patterns)",
                   DeprecationWarning, stacklevel=2)

@@ -35,7 +35,7 @@ def inputs():
 def loss_fn(graphdef, segments: bool, capture: bool):
   def loss(state, x, seg):
     layer = nnx.merge(graphdef, state)
-    call = lambda m: m(x, segment_ids=seg if segments else None)  # noqa: E731
+    call = lambda m: m(x, segment_ids=seg if segments else None)
     if capture:
       y, sown = nnx.capture(call, nnx.Intermediate)(layer)
       stats = [s for p, s in jax.tree.leaves_with_path(sown) if "attention_stats" in str(p)]
