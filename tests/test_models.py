@@ -651,12 +651,55 @@ def test_experiment_reads_text_through_the_tokenizer_or_says_what_is_missing(tmp
   try:
     import tokenizers  # noqa: F401
   except ImportError:
-    with pytest.raises(ImportError, match="tokenizers"):
+    with pytest.raises(SystemExit, match=r"tokenizers.*attnjax\[pretrained\]"):
       experiment.main(argv)
     return
   experiment.main(argv)
   results = json.loads((tmp_path / "run" / "results.json").read_text())
   assert results["tokens"] == 32 and np.isfinite(results["perplexity"])
+
+
+def test_experiment_without_tokenizer_json_ends_in_one_line_naming_the_file(tmp_path):
+  """Text on a checkpoint without tokenizer.json: a message naming the file and the fixes."""
+  experiment, config = _experiment()
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  for name in ("config.json", "model.safetensors"):
+    (ckpt / name).symlink_to(os.path.join(FIXTURES, "llama", name))
+  (tmp_path / "text.txt").write_text("some text")
+  with pytest.raises(SystemExit) as info:
+    experiment.main(["--model", str(ckpt), "--text", str(tmp_path / "text.txt"), "--config",
+                     config + ":preset=cpu", "--out", str(tmp_path / "run")])
+  message = str(info.value.code)
+  assert message.startswith("pretrained.py: error: ") and "\n" not in message
+  assert str(ckpt / "tokenizer.json") in message and ".npy" in message
+  with pytest.raises(SystemExit, match="does not exist"):  # a missing --text: one line too
+    experiment.main(["--model", str(ckpt), "--text", str(tmp_path / "none.txt")])
+
+
+def test_experiment_default_config_is_found_from_any_directory(tmp_path, monkeypatch):
+  from attnjax.train.config import load_config
+
+  experiment, config = _experiment()
+  monkeypatch.chdir(tmp_path)
+  cfg, _ = experiment.parse(["--model", "m", "--text", "t.npy"])
+  assert cfg.seq_len == load_config(config + ":preset=cpu", [], check=False).seq_len
+  assert os.path.isabs(experiment.DEFAULT_CONFIG.rpartition(":")[0])
+
+
+def test_experiment_heatmaps_scale_to_the_data():
+  """A model without sinks (first-token weights near 1/T) is not drawn all black."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  experiment, _ = _experiment()
+  fig, ax = plt.subplots()
+  im = experiment.heatmap(fig, ax, np.array([[0.02, 0.05], [0.01, 0.03]]), "first-token weight")
+  assert im.get_clim() == (0, 0.05)
+  assert "max 0.05" in fig.axes[-1].get_ylabel()
+  plt.close(fig)
 
 
 def test_experiment_token_files_and_sequences(tmp_path):

@@ -99,6 +99,17 @@ def _fmt(x: Any, digits: int = 3) -> str:
   return str(x)
 
 
+def significant(x: Any, digits: int = 2) -> str:
+  """``x`` to ``digits`` significant digits; ``"-"`` for None or a non-finite value.
+
+  For masses that may be small: softmax_one's null mass of 0.001-0.002 reads ``0.0015``, where
+  two decimals would show ``0.00``.
+  """
+  if x is None or not math.isfinite(float(x)):
+    return "-"
+  return f"{float(x):.{digits}g}"
+
+
 COLUMNS = (
     ("variant", "variant"), ("lr", "LR"), ("initial_loss", "initial loss"),
     ("val_loss", "val loss"), ("val_bpc", "BPC"),
