@@ -1,4 +1,4 @@
-"""Sink statistics over training for each attention variant (EXPERIMENTS.md, experiment 3).
+"""Sink statistics over training for each attention variant (Gu et al. 2024).
 
     python experiments/sinks.py --config experiments/configs/sinks.py:preset=cpu_sinks \\
         --out runs/sinks_cpu

@@ -17,7 +17,7 @@ def rand_qkv(B: int = 2, T: int = 12, S: int | None = None, N: int = 8, K: int =
   """Standard-normal ``q [B, T, N, H]``, ``k [B, S, K, H]``, ``v [B, S, K, Hv]``.
 
   Args:
-    B, T, S, N, K, H, Hv: the shape letters of ARCHITECTURE.md; ``S`` defaults
+    B, T, S, N, K, H, Hv: the shape letters of docs/guides/dense.md; ``S`` defaults
       to ``T`` and ``Hv`` to ``H``.
     seed: the draw.
     dtype: the arrays' dtype.
