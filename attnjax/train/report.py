@@ -104,6 +104,16 @@ def significant(x: Any, digits: int = 2) -> str:
 
   For masses that may be small: softmax_one's null mass of 0.001-0.002 reads ``0.0015``, where
   two decimals would show ``0.00``.
+
+  >>> significant(0.0015), significant(0.25), significant(None)
+  ('0.0015', '0.25', '-')
+
+  Args:
+    x: a number or None.
+    digits: significant digits.
+
+  Returns:
+    The text.
   """
   if x is None or not math.isfinite(float(x)):
     return "-"
