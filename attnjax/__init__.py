@@ -1,9 +1,14 @@
 """attnjax: pure, jitted, differentiable attention variants for research in JAX.
 
-The public API is flat, as in optax::
+The public API is flat, as in optax:
 
-  import attnjax
-  out, stats = attnjax.dot_product_attention(q, k, v, is_causal=True, return_stats=True)
+>>> import jax
+>>> import attnjax
+>>> q = jax.random.normal(jax.random.key(0), (2, 16, 4, 8))   # [B, T, N, H]
+>>> k = v = jax.random.normal(jax.random.key(1), (2, 16, 2, 8))  # [B, S, K, H]
+>>> out, stats = attnjax.dot_product_attention(q, k, v, is_causal=True, return_stats=True)
+>>> out.shape, stats.sink_mass.shape
+((2, 16, 4, 8), (2, 4))
 
 Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
 ``[B, S, K, H]`` with ``N % K == 0``; the output is ``[B, T, N, H]``.
@@ -32,7 +37,7 @@ from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import stats
 from attnjax._config import config
-from attnjax._version import __version__
+from attnjax._version import __version__ as __version__
 
 
 # Flax-backed layers load on first access (PEP 562), so ``import attnjax``

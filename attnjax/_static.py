@@ -45,7 +45,7 @@ def canonical(name: str, value: Any) -> Any:
     value = array.item() if array.ndim == 0 else array.tolist()
   if isinstance(value, list):
     value = tuple(value)
-  if type(value) is tuple:  # noqa: E721 (a NamedTuple option keeps its own type)
+  if type(value) is tuple:  # a NamedTuple option keeps its own type
     return tuple(canonical(name, item) for item in value)
   return value
 

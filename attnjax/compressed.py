@@ -45,10 +45,20 @@ Two implementations, tested equal in value and gradient:
   faster (T=4096: 84-86 vs 121 ms on 2 CPU cores). Cost ``O(T * (T / stride
   + w))``, memory linear in ``T``.
 
-Example::
+For example:
 
-  out = attnjax.compressed_attention(q, k, v, stride=4, is_causal=True, window=64)
-  out = attnjax.compressed_attention(q, k, v, stride=4, pool=(k_c, v_c))  # your own pooling
+>>> import jax
+>>> import attnjax
+>>> q = jax.random.normal(jax.random.key(0), (2, 64, 4, 8))
+>>> k = v = jax.random.normal(jax.random.key(1), (2, 64, 2, 8))
+>>> attnjax.compressed_attention(q, k, v, stride=4, is_causal=True, window=16).shape
+(2, 64, 4, 8)
+>>> k_c = attnjax.compressed.pool_keys(k, 4, "max")
+>>> v_c = attnjax.compressed.pool_keys(v, 4, "max")
+>>> k_c.shape                                  # [B, S / stride, K, H]
+(2, 16, 2, 8)
+>>> attnjax.compressed_attention(q, k, v, stride=4, pool=(k_c, v_c)).shape  # your own pooling
+(2, 64, 4, 8)
 
 References:
   Liu et al. 2018, "Generating Wikipedia by Summarizing Long Sequences"

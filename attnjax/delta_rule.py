@@ -73,7 +73,8 @@ import jax.numpy as jnp
 from attnjax import _checks, _empty, _recurrent, _static
 from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
-from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
+from attnjax._recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
+from attnjax._recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
 from attnjax.kernels import autodiff
 from attnjax.kernels.recurrent import chunks
 

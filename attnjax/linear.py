@@ -53,7 +53,8 @@ import jax.numpy as jnp
 
 from attnjax import _checks, _empty, _recurrent, _static, feature_maps, masks
 from attnjax._numerics import einsum as _einsum
-from attnjax._recurrent import DEFAULT_CHUNK_SIZE, IMPLEMENTATIONS, ImplementationName
+from attnjax._recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
+from attnjax._recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
 from attnjax.attention_stats import AttentionStats, stats_from_weights
 from attnjax._logits import group_queries
 from attnjax.kernels.blockwise.ring import varying

@@ -1,11 +1,19 @@
 """Ready score and mask modifiers (FlexAttention-style ``score_mod`` / ``mask_mod``).
 
 Pass them to :func:`attnjax.dot_product_attention`, :func:`attnjax.sparse_attention`,
-:func:`attnjax.qk_norm_attention` or :func:`attnjax.cosine_attention`::
+:func:`attnjax.qk_norm_attention` or :func:`attnjax.cosine_attention`:
 
-  out = attnjax.dot_product_attention(
-      q, k, v, score_mod=mods.alibi, score_mod_args=(mods.alibi_slopes(N),),
-      mask_mod=mods.causal_mask)
+>>> import jax
+>>> import attnjax
+>>> from attnjax import mods
+>>> N = 4
+>>> q = jax.random.normal(jax.random.key(0), (2, 16, N, 8))
+>>> k = v = jax.random.normal(jax.random.key(1), (2, 16, 2, 8))
+>>> out = attnjax.dot_product_attention(
+...     q, k, v, score_mod=mods.alibi, score_mod_args=(mods.alibi_slopes(N),),
+...     mask_mod=mods.causal_mask)
+>>> out.shape
+(2, 16, 4, 8)
 
 Conventions (every path calls modifiers the same way):
 
@@ -564,7 +572,7 @@ _RENAMED = {"causal": "causal_mask", "sliding_window": "sliding_window_mask",
 
 def __getattr__(name: str):
   if name in _RENAMED:
-    import warnings  # noqa: PLC0415 - only on a deprecated name
+    import warnings  # only on a deprecated name
     warnings.warn(f"attnjax.mods.{name} is now attnjax.mods.{_RENAMED[name]} (mask modifiers "
                   f"end in _mask, apart from the patterns of attnjax.patterns)",
                   DeprecationWarning, stacklevel=2)

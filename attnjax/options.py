@@ -273,7 +273,7 @@ def check_mod(name: str, fn: Any, args: Any, abstract_inputs: tuple) -> tuple:
   arg_specs = [jax.ShapeDtypeStruct(jnp.shape(a), a.dtype) for a in args]
   try:
     closed = jax.make_jaxpr(fn)(*specs, *arg_specs)
-  except Exception as e:  # noqa: BLE001 - reported with the signature expected
+  except Exception as e:  # reported with the signature expected
     raise TypeError(f"{name} failed on a trial call {name}({', '.join(str(s) for s in specs)}, "
                     f"*{name}_args): {type(e).__name__}: {e}") from e
   if any(_is_tracer(x) for x in closed.consts):

@@ -29,13 +29,17 @@ only re-exports the layout names its API returns). The module is longer than
 the project's ~600-line guideline because each pattern keeps its element rule,
 candidate blocks and band / slot decompositions together in one class.
 
-Example::
+For example:
 
-  pattern = attnjax.patterns.sliding_window(256)
-  pattern.mask(1024)                       # [1, 1, 1024, 1024] bool
-  pattern.block_mask(1024, block_size=128)  # [8, 8] numpy bool of kept blocks
-  layout = pattern.layout(1024, block_size=128)  # an attnjax.layout.BlockLayout
-  layout.visits(3)          # [(key_block, needs_mask), ...] of query block 3
+>>> import attnjax
+>>> pattern = attnjax.patterns.sliding_window(256)
+>>> pattern.mask(1024).shape                        # bool
+(1, 1, 1024, 1024)
+>>> pattern.block_mask(1024, block_size=128).shape  # numpy bool of kept blocks
+(8, 8)
+>>> layout = pattern.layout(1024, block_size=128)   # an attnjax.layout.BlockLayout
+>>> layout.visits(3)              # (key_block, needs_mask) of query block 3
+[(1, True), (2, False), (3, True)]
 
 References:
   Child et al. 2019, "Generating Long Sequences with Sparse Transformers"

@@ -32,12 +32,12 @@ def main(argv=None) -> None:
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + f" --xla_force_host_platform_device_count={args.devices}")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  import jax  # noqa: PLC0415 - after the device count is set
-  import jax.numpy as jnp  # noqa: PLC0415
-  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+  import jax  # after the device count is set
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
 
-  import attnjax  # noqa: PLC0415
-  from attnjax.kernels.blockwise import ring  # noqa: PLC0415
+  import attnjax
+  from attnjax.kernels.blockwise import ring
 
   B, T, N, H, Pn = 1, args.T, 8, 64, args.devices
   mesh = jax.make_mesh((Pn,), ("context",), axis_types=(jax.sharding.AxisType.Auto,))

@@ -40,8 +40,11 @@ from attnjax.models import probe
 from attnjax.train import cli, rundir
 from attnjax.train.config import load_config, split_argv
 from attnjax.train.plots import save_figure, subplots
+from attnjax.train.report import significant
 
-DEFAULT_CONFIG = "experiments/configs/pretrained.py:preset=cpu"
+# Beside this script, so that it runs from any working directory.
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                              "pretrained.py") + ":preset=cpu"
 
 
 def parse(argv=None):
@@ -203,11 +206,9 @@ def plots(results: dict, out_dir: str) -> list[str]:
                            ("value_drain", "value_drain", "||v_1|| / mean ||v_j>1||")):
     a = np.asarray(results[key])
     fig, ax = subplots(figsize=(2 + 0.35 * a.shape[1], 1.5 + 0.3 * a.shape[0]))
-    im = ax.imshow(a, aspect="auto", cmap="magma", vmin=0,
-                   vmax=1 if key == "first_token_weight" else None)
+    heatmap(fig, ax, a, label)
     ax.set(xlabel="head" if key == "first_token_weight" else "key/value head", ylabel="layer",
            title=label)
-    fig.colorbar(im, ax=ax)
     paths.append(os.path.join(out_dir, f"{name}.png"))
     save_figure(fig, paths[-1])
   fig, ax = subplots(figsize=(6, 3.5))
@@ -218,6 +219,17 @@ def plots(results: dict, out_dir: str) -> list[str]:
   paths.append(os.path.join(out_dir, "activations.png"))
   save_figure(fig, paths[-1])
   return paths
+
+
+def heatmap(fig, ax, a: np.ndarray, label: str):
+  """``a`` [layers, heads] drawn from 0 to its own maximum, which the colour bar states.
+
+  A fixed 0-1 range would leave a model without sinks (first-token weights near 1/T) black.
+  """
+  top = float(np.max(a)) if a.size and np.isfinite(a).all() else 1.0
+  im = ax.imshow(a, aspect="auto", cmap="magma", vmin=0, vmax=top if top > 0 else 1.0)
+  fig.colorbar(im, ax=ax, label=f"{label} (0 to max {significant(top, 3)})")
+  return im
 
 
 def report(results: dict, cfg, model_type: str, plot_paths: list, out: str) -> str:
@@ -250,7 +262,8 @@ def report(results: dict, cfg, model_type: str, plot_paths: list, out: str) -> s
   for l in range(L):
     lines.append(
         f"| {l} | {results['f_attn_per_layer'][l]:.3f} | {_row(results['alpha_1'][l])} | "
-        f"{_row(results['first_token_weight'][l])} | {_row(results['null_mass'][l])} | "
+        f"{_row(results['first_token_weight'][l])} | "
+        f"{' '.join(significant(x) for x in results['null_mass'][l])} | "
         f"{_row(results['value_drain'][l])} | {results['hidden_max_abs'][l]:.1f} | "
         f"{results['hidden_max_over_median'][l]:.0f} |")
   lines.append("\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, out)})"
@@ -268,10 +281,15 @@ def _curve_at(results: dict, eps: float) -> str:
 def main(argv=None) -> str:
   cfg, args = parse(argv)
   t0 = time.perf_counter()
-  checkpoint = models.Checkpoint(cfg.model)
+  # The user's inputs are read before the weights: a missing file or package ends in one line
+  # saying what to do, not a traceback.
+  try:
+    checkpoint = models.Checkpoint(cfg.model)
+    ids = read_tokens(cfg, checkpoint)
+  except (models.CheckpointError, FileNotFoundError, ImportError, ValueError) as e:
+    raise SystemExit(f"pretrained.py: error: {e}") from None
   model = models.from_pretrained(cfg.model, dtype=cfg.dtype or None,
                                  attention=attention_options(cfg))
-  ids = read_tokens(cfg, checkpoint)
   bos = checkpoint.config.get("bos_token_id")
   inputs, targets = sequences(ids, cfg, bos if isinstance(bos, int) else None)
   results = measure(model, inputs, targets, cfg)

@@ -1,4 +1,4 @@
-"""Sink statistics over training for each attention variant (EXPERIMENTS.md, experiment 3).
+"""Sink statistics over training for each attention variant (Gu et al. 2024).
 
     python experiments/sinks.py --config experiments/configs/sinks.py:preset=cpu_sinks \\
         --out runs/sinks_cpu
@@ -182,7 +182,8 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
     tr = " ".join(_list(h) for h in maps["bos_trigger"]) if maps else "-"
     rw = " ".join(_list(h) for h in maps["f_attn_raw"]) if maps and "f_attn_raw" in maps else "-"
     out.append(f"| {n} | {_fmt(p.get('massive/m_act'), 1)} | "
-               f"{_list(p.get('value_drain/per_layer'))} | {_fmt(p.get('null_mass/mean'))} | "
+               f"{_list(p.get('value_drain/per_layer'))} | "
+               f"{report.significant(p.get('null_mass/mean'))} | "
                f"{rw} | {nt} | {tr} |")
   dense = [n for n in names if n.split("/")[-1] == "dense" or "dense_" in n.split("/")[-1]]
   if dense:
@@ -232,8 +233,9 @@ def _checks(names: list[str], last: dict, maps: dict) -> str:
       m = maps.get(leaf[v])
       if null and m is not None and "f_attn_raw" in m:
         raw = float(np.mean(m["f_attn_raw"]))
-        line += (f"; null column takes {_fmt(null)} of each row, so the raw first-token weight "
-                 f"is {_fmt(raw)} (<= half of dense: {'pass' if raw <= base / 2 else 'FAIL'})")
+        line += (f"; null column takes {report.significant(null)} of each row, so the raw "
+                 f"first-token weight is {_fmt(raw)} "
+                 f"(<= half of dense: {'pass' if raw <= base / 2 else 'FAIL'})")
       lines.append(line + ".")
   return "\n".join(lines) + "\n"
 

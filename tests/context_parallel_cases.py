@@ -21,13 +21,13 @@ import sys
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
 
-import attnjax  # noqa: E402
-from attnjax import mods, parallel  # noqa: E402
+import attnjax
+from attnjax import mods, parallel
 
 AXIS = "ctx"
 
@@ -141,7 +141,7 @@ def run_recurrent_case(case: dict) -> dict:
     out, state = call(**diff, **rest)
     return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(state)), (out, state)
 
-  import functools as ft  # noqa: PLC0415
+  import functools as ft
   with jax.set_mesh(mesh):
     (_, got), g_got = jax.jit(jax.value_and_grad(ft.partial(loss, sharded_call), has_aux=True))(
         diff, rest)
@@ -339,9 +339,9 @@ def main(argv: list[str]) -> None:
       else:
         run = run_case
       print(json.dumps({"case": case, "errors": run(case)}), flush=True)
-    except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
+    except Exception as e:  # reported to the test, which fails on it
       if os.environ.get("ATTNJAX_CP_TRACEBACK"):
-        import traceback  # noqa: PLC0415
+        import traceback
         traceback.print_exc()
       print(json.dumps({"case": case, "error": f"{type(e).__name__}: {e}"}), flush=True)
 

@@ -17,7 +17,7 @@ def rand_qkv(B: int = 2, T: int = 12, S: int | None = None, N: int = 8, K: int =
   """Standard-normal ``q [B, T, N, H]``, ``k [B, S, K, H]``, ``v [B, S, K, Hv]``.
 
   Args:
-    B, T, S, N, K, H, Hv: the shape letters of ARCHITECTURE.md; ``S`` defaults
+    B, T, S, N, K, H, Hv: the shape letters of docs/guides/dense.md; ``S`` defaults
       to ``T`` and ``Hv`` to ``H``.
     seed: the draw.
     dtype: the arrays' dtype.
@@ -46,8 +46,31 @@ def rand_qkv(B: int = 2, T: int = 12, S: int | None = None, N: int = 8, K: int =
                for shape, c in zip(shapes, scales))
 
 
+def reduction_tolerance(dtype: Any, length: int, *, depth: int = 1, scale: float = 1.0) -> float:
+  """An absolute tolerance for two results whose reductions ran in different orders.
+
+  Rounding ``length`` terms in another order changes a sum by about
+  ``eps * sqrt(length)`` of its scale (the rounding errors add as a random walk; the
+  worst case is ``eps * length``); ``depth`` reductions in sequence (layers, matmuls, a
+  softmax's sums) add theirs. Sharded against unsharded, jit against op by op, packed
+  against separate rows, another CPU's vector width: each reorders the same sums. The
+  result scales with ``scale``, the largest magnitude compared, and never depends on the
+  machine it was first tried on.
+
+  Args:
+    dtype: the dtype the reductions accumulate in.
+    length: the longest reduction (a contraction's length, a row of keys).
+    depth: how many reductions the compared values pass through in sequence.
+    scale: the size of the compared values (e.g. the largest ``|expected|``).
+
+  Returns:
+    The tolerance: ``eps(dtype) * sqrt(length) * depth * scale``.
+  """
+  return float(jnp.finfo(dtype).eps) * float(np.sqrt(length)) * depth * float(scale)
+
+
 def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e-5,
-                 atol: float = 2e-5) -> None:
+                 atol: float = 2e-5, scaled: bool = False) -> None:
   """``chex.assert_trees_all_close`` on two pytrees with the same leaves.
 
   One call compares outputs, states and every gradient: each leaf pair must
@@ -56,6 +79,10 @@ def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e
   may differ (a tuple against a list, a NamedTuple against a tuple) as long as
   the leaves do. The failure message names the leaf's path in ``actual`` and
   ends with ``[what]``.
+
+  With ``scaled=True`` each leaf's ``atol`` is relative to its scale,
+  ``max(1, max |expected|)``: float32 reordering errors follow the largest term of a
+  sum, not each entry, so entries near zero of a large array get the array's share.
   """
   named = jax.tree_util.tree_leaves_with_path(actual)
   leaves = jax.tree.leaves(expected)
@@ -63,6 +90,14 @@ def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e
     raise AssertionError(
         f"{what}: {len(named)} leaves in actual, {len(leaves)} in expected: "
         f"{[jax.tree_util.keystr(path) for path, _ in named]}")
+  if scaled:
+    for (path, a), b in zip(named, leaves):
+      a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+      where = f"{jax.tree_util.keystr(path)} [{what}]"
+      assert a.shape == b.shape, f"{where}: shapes {a.shape} and {b.shape}"
+      scale = max(1.0, float(np.max(np.abs(b), initial=0.0, where=np.isfinite(b))))
+      np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * scale, err_msg=where)
+    return
   treedef = jax.tree.structure(actual)
   if jax.tree.structure(expected) != treedef:
     expected = jax.tree.unflatten(treedef, leaves)

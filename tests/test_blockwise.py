@@ -14,6 +14,7 @@ import attnjax
 from attnjax import dense, layout
 from attnjax.kernels.blockwise import kernel as blockwise
 from engine_base import DenseEngineTests
+from helpers import assert_close
 
 FIELDS = ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum")
 
@@ -58,25 +59,19 @@ def _blockwise(block_q, block_k):
   return fn
 
 
-def _close(a, b, tol, what):
-  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-  scale = max(1.0, float(np.max(np.abs(b))) if b.size else 1.0)
-  np.testing.assert_allclose(a, b, atol=tol * scale, rtol=tol, err_msg=what)
-
-
 def _compare(q, k, v, extra, kwargs, *, block_q=16, block_k=16, tol=2e-5):
   (out_r, st_r), g_r = _loss_and_stats(_reference, q, k, v, extra, kwargs)
   (out_b, st_b), g_b = _loss_and_stats(_blockwise(block_q, block_k), q, k, v, extra, kwargs)
   assert out_b.dtype == q.dtype and out_b.shape == out_r.shape
-  _close(out_b, out_r, tol, "output")
+  assert_close(out_b, out_r, "output", rtol=tol, atol=tol, scaled=True)
   for f in FIELDS:
-    _close(getattr(st_b, f), getattr(st_r, f), tol, f"stats.{f}")
+    assert_close(getattr(st_b, f), getattr(st_r, f), f"stats.{f}", rtol=tol, atol=tol, scaled=True)
   names = ("dq", "dk", "dv")
   for name, a, b in zip(names, g_b[:3], g_r[:3]):
     assert np.all(np.isfinite(np.asarray(a, np.float32))), name
-    _close(a, b, tol, name)
+    assert_close(a, b, name, rtol=tol, atol=tol, scaled=True)
   for name in g_r[3]:
-    _close(g_b[3][name], g_r[3][name], tol, f"d{name}")
+    assert_close(g_b[3][name], g_r[3][name], f"d{name}", rtol=tol, atol=tol, scaled=True)
 
 
 B, N, H = 2, 4, 8
@@ -202,7 +197,7 @@ def test_qk_norm_and_cosine_gradients_through_gains():
     ref = jax.jit(jax.grad(make("reference"), argnums=(0, 1)))(param, q)
     blk = jax.jit(jax.grad(make("blockwise"), argnums=(0, 1)))(param, q)
     for a, b in zip(blk, ref):
-      _close(a, b, 2e-5, make.__name__)
+      assert_close(a, b, make.__name__, rtol=2e-5, atol=2e-5, scaled=True)
 
 
 def test_custom_layout_and_mask_fn_equal_the_masked_reference():
@@ -223,9 +218,9 @@ def test_custom_layout_and_mask_fn_equal_the_masked_reference():
   out, stats = blockwise.run_layout(inputs, opts, layout=lay,
                                    mask_fn=lambda qp, kp: mask_fn(qp, kp)[None, None])
   ref_out, ref_stats = _reference(q, k, v, mask=dense_mask, return_stats=True)
-  _close(out, ref_out, 2e-5, "output")
+  assert_close(out, ref_out, "output", rtol=2e-5, atol=2e-5, scaled=True)
   for f in FIELDS:
-    _close(getattr(stats, f), getattr(ref_stats, f), 2e-5, f)
+    assert_close(getattr(stats, f), getattr(ref_stats, f), f, rtol=2e-5, atol=2e-5, scaled=True)
   idx, flag = lay.as_arrays()
   assert idx.shape == (3, 3) and idx[0, 2] == -1 and lay.num_pairs == 8
 
@@ -282,7 +277,8 @@ def test_rolled_query_loop_second_order(order, monkeypatch):
       return jax.jvp(jax.grad(loss), (q,), (tq,))[1]
     return jax.grad(lambda q: jax.jvp(loss, (q,), (tq,))[1])(q)
 
-  _close(jax.jit(lambda: hvp(_blockwise(8, 8)))(), hvp(_reference), 1e-4, order)
+  assert_close(jax.jit(lambda: hvp(_blockwise(8, 8)))(), hvp(_reference), order, rtol=1e-4,
+               atol=1e-4, scaled=True)
 
 
 def test_no_full_size_intermediate_in_forward_and_backward():
@@ -336,4 +332,4 @@ def test_gpu_auto_dispatch_matches_reference():
   q, k, v, _ = _arrays(2, 256, 256, 8, 2, 64, dtype=jnp.bfloat16)
   out = attnjax.dot_product_attention(q, k, v, is_causal=True)
   ref = _reference(q, k, v, is_causal=True)
-  _close(out, ref, 2e-2, "cudnn output")
+  assert_close(out, ref, "cudnn output", rtol=2e-2, atol=2e-2, scaled=True)

@@ -20,7 +20,7 @@ from jax import export
 
 import attnjax
 from attnjax import dense
-from attnjax.kernels import pallas_gpu, splash
+from attnjax.kernels import pallas_gpu
 from attnjax.train.variants import COMPARE, attention_kwargs
 from helpers import preset_train_step
 

@@ -1,6 +1,6 @@
 """The import graph of attnjax: layers import only downwards, no cycles, no flax on import.
 
-Layers (``ARCHITECTURE.md``): the functions layer (every module under
+Layers (docs/guides/architecture.md): the functions layer (every module under
 ``attnjax/`` outside ``nn``, ``models``, ``train`` and ``data``, ``attnjax.stats``
 included) imports no flax, no training libraries, no ``attnjax.nn`` /
 ``attnjax.train`` / ``attnjax.data`` and no ``experiments``; ``attnjax.data``

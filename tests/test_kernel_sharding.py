@@ -31,7 +31,7 @@ import attnjax
 from attnjax import _sharding, dense, mods, normalizers, targets
 from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
-from helpers import rand_qkv
+from helpers import assert_close, rand_qkv
 
 # jax 0.12 deprecates the Pallas Triton backend: compiling our Triton kernel warns (as in
 # tests/test_targets.py). Auto-dispatch takes the kernels unchecked here (all_kernels): these
@@ -95,14 +95,6 @@ def modifier_loss(attention, kw):
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
 
 
-def assert_close(got, want, tol=2e-5):
-  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    scale = max(1.0, float(np.max(np.abs(b))))
-    err = float(np.max(np.abs(a - b))) / scale
-    assert err < tol, f"{jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"
-
-
 @pytest.mark.parametrize("way", [pytest.param(w, marks=[] if w == "plain" else [pytest.mark.slow])
                                  for w in WAYS])
 def test_pallas_tpu_per_shard_sees_the_whole_calls_rows_and_heads(way):
@@ -119,7 +111,7 @@ def test_pallas_tpu_per_shard_sees_the_whole_calls_rows_and_heads(way):
   q, k, v = (jax.device_put(x, spec) for x in (q, k, v))
   kernel = functools.partial(pallas_tpu.attention, interpret=True, block_sizes=BLOCKS)
   got = under(way, mesh, modifier_loss(kernel, kw), q, k, v, score_args)
-  assert_close(got, want)
+  assert_close(got, want, "sharded", rtol=0, atol=2e-5, scaled=True)  # of each scale
   assert got[0][1].sharding.spec == spec.spec  # the output stays where the rows and heads are
 
 
@@ -145,7 +137,7 @@ def test_splash_per_shard_matches_the_reference(way):
                 *placed, sink)
   else:  # a jax whose splash kernel takes no sinks
     pytest.skip("this jax's splash kernel has no sinks")
-  assert_close(got, want)
+  assert_close(got, want, "sharded", rtol=0, atol=2e-5, scaled=True)  # of each scale
 
 
 def test_per_shard_takes_the_operands_mesh_and_nothing_else():

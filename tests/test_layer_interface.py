@@ -50,10 +50,6 @@ def _rope(layer, x, positions):
   return nn.apply_rope(x, positions, layer.config.rope_theta)
 
 
-def _close(a, b, tol=2e-5):
-  assert_close(a, b, rtol=tol, atol=tol)
-
-
 # A packed pair of rows: row 0 has documents of lengths 3, 4, 1; row 1 of 5, 3.
 SEGMENTS = jnp.array([[1, 1, 1, 2, 2, 2, 2, 3], [4, 4, 4, 4, 4, 7, 7, 7]], jnp.int32)
 
@@ -82,7 +78,7 @@ def test_cross_attention_equals_the_function_with_the_layers_projections():
   q, _, _ = _heads(layer, x)
   _, k, v = _heads(layer, memory)
   want = _out(layer, attnjax.dot_product_attention(q, k, v, mask=mask))  # no RoPE, not causal
-  _close(layer(x, inputs_kv=memory, mask=mask), want)
+  assert_close(layer(x, inputs_kv=memory, mask=mask), want, rtol=2e-5, atol=2e-5)
   # Padding changes the answer (the test can fail).
   assert not np.allclose(layer(x, inputs_kv=memory), want, atol=1e-3)
 
@@ -93,13 +89,13 @@ def test_cross_attention_linear_and_qk_norm_families():
   q, _, _ = _heads(lin, x)
   _, k, v = _heads(lin, memory)
   want = attnjax.linear_attention(q, k, v, is_causal=False)
-  _close(lin(x, inputs_kv=memory), _out(lin, want))
+  assert_close(lin(x, inputs_kv=memory), _out(lin, want), rtol=2e-5, atol=2e-5)
   qk = _layer(nn.AttentionConfig(family="qk_norm", qk_norm_placement="after_rope"))
   q, _, _ = _heads(qk, x)
   _, k, v = _heads(qk, memory)
   want = attnjax.qk_norm_attention(q, k, v, norm="rms", q_scale=qk.q_gain[...],
                                    k_scale=qk.k_gain[...])
-  _close(qk(x, inputs_kv=memory), _out(qk, want))
+  assert_close(qk(x, inputs_kv=memory), _out(qk, want), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("cfg", [
@@ -130,7 +126,7 @@ def test_padding_mask_equals_the_function(cfg):
     k, v = jnp.concatenate([k, kb], 1), jnp.concatenate([v, vb], 1)
     full = jnp.concatenate([jnp.broadcast_to(full, (B, 1, 6, 6)),
                             jnp.ones((B, 1, 6, 1), bool)], -1)
-  _close(y, _out(layer, fn(q, k, v, mask=full, **kw)))
+  assert_close(y, _out(layer, fn(q, k, v, mask=full, **kw)), rtol=2e-5, atol=2e-5)
   assert not np.allclose(y, layer(x), atol=1e-4)
 
 
@@ -150,24 +146,24 @@ def test_segment_ids_and_positions_equal_the_function(cfg):
   q, k = _rope(layer, q, POSITIONS), _rope(layer, k, POSITIONS)
   allowed = layer.allowed_mask(8)  # causal, window, sinks or the pattern, by token order
   want = attnjax.dot_product_attention(q, k, v, mask=allowed, segment_ids=SEGMENTS)
-  _close(y, _out(layer, want))
+  assert_close(y, _out(layer, want), rtol=2e-5, atol=2e-5)
   # Every document alone gives the same rows (sinks and windows are per row,
   # so that holds for documents starting at 0 only for plain causal layers).
   if cfg.family == "dense" and cfg.window is None:
     for b, (start, stop) in ((0, (0, 3)), (0, (3, 7)), (1, (5, 8))):
       alone = layer(x[b:b + 1, start:stop])
-      _close(y[b, start:stop], alone[0])
+      assert_close(y[b, start:stop], alone[0], rtol=2e-5, atol=2e-5)
 
 
 def test_explicit_positions_shift_rope_and_keep_the_mask():
   layer = _layer(nn.AttentionConfig())
   x = _x(6)
   # RoPE is relative: shifting every position by a constant changes nothing...
-  _close(layer(x, positions=jnp.arange(6) + 5), layer(x), tol=1e-4)
+  assert_close(layer(x, positions=jnp.arange(6) + 5), layer(x), rtol=1e-4, atol=1e-4)
   # ... positions per row work, and other positions change the result.
   per_row = jnp.stack([jnp.arange(6), jnp.arange(6) * 2])
   y = layer(x, positions=per_row)
-  _close(y[0], layer(x)[0], tol=1e-4)
+  assert_close(y[0], layer(x)[0], rtol=1e-4, atol=1e-4)
   assert not np.allclose(y[1], layer(x)[1], atol=1e-3)
 
 
@@ -183,7 +179,7 @@ def test_encoder_layer_is_not_causal():
       want = attnjax.linear_attention(q, k, v, is_causal=False)
     else:
       want = attnjax.dot_product_attention(q, k, v, is_causal=False)
-    _close(layer(x), _out(layer, want))
+    assert_close(layer(x), _out(layer, want), rtol=2e-5, atol=2e-5)
     assert bool(jnp.all(layer.allowed_mask(4)))
 
 
@@ -197,7 +193,7 @@ def test_injected_attention_fn_is_called_with_the_family_arguments():
   cfg = nn.AttentionConfig(sink_logits=True, num_kv_heads=2)
   plain, injected = _layer(cfg), _layer(cfg, attention_fn=fn)
   x = _x(6)
-  _close(injected(x), plain(x), tol=1e-6)
+  assert_close(injected(x), plain(x), rtol=1e-6, atol=1e-6)
   assert "sink_logits" in seen[0] and "is_causal" in seen[0]
 
   def doubled(q, k, v, **kwargs):
@@ -227,7 +223,7 @@ def test_packed_decode_equals_the_full_forward(attention):
     logits, cache = nn.decode_step(model, tokens[:, t:t + 1], cache, SEGMENTS[:, t:t + 1],
                                    POSITIONS[:, t:t + 1])
     steps.append(logits)
-  _close(jnp.concatenate(steps, axis=1), full, tol=1e-4)
+  assert_close(jnp.concatenate(steps, axis=1), full, rtol=1e-4, atol=1e-4)
   # Packing matters: without segments the later documents see the earlier ones.
   assert not np.allclose(model(tokens), full, atol=1e-3)
 
@@ -251,9 +247,9 @@ def test_cross_attention_decode_caches_keys_once(cfg):
   for t in range(2, 6):  # later steps reuse the cached keys and values
     y, cache = layer.decode(x[:, t:t + 1], cache, mask=mask)
     outs.append(y)
-  _close(jnp.concatenate(outs, axis=1), full, tol=1e-5)
+  assert_close(jnp.concatenate(outs, axis=1), full, rtol=1e-5, atol=1e-5)
   _, k, v = _heads(layer, memory)
-  _close(cache.k, k)
+  assert_close(cache.k, k, rtol=2e-5, atol=2e-5)
 
 
 SPARSE = dict(family="sparse", pattern=("strided", (("stride", 3),)), block_size=4)
@@ -265,9 +261,9 @@ def test_sparse_implementation_reaches_the_decode_and_mask_paths(implementation)
   plain = _layer(nn.AttentionConfig(**SPARSE))
   x = _x(6)
   keep = jnp.array([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
-  _close(layer(x, mask=keep), plain(x, mask=keep), tol=1e-5)
+  assert_close(layer(x, mask=keep), plain(x, mask=keep), rtol=1e-5, atol=1e-5)
   y, _ = layer.decode(x, layer.init_cache(B, 6))
-  _close(y, plain(x), tol=1e-5)
+  assert_close(y, plain(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("family,options,implementation", [
@@ -302,9 +298,9 @@ def test_injected_attention_fn_serves_the_sparse_mask_and_decode_paths():
   plain, injected = _layer(cfg), _layer(cfg, attention_fn=fn)
   x = _x(6)
   keep = jnp.array([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
-  _close(injected(x, mask=keep), plain(x, mask=keep), tol=1e-6)
+  assert_close(injected(x, mask=keep), plain(x, mask=keep), rtol=1e-6, atol=1e-6)
   y, _ = injected.decode(x, injected.init_cache(B, 6))
-  _close(y, plain(x), tol=1e-5)
+  assert_close(y, plain(x), rtol=1e-5, atol=1e-5)
   assert len(seen) == 2
   assert all("mask" in kw and "pattern" not in kw and kw["implementation"] is None for kw in seen)
 
@@ -454,7 +450,7 @@ def test_a_new_family_is_a_spec_and_a_registration():
     pos = jnp.arange(6)
     want = attnjax.dot_product_attention(_rope(layer, q, pos), _rope(layer, k, pos), v,
                                          is_causal=True, scale=3.0 * layer.head_dim ** -0.5)
-    _close(layer(x), _out(layer, want))
+    assert_close(layer(x), _out(layer, want), rtol=2e-5, atol=2e-5)
     assert nn.AttentionConfig.from_dict(cfg.to_dict()) == cfg
   finally:
     specs.FAMILY_SPECS.pop("test_doubled")
@@ -479,7 +475,8 @@ def test_allowed_mask_and_compared_qk():
                                  qk_scale=4.0))
   q, k, _ = _heads(qk, _x(6))
   cq, ck = qk.compared_qk(q, k)
-  _close(jnp.linalg.norm(cq, axis=-1), jnp.ones(cq.shape[:-1]), tol=1e-5)  # l2 after RoPE
+  # l2 after RoPE
+  assert_close(jnp.linalg.norm(cq, axis=-1), jnp.ones(cq.shape[:-1]), rtol=1e-5, atol=1e-5)
   cq2, _ = qk.compared_qk(q, k, positions=jnp.arange(6) + 1)
   assert not np.allclose(cq, cq2, atol=1e-3)
 

@@ -31,9 +31,11 @@ from attnjax import _target, check, dense, normalizers, targets
 from attnjax.kernels import mosaic_gpu
 from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
 from engine_base import DenseEngineTests
-from helpers import rand_qkv
+from helpers import assert_close, rand_qkv
 
 needs_cuda = pytest.mark.targets("cuda")
+# Of each array's scale: two units of bfloat16 rounding (eps 7.8e-3), the inputs' dtype.
+TOL = 1.5e-2
 
 BLOCKS = mosaic_gpu.BlockSizes(block_q=64, block_k=64, num_stages=2)
 T, S = 100, 130
@@ -78,14 +80,6 @@ def _reference(q, k, v, kw):
   """The reference on the same (rounded) inputs in float32."""
   up = lambda x: x.astype(jnp.float32)
   return dense.reference(*dense.prepare(up(q), up(k), up(v), **kw))
-
-
-def _close(got, want, what, tol=1.5e-2):
-  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-  assert got.shape == want.shape, what
-  scale = max(1.0, float(np.max(np.abs(want))))
-  err = float(np.max(np.abs(got - want))) / scale
-  assert err < tol, f"{what}: error {err:.2e} (scale {scale:.3g})"
 
 
 class TestMosaicGpu(DenseEngineTests):
@@ -139,14 +133,14 @@ def test_mosaic_gpu_gradients_and_jvp():
   g_fast = jax.jit(jax.grad(lambda *a: loss(fast, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
   g_ref = jax.jit(jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
   for name, a, b in zip(("dq", "dk", "dv", "dsink"), g_fast, g_ref):
-    _close(a, b, name)
+    assert_close(a, b, name, rtol=0, atol=TOL, scaled=True)
   t = tuple(0.5 * x for x in (q, k, v))
   of, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink)[0], (q, k, v), t))(t)
   up = lambda xs: tuple(x.astype(jnp.float32) for x in xs)
   orf, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink)[0], up((q, k, v)),
                                       up(t)))(t)
-  _close(of, orf, "values (segments, sink logits)")
-  _close(jf, jr, "jvp")
+  assert_close(of, orf, "values (segments, sink logits)", rtol=0, atol=TOL, scaled=True)
+  assert_close(jf, jr, "jvp", rtol=0, atol=TOL, scaled=True)
 
 
 def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
@@ -184,10 +178,10 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
   else:
     want_grads = vjp(cot)
   what = f"{normalizer} {structure} {kw}"
-  _close(out, want, what + " out")
+  assert_close(out, want, what + " out", rtol=0, atol=TOL, scaled=True)
   for name, a, b in zip(("dq", "dk", "dv", "dsink"), grads, want_grads):
     if b is not None:
-      _close(a, b, f"{what} {name}")
+      assert_close(a, b, f"{what} {name}", rtol=0, atol=TOL, scaled=True)
 
 
 
@@ -231,9 +225,10 @@ def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, struc
   # a producer and two consumers, registers moved between them
   assert "num_threads=3" in text and text.count("set_max_registers") == 2
   (got, got_stats), (want, want_stats) = jax.jit(fn)(q, k, v), _reference(q, k, v, kw)
-  _close(got, want, f"{normalizer} {structure} T=300")
+  assert_close(got, want, f"{normalizer} {structure} T=300", rtol=0, atol=TOL, scaled=True)
   for field in ("sink_mass", "entropy", "logsumexp"):
-    _close(getattr(got_stats, field), getattr(want_stats, field), field, tol=1e-5)
+    assert_close(getattr(got_stats, field), getattr(want_stats, field), field, rtol=0,
+                 atol=1e-5, scaled=True)
 
 
 BACKWARD_CASES = [

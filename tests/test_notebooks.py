@@ -74,6 +74,10 @@ def test_run_dir_notebooks_execute(tiny_sweep_root):
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
                  for o in c.get("outputs", []))
     assert images >= 3, f"{name} produced {images} figures"
+    # The report's tables are displayed rendered (IPython's Markdown), not printed as source.
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert any("| variant |" in o.get("data", {}).get("text/markdown", "") for o in outputs), name
+    assert not any("| variant |" in o.get("text", "") for o in outputs), name
 
 
 def test_pretrained_notebook_builds_its_own_run_and_executes():

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,7 +27,7 @@ import pytest
 import attnjax
 from attnjax import linear, normalizers, patterns
 
-from helpers import rand_qkv
+from helpers import assert_close, rand_qkv
 
 DRAWS = 4
 SLOW_DRAWS = 40
@@ -228,16 +227,6 @@ FAMILIES = ("dense", "qk_norm", "cosine", "sparse", "compressed", "block_select"
             "gated", "delta")
 
 
-def _close(got, want, what):
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-    assert g.shape == w.shape, what
-    assert not np.any(np.isnan(g)) or np.any(np.isnan(w)), f"NaN from finite inputs: {what}"
-    scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
-    tol = 3e-2 if "bfloat16" in what else 2e-4
-    np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale, err_msg=what)
-
-
 def check_draw(draw: Draw):
   if draw.defect is not None:
     for impl in ("reference",) + draw.implementations:
@@ -255,7 +244,9 @@ def check_draw(draw: Draw):
       assert str(info.value) == str(refusal), draw.what
     return
   for impl in draw.implementations:
-    _close(draw.call(impl), want, f"{impl}: {draw.what}")
+    what = f"{impl}: {draw.what}"
+    tol = 3e-2 if "bfloat16" in what else 2e-4  # of each array's scale
+    assert_close(draw.call(impl), want, what, rtol=tol, atol=tol, scaled=True)
 
 
 @pytest.mark.parametrize("seed", range(DRAWS))

@@ -144,3 +144,17 @@ def test_probe_sink_curve_and_value_drain():
   np.testing.assert_allclose(out["sink_curve/rate"], expected)
   assert out["sink_curve/per_layer"].shape == (len(SINK_CURVE_EPS), 1)
   np.testing.assert_allclose(out["value_drain/per_head"], [[0.0]])
+
+
+def test_small_null_masses_keep_their_significant_digits():
+  """softmax_one's null mass (0.001-0.002) reads as such in the report, not as 0.00."""
+  from attnjax.train.report import significant
+
+  assert [significant(x) for x in (0.0015, 0.25, 0.0, 1.234e-5)] == [
+      "0.0015", "0.25", "0", "1.2e-05"]
+  assert significant(None) == "-" and significant(float("nan")) == "-"
+  sinks = _sinks_module()
+  last = {"dense": {"f_attn/f_attn": 0.8}, "softmax_one": {"f_attn/f_attn": 0.3,
+                                                           "null_mass/mean": 0.0017}}
+  lines = sinks._checks(["dense", "softmax_one"], last, {"softmax_one": {"f_attn_raw": [0.25]}})
+  assert "null column takes 0.0017 of each row" in lines

@@ -503,7 +503,7 @@ def test_moved_names_say_where_they_went():
     with pytest.raises(AttributeError, match=where):
       getattr(stats, name)
   with pytest.raises(AttributeError, match="no attribute"):
-    stats.not_a_metric  # noqa: B018
+    stats.not_a_metric
 
 
 # ---------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def custom_vjp_with_jvp(forward: Callable, backward: Callable, x, nondiff=(), *,
   return core(x, nondiff)
 
 
-class custom_vjp:  # noqa: N801 - named as the jax.custom_vjp it replaces
+class custom_vjp:  # named as the jax.custom_vjp it replaces
   """``jax.custom_vjp`` (positional arguments, static ``nondiff_argnums``) through
   :func:`custom_vjp_with_jvp`: the same ``fwd`` / ``bwd``, and ``jax.jvp`` works.
 

@@ -216,7 +216,7 @@ def _target_of(ctx) -> Optional[Any]:
     backend = ctx.module_context.backend
     try:
       yield _abstract(backend.devices()[0]) if backend is not None else None
-    except Exception:  # noqa: BLE001 - a backend that lists no devices
+    except Exception:  # a backend that lists no devices
       pass
 
   for device in candidates():

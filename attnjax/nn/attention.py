@@ -9,13 +9,24 @@ the pure functions (:func:`attnjax.dot_product_attention`,
 ``attention_fn``, and an ``attention_fn`` can be injected here too. The layer
 never branches on the family: the spec builds the attention call and the cache.
 
-Calls::
+Calls:
 
-  layer = nn.Attention(nn.AttentionConfig(num_heads=4), d_model=64, rngs=nnx.Rngs(0))
-  y = layer(x)                                   # causal self-attention, [B, T, D]
-  y = layer(x, mask=pad[:, None, None, :])       # padding: True = may attend
-  y = layer(x, segment_ids=seg, positions=pos)   # packed documents, RoPE per document
-  y = layer(x, inputs_kv=memory)                 # cross-attention over [B, S, D]
+>>> import jax
+>>> import jax.numpy as jnp
+>>> from flax import nnx
+>>> from attnjax import nn
+>>> x = jax.random.normal(jax.random.key(1), (2, 16, 32))       # [B, T, D]
+>>> memory = jax.random.normal(jax.random.key(2), (2, 12, 32))  # [B, S, D]
+>>> pad = jnp.arange(16)[None, :] < jnp.array([[16], [12]])     # [B, T] valid tokens
+>>> seg = jnp.array([[0] * 10 + [1] * 6] * 2)                   # [B, T] documents
+>>> pos = jnp.array([list(range(10)) + list(range(6))] * 2)
+>>> layer = nn.Attention(nn.AttentionConfig(num_heads=4), d_model=32, rngs=nnx.Rngs(0))
+>>> y = layer(x)                                   # causal self-attention, [B, T, D]
+>>> y = layer(x, mask=pad[:, None, None, :])       # padding: True = may attend
+>>> y = layer(x, segment_ids=seg, positions=pos)   # packed documents, RoPE per document
+>>> y = layer(x, inputs_kv=memory)                 # cross-attention over [B, S, D]
+>>> y.shape
+(2, 16, 32)
 
 Decoding is functional: :meth:`.Attention.init_cache` returns a pytree and
 :meth:`.Attention.decode` maps ``(x, cache) -> (y, cache)``.

@@ -97,10 +97,12 @@ class AttentionConfig:
   """One attention layer: the common options and a family spec.
 
   Build it from a spec, or (a convenience that dispatches to the spec) from a
-  family name and that family's options as keywords::
+  family name and that family's options as keywords:
 
-    AttentionConfig(spec=specs.QKNormSpec(qk_norm="layer"), num_heads=8)
-    AttentionConfig(family="qk_norm", qk_norm="layer", num_heads=8)   # the same
+  >>> from attnjax.nn import AttentionConfig, specs
+  >>> (AttentionConfig(spec=specs.QKNormSpec(qk_norm="layer"), num_heads=8)
+  ...  == AttentionConfig(family="qk_norm", qk_norm="layer", num_heads=8))   # the same
+  True
 
   Reading a family option (``config.window``) reads the spec's field; an
   option another family owns reads its old default (``LEGACY_DEFAULTS``).

@@ -2,16 +2,20 @@
 
 :func:`.flax_attention_fn` returns an ``attention_fn`` that
 ``flax.nnx.MultiHeadAttention`` and ``flax.linen.MultiHeadDotProductAttention``
-accept in place of their ``dot_product_attention``::
+accept in place of their ``dot_product_attention``:
 
-  from flax import linen, nnx
-  import attnjax
-
-  fn = attnjax.nn.flax_attention_fn(normalizer="softpick")
-  layer = nnx.MultiHeadAttention(num_heads=4, in_features=64, decode=False,
-                                 attention_fn=fn, rngs=nnx.Rngs(0))
-  y = layer(x, mask=nnx.make_attention_mask(keep, keep), is_causal=True)
-  module = linen.MultiHeadDotProductAttention(num_heads=4, attention_fn=fn)
+>>> import jax
+>>> import jax.numpy as jnp
+>>> from flax import linen, nnx
+>>> import attnjax
+>>> x = jax.random.normal(jax.random.key(1), (2, 16, 32))
+>>> keep = jnp.arange(16)[None, :] < jnp.array([[16], [12]])   # [B, T] valid tokens
+>>> fn = attnjax.nn.flax_attention_fn(normalizer="softpick")
+>>> layer = nnx.MultiHeadAttention(num_heads=4, in_features=32, decode=False,
+...                                attention_fn=fn, rngs=nnx.Rngs(0))
+>>> layer(x, mask=nnx.make_attention_mask(keep, keep), is_causal=True).shape
+(2, 16, 32)
+>>> module = linen.MultiHeadDotProductAttention(num_heads=4, attention_fn=fn)
 
 What it does with each keyword flax passes:
 

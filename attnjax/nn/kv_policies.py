@@ -1,11 +1,14 @@
 """Decode-cache policies of the softmax-style layers: what the :class:`.KVCache` stores.
 
 Set on the layer's config (every family on the dense kernel: ``dense``,
-``qk_norm``, ``cosine``; ``sparse`` takes the non-evicting ones)::
+``qk_norm``, ``cosine``; ``sparse`` takes the non-evicting ones):
 
-  nn.AttentionConfig(cache_policy="int8")                             # quantised
-  nn.AttentionConfig(cache_policy="h2o", cache_budget=64)             # 32 heavy + 32 recent
-  nn.AttentionConfig(cache_policy="sinks_window", cache_budget=64)    # 4 sinks + 60 recent
+>>> from attnjax import nn
+>>> quantised = nn.AttentionConfig(cache_policy="int8")
+>>> h2o = nn.AttentionConfig(cache_policy="h2o", cache_budget=64)              # 32 heavy + 32 recent
+>>> streaming = nn.AttentionConfig(cache_policy="sinks_window", cache_budget=64)  # 4 sinks + 60 recent
+>>> streaming.cache_policy, streaming.cache_budget
+('sinks_window', 64)
 
 The training forward is the same for every policy; only what a decode keeps
 between calls changes. A call's new tokens attend to the cache and, causally,

@@ -8,14 +8,21 @@ probe asks each layer what it does instead of re-deriving it:
 ``Attention.compared_qk`` turns the raw projections into the q and k its
 attention function compares (QK norm, gains, RoPE).
 
-Example::
+For example:
 
-  from attnjax import stats
-  from attnjax.nn import probe as probe_lib
-
-  out = probe_lib.probe(model, probe_tokens)      # probe_tokens [B, >= 64]
-  json.dumps(stats.to_jsonable(out))
-  out["sink_rate/rate"], out["f_attn/per_layer"], out["massive/m_act"]
+>>> import json
+>>> import jax
+>>> from flax import nnx
+>>> from attnjax import nn, stats
+>>> from attnjax.nn import probe as probe_lib
+>>> cfg = nn.ModelConfig(vocab_size=64, d_model=32, num_layers=2,
+...                      attention=nn.AttentionConfig(num_heads=4))
+>>> model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+>>> probe_tokens = jax.random.randint(jax.random.key(2), (2, 16), 0, 64)  # usually [B, >= 64]
+>>> out = probe_lib.probe(model, probe_tokens, length=16)
+>>> flat = json.dumps(stats.to_jsonable(out))
+>>> len(out["f_attn/per_layer"]), bool(0 <= out["sink_rate/rate"] <= 100)
+(2, True)
 """
 
 from __future__ import annotations

@@ -278,12 +278,22 @@ def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh,
                     rules=LOGICAL_AXIS_RULES):
   """``NamedSharding`` for every variable of ``nnx.state(model)``, from its logical names.
 
-  Example::
+  Example (a ``(data, 1)`` mesh here; e.g. ``(4, 2)`` on 8 devices):
 
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
-    graphdef, state = nnx.split(model)
-    state = jax.device_put(state, nn.state_shardings(model, mesh))
-    tokens = jax.device_put(tokens, NamedSharding(mesh, P("data")))
+  >>> import jax
+  >>> from flax import nnx
+  >>> from jax.sharding import NamedSharding, PartitionSpec as P
+  >>> from attnjax import nn
+  >>> cfg = nn.ModelConfig(vocab_size=64, d_model=32, num_layers=2,
+  ...                      attention=nn.AttentionConfig(num_heads=4))
+  >>> model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  >>> tokens = jax.random.randint(jax.random.key(0), (len(jax.devices()) * 2, 16), 0, 64)
+  >>> mesh = jax.make_mesh((len(jax.devices()), 1), ("data", "model"))
+  >>> graphdef, state = nnx.split(model)
+  >>> state = jax.device_put(state, nn.state_shardings(model, mesh))
+  >>> tokens = jax.device_put(tokens, NamedSharding(mesh, P("data")))
+  >>> tuple(state["embed"]["embedding"].sharding.spec)    # [vocab, embed]
+  ('model', None)
 
   Args:
     model: any module built by attnjax.nn.

@@ -38,8 +38,6 @@ the natural order and the order whose contiguous shards are the zigzag ones.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from attnjax.kernels.blockwise.ring import shard_positions
 from attnjax.options import CONTEXT_LAYOUTS, CONTEXT_STRATEGIES
 from attnjax.parallel.recurrent import state_passing

@@ -1,7 +1,7 @@
 """Diagnostics for attention sinks and training stability, with the papers' definitions.
 
-Every attention- and model-level metric of ``EXPERIMENTS.md`` lives in this
-package, each docstring naming its source and stating the definition it
+Every attention- and model-level metric of the experiments (docs/guides/diagnostics.md)
+lives in this package, each docstring naming its source and stating the definition it
 computes. The functions work on arrays a researcher brings from anywhere and
 on the :class:`~attnjax.AttentionStats` that attention calls return. This is
 the functions layer: it imports neither flax nor ``attnjax.nn`` /
@@ -31,7 +31,7 @@ run-level metrics over a training run or a sweep (``lr_sensitivity``,
 ``max_stable_lr``, ``spike_score``, ``is_diverged``) are in
 ``attnjax.train.metrics``.
 
-Layout conventions (letters as ``ARCHITECTURE.md``; ``L`` = layers):
+Layout conventions (letters as in docs/guides/dense.md; ``L`` = layers):
 
 - attention weights or logits ``[L, B, N, T, S]``, or ``[B, N, T, S]`` for one
   layer, or a list of per-layer ``[B, N, T, S]`` arrays;

@@ -248,7 +248,7 @@ class Trainer:
           print(f"{self.cfg.run_dir}: resumed from checkpoint {step} (skipped damaged "
                 f"checkpoint {skipped})", file=sys.stderr, flush=True)
         return int(step)
-      except Exception as e:  # noqa: BLE001 - any failure to read a checkpoint: try the previous
+      except Exception as e:  # any failure to read a checkpoint: try the previous
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}" if str(e) else repr(e)
         moved = self._set_aside(manager, int(step))
         self.skipped_checkpoints.append({"step": int(step), "error": reason, "moved_to": moved})
@@ -265,7 +265,7 @@ class Trainer:
       os.makedirs(os.path.dirname(dst), exist_ok=True)
       shutil.move(src, dst)
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # noqa: PLC0415
+      from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices(f"attnjax set aside checkpoint {step}")
     manager.reload()
     return dst

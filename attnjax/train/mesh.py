@@ -235,7 +235,7 @@ def to_host(tree: Any) -> Any:
   """
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-      from jax.experimental import multihost_utils  # noqa: PLC0415
+      from jax.experimental import multihost_utils
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return jax.device_get(x)
   return jax.tree.map(one, tree)

@@ -86,7 +86,7 @@ def max_stable_lr(learning_rates: Sequence[float], final_losses: Sequence[float]
                   diverged: Optional[Sequence[bool]] = None) -> Optional[float]:
   """Largest learning rate whose run neither produced NaN/Inf nor ended above ``loss_0``.
 
-  Definition (``EXPERIMENTS.md``): over the grid, the largest ``eta`` with a
+  Definition: over the grid, the largest ``eta`` with a
   finite final loss ``<= loss_0`` and, when the train loop recorded it, no
   divergence during the run.
 

@@ -99,6 +99,27 @@ def _fmt(x: Any, digits: int = 3) -> str:
   return str(x)
 
 
+def significant(x: Any, digits: int = 2) -> str:
+  """``x`` to ``digits`` significant digits; ``"-"`` for None or a non-finite value.
+
+  For masses that may be small: softmax_one's null mass of 0.001-0.002 reads ``0.0015``, where
+  two decimals would show ``0.00``.
+
+  >>> significant(0.0015), significant(0.25), significant(None)
+  ('0.0015', '0.25', '-')
+
+  Args:
+    x: a number or None.
+    digits: significant digits.
+
+  Returns:
+    The text.
+  """
+  if x is None or not math.isfinite(float(x)):
+    return "-"
+  return f"{float(x):.{digits}g}"
+
+
 COLUMNS = (
     ("variant", "variant"), ("lr", "LR"), ("initial_loss", "initial loss"),
     ("val_loss", "val loss"), ("val_bpc", "BPC"),

@@ -1,7 +1,8 @@
 """Named attention variants: the arms of the experiments, as ``attnjax.nn.AttentionConfig`` fields.
 
 ``config.variant = "cosine"`` selects one; :func:`.attention_kwargs` gives the
-fields passed to ``AttentionConfig``. Names follow EXPERIMENTS.md.
+fields passed to ``AttentionConfig``. The experiments' reports and docs/guides/experiments.md
+use these names.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """python experiments/favor_approx.py --config experiments/configs/favor_approx.py:preset=cpu
 
-Random-feature approximation of softmax attention (Choromanski et al. 2021;
-EXPERIMENTS.md experiment 6), no training: relative Frobenius error
+Random-feature approximation of softmax attention (Choromanski et al. 2021),
+no training: relative Frobenius error
 ||A_hat - A||_F / ||A||_F of causal attention with m random features against
 exact softmax attention, for FAVOR+ (positive) features, orthogonal and i.i.d.,
 and trigonometric features, over several draws. Expected: error falls like

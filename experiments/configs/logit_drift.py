@@ -1,7 +1,6 @@
 """python experiments/logit_drift.py --config experiments/configs/logit_drift.py:preset=cpu
 
-Output-logit drift (Wortsman et al. 2023, sec. 3.1.2; EXPERIMENTS.md experiment
-2): dense softmax at a high learning rate with and without z-loss (1e-4) and
+Output-logit drift (Wortsman et al. 2023, sec. 3.1.2): dense softmax at a high learning rate with and without z-loss (1e-4) and
 independent weight decay (1e-4). Without either, mean log Z of the output
 logits drifts (strongly negative late in training at scale). Arguments after
 ``:``: ``preset`` (cpu, gpu, tpu), ``lr`` (default 3e-2 on cpu, 1e-2 on gpu/tpu).

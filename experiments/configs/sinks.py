@@ -1,6 +1,6 @@
 """python experiments/sinks.py --config experiments/configs/sinks.py:preset=cpu_sinks
 
-Attention sinks over training for each variant (EXPERIMENTS.md, experiment 3).
+Attention sinks over training for each variant (Gu et al. 2024).
 Sink statistics (Sink_1^eps, F-Attn, M-Act, value-state drain, ...) are
 probed on fixed held-out length-64 sequences every ``train.probe_every``
 steps. Arguments after ``:``: ``preset`` (cpu, cpu_sinks, cpu_long, gpu, tpu), ``lr``.

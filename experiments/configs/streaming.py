@@ -1,7 +1,6 @@
 """python experiments/streaming.py --config experiments/configs/streaming.py:preset=cpu
 
-Window caches with and without sink tokens (StreamingLLM, Xiao et al. 2024;
-EXPERIMENTS.md experiment 4): train a softmax model at length T (64 on cpu),
+Window caches with and without sink tokens (StreamingLLM, Xiao et al. 2024): train a softmax model at length T (64 on cpu),
 then evaluate held-out sequences of 4T tokens token by token through a
 rolling cache of T keys: the last T keys (0 sinks), or the first 4 tokens plus
 the last T - 4 keys (4 sinks), keys rotated by their cache position as

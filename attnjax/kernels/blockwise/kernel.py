@@ -710,7 +710,7 @@ def layout_for(inputs, opts, block_q: int, block_k: int, base: BlockLayout):
     return intersect(base, opts.block_layout), False
   if any(isinstance(x, jax.core.Tracer) for x in inputs.mask_mod_args):
     return base, True
-  from attnjax.layout import from_mask_mod  # noqa: PLC0415
+  from attnjax.layout import from_mask_mod
   B, N = inputs.q.shape[0], inputs.q.shape[2]
   used = index_use(opts.mask_mod, inputs.mask_mod_args)
   mod_layout = from_mask_mod(opts.mask_mod, base.q_len, base.kv_len, block_q, block_k,

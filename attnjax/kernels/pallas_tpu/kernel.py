@@ -186,7 +186,7 @@ def _not_in_kernel(fn, args, score: bool) -> Optional[str]:
   lead = (jax.ShapeDtypeStruct((8, LANES), jnp.float32),) if score else ()
   try:
     jax.eval_shape(lambda *x: fn(*x, *tables), *lead, index, index, rows, cols)
-  except Exception as e:  # noqa: BLE001 - any failure to trace means "not in the kernel"
+  except Exception as e:  # any failure to trace means "not in the kernel"
     return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
   return None
 

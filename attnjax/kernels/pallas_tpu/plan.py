@@ -274,7 +274,7 @@ def mod_kinds(c: TpuPlan, opts, mask_args, bq: int, bk: int, offsets=None) -> Op
   fn = opts.mask_mod
   if offsets is not None and getattr(fn, "block_table", None) is None:
     b0, n0 = offsets
-    fn = lambda b, n, i, j, *a: opts.mask_mod(b + b0, n + n0, i, j, *a)  # noqa: E731
+    fn = lambda b, n, i, j, *a: opts.mask_mod(b + b0, n + n0, i, j, *a)
   return layout_lib.mask_mod_block_table(fn, mask_args, geometry, c.B if used_b else 1,
                                          c.N if used_n else 1)
 
