@@ -21,9 +21,11 @@ the first such step, cleanly (files closed, summary written), and the caller
 
 Keeping the device busy: between two reads of the metrics the host only
 dispatches steps (jax runs them asynchronously), so the device is never
-waited for inside a step; the batches are built and copied to the devices
-ahead, in a background thread (:class:`attnjax.train.prefetch.Prefetch`); a
-read starts every array's copy at once (:func:`attnjax.train.mesh.to_host`);
+waited for inside a step; a read takes the oldest ``log_every`` steps while
+the newest one still runs (so a divergence is seen at most ``log_every``
+steps late), and starts every array's copy at once
+(:func:`attnjax.train.mesh.to_host`); the batches are built and copied to the
+devices ahead, in a background thread (:class:`attnjax.train.prefetch.Prefetch`);
 the learning rate each record carries comes from a table computed once. The
 summary's ``loop_time_s`` says where the host's time went, and ``mfu`` how
 much of the devices' peak the run used (:mod:`attnjax.train.mfu`).
@@ -430,8 +432,9 @@ class Trainer:
   def _loop(self, compiled, manager: ocp.CheckpointManager, p: _Progress) -> None:
     """Steps until ``train.steps``, ``train.stop_after`` or a divergence (``p.status`` says).
 
-    Between two reads of the metrics (every ``log_every`` steps and at boundaries) the host
-    only takes a prefetched batch and enqueues the step: nothing waits for the device.
+    Between two reads of the metrics (every ``log_every`` steps, one step behind the
+    device, and of every pending step at boundaries) the host only takes a prefetched batch
+    and enqueues the step: nothing waits for the device.
     """
     t = self.cfg.train
     end = t.stop_after if t.stop_after and p.start <= t.stop_after < t.steps else t.steps
@@ -457,7 +460,9 @@ class Trainer:
         p.pending.append(m)
         p.pending_steps.append(p.step)
         p.step += 1
-        if len(p.pending) >= t.log_every and self._diverged(p):
+        # Read the oldest log_every steps while the newest one runs: the device is not left
+        # idle while the host writes them (a divergence is seen at most log_every steps late).
+        if len(p.pending) > t.log_every and self._diverged(p, keep=1):
           return
     finally:
       batches.close()
@@ -492,20 +497,25 @@ class Trainer:
       p.last_flush = time.perf_counter()
       p.times["boundaries"] += p.last_flush - t0
 
-  def _diverged(self, p: _Progress) -> bool:
-    """Flushes the pending metrics; on a divergence marks ``p`` diverged and returns True."""
-    p.diverged_step = self._flush(p)
+  def _diverged(self, p: _Progress, keep: int = 0) -> bool:
+    """Flushes the pending metrics but the newest ``keep``; on a divergence marks ``p``
+    diverged and returns True."""
+    p.diverged_step = self._flush(p, keep)
     if p.diverged_step is None:
       return False
     p.status = "diverged"
     return True
 
-  def _flush(self, p: _Progress) -> Optional[int]:
-    """Reads the pending device metrics, writes them, returns the divergence step if any."""
-    if not p.pending:
+  def _flush(self, p: _Progress, keep: int = 0) -> Optional[int]:
+    """Reads the pending device metrics but the newest ``keep``, writes them, returns the
+    divergence step if any."""
+    n = len(p.pending) - keep
+    if n <= 0:
       return None
+    steps = p.pending_steps[:n]
     t0 = time.perf_counter()
-    records = _to_host(p.pending)
+    records = _to_host(p.pending[:n])
+    p.pending, p.pending_steps = p.pending[n:], p.pending_steps[n:]
     now = time.perf_counter()
     p.times["metrics_wait"] += now - t0
     elapsed = now - p.last_flush
@@ -513,7 +523,7 @@ class Trainer:
     p.last_flush = now
     rate = self.tokens_per_step * len(records) / max(elapsed, 1e-9)
     p.tokens_per_s.append(rate)
-    for step, r in zip(p.pending_steps, records):
+    for step, r in zip(steps, records):
       r.update(kind="train", step=step, lr=float(self.lrs[step]), tokens_per_s=rate)
     if not math.isfinite(p.initial_loss):
       p.initial_loss = records[0]["loss"]
@@ -527,7 +537,6 @@ class Trainer:
     if p.bar is not None:
       p.bar.update(len(records))
       p.bar.set_postfix(loss=f"{p.last_train['loss']:.3f}")
-    p.pending, p.pending_steps = [], []
     p.times["record"] += time.perf_counter() - now
     return bad
 
