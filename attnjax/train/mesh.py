@@ -153,10 +153,12 @@ class MeshParallel:
 
     Every host computes the same global batch (a function of the step) and
     places only the pieces its own devices hold: whole rows on a data / FSDP
-    mesh, and a slice of the tokens where ``context`` spans processes.
+    mesh, and a slice of the tokens where ``context`` spans processes. The copy is explicit:
+    a ``jax.transfer_guard`` that disallows implicit host-to-device copies lets it through.
     """
     sharding = self.batch if array.ndim >= 2 else self.rows
-    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+    with jax.transfer_guard_host_to_device("allow"):
+      return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
   def batch_args(self, b) -> tuple:
     """``(inputs, targets)`` of a Batch on the devices, plus its packing dict when packed."""
