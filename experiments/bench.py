@@ -374,6 +374,130 @@ def train_suite(args) -> Iterable[Case]:
                    trainer.flops_per_token * tokens, baseline=not with_stats, tokens=tokens)
 
 
+# The trainer suite: the Trainer's tokens/s over its own compiled step's.
+TRAINER_DEFAULTS = {"gpu": dict(preset="gpu", steps=300), "tpu": dict(preset="tpu", steps=300),
+                    "cpu": dict(preset="cpu", steps=60)}
+
+
+def trainer_vs_step(preset: str, variant: str, steps: int, *, data: str = "shakespeare",
+                    overrides: tuple = (), trace: str = "") -> dict:
+  """Tokens/s of ``Trainer.run`` for ``steps`` steps and of its compiled step alone.
+
+  The run is ``experiments/configs/compare.py:preset=<preset>`` with ``variant``, ``data``,
+  ``train.steps=<steps>``, no checkpoints or plots, and ``overrides`` (``"key=value"``),
+  in a temporary run directory; its rate is its summary's (the median over its reads of the
+  metrics, every ``log_every`` steps, but the first). The bare step is the executable the
+  run stepped with, called back to back on one batch already on the device (as
+  ``experiments/device_check.py`` times it), ``steps`` times in windows of ``log_every``
+  steps; its rate is the median window's but the first. ``trace``: a folder for a
+  ``jax.profiler`` trace of the run.
+  """
+  import shutil
+  import tempfile
+  from attnjax.train.config import load_config
+  from attnjax.train.loop import Trainer
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cfg = load_config(os.path.join(root, f"experiments/configs/compare.py:preset={preset}"),
+                    [f"variant={variant}", f"data.name={data}", f"train.steps={steps}",
+                     "train.checkpoint_every=0", "train.plots=false", *overrides])
+  cfg.run_dir = tempfile.mkdtemp(prefix="attnjax_bench_trainer_")
+  try:
+    trainer = Trainer(cfg)
+    if trace:
+      with jax.profiler.trace(trace):
+        summary = trainer.run()
+    else:
+      summary = trainer.run()
+    with jax.set_mesh(trainer.dp.mesh):
+      b = trainer.batches.batch("train", 0)
+      bare_s, state = _time_step(trainer, trainer.state, trainer.dp.batch_args(b), steps)
+      # The same step on random tokens (device_check's input): is the step's time the data's?
+      rng = np.random.default_rng(0)
+      noise = trainer.dp.put_batch(
+          rng.integers(0, trainer.batches.model_vocab_size, b.inputs.shape).astype(np.int32))
+      random_s, _ = _time_step(trainer, state, (noise, noise), steps)
+  finally:
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)
+  tokens = cfg.data.batch_size * cfg.data.seq_len
+  run_tps = summary["steps_done"] * tokens / summary["train_time_s"]
+  return dict(variant=variant, preset=preset, params=trainer.num_params, tokens_per_step=tokens,
+              trainer_tokens_per_s=summary["tokens_per_s"], trainer_all_tokens_per_s=run_tps,
+              step_tokens_per_s=tokens / bare_s, random_tokens_per_s=tokens / random_s,
+              ratio=summary["tokens_per_s"] * bare_s / tokens,
+              mfu=summary["mfu"], loop_time_s=summary["loop_time_s"],
+              steps=summary["steps_done"], log_every=cfg.train.log_every)
+
+
+def _time_step(trainer, state, args: tuple, steps: int) -> tuple:
+  """``(seconds per step, state)`` of the trainer's compiled step on ``args``, the median of
+  windows of ``log_every`` steps (as the run reads its metrics) but the first."""
+  step, chunk, times = trainer.compiled_step, trainer.cfg.train.log_every, []
+  state, m = step(state, trainer.rest, *args)
+  block(m)
+  for _ in range(max(steps // chunk, 1)):
+    t0 = time.perf_counter()
+    for _ in range(chunk):
+      state, m = step(state, trainer.rest, *args)
+    block((state, m))
+    times.append((time.perf_counter() - t0) / chunk)
+  return statistics.median(times[1:] or times), state
+
+
+def _trainer_settings() -> dict:
+  """The suite's settings: the backend's defaults, then ``ATTNJAX_BENCH_TRAINER``."""
+  backend = jax.default_backend()
+  out = dict(TRAINER_DEFAULTS.get(backend, TRAINER_DEFAULTS["cpu"]),
+             variants="dense,sigmoid", data="shakespeare", trace="")
+  for item in os.environ.get("ATTNJAX_BENCH_TRAINER", "").split():
+    key, _, value = item.partition("=")
+    if key not in out:
+      raise ValueError(f"ATTNJAX_BENCH_TRAINER: {key!r} is not one of {sorted(out)}")
+    out[key] = int(value) if key == "steps" else value
+  return out
+
+
+@suite("trainer")
+def trainer_suite(args) -> Iterable[Case]:
+  """The training loop against its own step: ``Trainer.run`` (batches built and copied ahead,
+  metrics read every ``log_every`` steps, the progress bar, validation and probes at the first
+  and last step) over the same compiled step called back to back on one device batch, as
+  tokens/s. "Trainer" is the run's summary (median over its metric reads but the first;
+  boundaries excluded), "all steps" its steps over its training time. The ratio should be
+  >= 0.9. "bare, random tokens" is the step on device_check's input (uniform random ids):
+  a difference from the bare step is the data's, not the loop's. The host seconds are the
+  summary's loop_time_s (metrics wait: mostly waiting for the device). Preset by backend (gpu: 300 steps, tpu: 300, cpu: the cpu preset, 60 steps);
+  ``ATTNJAX_BENCH_TRAINER="preset=gpu steps=400 variants=dense,sigmoid data=shakespeare
+  trace=DIR"`` changes them (trace: a jax.profiler trace of each run under DIR/variant)."""
+  cfg = _trainer_settings()
+  print(f"## trainer\n\n{trainer_suite.__doc__.strip()}\n")
+  rows = []
+  for variant in cli_csv(cfg["variants"]):
+    trace = os.path.join(cfg["trace"], variant) if cfg["trace"] else ""
+    rows.append(trainer_vs_step(cfg["preset"], variant, cfg["steps"], data=cfg["data"],
+                                trace=trace))
+  print(f"preset {cfg['preset']}, {rows[0]['tokens_per_step']} tokens per step, "
+        f"{cfg['steps']} steps, metrics read every {rows[0]['log_every']}\n")
+  print("| variant | params | Trainer tokens/s | all steps | bare step tokens/s | ratio | "
+        "bare, random tokens | MFU | host s: batch wait / dispatch / metrics wait / record |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+  for r in rows:
+    t = r["loop_time_s"]
+    mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+    print(f"| {r['variant']} | {r['params'] / 1e6:.2f}M | {r['trainer_tokens_per_s']:,.0f} | "
+          f"{r['trainer_all_tokens_per_s']:,.0f} | {r['step_tokens_per_s']:,.0f} | "
+          f"{r['ratio']:.3f} | {r['random_tokens_per_s']:,.0f} | {mfu} | "
+          f"{t['batch_wait']:.2f} / {t['dispatch']:.2f} / "
+          f"{t['metrics_wait']:.2f} / {t['record']:.2f} |")
+  print()
+  print(json.dumps(rows))
+  print()
+  return []
+
+
+def cli_csv(text: str) -> list[str]:
+  return [s.strip() for s in text.split(",") if s.strip()]
+
+
 def _torch_sdpa(T: int, *, backward: bool, window: Optional[tuple[int, int]] = None):
   """A jax-free callable timing torch's CPU scaled_dot_product_attention, or None without torch."""
   try:

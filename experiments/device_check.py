@@ -10,8 +10,11 @@ docstring lists them; the same flags). Then:
 
 6. 50 steps (``--steps``) of the ``gpu`` (``tpu``) preset's training step
    (``dense`` and ``sigmoid`` variants, random tokens) and the model-FLOPs
-   utilisation against ``--peak-tflops`` (H100/H200 dense bf16: 989; TPU v5e:
-   197, v6e: 918). Not with ``--kernel mosaic_gpu`` or ``--interpret``.
+   utilisation, computed as every run's ``summary.json`` computes it
+   (:func:`attnjax.train.mfu.utilisation`: the device's dense bf16 peak by its
+   kind, e.g. H100/H200 989 TFLOP/s, TPU v5e 197, v6e 918; ``--peak-tflops``
+   overrides it; an unknown kind shows the TFLOP/s achieved and no MFU). Not
+   with ``--kernel mosaic_gpu`` or ``--interpret``.
 
 The exit status is 1 if a correctness check fails, 2 on a host without the
 platform's device (``--help`` works anywhere).
@@ -31,8 +34,9 @@ def parse(argv=None):
   p.description = __doc__
   p.add_argument("--steps", type=int, default=50, help="training steps per variant (section 6)")
   p.add_argument("--peak-tflops", type=float, default=None,
-                 help="the device's dense bf16 peak for the MFU (default: H100/H200 SXM 989 "
-                      "on a GPU; 197 (v5e) on a TPU, 918 for a v6e)")
+                 help="the device's dense bf16 peak for the MFU (default: by its device kind, "
+                      "attnjax.train.mfu.PEAK_BF16_FLOPS: H100/H200 SXM 989, TPU v5e 197, "
+                      "v6e 918)")
   return p.parse_args(argv)
 
 
@@ -41,15 +45,16 @@ def training_mfu(r: check.Report, args) -> None:
   import jax
   import jax.numpy as jnp
   from flax import nnx
-  from attnjax.train import optim
+  from attnjax.train import mfu, optim
   from attnjax.train.config import apply_preset, base_config
   from attnjax.train.model import build_model, count_params, flops_per_token
   from attnjax.train.step import make_train_step
   r.add("")
   r.add(f"## 6. {args.platform} preset: {args.steps} training steps, random tokens")
   r.add("")
-  r.add("| variant | params | step ms | tokens/s | MFU |")
-  r.add("|---|---:|---:|---:|---:|")
+  r.add("| variant | params | step ms | tokens/s | model TFLOP/s | MFU |")
+  r.add("|---|---:|---:|---:|---:|---:|")
+  peak = args.peak_tflops * 1e12 if args.peak_tflops else None
   for variant in ("dense", "sigmoid"):
     cfg = apply_preset(base_config(), args.platform)
     cfg.variant = variant
@@ -71,8 +76,11 @@ def training_mfu(r: check.Report, args) -> None:
     dt = (time.perf_counter() - t0) / args.steps
     n = count_params(state["params"])
     tps = B * T / dt
-    mfu = tps * flops_per_token(cfg, n) / (args.peak_tflops * 1e12)
-    r.add(f"| {variant} | {n / 1e6:.1f}M | {dt * 1e3:.1f} | {tps:,.0f} | {100 * mfu:.1f}% |")
+    u = mfu.utilisation(flops_per_token(cfg, n), tps, jax.devices()[:1],
+                        peak_flops_per_device=peak)
+    used = "-" if u["mfu"] is None else f"{100 * u['mfu']:.1f}%"
+    r.add(f"| {variant} | {n / 1e6:.1f}M | {dt * 1e3:.1f} | {tps:,.0f} | "
+          f"{u['model_flops_per_s'] / 1e12:.1f} | {used} |")
 
 
 def main(argv=None) -> int:
@@ -82,8 +90,6 @@ def main(argv=None) -> int:
   if status is not None:
     return status
   if args.kernel == "default" and not args.interpret:
-    if args.peak_tflops is None:
-      args.peak_tflops = 989.0 if args.platform == "gpu" else 197.0
     training_mfu(r, args)
   return check.write(r, args.out)
 

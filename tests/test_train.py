@@ -445,3 +445,165 @@ def test_rerunning_a_run_with_another_config(tmp_path, capsys):
   cut.train.eval_every = 4
   assert train(cut)["status"] == "finished"
   assert "resuming with train.eval_every, train.stop_after changed" in capsys.readouterr().err
+
+
+# -- keeping the device busy: the loop between two reads of the metrics -------------------------
+
+
+def test_between_metric_reads_the_loop_only_dispatches(tmp_path, monkeypatch):
+  """Between boundaries the loop moves nothing implicitly between host and device (no
+  ``float()`` of a device value, no eager computation such as the LR schedule per step),
+  compiles nothing, and reads the metrics once per ``log_every`` steps, all of them at once."""
+  from attnjax.train import loop
+  from attnjax.train import mesh as mesh_lib
+
+  reads, lowerings, inside = [], [], [False]
+  real_to_host = mesh_lib.to_host
+
+  def to_host(tree):
+    if inside[0] and isinstance(tree, list):  # the loop's metrics: one dict per step
+      reads.append(len(tree))
+    return real_to_host(tree)
+
+  def lowered(event, seconds, **_):
+    if inside[0] and event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+      lowerings.append(event)
+
+  def guarded(run):
+    def wrapper(self, *args):
+      inside[0] = run is real_loop
+      with jax.transfer_guard("disallow" if inside[0] else "allow"):
+        try:
+          return run(self, *args)
+        finally:
+          inside[0] = run is not real_loop
+    return wrapper
+
+  real_loop, real_boundary = loop.Trainer._loop, loop.Trainer._at_boundary
+  monkeypatch.setattr(mesh_lib, "to_host", to_host)
+  monkeypatch.setattr(loop.Trainer, "_loop", guarded(real_loop))
+  monkeypatch.setattr(loop.Trainer, "_at_boundary", guarded(real_boundary))
+  jax.monitoring.register_event_duration_secs_listener(lowered)
+  try:
+    summary = train(tiny(tmp_path / "run", **{"train.steps": 16, "train.eval_every": 8,
+                                              "train.probe_every": 8, "train.checkpoint_every": 8}))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(lowered)
+  assert summary["status"] == "finished" and summary["steps_done"] == 16
+  assert reads == [4, 4, 4, 4] and lowerings == []  # log_every=4: 16 steps, 4 reads, no compile
+  times = summary["loop_time_s"]
+  assert set(times) == {"batch_wait", "dispatch", "metrics_wait", "record", "boundaries"}
+  assert all(v >= 0 for v in times.values()) and times["boundaries"] > 0
+
+
+def test_the_train_step_donates_the_state(tmp_path):
+  from attnjax.train.loop import Trainer
+
+  trainer = Trainer(tiny(tmp_path))
+  with jax.set_mesh(trainer.dp.mesh):
+    args = trainer.dp.batch_args(trainer.batches.batch("train", 0))
+    old = trainer.state
+    trainer.state, _ = trainer.train_step(old, trainer.rest, *args)
+  assert all(x.is_deleted() for x in jax.tree.leaves(old))  # updated in place, not copied
+  assert not any(x.is_deleted() for x in jax.tree.leaves(trainer.rest))
+
+
+def test_prefetch_keeps_the_order_stops_and_raises():
+  from attnjax.train.prefetch import Prefetch
+
+  made = []
+
+  def make(step):
+    made.append(step)
+    return jnp.full((2,), step)
+
+  batches = Prefetch(make, 3, 9, depth=2)
+  for step in range(3, 7):
+    np.testing.assert_array_equal(batches.get(step), [step, step])
+  with pytest.raises(ValueError, match=r"the next batch is step 7"):
+    batches.get(8)
+  batches.close()  # mid-way: the thread ends, having built at most depth + 1 more
+  assert not batches._thread.is_alive() and made == list(range(3, len(made) + 3))
+  assert len(made) <= 4 + 2 + 1
+
+  def broken(step):
+    if step == 1:
+      raise OSError("no such shard")
+    return step
+
+  batches = Prefetch(broken, 0, 5)
+  assert batches.get(0) == 0
+  with pytest.raises(OSError, match="no such shard"):
+    batches.get(1)
+  batches.close()
+  with pytest.raises(ValueError, match="depth must be >= 1"):
+    Prefetch(make, 0, 1, depth=0)
+
+
+def test_prefetched_batches_give_the_run_of_batches_built_in_the_loop(tmp_path, monkeypatch):
+  """The loop's batches come from a thread ahead of it: the run equals one whose batches are
+  built synchronously, step by step (every metric, bit for bit)."""
+  from attnjax.train import loop
+
+  prefetched = train(tiny(tmp_path / "prefetched", data="shakespeare"))
+
+  class InLoop:
+    def __init__(self, make, start, stop, depth=2):
+      self.make = make
+
+    def get(self, step):
+      return self.make(step)
+
+    def close(self):
+      pass
+
+  monkeypatch.setattr(loop, "Prefetch", InLoop)
+  in_loop = train(tiny(tmp_path / "in_loop", data="shakespeare"))
+  assert prefetched["status"] == in_loop["status"] == "finished"
+  assert lines(tmp_path / "prefetched" / "metrics.jsonl") == lines(
+      tmp_path / "in_loop" / "metrics.jsonl")
+
+
+def test_mfu_from_the_device_kind_and_in_the_summary(tmp_path):
+  from types import SimpleNamespace
+
+  from attnjax.train import mfu
+
+  h200, cpu = SimpleNamespace(device_kind="NVIDIA H200"), SimpleNamespace(device_kind="cpu")
+  # device_check's figures: 164 MFLOP per token at 0.91 M tokens/s on one H200 is 15.1%.
+  u = mfu.utilisation(164e6, 0.91e6, [h200])
+  assert u["mfu"] == pytest.approx(164e6 * 0.91e6 / 989e12) and u["device_kind"] == "NVIDIA H200"
+  assert mfu.utilisation(164e6, 8 * 0.91e6, [h200] * 8)["mfu"] == pytest.approx(u["mfu"])
+  assert mfu.peak_flops("NVIDIA H100 PCIe") == 756e12 and mfu.peak_flops("TPU v5 lite") == 197e12
+  assert mfu.peak_flops("TPU v5p") == 459e12 and mfu.peak_flops("TPU v6 lite") == 918e12
+  for devices in ([cpu], [h200, SimpleNamespace(device_kind="NVIDIA A100-SXM4-40GB")]):
+    u = mfu.utilisation(1e6, 2e3, devices)
+    assert u["mfu"] is None and u["peak_flops_per_s"] is None and u["model_flops_per_s"] == 2e9
+  assert mfu.utilisation(1e6, 2e3, [cpu], peak_flops_per_device=1e12)["mfu"] == pytest.approx(2e-3)
+  assert mfu.utilisation(1e6, float("nan"), [h200])["mfu"] is None
+
+  summary = train(tiny(tmp_path))
+  assert summary["mfu"] is None and summary["peak_flops_per_s"] is None  # a CPU: no peak
+  assert summary["model_flops_per_s"] == pytest.approx(
+      summary["flops_per_token"] * summary["tokens_per_s"])
+  assert summary["device_kind"] == jax.devices()[0].device_kind
+
+
+def test_bench_trainer_suite_measures_the_loop_against_its_step(monkeypatch):
+  spec = importlib.util.spec_from_file_location("bench", os.path.join(REPO, "experiments",
+                                                                      "bench.py"))
+  bench = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
+  spec.loader.exec_module(bench)
+  row = bench.trainer_vs_step(
+      "cpu", "dense", 8, data="bigram_backcopy",
+      overrides=("model.d_model=16", "model.num_layers=1", "model.num_heads=2",
+                 "data.seq_len=16", "data.batch_size=8", "data.bb_vocab_size=16",
+                 "train.microbatches=1", "train.log_every=2", "train.eval_batches=1",
+                 "train.probe_batch=8", "train.probe_len=16", "train.progress=false"))
+  assert row["steps"] == 8 and row["tokens_per_step"] == 128
+  for key in ("trainer_tokens_per_s", "trainer_all_tokens_per_s", "step_tokens_per_s",
+              "random_tokens_per_s"):
+    assert np.isfinite(row[key]) and row[key] > 0, key
+  assert row["ratio"] == pytest.approx(row["trainer_tokens_per_s"] / row["step_tokens_per_s"])
+  assert "trainer" in bench._SUITES

@@ -18,6 +18,17 @@ NaN/Inf loss, or a loss above ``divergence_factor`` times the initial loss for
 ``divergence_patience`` steps in a row, ends the run as ``"diverged"`` with
 the first such step, cleanly (files closed, summary written), and the caller
 (a sweep) carries on.
+
+Keeping the device busy: between two reads of the metrics the host only
+dispatches steps (jax runs them asynchronously), so the device is never
+waited for inside a step; a read takes the oldest ``log_every`` steps while
+the newest one still runs (so a divergence is seen at most ``log_every``
+steps late), and starts every array's copy at once
+(:func:`attnjax.train.mesh.to_host`); the batches are built and copied to the
+devices ahead, in a background thread (:class:`attnjax.train.prefetch.Prefetch`);
+the learning rate each record carries comes from a table computed once. The
+summary's ``loop_time_s`` says where the host's time went, and ``mfu`` how
+much of the devices' peak the run used (:mod:`attnjax.train.mfu`).
 """
 
 from __future__ import annotations
@@ -41,8 +52,9 @@ from attnjax import data as data_lib
 from attnjax.train import config as config_lib
 from attnjax.train import metrics as run_metrics
 from attnjax.train import mesh as mesh_lib
-from attnjax.train import optim, rundir
+from attnjax.train import mfu, optim, rundir
 from attnjax.train.model import build_model, count_params, flops_per_token
+from attnjax.train.prefetch import Prefetch
 from attnjax.train.probe import run_probe
 from attnjax.train.step import make_eval_step, make_train_step
 
@@ -78,6 +90,15 @@ def init_distributed() -> None:
   if os.environ.get("JAX_PLATFORMS", "") == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=address, **kwargs)
+
+
+def lr_table(schedule: Any, steps: int) -> np.ndarray:
+  """The learning rate of steps ``0..steps`` (float32 ``[steps + 1]``), in one jitted call.
+
+  The loop records each step's rate from this table: a call of the schedule per step would
+  be a dozen small device computations and a device-to-host read each time.
+  """
+  return np.asarray(jax.jit(jax.vmap(schedule))(np.arange(steps + 1, dtype=np.int32)))
 
 
 def _to_host(metrics: list[dict]) -> list[dict]:
@@ -137,6 +158,11 @@ class _Progress:
     last_flush: ``time.perf_counter()`` when training time last started counting.
     tokens_per_s: the rate of each flush.
     last_train, last_val, last_probe: the latest record of each kind.
+    times: host seconds by part of the loop (``loop_time_s`` of the summary):
+      ``batch_wait`` (waiting for the prefetched batch), ``dispatch`` (enqueueing steps),
+      ``metrics_wait`` (reading the metrics: mostly the device finishing its queued steps),
+      ``record`` (writing them, the divergence watch, the progress bar), ``boundaries``
+      (validation, probes, checkpoints).
   """
 
   start: int
@@ -156,6 +182,8 @@ class _Progress:
   last_train: dict = dataclasses.field(default_factory=dict)
   last_val: dict = dataclasses.field(default_factory=dict)
   last_probe: dict = dataclasses.field(default_factory=dict)
+  times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
+      ("batch_wait", "dispatch", "metrics_wait", "record", "boundaries"), 0.0))
 
   def close(self) -> None:
     """Closes the progress bar and the writers."""
@@ -183,6 +211,8 @@ class Trainer:
     state: ``{"params", "opt_state", "step"}``, sharded over the mesh.
     num_params: parameters of the model.
     skipped_checkpoints: checkpoints that did not restore and were set aside.
+    compiled_step: the train step :meth:`run` compiled and stepped with (None before it);
+      ``experiments/bench.py --suite trainer`` times it alone against the loop.
 
   Raises:
     ValueError: a config that does not validate, or no ``run_dir``.
@@ -214,6 +244,7 @@ class Trainer:
                               stats=cfg.train.step_stats, microbatches=cfg.train.microbatches)
     self.train_step = jax.jit(self.dp.keep_shardings(step_fn, self.state), donate_argnums=(0,))
     self.skipped_checkpoints: list[dict] = []
+    self.compiled_step = None
     self.eval_step = jax.jit(make_eval_step(self.graphdef))
     self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
 
@@ -328,6 +359,7 @@ class Trainer:
       ValueError: the run directory holds a run whose config differs in a key that
         changes what it computes (each key named with both values).
     """
+    self.lrs = lr_table(self.schedule, self.cfg.train.steps)
     with jax.set_mesh(self.dp.mesh):
       return self._run()
 
@@ -342,6 +374,7 @@ class Trainer:
     start = self._restore_latest(manager)
     summary, previous = self._begin(start)
     compiled, compile_s = self._compile(start)
+    self.compiled_step = compiled
     progress = self._progress(start, previous)
     try:
       self._loop(compiled, manager, progress)
@@ -397,25 +430,42 @@ class Trainer:
     return progress
 
   def _loop(self, compiled, manager: ocp.CheckpointManager, p: _Progress) -> None:
-    """Steps until ``train.steps``, ``train.stop_after`` or a divergence (``p.status`` says)."""
+    """Steps until ``train.steps``, ``train.stop_after`` or a divergence (``p.status`` says).
+
+    Between two reads of the metrics (every ``log_every`` steps, one step behind the
+    device, and of every pending step at boundaries) the host only takes a prefetched batch
+    and enqueues the step: nothing waits for the device.
+    """
     t = self.cfg.train
-    while True:
-      boundary = self._boundary(p.step, p.start)
-      if (boundary or p.step == t.stop_after) and self._diverged(p):
-        return
-      self._at_boundary(boundary, manager, p)
-      if p.step == t.steps:
-        return
-      if t.stop_after and p.step == t.stop_after:
-        p.status = "stopped"
-        return
-      b = self.batches.batch("train", p.step)
-      self.state, m = compiled(self.state, self.rest, *self.dp.batch_args(b))
-      p.pending.append(m)
-      p.pending_steps.append(p.step)
-      p.step += 1
-      if len(p.pending) >= t.log_every and self._diverged(p):
-        return
+    end = t.stop_after if t.stop_after and p.start <= t.stop_after < t.steps else t.steps
+    batches = Prefetch(lambda s: self.dp.batch_args(self.batches.batch("train", s)),
+                       p.start, end)
+    try:
+      while True:
+        boundary = self._boundary(p.step, p.start)
+        if (boundary or p.step == t.stop_after) and self._diverged(p):
+          return
+        self._at_boundary(boundary, manager, p)
+        if p.step == t.steps:
+          return
+        if t.stop_after and p.step == t.stop_after:
+          p.status = "stopped"
+          return
+        t0 = time.perf_counter()
+        args = batches.get(p.step)
+        t1 = time.perf_counter()
+        self.state, m = compiled(self.state, self.rest, *args)
+        p.times["batch_wait"] += t1 - t0
+        p.times["dispatch"] += time.perf_counter() - t1
+        p.pending.append(m)
+        p.pending_steps.append(p.step)
+        p.step += 1
+        # Read the oldest log_every steps while the newest one runs: the device is not left
+        # idle while the host writes them (a divergence is seen at most log_every steps late).
+        if len(p.pending) > t.log_every and self._diverged(p, keep=1):
+          return
+    finally:
+      batches.close()
 
   def _boundary(self, step: int, start: int) -> list[str]:
     """What is due at step boundary ``step``: ``"eval"``, ``"probe"``, ``"ckpt"``."""
@@ -431,6 +481,7 @@ class Trainer:
 
   def _at_boundary(self, due: list[str], manager: ocp.CheckpointManager, p: _Progress) -> None:
     """Validation, probe and checkpoint of step ``p.step``, as ``due`` lists."""
+    t0 = time.perf_counter()
     if "eval" in due:
       p.last_val = self.evaluate(p.step)
       if p.metrics_out:
@@ -444,31 +495,39 @@ class Trainer:
       manager.wait_until_finished()
     if due:  # tokens/s and train_time_s count training steps only
       p.last_flush = time.perf_counter()
+      p.times["boundaries"] += p.last_flush - t0
 
-  def _diverged(self, p: _Progress) -> bool:
-    """Flushes the pending metrics; on a divergence marks ``p`` diverged and returns True."""
-    p.diverged_step = self._flush(p)
+  def _diverged(self, p: _Progress, keep: int = 0) -> bool:
+    """Flushes the pending metrics but the newest ``keep``; on a divergence marks ``p``
+    diverged and returns True."""
+    p.diverged_step = self._flush(p, keep)
     if p.diverged_step is None:
       return False
     p.status = "diverged"
     return True
 
-  def _flush(self, p: _Progress) -> Optional[int]:
-    """Reads the pending device metrics, writes them, returns the divergence step if any."""
-    if not p.pending:
+  def _flush(self, p: _Progress, keep: int = 0) -> Optional[int]:
+    """Reads the pending device metrics but the newest ``keep``, writes them, returns the
+    divergence step if any."""
+    n = len(p.pending) - keep
+    if n <= 0:
       return None
-    records = _to_host(p.pending)
+    steps = p.pending_steps[:n]
+    t0 = time.perf_counter()
+    records = _to_host(p.pending[:n])
+    p.pending, p.pending_steps = p.pending[n:], p.pending_steps[n:]
     now = time.perf_counter()
+    p.times["metrics_wait"] += now - t0
     elapsed = now - p.last_flush
     p.train_time += elapsed
     p.last_flush = now
     rate = self.tokens_per_step * len(records) / max(elapsed, 1e-9)
     p.tokens_per_s.append(rate)
-    for step, r in zip(p.pending_steps, records):
-      r.update(kind="train", step=step, lr=float(self.schedule(step)), tokens_per_s=rate)
+    for step, r in zip(steps, records):
+      r.update(kind="train", step=step, lr=float(self.lrs[step]), tokens_per_s=rate)
     if not math.isfinite(p.initial_loss):
       p.initial_loss = records[0]["loss"]
-      self.state["initial_loss"] = self.dp.replicate(jnp.float32(p.initial_loss))
+      self.state["initial_loss"] = self.dp.replicate(np.float32(p.initial_loss))
     bad = p.watch.update(records, p.initial_loss)
     if bad is not None:
       records = [r for r in records if r["step"] <= p.watch.decided_at]
@@ -478,7 +537,7 @@ class Trainer:
     if p.bar is not None:
       p.bar.update(len(records))
       p.bar.set_postfix(loss=f"{p.last_train['loss']:.3f}")
-    p.pending, p.pending_steps = [], []
+    p.times["record"] += time.perf_counter() - now
     return bad
 
   def _end(self, summary: dict, p: _Progress, compile_s: float) -> dict:
@@ -490,6 +549,9 @@ class Trainer:
                    compile_s=compile_s, train_time_s=p.train_time,
                    tokens_per_s=float(np.median(p.tokens_per_s[1:] or p.tokens_per_s
                                                 or [float("nan")])))
+    summary.update(mfu.utilisation(self.flops_per_token, summary["tokens_per_s"],
+                                   list(self.dp.mesh.devices.flat)))
+    summary["loop_time_s"] = dict(p.times)
     summary.update(final_metrics(self.dir, p.last_train, p.last_val, p.last_probe, p.status))
     if self.is_writer:
       rundir.write_json(self.dir.summary, summary)
