@@ -59,3 +59,14 @@ def test_bench_memory_alone_runs_no_timing_suite():
                         timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert "## memory" in proc.stdout and "matmul rate" not in proc.stdout, proc.stdout
+
+
+def test_default_config_is_found_from_any_directory(tmp_path, monkeypatch):
+  """An entry point's default ``experiments/configs/...`` is read from the repository when the
+  working directory is elsewhere; a config the user names is taken as given."""
+  monkeypatch.chdir(tmp_path)
+  cfg, args = cli.parse("doc", COMPARE, ["--config.train.steps", "3"])
+  assert cfg.train.steps == 3 and args.config == str(ROOT / COMPARE)
+  assert cli.in_repository("missing.py:x") == "missing.py:x"
+  with pytest.raises(SystemExit):
+    cli.parse("doc", COMPARE, ["--config", COMPARE])  # named by the user: relative to here

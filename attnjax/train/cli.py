@@ -3,9 +3,10 @@
     python experiments/compare.py --config experiments/configs/compare.py:preset=cpu \\
         --config.opt.lr=3e-3 --out runs/compare --processes
 
-The entry points run from the repository root with the package installed
-(``pip install -e .``); ``--help`` lists both config options and the entry
-point's own flags.
+The entry points run from any directory with the package installed from the
+repository (``pip install -e .``): a default config that is not found from the
+working directory is read from the repository; ``--help`` lists both config
+options and the entry point's own flags.
 """
 
 from __future__ import annotations
@@ -58,13 +59,26 @@ def parse(description: str, default_config: str, argv: Optional[Sequence[str]] =
   except ValueError as e:
     p.error(str(e))
   args = p.parse_args(rest)
-  args.config = spec or default_config
+  args.config = spec or in_repository(default_config)
   args.config_overrides = overrides
   try:
     cfg = load_config(args.config, overrides, check=check)
   except (ValueError, KeyError, FileNotFoundError) as e:
     p.error(str(e).strip("'\""))
   return cfg, args
+
+
+def in_repository(spec: str) -> str:
+  """``spec`` (``path.py[:arg]``) with a relative path that does not exist from the working
+  directory taken from the repository root instead (the folder above the ``attnjax`` package,
+  where ``experiments/`` lives), so that an entry point's default config is found from any
+  directory. Other specs are returned as they are."""
+  path, sep, arg = spec.partition(":")
+  if os.path.isabs(path) or os.path.isfile(path):
+    return spec
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  candidate = os.path.join(root, path)
+  return candidate + sep + arg if os.path.isfile(candidate) else spec
 
 
 def csv(text: str) -> list[str]:
