@@ -547,6 +547,7 @@ def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch,
   assert MOSAIC_GPU in compiled()
   assert not [r for r in caplog.records if r.name == "attnjax"]
   monkeypatch.setattr(_trust, "source_digest", lambda kernel: "edited" + kernel)
+  jax.clear_caches()  # dispatch reads the verdicts when tracing (a new process would anyway)
   assert not {MOSAIC_GPU, TRITON} & compiled()  # the block-wise engine: XLA's own ops
   line, = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
   assert f"mosaic_gpu is not used on {kind} for sigmoid causal bfloat16 calls: stale" in line
