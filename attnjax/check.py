@@ -48,7 +48,8 @@ correctness check fails):
    dense ``4 T^2 H`` per head forward and 2.5x that backward. Each time is per
    call of ``--calls`` back-to-back calls (the device waited on once). Paths that would
    materialise ``T x T`` at 16k are skipped, and the table stops at
-   ``--budget`` seconds (the rest is marked "not run"). With ``--kernel
+   ``--budget`` seconds, shared evenly between the kernels checked (the rest is
+   marked "not run"). With ``--kernel
    mosaic_gpu``: T = 4k and 16k, H = 128, causal and not, backward = fwd+bwd
    time minus forward time (counted as 2.5x the forward FLOPs).
 5. Speed targets (reported, not failed): ``pallas_gpu`` softmax within 1.5x of
@@ -118,7 +119,8 @@ def parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="device_check.md", help="markdown report path")
   p.add_argument("--budget", type=float, default=150.0,
-                 help="seconds for each speed table (section 4) before it stops")
+                 help="seconds for the speed tables (section 4, shared evenly between the "
+                      "kernels' tables) before they stop")
   p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
   p.add_argument("--calls", type=int, default=10,
                  help="back-to-back calls per timed run (the device is waited on once)")
@@ -435,7 +437,7 @@ def speed_table(r: Report, args) -> dict:
       if T >= 16384 and name in ("jax.nn xla", "blockwise softmax"):
         r.add(f"| {name} | {H} | {T} | skipped (T x T / compile time) | | | |")
         continue
-      if time.perf_counter() - start > args.budget:
+      if time.perf_counter() - start > args.table_budget:
         r.add(f"| {name} | {H} | {T} | not run (budget) | | | |")
         continue
       try:
@@ -468,7 +470,7 @@ def mosaic_table(r: Report, args) -> dict:
     for causal in (False, True):
       flops = 4.0 * B * N * T * T * H / (2 if causal else 1)
       for name, kw in paths.items():
-        if time.perf_counter() - start > args.budget:
+        if time.perf_counter() - start > args.table_budget:
           r.add(f"| {name} | {T} | {causal} | not run (budget) | | | |")
           continue
         try:
@@ -616,10 +618,12 @@ def run_checks(r: Report, args) -> Optional[int]:
     return None
   if args.platform == "gpu":
     check_cudnn_and_blockwise(r)
-  if KERNEL[args.platform] in kernels:
-    targets(r, speed_table(r, args), args.platform)
-  if "mosaic_gpu" in kernels:
-    mosaic_targets(r, mosaic_table(r, args))
+  tables = [(table, report) for kernel, table, report in (
+      (KERNEL[args.platform], speed_table, lambda t: targets(r, t, args.platform)),
+      ("mosaic_gpu", mosaic_table, lambda t: mosaic_targets(r, t))) if kernel in kernels]
+  args.table_budget = args.budget / max(1, len(tables))
+  for table, report in tables:
+    report(table(r, args))
   return None
 
 

@@ -355,6 +355,23 @@ def test_the_error_of_one_wrong_row_is_not_hidden_by_larger_rows():
   assert check.row_error(got, want) < 1e-5
 
 
+def test_the_cases_compile_in_threads_and_keep_their_order(monkeypatch):
+  import threading
+  threads, compile_ = set(), jax.stages.Lowered.compile
+
+  def compile_here(self, *a, **kw):
+    threads.add(threading.get_ident())
+    return compile_(self, *a, **kw)
+
+  monkeypatch.setattr(jax.stages.Lowered, "compile", compile_here)
+  x = jnp.arange(3.0)
+  programs = [(lambda x, i=i: x * i + jnp.sin(x) ** i, (x,)) for i in range(4)]
+  compiled = check.compile_all(programs, workers=2)
+  assert threading.get_ident() not in threads  # compiled by the pool, not this thread
+  for (f, args), c in zip(programs, compiled):
+    np.testing.assert_allclose(c(*args), f(*args), rtol=1e-6)
+
+
 def test_the_speed_table_times_back_to_back_calls(monkeypatch):
   events = []
   monkeypatch.setattr(jax, "block_until_ready", lambda x: events.append("wait") or x)
