@@ -66,6 +66,9 @@ with status 2 at once (``--help`` works anywhere). ``--interpret`` runs
 sections 1 and 2 on the CPU instead, the kernel in Pallas interpret mode at a
 small shape (a test of this command, not of a device: its verdict is for the
 device kind ``"cpu"``, which no GPU or TPU target has; ``--ship`` refuses it).
+It checks ``pallas_gpu`` (``--platform tpu``: ``pallas_tpu``) in 1 to 2 minutes
+on two CPU cores, and CI runs it as shipped; ``--kernel all`` adds
+``mosaic_gpu`` in jax's Mosaic GPU interpreter, which takes minutes per case.
 ``experiments/device_check.py`` runs this command and adds a section 6 (the
 training step's model-FLOPs utilisation).
 """
@@ -356,14 +359,15 @@ def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1
           "errors": errors, "shape": [B, T, N, K, H], "interpret": interpret}
 
 
-def check_cudnn_and_blockwise(r: Report) -> None:
-  """Section 3: jax's cuDNN attention and our block-wise kernel on the GPU."""
+def check_cudnn_and_blockwise(r: Report, B: int = 2, T: int = 2048,
+                              impls: tuple = (None, "cudnn")) -> None:
+  """Section 3: jax's cuDNN attention (``impls``: auto and by name) and our block-wise kernel
+  on the GPU, ``B`` sequences of ``T`` tokens."""
   import jax
   import jax.numpy as jnp
   import attnjax
   r.add("")
   r.add("## 3. cuDNN (auto) and block-wise vs reference")
-  B, T = 2, 2048
   q, k, v = qkv(B, T, 16, 4, 128, jnp.bfloat16)
   lengths = jnp.asarray([T, T // 2 + 3])
   # The padding mask is built inside each program from `lengths`, an argument (a mask of
@@ -379,19 +383,23 @@ def check_cudnn_and_blockwise(r: Report) -> None:
       o = out(q, k, v, n, impl).astype(jnp.float32)
       return jnp.sum(o * jnp.cos(o))
 
-    ref = jax.jit(functools.partial(out, impl="reference"))(q, k, v, lengths)
-    for impl in (None, "cudnn"):
+    with jax.default_matmul_precision("highest"):  # the reference's fp32 products, not TF32
+      ref = jax.jit(functools.partial(out, impl="reference"))(q, k, v, lengths)
+      ref_grads = jax.jit(jax.grad(functools.partial(loss, impl="reference"), (0, 1, 2)))(
+          q, k, v, lengths)
+    for impl in impls:
       err = _rel_err(jax.jit(functools.partial(out, impl=impl))(q, k, v, lengths), ref)
       r.expect(err < 2e-2, f"{name} impl={impl}: value row err {err:.1e}")
-    grads = [jax.jit(jax.grad(functools.partial(loss, impl=impl), (0, 1, 2)))(q, k, v, lengths)
-             for impl in ("reference", None)]
-    err = max(_rel_err(a, b) for a, b in zip(grads[1], grads[0]))
+    grads = jax.jit(jax.grad(functools.partial(loss, impl=None), (0, 1, 2)))(q, k, v, lengths)
+    err = max(_rel_err(a, b) for a, b in zip(grads, ref_grads))
     r.expect(err < 2e-2, f"{name} auto: dq, dk, dv row err {err:.1e}")
   qs, ks, vs = (x[:, :512].astype(jnp.float32) for x in (q, k, v))
-  for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
-    ref, got = (jax.jit(lambda q, k, v, impl=impl, kw=kw: attnjax.dot_product_attention(
-        q, k, v, implementation=impl, **kw))(qs, ks, vs) for impl in ("reference", "blockwise"))
-    r.expect(_rel_err(got, ref) < 2e-3, f"blockwise fp32 {kw}: value")
+  with jax.default_matmul_precision("highest"):  # both in full fp32 (the default: TF32)
+    for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
+      ref, got = (jax.jit(lambda q, k, v, impl=impl, kw=kw: attnjax.dot_product_attention(
+          q, k, v, implementation=impl, **kw))(qs, ks, vs) for impl in ("reference", "blockwise"))
+      err = _rel_err(got, ref)
+      r.expect(err < 2e-3, f"blockwise fp32 {kw}: value row err {err:.1e}")
 
 
 def _time_pair(fwd_kw: Callable, args, repeats: int, calls: int = 10,

@@ -372,6 +372,14 @@ def test_the_cases_compile_in_threads_and_keep_their_order(monkeypatch):
     np.testing.assert_allclose(c(*args), f(*args), rtol=1e-6)
 
 
+def test_section_3_compares_with_the_reference_at_a_small_shape():
+  # On the CPU: auto-dispatch and jax.nn's XLA path stand in for cuDNN; the padding mask is
+  # built inside each program from the lengths argument.
+  r = check.Report()
+  check.check_cudnn_and_blockwise(r, B=2, T=64, impls=(None, "xla"))
+  assert len(r.lines) == 2 + 3 * 3 + 2 and not r.failed, r.lines
+
+
 def test_the_speed_table_times_back_to_back_calls(monkeypatch):
   events = []
   monkeypatch.setattr(jax, "block_until_ready", lambda x: events.append("wait") or x)
