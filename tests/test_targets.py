@@ -328,6 +328,22 @@ def test_device_check_correctness_shape_compiles():
                                    jnp.bfloat16, H, T=T, B=B))
 
 
+@needs_cuda
+def test_device_check_case_program_compiles_for_an_h200():
+  # python -m attnjax.check --kernel mosaic_gpu, section 2: one case's program (the kernel's
+  # and the fp32 reference's values and gradients; segment ids and sink logits as arguments)
+  # compiles for an H200 with the Mosaic GPU kernel in it. Measured here under a load of ~10
+  # on 2 cores: 5 s to lower, 16 s to compile.
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  shape, window, args = check._case_args("mosaic_gpu", interpret=False)
+  assert shape == (2, 300, 8, 2, 64)
+  rep = NamedSharding(mesh, P())
+  program = check.case_program(check._kernel_run("mosaic_gpu", False), "softpick", "segments",
+                               window)
+  compiled = compile_on(mesh, program, *abstract(args["bfloat16"], rep))
+  assert MOSAIC_GPU in call_targets(compiled)
+
+
 @needs_tpu
 @pytest.mark.parametrize("H,T", [
     pytest.param(H, T, marks=[] if (H, T) == (128, 16384) else [pytest.mark.slow],
