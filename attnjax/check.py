@@ -305,12 +305,11 @@ def case_program(kernel: Callable, normalizer: str, structure: str, window) -> C
 
 
 def compile_all(programs: list, workers: int) -> list:
-  """``jax.jit(f).lower(*args).compile()`` of each ``(f, args)``: lowered here in turn (tracing
-  holds the GIL), compiled by ``workers`` threads at once."""
+  """``jax.jit(f).lower(*args).compile()`` of each ``(f, args)``, by ``workers`` threads at once
+  (one thread traces while others compile: XLA releases the GIL), in the order given."""
   import jax
-  lowered = [jax.jit(f).lower(*args) for f, args in programs]
   with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-    return list(pool.map(lambda low: low.compile(), lowered))
+    return list(pool.map(lambda p: jax.jit(p[0]).lower(*p[1]).compile(), programs))
 
 
 def _case_args(impl: str, interpret: bool):
