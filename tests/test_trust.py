@@ -325,6 +325,17 @@ def test_a_failing_comparison_writes_no_passing_verdict(small_check, monkeypatch
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
 
 
+def test_ship_writes_the_checks_own_verdict_into_the_package_folder(small_check, monkeypatch,
+                                                                     tmp_path):
+  # --ship runs on a device only; here its refusal of --interpret is lifted to see what it
+  # writes: the same entry as the local verdict, in the (fixture's) package folder.
+  monkeypatch.setattr(check, "_refusal", lambda args: None)
+  assert check.main(["--interpret", "--ship", "--out", str(tmp_path / "report.md")]) == 0
+  shipped = _trust.read_verdicts("cpu", shipped=True)
+  assert shipped == _trust.read_verdicts("cpu") and shipped["pallas_gpu"]["passed"] is True
+  assert (small_check / "shipped" / "cpu.json").exists()
+
+
 def test_all_checks_every_kernel_of_the_platform_and_ship_needs_a_device(small_check,
                                                                           tmp_path):
   assert check.kernels_to_check("gpu", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
