@@ -4,9 +4,11 @@
 may take attnjax's own Pallas kernels (``pallas_gpu``, ``mosaic_gpu``,
 ``pallas_tpu``), which only a run on the device itself can vouch for:
 
-- ``"checked"`` (the default): on a kind of device where ``python -m
-  attnjax.check`` has passed (its verdict in the cache directory, for this
-  attnjax and jax version), in a single-process run;
+- ``"checked"`` (the default): on a kind of device where a verdict of ``python
+  -m attnjax.check`` says they passed for the call's case class (normaliser x
+  structure x dtype), for this jax version and the kernel's current sources: a
+  verdict shipped in the package (``attnjax/verdicts/``, any run) or in the
+  local cache directory (single-process runs); see :mod:`attnjax._trust`;
 - ``"all"``: wherever they cover the call, checked or not;
 - ``"trusted"``: never; the kernels jax ships (cuDNN, splash) and the
   block-wise engine run instead.

@@ -1,19 +1,27 @@
 """``python -m attnjax.check``: attnjax's Pallas kernels checked on this device, and the verdict
 that lets auto-dispatch take them here. For example::
 
-    python -m attnjax.check                          # a GPU: pallas_gpu (about 4 min, 1 GPU)
+    python -m attnjax.check --kernel all             # a GPU: pallas_gpu (+ mosaic_gpu: Hopper)
     python -m attnjax.check --kernel mosaic_gpu      # an H100 / H200: the Mosaic GPU kernel
     python -m attnjax.check --platform tpu           # a TPU host (v5e, v6e): pallas_tpu
+    python -m attnjax.check --kernel all --ship      # also write the verdict to ship (below)
     python -m attnjax.check --out runs/h200.md --budget 120
 
 Auto-dispatch takes attnjax's own Pallas kernels (``pallas_gpu``, ``mosaic_gpu``,
-``pallas_tpu``) on a kind of device only once this command has passed there
-(or with ``ATTNJAX_KERNELS=all``, :mod:`attnjax._trust`): a kernel passes when
-every comparison of section 2 does, and the verdict (attnjax and jax versions,
-device kind, per kernel: passed, the number of checks, the failed ones) is
-written to ``$ATTNJAX_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnjax`` or
-``~/.cache/attnjax``), ``verdicts/<device kind>.json``. A failing kernel is
-recorded as failed: dispatch does not take it.
+``pallas_tpu``) on a kind of device only where a verdict of this command says
+they passed there, per case class (normaliser x structure x dtype), or with
+``ATTNJAX_KERNELS=all`` (:mod:`attnjax._trust`). Each run writes its verdict
+(per kernel: the device kind, the jax and attnjax versions, the digest of the
+kernel's sources, each case class's result, the failed cases) to
+``$ATTNJAX_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnjax`` or
+``~/.cache/attnjax``), ``verdicts/<device kind>.json``. ``--ship`` also writes
+it into the imported package's ``attnjax/verdicts/`` (run it from a source
+checkout on the device kind, then commit the file): a shipped verdict counts on
+every host with the same sources, multi-process runs included. A verdict is
+this command's output, never written by hand.
+
+Section 2 compiles its cases (one program each: the kernel and the reference,
+values and gradients) in ``--workers`` threads at once, then runs them.
 
 Sections of the markdown report (``--out``; the exit status is 1 if a
 correctness check fails):
@@ -24,10 +32,12 @@ correctness check fails):
    ``return_stats``) ``"mosaic_gpu"`` on a Hopper, else ``"pallas_gpu"``; fp32
    inputs go to ``"pallas_gpu"``. On a TPU: splash for plain softmax,
    ``"pallas_tpu"`` for every other call it covers.
-2. The kernel against ``reference``, values and gradients (q, k, v, and the
-   logsumexp statistic's), every normaliser x causal / window / segments in bf16
-   (sink logits and softcap where the normaliser takes them) and causal in
-   fp32 (the Mosaic GPU kernel: fp16), GQA, lengths not multiples of the blocks.
+2. Each kernel against ``reference`` run in fp32 on the same inputs under the
+   highest matmul precision: values and gradients (q, k, v, and the logsumexp
+   statistic's), every normaliser x causal / window / segments in bf16 (sink
+   logits and softcap where the normaliser takes them) and causal in fp32 (the
+   Mosaic GPU kernel: fp16), GQA, lengths not multiples of the blocks. The error
+   is a row's (:func:`row_error`): one wrong row fails its case.
 3. (GPU) auto (cuDNN) and ``"cudnn"`` against the reference for causal, window
    and padding-mask calls in bf16, values and gradients; the block-wise kernel
    on the GPU in fp32.
@@ -35,9 +45,11 @@ correctness check fails):
    H = 64, 128 (16k tokens per batch, 2048 model width): the kernel for each
    normaliser, cuDNN (splash) softmax, ``jax.nn`` XLA and the block-wise
    kernel, plus the reference at T=8192. Causal FLOPs are counted as half the
-   dense ``4 T^2 H`` per head forward and 2.5x that backward. Paths that would
+   dense ``4 T^2 H`` per head forward and 2.5x that backward. Each time is per
+   call of ``--calls`` back-to-back calls (the device waited on once). Paths that would
    materialise ``T x T`` at 16k are skipped, and the table stops at
-   ``--budget`` seconds (the rest is marked "not run"). With ``--kernel
+   ``--budget`` seconds, shared evenly between the kernels checked (the rest is
+   marked "not run"). With ``--kernel
    mosaic_gpu``: T = 4k and 16k, H = 128, causal and not, backward = fwd+bwd
    time minus forward time (counted as 2.5x the forward FLOPs).
 5. Speed targets (reported, not failed): ``pallas_gpu`` softmax within 1.5x of
@@ -46,13 +58,17 @@ correctness check fails):
    ``pallas_tpu`` softmax within 1.25x of splash, every other normaliser within
    1.25x of our softmax; ``mosaic_gpu`` softmax forward >= 550 TFLOP/s at T=16k
    non-causal and within 1.15x of cuDNN's time, every other normaliser within
-   1.15x of our softmax, backward >= 400 TFLOP/s.
+   1.15x of our softmax, backward >= 400 TFLOP/s. (``--kernel all`` prints the
+   tables of each kernel it checked.)
 
 On a host without the platform's device it prints that it needs one and exits
 with status 2 at once (``--help`` works anywhere). ``--interpret`` runs
 sections 1 and 2 on the CPU instead, the kernel in Pallas interpret mode at a
 small shape (a test of this command, not of a device: its verdict is for the
-device kind ``"cpu"``, which no GPU or TPU target has).
+device kind ``"cpu"``, which no GPU or TPU target has; ``--ship`` refuses it).
+It checks ``pallas_gpu`` (``--platform tpu``: ``pallas_tpu``) in 1 to 2 minutes
+on two CPU cores, and CI runs it as shipped; ``--kernel all`` adds
+``mosaic_gpu`` in jax's Mosaic GPU interpreter, which takes minutes per case.
 ``experiments/device_check.py`` runs this command and adds a section 6 (the
 training step's model-FLOPs utilisation).
 """
@@ -60,7 +76,10 @@ training step's model-FLOPs utilisation).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
 import itertools
+import os
 import statistics
 import sys
 import time
@@ -82,6 +101,19 @@ STRUCTURES = ("causal", "window", "segments")
 KERNEL = {"gpu": "pallas_gpu", "tpu": "pallas_tpu"}
 #: The platform's built-in softmax kernel per ``--platform`` (the speed targets' baseline).
 BUILTIN = {"gpu": "cudnn", "tpu": "splash"}
+#: ``--kernel``'s names besides "default".
+KERNELS = ("all", "pallas_gpu", "mosaic_gpu", "pallas_tpu")
+#: Every kernel of a platform (``--kernel all``; mosaic_gpu only on a Hopper or in interpret mode).
+PLATFORM_KERNELS = {"gpu": ("pallas_gpu", "mosaic_gpu"), "tpu": ("pallas_tpu",)}
+#: Section 2's limit on a row's error (:func:`row_error`) per input dtype. The kernels round
+#: the weights and the score gradients to the input dtype once before their products (the fp32
+#: reference does not): 8 units of roundoff of bf16 (2^-8) and fp16 (2^-11) leave room for the
+#: sums of those roundings over a row; fp32 kernels multiply in full fp32, where exp and the
+#: sums' order differ from the reference's by far less than 2e-3.
+TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 2e-3}
+#: A row whose largest reference value is below this fraction of the tensor's median row scale
+#: is measured against that floor (a row of near-cancelling terms has no scale of its own).
+ROW_FLOOR = 0.1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -90,13 +122,23 @@ def parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="device_check.md", help="markdown report path")
   p.add_argument("--budget", type=float, default=150.0,
-                 help="seconds for the speed table (section 4) before it stops")
+                 help="seconds for the speed tables (section 4, shared evenly between the "
+                      "kernels' tables) before they stop")
   p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
+  p.add_argument("--calls", type=int, default=10,
+                 help="back-to-back calls per timed run (the device is waited on once)")
   p.add_argument("--platform", choices=("gpu", "tpu"), default=None,
                  help="which device's kernels to check (default: this host's GPU or TPU; gpu "
                       "elsewhere)")
-  p.add_argument("--kernel", choices=("default", "mosaic_gpu"), default="default",
-                 help="mosaic_gpu: the Mosaic GPU kernel's checks and speed (Hopper GPUs)")
+  p.add_argument("--kernel", choices=("default",) + KERNELS, default="default",
+                 help="the kernel to check: default: pallas_gpu on a GPU, pallas_tpu on a TPU; "
+                      "all: every kernel of the platform (on a GPU, mosaic_gpu too where it is "
+                      "a Hopper)")
+  p.add_argument("--ship", action="store_true",
+                 help="also write the verdict into the imported package's attnjax/verdicts/ "
+                      "(run from a source checkout, then commit the file)")
+  p.add_argument("--workers", type=int, default=min(32, os.cpu_count() or 1),
+                 help="threads compiling section 2's programs")
   p.add_argument("--interpret", action="store_true",
                  help="sections 1 and 2 on the CPU, the kernel in interpret mode at a small "
                       "shape (tests this command; the verdict is for the device kind 'cpu')")
@@ -122,15 +164,19 @@ class Report:
       self.failed.append(what)
 
 
-def _timed(fn: Callable, args, repeats: int) -> float:
-  """Median seconds of ``fn(*args)`` after one warm-up (compilation) call."""
+def _timed(fn: Callable, args, repeats: int, calls: int = 10) -> float:
+  """Median seconds per call of ``fn(*args)`` after one warm-up (compilation) call: each timed
+  run makes ``calls`` calls back to back and waits on the device once, so the time between
+  calls is the device's, not the host's."""
   import jax
   jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
+    for _ in range(calls):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t0) / calls)
   return statistics.median(times)
 
 
@@ -140,17 +186,34 @@ def speed_shape(H: int, T: int) -> tuple[int, int, int, int]:
 
 
 def qkv(B: int, T: int, N: int, K: int, H: int, dtype, seed: int = 0):
-  """Standard-normal ``q [B, T, N, H]``, ``k, v [B, T, K, H]`` in ``dtype``."""
-  import jax
-  keys = jax.random.split(jax.random.key(seed), 3)
-  return tuple(jax.random.normal(key, shape, dtype) for key, shape in
-               zip(keys, ((B, T, N, H), (B, T, K, H), (B, T, K, H))))
+  """Standard-normal ``q [B, T, N, H]``, ``k, v [B, T, K, H]`` in ``dtype`` (drawn by numpy:
+  no program to compile per shape)."""
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+               for shape in ((B, T, N, H), (B, T, K, H), (B, T, K, H)))
+
+
+def row_error(got, want) -> float:
+  """The largest error of one row (the last axis) relative to that row's scale.
+
+  A row's scale is its largest reference magnitude, floored at :data:`ROW_FLOOR` times the
+  median row scale of the tensor: one wrong row shows whatever the rest of the tensor holds
+  (dividing by the tensor's largest value would hide it among larger rows). A scalar is
+  relative to itself.
+  """
+  import numpy as np
+  a, b = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  a, b = a.reshape(-1, a.shape[-1] if a.ndim else 1), b.reshape(-1, b.shape[-1] if b.ndim else 1)
+  scale = np.max(np.abs(b), axis=1)
+  floor = max(ROW_FLOOR * float(np.median(scale)), np.finfo(np.float32).tiny)
+  return float(np.max(np.max(np.abs(a - b), axis=1) / np.maximum(scale, floor)))
 
 
 def _rel_err(a, b) -> float:
-  import numpy as np
-  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-  return float(np.max(np.abs(a - b)) / max(1.0, float(np.max(np.abs(b)))))
+  """Section 3's error: :func:`row_error` (cuDNN and the block-wise kernel)."""
+  return row_error(a, b)
 
 
 def check_dispatch(r: Report, platform: str) -> None:
@@ -206,92 +269,150 @@ def _kernel_run(impl: str, interpret: bool) -> Callable:
   return lambda inputs, opts: engine.run(inputs, opts, interpret=True)
 
 
-def check_kernel(r: Report, impl: str, interpret: bool = False) -> dict:
-  """Section 2: ``impl`` against the reference; returns its verdict entry."""
+def case_program(kernel: Callable, normalizer: str, structure: str, window) -> Callable:
+  """One case of section 2 as one program ``(q, k, v, segment_ids, sink) -> (got, want)``:
+  the kernel's and the reference's ``((loss, (out, logsumexp)), (dq, dk, dv))``.
+
+  The reference runs on the inputs cast to fp32 under the highest matmul precision (on a GPU
+  the default would be TF32). The segment ids and sink logits are arguments, not constants
+  XLA would fold while compiling.
+  """
   import jax
   import jax.numpy as jnp
   from attnjax import dense, normalizers
-  r.add("")
+  kw = {"causal": dict(is_causal=True), "window": dict(window=window),
+        "segments": dict(is_causal=True)}[structure]
+  kw.update(normalizer=normalizer, return_stats=True)
+  sinks = normalizers.REGISTRY[normalizer].accepts_sink_logits
+
+  def loss(fn, q, k, v, seg, sink):
+    extra = dict(segment_ids=seg if structure == "segments" else None)
+    if sinks:
+      extra.update(sink_logits=sink, softcap=20.0)
+    out, st = fn(*dense.prepare(q, k, v, **kw, **extra))
+    return jnp.sum(out.astype(jnp.float32) ** 2) + jnp.sum(st.logsumexp), (out, st.logsumexp)
+
+  def program(q, k, v, seg, sink):
+    got = jax.value_and_grad(functools.partial(loss, kernel), (0, 1, 2), has_aux=True)(
+        q, k, v, seg, sink)
+    with jax.default_matmul_precision("highest"):
+      want = jax.value_and_grad(functools.partial(loss, dense.reference), (0, 1, 2),
+                                has_aux=True)(*(x.astype(jnp.float32) for x in (q, k, v)),
+                                              seg, sink)
+    return got, want
+
+  return program
+
+
+def compile_all(programs: list, workers: int) -> list:
+  """``jax.jit(f).lower(*args).compile()`` of each ``(f, args)``, by ``workers`` threads at once
+  (one thread traces while others compile: XLA releases the GIL), in the order given."""
+  import jax
+  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    return list(pool.map(lambda p: jax.jit(p[0]).lower(*p[1]).compile(), programs))
+
+
+def _case_args(impl: str, interpret: bool):
+  """Section 2's shape ``(B, T, N, K, H)``, its window, and its arguments per dtype name:
+  ``(q, k, v, segment_ids, sink_logits)``."""
+  import jax.numpy as jnp
   B, T, N, K, H = INTERPRET_SHAPE if interpret else CHECK_SHAPE
   if impl == "mosaic_gpu":
     H = max(H, 64)  # its head dims: 64, 128, 256
-  r.add(f"## 2. {impl} vs reference (B={B}, T={T}, S={T}, N={N}, K={K}, H={H}"
-        + (", interpret mode" if interpret else "") + ")")
   seg = jnp.asarray([[0] * (T // 3) + [1] * (T - T // 3),
-                     [0] * (5 * T // 6) + [1] * (T - 5 * T // 6)])[:B]
+                     [0] * (5 * T // 6) + [1] * (T - 5 * T // 6)], jnp.int32)[:B]
+  sink = jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32)
   window = (64 * T // 300, 16 * T // 300)  # (64, 16) at T=300
-  structures = {"causal": dict(is_causal=True), "window": dict(window=window),
-                "segments": dict(is_causal=True, segment_ids=seg)}
-  kernel = _kernel_run(impl, interpret)
-  failed, cases = [], check_cases(impl)
-  for name, structure, dtype in cases:
-    q, k, v = qkv(B, T, N, K, H, jnp.dtype(dtype))
-    kw = dict(structures[structure], normalizer=name, return_stats=True)
-    if normalizers.REGISTRY[name].accepts_sink_logits:
-      kw.update(sink_logits=jnp.linspace(-1.0, 1.0, N), softcap=20.0)
-
-    def loss(q, k, v, fn, kw=kw):
-      out, st = fn(*dense.prepare(q, k, v, **kw))
-      return jnp.sum(out.astype(jnp.float32) ** 2) + jnp.sum(st.logsumexp), out
-
-    got = jax.jit(jax.value_and_grad(lambda *a: loss(*a, kernel), (0, 1, 2), has_aux=True))(
-        q, k, v)
-    want = jax.jit(jax.value_and_grad(lambda *a: loss(*a, dense.reference), (0, 1, 2),
-                                      has_aux=True))(q, k, v)
-    tol = 2e-3 if dtype == "float32" else 3e-2  # fp32 dots may run as TF32 / bf16 passes
-    err = max(_rel_err(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-    what = f"{name} {structure} {dtype}: max rel err {err:.1e} (out, dq, dk, dv)"
-    r.expect(err < tol, what)
-    if not err < tol:
-      failed.append(what)
-  return {"passed": not failed, "checks": len(cases), "failed": failed,
-          "shape": [B, T, N, K, H], "interpret": interpret}
+  dtypes = sorted({dtype for _, _, dtype in check_cases(impl)})
+  args = {d: qkv(B, T, N, K, H, jnp.dtype(d)) + (seg, sink) for d in dtypes}
+  return (B, T, N, K, H), window, args
 
 
-def check_cudnn_and_blockwise(r: Report) -> None:
-  """Section 3: jax's cuDNN attention and our block-wise kernel on the GPU."""
+def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1) -> dict:
+  """Section 2: ``impl`` against the fp32 reference; returns its verdict entry (``cases``:
+  each case class's result, :func:`attnjax._trust.case_class`)."""
+  import jax
+  from attnjax import _trust
+  shape, window, args = _case_args(impl, interpret)
+  B, T, N, K, H = shape
+  r.add("")
+  r.add(f"## 2. {impl} vs fp32 reference (B={B}, T={T}, S={T}, N={N}, K={K}, H={H}"
+        + (", interpret mode" if interpret else "") + ")")
+  kernel, cases = _kernel_run(impl, interpret), check_cases(impl)
+  start = time.perf_counter()
+  compiled = compile_all([(case_program(kernel, n, s, window), args[d]) for n, s, d in cases],
+                         workers)
+  r.add(f"({len(cases)} programs compiled in {time.perf_counter() - start:.0f} s, "
+        f"{workers} threads)")
+  failed, results, errors = [], {}, {}
+  for (name, structure, dtype), program in zip(cases, compiled):
+    got, want = program(*args[dtype])
+    err = max(row_error(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    klass = _trust.case_class(name, structure, dtype)
+    ok = err < TOLERANCE[dtype]
+    what = f"{klass}: max row err {err:.1e} (limit {TOLERANCE[dtype]:.0e}; out, dq, dk, dv)"
+    r.expect(ok, what)
+    results[klass], errors[klass] = ok, float(f"{err:.3g}")
+    failed += [] if ok else [what]
+  return {"passed": not failed, "checks": len(cases), "failed": failed, "cases": results,
+          "errors": errors, "shape": [B, T, N, K, H], "interpret": interpret}
+
+
+def check_cudnn_and_blockwise(r: Report, B: int = 2, T: int = 2048,
+                              impls: tuple = (None, "cudnn")) -> None:
+  """Section 3: jax's cuDNN attention (``impls``: auto and by name) and our block-wise kernel
+  on the GPU, ``B`` sequences of ``T`` tokens."""
   import jax
   import jax.numpy as jnp
   import attnjax
   r.add("")
   r.add("## 3. cuDNN (auto) and block-wise vs reference")
-  B, T = 2, 2048
   q, k, v = qkv(B, T, 16, 4, 128, jnp.bfloat16)
   lengths = jnp.asarray([T, T // 2 + 3])
-  calls = {"causal": dict(is_causal=True), "window": dict(is_causal=True, window=(256, 0)),
-           "padding mask": dict(mask=attnjax.masks.padding_mask(lengths, lengths, T, T))}
+  # The padding mask is built inside each program from `lengths`, an argument (a mask of
+  # constants is folded by XLA while compiling).
+  calls = {"causal": lambda n: dict(is_causal=True),
+           "window": lambda n: dict(is_causal=True, window=(256, 0)),
+           "padding mask": lambda n: dict(mask=attnjax.masks.padding_mask(n, n, T, T))}
   for name, kw in calls.items():
-    ref = attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
-    for impl in (None, "cudnn"):
-      out = attnjax.dot_product_attention(q, k, v, implementation=impl, **kw)
-      r.expect(_rel_err(out, ref) < 2e-2, f"{name} impl={impl}: value rel err "
-               f"{_rel_err(out, ref):.1e}")
+    def out(q, k, v, n, impl, kw=kw):
+      return attnjax.dot_product_attention(q, k, v, implementation=impl, **kw(n))
 
-    def loss(q, k, v, impl, kw=kw):
-      out = attnjax.dot_product_attention(q, k, v, implementation=impl, **kw).astype(jnp.float32)
-      return jnp.sum(out * jnp.cos(out))
+    def loss(q, k, v, n, impl):
+      o = out(q, k, v, n, impl).astype(jnp.float32)
+      return jnp.sum(o * jnp.cos(o))
 
-    g_ref = jax.jit(jax.grad(lambda *a: loss(*a, "reference"), (0, 1, 2)))(q, k, v)
-    g_auto = jax.jit(jax.grad(lambda *a: loss(*a, None), (0, 1, 2)))(q, k, v)
-    errs = [_rel_err(a, b) for a, b in zip(g_auto, g_ref)]
-    r.expect(max(errs) < 2e-2, f"{name} auto: dq, dk, dv rel err {max(errs):.1e}")
+    with jax.default_matmul_precision("highest"):  # the reference's fp32 products, not TF32
+      ref = jax.jit(functools.partial(out, impl="reference"))(q, k, v, lengths)
+      ref_grads = jax.jit(jax.grad(functools.partial(loss, impl="reference"), (0, 1, 2)))(
+          q, k, v, lengths)
+    for impl in impls:
+      err = _rel_err(jax.jit(functools.partial(out, impl=impl))(q, k, v, lengths), ref)
+      r.expect(err < 2e-2, f"{name} impl={impl}: value row err {err:.1e}")
+    grads = jax.jit(jax.grad(functools.partial(loss, impl=None), (0, 1, 2)))(q, k, v, lengths)
+    err = max(_rel_err(a, b) for a, b in zip(grads, ref_grads))
+    r.expect(err < 2e-2, f"{name} auto: dq, dk, dv row err {err:.1e}")
   qs, ks, vs = (x[:, :512].astype(jnp.float32) for x in (q, k, v))
-  for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
-    ref = attnjax.dot_product_attention(qs, ks, vs, implementation="reference", **kw)
-    out = attnjax.dot_product_attention(qs, ks, vs, implementation="blockwise", **kw)
-    r.expect(_rel_err(out, ref) < 2e-3, f"blockwise fp32 {kw}: value")
+  with jax.default_matmul_precision("highest"):  # both in full fp32 (the default: TF32)
+    for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
+      ref, got = (jax.jit(lambda q, k, v, impl=impl, kw=kw: attnjax.dot_product_attention(
+          q, k, v, implementation=impl, **kw))(qs, ks, vs) for impl in ("reference", "blockwise"))
+      err = _rel_err(got, ref)
+      r.expect(err < 2e-3, f"blockwise fp32 {kw}: value row err {err:.1e}")
 
 
-def _time_pair(fwd_kw: Callable, args, repeats: int, backward_only: bool = False):
-  """``(fwd s, fwd+bwd s)`` (or bwd s) of ``dot_product_attention(q, k, v, **fwd_kw)``."""
+def _time_pair(fwd_kw: Callable, args, repeats: int, calls: int = 10,
+               backward_only: bool = False):
+  """``(fwd s, fwd+bwd s)`` (or bwd s) of ``dot_product_attention(q, k, v, **fwd_kw)``, each
+  per call of ``calls`` back-to-back calls."""
   import jax
   import jax.numpy as jnp
   import attnjax
   fwd = jax.jit(lambda q, k, v: attnjax.dot_product_attention(q, k, v, **fwd_kw))
   both = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attnjax.dot_product_attention(
       q, k, v, **fwd_kw).astype(jnp.float32)), (0, 1, 2)))
-  tf = _timed(fwd, args, repeats)
-  tb = _timed(both, args, repeats)
+  tf = _timed(fwd, args, repeats, calls)
+  tb = _timed(both, args, repeats, calls)
   return tf, (max(tb - tf, 1e-9) if backward_only else tb)
 
 
@@ -323,11 +444,11 @@ def speed_table(r: Report, args) -> dict:
       if T >= 16384 and name in ("jax.nn xla", "blockwise softmax"):
         r.add(f"| {name} | {H} | {T} | skipped (T x T / compile time) | | | |")
         continue
-      if time.perf_counter() - start > args.budget:
+      if time.perf_counter() - start > args.table_budget:
         r.add(f"| {name} | {H} | {T} | not run (budget) | | | |")
         continue
       try:
-        tf, tb = _time_pair(dict(kw, is_causal=True), (q, k, v), args.repeats)
+        tf, tb = _time_pair(dict(kw, is_causal=True), (q, k, v), args.repeats, args.calls)
       except Exception as e:  # a path failing to compile at a size is a result, not a crash
         r.add(f"| {name} | {H} | {T} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
         continue
@@ -356,12 +477,12 @@ def mosaic_table(r: Report, args) -> dict:
     for causal in (False, True):
       flops = 4.0 * B * N * T * T * H / (2 if causal else 1)
       for name, kw in paths.items():
-        if time.perf_counter() - start > args.budget:
+        if time.perf_counter() - start > args.table_budget:
           r.add(f"| {name} | {T} | {causal} | not run (budget) | | | |")
           continue
         try:
           tf, tb = _time_pair(dict(kw, is_causal=causal), (q, k, v), args.repeats,
-                              backward_only=True)
+                              args.calls, backward_only=True)
         except Exception as e:  # a path failing at a size is a result, not a crash
           r.add(f"| {name} | {T} | {causal} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
           continue
@@ -437,44 +558,79 @@ def _host_platform() -> str:
   return backend if backend in ("gpu", "tpu") else "gpu"
 
 
-def run_checks(r: Report, args) -> Optional[int]:
-  """Sections 1 to 5 and the verdict; None when they ran, else the exit status (2: this host
-  has no such device)."""
+def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, ...]:
+  """The kernels ``--kernel`` names on ``platform``: "default": its own (pallas_gpu,
+  pallas_tpu); "all": every one of :data:`PLATFORM_KERNELS` (on a GPU, mosaic_gpu only where
+  it is a Hopper, or in interpret mode); else the one named (a ``ValueError`` if it is
+  another platform's)."""
+  from attnjax import _target
+  if kernel == "default":
+    return (KERNEL[platform],)
+  if kernel == "all":
+    return tuple(k for k in PLATFORM_KERNELS[platform]
+                 if k != "mosaic_gpu" or interpret or _target.cuda_major() == 9)
+  if kernel not in PLATFORM_KERNELS[platform]:
+    raise ValueError(f"--kernel {kernel} is not a kernel of --platform {platform} (its kernels: "
+                     + ", ".join(PLATFORM_KERNELS[platform]) + ")")
+  return (kernel,)
+
+
+def _refusal(args) -> Optional[str]:
+  """Why the command cannot run here (nothing is run), or None."""
   import jax
-  from attnjax import _trust
-  from attnjax._version import __version__
-  args.platform = args.platform or _host_platform()
   want = "cpu" if args.interpret else args.platform
   if jax.default_backend() != want:
     needs = ("the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret
              else f"a {args.platform.upper()}")
-    print(f"python -m attnjax.check --platform {args.platform}"
-          + (" --interpret" if args.interpret else "")
-          + f" needs {needs} (this host's backend is {jax.default_backend()!r}); nothing was run.")
-    return 2
-  if args.kernel == "mosaic_gpu" and args.platform != "gpu":
-    print("--kernel mosaic_gpu needs --platform gpu (a Hopper GPU)")
+    return (f"python -m attnjax.check --platform {args.platform}"
+            + (" --interpret" if args.interpret else "")
+            + f" needs {needs} (this host's backend is {jax.default_backend()!r}); nothing was "
+            "run.")
+  if args.ship and args.interpret:
+    return ("--ship writes a device's verdict into the package; --interpret runs none (its "
+            "verdict is the CPU's)")
+  if args.kernel not in ("default", "all") and args.kernel not in PLATFORM_KERNELS[args.platform]:
+    return f"--kernel {args.kernel} needs --platform " + (
+        "tpu" if args.kernel == "pallas_tpu" else "gpu (mosaic_gpu: a Hopper GPU)")
+  return None
+
+
+def run_checks(r: Report, args) -> Optional[int]:
+  """Sections 1 to 5 and the verdicts; None when they ran, else the exit status (2: this host
+  has no such device, or the options do not go together)."""
+  import jax
+  from attnjax import _trust
+  from attnjax._version import __version__
+  args.platform = args.platform or _host_platform()
+  refusal = _refusal(args)
+  if refusal:
+    print(refusal)
     return 2
   kind = jax.devices()[0].device_kind
   r.add("# attnjax device check")
   r.add("")
   r.add(f"devices: {jax.devices()}; jax {jax.__version__}; attnjax {__version__}")
   r.add("")
-  impl = "mosaic_gpu" if args.kernel == "mosaic_gpu" else KERNEL[args.platform]
+  kernels = kernels_to_check(args.platform, args.kernel, args.interpret)
   check_dispatch(r, args.platform)
-  verdict = check_kernel(r, impl, interpret=args.interpret)
-  path = _trust.write_verdict(kind, {impl: verdict})
+  verdicts = {impl: check_kernel(r, impl, args.interpret, args.workers) for impl in kernels}
   r.add("")
-  r.add(f"verdict: {impl} {'passed' if verdict['passed'] else 'FAILED'} on {kind!r} "
-        f"(written to {path})")
+  paths = [_trust.write_verdict(kind, verdicts)]
+  if args.ship:
+    paths.append(_trust.write_verdict(kind, verdicts, shipped=True))
+  for impl, verdict in verdicts.items():
+    r.add(f"verdict: {impl} {'passed' if verdict['passed'] else 'FAILED'} on {kind!r} "
+          f"(written to {' and '.join(str(p) for p in paths)})")
   if args.interpret:
-    return None
-  if args.kernel == "mosaic_gpu":
-    mosaic_targets(r, mosaic_table(r, args))
     return None
   if args.platform == "gpu":
     check_cudnn_and_blockwise(r)
-  targets(r, speed_table(r, args), args.platform)
+  tables = [(table, report) for kernel, table, report in (
+      (KERNEL[args.platform], speed_table, lambda t: targets(r, t, args.platform)),
+      ("mosaic_gpu", mosaic_table, lambda t: mosaic_targets(r, t))) if kernel in kernels]
+  args.table_budget = args.budget / max(1, len(tables))
+  for table, report in tables:
+    report(table(r, args))
   return None
 
 

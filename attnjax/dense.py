@@ -156,6 +156,7 @@ def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...])
   call; each engine's ``unsupported`` runs once however many lists name it."""
   reasons: dict[str, list[str]] = {}
   length = max(inputs.q.shape[1], inputs.k.shape[1])
+  klass = _trust.call_class(inputs, opts)  # the case class the kernels' verdicts name
   table = {}
   for platform in platforms:
     notes = []
@@ -168,7 +169,7 @@ def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...])
       if reasons[name]:
         continue
       if engine.vouched_by == "device-check":
-        decision = _trust.allows(name, platform)
+        decision = _trust.allows(name, platform, klass)
         if not decision.allowed:
           notes += [decision.note] if decision.note else []
           continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import re
 
 import jax
@@ -327,6 +328,22 @@ def test_device_check_correctness_shape_compiles():
                                    jnp.bfloat16, H, T=T, B=B))
 
 
+@needs_cuda
+def test_device_check_case_program_compiles_for_an_h200():
+  # python -m attnjax.check --kernel mosaic_gpu, section 2: one case's program (the kernel's
+  # and the fp32 reference's values and gradients; segment ids and sink logits as arguments)
+  # compiles for an H200 with the Mosaic GPU kernel in it. Measured here under a load of ~10
+  # on 2 cores: 5 s to lower, 16 s to compile.
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  shape, window, args = check._case_args("mosaic_gpu", interpret=False)
+  assert shape == (2, 300, 8, 2, 64)
+  rep = NamedSharding(mesh, P())
+  program = check.case_program(check._kernel_run("mosaic_gpu", False), "softpick", "segments",
+                               window)
+  compiled = compile_on(mesh, program, *abstract(args["bfloat16"], rep))
+  assert MOSAIC_GPU in call_targets(compiled)
+
+
 @needs_tpu
 @pytest.mark.parametrize("H,T", [
     pytest.param(H, T, marks=[] if (H, T) == (128, 16384) else [pytest.mark.slow],
@@ -515,6 +532,43 @@ def test_auto_dispatch_takes_our_kernel_for_a_target_once_checked_on_its_kind(mo
   assert f"@{TRITON}" not in lowered()
   _trust.write_verdict(mesh.devices.flat[0].device_kind, {"pallas_gpu": {"passed": True}})
   assert f"@{TRITON}" in lowered()
+
+
+@needs_cuda
+def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch, tmp_path,
+                                                                     caplog):
+  # With a verdict shipped for the H200 (here a TEST verdict written by the check's own writer
+  # into a folder standing in for attnjax/verdicts/, never the package's), auto-dispatch takes
+  # mosaic_gpu for a bf16 sigmoid causal call compiled deviceless for an H200: no setting, no
+  # local cache. With the kernel's sources changed since (its digest), it falls back to the
+  # block-wise engine and one log line says the verdict is stale and names the check to run.
+  caplog.set_level(logging.WARNING, logger="attnjax")
+  monkeypatch.setenv("ATTNJAX_CACHE_DIR", str(tmp_path / "cache"))
+  monkeypatch.setattr(_trust, "SHIPPED_DIR", tmp_path / "shipped")
+  monkeypatch.setattr(_trust, "_logged", [])
+  monkeypatch.setattr(attnjax.config, "kernels", "checked")
+  monkeypatch.delenv("ATTNJAX_KERNELS", raising=False)
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  kind = mesh.devices.flat[0].device_kind
+  x = jax.ShapeDtypeStruct((2, 512, 4, 128), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+  def compiled():
+    fn = lambda q: dense.dot_product_attention(q, q, q, normalizer="sigmoid", is_causal=True)
+    return call_targets(compile_on(mesh, fn, x))
+
+  _trust.write_verdict(kind, {"mosaic_gpu": {
+      "passed": True, "checks": 1, "failed": [], "cases": {"sigmoid causal bfloat16": True},
+      "interpret": False, "test": "TEST verdict, never shipped"}}, shipped=True)
+  assert attnjax.config.kernels == "checked" and not (tmp_path / "cache").exists()
+  assert MOSAIC_GPU in compiled()
+  assert not [r for r in caplog.records if r.name == "attnjax"]
+  monkeypatch.setattr(_trust, "source_digest", lambda kernel: "edited" + kernel)
+  jax.clear_caches()  # dispatch reads the verdicts when tracing (a new process would anyway)
+  assert not {MOSAIC_GPU, TRITON} & compiled()  # the block-wise engine: XLA's own ops
+  line, = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
+  assert f"mosaic_gpu is not used on {kind} for sigmoid causal bfloat16 calls: stale" in line
+  assert "run `python -m attnjax.check --kernel mosaic_gpu`" in line
+  assert "auto-dispatch runs 'blockwise' instead" in line
 
 
 @needs_cuda
