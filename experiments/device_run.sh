@@ -29,6 +29,8 @@ TRAINER_S=${TRAINER_S:-80}
 GPU_ARGS=${GPU_ARGS:-}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+# The check's local verdicts come back too; the bench's auto rows see them (and --ship's).
+export ATTNJAX_CACHE_DIR=${ATTNJAX_CACHE_DIR:-$OUT/attnjax_cache}
 start=$(date +%s)
 printf 'step\trc\tseconds\n' > "$OUT/steps.tsv"
 
