@@ -11,6 +11,9 @@
 #   ../shared/device/wheels.sh
 #   run(command="bash experiments/device_run.sh", carry=[".whl"], timeout_s=600)
 #
+# (In a git worktree .git is a file and wheels.sh stops at `mkdir .git/info`: add /.whl/ to
+# "$(git rev-parse --git-path info/exclude)" and run its `pip download` line by hand.)
+#
 # Every step runs under `timeout` with its output written to $OUT as it goes (PYTHONUNBUFFERED),
 # so a hang or a kill loses only that step; $OUT/steps.tsv says how each ended (124: its
 # timeout). STEPS="gpu trainer" reruns some of them; CHECK_S / GPU_S / TRAINER_S set their
