@@ -936,6 +936,275 @@ def dilated_memory():
 
 
 # ---------------------------------------------------------------------------
+# GPU: every path at issue 49's shapes, compiled in threads, timed back to back.
+
+GPU_ONLY = ("cudnn", "mosaic_gpu", "pallas_gpu")  # paths that need a CUDA GPU
+GPU_PASSES = ("fwd", "fwd+bwd")
+
+
+def _add_gpu_options(p: argparse.ArgumentParser) -> None:
+  """The options of ``--suite gpu``."""
+  g = p.add_argument_group("--suite gpu")
+  g.add_argument("--seq", default=None,
+                 help="sequence lengths of --suite gpu (default 4096,16384; else --sizes)")
+  g.add_argument("--tokens", type=int, default=16384, help="tokens per batch: B = tokens // T")
+  g.add_argument("--heads", type=int, default=16)
+  g.add_argument("--head-dim", type=int, default=128)
+  g.add_argument("--normalizers", default="all",
+                 help="comma-separated normalisers of the kernel rows (default every one)")
+  g.add_argument("--calls", type=int, default=10, help="calls timed back to back per round")
+  g.add_argument("--cell-seconds", type=float, default=3.0,
+                 help="at most about this long timing one cell (fewer calls and rounds if slow)")
+  g.add_argument("--compile-seconds", type=float, default=300.0,
+                 help="time every program not compiled after this long as failed")
+  g.add_argument("--jsonl", default=None,
+                 help="write every compile and timing of --suite gpu to this file as it comes")
+  g.add_argument("--gpu-table", default=None, metavar="JSONL",
+                 help="print --suite gpu's table from a JSON lines file it wrote, and exit")
+
+
+def _gpu_paths(normalizers: list[str]) -> list[tuple[str, Optional[str], Callable]]:
+  """``(row label, what it needs, attention (q, k, v) -> out)`` of every row, table order."""
+  def nn(impl):
+    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                        implementation=impl)
+
+  def ours(impl, n):
+    return lambda q, k, v: attnjax.dot_product_attention(q, k, v, is_causal=True, normalizer=n,
+                                                         implementation=impl)
+
+  paths = [("jax.nn cudnn", "cudnn", nn("cudnn")), ("jax.nn xla", None, nn("xla"))]
+  for n in ("softmax", "sigmoid"):
+    paths.append((f"attnjax auto {n}", None, ours(None, n)))
+  for n in ("softmax", "sigmoid"):
+    paths.append((f"attnjax blockwise {n}", None, ours("blockwise", n)))
+  for impl in ("mosaic_gpu", "pallas_gpu"):
+    paths += [(f"attnjax {impl} {n}", impl, ours(impl, n)) for n in normalizers]
+  return paths
+
+
+def _gpu_error(e: BaseException) -> str:
+  """One short line for a table cell: the exception's type and first line."""
+  line = (str(e).strip().splitlines() or [""])[0].replace("|", "/")
+  if "RESOURCE_EXHAUSTED" in line or "out of memory" in line.lower():
+    return "out of memory: " + line[:60]
+  return f"{type(e).__name__}: {line[:70]}"
+
+
+class _Log:
+  """Records of one run: written to ``path`` (JSON lines, flushed) as they come, kept here."""
+
+  def __init__(self, path: Optional[str]):
+    self.records: list[dict] = []
+    self.file = open(path, "w") if path else None
+
+  def add(self, **record) -> dict:
+    self.records.append(record)
+    if self.file is not None:
+      self.file.write(json.dumps(record) + "\n")
+      self.file.flush()
+    return record
+
+
+def _gpu_compile_all(programs: list[dict], log: _Log, seconds: float) -> None:
+  """Compiles every program in threads (``program["compiled"]`` or ``["error"]``); one not
+  compiled after ``seconds`` is reported as such and the run goes on without it."""
+  from concurrent.futures import ThreadPoolExecutor, as_completed
+
+  def one(pr):
+    t0 = time.perf_counter()
+    try:
+      pr["compiled"] = pr["fn"].lower(*pr["args"]).compile()
+    except Exception as e:  # one path that cannot compile reports it; the run goes on
+      pr["error"] = _gpu_error(e)
+    pr["compile_s"] = time.perf_counter() - t0
+    return pr
+
+  def report(pr):
+    log.add(kind="compile", path=pr["path"], T=pr["T"], **{"pass": pr["pass"]},
+            seconds=round(pr.get("compile_s", seconds), 2), error=pr.get("error"))
+    print(f"  compiled {pr['path']} T={pr['T']} {pr['pass']}: "
+          f"{pr.get('error') or '%.1f s' % pr['compile_s']}", file=sys.stderr, flush=True)
+
+  pool = ThreadPoolExecutor(max_workers=max(1, min(32, os.cpu_count() or 1)))
+  todo = sorted((pr for pr in programs if "error" not in pr), key=lambda pr: pr["priority"])
+  futures = {pool.submit(one, pr): pr for pr in todo}
+  try:
+    for f in as_completed(futures, timeout=seconds):
+      report(f.result())
+  except TimeoutError:
+    for f, pr in futures.items():
+      if not f.done():
+        pr["error"] = f"not compiled within {seconds:.0f} s"
+        report(pr)
+  pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _gpu_time(compiled, call_args: tuple, calls: int, rounds: int, seconds: float):
+  """``(best, median, calls, rounds)``: seconds per call of ``calls`` calls back to back with
+  one block at the end, over ``rounds`` rounds (fewer of both where one call is slow)."""
+  block(compiled(*call_args))  # warm-up: the first call allocates
+  t0 = time.perf_counter()
+  block(compiled(*call_args))
+  allowed = max(1, int(seconds / max(time.perf_counter() - t0, 1e-9)))
+  calls = max(1, min(calls, allowed))
+  rounds = max(1, min(rounds, allowed // calls))
+  per_call = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      out = compiled(*call_args)
+    block(out)
+    per_call.append((time.perf_counter() - t0) / calls)
+  return min(per_call), statistics.median(per_call), calls, rounds
+
+
+def _gpu_programs(args, paths) -> tuple[list[dict], dict]:
+  """One program per (T, pass, path), with its inputs; a GPU-only path off a GPU is an error."""
+  sizes = parse_sizes(args.seq or args.sizes or "4096,16384")
+  N, H = args.heads, args.head_dim
+  on_gpu = jax.default_backend() == "gpu"
+  programs, inputs = [], {}
+  for T in sizes:
+    B = max(1, args.tokens // T)
+    inputs[T] = qkv(B, T, N, H, dtype=jnp.bfloat16)
+    for pass_ in GPU_PASSES:
+      flops = 2.0 * B * N * T * T * H * (3.5 if pass_ == "fwd+bwd" else 1.0)
+      for label, needs, attn in paths:
+        fn = jax.jit(attn) if pass_ == "fwd" else fwd_bwd(attn)
+        # The comparisons the issues ask for first (a run cut short keeps them): the built-ins,
+        # auto, blockwise and the kernels' softmax and sigmoid; then the other normalisers.
+        first = needs not in ("mosaic_gpu", "pallas_gpu") or label.endswith(("softmax", "sigmoid"))
+        pr = dict(path=label, T=T, B=B, flops=flops, fn=fn, args=inputs[T], priority=int(not first),
+                  **{"pass": pass_})
+        if needs in GPU_ONLY and not on_gpu:
+          pr["error"] = "needs a CUDA GPU"
+        programs.append(pr)
+  return programs, inputs
+
+
+def _auto_choices(inputs: dict) -> dict:
+  """What auto dispatch runs for each auto row (softmax, sigmoid) at each T."""
+  from attnjax import dense
+  out = {}
+  for T, (q, k, v) in inputs.items():
+    for n in ("softmax", "sigmoid"):
+      try:
+        out[f"T={T} {n}"] = dense.select_implementation(
+            *dense.prepare(q, k, v, is_causal=True, normalizer=n))
+      except Exception as e:  # the choice itself failed: say so
+        out[f"T={T} {n}"] = _gpu_error(e)
+  return out
+
+
+@suite("gpu")
+def gpu_suite(args) -> Iterable[Case]:
+  """Every attention path on one GPU (issue 49's shapes): causal, bf16, ``--tokens`` tokens
+  per batch (B = tokens / T), ``--heads`` heads of dim ``--head-dim``, forward and
+  forward+backward. Each cell is TFLOP/s (causal forward counted as 2·B·N·T²·H, fwd+bwd
+  as 3.5x that) and, in brackets, its speed over cuDNN's at the same column (over jax.nn
+  xla's where cuDNN has no time). Programs are compiled in threads first; each is warmed
+  up, then timed as ``--calls`` calls back to back with one block at the end, best of
+  ``--repeats`` rounds. A path that cannot run says why in its cell."""
+  normalizers = (list(attnjax.normalizers.NORMALIZERS) if args.normalizers == "all"
+                 else [n for n in args.normalizers.split(",") if n])
+  log = _Log(args.jsonl)
+  paths = _gpu_paths(normalizers)
+  programs, inputs = _gpu_programs(args, paths)
+  log.add(kind="meta", backend=jax.default_backend(), device=jax.devices()[0].device_kind,
+          jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+          heads=args.heads, head_dim=args.head_dim, tokens=args.tokens,
+          paths=[label for label, _, _ in paths],
+          columns=list(dict.fromkeys((pr["T"], pr["pass"]) for pr in programs)))
+  log.add(kind="auto", choices=_auto_choices(inputs))
+  t0 = time.perf_counter()
+  _gpu_compile_all(programs, log, args.compile_seconds)
+  print(f"  compiled {len(programs)} programs in {time.perf_counter() - t0:.0f} s",
+        file=sys.stderr, flush=True)
+  for pr in sorted(programs, key=lambda pr: pr["priority"]):
+    rec = dict(kind="time", path=pr["path"], T=pr["T"], B=pr["B"], flops=pr["flops"],
+               **{"pass": pr["pass"]})
+    if "error" not in pr:
+      try:
+        best, med, calls, rounds = _gpu_time(pr.pop("compiled"), pr["args"], args.calls,
+                                             args.repeats, args.cell_seconds)
+        rec.update(ms=best * 1e3, median_ms=med * 1e3, calls=calls, rounds=rounds,
+                   tflops=pr["flops"] / best / 1e12)
+      except Exception as e:  # e.g. out of memory when it runs: the cell says so
+        pr["error"] = _gpu_error(e)
+    log.add(**rec, error=pr.get("error"))
+    print(f"  {pr['path']} T={pr['T']} {pr['pass']}: "
+          f"{pr.get('error') or '%.3f ms' % rec['ms']}", file=sys.stderr, flush=True)
+  import inspect
+  print(f"## gpu\n\n{inspect.cleandoc(gpu_suite.__doc__)}\n")
+  print(gpu_table(log.records))
+  return []
+
+
+def _gpu_cell(r: Optional[dict], base: Optional[dict]) -> str:
+  if r is None:
+    return "not run"
+  if r.get("error"):
+    return r["error"]
+  ratio = f" ({r['tflops'] / base['tflops']:.2f}x)" if base else ""
+  return f"{r['tflops']:.3g}{ratio}"
+
+
+def gpu_table(records: list[dict]) -> str:
+  """The markdown table of ``--suite gpu``'s records (this run's, or read back from its
+  JSON lines file): one row per path, one column per (T, pass)."""
+  times = [r for r in records if r.get("kind") == "time"]
+  meta = next((r for r in records if r.get("kind") == "meta"), {})
+  auto = next((r["choices"] for r in records if r.get("kind") == "auto"), {})
+  # The run's rows and columns (a run cut short shows its cells not timed as "not run").
+  columns = list(dict.fromkeys([tuple(c) for c in meta.get("columns", ())]
+                               + [(r["T"], r["pass"]) for r in times]))
+  rows = list(dict.fromkeys(meta.get("paths", []) + [r["path"] for r in times]))
+  cell = {(r["path"], r["T"], r["pass"]): r for r in times}
+  base, names = {}, []
+  for col in columns:
+    for path in ("jax.nn cudnn", "jax.nn xla"):
+      r = cell.get((path,) + col)
+      if r is not None and not r.get("error"):
+        base[col] = r
+        names.append(f"T={col[0]} {col[1]}: {path}")
+        break
+  setup = (f"{meta.get('device', '?')}, jax {meta.get('jax', '?')}, {meta.get('date', '?')}; "
+           f"{meta.get('tokens', '?')} tokens, {meta.get('heads', '?')} heads of dim "
+           f"{meta.get('head_dim', '?')}, bf16, causal. TFLOP/s (speed over the column's "
+           f"baseline).")
+  lines = [setup, "",
+           "Baselines: " + ("; ".join(names) or "none ran") + ".", "",
+           "| path | " + " | ".join(f"T={T} {p}" for T, p in columns) + " |",
+           "|---|" + "---:|" * len(columns)]
+  for path in rows:
+    lines.append(f"| {path} | " + " | ".join(
+        _gpu_cell(cell.get((path,) + col), base.get(col)) for col in columns) + " |")
+  if auto:
+    lines += ["", "auto dispatch ran: " + ", ".join(f"{k} -> {v}" for k, v in auto.items())]
+  fallback = []  # issue 50: the fallback at least as fast as jax.nn's xla path
+  for col in columns:
+    ours, xla = cell.get(("attnjax blockwise softmax",) + col), cell.get(("jax.nn xla",) + col)
+    if ours and xla and not ours.get("error") and not xla.get("error"):
+      fallback.append(f"T={col[0]} {col[1]} {ours['tflops'] / xla['tflops']:.2f}x")
+  if fallback:
+    lines += ["", "blockwise softmax over jax.nn xla: " + ", ".join(fallback)]
+  return "\n".join(lines) + "\n"
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """The records of a JSON lines file (a last line cut short by a kill is dropped)."""
+  out = []
+  with open(path) as f:
+    for line in f:
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        pass
+  return out
+
+
+# ---------------------------------------------------------------------------
 # Pretrained models: sink statistics of a long sequence in O(T) memory.
 
 PRETRAINED_LENGTHS = (8192, 32768)
@@ -1171,7 +1440,11 @@ def main(argv=None) -> None:
   p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
   p.add_argument("--mesh-child", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--pretrained-child", type=int, default=None, help=argparse.SUPPRESS)
+  _add_gpu_options(p)
   args = p.parse_args(argv)
+  if args.gpu_table:
+    print(gpu_table(read_jsonl(args.gpu_table)))
+    return
   if args.memory_child:
     _memory_child(args.memory_child)
     return

@@ -13,6 +13,7 @@ import pytest
 import attnjax
 from attnjax import dense, layout
 from attnjax.kernels.blockwise import kernel as blockwise
+from attnjax.kernels.blockwise import tiles
 from engine_base import DenseEngineTests
 from helpers import assert_close
 
@@ -308,6 +309,54 @@ def test_layout_validation():
     blockwise.run_layout(inputs, opts, layout=layout.structural_layout(16, 8, 4, 4))
   with pytest.raises(ValueError, match="block_q"):
     blockwise.attention(q, k, v, block_q=0)
+
+
+H200 = 141 * 10**9
+
+
+def test_gpu_tiles_fit_the_device_budget_and_cpu_tiles_stay():
+  # The CPU's tiles do not depend on the call's rows; a TPU, and a GPU call whose rows are not
+  # known (a ring step), keep 128 x 128.
+  assert blockwise.default_block_sizes(4096, 4096, "cpu", rows=64, is_causal=True) == (512, 256)
+  assert blockwise.default_block_sizes(4096, 4096, "gpu") == (128, 128)
+  assert blockwise.default_block_sizes(4096, 4096, "tpu", rows=64) == (128, 128)
+  # Issue 50's shapes (16,384 tokens, 16 heads) on an H200: 36 visits at T=16384 instead of
+  # 8,256 with 128 x 128 tiles, 10 instead of 528 at T=4096 (B=4).
+  assert tiles.gpu_block_sizes(16384, 16384, 16, H200, is_causal=True) == (2048, 2048)
+  assert tiles.gpu_block_sizes(4096, 4096, 64, H200, is_causal=True) == (1024, 1024)
+  assert tiles.gpu_block_sizes(65536, 65536, 16, H200, is_causal=True) == (2048, 2048)  # O(1)
+  assert tiles.gpu_block_sizes(16384, 16384, 16, 80 * 10**9) == (2048, 1024)
+  budget = H200 * tiles.GPU_TILE_FRACTION
+  for rows in (1, 3, 16, 64, 4096):
+    for T in (100, 1024, 4096, 65536):
+      for causal in (False, True):
+        bq, bk = tiles.gpu_block_sizes(T, T, rows, H200, is_causal=causal)
+        assert (bq, bk) == (128, 128) or rows * bq * bk * 4 <= budget, (rows, T, causal)
+        if causal:  # at least 4 blocks a side: diagonal blocks compute <= 1.25x their pairs
+          assert bq <= max(128, T // 4) and bk <= max(128, T // 4)
+  # A narrow window narrows GPU tiles too.
+  assert blockwise.default_block_sizes(16384, 16384, "gpu", rows=16, window=(256, 0)) == (128, 128)
+
+
+def test_gpu_memory_from_the_kind():
+  # A known family's smallest model (the same on the device and in a deviceless compile), else
+  # the size the kind names.
+  assert tiles.gpu_memory_bytes("NVIDIA H100 80GB HBM3") == 80 * 10**9
+  assert tiles.gpu_memory_bytes("NVIDIA A100-SXM4-80GB") == 40 * 10**9
+  assert tiles.gpu_memory_bytes("NVIDIA H200") == H200
+  assert tiles.gpu_memory_bytes("NVIDIA GH200 480GB") == 96 * 10**9  # 480: with the CPU's
+  assert tiles.gpu_memory_bytes("Tesla V100-SXM2-32GB") == 32 * 10**9
+
+
+def test_tiles_follow_the_ambient_mesh_device():
+  # A deviceless compile names its target by the mesh (attnjax.targets); blockwise plans as the
+  # device would, whatever this host is.
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    assert tiles.target_platform() == "gpu"
+    assert blockwise.default_block_sizes(16384, 16384, rows=16, is_causal=True) == (2048, 2048)
+  assert tiles.target_platform() == jax.default_backend()
 
 
 def test_auto_dispatch_choice():

@@ -23,12 +23,13 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
 from attnjax import _target, _trust, check, dense, normalizers, targets
-from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
+from attnjax.kernels import blockwise, mosaic_gpu, pallas_gpu, pallas_tpu
 from helpers import preset_train_step
 
 needs_cuda = pytest.mark.targets("cuda")
@@ -619,3 +620,43 @@ def test_context_parallel_train_step_compiles(target, variant):
   compiled = compile_on(mesh, step, *args)
   if uses_dense_kernel(variant):
     assert "collective-permute" in compiled.as_text()  # the ring, over the context axis
+
+
+# ---------------------------------------------------------------------------
+# The block-wise fallback on a GPU (issue 50: where no kernel may run).
+
+
+def blockwise_program(mesh, T: int, B: int = 1, N: int = 16, H: int = 128):
+  """Forward + backward of causal bf16 block-wise attention, compiled for ``mesh``'s device."""
+  x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+  def loss(q, k, v):
+    out = dense.dot_product_attention(q, k, v, is_causal=True, implementation="blockwise")
+    return jnp.sum(out.astype(jnp.float32))
+
+  return compile_on(mesh, jax.grad(loss, (0, 1, 2)), x, x, x)
+
+
+@needs_cuda
+def test_blockwise_gpu_tiles_are_large_and_memory_stays_linear():
+  # Chosen from the target's memory: 2048 x 2048 on an H200 at 16 heads (the issue's shape),
+  # 128 x 128 before (8,256 visits: ~1 TFLOP/s). Speed is the device's to measure
+  # (experiments/bench.py --suite gpu); the compile shows the tiles and the memory.
+  mesh = targets.mesh(targets.gpu_devices("h200", 1))
+  T = 16384
+  with jax.set_mesh(mesh):
+    assert blockwise.default_block_sizes(T, T, rows=16, is_causal=True) == (2048, 2048)
+  compiled = blockwise_program(mesh, T)
+  text = compiled.as_text()
+  sizes = {shape: np.prod([int(d) for d in shape.split(",")])
+           for shape in re.findall(r"f32\[([0-9,]+)\]", text)}
+  assert max(sizes.values()) == 16 * 2048 * 2048, max(sizes, key=sizes.get)  # one score tile
+  trips = [int(n) for n in re.findall(r'known_trip_count":\{"n":"(\d+)"', text)]
+  assert trips and max(trips) <= T // 2048, trips  # the key-block loops of 8 query blocks
+  # O(T) memory: the temporaries are the tile budget plus rows, far below the T x T scores,
+  # and do not grow with T (a quadratic program would take 4x at 2T).
+  scores = 16 * T * T * 4
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp < scores / 4, (temp, scores)
+  temp_2t = blockwise_program(mesh, 2 * T).memory_analysis().temp_size_in_bytes
+  assert temp_2t < 2 * temp, (temp, temp_2t)

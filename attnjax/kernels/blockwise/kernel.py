@@ -73,9 +73,11 @@ from attnjax import _empty, _logits, _static, options, masks
 from attnjax.attention_stats import AttentionStats, stats_from_rows
 from attnjax.kernels import autodiff
 from attnjax.kernels.linear_map import as_aval, zeros_of
-from attnjax.kernels.blockwise.tiles import (Arrays, MaskFn, TilePlan, add_tile, as_rows, from_rows,
-                                             segment_relations, sink_rows, span, tile_allowed,
-                                             tile_logits, tile_of, tile_score_mod)
+from attnjax.kernels.blockwise.tiles import (GPU_BLOCK_K, GPU_BLOCK_Q, Arrays, MaskFn, TilePlan,
+                                             add_tile, as_rows, from_rows, gpu_block_sizes,
+                                             gpu_memory_bytes, segment_relations, sink_rows, span,
+                                             target_platform, tile_allowed, tile_logits, tile_of,
+                                             tile_score_mod)
 from attnjax.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
 
 Array = jnp.ndarray
@@ -94,24 +96,41 @@ def structural_mask_fn(opts) -> Optional[MaskFn]:
 # 0.194x jax.nn's time (512 x 512: 0.232x, 1024 x 256: 0.214x) and the T=2048 forward +
 # backward in 0.196x (512 x 512: 0.247x, 256 x 256: 0.197x). Large query blocks amortise
 # the per-visit overhead; 256-key tiles ([8, 512, 256] fp32, 4 MiB) stay in cache between
-# the matmul and the elementwise passes over them.
+# the matmul and the elementwise passes over them. GPU tiles: tiles.gpu_block_sizes.
 CPU_BLOCK_Q = 512
 CPU_BLOCK_K = 256
-GPU_BLOCK_Q = 128
-GPU_BLOCK_K = 128
 
 
 def default_block_sizes(T: int, S: int, backend: Optional[str] = None, *,
-                        window: Optional[tuple[int, int]] = None) -> tuple[int, int]:
-  """``(block_q, block_k)`` for the platform, never larger than the sequences.
+                        window: Optional[tuple[int, int]] = None, rows: Optional[int] = None,
+                        is_causal: bool = False) -> tuple[int, int]:
+  """``(block_q, block_k)`` for the target, never larger than the sequences.
 
-  A narrow window gets blocks of about half its span (at least 128): each
-  query block then computes ~1.5x the allowed pairs instead of ~4x with
-  512-blocks (measured at window=(256, 0): 128-blocks ran T=16384 in 0.6x the
-  time of 512-blocks).
+  The target is ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``), else the one a
+  program traced now is compiled for (:func:`tiles.target_platform`: the
+  ambient mesh's device, else the default backend). A CPU gets
+  ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
+  tile budget allows (:func:`tiles.gpu_block_sizes`: e.g. 2048 x 2048 on an
+  H200 for ``rows=16`` at T=16384), or ``GPU_BLOCK_Q x GPU_BLOCK_K`` when
+  ``rows`` is None; so does a TPU. A narrow window gets blocks of about half its span (at
+  least 128): each query block then computes ~1.5x the allowed pairs instead of
+  ~4x with 512-blocks (measured at window=(256, 0): 128-blocks ran T=16384 in
+  0.6x the time of 512-blocks).
+
+  Args:
+    T, S: query and key lengths.
+    backend: the target platform; None: :func:`tiles.target_platform`.
+    window: the call's window, or None.
+    rows: batch times query heads of the call (a GPU's tile budget), or None.
+    is_causal: the call is causal (a GPU keeps 4 blocks a side).
   """
-  backend = jax.default_backend() if backend is None else backend
-  bq, bk = (CPU_BLOCK_Q, CPU_BLOCK_K) if backend == "cpu" else (GPU_BLOCK_Q, GPU_BLOCK_K)
+  backend = target_platform() if backend is None else backend
+  if backend == "cpu":
+    bq, bk = CPU_BLOCK_Q, CPU_BLOCK_K
+  elif backend == "gpu" and rows is not None:
+    bq, bk = gpu_block_sizes(T, S, rows, gpu_memory_bytes(), is_causal=is_causal)
+  else:  # a TPU (whose own kernels cover every call), or a GPU call of unknown rows
+    bq, bk = GPU_BLOCK_Q, GPU_BLOCK_K
   if window is not None:
     half_span = (window[0] + window[1] + 1) // 2
     narrow = max(128, 1 << max(0, half_span.bit_length() - 1))  # power of two <= half span
@@ -731,10 +750,12 @@ def unsupported(inputs, opts) -> list[str]:
 
 def run(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] = None):
   """The ``implementation="blockwise"`` engine: block sizes, the call's layout, then :func:`run_layout`."""
-  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  q = inputs.q
+  T, S = q.shape[1], inputs.k.shape[1]
   if opts.block_layout is not None:  # the caller's layout fixes the block sizes
     block_q, block_k = opts.block_layout.block_q, opts.block_layout.block_k
-  dq, dk = default_block_sizes(T, S, window=opts.window)
+  dq, dk = default_block_sizes(T, S, window=opts.window, rows=q.shape[0] * q.shape[2],
+                               is_causal=opts.is_causal)
   block_q = dq if block_q is None else min(block_q, T)
   block_k = dk if block_k is None else min(block_k, S)
   layout = structural_layout(T, S, block_q, block_k, is_causal=opts.is_causal, window=opts.window)

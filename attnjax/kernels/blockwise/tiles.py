@@ -8,23 +8,123 @@ against ``tk`` keys: :func:`tile_logits` gives its float32 logits and
 :func:`tile_allowed` its boolean mask (static structure on partial blocks, segment
 ids, the explicit mask), or None when every pair is allowed. What a tile's
 logits become is the normaliser's business (:mod:`attnjax.normalizers`).
+:func:`gpu_block_sizes` chooses the tiles of a call on a GPU target from its
+memory (:func:`target_platform`, :func:`gpu_memory_bytes`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
-from attnjax import _logits, options
+from attnjax import _logits, _target, options
 from attnjax.kernels._plan import KernelPlan
 from attnjax.kernels.linear_map import as_aval, varying_axes
 from attnjax.layout import FULL, SKIP, BlockLayout, segment_block_relations
 
 Array = jnp.ndarray
 MaskFn = Callable[[Array, Array], Optional[Array]]
+
+
+# ---------------------------------------------------------------------------
+# Tile sizes for the target.
+
+# Default tiles on a GPU whose rows are not known (a ring step), and the smallest tiles a
+# GPU gets: XLA runs every visit as its own kernels.
+GPU_BLOCK_Q = 128
+GPU_BLOCK_K = 128
+# A GPU's float32 score tile [B, N, block_q, block_k] takes at most this fraction of the
+# device's memory; the backward keeps about 9 tiles alive (XLA's memory analysis of an H200
+# compile), so the kernel's temporaries stay under 2% of the device's memory.
+GPU_TILE_FRACTION = 1 / 512
+# Memory assumed for a GPU whose kind names none and whose memory cannot be read.
+GPU_DEFAULT_MEMORY = 16 * 2**30
+# Memory (10^9 bytes) of known GPU kinds, most specific first: the smallest model of a family
+# ("NVIDIA H200" names no size; "NVIDIA GH200 480GB" names the CPU's memory too).
+_GPU_MEMORY_GB = (("GH200", 96), ("H200", 141), ("H100", 80), ("H800", 80), ("H20", 96),
+                  ("B200", 180), ("B300", 288), ("A100", 40), ("A800", 40), ("L40", 48),
+                  ("L4", 24), ("A10", 24))
+_GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def target_platform() -> str:
+  """``"cpu"``, ``"gpu"`` or ``"tpu"``: what a program traced now is compiled for.
+
+  The ambient mesh's device (``jax.set_mesh``: how a deviceless compile names its
+  target, :mod:`attnjax.targets`), else this process's default backend.
+  """
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  platform = getattr(device, "platform", None)
+  if platform is None:
+    return jax.default_backend()
+  return "gpu" if platform in _GPU_PLATFORMS else platform
+
+
+def gpu_memory_bytes(kind: Optional[str] = None) -> int:
+  """The memory of the GPU a program is traced for, in bytes.
+
+  From its kind, so a deviceless compile plans as the device does: a known
+  family's smallest model (``"NVIDIA H200"``: 141 GB; ``"NVIDIA A100-SXM4-80GB"``:
+  40 GB), else the size the kind names (``"... 32GB"``); else this process's
+  first GPU's allocator limit; else :data:`GPU_DEFAULT_MEMORY`.
+
+  Args:
+    kind: a device kind; None: the target's (:func:`attnjax._target.device_kind`).
+  """
+  kind = _target.device_kind("cuda") if kind is None else kind
+  if kind:
+    for name, gb in _GPU_MEMORY_GB:
+      if name in kind:
+        return gb * 10**9
+    named = re.search(r"(\d+)\s*GB", kind)
+    if named:
+      return int(named.group(1)) * 10**9
+  try:
+    stats = jax.devices("gpu")[0].memory_stats() or {}
+  except Exception:  # no GPU backend in this process, or a device without statistics
+    stats = {}
+  return int(stats.get("bytes_limit", GPU_DEFAULT_MEMORY))
+
+
+def _pow2_floor(n: float) -> int:
+  return 1 << max(0, int(n).bit_length() - 1)
+
+
+def gpu_block_sizes(T: int, S: int, rows: int, memory: int, *,
+                    is_causal: bool = False) -> tuple[int, int]:
+  """``(block_q, block_k)`` of a call on a GPU with ``memory`` bytes (before capping at T, S).
+
+  XLA runs each visit of a tile as a few kernels (and a loop step); with
+  128 x 128 tiles an H200 spent ~65 us per visit (issue 50: 7.8 TFLOP/s at
+  T=4096, 528 visits), so a GPU wants few visits of large matmuls. The tiles
+  double, the smaller side first, from 128 x 128 while the float32 score tile
+  ``rows * block_q * block_k`` fits ``memory * GPU_TILE_FRACTION`` (a power of
+  two of elements): memory stays O(T) and the budget is fixed by the device,
+  not the length. Causal calls keep at least 4 blocks a side, so the diagonal
+  blocks compute at most 1.25x the allowed pairs.
+
+  Args:
+    T, S: query and key lengths.
+    rows: batch times query heads (the score tile's leading size).
+    memory: the device's memory in bytes (:func:`gpu_memory_bytes`).
+    is_causal: the call is causal.
+  """
+  budget = _pow2_floor(memory * GPU_TILE_FRACTION / 4)  # float32 elements
+  cap_q = max(GPU_BLOCK_Q, _pow2_floor(T // 4)) if is_causal else T
+  cap_k = max(GPU_BLOCK_K, _pow2_floor(S // 4)) if is_causal else S
+  bq, bk = GPU_BLOCK_Q, GPU_BLOCK_K
+  while rows * 2 * bq * bk <= budget:  # doubling either side still fits
+    if bq < cap_q and (bq <= bk or bk >= cap_k):
+      bq *= 2
+    elif bk < cap_k:
+      bk *= 2
+    else:
+      break
+  return bq, bk
 
 
 # ---------------------------------------------------------------------------
