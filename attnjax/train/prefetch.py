@@ -48,7 +48,7 @@ class Prefetch:
     for step in range(start, stop):
       try:
         item = (step, make(step), None)
-      except BaseException as e:  # noqa: BLE001 - handed to get(), which raises it
+      except BaseException as e:  # every error is handed to get(), which raises it
         item = (step, None, e)
       while not self._closed.is_set():
         try:
