@@ -107,3 +107,13 @@ def test_the_qk_norm_layer_passes_its_gains_by_their_new_names():
   kwargs = layer.config.spec.kwargs(layer)
   assert {"q_gain", "k_gain"} <= set(kwargs) and kwargs["scale"] == 0.7
   assert not {"q_scale", "k_scale"} & set(kwargs)
+
+
+def test_a_checkpoints_logit_scale_survives_a_change_of_family():
+  # One name: changing the family of a pretrained layer keeps its scale either way (the
+  # qk_norm -> dense direction raised while the qk_norm family called it qk_scale).
+  from attnjax.models import loader
+  qk = nn.AttentionConfig(family="qk_norm", scale=0.3, num_heads=2)
+  dense = nn.AttentionConfig(scale=0.3, num_heads=2)
+  assert loader.override_attention(qk, {"family": "dense"}) == dense
+  assert loader.override_attention(dense, {"family": "qk_norm"}) == qk

@@ -530,7 +530,7 @@ class QKNormSpec(DotProductSpec):
     qk_norm_gain: learn gains ``[H]`` for q and k after the norm.
     qk_norm_eps: epsilon of the norm.
     scale: logit scale (None = ``H ** -0.5``; ``"l2"`` usually needs a larger one), as
-      :class:`DenseSpec`'s (formerly ``qk_scale``, still accepted with a
+      :class:`.DenseSpec`'s (formerly ``qk_scale``, still accepted with a
       ``DeprecationWarning``).
     qk_norm_scope: ``"head"`` (over each head's ``H`` dims; Qwen 3, Gemma 3) or
       ``"projection"`` (over the whole projection, ``N H`` for q and ``K H``
