@@ -14,8 +14,8 @@ step (the gated delta rule of Gated DeltaNet, Yang et al. 2025):
     o_t = scale * S_t^T q_t
 
 ``beta_t`` in (0, 1) is the write strength, ``g_t <= 0`` the log decay
-(``g = 0``: the plain delta rule, DeltaNet's). ``k`` is taken as given; the papers' layers L2-normalise
-``q`` and ``k`` before the call.
+(``g = 0``: the plain delta rule, DeltaNet's). ``k`` is taken as given; the
+papers' layers L2-normalise ``q`` and ``k`` before the call.
 
 Three forms (``implementation``, the names of every recurrent family, see
 ``attnjax._recurrent``) compute the same function and are tested equal in

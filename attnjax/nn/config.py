@@ -7,9 +7,9 @@ also builds the family's parameters, attention call and decode cache.
 ``ModelConfig`` names the decoder around it. Both are hashable (a module may
 key jitted code on them) and round-trip through a plain dict (``to_dict`` /
 ``from_dict``) for run directories; dicts written before the specs existed
-(one flat record of every family's options), or before a field's rename, still load. Invalid combinations
-are rejected when the config is built, with a ``ValueError`` or ``TypeError``
-that names the field and the reason.
+(one flat record of every family's options), or before a field's rename, still
+load. Invalid combinations are rejected when the config is built, with a
+``ValueError`` or ``TypeError`` that names the field and the reason.
 """
 
 from __future__ import annotations
