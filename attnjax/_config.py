@@ -10,8 +10,9 @@ may take attnjax's own Pallas kernels (``pallas_gpu``, ``mosaic_gpu``,
   verdict shipped in the package (``attnjax/verdicts/``, any run) or in the
   local cache directory (single-process runs); see :mod:`attnjax._trust`;
 - ``"all"``: wherever they cover the call, checked or not;
-- ``"trusted"``: never; the kernels jax ships (cuDNN, splash) and the
-  block-wise engine run instead.
+- ``"jax"``: never: only the kernels jax ships (cuDNN through ``jax.nn``,
+  splash) and attnjax's plain-JAX engines (block-wise, reference) run. Its old
+  name ``"trusted"`` still works and warns once.
 
 The environment variable ``ATTNJAX_KERNELS`` gives the default; setting the
 attribute overrides it for this process (``None`` restores the environment's).
@@ -25,8 +26,12 @@ from typing import Optional
 
 import jax
 
+from attnjax import _deprecation
+
 #: The values of ``attnjax.config.kernels`` (see the module docstring).
-KERNELS = ("checked", "all", "trusted")
+KERNELS = ("checked", "all", "jax")
+#: Old values still accepted (each warns once): ``{old: new}``.
+RENAMED_KERNELS = {"trusted": "jax"}
 #: The environment variable that gives ``attnjax.config.kernels``'s default.
 ENV_KERNELS = "ATTNJAX_KERNELS"
 
@@ -48,6 +53,10 @@ class Config:
     if self._kernels is not None:
       return self._kernels
     value = os.environ.get(ENV_KERNELS, "").strip().lower() or "checked"
+    if value in RENAMED_KERNELS:
+      new = RENAMED_KERNELS[value]
+      _deprecation.warn_renamed(f"{ENV_KERNELS}={value}", f"{ENV_KERNELS}={new}")
+      value = new
     if value not in KERNELS:
       raise ValueError(f"{ENV_KERNELS}={value!r} is not one of: "
                        + ", ".join(repr(k) for k in KERNELS))
@@ -55,6 +64,11 @@ class Config:
 
   @kernels.setter
   def kernels(self, value: Optional[str]) -> None:
+    if value in RENAMED_KERNELS:
+      new = RENAMED_KERNELS[value]
+      _deprecation.warn_renamed(f"attnjax.config.kernels = {value!r}",
+                                f"attnjax.config.kernels = {new!r}", stacklevel=2)
+      value = new
     if value is not None and value not in KERNELS:
       raise ValueError(f"attnjax.config.kernels={value!r} is not one of: "
                        + ", ".join(repr(k) for k in (*KERNELS, None)))

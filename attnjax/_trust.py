@@ -243,7 +243,7 @@ def checked(kernel: str, device_kind: str, klass: Optional[str] = None) -> bool:
 
 class Decision(NamedTuple):
   """Whether auto-dispatch may take a kernel, and what to tell the user when it may not
-  (None: nothing to tell: the user chose ``"trusted"``, or no device of the kind is known)."""
+  (None: nothing to tell: the user chose ``"jax"``, or no device of the kind is known)."""
 
   allowed: bool
   note: Optional[str] = None
@@ -255,7 +255,7 @@ def allows(kernel: str, platform: str, klass: Optional[str] = None) -> Decision:
   setting = config.kernels
   if setting == "all":
     return Decision(True)
-  if setting == "trusted":
+  if setting == "jax":
     return Decision(False)
   kind = _target.device_kind(platform)
   if kind is None:  # e.g. exporting for a GPU from a CPU host with no mesh: nothing names it

@@ -1,15 +1,21 @@
-"""Delta-rule linear attention: DeltaNet and Gated DeltaNet.
+"""Delta-rule linear attention: the update of DeltaNet and Gated DeltaNet.
+
+Names, as in the papers: the *delta rule* is the update (this module, the
+function :func:`attnjax.delta_rule_attention`); *DeltaNet* and *Gated DeltaNet*
+are the models whose layers wrap it in their projections, short convolution and
+norms (the ``attnjax.nn`` families and experiment variants ``deltanet`` and
+``gated_deltanet``).
 
 Per query head the state ``S_t`` is an ``[H, Hv]`` fast-weight matrix updated by
 the delta rule (Schlag et al. 2021), optionally with a scalar decay per head and
-step (Gated DeltaNet, Yang et al. 2025):
+step (the gated delta rule of Gated DeltaNet, Yang et al. 2025):
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
     o_t = scale * S_t^T q_t
 
 ``beta_t`` in (0, 1) is the write strength, ``g_t <= 0`` the log decay
-(``g = 0``: DeltaNet). ``k`` is taken as given; the papers' layers L2-normalise
-``q`` and ``k`` before the call.
+(``g = 0``: the plain delta rule, DeltaNet's). ``k`` is taken as given; the
+papers' layers L2-normalise ``q`` and ``k`` before the call.
 
 Three forms (``implementation``, the names of every recurrent family, see
 ``attnjax._recurrent``) compute the same function and are tested equal in
@@ -323,7 +329,10 @@ def _delta_rule_attention(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     context_axis: Optional[str] = None,
 ):
-  """Delta-rule attention (DeltaNet; Gated DeltaNet with ``log_decay``), causal.
+  """Attention by the delta rule (with ``log_decay``: the gated delta rule), causal.
+
+  The update of DeltaNet (Gated DeltaNet with ``log_decay``); their layers are the
+  ``attnjax.nn`` families ``deltanet`` and ``gated_deltanet``.
 
   Per query head: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
   ``o_t = scale * S_t^T q_t`` (module docstring for the chunk form).
@@ -335,7 +344,7 @@ def _delta_rule_attention(
     v: values ``[B, T, K, Hv]``.
     beta: write strengths ``[B, T, N]`` in (0, 1), per query head.
     log_decay: ``g`` ``[B, T, N]`` with values ``<= 0``, per query head, or None
-      (no decay: DeltaNet).
+      (no decay: the plain delta rule).
     scale: output scale, a static float; None means ``H ** -0.5``.
     initial_state: ``[B, N, H, Hv]`` state before token 0 (float32 is kept; other
       float dtypes are cast); None = zeros.

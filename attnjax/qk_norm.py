@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _static, dense, options
+from attnjax import _checks, _deprecation, _static, dense, options
 
 Array = jnp.ndarray
 
@@ -33,6 +33,9 @@ SWIN_MAX_LOG_SCALE = math.log(100.0)
 # similarity (both are dot-product logits); cosine attention also sets its own scale.
 QK_NORM_KEYWORDS = options.keywords(without=("similarity",))
 COSINE_KEYWORDS = options.keywords(without=("similarity", "scale"))
+#: The old names of :func:`attnjax.qk_norm_attention`'s gains, still accepted (each warns
+#: once): ``{old: new}``. ``scale`` means only the logit scale.
+RENAMED_KEYWORDS = {"q_scale": "q_gain", "k_scale": "k_gain"}
 
 
 def normalize_head(x: Array, norm: Norm, eps: float) -> Array:
@@ -68,8 +71,8 @@ def _gain(name: str, gain: Optional[Array], H: int) -> Optional[Array]:
 def _qk_norm_attention(
     q: Array, k: Array, v: Array, *,
     norm: Norm = "rms",
-    q_scale: Optional[Array] = None,
-    k_scale: Optional[Array] = None,
+    q_gain: Optional[Array] = None,
+    k_gain: Optional[Array] = None,
     eps: float = 1e-6,
     bias: Optional[Array] = None,
     mask: Optional[Array] = None,
@@ -111,8 +114,9 @@ def _qk_norm_attention(
       bias) or ``"l2"`` (unit L2 norm: logits become ``scale * cos``; with the
       default ``scale = H**-0.5`` they are tiny, so pass a scale or use
       :func:`attnjax.cosine_attention` for a learned temperature).
-    q_scale: optional learned gain ``[H]`` of the normalised queries.
-    k_scale: optional learned gain ``[H]`` of the normalised keys.
+    q_gain: optional learned gain ``[H]`` of the normalised queries (formerly
+      ``q_scale``, still accepted with a ``DeprecationWarning``).
+    k_gain: optional learned gain ``[H]`` of the normalised keys (formerly ``k_scale``).
     eps: added to the mean square (or sum of squares) before the square root.
 
   Returns:
@@ -132,7 +136,7 @@ def _qk_norm_attention(
   H = q.shape[-1]
   qn = normalize_head(q, norm, eps)
   kn = normalize_head(k, norm, eps)
-  gq, gk = _gain("q_scale", q_scale, H), _gain("k_scale", k_scale, H)
+  gq, gk = _gain("q_gain", q_gain, H), _gain("k_gain", k_gain, H)
   if gq is not None:
     qn = qn * gq
   if gk is not None:
@@ -235,7 +239,8 @@ def _cosine_attention(
   return dense.run(inputs, opts, implementation)
 
 
-qk_norm_attention = _static.jit(_qk_norm_attention, (
-    "norm", "eps", "implementation") + options.static(QK_NORM_KEYWORDS))
+qk_norm_attention = _deprecation.renamed_keywords(_static.jit(_qk_norm_attention, (
+    "norm", "eps", "implementation") + options.static(QK_NORM_KEYWORDS)),
+    "qk_norm_attention", RENAMED_KEYWORDS)
 cosine_attention = _static.jit(_cosine_attention, (
     "convention", "eps", "implementation") + options.static(COSINE_KEYWORDS))

@@ -188,7 +188,7 @@ def test_qk_norm_and_cosine_gradients_through_gains():
 
   def qk_loss(impl):
     return lambda g, q: jnp.sum(attnjax.qk_norm_attention(
-        q, k, v, norm="rms", q_scale=g, k_scale=g, is_causal=True, implementation=impl) ** 2)
+        q, k, v, norm="rms", q_gain=g, k_gain=g, is_causal=True, implementation=impl) ** 2)
 
   def cos_loss(impl):
     return lambda t, q: jnp.sum(attnjax.cosine_attention(

@@ -87,7 +87,7 @@ def test_exported():
 
 @pytest.mark.parametrize("gated,T,chunk_size", [
     (False, 37, 16), (True, 37, 16), (True, 32, 8), (False, 20, 64)],
-    ids=["deltanet-ragged", "gated-ragged", "gated-exact", "deltanet-one_chunk"])
+    ids=["plain-ragged", "gated-ragged", "gated-exact", "plain-one_chunk"])
 def test_chunked_equals_reference(gated, T, chunk_size):
   q, k, v, b, g, s0 = _inputs(T=T, gated=gated)
   _check_forms(q, k, v, b, g, s0, chunk_size=chunk_size)

@@ -80,7 +80,7 @@ def _cases() -> tuple[Case, ...]:
   dense = lambda q, k, v, s, **kw: attnjax.dot_product_attention(q, k, v, is_causal=True,
                                                                  sink_logits=s, **kw)
   qk_norm = lambda q, k, v, gq, gk, **kw: attnjax.qk_norm_attention(
-      q, k, v, q_scale=gq, k_scale=gk, is_causal=True, **kw)
+      q, k, v, q_gain=gq, k_gain=gk, is_causal=True, **kw)
   cosine = lambda q, k, v, t, **kw: attnjax.cosine_attention(q, k, v, temperature=t,
                                                              is_causal=True, **kw)
   for name, fn, args in [("dot_product_attention", dense, qkv + (a["sink"],)),

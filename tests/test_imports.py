@@ -210,8 +210,8 @@ FAMILIES = tuple(f"attnjax.{name}" for name in (
     "delta_rule", "_recurrent"))
 VOCABULARY = tuple(f"attnjax.{name}" for name in (
     "normalizers", "masks", "patterns", "layout", "mods", "feature_maps", "attention_stats",
-    "options", "_checks", "_lowering", "_target", "_sharding", "_numerics", "_config", "_trust",
-    "_version"))
+    "options", "_checks", "_deprecation", "_lowering", "_target", "_sharding", "_numerics",
+    "_config", "_trust", "_version"))
 
 
 def engine_violations(graph: dict[str, set[str]]) -> list[str]:

@@ -93,8 +93,8 @@ def test_cross_attention_linear_and_qk_norm_families():
   qk = _layer(nn.AttentionConfig(family="qk_norm", qk_norm_placement="after_rope"))
   q, _, _ = _heads(qk, x)
   _, k, v = _heads(qk, memory)
-  want = attnjax.qk_norm_attention(q, k, v, norm="rms", q_scale=qk.q_gain[...],
-                                   k_scale=qk.k_gain[...])
+  want = attnjax.qk_norm_attention(q, k, v, norm="rms", q_gain=qk.q_gain[...],
+                                   k_gain=qk.k_gain[...])
   assert_close(qk(x, inputs_kv=memory), _out(qk, want), rtol=2e-5, atol=2e-5)
 
 
@@ -472,7 +472,7 @@ def test_allowed_mask_and_compared_qk():
   np.testing.assert_array_equal(np.asarray(sparse.allowed_mask(6))[0, 0],
                                 np.asarray(sparse.config.spec.make_pattern().mask(6, 6))[0, 0])
   qk = _layer(nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_norm_placement="after_rope",
-                                 qk_scale=4.0))
+                                 scale=4.0))
   q, k, _ = _heads(qk, _x(6))
   cq, ck = qk.compared_qk(q, k)
   # l2 after RoPE

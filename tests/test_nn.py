@@ -39,7 +39,7 @@ LAYER_CONFIGS = {
     "qk_layer_after": nn.AttentionConfig(family="qk_norm", qk_norm="layer",
                                          qk_norm_placement="after_rope"),
     "qk_l2_nogain": nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_norm_gain=False,
-                                       qk_scale=4.0),
+                                       scale=4.0),
     "cosine_swin": nn.AttentionConfig(family="cosine", num_kv_heads=2),
     "cosine_scale_gate_headwise": nn.AttentionConfig(family="cosine", cosine_convention="scale",
                                                      output_gate="headwise"),

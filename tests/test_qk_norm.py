@@ -30,7 +30,7 @@ def test_qk_norm_equals_dense_on_normalised_inputs(norm):
   q, k, v = rand_qkv()
   gq = jax.random.uniform(jax.random.key(1), (16,), minval=0.5, maxval=2.0)
   gk = jax.random.uniform(jax.random.key(2), (16,), minval=0.5, maxval=2.0)
-  out = attnjax.qk_norm_attention(q, k, v, norm=norm, q_scale=gq, k_scale=gk, is_causal=True)
+  out = attnjax.qk_norm_attention(q, k, v, norm=norm, q_gain=gq, k_gain=gk, is_causal=True)
   qn = jnp.asarray(_np_norm(q, norm) * np.asarray(gq), jnp.float32)
   kn = jnp.asarray(_np_norm(k, norm) * np.asarray(gk), jnp.float32)
   ref = attnjax.dot_product_attention(qn, kn, v, is_causal=True)
@@ -52,7 +52,7 @@ def test_qk_norm_gain_gradients_match_finite_differences():
   with jax.enable_x64(True):
     q, k, v = (x.astype(jnp.float64) for x in rand_qkv())
     loss = lambda gq: jnp.sum(attnjax.qk_norm_attention(
-        q, k, v, norm="rms", q_scale=gq, is_causal=True) ** 2)
+        q, k, v, norm="rms", q_gain=gq, is_causal=True) ** 2)
     gain = 1.0 + 0.1 * jnp.arange(16, dtype=jnp.float64) / 16
     check_grads(loss, (gain,), order=1, modes=("rev",), eps=1e-3, atol=1e-4, rtol=1e-4)
     assert float(jnp.abs(jax.grad(loss)(gain)).max()) > 0
@@ -140,7 +140,7 @@ def test_bf16_inputs_keep_dtype():
 
 @pytest.mark.parametrize("fn,kw,pattern", [
     ("qk", dict(norm="batch"), r"norm='batch'"),
-    ("qk", dict(q_scale=jnp.ones(3)), r"q_scale must have shape \[H\] = \(16,\)"),
+    ("qk", dict(q_gain=jnp.ones(3)), r"q_gain must have shape \[H\] = \(16,\)"),
     ("cos", dict(temperature=jnp.ones(3)), r"temperature must have shape \[N\]"),
     ("cos", dict(temperature=jnp.ones(8), convention="xyz"), r"convention='xyz'"),
     ("cos", dict(temperature=jnp.ones((3, 3)), convention="ngpt"), r"s_qk"),

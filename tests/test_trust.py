@@ -5,8 +5,8 @@ are taken by auto-dispatch on a kind of device only once ``python -m
 attnjax.check`` passed there for the call's case class (a verdict in the cache
 directory or shipped with the package, for this jax version and the kernel's
 current source digest), or with ``attnjax.config.kernels = "all"``
-(``ATTNJAX_KERNELS=all``); ``"trusted"`` never takes them; a multi-process run
-reads shipped verdicts only; a named implementation always runs. The suite's
+(``ATTNJAX_KERNELS=all``); ``"jax"`` (formerly ``"trusted"``) never takes them; a
+multi-process run reads shipped verdicts only; a named implementation always runs. The suite's
 cache directory starts empty (tests/conftest.py), and every test here points
 the shipped verdicts at an empty folder of its own: the verdicts written here
 are TEST verdicts, never the package's. The check runs here in interpret mode,
@@ -113,7 +113,7 @@ def test_the_same_result_with_another_jax_version_joins_its_versions(on_gpu, mon
 def test_the_settings(on_gpu, monkeypatch):
   _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}})
   try:
-    attnjax.config.kernels = "trusted"  # never, even checked
+    attnjax.config.kernels = "jax"  # never, even checked
     assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
     attnjax.config.kernels = "all"  # always, checked or not
     assert dense.dispatch_table(*_sigmoid_call())["tpu"] == "pallas_tpu"
@@ -126,6 +126,35 @@ def test_the_settings(on_gpu, monkeypatch):
       dense.dispatch_table(*_sigmoid_call())
     with pytest.raises(ValueError, match="attnjax.config.kernels='yes' is not one of"):
       attnjax.config.kernels = "yes"
+  finally:
+    attnjax.config.kernels = None
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+  """The once-per-process record of deprecated names, empty for this test."""
+  from attnjax import _deprecation
+  monkeypatch.setattr(_deprecation, "_warned", set())
+
+
+def test_the_old_name_trusted_means_jax_and_warns_once(on_gpu, monkeypatch, fresh_warnings):
+  _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}})
+  try:
+    with pytest.warns(DeprecationWarning, match=r"kernels = 'trusted' is deprecated; use "
+                      r"attnjax.config.kernels = 'jax'") as record:
+      attnjax.config.kernels = "trusted"
+      attnjax.config.kernels = "trusted"
+    assert len(record) == 1 and attnjax.config.kernels == "jax"
+    assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"  # as "jax"
+    attnjax.config.kernels = None
+    monkeypatch.setenv("ATTNJAX_KERNELS", "trusted")
+    with pytest.warns(DeprecationWarning, match="ATTNJAX_KERNELS=trusted is deprecated; use "
+                      "ATTNJAX_KERNELS=jax") as record:
+      assert attnjax.config.kernels == "jax"
+      assert attnjax.config.kernels == "jax"
+    assert len(record) == 1
+    monkeypatch.setenv("ATTNJAX_KERNELS", "jax")
+    assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
   finally:
     attnjax.config.kernels = None
 
@@ -150,11 +179,11 @@ def test_a_change_of_setting_retraces(on_gpu):
 
 
 def test_a_named_kernel_always_runs(monkeypatch):
-  # "trusted" keeps auto-dispatch off attnjax's kernels, never a kernel asked for by name:
+  # "jax" keeps auto-dispatch off attnjax's kernels, never a kernel asked for by name:
   # pallas_gpu is traced here, and refuses to be lowered for the CPU.
   q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
   try:
-    attnjax.config.kernels = "trusted"
+    attnjax.config.kernels = "jax"
     with pytest.raises(ValueError, match="implementation='pallas_gpu' runs on a CUDA GPU only"):
       jax.jit(lambda q: attnjax.dot_product_attention(q, q, q, implementation="pallas_gpu"))(q)
   finally:

@@ -111,8 +111,8 @@ def override_attention(config: nn.AttentionConfig,
   """``config`` with attnjax attention ``options`` applied (see :func:`from_pretrained`).
 
   The same family: ``config.replace(**options)``. Another ``family``: the
-  common fields and every option the new family also has are kept, Dense's
-  ``scale`` becomes ``qk_scale`` for ``qk_norm``; an option of the
+  common fields and every option the new family also has are kept (the logit
+  ``scale`` among them); an option of the
   checkpoint's attention that the new family cannot express raises.
   """
   options = dict(options)
@@ -125,9 +125,8 @@ def override_attention(config: nn.AttentionConfig,
   old_defaults = _spec_defaults(type(config.spec))
   carried, lost = {}, {}
   for name, value in config.spec.to_dict().items():
-    target = "qk_scale" if (name == "scale" and family == "qk_norm") else name
-    if target in new_fields:
-      carried[target] = value
+    if name in new_fields:
+      carried[name] = value
     elif value != old_defaults.get(name):
       lost[name] = value
   lost = {k: v for k, v in lost.items() if k not in options}

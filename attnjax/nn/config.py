@@ -7,9 +7,9 @@ also builds the family's parameters, attention call and decode cache.
 ``ModelConfig`` names the decoder around it. Both are hashable (a module may
 key jitted code on them) and round-trip through a plain dict (``to_dict`` /
 ``from_dict``) for run directories; dicts written before the specs existed
-(one flat record of every family's options) still load. Invalid combinations
-are rejected when the config is built, with a ``ValueError`` or ``TypeError``
-that names the field and the reason.
+(one flat record of every family's options), or before a field's rename, still
+load. Invalid combinations are rejected when the config is built, with a
+``ValueError`` or ``TypeError`` that names the field and the reason.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Optional
 
-from attnjax import _checks
+from attnjax import _checks, _deprecation
 from attnjax.nn import rope as rope_lib
 from attnjax.nn import specs
 from attnjax.nn.specs import check_int, check_type
@@ -57,7 +57,8 @@ def _spec_fields(spec_class) -> tuple[str, ...]:
 
 
 def _owners(name: str) -> str:
-  owners = [f for f, cls in specs.FAMILY_SPECS.items() if name in _spec_fields(cls)]
+  owners = [f for f, cls in specs.FAMILY_SPECS.items()
+            if name in _spec_fields(cls) or name in getattr(cls, "renamed_fields", {})]
   return ", ".join(repr(f) for f in owners) or "no family"
 
 
@@ -76,6 +77,9 @@ def _build_spec(family: Optional[str], spec: Optional[specs.AttentionSpec],
     _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
     cls = specs.FAMILY_SPECS[family]
   own = _spec_fields(cls)
+  # A field's old name (QKNormSpec's qk_scale, now scale) warns once and means the new one.
+  options = _deprecation.renamed_in("AttentionConfig", options,
+                                    getattr(cls, "renamed_fields", {}), stacklevel=4)
   kept = {}
   for name, value in options.items():
     if name in own:
@@ -235,6 +239,11 @@ class AttentionConfig:
     d = dict(d)
     family = d.pop("family", "dense")
     _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    # A record written before a field's rename stores its old name: read it silently (the
+    # run directory is data the user cannot update, not code that should change).
+    for old, new in getattr(specs.FAMILY_SPECS[family], "renamed_fields", {}).items():
+      if old in d and new not in d:
+        d[new] = d.pop(old)
     unknown = set(d) - set(COMMON_FIELDS) - set(LEGACY_DEFAULTS) - set(
         _spec_fields(specs.FAMILY_SPECS[family]))
     if unknown:

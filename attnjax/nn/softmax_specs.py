@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, dense, masks, mods, normalizers, patterns
+from attnjax import _checks, _deprecation, dense, masks, mods, normalizers, patterns
 from attnjax import qk_norm as qk_norm_lib
 from attnjax.nn import _layers, kv_policies
 from attnjax.nn.rope import apply_rope
@@ -517,6 +517,7 @@ class DenseSpec(DotProductSpec):
     return dict(super().kwargs(layer), similarity=self.similarity, scale=self.scale)
 
 
+@_deprecation.renamed_fields(qk_scale="scale")
 @dataclasses.dataclass(frozen=True)
 class QKNormSpec(DotProductSpec):
   """Normalise q and k over the head dim (:func:`attnjax.qk_norm_attention`).
@@ -528,7 +529,9 @@ class QKNormSpec(DotProductSpec):
       normalises).
     qk_norm_gain: learn gains ``[H]`` for q and k after the norm.
     qk_norm_eps: epsilon of the norm.
-    qk_scale: logit scale (None = ``H ** -0.5``; ``"l2"`` usually needs a larger one).
+    scale: logit scale (None = ``H ** -0.5``; ``"l2"`` usually needs a larger one), as
+      :class:`.DenseSpec`'s (formerly ``qk_scale``, still accepted with a
+      ``DeprecationWarning``).
     qk_norm_scope: ``"head"`` (over each head's ``H`` dims; Qwen 3, Gemma 3) or
       ``"projection"`` (over the whole projection, ``N H`` for q and ``K H``
       for k, before the heads are split; OLMo 2). The gains have that many
@@ -544,7 +547,7 @@ class QKNormSpec(DotProductSpec):
   qk_norm_placement: Literal["before_rope", "after_rope"] = "before_rope"
   qk_norm_gain: bool = True
   qk_norm_eps: float = 1e-6
-  qk_scale: Optional[float] = None
+  scale: Optional[float] = None
   qk_norm_scope: Literal["head", "projection"] = "head"
   qk_norm_gain_offset: float = 0.0
 
@@ -554,7 +557,7 @@ class QKNormSpec(DotProductSpec):
     _checks.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
     check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
     _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
-    _checks.check_positive_float("qk_scale", self.qk_scale)
+    _checks.check_positive_float("scale", self.scale)
     _checks.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
     check_type("qk_norm_gain_offset", self.qk_norm_gain_offset, (int, float), "a float")
     if self.qk_norm_scope == "projection" and self.qk_norm_placement != "before_rope":
@@ -621,10 +624,10 @@ class QKNormSpec(DotProductSpec):
   def kwargs(self, layer):
     out = super().kwargs(layer)
     if self._norm_in_module(layer):
-      return dict(out, scale=self.qk_scale)
+      return dict(out, scale=self.scale)
     q_gain, k_gain = self._gains(layer)
-    return dict(out, norm=self.qk_norm, q_scale=q_gain, k_scale=k_gain, eps=self.qk_norm_eps,
-                scale=self.qk_scale)
+    return dict(out, norm=self.qk_norm, q_gain=q_gain, k_gain=k_gain, eps=self.qk_norm_eps,
+                scale=self.scale)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,117 @@
+"""Renamed public names: each old name keeps working and warns once per process.
+
+A rename keeps the old name as an alias that behaves identically and emits one
+``DeprecationWarning`` naming the new name, the first time the old name is used
+(:func:`warn_renamed`). Keyword arguments of a function (:func:`renamed_keywords`)
+and fields of a frozen dataclass (:func:`renamed_fields`) have helpers here.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, Mapping
+
+# The old names warned about in this process (a test may clear it).
+_warned: set[str] = set()
+
+
+def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
+  """Warns once per process that ``old`` is deprecated and ``new`` means the same.
+
+  Args:
+    old: the old name as the user wrote it, e.g. ``"qk_norm_attention(q_scale=...)"``.
+    new: its replacement, written the same way.
+    stacklevel: as in :func:`warnings.warn`, counted from the caller of this function.
+  """
+  if old in _warned:
+    return
+  _warned.add(old)
+  warnings.warn(f"{old} is deprecated; use {new} (the same meaning)", DeprecationWarning,
+                stacklevel=stacklevel + 1)
+
+
+def renamed_in(where: str, kwargs: dict[str, Any], renames: Mapping[str, str], *,
+               stacklevel: int = 3) -> dict[str, Any]:
+  """``kwargs`` with each old keyword of ``renames`` (``{old: new}``) given its new name.
+
+  ``where`` names the callee in messages; ``stacklevel``: 1 is this function, 3 the
+  user's call of a wrapper that calls it.
+
+  Raises:
+    TypeError: an old keyword and its new one are both given.
+  """
+  if not renames.keys() & kwargs.keys():
+    return kwargs
+  out = dict(kwargs)
+  for old, new in renames.items():
+    if old not in out:
+      continue
+    if new in out:
+      raise TypeError(f"{where}: {old}= and {new}= are the same option ({old} is its old "
+                      f"name); give {new}= only")
+    warn_renamed(f"{where}({old}=...)", f"{where}({new}=...)", stacklevel=stacklevel)
+    out[new] = out.pop(old)
+  return out
+
+
+def renamed_keywords(fn: Callable[..., Any], where: str,
+                     renames: Mapping[str, str]) -> Callable[..., Any]:
+  """``fn`` also taking the old keyword names of ``renames`` (``{old: new}``).
+
+  The wrapper keeps ``fn``'s name, docstring and signature (the new names) and
+  forwards ``lower``, ``trace`` and ``eval_shape`` when ``fn`` has them.
+  """
+
+  def wrap(method):
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+      return method(*args, **renamed_in(where, kwargs, renames))
+    return call
+
+  out = wrap(fn)
+  for method in ("lower", "trace", "eval_shape"):
+    if hasattr(fn, method):
+      setattr(out, method, wrap(getattr(fn, method)))
+  return out
+
+
+def renamed_fields(**renames: str) -> Callable[[type], type]:
+  """Class decorator: a frozen dataclass also takes (and reads) its fields' old names.
+
+  ``@renamed_fields(old="new")`` above ``@dataclasses.dataclass``: the constructor
+  and a ``replace`` method accept ``old=``, and reading ``obj.old`` reads
+  ``obj.new``, each warning once. ``cls.renamed_fields`` holds ``{old: new}``.
+  """
+
+  def decorate(cls: type) -> type:
+    init = cls.__init__
+    where = cls.__name__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+      init(self, *args, **renamed_in(where, kwargs, renames))
+
+    cls.__init__ = __init__
+    if hasattr(cls, "replace"):
+      replace = cls.replace
+
+      @functools.wraps(replace)
+      def replace_renamed(self, **changes):
+        return replace(self, **renamed_in(f"{where}.replace", changes, renames))
+
+      cls.replace = replace_renamed
+    for old, new in renames.items():
+      setattr(cls, old, property(_reader(where, old, new),
+                                 doc=f"Deprecated name of ``{new}``."))
+    cls.renamed_fields = {**getattr(cls, "renamed_fields", {}), **renames}
+    return cls
+
+  return decorate
+
+
+def _reader(where: str, old: str, new: str) -> Callable[[Any], Any]:
+  def read(self):
+    warn_renamed(f"{where}.{old}", f"{where}.{new}", stacklevel=2)
+    return getattr(self, new)
+  return read
