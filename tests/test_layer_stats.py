@@ -108,6 +108,8 @@ def test_length_and_bad_input_name_the_argument(model_and_tokens):
     nn.layer_stats(model, tokens, length=64)
   with pytest.raises(ValueError, match="eps"):
     nn.layer_stats(model, tokens, eps=1.5)
+  with pytest.raises(ValueError, match="eps=0.2: options of view='summary', got view='sown'"):
+    nn.layer_stats(model, tokens, view="sown", eps=0.2)
   with pytest.raises(TypeError, match="TransformerLM"):
     nn.layer_stats(object(), tokens)
 
@@ -163,6 +165,12 @@ OLD_SIGNATURES = {
     stats.probe_statistics: "capture *eps=0.3 *sparsity_threshold=0.01 *z_loss_coef=0.0001 "
                             "*massive_abs=100.0 *massive_ratio=1000.0",
 }
+
+
+def test_the_summary_defaults_are_the_signature_defaults():
+  defaults = {k: p.default for k, p in inspect.signature(nn.layer_stats).parameters.items()}
+  for name, value in nn_probe._SUMMARY_DEFAULTS:
+    assert defaults[name] == value, name
 
 
 def arguments(fn) -> str:

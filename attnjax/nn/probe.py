@@ -167,6 +167,10 @@ _summary_jit = nnx.jit(_summary_pass, static_argnames=("weights", "options"))
 _streaming_jit = nnx.jit(_streaming_pass)
 _capture_jit = nnx.jit(_capture, static_argnames=("weights",))
 
+# The summary's statistic options at their defaults (the signature's).
+_SUMMARY_DEFAULTS = (("eps", 0.3), ("sparsity_threshold", 0.01), ("z_loss_coef", 1e-4),
+                     ("massive_abs", 100.0), ("massive_ratio", 1000.0))
+
 #: The views of :func:`layer_stats` (its ``view=`` argument).
 VIEWS = ("summary", "sown", "streaming", "capture")
 
@@ -254,6 +258,9 @@ def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
              ("sparsity_threshold", check_probability("sparsity_threshold", sparsity_threshold)),
              ("z_loss_coef", float(z_loss_coef)), ("massive_abs", float(massive_abs)),
              ("massive_ratio", float(massive_ratio)))
+  changed = [f"{k}={v!r}" for (k, v), (_, d) in zip(options, _SUMMARY_DEFAULTS) if v != d]
+  if changed and view != "summary":
+    raise ValueError(f"{', '.join(changed)}: options of view='summary', got view={view!r}")
   if isinstance(model, ProbeCapture) and view == "summary" and tokens is None:
     return capture_statistics(model, **dict(options))
   if not isinstance(model, TransformerLM):
