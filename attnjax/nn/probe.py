@@ -177,11 +177,11 @@ VIEWS = ("summary", "sown", "streaming", "capture")
 
 def _checked_tokens(tokens, length: Optional[int], view: str) -> Array:
   """``tokens`` as an integer ``[B, T]`` array cut to ``length``, or a ValueError naming them."""
-  if tokens is None or np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens),
-                                                                   jnp.integer):
-    got = "None" if tokens is None else f"shape {shape_of(tokens)} and dtype " \
-                                        f"{jnp.result_type(tokens)}"
-    raise ValueError(f"tokens must be integer [B, T], got {got}")
+  if tokens is None:
+    raise ValueError("tokens must be integer [B, T], got None")
+  if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
+    raise ValueError(f"tokens must be integer [B, T], got shape {shape_of(tokens)} and dtype "
+                     f"{jnp.result_type(tokens)}")
   if length is not None:
     if np.shape(tokens)[1] < length:
       raise ValueError(f"tokens have T={np.shape(tokens)[1]} < length={length}; pass a longer "
