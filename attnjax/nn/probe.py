@@ -1,4 +1,4 @@
-"""Statistics per layer of an ``attnjax.nn.TransformerLM``: :func:`layer_stats`, the one entry point.
+"""Statistics per layer of an ``attnjax.nn.TransformerLM``: :func:`attnjax.nn.layer_stats`.
 
 One forward pass on a fixed batch, seen four ways (``view=``): ``"summary"``,
 every statistic of ``attnjax.stats`` over the layers (sink rate, F-Attn,
@@ -32,7 +32,7 @@ For example:
 ``probe``, ``capture_from_model``, ``attnjax.nn.collect_stats``,
 ``attnjax.models.probe.layer_statistics``, ``attnjax.train.probe.run_probe``
 and ``attnjax.stats.probe_statistics`` are deprecated aliases of views of
-:func:`layer_stats`: each warns once and returns what it always did.
+:func:`attnjax.nn.layer_stats`: each warns once and returns what it always did.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ _capture_jit = nnx.jit(_capture, static_argnames=("weights",))
 _SUMMARY_DEFAULTS = (("eps", 0.3), ("sparsity_threshold", 0.01), ("z_loss_coef", 1e-4),
                      ("massive_abs", 100.0), ("massive_ratio", 1000.0))
 
-#: The views of :func:`layer_stats` (its ``view=`` argument).
+#: The views of :func:`attnjax.nn.layer_stats` (its ``view=`` argument).
 VIEWS = ("summary", "sown", "streaming", "capture")
 
 
@@ -231,7 +231,7 @@ def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
   Args:
     model: an ``attnjax.nn.TransformerLM`` (or, for the summary, a ``ProbeCapture``).
     tokens: ``[B, T]`` integer tokens (a fixed batch, the same every time, for a probe).
-    view: one of :data:`VIEWS`.
+    view: one of :data:`attnjax.nn.probe.VIEWS`.
     length: keep the first ``length`` tokens of each sequence (``T >= length``
       required); None keeps all. Gu et al. measure sinks on length 64.
     weights: collect full attention weights (``O(L B N T^2)``; exact ``alpha_k``
@@ -294,7 +294,7 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
   """Deprecated: ``layer_stats(model, tokens, length=64)`` (the ``"summary"`` view).
 
   Every per-layer / per-head statistic of a model on a fixed probe batch, in one
-  jitted pass, plus ``loss``; the arguments are :func:`layer_stats`'s.
+  jitted pass, plus ``loss``; the arguments are :func:`attnjax.nn.layer_stats`'s.
   """
   warn_once("attnjax.nn.probe.probe", "attnjax.nn.layer_stats(model, tokens, length=64)")
   if not isinstance(model, TransformerLM):

@@ -3,7 +3,7 @@
 Any model fills a :class:`.ProbeCapture` from its forward pass and calls
 ``attnjax.nn.layer_stats(capture)``; for an ``attnjax.nn.TransformerLM``,
 ``attnjax.nn.layer_stats(model, tokens)`` fills it, asking each layer for its
-mask and for the q/k its attention function compares. :func:`capture_statistics`
+mask and for the q/k its attention function compares. ``capture_statistics``
 is the pure computation both run (it imports no flax).
 """
 
@@ -188,7 +188,7 @@ def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   """Deprecated: ``attnjax.nn.layer_stats(capture)``, which returns the same.
 
   All statistics of one forward pass from a :class:`.ProbeCapture`
-  (:func:`capture_statistics`).
+  (``attnjax.stats.capture.capture_statistics``).
   """
   warn_once("attnjax.stats.probe_statistics", "attnjax.nn.layer_stats(capture)")
   return capture_statistics(capture, eps=eps, sparsity_threshold=sparsity_threshold,
