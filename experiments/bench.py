@@ -1238,7 +1238,8 @@ def _pretrained_child(T: int) -> None:
 
   def run(state, tokens):
     m = nnx.merge(graphdef, state)
-    features, layers = probe.layer_statistics(m, tokens[:, :-1])
+    out = nn.layer_stats(m, tokens[:, :-1], view="streaming")
+    features, layers = out["features"], out["layers"]
     nll = probe.token_nll(m, features, tokens[:, 1:], chunk=512)
     return [layer["sink_mass"] for layer in layers], jnp.mean(nll)
 
@@ -1261,9 +1262,9 @@ def _pretrained_child(T: int) -> None:
 def pretrained_suite(args) -> Iterable[Case]:
   """Sink statistics of a Llama-shaped random model (built in memory) at long T on this
   backend, each length in a fresh process: the forward with every layer's fused-pass
-  AttentionStats, value drain and |hidden| (attnjax.models.probe, as experiments/pretrained.py
-  runs it) and the chunked perplexity. Memory must grow at most 4.6x from 8k to 32k tokens
-  (O(T)); TransformerLens's run_with_cache would store every layer's [B, N, T, T] pattern."""
+  AttentionStats, value drain and |hidden| (attnjax.nn.layer_stats(view="streaming"), as
+  experiments/pretrained.py runs it) and the chunked perplexity. Memory must grow at most 4.6x
+  from 8k to 32k tokens (O(T)); TransformerLens's run_with_cache would store every layer's [B, N, T, T] pattern."""
   lengths = parse_sizes(args.sizes) if args.sizes else list(PRETRAINED_LENGTHS)
   print(f"## pretrained\n\n{pretrained_suite.__doc__.strip()}\n")
   rows = []

@@ -5,8 +5,8 @@
 
 Loads the checkpoint with ``attnjax.models.from_pretrained`` (block-wise attention by
 default, ``--config.implementation``; more options with ``--config.attention``), runs
-each sequence of the text once through :mod:`attnjax.models.probe`, which reads what the
-layers sow under ``nnx.capture``: the ``AttentionStats`` of the fused pass
+each sequence of the text once through ``attnjax.nn.layer_stats(view="streaming")``, which
+reads what the layers sow under ``nnx.capture``: the ``AttentionStats`` of the fused pass
 (``sink_mass``, ``row_sum``, ``logsumexp``), every block's largest and median
 ``|hidden|``, and each layer's value-state drain. No ``T x T`` weights and no ``[T, V]``
 logits are materialised: the perplexity takes the output logits of ``loss_chunk``
@@ -148,7 +148,8 @@ def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cf
   """Every statistic of the report over the sequences (one forward each), as lists/floats."""
   per_seq, nll = [], []
   for b in range(inputs.shape[0]):
-    features, layers = probe.layer_statistics(model, jnp.asarray(inputs[b:b + 1]))
+    out = nn.layer_stats(model, jnp.asarray(inputs[b:b + 1]), view="streaming")
+    features, layers = out["features"], out["layers"]
     nll.append(np.asarray(probe.token_nll(model, features, jnp.asarray(targets[b:b + 1]),
                                           chunk=int(cfg.loss_chunk))))
     per_seq.append(jax.tree.map(np.asarray, layers))

@@ -70,7 +70,7 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   """
   import jax.numpy as jnp
 
-  from attnjax.nn.probe import capture_from_model
+  from attnjax.nn import layer_stats
   from attnjax.train.loop import Trainer
 
   run = rundir.RunDir(run_path)
@@ -89,7 +89,7 @@ def save_attention_maps(run_path: str) -> Optional[str]:
     return None
   t = cfg.train
   b = trainer.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
-  capture = capture_from_model(trainer.model(), jnp.asarray(b.inputs))
+  capture = layer_stats(trainer.model(), jnp.asarray(b.inputs), view="capture")
   raw = np.asarray(capture.weights, np.float32)  # [L, B, N, T, S]
   w = raw / np.maximum(np.abs(raw).sum(-1, keepdims=True), 1e-30)  # row-normalised, as F-Attn
   tokens = np.asarray(b.inputs)

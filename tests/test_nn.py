@@ -348,7 +348,7 @@ def test_intermediates_hold_stats_of_every_layer():
   # Outside nnx.capture nothing is sown and no state is left behind.
   assert not nnx.state(model, nnx.Intermediate)
 
-  stats = nn.collect_stats(model, tokens, weights=True, hidden=True)
+  stats = nn.layer_stats(model, tokens, view="sown", weights=True, hidden=True)
   np.testing.assert_allclose(stats["logits"], logits, rtol=1e-5, atol=1e-5)
   assert len(stats["layers"]) == 3
   for i, layer in enumerate(stats["layers"]):

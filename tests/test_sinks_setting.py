@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from attnjax import stats
-from attnjax.stats.capture import SINK_CURVE_EPS, ProbeCapture, probe_statistics
+from attnjax.nn import layer_stats
+from attnjax.stats.capture import SINK_CURVE_EPS, ProbeCapture
 from attnjax.train.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -138,7 +139,7 @@ def test_probe_sink_curve_and_value_drain():
   v = np.ones((1, 2, T, 1, 3), np.float32)
   v[:, :, 0] = 0.0
   q = k = jnp.ones((1, 2, T, 1, 3))
-  out = probe_statistics(ProbeCapture(weights=jnp.asarray(w), q=q, k=k, v=jnp.asarray(v)))
+  out = layer_stats(ProbeCapture(weights=jnp.asarray(w), q=q, k=k, v=jnp.asarray(v)))
   # alpha_1 = 1 for sequence 0 and 1 / T for sequence 1.
   expected = [50.0 * (1.0 > e) + 50.0 * (1.0 / T > e) for e in SINK_CURVE_EPS]
   np.testing.assert_allclose(out["sink_curve/rate"], expected)

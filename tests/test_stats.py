@@ -12,7 +12,6 @@ import pytest
 import attnjax
 from attnjax import normalizers
 from attnjax import stats
-from attnjax.nn import probe as nn_probe
 from attnjax.train import metrics as run_metrics
 from helpers import rand_qkv
 
@@ -498,7 +497,7 @@ def test_one_json_rule_for_metrics_and_run_directories(tmp_path):
 
 
 def test_moved_names_say_where_they_went():
-  for name, where in (("probe", "attnjax.nn.probe"), ("spike_score", "attnjax.train.metrics"),
+  for name, where in (("probe", "attnjax.nn.layer_stats"), ("spike_score", "attnjax.train.metrics"),
                       ("lr_sensitivity", "attnjax.train.metrics")):
     with pytest.raises(AttributeError, match=where):
       getattr(stats, name)
@@ -510,7 +509,7 @@ def test_moved_names_say_where_they_went():
 # Probe.
 
 
-def test_probe_statistics_from_hand_built_capture():
+def test_layer_stats_of_a_hand_built_capture():
   T, V = 16, 5
   layer = np.stack([sink_head(T)] * 3 + [uniform_causal(T)] * 5)[None]  # [1, 8, T, T]
   weights = jnp.asarray(np.stack([layer, layer]))  # [L=2, B=1, N=8, T, T]
@@ -519,7 +518,7 @@ def test_probe_statistics_from_hand_built_capture():
   gate = jnp.stack([jnp.full((1, 8), 0.2), jnp.full((1, 8), jnp.nan)])  # layer 1 ungated
   capture = stats.ProbeCapture(logits=jnp.zeros((1, T, V)), weights=weights,
                                hidden=jnp.asarray(hidden), gate_mean=gate)
-  out = stats.probe_statistics(capture)
+  out = attnjax.nn.layer_stats(capture)
   assert float(out["sink_rate/rate"]) == pytest.approx(37.5)
   f_attn = (3 * 0.5 + 5 * (harmonic(T) - 1) / (T - 1)) / 8
   np.testing.assert_allclose(out["f_attn/per_layer"], [f_attn, f_attn], rtol=1e-5)
@@ -530,7 +529,9 @@ def test_probe_statistics_from_hand_built_capture():
   assert "max_logit" not in out and "qk/q_rms" not in out  # nothing to compute them from
   json.dumps(stats.to_jsonable(out), allow_nan=False)
   with pytest.raises(TypeError, match="ProbeCapture"):
-    nn_probe.probe(lambda tokens: tokens, jnp.zeros((1, 64), jnp.int32))
+    attnjax.nn.layer_stats(lambda tokens: tokens, jnp.zeros((1, 64), jnp.int32))
+  with pytest.raises(TypeError, match="view='sown'"):
+    attnjax.nn.layer_stats(capture, view="sown")
 
 
 # Options a family needs to be built at all (attnjax.nn rejects a sparse layer without a pattern).
@@ -572,7 +573,7 @@ def test_probe_sparsity_of_a_sparse_layer_counts_only_its_pattern():
   cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=1, layer_attention=(layer,))
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 32)
-  out = nn_probe.probe(model, tokens, length=16)
+  out = attnjax.nn.layer_stats(model, tokens, length=16)
   assert float(np.asarray(out["sparsity/per_layer"])[0]) == 0.0
 
 
@@ -588,7 +589,7 @@ def test_probe_runs_on_every_nn_family():
                                layer_attention=tuple(layers))
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 20), 0, 32)
-  out = nn_probe.probe(model, tokens, length=16)
+  out = attnjax.nn.layer_stats(model, tokens, length=16)
   L = len(layers)
   for name in ("sink_rate/per_layer", "f_attn/per_layer", "entropy/min", "max_logit",
                "sparsity/per_layer", "qk/mean_cos", "sink_geometry/key_norm_ratio",
@@ -611,7 +612,7 @@ def test_probe_runs_on_every_nn_family():
   assert null[len(families)] > 0 and np.all(null[:len(families)] == 0)  # only sink-logit layer
   json.dumps(stats.to_jsonable(out), allow_nan=False)
   with pytest.raises(ValueError, match="length=64"):
-    nn_probe.probe(model, tokens)
+    attnjax.nn.layer_stats(model, tokens, length=64)
 
 
 LAYER_CASES = {
@@ -668,7 +669,7 @@ def test_allowed_mask_of_sinks_window_and_kv_bias():
     layer.allowed_mask(0)
 
 
-def test_one_reader_serves_collect_stats_the_train_step_and_the_probe():
+def test_one_reader_serves_every_view_and_the_train_step():
   from flax import nnx
   from attnjax.nn import intermediates
   from attnjax.train import step
@@ -676,10 +677,10 @@ def test_one_reader_serves_collect_stats_the_train_step_and_the_probe():
   cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=2, layer_attention=layers)
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 10), 0, 32)
-  collected = attnjax.nn.collect_stats(model, tokens, jit=False)
+  collected = attnjax.nn.layer_stats(model, tokens, view="sown", jit=False)
   _, inter = nnx.capture(lambda m, t: m(t), nnx.Intermediate)(model, tokens)
   by_layer = step.attention_stats_by_layer(inter)
-  capture = nn_probe.capture_from_model(model, tokens, weights=False)
+  capture = attnjax.nn.layer_stats(model, tokens, view="capture", weights=False, jit=False)
   assert len(by_layer) == len(collected["layers"]) == 2
   for l in range(2):
     np.testing.assert_allclose(collected["layers"][l]["sink_mass"], by_layer[l].sink_mass)

@@ -6,7 +6,7 @@
 
   model = models.from_pretrained("path/to/checkpoint")          # config.json + *.safetensors
   logits = model(tokens)                                        # [B, T, V] float32
-  stats = nn.collect_stats(model, tokens)                       # per-layer AttentionStats
+  stats = nn.layer_stats(model, tokens, view="sown")            # per-layer AttentionStats
   model = models.from_pretrained(path, attention={"implementation": "blockwise"})
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(1, 8), ("data", "model"))
   model = models.from_pretrained(path, mesh=mesh)             # sharded as it is read
@@ -20,8 +20,9 @@ tensor names onto the one decoder of :mod:`attnjax.nn`
 per-head sink mass and greedy generation equal to. No torch, no network.
 
 :func:`tokenizer` opens a checkpoint's ``tokenizer.json`` with the optional
-``tokenizers`` package; :mod:`attnjax.models.probe` measures sink statistics of long
-sequences in O(T) memory (``experiments/pretrained.py``).
+``tokenizers`` package; ``attnjax.nn.layer_stats(model, tokens, view="streaming")``
+measures sink statistics of long sequences in O(T) memory and
+:func:`attnjax.models.probe.token_nll` their perplexity (``experiments/pretrained.py``).
 """
 
 from __future__ import annotations

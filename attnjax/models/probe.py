@@ -1,14 +1,11 @@
-"""Sink statistics of a long sequence in O(T) memory: one forward pass, nothing ``T x T``.
+"""A long sequence's perplexity in O(T) memory: :func:`token_nll` from the final features.
 
-:func:`layer_statistics` runs a model once under ``nnx.capture`` and keeps, per layer,
-the :class:`~attnjax.AttentionStats` its attention function computed in the fused
-pass (``sink_mass``, ``entropy``, ``max_logit``, ``logsumexp``, ``row_sum``; with
-the block-wise implementation no weights are materialised), the value-state drain
-of each key/value head (reduced from the value projection inside the same program),
-and the block's largest and median ``|hidden|``. :func:`token_nll` takes the output
-logits of a few positions at a time from the final features, so a long sequence's
-perplexity never holds ``[T, V]`` logits. ``experiments/pretrained.py`` and the
-``pretrained`` suite of ``experiments/bench.py`` run both.
+The sink statistics of the same pass, nothing ``T x T`` (the fused
+:class:`~attnjax.AttentionStats`, value-state drain and ``|hidden|`` per layer),
+are ``attnjax.nn.layer_stats(model, tokens, view="streaming")``, which also
+returns the features :func:`token_nll` reads; :func:`layer_statistics` is its
+deprecated alias. ``experiments/pretrained.py`` and the ``pretrained`` suite of
+``experiments/bench.py`` run both.
 """
 
 from __future__ import annotations
@@ -17,40 +14,23 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax import stats
-from attnjax.nn import intermediates
+from attnjax._deprecated import warn_once
+from attnjax.nn import probe as nn_probe
 from attnjax.nn.transformer import TransformerLM
 
 Array = jnp.ndarray
 
 
-@nnx.jit
 def layer_statistics(model: TransformerLM, tokens: Array):
-  """``(features [B, T, D], [per-layer dict])`` of one forward pass of ``tokens`` ``[B, T]``.
+  """Deprecated: ``attnjax.nn.layer_stats(model, tokens, view="streaming")``.
 
-  Each layer's dict holds the non-None ``AttentionStats`` fields (``[B, N]``;
-  ``logsumexp`` ``[B, N, T]``), ``value_drain`` ``[1, K]`` (Guo et al.'s
-  ``||v_1|| / mean ||v_j>1||`` per key/value head, averaged over the batch:
-  :func:`attnjax.stats.value_state_drain`), and ``hidden_max_abs`` /
-  ``hidden_median_abs`` ``[B]`` of the block's output. The value projections
-  are reduced inside this program and never returned.
+  ``(features [B, T, D], [per-layer dict])`` of one forward pass in O(T) memory:
+  the view's ``"features"`` and ``"layers"`` as a pair.
   """
-  def forward(m, t):
-    return m.features(t)
-
-  features, inter = nnx.capture(forward, nnx.Intermediate,
-                                method_outputs=nnx.Intermediate)(model, tokens)
-  recorded = intermediates.read(inter, len(model.blocks))
-  out = []
-  for block, layer in zip(model.blocks, recorded.layers):
-    st = layer["attention/attention_stats"]
-    fields = {k: x for k, x in st._asdict().items() if x is not None}
-    v = layer["attention/v_proj/__call__"]  # [B, T, K * Hv]
-    v = jnp.reshape(v, v.shape[:2] + (block.attention.num_kv_heads, -1))
-    out.append(dict(fields, value_drain=stats.value_state_drain(v).per_head,
-                    hidden_max_abs=layer["hidden_max_abs"],
-                    hidden_median_abs=layer["hidden_median_abs"]))
-  return features, out
+  warn_once("attnjax.models.probe.layer_statistics",
+            "attnjax.nn.layer_stats(model, tokens, view='streaming')")
+  out = nn_probe.layer_stats(model, tokens, view="streaming")
+  return out["features"], out["layers"]
 
 
 @nnx.jit(static_argnames=("chunk",))

@@ -58,13 +58,16 @@ Per-layer configs (e.g. alternating window and global layers):
 Read statistics of one forward pass (no model code changes; this is the entry
 point for the stats and experiment code):
 
->>> stats = nn.collect_stats(model, tokens)        # weights=True, hidden=True for more
+>>> stats = nn.layer_stats(model, tokens, view="sown")  # weights=True, hidden=True for more
 >>> stats["logits"].shape, stats["log_z"].shape    # [B, T, V] float32, [B, T]
 ((2, 16, 64), (2, 16))
 >>> stats["layers"][0]["sink_mass"].shape          # dict for layer 0, fields [B, N]
 (2, 4)
 
-Each layer's dict holds (absent where a family lacks them):
+Its default view, ``"summary"``, reduces the same pass to every statistic of
+:mod:`attnjax.stats` over the layers (sink rate, F-Attn, q/k geometry, ...;
+:mod:`attnjax.nn.probe`); ``"streaming"`` keeps a long sequence in O(T) memory.
+In the ``"sown"`` view each layer's dict holds (absent where a family lacks them):
 
 - ``"max_logit"``, ``"entropy"``, ``"sink_mass"``, ``"row_sum"`` ``[B, N]`` and
   ``"logsumexp"`` ``[B, N, T]`` (the fields of :class:`attnjax.AttentionStats`);
@@ -76,7 +79,7 @@ Each layer's dict holds (absent where a family lacks them):
   column at the end with ``kv_bias``;
 - ``"hidden"`` ``[B, T, D]`` (``hidden=True``): the block's output hidden state.
 
-``collect_stats`` runs the model under ``nnx.capture(..., nnx.Intermediate)``;
+``layer_stats`` runs the model under ``nnx.capture(..., nnx.Intermediate)``;
 the modules sow only inside a capture, so a training step computes none of it.
 The same values can be captured directly: ``nnx.capture(fn, nnx.Intermediate)``.
 
@@ -109,6 +112,7 @@ from attnjax.nn.specs import (AttentionSpec, CosineSpec, DenseSpec, LinearSpec, 
                               SparseSpec, register_family)
 from attnjax.nn.decode import decode_step, generate, init_cache
 from attnjax.nn.flax_interop import flax_attention_fn
+from attnjax.nn.probe import layer_stats
 from attnjax.nn.rope import apply_rope
 from attnjax.nn.transformer import (LOGICAL_AXIS_RULES, MLP, TransformerBlock, TransformerLM,
                                     collect_stats, log_normalizer, num_params, state_shardings)
@@ -143,6 +147,7 @@ __all__ = [
     "flax_attention_fn",
     "generate",
     "init_cache",
+    "layer_stats",
     "log_normalizer",
     "num_params",
     "register_family",

@@ -7,9 +7,9 @@
 one flat dict for the model and one per block of the ``TransformerLM``, keyed
 by the path below it (``"attention/attention_stats"``,
 ``"attention/q_proj/__call__"``, ``"hidden_max_abs"``, ``"__call__"``), each
-value the last one sown in the pass. ``attnjax.nn.collect_stats``, the train
-step (``attnjax.train.step.attention_stats_by_layer``) and the probe
-(``attnjax.nn.probe.capture_from_model``) all read through it.
+value the last one sown in the pass. Every view of ``attnjax.nn.layer_stats``
+and the train step (``attnjax.train.step.attention_stats_by_layer``) read
+through it.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def find(record: Mapping[str, Any], name: str, default: Any = None) -> Any:
 def fields(record: Mapping[str, Any]) -> dict[str, Any]:
   """One layer's sown values by name, ``AttentionStats`` spread into its non-None fields.
 
-  The view of :func:`attnjax.nn.collect_stats`: ``{"sink_mass": ..., "entropy": ...,
+  The ``"sown"`` view of :func:`attnjax.nn.layer_stats`: ``{"sink_mass": ..., "entropy": ...,
   "q_rms": ..., "hidden_max_abs": ..., "weights": ...}``; call outputs
   (``__call__``) are left out.
 

@@ -1,12 +1,15 @@
-"""The model probe: runs an ``attnjax.nn.TransformerLM`` once and computes every statistic.
+"""Statistics per layer of an ``attnjax.nn.TransformerLM``: :func:`attnjax.nn.layer_stats`.
 
-:func:`.capture_from_model` records one forward pass (through the one reader,
-:mod:`attnjax.nn.intermediates`) into an ``attnjax.stats.ProbeCapture``; the
-statistics themselves are the pure ``attnjax.stats.probe_statistics``. The
-probe asks each layer what it does instead of re-deriving it:
-``Attention.allowed_mask`` gives the pairs the layer allows, and
-``Attention.compared_qk`` turns the raw projections into the q and k its
-attention function compares (QK norm, gains, RoPE).
+One forward pass on a fixed batch, seen four ways (``view=``): ``"summary"``,
+every statistic of ``attnjax.stats`` over the layers (sink rate, F-Attn,
+entropy, q/k geometry, massive activations, ...) and the batch loss; ``"sown"``,
+what each layer sowed (``AttentionStats`` fields per batch row and head);
+``"streaming"``, the fused statistics of a long sequence in O(T) memory; and
+``"capture"``, the :class:`~attnjax.stats.ProbeCapture` the summary is computed
+from. A ``ProbeCapture`` filled from any other model's forward pass gives its
+summary too. Each layer is asked what it does instead of re-deriving it:
+``Attention.allowed_mask`` gives the pairs it allows and ``Attention.compared_qk``
+the q and k its attention function compares (QK norm, gains, RoPE).
 
 For example:
 
@@ -14,15 +17,22 @@ For example:
 >>> import jax
 >>> from flax import nnx
 >>> from attnjax import nn, stats
->>> from attnjax.nn import probe as probe_lib
 >>> cfg = nn.ModelConfig(vocab_size=64, d_model=32, num_layers=2,
 ...                      attention=nn.AttentionConfig(num_heads=4))
 >>> model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
 >>> probe_tokens = jax.random.randint(jax.random.key(2), (2, 16), 0, 64)  # usually [B, >= 64]
->>> out = probe_lib.probe(model, probe_tokens, length=16)
+>>> out = nn.layer_stats(model, probe_tokens)
 >>> flat = json.dumps(stats.to_jsonable(out))
 >>> len(out["f_attn/per_layer"]), bool(0 <= out["sink_rate/rate"] <= 100)
 (2, True)
+>>> sown = nn.layer_stats(model, probe_tokens, view="sown")
+>>> len(sown["layers"]), sown["layers"][0]["sink_mass"].shape
+(2, (2, 4))
+
+``probe``, ``capture_from_model``, ``attnjax.nn.collect_stats``,
+``attnjax.models.probe.layer_statistics``, ``attnjax.train.probe.run_probe``
+and ``attnjax.stats.probe_statistics`` are deprecated aliases of views of
+:func:`attnjax.nn.layer_stats`: each warns once and returns what it always did.
 """
 
 from __future__ import annotations
@@ -34,11 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attnjax import stats as stats_lib
+from attnjax._deprecated import warn_once
 from attnjax.attention_stats import AttentionStats
 from attnjax.nn import intermediates
-from attnjax.nn.transformer import TransformerLM
+from attnjax.nn.transformer import TransformerLM, _sown_stats
 from attnjax.stats.inputs import check_probability, shape_of, stats_layers
-from attnjax.stats.capture import ProbeCapture, probe_statistics
+from attnjax.stats.capture import ProbeCapture, capture_statistics
 
 Array = jnp.ndarray
 
@@ -54,8 +66,7 @@ def _fill_missing_fields(stats: list) -> list:
   return stats
 
 
-def capture_from_model(model: TransformerLM, tokens: Array, *,
-                       weights: bool = True) -> ProbeCapture:
+def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> ProbeCapture:
   """Runs ``model`` (an ``attnjax.nn.TransformerLM``) once and gathers a ``ProbeCapture``.
 
   Uses ``nnx.capture``: the layers' sown ``nnx.Intermediate`` values
@@ -63,7 +74,7 @@ def capture_from_model(model: TransformerLM, tokens: Array, *,
   ``method_outputs``, each module's call output: the q/k/v projections and
   every block's output hidden state, so no model code changes. Each layer
   gives its allowed pairs (``Attention.allowed_mask``) and the q/k it
-  compares (``Attention.compared_qk``). Traceable: :func:`~attnjax.nn.probe.probe` runs it
+  compares (``Attention.compared_qk``). Traceable: the summary view runs it
   inside ``nnx.jit``.
 
   Args:
@@ -122,9 +133,9 @@ def capture_from_model(model: TransformerLM, tokens: Array, *,
       null_column=jnp.asarray(nulls))
 
 
-def _probe_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
-  capture = capture_from_model(model, tokens, weights=weights)
-  out = probe_statistics(capture, **dict(options))
+def _summary_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
+  capture = _capture(model, tokens, weights=weights)
+  out = capture_statistics(capture, **dict(options))
   # Next-token cross-entropy of the probe batch (nats), beside the statistics.
   logp = jax.nn.log_softmax(capture.logits[:, :-1].astype(jnp.float32), axis=-1)
   target = tokens[:, 1:]
@@ -132,40 +143,42 @@ def _probe_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
   return out
 
 
-_probe_jit = nnx.jit(_probe_pass, static_argnames=("weights", "options"))
+def _streaming_pass(model: TransformerLM, tokens: Array) -> dict:
+  """The ``"streaming"`` view: the fused statistics, value drain and ``|hidden|``, O(T) memory."""
+  def forward(m, t):
+    return m.features(t)
+
+  features, inter = nnx.capture(forward, nnx.Intermediate,
+                                method_outputs=nnx.Intermediate)(model, tokens)
+  recorded = intermediates.read(inter, len(model.blocks))
+  out = []
+  for block, layer in zip(model.blocks, recorded.layers):
+    st = layer["attention/attention_stats"]
+    fields = {k: x for k, x in st._asdict().items() if x is not None}
+    v = layer["attention/v_proj/__call__"]  # [B, T, K * Hv]
+    v = jnp.reshape(v, v.shape[:2] + (block.attention.num_kv_heads, -1))
+    out.append(dict(fields, value_drain=stats_lib.value_state_drain(v).per_head,
+                    hidden_max_abs=layer["hidden_max_abs"],
+                    hidden_median_abs=layer["hidden_median_abs"]))
+  return {"features": features, "layers": out}
 
 
-def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
-          eps: float = 0.3, sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
-          massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
-  """Every per-layer / per-head statistic of a model on a fixed probe batch, in one jitted pass.
+_summary_jit = nnx.jit(_summary_pass, static_argnames=("weights", "options"))
+_streaming_jit = nnx.jit(_streaming_pass)
+_capture_jit = nnx.jit(_capture, static_argnames=("weights",))
 
-  Runs :func:`.capture_from_model` and ``attnjax.stats.probe_statistics`` under one
-  ``nnx.jit`` and adds ``loss``, the next-token cross-entropy of the batch.
-  Gu et al. measure sinks on held-out sequences of length 64; ``length``
-  keeps the first ``length`` tokens of each sequence (None: all).
+# The summary's statistic options at their defaults (the signature's).
+_SUMMARY_DEFAULTS = (("eps", 0.3), ("sparsity_threshold", 0.01), ("z_loss_coef", 1e-4),
+                     ("massive_abs", 100.0), ("massive_ratio", 1000.0))
 
-  Args:
-    model: an ``attnjax.nn.TransformerLM``.
-    tokens: ``[B, T]`` integer tokens (a fixed batch: the same every time).
-    length: probe length (``T >= length`` required), or None.
-    weights: collect full attention weights (needed for exact ``alpha_k`` with
-      k/v bias slots and for sparsity; ``O(L B N T^2)``).
-    eps, sparsity_threshold, z_loss_coef, massive_abs, massive_ratio: see
-      ``attnjax.stats.probe_statistics``.
+#: The views of :func:`attnjax.nn.layer_stats` (its ``view=`` argument).
+VIEWS = ("summary", "sown", "streaming", "capture")
 
-  Returns:
-    ``dict[str, Array]``: the keys of ``attnjax.stats.probe_statistics`` plus ``loss``;
-    ``attnjax.stats.to_jsonable`` makes it JSON.
 
-  Raises:
-    TypeError: ``model`` is not a ``TransformerLM``.
-    ValueError: bad tokens, or fewer than ``length`` of them.
-  """
-  if not isinstance(model, TransformerLM):
-    raise TypeError(
-        f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
-        f"model fill a ProbeCapture from its forward pass and call probe_statistics")
+def _checked_tokens(tokens, length: Optional[int], view: str) -> Array:
+  """``tokens`` as an integer ``[B, T]`` array cut to ``length``, or a ValueError naming them."""
+  if tokens is None:
+    raise ValueError("tokens must be integer [B, T], got None")
   if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
     raise ValueError(f"tokens must be integer [B, T], got shape {shape_of(tokens)} and dtype "
                      f"{jnp.result_type(tokens)}")
@@ -174,11 +187,131 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
       raise ValueError(f"tokens have T={np.shape(tokens)[1]} < length={length}; pass a longer "
                        f"probe batch or length=None")
     tokens = tokens[:, :length]
-  if np.shape(tokens)[1] < 2 or np.shape(tokens)[0] < 1:
-    raise ValueError(f"probe needs at least one sequence of two tokens, got {shape_of(tokens)}")
-  eps = check_probability("eps", eps)
-  sparsity_threshold = check_probability("sparsity_threshold", sparsity_threshold)
-  options = (("eps", eps), ("sparsity_threshold", sparsity_threshold),
+  least = 2 if view == "summary" else 1  # the summary's loss needs a next token
+  if np.shape(tokens)[1] < least or np.shape(tokens)[0] < 1:
+    raise ValueError(f"view={view!r} needs at least one sequence of {least} token(s), got "
+                     f"tokens of shape {shape_of(tokens)}")
+  return jnp.asarray(tokens)
+
+
+def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
+                length: Optional[int] = None, weights: Optional[bool] = None,
+                hidden: bool = False, jit: bool = True, eps: float = 0.3,
+                sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
+                massive_abs: float = 100.0, massive_ratio: float = 1000.0):
+  """Statistics per layer of one forward pass of ``model`` on ``tokens``.
+
+  Views of the same pass (``view=``):
+
+  - ``"summary"``: every statistic of ``attnjax.stats`` over the layers as a
+    flat ``dict[str, Array]`` keyed ``"<metric>/<field>"`` (per-layer ``[L]``,
+    per-head ``[L, N]``, scalars) plus ``loss``, the next-token cross-entropy
+    of the batch; :func:`attnjax.stats.to_jsonable` makes it JSON. The keys are
+    those the sections of ``docs/guides/diagnostics.md`` define (Sink_1^eps of
+    Gu et al. on row-normalised weights, F-Attn of Qiu et al., entropy, max
+    logit, null and gate mass, q/k RMS and cosine, sink geometry, value
+    drain, massive activations and kurtosis, output logit drift, sparsity).
+    ``model`` may instead be a :class:`~attnjax.stats.ProbeCapture` filled
+    from any model's forward pass (``tokens`` None): its statistics, no loss.
+  - ``"sown"``: what the layers sowed, unreduced: ``{"logits" [B, T, V],
+    "log_z" [B, T], "layers": [per layer {"sink_mass", "entropy",
+    "max_logit", "row_sum" [B, N], "logsumexp" [B, N, T] (those the family
+    defines), "q_rms" [B, N], "k_rms" [B, K], "hidden_max_abs",
+    "hidden_median_abs" [B], "gate_mean" [B, N] (gated layers), "weights"
+    [B, N, T, S] and "hidden" [B, T, D] when asked}]}``.
+  - ``"streaming"``: a long sequence in O(T) memory, nothing ``T x T`` and no
+    ``[T, V]`` logits: ``{"features" [B, T, D], "layers": [per layer the
+    non-None AttentionStats fields, "value_drain" [1, K] (Guo et al.'s
+    ``||v_1|| / mean ||v_j>1||``, :func:`attnjax.stats.value_state_drain`),
+    "hidden_max_abs", "hidden_median_abs" [B]]}``; per-token NLL from the
+    features is ``attnjax.models.probe.token_nll``.
+  - ``"capture"``: the :class:`~attnjax.stats.ProbeCapture` the summary is
+    computed from (q/k as the attention compares them, allowed pairs, ...).
+
+  Args:
+    model: an ``attnjax.nn.TransformerLM`` (or, for the summary, a ``ProbeCapture``).
+    tokens: ``[B, T]`` integer tokens (a fixed batch, the same every time, for a probe).
+    view: one of :data:`attnjax.nn.probe.VIEWS`.
+    length: keep the first ``length`` tokens of each sequence (``T >= length``
+      required); None keeps all. Gu et al. measure sinks on length 64.
+    weights: collect full attention weights (``O(L B N T^2)``; exact ``alpha_k``
+      with k/v bias slots, and sparsity). None: True for ``"summary"`` and
+      ``"capture"``, False for ``"sown"``; ``"streaming"`` never has them.
+    hidden: ``"sown"`` only: also return each block's output hidden state.
+    jit: run the pass under ``nnx.jit`` (False: eagerly, or inside your own trace).
+    eps, sparsity_threshold, z_loss_coef, massive_abs, massive_ratio: ``"summary"``
+      only: the ``Sink_1^eps`` threshold, the H2O sparsity threshold (fraction of
+      the row maximum), the z-loss coefficient of ``output/z_loss`` and the
+      massive-activation thresholds.
+
+  Returns:
+    The view's value, as above.
+
+  Raises:
+    TypeError: ``model`` is neither a ``TransformerLM`` nor (summary) a ``ProbeCapture``.
+    ValueError: an unknown view, options the view does not take, bad tokens, or
+      fewer than ``length`` of them.
+  """
+  if view not in VIEWS:
+    raise ValueError(f"view={view!r} is not one of: {', '.join(map(repr, VIEWS))}")
+  options = (("eps", check_probability("eps", eps)),
+             ("sparsity_threshold", check_probability("sparsity_threshold", sparsity_threshold)),
              ("z_loss_coef", float(z_loss_coef)), ("massive_abs", float(massive_abs)),
              ("massive_ratio", float(massive_ratio)))
-  return _probe_jit(model, jnp.asarray(tokens), weights=bool(weights), options=options)
+  changed = [f"{k}={v!r}" for (k, v), (_, d) in zip(options, _SUMMARY_DEFAULTS) if v != d]
+  if changed and view != "summary":
+    raise ValueError(f"{', '.join(changed)}: options of view='summary', got view={view!r}")
+  if isinstance(model, ProbeCapture) and view == "summary" and tokens is None:
+    return capture_statistics(model, **dict(options))
+  if not isinstance(model, TransformerLM):
+    raise TypeError(
+        f"layer_stats takes an attnjax.nn.TransformerLM (or, for view='summary', a "
+        f"ProbeCapture with tokens=None), got {type(model).__name__} with view={view!r}; for "
+        f"another model fill a ProbeCapture from its forward pass")
+  if view == "streaming" and weights:
+    raise ValueError("view='streaming' never materialises attention weights; got weights=True")
+  if hidden and view != "sown":
+    raise ValueError(f"hidden=True is for view='sown', got view={view!r}")
+  tokens = _checked_tokens(tokens, length, view)
+  weights = bool(view != "sown" if weights is None else weights)
+  if view == "summary":
+    return (_summary_jit if jit else _summary_pass)(model, tokens, weights=weights,
+                                                    options=options)
+  if view == "sown":
+    return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit)
+  if view == "streaming":
+    return (_streaming_jit if jit else _streaming_pass)(model, tokens)
+  return (_capture_jit if jit else _capture)(model, tokens, weights=weights)
+
+
+# ---------------------------------------------------------------------------
+# Deprecated aliases: each warns once per process and returns what it always did.
+
+
+def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
+          eps: float = 0.3, sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
+          massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+  """Deprecated: ``layer_stats(model, tokens, length=64)`` (the ``"summary"`` view).
+
+  Every per-layer / per-head statistic of a model on a fixed probe batch, in one
+  jitted pass, plus ``loss``; the arguments are :func:`attnjax.nn.layer_stats`'s.
+  """
+  warn_once("attnjax.nn.probe.probe", "attnjax.nn.layer_stats(model, tokens, length=64)")
+  if not isinstance(model, TransformerLM):
+    raise TypeError(
+        f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
+        f"model fill a ProbeCapture from its forward pass and call attnjax.nn.layer_stats")
+  return layer_stats(model, tokens, length=length, weights=weights, eps=eps,
+                     sparsity_threshold=sparsity_threshold, z_loss_coef=z_loss_coef,
+                     massive_abs=massive_abs, massive_ratio=massive_ratio)
+
+
+def capture_from_model(model: TransformerLM, tokens: Array, *,
+                       weights: bool = True) -> ProbeCapture:
+  """Deprecated: ``layer_stats(model, tokens, view="capture", jit=False)``.
+
+  Runs ``model`` once and gathers a ``ProbeCapture`` (traceable).
+  """
+  warn_once("attnjax.nn.probe.capture_from_model",
+            "attnjax.nn.layer_stats(model, tokens, view='capture')")
+  return layer_stats(model, tokens, view="capture", weights=weights, jit=False)

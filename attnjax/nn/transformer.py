@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attnjax._deprecated import warn_once
 from attnjax._logits import softcap
 from attnjax.nn import _layers, intermediates
 from attnjax.nn import mlp as mlp_lib
@@ -350,29 +351,26 @@ def _forward_for_stats(model, tokens, *, weights: bool, hidden: bool):
 _jit_forward_for_stats = nnx.jit(_forward_for_stats, static_argnames=("weights", "hidden"))
 
 
-def collect_stats(model: TransformerLM, tokens: Array, *, weights: bool = False,
-                  hidden: bool = False, jit: bool = True) -> dict[str, Any]:
-  """Per-layer statistics of one forward pass, read from ``nnx.Intermediate``.
-
-  Args:
-    model: a :class:`.TransformerLM`.
-    tokens: ``[B, T]`` integer tokens.
-    weights: also return each layer's attention weights ``[B, N, T, S]``.
-    hidden: also return each block's output hidden state ``[B, T, D]``.
-    jit: run the forward under ``nnx.jit``.
-
-  Returns:
-    A dict with ``"logits"`` ``[B, T, V]``, ``"log_z"`` ``[B, T]`` and
-    ``"layers"``, a list (one per layer) of dicts with ``sink_mass``,
-    ``entropy``, ``max_logit``, ``row_sum`` ``[B, N]``, ``logsumexp``
-    ``[B, N, T]`` (those an attention family defines), ``q_rms`` ``[B, N]``,
-    ``k_rms`` ``[B, K]``, ``hidden_max_abs`` and ``hidden_median_abs`` ``[B]``,
-    ``gate_mean`` ``[B, N]`` for gated layers, and ``weights`` / ``hidden``
-    when asked.
-  """
+def _sown_stats(model: TransformerLM, tokens: Array, *, weights: bool, hidden: bool,
+                jit: bool) -> dict[str, Any]:
+  """The ``"sown"`` view of ``attnjax.nn.layer_stats``: one pass read from ``nnx.Intermediate``."""
   fwd = _jit_forward_for_stats if jit else _forward_for_stats
   logits, inter = nnx.capture(fwd, nnx.Intermediate)(model, tokens, weights=weights,
                                                      hidden=hidden)
   recorded = intermediates.read(inter, len(model.blocks))
   return {"logits": logits, "log_z": recorded.model["log_z"],
           "layers": [intermediates.fields(layer) for layer in recorded.layers]}
+
+
+def collect_stats(model: TransformerLM, tokens: Array, *, weights: bool = False,
+                  hidden: bool = False, jit: bool = True) -> dict[str, Any]:
+  """Deprecated: ``attnjax.nn.layer_stats(model, tokens, view="sown")``, which returns the same.
+
+  Per-layer statistics of one forward pass, read from ``nnx.Intermediate``: a
+  dict with ``"logits"``, ``"log_z"`` and ``"layers"`` (see ``layer_stats``).
+  """
+  warn_once("attnjax.nn.collect_stats", "attnjax.nn.layer_stats(model, tokens, view='sown')")
+  if not isinstance(model, TransformerLM):
+    raise TypeError(f"collect_stats takes an attnjax.nn.TransformerLM, got "
+                    f"{type(model).__name__}")
+  return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit)

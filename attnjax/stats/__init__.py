@@ -19,14 +19,16 @@ etc. work as before):
   ``output_logit_drift``;
 - ``attnjax.stats.approximation``: ``kernel_approximation_error``,
   ``feature_map_attention_error``;
-- ``attnjax.stats.capture``: ``ProbeCapture`` and ``probe_statistics``,
-  every statistic of one forward pass;
+- ``attnjax.stats.capture``: ``ProbeCapture``, what one forward pass exposes,
+  and the pure computation of every statistic from it (``probe_statistics``
+  is a deprecated alias of ``attnjax.nn.layer_stats(capture)``);
 - ``attnjax.stats.results``: the result NamedTuples;
 - ``attnjax.stats.jsonable``: ``flatten`` and ``to_jsonable``, the one
   JSON sanitiser (NaN and Inf become null).
 
-Elsewhere: the probe that runs an ``attnjax.nn.TransformerLM`` and fills a
-``ProbeCapture`` is ``attnjax.nn.probe`` (``probe``, ``capture_from_model``);
+Elsewhere: statistics per layer of a model, the one entry point, are
+``attnjax.nn.layer_stats`` (an ``attnjax.nn.TransformerLM`` and tokens, or a
+filled ``ProbeCapture``);
 run-level metrics over a training run or a sweep (``lr_sensitivity``,
 ``max_stable_lr``, ``spike_score``, ``is_diverged``) are in
 ``attnjax.train.metrics``.
@@ -65,8 +67,8 @@ from attnjax.stats.sinks import (attention_entropy, attention_sparsity, first_to
 # Names that moved out of the functions layer (they run a model or read a
 # training run); reading them here says where they went.
 _MOVED = {
-    "probe": "attnjax.nn.probe.probe",
-    "capture_from_model": "attnjax.nn.probe.capture_from_model",
+    "probe": "attnjax.nn.layer_stats",
+    "capture_from_model": "attnjax.nn.layer_stats(model, tokens, view='capture')",
     "lr_sensitivity": "attnjax.train.metrics.lr_sensitivity",
     "max_stable_lr": "attnjax.train.metrics.max_stable_lr",
     "spike_score": "attnjax.train.metrics.spike_score",

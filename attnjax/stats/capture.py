@@ -1,9 +1,10 @@
 """Every statistic of one forward pass from a :class:`.ProbeCapture` (pure; no model code).
 
 Any model fills a :class:`.ProbeCapture` from its forward pass and calls
-:func:`.probe_statistics`; ``attnjax.nn.probe`` does it for an
-``attnjax.nn.TransformerLM``, asking each layer for its mask and for the q/k
-its attention function compares.
+``attnjax.nn.layer_stats(capture)``; for an ``attnjax.nn.TransformerLM``,
+``attnjax.nn.layer_stats(model, tokens)`` fills it, asking each layer for its
+mask and for the q/k its attention function compares. ``capture_statistics``
+is the pure computation both run (it imports no flax).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from attnjax._deprecated import warn_once
 from attnjax.attention_stats import AttentionStats
 from attnjax.stats.inputs import stats_layers
 from attnjax.stats.activations import _kurtosis, _massive_activations, _output_logit_drift
@@ -31,8 +33,9 @@ SINK_CURVE_EPS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 class ProbeCapture(NamedTuple):
   """What one forward pass exposes, stacked over ``L`` layers; None where not available.
 
-  Any model can be probed by filling this in (see :func:`.probe_statistics`);
-  ``attnjax.nn.probe.capture_from_model`` fills it from an ``attnjax.nn.TransformerLM``.
+  Any model can be probed by filling this in and calling
+  ``attnjax.nn.layer_stats(capture)``; ``attnjax.nn.layer_stats(model, tokens,
+  view="capture")`` fills it from an ``attnjax.nn.TransformerLM``.
 
   Attributes:
     logits: ``[B, T, V]`` output logits.
@@ -76,10 +79,13 @@ def _per_layer(fn, L: int, allowed: Optional[Array], *arrays):
                       *results)
 
 
-def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
-                      sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
-                      massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+def capture_statistics(capture: ProbeCapture, *, eps: float = 0.3,
+                       sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
+                       massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
   """All statistics of one forward pass as a flat dict of named arrays and scalars.
+
+  The pure computation of ``attnjax.nn.layer_stats``'s ``"summary"`` view (call
+  that: ``layer_stats(capture)`` for a filled capture).
 
   Keys are ``"<metric>/<field>"`` from the ``attnjax.stats`` functions (per-layer
   arrays ``[L]``, per-head ``[L, N]``, scalars over the model), computed from
@@ -99,7 +105,7 @@ def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
     ``sink_geometry/*``: :func:`.sink_geometry` (q, k, v), over each layer's
     allowed pairs. q and k are those the attention compares, so after a QK
     norm their RMS is that of the norm's output (the pre-norm projection RMS
-    is in ``attnjax.nn.collect_stats``); ``value_drain/*``:
+    is in the ``"sown"`` view of ``attnjax.nn.layer_stats``); ``value_drain/*``:
     :func:`.value_state_drain` (v), ``per_head`` ``[L, K]``;
   - ``massive/*``, ``kurtosis/*``: :func:`.massive_activations`,
     :func:`.kurtosis` (hidden);
@@ -171,7 +177,20 @@ def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
   return out
 
 
-probe_statistics = jax.jit(
-    probe_statistics,
+capture_statistics = jax.jit(
+    capture_statistics,
     static_argnames=("eps", "sparsity_threshold", "z_loss_coef", "massive_abs", "massive_ratio"))
-probe_statistics.__doc__ = probe_statistics.__doc__
+
+
+def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
+                     sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
+                     massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+  """Deprecated: ``attnjax.nn.layer_stats(capture)``, which returns the same.
+
+  All statistics of one forward pass from a :class:`.ProbeCapture`
+  (``attnjax.stats.capture.capture_statistics``).
+  """
+  warn_once("attnjax.stats.probe_statistics", "attnjax.nn.layer_stats(capture)")
+  return capture_statistics(capture, eps=eps, sparsity_threshold=sparsity_threshold,
+                            z_loss_coef=z_loss_coef, massive_abs=massive_abs,
+                            massive_ratio=massive_ratio)

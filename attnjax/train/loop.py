@@ -49,13 +49,14 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from attnjax import data as data_lib
+from attnjax import nn as nn_lib
+from attnjax.stats import to_jsonable
 from attnjax.train import config as config_lib
 from attnjax.train import metrics as run_metrics
 from attnjax.train import mesh as mesh_lib
 from attnjax.train import mfu, optim, rundir
 from attnjax.train.model import build_model, count_params, flops_per_token
 from attnjax.train.prefetch import Prefetch
-from attnjax.train.probe import run_probe
 from attnjax.train.step import make_eval_step, make_train_step
 
 LN2 = math.log(2.0)
@@ -335,11 +336,12 @@ class Trainer:
       step: the training step the record is labelled with.
 
     Returns:
-      ``{"step", ...}`` with the flat keys of :func:`attnjax.nn.probe.probe`.
+      ``{"step", ...}`` with the flat keys of :func:`attnjax.nn.layer_stats`, JSON-ready.
     """
     t = self.cfg.train
     b = self.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
-    record = run_probe(self.model(), self.dp.put_batch(b.inputs), to_host=mesh_lib.to_host)
+    out = nn_lib.layer_stats(self.model(), self.dp.put_batch(b.inputs))
+    record = to_jsonable(mesh_lib.to_host(out))
     return {"step": step, **record}
 
   # -- the loop -------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from attnjax.train import rundir
 from attnjax.train.plots import save_figure, subplots
 
-# Probe keys as attnjax.nn.probe.probe names them, with fallbacks for older names.
+# Probe keys as attnjax.nn.layer_stats names them, with fallbacks for older names.
 _SINK_KEYS = ("sink_rate/rate",)
 _MACT_KEYS = ("massive/m_act",)
 _FATTN_KEYS = ("f_attn/f_attn",)

@@ -28,8 +28,8 @@ def attention_stats_by_layer(intermediates: Any) -> list[AttentionStats]:
   """The ``AttentionStats`` sown by each attention layer, in layer order.
 
   Reads an ``nnx.Intermediate`` state of a ``TransformerLM`` forward through
-  :func:`attnjax.nn.intermediates.read`, the reader ``collect_stats`` and the
-  probe use; layers that sowed none are skipped.
+  :func:`attnjax.nn.intermediates.read`, the reader ``attnjax.nn.layer_stats``
+  uses; layers that sowed none are skipped.
   """
   layers = nn_intermediates.read(intermediates).layers
   found = [nn_intermediates.find(layer, "attention_stats") for layer in layers]
