@@ -1,9 +1,10 @@
-"""Renamed public names: each old name keeps working and warns once per process.
+"""Deprecated public names: each old name keeps working and warns once per process.
 
 A rename keeps the old name as an alias that behaves identically and emits one
 ``DeprecationWarning`` naming the new name, the first time the old name is used
 (:func:`warn_renamed`). Keyword arguments of a function (:func:`renamed_keywords`)
-and fields of a frozen dataclass (:func:`renamed_fields`) have helpers here.
+and fields of a frozen dataclass (:func:`renamed_fields`) have helpers here. A
+function replaced by another call warns with :func:`warn_once`.
 """
 
 from __future__ import annotations
@@ -24,11 +25,28 @@ def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
     new: its replacement, written the same way.
     stacklevel: as in :func:`warnings.warn`, counted from the caller of this function.
   """
+  _warn(old, f"{old} is deprecated; use {new} (the same meaning)", stacklevel + 1)
+
+
+def warn_once(old: str, new: str, *, stacklevel: int = 3) -> None:
+  """Warns once per process that the function ``old`` is deprecated in favour of ``new``.
+
+  Args:
+    old: the deprecated name, dotted (``"attnjax.nn.collect_stats"``).
+    new: the call that replaces it, as the message shows it.
+    stacklevel: as in :func:`warnings.warn`, counted from this function: 3 points at the
+      caller of the deprecated function.
+  """
+  _warn(old, f"{old} is deprecated; use {new}, which returns the same", stacklevel)
+
+
+def _warn(old: str, message: str, stacklevel: int) -> None:
+  """One ``DeprecationWarning`` per process and ``old`` (``stacklevel`` counted from the
+  caller of this function)."""
   if old in _warned:
     return
   _warned.add(old)
-  warnings.warn(f"{old} is deprecated; use {new} (the same meaning)", DeprecationWarning,
-                stacklevel=stacklevel + 1)
+  warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
 
 
 def renamed_in(where: str, kwargs: dict[str, Any], renames: Mapping[str, str], *,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax import _deprecated, nn, stats
+from attnjax import _deprecation, nn, stats
 from attnjax.models import probe as models_probe
 from attnjax.nn import probe as nn_probe
 from attnjax.nn import transformer
@@ -116,7 +116,7 @@ def test_length_and_bad_input_name_the_argument(model_and_tokens):
 
 def _warns_once(name: str, call):
   """Calls ``call`` twice after forgetting ``name``'s warning; returns the first result."""
-  _deprecated._WARNED.discard(name)
+  _deprecation._warned.discard(name)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     first = call()

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax._deprecated import warn_once
+from attnjax._deprecation import warn_once
 from attnjax.nn import probe as nn_probe
 from attnjax.nn.transformer import TransformerLM
 

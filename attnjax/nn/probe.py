@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 
 from attnjax import stats as stats_lib
-from attnjax._deprecated import warn_once
+from attnjax._deprecation import warn_once
 from attnjax.attention_stats import AttentionStats
 from attnjax.nn import intermediates
 from attnjax.nn.transformer import TransformerLM, _sown_stats

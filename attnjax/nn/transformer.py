@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax._deprecated import warn_once
+from attnjax._deprecation import warn_once
 from attnjax._logits import softcap
 from attnjax.nn import _layers, intermediates
 from attnjax.nn import mlp as mlp_lib

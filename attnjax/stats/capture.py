@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._deprecated import warn_once
+from attnjax._deprecation import warn_once
 from attnjax.attention_stats import AttentionStats
 from attnjax.stats.inputs import stats_layers
 from attnjax.stats.activations import _kurtosis, _massive_activations, _output_logit_drift

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from attnjax._deprecated import warn_once
+from attnjax._deprecation import warn_once
 from attnjax.nn import probe as probe_lib
 from attnjax.stats import to_jsonable
 
