@@ -6,7 +6,9 @@ normaliser's online state (:meth:`Normalizer.init` / :meth:`~Normalizer.visit` /
 :meth:`~Normalizer.finish` of :mod:`attnjax.normalizers`, the very functions the
 block-wise XLA kernel calls; the kernel body never looks at a normaliser's
 name). The backward pass (:mod:`attnjax.kernels.pallas_gpu.backward`) recomputes blocks:
-a preprocessing pass for the row terms (``<dO_i, O_i>``), a dq kernel over key
+a preprocessing pass for the row terms (``<dO_i, O_i>``; summed in float32 from the dq
+kernel's tiles instead where the forward's bf16 ``P V`` product is not precise enough for
+the normaliser's backward, softpick's), a dq kernel over key
 blocks and a dk/dv kernel over the query blocks (and the ``G`` query heads) of
 each key/value head, each tile's cotangent from :meth:`Normalizer.tile_backward`.
 
