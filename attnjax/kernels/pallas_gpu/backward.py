@@ -1,6 +1,7 @@
 """The backward pass of :mod:`attnjax.kernels.pallas_gpu` (FlashAttention-2, blocks recomputed).
 
-1. Preprocessing (row terms, in XLA: one fused elementwise pass): ``D_i = <dO_i, O_i>``,
+1. Preprocessing (row terms, in XLA: one fused elementwise pass): ``D_i = <dO_i, O_i>``
+   (only where the normaliser's backward reads it: :func:`needs_row_terms`),
    the logsumexp cotangent ``g_i`` (zero on rows with no key) and, with
    ``sink_logits``, the null logit's cotangent from :meth:`Normalizer.null_grad`.
 2. The dq kernel: one program per (batch, query head, query block) walks the key
@@ -31,6 +32,14 @@ from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_par
 Array = jnp.ndarray
 
 
+def needs_row_terms(c: GridPlan) -> bool:
+  """Whether the backward reads ``D_i``: the normaliser's :meth:`~Normalizer.tile_backward`
+  does (softmax's family, softpick; sigmoid, relu and none do not), or a learned null
+  column's cotangent (:meth:`~Normalizer.null_grad`). Without it no pass reads ``dO`` and
+  ``O`` for it, and neither kernel loads a row of it."""
+  return c.has_sink or _reads_row_dot(c)
+
+
 def row_terms_from_tiles(c: GridPlan, dtype) -> bool:
   """Whether ``D_i`` is summed from the recomputed tiles, ``sum_j w_ij dp_ij`` in float32 (as
   the reference's autodiff has it), instead of ``<dO_i, O_i>``.
@@ -44,9 +53,7 @@ def row_terms_from_tiles(c: GridPlan, dtype) -> bool:
   its kink (rows seeing one key with a small positive logit had dq off by up to 98%). Their
   ``D_i`` costs the dq kernel a second walk over its blocks (two more tile products each).
   """
-  if jnp.dtype(dtype) == jnp.float32 or c.nz.softmax_like:
-    return False
-  return _reads_row_dot(c)
+  return jnp.dtype(dtype) != jnp.float32 and not c.nz.softmax_like
 
 
 def _reads_row_dot(c: GridPlan) -> bool:
@@ -85,10 +92,11 @@ def _input_refs(c: GridPlan, res_keys, has_g, has_rd, refs):
   return q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref, it
 
 
-def _dq_kernel(c: GridPlan, res_keys, has_g, from_tiles, *refs):
+def _dq_kernel(c: GridPlan, res_keys, has_g, source, *refs):
   nz = c.nz
+  from_tiles = source == "tiles"
   (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
-   it) = _input_refs(c, res_keys, has_g, not from_tiles, refs)
+   it) = _input_refs(c, res_keys, has_g, source == "output", refs)
   sink_ref = next(it) if from_tiles and c.has_sink else None
   dq_ref = next(it)
 
@@ -123,7 +131,7 @@ def _dq_kernel(c: GridPlan, res_keys, has_g, from_tiles, *refs):
     row_dot = _row_terms(c, tile, sink_ref, (lo, hi, full), q_seg, kseg_ref)
     next(it)[...] = row_dot
   else:
-    row_dot = rd_ref[...]
+    row_dot = None if rd_ref is None else rd_ref[...]
 
   def step(j, dq, k_seg, masked):
     k, z, s, allowed, dp = tile(j, k_seg, masked)
@@ -169,10 +177,10 @@ def _row_terms(c: GridPlan, tile, sink_ref, bounds, q_seg, kseg_ref):
   return nz.finish(st, row, False)[0]
 
 
-def _dkdv_kernel(c: GridPlan, res_keys, has_g, *refs):
+def _dkdv_kernel(c: GridPlan, res_keys, has_g, has_rd, *refs):
   nz = c.nz
   (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
-   it) = _input_refs(c, res_keys, has_g, True, refs)
+   it) = _input_refs(c, res_keys, has_g, has_rd, refs)
   dk_ref, dv_ref = next(it), next(it)
 
   bq, bk = c.bq_bwd, c.bk_bwd
@@ -195,7 +203,7 @@ def _dkdv_kernel(c: GridPlan, res_keys, has_g, *refs):
       rows = pl.ds(base + i * bq, bq)
       q = q_ref[rows, :]
       do = do_ref[rows, :]
-      row_dot = rd_ref[rows, :]
+      row_dot = None if rd_ref is None else rd_ref[rows, :]
       g = g_ref[rows, :] if has_g else None
       res = {key: r[rows, :] for key, r in res_refs.items()}
       z, s = logits(c, q, k)
@@ -242,10 +250,13 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   qh, kh, vh, q_seg_p, kv_seg_p = heads_first(c, q, k, v, q_seg, kv_seg)
   do = jnp.transpose(d_out, (0, 2, 1, 3))
   do = jnp.pad(do, ((0, 0), (0, 0), (0, c.Tp - c.T), (0, c.Hvp - c.Hv))).astype(q.dtype)
-  from_tiles = row_terms_from_tiles(c, q.dtype)
+  # Where D_i comes from: <dO_i, O_i> ("output"), the dq kernel's tiles ("tiles"), or nowhere.
+  source = None
+  if needs_row_terms(c):
+    source = "tiles" if row_terms_from_tiles(c, q.dtype) else "output"
   # Preprocessing: the row terms (padded rows have dO = 0, so they add nothing).
   row_dot = None
-  if not from_tiles:
+  if source == "output":
     row_dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
   g = None
   if d_lse is not None:
@@ -255,9 +266,11 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   rows = ([g] if g is not None else []) + [res[key] for key in res_keys]
   seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
 
-  dq, row_dot = _dq_call(c, res_keys, g is not None, (qh, kh, vh, do), row_dot, rows, seg_args,
-                         sink)
-  dk, dv = _dkdv_call(c, res_keys, g is not None, (qh, kh, vh, do), [row_dot] + rows, seg_args)
+  dq, row_dot = _dq_call(c, res_keys, g is not None, (qh, kh, vh, do), (source, row_dot), rows,
+                         seg_args, sink)
+  rows = rows if row_dot is None else [row_dot] + rows
+  dk, dv = _dkdv_call(c, res_keys, (g is not None, row_dot is not None), (qh, kh, vh, do), rows,
+                      seg_args)
 
   dsink = None
   if c.has_sink:
@@ -271,11 +284,15 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   return dq, dk, dv, dsink, None, None
 
 
-def _dq_call(c: GridPlan, res_keys, has_g, arrays, row_dot, rows, seg_args, sink):
-  """The dq kernel, one program per (b, n, query block): ``(dq [B, N, Tp, Hp], D rows)``
-  (``row_dot`` None: the kernel sums ``D`` from its tiles, see :func:`row_terms_from_tiles`)."""
+def _dq_call(c: GridPlan, res_keys, has_g, arrays, rows_d, rows, seg_args, sink):
+  """The dq kernel, one program per (b, n, query block): ``(dq [B, N, Tp, Hp], D rows or
+  None)``; ``rows_d = (source, D rows)``: with source ``"tiles"`` the kernel sums ``D`` from
+  its tiles (:func:`row_terms_from_tiles`), with ``"output"`` it reads the given rows, with
+  None the backward reads none."""
   G, bq = c.G, c.bq_bwd
   qh = arrays[0]
+  source, row_dot = rows_d
+  from_tiles = source == "tiles"
   row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, n, i: (b, n, i, 0))
   rows_in = rows if row_dot is None else [row_dot] + rows
   in_specs = [pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
@@ -287,26 +304,27 @@ def _dq_call(c: GridPlan, res_keys, has_g, arrays, row_dot, rows, seg_args, sink
     in_specs += [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
                  pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
   extra = []
-  if row_dot is None and c.has_sink:
+  if from_tiles and c.has_sink:
     extra = [jnp.reshape(sink.astype(jnp.float32), (c.N, 1, 1))]
     in_specs.append(pl.BlockSpec((None, 1, 1), lambda b, n, i: (n, 0, 0)))
   out_specs = [pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0))]
   out_shape = [jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hp), qh.dtype)]
-  if row_dot is None:
+  if from_tiles:
     out_specs.append(row_spec)
     out_shape.append(jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32))
   with _lowering.gpu_lowering_target(not c.interpret):
     outs = pl.pallas_call(
-        functools.partial(_dq_kernel, c, res_keys, has_g, row_dot is None),
+        functools.partial(_dq_kernel, c, res_keys, has_g, source),
         grid=(c.B, c.N, c.Tp // bq), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape, interpret=c.interpret,
         compiler_params=compiler_params(c, backward=True),
         name=f"attnjax_dq_{c.opts.normalizer}")(*arrays, *rows_in, *seg_args, *extra)
-  return outs[0], (outs[1] if row_dot is None else row_dot)
+  return outs[0], (outs[1] if from_tiles else row_dot)
 
 
-def _dkdv_call(c: GridPlan, res_keys, has_g, arrays, rows_in, seg_args):
-  """The dk/dv kernel, one program per (b, kv head, key block): ``(dk, dv)`` padded.
+def _dkdv_call(c: GridPlan, res_keys, has_rows, arrays, rows_in, seg_args):
+  """The dk/dv kernel, one program per (b, kv head, key block): ``(dk, dv)`` padded;
+  ``has_rows = (has_g, has_rd)``: ``rows_in`` starts with the ``D`` rows, the ``g`` rows.
 
   The G query heads of a group are rows ``g * Tp ..`` of the ``[B, K, G * Tp, .]`` views
   (free reshapes).
@@ -329,7 +347,7 @@ def _dkdv_call(c: GridPlan, res_keys, has_g, arrays, rows_in, seg_args):
                  pl.BlockSpec((None, bk), lambda b, h, j: (b, j))]
   with _lowering.gpu_lowering_target(not c.interpret):
     return pl.pallas_call(
-        functools.partial(_dkdv_kernel, c, res_keys, has_g), grid=(c.B, K, c.Sp // bk),
+        functools.partial(_dkdv_kernel, c, res_keys, *has_rows), grid=(c.B, K, c.Sp // bk),
         in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
                    pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0))],
