@@ -168,3 +168,37 @@ def test_pallas_gpu_row_terms_from_tiles_for_every_normaliser(case, monkeypatch)
   monkeypatch.setattr(pallas_backward, "needs_row_terms", lambda c: True)
   monkeypatch.setattr(pallas_backward, "row_terms_from_tiles", lambda c, dtype: True)
   TestPallasGpu().check(case)
+
+
+class TestPallasGpuAsymmetricBackward(TestPallasGpu):
+  """The dk/dv kernel's tiles apart from the dq kernel's (as the sm_80 rows at head dims <= 64
+  have them: long programs, short loop steps): dq programs of 32 rows stepping over 16 keys,
+  dk/dv programs of 32 keys stepping over 16 rows; T = 40, S = 72 pad both."""
+
+  def run(self, inputs, opts):
+    return pallas_gpu.run(inputs, opts, interpret=True, block_sizes=ASYMMETRIC)
+
+  def default_cases(self):
+    return [("softmax", "causal", True, jnp.bfloat16, True, True, 20.0),
+            ("softpick", "segments", True, jnp.bfloat16, True, False, None),
+            ("sigmoid", "window", False, jnp.float32, True, False, None)]
+
+  def normaliser_cases(self):
+    return []
+
+  def slow_cases(self):
+    return []
+
+
+ASYMMETRIC = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=32, block_k_bwd=16,
+                                   block_q_dkdv=16, block_k_dkdv=32)
+
+
+def test_pallas_gpu_block_sizes_by_kernel():
+  # A100 rows at head dims <= 64 in bf16 / fp16: the tutorial's asymmetric backward tiles.
+  sizes = pallas_gpu.block_sizes_for(64, jnp.bfloat16, 8)
+  assert (sizes.block_q_bwd, sizes.block_k_bwd, sizes.block_q_dkdv, sizes.block_k_dkdv) == (
+      128, 32, 32, 128)
+  assert pallas_gpu.block_sizes_for(64, jnp.bfloat16, 9) == pallas_gpu.DEFAULT_BLOCK_SIZES
+  with pytest.raises(ValueError, match="block_k_dkdv"):
+    pallas_gpu.BlockSizes(block_k_dkdv=48)

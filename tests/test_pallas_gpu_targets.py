@@ -4,7 +4,8 @@ tests/test_targets.py compiles every normaliser's forward and backward; this mod
 the backward's own variants for both GPU generations its block-size table serves: the dq
 kernel that sums ``D_i`` from its tiles (softpick in bfloat16 / float16,
 :func:`attnjax.kernels.pallas_gpu.backward.row_terms_from_tiles`), with a learned null column
-and with allowed-key counts (forced on for softmax and sigmoid), at head dims 64 to 256.
+and with allowed-key counts (forced on for softmax and sigmoid), at head dims 64 to 256; and
+the A100's asymmetric backward tiles at head dims <= 64.
 """
 
 from __future__ import annotations
@@ -94,3 +95,15 @@ def test_row_terms_from_tiles_compiles_with_sinks_and_counts(normalizer, monkeyp
   sinks = normalizers.REGISTRY[normalizer].accepts_sink_logits
   assert_kernels(compile_backward("a100", normalizer, jnp.bfloat16, 128, segments=True,
                                   sinks=sinks), normalizer)
+
+
+@pytest.mark.parametrize("normalizer,dtype,segments", [
+    ("softmax", jnp.bfloat16, True), ("sigmoid", jnp.float16, False),
+    ("softpick", jnp.bfloat16, False)], ids=["softmax-bf16-segments", "sigmoid-fp16",
+                                            "softpick-bf16"])
+def test_ampere_asymmetric_backward_tiles_compile(normalizer, dtype, segments):
+  # The sm_80 rows at head dims <= 64: dq programs of 128 rows over 32-key steps, dk/dv
+  # programs of 128 keys over 32-row steps, 4 warps (D from the output, from the tiles, none).
+  sizes = pallas_gpu.block_sizes_for(64, dtype, 8)
+  assert (sizes.block_q_bwd, sizes.block_k_dkdv) == (128, 128)
+  assert_kernels(compile_backward("a100", normalizer, dtype, 64, segments=segments), normalizer)

@@ -183,7 +183,7 @@ def _dkdv_kernel(c: GridPlan, res_keys, has_g, has_rd, *refs):
    it) = _input_refs(c, res_keys, has_g, has_rd, refs)
   dk_ref, dv_ref = next(it), next(it)
 
-  bq, bk = c.bq_bwd, c.bk_bwd
+  bq, bk = c.bq_dkdv, c.bk_dkdv
   j = pl.program_id(2)
   k0 = j * bk
   k_last = jnp.minimum(k0 + bk, c.S) - 1
@@ -329,7 +329,7 @@ def _dkdv_call(c: GridPlan, res_keys, has_rows, arrays, rows_in, seg_args):
   The G query heads of a group are rows ``g * Tp ..`` of the ``[B, K, G * Tp, .]`` views
   (free reshapes).
   """
-  G, K, bk = c.G, c.K, c.bk_bwd
+  G, K, bk = c.G, c.K, c.bk_dkdv
   qh, kh, vh, do = arrays
 
   def grouped(x):
