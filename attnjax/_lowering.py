@@ -6,7 +6,10 @@ be traced on any host and lowered for its platform from any host (that is how
 happen is lowering it for another platform: :func:`on_platform` puts the kernel
 in the named platform's branch of ``jax.lax.platform_dependent`` and, in every
 other branch, :func:`fail` whose lowering raises a ``ValueError`` naming the
-implementation and the platform the program is being lowered for.
+implementation and the platform the program is being lowered for. The failure
+reads the kernel's inputs and its derivatives fail too, so a program that keeps
+only a derivative (``jax.jit(jax.grad(f))`` of a loss linear in the output, whose
+forward XLA drops) raises as well instead of returning zeros.
 
 A Triton kernel is lowered for a GPU model; on a host without a GPU,
 :func:`gpu_lowering_target` supplies one (:data:`EXPORT_GPU`), so exporting for
@@ -21,8 +24,9 @@ import contextlib
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import mlir
+from jax.interpreters import ad, batching, mlir
 
 # The platforms auto-dispatch chooses for (jax.lax.platform_dependent keys).
 PLATFORMS = ("cpu", "cuda", "tpu")
@@ -40,8 +44,9 @@ _fail_p.multiple_results = True
 
 
 def _fail_abstract(*args, message: str, out_avals: tuple):
-  del args, message
-  return list(out_avals)
+  del message
+  vma = frozenset().union(*(getattr(a, "vma", None) or frozenset() for a in args))
+  return [a.update(vma=vma) for a in out_avals] if vma else list(out_avals)
 
 
 def _fail_impl(*args, message: str, out_avals: tuple):
@@ -55,16 +60,55 @@ def _fail_lowering(ctx, *args, message: str, out_avals: tuple):
   raise ValueError(f"{message} (this program is being lowered for {platforms})")
 
 
+def _fail_jvp(primals, tangents, *, message: str, out_avals: tuple):
+  # The tangent fails too, reading the primals as well as the tangents (linear in these, the
+  # transpose failing in turn): a derivative of any order kept without the primal (a loss
+  # linear in the output, whose forward XLA drops) still reaches the failure.
+  out = _fail_p.bind(*primals, message=message, out_avals=out_avals)
+  live = [t for t in tangents if type(t) is not ad.Zero]
+  t_avals = tuple(a.to_tangent_aval() for a in out_avals)
+  if not live:
+    return out, [ad.Zero(a) for a in t_avals]
+  return out, _fail_p.bind(*primals, *live, message=message, out_avals=t_avals)
+
+
+def _fail_transpose(cts, *args, message: str, out_avals: tuple):
+  del out_avals
+  live = [ct for ct in cts if type(ct) is not ad.Zero]
+  known = [a for a in args if not ad.is_undefined_primal(a)]
+  undefined = tuple(a.aval for a in args if ad.is_undefined_primal(a))
+  if not live or not undefined:
+    return [None] * len(args)
+  failed = iter(_fail_p.bind(*known, *live, message=message, out_avals=undefined))
+  return [next(failed) if ad.is_undefined_primal(a) else None for a in args]
+
+
+def _fail_batch(args, dims, *, message: str, out_avals: tuple):
+  size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+  avals = tuple(a.update(shape=(size,) + a.shape) for a in out_avals)
+  out = _fail_p.bind(*args, message=message, out_avals=avals)
+  return out, [0] * len(out)
+
+
 _fail_p.def_abstract_eval(_fail_abstract)
 _fail_p.def_impl(_fail_impl)
 mlir.register_lowering(_fail_p, _fail_lowering)
+ad.primitive_jvps[_fail_p] = _fail_jvp
+ad.primitive_transposes[_fail_p] = _fail_transpose
+batching.primitive_batchers[_fail_p] = _fail_batch
 
 
-def fail(message: str, like: Any) -> Any:
-  """Values shaped like ``like`` (a pytree of ShapeDtypeStructs) whose lowering raises ``message``."""
+def fail(message: str, like: Any, operands: Any = ()) -> Any:
+  """Values shaped like ``like`` (a pytree of ShapeDtypeStructs) whose lowering raises ``message``.
+
+  ``operands`` (a pytree of arrays, e.g. the inputs of the computation this stands for):
+  the values' derivatives with respect to them are values that fail in the same way.
+  """
   leaves, tree = jax.tree.flatten(like)
   avals = tuple(jax.core.ShapedArray(x.shape, x.dtype) for x in leaves)
-  return jax.tree.unflatten(tree, _fail_p.bind(message=message, out_avals=avals))
+  args = [x for x in jax.tree.leaves(operands) if isinstance(x, jax.core.Tracer)
+          and jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jax.tree.unflatten(tree, _fail_p.bind(*args, message=message, out_avals=avals))
 
 
 def current_platform() -> str:
@@ -74,9 +118,14 @@ def current_platform() -> str:
 
 
 def on_platform(platform: str, fn: Callable[[], Any], message: str) -> Any:
-  """``fn()`` when lowered for ``platform``; lowering for any other platform raises ``message``."""
-  like = jax.eval_shape(fn)
-  return jax.lax.platform_dependent(**{platform: fn}, default=lambda: fail(message, like))
+  """``fn()`` when lowered for ``platform``; lowering for any other platform raises ``message``.
+
+  The other platforms' branch reads the traced arrays ``fn`` closes over (its inputs), so
+  the derivatives of ``fn()`` raise there too (:func:`fail`).
+  """
+  closed, like = jax.make_jaxpr(fn, return_shape=True)()
+  return jax.lax.platform_dependent(
+      **{platform: fn}, default=lambda: fail(message, like, closed.consts))
 
 
 def wrong_platform(name: str, where: str) -> str:

@@ -8,8 +8,8 @@ tiles and Mosaic's lowering chosen for the chip compiled for
 (:mod:`attnjax.kernels.on_target`).
 
 Values: the Pallas TPU kernel and splash in interpret mode on the suite's 8 CPU host devices,
-against the reference (values and gradients), with modifiers that read the batch and head
-indices (each shard must see the whole call's). Targets (``-m targets``): deviceless compiles of
+against the reference (values, gradients, forward mode), with modifiers that read the batch and
+head indices (each shard must see the whole call's). Targets (``-m targets``): deviceless compiles of
 forward + backward for a 4-chip TPU v5e / v6e and 4 H200s, each program holding the kernel's
 custom call and no all-gather; the normaliser x way x target product is ``slow``.
 """
@@ -113,6 +113,37 @@ def test_pallas_tpu_per_shard_sees_the_whole_calls_rows_and_heads(way):
   got = under(way, mesh, modifier_loss(kernel, kw), q, k, v, score_args)
   assert_close(got, want, "sharded", rtol=0, atol=2e-5, scaled=True)  # of each scale
   assert got[0][1].sharding.spec == spec.spec  # the output stays where the rows and heads are
+
+
+@pytest.mark.parametrize("order", ["jvp", pytest.param("hvp", marks=pytest.mark.slow)])
+def test_pallas_tpu_forward_mode_per_shard_sees_the_whole_calls_rows_and_heads(order):
+  # Forward mode takes its tangent from the kernel's twin (the block-wise engine on the same
+  # shard): its modifiers must read the whole call's batch rows and heads too (they read the
+  # shard's before: tangents off by 95% of their scale). The tangents of the output and of
+  # the statistics; a Hessian-vector product (forward over reverse: the twin's VJP).
+  needs_devices(4)
+  (q, k, v, score_args), kw = modifier_case()
+  rng = np.random.default_rng(3)
+  tangents = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32),
+                          (q, k, v, score_args))
+
+  def forward_mode(attention):
+    def f(q, k, v, score_args):
+      out, st = attention(q, k, v, score_mod_args=score_args, **kw)
+      return out, st.logsumexp
+
+    if order == "hvp":
+      grad = modifier_loss(attention, kw)
+      f = lambda *a: grad(*a)[1]
+    return jax.jit(lambda *a: jax.jvp(f, a, tangents))
+
+  reference = functools.partial(attnjax.dot_product_attention, implementation="reference")
+  want = forward_mode(reference)(q, k, v, score_args)
+  mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=AUTO)
+  spec = NamedSharding(mesh, P("data", None, "tensor"))
+  placed = [jax.device_put(x, spec) for x in (q, k, v)]
+  kernel = functools.partial(pallas_tpu.attention, interpret=True, block_sizes=BLOCKS)
+  assert_close(forward_mode(kernel)(*placed, score_args), want, tol=1e-4)
 
 
 @pytest.mark.slow

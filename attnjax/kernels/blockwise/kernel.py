@@ -707,11 +707,16 @@ def _cotangent_like(x, g):
 
 def index_use(fn, args) -> tuple[bool, bool]:
   """Whether a ``mask_mod`` reads its batch and head indices (from its jaxpr)."""
+  return _index_use(fn, args)
+
+
+def _index_use(fn, args, lead: tuple = ()) -> tuple[bool, bool]:
+  """Whether ``fn(*lead, b, n, i, j, *args)`` reads ``b`` and ``n`` (from its jaxpr)."""
   index = jax.ShapeDtypeStruct((), jnp.int32)
   specs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
-  jaxpr = jax.make_jaxpr(fn)(index, index, index, index, *specs).jaxpr
+  jaxpr = jax.make_jaxpr(fn)(*lead, index, index, index, index, *specs).jaxpr
   read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
-  return id(jaxpr.invars[0]) in read, id(jaxpr.invars[1]) in read
+  return id(jaxpr.invars[len(lead)]) in read, id(jaxpr.invars[len(lead) + 1]) in read
 
 
 def layout_for(inputs, opts, block_q: int, block_k: int, base: BlockLayout):
@@ -781,11 +786,53 @@ def join_inputs(x: tuple, nondiff: tuple):
                              q_segment_ids=q_seg, kv_segment_ids=kv_seg)
 
 
-def twin(opts):
+def twin(opts, offsets=None):
   """This engine as another dense kernel's ``twin`` (``attnjax.kernels.autodiff``):
   ``(x, nondiff) -> out`` on :func:`split_inputs`'s arrays, differentiable in every mode:
-  the call ``opts`` describes (``(out, AttentionStats)`` with ``opts.return_stats``)."""
-  return lambda x, nondiff: run(join_inputs(x, nondiff), opts)
+  the call ``opts`` describes (``(out, AttentionStats)`` with ``opts.return_stats``), on the
+  shard at ``offsets`` (see :func:`run_shard`)."""
+  return lambda x, nondiff: run_shard(join_inputs(x, nondiff), opts, offsets)
+
+
+def run_shard(inputs, opts, offsets=None):
+  """:func:`run` on one shard of a call split by :func:`attnjax._sharding.per_shard`.
+
+  A platform kernel's twin runs on the shard the kernel runs on: modifiers reading the
+  batch or head index must see the whole call's (as the kernel does), not the shard's.
+
+  Args:
+    inputs, opts: the shard's call.
+    offsets: ``(batch row, query head)`` where the shard starts in the whole call (an
+      :class:`attnjax._sharding.ShardOffsets`, int32 scalars traced inside ``shard_map``);
+      None: the whole call.
+  """
+  return run(*shifted_indices(inputs, opts, offsets))
+
+
+def shifted_indices(inputs, opts, offsets):
+  """``(inputs, opts)`` whose ``score_mod`` / ``mask_mod`` read the batch and head indices of
+  the whole call on a shard starting at ``offsets`` (see :func:`run_shard`).
+
+  The offsets enter as two more modifier arguments (int32 scalars, no derivative), so that
+  no modifier closes over a traced value; a modifier that reads neither index is kept.
+  """
+  if offsets is None or all(not isinstance(o, jax.core.Tracer) and int(o) == 0
+                            for o in offsets):
+    return inputs, opts
+  extra = tuple(jnp.asarray(o, jnp.int32) for o in offsets)
+  scalar = jax.ShapeDtypeStruct((), jnp.float32)
+  changes, moved = {}, {}
+  if opts.score_mod is not None and any(_index_use(opts.score_mod, inputs.score_mod_args,
+                                                   (scalar,))):
+    score_mod = opts.score_mod
+    changes["score_mod"] = lambda z, b, n, i, j, *a: score_mod(z, b + a[-2], n + a[-1], i, j,
+                                                               *a[:-2])
+    moved["score_mod_args"] = tuple(inputs.score_mod_args) + extra
+  if opts.mask_mod is not None and any(index_use(opts.mask_mod, inputs.mask_mod_args)):
+    mask_mod = opts.mask_mod
+    changes["mask_mod"] = lambda b, n, i, j, *a: mask_mod(b + a[-2], n + a[-1], i, j, *a[:-2])
+    moved["mask_mod_args"] = tuple(inputs.mask_mod_args) + extra
+  return dataclasses.replace(inputs, **moved), dataclasses.replace(opts, **changes)
 
 
 def _check_block(name: str, value: Optional[int]) -> None:

@@ -1,11 +1,15 @@
 """The backward pass of :mod:`attnjax.kernels.pallas_gpu` (FlashAttention-2, blocks recomputed).
 
-1. Preprocessing (row terms, in XLA: one fused elementwise pass): ``D_i = <dO_i, O_i>``,
+1. Preprocessing (row terms, in XLA: one fused elementwise pass): ``D_i = <dO_i, O_i>``
+   (only where the normaliser's backward reads it: :func:`needs_row_terms`),
    the logsumexp cotangent ``g_i`` (zero on rows with no key) and, with
    ``sink_logits``, the null logit's cotangent from :meth:`Normalizer.null_grad`.
 2. The dq kernel: one program per (batch, query head, query block) walks the key
    blocks its rows attend (the forward's bounds), recomputes each tile's logits,
    takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` and adds ``ds K``.
+   Where ``<dO_i, O_i>`` is not precise enough (:func:`row_terms_from_tiles`) it first
+   walks the blocks once more for ``D_i = sum_j w_ij dp_ij`` in float32, which it writes
+   for the dk/dv kernel.
 3. The dk/dv kernel: one program per (batch, key/value head, key block) walks the
    ``G`` query heads of its group and the query blocks that may attend the block
    (the inverse relation), adding ``w^T dO`` to dv and ``ds^T Q`` to dk, so GQA
@@ -28,10 +32,59 @@ from attnjax.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_par
 Array = jnp.ndarray
 
 
-def _input_refs(c: GridPlan, res_keys, has_g, refs):
+def needs_row_terms(c: GridPlan) -> bool:
+  """Whether the backward reads ``D_i``: the normaliser's :meth:`~Normalizer.tile_backward`
+  does (softmax's family, softpick; sigmoid, relu and none do not), or a learned null
+  column's cotangent (:meth:`~Normalizer.null_grad`). Without it no pass reads ``dO`` and
+  ``O`` for it, and neither kernel loads a row of it."""
+  return c.has_sink or _reads_row_dot(c)
+
+
+def row_terms_from_tiles(c: GridPlan, dtype) -> bool:
+  """Whether ``D_i`` is summed from the recomputed tiles, ``sum_j w_ij dp_ij`` in float32 (as
+  the reference's autodiff has it), instead of ``<dO_i, O_i>``.
+
+  The forward's ``O`` is no float32 ``sum_j w_ij v_j``: in bfloat16 / float16 its ``P V``
+  product takes the weights rounded to that dtype (tensor-core operands), and it is stored
+  in it, so ``<dO_i, O_i>`` is off by about ``2^-9 sum_j w_ij |dp_ij|``. A softmax-like
+  normaliser's backward multiplies ``D_i`` by the weight itself (``dz = w (dp - D)``), which
+  keeps that error within the row's own rounding. Others may multiply it by far more:
+  softpick's ``dz = e^z (dp [z > 0] - D sign z) / (sum |e^z - 1| + eps)``, unbounded near
+  its kink (rows seeing one key with a small positive logit had dq off by up to 98%). Their
+  ``D_i`` costs the dq kernel a second walk over its blocks (two more tile products each).
+  """
+  return jnp.dtype(dtype) != jnp.float32 and not c.nz.softmax_like
+
+
+def _reads_row_dot(c: GridPlan) -> bool:
+  """Whether the normaliser's :meth:`~Normalizer.tile_backward` reads ``D_i`` (from its jaxpr)."""
+  res_keys = _res_keys(c)
+  tile = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+  row = jax.ShapeDtypeStruct((8, 1), jnp.float32)
+
+  def fn(z, dp, row_dot, *res):
+    return c.nz.tile_backward(z, None, dp, dict(zip(res_keys, res)), row_dot, None)
+
+  jaxpr = jax.make_jaxpr(fn)(tile, tile, row, *[row] * len(res_keys)).jaxpr
+  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+  return id(jaxpr.invars[2]) in read
+
+
+def _res_keys(c: GridPlan) -> tuple:
+  """The residual rows :meth:`~Normalizer.finish` returns (without statistics)."""
+  nz, rows = c.nz, (8, 1)
+  sink = jnp.zeros(rows, jnp.float32) if c.has_sink else None
+  cnt = jnp.ones(rows, jnp.float32) if c.needs_counts else None
+  res = jax.eval_shape(lambda: nz.finish(nz.init(rows, (8, 4), False),
+                                         nz.row_inputs(sink, cnt), False)[1])
+  return tuple(sorted(res))
+
+
+def _input_refs(c: GridPlan, res_keys, has_g, has_rd, refs):
   """The backward kernels' input refs, in call order; the iterator is left at the outputs."""
   it = iter(refs)
-  q_ref, k_ref, v_ref, do_ref, rd_ref = next(it), next(it), next(it), next(it), next(it)
+  q_ref, k_ref, v_ref, do_ref = next(it), next(it), next(it), next(it)
+  rd_ref = next(it) if has_rd else None
   g_ref = next(it) if has_g else None
   res_refs = {key: next(it) for key in res_keys}
   qseg_ref = next(it) if c.has_segments else None
@@ -39,10 +92,12 @@ def _input_refs(c: GridPlan, res_keys, has_g, refs):
   return q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref, it
 
 
-def _dq_kernel(c: GridPlan, res_keys, has_g, *refs):
+def _dq_kernel(c: GridPlan, res_keys, has_g, source, *refs):
   nz = c.nz
+  from_tiles = source == "tiles"
   (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
-   it) = _input_refs(c, res_keys, has_g, refs)
+   it) = _input_refs(c, res_keys, has_g, source == "output", refs)
+  sink_ref = next(it) if from_tiles and c.has_sink else None
   dq_ref = next(it)
 
   bq, bk = c.bq_bwd, c.bk_bwd
@@ -51,38 +106,84 @@ def _dq_kernel(c: GridPlan, res_keys, has_g, *refs):
   q_last = jnp.minimum(q0 + bq, c.T) - 1
   qpos = q0 + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
   q, do = q_ref[...], do_ref[...]
-  row_dot = rd_ref[...]
   g = g_ref[...] if has_g else None
   res = {key: r[...] for key, r in res_refs.items()}
   q_seg = qseg_ref[...] if c.has_segments else None
   lo, hi = kv_block_bounds(c, q0, q_last, bk)
+  full = full_kv_blocks(c, q0, q_last, bk)
 
-  def step(j, dq, k_seg, masked):
-    k = k_ref[pl.ds(j * bk, bk), :]
-    v = v_ref[pl.ds(j * bk, bk), :]
-    z, s = logits(c, q, k)
+  def tile(j, k_seg, masked, keys_only=False):
+    """Key block ``j``'s keys, logits ``(z, s)``, element mask and ``dp = dO V^T`` (the mask
+    alone with ``keys_only``)."""
     kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
     allowed = None
     if masked:
       allowed = tile_allowed(c, qpos, kpos, None if q_seg is None else q_seg[:, None],
                              None if k_seg is None else k_seg[None, :])
-    dp = dot(do, v, trans_b=True)
+    if keys_only:
+      return allowed
+    k = k_ref[pl.ds(j * bk, bk), :]
+    v = v_ref[pl.ds(j * bk, bk), :]
+    z, s = logits(c, q, k)
+    return k, z, s, allowed, dot(do, v, trans_b=True)
+
+  if from_tiles:
+    row_dot = _row_terms(c, tile, sink_ref, (lo, hi, full), q_seg, kseg_ref)
+    next(it)[...] = row_dot
+  else:
+    row_dot = None if rd_ref is None else rd_ref[...]
+
+  def step(j, dq, k_seg, masked):
+    k, z, s, allowed, dp = tile(j, k_seg, masked)
     _, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
     ds = _logits.softcap_grad(dz, c.opts.softcap, s=s)
     return dq + dot(ds.astype(k.dtype), k)
 
-  dq = visit_loop(c, lo, hi, jnp.zeros((bq, c.Hp), jnp.float32), step, q_seg, kseg_ref, bk,
-                  full_kv_blocks(c, q0, q_last, bk))
+  dq = visit_loop(c, lo, hi, jnp.zeros((bq, c.Hp), jnp.float32), step, q_seg, kseg_ref, bk, full)
   dq_ref[...] = (dq * c.opts.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(c: GridPlan, res_keys, has_g, *refs):
+def _row_terms(c: GridPlan, tile, sink_ref, bounds, q_seg, kseg_ref):
+  """``D_i = sum_j w_ij dp_ij`` of a query block in float32 (:func:`row_terms_from_tiles`).
+
+  The forward's own online pass (:meth:`Normalizer.visit` / :meth:`~Normalizer.finish`) with
+  ``dp`` for ``V`` and float32 weights: the row's output against ``dO`` without the rounding
+  of the forward's ``P V`` product or of its stored output. A normaliser's weights computed
+  there are as precise as its forward makes them, which the backward's recomputed ``w`` (a
+  difference of two terms as large as ``e^z / sum |e^z - 1|`` for softpick) need not be.
+  """
+  nz, bq, bk = c.nz, c.bq_bwd, c.bk_bwd
+  lo, hi, full = bounds
+  counts = None
+  if nz.needs_counts:  # mask-only pre-pass, as the forward's
+    def count(j, total, k_seg, masked):
+      allowed = tile(j, k_seg, masked, keys_only=True)
+      if allowed is None:
+        return total + float(bk)
+      return total + jnp.sum(allowed.astype(jnp.float32), axis=-1, keepdims=True)
+    counts = visit_loop(c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg, kseg_ref, bk,
+                        full)
+  sink = None
+  if c.has_sink:
+    sink = jnp.broadcast_to(sink_ref[...].astype(jnp.float32), (bq, 1))
+  row = nz.row_inputs(sink, counts)
+
+  def visit(j, st, k_seg, masked):
+    _, z, _, allowed, dp = tile(j, k_seg, masked)
+    pv = lambda w: jnp.sum(w * dp, axis=-1, keepdims=True)  # noqa: E731
+    return nz.visit(st, z, allowed, pv, row, False, j == 0)
+
+  st = visit_loop(c, lo, hi, nz.init((bq, 1), (bq, 1), False), visit, q_seg, kseg_ref, bk, full)
+  return nz.finish(st, row, False)[0]
+
+
+def _dkdv_kernel(c: GridPlan, res_keys, has_g, has_rd, *refs):
   nz = c.nz
   (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
-   it) = _input_refs(c, res_keys, has_g, refs)
+   it) = _input_refs(c, res_keys, has_g, has_rd, refs)
   dk_ref, dv_ref = next(it), next(it)
 
-  bq, bk = c.bq_bwd, c.bk_bwd
+  bq, bk = c.bq_dkdv, c.bk_dkdv
   j = pl.program_id(2)
   k0 = j * bk
   k_last = jnp.minimum(k0 + bk, c.S) - 1
@@ -102,7 +203,7 @@ def _dkdv_kernel(c: GridPlan, res_keys, has_g, *refs):
       rows = pl.ds(base + i * bq, bq)
       q = q_ref[rows, :]
       do = do_ref[rows, :]
-      row_dot = rd_ref[rows, :]
+      row_dot = None if rd_ref is None else rd_ref[rows, :]
       g = g_ref[rows, :] if has_g else None
       res = {key: r[rows, :] for key, r in res_refs.items()}
       z, s = logits(c, q, k)
@@ -146,53 +247,91 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   rows ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the
   logsumexp statistic's cotangent ``[B, N, T]`` or None.
   """
-  nz = c.nz
-  G, K = c.G, c.K
   qh, kh, vh, q_seg_p, kv_seg_p = heads_first(c, q, k, v, q_seg, kv_seg)
   do = jnp.transpose(d_out, (0, 2, 1, 3))
   do = jnp.pad(do, ((0, 0), (0, 0), (0, c.Tp - c.T), (0, c.Hvp - c.Hv))).astype(q.dtype)
+  # Where D_i comes from: <dO_i, O_i> ("output"), the dq kernel's tiles ("tiles"), or nowhere.
+  source = None
+  if needs_row_terms(c):
+    source = "tiles" if row_terms_from_tiles(c, q.dtype) else "output"
   # Preprocessing: the row terms (padded rows have dO = 0, so they add nothing).
-  row_dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+  row_dot = None
+  if source == "output":
+    row_dot = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
   g = None
   if d_lse is not None:
     g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))[..., None]
     g = jnp.where(res["has_key"] > 0, g, 0.0)
   res_keys = tuple(key for key in sorted(res) if key != "has_key")
-  rows_in = [row_dot] + ([g] if g is not None else []) + [res[key] for key in res_keys]
+  rows = ([g] if g is not None else []) + [res[key] for key in res_keys]
+  seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
+
+  dq, row_dot = _dq_call(c, res_keys, g is not None, (qh, kh, vh, do), (source, row_dot), rows,
+                         seg_args, sink)
+  rows = rows if row_dot is None else [row_dot] + rows
+  dk, dv = _dkdv_call(c, res_keys, (g is not None, row_dot is not None), (qh, kh, vh, do), rows,
+                      seg_args)
 
   dsink = None
   if c.has_sink:
     floor = jnp.reshape(sink.astype(jnp.float32), (1, c.N, 1, 1))
     rs = {key: res[key] for key in res_keys}
-    term = nz.null_grad(floor, rs, row_dot, g)[:, :, :c.T, 0]
-    dsink = jnp.sum(term, axis=(0, 2)).astype(sink.dtype)
+    term = c.nz.null_grad(floor, rs, row_dot, g)[:, :, :c.T, 0]
+    dsink = jnp.reshape(jnp.sum(term, axis=(0, 2)).astype(sink.dtype), sink.shape)
+  dq = jnp.transpose(dq[:, :, :c.T, :c.H], (0, 2, 1, 3)).astype(q.dtype)
+  dk = jnp.transpose(dk[:, :, :c.S, :c.H], (0, 2, 1, 3)).astype(k.dtype)
+  dv = jnp.transpose(dv[:, :, :c.S, :c.Hv], (0, 2, 1, 3)).astype(v.dtype)
+  return dq, dk, dv, dsink, None, None
 
-  bq, bk = c.bq_bwd, c.bk_bwd
-  seg_args, seg_specs_q, seg_specs_k = [], [], []
-  if c.has_segments:
-    seg_args = [q_seg_p, kv_seg_p]
 
-  # dq: one program per (b, n, query block).
+def _dq_call(c: GridPlan, res_keys, has_g, arrays, rows_d, rows, seg_args, sink):
+  """The dq kernel, one program per (b, n, query block): ``(dq [B, N, Tp, Hp], D rows or
+  None)``; ``rows_d = (source, D rows)``: with source ``"tiles"`` the kernel sums ``D`` from
+  its tiles (:func:`row_terms_from_tiles`), with ``"output"`` it reads the given rows, with
+  None the backward reads none."""
+  G, bq = c.G, c.bq_bwd
+  qh = arrays[0]
+  source, row_dot = rows_d
+  from_tiles = source == "tiles"
   row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, n, i: (b, n, i, 0))
+  rows_in = rows if row_dot is None else [row_dot] + rows
   in_specs = [pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
               pl.BlockSpec((None, None, c.Sp, c.Hp), lambda b, n, i: (b, n // G, 0, 0)),
               pl.BlockSpec((None, None, c.Sp, c.Hvp), lambda b, n, i: (b, n // G, 0, 0)),
               pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))]
   in_specs += [row_spec] * len(rows_in)
   if c.has_segments:
-    seg_specs_q = [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
-                   pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
+    in_specs += [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
+                 pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
+  extra = []
+  if from_tiles and c.has_sink:
+    extra = [jnp.reshape(sink.astype(jnp.float32), (c.N, 1, 1))]
+    in_specs.append(pl.BlockSpec((None, 1, 1), lambda b, n, i: (n, 0, 0)))
+  out_specs = [pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0))]
+  out_shape = [jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hp), qh.dtype)]
+  if from_tiles:
+    out_specs.append(row_spec)
+    out_shape.append(jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32))
   with _lowering.gpu_lowering_target(not c.interpret):
-    dq = pl.pallas_call(
-        functools.partial(_dq_kernel, c, res_keys, g is not None), grid=(c.B, c.N, c.Tp // bq),
-        in_specs=in_specs + seg_specs_q,
-        out_specs=pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hp), q.dtype),
-        interpret=c.interpret, compiler_params=compiler_params(c, backward=True),
-        name=f"attnjax_dq_{c.opts.normalizer}")(qh, kh, vh, do, *rows_in, *seg_args)
+    outs = pl.pallas_call(
+        functools.partial(_dq_kernel, c, res_keys, has_g, source),
+        grid=(c.B, c.N, c.Tp // bq), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shape, interpret=c.interpret,
+        compiler_params=compiler_params(c, backward=True),
+        name=f"attnjax_dq_{c.opts.normalizer}")(*arrays, *rows_in, *seg_args, *extra)
+  return outs[0], (outs[1] if from_tiles else row_dot)
 
-  # dk, dv: one program per (b, kv head, key block); the G query heads of the group are rows
-  # g * Tp .. of the [B, K, G * Tp, .] views (free reshapes).
+
+def _dkdv_call(c: GridPlan, res_keys, has_rows, arrays, rows_in, seg_args):
+  """The dk/dv kernel, one program per (b, kv head, key block): ``(dk, dv)`` padded;
+  ``has_rows = (has_g, has_rd)``: ``rows_in`` starts with the ``D`` rows, the ``g`` rows.
+
+  The G query heads of a group are rows ``g * Tp ..`` of the ``[B, K, G * Tp, .]`` views
+  (free reshapes).
+  """
+  G, K, bk = c.G, c.K, c.bk_dkdv
+  qh, kh, vh, do = arrays
+
   def grouped(x):
     return jnp.reshape(x, (c.B, K, G * c.Tp, x.shape[-1]))
 
@@ -204,23 +343,16 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
               pl.BlockSpec((None, None, G * c.Tp, c.Hvp), lambda b, h, j: (b, h, 0, 0))]
   in_specs += [all_rows] * len(rows_g)
   if c.has_segments:
-    seg_specs_k = [pl.BlockSpec((None, c.Tp), lambda b, h, j: (b, 0)),
-                   pl.BlockSpec((None, bk), lambda b, h, j: (b, j))]
+    in_specs += [pl.BlockSpec((None, c.Tp), lambda b, h, j: (b, 0)),
+                 pl.BlockSpec((None, bk), lambda b, h, j: (b, j))]
   with _lowering.gpu_lowering_target(not c.interpret):
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, c, res_keys, g is not None), grid=(c.B, K, c.Sp // bk),
-        in_specs=in_specs + seg_specs_k,
+    return pl.pallas_call(
+        functools.partial(_dkdv_kernel, c, res_keys, *has_rows), grid=(c.B, K, c.Sp // bk),
+        in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
                    pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0))],
-        out_shape=[jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hp), k.dtype),
-                   jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hvp), v.dtype)],
+        out_shape=[jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hp), kh.dtype),
+                   jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hvp), vh.dtype)],
         interpret=c.interpret, compiler_params=compiler_params(c, backward=True),
         name=f"attnjax_dkdv_{c.opts.normalizer}")(
             grouped(qh), kh, vh, grouped(do), *rows_g, *seg_args)
-
-  dq = jnp.transpose(dq[:, :, :c.T, :c.H], (0, 2, 1, 3)).astype(q.dtype)
-  dk = jnp.transpose(dk[:, :, :c.S, :c.H], (0, 2, 1, 3)).astype(k.dtype)
-  dv = jnp.transpose(dv[:, :, :c.S, :c.Hv], (0, 2, 1, 3)).astype(v.dtype)
-  if dsink is not None:
-    dsink = jnp.reshape(dsink, sink.shape)
-  return dq, dk, dv, dsink, None, None

@@ -6,7 +6,9 @@ normaliser's online state (:meth:`Normalizer.init` / :meth:`~Normalizer.visit` /
 :meth:`~Normalizer.finish` of :mod:`attnjax.normalizers`, the very functions the
 block-wise XLA kernel calls; the kernel body never looks at a normaliser's
 name). The backward pass (:mod:`attnjax.kernels.pallas_gpu.backward`) recomputes blocks:
-a preprocessing pass for the row terms (``<dO_i, O_i>``), a dq kernel over key
+a preprocessing pass for the row terms (``<dO_i, O_i>``; summed in float32 from the dq
+kernel's tiles instead where the forward's bf16 ``P V`` product is not precise enough for
+the normaliser's backward, softpick's), a dq kernel over key
 blocks and a dk/dv kernel over the query blocks (and the ``G`` query heads) of
 each key/value head, each tile's cotangent from :meth:`Normalizer.tile_backward`.
 
@@ -92,8 +94,10 @@ class BlockSizes:
   Attributes:
     block_q: query rows per forward program.
     block_k: keys per forward tile.
-    block_q_bwd: query rows per backward tile (dq programs and dk/dv loops).
-    block_k_bwd: keys per backward tile (dk/dv programs and dq loops).
+    block_q_bwd: query rows per dq program (and per dk/dv loop step, unless ``block_q_dkdv``).
+    block_k_bwd: keys per dq loop step (and per dk/dv program, unless ``block_k_dkdv``).
+    block_q_dkdv: query rows per dk/dv loop step (None: ``block_q_bwd``).
+    block_k_dkdv: keys per dk/dv program (None: ``block_k_bwd``).
     num_warps: warps per program (None: 4 if the head dim is <= 64, else 8).
     num_stages: software-pipelining stages of the forward kernel.
     num_stages_bwd: the same for the backward kernels.
@@ -106,15 +110,27 @@ class BlockSizes:
   num_warps: Optional[int] = None
   num_stages: int = 3
   num_stages_bwd: int = 2
+  block_q_dkdv: Optional[int] = None
+  block_k_dkdv: Optional[int] = None
 
   def __post_init__(self):
-    for f in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
+    for f in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "block_q_dkdv",
+              "block_k_dkdv"):
       b = getattr(self, f)
+      if b is None and f.endswith("_dkdv"):
+        continue
       if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
         raise ValueError(f"BlockSizes.{f} must be a power of two >= 16, got {b!r}")
 
 
 DEFAULT_BLOCK_SIZES = BlockSizes()
+# The backward of the Triton tutorial's fused attention for sm_80 (4 warps): each kernel's
+# programs hold 128 rows (dq) or 128 keys (dk/dv), whose float32 accumulators stay in
+# registers for the whole walk, and step over 32 keys / rows, whose recomputed tiles are
+# transient; at head dims <= 64 the accumulators of a 128-key dk/dv program (dk and dv) are
+# 128 registers a thread. Speed unmeasured here (no GPU was lent).
+AMPERE_SMALL_HEADS = BlockSizes(block_q_bwd=128, block_k_bwd=32, block_q_dkdv=32,
+                                block_k_dkdv=128)
 
 # Block sizes per target: ``(compute capability major, head dim up to, input element bytes)``,
 # rows in order, the first that covers the call. Each row compiles for its targets' limits
@@ -131,6 +147,7 @@ BLOCK_SIZE_TABLE: tuple[tuple[int, int, int, BlockSizes], ...] = (
     (9, 128, 4, DEFAULT_BLOCK_SIZES),
     (9, 256, 4, BlockSizes(block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32,
                            num_stages=2, num_stages_bwd=1)),
+    (8, 64, 2, AMPERE_SMALL_HEADS),
     (8, 128, 2, DEFAULT_BLOCK_SIZES),
     (8, 256, 2, BlockSizes(block_q=64, block_k=64, num_stages=2)),
     (8, 64, 4, DEFAULT_BLOCK_SIZES),

@@ -52,8 +52,10 @@ class GridPlan(KernelPlan):
   Hvp: int
   bq: int
   bk: int
-  bq_bwd: int
+  bq_bwd: int  # dq programs' rows and loop steps' keys
   bk_bwd: int
+  bq_dkdv: int  # dk/dv loop steps' rows and programs' keys
+  bk_dkdv: int
   has_sink: bool
   has_segments: bool
   num_warps: int
@@ -71,7 +73,8 @@ class GridPlan(KernelPlan):
     """Some visited block may be cut by structure (else no element mask is evaluated)."""
     o = self.opts
     return (o.is_causal or o.window is not None or self.has_segments
-            or self.S % self.bk != 0 or self.S % self.bk_bwd != 0)
+            or self.S % self.bk != 0 or self.S % self.bk_bwd != 0
+            or self.S % self.bk_dkdv != 0)
 
 
 def make_plan(inputs, opts, block_sizes, interpret: bool) -> GridPlan:
@@ -81,12 +84,15 @@ def make_plan(inputs, opts, block_sizes, interpret: bool) -> GridPlan:
   bk = min(block_sizes.block_k, _pow2(S))
   bq_bwd = min(block_sizes.block_q_bwd, _pow2(T))
   bk_bwd = min(block_sizes.block_k_bwd, _pow2(S))
+  bq_dkdv = min(block_sizes.block_q_dkdv or block_sizes.block_q_bwd, _pow2(T))
+  bk_dkdv = min(block_sizes.block_k_dkdv or block_sizes.block_k_bwd, _pow2(S))
   Hp, Hvp = _pow2(H), _pow2(Hv)
   warps = block_sizes.num_warps or (4 if max(Hp, Hvp) <= 64 else 8)
   return GridPlan(
       opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv,
-      Tp=_round_up(T, max(bq, bq_bwd)), Sp=_round_up(S, max(bk, bk_bwd)), Hp=Hp, Hvp=Hvp,
-      bq=bq, bk=bk, bq_bwd=bq_bwd, bk_bwd=bk_bwd, has_sink=inputs.sink_logits is not None,
+      Tp=_round_up(T, max(bq, bq_bwd, bq_dkdv)), Sp=_round_up(S, max(bk, bk_bwd, bk_dkdv)),
+      Hp=Hp, Hvp=Hvp, bq=bq, bk=bk, bq_bwd=bq_bwd, bk_bwd=bk_bwd, bq_dkdv=bq_dkdv,
+      bk_dkdv=bk_dkdv, has_sink=inputs.sink_logits is not None,
       has_segments=inputs.q_segment_ids is not None, num_warps=warps,
       num_stages=block_sizes.num_stages, num_stages_bwd=block_sizes.num_stages_bwd,
       interpret=interpret)
@@ -190,7 +196,7 @@ def full_q_blocks(c: GridPlan, k0, k_last, bq: int):
   lo = 0
   # int32 operands: Triton's lowering gives a select of two Python ints another integer type
   # than the loop bounds (the compile fails: 'arith.minsi' op requires the same type).
-  hi = jnp.where(k_last + 1 - k0 == c.bk_bwd, jnp.int32(pl.cdiv(c.T, bq)),
+  hi = jnp.where(k_last + 1 - k0 == c.bk_dkdv, jnp.int32(pl.cdiv(c.T, bq)),
                  jnp.int32(0))  # a ragged block: masked
   if c.opts.is_causal:
     lo = pl.cdiv(k_last, bq)

@@ -555,10 +555,11 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     return dq, dk, dv, dsink, None, None, dscore, None, None
 
   def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    """The same call on the block-wise engine (plain JAX): forward mode and second order."""
-    out = blockwise.run(options.DenseInputs(
+    """The same call on the block-wise engine (plain JAX): forward mode and second order; its
+    modifiers see the whole call's batch and head indices, as the kernel's do."""
+    out = blockwise.run_shard(options.DenseInputs(
         q=q, k=k, v=v, sink_logits=sink, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
-        score_mod_args=score_args, mask_mod_args=mask_args), opts)
+        score_mod_args=score_args, mask_mod_args=mask_args), opts, offsets)
     if not opts.return_stats:
       return out, None
     o, st = out
