@@ -97,8 +97,13 @@ class Rule:
 # Reading the config.
 
 
-class _Config:
-  """``config.json`` with the defaults of ``transformers``' config class of its type."""
+class Config:
+  """``config.json`` with the defaults of ``transformers``' config class of its type.
+
+  What the hooks read: ``c[key]`` (the value, else the default), ``c.int(key)``
+  and ``c.flag(key)`` (checked), ``c.raw`` (the dict as written) and
+  ``c.defaults``.
+  """
 
   def __init__(self, config: dict, defaults: dict):
     self.raw, self.defaults = config, defaults
@@ -122,7 +127,7 @@ class _Config:
     return value
 
 
-def _activation(c: _Config, key: str) -> str:
+def _activation(c: Config, key: str) -> str:
   name = c[key]
   if name not in ACTIVATIONS:
     raise CheckpointError(f"config.json: {key}={name!r} is not supported (supported: "
@@ -130,7 +135,7 @@ def _activation(c: _Config, key: str) -> str:
   return ACTIVATIONS[name]
 
 
-def _rope_dicts(c: _Config) -> tuple[Optional[dict], Optional[dict]]:
+def _rope_dicts(c: Config) -> tuple[Optional[dict], Optional[dict]]:
   """``(rope_scaling, rope_parameters)`` of the config, each an object or None."""
   scaling, params = c.raw.get("rope_scaling"), c.raw.get("rope_parameters")
   for name, value in (("rope_scaling", scaling), ("rope_parameters", params)):
@@ -139,7 +144,7 @@ def _rope_dicts(c: _Config) -> tuple[Optional[dict], Optional[dict]]:
   return scaling, params
 
 
-def _rope(c: _Config, params: dict, default_theta: float):
+def _rope(c: Config, params: dict, default_theta: float):
   """``(rope_theta, rope_scaling)`` of standardised RoPE ``params``."""
   params = dict(params)
   theta = params.pop("rope_theta", None)
@@ -171,7 +176,7 @@ def _rope(c: _Config, params: dict, default_theta: float):
   return float(theta), scaling
 
 
-def _check_common(c: _Config) -> None:
+def _check_common(c: Config) -> None:
   if c.raw.get("add_cross_attention"):
     raise CheckpointError("config.json: add_cross_attention=true (an encoder-decoder "
                           "cross-attention) is not supported")
@@ -289,9 +294,9 @@ class Architecture:
           f"for model_type={self.model_type!r} (supported: {list(self.quantizations)})")
     return method
 
-  def read_config(self, config: dict) -> "_Config":
+  def read_config(self, config: dict) -> Config:
     """``config`` with this type's defaults, after the checks every type shares."""
-    c = _Config(config, self.defaults)
+    c = Config(config, self.defaults)
     _check_common(c)
     return c
 
@@ -426,7 +431,7 @@ def _alternating(L: int) -> list[str]:
   return [SLIDING if i % 2 == 0 else FULL for i in range(L)]
 
 
-def _qk_norm(c: _Config, scope: str, gain_offset: float) -> dict[str, Any]:
+def _qk_norm(c: Config, scope: str, gain_offset: float) -> dict[str, Any]:
   """``family="qk_norm"``: RMSNorm of q and k with gains, before RoPE, over ``scope``."""
   return dict(family="qk_norm", qk_norm="rms", qk_norm_eps=float(c["rms_norm_eps"]),
               qk_norm_gain=True, qk_norm_placement="before_rope", qk_norm_scope=scope,
@@ -462,11 +467,11 @@ class LlamaStyle(Architecture):
 
   # Config hooks.
 
-  def default_layer_types(self, c: _Config, num_layers: int) -> list[str]:
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     del c
     return [FULL] * num_layers
 
-  def window(self, c: _Config, layer_type: str) -> Optional[int]:
+  def window(self, c: Config, layer_type: str) -> Optional[int]:
     """attnjax's ``window`` (``W - 1``) of a layer, from ``transformers``' ``sliding_window`` W."""
     W = c["sliding_window"] if layer_type == SLIDING else None
     if W is None:
@@ -475,34 +480,34 @@ class LlamaStyle(Architecture):
       raise CheckpointError(f"config.json: sliding_window must be a positive int, got {W!r}")
     return W - 1
 
-  def rope_parameters(self, c: _Config, layer_type: str) -> tuple[dict, float]:
+  def rope_parameters(self, c: Config, layer_type: str) -> tuple[dict, float]:
     """``(parameters, default rope_theta)`` of a layer type; ``rope_scaling`` (older) wins."""
     del layer_type
     scaling, params = _rope_dicts(c)
     chosen = scaling or params or c.defaults.get("rope_parameters") or {}
     return dict(chosen), c.raw.get("rope_theta", self.rope_theta)
 
-  def head_dim(self, c: _Config, d_model: int, num_heads: int) -> int:
+  def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
     return c["head_dim"] or d_model // num_heads
 
-  def attention_bias(self, c: _Config) -> tuple[bool, bool]:
+  def attention_bias(self, c: Config) -> tuple[bool, bool]:
     """``(qkv_bias, out_bias)``."""
     bias = c.flag("attention_bias")
     return bias, bias
 
-  def attention_options(self, c: _Config, layer_type: str) -> dict[str, Any]:
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     """``AttentionConfig`` options of a layer type (``family`` among them, default dense)."""
     del c, layer_type
     return {}
 
-  def mlp(self, c: _Config) -> dict[str, Any]:
+  def mlp(self, c: Config) -> dict[str, Any]:
     """``ModelConfig``'s MLP fields: gated, SwiGLU for SiLU, else GeGLU-style."""
     activation = _activation(c, self.activation_key)
     if activation == "silu":
       return dict(mlp="swiglu", mlp_dim=c.int("intermediate_size"))
     return dict(mlp="geglu", mlp_activation=activation, mlp_dim=c.int("intermediate_size"))
 
-  def model_options(self, c: _Config, d_model: int) -> dict[str, Any]:
+  def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
     """The other ``ModelConfig`` fields: norms, embedding scale, final softcap."""
     del c, d_model
     return dict(norm="rms", norm_placement="pre")
@@ -542,7 +547,7 @@ class LlamaStyle(Architecture):
 
   # Put together.
 
-  def _layer_types(self, c: _Config) -> list[str]:
+  def _layer_types(self, c: Config) -> list[str]:
     L = c.int("num_hidden_layers")
     types = c.raw.get("layer_types")
     if types is None:
@@ -615,6 +620,8 @@ class LlamaStyle(Architecture):
 
 @register
 class Llama(LlamaStyle):
+  """Llama 2/3 and SmolLM: the base, with ``mlp_bias``."""
+
   model_type = "llama"
   known_as = "Llama 2/3, SmolLM"
   summary = '`norm="rms"`, `mlp="swiglu"`, GQA, `rope_scaling` (`linear`, `llama3`, `yarn`)'
@@ -626,12 +633,14 @@ class Llama(LlamaStyle):
   # is_llama_config and rope_interleaved, which transformers does not read (false: checked).
   inert = frozenset({"pretraining_tp", "is_llama_config"})
 
-  def mlp(self, c: _Config) -> dict[str, Any]:
+  def mlp(self, c: Config) -> dict[str, Any]:
     return dict(super().mlp(c), mlp_bias=c.flag("mlp_bias"))
 
 
 @register
 class Mistral(LlamaStyle):
+  """Mistral: a sliding window on every layer."""
+
   model_type = "mistral"
   summary = "as llama, `window=sliding_window - 1` on every layer"
   maps_to = "as llama, `window = sliding_window - 1` on every layer"
@@ -639,12 +648,14 @@ class Mistral(LlamaStyle):
   defaults = dict(LlamaStyle.defaults, max_position_embeddings=4096 * 32,
                   num_key_value_heads=8, sliding_window=4096)
 
-  def default_layer_types(self, c: _Config, num_layers: int) -> list[str]:
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     return [FULL if c["sliding_window"] is None else SLIDING] * num_layers
 
 
 @register
 class Qwen2(LlamaStyle):
+  """Qwen 2: q/k/v biases; windows from ``max_window_layers`` with ``use_sliding_window``."""
+
   model_type = "qwen2"
   summary = "as llama with `qkv_bias`; windows from `max_window_layers`"
   maps_to = ("as llama, `qkv_bias=True`; with `use_sliding_window`, windows on the layers from "
@@ -654,21 +665,23 @@ class Qwen2(LlamaStyle):
   defaults = dict(LlamaStyle.defaults, max_position_embeddings=32768, use_sliding_window=False,
                   sliding_window=4096, max_window_layers=28)
 
-  def default_layer_types(self, c: _Config, num_layers: int) -> list[str]:
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     windowed = c.flag("use_sliding_window") and c["sliding_window"] is not None
     first = c.int("max_window_layers") if windowed else num_layers
     return [SLIDING if i >= first else FULL for i in range(num_layers)]
 
-  def window(self, c: _Config, layer_type: str) -> Optional[int]:
+  def window(self, c: Config, layer_type: str) -> Optional[int]:
     # sliding_window counts only with use_sliding_window.
     return super().window(c, layer_type) if c.flag("use_sliding_window") else None
 
-  def attention_bias(self, c: _Config) -> tuple[bool, bool]:
+  def attention_bias(self, c: Config) -> tuple[bool, bool]:
     return True, False
 
 
 @register
 class Qwen3(Qwen2):
+  """Qwen 3: Qwen 2's windows, RMSNorm of q and k per head, ``attention_bias``."""
+
   model_type = "qwen3"
   summary = 'as llama, `family="qk_norm"` (per head); windows as qwen2'
   maps_to = ('`family="qk_norm"` (RMSNorm per head, before RoPE, gains `[H]`), explicit '
@@ -676,15 +689,17 @@ class Qwen3(Qwen2):
   understood = Qwen2.understood | {"attention_bias"}
   defaults = dict(Qwen2.defaults, head_dim=128)
 
-  def attention_bias(self, c: _Config) -> tuple[bool, bool]:
+  def attention_bias(self, c: Config) -> tuple[bool, bool]:
     return LlamaStyle.attention_bias(self, c)
 
-  def attention_options(self, c: _Config, layer_type: str) -> dict[str, Any]:
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     return _qk_norm(c, "head", 0.0)
 
 
 @register
 class Gemma2(LlamaStyle):
+  """Gemma 2: ``(1 + w)`` sandwich norms, GeGLU, scaled embedding, softcaps, alternating windows."""
+
   model_type = "gemma2"
   summary = ('`norm="rms_plus_one"`, `norm_placement="sandwich"`, `mlp="geglu"`, '
              '`embed_scale`, `scale`, `softcap`, `final_softcap`, alternating windows')
@@ -707,16 +722,16 @@ class Gemma2(LlamaStyle):
                 ("mlp_norm", "pre_feedforward_layernorm"),
                 ("mlp_post_norm", "post_feedforward_layernorm"))
 
-  def default_layer_types(self, c: _Config, num_layers: int) -> list[str]:
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     return _alternating(num_layers)
 
-  def attention_options(self, c: _Config, layer_type: str) -> dict[str, Any]:
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     options: dict[str, Any] = {"scale": float(c["query_pre_attn_scalar"]) ** -0.5}
     if c["attn_logit_softcapping"] is not None:
       options["softcap"] = float(c["attn_logit_softcapping"])
     return options
 
-  def model_options(self, c: _Config, d_model: int) -> dict[str, Any]:
+  def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
     options: dict[str, Any] = dict(norm="rms_plus_one", norm_placement="sandwich",
                                    embed_scale=float(d_model) ** 0.5)
     if c["final_logit_softcapping"] is not None:
@@ -726,6 +741,8 @@ class Gemma2(LlamaStyle):
 
 @register
 class Gemma3Text(Gemma2):
+  """Gemma 3 (text): Gemma 2 with QK-norm, local / global RoPE and a window pattern."""
+
   model_type = "gemma3_text"
   summary = 'as gemma2 with `family="qk_norm"`, local / global RoPE'
   maps_to = ('as gemma2 with `family="qk_norm"` (`qk_norm_gain_offset=1`, `qk_scale`), local / '
@@ -737,11 +754,11 @@ class Gemma3Text(Gemma2):
   rope_theta = 1_000_000.0
   local_rope_theta: ClassVar[float] = 10_000.0
 
-  def default_layer_types(self, c: _Config, num_layers: int) -> list[str]:
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     pattern = c.raw.get("sliding_window_pattern", c.raw.get("_sliding_window_pattern", 6))
     return [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
 
-  def rope_parameters(self, c: _Config, layer_type: str) -> tuple[dict, float]:
+  def rope_parameters(self, c: Config, layer_type: str) -> tuple[dict, float]:
     """``rope_parameters`` nested by layer type; older configs scale only the full layers
     and give the sliding ones their own base (``rope_local_base_freq``)."""
     scaling, params = _rope_dicts(c)
@@ -753,7 +770,7 @@ class Gemma3Text(Gemma2):
       chosen.update(scaling)
     return chosen, c.raw.get("rope_theta", self.rope_theta)
 
-  def attention_options(self, c: _Config, layer_type: str) -> dict[str, Any]:
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     options = super().attention_options(c, layer_type)
     options["qk_scale"] = options.pop("scale")
     return dict(options, **_qk_norm(c, "head", 1.0))
@@ -761,6 +778,8 @@ class Gemma3Text(Gemma2):
 
 @register
 class Olmo2(LlamaStyle):
+  """OLMo 2: RMSNorm of the whole q and k projections, post-norm blocks."""
+
   model_type = "olmo2"
   summary = '`family="qk_norm"` with `qk_norm_scope="projection"`, `norm_placement="post"`'
   maps_to = ('`family="qk_norm"` with `qk_norm_scope="projection"` (RMSNorm over all heads\' '
@@ -770,18 +789,20 @@ class Olmo2(LlamaStyle):
   norm_names = (("attn_post_norm", "post_attention_layernorm"),
                 ("mlp_post_norm", "post_feedforward_layernorm"))
 
-  def head_dim(self, c: _Config, d_model: int, num_heads: int) -> int:
+  def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
     return d_model // num_heads  # head_dim is not a key of its config
 
-  def attention_options(self, c: _Config, layer_type: str) -> dict[str, Any]:
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     return _qk_norm(c, "projection", 0.0)
 
-  def model_options(self, c: _Config, d_model: int) -> dict[str, Any]:
+  def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
     return dict(norm="rms", norm_placement="post")
 
 
 @register
 class GptOss(LlamaStyle):
+  """gpt-oss: sink logits, alternating windows, YaRN, top-k experts (MXFP4 or not)."""
+
   model_type = "gpt_oss"
   summary = ('`sink_logits=True`, alternating windows, yarn RoPE, `mlp="moe"` (top-k routing, '
              'exact), MXFP4 experts dequantised')
@@ -804,13 +825,13 @@ class GptOss(LlamaStyle):
   quantizations = ("mxfp4",)
   rope_theta = 150000.0
 
-  def default_layer_types(self, c: _Config, num_layers: int) -> list[str]:
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     return _alternating(num_layers)
 
-  def attention_options(self, c: _Config, layer_type: str) -> dict[str, Any]:
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     return {"sink_logits": True}
 
-  def mlp(self, c: _Config) -> dict[str, Any]:
+  def mlp(self, c: Config) -> dict[str, Any]:
     _activation(c, self.activation_key)  # checked, though the experts' SwiGLU is fixed
     return dict(mlp="moe", mlp_dim=c.int("intermediate_size"),
                 num_experts=c.int("num_local_experts"),
@@ -894,6 +915,6 @@ def architecture_table(detail: str = "maps_to") -> str:
   return "\n".join(rows) + "\n"
 
 
-__all__ = ["ARCHITECTURES", "Architecture", "CheckpointError", "FULL", "LAYER_TYPES",
+__all__ = ["ARCHITECTURES", "Architecture", "CheckpointError", "Config", "FULL", "LAYER_TYPES",
            "LlamaStyle", "Rule", "SLIDING", "SUPPORTED", "architecture", "architecture_table",
            "dequantize_mxfp4", "register"]
