@@ -11,8 +11,11 @@ implementations of every fixture and greedy generation of every fixture run unde
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import pathlib
+import re
 import shutil
 
 import jax
@@ -25,11 +28,12 @@ from attnjax import models, nn
 from attnjax.models import architectures
 from helpers import assert_close, reduction_tolerance
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "pretrained")
 ALL = sorted(d for d in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTURES, d)))
-# One fixture per model type in the default run (the richest of each).
-DEFAULT = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "olmo2",
-           "gpt_oss")
+# One fixture per registered model type in the default run: the one named after it (the
+# richest of each).
+DEFAULT = models.SUPPORTED
 MORE = tuple(n for n in ALL if n not in DEFAULT)
 LOGIT_TOL = 1e-4   # of the logits' scale (max |logit|)
 SINK_TOL = 1e-5
@@ -40,9 +44,13 @@ def _expected(name: str) -> dict:
     return {k: z[k] for k in z.files}
 
 
-def _model_type(name: str) -> str:
+def _config(name: str) -> dict:
   with open(os.path.join(FIXTURES, name, "config.json")) as f:
-    return json.load(f)["model_type"]
+    return json.load(f)
+
+
+def _model_type(name: str) -> str:
+  return _config(name)["model_type"]
 
 
 _CACHE: dict = {}
@@ -89,11 +97,11 @@ def _check_generation(name: str, **kwargs) -> None:
 
 
 def test_supported_types_each_have_a_fixture():
-  assert models.SUPPORTED == ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2",
-                              "gemma3_text", "olmo2", "gpt_oss")
-  assert set(models.SUPPORTED) == set(models.ARCHITECTURES)
-  assert {_model_type(n) for n in DEFAULT} == set(models.SUPPORTED)
-  assert {_model_type(n) for n in DEFAULT} == {_model_type(n) for n in ALL}
+  assert models.SUPPORTED == tuple(models.ARCHITECTURES)
+  for model_type, arch in models.ARCHITECTURES.items():
+    assert arch.model_type == model_type
+    assert model_type in ALL and _model_type(model_type) == model_type, model_type
+  assert {_model_type(n) for n in ALL} == set(models.SUPPORTED)
 
 
 @pytest.mark.parametrize("name", DEFAULT)
@@ -312,6 +320,82 @@ def test_bad_attention_options_name_the_field(attention, error, match):
     models.from_pretrained(os.path.join(FIXTURES, "gemma2"), attention=attention)
 
 
+# attention= per layer type: StreamingLLM on the global layers of a windowed model.
+
+_STREAMING = {"cache_policy": "sinks_window", "cache_budget": 8, "cache_recent": 6}
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3_text", "qwen2_window_bf16"])
+def test_attention_targets_the_full_attention_layers_only(name):
+  native = _load(name)
+  model = _load(name, attention={"implementation": "reference", "full_attention": _STREAMING})
+  types = architectures.architecture(_config(name)).layer_types(_config(name))
+  assert set(types) == {"full_attention", "sliding_attention"}
+  for layer_type, old, new in zip(types, native.blocks, model.blocks):
+    old, new = old.attention.config, new.attention.config
+    assert new.implementation == "reference"  # the shared options reach every layer
+    if layer_type == "sliding_attention":
+      assert new.window == old.window is not None and new.spec.cache_policy == "full"
+      assert new.replace(implementation=old.implementation) == old
+    else:
+      assert old.window is None and new.window is None
+      assert (new.spec.cache_policy, new.spec.cache_budget, new.spec.cache_recent) == (
+          "sinks_window", 8, 6)
+      assert new.replace(implementation=old.implementation, cache_policy="full",
+                         cache_budget=None, cache_recent=None) == old
+
+
+def test_the_untargeted_form_names_the_layers_it_cannot_apply_to_and_how_to_target():
+  with pytest.raises(ValueError, match=r"the sliding_attention layers \[0, 2\] cannot take "
+                                       r"these options.*window=5.*target those by layer type: "
+                                       r"attention=\{'full_attention': \{'cache_policy'"):
+    models.from_pretrained(os.path.join(FIXTURES, "gemma2"),
+                           attention={"cache_policy": "sinks_window", "cache_budget": 8})
+  # Where every layer can take them, as on Llama, the plain form applies to every layer.
+  model = _load("llama", attention={"cache_policy": "sinks_window", "cache_budget": 8})
+  assert {b.attention.config.spec.cache_policy for b in model.blocks} == {"sinks_window"}
+  # A layer type's own options override the shared ones; its window can be lifted too.
+  model = _load("gemma2", attention={"cache_policy": "sinks_window", "cache_budget": 8,
+                                     "sliding_attention": {"window": None}})
+  assert [(b.attention.config.window, b.attention.config.spec.cache_policy)
+          for b in model.blocks] == [(None, "sinks_window")] * 3
+
+
+@pytest.mark.parametrize("attention,error,match", [
+    ({"sliding_attention": {"normalizer": "softmax_one"}}, ValueError,
+     r"no sliding_attention layers \(its layer types: \['full_attention'\]\)"),
+    ({"full_attention": "reference"}, TypeError, r"attention\['full_attention'\] must be a "
+                                                 r"mapping"),
+    ({"full_attention": {"sliding_attention": {}}}, TypeError, "not nested types"),
+    ({"full_attention": {"windw": 3}}, TypeError, r"attention\['full_attention'\].*windw"),
+])
+def test_bad_layer_type_targets_are_named(attention, error, match):
+  with pytest.raises(error, match=match):
+    models.from_pretrained(os.path.join(FIXTURES, "llama"), attention=attention)
+
+
+@pytest.mark.parametrize("name", ["gemma2", pytest.param("gemma3_text", marks=pytest.mark.slow)])
+def test_streaming_cache_on_the_global_layers_decodes_as_their_sinks_and_window(name):
+  # The sinks_window cache (8 slots: 2 sinks + 6 recent) of the global layers evicts from the
+  # 9th token on; one token at a time it equals the same layers with window=6, num_sinks=2
+  # (StreamingLLM's layer; tests/test_kv_cache.py holds the two equal on one layer), and the
+  # sliding layers keep their own rolling windows in both.
+  e = _expected(name)
+  tokens = jnp.asarray(e["tokens"])
+  streaming = _load(name, dtype="float32", attention={"full_attention": _STREAMING})
+  layer = _load(name, dtype="float32", attention={"full_attention": {"window": 6,
+                                                                      "num_sinks": 2}})
+  full, a = _full_and_decoded(streaming, tokens, prefill=5)
+  _, b = _full_and_decoded(layer, tokens, prefill=5)
+  assert tokens.shape[1] > 8
+  np.testing.assert_allclose(np.asarray(full), e["logits"],
+                             atol=LOGIT_TOL * float(np.abs(e["logits"]).max()), rtol=0)
+  assert_close(a, b, "sinks_window cache against window + sinks", rtol=1e-5, atol=1e-5,
+               scaled=True)
+  # The eviction bites: after the budget the decoded logits leave the full forward's.
+  assert float(jnp.abs(a[:, 9:] - full[:, 9:]).max()) > 1e-3 * float(jnp.abs(full).max())
+
+
 # ---------------------------------------------------------------------------
 # Bad input: each a named error before anything is computed.
 
@@ -361,7 +445,8 @@ def test_not_a_checkpoint_directory(tmp_path):
 def test_unknown_model_type_lists_supported(tmp_path):
   path = _copy_fixture(tmp_path)
   _edit_config(path, model_type="falcon")
-  with pytest.raises(models.CheckpointError, match="falcon.*SUPPORTED.*gpt2.*gpt_oss"):
+  with pytest.raises(models.CheckpointError,
+                     match="falcon.*SUPPORTED = " + re.escape(str(models.SUPPORTED))):
     models.from_pretrained(str(path))
 
 
@@ -452,6 +537,68 @@ def test_older_gpt2_checkpoints_without_prefix_and_with_mask_buffers(tmp_path):
   assert old.keys() == new.keys()
   for key in old:
     np.testing.assert_array_equal(old[key], new[key], err_msg=key)
+
+
+# ---------------------------------------------------------------------------
+# The registry: one class per model type, the rest generated from it.
+
+
+def _model_type_strings(path: pathlib.Path) -> list[str]:
+  """Model-type string constants of a module outside ``model_type = "..."`` class attributes."""
+  tree = ast.parse(path.read_text())
+  own = {id(node.value) for node in ast.walk(tree)
+         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+         and [getattr(t, "id", None) for t in node.targets] == ["model_type"]}
+  return [f"{path.name}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+          if isinstance(node, ast.Constant) and node.value in models.SUPPORTED
+          and id(node) not in own]
+
+
+def test_no_model_type_string_in_shared_code():
+  found = [hit for path in sorted((ROOT / "attnjax" / "models").glob("*.py"))
+           for hit in _model_type_strings(path)]
+  assert not found, found
+  # Each registered class names its model type once.
+  tree = ast.parse((ROOT / "attnjax" / "models" / "architectures.py").read_text())
+  named = [node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+           and isinstance(node.value, ast.Constant)
+           and [getattr(t, "id", None) for t in node.targets] == ["model_type"]]
+  assert sorted(named) == sorted(models.SUPPORTED)
+
+
+@pytest.mark.parametrize("doc,detail", [("README.md", "summary"),
+                                        ("docs/guides/models.md", "maps_to")])
+def test_documentation_tables_are_the_registrys(doc, detail):
+  text = (ROOT / doc).read_text()
+  table = architectures.architecture_table(detail)
+  assert table in text, (f"{doc}: its model_type table is not the registry's "
+                         f"(architecture_table({detail!r})); paste it:\n{table}")
+  assert text.count("| `model_type` |") == 1, doc
+
+
+def test_an_architecture_is_one_registered_class(tmp_path):
+  # A stand-in model type: Llama's hooks under another name, registered in one place.
+  @architectures.register
+  class StandIn(architectures.Llama):
+    model_type = "llama_stand_in"
+    summary = maps_to = "as llama"
+
+  try:
+    path = _copy_fixture(tmp_path)
+    _edit_config(path, model_type="llama_stand_in")
+    model = models.from_pretrained(str(path), dtype="float32")
+    e = _expected("llama")
+    logits = np.asarray(model(jnp.asarray(e["tokens"])))
+    np.testing.assert_allclose(logits, e["logits"],
+                               atol=LOGIT_TOL * float(np.abs(e["logits"]).max()), rtol=0)
+    assert "| `llama_stand_in` | as llama |" in architectures.architecture_table("summary")
+    with pytest.raises(ValueError, match="llama_stand_in.*already registered"):
+      architectures.register(StandIn)
+  finally:
+    del architectures.ARCHITECTURES["llama_stand_in"]
+  with pytest.raises(TypeError, match="must set summary"):
+    architectures.register(type("Bare", (architectures.LlamaStyle,), {"model_type": "bare"}))
+  assert tuple(models.ARCHITECTURES) == models.SUPPORTED
 
 
 # ---------------------------------------------------------------------------

@@ -11,13 +11,12 @@
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(1, 8), ("data", "model"))
   model = models.from_pretrained(path, mesh=mesh)             # sharded as it is read
 
-``SUPPORTED`` lists the ``model_type``s: ``gpt2``, ``llama`` (Llama 2/3,
-SmolLM), ``mistral``, ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3_text``,
-``olmo2`` and ``gpt_oss``. Each is a mapping of its ``config.json`` and
-tensor names onto the one decoder of :mod:`attnjax.nn`
-(``attnjax.models.architectures``); the reference for each is
-``transformers``, whose eager forward the tests hold the logits, the
-per-head sink mass and greedy generation equal to. No torch, no network.
+``SUPPORTED`` lists the ``model_type``s, one registered class each in
+``attnjax.models.architectures`` (``ARCHITECTURES``): a mapping of its
+``config.json`` and tensor names onto the one decoder of :mod:`attnjax.nn`.
+The reference for each is ``transformers``, whose eager forward the tests
+hold the logits, the per-head sink mass and greedy generation equal to. No
+torch, no network.
 
 :func:`tokenizer` opens a checkpoint's ``tokenizer.json`` with the optional
 ``tokenizers`` package; ``attnjax.nn.layer_stats(model, tokens, view="streaming")``

@@ -138,19 +138,67 @@ def override_attention(config: nn.AttentionConfig,
   return config.replace(family=family, **carried)
 
 
-def _apply_attention(mcfg: nn.ModelConfig, options: Optional[Mapping[str, Any]]):
-  if options is None:
-    return mcfg
+def _split_targets(options: Mapping[str, Any], present: list[str]):
+  """``(options for every layer, {layer type: its own options})`` of ``attention=``."""
   if not isinstance(options, Mapping):
     raise TypeError(f"attention must be a mapping of attnjax attention options (e.g. "
-                    f"{{'implementation': 'reference'}}), got {type(options).__name__}")
-  try:
-    if mcfg.layer_attention is None:
-      return mcfg.replace(attention=override_attention(mcfg.attention, options))
-    layers = tuple(override_attention(c, options) for c in mcfg.layer_attention)
-    return mcfg.replace(attention=layers[0], layer_attention=layers)
-  except (TypeError, ValueError) as e:
-    raise type(e)(f"attention={dict(options)}: {e}") from None
+                    f"{{'implementation': 'reference'}}), optionally per layer type (e.g. "
+                    f"{{'full_attention': {{...}}}}), got {type(options).__name__}")
+  shared = {k: v for k, v in options.items() if k not in architectures.LAYER_TYPES}
+  targeted = {}
+  for layer_type in architectures.LAYER_TYPES:
+    if layer_type not in options:
+      continue
+    own = options[layer_type]
+    if not isinstance(own, Mapping):
+      raise TypeError(f"attention[{layer_type!r}] must be a mapping of attnjax attention "
+                      f"options, got {type(own).__name__}")
+    nested = sorted(set(own) & set(architectures.LAYER_TYPES))
+    if nested:
+      raise TypeError(f"attention[{layer_type!r}] holds the layer types {nested}: options "
+                      f"of one layer type are attention options, not nested types")
+    if layer_type not in present:
+      raise ValueError(f"attention[{layer_type!r}]: this checkpoint has no {layer_type} "
+                       f"layers (its layer types: {sorted(set(present))})")
+    targeted[layer_type] = dict(own)
+  return shared, targeted
+
+
+def _apply_attention(mcfg: nn.ModelConfig, options: Optional[Mapping[str, Any]],
+                     layer_types: list[str]):
+  """``mcfg`` with ``attention=`` applied: the shared options to every layer, then each
+  layer type's own (see :func:`from_pretrained`)."""
+  if options is None:
+    return mcfg
+  shared, targeted = _split_targets(options, layer_types)
+  layers, failed = [], {}
+  for i, layer_type in enumerate(layer_types):
+    chosen = dict(shared, **targeted.get(layer_type, {}))
+    try:
+      layers.append(override_attention(mcfg.attention_for(i), chosen))
+    except (TypeError, ValueError) as e:
+      failed.setdefault(layer_type, ([], e))[0].append(i)
+  if failed:
+    raise _attention_error(options, shared, targeted, layer_types, failed)
+  same = all(c == layers[0] for c in layers)
+  return mcfg.replace(attention=layers[0], layer_attention=(
+      None if same and mcfg.layer_attention is None else tuple(layers)))
+
+
+def _attention_error(options, shared, targeted, layer_types, failed) -> Exception:
+  """The error of ``attention=`` options that some layers cannot take, naming their type."""
+  layer_type, (indices, error) = next(iter(failed.items()))
+  if layer_type in targeted:
+    return type(error)(f"attention[{layer_type!r}] (layers {indices}): {error}")
+  if set(failed) == set(layer_types):
+    return type(error)(f"attention={dict(options)}: {error}")
+  # A mixed model: name the layers, and how to apply the options to the others only.
+  others = sorted(set(layer_types) - set(failed))
+  return type(error)(
+      f"attention={dict(options)}: the {layer_type} layers {indices} cannot take these "
+      f"options: {error}. To apply them to the other layers only, target those by layer "
+      f"type: attention={{{others[0]!r}: {dict(shared)}}} (a layer type's own options go "
+      f"under its name, e.g. attention={{{layer_type!r}: {{...}}}})")
 
 
 # ---------------------------------------------------------------------------
@@ -226,6 +274,9 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
         path, attention={"implementation": "blockwise"})     # O(T) memory at 32k tokens
     streaming = attnjax.models.from_pretrained(
         path, attention={"cache_policy": "sinks_window", "cache_budget": 1024})
+    gemma_streaming = attnjax.models.from_pretrained(   # the global layers; windows stay
+        gemma_path, attention={"full_attention": {"cache_policy": "sinks_window",
+                                                  "cache_budget": 1024}})
 
   Args:
     path: the checkpoint directory.
@@ -238,10 +289,17 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
       field): ``implementation``, ``normalizer``, ``window``, ``cache_policy``
       / ``cache_budget``, ``softcap``, ... or ``family`` (another family keeps
       the options it shares with the checkpoint's and refuses to drop one it
-      cannot express). Parameters such an option adds (an output gate, a k/v
-      bias, QK-norm gains) start from their initial values and are named in a
-      warning; checkpoint tensors it makes unused (``sink_logits=False``) are
-      dropped, also with a warning.
+      cannot express). Options under a layer type's name apply to the layers
+      of that type only, after the shared ones: ``{"full_attention": {...},
+      "sliding_attention": {...}}`` (the checkpoint's ``layer_types``; every
+      layer of a model without windows is ``full_attention``, every layer of
+      Mistral's is ``sliding_attention``). Shared options that some layer
+      types cannot take (``cache_policy="sinks_window"`` on a layer that has
+      a window) raise, naming those layers and the targeted form. Parameters
+      such an option adds (an output gate, a k/v bias, QK-norm gains) start
+      from their initial values and are named in a warning; checkpoint
+      tensors it makes unused (``sink_logits=False``) are dropped, also with a
+      warning.
     mesh: a ``jax.sharding.Mesh``: each parameter is placed with the
       ``NamedSharding`` of its logical axes (:func:`logical_rules`) as it is
       read (``jax.make_array_from_callback``), so no device holds a full copy.
@@ -259,18 +317,22 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
       ``model_type`` (lists SUPPORTED), a config key that is not understood,
       missing or unexpected tensors, a tensor whose shape differs from the
       config (both shapes named); all before any weight is read.
-    ValueError: a bad ``dtype``, ``attention`` or ``mesh`` value.
+    ValueError: a bad ``dtype``, ``attention`` or ``mesh`` value (a layer type
+      the checkpoint does not have, options some layers cannot take).
     TypeError: an ``attention`` option or ``mesh`` of the wrong type.
   """
   checkpoint = Checkpoint(path)
   config = checkpoint.config
   arch = architectures.architecture(config)
   arch.check_keys(config)
+  arch.quant_method(config)
   native = arch.build(config)
+  layer_types = arch.layer_types(config)
   rules = arch.tensors(config, native)
   names = check_tensors(checkpoint, arch, rules, native.tie_embeddings)
   dtype_name = _dtype_name(dtype, checkpoint, config)
-  mcfg = _apply_attention(native.replace(dtype=dtype_name, param_dtype=dtype_name), attention)
+  mcfg = _apply_attention(native.replace(dtype=dtype_name, param_dtype=dtype_name), attention,
+                          layer_types)
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
 
