@@ -745,7 +745,7 @@ class Gemma3Text(Gemma2):
 
   model_type = "gemma3_text"
   summary = 'as gemma2 with `family="qk_norm"`, local / global RoPE'
-  maps_to = ('as gemma2 with `family="qk_norm"` (`qk_norm_gain_offset=1`, `qk_scale`), local / '
+  maps_to = ('as gemma2 with `family="qk_norm"` (`qk_norm_gain_offset=1`, `scale`), local / '
              'global `rope_theta` and `rope_scaling` per layer, `sliding_window_pattern`')
   understood = Gemma2.understood | {"rope_local_base_freq", "sliding_window_pattern",
                                     "_sliding_window_pattern"}
@@ -772,7 +772,6 @@ class Gemma3Text(Gemma2):
 
   def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     options = super().attention_options(c, layer_type)
-    options["qk_scale"] = options.pop("scale")
     return dict(options, **_qk_norm(c, "head", 1.0))
 
 
