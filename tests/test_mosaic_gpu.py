@@ -242,6 +242,8 @@ BACKWARD_CASES = [
                                block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
     # segment ids: blocks skipped at run time in both kernels; sigmoid's counts pre-pass
     ("sigmoid", "segments", dict(gqa=True, stats=True)),
+    # no row input at all (no D_i: reads_row_dot is False; no residual, no statistics)
+    ("none", "window", dict(gqa=False)),
 ]
 
 
@@ -287,6 +289,30 @@ def test_row_lowering_equals_the_normaliser(normalizer):
     a = np.asarray(a)
     np.testing.assert_allclose(np.reshape(np.asarray(b), a.shape), a, rtol=1e-6, atol=1e-6,
                                err_msg=f"{normalizer} {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("normalizer", NORMS)
+def test_reads_row_dot_is_honest(normalizer):
+  """A normaliser that declares ``reads_row_dot=False`` (the backward kernels then skip
+  ``D_i = <dO_i, O_i>`` and pass None) gives the same tile rule with any row_dot or None;
+  one that declares True depends on it."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, tk = 8, 16
+  rng = np.random.default_rng(1)
+  z, dp = (jnp.asarray(rng.standard_normal((R, tk)), jnp.float32) for _ in range(2))
+  allowed = jnp.asarray(rng.random((R, tk)) > 0.3)
+  counts = jnp.sum(allowed, axis=1, keepdims=True).astype(jnp.float32)
+  row = nz.row_inputs(None, counts)
+  st = nz.visit(nz.init((R, 1), (R, 4), True), z, allowed, lambda w: w @ jnp.ones((tk, 4)),
+                row, True, True)
+  _, res, _ = nz.finish(st, row, True)
+  d_lse = jnp.asarray(rng.standard_normal((R, 1)), jnp.float32)
+  rule = lambda row_dot: nz.tile_backward(z, allowed, dp, res, row_dot, d_lse)[1]
+  dot = jnp.asarray(rng.standard_normal((R, 1)), jnp.float32)
+  if nz.reads_row_dot:
+    assert float(jnp.max(jnp.abs(rule(dot) - rule(2.0 * dot)))) > 1e-3
+  else:
+    np.testing.assert_array_equal(rule(None), rule(dot))
 
 
 @pytest.mark.parametrize("structure", [dict(is_causal=True), dict(window=(70, 10)),
@@ -398,10 +424,12 @@ def assert_mosaic(compiled, kernels: int = 1):
 
 
 # The default subset (each ~10-20 s on two CPU cores): fwd + dq + dk/dv on an H100 and, with
-# segment ids, on an H200; every normaliser x head dim x structure with -m slow.
+# segment ids and for an elementwise normaliser, on an H200; every normaliser x head dim x
+# structure with -m slow.
 COMPILE_CASES = [
     ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
     ("h200", "softpick", "segments", 64, True, jnp.bfloat16),
+    ("h200", "sigmoid", "causal", 128, True, jnp.bfloat16),  # no D_i (reads_row_dot False)
 ]
 SLOW_COMPILE_CASES = [c for c in itertools.product(("h100", "h200"), NORMS, STRUCTURES,
                                                    (64, 128, 256), (True,), (jnp.bfloat16,))

@@ -1,9 +1,10 @@
 """The backward kernels of :mod:`attnjax.kernels.mosaic_gpu` (FlashAttention-2/3 style, tiles
 recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with a TMA ring.
 
-1. Preprocessing (XLA, one fused pass): ``D_i = <dO_i, O_i>``, the logsumexp cotangent
-   ``g_i`` (zero on rows with no key) and, with ``sink_logits``, the null logit's cotangent
-   from :meth:`Normalizer.null_grad`.
+1. Preprocessing (XLA, one fused pass): ``D_i = <dO_i, O_i>`` (only for a normaliser that
+   ``reads_row_dot``: sigmoid, ReLU and none skip this pass over dO and O), the logsumexp
+   cotangent ``g_i`` (zero on rows with no key) and, with ``sink_logits``, the null logit's
+   cotangent from :meth:`Normalizer.null_grad`.
 2. dq: one program per (query head, query block, batch) walks the key blocks its rows attend
    (the forward's bounds; interior blocks unmasked), recomputes ``z = Q K^T`` and
    ``dP = dO V^T`` (wgmma), takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` (row
@@ -96,9 +97,18 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
   return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
 
-def _row_args(rows, res_keys, has_g: bool):
-  """``(res, row_dot, g)`` of the loaded row vectors ``[row_dot, g?, *residuals]``."""
-  return dict(zip(res_keys, rows[1 + int(has_g):])), rows[0], (rows[1] if has_g else None)
+def _num_rows(c, res_keys, has_g: bool) -> int:
+  """Row vectors a backward kernel loads per query block: ``row_dot`` (where the normaliser
+  reads it), ``g`` (with a logsumexp cotangent) and the residuals."""
+  return int(c.nz.reads_row_dot) + int(has_g) + len(res_keys)
+
+
+def _row_args(rows, res_keys, has_g: bool, has_dot: bool):
+  """``(res, row_dot, g)`` of the loaded row vectors ``[row_dot?, g?, *residuals]``
+  (``row_dot`` None without ``has_dot``)."""
+  k = int(has_dot)
+  return (dict(zip(res_keys, rows[k + int(has_g):])), rows[0] if has_dot else None,
+          rows[k] if has_g else None)
 
 
 def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lowered):
@@ -202,7 +212,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   q0 = i * bq
   q_last = jnp.minimum(q0 + bq, c.T) - 1
   lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
-  nrows = len(res_keys) + 1 + int(has_g)
+  nrows = _num_rows(c, res_keys, has_g)
 
   plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar.at[0])
   plgpu.copy_gmem_to_smem(do_ref.at[b, n, pl.ds(q0, bq)], do_smem, q_bar.at[1])
@@ -235,7 +245,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   for r in range(nrows):
     plgpu.barrier_wait(rows_bars.at[r])
     rows.append(load(rows_smem.at[r], 1))
-  row_args = _row_args(rows, res_keys, has_g)
+  row_args = _row_args(rows, res_keys, has_g, c.nz.reads_row_dot)
   q_seg = None
   if c.has_segments:
     plgpu.barrier_wait(qseg_bar.at[0])
@@ -289,7 +299,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   lo, hi, flo, fhi = q_block_bounds(c, k0, jnp.minimum(k0 + bk, c.S) - 1, c.Tp // bq)
   per_head = hi - lo
   total = per_head * c.G  # steps: (query head of the group, query block)
-  nrows = len(res_keys) + 1 + int(has_g)
+  nrows = _num_rows(c, res_keys, has_g)
 
   plgpu.copy_gmem_to_smem(k_ref.at[b, h, pl.ds(k0, bk)], k_smem, k_bar.at[0])
   plgpu.copy_gmem_to_smem(v_ref.at[b, h, pl.ds(k0, bk)], v_smem, k_bar.at[1])
@@ -329,7 +339,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     mask = lambda: (_dkdv_mask(c, load, i, qcol, kpos, qseg_smem, slot, k_seg) if masked
                     else None)
     s, w, dz = _tile_rule(c, plgpu, k_smem, q_smem.at[slot], v_smem, do_smem.at[slot], mask,
-                          _row_args(rows, res_keys, has_g),
+                          _row_args(rows, res_keys, has_g, c.nz.reads_row_dot),
                           lower_rows(c.nz.tile_backward, bq, transposed=True))
     dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
                   staging=staging)
@@ -362,6 +372,34 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
                  (dv_smem, dv_ref.at[b, h, pl.ds(k0, bk)])])
 
 
+def _heads_first(x, L):
+  """``[B, T, N, H]`` -> ``[B, N, L, H]`` (padded rows of zeros)."""
+  x = jnp.transpose(x, (0, 2, 1, 3))
+  return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
+
+
+def _rows_in(c, doh, out, res, d_lse, has_key):
+  """``(row_dot, g, res_keys, rows)``: the backward's row inputs ``[B, N, Tp]`` float32
+  (``row_dot`` None where the normaliser does not read it, ``g`` None without a logsumexp
+  cotangent) and their stack ``rows`` ``[nrows, B, N, Tp]`` in the kernels' order."""
+  row_dot = None
+  if c.nz.reads_row_dot:  # D_i = <dO_i, O_i>: a pass over dO and O that the others skip
+    oh = _heads_first(out, c.Tp)
+    row_dot = jnp.sum(doh.astype(jnp.float32) * oh.astype(jnp.float32), axis=-1)
+  g = None
+  if d_lse is not None:
+    g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))
+    g = jnp.where(has_key > 0, g, 0.0)
+  res_keys = tuple(sorted(res))
+  row_list = ([row_dot] if row_dot is not None else []) + ([g] if g is not None else []) + [
+      res[key] for key in res_keys]
+  # the kernels load _num_rows(...) rows; with none (normalizer="none", no statistics) one
+  # zero row stands in for the operand and is never read
+  rows = (jnp.stack(row_list) if row_list
+          else jnp.zeros((1, c.B, c.N, c.Tp), jnp.float32))
+  return row_dot, g, res_keys, rows
+
+
 def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
   """Cotangents ``(dq, dk, dv, dsink)`` of the kernel's core.
 
@@ -375,20 +413,9 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   seg_args = segment_args(c, q_seg, kv_seg)
   nseg = len(seg_args)
 
-  def heads_first(x, L):
-    x = jnp.transpose(x, (0, 2, 1, 3))
-    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
-
-  qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
-  doh = heads_first(d_out.astype(dtype), c.Tp)
-  oh = heads_first(out, c.Tp)
-  row_dot = jnp.sum(doh.astype(jnp.float32) * oh.astype(jnp.float32), axis=-1)
-  g = None
-  if d_lse is not None:
-    g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))
-    g = jnp.where(has_key > 0, g, 0.0)
-  res_keys = tuple(sorted(res))
-  rows = jnp.stack([row_dot] + ([g] if g is not None else []) + [res[key] for key in res_keys])
+  qh, kh, vh = _heads_first(q, c.Tp), _heads_first(k, c.Sp), _heads_first(v, c.Sp)
+  doh = _heads_first(d_out.astype(dtype), c.Tp)
+  row_dot, g, res_keys, rows = _rows_in(c, doh, out, res, d_lse, has_key)
 
   dsink = None
   if c.has_sink:
@@ -400,8 +427,8 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   swizzle = 128
   tr = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
         plgpu.SwizzleTransform(swizzle))
-  nrows = rows.shape[0]
   has_g = g is not None
+  nrows = max(1, _num_rows(c, res_keys, has_g))  # buffers and barriers: at least one
   interpret = interpret_params(c.interpret)
   params = plgpu.CompilerParams(approx_math=False)
 
