@@ -430,7 +430,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   has_g = g is not None
   nrows = max(1, _num_rows(c, res_keys, has_g))  # buffers and barriers: at least one
   interpret = interpret_params(c.interpret)
-  params = plgpu.CompilerParams(approx_math=False)
+  params = plgpu.CompilerParams(approx_math=c.approx_math)
 
   dq_scratch = [plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),

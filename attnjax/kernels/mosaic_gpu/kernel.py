@@ -495,7 +495,7 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
       scratch_types=scratch, grid=(c.N, c.Tp // (CONSUMERS * c.bq), c.B),
       grid_names=("heads", "q_blocks", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
       interpret=interpret,
-      compiler_params=plgpu.CompilerParams(approx_math=False),
+      compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
       )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
   return jnp.transpose(outs[0][:, :, :c.T], (0, 2, 1, 3)), srow

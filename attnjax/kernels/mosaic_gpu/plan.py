@@ -389,6 +389,22 @@ class Plan(KernelPlan):
     return self.N // self.K
 
   @property
+  def approx_math(self) -> bool:
+    """Whether the kernels compile with Mosaic GPU's ``approx_math``: ``exp`` becomes
+    ``ex2.approx.ftz.f32`` of ``x * log2(e)`` (one MUFU op; relative error about 2^-22 by
+    the PTX manual, plus the rounding of ``x * log2(e)``: ``|x| * 2^-24``, below 1e-6 for
+    the ``|x| < 20`` that weigh in a bf16 / fp16 sum), ``log`` ``lg2.approx`` times ln 2
+    (absolute error about 2^-22 on the log-normaliser), and ``tanh`` ``tanh.approx.f32``,
+    whose relative error of about 2^-11 would move a soft-capped logit by up to
+    ``cap * 2^-11`` (0.015 at cap 30, 1.5% in its weight): so not with a soft cap. The
+    other normaliser maths (sigmoid's ``1 / (1 + exp(-x))``, softpick's ``e^z - e^-s``,
+    divisions) keeps full-precision arithmetic around the approximate exponential, so its
+    relative error stays near 1e-6, far below the inputs' rounding (bf16: 2^-9). The
+    interpreter ignores the flag (its tests check the exact maths); a device run checks
+    the approximate one (``python -m attnjax.check``)."""
+    return self.opts.softcap is None
+
+  @property
   def needs_mask(self) -> bool:
     o = self.opts
     return (o.is_causal or o.window is not None or self.has_segments
