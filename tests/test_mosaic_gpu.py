@@ -291,6 +291,27 @@ def test_row_lowering_equals_the_normaliser(normalizer):
                                err_msg=f"{normalizer} {jax.tree_util.keystr(path)}")
 
 
+@pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
+def test_residual_rows_only_when_differentiated(monkeypatch, normalizer):
+  """The compiled path (traced, not run) writes the backward's residual rows (softmax's
+  log-normaliser, sigmoid's bias) only when the call is differentiated."""
+  seen = []
+  real = mkernel.forward
+
+  def spy(*args, residuals=False):
+    seen.append(residuals)
+    return real(*args, residuals=residuals)
+
+  monkeypatch.setattr(mkernel, "forward", spy)
+  q, k, v, kw = _inputs("causal", normalizer)
+  out = lambda q, k, v: mosaic_gpu.compute(*dense.prepare(q, k, v, **kw), block_sizes=BLOCKS)
+  loss = lambda q, k, v: jnp.sum(out(q, k, v).astype(jnp.float32))
+  jax.make_jaxpr(out)(q, k, v)
+  assert seen == [False]
+  jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v)
+  assert seen == [False, True]
+
+
 @pytest.mark.parametrize("normalizer", NORMS)
 def test_reads_row_dot_is_honest(normalizer):
   """A normaliser that declares ``reads_row_dot=False`` (the backward kernels then skip

@@ -533,17 +533,22 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   @autodiff.custom_vjp
   def core(q, k, v, sink, q_seg, kv_seg):
-    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
+    # nothing differentiated (the primal path): no residual rows are written
+    return run_forward(q, k, v, sink, q_seg, kv_seg, residuals=False)[0]
 
   # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
   # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
   # block-wise backward, and tests call the backward kernels directly (backward_direct).
   mosaic_bwd = not c.interpret
 
-  def fwd(q, k, v, sink, q_seg, kv_seg):
-    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
+  def run_forward(q, k, v, sink, q_seg, kv_seg, residuals):
+    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=residuals)
     stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
              else None)
+    return (out, stats), srow
+
+  def fwd(q, k, v, sink, q_seg, kv_seg):
+    (out, stats), srow = run_forward(q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
     res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
     has_key = srow["has_key"][..., 0] if c.with_stats else None
     return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)
