@@ -29,8 +29,9 @@ from jax import lax
 import jax.experimental.pallas as pl
 
 from attnjax import _logits
-from attnjax.kernels.mosaic_gpu.plan import (interpret_params, kv_bounds, load_vector,
-                                             lower_rows, segment_args, tile_allowed)
+from attnjax.kernels.mosaic_gpu.plan import (heaviest_first, interpret_params, kv_bounds,
+                                             load_vector, lower_rows, segment_args,
+                                             tile_allowed)
 
 Array = jnp.ndarray
 
@@ -206,7 +207,8 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
    v_bars) = scratch[:9]
   staging, (qseg_smem, kseg_smem, qseg_bar, kseg_bars) = _scratch_tail(c, scratch)
   dq_smem = q_smem  # Q is read by the last wgmma before dq is written: its buffer is reused
-  n, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
+  n, b = lax.axis_index("heads"), lax.axis_index("batch")
+  i = heaviest_first(c, lax.axis_index("q_blocks"), c.Tp // c.bq)
   h = lax.div(n, jnp.int32(c.G))
   bq, bk, H = c.bq, c.bk, c.H
   q0 = i * bq

@@ -73,7 +73,8 @@ from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
-                                             BlockSizes, Plan, block_sizes_for, kv_bounds,
+                                             BlockSizes, Plan, block_sizes_for,
+                                             heaviest_first, kv_bounds,
                                              interpret_params, load_vector, lower_rows,
                                              make_plan, res_row_keys, segment_args,
                                              stat_row_keys, tile_allowed)
@@ -133,7 +134,7 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
     qseg_smem, kseg_smem, kseg_one, qseg_bars, kseg_bars, kseg_one_bars = extra
   wg = lax.axis_index("wg")
   n = lax.axis_index("heads")
-  i = lax.axis_index("q_blocks")
+  i = heaviest_first(c, lax.axis_index("q_blocks"), c.Tp // (CONSUMERS * c.bq))
   b = lax.axis_index("batch")
   h = lax.div(n, jnp.int32(c.G))
   bq, bk = c.bq, c.bk

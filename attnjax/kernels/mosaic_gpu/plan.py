@@ -449,6 +449,15 @@ def kv_bounds(c: Plan, q0, q_last):
   return lo, hi, flo, fhi
 
 
+def heaviest_first(c: Plan, i, count: int):
+  """The query-block program that grid index ``i`` (of ``count``) runs. Causal: the last
+  query blocks attend the most keys, and CUDA launches programs about in grid order
+  (Mosaic GPU makes the batch axis the fastest, then the query blocks, then the heads), so
+  they are taken in reverse, heaviest first, and the last wave holds the lightest (as
+  FlashAttention-3's causal scheduler does). Otherwise the blocks weigh alike: ``i``."""
+  return jnp.int32(count - 1) - i if c.opts.is_causal else i
+
+
 def tile_allowed(c: Plan, qpos, kpos, q_seg=None, k_seg=None):
   """Boolean tile of the pairs the structure and segment ids allow (keys past S out)."""
   allowed = kpos < c.S
