@@ -3,9 +3,11 @@
 Forward: one program per (query head, pair of query blocks, batch) with three warpgroups,
 as in FlashAttention-3 and jax's ``attention_mgpu`` example. The producer warpgroup (its
 registers cut to 40 per thread by ``setmaxnreg``) only issues TMA copies: key/value tiles
-stream through a ``num_stages`` ring of shared-memory slots, each slot refilled once both
-consumers have released it (a two-arrival barrier per slot). Two consumer warpgroups (232
-registers per thread) each own a block of ``block_q`` query rows, loaded once by TMA:
+stream through a ``num_stages`` ring of shared-memory slots; a slot's K and V are waited
+for and released apart (a two-arrival barrier each): K is released once both consumers
+have read ``Q K^T``, so the next key tile streams in while the slot's V is still read.
+Two consumer warpgroups (232 registers per thread) each own a block of ``block_q`` query
+rows, loaded once by TMA:
 ``Q K^T`` and ``W V`` are warpgroup MMAs (wgmma) into float32 accumulators, and a schedule
 barrier makes the two take turns (ping-pong: one consumer's ``Q K^T`` runs on the tensor
 cores while the other works on its weights); the output tile is written into the query
@@ -126,9 +128,10 @@ CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
 def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
             scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, consumed, schedule,
-   rows_smem) = scratch[:9]
-  extra = list(scratch[9:])
+  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_consumed, v_consumed, schedule,
+   rows_smem) = scratch[:10]
+  consumed = (k_consumed, v_consumed)
+  extra = list(scratch[10:])
   p_smem = extra.pop(0) if c.interpret else None
   if c.has_segments:
     qseg_smem, kseg_smem, kseg_one, qseg_bars, kseg_bars, kseg_one_bars = extra
@@ -152,13 +155,21 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
 
     def fill(j, carry):
       slot = slot_of(j)
-
-      @pl.when(j - lo_u >= c.stages)  # the slot's previous tile consumed by both consumers
-      def _():
-        plgpu.barrier_wait(consumed.at[slot])
-
       rows = pl.ds(j * bk, bk)
+      refill = j - lo_u >= c.stages
+      # K and V of a slot are released separately (K right after a consumer's Q K^T, V
+      # after its W V): the next K tile streams in while the slot's V is still being read
+
+      @pl.when(refill)  # the slot's previous K tile consumed by both consumers
+      def _():
+        plgpu.barrier_wait(k_consumed.at[slot])
+
       plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
+
+      @pl.when(refill)
+      def _():
+        plgpu.barrier_wait(v_consumed.at[slot])
+
       plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
       if c.has_segments:
         plgpu.copy_gmem_to_smem(seg_refs[1].at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
@@ -172,7 +183,8 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
 
       @pl.when(j >= lo_u)
       def _():
-        plgpu.barrier_wait(consumed.at[slot_of(j)])
+        plgpu.barrier_wait(k_consumed.at[slot_of(j)])
+        plgpu.barrier_wait(v_consumed.at[slot_of(j)])
 
   @pl.when(wg < CONSUMERS)
   def _consumer():
@@ -349,34 +361,48 @@ class _Consumer:
     self.plgpu.barrier_arrive(self.schedule)
     self.plgpu.barrier_wait(self.schedule)
 
-  def wait_tile(self, slot):
+  def wait_k(self, slot):
+    """Waits for the key tile (and its segment ids) of ``slot``."""
     self.plgpu.barrier_wait(self.k_bars.at[slot])
-    self.plgpu.barrier_wait(self.v_bars.at[slot])
     if self.c.has_segments:
       self.plgpu.barrier_wait(self.seg_scratch[4].at[slot])
 
-  def release(self, slot):
-    self.plgpu.barrier_arrive(self.consumed.at[slot])
+  def wait_v(self, slot):
+    self.plgpu.barrier_wait(self.v_bars.at[slot])
+
+  def release(self, slot, which):
+    """Hands ``slot``'s K (``which=0``) or V (``1``) tile back to the producer."""
+    self.plgpu.barrier_arrive(self.consumed[which].at[slot])
 
   def pass_over(self, j, st):
     """A program tile outside this consumer's rows' reach: wait for it, release it."""
     slot = self.slot_of(j)
-    self.wait_tile(slot)
+    self.wait_k(slot)
     self.take_turn()
-    self.release(slot)
+    self.release(slot, 0)
+    self.wait_v(slot)
+    self.release(slot, 1)
     return st
 
   def step(self, masked, j, st):
-    """Key tile ``j``: its products and normaliser visit (``masked``: with the element mask)."""
+    """Key tile ``j``: its products and normaliser visit (``masked``: with the element mask).
+    K is released once ``Q K^T`` is read, V after ``W V``."""
     slot = self.slot_of(j)
-    self.wait_tile(slot)
+    self.wait_k(slot)
     if self.c.has_segments:
       # a block whose segments cannot meet: its products and normaliser work are skipped
       st = lax.cond(self.meets(j), lambda: self.compute(masked, j, slot, st),
-                    lambda: (self.take_turn(), st)[1])
+                    lambda: self.skip(slot, st))
     else:
       st = self.compute(masked, j, slot, st)
-    self.release(slot)
+    self.release(slot, 1)
+    return st
+
+  def skip(self, slot, st):
+    """A visited tile whose segments cannot meet the rows': only its turn and barriers."""
+    self.take_turn()
+    self.release(slot, 0)
+    self.wait_v(slot)
     return st
 
   def scores(self, slot):
@@ -395,9 +421,12 @@ class _Consumer:
     return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
 
   def pv(self, slot, w):
-    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``."""
+    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``
+    (waits for the value tile first)."""
     plgpu = self.plgpu
     w16 = w.astype(self.q_smem.dtype)
+    self.pv_calls += 1
+    self.wait_v(slot)
 
     def mm(acc):
       if self.c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
@@ -410,14 +439,21 @@ class _Consumer:
 
   def compute(self, masked, j, slot, st):
     c = self.c
-    z = _logits.softcap(self.scores(slot) * c.opts.scale, c.opts.softcap)
+    s = self.scores(slot)
+    self.release(slot, 0)  # Q K^T is read: the key tile's slot may be refilled
+    z = _logits.softcap(s * c.opts.scale, c.opts.softcap)
     allowed = None
     if masked:
       allowed = self.allowed_of(j, self.seg_scratch[1].at[slot] if c.has_segments else None)
     visit = functools.partial(c.nz.visit, stats=c.with_stats, first=j == 0)
-    return lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), c.bq,
-                      pv=functools.partial(self.pv, slot), hv=c.H,
-                      iota=self.any_iota)(st, z, allowed, self.row)
+    self.pv_calls = 0
+    st = lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), c.bq,
+                    pv=functools.partial(self.pv, slot), hv=c.H,
+                    iota=self.any_iota)(st, z, allowed, self.row)
+    if self.pv_calls != 1:  # the V barrier is waited on once per tile
+      raise NotImplementedError(f"normalizer {c.nz.name!r}: visit called pv "
+                                f"{self.pv_calls} times (the kernel takes one W V per tile)")
+    return st
 
 
 def _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_refs):
@@ -466,7 +502,8 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
       plgpu.Barrier(num_barriers=W),
       plgpu.Barrier(num_barriers=c.stages),
       plgpu.Barrier(num_barriers=c.stages),
-      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a tile consumed by both
+      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile consumed by both
+      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile consumed by both
       plgpu.Barrier(num_arrivals=W),  # the consumers' turns
       plgpu.SMEM((W, max(1, len(stat_keys)), c.bq), jnp.float32),
   ]
