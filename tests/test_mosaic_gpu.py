@@ -237,13 +237,16 @@ def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, struc
 
 
 BACKWARD_CASES = [
-    # 64 x 128 tiles (dk/dv tiles [128 keys, 64 queries]): the transposed row lowering
+    # 64 x 128 tiles (dk/dv tiles [64 keys, 64 queries]): the transposed row lowering
     ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True,
                                block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
     # segment ids: blocks skipped at run time in both kernels; sigmoid's counts pre-pass
     ("sigmoid", "segments", dict(gqa=True, stats=True)),
     # no row input at all (no D_i: reads_row_dot is False; no residual, no statistics)
     ("none", "window", dict(gqa=False)),
+    # 128-key tiles in the forward and dq, 64-key dk/dv programs (DKDV_BLOCK_K), whose key
+    # blocks' segment ranges are their own
+    ("softpick", "segments", dict(block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
 ]
 
 

@@ -9,7 +9,8 @@ recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with
    (the forward's bounds; interior blocks unmasked), recomputes ``z = Q K^T`` and
    ``dP = dO V^T`` (wgmma), takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` (row
    lowering) and adds ``dS K`` (wgmma).
-3. dk/dv: one program per (key/value head, key block, batch) walks the ``G`` query heads of
+3. dk/dv: one program per (key/value head, block of ``DKDV_BLOCK_K`` = 64 keys, batch; its
+   two float32 accumulators must fit one warpgroup's registers) walks the ``G`` query heads of
    its group and the query blocks that may attend the block (the inverse relation), with the
    tiles transposed (keys as rows: ``z^T = K Q^T``, ``dP^T = V dO^T``) so that
    ``dV += W^T dO`` and ``dK += dS^T Q`` are wgmmas with the register operand on the left;
@@ -29,9 +30,9 @@ from jax import lax
 import jax.experimental.pallas as pl
 
 from attnjax import _logits
-from attnjax.kernels.mosaic_gpu.plan import (heaviest_first, interpret_params, kv_bounds,
-                                             load_vector, lower_rows, segment_args,
-                                             tile_allowed)
+from attnjax.kernels.mosaic_gpu.plan import (dkdv_plan, heaviest_first, interpret_params,
+                                             kv_bounds, load_vector, lower_rows,
+                                             segment_args, tile_allowed)
 
 Array = jnp.ndarray
 
@@ -452,8 +453,10 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
       grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
       interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
 
-  kv_scratch = [plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
+  ckv = dkdv_plan(c)
+  kv_seg_args = segment_args(ckv, q_seg, kv_seg)
+  kv_scratch = [plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
+                plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, nrows, c.bq), jnp.float32),
@@ -461,16 +464,16 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
                 plgpu.Barrier(num_barriers=c.stages),
                 plgpu.Barrier(num_barriers=c.stages * nrows)]
   if c.interpret:
-    kv_scratch.append(plgpu.SMEM((c.bk, c.bq), dtype, transforms=tr))
+    kv_scratch.append(plgpu.SMEM((ckv.bk, c.bq), dtype, transforms=tr))
   if c.has_segments:
-    kv_scratch += [plgpu.SMEM((c.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
+    kv_scratch += [plgpu.SMEM((ckv.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
                    plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
   kv_out = jax.ShapeDtypeStruct((c.B, c.K, c.Sp, c.H), dtype)
   dk, dv = plgpu.kernel(
-      lambda *a: _dkdv_kernel(c, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
+      lambda *a: _dkdv_kernel(ckv, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
       out_type=[kv_out, kv_out], scratch_types=kv_scratch,
-      grid=(c.K, c.Sp // c.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
-      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
+      grid=(c.K, c.Sp // ckv.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
+      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *kv_seg_args)
 
   back = lambda x, L: jnp.transpose(x[:, :, :L], (0, 2, 1, 3))
   return back(dq, c.T), back(dk, c.S), back(dv, c.S), dsink

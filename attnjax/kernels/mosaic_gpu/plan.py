@@ -37,6 +37,12 @@ CONSUMERS = 2
 # Shared memory per block on sm_90 (H100, H200): 227 KiB usable of the 228 KiB per SM.
 SMEM_LIMIT_BYTES = 227 * 1024
 
+# Keys per dk/dv program: one wgmma M (64 rows) per warpgroup. Its two float32 accumulators
+# [keys, head dim] take keys * head_dim / 64 registers per thread: 256 at 128 keys and head
+# dim 128, more than a thread has (a deviceless H200 compile's ptxas spilled 3.7 KB and
+# serialised the wgmmas, C7512); 128 at 64 keys.
+DKDV_BLOCK_K = 64
+
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
@@ -72,8 +78,8 @@ DEFAULT_BLOCK_SIZES = BlockSizes()
 # block_q = 64 rows per consumer warpgroup (one wgmma M; a forward program's two consumers
 # take 128 rows); the [64, head dim] float32 accumulator takes head_dim / 2 registers per
 # thread. Untuned: no GPU was lent.
-#   head dim 64:  64 x 128, 3 stages: 112 / 112 / 80 KiB
-#   head dim 128: 64 x 128, 2 stages: 160 / 160 / 128 KiB
+#   head dim 64:  64 x 128, 3 stages: 112 / 112 / 64 KiB
+#   head dim 128: 64 x 128, 2 stages: 160 / 160 / 96 KiB
 #   head dim 256: 64 x 64,  2 stages: 192 / 192 / 192 KiB
 BLOCK_SIZE_TABLE: tuple[tuple[int, BlockSizes], ...] = (
     # head dim <=, sizes
@@ -98,8 +104,8 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
 
   ``"forward"``: the two consumers' Q tiles (each output written into its Q's) and
   ``num_stages`` K and V tiles; ``"dq"``: the Q and dO tiles (dq is written into Q's) and
-  ``num_stages`` K and V tiles; ``"dkdv"``: the K and V tiles (dk, dv written into them) and
-  ``num_stages`` Q and dO tiles.
+  ``num_stages`` K and V tiles; ``"dkdv"``: the K and V tiles of :data:`DKDV_BLOCK_K` keys
+  at most (dk, dv written into them) and ``num_stages`` Q and dO tiles.
   """
   bq, bk, st = sizes.block_q, sizes.block_k, sizes.num_stages
   if kernel == "forward":
@@ -108,6 +114,7 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
   if kernel == "dq":
     return (bq * (head_dim + head_dim_v) + st * bk * (head_dim + head_dim_v)) * itemsize
   if kernel == "dkdv":
+    bk = min(bk, DKDV_BLOCK_K)
     return (bk * (head_dim + head_dim_v) + st * bq * (head_dim + head_dim_v)) * itemsize
   raise ValueError(f"kernel must be 'forward', 'dq' or 'dkdv', got {kernel!r}")
 
@@ -447,6 +454,12 @@ def kv_bounds(c: Plan, q0, q_last):
   flo = jnp.clip(flo, lo, hi)
   fhi = jnp.clip(fhi, flo, hi)
   return lo, hi, flo, fhi
+
+
+def dkdv_plan(c):
+  """The dk/dv kernel's plan: the call's, with :data:`DKDV_BLOCK_K` keys per program (the
+  padded key length, a multiple of every block_k, is one of 64 too)."""
+  return dataclasses.replace(c, bk=min(c.bk, DKDV_BLOCK_K))
 
 
 def heaviest_first(c: Plan, i, count: int):
