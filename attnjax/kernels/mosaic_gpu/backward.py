@@ -74,17 +74,20 @@ def _layout_tools(c, plgpu, shape):
           lambda ref, axis: load_vector(ref, layout.reduce(axis)), layout)
 
 
-def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
+def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None, acc=None):
   """``a @ b`` (float32) by wgmma: ``a`` a register tile (or ``a_ref`` in shared memory),
-  ``b_ref`` shared memory (``trans_b``: its transpose). In interpret mode a register lhs is
-  staged through ``staging``, and under jax 0.10's interpreter (``Plan.plain``) a transposed
-  operand is a register ``dot``."""
+  ``b_ref`` shared memory (``trans_b``: its transpose); with ``acc`` (float32 ``shape``),
+  ``acc + a @ b`` accumulated in place in the wgmma's accumulator (no third tile of
+  registers for a fresh product; compiled only). In interpret mode a register lhs is staged through
+  ``staging``, and under jax 0.10's interpreter (``Plan.plain``) a transposed operand is a
+  register ``dot``."""
   if c.plain and trans_b:
     lhs = a if a_ref is None else a_ref[...]
-    return lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),
-                           preferred_element_type=jnp.float32)
+    out = lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+    return out if acc is None else acc + out
 
-  def body(acc):
+  def issue(acc_ref):
     if a_ref is not None:
       lhs = a_ref
     elif c.interpret:
@@ -93,10 +96,19 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
     else:
       lhs = a
     rhs = b_ref.transpose((1, 0)) if trans_b else b_ref
-    plgpu.wgmma(acc, lhs, rhs)
-    return acc[...]
+    plgpu.wgmma(acc_ref, lhs, rhs)
 
-  return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+  if acc is not None and not c.interpret:
+    return pl.run_state(issue)(plgpu.ACC.init(acc))
+
+  def fresh(acc_ref):
+    issue(acc_ref)
+    return acc_ref[...]
+
+  out = pl.run_scoped(fresh, plgpu.ACC(shape, jnp.float32))
+  # the interpreter cannot discharge run_state over swizzled shared-memory refs
+  # (NotImplementedError: UnswizzleRef, jax 0.12): there the sum is taken after the product
+  return out if acc is None else acc + out
 
 
 def _num_rows(c, res_keys, has_g: bool) -> int:
@@ -276,7 +288,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
     s, _, dz = _tile_rule(c, plgpu, q_smem, k_smem.at[slot], do_smem, v_smem.at[slot], mask,
                           row_args, lower_rows(c.nz.tile_backward, bq, iota=any_iota))
     ds = _ds(c, dz, s, q_smem.dtype)
-    return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
+    return _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging, acc=dq)
 
   dq = _zeros(c, plgpu, (bq, H), layout)
   dq = lax.fori_loop(lo, flo, lambda j, a: step(True, j, a), dq)
@@ -344,10 +356,10 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     s, w, dz = _tile_rule(c, plgpu, k_smem, q_smem.at[slot], v_smem, do_smem.at[slot], mask,
                           _row_args(rows, res_keys, has_g, c.nz.reads_row_dot),
                           lower_rows(c.nz.tile_backward, bq, transposed=True))
-    dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
-                  staging=staging)
+    dv = _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot], staging=staging,
+             acc=dv)
     ds = _ds(c, dz, s, q_smem.dtype)
-    dk = dk + _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging)
+    dk = _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging, acc=dk)
     return dk, dv
 
   def step(t, carry):
