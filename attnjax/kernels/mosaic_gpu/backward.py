@@ -130,10 +130,23 @@ def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lower
   ``dp = do_a do_b^T`` the normaliser's tile rule ``lowered`` (:meth:`Normalizer.tile_backward`
   through a row lowering) on the tile's mask ``mask()`` (None: unmasked) and ``row_args``."""
   shape = (a_ref.shape[0], b_ref.shape[0])
-  s = _mm(c, plgpu, shape, None, b_ref, trans_b=True, a_ref=a_ref) * c.opts.scale
-  z = _logits.softcap(s, c.opts.softcap)
-  dp = _mm(c, plgpu, shape, None, do_b_ref, trans_b=True, a_ref=do_a_ref)
-  w, dz = lowered(z, mask(), dp, *row_args)
+  if c.plain:  # jax 0.10's interpreter: register dots (see _mm)
+    s = _mm(c, plgpu, shape, None, b_ref, trans_b=True, a_ref=a_ref) * c.opts.scale
+    z, allowed = _logits.softcap(s, c.opts.softcap), mask()
+    dp = _mm(c, plgpu, shape, None, do_b_ref, trans_b=True, a_ref=do_a_ref)
+  else:
+    def products(acc_s, acc_dp):
+      # both wgmmas issued back to back; the scores' epilogue (scale, soft cap, mask) runs
+      # while dP is still on the tensor cores (wait_n=1: S's group, the older, is done)
+      plgpu.wgmma(acc_s, a_ref, b_ref.transpose((1, 0)))
+      plgpu.wgmma(acc_dp, do_a_ref, do_b_ref.transpose((1, 0)))
+      s = plgpu.wgmma_accumulator_load(acc_s, wait_n=1) * c.opts.scale
+      z, allowed = _logits.softcap(s, c.opts.softcap), mask()
+      return s, z, allowed, acc_dp[...]
+
+    acc = plgpu.ACC(shape, jnp.float32)
+    s, z, allowed, dp = pl.run_scoped(products, acc, acc)
+  w, dz = lowered(z, allowed, dp, *row_args)
   return s, w, dz
 
 
