@@ -356,8 +356,10 @@ class _Consumer:
             for key, x in st.items()}
 
   def take_turn(self):
-    """The consumers' schedule barrier: they alternate, one's QK^T wgmma issued while the
-    other works on its weights (FlashAttention-3's ping-pong)."""
+    """The consumers' schedule barrier (two arrivals), met twice per tile: after a
+    consumer issues its ``Q K^T`` wgmma, and between its weights and its ``W V`` wgmma
+    (:meth:`pv`); the second consumer starts a turn behind, so one's products run on the
+    tensor cores while the other computes its weights (FlashAttention-3's ping-pong)."""
     self.plgpu.barrier_arrive(self.schedule)
     self.plgpu.barrier_wait(self.schedule)
 
@@ -381,6 +383,7 @@ class _Consumer:
     self.take_turn()
     self.release(slot, 0)
     self.wait_v(slot)
+    self.take_turn()
     self.release(slot, 1)
     return st
 
@@ -399,10 +402,11 @@ class _Consumer:
     return st
 
   def skip(self, slot, st):
-    """A visited tile whose segments cannot meet the rows': only its turn and barriers."""
+    """A visited tile whose segments cannot meet the rows': only its turns and barriers."""
     self.take_turn()
     self.release(slot, 0)
     self.wait_v(slot)
+    self.take_turn()
     return st
 
   def scores(self, slot):
@@ -421,12 +425,15 @@ class _Consumer:
     return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
 
   def pv(self, slot, w):
-    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``
-    (waits for the value tile first)."""
+    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``.
+    The tile's second turn: the weights are done (arrive), then the value tile and the
+    other consumer's product issue (wait) come before this wgmma."""
     plgpu = self.plgpu
     w16 = w.astype(self.q_smem.dtype)
     self.pv_calls += 1
+    plgpu.barrier_arrive(self.schedule)
     self.wait_v(slot)
+    plgpu.barrier_wait(self.schedule)
 
     def mm(acc):
       if self.c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
