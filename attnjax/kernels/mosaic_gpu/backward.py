@@ -31,7 +31,7 @@ import jax.experimental.pallas as pl
 
 from attnjax import _logits
 from attnjax.kernels.mosaic_gpu.plan import (dkdv_plan, heaviest_first, interpret_params,
-                                             kv_bounds, load_vector, lower_rows,
+                                             kv_bounds, load_vector, lower_rows, padded,
                                              segment_args, tile_allowed)
 
 Array = jnp.ndarray
@@ -189,8 +189,8 @@ def _fetch_q_tile(c, plgpu, refs, scratch, nrows, b, n, i, slot):
   q_ref, _, _, do_ref, rows_ref = refs[:5]
   q_smem, do_smem, rows_smem, _, q_bars, do_bars, rows_bars = scratch[2:9]
   qrows = pl.ds(i * c.bq, c.bq)
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, qrows], q_smem.at[slot], q_bars.at[slot])
-  plgpu.copy_gmem_to_smem(do_ref.at[b, n, qrows], do_smem.at[slot], do_bars.at[slot])
+  plgpu.copy_gmem_to_smem(q_ref.at[b, qrows, n], q_smem.at[slot], q_bars.at[slot])
+  plgpu.copy_gmem_to_smem(do_ref.at[b, qrows, n], do_smem.at[slot], do_bars.at[slot])
   for r in range(nrows):
     plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
                             rows_bars.at[slot * nrows + r])
@@ -242,8 +242,8 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
   nrows = _num_rows(c, res_keys, has_g)
 
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar.at[0])
-  plgpu.copy_gmem_to_smem(do_ref.at[b, n, pl.ds(q0, bq)], do_smem, q_bar.at[1])
+  plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), n], q_smem, q_bar.at[0])
+  plgpu.copy_gmem_to_smem(do_ref.at[b, pl.ds(q0, bq), n], do_smem, q_bar.at[1])
   for r in range(nrows):
     plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, pl.ds(q0, bq)], rows_smem.at[r],
                             rows_bars.at[r])
@@ -251,8 +251,8 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   def fetch(j):
     slot = lax.rem(j - lo, jnp.int32(c.stages))
     keys = pl.ds(j * bk, bk)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, h, keys], k_smem.at[slot], k_bars.at[slot])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem.at[slot], v_bars.at[slot])
+    plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[slot], k_bars.at[slot])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[slot], v_bars.at[slot])
     if c.has_segments:
       plgpu.copy_gmem_to_smem(seg_refs[1].at[b, keys], kseg_smem.at[slot], kseg_bars.at[slot])
 
@@ -308,7 +308,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   dq = lax.fori_loop(flo, fhi, lambda j, a: step(False, j, a), dq)
   dq = lax.fori_loop(fhi, hi, lambda j, a: step(True, j, a), dq)
   dq_smem[...] = (dq * c.opts.scale).astype(dq_smem.dtype)
-  _store(plgpu, [(dq_smem, dq_ref.at[b, n, pl.ds(q0, bq)])])
+  _store(plgpu, [(dq_smem, dq_ref.at[b, pl.ds(q0, bq), n])])
 
 
 def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
@@ -329,8 +329,8 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   total = per_head * c.G  # steps: (query head of the group, query block)
   nrows = _num_rows(c, res_keys, has_g)
 
-  plgpu.copy_gmem_to_smem(k_ref.at[b, h, pl.ds(k0, bk)], k_smem, k_bar.at[0])
-  plgpu.copy_gmem_to_smem(v_ref.at[b, h, pl.ds(k0, bk)], v_smem, k_bar.at[1])
+  plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(k0, bk), h], k_smem, k_bar.at[0])
+  plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk), h], v_smem, k_bar.at[1])
 
   def where(t):
     gi = lax.div(t, jnp.maximum(per_head, 1))
@@ -396,24 +396,18 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   dk, dv = lax.fori_loop(0, total, step, (zeros, zeros))
   dk_smem[...] = (dk * c.opts.scale).astype(dk_smem.dtype)
   dv_smem[...] = dv.astype(dv_smem.dtype)
-  _store(plgpu, [(dk_smem, dk_ref.at[b, h, pl.ds(k0, bk)]),
-                 (dv_smem, dv_ref.at[b, h, pl.ds(k0, bk)])])
+  _store(plgpu, [(dk_smem, dk_ref.at[b, pl.ds(k0, bk), h]),
+                 (dv_smem, dv_ref.at[b, pl.ds(k0, bk), h])])
 
 
-def _heads_first(x, L):
-  """``[B, T, N, H]`` -> ``[B, N, L, H]`` (padded rows of zeros)."""
-  x = jnp.transpose(x, (0, 2, 1, 3))
-  return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
-
-
-def _rows_in(c, doh, out, res, d_lse, has_key):
+def _rows_in(c, d_out, out, res, d_lse, has_key):
   """``(row_dot, g, res_keys, rows)``: the backward's row inputs ``[B, N, Tp]`` float32
   (``row_dot`` None where the normaliser does not read it, ``g`` None without a logsumexp
   cotangent) and their stack ``rows`` ``[nrows, B, N, Tp]`` in the kernels' order."""
   row_dot = None
   if c.nz.reads_row_dot:  # D_i = <dO_i, O_i>: a pass over dO and O that the others skip
-    oh = _heads_first(out, c.Tp)
-    row_dot = jnp.sum(doh.astype(jnp.float32) * oh.astype(jnp.float32), axis=-1)
+    row_dot = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    row_dot = jnp.pad(jnp.transpose(row_dot, (0, 2, 1)), ((0, 0), (0, 0), (0, c.Tp - c.T)))
   g = None
   if d_lse is not None:
     g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))
@@ -441,9 +435,10 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   seg_args = segment_args(c, q_seg, kv_seg)
   nseg = len(seg_args)
 
-  qh, kh, vh = _heads_first(q, c.Tp), _heads_first(k, c.Sp), _heads_first(v, c.Sp)
-  doh = _heads_first(d_out.astype(dtype), c.Tp)
-  row_dot, g, res_keys, rows = _rows_in(c, doh, out, res, d_lse, has_key)
+  # [B, T, N, H] read in place by the kernels' TMA copies (no transposes)
+  qh, kh, vh = padded(q, c.Tp), padded(k, c.Sp), padded(v, c.Sp)
+  doh = padded(d_out.astype(dtype), c.Tp)
+  row_dot, g, res_keys, rows = _rows_in(c, d_out, out, res, d_lse, has_key)
 
   dsink = None
   if c.has_sink:
@@ -474,7 +469,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
                    plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
   dq = plgpu.kernel(
       lambda *a: _dq_kernel(c, res_keys, has_g, a[:6 + nseg], a[6 + nseg:]),
-      out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype), scratch_types=dq_scratch,
+      out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype), scratch_types=dq_scratch,
       grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
       interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
 
@@ -493,12 +488,11 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   if c.has_segments:
     kv_scratch += [plgpu.SMEM((ckv.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
                    plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
-  kv_out = jax.ShapeDtypeStruct((c.B, c.K, c.Sp, c.H), dtype)
+  kv_out = jax.ShapeDtypeStruct((c.B, c.Sp, c.K, c.H), dtype)
   dk, dv = plgpu.kernel(
       lambda *a: _dkdv_kernel(ckv, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
       out_type=[kv_out, kv_out], scratch_types=kv_scratch,
       grid=(c.K, c.Sp // ckv.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
       interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *kv_seg_args)
 
-  back = lambda x, L: jnp.transpose(x[:, :, :L], (0, 2, 1, 3))
-  return back(dq, c.T), back(dk, c.S), back(dv, c.S), dsink
+  return dq[:, :c.T], dk[:, :c.S], dv[:, :c.S], dsink

@@ -30,6 +30,9 @@ window, or from a mask-only pre-pass with segment ids. GQA: query head ``n`` rea
 head ``n // G`` by its TMA index (K and V are never repeated). ``return_stats`` comes from
 the same pass (the normaliser's statistics rows). Ragged lengths are padded to the blocks
 (padded keys masked, padded rows dropped; query lengths to a multiple of ``2 * block_q``).
+The kernels read q, k, v (and dO) and write the output (and dq, dk, dv) in the caller's
+``[B, T, N, H]`` layout: each TMA copy is a strided box of one head's rows, so XLA adds no
+transposes around them (only a pad where a length is ragged).
 
 Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
 recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with
@@ -76,7 +79,7 @@ from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
                                              BlockSizes, Plan, block_sizes_for,
-                                             heaviest_first, kv_bounds,
+                                             heaviest_first, kv_bounds, padded,
                                              interpret_params, load_vector, lower_rows,
                                              make_plan, res_row_keys, segment_args,
                                              stat_row_keys, tile_allowed)
@@ -164,13 +167,13 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
       def _():
         plgpu.barrier_wait(k_consumed.at[slot])
 
-      plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
+      plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_bars.at[slot])
 
       @pl.when(refill)
       def _():
         plgpu.barrier_wait(v_consumed.at[slot])
 
-      plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_bars.at[slot])
       if c.has_segments:
         plgpu.copy_gmem_to_smem(seg_refs[1].at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
       return carry
@@ -206,7 +209,7 @@ def _consume(c, row_keys, wg, n, b, h, q0, qb, lo_u, hi_u, slot_of, q_ref, sink_
   import jax.experimental.pallas.mosaic_gpu as plgpu
   del h
   lo, hi, flo, fhi = _consumer_bounds(c, q0, lo_u, hi_u)
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, c.bq)], q_smem, q_bar)
+  plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, c.bq), n], q_smem, q_bar)
   if c.has_segments:
     plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, c.bq)], seg_scratch[0], seg_scratch[3])
   plgpu.barrier_wait(q_bar)
@@ -474,7 +477,7 @@ def _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_re
   for idx, key in enumerate(row_keys):  # residual / statistics rows, [bq] float32 each
     rows_smem.at[idx][...] = jnp.broadcast_to(rows_out[key], (bq,)).astype(jnp.float32)
   plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, n, pl.ds(q0, bq)])
+  plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, bq), n])
   for idx, ref in enumerate(row_refs):
     plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
   plgpu.wait_smem_to_gmem(0)
@@ -486,11 +489,7 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   with ``residuals``, its residual rows ``{"res:" + name: ...}`` (for the backward kernels)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
-  def heads_first(x, L):
-    x = jnp.transpose(x, (0, 2, 1, 3))
-    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
-
-  qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
+  qh, kh, vh = padded(q, c.Tp), padded(k, c.Sp), padded(v, c.Sp)
   dtype = q.dtype
   stat_keys = stat_row_keys(c.nz, c.with_stats, c.has_sink) if c.with_stats else ()
   res_keys = ()
@@ -536,14 +535,14 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
   outs = plgpu.kernel(
       body,
-      out_type=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype)] + [rows] * len(stat_keys),
+      out_type=[jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype)] + [rows] * len(stat_keys),
       scratch_types=scratch, grid=(c.N, c.Tp // (CONSUMERS * c.bq), c.B),
       grid_names=("heads", "q_blocks", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
       interpret=interpret,
       compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
       )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
-  return jnp.transpose(outs[0][:, :, :c.T], (0, 2, 1, 3)), srow
+  return outs[0][:, :c.T], srow
 
 
 def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,

@@ -463,6 +463,14 @@ def dkdv_plan(c):
   return dataclasses.replace(c, bk=min(c.bk, DKDV_BLOCK_K))
 
 
+def padded(x, L):
+  """``x`` ``[B, T, N, H]`` with zero rows up to length ``L`` (no copy when ``T == L``). The
+  kernels read and write ``[B, T, N, H]`` in place: a TMA copy of rows ``r`` of head ``n``
+  is the strided box ``x[b, r, n]`` (no transposes to and from heads-first)."""
+  T = x.shape[1]
+  return x if T == L else jnp.pad(x, ((0, 0), (0, L - T), (0, 0), (0, 0)))
+
+
 def heaviest_first(c: Plan, i, count: int):
   """The query-block program that grid index ``i`` (of ``count``) runs. Causal: the last
   query blocks attend the most keys, and CUDA launches programs about in grid order
