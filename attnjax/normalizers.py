@@ -25,7 +25,8 @@ Pallas kernel body:
   ``needs_counts`` (allowed keys per row up front), ``shift_floor`` (the exp
   shift never goes below the null column's logit), ``null_column``,
   ``accepts_sink_logits``, ``platform_kernel`` (what jax.nn / cuDNN / splash
-  compute), ``mergeable`` / ``merge_part`` (the strided fast path); and, as
+  compute), ``mergeable`` / ``merge_part`` (the strided fast path),
+  ``reads_row_dot`` (the backward needs ``D_i = <dO_i, O_i>``); and, as
   facts for callers (no kernel reads them), ``softmax_like`` (weights are
   ``exp(z - log_normalizer)``) and ``sums_to_one``;
 - **statistics** rows (entropy, first-key weight, row sum, logsumexp) from the
@@ -176,6 +177,9 @@ class Normalizer:
     mergeable: partial results over disjoint key sets merge exactly
       (:meth:`merge`); parts are computed with normaliser ``merge_part``.
     merge_part: the normaliser name parts of a merge are computed with.
+    reads_row_dot: :meth:`tile_backward` (and :meth:`null_grad`) read ``row_dot``
+      ``= <dO_i, O_i>``; where False a kernel may pass None and skip computing it (a
+      pass over dO and O).
   """
 
   name: str = ""
@@ -189,6 +193,7 @@ class Normalizer:
   sums_to_one: bool = False
   mergeable: bool = False
   merge_part: Optional[str] = None
+  reads_row_dot: bool = True
 
   def __repr__(self) -> str:
     return f"<normalizer {self.name!r}>"
@@ -272,7 +277,8 @@ class Normalizer:
       allowed: as in :meth:`visit`.
       dp: ``dO V^T`` of the tile ``[..., R, tk]``.
       res: the residual rows from :meth:`finish`.
-      row_dot: ``<dO_i, O_i>`` per row ``[..., R, 1]``.
+      row_dot: ``<dO_i, O_i>`` per row ``[..., R, 1]`` (None where not
+        ``reads_row_dot``).
       d_lse: cotangent of the logsumexp statistic per row, or None.
     """
     raise NotImplementedError
@@ -528,6 +534,7 @@ class Elementwise(_PlainLse):
 
   nonnegative: bool = True
   constants: tuple[str, ...] = ()
+  reads_row_dot = False  # dz = dp f'(z): no row term
 
   def weight(self, z: Array, row: dict) -> Array:
     """``f(z)`` elementwise, ``row`` holding the row constants."""

@@ -232,11 +232,16 @@ def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, struc
 
 
 BACKWARD_CASES = [
-    # 64 x 128 tiles (dk/dv tiles [128 keys, 64 queries]): the transposed row lowering
+    # 64 x 128 tiles (dk/dv tiles [64 keys, 64 queries]): the transposed row lowering
     ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True,
                                block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
     # segment ids: blocks skipped at run time in both kernels; sigmoid's counts pre-pass
     ("sigmoid", "segments", dict(gqa=True, stats=True)),
+    # no row input at all (no D_i: reads_row_dot is False; no residual, no statistics)
+    ("none", "window", dict(gqa=False)),
+    # 128-key tiles in the forward and dq, 64-key dk/dv programs (DKDV_BLOCK_K), whose key
+    # blocks' segment ranges are their own
+    ("softpick", "segments", dict(block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
 ]
 
 
@@ -282,6 +287,51 @@ def test_row_lowering_equals_the_normaliser(normalizer):
     a = np.asarray(a)
     np.testing.assert_allclose(np.reshape(np.asarray(b), a.shape), a, rtol=1e-6, atol=1e-6,
                                err_msg=f"{normalizer} {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
+def test_residual_rows_only_when_differentiated(monkeypatch, normalizer):
+  """The compiled path (traced, not run) writes the backward's residual rows (softmax's
+  log-normaliser, sigmoid's bias) only when the call is differentiated."""
+  seen = []
+  real = mkernel.forward
+
+  def spy(*args, residuals=False):
+    seen.append(residuals)
+    return real(*args, residuals=residuals)
+
+  monkeypatch.setattr(mkernel, "forward", spy)
+  q, k, v, kw = _inputs("causal", normalizer)
+  out = lambda q, k, v: mosaic_gpu.compute(*dense.prepare(q, k, v, **kw), block_sizes=BLOCKS)
+  loss = lambda q, k, v: jnp.sum(out(q, k, v).astype(jnp.float32))
+  jax.make_jaxpr(out)(q, k, v)
+  assert seen == [False]
+  jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v)
+  assert seen == [False, True]
+
+
+@pytest.mark.parametrize("normalizer", NORMS)
+def test_reads_row_dot_is_honest(normalizer):
+  """A normaliser that declares ``reads_row_dot=False`` (the backward kernels then skip
+  ``D_i = <dO_i, O_i>`` and pass None) gives the same tile rule with any row_dot or None;
+  one that declares True depends on it."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, tk = 8, 16
+  rng = np.random.default_rng(1)
+  z, dp = (jnp.asarray(rng.standard_normal((R, tk)), jnp.float32) for _ in range(2))
+  allowed = jnp.asarray(rng.random((R, tk)) > 0.3)
+  counts = jnp.sum(allowed, axis=1, keepdims=True).astype(jnp.float32)
+  row = nz.row_inputs(None, counts)
+  st = nz.visit(nz.init((R, 1), (R, 4), True), z, allowed, lambda w: w @ jnp.ones((tk, 4)),
+                row, True, True)
+  _, res, _ = nz.finish(st, row, True)
+  d_lse = jnp.asarray(rng.standard_normal((R, 1)), jnp.float32)
+  rule = lambda row_dot: nz.tile_backward(z, allowed, dp, res, row_dot, d_lse)[1]
+  dot = jnp.asarray(rng.standard_normal((R, 1)), jnp.float32)
+  if nz.reads_row_dot:
+    assert float(jnp.max(jnp.abs(rule(dot) - rule(2.0 * dot)))) > 1e-3
+  else:
+    np.testing.assert_array_equal(rule(None), rule(dot))
 
 
 @pytest.mark.parametrize("structure", [dict(is_causal=True), dict(window=(70, 10)),
@@ -356,7 +406,7 @@ def test_block_size_table_fits_shared_memory():
 
 
 def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.bfloat16,
-                grad=True, block_sizes=None, T_=512):
+                grad=True, block_sizes=None, T_=512, softcap=30.0):
   mesh = targets.mesh(targets.gpu_devices(target, 1))
   rep = NamedSharding(mesh, P())
   N, K = (4, 2) if gqa else (4, 4)
@@ -365,7 +415,7 @@ def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.
   sink = None
   if normalizers.REGISTRY[normalizer].accepts_sink_logits:
     sink = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep)
-  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=30.0, return_stats=True)
+  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, return_stats=True)
   seg = None
   if kw.pop("segment_ids", None) is not None:
     seg = jax.ShapeDtypeStruct((2, T_), jnp.int32, sharding=rep)
@@ -393,10 +443,12 @@ def assert_mosaic(compiled, kernels: int = 1):
 
 
 # The default subset (each ~10-20 s on two CPU cores): fwd + dq + dk/dv on an H100 and, with
-# segment ids, on an H200; every normaliser x head dim x structure with -m slow.
+# segment ids and for an elementwise normaliser, on an H200; every normaliser x head dim x
+# structure with -m slow.
 COMPILE_CASES = [
     ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
     ("h200", "softpick", "segments", 64, True, jnp.bfloat16),
+    ("h200", "sigmoid", "causal", 128, True, jnp.bfloat16),  # no D_i (reads_row_dot False)
 ]
 SLOW_COMPILE_CASES = [c for c in itertools.product(("h100", "h200"), NORMS, STRUCTURES,
                                                    (64, 128, 256), (True,), (jnp.bfloat16,))
@@ -410,8 +462,12 @@ def _cid(case):
 @needs_cuda
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=_cid)
 def test_mosaic_gpu_compiles_for_hopper(case):
+  # the H100 case with a soft cap (accurate maths, Plan.approx_math off), the H200 ones
+  # without (approximate exponentials)
   target, normalizer, structure, H, gqa, dtype = case
-  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype), 3)
+  softcap = 30.0 if target == "h100" else None
+  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype,
+                            softcap=softcap), 3)
 
 
 @needs_cuda

@@ -1,14 +1,16 @@
 """The backward kernels of :mod:`attnjax.kernels.mosaic_gpu` (FlashAttention-2/3 style, tiles
 recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with a TMA ring.
 
-1. Preprocessing (XLA, one fused pass): ``D_i = <dO_i, O_i>``, the logsumexp cotangent
-   ``g_i`` (zero on rows with no key) and, with ``sink_logits``, the null logit's cotangent
-   from :meth:`Normalizer.null_grad`.
+1. Preprocessing (XLA, one fused pass): ``D_i = <dO_i, O_i>`` (only for a normaliser that
+   ``reads_row_dot``: sigmoid, ReLU and none skip this pass over dO and O), the logsumexp
+   cotangent ``g_i`` (zero on rows with no key) and, with ``sink_logits``, the null logit's
+   cotangent from :meth:`Normalizer.null_grad`.
 2. dq: one program per (query head, query block, batch) walks the key blocks its rows attend
    (the forward's bounds; interior blocks unmasked), recomputes ``z = Q K^T`` and
    ``dP = dO V^T`` (wgmma), takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` (row
    lowering) and adds ``dS K`` (wgmma).
-3. dk/dv: one program per (key/value head, key block, batch) walks the ``G`` query heads of
+3. dk/dv: one program per (key/value head, block of ``DKDV_BLOCK_K`` = 64 keys, batch; its
+   two float32 accumulators must fit one warpgroup's registers) walks the ``G`` query heads of
    its group and the query blocks that may attend the block (the inverse relation), with the
    tiles transposed (keys as rows: ``z^T = K Q^T``, ``dP^T = V dO^T``) so that
    ``dV += W^T dO`` and ``dK += dS^T Q`` are wgmmas with the register operand on the left;
@@ -28,8 +30,9 @@ from jax import lax
 import jax.experimental.pallas as pl
 
 from attnjax import _logits
-from attnjax.kernels.mosaic_gpu.plan import (interpret_params, kv_bounds, load_vector,
-                                             lower_rows, segment_args, tile_allowed)
+from attnjax.kernels.mosaic_gpu.plan import (dkdv_plan, heaviest_first, interpret_params,
+                                             kv_bounds, load_vector, lower_rows, padded,
+                                             segment_args, tile_allowed)
 
 Array = jnp.ndarray
 
@@ -71,17 +74,20 @@ def _layout_tools(c, plgpu, shape):
           lambda ref, axis: load_vector(ref, layout.reduce(axis)), layout)
 
 
-def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
+def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None, acc=None):
   """``a @ b`` (float32) by wgmma: ``a`` a register tile (or ``a_ref`` in shared memory),
-  ``b_ref`` shared memory (``trans_b``: its transpose). In interpret mode a register lhs is
-  staged through ``staging``, and under jax 0.10's interpreter (``Plan.plain``) a transposed
-  operand is a register ``dot``."""
+  ``b_ref`` shared memory (``trans_b``: its transpose); with ``acc`` (float32 ``shape``),
+  ``acc + a @ b`` accumulated in place in the wgmma's accumulator (no third tile of
+  registers for a fresh product; compiled only). In interpret mode a register lhs is staged through
+  ``staging``, and under jax 0.10's interpreter (``Plan.plain``) a transposed operand is a
+  register ``dot``."""
   if c.plain and trans_b:
     lhs = a if a_ref is None else a_ref[...]
-    return lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),
-                           preferred_element_type=jnp.float32)
+    out = lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+    return out if acc is None else acc + out
 
-  def body(acc):
+  def issue(acc_ref):
     if a_ref is not None:
       lhs = a_ref
     elif c.interpret:
@@ -90,15 +96,33 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None):
     else:
       lhs = a
     rhs = b_ref.transpose((1, 0)) if trans_b else b_ref
-    plgpu.wgmma(acc, lhs, rhs)
-    return acc[...]
+    plgpu.wgmma(acc_ref, lhs, rhs)
 
-  return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+  if acc is not None and not c.interpret:
+    return pl.run_state(issue)(plgpu.ACC.init(acc))
+
+  def fresh(acc_ref):
+    issue(acc_ref)
+    return acc_ref[...]
+
+  out = pl.run_scoped(fresh, plgpu.ACC(shape, jnp.float32))
+  # the interpreter cannot discharge run_state over swizzled shared-memory refs
+  # (NotImplementedError: UnswizzleRef, jax 0.12): there the sum is taken after the product
+  return out if acc is None else acc + out
 
 
-def _row_args(rows, res_keys, has_g: bool):
-  """``(res, row_dot, g)`` of the loaded row vectors ``[row_dot, g?, *residuals]``."""
-  return dict(zip(res_keys, rows[1 + int(has_g):])), rows[0], (rows[1] if has_g else None)
+def _num_rows(c, res_keys, has_g: bool) -> int:
+  """Row vectors a backward kernel loads per query block: ``row_dot`` (where the normaliser
+  reads it), ``g`` (with a logsumexp cotangent) and the residuals."""
+  return int(c.nz.reads_row_dot) + int(has_g) + len(res_keys)
+
+
+def _row_args(rows, res_keys, has_g: bool, has_dot: bool):
+  """``(res, row_dot, g)`` of the loaded row vectors ``[row_dot?, g?, *residuals]``
+  (``row_dot`` None without ``has_dot``)."""
+  k = int(has_dot)
+  return (dict(zip(res_keys, rows[k + int(has_g):])), rows[0] if has_dot else None,
+          rows[k] if has_g else None)
 
 
 def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lowered):
@@ -106,10 +130,23 @@ def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lower
   ``dp = do_a do_b^T`` the normaliser's tile rule ``lowered`` (:meth:`Normalizer.tile_backward`
   through a row lowering) on the tile's mask ``mask()`` (None: unmasked) and ``row_args``."""
   shape = (a_ref.shape[0], b_ref.shape[0])
-  s = _mm(c, plgpu, shape, None, b_ref, trans_b=True, a_ref=a_ref) * c.opts.scale
-  z = _logits.softcap(s, c.opts.softcap)
-  dp = _mm(c, plgpu, shape, None, do_b_ref, trans_b=True, a_ref=do_a_ref)
-  w, dz = lowered(z, mask(), dp, *row_args)
+  if c.plain:  # jax 0.10's interpreter: register dots (see _mm)
+    s = _mm(c, plgpu, shape, None, b_ref, trans_b=True, a_ref=a_ref) * c.opts.scale
+    z, allowed = _logits.softcap(s, c.opts.softcap), mask()
+    dp = _mm(c, plgpu, shape, None, do_b_ref, trans_b=True, a_ref=do_a_ref)
+  else:
+    def products(acc_s, acc_dp):
+      # both wgmmas issued back to back; the scores' epilogue (scale, soft cap, mask) runs
+      # while dP is still on the tensor cores (wait_n=1: S's group, the older, is done)
+      plgpu.wgmma(acc_s, a_ref, b_ref.transpose((1, 0)))
+      plgpu.wgmma(acc_dp, do_a_ref, do_b_ref.transpose((1, 0)))
+      s = plgpu.wgmma_accumulator_load(acc_s, wait_n=1) * c.opts.scale
+      z, allowed = _logits.softcap(s, c.opts.softcap), mask()
+      return s, z, allowed, acc_dp[...]
+
+    acc = plgpu.ACC(shape, jnp.float32)
+    s, z, allowed, dp = pl.run_scoped(products, acc, acc)
+  w, dz = lowered(z, allowed, dp, *row_args)
   return s, w, dz
 
 
@@ -152,8 +189,8 @@ def _fetch_q_tile(c, plgpu, refs, scratch, nrows, b, n, i, slot):
   q_ref, _, _, do_ref, rows_ref = refs[:5]
   q_smem, do_smem, rows_smem, _, q_bars, do_bars, rows_bars = scratch[2:9]
   qrows = pl.ds(i * c.bq, c.bq)
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, qrows], q_smem.at[slot], q_bars.at[slot])
-  plgpu.copy_gmem_to_smem(do_ref.at[b, n, qrows], do_smem.at[slot], do_bars.at[slot])
+  plgpu.copy_gmem_to_smem(q_ref.at[b, qrows, n], q_smem.at[slot], q_bars.at[slot])
+  plgpu.copy_gmem_to_smem(do_ref.at[b, qrows, n], do_smem.at[slot], do_bars.at[slot])
   for r in range(nrows):
     plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
                             rows_bars.at[slot * nrows + r])
@@ -196,16 +233,17 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
    v_bars) = scratch[:9]
   staging, (qseg_smem, kseg_smem, qseg_bar, kseg_bars) = _scratch_tail(c, scratch)
   dq_smem = q_smem  # Q is read by the last wgmma before dq is written: its buffer is reused
-  n, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
+  n, b = lax.axis_index("heads"), lax.axis_index("batch")
+  i = heaviest_first(c, lax.axis_index("q_blocks"), c.Tp // c.bq)
   h = lax.div(n, jnp.int32(c.G))
   bq, bk, H = c.bq, c.bk, c.H
   q0 = i * bq
   q_last = jnp.minimum(q0 + bq, c.T) - 1
   lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
-  nrows = len(res_keys) + 1 + int(has_g)
+  nrows = _num_rows(c, res_keys, has_g)
 
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, bq)], q_smem, q_bar.at[0])
-  plgpu.copy_gmem_to_smem(do_ref.at[b, n, pl.ds(q0, bq)], do_smem, q_bar.at[1])
+  plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), n], q_smem, q_bar.at[0])
+  plgpu.copy_gmem_to_smem(do_ref.at[b, pl.ds(q0, bq), n], do_smem, q_bar.at[1])
   for r in range(nrows):
     plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, pl.ds(q0, bq)], rows_smem.at[r],
                             rows_bars.at[r])
@@ -213,8 +251,8 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   def fetch(j):
     slot = lax.rem(j - lo, jnp.int32(c.stages))
     keys = pl.ds(j * bk, bk)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, h, keys], k_smem.at[slot], k_bars.at[slot])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem.at[slot], v_bars.at[slot])
+    plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[slot], k_bars.at[slot])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[slot], v_bars.at[slot])
     if c.has_segments:
       plgpu.copy_gmem_to_smem(seg_refs[1].at[b, keys], kseg_smem.at[slot], kseg_bars.at[slot])
 
@@ -235,7 +273,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   for r in range(nrows):
     plgpu.barrier_wait(rows_bars.at[r])
     rows.append(load(rows_smem.at[r], 1))
-  row_args = _row_args(rows, res_keys, has_g)
+  row_args = _row_args(rows, res_keys, has_g, c.nz.reads_row_dot)
   q_seg = None
   if c.has_segments:
     plgpu.barrier_wait(qseg_bar.at[0])
@@ -263,14 +301,14 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
     s, _, dz = _tile_rule(c, plgpu, q_smem, k_smem.at[slot], do_smem, v_smem.at[slot], mask,
                           row_args, lower_rows(c.nz.tile_backward, bq, iota=any_iota))
     ds = _ds(c, dz, s, q_smem.dtype)
-    return dq + _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging)
+    return _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging, acc=dq)
 
   dq = _zeros(c, plgpu, (bq, H), layout)
   dq = lax.fori_loop(lo, flo, lambda j, a: step(True, j, a), dq)
   dq = lax.fori_loop(flo, fhi, lambda j, a: step(False, j, a), dq)
   dq = lax.fori_loop(fhi, hi, lambda j, a: step(True, j, a), dq)
   dq_smem[...] = (dq * c.opts.scale).astype(dq_smem.dtype)
-  _store(plgpu, [(dq_smem, dq_ref.at[b, n, pl.ds(q0, bq)])])
+  _store(plgpu, [(dq_smem, dq_ref.at[b, pl.ds(q0, bq), n])])
 
 
 def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
@@ -289,10 +327,10 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   lo, hi, flo, fhi = q_block_bounds(c, k0, jnp.minimum(k0 + bk, c.S) - 1, c.Tp // bq)
   per_head = hi - lo
   total = per_head * c.G  # steps: (query head of the group, query block)
-  nrows = len(res_keys) + 1 + int(has_g)
+  nrows = _num_rows(c, res_keys, has_g)
 
-  plgpu.copy_gmem_to_smem(k_ref.at[b, h, pl.ds(k0, bk)], k_smem, k_bar.at[0])
-  plgpu.copy_gmem_to_smem(v_ref.at[b, h, pl.ds(k0, bk)], v_smem, k_bar.at[1])
+  plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(k0, bk), h], k_smem, k_bar.at[0])
+  plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk), h], v_smem, k_bar.at[1])
 
   def where(t):
     gi = lax.div(t, jnp.maximum(per_head, 1))
@@ -329,12 +367,12 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     mask = lambda: (_dkdv_mask(c, load, i, qcol, kpos, qseg_smem, slot, k_seg) if masked
                     else None)
     s, w, dz = _tile_rule(c, plgpu, k_smem, q_smem.at[slot], v_smem, do_smem.at[slot], mask,
-                          _row_args(rows, res_keys, has_g),
+                          _row_args(rows, res_keys, has_g, c.nz.reads_row_dot),
                           lower_rows(c.nz.tile_backward, bq, transposed=True))
-    dv = dv + _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot],
-                  staging=staging)
+    dv = _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot], staging=staging,
+             acc=dv)
     ds = _ds(c, dz, s, q_smem.dtype)
-    dk = dk + _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging)
+    dk = _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging, acc=dk)
     return dk, dv
 
   def step(t, carry):
@@ -358,8 +396,30 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   dk, dv = lax.fori_loop(0, total, step, (zeros, zeros))
   dk_smem[...] = (dk * c.opts.scale).astype(dk_smem.dtype)
   dv_smem[...] = dv.astype(dv_smem.dtype)
-  _store(plgpu, [(dk_smem, dk_ref.at[b, h, pl.ds(k0, bk)]),
-                 (dv_smem, dv_ref.at[b, h, pl.ds(k0, bk)])])
+  _store(plgpu, [(dk_smem, dk_ref.at[b, pl.ds(k0, bk), h]),
+                 (dv_smem, dv_ref.at[b, pl.ds(k0, bk), h])])
+
+
+def _rows_in(c, d_out, out, res, d_lse, has_key):
+  """``(row_dot, g, res_keys, rows)``: the backward's row inputs ``[B, N, Tp]`` float32
+  (``row_dot`` None where the normaliser does not read it, ``g`` None without a logsumexp
+  cotangent) and their stack ``rows`` ``[nrows, B, N, Tp]`` in the kernels' order."""
+  row_dot = None
+  if c.nz.reads_row_dot:  # D_i = <dO_i, O_i>: a pass over dO and O that the others skip
+    row_dot = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    row_dot = jnp.pad(jnp.transpose(row_dot, (0, 2, 1)), ((0, 0), (0, 0), (0, c.Tp - c.T)))
+  g = None
+  if d_lse is not None:
+    g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))
+    g = jnp.where(has_key > 0, g, 0.0)
+  res_keys = tuple(sorted(res))
+  row_list = ([row_dot] if row_dot is not None else []) + ([g] if g is not None else []) + [
+      res[key] for key in res_keys]
+  # the kernels load _num_rows(...) rows; with none (normalizer="none", no statistics) one
+  # zero row stands in for the operand and is never read
+  rows = (jnp.stack(row_list) if row_list
+          else jnp.zeros((1, c.B, c.N, c.Tp), jnp.float32))
+  return row_dot, g, res_keys, rows
 
 
 def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
@@ -375,20 +435,10 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   seg_args = segment_args(c, q_seg, kv_seg)
   nseg = len(seg_args)
 
-  def heads_first(x, L):
-    x = jnp.transpose(x, (0, 2, 1, 3))
-    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
-
-  qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
-  doh = heads_first(d_out.astype(dtype), c.Tp)
-  oh = heads_first(out, c.Tp)
-  row_dot = jnp.sum(doh.astype(jnp.float32) * oh.astype(jnp.float32), axis=-1)
-  g = None
-  if d_lse is not None:
-    g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))
-    g = jnp.where(has_key > 0, g, 0.0)
-  res_keys = tuple(sorted(res))
-  rows = jnp.stack([row_dot] + ([g] if g is not None else []) + [res[key] for key in res_keys])
+  # [B, T, N, H] read in place by the kernels' TMA copies (no transposes)
+  qh, kh, vh = padded(q, c.Tp), padded(k, c.Sp), padded(v, c.Sp)
+  doh = padded(d_out.astype(dtype), c.Tp)
+  row_dot, g, res_keys, rows = _rows_in(c, d_out, out, res, d_lse, has_key)
 
   dsink = None
   if c.has_sink:
@@ -400,10 +450,10 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   swizzle = 128
   tr = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
         plgpu.SwizzleTransform(swizzle))
-  nrows = rows.shape[0]
   has_g = g is not None
+  nrows = max(1, _num_rows(c, res_keys, has_g))  # buffers and barriers: at least one
   interpret = interpret_params(c.interpret)
-  params = plgpu.CompilerParams(approx_math=False)
+  params = plgpu.CompilerParams(approx_math=c.approx_math)
 
   dq_scratch = [plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
@@ -419,12 +469,14 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
                    plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
   dq = plgpu.kernel(
       lambda *a: _dq_kernel(c, res_keys, has_g, a[:6 + nseg], a[6 + nseg:]),
-      out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype), scratch_types=dq_scratch,
+      out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype), scratch_types=dq_scratch,
       grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
       interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
 
-  kv_scratch = [plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.bk, c.H), dtype, transforms=tr),
+  ckv = dkdv_plan(c)
+  kv_seg_args = segment_args(ckv, q_seg, kv_seg)
+  kv_scratch = [plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
+                plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
                 plgpu.SMEM((c.stages, nrows, c.bq), jnp.float32),
@@ -432,16 +484,15 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
                 plgpu.Barrier(num_barriers=c.stages),
                 plgpu.Barrier(num_barriers=c.stages * nrows)]
   if c.interpret:
-    kv_scratch.append(plgpu.SMEM((c.bk, c.bq), dtype, transforms=tr))
+    kv_scratch.append(plgpu.SMEM((ckv.bk, c.bq), dtype, transforms=tr))
   if c.has_segments:
-    kv_scratch += [plgpu.SMEM((c.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
+    kv_scratch += [plgpu.SMEM((ckv.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
                    plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
-  kv_out = jax.ShapeDtypeStruct((c.B, c.K, c.Sp, c.H), dtype)
+  kv_out = jax.ShapeDtypeStruct((c.B, c.Sp, c.K, c.H), dtype)
   dk, dv = plgpu.kernel(
-      lambda *a: _dkdv_kernel(c, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
+      lambda *a: _dkdv_kernel(ckv, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
       out_type=[kv_out, kv_out], scratch_types=kv_scratch,
-      grid=(c.K, c.Sp // c.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
-      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
+      grid=(c.K, c.Sp // ckv.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
+      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *kv_seg_args)
 
-  back = lambda x, L: jnp.transpose(x[:, :, :L], (0, 2, 1, 3))
-  return back(dq, c.T), back(dk, c.S), back(dv, c.S), dsink
+  return dq[:, :c.T], dk[:, :c.S], dv[:, :c.S], dsink

@@ -3,9 +3,11 @@
 Forward: one program per (query head, pair of query blocks, batch) with three warpgroups,
 as in FlashAttention-3 and jax's ``attention_mgpu`` example. The producer warpgroup (its
 registers cut to 40 per thread by ``setmaxnreg``) only issues TMA copies: key/value tiles
-stream through a ``num_stages`` ring of shared-memory slots, each slot refilled once both
-consumers have released it (a two-arrival barrier per slot). Two consumer warpgroups (232
-registers per thread) each own a block of ``block_q`` query rows, loaded once by TMA:
+stream through a ``num_stages`` ring of shared-memory slots; a slot's K and V are waited
+for and released apart (a two-arrival barrier each): K is released once both consumers
+have read ``Q K^T``, so the next key tile streams in while the slot's V is still read.
+Two consumer warpgroups (232 registers per thread) each own a block of ``block_q`` query
+rows, loaded once by TMA:
 ``Q K^T`` and ``W V`` are warpgroup MMAs (wgmma) into float32 accumulators, and a schedule
 barrier makes the two take turns (ping-pong: one consumer's ``Q K^T`` runs on the tensor
 cores while the other works on its weights); the output tile is written into the query
@@ -28,6 +30,9 @@ window, or from a mask-only pre-pass with segment ids. GQA: query head ``n`` rea
 head ``n // G`` by its TMA index (K and V are never repeated). ``return_stats`` comes from
 the same pass (the normaliser's statistics rows). Ragged lengths are padded to the blocks
 (padded keys masked, padded rows dropped; query lengths to a multiple of ``2 * block_q``).
+The kernels read q, k, v (and dO) and write the output (and dq, dk, dv) in the caller's
+``[B, T, N, H]`` layout: each TMA copy is a strided box of one head's rows, so XLA adds no
+transposes around them (only a pad where a length is ragged).
 
 Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
 recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with
@@ -73,7 +78,8 @@ from attnjax.kernels import autodiff, blockwise
 from attnjax.kernels.mosaic_gpu import backward
 from attnjax.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
-                                             BlockSizes, Plan, block_sizes_for, kv_bounds,
+                                             BlockSizes, Plan, block_sizes_for,
+                                             heaviest_first, kv_bounds, padded,
                                              interpret_params, load_vector, lower_rows,
                                              make_plan, res_row_keys, segment_args,
                                              stat_row_keys, tile_allowed)
@@ -125,15 +131,16 @@ CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
 def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
             scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, consumed, schedule,
-   rows_smem) = scratch[:9]
-  extra = list(scratch[9:])
+  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_consumed, v_consumed, schedule,
+   rows_smem) = scratch[:10]
+  consumed = (k_consumed, v_consumed)
+  extra = list(scratch[10:])
   p_smem = extra.pop(0) if c.interpret else None
   if c.has_segments:
     qseg_smem, kseg_smem, kseg_one, qseg_bars, kseg_bars, kseg_one_bars = extra
   wg = lax.axis_index("wg")
   n = lax.axis_index("heads")
-  i = lax.axis_index("q_blocks")
+  i = heaviest_first(c, lax.axis_index("q_blocks"), c.Tp // (CONSUMERS * c.bq))
   b = lax.axis_index("batch")
   h = lax.div(n, jnp.int32(c.G))
   bq, bk = c.bq, c.bk
@@ -151,14 +158,22 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
 
     def fill(j, carry):
       slot = slot_of(j)
-
-      @pl.when(j - lo_u >= c.stages)  # the slot's previous tile consumed by both consumers
-      def _():
-        plgpu.barrier_wait(consumed.at[slot])
-
       rows = pl.ds(j * bk, bk)
-      plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot], k_bars.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot], v_bars.at[slot])
+      refill = j - lo_u >= c.stages
+      # K and V of a slot are released separately (K right after a consumer's Q K^T, V
+      # after its W V): the next K tile streams in while the slot's V is still being read
+
+      @pl.when(refill)  # the slot's previous K tile consumed by both consumers
+      def _():
+        plgpu.barrier_wait(k_consumed.at[slot])
+
+      plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_bars.at[slot])
+
+      @pl.when(refill)
+      def _():
+        plgpu.barrier_wait(v_consumed.at[slot])
+
+      plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_bars.at[slot])
       if c.has_segments:
         plgpu.copy_gmem_to_smem(seg_refs[1].at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
       return carry
@@ -171,7 +186,8 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
 
       @pl.when(j >= lo_u)
       def _():
-        plgpu.barrier_wait(consumed.at[slot_of(j)])
+        plgpu.barrier_wait(k_consumed.at[slot_of(j)])
+        plgpu.barrier_wait(v_consumed.at[slot_of(j)])
 
   @pl.when(wg < CONSUMERS)
   def _consumer():
@@ -193,7 +209,7 @@ def _consume(c, row_keys, wg, n, b, h, q0, qb, lo_u, hi_u, slot_of, q_ref, sink_
   import jax.experimental.pallas.mosaic_gpu as plgpu
   del h
   lo, hi, flo, fhi = _consumer_bounds(c, q0, lo_u, hi_u)
-  plgpu.copy_gmem_to_smem(q_ref.at[b, n, pl.ds(q0, c.bq)], q_smem, q_bar)
+  plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, c.bq), n], q_smem, q_bar)
   if c.has_segments:
     plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, c.bq)], seg_scratch[0], seg_scratch[3])
   plgpu.barrier_wait(q_bar)
@@ -343,39 +359,57 @@ class _Consumer:
             for key, x in st.items()}
 
   def take_turn(self):
-    """The consumers' schedule barrier: they alternate, one's QK^T wgmma issued while the
-    other works on its weights (FlashAttention-3's ping-pong)."""
+    """The consumers' schedule barrier (two arrivals), met twice per tile: after a
+    consumer issues its ``Q K^T`` wgmma, and between its weights and its ``W V`` wgmma
+    (:meth:`pv`); the second consumer starts a turn behind, so one's products run on the
+    tensor cores while the other computes its weights (FlashAttention-3's ping-pong)."""
     self.plgpu.barrier_arrive(self.schedule)
     self.plgpu.barrier_wait(self.schedule)
 
-  def wait_tile(self, slot):
+  def wait_k(self, slot):
+    """Waits for the key tile (and its segment ids) of ``slot``."""
     self.plgpu.barrier_wait(self.k_bars.at[slot])
-    self.plgpu.barrier_wait(self.v_bars.at[slot])
     if self.c.has_segments:
       self.plgpu.barrier_wait(self.seg_scratch[4].at[slot])
 
-  def release(self, slot):
-    self.plgpu.barrier_arrive(self.consumed.at[slot])
+  def wait_v(self, slot):
+    self.plgpu.barrier_wait(self.v_bars.at[slot])
+
+  def release(self, slot, which):
+    """Hands ``slot``'s K (``which=0``) or V (``1``) tile back to the producer."""
+    self.plgpu.barrier_arrive(self.consumed[which].at[slot])
 
   def pass_over(self, j, st):
     """A program tile outside this consumer's rows' reach: wait for it, release it."""
     slot = self.slot_of(j)
-    self.wait_tile(slot)
+    self.wait_k(slot)
     self.take_turn()
-    self.release(slot)
+    self.release(slot, 0)
+    self.wait_v(slot)
+    self.take_turn()
+    self.release(slot, 1)
     return st
 
   def step(self, masked, j, st):
-    """Key tile ``j``: its products and normaliser visit (``masked``: with the element mask)."""
+    """Key tile ``j``: its products and normaliser visit (``masked``: with the element mask).
+    K is released once ``Q K^T`` is read, V after ``W V``."""
     slot = self.slot_of(j)
-    self.wait_tile(slot)
+    self.wait_k(slot)
     if self.c.has_segments:
       # a block whose segments cannot meet: its products and normaliser work are skipped
       st = lax.cond(self.meets(j), lambda: self.compute(masked, j, slot, st),
-                    lambda: (self.take_turn(), st)[1])
+                    lambda: self.skip(slot, st))
     else:
       st = self.compute(masked, j, slot, st)
-    self.release(slot)
+    self.release(slot, 1)
+    return st
+
+  def skip(self, slot, st):
+    """A visited tile whose segments cannot meet the rows': only its turns and barriers."""
+    self.take_turn()
+    self.release(slot, 0)
+    self.wait_v(slot)
+    self.take_turn()
     return st
 
   def scores(self, slot):
@@ -394,9 +428,15 @@ class _Consumer:
     return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
 
   def pv(self, slot, w):
-    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``."""
+    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``.
+    The tile's second turn: the weights are done (arrive), then the value tile and the
+    other consumer's product issue (wait) come before this wgmma."""
     plgpu = self.plgpu
     w16 = w.astype(self.q_smem.dtype)
+    self.pv_calls += 1
+    plgpu.barrier_arrive(self.schedule)
+    self.wait_v(slot)
+    plgpu.barrier_wait(self.schedule)
 
     def mm(acc):
       if self.c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
@@ -409,14 +449,21 @@ class _Consumer:
 
   def compute(self, masked, j, slot, st):
     c = self.c
-    z = _logits.softcap(self.scores(slot) * c.opts.scale, c.opts.softcap)
+    s = self.scores(slot)
+    self.release(slot, 0)  # Q K^T is read: the key tile's slot may be refilled
+    z = _logits.softcap(s * c.opts.scale, c.opts.softcap)
     allowed = None
     if masked:
       allowed = self.allowed_of(j, self.seg_scratch[1].at[slot] if c.has_segments else None)
     visit = functools.partial(c.nz.visit, stats=c.with_stats, first=j == 0)
-    return lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), c.bq,
-                      pv=functools.partial(self.pv, slot), hv=c.H,
-                      iota=self.any_iota)(st, z, allowed, self.row)
+    self.pv_calls = 0
+    st = lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), c.bq,
+                    pv=functools.partial(self.pv, slot), hv=c.H,
+                    iota=self.any_iota)(st, z, allowed, self.row)
+    if self.pv_calls != 1:  # the V barrier is waited on once per tile
+      raise NotImplementedError(f"normalizer {c.nz.name!r}: visit called pv "
+                                f"{self.pv_calls} times (the kernel takes one W V per tile)")
+    return st
 
 
 def _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_refs):
@@ -430,7 +477,7 @@ def _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_re
   for idx, key in enumerate(row_keys):  # residual / statistics rows, [bq] float32 each
     rows_smem.at[idx][...] = jnp.broadcast_to(rows_out[key], (bq,)).astype(jnp.float32)
   plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, n, pl.ds(q0, bq)])
+  plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, bq), n])
   for idx, ref in enumerate(row_refs):
     plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
   plgpu.wait_smem_to_gmem(0)
@@ -442,11 +489,7 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   with ``residuals``, its residual rows ``{"res:" + name: ...}`` (for the backward kernels)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
-  def heads_first(x, L):
-    x = jnp.transpose(x, (0, 2, 1, 3))
-    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
-
-  qh, kh, vh = heads_first(q, c.Tp), heads_first(k, c.Sp), heads_first(v, c.Sp)
+  qh, kh, vh = padded(q, c.Tp), padded(k, c.Sp), padded(v, c.Sp)
   dtype = q.dtype
   stat_keys = stat_row_keys(c.nz, c.with_stats, c.has_sink) if c.with_stats else ()
   res_keys = ()
@@ -465,7 +508,8 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
       plgpu.Barrier(num_barriers=W),
       plgpu.Barrier(num_barriers=c.stages),
       plgpu.Barrier(num_barriers=c.stages),
-      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a tile consumed by both
+      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile consumed by both
+      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile consumed by both
       plgpu.Barrier(num_arrivals=W),  # the consumers' turns
       plgpu.SMEM((W, max(1, len(stat_keys)), c.bq), jnp.float32),
   ]
@@ -491,14 +535,14 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
   outs = plgpu.kernel(
       body,
-      out_type=[jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.H), dtype)] + [rows] * len(stat_keys),
+      out_type=[jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype)] + [rows] * len(stat_keys),
       scratch_types=scratch, grid=(c.N, c.Tp // (CONSUMERS * c.bq), c.B),
       grid_names=("heads", "q_blocks", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
       interpret=interpret,
-      compiler_params=plgpu.CompilerParams(approx_math=False),
+      compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
       )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
-  return jnp.transpose(outs[0][:, :, :c.T], (0, 2, 1, 3)), srow
+  return outs[0][:, :c.T], srow
 
 
 def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
@@ -533,17 +577,22 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   @autodiff.custom_vjp
   def core(q, k, v, sink, q_seg, kv_seg):
-    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
+    # nothing differentiated (the primal path): no residual rows are written
+    return run_forward(q, k, v, sink, q_seg, kv_seg, residuals=False)[0]
 
   # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
   # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
   # block-wise backward, and tests call the backward kernels directly (backward_direct).
   mosaic_bwd = not c.interpret
 
-  def fwd(q, k, v, sink, q_seg, kv_seg):
-    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
+  def run_forward(q, k, v, sink, q_seg, kv_seg, residuals):
+    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=residuals)
     stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
              else None)
+    return (out, stats), srow
+
+  def fwd(q, k, v, sink, q_seg, kv_seg):
+    (out, stats), srow = run_forward(q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
     res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
     has_key = srow["has_key"][..., 0] if c.with_stats else None
     return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)

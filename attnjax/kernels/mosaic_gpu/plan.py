@@ -37,6 +37,12 @@ CONSUMERS = 2
 # Shared memory per block on sm_90 (H100, H200): 227 KiB usable of the 228 KiB per SM.
 SMEM_LIMIT_BYTES = 227 * 1024
 
+# Keys per dk/dv program: one wgmma M (64 rows) per warpgroup. Its two float32 accumulators
+# [keys, head dim] take keys * head_dim / 64 registers per thread: 256 at 128 keys and head
+# dim 128, more than a thread has (a deviceless H200 compile's ptxas spilled 3.7 KB and
+# serialised the wgmmas, C7512); 128 at 64 keys.
+DKDV_BLOCK_K = 64
+
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
@@ -72,8 +78,8 @@ DEFAULT_BLOCK_SIZES = BlockSizes()
 # block_q = 64 rows per consumer warpgroup (one wgmma M; a forward program's two consumers
 # take 128 rows); the [64, head dim] float32 accumulator takes head_dim / 2 registers per
 # thread. Untuned: no GPU was lent.
-#   head dim 64:  64 x 128, 3 stages: 112 / 112 / 80 KiB
-#   head dim 128: 64 x 128, 2 stages: 160 / 160 / 128 KiB
+#   head dim 64:  64 x 128, 3 stages: 112 / 112 / 64 KiB
+#   head dim 128: 64 x 128, 2 stages: 160 / 160 / 96 KiB
 #   head dim 256: 64 x 64,  2 stages: 192 / 192 / 192 KiB
 BLOCK_SIZE_TABLE: tuple[tuple[int, BlockSizes], ...] = (
     # head dim <=, sizes
@@ -98,8 +104,8 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
 
   ``"forward"``: the two consumers' Q tiles (each output written into its Q's) and
   ``num_stages`` K and V tiles; ``"dq"``: the Q and dO tiles (dq is written into Q's) and
-  ``num_stages`` K and V tiles; ``"dkdv"``: the K and V tiles (dk, dv written into them) and
-  ``num_stages`` Q and dO tiles.
+  ``num_stages`` K and V tiles; ``"dkdv"``: the K and V tiles of :data:`DKDV_BLOCK_K` keys
+  at most (dk, dv written into them) and ``num_stages`` Q and dO tiles.
   """
   bq, bk, st = sizes.block_q, sizes.block_k, sizes.num_stages
   if kernel == "forward":
@@ -108,6 +114,7 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
   if kernel == "dq":
     return (bq * (head_dim + head_dim_v) + st * bk * (head_dim + head_dim_v)) * itemsize
   if kernel == "dkdv":
+    bk = min(bk, DKDV_BLOCK_K)
     return (bk * (head_dim + head_dim_v) + st * bq * (head_dim + head_dim_v)) * itemsize
   raise ValueError(f"kernel must be 'forward', 'dq' or 'dkdv', got {kernel!r}")
 
@@ -389,6 +396,23 @@ class Plan(KernelPlan):
     return self.N // self.K
 
   @property
+  def approx_math(self) -> bool:
+    """Whether the kernels compile with Mosaic GPU's ``approx_math``: ``exp`` becomes
+    ``ex2.approx.ftz.f32`` of ``x * log2(e)`` (one MUFU op; relative error about 2^-22 by
+    the PTX manual, plus the rounding of ``x * log2(e)``: ``|x| * 2^-24``, below 1e-6 for
+    the ``|x| < 20`` that weigh in a bf16 / fp16 sum), ``log`` ``lg2.approx`` times ln 2
+    (absolute error about 2^-22 on the log-normaliser), and ``tanh`` ``tanh.approx.f32``,
+    whose relative error of about 2^-11 would move a soft-capped logit by up to
+    ``cap * 2^-11`` (0.015 at cap 30, 1.5% in its weight): so not with a soft cap.
+    Divisions become ``div.full.f32`` (2 ulp) and reciprocals ``rcp.approx.f32`` (sigmoid's
+    ``1 / (1 + exp(-x))``, 1 ulp), seen in the PTX of a deviceless H200 compile; so every
+    normaliser's weights keep a relative error near 1e-6, far below the inputs' rounding
+    (bf16: 2^-9). The
+    interpreter ignores the flag (its tests check the exact maths); a device run checks
+    the approximate one (``python -m attnjax.check``)."""
+    return self.opts.softcap is None
+
+  @property
   def needs_mask(self) -> bool:
     o = self.opts
     return (o.is_causal or o.window is not None or self.has_segments
@@ -431,6 +455,29 @@ def kv_bounds(c: Plan, q0, q_last):
   flo = jnp.clip(flo, lo, hi)
   fhi = jnp.clip(fhi, flo, hi)
   return lo, hi, flo, fhi
+
+
+def dkdv_plan(c):
+  """The dk/dv kernel's plan: the call's, with :data:`DKDV_BLOCK_K` keys per program (the
+  padded key length, a multiple of every block_k, is one of 64 too)."""
+  return dataclasses.replace(c, bk=min(c.bk, DKDV_BLOCK_K))
+
+
+def padded(x, L):
+  """``x`` ``[B, T, N, H]`` with zero rows up to length ``L`` (no copy when ``T == L``). The
+  kernels read and write ``[B, T, N, H]`` in place: a TMA copy of rows ``r`` of head ``n``
+  is the strided box ``x[b, r, n]`` (no transposes to and from heads-first)."""
+  T = x.shape[1]
+  return x if T == L else jnp.pad(x, ((0, 0), (0, L - T), (0, 0), (0, 0)))
+
+
+def heaviest_first(c: Plan, i, count: int):
+  """The query-block program that grid index ``i`` (of ``count``) runs. Causal: the last
+  query blocks attend the most keys, and CUDA launches programs about in grid order
+  (Mosaic GPU makes the batch axis the fastest, then the query blocks, then the heads), so
+  they are taken in reverse, heaviest first, and the last wave holds the lightest (as
+  FlashAttention-3's causal scheduler does). Otherwise the blocks weigh alike: ``i``."""
+  return jnp.int32(count - 1) - i if c.opts.is_causal else i
 
 
 def tile_allowed(c: Plan, qpos, kpos, q_seg=None, k_seg=None):
