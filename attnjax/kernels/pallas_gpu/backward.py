@@ -34,10 +34,11 @@ Array = jnp.ndarray
 
 def needs_row_terms(c: GridPlan) -> bool:
   """Whether the backward reads ``D_i``: the normaliser's :meth:`~Normalizer.tile_backward`
-  does (softmax's family, softpick; sigmoid, relu and none do not), or a learned null
-  column's cotangent (:meth:`~Normalizer.null_grad`). Without it no pass reads ``dO`` and
-  ``O`` for it, and neither kernel loads a row of it."""
-  return c.has_sink or _reads_row_dot(c)
+  does (its declared :attr:`~Normalizer.reads_row_dot`: softmax's family and softpick do;
+  sigmoid, relu and none do not), or a learned null column's cotangent
+  (:meth:`~Normalizer.null_grad`). Without it no pass reads ``dO`` and ``O`` for it, and
+  neither kernel loads a row of it."""
+  return c.has_sink or c.nz.reads_row_dot
 
 
 def row_terms_from_tiles(c: GridPlan, dtype) -> bool:
@@ -54,30 +55,6 @@ def row_terms_from_tiles(c: GridPlan, dtype) -> bool:
   ``D_i`` costs the dq kernel a second walk over its blocks (two more tile products each).
   """
   return jnp.dtype(dtype) != jnp.float32 and not c.nz.softmax_like
-
-
-def _reads_row_dot(c: GridPlan) -> bool:
-  """Whether the normaliser's :meth:`~Normalizer.tile_backward` reads ``D_i`` (from its jaxpr)."""
-  res_keys = _res_keys(c)
-  tile = jax.ShapeDtypeStruct((8, 16), jnp.float32)
-  row = jax.ShapeDtypeStruct((8, 1), jnp.float32)
-
-  def fn(z, dp, row_dot, *res):
-    return c.nz.tile_backward(z, None, dp, dict(zip(res_keys, res)), row_dot, None)
-
-  jaxpr = jax.make_jaxpr(fn)(tile, tile, row, *[row] * len(res_keys)).jaxpr
-  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
-  return id(jaxpr.invars[2]) in read
-
-
-def _res_keys(c: GridPlan) -> tuple:
-  """The residual rows :meth:`~Normalizer.finish` returns (without statistics)."""
-  nz, rows = c.nz, (8, 1)
-  sink = jnp.zeros(rows, jnp.float32) if c.has_sink else None
-  cnt = jnp.ones(rows, jnp.float32) if c.needs_counts else None
-  res = jax.eval_shape(lambda: nz.finish(nz.init(rows, (8, 4), False),
-                                         nz.row_inputs(sink, cnt), False)[1])
-  return tuple(sorted(res))
 
 
 def _input_refs(c: GridPlan, res_keys, has_g, has_rd, refs):
@@ -170,7 +147,7 @@ def _row_terms(c: GridPlan, tile, sink_ref, bounds, q_seg, kseg_ref):
 
   def visit(j, st, k_seg, masked):
     _, z, _, allowed, dp = tile(j, k_seg, masked)
-    pv = lambda w: jnp.sum(w * dp, axis=-1, keepdims=True)  # noqa: E731
+    pv = lambda w: jnp.sum(w * dp, axis=-1, keepdims=True)
     return nz.visit(st, z, allowed, pv, row, False, j == 0)
 
   st = visit_loop(c, lo, hi, nz.init((bq, 1), (bq, 1), False), visit, q_seg, kseg_ref, bk, full)
