@@ -107,7 +107,7 @@ CASES = (
     + [Case(f"cosine-{i}", _cosine(i), static=(("softcap", 3.0), ("window", (2, 0))))
        for i in ("reference", "blockwise", None)]
     + [Case(f"sparse-{i}", _sparse(i), static=(("scale", 0.5), ("block_size", 2)),
-            flags=("return_stats",)) for i in ("reference", "block_sparse", None)]
+            flags=("return_stats",)) for i in ("reference", "blockwise", None)]
     + [Case(f"compressed-{i}", _compressed(i),
             static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2)))
        for i in ("reference", "blockwise", None)]

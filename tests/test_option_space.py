@@ -149,7 +149,7 @@ def _draw(rng, family: str) -> Draw:
     extra["temperature"] = jnp.asarray(rng.standard_normal(q.shape[2]), jnp.float32)
     defect = _dense_options(rng, kw, defective, scale=False)
   elif family == "sparse":
-    fn, impls = attnjax.sparse_attention, ("block_sparse", None)
+    fn, impls = attnjax.sparse_attention, ("blockwise", None)
     kw["pattern"] = _choice(rng, [patterns.causal(), patterns.sliding_window(2),
                                   patterns.sliding_window(3, 1), patterns.strided(2),
                                   patterns.sinks_window(1, 2)])
