@@ -118,11 +118,11 @@ CASES = (
     + [Case(f"linear-{i}", _linear(i), self_only=i == "recurrent", state=True,
             static=(("chunk_size", 2),),
             flags=("is_causal", "return_stats", "return_state"))
-       for i in ("reference", "parallel", "chunked", "recurrent", None)]
+       for i in ("reference", "quadratic", "chunked", "recurrent", None)]
     + [Case(f"{name}-{i}", make(i), self_only=True, stats=None, state=True,
             static=RECURRENT_STATIC, flags=("return_state",))
        for name, make in (("gated", _gated), ("delta", _delta))
-       for i in ("reference", "recurrent", "parallel", "chunked", None)]
+       for i in ("reference", "recurrent", "quadratic", "chunked", None)]
 )
 IDS = [c.name for c in CASES]
 
@@ -207,7 +207,7 @@ def test_zero_length_recurrent_state_passes_through():
   q, k, v = _qkv(0, 0)
   s0 = jnp.asarray(np.random.default_rng(1).standard_normal((1, N, H, H)), jnp.float32)
   for fn in (_gated, _delta):
-    for impl in ("reference", "recurrent", "parallel", "chunked"):
+    for impl in ("reference", "recurrent", "quadratic", "chunked"):
       out, state = fn(impl)(q, k, v, initial_state=s0, return_state=True)
       assert out.shape == (1, 0, N, H)
       np.testing.assert_array_equal(state, s0)

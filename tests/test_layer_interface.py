@@ -283,7 +283,7 @@ def test_spec_classes_declare_their_implementations():
   assert specs.SparseSpec.implementations == sparse.IMPLEMENTATIONS
   assert specs.DenseSpec.implementations == tuple(dense.IMPLEMENTATIONS)
   for family in (specs.LinearSpec, specs.GatedSpec, specs.DeltaNetSpec):  # one vocabulary
-    assert family.implementations == ("reference", "recurrent", "parallel", "chunked")
+    assert family.implementations == ("reference", "recurrent", "quadratic", "chunked")
   assert not specs.LinearSpec.takes_segment_ids and specs.SparseSpec.takes_segment_ids
 
 
