@@ -178,10 +178,9 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
           continue
       table[platform] = name
       break
-    if platform not in table:
-      raise ValueError(f"{op.name}: no engine of {tuple(op.preferences.get(platform, ())) + op.fallback} "
-                       f"covers this call on {platform!r}: "
-                       + "; ".join(f"{n}: {', '.join(r)}" for n, r in reasons.items() if r))
+    if platform not in table:  # the op's fallback ends on an engine that refused the call
+      refused = "; ".join(f"{n}: {', '.join(r)}" for n, r in reasons.items() if r)
+      raise ValueError(f"{op.name}: no engine covers this call on {platform!r} ({refused})")
     _trust.note_skipped(notes, table[platform])
   return table
 

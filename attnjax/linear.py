@@ -10,7 +10,8 @@ so attention becomes a recurrence with a fixed-size state (Katharopoulos et al.
 family, see ``attnjax._recurrent``) compute the same function and are tested
 equal in value, final state and gradient:
 
-- ``quadratic`` (formerly ``parallel``, which still works and warns once): materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``,
+- ``quadratic`` (formerly ``parallel``, which still works and warns once):
+  materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``,
   O(T^2). Linear attention is defined as attention with these weights, so
   this is its readable definition and ``"reference"`` names it
   (:data:`~attnjax.linear.REFERENCE_FORM`).

@@ -52,6 +52,10 @@ def test_choose_takes_each_platforms_first_engine_that_covers_the_call():
   assert _op.choose(op, (jnp.zeros(8),), ("cpu",)) == {"cpu": "long"}
   assert asked == ["wide", "wide"]  # once per call, however many lists name it
   assert _op.select(op, (jnp.zeros(4),), "cuda") == "wide"
+  narrow = dataclasses.replace(op, preferences={}, fallback=("wide",))
+  with pytest.raises(ValueError, match=r"stand_in: no engine covers this call on 'cpu' "
+                                       r"\(wide: odd lengths\)"):
+    _op.choose(narrow, (jnp.zeros(3),), ("cpu",))
 
 
 def test_run_lowers_the_choices_as_platform_branches():
