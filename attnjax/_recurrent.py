@@ -1,12 +1,14 @@
-"""What the recurrent families share: one vocabulary of forms and one input preparation.
+"""What the recurrent families share: one vocabulary of forms (their ops' engines) and one
+input preparation.
 
 The recurrent families (:mod:`attnjax.linear`, :mod:`attnjax.gated_linear`,
-:mod:`attnjax.delta_rule`) take the same ``implementation`` names, with the
-same meaning in each:
+:mod:`attnjax.delta_rule`) each declare an op (:mod:`attnjax._op`) whose engines are the
+same forms, with the same ``implementation`` names and the same meaning in each:
 
 - ``"recurrent"``: a ``lax.scan`` over time carrying the state, one token per
   step; the decode form (causal only).
-- ``"parallel"``: the masked quadratic form over the whole sequence, which
+- ``"quadratic"`` (formerly ``"parallel"``, which still works and warns once): the masked
+  quadratic form over the whole sequence, which
   materialises a ``[T, T]`` matrix (weights, decays, or for the delta rule
   the ``[T, T]`` triangular solve of its one-chunk form); for short
   sequences and tests.
@@ -15,7 +17,7 @@ same meaning in each:
 - ``"reference"``: the family's readable definition, which is always one of
   the three forms above, named by the family's ``REFERENCE_FORM``. Linear
   attention is defined as attention with the weights ``phi(q_i).phi(k_j)``,
-  so its reference is the masked matrix (``"parallel"``, which also defines
+  so its reference is the masked matrix (``"quadratic"``, which also defines
   its non-causal case). The gated and delta-rule families are defined by
   their recurrences, so theirs is ``"recurrent"``: their quadratic forms are
   derived from the recurrence (a decay matrix; the delta rule's triangular
@@ -23,7 +25,7 @@ same meaning in each:
 
 :func:`prepare` validates a causal stateful call over one sequence (the gated
 and delta-rule families) and brings its inputs to the layout every form
-takes; :func:`check_form` and :func:`check_chunk_size` are the checks linear
+takes; :func:`state_op` makes their ops. :func:`check_chunk_size` is a check linear
 attention shares with them.
 
 This module is family level (the linear, gated and delta-rule families share
@@ -32,34 +34,32 @@ it); kernels must not import it.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, Optional, get_args
+from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, masks
+from attnjax import _checks, _empty, _op, masks
 from attnjax._logits import group_queries
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "recurrent", "parallel", "chunked"]
+ImplementationName = Literal["reference", "recurrent", "quadratic", "chunked"]
 IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 # The forms a name resolves to ("reference" is one of them, per family).
-FORMS: tuple[str, ...] = ("recurrent", "parallel", "chunked")
+FORMS: tuple[str, ...] = ("recurrent", "quadratic", "chunked")
+# Old names of forms, still accepted with a warning: {old: new}.
+RENAMED: dict[str, str] = {"parallel": "quadratic"}
 DEFAULT_CHUNK_SIZE = 64
 
 
-def check_form(implementation: Optional[str], *, reference: str) -> str:
-  """The form ``implementation`` names (``"reference"``: the family's ``reference``; None: chunked).
-
-  Raises:
-    ValueError: an unknown name (the message lists :data:`IMPLEMENTATIONS`).
-    TypeError: not a str or None.
-  """
-  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
-  if implementation is None:
-    return "chunked"
-  return reference if implementation == "reference" else implementation
+def engines(forms: dict[str, _op.Engine], reference: str) -> dict[str, _op.Engine]:
+  """A recurrent op's engines: ``"reference"`` (the engine of the ``reference`` form under
+  that name), then each of :data:`FORMS` (``forms`` holds one engine per form)."""
+  assert set(forms) == set(FORMS), sorted(forms)
+  return {"reference": _op.Engine("reference", forms[reference].compute,
+                                  forms[reference].unsupported),
+          **{name: forms[name] for name in FORMS}}
 
 
 def check_chunk_size(chunk_size: Any) -> int:
@@ -82,7 +82,7 @@ class Inputs(NamedTuple):
     v: ``[B, T, K, Hv]`` values.
     reset: ``[B, T]`` bool, True where a new segment starts (never at ``t = 0``).
     state: ``[B, K, G, H, Hv]`` the state before the first token (zeros if none given).
-    form: ``"recurrent"``, ``"parallel"`` or ``"chunked"`` (:func:`check_form`).
+    form: the engine the call names (an ``implementation``), or None: auto (``"chunked"``).
   """
 
   q: Array
@@ -90,11 +90,11 @@ class Inputs(NamedTuple):
   v: Array
   reset: Array
   state: Array
-  form: str
+  form: Optional[str]
 
 
 def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_ids,
-            implementation, chunk_size, reference: str) -> Inputs:
+            implementation, chunk_size, op: _op.Op) -> Inputs:
   """Validates a causal stateful call over one sequence and returns its :class:`Inputs`.
 
   Args:
@@ -104,12 +104,12 @@ def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_i
     initial_state: ``[B, N, H, Hv]`` or None.
     return_state: a bool.
     segment_ids: ``[B, T]`` integers or None.
-    implementation: a name of :data:`IMPLEMENTATIONS` or None.
+    implementation: a name of :data:`IMPLEMENTATIONS` (or :data:`RENAMED`) or None.
     chunk_size: a positive int.
-    reference: the family's ``REFERENCE_FORM``.
+    op: the family's op (its engines are the valid names).
   """
   B, T, N, K, H, Hv, seg = _checks.check_one_sequence(name, q, k, v, segment_ids)
-  form = check_form(implementation, reference=reference)
+  form = _op.check_implementation(op, implementation, where=name)
   check_chunk_size(chunk_size)
   if not isinstance(return_state, bool):
     raise TypeError(f"return_state must be a bool, got {return_state!r}")
@@ -139,3 +139,31 @@ def finish(out: Array, final: Array, q: Array, *, return_state: bool):
   if return_state:
     return out, jnp.reshape(final, (B, N) + final.shape[3:])
   return out
+
+
+def _form_engine(name: str, form: Callable[..., Any], *, chunked: bool = False) -> _op.Engine:
+  """The engine of a state-passing ``form(q, k, v, *extra, reset, state)`` (``chunked``: also
+  ``chunk_size=``) on the call ``(x: Inputs, extra, chunk_size)``."""
+
+  def compute(x: Inputs, extra: tuple, chunk_size: int):
+    args = (x.q, x.k, x.v, *extra, x.reset, x.state)
+    return form(*args, chunk_size=chunk_size) if chunked else form(*args)
+
+  return _op.Engine(name, compute, _op.supports_everything)
+
+
+def state_op(name: str, *, recurrent: Callable[..., Any], quadratic: Callable[..., Any],
+             chunked: Callable[..., Any], reference: str) -> _op.Op:
+  """The op of a causal state-passing family (gated linear, delta rule), registered.
+
+  Its call is ``(x: Inputs, extra, chunk_size)``, ``extra`` the family's per-step arrays in
+  the order its forms take them after ``v``; every engine returns ``(out [B, T, K, G, Hv],
+  final state)``. A call over no steps leaves the state as it was (:func:`attnjax._empty.no_steps`).
+  """
+  forms = {"recurrent": _form_engine("recurrent", recurrent),
+           "quadratic": _form_engine("quadratic", quadratic),
+           "chunked": _form_engine("chunked", chunked, chunked=True)}
+  return _op.register(_op.Op(
+      name, engines(forms, reference), {}, ("chunked",),
+      empty=lambda x, *_: _empty.no_steps(x.v, x.state),
+      is_empty=lambda x, *_: x.q.shape[1] == 0, renamed=RENAMED))

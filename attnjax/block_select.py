@@ -63,13 +63,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import options, _checks, _empty, _logits, _static, dense, normalizers
+from attnjax import options, _checks, _empty, _logits, _op, _static, dense, normalizers
 from attnjax.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
 
 ImplementationName = Literal["reference", "gathered"]
-IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 QueryPool = Literal["mean", "first"]
 QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
 # The dense keywords block_select_attention takes and forwards (attnjax.options.KEYWORDS):
@@ -241,6 +240,7 @@ def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array
 
 def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array,
                block_size: int):
+  """The ``"reference"`` engine: the selection's mask through :func:`attnjax.dense.reference`."""
   T, N = inputs.q.shape[1], inputs.q.shape[2]
   mask = selection_mask(sel, T, block_size, N)
   return dense.reference(dataclasses.replace(inputs, mask=mask), opts)
@@ -433,6 +433,20 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
 # The public function.
 
 
+# The block-select op: its call is ``(inputs, opts, selection, block_size)``; auto-dispatch
+# takes the gathered engine everywhere.
+ENGINES: dict[str, _op.Engine] = {e.name: e for e in (
+    _op.Engine("reference", _reference, _op.supports_everything),
+    _op.Engine("gathered", _gathered, _op.supports_everything),
+)}
+OP = _op.register(_op.Op(
+    "block_select", ENGINES, {}, ("gathered",),
+    empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
+    is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k)))
+# The engines' names (the layer's and the signature's choices).
+IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
+
+
 def _block_select_attention(
     q: Array,
     k: Array,
@@ -477,7 +491,8 @@ def _block_select_attention(
       selection; a row left without keys is zero.
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (the attention logits; the
       selection always uses dot products).
-    implementation: None (auto: ``"gathered"``), ``"reference"`` or ``"gathered"``.
+    implementation: None (auto: ``"gathered"``), ``"reference"`` or ``"gathered"`` (the
+      engines of :data:`OP`).
     return_stats: also return :class:`attnjax.AttentionStats` over the attended keys.
     return_selection: also return :func:`.select_blocks`'s int32
       ``[B, K, ceil(T / block_size), top_k]`` selected blocks (-1 = none).
@@ -491,17 +506,13 @@ def _block_select_attention(
     Yuan et al. 2025, "Native Sparse Attention" (selection shared by a GQA group).
   """
   query_pool = _check_static(q, k, block_size, top_k, query_pool, is_causal)
-  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
+  implementation = _op.check_implementation(OP, implementation, where="block_select_attention")
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
-  if _empty.is_empty(q, k):  # T = S = 0: no query block selects anything
-    res = _empty.dense(inputs, opts)
+  if _empty.is_empty(q, k):  # T = S = 0: no query block selects anything (OP answers)
     sel = jnp.full((q.shape[0], k.shape[2], 0, top_k), -1, jnp.int32)
   else:
     sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
-    if implementation == "reference":
-      res = _reference(inputs, opts, sel, block_size)
-    else:
-      res = _gathered(inputs, opts, sel, block_size)
+  res = _op.run(OP, (inputs, opts, sel, block_size), implementation)
   if not return_selection:
     return res
   sel = _pad_to(sel, top_k, axis=3, value=-1)

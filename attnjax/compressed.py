@@ -24,7 +24,7 @@ Rules (positions top-left aligned, query ``i`` at position ``i``):
   holds all of its keys (a block straddling a boundary is seen by nobody);
   raw window keys follow the usual rule.
 
-Two implementations, tested equal in value and gradient:
+Two engines (:data:`OP`, ``implementation=``), tested equal in value and gradient:
 
 - ``"reference"``: builds the compressed keys, concatenates ``[compressed ;
   raw]`` and runs :func:`attnjax.dense.reference` with the explicit mask.
@@ -70,20 +70,19 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional, Union, get_args
+from typing import Any, Literal, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, _empty, _static, dense, normalizers, options
+from attnjax import _checks, _empty, _op, _static, dense, normalizers, options
 from attnjax.kernels import blockwise
 from attnjax.layout import key_block_candidates, rule_layout
 
 Array = jnp.ndarray
 
 ImplementationName = Literal["reference", "blockwise"]
-IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
 POOLS: tuple[str, ...] = ("mean", "max")
 # The dense keywords compressed_attention forwards (attnjax.options.KEYWORDS); its is_causal
 # and window are its own rule's (CompressedRule), not the dense ones.
@@ -355,22 +354,69 @@ def _grouped_forward(inputs: options.DenseInputs, opts: options.DenseOptions, k_
   return call(inputs.q, inputs.k, inputs.v, k_c, v_c, inputs.sink_logits)
 
 
+class _Rule(NamedTuple):
+  """The compression of a call (the third element of the op's call).
+
+  Attributes:
+    k_c, v_c: the caller's compressed keys and values, or None: pooled by ``pool``.
+    pool: ``"mean"``, ``"max"`` or ``"given"``.
+    stride, is_causal, window, block_size: as :func:`compressed_attention` takes them.
+  """
+
+  k_c: Optional[Array]
+  v_c: Optional[Array]
+  pool: str
+  stride: int
+  is_causal: bool
+  window: Optional[tuple[int, int]]
+  block_size: int
+
+
+def _pooled(inputs: options.DenseInputs, c: _Rule) -> tuple[Array, Array]:
+  if c.k_c is not None:
+    return c.k_c, c.v_c
+  return pool_keys(inputs.k, c.stride, c.pool), pool_keys(inputs.v, c.stride, c.pool)
+
+
+def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, c: _Rule):
+  """The ``"reference"`` engine: ``[compressed ; raw]`` keys and the rule's explicit mask
+  through :func:`attnjax.dense.reference`."""
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  k_c, v_c = _pooled(inputs, c)
+  rule = CompressedRule(T, S, c.stride, c.is_causal, c.window, num_blocks(S, c.stride))
+  cat = _concat_inputs(inputs, k_c, v_c, rule)
+  return dense.reference(dataclasses.replace(cat, mask=_mask(rule, T)), opts)
+
+
+def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, c: _Rule):
+  """The ``"blockwise"`` engine: the grouped-query path where it applies, else one call."""
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  k_c, v_c = _pooled(inputs, c)
+  if (c.is_causal and T == S and inputs.q_segment_ids is None and not opts.return_stats
+      and (c.window is None or normalizers.REGISTRY[opts.normalizer].mergeable)):
+    return _grouped_forward(inputs, opts, k_c, v_c, c.stride, c.window, c.block_size)
+  return _one_call(inputs, opts, k_c, v_c, c.stride, c.is_causal, c.window, c.block_size)
+
+
+# The compressed op: its call is ``(inputs, opts, rule)``; auto-dispatch takes the block-wise
+# engine everywhere.
+ENGINES: dict[str, _op.Engine] = {e.name: e for e in (
+    _op.Engine("reference", _reference, _op.supports_everything),
+    _op.Engine("blockwise", _blockwise, _op.supports_everything),
+)}
+OP = _op.register(_op.Op(
+    "compressed", ENGINES, {}, ("blockwise",),
+    empty=lambda inputs, opts, c: _empty.dense(inputs, opts),
+    is_empty=lambda inputs, opts, c: _empty.is_empty(inputs.q, inputs.k)))
+# The engines' names (the layer's and the signature's choices).
+IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
+
+
 def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, normalizer,
                 sink_logits, softcap, segment_ids, implementation, return_stats, block_size):
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
-  T, S = q.shape[1], k.shape[1]
-  if _empty.is_empty(q, k):
-    return _empty.dense(inputs, opts)
-  if k_c is None:
-    k_c, v_c = pool_keys(k, stride, pool), pool_keys(v, stride, pool)
-  if implementation == "reference":
-    rule = CompressedRule(T, S, stride, is_causal, window, num_blocks(S, stride))
-    cat = _concat_inputs(inputs, k_c, v_c, rule)
-    return dense.reference(dataclasses.replace(cat, mask=_mask(rule, T)), opts)
-  if (is_causal and T == S and inputs.q_segment_ids is None and not opts.return_stats
-      and (window is None or normalizers.REGISTRY[opts.normalizer].mergeable)):
-    return _grouped_forward(inputs, opts, k_c, v_c, stride, window, block_size)
-  return _one_call(inputs, opts, k_c, v_c, stride, is_causal, window, block_size)
+  rule = _Rule(k_c, v_c, pool, stride, is_causal, window, block_size)
+  return _op.run(OP, (inputs, opts, rule), implementation)
 
 
 _compressed_jit = jax.jit(_compressed, static_argnames=(
@@ -443,7 +489,8 @@ def _compressed_attention(
     segment_ids: ``[B, T]`` when ``T == S`` or a pair ``([B, T], [B, S])``; a
       compressed block is seen only by queries of the one segment holding all
       its keys (ids must not be :data:`.STRADDLING_SEGMENT`, int32's minimum).
-    implementation: None (``"blockwise"``), ``"reference"`` or ``"blockwise"``.
+    implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"`` (the
+      engines of :data:`OP`).
     return_stats: also return :class:`attnjax.AttentionStats` over the key slots
       ``[compressed ; raw]`` (``sink_mass`` is the weight on compressed block 0).
     block_size: edge of the blockwise path's square blocks (static).
@@ -459,8 +506,7 @@ def _compressed_attention(
   block_size = _checks_int("block_size", block_size)
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
-  implementation = "blockwise" if implementation is None else implementation
+  implementation = _op.check_implementation(OP, implementation, where="compressed_attention")
   _checks.check_qkv(q, k, v)
   k_c = v_c = None
   if isinstance(pool, (tuple, list)):

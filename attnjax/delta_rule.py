@@ -24,7 +24,8 @@ value, final state and every gradient:
 - ``recurrent``: ``lax.scan`` over time, one rank-1 update per step; the
   decode form. It is the readable definition, so ``"reference"`` names it
   (:data:`~attnjax.delta_rule.REFERENCE_FORM`).
-- ``parallel``: the chunk form below over the whole sequence as one chunk
+- ``quadratic`` (formerly ``parallel``, which still works and warns once): the
+  chunk form below over the whole sequence as one chunk
   (no scan): a ``[T, T]`` triangular solve and the masked ``(Q K^T * Gamma)``
   product; for short sequences and tests.
 - ``chunked`` (default): the WY / UT-transform chunk form (Yang et al. 2024).
@@ -48,7 +49,7 @@ value, final state and every gradient:
 
 The delta rule's output is not a masked product ``(Q K^T * M) V`` of the
 values themselves: the pseudo-values ``U`` need the triangular solve above, so
-its quadratic whole-sequence form (``"parallel"``) is the chunk form with one
+its quadratic whole-sequence form (``"quadratic"``) is the chunk form with one
 chunk of ``T`` tokens.
 
 ``segment_ids`` reset the state where the id changes between consecutive
@@ -76,7 +77,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _empty, _recurrent, _static
+from attnjax import _checks, _deprecation, _op, _recurrent, _static
 from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
@@ -129,7 +130,7 @@ def recurrent(q, k, v, beta, g, reset, state):
   return jnp.moveaxis(out, 0, 1), final
 
 
-def parallel(q, k, v, beta, g, reset, state):
+def quadratic(q, k, v, beta, g, reset, state):
   """The chunk form over the whole sequence as one chunk (``_chunk_block``, no scan).
 
   Args:
@@ -314,6 +315,17 @@ def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
     raise ValueError(f"{name} must have shape [B, T, N] = {(B, T, N)}, got {_checks.shape_of(x)}")
 
 
+def parallel(*args, **kwargs):
+  """Deprecated name of :func:`quadratic` (warns once)."""
+  _deprecation.warn_once("attnjax.delta_rule.parallel", "attnjax.delta_rule.quadratic")
+  return quadratic(*args, **kwargs)
+
+
+# The delta_rule op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
+OP = _recurrent.state_op("delta_rule", recurrent=recurrent, quadratic=quadratic, chunked=chunked,
+                         reference=REFERENCE_FORM)
+
+
 def _delta_rule_attention(
     q: Array,
     k: Array,
@@ -352,10 +364,12 @@ def _delta_rule_attention(
     segment_ids: integer ``[B, T]``; the state is reset before every token whose
       id differs from the previous token's (the initial state belongs to token 0's
       document).
-    implementation: ``"recurrent"`` (scan over time), ``"parallel"`` (one chunk
+    implementation: ``"recurrent"`` (scan over time), ``"quadratic"`` (one chunk
       of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
-      names mean the same form in every recurrent family
+      names are the engines of :data:`OP`; ``"parallel"``, the old name of
+      ``"quadratic"``, still works and warns once. They mean the same form in every
+      recurrent family
       (``attnjax._recurrent``).
     chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
       padded).
@@ -389,23 +403,15 @@ def _delta_rule_attention(
   x = _recurrent.prepare("delta_rule_attention", q, k, v, scale=scale,
                          initial_state=initial_state, return_state=return_state,
                          segment_ids=segment_ids, implementation=implementation,
-                         chunk_size=chunk_size, reference=REFERENCE_FORM)
+                         chunk_size=chunk_size, op=OP)
   B, T, N, _ = q.shape
   K = k.shape[2]
   _check_per_step("beta", beta, B, T, N)
   if log_decay is None:
     log_decay = jnp.zeros((B, T, N), jnp.float32)
   _check_per_step("log_decay", log_decay, B, T, N)
-  args = (x.q, x.k, x.v, _recurrent.by_kv_head(beta, K), _recurrent.by_kv_head(log_decay, K),
-          x.reset, x.state)
-  if T == 0:
-    out, final = _empty.no_steps(x.v, x.state)
-  elif x.form == "recurrent":
-    out, final = recurrent(*args)
-  elif x.form == "parallel":
-    out, final = parallel(*args)
-  else:
-    out, final = chunked(*args, chunk_size=chunk_size)
+  extra = (_recurrent.by_kv_head(beta, K), _recurrent.by_kv_head(log_decay, K))
+  out, final = _op.run(OP, (x, extra, chunk_size), x.form)
   return _recurrent.finish(out, final, q, return_state=return_state)
 
 

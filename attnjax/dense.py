@@ -11,15 +11,13 @@ tested against it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, Optional, Union
 
-import jax
 import jax.numpy as jnp
 
-from attnjax import (_checks, _empty, _jax_nn_compat, _logits, _lowering, _sharding, _static,
-                     _trust, masks, normalizers, options, parallel)
+from attnjax import (_empty, _jax_nn_compat, _logits, _lowering, _op, _static, _trust, masks,
+                     normalizers, options, parallel)
 from attnjax.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax.attention_stats import stats_from_weights
 
@@ -72,42 +70,9 @@ def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
   return out, stats_from_weights(z, w, allowed, log_norm, opts.empty_row_logsumexp)
 
 
-@dataclasses.dataclass(frozen=True)
-class Engine:
-  """One dense implementation, as dispatch sees it: adding an engine is one of these in
-  :data:`ENGINES` and, for auto-dispatch, its name in a list of :data:`PREFERENCES`.
-
-  Attributes:
-    name: the ``implementation=`` that names it.
-    compute: ``(inputs, opts) -> out`` on a call ``unsupported`` accepts, without a
-      wrong-platform guard (a ``platform_dependent`` branch is its own guard); a
-      ``per_shard`` engine's also takes ``shard_offsets=``.
-    unsupported: ``(inputs, opts) -> reasons`` it cannot honour the call ([] = it can);
-      checked once per call.
-    platform: the platform it lowers for (``"cuda"``, ``"tpu"``), or None: any.
-    where: where it runs, for the error of a named call lowered for another platform.
-    per_shard: a custom call XLA cannot partition: under a multi-device mesh it runs inside
-      :func:`attnjax._sharding.per_shard`.
-    vouched_by: who checks it on hardware: ``"jax"`` (jax's own kernels), ``"attnjax"``
-      (plain JAX, held equal to the reference by this project's tests) or
-      ``"device-check"`` (attnjax's Pallas kernels: auto-dispatch takes them only where
-      :mod:`attnjax._trust` allows).
-    min_length: auto-dispatch takes it from this sequence length on (the longer of T, S).
-  """
-
-  name: str
-  compute: Callable[..., Any]
-  unsupported: Callable[[DenseInputs, DenseOptions], list[str]]
-  platform: Optional[str] = None
-  where: str = ""
-  per_shard: bool = False
-  vouched_by: str = "attnjax"
-  min_length: int = 0
-
-
-def _supports_everything(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
-  del inputs, opts
-  return []
+# One dense implementation, as dispatch sees it (:class:`attnjax._op.Engine`): its ``compute``
+# and ``unsupported`` take the call ``(inputs, opts)``.
+Engine = _op.Engine
 
 
 # Auto-dispatch uses the block-wise path from this sequence length on (the longer of T and S).
@@ -118,7 +83,7 @@ def _supports_everything(inputs: DenseInputs, opts: DenseOptions) -> list[str]:
 BLOCKWISE_MIN_LENGTH_CPU = 256
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("reference", reference, _supports_everything),
+    Engine("reference", reference, _op.supports_everything),
     Engine("blockwise", blockwise.run, blockwise.unsupported,
            min_length=BLOCKWISE_MIN_LENGTH_CPU),
     Engine("xla", functools.partial(jax_nn.compute, implementation="xla"), jax_nn.unsupported,
@@ -151,32 +116,26 @@ PREFERENCES: dict[str, tuple[str, ...]] = {
 FALLBACK: tuple[str, ...] = ("blockwise", "reference")
 
 
+def _length(inputs: DenseInputs, opts: DenseOptions) -> int:
+  del opts
+  return max(inputs.q.shape[1], inputs.k.shape[1])
+
+
+def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str]):
+  inputs, opts = call
+  return parallel.attention(inputs, opts, implementation, run_on_this_platform)
+
+
+OP = _op.register(_op.Op(
+    "dense", ENGINES, PREFERENCES, FALLBACK,
+    empty=_empty.dense, is_empty=lambda inputs, opts: _empty.is_empty(inputs.q, inputs.k),
+    context=_context, context_axis=lambda inputs, opts: opts.context_axis,
+    length=_length, trust_class=_trust.call_class))
+
+
 def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...]) -> dict[str, str]:
-  """``{platform: engine name}``: each platform's first engine of its list that covers the
-  call; each engine's ``unsupported`` runs once however many lists name it."""
-  reasons: dict[str, list[str]] = {}
-  length = max(inputs.q.shape[1], inputs.k.shape[1])
-  klass = _trust.call_class(inputs, opts)  # the case class the kernels' verdicts name
-  table = {}
-  for platform in platforms:
-    notes = []
-    for name in PREFERENCES.get(platform, ()) + FALLBACK:
-      engine = ENGINES[name]
-      if length < engine.min_length:
-        continue
-      if name not in reasons:
-        reasons[name] = engine.unsupported(inputs, opts)
-      if reasons[name]:
-        continue
-      if engine.vouched_by == "device-check":
-        decision = _trust.allows(name, platform, klass)
-        if not decision.allowed:
-          notes += [decision.note] if decision.note else []
-          continue
-      table[platform] = name
-      break
-    _trust.note_skipped(notes, table[platform])
-  return table
+  """``{platform: engine name}``: :func:`attnjax._op.choose` of the dense op."""
+  return _op.choose(OP, (inputs, opts), platforms)
 
 
 def select_implementation(inputs: DenseInputs, opts: DenseOptions,
@@ -204,36 +163,13 @@ def select_implementation(inputs: DenseInputs, opts: DenseOptions,
   (:func:`attnjax._sharding.per_shard`), so the choice never depends on the
   device count.
   """
-  platform = _lowering.current_platform() if platform is None else platform
-  return _choose(inputs, opts, (platform,))[platform]
+  return _op.select(OP, (inputs, opts), platform)
 
 
 def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
   """``{platform: implementation}`` that ``implementation=None`` lowers for each of
   :data:`attnjax._lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
   return _choose(inputs, opts, _lowering.PLATFORMS)
-
-
-def _compute(engine: Engine, inputs: DenseInputs, opts: DenseOptions):
-  """``engine.compute`` of a call it supports, per shard where it must be."""
-  if not engine.per_shard:
-    return engine.compute(inputs, opts)
-  return _sharding.per_shard(
-      lambda shard, offsets: engine.compute(shard, opts, shard_offsets=offsets), inputs)
-
-
-def _run_named(engine: Engine, inputs: DenseInputs, opts: DenseOptions):
-  """A named engine: its one check of the call, then its computation, lowering for its own
-  platform only (another platform raises ``ValueError`` when the program is lowered)."""
-  reasons = engine.unsupported(inputs, opts)
-  if reasons:
-    raise ValueError(
-        f"implementation={engine.name!r} does not support " + "; ".join(reasons)
-        + ". Use implementation='reference' or None (auto).")
-  if engine.platform is None:
-    return _compute(engine, inputs, opts)
-  return _lowering.on_platform(engine.platform, lambda: _compute(engine, inputs, opts),
-                               _lowering.wrong_platform(engine.name, engine.where))
 
 
 def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
@@ -248,28 +184,14 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   strategies call back here for each device's own part). A call with no queries or no keys
   is answered by :func:`attnjax._empty.dense` before any engine is chosen.
   """
-  if _empty.is_empty(inputs.q, inputs.k):
-    return _empty.dense(inputs, opts)
-  if opts.context_axis is not None:
-    return parallel.attention(inputs, opts, implementation, run_on_this_platform)
-  if implementation is not None:
-    return _run_named(ENGINES[implementation], inputs, opts)
-  current = _lowering.current_platform()
-  table = _choose(inputs, opts, tuple(dict.fromkeys(_lowering.PLATFORMS + (current,))))
-  if len(set(table.values())) == 1:
-    return _compute(ENGINES[table["cpu"]], inputs, opts)
-  branches = {p: functools.partial(_compute, ENGINES[name], inputs, opts)
-              for p, name in table.items()}
-  return jax.lax.platform_dependent(**branches, default=branches["cpu"])
+  return _op.run(OP, (inputs, opts), implementation)
 
 
 def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
   context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
   ``pallas_call`` would have no manual-axis types there)."""
-  if implementation is None:
-    return _compute(ENGINES[select_implementation(inputs, opts)], inputs, opts)
-  return run(inputs, opts, implementation)
+  return _op.run_on_this_platform(OP, (inputs, opts), implementation)
 
 
 # ---------------------------------------------------------------------------
@@ -281,7 +203,7 @@ def prepare(q, k, v, *, implementation: Optional[str] = None,
   """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
   its canonical inputs and options; ``implementation`` is None or a name of :data:`ENGINES`."""
   inputs, opts = options.validate(q, k, v, **dense_keywords)
-  _checks.check_implementation("implementation", implementation, tuple(ENGINES))
+  _op.check_implementation(OP, implementation)
   return inputs, opts
 
 

@@ -22,7 +22,8 @@ value, final state and every gradient:
 - ``recurrent``: the recurrence as a ``lax.scan`` over time; the decode form.
   It is the readable definition, so ``"reference"`` names it
   (:data:`~attnjax.gated_linear.REFERENCE_FORM`).
-- ``parallel``: the masked quadratic form above over the whole sequence,
+- ``quadratic`` (formerly ``parallel``, which still works and warns once): the
+  masked quadratic form above over the whole sequence,
   materialising the ``[T, T]`` (scalar decay) or ``[T, T, H]`` (per-channel)
   decay matrix; for short sequences and tests.
 - ``chunked`` (default): O(T). Inside a chunk of ``chunk_size`` the quadratic
@@ -45,7 +46,7 @@ The chunked form keeps for its backward the chunks' inputs and the state
 entering each chunk (``T / chunk_size`` states of ``[H, Hv]`` per head) and
 recomputes each chunk, so training memory is O(T), about 1.7 inputs' worth
 (``tests/test_chunks.py``); the
-recurrent and parallel forms are differentiated by plain autodiff, which keeps
+recurrent and quadratic forms are differentiated by plain autodiff, which keeps
 a state per token (O(T H Hv)). Exponents that are exactly 0
 (a token's decay to itself, the last key's decay to the chunk's end) are set,
 not computed as differences, so the decays' gradient stays accurate on its own
@@ -63,7 +64,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _empty, _recurrent, _static
+from attnjax import _checks, _deprecation, _op, _recurrent, _static
 from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
@@ -193,7 +194,7 @@ def _block_state(xs, state: Array):
   return out, new_state
 
 
-def parallel(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
+def quadratic(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
   """Masked quadratic form over the whole sequence (one block); O(T^2) (times H per channel).
 
   Args:
@@ -281,6 +282,17 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
   return g if per_channel else g[..., None]
 
 
+def parallel(*args, **kwargs):
+  """Deprecated name of :func:`quadratic` (warns once)."""
+  _deprecation.warn_once("attnjax.gated_linear.parallel", "attnjax.gated_linear.quadratic")
+  return quadratic(*args, **kwargs)
+
+
+# The gated_linear op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
+OP = _recurrent.state_op("gated_linear", recurrent=recurrent, quadratic=quadratic, chunked=chunked,
+                         reference=REFERENCE_FORM)
+
+
 def _gated_linear_attention(
     q: Array,
     k: Array,
@@ -320,10 +332,12 @@ def _gated_linear_attention(
     segment_ids: integer ``[B, T]``; where the id changes from ``t - 1`` to
       ``t`` the state is reset (``t`` sees no earlier key and no initial
       state). Position 0 never resets.
-    implementation: ``"recurrent"`` (scan over time), ``"parallel"`` (masked
+    implementation: ``"recurrent"`` (scan over time), ``"quadratic"`` (masked
       quadratic), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
-      names mean the same form in every recurrent family
+      names are the engines of :data:`OP`; ``"parallel"``, the old name of
+      ``"quadratic"``, still works and warns once. They mean the same form in every
+      recurrent family
       (``attnjax._recurrent``).
     chunk_size: chunk length of ``"chunked"``; any ``T`` works.
     context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
@@ -364,18 +378,11 @@ def _gated_linear_attention(
   x = _recurrent.prepare("gated_linear_attention", q, k, v, scale=scale,
                          initial_state=initial_state, return_state=return_state,
                          segment_ids=segment_ids, implementation=implementation,
-                         chunk_size=chunk_size, reference=REFERENCE_FORM)
+                         chunk_size=chunk_size, op=OP)
   B, T, N, H = q.shape
   g = _recurrent.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
-  args = (x.q, x.k, x.v, g, x.reset, x.state)
-  if T == 0:
-    out, final = _empty.no_steps(x.v, x.state)
-  elif x.form == "recurrent":
-    out, final = recurrent(*args)
-  elif x.form == "parallel":
-    out, final = parallel(*args)
-  else:
-    out, final = chunked(*args, chunk_size=chunk_size)
+  extra = (g,)
+  out, final = _op.run(OP, (x, extra, chunk_size), x.form)
   return _recurrent.finish(out, final, q, return_state=return_state)
 
 

@@ -10,7 +10,8 @@ so attention becomes a recurrence with a fixed-size state (Katharopoulos et al.
 family, see ``attnjax._recurrent``) compute the same function and are tested
 equal in value, final state and gradient:
 
-- ``parallel``: materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``,
+- ``quadratic`` (formerly ``parallel``, which still works and warns once):
+  materialises the masked ``[T, S]`` matrix ``phi(Q) phi(K)^T``,
   O(T^2). Linear attention is defined as attention with these weights, so
   this is its readable definition and ``"reference"`` names it
   (:data:`~attnjax.linear.REFERENCE_FORM`).
@@ -20,7 +21,8 @@ equal in value, final state and gradient:
   O(T * chunk_size) time, any ``T`` (the last chunk is padded).
 
 Non-causal attention is O(T) through ``phi(K)^T V`` (``chunked``, the default)
-or the quadratic ``parallel`` (= ``reference``); there is no ``recurrent``.
+or the ``quadratic`` form (= ``reference``); there is no ``recurrent``. The forms are the
+engines of :data:`OP` (:mod:`attnjax._op`).
 
 The three ways of normalising (``normalize``):
 
@@ -51,7 +53,7 @@ from typing import Callable, Literal, NamedTuple, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax import _checks, _empty, _recurrent, _static, feature_maps, masks
+from attnjax import _checks, _deprecation, _empty, _op, _recurrent, _static, feature_maps, masks
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
 from attnjax._recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
@@ -66,7 +68,7 @@ Normalize = Literal["denominator", "none", "output_rms"]
 
 NORMALIZE: tuple[str, ...] = get_args(Normalize)
 # The form "reference" names: the masked weight matrix, the family's definition.
-REFERENCE_FORM = "parallel"
+REFERENCE_FORM = "quadratic"
 DEFAULT_EPS = 1e-6
 
 
@@ -110,7 +112,7 @@ def _causal_keep(T: int, S: int) -> Array:
   return jnp.reshape(masks.causal_mask(T, S), (1, 1, 1, T, S))
 
 
-def parallel(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
+def quadratic(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_causal: bool):
   """The masked quadratic form ``(phi(Q) phi(K)^T * M) V`` (the reference); O(T S).
 
   Args:
@@ -263,6 +265,12 @@ def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
   num = _einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
   den = _einsum("btkgf,bkf->btkg", phi_q, final.k_sum)
   return num, den, final
+
+
+def parallel(*args, **kwargs):
+  """Deprecated name of :func:`quadratic` (warns once)."""
+  _deprecation.warn_once("attnjax.linear.parallel", "attnjax.linear.quadratic")
+  return quadratic(*args, **kwargs)
 
 
 def finish(num: Array, den: Array, *, normalize: str, eps: float) -> Array:
@@ -465,12 +473,71 @@ def _check_state(initial_state: object,
   return LinearState(state.kv_sum.astype(jnp.float32), state.k_sum.astype(jnp.float32))
 
 
+class _Call(NamedTuple):
+  """A validated linear-attention call, as the engines of :data:`OP` take it.
+
+  Attributes:
+    phi_q: float32 query features ``[B, T, K, G, F]``.
+    phi_k: float32 key features ``[B, S, K, F]``.
+    v: float32 values ``[B, S, K, Hv]``.
+    state: the :class:`.LinearState` before the first key.
+    is_causal: the causal mask.
+    chunk_size: the chunked form's chunk length.
+    finish_fn: ``(numerator, denominator) -> out`` (:func:`finish` of the call's options).
+  """
+
+  phi_q: Array
+  phi_k: Array
+  v: Array
+  state: LinearState
+  is_causal: bool
+  chunk_size: int
+  finish_fn: Callable[[Array, Array], Array]
+
+
+def _quadratic_engine(c: _Call):
+  num, den, final = quadratic(c.phi_q, c.phi_k, c.v, c.state, is_causal=c.is_causal)
+  return c.finish_fn(num, den), final
+
+
+def _recurrent_engine(c: _Call):
+  num, den, final = recurrent(c.phi_q, c.phi_k, c.v, c.state)
+  return c.finish_fn(num, den), final
+
+
+def _recurrent_unsupported(c: _Call) -> list[str]:
+  if c.is_causal:
+    return []
+  return ["is_causal=False (it is the causal decode form; use 'chunked', O(T) through "
+          "phi(K)^T V, or 'quadratic' (= 'reference'), the quadratic form)"]
+
+
+def _chunked_engine(c: _Call):
+  if c.is_causal:
+    # The output is finished inside the chunk loop (no [B, T, ...] denominator array).
+    out, _, final = chunked(c.phi_q, c.phi_k, c.v, c.state, chunk_size=c.chunk_size,
+                            finish_fn=c.finish_fn)
+    return out, final
+  num, den, final = noncausal(c.phi_q, c.phi_k, c.v, c.state)
+  return c.finish_fn(num, den), final
+
+
+# The linear op: its call is ``(_Call,)``; every engine returns ``(out [B, T, K, G, Hv], final
+# state)``. Auto-dispatch takes the chunked form.
+OP = _op.register(_op.Op(
+    "linear", _recurrent.engines({
+        "recurrent": _op.Engine("recurrent", _recurrent_engine, _recurrent_unsupported),
+        "quadratic": _op.Engine("quadratic", _quadratic_engine, _op.supports_everything),
+        "chunked": _op.Engine("chunked", _chunked_engine, _op.supports_everything),
+    }, REFERENCE_FORM), {}, ("chunked",), renamed=_recurrent.RENAMED))
+
+
 def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chunk_size,
              initial_state, return_state, eps):
   B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
   feature_map = _check_feature_map(feature_map, H)
   normalize = _canonical_normalize(normalize)
-  form = _recurrent.check_form(implementation, reference=REFERENCE_FORM)
+  form = _op.check_implementation(OP, implementation, where="linear_attention")
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
   _recurrent.check_chunk_size(chunk_size)
@@ -479,10 +546,6 @@ def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chun
     raise ValueError(
         f"causal linear attention needs as many queries as keys (a state carries earlier "
         f"keys), got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
-  if not is_causal and form == "recurrent":
-    raise ValueError("implementation='recurrent' is the causal decode form; with "
-                     "is_causal=False use 'chunked' (O(T), phi(K)^T V) or 'parallel' "
-                     "(= 'reference', the quadratic form)")
   if feature_map.needs_consistent_scale:
     if normalize == "none":
       raise ValueError(
@@ -526,11 +589,12 @@ def _linear_attention(
     is_causal: query ``i`` sees keys ``j <= i`` (needs ``T == S``).
     normalize: ``"denominator"`` (or True), ``"none"`` (or False),
       ``"output_rms"`` (module docstring).
-    implementation: ``"parallel"`` (the quadratic form), ``"recurrent"``
+    implementation: ``"quadratic"`` (the quadratic form), ``"recurrent"``
       (causal only), ``"chunked"``, or ``"reference"``, the readable
-      definition: here the quadratic form (``"parallel"``); None means
-      ``"chunked"`` (O(T)). The names mean the same form in every recurrent
-      family (``attnjax._recurrent``).
+      definition: here the quadratic form (``"quadratic"``); None means
+      ``"chunked"`` (O(T)). The names are the engines of :data:`OP`;
+      ``"parallel"``, the old name of ``"quadratic"``, still works and warns once.
+      They mean the same form in every recurrent family (``attnjax._recurrent``).
     chunk_size: chunk length of the chunked causal form.
     initial_state: a :class:`.LinearState` (``kv_sum [B, K, F, Hv]``,
       ``k_sum [B, K, F]``) of keys seen before this call; None = empty.
@@ -541,7 +605,7 @@ def _linear_attention(
       ``w_ij = phi(q_i).phi(k_j)`` over this call's keys (the initial state is
       not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
       ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
-      ``logsumexp`` are None (there are no logits). With ``"parallel"`` (and
+      ``logsumexp`` are None (there are no logits). With ``"quadratic"`` (and
       ``"reference"``) they come from the materialised matrix; otherwise
       ``row_sum`` (and ``sink_mass`` for nonnegative maps) are O(T) and the
       entropy is a scan over query blocks, O(T S) time and O(chunk_size S)
@@ -592,18 +656,9 @@ def _linear_attention(
   if context_axis is not None:
     state, whole_final = _context_states(phi_k, v32, state, is_causal=is_causal,
                                          axis=context_axis)
-  if is_causal and form == "chunked":
-    # The output is finished inside the chunk loop (no [B, T, ...] denominator array).
-    out, _, final = chunked(phi_q, phi_k, v32, state, chunk_size=chunk_size,
-                            finish_fn=finish_fn)
-  else:
-    if form == "parallel":
-      num, den, final = parallel(phi_q, phi_k, v32, state, is_causal=is_causal)
-    elif not is_causal:
-      num, den, final = noncausal(phi_q, phi_k, v32, state)
-    else:
-      num, den, final = recurrent(phi_q, phi_k, v32, state)
-    out = finish_fn(num, den)
+  call = (_Call(phi_q, phi_k, v32, state, is_causal, chunk_size, finish_fn),)
+  form = _op.select(OP, call) if form is None else form
+  out, final = _op.run(OP, call, form)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
   if whole_final is not None:
     final = whole_final
@@ -618,7 +673,7 @@ def _linear_attention(
     keys = jax.lax.all_gather(phi_k, context_axis, axis=1, tiled=True)
     stats = _blocked_stats(phi_q, keys, is_causal=is_causal, nonnegative=feature_map.nonnegative,
                            block=chunk_size, axis=context_axis)
-  elif form == "parallel":
+  elif (REFERENCE_FORM if form == "reference" else form) == "quadratic":
     stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
   else:
     stats = _blocked_stats(phi_q, phi_k, is_causal=is_causal,

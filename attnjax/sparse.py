@@ -1,10 +1,11 @@
 """Sparse attention: attention restricted to a :mod:`attnjax.patterns` pattern.
 
-Two implementations, tested equal in value and gradient:
+Two engines (:data:`OP`, ``implementation=``), tested equal in value and gradient:
 
 - ``"reference"``: the pattern's exact dense mask handed to the dense
   reference (:func:`attnjax.dense.reference`); materialises ``[B, N, T, S]``.
-- ``"block_sparse"``: the pattern's block layout drives the block-wise dense
+- ``"blockwise"`` (formerly ``"block_sparse"``, which still works and warns once): the
+  pattern's block layout drives the block-wise dense
   kernel (:mod:`attnjax.kernels.blockwise`), which visits, for each query block, only
   the key blocks the layout lists, applies the pattern's element rule only on
   the partial ones, and recomputes in its backward pass. Cost and memory follow
@@ -31,27 +32,30 @@ validated the same way and means the same thing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import _checks, _empty, _static, dense, masks, mods, normalizers, options, parallel, patterns
+from attnjax import (_empty, _op, _static, dense, masks, mods, normalizers, options, parallel,
+                     patterns)
 from attnjax.kernels import blockwise
 from attnjax.layout import BlockLayout
 from attnjax.patterns import Pattern
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "block_sparse"]
-IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
+ImplementationName = Literal["reference", "blockwise"]
 # The dense keywords sparse_attention takes and forwards (attnjax.options.KEYWORDS): the
 # pattern stands for mask, is_causal and window; the block paths compute dot products.
 DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
 
 
-def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern):
+def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
+               block_size: int):
+  """The pattern's exact dense mask handed to the dense reference (``block_size`` unused)."""
+  del block_size
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   mask = masks.combine_masks(inputs.mask, pattern.mask(T, S))
   return dense.reference(dataclasses.replace(inputs, mask=mask), opts)
@@ -386,8 +390,7 @@ def _dilated_columns(inputs: options.DenseInputs, opts: options.DenseOptions,
   return from_columns(out)
 
 
-def _context_parallel(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
-                      implementation: Optional[str]):
+def _context_parallel(call: tuple, implementation: Optional[str]):
   """This device's shard of a sparse call whose sequence is sharded over ``opts.context_axis``.
 
   Every pattern is a rule on global positions, so the call is the dense one with the
@@ -397,8 +400,9 @@ def _context_parallel(inputs: options.DenseInputs, opts: options.DenseOptions, p
   (:meth:`~attnjax.patterns.Pattern.band`) also become the dense ``is_causal`` / ``window``
   (they keep every pair the pattern keeps), so the ring skips, when it is traced, the
   shard pairs outside them; inside a visited pair the pattern's blocks are classified per
-  call and blocks it masks entirely are skipped.
+  call and blocks it masks entirely are skipped. The engines' names are dense's.
   """
+  inputs, opts, pattern, _ = call
   axis = opts.context_axis
   try:
     P = jax.lax.axis_size(axis)
@@ -421,9 +425,43 @@ def _context_parallel(inputs: options.DenseInputs, opts: options.DenseOptions, p
     mask_mod = mods.And((rule, opts.mask_mod), (0, len(inputs.mask_mod_args)))
   dense_opts = dataclasses.replace(opts, mask_mod=mask_mod, is_causal=pattern.is_causal,
                                    window=pattern.band())
-  names = {None: None, "reference": "reference", "block_sparse": "blockwise"}
-  return parallel.attention(inputs, dense_opts, names[implementation],
-                            dense.run_on_this_platform)
+  return parallel.attention(inputs, dense_opts, implementation, dense.run_on_this_platform)
+
+
+def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
+               block_size: int):
+  """The ``"blockwise"`` engine: the pattern's fastest block-wise plan for the call (the
+  dilated columns, the banded chunks, the strided two passes, else :func:`block_sparse`)."""
+  T, S = inputs.q.shape[1], inputs.k.shape[1]
+  if (isinstance(pattern, patterns.DilatedWindow) and pattern.dilation > 1 and T == S
+      and inputs.bias is None and not opts.return_stats
+      and opts.score_mod is None and opts.mask_mod is None):
+    return _dilated_columns(inputs, opts, pattern, block_size)
+  if (pattern.band_parts() is not None and inputs.bias is None and not opts.return_stats
+      and T > 2 * CHUNK_BLOCKS * block_size):
+    return banded_chunks(inputs, opts, pattern, block_size)
+  if (isinstance(pattern, patterns.Strided) and T == S
+      and normalizers.REGISTRY[opts.normalizer].mergeable and inputs.bias is None
+      and inputs.q_segment_ids is None and not opts.return_stats
+      and opts.score_mod is None and opts.mask_mod is None):
+    return _strided_two_pass(inputs, opts, pattern.stride, block_size)
+  return block_sparse(inputs, opts, pattern, block_size)
+
+
+# The sparse op: its call is ``(inputs, opts, pattern, block_size)``; auto-dispatch takes the
+# block-wise engine everywhere.
+ENGINES: dict[str, _op.Engine] = {e.name: e for e in (
+    _op.Engine("reference", _reference, _op.supports_everything),
+    _op.Engine("blockwise", _blockwise, _op.supports_everything),
+)}
+OP = _op.register(_op.Op(
+    "sparse", ENGINES, {}, ("blockwise",),
+    empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
+    is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
+    context=_context_parallel, context_axis=lambda inputs, opts, *_: opts.context_axis,
+    renamed={"block_sparse": "blockwise"}))
+# The engines' names (the layer's and the signature's choices).
+IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _sparse_attention(
@@ -470,8 +508,9 @@ def _sparse_attention(
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits (Gemma 2).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       intersected with the pattern.
-    implementation: None (auto: ``"block_sparse"``), ``"reference"`` or
-      ``"block_sparse"``.
+    implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"``
+      (the engines of :data:`OP`; the old name ``"block_sparse"`` still works and warns
+      once).
     return_stats: also return :class:`attnjax.AttentionStats`.
     score_mod, score_mod_args, mask_mod, mask_mod_args: modifiers, as in
       :func:`attnjax.dot_product_attention` (see :mod:`attnjax.mods`); they
@@ -489,7 +528,7 @@ def _sparse_attention(
       strategies: ``"ring"`` skips the shard pairs outside the pattern's
       causality / band and, inside the others, the blocks it masks;
       ``"all_gather"`` and ``"all_to_all"`` as for dense attention.
-      ``implementation``: None (each strategy's default), ``"block_sparse"``
+      ``implementation``: None (each strategy's default), ``"blockwise"``
       (the block-wise kernel) or ``"reference"`` (not with the ring). No
       ``bias`` or ``block_layout``.
 
@@ -508,30 +547,11 @@ def _sparse_attention(
         f"got {type(pattern).__name__}")
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
-  _checks.check_implementation("implementation", implementation, IMPLEMENTATIONS)
+  implementation = _op.check_implementation(OP, implementation, where="sparse_attention")
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
-  if opts.context_axis is not None:
-    return _context_parallel(inputs, opts, pattern, implementation)
-  implementation = "block_sparse" if implementation is None else implementation
-  T, S = q.shape[1], k.shape[1]
-  pattern.check_shape(T, S)
-  if _empty.is_empty(q, k):
-    return _empty.dense(inputs, opts)
-  if implementation == "reference":
-    return _reference(inputs, opts, pattern)
-  if (isinstance(pattern, patterns.DilatedWindow) and pattern.dilation > 1 and T == S
-      and inputs.bias is None and not opts.return_stats
-      and opts.score_mod is None and opts.mask_mod is None):
-    return _dilated_columns(inputs, opts, pattern, block_size)
-  if (pattern.band_parts() is not None and inputs.bias is None and not opts.return_stats
-      and T > 2 * CHUNK_BLOCKS * block_size):
-    return banded_chunks(inputs, opts, pattern, block_size)
-  if (isinstance(pattern, patterns.Strided) and T == S
-      and normalizers.REGISTRY[opts.normalizer].mergeable and inputs.bias is None
-      and inputs.q_segment_ids is None and not opts.return_stats
-      and opts.score_mod is None and opts.mask_mod is None):
-    return _strided_two_pass(inputs, opts, pattern.stride, block_size)
-  return block_sparse(inputs, opts, pattern, block_size)
+  if opts.context_axis is None:
+    pattern.check_shape(q.shape[1], k.shape[1])
+  return _op.run(OP, (inputs, opts, pattern, block_size), implementation)
 
 
 SPARSE_STATIC = ("pattern", "block_size", "implementation") + options.static(DENSE_KEYWORDS)

@@ -187,7 +187,7 @@ def test_sparse_attention_equals_the_unsharded_call_on_2_4_8_devices(strategy):
 def test_linear_attention_equals_the_unsharded_call_on_2_4_8_devices():
   cases = []
   for P, causal, implementation, normalize, initial in itertools.product(
-      (2, 4, 8), (True, False), (None, "parallel", "recurrent"),
+      (2, 4, 8), (True, False), (None, "quadratic", "recurrent"),
       ("denominator", "none", "output_rms"), (False, True)):
     if implementation == "recurrent" and not causal:
       continue  # no non-causal recurrent form

@@ -1,4 +1,4 @@
-"""Delta-rule attention: the chunked (WY / UT) and parallel (one chunk) forms equal the scan
+"""Delta-rule attention: the chunked (WY / UT) and quadratic (one chunk) forms equal the scan
 reference in value, final state and every gradient; segment resets, state chaining, bf16,
 validation."""
 
@@ -93,11 +93,11 @@ def test_chunked_equals_reference(gated, T, chunk_size):
   _check_forms(q, k, v, b, g, s0, chunk_size=chunk_size)
 
 
-def test_parallel_equals_reference_with_segments():
+def test_quadratic_equals_reference_with_segments():
   # The chunk form over the whole sequence as one chunk (no scan); a reset inside it.
   q, k, v, b, g, s0 = _inputs(T=13, seed=6)
   seg = jnp.asarray(np.repeat([[0] * 5 + [1] * 8], 2, axis=0), jnp.int32)
-  _check_forms(q, k, v, b, g, s0, seg, forms=("reference", "parallel"))
+  _check_forms(q, k, v, b, g, s0, seg, forms=("reference", "quadratic"))
 
 
 def test_gqa_heads_differ_and_mqa():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import patterns
+from attnjax import _op, patterns
 from attnjax.kernels import blockwise, pallas_gpu, pallas_tpu
 
 from helpers import rand_qkv
@@ -95,34 +95,55 @@ def _engine(module):
 DENSE_STATIC = (("scale", 0.5), ("softcap", 3.0), ("window", (2, 0)))
 RECURRENT_STATIC = (("scale", 0.5), ("chunk_size", 2))
 
+# How each family's public functions are called, by op name (front ends of one op share its
+# engines): ``(label, make(implementation) -> fn, {Case field: value or fn(implementation)})``.
+# The families and their implementations come from the op registry (attnjax._op.OPS): a
+# registered op without an entry here fails test_every_registered_family_has_its_cases.
+CALLS: dict[str, list[tuple[str, Callable[[Any], Any], dict[str, Any]]]] = {
+    "dense": [("dense", _dense, {}),
+              ("qk_norm", _qk_norm, dict(static=DENSE_STATIC + (("eps", 1e-6),))),
+              ("cosine", _cosine, dict(static=(("softcap", 3.0), ("window", (2, 0)))))],
+    "sparse": [("sparse", _sparse, dict(static=(("scale", 0.5), ("block_size", 2)),
+                                        flags=("return_stats",)))],
+    "compressed": [("compressed", _compressed, dict(
+        static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2))))],
+    "block_select": [("block_select", _block_select, dict(
+        self_only=True, static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
+        flags=("is_causal", "return_stats", "return_selection")))],
+    "linear": [("linear", _linear, dict(
+        self_only=lambda i: i == "recurrent", state=True, static=(("chunk_size", 2),),
+        flags=("is_causal", "return_stats", "return_state")))],
+    "gated_linear": [("gated", _gated, dict(self_only=True, stats=None, state=True,
+                                            static=RECURRENT_STATIC, flags=("return_state",)))],
+    "delta_rule": [("delta", _delta, dict(self_only=True, stats=None, state=True,
+                                          static=RECURRENT_STATIC, flags=("return_state",)))],
+}
+
+
+def _implementations(op: _op.Op) -> list[Any]:
+  """The engines this suite runs: attnjax's own that run on every platform (jax's and the
+  platform kernels are tested where they run; the Pallas ones below, checks only), and None."""
+  return [n for n, e in op.engines.items()
+          if e.platform is None and e.vouched_by == "attnjax"] + [None]
+
+
+def _family_cases() -> list[Case]:
+  cases = []
+  for op in _op.OPS.values():
+    for label, make, fields in CALLS.get(op.name, ()):
+      for i in _implementations(op):
+        kw = {f: (v(i) if callable(v) else v) for f, v in fields.items()}
+        cases.append(Case(f"{label}-{i}", make(i), **kw))
+  return cases
+
+
 CASES = (
-    [Case(f"dense-{i}", _dense(i)) for i in ("reference", "blockwise", None)]
+    _family_cases()
     + [Case("blockwise.attention", lambda q, k, v, **kw: blockwise.attention(q, k, v, **kw),
             static=DENSE_STATIC + (("block_q", 2), ("block_k", 2)))]
     + [Case(f"{m.__name__.split('.')[-1]}.attention", _engine(m),
             runs=False, static=(), flags=("is_causal", "return_stats", "interpret"))
        for m in (pallas_gpu, pallas_tpu)]
-    + [Case(f"qk_norm-{i}", _qk_norm(i), static=DENSE_STATIC + (("eps", 1e-6),))
-       for i in ("reference", "blockwise", None)]
-    + [Case(f"cosine-{i}", _cosine(i), static=(("softcap", 3.0), ("window", (2, 0))))
-       for i in ("reference", "blockwise", None)]
-    + [Case(f"sparse-{i}", _sparse(i), static=(("scale", 0.5), ("block_size", 2)),
-            flags=("return_stats",)) for i in ("reference", "block_sparse", None)]
-    + [Case(f"compressed-{i}", _compressed(i),
-            static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2)))
-       for i in ("reference", "blockwise", None)]
-    + [Case(f"block_select-{i}", _block_select(i), self_only=True,
-            static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
-            flags=("is_causal", "return_stats", "return_selection"))
-       for i in ("reference", "gathered", None)]
-    + [Case(f"linear-{i}", _linear(i), self_only=i == "recurrent", state=True,
-            static=(("chunk_size", 2),),
-            flags=("is_causal", "return_stats", "return_state"))
-       for i in ("reference", "parallel", "chunked", "recurrent", None)]
-    + [Case(f"{name}-{i}", make(i), self_only=True, stats=None, state=True,
-            static=RECURRENT_STATIC, flags=("return_state",))
-       for name, make in (("gated", _gated), ("delta", _delta))
-       for i in ("reference", "recurrent", "parallel", "chunked", None)]
 )
 IDS = [c.name for c in CASES]
 
@@ -202,12 +223,23 @@ def test_zero_keys_sink_logits_and_residual():
     assert res.shape == (1, 3, N) and np.all(np.isfinite(res))
 
 
+def test_every_registered_family_has_its_cases():
+  """Every op of the registry is called by this suite, with each engine it runs here."""
+  assert set(CALLS) == set(_op.OPS), "describe how to call the new family in CALLS"
+  names = {c.name for c in CASES}
+  for op in _op.OPS.values():
+    for label, _, _ in CALLS[op.name]:
+      assert {f"{label}-{i}" for i in _implementations(op)} <= names, label
+  assert {"dense-reference", "dense-blockwise", "dense-None", "sparse-blockwise",
+          "linear-quadratic", "gated-chunked", "delta-recurrent"} <= names
+
+
 def test_zero_length_recurrent_state_passes_through():
   """A recurrent scan over no steps returns the initial state, with its gradient."""
   q, k, v = _qkv(0, 0)
   s0 = jnp.asarray(np.random.default_rng(1).standard_normal((1, N, H, H)), jnp.float32)
   for fn in (_gated, _delta):
-    for impl in ("reference", "recurrent", "parallel", "chunked"):
+    for impl in ("reference", "recurrent", "quadratic", "chunked"):
       out, state = fn(impl)(q, k, v, initial_state=s0, return_state=True)
       assert out.shape == (1, 0, N, H)
       np.testing.assert_array_equal(state, s0)

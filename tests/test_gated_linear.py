@@ -13,7 +13,7 @@ from attnjax.kernels.recurrent import gla_chunk
 from attnjax.gated_linear import gated_linear_attention
 from helpers import assert_close, rand_qkv
 
-FORMS = ("reference", "parallel", "chunked")
+FORMS = ("reference", "quadratic", "chunked")
 
 
 def _inputs(B=2, T=13, N=4, K=2, H=8, Hv=6, *, per_channel=False, lo=0.05, hi=1.0, seed=0,

@@ -119,12 +119,12 @@ def test_config_round_trips_through_json(name):
 
 def test_implementations_follow_each_function_and_agree():
   x = _x()
-  for name, forms in (("gla", ("reference", "parallel", "chunked")),
+  for name, forms in (("gla", ("reference", "quadratic", "chunked")),
                       ("gated_deltanet", ("reference", "chunked"))):
     outs = [_layer(CASES[name], implementation=f)(x) for f in forms]
     for out in outs[1:]:
       np.testing.assert_allclose(out, outs[0], atol=2e-5, rtol=1e-4)
-  for form in ("recurrent", "parallel"):  # every recurrent family takes every name
+  for form in ("recurrent", "quadratic"):  # every recurrent family takes every name
     assert nn.AttentionConfig(family="deltanet", implementation=form).implementation == form
   with pytest.raises(ValueError, match="implementation"):
     nn.AttentionConfig(family="deltanet", implementation="blockwise")

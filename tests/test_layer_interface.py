@@ -255,7 +255,7 @@ def test_cross_attention_decode_caches_keys_once(cfg):
 SPARSE = dict(family="sparse", pattern=("strided", (("stride", 3),)), block_size=4)
 
 
-@pytest.mark.parametrize("implementation", ["block_sparse", "reference"])
+@pytest.mark.parametrize("implementation", ["blockwise", "reference"])
 def test_sparse_implementation_reaches_the_decode_and_mask_paths(implementation):
   layer = _layer(nn.AttentionConfig(**SPARSE, implementation=implementation))
   plain = _layer(nn.AttentionConfig(**SPARSE))
@@ -267,7 +267,7 @@ def test_sparse_implementation_reaches_the_decode_and_mask_paths(implementation)
 
 
 @pytest.mark.parametrize("family,options,implementation", [
-    ("sparse", dict(pattern=("causal", ())), "blockwise"),
+    ("sparse", dict(pattern=("causal", ())), "gathered"),
     ("dense", {}, "block_sparse"),
     ("qk_norm", {}, "chunked"),
     ("linear", {}, "xla"),
@@ -283,7 +283,7 @@ def test_spec_classes_declare_their_implementations():
   assert specs.SparseSpec.implementations == sparse.IMPLEMENTATIONS
   assert specs.DenseSpec.implementations == tuple(dense.IMPLEMENTATIONS)
   for family in (specs.LinearSpec, specs.GatedSpec, specs.DeltaNetSpec):  # one vocabulary
-    assert family.implementations == ("reference", "recurrent", "parallel", "chunked")
+    assert family.implementations == ("reference", "recurrent", "quadratic", "chunked")
   assert not specs.LinearSpec.takes_segment_ids and specs.SparseSpec.takes_segment_ids
 
 
@@ -294,7 +294,7 @@ def test_injected_attention_fn_serves_the_sparse_mask_and_decode_paths():
     seen.append(kwargs)
     return attnjax.dot_product_attention(q, k, v, **kwargs)
 
-  cfg = nn.AttentionConfig(**SPARSE, implementation="block_sparse")
+  cfg = nn.AttentionConfig(**SPARSE, implementation="blockwise")
   plain, injected = _layer(cfg), _layer(cfg, attention_fn=fn)
   x = _x(6)
   keep = jnp.array([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]

@@ -149,7 +149,7 @@ def _draw(rng, family: str) -> Draw:
     extra["temperature"] = jnp.asarray(rng.standard_normal(q.shape[2]), jnp.float32)
     defect = _dense_options(rng, kw, defective, scale=False)
   elif family == "sparse":
-    fn, impls = attnjax.sparse_attention, ("block_sparse", None)
+    fn, impls = attnjax.sparse_attention, ("blockwise", None)
     kw["pattern"] = _choice(rng, [patterns.causal(), patterns.sliding_window(2),
                                   patterns.sliding_window(3, 1), patterns.strided(2),
                                   patterns.sinks_window(1, 2)])
@@ -176,7 +176,7 @@ def _draw(rng, family: str) -> Draw:
       defect = _choice(rng, ["block_size", "top_k"])
       kw[defect] = _choice(rng, [-1, 2.5]) if defect == "top_k" else 0
   elif family == "linear":
-    fn, impls = attnjax.linear_attention, ("parallel", "chunked", None)
+    fn, impls = attnjax.linear_attention, ("quadratic", "chunked", None)
     kw["is_causal"] = bool(rng.random() < 0.5)
     if kw["is_causal"] and q.shape[1] == k.shape[1]:
       impls += ("recurrent",)
@@ -192,7 +192,7 @@ def _draw(rng, family: str) -> Draw:
     B, T, N, H = q.shape
     k = k / jnp.maximum(jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True),
                         1e-6).astype(k.dtype)
-    impls = ("recurrent", "parallel", "chunked", None)
+    impls = ("recurrent", "quadratic", "chunked", None)
     decay_shape = (B, T, N, H) if family == "gated" and rng.random() < 0.5 else (B, T, N)
     log_decay = -jnp.asarray(rng.uniform(0.01, 1.0, decay_shape), jnp.float32)
     if family == "gated":

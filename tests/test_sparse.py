@@ -244,7 +244,7 @@ def test_block_sparse_matches_reference(name, pattern):
   # T=22 is not a multiple of block_size=8; GQA with N=4 query heads over K=2.
   q, k, v = qkv(1, 22, 22, 4, 2, 8)
   sparse = lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, block_size=8,
-                                            implementation="block_sparse")
+                                            implementation="blockwise")
   ref = lambda q, k, v: dense_with_mask(q, k, v, pattern)
   assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
 

@@ -120,18 +120,18 @@ def _loops(q, k, v, g, beta):
 
 
 def test_recurrent_families_give_each_implementation_name_the_same_form():
-  """``"recurrent"`` scans the T tokens, ``"chunked"`` the T / C chunks, ``"parallel"`` scans
+  """``"recurrent"`` scans the T tokens, ``"chunked"`` the T / C chunks, ``"quadratic"`` scans
   nothing (the masked quadratic form); ``"reference"`` is the form its family's
   ``REFERENCE_FORM`` names; every name equals the family's definition as a loop."""
   modules = {"linear": linear, "gated_linear": gated_linear, "delta_rule": delta_rule}
   assert {m.IMPLEMENTATIONS for m in modules.values()} == {_recurrent.IMPLEMENTATIONS}
-  assert set(_recurrent.IMPLEMENTATIONS) == {"reference", "recurrent", "parallel", "chunked"}
+  assert set(_recurrent.IMPLEMENTATIONS) == {"reference", "recurrent", "quadratic", "chunked"}
   # The readable definition of each family (see attnjax/_recurrent.py for why these).
   assert {n: m.REFERENCE_FORM for n, m in modules.items()} == {
-      "linear": "parallel", "gated_linear": "recurrent", "delta_rule": "recurrent"}
+      "linear": "quadratic", "gated_linear": "recurrent", "delta_rule": "recurrent"}
   T, C = 4, 2
   arrays, calls = _recurrent_case(T)
-  scans = {"recurrent": [T], "chunked": [T // C], "parallel": []}
+  scans = {"recurrent": [T], "chunked": [T // C], "quadratic": []}
   for family, call in calls.items():
     for name in _recurrent.IMPLEMENTATIONS:
       jaxpr = jax.make_jaxpr(functools.partial(call, implementation=name, chunk_size=C))(
@@ -139,7 +139,7 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
       form = modules[family].REFERENCE_FORM if name == "reference" else name
       assert _scan_lengths(jaxpr) == scans[form], (family, name)
     with pytest.raises(ValueError, match="implementation='blockwise' is not one of: None, "
-                                         "'reference', 'recurrent', 'parallel', 'chunked'"):
+                                         "'reference', 'recurrent', 'quadratic', 'chunked'"):
       call(*arrays[:3], implementation="blockwise")
 
   @jax.jit

@@ -110,7 +110,7 @@ class Attention(nnx.Module):
       A sparse layer calls :func:`attnjax.sparse_attention` (``pattern``,
       ``block_size``) only in a forward without ``mask``; when decoding or
       given a ``mask`` it masks by the pattern and calls the dense kernel's
-      signature (its ``implementation`` mapped: ``"block_sparse"`` -> None).
+      signature (its ``implementation`` mapped: ``"blockwise"`` -> None).
   """
 
   def __init__(self, config: AttentionConfig, d_model: int, rngs: nnx.Rngs, *,

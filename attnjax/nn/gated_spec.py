@@ -137,6 +137,7 @@ class GatedSpec(AttentionSpec):
   optional_params: ClassVar[tuple[str, ...]] = (
       "g_proj", "out_norm_gain", "q_conv", "k_conv", "v_conv")
   implementations: ClassVar[tuple[str, ...]] = gated_lib.IMPLEMENTATIONS
+  deprecated_implementations: ClassVar[dict[str, str]] = dict(gated_lib.OP.renamed)
   takes_segment_ids: ClassVar[bool] = True
   # Mamba-2's gated norm multiplies by the gate before normalising.
   gate_before_norm: ClassVar[bool] = False
@@ -443,6 +444,7 @@ class DeltaNetSpec(GatedSpec):
   family: ClassVar[str] = "deltanet"
   optional_params: ClassVar[tuple[str, ...]] = GatedSpec.optional_params + ("beta_proj",)
   implementations: ClassVar[tuple[str, ...]] = delta_lib.IMPLEMENTATIONS
+  deprecated_implementations: ClassVar[dict[str, str]] = dict(delta_lib.OP.renamed)
   normalize_qk: ClassVar[bool] = True
 
   def init_gate_params(self, layer, rngs, param_dtype):

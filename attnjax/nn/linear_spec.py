@@ -43,6 +43,7 @@ class LinearSpec(AttentionSpec):
   family: ClassVar[str] = "linear"
   optional_params: ClassVar[tuple[str, ...]] = ("feature_projection",)
   implementations: ClassVar[tuple[str, ...]] = linear_lib.IMPLEMENTATIONS
+  deprecated_implementations: ClassVar[dict[str, str]] = dict(linear_lib.OP.renamed)
   takes_segment_ids: ClassVar[bool] = False
 
   feature_map: str = "elu_plus_one"

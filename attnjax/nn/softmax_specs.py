@@ -691,9 +691,10 @@ class SparseSpec(ScoreSpec):
 
   family: ClassVar[str] = "sparse"
   implementations: ClassVar[tuple[str, ...]] = sparse_lib.IMPLEMENTATIONS
+  deprecated_implementations: ClassVar[dict[str, str]] = dict(sparse_lib.OP.renamed)
   # The dense kernel's implementation standing for each of ours where the
   # layer masks by the pattern instead (decode, an explicit mask).
-  DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {"block_sparse": None,
+  DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {"blockwise": None, "block_sparse": None,
                                                            "reference": "reference"}
 
   pattern: Optional[tuple] = None
