@@ -49,10 +49,14 @@ class OpTests:
     """The tolerance of each array, relative to its scale (its largest entry, at least 1)."""
     return reduction_tolerance(jnp.float32, self.length, depth=self.depth)
 
+  def op_record(self) -> _op.Op:
+    """The op whose engines are tested (read when the tests are collected)."""
+    return _op.OPS[self.op]
+
   def engine_names(self) -> tuple[Optional[str], ...]:
     if self.engines is not None:
       return self.engines
-    op = _op.OPS[self.op]
+    op = self.op_record()
     return tuple(n for n, e in op.engines.items()
                  if n != "reference" and e.platform is None) + (None,)
 
