@@ -126,6 +126,22 @@ def register(op: Op) -> Op:
   return op
 
 
+def table(ops: Optional[Mapping[str, Op]] = None) -> str:
+  """The ops as a markdown table (docs/guides/architecture.md holds it): each op's engines, the
+  valid ``implementation=`` values, and auto-dispatch's order of them per platform (the
+  first that supports a call runs). ``ops``: :data:`OPS` by default; rows in name order."""
+  ops = OPS if ops is None else ops
+  names = lambda seq: ", ".join(f"`{n}`" for n in seq)
+  rows = ["| Op | Engines (`implementation=`) | Auto-dispatch on `cuda` | on `tpu` | elsewhere |",
+          "|---|---|---|---|---|"]
+  for name in sorted(ops):
+    op = ops[name]
+    order = [names(tuple(op.preferences.get(p, ())) + op.fallback) for p in ("cuda", "tpu")]
+    rows.append(f"| `{name}` | {names(op.implementations)} | {order[0]} | {order[1]} | "
+                f"{names(op.fallback)} |")
+  return "\n".join(rows) + "\n"
+
+
 def check_implementation(op: Op, implementation: Optional[str], *,
                          where: Optional[str] = None) -> Optional[str]:
   """``implementation`` as the name of one of ``op``'s engines (None: auto).

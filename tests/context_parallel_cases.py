@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import attnjax
-from attnjax import mods, parallel
+from attnjax import _op, mods, parallel
 
 AXIS = "ctx"
 
@@ -322,6 +322,14 @@ def run_case(case: dict) -> dict:
   return errors
 
 
+# How a case of each family runs, by op name (a case's ``family``; dense by default, sparse
+# where the case names a ``pattern``); None: the family has no context-parallel path.
+# Every run fails when a registered op (attnjax._op.OPS) has no entry.
+RUNNERS = {"dense": run_case, "sparse": run_case, "linear": run_linear_case,
+           "gated_linear": run_recurrent_case, "delta_rule": run_recurrent_case,
+           "compressed": None, "block_select": None}
+
+
 def main(argv: list[str]) -> None:
   jax.config.update("jax_default_matmul_precision", "highest")
   jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -330,14 +338,13 @@ def main(argv: list[str]) -> None:
   if cache:
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  unlisted = sorted(set(_op.OPS) ^ set(RUNNERS))
+  if unlisted:
+    raise SystemExit(f"RUNNERS and the registered ops differ: {unlisted}; say how a case of "
+                     "each family runs (None: no context-parallel path)")
   for case in json.loads(argv[1]):
     try:
-      if case.get("family") == "linear":
-        run = run_linear_case
-      elif "family" in case:
-        run = run_recurrent_case
-      else:
-        run = run_case
+      run = RUNNERS[case.get("family", "sparse" if case.get("pattern") else "dense")]
       print(json.dumps({"case": case, "errors": run(case)}), flush=True)
     except Exception as e:  # reported to the test, which fails on it
       if os.environ.get("ATTNJAX_CP_TRACEBACK"):

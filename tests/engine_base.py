@@ -1,4 +1,4 @@
-"""One test base for the dense attention engines (the reference's twins).
+"""The dense case of :class:`op_base.OpTests`: one test base for the dense attention engines.
 
 Each engine's test file subclasses :class:`DenseEngineTests`, says how to run the engine
 (:meth:`DenseEngineTests.run` on :func:`attnjax.dense.prepare`'s output) and declares what it
@@ -18,6 +18,9 @@ statistics). The base then checks values, statistics and gradients against
   the block-wise engine): each normaliser through the whole seam once, value and gradient.
 - ``test_matches_reference_everywhere`` (``slow``): the cross product of every normaliser,
   structure, GQA / MHA and dtype, with statistics and (where accepted) sink logits.
+- ``test_engine_matches_reference`` (``slow``, from :class:`op_base.OpTests`): the engine on
+  the op's sample call (causal, GQA, the engine's first dtype), value and gradients; the
+  default cases above cover it.
 
 Of the default cases, those whose every branch another default test also takes are ``slow``
 (``tests/slow_cases.txt``, chosen by ``tests/select_default_cases.py`` from a coverage run);
@@ -36,8 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import mods, normalizers
-from helpers import check_dense_kernel
+from attnjax import dense, mods, normalizers
+from helpers import check_dense_kernel, rand_qkv
+from op_base import OpTests
 
 
 def decay(z, b, n, i, j):
@@ -85,9 +89,11 @@ STRUCTURES: dict[str, Callable[[int, int], dict]] = {
 DEFAULT_NORMALIZERS = ("softmax", "sigmoid")
 
 
-class DenseEngineTests:
+class DenseEngineTests(OpTests):
   """Subclass as ``TestMyEngine(DenseEngineTests)``; set ``name`` and override :meth:`run`."""
 
+  op = "dense"
+  sample_marks = (pytest.mark.slow,)
   name: str = ""
   T: int = 40
   S: int = 72
@@ -109,6 +115,30 @@ class DenseEngineTests:
   def run(self, inputs, opts):
     """The engine on ``dense.prepare``'s ``(inputs, opts)``."""
     raise NotImplementedError
+
+  # -- OpTests: the engine on the op's sample call -----------------------------------------
+  def engine_names(self) -> tuple[str, ...]:
+    return (self.name,)
+
+  def sample_tolerance(self) -> float:
+    return self.tolerance[self.dtypes[0]]
+
+  def marks_of_sample(self) -> list:
+    # the sample as a case of the engine's own: the marks it takes there
+    case = ("softmax", "causal", True, self.dtypes[0], False, False, None)
+    return list(self.sample_marks) + self.case_marks(case)
+
+  def sample(self):
+    """A causal GQA call in the engine's first dtype; the reference runs in float32 on the
+    same (rounded) inputs."""
+    up = lambda x: x.astype(jnp.float32)
+
+    def fn(impl, q, k, v):
+      if impl == "reference":
+        return dense.reference(*dense.prepare(up(q), up(k), up(v), is_causal=True))
+      assert impl == self.name, impl
+      return self.run(*dense.prepare(q, k, v, is_causal=True))
+    return fn, rand_qkv(B=2, T=self.T, S=self.S, N=4, K=2, H=self.H, dtype=self.dtypes[0])
 
   def case_marks(self, case: tuple) -> list:
     """Extra pytest marks of one case (an engine that runs only some cases here)."""
@@ -146,6 +176,7 @@ class DenseEngineTests:
                 normalizers.NORMALIZERS, self.structures, (True, False), self.dtypes)]
 
   def pytest_generate_tests(self, metafunc):
+    super().pytest_generate_tests(metafunc)
     cases = {"test_matches_reference": self.default_cases,
              "test_every_normaliser_once": self.normaliser_cases,
              "test_matches_reference_everywhere": self.slow_cases}.get(metafunc.function.__name__)

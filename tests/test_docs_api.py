@@ -28,15 +28,15 @@ import types
 import pytest
 
 import attnjax
+from attnjax import _op
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 API = ROOT / "docs" / "api"
 
 PUBLIC_MODULES = (
     "attnjax",
-    # Families.
-    "attnjax.dense", "attnjax.qk_norm", "attnjax.linear", "attnjax.gated_linear",
-    "attnjax.delta_rule", "attnjax.sparse", "attnjax.compressed", "attnjax.block_select",
+    # Families: each registered op's module, and dense's front ends.
+    *sorted(f"attnjax.{name}" for name in _op.OPS), "attnjax.qk_norm",
     # Shared vocabulary.
     "attnjax.normalizers", "attnjax.masks", "attnjax.patterns", "attnjax.mods", "attnjax.layout",
     "attnjax.feature_maps", "attnjax.attention_stats", "attnjax.options",

@@ -22,8 +22,7 @@ import pytest
 from jax.extend import core as jax_core
 
 import attnjax
-from attnjax import (block_select, compressed, delta_rule, dense, gated_linear, linear, options,
-                     patterns, sparse)
+from attnjax import _op, dense, options, patterns
 from attnjax.kernels import blockwise, pallas_gpu, pallas_tpu, splash
 from attnjax.kernels.blockwise import kernel as blockwise_kernel
 from attnjax.kernels.pallas_gpu import backward as pallas_backward
@@ -69,6 +68,53 @@ def _dense_reference(**kw) -> Callable:
       q, k, v, sink_logits=s[0] if s else None, implementation="reference", **kw)
 
 
+def _family_calls(a: dict, long: dict) -> dict[str, list[tuple[str, Callable, tuple, tuple]]]:
+  """How each family's public functions are called, by op name (front ends of one op share its
+  engines): ``(name, fn(*args, implementation=...), args, implementations)``, where empty
+  implementations mean every engine of the op but the reference. A registered op
+  (:data:`attnjax._op.OPS`) without an entry fails test_every_registered_family_has_its_calls."""
+  qkv = (a["q"], a["k"], a["v"])
+  dense = lambda q, k, v, s, **kw: attnjax.dot_product_attention(q, k, v, is_causal=True,
+                                                                 sink_logits=s, **kw)
+  qk_norm = lambda q, k, v, gq, gk, **kw: attnjax.qk_norm_attention(
+      q, k, v, q_gain=gq, k_gain=gk, is_causal=True, **kw)
+  cosine = lambda q, k, v, t, **kw: attnjax.cosine_attention(q, k, v, temperature=t,
+                                                             is_causal=True, **kw)
+  plain = functools.partial(attnjax.dot_product_attention, is_causal=True)
+  gla = lambda chunk: (lambda q, k, v, g, **kw: attnjax.gated_linear_attention(
+      q, k, v, log_decay=g, chunk_size=chunk, **kw))
+  delta = lambda q, k, v, b, *g, **kw: attnjax.delta_rule_attention(
+      q, k, v, b, log_decay=g[0] if g else None, chunk_size=8, **kw)
+  # Dense attention and the functions built on it: auto-dispatch and the engines that run on
+  # every platform (the platform kernels through their entries below, and in
+  # test_forward_mode_lowers_for_gpus_and_tpus).
+  auto = (None, "blockwise")
+  return {
+      "dense": [("dot_product_attention", dense, qkv + (a["sink"],), auto),
+                ("qk_norm_attention", qk_norm, qkv + (a["gains"], a["gains"]), auto),
+                ("cosine_attention", cosine, qkv + (a["temperature"],), auto),
+                ("dot_product_attention", plain, qkv, ("xla",))],
+      "sparse": [("sparse_attention", functools.partial(
+          attnjax.sparse_attention, pattern=patterns.sliding_window(9), block_size=8), qkv, ())],
+      "compressed": [("compressed_attention", functools.partial(
+          attnjax.compressed_attention, stride=4, is_causal=True, window=4, block_size=8),
+          qkv, ())],
+      "block_select": [("block_select_attention", functools.partial(
+          attnjax.block_select_attention, block_size=8, top_k=2), qkv, ())],
+      "linear": [("linear_attention", functools.partial(
+          attnjax.linear_attention, is_causal=True, chunk_size=8), qkv, ())],
+      "gated_linear": [
+          ("gated_linear_attention", gla(8), qkv + (a["g_scalar"],), ()),
+          # T=40, chunks of 32 (two sub-blocks): a direct chunk, then a sub-blocked one.
+          ("gated_linear_attention/per_channel", gla(32),
+           (long["q"], long["k"], long["v"], long["g_channel"]), ())],
+      "delta_rule": [
+          ("delta_rule_attention", delta, (a["q"], a["k_unit"], a["v"], a["beta"]), ()),
+          ("delta_rule_attention/gated", delta,
+           (a["q"], a["k_unit"], a["v"], a["beta"], a["g_scalar"]), ())],
+  }
+
+
 @functools.cache
 def _cases() -> tuple[Case, ...]:
   # N=2, K=1 at T=40: the per-channel GLA's grad of jvp at N=4, K=2 (chunks of 32) segfaults
@@ -76,49 +122,11 @@ def _cases() -> tuple[Case, ...]:
   a, long, wide = _arrays(), _arrays(40, 2, 1), _arrays(128)
   qkv = (a["q"], a["k"], a["v"])
   cases = []
-  # Dense attention and the functions built on it.
-  dense = lambda q, k, v, s, **kw: attnjax.dot_product_attention(q, k, v, is_causal=True,
-                                                                 sink_logits=s, **kw)
-  qk_norm = lambda q, k, v, gq, gk, **kw: attnjax.qk_norm_attention(
-      q, k, v, q_gain=gq, k_gain=gk, is_causal=True, **kw)
-  cosine = lambda q, k, v, t, **kw: attnjax.cosine_attention(q, k, v, temperature=t,
-                                                             is_causal=True, **kw)
-  for name, fn, args in [("dot_product_attention", dense, qkv + (a["sink"],)),
-                         ("qk_norm_attention", qk_norm, qkv + (a["gains"], a["gains"])),
-                         ("cosine_attention", cosine, qkv + (a["temperature"],))]:
-    reference = _impl(fn, "reference")
-    cases += [Case(f"{name}[{impl}]", _impl(fn, impl), reference, args)
-              for impl in (None, "blockwise")]
-  plain = functools.partial(attnjax.dot_product_attention, is_causal=True)
-  cases.append(Case("dot_product_attention[xla]", _impl(plain, "xla"),
-                    _dense_reference(is_causal=True), qkv))
-  # Families with implementations of their own: every one but the reference.
-  gla = lambda chunk: (lambda q, k, v, g, **kw: attnjax.gated_linear_attention(
-      q, k, v, log_decay=g, chunk_size=chunk, **kw))
-  delta = lambda q, k, v, b, *g, **kw: attnjax.delta_rule_attention(
-      q, k, v, b, log_decay=g[0] if g else None, chunk_size=8, **kw)
-  families = [
-      ("sparse_attention", sparse.IMPLEMENTATIONS, functools.partial(
-          attnjax.sparse_attention, pattern=patterns.sliding_window(9), block_size=8), qkv),
-      ("compressed_attention", compressed.IMPLEMENTATIONS, functools.partial(
-          attnjax.compressed_attention, stride=4, is_causal=True, window=4, block_size=8), qkv),
-      ("block_select_attention", block_select.IMPLEMENTATIONS, functools.partial(
-          attnjax.block_select_attention, block_size=8, top_k=2), qkv),
-      ("linear_attention", linear.IMPLEMENTATIONS, functools.partial(
-          attnjax.linear_attention, is_causal=True, chunk_size=8), qkv),
-      ("gated_linear_attention", gated_linear.IMPLEMENTATIONS, gla(8), qkv + (a["g_scalar"],)),
-      # T=40, chunks of 32 (two sub-blocks): a direct chunk, then a sub-blocked one.
-      ("gated_linear_attention/per_channel", gated_linear.IMPLEMENTATIONS, gla(32),
-       (long["q"], long["k"], long["v"], long["g_channel"])),
-      ("delta_rule_attention", delta_rule.IMPLEMENTATIONS, delta,
-       (a["q"], a["k_unit"], a["v"], a["beta"])),
-      ("delta_rule_attention/gated", delta_rule.IMPLEMENTATIONS, delta,
-       (a["q"], a["k_unit"], a["v"], a["beta"], a["g_scalar"])),
-  ]
-  for name, impls, fn, args in families:
-    reference = _impl(fn, "reference")
-    cases += [Case(f"{name}[{impl}]", _impl(fn, impl), reference, args)
-              for impl in impls if impl != "reference"]
+  for op, calls in _family_calls(a, long).items():
+    for name, fn, args, impls in calls:
+      reference = _impl(fn, "reference")
+      impls = impls or tuple(i for i in _op.OPS[op].implementations if i != "reference")
+      cases += [Case(f"{name}[{impl}]", _impl(fn, impl), reference, args) for impl in impls]
   # The fast paths called directly (Pallas in interpret mode).
   stats = dict(is_causal=True, return_stats=True)
   stats_reference = _dense_reference(**stats)  # one object: one reference jvp for both
@@ -179,6 +187,11 @@ def test_jvp_equals_the_reference(name):
   case = _case(name)
   got = jax.jit(lambda p, t: jax.jvp(case.fast, p, t))(case.args, _tangents(case.args))
   assert_close(got, _reference_jvp(case), f"{name} jvp", **TOL)
+
+
+def test_every_registered_family_has_its_calls():
+  a = _arrays()
+  assert set(_family_calls(a, a)) == set(_op.OPS), "describe how to call the new family"
 
 
 def test_the_walk_covers_every_function():

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 
+from attnjax import _op  # importing attnjax registers every family's op
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -205,9 +206,9 @@ def test_layouts_sit_below_kernels_and_patterns():
   assert not reaches(GRAPH, "attnjax.normalizers", "attnjax.kernels.blockwise")
 
 
-FAMILIES = tuple(f"attnjax.{name}" for name in (
-    "dense", "qk_norm", "sparse", "compressed", "block_select", "linear", "gated_linear",
-    "delta_rule", "_recurrent"))
+# Each registered op's module (attnjax.<op name>), and the modules the families share: the
+# front ends of dense and the recurrent families' common code.
+FAMILIES = tuple(f"attnjax.{name}" for name in _op.OPS) + ("attnjax.qk_norm", "attnjax._recurrent")
 VOCABULARY = tuple(f"attnjax.{name}" for name in (
     "normalizers", "masks", "patterns", "layout", "mods", "feature_maps", "attention_stats",
     "options", "_checks", "_deprecation", "_lowering", "_target", "_sharding", "_numerics",

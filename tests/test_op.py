@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import pathlib
+import re
 import warnings
 
 import jax
@@ -16,6 +18,8 @@ import attnjax
 from attnjax import _deprecation, _op, linear, patterns
 
 from helpers import rand_qkv
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -154,3 +158,19 @@ def test_the_renamed_form_functions_warn_once(fresh_warnings):
   new = linear.quadratic(*phi, v, state, is_causal=True)
   for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
     np.testing.assert_array_equal(a, b)
+
+
+TABLE = re.compile(r"<!-- ops table: attnjax._op.table\(\) -->\n(.*?)<!-- end of ops table -->",
+                   re.S)
+
+
+def guide_table() -> str:
+  """The ops table of docs/guides/architecture.md."""
+  found = TABLE.search((ROOT / "docs" / "guides" / "architecture.md").read_text())
+  assert found, "docs/guides/architecture.md has no ops table"
+  return found.group(1)
+
+
+def test_the_architecture_guide_lists_every_op_and_engine():
+  assert guide_table() == _op.table(), (
+      "regenerate docs/guides/architecture.md's ops table with attnjax._op.table()")

@@ -17,21 +17,35 @@ import jax.numpy as jnp
 import pytest
 
 import attnjax
-from attnjax import block_select, compressed, mods, options, qk_norm, sparse
+from attnjax import _op, block_select, compressed, mods, options, qk_norm, sparse
 
-# (public function, dense keywords it forwards, dense keyword names it uses with a meaning of
-# its own, defaults of its own)
-FAMILIES = {
-    "dot_product_attention": (attnjax.dot_product_attention, options.KEYWORDS, (), {}),
-    "qk_norm_attention": (attnjax.qk_norm_attention, qk_norm.QK_NORM_KEYWORDS, (), {}),
-    "cosine_attention": (attnjax.cosine_attention, qk_norm.COSINE_KEYWORDS, (), {}),
-    "sparse_attention": (attnjax.sparse_attention, sparse.DENSE_KEYWORDS, (), {}),
-    "block_select_attention": (attnjax.block_select_attention, block_select.DENSE_KEYWORDS, (),
-                               {"is_causal": True}),
+# The dense keywords each family's public functions forward, by op name (the families come from
+# the op registry, attnjax._op.OPS: a registered op without an entry fails
+# test_every_registered_family_is_listed). Each function: (name, public function, dense keywords
+# it forwards, dense keyword names it uses with a meaning of its own, defaults of its own, the
+# arguments a call needs besides q, k, v). The recurrent families forward no dense keyword:
+# their options are their own.
+KEYWORDS_BY_OP = {
+    "dense": [
+        ("dot_product_attention", attnjax.dot_product_attention, options.KEYWORDS, (), {}, {}),
+        ("qk_norm_attention", attnjax.qk_norm_attention, qk_norm.QK_NORM_KEYWORDS, (), {}, {}),
+        ("cosine_attention", attnjax.cosine_attention, qk_norm.COSINE_KEYWORDS, (), {},
+         dict(temperature=jnp.zeros((2,))))],
+    "sparse": [("sparse_attention", attnjax.sparse_attention, sparse.DENSE_KEYWORDS, (), {},
+                dict(pattern=attnjax.patterns.causal(), block_size=4))],
+    "block_select": [("block_select_attention", attnjax.block_select_attention,
+                      block_select.DENSE_KEYWORDS, (), {"is_causal": True},
+                      dict(block_size=4, top_k=1))],
     # compressed_attention's is_causal and window are its own rule's (compressed.CompressedRule).
-    "compressed_attention": (attnjax.compressed_attention, compressed.DENSE_KEYWORDS,
-                             ("is_causal", "window"), {}),
+    "compressed": [("compressed_attention", attnjax.compressed_attention,
+                    compressed.DENSE_KEYWORDS, ("is_causal", "window"), {}, dict(stride=2))],
+    "linear": [], "gated_linear": [], "delta_rule": [],
 }
+FAMILIES = {name: rest for op in _op.OPS for name, *rest in KEYWORDS_BY_OP.get(op, ())}
+
+
+def test_every_registered_family_is_listed():
+  assert set(KEYWORDS_BY_OP) == set(_op.OPS), "list the new family's dense keywords"
 
 
 def test_the_definition():
@@ -71,7 +85,7 @@ def test_the_options_are_the_static_keywords_validated():
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_signature_lists_the_keywords_it_forwards(name):
-  fn, forwarded, own, defaults = FAMILIES[name]
+  fn, forwarded, own, defaults, _ = FAMILIES[name]
   params = inspect.signature(fn).parameters
   assert set(forwarded) <= set(options.KEYWORDS)
   assert {p for p in params if p in options.KEYWORDS} == set(forwarded) | set(own), name
@@ -112,7 +126,7 @@ def _same(got, probe):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_forwards_each_keyword_unchanged(name, monkeypatch):
-  fn, forwarded, _, defaults = FAMILIES[name]
+  fn, forwarded, _, defaults, required = FAMILIES[name]
   seen = {}
 
   def validate(q, k, v, **kw):
@@ -121,10 +135,6 @@ def test_forwards_each_keyword_unchanged(name, monkeypatch):
 
   monkeypatch.setattr(options, "validate", validate)
   q = jnp.ones((1, 8, 2, 4))
-  required = {"sparse_attention": dict(pattern=attnjax.patterns.causal(), block_size=4),
-              "block_select_attention": dict(block_size=4, top_k=1),
-              "compressed_attention": dict(stride=2),
-              "cosine_attention": dict(temperature=jnp.zeros((2,)))}.get(name, {})
   probes = {k: _PROBES[k] for k in forwarded}
   if "is_causal" in defaults:
     probes["is_causal"] = not defaults["is_causal"]

@@ -235,10 +235,6 @@ ATTN_PATTERNS = [
 ]
 
 
-def assert_close_tree(a, b, tol=2e-5):
-  assert_close(a, b, rtol=tol, atol=tol)
-
-
 @pytest.mark.parametrize("name,pattern", ATTN_PATTERNS, ids=[n for n, _ in ATTN_PATTERNS])
 def test_block_sparse_matches_reference(name, pattern):
   # T=22 is not a multiple of block_size=8; GQA with N=4 query heads over K=2.
@@ -246,7 +242,7 @@ def test_block_sparse_matches_reference(name, pattern):
   sparse = lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, block_size=8,
                                             implementation="blockwise")
   ref = lambda q, k, v: dense_with_mask(q, k, v, pattern)
-  assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert_close(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
 
 
 @pytest.mark.parametrize("normalizer", ["softmax_one", "sigmoid", "softpick", "none", "relu"])
@@ -256,7 +252,7 @@ def test_block_sparse_normalizers(normalizer):
   sparse = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4,
                                             normalizer=normalizer)
   ref = lambda q, k, v: dense_with_mask(q, k, v, p, normalizer=normalizer)
-  assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert_close(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
 
 
 @pytest.mark.parametrize("name,pattern", [
@@ -273,7 +269,7 @@ def test_block_sparse_options_and_stats(name, pattern):
             bias=bias, return_stats=True)
   sparse = lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, block_size=4, **kw)
   ref = lambda q, k, v: dense_with_mask(q, k, v, pattern, **kw)
-  assert_close_tree(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert_close(outputs_and_grads(sparse, q, k, v), outputs_and_grads(ref, q, k, v))
 
 
 def test_block_sparse_empty_rows_are_zero():
@@ -337,7 +333,7 @@ def test_banded_chunks_match_reference(S, window, monkeypatch):
   f = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4, segment_ids=seg,
                                        normalizer="softmax_one")
   ref = lambda q, k, v: dense_with_mask(q, k, v, p, segment_ids=seg, normalizer="softmax_one")
-  assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert_close(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
 
 
 def test_intersection_with_causal_keeps_causal_patterns_as_they_are():
@@ -406,7 +402,7 @@ def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, n
     kw["sink_logits"] = jnp.linspace(-1.0, 1.0, 4)
   f = lambda q, k, v: sparse_attention(q, k, v, pattern=pattern, block_size=4, **kw)
   ref = lambda q, k, v: dense_with_mask(q, k, v, pattern, **kw)
-  assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert_close(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
   assert calls, "the banded chunk path was not taken"
 
 
@@ -427,4 +423,4 @@ def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypat
   p = patterns.strided(3)
   f = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4, **kw)
   ref = lambda q, k, v: dense_with_mask(q, k, v, p, **kw)
-  assert_close_tree(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert_close(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))

@@ -1,0 +1,118 @@
+"""A new family is one folder and one registry entry: the stand-in (tests/stand_in_family/) is
+dispatched, validated, tested by the engine base and documented once its op is registered, and
+every suite that covers all families asks for it.
+
+The ``stand_in`` fixture registers the op for one test and removes it after, so no other test
+sees it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import pytest
+
+import stand_in_family
+import test_edge_inputs
+import test_forward_mode
+import test_op_engines
+import test_option_space
+import test_options
+from attnjax import _op
+from helpers import assert_close, rand_qkv
+from op_base import OpTests
+from test_op import guide_table
+
+
+@pytest.fixture
+def stand_in():
+  """The stand-in's registry entry, for one test."""
+  op = _op.register(stand_in_family.OP)
+  yield op
+  del _op.OPS[op.name]
+
+
+def _qkv(T=8):
+  return rand_qkv(B=1, T=T, N=2, K=2, H=4)
+
+
+def test_it_is_dispatched(stand_in):
+  q, k, v = _qkv()
+  assert _op.choose(stand_in, (q, k, v), ("cpu", "cuda", "tpu")) == dict.fromkeys(
+      ("cpu", "cuda", "tpu"), "cumulative")
+  traced = str(jax.make_jaxpr(lambda *a: stand_in_family.attention(*a))(q, k, v))
+  assert "cumsum" in traced and "branches_platforms" not in traced  # one engine everywhere
+  want = stand_in_family.attention(q, k, v, implementation="reference")
+  for implementation in (None, "cumulative"):
+    assert_close(stand_in_family.attention(q, k, v, implementation=implementation), want,
+                 str(implementation), rtol=1e-5, atol=1e-5, scaled=True)
+
+
+def test_it_is_validated(stand_in):
+  q, k, v = _qkv()
+  with pytest.raises(ValueError, match=r"^implementation='chunked' is not one of: None, "
+                                       r"'reference', 'cumulative'$"):
+    stand_in_family.attention(q, k, v, implementation="chunked")
+  with pytest.raises(TypeError, match="implementation must be a str or None"):
+    stand_in_family.attention(q, k, v, implementation=1)
+  with pytest.raises(ValueError, match=r"share one shape .* k \(1, 7, 2, 4\)"):
+    stand_in_family.attention(q, k[:, :7], v)
+
+
+class TestStandIn(OpTests):
+  """The engine base on the stand-in: its engines are read from its op."""
+
+  op = stand_in_family.NAME
+  length = 8 * 4
+
+  def op_record(self):  # collected before the fixture registers it
+    return stand_in_family.OP
+
+  @pytest.fixture(autouse=True)
+  def registered(self, stand_in):
+    del stand_in
+
+  def sample(self):
+    return (lambda impl, q, k, v: stand_in_family.attention(q, k, v, implementation=impl),
+            _qkv())
+
+
+def test_the_base_tests_every_engine_and_catches_a_wrong_one(stand_in, monkeypatch):
+  assert TestStandIn().engine_names() == ("cumulative", None)
+  # The engine that forgets the last key: the base fails it on the value and the gradients.
+  def forgets_the_last_key(q, k, v):
+    return stand_in_family.cumulative(q, k.at[:, -1].set(0.0), v)
+
+  monkeypatch.setitem(stand_in.engines, "cumulative", dataclasses.replace(
+      stand_in.engines["cumulative"], compute=forgets_the_last_key))
+  with pytest.raises(AssertionError, match=r"stand_in\[cumulative\]"):
+    TestStandIn().test_engine_matches_reference("cumulative")
+
+
+def test_it_is_documented(stand_in):
+  # The generated ops table gets its row; the guide's (tests/test_op.py holds them equal) then
+  # lacks only that row until it is regenerated.
+  row = ("| `stand_in` | `reference`, `cumulative` | `cumulative`, `reference` | "
+         "`cumulative`, `reference` | `cumulative`, `reference` |")
+  table = _op.table().splitlines()
+  assert row in table
+  assert [line for line in table if line != row] == guide_table().splitlines()
+
+
+@pytest.mark.parametrize("registry_test", [
+    test_edge_inputs.test_every_registered_family_has_its_cases,
+    test_option_space.test_every_registered_family_is_drawn,
+    test_options.test_every_registered_family_is_listed,
+    test_forward_mode.test_every_registered_family_has_its_calls,
+    test_op_engines.test_every_registered_op_is_tested,
+], ids=lambda f: f.__module__)
+def test_every_suite_over_all_families_asks_for_it(stand_in, registry_test):
+  with pytest.raises(AssertionError):
+    registry_test()
+
+
+def test_the_entry_is_gone_after_the_test():
+  assert stand_in_family.NAME not in _op.OPS
+  with pytest.raises(KeyError):
+    stand_in_family.attention(*_qkv())
