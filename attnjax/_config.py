@@ -30,7 +30,7 @@ from attnjax import _deprecation
 
 #: The values of ``attnjax.config.kernels`` (see the module docstring).
 KERNELS = ("checked", "all", "jax")
-#: Old values still accepted (each warns once): ``{old: new}``.
+#: The old values still accepted, each warning once (old value to new value).
 RENAMED_KERNELS = {"trusted": "jax"}
 #: The environment variable that gives ``attnjax.config.kernels``'s default.
 ENV_KERNELS = "ATTNJAX_KERNELS"

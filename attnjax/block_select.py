@@ -492,7 +492,7 @@ def _block_select_attention(
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (the attention logits; the
       selection always uses dot products).
     implementation: None (auto: ``"gathered"``), ``"reference"`` or ``"gathered"`` (the
-      engines of :data:`OP`).
+      engines of :data:`~attnjax.block_select.OP`).
     return_stats: also return :class:`attnjax.AttentionStats` over the attended keys.
     return_selection: also return :func:`.select_blocks`'s int32
       ``[B, K, ceil(T / block_size), top_k]`` selected blocks (-1 = none).

@@ -24,7 +24,7 @@ Rules (positions top-left aligned, query ``i`` at position ``i``):
   holds all of its keys (a block straddling a boundary is seen by nobody);
   raw window keys follow the usual rule.
 
-Two engines (:data:`OP`, ``implementation=``), tested equal in value and gradient:
+Two engines (:data:`~attnjax.compressed.OP`, ``implementation=``), tested equal in value and gradient:
 
 - ``"reference"``: builds the compressed keys, concatenates ``[compressed ;
   raw]`` and runs :func:`attnjax.dense.reference` with the explicit mask.
@@ -490,7 +490,7 @@ def _compressed_attention(
       compressed block is seen only by queries of the one segment holding all
       its keys (ids must not be :data:`.STRADDLING_SEGMENT`, int32's minimum).
     implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"`` (the
-      engines of :data:`OP`).
+      engines of :data:`~attnjax.compressed.OP`).
     return_stats: also return :class:`attnjax.AttentionStats` over the key slots
       ``[compressed ; raw]`` (``sink_mass`` is the weight on compressed block 0).
     block_size: edge of the blockwise path's square blocks (static).

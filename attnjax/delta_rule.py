@@ -367,7 +367,7 @@ def _delta_rule_attention(
     implementation: ``"recurrent"`` (scan over time), ``"quadratic"`` (one chunk
       of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
-      names are the engines of :data:`OP`; ``"parallel"``, the old name of
+      names are the engines of :data:`~attnjax.delta_rule.OP`; ``"parallel"``, the old name of
       ``"quadratic"``, still works and warns once. They mean the same form in every
       recurrent family
       (``attnjax._recurrent``).

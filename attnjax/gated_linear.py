@@ -335,7 +335,7 @@ def _gated_linear_attention(
     implementation: ``"recurrent"`` (scan over time), ``"quadratic"`` (masked
       quadratic), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
-      names are the engines of :data:`OP`; ``"parallel"``, the old name of
+      names are the engines of :data:`~attnjax.gated_linear.OP`; ``"parallel"``, the old name of
       ``"quadratic"``, still works and warns once. They mean the same form in every
       recurrent family
       (``attnjax._recurrent``).

@@ -22,7 +22,7 @@ equal in value, final state and gradient:
 
 Non-causal attention is O(T) through ``phi(K)^T V`` (``chunked``, the default)
 or the ``quadratic`` form (= ``reference``); there is no ``recurrent``. The forms are the
-engines of :data:`OP` (:mod:`attnjax._op`).
+engines of :data:`~attnjax.linear.OP` (:mod:`attnjax._op`).
 
 The three ways of normalising (``normalize``):
 
@@ -474,7 +474,7 @@ def _check_state(initial_state: object,
 
 
 class _Call(NamedTuple):
-  """A validated linear-attention call, as the engines of :data:`OP` take it.
+  """A validated linear-attention call, as the engines of :data:`~attnjax.linear.OP` take it.
 
   Attributes:
     phi_q: float32 query features ``[B, T, K, G, F]``.
@@ -592,7 +592,7 @@ def _linear_attention(
     implementation: ``"quadratic"`` (the quadratic form), ``"recurrent"``
       (causal only), ``"chunked"``, or ``"reference"``, the readable
       definition: here the quadratic form (``"quadratic"``); None means
-      ``"chunked"`` (O(T)). The names are the engines of :data:`OP`;
+      ``"chunked"`` (O(T)). The names are the engines of :data:`~attnjax.linear.OP`;
       ``"parallel"``, the old name of ``"quadratic"``, still works and warns once.
       They mean the same form in every recurrent family (``attnjax._recurrent``).
     chunk_size: chunk length of the chunked causal form.

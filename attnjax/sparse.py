@@ -1,6 +1,6 @@
 """Sparse attention: attention restricted to a :mod:`attnjax.patterns` pattern.
 
-Two engines (:data:`OP`, ``implementation=``), tested equal in value and gradient:
+Two engines (:data:`~attnjax.sparse.OP`, ``implementation=``), tested equal in value and gradient:
 
 - ``"reference"``: the pattern's exact dense mask handed to the dense
   reference (:func:`attnjax.dense.reference`); materialises ``[B, N, T, S]``.
@@ -509,7 +509,7 @@ def _sparse_attention(
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       intersected with the pattern.
     implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"``
-      (the engines of :data:`OP`; the old name ``"block_sparse"`` still works and warns
+      (the engines of :data:`~attnjax.sparse.OP`; the old name ``"block_sparse"`` still works and warns
       once).
     return_stats: also return :class:`attnjax.AttentionStats`.
     score_mod, score_mod_args, mask_mod, mask_mod_args: modifiers, as in

@@ -107,10 +107,10 @@ def default_block_sizes(T: int, S: int, backend: Optional[str] = None, *,
   """``(block_q, block_k)`` for the target, never larger than the sequences.
 
   The target is ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``), else the one a
-  program traced now is compiled for (:func:`tiles.target_platform`: the
+  program traced now is compiled for (``tiles.target_platform``: the
   ambient mesh's device, else the default backend). A CPU gets
   ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
-  tile budget allows (:func:`tiles.gpu_block_sizes`: e.g. 2048 x 2048 on an
+  tile budget allows (``tiles.gpu_block_sizes``: e.g. 2048 x 2048 on an
   H200 for ``rows=16`` at T=16384), or ``GPU_BLOCK_Q x GPU_BLOCK_K`` when
   ``rows`` is None; so does a TPU. A narrow window gets blocks of about half its span (at
   least 128): each query block then computes ~1.5x the allowed pairs instead of
@@ -119,7 +119,7 @@ def default_block_sizes(T: int, S: int, backend: Optional[str] = None, *,
 
   Args:
     T, S: query and key lengths.
-    backend: the target platform; None: :func:`tiles.target_platform`.
+    backend: the target platform; None: ``tiles.target_platform``.
     window: the call's window, or None.
     rows: batch times query heads of the call (a GPU's tile budget), or None.
     is_causal: the call is causal (a GPU keeps 4 blocks a side).

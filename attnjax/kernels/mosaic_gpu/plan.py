@@ -104,7 +104,7 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
 
   ``"forward"``: the two consumers' Q tiles (each output written into its Q's) and
   ``num_stages`` K and V tiles; ``"dq"``: the Q and dO tiles (dq is written into Q's) and
-  ``num_stages`` K and V tiles; ``"dkdv"``: the K and V tiles of :data:`DKDV_BLOCK_K` keys
+  ``num_stages`` K and V tiles; ``"dkdv"``: the K and V tiles of ``DKDV_BLOCK_K`` keys
   at most (dk, dv written into them) and ``num_stages`` Q and dO tiles.
   """
   bq, bk, st = sizes.block_q, sizes.block_k, sizes.num_stages
