@@ -89,6 +89,15 @@ def _finite(x: Array) -> Array:
   return jnp.where(jnp.isfinite(x), x, 0.0)
 
 
+def _one_minus_exp_neg(x: Array) -> Array:
+  """``1 - e^-x`` for ``x >= 0`` (``+inf`` included) to a few ulp, also near 0 where the
+  plain difference cancels (Kahan's ``expm1`` identity ``(u - 1) x / log u``, ``u = e^-x``:
+  exp and log only, which every kernel backend lowers; Mosaic has no ``expm1``)."""
+  u = jnp.exp(-x)
+  ratio = x / jnp.maximum(-jnp.log(u), jnp.finfo(jnp.float32).tiny)
+  return jnp.where(u == 1.0, x, jnp.where(u == 0.0, 1.0, (1.0 - u) * ratio))
+
+
 def _plogp(w: Array) -> Array:
   return jnp.where(w > 0, w * jnp.log(jnp.where(w > 0, w, 1.0)), 0.0)
 
@@ -234,6 +243,20 @@ class Normalizer:
     row = {"floor": self.floor(sink_rows), "counts": counts}
     row.update(self.row_constants(counts))
     return row
+
+  def row_dot_from_tiles(self, dtype) -> bool:
+    """Whether a kernel's backward takes ``D_i`` as ``sum_j w_ij dp_ij`` over its recomputed
+    tiles in float32 (as the reference's autodiff has it) rather than ``<dO_i, O_i>``.
+
+    In bfloat16 / float16 the forward's ``O`` is no float32 ``sum_j w_ij v_j``: its ``P V``
+    product takes the weights rounded to that dtype and it is stored in it, so
+    ``<dO_i, O_i>`` is off by about ``2^-9 sum_j w_ij |dp_ij|``. A softmax-like backward
+    multiplies ``D_i`` by the weight itself (``dz = w (dp - D)``), which keeps that error
+    within the row's own rounding; others may multiply it by far more: softpick's
+    ``dz = e^z (dp [z > 0] - D sign z) / (sum |e^z - 1| + eps)``, unbounded near its kink
+    (rows seeing one key with a small positive logit had dq off by up to 98%). One rule for
+    every kernel that reads ``D_i`` (:attr:`reads_row_dot`)."""
+    return self.reads_row_dot and not self.softmax_like and jnp.dtype(dtype) != jnp.float32
 
   def init(self, rows: tuple[int, ...], acc: tuple[int, ...], stats: bool) -> dict:
     """The state before the first tile: ``rows`` ``[..., R, 1]``, ``acc`` ``[..., R, Hv]``."""
@@ -484,8 +507,9 @@ class Softpick(_PlainLse):
     st["m"] = m_new
     s_old, s_new = jnp.maximum(m_old, self.shift_floor), jnp.maximum(m_new, self.shift_floor)
     alpha = jnp.exp(s_old - s_new)
-    e = jnp.exp(zm - s_new)
-    centred = e - jnp.exp(-s_new)
+    # e^(z-s) - e^-s = sign z e^(max(z, 0) - s) (1 - e^-|z|): no cancellation near z = 0
+    centred = jnp.sign(zm) * jnp.exp(jnp.maximum(zm, 0.0) - s_new) * _one_minus_exp_neg(
+        jnp.abs(zm))
     if allowed is not None:
       centred = jnp.where(allowed, centred, 0.0)
     u = jnp.maximum(centred, 0.0)
@@ -512,7 +536,8 @@ class Softpick(_PlainLse):
   def tile_backward(self, z, allowed, dp, res, row_dot, d_lse):
     ln = res["log_norm"]
     scaled = jnp.exp(_masked(z, allowed) - ln)  # e^z / (sum |e^z - 1| + eps)
-    w = jnp.maximum(scaled - jnp.exp(-ln), 0.0)
+    # relu(e^z - 1) / (..) = scaled (1 - e^-z) for z > 0: no difference of two ~1/(e^z - 1)
+    w = scaled * _one_minus_exp_neg(jnp.maximum(z, 0.0))
     if allowed is not None:
       w = jnp.where(allowed, w, 0.0)
     dz = scaled * (jnp.where(z > 0, dp, 0.0) - row_dot * jnp.sign(z))

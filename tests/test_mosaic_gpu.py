@@ -252,6 +252,64 @@ def test_mosaic_gpu_backward_kernels_interpret(normalizer, structure, kw):
   check_backward_kernels(normalizer, structure, **kw)
 
 
+def _single_key_softpick(T_=100, H=64):
+  """bfloat16 ``(q, k, v, seg)``: causal packed segments starting at rows 13 and 30, which see
+  their own key only, with logit 0.001 (head 0) and 0.01 (head 1) there."""
+  q, k, v = rand_qkv(B=2, T=T_, S=T_, N=2, K=1, H=H, seed=3)
+  q, k = np.array(q), np.array(k)
+  for r in (13, 30):
+    for n, z in enumerate((0.001, 0.01)):
+      kr = k[:, r, 0]
+      q[:, r, n] = kr * (z * H ** 0.5 / np.sum(kr * kr, axis=-1, keepdims=True))
+  seg = jnp.asarray(np.repeat(np.cumsum(np.isin(np.arange(T_), (13, 30)))[None], 2, 0))
+  return (*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), seg)
+
+
+def _softpick_f64(q, k, v, seg, cot):
+  """``sum(out * cot)`` of causal, segmented softpick, all in float64 (``expm1``)."""
+  T_, H = q.shape[1], q.shape[-1]
+  kk, vv = jnp.repeat(k, 2, 2), jnp.repeat(v, 2, 2)
+  z = jnp.einsum("btnh,bsnh->bnts", q, kk) * H ** -0.5
+  seg = np.asarray(seg)
+  allowed = (np.tril(np.ones((T_, T_), bool))[None] & (seg[:, :, None] == seg[:, None, :]))
+  allowed = allowed[:, None]
+  c = jnp.where(allowed, jnp.expm1(jnp.where(allowed, z, 0.0)), 0.0)
+  w = jnp.maximum(c, 0.0) / (jnp.sum(jnp.abs(c), -1, keepdims=True) + 1e-6)
+  return jnp.sum(jnp.einsum("bnts,bsnh->btnh", w, vv) * cot)
+
+
+@compiled_interpreter
+def test_mosaic_gpu_softpick_backward_keeps_each_rows_precision():
+  # Softpick's dz = e^z (dp [z > 0] - D sign z) / (sum |e^z - 1| + eps) on a row that sees one
+  # key with a small positive logit multiplies D's error by ~1/z. D = <dO, O> from the
+  # bfloat16 O (its P V product took the weights rounded to bfloat16) had such rows' dq off
+  # by most of their scale; D is now summed from the tiles in float32
+  # (Normalizer.row_dot_from_tiles, as pallas_gpu). Each row against float64, on its scale.
+  from test_pallas_gpu import row_errors
+  q, k, v, seg = _single_key_softpick()
+  inputs, opts = dense.prepare(q, k, v, is_causal=True, segment_ids=seg, normalizer="softpick")
+  c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
+  assert c.nz.row_dot_from_tiles(q.dtype)
+  cot = jnp.asarray(np.random.default_rng(5).standard_normal(q.shape), jnp.bfloat16)
+  segs = inputs.q_segment_ids, inputs.kv_segment_ids
+
+  def kernels(q, k, v):
+    out, rows = mkernel.forward(c, q, k, v, None, *segs, residuals=True)
+    res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
+    return mbackward.backward(c, q, k, v, None, out, res, cot, None, None, *segs)[:3]
+
+  got = jax.jit(kernels)(q, k, v)
+  with jax.enable_x64(True):
+    f64 = lambda x: np.asarray(x, np.float64)
+    exact = jax.grad(_softpick_f64, (0, 1, 2))(f64(q), f64(k), f64(v), seg, f64(cot))
+    exact = [np.asarray(x) for x in exact]
+  tol = 16 * 2.0 ** -8  # bfloat16 dO, weights, dS and result (2^-9 each); a row's sums
+  for name, a, b in zip(("dq", "dk", "dv"), got, exact):
+    err = row_errors(a, b)
+    worst = np.unravel_index(np.argmax(err), err.shape)
+    assert err[worst] < tol, f"{name} row {worst}: error {err[worst]:.2e} of its scale"
+
+
 @compiled_interpreter
 @pytest.mark.slow
 @pytest.mark.parametrize("normalizer,structure,gqa", list(itertools.product(

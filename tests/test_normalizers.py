@@ -270,3 +270,12 @@ def test_relu_layer_and_variant_gradients_match_finite_differences():
   x = jax.random.normal(jax.random.key(1), (2, 7, 16))
   check_grads(lambda x: jnp.sum(jnp.sin(layer(x))), (x,), order=1, modes=("rev",),
               atol=1e-2, rtol=1e-2)
+
+
+def test_one_minus_exp_neg_has_no_cancellation():
+  # softpick's e^z - 1 near its kink: the plain 1 - e^-x loses log2(1/x) bits at small x
+  from attnjax.normalizers import _one_minus_exp_neg
+  x = np.concatenate([[0.0, 1e-30, 1e-8], np.geomspace(1e-6, 100.0, 200), [np.inf]])
+  got = np.asarray(_one_minus_exp_neg(jnp.asarray(x, jnp.float32)), np.float64)
+  want = -np.expm1(-x.astype(np.float32).astype(np.float64))
+  np.testing.assert_allclose(got, want, rtol=4 * np.finfo(np.float32).eps, atol=0)

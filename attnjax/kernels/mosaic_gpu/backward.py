@@ -4,7 +4,9 @@ recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with
 1. Preprocessing (XLA, one fused pass): ``D_i = <dO_i, O_i>`` (only for a normaliser that
    ``reads_row_dot``: sigmoid, ReLU and none skip this pass over dO and O), the logsumexp
    cotangent ``g_i`` (zero on rows with no key) and, with ``sink_logits``, the null logit's
-   cotangent from :meth:`Normalizer.null_grad`.
+   cotangent from :meth:`Normalizer.null_grad`. Where ``<dO_i, O_i>`` is too coarse
+   (:meth:`Normalizer.row_dot_from_tiles`: softpick in bfloat16 / float16) the dq kernel's
+   walk runs once more, rows only, for ``D_i = sum_j w_ij dp_ij`` in float32 instead.
 2. dq: one program per (query head, query block, batch) walks the key blocks its rows attend
    (the forward's bounds; interior blocks unmasked), recomputes ``z = Q K^T`` and
    ``dP = dO V^T`` (wgmma), takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` (row
@@ -223,9 +225,11 @@ def _store(plgpu, pairs):
   plgpu.wait_smem_to_gmem(0)
 
 
-def _dq_kernel(c, res_keys, has_g, refs, scratch):
+def _dq_kernel(c, res_keys, has_g, refs, scratch, rows_only=False):
   """One dq program: query block ``q_blocks`` of head ``heads`` over the key blocks it may
-  attend, K/V tiles through a ``c.stages``-deep TMA ring (see the module docstring)."""
+  attend, K/V tiles through a ``c.stages``-deep TMA ring (see the module docstring). With
+  ``rows_only`` the same walk writes ``D_i = sum_j w_ij dp_ij`` (float32, the forward's online
+  pass with ``dp`` for V) to ``refs[-1]`` ``[B, N, Tp]`` instead (:func:`_row_dot_rule`)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
   q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
   seg_refs, dq_ref = refs[5:-1], refs[-1]
@@ -240,7 +244,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   q0 = i * bq
   q_last = jnp.minimum(q0 + bq, c.T) - 1
   lo, hi, flo, fhi = kv_bounds(c, q0, q_last)
-  nrows = _num_rows(c, res_keys, has_g)
+  nrows = 0 if rows_only else _num_rows(c, res_keys, has_g)
 
   plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), n], q_smem, q_bar.at[0])
   plgpu.copy_gmem_to_smem(do_ref.at[b, pl.ds(q0, bq), n], do_smem, q_bar.at[1])
@@ -273,7 +277,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   for r in range(nrows):
     plgpu.barrier_wait(rows_bars.at[r])
     rows.append(load(rows_smem.at[r], 1))
-  row_args = _row_args(rows, res_keys, has_g, c.nz.reads_row_dot)
+  row_args = None if rows_only else _row_args(rows, res_keys, has_g, c.nz.reads_row_dot)
   q_seg = None
   if c.has_segments:
     plgpu.barrier_wait(qseg_bar.at[0])
@@ -298,17 +302,40 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch):
   def compute(masked, j, slot, dq):
     mask = lambda: (_dq_mask(c, load, qpos, kcol, q_seg, kseg_smem, slot, j) if masked
                     else None)
+    if rows_only:  # dq is the online state here
+      return _tile_rule(c, plgpu, q_smem, k_smem.at[slot], do_smem, v_smem.at[slot], mask,
+                        (dq,), _row_dot_rule(c, j, any_iota))[2]
     s, _, dz = _tile_rule(c, plgpu, q_smem, k_smem.at[slot], do_smem, v_smem.at[slot], mask,
                           row_args, lower_rows(c.nz.tile_backward, bq, iota=any_iota))
     ds = _ds(c, dz, s, q_smem.dtype)
     return _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging, acc=dq)
 
-  dq = _zeros(c, plgpu, (bq, H), layout)
+  dq = _row_state(c, plgpu, layout) if rows_only else _zeros(c, plgpu, (bq, H), layout)
   dq = lax.fori_loop(lo, flo, lambda j, a: step(True, j, a), dq)
   dq = lax.fori_loop(flo, fhi, lambda j, a: step(False, j, a), dq)
   dq = lax.fori_loop(fhi, hi, lambda j, a: step(True, j, a), dq)
+  if rows_only:  # D_i, through the first row buffer
+    rows_smem.at[0][...] = lower_rows(lambda st: c.nz.finish(st, {}, False)[0], bq)(dq)
+    return _store(plgpu, [(rows_smem.at[0], dq_ref.at[b, n, pl.ds(q0, bq)])])
   dq_smem[...] = (dq * c.opts.scale).astype(dq_smem.dtype)
   _store(plgpu, [(dq_smem, dq_ref.at[b, pl.ds(q0, bq), n])])
+
+
+def _row_state(c, plgpu, layout):
+  """The rows-only dq walk's initial online state (``[bq]`` rows in the row layout)."""
+  st = c.nz.init((c.bq, 1), (c.bq, 1), False)
+  cast = (lambda x: x) if c.plain else (lambda x: plgpu.layout_cast(x, layout.reduce(1)))
+  return {key: cast(jnp.reshape(x, (c.bq,))) for key, x in st.items()}
+
+
+def _row_dot_rule(c, j, iota):
+  """The rows-only dq walk's tile rule: ``(z, allowed, dp, st) -> (None, st')``, the
+  normaliser's online visit with ``dp`` for V (``D_i``'s terms ``w_ij dp_ij`` in float32)."""
+  def visit(z, allowed, dp, st):
+    pv = lambda w: jnp.sum(w * dp, axis=-1, keepdims=True)
+    return None, c.nz.visit(st, z, allowed, pv, {}, False, j == 0)
+
+  return lower_rows(visit, c.bq, iota=iota)
 
 
 def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
@@ -400,12 +427,12 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
                  (dv_smem, dv_ref.at[b, pl.ds(k0, bk), h])])
 
 
-def _rows_in(c, d_out, out, res, d_lse, has_key):
+def _rows_in(c, d_out, out, res, d_lse, has_key, row_dot=None):
   """``(row_dot, g, res_keys, rows)``: the backward's row inputs ``[B, N, Tp]`` float32
   (``row_dot`` None where the normaliser does not read it, ``g`` None without a logsumexp
-  cotangent) and their stack ``rows`` ``[nrows, B, N, Tp]`` in the kernels' order."""
-  row_dot = None
-  if c.nz.reads_row_dot:  # D_i = <dO_i, O_i>: a pass over dO and O that the others skip
+  cotangent) and their stack ``rows`` ``[nrows, B, N, Tp]`` in the kernels' order; a given
+  ``row_dot`` (from the tiles, :func:`_tile_row_dot`) is taken as it is."""
+  if row_dot is None and c.nz.reads_row_dot:  # D_i = <dO_i, O_i>: a pass the others skip
     row_dot = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     row_dot = jnp.pad(jnp.transpose(row_dot, (0, 2, 1)), ((0, 0), (0, 0), (0, c.Tp - c.T)))
   g = None
@@ -420,6 +447,45 @@ def _rows_in(c, d_out, out, res, d_lse, has_key):
   rows = (jnp.stack(row_list) if row_list
           else jnp.zeros((1, c.B, c.N, c.Tp), jnp.float32))
   return row_dot, g, res_keys, rows
+
+
+def _dq_scratch(c, dtype, tr, nrows: int) -> list:
+  """The dq kernel's scratch: Q, dO, the K/V rings, ``nrows`` row buffers, their barriers
+  (then the interpret-mode staging tile and the segment-id buffers, see _scratch_tail)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  scratch = [plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
+             plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
+             plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
+             plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
+             plgpu.SMEM((nrows, c.bq), jnp.float32),
+             plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=nrows),
+             plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=c.stages)]
+  if c.interpret:
+    scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=tr))
+  if c.has_segments:
+    scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
+                plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
+  return scratch
+
+
+def _tile_row_dot(c, arrays, seg_args, scratch, run_params):
+  """``D_i = sum_j w_ij dp_ij`` ``[B, N, Tp]`` in float32 from the recomputed tiles (the dq
+  kernel's walk, rows only), where :meth:`~Normalizer.row_dot_from_tiles` finds
+  ``<dO_i, O_i>`` too coarse (softpick in bfloat16 / float16): one more launch, two tile
+  products per dq tile."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  if c.has_sink or c.nz.needs_counts:
+    raise NotImplementedError(
+        f"mosaic_gpu: normalizer {c.nz.name!r} sums D_i from the tiles, which here takes no "
+        "sink_logits and no allowed-key counts")
+  nseg = len(seg_args)
+  dummy = jnp.zeros((1, c.B, c.N, c.Tp), jnp.float32)  # the row operand, never loaded
+  interpret, params = run_params
+  return plgpu.kernel(
+      lambda *a: _dq_kernel(c, (), False, a[:6 + nseg], a[6 + nseg:], rows_only=True),
+      out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32), scratch_types=scratch,
+      grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
+      interpret=interpret, compiler_params=params)(*arrays, dummy, *seg_args)
 
 
 def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
@@ -438,7 +504,16 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   # [B, T, N, H] read in place by the kernels' TMA copies (no transposes)
   qh, kh, vh = padded(q, c.Tp), padded(k, c.Sp), padded(v, c.Sp)
   doh = padded(d_out.astype(dtype), c.Tp)
-  row_dot, g, res_keys, rows = _rows_in(c, d_out, out, res, d_lse, has_key)
+  swizzle = 128
+  tr = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+        plgpu.SwizzleTransform(swizzle))
+  interpret = interpret_params(c.interpret)
+  params = plgpu.CompilerParams(approx_math=c.approx_math)
+  row_dot = None
+  if nz.row_dot_from_tiles(dtype):
+    row_dot = _tile_row_dot(c, (qh, kh, vh, doh), seg_args, _dq_scratch(c, dtype, tr, 1),
+                            (interpret, params))
+  row_dot, g, res_keys, rows = _rows_in(c, d_out, out, res, d_lse, has_key, row_dot)
 
   dsink = None
   if c.has_sink:
@@ -447,26 +522,9 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
     term = nz.null_grad(floor, rs, row_dot[..., None], None if g is None else g[..., None])
     dsink = jnp.reshape(jnp.sum(term[:, :, :c.T, 0], axis=(0, 2)), sink.shape).astype(sink.dtype)
 
-  swizzle = 128
-  tr = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-        plgpu.SwizzleTransform(swizzle))
   has_g = g is not None
   nrows = max(1, _num_rows(c, res_keys, has_g))  # buffers and barriers: at least one
-  interpret = interpret_params(c.interpret)
-  params = plgpu.CompilerParams(approx_math=c.approx_math)
-
-  dq_scratch = [plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
-                plgpu.SMEM((nrows, c.bq), jnp.float32),
-                plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=nrows),
-                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=c.stages)]
-  if c.interpret:
-    dq_scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=tr))
-  if c.has_segments:
-    dq_scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
-                   plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
+  dq_scratch = _dq_scratch(c, dtype, tr, nrows)
   dq = plgpu.kernel(
       lambda *a: _dq_kernel(c, res_keys, has_g, a[:6 + nseg], a[6 + nseg:]),
       out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype), scratch_types=dq_scratch,

@@ -42,19 +42,11 @@ def needs_row_terms(c: GridPlan) -> bool:
 
 
 def row_terms_from_tiles(c: GridPlan, dtype) -> bool:
-  """Whether ``D_i`` is summed from the recomputed tiles, ``sum_j w_ij dp_ij`` in float32 (as
-  the reference's autodiff has it), instead of ``<dO_i, O_i>``.
-
-  The forward's ``O`` is no float32 ``sum_j w_ij v_j``: in bfloat16 / float16 its ``P V``
-  product takes the weights rounded to that dtype (tensor-core operands), and it is stored
-  in it, so ``<dO_i, O_i>`` is off by about ``2^-9 sum_j w_ij |dp_ij|``. A softmax-like
-  normaliser's backward multiplies ``D_i`` by the weight itself (``dz = w (dp - D)``), which
-  keeps that error within the row's own rounding. Others may multiply it by far more:
-  softpick's ``dz = e^z (dp [z > 0] - D sign z) / (sum |e^z - 1| + eps)``, unbounded near
-  its kink (rows seeing one key with a small positive logit had dq off by up to 98%). Their
-  ``D_i`` costs the dq kernel a second walk over its blocks (two more tile products each).
-  """
-  return jnp.dtype(dtype) != jnp.float32 and not c.nz.softmax_like
+  """Whether ``D_i`` is summed from the recomputed tiles, ``sum_j w_ij dp_ij`` in float32,
+  instead of ``<dO_i, O_i>``: the normaliser's rule, :meth:`~Normalizer.row_dot_from_tiles`
+  (softpick in bfloat16 / float16). Their ``D_i`` costs the dq kernel a second walk over its
+  blocks (two more tile products each)."""
+  return c.nz.row_dot_from_tiles(dtype)
 
 
 def _input_refs(c: GridPlan, res_keys, has_g, has_rd, refs):
