@@ -25,7 +25,8 @@ same forms, with the same ``implementation`` names and the same meaning in each:
 
 :func:`prepare` validates a causal stateful call over one sequence (the gated
 and delta-rule families) and brings its inputs to the layout every form
-takes; :func:`state_op` makes their ops. :func:`check_chunk_size` is a check linear
+takes; :func:`state_op` makes their ops, whose context-parallel strategy is :func:`context`
+(state passing). :func:`check_chunk_size` and :func:`check_context_axis` are checks linear
 attention shares with them.
 
 This module is family level (the linear, gated and delta-rule families share

@@ -413,15 +413,7 @@ def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bo
 
 
 def _check_context(context_axis, *, feature_map, q, k) -> None:
-  if not isinstance(context_axis, str):
-    raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
-                    f"{context_axis!r}")
-  try:
-    jax.lax.axis_size(context_axis)
-  except NameError as e:
-    raise ValueError(f"context_axis={context_axis!r} is not a mesh axis of the enclosing "
-                     f"jax.shard_map (call linear_attention inside shard_map over that "
-                     f"axis)") from e
+  _recurrent.check_context_axis("linear_attention", context_axis)
   if q.shape[1] != k.shape[1]:
     raise ValueError(f"context_axis={context_axis!r}: queries and keys must be sharded alike "
                      f"(the same local length), got q {_checks.shape_of(q)} and k "
