@@ -87,8 +87,12 @@ class Op:
     empty: ``(*call) -> answer`` for a call with no queries or no keys (asked only where
       ``is_empty(*call)``), or None: the family answers such calls itself.
     is_empty: ``(*call) -> bool``.
-    context: the context-parallel strategy, ``(call, implementation) -> out`` for a call whose
-      sequence is sharded over the axis ``context_axis(*call)`` names, or None.
+    context: the context-parallel strategy, ``(call, implementation, local) -> out`` for a
+      call whose sequence is sharded over the axis ``context_axis(*call)`` names, or None.
+      ``local(call, implementation)`` is the op's per-device computation
+      (:func:`run_on_this_platform` of this op), handed down by :func:`run`: the strategy
+      calls it on the calls it makes of its shards (without the context axis), so no family
+      module is entered again.
     context_axis: ``(*call) -> axis name or None``.
     length: ``(*call) -> int``, the sequence length engines' ``min_length`` compares with.
     trust_class: ``(*call) -> case class`` the kernels' verdicts name
@@ -236,7 +240,8 @@ def run(op: Op, call: Sequence[Any], implementation: Optional[str]):
   """Runs a validated call on the named engine, or on each platform's choice.
 
   In order: a call with no queries or no keys gets ``op.empty``'s answer before any engine
-  is chosen; a call with a context axis goes to ``op.context``; a named engine runs through
+  is chosen; a call with a context axis goes to ``op.context``, with this op's
+  :func:`run_on_this_platform` as the per-device computation; a named engine runs through
   :func:`run_named`; ``implementation=None`` is decided when the program is lowered: the
   choices of :func:`choose` for every platform become the branches of one
   ``jax.lax.platform_dependent`` (a single branch when they agree), so a function exported
@@ -246,7 +251,7 @@ def run(op: Op, call: Sequence[Any], implementation: Optional[str]):
   if op.empty is not None and op.is_empty(*call):
     return op.empty(*call)
   if op.context is not None and op.context_axis(*call) is not None:
-    return op.context(call, implementation)
+    return op.context(call, implementation, functools.partial(run_on_this_platform, op))
   if implementation is not None:
     return run_named(op, implementation, call)
   current = _lowering.current_platform()

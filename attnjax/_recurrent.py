@@ -25,7 +25,8 @@ same forms, with the same ``implementation`` names and the same meaning in each:
 
 :func:`prepare` validates a causal stateful call over one sequence (the gated
 and delta-rule families) and brings its inputs to the layout every form
-takes; :func:`state_op` makes their ops. :func:`check_chunk_size` is a check linear
+takes; :func:`state_op` makes their ops, whose context-parallel strategy is :func:`context`
+(state passing). :func:`check_chunk_size` and :func:`check_context_axis` are checks linear
 attention shares with them.
 
 This module is family level (the linear, gated and delta-rule families share
@@ -36,11 +37,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from attnjax import _checks, _empty, _op, masks
 from attnjax._logits import group_queries
+from attnjax.parallel.recurrent import state_passing
 
 Array = jnp.ndarray
 
@@ -83,6 +86,9 @@ class Inputs(NamedTuple):
     reset: ``[B, T]`` bool, True where a new segment starts (never at ``t = 0``).
     state: ``[B, K, G, H, Hv]`` the state before the first token (zeros if none given).
     form: the engine the call names (an ``implementation``), or None: auto (``"chunked"``).
+    segment_ids: the call's ``[B, T]`` ids, or None (state passing compares them across
+      shards: a reset at a shard's first token is not in ``reset``).
+    context_axis: the ``shard_map`` axis the sequence is sharded over, or None.
   """
 
   q: Array
@@ -91,10 +97,12 @@ class Inputs(NamedTuple):
   reset: Array
   state: Array
   form: Optional[str]
+  segment_ids: Optional[Array] = None
+  context_axis: Optional[str] = None
 
 
 def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_ids,
-            implementation, chunk_size, op: _op.Op) -> Inputs:
+            implementation, chunk_size, op: _op.Op, context_axis=None) -> Inputs:
   """Validates a causal stateful call over one sequence and returns its :class:`Inputs`.
 
   Args:
@@ -107,6 +115,8 @@ def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_i
     implementation: a name of :data:`IMPLEMENTATIONS` (or :data:`RENAMED`) or None.
     chunk_size: a positive int.
     op: the family's op (its engines are the valid names).
+    context_axis: None, or the ``shard_map`` axis the sequence is sharded over (the op's
+      context strategy, :func:`context`, then runs the call).
   """
   B, T, N, K, H, Hv, seg = _checks.check_one_sequence(name, q, k, v, segment_ids)
   form = _op.check_implementation(op, implementation, where=name)
@@ -121,7 +131,50 @@ def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_i
   f32 = jnp.float32
   return Inputs(q=group_queries(q.astype(f32) * scale, K), k=k.astype(f32), v=v.astype(f32),
                 reset=masks.segment_resets(seg, B, T),
-                state=jnp.reshape(state, (B, K, N // K, H, Hv)), form=form)
+                state=jnp.reshape(state, (B, K, N // K, H, Hv)), form=form,
+                segment_ids=segment_ids, context_axis=check_context_axis(name, context_axis))
+
+
+def check_context_axis(name: str, context_axis: Any) -> Optional[str]:
+  """``context_axis`` as a mesh axis of the enclosing ``shard_map`` (a str), or None.
+
+  Raises:
+    TypeError: not a str or None.
+    ValueError: not an axis of the enclosing ``shard_map``.
+  """
+  if context_axis is None:
+    return None
+  if not isinstance(context_axis, str):
+    raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
+                    f"{context_axis!r}")
+  try:
+    jax.lax.axis_size(context_axis)
+  except NameError as e:
+    raise ValueError(f"context_axis={context_axis!r} is not a mesh axis of the enclosing "
+                     f"jax.shard_map (call {name} inside shard_map over that axis)") from e
+  return context_axis
+
+
+def context(call: tuple, implementation: Optional[str], local: Callable[..., Any]):
+  """A state-passing op's context strategy (:func:`attnjax.parallel.recurrent.state_passing`):
+  this device's ``(out, final state of the whole sequence)`` of a call whose sequence is
+  sharded over ``x.context_axis``; ``local`` (the op's per-device computation) runs each of
+  its two passes over this device's tokens."""
+  x, extra, chunk_size = call
+  B, _, K, G, H = x.q.shape
+  Hv = x.v.shape[-1]
+
+  def on_shard(v: Array, state: Array):  # values [B, T, K, W], state [B, N, H, W]
+    shard = x._replace(v=v, state=jnp.reshape(state, (B, K, G) + state.shape[2:]),
+                       context_axis=None)
+    out, final = local((shard, extra, chunk_size), implementation)
+    return out, jnp.reshape(final, (B, K * G) + final.shape[3:])
+
+  out, final = state_passing(
+      on_shard, x.v, num_heads=K * G, head_dim=H,
+      initial_state=jnp.reshape(x.state, (B, K * G, H, Hv)), segment_ids=x.segment_ids,
+      return_state=True, axis=x.context_axis)
+  return out, jnp.reshape(final, (B, K, G, H, Hv))
 
 
 def by_kv_head(x: Array, num_kv_heads: int) -> Array:
@@ -158,7 +211,8 @@ def state_op(name: str, *, recurrent: Callable[..., Any], quadratic: Callable[..
 
   Its call is ``(x: Inputs, extra, chunk_size)``, ``extra`` the family's per-step arrays in
   the order its forms take them after ``v``; every engine returns ``(out [B, T, K, G, Hv],
-  final state)``. A call over no steps leaves the state as it was (:func:`attnjax._empty.no_steps`).
+  final state)``. A call over no steps leaves the state as it was (:func:`attnjax._empty.no_steps`);
+  a call whose ``x.context_axis`` is set runs :func:`context`.
   """
   forms = {"recurrent": _form_engine("recurrent", recurrent),
            "quadratic": _form_engine("quadratic", quadratic),
@@ -166,4 +220,5 @@ def state_op(name: str, *, recurrent: Callable[..., Any], quadratic: Callable[..
   return _op.register(_op.Op(
       name, engines(forms, reference), {}, ("chunked",),
       empty=lambda x, *_: _empty.no_steps(x.v, x.state),
-      is_empty=lambda x, *_: x.q.shape[1] == 0, renamed=RENAMED))
+      is_empty=lambda x, *_: x.q.shape[1] == 0, context=context,
+      context_axis=lambda x, *_: x.context_axis, renamed=RENAMED))

@@ -78,7 +78,6 @@ import jax
 import jax.numpy as jnp
 
 from attnjax import _checks, _deprecation, _op, _recurrent, _static
-from attnjax.parallel.recurrent import state_passing
 from attnjax._numerics import einsum as _einsum
 from attnjax._recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
 from attnjax._recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
@@ -388,22 +387,10 @@ def _delta_rule_attention(
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
     (Gated DeltaNet).
   """
-  if context_axis is not None:
-
-    def local(v_, state_):
-      return _delta_rule_attention(q, k, v_, beta, log_decay=log_decay, scale=scale,
-                                   initial_state=state_, return_state=True, segment_ids=segment_ids,
-                                   implementation=implementation, chunk_size=chunk_size)
-
-    _checks.check_initial_state(initial_state,
-                                (q.shape[0], q.shape[2], k.shape[-1], v.shape[-1]))
-    return state_passing(local, v, num_heads=q.shape[2], head_dim=k.shape[-1],
-                         initial_state=initial_state, segment_ids=segment_ids,
-                         return_state=return_state, axis=context_axis)
   x = _recurrent.prepare("delta_rule_attention", q, k, v, scale=scale,
                          initial_state=initial_state, return_state=return_state,
                          segment_ids=segment_ids, implementation=implementation,
-                         chunk_size=chunk_size, op=OP)
+                         chunk_size=chunk_size, op=OP, context_axis=context_axis)
   B, T, N, _ = q.shape
   K = k.shape[2]
   _check_per_step("beta", beta, B, T, N)

@@ -121,9 +121,9 @@ def _length(inputs: DenseInputs, opts: DenseOptions) -> int:
   return max(inputs.q.shape[1], inputs.k.shape[1])
 
 
-def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str]):
+def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
   inputs, opts = call
-  return parallel.attention(inputs, opts, implementation, run_on_this_platform)
+  return parallel.attention(inputs, opts, implementation, local)
 
 
 OP = _op.register(_op.Op(
@@ -181,7 +181,8 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   function exported for ``cuda`` or ``tpu`` from a CPU host carries the GPU or
   TPU kernel. With ``opts.context_axis`` the call is one device's shard of a sequence
   sharded over that ``shard_map`` axis: :func:`attnjax.parallel.attention` runs it (its
-  strategies call back here for each device's own part). A call with no queries or no keys
+  strategies run each device's own part on the op's per-device computation, which
+  :func:`attnjax._op.run` hands them). A call with no queries or no keys
   is answered by :func:`attnjax._empty.dense` before any engine is chosen.
   """
   return _op.run(OP, (inputs, opts), implementation)

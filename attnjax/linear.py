@@ -413,15 +413,7 @@ def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bo
 
 
 def _check_context(context_axis, *, feature_map, q, k) -> None:
-  if not isinstance(context_axis, str):
-    raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
-                    f"{context_axis!r}")
-  try:
-    jax.lax.axis_size(context_axis)
-  except NameError as e:
-    raise ValueError(f"context_axis={context_axis!r} is not a mesh axis of the enclosing "
-                     f"jax.shard_map (call linear_attention inside shard_map over that "
-                     f"axis)") from e
+  _recurrent.check_context_axis("linear_attention", context_axis)
   if q.shape[1] != k.shape[1]:
     raise ValueError(f"context_axis={context_axis!r}: queries and keys must be sharded alike "
                      f"(the same local length), got q {_checks.shape_of(q)} and k "
@@ -484,6 +476,7 @@ class _Call(NamedTuple):
     is_causal: the causal mask.
     chunk_size: the chunked form's chunk length.
     finish_fn: ``(numerator, denominator) -> out`` (:func:`finish` of the call's options).
+    context_axis: the ``shard_map`` axis the sequence is sharded over, or None.
   """
 
   phi_q: Array
@@ -493,6 +486,7 @@ class _Call(NamedTuple):
   is_causal: bool
   chunk_size: int
   finish_fn: Callable[[Array, Array], Array]
+  context_axis: Optional[str] = None
 
 
 def _quadratic_engine(c: _Call):
@@ -522,14 +516,26 @@ def _chunked_engine(c: _Call):
   return c.finish_fn(num, den), final
 
 
+def _context(call: tuple[_Call], implementation: Optional[str], local):
+  """The linear op's context strategy: this device's shard enters with the sums of the shards
+  before it (:func:`_context_states`) and runs ``local`` (the op's per-device computation)
+  from there; the final state is the whole sequence's, on every device."""
+  (c,) = call
+  entering, final = _context_states(c.phi_k, c.v, c.state, is_causal=c.is_causal,
+                                    axis=c.context_axis)
+  out, _ = local((c._replace(state=entering, context_axis=None),), implementation)
+  return out, final
+
+
 # The linear op: its call is ``(_Call,)``; every engine returns ``(out [B, T, K, G, Hv], final
-# state)``. Auto-dispatch takes the chunked form.
+# state)``. Auto-dispatch takes the chunked form; a call with a context axis runs _context.
 OP = _op.register(_op.Op(
     "linear", _recurrent.engines({
         "recurrent": _op.Engine("recurrent", _recurrent_engine, _recurrent_unsupported),
         "quadratic": _op.Engine("quadratic", _quadratic_engine, _op.supports_everything),
         "chunked": _op.Engine("chunked", _chunked_engine, _op.supports_everything),
-    }, REFERENCE_FORM), {}, ("chunked",), renamed=_recurrent.RENAMED))
+    }, REFERENCE_FORM), {}, ("chunked",), context=_context,
+    context_axis=lambda c: c.context_axis, renamed=_recurrent.RENAMED))
 
 
 def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chunk_size,
@@ -652,16 +658,10 @@ def _linear_attention(
   finish_fn = functools.partial(finish, normalize=normalize, eps=eps)
   phi_q = group_queries(feature_map(q, is_query=True), K)
   phi_k = feature_map(k, is_query=False)
-  whole_final = None
-  if context_axis is not None:
-    state, whole_final = _context_states(phi_k, v32, state, is_causal=is_causal,
-                                         axis=context_axis)
-  call = (_Call(phi_q, phi_k, v32, state, is_causal, chunk_size, finish_fn),)
+  call = (_Call(phi_q, phi_k, v32, state, is_causal, chunk_size, finish_fn, context_axis),)
   form = _op.select(OP, call) if form is None else form
   out, final = _op.run(OP, call, form)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
-  if whole_final is not None:
-    final = whole_final
   result = (out, final) if return_state else out
   if not return_stats:
     return result

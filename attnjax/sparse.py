@@ -32,6 +32,7 @@ validated the same way and means the same thing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Literal, Optional
 
 import jax
@@ -390,7 +391,7 @@ def _dilated_columns(inputs: options.DenseInputs, opts: options.DenseOptions,
   return from_columns(out)
 
 
-def _context_parallel(call: tuple, implementation: Optional[str]):
+def _context_parallel(call: tuple, implementation: Optional[str], local):
   """This device's shard of a sparse call whose sequence is sharded over ``opts.context_axis``.
 
   Every pattern is a rule on global positions, so the call is the dense one with the
@@ -400,8 +401,10 @@ def _context_parallel(call: tuple, implementation: Optional[str]):
   (:meth:`~attnjax.patterns.Pattern.band`) also become the dense ``is_causal`` / ``window``
   (they keep every pair the pattern keeps), so the ring skips, when it is traced, the
   shard pairs outside them; inside a visited pair the pattern's blocks are classified per
-  call and blocks it masks entirely are skipped. The engines' names are dense's.
+  call and blocks it masks entirely are skipped. The engines' names are dense's, and so is
+  the per-device computation (not ``local``, the sparse op's).
   """
+  del local
   inputs, opts, pattern, _ = call
   axis = opts.context_axis
   try:
@@ -425,7 +428,8 @@ def _context_parallel(call: tuple, implementation: Optional[str]):
     mask_mod = mods.And((rule, opts.mask_mod), (0, len(inputs.mask_mod_args)))
   dense_opts = dataclasses.replace(opts, mask_mod=mask_mod, is_causal=pattern.is_causal,
                                    window=pattern.band())
-  return parallel.attention(inputs, dense_opts, implementation, dense.run_on_this_platform)
+  return parallel.attention(inputs, dense_opts, implementation,
+                            functools.partial(_op.run_on_this_platform, dense.OP))
 
 
 def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,

@@ -11,6 +11,7 @@ static pieces (zigzag order, ring plans, argument errors) run here.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import parallel
+from attnjax import _op, parallel
 from attnjax.kernels.blockwise import ring
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -295,3 +296,57 @@ def test_sparse_attention_context_axis_is_checked():
     attnjax.sparse_attention(q, q, q, pattern=window, context_axis="c")
   with pytest.raises(ValueError, match="were given without context_axis"):
     attnjax.sparse_attention(q, q, q, pattern=window, context_strategy="all_gather")
+
+
+@pytest.mark.parametrize("name", ["gated_linear", "delta_rule"])
+def test_recurrent_context_axis_is_checked(name):
+  fn = {"gated_linear": lambda q, **kw: attnjax.gated_linear_attention(
+            q, q, q, log_decay=jnp.zeros(q.shape[:3]), **kw),
+        "delta_rule": lambda q, **kw: attnjax.delta_rule_attention(
+            q, q, q, jnp.full(q.shape[:3], 0.5), **kw)}[name]
+  q = jnp.zeros((1, 8, 2, 4))
+  with pytest.raises(ValueError, match=f"context_axis='c' is not a mesh axis of the enclosing "
+                                       f"jax.shard_map \\(call {name}_attention inside"):
+    fn(q, context_axis="c")
+  with pytest.raises(TypeError, match="context_axis must be a shard_map mesh axis name"):
+    fn(q, context_axis=3)
+
+
+def test_every_context_strategy_is_declared_on_its_op():
+  for name in ("dense", "sparse", "linear", "gated_linear", "delta_rule"):
+    assert _op.OPS[name].context is not None, name
+
+
+def test_the_strategies_import_no_family():
+  """They get the op's per-device computation from ``_op.run``; they never call back into
+  the family module that called them."""
+  families = set(_op.OPS)
+  for path in (ROOT / "attnjax" / "parallel").glob("*.py"):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        names = {node.module.split(".")[1] if node.module.count(".") else ""}
+        if node.module == "attnjax":
+          names = {a.name for a in node.names}
+        assert not names & families, (path.name, node.module)
+      elif isinstance(node, ast.Import):
+        assert not {a.name.split(".")[1] for a in node.names
+                    if a.name.startswith("attnjax.")} & families, path.name
+
+
+def test_run_hands_the_context_strategy_the_ops_own_computation():
+  """``local`` is the op's ``run_on_this_platform``: the strategy's shard call runs the op's
+  engine (here named and auto), not the strategy again."""
+  engine = _op.Engine("double", lambda x, axis: 2 * x, _op.supports_everything)
+  seen = []
+
+  def context(call, implementation, local):
+    x, axis = call
+    seen.append(axis)
+    return local((x + 1, None), implementation)
+
+  op = _op.Op("stand_in_context", {"double": engine}, {}, ("double",), context=context,
+              context_axis=lambda x, axis: axis)
+  for implementation in ("double", None):
+    np.testing.assert_array_equal(_op.run(op, (jnp.ones(3), "seq"), implementation), 4.0)
+  assert seen == ["seq", "seq"]

@@ -91,7 +91,7 @@ def test_a_named_engine_names_its_unsupported_reasons():
 def test_the_empty_answer_and_the_context_strategy_come_before_any_engine():
   seen = []
   op = _stand_in([], empty=lambda x: "empty", is_empty=lambda x: x.shape[0] == 0,
-                 context=lambda call, impl: seen.append(impl) or "context",
+                 context=lambda call, impl, local: seen.append(impl) or "context",
                  context_axis=lambda x: "seq" if x.shape[0] == 6 else None)
   assert _op.run(op, (jnp.zeros(0),), "wide") == "empty"
   assert _op.run(op, (jnp.zeros(6),), "plain") == "context" and seen == ["plain"]

@@ -20,6 +20,9 @@ Dense family (:func:`~attnjax.parallel.attention`, ``context_strategy=``):
 positions over the dense strategies (its causality and band let the ring skip
 shard pairs out of reach).
 
+Every family's strategy is declared on its op (``attnjax._op.Op.context``) and run by
+``attnjax._op.run``, which hands it the op's per-device computation.
+
 Recurrent families (:func:`.state_passing`, ``context_axis=`` of
 ``gated_linear_attention`` and ``delta_rule_attention``): each device's
 affine state map ``S -> A S + B`` over its tokens, summed to every device,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from attnjax.kernels.blockwise.ring import varying
 
 Array = jnp.ndarray
-# local(v, initial_state) -> (out, final_state): the family's own call on this shard.
+# local(v, initial_state) -> (out, final_state): the family's computation on this shard.
 Local = Callable[[Array, Array], tuple]
 
 
@@ -45,9 +45,10 @@ def state_passing(local: Local, v: Array, *, num_heads: int, head_dim: int,
   """This device's shard of a causal recurrent call sharded along time over ``axis``.
 
   Args:
-    local: ``(v, initial_state) -> (out, final_state)``: the family on this device's
-      tokens (every other argument bound), with values ``[B, T, K, Hv']`` and a state
-      ``[B, N, H, Hv']`` of any width ``Hv'``.
+    local: ``(v, initial_state) -> (out, final_state)``: the family's computation on this
+      device's tokens (every other argument bound; :func:`attnjax._recurrent.context` runs
+      the op's engine), with values ``[B, T, K, Hv']`` and a state ``[B, N, H, Hv']`` of
+      any width ``Hv'``; ``out`` is returned as it comes (any layout).
     v: this device's values ``[B, T, K, Hv]``.
     num_heads: ``N`` (query heads: one state each).
     head_dim: ``H`` (the key dimension: the state's rows).
@@ -57,7 +58,8 @@ def state_passing(local: Local, v: Array, *, num_heads: int, head_dim: int,
     axis: the ``jax.shard_map`` mesh axis.
 
   Returns:
-    ``out`` ``[B, T, N, Hv]``, or ``(out, final state [B, N, H, Hv])``.
+    ``local``'s ``out`` from this device's entering state, or ``(out, final state
+    [B, N, H, Hv])``.
   """
   B, _, K, Hv = v.shape
   N, H = num_heads, head_dim
