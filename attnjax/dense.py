@@ -123,7 +123,8 @@ def _length(inputs: DenseInputs, opts: DenseOptions) -> int:
 
 def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
   inputs, opts = call
-  return parallel.attention(inputs, opts, implementation, local)
+  return parallel.attention(inputs, opts, implementation,
+                            lambda inputs, opts, implementation: local((inputs, opts), implementation))
 
 
 OP = _op.register(_op.Op(

@@ -32,7 +32,6 @@ validated the same way and means the same thing.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Literal, Optional
 
 import jax
@@ -428,8 +427,10 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
     mask_mod = mods.And((rule, opts.mask_mod), (0, len(inputs.mask_mod_args)))
   dense_opts = dataclasses.replace(opts, mask_mod=mask_mod, is_causal=pattern.is_causal,
                                    window=pattern.band())
-  return parallel.attention(inputs, dense_opts, implementation,
-                            functools.partial(_op.run_on_this_platform, dense.OP))
+  return parallel.attention(
+      inputs, dense_opts, implementation,
+      lambda inputs, opts, implementation: _op.run_on_this_platform(dense.OP, (inputs, opts),
+                                                                    implementation))
 
 
 def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,

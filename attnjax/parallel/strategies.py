@@ -26,8 +26,8 @@ from attnjax.parallel.tokens import unzigzag as natural_order
 from attnjax.parallel.tokens import zigzag as zigzag_order
 
 Array = jnp.ndarray
-# run_local((inputs, opts), implementation) -> result: the single-device computation.
-RunLocal = Callable[[tuple[options.DenseInputs, options.DenseOptions], Optional[str]], object]
+# run_local(inputs, opts, implementation) -> result: the single-device computation.
+RunLocal = Callable[[options.DenseInputs, options.DenseOptions, Optional[str]], object]
 
 
 def _check_shards(inputs: options.DenseInputs, opts: options.DenseOptions, P: int) -> None:
@@ -133,7 +133,7 @@ def _all_gather(inputs, opts, implementation, run_local, P: int):
       score_mod_args=score_args, mask_mod_args=mask_args)
   local_opts = dataclasses.replace(opts.local(), is_causal=False, window=None, mask_mod=mask_mod,
                                    score_mod=score_mod)
-  return run_local((local_inputs, local_opts), implementation)
+  return run_local(local_inputs, local_opts, implementation)
 
 
 def _all_to_all(inputs, opts, implementation, run_local, P: int):
@@ -187,7 +187,7 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
       q_segment_ids=gather(inputs.q_segment_ids), kv_segment_ids=gather(inputs.kv_segment_ids),
       score_mod_args=score_args, mask_mod_args=mask_args)
   local_opts = dataclasses.replace(opts.local(), mask_mod=mask_mod, score_mod=score_mod)
-  result = run_local((local_inputs, local_opts), implementation)
+  result = run_local(local_inputs, local_opts, implementation)
   out, stats = result if opts.return_stats else (result, None)
 
   def to_heads(x, seq_axis, head_axis):  # [.., T, .., X/P ..] -> [.., T/P, .., X ..]
@@ -217,10 +217,9 @@ def attention(inputs: options.DenseInputs, opts: options.DenseOptions,
     opts: validated options with ``context_axis`` set.
     implementation: the single-device implementation (``"ring"`` runs the block-wise
       kernel: None or ``"blockwise"``; the others run any).
-    run_local: ``((inputs, opts), implementation) -> result``, the single-device path on
-      this device's share of the work (the op's computation that :func:`attnjax._op.run`
-      hands to its context strategy, e.g. ``functools.partial(attnjax._op.run_on_this_platform,
-      attnjax.dense.OP)``).
+    run_local: ``(inputs, opts, implementation) -> result``, the single-device path on
+      this device's share of the work (the dense op's computation that
+      :func:`attnjax._op.run` hands to its context strategy).
 
   Returns:
     As the single-device call, for this device's rows.
