@@ -255,7 +255,7 @@ class Normalizer:
     within the row's own rounding; others may multiply it by far more: softpick's
     ``dz = e^z (dp [z > 0] - D sign z) / (sum |e^z - 1| + eps)``, unbounded near its kink
     (rows seeing one key with a small positive logit had dq off by up to 98%). One rule for
-    every kernel that reads ``D_i`` (:attr:`reads_row_dot`)."""
+    every kernel that reads ``D_i`` (``reads_row_dot``)."""
     return self.reads_row_dot and not self.softmax_like and jnp.dtype(dtype) != jnp.float32
 
   def init(self, rows: tuple[int, ...], acc: tuple[int, ...], stats: bool) -> dict:
