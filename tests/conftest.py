@@ -93,6 +93,27 @@ if _cache is not None:
 
 
 @pytest.fixture(scope="module")
+def target_compiles():
+  """Settings of a module that compiles for real targets from this host. Compile-only
+  executables cannot be read back from jax's persistent cache (no client to load them on), so
+  the module compiles without it; jax decides once per process whether it uses the cache, so
+  the decision is reset on the way in and out. And the suite's float32 default matmul
+  precision is lifted: Pallas TPU kernels read it when lowered and ask Mosaic for float32
+  products of bf16 tiles, which it refuses ("Bad lhs type": jax's splash kernel fails to
+  compile under jax_default_matmul_precision="highest"; our kernels set their precision)."""
+  from jax.experimental.compilation_cache import compilation_cache as jax_cache
+  cache = jax.config.jax_enable_compilation_cache
+  precision = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_enable_compilation_cache", False)
+  jax.config.update("jax_default_matmul_precision", None)
+  jax_cache.reset_cache()
+  yield
+  jax.config.update("jax_enable_compilation_cache", cache)
+  jax.config.update("jax_default_matmul_precision", precision)
+  jax_cache.reset_cache()
+
+
+@pytest.fixture(scope="module")
 def compilation_cache(tmp_path_factory):
   """Runs of one tiny config compile the same programs: let XLA reuse them. The suite's
   persistent cache (above) does that for both xdist workers; where it is off, a cache of the

@@ -320,7 +320,7 @@ def test_gpu_tiles_fit_the_device_budget_and_cpu_tiles_stay():
   assert blockwise.default_block_sizes(4096, 4096, "cpu", rows=64, is_causal=True) == (512, 256)
   assert blockwise.default_block_sizes(4096, 4096, "gpu") == (128, 128)
   assert blockwise.default_block_sizes(4096, 4096, "tpu", rows=64) == (128, 128)
-  # Issue 50's shapes (16,384 tokens, 16 heads) on an H200: 36 visits at T=16384 instead of
+  # 16,384 tokens, 16 heads on an H200: 36 visits at T=16384 instead of
   # 8,256 with 128 x 128 tiles, 10 instead of 528 at T=4096 (B=4).
   assert tiles.gpu_block_sizes(16384, 16384, 16, H200, is_causal=True) == (2048, 2048)
   assert tiles.gpu_block_sizes(4096, 4096, 64, H200, is_causal=True) == (1024, 1024)

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
-from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
@@ -199,23 +198,6 @@ def test_per_shard_takes_the_operands_mesh_and_nothing_else():
 # Deviceless compiles for real targets.
 
 
-@pytest.fixture(scope="module")
-def compile_settings():
-  """As tests/test_targets.py: no persistent cache for compile-only executables, and jax's
-  default matmul precision (Mosaic refuses float32 products of bf16 tiles). jax decides once
-  per process whether it uses the cache (the CPU tests above may have decided it): the
-  decision is reset on the way in and out."""
-  cache = jax.config.jax_enable_compilation_cache
-  precision = jax.config.jax_default_matmul_precision
-  jax.config.update("jax_enable_compilation_cache", False)
-  jax.config.update("jax_default_matmul_precision", None)
-  compilation_cache.reset_cache()
-  yield
-  jax.config.update("jax_enable_compilation_cache", cache)
-  jax.config.update("jax_default_matmul_precision", precision)
-  compilation_cache.reset_cache()
-
-
 def call_targets(text: str) -> set[str]:
   return set(re.findall(r'custom_call_target="([^"]+)"', text))
 
@@ -296,7 +278,7 @@ def case_id(case) -> str:
 
 @pytest.mark.targets("tpu")
 @pytest.mark.parametrize("case", TPU_CASES, ids=case_id)
-def test_tpu_kernels_compile_under_every_way_of_sharding(case, compile_settings):
+def test_tpu_kernels_compile_under_every_way_of_sharding(case, target_compiles):
   target, normalizer, way, heads = case
   check_tpu(compile_step(target, normalizer, way, heads=heads), normalizer)
 
@@ -304,13 +286,13 @@ def test_tpu_kernels_compile_under_every_way_of_sharding(case, compile_settings)
 @pytest.mark.targets("tpu")
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW_TPU_CASES, ids=case_id)
-def test_tpu_kernels_compile_under_every_way_of_sharding_everywhere(case, compile_settings):
+def test_tpu_kernels_compile_under_every_way_of_sharding_everywhere(case, target_compiles):
   target, normalizer, way, heads = case
   check_tpu(compile_step(target, normalizer, way, heads=heads), normalizer)
 
 
 @pytest.mark.targets("tpu")
-def test_pallas_tpu_is_lowered_for_the_chip_compiled_for(compile_settings, monkeypatch):
+def test_pallas_tpu_is_lowered_for_the_chip_compiled_for(target_compiles, monkeypatch):
   # One chip, no mesh anywhere: the tiles are the target's rows (v6e takes longer key tiles)
   # and Mosaic lowers for that chip (softpick's kernels hold a sign, which Mosaic lowers per
   # generation: for this host's CPU it raised "Unsupported TPU device kind").
@@ -342,7 +324,7 @@ def test_pallas_tpu_exports_for_tpu_from_this_host():
 
 
 @pytest.mark.targets("tpu")
-def test_a_sharded_call_exports_for_a_tpu_slice(compile_settings):
+def test_a_sharded_call_exports_for_a_tpu_slice(target_compiles):
   # jax.export of a program sharded on 4 v6e chips, without jax.set_mesh: each kernel inside
   # shard_map over the operands' mesh (nothing for XLA to partition).
   mesh = target_mesh("v6e", heads=True)
@@ -358,7 +340,7 @@ def test_a_sharded_call_exports_for_a_tpu_slice(compile_settings):
 @pytest.mark.targets("cuda")
 @pytest.mark.parametrize("way", [pytest.param(w, marks=[] if w == "plain" else [pytest.mark.slow])
                                  for w in WAYS])
-def test_gpu_kernels_compile_per_shard_on_four_h200s(way, compile_settings):
+def test_gpu_kernels_compile_per_shard_on_four_h200s(way, target_compiles):
   # The H200 x 4 twin: sigmoid (ours: mosaic_gpu or pallas_gpu, as dispatch chooses) runs per
   # device, as does cuDNN's softmax; nothing is gathered.
   text = compile_step("h200", "sigmoid", way)

@@ -27,16 +27,8 @@ pytestmark = [
 
 
 @pytest.fixture(autouse=True, scope="module")
-def compile_settings():
-  """As tests/test_targets.py: no persistent cache for compile-only executables, jax's default
-  matmul precision."""
-  cache = jax.config.jax_enable_compilation_cache
-  precision = jax.config.jax_default_matmul_precision
-  jax.config.update("jax_enable_compilation_cache", False)
-  jax.config.update("jax_default_matmul_precision", None)
-  yield
-  jax.config.update("jax_enable_compilation_cache", cache)
-  jax.config.update("jax_default_matmul_precision", precision)
+def compile_settings(target_compiles):
+  """As tests/test_targets.py (conftest's ``target_compiles``)."""
 
 
 def compile_backward(target: str, normalizer: str, dtype, head_dim: int, *, segments: bool,

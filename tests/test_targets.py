@@ -50,19 +50,8 @@ MOSAIC = "tpu_custom_call"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def compile_settings():
-  """Compile-only executables cannot be read back from jax's persistent cache (no client to
-  load them on), so the module compiles without it. And the suite's float32 default matmul
-  precision is lifted: Pallas TPU kernels read it when lowered and ask Mosaic for float32
-  products of bf16 tiles, which it refuses ("Bad lhs type": jax's splash kernel fails to
-  compile under jax_default_matmul_precision="highest"; our kernels set their precision)."""
-  cache = jax.config.jax_enable_compilation_cache
-  precision = jax.config.jax_default_matmul_precision
-  jax.config.update("jax_enable_compilation_cache", False)
-  jax.config.update("jax_default_matmul_precision", None)
-  yield
-  jax.config.update("jax_enable_compilation_cache", cache)
-  jax.config.update("jax_default_matmul_precision", precision)
+def compile_settings(target_compiles):
+  """Every test here compiles for a real target (conftest's ``target_compiles``)."""
 
 
 def call_targets(compiled) -> set[str]:
@@ -623,7 +612,7 @@ def test_context_parallel_train_step_compiles(target, variant):
 
 
 # ---------------------------------------------------------------------------
-# The block-wise fallback on a GPU (issue 50: where no kernel may run).
+# The block-wise fallback on a GPU (where no kernel may run).
 
 
 def blockwise_program(mesh, T: int, B: int = 1, N: int = 16, H: int = 128):
