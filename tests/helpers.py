@@ -225,3 +225,19 @@ def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: i
     is_stat = stats and len(path) > 2 and getattr(path[1], "idx", None) == 1
     limit = stats_tol if is_stat and stats_tol is not None else tol
     assert err < limit, f"{what} {jax.tree_util.keystr(path)}: error {err:.2e} (scale {scale:.2g})"
+
+
+def softpick_f64(q, k, v, segment_ids):
+  """Causal softpick over packed segments written out in float64 (``e^z - 1`` by ``expm1``,
+  nothing rounded to float32: ``dense.reference`` takes its logits in float32), for the
+  kernels' per-row gradient checks. Returns ``(out [B, T, N, H], logits [B, N, T, T],
+  allowed [B, 1, T, T])``; ``k`` and ``v`` may have fewer heads (GQA)."""
+  T, N, H = q.shape[1], q.shape[2], q.shape[-1]
+  rep = N // k.shape[2]
+  kk, vv = jnp.repeat(k, rep, 2), jnp.repeat(v, rep, 2)
+  z = jnp.einsum("btnh,bsnh->bnts", q, kk) * H ** -0.5
+  seg = np.asarray(segment_ids)
+  allowed = (np.tril(np.ones((T, T), bool))[None] & (seg[:, :, None] == seg[:, None, :]))[:, None]
+  c = jnp.where(allowed, jnp.expm1(jnp.where(allowed, z, 0.0)), 0.0)
+  w = jnp.maximum(c, 0.0) / (jnp.sum(jnp.abs(c), -1, keepdims=True) + 1e-6)
+  return jnp.einsum("bnts,bsnh->btnh", w, vv), z, allowed

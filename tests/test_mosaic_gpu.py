@@ -31,7 +31,7 @@ from attnjax import _target, check, dense, normalizers, targets
 from attnjax.kernels import mosaic_gpu
 from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
 from engine_base import DenseEngineTests
-from helpers import assert_close, rand_qkv
+from helpers import assert_close, rand_qkv, softpick_f64
 
 needs_cuda = pytest.mark.targets("cuda")
 # Of each array's scale: two units of bfloat16 rounding (eps 7.8e-3), the inputs' dtype.
@@ -267,15 +267,7 @@ def _single_key_softpick(T_=100, H=64):
 
 def _softpick_f64(q, k, v, seg, cot):
   """``sum(out * cot)`` of causal, segmented softpick, all in float64 (``expm1``)."""
-  T_, H = q.shape[1], q.shape[-1]
-  kk, vv = jnp.repeat(k, 2, 2), jnp.repeat(v, 2, 2)
-  z = jnp.einsum("btnh,bsnh->bnts", q, kk) * H ** -0.5
-  seg = np.asarray(seg)
-  allowed = (np.tril(np.ones((T_, T_), bool))[None] & (seg[:, :, None] == seg[:, None, :]))
-  allowed = allowed[:, None]
-  c = jnp.where(allowed, jnp.expm1(jnp.where(allowed, z, 0.0)), 0.0)
-  w = jnp.maximum(c, 0.0) / (jnp.sum(jnp.abs(c), -1, keepdims=True) + 1e-6)
-  return jnp.sum(jnp.einsum("bnts,bsnh->btnh", w, vv) * cot)
+  return jnp.sum(softpick_f64(q, k, v, seg)[0] * cot)
 
 
 @compiled_interpreter

@@ -23,7 +23,7 @@ from attnjax import dense
 from attnjax.kernels import pallas_gpu
 from attnjax.kernels.pallas_gpu import backward as pallas_backward
 from engine_base import DenseEngineTests
-from helpers import rand_qkv
+from helpers import rand_qkv, softpick_f64
 
 
 BLOCKS = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32)
@@ -208,17 +208,9 @@ def _softpick_loss_f64(q, k, v, seg):
   """The softpick loss of the single-key-row cases (causal, packed segments, ``sum out^2`` and
   the logsumexp) written out in float64 from the float32 inputs: ``e^z - 1`` by ``expm1``,
   nothing rounded to float32 (``dense.reference`` takes its logits in float32)."""
-  B, T_, N, H = q.shape
-  rep = N // k.shape[2]
-  kk, vv = jnp.repeat(k, rep, 2), jnp.repeat(v, rep, 2)
-  z = jnp.einsum("btnh,bsnh->bnts", q, kk) * H ** -0.5
-  seg = np.asarray(seg)
-  allowed = (np.tril(np.ones((T_, T_), bool))[None] & (seg[:, :, None] == seg[:, None, :]))
-  allowed = allowed[:, None]
-  c = jnp.where(allowed, jnp.expm1(jnp.where(allowed, z, 0.0)), 0.0)
-  w = jnp.maximum(c, 0.0) / (jnp.sum(jnp.abs(c), -1, keepdims=True) + 1e-6)
+  out, z, allowed = softpick_f64(q, k, v, seg)
   lse = jax.nn.logsumexp(jnp.where(allowed, z, -jnp.inf), -1)
-  return jnp.sum(jnp.einsum("bnts,bsnh->btnh", w, vv) ** 2) + jnp.sum(lse)
+  return jnp.sum(out ** 2) + jnp.sum(lse)
 
 
 @pytest.mark.parametrize("engine", ["blockwise", "pallas_gpu"])
