@@ -25,6 +25,12 @@ from attnjax import masks
 from attnjax import mods
 from attnjax import normalizers
 from attnjax import patterns
+# The families' and the vocabulary's public modules, as attributes (attnjax.dense.ENGINES).
+from attnjax import attention_stats as attention_stats, block_select as block_select
+from attnjax import compressed as compressed, delta_rule as delta_rule, dense as dense
+from attnjax import gated_linear as gated_linear, layout as layout, linear as linear
+from attnjax import options as options, parallel as parallel, qk_norm as qk_norm
+from attnjax import sparse as sparse
 from attnjax.attention_stats import AttentionStats
 from attnjax.block_select import block_select_attention
 from attnjax.compressed import compressed_attention
@@ -36,7 +42,7 @@ from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import stats
-from attnjax._config import config
+from attnjax._src.config import config
 from attnjax._version import __version__ as __version__
 
 

@@ -223,7 +223,7 @@ def _mesh_child() -> None:
   import tempfile
   from attnjax.train import config as config_lib
   from attnjax.train import mesh as mesh_lib
-  from attnjax.train.loop import Trainer
+  from attnjax.train import Trainer
   rows = []
   for shape in MESH_SHAPES:
     c = config_lib.apply_preset(config_lib.base_config(), "cpu")
@@ -350,8 +350,8 @@ def train_suite(args) -> Iterable[Case]:
   "plain" skips them. ``--sizes`` sets the batch sizes (default 32, the preset's).
   """
   from attnjax.train.config import load_config
-  from attnjax.train.loop import Trainer
-  from attnjax.train.step import make_train_step
+  from attnjax.train import Trainer
+  from attnjax.train import make_train_step
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for variant in ("dense", "qk_layernorm"):
@@ -395,7 +395,7 @@ def trainer_vs_step(preset: str, variant: str, steps: int, *, data: str = "shake
   import shutil
   import tempfile
   from attnjax.train.config import load_config
-  from attnjax.train.loop import Trainer
+  from attnjax.train import Trainer
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   cfg = load_config(os.path.join(root, f"experiments/configs/compare.py:preset={preset}"),
                     [f"variant={variant}", f"data.name={data}", f"train.steps={steps}",

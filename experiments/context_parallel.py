@@ -9,7 +9,7 @@ H=64, fp32) is compiled for ``--devices`` forced host devices and XLA's own
 account of one device's buffers is read (``compiled.memory_analysis()``:
 arguments + outputs + temporaries). The single-device block-wise call at the
 same ``T`` is the baseline. Tiles per device come from the ring's static plan
-(:func:`attnjax.kernels.blockwise.ring.plan`); bytes sent per ring step from the
+(:func:`attnjax.parallel.ring_plan`); bytes sent per ring step from the
 compiled program's ``collective-permute`` operations, against the ideal (this
 device's key and value shards).
 """
@@ -37,7 +37,7 @@ def main(argv=None) -> None:
   from jax.sharding import PartitionSpec as P
 
   import attnjax
-  from attnjax.kernels.blockwise import ring
+  from attnjax.parallel import ring_plan
 
   B, T, N, H, Pn = 1, args.T, 8, 64, args.devices
   mesh = jax.make_mesh((Pn,), ("context",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -82,7 +82,7 @@ def main(argv=None) -> None:
       acc = account(compiled)
       tiles = sent = "-"
       if strategy == "ring":
-        plan = ring.plan(T_l, T_l, Pn, layout, is_causal=True, window=None, with_stats=False)
+        plan = ring_plan(T_l, T_l, Pn, layout, is_causal=True, window=None, with_stats=False)
         per = [plan.tiles(p) for p in range(Pn)]
         tiles = f"{min(per)}..{max(per)}"
         text = compiled.as_text()

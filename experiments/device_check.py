@@ -45,10 +45,9 @@ def training_mfu(r: check.Report, args) -> None:
   import jax
   import jax.numpy as jnp
   from flax import nnx
-  from attnjax.train import mfu, optim
+  from attnjax.train import make_optimizer, mfu
   from attnjax.train.config import apply_preset, base_config
-  from attnjax.train.model import build_model, count_params, flops_per_token
-  from attnjax.train.step import make_train_step
+  from attnjax.train import build_model, count_params, flops_per_token, make_train_step
   r.add("")
   r.add(f"## 6. {args.platform} preset: {args.steps} training steps, random tokens")
   r.add("")
@@ -60,7 +59,7 @@ def training_mfu(r: check.Report, args) -> None:
     cfg.variant = variant
     model = build_model(cfg, 256, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    opt = optim.make_optimizer(cfg)
+    opt = make_optimizer(cfg)
     state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
              "initial_loss": jnp.full((), jnp.nan, jnp.float32)}
     step = jax.jit(make_train_step(graphdef, opt, stats=cfg.train.step_stats,

@@ -28,10 +28,10 @@ from attnjax import nn
 from attnjax.nn import kv_policies
 from attnjax.train import cli, rundir
 from attnjax.train.config import apply_preset, base_config
-from attnjax.train.loop import init_distributed
-from attnjax.train.model import model_config
+from attnjax.train import init_distributed
+from attnjax.train import model_config
 from attnjax.train.plots import save_figure, subplots
-from attnjax.train.pretrained import train_or_load
+from attnjax.train import train_or_load
 
 
 def with_cache_policy(model: nnx.Module, mcfg: nn.ModelConfig, policy: str,

@@ -13,7 +13,7 @@ import time
 
 from attnjax.train import cli, report, sweep
 from attnjax.train.config import validate
-from attnjax.train.loop import init_distributed
+from attnjax.train import init_distributed
 
 
 def parse_arms(text: str) -> list[tuple[str, float, float]]:

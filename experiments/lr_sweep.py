@@ -14,7 +14,7 @@ import time
 
 from attnjax.train import cli, report, sweep
 from attnjax.train.config import validate
-from attnjax.train.loop import init_distributed
+from attnjax.train import init_distributed
 
 
 def main(argv=None) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 
 from attnjax.train import cli, report, rundir, sweep
 from attnjax.train.config import validate
-from attnjax.train.loop import init_distributed
+from attnjax.train import init_distributed
 
 # The variants that should not form a sink: their F-Attn should end
 # at most half of dense softmax's.
@@ -71,7 +71,7 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   import jax.numpy as jnp
 
   from attnjax.nn import layer_stats
-  from attnjax.train.loop import Trainer
+  from attnjax.train import Trainer
 
   run = rundir.RunDir(run_path)
   summary = run.read_summary() or {}
@@ -143,7 +143,7 @@ def formed(probe: dict, *, f_min: float = 0.5, rate_min: float = 50.0) -> bool:
 
 def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
   """Markdown of the sink sections (tables and figures) for the runs under ``root``."""
-  from attnjax.stats.capture import SINK_CURVE_EPS
+  from attnjax.stats import SINK_CURVE_EPS
 
   names = [os.path.relpath(r, root) for r in runs]
   last = {n: (_probes(r) or [{}])[-1] for n, r in zip(names, runs)}
@@ -284,7 +284,7 @@ def plot_attention_maps(root: str, runs: list[str], out_dir: str) -> Optional[st
 
 def plot_sink_curve(root: str, runs: list[str], out_dir: str) -> Optional[str]:
   """Sink_1^eps against eps at the last probe, one line per arm."""
-  from attnjax.stats.capture import SINK_CURVE_EPS
+  from attnjax.stats import SINK_CURVE_EPS
   from attnjax.train.plots import save_figure, subplots
 
   fig, ax = subplots(figsize=(6, 4))

@@ -21,10 +21,10 @@ from flax import nnx
 
 from attnjax import nn
 from attnjax.train import cli, rundir
-from attnjax.train.loop import init_distributed
-from attnjax.train.model import model_config
+from attnjax.train import init_distributed
+from attnjax.train import model_config
 from attnjax.train.plots import save_figure, subplots
-from attnjax.train.pretrained import train_or_load
+from attnjax.train import train_or_load
 
 
 def with_attention(model: nnx.Module, cfg, vocab_size: int, **changes) -> nnx.Module:

@@ -13,7 +13,7 @@ import json
 import os
 
 from attnjax.train import cli
-from attnjax.train.loop import init_distributed, train
+from attnjax.train import init_distributed, train
 
 
 def main(argv=None) -> dict:

@@ -81,7 +81,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_disable_most_optimizations", FAST_COMPILES)
 # The plugins' environment for describing devices this host does not have, set before jax
 # initialises any backend (importing attnjax initialises none).
-from attnjax import targets as _targets  # noqa: E402
+from attnjax._src import targets as _targets  # noqa: E402
 
 _targets.configure_environment()
 _cache = compilation_cache_dir()

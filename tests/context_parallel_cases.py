@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import attnjax
-from attnjax import _op, mods, parallel
+from attnjax._src import op as _op, mods, parallel
 
 AXIS = "ctx"
 

@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import dense, mods, normalizers
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import mods, normalizers
 from helpers import check_dense_kernel, rand_qkv
 from op_base import OpTests
 

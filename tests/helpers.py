@@ -134,10 +134,10 @@ def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int
   implementation, default the preset's automatic one). Not jitted."""
   from flax import nnx
 
-  from attnjax.train import optim
-  from attnjax.train.config import apply_preset, base_config
-  from attnjax.train.model import build_model
-  from attnjax.train.step import make_train_step
+  from attnjax._src.train import optim
+  from attnjax._src.train.config import apply_preset, base_config
+  from attnjax._src.train.model import build_model
+  from attnjax._src.train.step import make_train_step
   cfg = apply_preset(base_config(), preset)
   cfg.variant = variant
   cfg.model.update(d_model=d_model, num_layers=1, num_heads=num_heads, mlp_ratio=1)
@@ -174,7 +174,7 @@ def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: i
   them from float32 logits of 16-bit inputs). ``grad=False`` compares values and statistics
   only.
   """
-  from attnjax import dense
+  from attnjax._src.ops.dense import attention as dense
 
   N, K = (4, 2) if gqa else (2, 2)
   q, k, v = rand_qkv(B=2, T=T, S=S, N=N, K=K, H=H, dtype=dtype, seed=seed)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 import jax.numpy as jnp
 import pytest
 
-from attnjax import _op
+from attnjax._src import op as _op
 from helpers import assert_close, outputs_and_grads, reduction_tolerance
 
 

@@ -5,12 +5,12 @@ import importlib.util
 
 import pytest
 
-from attnjax import targets
+from attnjax._src import targets
 
 
 def test_a_dotted_module_whose_parent_is_absent_is_not_installed():
   assert targets._installed("attnjax_no_such_package.plugin") is False
-  assert targets._installed("attnjax.targets") is True
+  assert targets._installed("attnjax._src.targets") is True
 
 
 @pytest.mark.parametrize("platform,module", [("cuda", "jax_plugins.xla_cuda12"),

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import block_select, normalizers
+from attnjax._src.ops.block_select import attention as block_select
+from attnjax._src import normalizers
 from tests.helpers import assert_close, rand_qkv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -327,8 +328,8 @@ def test_nn_options_are_checked():
 
 
 def _variant_model_config():
-  from attnjax.train import config as config_lib
-  from attnjax.train.model import model_config
+  from attnjax._src.train import config as config_lib
+  from attnjax._src.train.model import model_config
   cfg = config_lib.load_config(os.path.join(REPO, "experiments", "configs", "compare.py")
                                + ":preset=cpu", ["variant=block_select"])
   return model_config(cfg, 32)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, layout
-from attnjax.kernels.blockwise import kernel as blockwise
-from attnjax.kernels.blockwise import tiles
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import layout
+from attnjax._src.kernels.blockwise import kernel as blockwise
+from attnjax._src.kernels.blockwise import tiles
 from engine_base import DenseEngineTests
 from helpers import assert_close
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax.kernels.recurrent import chunks
+from attnjax._src.kernels.recurrent import chunks
 from helpers import assert_close, rand_qkv
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from attnjax.train import cli
+from attnjax._src.train import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COMPARE = "experiments/configs/compare.py:preset=cpu"

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 import attnjax
-from attnjax import compressed
+from attnjax._src.ops.compressed import attention as compressed
 from helpers import assert_close, outputs_and_grads, rand_qkv
 
 
@@ -84,7 +84,7 @@ def test_blockwise_matches_reference(T, normalizer, is_causal, window, pool):
 
 def test_grouped_path_sink_logits_and_chunks(monkeypatch):
   # Sink logits counted once across the merged parts; the window part in banded chunks.
-  from attnjax import sparse
+  from attnjax._src.ops.sparse import attention as sparse
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 1)
   q, k, v = qkv(2, 40, 4, 1, 8, seed=7)
   check_paths(q, k, v, stride=5, is_causal=True, window=6, sink_logits=jnp.linspace(-1., 1., 4),
@@ -185,7 +185,7 @@ def test_validation():
 def test_layout_cost_follows_compression():
   # T=4096, stride 4, window 64 (keys i-64..i), blocks of 64: the kept pairs are near
   # T * (T / (2 * 4) + 65), well under a third of causal attention's T^2 / 2.
-  from attnjax.layout import rule_layout
+  from attnjax._src.layout import rule_layout
   T, bs = 4096, 64
   C = T // 4
   rule = compressed.CompressedRule(T, T, 4, True, (64, 0), C)
@@ -227,7 +227,7 @@ def test_blockwise_matches_reference_broad(normalizer, stride, is_causal, window
 
 def _layer(**kw):
   from flax import nnx
-  from attnjax import nn
+  from attnjax._src import nn
   return nn.Attention(nn.AttentionConfig(family="compressed", block_size=4, **kw), 16,
                       rngs=nnx.Rngs(0))
 
@@ -254,7 +254,7 @@ def test_nn_decode_equals_full_forward():
 
 def test_nn_conv_is_mean_pooling_at_init_and_learns():
   from flax import nnx
-  from attnjax.nn import compressed_spec
+  from attnjax._src.nn import compressed_spec
   layer = _layer(stride=4)
   k = jax.random.normal(jax.random.key(2), (1, 10, 4, layer.head_dim))
   got = compressed_spec.strided_conv(k[:, :8], layer.compress_k[...], 4)
@@ -267,7 +267,7 @@ def test_nn_conv_is_mean_pooling_at_init_and_learns():
 
 def test_nn_weights_and_linformer():
   from flax import nnx
-  from attnjax import nn
+  from attnjax._src import nn
   layer = _layer(stride=4, window=2)
   x = jax.random.normal(jax.random.key(4), (2, 12, 16))
   _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate)(layer, x)
@@ -288,8 +288,8 @@ def test_nn_weights_and_linformer():
 @pytest.mark.parametrize("name", ["compressed", "dilated"])
 def test_experiment_variants_build_and_round_trip(name):
   from flax import nnx
-  from attnjax import nn
-  from attnjax.train import variants
+  from attnjax._src import nn
+  from attnjax._src.train import variants
   cfg = nn.AttentionConfig(**variants.attention_kwargs(name))
   assert nn.AttentionConfig.from_dict(cfg.to_dict()) == cfg
   layer = nn.Attention(cfg, 32, rngs=nnx.Rngs(0))

@@ -14,8 +14,8 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnjax import nn
-from attnjax.nn import _context
+from attnjax._src import nn
+from attnjax._src.nn import _context
 from helpers import assert_close
 
 AXES = ("data", "fsdp", "tensor", "context")

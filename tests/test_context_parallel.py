@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _op, parallel
-from attnjax.kernels.blockwise import ring
+from attnjax._src import op as _op, parallel
+from attnjax._src.kernels.blockwise import ring
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOLERANCE = 2e-5  # relative to the reference's largest magnitude (float32, highest precision)

@@ -6,8 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from attnjax import data
-from attnjax.train.config import base_config
+from attnjax._src import data
+from attnjax._src.train.config import base_config
 
 
 def test_char_tokenizer_round_trip_and_reserved_ids():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import delta_rule
-from attnjax.delta_rule import delta_rule_attention
+from attnjax._src.ops.delta_rule import attention as delta_rule
+from attnjax._src.ops.delta_rule.attention import delta_rule_attention
 from helpers import assert_close
 
 

@@ -9,7 +9,8 @@ import pytest
 from jax.test_util import check_grads
 
 import attnjax
-from attnjax import _target, dense
+from attnjax._src import target as _target
+from attnjax._src.ops.dense import attention as dense
 from helpers import assert_close, rand_qkv, reduction_tolerance
 
 

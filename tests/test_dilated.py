@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 
 import attnjax
-from attnjax import patterns, sparse
-from attnjax.sparse import sparse_attention
+from attnjax._src import patterns
+from attnjax._src.ops.sparse import attention as sparse
+from attnjax._src.ops.sparse.attention import sparse_attention
 from helpers import assert_close, outputs_and_grads, rand_qkv
 
 
@@ -140,7 +141,7 @@ def test_nn_sparse_family_decode_equals_forward():
   # with dilation 2) equals decoding token by token (the pattern as a mask over the cache).
   import jax
   from flax import nnx
-  from attnjax import nn
+  from attnjax._src import nn
   cfg = nn.AttentionConfig(family="sparse", block_size=4, num_kv_heads=2, pattern=(
       "dilated_window", (("window", 3), ("dilation", 2))))
   layer = nn.Attention(cfg, 16, rngs=nnx.Rngs(0))

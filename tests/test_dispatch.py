@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _sharding, _target, dense, mods, normalizers
-from attnjax.kernels import jax_nn, mosaic_gpu, pallas_gpu, splash
+from attnjax._src import sharding as _sharding, target as _target, mods, normalizers
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.kernels import jax_nn, mosaic_gpu, pallas_gpu, splash
 from helpers import rand_qkv
 
 pytestmark = pytest.mark.usefixtures("all_kernels")

@@ -28,7 +28,7 @@ import types
 import pytest
 
 import attnjax
-from attnjax import _op
+from attnjax._src import op as _op
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 API = ROOT / "docs" / "api"
@@ -52,10 +52,11 @@ PUBLIC_MODULES = (
     "attnjax.nn.intermediates", "attnjax.stats", "attnjax.data", "attnjax.train",
     "attnjax.train.config", "attnjax.train.launch", "attnjax.train.metrics", "attnjax.train.mesh",
     "attnjax.train.sweep", "attnjax.train.report", "attnjax.train.rundir",
-    "attnjax.train.variants", "attnjax.targets",
+    "attnjax.train.variants", "attnjax.train.cli", "attnjax.train.plots", "attnjax.train.mfu",
+    "attnjax.targets",
 )
 # Pretrained checkpoints: documented once the package exists.
-OPTIONAL_MODULES = ("attnjax.models",)
+OPTIONAL_MODULES = ("attnjax.models", "attnjax.models.architectures")
 
 
 def public_modules() -> list[str]:

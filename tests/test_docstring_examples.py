@@ -22,22 +22,30 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-MODULES = (
-    "attnjax", "attnjax.compressed", "attnjax.mods", "attnjax.patterns",
-    "attnjax.nn", "attnjax.nn.attention", "attnjax.nn.config", "attnjax.nn.decode",
-    "attnjax.nn.flax_interop", "attnjax.nn.kv_policies", "attnjax.nn.probe",
-    "attnjax.nn.transformer", "attnjax.train.report",
-)
+# Each module whose docstrings hold examples, as the modules holding its docstrings: a public
+# module's own docstring, and the implementation (under attnjax/_src) with its functions'.
+MODULES = {
+    "attnjax": ("attnjax",),
+    "attnjax.compressed": ("attnjax.compressed", "attnjax._src.ops.compressed.attention"),
+    "attnjax.mods": ("attnjax.mods", "attnjax._src.mods"),
+    "attnjax.patterns": ("attnjax.patterns", "attnjax._src.patterns"),
+    "attnjax.nn": ("attnjax.nn",),
+    "attnjax.nn.kv_policies": ("attnjax.nn.kv_policies", "attnjax._src.nn.kv_policies"),
+    "attnjax.nn.probe": ("attnjax.nn.probe", "attnjax._src.nn.probe"),
+    "attnjax.train.report": ("attnjax.train.report", "attnjax._src.train.report"),
+    **{f"attnjax._src.nn.{name}": (f"attnjax._src.nn.{name}",)
+       for name in ("attention", "config", "decode", "flax_interop", "transformer")},
+}
 
 # "file:docstring owner" -> why its literal block is not a doctest.
 NOT_RUN = {
     "attnjax/check.py:<module>": "shell commands for a GPU or TPU host",
     "attnjax/models/__init__.py:<module>": "needs a downloaded checkpoint directory",
-    "attnjax/models/loader.py:from_pretrained": "needs a downloaded checkpoint directory",
+    "attnjax/_src/models/loader.py:from_pretrained": "needs a downloaded checkpoint directory",
     "attnjax/nn/specs.py:<module>": "a sketch of a new family whose body is elided",
-    "attnjax/targets/__init__.py:<module>": "needs the 'aot' extra and configures jax first",
+    "attnjax/targets.py:<module>": "needs the 'aot' extra and configures jax first",
     "attnjax/train/config.py:<module>": "a shell command",
-    "attnjax/train/pretrained.py:<module>": "a fragment of an experiment's main()",
+    "attnjax/_src/train/pretrained.py:<module>": "a fragment of an experiment's main()",
     "attnjax/train/rundir.py:<module>": "a directory layout, not code",
 }
 
@@ -65,8 +73,9 @@ def test_every_literal_block_left_says_why_it_does_not_run():
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
-  module = importlib.import_module(name)
-  tests = [t for t in doctest.DocTestFinder().find(module, name) if t.examples]
+  tests = [t for module in MODULES[name]
+           for t in doctest.DocTestFinder().find(importlib.import_module(module), module)
+           if t.examples]
   assert tests, f"{name} has no docstring example"
   out = io.StringIO()
   runner = doctest.DocTestRunner(

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _op, patterns
-from attnjax.kernels import blockwise, pallas_gpu, pallas_tpu
+from attnjax._src import op as _op, patterns
+from attnjax._src.kernels import blockwise, pallas_gpu, pallas_tpu
 
 from helpers import rand_qkv
 

@@ -19,9 +19,9 @@ import pytest
 from jax import export
 
 import attnjax
-from attnjax import dense
-from attnjax.kernels import pallas_gpu
-from attnjax.train.variants import COMPARE, attention_kwargs
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.kernels import pallas_gpu
+from attnjax._src.train.variants import COMPARE, attention_kwargs
 from helpers import preset_train_step
 
 MOSAIC_TARGET = "tpu_custom_call"  # splash and the Pallas TPU kernel

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, layout, mods, patterns, sparse
-from attnjax.kernels.blockwise import kernel as blockwise
-from attnjax.kernels import jax_nn
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import layout, mods, patterns
+from attnjax._src.ops.sparse import attention as sparse
+from attnjax._src.kernels.blockwise import kernel as blockwise
+from attnjax._src.kernels import jax_nn
 from helpers import assert_close, rand_qkv
 
 
@@ -296,7 +298,7 @@ def test_modifier_factories_are_hashable_and_equal_by_value():
 
 def _layer(seed=0, **fields):
   from flax import nnx
-  from attnjax import nn
+  from attnjax._src import nn
   cfg = nn.AttentionConfig("dense", num_heads=4, **fields)
   return nn.Attention(cfg, 16, rngs=nnx.Rngs(seed))
 
@@ -323,7 +325,7 @@ def test_nn_relative_bias_owns_a_learned_table_and_mask_mod():
   assert_close(a, b, "mask_mod causal", rtol=1e-5, atol=1e-5)
   c = _layer(score_mod=mods.SoftCap(0.5))(x)
   assert np.abs(np.asarray(c - b)).max() > 1e-4
-  from attnjax.train import variants
+  from attnjax._src.train import variants
   assert variants.attention_kwargs("alibi") == {"family": "dense", "alibi": True}
 
 

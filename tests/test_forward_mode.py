@@ -22,11 +22,12 @@ import pytest
 from jax.extend import core as jax_core
 
 import attnjax
-from attnjax import _op, dense, options, patterns
-from attnjax.kernels import blockwise, pallas_gpu, pallas_tpu, splash
-from attnjax.kernels.blockwise import kernel as blockwise_kernel
-from attnjax.kernels.pallas_gpu import backward as pallas_backward
-from attnjax.kernels.pallas_gpu import kernel as pallas_kernel
+from attnjax._src import op as _op, options, patterns
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.kernels import blockwise, pallas_gpu, pallas_tpu, splash
+from attnjax._src.kernels.blockwise import kernel as blockwise_kernel
+from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
+from attnjax._src.kernels.pallas_gpu import kernel as pallas_kernel
 from tests.helpers import assert_close
 
 B, T, N, K, H = 1, 32, 4, 2, 8

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import feature_maps, gated_linear, masks
-from attnjax.kernels.recurrent import gla_chunk
-from attnjax.gated_linear import gated_linear_attention
+from attnjax._src import feature_maps, masks
+from attnjax._src.ops.gated_linear import attention as gated_linear
+from attnjax._src.kernels.recurrent import gla_chunk
+from attnjax._src.ops.gated_linear.attention import gated_linear_attention
 from helpers import assert_close, rand_qkv
 
 FORMS = ("reference", "quadratic", "chunked")

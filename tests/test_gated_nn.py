@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax import nn
-from attnjax.nn import gated_spec
+from attnjax._src import nn
+from attnjax._src.nn import gated_spec
 
 
 D, B, T = 32, 2, 11
@@ -161,7 +161,7 @@ def test_sown_weights_are_the_decayed_scores_of_compared_qk():
   # GLA with GQA, RoPE and the short convolution: the probe's weights are
   # A[i, j] = scale * sum_h q_ih k_jh exp(c_ih - c_jh) (j <= i, c = cumsum of the
   # log gates) with q, k from compared_qk: what the probe reads is what the layer did.
-  from attnjax.nn import intermediates
+  from attnjax._src.nn import intermediates
   layer = _layer(CASES["gla"])
   x = _x()
   _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate,
@@ -220,9 +220,9 @@ def test_short_conv_masks_other_segments_and_continues_from_its_tail():
 
 
 def test_three_packed_training_steps_of_a_gated_variant(tmp_path):
-  from attnjax.train import config as config_lib
-  from attnjax.train.loop import train
-  from attnjax.train.variants import GATED, VARIANTS
+  from attnjax._src.train import config as config_lib
+  from attnjax._src.train.loop import train
+  from attnjax._src.train.variants import GATED, VARIANTS
 
   assert set(GATED) <= set(VARIANTS)
   path = tmp_path / "lines.txt"

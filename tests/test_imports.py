@@ -9,7 +9,9 @@ imports no flax, ``attnjax.nn``, ``attnjax.train`` or ``experiments``;
 ``attnjax.models`` imports no ``attnjax.train`` or ``experiments``;
 ``attnjax.train`` imports no ``experiments``. The graph is read with ``ast``
 from every ``import`` / ``from ... import`` statement, at module level and
-inside functions alike, so a deferred import cannot hide an upward edge.
+inside functions alike, so a deferred import cannot hide an upward edge. Each of
+``nn``, ``models``, ``train`` and ``data`` is a layer twice over: its implementation
+(``attnjax._src.nn``) and its public module (``attnjax.nn``) keep the same rule.
 """
 
 from __future__ import annotations
@@ -20,18 +22,22 @@ import subprocess
 import sys
 import textwrap
 
-from attnjax import _op  # importing attnjax registers every family's op
+from attnjax._src import op as _op  # importing attnjax registers every family's op
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+def _both(*names: str) -> tuple[str, ...]:
+  """Each package as implemented (``attnjax._src.x``) and as published (``attnjax.x``)."""
+  return tuple(f"attnjax{infix}.{n}" for n in names for infix in ("._src", ""))
+
+
 LAYERS = (  # (layer, module prefix, forbidden import prefixes); first match wins
-    ("nn", "attnjax.nn", ("attnjax.models", "attnjax.train", "experiments")),
-    ("models", "attnjax.models", ("attnjax.train", "experiments")),
-    ("train", "attnjax.train", ("experiments",)),
-    ("data", "attnjax.data", ("flax", "attnjax.nn", "attnjax.models", "attnjax.train",
-                              "experiments")),
-    ("functions", "attnjax", ("flax", "optax", "orbax", "ml_collections", "attnjax.nn",
-                              "attnjax.models", "attnjax.train", "attnjax.data", "experiments")),
+    *[("nn", p, (*_both("models", "train"), "experiments")) for p in _both("nn")],
+    *[("models", p, (*_both("train"), "experiments")) for p in _both("models")],
+    *[("train", p, ("experiments",)) for p in _both("train")],
+    *[("data", p, ("flax", *_both("nn", "models", "train"), "experiments")) for p in _both("data")],
+    ("functions", "attnjax", ("flax", "optax", "orbax", "ml_collections",
+                              *_both("nn", "models", "train", "data"), "experiments")),
 )
 
 
@@ -143,10 +149,10 @@ GRAPH = import_graph(ROOT)
 
 
 def test_the_graph_sees_module_and_function_level_imports():
-  assert "attnjax.stats.sinks" in GRAPH and "attnjax.nn.probe" in GRAPH
-  assert "attnjax.stats.capture" in GRAPH["attnjax.nn.probe"]
-  assert "flax" in GRAPH["attnjax.nn.attention"]
-  assert "attnjax.train.metrics" in GRAPH["attnjax.train.report"]  # a function-level import
+  assert "attnjax._src.stats.sinks" in GRAPH and "attnjax._src.nn.probe" in GRAPH
+  assert "attnjax._src.stats.capture" in GRAPH["attnjax._src.nn.probe"]
+  assert "flax" in GRAPH["attnjax._src.nn.attention"]
+  assert "attnjax._src.train.metrics" in GRAPH["attnjax._src.train.report"]  # a function-level import
 
 
 def test_checker_finds_upward_imports_and_cycles(tmp_path):
@@ -199,27 +205,30 @@ def test_reaches():
 
 def test_layouts_sit_below_kernels_and_patterns():
   """Rules (masks, patterns) and layouts below kernels; kernels below dispatch."""
-  for kernel in ("attnjax.kernels.blockwise", "attnjax.sparse", "attnjax.patterns", "attnjax.dense"):
-    assert not reaches(GRAPH, "attnjax.layout", kernel), kernel
-  assert not reaches(GRAPH, "attnjax.patterns", "attnjax.kernels.blockwise")
-  assert not reaches(GRAPH, "attnjax.kernels.blockwise", "attnjax.dense")
-  assert not reaches(GRAPH, "attnjax.normalizers", "attnjax.kernels.blockwise")
+  for kernel in ("attnjax._src.kernels.blockwise", "attnjax._src.ops.sparse.attention",
+                 "attnjax._src.patterns", "attnjax._src.ops.dense.attention"):
+    assert not reaches(GRAPH, "attnjax._src.layout", kernel), kernel
+  assert not reaches(GRAPH, "attnjax._src.patterns", "attnjax._src.kernels.blockwise")
+  assert not reaches(GRAPH, "attnjax._src.kernels.blockwise", "attnjax._src.ops.dense.attention")
+  assert not reaches(GRAPH, "attnjax._src.normalizers", "attnjax._src.kernels.blockwise")
 
 
-# Each registered op's module (attnjax.<op name>), and the modules the families share: the
-# front ends of dense and the recurrent families' common code.
-FAMILIES = tuple(f"attnjax.{name}" for name in _op.OPS) + ("attnjax.qk_norm", "attnjax._recurrent")
-VOCABULARY = tuple(f"attnjax.{name}" for name in (
+# Each registered op's modules (attnjax._src.ops.<op name>.*), and the modules the families
+# share: the front ends of dense and the recurrent families' common code.
+FAMILIES = tuple(sorted(m for m in GRAPH if any(under(m, f"attnjax._src.ops.{name}")
+                                                 for name in _op.OPS))) + (
+    "attnjax._src.ops.recurrent",)
+VOCABULARY = (*(f"attnjax._src.{name}" for name in (
     "normalizers", "masks", "patterns", "layout", "mods", "feature_maps", "attention_stats",
-    "options", "_checks", "_deprecation", "_lowering", "_target", "_sharding", "_numerics",
-    "_config", "_trust", "_version"))
+    "options", "checks", "deprecation", "lowering", "target", "sharding", "numerics",
+    "config", "trust")), "attnjax._version")
 
 
 def engine_violations(graph: dict[str, set[str]]) -> list[str]:
   """Families import kernels, kernels never import families (nor does the shared vocabulary
   import either), directly or through other modules."""
   out = []
-  kernels = sorted(m for m in graph if under(m, "attnjax.kernels"))
+  kernels = sorted(m for m in graph if under(m, "attnjax._src.kernels"))
   for module in kernels:
     out += [f"{module} (kernel) reaches {f}" for f in FAMILIES if reaches(graph, module, f)]
   for module in VOCABULARY:
@@ -229,17 +238,18 @@ def engine_violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_engine_rule_finds_a_kernel_importing_a_family():
-  graph = {"attnjax.kernels.x": {"attnjax.options"}, "attnjax.options": {"attnjax.sparse"},
-           "attnjax.sparse": {"attnjax.kernels.x"}}
+  sparse = "attnjax._src.ops.sparse.attention"
+  graph = {"attnjax._src.kernels.x": {"attnjax._src.options"}, "attnjax._src.options": {sparse},
+           sparse: {"attnjax._src.kernels.x"}}
   assert engine_violations(graph) == [
-      "attnjax.kernels.x (kernel) reaches attnjax.sparse",
-      "attnjax.options (vocabulary) reaches attnjax.sparse",
-      "attnjax.options (vocabulary) reaches attnjax.kernels.x"]
+      f"attnjax._src.kernels.x (kernel) reaches {sparse}",
+      f"attnjax._src.options (vocabulary) reaches {sparse}",
+      "attnjax._src.options (vocabulary) reaches attnjax._src.kernels.x"]
 
 
 def test_families_import_kernels_and_kernels_never_import_families():
-  assert any(under(m, "attnjax.kernels") for m in GRAPH)
-  assert "attnjax.kernels.blockwise" in GRAPH["attnjax.dense"]
+  assert any(under(m, "attnjax._src.kernels") for m in GRAPH)
+  assert "attnjax._src.kernels.blockwise" in GRAPH["attnjax._src.ops.dense.attention"]
   assert engine_violations(GRAPH) == []
 
 
@@ -247,10 +257,10 @@ def test_import_attnjax_loads_no_flax():
   code = textwrap.dedent("""
       import sys
       import attnjax
-      import attnjax.stats, attnjax.stats.capture
+      import attnjax.stats, attnjax._src.stats.capture
       attnjax.stats.sink_rate
       assert "flax" not in sys.modules, "import attnjax loaded flax"
-      assert "attnjax.nn" not in sys.modules
+      assert "attnjax.nn" not in sys.modules and "attnjax._src.nn" not in sys.modules
       assert attnjax.nn.Attention.__name__ == "Attention"  # loads on first access
       assert "flax" in sys.modules
       import attnjax.nn.probe

@@ -27,9 +27,10 @@ from jax import export
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
-from attnjax import _sharding, dense, mods, normalizers, targets
-from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
-from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
+from attnjax._src import sharding as _sharding, mods, normalizers, targets
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
+from attnjax._src.kernels.pallas_tpu import kernel as tpu_kernel
 from helpers import assert_close, rand_qkv
 
 # jax 0.12 deprecates the Pallas Triton backend: compiling our Triton kernel warns (as in

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax import nn
-from attnjax.nn import kv_policies
+from attnjax._src import nn
+from attnjax._src.nn import kv_policies
 
 
 B, T, V, D = 2, 12, 32, 32
@@ -268,8 +268,8 @@ def test_kv_cache_experiment_writes_its_table(tmp_path):
   import json
   import pathlib
 
-  from attnjax.train import cli
-  from attnjax.train.model import build_model
+  from attnjax._src.train import cli
+  from attnjax._src.train.model import build_model
 
   root = pathlib.Path(__file__).resolve().parents[1]
   spec = importlib.util.spec_from_file_location("kv_cache_experiment",

@@ -17,9 +17,9 @@ import pytest
 from flax import nnx
 
 import attnjax
-from attnjax import data, masks, nn
-from attnjax.nn import specs
-from attnjax.train import step as train_step
+from attnjax._src import data, masks, nn
+from attnjax._src.nn import specs
+from attnjax._src.train import step as train_step
 from helpers import assert_close
 
 D = 16
@@ -279,7 +279,8 @@ def test_config_rejects_an_implementation_its_family_does_not_take(family, optio
 
 
 def test_spec_classes_declare_their_implementations():
-  from attnjax import dense, sparse
+  from attnjax._src.ops.dense import attention as dense
+  from attnjax._src.ops.sparse import attention as sparse
   assert specs.SparseSpec.implementations == sparse.IMPLEMENTATIONS
   assert specs.DenseSpec.implementations == tuple(dense.IMPLEMENTATIONS)
   for family in (specs.LinearSpec, specs.GatedSpec, specs.DeltaNetSpec):  # one vocabulary

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax import _deprecation, nn, stats
-from attnjax.models import probe as models_probe
-from attnjax.nn import probe as nn_probe
-from attnjax.nn import transformer
-from attnjax.stats import capture as stats_capture
-from attnjax.train import probe as train_probe
+from attnjax._src import deprecation as _deprecation, nn, stats
+from attnjax._src.models import probe as models_probe
+from attnjax._src.nn import probe as nn_probe
+from attnjax._src.nn import transformer
+from attnjax._src.stats import capture as stats_capture
+from attnjax._src.train import probe as train_probe
 
 B, T, V = 2, 12, 32
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import layout, patterns
+from attnjax._src import layout, patterns
 
 
 def test_structural_layout_skips_blocks():

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import feature_maps, linear
-from attnjax.linear import LinearState, linear_attention, linear_attention_weights
+from attnjax._src import feature_maps
+from attnjax._src.ops.linear import attention as linear
+from attnjax._src.ops.linear.attention import LinearState, linear_attention, linear_attention_weights
 from helpers import assert_close, rand_qkv
 
 

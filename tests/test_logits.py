@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import _logits
+from attnjax._src import logits as _logits
 
 
 def _rng(seed=0):

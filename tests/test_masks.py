@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import masks
+from attnjax._src import masks
 
 
 def brute(T, S, rule):

@@ -10,10 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from attnjax.train import config as config_lib
-from attnjax.train import mesh as mesh_lib
-from attnjax.train import rundir
-from attnjax.train.loop import Trainer, train
+from attnjax._src.train import config as config_lib
+from attnjax._src.train import mesh as mesh_lib
+from attnjax._src.train import rundir
+from attnjax._src.train.loop import Trainer, train
 
 MESHES = {
     "data=8": dict(data=8),

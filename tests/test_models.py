@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax import models, nn
-from attnjax.models import architectures
+from attnjax._src import models, nn
+from attnjax._src.models import architectures
 from helpers import assert_close, reduction_tolerance
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -559,7 +559,7 @@ def test_no_model_type_string_in_shared_code():
            for hit in _model_type_strings(path)]
   assert not found, found
   # Each registered class names its model type once.
-  tree = ast.parse((ROOT / "attnjax" / "models" / "architectures.py").read_text())
+  tree = ast.parse((ROOT / "attnjax" / "_src" / "models" / "architectures.py").read_text())
   named = [node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
            and isinstance(node.value, ast.Constant)
            and [getattr(t, "id", None) for t in node.targets] == ["model_type"]]
@@ -744,7 +744,7 @@ def test_import_attnjax_does_not_load_flax_or_models():
   import sys
 
   code = ("import sys, attnjax; assert 'flax' not in sys.modules; "
-          "assert 'attnjax.models' not in sys.modules; "
+          "assert 'attnjax._src.models' not in sys.modules; "
           "m = attnjax.models; assert m.from_pretrained and 'flax' in sys.modules")
   subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
@@ -839,7 +839,7 @@ def test_experiment_without_tokenizer_json_ends_in_one_line_naming_the_file(tmp_
 
 
 def test_experiment_default_config_is_found_from_any_directory(tmp_path, monkeypatch):
-  from attnjax.train.config import load_config
+  from attnjax._src.train.config import load_config
 
   experiment, config = _experiment()
   monkeypatch.chdir(tmp_path)
@@ -865,7 +865,7 @@ def test_experiment_heatmaps_scale_to_the_data():
 
 def test_experiment_token_files_and_sequences(tmp_path):
   experiment, config = _experiment()
-  from attnjax.train.config import load_config
+  from attnjax._src.train.config import load_config
 
   cfg = load_config(config + ":preset=cpu", ["seq_len=8", "num_sequences=3"], check=False)
   ckpt = models.Checkpoint(os.path.join(FIXTURES, "llama"))

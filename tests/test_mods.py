@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import mods, patterns
+from attnjax._src import mods, patterns
 from helpers import assert_close, rand_qkv
 
 B, T, N, K, H = 2, 20, 4, 2, 8
@@ -153,7 +153,7 @@ def test_document_masks_with_block_rules_over_many_blocks(name):
   # T=32 in blocks of 8 with two documents of 16: blocks inside one document are FULL by the
   # id ranges, and only the causal rule can say that those above the diagonal must be skipped
   # and those on it masked (traced ids: the jitted call classifies blocks from the rule).
-  from attnjax.kernels import blockwise
+  from attnjax._src.kernels import blockwise
   q, k, v = rand_qkv(1, 32, 32, 2, 1, 8, seed=3)
   ids = jnp.asarray(np.arange(32)[None] // 16, jnp.int32)
   fn = mods.document_mask if name == "document" else mods.causal_document_mask

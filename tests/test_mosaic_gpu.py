@@ -27,9 +27,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
-from attnjax import _target, check, dense, normalizers, targets
-from attnjax.kernels import mosaic_gpu
-from attnjax.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
+from attnjax._src import target as _target, check, normalizers, targets
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.kernels import mosaic_gpu
+from attnjax._src.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
 from engine_base import DenseEngineTests
 from helpers import assert_close, rand_qkv, softpick_f64
 

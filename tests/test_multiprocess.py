@@ -18,8 +18,8 @@ import jax
 import numpy as np
 import pytest
 
-from attnjax.train import rundir
-from attnjax.train.loop import train
+from attnjax._src.train import rundir
+from attnjax._src.train.loop import train
 from test_mesh import cpu_preset, losses
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

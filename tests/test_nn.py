@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import attnjax
-from attnjax import nn
+from attnjax._src import nn
 
 D = 16
 V = 11

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import _checks, normalizers
+from attnjax._src import checks as _checks, normalizers
 
 NAMES = tuple(normalizers.REGISTRY)
 R, S, HV = 6, 23, 3  # rows, keys, value dim; rows live in [1, 2, R, 1] as in the kernel
@@ -262,8 +262,8 @@ def test_relu_layer_and_variant_gradients_match_finite_differences():
   from flax import nnx
   from jax.test_util import check_grads
 
-  from attnjax import nn
-  from attnjax.train import variants
+  from attnjax._src import nn
+  from attnjax._src.train import variants
   cfg = nn.AttentionConfig(**variants.attention_kwargs("relu"))
   assert cfg.normalizer == "relu"
   layer = nn.Attention(cfg, 16, rngs=nnx.Rngs(0))
@@ -274,7 +274,7 @@ def test_relu_layer_and_variant_gradients_match_finite_differences():
 
 def test_one_minus_exp_neg_has_no_cancellation():
   # softpick's e^z - 1 near its kink: the plain 1 - e^-x loses log2(1/x) bits at small x
-  from attnjax.normalizers import _one_minus_exp_neg
+  from attnjax._src.normalizers import _one_minus_exp_neg
   x = np.concatenate([[0.0, 1e-30, 1e-8], np.geomspace(1e-6, 100.0, 200), [np.inf]])
   got = np.asarray(_one_minus_exp_neg(jnp.asarray(x, jnp.float32)), np.float64)
   want = -np.expm1(-x.astype(np.float32).astype(np.float64))

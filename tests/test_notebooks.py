@@ -49,8 +49,8 @@ def test_notebooks_are_committed_without_outputs(path):
 def tiny_sweep_root(tmp_path_factory, compilation_cache):
   """One tiny LR sweep (2 variants x 2 LRs, one LR diverges), written by the project's sweep code."""
   del compilation_cache  # requested for its effect: arms of one variant share programs
-  from attnjax.train import config as config_lib
-  from attnjax.train import sweep
+  from attnjax._src.train import config as config_lib
+  from attnjax._src.train import sweep
 
   root = tmp_path_factory.mktemp("lr_sweep")
   base = config_lib.base_config()

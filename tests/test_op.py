@@ -1,4 +1,4 @@
-"""The op abstraction (attnjax/_op.py): one choose and one run for every family, read from the
+"""The op abstraction (attnjax/_src/op.py): one choose and one run for every family, read from the
 registry; engines named, refused, lowered off-platform and renamed the same way everywhere."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _deprecation, _op, linear, patterns
+from attnjax._src import deprecation as _deprecation, op as _op, patterns
+from attnjax._src.ops.linear import attention as linear
 
 from helpers import rand_qkv
 
@@ -160,7 +161,7 @@ def test_the_renamed_form_functions_warn_once(fresh_warnings):
     np.testing.assert_array_equal(a, b)
 
 
-TABLE = re.compile(r"<!-- ops table: attnjax._op.table\(\) -->\n(.*?)<!-- end of ops table -->",
+TABLE = re.compile(r"<!-- ops table: attnjax._src.op.table\(\) -->\n(.*?)<!-- end of ops table -->",
                    re.S)
 
 
@@ -173,4 +174,4 @@ def guide_table() -> str:
 
 def test_the_architecture_guide_lists_every_op_and_engine():
   assert guide_table() == _op.table(), (
-      "regenerate docs/guides/architecture.md's ops table with attnjax._op.table()")
+      "regenerate docs/guides/architecture.md's ops table with attnjax._src.op.table()")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _op, patterns
+from attnjax._src import op as _op, patterns
 from op_base import OpTests
 
 B, T, N, K, H = 1, 24, 4, 2, 8

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _op, linear, normalizers, patterns
+from attnjax._src import op as _op, normalizers, patterns
+from attnjax._src.ops.linear import attention as linear
 
 from helpers import assert_close, rand_qkv
 

@@ -17,7 +17,11 @@ import jax.numpy as jnp
 import pytest
 
 import attnjax
-from attnjax import _op, block_select, compressed, mods, options, qk_norm, sparse
+from attnjax._src import op as _op, mods, options
+from attnjax._src.ops.block_select import attention as block_select
+from attnjax._src.ops.compressed import attention as compressed
+from attnjax._src.ops.dense import qk_norm
+from attnjax._src.ops.sparse import attention as sparse
 
 # The dense keywords each family's public functions forward, by op name (the families come from
 # the op registry, attnjax._op.OPS: a registered op without an entry fails

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense
-from attnjax.kernels import pallas_gpu
-from attnjax.kernels.pallas_gpu import backward as pallas_backward
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.kernels import pallas_gpu
+from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
 from engine_base import DenseEngineTests
 from helpers import rand_qkv, softpick_f64
 
@@ -221,7 +221,7 @@ def test_softpick_float32_weights_keep_single_key_rows_precise(engine):
   # 5.3e-7). Both now take e^z - 1 without cancellation: 5.8e-7 (blockwise), 1.8e-6.
   # dq is left out: its single-key rows move by ~1/z times the float32 logit's rounding in
   # every engine (the reference's own 2.5e-4).
-  from attnjax.kernels.blockwise import kernel as blockwise
+  from attnjax._src.kernels.blockwise import kernel as blockwise
   (q, k, v), seg = single_key_rows(jnp.float32)
   kw = dict(is_causal=True, segment_ids=seg, normalizer="softpick", return_stats=True)
   run = {"blockwise": lambda i, o: blockwise.run(i, o, block_q=16, block_k=16),

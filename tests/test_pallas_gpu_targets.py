@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnjax import dense, normalizers, targets
-from attnjax.kernels import pallas_gpu
-from attnjax.kernels.pallas_gpu import backward as pallas_backward
-from attnjax.kernels.pallas_gpu.plan import make_plan
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import normalizers, targets
+from attnjax._src.kernels import pallas_gpu
+from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
+from attnjax._src.kernels.pallas_gpu.plan import make_plan
 
 pytestmark = [
     pytest.mark.targets("cuda"),

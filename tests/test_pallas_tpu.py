@@ -22,12 +22,13 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _sharding
-from attnjax import dense, mods
-from attnjax.kernels import pallas_tpu
-from attnjax.kernels.pallas_tpu import kernel as tpu_kernel
-from attnjax.kernels.pallas_tpu import plan
-from attnjax.kernels.pallas_tpu.plan import FULL, MASKED, SKIP
+from attnjax._src import sharding as _sharding
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import mods
+from attnjax._src.kernels import pallas_tpu
+from attnjax._src.kernels.pallas_tpu import kernel as tpu_kernel
+from attnjax._src.kernels.pallas_tpu import plan
+from attnjax._src.kernels.pallas_tpu.plan import FULL, MASKED, SKIP
 from engine_base import DenseEngineTests, alibi_per_head
 from helpers import rand_qkv
 

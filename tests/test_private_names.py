@@ -7,7 +7,7 @@ read with ``ast``. A module may use an underscore name (``_x``; dunders such as
 belongs to a module of its own package directory. It is a violation to:
 
 - import one from elsewhere: ``from attnjax.train.plots import _save`` in
-  ``experiments/``, ``from attnjax import _checks`` in ``attnjax/nn/``, or a
+  ``experiments/``, ``from attnjax import _checks`` in ``attnjax/_src/nn/``, or a
   path through one (``import jax._src.mesh``, ``from attnjax.stats.inputs
   import shape``); relative imports are resolved first;
 - read one as an attribute of a name bound by an import (a module, a class,
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 from test_imports import ROOT, from_source, is_module, is_package, module_name, package_of
 
@@ -42,15 +43,15 @@ ATTRIBUTE_FUNCTIONS = ("getattr", "hasattr", "setattr", "delattr")
 ALLOWED: frozenset[str] = frozenset()  # "path:line: name" entries; empty by design
 # "path: dotted name" of each use of another project's private names, and why.
 JAX_INTERNALS: dict[str, str] = {
-    "attnjax/_lowering.py: jax._src.config": (
+    "attnjax/_src/lowering.py: jax._src.config": (
         "device_context on jax 0.10.2: host_eval runs eager work on this host inside a trace "
         "under jax.set_mesh, and jax has no public way out of the concrete mesh"),
-    "attnjax/_lowering.py: jax._src.mesh": (
+    "attnjax/_src/lowering.py: jax._src.mesh": (
         "device_context on jax 0.12 and empty_concrete_mesh on both, for the same reason"),
-    "attnjax/_target.py: jax._src.cudnn.fused_attention_stablehlo": (
+    "attnjax/_src/target.py: jax._src.cudnn.fused_attention_stablehlo": (
         "check_cudnn_version: whether jax can trace its cuDNN attention on this host; jax has "
         "no public query for it"),
-    "attnjax/kernels/mosaic_gpu/plan.py: "
+    "attnjax/_src/kernels/mosaic_gpu/plan.py: "
     "jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams": (
         "the Mosaic GPU interpreter's parameters on jax 0.10.2 (jax 0.12 exports them from "
         "jax.experimental.pallas.mosaic_gpu, which the shim takes first)"),
@@ -282,3 +283,75 @@ def test_each_use_of_jax_internals_is_listed_with_its_reason():
                         "public API, or add the entry with the reason):\n" + "\n".join(unlisted))
   assert not stale, "JAX_INTERNALS entries no longer used:\n" + "\n".join(stale)
   assert all(reason.strip() for reason in JAX_INTERNALS.values())
+
+
+# ---------------------------------------------------------------------------
+# The implementation lives under attnjax/_src; the public modules only re-export it.
+
+USER_FACING = ("experiments", "notebooks", "docs", "README.md")
+
+
+def implementation_statements(path: pathlib.Path) -> list[str]:
+  """``path:line`` of each top-level statement of a public module that is not re-export glue.
+
+  Glue: the docstring, imports, ``__all__ = [...]``, and the ``if __name__ == "__main__":``
+  block that runs an entry point. The package ``attnjax/__init__.py`` may also define its
+  lazy ``__getattr__`` / ``__dir__`` (PEP 562) and their name list; ``_version.py`` holds
+  ``__version__``.
+  """
+  tree = ast.parse(path.read_text())
+  out = []
+  for i, node in enumerate(tree.body):
+    docstring = (i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                 and isinstance(node.value.value, str))
+    names = [t.id for t in getattr(node, "targets", ()) if isinstance(t, ast.Name)]
+    glue = (docstring or isinstance(node, (ast.Import, ast.ImportFrom))
+            or names == ["__all__"]
+            or (isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"))
+    if path.name == "__init__.py" and path.parent.name == "attnjax":
+      glue = glue or names == ["_LAZY"] or (isinstance(node, ast.FunctionDef)
+                                            and node.name in ("__getattr__", "__dir__"))
+    if path.name == "_version.py":
+      glue = glue or names == ["__version__"]
+    if not glue:
+      out.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+  return out
+
+
+def test_the_glue_check_finds_a_definition(tmp_path):
+  (tmp_path / "m.py").write_text('"""Doc."""\nfrom a import b\n__all__ = ["b"]\n'
+                                 'def f():\n  pass\nX = 1\n')
+  global ROOT
+  root, ROOT = ROOT, tmp_path
+  try:
+    assert implementation_statements(tmp_path / "m.py") == ["m.py:4", "m.py:6"]
+  finally:
+    ROOT = root
+
+
+def test_no_module_outside_src_holds_an_implementation():
+  public = [p for p in sorted(ROOT.joinpath("attnjax").rglob("*.py"))
+            if "_src" not in p.relative_to(ROOT).parts]
+  assert len(public) > 40, len(public)
+  found = [s for p in public for s in implementation_statements(p)]
+  assert not found, "public modules define code (move it under attnjax/_src):\n" + "\n".join(found)
+
+
+IMPORTS_SRC = re.compile(r"(from|import)\s+attnjax\._src\b|from attnjax import _[a-z]")
+
+
+def test_user_facing_code_never_imports_src():
+  """Experiments, notebooks, the README and the documentation's code import public modules only
+  (prose may name ``attnjax/_src`` files, as the architecture guide does)."""
+  found = []
+  for source in USER_FACING:
+    base = ROOT / source
+    files = [base] if base.is_file() else sorted(
+        p for p in base.rglob("*") if p.suffix in (".py", ".md", ".ipynb")
+        and "_build" not in p.parts and "_generated" not in p.parts)
+    for path in files:
+      for n, line in enumerate(path.read_text().splitlines(), 1):
+        if IMPORTS_SRC.search(line):
+          found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+  assert not found, ("experiments, notebooks and documentation use only the public modules:\n"
+                     + "\n".join(found))

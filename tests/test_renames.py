@@ -20,8 +20,8 @@ import pytest
 from flax import nnx
 
 import attnjax
-from attnjax import _deprecation, nn
-from attnjax.nn import specs
+from attnjax._src import deprecation as _deprecation, nn
+from attnjax._src.nn import specs
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +112,7 @@ def test_the_qk_norm_layer_passes_its_gains_by_their_new_names():
 def test_a_checkpoints_logit_scale_survives_a_change_of_family():
   # One name: changing the family of a pretrained layer keeps its scale either way (the
   # qk_norm -> dense direction raised while the qk_norm family called it qk_scale).
-  from attnjax.models import loader
+  from attnjax._src.models import loader
   qk = nn.AttentionConfig(family="qk_norm", scale=0.3, num_heads=2)
   dense = nn.AttentionConfig(scale=0.3, num_heads=2)
   assert loader.override_attention(qk, {"family": "dense"}) == dense

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import stats
-from attnjax.nn import layer_stats
-from attnjax.stats.capture import SINK_CURVE_EPS, ProbeCapture
-from attnjax.train.config import load_config
+from attnjax._src import stats
+from attnjax._src.nn import layer_stats
+from attnjax._src.stats.capture import SINK_CURVE_EPS, ProbeCapture
+from attnjax._src.train.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CPU_SINKS = str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu_sinks"
@@ -48,7 +48,7 @@ def test_cpu_sinks_config_and_arms(tmp_path):
 @pytest.mark.slow  # ~16 s of compiles; the preset's config is checked by the default tests
 def test_cpu_sinks_tiny_arm_runs(tmp_path):
   """One dense arm of the preset for a few steps: probes, attention maps, the sink sections."""
-  from attnjax.train import sweep
+  from attnjax._src.train import sweep
 
   module = _sinks_module()
   cfg = load_config(CPU_SINKS, ["sweep.variants=dense", "sweep.dense_seeds=", "sweep.dense_lrs=",
@@ -73,7 +73,7 @@ CPU_LONG = str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu_long"
 
 
 def test_cpu_long_config_shards_a_16k_sequence(tmp_path):
-  from attnjax.train.config import validate
+  from attnjax._src.train.config import validate
 
   cfg = load_config(CPU_LONG)
   assert cfg.data.seq_len == 16384 and cfg.mesh.context == 8 and cfg.mesh.data == 1
@@ -86,7 +86,7 @@ def test_cpu_long_config_shards_a_16k_sequence(tmp_path):
 
 @pytest.mark.slow  # ~1 minute: two steps at T = 16384 over the 8 host devices
 def test_cpu_long_arm_runs_sequence_sharded(tmp_path):
-  from attnjax.train import sweep
+  from attnjax._src.train import sweep
 
   cfg = load_config(CPU_LONG, ["sweep.variants=dense", "train.steps=2", "train.probe_every=2",
                                "train.checkpoint_every=2", "train.eval_every=2",
@@ -100,7 +100,7 @@ def test_cpu_long_arm_runs_sequence_sharded(tmp_path):
 def test_model_without_mlp():
   from flax import nnx
 
-  from attnjax import nn
+  from attnjax._src import nn
 
   cfg = nn.ModelConfig(vocab_size=11, d_model=16, num_layers=1, mlp="none",
                        attention=nn.AttentionConfig(num_heads=2))
@@ -149,7 +149,7 @@ def test_probe_sink_curve_and_value_drain():
 
 def test_small_null_masses_keep_their_significant_digits():
   """softmax_one's null mass (0.001-0.002) reads as such in the report, not as 0.00."""
-  from attnjax.train.report import significant
+  from attnjax._src.train.report import significant
 
   assert [significant(x) for x in (0.0015, 0.25, 0.0, 1.234e-5)] == [
       "0.0015", "0.25", "0", "1.2e-05"]

@@ -12,8 +12,8 @@ import pytest
 import jax.numpy as jnp
 
 import attnjax
-from attnjax import patterns
-from attnjax.sparse import sparse_attention
+from attnjax._src import patterns
+from attnjax._src.ops.sparse.attention import sparse_attention
 from helpers import assert_close, outputs_and_grads, rand_qkv
 
 
@@ -324,7 +324,7 @@ def test_fixed_plan_is_sparse():
 def test_banded_chunks_match_reference(S, window, monkeypatch):
   # Chunks of 2 blocks of 4 (the default is 16 blocks): T=30 runs as 4 chunks
   # under lax.map, with a partial last chunk and keys cut at both ends.
-  from attnjax import sparse
+  from attnjax._src.ops.sparse import attention as sparse
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 2)
   q, k, v = qkv(1, 30, S, 4, 2, 4, seed=3)
   seg = ((jnp.arange(30)[None, :] >= 13).astype(jnp.int32),
@@ -388,7 +388,7 @@ def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, n
   # StreamingLLM sinks and Longformer globals run chunk by chunk: the global
   # columns as gathered key slots of every chunk (more columns than a block
   # here), the global rows on their own. Segments, sink logits and softcap ride along.
-  from attnjax import sparse
+  from attnjax._src.ops.sparse import attention as sparse
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", 2)
   calls = []
   banded = sparse.banded_chunks
@@ -414,7 +414,7 @@ def test_banded_chunks_with_columns_and_rows_match_reference(name, pattern, S, n
 def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypatch):
   # Softmax family: local window + transposed columns merged by logsumexp (the
   # local part chunked when chunks are small); other normalisers: block-dense.
-  from attnjax import sparse
+  from attnjax._src.ops.sparse import attention as sparse
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", chunk_blocks)
   q, k, v = qkv(1, 30, 30, 4, 2, 4, seed=4)
   kw = dict(normalizer=normalizer)

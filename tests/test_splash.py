@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import dense, masks
-from attnjax.kernels import splash
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import masks
+from attnjax._src.kernels import splash
 from helpers import rand_qkv as _rand_qkv
 
 

@@ -19,7 +19,7 @@ import test_forward_mode
 import test_op_engines
 import test_option_space
 import test_options
-from attnjax import _op
+from attnjax._src import op as _op
 from helpers import assert_close, rand_qkv
 from op_base import OpTests
 from test_op import guide_table

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import normalizers
-from attnjax import stats
-from attnjax.train import metrics as run_metrics
+from attnjax._src import normalizers
+from attnjax._src import stats
+from attnjax._src.train import metrics as run_metrics
 from helpers import rand_qkv
 
 
@@ -480,7 +480,7 @@ def test_flatten_and_to_jsonable():
 
 
 def test_one_json_rule_for_metrics_and_run_directories(tmp_path):
-  from attnjax.train import rundir
+  from attnjax._src.train import rundir
   record = {"loss": float("inf"), "drop": -np.inf, "nan": np.float32(np.nan),
             "per_layer": jnp.array([1.0, jnp.inf, -jnp.inf, jnp.nan]),
             "bf16": jnp.array([2.0, jnp.inf], jnp.bfloat16), "ints": np.arange(2),
@@ -630,7 +630,7 @@ def test_layer_gives_the_probe_its_mask_and_compared_qk(name):
   # must be the weights the layer itself used: the probe asks the layer
   # instead of re-deriving its mask, QK norm placement, gains or RoPE.
   from flax import nnx
-  from attnjax.nn import intermediates
+  from attnjax._src.nn import intermediates
   config = attnjax.nn.AttentionConfig(num_heads=4, num_kv_heads=2, rope_theta=100.0,
                                       **LAYER_CASES[name])
   layer = attnjax.nn.Attention(config, 16, rngs=nnx.Rngs(0))
@@ -671,8 +671,8 @@ def test_allowed_mask_of_sinks_window_and_kv_bias():
 
 def test_one_reader_serves_every_view_and_the_train_step():
   from flax import nnx
-  from attnjax.nn import intermediates
-  from attnjax.train import step
+  from attnjax._src.nn import intermediates
+  from attnjax._src.train import step
   layers = (family_layer("dense"), family_layer("qk_norm", window=3))
   cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=2, layer_attention=layers)
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))

@@ -28,8 +28,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import attnjax
-from attnjax import _target, _trust, check, dense, normalizers, targets
-from attnjax.kernels import blockwise, mosaic_gpu, pallas_gpu, pallas_tpu
+from attnjax._src import target as _target, trust as _trust, check, normalizers, targets
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.kernels import blockwise, mosaic_gpu, pallas_gpu, pallas_tpu
 from helpers import preset_train_step
 
 needs_cuda = pytest.mark.targets("cuda")
@@ -275,7 +276,7 @@ def test_cudnn_compiles_and_auto_dispatch_takes_it():
 
 
 # ---------------------------------------------------------------------------
-# The shapes of python -m attnjax.check (attnjax/check.py).
+# The shapes of python -m attnjax.check (attnjax/_src/check.py).
 
 
 def speed_cases():
@@ -362,12 +363,12 @@ def test_device_check_tpu_shapes_compile(H, T):
 
 
 def variants():
-  from attnjax.train.variants import VARIANTS
+  from attnjax._src.train.variants import VARIANTS
   return tuple(VARIANTS)
 
 
 def uses_dense_kernel(variant: str) -> bool:
-  from attnjax.train.variants import attention_kwargs
+  from attnjax._src.train.variants import attention_kwargs
   return attention_kwargs(variant).get("family", "dense") in ("dense", "qk_norm", "cosine")
 
 
@@ -386,7 +387,7 @@ def compile_train_step(preset: str, variant: str, devices) -> object:
 
 
 def check_gpu_step(variant: str, compiled, gpu: str) -> None:
-  from attnjax.train.variants import attention_kwargs
+  from attnjax._src.train.variants import attention_kwargs
   text = compiled.as_text()
   # Statistics in every step rule cuDNN out: our kernel (fwd, dq, dk/dv) runs, the Mosaic GPU
   # kernel on a Hopper and the Triton kernel on an A100, except for ALiBi, whose bias neither
@@ -401,7 +402,7 @@ def check_gpu_step(variant: str, compiled, gpu: str) -> None:
 def splash_step(variant: str) -> bool:
   """The variant's TPU step runs splash: softmax (with or without sinks), no bias (ALiBi adds
   one); the tpu preset's step asks for no statistics."""
-  from attnjax.train.variants import attention_kwargs
+  from attnjax._src.train.variants import attention_kwargs
   kw = attention_kwargs(variant)
   return (uses_dense_kernel(variant) and kw.get("normalizer", "softmax") == "softmax"
           and not kw.get("alibi"))

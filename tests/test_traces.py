@@ -22,10 +22,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax import dense, feature_maps, linear, mods, nn
-from attnjax.stats import approximation
-from attnjax.train import config as config_lib
-from attnjax.train import loop, step as step_lib
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import feature_maps, mods, nn
+from attnjax._src.ops.linear import attention as linear
+from attnjax._src.stats import approximation
+from attnjax._src.train import config as config_lib
+from attnjax._src.train import loop, step as step_lib
 from helpers import rand_qkv
 
 
@@ -181,7 +183,8 @@ def test_second_and_third_train_steps_do_not_retrace(tmp_path, monkeypatch):
 FIRST_CALL = """
 import chex, jax, jax.numpy as jnp
 from jax._src import config as jax_config
-from attnjax import dense, mods
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src import mods
 attend = jax.jit(chex.assert_max_traces(dense._dot_product_attention, n=1),
                  static_argnames=dense.DENSE_STATIC)
 q = jnp.ones((1, 8, 2, 4))

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax.train import config as config_lib
-from attnjax.train import optim, report, rundir, sweep
-from attnjax.train.loop import train
+from attnjax._src.train import config as config_lib
+from attnjax._src.train import optim, report, rundir, sweep
+from attnjax._src.train.loop import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPARE = os.path.join(REPO, "experiments", "configs", "compare.py")
@@ -183,7 +183,7 @@ def test_sigkill_mid_run_then_resume_matches(tmp_path):
   spec = str(tmp_path / "spec.json")
   rundir.write_json(spec, cfg.to_dict())
   env = dict(os.environ, PYTHONPATH=REPO)
-  proc = subprocess.Popen([sys.executable, "-m", "attnjax.train.run_config", spec], env=env)
+  proc = subprocess.Popen([sys.executable, "-m", "attnjax._src.train.run_config", spec], env=env)
   ckpt = tmp_path / "killed" / "checkpoints"
   deadline = time.time() + 240
   while time.time() < deadline and not (ckpt.is_dir() and any(p.name.isdigit() and int(p.name) >= 100
@@ -204,7 +204,7 @@ def test_sigkill_mid_run_then_resume_matches(tmp_path):
 def test_train_or_load_trains_once_saves_the_last_step_and_reuses_the_run(tmp_path):
   from flax import nnx
 
-  from attnjax.train.pretrained import train_or_load
+  from attnjax._src.train.pretrained import train_or_load
 
   cfg = tiny(tmp_path / "elsewhere", **{"train.checkpoint_every": 5})  # 5 does not divide 12
   model, trainer = train_or_load(cfg, str(tmp_path / "run"))
@@ -241,7 +241,7 @@ def test_favor_approx_entry_point_writes_its_report(tmp_path):
 
 
 def test_divergence_needs_a_sustained_rise_or_a_nan():
-  from attnjax.train.loop import DivergenceWatch
+  from attnjax._src.train.loop import DivergenceWatch
 
   def recs(losses):
     return [{"step": i, "loss": x, "grad_norm": 1.0} for i, x in enumerate(losses)]
@@ -260,7 +260,7 @@ def test_divergence_needs_a_sustained_rise_or_a_nan():
 
 def test_old_run_files_with_1e308_for_inf_read_as_missing(tmp_path):
   """Files from before to_jsonable wrote +-Inf as +-1e308: readers take it as null."""
-  from attnjax.train.loop import DivergenceWatch, final_metrics
+  from attnjax._src.train.loop import DivergenceWatch, final_metrics
 
   assert rundir.finite_or_none(1e308) is None and rundir.finite_or_none(-1e308) is None
   assert rundir.finite_or_none(float("inf")) is None and rundir.finite_or_none(None) is None
@@ -283,8 +283,8 @@ def test_old_run_files_with_1e308_for_inf_read_as_missing(tmp_path):
 
 
 def test_microbatches_give_the_same_update(tmp_path):
-  from attnjax.train.loop import Trainer
-  from attnjax.train.step import make_train_step
+  from attnjax._src.train.loop import Trainer
+  from attnjax._src.train.step import make_train_step
 
   trainer = Trainer(tiny(tmp_path, **{"train.num_devices": 1}))
   b = trainer.batches.batch("train", 0)
@@ -310,8 +310,8 @@ def _lines_file(tmp_path):
 
 
 def test_packed_training_runs_and_microbatches_split_the_packing(tmp_path):
-  from attnjax.train.loop import Trainer
-  from attnjax.train.step import make_train_step
+  from attnjax._src.train.loop import Trainer
+  from attnjax._src.train.step import make_train_step
 
   cfg = tiny(tmp_path / "packed", data="text",
              **{"data.path": _lines_file(tmp_path), "data.pack": True})
@@ -337,8 +337,8 @@ def test_packed_training_runs_and_microbatches_split_the_packing(tmp_path):
 def test_packed_microbatches_with_unequal_weights_give_the_whole_batch_mean(tmp_path):
   """Microbatches holding different numbers of weighted targets: same loss and grads as M=1."""
   import optax
-  from attnjax.train.loop import Trainer
-  from attnjax.train.step import make_train_step
+  from attnjax._src.train.loop import Trainer
+  from attnjax._src.train.step import make_train_step
 
   trainer = Trainer(tiny(tmp_path / "mb", data="text", **{
       "data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1}))
@@ -373,7 +373,7 @@ def test_packing_configs_that_cannot_work_fail_naming_the_key(overrides, match):
 
 
 def test_packing_asks_the_family_spec_whether_it_takes_segment_ids(monkeypatch):
-  from attnjax.nn import specs
+  from attnjax._src.nn import specs
   monkeypatch.setattr(specs.LinearSpec, "takes_segment_ids", True)
   cfg = config_lib.load_config(f"{COMPARE}:preset=cpu", ["data.pack=True", "variant=linear"])
   assert cfg.data.pack
@@ -385,7 +385,7 @@ def test_packing_asks_the_family_spec_whether_it_takes_segment_ids(monkeypatch):
     ("linear", "reference", "reference"),  # a name linear attention takes
 ])
 def test_model_implementation_goes_to_families_that_take_it(variant, implementation, kept):
-  from attnjax.train.model import model_config
+  from attnjax._src.train.model import model_config
   cfg = config_lib.load_config(f"{COMPARE}:preset=cpu",
                                [f"variant={variant}", f"model.implementation={implementation}"])
   assert model_config(cfg, 11).attention.implementation == kept
@@ -454,8 +454,8 @@ def test_between_metric_reads_the_loop_only_dispatches(tmp_path, monkeypatch):
   """Between boundaries the loop moves nothing implicitly between host and device (no
   ``float()`` of a device value, no eager computation such as the LR schedule per step),
   compiles nothing, and reads the metrics once per ``log_every`` steps, all of them at once."""
-  from attnjax.train import loop
-  from attnjax.train import mesh as mesh_lib
+  from attnjax._src.train import loop
+  from attnjax._src.train import mesh as mesh_lib
 
   reads, lowerings, inside = [], [], [False]
   real_to_host = mesh_lib.to_host
@@ -497,7 +497,7 @@ def test_between_metric_reads_the_loop_only_dispatches(tmp_path, monkeypatch):
 
 
 def test_the_train_step_donates_the_state(tmp_path):
-  from attnjax.train.loop import Trainer
+  from attnjax._src.train.loop import Trainer
 
   trainer = Trainer(tiny(tmp_path))
   with jax.set_mesh(trainer.dp.mesh):
@@ -509,7 +509,7 @@ def test_the_train_step_donates_the_state(tmp_path):
 
 
 def test_prefetch_keeps_the_order_stops_and_raises():
-  from attnjax.train.prefetch import Prefetch
+  from attnjax._src.train.prefetch import Prefetch
 
   made = []
 
@@ -543,7 +543,7 @@ def test_prefetch_keeps_the_order_stops_and_raises():
 def test_prefetched_batches_give_the_run_of_batches_built_in_the_loop(tmp_path, monkeypatch):
   """The loop's batches come from a thread ahead of it: the run equals one whose batches are
   built synchronously, step by step (every metric, bit for bit)."""
-  from attnjax.train import loop
+  from attnjax._src.train import loop
 
   prefetched = train(tiny(tmp_path / "prefetched", data="shakespeare"))
 
@@ -567,7 +567,7 @@ def test_prefetched_batches_give_the_run_of_batches_built_in_the_loop(tmp_path, 
 def test_mfu_from_the_device_kind_and_in_the_summary(tmp_path):
   from types import SimpleNamespace
 
-  from attnjax.train import mfu
+  from attnjax._src.train import mfu
 
   h200, cpu = SimpleNamespace(device_kind="NVIDIA H200"), SimpleNamespace(device_kind="cpu")
   # device_check's figures: 164 MFLOP per token at 0.91 M tokens/s on one H200 is 15.1%.

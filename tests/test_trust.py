@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import _target, _trust, check, dense
+from attnjax._src import target as _target, trust as _trust, check
+from attnjax._src.ops.dense import attention as dense
 from helpers import rand_qkv
 
 GPU = "NVIDIA H100 80GB HBM3"
@@ -133,7 +134,7 @@ def test_the_settings(on_gpu, monkeypatch):
 @pytest.fixture
 def fresh_warnings(monkeypatch):
   """The once-per-process record of deprecated names, empty for this test."""
-  from attnjax import _deprecation
+  from attnjax._src import deprecation as _deprecation
   monkeypatch.setattr(_deprecation, "_warned", set())
 
 

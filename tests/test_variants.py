@@ -19,7 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax import dense, gated_linear, linear, mods
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.ops.gated_linear import attention as gated_linear
+from attnjax._src.ops.linear import attention as linear
+from attnjax._src import mods
 from helpers import assert_close, rand_qkv
 
 

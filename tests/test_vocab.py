@@ -14,8 +14,13 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax import (_checks, _recurrent, delta_rule, dense, feature_maps, gated_linear, linear,
-                     masks, qk_norm, sparse)
+from attnjax._src import checks as _checks, feature_maps, masks
+from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src.ops.delta_rule import attention as delta_rule
+from attnjax._src.ops.dense import attention as dense, qk_norm
+from attnjax._src.ops.gated_linear import attention as gated_linear
+from attnjax._src.ops.linear import attention as linear
+from attnjax._src.ops.sparse import attention as sparse
 from helpers import assert_close, rand_qkv
 
 
@@ -126,7 +131,7 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
   modules = {"linear": linear, "gated_linear": gated_linear, "delta_rule": delta_rule}
   assert {m.IMPLEMENTATIONS for m in modules.values()} == {_recurrent.IMPLEMENTATIONS}
   assert set(_recurrent.IMPLEMENTATIONS) == {"reference", "recurrent", "quadratic", "chunked"}
-  # The readable definition of each family (see attnjax/_recurrent.py for why these).
+  # The readable definition of each family (see attnjax/_src/ops/recurrent.py for why these).
   assert {n: m.REFERENCE_FORM for n, m in modules.items()} == {
       "linear": "quadratic", "gated_linear": "recurrent", "delta_rule": "recurrent"}
   T, C = 4, 2
@@ -159,7 +164,7 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
 def _layer_weights(T, **options):
   """``[T, S]`` weights an ``nn.Attention`` layer used (sown), and the layer."""
   from flax import nnx
-  from attnjax import nn
+  from attnjax._src import nn
 
   @nnx.jit  # one program per layer: faster than the capture's ops one by one
   def sown(layer, x):
@@ -175,7 +180,7 @@ def test_window_keeps_the_same_keys_in_every_family_layer_and_variant():
   """``window=w`` keeps keys ``i - w .. i`` (``w + 1``), what ``patterns.sliding_window(w)``
   keeps: in the dense functions, patterns (sinks and globals aside), compressed attention's
   raw keys, the nn layers and the experiment variants, read off the weights each used."""
-  from attnjax.train import variants
+  from attnjax._src.train import variants
   P = attnjax.patterns
   T, w = 8, 2
   want = np.asarray(P.sliding_window(w).mask(T))[0, 0]

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import attnjax
-from attnjax import _target
+from attnjax._src import target as _target
 from helpers import rand_qkv
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks CPU refusals")

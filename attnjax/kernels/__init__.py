@@ -26,3 +26,7 @@ interpret=False)``. Families
 families. Nothing is imported here, so ``import attnjax`` loads only the engines its families
 use.
 """
+
+
+
+__all__ = []

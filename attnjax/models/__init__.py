@@ -24,37 +24,10 @@ measures sink statistics of long sequences in O(T) memory and
 :func:`attnjax.models.probe.token_nll` their perplexity (``experiments/pretrained.py``).
 """
 
-from __future__ import annotations
-
-import os
-
 from attnjax.models import probe
-from attnjax.models.architectures import ARCHITECTURES, SUPPORTED, dequantize_mxfp4
-from attnjax.models.checkpoint import Checkpoint, CheckpointError
-from attnjax.models.loader import from_pretrained, logical_rules, override_attention
+from attnjax._src.models import (ARCHITECTURES, SUPPORTED, Checkpoint, CheckpointError,
+                                 dequantize_mxfp4, from_pretrained, logical_rules,
+                                 override_attention, tokenizer)
 
-
-def tokenizer(path: str):
-  """The ``tokenizers.Tokenizer`` of a checkpoint directory's ``tokenizer.json``.
-
-  Raises:
-    ImportError: the optional ``tokenizers`` package is not installed.
-    FileNotFoundError: the directory has no ``tokenizer.json``.
-  """
-  file = os.path.join(os.fspath(path), "tokenizer.json")
-  if not os.path.isfile(file):
-    raise FileNotFoundError(f"{file} does not exist: text needs the checkpoint's tokenizer "
-                            f"(copy its tokenizer.json into {os.fspath(path)!r}, e.g. from the "
-                            f"model's Hugging Face repository), or pass token ids instead (a "
-                            f".npy or .bin file)")
-  try:
-    from tokenizers import Tokenizer
-  except ImportError:
-    raise ImportError(f"reading text through {file} needs the 'tokenizers' package (pip install "
-                      f"'attnjax[pretrained]', or pip install tokenizers); or pass token ids "
-                      f"(a .npy or .bin file)") from None
-  return Tokenizer.from_file(file)
-
-
-__all__ = ["ARCHITECTURES", "Checkpoint", "CheckpointError", "SUPPORTED", "dequantize_mxfp4",
-           "from_pretrained", "logical_rules", "override_attention", "probe", "tokenizer"]
+__all__ = ["ARCHITECTURES", "SUPPORTED", "Checkpoint", "CheckpointError", "dequantize_mxfp4",
+    "from_pretrained", "logical_rules", "override_attention", "probe", "tokenizer"]

@@ -103,54 +103,19 @@ measures it and ``nn.cache_bytes_for(model_config, policy, T, batch)`` predicts 
 """
 
 from attnjax.nn import specs
-from attnjax.nn.attention import Attention
-from attnjax.nn.caches import CrossCache, FeatureProjection, GatedCache, KVCache, LinearCache
-from attnjax.nn.caches import H2OCache, QuantizedKVCache, cache_bytes
-from attnjax.nn.kv_policies import CACHE_POLICIES, cache_bytes_for
-from attnjax.nn.config import AttentionConfig, ModelConfig
-from attnjax.nn.specs import (AttentionSpec, CosineSpec, DenseSpec, LinearSpec, QKNormSpec,
-                              SparseSpec, register_family)
-from attnjax.nn.decode import decode_step, generate, init_cache
-from attnjax.nn.flax_interop import flax_attention_fn
-from attnjax.nn.probe import layer_stats
-from attnjax.nn.rope import apply_rope
-from attnjax.nn.transformer import (LOGICAL_AXIS_RULES, MLP, TransformerBlock, TransformerLM,
-                                    collect_stats, log_normalizer, num_params, state_shardings)
+from attnjax._src.nn import (CACHE_POLICIES, LOGICAL_AXIS_RULES, MLP, Attention, AttentionConfig,
+                             AttentionSpec, CosineSpec, CrossCache, DenseSpec, FeatureProjection,
+                             GatedCache, H2OCache, KVCache, LinearCache, LinearSpec, ModelConfig,
+                             QKNormSpec, QuantizedKVCache, SparseSpec, TransformerBlock,
+                             TransformerLM, apply_rope, cache_bytes, cache_bytes_for,
+                             collect_stats, decode_step, flax_attention_fn, generate, init_cache,
+                             layer_stats, log_normalizer, num_params, register_family,
+                             state_shardings)
 
-__all__ = [
-    "Attention",
-    "CACHE_POLICIES",
-    "AttentionConfig",
-    "AttentionSpec",
-    "CosineSpec",
-    "CrossCache",
-    "DenseSpec",
-    "FeatureProjection",
-    "GatedCache",
-    "H2OCache",
-    "KVCache",
-    "LOGICAL_AXIS_RULES",
-    "LinearCache",
-    "LinearSpec",
-    "MLP",
-    "ModelConfig",
-    "QKNormSpec",
-    "QuantizedKVCache",
-    "SparseSpec",
-    "TransformerBlock",
-    "TransformerLM",
-    "apply_rope",
-    "cache_bytes",
-    "cache_bytes_for",
-    "collect_stats",
-    "decode_step",
-    "flax_attention_fn",
-    "generate",
-    "init_cache",
-    "layer_stats",
-    "log_normalizer",
-    "num_params",
-    "register_family",
-    "specs",
-    "state_shardings",
-]
+__all__ = ["CACHE_POLICIES", "LOGICAL_AXIS_RULES", "MLP", "Attention", "AttentionConfig",
+    "AttentionSpec", "CosineSpec", "CrossCache", "DenseSpec", "FeatureProjection", "GatedCache",
+    "H2OCache", "KVCache", "LinearCache", "LinearSpec", "ModelConfig", "QKNormSpec",
+    "QuantizedKVCache", "SparseSpec", "TransformerBlock", "TransformerLM", "apply_rope",
+    "cache_bytes", "cache_bytes_for", "collect_stats", "decode_step", "flax_attention_fn",
+    "generate", "init_cache", "layer_stats", "log_normalizer", "num_params", "register_family",
+    "specs", "state_shardings"]

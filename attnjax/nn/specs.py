@@ -34,23 +34,15 @@ normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
 (a learned strided convolution or a Linformer projection) plus a raw window.
 """
 
-from attnjax.nn.linear_spec import LinearSpec
-from attnjax.nn.softmax_specs import (CosineSpec, DenseSpec, DotProductSpec, QKNormSpec, ScoreSpec,
-                                      SparseSpec)
-# After the others: the gated families register after them (FAMILY_SPECS keeps that order).
-from attnjax.nn.gated_spec import (GATED_FAMILIES, DeltaNetSpec, GatedDeltaNetSpec, GatedSpec,
-                                   GLASpec, Mamba2DecaySpec, RetNetSpec)
-from attnjax.nn.block_select_spec import BlockSelectCache, BlockSelectSpec
-from attnjax.nn.compressed_spec import CompressedSpec
-from attnjax.nn.spec_base import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, PATTERNS,
-                                  STREAMING_ROPE, AttentionSpec, Call, check_int, check_type,
-                                  register_family, run_and_sow)
+from attnjax._src.nn.specs import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, GATED_FAMILIES,
+                                   PATTERNS, STREAMING_ROPE, AttentionSpec, BlockSelectCache,
+                                   BlockSelectSpec, CompressedSpec, CosineSpec, DeltaNetSpec,
+                                   DenseSpec, DotProductSpec, GLASpec, GatedDeltaNetSpec,
+                                   GatedSpec, LinearSpec, Mamba2DecaySpec, QKNormSpec, RetNetSpec,
+                                   ScoreSpec, SparseSpec, register_family)
 
-__all__ = [
-    "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "Call", "CompressedSpec", "CosineSpec",
-    "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
-    "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "GLASpec", "GatedDeltaNetSpec", "GatedSpec",
-    "DotProductSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",
-    "STREAMING_ROPE", "ScoreSpec", "SparseSpec", "check_int", "check_type", "register_family",
-    "run_and_sow",
-]
+__all__ = ["DEFAULT_TEMPERATURE", "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "PATTERNS",
+    "STREAMING_ROPE", "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "CompressedSpec",
+    "CosineSpec", "DeltaNetSpec", "DenseSpec", "DotProductSpec", "GLASpec", "GatedDeltaNetSpec",
+    "GatedSpec", "LinearSpec", "Mamba2DecaySpec", "QKNormSpec", "RetNetSpec", "ScoreSpec",
+    "SparseSpec", "register_family"]

@@ -13,7 +13,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from attnjax import _op
+from attnjax._src import op as _op
 
 NAME = "stand_in"
 

@@ -1,0 +1,632 @@
+"""A Pallas Mosaic GPU flash-attention kernel for Hopper (sm_90): ``implementation="mosaic_gpu"``.
+
+Forward: one program per (query head, pair of query blocks, batch) with three warpgroups,
+as in FlashAttention-3 and jax's ``attention_mgpu`` example. The producer warpgroup (its
+registers cut to 40 per thread by ``setmaxnreg``) only issues TMA copies: key/value tiles
+stream through a ``num_stages`` ring of shared-memory slots; a slot's K and V are waited
+for and released apart (a two-arrival barrier each): K is released once both consumers
+have read ``Q K^T``, so the next key tile streams in while the slot's V is still read.
+Two consumer warpgroups (232 registers per thread) each own a block of ``block_q`` query
+rows, loaded once by TMA:
+``Q K^T`` and ``W V`` are warpgroup MMAs (wgmma) into float32 accumulators, and a schedule
+barrier makes the two take turns (ping-pong: one consumer's ``Q K^T`` runs on the tensor
+cores while the other works on its weights); the output tile is written into the query
+tile's shared memory. The online state is the normaliser's (:meth:`Normalizer.init` /
+:meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`, the functions the block-wise and
+Triton kernels call; the kernel never looks at a normaliser's name), run through
+:func:`attnjax.kernels.mosaic_gpu.plan.lower_rows` (Mosaic GPU has no layout for the
+normalisers' ``[R, 1]`` rows).
+
+Blocks are skipped, not masked: a program loads only the key blocks its rows may attend
+(causal / window bounds, :func:`kv_bounds`), and each consumer computes only those of its
+own rows (it waits for and releases the others: one more block at most per causal diagonal);
+the interior blocks every row attends entirely run a loop that evaluates no element mask;
+only edge blocks (and a ragged last key block) are masked. Segment ids: the ids ride the K/V
+ring into shared memory, and a visited block whose [min, max] segment range cannot meet the
+query block's is skipped at run time (its tiles are still copied, keeping the ring's
+barriers in phase; its products and normaliser work are not done). Normalisers that need the
+number of allowed keys first (sigmoid, relu; statistics) get it in closed form from causal /
+window, or from a mask-only pre-pass with segment ids. GQA: query head ``n`` reads key/value
+head ``n // G`` by its TMA index (K and V are never repeated). ``return_stats`` comes from
+the same pass (the normaliser's statistics rows). Ragged lengths are padded to the blocks
+(padded keys masked, padded rows dropped; query lengths to a multiple of ``2 * block_q``).
+The kernels read q, k, v (and dO) and write the output (and dq, dk, dv) in the caller's
+``[B, T, N, H]`` layout: each TMA copy is a strided box of one head's rows, so XLA adds no
+transposes around them (only a pad where a length is ragged).
+
+Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
+recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with
+the sink-logit and logsumexp gradients, segment ids included. Forward mode (``jax.jvp``)
+takes its tangent from the block-wise engine (:func:`attnjax.kernels.blockwise.twin`, run by
+XLA), as for the other Pallas kernels.
+
+Refused (see :func:`unsupported`, which names each refusal): a target that is not a Hopper
+GPU (outside interpret mode), float32 inputs, head dims other than 64 / 128 / 256 (or q's
+differing from v's), bias / mask arrays, ``similarity="neg_sq_euclidean"``, score / mask
+modifiers; auto-dispatch takes the next engine of its list for such calls (``pallas_gpu``).
+
+Interpret mode (``interpret=True``) runs the kernels in jax's Mosaic GPU interpreter
+(``InterpretGPUParams``) on the CPU. Under jax 0.12 it runs the compiled path's code (TMA
+copies, barriers, the K/V ring, wgmma with a transposed shared-memory operand, layouts, block
+bounds, masks and the normaliser code) except one primitive, which every interpreter so far
+lacks: ``wgmma`` with a register lhs (it reads the lhs's allocation key: "Expected shape (6,)
+but got (64, 128)"); in interpret mode that lhs (the weights of ``W V``, ``dS`` of
+``dS K``, and the backward's transposed tiles) is staged through a shared-memory buffer.
+jax 0.10.2's interpreter also lacks ``wgmma`` with a transposed operand (``'TransposeTransform'
+object has no attribute 'indices'``) and layout annotations (``layout_cast``, the layouts of
+iotas and of ``plgpu.load``: "MLIR translation rule for primitive 'layout_cast' not found for
+platform cpu"); under it (``Plan.plain``) the transposed products are register dots of
+the shared-memory tiles and the layout annotations are dropped. The interpreter's kernels
+carry an ordered IO effect that the custom-VJP machinery (:mod:`attnjax.kernels.autodiff`)
+cannot hold (``KeyError: OrderedIOEffect``, jax 0.10.2 and 0.12), so in interpret mode
+gradients through :func:`compute` take the block-wise backward; the tests call the backward
+kernels directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+import jax.experimental.pallas as pl
+
+from attnjax._src import logits as _logits, lowering as _lowering, target as _target, options
+from attnjax._src.kernels import autodiff, blockwise
+from attnjax._src.kernels.mosaic_gpu import backward
+from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
+from attnjax._src.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
+                                             BlockSizes, Plan, block_sizes_for,
+                                             heaviest_first, kv_bounds, padded,
+                                             interpret_params, load_vector, lower_rows,
+                                             make_plan, res_row_keys, segment_args,
+                                             stat_row_keys, tile_allowed)
+
+Array = jnp.ndarray
+
+DTYPES = (jnp.bfloat16, jnp.float16)
+HEAD_DIMS = (64, 128, 256)
+KNOWN_OPTIONS = options.KERNEL_OPTIONS
+KNOWN_INPUTS = ("q", "k", "v", "sink_logits", "q_segment_ids", "kv_segment_ids")
+# The custom-call target of a compiled Mosaic GPU kernel in optimised HLO.
+MOSAIC_GPU_CALL_TARGET = "mosaic_gpu_v2"
+
+
+def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
+  """Reasons ``mosaic_gpu`` cannot honour a call ([] = supported); lists unknown options too.
+
+  Outside interpret mode the target must be a Hopper (compute capability 9, read as
+  :func:`attnjax._target.cuda_major` does: the ambient mesh's device kind, else this
+  process's GPU): the kernels are sm_90 instructions (wgmma, setmaxnreg), which Ampere and
+  Blackwell GPUs do not run, and a GPU of unknown generation may be either.
+  """
+  reasons = options.array_refusals("mosaic_gpu", inputs, opts,
+                                   "is_causal, window and segment ids")
+  reasons += options.unknown_options(
+      opts, inputs, KNOWN_OPTIONS,
+      KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu")
+  major = None if interpret else _target.cuda_major()
+  if not interpret and major != 9:
+    target = "a GPU of unknown generation" if major is None else f"compute capability {major}"
+    reasons.append(f"{target} (mosaic_gpu runs on Hopper, sm_90, only; trace under a mesh of "
+                   "H100 / H200 devices to compile for one from another host)")
+  H, Hv = inputs.q.shape[-1], inputs.v.shape[-1]
+  if H != Hv or H not in HEAD_DIMS:
+    reasons.append(f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of "
+                   f"{HEAD_DIMS})")
+  dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
+  if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
+    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (mosaic_gpu takes bfloat16 or "
+                   "float16 for q, k and v; float32 goes to pallas_gpu)")
+  return reasons
+
+
+# Registers per thread after setmaxnreg: the consumers hold the accumulators, the producer
+# only addresses (2 x 128 x 232 + 128 x 40 <= 64K registers per SM).
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
+
+
+def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
+            scratch):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_consumed, v_consumed, schedule,
+   rows_smem) = scratch[:10]
+  consumed = (k_consumed, v_consumed)
+  extra = list(scratch[10:])
+  p_smem = extra.pop(0) if c.interpret else None
+  if c.has_segments:
+    qseg_smem, kseg_smem, kseg_one, qseg_bars, kseg_bars, kseg_one_bars = extra
+  wg = lax.axis_index("wg")
+  n = lax.axis_index("heads")
+  i = heaviest_first(c, lax.axis_index("q_blocks"), c.Tp // (CONSUMERS * c.bq))
+  b = lax.axis_index("batch")
+  h = lax.div(n, jnp.int32(c.G))
+  bq, bk = c.bq, c.bk
+  # The program's rows (both consumers'): the key blocks any of them visits, [lo_u, hi_u)
+  # (kv_bounds' lower bound follows the first row, its upper bound the last).
+  q0_u = i * (CONSUMERS * bq)
+  lo_u, hi_u, _, _ = kv_bounds(c, q0_u, jnp.minimum(q0_u + CONSUMERS * bq, c.T) - 1)
+
+  def slot_of(j):
+    return lax.rem(j - lo_u, jnp.int32(c.stages))
+
+  @pl.when(wg == CONSUMERS)
+  def _producer():
+    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+
+    def fill(j, carry):
+      slot = slot_of(j)
+      rows = pl.ds(j * bk, bk)
+      refill = j - lo_u >= c.stages
+      # K and V of a slot are released separately (K right after a consumer's Q K^T, V
+      # after its W V): the next K tile streams in while the slot's V is still being read
+
+      @pl.when(refill)  # the slot's previous K tile consumed by both consumers
+      def _():
+        plgpu.barrier_wait(k_consumed.at[slot])
+
+      plgpu.copy_gmem_to_smem(k_ref.at[b, rows, h], k_smem.at[slot], k_bars.at[slot])
+
+      @pl.when(refill)
+      def _():
+        plgpu.barrier_wait(v_consumed.at[slot])
+
+      plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_smem.at[slot], v_bars.at[slot])
+      if c.has_segments:
+        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, rows], kseg_smem.at[slot], kseg_bars.at[slot])
+      return carry
+
+    lax.fori_loop(lo_u, hi_u, fill, None)
+    # Wait for the last tiles' consumption too: every thread sees every phase of a barrier it
+    # waits on (jax's interpreter checks it), and the program ends with its consumers.
+    for s in range(c.stages):
+      j = hi_u - c.stages + s
+
+      @pl.when(j >= lo_u)
+      def _():
+        plgpu.barrier_wait(k_consumed.at[slot_of(j)])
+        plgpu.barrier_wait(v_consumed.at[slot_of(j)])
+
+  @pl.when(wg < CONSUMERS)
+  def _consumer():
+    plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    _consume(c, row_keys, wg, n, b, h, q0_u + wg * bq, i * CONSUMERS + wg, lo_u, hi_u,
+             slot_of, q_ref, sink_ref, seg_refs, o_ref, row_refs, qo_smem.at[wg], k_smem,
+             v_smem, q_bars.at[wg], k_bars, v_bars, consumed, schedule, rows_smem.at[wg],
+             None if p_smem is None else p_smem.at[wg],
+             (qseg_smem.at[wg], kseg_smem, kseg_one.at[wg], qseg_bars.at[wg], kseg_bars,
+              kseg_one_bars.at[wg]) if c.has_segments else None)
+
+
+def _consume(c, row_keys, wg, n, b, h, q0, qb, lo_u, hi_u, slot_of, q_ref, sink_ref, seg_refs,
+             o_ref, row_refs, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, consumed,
+             schedule, rows_smem, p_smem, seg_scratch):
+  """One consumer warpgroup: query rows ``q0 .. q0 + bq`` (query block ``qb``) over the
+  program's key tiles ``[lo_u, hi_u)``, computing those its rows may attend (``[lo, hi)``) and
+  releasing every tile to the producer. Its output tile is written into its Q tile."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  del h
+  lo, hi, flo, fhi = _consumer_bounds(c, q0, lo_u, hi_u)
+  plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, c.bq), n], q_smem, q_bar)
+  if c.has_segments:
+    plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, c.bq)], seg_scratch[0], seg_scratch[3])
+  plgpu.barrier_wait(q_bar)
+  con = _Consumer(c, n, b, q0, qb, slot_of, seg_refs, q_smem, k_smem, v_smem, k_bars, v_bars,
+                  consumed, schedule, p_smem, seg_scratch)
+  row = con.row_inputs(sink_ref, lo, hi)
+  st = con.init()
+
+  @pl.when(wg == 1)  # the second consumer starts a turn behind the first
+  def _():
+    con.take_turn()
+
+  st = lax.fori_loop(lo_u, lo, con.pass_over, st)
+  if c.needs_mask:
+    st = lax.fori_loop(lo, flo, functools.partial(con.step, True), st)
+    st = lax.fori_loop(flo, fhi, functools.partial(con.step, False), st)
+    st = lax.fori_loop(fhi, hi, functools.partial(con.step, True), st)
+  else:
+    st = lax.fori_loop(lo, hi, functools.partial(con.step, False), st)
+  st = lax.fori_loop(hi, hi_u, con.pass_over, st)
+
+  @pl.when(wg == 0)  # and the first one ends a turn after it (the barrier's phases even)
+  def _():
+    con.take_turn()
+
+  _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_refs)
+
+
+def _consumer_bounds(c, q0, lo_u, hi_u):
+  """``(lo, hi, flo, fhi)``: the key blocks rows ``q0 .. q0 + bq`` may attend and those they
+  attend whole (no element mask), within the program's tiles ``[lo_u, hi_u)`` (a block of
+  padding rows past T may reach outside them)."""
+  lo, hi, flo, fhi = kv_bounds(c, q0, jnp.minimum(q0 + c.bq, c.T) - 1)
+  lo = jnp.clip(lo, lo_u, hi_u)
+  hi = jnp.clip(hi, lo, hi_u)
+  flo = jnp.clip(flo, lo, hi)
+  fhi = jnp.clip(fhi, flo, hi)
+  return lo, hi, flo, fhi
+
+
+class _Consumer:
+  """A consumer warpgroup's tile steps over the K/V ring (see :func:`_consume`): its query tile
+  is in ``q_smem``, the producer fills ``k_smem`` / ``v_smem`` slot by slot."""
+
+  def __init__(self, c, n, b, q0, qb, slot_of, seg_refs, q_smem, k_smem, v_smem, k_bars,
+               v_bars, consumed, schedule, p_smem, seg_scratch):
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+    self.plgpu = plgpu
+    self.c, self.n, self.b, self.slot_of, self.seg_refs = c, n, b, slot_of, seg_refs
+    self.q_smem, self.k_smem, self.v_smem, self.p_smem = q_smem, k_smem, v_smem, p_smem
+    self.k_bars, self.v_bars, self.consumed, self.schedule = k_bars, v_bars, consumed, schedule
+    self.seg_scratch = seg_scratch
+    self.layout = plgpu.Layout.WGMMA
+    # jax 0.10's interpreter has no rule for layout annotations (layout_cast, an iota's
+    # layout): it runs the same values without them.
+    if c.plain:
+      self.any_iota = None
+      self.cast = lambda x, lay: x
+    else:
+      self.any_iota = lambda dtype, shape, d: plgpu.broadcasted_iota(dtype, shape, d,
+                                                                     layout=self.layout)
+      self.cast = plgpu.layout_cast
+    iota = lambda d: (self.any_iota or lax.broadcasted_iota)(jnp.int32, (c.bq, c.bk), d)
+    self.qpos = q0 + iota(0)
+    self.kcol = iota(1)
+    self.q_seg = None
+    if c.has_segments:
+      self._segments(qb)
+
+  def _segments(self, qb):
+    """Segment ids: the query block's ids as rows, each key block's as columns (TMA'd into
+    shared memory, the key tiles' ids with the K/V ring), and per-block ``[min, max]`` ranges
+    read from global memory: a visited block whose ranges cannot meet is skipped at run time."""
+    c, b = self.c, self.b
+    qseg_smem, _, _, qseg_bar, _, _ = self.seg_scratch
+    _, _, qrange_ref, self.krange_ref = self.seg_refs
+    self.plgpu.barrier_wait(qseg_bar)
+    self.q_seg = lax.broadcast_in_dim(self.load(qseg_smem, 1), (c.bq, c.bk), (0,))
+    self.q_min, self.q_max = qrange_ref[b, qb, 0], qrange_ref[b, qb, 1]
+
+  def load(self, ref, axis):
+    """A segment-id vector from shared memory, laid out along ``axis`` of a tile."""
+    if self.c.plain:  # jax 0.10's interpreter has no plgpu.load: a plain read
+      return ref[...]
+    return load_vector(ref, self.layout.reduce(axis))
+
+  def meets(self, j):
+    """Whether key block ``j``'s segment range can meet the query block's."""
+    return (self.krange_ref[self.b, j, 1] >= self.q_min) & (self.krange_ref[self.b, j, 0]
+                                                             <= self.q_max)
+
+  def allowed_of(self, j, kseg_tile=None):
+    """The boolean ``[bq, bk]`` mask of key block ``j`` (``kseg_tile``: its segment ids)."""
+    c = self.c
+    k_seg = None
+    if c.has_segments:
+      k_seg = lax.broadcast_in_dim(self.load(kseg_tile, 0), (c.bq, c.bk), (1,))
+    return tile_allowed(c, self.qpos, j * c.bk + self.kcol, self.q_seg, k_seg)
+
+  def counts(self, lo, hi):
+    """Allowed keys per row ``[bq]`` float32, or None where the normaliser needs none."""
+    c, plgpu = self.c, self.plgpu
+    if not c.needs_counts:
+      return None
+    if c.has_segments:  # a mask-only pre-pass over the blocks whose segments meet
+      _, _, kseg_one, _, _, kseg_one_bar = self.seg_scratch
+
+      def count(j, total):
+        def add():  # the key block's ids, loaded synchronously (no K/V)
+          plgpu.copy_gmem_to_smem(self.seg_refs[1].at[self.b, pl.ds(j * c.bk, c.bk)], kseg_one,
+                                  kseg_one_bar)
+          plgpu.barrier_wait(kseg_one_bar)
+          return total + jnp.sum(self.allowed_of(j, kseg_one).astype(jnp.float32), axis=1)
+        return lax.cond(self.meets(j), add, lambda: total)
+      zeros = self.cast(jnp.zeros((c.bq,), jnp.float32), self.layout.reduce(1))
+      return lax.fori_loop(lo, hi, count, zeros)
+    # exact for causal / window / ragged keys
+    r = jnp.max(self.qpos, axis=1)
+    first = jnp.int32(0)
+    last = jnp.full((c.bq,), c.S - 1, jnp.int32)
+    if c.opts.is_causal:
+      last = jnp.minimum(last, r)
+    if c.opts.window is not None:
+      left, right = c.opts.window
+      first = jnp.maximum(first, r - left)
+      last = jnp.minimum(last, r + right)
+    return jnp.maximum(last - first + 1, 0).astype(jnp.float32)
+
+  def row_inputs(self, sink_ref, lo, hi):
+    """The normaliser's per-row inputs (sink logits, counts), in the row layout; kept as
+    ``self.row`` for the visits."""
+    c = self.c
+    sink_rows = jnp.full((c.bq,), sink_ref[self.n], jnp.float32) if c.has_sink else None
+    row = lower_rows(c.nz.row_inputs, c.bq)(sink_rows, self.counts(lo, hi))
+    # Constant rows (a splat: e.g. every row's count without structure) take the row layout,
+    # which the broadcasts against [bq, bk] tiles need.
+    self.row = jax.tree.map(lambda x: self.cast(x, self.layout.reduce(1)) if jnp.ndim(x) == 1
+                            else x, row)
+    return self.row
+
+  def init(self):
+    """The normaliser's initial online state, rows in the row layout."""
+    c = self.c
+    st = c.nz.init((c.bq, 1), (c.bq, c.H), c.with_stats)
+    return {key: (self.cast(jnp.reshape(x, (c.bq,)), self.layout.reduce(1)) if x.shape[-1] == 1
+                  else self.cast(x, self.layout))
+            for key, x in st.items()}
+
+  def take_turn(self):
+    """The consumers' schedule barrier (two arrivals), met twice per tile: after a
+    consumer issues its ``Q K^T`` wgmma, and between its weights and its ``W V`` wgmma
+    (:meth:`pv`); the second consumer starts a turn behind, so one's products run on the
+    tensor cores while the other computes its weights (FlashAttention-3's ping-pong)."""
+    self.plgpu.barrier_arrive(self.schedule)
+    self.plgpu.barrier_wait(self.schedule)
+
+  def wait_k(self, slot):
+    """Waits for the key tile (and its segment ids) of ``slot``."""
+    self.plgpu.barrier_wait(self.k_bars.at[slot])
+    if self.c.has_segments:
+      self.plgpu.barrier_wait(self.seg_scratch[4].at[slot])
+
+  def wait_v(self, slot):
+    self.plgpu.barrier_wait(self.v_bars.at[slot])
+
+  def release(self, slot, which):
+    """Hands ``slot``'s K (``which=0``) or V (``1``) tile back to the producer."""
+    self.plgpu.barrier_arrive(self.consumed[which].at[slot])
+
+  def pass_over(self, j, st):
+    """A program tile outside this consumer's rows' reach: wait for it, release it."""
+    slot = self.slot_of(j)
+    self.wait_k(slot)
+    self.take_turn()
+    self.release(slot, 0)
+    self.wait_v(slot)
+    self.take_turn()
+    self.release(slot, 1)
+    return st
+
+  def step(self, masked, j, st):
+    """Key tile ``j``: its products and normaliser visit (``masked``: with the element mask).
+    K is released once ``Q K^T`` is read, V after ``W V``."""
+    slot = self.slot_of(j)
+    self.wait_k(slot)
+    if self.c.has_segments:
+      # a block whose segments cannot meet: its products and normaliser work are skipped
+      st = lax.cond(self.meets(j), lambda: self.compute(masked, j, slot, st),
+                    lambda: self.skip(slot, st))
+    else:
+      st = self.compute(masked, j, slot, st)
+    self.release(slot, 1)
+    return st
+
+  def skip(self, slot, st):
+    """A visited tile whose segments cannot meet the rows': only its turns and barriers."""
+    self.take_turn()
+    self.release(slot, 0)
+    self.wait_v(slot)
+    self.take_turn()
+    return st
+
+  def scores(self, slot):
+    """``q k^T`` of the tile in ``slot``, float32 ``[bq, bk]``; the other consumer's turn is
+    taken while the product runs."""
+    c, plgpu = self.c, self.plgpu
+    if c.plain:  # jax 0.10's interpreter has no wgmma with a transposed operand
+      self.take_turn()
+      return lax.dot_general(self.q_smem[...], self.k_smem.at[slot][...],
+                             (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+    def qk(acc):
+      plgpu.wgmma(acc, self.q_smem, self.k_smem.at[slot].transpose((1, 0)))
+      self.take_turn()
+      return acc[...]
+    return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
+
+  def pv(self, slot, w):
+    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``.
+    The tile's second turn: the weights are done (arrive), then the value tile and the
+    other consumer's product issue (wait) come before this wgmma."""
+    plgpu = self.plgpu
+    w16 = w.astype(self.q_smem.dtype)
+    self.pv_calls += 1
+    plgpu.barrier_arrive(self.schedule)
+    self.wait_v(slot)
+    plgpu.barrier_wait(self.schedule)
+
+    def mm(acc):
+      if self.c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
+        self.p_smem[...] = w16
+        plgpu.wgmma(acc, self.p_smem, self.v_smem.at[slot])
+      else:
+        plgpu.wgmma(acc, w16, self.v_smem.at[slot])
+      return acc[...]
+    return pl.run_scoped(mm, plgpu.ACC((self.c.bq, self.c.H), jnp.float32))
+
+  def compute(self, masked, j, slot, st):
+    c = self.c
+    s = self.scores(slot)
+    self.release(slot, 0)  # Q K^T is read: the key tile's slot may be refilled
+    z = _logits.softcap(s * c.opts.scale, c.opts.softcap)
+    allowed = None
+    if masked:
+      allowed = self.allowed_of(j, self.seg_scratch[1].at[slot] if c.has_segments else None)
+    visit = functools.partial(c.nz.visit, stats=c.with_stats, first=j == 0)
+    self.pv_calls = 0
+    st = lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), c.bq,
+                    pv=functools.partial(self.pv, slot), hv=c.H,
+                    iota=self.any_iota)(st, z, allowed, self.row)
+    if self.pv_calls != 1:  # the V barrier is waited on once per tile
+      raise NotImplementedError(f"normalizer {c.nz.name!r}: visit called pv "
+                                f"{self.pv_calls} times (the kernel takes one W V per tile)")
+    return st
+
+
+def _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_refs):
+  """Finishes the normaliser's state and writes the output tile (through the query tile's
+  shared memory) and the residual / statistics rows."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  bq = c.bq
+  out, res, srow = lower_rows(lambda st, row: c.nz.finish(st, row, c.with_stats), bq)(st, row)
+  rows_out = dict(srow or {}, **{"res:" + key: x for key, x in res.items()})
+  q_smem[...] = out.astype(q_smem.dtype)  # the output tile takes the query tile's place
+  for idx, key in enumerate(row_keys):  # residual / statistics rows, [bq] float32 each
+    rows_smem.at[idx][...] = jnp.broadcast_to(rows_out[key], (bq,)).astype(jnp.float32)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, bq), n])
+  for idx, ref in enumerate(row_refs):
+    plgpu.copy_smem_to_gmem(rows_smem.at[idx], ref.at[b, n, pl.ds(q0, bq)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
+  """The kernel on ``[B, T, N, H]`` inputs: ``(out [B, T, N, H], rows)``, the statistics rows
+  ``{name: [B, N, Tp, 1]}`` of :meth:`Normalizer.finish` (none without ``return_stats``) and,
+  with ``residuals``, its residual rows ``{"res:" + name: ...}`` (for the backward kernels)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+
+  qh, kh, vh = padded(q, c.Tp), padded(k, c.Sp), padded(v, c.Sp)
+  dtype = q.dtype
+  stat_keys = stat_row_keys(c.nz, c.with_stats, c.has_sink) if c.with_stats else ()
+  res_keys = ()
+  if residuals:
+    res_keys = tuple("res:" + key for key in res_row_keys(c.nz, c.with_stats, c.has_sink,
+                                                          c.needs_counts))
+  stat_keys = stat_keys + res_keys
+  swizzle = 128
+  transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+                plgpu.SwizzleTransform(swizzle))
+  W = CONSUMERS
+  scratch = [
+      plgpu.SMEM((W, c.bq, c.H), dtype, transforms=transforms),  # Q, then the output
+      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+      plgpu.Barrier(num_barriers=W),
+      plgpu.Barrier(num_barriers=c.stages),
+      plgpu.Barrier(num_barriers=c.stages),
+      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile consumed by both
+      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile consumed by both
+      plgpu.Barrier(num_arrivals=W),  # the consumers' turns
+      plgpu.SMEM((W, max(1, len(stat_keys)), c.bq), jnp.float32),
+  ]
+  if c.interpret:
+    scratch.append(plgpu.SMEM((W, c.bq, c.bk), dtype, transforms=transforms))
+  if c.has_segments:
+    scratch += [plgpu.SMEM((W, c.bq), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
+                plgpu.SMEM((W, c.bk), jnp.int32), plgpu.Barrier(num_barriers=W),
+                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=W)]
+  sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
+              else jnp.zeros((c.N,), jnp.float32))
+
+  seg_args = segment_args(c, q_seg, kv_seg)
+
+  def body(q_ref, k_ref, v_ref, sink_ref, *rest):
+    seg_refs, rest = rest[:len(seg_args)], rest[len(seg_args):]
+    o_ref, rest = rest[0], rest[1:]
+    stat_refs, scr = rest[:len(stat_keys)], rest[len(stat_keys):]
+    _kernel(c, stat_keys, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, seg_refs,
+            o_ref, stat_refs, scr)
+
+  interpret = interpret_params(c.interpret)
+  rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
+  outs = plgpu.kernel(
+      body,
+      out_type=[jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype)] + [rows] * len(stat_keys),
+      scratch_types=scratch, grid=(c.N, c.Tp // (CONSUMERS * c.bq), c.B),
+      grid_names=("heads", "q_blocks", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
+      interpret=interpret,
+      compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
+      )(qh, kh, vh, sink_arr, *seg_args)
+  srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
+  return outs[0][:, :c.T], srow
+
+
+def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
+            shard_offsets=None):
+  """Mosaic GPU attention of a validated dense call (see the module docstring).
+
+  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+
+  Args:
+    inputs: :class:`attnjax.options.DenseInputs`.
+    opts: :class:`attnjax.options.DenseOptions`.
+    block_sizes: tiles and pipeline depth (None: the :data:`BLOCK_SIZE_TABLE` row).
+    interpret: run the kernel in jax's Mosaic GPU interpreter (on the CPU).
+    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+      unused (this kernel takes no modifiers, so it reads no batch or head index).
+
+  Returns:
+    ``[B, T, N, H]`` in the input dtype, or ``(out, AttentionStats)``.
+  """
+  del shard_offsets
+  if block_sizes is None:
+    block_sizes = block_sizes_for(inputs.q.shape[-1])
+  c = make_plan(inputs, opts, block_sizes, interpret)
+
+  def twin(q, k, v, sink, q_seg, kv_seg):
+    """The same call on the block-wise engine (plain JAX): gradients and forward mode."""
+    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
+    if not opts.return_stats:
+      return out, None
+    o, st = out
+    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
+
+  @autodiff.custom_vjp
+  def core(q, k, v, sink, q_seg, kv_seg):
+    # nothing differentiated (the primal path): no residual rows are written
+    return run_forward(q, k, v, sink, q_seg, kv_seg, residuals=False)[0]
+
+  # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
+  # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
+  # block-wise backward, and tests call the backward kernels directly (backward_direct).
+  mosaic_bwd = not c.interpret
+
+  def run_forward(q, k, v, sink, q_seg, kv_seg, residuals):
+    out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=residuals)
+    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
+             else None)
+    return (out, stats), srow
+
+  def fwd(q, k, v, sink, q_seg, kv_seg):
+    (out, stats), srow = run_forward(q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
+    res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
+    has_key = srow["has_key"][..., 0] if c.with_stats else None
+    return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)
+
+  def bwd(saved, cts):
+    q, k, v, sink, q_seg, kv_seg, out, res, has_key = saved
+    d_out, d_stats = cts
+    if mosaic_bwd:  # the dq and dk/dv kernels
+      d_lse = None if d_stats is None else d_stats[3]
+      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg,
+                               kv_seg) + (None, None)
+    # interpret mode: the block-wise engine's backward
+    _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
+    return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)
+
+  core.defvjp(fwd, bwd, twin=twin)
+  out, stats = core(inputs.q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
+                    inputs.kv_segment_ids)
+  out = out.astype(inputs.q.dtype)
+  return (out, AttentionStats(*stats)) if opts.return_stats else out
+
+
+run = _lowering.kernel_engine("mosaic_gpu", "cuda", unsupported, compute,
+                              "runs on a CUDA GPU (sm_90) only")
+
+
+attention = options.engine_entry(run, "mosaic_gpu", ("block_sizes", "interpret"))
+attention.__doc__ = """The Mosaic GPU kernel called like :func:`attnjax.dot_product_attention`.
+
+``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``: every keyword
+of :func:`attnjax.dot_product_attention` but ``implementation`` (what the kernel refuses is
+named by :func:`unsupported`), the kernel's :class:`BlockSizes`, and ``interpret=True`` to
+run it in jax's Mosaic GPU interpreter on the CPU.
+"""
+
+__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "MOSAIC_GPU_CALL_TARGET",
+           "BlockSizes", "attention", "block_sizes_for", "compute", "run", "unsupported"]

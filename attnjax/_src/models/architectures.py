@@ -1,0 +1,893 @@
+"""Each supported ``model_type``: its ``config.json`` as an ``nn.ModelConfig``, its tensors as ours.
+
+Implementation behind the public module :mod:`attnjax.models.architectures`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Optional
+
+import numpy as np
+
+from attnjax._src.models.checkpoint import CheckpointError
+
+# A parameter's path in nnx.to_pure_dict(state), e.g. ("blocks", 0, "mlp", "up", "kernel").
+Path = tuple
+
+# The kinds of layer, as transformers' layer_types names them.
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+LAYER_TYPES = (FULL, SLIDING)
+
+# Config keys of every model type that do not change the forward pass of a causal LM.
+INERT_KEYS = frozenset({
+    "architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype",
+    "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "initializer_range", "attention_dropout", "output_attentions",
+    "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type",
+    "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "torchscript",
+    "use_bfloat16", "tf_legacy_loss", "chunk_size_feed_forward", "_attn_implementation",
+    "attn_implementation", "_attn_implementation_autoset", "_experts_implementation",
+    "is_decoder", "is_encoder_decoder", "tie_encoder_decoder", "cross_attention_hidden_size",
+    "max_position_embeddings", "gradient_checkpointing",
+    # generation settings older versions of transformers kept in config.json
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens",
+})
+
+# Understood by every model type (checked by the loader itself).
+COMMON_KEYS = frozenset({"tie_word_embeddings", "pruned_heads", "add_cross_attention",
+                         "quantization_config"})
+
+ACTIVATIONS = {  # transformers' ACT2FN names -> ours
+    "silu": "silu", "swish": "silu",
+    "gelu": "gelu_exact",
+    "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """How one parameter of ours is read from the checkpoint.
+
+  Attributes:
+    sources: the checkpoint tensors it is made from (names after the prefix).
+    shapes: the shape the config implies for each source.
+    convert: ``convert(*arrays) -> array`` in our layout.
+  """
+
+  sources: tuple[str, ...]
+  shapes: tuple[tuple[int, ...], ...]
+  convert: Callable[..., np.ndarray]
+
+
+# ---------------------------------------------------------------------------
+# Reading the config.
+
+
+class Config:
+  """``config.json`` with the defaults of ``transformers``' config class of its type.
+
+  What the hooks read: ``c[key]`` (the value, else the default), ``c.int(key)``
+  and ``c.flag(key)`` (checked), ``c.raw`` (the dict as written) and
+  ``c.defaults``.
+  """
+
+  def __init__(self, config: dict, defaults: dict):
+    self.raw, self.defaults = config, defaults
+
+  def __getitem__(self, key):
+    value = self.raw.get(key)
+    return self.defaults.get(key) if value is None and key not in self.raw else value
+
+  def int(self, key) -> int:
+    value = self[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise CheckpointError(f"config.json: {key} must be an int, got {value!r}")
+    return value
+
+  def flag(self, key) -> bool:
+    value = self[key]
+    if value is None:
+      return False
+    if not isinstance(value, bool):
+      raise CheckpointError(f"config.json: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _activation(c: Config, key: str) -> str:
+  name = c[key]
+  if name not in ACTIVATIONS:
+    raise CheckpointError(f"config.json: {key}={name!r} is not supported (supported: "
+                          f"{sorted(ACTIVATIONS)})")
+  return ACTIVATIONS[name]
+
+
+def _rope_dicts(c: Config) -> tuple[Optional[dict], Optional[dict]]:
+  """``(rope_scaling, rope_parameters)`` of the config, each an object or None."""
+  scaling, params = c.raw.get("rope_scaling"), c.raw.get("rope_parameters")
+  for name, value in (("rope_scaling", scaling), ("rope_parameters", params)):
+    if value is not None and not isinstance(value, dict):
+      raise CheckpointError(f"config.json: {name} must be an object, got {value!r}")
+  return scaling, params
+
+
+def _rope(c: Config, params: dict, default_theta: float):
+  """``(rope_theta, rope_scaling)`` of standardised RoPE ``params``."""
+  params = dict(params)
+  theta = params.pop("rope_theta", None)
+  theta = default_theta if theta is None else theta
+  kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
+  params.pop("type", None)
+  partial = params.pop("partial_rotary_factor", c.raw.get("partial_rotary_factor", 1.0))
+  if partial not in (None, 1, 1.0):
+    raise CheckpointError(f"config.json: partial_rotary_factor={partial} (RoPE on part of the "
+                          f"head) is not supported for model_type={c.raw.get('model_type')!r}")
+  if kind == "default":
+    if params:
+      raise CheckpointError(f"config.json: RoPE parameters {sorted(params)} of rope_type "
+                            f"'default' are not understood")
+    return float(theta), None
+  if kind not in ("linear", "llama3", "yarn"):
+    raise CheckpointError(f"config.json: rope_type={kind!r} is not supported (supported: "
+                          f"default, linear, llama3, yarn)")
+  if kind in ("llama3", "yarn"):
+    params.setdefault("original_max_position_embeddings", c["max_position_embeddings"])
+  if kind == "yarn" and params.get("factor") is None:
+    params["factor"] = c["max_position_embeddings"] / params["original_max_position_embeddings"]
+  from attnjax._src.nn import rope as rope_lib
+
+  try:
+    scaling = rope_lib.normalize_scaling(dict(params, type=kind))
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"config.json: {e}") from None
+  return float(theta), scaling
+
+
+def _check_common(c: Config) -> None:
+  if c.raw.get("add_cross_attention"):
+    raise CheckpointError("config.json: add_cross_attention=true (an encoder-decoder "
+                          "cross-attention) is not supported")
+  if c.raw.get("pruned_heads"):
+    raise CheckpointError(f"config.json: pruned_heads={c.raw['pruned_heads']} (pruned "
+                          f"attention heads) is not supported")
+
+
+# ---------------------------------------------------------------------------
+# Converters (numpy, in the stored dtype).
+
+
+def _same(x):
+  return x
+
+
+def _transpose(x):
+  return np.ascontiguousarray(np.swapaxes(x, -1, -2))
+
+
+def _columns(start: int, stop: int):
+  """A slice of the last axis (GPT-2's fused q/k/v)."""
+  def convert(x):
+    return np.ascontiguousarray(x[..., start:stop])
+  return convert
+
+
+def _every_other(offset: int):
+  """gpt-oss's interleaved gate (even) / up (odd) columns."""
+  def convert(x):
+    return np.ascontiguousarray(x[..., offset::2])
+  return convert
+
+
+FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                       -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+
+
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+  """MXFP4 experts: bytes ``[E, out, G, 16]`` and scales ``[E, out, G]`` -> ``[E, in, out]``.
+
+  The OCP microscaling format, as gpt-oss ships its experts.
+  Each byte holds two FP4 (e2m1) values, the low nibble first; each group of
+  32 values along ``in`` shares a power-of-two scale stored as a biased
+  exponent (127 = 1). Returns float32 (exact: every value is an FP4 number
+  times a power of two), transposed to ``[E, in = G * 32, out]`` as gpt-oss's
+  unquantised experts are stored.
+  """
+  blocks = np.asarray(blocks, np.uint8)
+  exponents = np.asarray(scales, np.int32) - 127
+  values = np.empty(blocks.shape[:-1] + (blocks.shape[-1] * 2,), np.float32)
+  values[..., 0::2] = FP4_VALUES[blocks & 0x0F]
+  values[..., 1::2] = FP4_VALUES[blocks >> 4]
+  values = np.ldexp(values, exponents[..., None])
+  E, out = values.shape[:2]
+  return np.ascontiguousarray(np.swapaxes(np.reshape(values, (E, out, -1)), 1, 2))
+
+
+class Architecture:
+  """One ``model_type``: the base every architecture subclasses.
+
+  A subclass sets the class attributes and defines ``build``, ``layer_types``
+  and ``tensors``; :func:`register` adds it to :data:`ARCHITECTURES`.
+
+  Attributes:
+    model_type: ``config.json``'s ``model_type``.
+    known_as: the models it covers, for the documentation ("Llama 2/3, SmolLM").
+    summary: one line of the README's table: the attnjax options it maps to.
+    maps_to: the guide's row: the same in full.
+    understood: the config keys ``build`` reads.
+    inert: keys of this type known not to change the forward pass (besides
+      ``INERT_KEYS``).
+    defaults: the defaults of ``transformers``' config class of this type.
+    prefixes: leading parts tensor names may carry (``"model."``), stripped.
+    quantizations: the ``quantization_config`` ``quant_method`` values it reads.
+  """
+
+  model_type: ClassVar[str] = ""
+  known_as: ClassVar[str] = ""
+  summary: ClassVar[str] = ""
+  maps_to: ClassVar[str] = ""
+  understood: ClassVar[frozenset] = frozenset()
+  inert: ClassVar[frozenset] = frozenset()
+  defaults: ClassVar[dict] = {}
+  prefixes: ClassVar[tuple[str, ...]] = ()
+  quantizations: ClassVar[tuple[str, ...]] = ()
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(model_type={self.model_type!r})"
+
+  def ignored(self, name: str) -> bool:
+    """Checkpoint tensors that are not parameters (buffers older versions saved): skipped."""
+    del name
+    return False
+
+  def check_keys(self, config: dict) -> None:
+    """Raises naming every config key neither understood nor known to be inert."""
+    known = self.understood | self.inert | INERT_KEYS | COMMON_KEYS
+    unknown = sorted(k for k in config if k not in known)
+    if unknown:
+      raise CheckpointError(
+          f"config.json of model_type={self.model_type!r} has keys the loader does not "
+          f"understand: {unknown}. They may change the computation, so the model is not "
+          f"built; if a key is known not to affect the forward pass, remove it from config.json")
+
+  def quant_method(self, config: dict) -> Optional[str]:
+    """``quantization_config``'s ``quant_method`` (None: not quantised); raises if not read."""
+    q = config.get("quantization_config")
+    if q is None:
+      return None
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method not in self.quantizations:
+      raise CheckpointError(
+          f"config.json: quantization_config with quant_method={method!r} is not supported "
+          f"for model_type={self.model_type!r} (supported: {list(self.quantizations)})")
+    return method
+
+  def read_config(self, config: dict) -> Config:
+    """``config`` with this type's defaults, after the checks every type shares."""
+    c = Config(config, self.defaults)
+    _check_common(c)
+    return c
+
+  def build(self, config: dict):
+    """``config.json`` dict -> :class:`attnjax.nn.ModelConfig`."""
+    raise NotImplementedError
+
+  def layer_types(self, config: dict) -> list[str]:
+    """Each layer's kind: ``"full_attention"`` or ``"sliding_attention"``."""
+    raise NotImplementedError
+
+  def tensors(self, config: dict, mcfg) -> dict:
+    """``{our path: Rule}`` of every parameter of ``mcfg = build(config)``."""
+    raise NotImplementedError
+
+
+ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def register(cls: type) -> type:
+  """Class decorator: adds an :class:`Architecture` subclass (one instance) to the registry."""
+  for name in ("model_type", "summary", "maps_to"):
+    if not getattr(cls, name):
+      raise TypeError(f"{cls.__name__} must set {name} to be registered")
+  if cls.model_type in ARCHITECTURES:
+    raise ValueError(f"model_type={cls.model_type!r} is already registered "
+                     f"({ARCHITECTURES[cls.model_type]!r})")
+  ARCHITECTURES[cls.model_type] = cls()
+  return cls
+
+
+# ---------------------------------------------------------------------------
+# GPT-2.
+
+
+@register
+class GPT2(Architecture):
+  """GPT-2: learned positions, LayerNorm with bias, ``Conv1D`` weights already ``[in, out]``."""
+
+  model_type = "gpt2"
+  summary = ('`norm="layer"`, `learned_positions`, `rope_theta=None`, `mlp="gelu"`, '
+             '`mlp_bias`, `qkv_bias`, `out_bias`, tied head')
+  maps_to = ('`norm="layer"` (with bias), `learned_positions=n_positions`, `rope_theta=None`, '
+             '`mlp="gelu"` (`gelu_new` -> `mlp_activation="gelu_tanh"`, `gelu` -> '
+             '`"gelu_exact"`), `mlp_bias`, `qkv_bias`, `out_bias`, tied head; Conv1D weights '
+             'are already `[in, out]`; `scale_attn_by_inverse_layer_idx` -> dense `scale` per '
+             'layer')
+  understood = frozenset({"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
+                          "activation_function", "layer_norm_epsilon", "scale_attn_weights",
+                          "scale_attn_by_inverse_layer_idx"})
+  # reorder_and_upcast_attn computes the same logits in float32 (a precision choice);
+  # summary_* configure the multiple-choice head of GPT2DoubleHeadsModel.
+  inert = frozenset({"n_ctx", "resid_pdrop", "embd_pdrop", "attn_pdrop", "reorder_and_upcast_attn",
+                     "summary_type", "summary_use_proj", "summary_activation",
+                     "summary_proj_to_labels", "summary_first_dropout"})
+  defaults = dict(n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
+                  activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                  scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                  tie_word_embeddings=True)
+  prefixes = ("transformer.",)
+
+  def ignored(self, name: str) -> bool:
+    # The causal-mask buffers older versions saved with each attention layer.
+    return name.endswith(".attn.bias") or name.endswith(".attn.masked_bias")
+
+  def layer_types(self, config: dict) -> list[str]:
+    return [FULL] * self.read_config(config).int("n_layer")
+
+  def build(self, config: dict):
+    from attnjax._src import nn
+
+    c = self.read_config(config)
+    D, N, L = c.int("n_embd"), c.int("n_head"), c.int("n_layer")
+    if D % N:
+      raise CheckpointError(f"config.json: n_embd={D} is not divisible by n_head={N}")
+    H = D // N
+    activation = _activation(c, "activation_function")
+    if activation == "silu":
+      raise CheckpointError("config.json: activation_function='silu' is not supported for gpt2 "
+                            "(its MLP is ungated)")
+    layers = []
+    for i in range(L):
+      scale = H ** -0.5 if c.flag("scale_attn_weights") else 1.0
+      if c.flag("scale_attn_by_inverse_layer_idx"):
+        scale /= float(i + 1)
+      layers.append(nn.AttentionConfig(num_heads=N, head_dim=H, rope_theta=None, qkv_bias=True,
+                                       out_bias=True, scale=None if scale == H ** -0.5 else scale))
+    same = all(a == layers[0] for a in layers)
+    return nn.ModelConfig(
+        vocab_size=c.int("vocab_size"), d_model=D, num_layers=L, attention=layers[0],
+        layer_attention=None if same else tuple(layers), mlp="gelu",
+        mlp_dim=c["n_inner"] or 4 * D, mlp_activation=activation, mlp_bias=True, norm="layer",
+        norm_eps=float(c["layer_norm_epsilon"]), tie_embeddings=c.flag("tie_word_embeddings"),
+        learned_positions=c.int("n_positions"))
+
+  def tensors(self, config: dict, mcfg) -> dict:
+    D, V, I, P = mcfg.d_model, mcfg.vocab_size, mcfg.hidden_dim, mcfg.learned_positions
+    rules: dict[Path, Rule] = {
+        ("embed", "embedding"): Rule(("wte.weight",), ((V, D),), _same),
+        ("position_embed", "embedding"): Rule(("wpe.weight",), ((P, D),), _same),
+        ("final_norm", "scale"): Rule(("ln_f.weight",), ((D,),), _same),
+        ("final_norm", "bias"): Rule(("ln_f.bias",), ((D,),), _same),
+    }
+    if not mcfg.tie_embeddings:
+      rules[("head", "kernel")] = Rule(("lm_head.weight",), ((V, D),), _transpose)
+    for i in range(mcfg.num_layers):
+      pre, blk = f"h.{i}.", ("blocks", i)
+      for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
+        rules[blk + (ours, "scale")] = Rule((f"{pre}{theirs}.weight",), ((D,),), _same)
+        rules[blk + (ours, "bias")] = Rule((f"{pre}{theirs}.bias",), ((D,),), _same)
+      # Conv1D stores [in, out]: our kernels' layout. c_attn's columns are q, k, v.
+      for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        cols = _columns(j * D, (j + 1) * D)
+        rules[blk + ("attention", proj, "kernel")] = Rule((f"{pre}attn.c_attn.weight",),
+                                                          ((D, 3 * D),), cols)
+        rules[blk + ("attention", proj, "bias")] = Rule((f"{pre}attn.c_attn.bias",),
+                                                        ((3 * D,),), cols)
+      for ours, theirs, shape in ((("attention", "o_proj"), "attn.c_proj", (D, D)),
+                                  (("mlp", "up"), "mlp.c_fc", (D, I)),
+                                  (("mlp", "down"), "mlp.c_proj", (I, D))):
+        rules[blk + ours + ("kernel",)] = Rule((f"{pre}{theirs}.weight",), (shape,), _same)
+        rules[blk + ours + ("bias",)] = Rule((f"{pre}{theirs}.bias",), ((shape[1],),), _same)
+    return rules
+
+
+# ---------------------------------------------------------------------------
+# Llama-style decoders: the Llama base and its hooks.
+
+
+def _alternating(L: int) -> list[str]:
+  """Sliding and full layers in turn, sliding first (Gemma 2, gpt-oss)."""
+  return [SLIDING if i % 2 == 0 else FULL for i in range(L)]
+
+
+def _qk_norm(c: Config, scope: str, gain_offset: float) -> dict[str, Any]:
+  """``family="qk_norm"``: RMSNorm of q and k with gains, before RoPE, over ``scope``."""
+  return dict(family="qk_norm", qk_norm="rms", qk_norm_eps=float(c["rms_norm_eps"]),
+              qk_norm_gain=True, qk_norm_placement="before_rope", qk_norm_scope=scope,
+              qk_norm_gain_offset=gain_offset)
+
+
+class LlamaStyle(Architecture):
+  """The Llama decoder; each Llama-style model type overrides the hooks where it differs.
+
+  Config hooks (``c`` is the config with this type's ``defaults``):
+  ``default_layer_types`` (when the config has no ``layer_types``), ``window``,
+  ``rope_parameters``, ``head_dim``, ``attention_bias``, ``attention_options``
+  (the family and its options), ``mlp`` and ``model_options`` (norms, embedding
+  scale, final softcap). Tensor hooks: ``attention_tensors``, ``norm_names``
+  and ``mlp_tensors``. ``build`` and ``tensors`` put them together.
+  """
+
+  understood = frozenset({"vocab_size", "hidden_size", "intermediate_size",
+                          "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                          "head_dim", "hidden_act", "rms_norm_eps", "rope_theta",
+                          "rope_scaling", "rope_parameters", "partial_rotary_factor"})
+  defaults = dict(hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  attention_bias=False, mlp_bias=False, max_position_embeddings=2048)
+  prefixes = ("model.",)
+  activation_key: ClassVar[str] = "hidden_act"
+  rope_theta: ClassVar[float] = 10000.0
+  # (ours, theirs) of each block's norms: pre-norm.
+  norm_names: ClassVar[tuple] = (("attn_norm", "input_layernorm"),
+                                 ("mlp_norm", "post_attention_layernorm"))
+
+  def ignored(self, name: str) -> bool:
+    return name.endswith("rotary_emb.inv_freq")
+
+  # Config hooks.
+
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
+    del c
+    return [FULL] * num_layers
+
+  def window(self, c: Config, layer_type: str) -> Optional[int]:
+    """attnjax's ``window`` (``W - 1``) of a layer, from ``transformers``' ``sliding_window`` W."""
+    W = c["sliding_window"] if layer_type == SLIDING else None
+    if W is None:
+      return None
+    if isinstance(W, bool) or not isinstance(W, int) or W < 1:
+      raise CheckpointError(f"config.json: sliding_window must be a positive int, got {W!r}")
+    return W - 1
+
+  def rope_parameters(self, c: Config, layer_type: str) -> tuple[dict, float]:
+    """``(parameters, default rope_theta)`` of a layer type; ``rope_scaling`` (older) wins."""
+    del layer_type
+    scaling, params = _rope_dicts(c)
+    chosen = scaling or params or c.defaults.get("rope_parameters") or {}
+    return dict(chosen), c.raw.get("rope_theta", self.rope_theta)
+
+  def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
+    return c["head_dim"] or d_model // num_heads
+
+  def attention_bias(self, c: Config) -> tuple[bool, bool]:
+    """``(qkv_bias, out_bias)``."""
+    bias = c.flag("attention_bias")
+    return bias, bias
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    """``AttentionConfig`` options of a layer type (``family`` among them, default dense)."""
+    del c, layer_type
+    return {}
+
+  def mlp(self, c: Config) -> dict[str, Any]:
+    """``ModelConfig``'s MLP fields: gated, SwiGLU for SiLU, else GeGLU-style."""
+    activation = _activation(c, self.activation_key)
+    if activation == "silu":
+      return dict(mlp="swiglu", mlp_dim=c.int("intermediate_size"))
+    return dict(mlp="geglu", mlp_activation=activation, mlp_dim=c.int("intermediate_size"))
+
+  def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
+    """The other ``ModelConfig`` fields: norms, embedding scale, final softcap."""
+    del c, d_model
+    return dict(norm="rms", norm_placement="pre")
+
+  # Tensor hooks (names after the prefix; ``pre`` ends with a dot).
+
+  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
+    """The rules of one attention layer ``a`` (its ``AttentionConfig``) at ``path``."""
+    N, K, H, D = a.num_heads, a.kv_heads, a.head_dim_for(d_model), d_model
+    rules: dict[Path, Rule] = {}
+    for proj, rows in (("q_proj", N * H), ("k_proj", K * H), ("v_proj", K * H)):
+      rules[path + (proj, "kernel")] = Rule((f"{pre}{proj}.weight",), ((rows, D),), _transpose)
+      if a.qkv_bias:
+        rules[path + (proj, "bias")] = Rule((f"{pre}{proj}.bias",), ((rows,),), _same)
+    rules[path + ("o_proj", "kernel")] = Rule((f"{pre}o_proj.weight",), ((D, N * H),),
+                                              _transpose)
+    if a.out_bias:
+      rules[path + ("o_proj", "bias")] = Rule((f"{pre}o_proj.bias",), ((D,),), _same)
+    if a.family == "qk_norm":
+      projection = a.qk_norm_scope == "projection"
+      for name, heads in (("q", N), ("k", K)):
+        rules[path + (f"{name}_gain",)] = Rule(
+            (f"{pre}{name}_norm.weight",), ((heads * H if projection else H,),), _same)
+    return rules
+
+  def mlp_tensors(self, config: dict, pre: str, path: Path, mcfg) -> dict[Path, Rule]:
+    """The rules of one block's MLP at ``path``."""
+    del config
+    D, I = mcfg.d_model, mcfg.hidden_dim
+    rules: dict[Path, Rule] = {}
+    for proj, ours, shape in (("gate_proj", "gate", (I, D)), ("up_proj", "up", (I, D)),
+                              ("down_proj", "down", (D, I))):
+      rules[path + (ours, "kernel")] = Rule((f"{pre}{proj}.weight",), (shape,), _transpose)
+      if mcfg.mlp_bias:
+        rules[path + (ours, "bias")] = Rule((f"{pre}{proj}.bias",), ((shape[0],),), _same)
+    return rules
+
+  # Put together.
+
+  def _layer_types(self, c: Config) -> list[str]:
+    L = c.int("num_hidden_layers")
+    types = c.raw.get("layer_types")
+    if types is None:
+      types = self.default_layer_types(c, L)
+    if not isinstance(types, list) or len(types) != L:
+      raise CheckpointError(f"config.json: layer_types must list num_hidden_layers={L} "
+                            f"entries, got {types!r}")
+    for t in types:
+      if t not in LAYER_TYPES:
+        raise CheckpointError(f"config.json: layer_types entry {t!r} is not supported "
+                              f"(supported: {', '.join(LAYER_TYPES)})")
+    return list(types)
+
+  def layer_types(self, config: dict) -> list[str]:
+    return self._layer_types(self.read_config(config))
+
+  def build(self, config: dict):
+    from attnjax._src import nn
+
+    c = self.read_config(config)
+    D, N = c.int("hidden_size"), c.int("num_attention_heads")
+    K = c["num_key_value_heads"] or N
+    H = self.head_dim(c, D, N)
+    if c.raw.get("rope_interleaved"):
+      raise CheckpointError("config.json: rope_interleaved=true (RoPE on interleaved pairs) is "
+                            "not how transformers computes this model; not supported")
+    if c.raw.get("use_bidirectional_attention"):
+      raise CheckpointError("config.json: use_bidirectional_attention=true (an encoder) is not "
+                            "supported; a causal language model is loaded")
+    mlp = self.mlp(c)
+    qkv_bias, out_bias = self.attention_bias(c)
+    layers = []
+    for layer_type in self._layer_types(c):
+      theta, scaling = _rope(c, *self.rope_parameters(c, layer_type))
+      options = dict(self.attention_options(c, layer_type))
+      window = self.window(c, layer_type)
+      if window is not None:
+        options["window"] = window
+      family = options.pop("family", "dense")
+      layers.append(nn.AttentionConfig(family, num_heads=N, num_kv_heads=K, head_dim=H,
+                                       rope_theta=theta, rope_scaling=scaling, qkv_bias=qkv_bias,
+                                       out_bias=out_bias, **options))
+    same = all(a == layers[0] for a in layers)
+    return nn.ModelConfig(
+        vocab_size=c.int("vocab_size"), d_model=D, num_layers=len(layers), attention=layers[0],
+        layer_attention=None if same else tuple(layers), norm_eps=float(c["rms_norm_eps"]),
+        tie_embeddings=c.flag("tie_word_embeddings"), **mlp, **self.model_options(c, D))
+
+  def tensors(self, config: dict, mcfg) -> dict:
+    D, V = mcfg.d_model, mcfg.vocab_size
+    rules: dict[Path, Rule] = {
+        ("embed", "embedding"): Rule(("embed_tokens.weight",), ((V, D),), _same),
+        ("final_norm", "scale"): Rule(("norm.weight",), ((D,),), _same),
+    }
+    if not mcfg.tie_embeddings:
+      rules[("head", "kernel")] = Rule(("lm_head.weight",), ((V, D),), _transpose)
+    for i in range(mcfg.num_layers):
+      pre, blk = f"layers.{i}.", ("blocks", i)
+      rules.update(self.attention_tensors(pre + "self_attn.", blk + ("attention",),
+                                          mcfg.attention_for(i), D))
+      for ours, theirs in self.norm_names:
+        rules[blk + (ours, "scale")] = Rule((f"{pre}{theirs}.weight",), ((D,),), _same)
+      rules.update(self.mlp_tensors(config, pre + "mlp.", blk + ("mlp",), mcfg))
+    return rules
+
+
+# ---------------------------------------------------------------------------
+# The Llama-style model types, each its differences from the base.
+
+
+@register
+class Llama(LlamaStyle):
+  """Llama 2/3 and SmolLM: the base, with ``mlp_bias``."""
+
+  model_type = "llama"
+  known_as = "Llama 2/3, SmolLM"
+  summary = '`norm="rms"`, `mlp="swiglu"`, GQA, `rope_scaling` (`linear`, `llama3`, `yarn`)'
+  maps_to = ('`norm="rms"`, `mlp="swiglu"`, `num_kv_heads` (GQA), `rope_theta` + '
+             '`rope_scaling` (`linear`, `llama3`, `yarn`), `attention_bias` -> '
+             '`qkv_bias`/`out_bias`, `mlp_bias`, tied or untied')
+  understood = LlamaStyle.understood | {"attention_bias", "mlp_bias", "rope_interleaved"}
+  # pretraining_tp sliced Llama 2's matmuls (the same sums); SmolLM's configs carry nanotron's
+  # is_llama_config and rope_interleaved, which transformers does not read (false: checked).
+  inert = frozenset({"pretraining_tp", "is_llama_config"})
+
+  def mlp(self, c: Config) -> dict[str, Any]:
+    return dict(super().mlp(c), mlp_bias=c.flag("mlp_bias"))
+
+
+@register
+class Mistral(LlamaStyle):
+  """Mistral: a sliding window on every layer."""
+
+  model_type = "mistral"
+  summary = "as llama, `window=sliding_window - 1` on every layer"
+  maps_to = "as llama, `window = sliding_window - 1` on every layer"
+  understood = LlamaStyle.understood | {"sliding_window"}
+  defaults = dict(LlamaStyle.defaults, max_position_embeddings=4096 * 32,
+                  num_key_value_heads=8, sliding_window=4096)
+
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
+    return [FULL if c["sliding_window"] is None else SLIDING] * num_layers
+
+
+@register
+class Qwen2(LlamaStyle):
+  """Qwen 2: q/k/v biases; windows from ``max_window_layers`` with ``use_sliding_window``."""
+
+  model_type = "qwen2"
+  summary = "as llama with `qkv_bias`; windows from `max_window_layers`"
+  maps_to = ("as llama, `qkv_bias=True`; with `use_sliding_window`, windows on the layers from "
+             "`max_window_layers` (`layer_attention`)")
+  understood = LlamaStyle.understood | {"use_sliding_window", "sliding_window",
+                                        "max_window_layers", "layer_types"}
+  defaults = dict(LlamaStyle.defaults, max_position_embeddings=32768, use_sliding_window=False,
+                  sliding_window=4096, max_window_layers=28)
+
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
+    windowed = c.flag("use_sliding_window") and c["sliding_window"] is not None
+    first = c.int("max_window_layers") if windowed else num_layers
+    return [SLIDING if i >= first else FULL for i in range(num_layers)]
+
+  def window(self, c: Config, layer_type: str) -> Optional[int]:
+    # sliding_window counts only with use_sliding_window.
+    return super().window(c, layer_type) if c.flag("use_sliding_window") else None
+
+  def attention_bias(self, c: Config) -> tuple[bool, bool]:
+    return True, False
+
+
+@register
+class Qwen3(Qwen2):
+  """Qwen 3: Qwen 2's windows, RMSNorm of q and k per head, ``attention_bias``."""
+
+  model_type = "qwen3"
+  summary = 'as llama, `family="qk_norm"` (per head); windows as qwen2'
+  maps_to = ('`family="qk_norm"` (RMSNorm per head, before RoPE, gains `[H]`), explicit '
+             '`head_dim`, windows as qwen2')
+  understood = Qwen2.understood | {"attention_bias"}
+  defaults = dict(Qwen2.defaults, head_dim=128)
+
+  def attention_bias(self, c: Config) -> tuple[bool, bool]:
+    return LlamaStyle.attention_bias(self, c)
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    return _qk_norm(c, "head", 0.0)
+
+
+@register
+class Gemma2(LlamaStyle):
+  """Gemma 2: ``(1 + w)`` sandwich norms, GeGLU, scaled embedding, softcaps, alternating windows."""
+
+  model_type = "gemma2"
+  summary = ('`norm="rms_plus_one"`, `norm_placement="sandwich"`, `mlp="geglu"`, '
+             '`embed_scale`, `scale`, `softcap`, `final_softcap`, alternating windows')
+  maps_to = ('`norm="rms_plus_one"` (`(1 + w)`, float32), `norm_placement="sandwich"`, '
+             '`mlp="geglu"`, `embed_scale=sqrt(D)`, dense '
+             '`scale=query_pre_attn_scalar ** -0.5`, `softcap`, `final_softcap`, alternating '
+             'window / global layers')
+  understood = LlamaStyle.understood | {
+      "attention_bias", "hidden_activation", "query_pre_attn_scalar", "sliding_window",
+      "layer_types", "final_logit_softcapping", "attn_logit_softcapping",
+      "use_bidirectional_attention"}
+  # Gemma's modelling reads hidden_activation; older configs also carry an unused hidden_act.
+  inert = frozenset({"hidden_act", "cache_implementation", "sliding_window_size"})
+  defaults = dict(LlamaStyle.defaults, hidden_activation="gelu_pytorch_tanh",
+                  tie_word_embeddings=True, head_dim=256, query_pre_attn_scalar=256,
+                  sliding_window=4096, final_logit_softcapping=30.0,
+                  attn_logit_softcapping=50.0, max_position_embeddings=8192)
+  activation_key = "hidden_activation"
+  norm_names = (("attn_norm", "input_layernorm"), ("attn_post_norm", "post_attention_layernorm"),
+                ("mlp_norm", "pre_feedforward_layernorm"),
+                ("mlp_post_norm", "post_feedforward_layernorm"))
+
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
+    return _alternating(num_layers)
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    options: dict[str, Any] = {"scale": float(c["query_pre_attn_scalar"]) ** -0.5}
+    if c["attn_logit_softcapping"] is not None:
+      options["softcap"] = float(c["attn_logit_softcapping"])
+    return options
+
+  def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
+    options: dict[str, Any] = dict(norm="rms_plus_one", norm_placement="sandwich",
+                                   embed_scale=float(d_model) ** 0.5)
+    if c["final_logit_softcapping"] is not None:
+      options["final_softcap"] = float(c["final_logit_softcapping"])
+    return options
+
+
+@register
+class Gemma3Text(Gemma2):
+  """Gemma 3 (text): Gemma 2 with QK-norm, local / global RoPE and a window pattern."""
+
+  model_type = "gemma3_text"
+  summary = 'as gemma2 with `family="qk_norm"`, local / global RoPE'
+  maps_to = ('as gemma2 with `family="qk_norm"` (`qk_norm_gain_offset=1`, `scale`), local / '
+             'global `rope_theta` and `rope_scaling` per layer, `sliding_window_pattern`')
+  understood = Gemma2.understood | {"rope_local_base_freq", "sliding_window_pattern",
+                                    "_sliding_window_pattern"}
+  defaults = dict(Gemma2.defaults, final_logit_softcapping=None, attn_logit_softcapping=None,
+                  max_position_embeddings=131072)
+  rope_theta = 1_000_000.0
+  local_rope_theta: ClassVar[float] = 10_000.0
+
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
+    pattern = c.raw.get("sliding_window_pattern", c.raw.get("_sliding_window_pattern", 6))
+    return [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+
+  def rope_parameters(self, c: Config, layer_type: str) -> tuple[dict, float]:
+    """``rope_parameters`` nested by layer type; older configs scale only the full layers
+    and give the sliding ones their own base (``rope_local_base_freq``)."""
+    scaling, params = _rope_dicts(c)
+    nested = params if params and any(isinstance(v, dict) for v in params.values()) else {}
+    chosen = dict(nested.get(layer_type) or {})
+    if layer_type == SLIDING:
+      return chosen, c.raw.get("rope_local_base_freq", self.local_rope_theta)
+    if scaling is not None:
+      chosen.update(scaling)
+    return chosen, c.raw.get("rope_theta", self.rope_theta)
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    options = super().attention_options(c, layer_type)
+    return dict(options, **_qk_norm(c, "head", 1.0))
+
+
+@register
+class Olmo2(LlamaStyle):
+  """OLMo 2: RMSNorm of the whole q and k projections, post-norm blocks."""
+
+  model_type = "olmo2"
+  summary = '`family="qk_norm"` with `qk_norm_scope="projection"`, `norm_placement="post"`'
+  maps_to = ('`family="qk_norm"` with `qk_norm_scope="projection"` (RMSNorm over all heads\' '
+             '`N H` before the split), `norm_placement="post"`')
+  understood = LlamaStyle.understood | {"attention_bias"}
+  defaults = dict(LlamaStyle.defaults, rms_norm_eps=1e-5)
+  norm_names = (("attn_post_norm", "post_attention_layernorm"),
+                ("mlp_post_norm", "post_feedforward_layernorm"))
+
+  def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
+    return d_model // num_heads  # head_dim is not a key of its config
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    return _qk_norm(c, "projection", 0.0)
+
+  def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
+    return dict(norm="rms", norm_placement="post")
+
+
+@register
+class GptOss(LlamaStyle):
+  """gpt-oss: sink logits, alternating windows, YaRN, top-k experts (MXFP4 or not)."""
+
+  model_type = "gpt_oss"
+  summary = ('`sink_logits=True`, alternating windows, yarn RoPE, `mlp="moe"` (top-k routing, '
+             'exact), MXFP4 experts dequantised')
+  maps_to = ('`sink_logits=True`, alternating windows, `rope_scaling` yarn, '
+             '`qkv_bias`/`out_bias`, `mlp="moe"` (`num_experts`, `experts_per_token`, '
+             '`moe_alpha`, `moe_limit`: gpt-oss\'s clamped SwiGLU with top-k routing, computed '
+             'exactly); MXFP4 experts are dequantised')
+  understood = LlamaStyle.understood | {"attention_bias", "sliding_window", "layer_types",
+                                        "num_local_experts", "num_experts_per_tok",
+                                        "swiglu_alpha", "swiglu_limit"}
+  # gpt-oss's own names beside transformers' (experts_per_token), the router's training loss.
+  inert = frozenset({"router_aux_loss_coef", "output_router_logits", "experts_per_token",
+                     "initial_context_length"})
+  defaults = dict(LlamaStyle.defaults, rms_norm_eps=1e-5, attention_bias=True, head_dim=64,
+                  sliding_window=128, num_local_experts=128, num_experts_per_tok=4,
+                  swiglu_alpha=1.702, swiglu_limit=7.0, max_position_embeddings=131072,
+                  rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0,
+                                       beta_slow=1.0, truncate=False,
+                                       original_max_position_embeddings=4096))
+  quantizations = ("mxfp4",)
+  rope_theta = 150000.0
+
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
+    return _alternating(num_layers)
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    return {"sink_logits": True}
+
+  def mlp(self, c: Config) -> dict[str, Any]:
+    _activation(c, self.activation_key)  # checked, though the experts' SwiGLU is fixed
+    return dict(mlp="moe", mlp_dim=c.int("intermediate_size"),
+                num_experts=c.int("num_local_experts"),
+                experts_per_token=c.int("num_experts_per_tok"),
+                moe_alpha=float(c["swiglu_alpha"]),
+                moe_limit=None if c["swiglu_limit"] is None else float(c["swiglu_limit"]))
+
+  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
+    rules = super().attention_tensors(pre, path, a, d_model)
+    if a.sink_logits:
+      rules[path + ("sink_logits",)] = Rule((f"{pre}sinks",), ((a.num_heads,),), _same)
+    return rules
+
+  def mlp_tensors(self, config: dict, pre: str, path: Path, mcfg) -> dict[Path, Rule]:
+    E, D, I = mcfg.num_experts, mcfg.d_model, mcfg.hidden_dim
+    ex = f"{pre}experts."
+    rules = {
+        path + ("router", "kernel"): Rule((f"{pre}router.weight",), ((E, D),), _transpose),
+        path + ("router", "bias"): Rule((f"{pre}router.bias",), ((E,),), _same),
+        path + ("gate_bias",): Rule((f"{ex}gate_up_proj_bias",), ((E, 2 * I),),
+                                    _every_other(0)),
+        path + ("up_bias",): Rule((f"{ex}gate_up_proj_bias",), ((E, 2 * I),), _every_other(1)),
+        path + ("down_bias",): Rule((f"{ex}down_proj_bias",), ((E, D),), _same),
+    }
+    if self.quant_method(config) == "mxfp4":
+      rules.update(_mxfp4_expert_rules(ex, path, E, D, I))
+      return rules
+    gate_up = ((f"{ex}gate_up_proj",), ((E, D, 2 * I),))
+    rules[path + ("gate",)] = Rule(*gate_up, _every_other(0))
+    rules[path + ("up",)] = Rule(*gate_up, _every_other(1))
+    rules[path + ("down",)] = Rule((f"{ex}down_proj",), ((E, I, D),), _same)
+    return rules
+
+
+def _mxfp4_expert_rules(ex: str, path: Path, E: int, D: int, I: int) -> dict[Path, Rule]:
+  """gpt-oss's experts in MXFP4 (``*_blocks`` and ``*_scales``), dequantised as they are read."""
+  if D % 32 or I % 32:
+    raise CheckpointError(f"config.json: mxfp4 experts need hidden_size={D} and "
+                          f"intermediate_size={I} to be multiples of 32")
+  gate_up = ((f"{ex}gate_up_proj_blocks", f"{ex}gate_up_proj_scales"),
+             ((E, 2 * I, D // 32, 16), (E, 2 * I, D // 32)))
+  down = ((f"{ex}down_proj_blocks", f"{ex}down_proj_scales"),
+          ((E, D, I // 32, 16), (E, D, I // 32)))
+  return {
+      path + ("gate",): Rule(*gate_up, lambda b, s: _every_other(0)(dequantize_mxfp4(b, s))),
+      path + ("up",): Rule(*gate_up, lambda b, s: _every_other(1)(dequantize_mxfp4(b, s))),
+      path + ("down",): Rule(*down, dequantize_mxfp4),
+  }
+
+
+# ---------------------------------------------------------------------------
+# The registry's views.
+
+SUPPORTED = tuple(ARCHITECTURES)  # the registered model types, in registration order
+
+
+def architecture(config: dict) -> Architecture:
+  """The :class:`Architecture` of a ``config.json`` dict (CheckpointError naming SUPPORTED)."""
+  model_type = config.get("model_type")
+  if model_type not in ARCHITECTURES:
+    raise CheckpointError(f"config.json: model_type={model_type!r} is not supported; "
+                          f"attnjax.models.SUPPORTED = {tuple(ARCHITECTURES)}")
+  return ARCHITECTURES[model_type]
+
+
+def architecture_table(detail: str = "maps_to") -> str:
+  """The markdown table of the registered architectures, as the documentation shows it.
+
+  Args:
+    detail: ``"maps_to"`` (the guide's table, with ``known_as``) or ``"summary"``
+      (the README's).
+  """
+  if detail not in ("maps_to", "summary"):
+    raise ValueError(f"detail must be 'maps_to' or 'summary', got {detail!r}")
+  rows = ["| `model_type` | attnjax options it maps to |", "|---|---|"]
+  for arch in ARCHITECTURES.values():
+    name = f"`{arch.model_type}`"
+    if arch.known_as and detail == "maps_to":
+      name += f" ({arch.known_as})"
+    rows.append(f"| {name} | {getattr(arch, detail)} |")
+  return "\n".join(rows) + "\n"
+
+
+__all__ = ["ARCHITECTURES", "Architecture", "CheckpointError", "Config", "FULL", "GPT2", "Gemma2",
+           "Gemma3Text", "GptOss", "LAYER_TYPES", "Llama", "LlamaStyle", "Mistral", "Olmo2",
+           "Qwen2", "Qwen3", "Rule", "SLIDING", "SUPPORTED", "architecture", "architecture_table",
+           "dequantize_mxfp4", "register"]

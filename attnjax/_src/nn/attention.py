@@ -1,0 +1,335 @@
+"""``Attention``: one NNX layer that hosts every attention family of attnjax.
+
+The module owns the projections, the output gate and the parameters its family
+spec (:mod:`attnjax.nn.specs`) creates (QK-norm gains, cosine temperatures,
+sink logits, key/value bias slot, random-feature projections); the maths stay in
+the pure functions (:func:`attnjax.dot_product_attention`,
+``qk_norm_attention``, ``cosine_attention``, ``linear_attention``,
+``sparse_attention``), as ``flax.nnx.MultiHeadAttention`` separates module from
+``attention_fn``, and an ``attention_fn`` can be injected here too. The layer
+never branches on the family: the spec builds the attention call and the cache.
+
+Calls:
+
+>>> import jax
+>>> import jax.numpy as jnp
+>>> from flax import nnx
+>>> from attnjax import nn
+>>> x = jax.random.normal(jax.random.key(1), (2, 16, 32))       # [B, T, D]
+>>> memory = jax.random.normal(jax.random.key(2), (2, 12, 32))  # [B, S, D]
+>>> pad = jnp.arange(16)[None, :] < jnp.array([[16], [12]])     # [B, T] valid tokens
+>>> seg = jnp.array([[0] * 10 + [1] * 6] * 2)                   # [B, T] documents
+>>> pos = jnp.array([list(range(10)) + list(range(6))] * 2)
+>>> layer = nn.Attention(nn.AttentionConfig(num_heads=4), d_model=32, rngs=nnx.Rngs(0))
+>>> y = layer(x)                                   # causal self-attention, [B, T, D]
+>>> y = layer(x, mask=pad[:, None, None, :])       # padding: True = may attend
+>>> y = layer(x, segment_ids=seg, positions=pos)   # packed documents, RoPE per document
+>>> y = layer(x, inputs_kv=memory)                 # cross-attention over [B, S, D]
+>>> y.shape
+(2, 16, 32)
+
+Decoding is functional: :meth:`.Attention.init_cache` returns a pytree and
+:meth:`.Attention.decode` maps ``(x, cache) -> (y, cache)``.
+
+- Softmax-style families keep a :class:`.KVCache` of keys stored *before* RoPE
+  with the sequence position, RoPE position and segment id of every slot: a
+  full cache (``max_len`` slots), a rolling cache of ``window`` slots for
+  sliding windows (the ``window`` keys before the query; its own key comes
+  with the call, so it sees ``i - window .. i``), or ``num_sinks + window``
+  slots for StreamingLLM, whose keys
+  are rotated at attention time by their stored position
+  (``streaming_rope="absolute"``) or by their position in the cache
+  (``"cache"``, Xiao et al. 2024).
+- What a softmax-style cache keeps is the config's ``cache_policy``
+  (:mod:`attnjax.nn.kv_policies`): ``"full"``; ``"int8"`` / ``"fp8"`` keys and
+  values with a scale per token and head (:class:`.QuantizedKVCache`);
+  ``"h2o"`` heavy hitters plus a recent window within ``cache_budget`` slots
+  (:class:`.H2OCache`); ``"sinks_window"`` the first tokens plus a recent
+  window (a :class:`.KVCache` of ``cache_budget`` slots).
+- Linear attention keeps a :class:`.LinearCache`, its recurrent state.
+- Sparse layers keep a full cache and mask it by the pattern's rule, by position.
+- Cross-attention keeps a :class:`.CrossCache` (``init_cache(..., kv_length=S)``):
+  the first ``decode(x, cache, inputs_kv=memory)`` projects and stores the keys
+  and values, later ``decode(x, cache)`` calls reuse them.
+- A call with ``T`` new tokens attends over the old cache concatenated with the
+  new keys, masked by position and segment, then writes the new keys into
+  their slots; so one path serves prefill and steps.
+
+Context parallelism: under ``jax.set_mesh`` of a mesh with a ``context`` axis
+larger than 1, the self-attention training forward runs the family function
+sequence-sharded (``context_axis="context"`` inside ``shard_map``, see
+``attnjax.nn._context``); decoding and cross-attention stay unsharded.
+
+Statistics: under ``nnx.capture(..., nnx.Intermediate)`` the layer sows
+``attention_stats`` (:class:`attnjax.AttentionStats`), ``q_rms`` ``[B, N]`` and
+``k_rms`` ``[B, K]`` (RMS over time and head dim of the projected q and k),
+``gate_mean`` ``[B, N]`` when gated, and ``weights`` ``[B, N, T, S]`` when asked
+(``sow_weights``). Outside ``nnx.capture`` nothing is computed for them.
+
+References:
+  Qiu et al. 2025, "Gated Attention for Large Language Models" (output gate).
+  Sun et al. 2024, "Massive Activations in Large Language Models" (k/v bias).
+  Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks".
+  OpenAI 2025, gpt-oss model card (sink logits).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attnjax._src import checks as _checks
+from attnjax._src.nn import _layers
+from attnjax._src.nn.caches import Cache, CrossCache
+from attnjax._src.nn.config import AttentionConfig
+from attnjax._src.nn.specs import Call
+
+Array = jnp.ndarray
+
+__all__ = ["Attention"]
+
+
+class Attention(nnx.Module):
+  """Multi-head attention of any attnjax family (see the module docstring).
+
+  Args:
+    config: the :class:`.AttentionConfig`.
+    d_model: model width D.
+    rngs: ``nnx.Rngs`` for the parameters.
+    dtype: compute dtype (projections, cache); logits are float32 regardless.
+    param_dtype: parameter dtype.
+    attention_fn: the pure attention function to call instead of the family's
+      (None), on every path (forward, cross-attention, decode), as flax's
+      ``MultiHeadAttention(attention_fn=...)``. It receives ``(q, k, v)`` and
+      the keyword arguments of the function the family calls on that path
+      (e.g. :func:`attnjax.dot_product_attention`'s ``mask``, ``is_causal``,
+      ``window``, ``normalizer``, ``implementation``, ``return_stats``, ...).
+      A sparse layer calls :func:`attnjax.sparse_attention` (``pattern``,
+      ``block_size``) only in a forward without ``mask``; when decoding or
+      given a ``mask`` it masks by the pattern and calls the dense kernel's
+      signature (its ``implementation`` mapped: ``"blockwise"`` -> None).
+  """
+
+  def __init__(self, config: AttentionConfig, d_model: int, rngs: nnx.Rngs, *,
+               dtype=jnp.float32, param_dtype=jnp.float32,
+               attention_fn: Optional[Callable] = None):
+    if not isinstance(config, AttentionConfig):
+      raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+    if attention_fn is not None and not callable(attention_fn):
+      raise TypeError(f"attention_fn must be callable, got {type(attention_fn).__name__}")
+    self.config = config
+    self.d_model = d_model
+    self.dtype = jnp.dtype(dtype)
+    self.attention_fn = attention_fn
+    self.num_heads = N = config.num_heads
+    self.num_kv_heads = K = config.kv_heads
+    self.head_dim = H = config.head_dim_for(d_model)
+    lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    qkv_bias = config.qkv_bias
+    self.q_proj = _layers.linear(d_model, N * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
+    self.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
+    self.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
+    self.o_proj = _layers.linear(N * H, d_model, ("heads", "embed"), use_bias=config.out_bias,
+                                 **lin)
+    # Optional parameters, declared up front; the spec fills in those it uses.
+    self.gate_proj = nnx.data(None)
+    for name in config.spec.optional_params:
+      setattr(self, name, nnx.data(None))
+    if config.output_gate is not None:
+      width = N * H if config.output_gate == "elementwise" else N
+      self.gate_proj = _layers.linear(d_model, width, ("embed", "heads"), use_bias=True, **lin)
+    # After the gate: the random-feature draw keeps its place in the rngs stream.
+    config.spec.init_params(self, rngs, param_dtype)
+
+  # -------------------------------------------------------------------------
+  # Public calls.
+
+  def __call__(self, x: Array, *, inputs_kv: Optional[Array] = None,
+               mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
+               positions: Optional[Array] = None,
+               sow_weights: Optional[bool] = None) -> Array:
+    """Attention of ``x`` ``[B, T, D]`` -> ``[B, T, D]``.
+
+    Args:
+      x: the queries' sequence (and keys' and values', without ``inputs_kv``).
+      inputs_kv: ``[B, S, D]``: cross-attention over this second sequence
+        (keys and values projected from it; never causal, no RoPE).
+      mask: bool, True = may attend, broadcastable to ``[B, N, T, S]``
+        (``S = T`` in self-attention), e.g. a padding mask ``[B, 1, 1, S]``;
+        intersected with the layer's own structure (causal, window, pattern).
+      segment_ids: ``[B, T]`` int: packed sequences; no token attends across
+        a segment boundary (self-attention).
+      positions: ``[T]`` or ``[B, T]`` int RoPE positions (default
+        ``0..T-1``), e.g. restarting at 0 in every packed document. Causality
+        and windows follow the token order, not these positions.
+      sow_weights: sow the weights (under ``nnx.capture``); None = the config's.
+    """
+    y, _ = self._forward(x, None, inputs_kv=inputs_kv, mask=mask, segment_ids=segment_ids,
+                         positions=positions, sow_weights=sow_weights)
+    return y
+
+  def decode(self, x: Array, cache: Cache, *, inputs_kv: Optional[Array] = None,
+             mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
+             positions: Optional[Array] = None, sow_weights: Optional[bool] = None):
+    """Attends ``x`` ``[B, T, D]`` (the next ``T`` tokens) over the cache: ``(y, cache)``.
+
+    Self-attention: ``segment_ids`` ``[B, T]`` (default 0) and ``positions``
+    (default the sequence positions) of the new tokens are stored with their
+    keys; a packed decode passes them on every call; ``mask`` is not taken
+    (mark padding with segment ids). Cross-attention (a :class:`.CrossCache`):
+    pass ``inputs_kv`` on the first call to fill the cache; ``mask``
+    ``[B, N, T, S]`` is taken on every call.
+    """
+    if cache is None:
+      raise ValueError("cache is None: build one with init_cache(batch_size, max_len)")
+    return self._forward(x, cache, inputs_kv=inputs_kv, mask=mask, segment_ids=segment_ids,
+                         positions=positions, sow_weights=sow_weights)
+
+  def cache_capacity(self, max_len: int) -> int:
+    """Number of key slots this layer's self-attention cache needs for ``max_len`` tokens."""
+    return self.config.spec.cache_capacity(self, max_len)
+
+  def init_cache(self, batch_size: int, max_len: int, *,
+                 kv_length: Optional[int] = None) -> Cache:
+    """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens.
+
+    With ``kv_length`` (S), a :class:`.CrossCache` for cross-attention over a
+    second sequence of S tokens, filled by the first ``decode(..., inputs_kv=)``.
+    A full cache silently drops keys written past ``max_len`` (positions are
+    traced, so this cannot be checked); rolling, evicting (``cache_policy``
+    ``"h2o"``, ``"sinks_window"``: ``cache_budget <= max_len``) and linear
+    caches never fill.
+    """
+    if kv_length is not None:
+      K, H = self.num_kv_heads, self.head_dim
+      return CrossCache(k=jnp.zeros((batch_size, kv_length, K, H), self.dtype),
+                        v=jnp.zeros((batch_size, kv_length, K, H), self.dtype))
+    return self.config.spec.init_cache(self, batch_size, max_len)
+
+  def redraw_features(self, key: Array) -> None:
+    """Draws a new random-feature projection (Performer's periodic redrawing)."""
+    redraw = getattr(self.config.spec, "redraw", None)
+    if redraw is None:
+      raise ValueError(f"redraw_features needs a random feature map, this layer has "
+                       f"family={self.config.family!r}")
+    redraw(self, key)
+
+  def allowed_mask(self, length: int) -> Array:
+    """``bool [1, 1, T, S]``: the pairs this layer's self-attention training forward allows.
+
+    Over positions ``0..T-1`` with ``T = length``; ``S = T`` plus one column
+    (the k/v bias slot, always allowed) with ``kv_bias``. Causal, window and
+    sinks as the layer applies them; the sparse family's pattern.
+    """
+    if isinstance(length, bool) or not hasattr(length, "__index__") or length < 1:
+      raise ValueError(f"length must be an int >= 1, got {length!r}")
+    return self.config.spec.allowed_mask(self, int(length))
+
+  def compared_qk(self, q: Array, k: Array, positions: Optional[Array] = None):
+    """What the attention function compares, from raw projections ``[B, T, heads, H]``.
+
+    Applies the QK norm and gains in their placement and RoPE at ``positions``
+    (default ``arange(T)``). Cosine attention normalises inside its function
+    (cosines do not change); for linear attention these are the feature map's inputs.
+    """
+    if q.ndim != 4 or k.ndim != 4:
+      raise ValueError(f"q and k must be [B, T, heads, H], got q {q.shape} and k {k.shape}")
+    if positions is None:
+      positions = jnp.arange(q.shape[1], dtype=jnp.int32)
+    elif q.shape[1] != k.shape[1] or jnp.shape(positions)[-1] != q.shape[1]:
+      raise ValueError(f"positions {jnp.shape(positions)} must give one position per token "
+                       f"of q {q.shape} and k {k.shape} (self-attention)")
+    return self.config.spec.compared_qk(self, q, k, positions)
+
+  # -------------------------------------------------------------------------
+  # Internals.
+
+  def _heads(self, proj: nnx.Linear, x: Array, heads: int) -> Array:
+    B, T, _ = x.shape
+    return jnp.reshape(proj(x), (B, T, heads, self.head_dim))
+
+  def _project(self, x: Array):
+    """Raw projections ``(q [B, T, N, H], k [B, T, K, H], v [B, T, K, H])`` of ``x``."""
+    return (self._heads(self.q_proj, x, self.num_heads),
+            self._heads(self.k_proj, x, self.num_kv_heads),
+            self._heads(self.v_proj, x, self.num_kv_heads))
+
+  def _check_sequence(self, name: str, x: Array) -> None:
+    if x.ndim != 3 or x.shape[-1] != self.d_model:
+      raise ValueError(f"{name} must be [B, T, D] with D={self.d_model}, got shape {x.shape}")
+
+  def _forward(self, x, cache, *, inputs_kv, mask, segment_ids, positions, sow_weights):
+    self._check_sequence("x", x)
+    B, T, _ = x.shape
+    N, K = self.num_heads, self.num_kv_heads
+    capture = _layers.capturing(self)
+    cross = inputs_kv is not None or isinstance(cache, CrossCache)
+    if inputs_kv is not None and cache is not None and not isinstance(cache, CrossCache):
+      raise ValueError(f"inputs_kv: this cache is a {type(cache).__name__}, not a CrossCache; "
+                       f"build one with init_cache(batch_size, max_len, kv_length=S)")
+    if inputs_kv is not None:
+      self._check_sequence("inputs_kv", inputs_kv)
+      if inputs_kv.shape[0] != B:
+        raise ValueError(f"inputs_kv batch {inputs_kv.shape[0]} differs from x batch {B} "
+                         f"(x {x.shape}, inputs_kv {inputs_kv.shape})")
+      if isinstance(cache, CrossCache) and inputs_kv.shape[1] != cache.k.shape[1]:
+        raise ValueError(f"inputs_kv has shape {inputs_kv.shape}: its length "
+                         f"{inputs_kv.shape[1]} must equal the CrossCache's "
+                         f"kv_length={cache.k.shape[1]}")
+      q = self._heads(self.q_proj, x, N)
+      k = self._heads(self.k_proj, inputs_kv, K)
+      v = self._heads(self.v_proj, inputs_kv, K)
+    elif cross:
+      q = self._heads(self.q_proj, x, N)
+      k, v = cache.k, cache.v
+    else:
+      q, k, v = self._project(x)
+    if capture:
+      _layers.sow(self, "q_rms", _rms(q))
+      _layers.sow(self, "k_rms", _rms(k))
+    S = k.shape[1]
+    if mask is not None:
+      mask = _checks.as_rank4("mask", mask, (B, N, T, S), kind="mask")
+    if segment_ids is not None:
+      if cross:
+        raise ValueError("segment_ids: cross-attention takes no segment_ids; pass a mask "
+                         "[B, N, T, S] instead")
+      segment_ids = jnp.asarray(segment_ids)
+      if segment_ids.shape != (B, T) or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise ValueError(f"segment_ids must be int [B, T] = {(B, T)}, got "
+                         f"{segment_ids.dtype} {segment_ids.shape}")
+    if positions is not None:
+      if cross:
+        raise ValueError("positions: cross-attention applies no RoPE, so it takes no positions")
+      positions = jnp.asarray(positions)
+      if positions.shape not in ((T,), (B, T)):
+        raise ValueError(f"positions must be [T] or [B, T] with B={B}, T={T}, got "
+                         f"{positions.shape}")
+    want_weights = self.config.sow_weights if sow_weights is None else sow_weights
+    call = Call(mask=mask, segment_ids=segment_ids, positions=positions, cross=cross,
+                cache=None if cross else cache, capture=capture,
+                sow_weights=bool(capture and want_weights), inputs=x)
+    out, new_cache = self.config.spec.attend(self, q, k, v, call)
+    if cross and cache is not None:
+      new_cache = CrossCache(k=k.astype(cache.k.dtype), v=v.astype(cache.v.dtype))
+    return self._finish(x, out, capture), new_cache
+
+  def _finish(self, x: Array, out: Array, capture: bool) -> Array:
+    """Output gate (if any) and output projection of the heads ``[B, T, N, Hv]``."""
+    B, T, _ = x.shape
+    if self.gate_proj is not None:
+      gate = jax.nn.sigmoid(self.gate_proj(x).astype(jnp.float32))
+      gate = jnp.reshape(gate, (B, T, self.num_heads, -1))
+      if capture:
+        _layers.sow(self, "gate_mean", jnp.mean(gate, axis=(1, 3)))
+      out = (out.astype(jnp.float32) * gate).astype(out.dtype)
+    return self.o_proj(jnp.reshape(out, (B, T, -1)))
+
+
+def _rms(x: Array) -> Array:
+  """RMS over time and head dim: ``[B, T, heads, H] -> [B, heads]`` float32."""
+  x = x.astype(jnp.float32)
+  return jnp.sqrt(jnp.mean(x * x, axis=(1, 3)))

@@ -1,0 +1,414 @@
+"""Frozen, serialisable configurations of an attention layer and of a decoder LM.
+
+``AttentionConfig`` holds what every attention layer has (heads, head dim,
+RoPE, output gate, causality, implementation) and one family *spec*
+(:mod:`attnjax.nn.specs`): a frozen dataclass of that family's options, which
+also builds the family's parameters, attention call and decode cache.
+``ModelConfig`` names the decoder around it. Both are hashable (a module may
+key jitted code on them) and round-trip through a plain dict (``to_dict`` /
+``from_dict``) for run directories; dicts written before the specs existed
+(one flat record of every family's options), or before a field's rename, still
+load. Invalid combinations are rejected when the config is built, with a
+``ValueError`` or ``TypeError`` that names the field and the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Optional
+
+from attnjax._src import checks as _checks, deprecation as _deprecation
+from attnjax._src.nn import rope as rope_lib
+from attnjax._src.nn import specs
+from attnjax._src.nn.specs import check_int, check_type
+
+# The families are the live registry, specs.FAMILY_SPECS (register_family adds to it).
+OUTPUT_GATES = (None, "elementwise", "headwise")
+MLPS = ("gelu", "swiglu", "geglu", "moe", "none")
+# The activations each MLP kind takes (mlp_activation; None = the first).
+MLP_ACTIVATIONS = {"gelu": ("gelu_tanh", "gelu_exact"), "geglu": ("gelu_tanh", "gelu_exact"),
+                   "swiglu": ("silu",)}
+NORMS = ("rms", "layer", "rms_plus_one")
+NORM_PLACEMENTS = ("pre", "sandwich", "post")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# The common fields of every layer, in order.
+COMMON_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "rope_theta", "output_gate",
+                 "is_causal", "implementation", "sow_weights", "qkv_bias", "out_bias",
+                 "rope_scaling")
+
+# Every family option of the flat record used before the per-family specs, with its
+# default there. A dict (or constructor call) written for that record may carry an
+# option of another family at this default: it is ignored. Any other value is an
+# error naming the field. Reading such an option from a config of another family
+# gives this default, so code written against the flat record keeps working.
+LEGACY_DEFAULTS: dict[str, Any] = {
+    "normalizer": "softmax", "similarity": "dot", "qk_norm": "rms",
+    "qk_norm_placement": "before_rope", "qk_norm_gain": True, "qk_norm_eps": 1e-6,
+    "qk_scale": None, "cosine_convention": "swin", "temperature_init": None,
+    "sink_logits": False, "kv_bias": False, "window": None, "num_sinks": 0,
+    "streaming_rope": "cache", "pattern": None, "block_size": 16,
+    "feature_map": "elu_plus_one", "num_features": 64, "stabilize_features": True,
+    "linear_normalize": "denominator", "chunk_size": 64, "softcap": None,
+}
+
+def _spec_fields(spec_class) -> tuple[str, ...]:
+  return tuple(f.name for f in dataclasses.fields(spec_class))
+
+
+def _owners(name: str) -> str:
+  owners = [f for f, cls in specs.FAMILY_SPECS.items()
+            if name in _spec_fields(cls) or name in getattr(cls, "renamed_fields", {})]
+  return ", ".join(repr(f) for f in owners) or "no family"
+
+
+def _build_spec(family: Optional[str], spec: Optional[specs.AttentionSpec],
+                options: dict[str, Any]) -> specs.AttentionSpec:
+  """The spec of ``family`` (or ``spec`` updated) from flat family options."""
+  if spec is not None:
+    if not isinstance(spec, specs.AttentionSpec):
+      raise TypeError(f"spec must be an attnjax.nn.specs.AttentionSpec, got "
+                      f"{type(spec).__name__}")
+    if family is not None and family != spec.family:
+      raise ValueError(f"family={family!r} disagrees with spec of family {spec.family!r}")
+    family, cls = spec.family, type(spec)
+  else:
+    family = "dense" if family is None else family
+    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    cls = specs.FAMILY_SPECS[family]
+  own = _spec_fields(cls)
+  # A field's old name (QKNormSpec's qk_scale, now scale) warns once and means the new one.
+  options = _deprecation.renamed_in("AttentionConfig", options,
+                                    getattr(cls, "renamed_fields", {}), stacklevel=4)
+  kept = {}
+  for name, value in options.items():
+    if name in own:
+      kept[name] = value
+    elif name in LEGACY_DEFAULTS:
+      if value != LEGACY_DEFAULTS[name]:
+        raise ValueError(f"{name}={value!r} cannot be used with family={family!r}: it is an "
+                         f"option of family {_owners(name)}")
+    else:
+      raise TypeError(f"unknown AttentionConfig field {name!r} (family={family!r} takes: "
+                      f"{', '.join(COMMON_FIELDS + own)})")
+  if spec is not None:
+    return dataclasses.replace(spec, **kept) if kept else spec
+  return cls(**kept)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class AttentionConfig:
+  """One attention layer: the common options and a family spec.
+
+  Build it from a spec, or (a convenience that dispatches to the spec) from a
+  family name and that family's options as keywords:
+
+  >>> from attnjax.nn import AttentionConfig, specs
+  >>> (AttentionConfig(spec=specs.QKNormSpec(qk_norm="layer"), num_heads=8)
+  ...  == AttentionConfig(family="qk_norm", qk_norm="layer", num_heads=8))   # the same
+  True
+
+  Reading a family option (``config.window``) reads the spec's field; an
+  option another family owns reads its old default (``LEGACY_DEFAULTS``).
+
+  Attributes:
+    spec: the family spec (:class:`.DenseSpec`,
+      ``QKNormSpec``, ``CosineSpec``, ``LinearSpec``, ``SparseSpec``, or any
+      registered with :func:`.register_family`); see each for
+      its options (normalisers, windows, sinks, QK norms, feature maps, patterns).
+    num_heads: query heads N.
+    num_kv_heads: key/value heads K (None = N); ``N % K == 0`` (GQA / MQA).
+    head_dim: H (None = ``d_model // num_heads``).
+    rope_theta: RoPE base, or None for no positional encoding.
+    output_gate: None, ``"elementwise"`` or ``"headwise"``: multiply each head's
+      attention output by ``sigmoid(x W_g + b_g)`` before the output projection
+      (Qiu et al. 2025).
+    is_causal: True for a decoder layer; False for an encoder (every token sees
+      every token; no decode). Cross-attention is never causal.
+    implementation: the attention function's ``implementation`` (None = auto);
+      one of the spec's ``implementations`` (checked at build).
+    sow_weights: sow the full attention weights ``[B, N, T, S]`` under
+      ``nnx.capture`` (costly; also switchable per call).
+    qkv_bias: the q, k and v projections have biases (GPT-2, Qwen 2, gpt-oss).
+    out_bias: the output projection has a bias (GPT-2, gpt-oss).
+    rope_scaling: None, or a RoPE frequency scaling (``"linear"``, ``"llama3"``,
+      ``"yarn"``; ``attnjax.nn.rope``), given as a dict or a tuple of
+      ``(key, value)`` pairs and kept as the sorted tuple (hashable); needs
+      ``rope_theta``.
+  """
+
+  num_heads: int = 4
+  num_kv_heads: Optional[int] = None
+  head_dim: Optional[int] = None
+  rope_theta: Optional[float] = 10000.0
+  output_gate: Optional[Literal["elementwise", "headwise"]] = None
+  is_causal: bool = True
+  implementation: Optional[str] = None
+  sow_weights: bool = False
+  qkv_bias: bool = False
+  out_bias: bool = False
+  rope_scaling: Optional[tuple] = None
+  spec: specs.AttentionSpec = specs.DenseSpec()
+
+  def __init__(self, family: Optional[str] = None, *, spec: Optional[specs.AttentionSpec] = None,
+               num_heads: int = 4, num_kv_heads: Optional[int] = None,
+               head_dim: Optional[int] = None, rope_theta: Optional[float] = 10000.0,
+               output_gate: Optional[str] = None, is_causal: bool = True,
+               implementation: Optional[str] = None, sow_weights: bool = False,
+               qkv_bias: bool = False, out_bias: bool = False, rope_scaling: Any = None,
+               **options: Any):
+    built = _build_spec(family, spec, options)
+    for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim), ("rope_theta", rope_theta),
+                        ("output_gate", output_gate), ("is_causal", is_causal),
+                        ("implementation", implementation), ("sow_weights", sow_weights),
+                        ("qkv_bias", qkv_bias), ("out_bias", out_bias),
+                        ("rope_scaling", rope_lib.normalize_scaling(rope_scaling)),
+                        ("spec", built)):
+      object.__setattr__(self, name, value)
+    self._check()
+
+  def _check(self):
+    check_int("num_heads", self.num_heads)
+    check_int("num_kv_heads", self.num_kv_heads, allow_none=True)
+    if self.num_heads % self.kv_heads != 0:
+      raise ValueError(
+          f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.kv_heads}")
+    check_int("head_dim", self.head_dim, allow_none=True)
+    if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
+    _checks.check_positive_float("rope_theta", self.rope_theta)
+    _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
+    for name in ("is_causal", "sow_weights", "qkv_bias", "out_bias"):
+      check_type(name, getattr(self, name), bool, "a bool")
+    if self.rope_scaling is not None and self.rope_theta is None:
+      raise ValueError(f"rope_scaling={dict(self.rope_scaling)} needs rope_theta (RoPE)")
+    type(self.spec).check_implementation(self.implementation)
+    self.spec.check(self)
+
+  @property
+  def family(self) -> str:
+    return self.spec.family
+
+  def __getattr__(self, name: str):
+    # Only called when normal lookup fails: family options live on the spec.
+    if name.startswith("__") or name == "spec":
+      raise AttributeError(name)
+    spec = self.spec
+    if name in _spec_fields(type(spec)) or isinstance(getattr(type(spec), name, None), property):
+      return getattr(spec, name)
+    if name in LEGACY_DEFAULTS:
+      return LEGACY_DEFAULTS[name]
+    raise AttributeError(f"AttentionConfig of family {spec.family!r} has no field {name!r}")
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+  def head_dim_for(self, d_model: int) -> int:
+    """H for a model of width ``d_model``; checks it divides."""
+    if self.head_dim is not None:
+      return self.head_dim
+    if d_model % self.num_heads:
+      raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}; "
+                       f"set head_dim")
+    H = d_model // self.num_heads
+    if self.rope_theta is not None and H % 2:
+      raise ValueError(f"head_dim = d_model // num_heads = {H} must be even for RoPE")
+    return H
+
+  def to_dict(self) -> dict[str, Any]:
+    """A flat JSON-serialisable dict: ``family``, the common fields, the spec's fields.
+
+    ``pattern`` becomes ``[name, {arg: value}]``.
+    """
+    out = {"family": self.family}
+    out.update({name: getattr(self, name) for name in COMMON_FIELDS})
+    if self.rope_scaling is not None:
+      out["rope_scaling"] = dict(self.rope_scaling)
+    out.update(self.spec.to_dict())
+    return out
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "AttentionConfig":
+    """Inverse of ``to_dict``; also reads the flat record written before the specs.
+
+    An option of another family at its old default is ignored (old dicts carry
+    every option); any other value, or an unknown name, raises naming the field.
+    """
+    d = dict(d)
+    family = d.pop("family", "dense")
+    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    # A record written before a field's rename stores its old name: read it silently (the
+    # run directory is data the user cannot update, not code that should change).
+    for old, new in getattr(specs.FAMILY_SPECS[family], "renamed_fields", {}).items():
+      if old in d and new not in d:
+        d[new] = d.pop(old)
+    unknown = set(d) - set(COMMON_FIELDS) - set(LEGACY_DEFAULTS) - set(
+        _spec_fields(specs.FAMILY_SPECS[family]))
+    if unknown:
+      raise ValueError(f"unknown AttentionConfig fields: {sorted(unknown)}")
+    common = {name: d.pop(name) for name in COMMON_FIELDS if name in d}
+    options = specs.FAMILY_SPECS[family].options_from_json(d)
+    return cls(family, **common, **options)
+
+  def replace(self, **changes) -> "AttentionConfig":
+    """A copy with common fields or family options changed (``family=`` starts a new spec)."""
+    common = {name: changes.pop(name, getattr(self, name)) for name in COMMON_FIELDS}
+    family = changes.pop("family", self.family)
+    spec = changes.pop("spec", None)
+    if spec is None and family == self.family:
+      spec = self.spec
+    return AttentionConfig(family if spec is None else None, spec=spec, **common, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A decoder-only language model (pre-norm by default).
+
+  The defaults are attnjax's own small models; the other fields express the
+  choices of pretrained architectures (:mod:`attnjax.models`).
+
+  Attributes:
+    vocab_size: V.
+    d_model: D.
+    num_layers: number of blocks.
+    attention: the attention of every layer (unless ``layer_attention``).
+    layer_attention: optional per-layer configs (a tuple of length
+      ``num_layers``), e.g. alternating window and global layers.
+    mlp: ``"gelu"`` (``down(act(up x))``), ``"swiglu"`` / ``"geglu"`` (gated:
+      ``down(act(gate x) * up x)``), ``"moe"`` (gpt-oss's mixture of experts,
+      ``attnjax.nn.mlp.MixtureOfExperts``) or ``"none"`` (attention-only
+      blocks, as in the 1-3 layer models of Guo et al. 2024's bigram-backcopy task).
+    mlp_dim: hidden width (of each expert for ``"moe"``; None = ``4 D`` for
+      GELU, ``8 D / 3`` rounded up to a multiple of 8 otherwise, equal parameter counts).
+    norm: ``"rms"`` (RMSNorm), ``"layer"`` (LayerNorm with bias) or
+      ``"rms_plus_one"`` (Gemma's RMSNorm: gain ``1 + w``, in float32).
+    norm_eps: epsilon of every norm.
+    tie_embeddings: the output projection is the transposed embedding.
+    dtype: compute dtype name; parameters are ``param_dtype``.
+    param_dtype: parameter dtype name.
+    remat: rematerialise each block in the backward pass (``nnx.remat``).
+    norm_placement: ``"pre"`` (``h + f(norm(h))``), ``"sandwich"`` (``h +
+      norm'(f(norm(h)))``, Gemma 2/3) or ``"post"`` (``h + norm'(f(h))``, OLMo 2),
+      for the attention and the MLP alike.
+    mlp_activation: the MLP's activation, None = the kind's (``"gelu_tanh"`` for
+      ``"gelu"`` and ``"geglu"``, ``"silu"`` for ``"swiglu"``); ``"gelu"`` and
+      ``"geglu"`` also take ``"gelu_exact"`` (erf).
+    mlp_bias: biases on the MLP's projections (GPT-2; Llama's ``mlp_bias``).
+    num_experts: experts of ``mlp="moe"``.
+    experts_per_token: experts each token is routed to (``mlp="moe"``).
+    moe_alpha: sigmoid slope of the experts' SwiGLU (``mlp="moe"``; gpt-oss 1.702).
+    moe_limit: clip of the experts' gate and up projections (None = none; gpt-oss 7).
+    learned_positions: number of learned absolute position embeddings added to
+      the token embeddings (GPT-2's ``n_positions``); None = none.
+    embed_scale: multiplier of the token embeddings, cast to ``param_dtype``
+      first (Gemma: ``sqrt(D)``); None = none.
+    final_softcap: ``c`` of ``c tanh(logits / c)`` on the output logits (Gemma 2); None = none.
+  """
+
+  vocab_size: int = 256
+  d_model: int = 128
+  num_layers: int = 2
+  attention: AttentionConfig = AttentionConfig()
+  layer_attention: Optional[tuple[AttentionConfig, ...]] = None
+  mlp: str = "gelu"
+  mlp_dim: Optional[int] = None
+  norm: str = "rms"
+  norm_eps: float = 1e-6
+  tie_embeddings: bool = True
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  remat: bool = False
+  norm_placement: str = "pre"
+  mlp_activation: Optional[str] = None
+  mlp_bias: bool = False
+  num_experts: Optional[int] = None
+  experts_per_token: Optional[int] = None
+  moe_alpha: float = 1.702
+  moe_limit: Optional[float] = 7.0
+  learned_positions: Optional[int] = None
+  embed_scale: Optional[float] = None
+  final_softcap: Optional[float] = None
+
+  def __post_init__(self):
+    check_int("vocab_size", self.vocab_size)
+    check_int("d_model", self.d_model)
+    check_int("num_layers", self.num_layers)
+    check_int("mlp_dim", self.mlp_dim, allow_none=True)
+    if not isinstance(self.attention, AttentionConfig):
+      raise TypeError(f"attention must be an AttentionConfig, got {type(self.attention).__name__}")
+    if self.layer_attention is not None:
+      if isinstance(self.layer_attention, list):
+        object.__setattr__(self, "layer_attention", tuple(self.layer_attention))
+      if len(self.layer_attention) != self.num_layers:
+        raise ValueError(f"layer_attention has {len(self.layer_attention)} configs for "
+                         f"num_layers={self.num_layers}")
+      for i, c in enumerate(self.layer_attention):
+        if not isinstance(c, AttentionConfig):
+          raise TypeError(
+              f"layer_attention[{i}] must be an AttentionConfig, got {type(c).__name__}")
+    for i in range(self.num_layers):
+      self.attention_for(i).head_dim_for(self.d_model)
+    _checks.check_choice("mlp", self.mlp, MLPS)
+    _checks.check_choice("norm", self.norm, NORMS)
+    _checks.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
+    _checks.check_choice("dtype", self.dtype, DTYPES)
+    _checks.check_choice("param_dtype", self.param_dtype, DTYPES)
+    for name in ("tie_embeddings", "remat", "mlp_bias"):
+      check_type(name, getattr(self, name), bool, "a bool")
+    _checks.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+    if self.mlp_activation is not None:
+      allowed = MLP_ACTIVATIONS.get(self.mlp, ())
+      if self.mlp_activation not in allowed:
+        raise ValueError(f"mlp_activation={self.mlp_activation!r} does not apply to "
+                         f"mlp={self.mlp!r} (it takes: {allowed or 'none'})")
+    check_int("learned_positions", self.learned_positions, allow_none=True)
+    _checks.check_positive_float("embed_scale", self.embed_scale)
+    _checks.check_positive_float("final_softcap", self.final_softcap)
+    if self.mlp == "moe":
+      check_int("num_experts", self.num_experts)
+      check_int("experts_per_token", self.experts_per_token)
+      if self.experts_per_token > self.num_experts:
+        raise ValueError(f"experts_per_token={self.experts_per_token} exceeds "
+                         f"num_experts={self.num_experts}")
+      _checks.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
+      _checks.check_positive_float("moe_limit", self.moe_limit)
+    elif self.num_experts is not None or self.experts_per_token is not None:
+      raise ValueError(f"num_experts={self.num_experts}, experts_per_token="
+                       f"{self.experts_per_token} need mlp='moe', got mlp={self.mlp!r}")
+
+  def attention_for(self, layer: int) -> AttentionConfig:
+    return self.attention if self.layer_attention is None else self.layer_attention[layer]
+
+  @property
+  def hidden_dim(self) -> int:
+    if self.mlp_dim is not None:
+      return self.mlp_dim
+    if self.mlp == "gelu":
+      return 4 * self.d_model
+    return 8 * ((8 * self.d_model // 3 + 7) // 8)
+
+  def to_dict(self) -> dict[str, Any]:
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    out["attention"] = self.attention.to_dict()
+    if self.layer_attention is not None:
+      out["layer_attention"] = [c.to_dict() for c in self.layer_attention]
+    return out
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    d = dict(d)
+    unknown = set(d) - set(cls.__dataclass_fields__)
+    if unknown:
+      raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+    if "attention" in d and isinstance(d["attention"], dict):
+      d["attention"] = AttentionConfig.from_dict(d["attention"])
+    if d.get("layer_attention") is not None:
+      d["layer_attention"] = tuple(
+          c if isinstance(c, AttentionConfig) else AttentionConfig.from_dict(c)
+          for c in d["layer_attention"])
+    return cls(**d)
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)

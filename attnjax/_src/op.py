@@ -1,0 +1,273 @@
+"""Ops: an attention family as data, its engines, and the one dispatch every family shares.
+
+An :class:`Op` is a family (dense, sparse, linear, ...) as dispatch sees it: its
+:class:`Engine` records (one per ``implementation=`` name, the readable ``"reference"``
+among them), its auto-dispatch order per platform (:attr:`Op.preferences`, then
+:attr:`Op.fallback`), the answer to a call with no queries or no keys, and its
+context-parallel strategy where it has one. A family validates a call into its canonical
+arguments (the *call*: a tuple, e.g. dense's ``(inputs, opts)``), then hands them to
+:func:`run`. Every engine of an op takes the same call: ``compute(*call)`` computes,
+``unsupported(*call)`` lists what it cannot honour.
+
+Adding an engine is one :class:`Engine` in the family's ``ENGINES`` and, for auto-dispatch,
+its name in a list of the family's preferences. Every op registers itself in :data:`OPS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import jax
+
+from attnjax._src import (checks as _checks, deprecation as _deprecation, lowering as _lowering,
+                          sharding as _sharding, trust as _trust)
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+  """One implementation of an op, as dispatch sees it: adding an engine is one of these in
+  the op's engines and, for auto-dispatch, its name in a list of the op's preferences.
+
+  Attributes:
+    name: the ``implementation=`` that names it.
+    compute: ``(*call) -> out`` on a call ``unsupported`` accepts, without a wrong-platform
+      guard (a ``platform_dependent`` branch is its own guard); a ``per_shard`` engine's
+      also takes ``shard_offsets=``.
+    unsupported: ``(*call) -> reasons`` it cannot honour the call ([] = it can); checked
+      once per call.
+    platform: the platform it lowers for (``"cuda"``, ``"tpu"``), or None: any.
+    where: where it runs, for the error of a named call lowered for another platform.
+    per_shard: a custom call XLA cannot partition: under a multi-device mesh it runs inside
+      :func:`attnjax._sharding.per_shard` (on the call's first element, its inputs).
+    vouched_by: who checks it on hardware: ``"jax"`` (jax's own kernels), ``"attnjax"``
+      (plain JAX, held equal to the reference by this project's tests) or
+      ``"device-check"`` (attnjax's Pallas kernels: auto-dispatch takes them only where
+      :mod:`attnjax._trust` allows).
+    min_length: auto-dispatch takes it from this sequence length on (the op's ``length``).
+  """
+
+  name: str
+  compute: Callable[..., Any]
+  unsupported: Callable[..., list[str]]
+  platform: Optional[str] = None
+  where: str = ""
+  per_shard: bool = False
+  vouched_by: str = "attnjax"
+  min_length: int = 0
+
+
+def supports_everything(*call) -> list[str]:
+  """The ``unsupported`` of an engine that honours every call its family validates."""
+  del call
+  return []
+
+
+def _no_context(*call) -> Optional[str]:
+  del call
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+  """An attention family as dispatch sees it.
+
+  ``engines`` and ``preferences`` are the family's own (mutable) tables, read on every call,
+  so a record added to them is dispatched at once.
+
+  Attributes:
+    name: the family's name (``"dense"``, ``"sparse"``, ...), as messages and :data:`OPS`
+      name it.
+    engines: ``{name: Engine}``; its keys are the valid ``implementation=`` values.
+    preferences: auto-dispatch's order per ``platform_dependent`` key (``"cuda"``,
+      ``"tpu"``): the first engine that supports the call, then ``fallback``. Another
+      platform takes ``fallback`` alone.
+    fallback: the engines every platform ends its list with; the last must support every
+      call.
+    empty: ``(*call) -> answer`` for a call with no queries or no keys (asked only where
+      ``is_empty(*call)``), or None: the family answers such calls itself.
+    is_empty: ``(*call) -> bool``.
+    context: the context-parallel strategy, ``(call, implementation, local) -> out`` for a
+      call whose sequence is sharded over the axis ``context_axis(*call)`` names, or None.
+      ``local(call, implementation)`` is the op's per-device computation
+      (:func:`run_on_this_platform` of this op), handed down by :func:`run`: the strategy
+      calls it on the calls it makes of its shards (without the context axis), so no family
+      module is entered again.
+    context_axis: ``(*call) -> axis name or None``.
+    length: ``(*call) -> int``, the sequence length engines' ``min_length`` compares with.
+    trust_class: ``(*call) -> case class`` the kernels' verdicts name
+      (:func:`attnjax._trust.call_class`), for engines vouched by ``"device-check"``.
+    renamed: old engine names still accepted (``{old: new}``), each warning once.
+  """
+
+  name: str
+  engines: dict[str, Engine]
+  preferences: Mapping[str, tuple[str, ...]]
+  fallback: tuple[str, ...]
+  empty: Optional[Callable[..., Any]] = None
+  is_empty: Callable[..., bool] = lambda *call: False
+  context: Optional[Callable[..., Any]] = None
+  context_axis: Callable[..., Optional[str]] = _no_context
+  length: Callable[..., int] = lambda *call: 0
+  trust_class: Optional[Callable[..., Any]] = None
+  renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  @property
+  def implementations(self) -> tuple[str, ...]:
+    """The valid ``implementation=`` names (the engines'), in the order of ``engines``."""
+    return tuple(self.engines)
+
+
+# Every op, by name; each family module registers its own when imported.
+OPS: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+  """Adds ``op`` to :data:`OPS` (one op per name) and returns it."""
+  if op.name in OPS and OPS[op.name] is not op:
+    raise ValueError(f"an op named {op.name!r} is already registered")
+  OPS[op.name] = op
+  return op
+
+
+def table(ops: Optional[Mapping[str, Op]] = None) -> str:
+  """The ops as a markdown table (docs/guides/architecture.md holds it): each op's engines, the
+  valid ``implementation=`` values, and auto-dispatch's order of them per platform (the
+  first that supports a call runs). ``ops``: :data:`OPS` by default; rows in name order."""
+  ops = OPS if ops is None else ops
+  names = lambda seq: ", ".join(f"`{n}`" for n in seq)
+  rows = ["| Op | Engines (`implementation=`) | Auto-dispatch on `cuda` | on `tpu` | elsewhere |",
+          "|---|---|---|---|---|"]
+  for name in sorted(ops):
+    op = ops[name]
+    order = [names(tuple(op.preferences.get(p, ())) + op.fallback) for p in ("cuda", "tpu")]
+    rows.append(f"| `{name}` | {names(op.implementations)} | {order[0]} | {order[1]} | "
+                f"{names(op.fallback)} |")
+  return "\n".join(rows) + "\n"
+
+
+def check_implementation(op: Op, implementation: Optional[str], *,
+                         where: Optional[str] = None) -> Optional[str]:
+  """``implementation`` as the name of one of ``op``'s engines (None: auto).
+
+  An old name of :attr:`Op.renamed` still works and warns once. ``where`` names the public
+  function in that warning (``op.name`` by default).
+
+  Raises:
+    TypeError: not a str or None.
+    ValueError: not an engine of the op (the message lists them).
+  """
+  if implementation in op.renamed:
+    new = op.renamed[implementation]
+    where = where or op.name
+    _deprecation.warn_renamed(f"{where}(implementation={implementation!r})",
+                              f"{where}(implementation={new!r})", stacklevel=3)
+    implementation = new
+  _checks.check_implementation("implementation", implementation, op.implementations)
+  return implementation
+
+
+def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, str]:
+  """``{platform: engine name}``: each platform's first engine of its list that covers the
+  call; each engine's ``unsupported`` runs once however many lists name it.
+
+  Engines vouched by ``"device-check"`` are taken only where :func:`attnjax._trust.allows`
+  says so for the call's class; the notes of those skipped are logged once.
+  """
+  reasons: dict[str, list[str]] = {}
+  length = klass = None
+  table = {}
+  for platform in platforms:
+    notes = []
+    for name in tuple(op.preferences.get(platform, ())) + op.fallback:
+      engine = op.engines[name]
+      if engine.min_length:
+        length = op.length(*call) if length is None else length
+        if length < engine.min_length:
+          continue
+      if name not in reasons:
+        reasons[name] = engine.unsupported(*call)
+      if reasons[name]:
+        continue
+      if engine.vouched_by == "device-check":
+        if klass is None:  # the case class the kernels' verdicts name
+          klass = op.trust_class(*call)
+        decision = _trust.allows(name, platform, klass)
+        if not decision.allowed:
+          notes += [decision.note] if decision.note else []
+          continue
+      table[platform] = name
+      break
+    if platform not in table:  # the op's fallback ends on an engine that refused the call
+      refused = "; ".join(f"{n}: {', '.join(r)}" for n, r in reasons.items() if r)
+      raise ValueError(f"{op.name}: no engine covers this call on {platform!r} ({refused})")
+    _trust.note_skipped(notes, table[platform])
+  return table
+
+
+def select(op: Op, call: Sequence[Any], platform: Optional[str] = None) -> str:
+  """The engine auto-dispatch takes on ``platform`` (None: the default backend's)."""
+  platform = _lowering.current_platform() if platform is None else platform
+  return choose(op, call, (platform,))[platform]
+
+
+def compute(engine: Engine, call: Sequence[Any]):
+  """``engine.compute`` of a call it supports, per shard where it must be."""
+  if not engine.per_shard:
+    return engine.compute(*call)
+  rest = tuple(call[1:])
+  return _sharding.per_shard(
+      lambda shard, offsets: engine.compute(shard, *rest, shard_offsets=offsets), call[0])
+
+
+def run_named(op: Op, name: str, call: Sequence[Any]):
+  """A named engine: its one check of the call, then its computation, lowering for its own
+  platform only (another platform raises ``ValueError`` naming its ``where`` when the program
+  is lowered)."""
+  engine = op.engines[name]
+  reasons = engine.unsupported(*call)
+  if reasons:
+    raise ValueError(
+        f"implementation={engine.name!r} does not support " + "; ".join(reasons)
+        + ". Use implementation='reference' or None (auto).")
+  if engine.platform is None:
+    return compute(engine, call)
+  return _lowering.on_platform(engine.platform, lambda: compute(engine, call),
+                               _lowering.wrong_platform(engine.name, engine.where))
+
+
+def run(op: Op, call: Sequence[Any], implementation: Optional[str]):
+  """Runs a validated call on the named engine, or on each platform's choice.
+
+  In order: a call with no queries or no keys gets ``op.empty``'s answer before any engine
+  is chosen; a call with a context axis goes to ``op.context``, with this op's
+  :func:`run_on_this_platform` as the per-device computation; a named engine runs through
+  :func:`run_named`; ``implementation=None`` is decided when the program is lowered: the
+  choices of :func:`choose` for every platform become the branches of one
+  ``jax.lax.platform_dependent`` (a single branch when they agree), so a function exported
+  for ``cuda`` or ``tpu`` from a CPU host carries the GPU or TPU engine.
+  """
+  call = tuple(call)
+  if op.empty is not None and op.is_empty(*call):
+    return op.empty(*call)
+  if op.context is not None and op.context_axis(*call) is not None:
+    return op.context(call, implementation, functools.partial(run_on_this_platform, op))
+  if implementation is not None:
+    return run_named(op, implementation, call)
+  current = _lowering.current_platform()
+  table = choose(op, call, tuple(dict.fromkeys(_lowering.PLATFORMS + (current,))))
+  if len(set(table.values())) == 1:
+    return compute(op.engines[table["cpu"]], call)
+  branches = {p: functools.partial(compute, op.engines[name], call) for p, name in table.items()}
+  return jax.lax.platform_dependent(**branches, default=branches["cpu"])
+
+
+def run_on_this_platform(op: Op, call: Sequence[Any], implementation: Optional[str]):
+  """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
+  context-parallel ``shard_map`` only that platform's engine is traced (another platform's
+  ``pallas_call`` would have no manual-axis types there)."""
+  call = tuple(call)
+  if implementation is None:
+    return compute(op.engines[select(op, call)], call)
+  return run(op, call, implementation)

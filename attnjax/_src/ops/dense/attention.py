@@ -1,0 +1,358 @@
+"""Dense scaled dot-product attention with every normaliser, and its dispatch.
+
+Implementation behind the public module :mod:`attnjax.dense`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Union
+
+import jax.numpy as jnp
+
+from attnjax._src import (empty as _empty, jax_nn_compat as _jax_nn_compat, logits as _logits,
+                          lowering as _lowering, op as _op, static as _static, trust as _trust,
+                          masks, normalizers, options, parallel)
+from attnjax._src.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
+from attnjax._src.attention_stats import stats_from_weights
+
+Array = jnp.ndarray
+
+Similarity = options.Similarity
+# The canonical call lives in attnjax.options so that kernels (blockwise) can take it without
+# importing this module, which imports them for its registry.
+SIMILARITIES = options.SIMILARITIES
+DenseOptions = options.DenseOptions
+DenseInputs = options.DenseInputs
+JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
+
+
+# ---------------------------------------------------------------------------
+# Implementations.
+
+
+def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
+  """Materialises the ``[B, N, T, S]`` logits and weights; obviously correct.
+
+  Order on the float32 logits: ``scale`` (and similarity), ``softcap``,
+  ``bias``, then ``score_mod``; ``mask_mod`` joins every other mask; then the
+  normaliser. ``positions``: None, or int ``(q_positions [T], k_positions [S])``,
+  the positions the modifiers see (a subset of rows of a longer call).
+  """
+  q, k, v = inputs.q, inputs.k, inputs.v
+  B, T, N, H = q.shape
+  _, S, K, Hv = v.shape
+  s = _logits.scores(_logits.group_queries(q, K), k, scale=opts.scale,
+                     similarity=opts.similarity)
+  z, _ = _logits.capped_logits(jnp.reshape(s, (B, N, T, S)), opts.softcap, inputs.bias)
+  q_pos, k_pos = (jnp.arange(T), jnp.arange(S)) if positions is None else positions
+  grid = _logits.index_grid(B, (N,), q_pos, k_pos)
+  z = options.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
+  allowed = masks.make_attention_mask(
+      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
+      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+  allowed = masks.combine_masks(allowed,
+                                options.apply_mask_mod(opts, inputs.mask_mod_args, *grid))
+  if allowed is None:
+    allowed = jnp.ones((1, 1, 1, 1), bool)
+  sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
+  w, log_norm = normalizers.normalize(z, allowed, normalizer=opts.normalizer, sink_logits=sink)
+  w_grouped = jnp.reshape(w, (B, K, N // K, T, S))
+  out = jnp.einsum("bkgts,bskh->btkgh", w_grouped, v.astype(jnp.float32))
+  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
+  if not opts.return_stats:
+    return out
+  return out, stats_from_weights(z, w, allowed, log_norm, opts.empty_row_logsumexp)
+
+
+# One dense implementation, as dispatch sees it (:class:`attnjax._op.Engine`): its ``compute``
+# and ``unsupported`` take the call ``(inputs, opts)``.
+Engine = _op.Engine
+
+
+# Auto-dispatch uses the block-wise path from this sequence length on (the longer of T and S).
+# Measured with `experiments/bench.py --suite dense --sizes 256,512,1024,2048` (causal
+# forward, B=1, N=8, H=64, fp32, CPU): block-wise / reference = 0.53x at 256, 0.76x at 512,
+# 0.21x at 1024, 0.12x at 2048. Shorter calls keep the reference (less to compile, nothing to
+# skip).
+BLOCKWISE_MIN_LENGTH_CPU = 256
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("reference", reference, _op.supports_everything),
+    Engine("blockwise", blockwise.run, blockwise.unsupported,
+           min_length=BLOCKWISE_MIN_LENGTH_CPU),
+    Engine("xla", functools.partial(jax_nn.compute, implementation="xla"), jax_nn.unsupported,
+           vouched_by="jax"),
+    Engine("cudnn", functools.partial(jax_nn.compute, implementation="cudnn"),
+           jax_nn.cudnn_unsupported, platform="cuda", per_shard=True, vouched_by="jax",
+           where="runs on a CUDA GPU only (jax's cuDNN call)"),
+    Engine("splash", splash.compute, splash.unsupported, platform="tpu", per_shard=True,
+           vouched_by="jax", where="runs on a TPU only (splash needs a TPU)"),
+    Engine("pallas_gpu", pallas_gpu.compute, pallas_gpu.unsupported, platform="cuda",
+           per_shard=True, vouched_by="device-check",
+           where="runs on a CUDA GPU only (a Triton kernel)"),
+    Engine("pallas_tpu", pallas_tpu.compute, pallas_tpu.unsupported, platform="tpu",
+           per_shard=True, vouched_by="device-check",
+           where="runs on a TPU only (a Mosaic kernel)"),
+    Engine("mosaic_gpu", mosaic_gpu.compute, mosaic_gpu.unsupported, platform="cuda",
+           per_shard=True, vouched_by="device-check",
+           where="runs on a CUDA GPU (sm_90) only"),
+)}
+# The names of the built-in engines (the layer's and the signatures' choices).
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+
+# Auto-dispatch's order per platform (a platform_dependent key): the first engine that
+# supports the call (and, for attnjax's Pallas kernels, that the kernel-trust rule allows),
+# then FALLBACK. Another platform takes FALLBACK alone.
+PREFERENCES: dict[str, tuple[str, ...]] = {
+    "cuda": ("cudnn", "mosaic_gpu", "pallas_gpu"),
+    "tpu": ("splash", "pallas_tpu"),
+}
+FALLBACK: tuple[str, ...] = ("blockwise", "reference")
+
+
+def _length(inputs: DenseInputs, opts: DenseOptions) -> int:
+  del opts
+  return max(inputs.q.shape[1], inputs.k.shape[1])
+
+
+def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
+  inputs, opts = call
+  return parallel.attention(inputs, opts, implementation,
+                            lambda inputs, opts, implementation: local((inputs, opts), implementation))
+
+
+OP = _op.register(_op.Op(
+    "dense", ENGINES, PREFERENCES, FALLBACK,
+    empty=_empty.dense, is_empty=lambda inputs, opts: _empty.is_empty(inputs.q, inputs.k),
+    context=_context, context_axis=lambda inputs, opts: opts.context_axis,
+    length=_length, trust_class=_trust.call_class))
+
+
+def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...]) -> dict[str, str]:
+  """``{platform: engine name}``: :func:`attnjax._op.choose` of the dense op."""
+  return _op.choose(OP, (inputs, opts), platforms)
+
+
+def select_implementation(inputs: DenseInputs, opts: DenseOptions,
+                          platform: Optional[str] = None) -> str:
+  """Auto-dispatch on one platform: the first engine of :data:`PREFERENCES` (then
+  :data:`FALLBACK`) that honours every option asked for.
+
+  ``platform`` is a ``jax.lax.platform_dependent`` key (``"cpu"``, ``"cuda"``,
+  ``"tpu"``); None means the default backend's.
+
+  cuda: ``"cudnn"`` (jax's, where it supports every option and the dtype and
+  this host has the cuDNN library: jax's wrapper reads its version while
+  tracing), else ``"mosaic_gpu"`` (a Hopper target, bf16/fp16, head dims
+  64/128/256, no modifiers or bias/mask arrays), else ``"pallas_gpu"`` (no
+  bias/mask arrays, dot similarity). tpu: ``"splash"`` (softmax, no bias or
+  mask array, T and S multiples of 128, fp32/bf16), else ``"pallas_tpu"``
+  (every normaliser, statistics, any lengths; no bias/mask arrays,
+  argument-free modifiers). Every platform then: ``"blockwise"`` once ``max(T,
+  S) >= BLOCKWISE_MIN_LENGTH_CPU``, else ``"reference"``. Each engine's
+  ``unsupported`` decides whether it covers the call; attnjax's own Pallas
+  kernels (``vouched_by="device-check"``) are taken only on a kind of device
+  where ``python -m attnjax.check`` passed, or with ``attnjax.config.kernels =
+  "all"`` (:mod:`attnjax._trust`). Platform kernels run inside ``shard_map``
+  when the ambient mesh (``jax.set_mesh``) has several devices
+  (:func:`attnjax._sharding.per_shard`), so the choice never depends on the
+  device count.
+  """
+  return _op.select(OP, (inputs, opts), platform)
+
+
+def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
+  """``{platform: implementation}`` that ``implementation=None`` lowers for each of
+  :data:`attnjax._lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
+  return _choose(inputs, opts, _lowering.PLATFORMS)
+
+
+def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+  """Runs a validated call on the named implementation, or on each platform's choice.
+
+  ``implementation=None`` is decided when the program is lowered: the choices
+  of :func:`dispatch_table` become the branches of one
+  ``jax.lax.platform_dependent`` (a single branch when they agree), so a
+  function exported for ``cuda`` or ``tpu`` from a CPU host carries the GPU or
+  TPU kernel. With ``opts.context_axis`` the call is one device's shard of a sequence
+  sharded over that ``shard_map`` axis: :func:`attnjax.parallel.attention` runs it (its
+  strategies run each device's own part on the op's per-device computation, which
+  :func:`attnjax._op.run` hands them). A call with no queries or no keys
+  is answered by :func:`attnjax._empty.dense` before any engine is chosen.
+  """
+  return _op.run(OP, (inputs, opts), implementation)
+
+
+def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
+  """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
+  context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
+  ``pallas_call`` would have no manual-axis types there)."""
+  return _op.run_on_this_platform(OP, (inputs, opts), implementation)
+
+
+# ---------------------------------------------------------------------------
+# Public function.
+
+
+def prepare(q, k, v, *, implementation: Optional[str] = None,
+            **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
+  """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
+  its canonical inputs and options; ``implementation`` is None or a name of :data:`ENGINES`."""
+  inputs, opts = options.validate(q, k, v, **dense_keywords)
+  _op.check_implementation(OP, implementation)
+  return inputs, opts
+
+
+def _dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    bias: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    *,
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+    query_seq_lengths: Optional[Array] = None,
+    key_value_seq_lengths: Optional[Array] = None,
+    local_window_size: Optional[Union[int, tuple[int, int]]] = None,
+    implementation: Optional[str] = None,
+    return_residual: bool = False,
+    normalizer: str = "softmax",
+    sink_logits: Optional[Array] = None,
+    softcap: Optional[float] = None,
+    window: Optional[Union[int, tuple[int, int]]] = None,
+    segment_ids: Any = None,
+    similarity: Similarity = "dot",
+    return_stats: bool = False,
+    score_mod: Optional[Callable[..., Any]] = None,
+    score_mod_args: Any = None,
+    mask_mod: Optional[Callable[..., Any]] = None,
+    mask_mod_args: Any = None,
+    block_layout: Any = None,
+    context_axis: Optional[str] = None,
+    context_strategy: options.ContextStrategy = "ring",
+    context_layout: Optional[options.ContextLayout] = None,
+):
+  """Scaled dot-product attention with a choice of normaliser.
+
+  A drop-in for :func:`jax.nn.dot_product_attention`: its arguments come
+  first, with its names, positions and meanings (``query``, ``key``,
+  ``value``, ``bias``, ``mask``, ``scale``, ``is_causal``,
+  ``query_seq_lengths``, ``key_value_seq_lengths``, ``local_window_size``,
+  ``implementation``, ``return_residual``), then attnjax's own.
+
+  Args:
+    query: queries ``[B, T, N, H]`` (``q``).
+    key: keys ``[B, S, K, H]`` (``k``); ``N % K == 0`` (GQA/MQA: query head
+      ``n`` reads key/value head ``n // (N // K)``).
+    value: values ``[B, S, K, Hv]`` (``v``).
+    bias: float, added to the logits; broadcastable to ``[B, N, T, S]``.
+    mask: bool, True = may attend; broadcastable to ``[B, N, T, S]``.
+    scale: logit scale; None means ``H ** -0.5``.
+    is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as jax.nn).
+    query_seq_lengths: int ``[B]``: queries ``i >= query_seq_lengths[b]`` are
+      padding; their rows are zero (as jax.nn).
+    key_value_seq_lengths: int ``[B]``: keys ``j >= key_value_seq_lengths[b]``
+      are masked. Both become segment ids (or, with ``segment_ids`` given, a
+      mask), so every path that takes segment ids takes them.
+    local_window_size: jax.nn's window: ``(left, right)``, or an int ``w``
+      meaning ``(w, w)``; the same as ``window`` (give one, or equal ones).
+    implementation: None (auto, see :func:`attnjax.dense.select_implementation`),
+      ``"reference"``, ``"blockwise"`` (:mod:`attnjax.kernels.blockwise`: online
+      normaliser over key blocks, O(T) memory, masked blocks skipped), or
+      ``"xla"`` / ``"cudnn"`` (``jax.nn.dot_product_attention``), or
+      ``"splash"`` (the Pallas TPU splash-attention kernel: softmax with
+      causal/window/segment masks, softcap, sink logits, GQA; T and S
+      multiples of 128), or ``"pallas_gpu"`` (:mod:`attnjax.kernels.pallas_gpu`, a
+      Pallas Triton kernel for every normaliser, no bias/mask arrays), or
+      ``"pallas_tpu"`` (:mod:`attnjax.kernels.pallas_tpu`, a Pallas Mosaic TPU
+      kernel for every normaliser, no bias/mask arrays), or ``"mosaic_gpu"``
+      (:mod:`attnjax.kernels.mosaic_gpu`, a Pallas Mosaic GPU kernel for Hopper,
+      every normaliser, bf16/fp16; see its ``unsupported``). Named
+      paths raise if an option is unsupported; None is chosen per platform
+      when the program is lowered (:func:`attnjax.dense.dispatch_table`).
+    return_residual: also return jax.nn's residual ``[B, T, N]`` in the input
+      dtype: the log-normaliser of each row, ``log sum_j exp(z_ij)`` (the null
+      column of ``softmax_one`` / ``sink_logits`` included), so that the
+      weights are ``exp(z - residual)``; on a row with no allowed key it is
+      jax.nn's masked logit, ``-0.7 * float32 max``. Softmax-like
+      normalisers only (others raise). Unlike jax.nn's it carries a
+      gradient; it is not computed by the ``"xla"`` / ``"cudnn"`` paths.
+    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (``"softmax"``,
+      ``"softmax_one"``, ``"sigmoid"``, ``"softpick"``, ``"none"``, ...; see the
+      table in :mod:`attnjax.normalizers`).
+    sink_logits: ``[N]`` learned per-head logit of a null key that takes
+      softmax mass and is dropped (gpt-oss); softmax only.
+    softcap: ``c`` for ``c * tanh(z / c)`` logit capping (Gemma 2), applied to
+      the scaled similarity before ``bias``.
+    window: ``(left, right)``: query ``i`` sees keys ``i - left .. i + right``; an int
+      ``w`` is ``(w, 0)`` (keys ``i - w .. i``, the convention of every family).
+    segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
+      queries attend only within their segment (packed sequences).
+    similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (``-||q - k||^2``, to test
+      whether distance scores give near-uniform weights).
+    return_stats: also return :class:`AttentionStats`.
+    score_mod: ``fn(z, b, n, i, j, *score_mod_args) -> z'`` (static, hashable):
+      rewrites the float32 logits after ``scale``, ``softcap`` and ``bias``,
+      just before the normaliser. ``b, n, i, j`` are int32 index arrays
+      (batch, query head, query position, key position) broadcastable against
+      ``z``; write ``fn`` with elementwise ``jnp`` operations. Ready ones:
+      :mod:`attnjax.mods`.
+    score_mod_args: arrays ``fn`` reads (tables, slopes); they receive
+      gradients. ``fn`` must not close over traced arrays (ValueError).
+    mask_mod: ``fn(b, n, i, j, *mask_mod_args) -> bool`` (static, hashable;
+      True = may attend), intersected with every other mask. The block-wise
+      and sparse paths skip blocks it masks entirely and evaluate it only on
+      partly masked blocks.
+    mask_mod_args: arrays ``mask_mod`` reads (e.g. document ids).
+    block_layout: a layout from :func:`attnjax.layout.from_mask_mod` for this
+      ``mask_mod`` (static), built once and reused across calls and layers.
+    context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
+      over (context parallelism, :mod:`attnjax.parallel`): called inside ``shard_map``
+      with q, k, v and segment ids sharded along time over that axis (sink logits and
+      modifier arguments whole), the call returns this device's shard of the output
+      (statistics: ``logsumexp`` of the local rows, the other fields over the whole
+      sequence), equal to the unsharded call. Causal, window, ``score_mod`` and
+      ``mask_mod`` act on global positions; no ``bias`` / ``mask`` arrays,
+      ``return_residual`` or ragged lengths.
+    context_strategy: ``"ring"`` (keys/values travel around the devices, the
+      normaliser's online state stays; O(T / P) memory; block-wise kernel),
+      ``"all_gather"`` (keys/values gathered; with ``return_stats`` the block-wise
+      kernel, statistics over every device's rows) or
+      ``"all_to_all"`` (Ulysses: heads <-> sequence, any ``implementation``; needs
+      ``N`` divisible by the axis size).
+    context_layout: ``"contiguous"`` (None; shard ``p`` holds tokens ``p * T / P ..``)
+      or ``"zigzag"`` (shard ``p`` holds chunks ``p`` and ``2P - 1 - p`` of ``2P``:
+      equal causal work per device; :func:`attnjax.parallel.zigzag` orders tokens so).
+
+  Returns:
+    ``[B, T, N, Hv]`` in the input dtype, ``(out, AttentionStats)`` or
+    ``(out, residual)``. Logits and normaliser are float32; a query row with
+    no allowed key is zero (jax.nn gives such a row the mean of all values,
+    except past ``query_seq_lengths``, where it is zero too).
+  """
+  dense_keywords = options.forwarded(options.KEYWORDS, locals())
+  if context_axis is not None and (return_residual or query_seq_lengths is not None
+                                   or key_value_seq_lengths is not None):
+    raise ValueError(f"context_axis={context_axis!r} takes no return_residual, "
+                     f"query_seq_lengths or key_value_seq_lengths (they describe one device's "
+                     f"whole sequence); pass segment ids, and return_stats for the logsumexp")
+  dense_keywords["window"] = _jax_nn_compat.window_of(local_window_size, window)
+  dense_keywords = _jax_nn_compat.ragged(query, key, query_seq_lengths, key_value_seq_lengths,
+                                         dense_keywords)
+  if return_residual and return_stats:
+    raise ValueError("return_residual=True and return_stats=True: pass one (the residual is "
+                     "stats.logsumexp, transposed to [B, T, N])")
+  inputs, opts = prepare(query, key, value, implementation=implementation, **dense_keywords)
+  if not return_residual:
+    return run(inputs, opts, implementation)
+  _jax_nn_compat.check_residual(
+      inputs, opts, implementation,
+      None if implementation is None else ENGINES[implementation].unsupported)
+  out, stats = run(inputs, _jax_nn_compat.residual_options(opts), implementation)
+  return out, _jax_nn_compat.residual(inputs, stats)
+
+
+DENSE_STATIC = options.STATIC_NAMES + ("implementation", "local_window_size", "return_residual")
+dot_product_attention = _static.jit(_dot_product_attention, DENSE_STATIC)
