@@ -50,7 +50,7 @@ class DenseKeywords:
   :class:`DenseOptions`; a family lists the
   ones it takes in its public signature (``options.keywords(without=...)``,
   held equal to the signatures by ``tests/test_options.py``), forwards them
-  with :func:`forwarded` and declares :func:`static` of them to ``jax.jit``.
+  with ``forwarded`` and declares :func:`static` of them to ``jax.jit``.
   Their meanings: :func:`attnjax.dot_product_attention`.
   """
 

@@ -36,13 +36,13 @@ normalisers, sink logits, softcap, the k/v bias slot, windows and sinks);
 
 from attnjax._src.nn.specs import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, GATED_FAMILIES,
                                    PATTERNS, STREAMING_ROPE, AttentionSpec, BlockSelectCache,
-                                   BlockSelectSpec, CompressedSpec, CosineSpec, DeltaNetSpec,
+                                   BlockSelectSpec, Call, CompressedSpec, CosineSpec, DeltaNetSpec,
                                    DenseSpec, DotProductSpec, GLASpec, GatedDeltaNetSpec,
                                    GatedSpec, LinearSpec, Mamba2DecaySpec, QKNormSpec, RetNetSpec,
                                    ScoreSpec, SparseSpec, register_family)
 
 __all__ = ["DEFAULT_TEMPERATURE", "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "PATTERNS",
-    "STREAMING_ROPE", "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "CompressedSpec",
-    "CosineSpec", "DeltaNetSpec", "DenseSpec", "DotProductSpec", "GLASpec", "GatedDeltaNetSpec",
-    "GatedSpec", "LinearSpec", "Mamba2DecaySpec", "QKNormSpec", "RetNetSpec", "ScoreSpec",
-    "SparseSpec", "register_family"]
+    "STREAMING_ROPE", "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "Call",
+    "CompressedSpec", "CosineSpec", "DeltaNetSpec", "DenseSpec", "DotProductSpec", "GLASpec",
+    "GatedDeltaNetSpec", "GatedSpec", "LinearSpec", "Mamba2DecaySpec", "QKNormSpec", "RetNetSpec",
+    "ScoreSpec", "SparseSpec", "register_family"]
