@@ -1,22 +1,12 @@
 """attnjax's settings: ``attnjax.config``.
 
-``attnjax.config.kernels`` says when auto-dispatch (``implementation=None``)
-may take attnjax's own Pallas kernels (``pallas_gpu``, ``mosaic_gpu``,
-``pallas_tpu``), which only a run on the device itself can vouch for:
-
-- ``"checked"`` (the default): on a kind of device where a verdict of ``python
-  -m attnjax.check`` says they passed for the call's case class (normaliser x
-  structure x dtype), for this jax version and the kernel's current sources: a
-  verdict shipped in the package (``attnjax/verdicts/``, any run) or in the
-  local cache directory (single-process runs); see :mod:`attnjax._trust`;
-- ``"all"``: wherever they cover the call, checked or not;
-- ``"jax"``: never: only the kernels jax ships (cuDNN through ``jax.nn``,
-  splash) and attnjax's plain-JAX engines (block-wise, reference) run. Its old
-  name ``"trusted"`` still works and warns once.
-
-The environment variable ``ATTNJAX_KERNELS`` gives the default; setting the
-attribute overrides it for this process (``None`` restores the environment's).
-A named ``implementation=`` always runs what it names.
+``attnjax.config.kernels`` says when auto-dispatch (``implementation=None``) may take
+attnjax's own Pallas kernels (``pallas_gpu``, ``mosaic_gpu``, ``pallas_tpu``):
+``"checked"`` (the default: where a current verdict of ``python -m attnjax.check``
+passed the call's case class), ``"all"`` (wherever they cover the call) or ``"jax"``
+(never; formerly ``"trusted"``, which warns once). ``ATTNJAX_KERNELS`` gives the default;
+setting the attribute overrides it for this process (``None`` restores the environment's).
+A named ``implementation=`` always runs what it names. See :doc:`/guides/kernels`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The logits of attention, defined once for every engine and family.
 
-From query and key to the logits a normaliser reads, in this order on float32:
-
-1. the similarity: ``scale * <q_i, k_j>`` (``"dot"``) or
-   ``-scale * ||q_i - k_j||^2`` (``"neg_sq_euclidean"``), :func:`scores` /
-   :func:`from_dots`;
-2. the softcap ``c * tanh(z / c)`` (Gemma 2) on the similarity, :func:`softcap`, whose
-   derivative the hand-written backward passes take from :func:`softcap_grad`;
-3. the additive bias, :func:`capped_logits`;
-4. then ``score_mod``, which sees the indices of :func:`index_grid`.
-
-Query heads are grouped under their key/value head (:func:`group_queries`): query
-head ``n`` uses key/value head ``n // G``, as in :func:`jax.nn.dot_product_attention`.
-This module imports nothing from attnjax, so kernels and families can share it
-without loading the dense dispatch.
+On float32: the similarity (:func:`scores`, :func:`from_dots`; ``"dot"`` or
+``"neg_sq_euclidean"``), the softcap (:func:`softcap`, derivative :func:`softcap_grad`),
+the additive bias (:func:`capped_logits`), then ``score_mod`` over :func:`index_grid`.
+Query head ``n`` uses key/value head ``n // G`` (:func:`group_queries`). This module
+imports nothing from attnjax, so kernels and families share it.
+Guide: docs/guides/architecture.md, section "Shared vocabulary".
 """
 
 from __future__ import annotations

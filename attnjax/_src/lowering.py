@@ -1,21 +1,12 @@
 """Choosing code per platform when a program is lowered, and failing clearly on the wrong one.
 
-A platform kernel (Pallas Triton for ``cuda``, Pallas Mosaic for ``tpu``) can
-be traced on any host and lowered for its platform from any host (that is how
-``jax.export(..., platforms=["cuda"])`` works on a CPU machine). What must not
-happen is lowering it for another platform: :func:`on_platform` puts the kernel
-in the named platform's branch of ``jax.lax.platform_dependent`` and, in every
-other branch, :func:`fail` whose lowering raises a ``ValueError`` naming the
-implementation and the platform the program is being lowered for. The failure
-reads the kernel's inputs and its derivatives fail too, so a program that keeps
-only a derivative (``jax.jit(jax.grad(f))`` of a loss linear in the output, whose
-forward XLA drops) raises as well instead of returning zeros.
-
-A Triton kernel is lowered for a GPU model; on a host without a GPU,
-:func:`gpu_lowering_target` supplies one (:data:`EXPORT_GPU`), so exporting for
-``cuda`` outside a mesh needs no GPU and no setup from the caller.
-:func:`host_eval` computes a kernel's static tables on this host while a
-program is traced for a mesh of other devices.
+:func:`on_platform` puts a platform kernel in its platform's branch of
+``jax.lax.platform_dependent`` and :func:`fail` in every other, whose lowering (and
+derivatives) raise a ``ValueError`` naming the implementation and the platform.
+:func:`gpu_lowering_target` supplies a GPU model (:data:`EXPORT_GPU`) to lower Triton
+kernels on a host without one; :func:`host_eval` computes static tables on this host
+while tracing for a mesh of other devices; :func:`kernel_engine` makes a kernel's engine.
+Guide: docs/guides/architecture.md, section "Platforms and lowering".
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Ops: an attention family as data, its engines, and the one dispatch every family shares.
 
-An :class:`Op` is a family (dense, sparse, linear, ...) as dispatch sees it: its
-:class:`Engine` records (one per ``implementation=`` name, the readable ``"reference"``
-among them), its auto-dispatch order per platform (:attr:`Op.preferences`, then
-:attr:`Op.fallback`), the answer to a call with no queries or no keys, and its
-context-parallel strategy where it has one. A family validates a call into its canonical
-arguments (the *call*: a tuple, e.g. dense's ``(inputs, opts)``), then hands them to
-:func:`run`. Every engine of an op takes the same call: ``compute(*call)`` computes,
-``unsupported(*call)`` lists what it cannot honour.
-
-Adding an engine is one :class:`Engine` in the family's ``ENGINES`` and, for auto-dispatch,
-its name in a list of the family's preferences. Every op registers itself in :data:`OPS`.
+An :class:`Op` is a family as dispatch sees it: its :class:`Engine` records (one per
+``implementation=`` name, ``"reference"`` among them), its auto-dispatch order per
+platform, its answer to an empty call and its context-parallel strategy. A family
+validates a call into its canonical tuple and hands it to :func:`run`; every engine
+takes it (``compute(*call)``, ``unsupported(*call)``). Every op registers in :data:`OPS`;
+:func:`table` renders them for the architecture guide.
+Guide: docs/guides/architecture.md, section "Ops and engines".
 """
 
 from __future__ import annotations

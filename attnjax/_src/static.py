@@ -1,17 +1,11 @@
 """Static options as the Python values ``jax.jit`` hashes, for every public attention function.
 
-A static option (``scale``, ``softcap``, ``window``, ``chunk_size``, ``block_size``,
-flags, ...) may be given as a Python number, a numpy or jax scalar, a 0-d array, or a
-list: :func:`canonical` turns numeric scalars into Python ``float`` / ``int`` / ``bool``
-and sequences into tuples, so that ``scale=jnp.float32(0.5)`` (which
-:func:`jax.nn.dot_product_attention` accepts) and ``window=[2, 0]`` mean the same as
-``scale=0.5`` and ``window=(2, 0)``. What the family then refuses (``scale=(0.5,)``, a
-window of three numbers) it refuses by name. A flag (a static argument annotated
-``bool``) takes ``True`` or ``False`` only. A traced value for a static option is a
-``TypeError`` naming it: static options shape the program and cannot depend on data.
-
-:func:`jit` is ``jax.jit`` with this canonicalisation in front of it; :func:`canonicalized`
-puts it in front of a function that is not jitted at its entry.
+:func:`canonical` turns numeric scalars (numpy, jax, 0-d arrays) into Python ``float`` /
+``int`` / ``bool`` and sequences into tuples, so ``scale=jnp.float32(0.5)`` means
+``scale=0.5``; a flag takes ``True`` or ``False`` only, and a traced static option is a
+``TypeError`` naming it. :func:`jit` is ``jax.jit`` with this in front;
+:func:`canonicalized` puts it in front of a function not jitted at its entry.
+Guide: docs/guides/architecture.md, section "Shared vocabulary".
 """
 
 from __future__ import annotations

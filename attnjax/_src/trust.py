@@ -1,39 +1,13 @@
 """When auto-dispatch may take attnjax's own Pallas kernels: checked on the device, or opted in.
 
-The kernels jax ships and tests on hardware (cuDNN through ``jax.nn``, splash)
-and attnjax's plain-JAX engines (block-wise, reference) are always taken where
-they cover a call. attnjax's Pallas kernels (``pallas_gpu``, ``mosaic_gpu``,
-``pallas_tpu``) are checked here only by interpret mode and deviceless
-compiles, which cannot see a race or a device's numerics; auto-dispatch takes
-one on a kind of device only when (:func:`allows`):
-
-- ``attnjax.config.kernels == "all"`` (or ``ATTNJAX_KERNELS=all``): the user
-  opted in; or
-- the setting is ``"checked"`` (the default) and a verdict of ``python -m
-  attnjax.check`` says the kernel passed there for the call's case class
-  (:func:`call_class`: normaliser x structure x dtype, e.g. ``"sigmoid causal
-  bfloat16"``; a class the check has no case for counts as passed when every
-  case did).
-
-A verdict (``verdicts/<device kind>.json``) is the check's own output, never
-written by hand. Per kernel it names the device kind, the jax versions and the
-attnjax version it was measured with, the digest of the kernel's sources
-(:func:`source_digest`) and each case class's result. It counts only with one
-of its jax versions and only while the digest matches: a kernel whose sources
-changed since is "stale" and drops back to opt-in until the check runs again.
-Verdicts come from two places:
-
-- shipped with the package (:data:`SHIPPED_DIR`, written by ``python -m
-  attnjax.check --ship`` on the device kind itself): identical on every host,
-  so a multi-process run (``jax.process_count() > 1``) may use them too;
-- the local cache (:func:`cache_dir`, written by every run of the check):
-  single-process runs only, as each host has its own cache and every process
-  must choose alike (one kernel on one host and another elsewhere would be two
-  programs). A current local verdict decides before a shipped one.
-
-Otherwise auto-dispatch takes the next engine of its list, and one line on the
-``"attnjax"`` logger per process names the kernel skipped, why ("not checked",
-"failed <case>" or "stale") and the check to run.
+jax's kernels (cuDNN, splash) and attnjax's plain-JAX engines are always taken where they
+cover a call. ``pallas_gpu``, ``mosaic_gpu`` and ``pallas_tpu`` are taken on a kind of
+device only when :func:`allows` says so: ``attnjax.config.kernels == "all"``, or
+``"checked"`` (the default) and a current verdict of ``python -m attnjax.check`` (shipped
+in :data:`SHIPPED_DIR`, or in :func:`cache_dir` for single-process runs) passed the
+call's case class (:func:`call_class`) for the kernel's sources (:func:`source_digest`).
+Otherwise one logged line names the kernel skipped, why, and the check to run.
+Guide: docs/guides/kernels.md, section "Auto-dispatch".
 """
 
 from __future__ import annotations

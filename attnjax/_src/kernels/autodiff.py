@@ -1,41 +1,13 @@
 """Custom-VJP kernels that every mode of autodiff can go through.
 
-A ``jax.custom_vjp`` function raises under ``jax.jvp``. Every engine here
-with a hand-written backward (the block-wise kernel, the Pallas GPU kernel,
-the recurrent chunk scan and its chunks, the delta rule's solve) is instead
-built with :func:`custom_vjp_with_jvp` (or :class:`custom_vjp`, a drop-in for
-``jax.custom_vjp``):
-
-- the function is a ``jax.custom_jvp``; its tangent is a
-  :func:`attnjax.kernels.linear_map.linear_map` (a primitive: a linear map with
-  a custom transpose) of the input tangents: evaluated, it is the JVP of a
-  *smooth* form of the forward (``jax.jvp`` of a plain-JAX function equal to
-  the kernel); transposed, it is the engine's hand-written ``backward``;
-- so reverse mode (``jax.grad``, ``jax.vjp``) runs the forward once, saves the
-  inputs and the forward's residuals, and runs the hand-written backward,
-  exactly as the ``custom_vjp`` did (the smooth form is never transposed);
-- forward mode (``jax.jvp``, ``jax.linearize``) runs the kernel's forward for
-  the primal and ``jax.jvp`` of the smooth form for the tangent, a second
-  forward pass in forward mode (O(T) memory for the loop kernels: forward mode
-  stores nothing per block); the backward is not run;
-- second order: the linear map's derivative with respect to the inputs is
-  forward mode through its smooth forms: the smooth forward's JVP (tangent)
-  and the smooth backward (transpose). ``jax.jvp(jax.grad(f))`` runs the
-  backward for the gradient and ``jax.jvp`` of the smooth backward for its
-  derivative; ``jax.grad(jax.jvp(f))`` transposes the JVP of the smooth
-  forward's JVP by plain autodiff (for the loop kernels that saves their
-  tiles, O(T * S) as the reference: prefer forward-over-reverse).
-
-The smooth form: for a plain-JAX forward, the forward itself (and the smooth
-backward is ``backward`` on residuals recomputed by that forward, so that their
-dependence on the inputs is differentiated too); for a kernel that JAX cannot
-differentiate (a ``pallas_call``), a ``twin``: a differentiable function of the
-same inputs with the same value, e.g. another engine of the same maths.
-
-The primal runs through a second ``custom_jvp`` that also returns the
-residuals (their tangents are zero and never read: the linear map's
-derivative comes from the smooth forms), so a kernel forward is never itself
-differentiated, at any order.
+A ``jax.custom_vjp`` function raises under ``jax.jvp``. :func:`custom_vjp_with_jvp` (and
+:class:`custom_vjp`, a drop-in for ``jax.custom_vjp``) builds a ``jax.custom_jvp`` whose
+tangent is a :func:`attnjax.kernels.linear_map.linear_map`: evaluated, the JVP of a smooth
+form of the forward; transposed, the engine's hand-written backward. Reverse mode runs
+the backward as a custom VJP would; forward mode and second order go through the smooth
+forms. :func:`custom_vjp_of` takes the smooth form from a ``twin`` (another engine of the
+same maths) for a kernel JAX cannot differentiate, such as a ``pallas_call``.
+Guide: docs/guides/forward_mode.md, section "How it works".
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """A linear map with a custom transpose that can itself be differentiated (a primitive).
 
-``jax.custom_derivatives.linear_call`` gives a linear function a custom
-transpose, but has no derivative with respect to its residuals, so a
-Hessian-vector product through it fails. :func:`linear_map` is the same idea
-as a primitive with three rules:
-
-- JVP: with respect to the linear arguments, the map itself (linear); with
-  respect to the residuals, plain ``jax.jvp`` of the map's *smooth* form (the
-  map as a differentiable function of its residuals; forward mode: no memory
-  per block);
-- transpose (linear arguments only): the same primitive with the map and its
-  transpose swapped (and their smooth forms);
-- batching: the same primitive over ``jax.vmap`` of every function (linear
-  arguments broadcast to the batch).
-
-A map may also read *fixed* residuals: arrays that its evaluation and its
-transpose use (a kernel's saved rows) but that get no derivative; the smooth
-forms then compute the same map without them (recomputing what they need).
-
-Used by :mod:`attnjax.kernels.autodiff` for every custom-VJP kernel's tangent.
+``jax.custom_derivatives.linear_call`` has no derivative with respect to its residuals, so
+a Hessian-vector product through it fails. :func:`linear_map` is the same idea as a
+primitive with JVP, transpose and batching rules, the derivative in the residuals taken
+through the map's smooth form; a map may also read *fixed* residuals that get no
+derivative. Used by :mod:`attnjax.kernels.autodiff` for every custom-VJP kernel's tangent.
+Guide: docs/guides/forward_mode.md, section "How it works".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """Kernels traced when the program is lowered, for the device it is compiled for.
 
-A Pallas kernel's tiles depend on the chip (:func:`attnjax.kernels.pallas_tpu.generation`
-reads the TPU generation) and Mosaic's lowering reads the chip too (jax's
-``tpu_info``: from the abstract mesh in context, else the process's default
-device). While a function is traced, the target is known only under a mesh
-(``jax.set_mesh``, or inside ``shard_map`` over the mesh of the operands):
-``jax.jit`` of arrays on one TPU, or ``jax.export(..., platforms=["tpu"])``
-from a CPU host, name no mesh, and the kernel would take this host's device (a
-CPU: Mosaic then raises ``Unsupported TPU device kind: cpu``).
-
-:func:`call` runs one step of a kernel (a forward, a backward) as the primitive
-``attnjax_kernel_call``, whose lowering traces the step under an abstract mesh
-whose device is the one the program is lowered for: the mesh's (``shard_map``,
-``jax.set_mesh``), else the compiling backend's device where its platform is
-the one lowered for, else :data:`EXPORT_TPU` for ``tpu``. Its inputs and
-outputs must not depend on the target (kernels slice their block padding off
-at this boundary).
-
-A kernel step never runs on part of a sharded call by itself: the platform
-kernels run inside ``shard_map`` over the batch and heads of their operands'
-mesh (:func:`attnjax._sharding.per_shard`). A Mosaic kernel lowered in a
-program that XLA partitions over several devices raises ``ValueError`` saying so.
-A step reads where its shard starts in the whole call (for a modifier reading
-batch or head indices) from :class:`Shard`.
+A Pallas kernel's tiles and Mosaic's lowering read the chip, which tracing knows only
+under a mesh. :func:`call` runs one kernel step as the primitive ``attnjax_kernel_call``,
+whose lowering traces the step under an abstract mesh of the device lowered for: the
+mesh's, else the compiling backend's, else :data:`EXPORT_TPU`. A step reads where its
+shard starts in the whole call from :class:`Shard`; a Mosaic kernel partitioned by XLA
+raises ``ValueError``.
+Guide: docs/guides/architecture.md, section "Platforms and lowering".
 """
 
 from __future__ import annotations

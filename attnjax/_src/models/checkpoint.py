@@ -1,15 +1,13 @@
 """A Hugging Face checkpoint directory on disk: ``config.json`` and safetensors, read lazily.
 
 :class:`Checkpoint` opens ``model.safetensors`` or the shards listed by
-``model.safetensors.index.json`` and knows every tensor's name, shape and
-dtype from the file headers alone, so a loader can check a checkpoint
-against its config before reading a single weight. Tensors are read one at
-a time as numpy arrays through ``safetensors``' numpy API; numpy has no
-bfloat16 or float8, so tensors of those dtypes are read from their raw bytes
-(the file layout: an 8-byte little-endian header length, a JSON header with
-each tensor's dtype, shape and byte offsets, then the data) and viewed as
-``ml_dtypes`` types, which jax ships. Nothing here imports torch or touches
-the network.
+``model.safetensors.index.json`` and knows every tensor's name, shape and dtype from the
+file headers alone, so a loader can check a checkpoint against its config before reading
+a single weight. Tensors are read one at a time as numpy arrays through ``safetensors``'
+numpy API; numpy has no bfloat16 or float8, so tensors of those dtypes are read from their
+raw bytes (the file layout: an 8-byte little-endian header length, a JSON header with each
+tensor's dtype, shape and byte offsets, then the data) and viewed as ``ml_dtypes`` types,
+which jax ships. Nothing here imports torch or touches the network.
 """
 
 from __future__ import annotations

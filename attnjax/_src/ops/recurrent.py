@@ -1,36 +1,14 @@
 """What the recurrent families share: one vocabulary of forms (their ops' engines) and one
 input preparation.
 
-The recurrent families (:mod:`attnjax.linear`, :mod:`attnjax.gated_linear`,
-:mod:`attnjax.delta_rule`) each declare an op (:mod:`attnjax._op`) whose engines are the
-same forms, with the same ``implementation`` names and the same meaning in each:
-
-- ``"recurrent"``: a ``lax.scan`` over time carrying the state, one token per
-  step; the decode form (causal only).
-- ``"quadratic"`` (formerly ``"parallel"``, which still works and warns once): the masked
-  quadratic form over the whole sequence, which
-  materialises a ``[T, T]`` matrix (weights, decays, or for the delta rule
-  the ``[T, T]`` triangular solve of its one-chunk form); for short
-  sequences and tests.
-- ``"chunked"`` (the default, None): the quadratic form inside chunks of
-  ``chunk_size`` tokens and the state carried across them; O(T).
-- ``"reference"``: the family's readable definition, which is always one of
-  the three forms above, named by the family's ``REFERENCE_FORM``. Linear
-  attention is defined as attention with the weights ``phi(q_i).phi(k_j)``,
-  so its reference is the masked matrix (``"quadratic"``, which also defines
-  its non-causal case). The gated and delta-rule families are defined by
-  their recurrences, so theirs is ``"recurrent"``: their quadratic forms are
-  derived from the recurrence (a decay matrix; the delta rule's triangular
-  solve) and are what the tests check, not what they check against.
-
-:func:`prepare` validates a causal stateful call over one sequence (the gated
-and delta-rule families) and brings its inputs to the layout every form
-takes; :func:`state_op` makes their ops, whose context-parallel strategy is :func:`context`
-(state passing). :func:`check_chunk_size` and :func:`check_context_axis` are checks linear
-attention shares with them.
-
-This module is family level (the linear, gated and delta-rule families share
-it); kernels must not import it.
+The linear, gated and delta-rule families each declare an op whose engines are the same
+forms, with the same names and meaning: ``"recurrent"``, ``"quadratic"`` (formerly
+``"parallel"``), ``"chunked"`` (the default) and ``"reference"`` (one of the three, the
+family's ``REFERENCE_FORM``). :func:`prepare` validates a causal stateful call;
+:func:`state_op` makes the ops, with :func:`context` (state passing) as their
+context-parallel strategy; :func:`check_chunk_size` and :func:`check_context_axis` are
+shared checks. Family level: kernels must not import it.
+Guides: docs/guides/linear.md ("Forms") and docs/guides/architecture.md.
 """
 
 from __future__ import annotations

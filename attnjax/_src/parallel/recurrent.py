@@ -1,16 +1,10 @@
 """The recurrent families over a sequence sharded across devices: state passing.
 
-Their state update is affine in the state: over one shard, ``S_out = A S_in + B``
-(``A`` the product of the shard's decays, or of the delta rule's
-``exp(g) (I - beta k k^T)``; ``B`` the shard's state from zero). Each device
-runs its own chunked pass once for its transition, with the values widened by
-``H`` zero columns and the initial state ``[I | 0]`` (the final state is then
-``[A | B]``: no family-specific formula); the ``P`` transitions are summed
-into every device's place (one all-reduce of ``P`` small matrices), each
-device composes those before it into its entering state (segment resets at a
-shard boundary clear it; ``initial_state`` enters shard 0), and runs its pass
-again from that state for its outputs. The final state of the whole sequence
-is the composition of all ``P``, the same on every device.
+Their state update is affine over a shard, ``S_out = A S_in + B``: each device runs its
+chunked pass once with the values widened by ``H`` zero columns from ``[I | 0]`` (giving
+``[A | B]``), the ``P`` transitions are summed to every device (one all-reduce), and each
+device composes those before it into its entering state and runs its pass again.
+Guide: docs/guides/kernels.md, section "Recurrent chunk kernels".
 """
 
 from __future__ import annotations

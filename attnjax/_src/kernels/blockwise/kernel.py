@@ -1,62 +1,14 @@
 """Block-wise (FlashAttention-2 style) dense attention: O(T) memory, skipped blocks.
 
-The query axis is cut into blocks of ``block_q`` rows and the key axis into
-blocks of ``block_k`` columns. Each query block visits only the key blocks its
-:class:`attnjax.layout.BlockLayout` lists, keeping an online normaliser (running maximum and
-running sums, rescaled when the maximum grows) so that no ``T x S`` array is
-ever formed. The backward pass (``attnjax.kernels.autodiff``) recomputes each visited
-block from ``q``, ``k``, ``v`` and one float per row saved by the forward pass.
-Long calls (more than ``MAX_UNROLLED_Q_BLOCKS`` full query blocks) run their
-query blocks in one ``lax.scan`` over a traced block index, reading each
-block's visits from tables, so the compiled program and the compiler's memory
-stay the same size whatever ``T``.
+Query blocks visit only the key blocks their :class:`attnjax.layout.BlockLayout` lists,
+keeping the normaliser's online state (no ``T x S`` array is formed); the backward
+(custom VJP through ``attnjax.kernels.autodiff``) recomputes each visited block. Long
+calls scan their query blocks, so the program does not grow with ``T``.
 
-Interface for block-sparse callers (the contract; internals may change)
------------------------------------------------------------------------
-
-``run_layout(inputs, opts, *, layout, mask_fn=None)`` is the kernel. It takes the
-canonical :class:`attnjax.options.DenseInputs` / ``DenseOptions`` of a call and
-
-- ``layout``: a :class:`attnjax.layout.BlockLayout`, static. For query block ``i`` (rows
-  ``i * block_q .. min(T, (i + 1) * block_q)``), ``layout.kv_blocks[i]`` lists
-  the key-block indices it visits, padded with ``-1`` to a common length, and
-  ``layout.needs_mask[i]`` says, per visit, whether the block is only partly
-  allowed by the static structure (then ``mask_fn`` is evaluated on it) or
-  wholly allowed (then no mask is evaluated at all). Key blocks not listed
-  are never computed. Build one with :meth:`BlockLayout.from_visits`,
-  :func:`attnjax.layout.rule_layout` (a pattern's blocks) or
-  :func:`attnjax.layout.structural_layout` (causal / window).
-- ``mask_fn(q_positions [tq], k_positions [tk]) -> bool [B|1, 1, tq, tk]``
-  (or None = all allowed): the static structure inside a partial block,
-  called with the integer positions of the block's rows and columns
-  (``k_positions`` may be traced: visits run inside a ``lax.fori_loop``, so
-  the callback must be written with ``jnp`` operations).
-  Default: :func:`attnjax.masks.structural_mask` with the call's
-  ``is_causal`` and ``window``.
-
-The kernel itself adds what is data, not structure: the explicit ``mask``
-array, ``segment_ids`` (a visited block whose query and key segment ranges
-cannot meet is skipped at run time with ``lax.switch``; one where every query
-and key share one segment skips the segment comparison) and the padding of
-ragged last blocks (there is none: edge blocks are simply shorter).
-So ``mask_fn`` must not apply segment ids or the explicit mask again.
-
-Every dense option works here: every normaliser of
-:mod:`attnjax.normalizers`, through its online methods only (``init``,
-``visit`` per tile, ``finish`` per query block, ``tile_backward``,
-``null_grad``: the kernel has no branch on a normaliser's name; normalisers
-that need allowed-key counts, e.g. sigmoid's ``-log n`` bias, get them from a
-mask-only pre-pass), ``sink_logits``,
-``softcap``, ``bias`` (sliced per block, never broadcast to ``T x S``),
-``similarity``, GQA (query heads of one group share a matmul against their
-key head, nothing is repeated), ``T != S``, any lengths, and half-precision
-inputs (logits and sums in float32). :class:`AttentionStats` are accumulated
-in the same pass; only ``logsumexp`` carries a gradient (the other statistics
-are diagnostics and are treated as constants by the backward pass).
-
-References:
-  Dao et al. 2022, "FlashAttention"; Dao 2023, "FlashAttention-2";
-  Rabe & Staats 2021, "Self-attention does not need O(n^2) memory".
+Entry points: :func:`run` (a dense call), :func:`run_layout` (the block-sparse
+contract: a static layout and a ``mask_fn`` for partial blocks), :func:`accumulate`
+(the ring's step), :func:`twin` (the Pallas kernels' differentiable twin).
+Guide: docs/guides/kernels.md, section "The block-wise engine".
 """
 
 from __future__ import annotations

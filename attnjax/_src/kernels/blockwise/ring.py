@@ -1,38 +1,13 @@
 """Ring attention: the block-wise kernel over a sequence sharded across devices.
 
-Called inside ``jax.shard_map`` with queries, keys and values sharded along
-time over one mesh axis of ``P`` devices, each device keeps its queries and
-passes its key/value shard (and the shard's key segment ids) to the next
-device with ``lax.ppermute``, ``P`` times (Liu et al. 2023, "Ring Attention
-with Blockwise Transformers"). At step ``s`` device ``p`` holds the keys of
-shard ``(p - s) mod P`` and folds them into the normaliser's online state of
-its rows (:func:`attnjax.kernels.blockwise.kernel.accumulate`: the same
-``init`` / ``visit`` / ``finish`` as one device, so every normaliser works,
-not only the mergeable ones); the state is finished once, after the last
-step. Normalisers that need each row's number of allowed keys up front
-(sigmoid, relu, statistics) get them from a first ring that passes only the
-key segment ids.
-
-Which key blocks a step visits is static per (query shard, key shard) pair:
-the pairs are classified once, when the program is traced, from the global
-positions of their tokens (:func:`shard_positions`), into a few classes with
-one :class:`attnjax.layout.BlockLayout` each (causal contiguous shards: the
-diagonal, fully visible, and skipped); a step runs its class's branch of a
-``lax.switch``, and a class with no block to visit (a key shard entirely in
-the future, or out of a window's reach) is skipped outright.
-
-The backward (a custom VJP through :mod:`attnjax.kernels.autodiff`, so
-forward mode works as everywhere else) runs the ring again from the saved
-output rows and per-row residuals: ``dq`` accumulates locally, while ``dk`` /
-``dv`` accumulators travel with the key/value shard they belong to and are
-home after ``P`` steps. Memory per device is O(T / P); nothing of another
-shard is kept.
-
-Layouts of the sequence (``layout``): ``"contiguous"`` (shard ``p`` holds
-tokens ``p * T_l .. (p + 1) * T_l``) or ``"zigzag"`` (shard ``p`` holds chunks
-``p`` and ``2P - 1 - p`` of ``2P`` chunks; under a causal mask every device
-then visits the same number of tiles: Brandon et al. 2023, "Striped
-Attention"; the dual-chunk swap of MaxText / Llama 3).
+Inside ``jax.shard_map`` each device keeps its queries and passes its key/value shard
+(and key segment ids) round the ring with ``lax.ppermute``, ``P`` times, folding each
+into its rows' online state (:func:`attnjax.kernels.blockwise.kernel.accumulate`). Which
+blocks a step visits is classified statically per (query shard, key shard) pair
+(:func:`shard_positions`); the backward runs the ring again, dk/dv travelling with their
+shard. Layouts: ``"contiguous"`` or ``"zigzag"``. Memory per device is O(T / P).
+Guides: docs/guides/kernels.md ("Ring attention", under the block-wise engine) and
+docs/guides/context_parallel.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The tile machinery of the block-wise kernel (:mod:`attnjax.kernels.blockwise`).
 
-A call is described statically by :class:`TilePlan`; its arrays are laid out once
-by :class:`Arrays` (float32, query heads grouped under their key/value head,
-time on axis -2, ``scale`` folded into ``q``). One tile is a query block's rows
-(``G * tq`` rows: every query head of a group stacked, so GQA costs no copies)
-against ``tk`` keys: :func:`tile_logits` gives its float32 logits and
-:func:`tile_allowed` its boolean mask (static structure on partial blocks, segment
-ids, the explicit mask), or None when every pair is allowed. What a tile's
-logits become is the normaliser's business (:mod:`attnjax.normalizers`).
-:func:`gpu_block_sizes` chooses the tiles of a call on a GPU target from its
-memory (:func:`target_platform`, :func:`gpu_memory_bytes`).
+A call is described statically by :class:`TilePlan`; its arrays are laid out once by
+:class:`Arrays` (float32, query heads grouped under their key/value head, time on axis -2,
+``scale`` folded into ``q``). One tile is a query block's rows (``G * tq`` rows: every
+query head of a group stacked, so GQA costs no copies) against ``tk`` keys:
+:func:`tile_logits` gives its float32 logits and :func:`tile_allowed` its boolean mask
+(static structure on partial blocks, segment ids, the explicit mask), or None when every
+pair is allowed; what the logits become is the normaliser's business. :func:`gpu_block_sizes`
+chooses a GPU target's tiles from its memory (:func:`target_platform`, :func:`gpu_memory_bytes`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """The backward kernels of :mod:`attnjax.kernels.mosaic_gpu` (FlashAttention-2/3 style, tiles
 recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with a TMA ring.
 
-1. Preprocessing (XLA, one fused pass): ``D_i = <dO_i, O_i>`` (only for a normaliser that
-   ``reads_row_dot``: sigmoid, ReLU and none skip this pass over dO and O), the logsumexp
-   cotangent ``g_i`` (zero on rows with no key) and, with ``sink_logits``, the null logit's
-   cotangent from :meth:`Normalizer.null_grad`. Where ``<dO_i, O_i>`` is too coarse
-   (:meth:`Normalizer.row_dot_from_tiles`: softpick in bfloat16 / float16) the dq kernel's
-   walk runs once more, rows only, for ``D_i = sum_j w_ij dp_ij`` in float32 instead.
-2. dq: one program per (query head, query block, batch) walks the key blocks its rows attend
-   (the forward's bounds; interior blocks unmasked), recomputes ``z = Q K^T`` and
-   ``dP = dO V^T`` (wgmma), takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` (row
-   lowering) and adds ``dS K`` (wgmma).
-3. dk/dv: one program per (key/value head, block of ``DKDV_BLOCK_K`` = 64 keys, batch; its
-   two float32 accumulators must fit one warpgroup's registers) walks the ``G`` query heads of
-   its group and the query blocks that may attend the block (the inverse relation), with the
-   tiles transposed (keys as rows: ``z^T = K Q^T``, ``dP^T = V dO^T``) so that
-   ``dV += W^T dO`` and ``dK += dS^T Q`` are wgmmas with the register operand on the left;
-   the normaliser's tile rule runs through the transposed row lowering. GQA gradients are
-   summed in registers, never through repeated K/V.
-
-Segment ids: the ids ride the rings into shared memory (the key tiles' with K/V in dq, the
-query tiles' with Q/dO in dk/dv), and a visited block whose [min, max] segment range cannot
-meet the program's is skipped at run time (copied, not computed); every block is masked.
+Row terms in one XLA pass (``D_i`` only for a normaliser that ``reads_row_dot``; summed
+from the tiles in float32 for softpick in half precision), then dq over the forward's key
+blocks and dk/dv over blocks of ``DKDV_BLOCK_K`` = 64 keys with the tiles transposed (keys
+as rows), GQA summed in registers. Entry point: :func:`backward`.
+Guide: docs/guides/kernels.md, section "Pallas Mosaic GPU for Hopper".
 """
 
 from __future__ import annotations

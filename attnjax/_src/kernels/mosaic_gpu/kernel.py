@@ -1,66 +1,14 @@
 """A Pallas Mosaic GPU flash-attention kernel for Hopper (sm_90): ``implementation="mosaic_gpu"``.
 
-Forward: one program per (query head, pair of query blocks, batch) with three warpgroups,
-as in FlashAttention-3 and jax's ``attention_mgpu`` example. The producer warpgroup (its
-registers cut to 40 per thread by ``setmaxnreg``) only issues TMA copies: key/value tiles
-stream through a ``num_stages`` ring of shared-memory slots; a slot's K and V are waited
-for and released apart (a two-arrival barrier each): K is released once both consumers
-have read ``Q K^T``, so the next key tile streams in while the slot's V is still read.
-Two consumer warpgroups (232 registers per thread) each own a block of ``block_q`` query
-rows, loaded once by TMA:
-``Q K^T`` and ``W V`` are warpgroup MMAs (wgmma) into float32 accumulators, and a schedule
-barrier makes the two take turns (ping-pong: one consumer's ``Q K^T`` runs on the tensor
-cores while the other works on its weights); the output tile is written into the query
-tile's shared memory. The online state is the normaliser's (:meth:`Normalizer.init` /
-:meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`, the functions the block-wise and
-Triton kernels call; the kernel never looks at a normaliser's name), run through
-:func:`attnjax.kernels.mosaic_gpu.plan.lower_rows` (Mosaic GPU has no layout for the
-normalisers' ``[R, 1]`` rows).
-
-Blocks are skipped, not masked: a program loads only the key blocks its rows may attend
-(causal / window bounds, :func:`kv_bounds`), and each consumer computes only those of its
-own rows (it waits for and releases the others: one more block at most per causal diagonal);
-the interior blocks every row attends entirely run a loop that evaluates no element mask;
-only edge blocks (and a ragged last key block) are masked. Segment ids: the ids ride the K/V
-ring into shared memory, and a visited block whose [min, max] segment range cannot meet the
-query block's is skipped at run time (its tiles are still copied, keeping the ring's
-barriers in phase; its products and normaliser work are not done). Normalisers that need the
-number of allowed keys first (sigmoid, relu; statistics) get it in closed form from causal /
-window, or from a mask-only pre-pass with segment ids. GQA: query head ``n`` reads key/value
-head ``n // G`` by its TMA index (K and V are never repeated). ``return_stats`` comes from
-the same pass (the normaliser's statistics rows). Ragged lengths are padded to the blocks
-(padded keys masked, padded rows dropped; query lengths to a multiple of ``2 * block_q``).
-The kernels read q, k, v (and dO) and write the output (and dq, dk, dv) in the caller's
-``[B, T, N, H]`` layout: each TMA copy is a strided box of one head's rows, so XLA adds no
-transposes around them (only a pad where a length is ragged).
-
-Backward (:mod:`attnjax.kernels.mosaic_gpu.backward`): a dq kernel and a dk/dv kernel over
-recomputed tiles (one warpgroup each, TMA rings as in the forward without a producer), with
-the sink-logit and logsumexp gradients, segment ids included. Forward mode (``jax.jvp``)
-takes its tangent from the block-wise engine (:func:`attnjax.kernels.blockwise.twin`, run by
-XLA), as for the other Pallas kernels.
-
-Refused (see :func:`unsupported`, which names each refusal): a target that is not a Hopper
-GPU (outside interpret mode), float32 inputs, head dims other than 64 / 128 / 256 (or q's
-differing from v's), bias / mask arrays, ``similarity="neg_sq_euclidean"``, score / mask
-modifiers; auto-dispatch takes the next engine of its list for such calls (``pallas_gpu``).
-
-Interpret mode (``interpret=True``) runs the kernels in jax's Mosaic GPU interpreter
-(``InterpretGPUParams``) on the CPU. Under jax 0.12 it runs the compiled path's code (TMA
-copies, barriers, the K/V ring, wgmma with a transposed shared-memory operand, layouts, block
-bounds, masks and the normaliser code) except one primitive, which every interpreter so far
-lacks: ``wgmma`` with a register lhs (it reads the lhs's allocation key: "Expected shape (6,)
-but got (64, 128)"); in interpret mode that lhs (the weights of ``W V``, ``dS`` of
-``dS K``, and the backward's transposed tiles) is staged through a shared-memory buffer.
-jax 0.10.2's interpreter also lacks ``wgmma`` with a transposed operand (``'TransposeTransform'
-object has no attribute 'indices'``) and layout annotations (``layout_cast``, the layouts of
-iotas and of ``plgpu.load``: "MLIR translation rule for primitive 'layout_cast' not found for
-platform cpu"); under it (``Plan.plain``) the transposed products are register dots of
-the shared-memory tiles and the layout annotations are dropped. The interpreter's kernels
-carry an ordered IO effect that the custom-VJP machinery (:mod:`attnjax.kernels.autodiff`)
-cannot hold (``KeyError: OrderedIOEffect``, jax 0.10.2 and 0.12), so in interpret mode
-gradients through :func:`compute` take the block-wise backward; the tests call the backward
-kernels directly.
+The forward is warp-specialised as in FlashAttention-3: per program a producer warpgroup
+issues the TMA copies of K/V tiles into a shared-memory ring and two consumer warpgroups
+compute ``Q K^T`` and ``W V`` by wgmma in ping-pong, running the normaliser's online state
+through :func:`attnjax.kernels.mosaic_gpu.plan.lower_rows`. Blocks are skipped, not
+masked; q, k, v are read in place as ``[B, T, N, H]``. Backward:
+:mod:`attnjax.kernels.mosaic_gpu.backward`; forward mode takes the block-wise twin's
+tangent. Entry points: :func:`compute`, :func:`forward`, :func:`unsupported` (non-Hopper
+targets, float32, other head dims, bias / mask arrays, modifiers); ``interpret=True``.
+Guide: docs/guides/kernels.md, section "Pallas Mosaic GPU for Hopper".
 """
 
 from __future__ import annotations

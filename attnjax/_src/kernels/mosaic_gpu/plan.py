@@ -2,16 +2,10 @@
 shared-memory budget, and the row lowering that runs the normalisers' online state in a
 Mosaic GPU kernel body.
 
-Why a row lowering: the normalisers (:mod:`attnjax.normalizers`) keep per-row state as
-``[R, 1]`` arrays (``jnp.max(z, axis=-1, keepdims=True)`` and implicit broadcasts against
-``[R, tk]`` tiles). Mosaic GPU's register arrays have no layout for an ``[R, 1]`` shape (its
-lowering fails with "Tiling ((64, 8), ...) does not apply to shape (64, 1)"), only the 1-D
-row layout of a reduction (``WGMMA_ROW``). :func:`lower_rows` traces a normaliser function at
-the logical shapes and evaluates its jaxpr with every ``[R, 1]`` value held as an ``[R]``
-array: a keepdims reduction's expand is the identity, a broadcast of a row to ``[R, X]`` is a
-``broadcast_in_dim`` along dimension 0 (the lowering's row broadcast), elementwise
-primitives apply to the ``[R]`` values unchanged. The normaliser code itself is untouched
-(no name branches; the same definitions the block-wise and Triton kernels run).
+:func:`block_sizes_for` and :func:`smem_bytes` (limit ``SMEM_LIMIT_BYTES``); :func:`lower_rows`
+evaluates a normaliser function with its ``[R, 1]`` rows held as ``[R]`` vectors, as Mosaic
+GPU has no register layout for ``[R, 1]``. Guide: docs/guides/kernels.md, section
+"Pallas Mosaic GPU for Hopper".
 """
 
 from __future__ import annotations

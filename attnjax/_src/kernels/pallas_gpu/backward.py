@@ -1,19 +1,10 @@
 """The backward pass of :mod:`attnjax.kernels.pallas_gpu` (FlashAttention-2, blocks recomputed).
 
-1. Preprocessing (row terms, in XLA: one fused elementwise pass): ``D_i = <dO_i, O_i>``
-   (only where the normaliser's backward reads it: :func:`needs_row_terms`),
-   the logsumexp cotangent ``g_i`` (zero on rows with no key) and, with
-   ``sink_logits``, the null logit's cotangent from :meth:`Normalizer.null_grad`.
-2. The dq kernel: one program per (batch, query head, query block) walks the key
-   blocks its rows attend (the forward's bounds), recomputes each tile's logits,
-   takes ``(w, dz)`` from :meth:`Normalizer.tile_backward` and adds ``ds K``.
-   Where ``<dO_i, O_i>`` is not precise enough (:func:`row_terms_from_tiles`) it first
-   walks the blocks once more for ``D_i = sum_j w_ij dp_ij`` in float32, which it writes
-   for the dk/dv kernel.
-3. The dk/dv kernel: one program per (batch, key/value head, key block) walks the
-   ``G`` query heads of its group and the query blocks that may attend the block
-   (the inverse relation), adding ``w^T dO`` to dv and ``ds^T Q`` to dk, so GQA
-   gradients are summed in registers, never through repeated K/V.
+Row terms in XLA (``D_i``, the logsumexp and null-logit cotangents), then a dq kernel over
+the forward's key blocks and a dk/dv kernel over the ``G`` query heads and query blocks
+that attend each key block (GQA summed in registers). Where ``<dO_i, O_i>`` is too
+coarse (:func:`row_terms_from_tiles`) the dq kernel first sums ``D_i`` from its tiles.
+Guide: docs/guides/kernels.md, section "Pallas Triton".
 """
 
 from __future__ import annotations

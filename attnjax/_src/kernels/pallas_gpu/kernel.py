@@ -1,54 +1,13 @@
 """A Pallas GPU (Triton) flash-attention kernel for every normaliser: ``implementation="pallas_gpu"``.
 
-The forward pass is FlashAttention-2: one program per (batch, query head,
-query block) walks the key blocks its rows may attend, keeping the
-normaliser's online state (:meth:`Normalizer.init` / :meth:`~Normalizer.visit` /
-:meth:`~Normalizer.finish` of :mod:`attnjax.normalizers`, the very functions the
-block-wise XLA kernel calls; the kernel body never looks at a normaliser's
-name). The backward pass (:mod:`attnjax.kernels.pallas_gpu.backward`) recomputes blocks:
-a preprocessing pass for the row terms (``<dO_i, O_i>``; summed in float32 from the dq
-kernel's tiles instead where the forward's bf16 ``P V`` product is not precise enough for
-the normaliser's backward, softpick's), a dq kernel over key
-blocks and a dk/dv kernel over the query blocks (and the ``G`` query heads) of
-each key/value head, each tile's cotangent from :meth:`Normalizer.tile_backward`.
-
-What it supports: every normaliser in :data:`attnjax.normalizers.REGISTRY`,
-``sink_logits``, ``softcap``, ``scale``, causal / window structure and segment
-ids, GQA (query head ``n`` reads key/value head ``n // G`` through the block
-index map: K and V are never repeated), ``return_stats`` computed in the same
-pass (the logsumexp with its gradient), float32 / bfloat16 / float16, and any
-``T``, ``S``, head dims (padded to the block sizes and powers of two).
-
-Blocks are skipped, not masked: a query block's loop over key blocks runs
-between bounds computed from the causal / window relation of its rows (and the
-dk/dv loop over query blocks from the inverse relation); with segment ids a
-visited block whose query and key segment ranges cannot meet is skipped by a
-``lax.cond`` at run time. Visited blocks that every row attends entirely (the
-interior of the causal / window band) run in a loop of their own that
-evaluates no element mask; only the edge blocks (and, with segment ids or a
-ragged last key block, those blocks) are masked element by element.
-
-Not supported (see :func:`unsupported`): ``bias`` and ``mask`` arrays,
-``similarity="neg_sq_euclidean"``, and any option of :class:`DenseOptions` this
-module does not know (so dispatch never silently drops one).
-
-Autodiff (:mod:`attnjax.kernels.autodiff`): reverse mode runs the backward kernels;
-forward mode (``jax.jvp``, ``jax.linearize``) runs the forward kernel for the output and
-takes the tangent, like every second-order term, from the block-wise engine on the same call
-(:func:`attnjax.kernels.blockwise.twin`: plain JAX, run by XLA), as a ``pallas_call`` has no
-usable JVP.
-
-On a GPU the kernel is compiled by Triton; ``interpret=True`` runs the same
-kernel body in Pallas interpret mode on any backend (the tests' CPU check).
-Exporting for ``cuda`` from a host without a GPU works (the kernels are
-lowered for :data:`attnjax._lowering.EXPORT_GPU` unless an abstract GPU device
-is set, see :func:`attnjax._lowering.gpu_lowering_target`); the module then
-holds custom calls with target :data:`TRITON_CALL_TARGET`, which ``jax.export``
-accepts with ``DisabledSafetyCheck.custom_call(TRITON_CALL_TARGET)``.
-
-From jax 0.12 the Pallas Triton backend is deprecated: every lowering of these
-kernels warns (``DeprecationWarning`` from jax's lowering rule). jax offers no
-non-deprecated Triton path for Pallas; the replacement is a Mosaic GPU kernel.
+The forward is FlashAttention-2: one program per (batch, query head, query block) walks
+the key blocks its rows may attend (skipped blocks never visited, interior blocks
+unmasked), keeping the normaliser's online state (:meth:`Normalizer.init` /
+:meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`; no branch on a normaliser's
+name). Backward: :mod:`attnjax.kernels.pallas_gpu.backward`; forward mode takes the
+block-wise twin's tangent. Entry points: :func:`compute`, :func:`unsupported` (bias and
+mask arrays, ``neg_sq_euclidean``, unknown options); ``interpret=True`` runs on any backend.
+Guide: docs/guides/kernels.md, section "Pallas Triton".
 """
 
 from __future__ import annotations

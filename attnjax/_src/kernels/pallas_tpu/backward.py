@@ -1,16 +1,9 @@
 """The backward pass of :mod:`attnjax.kernels.pallas_tpu` (FlashAttention-2, tiles recomputed).
 
-1. Row terms in XLA (one fused elementwise pass): ``D_i = <dO_i, O_i>``, the
-   logsumexp cotangent ``g_i`` (zero on rows with no key) and, with
-   ``sink_logits``, the null logit's cotangent from :meth:`Normalizer.null_grad`.
-2. The dq kernel, grid ``(batch, query head, query block, visit)`` over the key
-   blocks the query block visits (the forward's tables for the backward's block
-   sizes): each tile's logits recomputed, ``(w, dz)`` from
-   :meth:`Normalizer.tile_backward`, ``dq += ds K`` in a VMEM accumulator.
-3. The dk/dv kernel, grid ``(batch, key/value head, key block, G x visit)`` over
-   the ``G`` query heads of the group and the query blocks that visit the key
-   block (the transposed tables): ``dv += w^T dO``, ``dk += ds^T Q``, so GQA
-   gradients are summed in VMEM, never through repeated K/V.
+Row terms in XLA, then a dq kernel over the forward's visits (grid ``(batch, query head,
+query block, visit)``) and a dk/dv kernel over the transposed tables (grid ``(batch,
+key/value head, key block, G x visit)``), accumulating in VMEM: GQA never repeats K/V.
+Guide: docs/guides/kernels.md, section "Pallas Mosaic TPU".
 """
 
 from __future__ import annotations

@@ -1,47 +1,13 @@
 """A Pallas TPU (Mosaic) flash-attention kernel for every normaliser: ``implementation="pallas_tpu"``.
 
-The forward pass is FlashAttention-2 laid out for a TPU: the grid is
-``(batch, query head, query block, visit)``, the last axis walking the key
-blocks the query block visits (:mod:`attnjax.kernels.pallas_tpu.plan`: skipped
-blocks get no grid step, run-time skips neither a copy nor a computation),
-Pallas's pipeline copying the next key/value block into VMEM while the current
-one is computed. The normaliser's online state (:meth:`Normalizer.init` /
-:meth:`~Normalizer.visit` / :meth:`~Normalizer.finish` of :mod:`attnjax.normalizers`,
-the functions the block-wise XLA kernel and the Triton kernel call) lives in
-VMEM scratch across the visits; the kernel body never looks at a normaliser's
-name. Normalisers that need the number of allowed keys per row before the
-first tile (sigmoid, ReLU; statistics) get it from a mask-only pass of the same
-grid. The backward pass (:mod:`attnjax.kernels.pallas_tpu.backward`) recomputes
-tiles: a dq kernel over the same visits and a dk/dv kernel over the query blocks
-(and the ``G`` query heads) that visit each key block, so GQA never repeats K/V.
-
-What it supports: every normaliser in :data:`attnjax.normalizers.REGISTRY`,
-``sink_logits`` (with their gradient), ``softcap``, ``scale``, causal / window
-structure and segment ids (packed sequences), GQA, ``return_stats`` in the same
-pass (the logsumexp with its gradient), float32 and bfloat16, any ``T``, ``S``
-(padded to whole blocks, padded keys masked) and head dims, and ``score_mod`` /
-``mask_mod`` evaluated on each tile from its positions and indices. A
-modifier's arguments are held in SMEM and read by scalar index
-(:class:`~attnjax.kernels.pallas_tpu.plan.ScalarTable`: ALiBi's ``slopes[n]``,
-``prefix_lengths[b]``, a ``[B, N]`` table at ``[b, n]``); the dq kernel
-accumulates the gradients of floating ``score_mod_args`` from each tile's VJP
-of the modifier. Inside ``shard_map`` (:func:`attnjax._sharding.per_shard`) the
-batch and head indices a modifier sees are the whole call's. A ``mask_mod``'s
-layout skips the blocks it masks entirely (static without arguments or with a
-``block_layout``, else classified per call). Not supported (:func:`unsupported`:
-dispatch then takes the block-wise engine): ``bias`` and ``mask`` arrays,
-``similarity="neg_sq_euclidean"``, float16, and modifiers that read their
-arguments otherwise (T5's ``table[bucket(i - j), n]``, document ids
-``doc[b, i]``: a gather per element) or whose tables exceed
-:data:`~attnjax.kernels.pallas_tpu.plan.MAX_ARG_SIZE` elements.
-
-Autodiff (:mod:`attnjax.kernels.autodiff`): reverse mode runs the backward
-kernels; forward mode and second order take the block-wise engine's tangent on
-the same call (:func:`attnjax.kernels.blockwise.twin`), as a ``pallas_call`` has
-no JVP.
-
-On a TPU the kernels are compiled by Mosaic; ``interpret=True`` runs the same
-bodies in Pallas interpret mode on any backend (the tests' CPU check).
+FlashAttention-2 on the grid ``(batch, query head, query block, visit)``, the last axis
+walking only the key blocks the query block visits (:mod:`attnjax.kernels.pallas_tpu.plan`);
+the normaliser's online state lives in VMEM scratch, and ``score_mod`` / ``mask_mod`` run
+on each tile with their arguments in SMEM. Backward: :mod:`attnjax.kernels.pallas_tpu.backward`;
+forward mode takes the block-wise twin's tangent. Entry points: :func:`compute`,
+:func:`unsupported`, :func:`generation` and :func:`block_sizes_for` (tiles per TPU);
+``interpret=True`` runs on any backend.
+Guide: docs/guides/kernels.md, section "Pallas Mosaic TPU".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """What the Pallas TPU kernels (:mod:`attnjax.kernels.pallas_tpu`) share: the plan and the block tables.
 
-A call's static description (:class:`TpuPlan`: shapes, block sizes, options),
-its **block tables** and the pieces of a tile the kernel bodies share (logits,
-the element mask of a partial tile, matmuls with float32 accumulation).
-
-Block tables. The kernels' grids run over the key blocks each query block
-visits (forward, dq) or the query blocks that visit each key block (dk/dv), not
-over all blocks: the static structure (causal, window, a ``mask_mod``'s layout,
-the ragged last key block) comes from :mod:`attnjax.layout` as a matrix of
-``SKIP`` / ``FULL`` / ``MASKED`` per (query block, key block); only the visited
-blocks get grid steps (:class:`Tables`). Run-time structure (segment ids: the
-segments of a block pair cannot meet; a ``mask_mod`` with traced arguments) can
-only turn a visited block into a skipped or a masked one: the table of kinds is
-computed per call in XLA and read by the kernels from SMEM (scalar prefetch), and
-a skipped step's block index repeats the last fetched block, so Pallas issues no
-copy for it and the body computes nothing (``pl.when``). Blocks every row attends
-entirely run without any element mask.
+:class:`TpuPlan` (a call's shapes, block sizes and options); :class:`Tables`, the key
+blocks each query block visits (and the transpose) from the static ``SKIP`` / ``FULL`` /
+``MASKED`` structure, with run-time kinds (segment ids, traced ``mask_mod`` arguments)
+read from SMEM; :class:`ScalarTable` for modifier arguments; and the pieces of a tile the
+bodies share (logits, a partial tile's element mask, float32-accumulating matmuls).
+Guide: docs/guides/kernels.md, section "Pallas Mosaic TPU".
 """
 
 from __future__ import annotations

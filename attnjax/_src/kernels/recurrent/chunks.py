@@ -1,22 +1,10 @@
 """Chunk scans for the stateful linear forms, with a backward that recomputes each chunk.
 
-The chunked forms of :mod:`attnjax.gated_linear` and :mod:`attnjax.delta_rule`
-run a block function over chunks of ``C`` tokens with a ``lax.scan`` carrying
-the ``[H, Hv]`` state. Differentiated by plain autodiff, that scan would keep
-every chunk's intermediates (decay tensors, the triangular solve's operands)
-for the backward: memory that grows with ``T * C * H`` per head, several times
-the inputs'. :func:`chunk_scan` instead has a custom VJP whose forward keeps
-the chunks' inputs and the state entering each chunk (``T / C`` states of
-``H * Hv``: the size of one ``[T, H]`` input when ``Hv = C``) and whose
-backward walks the chunks in reverse, recomputing each chunk from its stored
-state and pulling the state's cotangent back through it. Memory is O(T) with a
-small constant; time is one extra chunk forward per chunk. Both forms compute
-their state-independent terms (decays, the delta rule's triangular solve)
-inside the scan, one chunk at a time: batched over chunks (``vmap`` /
-``lax.map``) the same terms ran slower on XLA's CPU backend (GLA's per-channel
-chunk 3.7 ms against 1.2 ms per chunk at C=64, N=8, H=64) and, at
-``chunk_size=32``, crashed jaxlib 0.10.2 (a segfault in its "ynn" fusion,
-jax-ml/jax#40412).
+:func:`chunk_scan` runs a block function over chunks of ``C`` tokens (:func:`to_chunks`,
+:func:`from_chunks`) in a ``lax.scan`` carrying the ``[H, Hv]`` state. Its custom VJP keeps
+only the chunks' inputs and the state entering each chunk, and its backward walks the
+chunks in reverse, recomputing each: O(T) memory, one extra chunk forward per chunk.
+Guide: docs/guides/kernels.md, section "Recurrent chunk kernels".
 """
 
 from __future__ import annotations

@@ -1,47 +1,12 @@
 """One chunk of per-channel gated linear attention (GLA), with a hand-written backward.
 
-:func:`attnjax.gated_linear.chunked` runs this on every chunk of ``C`` tokens
-when the decay is per key channel. Per query head, with ``b_i`` the cumulative
-log decay from the chunk's start to ``i`` (inclusive), ``d_i`` the number of
-resets so far in the chunk, and ``keep_ij`` = ``j <= i`` and ``d_j == d_i``:
-
-    out_i  = sum_j keep_ij w_ij v_j + (q_i * exp(b_i))^T S_0 [d_i == 0]
-    w_ij   = sum_h q_ih k_jh exp(b_ih - b_jh)
-    S_end  = exp(b_C) * S_0 [no reset] + sum_{j in last segment} (k_j * exp(b_C - b_j)) v_j^T
-
-**Forward.** The chunk is split into ``n`` sub-blocks of ``sub`` tokens
-(secondary chunking, Yang et al. 2024). For a query in sub-block ``I`` and a
-key in an earlier sub-block the decay factors through ``r``, the last token
-before ``I``: ``exp(b_i - b_r) * exp(b_r - b_j)``, a query factor and a key
-factor per ``I`` (``[n, C, H]``), both ``<= 1``, so those weights are one
-batched matmul. Inside a sub-block the ``[sub, sub, H]`` decays are
-materialised. No ``exp`` of a positive number is ever taken.
-
-**Direct chunks.** Most chunks of a trained GLA decay little (a gate of
-``log_sigmoid(x) / 16`` takes ~3 nats off a 64-token chunk). When no channel
-decays by more than :data:`DIRECT_MAX_DECAY` over the chunk, one reference
-point (the chunk's start) is exact to float32 rounding: ``exp(b_i - b_j) =
-exp(b_i) * exp(-b_j)`` with ``exp(-b_j) <= exp(16)``, and all pairs are one
-``[C, C]`` matmul with no sub-blocks (1.7x -> 1.1x the time of elu+1 linear
-attention, forward+backward, T=4096). The choice is a ``lax.cond`` per chunk,
-so strong gates still take the sub-blocked path; each path has its own
-hand-written backward.
-
-**Backward** (the reason for this module: autodiff of the forward was 3.8x
-the time of elu+1 linear attention). With ``dw = keep * (do v^T)``, the
-gradients of q, k, v and ``S_0`` are the same products read the other way.
-The decays' gradient comes from one identity: every factor is ``exp`` of a
-sum ``g_{j+1} + ... + g_i`` over a pair ``(i, j)``, so with
-``P_ijh = dw_ij q_ih k_jh exp(b_ih - b_jh)`` (``i > j``),
-
-    dg_t = sum_{i >= t > j} P_ij = sum_{i >= t} q_i * dq'_i - sum_{j >= t} k_j * dk'_j
-
-where ``dq'``, ``dk'`` are the pairs' parts of ``dq`` and ``dk`` without the
-diagonal (``i == j``, whose factor is exactly 1 and carries no decay): left
-in, those terms would cancel in float32 and leave noise far above the true,
-tiny gradient of a strong gate. The state terms add their own exact sums:
-the queries' ``exp(b_i)`` (a reverse cumulative sum), the keys'
-``exp(b_C - b_j)`` (a forward exclusive one) and the state's ``exp(b_C)``.
+:func:`attnjax.gated_linear.chunked` runs it on every chunk of ``C`` tokens when the decay
+is per key channel. Two paths, chosen per chunk by a ``lax.cond``: :func:`direct_chunk`
+(all pairs in one ``[C, C]`` matmul, exact while no channel decays by more than
+:data:`DIRECT_MAX_DECAY` over the chunk) and :func:`sub_blocked_chunk` (secondary
+chunking: no ``exp`` of a positive number); each has its own backward, whose decay
+gradient leaves out the diagonal terms that would cancel in float32.
+Guide: docs/guides/kernels.md, section "Recurrent chunk kernels".
 """
 
 from __future__ import annotations
