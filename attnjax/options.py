@@ -35,7 +35,7 @@ ContextLayout = Literal["contiguous", "zigzag"]
 CONTEXT_LAYOUTS: tuple[str, ...] = get_args(ContextLayout)
 
 
-def _static(default: Any, *, validated: Any = dataclasses.MISSING) -> Any:
+def _static_keyword(default: Any, *, validated: Any = dataclasses.MISSING) -> Any:
   """A static keyword, and so a field of :class:`DenseOptions`: its default there is
   ``validated`` when given (what the keyword's default stands for once validated), else the
   keyword's default."""
@@ -49,7 +49,7 @@ def _static(default: Any, *, validated: Any = dataclasses.MISSING) -> Any:
 class DenseKeywords:
   """The keywords of a dense call besides ``q, k, v`` and ``implementation``, as given.
 
-  The one definition of their names, defaults and static-ness (``_static``:
+  The one definition of their names, defaults and static-ness (``_static_keyword``:
   a static argument under ``jax.jit`` and a field of :class:`DenseOptions`;
   every other one is an array or a tuple of arrays). :func:`validate` takes
   exactly these and turns them into a :class:`DenseInputs` and a
@@ -62,23 +62,23 @@ class DenseKeywords:
 
   bias: Any = None
   mask: Any = None
-  is_causal: bool = _static(False)
-  scale: Optional[float] = _static(None)
-  normalizer: str = _static("softmax")
+  is_causal: bool = _static_keyword(False)
+  scale: Optional[float] = _static_keyword(None)
+  normalizer: str = _static_keyword("softmax")
   sink_logits: Any = None
-  softcap: Optional[float] = _static(None)
-  window: Optional[tuple[int, int]] = _static(None)
+  softcap: Optional[float] = _static_keyword(None)
+  window: Optional[tuple[int, int]] = _static_keyword(None)
   segment_ids: Any = None
-  similarity: str = _static("dot")
-  return_stats: bool = _static(False)
-  score_mod: Optional[Callable[..., Any]] = _static(None)
+  similarity: str = _static_keyword("dot")
+  return_stats: bool = _static_keyword(False)
+  score_mod: Optional[Callable[..., Any]] = _static_keyword(None)
   score_mod_args: Any = None
-  mask_mod: Optional[Callable[..., Any]] = _static(None)
+  mask_mod: Optional[Callable[..., Any]] = _static_keyword(None)
   mask_mod_args: Any = None
-  block_layout: Any = _static(None)
-  context_axis: Optional[str] = _static(None)
-  context_strategy: str = _static("ring")
-  context_layout: Optional[str] = _static(None, validated="contiguous")
+  block_layout: Any = _static_keyword(None)
+  context_axis: Optional[str] = _static_keyword(None)
+  context_strategy: str = _static_keyword("ring")
+  context_layout: Optional[str] = _static_keyword(None, validated="contiguous")
 
 
 KEYWORDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DenseKeywords))
@@ -110,15 +110,6 @@ def forwarded(names: tuple[str, ...], scope: dict[str, Any]) -> dict[str, Any]:
   return {name: scope[name] for name in names}
 
 
-class _OptionsMethods:
-  """The methods of :class:`DenseOptions`."""
-
-  def local(self) -> "DenseOptions":
-    """These options for one device's own call (no context parallelism)."""
-    return dataclasses.replace(self, context_axis=None, context_strategy="ring",
-                               context_layout="contiguous")
-
-
 # The options of a dense call that no keyword sets: (name, type, default, meaning).
 INTERNAL_OPTIONS = (
     ("empty_row_logsumexp", float, 0.0,
@@ -126,21 +117,38 @@ INTERNAL_OPTIONS = (
      "where dot_product_attention returns jax.nn's residual)"),
 )
 
-DenseOptions = dataclasses.make_dataclass(
-    "DenseOptions",
-    [(f.name, f.type, dataclasses.field(default=f.metadata.get("validated", f.default)))
-     for f in dataclasses.fields(DenseKeywords) if f.metadata.get("static")]
-    + [(name, kind, dataclasses.field(default=default))
-       for name, kind, default, _ in INTERNAL_OPTIONS],
-    bases=(_OptionsMethods,), frozen=True)
-DenseOptions.__module__ = __name__
-DenseOptions.__doc__ = """Static, validated options of a dense attention call (hashable).
 
-Its fields are the static keywords of :class:`DenseKeywords` (names, types and
-defaults from there; ``scale`` a float, ``window`` a pair and
-``context_layout`` a name once validated) followed by
-:data:`INTERNAL_OPTIONS`, which no keyword sets.
-"""
+@dataclasses.dataclass(frozen=True)
+class DenseOptions:
+  """Static, validated options of a dense attention call (hashable).
+
+  Its fields are the static keywords of :class:`DenseKeywords`, in their order,
+  with their types and defaults (``context_layout``'s default as validated;
+  ``scale`` a float, ``window`` a pair and ``context_layout`` a name once
+  validated), followed by :data:`INTERNAL_OPTIONS`, which no keyword sets.
+  ``tests/test_options.py`` holds the two definitions equal.
+  """
+
+  is_causal: bool = False
+  scale: Optional[float] = None
+  normalizer: str = "softmax"
+  softcap: Optional[float] = None
+  window: Optional[tuple[int, int]] = None
+  similarity: str = "dot"
+  return_stats: bool = False
+  score_mod: Optional[Callable[..., Any]] = None
+  mask_mod: Optional[Callable[..., Any]] = None
+  block_layout: Any = None
+  context_axis: Optional[str] = None
+  context_strategy: str = "ring"
+  context_layout: Optional[str] = "contiguous"
+  # INTERNAL_OPTIONS
+  empty_row_logsumexp: float = 0.0
+
+  def local(self) -> "DenseOptions":
+    """These options for one device's own call (no context parallelism)."""
+    return dataclasses.replace(self, context_axis=None, context_strategy="ring",
+                               context_layout="contiguous")
 
 
 @dataclasses.dataclass(frozen=True)
