@@ -82,6 +82,7 @@ class DenseKeywords:
 
 
 KEYWORDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DenseKeywords))
+_KEYWORD_SET = frozenset(KEYWORDS)
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DenseKeywords)}
 # The keywords of a dense call that are static under jax.jit (every other one is an array).
 STATIC_NAMES: tuple[str, ...] = tuple(
@@ -107,7 +108,10 @@ def static(names: tuple[str, ...]) -> tuple[str, ...]:
 def forwarded(names: tuple[str, ...], scope: dict[str, Any]) -> dict[str, Any]:
   """``{name: scope[name]}`` for dense keyword ``names``: a public function's ``locals()``
   (read before it rebinds any of them) as the keywords of :func:`validate`."""
-  return {name: scope[name] for name in names}
+  out = {}
+  for name in names:
+    out[name] = scope[name]
+  return out
 
 
 # The options of a dense call that no keyword sets: (name, type, default, meaning).
@@ -178,6 +182,18 @@ KERNEL_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "simi
                   "return_stats", "empty_row_logsumexp")
 # The DenseInputs fields the platform kernels are written for (reported the same way).
 KERNEL_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids", "kv_segment_ids")
+
+
+def _context_axis(inputs: DenseInputs, opts: DenseOptions) -> Optional[str]:
+  """The dense op's ``context_axis`` of a call (:class:`attnjax._op.Op`)."""
+  del inputs
+  return opts.context_axis
+
+
+def _length(inputs: DenseInputs, opts: DenseOptions) -> int:
+  """The dense op's ``length`` of a call: the longer of ``T`` and ``S``."""
+  del opts
+  return max(inputs.q.shape[1], inputs.k.shape[1])
 
 
 def unknown_options(opts: DenseOptions, inputs: DenseInputs, known_options: Sequence[str],
@@ -304,6 +320,20 @@ def check_context(context_axis: Any, context_strategy: Any, context_layout: Any)
   return layout
 
 
+def _check_mods(kw: DenseKeywords) -> tuple[tuple, tuple]:
+  """``(score_mod_args, mask_mod_args)`` as tuples, the modifiers checked by :func:`check_mod`
+  (each where it or its arguments are given)."""
+  score_args = mask_args = ()
+  index = jnp.zeros((), jnp.int32)
+  if kw.score_mod is not None or kw.score_mod_args is not None:
+    score_args = check_mod("score_mod", kw.score_mod, kw.score_mod_args,
+                           (jnp.zeros((), jnp.float32), index, index, index, index))
+  if kw.mask_mod is not None or kw.mask_mod_args is not None:
+    mask_args = check_mod("mask_mod", kw.mask_mod, kw.mask_mod_args,
+                          (index, index, index, index))
+  return score_args, mask_args
+
+
 def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call (every argument but ``implementation``); see ``dense.prepare``.
 
@@ -317,22 +347,25 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   other mask. Both are static (hashable) and receive their arrays through
   the ``*_args`` tuples.
   """
-  unknown = [name for name in dense_keywords if name not in KEYWORDS]
-  if unknown:
+  if not _KEYWORD_SET.issuperset(dense_keywords):
+    unknown = [name for name in dense_keywords if name not in KEYWORDS]
     raise TypeError(f"unknown keyword(s) {unknown} of a dense call; the keywords are {KEYWORDS}")
   kw = DenseKeywords(**dense_keywords)
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
-  _checks.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
-  _checks.check_choice("similarity", kw.similarity, SIMILARITIES)
+  # Each check runs where a value could be wrong: a keyword left at None needs none.
+  if kw.normalizer not in normalizers.NORMALIZERS:
+    _checks.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
+  if kw.similarity not in SIMILARITIES:
+    _checks.check_choice("similarity", kw.similarity, SIMILARITIES)
   if not isinstance(kw.is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {kw.is_causal!r}")
-  window = _checks.check_window(kw.window)
+  window = None if kw.window is None else _checks.check_window(kw.window)
   scale = H ** -0.5 if kw.scale is None else kw.scale
   if isinstance(scale, bool) or not isinstance(scale, (int, float)):
     raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
   if not math.isfinite(scale):
     raise ValueError(f"scale must be finite, got scale={scale!r}")
-  softcap = _checks.check_positive_float("softcap", kw.softcap)
+  softcap = None if kw.softcap is None else _checks.check_positive_float("softcap", kw.softcap)
   target = (B, N, T, S)
   sink_logits = kw.sink_logits
   if sink_logits is not None:
@@ -344,11 +377,13 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
                               (1, N, 1, 1))
   bias = None if kw.bias is None else _checks.as_rank4("bias", kw.bias, target, kind="bias")
   mask = None if kw.mask is None else _checks.as_rank4("mask", kw.mask, target, kind="mask")
-  q_seg, kv_seg = _checks.check_segment_ids(kw.segment_ids, B, T, S)
-  index = jnp.zeros((), jnp.int32)
-  score_args = check_mod("score_mod", kw.score_mod, kw.score_mod_args,
-                         (jnp.zeros((), jnp.float32), index, index, index, index))
-  mask_args = check_mod("mask_mod", kw.mask_mod, kw.mask_mod_args, (index, index, index, index))
+  q_seg = kv_seg = None
+  if kw.segment_ids is not None:
+    q_seg, kv_seg = _checks.check_segment_ids(kw.segment_ids, B, T, S)
+  score_args = mask_args = ()
+  if (kw.score_mod is not None or kw.score_mod_args is not None or kw.mask_mod is not None
+      or kw.mask_mod_args is not None):
+    score_args, mask_args = _check_mods(kw)
   layout = kw.block_layout
   if layout is not None:
     if kw.mask_mod is None:
@@ -357,7 +392,9 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
       raise ValueError(
           f"block_layout must be an attnjax.layout.BlockLayout for q_len={T}, kv_len={S}, got "
           f"{layout!r:.120}")
-  context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
+  context_layout = "contiguous"
+  if (kw.context_axis, kw.context_strategy, kw.context_layout) != (None, "ring", None):
+    context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
   inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
   opts = DenseOptions(is_causal=kw.is_causal, window=window, scale=float(scale),
                       normalizer=kw.normalizer, softcap=softcap, similarity=kw.similarity,
