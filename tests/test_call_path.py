@@ -59,18 +59,24 @@ def _trace(fn, *args) -> tuple[list[tuple[str, str]], list[list[str]]]:
   return list(functions), chains
 
 
-@pytest.fixture
-def plain_call(monkeypatch):
+# Calls the reference engine runs on a CPU: the issue's plain call, and calls setting more.
+CALLS = {
+    "plain": dict(is_causal=True, normalizer="sigmoid"),
+    "stats": dict(return_stats=True, normalizer="softpick"),
+    "jax_nn": dict(local_window_size=3, softcap=5.0, return_residual=True),
+}
+
+
+def _trace_call(monkeypatch, keywords: dict):
   if jax.default_backend() != "cpu":
     pytest.skip("the count is of a CPU lowering (a GPU or TPU host asks its own kernels more)")
   monkeypatch.setattr(attnjax.config, "kernels", "checked")  # the default, whatever ran before
   q = jnp.ones((1, 64, 2, 16))
-  return _trace(lambda q, k, v: attnjax.dot_product_attention(
-      q, k, v, is_causal=True, normalizer="sigmoid"), q, q, q)
+  return _trace(lambda q, k, v: attnjax.dot_product_attention(q, k, v, **keywords), q, q, q)
 
 
-def test_a_plain_call_enters_few_functions(plain_call):
-  functions, _ = plain_call
+def test_a_plain_call_enters_few_functions(monkeypatch):
+  functions, _ = _trace_call(monkeypatch, CALLS["plain"])
   names = [f"{module}:{name}" for module, name in functions]
   # Not vacuous: validation, dispatch and the engine's computation were all traced.
   assert {"options.py:validate", "_op.py:choose", "_dense_reference.py:reference",
@@ -78,13 +84,15 @@ def test_a_plain_call_enters_few_functions(plain_call):
   assert len(functions) <= MAX_FUNCTIONS, "\n".join(names)
 
 
-def test_a_plain_call_never_returns_into_a_module_it_left(plain_call):
+@pytest.mark.parametrize("call", CALLS)
+def test_a_call_never_returns_into_a_module_it_left(monkeypatch, call):
   """Along every chain of calls (the attnjax frames on the stack when a function is entered,
   outermost first, each named by its module's file), the modules form runs that never
   repeat: once a chain has left module A for another module, nothing further down that chain
   enters A again (A -> B -> A is a return into A; A -> A -> B is not). Returning from a call
   and calling another module next (A -> B, back in A, A -> C) is not a return into A."""
-  _, chains = plain_call
+  functions, chains = _trace_call(monkeypatch, CALLS[call])
+  assert ("_dense_reference.py", "reference") in functions
   for chain in chains:
     runs = [m for i, m in enumerate(chain) if i == 0 or chain[i - 1] != m]
     assert len(runs) == len(set(runs)), " -> ".join(runs)
