@@ -70,17 +70,21 @@ def test_the_definition():
 
 
 def test_the_options_are_the_static_keywords_validated():
-  # DenseOptions is derived from DenseKeywords: the static keywords in order, with their
-  # defaults (context_layout's as validated), then the options no keyword sets; a call at
-  # the defaults validates to exactly those (scale apart: H ** -0.5).
-  static = [f for f in dataclasses.fields(options.DenseKeywords)
-            if f.name in options.STATIC_NAMES]
+  # DenseOptions is written out field by field; it must stay the static keywords of
+  # DenseKeywords in order, with their types and defaults (a "validated" default where the
+  # keyword declares one: context_layout's), then the INTERNAL_OPTIONS; a call at the
+  # defaults validates to exactly those (scale apart: H ** -0.5).
+  static = [f for f in dataclasses.fields(options.DenseKeywords) if f.metadata.get("static")]
+  assert [f.name for f in static] == list(options.STATIC_NAMES)
+  expected = [(f.name, f.type, f.metadata.get("validated", f.default)) for f in static]
+  expected += [(name, kind.__name__, default)
+               for name, kind, default, _ in options.INTERNAL_OPTIONS]
   fields = dataclasses.fields(options.DenseOptions)
-  assert [f.name for f in fields] == ([f.name for f in static]
-                                      + [name for name, *_ in options.INTERNAL_OPTIONS])
-  assert {f.name: f.default for f in fields} == dict(
-      {f.name: f.default for f in static}, context_layout="contiguous",
-      empty_row_logsumexp=0.0)
+  assert [(f.name, f.type, f.default) for f in fields] == expected
+  assert {f.name: f.default for f in fields}["context_layout"] == "contiguous"
+  assert all(f.default_factory is dataclasses.MISSING for f in fields)
+  assert options.DenseOptions.__dataclass_params__.frozen
+  assert hash(options.DenseOptions()) == hash(options.DenseOptions())
   q = jnp.zeros((1, 4, 2, 16))
   _, opts = options.validate(q, q, q)
   assert opts.scale == 0.25 and dataclasses.replace(opts, scale=None) == options.DenseOptions()

@@ -70,7 +70,8 @@ def scores(q: Array, k: Array, *, scale: float, similarity: str = "dot",
   if similarity != "dot":
     q_sq = jnp.einsum("btkgh,btkgh->bkgt", q32, q32)[..., None]
     k_sq = jnp.einsum("bskh,bskh->bks", k32, k32)[:, :, None, None, :]
-  return softcap(from_dots(dots, scale=scale, similarity=similarity, q_sq=q_sq, k_sq=k_sq), cap)
+  s = from_dots(dots, scale=scale, similarity=similarity, q_sq=q_sq, k_sq=k_sq)
+  return s if cap is None else softcap(s, cap)
 
 
 def capped_logits(s: Array, cap: Optional[float], bias: Optional[Array] = None
@@ -80,7 +81,7 @@ def capped_logits(s: Array, cap: Optional[float], bias: Optional[Array] = None
   ``capped = softcap(s, cap)`` and ``z = capped + bias`` (float32): the bias is added
   after the softcap, so a mask-like bias is never squashed by it.
   """
-  capped = softcap(s, cap)
+  capped = s if cap is None else softcap(s, cap)
   if bias is None:
     return capped, capped
   return capped + bias.astype(jnp.float32), capped

@@ -39,16 +39,11 @@ def structural_mask(
   """
   qp = q_positions[:, None]
   kp = k_positions[None, :]
-  out = None
-
-  def _and(a, b):
-    return b if a is None else jnp.logical_and(a, b)
-
-  if is_causal:
-    out = _and(out, kp <= qp)
+  out = kp <= qp if is_causal else None
   if window is not None:
     left, right = window
-    out = _and(out, jnp.logical_and(kp >= qp - left, kp <= qp + right))
+    local = jnp.logical_and(kp >= qp - left, kp <= qp + right)
+    out = local if out is None else jnp.logical_and(out, local)
   if out is not None:
     out = out[None, None]
   if q_segment_ids is not None:
@@ -205,9 +200,11 @@ def make_attention_mask(
     TypeError: a mask that is not boolean.
   """
   structure = structural_mask(
-      jnp.arange(T), jnp.arange(S), is_causal=is_causal, window=_checks.check_window(window),
+      jnp.arange(T), jnp.arange(S), is_causal=is_causal,
+      window=None if window is None else _checks.check_window(window),
       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
-  return combine_masks(mask, structure)
+  # The structure is rank 4 and boolean already: only a mask array needs combine_masks.
+  return structure if mask is None else combine_masks(mask, structure)
 
 
 def segment_resets(segment_ids: Optional[Array], batch: int, length: int) -> Array:

@@ -67,7 +67,12 @@ def _softmax_with_null(z: Array, allowed: Array, null_logit: Optional[Array]):
 
 
 def _lse(z: Array, allowed: Array) -> Array:
-  return _softmax_with_null(z, allowed, None)[1]
+  """The log-normaliser of :func:`_softmax_with_null` without a null column (its weights are
+  not needed)."""
+  zm = jnp.where(allowed, z, -jnp.inf)
+  m = _shift(zm)
+  denom = jnp.sum(jnp.exp(zm - m), axis=-1, keepdims=True)
+  return m + jnp.log(jnp.where(denom > 0, denom, 1.0))
 
 
 def num_allowed(allowed: Array, shape: tuple[int, ...]) -> Array:

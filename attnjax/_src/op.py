@@ -154,6 +154,8 @@ def check_implementation(op: Op, implementation: Optional[str], *,
     TypeError: not a str or None.
     ValueError: not an engine of the op (the message lists them).
   """
+  if implementation is None:
+    return None
   if implementation in op.renamed:
     new = op.renamed[implementation]
     where = where or op.name
@@ -169,10 +171,14 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
   call; each engine's ``unsupported`` runs once however many lists name it.
 
   Engines vouched by ``"device-check"`` are taken only where :func:`attnjax._trust.allows`
-  says so for the call's class; the notes of those skipped are logged once.
+  says so for the call's class (asked first: an engine it refuses with nothing to tell, e.g.
+  for a platform with no device known, is not asked its ``unsupported``); the notes of those
+  skipped that cover the call are logged once.
   """
   reasons: dict[str, list[str]] = {}
-  length = klass = None
+  length = None
+  # The case class the kernels' verdicts name, computed only where a verdict is read.
+  klass = functools.partial(op.trust_class, *call) if op.trust_class else None
   table = {}
   for platform in platforms:
     notes = []
@@ -182,23 +188,25 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
         length = op.length(*call) if length is None else length
         if length < engine.min_length:
           continue
+      decision = None
+      if engine.vouched_by == "device-check":
+        decision = _trust.allows(name, platform, klass)
+        if not decision.allowed and decision.note is None:
+          continue
       if name not in reasons:
         reasons[name] = engine.unsupported(*call)
       if reasons[name]:
         continue
-      if engine.vouched_by == "device-check":
-        if klass is None:  # the case class the kernels' verdicts name
-          klass = op.trust_class(*call)
-        decision = _trust.allows(name, platform, klass)
-        if not decision.allowed:
-          notes += [decision.note] if decision.note else []
-          continue
+      if decision is not None and not decision.allowed:
+        notes.append(decision.note)
+        continue
       table[platform] = name
       break
     if platform not in table:  # the op's fallback ends on an engine that refused the call
       refused = "; ".join(f"{n}: {', '.join(r)}" for n, r in reasons.items() if r)
       raise ValueError(f"{op.name}: no engine covers this call on {platform!r} ({refused})")
-    _trust.note_skipped(notes, table[platform])
+    if notes:
+      _trust.note_skipped(notes, table[platform])
   return table
 
 

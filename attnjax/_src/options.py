@@ -29,7 +29,7 @@ ContextLayout = Literal["contiguous", "zigzag"]
 CONTEXT_LAYOUTS: tuple[str, ...] = get_args(ContextLayout)
 
 
-def _static(default: Any, *, validated: Any = dataclasses.MISSING) -> Any:
+def _static_keyword(default: Any, *, validated: Any = dataclasses.MISSING) -> Any:
   """A static keyword, and so a field of :class:`DenseOptions`: its default there is
   ``validated`` when given (what the keyword's default stands for once validated), else the
   keyword's default."""
@@ -43,7 +43,7 @@ def _static(default: Any, *, validated: Any = dataclasses.MISSING) -> Any:
 class DenseKeywords:
   """The keywords of a dense call besides ``q, k, v`` and ``implementation``, as given.
 
-  The one definition of their names, defaults and static-ness (``_static``:
+  The one definition of their names, defaults and static-ness (``_static_keyword``:
   a static argument under ``jax.jit`` and a field of :class:`DenseOptions`;
   every other one is an array or a tuple of arrays). :func:`validate` takes
   exactly these and turns them into a :class:`DenseInputs` and a
@@ -56,26 +56,27 @@ class DenseKeywords:
 
   bias: Any = None
   mask: Any = None
-  is_causal: bool = _static(False)
-  scale: Optional[float] = _static(None)
-  normalizer: str = _static("softmax")
+  is_causal: bool = _static_keyword(False)
+  scale: Optional[float] = _static_keyword(None)
+  normalizer: str = _static_keyword("softmax")
   sink_logits: Any = None
-  softcap: Optional[float] = _static(None)
-  window: Optional[tuple[int, int]] = _static(None)
+  softcap: Optional[float] = _static_keyword(None)
+  window: Optional[tuple[int, int]] = _static_keyword(None)
   segment_ids: Any = None
-  similarity: str = _static("dot")
-  return_stats: bool = _static(False)
-  score_mod: Optional[Callable[..., Any]] = _static(None)
+  similarity: str = _static_keyword("dot")
+  return_stats: bool = _static_keyword(False)
+  score_mod: Optional[Callable[..., Any]] = _static_keyword(None)
   score_mod_args: Any = None
-  mask_mod: Optional[Callable[..., Any]] = _static(None)
+  mask_mod: Optional[Callable[..., Any]] = _static_keyword(None)
   mask_mod_args: Any = None
-  block_layout: Any = _static(None)
-  context_axis: Optional[str] = _static(None)
-  context_strategy: str = _static("ring")
-  context_layout: Optional[str] = _static(None, validated="contiguous")
+  block_layout: Any = _static_keyword(None)
+  context_axis: Optional[str] = _static_keyword(None)
+  context_strategy: str = _static_keyword("ring")
+  context_layout: Optional[str] = _static_keyword(None, validated="contiguous")
 
 
 KEYWORDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DenseKeywords))
+_KEYWORD_SET = frozenset(KEYWORDS)
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DenseKeywords)}
 # The keywords of a dense call that are static under jax.jit (every other one is an array).
 STATIC_NAMES: tuple[str, ...] = tuple(
@@ -101,16 +102,10 @@ def static(names: tuple[str, ...]) -> tuple[str, ...]:
 def forwarded(names: tuple[str, ...], scope: dict[str, Any]) -> dict[str, Any]:
   """``{name: scope[name]}`` for dense keyword ``names``: a public function's ``locals()``
   (read before it rebinds any of them) as the keywords of :func:`validate`."""
-  return {name: scope[name] for name in names}
-
-
-class _OptionsMethods:
-  """The methods of :class:`DenseOptions`."""
-
-  def local(self) -> "DenseOptions":
-    """These options for one device's own call (no context parallelism)."""
-    return dataclasses.replace(self, context_axis=None, context_strategy="ring",
-                               context_layout="contiguous")
+  out = {}
+  for name in names:
+    out[name] = scope[name]
+  return out
 
 
 # The options of a dense call that no keyword sets: (name, type, default, meaning).
@@ -120,21 +115,38 @@ INTERNAL_OPTIONS = (
      "where dot_product_attention returns jax.nn's residual)"),
 )
 
-DenseOptions = dataclasses.make_dataclass(
-    "DenseOptions",
-    [(f.name, f.type, dataclasses.field(default=f.metadata.get("validated", f.default)))
-     for f in dataclasses.fields(DenseKeywords) if f.metadata.get("static")]
-    + [(name, kind, dataclasses.field(default=default))
-       for name, kind, default, _ in INTERNAL_OPTIONS],
-    bases=(_OptionsMethods,), frozen=True)
-DenseOptions.__module__ = __name__
-DenseOptions.__doc__ = """Static, validated options of a dense attention call (hashable).
 
-Its fields are the static keywords of :class:`DenseKeywords` (names, types and
-defaults from there; ``scale`` a float, ``window`` a pair and
-``context_layout`` a name once validated) followed by
-:data:`INTERNAL_OPTIONS`, which no keyword sets.
-"""
+@dataclasses.dataclass(frozen=True)
+class DenseOptions:
+  """Static, validated options of a dense attention call (hashable).
+
+  Its fields are the static keywords of :class:`DenseKeywords`, in their order,
+  with their types and defaults (``context_layout``'s default as validated;
+  ``scale`` a float, ``window`` a pair and ``context_layout`` a name once
+  validated), followed by :data:`INTERNAL_OPTIONS`, which no keyword sets.
+  ``tests/test_options.py`` holds the two definitions equal.
+  """
+
+  is_causal: bool = False
+  scale: Optional[float] = None
+  normalizer: str = "softmax"
+  softcap: Optional[float] = None
+  window: Optional[tuple[int, int]] = None
+  similarity: str = "dot"
+  return_stats: bool = False
+  score_mod: Optional[Callable[..., Any]] = None
+  mask_mod: Optional[Callable[..., Any]] = None
+  block_layout: Any = None
+  context_axis: Optional[str] = None
+  context_strategy: str = "ring"
+  context_layout: Optional[str] = "contiguous"
+  # INTERNAL_OPTIONS
+  empty_row_logsumexp: float = 0.0
+
+  def local(self) -> "DenseOptions":
+    """These options for one device's own call (no context parallelism)."""
+    return dataclasses.replace(self, context_axis=None, context_strategy="ring",
+                               context_layout="contiguous")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +176,18 @@ KERNEL_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "simi
                   "return_stats", "empty_row_logsumexp")
 # The DenseInputs fields the platform kernels are written for (reported the same way).
 KERNEL_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids", "kv_segment_ids")
+
+
+def call_context_axis(inputs: DenseInputs, opts: DenseOptions) -> Optional[str]:
+  """The dense op's ``context_axis`` of a call (``Op.context_axis`` in ``attnjax/_src/op.py``)."""
+  del inputs
+  return opts.context_axis
+
+
+def call_length(inputs: DenseInputs, opts: DenseOptions) -> int:
+  """The dense op's ``length`` of a call: the longer of ``T`` and ``S``."""
+  del opts
+  return max(inputs.q.shape[1], inputs.k.shape[1])
 
 
 def unknown_options(opts: DenseOptions, inputs: DenseInputs, known_options: Sequence[str],
@@ -290,6 +314,20 @@ def check_context(context_axis: Any, context_strategy: Any, context_layout: Any)
   return layout
 
 
+def _check_mods(kw: DenseKeywords) -> tuple[tuple, tuple]:
+  """``(score_mod_args, mask_mod_args)`` as tuples, the modifiers checked by :func:`check_mod`
+  (each where it or its arguments are given)."""
+  score_args = mask_args = ()
+  index = jnp.zeros((), jnp.int32)
+  if kw.score_mod is not None or kw.score_mod_args is not None:
+    score_args = check_mod("score_mod", kw.score_mod, kw.score_mod_args,
+                           (jnp.zeros((), jnp.float32), index, index, index, index))
+  if kw.mask_mod is not None or kw.mask_mod_args is not None:
+    mask_args = check_mod("mask_mod", kw.mask_mod, kw.mask_mod_args,
+                          (index, index, index, index))
+  return score_args, mask_args
+
+
 def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call (every argument but ``implementation``); see ``dense.prepare``.
 
@@ -303,22 +341,25 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   other mask. Both are static (hashable) and receive their arrays through
   the ``*_args`` tuples.
   """
-  unknown = [name for name in dense_keywords if name not in KEYWORDS]
-  if unknown:
+  if not _KEYWORD_SET.issuperset(dense_keywords):
+    unknown = [name for name in dense_keywords if name not in KEYWORDS]
     raise TypeError(f"unknown keyword(s) {unknown} of a dense call; the keywords are {KEYWORDS}")
   kw = DenseKeywords(**dense_keywords)
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
-  _checks.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
-  _checks.check_choice("similarity", kw.similarity, SIMILARITIES)
+  # Each check runs where a value could be wrong: a keyword left at None needs none.
+  if kw.normalizer not in normalizers.NORMALIZERS:
+    _checks.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
+  if kw.similarity not in SIMILARITIES:
+    _checks.check_choice("similarity", kw.similarity, SIMILARITIES)
   if not isinstance(kw.is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {kw.is_causal!r}")
-  window = _checks.check_window(kw.window)
+  window = None if kw.window is None else _checks.check_window(kw.window)
   scale = H ** -0.5 if kw.scale is None else kw.scale
   if isinstance(scale, bool) or not isinstance(scale, (int, float)):
     raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
   if not math.isfinite(scale):
     raise ValueError(f"scale must be finite, got scale={scale!r}")
-  softcap = _checks.check_positive_float("softcap", kw.softcap)
+  softcap = None if kw.softcap is None else _checks.check_positive_float("softcap", kw.softcap)
   target = (B, N, T, S)
   sink_logits = kw.sink_logits
   if sink_logits is not None:
@@ -330,11 +371,13 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
                               (1, N, 1, 1))
   bias = None if kw.bias is None else _checks.as_rank4("bias", kw.bias, target, kind="bias")
   mask = None if kw.mask is None else _checks.as_rank4("mask", kw.mask, target, kind="mask")
-  q_seg, kv_seg = _checks.check_segment_ids(kw.segment_ids, B, T, S)
-  index = jnp.zeros((), jnp.int32)
-  score_args = check_mod("score_mod", kw.score_mod, kw.score_mod_args,
-                         (jnp.zeros((), jnp.float32), index, index, index, index))
-  mask_args = check_mod("mask_mod", kw.mask_mod, kw.mask_mod_args, (index, index, index, index))
+  q_seg = kv_seg = None
+  if kw.segment_ids is not None:
+    q_seg, kv_seg = _checks.check_segment_ids(kw.segment_ids, B, T, S)
+  score_args = mask_args = ()
+  if (kw.score_mod is not None or kw.score_mod_args is not None or kw.mask_mod is not None
+      or kw.mask_mod_args is not None):
+    score_args, mask_args = _check_mods(kw)
   layout = kw.block_layout
   if layout is not None:
     if kw.mask_mod is None:
@@ -343,7 +386,9 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
       raise ValueError(
           f"block_layout must be an attnjax.layout.BlockLayout for q_len={T}, kv_len={S}, got "
           f"{layout!r:.120}")
-  context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
+  context_layout = "contiguous"
+  if (kw.context_axis, kw.context_strategy, kw.context_layout) != (None, "ring", None):
+    context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
   inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
   opts = DenseOptions(is_causal=kw.is_causal, window=window, scale=float(scale),
                       normalizer=kw.normalizer, softcap=softcap, similarity=kw.similarity,

@@ -59,13 +59,20 @@ def flags_of(fn: Callable[..., Any], names: Iterable[str]) -> frozenset[str]:
                    and params[name].annotation in (bool, "bool"))
 
 
+# Values that are canonical as they are (canonical returns them unchanged).
+_PLAIN = (type(None), bool, int, float, str)
+
+
 def canonical_keywords(kwargs: dict[str, Any], static: frozenset[str],
                        flags: frozenset[str]) -> dict[str, Any]:
   """``kwargs`` with each static option canonical and each flag checked."""
   out = dict(kwargs)
   for name in static.intersection(kwargs):
-    value = canonical(name, kwargs[name])
-    out[name] = check_flag(name, value) if name in flags else value
+    value = kwargs[name]
+    if type(value) not in _PLAIN:
+      value = out[name] = canonical(name, value)
+    if name in flags and type(value) is not bool:
+      check_flag(name, value)  # raises
   return out
 
 

@@ -19,7 +19,7 @@ import logging
 import os
 import pathlib
 import re
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import jax
 import numpy as np
@@ -223,9 +223,11 @@ class Decision(NamedTuple):
   note: Optional[str] = None
 
 
-def allows(kernel: str, platform: str, klass: Optional[str] = None) -> Decision:
+def allows(kernel: str, platform: str,
+           klass: Union[str, Callable[[], str], None] = None) -> Decision:
   """May auto-dispatch take attnjax's ``kernel`` in the branch of ``platform``, for a call of
-  case class ``klass`` (:func:`call_class`; None: a kernel that passed every case)?"""
+  case class ``klass`` (:func:`call_class`, or a function computing it, called only when a
+  verdict is read; None: a kernel that passed every case)?"""
   setting = config.kernels
   if setting == "all":
     return Decision(True)
@@ -235,6 +237,7 @@ def allows(kernel: str, platform: str, klass: Optional[str] = None) -> Decision:
   if kind is None:  # e.g. exporting for a GPU from a CPU host with no mesh: nothing names it
     return Decision(False)
   processes = jax.process_count()
+  klass = klass() if callable(klass) else klass
   found = verdict(kernel, kind, klass, local=processes == 1)
   if found.status == "passed":
     return Decision(True)

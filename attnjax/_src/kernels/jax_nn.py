@@ -83,16 +83,19 @@ def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -
   ``attnjax[aot]`` compiling for a GPU), and nowhere else.
   """
   reasons = unsupported(inputs, opts)
-  reasons += [r for r in options.unknown_options(
-      opts, inputs, options.KERNEL_OPTIONS, options.KERNEL_INPUTS, "cudnn") if r not in reasons]
+  for reason in options.unknown_options(opts, inputs, options.KERNEL_OPTIONS,
+                                        options.KERNEL_INPUTS, "cudnn"):
+    if reason not in reasons:
+      reasons.append(reason)
   if _target.cudnn_version() is None:
     reasons.append("this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
                    "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)")
   if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
     reasons.append(f"dtype {inputs.q.dtype} (cuDNN takes bfloat16 or float16)")
   H = inputs.q.shape[-1]
-  # jax's wrapper allows head dims above 128 only when the tracing host's GPU is a Hopper.
-  h_max = 256 if (_target.local_gpu_major() or 0) >= 9 else 128
+  # jax's wrapper allows head dims above 128 only when the tracing host's GPU is a Hopper (asked
+  # only for such a head dim).
+  h_max = 256 if H > 128 and (_target.local_gpu_major() or 0) >= 9 else 128
   if H % 8 or H > h_max:
     reasons.append(f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} "
                    "on this host)")

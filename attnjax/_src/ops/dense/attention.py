@@ -10,11 +10,10 @@ from typing import Any, Callable, Optional, Union
 
 import jax.numpy as jnp
 
-from attnjax._src import (empty as _empty, jax_nn_compat as _jax_nn_compat, logits as _logits,
-                          lowering as _lowering, op as _op, static as _static, trust as _trust,
-                          masks, normalizers, options, parallel)
+from attnjax._src import (empty as _empty, jax_nn_compat as _jax_nn_compat, lowering as _lowering,
+                          op as _op, static as _static, trust as _trust, options, parallel)
 from attnjax._src.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
-from attnjax._src.attention_stats import stats_from_weights
+from attnjax._src.ops.dense import reference as _dense_reference
 
 Array = jnp.ndarray
 
@@ -31,38 +30,9 @@ JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
 # Implementations.
 
 
-def reference(inputs: DenseInputs, opts: DenseOptions, *, positions=None):
-  """Materialises the ``[B, N, T, S]`` logits and weights; obviously correct.
-
-  Order on the float32 logits: ``scale`` (and similarity), ``softcap``,
-  ``bias``, then ``score_mod``; ``mask_mod`` joins every other mask; then the
-  normaliser. ``positions``: None, or int ``(q_positions [T], k_positions [S])``,
-  the positions the modifiers see (a subset of rows of a longer call).
-  """
-  q, k, v = inputs.q, inputs.k, inputs.v
-  B, T, N, H = q.shape
-  _, S, K, Hv = v.shape
-  s = _logits.scores(_logits.group_queries(q, K), k, scale=opts.scale,
-                     similarity=opts.similarity)
-  z, _ = _logits.capped_logits(jnp.reshape(s, (B, N, T, S)), opts.softcap, inputs.bias)
-  q_pos, k_pos = (jnp.arange(T), jnp.arange(S)) if positions is None else positions
-  grid = _logits.index_grid(B, (N,), q_pos, k_pos)
-  z = options.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
-  allowed = masks.make_attention_mask(
-      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
-      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
-  allowed = masks.combine_masks(allowed,
-                                options.apply_mask_mod(opts, inputs.mask_mod_args, *grid))
-  if allowed is None:
-    allowed = jnp.ones((1, 1, 1, 1), bool)
-  sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
-  w, log_norm = normalizers.normalize(z, allowed, normalizer=opts.normalizer, sink_logits=sink)
-  w_grouped = jnp.reshape(w, (B, K, N // K, T, S))
-  out = jnp.einsum("bkgts,bskh->btkgh", w_grouped, v.astype(jnp.float32))
-  out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
-  if not opts.return_stats:
-    return out
-  return out, stats_from_weights(z, w, allowed, log_norm, opts.empty_row_logsumexp)
+# The readable engine, defined in ops/dense/reference.py (a dense call dispatched by the op
+# then never returns into this module).
+reference = _dense_reference.reference
 
 
 # One dense implementation, as dispatch sees it (:class:`attnjax._op.Engine`): its ``compute``
@@ -111,11 +81,6 @@ PREFERENCES: dict[str, tuple[str, ...]] = {
 FALLBACK: tuple[str, ...] = ("blockwise", "reference")
 
 
-def _length(inputs: DenseInputs, opts: DenseOptions) -> int:
-  del opts
-  return max(inputs.q.shape[1], inputs.k.shape[1])
-
-
 def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
   inputs, opts = call
   return parallel.attention(inputs, opts, implementation,
@@ -124,9 +89,10 @@ def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[st
 
 OP = _op.register(_op.Op(
     "dense", ENGINES, PREFERENCES, FALLBACK,
-    empty=_empty.dense, is_empty=lambda inputs, opts: _empty.is_empty(inputs.q, inputs.k),
-    context=_context, context_axis=lambda inputs, opts: opts.context_axis,
-    length=_length, trust_class=_trust.call_class))
+    empty=_empty.dense, is_empty=_empty.dense_is_empty, context=_context,
+    # The call's own questions are answered outside this module (options, _empty): a dispatched
+    # call never returns here.
+    context_axis=options.call_context_axis, length=options.call_length, trust_class=_trust.call_class))
 
 
 def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...]) -> dict[str, str]:
@@ -338,15 +304,20 @@ def _dot_product_attention(
     raise ValueError(f"context_axis={context_axis!r} takes no return_residual, "
                      f"query_seq_lengths or key_value_seq_lengths (they describe one device's "
                      f"whole sequence); pass segment ids, and return_stats for the logsumexp")
-  dense_keywords["window"] = _jax_nn_compat.window_of(local_window_size, window)
-  dense_keywords = _jax_nn_compat.ragged(query, key, query_seq_lengths, key_value_seq_lengths,
-                                         dense_keywords)
+  if local_window_size is not None:  # jax.nn's arguments, where given
+    dense_keywords["window"] = _jax_nn_compat.window_of(local_window_size, window)
+  if query_seq_lengths is not None or key_value_seq_lengths is not None:
+    dense_keywords = _jax_nn_compat.ragged(query, key, query_seq_lengths, key_value_seq_lengths,
+                                           dense_keywords)
   if return_residual and return_stats:
     raise ValueError("return_residual=True and return_stats=True: pass one (the residual is "
                      "stats.logsumexp, transposed to [B, T, N])")
-  inputs, opts = prepare(query, key, value, implementation=implementation, **dense_keywords)
+  # prepare's two checks; an implementation left at None (auto) needs none.
+  inputs, opts = options.validate(query, key, value, **dense_keywords)
+  if implementation is not None:
+    _op.check_implementation(OP, implementation)
   if not return_residual:
-    return run(inputs, opts, implementation)
+    return _op.run(OP, (inputs, opts), implementation)
   _jax_nn_compat.check_residual(
       inputs, opts, implementation,
       None if implementation is None else ENGINES[implementation].unsupported)
