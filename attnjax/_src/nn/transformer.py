@@ -6,7 +6,7 @@ the drift metric, Wortsman et al. 2023). Weights start from a truncated normal w
 ``1 / sqrt(fan_in)`` and carry logical axis names for sharding; under ``nnx.capture``
 each block sows its hidden state's statistics.
 
-Guide: docs/guides/layers.md, sections on initialisation and "What the layers sow".
+Guide: docs/guides/layers.md, "MLPs, norms and initialisation", "What the layers sow".
 Implementation behind the public module :mod:`attnjax.nn`.
 """
 
