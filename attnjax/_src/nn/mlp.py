@@ -5,9 +5,8 @@
 run on every token and weighted, exactly the routed computation) and :func:`norm`
 (RMSNorm, LayerNorm, or Gemma's ``1 + w`` RMSNorm, :class:`PlusOneRMSNorm`).
 
-Guide: docs/guides/layers.md, section "MLPs, norms and
-initialisation". Implementation behind the public
-module :mod:`attnjax.nn`.
+Guide: docs/guides/layers.md, section "MLPs, norms and initialisation".
+Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations
