@@ -1,7 +1,5 @@
 """attnjax: pure, jitted, differentiable attention variants for research in JAX.
 
-The public API is flat, as in optax:
-
 >>> import jax
 >>> import attnjax
 >>> q = jax.random.normal(jax.random.key(0), (2, 16, 4, 8))   # [B, T, N, H]
@@ -10,12 +8,8 @@ The public API is flat, as in optax:
 >>> out.shape, stats.sink_mass.shape
 ((2, 16, 4, 8), (2, 4))
 
-Shapes follow ``jax.nn.dot_product_attention``: q ``[B, T, N, H]``, k and v
-``[B, S, K, H]`` with ``N % K == 0``; the output is ``[B, T, N, H]``.
-
-``import attnjax`` loads the functions layer only (JAX, no flax);
-``attnjax.nn`` (Flax NNX modules), ``attnjax.models`` (pretrained checkpoints),
-``attnjax.train`` and ``attnjax.data`` load on first access.
+The API is flat, as in optax. ``import attnjax`` loads no flax: ``attnjax.nn``,
+``attnjax.models``, ``attnjax.train`` and ``attnjax.data`` load on first access.
 """
 
 from __future__ import annotations

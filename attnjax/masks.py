@@ -1,22 +1,15 @@
 """Boolean attention masks: True = the query may attend to the key.
 
-Every family builds its masks here, from one function, :func:`.structural_mask`,
-that works on *position vectors*. The dense reference calls it with all
-positions; block-wise and block-sparse paths call it with the positions of one
-block, so a block is masked by exactly the rule the reference uses.
+Every family builds its masks from one function, :func:`.structural_mask`, on *position
+vectors*: the dense reference calls it with all positions, block-wise paths with one
+block's, so a block is masked by exactly the reference's rule. Conventions are
+``jax.nn.dot_product_attention``'s: query ``i`` at position ``i + offset`` (a decoder
+with ``S`` cached keys and ``T`` new queries passes ``offset=S - T``),
+``window=(left, right)`` keeps ``pos_q - left <= pos_k <= pos_q + right`` (an int ``w``
+is ``(w, 0)``), equal segment ids attend; every builder returns a rank-4 array
+broadcastable to ``[B, N, T, S]``.
 
-Conventions (as ``jax.nn.dot_product_attention``):
-
-- Query ``i`` sits at position ``i + offset`` and key ``j`` at position ``j``;
-  with the default ``offset=0`` causal masks are aligned top-left (query ``i``
-  sees keys ``j <= i``), as in ``jax.nn``. A decoder that holds ``S`` cached
-  keys and asks ``T`` new queries passes ``offset=S - T``.
-- ``window=(left, right)`` allows keys with
-  ``pos_q - left <= pos_k <= pos_q + right``; an int ``w`` means ``(w, 0)``
-  (keys ``pos_q - w .. pos_q``), the convention of every family
-  (``attnjax._checks.check_window``).
-- Segment ids (packed sequences) allow pairs with equal ids.
-- Every builder returns a rank-4 array broadcastable to ``[B, N, T, S]``.
+Guide: :doc:`/guides/sparse`, section "Positions, windows and layouts".
 """
 
 from attnjax._src.masks import (causal_mask, combine_masks, make_attention_mask, padding_mask,

@@ -34,19 +34,14 @@ MODULES = {
     "attnjax.nn.probe": ("attnjax.nn.probe", "attnjax._src.nn.probe"),
     "attnjax.train.report": ("attnjax.train.report", "attnjax._src.train.report"),
     **{f"attnjax._src.nn.{name}": (f"attnjax._src.nn.{name}",)
-       for name in ("attention", "config", "decode", "flax_interop", "transformer")},
+       for name in ("config", "decode", "flax_interop", "transformer")},
 }
 
 # "file:docstring owner" -> why its literal block is not a doctest.
 NOT_RUN = {
-    "attnjax/check.py:<module>": "shell commands for a GPU or TPU host",
-    "attnjax/models/__init__.py:<module>": "needs a downloaded checkpoint directory",
     "attnjax/_src/models/loader.py:from_pretrained": "needs a downloaded checkpoint directory",
-    "attnjax/nn/specs.py:<module>": "a sketch of a new family whose body is elided",
-    "attnjax/targets.py:<module>": "needs the 'aot' extra and configures jax first",
     "attnjax/train/config.py:<module>": "a shell command",
     "attnjax/_src/train/pretrained.py:<module>": "a fragment of an experiment's main()",
-    "attnjax/train/rundir.py:<module>": "a directory layout, not code",
 }
 
 
@@ -84,3 +79,53 @@ def test_docstring_examples_run(name):
     runner.run(test, out=out.write)
   result = runner.summarize(verbose=False)
   assert result.failed == 0, out.getvalue()
+
+
+# Module docstrings say what the module is in a few lines; the design essays live in
+# docs/guides/. These implementation modules are still being cut (their owners empty this).
+LONG_DOCSTRINGS_LEFT = {
+    "attnjax/_src/config.py",
+    "attnjax/_src/kernels/autodiff.py",
+    "attnjax/_src/kernels/blockwise/kernel.py",
+    "attnjax/_src/kernels/blockwise/ring.py",
+    "attnjax/_src/kernels/linear_map.py",
+    "attnjax/_src/kernels/mosaic_gpu/backward.py",
+    "attnjax/_src/kernels/mosaic_gpu/kernel.py",
+    "attnjax/_src/kernels/mosaic_gpu/plan.py",
+    "attnjax/_src/kernels/on_target.py",
+    "attnjax/_src/kernels/pallas_gpu/backward.py",
+    "attnjax/_src/kernels/pallas_gpu/kernel.py",
+    "attnjax/_src/kernels/pallas_tpu/backward.py",
+    "attnjax/_src/kernels/pallas_tpu/kernel.py",
+    "attnjax/_src/kernels/pallas_tpu/plan.py",
+    "attnjax/_src/kernels/recurrent/chunks.py",
+    "attnjax/_src/kernels/recurrent/gla_chunk.py",
+    "attnjax/_src/logits.py",
+    "attnjax/_src/lowering.py",
+    "attnjax/_src/op.py",
+    "attnjax/_src/ops/recurrent.py",
+    "attnjax/_src/parallel/recurrent.py",
+    "attnjax/_src/static.py",
+    "attnjax/_src/trust.py",
+}
+MAX_MODULE_DOCSTRING_LINES = 12
+
+
+def module_docstring_lines() -> dict[str, int]:
+  """Lines of each ``attnjax/`` module's docstring, by path from the repository root."""
+  counts = {}
+  for path in sorted((ROOT / "attnjax").rglob("*.py")):
+    doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+    counts[str(path.relative_to(ROOT))] = len(doc.splitlines())
+  return counts
+
+
+def test_module_docstrings_are_at_most_12_lines():
+  counts = module_docstring_lines()
+  long = {p: n for p, n in counts.items()
+          if n > MAX_MODULE_DOCSTRING_LINES and p not in LONG_DOCSTRINGS_LEFT}
+  assert not long, f"cut these module docstrings to {MAX_MODULE_DOCSTRING_LINES} lines; " \
+                   f"the rest belongs in docs/guides/: {long}"
+  short = sorted(p for p in LONG_DOCSTRINGS_LEFT
+                 if counts.get(p, 0) <= MAX_MODULE_DOCSTRING_LINES)
+  assert not short, f"now short or gone, drop from LONG_DOCSTRINGS_LEFT: {short}"

@@ -1,24 +1,13 @@
 """Start several local processes of one command under ``jax.distributed`` (multi-process on a host).
 
-    python -m attnjax.train.launch --processes 2 --devices-per-process 4 -- \\
-        python experiments/train.py --config experiments/configs/shakespeare.py:preset=cpu \\
-        --out runs/train/two_procs
+``python -m attnjax.train.launch --processes 2 --devices-per-process 4 -- <command>``
+gives every process the coordinator, process count and id (and, on the CPU, its devices
+with gloo collectives), so :func:`attnjax.train.init_distributed` joins them into one
+run. Output lines are prefixed ``[p<i>]``; if one process fails, the others are stopped
+and the launcher exits with its status. On a cluster its own launcher (``srun``,
+``gcloud ... --worker=all``) takes this role and the entry points run unchanged.
 
-Every process gets ``JAX_COORDINATOR_ADDRESS=127.0.0.1:<port>``,
-``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` and, on the CPU (the default platform
-here), ``JAX_NUM_CPU_DEVICES`` devices with gloo collectives; the entry points'
-:func:`attnjax.train.init_distributed` joins them into one run over all
-``processes x devices-per-process`` devices (the mesh of ``config.mesh``), each
-process feeding its own rows of every batch and writing its shards of every
-checkpoint. Output lines are prefixed ``[p<i>]``. If one process exits with an
-error or is killed, the others are stopped (a collective would wait for it
-forever) and the launcher exits with that status; running the same command
-again resumes the run from its last checkpoint.
-
-On a GPU cluster or a TPU pod the cluster's own launcher (SLURM's ``srun``, a
-TPU VM's ``gcloud ... --worker=all``) starts one process per host instead and
-sets the coordinator (``JAX_COORDINATOR_ADDRESS`` or the cluster's variables
-jax reads), and the same entry points run unchanged.
+Guide: :doc:`/guides/training`, section "Meshes and multi-host runs".
 """
 
 from attnjax._src.train.launch import environments, free_port, launch, main

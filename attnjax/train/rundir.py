@@ -1,24 +1,13 @@
 """Run directory files, written so that an interrupted run never leaves a truncated file.
 
-Layout of one run::
+Whole files (``config.json``, ``summary.json``) go through a temporary file and
+``os.replace``; JSONL files (``metrics.jsonl``, ``probes.jsonl``) are appended line by
+line with flush + fsync, and on resume :func:`.truncate_jsonl` drops the lines past the
+checkpoint step, so a resumed run's files equal an uninterrupted run's. Values go
+through ``attnjax.stats.to_jsonable`` (NaN and +-Inf become null); readers pass numbers
+through :func:`.finite_or_none`, which also takes older files' +-1e308 as missing.
 
-    config.json      resolved config
-    metrics.jsonl    one line per training step (and validation lines, "kind": "val")
-    probes.jsonl     one line per sink probe
-    summary.json     status (running / finished / diverged / stopped), final numbers
-    checkpoints/     orbax, one folder per saved step
-    plots/           PNGs
-
-Whole files go through a temporary file and ``os.replace`` (atomic on POSIX).
-JSONL files are appended line by line with flush + fsync, and on resume
-:func:`.truncate_jsonl` rewrites them (atomically) without the lines past the
-checkpoint step, so the resumed run appends exactly what an uninterrupted run
-would have written. A line cut by a kill mid-write is dropped on read.
-
-Every value goes through ``attnjax.stats.to_jsonable``, the one JSON rule of
-attnjax: arrays become lists, NaN and +-Inf become null. Files written before
-this rule hold +-1e308 for +-Inf; readers of numbers from run files pass them
-through :func:`.finite_or_none`, which takes both (and NaN, and +-Inf) as missing.
+Guide: :doc:`/guides/training`, section "Run directories".
 """
 
 from attnjax._src.train.rundir import (OLD_INF, JsonlWriter, RunDir, dumps, finite_or_none,

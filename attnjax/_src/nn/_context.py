@@ -1,23 +1,14 @@
 """The layer's context-parallel path: its attention call inside ``shard_map`` over a ``context`` axis.
 
-Under an ambient mesh (``jax.set_mesh``) with a ``context`` axis of size > 1,
-a layer's self-attention training forward runs its family function once per
-device on that device's shard of the sequence, with ``context_axis="context"``
-(:mod:`attnjax.parallel`): the dense family by a ring (keys/values travel,
-O(T / P) memory per device), the recurrent families by passing their state
-across the axis. The shard_map splits
+Under an ambient mesh with a ``context`` axis of size > 1, a layer's self-attention
+training forward runs its family function once per device on that device's shard of the
+sequence, with ``context_axis="context"`` (:mod:`attnjax.parallel`): tokens split over
+``context``, the batch over the other axes that divide it, heads over ``tensor`` where it
+divides the key/value heads, everything else replicated. A call that cannot take this
+path runs as before, partitioned by XLA.
 
-- the tokens of every array that has them (``[B, T, ...]``) over ``context``;
-- the batch over the other axes that divide it (as ``attnjax._sharding.kernel_axes``:
-  ``data`` and ``fsdp`` on the training mesh);
-- the heads over ``tensor`` where it divides the key/value heads (``[B, T, N|K, ...]``
-  arrays and per-head vectors ``[N]``, e.g. sink logits or RetNet's decays);
-
-and replicates everything else (modifier tables: a ``score_mod`` / ``mask_mod`` sees
-the whole call's batch and head indices through offsets added here, and global
-positions through the ring). Where the call cannot take this path (a mask array,
-keys/values of another length, an injected ``attention_fn`` without
-``context_axis``) it runs as before, partitioned by XLA.
+Guide: docs/guides/context_parallel.md, section "In the layers".
+Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

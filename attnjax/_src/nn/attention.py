@@ -1,76 +1,15 @@
 """``Attention``: one NNX layer that hosts every attention family of attnjax.
 
-The module owns the projections, the output gate and the parameters its family
-spec (:mod:`attnjax.nn.specs`) creates (QK-norm gains, cosine temperatures,
-sink logits, key/value bias slot, random-feature projections); the maths stay in
-the pure functions (:func:`attnjax.dot_product_attention`,
-``qk_norm_attention``, ``cosine_attention``, ``linear_attention``,
-``sparse_attention``), as ``flax.nnx.MultiHeadAttention`` separates module from
-``attention_fn``, and an ``attention_fn`` can be injected here too. The layer
-never branches on the family: the spec builds the attention call and the cache.
+The layer owns the projections, the output gate and the parameters its family spec
+(:mod:`attnjax.nn.specs`) creates; the maths stay in the pure functions, and an
+``attention_fn`` can be injected, as ``flax.nnx.MultiHeadAttention`` separates module
+from ``attention_fn``. The layer never branches on the family: the spec builds the
+attention call and the cache. Decoding is functional (:meth:`.Attention.init_cache`,
+:meth:`.Attention.decode`); under ``nnx.capture`` it sows its statistics.
 
-Calls:
-
->>> import jax
->>> import jax.numpy as jnp
->>> from flax import nnx
->>> from attnjax import nn
->>> x = jax.random.normal(jax.random.key(1), (2, 16, 32))       # [B, T, D]
->>> memory = jax.random.normal(jax.random.key(2), (2, 12, 32))  # [B, S, D]
->>> pad = jnp.arange(16)[None, :] < jnp.array([[16], [12]])     # [B, T] valid tokens
->>> seg = jnp.array([[0] * 10 + [1] * 6] * 2)                   # [B, T] documents
->>> pos = jnp.array([list(range(10)) + list(range(6))] * 2)
->>> layer = nn.Attention(nn.AttentionConfig(num_heads=4), d_model=32, rngs=nnx.Rngs(0))
->>> y = layer(x)                                   # causal self-attention, [B, T, D]
->>> y = layer(x, mask=pad[:, None, None, :])       # padding: True = may attend
->>> y = layer(x, segment_ids=seg, positions=pos)   # packed documents, RoPE per document
->>> y = layer(x, inputs_kv=memory)                 # cross-attention over [B, S, D]
->>> y.shape
-(2, 16, 32)
-
-Decoding is functional: :meth:`.Attention.init_cache` returns a pytree and
-:meth:`.Attention.decode` maps ``(x, cache) -> (y, cache)``.
-
-- Softmax-style families keep a :class:`.KVCache` of keys stored *before* RoPE
-  with the sequence position, RoPE position and segment id of every slot: a
-  full cache (``max_len`` slots), a rolling cache of ``window`` slots for
-  sliding windows (the ``window`` keys before the query; its own key comes
-  with the call, so it sees ``i - window .. i``), or ``num_sinks + window``
-  slots for StreamingLLM, whose keys
-  are rotated at attention time by their stored position
-  (``streaming_rope="absolute"``) or by their position in the cache
-  (``"cache"``, Xiao et al. 2024).
-- What a softmax-style cache keeps is the config's ``cache_policy``
-  (:mod:`attnjax.nn.kv_policies`): ``"full"``; ``"int8"`` / ``"fp8"`` keys and
-  values with a scale per token and head (:class:`.QuantizedKVCache`);
-  ``"h2o"`` heavy hitters plus a recent window within ``cache_budget`` slots
-  (:class:`.H2OCache`); ``"sinks_window"`` the first tokens plus a recent
-  window (a :class:`.KVCache` of ``cache_budget`` slots).
-- Linear attention keeps a :class:`.LinearCache`, its recurrent state.
-- Sparse layers keep a full cache and mask it by the pattern's rule, by position.
-- Cross-attention keeps a :class:`.CrossCache` (``init_cache(..., kv_length=S)``):
-  the first ``decode(x, cache, inputs_kv=memory)`` projects and stores the keys
-  and values, later ``decode(x, cache)`` calls reuse them.
-- A call with ``T`` new tokens attends over the old cache concatenated with the
-  new keys, masked by position and segment, then writes the new keys into
-  their slots; so one path serves prefill and steps.
-
-Context parallelism: under ``jax.set_mesh`` of a mesh with a ``context`` axis
-larger than 1, the self-attention training forward runs the family function
-sequence-sharded (``context_axis="context"`` inside ``shard_map``, see
-``attnjax.nn._context``); decoding and cross-attention stay unsharded.
-
-Statistics: under ``nnx.capture(..., nnx.Intermediate)`` the layer sows
-``attention_stats`` (:class:`attnjax.AttentionStats`), ``q_rms`` ``[B, N]`` and
-``k_rms`` ``[B, K]`` (RMS over time and head dim of the projected q and k),
-``gate_mean`` ``[B, N]`` when gated, and ``weights`` ``[B, N, T, S]`` when asked
-(``sow_weights``). Outside ``nnx.capture`` nothing is computed for them.
-
-References:
-  Qiu et al. 2025, "Gated Attention for Large Language Models" (output gate).
-  Sun et al. 2024, "Massive Activations in Large Language Models" (k/v bias).
-  Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks".
-  OpenAI 2025, gpt-oss model card (sink logits).
+Guides: docs/guides/layers.md (calls, families, what the layers sow),
+docs/guides/kv_caches.md (decode caches), docs/guides/context_parallel.md, section
+"In the layers". Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The ``block_select`` family: content-selected block-sparse attention (MoBA) as an nn layer.
 
-Training forward: :func:`attnjax.block_select_attention` (gathered path), each
-query block attending to its own block and the ``top_k`` earlier key blocks
-whose mean key best matches its query. The layer's default
-``query_pool="first"`` represents a query block by its first query, so the
-selection of a block is fixed once its first token is seen: no position's
-output depends on a later token, and decoding token by token equals the full
-forward exactly (``"mean"``, the block's mean query, looks ahead within a
-block: only non-causal layers take it, and it has no decode).
+Training forward: :func:`attnjax.block_select_attention` (gathered path). The default
+``query_pool="first"`` fixes a block's selection once its first token is seen, so
+decoding token by token equals the full forward. Decode keeps a
+:class:`.BlockSelectCache`: the full :class:`~.KVCache` plus the (RoPE'd) first query of
+the current block, which scores the complete key blocks of the cache.
 
-Decode keeps a :class:`.BlockSelectCache`: the full :class:`~.KVCache`
-plus the (RoPE'd) first query of the block the next token falls in. Each new
-token scores the complete key blocks of the cache (the mean of their stored,
-RoPE'd keys) with its block's first query, and attends, through the dense
-kernel with an explicit mask, to its own block (causally) and the ``top_k``
-best earlier blocks. Key blocks that are candidates are always complete, so
-their means equal the full forward's.
+Guide: docs/guides/layers.md, section "The compressed and block-select families";
+docs/guides/sparse.md, section "Content-selected blocks (MoBA)".
+Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Decode caches of :class:`attnjax.nn.Attention`: pytrees threaded through pure calls.
 
-- :class:`.KVCache`: keys and values of a softmax-style layer, stored before
-  RoPE, with each slot's sequence position, RoPE position and segment id
-  (``cache_policy="full"`` or ``"sinks_window"``).
-- :class:`.QuantizedKVCache`: the same, keys and values stored as int8 or
-  float8_e4m3fn with a float32 scale per token and key/value head
-  (``cache_policy="int8"`` / ``"fp8"``).
-- :class:`.H2OCache`: a budget of key slots per sequence and key/value head,
-  each with the attention it has received (``cache_policy="h2o"``).
-- :class:`.LinearCache`: the recurrent state of a linear-attention layer.
-- :class:`.GatedCache`: the recurrent state of a gated or delta-rule layer
-  (``retnet``, ``mamba2_decay``, ``gla``, ``deltanet``, ``gated_deltanet``),
-  with the tail of its short convolution.
-- :class:`.CrossCache`: the projected keys and values of a cross-attention
-  layer's second sequence, filled on the first call and reused after it.
+:class:`.KVCache` (keys and values stored before RoPE, with each slot's positions and
+segment id), :class:`.QuantizedKVCache` (int8 / fp8 with a scale per token and KV head),
+:class:`.H2OCache` (a budget of slots with the attention each received),
+:class:`.LinearCache` and :class:`.GatedCache` (recurrent states) and
+:class:`.CrossCache` (a cross-attention layer's projected memory).
+
+Guide: docs/guides/kv_caches.md. Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

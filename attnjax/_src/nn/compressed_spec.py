@@ -1,33 +1,14 @@
 """Family ``compressed``: memory-compressed attention with learned compression of keys and values.
 
-Two projections of the (RoPE'd) keys and values along the sequence:
+The (RoPE'd) keys and values are compressed along the sequence by a learned strided
+convolution per KV head (``projection="conv"``, Liu et al. 2018; initialised to mean
+pooling) and go to :func:`attnjax.compressed_attention` with an optional raw window, or
+by Linformer's learned projections (``projection="linformer"``, Wang et al. 2020;
+non-causal only). Decode (conv, causal) keeps a full :class:`~.KVCache` of raw keys and
+recomputes compressed attention over it at each step: exactly the full forward.
 
-- ``projection="conv"`` (Liu et al. 2018): a learned strided convolution,
-  kernel = stride = ``stride``, per KV head and *full* over the head
-  dimension: compressed key ``c`` of head ``kh`` is ``sum_s k[c * stride + s,
-  kh] @ W_k[kh, s]`` with ``W_k [K, stride, H, H]`` (values alike with
-  ``W_v [K, stride, Hv, Hv]``), initialised to mean pooling (``I / stride``).
-  The compressed keys go to :func:`attnjax.compressed_attention` with the
-  layer's causality and the option ``window`` (raw keys of a local window in
-  the same normalisation). A last partial block is padded with zeros.
-- ``projection="linformer"`` (Wang et al. 2020): learned ``E, F [length,
-  max_len]`` project the ``T <= max_len`` keys and values to ``length`` rows
-  (``E[:, :T]``), shared by every head; plain (non-causal) attention over
-  them. Encoder use only: a causal layer with it is rejected.
-
-Decode (conv only, causal layers): the cache is a full
-:class:`~.KVCache` of raw keys (stored before RoPE, as the
-softmax families store them). Each step writes the new keys, then recomputes
-compressed attention over the whole cache with the new queries at their
-positions: simple and exactly the full forward (cost ``O(max_len)`` per
-step, not incremental). Statistics are not sown while decoding.
-
-Sown weights (``sow_weights``) are over the key slots ``[compressed ;
-raw]`` (``C + T`` columns), or the ``length`` Linformer rows.
-
-References:
-  Liu et al. 2018, "Generating Wikipedia by Summarizing Long Sequences", arXiv:1801.10198.
-  Wang et al. 2020, "Linformer: Self-Attention with Linear Complexity", arXiv:2006.04768.
+Guide: docs/guides/layers.md, section "The compressed and block-select families";
+docs/guides/sparse.md. Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Decoding helpers: ``init_cache``, ``decode_step`` and ``generate``.
 
-The cache is a pytree (a list with one entry per layer), threaded through pure
-calls:
+The cache is a pytree (one entry per layer) threaded through pure calls:
 
 >>> import jax
 >>> from flax import nnx
 >>> from attnjax import nn
->>> cfg = nn.ModelConfig(vocab_size=64, d_model=32, num_layers=2,
-...                      attention=nn.AttentionConfig(family="qk_norm", num_heads=4))
->>> model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
->>> prompt = jax.random.randint(jax.random.key(0), (2, 4), 0, 64)
+>>> model = nn.TransformerLM(nn.ModelConfig(vocab_size=64, num_layers=2), rngs=nnx.Rngs(0))
 >>> cache = nn.init_cache(model, batch_size=2, max_len=16)
->>> logits, cache = nn.decode_step(model, prompt, cache)                # prefill
->>> next_token = logits[:, -1].argmax(-1)[:, None]
->>> logits, cache = nn.decode_step(model, next_token, cache)            # one step, [B, 1]
->>> logits.shape                                                        # [B, 1, V]
-(2, 1, 64)
-
-``generate`` runs prefill and a ``lax.scan`` of steps inside one ``jax.jit``.
+>>> logits, cache = nn.decode_step(model, jax.numpy.zeros((2, 4), int), cache)   # prefill
+>>> logits.shape
+(2, 4, 64)
 """
 
 from __future__ import annotations

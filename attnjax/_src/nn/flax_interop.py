@@ -1,48 +1,15 @@
 """attnjax attention inside flax's own attention layers.
 
-:func:`.flax_attention_fn` returns an ``attention_fn`` that
-``flax.nnx.MultiHeadAttention`` and ``flax.linen.MultiHeadDotProductAttention``
-accept in place of their ``dot_product_attention``:
+:func:`.flax_attention_fn` returns an ``attention_fn`` that ``flax.nnx.MultiHeadAttention``
+and ``flax.linen.MultiHeadDotProductAttention`` accept in place of their own:
 
->>> import jax
->>> import jax.numpy as jnp
->>> from flax import linen, nnx
+>>> from flax import nnx
 >>> import attnjax
->>> x = jax.random.normal(jax.random.key(1), (2, 16, 32))
->>> keep = jnp.arange(16)[None, :] < jnp.array([[16], [12]])   # [B, T] valid tokens
 >>> fn = attnjax.nn.flax_attention_fn(normalizer="softpick")
->>> layer = nnx.MultiHeadAttention(num_heads=4, in_features=32, decode=False,
-...                                attention_fn=fn, rngs=nnx.Rngs(0))
->>> layer(x, mask=nnx.make_attention_mask(keep, keep), is_causal=True).shape
-(2, 16, 32)
->>> module = linen.MultiHeadDotProductAttention(num_heads=4, attention_fn=fn)
+>>> layer = nnx.MultiHeadAttention(4, 32, attention_fn=fn, decode=False, rngs=nnx.Rngs(0))
 
-What it does with each keyword flax passes:
-
-- ``query``, ``key``, ``value`` ``[batch..., length, heads, head_dim]`` (any
-  number of batch dims, none included; GQA where ``key`` has fewer heads):
-  flattened to one batch dim for :func:`attnjax.dot_product_attention`.
-- ``mask`` (bool or flax's float 0/1 masks, True / non-zero = may attend)
-  and ``bias``, broadcastable to ``[batch..., heads, q_len, kv_len]``: passed
-  on. A query row left without keys is zero (flax's default path gives it the
-  mean of the values).
-- ``is_causal`` (nnx): causal, or-ed with the adapter's own ``is_causal``.
-- ``dtype``: q, k, v are cast to it (default: their promoted dtype), and the
-  output comes back in it; logits and normaliser are float32 whatever it is,
-  so ``precision`` and linen's ``force_fp32_for_softmax`` change nothing here
-  (flax's projections still use ``precision``).
-- ``dropout_rate``, ``deterministic``, ``dropout_rng``, ``broadcast_dropout``:
-  attnjax has no dropout on attention weights, so a call that would apply it
-  (``dropout_rate > 0`` and not ``deterministic``) raises ``ValueError``;
-  ``deterministic=True`` or ``dropout_rate=0`` run.
-- ``module`` (flax passes it when asked to sow weights, ``sow_weights=True``):
-  the call's :class:`attnjax.AttentionStats` are sown as ``"attention_stats"``
-  instead of the weights (nnx: ``nnx.Intermediate``, read with
-  ``nnx.capture``, and computed only inside a capture; linen: the
-  ``"intermediates"`` collection when it is mutable).
-- linen's ``qk_attn_weights_einsum`` / ``attn_weights_value_einsum`` (AQT's
-  quantised einsums): refused when given, as they cannot reach attnjax's
-  kernels.
+What it does with each keyword flax passes: docs/guides/interop.md, section "Inside
+flax's attention layers". Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

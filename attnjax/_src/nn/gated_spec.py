@@ -1,57 +1,14 @@
 """Gated and delta-rule linear-attention family specs: RetNet, Mamba-2 decay, GLA, (Gated) DeltaNet.
 
-Five families of :class:`attnjax.nn.Attention`, each with the projections of its
-paper around :func:`attnjax.gated_linear_attention` or
-:func:`attnjax.delta_rule_attention`:
+Five families of :class:`attnjax.nn.Attention` (``retnet``, ``mamba2_decay``, ``gla``,
+``deltanet``, ``gated_deltanet``), each with the projections, short convolution, norm
+and swish gate of its paper around :func:`attnjax.gated_linear_attention` or
+:func:`attnjax.delta_rule_attention`. Causal self-attention only; ``segment_ids`` reset
+the state and the convolution; decoding keeps a :class:`attnjax.nn.GatedCache`; under
+``nnx.capture`` they sow their implied attention matrix.
 
-========================  =========================================================
-``retnet``                fixed decay per head ``gamma_h = 1 - 2^(-5-h)``
-                          (Sun et al. 2023); group (per-head layer) norm, swish gate.
-``mamba2_decay``          data-dependent scalar decay per head, Mamba-2's
-                          ``g = -softplus(x W_dt + dt_bias) * exp(A_log)``
-                          (Dao & Gu 2024); gated RMS norm ``norm(o * silu(x W_g))``.
-``gla``                   a gate per key channel from a low-rank projection,
-                          ``g = logsigmoid(x W1 W2 + b) / 16`` (Yang et al. 2024,
-                          ``tau = 16``); RMS norm, swish gate.
-``deltanet``              the delta rule with SiLU + L2-normalised q, k and
-                          ``beta = sigmoid(x W_beta)`` (Yang et al. 2024); RMS
-                          norm, swish gate.
-``gated_deltanet``        ``deltanet`` plus the Mamba-2 scalar decay (Yang et al. 2025).
-========================  =========================================================
-
-Every family can add a short causal depthwise convolution on the q, k and v
-projections followed by SiLU (``short_conv=4``, as DeltaNet and Mamba-2 do),
-and follows the layer's common fields: RoPE when ``rope_theta`` is set (RetNet's
-xPos is a rotation too; the other papers use none: set ``rope_theta=None`` to
-follow them), the sigmoid ``output_gate`` when set (on top of the family's own).
-The output of the recurrence is normalised per head over its channels and
-multiplied by the swish gate ``silu(x W_g)`` before the output projection.
-
-All are causal self-attention only: no ``mask``, no cross-attention, no
-``is_causal=False``. ``segment_ids`` reset the recurrent state (and the
-convolution's window) at document boundaries, so packed sequences
-(``data.pack``) work. Decoding keeps a :class:`attnjax.nn.GatedCache`: the
-recurrent state, the last segment id and the convolution's tail; prefill then
-steps equals the full forward.
-
-Statistics: under ``nnx.capture`` the layer sows the *implied* attention matrix
-of its form (``implementation``), ``A[i, j]`` = the output at ``i`` for the
-one-hot value at ``j`` (every family is linear in ``v``; for the gated ones
-``A[i, j] = scale * q_i^T diag(prod_{t=j+1..i} exp(g_t)) k_j``), and
-``attnjax.AttentionStats`` from it on row-normalised ``|A|`` (sink mass,
-entropy, row sum; no logits). It costs ``O(T^2)`` per head and is computed only
-when capturing a full forward; decoding sows nothing.
-
-References:
-  Sun et al. 2023, "Retentive Network: A Successor to Transformer for Large
-  Language Models".
-  Dao & Gu 2024, "Transformers are SSMs" (Mamba-2).
-  Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient
-  Training".
-  Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over
-  Sequence Length".
-  Yang, Kautz, Hatamizadeh 2025, "Gated Delta Networks: Improving Mamba2 with
-  Delta Rule".
+Guide: docs/guides/layers.md, the families table and "The gated and delta-rule
+families". Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The feed-forward layers and norms of :class:`attnjax.nn.TransformerBlock`.
 
-- :class:`MLP`: ``down(act(up x))`` (``"gelu"``) or gated, ``down(act(gate x) * up x)``
-  (``"swiglu"``, Shazeer 2020; ``"geglu"``, Gemma), optionally with biases (GPT-2).
-- :class:`MixtureOfExperts`: gpt-oss's mixture of experts: a linear router with
-  bias, the ``top_k`` logits of each token softmaxed into its routing weights,
-  and experts whose gate and up projections (with biases) go through gpt-oss's
-  limited SwiGLU ``(clip(up, -l, l) + 1) * g * sigmoid(alpha g)``, ``g =
-  min(gate, l)``. Every expert runs on every token (a scan over experts) and
-  the outputs are summed with the routing weights, zero for the experts a
-  token did not pick: exactly the routed computation, at ``num_experts /
-  top_k`` times its FLOPs, without a ``[B, T, E, hidden]`` intermediate.
-- :func:`norm`: RMSNorm, LayerNorm (with bias) or Gemma's RMSNorm whose gain is
-  ``1 + w`` (:class:`PlusOneRMSNorm`, computed in float32).
+:class:`MLP` (``"gelu"``, or gated ``"swiglu"`` / ``"geglu"``, optionally with biases),
+:class:`MixtureOfExperts` (gpt-oss's: top-k routing and its limited SwiGLU, every expert
+run on every token and weighted, exactly the routed computation) and :func:`norm`
+(RMSNorm, LayerNorm, or Gemma's ``1 + w`` RMSNorm, :class:`PlusOneRMSNorm`).
+
+Guide: docs/guides/layers.md, section "MLPs, norms and initialisation".
+Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

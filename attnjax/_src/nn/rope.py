@@ -1,25 +1,13 @@
 """Rotary position embedding (Su et al. 2021), by explicit positions, with frequency scalings.
 
-Positions are an argument rather than ``arange(T)`` so a decode cache can
-rotate keys stored before RoPE by any position it chooses: their sequence
-position, or their slot in a StreamingLLM cache.
+Positions are an argument (not ``arange(T)``), so a decode cache can rotate keys stored
+before RoPE by their sequence position or by their slot in a StreamingLLM cache. A
+scaling (``"linear"``, ``"llama3"``, ``"yarn"``, as ``transformers`` names them) is a
+hashable tuple of ``(key, value)`` pairs sorted by key; :func:`normalize_scaling` makes
+one from a dict and checks it.
 
-A *scaling* changes the frequencies of long-context checkpoints (as Hugging
-Face ``transformers`` names them in ``rope_parameters`` / ``rope_scaling``):
-
-- ``("type", "linear")`` with ``factor``: every frequency divided by ``factor``
-  (positions interpolated);
-- ``"llama3"`` (Llama 3.1): ``factor``, ``low_freq_factor``,
-  ``high_freq_factor``, ``original_max_position_embeddings``: low frequencies
-  divided by ``factor``, high ones kept, a smooth ramp between;
-- ``"yarn"`` (Peng et al. 2023; gpt-oss): ``factor``,
-  ``original_max_position_embeddings``, optional ``beta_fast`` (32),
-  ``beta_slow`` (1), ``truncate`` (True), ``attention_factor`` or ``mscale`` /
-  ``mscale_all_dim``: a ramp between interpolated and original frequencies, and
-  the rotated vectors multiplied by the attention factor (so logits by its square).
-
-A scaling is a hashable tuple of ``(key, value)`` pairs sorted by key (a
-config field); ``attnjax.nn.rope.normalize_scaling`` makes one from a dict and checks it.
+Guide: docs/guides/layers.md, section "RoPE and its scalings". Implementation behind the
+public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

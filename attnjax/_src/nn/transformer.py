@@ -1,18 +1,13 @@
 """A pre-norm decoder-only language model around :class:`attnjax.nn.Attention`.
 
 ``TransformerLM(config, rngs=...)(tokens)`` returns float32 logits ``[B, T, V]``;
-``return_log_z=True`` also returns ``log Z = logsumexp(logits)`` ``[B, T]``, the
-output log-normaliser of z-loss and of the drift metric (Wortsman et al. 2023,
-sec. 3.1.2). Every weight matrix starts from a truncated normal with std
-``1 / sqrt(fan_in)`` (Wortsman et al. 2023), the embedding with std
-``1 / sqrt(D)`` (the fan-in of the tied output projection). Parameters carry
-logical axis names (``"embed"``, ``"heads"``, ``"mlp"``, ``"vocab"``) as
-``out_sharding`` metadata for ``nnx.get_partition_spec``.
+``return_log_z=True`` also returns ``log Z = logsumexp(logits)`` ``[B, T]`` (z-loss and
+the drift metric, Wortsman et al. 2023). Weights start from a truncated normal with std
+``1 / sqrt(fan_in)`` and carry logical axis names for sharding; under ``nnx.capture``
+each block sows its hidden state's statistics.
 
-Under ``nnx.capture(..., nnx.Intermediate)`` each block also sows
-``hidden_max_abs`` and ``hidden_median_abs`` ``[B]`` of its output hidden state
-(massive activations, Sun et al. 2024) and, with ``sow_hidden=True``, the hidden
-state ``[B, T, D]`` itself; the model sows ``log_z`` ``[B, T]``.
+Guide: docs/guides/layers.md, "MLPs, norms and initialisation", "What the layers sow".
+Implementation behind the public module :mod:`attnjax.nn`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """The training loop: one run directory from one config, resumable bit for bit.
 
-    from attnjax.train import train
-    summary = train(config)          # writes config.run_dir; returns summary.json's dict
+``attnjax.train.train(config)`` writes ``config.run_dir`` and returns ``summary.json``'s
+dict. At each step boundary it validates, probes and checkpoints on their schedules, then
+runs the step; a resumed run equals one never interrupted (but for ``tokens_per_s``). A
+NaN/Inf or runaway loss ends the run as ``"diverged"``, cleanly. The host only
+dispatches steps between reads of the metrics, so the device never waits on it.
 
-What happens at each step boundary ``s`` (the state after ``s`` updates):
-validation when ``s % eval_every == 0`` and at the end, a sink probe when
-``s % probe_every == 0`` and at the end, a checkpoint when
-``s % checkpoint_every == 0``; then train step ``s`` runs on batch ``s``.
-Metrics of step ``s`` (``"kind": "train"``) describe the batch-``s`` loss
-before update ``s``. A resumed run restores the latest checkpoint ``c``,
-drops every JSONL line with ``step >= c`` and continues, so its files equal
-those of a run that was never interrupted (apart from the wall-clock field
-``tokens_per_s``).
-
-Divergence: the host reads the device metrics every ``log_every`` steps; a
-NaN/Inf loss, or a loss above ``divergence_factor`` times the initial loss for
-``divergence_patience`` steps in a row, ends the run as ``"diverged"`` with
-the first such step, cleanly (files closed, summary written), and the caller
-(a sweep) carries on.
-
-Keeping the device busy: between two reads of the metrics the host only
-dispatches steps (jax runs them asynchronously), so the device is never
-waited for inside a step; a read takes the oldest ``log_every`` steps while
-the newest one still runs (so a divergence is seen at most ``log_every``
-steps late), and starts every array's copy at once
-(:func:`attnjax.train.mesh.to_host`); the batches are built and copied to the
-devices ahead, in a background thread (:class:`attnjax.train.prefetch.Prefetch`);
-the learning rate each record carries comes from a table computed once. The
-summary's ``loop_time_s`` says where the host's time went, and ``mfu`` how
-much of the devices' peak the run used (:mod:`attnjax.train.mfu`).
+Guide: docs/guides/training.md, section "The training loop".
+Implementation behind the public module :mod:`attnjax.train`.
 """
 
 from __future__ import annotations
