@@ -3,7 +3,7 @@
 ``dot_product_attention`` validates its arguments once, puts the static choices
 in a :class:`~attnjax.options.DenseOptions`, and hands the arrays to one :class:`Engine` of
 :data:`ENGINES` (with ``implementation=None``, one per platform from its list in
-:data:`PREFERENCES`, chosen when the program is lowered: :func:`run`). Every
+:data:`PREFERENCES`, chosen when the program is lowered). Every
 engine takes the same canonical arguments, so the fast paths (block-wise,
 platform kernels) plug in beside the readable ``reference`` below and are
 tested against it.

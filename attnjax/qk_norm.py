@@ -1,7 +1,7 @@
 """QK-normalised and cosine attention: normalise q and k over the head dim, then dense attention.
 
-Both are thin front ends to :func:`attnjax.dense.prepare` / :func:`~attnjax.dense.run`, so every
-dense option and implementation works unchanged after the normalisation.
+Both are thin front ends to :func:`attnjax.dense.prepare` and the dense op, so every dense
+option and implementation works unchanged after the normalisation.
 
 References:
   Dehghani et al. 2023 (ViT-22B) and Wortsman et al. 2023: QK LayerNorm.

@@ -4,16 +4,14 @@
 :func:`run_layout` the kernel over a given :class:`attnjax.layout.BlockLayout` (the sparse,
 compressed and block-select families call it with their own layouts); :func:`attention`
 the same engine called like :func:`attnjax.dot_product_attention`, with explicit block
-sizes; :func:`twin` / :func:`run_shard` the engine as a platform kernel's forward-mode twin
-(on the kernel's shard of a call). See ``attnjax.kernels.blockwise.kernel`` for the algorithm
-and ``attnjax.kernels.blockwise.tiles`` for the per-tile pieces.
+sizes. The algorithm and its tiles: the kernels guide (docs/guides/kernels.md).
 """
 
 from attnjax._src.kernels.blockwise import (CPU_BLOCK_K, CPU_BLOCK_Q, GPU_BLOCK_K, GPU_BLOCK_Q,
                                             MAX_UNROLLED_FULL_VISITS, MAX_UNROLLED_Q_BLOCKS,
                                             attention, default_block_sizes, layout_for, run,
-                                            run_layout, run_shard, structural_mask_fn, unsupported)
+                                            run_layout, structural_mask_fn, unsupported)
 
 __all__ = ["CPU_BLOCK_K", "CPU_BLOCK_Q", "GPU_BLOCK_K", "GPU_BLOCK_Q", "MAX_UNROLLED_FULL_VISITS",
     "MAX_UNROLLED_Q_BLOCKS", "attention", "default_block_sizes", "layout_for", "run", "run_layout",
-    "run_shard", "structural_mask_fn", "unsupported"]
+    "structural_mask_fn", "unsupported"]
