@@ -19,6 +19,7 @@ from attnjax import masks
 from attnjax import mods
 from attnjax import normalizers
 from attnjax import patterns
+
 # The families' and the vocabulary's public modules, as attributes (attnjax.dense.ENGINES).
 from attnjax import attention_stats as attention_stats, block_select as block_select
 from attnjax import compressed as compressed, delta_rule as delta_rule, dense as dense
@@ -57,25 +58,26 @@ def __getattr__(name: str):
 def __dir__():
   return sorted(set(globals()) | set(_LAZY))
 
+
 __all__ = [
-    "AttentionStats",
-    "block_select_attention",
-    "compressed_attention",
-    "config",
-    "cosine_attention",
-    "delta_rule_attention",
-    "dot_product_attention",
-    "feature_maps",
-    "gated_linear_attention",
-    "linear_attention",
-    "masks",
-    "models",
-    "mods",
-    "nn",
-    "normalizers",
-    "patterns",
-    "qk_norm_attention",
-    "sparse_attention",
-    "stats",
-    "targets",
+  "AttentionStats",
+  "block_select_attention",
+  "compressed_attention",
+  "config",
+  "cosine_attention",
+  "delta_rule_attention",
+  "dot_product_attention",
+  "feature_maps",
+  "gated_linear_attention",
+  "linear_attention",
+  "masks",
+  "models",
+  "mods",
+  "nn",
+  "normalizers",
+  "patterns",
+  "qk_norm_attention",
+  "sparse_attention",
+  "stats",
+  "targets",
 ]

@@ -12,10 +12,30 @@ et al. 2018); ``window`` adds the raw keys of a local window in one normalisatio
 Guide: :doc:`/guides/sparse`, section "Memory-compressed attention and the dilated window".
 """
 
-from attnjax._src.ops.compressed.attention import (DENSE_KEYWORDS, ENGINES, IMPLEMENTATIONS, OP,
-                                                   POOLS, STRADDLING_SEGMENT, CompressedRule,
-                                                   block_segments, compressed_attention,
-                                                   num_blocks, pool_keys)
+from attnjax._src.ops.compressed.attention import (
+  DENSE_KEYWORDS,
+  ENGINES,
+  IMPLEMENTATIONS,
+  OP,
+  POOLS,
+  STRADDLING_SEGMENT,
+  CompressedRule,
+  block_segments,
+  compressed_attention,
+  num_blocks,
+  pool_keys,
+)
 
-__all__ = ["DENSE_KEYWORDS", "ENGINES", "IMPLEMENTATIONS", "OP", "POOLS", "STRADDLING_SEGMENT",
-    "CompressedRule", "block_segments", "compressed_attention", "num_blocks", "pool_keys"]
+__all__ = [
+  "DENSE_KEYWORDS",
+  "ENGINES",
+  "IMPLEMENTATIONS",
+  "OP",
+  "POOLS",
+  "STRADDLING_SEGMENT",
+  "CompressedRule",
+  "block_segments",
+  "compressed_attention",
+  "num_blocks",
+  "pool_keys",
+]

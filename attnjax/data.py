@@ -10,12 +10,44 @@ also carries ``segment_ids``, ``positions`` and loss ``weights``. Sources
 Guide: :doc:`/guides/training`, section "Data".
 """
 
-from attnjax._src.data import (SOURCES, Batch, Batches, BigramBackcopyBatches, ByteTokenizer,
-                               CharTokenizer, CorpusBatches, TokenData, bigram_backcopy_chain,
-                               from_config, load_bin, load_shakespeare, load_text, pack_documents,
-                               shakespeare_dir, split_documents, stack_batches, with_bos)
+from attnjax._src.data import (
+  SOURCES,
+  Batch,
+  Batches,
+  BigramBackcopyBatches,
+  ByteTokenizer,
+  CharTokenizer,
+  CorpusBatches,
+  TokenData,
+  bigram_backcopy_chain,
+  from_config,
+  load_bin,
+  load_shakespeare,
+  load_text,
+  pack_documents,
+  shakespeare_dir,
+  split_documents,
+  stack_batches,
+  with_bos,
+)
 
-__all__ = ["SOURCES", "Batch", "Batches", "BigramBackcopyBatches", "ByteTokenizer",
-    "CharTokenizer", "CorpusBatches", "TokenData", "bigram_backcopy_chain", "from_config",
-    "load_bin", "load_shakespeare", "load_text", "pack_documents", "shakespeare_dir",
-    "split_documents", "stack_batches", "with_bos"]
+__all__ = [
+  "SOURCES",
+  "Batch",
+  "Batches",
+  "BigramBackcopyBatches",
+  "ByteTokenizer",
+  "CharTokenizer",
+  "CorpusBatches",
+  "TokenData",
+  "bigram_backcopy_chain",
+  "from_config",
+  "load_bin",
+  "load_shakespeare",
+  "load_text",
+  "pack_documents",
+  "shakespeare_dir",
+  "split_documents",
+  "stack_batches",
+  "with_bos",
+]

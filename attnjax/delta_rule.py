@@ -12,10 +12,29 @@ Guide: :doc:`/guides/linear`, sections "Delta rule" and "The delta rule's chunk 
 """
 
 from attnjax._src.ops.delta_rule.attention import IMPLEMENTATIONS
-from attnjax._src.ops.delta_rule.attention import (DELTA_STATIC, OP, REFERENCE_FORM, chunked,
-                                                   delta_rule_attention, parallel, quadratic,
-                                                   recurrent, unit_lower_inverse, unit_lower_solve)
+from attnjax._src.ops.delta_rule.attention import (
+  DELTA_STATIC,
+  OP,
+  REFERENCE_FORM,
+  chunked,
+  delta_rule_attention,
+  parallel,
+  quadratic,
+  recurrent,
+  unit_lower_inverse,
+  unit_lower_solve,
+)
 
-__all__ = ["DELTA_STATIC", "IMPLEMENTATIONS", "OP", "REFERENCE_FORM", "chunked",
-    "delta_rule_attention", "parallel", "quadratic", "recurrent", "unit_lower_inverse",
-    "unit_lower_solve"]
+__all__ = [
+  "DELTA_STATIC",
+  "IMPLEMENTATIONS",
+  "OP",
+  "REFERENCE_FORM",
+  "chunked",
+  "delta_rule_attention",
+  "parallel",
+  "quadratic",
+  "recurrent",
+  "unit_lower_inverse",
+  "unit_lower_solve",
+]

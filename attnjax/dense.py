@@ -10,12 +10,37 @@ tested against it.
 """
 
 from attnjax._src.op import Engine
-from attnjax._src.ops.dense.attention import (BLOCKWISE_MIN_LENGTH_CPU, DENSE_STATIC, ENGINES,
-                                              FALLBACK, IMPLEMENTATIONS, JAX_NN_MASKED_LOGIT, OP,
-                                              PREFERENCES, SIMILARITIES, dispatch_table,
-                                              dot_product_attention, prepare, reference,
-                                              select_implementation)
+from attnjax._src.ops.dense.attention import (
+  BLOCKWISE_MIN_LENGTH_CPU,
+  DENSE_STATIC,
+  ENGINES,
+  FALLBACK,
+  IMPLEMENTATIONS,
+  JAX_NN_MASKED_LOGIT,
+  OP,
+  PREFERENCES,
+  SIMILARITIES,
+  dispatch_table,
+  dot_product_attention,
+  prepare,
+  reference,
+  select_implementation,
+)
 
-__all__ = ["BLOCKWISE_MIN_LENGTH_CPU", "DENSE_STATIC", "ENGINES", "FALLBACK", "IMPLEMENTATIONS",
-    "JAX_NN_MASKED_LOGIT", "OP", "PREFERENCES", "SIMILARITIES", "Engine", "dispatch_table",
-    "dot_product_attention", "prepare", "reference", "select_implementation"]
+__all__ = [
+  "BLOCKWISE_MIN_LENGTH_CPU",
+  "DENSE_STATIC",
+  "ENGINES",
+  "FALLBACK",
+  "IMPLEMENTATIONS",
+  "JAX_NN_MASKED_LOGIT",
+  "OP",
+  "PREFERENCES",
+  "SIMILARITIES",
+  "Engine",
+  "dispatch_table",
+  "dot_product_attention",
+  "prepare",
+  "reference",
+  "select_implementation",
+]

@@ -10,9 +10,32 @@ softmax kernel (Choromanski et al. 2021) are stabilised by default (``stabilize=
 Guide: :doc:`/guides/linear`, sections "Linear attention" and "Feature maps".
 """
 
-from attnjax._src.feature_maps import (DETERMINISTIC, NONNEGATIVE, RANDOM, FeatureMap, by_name,
-                                       elu_plus_one, favor_plus, gaussian_projection, identity,
-                                       relu, squared_relu, trig_features)
+from attnjax._src.feature_maps import (
+  DETERMINISTIC,
+  NONNEGATIVE,
+  RANDOM,
+  FeatureMap,
+  by_name,
+  elu_plus_one,
+  favor_plus,
+  gaussian_projection,
+  identity,
+  relu,
+  squared_relu,
+  trig_features,
+)
 
-__all__ = ["DETERMINISTIC", "NONNEGATIVE", "RANDOM", "FeatureMap", "by_name", "elu_plus_one",
-    "favor_plus", "gaussian_projection", "identity", "relu", "squared_relu", "trig_features"]
+__all__ = [
+  "DETERMINISTIC",
+  "NONNEGATIVE",
+  "RANDOM",
+  "FeatureMap",
+  "by_name",
+  "elu_plus_one",
+  "favor_plus",
+  "gaussian_projection",
+  "identity",
+  "relu",
+  "squared_relu",
+  "trig_features",
+]

@@ -13,9 +13,27 @@ and delta-rule families".
 """
 
 from attnjax._src.ops.gated_linear.attention import IMPLEMENTATIONS
-from attnjax._src.ops.gated_linear.attention import (GATED_LINEAR_STATIC, OP, REFERENCE_FORM,
-                                                     SUB_BLOCK, chunked, gated_linear_attention,
-                                                     parallel, quadratic, recurrent)
+from attnjax._src.ops.gated_linear.attention import (
+  GATED_LINEAR_STATIC,
+  OP,
+  REFERENCE_FORM,
+  SUB_BLOCK,
+  chunked,
+  gated_linear_attention,
+  parallel,
+  quadratic,
+  recurrent,
+)
 
-__all__ = ["GATED_LINEAR_STATIC", "IMPLEMENTATIONS", "OP", "REFERENCE_FORM", "SUB_BLOCK",
-    "chunked", "gated_linear_attention", "parallel", "quadratic", "recurrent"]
+__all__ = [
+  "GATED_LINEAR_STATIC",
+  "IMPLEMENTATIONS",
+  "OP",
+  "REFERENCE_FORM",
+  "SUB_BLOCK",
+  "chunked",
+  "gated_linear_attention",
+  "parallel",
+  "quadratic",
+  "recurrent",
+]

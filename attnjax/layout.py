@@ -10,11 +10,40 @@ a pattern.
 Guide: :doc:`/guides/sparse`, section "Positions, windows and layouts".
 """
 
-from attnjax._src.layout import (FULL, MASKED, SKIP, BlockLayout, SparsePlan, classify_blocks,
-                                 density, from_mask_mod, full_blocks, intersect, kept_blocks,
-                                 key_block_candidates, mask_mod_block_table, rule_layout,
-                                 segment_block_relations, structural_layout)
+from attnjax._src.layout import (
+  FULL,
+  MASKED,
+  SKIP,
+  BlockLayout,
+  SparsePlan,
+  classify_blocks,
+  density,
+  from_mask_mod,
+  full_blocks,
+  intersect,
+  kept_blocks,
+  key_block_candidates,
+  mask_mod_block_table,
+  rule_layout,
+  segment_block_relations,
+  structural_layout,
+)
 
-__all__ = ["FULL", "MASKED", "SKIP", "BlockLayout", "SparsePlan", "classify_blocks", "density",
-    "from_mask_mod", "full_blocks", "intersect", "kept_blocks", "key_block_candidates",
-    "mask_mod_block_table", "rule_layout", "segment_block_relations", "structural_layout"]
+__all__ = [
+  "FULL",
+  "MASKED",
+  "SKIP",
+  "BlockLayout",
+  "SparsePlan",
+  "classify_blocks",
+  "density",
+  "from_mask_mod",
+  "full_blocks",
+  "intersect",
+  "kept_blocks",
+  "key_block_candidates",
+  "mask_mod_block_table",
+  "rule_layout",
+  "segment_block_relations",
+  "structural_layout",
+]

@@ -13,12 +13,39 @@ and "Linear attention".
 """
 
 from attnjax._src.ops.linear.attention import IMPLEMENTATIONS
-from attnjax._src.ops.linear.attention import (DEFAULT_EPS, LINEAR_STATIC, NORMALIZE, OP,
-                                               REFERENCE_FORM, LinearState, chunked, finish,
-                                               linear_attention, linear_attention_weights,
-                                               noncausal, parallel, quadratic, recurrent,
-                                               zeros_state)
+from attnjax._src.ops.linear.attention import (
+  DEFAULT_EPS,
+  LINEAR_STATIC,
+  NORMALIZE,
+  OP,
+  REFERENCE_FORM,
+  LinearState,
+  chunked,
+  finish,
+  linear_attention,
+  linear_attention_weights,
+  noncausal,
+  parallel,
+  quadratic,
+  recurrent,
+  zeros_state,
+)
 
-__all__ = ["DEFAULT_EPS", "IMPLEMENTATIONS", "LINEAR_STATIC", "NORMALIZE", "OP", "REFERENCE_FORM",
-    "LinearState", "chunked", "finish", "linear_attention", "linear_attention_weights",
-    "noncausal", "parallel", "quadratic", "recurrent", "zeros_state"]
+__all__ = [
+  "DEFAULT_EPS",
+  "IMPLEMENTATIONS",
+  "LINEAR_STATIC",
+  "NORMALIZE",
+  "OP",
+  "REFERENCE_FORM",
+  "LinearState",
+  "chunked",
+  "finish",
+  "linear_attention",
+  "linear_attention_weights",
+  "noncausal",
+  "parallel",
+  "quadratic",
+  "recurrent",
+  "zeros_state",
+]

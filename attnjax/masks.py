@@ -12,8 +12,24 @@ broadcastable to ``[B, N, T, S]``.
 Guide: :doc:`/guides/sparse`, section "Positions, windows and layouts".
 """
 
-from attnjax._src.masks import (causal_mask, combine_masks, make_attention_mask, padding_mask,
-                                segment_mask, segment_resets, structural_mask, window_mask)
+from attnjax._src.masks import (
+  causal_mask,
+  combine_masks,
+  make_attention_mask,
+  padding_mask,
+  segment_mask,
+  segment_resets,
+  structural_mask,
+  window_mask,
+)
 
-__all__ = ["causal_mask", "combine_masks", "make_attention_mask", "padding_mask", "segment_mask",
-    "segment_resets", "structural_mask", "window_mask"]
+__all__ = [
+  "causal_mask",
+  "combine_masks",
+  "make_attention_mask",
+  "padding_mask",
+  "segment_mask",
+  "segment_resets",
+  "structural_mask",
+  "window_mask",
+]

@@ -12,15 +12,49 @@ Modifiers are hashable static arguments; arrays they read go in ``score_mod_args
 ``mask_mod_args``. Conventions and the ready modifiers: :doc:`/guides/modifiers`.
 """
 
-from attnjax._src.mods import (And, ChunkedMask, PatternMask, PositionTemperature, ScoreChain,
-                               SlidingWindowMask, SoftCap, T5RelativeBias, alibi, alibi_slopes,
-                               causal_document_mask, causal_mask, chunked_mask, document_mask,
-                               pattern_mask, position_temperature_factor, prefix_lm_mask,
-                               sliding_window_mask, t5_bucket, t5_relative_bias)
+from attnjax._src.mods import (
+  And,
+  ChunkedMask,
+  PatternMask,
+  PositionTemperature,
+  ScoreChain,
+  SlidingWindowMask,
+  SoftCap,
+  T5RelativeBias,
+  alibi,
+  alibi_slopes,
+  causal_document_mask,
+  causal_mask,
+  chunked_mask,
+  document_mask,
+  pattern_mask,
+  position_temperature_factor,
+  prefix_lm_mask,
+  sliding_window_mask,
+  t5_bucket,
+  t5_relative_bias,
+)
 from attnjax._src.mods import __getattr__ as __getattr__
 
-__all__ = ["And", "ChunkedMask", "PatternMask", "PositionTemperature", "ScoreChain",
-    "SlidingWindowMask", "SoftCap", "T5RelativeBias", "alibi", "alibi_slopes",
-    "causal_document_mask", "causal_mask", "chunked_mask", "document_mask", "pattern_mask",
-    "position_temperature_factor", "prefix_lm_mask", "sliding_window_mask", "t5_bucket",
-    "t5_relative_bias"]
+__all__ = [
+  "And",
+  "ChunkedMask",
+  "PatternMask",
+  "PositionTemperature",
+  "ScoreChain",
+  "SlidingWindowMask",
+  "SoftCap",
+  "T5RelativeBias",
+  "alibi",
+  "alibi_slopes",
+  "causal_document_mask",
+  "causal_mask",
+  "chunked_mask",
+  "document_mask",
+  "pattern_mask",
+  "position_temperature_factor",
+  "prefix_lm_mask",
+  "sliding_window_mask",
+  "t5_bucket",
+  "t5_relative_bias",
+]

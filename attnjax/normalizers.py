@@ -11,11 +11,42 @@ Masked keys get weight exactly 0; neither value nor gradient is NaN for finite l
 Guide: :doc:`/guides/dense`, sections "Normalisers" and "How a normaliser is written".
 """
 
-from attnjax._src.normalizers import (NORMALIZERS, PV, REGISTRY, SOFTPICK_EPS, SUMS_TO_ONE, TABLE,
-                                      Elementwise, Identity, Normalizer, ReLU, Sigmoid,
-                                      SoftmaxFamily, Softpick, first_logit, get, normalize,
-                                      num_allowed)
+from attnjax._src.normalizers import (
+  NORMALIZERS,
+  PV,
+  REGISTRY,
+  SOFTPICK_EPS,
+  SUMS_TO_ONE,
+  TABLE,
+  Elementwise,
+  Identity,
+  Normalizer,
+  ReLU,
+  Sigmoid,
+  SoftmaxFamily,
+  Softpick,
+  first_logit,
+  get,
+  normalize,
+  num_allowed,
+)
 
-__all__ = ["NORMALIZERS", "PV", "REGISTRY", "SOFTPICK_EPS", "SUMS_TO_ONE", "TABLE", "Elementwise",
-    "Identity", "Normalizer", "ReLU", "Sigmoid", "SoftmaxFamily", "Softpick", "first_logit", "get",
-    "normalize", "num_allowed"]
+__all__ = [
+  "NORMALIZERS",
+  "PV",
+  "REGISTRY",
+  "SOFTPICK_EPS",
+  "SUMS_TO_ONE",
+  "TABLE",
+  "Elementwise",
+  "Identity",
+  "Normalizer",
+  "ReLU",
+  "Sigmoid",
+  "SoftmaxFamily",
+  "Softpick",
+  "first_logit",
+  "get",
+  "normalize",
+  "num_allowed",
+]

@@ -11,8 +11,24 @@ axis).
 Guide: :doc:`/guides/context_parallel`.
 """
 
-from attnjax._src.parallel import (CONTEXT_LAYOUTS, CONTEXT_STRATEGIES, attention, ring_plan,
-                                   shard_positions, state_passing, unzigzag, zigzag)
+from attnjax._src.parallel import (
+  CONTEXT_LAYOUTS,
+  CONTEXT_STRATEGIES,
+  attention,
+  ring_plan,
+  shard_positions,
+  state_passing,
+  unzigzag,
+  zigzag,
+)
 
-__all__ = ["CONTEXT_LAYOUTS", "CONTEXT_STRATEGIES", "attention", "ring_plan", "shard_positions",
-    "state_passing", "unzigzag", "zigzag"]
+__all__ = [
+  "CONTEXT_LAYOUTS",
+  "CONTEXT_STRATEGIES",
+  "attention",
+  "ring_plan",
+  "shard_positions",
+  "state_passing",
+  "unzigzag",
+  "zigzag",
+]

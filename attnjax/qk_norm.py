@@ -12,10 +12,26 @@ References:
   and a softmax scale of ``sqrt(H)``.
 """
 
-from attnjax._src.ops.dense.qk_norm import (COSINE_CONVENTIONS, COSINE_KEYWORDS, NORMS,
-                                            QK_NORM_KEYWORDS, RENAMED_KEYWORDS, SWIN_MAX_LOG_SCALE,
-                                            cosine_attention, normalize_head, qk_norm_attention)
+from attnjax._src.ops.dense.qk_norm import (
+  COSINE_CONVENTIONS,
+  COSINE_KEYWORDS,
+  NORMS,
+  QK_NORM_KEYWORDS,
+  RENAMED_KEYWORDS,
+  SWIN_MAX_LOG_SCALE,
+  cosine_attention,
+  normalize_head,
+  qk_norm_attention,
+)
 
-__all__ = ["COSINE_CONVENTIONS", "COSINE_KEYWORDS", "NORMS", "QK_NORM_KEYWORDS",
-    "RENAMED_KEYWORDS", "SWIN_MAX_LOG_SCALE", "cosine_attention", "normalize_head",
-    "qk_norm_attention"]
+__all__ = [
+  "COSINE_CONVENTIONS",
+  "COSINE_KEYWORDS",
+  "NORMS",
+  "QK_NORM_KEYWORDS",
+  "RENAMED_KEYWORDS",
+  "SWIN_MAX_LOG_SCALE",
+  "cosine_attention",
+  "normalize_head",
+  "qk_norm_attention",
+]

@@ -10,9 +10,26 @@ and memory follow the kept blocks. Every dense option is validated by
 Guide: :doc:`/guides/sparse`, section "Patterns".
 """
 
-from attnjax._src.ops.sparse.attention import (CHUNK_BLOCKS, DENSE_KEYWORDS, ENGINES,
-                                               IMPLEMENTATIONS, OP, SPARSE_STATIC, banded_chunks,
-                                               block_sparse, sparse_attention)
+from attnjax._src.ops.sparse.attention import (
+  CHUNK_BLOCKS,
+  DENSE_KEYWORDS,
+  ENGINES,
+  IMPLEMENTATIONS,
+  OP,
+  SPARSE_STATIC,
+  banded_chunks,
+  block_sparse,
+  sparse_attention,
+)
 
-__all__ = ["CHUNK_BLOCKS", "DENSE_KEYWORDS", "ENGINES", "IMPLEMENTATIONS", "OP", "SPARSE_STATIC",
-    "banded_chunks", "block_sparse", "sparse_attention"]
+__all__ = [
+  "CHUNK_BLOCKS",
+  "DENSE_KEYWORDS",
+  "ENGINES",
+  "IMPLEMENTATIONS",
+  "OP",
+  "SPARSE_STATIC",
+  "banded_chunks",
+  "block_sparse",
+  "sparse_attention",
+]

@@ -10,8 +10,26 @@ to put platform kernels inside ``shard_map``, and the device kind to pick block 
 Guide: :doc:`/guides/targets`.
 """
 
-from attnjax._src.targets import (ENVIRONMENT, GPU_TARGETS, TPU_TARGETS, configure_environment,
-                                  gpu_devices, mesh, missing, target_config, tpu_devices)
+from attnjax._src.targets import (
+  ENVIRONMENT,
+  GPU_TARGETS,
+  TPU_TARGETS,
+  configure_environment,
+  gpu_devices,
+  mesh,
+  missing,
+  target_config,
+  tpu_devices,
+)
 
-__all__ = ["ENVIRONMENT", "GPU_TARGETS", "TPU_TARGETS", "configure_environment", "gpu_devices",
-    "mesh", "missing", "target_config", "tpu_devices"]
+__all__ = [
+  "ENVIRONMENT",
+  "GPU_TARGETS",
+  "TPU_TARGETS",
+  "configure_environment",
+  "gpu_devices",
+  "mesh",
+  "missing",
+  "target_config",
+  "tpu_devices",
+]

@@ -73,18 +73,22 @@ _MEMORY: dict[str, Callable[[], tuple]] = {}
 
 def suite(name: str):
   """Decorator registering a function ``(args) -> Iterable[Case]`` as a suite."""
+
   def register(fn):
     _SUITES[name] = fn
     return fn
+
   return register
 
 
 def memory_case(name: str):
   """Decorator registering ``() -> (step, args)``: ``step`` (a ``jax.jit`` function) is
   compiled and run on ``args`` in a process of its own and measured there."""
+
   def register(fn):
     _MEMORY[name] = fn
     return fn
+
   return register
 
 
@@ -100,7 +104,7 @@ def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
   """This machine's float32 matmul rate in GFLOP/s (n x n x n, jitted, best of ``repeats``)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  case = Case("matmul", "jnp.matmul", f"{n}^3", jax.jit(jnp.matmul), (a, b), 2.0 * n ** 3)
+  case = Case("matmul", "jnp.matmul", f"{n}^3", jax.jit(jnp.matmul), (a, b), 2.0 * n**3)
   best, _ = time_group([case], repeats)[0]
   return case.flops / best / 1e9
 
@@ -109,17 +113,30 @@ def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
 # Shared helpers for suites.
 
 
-def qkv(B: int, T: int, N: int, H: int, *, S: Optional[int] = None, K: Optional[int] = None,
-        dtype=jnp.float32, seed: int = 0):
+def qkv(
+  B: int,
+  T: int,
+  N: int,
+  H: int,
+  *,
+  S: Optional[int] = None,
+  K: Optional[int] = None,
+  dtype=jnp.float32,
+  seed: int = 0,
+):
   S = T if S is None else S
   K = N if K is None else K
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, T, N, H), dtype),
-          jax.random.normal(kk, (B, S, K, H), dtype),
-          jax.random.normal(kv, (B, S, K, H), dtype))
+  return (
+    jax.random.normal(kq, (B, T, N, H), dtype),
+    jax.random.normal(kk, (B, S, K, H), dtype),
+    jax.random.normal(kv, (B, S, K, H), dtype),
+  )
 
 
-def allowed_pairs(T: int, S: int, *, is_causal: bool, window: Optional[tuple[int, int]] = None) -> int:
+def allowed_pairs(
+  T: int, S: int, *, is_causal: bool, window: Optional[tuple[int, int]] = None
+) -> int:
   """Number of (query, key) pairs a causal/window mask allows (exact, top-left aligned)."""
   i = np.arange(T)[:, None]
   lo = np.zeros((T, 1), np.int64)
@@ -140,8 +157,10 @@ def attention_flops(B: int, N: int, H: int, pairs: int, *, backward: bool = Fals
 
 def fwd_bwd(attn: Callable) -> Callable:
   """Jitted ``(q, k, v) -> (out, grads)`` of ``sum(attn(q, k, v) * ct)``-style loss."""
+
   def loss(q, k, v):
     return jnp.sum(attn(q, k, v).astype(jnp.float32))
+
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
 
@@ -161,14 +180,28 @@ def dense_suite(args) -> Iterable[Case]:
     q, k, v = qkv(B, T, N, H)
     flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True))
     shape = f"T={T}"
-    yield Case("dense", "jax.nn.dot_product_attention", shape,
-               jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-               (q, k, v), flops, baseline=True)
+    yield Case(
+      "dense",
+      "jax.nn.dot_product_attention",
+      shape,
+      jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+      (q, k, v),
+      flops,
+      baseline=True,
+    )
     for impl in ("reference", "xla", "blockwise"):
-      yield Case("dense", f"attnjax {impl}", shape,
-                 jax.jit(lambda q, k, v, impl=impl: attnjax.dot_product_attention(
-                     q, k, v, is_causal=True, implementation=impl)),
-                 (q, k, v), flops)
+      yield Case(
+        "dense",
+        f"attnjax {impl}",
+        shape,
+        jax.jit(
+          lambda q, k, v, impl=impl: attnjax.dot_product_attention(
+            q, k, v, is_causal=True, implementation=impl
+          )
+        ),
+        (q, k, v),
+        flops,
+      )
 
 
 @suite("pallas_tpu")
@@ -179,6 +212,7 @@ def pallas_tpu_suite(args) -> Iterable[Case]:
   the reference before its row is timed, and the times measure the interpreter, not the
   kernel (``experiments/device_check.py --platform tpu`` measures it on a TPU)."""
   from attnjax.kernels import pallas_tpu
+
   on_tpu = jax.default_backend() == "tpu"
   B, N, H = 1, 8, 128 if on_tpu else 32
   dtype = jnp.bfloat16 if on_tpu else jnp.float32
@@ -187,34 +221,70 @@ def pallas_tpu_suite(args) -> Iterable[Case]:
     q, k, v = (x.astype(dtype) for x in qkv(B, T, N, H))
     flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True), backward=True)
     shape = f"T={T}" + ("" if on_tpu else " (interpret mode: not kernel speed)")
-    yield Case("pallas_tpu", "jax.nn.dot_product_attention", shape,
-               fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-               (q, k, v), flops, baseline=True)
+    yield Case(
+      "pallas_tpu",
+      "jax.nn.dot_product_attention",
+      shape,
+      fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+      (q, k, v),
+      flops,
+      baseline=True,
+    )
     if on_tpu:
-      yield Case("pallas_tpu", "attnjax splash softmax", shape,
-                 fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
-                     q, k, v, is_causal=True, implementation="splash")), (q, k, v), flops)
+      yield Case(
+        "pallas_tpu",
+        "attnjax splash softmax",
+        shape,
+        fwd_bwd(
+          lambda q, k, v: attnjax.dot_product_attention(
+            q, k, v, is_causal=True, implementation="splash"
+          )
+        ),
+        (q, k, v),
+        flops,
+      )
     for n in attnjax.normalizers.NORMALIZERS:
       if on_tpu:
         attn = lambda q, k, v, n=n: attnjax.dot_product_attention(
-            q, k, v, is_causal=True, normalizer=n, implementation="pallas_tpu")
+          q, k, v, is_causal=True, normalizer=n, implementation="pallas_tpu"
+        )
       else:
         attn = lambda q, k, v, n=n: pallas_tpu.attention(
-            q, k, v, is_causal=True, normalizer=n, interpret=True,
-            block_sizes=pallas_tpu.BlockSizes(128, 128, 128, 128))
-        ref = attnjax.dot_product_attention(q, k, v, is_causal=True, normalizer=n,
-                                            implementation="reference")
+          q,
+          k,
+          v,
+          is_causal=True,
+          normalizer=n,
+          interpret=True,
+          block_sizes=pallas_tpu.BlockSizes(128, 128, 128, 128),
+        )
+        ref = attnjax.dot_product_attention(
+          q, k, v, is_causal=True, normalizer=n, implementation="reference"
+        )
         err = float(jnp.max(jnp.abs(jax.jit(attn)(q, k, v) - ref)))
         if not err < 1e-4:
           raise AssertionError(f"pallas_tpu interpret {n}: max error {err:.2e} vs the reference")
-        print(f"  pallas_tpu interpret {n}: max |error| vs reference {err:.1e} (ok)",
-              file=sys.stderr)
-      yield Case("pallas_tpu", f"attnjax pallas_tpu {n}" + ("" if on_tpu else " (interpret)"),
-                 shape, fwd_bwd(attn), (q, k, v), flops)
+        print(
+          f"  pallas_tpu interpret {n}: max |error| vs reference {err:.1e} (ok)", file=sys.stderr
+        )
+      yield Case(
+        "pallas_tpu",
+        f"attnjax pallas_tpu {n}" + ("" if on_tpu else " (interpret)"),
+        shape,
+        fwd_bwd(attn),
+        (q, k, v),
+        flops,
+      )
 
 
-MESH_SHAPES = ("data=8", "fsdp=8", "data=2,fsdp=4", "fsdp=4,tensor=2", "data=2,context=4",
-               "fsdp=2,tensor=2,context=2")
+MESH_SHAPES = (
+  "data=8",
+  "fsdp=8",
+  "data=2,fsdp=4",
+  "fsdp=4,tensor=2",
+  "data=2,context=4",
+  "fsdp=2,tensor=2,context=2",
+)
 
 
 def _mesh_child() -> None:
@@ -224,14 +294,16 @@ def _mesh_child() -> None:
   from attnjax.train import config as config_lib
   from attnjax.train import mesh as mesh_lib
   from attnjax.train import Trainer
+
   rows = []
   for shape in MESH_SHAPES:
     c = config_lib.apply_preset(config_lib.base_config(), "cpu")
     c.model.update(d_model=256, num_layers=4, num_heads=8)
     c.data.name = "bigram_backcopy"
     c.train.update(progress=False, plots=False)
-    c.mesh.update(dict(dict(data=1), **{k: int(v) for k, v in
-                                        (kv.split("=") for kv in shape.split(","))}))
+    c.mesh.update(
+      dict(dict(data=1), **{k: int(v) for k, v in (kv.split("=") for kv in shape.split(","))})
+    )
     c.run_dir = tempfile.mkdtemp()
     t = Trainer(c)
     per_device = mesh_lib.bytes_per_device((t.state["params"], t.state["opt_state"]))
@@ -245,8 +317,14 @@ def _mesh_child() -> None:
       for _ in range(3):
         state, m = step(state, t.rest, *args)
       block(m)
-    rows.append(dict(mesh=shape, max_bytes=max(per_device.values()),
-                     step_ms=(time.perf_counter() - t0) / 3 * 1e3, params=t.num_params))
+    rows.append(
+      dict(
+        mesh=shape,
+        max_bytes=max(per_device.values()),
+        step_ms=(time.perf_counter() - t0) / 3 * 1e3,
+        params=t.num_params,
+      )
+    )
   print(json.dumps(rows))
 
 
@@ -255,10 +333,14 @@ def mesh_suite(args) -> Iterable[Case]:
   """Training meshes (8 host devices in a child process): bytes of parameters + Adam state on
   the fullest device, against the replicated (data=8) run, and the cpu preset's step time at
   d_model 256, 4 layers (host devices share this CPU: the times show overheads, not scaling)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), "--mesh-child"],
-                       capture_output=True, text=True, env=env, check=False)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+    [sys.executable, os.path.abspath(__file__), "--mesh-child"],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=False,
+  )
   if out.returncode != 0:
     print(f"## mesh\n\nfailed: {out.stderr.strip().splitlines()[-1:]}\n")
     return []
@@ -269,8 +351,10 @@ def mesh_suite(args) -> Iterable[Case]:
   print("| mesh | params + opt state, fullest device (MiB) | vs data=8 | step ms |")
   print("|---|---:|---:|---:|")
   for r in rows:
-    print(f"| {r['mesh']} | {r['max_bytes'] / 2**20:.2f} | {r['max_bytes'] / base:.3f}x | "
-          f"{r['step_ms']:.1f} |")
+    print(
+      f"| {r['mesh']} | {r['max_bytes'] / 2**20:.2f} | {r['max_bytes'] / base:.3f}x | "
+      f"{r['step_ms']:.1f} |"
+    )
   print()
   return []
 
@@ -296,37 +380,67 @@ def sparse_suite(args) -> Iterable[Case]:
   B, N, H = 1, 8, 64
   shape = "B=1,N=8,H=64"
   q, k, v = qkv(B, 4096, N, H)
-  yield Case("sparse", "jax.nn.dot_product_attention causal T=4096", shape,
-             jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-             (q, k, v), attention_flops(B, N, H, allowed_pairs(4096, 4096, is_causal=True)),
-             baseline=True)
+  yield Case(
+    "sparse",
+    "jax.nn.dot_product_attention causal T=4096",
+    shape,
+    jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+    (q, k, v),
+    attention_flops(B, N, H, allowed_pairs(4096, 4096, is_causal=True)),
+    baseline=True,
+  )
   window = attnjax.patterns.sliding_window(256)
   pairs = lambda T: allowed_pairs(T, T, is_causal=True, window=(256, 0))
   # Block 64 computes 320 keys per query for the 257 it needs, block 128 384.
   runs = [(T, block) for T in parse_sizes(args.sizes or "4096,16384") for block in (64, 128)]
   for T, block in runs:
     qT, kT, vT = qkv(B, T, N, H)
-    yield Case("sparse", f"sliding_window(256) T={T} block={block}", shape,
-               jax.jit(lambda q, k, v, block=block: attnjax.sparse_attention(
-                   q, k, v, pattern=window, block_size=block)),
-               (qT, kT, vT), attention_flops(B, N, H, pairs(T)))
+    yield Case(
+      "sparse",
+      f"sliding_window(256) T={T} block={block}",
+      shape,
+      jax.jit(
+        lambda q, k, v, block=block: attnjax.sparse_attention(
+          q, k, v, pattern=window, block_size=block
+        )
+      ),
+      (qT, kT, vT),
+      attention_flops(B, N, H, pairs(T)),
+    )
   # Growth with length, each block size against its own T=4096 time (linear = 4x).
   sizes = parse_sizes(args.sizes or "4096,16384")
-  for block in ((64, 128) if len(sizes) > 1 else ()):
+  for block in (64, 128) if len(sizes) > 1 else ():
     growth = f"sliding_window(256) block={block}: T={sizes[-1]}/T={sizes[0]}"
     for T in (sizes[0], sizes[-1]):
       qT, kT, vT = qkv(B, T, N, H)
-      yield Case("sparse", f"sliding_window(256) T={T} block={block}", growth,
-                 jax.jit(lambda q, k, v, block=block: attnjax.sparse_attention(
-                     q, k, v, pattern=window, block_size=block)),
-                 (qT, kT, vT), attention_flops(B, N, H, pairs(T)), baseline=T == sizes[0])
+      yield Case(
+        "sparse",
+        f"sliding_window(256) T={T} block={block}",
+        growth,
+        jax.jit(
+          lambda q, k, v, block=block: attnjax.sparse_attention(
+            q, k, v, pattern=window, block_size=block
+          )
+        ),
+        (qT, kT, vT),
+        attention_flops(B, N, H, pairs(T)),
+        baseline=T == sizes[0],
+      )
   # strided runs as a window plus its transposed columns; fixed visits its own
   # block plus gathered summary keys.
   for pattern, block in ((attnjax.patterns.strided(64), 64), (attnjax.patterns.fixed(64, 8), 64)):
-    yield Case("sparse", f"{pattern} T=4096 block={block}", shape,
-               jax.jit(lambda q, k, v, pattern=pattern, block=block: attnjax.sparse_attention(
-                   q, k, v, pattern=pattern, block_size=block)),
-               (q, k, v), attention_flops(B, N, H, _pattern_pairs(pattern, 4096)))
+    yield Case(
+      "sparse",
+      f"{pattern} T=4096 block={block}",
+      shape,
+      jax.jit(
+        lambda q, k, v, pattern=pattern, block=block: attnjax.sparse_attention(
+          q, k, v, pattern=pattern, block_size=block
+        )
+      ),
+      (q, k, v),
+      attention_flops(B, N, H, _pattern_pairs(pattern, 4096)),
+    )
 
 
 @memory_case("sparse_window256_fwd_bwd_T16384")
@@ -334,8 +448,7 @@ def sparse_window_memory():
   """Forward + backward of sliding_window(256) at T=16384 (B=1, N=8, H=64, fp32)."""
   q, k, v = qkv(1, 16384, 8, 64)
   pattern = attnjax.patterns.sliding_window(256)
-  step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
-                                                          block_size=128))
+  step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern, block_size=128))
   return step, (q, k, v)
 
 
@@ -356,31 +469,58 @@ def train_suite(args) -> Iterable[Case]:
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for variant in ("dense", "qk_layernorm"):
     for batch in parse_sizes(args.sizes or "32"):
-      cfg = load_config(os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
-                        [f"variant={variant}", f"data.batch_size={batch}", "train.num_devices=1"])
+      cfg = load_config(
+        os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
+        [f"variant={variant}", f"data.batch_size={batch}", "train.num_devices=1"],
+      )
       cfg.run_dir = os.path.join("/tmp", "attnjax_bench_train")
       trainer = Trainer(cfg)
       b = trainer.batches.batch("train", 0)
       inputs, targets = trainer.dp.put_batch(b.inputs), trainer.dp.put_batch(b.targets)
       tokens = cfg.data.batch_size * cfg.data.seq_len
-      shape = (f"{variant} B={batch} ({cfg.train.microbatches} microbatches) "
-               f"T={cfg.data.seq_len} D={cfg.model.d_model} L={cfg.model.num_layers} "
-               f"({trainer.num_params / 1e3:.0f}k params)")
+      shape = (
+        f"{variant} B={batch} ({cfg.train.microbatches} microbatches) "
+        f"T={cfg.data.seq_len} D={cfg.model.d_model} L={cfg.model.num_layers} "
+        f"({trainer.num_params / 1e3:.0f}k params)"
+      )
       for label, with_stats in (("plain", False), ("with per-step stats", True)):
-        step = jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, stats=with_stats,
-                                       microbatches=cfg.train.microbatches))
-        yield Case("train", f"train_step {label}", shape, step,
-                   (trainer.state, trainer.rest, inputs, targets),
-                   trainer.flops_per_token * tokens, baseline=not with_stats, tokens=tokens)
+        step = jax.jit(
+          make_train_step(
+            trainer.graphdef,
+            trainer.optimizer,
+            stats=with_stats,
+            microbatches=cfg.train.microbatches,
+          )
+        )
+        yield Case(
+          "train",
+          f"train_step {label}",
+          shape,
+          step,
+          (trainer.state, trainer.rest, inputs, targets),
+          trainer.flops_per_token * tokens,
+          baseline=not with_stats,
+          tokens=tokens,
+        )
 
 
 # The trainer suite: the Trainer's tokens/s over its own compiled step's.
-TRAINER_DEFAULTS = {"gpu": dict(preset="gpu", steps=300), "tpu": dict(preset="tpu", steps=300),
-                    "cpu": dict(preset="cpu", steps=60)}
+TRAINER_DEFAULTS = {
+  "gpu": dict(preset="gpu", steps=300),
+  "tpu": dict(preset="tpu", steps=300),
+  "cpu": dict(preset="cpu", steps=60),
+}
 
 
-def trainer_vs_step(preset: str, variant: str, steps: int, *, data: str = "shakespeare",
-                    overrides: tuple = (), trace: str = "") -> dict:
+def trainer_vs_step(
+  preset: str,
+  variant: str,
+  steps: int,
+  *,
+  data: str = "shakespeare",
+  overrides: tuple = (),
+  trace: str = "",
+) -> dict:
   """Tokens/s of ``Trainer.run`` for ``steps`` steps and of its compiled step alone.
 
   The run is ``experiments/configs/compare.py:preset=<preset>`` with ``variant``, ``data``,
@@ -396,10 +536,19 @@ def trainer_vs_step(preset: str, variant: str, steps: int, *, data: str = "shake
   import tempfile
   from attnjax.train.config import load_config
   from attnjax.train import Trainer
+
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  cfg = load_config(os.path.join(root, f"experiments/configs/compare.py:preset={preset}"),
-                    [f"variant={variant}", f"data.name={data}", f"train.steps={steps}",
-                     "train.checkpoint_every=0", "train.plots=false", *overrides])
+  cfg = load_config(
+    os.path.join(root, f"experiments/configs/compare.py:preset={preset}"),
+    [
+      f"variant={variant}",
+      f"data.name={data}",
+      f"train.steps={steps}",
+      "train.checkpoint_every=0",
+      "train.plots=false",
+      *overrides,
+    ],
+  )
   cfg.run_dir = tempfile.mkdtemp(prefix="attnjax_bench_trainer_")
   try:
     trainer = Trainer(cfg)
@@ -414,18 +563,28 @@ def trainer_vs_step(preset: str, variant: str, steps: int, *, data: str = "shake
       # The same step on random tokens (device_check's input): is the step's time the data's?
       rng = np.random.default_rng(0)
       noise = trainer.dp.put_batch(
-          rng.integers(0, trainer.batches.model_vocab_size, b.inputs.shape).astype(np.int32))
+        rng.integers(0, trainer.batches.model_vocab_size, b.inputs.shape).astype(np.int32)
+      )
       random_s, _ = _time_step(trainer, state, (noise, noise), steps)
   finally:
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
   tokens = cfg.data.batch_size * cfg.data.seq_len
   run_tps = summary["steps_done"] * tokens / summary["train_time_s"]
-  return dict(variant=variant, preset=preset, params=trainer.num_params, tokens_per_step=tokens,
-              trainer_tokens_per_s=summary["tokens_per_s"], trainer_all_tokens_per_s=run_tps,
-              step_tokens_per_s=tokens / bare_s, random_tokens_per_s=tokens / random_s,
-              ratio=summary["tokens_per_s"] * bare_s / tokens,
-              mfu=summary["mfu"], loop_time_s=summary["loop_time_s"],
-              steps=summary["steps_done"], log_every=cfg.train.log_every)
+  return dict(
+    variant=variant,
+    preset=preset,
+    params=trainer.num_params,
+    tokens_per_step=tokens,
+    trainer_tokens_per_s=summary["tokens_per_s"],
+    trainer_all_tokens_per_s=run_tps,
+    step_tokens_per_s=tokens / bare_s,
+    random_tokens_per_s=tokens / random_s,
+    ratio=summary["tokens_per_s"] * bare_s / tokens,
+    mfu=summary["mfu"],
+    loop_time_s=summary["loop_time_s"],
+    steps=summary["steps_done"],
+    log_every=cfg.train.log_every,
+  )
 
 
 def _time_step(trainer, state, args: tuple, steps: int) -> tuple:
@@ -446,8 +605,12 @@ def _time_step(trainer, state, args: tuple, steps: int) -> tuple:
 def _trainer_settings() -> dict:
   """The suite's settings: the backend's defaults, then ``ATTNJAX_BENCH_TRAINER``."""
   backend = jax.default_backend()
-  out = dict(TRAINER_DEFAULTS.get(backend, TRAINER_DEFAULTS["cpu"]),
-             variants="dense,sigmoid", data="shakespeare", trace="")
+  out = dict(
+    TRAINER_DEFAULTS.get(backend, TRAINER_DEFAULTS["cpu"]),
+    variants="dense,sigmoid",
+    data="shakespeare",
+    trace="",
+  )
   for item in os.environ.get("ATTNJAX_BENCH_TRAINER", "").split():
     key, _, value = item.partition("=")
     if key not in out:
@@ -473,21 +636,28 @@ def trainer_suite(args) -> Iterable[Case]:
   rows = []
   for variant in cli_csv(cfg["variants"]):
     trace = os.path.join(cfg["trace"], variant) if cfg["trace"] else ""
-    rows.append(trainer_vs_step(cfg["preset"], variant, cfg["steps"], data=cfg["data"],
-                                trace=trace))
-  print(f"preset {cfg['preset']}, {rows[0]['tokens_per_step']} tokens per step, "
-        f"{cfg['steps']} steps, metrics read every {rows[0]['log_every']}\n")
-  print("| variant | params | Trainer tokens/s | all steps | bare step tokens/s | ratio | "
-        "bare, random tokens | MFU | host s: batch wait / dispatch / metrics wait / record |")
+    rows.append(
+      trainer_vs_step(cfg["preset"], variant, cfg["steps"], data=cfg["data"], trace=trace)
+    )
+  print(
+    f"preset {cfg['preset']}, {rows[0]['tokens_per_step']} tokens per step, "
+    f"{cfg['steps']} steps, metrics read every {rows[0]['log_every']}\n"
+  )
+  print(
+    "| variant | params | Trainer tokens/s | all steps | bare step tokens/s | ratio | "
+    "bare, random tokens | MFU | host s: batch wait / dispatch / metrics wait / record |"
+  )
   print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
   for r in rows:
     t = r["loop_time_s"]
     mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-    print(f"| {r['variant']} | {r['params'] / 1e6:.2f}M | {r['trainer_tokens_per_s']:,.0f} | "
-          f"{r['trainer_all_tokens_per_s']:,.0f} | {r['step_tokens_per_s']:,.0f} | "
-          f"{r['ratio']:.3f} | {r['random_tokens_per_s']:,.0f} | {mfu} | "
-          f"{t['batch_wait']:.2f} / {t['dispatch']:.2f} / "
-          f"{t['metrics_wait']:.2f} / {t['record']:.2f} |")
+    print(
+      f"| {r['variant']} | {r['params'] / 1e6:.2f}M | {r['trainer_tokens_per_s']:,.0f} | "
+      f"{r['trainer_all_tokens_per_s']:,.0f} | {r['step_tokens_per_s']:,.0f} | "
+      f"{r['ratio']:.3f} | {r['random_tokens_per_s']:,.0f} | {mfu} | "
+      f"{t['batch_wait']:.2f} / {t['dispatch']:.2f} / "
+      f"{t['metrics_wait']:.2f} / {t['record']:.2f} |"
+    )
   print()
   print(json.dumps(rows))
   print()
@@ -540,12 +710,27 @@ def blockwise_suite(args) -> Iterable[Case]:
   q, k, v = qkv(B, T, N, H)
   flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True))
   shape = f"fwd T={T}"
-  yield Case("blockwise", "jax.nn.dot_product_attention", shape,
-             jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-             (q, k, v), flops, baseline=True)
-  yield Case("blockwise", "attnjax blockwise", shape,
-             jax.jit(lambda q, k, v: attnjax.dot_product_attention(
-                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops)
+  yield Case(
+    "blockwise",
+    "jax.nn.dot_product_attention",
+    shape,
+    jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+    (q, k, v),
+    flops,
+    baseline=True,
+  )
+  yield Case(
+    "blockwise",
+    "attnjax blockwise",
+    shape,
+    jax.jit(
+      lambda q, k, v: attnjax.dot_product_attention(
+        q, k, v, is_causal=True, implementation="blockwise"
+      )
+    ),
+    (q, k, v),
+    flops,
+  )
   torch_fwd = _torch_sdpa(T, backward=False)
   if torch_fwd is not None:
     yield Case("blockwise", "torch sdpa (cpu)", shape, torch_fwd, (), flops)
@@ -554,12 +739,27 @@ def blockwise_suite(args) -> Iterable[Case]:
   q, k, v = qkv(B, T, N, H)
   flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True), backward=True)
   shape = f"fwd+bwd T={T}"
-  yield Case("blockwise", "jax.nn.dot_product_attention", shape,
-             fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-             (q, k, v), flops, baseline=True)
-  yield Case("blockwise", "attnjax blockwise", shape,
-             fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
-                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops)
+  yield Case(
+    "blockwise",
+    "jax.nn.dot_product_attention",
+    shape,
+    fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+    (q, k, v),
+    flops,
+    baseline=True,
+  )
+  yield Case(
+    "blockwise",
+    "attnjax blockwise",
+    shape,
+    fwd_bwd(
+      lambda q, k, v: attnjax.dot_product_attention(
+        q, k, v, is_causal=True, implementation="blockwise"
+      )
+    ),
+    (q, k, v),
+    flops,
+  )
   torch_bwd = _torch_sdpa(T, backward=True)
   if torch_bwd is not None:
     yield Case("blockwise", "torch sdpa (cpu)", shape, torch_bwd, (), flops)
@@ -569,18 +769,31 @@ def blockwise_suite(args) -> Iterable[Case]:
   for T in (4096, 16384):
     q, k, v = qkv(B, T, N, H)
     flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True, window=window))
-    yield Case("blockwise", f"attnjax blockwise T={T}", shape,
-               jax.jit(lambda q, k, v: attnjax.dot_product_attention(
-                   q, k, v, is_causal=True, window=window, implementation="blockwise")),
-               (q, k, v), flops, baseline=T == 4096)
+    yield Case(
+      "blockwise",
+      f"attnjax blockwise T={T}",
+      shape,
+      jax.jit(
+        lambda q, k, v: attnjax.dot_product_attention(
+          q, k, v, is_causal=True, window=window, implementation="blockwise"
+        )
+      ),
+      (q, k, v),
+      flops,
+      baseline=T == 4096,
+    )
 
 
 @memory_case("blockwise fwd+bwd T=16384 causal (B=1, N=8, H=64, fp32)")
 def blockwise_memory():
   q, k, v = qkv(1, 16384, 8, 64)
-  step = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
-      q, k, v, is_causal=True, implementation="blockwise"))
+  step = fwd_bwd(
+    lambda q, k, v: attnjax.dot_product_attention(
+      q, k, v, is_causal=True, implementation="blockwise"
+    )
+  )
   return step, (q, k, v)
+
 
 @suite("residual")
 def residual_suite(args) -> Iterable[Case]:
@@ -599,22 +812,37 @@ def residual_suite(args) -> Iterable[Case]:
 
     def call(q, k, v, kv_len, ragged):
       return attnjax.dot_product_attention(
-          q, k, v, is_causal=True, return_residual=True, implementation="blockwise",
-          key_value_seq_lengths=kv_len if ragged else None)
+        q,
+        k,
+        v,
+        is_causal=True,
+        return_residual=True,
+        implementation="blockwise",
+        key_value_seq_lengths=kv_len if ragged else None,
+      )
 
     def loss(q, k, v, kv_len, ragged):
       out, res = call(q, k, v, kv_len, ragged)
       return jnp.sum(out) + jnp.sum(res)
 
     for program, fn in (("forward", call), ("fwd+bwd", jax.grad(loss, (0, 1, 2)))):
-      temp = [jax.jit(fn, static_argnums=4).lower(x, x, x, lengths, ragged).compile()
-              .memory_analysis().temp_size_in_bytes / 2.0 ** 20 for ragged in (False, True)]
+      temp = [
+        jax.jit(fn, static_argnums=4)
+        .lower(x, x, x, lengths, ragged)
+        .compile()
+        .memory_analysis()
+        .temp_size_in_bytes
+        / 2.0**20
+        for ragged in (False, True)
+      ]
       print(f"| {T} | {program} | {temp[0]:.1f} | {temp[1]:.1f} | {temp[1] / temp[0]:.2f}x |")
   print()
   return []
 
 
-def linear_flops(B: int, N: int, T: int, H: int, chunk_size: int, *, backward: bool = False) -> float:
+def linear_flops(
+  B: int, N: int, T: int, H: int, chunk_size: int, *, backward: bool = False
+) -> float:
   """Matmul flops of the chunked linear form as computed (full C x C intra-chunk blocks).
 
   Per token and head: ``2 C F + 2 C Hv`` (intra-chunk scores and their product
@@ -642,38 +870,79 @@ def linear_suite(args) -> Iterable[Case]:
   base_T = sizes[0]
 
   def chunked(C):
-    return jax.jit(lambda q, k, v: attnjax.linear_attention(
-        q, k, v, is_causal=True, implementation="chunked", chunk_size=C))
+    return jax.jit(
+      lambda q, k, v: attnjax.linear_attention(
+        q, k, v, is_causal=True, implementation="chunked", chunk_size=C
+      )
+    )
 
   q, k, v = qkv(B, base_T, N, H)
   shape = f"T={base_T}"
   dense_flops = attention_flops(B, N, H, allowed_pairs(base_T, base_T, is_causal=True))
   if base_T <= 4096:
-    yield Case("linear", "jax.nn.dot_product_attention causal", shape,
-               jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-               (q, k, v), dense_flops, baseline=True)
+    yield Case(
+      "linear",
+      "jax.nn.dot_product_attention causal",
+      shape,
+      jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+      (q, k, v),
+      dense_flops,
+      baseline=True,
+    )
   for C in (32, 64, 128):
-    yield Case("linear", f"attnjax linear chunked C={C}", shape, chunked(C), (q, k, v),
-               linear_flops(B, N, base_T, H, C))
+    yield Case(
+      "linear",
+      f"attnjax linear chunked C={C}",
+      shape,
+      chunked(C),
+      (q, k, v),
+      linear_flops(B, N, base_T, H, C),
+    )
   shape_bwd = f"T={base_T} fwd+bwd"
   if base_T <= 4096:
-    yield Case("linear", "jax.nn.dot_product_attention causal", shape_bwd,
-               fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
-               (q, k, v), attention_flops(B, N, H, allowed_pairs(base_T, base_T, is_causal=True),
-                                          backward=True), baseline=True)
+    yield Case(
+      "linear",
+      "jax.nn.dot_product_attention causal",
+      shape_bwd,
+      fwd_bwd(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+      (q, k, v),
+      attention_flops(B, N, H, allowed_pairs(base_T, base_T, is_causal=True), backward=True),
+      baseline=True,
+    )
   for C in (32, 64):
-    yield Case("linear", f"attnjax linear chunked C={C}", shape_bwd,
-               fwd_bwd(lambda q, k, v, C=C: attnjax.linear_attention(
-                   q, k, v, is_causal=True, implementation="chunked", chunk_size=C)),
-               (q, k, v), linear_flops(B, N, base_T, H, C, backward=True))
+    yield Case(
+      "linear",
+      f"attnjax linear chunked C={C}",
+      shape_bwd,
+      fwd_bwd(
+        lambda q, k, v, C=C: attnjax.linear_attention(
+          q, k, v, is_causal=True, implementation="chunked", chunk_size=C
+        )
+      ),
+      (q, k, v),
+      linear_flops(B, N, base_T, H, C, backward=True),
+    )
   for T in sizes[1:]:
     big = qkv(B, T, N, H)
     for C in (32, 64):
       scaling = f"T={T}/T={base_T} C={C}"
-      yield Case("linear", f"attnjax linear chunked T={base_T}", scaling, chunked(C), (q, k, v),
-                 linear_flops(B, N, base_T, H, C), baseline=True)
-      yield Case("linear", f"attnjax linear chunked T={T}", scaling, chunked(C), big,
-                 linear_flops(B, N, T, H, C))
+      yield Case(
+        "linear",
+        f"attnjax linear chunked T={base_T}",
+        scaling,
+        chunked(C),
+        (q, k, v),
+        linear_flops(B, N, base_T, H, C),
+        baseline=True,
+      )
+      yield Case(
+        "linear",
+        f"attnjax linear chunked T={T}",
+        scaling,
+        chunked(C),
+        big,
+        linear_flops(B, N, T, H, C),
+      )
 
 
 @suite("flex")
@@ -689,53 +958,122 @@ def flex_suite(args) -> Iterable[Case]:
   """
   from attnjax import mods
   from attnjax.kernels import blockwise
+
   B, N, H = 1, 8, 64
   T = 8192
   q, k, v = qkv(B, T, N, H)
   window = (256, 0)
   flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True, window=window))
   shape = f"fwd window={window} T={T}"
-  yield Case("flex", "window=", shape, jax.jit(lambda q, k, v: blockwise.attention(
-      q, k, v, is_causal=True, window=window, block_q=128, block_k=128)),
-             (q, k, v), flops, baseline=True)
-  yield Case("flex", "mask_mod=mods.sliding_window_mask", shape,
-             jax.jit(lambda q, k, v: blockwise.attention(
-                 q, k, v, mask_mod=mods.sliding_window_mask(*window), block_q=128, block_k=128)),
-             (q, k, v), flops)
+  yield Case(
+    "flex",
+    "window=",
+    shape,
+    jax.jit(
+      lambda q, k, v: blockwise.attention(
+        q, k, v, is_causal=True, window=window, block_q=128, block_k=128
+      )
+    ),
+    (q, k, v),
+    flops,
+    baseline=True,
+  )
+  yield Case(
+    "flex",
+    "mask_mod=mods.sliding_window_mask",
+    shape,
+    jax.jit(
+      lambda q, k, v: blockwise.attention(
+        q, k, v, mask_mod=mods.sliding_window_mask(*window), block_q=128, block_k=128
+      )
+    ),
+    (q, k, v),
+    flops,
+  )
   docs = 8
   ids = jnp.repeat(jnp.arange(docs, dtype=jnp.int32), T // docs)[None]  # packed, sorted
   flops = attention_flops(B, N, H, docs * (T // docs) ** 2)
   shape = f"fwd {docs} documents T={T}"
-  yield Case("flex", "segment_ids=", shape, jax.jit(
+  yield Case(
+    "flex",
+    "segment_ids=",
+    shape,
+    jax.jit(
       lambda q, k, v, ids: attnjax.dot_product_attention(
-          q, k, v, segment_ids=ids, implementation="blockwise")),
-             (q, k, v, ids), flops, baseline=True)
-  yield Case("flex", "mask_mod=mods.document_mask", shape, jax.jit(
+        q, k, v, segment_ids=ids, implementation="blockwise"
+      )
+    ),
+    (q, k, v, ids),
+    flops,
+    baseline=True,
+  )
+  yield Case(
+    "flex",
+    "mask_mod=mods.document_mask",
+    shape,
+    jax.jit(
       lambda q, k, v, ids: attnjax.dot_product_attention(
-          q, k, v, mask_mod=mods.document_mask, mask_mod_args=(ids,),
-          implementation="blockwise")), (q, k, v, ids), flops)
+        q, k, v, mask_mod=mods.document_mask, mask_mod_args=(ids,), implementation="blockwise"
+      )
+    ),
+    (q, k, v, ids),
+    flops,
+  )
   T = 4096
   q, k, v = qkv(B, T, N, H)
   slopes = jnp.asarray(mods.alibi_slopes(N))
   flops = attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True), backward=True)
   shape = f"fwd+bwd causal T={T}"
-  yield Case("flex", "plain blockwise", shape, fwd_bwd(
+  yield Case(
+    "flex",
+    "plain blockwise",
+    shape,
+    fwd_bwd(
       lambda q, k, v: attnjax.dot_product_attention(
-          q, k, v, is_causal=True, implementation="blockwise")), (q, k, v), flops, baseline=True)
-  yield Case("flex", "score_mod=mods.alibi", shape, fwd_bwd(
+        q, k, v, is_causal=True, implementation="blockwise"
+      )
+    ),
+    (q, k, v),
+    flops,
+    baseline=True,
+  )
+  yield Case(
+    "flex",
+    "score_mod=mods.alibi",
+    shape,
+    fwd_bwd(
       lambda q, k, v: attnjax.dot_product_attention(
-          q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(slopes,),
-          implementation="blockwise")), (q, k, v), flops)
+        q,
+        k,
+        v,
+        is_causal=True,
+        score_mod=mods.alibi,
+        score_mod_args=(slopes,),
+        implementation="blockwise",
+      )
+    ),
+    (q, k, v),
+    flops,
+  )
 
 
 @memory_case("flex: blockwise fwd+bwd T=16384 causal + alibi score_mod (B=1, N=8, H=64, fp32)")
 def flex_alibi_memory():
   from attnjax import mods
+
   q, k, v = qkv(1, 16384, 8, 64)
   slopes = jnp.asarray(mods.alibi_slopes(8))
-  step = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
-      q, k, v, is_causal=True, score_mod=mods.alibi, score_mod_args=(slopes,),
-      implementation="blockwise"))
+  step = fwd_bwd(
+    lambda q, k, v: attnjax.dot_product_attention(
+      q,
+      k,
+      v,
+      is_causal=True,
+      score_mod=mods.alibi,
+      score_mod_args=(slopes,),
+      implementation="blockwise",
+    )
+  )
   return step, (q, k, v)
 
 
@@ -747,6 +1085,7 @@ def _gated_calls(C: int = 64) -> dict[str, Callable]:
   RetNet-style constant scalar decay, a per-channel GLA gate, and betas of
   0.5 with a scalar decay for Gated DeltaNet.
   """
+
   def scalar(q, k, v):
     g = jnp.full(q.shape[:3], -0.05, jnp.float32)
     return attnjax.gated_linear_attention(q, k, v, log_decay=g, chunk_size=C)
@@ -769,14 +1108,15 @@ def _gated_calls(C: int = 64) -> dict[str, Callable]:
     return attnjax.delta_rule_attention(l2(q), l2(k), v, beta, log_decay=g, chunk_size=C)
 
   def elu1(q, k, v):
-    return attnjax.linear_attention(q, k, v, is_causal=True, implementation="chunked",
-                                    chunk_size=C)
+    return attnjax.linear_attention(q, k, v, is_causal=True, implementation="chunked", chunk_size=C)
 
-  return {"linear_attention elu+1 chunked": elu1,
-          "gated_linear_attention scalar decay (RetNet/Mamba-2)": scalar,
-          "gated_linear_attention per-channel gate (GLA)": per_channel,
-          "delta_rule_attention (DeltaNet)": delta,
-          "delta_rule_attention gated (Gated DeltaNet)": gated_delta}
+  return {
+    "linear_attention elu+1 chunked": elu1,
+    "gated_linear_attention scalar decay (RetNet/Mamba-2)": scalar,
+    "gated_linear_attention per-channel gate (GLA)": per_channel,
+    "delta_rule_attention (DeltaNet)": delta,
+    "delta_rule_attention gated (Gated DeltaNet)": gated_delta,
+  }
 
 
 @suite("gated")
@@ -796,8 +1136,15 @@ def gated_suite(args) -> Iterable[Case]:
   q, k, v = qkv(B, base_T, N, H)
   flops = linear_flops(B, N, base_T, H, 64, backward=True)
   for name, fn in calls.items():
-    yield Case("gated", name, f"T={base_T} fwd+bwd", fwd_bwd(fn), (q, k, v), flops,
-               baseline=name.startswith("linear_attention"))
+    yield Case(
+      "gated",
+      name,
+      f"T={base_T} fwd+bwd",
+      fwd_bwd(fn),
+      (q, k, v),
+      flops,
+      baseline=name.startswith("linear_attention"),
+    )
   for T in sizes[1:]:
     big = qkv(B, T, N, H)
     for name, fn in calls.items():
@@ -814,6 +1161,7 @@ def _gated_memory(name: str):
     q, k, v = qkv(1, 16384, 8, 64)
     step = fwd_bwd(_gated_calls()[name])
     return step, (q, k, v)
+
   return make
 
 
@@ -839,17 +1187,39 @@ def block_select_suite(args) -> Iterable[Case]:
   keys = lambda T: min(T, 9 * 64)  # own block + 8 selected, per query (upper bound)
   q, k, v = qkv(B, 8192, N, H)
   shape = "T=8192"
-  yield Case("block_select", "attnjax blockwise dense causal", shape,
-             jax.jit(lambda q, k, v: attnjax.dot_product_attention(
-                 q, k, v, is_causal=True, implementation="blockwise")), (q, k, v),
-             attention_flops(B, N, H, allowed_pairs(8192, 8192, is_causal=True)), baseline=True)
-  yield Case("block_select", "block_select_attention block=64 top_k=8", shape,
-             jax.jit(_block_select), (q, k, v), attention_flops(B, N, H, 8192 * keys(8192)))
+  yield Case(
+    "block_select",
+    "attnjax blockwise dense causal",
+    shape,
+    jax.jit(
+      lambda q, k, v: attnjax.dot_product_attention(
+        q, k, v, is_causal=True, implementation="blockwise"
+      )
+    ),
+    (q, k, v),
+    attention_flops(B, N, H, allowed_pairs(8192, 8192, is_causal=True)),
+    baseline=True,
+  )
+  yield Case(
+    "block_select",
+    "block_select_attention block=64 top_k=8",
+    shape,
+    jax.jit(_block_select),
+    (q, k, v),
+    attention_flops(B, N, H, 8192 * keys(8192)),
+  )
   sizes = parse_sizes(args.sizes or "4096,16384")
   shape = f"T={sizes[-1]}/T={sizes[0]}"
   for T in (sizes[0], sizes[-1]) if len(sizes) > 1 else ():
-    yield Case("block_select", f"block_select_attention T={T}", shape, jax.jit(_block_select),
-               qkv(B, T, N, H), attention_flops(B, N, H, T * keys(T)), baseline=T == sizes[0])
+    yield Case(
+      "block_select",
+      f"block_select_attention T={T}",
+      shape,
+      jax.jit(_block_select),
+      qkv(B, T, N, H),
+      attention_flops(B, N, H, T * keys(T)),
+      baseline=T == sizes[0],
+    )
 
 
 @memory_case("block_select fwd+bwd T=16384 block=64 top_k=8 (B=1, N=8, H=64, fp32)")
@@ -875,8 +1245,11 @@ def context_parallel_suite(args) -> Iterable[Case]:
   here = os.path.dirname(os.path.abspath(__file__))
   env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
   for T in sizes:
-    subprocess.run([sys.executable, os.path.join(here, "context_parallel.py"), "--T", str(T)],
-                   check=True, env=env)
+    subprocess.run(
+      [sys.executable, os.path.join(here, "context_parallel.py"), "--T", str(T)],
+      check=True,
+      env=env,
+    )
   return []
 
 
@@ -893,36 +1266,62 @@ def compressed_suite(args) -> Iterable[Case]:
   T = 4096
   q, k, v = qkv(B, T, N, H)
   shape = f"fwd T={T}"
-  yield Case("compressed", "attnjax blockwise dense causal", shape,
-             jax.jit(lambda q, k, v: attnjax.dot_product_attention(
-                 q, k, v, is_causal=True, implementation="blockwise")),
-             (q, k, v), attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True)),
-             baseline=True)
+  yield Case(
+    "compressed",
+    "attnjax blockwise dense causal",
+    shape,
+    jax.jit(
+      lambda q, k, v: attnjax.dot_product_attention(
+        q, k, v, is_causal=True, implementation="blockwise"
+      )
+    ),
+    (q, k, v),
+    attention_flops(B, N, H, allowed_pairs(T, T, is_causal=True)),
+    baseline=True,
+  )
   # Compressed keys seen (T * T / (2 * 4) roughly) plus the window's raw keys i-64..i per query.
   pairs = T * (T // 4 + 1) // 2 + allowed_pairs(T, T, is_causal=True, window=(64, 0))
-  yield Case("compressed", "compressed_attention stride=4 window=64", shape,
-             jax.jit(lambda q, k, v: attnjax.compressed_attention(
-                 q, k, v, stride=4, is_causal=True, window=64)),
-             (q, k, v), attention_flops(B, N, H, pairs))
-  yield Case("compressed", "compressed_attention stride=4 (no window)", shape,
-             jax.jit(lambda q, k, v: attnjax.compressed_attention(q, k, v, stride=4,
-                                                                  is_causal=True)),
-             (q, k, v), attention_flops(B, N, H, T * (T // 4 + 1) // 2))
+  yield Case(
+    "compressed",
+    "compressed_attention stride=4 window=64",
+    shape,
+    jax.jit(
+      lambda q, k, v: attnjax.compressed_attention(q, k, v, stride=4, is_causal=True, window=64)
+    ),
+    (q, k, v),
+    attention_flops(B, N, H, pairs),
+  )
+  yield Case(
+    "compressed",
+    "compressed_attention stride=4 (no window)",
+    shape,
+    jax.jit(lambda q, k, v: attnjax.compressed_attention(q, k, v, stride=4, is_causal=True)),
+    (q, k, v),
+    attention_flops(B, N, H, T * (T // 4 + 1) // 2),
+  )
   pattern = attnjax.patterns.dilated_window(128, 4)
   growth = "fwd dilated_window(128, 4): T=16384/T=4096"
   for T in (4096, 16384):
     qT, kT, vT = qkv(B, T, N, H)
-    yield Case("compressed", f"dilated_window(128, 4) T={T}", growth,
-               jax.jit(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
-                                                                block_size=128)),
-               (qT, kT, vT), attention_flops(B, N, H, T * 128), baseline=T == 4096)
+    yield Case(
+      "compressed",
+      f"dilated_window(128, 4) T={T}",
+      growth,
+      jax.jit(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern, block_size=128)),
+      (qT, kT, vT),
+      attention_flops(B, N, H, T * 128),
+      baseline=T == 4096,
+    )
 
 
 @memory_case("compressed stride=4 window=64 fwd+bwd T=16384 causal (B=1, N=8, H=64, fp32)")
 def compressed_memory():
   q, k, v = qkv(1, 16384, 8, 64)
-  step = fwd_bwd(lambda q, k, v: attnjax.compressed_attention(
-      q, k, v, stride=4, is_causal=True, window=64, block_size=128))
+  step = fwd_bwd(
+    lambda q, k, v: attnjax.compressed_attention(
+      q, k, v, stride=4, is_causal=True, window=64, block_size=128
+    )
+  )
   return step, (q, k, v)
 
 
@@ -930,8 +1329,7 @@ def compressed_memory():
 def dilated_memory():
   q, k, v = qkv(1, 16384, 8, 64)
   pattern = attnjax.patterns.dilated_window(128, 4)
-  step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern,
-                                                          block_size=128))
+  step = fwd_bwd(lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=pattern, block_size=128))
   return step, (q, k, v)
 
 
@@ -945,33 +1343,55 @@ GPU_PASSES = ("fwd", "fwd+bwd")
 def _add_gpu_options(p: argparse.ArgumentParser) -> None:
   """The options of ``--suite gpu``."""
   g = p.add_argument_group("--suite gpu")
-  g.add_argument("--seq", default=None,
-                 help="sequence lengths of --suite gpu (default 4096,16384; else --sizes)")
+  g.add_argument(
+    "--seq", default=None, help="sequence lengths of --suite gpu (default 4096,16384; else --sizes)"
+  )
   g.add_argument("--tokens", type=int, default=16384, help="tokens per batch: B = tokens // T")
   g.add_argument("--heads", type=int, default=16)
   g.add_argument("--head-dim", type=int, default=128)
-  g.add_argument("--normalizers", default="all",
-                 help="comma-separated normalisers of the kernel rows (default every one)")
+  g.add_argument(
+    "--normalizers",
+    default="all",
+    help="comma-separated normalisers of the kernel rows (default every one)",
+  )
   g.add_argument("--calls", type=int, default=10, help="calls timed back to back per round")
-  g.add_argument("--cell-seconds", type=float, default=3.0,
-                 help="at most about this long timing one cell (fewer calls and rounds if slow)")
-  g.add_argument("--compile-seconds", type=float, default=300.0,
-                 help="time every program not compiled after this long as failed")
-  g.add_argument("--jsonl", default=None,
-                 help="write every compile and timing of --suite gpu to this file as it comes")
-  g.add_argument("--gpu-table", default=None, metavar="JSONL",
-                 help="print --suite gpu's table from a JSON lines file it wrote, and exit")
+  g.add_argument(
+    "--cell-seconds",
+    type=float,
+    default=3.0,
+    help="at most about this long timing one cell (fewer calls and rounds if slow)",
+  )
+  g.add_argument(
+    "--compile-seconds",
+    type=float,
+    default=300.0,
+    help="time every program not compiled after this long as failed",
+  )
+  g.add_argument(
+    "--jsonl",
+    default=None,
+    help="write every compile and timing of --suite gpu to this file as it comes",
+  )
+  g.add_argument(
+    "--gpu-table",
+    default=None,
+    metavar="JSONL",
+    help="print --suite gpu's table from a JSON lines file it wrote, and exit",
+  )
 
 
 def _gpu_paths(normalizers: list[str]) -> list[tuple[str, Optional[str], Callable]]:
   """``(row label, what it needs, attention (q, k, v) -> out)`` of every row, table order."""
+
   def nn(impl):
-    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                                        implementation=impl)
+    return lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, is_causal=True, implementation=impl
+    )
 
   def ours(impl, n):
-    return lambda q, k, v: attnjax.dot_product_attention(q, k, v, is_causal=True, normalizer=n,
-                                                         implementation=impl)
+    return lambda q, k, v: attnjax.dot_product_attention(
+      q, k, v, is_causal=True, normalizer=n, implementation=impl
+    )
 
   paths = [("jax.nn cudnn", "cudnn", nn("cudnn")), ("jax.nn xla", None, nn("xla"))]
   for n in ("softmax", "sigmoid"):
@@ -1021,10 +1441,20 @@ def _gpu_compile_all(programs: list[dict], log: _Log, seconds: float) -> None:
     return pr
 
   def report(pr):
-    log.add(kind="compile", path=pr["path"], T=pr["T"], **{"pass": pr["pass"]},
-            seconds=round(pr.get("compile_s", seconds), 2), error=pr.get("error"))
-    print(f"  compiled {pr['path']} T={pr['T']} {pr['pass']}: "
-          f"{pr.get('error') or '%.1f s' % pr['compile_s']}", file=sys.stderr, flush=True)
+    log.add(
+      kind="compile",
+      path=pr["path"],
+      T=pr["T"],
+      **{"pass": pr["pass"]},
+      seconds=round(pr.get("compile_s", seconds), 2),
+      error=pr.get("error"),
+    )
+    print(
+      f"  compiled {pr['path']} T={pr['T']} {pr['pass']}: "
+      f"{pr.get('error') or '%.1f s' % pr['compile_s']}",
+      file=sys.stderr,
+      flush=True,
+    )
 
   pool = ThreadPoolExecutor(max_workers=max(1, min(32, os.cpu_count() or 1)))
   todo = sorted((pr for pr in programs if "error" not in pr), key=lambda pr: pr["priority"])
@@ -1075,8 +1505,16 @@ def _gpu_programs(args, paths) -> tuple[list[dict], dict]:
         # The comparisons the issues ask for first (a run cut short keeps them): the built-ins,
         # auto, blockwise and the kernels' softmax and sigmoid; then the other normalisers.
         first = needs not in ("mosaic_gpu", "pallas_gpu") or label.endswith(("softmax", "sigmoid"))
-        pr = dict(path=label, T=T, B=B, flops=flops, fn=fn, args=inputs[T], priority=int(not first),
-                  **{"pass": pass_})
+        pr = dict(
+          path=label,
+          T=T,
+          B=B,
+          flops=flops,
+          fn=fn,
+          args=inputs[T],
+          priority=int(not first),
+          **{"pass": pass_},
+        )
         if needs in GPU_ONLY and not on_gpu:
           pr["error"] = "needs a CUDA GPU"
         programs.append(pr)
@@ -1086,12 +1524,14 @@ def _gpu_programs(args, paths) -> tuple[list[dict], dict]:
 def _auto_choices(inputs: dict) -> dict:
   """What auto dispatch runs for each auto row (softmax, sigmoid) at each T."""
   from attnjax import dense
+
   out = {}
   for T, (q, k, v) in inputs.items():
     for n in ("softmax", "sigmoid"):
       try:
         out[f"T={T} {n}"] = dense.select_implementation(
-            *dense.prepare(q, k, v, is_causal=True, normalizer=n))
+          *dense.prepare(q, k, v, is_causal=True, normalizer=n)
+        )
       except Exception as e:  # the choice itself failed: say so
         out[f"T={T} {n}"] = _gpu_error(e)
   return out
@@ -1106,36 +1546,60 @@ def gpu_suite(args) -> Iterable[Case]:
   xla's where cuDNN has no time). Programs are compiled in threads first; each is warmed
   up, then timed as ``--calls`` calls back to back with one block at the end, best of
   ``--repeats`` rounds. A path that cannot run says why in its cell."""
-  normalizers = (list(attnjax.normalizers.NORMALIZERS) if args.normalizers == "all"
-                 else [n for n in args.normalizers.split(",") if n])
+  normalizers = (
+    list(attnjax.normalizers.NORMALIZERS)
+    if args.normalizers == "all"
+    else [n for n in args.normalizers.split(",") if n]
+  )
   log = _Log(args.jsonl)
   paths = _gpu_paths(normalizers)
   programs, inputs = _gpu_programs(args, paths)
-  log.add(kind="meta", backend=jax.default_backend(), device=jax.devices()[0].device_kind,
-          jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-          heads=args.heads, head_dim=args.head_dim, tokens=args.tokens,
-          paths=[label for label, _, _ in paths],
-          columns=list(dict.fromkeys((pr["T"], pr["pass"]) for pr in programs)))
+  log.add(
+    kind="meta",
+    backend=jax.default_backend(),
+    device=jax.devices()[0].device_kind,
+    jax=jax.__version__,
+    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    heads=args.heads,
+    head_dim=args.head_dim,
+    tokens=args.tokens,
+    paths=[label for label, _, _ in paths],
+    columns=list(dict.fromkeys((pr["T"], pr["pass"]) for pr in programs)),
+  )
   log.add(kind="auto", choices=_auto_choices(inputs))
   t0 = time.perf_counter()
   _gpu_compile_all(programs, log, args.compile_seconds)
-  print(f"  compiled {len(programs)} programs in {time.perf_counter() - t0:.0f} s",
-        file=sys.stderr, flush=True)
+  print(
+    f"  compiled {len(programs)} programs in {time.perf_counter() - t0:.0f} s",
+    file=sys.stderr,
+    flush=True,
+  )
   for pr in sorted(programs, key=lambda pr: pr["priority"]):
-    rec = dict(kind="time", path=pr["path"], T=pr["T"], B=pr["B"], flops=pr["flops"],
-               **{"pass": pr["pass"]})
+    rec = dict(
+      kind="time", path=pr["path"], T=pr["T"], B=pr["B"], flops=pr["flops"], **{"pass": pr["pass"]}
+    )
     if "error" not in pr:
       try:
-        best, med, calls, rounds = _gpu_time(pr.pop("compiled"), pr["args"], args.calls,
-                                             args.repeats, args.cell_seconds)
-        rec.update(ms=best * 1e3, median_ms=med * 1e3, calls=calls, rounds=rounds,
-                   tflops=pr["flops"] / best / 1e12)
+        best, med, calls, rounds = _gpu_time(
+          pr.pop("compiled"), pr["args"], args.calls, args.repeats, args.cell_seconds
+        )
+        rec.update(
+          ms=best * 1e3,
+          median_ms=med * 1e3,
+          calls=calls,
+          rounds=rounds,
+          tflops=pr["flops"] / best / 1e12,
+        )
       except Exception as e:  # e.g. out of memory when it runs: the cell says so
         pr["error"] = _gpu_error(e)
     log.add(**rec, error=pr.get("error"))
-    print(f"  {pr['path']} T={pr['T']} {pr['pass']}: "
-          f"{pr.get('error') or '%.3f ms' % rec['ms']}", file=sys.stderr, flush=True)
+    print(
+      f"  {pr['path']} T={pr['T']} {pr['pass']}: {pr.get('error') or '%.3f ms' % rec['ms']}",
+      file=sys.stderr,
+      flush=True,
+    )
   import inspect
+
   print(f"## gpu\n\n{inspect.cleandoc(gpu_suite.__doc__)}\n")
   print(gpu_table(log.records))
   return []
@@ -1157,8 +1621,11 @@ def gpu_table(records: list[dict]) -> str:
   meta = next((r for r in records if r.get("kind") == "meta"), {})
   auto = next((r["choices"] for r in records if r.get("kind") == "auto"), {})
   # The run's rows and columns (a run cut short shows its cells not timed as "not run").
-  columns = list(dict.fromkeys([tuple(c) for c in meta.get("columns", ())]
-                               + [(r["T"], r["pass"]) for r in times]))
+  columns = list(
+    dict.fromkeys(
+      [tuple(c) for c in meta.get("columns", ())] + [(r["T"], r["pass"]) for r in times]
+    )
+  )
   rows = list(dict.fromkeys(meta.get("paths", []) + [r["path"] for r in times]))
   cell = {(r["path"], r["T"], r["pass"]): r for r in times}
   base, names = {}, []
@@ -1169,17 +1636,26 @@ def gpu_table(records: list[dict]) -> str:
         base[col] = r
         names.append(f"T={col[0]} {col[1]}: {path}")
         break
-  setup = (f"{meta.get('device', '?')}, jax {meta.get('jax', '?')}, {meta.get('date', '?')}; "
-           f"{meta.get('tokens', '?')} tokens, {meta.get('heads', '?')} heads of dim "
-           f"{meta.get('head_dim', '?')}, bf16, causal. TFLOP/s (speed over the column's "
-           f"baseline).")
-  lines = [setup, "",
-           "Baselines: " + ("; ".join(names) or "none ran") + ".", "",
-           "| path | " + " | ".join(f"T={T} {p}" for T, p in columns) + " |",
-           "|---|" + "---:|" * len(columns)]
+  setup = (
+    f"{meta.get('device', '?')}, jax {meta.get('jax', '?')}, {meta.get('date', '?')}; "
+    f"{meta.get('tokens', '?')} tokens, {meta.get('heads', '?')} heads of dim "
+    f"{meta.get('head_dim', '?')}, bf16, causal. TFLOP/s (speed over the column's "
+    f"baseline)."
+  )
+  lines = [
+    setup,
+    "",
+    "Baselines: " + ("; ".join(names) or "none ran") + ".",
+    "",
+    "| path | " + " | ".join(f"T={T} {p}" for T, p in columns) + " |",
+    "|---|" + "---:|" * len(columns),
+  ]
   for path in rows:
-    lines.append(f"| {path} | " + " | ".join(
-        _gpu_cell(cell.get((path,) + col), base.get(col)) for col in columns) + " |")
+    lines.append(
+      f"| {path} | "
+      + " | ".join(_gpu_cell(cell.get((path,) + col), base.get(col)) for col in columns)
+      + " |"
+    )
   if auto:
     lines += ["", "auto dispatch ran: " + ", ".join(f"{k} -> {v}" for k, v in auto.items())]
   fallback = []  # the block-wise fallback against jax.nn's xla path
@@ -1216,11 +1692,29 @@ def _pretrained_config():
   from attnjax import nn
 
   attention = nn.AttentionConfig(
-      num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=500000.0, implementation="blockwise",
-      rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
-  return nn.ModelConfig(vocab_size=2048, d_model=128, num_layers=2, attention=attention,
-                        mlp="swiglu", mlp_dim=344, norm_eps=1e-5, tie_embeddings=False)
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    rope_theta=500000.0,
+    implementation="blockwise",
+    rope_scaling={
+      "type": "llama3",
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192,
+    },
+  )
+  return nn.ModelConfig(
+    vocab_size=2048,
+    d_model=128,
+    num_layers=2,
+    attention=attention,
+    mlp="swiglu",
+    mlp_dim=344,
+    norm_eps=1e-5,
+    tie_embeddings=False,
+  )
 
 
 def _pretrained_child(T: int) -> None:
@@ -1246,16 +1740,34 @@ def _pretrained_child(T: int) -> None:
   before = _peak_rss_mib()
   compiled = jax.jit(run).lower(state, tokens).compile()
   m = compiled.memory_analysis()
-  xla = None if m is None else dict(args=m.argument_size_in_bytes, out=m.output_size_in_bytes,
-                                    temp=m.temp_size_in_bytes, alias=m.alias_size_in_bytes)
+  xla = (
+    None
+    if m is None
+    else dict(
+      args=m.argument_size_in_bytes,
+      out=m.output_size_in_bytes,
+      temp=m.temp_size_in_bytes,
+      alias=m.alias_size_in_bytes,
+    )
+  )
   block(compiled(state, tokens))
   t0 = time.perf_counter()
   sink, loss = compiled(state, tokens)
   block((sink, loss))
   seconds = time.perf_counter() - t0
-  print(json.dumps({"T": T, "xla": xla, "peak_rss_mib": _peak_rss_mib(), "before_mib": before,
-                    "seconds": seconds, "loss": float(loss),
-                    "params": int(sum(x.size for x in jax.tree.leaves(state)))}))
+  print(
+    json.dumps(
+      {
+        "T": T,
+        "xla": xla,
+        "peak_rss_mib": _peak_rss_mib(),
+        "before_mib": before,
+        "seconds": seconds,
+        "loss": float(loss),
+        "params": int(sum(x.size for x in jax.tree.leaves(state))),
+      }
+    )
+  )
 
 
 @suite("pretrained")
@@ -1269,19 +1781,27 @@ def pretrained_suite(args) -> Iterable[Case]:
   print(f"## pretrained\n\n{pretrained_suite.__doc__.strip()}\n")
   rows = []
   for T in lengths:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--pretrained-child",
-                          str(T)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), "--pretrained-child", str(T)],
+      capture_output=True,
+      text=True,
+      check=False,
+    )
     if out.returncode != 0:
       print(f"T={T}: failed: {out.stderr.strip().splitlines()[-1:]}\n")
       return []
     rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
   cfg = _pretrained_config()
   N, L = cfg.attention.num_heads, cfg.num_layers
-  print(f"model: d_model {cfg.d_model}, {L} layers, {N} heads ({cfg.attention.kv_heads} kv), "
-        f"head dim {cfg.attention.head_dim}, vocab {cfg.vocab_size}, {rows[0]['params']:,} "
-        f"params; batch 1\n")
-  print("| T | XLA buffers (MiB) | of which temporaries | peak RSS (MiB) | run s | "
-        "T x T pattern, one layer, this model (MiB) | all layers, Llama-3-8B (GiB) |")
+  print(
+    f"model: d_model {cfg.d_model}, {L} layers, {N} heads ({cfg.attention.kv_heads} kv), "
+    f"head dim {cfg.attention.head_dim}, vocab {cfg.vocab_size}, {rows[0]['params']:,} "
+    f"params; batch 1\n"
+  )
+  print(
+    "| T | XLA buffers (MiB) | of which temporaries | peak RSS (MiB) | run s | "
+    "T x T pattern, one layer, this model (MiB) | all layers, Llama-3-8B (GiB) |"
+  )
   print("|---:|---:|---:|---:|---:|---:|---:|")
   for r in rows:
     x = r["xla"] or {}
@@ -1289,17 +1809,21 @@ def pretrained_suite(args) -> Iterable[Case]:
     pattern = N * r["T"] ** 2 * 4 / 2**20  # float32 [1, N, T, T]
     llama8b = 32 * 32 * r["T"] ** 2 * 2 / 2**30  # bf16 [1, 32, T, T] x 32 layers
     r["xla_mib"] = total
-    print(f"| {r['T']} | {total:.1f} | {x.get('temp', 0) / 2**20:.1f} | "
-          f"{r['peak_rss_mib']:.0f} | {r['seconds']:.1f} | {pattern:,.0f} | {llama8b:,.0f} |")
+    print(
+      f"| {r['T']} | {total:.1f} | {x.get('temp', 0) / 2**20:.1f} | "
+      f"{r['peak_rss_mib']:.0f} | {r['seconds']:.1f} | {pattern:,.0f} | {llama8b:,.0f} |"
+    )
   if len(rows) >= 2:
     a, b = rows[0], rows[-1]
     grow = b["T"] / a["T"]
     xla_ratio = b["xla_mib"] / a["xla_mib"] if a["xla_mib"] else float("nan")
     rss_ratio = b["peak_rss_mib"] / a["peak_rss_mib"]
     verdict = "pass" if max(xla_ratio, rss_ratio) <= 4.6 * grow / 4 else "FAIL"
-    print(f"\nT x{grow:g}: XLA buffers x{xla_ratio:.2f}, peak RSS x{rss_ratio:.2f} "
-          f"(O(T): at most 4.6x for 4x the tokens: {verdict}); the T x T patterns grow "
-          f"x{grow ** 2:g}.\n")
+    print(
+      f"\nT x{grow:g}: XLA buffers x{xla_ratio:.2f}, peak RSS x{rss_ratio:.2f} "
+      f"(O(T): at most 4.6x for 4x the tokens: {verdict}); the T x T patterns grow "
+      f"x{grow**2:g}.\n"
+    )
   return []
 
 
@@ -1324,16 +1848,33 @@ def _memory_child(name: str) -> None:
   m = compiled.memory_analysis()
   xla = None
   if m is not None:  # XLA's own accounting: the call's buffers, without the process around it
-    xla = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-           - m.alias_size_in_bytes) / 2.0 ** 20
+    xla = (
+      m.argument_size_in_bytes
+      + m.output_size_in_bytes
+      + m.temp_size_in_bytes
+      - m.alias_size_in_bytes
+    ) / 2.0**20
   block(compiled(*args))
-  print(json.dumps({"case": name, "peak_rss_mib": _peak_rss_mib(), "before_run_mib": base,
-                    "after_compile_mib": after_compile, "xla_buffers_mib": xla}))
+  print(
+    json.dumps(
+      {
+        "case": name,
+        "peak_rss_mib": _peak_rss_mib(),
+        "before_run_mib": base,
+        "after_compile_mib": after_compile,
+        "xla_buffers_mib": xla,
+      }
+    )
+  )
 
 
 def measure_memory(name: str) -> dict:
-  out = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-child", name],
-                       capture_output=True, text=True, check=False)
+  out = subprocess.run(
+    [sys.executable, os.path.abspath(__file__), "--memory-child", name],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   if out.returncode != 0:
     return {"case": name, "error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -1364,7 +1905,7 @@ def time_group(cases: list, repeats: int) -> list:
   samples = {n: [] for n in live}
   for round_ in range(max(repeats, 1)):
     # The order rotates each round, so no row always runs first (or right after the baseline).
-    order = live[round_ % len(live):] + live[:round_ % len(live)] if live else []
+    order = live[round_ % len(live) :] + live[: round_ % len(live)] if live else []
     for n in order:
       if n not in samples:
         continue
@@ -1382,11 +1923,15 @@ def time_group(cases: list, repeats: int) -> list:
 
 def run_suites(names: list[str], args) -> list[dict]:
   rate = matmul_rate()
-  print(f"# attnjax benchmarks ({jax.default_backend()}, {jax.device_count()} device(s), "
-        f"jax {jax.__version__})\n")
+  print(
+    f"# attnjax benchmarks ({jax.default_backend()}, {jax.device_count()} device(s), "
+    f"jax {jax.__version__})\n"
+  )
   print(f"measured float32 matmul rate: {rate:.1f} GFLOP/s (2048^3, best of 5)\n")
-  print(f"Times are the best of {args.repeats} interleaved rounds per shape "
-        f"(median in brackets); ratios use the best times.\n")
+  print(
+    f"Times are the best of {args.repeats} interleaved rounds per shape "
+    f"(median in brackets); ratios use the best times.\n"
+  )
   results = []
   for name in names:
     rows = []
@@ -1398,12 +1943,26 @@ def run_suites(names: list[str], args) -> list[dict]:
         err = timed if isinstance(timed, str) else None
         t, t_med = (float("nan"), float("nan")) if err else timed
         gflops = case.flops / t / 1e9 if t == t else float("nan")
-        rows.append(dict(suite=case.suite, method=case.method, shape=case.shape,
-                         time_ms=t * 1e3, median_ms=t_med * 1e3, gflops=gflops,
-                         pct_matmul=100 * gflops / rate, baseline=case.baseline, error=err,
-                         tokens_per_s=case.tokens / t if case.tokens else None))
-        print(f"  {case.suite} {case.shape} {case.method}: "
-              f"{'%.2f ms' % (t * 1e3) if err is None else err}", file=sys.stderr, flush=True)
+        rows.append(
+          dict(
+            suite=case.suite,
+            method=case.method,
+            shape=case.shape,
+            time_ms=t * 1e3,
+            median_ms=t_med * 1e3,
+            gflops=gflops,
+            pct_matmul=100 * gflops / rate,
+            baseline=case.baseline,
+            error=err,
+            tokens_per_s=case.tokens / t if case.tokens else None,
+          )
+        )
+        print(
+          f"  {case.suite} {case.shape} {case.method}: "
+          f"{'%.2f ms' % (t * 1e3) if err is None else err}",
+          file=sys.stderr,
+          flush=True,
+        )
     if not rows:  # a suite that printed its own table (mesh)
       continue
     base = {r["shape"]: r["time_ms"] for r in rows if r["baseline"]}
@@ -1411,31 +1970,44 @@ def run_suites(names: list[str], args) -> list[dict]:
       r["ratio"] = r["time_ms"] / base[r["shape"]] if r["shape"] in base else float("nan")
     print(f"## {name}\n\n{_SUITES[name].__doc__.strip()}\n")
     tok = any(r["tokens_per_s"] for r in rows)
-    print("| shape | method | best (median) ms | GFLOP/s | % matmul | vs baseline |"
-          + (" tokens/s |" if tok else ""))
+    print(
+      "| shape | method | best (median) ms | GFLOP/s | % matmul | vs baseline |"
+      + (" tokens/s |" if tok else "")
+    )
     print("|---|---|---:|---:|---:|---:|" + ("---:|" if tok else ""))
     for r in rows:
       if r["error"]:
         print(f"| {r['shape']} | {r['method']} | {r['error']} | | | |" + (" |" if tok else ""))
         continue
-      print(f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} ({r['median_ms']:.2f}) | "
-            f"{r['gflops']:.1f} | "
-            f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |"
-            + (f" {r['tokens_per_s']:.0f} |" if tok else ""))
+      print(
+        f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} ({r['median_ms']:.2f}) | "
+        f"{r['gflops']:.1f} | "
+        f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |"
+        + (f" {r['tokens_per_s']:.0f} |" if tok else "")
+      )
     print()
     results.extend(rows)
   return results
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--suite", default=None,
-                 help="comma-separated suite names, or 'all' (the default, except that --memory "
-                      "alone runs only the memory cases)")
-  p.add_argument("--sizes", default=None, help="comma-separated sequence lengths (suite default if unset)")
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--suite",
+    default=None,
+    help="comma-separated suite names, or 'all' (the default, except that --memory "
+    "alone runs only the memory cases)",
+  )
+  p.add_argument(
+    "--sizes", default=None, help="comma-separated sequence lengths (suite default if unset)"
+  )
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--memory", action="store_true", help="also run the memory cases")
-  p.add_argument("--memory-filter", default="", help="run only memory cases whose name contains this")
+  p.add_argument(
+    "--memory-filter", default="", help="run only memory cases whose name contains this"
+  )
   p.add_argument("--json", default=None, help="write all rows to this JSON file")
   p.add_argument("--list", action="store_true")
   p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
@@ -1470,9 +2042,11 @@ def main(argv=None) -> None:
   memory = []
   if args.memory and _MEMORY:
     print("## memory (peak resident set of a fresh process)\n")
-    print("Peak RSS is the whole process: Python and JAX (~250 MiB), the inputs, what the\n"
-          "compiler leaves allocated, and the call. XLA buffers is XLA's own account of the\n"
-          "call: arguments + outputs + temporaries.\n")
+    print(
+      "Peak RSS is the whole process: Python and JAX (~250 MiB), the inputs, what the\n"
+      "compiler leaves allocated, and the call. XLA buffers is XLA's own account of the\n"
+      "call: arguments + outputs + temporaries.\n"
+    )
     print("| case | peak RSS (MiB) | after compile (MiB) | XLA buffers (MiB) |")
     print("|---|---:|---:|---:|")
     for name in _MEMORY:
@@ -1481,9 +2055,12 @@ def main(argv=None) -> None:
       m = measure_memory(name)
       memory.append(m)
       nan = float("nan")
-      print(f"| {name} | {m.get('peak_rss_mib', nan):.0f} | {m.get('after_compile_mib', nan):.0f} "
-            f"| {m.get('xla_buffers_mib') or nan:.0f} |" if "error" not in m
-            else f"| {name} | error: {m['error']} | | |")
+      print(
+        f"| {name} | {m.get('peak_rss_mib', nan):.0f} | {m.get('after_compile_mib', nan):.0f} "
+        f"| {m.get('xla_buffers_mib') or nan:.0f} |"
+        if "error" not in m
+        else f"| {name} | error: {m['error']} | | |"
+      )
     print()
   if args.json:
     tmp = args.json + ".tmp"

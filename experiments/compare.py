@@ -18,18 +18,21 @@ from attnjax.train import init_distributed
 
 
 def main(argv=None) -> str:
-  cfg, args = cli.parse(__doc__, "experiments/configs/compare.py:preset=cpu", argv,
-                        default_out="runs/compare")
+  cfg, args = cli.parse(
+    __doc__, "experiments/configs/compare.py:preset=cpu", argv, default_out="runs/compare"
+  )
   init_distributed()
   t0 = time.perf_counter()
   if not args.report_only:
-    arms = [sweep.arm(cfg, v, os.path.join(args.out, v), variant=v)
-            for v in cli.csv(cfg.sweep.variants)]
+    arms = [
+      sweep.arm(cfg, v, os.path.join(args.out, v), variant=v) for v in cli.csv(cfg.sweep.variants)
+    ]
     for a in arms:  # every arm's config is checked before any arm trains
       validate(a.config)
     sweep.run_sweep(arms, processes=args.processes)
-  markdown = report.write_report(args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})",
-                                 order=cli.csv(cfg.sweep.variants))
+  markdown = report.write_report(
+    args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})", order=cli.csv(cfg.sweep.variants)
+  )
   return cli.finish(args.out, markdown, t0, write=False)
 
 

@@ -23,14 +23,16 @@ import sys
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--T", type=int, default=65536)
   p.add_argument("--devices", type=int, default=8)
   p.add_argument("--strategies", default="ring,all_gather,all_to_all")
   args = p.parse_args(argv)
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + f" --xla_force_host_platform_device_count={args.devices}")
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+  )
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax  # after the device count is set
   import jax.numpy as jnp
@@ -46,33 +48,52 @@ def main(argv=None) -> None:
   def fwd_bwd(attn):
     def loss(q, k, v):
       return jnp.sum(attn(q, k, v).astype(jnp.float32) ** 2)
+
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
   def account(compiled) -> dict:
     m = compiled.memory_analysis()
     total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-    return {"mib": total / 2 ** 20, "temp_mib": m.temp_size_in_bytes / 2 ** 20}
+    return {"mib": total / 2**20, "temp_mib": m.temp_size_in_bytes / 2**20}
 
   def sharded(strategy, layout):
     def local(q, k, v):
-      return attnjax.dot_product_attention(q, k, v, is_causal=True, context_axis="context",
-                                           context_strategy=strategy, context_layout=layout)
+      return attnjax.dot_product_attention(
+        q,
+        k,
+        v,
+        is_causal=True,
+        context_axis="context",
+        context_strategy=strategy,
+        context_layout=layout,
+      )
+
     spec = P(None, "context")
     return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)
 
-  single = fwd_bwd(lambda q, k, v: attnjax.dot_product_attention(
-      q, k, v, is_causal=True, implementation="blockwise"))
+  single = fwd_bwd(
+    lambda q, k, v: attnjax.dot_product_attention(
+      q, k, v, is_causal=True, implementation="blockwise"
+    )
+  )
   with jax.default_device(jax.devices()[0]):
     base = account(single.lower(x, x, x).compile())
-  print(f"## context parallelism: causal fwd+bwd, B={B}, T={T}, N={N}, H={H}, fp32, "
-        f"{Pn} host devices\n")
-  print("XLA buffers: one device's arguments + outputs + temporaries "
-        "(compiled.memory_analysis()); ratio: over the single-device block-wise call.\n")
-  print("| strategy | layout | XLA buffers / device (MiB) | temporaries (MiB) | ratio | "
-        "tiles per device (min..max) | bytes sent per ring step (fwd) | ideal |")
+  print(
+    f"## context parallelism: causal fwd+bwd, B={B}, T={T}, N={N}, H={H}, fp32, {Pn} host devices\n"
+  )
+  print(
+    "XLA buffers: one device's arguments + outputs + temporaries "
+    "(compiled.memory_analysis()); ratio: over the single-device block-wise call.\n"
+  )
+  print(
+    "| strategy | layout | XLA buffers / device (MiB) | temporaries (MiB) | ratio | "
+    "tiles per device (min..max) | bytes sent per ring step (fwd) | ideal |"
+  )
   print("|---|---|---:|---:|---:|---|---:|---:|")
-  print(f"| single device blockwise | - | {base['mib']:.0f} | {base['temp_mib']:.0f} | 1.00 | "
-        f"- | - | - |")
+  print(
+    f"| single device blockwise | - | {base['mib']:.0f} | {base['temp_mib']:.0f} | 1.00 | "
+    f"- | - | - |"
+  )
   T_l = T // Pn
   ideal = 2 * B * T_l * N * H * 4  # this device's k and v shards (K = N here)
   for strategy in args.strategies.split(","):
@@ -86,8 +107,11 @@ def main(argv=None) -> None:
         per = [plan.tiles(p) for p in range(Pn)]
         tiles = f"{min(per)}..{max(per)}"
         text = compiled.as_text()
-        fwd = [line for line in text.splitlines() if " collective-permute(" in line
-               and "transpose(" not in line]
+        fwd = [
+          line
+          for line in text.splitlines()
+          if " collective-permute(" in line and "transpose(" not in line
+        ]
         sent_bytes = 0
         for line in fwd:
           shape = re.search(r"= (\w+)\[([\d,]*)\]", line)
@@ -95,10 +119,13 @@ def main(argv=None) -> None:
           for d in filter(None, shape.group(2).split(",")):
             size *= int(d)
           sent_bytes += size
-        sent = f"{sent_bytes / 2 ** 20:.1f} MiB"
-      print(f"| {strategy} | {layout} | {acc['mib']:.0f} | {acc['temp_mib']:.0f} | "
-            f"{acc['mib'] / base['mib']:.3f} | {tiles} | {sent} | "
-            f"{ideal / 2 ** 20:.1f} MiB |", flush=True)
+        sent = f"{sent_bytes / 2**20:.1f} MiB"
+      print(
+        f"| {strategy} | {layout} | {acc['mib']:.0f} | {acc['temp_mib']:.0f} | "
+        f"{acc['mib'] / base['mib']:.3f} | {tiles} | {sent} | "
+        f"{ideal / 2**20:.1f} MiB |",
+        flush=True,
+      )
   print()
 
 

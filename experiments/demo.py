@@ -17,9 +17,9 @@ import attnjax
 
 
 def worked_example() -> None:
-  q = jnp.array([[[[1.0, 2.0]]]])              # [B=1, T=1, N=1, H=2]
+  q = jnp.array([[[[1.0, 2.0]]]])  # [B=1, T=1, N=1, H=2]
   k = jnp.array([[[[1.0, 0.0]], [[0.0, 1.0]]]])  # [B=1, S=2, K=1, H=2]
-  v = jnp.eye(2)[None, :, None, :]               # values = one-hot, so out = weights
+  v = jnp.eye(2)[None, :, None, :]  # values = one-hot, so out = weights
   out, stats = attnjax.dot_product_attention(q, k, v, return_stats=True)
   logits = (q[0, 0, 0] @ k[0, :, 0].T) / jnp.sqrt(2.0)
   print("1. worked example q=(1,2), k1=(1,0), k2=(0,1), d_k=2")
@@ -40,14 +40,21 @@ def normalizer_table() -> None:
   variants.append(("softmax + sink -1.0", {"sink_logits": jnp.full((N,), -1.0)}))
   for name, kw in variants:
     _, s = attnjax.dot_product_attention(q, k, v, is_causal=True, return_stats=True, **kw)
-    print(f"   {name:<22}{float(s.sink_mass.mean()):>10.3f}{float(s.entropy.mean()):>9.3f}"
-          f"{float(s.max_logit.max()):>10.2f}{float(s.row_sum.mean()):>9.3f}")
-  _, s = attnjax.cosine_attention(q, k, v, temperature=jnp.full((N,), jnp.log(10.0)),
-                                  is_causal=True, return_stats=True)
-  print(f"   {'cosine (swin, tau=10)':<22}{float(s.sink_mass.mean()):>10.3f}"
-        f"{float(s.entropy.mean()):>9.3f}{float(s.max_logit.max()):>10.2f}"
-        f"{float(s.row_sum.mean()):>9.3f}")
-  print(f"   uniform causal attention has entropy {float(jnp.mean(jnp.log(jnp.arange(1, T + 1)))):.3f}\n")
+    print(
+      f"   {name:<22}{float(s.sink_mass.mean()):>10.3f}{float(s.entropy.mean()):>9.3f}"
+      f"{float(s.max_logit.max()):>10.2f}{float(s.row_sum.mean()):>9.3f}"
+    )
+  _, s = attnjax.cosine_attention(
+    q, k, v, temperature=jnp.full((N,), jnp.log(10.0)), is_causal=True, return_stats=True
+  )
+  print(
+    f"   {'cosine (swin, tau=10)':<22}{float(s.sink_mass.mean()):>10.3f}"
+    f"{float(s.entropy.mean()):>9.3f}{float(s.max_logit.max()):>10.2f}"
+    f"{float(s.row_sum.mean()):>9.3f}"
+  )
+  print(
+    f"   uniform causal attention has entropy {float(jnp.mean(jnp.log(jnp.arange(1, T + 1)))):.3f}\n"
+  )
 
 
 def scaling_table() -> None:
@@ -58,16 +65,22 @@ def scaling_table() -> None:
     q = jax.random.normal(kq, (256, d))
     k = jax.random.normal(kk, (256, d))
     dots = q @ k.T
-    print(f"   {d:>6}{float(jnp.var(dots)):>12.1f}{float(jnp.abs(dots).max()):>12.1f}"
-          f"{float(jnp.abs(dots).max() / jnp.sqrt(d)):>20.2f}")
+    print(
+      f"   {d:>6}{float(jnp.var(dots)):>12.1f}{float(jnp.abs(dots).max()):>12.1f}"
+      f"{float(jnp.abs(dots).max() / jnp.sqrt(d)):>20.2f}"
+    )
   print()
 
 
 def parity() -> None:
-  q, k, v = (jax.random.normal(key, (2, 128, 8, 64)) for key in jax.random.split(jax.random.key(1), 3))
+  q, k, v = (
+    jax.random.normal(key, (2, 128, 8, 64)) for key in jax.random.split(jax.random.key(1), 3)
+  )
   ours = attnjax.dot_product_attention(q, k[:, :, :2], v[:, :, :2], is_causal=True)
   ref = jax.nn.dot_product_attention(q, k[:, :, :2], v[:, :, :2], is_causal=True)
-  print(f"4. max |attnjax - jax.nn| (causal, GQA 8/2, fp32): {float(jnp.abs(ours - ref).max()):.2e}")
+  print(
+    f"4. max |attnjax - jax.nn| (causal, GQA 8/2, fp32): {float(jnp.abs(ours - ref).max()):.2e}"
+  )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,14 @@ def parse(argv=None):
   p.prog = "device_check.py"
   p.description = __doc__
   p.add_argument("--steps", type=int, default=50, help="training steps per variant (section 6)")
-  p.add_argument("--peak-tflops", type=float, default=None,
-                 help="the device's dense bf16 peak for the MFU (default: by its device kind, "
-                      "attnjax.train.mfu.PEAK_BF16_FLOPS: H100/H200 SXM 989, TPU v5e 197, "
-                      "v6e 918)")
+  p.add_argument(
+    "--peak-tflops",
+    type=float,
+    default=None,
+    help="the device's dense bf16 peak for the MFU (default: by its device kind, "
+    "attnjax.train.mfu.PEAK_BF16_FLOPS: H100/H200 SXM 989, TPU v5e 197, "
+    "v6e 918)",
+  )
   return p.parse_args(argv)
 
 
@@ -48,6 +52,7 @@ def training_mfu(r: check.Report, args) -> None:
   from attnjax.train import make_optimizer, mfu
   from attnjax.train.config import apply_preset, base_config
   from attnjax.train import build_model, count_params, flops_per_token, make_train_step
+
   r.add("")
   r.add(f"## 6. {args.platform} preset: {args.steps} training steps, random tokens")
   r.add("")
@@ -60,10 +65,18 @@ def training_mfu(r: check.Report, args) -> None:
     model = build_model(cfg, 256, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(cfg)
-    state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
-             "initial_loss": jnp.full((), jnp.nan, jnp.float32)}
-    step = jax.jit(make_train_step(graphdef, opt, stats=cfg.train.step_stats,
-                                   microbatches=cfg.train.microbatches), donate_argnums=(0,))
+    state = {
+      "params": params,
+      "opt_state": opt.init(params),
+      "step": jnp.zeros((), jnp.int32),
+      "initial_loss": jnp.full((), jnp.nan, jnp.float32),
+    }
+    step = jax.jit(
+      make_train_step(
+        graphdef, opt, stats=cfg.train.step_stats, microbatches=cfg.train.microbatches
+      ),
+      donate_argnums=(0,),
+    )
     B, T = cfg.data.batch_size, cfg.data.seq_len
     tokens = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
     state, metrics = step(state, rest, tokens, tokens)  # compile
@@ -75,11 +88,12 @@ def training_mfu(r: check.Report, args) -> None:
     dt = (time.perf_counter() - t0) / args.steps
     n = count_params(state["params"])
     tps = B * T / dt
-    u = mfu.utilisation(flops_per_token(cfg, n), tps, jax.devices()[:1],
-                        peak_flops_per_device=peak)
+    u = mfu.utilisation(flops_per_token(cfg, n), tps, jax.devices()[:1], peak_flops_per_device=peak)
     used = "-" if u["mfu"] is None else f"{100 * u['mfu']:.1f}%"
-    r.add(f"| {variant} | {n / 1e6:.1f}M | {dt * 1e3:.1f} | {tps:,.0f} | "
-          f"{u['model_flops_per_s'] / 1e12:.1f} | {used} |")
+    r.add(
+      f"| {variant} | {n / 1e6:.1f}M | {dt * 1e3:.1f} | {tps:,.0f} | "
+      f"{u['model_flops_per_s'] / 1e12:.1f} | {used} |"
+    )
 
 
 def main(argv=None) -> int:

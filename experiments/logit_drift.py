@@ -28,25 +28,30 @@ def parse_arms(text: str) -> list[tuple[str, float, float]]:
 
 
 def main(argv=None) -> str:
-  cfg, args = cli.parse(__doc__, "experiments/configs/logit_drift.py:preset=cpu", argv,
-                        default_out="runs/logit_drift")
+  cfg, args = cli.parse(
+    __doc__, "experiments/configs/logit_drift.py:preset=cpu", argv, default_out="runs/logit_drift"
+  )
   init_distributed()
   t0 = time.perf_counter()
   if not args.report_only:
     arms = []
     for name, z, wd in parse_arms(cfg.sweep.arms):
-      a = sweep.arm(cfg, name, os.path.join(args.out, name),
-                    **{"opt.z_loss": z, "opt.weight_decay": wd})
+      a = sweep.arm(
+        cfg, name, os.path.join(args.out, name), **{"opt.z_loss": z, "opt.weight_decay": wd}
+      )
       validate(a.config)
       arms.append(a)
     sweep.run_sweep(arms, processes=args.processes)
   columns = report.COLUMNS[:5] + (("log_z", "mean log Z (last step)"),) + report.COLUMNS[5:]
   rows = [report.row_of(r, args.out) for r in report.find_runs(args.out)]
-  extra = ("## Drift\n\nMean log Z of the output logits at the last step, per arm "
-           "(z-loss pulls it to 0; see plots/log_z.png for the trajectory):\n\n"
-           + report.markdown_table(rows, columns=columns))
-  markdown = report.write_report(args.out, title=f"logit_drift ({cfg.preset}, lr={cfg.opt.lr:g})",
-                                 extra=extra)
+  extra = (
+    "## Drift\n\nMean log Z of the output logits at the last step, per arm "
+    "(z-loss pulls it to 0; see plots/log_z.png for the trajectory):\n\n"
+    + report.markdown_table(rows, columns=columns)
+  )
+  markdown = report.write_report(
+    args.out, title=f"logit_drift ({cfg.preset}, lr={cfg.opt.lr:g})", extra=extra
+  )
   return cli.finish(args.out, markdown, t0, write=False)
 
 

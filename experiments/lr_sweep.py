@@ -18,16 +18,22 @@ from attnjax.train import init_distributed
 
 
 def main(argv=None) -> str:
-  cfg, args = cli.parse(__doc__, "experiments/configs/lr_sweep.py:preset=cpu", argv,
-                        default_out="runs/lr_sweep")
+  cfg, args = cli.parse(
+    __doc__, "experiments/configs/lr_sweep.py:preset=cpu", argv, default_out="runs/lr_sweep"
+  )
   init_distributed()
   t0 = time.perf_counter()
   if not args.report_only:
     arms = []
     for v in cli.csv(cfg.sweep.variants):
       for lr in cli.csv(cfg.sweep.lrs):
-        a = sweep.arm(cfg, f"{v} lr={float(lr):g}", os.path.join(args.out, v, f"lr={float(lr):g}"),
-                      variant=v, **{"opt.lr": float(lr)})
+        a = sweep.arm(
+          cfg,
+          f"{v} lr={float(lr):g}",
+          os.path.join(args.out, v, f"lr={float(lr):g}"),
+          variant=v,
+          **{"opt.lr": float(lr)},
+        )
         validate(a.config)
         arms.append(a)
     sweep.run_sweep(arms, processes=args.processes)

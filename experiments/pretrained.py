@@ -43,8 +43,10 @@ from attnjax.train.plots import save_figure, subplots
 from attnjax.train.report import significant
 
 # Beside this script, so that it runs from any working directory.
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
-                              "pretrained.py") + ":preset=cpu"
+DEFAULT_CONFIG = (
+  os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "pretrained.py")
+  + ":preset=cpu"
+)
 
 
 def parse(argv=None):
@@ -109,8 +111,10 @@ def read_tokens(cfg, checkpoint: models.Checkpoint) -> np.ndarray:
     raise ValueError(f"--text {path!r}: token ids must be integers, got {ids.dtype}")
   vocab = checkpoint.config.get("vocab_size") or checkpoint.config.get("n_vocab")
   if vocab and ids.size and (ids.min() < 0 or ids.max() >= vocab):
-    raise ValueError(f"--text {path!r}: token ids span [{ids.min()}, {ids.max()}], outside the "
-                     f"model's vocabulary of {vocab}")
+    raise ValueError(
+      f"--text {path!r}: token ids span [{ids.min()}, {ids.max()}], outside the "
+      f"model's vocabulary of {vocab}"
+    )
   return ids.astype(np.int64)
 
 
@@ -128,7 +132,7 @@ def sequences(ids: np.ndarray, cfg, bos) -> tuple[np.ndarray, np.ndarray]:
       n, T = 1, len(ids)
     if T < 1:
       raise ValueError("--text gives no tokens")
-    chunks = np.asarray(ids[:n * T], np.int32).reshape(n, T)
+    chunks = np.asarray(ids[: n * T], np.int32).reshape(n, T)
     inputs = np.concatenate([np.full((n, 1), int(bos), np.int32), chunks[:, :-1]], axis=1)
     return inputs, chunks
   n = min(int(cfg.num_sequences), (len(ids) - 1) // T)
@@ -137,7 +141,7 @@ def sequences(ids: np.ndarray, cfg, bos) -> tuple[np.ndarray, np.ndarray]:
   if T < 1:
     raise ValueError(f"--text gives {len(ids)} token(s): too few for one prediction")
   ids = np.asarray(ids, np.int32)
-  return ids[:n * T].reshape(n, T), ids[1:n * T + 1].reshape(n, T)
+  return ids[: n * T].reshape(n, T), ids[1 : n * T + 1].reshape(n, T)
 
 
 # ---------------------------------------------------------------------------
@@ -148,17 +152,24 @@ def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cf
   """Every statistic of the report over the sequences (one forward each), as lists/floats."""
   per_seq, nll = [], []
   for b in range(inputs.shape[0]):
-    out = nn.layer_stats(model, jnp.asarray(inputs[b:b + 1]), view="streaming")
+    out = nn.layer_stats(model, jnp.asarray(inputs[b : b + 1]), view="streaming")
     features, layers = out["features"], out["layers"]
-    nll.append(np.asarray(probe.token_nll(model, features, jnp.asarray(targets[b:b + 1]),
-                                          chunk=int(cfg.loss_chunk))))
+    nll.append(
+      np.asarray(
+        probe.token_nll(model, features, jnp.asarray(targets[b : b + 1]), chunk=int(cfg.loss_chunk))
+      )
+    )
     per_seq.append(jax.tree.map(np.asarray, layers))
   L = len(per_seq[0])
   # Every field over the sequences: [L, B, ...] (each sequence's fields have batch 1).
-  cat = {k: np.stack([np.concatenate([seq[l][k] for seq in per_seq]) for l in range(L)])
-         for k in per_seq[0][0]}
-  layer_stats = [AttentionStats(**{f: jnp.asarray(cat[f][l]) for f in AttentionStats._fields
-                                   if f in cat}) for l in range(L)]
+  cat = {
+    k: np.stack([np.concatenate([seq[l][k] for seq in per_seq]) for l in range(L)])
+    for k in per_seq[0][0]
+  }
+  layer_stats = [
+    AttentionStats(**{f: jnp.asarray(cat[f][l]) for f in AttentionStats._fields if f in cat})
+    for l in range(L)
+  ]
   eps = [float(e) for e in cli.csv(cfg.sink_eps)]
   rates = [stats.sink_rate(layer_stats, eps=e) for e in eps]
   importance = np.asarray(stats.sink_rate(layer_stats, eps=0.3).importance)  # [L, B, N]
@@ -166,20 +177,24 @@ def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cf
   token_nll = np.concatenate(nll, axis=0)
   max_abs, median = cat["hidden_max_abs"], cat["hidden_median_abs"]  # [L, B]
   return {
-      "tokens": int(inputs.shape[1]), "sequences": int(inputs.shape[0]),
-      "perplexity": float(math.exp(float(token_nll.mean()))), "nll": float(token_nll.mean()),
-      "sink_eps": eps, "sink_curve": [float(r.rate) for r in rates],
-      "sink_curve_per_layer": [np.asarray(r.per_layer).tolist() for r in rates],  # [eps][L]
-      "alpha_1": importance.mean(axis=1).tolist(),                        # [L, N]
-      "first_token_weight": np.asarray(f_attn.per_head).tolist(),         # [L, N]
-      "f_attn": float(f_attn.f_attn), "f_attn_per_layer": np.asarray(f_attn.per_layer).tolist(),
-      "null_mass": (1.0 - cat["row_sum"]).mean(axis=1).tolist(),         # [L, N]
-      "entropy": cat["entropy"].mean(axis=1).tolist(),                    # [L, N]
-      "max_logit": cat["max_logit"].max(axis=1).tolist(),                 # [L, N]
-      "value_drain": cat["value_drain"].mean(axis=1).tolist(),            # [L, K]
-      "hidden_max_abs": max_abs.max(axis=1).tolist(),                     # [L]
-      "hidden_max_over_median": (max_abs / np.maximum(median, 1e-30)).max(axis=1).tolist(),
-      "m_act": float(max_abs.max(axis=1).mean()),
+    "tokens": int(inputs.shape[1]),
+    "sequences": int(inputs.shape[0]),
+    "perplexity": float(math.exp(float(token_nll.mean()))),
+    "nll": float(token_nll.mean()),
+    "sink_eps": eps,
+    "sink_curve": [float(r.rate) for r in rates],
+    "sink_curve_per_layer": [np.asarray(r.per_layer).tolist() for r in rates],  # [eps][L]
+    "alpha_1": importance.mean(axis=1).tolist(),  # [L, N]
+    "first_token_weight": np.asarray(f_attn.per_head).tolist(),  # [L, N]
+    "f_attn": float(f_attn.f_attn),
+    "f_attn_per_layer": np.asarray(f_attn.per_layer).tolist(),
+    "null_mass": (1.0 - cat["row_sum"]).mean(axis=1).tolist(),  # [L, N]
+    "entropy": cat["entropy"].mean(axis=1).tolist(),  # [L, N]
+    "max_logit": cat["max_logit"].max(axis=1).tolist(),  # [L, N]
+    "value_drain": cat["value_drain"].mean(axis=1).tolist(),  # [L, K]
+    "hidden_max_abs": max_abs.max(axis=1).tolist(),  # [L]
+    "hidden_max_over_median": (max_abs / np.maximum(median, 1e-30)).max(axis=1).tolist(),
+    "m_act": float(max_abs.max(axis=1).mean()),
   }
 
 
@@ -196,20 +211,28 @@ def plots(results: dict, out_dir: str) -> list[str]:
   fig, ax = subplots(figsize=(6, 4))
   ax.plot(results["sink_eps"], results["sink_curve"], "o-", lw=1.2, label="all layers")
   for l, _ in enumerate(results["alpha_1"]):
-    ax.plot(results["sink_eps"], [c[l] for c in results["sink_curve_per_layer"]], lw=0.6,
-            alpha=0.6)
-  ax.set(xlabel="eps", ylabel="Sink_1^eps (% of heads x sequences)", ylim=(-3, 103),
-         title=f"Sink_1^eps (thin: each layer), T = {results['tokens']}")
+    ax.plot(results["sink_eps"], [c[l] for c in results["sink_curve_per_layer"]], lw=0.6, alpha=0.6)
+  ax.set(
+    xlabel="eps",
+    ylabel="Sink_1^eps (% of heads x sequences)",
+    ylim=(-3, 103),
+    title=f"Sink_1^eps (thin: each layer), T = {results['tokens']}",
+  )
   ax.legend(fontsize=7)
   paths.append(os.path.join(out_dir, "sink_curve.png"))
   save_figure(fig, paths[-1])
-  for name, key, label in (("first_token", "first_token_weight", "first-token weight"),
-                           ("value_drain", "value_drain", "||v_1|| / mean ||v_j>1||")):
+  for name, key, label in (
+    ("first_token", "first_token_weight", "first-token weight"),
+    ("value_drain", "value_drain", "||v_1|| / mean ||v_j>1||"),
+  ):
     a = np.asarray(results[key])
     fig, ax = subplots(figsize=(2 + 0.35 * a.shape[1], 1.5 + 0.3 * a.shape[0]))
     heatmap(fig, ax, a, label)
-    ax.set(xlabel="head" if key == "first_token_weight" else "key/value head", ylabel="layer",
-           title=label)
+    ax.set(
+      xlabel="head" if key == "first_token_weight" else "key/value head",
+      ylabel="layer",
+      title=label,
+    )
     paths.append(os.path.join(out_dir, f"{name}.png"))
     save_figure(fig, paths[-1])
   fig, ax = subplots(figsize=(6, 3.5))
@@ -236,39 +259,46 @@ def heatmap(fig, ax, a: np.ndarray, label: str):
 def report(results: dict, cfg, model_type: str, plot_paths: list, out: str) -> str:
   L = len(results["alpha_1"])
   lines = [
-      f"# attention sinks of {os.path.basename(os.path.normpath(cfg.model))} ({model_type})\n",
-      f"{results['sequences']} sequence(s) of T = {results['tokens']} tokens of "
-      f"`{os.path.basename(cfg.text)}`; attention options {attention_options(cfg)}. "
-      f"Statistics from the fused attention pass (no T x T weights).\n",
-      f"- perplexity: **{results['perplexity']:.3f}** (mean NLL {results['nll']:.4f} nats)",
-      f"- F-Attn (mean first-token weight, queries i >= 2): **{results['f_attn']:.3f}**",
-      f"- Sink_1^0.3: **{_curve_at(results, 0.3)}** % of heads x sequences",
-      f"- M-Act (mean over layers of max |hidden|): **{results['m_act']:.1f}**\n",
-      "## Sink_1^eps against eps (% of heads x sequences)\n",
-      "| eps | " + " | ".join(f"{e:g}" for e in results["sink_eps"]) + " |",
-      "|---|" + "---:|" * len(results["sink_eps"]),
-      "| all | " + " | ".join(f"{c:.0f}" for c in results["sink_curve"]) + " |",
+    f"# attention sinks of {os.path.basename(os.path.normpath(cfg.model))} ({model_type})\n",
+    f"{results['sequences']} sequence(s) of T = {results['tokens']} tokens of "
+    f"`{os.path.basename(cfg.text)}`; attention options {attention_options(cfg)}. "
+    f"Statistics from the fused attention pass (no T x T weights).\n",
+    f"- perplexity: **{results['perplexity']:.3f}** (mean NLL {results['nll']:.4f} nats)",
+    f"- F-Attn (mean first-token weight, queries i >= 2): **{results['f_attn']:.3f}**",
+    f"- Sink_1^0.3: **{_curve_at(results, 0.3)}** % of heads x sequences",
+    f"- M-Act (mean over layers of max |hidden|): **{results['m_act']:.1f}**\n",
+    "## Sink_1^eps against eps (% of heads x sequences)\n",
+    "| eps | " + " | ".join(f"{e:g}" for e in results["sink_eps"]) + " |",
+    "|---|" + "---:|" * len(results["sink_eps"]),
+    "| all | " + " | ".join(f"{c:.0f}" for c in results["sink_curve"]) + " |",
   ]
   for l in range(L):
-    lines.append(f"| layer {l} | " + " | ".join(f"{c[l]:.0f}"
-                                                 for c in results["sink_curve_per_layer"]) + " |")
-  lines += ["\n## Per layer and head\n",
-            "alpha_1: the first token's importance (Gu et al.); first-token weight: mean over "
-            "queries i >= 2 (F-Attn per head, rows renormalised); null mass: weight sent to "
-            "sink logits (gpt-oss; 0 otherwise); value drain per key/value head (< 1: the "
-            "first token's value is small); max / median |hidden| of the block's output.\n",
-            "| layer | F-Attn | alpha_1 per head | first-token weight per head | null mass per "
-            "head | value drain per kv head | max abs hidden | max / median |",
-            "|---:|---:|---|---|---|---|---:|---:|"]
+    lines.append(
+      f"| layer {l} | " + " | ".join(f"{c[l]:.0f}" for c in results["sink_curve_per_layer"]) + " |"
+    )
+  lines += [
+    "\n## Per layer and head\n",
+    "alpha_1: the first token's importance (Gu et al.); first-token weight: mean over "
+    "queries i >= 2 (F-Attn per head, rows renormalised); null mass: weight sent to "
+    "sink logits (gpt-oss; 0 otherwise); value drain per key/value head (< 1: the "
+    "first token's value is small); max / median |hidden| of the block's output.\n",
+    "| layer | F-Attn | alpha_1 per head | first-token weight per head | null mass per "
+    "head | value drain per kv head | max abs hidden | max / median |",
+    "|---:|---:|---|---|---|---|---:|---:|",
+  ]
   for l in range(L):
     lines.append(
-        f"| {l} | {results['f_attn_per_layer'][l]:.3f} | {_row(results['alpha_1'][l])} | "
-        f"{_row(results['first_token_weight'][l])} | "
-        f"{' '.join(significant(x) for x in results['null_mass'][l])} | "
-        f"{_row(results['value_drain'][l])} | {results['hidden_max_abs'][l]:.1f} | "
-        f"{results['hidden_max_over_median'][l]:.0f} |")
-  lines.append("\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, out)})"
-                                for p in plot_paths) + "\n")
+      f"| {l} | {results['f_attn_per_layer'][l]:.3f} | {_row(results['alpha_1'][l])} | "
+      f"{_row(results['first_token_weight'][l])} | "
+      f"{' '.join(significant(x) for x in results['null_mass'][l])} | "
+      f"{_row(results['value_drain'][l])} | {results['hidden_max_abs'][l]:.1f} | "
+      f"{results['hidden_max_over_median'][l]:.0f} |"
+    )
+  lines.append(
+    "\n"
+    + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, out)})" for p in plot_paths)
+    + "\n"
+  )
   return "\n".join(lines)
 
 
@@ -289,15 +319,21 @@ def main(argv=None) -> str:
     ids = read_tokens(cfg, checkpoint)
   except (models.CheckpointError, FileNotFoundError, ImportError, ValueError) as e:
     raise SystemExit(f"pretrained.py: error: {e}") from None
-  model = models.from_pretrained(cfg.model, dtype=cfg.dtype or None,
-                                 attention=attention_options(cfg))
+  model = models.from_pretrained(
+    cfg.model, dtype=cfg.dtype or None, attention=attention_options(cfg)
+  )
   bos = checkpoint.config.get("bos_token_id")
   inputs, targets = sequences(ids, cfg, bos if isinstance(bos, int) else None)
   results = measure(model, inputs, targets, cfg)
   out = args.out
-  rundir.write_json(os.path.join(out, "config.json"),
-                    {"experiment": cfg.to_dict(), "model_config": model.config.to_dict(),
-                     "model_type": checkpoint.config.get("model_type")})
+  rundir.write_json(
+    os.path.join(out, "config.json"),
+    {
+      "experiment": cfg.to_dict(),
+      "model_config": model.config.to_dict(),
+      "model_type": checkpoint.config.get("model_type"),
+    },
+  )
   rundir.write_json(os.path.join(out, "results.json"), results)
   paths = plots(results, os.path.join(out, "plots"))
   markdown = report(results, cfg, checkpoint.config.get("model_type"), paths, out)

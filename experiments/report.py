@@ -15,11 +15,16 @@ from attnjax.train import report
 
 
 def main(argv=None) -> str:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("root", help="folder holding run directories (any depth)")
   p.add_argument("--title", default=None)
-  p.add_argument("--lr-sweep", action="store_true",
-                 help="also the LR-sensitivity table and loss-vs-LR / max-logit plots")
+  p.add_argument(
+    "--lr-sweep",
+    action="store_true",
+    help="also the LR-sensitivity table and loss-vs-LR / max-logit plots",
+  )
   args = p.parse_args(argv)
   if not os.path.isdir(args.root):
     p.error(f"{args.root!r} is not a folder")

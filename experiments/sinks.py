@@ -45,15 +45,27 @@ def build_arms(cfg, out: str) -> list[sweep.Arm]:
   arms = []
   for d in cli.csv(cfg.sweep.datasets):
     for v in cli.csv(cfg.sweep.variants):
-      arms.append(sweep.arm(cfg, f"{d}/{v}", os.path.join(out, d, v), variant=v,
-                            **{"data.name": d}))
-    extra = [(f"dense_seed{int(s)}", {"seed": int(s)})
-             for s in cli.csv(cfg.sweep.get("dense_seeds", ""))]
-    extra += [(f"dense_lr{float(lr):g}", {"opt.lr": float(lr)})
-              for lr in cli.csv(cfg.sweep.get("dense_lrs", ""))]
+      arms.append(
+        sweep.arm(cfg, f"{d}/{v}", os.path.join(out, d, v), variant=v, **{"data.name": d})
+      )
+    extra = [
+      (f"dense_seed{int(s)}", {"seed": int(s)}) for s in cli.csv(cfg.sweep.get("dense_seeds", ""))
+    ]
+    extra += [
+      (f"dense_lr{float(lr):g}", {"opt.lr": float(lr)})
+      for lr in cli.csv(cfg.sweep.get("dense_lrs", ""))
+    ]
     for name, changes in extra:
-      arms.append(sweep.arm(cfg, f"{d}/{name}", os.path.join(out, d, name), variant="dense",
-                            **{"data.name": d}, **changes))
+      arms.append(
+        sweep.arm(
+          cfg,
+          f"{d}/{name}",
+          os.path.join(out, d, name),
+          variant="dense",
+          **{"data.name": d},
+          **changes,
+        )
+      )
   for a in arms:
     validate(a.config)
   return arms
@@ -104,10 +116,16 @@ def save_attention_maps(run_path: str) -> Optional[str]:
     return np.where(m, first, 0).sum(axis=(1, 3)) / np.maximum(m.sum(axis=(1, 3)), 1)
 
   tmp = path + ".tmp.npz"
-  np.savez_compressed(tmp, weights=w.mean(axis=1), step=step, tokens=tokens,
-                      bos_nontrigger=masked(~sel), bos_trigger=masked(sel),
-                      f_attn_raw=raw[:, :, :, 1:, 0].mean(axis=(1, 3)),
-                      trigger_fraction=float(trigger[:, 1:].mean()))
+  np.savez_compressed(
+    tmp,
+    weights=w.mean(axis=1),
+    step=step,
+    tokens=tokens,
+    bos_nontrigger=masked(~sel),
+    bos_trigger=masked(sel),
+    f_attn_raw=raw[:, :, :, 1:, 0].mean(axis=(1, 3)),
+    trigger_fraction=float(trigger[:, 1:].mean()),
+  )
   os.replace(tmp, path)
   return path
 
@@ -137,8 +155,9 @@ def formed(probe: dict, *, f_min: float = 0.5, rate_min: float = 50.0) -> bool:
   """
   f = probe.get("f_attn/per_layer") or []
   s = probe.get("sink_rate/per_layer") or []
-  return any(fl is not None and sl is not None and fl >= f_min and sl >= rate_min
-             for fl, sl in zip(f, s))
+  return any(
+    fl is not None and sl is not None and fl >= f_min and sl >= rate_min for fl, sl in zip(f, s)
+  )
 
 
 def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
@@ -147,65 +166,87 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
 
   names = [os.path.relpath(r, root) for r in runs]
   last = {n: (_probes(r) or [{}])[-1] for n, r in zip(names, runs)}
-  out = ["## Per layer and per head (last probe)\n",
-         "F-Attn (Qiu et al.) and Sink_1^0.3 (Gu et al., % of heads x probe sequences) per layer, "
-         "F-Attn per head "
-         "([layer][head]); *formed*: some layer has F-Attn >= 0.5 and Sink_1^0.3 >= 50%.\n",
-         "| arm | F-Attn per layer | Sink_1^0.3 per layer (%) | F-Attn per head | formed |",
-         "|---|---|---|---|---|"]
+  out = [
+    "## Per layer and per head (last probe)\n",
+    "F-Attn (Qiu et al.) and Sink_1^0.3 (Gu et al., % of heads x probe sequences) per layer, "
+    "F-Attn per head "
+    "([layer][head]); *formed*: some layer has F-Attn >= 0.5 and Sink_1^0.3 >= 50%.\n",
+    "| arm | F-Attn per layer | Sink_1^0.3 per layer (%) | F-Attn per head | formed |",
+    "|---|---|---|---|---|",
+  ]
   for n in names:
     p = last[n]
     heads = p.get("f_attn/per_head") or []
-    out.append(f"| {n} | {_list(p.get('f_attn/per_layer'))} | "
-               f"{_list(p.get('sink_rate/per_layer'), 0)} | "
-               f"{' '.join(_list(h) for h in heads) or '-'} | {'yes' if formed(p) else 'no'} |")
-  out += ["\n## Sink_1^eps against eps (last probe, % of heads x sequences)\n",
-          "| arm | " + " | ".join(f"{e:g}" for e in SINK_CURVE_EPS) + " |",
-          "|---|" + "---:|" * len(SINK_CURVE_EPS)]
+    out.append(
+      f"| {n} | {_list(p.get('f_attn/per_layer'))} | "
+      f"{_list(p.get('sink_rate/per_layer'), 0)} | "
+      f"{' '.join(_list(h) for h in heads) or '-'} | {'yes' if formed(p) else 'no'} |"
+    )
+  out += [
+    "\n## Sink_1^eps against eps (last probe, % of heads x sequences)\n",
+    "| arm | " + " | ".join(f"{e:g}" for e in SINK_CURVE_EPS) + " |",
+    "|---|" + "---:|" * len(SINK_CURVE_EPS),
+  ]
   for n in names:
     curve = last[n].get("sink_curve/rate") or [None] * len(SINK_CURVE_EPS)
     out.append(f"| {n} | " + " | ".join(_fmt(c, 0) for c in curve) + " |")
-  out += ["\n## Massive activations, value-state drain and the active-dormant split\n",
-          "M-Act: max |hidden| over the probe (Sun et al.); value drain: ||v_BOS|| / mean "
-          "||v_j>=2|| per layer (Guo et al.; < 1 = drained); null mass: weight sent to the null "
-          "column (softmax_one, sink logits); raw BOS weight: F-Attn before row normalisation "
-          "(per head); BOS weight (rows renormalised) of non-trigger and of trigger queries "
-          "per head (from `attention_maps.npz`; Guo et al.'s dormant heads park on BOS except "
-          "after a trigger).\n",
-          "| arm | M-Act | value drain per layer | null mass | raw BOS weight | "
-          "BOS weight, non-trigger queries | BOS weight, trigger queries |",
-          "|---|---:|---|---:|---|---|---|"]
+  out += [
+    "\n## Massive activations, value-state drain and the active-dormant split\n",
+    "M-Act: max |hidden| over the probe (Sun et al.); value drain: ||v_BOS|| / mean "
+    "||v_j>=2|| per layer (Guo et al.; < 1 = drained); null mass: weight sent to the null "
+    "column (softmax_one, sink logits); raw BOS weight: F-Attn before row normalisation "
+    "(per head); BOS weight (rows renormalised) of non-trigger and of trigger queries "
+    "per head (from `attention_maps.npz`; Guo et al.'s dormant heads park on BOS except "
+    "after a trigger).\n",
+    "| arm | M-Act | value drain per layer | null mass | raw BOS weight | "
+    "BOS weight, non-trigger queries | BOS weight, trigger queries |",
+    "|---|---:|---|---:|---|---|---|",
+  ]
   for n, r in zip(names, runs):
     p = last[n]
     maps = _maps(r)
     nt = " ".join(_list(h) for h in maps["bos_nontrigger"]) if maps else "-"
     tr = " ".join(_list(h) for h in maps["bos_trigger"]) if maps else "-"
     rw = " ".join(_list(h) for h in maps["f_attn_raw"]) if maps and "f_attn_raw" in maps else "-"
-    out.append(f"| {n} | {_fmt(p.get('massive/m_act'), 1)} | "
-               f"{_list(p.get('value_drain/per_layer'))} | "
-               f"{report.significant(p.get('null_mass/mean'))} | "
-               f"{rw} | {nt} | {tr} |")
+    out.append(
+      f"| {n} | {_fmt(p.get('massive/m_act'), 1)} | "
+      f"{_list(p.get('value_drain/per_layer'))} | "
+      f"{report.significant(p.get('null_mass/mean'))} | "
+      f"{rw} | {nt} | {tr} |"
+    )
   dense = [n for n in names if n.split("/")[-1] == "dense" or "dense_" in n.split("/")[-1]]
   if dense:
     steps = sorted({q["step"] for q in _probes(runs[names.index(dense[0])])})
     shown = [s for s in steps if s % max(1, (steps[-1] // 10) or 1) == 0] or steps
-    out += ["\n## Dense softmax over training (F-Attn / Sink_1^0.3 %)\n",
-            "Seeds and learning rates (Gu et al. 2024: sinks emerge with enough training and a "
-            "large enough LR).\n",
-            "| step | " + " | ".join(dense) + " |", "|---:|" + "---|" * len(dense)]
+    out += [
+      "\n## Dense softmax over training (F-Attn / Sink_1^0.3 %)\n",
+      "Seeds and learning rates (Gu et al. 2024: sinks emerge with enough training and a "
+      "large enough LR).\n",
+      "| step | " + " | ".join(dense) + " |",
+      "|---:|" + "---|" * len(dense),
+    ]
     by_step = {n: {q["step"]: q for q in _probes(runs[names.index(n)])} for n in dense}
     for s in shown:
       cells = []
       for n in dense:
         q = by_step[n].get(s)
-        cells.append("-" if q is None else
-                     f"{_fmt(q.get('f_attn/f_attn'))} / {_fmt(q.get('sink_rate/rate'), 0)}")
+        cells.append(
+          "-"
+          if q is None
+          else f"{_fmt(q.get('f_attn/f_attn'))} / {_fmt(q.get('sink_rate/rate'), 0)}"
+        )
       out.append(f"| {s} | " + " | ".join(cells) + " |")
   out.append(_checks(names, last, {n: _maps(r) for n, r in zip(names, runs)}))
-  figures = [plot_attention_maps(root, runs, plots_dir), plot_sink_curve(root, runs, plots_dir),
-             plot_dense_over_training(root, [runs[names.index(n)] for n in dense], plots_dir)]
-  out.append("\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})"
-                               for p in figures if p) + "\n")
+  figures = [
+    plot_attention_maps(root, runs, plots_dir),
+    plot_sink_curve(root, runs, plots_dir),
+    plot_dense_over_training(root, [runs[names.index(n)] for n in dense], plots_dir),
+  ]
+  out.append(
+    "\n"
+    + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})" for p in figures if p)
+    + "\n"
+  )
   return "\n".join(out)
 
 
@@ -221,8 +262,10 @@ def _checks(names: list[str], last: dict, maps: dict) -> str:
   lines = ["\n## Checks\n"]
   if seeds:
     ok = sum(formed(last[n]) for n in seeds)
-    lines.append(f"- dense softmax forms the sink in {ok} of {len(seeds)} seeds "
-                 f"({'pass' if ok >= min(2, len(seeds)) else 'FAIL'}; needed: 2 of 3).")
+    lines.append(
+      f"- dense softmax forms the sink in {ok} of {len(seeds)} seeds "
+      f"({'pass' if ok >= min(2, len(seeds)) else 'FAIL'}; needed: 2 of 3)."
+    )
   base = last.get(leaf.get("dense", ""), {}).get("f_attn/f_attn")
   for v in SINK_FREE:
     if v in leaf and base is not None:
@@ -233,9 +276,11 @@ def _checks(names: list[str], last: dict, maps: dict) -> str:
       m = maps.get(leaf[v])
       if null and m is not None and "f_attn_raw" in m:
         raw = float(np.mean(m["f_attn_raw"]))
-        line += (f"; null column takes {report.significant(null)} of each row, so the raw "
-                 f"first-token weight is {_fmt(raw)} "
-                 f"(<= half of dense: {'pass' if raw <= base / 2 else 'FAIL'})")
+        line += (
+          f"; null column takes {report.significant(null)} of each row, so the raw "
+          f"first-token weight is {_fmt(raw)} "
+          f"(<= half of dense: {'pass' if raw <= base / 2 else 'FAIL'})"
+        )
       lines.append(line + ".")
   return "\n".join(lines) + "\n"
 
@@ -267,16 +312,19 @@ def plot_attention_maps(root: str, runs: list[str], out_dir: str) -> Optional[st
   rows = (len(items) + cols - 1) // cols
   fig, axes = subplots(rows, cols, figsize=(2.6 * cols, 2.5 * rows), squeeze=False)
   for ax, (title, w) in zip(axes.flat, items):
-    ax.imshow(np.sqrt(np.abs(w[:, :w.shape[0]])), cmap="viridis", vmin=0, vmax=1,
-              interpolation="nearest")
+    ax.imshow(
+      np.sqrt(np.abs(w[:, : w.shape[0]])), cmap="viridis", vmin=0, vmax=1, interpolation="nearest"
+    )
     ax.set_title(title, fontsize=7)
     ax.set_xticks([])
     ax.set_yticks([])
-  for ax in list(axes.flat)[len(items):]:
+  for ax in list(axes.flat)[len(items) :]:
     ax.axis("off")
-  fig.suptitle("sqrt of |attention weight| (rows renormalised), query rows x key columns; the "
-               "sink is the first column",
-               fontsize=8)
+  fig.suptitle(
+    "sqrt of |attention weight| (rows renormalised), query rows x key columns; the "
+    "sink is the first column",
+    fontsize=8,
+  )
   path = os.path.join(out_dir, "attention_maps.png")
   save_figure(fig, path)
   return path
@@ -291,8 +339,14 @@ def plot_sink_curve(root: str, runs: list[str], out_dir: str) -> Optional[str]:
   for r in runs:
     curve = (_probes(r) or [{}])[-1].get("sink_curve/rate")
     if curve:
-      ax.plot(SINK_CURVE_EPS, [np.nan if c is None else c for c in curve], "o-", ms=3, lw=0.9,
-              label=os.path.relpath(r, root))
+      ax.plot(
+        SINK_CURVE_EPS,
+        [np.nan if c is None else c for c in curve],
+        "o-",
+        ms=3,
+        lw=0.9,
+        label=os.path.relpath(r, root),
+      )
   if not ax.lines:
     return None
   ax.set(xlabel="eps", ylabel="Sink_1^eps (%)", title="Sink_1^eps against eps (last probe)")
@@ -317,8 +371,9 @@ def plot_dense_over_training(root: str, runs: list[str], out_dir: str) -> Option
     ax2.plot(steps, [q.get("sink_rate/rate") for q in recs], "o-", ms=2, lw=0.9, label=label)
   ax1.axhline(0.5, color="k", ls="--", lw=0.6)
   ax1.set(xlabel="step", ylabel="F-Attn", title="dense: F-Attn over training", ylim=(0, 1))
-  ax2.set(xlabel="step", ylabel="Sink_1^0.3 (%)", title="dense: sink rate over training",
-          ylim=(-3, 103))
+  ax2.set(
+    xlabel="step", ylabel="Sink_1^0.3 (%)", title="dense: sink rate over training", ylim=(-3, 103)
+  )
   ax1.legend(fontsize=7)
   path = os.path.join(out_dir, "dense_over_training.png")
   save_figure(fig, path)
@@ -326,8 +381,9 @@ def plot_dense_over_training(root: str, runs: list[str], out_dir: str) -> Option
 
 
 def main(argv=None) -> str:
-  cfg, args = cli.parse(__doc__, "experiments/configs/sinks.py:preset=cpu", argv,
-                        default_out="runs/sinks")
+  cfg, args = cli.parse(
+    __doc__, "experiments/configs/sinks.py:preset=cpu", argv, default_out="runs/sinks"
+  )
   init_distributed()
   t0 = time.perf_counter()
   datasets = cli.csv(cfg.sweep.datasets)
@@ -350,8 +406,11 @@ def main(argv=None) -> str:
       runs.sort(key=lambda r: (rank.get(os.path.relpath(r, root), len(rank)), r))
       extra = sink_sections(root, runs, os.path.join(root, "plots")) if maps and runs else ""
       md = report.write_report(root, title=f"sinks on {d}", order=order, extra=extra)
-      parts.append(md.replace("](plots/", f"]({d}/plots/").replace("\n# ", "\n## ", 1)
-                   .replace("# sinks on", "## sinks on", 1))
+      parts.append(
+        md.replace("](plots/", f"]({d}/plots/")
+        .replace("\n# ", "\n## ", 1)
+        .replace("# sinks on", "## sinks on", 1)
+      )
   markdown = "\n".join(parts)
   return cli.finish(args.out, markdown, t0)
 

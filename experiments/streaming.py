@@ -47,14 +47,19 @@ def token_losses_streaming(model, inputs, targets, cache_len: int) -> np.ndarray
   cache = model.init_cache(B, T)
   out = []
   for t in range(T):
-    logits, cache = nn.decode_step(model, inputs[:, t:t + 1], cache)
+    logits, cache = nn.decode_step(model, inputs[:, t : t + 1], cache)
     out.append(optax.softmax_cross_entropy_with_integer_labels(logits[:, 0], targets[:, t]))
   return np.asarray(jnp.stack(out, axis=1))
 
 
 def main(argv=None) -> str:
-  cfg, args = cli.parse(__doc__, "experiments/configs/streaming.py:preset=cpu", argv,
-                        default_out="runs/streaming", sweep=False)
+  cfg, args = cli.parse(
+    __doc__,
+    "experiments/configs/streaming.py:preset=cpu",
+    argv,
+    default_out="runs/streaming",
+    sweep=False,
+  )
   init_distributed()
   t0 = time.perf_counter()
   model, trainer = train_or_load(cfg, os.path.join(args.out, "train"))
@@ -76,26 +81,37 @@ def main(argv=None) -> str:
     arms[f"window cache {T}, {sinks} sinks"] = token_losses_streaming(streaming, inputs, targets, T)
 
   segments = [(s, s + T) for s in range(0, L, T)]
-  lines = [f"# streaming ({cfg.preset}, {cfg.variant}, trained at T={T}, evaluated at {L})\n",
-           f"Mean next-token loss (nats; perplexity in brackets) of {cfg.sweep.eval_batch} held-out "
-           f"sequences, by position. Cache arms decode one token at a time; sink arms keep the "
-           f"first tokens (BOS first) and rotate keys by cache position (StreamingLLM).\n",
-           "| arm | " + " | ".join(f"pos {a}-{b - 1}" for a, b in segments) + " | all |",
-           "|---|" + "---:|" * (len(segments) + 1)]
+  lines = [
+    f"# streaming ({cfg.preset}, {cfg.variant}, trained at T={T}, evaluated at {L})\n",
+    f"Mean next-token loss (nats; perplexity in brackets) of {cfg.sweep.eval_batch} held-out "
+    f"sequences, by position. Cache arms decode one token at a time; sink arms keep the "
+    f"first tokens (BOS first) and rotate keys by cache position (StreamingLLM).\n",
+    "| arm | " + " | ".join(f"pos {a}-{b - 1}" for a, b in segments) + " | all |",
+    "|---|" + "---:|" * (len(segments) + 1),
+  ]
   results = {}
   for name, losses in arms.items():
     seg = [float(losses[:, a:b].mean()) for a, b in segments]
-    results[name] = {"segments": seg, "all": float(losses.mean()),
-                     "per_position": losses.mean(0).tolist()}
-    lines.append(f"| {name} | " + " | ".join(f"{x:.3f} ({math.exp(x):.1f})" for x in seg)
-                 + f" | {losses.mean():.3f} ({math.exp(losses.mean()):.1f}) |")
+    results[name] = {
+      "segments": seg,
+      "all": float(losses.mean()),
+      "per_position": losses.mean(0).tolist(),
+    }
+    lines.append(
+      f"| {name} | "
+      + " | ".join(f"{x:.3f} ({math.exp(x):.1f})" for x in seg)
+      + f" | {losses.mean():.3f} ({math.exp(losses.mean()):.1f}) |"
+    )
   fig, ax = subplots(figsize=(7, 4.5))
   for name, r in results.items():
     y = np.convolve(r["per_position"], np.ones(8) / 8, mode="valid")
     ax.plot(np.arange(len(y)) + 4, y, lw=1, label=name)
   ax.axvline(T, color="k", lw=0.6, ls="--")
-  ax.set(xlabel="position", ylabel="loss (nats, 8-token moving mean)",
-         title="loss by position beyond the training length")
+  ax.set(
+    xlabel="position",
+    ylabel="loss (nats, 8-token moving mean)",
+    title="loss by position beyond the training length",
+  )
   ax.legend(fontsize=8)
   save_figure(fig, os.path.join(args.out, "plots", "loss_by_position.png"))
   lines.append("\n![loss_by_position.png](plots/loss_by_position.png)\n")

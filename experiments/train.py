@@ -17,8 +17,9 @@ from attnjax.train import init_distributed, train
 
 
 def main(argv=None) -> dict:
-  cfg, args = cli.parse(__doc__, "experiments/configs/shakespeare.py:preset=cpu", argv,
-                        default_out="", sweep=False)
+  cfg, args = cli.parse(
+    __doc__, "experiments/configs/shakespeare.py:preset=cpu", argv, default_out="", sweep=False
+  )
   cfg.run_dir = args.out or os.path.join("runs", "train", cfg.variant)
   init_distributed()
   summary = train(cfg)

@@ -102,6 +102,7 @@ def target_compiles():
   products of bf16 tiles, which it refuses ("Bad lhs type": jax's splash kernel fails to
   compile under jax_default_matmul_precision="highest"; our kernels set their precision)."""
   from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
   cache = jax.config.jax_enable_compilation_cache
   precision = jax.config.jax_default_matmul_precision
   jax.config.update("jax_enable_compilation_cache", False)
@@ -121,7 +122,10 @@ def compilation_cache(tmp_path_factory):
   if jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
     yield
     return
-  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  old = (
+    jax.config.jax_compilation_cache_dir,
+    jax.config.jax_persistent_cache_min_compile_time_secs,
+  )
   jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   yield
@@ -136,6 +140,7 @@ def all_kernels():
   platforms' preference order and of the kernels' compiles, on a host where no kernel was
   checked."""
   import attnjax
+
   attnjax.config.kernels = "all"
   yield
   attnjax.config.kernels = None

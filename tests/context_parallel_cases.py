@@ -53,8 +53,9 @@ def arrays(case: dict) -> dict:
     out["score_mod_args"] = (jnp.asarray(rng.uniform(0.1, 1.0, N), jnp.float32),)
   if case.get("mask") == "segments":
     cuts = np.sort(rng.choice(np.arange(1, T), 3, replace=False))
-    out["segment_ids"] = jnp.asarray(np.searchsorted(cuts, np.arange(T), side="right")[None],
-                                     jnp.int32)
+    out["segment_ids"] = jnp.asarray(
+      np.searchsorted(cuts, np.arange(T), side="right")[None], jnp.int32
+    )
   if case.get("mask") == "mask_mod":
     out["mask_mod_args"] = (jnp.asarray(np.arange(T) // (T // 3 + 1), jnp.int32),)
   return out
@@ -63,20 +64,21 @@ def arrays(case: dict) -> dict:
 def sparse_pattern(name: str, T: int):
   """A :mod:`attnjax.patterns` pattern for a case's whole length ``T``."""
   patterns = attnjax.patterns
-  return {"sliding_window": lambda: patterns.sliding_window(T // 8 + 3),
-          "strided": lambda: patterns.strided(T // 8),
-          "fixed": lambda: patterns.fixed(T // 4, 3),
-          "global_window": lambda: patterns.global_window(3, (T // 16, T // 16)),
-          "bigbird": lambda: patterns.bigbird(T // 16, 1, 1, 2, seed=3),
-          "sinks_window": lambda: patterns.sinks_window(4, T // 8),
-          "dilated_window": lambda: patterns.dilated_window(5, 3),
-          "causal_global": lambda: patterns.global_window(2, T // 8) & patterns.causal()}[name]()
+  return {
+    "sliding_window": lambda: patterns.sliding_window(T // 8 + 3),
+    "strided": lambda: patterns.strided(T // 8),
+    "fixed": lambda: patterns.fixed(T // 4, 3),
+    "global_window": lambda: patterns.global_window(3, (T // 16, T // 16)),
+    "bigbird": lambda: patterns.bigbird(T // 16, 1, 1, 2, seed=3),
+    "sinks_window": lambda: patterns.sinks_window(4, T // 8),
+    "dilated_window": lambda: patterns.dilated_window(5, 3),
+    "causal_global": lambda: patterns.global_window(2, T // 8) & patterns.causal(),
+  }[name]()
 
 
 def keywords(case: dict) -> dict:
   mask = case.get("mask", "causal")
-  kw = dict(normalizer=case.get("normalizer", "softmax"),
-            return_stats=case.get("stats", True))
+  kw = dict(normalizer=case.get("normalizer", "softmax"), return_stats=case.get("stats", True))
   if mask in ("causal", "segments", "mask_mod"):
     kw["is_causal"] = True
   if mask == "window":
@@ -96,8 +98,9 @@ def run_recurrent_case(case: dict) -> dict:
   """Errors of a recurrent-family case: ``family`` (gated_linear / delta_rule), ``P``, ``T``,
   ``gla`` (per-channel gates), ``segments``, ``initial_state``, ``chunk_size``."""
   Pn, T = case["P"], case["T"]
-  mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=jax.devices()[:Pn])
+  mesh = jax.make_mesh(
+    (Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:Pn]
+  )
   rng = np.random.default_rng(case.get("seed", 0))
   B, N, K, H = 1, 4, 2, 8
   f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
@@ -105,8 +108,12 @@ def run_recurrent_case(case: dict) -> dict:
   if case["family"] == "delta_rule":
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
   gate_shape = (B, T, N, H) if case.get("gla") else (B, T, N)
-  diff = {"q": f(B, T, N, H), "k": k, "v": f(B, T, K, H),
-          "log_decay": jnp.asarray(-rng.uniform(0.01, 0.5, gate_shape), jnp.float32)}
+  diff = {
+    "q": f(B, T, N, H),
+    "k": k,
+    "v": f(B, T, K, H),
+    "log_decay": jnp.asarray(-rng.uniform(0.01, 0.5, gate_shape), jnp.float32),
+  }
   if case["family"] == "delta_rule":
     diff["beta"] = jnp.asarray(rng.uniform(0.1, 0.9, (B, T, N)), jnp.float32)
   if case.get("initial_state"):
@@ -116,9 +123,11 @@ def run_recurrent_case(case: dict) -> dict:
     cuts = np.sort(rng.choice(np.arange(1, T), 3, replace=False))
     cuts[0] = T // Pn  # one reset exactly at a shard boundary
     rest["segment_ids"] = jnp.asarray(
-        np.searchsorted(np.sort(cuts), np.arange(T), side="right")[None], jnp.int32)
-  fn = {"gated_linear": attnjax.gated_linear_attention,
-        "delta_rule": attnjax.delta_rule_attention}[case["family"]]
+      np.searchsorted(np.sort(cuts), np.arange(T), side="right")[None], jnp.int32
+    )
+  fn = {"gated_linear": attnjax.gated_linear_attention, "delta_rule": attnjax.delta_rule_attention}[
+    case["family"]
+  ]
   kw = dict(chunk_size=case.get("chunk_size", 8), return_state=True)
   sharded = {"q", "k", "v", "log_decay", "beta", "segment_ids"}
 
@@ -135,18 +144,22 @@ def run_recurrent_case(case: dict) -> dict:
       return reference(**dict(zip(names, xs)), context_axis=AXIS)
 
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(None, AXIS), P()))(
-        *(a[n] for n in names))
+      *(a[n] for n in names)
+    )
 
   def loss(call, diff, rest):
     out, state = call(**diff, **rest)
     return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(state)), (out, state)
 
   import functools as ft
+
   with jax.set_mesh(mesh):
     (_, got), g_got = jax.jit(jax.value_and_grad(ft.partial(loss, sharded_call), has_aux=True))(
-        diff, rest)
+      diff, rest
+    )
   (_, want), g_want = jax.jit(jax.value_and_grad(ft.partial(loss, reference), has_aux=True))(
-      diff, rest)
+    diff, rest
+  )
   errors = {"out": _rel(got[0], want[0]), "state": _rel(got[1], want[1])}
   errors.update({f"d{n}": _rel(g_got[n], g_want[n]) for n in diff})
   return errors
@@ -158,26 +171,33 @@ def run_linear_case(case: dict) -> dict:
   projection differentiated), ``initial_state``, ``heads`` (mha / gqa), ``chunk_size``,
   ``stats``."""
   Pn, T = case["P"], case["T"]
-  mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=jax.devices()[:Pn])
+  mesh = jax.make_mesh(
+    (Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:Pn]
+  )
   rng = np.random.default_rng(case.get("seed", 0))
   B, N, H = 1, 4, 8
   K = {"mha": N, "gqa": 2}[case.get("heads", "gqa")]
   f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
   diff = {"q": f(B, T, N, H), "k": f(B, T, K, H), "v": f(B, T, K, H)}
   if case.get("feature_map") == "favor":
-    fmap = attnjax.feature_maps.favor_plus(jax.random.key(case.get("seed", 0)), 16,
-                                           head_dim=H, stabilize=False)
+    fmap = attnjax.feature_maps.favor_plus(
+      jax.random.key(case.get("seed", 0)), 16, head_dim=H, stabilize=False
+    )
     diff["projection"] = fmap.projection
   else:
     fmap = attnjax.feature_maps.elu_plus_one
   F = fmap.num_features(H)
   if case.get("initial_state"):
     diff["initial_state"] = attnjax.linear.LinearState(
-        f(B, K, F, H), jnp.asarray(rng.uniform(0.5, 2.0, (B, K, F)), jnp.float32))
-  kw = dict(is_causal=case.get("causal", True), normalize=case.get("normalize", "denominator"),
-            implementation=case.get("implementation"), chunk_size=case.get("chunk_size", 8),
-            return_state=True)
+      f(B, K, F, H), jnp.asarray(rng.uniform(0.5, 2.0, (B, K, F)), jnp.float32)
+    )
+  kw = dict(
+    is_causal=case.get("causal", True),
+    normalize=case.get("normalize", "denominator"),
+    implementation=case.get("implementation"),
+    chunk_size=case.get("chunk_size", 8),
+    return_state=True,
+  )
   stats = bool(case.get("stats"))
   if stats:
     kw["return_stats"] = True  # sink mass, entropy and row sum over the whole sequence's rows
@@ -186,7 +206,9 @@ def run_linear_case(case: dict) -> dict:
   def reference(**a):
     q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
     # The projection as an argument (a traced array): its gradient is checked.
-    fm = fmap if "projection" not in a else dataclasses.replace(fmap, projection=a.pop("projection"))
+    fm = (
+      fmap if "projection" not in a else dataclasses.replace(fmap, projection=a.pop("projection"))
+    )
     return attnjax.linear_attention(q, k, v, feature_map=fm, **a, **kw)
 
   def sharded_call(**a):
@@ -200,7 +222,8 @@ def run_linear_case(case: dict) -> dict:
     if stats:
       out_specs = (out_specs, P())
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)(
-        *(a[n] for n in names))
+      *(a[n] for n in names)
+    )
 
   # normalize="none" sums O(T) unnormalised terms per row: the loss sees them divided by T,
   # else float32 summation order alone (sharded or not) moves its gradients by ~|out| ulps.
@@ -217,12 +240,17 @@ def run_linear_case(case: dict) -> dict:
     return total, (out, state, st)
 
   with jax.set_mesh(mesh):
-    (_, got), g_got = jax.jit(jax.value_and_grad(functools.partial(loss, sharded_call),
-                                                 has_aux=True))(diff)
-  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference),
-                                                 has_aux=True))(diff)
-  errors = {"out": _rel(got[0], want[0]), "kv_sum": _rel(got[1].kv_sum, want[1].kv_sum),
-            "k_sum": _rel(got[1].k_sum, want[1].k_sum)}
+    (_, got), g_got = jax.jit(
+      jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True)
+    )(diff)
+  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))(
+    diff
+  )
+  errors = {
+    "out": _rel(got[0], want[0]),
+    "kv_sum": _rel(got[1].kv_sum, want[1].kv_sum),
+    "k_sum": _rel(got[1].k_sum, want[1].k_sum),
+  }
   if stats:
     for field in ("sink_mass", "entropy", "row_sum"):
       errors[field] = _rel(getattr(got[2], field), getattr(want[2], field))
@@ -245,17 +273,24 @@ def run_case(case: dict) -> dict:
   unsharded ``sparse_attention`` (its default, block-sparse path); ``implementation`` of
   the sharded call."""
   Pn, layout = case["P"], case.get("layout", "contiguous")
-  mesh = jax.make_mesh((Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=jax.devices()[:Pn])
+  mesh = jax.make_mesh(
+    (Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:Pn]
+  )
   data = arrays(case)
   kw = keywords(case)
   stats = kw["return_stats"]
   diff_names = [n for n in ("q", "k", "v", "sink_logits", "score_mod_args") if n in data]
   sharded = {"q", "k", "v", "segment_ids"}
-  order = (lambda x, axis=1: parallel.zigzag(x, Pn, axis)) if layout == "zigzag" else (
-      lambda x, axis=1: x)
-  natural = (lambda x, axis=1: parallel.unzigzag(x, Pn, axis)) if layout == "zigzag" else (
-      lambda x, axis=1: x)
+  order = (
+    (lambda x, axis=1: parallel.zigzag(x, Pn, axis))
+    if layout == "zigzag"
+    else (lambda x, axis=1: x)
+  )
+  natural = (
+    (lambda x, axis=1: parallel.unzigzag(x, Pn, axis))
+    if layout == "zigzag"
+    else (lambda x, axis=1: x)
+  )
 
   def call(fn, diff, rest):
     return fn(**diff, **rest)
@@ -265,8 +300,13 @@ def run_case(case: dict) -> dict:
     kw["implementation"] = case["implementation"]
 
   def reference(**a):
-    return family(a.pop("q"), a.pop("k"), a.pop("v"), **a,
-              **{n: x for n, x in kw.items() if n != "implementation"})
+    return family(
+      a.pop("q"),
+      a.pop("k"),
+      a.pop("v"),
+      **a,
+      **{n: x for n, x in kw.items() if n != "implementation"},
+    )
 
   def sharded_call(**a):
     names = sorted(a)
@@ -276,12 +316,23 @@ def run_case(case: dict) -> dict:
     def local(*xs):
       b = dict(zip(names, xs))
       return family(
-          b.pop("q"), b.pop("k"), b.pop("v"), **b, **kw, context_axis=AXIS,
-          context_strategy=case["strategy"], context_layout=layout)
+        b.pop("q"),
+        b.pop("k"),
+        b.pop("v"),
+        **b,
+        **kw,
+        context_axis=AXIS,
+        context_strategy=case["strategy"],
+        context_layout=layout,
+      )
 
-    fn = jax.shard_map(local, mesh=mesh, in_specs=specs,
-                       out_specs=(P(None, AXIS), stat_specs) if stats else P(None, AXIS),
-                       check_vma=case.get("check_vma", True))
+    fn = jax.shard_map(
+      local,
+      mesh=mesh,
+      in_specs=specs,
+      out_specs=(P(None, AXIS), stat_specs) if stats else P(None, AXIS),
+      check_vma=case.get("check_vma", True),
+    )
     ins = [order(a[n]) if n in sharded else a[n] for n in names]
     result = fn(*ins)
     if not stats:
@@ -325,23 +376,33 @@ def run_case(case: dict) -> dict:
 # How a case of each family runs, by op name (a case's ``family``; dense by default, sparse
 # where the case names a ``pattern``); None: the family has no context-parallel path.
 # Every run fails when a registered op (attnjax._op.OPS) has no entry.
-RUNNERS = {"dense": run_case, "sparse": run_case, "linear": run_linear_case,
-           "gated_linear": run_recurrent_case, "delta_rule": run_recurrent_case,
-           "compressed": None, "block_select": None}
+RUNNERS = {
+  "dense": run_case,
+  "sparse": run_case,
+  "linear": run_linear_case,
+  "gated_linear": run_recurrent_case,
+  "delta_rule": run_recurrent_case,
+  "compressed": None,
+  "block_select": None,
+}
 
 
 def main(argv: list[str]) -> None:
   jax.config.update("jax_default_matmul_precision", "highest")
   jax.config.update("jax_numpy_rank_promotion", "raise")
-  jax.config.update("jax_disable_most_optimizations", os.environ.get("ATTNJAX_CP_OPTIMIZE", "") in ("", "0"))
+  jax.config.update(
+    "jax_disable_most_optimizations", os.environ.get("ATTNJAX_CP_OPTIMIZE", "") in ("", "0")
+  )
   cache = os.environ.get("ATTNJAX_CP_CACHE")
   if cache:
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   unlisted = sorted(set(_op.OPS) ^ set(RUNNERS))
   if unlisted:
-    raise SystemExit(f"RUNNERS and the registered ops differ: {unlisted}; say how a case of "
-                     "each family runs (None: no context-parallel path)")
+    raise SystemExit(
+      f"RUNNERS and the registered ops differ: {unlisted}; say how a case of "
+      "each family runs (None: no context-parallel path)"
+    )
   for case in json.loads(argv[1]):
     try:
       run = RUNNERS[case.get("family", "sparse" if case.get("pattern") else "dense")]
@@ -349,6 +410,7 @@ def main(argv: list[str]) -> None:
     except Exception as e:  # reported to the test, which fails on it
       if os.environ.get("ATTNJAX_CP_TRACEBACK"):
         import traceback
+
         traceback.print_exc()
       print(json.dumps({"case": case, "error": f"{type(e).__name__}: {e}"}), flush=True)
 

@@ -53,8 +53,11 @@ def decay(z, b, n, i, j):
 
 def alibi_per_head(z, b, n, i, j, slopes, offsets):
   """ALiBi with a per-(batch, head) offset table: reads b and n, two float tables."""
-  return (z - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
-          + offsets[b, n] * (j == 0).astype(jnp.float32))
+  return (
+    z
+    - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
+    + offsets[b, n] * (j == 0).astype(jnp.float32)
+  )
 
 
 def packed_segments(T: int, S: int, cuts: tuple[int, int] | None = None):
@@ -69,22 +72,24 @@ def packed_segments(T: int, S: int, cuts: tuple[int, int] | None = None):
 
 # name -> builder(T, S) of the mask / modifier options
 STRUCTURES: dict[str, Callable[[int, int], dict]] = {
-    "causal": lambda T, S: dict(is_causal=True),
-    "window": lambda T, S: dict(window=(max(2, T // 3), max(1, T // 7))),
-    # causal within each of two packed sequences, the boundary inside a block
-    "segments": lambda T, S, cuts=None: dict(is_causal=True,
-                                             segment_ids=packed_segments(T, S, cuts)),
-    "bidirectional": lambda T, S: dict(),
-    # a mask_mod (chunks of a third of the keys, causal) and a score_mod, both in the kernel
-    "mask_mod": lambda T, S: dict(mask_mod=mods.chunked_mask(max(2, S // 3)), score_mod=decay),
-    # modifiers with arguments: per-head slopes and a [B, N] table (their gradients checked),
-    # prefix lengths per batch row
-    "mod_args": lambda T, S: dict(
-        score_mod=alibi_per_head, score_mod_args=(
-            jnp.asarray(mods.alibi_slopes(4)),
-            jnp.asarray(np.random.default_rng(3).standard_normal((2, 4)), jnp.float32)),
-        mask_mod=mods.prefix_lm_mask,
-        mask_mod_args=(jnp.asarray([T // 7, (3 * T) // 4], jnp.int32),)),
+  "causal": lambda T, S: dict(is_causal=True),
+  "window": lambda T, S: dict(window=(max(2, T // 3), max(1, T // 7))),
+  # causal within each of two packed sequences, the boundary inside a block
+  "segments": lambda T, S, cuts=None: dict(is_causal=True, segment_ids=packed_segments(T, S, cuts)),
+  "bidirectional": lambda T, S: dict(),
+  # a mask_mod (chunks of a third of the keys, causal) and a score_mod, both in the kernel
+  "mask_mod": lambda T, S: dict(mask_mod=mods.chunked_mask(max(2, S // 3)), score_mod=decay),
+  # modifiers with arguments: per-head slopes and a [B, N] table (their gradients checked),
+  # prefix lengths per batch row
+  "mod_args": lambda T, S: dict(
+    score_mod=alibi_per_head,
+    score_mod_args=(
+      jnp.asarray(mods.alibi_slopes(4)),
+      jnp.asarray(np.random.default_rng(3).standard_normal((2, 4)), jnp.float32),
+    ),
+    mask_mod=mods.prefix_lm_mask,
+    mask_mod_args=(jnp.asarray([T // 7, (3 * T) // 4], jnp.int32),),
+  ),
 }
 
 DEFAULT_NORMALIZERS = ("softmax", "sigmoid")
@@ -139,6 +144,7 @@ class DenseEngineTests(OpTests):
         return dense.reference(*dense.prepare(up(q), up(k), up(v), is_causal=True))
       assert impl == self.name, impl
       return self.run(*dense.prepare(q, k, v, is_causal=True))
+
     return fn, rand_qkv(B=2, T=self.T, S=self.S, N=4, K=2, H=self.H, dtype=self.dtypes[0])
 
   def case_marks(self, case: tuple) -> list:
@@ -166,21 +172,42 @@ class DenseEngineTests(OpTests):
   def normaliser_cases(self) -> list[tuple]:
     if not self.every_normaliser:
       return []
-    return [(n, self.structures[i % len(self.structures)], True, self.dtypes[0],
-             self.supports_stats, self.supports_sink and normalizers.REGISTRY[n].accepts_sink_logits,
-             None) for i, n in enumerate(normalizers.NORMALIZERS)]
+    return [
+      (
+        n,
+        self.structures[i % len(self.structures)],
+        True,
+        self.dtypes[0],
+        self.supports_stats,
+        self.supports_sink and normalizers.REGISTRY[n].accepts_sink_logits,
+        None,
+      )
+      for i, n in enumerate(normalizers.NORMALIZERS)
+    ]
 
   def slow_cases(self) -> list[tuple]:
-    return [(n, s, gqa, dtype, self.supports_stats,
-             self.supports_sink and normalizers.REGISTRY[n].accepts_sink_logits, None)
-            for n, s, gqa, dtype in itertools.product(
-                normalizers.NORMALIZERS, self.structures, (True, False), self.dtypes)]
+    return [
+      (
+        n,
+        s,
+        gqa,
+        dtype,
+        self.supports_stats,
+        self.supports_sink and normalizers.REGISTRY[n].accepts_sink_logits,
+        None,
+      )
+      for n, s, gqa, dtype in itertools.product(
+        normalizers.NORMALIZERS, self.structures, (True, False), self.dtypes
+      )
+    ]
 
   def pytest_generate_tests(self, metafunc):
     super().pytest_generate_tests(metafunc)
-    cases = {"test_matches_reference": self.default_cases,
-             "test_every_normaliser_once": self.normaliser_cases,
-             "test_matches_reference_everywhere": self.slow_cases}.get(metafunc.function.__name__)
+    cases = {
+      "test_matches_reference": self.default_cases,
+      "test_every_normaliser_once": self.normaliser_cases,
+      "test_matches_reference_everywhere": self.slow_cases,
+    }.get(metafunc.function.__name__)
     if cases is None or "case" not in metafunc.fixturenames:
       return
     params = [pytest.param(c, id=_case_id(c), marks=self.case_marks(c)) for c in cases()]
@@ -192,15 +219,30 @@ class DenseEngineTests(OpTests):
   def check(self, case: tuple) -> None:
     normalizer, structure, gqa, dtype, stats, sink, softcap = case
     build = STRUCTURES[structure]
-    kw = (build(self.T, self.S, self.segment_cuts) if structure == "segments"
-          else build(self.T, self.S))
+    kw = (
+      build(self.T, self.S, self.segment_cuts) if structure == "segments" else build(self.T, self.S)
+    )
     score_args = kw.pop("score_mod_args", None)
     if score_args is not None and not gqa:  # two query heads
       score_args = (score_args[0][:2], score_args[1][:, :2])
-    check_dense_kernel(self.run, kw, normalizer=normalizer, T=self.T, S=self.S, gqa=gqa,
-                       dtype=dtype, stats=stats, sink=sink, softcap=softcap,
-                       score_args=score_args, name=self.name, grad=self.supports_grad,
-                       tol=self.tolerance[dtype], stats_tol=self.stats_tolerance, H=self.H)
+    check_dense_kernel(
+      self.run,
+      kw,
+      normalizer=normalizer,
+      T=self.T,
+      S=self.S,
+      gqa=gqa,
+      dtype=dtype,
+      stats=stats,
+      sink=sink,
+      softcap=softcap,
+      score_args=score_args,
+      name=self.name,
+      grad=self.supports_grad,
+      tol=self.tolerance[dtype],
+      stats_tol=self.stats_tolerance,
+      H=self.H,
+    )
 
   def test_matches_reference(self, case):
     self.check(case)

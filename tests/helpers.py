@@ -10,10 +10,20 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def rand_qkv(B: int = 2, T: int = 12, S: int | None = None, N: int = 8, K: int = 2,
-             H: int = 16, Hv: int | None = None, *, seed: int = 0, dtype: Any = jnp.float32,
-             scales: tuple[float, float, float] = (1.0, 1.0, 1.0),
-             source: Literal["jax", "numpy"] = "numpy"):
+def rand_qkv(
+  B: int = 2,
+  T: int = 12,
+  S: int | None = None,
+  N: int = 8,
+  K: int = 2,
+  H: int = 16,
+  Hv: int | None = None,
+  *,
+  seed: int = 0,
+  dtype: Any = jnp.float32,
+  scales: tuple[float, float, float] = (1.0, 1.0, 1.0),
+  source: Literal["jax", "numpy"] = "numpy",
+):
   """Standard-normal ``q [B, T, N, H]``, ``k [B, S, K, H]``, ``v [B, S, K, Hv]``.
 
   Args:
@@ -42,8 +52,10 @@ def rand_qkv(B: int = 2, T: int = 12, S: int | None = None, N: int = 8, K: int =
   if source != "numpy":
     raise ValueError(f"source={source!r} is not one of: 'jax', 'numpy'")
   rng = np.random.default_rng(seed)
-  return tuple(jnp.asarray(rng.standard_normal(shape, np.float32) * np.float32(c), dtype)
-               for shape, c in zip(shapes, scales))
+  return tuple(
+    jnp.asarray(rng.standard_normal(shape, np.float32) * np.float32(c), dtype)
+    for shape, c in zip(shapes, scales)
+  )
 
 
 def reduction_tolerance(dtype: Any, length: int, *, depth: int = 1, scale: float = 1.0) -> float:
@@ -69,8 +81,15 @@ def reduction_tolerance(dtype: Any, length: int, *, depth: int = 1, scale: float
   return float(jnp.finfo(dtype).eps) * float(np.sqrt(length)) * depth * float(scale)
 
 
-def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e-5,
-                 atol: float = 2e-5, scaled: bool = False) -> None:
+def assert_close(
+  actual: Any,
+  expected: Any,
+  what: str = "",
+  *,
+  rtol: float = 2e-5,
+  atol: float = 2e-5,
+  scaled: bool = False,
+) -> None:
   """``chex.assert_trees_all_close`` on two pytrees with the same leaves.
 
   One call compares outputs, states and every gradient: each leaf pair must
@@ -88,8 +107,9 @@ def assert_close(actual: Any, expected: Any, what: str = "", *, rtol: float = 2e
   leaves = jax.tree.leaves(expected)
   if len(named) != len(leaves):
     raise AssertionError(
-        f"{what}: {len(named)} leaves in actual, {len(leaves)} in expected: "
-        f"{[jax.tree_util.keystr(path) for path, _ in named]}")
+      f"{what}: {len(named)} leaves in actual, {len(leaves)} in expected: "
+      f"{[jax.tree_util.keystr(path) for path, _ in named]}"
+    )
   if scaled:
     for (path, a), b in zip(named, leaves):
       a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -112,6 +132,7 @@ def outputs_and_grads(fn, *args):
   ``(out, stats)``) by a fixed cotangent and, with statistics, adds ``sin`` of the
   logsumexp (the one statistic that carries a gradient).
   """
+
   def loss(*args):
     res = fn(*args)
     out, stats = res if isinstance(res, tuple) else (res, None)
@@ -120,14 +141,24 @@ def outputs_and_grads(fn, *args):
     if stats is not None:
       total = total + jnp.sum(jnp.sin(stats.logsumexp))
     return total, res
-  (_, res), grads = jax.jit(jax.value_and_grad(
-      loss, argnums=tuple(range(len(args))), has_aux=True))(*args)
+
+  (_, res), grads = jax.jit(
+    jax.value_and_grad(loss, argnums=tuple(range(len(args))), has_aux=True)
+  )(*args)
   return res, grads
 
 
-def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int, seq_len: int,
-                      batch_size: int, stats: bool | None = None,
-                      implementation: str | None = None):
+def preset_train_step(
+  preset: str,
+  variant: str,
+  *,
+  d_model: int,
+  num_heads: int,
+  seq_len: int,
+  batch_size: int,
+  stats: bool | None = None,
+  implementation: str | None = None,
+):
   """``(step, state, rest)``: ``preset``'s real training step (optimizer included) for a
   one-layer model of the given size, keeping the preset's other options (dtype, dispatch,
   per-step statistics unless ``stats`` overrides them; ``implementation`` sets the attention
@@ -138,6 +169,7 @@ def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int
   from attnjax._src.train.config import apply_preset, base_config
   from attnjax._src.train.model import build_model
   from attnjax._src.train.step import make_train_step
+
   cfg = apply_preset(base_config(), preset)
   cfg.variant = variant
   cfg.model.update(d_model=d_model, num_layers=1, num_heads=num_heads, mlp_ratio=1)
@@ -148,18 +180,36 @@ def preset_train_step(preset: str, variant: str, *, d_model: int, num_heads: int
   model = build_model(cfg, 64, seed=0)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   opt = optim.make_optimizer(cfg)
-  state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
-           "initial_loss": jnp.zeros((), jnp.float32)}
+  state = {
+    "params": params,
+    "opt_state": opt.init(params),
+    "step": jnp.zeros((), jnp.int32),
+    "initial_loss": jnp.zeros((), jnp.float32),
+  }
   step = make_train_step(graphdef, opt, stats=cfg.train.step_stats if stats is None else stats)
   return step, state, rest
 
 
-def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: int,
-                       gqa: bool = True, dtype: Any = jnp.float32, stats: bool = False,
-                       sink: bool = False, softcap: float | None = None, seed: int = 0,
-                       score_args: Any = None, name: str = "kernel", grad: bool = True,
-                       tol: float | None = None, stats_tol: float | None = None,
-                       H: int = 16) -> None:
+def check_dense_kernel(
+  kernel,
+  structure: dict,
+  *,
+  normalizer: str,
+  T: int,
+  S: int,
+  gqa: bool = True,
+  dtype: Any = jnp.float32,
+  stats: bool = False,
+  sink: bool = False,
+  softcap: float | None = None,
+  seed: int = 0,
+  score_args: Any = None,
+  name: str = "kernel",
+  grad: bool = True,
+  tol: float | None = None,
+  stats_tol: float | None = None,
+  H: int = 16,
+) -> None:
   """Values, statistics and gradients (q, k, v, sink logits, ``score_mod`` arguments) of a
   dense kernel against :func:`attnjax.dense.reference` (in float32 on the same, rounded,
   inputs).
@@ -203,13 +253,15 @@ def check_dense_kernel(kernel, structure: dict, *, normalizer: str, T: int, S: i
   results = {}
   for impl in (name, "reference"):
     if grad:
-      fn = jax.jit(jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums,
-                                      has_aux=True))
+      fn = jax.jit(
+        jax.value_and_grad(lambda *a, impl=impl: loss(impl, *a), argnums=argnums, has_aux=True)
+      )
       (_, r), grads = fn(q, k, v, sink_logits, score_args)
       results[impl] = (r, grads)
     else:
-      results[impl] = (jax.jit(lambda *a, impl=impl: run(impl, *a))(q, k, v, sink_logits,
-                                                                     score_args),)
+      results[impl] = (
+        jax.jit(lambda *a, impl=impl: run(impl, *a))(q, k, v, sink_logits, score_args),
+      )
   if tol is None:
     tol = 2e-5 if dtype == jnp.float32 else 3e-2
   what = f"{name} {normalizer} {structure} gqa={gqa} {jnp.dtype(dtype).name} stats={stats}"
@@ -235,7 +287,7 @@ def softpick_f64(q, k, v, segment_ids):
   T, N, H = q.shape[1], q.shape[2], q.shape[-1]
   rep = N // k.shape[2]
   kk, vv = jnp.repeat(k, rep, 2), jnp.repeat(v, rep, 2)
-  z = jnp.einsum("btnh,bsnh->bnts", q, kk) * H ** -0.5
+  z = jnp.einsum("btnh,bsnh->bnts", q, kk) * H**-0.5
   seg = np.asarray(segment_ids)
   allowed = (np.tril(np.ones((T, T), bool))[None] & (seg[:, :, None] == seg[:, None, :]))[:, None]
   c = jnp.where(allowed, jnp.expm1(jnp.where(allowed, z, 0.0)), 0.0)

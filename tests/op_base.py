@@ -57,14 +57,17 @@ class OpTests:
     if self.engines is not None:
       return self.engines
     op = self.op_record()
-    return tuple(n for n, e in op.engines.items()
-                 if n != "reference" and e.platform is None) + (None,)
+    return tuple(n for n, e in op.engines.items() if n != "reference" and e.platform is None) + (
+      None,
+    )
 
   def pytest_generate_tests(self, metafunc):
     if metafunc.function.__name__ != "test_engine_matches_reference":
       return
-    metafunc.parametrize("engine", [pytest.param(e, id=str(e), marks=self.marks_of_sample())
-                                    for e in self.engine_names()])
+    metafunc.parametrize(
+      "engine",
+      [pytest.param(e, id=str(e), marks=self.marks_of_sample()) for e in self.engine_names()],
+    )
 
   def marks_of_sample(self) -> list:
     return list(self.sample_marks)

@@ -26,11 +26,22 @@ import sys
 
 # Their work runs in subprocesses (or is a page, a notebook, a published example): each case
 # is its own check whatever the coverage of this process says.
-KEEP_FILES = ("tests/test_context_parallel.py", "tests/test_multiprocess.py",
-              "tests/test_notebooks.py", "tests/test_cli.py", "tests/test_traces.py",
-              "tests/test_imports.py", "tests/test_docs_examples.py", "tests/test_docs_api.py",
-              "tests/test_trust.py", "tests/test_release.py", "tests/test_docs_site.py",
-              "tests/test_readme.py", "tests/test_packaging.py", "tests/test_private_names.py")
+KEEP_FILES = (
+  "tests/test_context_parallel.py",
+  "tests/test_multiprocess.py",
+  "tests/test_notebooks.py",
+  "tests/test_cli.py",
+  "tests/test_traces.py",
+  "tests/test_imports.py",
+  "tests/test_docs_examples.py",
+  "tests/test_docs_api.py",
+  "tests/test_trust.py",
+  "tests/test_release.py",
+  "tests/test_docs_site.py",
+  "tests/test_readme.py",
+  "tests/test_packaging.py",
+  "tests/test_private_names.py",
+)
 # Test functions whose every case is a documented part of the default run: the block-wise
 # engine takes every normaliser through the normaliser seam once (tests/engine_base.py).
 KEEP_FUNCTIONS = ("tests/test_blockwise.py::TestBlockwise::test_every_normaliser_once",)
@@ -46,8 +57,7 @@ def arcs_by_test(path: str) -> dict[str, set]:
   files = {i: p for i, p in db.execute("select id, path from file")}
   contexts = {i: c.rsplit("|", 1)[0] for i, c in db.execute("select id, context from context")}
   out: dict[str, set] = collections.defaultdict(set)
-  for file_id, context_id, a, b in db.execute(
-      "select file_id, context_id, fromno, tono from arc"):
+  for file_id, context_id, a, b in db.execute("select file_id, context_id, fromno, tono from arc"):
     if any(s in files[file_id] for s in SOURCES) and contexts.get(context_id):
       out[contexts[context_id]].add((file_id, a, b))
   return out
@@ -72,13 +82,17 @@ def select(arcs: dict[str, set], seconds: dict[str, float]) -> list[str]:
       groups[nodeid.split("[", 1)[0]].append(nodeid)
   count = collections.Counter(arc for test in arcs.values() for arc in test)
   kept = {g: len(ids) for g, ids in groups.items()}
-  candidates = sorted((n for ids in groups.values() for n in ids),
-                      key=lambda n: -seconds.get(n, 0.0))
+  candidates = sorted(
+    (n for ids in groups.values() for n in ids), key=lambda n: -seconds.get(n, 0.0)
+  )
   moved = []
   for nodeid in candidates:
     group = nodeid.split("[", 1)[0]
-    if (seconds.get(nodeid, 0.0) < MIN_SECONDS or kept[group] == 1
-        or any(count[a] == 1 for a in arcs[nodeid])):
+    if (
+      seconds.get(nodeid, 0.0) < MIN_SECONDS
+      or kept[group] == 1
+      or any(count[a] == 1 for a in arcs[nodeid])
+    ):
       continue
     for a in arcs[nodeid]:
       count[a] -= 1
@@ -93,9 +107,11 @@ def main(argv: list[str]) -> None:
   moved = select(arcs, seconds)
   total = sum(seconds.values())
   saved = sum(seconds.get(n, 0.0) for n in moved)
-  print(f"# {len(moved)} cases whose every branch another default test takes "
-        f"({saved:.0f} s of {total:.0f} s in the run that measured them); "
-        f"regenerate with tests/select_default_cases.py")
+  print(
+    f"# {len(moved)} cases whose every branch another default test takes "
+    f"({saved:.0f} s of {total:.0f} s in the run that measured them); "
+    f"regenerate with tests/select_default_cases.py"
+  )
   for nodeid in moved:
     print(nodeid)
 

@@ -13,8 +13,7 @@ def test_a_dotted_module_whose_parent_is_absent_is_not_installed():
   assert targets._installed("attnjax._src.targets") is True
 
 
-@pytest.mark.parametrize("platform,module", [("cuda", "jax_plugins.xla_cuda12"),
-                                             ("tpu", "libtpu")])
+@pytest.mark.parametrize("platform,module", [("cuda", "jax_plugins.xla_cuda12"), ("tpu", "libtpu")])
 def test_missing_plugins_give_a_reason(monkeypatch, platform, module):
   real = importlib.util.find_spec
 

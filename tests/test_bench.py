@@ -50,10 +50,28 @@ def table_rows(text: str) -> tuple[list[str], dict[str, list[str]]]:
 def gpu_run(tmp_path_factory):
   jsonl = tmp_path_factory.mktemp("bench") / "gpu.jsonl"
   env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "experiments/bench.py", "--suite", "gpu",
-         "--seq", ",".join(map(str, SEQ)), "--tokens", "256", "--heads", "2", "--head-dim", "16",
-         "--normalizers", ",".join(NORMALIZERS), "--calls", "2", "--repeats", "1",
-         "--jsonl", str(jsonl)]
+  cmd = [
+    sys.executable,
+    "experiments/bench.py",
+    "--suite",
+    "gpu",
+    "--seq",
+    ",".join(map(str, SEQ)),
+    "--tokens",
+    "256",
+    "--heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--normalizers",
+    ",".join(NORMALIZERS),
+    "--calls",
+    "2",
+    "--repeats",
+    "1",
+    "--jsonl",
+    str(jsonl),
+  ]
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stdout, jsonl
@@ -61,19 +79,23 @@ def gpu_run(tmp_path_factory):
 
 def test_gpu_suite_table_on_the_cpu(gpu_run):
   stdout, jsonl = gpu_run
-  table = stdout[stdout.index("## gpu"):]
+  table = stdout[stdout.index("## gpu") :]
   columns, rows = table_rows(table)
   assert columns == [f"T={T} {p}" for T in SEQ for p in ("fwd", "fwd+bwd")]
   kernels = [f"attnjax {impl} {n}" for impl in ("mosaic_gpu", "pallas_gpu") for n in NORMALIZERS]
-  runs = ["jax.nn xla"] + [f"attnjax {how} {n}" for how in ("auto", "blockwise")
-                           for n in ("softmax", "sigmoid")]
+  runs = ["jax.nn xla"] + [
+    f"attnjax {how} {n}" for how in ("auto", "blockwise") for n in ("softmax", "sigmoid")
+  ]
   assert list(rows) == ["jax.nn cudnn", runs[0]] + runs[1:] + kernels
   for path in ["jax.nn cudnn"] + kernels:
     assert rows[path] == ["needs a CUDA GPU"] * len(columns), (path, rows[path])
   # Every other cell is TFLOP/s and its speed over jax.nn xla (the baseline without cuDNN),
   # as the JSON lines record them.
-  records = {(r["path"], f"T={r['T']} {r['pass']}"): r
-             for r in map(json.loads, jsonl.read_text().splitlines()) if r["kind"] == "time"}
+  records = {
+    (r["path"], f"T={r['T']} {r['pass']}"): r
+    for r in map(json.loads, jsonl.read_text().splitlines())
+    if r["kind"] == "time"
+  }
   assert "Baselines: " + "; ".join(f"{c}: jax.nn xla" for c in columns) + "." in table
   for path in runs:
     assert len(rows[path]) == len(columns)
@@ -102,11 +124,17 @@ def test_gpu_table_from_a_run_cut_short(gpu_run, tmp_path):
   cut = tmp_path / "cut.jsonl"
   cut.write_text("\n".join(kept) + "\n" + lines[-1][:20])
   env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "experiments/bench.py", "--gpu-table", str(cut)],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "experiments/bench.py", "--gpu-table", str(cut)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr
   columns, rows = table_rows(proc.stdout)
-  full_columns, full_rows = table_rows(stdout[stdout.index("## gpu"):])
+  full_columns, full_rows = table_rows(stdout[stdout.index("## gpu") :])
   assert columns == full_columns
   assert rows == {path: cells[:2] + ["not run"] * 2 for path, cells in full_rows.items()}
 

@@ -29,7 +29,7 @@ def brute_selection(q, k, block_size, top_k, is_causal, query_pool=None):
     for h in range(K):
       kbar = [k[b, s:e, h].mean(0) for s, e in spans]
       for i, (s, e) in enumerate(spans):
-        heads = q[b, s:e, h * (N // K):(h + 1) * (N // K)]  # [rows, G, H]
+        heads = q[b, s:e, h * (N // K) : (h + 1) * (N // K)]  # [rows, G, H]
         pool = query_pool or ("first" if is_causal else "mean")
         qbar = heads.mean(0) if pool == "mean" else heads[0]
         cands = [j for j in range(nb) if (j < i if is_causal else j != i)]
@@ -47,6 +47,7 @@ def brute_mask(kept, T, block_size, N):
 
 def loss_fn(impl, **kw):
   """sum(out * ct) (+ a logsumexp term with stats): value and grads w.r.t. q, k, v."""
+
   def loss(q, k, v):
     res = attnjax.block_select_attention(q, k, v, implementation=impl, **kw)
     out, stats = res if kw.get("return_stats") else (res, None)
@@ -55,6 +56,7 @@ def loss_fn(impl, **kw):
     if stats is not None:
       total = total + 0.1 * jnp.sum(stats.logsumexp)
     return total, res
+
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
 
@@ -71,15 +73,16 @@ def compare(q, k, v, *, tol=2e-5, **kw):
 def test_selection_matches_brute_force():
   q, k, _ = rand_qkv(2, 45, N=4, K=2, H=8, seed=1)
   for causal, pool in ((True, "first"), (False, "mean"), (False, "first")):
-    sel = np.asarray(block_select.select_blocks(q, k, block_size=8, top_k=2, is_causal=causal,
-                                                query_pool=pool))
+    sel = np.asarray(
+      block_select.select_blocks(q, k, block_size=8, top_k=2, is_causal=causal, query_pool=pool)
+    )
     assert sel.shape == (2, 2, 6, 2)
     kept = brute_selection(q, k, 8, 2, causal, pool)
     got = np.zeros_like(kept)
     for b, h, i in np.ndindex(*sel.shape[:3]):
       got[b, h, i, [j for j in sel[b, h, i] if j >= 0] + [i]] = True
     np.testing.assert_array_equal(got, kept, err_msg=f"causal={causal} pool={pool}")
-    valid = np.where(sel >= 0, sel, 10 ** 6)
+    valid = np.where(sel >= 0, sel, 10**6)
     assert np.all(np.diff(valid, axis=-1) >= 0)  # ascending, -1 at the end
   # Causal: block 0 has no candidate, block 1 only block 0.
   sel = np.asarray(block_select.select_blocks(q, k, block_size=8, top_k=2))
@@ -95,8 +98,9 @@ def test_selection_picks_the_block_built_to_win():
   sel = np.asarray(block_select.select_blocks(q, k, block_size=bs, top_k=1))
   assert np.all(sel[0, :, 4:, 0] == 3)
   # Flip it: block 3 scores lowest and is never picked once there are others.
-  sel = np.asarray(block_select.select_blocks(q, k.at[:, 24:32, :, 0].set(-5.0), block_size=bs,
-                                              top_k=1))
+  sel = np.asarray(
+    block_select.select_blocks(q, k.at[:, 24:32, :, 0].set(-5.0), block_size=bs, top_k=1)
+  )
   assert not np.any(sel[0, :, 5:, 0] == 3)
   # The winner's values reach the output: v = 1 in block 3 only, and the rows of block 6
   # (whose own block has v = 0) put weight on it.
@@ -108,8 +112,9 @@ def test_selection_picks_the_block_built_to_win():
 def test_reference_is_dense_with_the_selection_mask():
   q, k, v = rand_qkv(2, 37, N=4, K=2, H=8, seed=2)
   for causal in (True, False):
-    out = attnjax.block_select_attention(q, k, v, block_size=8, top_k=2, is_causal=causal,
-                                         implementation="reference")
+    out = attnjax.block_select_attention(
+      q, k, v, block_size=8, top_k=2, is_causal=causal, implementation="reference"
+    )
     mask = brute_mask(brute_selection(q, k, 8, 2, causal), 37, 8, 4)
     want = attnjax.dot_product_attention(q, k, v, mask=jnp.asarray(mask), is_causal=causal)
     assert_close(out, want, f"causal={causal}")
@@ -127,8 +132,9 @@ def test_top_k_limits():
   assert_close(out, attnjax.dot_product_attention(q, k, v, mask=mask, is_causal=True), "top_k=0")
 
 
-@pytest.mark.parametrize("T,N,K,causal", [(45, 4, 2, True), (40, 2, 2, False)],
-                         ids=["causal_gqa_T45", "bidir_T40"])
+@pytest.mark.parametrize(
+  "T,N,K,causal", [(45, 4, 2, True), (40, 2, 2, False)], ids=["causal_gqa_T45", "bidir_T40"]
+)
 def test_gathered_matches_reference_with_stats(T, N, K, causal):
   q, k, v = rand_qkv(2, T, N=N, K=K, H=8, seed=4)
   out, stats = compare(q, k, v, block_size=8, top_k=2, is_causal=causal, return_stats=True)
@@ -144,17 +150,36 @@ def test_every_normalizer_and_options():
   @jax.jit
   def both(q, k, v):
     run = lambda impl, name: attnjax.block_select_attention(
-        q, k, v, block_size=8, top_k=1, normalizer=name, implementation=impl, return_stats=True)
-    return {name: (run("gathered", name), run("reference", name))
-            for name in normalizers.NORMALIZERS}
+      q, k, v, block_size=8, top_k=1, normalizer=name, implementation=impl, return_stats=True
+    )
+    return {
+      name: (run("gathered", name), run("reference", name)) for name in normalizers.NORMALIZERS
+    }
 
   for name, (got, want) in both(q, k, v).items():
     assert_close(got, want, name, rtol=5e-5, atol=5e-5)
   compare(q, k, v, tol=5e-5, block_size=8, top_k=1, normalizer="softpick")
-  compare(q, k, v, block_size=8, top_k=1, sink_logits=jnp.array([0.5, -1.0, 0.0, 2.0]),
-          softcap=3.0, query_pool="first")
-  compare(q, k, v, tol=5e-5, block_size=8, top_k=1, similarity="neg_sq_euclidean", scale=0.1,
-          normalizer="sigmoid")
+  compare(
+    q,
+    k,
+    v,
+    block_size=8,
+    top_k=1,
+    sink_logits=jnp.array([0.5, -1.0, 0.0, 2.0]),
+    softcap=3.0,
+    query_pool="first",
+  )
+  compare(
+    q,
+    k,
+    v,
+    tol=5e-5,
+    block_size=8,
+    top_k=1,
+    similarity="neg_sq_euclidean",
+    scale=0.1,
+    normalizer="sigmoid",
+  )
 
 
 def test_gathered_online_path_bidirectional_ragged():
@@ -190,35 +215,38 @@ def test_causal_selection_is_strictly_causal(implementation):
   kw = dict(block_size=4, top_k=1, implementation=implementation)
   base = attnjax.block_select_attention(q, k, v, **kw)
   for t in (5, 13, 22):
-    noise = jax.random.normal(jax.random.key(t), q[:, t + 1:].shape) * 5
+    noise = jax.random.normal(jax.random.key(t), q[:, t + 1 :].shape) * 5
     for which in range(3):
       args = [q, k, v]
-      args[which] = args[which].at[:, t + 1:].set(noise[..., :args[which].shape[2], :])
+      args[which] = args[which].at[:, t + 1 :].set(noise[..., : args[which].shape[2], :])
       out = attnjax.block_select_attention(*args, **kw)
-      np.testing.assert_array_equal(np.asarray(out[:, :t + 1]), np.asarray(base[:, :t + 1]))
+      np.testing.assert_array_equal(np.asarray(out[:, : t + 1]), np.asarray(base[:, : t + 1]))
   with pytest.raises(ValueError, match="query_pool='mean' with is_causal=True"):
     attnjax.block_select_attention(q, k, v, query_pool="mean", **kw)
 
 
 def test_return_selection():
   q, k, v = rand_qkv(1, 20, N=2, K=1, H=8, seed=10)
-  out, stats, sel = attnjax.block_select_attention(q, k, v, block_size=4, top_k=3,
-                                                   return_stats=True, return_selection=True)
+  out, stats, sel = attnjax.block_select_attention(
+    q, k, v, block_size=4, top_k=3, return_stats=True, return_selection=True
+  )
   assert isinstance(stats, attnjax.AttentionStats)
   np.testing.assert_array_equal(sel, block_select.select_blocks(q, k, block_size=4, top_k=3))
-  out2, sel2 = attnjax.block_select_attention(q, k, v, block_size=4, top_k=3,
-                                              return_selection=True)
+  out2, sel2 = attnjax.block_select_attention(q, k, v, block_size=4, top_k=3, return_selection=True)
   assert_close(out2, out, "out")
   assert sel2.shape == (1, 1, 5, 3) and sel2.dtype == jnp.int32
 
 
-@pytest.mark.parametrize("kw,err,match", [
+@pytest.mark.parametrize(
+  "kw,err,match",
+  [
     (dict(block_size=0, top_k=1), ValueError, "block_size"),
     (dict(block_size=4, top_k=-1), ValueError, "top_k"),
     (dict(block_size=4, top_k=1, query_pool="max"), ValueError, "query_pool"),
     (dict(block_size=4, top_k=1, implementation="dense"), ValueError, "implementation"),
     (dict(block_size=4, top_k=1, normalizer="x"), ValueError, "normalizer"),
-])
+  ],
+)
 def test_validation(kw, err, match):
   q, k, v = rand_qkv(1, 8, N=2, K=1, H=4)
   with pytest.raises(err, match=match):
@@ -239,8 +267,17 @@ def test_self_attention_only():
 def test_cross_product(normalizer, causal, dtype):
   q, k, v = rand_qkv(2, 50, N=4, K=2, H=8, seed=11, dtype=dtype)
   tol = 5e-5 if dtype == jnp.float32 else 3e-2
-  compare(q, k, v, tol=tol, block_size=8, top_k=3, is_causal=causal, normalizer=normalizer,
-          return_stats=True)
+  compare(
+    q,
+    k,
+    v,
+    tol=tol,
+    block_size=8,
+    top_k=3,
+    is_causal=causal,
+    normalizer=normalizer,
+    return_stats=True,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -249,15 +286,19 @@ def test_cross_product(normalizer, causal, dtype):
 
 def _lm(*layers, vocab=32, d_model=32):
   from flax import nnx
-  cfg = attnjax.nn.ModelConfig(vocab_size=vocab, d_model=d_model, num_layers=len(layers),
-                               layer_attention=tuple(layers))
+
+  cfg = attnjax.nn.ModelConfig(
+    vocab_size=vocab, d_model=d_model, num_layers=len(layers), layer_attention=tuple(layers)
+  )
   return attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
 
 
 def test_nn_layer_is_the_function():
   from flax import nnx
-  config = attnjax.nn.AttentionConfig(family="block_select", num_heads=4, num_kv_heads=2,
-                                      block_size=4, top_k=1, rope_theta=None)
+
+  config = attnjax.nn.AttentionConfig(
+    family="block_select", num_heads=4, num_kv_heads=2, block_size=4, top_k=1, rope_theta=None
+  )
   layer = attnjax.nn.Attention(config, 16, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(0), (2, 14, 16))
   q, k, v = layer._project(x)
@@ -267,19 +308,22 @@ def test_nn_layer_is_the_function():
 
 
 DECODE_LAYERS = {
-    "gqa_rope_block3_top2": dict(num_heads=4, num_kv_heads=2, block_size=3, top_k=2),
-    "softmax_one_norope_block4": dict(num_heads=2, block_size=4, top_k=1,
-                                      normalizer="softmax_one", rope_theta=None),
+  "gqa_rope_block3_top2": dict(num_heads=4, num_kv_heads=2, block_size=3, top_k=2),
+  "softmax_one_norope_block4": dict(
+    num_heads=2, block_size=4, top_k=1, normalizer="softmax_one", rope_theta=None
+  ),
 }
 
 
-@pytest.mark.parametrize("name", [
-    "gqa_rope_block3_top2",
-    pytest.param("softmax_one_norope_block4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  "name",
+  ["gqa_rope_block3_top2", pytest.param("softmax_one_norope_block4", marks=pytest.mark.slow)],
+)
 def test_nn_prefill_and_decode_equal_full_forward(name):
   # T = 15 ends in a partial block; prefill 6 ends mid-block, so the block's first query
   # comes from the cache; uneven chunks cross block borders.
   from flax import nnx
+
   layers = (attnjax.nn.AttentionConfig(family="block_select", **DECODE_LAYERS[name]),)
   model = _lm(*layers)
   tokens = jax.random.randint(jax.random.key(1), (2, 15), 0, 32)
@@ -298,7 +342,7 @@ def test_nn_prefill_and_decode_equal_full_forward(name):
     stepwise = jnp.concatenate([first, jnp.transpose(rest, (1, 0, 2))], axis=1)
     chunk_cache, outs, start = model.init_cache(2, 15), [], 0
     for size in (5, 10):
-      logits, chunk_cache = model.decode(tokens[:, start:start + size], chunk_cache)
+      logits, chunk_cache = model.decode(tokens[:, start : start + size], chunk_cache)
       outs.append(logits)
       start += size
     return full, stepwise, jnp.concatenate(outs, axis=1), cache
@@ -330,8 +374,11 @@ def test_nn_options_are_checked():
 def _variant_model_config():
   from attnjax._src.train import config as config_lib
   from attnjax._src.train.model import model_config
-  cfg = config_lib.load_config(os.path.join(REPO, "experiments", "configs", "compare.py")
-                               + ":preset=cpu", ["variant=block_select"])
+
+  cfg = config_lib.load_config(
+    os.path.join(REPO, "experiments", "configs", "compare.py") + ":preset=cpu",
+    ["variant=block_select"],
+  )
   return model_config(cfg, 32)
 
 
@@ -345,6 +392,7 @@ def test_experiment_variant():
 def test_experiment_variant_trains_a_step():
   import optax
   from flax import nnx
+
   model = attnjax.nn.TransformerLM(_variant_model_config(), rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (1, 33), 0, 32)
 
@@ -353,6 +401,7 @@ def test_experiment_variant_trains_a_step():
     def loss(model):
       logits = model(tokens[:, :-1])
       return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
     return nnx.value_and_grad(loss)(model)
 
   value, grads = step(model, tokens)

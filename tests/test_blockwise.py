@@ -24,8 +24,9 @@ FIELDS = ("sink_mass", "entropy", "max_logit", "logsumexp", "row_sum")
 def _arrays(B, T, S, N, K, H, dtype=jnp.float32, seed=0):
   # numpy draws: no per-shape compilation of jax.random.
   rng = np.random.default_rng(seed)
-  q, k, v = (rng.standard_normal(shape, np.float32)
-             for shape in ((B, T, N, H), (B, S, K, H), (B, S, K, H)))
+  q, k, v = (
+    rng.standard_normal(shape, np.float32) for shape in ((B, T, N, H), (B, S, K, H), (B, S, K, H))
+  )
   keys = jax.random.split(jax.random.key(seed), 3)
   return jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype), keys
 
@@ -40,11 +41,13 @@ def _segments(B, L, cuts):
 
 def _loss_and_stats(fn, q, k, v, extra, kwargs):
   """Scalar loss touching the output and the logsumexp statistic, plus (out, stats) as aux."""
+
   def loss(q, k, v, extra):
     out, stats = fn(q, k, v, return_stats=True, **extra, **kwargs)
     out32 = out.astype(jnp.float32)
     value = jnp.sum(out32 * jnp.cos(out32)) + jnp.sum(jnp.sin(stats.logsumexp))
     return value, (out, stats)
+
   # One jit around value and gradient: one compilation per case.
   step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
   (_, aux), grads = step(q, k, v, extra)
@@ -58,6 +61,7 @@ def _reference(q, k, v, **kw):
 def _blockwise(block_q, block_k):
   def fn(q, k, v, **kw):
     return blockwise.attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
+
   return fn
 
 
@@ -77,6 +81,7 @@ def _compare(q, k, v, extra, kwargs, *, block_q=16, block_k=16, tol=2e-5):
 
 
 B, N, H = 2, 4, 8
+
 
 class TestBlockwise(DenseEngineTests):
   """Causal, packed segments, window, a mask_mod with a score_mod, modifiers with arguments;
@@ -101,26 +106,37 @@ class TestBlockwise(DenseEngineTests):
 # What the engine test base does not build: dense masks and biases, T > S with rows that see
 # no key, another similarity, and the rolled query loop.
 CASES = {
-    # id: (T, S, K, kwargs, extra-builder)
-    "softmax-causal-gqa-ragged": (37, 37, 2, dict(is_causal=True), None),
-    "sink_logits-causal-segments": (40, 40, 2, dict(is_causal=True), "sink+segments"),
-    "sigmoid-window-mask": (35, 35, 4, dict(window=(6, 3), normalizer="sigmoid"), "mask"),
-    "sigmoid-T<S-bias-softcap": (20, 45, 2, dict(normalizer="sigmoid", softcap=2.0),
-                                 "bias_key"),
-    "softmax-bias-full-causal": (29, 29, 2, dict(is_causal=True), "bias_full"),
-    "softmax-T>S-causal-window-empty-rows": (45, 20, 2, dict(is_causal=True, window=(3, 0)),
-                                             None),
-    "softmax-neg_sq_euclidean-causal": (33, 33, 2, dict(is_causal=True,
-                                                        similarity="neg_sq_euclidean"), None),
-    "sigmoid-segments-window": (36, 36, 2, dict(window=(7, 1), normalizer="sigmoid"),
-                                "segments"),
+  # id: (T, S, K, kwargs, extra-builder)
+  "softmax-causal-gqa-ragged": (37, 37, 2, dict(is_causal=True), None),
+  "sink_logits-causal-segments": (40, 40, 2, dict(is_causal=True), "sink+segments"),
+  "sigmoid-window-mask": (35, 35, 4, dict(window=(6, 3), normalizer="sigmoid"), "mask"),
+  "sigmoid-T<S-bias-softcap": (20, 45, 2, dict(normalizer="sigmoid", softcap=2.0), "bias_key"),
+  "softmax-bias-full-causal": (29, 29, 2, dict(is_causal=True), "bias_full"),
+  "softmax-T>S-causal-window-empty-rows": (45, 20, 2, dict(is_causal=True, window=(3, 0)), None),
+  "softmax-neg_sq_euclidean-causal": (
+    33,
+    33,
+    2,
+    dict(is_causal=True, similarity="neg_sq_euclidean"),
+    None,
+  ),
+  "sigmoid-segments-window": (36, 36, 2, dict(window=(7, 1), normalizer="sigmoid"), "segments"),
 }
 # Unrolled: the cases the base does not cover; rolled: GQA and ragged, segments with a window
 # and sinks, T < S with a bias. Every case both ways under -m slow.
-UNROLLED_DEFAULT = ("sigmoid-window-mask", "sigmoid-T<S-bias-softcap", "softmax-bias-full-causal",
-                    "softmax-T>S-causal-window-empty-rows", "softmax-neg_sq_euclidean-causal")
-ROLLED_DEFAULT = ("softmax-causal-gqa-ragged", "sigmoid-segments-window", "sigmoid-T<S-bias-softcap",
-                  "sink_logits-causal-segments")
+UNROLLED_DEFAULT = (
+  "sigmoid-window-mask",
+  "sigmoid-T<S-bias-softcap",
+  "softmax-bias-full-causal",
+  "softmax-T>S-causal-window-empty-rows",
+  "softmax-neg_sq_euclidean-causal",
+)
+ROLLED_DEFAULT = (
+  "softmax-causal-gqa-ragged",
+  "sigmoid-segments-window",
+  "sigmoid-T<S-bias-softcap",
+  "sink_logits-causal-segments",
+)
 
 
 def _extra(kind, keys, T, S):
@@ -141,17 +157,27 @@ def _extra(kind, keys, T, S):
   return out
 
 
-@pytest.mark.parametrize("case,q_loop", [
-    pytest.param(case, q_loop, id=f"{case}-{q_loop}",
-                 marks=[] if case in (ROLLED_DEFAULT if q_loop == "rolled" else UNROLLED_DEFAULT)
-                 else [pytest.mark.slow])
-    for q_loop in ("unrolled", "rolled") for case in CASES])
+@pytest.mark.parametrize(
+  "case,q_loop",
+  [
+    pytest.param(
+      case,
+      q_loop,
+      id=f"{case}-{q_loop}",
+      marks=[]
+      if case in (ROLLED_DEFAULT if q_loop == "rolled" else UNROLLED_DEFAULT)
+      else [pytest.mark.slow],
+    )
+    for q_loop in ("unrolled", "rolled")
+    for case in CASES
+  ],
+)
 def test_special_cases_match_reference(case, q_loop, monkeypatch):
   # Loop over every unmasked full-size key block, so both the fori_loop and the unrolled
   # (masked, ragged) visits are exercised; "rolled" runs the full-size query blocks in the
   # lax.scan over a traced block index (a ragged last block stays unrolled).
   monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 0)
-  monkeypatch.setattr(blockwise, "MAX_UNROLLED_Q_BLOCKS", 0 if q_loop == "rolled" else 10 ** 6)
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_Q_BLOCKS", 0 if q_loop == "rolled" else 10**6)
   T, S, K, kwargs, kind = CASES[case]
   q, k, v, keys = _arrays(B, T, S, N, K, H)
   extra = _extra(kind, keys, T, S)
@@ -173,9 +199,11 @@ def test_empty_rows_are_zero_with_finite_gradients():
   mask = jnp.ones((1, 1, T, T), bool).at[:, :, 5:9, :].set(False)
   fn = _blockwise(8, 8)
   for nz in ("softmax", "sigmoid", "softpick", "none", "relu"):
+
     def loss(q, k, v, nz=nz):
       out, stats = fn(q, k, v, mask=mask, normalizer=nz, is_causal=True, return_stats=True)
-      return jnp.sum(stats.logsumexp) + jnp.sum(out ** 2), out
+      return jnp.sum(stats.logsumexp) + jnp.sum(out**2), out
+
     (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
     assert np.all(np.asarray(out[:, 5:9]) == 0.0), nz
     for g in grads:
@@ -188,12 +216,17 @@ def test_qk_norm_and_cosine_gradients_through_gains():
   temp = jnp.full((4,), jnp.log(10.0)) + 0.1 * jnp.arange(4.0)
 
   def qk_loss(impl):
-    return lambda g, q: jnp.sum(attnjax.qk_norm_attention(
-        q, k, v, norm="rms", q_gain=g, k_gain=g, is_causal=True, implementation=impl) ** 2)
+    return lambda g, q: jnp.sum(
+      attnjax.qk_norm_attention(
+        q, k, v, norm="rms", q_gain=g, k_gain=g, is_causal=True, implementation=impl
+      )
+      ** 2
+    )
 
   def cos_loss(impl):
-    return lambda t, q: jnp.sum(attnjax.cosine_attention(
-        q, k, v, temperature=t, window=(9, 0), implementation=impl) ** 2)
+    return lambda t, q: jnp.sum(
+      attnjax.cosine_attention(q, k, v, temperature=t, window=(9, 0), implementation=impl) ** 2
+    )
 
   for make, param in ((qk_loss, gain), (cos_loss, temp)):
     ref = jax.jit(jax.grad(make("reference"), argnums=(0, 1)))(param, q)
@@ -207,8 +240,9 @@ def test_custom_layout_and_mask_fn_equal_the_masked_reference():
   T, bq, bk = 48, 16, 8
   q, k, v, _ = _arrays(1, T, T, 4, 2, 8)
   # Each query block sees key block 0 (partly: even keys only) and its own diagonal blocks.
-  visits = [[(0, True)] + [(j, True) for j in range(2 * i, 2 * i + 2) if j != 0]
-            for i in range(T // bq)]
+  visits = [
+    [(0, True)] + [(j, True) for j in range(2 * i, 2 * i + 2) if j != 0] for i in range(T // bq)
+  ]
   lay = layout.BlockLayout.from_visits(T, T, bq, bk, visits)
 
   def mask_fn(qp, kp):
@@ -217,8 +251,9 @@ def test_custom_layout_and_mask_fn_equal_the_masked_reference():
 
   dense_mask = mask_fn(jnp.arange(T), jnp.arange(T))[None, None]
   inputs, opts = dense.prepare(q, k, v, return_stats=True)
-  out, stats = blockwise.run_layout(inputs, opts, layout=lay,
-                                   mask_fn=lambda qp, kp: mask_fn(qp, kp)[None, None])
+  out, stats = blockwise.run_layout(
+    inputs, opts, layout=lay, mask_fn=lambda qp, kp: mask_fn(qp, kp)[None, None]
+  )
   ref_out, ref_stats = _reference(q, k, v, mask=dense_mask, return_stats=True)
   assert_close(out, ref_out, "output", rtol=2e-5, atol=2e-5, scaled=True)
   for f in FIELDS:
@@ -244,7 +279,7 @@ def _count_dots(fn, *args):
 
 
 def test_masked_blocks_are_not_computed(monkeypatch):
-  monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 10 ** 6)  # every visit unrolled
+  monkeypatch.setattr(blockwise, "MAX_UNROLLED_FULL_VISITS", 10**6)  # every visit unrolled
   q, k, v, _ = _arrays(1, 128, 128, 2, 2, 8)
   full = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v), q, k, v)
   causal = _count_dots(lambda q, k, v: _blockwise(32, 32)(q, k, v, is_causal=True), q, k, v)
@@ -259,6 +294,7 @@ def test_rolled_query_loop_program_does_not_grow_with_length():
     q, k, v, _ = _arrays(1, T, T, 2, 2, 8)
     loss = lambda q, k, v: jnp.sum(_blockwise(16, 16)(q, k, v, is_causal=True))
     return _count_dots(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
+
   assert blockwise.MAX_UNROLLED_Q_BLOCKS < 16
   assert dots(16 * 16) == dots(32 * 16)
   assert dots(16 * 16 + 5) == dots(32 * 16 + 5)  # plus the unrolled ragged block's
@@ -279,15 +315,22 @@ def test_rolled_query_loop_second_order(order, monkeypatch):
       return jax.jvp(jax.grad(loss), (q,), (tq,))[1]
     return jax.grad(lambda q: jax.jvp(loss, (q,), (tq,))[1])(q)
 
-  assert_close(jax.jit(lambda: hvp(_blockwise(8, 8)))(), hvp(_reference), order, rtol=1e-4,
-               atol=1e-4, scaled=True)
+  assert_close(
+    jax.jit(lambda: hvp(_blockwise(8, 8)))(),
+    hvp(_reference),
+    order,
+    rtol=1e-4,
+    atol=1e-4,
+    scaled=True,
+  )
 
 
 def test_no_full_size_intermediate_in_forward_and_backward():
   T = 256
   q, k, v, _ = _arrays(1, T, T, 2, 2, 8)
-  grad = jax.grad(lambda q, k, v: jnp.sum(_blockwise(64, 64)(q, k, v, is_causal=True)),
-                  argnums=(0, 1, 2))
+  grad = jax.grad(
+    lambda q, k, v: jnp.sum(_blockwise(64, 64)(q, k, v, is_causal=True)), argnums=(0, 1, 2)
+  )
   jaxpr = jax.make_jaxpr(grad)(q, k, v)
   biggest = 0
 
@@ -367,14 +410,16 @@ def test_auto_dispatch_choice():
   if backend == "cpu":
     assert dense.select_implementation(*short) == "reference"
     assert dense.select_implementation(*long) == "blockwise"
-    stats = dense.prepare(*_arrays(1, 2048, 16, 2, 2, 8)[:3], normalizer="softpick",
-                          return_stats=True)
+    stats = dense.prepare(
+      *_arrays(1, 2048, 16, 2, 2, 8)[:3], normalizer="softpick", return_stats=True
+    )
     assert dense.select_implementation(*stats) == "blockwise"  # no option is dropped
   elif backend == "gpu":
     q, k, v, _ = _arrays(1, 64, 64, 2, 2, 8, dtype=jnp.bfloat16)
     assert dense.select_implementation(*dense.prepare(q, k, v, is_causal=True)) == "cudnn"
-    assert dense.select_implementation(
-        *dense.prepare(q, k, v, normalizer="sigmoid")) == "pallas_gpu"
+    assert (
+      dense.select_implementation(*dense.prepare(q, k, v, normalizer="sigmoid")) == "pallas_gpu"
+    )
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs a GPU")

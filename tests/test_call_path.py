@@ -61,9 +61,9 @@ def _trace(fn, *args) -> tuple[list[tuple[str, str]], list[list[str]]]:
 
 # Calls the reference engine runs on a CPU: the plain call, and calls setting more.
 CALLS = {
-    "plain": dict(is_causal=True, normalizer="sigmoid"),
-    "stats": dict(return_stats=True, normalizer="softpick"),
-    "jax_nn": dict(local_window_size=3, softcap=5.0, return_residual=True),
+  "plain": dict(is_causal=True, normalizer="sigmoid"),
+  "stats": dict(return_stats=True, normalizer="softpick"),
+  "jax_nn": dict(local_window_size=3, softcap=5.0, return_residual=True),
 }
 
 
@@ -79,8 +79,12 @@ def test_a_plain_call_enters_few_functions(monkeypatch):
   functions, _ = _trace_call(monkeypatch, CALLS["plain"])
   names = [f"{module}:{name}" for module, name in functions]
   # Not vacuous: validation, dispatch and the engine's computation were all traced.
-  assert {"_src/options.py:validate", "_src/op.py:choose", "_src/ops/dense/reference.py:reference",
-          "_src/normalizers.py:weights"} <= set(names), names
+  assert {
+    "_src/options.py:validate",
+    "_src/op.py:choose",
+    "_src/ops/dense/reference.py:reference",
+    "_src/normalizers.py:weights",
+  } <= set(names), names
   assert len(functions) <= MAX_FUNCTIONS, "\n".join(names)
 
 

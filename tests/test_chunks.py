@@ -26,15 +26,16 @@ def test_chunk_scan_gradients_equal_plain_scan():
 
   def plain(s0, a, b):
     final, outs = jax.lax.scan(lambda s, x: _toy_block(x, s)[::-1], s0, (a, b))
-    return jnp.sum(outs ** 2) + jnp.sum(jnp.sin(final))
+    return jnp.sum(outs**2) + jnp.sum(jnp.sin(final))
 
   def ours(s0, a, b):
     outs, final = chunks.chunk_scan(_toy_block, s0, (a, b))
-    return jnp.sum(outs ** 2) + jnp.sum(jnp.sin(final))
+    return jnp.sum(outs**2) + jnp.sum(jnp.sin(final))
 
   assert_close(ours(s0, a, b), plain(s0, a, b), rtol=1e-6)
-  for got, want in zip(jax.grad(ours, argnums=(0, 1, 2))(s0, a, b),
-                       jax.grad(plain, argnums=(0, 1, 2))(s0, a, b)):
+  for got, want in zip(
+    jax.grad(ours, argnums=(0, 1, 2))(s0, a, b), jax.grad(plain, argnums=(0, 1, 2))(s0, a, b)
+  ):
     assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -65,8 +66,7 @@ def test_chunked_backward_keeps_only_chunk_states(family):
     fn = functools.partial(attnjax.delta_rule_attention, beta=beta, chunk_size=C)
   inputs = 3 * q.size * 4
   ours = _residual_bytes(fn, q, k, v)
-  with_autodiff = _residual_bytes(lambda q, k, v: fn(q, k, v, implementation="reference"),
-                                  q, k, v)
+  with_autodiff = _residual_bytes(lambda q, k, v: fn(q, k, v, implementation="reference"), q, k, v)
   # Kept: chunk states (T / C * N * H * H floats = one [T, N, H] input when C = H) and
   # float32 copies of the chunked inputs (and decays): about 1.7 inputs' worth for both,
   # against ~15-23 for the scan.

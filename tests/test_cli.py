@@ -27,8 +27,14 @@ def test_entry_points_run_from_the_repo_root_and_show_config_help():
   """``python experiments/X.py --help`` with the package importable and nothing else."""
   env = dict(os.environ, PYTHONPATH=str(ROOT))  # what `pip install -e .` provides
   for script in ("experiments/compare.py", "experiments/train.py"):
-    proc = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+      [sys.executable, script, "--help"],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--config FILE.py:ARG" in proc.stdout and "--config.key=value" in proc.stdout
     assert "usage: " + os.path.basename(script) in proc.stdout
@@ -40,8 +46,9 @@ def test_no_experiment_edits_sys_path():
 
 
 def test_parse_applies_overrides_and_reports_bad_keys(capsys):
-  cfg, args = cli.parse("doc", str(ROOT / COMPARE),
-                        ["--config.opt.lr=3e-3", "--config.train.steps", "7", "--out", "x"])
+  cfg, args = cli.parse(
+    "doc", str(ROOT / COMPARE), ["--config.opt.lr=3e-3", "--config.train.steps", "7", "--out", "x"]
+  )
   assert cfg.opt.lr == 3e-3 and cfg.train.steps == 7 and args.out == "x"
   assert args.config_overrides == ["opt.lr=3e-3", "train.steps=7"]
   with pytest.raises(SystemExit):
@@ -54,9 +61,14 @@ def test_parse_applies_overrides_and_reports_bad_keys(capsys):
 
 def test_bench_memory_alone_runs_no_timing_suite():
   env = dict(os.environ, PYTHONPATH=str(ROOT))
-  proc = subprocess.run([sys.executable, "experiments/bench.py", "--memory", "--memory-filter",
-                         "matches no case"], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "experiments/bench.py", "--memory", "--memory-filter", "matches no case"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr
   assert "## memory" in proc.stdout and "matmul rate" not in proc.stdout, proc.stdout
 

@@ -23,7 +23,7 @@ B, T, D = 4, 64, 32
 
 
 def make_mesh(data=1, fsdp=1, tensor=1, context=1):
-  devices = np.asarray(jax.devices()[:data * fsdp * tensor * context])
+  devices = np.asarray(jax.devices()[: data * fsdp * tensor * context])
   return jax.sharding.Mesh(devices.reshape(data, fsdp, tensor, context), AXES)
 
 
@@ -43,6 +43,7 @@ def loss_fn(graphdef, segments: bool, capture: bool):
     else:
       y, stats = call(layer), []
     return jnp.sum(jnp.sin(y)), (y, stats)
+
   return jax.jit(jax.value_and_grad(loss, has_aux=True))
 
 
@@ -62,23 +63,33 @@ def run_both(config, mesh_sizes, *, capture=False):
 
 
 CASES = {
-    "dense sinks+alibi, tensor=2": (dict(family="dense", sink_logits=True, alibi=True),
-                                    dict(fsdp=2, tensor=2, context=2)),
-    "dense sigmoid window": (dict(family="dense", normalizer="sigmoid", window=10),
-                             dict(data=2, context=4)),
-    "qk_norm softpick": (dict(family="qk_norm", normalizer="softpick"), dict(data=2, context=4)),
-    "cosine": (dict(family="cosine"), dict(tensor=2, context=4)),
-    "gla": (dict(family="gla"), dict(data=2, context=4)),
-    "gated_deltanet, tensor=2": (dict(family="gated_deltanet"), dict(fsdp=2, tensor=2, context=2)),
-    "retnet, tensor=2": (dict(family="retnet"), dict(tensor=2, context=4)),
-    "linear": (dict(family="linear"), dict(data=2, context=4)),
-    "sparse dilated window": (dict(family="sparse", block_size=8, pattern=(
-        "dilated_window", (("window", 16), ("dilation", 4)))), dict(data=2, context=4)),
-    # A named implementation, which the ring cannot run: heads <-> sequence where the axis
-    # divides the heads, else keys/values gathered.
-    "dense xla, all_to_all": (dict(family="dense", implementation="xla"), dict(data=2, context=4)),
-    "dense reference, all_gather": (dict(family="dense", implementation="reference", window=12),
-                                    dict(context=8)),
+  "dense sinks+alibi, tensor=2": (
+    dict(family="dense", sink_logits=True, alibi=True),
+    dict(fsdp=2, tensor=2, context=2),
+  ),
+  "dense sigmoid window": (
+    dict(family="dense", normalizer="sigmoid", window=10),
+    dict(data=2, context=4),
+  ),
+  "qk_norm softpick": (dict(family="qk_norm", normalizer="softpick"), dict(data=2, context=4)),
+  "cosine": (dict(family="cosine"), dict(tensor=2, context=4)),
+  "gla": (dict(family="gla"), dict(data=2, context=4)),
+  "gated_deltanet, tensor=2": (dict(family="gated_deltanet"), dict(fsdp=2, tensor=2, context=2)),
+  "retnet, tensor=2": (dict(family="retnet"), dict(tensor=2, context=4)),
+  "linear": (dict(family="linear"), dict(data=2, context=4)),
+  "sparse dilated window": (
+    dict(
+      family="sparse", block_size=8, pattern=("dilated_window", (("window", 16), ("dilation", 4)))
+    ),
+    dict(data=2, context=4),
+  ),
+  # A named implementation, which the ring cannot run: heads <-> sequence where the axis
+  # divides the heads, else keys/values gathered.
+  "dense xla, all_to_all": (dict(family="dense", implementation="xla"), dict(data=2, context=4)),
+  "dense reference, all_gather": (
+    dict(family="dense", implementation="reference", window=12),
+    dict(context=8),
+  ),
 }
 
 
@@ -91,7 +102,10 @@ def test_layer_shards_the_sequence_and_matches(case):
   jaxpr = reference[2]
   # The family function ran inside shard_map over the context axis (GSPMD would have none).
   assert "shard_map" in jaxpr and "context" in jaxpr
-  if options["family"] in ("dense", "qk_norm", "cosine", "sparse") and "implementation" not in options:
+  if (
+    options["family"] in ("dense", "qk_norm", "cosine", "sparse")
+    and "implementation" not in options
+  ):
     assert "ppermute" in jaxpr  # the ring
   if "all_to_all" in case:
     assert "all_to_all" in jaxpr and "ppermute" not in jaxpr
@@ -122,8 +136,9 @@ def test_linear_statistics_under_a_context_mesh_are_those_of_the_whole_call():
 def test_what_cannot_shard_the_sequence_runs_as_before():
   # A mask array (its key columns would live on other shards) and kv_bias (an extra key
   # column) take the XLA-partitioned path; the values are the same either way.
-  layer = nn.Attention(nn.AttentionConfig(num_heads=4, family="dense", kv_bias=True), d_model=D,
-                       rngs=nnx.Rngs(0))
+  layer = nn.Attention(
+    nn.AttentionConfig(num_heads=4, family="dense", kv_bias=True), d_model=D, rngs=nnx.Rngs(0)
+  )
   x, _ = inputs()
   pad = jnp.arange(T)[None, None, None, :] < 50
   plain = nn.Attention(nn.AttentionConfig(num_heads=4), d_model=D, rngs=nnx.Rngs(0))

@@ -33,21 +33,35 @@ TOLERANCE = 2e-5  # relative to the reference's largest magnitude (float32, high
 
 def run_cases(cases: list[dict], timeout: int = 1200) -> list[dict]:
   """Runs ``cases`` in a fresh process on 8 forced host devices; one result per case."""
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-             XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=8", *flags]))
-  cache = os.environ.get("ATTNJAX_TEST_COMPILATION_CACHE",
-                         str(ROOT / ".pytest_cache" / "jax-compilation-cache"))
+  flags = [
+    f
+    for f in os.environ.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+  ]
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=str(ROOT),
+    XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=8", *flags]),
+  )
+  cache = os.environ.get(
+    "ATTNJAX_TEST_COMPILATION_CACHE", str(ROOT / ".pytest_cache" / "jax-compilation-cache")
+  )
   if cache.strip().lower() not in ("", "0", "off", "false", "none"):
     env["ATTNJAX_CP_CACHE"] = cache
-  proc = subprocess.run([sys.executable, str(ROOT / "tests" / "context_parallel_cases.py"),
-                         json.dumps(cases)], capture_output=True, text=True, env=env,
-                        timeout=timeout, cwd=ROOT)
+  proc = subprocess.run(
+    [sys.executable, str(ROOT / "tests" / "context_parallel_cases.py"), json.dumps(cases)],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=timeout,
+    cwd=ROOT,
+  )
   results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   assert proc.returncode == 0 and len(results) == len(cases), (
-      f"the case process exited {proc.returncode} after {len(results)} of {len(cases)} "
-      f"cases:\n{proc.stderr[-3000:]}")
+    f"the case process exited {proc.returncode} after {len(results)} of {len(cases)} "
+    f"cases:\n{proc.stderr[-3000:]}"
+  )
   return results
 
 
@@ -74,26 +88,59 @@ def check(results: list[dict]) -> None:
 # ring and all_to_all; check_vma=False once. Rings of 8 devices: test_multiprocess (across two
 # processes) and -m slow.
 REPRESENTATIVE = [
-    dict(strategy="ring", P=4, T=128, normalizer="softmax", mask="causal", heads="gqa",
-         sinks=True, score_mod=True),
-    dict(strategy="ring", P=4, T=128, normalizer="softpick", mask="causal", layout="zigzag",
-         heads="mha"),
-    dict(strategy="ring", P=2, T=128, normalizer="sigmoid", mask="window", heads="gqa"),
-    dict(strategy="ring", P=4, T=128, normalizer="relu", mask="segments", heads="mqa",
-         layout="zigzag"),
-    dict(strategy="ring", P=4, T=128, normalizer="none", mask="mask_mod", heads="mha",
-         check_vma=False),
-    dict(strategy="all_to_all", P=4, T=128, normalizer="softmax", mask="bidirectional",
-         heads="gqa", sinks=True, score_mod=True, layout="zigzag"),
-    dict(strategy="all_gather", P=4, T=128, normalizer="softmax_one", mask="window",
-         heads="gqa", score_mod=True, stats=False, layout="zigzag"),
-    # Recurrent families: state passing, with resets (one at a shard boundary), initial state.
-    dict(family="gated_linear", P=4, T=64, segments=True, gla=True),
-    dict(family="delta_rule", P=2, T=64, initial_state=True),
-    # Errors raised while tracing inside shard_map (no compile).
-    dict(strategy="all_to_all", P=8, T=64, heads="gqa",
-         expect="N=4 heads (q (1, 8, 4, 8)) are not divisible by the axis size 8"),
-
+  dict(
+    strategy="ring",
+    P=4,
+    T=128,
+    normalizer="softmax",
+    mask="causal",
+    heads="gqa",
+    sinks=True,
+    score_mod=True,
+  ),
+  dict(
+    strategy="ring", P=4, T=128, normalizer="softpick", mask="causal", layout="zigzag", heads="mha"
+  ),
+  dict(strategy="ring", P=2, T=128, normalizer="sigmoid", mask="window", heads="gqa"),
+  dict(
+    strategy="ring", P=4, T=128, normalizer="relu", mask="segments", heads="mqa", layout="zigzag"
+  ),
+  dict(
+    strategy="ring", P=4, T=128, normalizer="none", mask="mask_mod", heads="mha", check_vma=False
+  ),
+  dict(
+    strategy="all_to_all",
+    P=4,
+    T=128,
+    normalizer="softmax",
+    mask="bidirectional",
+    heads="gqa",
+    sinks=True,
+    score_mod=True,
+    layout="zigzag",
+  ),
+  dict(
+    strategy="all_gather",
+    P=4,
+    T=128,
+    normalizer="softmax_one",
+    mask="window",
+    heads="gqa",
+    score_mod=True,
+    stats=False,
+    layout="zigzag",
+  ),
+  # Recurrent families: state passing, with resets (one at a shard boundary), initial state.
+  dict(family="gated_linear", P=4, T=64, segments=True, gla=True),
+  dict(family="delta_rule", P=2, T=64, initial_state=True),
+  # Errors raised while tracing inside shard_map (no compile).
+  dict(
+    strategy="all_to_all",
+    P=8,
+    T=64,
+    heads="gqa",
+    expect="N=4 heads (q (1, 8, 4, 8)) are not divisible by the axis size 8",
+  ),
 ]
 
 
@@ -105,48 +152,102 @@ def test_linear_attention_equals_the_unsharded_call():
   """Causal (chunked from the state the earlier shards pass) with an initial state on 4
   devices; non-causal (the global K^T V) with FAVOR+, its projection's gradient, on 2;
   statistics (every row against the gathered keys), causal on 2 and non-causal on 4."""
-  check(run_cases([
-      dict(family="linear", P=4, T=64, initial_state=True),
-      dict(family="linear", P=2, T=32, causal=False, feature_map="favor", heads="mha"),
-      dict(family="linear", P=2, T=32, stats=True),
-      dict(family="linear", P=4, T=48, causal=False, stats=True, feature_map="favor")]))
+  check(
+    run_cases(
+      [
+        dict(family="linear", P=4, T=64, initial_state=True),
+        dict(family="linear", P=2, T=32, causal=False, feature_map="favor", heads="mha"),
+        dict(family="linear", P=2, T=32, stats=True),
+        dict(family="linear", P=4, T=48, causal=False, stats=True, feature_map="favor"),
+      ]
+    )
+  )
 
 
 def test_sparse_attention_equals_the_unsharded_call():
   """A sliding window on the ring (the shard pairs out of its reach skipped), with sinks,
   score_mod and GQA; strided on all_to_all under zigzag with a mask_mod."""
-  check(run_cases([
-      dict(strategy="ring", P=4, T=64, pattern="sliding_window", mask="bidirectional",
-           heads="gqa", sinks=True, score_mod=True),
-      dict(strategy="all_to_all", P=2, T=64, pattern="strided", mask="mask_mod",
-           layout="zigzag"),
-      dict(strategy="ring", P=2, T=32, pattern="strided", implementation="reference",
-           expect="context_strategy='ring' runs the block-wise kernel on each pair of shards; "
-                  "implementation='reference' cannot")]))
+  check(
+    run_cases(
+      [
+        dict(
+          strategy="ring",
+          P=4,
+          T=64,
+          pattern="sliding_window",
+          mask="bidirectional",
+          heads="gqa",
+          sinks=True,
+          score_mod=True,
+        ),
+        dict(strategy="all_to_all", P=2, T=64, pattern="strided", mask="mask_mod", layout="zigzag"),
+        dict(
+          strategy="ring",
+          P=2,
+          T=32,
+          pattern="strided",
+          implementation="reference",
+          expect="context_strategy='ring' runs the block-wise kernel on each pair of shards; "
+          "implementation='reference' cannot",
+        ),
+      ]
+    )
+  )
 
 
 def test_all_gather_statistics_equal_the_unsharded_call():
   """return_stats with all_gather (the block-wise kernel on the local rows, means and max
   over every device's rows, the logsumexp gradient): dense with segments, a normaliser that
   counts keys and zigzag on 2 devices; a sparse Longformer pattern on 8."""
-  check(run_cases([
-      dict(strategy="all_gather", P=2, T=64, normalizer="sigmoid", mask="segments",
-           heads="gqa", stats=True, layout="zigzag"),
-      dict(strategy="all_gather", P=8, T=64, pattern="global_window", mask="bidirectional",
-           heads="mha", sinks=True, stats=True)]))
+  check(
+    run_cases(
+      [
+        dict(
+          strategy="all_gather",
+          P=2,
+          T=64,
+          normalizer="sigmoid",
+          mask="segments",
+          heads="gqa",
+          stats=True,
+          layout="zigzag",
+        ),
+        dict(
+          strategy="all_gather",
+          P=8,
+          T=64,
+          pattern="global_window",
+          mask="bidirectional",
+          heads="mha",
+          sinks=True,
+          stats=True,
+        ),
+      ]
+    )
+  )
 
 
 def _cross_product() -> list[dict]:
   cases = []
   for strategy, P, normalizer, mask, heads in itertools.product(
-      parallel.CONTEXT_STRATEGIES, (2, 4, 8), attnjax.normalizers.NORMALIZERS,
-      ("causal", "causal_zigzag", "window", "segments", "bidirectional", "mask_mod"),
-      ("mha", "gqa")):
-    case = dict(strategy=strategy, P=P, T=16 * P, normalizer=normalizer, heads=heads,
-                mask="causal" if mask == "causal_zigzag" else mask,
-                layout="zigzag" if mask == "causal_zigzag" else "contiguous",
-                stats=True, sinks=normalizer == "softmax",
-                score_mod=normalizer == "softmax")
+    parallel.CONTEXT_STRATEGIES,
+    (2, 4, 8),
+    attnjax.normalizers.NORMALIZERS,
+    ("causal", "causal_zigzag", "window", "segments", "bidirectional", "mask_mod"),
+    ("mha", "gqa"),
+  ):
+    case = dict(
+      strategy=strategy,
+      P=P,
+      T=16 * P,
+      normalizer=normalizer,
+      heads=heads,
+      mask="causal" if mask == "causal_zigzag" else mask,
+      layout="zigzag" if mask == "causal_zigzag" else "contiguous",
+      stats=True,
+      sinks=normalizer == "softmax",
+      score_mod=normalizer == "softmax",
+    )
     if strategy == "all_to_all" and P == 8:
       case["heads"] = "mha" if heads == "mha" else "gqa"
       case["P"] = 4  # N=4 query heads cannot split over 8 devices
@@ -157,27 +258,58 @@ def _cross_product() -> list[dict]:
 
 @pytest.mark.slow
 def test_recurrent_families_equal_the_unsharded_call_on_2_4_8_devices():
-  check(run_cases([dict(family=family, P=P, T=16 * P, segments=segments,
-                        initial_state=initial, gla=family == "gated_linear" and segments)
-                   for family, P, segments, initial in itertools.product(
-                       ("gated_linear", "delta_rule"), (2, 4, 8), (False, True),
-                       (False, True))], timeout=3600))
+  check(
+    run_cases(
+      [
+        dict(
+          family=family,
+          P=P,
+          T=16 * P,
+          segments=segments,
+          initial_state=initial,
+          gla=family == "gated_linear" and segments,
+        )
+        for family, P, segments, initial in itertools.product(
+          ("gated_linear", "delta_rule"), (2, 4, 8), (False, True), (False, True)
+        )
+      ],
+      timeout=3600,
+    )
+  )
 
 
-SPARSE_PATTERNS = ("sliding_window", "strided", "fixed", "global_window", "bigbird",
-                   "sinks_window", "dilated_window", "causal_global")
+SPARSE_PATTERNS = (
+  "sliding_window",
+  "strided",
+  "fixed",
+  "global_window",
+  "bigbird",
+  "sinks_window",
+  "dilated_window",
+  "causal_global",
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ring", "all_gather", "all_to_all"])
 def test_sparse_attention_equals_the_unsharded_call_on_2_4_8_devices(strategy):
   cases = []
-  for n, (pattern, P, mask) in enumerate(itertools.product(
-      SPARSE_PATTERNS, (2, 4, 8), ("bidirectional", "segments", "mask_mod"))):
-    case = dict(strategy=strategy, P=P, T=16 * P, pattern=pattern, mask=mask,
-                heads=("mha", "gqa")[n % 2], normalizer=("softmax", "sigmoid")[n % 3 == 2],
-                sinks=n % 3 == 0, score_mod=n % 4 == 0, stats=True,
-                layout="zigzag" if n % 5 == 1 else "contiguous")
+  for n, (pattern, P, mask) in enumerate(
+    itertools.product(SPARSE_PATTERNS, (2, 4, 8), ("bidirectional", "segments", "mask_mod"))
+  ):
+    case = dict(
+      strategy=strategy,
+      P=P,
+      T=16 * P,
+      pattern=pattern,
+      mask=mask,
+      heads=("mha", "gqa")[n % 2],
+      normalizer=("softmax", "sigmoid")[n % 3 == 2],
+      sinks=n % 3 == 0,
+      score_mod=n % 4 == 0,
+      stats=True,
+      layout="zigzag" if n % 5 == 1 else "contiguous",
+    )
     if strategy == "all_to_all" and P == 8:
       case.update(P=4, T=64)  # N=4 query heads cannot split over 8 devices
     cases.append(case)
@@ -188,18 +320,32 @@ def test_sparse_attention_equals_the_unsharded_call_on_2_4_8_devices(strategy):
 def test_linear_attention_equals_the_unsharded_call_on_2_4_8_devices():
   cases = []
   for P, causal, implementation, normalize, initial in itertools.product(
-      (2, 4, 8), (True, False), (None, "quadratic", "recurrent"),
-      ("denominator", "none", "output_rms"), (False, True)):
+    (2, 4, 8),
+    (True, False),
+    (None, "quadratic", "recurrent"),
+    ("denominator", "none", "output_rms"),
+    (False, True),
+  ):
     if implementation == "recurrent" and not causal:
       continue  # no non-causal recurrent form
-    cases.append(dict(family="linear", P=P, T=8 * P + 4 * (P == 2), causal=causal,
-                      implementation=implementation, normalize=normalize,
-                      initial_state=initial, heads="gqa" if initial else "mha",
-                      feature_map="favor" if normalize == "output_rms" else "elu_plus_one",
-                      chunk_size=3, stats=normalize == "denominator",
-                      # the entropy's gradient goes through log w of every pair: float32
-                      # summation order moves dq by up to ~5e-5 (values agree to ~1e-7)
-                      tol=1e-4 if normalize == "denominator" else TOLERANCE))
+    cases.append(
+      dict(
+        family="linear",
+        P=P,
+        T=8 * P + 4 * (P == 2),
+        causal=causal,
+        implementation=implementation,
+        normalize=normalize,
+        initial_state=initial,
+        heads="gqa" if initial else "mha",
+        feature_map="favor" if normalize == "output_rms" else "elu_plus_one",
+        chunk_size=3,
+        stats=normalize == "denominator",
+        # the entropy's gradient goes through log w of every pair: float32
+        # summation order moves dq by up to ~5e-5 (values agree to ~1e-7)
+        tol=1e-4 if normalize == "denominator" else TOLERANCE,
+      )
+    )
   check(run_cases(cases, timeout=3600))
 
 
@@ -228,8 +374,11 @@ def test_zigzag_puts_chunks_p_and_2p_minus_1_minus_p_on_shard_p(P):
 
 
 def test_zigzag_names_the_axis_and_shape_it_cannot_split():
-  with pytest.raises(ValueError, match=r"zigzag: the token axis \(1\) of shape \(1, 6, 2\) has "
-                                       r"length 6, not a multiple of 2 \* axis_size = 4"):
+  with pytest.raises(
+    ValueError,
+    match=r"zigzag: the token axis \(1\) of shape \(1, 6, 2\) has "
+    r"length 6, not a multiple of 2 \* axis_size = 4",
+  ):
     parallel.zigzag(jnp.zeros((1, 6, 2)), 2)
   with pytest.raises(ValueError, match="axis_size must be a positive int"):
     parallel.unzigzag(jnp.zeros((1, 8)), 0)
@@ -240,16 +389,18 @@ def test_zigzag_balances_causal_tiles_and_contiguous_does_not(P):
   """Under a causal mask every device visits the same number of tiles (within one) with
   zigzag; with contiguous shards the last device visits about 2P - 1 times the first's."""
   T = 512
-  zz = ring.plan(T, T, P, "zigzag", is_causal=True, window=None, with_stats=False,
-                 block_q=64, block_k=64)
+  zz = ring.plan(
+    T, T, P, "zigzag", is_causal=True, window=None, with_stats=False, block_q=64, block_k=64
+  )
   tiles = [zz.tiles(p) for p in range(P)]
   assert max(tiles) - min(tiles) <= 1, tiles
-  flat = ring.plan(T, T, P, "contiguous", is_causal=True, window=None, with_stats=False,
-                   block_q=64, block_k=64)
+  flat = ring.plan(
+    T, T, P, "contiguous", is_causal=True, window=None, with_stats=False, block_q=64, block_k=64
+  )
   tiles = [flat.tiles(p) for p in range(P)]
   per_block = T // 64
   assert tiles[0] == per_block * (per_block + 1) // 2
-  assert tiles[-1] == tiles[0] + (P - 1) * per_block ** 2
+  assert tiles[-1] == tiles[0] + (P - 1) * per_block**2
   # Every causal tile of the whole sequence is visited once in either layout.
   whole = (P * per_block) * (P * per_block + 1) // 2
   assert sum(tiles) == whole and sum(zz.tiles(p) for p in range(P)) >= whole
@@ -257,8 +408,9 @@ def test_zigzag_balances_causal_tiles_and_contiguous_does_not(P):
 
 def test_a_window_crosses_only_the_shards_it_reaches():
   P, T, w = 8, 256, 100
-  r = ring.plan(T, T, P, "contiguous", is_causal=False, window=(w, 0), with_stats=False,
-                block_q=64, block_k=64)
+  r = ring.plan(
+    T, T, P, "contiguous", is_causal=False, window=(w, 0), with_stats=False, block_q=64, block_k=64
+  )
   for p in range(P):
     visited = [src for src in range(P) if r.classes[r.table[p][src]][0] is not None]
     assert visited == ([p - 1, p] if p else [0]), (p, visited)
@@ -266,8 +418,10 @@ def test_a_window_crosses_only_the_shards_it_reaches():
 
 def test_context_keywords_are_checked():
   q = jnp.zeros((1, 8, 2, 4))
-  with pytest.raises(ValueError, match="context_strategy='ring_attention' is not one of: "
-                                       "'ring', 'all_gather', 'all_to_all'"):
+  with pytest.raises(
+    ValueError,
+    match="context_strategy='ring_attention' is not one of: 'ring', 'all_gather', 'all_to_all'",
+  ):
     attnjax.dot_product_attention(q, q, q, context_axis="c", context_strategy="ring_attention")
   with pytest.raises(ValueError, match="context_layout='striped' is not one of"):
     attnjax.dot_product_attention(q, q, q, context_axis="c", context_layout="striped")
@@ -281,8 +435,9 @@ def test_context_keywords_are_checked():
 
 def test_linear_attention_context_axis_is_checked():
   q = jnp.zeros((1, 8, 2, 4))
-  with pytest.raises(ValueError, match="context_axis='c' is not a mesh axis of the enclosing "
-                                       "jax.shard_map"):
+  with pytest.raises(
+    ValueError, match="context_axis='c' is not a mesh axis of the enclosing jax.shard_map"
+  ):
     attnjax.linear_attention(q, q, q, is_causal=True, context_axis="c")
   with pytest.raises(TypeError, match="context_axis must be a shard_map mesh axis name"):
     attnjax.linear_attention(q, q, q, context_axis=3)
@@ -291,8 +446,9 @@ def test_linear_attention_context_axis_is_checked():
 def test_sparse_attention_context_axis_is_checked():
   q = jnp.zeros((1, 8, 2, 4))
   window = attnjax.patterns.sliding_window(2)
-  with pytest.raises(ValueError, match="context_axis='c' is not a mesh axis of the enclosing "
-                                       "jax.shard_map"):
+  with pytest.raises(
+    ValueError, match="context_axis='c' is not a mesh axis of the enclosing jax.shard_map"
+  ):
     attnjax.sparse_attention(q, q, q, pattern=window, context_axis="c")
   with pytest.raises(ValueError, match="were given without context_axis"):
     attnjax.sparse_attention(q, q, q, pattern=window, context_strategy="all_gather")
@@ -300,13 +456,20 @@ def test_sparse_attention_context_axis_is_checked():
 
 @pytest.mark.parametrize("name", ["gated_linear", "delta_rule"])
 def test_recurrent_context_axis_is_checked(name):
-  fn = {"gated_linear": lambda q, **kw: attnjax.gated_linear_attention(
-            q, q, q, log_decay=jnp.zeros(q.shape[:3]), **kw),
-        "delta_rule": lambda q, **kw: attnjax.delta_rule_attention(
-            q, q, q, jnp.full(q.shape[:3], 0.5), **kw)}[name]
+  fn = {
+    "gated_linear": lambda q, **kw: attnjax.gated_linear_attention(
+      q, q, q, log_decay=jnp.zeros(q.shape[:3]), **kw
+    ),
+    "delta_rule": lambda q, **kw: attnjax.delta_rule_attention(
+      q, q, q, jnp.full(q.shape[:3], 0.5), **kw
+    ),
+  }[name]
   q = jnp.zeros((1, 8, 2, 4))
-  with pytest.raises(ValueError, match=f"context_axis='c' is not a mesh axis of the enclosing "
-                                       f"jax.shard_map \\(call {name}_attention inside"):
+  with pytest.raises(
+    ValueError,
+    match=f"context_axis='c' is not a mesh axis of the enclosing "
+    f"jax.shard_map \\(call {name}_attention inside",
+  ):
     fn(q, context_axis="c")
   with pytest.raises(TypeError, match="context_axis must be a shard_map mesh axis name"):
     fn(q, context_axis=3)
@@ -330,8 +493,9 @@ def test_the_strategies_import_no_family():
           names = {a.name for a in node.names}
         assert not names & families, (path.name, node.module)
       elif isinstance(node, ast.Import):
-        assert not {a.name.split(".")[1] for a in node.names
-                    if a.name.startswith("attnjax.")} & families, path.name
+        assert (
+          not {a.name.split(".")[1] for a in node.names if a.name.startswith("attnjax.")} & families
+        ), path.name
 
 
 def test_run_hands_the_context_strategy_the_ops_own_computation():
@@ -345,8 +509,14 @@ def test_run_hands_the_context_strategy_the_ops_own_computation():
     seen.append(axis)
     return local((x + 1, None), implementation)
 
-  op = _op.Op("stand_in_context", {"double": engine}, {}, ("double",), context=context,
-              context_axis=lambda x, axis: axis)
+  op = _op.Op(
+    "stand_in_context",
+    {"double": engine},
+    {},
+    ("double",),
+    context=context,
+    context_axis=lambda x, axis: axis,
+  )
   for implementation in ("double", None):
     np.testing.assert_array_equal(_op.run(op, (jnp.ones(3), "seq"), implementation), 4.0)
   assert seen == ["seq", "seq"]

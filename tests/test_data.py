@@ -139,11 +139,14 @@ def test_bigram_backcopy_follows_its_rule():
   assert (transition[prev[plain], nxt[plain]] > 0).all()
 
 
-@pytest.mark.parametrize("key,value,match", [
+@pytest.mark.parametrize(
+  "key,value,match",
+  [
     ("name", "wiki", "data.name"),
     ("seq_len", 1, "data.seq_len"),
     ("batch_size", 0, "data.batch_size"),
-])
+  ],
+)
 def test_from_config_errors_name_the_key(key, value, match):
   cfg = _config()
   cfg[key] = value
@@ -178,11 +181,16 @@ def test_packing_needs_documents(tmp_path):
   # Every document is a whole line: a BOS is followed by "first" or "second".
   tok = batches.data.tokenizer
   for r, t in zip(*np.nonzero(b.inputs == batches.bos_id)):
-    rest = tok.decode(b.inputs[r, t + 1:])
+    rest = tok.decode(b.inputs[r, t + 1 :])
     assert "first line".startswith(rest[:10]) or "second line".startswith(rest[:11])
   unpacked = data.CorpusBatches(batches.data, seq_len=16, batch_size=4, seed=0)
   assert not unpacked.batch("val", 2).packed
-  bins = data.TokenData(train=np.arange(100, dtype=np.uint16), val=np.arange(50, dtype=np.uint16),
-                        vocab_size=101, bos_id=100, unit="token")
+  bins = data.TokenData(
+    train=np.arange(100, dtype=np.uint16),
+    val=np.arange(50, dtype=np.uint16),
+    vocab_size=101,
+    bos_id=100,
+    unit="token",
+  )
   with pytest.raises(ValueError, match="data.pack"):
     data.CorpusBatches(bins, seq_len=8, batch_size=2, pack=True)

@@ -15,9 +15,20 @@ from attnjax._src.ops.delta_rule.attention import delta_rule_attention
 from helpers import assert_close
 
 
-
-def _inputs(B=2, T=37, N=4, K=2, H=8, Hv=None, *, seed=0, beta=(0.1, 0.9), decay=(-1.0, 0.0),
-            gated=True, dtype=jnp.float32):
+def _inputs(
+  B=2,
+  T=37,
+  N=4,
+  K=2,
+  H=8,
+  Hv=None,
+  *,
+  seed=0,
+  beta=(0.1, 0.9),
+  decay=(-1.0, 0.0),
+  gated=True,
+  dtype=jnp.float32,
+):
   """numpy draws (no XLA program per shape); k L2-normalised as the papers' layers do."""
   Hv = H if Hv is None else Hv
   rng = np.random.default_rng(seed)
@@ -34,8 +45,10 @@ def _inputs(B=2, T=37, N=4, K=2, H=8, Hv=None, *, seed=0, beta=(0.1, 0.9), decay
 
 def _cotangents(B, T, N, H, Hv, seed=11):
   rng = np.random.default_rng(seed)
-  return (jnp.asarray(rng.standard_normal((B, T, N, Hv), np.float32)),
-          jnp.asarray(rng.standard_normal((B, N, H, Hv), np.float32)))
+  return (
+    jnp.asarray(rng.standard_normal((B, T, N, Hv), np.float32)),
+    jnp.asarray(rng.standard_normal((B, N, H, Hv), np.float32)),
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "gated", "forms"))
@@ -44,39 +57,68 @@ def _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state, *, chunk_size, gate
   with respect to q, k, v, beta, log_decay (if gated) and initial_state."""
   results = []
   for impl in forms:
+
     def loss(q, k, v, beta, g, s0):
       out, state = delta_rule_attention(
-          q, k, v, beta, log_decay=g if gated else None, initial_state=s0, return_state=True,
-          segment_ids=seg, implementation=impl, chunk_size=chunk_size)
-      l = (jnp.sum(out.astype(jnp.float32) * ct_out) + jnp.sum(state * ct_state))
+        q,
+        k,
+        v,
+        beta,
+        log_decay=g if gated else None,
+        initial_state=s0,
+        return_state=True,
+        segment_ids=seg,
+        implementation=impl,
+        chunk_size=chunk_size,
+      )
+      l = jnp.sum(out.astype(jnp.float32) * ct_out) + jnp.sum(state * ct_state)
       return l, (out, state)
+
     argnums = (0, 1, 2, 3, 4, 5) if gated else (0, 1, 2, 3, 5)
     grads, (out, state) = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, beta, g, s0)
     results.append((out, state, grads))
   return results
 
 
-def _check_forms(q, k, v, beta, g, s0, seg=None, *, chunk_size=16, rtol=2e-5, atol=2e-5,
-                 grad_tol=1e-4, forms=("reference", "chunked")):
+def _check_forms(
+  q,
+  k,
+  v,
+  beta,
+  g,
+  s0,
+  seg=None,
+  *,
+  chunk_size=16,
+  rtol=2e-5,
+  atol=2e-5,
+  grad_tol=1e-4,
+  forms=("reference", "chunked"),
+):
   B, T, N, H = q.shape
   Hv = v.shape[-1]
   ct_out, ct_state = _cotangents(B, T, N, H, Hv)
   gated = g is not None
   if g is None:
     g = jnp.zeros_like(beta)
-  (ro, rs, rg), (co, cs, cg) = _both_forms(q, k, v, beta, g, s0, seg, ct_out, ct_state,
-                                           chunk_size=chunk_size, gated=gated, forms=forms)
+  (ro, rs, rg), (co, cs, cg) = _both_forms(
+    q, k, v, beta, g, s0, seg, ct_out, ct_state, chunk_size=chunk_size, gated=gated, forms=forms
+  )
   assert co.dtype == q.dtype and cs.dtype == jnp.float32
   assert co.shape == (B, T, N, Hv) and cs.shape == (B, N, H, Hv)
   assert np.all(np.isfinite(np.asarray(co, np.float32)))
   assert_close(co.astype(jnp.float32), ro.astype(jnp.float32), "out", rtol=rtol, atol=atol)
   assert_close(cs, rs, "state", rtol=rtol, atol=atol)
-  names = ("q", "k", "v", "beta", "log_decay", "initial_state") if gated else (
-      "q", "k", "v", "beta", "initial_state")
+  names = (
+    ("q", "k", "v", "beta", "log_decay", "initial_state")
+    if gated
+    else ("q", "k", "v", "beta", "initial_state")
+  )
   for name, a, b in zip(names, cg, rg):
     assert np.all(np.isfinite(np.asarray(a, np.float32))), name
-    assert_close(a.astype(jnp.float32), b.astype(jnp.float32), f"grad {name}",
-                 rtol=grad_tol, atol=grad_tol)
+    assert_close(
+      a.astype(jnp.float32), b.astype(jnp.float32), f"grad {name}", rtol=grad_tol, atol=grad_tol
+    )
   return ro, rs
 
 
@@ -85,9 +127,11 @@ def test_exported():
   assert "delta_rule_attention" in attnjax.__all__
 
 
-@pytest.mark.parametrize("gated,T,chunk_size", [
-    (False, 37, 16), (True, 37, 16), (True, 32, 8), (False, 20, 64)],
-    ids=["plain-ragged", "gated-ragged", "gated-exact", "plain-one_chunk"])
+@pytest.mark.parametrize(
+  "gated,T,chunk_size",
+  [(False, 37, 16), (True, 37, 16), (True, 32, 8), (False, 20, 64)],
+  ids=["plain-ragged", "gated-ragged", "gated-exact", "plain-one_chunk"],
+)
 def test_chunked_equals_reference(gated, T, chunk_size):
   q, k, v, b, g, s0 = _inputs(T=T, gated=gated)
   _check_forms(q, k, v, b, g, s0, chunk_size=chunk_size)
@@ -110,8 +154,15 @@ def test_gqa_equals_repeated_kv():
   """GQA reads kv head n // (N // K): equal to repeating k, v to N heads."""
   q, k, v, b, g, s0 = _inputs(T=21, N=4, K=2, seed=5)
   out = delta_rule_attention(q, k, v, b, log_decay=g, initial_state=s0, chunk_size=8)
-  rep = delta_rule_attention(q, jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2), b,
-                             log_decay=g, initial_state=s0, chunk_size=8)
+  rep = delta_rule_attention(
+    q,
+    jnp.repeat(k, 2, axis=2),
+    jnp.repeat(v, 2, axis=2),
+    b,
+    log_decay=g,
+    initial_state=s0,
+    chunk_size=8,
+  )
   assert_close(out, rep, "gqa")
 
 
@@ -129,11 +180,13 @@ def test_decay_extremes(decay):
   if decay[0] == -20.0:
     # exp(-20) ~ 2e-9: each output is (almost) only its own write beta_t k_t v_t^T.
     B, T, N, H = q.shape
-    qg = np.asarray(q).reshape(B, T, 2, 2, H) * H ** -0.5
-    own = (np.einsum("btkgh,btkh->btkg", qg, np.asarray(k))[..., None]
-           * np.asarray(b).reshape(B, T, 2, 2)[..., None] * np.asarray(v)[:, :, :, None])
-    np.testing.assert_allclose(np.asarray(ro)[:, 1:], own.reshape(B, T, N, H)[:, 1:],
-                               atol=1e-6)
+    qg = np.asarray(q).reshape(B, T, 2, 2, H) * H**-0.5
+    own = (
+      np.einsum("btkgh,btkh->btkg", qg, np.asarray(k))[..., None]
+      * np.asarray(b).reshape(B, T, 2, 2)[..., None]
+      * np.asarray(v)[:, :, :, None]
+    )
+    np.testing.assert_allclose(np.asarray(ro)[:, 1:], own.reshape(B, T, N, H)[:, 1:], atol=1e-6)
 
 
 def test_segments_equal_documents_run_separately():
@@ -146,8 +199,15 @@ def test_segments_equal_documents_run_separately():
   for i, L in enumerate(lengths):
     sl = slice(start, start + L)
     out, state = delta_rule_attention(
-        q[:, sl], k[:, sl], v[:, sl], b[:, sl], log_decay=g[:, sl],
-        initial_state=s0 if i == 0 else None, return_state=True, implementation="reference")
+      q[:, sl],
+      k[:, sl],
+      v[:, sl],
+      b[:, sl],
+      log_decay=g[:, sl],
+      initial_state=s0 if i == 0 else None,
+      return_state=True,
+      implementation="reference",
+    )
     assert_close(ro[:, sl], out, f"document {i}")
     start += L
   assert_close(rs, state, "final state is the last document's")
@@ -177,15 +237,30 @@ def test_state_chaining(impl):
   q, k, v, b, g, s0 = _inputs(T=40, seed=9)
   seg = jnp.asarray(np.repeat([[0] * 12 + [1] * 28], 2, axis=0))
   kw = dict(implementation=impl, chunk_size=8, return_state=True)
-  out, state = delta_rule_attention(q, k, v, b, log_decay=g, initial_state=s0,
-                                    segment_ids=seg, **kw)
+  out, state = delta_rule_attention(
+    q, k, v, b, log_decay=g, initial_state=s0, segment_ids=seg, **kw
+  )
   cut = 19
-  o1, s1 = delta_rule_attention(q[:, :cut], k[:, :cut], v[:, :cut], b[:, :cut],
-                                log_decay=g[:, :cut], initial_state=s0,
-                                segment_ids=seg[:, :cut], **kw)
-  o2, s2 = delta_rule_attention(q[:, cut:], k[:, cut:], v[:, cut:], b[:, cut:],
-                                log_decay=g[:, cut:], initial_state=s1,
-                                segment_ids=seg[:, cut:], **kw)
+  o1, s1 = delta_rule_attention(
+    q[:, :cut],
+    k[:, :cut],
+    v[:, :cut],
+    b[:, :cut],
+    log_decay=g[:, :cut],
+    initial_state=s0,
+    segment_ids=seg[:, :cut],
+    **kw,
+  )
+  o2, s2 = delta_rule_attention(
+    q[:, cut:],
+    k[:, cut:],
+    v[:, cut:],
+    b[:, cut:],
+    log_decay=g[:, cut:],
+    initial_state=s1,
+    segment_ids=seg[:, cut:],
+    **kw,
+  )
   assert_close(jnp.concatenate([o1, o2], axis=1), out, "chained out")
   assert_close(s2, state, "chained state")
 
@@ -199,20 +274,31 @@ def test_hand_checked_tiny_case():
   g = np.array([-0.1, -0.7])
   scale = 0.5
   s = np.zeros((2, 2))
-  s = np.exp(g[0]) * (np.eye(2) - beta[0] * np.outer(k[0], k[0])) @ s + beta[0] * np.outer(k[0], v[0])
+  s = np.exp(g[0]) * (np.eye(2) - beta[0] * np.outer(k[0], k[0])) @ s + beta[0] * np.outer(
+    k[0], v[0]
+  )
   # S_1 = 0.5 * [0.6, 0.8]^T [2, -1] = [[0.6, -0.3], [0.8, -0.4]]
   np.testing.assert_allclose(s, [[0.6, -0.3], [0.8, -0.4]])
   o0 = scale * s.T @ q[0]  # 0.5 * [0.6, -0.3]
-  s = np.exp(g[1]) * (np.eye(2) - beta[1] * np.outer(k[1], k[1])) @ s + beta[1] * np.outer(k[1], v[1])
+  s = np.exp(g[1]) * (np.eye(2) - beta[1] * np.outer(k[1], k[1])) @ s + beta[1] * np.outer(
+    k[1], v[1]
+  )
   o1 = scale * s.T @ q[1]
   e = np.exp(-0.7)
   np.testing.assert_allclose(s, [[0.75 * 0.6 * e, -0.75 * 0.3 * e + 0.75], [0.8 * e, -0.4 * e]])
   arr = lambda x: jnp.asarray(x, jnp.float32)[None, :, None]
   for impl in ("reference", "chunked"):
-    out, state = delta_rule_attention(arr(q), arr(k), arr(v), arr(beta), log_decay=arr(g),
-                                      scale=scale, return_state=True, implementation=impl)
-    np.testing.assert_allclose(np.asarray(out)[0, :, 0], np.stack([o0, o1]), rtol=1e-6,
-                               atol=1e-6)
+    out, state = delta_rule_attention(
+      arr(q),
+      arr(k),
+      arr(v),
+      arr(beta),
+      log_decay=arr(g),
+      scale=scale,
+      return_state=True,
+      implementation=impl,
+    )
+    np.testing.assert_allclose(np.asarray(out)[0, :, 0], np.stack([o0, o1]), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(state)[0, 0], s, rtol=1e-6, atol=1e-6)
 
 
@@ -220,11 +306,13 @@ def test_default_scale_and_no_decay_is_zero_decay():
   q, k, v, b, g, s0 = _inputs(T=12, seed=10)
   H = q.shape[-1]
   out = delta_rule_attention(q, k, v, b)
-  assert_close(out, delta_rule_attention(q, k, v, b, scale=H ** -0.5), "default scale")
+  assert_close(out, delta_rule_attention(q, k, v, b, scale=H**-0.5), "default scale")
   assert_close(out, delta_rule_attention(q, k, v, b, log_decay=jnp.zeros_like(b)), "g=0")
 
 
-@pytest.mark.parametrize("kwargs,args_fn,exc,match", [
+@pytest.mark.parametrize(
+  "kwargs,args_fn,exc,match",
+  [
     ({}, lambda q, k, v, b: (q[0], k, v, b), ValueError, r"q must have rank 4"),
     ({}, lambda q, k, v, b: (q, k[:, :5], v[:, :5], b), ValueError, r"S == T"),
     ({}, lambda q, k, v, b: (q[:, :, :3], k, v, b), ValueError, r"N=3.*K=2"),
@@ -237,9 +325,14 @@ def test_default_scale_and_no_decay_is_zero_decay():
     ({"chunk_size": 2.5}, None, TypeError, r"a positive int, got chunk_size=2.5"),
     ({"scale": -1.0}, None, ValueError, r"scale must be positive"),
     ({"segment_ids": jnp.zeros((2, 11), jnp.int32)}, None, ValueError, r"segment_ids"),
-    ({"segment_ids": (jnp.zeros((2, 12), jnp.int32),) * 2}, None, TypeError,
-     r"segment_ids must be one"),
-])
+    (
+      {"segment_ids": (jnp.zeros((2, 12), jnp.int32),) * 2},
+      None,
+      TypeError,
+      r"segment_ids must be one",
+    ),
+  ],
+)
 def test_validation(kwargs, args_fn, exc, match):
   q, k, v, b, _, _ = _inputs(T=12)
   args = (q, k, v, b) if args_fn is None else args_fn(q, k, v, b)
@@ -266,8 +359,9 @@ def test_unit_lower_solve_vjp_is_the_solves():
 
   def plain(a, rhs):
     a = jnp.where(strict, a, 0.0)
-    return jnp.einsum("bcd,bde->bce", delta_rule.unit_lower_inverse(a), rhs,
-                      precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum(
+      "bcd,bde->bce", delta_rule.unit_lower_inverse(a), rhs, precision=jax.lax.Precision.HIGHEST
+    )
 
   def ours(a, rhs):
     return delta_rule.unit_lower_solve(jnp.where(strict, a, 0.0), rhs)

@@ -23,10 +23,12 @@ def reordered(length: int) -> dict:
 
 def loss_of(fn):
   """Scalar loss with a fixed random cotangent, for gradient comparisons."""
+
   def loss(q, k, v, *extra):
     out = fn(q, k, v, *extra)
     ct = jax.random.normal(jax.random.key(42), out.shape, jnp.float32)
     return jnp.sum(out.astype(jnp.float32) * ct)
+
   return loss
 
 
@@ -34,14 +36,14 @@ def loss_of(fn):
 # Parity with jax.nn.dot_product_attention.
 
 PARITY_CASES = {
-    "plain": dict(),
-    "causal": dict(is_causal=True),
-    "scale": dict(scale=0.37),
-    "window": dict(window=(3, 2)),
-    "causal_window": dict(is_causal=True, window=(4, 0)),
-    "mask": dict(mask="random"),
-    "bias": dict(bias="random"),
-    "causal_mask_bias": dict(is_causal=True, mask="random", bias="random"),
+  "plain": dict(),
+  "causal": dict(is_causal=True),
+  "scale": dict(scale=0.37),
+  "window": dict(window=(3, 2)),
+  "causal_window": dict(is_causal=True, window=(4, 0)),
+  "mask": dict(mask="random"),
+  "bias": dict(bias="random"),
+  "causal_mask_bias": dict(is_causal=True, mask="random", bias="random"),
 }
 
 
@@ -70,7 +72,9 @@ def test_parity_with_jax_nn_fp32(case, K):
   ref = theirs(q, k, v, **theirs_kw)
   np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
   g_ours = jax.grad(loss_of(lambda q, k, v: ours(q, k, v, **opts)), argnums=(0, 1, 2))(q, k, v)
-  g_ref = jax.grad(loss_of(lambda q, k, v: theirs(q, k, v, **theirs_kw)), argnums=(0, 1, 2))(q, k, v)
+  g_ref = jax.grad(loss_of(lambda q, k, v: theirs(q, k, v, **theirs_kw)), argnums=(0, 1, 2))(
+    q, k, v
+  )
   for a, b in zip(g_ours, g_ref):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
@@ -93,8 +97,9 @@ def test_parity_with_jax_nn_bf16(is_causal, K):
   ref = jax.nn.dot_product_attention(q, k, v, is_causal=is_causal)
   assert out.dtype == jnp.bfloat16
   np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), atol=2e-2, rtol=2e-2)
-  exact = attnjax.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)),
-                                        is_causal=is_causal)
+  exact = attnjax.dot_product_attention(
+    *(x.astype(jnp.float32) for x in (q, k, v)), is_causal=is_causal
+  )
   np.testing.assert_allclose(out.astype(np.float32), exact, atol=1e-2, rtol=1e-2)
 
 
@@ -102,20 +107,28 @@ def test_xla_implementation_matches_reference():
   q, k, v = rand_qkv(T=10)
   mask = jax.random.bernoulli(jax.random.key(1), 0.5, (2, 1, 10, 10))
   seg = jnp.array([[0] * 4 + [1] * 6, [0] * 10])
-  for kw in (dict(is_causal=True), dict(mask=mask), dict(segment_ids=seg, is_causal=True),
-             dict(window=(2, 1))):
+  for kw in (
+    dict(is_causal=True),
+    dict(mask=mask),
+    dict(segment_ids=seg, is_causal=True),
+    dict(window=(2, 1)),
+  ):
     a = attnjax.dot_product_attention(q, k, v, implementation="xla", **kw)
     b = attnjax.dot_product_attention(q, k, v, implementation="reference", **kw)
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kw,word", [
+@pytest.mark.parametrize(
+  "kw,word",
+  [
     (dict(normalizer="sigmoid"), "normalizer='sigmoid'"),
     (dict(softcap=5.0), "softcap"),
     (dict(sink_logits=jnp.zeros(8)), "sink_logits"),
     (dict(similarity="neg_sq_euclidean"), "similarity"),
     (dict(return_stats=True), "return_stats"),
-], ids=["sigmoid", "softcap", "sinks", "euclid", "stats"])
+  ],
+  ids=["sigmoid", "softcap", "sinks", "euclid", "stats"],
+)
 def test_xla_refuses_options_it_cannot_honour(kw, word):
   q, k, v = rand_qkv(T=4)
   with pytest.raises(ValueError, match=word):
@@ -179,7 +192,7 @@ def test_normalizer_matches_formula(normalizer, is_causal):
   out = attnjax.dot_product_attention(q, k, v, is_causal=is_causal, normalizer=normalizer)
   allowed = np.tril(np.ones((7, 7), bool)) if is_causal else np.ones((7, 7), bool)
   allowed = np.broadcast_to(allowed, (1, 4, 7, 7))
-  w = _np_weights(_np_logits(q, k, 8 ** -0.5), allowed, normalizer)
+  w = _np_weights(_np_logits(q, k, 8**-0.5), allowed, normalizer)
   np.testing.assert_allclose(out, _np_out(w, v, 4), atol=1e-5, rtol=1e-5)
 
 
@@ -188,7 +201,7 @@ def test_sink_logits_match_formula():
   sink = jnp.array([-2.0, 0.0, 1.0, 5.0])
   out = attnjax.dot_product_attention(q, k, v, sink_logits=sink, is_causal=True)
   allowed = np.broadcast_to(np.tril(np.ones((6, 6), bool)), (1, 4, 6, 6))
-  w = _np_weights(_np_logits(q, k, 8 ** -0.5), allowed, "softmax", sink=np.asarray(sink))
+  w = _np_weights(_np_logits(q, k, 8**-0.5), allowed, "softmax", sink=np.asarray(sink))
   np.testing.assert_allclose(out, _np_out(w, v, 4), atol=1e-5, rtol=1e-5)
 
 
@@ -216,7 +229,7 @@ def test_softcap_matches_formula():
   q, k, v = rand_qkv(B=1, T=5, N=2, K=2, H=8, seed=6)
   q = q * 6.0  # large logits so the cap matters
   out = attnjax.dot_product_attention(q, k, v, softcap=3.0)
-  z = _np_logits(q, k, 8 ** -0.5)
+  z = _np_logits(q, k, 8**-0.5)
   w = _np_weights(3.0 * np.tanh(z / 3.0), np.ones_like(z, bool), "softmax")
   np.testing.assert_allclose(out, _np_out(w, v, 2), atol=1e-5, rtol=1e-5)
   _, stats = attnjax.dot_product_attention(q, k, v, softcap=3.0, return_stats=True)
@@ -226,9 +239,9 @@ def test_softcap_matches_formula():
 def test_neg_sq_euclidean_matches_formula():
   q, k, v = rand_qkv(B=1, T=5, N=2, K=1, H=4, seed=7)
   out = attnjax.dot_product_attention(q, k, v, similarity="neg_sq_euclidean", scale=0.5)
-  qq = np.asarray(q, np.float64)[0, :, :, None, :]           # [T, N, 1, H]
+  qq = np.asarray(q, np.float64)[0, :, :, None, :]  # [T, N, 1, H]
   kk = np.asarray(k, np.float64)[0, None, :, 0, :][:, None]  # [1, 1, S, H]
-  z = -0.5 * ((qq - kk) ** 2).sum(-1)                        # [T, N, S]
+  z = -0.5 * ((qq - kk) ** 2).sum(-1)  # [T, N, S]
   z = np.transpose(z, (1, 0, 2))[None]
   w = _np_weights(z, np.ones_like(z, bool), "softmax")
   np.testing.assert_allclose(out, _np_out(w, v, 2), atol=1e-5, rtol=1e-5)
@@ -253,8 +266,11 @@ def test_softcap_gradient_matches_finite_differences():
 @pytest.mark.parametrize("normalizer", ["softmax", "softmax_one"])
 def test_logsumexp_has_a_true_gradient(normalizer):
   q, k, v = rand_qkv(B=1, T=4, N=2, K=2, H=4)
-  lse = lambda q, k: attnjax.dot_product_attention(
-      q, k, v, is_causal=True, normalizer=normalizer, return_stats=True)[1].logsumexp
+  lse = lambda q, k: (
+    attnjax.dot_product_attention(
+      q, k, v, is_causal=True, normalizer=normalizer, return_stats=True
+    )[1].logsumexp
+  )
   check_grads(lse, (q, k), order=1, modes=["rev"], eps=1e-3, atol=1e-2, rtol=1e-2)
   g = jax.grad(lambda q: jnp.sum(lse(q, k)))(q)
   assert float(jnp.abs(g).max()) > 1e-3
@@ -264,8 +280,14 @@ def test_all_normalizers_have_finite_gradients():
   q, k, v = rand_qkv(T=8)
   mask = jnp.zeros((2, 1, 8, 8), bool).at[:, :, 1:, :].set(True)  # row 0 has no key
   for n in attnjax.normalizers.NORMALIZERS:
-    g = jax.grad(loss_of(lambda q, k, v: attnjax.dot_product_attention(
-        q, k, v, mask=mask, normalizer=n, is_causal=True)), argnums=(0, 1, 2))(q, k, v)
+    g = jax.grad(
+      loss_of(
+        lambda q, k, v: attnjax.dot_product_attention(
+          q, k, v, mask=mask, normalizer=n, is_causal=True
+        )
+      ),
+      argnums=(0, 1, 2),
+    )(q, k, v)
     assert all(bool(jnp.isfinite(x).all()) for x in g), n
 
 
@@ -283,8 +305,9 @@ def test_worked_example():
   np.testing.assert_allclose(out[0, 0, 0], [w0, 1.0 - w0], rtol=1e-6)
   np.testing.assert_allclose(out[0, 0, 0], [0.330, 0.670], atol=5e-4)
   np.testing.assert_allclose(stats.max_logit[0, 0], np.sqrt(2.0), rtol=1e-6)
-  np.testing.assert_allclose(stats.logsumexp[0, 0, 0],
-                             np.log(np.exp(1 / np.sqrt(2.0)) + np.exp(np.sqrt(2.0))), rtol=1e-6)
+  np.testing.assert_allclose(
+    stats.logsumexp[0, 0, 0], np.log(np.exp(1 / np.sqrt(2.0)) + np.exp(np.sqrt(2.0))), rtol=1e-6
+  )
 
 
 def test_zero_query_gives_uniform_weights():
@@ -317,24 +340,31 @@ def test_row_sums_of_softmax_and_softmax_one():
 def test_causality_by_gradient():
   q, k, v = rand_qkv(T=8)
   t = 4
+
   def out_t(k, v):
     return jnp.sum(attnjax.dot_product_attention(q, k, v, is_causal=True)[:, t])
+
   gk, gv = jax.grad(out_t, argnums=(0, 1))(k, v)
-  assert float(jnp.abs(gk[:, t + 1:]).max()) == 0.0
-  assert float(jnp.abs(gv[:, t + 1:]).max()) == 0.0
-  assert float(jnp.abs(gk[:, :t + 1]).max()) > 0.0
+  assert float(jnp.abs(gk[:, t + 1 :]).max()) == 0.0
+  assert float(jnp.abs(gv[:, t + 1 :]).max()) == 0.0
+  assert float(jnp.abs(gk[:, : t + 1]).max()) > 0.0
 
 
 @pytest.mark.parametrize("normalizer", attnjax.normalizers.NORMALIZERS)
 def test_fully_masked_rows_are_zero_and_finite(normalizer):
   q, k, v = rand_qkv(T=6)
   mask = jnp.ones((2, 1, 6, 6), bool).at[:, :, 2, :].set(False)
-  out, stats = attnjax.dot_product_attention(q, k, v, mask=mask, normalizer=normalizer,
-                                             return_stats=True)
+  out, stats = attnjax.dot_product_attention(
+    q, k, v, mask=mask, normalizer=normalizer, return_stats=True
+  )
   assert float(jnp.abs(out[:, 2]).max()) == 0.0
   assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(stats))
-  g = jax.grad(loss_of(lambda q, k, v: attnjax.dot_product_attention(
-      q, k, v, mask=mask, normalizer=normalizer)), argnums=(0, 1, 2))(q, k, v)
+  g = jax.grad(
+    loss_of(
+      lambda q, k, v: attnjax.dot_product_attention(q, k, v, mask=mask, normalizer=normalizer)
+    ),
+    argnums=(0, 1, 2),
+  )(q, k, v)
   assert all(bool(jnp.isfinite(x).all()) for x in g)
   assert float(jnp.abs(g[0][:, 2]).max()) == 0.0
 
@@ -372,7 +402,7 @@ def test_t_different_from_s():
 def test_stats_match_numpy():
   q, k, v = rand_qkv(B=1, T=6, N=2, K=2, H=8, seed=9)
   out, s = attnjax.dot_product_attention(q, k, v, is_causal=True, return_stats=True)
-  z = _np_logits(q, k, 8 ** -0.5)
+  z = _np_logits(q, k, 8**-0.5)
   allowed = np.broadcast_to(np.tril(np.ones((6, 6), bool)), z.shape)
   w = _np_weights(z, allowed, "softmax")
   ent = -np.where(w > 0, w * np.log(np.where(w > 0, w, 1)), 0).sum(-1).mean(-1)
@@ -386,9 +416,10 @@ def test_stats_match_numpy():
 
 def test_stats_row_normalise_unnormalised_weights():
   q, k, v = rand_qkv(B=1, T=6, N=2, K=2, H=8, seed=10)
-  _, s = attnjax.dot_product_attention(q, k, v, is_causal=True, normalizer="sigmoid",
-                                       return_stats=True)
-  z = _np_logits(q, k, 8 ** -0.5)
+  _, s = attnjax.dot_product_attention(
+    q, k, v, is_causal=True, normalizer="sigmoid", return_stats=True
+  )
+  z = _np_logits(q, k, 8**-0.5)
   allowed = np.broadcast_to(np.tril(np.ones((6, 6), bool)), z.shape)
   w = _np_weights(z, allowed, "sigmoid")
   p = w / w.sum(-1, keepdims=True)
@@ -409,10 +440,15 @@ def _call(**kw):
   return attnjax.dot_product_attention(args["q"], args["k"], args["v"], **kw)
 
 
-@pytest.mark.parametrize("kw,exc,pattern", [
+@pytest.mark.parametrize(
+  "kw,exc,pattern",
+  [
     (dict(q=jnp.zeros((2, 4, 8))), ValueError, r"q must have rank 4.*\(2, 4, 8\)"),
-    (dict(k=jnp.zeros((2, 4, 3, 16)), v=jnp.zeros((2, 4, 3, 16))), ValueError,
-     r"N=8.*multiple of.*K=3"),
+    (
+      dict(k=jnp.zeros((2, 4, 3, 16)), v=jnp.zeros((2, 4, 3, 16))),
+      ValueError,
+      r"N=8.*multiple of.*K=3",
+    ),
     (dict(k=jnp.zeros((2, 5, 2, 16))), ValueError, r"k and v must agree.*\(2, 5, 2, 16\)"),
     (dict(k=jnp.zeros((2, 4, 2, 8)), v=jnp.zeros((2, 4, 2, 8))), ValueError, r"head dims differ"),
     (dict(k=jnp.zeros((3, 4, 2, 16)), v=jnp.zeros((3, 4, 2, 16))), ValueError, r"batch sizes"),
@@ -428,9 +464,27 @@ def _call(**kw):
     (dict(softcap=-1.0), ValueError, r"softcap must be positive"),
     (dict(segment_ids=jnp.zeros((2, 5), int)), ValueError, r"segment_ids must have shape"),
     (dict(q=jnp.zeros((2, 4, 8, 16), jnp.int32)), TypeError, r"q must be a floating"),
-], ids=["q_rank", "heads", "kv_mismatch", "head_dim", "batch", "normalizer", "impl",
-        "neg_window", "window_type", "mask_shape", "mask_dtype", "bias_shape", "sink_shape",
-        "sink_combo", "softcap", "segments", "int_q"])
+  ],
+  ids=[
+    "q_rank",
+    "heads",
+    "kv_mismatch",
+    "head_dim",
+    "batch",
+    "normalizer",
+    "impl",
+    "neg_window",
+    "window_type",
+    "mask_shape",
+    "mask_dtype",
+    "bias_shape",
+    "sink_shape",
+    "sink_combo",
+    "softcap",
+    "segments",
+    "int_q",
+  ],
+)
 def test_bad_inputs_raise_clear_errors(kw, exc, pattern):
   with pytest.raises(exc, match=pattern):
     _call(**kw)

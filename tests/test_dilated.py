@@ -36,7 +36,8 @@ def test_mask_matches_brute_force(window, dilation):
   np.testing.assert_array_equal(got, want)
   assert patterns.dilated_window(window, dilation).is_causal
   assert patterns.dilated_window(window, dilation) & patterns.causal() == (
-      patterns.dilated_window(window, dilation))
+    patterns.dilated_window(window, dilation)
+  )
 
 
 def test_layout_covers_the_mask():
@@ -45,7 +46,7 @@ def test_layout_covers_the_mask():
   kept = p.block_mask(30, 4)
   for a in range(kept.shape[0]):
     for b in range(kept.shape[1]):
-      assert kept[a, b] == mask[4 * a:4 * a + 4, 4 * b:4 * b + 4].any()
+      assert kept[a, b] == mask[4 * a : 4 * a + 4, 4 * b : 4 * b + 4].any()
 
 
 def test_validation():
@@ -62,15 +63,20 @@ def spy(monkeypatch):
   def wrapped(*args, **kwargs):
     calls.append(1)
     return original(*args, **kwargs)
+
   monkeypatch.setattr(sparse, "_dilated_columns", wrapped)
   return calls
 
 
-@pytest.mark.parametrize("T,window,dilation,normalizer,chunk_blocks", [
-    (23, 3, 4, "softmax", 16),       # T not a multiple of the dilation; short columns
-    (70, 4, 2, "softmax_one", 2),    # columns of 35 > 2 * 2 * 4: the banded-chunk path
-    (29, 5, 3, "sigmoid", 16),       # a normaliser that counts the kept keys
-], ids=["T23_w3_d4", "chunked_softmax_one", "sigmoid"])
+@pytest.mark.parametrize(
+  "T,window,dilation,normalizer,chunk_blocks",
+  [
+    (23, 3, 4, "softmax", 16),  # T not a multiple of the dilation; short columns
+    (70, 4, 2, "softmax_one", 2),  # columns of 35 > 2 * 2 * 4: the banded-chunk path
+    (29, 5, 3, "sigmoid", 16),  # a normaliser that counts the kept keys
+  ],
+  ids=["T23_w3_d4", "chunked_softmax_one", "sigmoid"],
+)
 def test_fast_path_matches_reference(T, window, dilation, normalizer, chunk_blocks, monkeypatch):
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", chunk_blocks)
   calls = spy(monkeypatch)
@@ -78,8 +84,9 @@ def test_fast_path_matches_reference(T, window, dilation, normalizer, chunk_bloc
   p = patterns.dilated_window(window, dilation)
   f = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4, normalizer=normalizer)
   ref = lambda q, k, v: dense_with_mask(q, k, v, p, normalizer=normalizer)
-  assert_close(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v), "dilated",
-               rtol=3e-5, atol=3e-5)
+  assert_close(
+    outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v), "dilated", rtol=3e-5, atol=3e-5
+  )
   assert calls, "the residue-column path was not taken"
 
 
@@ -115,14 +122,17 @@ def test_bf16(monkeypatch):
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), rtol=3e-2, atol=3e-2)
   assert calls
   ct = jax.random.normal(jax.random.key(1), out.shape)
-  grads = [jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * ct),
-                    argnums=(0, 1, 2))(*(x.astype(dt) for x in (q, k, v)))
-           for f, dt in ((lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4),
-                          jnp.bfloat16),
-                         (lambda q, k, v: dense_with_mask(q, k, v, p), jnp.float32))]
+  grads = [
+    jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * ct), argnums=(0, 1, 2))(
+      *(x.astype(dt) for x in (q, k, v))
+    )
+    for f, dt in (
+      (lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4), jnp.bfloat16),
+      (lambda q, k, v: dense_with_mask(q, k, v, p), jnp.float32),
+    )
+  ]
   for got, want in zip(*grads):
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=5e-2,
-                               atol=5e-2)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=5e-2, atol=5e-2)
 
 
 def test_column_layout_cost_follows_kept_keys():
@@ -142,8 +152,13 @@ def test_nn_sparse_family_decode_equals_forward():
   import jax
   from flax import nnx
   from attnjax._src import nn
-  cfg = nn.AttentionConfig(family="sparse", block_size=4, num_kv_heads=2, pattern=(
-      "dilated_window", (("window", 3), ("dilation", 2))))
+
+  cfg = nn.AttentionConfig(
+    family="sparse",
+    block_size=4,
+    num_kv_heads=2,
+    pattern=("dilated_window", (("window", 3), ("dilation", 2))),
+  )
   layer = nn.Attention(cfg, 16, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 12, 16))
 
@@ -154,6 +169,7 @@ def test_nn_sparse_family_decode_equals_forward():
     def step(cache, x_t):
       y, cache = layer.decode(x_t[:, None], cache)
       return cache, y[:, 0]
+
     _, ys = jax.lax.scan(step, cache, jnp.transpose(x, (1, 0, 2)))
     return layer(x), jnp.transpose(ys, (1, 0, 2))
 

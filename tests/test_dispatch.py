@@ -30,12 +30,23 @@ from helpers import rand_qkv
 
 pytestmark = pytest.mark.usefixtures("all_kernels")
 
-STRUCTURES = {"none": {}, "causal": dict(is_causal=True), "window": dict(window=(8, 0)),
-              "segments": "segments"}
-EXTRAS = {"plain": {}, "sink": "sink", "softcap": dict(softcap=5.0),
-          "stats": dict(return_stats=True), "bias": "bias", "mask": "mask",
-          "euclid": dict(similarity="neg_sq_euclidean"), "score_mod": "score_mod",
-          "mask_mod": "mask_mod"}
+STRUCTURES = {
+  "none": {},
+  "causal": dict(is_causal=True),
+  "window": dict(window=(8, 0)),
+  "segments": "segments",
+}
+EXTRAS = {
+  "plain": {},
+  "sink": "sink",
+  "softcap": dict(softcap=5.0),
+  "stats": dict(return_stats=True),
+  "bias": "bias",
+  "mask": "mask",
+  "euclid": dict(similarity="neg_sq_euclidean"),
+  "score_mod": "score_mod",
+  "mask_mod": "mask_mod",
+}
 
 
 def _call(normalizer, structure, extra, T, dtype, H=8):
@@ -62,35 +73,64 @@ def _call(normalizer, structure, extra, T, dtype, H=8):
 
 def _expected(inputs, opts, T, dtype, major=None) -> dict[str, str]:
   by_length = "blockwise" if T >= dense.BLOCKWISE_MIN_LENGTH_CPU else "reference"
-  pallas_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
-               and opts.score_mod is None and opts.mask_mod is None)
-  splash_ok = (normalizers.REGISTRY[opts.normalizer].platform_kernel
-               and pallas_ok and not opts.return_stats and T % 128 == 0 and dtype != jnp.float16)
+  pallas_ok = (
+    inputs.bias is None
+    and inputs.mask is None
+    and opts.similarity == "dot"
+    and opts.score_mod is None
+    and opts.mask_mod is None
+  )
+  splash_ok = (
+    normalizers.REGISTRY[opts.normalizer].platform_kernel
+    and pallas_ok
+    and not opts.return_stats
+    and T % 128 == 0
+    and dtype != jnp.float16
+  )
   # cuDNN: softmax without sinks, softcap, statistics or modifiers, bf16/fp16 (bias and mask
   # arrays it takes), where jax can trace its cuDNN call on this host.
-  cudnn_ok = (_target.cudnn_version() is not None and opts.normalizer == "softmax"
-              and inputs.sink_logits is None and opts.softcap is None and not opts.return_stats
-              and opts.similarity == "dot" and opts.score_mod is None and opts.mask_mod is None
-              and dtype in (jnp.bfloat16, jnp.float16))
+  cudnn_ok = (
+    _target.cudnn_version() is not None
+    and opts.normalizer == "softmax"
+    and inputs.sink_logits is None
+    and opts.softcap is None
+    and not opts.return_stats
+    and opts.similarity == "dot"
+    and opts.score_mod is None
+    and opts.mask_mod is None
+    and dtype in (jnp.bfloat16, jnp.float16)
+  )
   # mosaic_gpu: on a Hopper (compute capability 9) only; bf16/fp16, head dims 64/128/256.
-  mosaic_ok = (major == 9 and pallas_ok and dtype in (jnp.bfloat16, jnp.float16)
-               and inputs.q.shape[-1] in (64, 128, 256))
-  cuda = ("cudnn" if cudnn_ok else "mosaic_gpu" if mosaic_ok else "pallas_gpu" if pallas_ok
-          else by_length)
+  mosaic_ok = (
+    major == 9
+    and pallas_ok
+    and dtype in (jnp.bfloat16, jnp.float16)
+    and inputs.q.shape[-1] in (64, 128, 256)
+  )
+  cuda = (
+    "cudnn" if cudnn_ok else "mosaic_gpu" if mosaic_ok else "pallas_gpu" if pallas_ok else by_length
+  )
   # pallas_tpu: no bias / mask array, dot similarity, fp32 / bf16; the modifiers here (ALiBi's
   # slopes[n], prefix lengths[b]) read their arguments by scalar index, which it evaluates.
-  tpu_ok = (inputs.bias is None and inputs.mask is None and opts.similarity == "dot"
-            and dtype in (jnp.float32, jnp.bfloat16))
+  tpu_ok = (
+    inputs.bias is None
+    and inputs.mask is None
+    and opts.similarity == "dot"
+    and dtype in (jnp.float32, jnp.bfloat16)
+  )
   tpu = "splash" if splash_ok else "pallas_tpu" if tpu_ok else by_length
   return {"cpu": by_length, "cuda": cuda, "tpu": tpu}
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the expected cuda choice assumes a "
-                    "host without a GPU (head dims above 128 for cuDNN)")
+@pytest.mark.skipif(
+  jax.default_backend() != "cpu",
+  reason="the expected cuda choice assumes a host without a GPU (head dims above 128 for cuDNN)",
+)
 @pytest.mark.parametrize("normalizer", normalizers.NORMALIZERS)
 def test_every_platform_choice_supports_every_option(normalizer):
   for structure, extra, T, dtype in itertools.product(
-      STRUCTURES, EXTRAS, (64, 256), (jnp.float32, jnp.bfloat16)):
+    STRUCTURES, EXTRAS, (64, 256), (jnp.float32, jnp.bfloat16)
+  ):
     call = _call(normalizer, structure, extra, T, dtype)
     if call is None:
       continue
@@ -103,8 +143,10 @@ def test_every_platform_choice_supports_every_option(normalizer):
     assert dense.select_implementation(inputs, opts) == table["cpu"]
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the expected cuda choice assumes a "
-                    "host without a GPU (head dims above 128 for cuDNN)")
+@pytest.mark.skipif(
+  jax.default_backend() != "cpu",
+  reason="the expected cuda choice assumes a host without a GPU (head dims above 128 for cuDNN)",
+)
 @pytest.mark.parametrize("major", [None, 8, 9, 10])
 def test_the_cuda_choice_follows_the_compute_capability(monkeypatch, major):
   # The GPU a program is traced for (attnjax._target.cuda_major: the ambient mesh's device
@@ -114,8 +156,8 @@ def test_the_cuda_choice_follows_the_compute_capability(monkeypatch, major):
   monkeypatch.setattr(_target, "cuda_major", lambda: major)
   seen = set()
   for normalizer, structure, extra, dtype, H in itertools.product(
-      ("softmax", "sigmoid"), STRUCTURES, EXTRAS, (jnp.float32, jnp.bfloat16, jnp.float16),
-      (64, 96)):
+    ("softmax", "sigmoid"), STRUCTURES, EXTRAS, (jnp.float32, jnp.bfloat16, jnp.float16), (64, 96)
+  ):
     call = _call(normalizer, structure, extra, 128, dtype, H=H)
     if call is None:
       continue
@@ -130,6 +172,7 @@ def test_the_cuda_choice_follows_the_compute_capability(monkeypatch, major):
   reasons = mosaic_gpu.unsupported(inputs, opts)
   assert (reasons == []) == (major == 9), reasons
   assert mosaic_gpu.unsupported(inputs, opts, interpret=True) == []  # the interpreter: any host
+
 
 def test_the_device_count_never_changes_the_choice(monkeypatch):
   # Platform kernels run inside shard_map under a multi-device mesh (tests/test_targets.py
@@ -167,8 +210,7 @@ def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
   want = kernel(dense.prepare(q, k, v, **kw)[0], _sharding.ShardOffsets())
   assert seen[-1][2] == (0, 0)  # outside a mesh: the whole call
   with jax.set_mesh(mesh):
-    got = jax.jit(lambda *a: _sharding.per_shard(kernel, dense.prepare(*a, **kw)[0]))(
-        q, k, v)
+    got = jax.jit(lambda *a: _sharding.per_shard(kernel, dense.prepare(*a, **kw)[0]))(q, k, v)
   assert seen[-1][:2] == ((2, 40, 2, 16), (2, 40, 1, 16))  # a device's batch rows and heads
   assert all(isinstance(x, jax.core.Tracer) for x in seen[-1][2])  # axis_index * shard size
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -185,8 +227,13 @@ class _NewOptions(dense.DenseOptions):
 def test_an_option_a_kernel_does_not_know_is_never_dropped():
   inputs, opts = _call("softmax", "causal", "plain", 256, jnp.bfloat16)
   new = _NewOptions(**dataclasses.asdict(opts), future_option=lambda z, *idx: z)
-  for check in (pallas_gpu.unsupported, dense.pallas_tpu.unsupported, splash.unsupported,
-                jax_nn.cudnn_unsupported, mosaic_gpu.unsupported):
+  for check in (
+    pallas_gpu.unsupported,
+    dense.pallas_tpu.unsupported,
+    splash.unsupported,
+    jax_nn.cudnn_unsupported,
+    mosaic_gpu.unsupported,
+  ):
     assert any("future_option" in r for r in check(inputs, new)), check
   # at the default, the new field is no reason
   assert pallas_gpu.unsupported(inputs, _NewOptions(**dataclasses.asdict(opts))) == []
@@ -203,7 +250,7 @@ def test_auto_dispatch_runs_the_cpu_branch_and_matches_the_reference():
 
   def loss(q, impl):
     out, st = attnjax.dot_product_attention(q, k, v, implementation=impl, **kw)
-    return jnp.sum(out ** 2) + jnp.sum(st.logsumexp)
+    return jnp.sum(out**2) + jnp.sum(st.logsumexp)
 
   for got, want in zip(jax.value_and_grad(loss)(q, None), jax.value_and_grad(loss)(q, "reference")):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
@@ -215,9 +262,11 @@ def test_auto_dispatch_runs_the_cpu_branch_and_matches_the_reference():
 
 def _counting_reference(calls: list):
   """The reference under another name, counting its traces."""
+
   def compute(inputs, opts):
     calls.append(opts.normalizer)
     return dense.reference(inputs, opts)
+
   return compute
 
 
@@ -227,12 +276,15 @@ def test_a_stand_in_engine_is_chosen_where_it_covers_the_call(monkeypatch):
   # is gone. A length no other test uses keeps jax's trace caches out of the way.
   q, k, v = rand_qkv(B=1, T=37, N=2, K=1, H=8)
   softmax, sigmoid = (dense.prepare(q, k, v, normalizer=n) for n in ("softmax", "sigmoid"))
-  before = {n: dense.dispatch_table(*call) for n, call in (("softmax", softmax),
-                                                          ("sigmoid", sigmoid))}
+  before = {
+    n: dense.dispatch_table(*call) for n, call in (("softmax", softmax), ("sigmoid", sigmoid))
+  }
   calls = []
   stand_in = dense.Engine(
-      "counting", _counting_reference(calls),
-      lambda inputs, opts: [] if opts.normalizer == "softmax" else ["only softmax"])
+    "counting",
+    _counting_reference(calls),
+    lambda inputs, opts: [] if opts.normalizer == "softmax" else ["only softmax"],
+  )
   with monkeypatch.context() as m:
     m.setitem(dense.ENGINES, "counting", stand_in)
     m.setitem(dense.PREFERENCES, "cpu", ("counting",))
@@ -244,8 +296,9 @@ def test_a_stand_in_engine_is_chosen_where_it_covers_the_call(monkeypatch):
     # ... and by name, as every engine of the registry
     attnjax.dot_product_attention(q, k, v, implementation="counting")
     assert calls == ["softmax"] * 2
-  assert {n: dense.dispatch_table(*call) for n, call in (("softmax", softmax),
-                                                         ("sigmoid", sigmoid))} == before
+  assert {
+    n: dense.dispatch_table(*call) for n, call in (("softmax", softmax), ("sigmoid", sigmoid))
+  } == before
   with pytest.raises(ValueError, match="implementation='counting' is not one of"):
     attnjax.dot_product_attention(q[:, :36], k, v, implementation="counting")  # a new trace
 
@@ -256,14 +309,17 @@ def test_each_engine_is_checked_once_per_call(monkeypatch):
   q, k, v = rand_qkv(B=1, T=41, N=2, K=1, H=8)
   asked = []
   for name, engine in list(dense.ENGINES.items()):
+
     def counted(inputs, opts, *, _name=name, _check=engine.unsupported):
       asked.append(_name)
       return _check(inputs, opts)
+
     monkeypatch.setitem(dense.ENGINES, name, dataclasses.replace(engine, unsupported=counted))
   bias = jnp.zeros((1, 1, 41, 41))  # no platform kernel takes it: every list ends on reference
   jax.jit(lambda q: attnjax.dot_product_attention(q, k, v, bias, normalizer="softpick"))(q)
-  assert sorted(asked) == sorted({"cudnn", "mosaic_gpu", "pallas_gpu", "splash", "pallas_tpu",
-                                  "reference"}), asked
+  assert sorted(asked) == sorted(
+    {"cudnn", "mosaic_gpu", "pallas_gpu", "splash", "pallas_tpu", "reference"}
+  ), asked
   asked.clear()
   jax.jit(lambda q: attnjax.dot_product_attention(q, k, v, implementation="blockwise"))(q)
   assert asked == ["blockwise"]
@@ -271,11 +327,19 @@ def test_each_engine_is_checked_once_per_call(monkeypatch):
 
 def test_the_records_say_who_vouches_for_each_engine():
   vouched = {name: e.vouched_by for name, e in dense.ENGINES.items()}
-  assert vouched == {"reference": "attnjax", "blockwise": "attnjax", "xla": "jax",
-                     "cudnn": "jax", "splash": "jax", "pallas_gpu": "device-check",
-                     "pallas_tpu": "device-check", "mosaic_gpu": "device-check"}
+  assert vouched == {
+    "reference": "attnjax",
+    "blockwise": "attnjax",
+    "xla": "jax",
+    "cudnn": "jax",
+    "splash": "jax",
+    "pallas_gpu": "device-check",
+    "pallas_tpu": "device-check",
+    "mosaic_gpu": "device-check",
+  }
   assert dense.IMPLEMENTATIONS == tuple(dense.ENGINES)
   for platform, names in dense.PREFERENCES.items():
     assert all(dense.ENGINES[n].platform == platform for n in names), platform
   assert {n for names in dense.PREFERENCES.values() for n in names} == {
-      n for n, e in dense.ENGINES.items() if e.per_shard}
+    n for n, e in dense.ENGINES.items() if e.per_shard
+  }

@@ -34,26 +34,51 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 API = ROOT / "docs" / "api"
 
 PUBLIC_MODULES = (
-    "attnjax",
-    # Families: each registered op's module, and dense's front ends.
-    *sorted(f"attnjax.{name}" for name in _op.OPS), "attnjax.qk_norm",
-    # Shared vocabulary.
-    "attnjax.normalizers", "attnjax.masks", "attnjax.patterns", "attnjax.mods", "attnjax.layout",
-    "attnjax.feature_maps", "attnjax.attention_stats", "attnjax.options",
-    "attnjax.parallel",
-    # Engines (each package's entry points).
-    "attnjax.kernels", "attnjax.kernels.blockwise", "attnjax.kernels.pallas_gpu",
-    "attnjax.kernels.pallas_tpu", "attnjax.kernels.mosaic_gpu", "attnjax.kernels.splash",
-    "attnjax.kernels.jax_nn",
-    # Settings and the device check (``python -m attnjax.check``).
-    "attnjax.check",
-    # Modules, diagnostics, data, training, targets.
-    "attnjax.nn", "attnjax.nn.specs", "attnjax.nn.kv_policies", "attnjax.nn.probe",
-    "attnjax.nn.intermediates", "attnjax.stats", "attnjax.data", "attnjax.train",
-    "attnjax.train.config", "attnjax.train.launch", "attnjax.train.metrics", "attnjax.train.mesh",
-    "attnjax.train.sweep", "attnjax.train.report", "attnjax.train.rundir",
-    "attnjax.train.variants", "attnjax.train.cli", "attnjax.train.plots", "attnjax.train.mfu",
-    "attnjax.targets",
+  "attnjax",
+  # Families: each registered op's module, and dense's front ends.
+  *sorted(f"attnjax.{name}" for name in _op.OPS),
+  "attnjax.qk_norm",
+  # Shared vocabulary.
+  "attnjax.normalizers",
+  "attnjax.masks",
+  "attnjax.patterns",
+  "attnjax.mods",
+  "attnjax.layout",
+  "attnjax.feature_maps",
+  "attnjax.attention_stats",
+  "attnjax.options",
+  "attnjax.parallel",
+  # Engines (each package's entry points).
+  "attnjax.kernels",
+  "attnjax.kernels.blockwise",
+  "attnjax.kernels.pallas_gpu",
+  "attnjax.kernels.pallas_tpu",
+  "attnjax.kernels.mosaic_gpu",
+  "attnjax.kernels.splash",
+  "attnjax.kernels.jax_nn",
+  # Settings and the device check (``python -m attnjax.check``).
+  "attnjax.check",
+  # Modules, diagnostics, data, training, targets.
+  "attnjax.nn",
+  "attnjax.nn.specs",
+  "attnjax.nn.kv_policies",
+  "attnjax.nn.probe",
+  "attnjax.nn.intermediates",
+  "attnjax.stats",
+  "attnjax.data",
+  "attnjax.train",
+  "attnjax.train.config",
+  "attnjax.train.launch",
+  "attnjax.train.metrics",
+  "attnjax.train.mesh",
+  "attnjax.train.sweep",
+  "attnjax.train.report",
+  "attnjax.train.rundir",
+  "attnjax.train.variants",
+  "attnjax.train.cli",
+  "attnjax.train.plots",
+  "attnjax.train.mfu",
+  "attnjax.targets",
 )
 # Pretrained checkpoints: documented once the package exists.
 OPTIONAL_MODULES = ("attnjax.models", "attnjax.models.architectures")
@@ -70,8 +95,13 @@ def constants(module: types.ModuleType) -> list[str]:
   tree = ast.parse(pathlib.Path(module.__file__).read_text())
   names = []
   for node in tree.body:
-    targets = (node.targets if isinstance(node, ast.Assign)
-               else [node.target] if isinstance(node, ast.AnnAssign) else [])
+    targets = (
+      node.targets
+      if isinstance(node, ast.Assign)
+      else [node.target]
+      if isinstance(node, ast.AnnAssign)
+      else []
+    )
     for target in targets:
       if isinstance(target, ast.Name) and re.fullmatch(r"[A-Z][A-Z0-9_]*", target.id):
         names.append(target.id)
@@ -82,10 +112,14 @@ def public_names(module: types.ModuleType) -> list[str]:
   """``__all__``, else the classes and functions the module defines and its constants."""
   if hasattr(module, "__all__"):
     return list(module.__all__)
-  defined = [name for name, obj in vars(module).items()
-             if not name.startswith("_") and (inspect.isclass(obj) or callable(obj))
-             and not isinstance(obj, types.ModuleType)
-             and getattr(obj, "__module__", None) == module.__name__]
+  defined = [
+    name
+    for name, obj in vars(module).items()
+    if not name.startswith("_")
+    and (inspect.isclass(obj) or callable(obj))
+    and not isinstance(obj, types.ModuleType)
+    and getattr(obj, "__module__", None) == module.__name__
+  ]
   return defined + [n for n in constants(module) if n not in defined]
 
 
@@ -107,7 +141,7 @@ def documented() -> tuple[set[str], dict[str, str]]:
         elif m := re.match(r"\.\. currentmodule:: (\S+)", line):
           current = m.group(1)
         elif line.startswith(".. autosummary::"):
-          for entry in lines[i + 1:]:
+          for entry in lines[i + 1 :]:
             if entry and not entry.startswith("   "):
               break
             name = entry.strip()
@@ -136,8 +170,10 @@ def test_every_package_with_all_is_a_public_module():
   for info in pkgutil.walk_packages(attnjax.__path__, "attnjax."):
     if any(part.startswith("_") for part in info.name.split(".")) or not info.ispkg:
       continue
-    if (hasattr(importlib.import_module(info.name), "__all__")
-        and info.name not in PUBLIC_MODULES + OPTIONAL_MODULES):
+    if (
+      hasattr(importlib.import_module(info.name), "__all__")
+      and info.name not in PUBLIC_MODULES + OPTIONAL_MODULES
+    ):
       missing.append(info.name)
   assert not missing, f"packages with __all__ missing from PUBLIC_MODULES: {missing}"
 

@@ -32,8 +32,11 @@ class Block:
 
 
 def pages() -> list[pathlib.Path]:
-  found = [p for p in sorted(DOCS.rglob("*.md")) if "_build" not in p.parts
-           and "api" not in p.relative_to(DOCS).parts[:1]]
+  found = [
+    p
+    for p in sorted(DOCS.rglob("*.md"))
+    if "_build" not in p.parts and "api" not in p.relative_to(DOCS).parts[:1]
+  ]
   return [ROOT / "README.md"] + found
 
 
@@ -63,8 +66,9 @@ def python_blocks(path: pathlib.Path) -> list[Block]:
         key, _, value = body.pop(0)[1:].partition(":")
         options[key.strip()] = value.strip()
       no_run = "no-run" in options.get("class", "").split()
-      blocks.append(Block(page, start + 1, "\n".join(body), run=not no_run,
-                          caption=options.get("caption", "")))
+      blocks.append(
+        Block(page, start + 1, "\n".join(body), run=not no_run, caption=options.get("caption", ""))
+      )
   return blocks
 
 
@@ -81,7 +85,8 @@ def test_every_block_that_does_not_run_says_why():
     for block in python_blocks(path):
       if not block.run:
         assert len(block.caption) > 20, (
-            f"{block.page}:{block.line}: a no-run block needs a :caption: giving the reason")
+          f"{block.page}:{block.line}: a no-run block needs a :caption: giving the reason"
+        )
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -94,5 +99,6 @@ def test_page_examples_run(path, monkeypatch):
     try:
       exec(compile(block.code, f"{block.page}:{block.line}", "exec"), namespace)
     except Exception as e:
-      raise AssertionError(f"the example at {block.page}:{block.line} failed: "
-                           f"{type(e).__name__}: {e}") from e
+      raise AssertionError(
+        f"the example at {block.page}:{block.line} failed: {type(e).__name__}: {e}"
+      ) from e

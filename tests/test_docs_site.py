@@ -25,11 +25,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 HTML = ROOT / "docs" / "_build" / "html"
 SHOTS = ROOT / "docs" / "_build" / "screenshots"
 PAGES = {  # name: (page, texts it must show, screenshot height: the notebook's whole page)
-    "index": ("index.html", ["attnjax", "Dense attention and normalisers", "API reference"], 2400),
-    "dot_product_attention": ("api/_generated/attnjax.dot_product_attention.html",
-                              ["attnjax.dot_product_attention", "normalizer", "Parameters"], 2400),
-    "notebook_04": ("notebooks/04_attention_sinks.html",
-                    ["Attention sinks", "First-token attention per layer"], 14000),
+  "index": ("index.html", ["attnjax", "Dense attention and normalisers", "API reference"], 2400),
+  "dot_product_attention": (
+    "api/_generated/attnjax.dot_product_attention.html",
+    ["attnjax.dot_product_attention", "normalizer", "Parameters"],
+    2400,
+  ),
+  "notebook_04": (
+    "notebooks/04_attention_sinks.html",
+    ["Attention sinks", "First-token attention per layer"],
+    14000,
+  ),
 }
 
 
@@ -47,17 +53,34 @@ def site() -> pathlib.Path:
   if chromium() is None:
     pytest.skip("no Chromium binary (apt-get install chromium)")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-b", "html", str(ROOT / "docs"),
-                         str(HTML)], capture_output=True, text=True, env=env, timeout=3600)
+  proc = subprocess.run(
+    [sys.executable, "-m", "sphinx", "-W", "-b", "html", str(ROOT / "docs"), str(HTML)],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=3600,
+  )
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
   SHOTS.mkdir(parents=True, exist_ok=True)
   return HTML
 
 
 def browse(url: str, *args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-                         "--hide-scrollbars", "--virtual-time-budget=5000", *args, url],
-                        capture_output=True, text=True, timeout=120)
+  return subprocess.run(
+    [
+      chromium(),
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--hide-scrollbars",
+      "--virtual-time-budget=5000",
+      *args,
+      url,
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
 
 
 @pytest.mark.parametrize("name", sorted(PAGES))

@@ -25,23 +25,25 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Each module whose docstrings hold examples, as the modules holding its docstrings: a public
 # module's own docstring, and the implementation (under attnjax/_src) with its functions'.
 MODULES = {
-    "attnjax": ("attnjax",),
-    "attnjax.compressed": ("attnjax.compressed", "attnjax._src.ops.compressed.attention"),
-    "attnjax.mods": ("attnjax.mods", "attnjax._src.mods"),
-    "attnjax.patterns": ("attnjax.patterns", "attnjax._src.patterns"),
-    "attnjax.nn": ("attnjax.nn",),
-    "attnjax.nn.kv_policies": ("attnjax.nn.kv_policies", "attnjax._src.nn.kv_policies"),
-    "attnjax.nn.probe": ("attnjax.nn.probe", "attnjax._src.nn.probe"),
-    "attnjax.train.report": ("attnjax.train.report", "attnjax._src.train.report"),
-    **{f"attnjax._src.nn.{name}": (f"attnjax._src.nn.{name}",)
-       for name in ("config", "decode", "flax_interop", "transformer")},
+  "attnjax": ("attnjax",),
+  "attnjax.compressed": ("attnjax.compressed", "attnjax._src.ops.compressed.attention"),
+  "attnjax.mods": ("attnjax.mods", "attnjax._src.mods"),
+  "attnjax.patterns": ("attnjax.patterns", "attnjax._src.patterns"),
+  "attnjax.nn": ("attnjax.nn",),
+  "attnjax.nn.kv_policies": ("attnjax.nn.kv_policies", "attnjax._src.nn.kv_policies"),
+  "attnjax.nn.probe": ("attnjax.nn.probe", "attnjax._src.nn.probe"),
+  "attnjax.train.report": ("attnjax.train.report", "attnjax._src.train.report"),
+  **{
+    f"attnjax._src.nn.{name}": (f"attnjax._src.nn.{name}",)
+    for name in ("config", "decode", "flax_interop", "transformer")
+  },
 }
 
 # "file:docstring owner" -> why its literal block is not a doctest.
 NOT_RUN = {
-    "attnjax/_src/models/loader.py:from_pretrained": "needs a downloaded checkpoint directory",
-    "attnjax/train/config.py:<module>": "a shell command",
-    "attnjax/_src/train/pretrained.py:<module>": "a fragment of an experiment's main()",
+  "attnjax/_src/models/loader.py:from_pretrained": "needs a downloaded checkpoint directory",
+  "attnjax/train/config.py:<module>": "a shell command",
+  "attnjax/_src/train/pretrained.py:<module>": "a fragment of an experiment's main()",
 }
 
 
@@ -68,13 +70,15 @@ def test_every_literal_block_left_says_why_it_does_not_run():
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
-  tests = [t for module in MODULES[name]
-           for t in doctest.DocTestFinder().find(importlib.import_module(module), module)
-           if t.examples]
+  tests = [
+    t
+    for module in MODULES[name]
+    for t in doctest.DocTestFinder().find(importlib.import_module(module), module)
+    if t.examples
+  ]
   assert tests, f"{name} has no docstring example"
   out = io.StringIO()
-  runner = doctest.DocTestRunner(
-      optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+  runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
   for test in tests:
     runner.run(test, out=out.write)
   result = runner.summarize(verbose=False)
@@ -99,5 +103,7 @@ def test_module_docstrings_are_at_most_12_lines():
   counts = module_docstring_lines()
   assert len(counts) > 100, len(counts)
   long = {p: n for p, n in counts.items() if n > MAX_MODULE_DOCSTRING_LINES}
-  assert not long, f"cut these module docstrings to {MAX_MODULE_DOCSTRING_LINES} lines; " \
-                   f"the rest belongs in docs/guides/: {long}"
+  assert not long, (
+    f"cut these module docstrings to {MAX_MODULE_DOCSTRING_LINES} lines; "
+    f"the rest belongs in docs/guides/: {long}"
+  )

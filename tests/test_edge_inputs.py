@@ -51,40 +51,49 @@ def _qk_norm(impl):
 
 def _cosine(impl):
   return lambda q, k, v, **kw: attnjax.cosine_attention(
-      q, k, v, temperature=jnp.zeros((N,)), implementation=impl, **kw)
+    q, k, v, temperature=jnp.zeros((N,)), implementation=impl, **kw
+  )
 
 
 def _sparse(impl):
   return lambda q, k, v, **kw: attnjax.sparse_attention(
-      q, k, v, pattern=patterns.sliding_window(2), implementation=impl, **kw)
+    q, k, v, pattern=patterns.sliding_window(2), implementation=impl, **kw
+  )
 
 
 def _compressed(impl):
   return lambda q, k, v, **kw: attnjax.compressed_attention(
-      q, k, v, **{"stride": 2, **kw}, implementation=impl)
+    q, k, v, **{"stride": 2, **kw}, implementation=impl
+  )
 
 
 def _block_select(impl):
   return lambda q, k, v, **kw: attnjax.block_select_attention(
-      q, k, v, **{"block_size": 2, "top_k": 1, **kw}, implementation=impl)
+    q, k, v, **{"block_size": 2, "top_k": 1, **kw}, implementation=impl
+  )
 
 
 def _linear(impl):
   return lambda q, k, v, **kw: attnjax.linear_attention(
-      q, k, v, **{"is_causal": impl == "recurrent", **kw}, implementation=impl)
+    q, k, v, **{"is_causal": impl == "recurrent", **kw}, implementation=impl
+  )
 
 
 def _gated(impl):
   def call(q, k, v, **kw):
     return attnjax.gated_linear_attention(
-        q, k, v, log_decay=-0.1 * jnp.ones(q.shape[:3]), implementation=impl, **kw)
+      q, k, v, log_decay=-0.1 * jnp.ones(q.shape[:3]), implementation=impl, **kw
+    )
+
   return call
 
 
 def _delta(impl):
   def call(q, k, v, **kw):
-    return attnjax.delta_rule_attention(q, k, v, 0.5 * jnp.ones(q.shape[:3]),
-                                        implementation=impl, **kw)
+    return attnjax.delta_rule_attention(
+      q, k, v, 0.5 * jnp.ones(q.shape[:3]), implementation=impl, **kw
+    )
+
   return call
 
 
@@ -100,31 +109,71 @@ RECURRENT_STATIC = (("scale", 0.5), ("chunk_size", 2))
 # The families and their implementations come from the op registry (attnjax._op.OPS): a
 # registered op without an entry here fails test_every_registered_family_has_its_cases.
 CALLS: dict[str, list[tuple[str, Callable[[Any], Any], dict[str, Any]]]] = {
-    "dense": [("dense", _dense, {}),
-              ("qk_norm", _qk_norm, dict(static=DENSE_STATIC + (("eps", 1e-6),))),
-              ("cosine", _cosine, dict(static=(("softcap", 3.0), ("window", (2, 0)))))],
-    "sparse": [("sparse", _sparse, dict(static=(("scale", 0.5), ("block_size", 2)),
-                                        flags=("return_stats",)))],
-    "compressed": [("compressed", _compressed, dict(
-        static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2))))],
-    "block_select": [("block_select", _block_select, dict(
-        self_only=True, static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
-        flags=("is_causal", "return_stats", "return_selection")))],
-    "linear": [("linear", _linear, dict(
-        self_only=lambda i: i == "recurrent", state=True, static=(("chunk_size", 2),),
-        flags=("is_causal", "return_stats", "return_state")))],
-    "gated_linear": [("gated", _gated, dict(self_only=True, stats=None, state=True,
-                                            static=RECURRENT_STATIC, flags=("return_state",)))],
-    "delta_rule": [("delta", _delta, dict(self_only=True, stats=None, state=True,
-                                          static=RECURRENT_STATIC, flags=("return_state",)))],
+  "dense": [
+    ("dense", _dense, {}),
+    ("qk_norm", _qk_norm, dict(static=DENSE_STATIC + (("eps", 1e-6),))),
+    ("cosine", _cosine, dict(static=(("softcap", 3.0), ("window", (2, 0))))),
+  ],
+  "sparse": [
+    ("sparse", _sparse, dict(static=(("scale", 0.5), ("block_size", 2)), flags=("return_stats",)))
+  ],
+  "compressed": [
+    (
+      "compressed",
+      _compressed,
+      dict(static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2))),
+    )
+  ],
+  "block_select": [
+    (
+      "block_select",
+      _block_select,
+      dict(
+        self_only=True,
+        static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
+        flags=("is_causal", "return_stats", "return_selection"),
+      ),
+    )
+  ],
+  "linear": [
+    (
+      "linear",
+      _linear,
+      dict(
+        self_only=lambda i: i == "recurrent",
+        state=True,
+        static=(("chunk_size", 2),),
+        flags=("is_causal", "return_stats", "return_state"),
+      ),
+    )
+  ],
+  "gated_linear": [
+    (
+      "gated",
+      _gated,
+      dict(
+        self_only=True, stats=None, state=True, static=RECURRENT_STATIC, flags=("return_state",)
+      ),
+    )
+  ],
+  "delta_rule": [
+    (
+      "delta",
+      _delta,
+      dict(
+        self_only=True, stats=None, state=True, static=RECURRENT_STATIC, flags=("return_state",)
+      ),
+    )
+  ],
 }
 
 
 def _implementations(op: _op.Op) -> list[Any]:
   """The engines this suite runs: attnjax's own that run on every platform (jax's and the
   platform kernels are tested where they run; the Pallas ones below, checks only), and None."""
-  return [n for n, e in op.engines.items()
-          if e.platform is None and e.vouched_by == "attnjax"] + [None]
+  return [n for n, e in op.engines.items() if e.platform is None and e.vouched_by == "attnjax"] + [
+    None
+  ]
 
 
 def _family_cases() -> list[Case]:
@@ -138,12 +187,24 @@ def _family_cases() -> list[Case]:
 
 
 CASES = (
-    _family_cases()
-    + [Case("blockwise.attention", lambda q, k, v, **kw: blockwise.attention(q, k, v, **kw),
-            static=DENSE_STATIC + (("block_q", 2), ("block_k", 2)))]
-    + [Case(f"{m.__name__.split('.')[-1]}.attention", _engine(m),
-            runs=False, static=(), flags=("is_causal", "return_stats", "interpret"))
-       for m in (pallas_gpu, pallas_tpu)]
+  _family_cases()
+  + [
+    Case(
+      "blockwise.attention",
+      lambda q, k, v, **kw: blockwise.attention(q, k, v, **kw),
+      static=DENSE_STATIC + (("block_q", 2), ("block_k", 2)),
+    )
+  ]
+  + [
+    Case(
+      f"{m.__name__.split('.')[-1]}.attention",
+      _engine(m),
+      runs=False,
+      static=(),
+      flags=("is_causal", "return_stats", "interpret"),
+    )
+    for m in (pallas_gpu, pallas_tpu)
+  ]
 )
 IDS = [c.name for c in CASES]
 
@@ -184,8 +245,9 @@ def test_zero_queries(case):
     assert stats.logsumexp is None or stats.logsumexp.shape == (1, N, 0)
     _check_finite(stats)
   if state is not None and S == 0:  # no keys: the state stays zero
-    np.testing.assert_array_equal(np.concatenate([np.ravel(x) for x in jax.tree.leaves(state)]),
-                                  0.0)
+    np.testing.assert_array_equal(
+      np.concatenate([np.ravel(x) for x in jax.tree.leaves(state)]), 0.0
+    )
 
   def loss(q, k, v):
     out, stats, _ = _result(case, q, k, v)
@@ -198,8 +260,9 @@ def test_zero_queries(case):
     np.testing.assert_array_equal(g, 0.0)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.self_only],
-                         ids=[c.name for c in CASES if not c.self_only])
+@pytest.mark.parametrize(
+  "case", [c for c in CASES if not c.self_only], ids=[c.name for c in CASES if not c.self_only]
+)
 def test_zero_keys(case):
   """No keys: every row has no allowed key, so zeros by the shared rule, finite statistics."""
   q, k, v = _qkv(3, 0)
@@ -217,8 +280,9 @@ def test_zero_keys_sink_logits_and_residual():
   """S = 0 with a learned null column and jax.nn's residual: still the empty-row rule."""
   q, k, v = _qkv(3, 0)
   for impl in ("reference", "blockwise", None):
-    out, res = attnjax.dot_product_attention(q, k, v, sink_logits=jnp.zeros(N),
-                                             return_residual=True, implementation=impl)
+    out, res = attnjax.dot_product_attention(
+      q, k, v, sink_logits=jnp.zeros(N), return_residual=True, implementation=impl
+    )
     np.testing.assert_array_equal(out, 0.0)
     assert res.shape == (1, 3, N) and np.all(np.isfinite(res))
 
@@ -230,8 +294,15 @@ def test_every_registered_family_has_its_cases():
   for op in _op.OPS.values():
     for label, _, _ in CALLS[op.name]:
       assert {f"{label}-{i}" for i in _implementations(op)} <= names, label
-  assert {"dense-reference", "dense-blockwise", "dense-None", "sparse-blockwise",
-          "linear-quadratic", "gated-chunked", "delta-recurrent"} <= names
+  assert {
+    "dense-reference",
+    "dense-blockwise",
+    "dense-None",
+    "sparse-blockwise",
+    "linear-quadratic",
+    "gated-chunked",
+    "delta-recurrent",
+  } <= names
 
 
 def test_zero_length_recurrent_state_passes_through():
@@ -257,19 +328,24 @@ def test_head_dim_zero(case):
 def _forms(value):
   """The spellings of a static option's value that must mean the same as ``value``."""
   if isinstance(value, tuple):
-    return [list(value), np.asarray(value), jnp.asarray(value),
-            tuple(np.int64(x) for x in value)]
+    return [list(value), np.asarray(value), jnp.asarray(value), tuple(np.int64(x) for x in value)]
   if isinstance(value, float):
-    return [np.float32(value), np.float64(value), jnp.float32(value), np.asarray(value),
-            jnp.asarray(value)]
+    return [
+      np.float32(value),
+      np.float64(value),
+      jnp.float32(value),
+      np.asarray(value),
+      jnp.asarray(value),
+    ]
   return [np.int32(value), np.int64(value), jnp.int32(value), np.asarray(value)]
 
 
 STATIC_CASES = [(c, name, value) for c in CASES for name, value in c.static]
 
 
-@pytest.mark.parametrize("case,name,value", STATIC_CASES,
-                         ids=[f"{c.name}-{n}" for c, n, _ in STATIC_CASES])
+@pytest.mark.parametrize(
+  "case,name,value", STATIC_CASES, ids=[f"{c.name}-{n}" for c, n, _ in STATIC_CASES]
+)
 def test_static_option_spellings(case, name, value):
   """numpy / jax scalars, 0-d arrays and lists mean the Python value; a traced value or a
   sequence for a number is an error naming the option."""
@@ -277,8 +353,9 @@ def test_static_option_spellings(case, name, value):
   want = case.fn(q, k, v, **{name: value})
   for form in _forms(value):
     got = case.fn(q, k, v, **{name: form})
-    np.testing.assert_array_equal(jax.tree.leaves(got)[0], jax.tree.leaves(want)[0],
-                                  err_msg=f"{name}={form!r}")
+    np.testing.assert_array_equal(
+      jax.tree.leaves(got)[0], jax.tree.leaves(want)[0], err_msg=f"{name}={form!r}"
+    )
   if not isinstance(value, tuple):
     with pytest.raises((TypeError, ValueError), match=name):
       case.fn(q, k, v, **{name: [value]})
@@ -320,13 +397,19 @@ def test_blockwise_attention_takes_the_keywords_its_docstring_names():
   doc = inspect.getdoc(blockwise.attention)
   for name in attnjax.options.KEYWORDS:
     assert f"``{name}``" in doc, name
-  for name, value in (("local_window_size", 2), ("query_seq_lengths", jnp.array([4])),
-                      ("return_residual", True), ("implementation", "reference")):
+  for name, value in (
+    ("local_window_size", 2),
+    ("query_seq_lengths", jnp.array([4])),
+    ("return_residual", True),
+    ("implementation", "reference"),
+  ):
     assert f"``{name}``" in doc, name
     with pytest.raises(TypeError, match=name):
       blockwise.attention(q, k, v, **{name: value})
-  want = attnjax.dot_product_attention(q, k, v, is_causal=True, window=(1, 0), softcap=2.0,
-                                       implementation="reference")
-  got = blockwise.attention(q, k, v, is_causal=True, window=[1, 0], softcap=np.float32(2.0),
-                            block_q=np.int64(2), block_k=2)
+  want = attnjax.dot_product_attention(
+    q, k, v, is_causal=True, window=(1, 0), softcap=2.0, implementation="reference"
+  )
+  got = blockwise.attention(
+    q, k, v, is_causal=True, window=[1, 0], softcap=np.float32(2.0), block_q=np.int64(2), block_k=2
+  )
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -31,7 +31,8 @@ MOSAIC_TARGET = "tpu_custom_call"  # splash and the Pallas TPU kernel
 # Triton (it points to the Mosaic GPU backend or to Triton kernels through jax_triton), so the
 # tests that lower the Triton kernel on purpose expect the warning; no other test may raise it.
 lowers_triton = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+  "ignore:The Pallas Triton backend is deprecated:DeprecationWarning"
+)
 
 
 def dense_kernel(variant: str) -> bool:
@@ -40,8 +41,9 @@ def dense_kernel(variant: str) -> bool:
 
 
 def softmax(variant: str) -> bool:
-  return dense_kernel(variant) and attention_kwargs(variant).get("normalizer",
-                                                                 "softmax") == "softmax"
+  return (
+    dense_kernel(variant) and attention_kwargs(variant).get("normalizer", "softmax") == "softmax"
+  )
 
 
 def call_targets(text: str) -> set[str]:
@@ -50,13 +52,15 @@ def call_targets(text: str) -> set[str]:
 
 def export_step(preset: str, variant: str, platform: str, *, stats: bool = True) -> str:
   """The MLIR text of ``preset``'s training step (fwd + bwd + update) exported for ``platform``."""
-  step, state, rest = preset_train_step(preset, variant, d_model=256, num_heads=2, seq_len=128,
-                                        batch_size=2, stats=stats)
+  step, state, rest = preset_train_step(
+    preset, variant, d_model=256, num_heads=2, seq_len=128, batch_size=2, stats=stats
+  )
   tokens = jnp.zeros((2, 128), jnp.int32)
   exp = export.export(
-      jax.jit(step), platforms=[platform],
-      disabled_checks=[export.DisabledSafetyCheck.custom_call(pallas_gpu.TRITON_CALL_TARGET)])(
-          state, rest, tokens, tokens)
+    jax.jit(step),
+    platforms=[platform],
+    disabled_checks=[export.DisabledSafetyCheck.custom_call(pallas_gpu.TRITON_CALL_TARGET)],
+  )(state, rest, tokens, tokens)
   assert exp.platforms == (platform,)
   return exp.mlir_module()
 
@@ -103,8 +107,10 @@ def test_platform_kernels_refuse_to_lower_for_the_cpu():
     with pytest.raises(ValueError, match=rf"implementation='{name}' runs on .* lowered for 'cpu'"):
       fn(q)
     exported = export.export(
-        fn, platforms=["cuda" if name == "pallas_gpu" else "tpu"],
-        disabled_checks=[export.DisabledSafetyCheck.custom_call(pallas_gpu.TRITON_CALL_TARGET)])(q)
+      fn,
+      platforms=["cuda" if name == "pallas_gpu" else "tpu"],
+      disabled_checks=[export.DisabledSafetyCheck.custom_call(pallas_gpu.TRITON_CALL_TARGET)],
+    )(q)
     assert call_targets(exported.mlir_module())
 
 

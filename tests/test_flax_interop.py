@@ -35,8 +35,9 @@ def _reference(q, k, v, normalizer):
   """attnjax's reference on projected q, k, v: causal, padded queries and keys masked."""
   keep = _keep()
   pad = jnp.logical_and(keep[:, None, :, None], keep[:, None, None, :])
-  return attnjax.dot_product_attention(q, k, v, mask=pad, is_causal=True, normalizer=normalizer,
-                                       implementation="reference")
+  return attnjax.dot_product_attention(
+    q, k, v, mask=pad, is_causal=True, normalizer=normalizer, implementation="reference"
+  )
 
 
 @functools.cache
@@ -74,7 +75,8 @@ def test_linen_multi_head_dot_product_attention(normalizer):
   x, keep = _x(), _keep()
   mask = linen.combine_masks(linen.make_causal_mask(keep), linen.make_attention_mask(keep, keep))
   got = module.clone(attention_fn=flax_attention_fn(normalizer=normalizer)).apply(
-      params, x, mask=mask)
+    params, x, mask=mask
+  )
   q, k, v = (_linen_projections(params, x, n) for n in ("query", "key", "value"))
   o = _reference(q, k, v, normalizer)
   out = params["params"]["out"]
@@ -103,8 +105,14 @@ def test_softmax_equals_flax_default():
 
 def test_dropout_stats_and_bad_options():
   x = _x()
-  layer = nnx.MultiHeadAttention(num_heads=N, in_features=D, decode=False, dropout_rate=0.1,
-                                 attention_fn=flax_attention_fn(), rngs=nnx.Rngs(0))
+  layer = nnx.MultiHeadAttention(
+    num_heads=N,
+    in_features=D,
+    decode=False,
+    dropout_rate=0.1,
+    attention_fn=flax_attention_fn(),
+    rngs=nnx.Rngs(0),
+  )
   with pytest.raises(ValueError, match="no dropout on attention weights"):
     layer(x, deterministic=False)
   layer(x, deterministic=True)
@@ -118,7 +126,8 @@ def test_dropout_stats_and_bad_options():
   assert isinstance(stats, attnjax.AttentionStats) and stats.entropy.shape == (B, N)
   module, params = _linen_layer()
   _, state = module.clone(attention_fn=flax_attention_fn(is_causal=True)).apply(
-      params, x, sow_weights=True, mutable=["intermediates"])
+    params, x, sow_weights=True, mutable=["intermediates"]
+  )
   stats = state["intermediates"]["attention_stats"][-1]
   assert isinstance(stats, attnjax.AttentionStats) and stats.entropy.shape == (B, N)
   with pytest.raises(TypeError, match=r"got \['mask'\]"):

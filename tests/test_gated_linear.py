@@ -17,8 +17,9 @@ from helpers import assert_close, rand_qkv
 FORMS = ("reference", "quadratic", "chunked")
 
 
-def _inputs(B=2, T=13, N=4, K=2, H=8, Hv=6, *, per_channel=False, lo=0.05, hi=1.0, seed=0,
-            dtype=jnp.float32):
+def _inputs(
+  B=2, T=13, N=4, K=2, H=8, Hv=6, *, per_channel=False, lo=0.05, hi=1.0, seed=0, dtype=jnp.float32
+):
   q, k, v = rand_qkv(B=B, T=T, N=N, K=K, H=H, Hv=Hv, seed=seed, dtype=dtype)
   rng = np.random.default_rng(seed + 1)
   shape = (B, T, N, H) if per_channel else (B, T, N)
@@ -36,12 +37,21 @@ def _forms_and_grads(q, k, v, g, s0, seg, *, forms=FORMS, chunk_size=4):
   ct_state = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
   results = {}
   for form in forms:
+
     def loss(q, k, v, g, s0, form=form):
       out, state = gated_linear_attention(
-          q, k, v, log_decay=g, initial_state=s0, return_state=True, segment_ids=seg,
-          implementation=form, chunk_size=chunk_size)
-      return (jnp.sum(out.astype(jnp.float32) * ct_out) + jnp.sum(state * ct_state),
-              (out, state))
+        q,
+        k,
+        v,
+        log_decay=g,
+        initial_state=s0,
+        return_state=True,
+        segment_ids=seg,
+        implementation=form,
+        chunk_size=chunk_size,
+      )
+      return (jnp.sum(out.astype(jnp.float32) * ct_out) + jnp.sum(state * ct_state), (out, state))
+
     grads, value = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)(q, k, v, g, s0)
     results[form] = (value, grads)
   return results
@@ -53,8 +63,9 @@ def _check_forms(results, rtol=2e-5, atol=2e-5):
     for x in jax.tree.leaves((value, grads)):
       assert np.all(np.isfinite(np.asarray(x, np.float32))), form
     assert_close(value, ref_value, f"{form} value/state", rtol=rtol, atol=atol)
-    assert_close(grads, ref_grads, f"{form} grads (q, k, v, log_decay, initial_state)",
-                 rtol=rtol, atol=atol)
+    assert_close(
+      grads, ref_grads, f"{form} grads (q, k, v, log_decay, initial_state)", rtol=rtol, atol=atol
+    )
     # Each gradient also on its own scale: under a strong gate the decays' gradient is
     # ~1e-8, far below atol, and float32 cancellation could otherwise hide there.
     for name, x, y in zip(("q", "k", "v", "log_decay", "initial_state"), grads, ref_grads):
@@ -145,12 +156,15 @@ def test_segments_equal_separate_documents(form):
   q, k, v, g, s0 = _inputs(B=1, T=12, per_channel=True, seed=5)
   seg = jnp.asarray([[0] * 5 + [1] * 7], jnp.int32)
   kw = dict(implementation=form, chunk_size=4, return_state=True)
-  packed, final = gated_linear_attention(q, k, v, log_decay=g, initial_state=s0,
-                                         segment_ids=seg, **kw)
-  first, _ = gated_linear_attention(q[:, :5], k[:, :5], v[:, :5], log_decay=g[:, :5],
-                                    initial_state=s0, **kw)
-  second, final2 = gated_linear_attention(q[:, 5:], k[:, 5:], v[:, 5:], log_decay=g[:, 5:],
-                                          **kw)  # a new document: zero state
+  packed, final = gated_linear_attention(
+    q, k, v, log_decay=g, initial_state=s0, segment_ids=seg, **kw
+  )
+  first, _ = gated_linear_attention(
+    q[:, :5], k[:, :5], v[:, :5], log_decay=g[:, :5], initial_state=s0, **kw
+  )
+  second, final2 = gated_linear_attention(
+    q[:, 5:], k[:, 5:], v[:, 5:], log_decay=g[:, 5:], **kw
+  )  # a new document: zero state
   assert_close(packed, jnp.concatenate([first, second], axis=1), f"{form} outputs")
   assert_close(final, final2, f"{form} final state")
 
@@ -169,13 +183,20 @@ def test_bf16_inputs():
   q, k, v, g, s0 = _inputs(per_channel=True, dtype=jnp.bfloat16)
   outs = {}
   for form in FORMS:
-    out, state = gated_linear_attention(q, k, v, log_decay=g, initial_state=s0,
-                                        return_state=True, implementation=form, chunk_size=4)
+    out, state = gated_linear_attention(
+      q, k, v, log_decay=g, initial_state=s0, return_state=True, implementation=form, chunk_size=4
+    )
     assert out.dtype == jnp.bfloat16 and state.dtype == jnp.float32
     outs[form] = (out.astype(jnp.float32), state)
-  f32 = gated_linear_attention(q.astype(jnp.float32), k.astype(jnp.float32),
-                               v.astype(jnp.float32), log_decay=g, initial_state=s0,
-                               return_state=True, implementation="reference")
+  f32 = gated_linear_attention(
+    q.astype(jnp.float32),
+    k.astype(jnp.float32),
+    v.astype(jnp.float32),
+    log_decay=g,
+    initial_state=s0,
+    return_state=True,
+    implementation="reference",
+  )
   for form in FORMS:
     assert_close(outs[form], f32, f"bf16 {form}", rtol=2e-2, atol=2e-2)
 
@@ -185,10 +206,12 @@ def test_state_chaining(form):
   q, k, v, g, s0 = _inputs(T=11, per_channel=True, seed=9)
   kw = dict(implementation=form, chunk_size=4, return_state=True)
   whole, final = gated_linear_attention(q, k, v, log_decay=g, initial_state=s0, **kw)
-  a, mid = gated_linear_attention(q[:, :6], k[:, :6], v[:, :6], log_decay=g[:, :6],
-                                  initial_state=s0, **kw)
-  b, end = gated_linear_attention(q[:, 6:], k[:, 6:], v[:, 6:], log_decay=g[:, 6:],
-                                  initial_state=mid, **kw)
+  a, mid = gated_linear_attention(
+    q[:, :6], k[:, :6], v[:, :6], log_decay=g[:, :6], initial_state=s0, **kw
+  )
+  b, end = gated_linear_attention(
+    q[:, 6:], k[:, 6:], v[:, 6:], log_decay=g[:, 6:], initial_state=mid, **kw
+  )
   assert_close(jnp.concatenate([a, b], axis=1), whole, f"{form} chained outputs")
   assert_close(end, final, f"{form} chained final state")
 
@@ -197,8 +220,10 @@ def test_return_rule_and_broadcast_decay():
   q, k, v, _, _ = _inputs()
   out = gated_linear_attention(q, k, v, log_decay=jnp.float32(-0.5))
   # S_t = e^-0.5 S_{t-1} + k_t v_t^T, o_t = S_t^T q_t / sqrt(H), written out in numpy.
-  qn, kn, vn = (np.repeat(np.asarray(x, np.float64), 2, axis=2) if x is not q
-                else np.asarray(x, np.float64) for x in (q, k, v))
+  qn, kn, vn = (
+    np.repeat(np.asarray(x, np.float64), 2, axis=2) if x is not q else np.asarray(x, np.float64)
+    for x in (q, k, v)
+  )
   state_np = np.zeros((2, 4, 8, 6))
   want = np.zeros((2, 13, 4, 6))
   for t in range(13):
@@ -219,31 +244,55 @@ def test_zero_decay_equals_linear_attention(form):
   # linear_attention(identity, normalize="none", causal) is sum_{j<=i} (q_i.k_j) v_j with no
   # scale; gated_linear_attention with g = 0 is the same times `scale`.
   q, k, v, _, _ = _inputs(T=10, seed=13)
-  lin = attnjax.linear_attention(q, k, v, feature_map=feature_maps.identity, normalize="none",
-                                 is_causal=True, implementation="reference")
-  gla = gated_linear_attention(q, k, v, log_decay=jnp.zeros((2, 10, 4)), scale=0.5,
-                               implementation=form, chunk_size=4)
+  lin = attnjax.linear_attention(
+    q,
+    k,
+    v,
+    feature_map=feature_maps.identity,
+    normalize="none",
+    is_causal=True,
+    implementation="reference",
+  )
+  gla = gated_linear_attention(
+    q, k, v, log_decay=jnp.zeros((2, 10, 4)), scale=0.5, implementation=form, chunk_size=4
+  )
   assert_close(gla, 0.5 * lin, form, rtol=1e-5, atol=1e-5)
   default = gated_linear_attention(q, k, v, log_decay=0.0, implementation=form, chunk_size=4)
-  assert_close(default, lin * 8 ** -0.5, f"{form} default scale H**-0.5", rtol=1e-5, atol=1e-5)
+  assert_close(default, lin * 8**-0.5, f"{form} default scale H**-0.5", rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
+@pytest.mark.parametrize(
+  "kwargs, error, match",
+  [
     (dict(log_decay=jnp.zeros((2, 13, 3))), ValueError, r"log_decay of shape \(2, 13, 3\)"),
     (dict(log_decay=jnp.zeros((2, 13, 4, 5))), ValueError, r"log_decay .*\[B, T, N, H\]"),
     (dict(log_decay=jnp.zeros((1, 2, 13, 4, 8))), ValueError, "log_decay must broadcast"),
-    (dict(log_decay=jnp.zeros((2, 13, 4), jnp.int32)), TypeError, "log_decay must be a floating-point"),
+    (
+      dict(log_decay=jnp.zeros((2, 13, 4), jnp.int32)),
+      TypeError,
+      "log_decay must be a floating-point",
+    ),
     (dict(log_decay=None), TypeError, "log_decay is required"),
-    (dict(log_decay=0.0, initial_state=jnp.zeros((2, 2, 8, 6))), ValueError,
-     r"initial_state must have shape \[B, N, H, Hv\] = \(2, 4, 8, 6\)"),
-    (dict(log_decay=0.0, segment_ids=jnp.zeros((2, 12), jnp.int32)), ValueError,
-     "segment_ids must have shape"),
+    (
+      dict(log_decay=0.0, initial_state=jnp.zeros((2, 2, 8, 6))),
+      ValueError,
+      r"initial_state must have shape \[B, N, H, Hv\] = \(2, 4, 8, 6\)",
+    ),
+    (
+      dict(log_decay=0.0, segment_ids=jnp.zeros((2, 12), jnp.int32)),
+      ValueError,
+      "segment_ids must have shape",
+    ),
     (dict(log_decay=0.0, segment_ids=jnp.zeros((2, 13))), TypeError, "segment_ids must be integer"),
     (dict(log_decay=0.0, implementation="blockwise"), ValueError, "implementation='blockwise'"),
-    (dict(log_decay=0.0, chunk_size=0), ValueError,
-     "chunk_size must be a positive int, got chunk_size=0"),
+    (
+      dict(log_decay=0.0, chunk_size=0),
+      ValueError,
+      "chunk_size must be a positive int, got chunk_size=0",
+    ),
     (dict(log_decay=0.0, scale=-1.0), ValueError, "scale must be positive"),
-])
+  ],
+)
 def test_validation_errors(kwargs, error, match):
   q, k, v, _, _ = _inputs()
   with pytest.raises(error, match=match):
@@ -263,9 +312,12 @@ def test_chunk_size_32_runs_forward_and_backward():
   # chunk_size=32, N=8, H=64) segfaulted jaxlib 0.10.2's CPU backend (its "ynn" fusion).
   q, k, v = rand_qkv(B=1, T=256, N=8, K=8, H=64, seed=5)
   g = jnp.broadcast_to(jax.nn.log_sigmoid(jnp.linspace(2.0, 6.0, 64)) / 16.0, q.shape)
+
   def loss(q, impl):
-    return jnp.sum(gated_linear_attention(q, k, v, log_decay=g, chunk_size=32,
-                                          implementation=impl) ** 2)
+    return jnp.sum(
+      gated_linear_attention(q, k, v, log_decay=g, chunk_size=32, implementation=impl) ** 2
+    )
+
   got = jax.jit(jax.grad(lambda q: loss(q, "chunked")))(q)
   want = jax.jit(jax.grad(lambda q: loss(q, "reference")))(q)
   # float32 sums over 256 steps of 64 channels: within 1e-3 of the largest entry (about 12).

@@ -17,11 +17,11 @@ D, B, T = 32, 2, 11
 # Every family with GQA (N=4, K=2) and a chunk that does not divide T; the delta
 # families with the short convolution, one gated family with it too.
 CASES = {
-    "retnet": dict(family="retnet"),
-    "mamba2_decay": dict(family="mamba2_decay"),
-    "gla": dict(family="gla", short_conv=3),
-    "deltanet": dict(family="deltanet", short_conv=4),
-    "gated_deltanet": dict(family="gated_deltanet", short_conv=4),
+  "retnet": dict(family="retnet"),
+  "mamba2_decay": dict(family="mamba2_decay"),
+  "gla": dict(family="gla", short_conv=3),
+  "deltanet": dict(family="deltanet", short_conv=4),
+  "gated_deltanet": dict(family="gated_deltanet", short_conv=4),
 }
 
 
@@ -55,17 +55,23 @@ def test_forward_shapes_and_finite_gradients_reach_every_parameter(name):
   for path, g in flat.items():
     assert np.all(np.isfinite(g)), path
   # The family's own projections are trained: their gradients are not all zero.
-  own = {"retnet": ("g_proj",), "mamba2_decay": ("dt_proj", "dt_bias", "A_log"),
-         "gla": ("gk_down", "gk_up", "q_conv"), "deltanet": ("beta_proj", "k_conv"),
-         "gated_deltanet": ("beta_proj", "dt_proj", "A_log", "v_conv")}[name]
+  own = {
+    "retnet": ("g_proj",),
+    "mamba2_decay": ("dt_proj", "dt_bias", "A_log"),
+    "gla": ("gk_down", "gk_up", "q_conv"),
+    "deltanet": ("beta_proj", "k_conv"),
+    "gated_deltanet": ("beta_proj", "dt_proj", "A_log", "v_conv"),
+  }[name]
   for param in own:
     found = [g for path, g in flat.items() if param in jax.tree_util.keystr(path)]
     assert found and any(float(jnp.max(jnp.abs(g))) > 0 for g in found), param
 
 
 # deltanet in -m slow: gated_deltanet runs the same delta-rule prefill and steps, gated.
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=[pytest.mark.slow] if n == "deltanet" else []) for n in sorted(CASES)])
+@pytest.mark.parametrize(
+  "name",
+  [pytest.param(n, marks=[pytest.mark.slow] if n == "deltanet" else []) for n in sorted(CASES)],
+)
 def test_prefill_then_steps_equals_the_full_forward_with_packed_documents(name):
   layer = _layer(CASES[name])
   x = _x()
@@ -119,8 +125,10 @@ def test_config_round_trips_through_json(name):
 
 def test_implementations_follow_each_function_and_agree():
   x = _x()
-  for name, forms in (("gla", ("reference", "quadratic", "chunked")),
-                      ("gated_deltanet", ("reference", "chunked"))):
+  for name, forms in (
+    ("gla", ("reference", "quadratic", "chunked")),
+    ("gated_deltanet", ("reference", "chunked")),
+  ):
     outs = [_layer(CASES[name], implementation=f)(x) for f in forms]
     for out in outs[1:]:
       np.testing.assert_allclose(out, outs[0], atol=2e-5, rtol=1e-4)
@@ -130,12 +138,15 @@ def test_implementations_follow_each_function_and_agree():
     nn.AttentionConfig(family="deltanet", implementation="blockwise")
 
 
-@pytest.mark.parametrize("options,match", [
+@pytest.mark.parametrize(
+  "options,match",
+  [
     (dict(family="retnet", is_causal=False), "is_causal=False"),
     (dict(family="deltanet", short_conv=1), "short_conv"),
     (dict(family="gla", gate_normalizer=0.0), "gate_normalizer"),
     (dict(family="mamba2_decay", output_norm="group"), "output_norm"),
-])
+  ],
+)
 def test_bad_options_fail_naming_the_field(options, match):
   with pytest.raises(ValueError, match=match):
     nn.AttentionConfig(**options)
@@ -153,8 +164,11 @@ def test_mask_and_cross_attention_are_rejected():
 
 
 def test_retnet_decays_are_the_papers():
-  np.testing.assert_allclose(np.exp(gated_spec.retnet_log_decay(4)),
-                             [1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128, 1 - 1 / 256], rtol=1e-6)
+  np.testing.assert_allclose(
+    np.exp(gated_spec.retnet_log_decay(4)),
+    [1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128, 1 - 1 / 256],
+    rtol=1e-6,
+  )
 
 
 def test_sown_weights_are_the_decayed_scores_of_compared_qk():
@@ -162,10 +176,12 @@ def test_sown_weights_are_the_decayed_scores_of_compared_qk():
   # A[i, j] = scale * sum_h q_ih k_jh exp(c_ih - c_jh) (j <= i, c = cumsum of the
   # log gates) with q, k from compared_qk: what the probe reads is what the layer did.
   from attnjax._src.nn import intermediates
+
   layer = _layer(CASES["gla"])
   x = _x()
-  _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate,
-                         method_outputs=nnx.Intermediate)(layer, x)
+  _, inter = nnx.capture(
+    lambda m, x: m(x, sow_weights=True), nnx.Intermediate, method_outputs=nnx.Intermediate
+  )(layer, x)
   rec = intermediates.read(inter).model
   N, K, H = 4, 2, layer.head_dim
   q = jnp.reshape(rec["q_proj/__call__"], (B, T, N, H))
@@ -174,9 +190,10 @@ def test_sown_weights_are_the_decayed_scores_of_compared_qk():
   q, k = np.asarray(q, np.float64), np.repeat(np.asarray(k, np.float64), N // K, axis=2)
   c = np.cumsum(np.asarray(layer.config.spec.gates(layer, x)["log_decay"], np.float64), axis=1)
   causal = np.tril(np.ones((T, T), bool))[None, None, :, :, None]
-  expo = np.where(causal, c.transpose(0, 2, 1, 3)[:, :, :, None] - c.transpose(0, 2, 1, 3)[:, :, None],
-                  -np.inf)
-  want = np.einsum("binh,bjnh,bnijh->bnij", q, k, np.exp(expo)) * H ** -0.5
+  expo = np.where(
+    causal, c.transpose(0, 2, 1, 3)[:, :, :, None] - c.transpose(0, 2, 1, 3)[:, :, None], -np.inf
+  )
+  want = np.einsum("binh,bjnh,bnijh->bnij", q, k, np.exp(expo)) * H**-0.5
   np.testing.assert_allclose(rec["weights"], want, atol=1e-5)
   stats = rec["attention_stats"]
   assert stats.max_logit is None and stats.entropy.shape == (B, N)
@@ -192,13 +209,16 @@ def test_delta_rule_implied_weights_reproduce_the_output():
   q = gated_spec._l2_normalize(jax.random.normal(keys[0], (B, T, 4, 8)))
   k = gated_spec._l2_normalize(jax.random.normal(keys[1], (B, T, 2, 8)))
   v = jax.random.normal(keys[2], (B, T, 2, 8))
-  gates = {"beta": jax.nn.sigmoid(jax.random.normal(keys[3], (B, T, 4))),
-           "log_decay": -jax.nn.softplus(jax.random.normal(keys[4], (B, T, 4)))}
+  gates = {
+    "beta": jax.nn.sigmoid(jax.random.normal(keys[3], (B, T, 4))),
+    "log_decay": -jax.nn.softplus(jax.random.normal(keys[4], (B, T, 4))),
+  }
   kwargs = dict(segment_ids=None, implementation="chunked", chunk_size=4)
   w = spec.implied_weights(fn, q, k, gates, kwargs)  # [B, N, T, S]
   out = spec.call_function(fn, q, k, v, gates, **kwargs)
-  np.testing.assert_allclose(jnp.einsum("bnts,bsnh->btnh", w, jnp.repeat(v, 2, axis=2)), out,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    jnp.einsum("bnts,bsnh->btnh", w, jnp.repeat(v, 2, axis=2)), out, atol=1e-5
+  )
   assert float(jnp.max(jnp.abs(jnp.triu(w, 1)))) == 0.0
 
 
@@ -213,8 +233,9 @@ def test_short_conv_masks_other_segments_and_continues_from_its_tail():
       if t - lag >= 0 and seg[0, t - lag] == seg[0, t]:
         want[t] += np.asarray(w[lag] * x[0, t - lag])
   np.testing.assert_allclose(out[0], want, atol=1e-6)
-  a, tail, tail_seg = gated_spec.short_conv(x[:, :4], w, jnp.zeros((1, 3, 3)), seg[:, :4],
-                                            jnp.zeros((1, 3), int))
+  a, tail, tail_seg = gated_spec.short_conv(
+    x[:, :4], w, jnp.zeros((1, 3, 3)), seg[:, :4], jnp.zeros((1, 3), int)
+  )
   b, _, _ = gated_spec.short_conv(x[:, 4:], w, tail, seg[:, 4:], tail_seg)
   np.testing.assert_allclose(jnp.concatenate([a, b], axis=1), out, atol=1e-6)
 
@@ -232,9 +253,21 @@ def test_three_packed_training_steps_of_a_gated_variant(tmp_path):
   c.variant = "gated_deltanet"
   c.data.update(dict(name="text", path=str(path), pack=True, seq_len=16, batch_size=4))
   c.model.update(dict(d_model=16, num_layers=1, num_heads=2, mlp_ratio=2))
-  c.train.update(dict(steps=3, log_every=1, eval_every=3, eval_batches=1, probe_every=3,
-                      probe_batch=4, probe_len=16, checkpoint_every=0, num_devices=1,
-                      progress=False, plots=False))
+  c.train.update(
+    dict(
+      steps=3,
+      log_every=1,
+      eval_every=3,
+      eval_batches=1,
+      probe_every=3,
+      probe_batch=4,
+      probe_len=16,
+      checkpoint_every=0,
+      num_devices=1,
+      progress=False,
+      plots=False,
+    )
+  )
   c.opt.lr = 1e-2
   summary = train(c)
   assert summary["status"] == "finished" and summary["steps_done"] == 3

@@ -26,18 +26,29 @@ from attnjax._src import op as _op  # importing attnjax registers every family's
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+
 def _both(*names: str) -> tuple[str, ...]:
   """Each package as implemented (``attnjax._src.x``) and as published (``attnjax.x``)."""
   return tuple(f"attnjax{infix}.{n}" for n in names for infix in ("._src", ""))
 
 
 LAYERS = (  # (layer, module prefix, forbidden import prefixes); first match wins
-    *[("nn", p, (*_both("models", "train"), "experiments")) for p in _both("nn")],
-    *[("models", p, (*_both("train"), "experiments")) for p in _both("models")],
-    *[("train", p, ("experiments",)) for p in _both("train")],
-    *[("data", p, ("flax", *_both("nn", "models", "train"), "experiments")) for p in _both("data")],
-    ("functions", "attnjax", ("flax", "optax", "orbax", "ml_collections",
-                              *_both("nn", "models", "train", "data"), "experiments")),
+  *[("nn", p, (*_both("models", "train"), "experiments")) for p in _both("nn")],
+  *[("models", p, (*_both("train"), "experiments")) for p in _both("models")],
+  *[("train", p, ("experiments",)) for p in _both("train")],
+  *[("data", p, ("flax", *_both("nn", "models", "train"), "experiments")) for p in _both("data")],
+  (
+    "functions",
+    "attnjax",
+    (
+      "flax",
+      "optax",
+      "orbax",
+      "ml_collections",
+      *_both("nn", "models", "train", "data"),
+      "experiments",
+    ),
+  ),
 )
 
 
@@ -66,7 +77,7 @@ def from_source(package: str, node: ast.ImportFrom) -> str:
   """The absolute module of ``from ... import``, relative imports resolved against ``package``."""
   if not node.level:
     return node.module
-  base = package.split(".")[:len(package.split(".")) - node.level + 1]
+  base = package.split(".")[: len(package.split(".")) - node.level + 1]
   return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -87,8 +98,9 @@ def imports_of(root: pathlib.Path, path: pathlib.Path) -> set[str]:
 
 def import_graph(root: pathlib.Path, package: str = "attnjax") -> dict[str, set[str]]:
   """``{module: modules it imports}`` for every module of ``package`` under ``root``."""
-  return {module_name(root, p): imports_of(root, p)
-          for p in sorted(root.joinpath(package).rglob("*.py"))}
+  return {
+    module_name(root, p): imports_of(root, p) for p in sorted(root.joinpath(package).rglob("*.py"))
+  }
 
 
 def layer_of(module: str) -> tuple[str, tuple[str, ...]]:
@@ -152,27 +164,30 @@ def test_the_graph_sees_module_and_function_level_imports():
   assert "attnjax._src.stats.sinks" in GRAPH and "attnjax._src.nn.probe" in GRAPH
   assert "attnjax._src.stats.capture" in GRAPH["attnjax._src.nn.probe"]
   assert "flax" in GRAPH["attnjax._src.nn.attention"]
-  assert "attnjax._src.train.metrics" in GRAPH["attnjax._src.train.report"]  # a function-level import
+  assert (
+    "attnjax._src.train.metrics" in GRAPH["attnjax._src.train.report"]
+  )  # a function-level import
 
 
 def test_checker_finds_upward_imports_and_cycles(tmp_path):
   pkg = tmp_path / "attnjax"
   (pkg / "nn").mkdir(parents=True)
   files = {
-      "__init__.py": "",
-      "a.py": "from attnjax import b\n",
-      "b.py": "def f():\n  from attnjax.nn import layer\n  import flax\n",
-      "c.py": "from . import a\n",
-      "nn/__init__.py": "",
-      "nn/layer.py": "from attnjax import c\n",
+    "__init__.py": "",
+    "a.py": "from attnjax import b\n",
+    "b.py": "def f():\n  from attnjax.nn import layer\n  import flax\n",
+    "c.py": "from . import a\n",
+    "nn/__init__.py": "",
+    "nn/layer.py": "from attnjax import c\n",
   }
   for name, text in files.items():
     (pkg / name).write_text(text)
   graph = import_graph(tmp_path)
   assert graph["attnjax.c"] == {"attnjax.a"}
   assert layer_violations(graph) == [
-      "attnjax.b (functions layer) imports attnjax.nn.layer",
-      "attnjax.b (functions layer) imports flax"]
+    "attnjax.b (functions layer) imports attnjax.nn.layer",
+    "attnjax.b (functions layer) imports flax",
+  ]
   assert cycles(graph) == [["attnjax.a", "attnjax.b", "attnjax.c", "attnjax.nn.layer"]]
 
 
@@ -205,8 +220,12 @@ def test_reaches():
 
 def test_layouts_sit_below_kernels_and_patterns():
   """Rules (masks, patterns) and layouts below kernels; kernels below dispatch."""
-  for kernel in ("attnjax._src.kernels.blockwise", "attnjax._src.ops.sparse.attention",
-                 "attnjax._src.patterns", "attnjax._src.ops.dense.attention"):
+  for kernel in (
+    "attnjax._src.kernels.blockwise",
+    "attnjax._src.ops.sparse.attention",
+    "attnjax._src.patterns",
+    "attnjax._src.ops.dense.attention",
+  ):
     assert not reaches(GRAPH, "attnjax._src.layout", kernel), kernel
   assert not reaches(GRAPH, "attnjax._src.patterns", "attnjax._src.kernels.blockwise")
   assert not reaches(GRAPH, "attnjax._src.kernels.blockwise", "attnjax._src.ops.dense.attention")
@@ -215,13 +234,33 @@ def test_layouts_sit_below_kernels_and_patterns():
 
 # Each registered op's modules (attnjax._src.ops.<op name>.*), and the modules the families
 # share: the front ends of dense and the recurrent families' common code.
-FAMILIES = tuple(sorted(m for m in GRAPH if any(under(m, f"attnjax._src.ops.{name}")
-                                                 for name in _op.OPS))) + (
-    "attnjax._src.ops.recurrent",)
-VOCABULARY = (*(f"attnjax._src.{name}" for name in (
-    "normalizers", "masks", "patterns", "layout", "mods", "feature_maps", "attention_stats",
-    "options", "checks", "deprecation", "lowering", "target", "sharding", "numerics",
-    "config", "trust")), "attnjax._version")
+FAMILIES = tuple(
+  sorted(m for m in GRAPH if any(under(m, f"attnjax._src.ops.{name}") for name in _op.OPS))
+) + ("attnjax._src.ops.recurrent",)
+VOCABULARY = (
+  *(
+    f"attnjax._src.{name}"
+    for name in (
+      "normalizers",
+      "masks",
+      "patterns",
+      "layout",
+      "mods",
+      "feature_maps",
+      "attention_stats",
+      "options",
+      "checks",
+      "deprecation",
+      "lowering",
+      "target",
+      "sharding",
+      "numerics",
+      "config",
+      "trust",
+    )
+  ),
+  "attnjax._version",
+)
 
 
 def engine_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -232,19 +271,26 @@ def engine_violations(graph: dict[str, set[str]]) -> list[str]:
   for module in kernels:
     out += [f"{module} (kernel) reaches {f}" for f in FAMILIES if reaches(graph, module, f)]
   for module in VOCABULARY:
-    out += [f"{module} (vocabulary) reaches {t}" for t in FAMILIES + tuple(kernels)
-            if reaches(graph, module, t)]
+    out += [
+      f"{module} (vocabulary) reaches {t}"
+      for t in FAMILIES + tuple(kernels)
+      if reaches(graph, module, t)
+    ]
   return out
 
 
 def test_engine_rule_finds_a_kernel_importing_a_family():
   sparse = "attnjax._src.ops.sparse.attention"
-  graph = {"attnjax._src.kernels.x": {"attnjax._src.options"}, "attnjax._src.options": {sparse},
-           sparse: {"attnjax._src.kernels.x"}}
+  graph = {
+    "attnjax._src.kernels.x": {"attnjax._src.options"},
+    "attnjax._src.options": {sparse},
+    sparse: {"attnjax._src.kernels.x"},
+  }
   assert engine_violations(graph) == [
-      f"attnjax._src.kernels.x (kernel) reaches {sparse}",
-      f"attnjax._src.options (vocabulary) reaches {sparse}",
-      "attnjax._src.options (vocabulary) reaches attnjax._src.kernels.x"]
+    f"attnjax._src.kernels.x (kernel) reaches {sparse}",
+    f"attnjax._src.options (vocabulary) reaches {sparse}",
+    "attnjax._src.options (vocabulary) reaches attnjax._src.kernels.x",
+  ]
 
 
 def test_families_import_kernels_and_kernels_never_import_families():
@@ -266,6 +312,9 @@ def test_import_attnjax_loads_no_flax():
       import attnjax.nn.probe
       assert callable(attnjax.nn.probe.probe)
       """)
-  subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
-                 env={"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-                      "PATH": "/usr/bin:/bin"})
+  subprocess.run(
+    [sys.executable, "-c", code],
+    check=True,
+    cwd=ROOT,
+    env={"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+  )

@@ -36,9 +36,10 @@ from helpers import assert_close, rand_qkv
 # jax 0.12 deprecates the Pallas Triton backend: compiling our Triton kernel warns (as in
 # tests/test_targets.py). Auto-dispatch takes the kernels unchecked here (all_kernels): these
 # tests are about where they run, on a host where none was checked on a device.
-pytestmark = [pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
-              pytest.mark.usefixtures("all_kernels")]
+pytestmark = [
+  pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
+  pytest.mark.usefixtures("all_kernels"),
+]
 
 MOSAIC = "tpu_custom_call"
 WAYS = ("plain", "legacy", "set_mesh")
@@ -60,8 +61,11 @@ def under(way: str, mesh, fn, *args):
 
 def alibi_per_row_and_head(z, b, n, i, j, slopes, offsets):
   """ALiBi plus a per-(batch row, head) bonus on key 0: reads ``b`` and ``n``."""
-  return (z - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
-          + offsets[b, n] * (j == 0).astype(jnp.float32))
+  return (
+    z
+    - slopes[n] * jnp.abs(i - j).astype(jnp.float32)
+    + offsets[b, n] * (j == 0).astype(jnp.float32)
+  )
 
 
 def needs_devices(n: int):
@@ -78,10 +82,16 @@ def modifier_case():
   tables and a prefix-LM mask_mod whose prefix lengths differ per row, so that the key blocks
   the later rows need are ones the earlier rows skip (T = 256: 2 x 2 blocks of 128)."""
   q, k, v = rand_qkv(B=4, T=256, S=256, N=4, K=2, H=16)
-  score_args = (jnp.asarray(mods.alibi_slopes(4)),
-                jnp.asarray(np.random.default_rng(5).standard_normal((4, 4)), jnp.float32))
-  kw = dict(score_mod=alibi_per_row_and_head, mask_mod=mods.prefix_lm_mask,
-            mask_mod_args=(jnp.asarray([10, 30, 200, 250], jnp.int32),), return_stats=True)
+  score_args = (
+    jnp.asarray(mods.alibi_slopes(4)),
+    jnp.asarray(np.random.default_rng(5).standard_normal((4, 4)), jnp.float32),
+  )
+  kw = dict(
+    score_mod=alibi_per_row_and_head,
+    mask_mod=mods.prefix_lm_mask,
+    mask_mod_args=(jnp.asarray([10, 30, 200, 250], jnp.int32),),
+    return_stats=True,
+  )
   return (q, k, v, score_args), kw
 
 
@@ -95,8 +105,9 @@ def modifier_loss(attention, kw):
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
 
 
-@pytest.mark.parametrize("way", [pytest.param(w, marks=[] if w == "plain" else [pytest.mark.slow])
-                                 for w in WAYS])
+@pytest.mark.parametrize(
+  "way", [pytest.param(w, marks=[] if w == "plain" else [pytest.mark.slow]) for w in WAYS]
+)
 def test_pallas_tpu_per_shard_sees_the_whole_calls_rows_and_heads(way):
   # Batch over "data", key/value heads over "tensor": values, statistics and gradients (q, k,
   # v and the score_mod tables) equal the unsharded reference, also in the backward (which is
@@ -104,8 +115,8 @@ def test_pallas_tpu_per_shard_sees_the_whole_calls_rows_and_heads(way):
   needs_devices(4)
   (q, k, v, score_args), kw = modifier_case()
   want = modifier_loss(
-      functools.partial(attnjax.dot_product_attention, implementation="reference"), kw)(
-          q, k, v, score_args)
+    functools.partial(attnjax.dot_product_attention, implementation="reference"), kw
+  )(q, k, v, score_args)
   mesh = jax.make_mesh((2, 2), ("data", "tensor"), axis_types=AUTO)
   spec = NamedSharding(mesh, P("data", None, "tensor"))
   q, k, v = (jax.device_put(x, spec) for x in (q, k, v))
@@ -124,8 +135,9 @@ def test_pallas_tpu_forward_mode_per_shard_sees_the_whole_calls_rows_and_heads(o
   needs_devices(4)
   (q, k, v, score_args), kw = modifier_case()
   rng = np.random.default_rng(3)
-  tangents = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32),
-                          (q, k, v, score_args))
+  tangents = jax.tree.map(
+    lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), (q, k, v, score_args)
+  )
 
   def forward_mode(attention):
     def f(q, k, v, score_args):
@@ -143,8 +155,9 @@ def test_pallas_tpu_forward_mode_per_shard_sees_the_whole_calls_rows_and_heads(o
   spec = NamedSharding(mesh, P("data", None, "tensor"))
   placed = [jax.device_put(x, spec) for x in (q, k, v)]
   kernel = functools.partial(pallas_tpu.attention, interpret=True, block_sizes=BLOCKS)
-  assert_close(forward_mode(kernel)(*placed, score_args), want, "forward mode", rtol=0, atol=1e-4,
-               scaled=True)  # of each scale
+  assert_close(
+    forward_mode(kernel)(*placed, score_args), want, "forward mode", rtol=0, atol=1e-4, scaled=True
+  )  # of each scale
 
 
 @pytest.mark.slow
@@ -160,13 +173,15 @@ def test_splash_per_shard_matches_the_reference(way):
     return jnp.sum(jnp.sin(out))
 
   reference = functools.partial(attnjax.dot_product_attention, implementation="reference")
-  grads = lambda attention: jax.jit(jax.value_and_grad(functools.partial(loss, attention),
-                                                       argnums=(0, 1, 2, 3)))
+  grads = lambda attention: jax.jit(
+    jax.value_and_grad(functools.partial(loss, attention), argnums=(0, 1, 2, 3))
+  )
   want = grads(reference)(q, k, v, sink)
   if not splash.unsupported(*dense.prepare(q, k, v, is_causal=True, sink_logits=sink)):
     placed = [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (q, k, v)]
-    got = under(way, mesh, grads(functools.partial(splash.attention, interpret=True)),
-                *placed, sink)
+    got = under(
+      way, mesh, grads(functools.partial(splash.attention, interpret=True)), *placed, sink
+    )
   else:  # a jax whose splash kernel takes no sinks
     pytest.skip("this jax's splash kernel has no sinks")
   assert_close(got, want, "sharded", rtol=0, atol=2e-5, scaled=True)  # of each scale
@@ -206,21 +221,30 @@ def call_targets(text: str) -> set[str]:
 def gathers(text: str) -> list[str]:
   """The all-gather instructions of a compiled program (none may gather q, k or v: attention
   alone has nothing else to gather)."""
-  return [line.strip()[:160] for line in text.splitlines()
-          if re.search(r"\sall-gather(-start)?\(", line)]
+  return [
+    line.strip()[:160] for line in text.splitlines() if re.search(r"\sall-gather(-start)?\(", line)
+  ]
 
 
 def target_mesh(target: str, heads: bool):
   """4 compile-only devices of ``target`` as ``("data",)``, or ``("data", "tensor")`` 2 x 2."""
-  devices = (targets.gpu_devices("h200", 4) if target == "h200"
-             else targets.tpu_devices(target, "2x2"))
+  devices = (
+    targets.gpu_devices("h200", 4) if target == "h200" else targets.tpu_devices(target, "2x2")
+  )
   if heads:
     return targets.mesh(devices, ("data", "tensor"), (2, 2))
   return targets.mesh(devices, ("data",))
 
 
-def compile_step(target: str, normalizer: str, way: str, *, heads: bool = False,
-                 stats: bool = False, sinks: bool = False):
+def compile_step(
+  target: str,
+  normalizer: str,
+  way: str,
+  *,
+  heads: bool = False,
+  stats: bool = False,
+  sinks: bool = False,
+):
   """Compiled ``grad`` (q, k, v) of a causal bf16 call, batch-sharded (and kv-head-sharded
   with ``heads``), for 4 devices of ``target``: the program's text."""
   mesh = target_mesh(target, heads)
@@ -230,8 +254,9 @@ def compile_step(target: str, normalizer: str, way: str, *, heads: bool = False,
   extra = dict(sink_logits=jnp.linspace(-1.0, 1.0, 4)) if sinks else {}
 
   def loss(q, k, v):
-    out = dense.dot_product_attention(q, k, v, is_causal=True, normalizer=normalizer,
-                                      return_stats=stats, **extra)
+    out = dense.dot_product_attention(
+      q, k, v, is_causal=True, normalizer=normalizer, return_stats=stats, **extra
+    )
     if stats:
       out, st = out
       return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
@@ -261,20 +286,24 @@ def check_tpu(text: str, normalizer: str, stats: bool = False):
 # The default run: one compile per way and target generation, softmax (splash) and ours, a
 # head-sharded one; the product is slow.
 TPU_CASES = [
-    ("v5e", "softmax", "plain", False),
-    ("v5e", "softpick", "plain", False),
-    ("v5e", "sigmoid", "legacy", False),
-    ("v6e", "relu", "plain", True),
-    ("v6e", "softmax", "set_mesh", True),
+  ("v5e", "softmax", "plain", False),
+  ("v5e", "softpick", "plain", False),
+  ("v5e", "sigmoid", "legacy", False),
+  ("v6e", "relu", "plain", True),
+  ("v6e", "softmax", "set_mesh", True),
 ]
 SLOW_TPU_CASES = [
-    (t, n, w, h) for t in ("v5e", "v6e") for n in normalizers.NORMALIZERS for w in WAYS
-    for h in (False, True) if (t, n, w, h) not in TPU_CASES]
+  (t, n, w, h)
+  for t in ("v5e", "v6e")
+  for n in normalizers.NORMALIZERS
+  for w in WAYS
+  for h in (False, True)
+  if (t, n, w, h) not in TPU_CASES
+]
 
 
 def case_id(case) -> str:
-  return "-".join(str(c) if not isinstance(c, bool) else ("heads" if c else "batch")
-                  for c in case)
+  return "-".join(str(c) if not isinstance(c, bool) else ("heads" if c else "batch") for c in case)
 
 
 @pytest.mark.targets("tpu")
@@ -299,14 +328,17 @@ def test_pallas_tpu_is_lowered_for_the_chip_compiled_for(target_compiles, monkey
   # generation: for this host's CPU it raised "Unsupported TPU device kind").
   seen = []
   original = tpu_kernel.block_sizes_for
-  monkeypatch.setattr(tpu_kernel, "block_sizes_for",
-                      lambda *a: seen.append(a[1]) or original(*a))
+  monkeypatch.setattr(tpu_kernel, "block_sizes_for", lambda *a: seen.append(a[1]) or original(*a))
   for gen, other in (("v5e", "v6e"), ("v6e", "v5e")):
     device = targets.tpu_devices(gen, "2x2")[0]
-    q = jax.ShapeDtypeStruct((2, 512, 4, 128), jnp.bfloat16,
-                             sharding=jax.sharding.SingleDeviceSharding(device))
-    loss = lambda q: jnp.sum(dense.dot_product_attention(
-        q, q, q, is_causal=True, normalizer="softpick").astype(jnp.float32))
+    q = jax.ShapeDtypeStruct(
+      (2, 512, 4, 128), jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(device)
+    )
+    loss = lambda q: jnp.sum(
+      dense.dot_product_attention(q, q, q, is_causal=True, normalizer="softpick").astype(
+        jnp.float32
+      )
+    )
     seen.clear()
     text = jax.jit(jax.grad(loss)).lower(q).compile().as_text()
     assert "attnjax_tpu_dkdv_softpick" in text
@@ -318,8 +350,9 @@ def test_pallas_tpu_exports_for_tpu_from_this_host():
   # No TPU and no mesh: the kernels lower for a v5e (before, Mosaic lowered for this host's
   # CPU: "Unsupported TPU device kind: cpu" for softpick's sign).
   q = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
-  loss = lambda q: jnp.sum(dense.dot_product_attention(
-      q, q, q, is_causal=True, normalizer="softpick").astype(jnp.float32))
+  loss = lambda q: jnp.sum(
+    dense.dot_product_attention(q, q, q, is_causal=True, normalizer="softpick").astype(jnp.float32)
+  )
   text = export.export(jax.jit(jax.grad(loss)), platforms=["tpu"])(q).mlir_module()
   assert "attnjax_tpu_dkdv_softpick" in text and "@tpu_custom_call" in text
 
@@ -329,18 +362,23 @@ def test_a_sharded_call_exports_for_a_tpu_slice(target_compiles):
   # jax.export of a program sharded on 4 v6e chips, without jax.set_mesh: each kernel inside
   # shard_map over the operands' mesh (nothing for XLA to partition).
   mesh = target_mesh("v6e", heads=True)
-  q = jax.ShapeDtypeStruct((8, 256, 4, 64), jnp.bfloat16,
-                           sharding=NamedSharding(mesh, P("data", None, "tensor")))
+  q = jax.ShapeDtypeStruct(
+    (8, 256, 4, 64), jnp.bfloat16, sharding=NamedSharding(mesh, P("data", None, "tensor"))
+  )
   for normalizer in ("softmax", "softpick"):
-    loss = lambda q: jnp.sum(dense.dot_product_attention(
-        q, q, q, is_causal=True, normalizer=normalizer).astype(jnp.float32))
+    loss = lambda q: jnp.sum(
+      dense.dot_product_attention(q, q, q, is_causal=True, normalizer=normalizer).astype(
+        jnp.float32
+      )
+    )
     exported = export.export(jax.jit(jax.grad(loss)), platforms=["tpu"])(q)
     assert exported.nr_devices == 4 and "@tpu_custom_call" in exported.mlir_module()
 
 
 @pytest.mark.targets("cuda")
-@pytest.mark.parametrize("way", [pytest.param(w, marks=[] if w == "plain" else [pytest.mark.slow])
-                                 for w in WAYS])
+@pytest.mark.parametrize(
+  "way", [pytest.param(w, marks=[] if w == "plain" else [pytest.mark.slow]) for w in WAYS]
+)
 def test_gpu_kernels_compile_per_shard_on_four_h200s(way, target_compiles):
   # The H200 x 4 twin: sigmoid (ours: mosaic_gpu or pallas_gpu, as dispatch chooses) runs per
   # device, as does cuDNN's softmax; nothing is gathered.

@@ -40,7 +40,7 @@ def _full_and_decoded(model, tokens, *, prefill, chunks):
   stepwise = jnp.concatenate([first, jnp.transpose(rest, (1, 0, 2))], axis=1)
   chunk_cache, outs, start = model.init_cache(Bx, Tx), [], 0
   for size in chunks:
-    logits, chunk_cache = model.decode(tokens[:, start:start + size], chunk_cache)
+    logits, chunk_cache = model.decode(tokens[:, start : start + size], chunk_cache)
     outs.append(logits)
     start += size
   return full, stepwise, jnp.concatenate(outs, axis=1), cache
@@ -50,16 +50,26 @@ def test_lossless_policies_equal_the_full_forward():
   # GQA; budgets of the whole sequence evict nothing; h2o with a k/v bias slot and
   # sink logits (their weights are no slot's), sinks_window with StreamingLLM rotation.
   model = _model(
-      nn.AttentionConfig(family="qk_norm", num_kv_heads=2, cache_policy="h2o", cache_budget=T,
-                         cache_recent=3, kv_bias=True, sink_logits=True),
-      nn.AttentionConfig(num_kv_heads=1, cache_policy="sinks_window", cache_budget=T))
+    nn.AttentionConfig(
+      family="qk_norm",
+      num_kv_heads=2,
+      cache_policy="h2o",
+      cache_budget=T,
+      cache_recent=3,
+      kv_bias=True,
+      sink_logits=True,
+    ),
+    nn.AttentionConfig(num_kv_heads=1, cache_policy="sinks_window", cache_budget=T),
+  )
   full, stepwise, chunked, cache = _full_and_decoded(model, _tokens(), prefill=5, chunks=(3, 9))
   np.testing.assert_allclose(stepwise, full, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(chunked, full, rtol=1e-5, atol=1e-5)
   assert isinstance(cache[0], nn.H2OCache) and isinstance(cache[1], nn.KVCache)
   assert int(cache[0].index) == T
-  np.testing.assert_array_equal(np.sort(np.asarray(cache[0].positions), axis=1),
-                                np.broadcast_to(np.arange(T)[None, :, None], (B, T, 2)))
+  np.testing.assert_array_equal(
+    np.sort(np.asarray(cache[0].positions), axis=1),
+    np.broadcast_to(np.arange(T)[None, :, None], (B, T, 2)),
+  )
   # Every slot has received attention; sums over queries and the 4/2 heads of a group.
   scores = np.asarray(cache[0].scores)
   assert scores.shape == (B, T, 2) and np.all(scores > 0)
@@ -88,8 +98,7 @@ def _layer_paths(layer, x):
 def test_quantised_caches_are_close_and_small(policy, tol):
   # Tolerance: relative L2 error of the layer output, 1% for int8 (per entry at
   # most s/2 = max|x|/254), 6% for e4m3 (3 mantissa bits: at most 6.25% per entry).
-  layer = nn.Attention(nn.AttentionConfig(num_kv_heads=2, cache_policy=policy), D,
-                       rngs=nnx.Rngs(0))
+  layer = nn.Attention(nn.AttentionConfig(num_kv_heads=2, cache_policy=policy), D, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(3), (B, T, D))
   full, stepwise, chunked, cache = _layer_paths(layer, x)
   err = float(jnp.linalg.norm(stepwise - full) / jnp.linalg.norm(full))
@@ -120,42 +129,68 @@ def test_rope_takes_positions_per_head_as_h2o_slots_hold():
   positions = jax.random.randint(jax.random.key(1), (B, 5, 3), 0, 50)
   rotated = nn.apply_rope(x, positions, 10_000.0)
   for n in range(3):
-    np.testing.assert_allclose(rotated[:, :, n:n + 1],
-                               nn.apply_rope(x[:, :, n:n + 1], positions[:, :, n], 10_000.0),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+      rotated[:, :, n : n + 1],
+      nn.apply_rope(x[:, :, n : n + 1], positions[:, :, n], 10_000.0),
+      rtol=1e-6,
+      atol=1e-6,
+    )
   with pytest.raises(ValueError, match=r"\[B, T, N\] with T=5, N=3"):
     nn.apply_rope(x, positions[:, :, :2], 10_000.0)
 
 
 def test_h2o_evicts_the_lowest_accumulated_score():
   budget = 4
-  layer = nn.Attention(nn.AttentionConfig(num_heads=4, num_kv_heads=2, cache_policy="h2o",
-                                          cache_budget=budget, cache_recent=1),
-                       D, rngs=nnx.Rngs(0))
+  layer = nn.Attention(
+    nn.AttentionConfig(
+      num_heads=4, num_kv_heads=2, cache_policy="h2o", cache_budget=budget, cache_recent=1
+    ),
+    D,
+    rngs=nnx.Rngs(0),
+  )
   layer.q_proj.kernel[...] = jnp.zeros_like(layer.q_proj.kernel[...])  # uniform weights
   x = jax.random.normal(jax.random.key(0), (B, 1, D))
   # A full cache of positions 0..3 in shuffled slots, with constructed scores per
   # (sequence, kv head); the lowest differs by head.
-  by_position = np.asarray([[[4.0, 1.0], [0.5, 3.0], [2.0, 0.2], [6.0, 5.0]],
-                            [[0.1, 9.0], [3.0, 8.0], [2.0, 7.0], [1.0, 6.0]]])  # [B, pos, K]
+  by_position = np.asarray(
+    [
+      [[4.0, 1.0], [0.5, 3.0], [2.0, 0.2], [6.0, 5.0]],
+      [[0.1, 9.0], [3.0, 8.0], [2.0, 7.0], [1.0, 6.0]],
+    ]
+  )  # [B, pos, K]
   slot_positions = np.broadcast_to(np.asarray([2, 0, 3, 1])[None, :, None], (B, 4, 2))
   scores = np.take_along_axis(by_position, slot_positions, axis=1)
   empty = layer.init_cache(B, budget + 1)
   kv = jax.random.normal(jax.random.key(1), (2, B, budget, 2, D // 4))
-  cache = empty._replace(k=kv[0], v=kv[1], scores=jnp.asarray(scores, jnp.float32),
-                         positions=jnp.asarray(slot_positions, jnp.int32),
-                         rope_positions=jnp.asarray(slot_positions, jnp.int32),
-                         index=jnp.asarray(budget, jnp.int32))
+  cache = empty._replace(
+    k=kv[0],
+    v=kv[1],
+    scores=jnp.asarray(scores, jnp.float32),
+    positions=jnp.asarray(slot_positions, jnp.int32),
+    rope_positions=jnp.asarray(slot_positions, jnp.int32),
+    index=jnp.asarray(budget, jnp.int32),
+  )
   _, cache = nnx.jit(lambda m, x, c: m.decode(x, c))(layer, x, cache)
-  kept = {(b, k): sorted(np.asarray(cache.positions)[b, :, k].tolist())
-          for b in range(B) for k in range(2)}
+  kept = {
+    (b, k): sorted(np.asarray(cache.positions)[b, :, k].tolist())
+    for b in range(B)
+    for k in range(2)
+  }
   # The recent window (1) holds only the new token 4; of positions 0..3, the one
   # with the lowest score is evicted.
-  assert kept == {(0, 0): [0, 2, 3, 4], (0, 1): [0, 1, 3, 4],
-                  (1, 0): [1, 2, 3, 4], (1, 1): [0, 1, 2, 4]}, kept
+  assert kept == {
+    (0, 0): [0, 2, 3, 4],
+    (0, 1): [0, 1, 3, 4],
+    (1, 0): [1, 2, 3, 4],
+    (1, 1): [0, 1, 2, 4],
+  }, kept
   # Uniform weights over 5 keys, 2 query heads per kv head: each kept slot gained 0.4.
-  got = {(b, k, int(p)): float(s) for b in range(B) for k in range(2)
-         for p, s in zip(np.asarray(cache.positions)[b, :, k], np.asarray(cache.scores)[b, :, k])}
+  got = {
+    (b, k, int(p)): float(s)
+    for b in range(B)
+    for k in range(2)
+    for p, s in zip(np.asarray(cache.positions)[b, :, k], np.asarray(cache.scores)[b, :, k])
+  }
   for (b, k, p), s in got.items():
     expected = 0.4 + (by_position[b, p, k] if p < 4 else 0.0)
     assert abs(s - expected) < 1e-5, (b, k, p, s, expected)
@@ -183,14 +218,16 @@ def _same_params(config, other_config):
 def test_evicting_policies_match_the_window_caches():
   x = jax.random.normal(jax.random.key(2), (B, T, D))
   # sinks_window policy = today's StreamingLLM layer (window + num_sinks) in one-token steps.
-  a, b = _same_params(nn.AttentionConfig(num_kv_heads=2, cache_policy="sinks_window",
-                                         cache_budget=6, cache_recent=4),
-                      nn.AttentionConfig(num_kv_heads=2, window=4, num_sinks=2))
+  a, b = _same_params(
+    nn.AttentionConfig(num_kv_heads=2, cache_policy="sinks_window", cache_budget=6, cache_recent=4),
+    nn.AttentionConfig(num_kv_heads=2, window=4, num_sinks=2),
+  )
   np.testing.assert_allclose(_steps(a, x), _steps(b, x), rtol=1e-5, atol=1e-5)
   # h2o with a recent window of the whole budget keeps the last tokens: a plain window.
-  a, b = _same_params(nn.AttentionConfig(num_kv_heads=2, cache_policy="h2o", cache_budget=5,
-                                         cache_recent=5),
-                      nn.AttentionConfig(num_kv_heads=2, window=5))
+  a, b = _same_params(
+    nn.AttentionConfig(num_kv_heads=2, cache_policy="h2o", cache_budget=5, cache_recent=5),
+    nn.AttentionConfig(num_kv_heads=2, window=5),
+  )
   np.testing.assert_allclose(_steps(a, x), _steps(b, x), rtol=1e-5, atol=1e-5)
 
 
@@ -201,17 +238,33 @@ def test_generate_runs_evicting_caches_under_jit():
 
 
 def test_cache_bytes_for_equals_the_bytes_held():
-  cfg = nn.ModelConfig(vocab_size=V, d_model=D, num_layers=2, layer_attention=(
-      nn.AttentionConfig(num_kv_heads=2, window=3), nn.AttentionConfig()))
+  cfg = nn.ModelConfig(
+    vocab_size=V,
+    d_model=D,
+    num_layers=2,
+    layer_attention=(nn.AttentionConfig(num_kv_heads=2, window=3), nn.AttentionConfig()),
+  )
   model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
-  for policy, budget in (("full", None), ("int8", None), ("fp8", None), ("h2o", 5),
-                         ("sinks_window", 5)):
-    layers = tuple(c.replace(cache_policy=policy, cache_budget=budget,
-                             window=c.window if budget is None else None)
-                   for c in cfg.layer_attention)
-    held = nn.cache_bytes(jax.eval_shape(
-        lambda: nn.TransformerLM(cfg.replace(layer_attention=layers),
-                                 rngs=nnx.Rngs(0)).init_cache(3, 16)))
+  for policy, budget in (
+    ("full", None),
+    ("int8", None),
+    ("fp8", None),
+    ("h2o", 5),
+    ("sinks_window", 5),
+  ):
+    layers = tuple(
+      c.replace(
+        cache_policy=policy, cache_budget=budget, window=c.window if budget is None else None
+      )
+      for c in cfg.layer_attention
+    )
+    held = nn.cache_bytes(
+      jax.eval_shape(
+        lambda: nn.TransformerLM(cfg.replace(layer_attention=layers), rngs=nnx.Rngs(0)).init_cache(
+          3, 16
+        )
+      )
+    )
     if budget is None:
       assert nn.cache_bytes_for(cfg, policy, 16, 3) == held, policy
     else:
@@ -221,33 +274,50 @@ def test_cache_bytes_for_equals_the_bytes_held():
     nn.cache_bytes_for(cfg, "h2o", 16, budget=4)
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
+@pytest.mark.parametrize(
+  "kwargs,error,match",
+  [
     (dict(cache_policy="lru"), ValueError, "cache_policy='lru' is not one of"),
     (dict(cache_policy="h2o"), ValueError, "cache_budget=None"),
     (dict(cache_policy="h2o", cache_budget=0), ValueError, "cache_budget must be >= 1"),
     (dict(cache_policy="sinks_window", cache_budget=2.5), TypeError, "cache_budget must be an int"),
-    (dict(cache_policy="h2o", cache_budget=2, cache_recent=3), ValueError,
-     "cache_budget=2 is too small for the recent window cache_recent=3"),
+    (
+      dict(cache_policy="h2o", cache_budget=2, cache_recent=3),
+      ValueError,
+      "cache_budget=2 is too small for the recent window cache_recent=3",
+    ),
     (dict(cache_policy="h2o", cache_budget=4, cache_recent=0), ValueError, "cache_recent must be"),
     (dict(cache_policy="int8", cache_budget=4), ValueError, "cache_budget=4: cache_policy='int8'"),
-    (dict(cache_policy="h2o", cache_budget=4, window=8), ValueError,
-     "cache_policy='h2o' cannot be combined with window=8"),
-    (dict(family="sparse", pattern=("strided", (("stride", 4),)), cache_policy="sinks_window",
-          cache_budget=4), ValueError, "cache_policy='sinks_window': family='sparse'"),
-])
+    (
+      dict(cache_policy="h2o", cache_budget=4, window=8),
+      ValueError,
+      "cache_policy='h2o' cannot be combined with window=8",
+    ),
+    (
+      dict(
+        family="sparse",
+        pattern=("strided", (("stride", 4),)),
+        cache_policy="sinks_window",
+        cache_budget=4,
+      ),
+      ValueError,
+      "cache_policy='sinks_window': family='sparse'",
+    ),
+  ],
+)
 def test_bad_policies_and_budgets_name_the_argument(kwargs, error, match):
   with pytest.raises(error, match=match):
     nn.AttentionConfig(**kwargs)
 
 
 def test_budget_above_max_len_and_fp8_support_raise(monkeypatch):
-  layer = nn.Attention(nn.AttentionConfig(cache_policy="h2o", cache_budget=8), D,
-                       rngs=nnx.Rngs(0))
+  layer = nn.Attention(nn.AttentionConfig(cache_policy="h2o", cache_budget=8), D, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="cache_budget=8 exceeds max_len=6"):
     layer.init_cache(1, 6)
   with pytest.raises(TypeError, match="cache must be a H2OCache"):
-    layer.decode(jnp.zeros((1, 1, D)), nn.Attention(nn.AttentionConfig(), D, rngs=nnx.Rngs(0))
-                 .init_cache(1, 8))
+    layer.decode(
+      jnp.zeros((1, 1, D)), nn.Attention(nn.AttentionConfig(), D, rngs=nnx.Rngs(0)).init_cache(1, 8)
+    )
   fp8 = nn.Attention(nn.AttentionConfig(cache_policy="fp8"), D, rngs=nnx.Rngs(0))
   monkeypatch.setattr(kv_policies, "fp8_supported", lambda: False)
   with pytest.raises(ValueError, match="cache_policy='fp8': float8_e4m3fn is unsupported"):
@@ -255,8 +325,9 @@ def test_budget_above_max_len_and_fp8_support_raise(monkeypatch):
 
 
 def test_configs_with_policies_round_trip_through_dicts():
-  cfg = nn.AttentionConfig(cache_policy="sinks_window", cache_budget=8, cache_recent=6,
-                           streaming_rope="absolute")
+  cfg = nn.AttentionConfig(
+    cache_policy="sinks_window", cache_budget=8, cache_recent=6, streaming_rope="absolute"
+  )
   assert nn.AttentionConfig.from_dict(cfg.to_dict()) == cfg
   old = {k: v for k, v in nn.AttentionConfig().to_dict().items() if not k.startswith("cache_")}
   assert nn.AttentionConfig.from_dict(old).cache_policy == "full"
@@ -272,12 +343,19 @@ def test_kv_cache_experiment_writes_its_table(tmp_path):
   from attnjax._src.train.model import build_model
 
   root = pathlib.Path(__file__).resolve().parents[1]
-  spec = importlib.util.spec_from_file_location("kv_cache_experiment",
-                                                root / "experiments" / "kv_cache.py")
+  spec = importlib.util.spec_from_file_location(
+    "kv_cache_experiment", root / "experiments" / "kv_cache.py"
+  )
   experiment = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(experiment)
-  tiny = ["data.seq_len=16", "model.d_model=16", "model.num_layers=1", "model.num_heads=2",
-          "sweep.policies=full,int8,h2o", "sweep.budgets=0.5"]
+  tiny = [
+    "data.seq_len=16",
+    "model.d_model=16",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "sweep.policies=full,int8,h2o",
+    "sweep.budgets=0.5",
+  ]
   config = str(root / "experiments" / "configs" / "kv_cache.py") + ":preset=cpu"
   cfg, _ = cli.parse("doc", config, [f"--config.{o}" for o in tiny], sweep=False)
   model = build_model(cfg, V, seed=0)

@@ -26,8 +26,6 @@ D = 16
 B = 2
 
 
-
-
 def _x(T=8, seed=0):
   return jax.random.normal(jax.random.key(seed), (B, T, D), jnp.float32)
 
@@ -93,16 +91,21 @@ def test_cross_attention_linear_and_qk_norm_families():
   qk = _layer(nn.AttentionConfig(family="qk_norm", qk_norm_placement="after_rope"))
   q, _, _ = _heads(qk, x)
   _, k, v = _heads(qk, memory)
-  want = attnjax.qk_norm_attention(q, k, v, norm="rms", q_gain=qk.q_gain[...],
-                                   k_gain=qk.k_gain[...])
+  want = attnjax.qk_norm_attention(
+    q, k, v, norm="rms", q_gain=qk.q_gain[...], k_gain=qk.k_gain[...]
+  )
   assert_close(qk(x, inputs_kv=memory), _out(qk, want), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("cfg", [
+@pytest.mark.parametrize(
+  "cfg",
+  [
     nn.AttentionConfig(num_kv_heads=2),
     nn.AttentionConfig(family="cosine", window=3),
     nn.AttentionConfig(kv_bias=True, num_kv_heads=2),
-], ids=["dense", "cosine_window", "kv_bias"])
+  ],
+  ids=["dense", "cosine_window", "kv_bias"],
+)
 def test_padding_mask_equals_the_function(cfg):
   layer = _layer(cfg)
   x = _x(6)
@@ -124,19 +127,21 @@ def test_padding_mask_equals_the_function(cfg):
     kb = jnp.broadcast_to(layer.k_bias[...][None, None], (B, 1) + k.shape[2:])
     vb = jnp.broadcast_to(layer.v_bias[...][None, None], (B, 1) + v.shape[2:])
     k, v = jnp.concatenate([k, kb], 1), jnp.concatenate([v, vb], 1)
-    full = jnp.concatenate([jnp.broadcast_to(full, (B, 1, 6, 6)),
-                            jnp.ones((B, 1, 6, 1), bool)], -1)
+    full = jnp.concatenate([jnp.broadcast_to(full, (B, 1, 6, 6)), jnp.ones((B, 1, 6, 1), bool)], -1)
   assert_close(y, _out(layer, fn(q, k, v, mask=full, **kw)), rtol=2e-5, atol=2e-5)
   assert not np.allclose(y, layer(x), atol=1e-4)
 
 
-@pytest.mark.parametrize("cfg", [
+@pytest.mark.parametrize(
+  "cfg",
+  [
     nn.AttentionConfig(num_kv_heads=2),
     nn.AttentionConfig(family="qk_norm", num_kv_heads=2),
     nn.AttentionConfig(window=2, num_sinks=1),
-    nn.AttentionConfig(family="sparse", pattern=("sliding_window", (("left", 3),)),
-                       block_size=4),
-], ids=["dense", "qk_norm_before_rope", "sinks_window", "sparse"])
+    nn.AttentionConfig(family="sparse", pattern=("sliding_window", (("left", 3),)), block_size=4),
+  ],
+  ids=["dense", "qk_norm_before_rope", "sinks_window", "sparse"],
+)
 def test_segment_ids_and_positions_equal_the_function(cfg):
   layer = _layer(cfg)
   x = _x(8)
@@ -151,7 +156,7 @@ def test_segment_ids_and_positions_equal_the_function(cfg):
   # so that holds for documents starting at 0 only for plain causal layers).
   if cfg.family == "dense" and cfg.window is None:
     for b, (start, stop) in ((0, (0, 3)), (0, (3, 7)), (1, (5, 8))):
-      alone = layer(x[b:b + 1, start:stop])
+      alone = layer(x[b : b + 1, start:stop])
       assert_close(y[b, start:stop], alone[0], rtol=2e-5, atol=2e-5)
 
 
@@ -168,8 +173,10 @@ def test_explicit_positions_shift_rope_and_keep_the_mask():
 
 
 def test_encoder_layer_is_not_causal():
-  for cfg in (nn.AttentionConfig(is_causal=False),
-              nn.AttentionConfig(family="linear", is_causal=False)):
+  for cfg in (
+    nn.AttentionConfig(is_causal=False),
+    nn.AttentionConfig(family="linear", is_causal=False),
+  ):
     layer = _layer(cfg)
     x = _x(6)
     q, k, v = _heads(layer, x)
@@ -206,11 +213,15 @@ def test_injected_attention_fn_is_called_with_the_family_arguments():
 # Decode.
 
 
-@pytest.mark.parametrize("attention", [
+@pytest.mark.parametrize(
+  "attention",
+  [
     nn.AttentionConfig(num_kv_heads=2),
     nn.AttentionConfig(window=3, kv_bias=True),
     nn.AttentionConfig(family="sparse", pattern=("strided", (("stride", 3),)), block_size=4),
-], ids=["dense", "window_kv_bias", "sparse"])
+  ],
+  ids=["dense", "window_kv_bias", "sparse"],
+)
 def test_packed_decode_equals_the_full_forward(attention):
   cfg = nn.ModelConfig(vocab_size=11, d_model=D, num_layers=2, attention=attention)
   model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
@@ -220,19 +231,24 @@ def test_packed_decode_equals_the_full_forward(attention):
   logits, cache = nn.decode_step(model, tokens[:, :4], cache, SEGMENTS[:, :4], POSITIONS[:, :4])
   steps = [logits]
   for t in range(4, 8):
-    logits, cache = nn.decode_step(model, tokens[:, t:t + 1], cache, SEGMENTS[:, t:t + 1],
-                                   POSITIONS[:, t:t + 1])
+    logits, cache = nn.decode_step(
+      model, tokens[:, t : t + 1], cache, SEGMENTS[:, t : t + 1], POSITIONS[:, t : t + 1]
+    )
     steps.append(logits)
   assert_close(jnp.concatenate(steps, axis=1), full, rtol=1e-4, atol=1e-4)
   # Packing matters: without segments the later documents see the earlier ones.
   assert not np.allclose(model(tokens), full, atol=1e-3)
 
 
-@pytest.mark.parametrize("cfg", [
+@pytest.mark.parametrize(
+  "cfg",
+  [
     nn.AttentionConfig(num_kv_heads=2, output_gate="elementwise"),
     nn.AttentionConfig(family="linear"),
     nn.AttentionConfig(family="cosine", kv_bias=True),
-], ids=["dense_gated", "linear", "cosine_kv_bias"])
+  ],
+  ids=["dense_gated", "linear", "cosine_kv_bias"],
+)
 def test_cross_attention_decode_caches_keys_once(cfg):
   layer = _layer(cfg)
   x, memory = _x(6), _x(5, seed=3)
@@ -245,7 +261,7 @@ def test_cross_attention_decode_caches_keys_once(cfg):
   y0, cache = layer.decode(x[:, :2], cache, inputs_kv=memory, mask=mask)
   outs = [y0]
   for t in range(2, 6):  # later steps reuse the cached keys and values
-    y, cache = layer.decode(x[:, t:t + 1], cache, mask=mask)
+    y, cache = layer.decode(x[:, t : t + 1], cache, mask=mask)
     outs.append(y)
   assert_close(jnp.concatenate(outs, axis=1), full, rtol=1e-5, atol=1e-5)
   _, k, v = _heads(layer, memory)
@@ -266,14 +282,16 @@ def test_sparse_implementation_reaches_the_decode_and_mask_paths(implementation)
   assert_close(y, plain(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family,options,implementation", [
+@pytest.mark.parametrize(
+  "family,options,implementation",
+  [
     ("sparse", dict(pattern=("causal", ())), "gathered"),
     ("dense", {}, "block_sparse"),
     ("qk_norm", {}, "chunked"),
     ("linear", {}, "xla"),
-])
-def test_config_rejects_an_implementation_its_family_does_not_take(family, options,
-                                                                    implementation):
+  ],
+)
+def test_config_rejects_an_implementation_its_family_does_not_take(family, options, implementation):
   with pytest.raises(ValueError, match=f"implementation='{implementation}'.*family='{family}'"):
     nn.AttentionConfig(family=family, implementation=implementation, **options)
 
@@ -281,6 +299,7 @@ def test_config_rejects_an_implementation_its_family_does_not_take(family, optio
 def test_spec_classes_declare_their_implementations():
   from attnjax._src.ops.dense import attention as dense
   from attnjax._src.ops.sparse import attention as sparse
+
   assert specs.SparseSpec.implementations == sparse.IMPLEMENTATIONS
   assert specs.DenseSpec.implementations == tuple(dense.IMPLEMENTATIONS)
   for family in (specs.LinearSpec, specs.GatedSpec, specs.DeltaNetSpec):  # one vocabulary
@@ -310,8 +329,9 @@ def test_has_null_column_follows_sink_logits_and_the_normalizer():
   assert not nn.AttentionConfig().spec.has_null_column()
   assert nn.AttentionConfig(sink_logits=True).spec.has_null_column()
   assert nn.AttentionConfig(normalizer="softmax_one").spec.has_null_column()
-  assert nn.AttentionConfig(family="sparse", pattern=("causal", ()),
-                            normalizer="softmax_one").spec.has_null_column()
+  assert nn.AttentionConfig(
+    family="sparse", pattern=("causal", ()), normalizer="softmax_one"
+  ).spec.has_null_column()
   assert not nn.AttentionConfig(family="linear").spec.has_null_column()
 
 
@@ -326,20 +346,41 @@ def test_cross_cache_rejects_inputs_kv_of_another_length():
 # Errors name the option and the family.
 
 
-@pytest.mark.parametrize("cfg,call,match", [
-    (nn.AttentionConfig(family="linear"), dict(mask=jnp.ones((1, 1, 6, 6), bool)),
-     "mask: family='linear'"),
-    (nn.AttentionConfig(family="linear"), dict(segment_ids=jnp.zeros((B, 6), jnp.int32)),
-     "segment_ids: family='linear'"),
-    (nn.AttentionConfig(family="sparse", pattern=("causal", ())), dict(inputs_kv=_x(4)),
-     "inputs_kv: family='sparse'"),
+@pytest.mark.parametrize(
+  "cfg,call,match",
+  [
+    (
+      nn.AttentionConfig(family="linear"),
+      dict(mask=jnp.ones((1, 1, 6, 6), bool)),
+      "mask: family='linear'",
+    ),
+    (
+      nn.AttentionConfig(family="linear"),
+      dict(segment_ids=jnp.zeros((B, 6), jnp.int32)),
+      "segment_ids: family='linear'",
+    ),
+    (
+      nn.AttentionConfig(family="sparse", pattern=("causal", ())),
+      dict(inputs_kv=_x(4)),
+      "inputs_kv: family='sparse'",
+    ),
     (nn.AttentionConfig(window=2), dict(inputs_kv=_x(4)), "inputs_kv"),
     (nn.AttentionConfig(), dict(segment_ids=jnp.zeros((B, 5), jnp.int32)), "segment_ids"),
     (nn.AttentionConfig(), dict(positions=jnp.zeros((3,), jnp.int32)), "positions"),
     (nn.AttentionConfig(), dict(mask=jnp.ones((B, 1, 6, 5), bool)), "mask"),
     (nn.AttentionConfig(), dict(mask=jnp.ones((B, 1, 6, 6), jnp.float32)), "mask"),
-], ids=["linear_mask", "linear_segments", "sparse_cross", "window_cross", "segment_shape",
-        "positions_shape", "mask_shape", "mask_dtype"])
+  ],
+  ids=[
+    "linear_mask",
+    "linear_segments",
+    "sparse_cross",
+    "window_cross",
+    "segment_shape",
+    "positions_shape",
+    "mask_shape",
+    "mask_dtype",
+  ],
+)
 def test_unsupported_options_raise_naming_them(cfg, call, match):
   with pytest.raises((ValueError, TypeError), match=match):
     _layer(cfg)(_x(6), **call)
@@ -408,8 +449,15 @@ def test_old_format_dicts_load_and_round_trip():
   cfg = nn.ModelConfig.from_dict(OLD_MODEL_DICT)
   first, second = cfg.layer_attention
   assert first == nn.AttentionConfig(
-      family="qk_norm", num_kv_heads=2, sink_logits=True, output_gate="elementwise",
-      kv_bias=True, window=3, num_sinks=1, softcap=10.0)
+    family="qk_norm",
+    num_kv_heads=2,
+    sink_logits=True,
+    output_gate="elementwise",
+    kv_bias=True,
+    window=3,
+    num_sinks=1,
+    softcap=10.0,
+  )
   assert second.spec == nn.SparseSpec(pattern=("strided", (("stride", 4),)), block_size=4)
   back = nn.ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
   assert back == cfg
@@ -417,11 +465,14 @@ def test_old_format_dicts_load_and_round_trip():
   assert "feature_map" not in cfg.to_dict()["attention"]
 
 
-@pytest.mark.parametrize("field,value", [
-    ("window", 3),                # a dense-kernel option that linear attention cannot take
-    ("feature_map", "softmax"),   # the family's own option, invalid
-    ("bogus", 1),                 # no family has it
-])
+@pytest.mark.parametrize(
+  "field,value",
+  [
+    ("window", 3),  # a dense-kernel option that linear attention cannot take
+    ("feature_map", "softmax"),  # the family's own option, invalid
+    ("bogus", 1),  # no family has it
+  ],
+)
 def test_old_format_with_a_bad_field_names_it(field, value):
   d = json.loads(json.dumps(OLD_MODEL_DICT))
   d["attention"]["family"] = "linear"
@@ -438,7 +489,7 @@ class _DoubledSpec(nn.DenseSpec):
   factor: float = 2.0
 
   def kwargs(self, layer):
-    return dict(super().kwargs(layer), scale=self.factor * layer.head_dim ** -0.5)
+    return dict(super().kwargs(layer), scale=self.factor * layer.head_dim**-0.5)
 
 
 def test_a_new_family_is_a_spec_and_a_registration():
@@ -449,8 +500,13 @@ def test_a_new_family_is_a_spec_and_a_registration():
     x = _x(6)
     q, k, v = _heads(layer, x)
     pos = jnp.arange(6)
-    want = attnjax.dot_product_attention(_rope(layer, q, pos), _rope(layer, k, pos), v,
-                                         is_causal=True, scale=3.0 * layer.head_dim ** -0.5)
+    want = attnjax.dot_product_attention(
+      _rope(layer, q, pos),
+      _rope(layer, k, pos),
+      v,
+      is_causal=True,
+      scale=3.0 * layer.head_dim**-0.5,
+    )
     assert_close(layer(x), _out(layer, want), rtol=2e-5, atol=2e-5)
     assert nn.AttentionConfig.from_dict(cfg.to_dict()) == cfg
   finally:
@@ -470,10 +526,13 @@ def test_allowed_mask_and_compared_qk():
   np.testing.assert_array_equal(m[4, :5], [True, False, True, True, True])
   np.testing.assert_array_equal(m[1, :5], [True, True, False, False, False])
   sparse = _layer(nn.AttentionConfig(family="sparse", pattern=("strided", (("stride", 2),))))
-  np.testing.assert_array_equal(np.asarray(sparse.allowed_mask(6))[0, 0],
-                                np.asarray(sparse.config.spec.make_pattern().mask(6, 6))[0, 0])
-  qk = _layer(nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_norm_placement="after_rope",
-                                 scale=4.0))
+  np.testing.assert_array_equal(
+    np.asarray(sparse.allowed_mask(6))[0, 0],
+    np.asarray(sparse.config.spec.make_pattern().mask(6, 6))[0, 0],
+  )
+  qk = _layer(
+    nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_norm_placement="after_rope", scale=4.0)
+  )
   q, k, _ = _heads(qk, _x(6))
   cq, ck = qk.compared_qk(q, k)
   # l2 after RoPE
@@ -490,8 +549,9 @@ def _packed_corpus():
   text = "".join(f"line {i} {'ab' * (i % 5)}\n" for i in range(60))
   tok = data.CharTokenizer.from_text(text)
   ids = tok.encode(text)
-  return data.TokenData(train=ids, val=ids, vocab_size=tok.vocab_size, bos_id=tok.bos_id,
-                        unit="char", tokenizer=tok), tok
+  return data.TokenData(
+    train=ids, val=ids, vocab_size=tok.vocab_size, bos_id=tok.bos_id, unit="char", tokenizer=tok
+  ), tok
 
 
 def test_packed_batch_layout():
@@ -504,7 +564,7 @@ def test_packed_batch_layout():
     assert starts[0] == 0 and np.all(b.positions[r][starts] == 0)
     for s in starts[1:]:  # a new document: new segment, and the target before it is dropped
       assert b.segment_ids[r, s] != b.segment_ids[r, s - 1] and b.weights[r, s - 1] == 0
-    text = tok.decode(b.inputs[r, 1:starts[1]]) if len(starts) > 1 else ""
+    text = tok.decode(b.inputs[r, 1 : starts[1]]) if len(starts) > 1 else ""
     assert text == "" or (text.startswith("line ") and text.endswith("\n"))
   assert b.weights.sum() < b.weights.size
   np.testing.assert_array_equal(batches.batch("train", 5).inputs, b.inputs)  # deterministic
@@ -515,29 +575,37 @@ def test_packed_batch_losses_equal_documents_run_one_by_one():
   corpus, tok = _packed_corpus()
   batches = data.CorpusBatches(corpus, seq_len=32, batch_size=2, seed=1, pack=True)
   b = batches.batch("train", 0)
-  cfg = nn.ModelConfig(vocab_size=corpus.vocab_size, d_model=D, num_layers=2,
-                       attention=nn.AttentionConfig(num_kv_heads=2))
+  cfg = nn.ModelConfig(
+    vocab_size=corpus.vocab_size,
+    d_model=D,
+    num_layers=2,
+    attention=nn.AttentionConfig(num_kv_heads=2),
+  )
   model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   packing = {k: jnp.asarray(v) for k, v in b.packing().items()}
-  logits, _, _ = train_step.forward(graphdef, params, rest, jnp.asarray(b.inputs), stats=False,
-                                    packing=packing)
+  logits, _, _ = train_step.forward(
+    graphdef, params, rest, jnp.asarray(b.inputs), stats=False, packing=packing
+  )
   ce = np.asarray(train_step.cross_entropy(logits, jnp.asarray(b.targets)))
   # Each document alone, from position 0, one per row of a batch (rows never meet): padded
   # at its end to the batch's length, which a causal model's earlier positions cannot see.
-  docs = [(r, np.flatnonzero(b.segment_ids[r] == seg))
-          for r in range(2) for seg in np.unique(b.segment_ids[r])]
+  docs = [
+    (r, np.flatnonzero(b.segment_ids[r] == seg))
+    for r in range(2)
+    for seg in np.unique(b.segment_ids[r])
+  ]
   alone_inputs = np.zeros((len(docs), b.inputs.shape[1]), b.inputs.dtype)
   alone_targets = np.zeros_like(alone_inputs)
   for row, (r, idx) in enumerate(docs):
-    alone_inputs[row, :idx.size] = b.inputs[r, idx]
-    alone_targets[row, :idx.size] = b.targets[r, idx]
+    alone_inputs[row, : idx.size] = b.inputs[r, idx]
+    alone_targets[row, : idx.size] = b.targets[r, idx]
   alone = model(jnp.asarray(alone_inputs))
   ce_alone = np.asarray(train_step.cross_entropy(alone, jnp.asarray(alone_targets)))
   checked = 0
   for row, (r, idx) in enumerate(docs):
     w = b.weights[r, idx] > 0
-    np.testing.assert_allclose(ce[r, idx][w], ce_alone[row, :idx.size][w], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ce[r, idx][w], ce_alone[row, : idx.size][w], rtol=1e-4, atol=1e-5)
     checked += int(w.sum())
   assert checked == int(b.weights.sum())
   # The step's loss counts only weighted targets.
@@ -545,5 +613,6 @@ def test_packed_batch_losses_equal_documents_run_one_by_one():
   np.testing.assert_allclose(loss, (ce * b.weights).sum() / b.weights.sum(), rtol=1e-6)
   # Without the packing the model sees across documents: different losses.
   unpacked, _, _ = train_step.forward(graphdef, params, rest, jnp.asarray(b.inputs), stats=False)
-  assert not np.allclose(np.asarray(train_step.cross_entropy(unpacked, jnp.asarray(b.targets))),
-                         ce, atol=1e-4)
+  assert not np.allclose(
+    np.asarray(train_step.cross_entropy(unpacked, jnp.asarray(b.targets))), ce, atol=1e-4
+  )

@@ -26,9 +26,12 @@ B, T, V = 2, 12, 32
 
 @pytest.fixture(scope="module")
 def model_and_tokens():
-  layers = (nn.AttentionConfig(num_heads=4, num_kv_heads=2),
-            nn.AttentionConfig(num_heads=4, num_kv_heads=2, normalizer="softmax_one",
-                               output_gate="headwise"))
+  layers = (
+    nn.AttentionConfig(num_heads=4, num_kv_heads=2),
+    nn.AttentionConfig(
+      num_heads=4, num_kv_heads=2, normalizer="softmax_one", output_gate="headwise"
+    ),
+  )
   cfg = nn.ModelConfig(vocab_size=V, d_model=16, num_layers=2, layer_attention=layers)
   model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   return model, jax.random.randint(jax.random.key(1), (B, T), 0, V)
@@ -65,17 +68,26 @@ def test_views_agree_with_each_other(model_and_tokens):
     for f in fields:
       per_head = sown["layers"][l][f]  # [B, N]
       np.testing.assert_allclose(streaming["layers"][l][f], per_head, rtol=1e-6, atol=1e-7)
-      np.testing.assert_allclose(getattr(capture.attention_stats, f)[l], per_head, rtol=1e-6,
-                                 atol=1e-7)
-    np.testing.assert_allclose(summary["f_attn/per_head"][l],
-                               jnp.mean(sown["layers"][l]["sink_mass"], axis=0), rtol=1e-5)
-    np.testing.assert_allclose(streaming["layers"][l]["value_drain"],
-                               stats.value_state_drain(capture.v[l]).per_head, rtol=1e-6)
-    np.testing.assert_allclose(streaming["layers"][l]["hidden_max_abs"],
-                               jnp.max(jnp.abs(capture.hidden[l]), axis=(1, 2)), rtol=1e-6)
+      np.testing.assert_allclose(
+        getattr(capture.attention_stats, f)[l], per_head, rtol=1e-6, atol=1e-7
+      )
+    np.testing.assert_allclose(
+      summary["f_attn/per_head"][l], jnp.mean(sown["layers"][l]["sink_mass"], axis=0), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+      streaming["layers"][l]["value_drain"],
+      stats.value_state_drain(capture.v[l]).per_head,
+      rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+      streaming["layers"][l]["hidden_max_abs"],
+      jnp.max(jnp.abs(capture.hidden[l]), axis=(1, 2)),
+      rtol=1e-6,
+    )
   # The streaming view's features give the model's logits.
-  np.testing.assert_allclose(model.output_logits(streaming["features"]), sown["logits"],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    model.output_logits(streaming["features"]), sown["logits"], rtol=1e-5, atol=1e-5
+  )
   assert float(summary["null_mass/per_layer"][1]) > 0 == float(summary["null_mass/per_layer"][0])
 
 
@@ -84,8 +96,7 @@ def test_without_jit_the_same_pass(model_and_tokens):
   for view in ("summary", "streaming"):
     jitted = nn.layer_stats(model, tokens, view=view)
     eager = nn.layer_stats(model, tokens, view=view, jit=False)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
-                 jitted, eager)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), jitted, eager)
 
 
 def test_length_and_bad_input_name_the_argument(model_and_tokens):
@@ -132,38 +143,50 @@ def _warns_once(name: str, call):
 def test_each_old_entry_point_warns_once_and_returns_the_view(model_and_tokens):
   model, tokens = model_and_tokens
   new = lambda **kw: nn.layer_stats(model, tokens, **kw)
-  assert_same(_warns_once("attnjax.nn.probe.probe", lambda: nn_probe.probe(model, tokens, length=T)),
-              new(length=T))
-  assert_same(_warns_once("attnjax.nn.collect_stats",
-                          lambda: nn.collect_stats(model, tokens, weights=True, hidden=True)),
-              new(view="sown", weights=True, hidden=True))
+  assert_same(
+    _warns_once("attnjax.nn.probe.probe", lambda: nn_probe.probe(model, tokens, length=T)),
+    new(length=T),
+  )
+  assert_same(
+    _warns_once(
+      "attnjax.nn.collect_stats", lambda: nn.collect_stats(model, tokens, weights=True, hidden=True)
+    ),
+    new(view="sown", weights=True, hidden=True),
+  )
   assert nn.collect_stats is transformer.collect_stats
-  assert_same(_warns_once("attnjax.nn.probe.capture_from_model",
-                          lambda: nn_probe.capture_from_model(model, tokens, weights=False)),
-              new(view="capture", weights=False, jit=False))
-  features, layers = _warns_once("attnjax.models.probe.layer_statistics",
-                                 lambda: models_probe.layer_statistics(model, tokens))
+  assert_same(
+    _warns_once(
+      "attnjax.nn.probe.capture_from_model",
+      lambda: nn_probe.capture_from_model(model, tokens, weights=False),
+    ),
+    new(view="capture", weights=False, jit=False),
+  )
+  features, layers = _warns_once(
+    "attnjax.models.probe.layer_statistics", lambda: models_probe.layer_statistics(model, tokens)
+  )
   assert_same({"features": features, "layers": layers}, new(view="streaming"))
-  record = _warns_once("attnjax.train.probe.run_probe",
-                       lambda: train_probe.run_probe(model, tokens))
+  record = _warns_once(
+    "attnjax.train.probe.run_probe", lambda: train_probe.run_probe(model, tokens)
+  )
   assert record == stats.to_jsonable(jax.device_get(new()))
   capture = new(view="capture")
   assert stats.probe_statistics is stats_capture.probe_statistics
-  assert_same(_warns_once("attnjax.stats.probe_statistics",
-                          lambda: stats.probe_statistics(capture, eps=0.2)),
-              nn.layer_stats(capture, eps=0.2))
+  assert_same(
+    _warns_once("attnjax.stats.probe_statistics", lambda: stats.probe_statistics(capture, eps=0.2)),
+    nn.layer_stats(capture, eps=0.2),
+  )
 
 
 # The arguments the old entry points took (``*`` marks keyword-only ones): each still takes them.
 OLD_SIGNATURES = {
-    nn_probe.probe: "model tokens *length=64 *weights=True *eps=0.3 *sparsity_threshold=0.01 "
-                    "*z_loss_coef=0.0001 *massive_abs=100.0 *massive_ratio=1000.0",
-    nn_probe.capture_from_model: "model tokens *weights=True",
-    nn.collect_stats: "model tokens *weights=False *hidden=False *jit=True",
-    models_probe.layer_statistics: "model tokens",
-    train_probe.run_probe: "model inputs to_host=device_get",
-    stats.probe_statistics: "capture *eps=0.3 *sparsity_threshold=0.01 *z_loss_coef=0.0001 "
-                            "*massive_abs=100.0 *massive_ratio=1000.0",
+  nn_probe.probe: "model tokens *length=64 *weights=True *eps=0.3 *sparsity_threshold=0.01 "
+  "*z_loss_coef=0.0001 *massive_abs=100.0 *massive_ratio=1000.0",
+  nn_probe.capture_from_model: "model tokens *weights=True",
+  nn.collect_stats: "model tokens *weights=False *hidden=False *jit=True",
+  models_probe.layer_statistics: "model tokens",
+  train_probe.run_probe: "model inputs to_host=device_get",
+  stats.probe_statistics: "capture *eps=0.3 *sparsity_threshold=0.01 *z_loss_coef=0.0001 "
+  "*massive_abs=100.0 *massive_ratio=1000.0",
 }
 
 
@@ -177,8 +200,7 @@ def arguments(fn) -> str:
   out = []
   for p in inspect.signature(fn).parameters.values():
     star = "*" if p.kind is p.KEYWORD_ONLY else ""
-    default = "" if p.default is p.empty else "=" + getattr(p.default, "__name__",
-                                                            repr(p.default))
+    default = "" if p.default is p.empty else "=" + getattr(p.default, "__name__", repr(p.default))
     out.append(f"{star}{p.name}{default}")
   return " ".join(out)
 

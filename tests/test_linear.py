@@ -11,7 +11,11 @@ import pytest
 import attnjax
 from attnjax._src import feature_maps
 from attnjax._src.ops.linear import attention as linear
-from attnjax._src.ops.linear.attention import LinearState, linear_attention, linear_attention_weights
+from attnjax._src.ops.linear.attention import (
+  LinearState,
+  linear_attention,
+  linear_attention_weights,
+)
 from helpers import assert_close, rand_qkv
 
 
@@ -26,8 +30,10 @@ def _state(B, K, F, Hv, seed=7):
   x = rng.standard_normal((B, 5, K, F))
   keys = np.where(x > 0, x + 1.0, np.exp(x))
   vals = rng.standard_normal((B, 5, K, Hv))
-  return LinearState(jnp.asarray(np.einsum("bskf,bskh->bkfh", keys, vals), jnp.float32),
-                     jnp.asarray(keys.sum(axis=1), jnp.float32))
+  return LinearState(
+    jnp.asarray(np.einsum("bskf,bskh->bkfh", keys, vals), jnp.float32),
+    jnp.asarray(keys.sum(axis=1), jnp.float32),
+  )
 
 
 def _cotangent(shape, seed=11):
@@ -45,21 +51,38 @@ def _forms_and_grads(q, k, v, state, impls=("reference", "recurrent", "chunked")
   def run(q, k, v, state):
     results = {}
     for impl in impls:
+
       def loss(q, k, v, state, impl=impl):
-        out, final = linear_attention(q, k, v, is_causal=True, implementation=impl, chunk_size=8,
-                                      initial_state=state, return_state=True, **kw)
-        return (jnp.sum(out * ct_out) + jnp.sum(jnp.sin(final.kv_sum))
-                + jnp.sum(jnp.cos(final.k_sum)), (out, final))
+        out, final = linear_attention(
+          q,
+          k,
+          v,
+          is_causal=True,
+          implementation=impl,
+          chunk_size=8,
+          initial_state=state,
+          return_state=True,
+          **kw,
+        )
+        return (
+          jnp.sum(out * ct_out) + jnp.sum(jnp.sin(final.kv_sum)) + jnp.sum(jnp.cos(final.k_sum)),
+          (out, final),
+        )
+
       (_, (out, final)), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
-          q, k, v, state)
+        q, k, v, state
+      )
       results[impl] = (out, final, grads)
     return results
 
   return run(q, k, v, state)
 
 
-@pytest.mark.parametrize("K,with_state", [(1, False), (2, True), (8, True)],
-                         ids=["K1-no_state", "K2-initial_state", "K8-initial_state"])
+@pytest.mark.parametrize(
+  "K,with_state",
+  [(1, False), (2, True), (8, True)],
+  ids=["K1-no_state", "K2-initial_state", "K8-initial_state"],
+)
 def test_causal_forms_agree(K, with_state):
   B, T, N, H, Hv = 2, 37, 8, 8, 6  # T = 37 is not a multiple of chunk_size = 8
   q, k, v = _inputs(B, T, N, K, H, Hv)
@@ -71,33 +94,41 @@ def test_causal_forms_agree(K, with_state):
     def run(q, k, v):
       res = {}
       for impl in ("reference", "recurrent", "chunked"):
+
         def loss(q, k, v, impl=impl):
-          out, final = linear_attention(q, k, v, is_causal=True, implementation=impl,
-                                        chunk_size=8, return_state=True)
+          out, final = linear_attention(
+            q, k, v, is_causal=True, implementation=impl, chunk_size=8, return_state=True
+          )
           return jnp.sum(out * ct_out) + jnp.sum(jnp.sin(final.kv_sum)), (out, final)
+
         res[impl] = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
       return res
+
     results = run(q, k, v)
   else:
     results = _forms_and_grads(q, k, v, state)
   for impl in ("recurrent", "chunked"):
-    assert_close(results[impl], results["reference"],
-                 f"{impl} output, final state and gradients")
+    assert_close(results[impl], results["reference"], f"{impl} output, final state and gradients")
 
 
-@pytest.mark.parametrize("normalize,feature_map", [
+@pytest.mark.parametrize(
+  "normalize,feature_map",
+  [
     ("output_rms", feature_maps.squared_relu),
     (False, feature_maps.identity),
     (True, feature_maps.favor_plus(jax.random.key(3), 12, head_dim=8, stabilize=False)),
-], ids=["output_rms-squared_relu", "False-identity", "True-favor_plus"])
+  ],
+  ids=["output_rms-squared_relu", "False-identity", "True-favor_plus"],
+)
 def test_chunked_agrees_across_normalize_and_maps(normalize, feature_map):
   # The forms see only features, so one chunked-vs-reference check per option suffices.
   B, T, N, K, H, Hv = 1, 21, 4, 2, 8, 8
   q, k, v = _inputs(B, T, N, K, H, Hv, seed=1)
   q, k = 0.5 * q, 0.5 * k  # keep the unstabilised FAVOR+ features modest
   state = _state(B, K, feature_map.num_features(H), Hv)
-  results = _forms_and_grads(q, k, v, state, impls=("reference", "chunked"),
-                             feature_map=feature_map, normalize=normalize)
+  results = _forms_and_grads(
+    q, k, v, state, impls=("reference", "chunked"), feature_map=feature_map, normalize=normalize
+  )
   assert_close(results["chunked"], results["reference"], "chunked", rtol=1e-4, atol=1e-4)
 
 
@@ -111,7 +142,7 @@ def test_matches_hand_written_loop():
   for n in range(2):
     for i in range(9):
       w = np.array([phi(qn[0, i, n]) @ phi(kn[0, j, 0]) for j in range(i + 1)])
-      expected[0, i, n] = w @ vn[0, :i + 1, 0] / (w.sum() + 1e-6)
+      expected[0, i, n] = w @ vn[0, : i + 1, 0] / (w.sum() + 1e-6)
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-6)
 
 
@@ -119,22 +150,43 @@ def test_recurrent_token_by_token_equals_reference():
   B, T, N, K, H, Hv = 2, 11, 4, 2, 8, 5
   q, k, v = _inputs(B, T, N, K, H, Hv, seed=3)
   state0 = _state(B, K, H, Hv)
-  full, full_state = linear_attention(q, k, v, is_causal=True, implementation="reference",
-                                      initial_state=state0, return_state=True)
+  full, full_state = linear_attention(
+    q, k, v, is_causal=True, implementation="reference", initial_state=state0, return_state=True
+  )
   state, outs = state0, []
   for t in range(T):
-    out_t, state = linear_attention(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], is_causal=True,
-                                    implementation="recurrent", initial_state=state,
-                                    return_state=True)
+    out_t, state = linear_attention(
+      q[:, t : t + 1],
+      k[:, t : t + 1],
+      v[:, t : t + 1],
+      is_causal=True,
+      implementation="recurrent",
+      initial_state=state,
+      return_state=True,
+    )
     outs.append(out_t)
   assert_close(jnp.concatenate(outs, axis=1), full, "token-by-token output")
   assert_close(state, full_state, "token-by-token final state")
   # Prefill half with the chunked form, then decode the rest.
   half = 6
-  out_a, st = linear_attention(q[:, :half], k[:, :half], v[:, :half], is_causal=True,
-                               chunk_size=4, initial_state=state0, return_state=True)
-  out_b, st = linear_attention(q[:, half:], k[:, half:], v[:, half:], is_causal=True,
-                               chunk_size=4, initial_state=st, return_state=True)
+  out_a, st = linear_attention(
+    q[:, :half],
+    k[:, :half],
+    v[:, :half],
+    is_causal=True,
+    chunk_size=4,
+    initial_state=state0,
+    return_state=True,
+  )
+  out_b, st = linear_attention(
+    q[:, half:],
+    k[:, half:],
+    v[:, half:],
+    is_causal=True,
+    chunk_size=4,
+    initial_state=st,
+    return_state=True,
+  )
   assert_close(jnp.concatenate([out_a, out_b], axis=1), full, "prefill + continue")
 
 
@@ -147,10 +199,13 @@ def test_noncausal_linear_equals_quadratic():
   def run(q, k, v):
     res = {}
     for impl in ("reference", "chunked"):
+
       def loss(q, k, v, impl=impl):
-        out, final = linear_attention(q, k, v, implementation=impl, initial_state=state,
-                                      return_state=True)
+        out, final = linear_attention(
+          q, k, v, implementation=impl, initial_state=state, return_state=True
+        )
         return jnp.sum(jnp.sin(out)) + jnp.sum(final.kv_sum), (out, final)
+
       res[impl] = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
     return res
 
@@ -166,8 +221,8 @@ def test_causality_by_gradient():
     return jnp.sum(linear_attention(q, k, v, is_causal=True, chunk_size=8)[:, t])
 
   gk, gv = jax.grad(row, argnums=(0, 1))(k, v)
-  assert np.all(np.asarray(gk[:, t + 1:]) == 0) and np.all(np.asarray(gv[:, t + 1:]) == 0)
-  assert np.any(np.asarray(gk[:, :t + 1]) != 0)
+  assert np.all(np.asarray(gk[:, t + 1 :]) == 0) and np.all(np.asarray(gv[:, t + 1 :]) == 0)
+  assert np.any(np.asarray(gk[:, : t + 1]) != 0)
 
 
 def test_weights_helper_reproduces_output():
@@ -179,22 +234,40 @@ def test_weights_helper_reproduces_output():
   assert_close(out, linear_attention(q, k, v, is_causal=True), "weights @ v")
 
 
-@pytest.mark.parametrize("feature_map,is_causal", [
-    (feature_maps.elu_plus_one, True), (feature_maps.identity, True),
-    (feature_maps.relu, False)], ids=["elu_plus_one-causal", "identity-causal", "relu-full"])
+@pytest.mark.parametrize(
+  "feature_map,is_causal",
+  [(feature_maps.elu_plus_one, True), (feature_maps.identity, True), (feature_maps.relu, False)],
+  ids=["elu_plus_one-causal", "identity-causal", "relu-full"],
+)
 def test_stats_match_materialised(feature_map, is_causal):
   q, k, v = _inputs(B=2, T=19, N=4, K=2, H=8, Hv=8, seed=8)
-  _, ref = linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal,
-                            implementation="reference", return_stats=True)
-  _, got = linear_attention(q, k, v, feature_map=feature_map, is_causal=is_causal,
-                            chunk_size=8, return_stats=True)
+  _, ref = linear_attention(
+    q,
+    k,
+    v,
+    feature_map=feature_map,
+    is_causal=is_causal,
+    implementation="reference",
+    return_stats=True,
+  )
+  _, got = linear_attention(
+    q, k, v, feature_map=feature_map, is_causal=is_causal, chunk_size=8, return_stats=True
+  )
   assert got.max_logit is None and got.logsumexp is None and ref.max_logit is None
   for name in ("sink_mass", "entropy", "row_sum"):
-    np.testing.assert_allclose(np.asarray(getattr(got, name)), np.asarray(getattr(ref, name)),
-                               rtol=1e-4, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(
+      np.asarray(getattr(got, name)),
+      np.asarray(getattr(ref, name)),
+      rtol=1e-4,
+      atol=1e-5,
+      err_msg=name,
+    )
   # By hand for one (batch, head): raw row sums and the weight on key 0.
-  w = np.einsum("tf,sf->ts", np.asarray(feature_map(q[0, :, 0], is_query=True)),
-                np.asarray(feature_map(k[0, :, 0], is_query=False)))
+  w = np.einsum(
+    "tf,sf->ts",
+    np.asarray(feature_map(q[0, :, 0], is_query=True)),
+    np.asarray(feature_map(k[0, :, 0], is_query=False)),
+  )
   if is_causal:
     w = np.tril(w)
   np.testing.assert_allclose(float(got.row_sum[0, 0]), w.sum(-1).mean(), rtol=1e-4)
@@ -229,7 +302,7 @@ def test_orthogonal_projection_structure():
   np.testing.assert_allclose(block @ block.T, np.eye(H), atol=1e-5)
   # Row norms are chi(H)-distributed: mean square H over many rows.
   many = feature_maps.gaussian_projection(jax.random.key(1), 1024, H, orthogonal=True)
-  np.testing.assert_allclose(float(jnp.mean(jnp.sum(many ** 2, -1))), H, rtol=0.08)
+  np.testing.assert_allclose(float(jnp.mean(jnp.sum(many**2, -1))), H, rtol=0.08)
 
 
 def test_favor_stabilised_equals_exact_estimator():
@@ -239,19 +312,30 @@ def test_favor_stabilised_equals_exact_estimator():
   exact = feature_maps.favor_plus(jax.random.key(4), 64, head_dim=8, stabilize=False)
   stable = feature_maps.favor_plus(jax.random.key(4), 64, head_dim=8)
   for is_causal in (True, False):
-    assert_close(linear_attention_weights(q, k, feature_map=stable, is_causal=is_causal),
-                 linear_attention_weights(q, k, feature_map=exact, is_causal=is_causal),
-                 "stabilised vs exact", rtol=1e-4, atol=1e-6)
+    assert_close(
+      linear_attention_weights(q, k, feature_map=stable, is_causal=is_causal),
+      linear_attention_weights(q, k, feature_map=exact, is_causal=is_causal),
+      "stabilised vs exact",
+      rtol=1e-4,
+      atol=1e-6,
+    )
   # Stabilised features are computed before the chunk loop (the key constant is global).
-  assert_close(linear_attention(q, k, v, feature_map=stable, is_causal=True, chunk_size=5),
-               linear_attention(q, k, v, feature_map=stable, is_causal=True,
-                                implementation="reference"), "stabilised chunked vs reference")
+  assert_close(
+    linear_attention(q, k, v, feature_map=stable, is_causal=True, chunk_size=5),
+    linear_attention(q, k, v, feature_map=stable, is_causal=True, implementation="reference"),
+    "stabilised chunked vs reference",
+  )
   # Unbiased kernel estimate: the mean over draws approaches exp(q.k / sqrt(H)).
-  kernel = jnp.exp(jnp.einsum("bthd,bshd->bhts", q, k) / 8 ** 0.5)
-  draws = [linear_attention_weights(
-      q, k, normalize="none",
-      feature_map=feature_maps.favor_plus(jax.random.key(s), 64, head_dim=8, stabilize=False))
-      for s in range(64)]
+  kernel = jnp.exp(jnp.einsum("bthd,bshd->bhts", q, k) / 8**0.5)
+  draws = [
+    linear_attention_weights(
+      q,
+      k,
+      normalize="none",
+      feature_map=feature_maps.favor_plus(jax.random.key(s), 64, head_dim=8, stabilize=False),
+    )
+    for s in range(64)
+  ]
   rel = jnp.linalg.norm(jnp.mean(jnp.stack(draws), 0) - kernel) / jnp.linalg.norm(kernel)
   assert float(rel) < 0.1, float(rel)
 
@@ -265,7 +349,7 @@ def _approximation_errors(q, k, key, draws):
   and uses their first m, so one compilation covers every m.
   """
   H = q.shape[-1]
-  exact = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", q, k) / H ** 0.5, axis=-1)
+  exact = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", q, k) / H**0.5, axis=-1)
 
   def errors(feature_map):
     out = []
@@ -277,10 +361,13 @@ def _approximation_errors(q, k, key, draws):
 
   def one_draw(key):
     k1, k2, k3 = jax.random.split(key, 3)
-    return jnp.stack([
+    return jnp.stack(
+      [
         errors(feature_maps.favor_plus(k1, 256, orthogonal=True, head_dim=H)),
         errors(feature_maps.favor_plus(k2, 256, orthogonal=False, head_dim=H)),
-        errors(feature_maps.trig_features(k3, 256, head_dim=H))])
+        errors(feature_maps.trig_features(k3, 256, head_dim=H)),
+      ]
+    )
 
   return jnp.mean(jax.vmap(one_draw)(jax.random.split(key, draws)), axis=0)
 
@@ -320,7 +407,9 @@ def test_favor_error_falls_with_features_and_orthogonal_wins(data_seed):
 # Validation.
 
 
-@pytest.mark.parametrize("kwargs,args,error,words", [
+@pytest.mark.parametrize(
+  "kwargs,args,error,words",
+  [
     (dict(), "rank", ValueError, ["q", "rank 4", "(2, 8, 4)"]),
     (dict(), "heads", ValueError, ["N=4", "K=3"]),
     (dict(is_causal=True), "lengths", ValueError, ["causal", "(1, 8, 4, 8)", "(1, 6, 2, 8)"]),
@@ -329,18 +418,55 @@ def test_favor_error_falls_with_features_and_orthogonal_wins(data_seed):
     (dict(implementation="recurrent"), None, ValueError, ["recurrent", "is_causal=False"]),
     (dict(chunk_size=0), None, ValueError, ["chunk_size", "0"]),
     (dict(feature_map="elu_plus_one"), None, TypeError, ["feature_map", "str"]),
-    (dict(feature_map=(jnp.ones((4, 8)),)), None, TypeError, ["feature_map", "FeatureMap", "tuple"]),
-    (dict(feature_map=feature_maps.favor_plus(jax.random.key(0), 8, head_dim=16)), None,
-     ValueError, ["projection", "(8, 16)", "H=8"]),
-    (dict(initial_state=linear.zeros_state(1, 2, 8, 7)), None, ValueError,
-     ["initial_state.kv_sum", "(1, 2, 8, 8)", "(1, 2, 8, 7)"]),
-    (dict(normalize="none", feature_map=feature_maps.favor_plus(jax.random.key(0), 8, head_dim=8)),
-     None, ValueError, ["stabilize", "normalize='none'"]),
-    (dict(return_state=True, feature_map=feature_maps.favor_plus(jax.random.key(0), 8, head_dim=8)),
-     None, ValueError, ["stabilize", "state"]),
-], ids=["rank", "heads", "causal_lengths", "normalize", "implementation", "noncausal_recurrent",
-        "chunk_size", "feature_map_str", "feature_map_type", "projection_dim", "state_shape", "favor_none",
-        "favor_state"])
+    (
+      dict(feature_map=(jnp.ones((4, 8)),)),
+      None,
+      TypeError,
+      ["feature_map", "FeatureMap", "tuple"],
+    ),
+    (
+      dict(feature_map=feature_maps.favor_plus(jax.random.key(0), 8, head_dim=16)),
+      None,
+      ValueError,
+      ["projection", "(8, 16)", "H=8"],
+    ),
+    (
+      dict(initial_state=linear.zeros_state(1, 2, 8, 7)),
+      None,
+      ValueError,
+      ["initial_state.kv_sum", "(1, 2, 8, 8)", "(1, 2, 8, 7)"],
+    ),
+    (
+      dict(normalize="none", feature_map=feature_maps.favor_plus(jax.random.key(0), 8, head_dim=8)),
+      None,
+      ValueError,
+      ["stabilize", "normalize='none'"],
+    ),
+    (
+      dict(
+        return_state=True, feature_map=feature_maps.favor_plus(jax.random.key(0), 8, head_dim=8)
+      ),
+      None,
+      ValueError,
+      ["stabilize", "state"],
+    ),
+  ],
+  ids=[
+    "rank",
+    "heads",
+    "causal_lengths",
+    "normalize",
+    "implementation",
+    "noncausal_recurrent",
+    "chunk_size",
+    "feature_map_str",
+    "feature_map_type",
+    "projection_dim",
+    "state_shape",
+    "favor_none",
+    "favor_state",
+  ],
+)
 def test_validation_names_args_and_shapes(kwargs, args, error, words):
   q, k, v = _inputs(B=1, T=8, N=4, K=2, H=8, Hv=8)
   if args == "rank":

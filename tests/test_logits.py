@@ -26,8 +26,7 @@ def test_softcap_value_and_derivative(cap):
   dz = _rng(1).normal(size=s.shape).astype(np.float32)
   want = jax.grad(lambda x: jnp.sum(_logits.softcap(x, cap) * dz))(jnp.asarray(s))
   # d/ds c tanh(s / c) = sech^2(s / c) = 4 e^{-2x} / (1 + e^{-2x})^2.
-  np.testing.assert_allclose(np.asarray(want), dz * 4.0 * e / (1.0 + e) ** 2, rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(want), dz * 4.0 * e / (1.0 + e) ** 2, rtol=1e-5, atol=1e-6)
   from_s = _logits.softcap_grad(jnp.asarray(dz), cap, s=jnp.asarray(s))
   from_capped = _logits.softcap_grad(jnp.asarray(dz), cap, capped=jnp.asarray(z))
   np.testing.assert_allclose(np.asarray(from_s), np.asarray(want), rtol=1e-5, atol=1e-6)
@@ -63,8 +62,15 @@ def test_scores_against_loops(similarity, cap):
   q = rng.normal(size=(B, T, K * G, H)).astype(np.float32)
   k = rng.normal(size=(B, S, K, H)).astype(np.float32)
   scale = 0.7
-  got = np.asarray(_logits.scores(_logits.group_queries(jnp.asarray(q), K), jnp.asarray(k),
-                                  scale=scale, similarity=similarity, cap=cap))
+  got = np.asarray(
+    _logits.scores(
+      _logits.group_queries(jnp.asarray(q), K),
+      jnp.asarray(k),
+      scale=scale,
+      similarity=similarity,
+      cap=cap,
+    )
+  )
   assert got.shape == (B, K, G, T, S)
   for b in range(B):
     for n in range(K * G):
@@ -81,8 +87,13 @@ def test_scores_gradient_matches_finite_differences():
   rng = _rng(4)
   q = jnp.asarray(rng.normal(size=(1, 2, 2, 3)), jnp.float32)
   k = jnp.asarray(rng.normal(size=(1, 3, 1, 3)), jnp.float32)
-  f = lambda q, k: jnp.sum(jnp.sin(_logits.scores(_logits.group_queries(q, 1), k, scale=0.5,
-                                                  similarity="neg_sq_euclidean", cap=2.0)))
+  f = lambda q, k: jnp.sum(
+    jnp.sin(
+      _logits.scores(
+        _logits.group_queries(q, 1), k, scale=0.5, similarity="neg_sq_euclidean", cap=2.0
+      )
+    )
+  )
   jax.test_util.check_grads(f, (q, k), order=1, modes=("rev",), atol=2e-2, rtol=2e-2, eps=1e-2)
 
 

@@ -13,14 +13,16 @@ def brute(T, S, rule):
 
 @pytest.mark.parametrize("T,S,offset", [(5, 5, 0), (4, 7, 0), (4, 7, 3), (7, 4, 0)])
 def test_causal_mask(T, S, offset):
-  np.testing.assert_array_equal(masks.causal_mask(T, S, offset=offset),
-                                brute(T, S, lambda i, j: j <= i + offset))
+  np.testing.assert_array_equal(
+    masks.causal_mask(T, S, offset=offset), brute(T, S, lambda i, j: j <= i + offset)
+  )
 
 
 @pytest.mark.parametrize("left,right", [(0, 0), (2, 0), (1, 3), (10, 10)])
 def test_window_mask(left, right):
-  np.testing.assert_array_equal(masks.window_mask(6, 8, left, right),
-                                brute(6, 8, lambda i, j: i - left <= j <= i + right))
+  np.testing.assert_array_equal(
+    masks.window_mask(6, 8, left, right), brute(6, 8, lambda i, j: i - left <= j <= i + right)
+  )
 
 
 def test_segment_and_padding_masks():
@@ -37,8 +39,9 @@ def test_segment_and_padding_masks():
 def test_combine_masks_and_make_attention_mask():
   seg = jnp.array([[0, 0, 0, 1, 1, 1]])
   explicit = jnp.ones((6, 6), bool).at[:, 1].set(False)
-  full = masks.make_attention_mask(6, 6, mask=explicit, is_causal=True, window=(1, 0),
-                                   q_segment_ids=seg, kv_segment_ids=seg)
+  full = masks.make_attention_mask(
+    6, 6, mask=explicit, is_causal=True, window=(1, 0), q_segment_ids=seg, kv_segment_ids=seg
+  )
   ref = brute(6, 6, lambda i, j: j != 1 and i - 1 <= j <= i and (i < 3) == (j < 3))
   np.testing.assert_array_equal(full, ref)
   assert masks.make_attention_mask(3, 3) is None

@@ -16,11 +16,11 @@ from attnjax._src.train import rundir
 from attnjax._src.train.loop import Trainer, train
 
 MESHES = {
-    "data=8": dict(data=8),
-    "data=2,fsdp=4": dict(data=2, fsdp=4),
-    "fsdp=4,tensor=2": dict(data=1, fsdp=4, tensor=2),
-    "data=2,context=4": dict(data=2, context=4),
-    "fsdp=2,tensor=2,context=2": dict(data=1, fsdp=2, tensor=2, context=2),
+  "data=8": dict(data=8),
+  "data=2,fsdp=4": dict(data=2, fsdp=4),
+  "fsdp=4,tensor=2": dict(data=1, fsdp=4, tensor=2),
+  "data=2,context=4": dict(data=2, context=4),
+  "fsdp=2,tensor=2,context=2": dict(data=1, fsdp=2, tensor=2, context=2),
 }
 
 
@@ -28,15 +28,26 @@ def cpu_preset(run_dir, mesh: dict, steps: int = 20, **train):
   c = config_lib.apply_preset(config_lib.base_config(), "cpu")
   c.run_dir = str(run_dir)
   c.data.name = "bigram_backcopy"
-  c.train.update(dict(dict(steps=steps, log_every=5, eval_every=1000, probe_every=1000,
-                           checkpoint_every=0, progress=False, plots=False), **train))
+  c.train.update(
+    dict(
+      dict(
+        steps=steps,
+        log_every=5,
+        eval_every=1000,
+        probe_every=1000,
+        checkpoint_every=0,
+        progress=False,
+        plots=False,
+      ),
+      **train,
+    )
+  )
   c.mesh.update(**mesh)
   return c
 
 
 def losses(run_dir) -> list[float]:
-  return [r["loss"] for r in rundir.read_jsonl(rundir.RunDir(str(run_dir)).metrics)
-          if "loss" in r]
+  return [r["loss"] for r in rundir.read_jsonl(rundir.RunDir(str(run_dir)).metrics) if "loss" in r]
 
 
 def test_mesh_sizes_and_bad_shapes_are_clear_errors():
@@ -45,8 +56,11 @@ def test_mesh_sizes_and_bad_shapes_are_clear_errors():
   cfg.mesh.update(data=-1, fsdp=2, tensor=2)
   assert mesh_lib.mesh_sizes(cfg.mesh, 8)["data"] == 2
   cfg.mesh.update(data=3, fsdp=2, tensor=1)
-  with pytest.raises(ValueError, match=r"data=3 x fsdp=2 x tensor=1 x context=1 = 6 devices, "
-                                       r"but the run has 8"):
+  with pytest.raises(
+    ValueError,
+    match=r"data=3 x fsdp=2 x tensor=1 x context=1 = 6 devices, "
+    r"but the run has 8",
+  ):
     mesh_lib.mesh_sizes(cfg.mesh, 8)
   cfg.mesh.update(data=-1, fsdp=3)
   with pytest.raises(ValueError, match="cannot fill 8 devices"):
@@ -80,9 +94,16 @@ def data_parallel_losses(tmp_path_factory):
   return losses(root)
 
 
-@pytest.mark.parametrize("mesh", [
-    pytest.param(name, marks=[] if name in ("fsdp=4,tensor=2", "data=2,context=4")
-                 else [pytest.mark.slow]) for name in MESHES if name != "data=8"])
+@pytest.mark.parametrize(
+  "mesh",
+  [
+    pytest.param(
+      name, marks=[] if name in ("fsdp=4,tensor=2", "data=2,context=4") else [pytest.mark.slow]
+    )
+    for name in MESHES
+    if name != "data=8"
+  ],
+)
 def test_every_mesh_gives_the_same_losses(tmp_path, mesh, data_parallel_losses):
   assert train(cpu_preset(tmp_path / "other", MESHES[mesh]))["status"] == "finished"
   a, b = data_parallel_losses, losses(tmp_path / "other")
@@ -93,8 +114,7 @@ def test_every_mesh_gives_the_same_losses(tmp_path, mesh, data_parallel_losses):
 def test_a_checkpoint_resumes_on_another_mesh(tmp_path, data_parallel_losses):
   # Saved at fsdp=4, tensor=2 after 10 steps, resumed at data=8 (orbax reshards on restore):
   # the same losses as the uninterrupted data=8 run of the fixture.
-  cut = cpu_preset(tmp_path / "cut", MESHES["fsdp=4,tensor=2"], stop_after=10,
-                   checkpoint_every=5)
+  cut = cpu_preset(tmp_path / "cut", MESHES["fsdp=4,tensor=2"], stop_after=10, checkpoint_every=5)
   assert train(cut)["status"] == "stopped"
   cut.train.stop_after = 0
   cut.mesh.update(**dict(data=8, fsdp=1, tensor=1, context=1))

@@ -35,7 +35,7 @@ ALL = sorted(d for d in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTU
 # richest of each).
 DEFAULT = models.SUPPORTED
 MORE = tuple(n for n in ALL if n not in DEFAULT)
-LOGIT_TOL = 1e-4   # of the logits' scale (max |logit|)
+LOGIT_TOL = 1e-4  # of the logits' scale (max |logit|)
 SINK_TOL = 1e-5
 
 
@@ -85,8 +85,13 @@ def _check_against_transformers(name: str, implementation=None) -> None:
   assert err <= LOGIT_TOL * scale, (name, implementation, err, scale)
   sink_mass = np.stack([np.asarray(layer["sink_mass"]) for layer in stats["layers"]])
   assert sink_mass.shape == e["sink_mass"].shape  # [L, B, N]
-  np.testing.assert_allclose(sink_mass, e["sink_mass"], atol=SINK_TOL, rtol=0,
-                             err_msg=f"{name} implementation={implementation}")
+  np.testing.assert_allclose(
+    sink_mass,
+    e["sink_mass"],
+    atol=SINK_TOL,
+    rtol=0,
+    err_msg=f"{name} implementation={implementation}",
+  )
 
 
 def _check_generation(name: str, **kwargs) -> None:
@@ -146,8 +151,10 @@ def test_greedy_generation_of_every_fixture(name):
 
 
 def _params(model) -> dict:
-  return {jax.tree_util.keystr(p): np.asarray(x)
-          for p, x in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model)))}
+  return {
+    jax.tree_util.keystr(p): np.asarray(x)
+    for p, x in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model)))
+  }
 
 
 def test_sharded_checkpoint_reads_every_shard():
@@ -156,8 +163,10 @@ def test_sharded_checkpoint_reads_every_shard():
   assert len(set(ckpt.files.values())) == 4
   params = _params(_load("llama_sharded"))
   for i in range(3):
-    np.testing.assert_array_equal(params[f"['blocks'][{i}]['mlp']['up']['kernel']"],
-                                  ckpt.read(f"model.layers.{i}.mlp.up_proj.weight").T)
+    np.testing.assert_array_equal(
+      params[f"['blocks'][{i}]['mlp']['up']['kernel']"],
+      ckpt.read(f"model.layers.{i}.mlp.up_proj.weight").T,
+    )
   np.testing.assert_array_equal(params["['head']['kernel']"], ckpt.read("lm_head.weight").T)
 
 
@@ -202,16 +211,19 @@ def test_dequantize_mxfp4_by_hand():
 def test_raw_bfloat16_reader_on_a_hand_written_file(tmp_path):
   values = np.array([[1.5, -2.0, 3.140625], [0.0, 65280.0, -0.0078125]], jnp.bfloat16)
   other = np.arange(3, dtype=np.float32)
-  header = {"a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
-            "b": {"dtype": "F32", "shape": [3], "data_offsets": [12, 24]}}
+  header = {
+    "a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+    "b": {"dtype": "F32", "shape": [3], "data_offsets": [12, 24]},
+  }
   raw = json.dumps(header).encode()
   raw += b" " * (-len(raw) % 8)
   with open(tmp_path / "model.safetensors", "wb") as f:
     f.write(len(raw).to_bytes(8, "little") + raw + values.tobytes() + other.tobytes())
   (tmp_path / "config.json").write_text("{}")
   ckpt = models.Checkpoint(str(tmp_path))
-  np.testing.assert_array_equal(np.asarray(ckpt.read("a"), np.float32),
-                                np.asarray(values, np.float32))
+  np.testing.assert_array_equal(
+    np.asarray(ckpt.read("a"), np.float32), np.asarray(values, np.float32)
+  )
   np.testing.assert_array_equal(ckpt.read("b"), other)
 
 
@@ -237,9 +249,13 @@ def _full_and_decoded(model, tokens, *, prefill):
 
 def _decode_cases():
   T = 24
-  lossless = [("gpt_oss", None), ("gemma2", None), ("llama", None),
-              ("llama", {"cache_policy": "h2o", "cache_budget": T, "cache_recent": 4}),
-              ("llama", {"cache_policy": "sinks_window", "cache_budget": T})]
+  lossless = [
+    ("gpt_oss", None),
+    ("gemma2", None),
+    ("llama", None),
+    ("llama", {"cache_policy": "h2o", "cache_budget": T, "cache_recent": 4}),
+    ("llama", {"cache_policy": "sinks_window", "cache_budget": T}),
+  ]
   return lossless
 
 
@@ -283,38 +299,45 @@ def test_attention_options_replace_the_checkpoints_and_keep_its_own():
   for block in model.blocks:
     c = block.attention.config
     assert c.implementation == "reference" and c.normalizer == "softmax_one"
-    assert c.softcap == 3.0 and c.spec.scale == pytest.approx(12 ** -0.5)
+    assert c.softcap == 3.0 and c.spec.scale == pytest.approx(12**-0.5)
   windows = [b.attention.config.window for b in model.blocks]
   assert windows == [5, None, 5]  # transformers' sliding_window 6 = keys i-5..i
 
 
 def test_another_family_keeps_what_it_shares_and_starts_new_parameters():
   with pytest.warns(UserWarning, match="q_gain"):
-    model = models.from_pretrained(os.path.join(FIXTURES, "mistral"),
-                                   attention={"family": "qk_norm", "qk_norm": "l2"})
+    model = models.from_pretrained(
+      os.path.join(FIXTURES, "mistral"), attention={"family": "qk_norm", "qk_norm": "l2"}
+    )
   c = model.blocks[0].attention.config
   assert c.family == "qk_norm" and c.window == 5 and c.qk_norm == "l2"
   np.testing.assert_array_equal(np.asarray(model.blocks[0].attention.q_gain[...]), 1.0)
   # The checkpoint's weights are there.
   ckpt = models.Checkpoint(os.path.join(FIXTURES, "mistral"))
-  np.testing.assert_array_equal(np.asarray(model.blocks[0].attention.k_proj.kernel[...]),
-                                ckpt.read("model.layers.0.self_attn.k_proj.weight").T)
+  np.testing.assert_array_equal(
+    np.asarray(model.blocks[0].attention.k_proj.kernel[...]),
+    ckpt.read("model.layers.0.self_attn.k_proj.weight").T,
+  )
 
 
 def test_dropping_sink_logits_warns_and_drops_the_tensors():
   with pytest.warns(UserWarning, match="sink_logits"):
-    model = models.from_pretrained(os.path.join(FIXTURES, "gpt_oss"),
-                                   attention={"sink_logits": False})
+    model = models.from_pretrained(
+      os.path.join(FIXTURES, "gpt_oss"), attention={"sink_logits": False}
+    )
   assert model.blocks[0].attention.sink_logits is None
 
 
-@pytest.mark.parametrize("attention,error,match", [
+@pytest.mark.parametrize(
+  "attention,error,match",
+  [
     ({"normalizer": "nope"}, ValueError, "normalizer"),
     ({"windw": 4}, TypeError, "windw"),
-    ({"family": "linear"}, ValueError, "softcap"),       # gemma2's softcap has no equivalent
+    ({"family": "linear"}, ValueError, "softcap"),  # gemma2's softcap has no equivalent
     ({"cache_policy": "h2o", "cache_budget": 8}, ValueError, "window"),
     ("reference", TypeError, "mapping"),
-])
+  ],
+)
 def test_bad_attention_options_name_the_field(attention, error, match):
   with pytest.raises(error, match=match):
     models.from_pretrained(os.path.join(FIXTURES, "gemma2"), attention=attention)
@@ -340,35 +363,67 @@ def test_attention_targets_the_full_attention_layers_only(name):
     else:
       assert old.window is None and new.window is None
       assert (new.spec.cache_policy, new.spec.cache_budget, new.spec.cache_recent) == (
-          "sinks_window", 8, 6)
-      assert new.replace(implementation=old.implementation, cache_policy="full",
-                         cache_budget=None, cache_recent=None) == old
+        "sinks_window",
+        8,
+        6,
+      )
+      assert (
+        new.replace(
+          implementation=old.implementation,
+          cache_policy="full",
+          cache_budget=None,
+          cache_recent=None,
+        )
+        == old
+      )
 
 
 def test_the_untargeted_form_names_the_layers_it_cannot_apply_to_and_how_to_target():
-  with pytest.raises(ValueError, match=r"the sliding_attention layers \[0, 2\] cannot take "
-                                       r"these options.*window=5.*target those by layer type: "
-                                       r"attention=\{'full_attention': \{'cache_policy'"):
-    models.from_pretrained(os.path.join(FIXTURES, "gemma2"),
-                           attention={"cache_policy": "sinks_window", "cache_budget": 8})
+  with pytest.raises(
+    ValueError,
+    match=r"the sliding_attention layers \[0, 2\] cannot take "
+    r"these options.*window=5.*target those by layer type: "
+    r"attention=\{'full_attention': \{'cache_policy'",
+  ):
+    models.from_pretrained(
+      os.path.join(FIXTURES, "gemma2"),
+      attention={"cache_policy": "sinks_window", "cache_budget": 8},
+    )
   # Where every layer can take them, as on Llama, the plain form applies to every layer.
   model = _load("llama", attention={"cache_policy": "sinks_window", "cache_budget": 8})
   assert {b.attention.config.spec.cache_policy for b in model.blocks} == {"sinks_window"}
   # A layer type's own options override the shared ones; its window can be lifted too.
-  model = _load("gemma2", attention={"cache_policy": "sinks_window", "cache_budget": 8,
-                                     "sliding_attention": {"window": None}})
-  assert [(b.attention.config.window, b.attention.config.spec.cache_policy)
-          for b in model.blocks] == [(None, "sinks_window")] * 3
+  model = _load(
+    "gemma2",
+    attention={
+      "cache_policy": "sinks_window",
+      "cache_budget": 8,
+      "sliding_attention": {"window": None},
+    },
+  )
+  assert [
+    (b.attention.config.window, b.attention.config.spec.cache_policy) for b in model.blocks
+  ] == [(None, "sinks_window")] * 3
 
 
-@pytest.mark.parametrize("attention,error,match", [
-    ({"sliding_attention": {"normalizer": "softmax_one"}}, ValueError,
-     r"no sliding_attention layers \(its layer types: \['full_attention'\]\)"),
-    ({"full_attention": "reference"}, TypeError, r"attention\['full_attention'\] must be a "
-                                                 r"mapping"),
+@pytest.mark.parametrize(
+  "attention,error,match",
+  [
+    (
+      {"sliding_attention": {"normalizer": "softmax_one"}},
+      ValueError,
+      r"no sliding_attention layers \(its layer types: \['full_attention'\]\)",
+    ),
+    (
+      {"full_attention": "reference"},
+      TypeError,
+      r"attention\['full_attention'\] must be a "
+      r"mapping",
+    ),
     ({"full_attention": {"sliding_attention": {}}}, TypeError, "not nested types"),
     ({"full_attention": {"windw": 3}}, TypeError, r"attention\['full_attention'\].*windw"),
-])
+  ],
+)
 def test_bad_layer_type_targets_are_named(attention, error, match):
   with pytest.raises(error, match=match):
     models.from_pretrained(os.path.join(FIXTURES, "llama"), attention=attention)
@@ -383,15 +438,14 @@ def test_streaming_cache_on_the_global_layers_decodes_as_their_sinks_and_window(
   e = _expected(name)
   tokens = jnp.asarray(e["tokens"])
   streaming = _load(name, dtype="float32", attention={"full_attention": _STREAMING})
-  layer = _load(name, dtype="float32", attention={"full_attention": {"window": 6,
-                                                                      "num_sinks": 2}})
+  layer = _load(name, dtype="float32", attention={"full_attention": {"window": 6, "num_sinks": 2}})
   full, a = _full_and_decoded(streaming, tokens, prefill=5)
   _, b = _full_and_decoded(layer, tokens, prefill=5)
   assert tokens.shape[1] > 8
-  np.testing.assert_allclose(np.asarray(full), e["logits"],
-                             atol=LOGIT_TOL * float(np.abs(e["logits"]).max()), rtol=0)
-  assert_close(a, b, "sinks_window cache against window + sinks", rtol=1e-5, atol=1e-5,
-               scaled=True)
+  np.testing.assert_allclose(
+    np.asarray(full), e["logits"], atol=LOGIT_TOL * float(np.abs(e["logits"]).max()), rtol=0
+  )
+  assert_close(a, b, "sinks_window cache against window + sinks", rtol=1e-5, atol=1e-5, scaled=True)
   # The eviction bites: after the budget the decoded logits leave the full forward's.
   assert float(jnp.abs(a[:, 9:] - full[:, 9:]).max()) > 1e-3 * float(jnp.abs(full).max())
 
@@ -445,21 +499,27 @@ def test_not_a_checkpoint_directory(tmp_path):
 def test_unknown_model_type_lists_supported(tmp_path):
   path = _copy_fixture(tmp_path)
   _edit_config(path, model_type="falcon")
-  with pytest.raises(models.CheckpointError,
-                     match="falcon.*SUPPORTED = " + re.escape(str(models.SUPPORTED))):
+  with pytest.raises(
+    models.CheckpointError, match="falcon.*SUPPORTED = " + re.escape(str(models.SUPPORTED))
+  ):
     models.from_pretrained(str(path))
 
 
-@pytest.mark.parametrize("changes,match", [
-    ({"attn_logit_softcapping": 30.0}, "attn_logit_softcapping"),   # a key llama does not read
+@pytest.mark.parametrize(
+  "changes,match",
+  [
+    ({"attn_logit_softcapping": 30.0}, "attn_logit_softcapping"),  # a key llama does not read
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "dynamic"),
-    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
-     "low_freq_factor"),
+    (
+      {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
+      "low_freq_factor",
+    ),
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"hidden_act": "relu2"}, "hidden_act"),
     ({"quantization_config": {"quant_method": "gptq"}}, "gptq"),
     ({"pruned_heads": {"0": [1]}}, "pruned_heads"),
-])
+  ],
+)
 def test_config_keys_that_change_the_computation_are_named(tmp_path, changes, match):
   path = _copy_fixture(tmp_path)
   _edit_config(path, **changes)
@@ -470,8 +530,9 @@ def test_config_keys_that_change_the_computation_are_named(tmp_path, changes, ma
 def test_missing_unexpected_and_misshapen_tensors_are_named(tmp_path):
   path = _copy_fixture(tmp_path)
   _rewrite_tensors(path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-  with pytest.raises(models.CheckpointError,
-                     match=r"missing tensors \['model.layers.1.mlp.up_proj.weight'\]"):
+  with pytest.raises(
+    models.CheckpointError, match=r"missing tensors \['model.layers.1.mlp.up_proj.weight'\]"
+  ):
     models.from_pretrained(str(path))
   path = _copy_fixture(tmp_path / "b")
   _rewrite_tensors(path, lambda t: t.update(extra=np.zeros(3, np.float32)))
@@ -479,9 +540,11 @@ def test_missing_unexpected_and_misshapen_tensors_are_named(tmp_path):
     models.from_pretrained(str(path))
   path = _copy_fixture(tmp_path / "c")
   _edit_config(path, intermediate_size=65)
-  with pytest.raises(models.CheckpointError,
-                     match=r"gate_proj.weight' has shape \(64, 32\), the config implies "
-                           r"\(65, 32\)"):
+  with pytest.raises(
+    models.CheckpointError,
+    match=r"gate_proj.weight' has shape \(64, 32\), the config implies "
+    r"\(65, 32\)",
+  ):
     models.from_pretrained(str(path))
 
 
@@ -498,13 +561,29 @@ def test_bad_dtype_and_mesh(tmp_path):
 
 
 def test_older_rope_and_window_layouts_map_as_transformers_reads_them():
-  base = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-              num_attention_heads=4, num_key_value_heads=2)
+  base = dict(
+    vocab_size=32,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+  )
   llama = architectures.architecture(dict(base, model_type="llama"))
-  cfg = llama.build(dict(base, model_type="llama", rope_theta=500000.0,
-                         rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 8192}))
+  cfg = llama.build(
+    dict(
+      base,
+      model_type="llama",
+      rope_theta=500000.0,
+      rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+      },
+    )
+  )
   assert cfg.attention.rope_theta == 500000.0
   assert dict(cfg.attention.rope_scaling)["type"] == "llama3"
   qwen = dict(base, model_type="qwen2", sliding_window=8, max_window_layers=2)
@@ -512,14 +591,20 @@ def test_older_rope_and_window_layouts_map_as_transformers_reads_them():
   assert [cfg.attention_for(i).window for i in range(4)] == [None, None, 7, 7]
   cfg = architectures.architecture(qwen).build(qwen)  # use_sliding_window: false by default
   assert cfg.layer_attention is None and cfg.attention.window is None
-  gemma3 = dict(base, model_type="gemma3_text", head_dim=8, rope_theta=1e6,
-                rope_local_base_freq=1e4, sliding_window_pattern=2,
-                rope_scaling={"rope_type": "linear", "factor": 8.0})
+  gemma3 = dict(
+    base,
+    model_type="gemma3_text",
+    head_dim=8,
+    rope_theta=1e6,
+    rope_local_base_freq=1e4,
+    sliding_window_pattern=2,
+    rope_scaling={"rope_type": "linear", "factor": 8.0},
+  )
   cfg = architectures.architecture(gemma3).build(gemma3)
   local, full = cfg.attention_for(0), cfg.attention_for(1)
   assert (local.rope_theta, local.rope_scaling, local.window) == (1e4, None, 4095)
   assert full.rope_theta == 1e6 and dict(full.rope_scaling) == {"type": "linear", "factor": 8.0}
-  assert full.window is None and cfg.embed_scale == pytest.approx(32 ** 0.5)
+  assert full.window is None and cfg.embed_scale == pytest.approx(32**0.5)
 
 
 def test_older_gpt2_checkpoints_without_prefix_and_with_mask_buffers(tmp_path):
@@ -527,7 +612,7 @@ def test_older_gpt2_checkpoints_without_prefix_and_with_mask_buffers(tmp_path):
 
   def strip(tensors):
     for name in list(tensors):
-      tensors[name[len("transformer."):]] = tensors.pop(name)
+      tensors[name[len("transformer.") :]] = tensors.pop(name)
     tensors["h.0.attn.bias"] = np.tril(np.ones((1, 1, 64, 64), np.float32))
     tensors["h.0.attn.masked_bias"] = np.array(-1e4, np.float32)
 
@@ -546,33 +631,49 @@ def test_older_gpt2_checkpoints_without_prefix_and_with_mask_buffers(tmp_path):
 def _model_type_strings(path: pathlib.Path) -> list[str]:
   """Model-type string constants of a module outside ``model_type = "..."`` class attributes."""
   tree = ast.parse(path.read_text())
-  own = {id(node.value) for node in ast.walk(tree)
-         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-         and [getattr(t, "id", None) for t in node.targets] == ["model_type"]}
-  return [f"{path.name}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
-          if isinstance(node, ast.Constant) and node.value in models.SUPPORTED
-          and id(node) not in own]
+  own = {
+    id(node.value)
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Assign)
+    and isinstance(node.value, ast.Constant)
+    and [getattr(t, "id", None) for t in node.targets] == ["model_type"]
+  }
+  return [
+    f"{path.name}:{node.lineno}: {node.value!r}"
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Constant) and node.value in models.SUPPORTED and id(node) not in own
+  ]
 
 
 def test_no_model_type_string_in_shared_code():
-  found = [hit for path in sorted((ROOT / "attnjax" / "models").glob("*.py"))
-           for hit in _model_type_strings(path)]
+  found = [
+    hit
+    for path in sorted((ROOT / "attnjax" / "models").glob("*.py"))
+    for hit in _model_type_strings(path)
+  ]
   assert not found, found
   # Each registered class names its model type once.
   tree = ast.parse((ROOT / "attnjax" / "_src" / "models" / "architectures.py").read_text())
-  named = [node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-           and isinstance(node.value, ast.Constant)
-           and [getattr(t, "id", None) for t in node.targets] == ["model_type"]]
+  named = [
+    node.value.value
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Assign)
+    and isinstance(node.value, ast.Constant)
+    and [getattr(t, "id", None) for t in node.targets] == ["model_type"]
+  ]
   assert sorted(named) == sorted(models.SUPPORTED)
 
 
-@pytest.mark.parametrize("doc,detail", [("README.md", "summary"),
-                                        ("docs/guides/models.md", "maps_to")])
+@pytest.mark.parametrize(
+  "doc,detail", [("README.md", "summary"), ("docs/guides/models.md", "maps_to")]
+)
 def test_documentation_tables_are_the_registrys(doc, detail):
   text = (ROOT / doc).read_text()
   table = architectures.architecture_table(detail)
-  assert table in text, (f"{doc}: its model_type table is not the registry's "
-                         f"(architecture_table({detail!r})); paste it:\n{table}")
+  assert table in text, (
+    f"{doc}: its model_type table is not the registry's "
+    f"(architecture_table({detail!r})); paste it:\n{table}"
+  )
   assert text.count("| `model_type` |") == 1, doc
 
 
@@ -589,8 +690,9 @@ def test_an_architecture_is_one_registered_class(tmp_path):
     model = models.from_pretrained(str(path), dtype="float32")
     e = _expected("llama")
     logits = np.asarray(model(jnp.asarray(e["tokens"])))
-    np.testing.assert_allclose(logits, e["logits"],
-                               atol=LOGIT_TOL * float(np.abs(e["logits"]).max()), rtol=0)
+    np.testing.assert_allclose(
+      logits, e["logits"], atol=LOGIT_TOL * float(np.abs(e["logits"]).max()), rtol=0
+    )
     assert "| `llama_stand_in` | as llama |" in architectures.architecture_table("summary")
     with pytest.raises(ValueError, match="llama_stand_in.*already registered"):
       architectures.register(StandIn)
@@ -612,16 +714,27 @@ def test_model_config_round_trips_and_old_dicts_load():
   back = nn.ModelConfig.from_dict(json.loads(json.dumps(mcfg.to_dict())))
   assert back == mcfg
   old = nn.ModelConfig().to_dict()
-  for name in ("norm_placement", "mlp_activation", "mlp_bias", "num_experts",
-               "experts_per_token", "moe_alpha", "moe_limit", "learned_positions", "embed_scale",
-               "final_softcap"):
+  for name in (
+    "norm_placement",
+    "mlp_activation",
+    "mlp_bias",
+    "num_experts",
+    "experts_per_token",
+    "moe_alpha",
+    "moe_limit",
+    "learned_positions",
+    "embed_scale",
+    "final_softcap",
+  ):
     old.pop(name)
   for name in ("qkv_bias", "out_bias", "rope_scaling"):
     old["attention"].pop(name)
   assert nn.ModelConfig.from_dict(old) == nn.ModelConfig()
 
 
-@pytest.mark.parametrize("changes,error,match", [
+@pytest.mark.parametrize(
+  "changes,error,match",
+  [
     (dict(norm="gemma"), ValueError, "norm"),
     (dict(norm_placement="middle"), ValueError, "norm_placement"),
     (dict(mlp="swiglu", mlp_activation="gelu_exact"), ValueError, "mlp_activation"),
@@ -629,19 +742,25 @@ def test_model_config_round_trips_and_old_dicts_load():
     (dict(num_experts=4), ValueError, "num_experts"),
     (dict(final_softcap=-1.0), ValueError, "final_softcap"),
     (dict(learned_positions=0), ValueError, "learned_positions"),
-])
+  ],
+)
 def test_model_config_rejects_bad_fields_by_name(changes, error, match):
   with pytest.raises(error, match=match):
     nn.ModelConfig(**changes)
 
 
-@pytest.mark.parametrize("kwargs,match", [
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
     (dict(rope_scaling={"type": "ntk"}), "rope_scaling"),
     (dict(rope_scaling={"type": "linear"}), "factor"),
     (dict(rope_scaling={"type": "linear", "factor": 2.0}, rope_theta=None), "rope_theta"),
-    (dict(family="qk_norm", qk_norm_scope="projection", qk_norm_placement="after_rope"),
-     "qk_norm_scope"),
-])
+    (
+      dict(family="qk_norm", qk_norm_scope="projection", qk_norm_placement="after_rope"),
+      "qk_norm_scope",
+    ),
+  ],
+)
 def test_attention_config_rejects_bad_new_fields_by_name(kwargs, match):
   with pytest.raises((TypeError, ValueError), match=match):
     nn.AttentionConfig(**kwargs)
@@ -661,14 +780,14 @@ def test_mesh_places_each_parameter_by_the_logical_rules():
   blk = sharded.blocks[0]
   P = jax.sharding.PartitionSpec
   expected = {
-      "q_proj": (blk.attention.q_proj.kernel, P(None, "model")),     # embed, heads
-      "o_proj": (blk.attention.o_proj.kernel, P("model", None)),     # heads, embed
-      "k_proj": (blk.attention.k_proj.kernel, P(None, "model")),
-      "gate": (blk.mlp.gate, P(None, None, "model")),                  # experts, embed, mlp
-      "down": (blk.mlp.down, P(None, "model", None)),
-      "embed": (sharded.embed.embedding, P("model", None)),            # vocab, embed
-      "head": (sharded.head.kernel, P(None, "model")),
-      "sinks": (blk.attention.sink_logits, P("model")),
+    "q_proj": (blk.attention.q_proj.kernel, P(None, "model")),  # embed, heads
+    "o_proj": (blk.attention.o_proj.kernel, P("model", None)),  # heads, embed
+    "k_proj": (blk.attention.k_proj.kernel, P(None, "model")),
+    "gate": (blk.mlp.gate, P(None, None, "model")),  # experts, embed, mlp
+    "down": (blk.mlp.down, P(None, "model", None)),
+    "embed": (sharded.embed.embedding, P("model", None)),  # vocab, embed
+    "head": (sharded.head.kernel, P(None, "model")),
+    "sinks": (blk.attention.sink_logits, P("model")),
   }
   for what, (variable, spec) in expected.items():
     value = variable[...]
@@ -686,18 +805,24 @@ def test_mesh_places_each_parameter_by_the_logical_rules():
   # longer than the widest of the model's dimensions and the sequence.
   with open(os.path.join(path, "config.json")) as f:
     c = json.load(f)
-  length = max(c["hidden_size"], c["intermediate_size"], c["num_attention_heads"] * c["head_dim"],
-               tokens.shape[1])
-  tol = reduction_tolerance(jnp.float32, length, depth=12 * c["num_hidden_layers"] + 2,
-                            scale=float(np.abs(want).max()))
+  length = max(
+    c["hidden_size"],
+    c["intermediate_size"],
+    c["num_attention_heads"] * c["head_dim"],
+    tokens.shape[1],
+  )
+  tol = reduction_tolerance(
+    jnp.float32, length, depth=12 * c["num_hidden_layers"] + 2, scale=float(np.abs(want).max())
+  )
   err = float(np.abs(logits - want).max())
   assert err <= tol, f"sharded logits differ by {err:.3g} > {tol:.3g}"
 
 
 def test_logical_rules_follow_the_mesh_axes():
   devices = np.array(jax.devices()[:1]).reshape(1, 1)
-  assert models.logical_rules(jax.sharding.Mesh(devices, ("data", "model"))) == \
-      nn.LOGICAL_AXIS_RULES
+  assert (
+    models.logical_rules(jax.sharding.Mesh(devices, ("data", "model"))) == nn.LOGICAL_AXIS_RULES
+  )
   rules = dict(models.logical_rules(jax.sharding.Mesh(devices, ("fsdp", "tensor"))))
   assert rules == {"embed": "fsdp", "heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
 
@@ -709,9 +834,15 @@ def test_logical_rules_follow_the_mesh_axes():
 def test_live_random_llama_against_transformers(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  config = transformers.LlamaConfig(vocab_size=64, hidden_size=24, intermediate_size=40,
-                                    num_hidden_layers=2, num_attention_heads=3,
-                                    num_key_value_heads=1, tie_word_embeddings=False)
+  config = transformers.LlamaConfig(
+    vocab_size=64,
+    hidden_size=24,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    num_key_value_heads=1,
+    tie_word_embeddings=False,
+  )
   torch.manual_seed(0)
   hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
   with torch.no_grad():
@@ -721,8 +852,9 @@ def test_live_random_llama_against_transformers(tmp_path):
   tokens = np.random.default_rng(0).integers(0, 64, (2, 16))
   with torch.no_grad():
     expected = hf(torch.from_numpy(tokens)).logits.numpy()
-  ours = _forward(models.from_pretrained(str(tmp_path), dtype="float32"),
-                  jnp.asarray(tokens, jnp.int32))
+  ours = _forward(
+    models.from_pretrained(str(tmp_path), dtype="float32"), jnp.asarray(tokens, jnp.int32)
+  )
   assert np.abs(np.asarray(ours) - expected).max() <= LOGIT_TOL * np.abs(expected).max()
 
 
@@ -743,9 +875,11 @@ def test_import_attnjax_does_not_load_flax_or_models():
   import subprocess
   import sys
 
-  code = ("import sys, attnjax; assert 'flax' not in sys.modules; "
-          "assert 'attnjax._src.models' not in sys.modules; "
-          "m = attnjax.models; assert m.from_pretrained and 'flax' in sys.modules")
+  code = (
+    "import sys, attnjax; assert 'flax' not in sys.modules; "
+    "assert 'attnjax._src.models' not in sys.modules; "
+    "m = attnjax.models; assert m.from_pretrained and 'flax' in sys.modules"
+  )
   subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
 
@@ -758,7 +892,8 @@ def _experiment():
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   spec = importlib.util.spec_from_file_location(
-      "pretrained_experiment", os.path.join(root, "experiments", "pretrained.py"))
+    "pretrained_experiment", os.path.join(root, "experiments", "pretrained.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module, os.path.join(root, "experiments", "configs", "pretrained.py")
@@ -771,14 +906,28 @@ def test_experiment_statistics_equal_transformers_and_write_the_run(tmp_path):
   ids = np.concatenate([e["tokens"][0], e["tokens"][1], [7]]).astype(np.int64)
   np.save(tmp_path / "tokens.npy", ids)
   out = tmp_path / "run"
-  experiment.main(["--model", os.path.join(FIXTURES, "gpt_oss"), "--text",
-                   str(tmp_path / "tokens.npy"), "--config", config + ":preset=cpu",
-                   "--config.seq_len=24", "--config.num_sequences=2", "--config.add_bos=False",
-                   "--config.dtype=float32", "--config.loss_chunk=5", "--out", str(out)])
+  experiment.main(
+    [
+      "--model",
+      os.path.join(FIXTURES, "gpt_oss"),
+      "--text",
+      str(tmp_path / "tokens.npy"),
+      "--config",
+      config + ":preset=cpu",
+      "--config.seq_len=24",
+      "--config.num_sequences=2",
+      "--config.add_bos=False",
+      "--config.dtype=float32",
+      "--config.loss_chunk=5",
+      "--out",
+      str(out),
+    ]
+  )
   results = json.loads((out / "results.json").read_text())
   assert results["tokens"] == 24 and results["sequences"] == 2
-  np.testing.assert_allclose(results["first_token_weight"], e["sink_mass"].mean(axis=1),
-                             atol=SINK_TOL, rtol=0)
+  np.testing.assert_allclose(
+    results["first_token_weight"], e["sink_mass"].mean(axis=1), atol=SINK_TOL, rtol=0
+  )
   null = np.asarray(results["null_mass"])  # gpt-oss's sink logits take part of every row
   assert null.shape == (2, 4) and np.all(null > 0) and np.all(null < 1)
   targets = np.stack([ids[1:25], ids[25:49]])
@@ -806,9 +955,17 @@ def test_experiment_statistics_equal_transformers_and_write_the_run(tmp_path):
 def test_experiment_reads_text_through_the_tokenizer_or_says_what_is_missing(tmp_path):
   experiment, config = _experiment()
   (tmp_path / "text.txt").write_text("To be, or not to be: that is the question. " * 4)
-  argv = ["--model", os.path.join(FIXTURES, "llama"), "--text", str(tmp_path / "text.txt"),
-          "--config", config + ":preset=cpu", "--config.seq_len=32", "--out",
-          str(tmp_path / "run")]
+  argv = [
+    "--model",
+    os.path.join(FIXTURES, "llama"),
+    "--text",
+    str(tmp_path / "text.txt"),
+    "--config",
+    config + ":preset=cpu",
+    "--config.seq_len=32",
+    "--out",
+    str(tmp_path / "run"),
+  ]
   try:
     import tokenizers  # noqa: F401
   except ImportError:
@@ -829,8 +986,18 @@ def test_experiment_without_tokenizer_json_ends_in_one_line_naming_the_file(tmp_
     (ckpt / name).symlink_to(os.path.join(FIXTURES, "llama", name))
   (tmp_path / "text.txt").write_text("some text")
   with pytest.raises(SystemExit) as info:
-    experiment.main(["--model", str(ckpt), "--text", str(tmp_path / "text.txt"), "--config",
-                     config + ":preset=cpu", "--out", str(tmp_path / "run")])
+    experiment.main(
+      [
+        "--model",
+        str(ckpt),
+        "--text",
+        str(tmp_path / "text.txt"),
+        "--config",
+        config + ":preset=cpu",
+        "--out",
+        str(tmp_path / "run"),
+      ]
+    )
   message = str(info.value.code)
   assert message.startswith("pretrained.py: error: ") and "\n" not in message
   assert str(ckpt / "tokenizer.json") in message and ".npy" in message

@@ -25,8 +25,9 @@ def qkv():
 def test_alibi_slopes():
   np.testing.assert_allclose(mods.alibi_slopes(8), 2.0 ** -np.arange(1, 9), rtol=1e-6)
   # Not a power of two: the 4-head slopes, then every other 8-head slope.
-  np.testing.assert_allclose(mods.alibi_slopes(6),
-                             [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3], rtol=1e-6)
+  np.testing.assert_allclose(
+    mods.alibi_slopes(6), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3], rtol=1e-6
+  )
   with pytest.raises(ValueError, match="num_heads"):
     mods.alibi_slopes(0)
 
@@ -36,8 +37,7 @@ def test_alibi_equals_explicit_bias(qkv):
   slopes = mods.alibi_slopes(N)
   i, j = np.arange(T)[:, None], np.arange(T)[None, :]
   bias = -slopes[:, None, None] * np.abs(i - j)[None]  # [N, T, S]
-  got = _ref(q, k, v, score_mod=mods.alibi, score_mod_args=(jnp.asarray(slopes),),
-             is_causal=True)
+  got = _ref(q, k, v, score_mod=mods.alibi, score_mod_args=(jnp.asarray(slopes),), is_causal=True)
   want = _ref(q, k, v, bias=jnp.asarray(bias[None], jnp.float32), is_causal=True)
   assert_close(got, want, "alibi", rtol=1e-5, atol=1e-5)
 
@@ -99,13 +99,22 @@ def _mask_case(name):
     return dict(mask_mod=mods.document_mask, mask_mod_args=(jnp.asarray(ids),)), mask[:, None]
   if name == "causal_document":
     mask = (ids[:, :, None] == ids[:, None, :]) & (j <= i)[None]
-    return (dict(mask_mod=mods.causal_document_mask, mask_mod_args=(jnp.asarray(ids),)),
-            mask[:, None])
+    return (
+      dict(mask_mod=mods.causal_document_mask, mask_mod_args=(jnp.asarray(ids),)),
+      mask[:, None],
+    )
   raise AssertionError(name)
 
 
-MASKS = ["causal", "sliding_window", "chunked", "chunked_bidirectional", "prefix_lm", "document",
-         "causal_document"]
+MASKS = [
+  "causal",
+  "sliding_window",
+  "chunked",
+  "chunked_bidirectional",
+  "prefix_lm",
+  "document",
+  "causal_document",
+]
 
 
 @pytest.mark.parametrize("name", MASKS)
@@ -119,14 +128,14 @@ def test_mask_mods_equal_explicit_masks(name, qkv):
 
 
 PATTERNS = [
-    ("causal", patterns.causal()),
-    ("sliding_window", patterns.sliding_window(3, 1)),
-    ("strided", patterns.strided(4)),
-    ("fixed", patterns.fixed(5, 2)),
-    ("global_window", patterns.global_window(2, (3, 3))),
-    ("bigbird", patterns.bigbird(4, 1, 1, 1, seed=3)),
-    ("sinks_window", patterns.sinks_window(2, 4)),
-    ("union", patterns.sliding_window(2) | patterns.strided(5)),
+  ("causal", patterns.causal()),
+  ("sliding_window", patterns.sliding_window(3, 1)),
+  ("strided", patterns.strided(4)),
+  ("fixed", patterns.fixed(5, 2)),
+  ("global_window", patterns.global_window(2, (3, 3))),
+  ("bigbird", patterns.bigbird(4, 1, 1, 1, seed=3)),
+  ("sinks_window", patterns.sinks_window(2, 4)),
+  ("union", patterns.sliding_window(2) | patterns.strided(5)),
 ]
 
 
@@ -144,8 +153,13 @@ def test_and_combines_masks(qkv):
   both = mods.And((mods.causal_mask, mods.document_mask), (0, 1))
   ids = jnp.asarray(np.stack([np.arange(T) // 7] * B), jnp.int32)
   got = _ref(q, k, v, mask_mod=both, mask_mod_args=(ids,))
-  assert_close(got, _ref(q, k, v, mask_mod=mods.causal_document_mask, mask_mod_args=(ids,)),
-               "and", rtol=1e-6, atol=1e-6)
+  assert_close(
+    got,
+    _ref(q, k, v, mask_mod=mods.causal_document_mask, mask_mod_args=(ids,)),
+    "and",
+    rtol=1e-6,
+    atol=1e-6,
+  )
 
 
 @pytest.mark.parametrize("name", ["document", "causal_document"])
@@ -154,12 +168,12 @@ def test_document_masks_with_block_rules_over_many_blocks(name):
   # id ranges, and only the causal rule can say that those above the diagonal must be skipped
   # and those on it masked (traced ids: the jitted call classifies blocks from the rule).
   from attnjax._src.kernels import blockwise
+
   q, k, v = rand_qkv(1, 32, 32, 2, 1, 8, seed=3)
   ids = jnp.asarray(np.arange(32)[None] // 16, jnp.int32)
   fn = mods.document_mask if name == "document" else mods.causal_document_mask
   allowed = ids[:, :, None] == ids[:, None, :]
   if name == "causal_document":
     allowed = allowed & jnp.tril(jnp.ones((32, 32), bool))[None]
-  got = blockwise.attention(q, k, v, block_q=8, block_k=8, mask_mod=fn,
-                                        mask_mod_args=(ids,))
+  got = blockwise.attention(q, k, v, block_q=8, block_k=8, mask_mod=fn, mask_mod_args=(ids,))
   assert_close(got, _ref(q, k, v, mask=allowed[:, None]), name, rtol=1e-5, atol=1e-5)

@@ -41,14 +41,18 @@ TOL = 1.5e-2
 BLOCKS = mosaic_gpu.BlockSizes(block_q=64, block_k=64, num_stages=2)
 T, S = 100, 130
 STRUCTURES = {
-    "causal": dict(is_causal=True),
-    "window": dict(window=(70, 10)),
-    "bidirectional": dict(),
-    # two packed sequences per row, boundaries inside blocks; causal within each. Row 1's key
-    # block 0 (keys 0..63, segment 0) cannot meet query block 1 (rows 64.., segment 1): skipped.
-    "segments": dict(is_causal=True, segment_ids=(
-        np.asarray([[0] * 13 + [1] * 87, [0] * 64 + [1] * 36]),
-        np.asarray([[0] * 13 + [1] * 117, [0] * 64 + [1] * 66]))),
+  "causal": dict(is_causal=True),
+  "window": dict(window=(70, 10)),
+  "bidirectional": dict(),
+  # two packed sequences per row, boundaries inside blocks; causal within each. Row 1's key
+  # block 0 (keys 0..63, segment 0) cannot meet query block 1 (rows 64.., segment 1): skipped.
+  "segments": dict(
+    is_causal=True,
+    segment_ids=(
+      np.asarray([[0] * 13 + [1] * 87, [0] * 64 + [1] * 36]),
+      np.asarray([[0] * 13 + [1] * 117, [0] * 64 + [1] * 66]),
+    ),
+  ),
 }
 NORMS = normalizers.NORMALIZERS
 # jax 0.10.2's interpreter runs another program than the compiled one (register dots for the
@@ -56,20 +60,34 @@ NORMS = normalizers.NORMALIZERS
 # slower than jax 0.12's (107 s against 15 s for one three-program call): there the value
 # tests run one forward case; the py3.13 run (jax 0.12: the compiled path's code) runs all.
 compiled_interpreter = pytest.mark.skipif(
-    not mplan.INTERPRETER_RUNS_LAYOUTS,
-    reason="jax < 0.12: the interpreter runs another program than the compiled one, slowly; "
-           "the jax 0.12 run checks these values")
+  not mplan.INTERPRETER_RUNS_LAYOUTS,
+  reason="jax < 0.12: the interpreter runs another program than the compiled one, slowly; "
+  "the jax 0.12 run checks these values",
+)
 
 
-def _inputs(structure, normalizer, *, gqa=True, dtype=jnp.bfloat16, sink=False, softcap=None,
-            scale=None, stats=False, H=64, seed=0, lengths=(T, S)):
+def _inputs(
+  structure,
+  normalizer,
+  *,
+  gqa=True,
+  dtype=jnp.bfloat16,
+  sink=False,
+  softcap=None,
+  scale=None,
+  stats=False,
+  H=64,
+  seed=0,
+  lengths=(T, S),
+):
   # Two query heads (a group of two per key head under GQA): the interpreter's time grows
   # with the heads, and the kernels' grids treat every head alike.
   N, K = (2, 1) if gqa else (2, 2)
   q, k, v = rand_qkv(B=2, T=lengths[0], S=lengths[1], N=N, K=K, H=H, seed=seed)
   q, k, v = (x.astype(dtype) for x in (q, k, v))
-  kw = dict(STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale,
-            return_stats=stats)
+  kw = dict(
+    STRUCTURES[structure], normalizer=normalizer, softcap=softcap, scale=scale, return_stats=stats
+  )
   if "segment_ids" in kw:
     kw["segment_ids"] = tuple(jnp.asarray(x) for x in kw["segment_ids"])
   if sink:
@@ -127,10 +145,14 @@ def test_mosaic_gpu_gradients_and_jvp():
     out, st = fn(q, k, v, sink)
     return jnp.sum(out.astype(jnp.float32) * cot) + jnp.sum(jnp.sin(st.logsumexp))
 
-  fast = lambda q, k, v, s: mosaic_gpu.attention(q, k, v, sink_logits=s, block_sizes=BLOCKS,
-                                                 interpret=True, **kw)
-  ref = lambda q, k, v, s: dense.reference(*dense.prepare(
-      q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), sink_logits=s, **kw))
+  fast = lambda q, k, v, s: mosaic_gpu.attention(
+    q, k, v, sink_logits=s, block_sizes=BLOCKS, interpret=True, **kw
+  )
+  ref = lambda q, k, v, s: dense.reference(
+    *dense.prepare(
+      q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), sink_logits=s, **kw
+    )
+  )
   g_fast = jax.jit(jax.grad(lambda *a: loss(fast, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
   g_ref = jax.jit(jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2, 3)))(q, k, v, sink)
   for name, a, b in zip(("dq", "dk", "dv", "dsink"), g_fast, g_ref):
@@ -138,8 +160,9 @@ def test_mosaic_gpu_gradients_and_jvp():
   t = tuple(0.5 * x for x in (q, k, v))
   of, jf = jax.jit(lambda t: jax.jvp(lambda q, k, v: fast(q, k, v, sink)[0], (q, k, v), t))(t)
   up = lambda xs: tuple(x.astype(jnp.float32) for x in xs)
-  orf, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink)[0], up((q, k, v)),
-                                      up(t)))(t)
+  orf, jr = jax.jit(lambda t: jax.jvp(lambda q, k, v: ref(q, k, v, sink)[0], up((q, k, v)), up(t)))(
+    t
+  )
   assert_close(of, orf, "values (segments, sink logits)", rtol=0, atol=TOL, scaled=True)
   assert_close(jf, jr, "jvp", rtol=0, atol=TOL, scaled=True)
 
@@ -156,15 +179,18 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
   c = mkernel.make_plan(inputs, opts, block_sizes or BLOCKS, interpret=True)
   rng = np.random.default_rng(5)
   cot = jnp.asarray(rng.standard_normal(q.shape[:3] + (v.shape[-1],)), jnp.float32)
-  d_lse = jnp.asarray(rng.standard_normal((q.shape[0], q.shape[2], T)), jnp.float32) if stats else None
+  d_lse = (
+    jnp.asarray(rng.standard_normal((q.shape[0], q.shape[2], T)), jnp.float32) if stats else None
+  )
 
   def kernels(q, k, v, sink):
     segs = inputs.q_segment_ids, inputs.kv_segment_ids
     out, rows = mkernel.forward(c, q, k, v, sink, *segs, residuals=True)
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
     has_key = rows["has_key"][..., 0] if stats else None
-    return out, mbackward.backward(c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse,
-                                   has_key, *segs)
+    return out, mbackward.backward(
+      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs
+    )
 
   out, grads = jax.jit(kernels)(q, k, v, sink)
 
@@ -185,9 +211,10 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
       assert_close(a, b, f"{what} {name}", rtol=0, atol=TOL, scaled=True)
 
 
-
-@pytest.mark.skipif(not mplan.INTERPRETER_RUNS_LAYOUTS,
-                    reason="jax < 0.12: the interpreter lacks transposed wgmma and layouts")
+@pytest.mark.skipif(
+  not mplan.INTERPRETER_RUNS_LAYOUTS,
+  reason="jax < 0.12: the interpreter lacks transposed wgmma and layouts",
+)
 def test_interpreter_runs_the_compiled_products():
   """Under jax 0.12 the interpret-mode kernels' products are all wgmmas (no register dot),
   with the compiled path's layout annotations: the values tested here are the compiled
@@ -208,6 +235,7 @@ def test_interpreter_runs_the_compiled_products():
     assert "dot_general" not in text
     assert "wgmma" in text and "layout_cast" in text
 
+
 @compiled_interpreter
 @pytest.mark.parametrize("normalizer,structure", [("softmax", "window"), ("sigmoid", "causal")])
 def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, structure):
@@ -215,40 +243,47 @@ def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, struc
   # last one ragged. Causal: the second consumer visits one block more than the first (the
   # first waits for it and releases it); window (70, 10): in the second program the first
   # consumer starts a block earlier. Every tile is released by both, or the producer hangs.
-  q, k, v, kw = _inputs(structure, normalizer, stats=True, sink=normalizer == "softmax",
-                        lengths=(300, 300))
+  q, k, v, kw = _inputs(
+    structure, normalizer, stats=True, sink=normalizer == "softmax", lengths=(300, 300)
+  )
   inputs, opts = dense.prepare(q, k, v, **kw)
   c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
   assert (c.Tp, c.Tp // (mplan.CONSUMERS * c.bq)) == (384, 3)
-  fn = lambda q, k, v: mosaic_gpu.run(*dense.prepare(q, k, v, **kw), interpret=True,
-                                      block_sizes=BLOCKS)
+  fn = lambda q, k, v: mosaic_gpu.run(
+    *dense.prepare(q, k, v, **kw), interpret=True, block_sizes=BLOCKS
+  )
   text = str(jax.make_jaxpr(fn)(q, k, v))
   # a producer and two consumers, registers moved between them
   assert "num_threads=3" in text and text.count("set_max_registers") == 2
   (got, got_stats), (want, want_stats) = jax.jit(fn)(q, k, v), _reference(q, k, v, kw)
   assert_close(got, want, f"{normalizer} {structure} T=300", rtol=0, atol=TOL, scaled=True)
   for field in ("sink_mass", "entropy", "logsumexp"):
-    assert_close(getattr(got_stats, field), getattr(want_stats, field), field, rtol=0,
-                 atol=1e-5, scaled=True)
+    assert_close(
+      getattr(got_stats, field), getattr(want_stats, field), field, rtol=0, atol=1e-5, scaled=True
+    )
 
 
 BACKWARD_CASES = [
-    # 64 x 128 tiles (dk/dv tiles [64 keys, 64 queries]): the transposed row lowering
-    ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True,
-                               block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
-    # segment ids: blocks skipped at run time in both kernels; sigmoid's counts pre-pass
-    ("sigmoid", "segments", dict(gqa=True, stats=True)),
-    # no row input at all (no D_i: reads_row_dot is False; no residual, no statistics)
-    ("none", "window", dict(gqa=False)),
-    # 128-key tiles in the forward and dq, 64-key dk/dv programs (DKDV_BLOCK_K), whose key
-    # blocks' segment ranges are their own
-    ("softpick", "segments", dict(block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
+  # 64 x 128 tiles (dk/dv tiles [64 keys, 64 queries]): the transposed row lowering
+  (
+    "softmax",
+    "causal",
+    dict(sink=True, softcap=5.0, stats=True, block_sizes=mosaic_gpu.BlockSizes(64, 128, 2)),
+  ),
+  # segment ids: blocks skipped at run time in both kernels; sigmoid's counts pre-pass
+  ("sigmoid", "segments", dict(gqa=True, stats=True)),
+  # no row input at all (no D_i: reads_row_dot is False; no residual, no statistics)
+  ("none", "window", dict(gqa=False)),
+  # 128-key tiles in the forward and dq, 64-key dk/dv programs (DKDV_BLOCK_K), whose key
+  # blocks' segment ranges are their own
+  ("softpick", "segments", dict(block_sizes=mosaic_gpu.BlockSizes(64, 128, 2))),
 ]
 
 
 @compiled_interpreter
-@pytest.mark.parametrize("normalizer,structure,kw", BACKWARD_CASES,
-                         ids=[f"{n}-{s}" for n, s, _ in BACKWARD_CASES])
+@pytest.mark.parametrize(
+  "normalizer,structure,kw", BACKWARD_CASES, ids=[f"{n}-{s}" for n, s, _ in BACKWARD_CASES]
+)
 def test_mosaic_gpu_backward_kernels_interpret(normalizer, structure, kw):
   check_backward_kernels(normalizer, structure, **kw)
 
@@ -261,7 +296,7 @@ def _single_key_softpick(T_=100, H=64):
   for r in (13, 30):
     for n, z in enumerate((0.001, 0.01)):
       kr = k[:, r, 0]
-      q[:, r, n] = kr * (z * H ** 0.5 / np.sum(kr * kr, axis=-1, keepdims=True))
+      q[:, r, n] = kr * (z * H**0.5 / np.sum(kr * kr, axis=-1, keepdims=True))
   seg = jnp.asarray(np.repeat(np.cumsum(np.isin(np.arange(T_), (13, 30)))[None], 2, 0))
   return (*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), seg)
 
@@ -279,6 +314,7 @@ def test_mosaic_gpu_softpick_backward_keeps_each_rows_precision():
   # by most of their scale; D is now summed from the tiles in float32
   # (Normalizer.row_dot_from_tiles, as pallas_gpu). Each row against float64, on its scale.
   from test_pallas_gpu import row_errors
+
   q, k, v, seg = _single_key_softpick()
   inputs, opts = dense.prepare(q, k, v, is_causal=True, segment_ids=seg, normalizer="softpick")
   c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
@@ -296,7 +332,7 @@ def test_mosaic_gpu_softpick_backward_keeps_each_rows_precision():
     f64 = lambda x: np.asarray(x, np.float64)
     exact = jax.grad(_softpick_f64, (0, 1, 2))(f64(q), f64(k), f64(v), seg, f64(cot))
     exact = [np.asarray(x) for x in exact]
-  tol = 16 * 2.0 ** -8  # bfloat16 dO, weights, dS and result (2^-9 each); a row's sums
+  tol = 16 * 2.0**-8  # bfloat16 dO, weights, dS and result (2^-9 each); a row's sums
   for name, a, b in zip(("dq", "dk", "dv"), got, exact):
     err = row_errors(a, b)
     worst = np.unravel_index(np.argmax(err), err.shape)
@@ -305,11 +341,17 @@ def test_mosaic_gpu_softpick_backward_keeps_each_rows_precision():
 
 @compiled_interpreter
 @pytest.mark.slow
-@pytest.mark.parametrize("normalizer,structure,gqa", list(itertools.product(
-    NORMS, STRUCTURES, (True, False))))
+@pytest.mark.parametrize(
+  "normalizer,structure,gqa", list(itertools.product(NORMS, STRUCTURES, (True, False)))
+)
 def test_mosaic_gpu_backward_kernels_interpret_everywhere(normalizer, structure, gqa):
-  check_backward_kernels(normalizer, structure, gqa=gqa, stats=True,
-                         sink=normalizers.REGISTRY[normalizer].accepts_sink_logits)
+  check_backward_kernels(
+    normalizer,
+    structure,
+    gqa=gqa,
+    stats=True,
+    sink=normalizers.REGISTRY[normalizer].accepts_sink_logits,
+  )
 
 
 @pytest.mark.parametrize("normalizer", NORMS)
@@ -330,14 +372,22 @@ def test_row_lowering_equals_the_normaliser(normalizer):
 
   flat = lambda x: None if x is None else x[:, 0]
   row_r = mplan.lower_rows(nz.row_inputs, R)(flat(sink), flat(counts))
-  init = {k: (x[:, 0] if x.shape[-1] == 1 else x) for k, x in nz.init((R, 1), (R, Hv), True).items()}
-  st_r = mplan.lower_rows(lambda st, z, a, row, pv_: nz.visit(st, z, a, pv_, row, True, True), R,
-                          pv=pv, hv=Hv)(init, z, allowed, row_r)
+  init = {
+    k: (x[:, 0] if x.shape[-1] == 1 else x) for k, x in nz.init((R, 1), (R, Hv), True).items()
+  }
+  st_r = mplan.lower_rows(
+    lambda st, z, a, row, pv_: nz.visit(st, z, a, pv_, row, True, True), R, pv=pv, hv=Hv
+  )(init, z, allowed, row_r)
   got = mplan.lower_rows(lambda st, row: nz.finish(st, row, True), R)(st_r, row_r)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
     a = np.asarray(a)
-    np.testing.assert_allclose(np.reshape(np.asarray(b), a.shape), a, rtol=1e-6, atol=1e-6,
-                               err_msg=f"{normalizer} {jax.tree_util.keystr(path)}")
+    np.testing.assert_allclose(
+      np.reshape(np.asarray(b), a.shape),
+      a,
+      rtol=1e-6,
+      atol=1e-6,
+      err_msg=f"{normalizer} {jax.tree_util.keystr(path)}",
+    )
 
 
 @pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
@@ -373,8 +423,9 @@ def test_reads_row_dot_is_honest(normalizer):
   allowed = jnp.asarray(rng.random((R, tk)) > 0.3)
   counts = jnp.sum(allowed, axis=1, keepdims=True).astype(jnp.float32)
   row = nz.row_inputs(None, counts)
-  st = nz.visit(nz.init((R, 1), (R, 4), True), z, allowed, lambda w: w @ jnp.ones((tk, 4)),
-                row, True, True)
+  st = nz.visit(
+    nz.init((R, 1), (R, 4), True), z, allowed, lambda w: w @ jnp.ones((tk, 4)), row, True, True
+  )
   _, res, _ = nz.finish(st, row, True)
   d_lse = jnp.asarray(rng.standard_normal((R, 1)), jnp.float32)
   rule = lambda row_dot: nz.tile_backward(z, allowed, dp, res, row_dot, d_lse)[1]
@@ -385,13 +436,21 @@ def test_reads_row_dot_is_honest(normalizer):
     np.testing.assert_array_equal(rule(None), rule(dot))
 
 
-@pytest.mark.parametrize("structure", [dict(is_causal=True), dict(window=(70, 10)),
-                                       dict(window=(0, 200)), dict(is_causal=True, window=(5, 0)),
-                                       dict()])
+@pytest.mark.parametrize(
+  "structure",
+  [
+    dict(is_causal=True),
+    dict(window=(70, 10)),
+    dict(window=(0, 200)),
+    dict(is_causal=True, window=(5, 0)),
+    dict(),
+  ],
+)
 def test_block_bounds_skip_exactly_the_blocks_without_an_allowed_pair(structure):
   """Visited blocks are those with an allowed pair; unmasked ones those every row attends."""
-  inputs, opts = dense.prepare(*rand_qkv(B=1, T=T, S=S, N=1, K=1, H=64, dtype=jnp.bfloat16),
-                               **structure)
+  inputs, opts = dense.prepare(
+    *rand_qkv(B=1, T=T, S=S, N=1, K=1, H=64, dtype=jnp.bfloat16), **structure
+  )
   c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
   qpos, kpos = np.arange(c.Tp)[:, None], np.arange(c.Sp)[None, :]
   allowed = (kpos < S) & (qpos < T)
@@ -402,9 +461,9 @@ def test_block_bounds_skip_exactly_the_blocks_without_an_allowed_pair(structure)
   for i in range(c.Tp // c.bq):
     q0, q_last = i * c.bq, min(i * c.bq + c.bq, T) - 1
     lo, hi, flo, fhi = (int(x) for x in mkernel.kv_bounds(c, q0, q_last))
-    rows = allowed[q0:q_last + 1]
+    rows = allowed[q0 : q_last + 1]
     for j in range(c.Sp // c.bk):
-      tile = rows[:, j * c.bk:(j + 1) * c.bk]
+      tile = rows[:, j * c.bk : (j + 1) * c.bk]
       assert (lo <= j < hi) == bool(tile.any()), (structure, i, j, lo, hi)
       if flo <= j < fhi:
         assert tile.all(), (structure, i, j, flo, fhi)
@@ -415,9 +474,17 @@ def test_block_bounds_skip_exactly_the_blocks_without_an_allowed_pair(structure)
 def test_mosaic_gpu_names_what_it_cannot_do(monkeypatch):
   q, k, v = rand_qkv(B=1, T=64, N=2, K=1, H=64, dtype=jnp.bfloat16)
   assert mosaic_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True), interpret=True) == []
-  reasons = mosaic_gpu.unsupported(*dense.prepare(
-      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), mask=jnp.ones((1, 1, 64, 64), bool),
-      similarity="neg_sq_euclidean"), interpret=True)
+  reasons = mosaic_gpu.unsupported(
+    *dense.prepare(
+      q,
+      k,
+      v,
+      bias=jnp.zeros((1, 1, 64, 64)),
+      mask=jnp.ones((1, 1, 64, 64), bool),
+      similarity="neg_sq_euclidean",
+    ),
+    interpret=True,
+  )
   assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
   inputs, opts = dense.prepare(*rand_qkv(B=1, T=64, N=2, K=1, H=96), is_causal=True)
   reasons = mosaic_gpu.unsupported(inputs, opts)
@@ -425,8 +492,9 @@ def test_mosaic_gpu_names_what_it_cannot_do(monkeypatch):
   mixed = dataclasses.replace(*dense.prepare(q, k, v)[:1], v=v.astype(jnp.float16))
   assert any("dtypes" in r for r in mosaic_gpu.unsupported(mixed, dense.prepare(q, k, v)[1]))
   with pytest.raises(ValueError, match="mosaic_gpu' does not support bias"):
-    attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 64, 64)),
-                                  implementation="mosaic_gpu")
+    attnjax.dot_product_attention(
+      q, k, v, bias=jnp.zeros((1, 1, 64, 64)), implementation="mosaic_gpu"
+    )
   # named on a host that knows no Hopper target: refused (its wgmmas are sm_90 instructions)
   with pytest.raises(ValueError, match="mosaic_gpu' does not support a GPU of unknown generation"):
     attnjax.dot_product_attention(q, k, v, implementation="mosaic_gpu")
@@ -456,8 +524,19 @@ def test_block_size_table_fits_shared_memory():
 # Deviceless compiles for an H100 and an H200 (jax's CUDA plugin).
 
 
-def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.bfloat16,
-                grad=True, block_sizes=None, T_=512, softcap=30.0):
+def compile_for(
+  target,
+  normalizer,
+  structure,
+  head_dim,
+  *,
+  gqa=True,
+  dtype=jnp.bfloat16,
+  grad=True,
+  block_sizes=None,
+  T_=512,
+  softcap=30.0,
+):
   mesh = targets.mesh(targets.gpu_devices(target, 1))
   rep = NamedSharding(mesh, P())
   N, K = (4, 2) if gqa else (4, 4)
@@ -472,8 +551,9 @@ def compile_for(target, normalizer, structure, head_dim, *, gqa=True, dtype=jnp.
     seg = jax.ShapeDtypeStruct((2, T_), jnp.int32, sharding=rep)
 
   def out(q, k, v, s, seg):
-    return mosaic_gpu.compute(*dense.prepare(q, k, v, sink_logits=s, segment_ids=seg, **kw),
-                              block_sizes=block_sizes)
+    return mosaic_gpu.compute(
+      *dense.prepare(q, k, v, sink_logits=s, segment_ids=seg, **kw), block_sizes=block_sizes
+    )
 
   def loss(*a):
     o, st = out(*a)
@@ -497,13 +577,17 @@ def assert_mosaic(compiled, kernels: int = 1):
 # segment ids and for an elementwise normaliser, on an H200; every normaliser x head dim x
 # structure with -m slow.
 COMPILE_CASES = [
-    ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
-    ("h200", "softpick", "segments", 64, True, jnp.bfloat16),
-    ("h200", "sigmoid", "causal", 128, True, jnp.bfloat16),  # no D_i (reads_row_dot False)
+  ("h100", "softmax", "causal", 128, True, jnp.bfloat16),
+  ("h200", "softpick", "segments", 64, True, jnp.bfloat16),
+  ("h200", "sigmoid", "causal", 128, True, jnp.bfloat16),  # no D_i (reads_row_dot False)
 ]
-SLOW_COMPILE_CASES = [c for c in itertools.product(("h100", "h200"), NORMS, STRUCTURES,
-                                                   (64, 128, 256), (True,), (jnp.bfloat16,))
-                      if c not in COMPILE_CASES]
+SLOW_COMPILE_CASES = [
+  c
+  for c in itertools.product(
+    ("h100", "h200"), NORMS, STRUCTURES, (64, 128, 256), (True,), (jnp.bfloat16,)
+  )
+  if c not in COMPILE_CASES
+]
 
 
 def _cid(case):
@@ -517,8 +601,9 @@ def test_mosaic_gpu_compiles_for_hopper(case):
   # without (approximate exponentials)
   target, normalizer, structure, H, gqa, dtype = case
   softcap = 30.0 if target == "h100" else None
-  assert_mosaic(compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype,
-                            softcap=softcap), 3)
+  assert_mosaic(
+    compile_for(target, normalizer, structure, H, gqa=gqa, dtype=dtype, softcap=softcap), 3
+  )
 
 
 @needs_cuda
@@ -551,8 +636,9 @@ def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
   kv = jax.ShapeDtypeStruct((8, 256, 2, 64), jnp.bfloat16, sharding=spec)
 
   def loss(q, k, v):
-    out, st = dense.dot_product_attention(q, k, v, is_causal=True, normalizer="sigmoid",
-                                          return_stats=True)
+    out, st = dense.dot_product_attention(
+      q, k, v, is_causal=True, normalizer="sigmoid", return_stats=True
+    )
     return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
 
   with jax.set_mesh(mesh):
@@ -567,10 +653,19 @@ def test_mosaic_gpu_inside_shard_map_over_batch_and_heads():
 
 # python -m attnjax.check --kernel mosaic_gpu: its speed shapes compile for an H200.
 @needs_cuda
-@pytest.mark.parametrize("T,causal", [
-    pytest.param(T, c, marks=[] if (T, c) == (16384, False) else [pytest.mark.slow],
-                 id=f"T{T}-{'causal' if c else 'full'}")
-    for T in (4096, 16384) for c in (False, True)])
+@pytest.mark.parametrize(
+  "T,causal",
+  [
+    pytest.param(
+      T,
+      c,
+      marks=[] if (T, c) == (16384, False) else [pytest.mark.slow],
+      id=f"T{T}-{'causal' if c else 'full'}",
+    )
+    for T in (4096, 16384)
+    for c in (False, True)
+  ],
+)
 def test_device_check_mosaic_shapes_compile(T, causal):
   assert (128, T) in check.MOSAIC_SIZES
   B, T, N, H = check.speed_shape(128, T)
@@ -578,8 +673,11 @@ def test_device_check_mosaic_shapes_compile(T, causal):
   x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 
   def loss(q, k, v):
-    return jnp.sum(attnjax.dot_product_attention(
-        q, k, v, is_causal=causal, implementation="mosaic_gpu").astype(jnp.float32))
+    return jnp.sum(
+      attnjax.dot_product_attention(q, k, v, is_causal=causal, implementation="mosaic_gpu").astype(
+        jnp.float32
+      )
+    )
 
   with jax.set_mesh(mesh):
     compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(x, x, x).compile()

@@ -27,36 +27,56 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def command(out, steps=20, checkpoint_every=10, mesh="data=-1"):
   overrides = [f"--config.mesh.{kv}" for kv in mesh.split(",")]
-  return [sys.executable, "-m", "attnjax.train.launch", "--processes", "2",
-          "--devices-per-process", "4", "--",
-          sys.executable, "experiments/train.py",
-          "--config", "experiments/configs/shakespeare.py:preset=cpu",
-          "--config.data.name=bigram_backcopy", f"--config.train.steps={steps}",
-          "--config.train.eval_every=1000", "--config.train.probe_every=1000",
-          f"--config.train.checkpoint_every={checkpoint_every}",
-          "--config.train.progress=false", "--config.train.plots=false", *overrides,
-          "--out", str(out)]
+  return [
+    sys.executable,
+    "-m",
+    "attnjax.train.launch",
+    "--processes",
+    "2",
+    "--devices-per-process",
+    "4",
+    "--",
+    sys.executable,
+    "experiments/train.py",
+    "--config",
+    "experiments/configs/shakespeare.py:preset=cpu",
+    "--config.data.name=bigram_backcopy",
+    f"--config.train.steps={steps}",
+    "--config.train.eval_every=1000",
+    "--config.train.probe_every=1000",
+    f"--config.train.checkpoint_every={checkpoint_every}",
+    "--config.train.progress=false",
+    "--config.train.plots=false",
+    *overrides,
+    "--out",
+    str(out),
+  ]
 
 
 def env():
   # The processes compile as this one does (the suite's fast compiles, conftest), so their
   # losses can equal an in-process run's.
   fast = jax.config.read("jax_disable_most_optimizations")
-  return dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
-              JAX_DISABLE_MOST_OPTIMIZATIONS=str(int(fast)))
+  return dict(
+    os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS=str(int(fast))
+  )
 
 
 def run(out, **kw):
-  return subprocess.run(command(out, **kw), cwd=REPO, env=env(), capture_output=True,
-                        text=True, timeout=900)
+  return subprocess.run(
+    command(out, **kw), cwd=REPO, env=env(), capture_output=True, text=True, timeout=900
+  )
 
 
-@pytest.mark.parametrize("mesh", [
+@pytest.mark.parametrize(
+  "mesh",
+  [
     # The sequence sharded over all 8 devices, across both processes: each process feeds
     # its half of every row's tokens, and the attention ring crosses processes.
     "data=1,context=8",
     pytest.param("data=-1", marks=pytest.mark.slow),
-])
+  ],
+)
 def test_two_processes_train_like_one(tmp_path, mesh):
   proc = run(tmp_path / "two", mesh=mesh, steps=4, checkpoint_every=2)
   assert proc.returncode == 0, proc.stdout[-3000:]
@@ -81,7 +101,9 @@ def _process_pids(marker: str, process_id: str) -> list[int]:
         environ = f.read().decode(errors="replace").split("\0")
     except OSError:
       continue
-    if marker in cmd and "experiments/train.py" in cmd and f"JAX_PROCESS_ID={process_id}" in environ:
+    if (
+      marker in cmd and "experiments/train.py" in cmd and f"JAX_PROCESS_ID={process_id}" in environ
+    ):
       pids.append(int(pid))
   return pids
 
@@ -91,8 +113,14 @@ def test_sigkill_of_one_process_then_the_same_command_resumes_bit_for_bit(tmp_pa
   full = run(tmp_path / "full", steps=30, checkpoint_every=5)
   assert full.returncode == 0, full.stdout[-3000:]
   out = tmp_path / "killed"
-  launcher = subprocess.Popen(command(out, steps=30, checkpoint_every=5), cwd=REPO, env=env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  launcher = subprocess.Popen(
+    command(out, steps=30, checkpoint_every=5),
+    cwd=REPO,
+    env=env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   ckpt = out / "checkpoints" / "10"
   deadline = time.time() + 600
   while not ckpt.exists() and time.time() < deadline and launcher.poll() is None:
@@ -108,8 +136,12 @@ def test_sigkill_of_one_process_then_the_same_command_resumes_bit_for_bit(tmp_pa
   summary = rundir.RunDir(str(out)).read_summary()
   assert summary["status"] == "finished" and summary["resumed_from"] >= 10
   drop = ("tokens_per_s",)
-  a = [{k: v for k, v in r.items() if k not in drop}
-       for r in rundir.read_jsonl(rundir.RunDir(str(tmp_path / "full")).metrics)]
-  b = [{k: v for k, v in r.items() if k not in drop} for r in rundir.read_jsonl(
-      rundir.RunDir(str(out)).metrics)]
+  a = [
+    {k: v for k, v in r.items() if k not in drop}
+    for r in rundir.read_jsonl(rundir.RunDir(str(tmp_path / "full")).metrics)
+  ]
+  b = [
+    {k: v for k, v in r.items() if k not in drop}
+    for r in rundir.read_jsonl(rundir.RunDir(str(out)).metrics)
+  ]
   assert a == b

@@ -16,8 +16,6 @@ V = 11
 B = 2
 
 
-
-
 def _x(T=8, dtype=jnp.float32, seed=0):
   return jax.random.normal(jax.random.key(seed), (B, T, D), jnp.float32).astype(dtype)
 
@@ -28,38 +26,53 @@ def _tokens(T=12, seed=1):
 
 # Every family/option a layer can take, with readable ids.
 LAYER_CONFIGS = {
-    "dense_gqa": nn.AttentionConfig(num_heads=4, num_kv_heads=2),
-    "mqa_norope_euclidean": nn.AttentionConfig(num_heads=4, num_kv_heads=1, rope_theta=None,
-                                               similarity="neg_sq_euclidean"),
-    "softmax_one": nn.AttentionConfig(normalizer="softmax_one"),
-    "sigmoid_softcap": nn.AttentionConfig(normalizer="sigmoid", softcap=5.0),
-    "softpick": nn.AttentionConfig(normalizer="softpick"),
-    "sink_logits": nn.AttentionConfig(sink_logits=True, num_kv_heads=2),
-    "qk_rms_before": nn.AttentionConfig(family="qk_norm", num_kv_heads=2),
-    "qk_layer_after": nn.AttentionConfig(family="qk_norm", qk_norm="layer",
-                                         qk_norm_placement="after_rope"),
-    "qk_l2_nogain": nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_norm_gain=False,
-                                       scale=4.0),
-    "cosine_swin": nn.AttentionConfig(family="cosine", num_kv_heads=2),
-    "cosine_scale_gate_headwise": nn.AttentionConfig(family="cosine", cosine_convention="scale",
-                                                     output_gate="headwise"),
-    "cosine_ngpt": nn.AttentionConfig(family="cosine", cosine_convention="ngpt"),
-    "window_kv_bias": nn.AttentionConfig(window=3, num_kv_heads=2, kv_bias=True),
-    "sinks_window": nn.AttentionConfig(window=2, num_sinks=2, num_kv_heads=2),
-    "gate_elementwise": nn.AttentionConfig(output_gate="elementwise"),
-    "linear_elu_gqa": nn.AttentionConfig(family="linear", num_kv_heads=2, chunk_size=4),
-    "linear_favor_gate": nn.AttentionConfig(family="linear", feature_map="favor_plus",
-                                            num_features=8, output_gate="elementwise"),
-    "linear_relu_output_rms": nn.AttentionConfig(family="linear", feature_map="squared_relu",
-                                                 linear_normalize="output_rms", rope_theta=None),
-    "sparse_strided": nn.AttentionConfig(family="sparse", pattern=("strided", (("stride", 3),)),
-                                         block_size=4, num_kv_heads=2),
-    "sparse_sinks_window_sink_logits": nn.AttentionConfig(
-        family="sparse", pattern=("sinks_window", (("num_sinks", 1), ("window", 3))),
-        block_size=4, sink_logits=True),
-    "everything": nn.AttentionConfig(family="qk_norm", num_kv_heads=2, sink_logits=True,
-                                     kv_bias=True, output_gate="elementwise", window=3,
-                                     num_sinks=1, softcap=10.0),
+  "dense_gqa": nn.AttentionConfig(num_heads=4, num_kv_heads=2),
+  "mqa_norope_euclidean": nn.AttentionConfig(
+    num_heads=4, num_kv_heads=1, rope_theta=None, similarity="neg_sq_euclidean"
+  ),
+  "softmax_one": nn.AttentionConfig(normalizer="softmax_one"),
+  "sigmoid_softcap": nn.AttentionConfig(normalizer="sigmoid", softcap=5.0),
+  "softpick": nn.AttentionConfig(normalizer="softpick"),
+  "sink_logits": nn.AttentionConfig(sink_logits=True, num_kv_heads=2),
+  "qk_rms_before": nn.AttentionConfig(family="qk_norm", num_kv_heads=2),
+  "qk_layer_after": nn.AttentionConfig(
+    family="qk_norm", qk_norm="layer", qk_norm_placement="after_rope"
+  ),
+  "qk_l2_nogain": nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_norm_gain=False, scale=4.0),
+  "cosine_swin": nn.AttentionConfig(family="cosine", num_kv_heads=2),
+  "cosine_scale_gate_headwise": nn.AttentionConfig(
+    family="cosine", cosine_convention="scale", output_gate="headwise"
+  ),
+  "cosine_ngpt": nn.AttentionConfig(family="cosine", cosine_convention="ngpt"),
+  "window_kv_bias": nn.AttentionConfig(window=3, num_kv_heads=2, kv_bias=True),
+  "sinks_window": nn.AttentionConfig(window=2, num_sinks=2, num_kv_heads=2),
+  "gate_elementwise": nn.AttentionConfig(output_gate="elementwise"),
+  "linear_elu_gqa": nn.AttentionConfig(family="linear", num_kv_heads=2, chunk_size=4),
+  "linear_favor_gate": nn.AttentionConfig(
+    family="linear", feature_map="favor_plus", num_features=8, output_gate="elementwise"
+  ),
+  "linear_relu_output_rms": nn.AttentionConfig(
+    family="linear", feature_map="squared_relu", linear_normalize="output_rms", rope_theta=None
+  ),
+  "sparse_strided": nn.AttentionConfig(
+    family="sparse", pattern=("strided", (("stride", 3),)), block_size=4, num_kv_heads=2
+  ),
+  "sparse_sinks_window_sink_logits": nn.AttentionConfig(
+    family="sparse",
+    pattern=("sinks_window", (("num_sinks", 1), ("window", 3))),
+    block_size=4,
+    sink_logits=True,
+  ),
+  "everything": nn.AttentionConfig(
+    family="qk_norm",
+    num_kv_heads=2,
+    sink_logits=True,
+    kv_bias=True,
+    output_gate="elementwise",
+    window=3,
+    num_sinks=1,
+    softcap=10.0,
+  ),
 }
 
 
@@ -71,45 +84,50 @@ def _layer(cfg, dtype=jnp.float32, seed=0):
 # Configs.
 
 BAD_CONFIGS = [
-    ("family", dict(family="flash")),
-    ("num_kv_heads", dict(num_heads=4, num_kv_heads=3)),
-    ("normalizer", dict(normalizer="softmax2")),
-    ("sink_logits", dict(sink_logits=True, normalizer="sigmoid")),
-    ("sink_logits", dict(family="linear", sink_logits=True)),
-    ("kv_bias", dict(family="linear", kv_bias=True)),
-    ("window", dict(family="linear", window=4)),
-    ("qk_norm", dict(family="dense", qk_norm="l2")),
-    ("similarity", dict(family="cosine", similarity="neg_sq_euclidean")),
-    ("temperature_init", dict(family="qk_norm", temperature_init=2.0)),
-    ("feature_map", dict(family="dense", feature_map="relu")),
-    ("num_sinks", dict(num_sinks=2)),
-    ("output_gate", dict(output_gate="channel")),
-    ("window", dict(window=-1)),
-    ("window", dict(window=True)),
-    ("pattern", dict(family="sparse")),
-    ("head_dim", dict(head_dim=5)),
-    ("streaming_rope", dict(streaming_rope="absolute")),
-    ("feature_map", dict(family="linear", feature_map="softmax")),
-    ("linear_normalize", dict(family="linear", linear_normalize="rms")),
-    ("kv_bias", dict(family="sparse", pattern=("causal", ()), kv_bias=True)),
-    ("pattern", dict(family="sparse", pattern=("strided", (("strid", 4),)))),
-    ("pattern", dict(family="sparse", pattern=("nonexistent", ()))),
+  ("family", dict(family="flash")),
+  ("num_kv_heads", dict(num_heads=4, num_kv_heads=3)),
+  ("normalizer", dict(normalizer="softmax2")),
+  ("sink_logits", dict(sink_logits=True, normalizer="sigmoid")),
+  ("sink_logits", dict(family="linear", sink_logits=True)),
+  ("kv_bias", dict(family="linear", kv_bias=True)),
+  ("window", dict(family="linear", window=4)),
+  ("qk_norm", dict(family="dense", qk_norm="l2")),
+  ("similarity", dict(family="cosine", similarity="neg_sq_euclidean")),
+  ("temperature_init", dict(family="qk_norm", temperature_init=2.0)),
+  ("feature_map", dict(family="dense", feature_map="relu")),
+  ("num_sinks", dict(num_sinks=2)),
+  ("output_gate", dict(output_gate="channel")),
+  ("window", dict(window=-1)),
+  ("window", dict(window=True)),
+  ("pattern", dict(family="sparse")),
+  ("head_dim", dict(head_dim=5)),
+  ("streaming_rope", dict(streaming_rope="absolute")),
+  ("feature_map", dict(family="linear", feature_map="softmax")),
+  ("linear_normalize", dict(family="linear", linear_normalize="rms")),
+  ("kv_bias", dict(family="sparse", pattern=("causal", ()), kv_bias=True)),
+  ("pattern", dict(family="sparse", pattern=("strided", (("strid", 4),)))),
+  ("pattern", dict(family="sparse", pattern=("nonexistent", ()))),
 ]
 
 
-@pytest.mark.parametrize("field,kwargs", BAD_CONFIGS,
-                         ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD_CONFIGS)])
+@pytest.mark.parametrize(
+  "field,kwargs", BAD_CONFIGS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD_CONFIGS)]
+)
 def test_bad_attention_config_names_the_field(field, kwargs):
   with pytest.raises((ValueError, TypeError), match=field):
     nn.AttentionConfig(**kwargs)
 
 
-@pytest.mark.parametrize("field,kwargs", [
+@pytest.mark.parametrize(
+  "field,kwargs",
+  [
     ("d_model", dict(d_model=30)),
     ("mlp", dict(mlp="relu")),
     ("layer_attention", dict(num_layers=2, layer_attention=(nn.AttentionConfig(),))),
     ("dtype", dict(dtype="float64")),
-], ids=["d_model", "mlp", "layer_attention", "dtype"])
+  ],
+  ids=["d_model", "mlp", "layer_attention", "dtype"],
+)
 def test_bad_model_config_names_the_field(field, kwargs):
   with pytest.raises((ValueError, TypeError), match=field):
     nn.ModelConfig(**kwargs)
@@ -117,9 +135,16 @@ def test_bad_model_config_names_the_field(field, kwargs):
 
 def test_configs_round_trip_through_json():
   cfg = nn.ModelConfig(
-      vocab_size=V, d_model=D, num_layers=3, mlp="swiglu",
-      layer_attention=(LAYER_CONFIGS["everything"], LAYER_CONFIGS["cosine_ngpt"],
-                       nn.AttentionConfig(family="sparse", pattern=("strided", (("stride", 4),)))))
+    vocab_size=V,
+    d_model=D,
+    num_layers=3,
+    mlp="swiglu",
+    layer_attention=(
+      LAYER_CONFIGS["everything"],
+      LAYER_CONFIGS["cosine_ngpt"],
+      nn.AttentionConfig(family="sparse", pattern=("strided", (("stride", 4),))),
+    ),
+  )
   back = nn.ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
   assert back == cfg and hash(back) == hash(cfg)
 
@@ -134,8 +159,14 @@ def _loss_and_grad(layer, x):
 
 
 # Without jit, each layer runs op by op; one per family keeps the test quick.
-EAGER = ("dense_gqa", "qk_layer_after", "cosine_ngpt", "linear_favor_gate", "sparse_strided",
-         "everything")
+EAGER = (
+  "dense_gqa",
+  "qk_layer_after",
+  "cosine_ngpt",
+  "linear_favor_gate",
+  "sparse_strided",
+  "everything",
+)
 
 
 @pytest.mark.parametrize("name", list(LAYER_CONFIGS))
@@ -152,7 +183,7 @@ def test_layer_forward_grad_and_jit(name):
   if name in EAGER:
     eager = layer(x)
     assert eager.shape == x.shape and eager.dtype == jnp.float32
-    np.testing.assert_allclose(loss, jnp.sum(eager ** 2), rtol=1e-5)
+    np.testing.assert_allclose(loss, jnp.sum(eager**2), rtol=1e-5)
 
 
 def test_layer_bfloat16_keeps_dtype_and_values():
@@ -220,23 +251,36 @@ def test_weights_sown_are_the_weights_used():
 
 
 def _model(attention=None, *, layer_attention=None, num_layers=2, seed=0, vocab_size=V, **kw):
-  cfg = nn.ModelConfig(vocab_size=vocab_size, d_model=D, num_layers=num_layers,
-                       attention=attention or nn.AttentionConfig(num_kv_heads=2),
-                       layer_attention=layer_attention, **kw)
+  cfg = nn.ModelConfig(
+    vocab_size=vocab_size,
+    d_model=D,
+    num_layers=num_layers,
+    attention=attention or nn.AttentionConfig(num_kv_heads=2),
+    layer_attention=layer_attention,
+    **kw,
+  )
   return nn.TransformerLM(cfg, rngs=nnx.Rngs(seed))
 
 
-MIXED = (LAYER_CONFIGS["everything"], LAYER_CONFIGS["cosine_swin"],
-         LAYER_CONFIGS["window_kv_bias"], LAYER_CONFIGS["linear_favor_gate"],
-         LAYER_CONFIGS["sparse_strided"])
+MIXED = (
+  LAYER_CONFIGS["everything"],
+  LAYER_CONFIGS["cosine_swin"],
+  LAYER_CONFIGS["window_kv_bias"],
+  LAYER_CONFIGS["linear_favor_gate"],
+  LAYER_CONFIGS["sparse_strided"],
+)
 # One layer of each kind of computation (dense kernel, linear, block-sparse), for slower checks.
-MIXED3 = (LAYER_CONFIGS["everything"], LAYER_CONFIGS["linear_favor_gate"],
-          LAYER_CONFIGS["sparse_strided"])
+MIXED3 = (
+  LAYER_CONFIGS["everything"],
+  LAYER_CONFIGS["linear_favor_gate"],
+  LAYER_CONFIGS["sparse_strided"],
+)
 
 
 def test_model_logits_log_z_and_split_merge_round_trip():
-  model = _model(layer_attention=MIXED3, num_layers=3, mlp="swiglu", norm="layer",
-                 tie_embeddings=False)
+  model = _model(
+    layer_attention=MIXED3, num_layers=3, mlp="swiglu", norm="layer", tie_embeddings=False
+  )
   tokens = _tokens()
   forward = nnx.jit(lambda m, t: m(t, return_log_z=True))
   logits, log_z = forward(model, tokens)
@@ -267,6 +311,7 @@ def test_model_is_causal_by_gradient():
       for block in model.blocks:
         h = block(h)
       return jnp.sum(model._logits(h, False), axis=(0, 2))  # [T]
+
     return jax.jacrev(logits_per_position)(h)  # [T_out, B, T_in, D]
 
   dep = np.asarray(jnp.sum(jnp.abs(jacobian(h0)), axis=(1, 3)))  # [T_out, T_in]
@@ -309,8 +354,9 @@ def test_init_sharding_names_and_param_count():
 def test_state_shards_over_a_data_model_mesh():
   P = jax.sharding.PartitionSpec
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
-  model = _model(layer_attention=(LAYER_CONFIGS["everything"], LAYER_CONFIGS["linear_favor_gate"]),
-                 vocab_size=12)  # the vocabulary is split over "model"
+  model = _model(
+    layer_attention=(LAYER_CONFIGS["everything"], LAYER_CONFIGS["linear_favor_gate"]), vocab_size=12
+  )  # the vocabulary is split over "model"
   tokens = jax.random.randint(jax.random.key(2), (4, 8), 0, 12)
   forward = jax.jit(lambda graphdef, state, t: nnx.merge(graphdef, state)(t), static_argnums=0)
   graphdef, state = nnx.split(model)
@@ -325,11 +371,11 @@ def test_state_shards_over_a_data_model_mesh():
 
 def test_wortsman_init_std():
   model = _model(attention=nn.AttentionConfig(num_heads=4), mlp_dim=256)
-  up = model.blocks[0].mlp.up.kernel[...]      # fan_in = D
+  up = model.blocks[0].mlp.up.kernel[...]  # fan_in = D
   down = model.blocks[0].mlp.down.kernel[...]  # fan_in = 256
-  np.testing.assert_allclose(jnp.std(up), D ** -0.5, rtol=0.1)
-  np.testing.assert_allclose(jnp.std(down), 256 ** -0.5, rtol=0.1)
-  assert float(jnp.max(jnp.abs(down))) <= 2 * 256 ** -0.5 / 0.87  # truncated at 2 sigma
+  np.testing.assert_allclose(jnp.std(up), D**-0.5, rtol=0.1)
+  np.testing.assert_allclose(jnp.std(down), 256**-0.5, rtol=0.1)
+  assert float(jnp.max(jnp.abs(down))) <= 2 * 256**-0.5 / 0.87  # truncated at 2 sigma
 
 
 def test_intermediates_hold_stats_of_every_layer():
@@ -352,15 +398,25 @@ def test_intermediates_hold_stats_of_every_layer():
   np.testing.assert_allclose(stats["logits"], logits, rtol=1e-5, atol=1e-5)
   assert len(stats["layers"]) == 3
   for i, layer in enumerate(stats["layers"]):
-    keys = ["entropy", "sink_mass", "row_sum", "q_rms", "k_rms", "hidden_max_abs",
-            "hidden_median_abs", "weights", "hidden"]
+    keys = [
+      "entropy",
+      "sink_mass",
+      "row_sum",
+      "q_rms",
+      "k_rms",
+      "hidden_max_abs",
+      "hidden_median_abs",
+      "weights",
+      "hidden",
+    ]
     if MIXED3[i].family != "linear":  # linear attention has no logits
       keys += ["max_logit", "logsumexp"]
     for key in keys:
       assert key in layer and bool(jnp.all(jnp.isfinite(layer[key]))), (i, key)
   h = stats["layers"][1]["hidden"]
-  np.testing.assert_allclose(stats["layers"][1]["hidden_max_abs"],
-                             jnp.max(jnp.abs(h), axis=(1, 2)), rtol=1e-6)
+  np.testing.assert_allclose(
+    stats["layers"][1]["hidden_max_abs"], jnp.max(jnp.abs(h), axis=(1, 2)), rtol=1e-6
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -368,30 +424,46 @@ def test_intermediates_hold_stats_of_every_layer():
 
 # Pairs of layers per model, so each compiled model checks two variants.
 DECODE_MODELS = {
-    "dense_gqa+qk_norm_before": (LAYER_CONFIGS["dense_gqa"], LAYER_CONFIGS["qk_rms_before"]),
-    "qk_norm_after+cosine_gqa": (
-        nn.AttentionConfig(family="qk_norm", qk_norm_placement="after_rope", num_kv_heads=2),
-        LAYER_CONFIGS["cosine_swin"]),
-    "window_gqa+sinks_window_absolute": (
-        nn.AttentionConfig(window=3, num_kv_heads=2),
-        nn.AttentionConfig(window=2, num_sinks=2, num_kv_heads=2, streaming_rope="absolute")),
-    "linear_elu_gqa+linear_favor_exact": (
-        LAYER_CONFIGS["linear_elu_gqa"],
-        nn.AttentionConfig(family="linear", feature_map="favor_plus", num_features=8,
-                           stabilize_features=False, num_kv_heads=1)),
-    # BigBird's random blocks depend on the length: the cache passes max_len = T.
-    "sparse_strided+sparse_bigbird": (
-        LAYER_CONFIGS["sparse_strided"],
-        nn.AttentionConfig(family="sparse", block_size=4, sink_logits=True, pattern=(
-            "bigbird", (("block", 4), ("num_global", 1), ("window_blocks", 1),
-                        ("num_random", 1), ("seed", 0))))),
-    "everything_absolute+cosine_ngpt": (
-        LAYER_CONFIGS["everything"].replace(streaming_rope="absolute"),
-        LAYER_CONFIGS["cosine_ngpt"]),
-    "sinks_window_norope+kv_bias_gate_sinks": (
-        nn.AttentionConfig(window=3, num_sinks=1, num_kv_heads=1, rope_theta=None),
-        nn.AttentionConfig(kv_bias=True, output_gate="headwise", sink_logits=True,
-                           num_kv_heads=2)),
+  "dense_gqa+qk_norm_before": (LAYER_CONFIGS["dense_gqa"], LAYER_CONFIGS["qk_rms_before"]),
+  "qk_norm_after+cosine_gqa": (
+    nn.AttentionConfig(family="qk_norm", qk_norm_placement="after_rope", num_kv_heads=2),
+    LAYER_CONFIGS["cosine_swin"],
+  ),
+  "window_gqa+sinks_window_absolute": (
+    nn.AttentionConfig(window=3, num_kv_heads=2),
+    nn.AttentionConfig(window=2, num_sinks=2, num_kv_heads=2, streaming_rope="absolute"),
+  ),
+  "linear_elu_gqa+linear_favor_exact": (
+    LAYER_CONFIGS["linear_elu_gqa"],
+    nn.AttentionConfig(
+      family="linear",
+      feature_map="favor_plus",
+      num_features=8,
+      stabilize_features=False,
+      num_kv_heads=1,
+    ),
+  ),
+  # BigBird's random blocks depend on the length: the cache passes max_len = T.
+  "sparse_strided+sparse_bigbird": (
+    LAYER_CONFIGS["sparse_strided"],
+    nn.AttentionConfig(
+      family="sparse",
+      block_size=4,
+      sink_logits=True,
+      pattern=(
+        "bigbird",
+        (("block", 4), ("num_global", 1), ("window_blocks", 1), ("num_random", 1), ("seed", 0)),
+      ),
+    ),
+  ),
+  "everything_absolute+cosine_ngpt": (
+    LAYER_CONFIGS["everything"].replace(streaming_rope="absolute"),
+    LAYER_CONFIGS["cosine_ngpt"],
+  ),
+  "sinks_window_norope+kv_bias_gate_sinks": (
+    nn.AttentionConfig(window=3, num_sinks=1, num_kv_heads=1, rope_theta=None),
+    nn.AttentionConfig(kv_bias=True, output_gate="headwise", sink_logits=True, num_kv_heads=2),
+  ),
 }
 
 
@@ -411,7 +483,7 @@ def _full_and_decoded(model, tokens, *, prefill, chunks):
   stepwise = jnp.concatenate([first, jnp.transpose(rest, (1, 0, 2))], axis=1)
   chunk_cache, outs, start = model.init_cache(B, T), [], 0
   for size in chunks:
-    logits, chunk_cache = model.decode(tokens[:, start:start + size], chunk_cache)
+    logits, chunk_cache = model.decode(tokens[:, start : start + size], chunk_cache)
     outs.append(logits)
     start += size
   return full, stepwise, jnp.concatenate(outs, axis=1), cache
@@ -452,7 +524,7 @@ def _streaming_reference(layer, x, num_sinks, window):
   out = np.zeros_like(q)
   for p in range(T):
     kept = [j for j in range(p + 1) if j < num_sinks or j >= p - window]
-    qp = _np_rope(q[:, p:p + 1], [len(kept) - 1], theta)
+    qp = _np_rope(q[:, p : p + 1], [len(kept) - 1], theta)
     kp = _np_rope(k[:, kept], np.arange(len(kept)), theta)
     z = np.einsum("bqnh,bknh->bnqk", qp, kp) / np.sqrt(H)
     w = np.exp(z - z.max(-1, keepdims=True))
@@ -486,8 +558,9 @@ def test_streaming_llm_cache_rotates_keys_by_cache_position():
 
 def test_generate_greedy_is_the_full_forward_argmax():
   # A window large enough that the StreamingLLM cache evicts nothing in 8 tokens.
-  model = _model(layer_attention=(nn.AttentionConfig(window=6, num_sinks=2),
-                                  LAYER_CONFIGS["dense_gqa"]))
+  model = _model(
+    layer_attention=(nn.AttentionConfig(window=6, num_sinks=2), LAYER_CONFIGS["dense_gqa"])
+  )
   prompt = _tokens(T=3)
   out = nn.generate(model, prompt, 5)
   assert out.shape == (B, 8) and out.dtype == jnp.int32

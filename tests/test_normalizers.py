@@ -86,13 +86,18 @@ def test_online_equals_materialised(name, sink, seed):
   ok = has_key & (total > 0)
   np.testing.assert_array_equal(rows["has_key"], has_key)
   np.testing.assert_array_equal(rows["normalisable"], ok)
-  np.testing.assert_allclose(np.where(ok, rows["entropy"], 0), np.where(ok, entropy, 0),
-                             rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(np.where(ok, rows["p0"], 0), np.where(ok, p[..., :1], 0),
-                             rtol=1e-4, atol=1e-6)
-  np.testing.assert_allclose(np.where(has_key, rows["row_sum"], 0),
-                             np.where(has_key, np.asarray(w).sum(-1, keepdims=True), 0),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.where(ok, rows["entropy"], 0), np.where(ok, entropy, 0), rtol=1e-4, atol=1e-5
+  )
+  np.testing.assert_allclose(
+    np.where(ok, rows["p0"], 0), np.where(ok, p[..., :1], 0), rtol=1e-4, atol=1e-6
+  )
+  np.testing.assert_allclose(
+    np.where(has_key, rows["row_sum"], 0),
+    np.where(has_key, np.asarray(w).sum(-1, keepdims=True), 0),
+    rtol=1e-4,
+    atol=1e-5,
+  )
   np.testing.assert_allclose(rows["lse"], np.where(has_key, log_norm, 0.0), rtol=1e-5, atol=1e-5)
   zmax = np.max(np.where(np.asarray(allowed), np.asarray(z), -np.inf), -1, keepdims=True)
   np.testing.assert_array_equal(np.where(has_key, rows["row_max"], 0), np.where(has_key, zmax, 0))
@@ -107,8 +112,9 @@ def test_online_without_stats_and_with_full_tiles(name):
   z, allowed, v, _, _, _ = _problem(3, empty_row=False)
   allowed = allowed.at[..., 5:12].set(True)
   _, _, want = _materialised(nz, z, allowed, v, None)
-  out, _, rows = _online(nz, z, allowed, v, None, [(0, 5), (5, 12), (12, S)], stats=False,
-                         full_tiles=((5, 12),))
+  out, _, rows = _online(
+    nz, z, allowed, v, None, [(0, 5), (5, 12), (12, S)], stats=False, full_tiles=((5, 12),)
+  )
   assert rows is None
   np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
 
@@ -144,8 +150,9 @@ def test_tile_backward_equals_autodiff(name, sink):
 MERGEABLE = [(n, s) for n, s in CASES if normalizers.REGISTRY[n].mergeable]
 
 
-@pytest.mark.parametrize("name,sink", MERGEABLE,
-                         ids=[n + ("_sink" if s else "") for n, s in MERGEABLE])
+@pytest.mark.parametrize(
+  "name,sink", MERGEABLE, ids=[n + ("_sink" if s else "") for n, s in MERGEABLE]
+)
 def test_merge_of_parts_equals_whole(name, sink):
   nz = normalizers.REGISTRY[name]
   part_nz = normalizers.REGISTRY[nz.merge_part]
@@ -218,8 +225,9 @@ def test_weights_equal_the_numpy_formula(name, sink):
   want_w, want_ln = _numpy_weights(name, z, allowed, sink_rows)
   has_key = np.asarray(jnp.any(allowed, axis=-1, keepdims=True))
   np.testing.assert_allclose(w, want_w, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.where(has_key, log_norm, 0), np.where(has_key, want_ln, 0),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.where(has_key, log_norm, 0), np.where(has_key, want_ln, 0), rtol=1e-5, atol=1e-5
+  )
   if nz.sums_to_one and sink_rows is None:
     np.testing.assert_allclose(np.asarray(w).sum(-1)[has_key[..., 0]], 1.0, rtol=1e-5)
 
@@ -264,17 +272,20 @@ def test_relu_layer_and_variant_gradients_match_finite_differences():
 
   from attnjax._src import nn
   from attnjax._src.train import variants
+
   cfg = nn.AttentionConfig(**variants.attention_kwargs("relu"))
   assert cfg.normalizer == "relu"
   layer = nn.Attention(cfg, 16, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 7, 16))
-  check_grads(lambda x: jnp.sum(jnp.sin(layer(x))), (x,), order=1, modes=("rev",),
-              atol=1e-2, rtol=1e-2)
+  check_grads(
+    lambda x: jnp.sum(jnp.sin(layer(x))), (x,), order=1, modes=("rev",), atol=1e-2, rtol=1e-2
+  )
 
 
 def test_one_minus_exp_neg_has_no_cancellation():
   # softpick's e^z - 1 near its kink: the plain 1 - e^-x loses log2(1/x) bits at small x
   from attnjax._src.normalizers import _one_minus_exp_neg
+
   x = np.concatenate([[0.0, 1e-30, 1e-8], np.geomspace(1e-6, 100.0, 200), [np.inf]])
   got = np.asarray(_one_minus_exp_neg(jnp.asarray(x, jnp.float32)), np.float64)
   want = -np.expm1(-x.astype(np.float32).astype(np.float64))

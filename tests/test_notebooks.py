@@ -19,8 +19,9 @@ def execute(path: pathlib.Path, env: dict) -> nbformat.NotebookNode:
   old = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   try:
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+      nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
   finally:
     for k, v in old.items():
       if v is None:
@@ -30,12 +31,17 @@ def execute(path: pathlib.Path, env: dict) -> nbformat.NotebookNode:
   return nb
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name.startswith(("01", "02"))],
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+  "path", [p for p in NOTEBOOKS if p.name.startswith(("01", "02"))], ids=lambda p: p.stem
+)
 def test_function_notebooks_execute(path):
   nb = execute(path, {"ATTNJAX_NB_QUICK": "1", **FAST_COMPILES})
-  images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
-               for o in c.get("outputs", []))
+  images = sum(
+    "image/png" in o.get("data", {})
+    for c in nb.cells
+    if c.cell_type == "code"
+    for o in c.get("outputs", [])
+  )
   assert images >= 3, f"{path.name} produced {images} figures"
 
 
@@ -56,11 +62,26 @@ def tiny_sweep_root(tmp_path_factory, compilation_cache):
   base = config_lib.base_config()
   base.data.update(dict(name="bigram_backcopy", seq_len=16, batch_size=8, bb_vocab_size=16))
   base.model.update(dict(d_model=16, num_layers=1, num_heads=2, mlp_ratio=2))
-  base.train.update(dict(steps=12, log_every=4, eval_every=12, eval_batches=1, probe_every=6,
-                         probe_batch=8, probe_len=16, checkpoint_every=0, num_devices=1,
-                         progress=False, plots=False))
-  arms = [sweep.arm(base, f"{v} lr={lr:g}", str(root / v / f"lr={lr:g}"), variant=v,
-                    **{"opt.lr": lr}) for v in ("dense", "cosine") for lr in (1e-2, 1e3)]
+  base.train.update(
+    dict(
+      steps=12,
+      log_every=4,
+      eval_every=12,
+      eval_batches=1,
+      probe_every=6,
+      probe_batch=8,
+      probe_len=16,
+      checkpoint_every=0,
+      num_devices=1,
+      progress=False,
+      plots=False,
+    )
+  )
+  arms = [
+    sweep.arm(base, f"{v} lr={lr:g}", str(root / v / f"lr={lr:g}"), variant=v, **{"opt.lr": lr})
+    for v in ("dense", "cosine")
+    for lr in (1e-2, 1e3)
+  ]
   statuses = [s["status"] for s in sweep.run_sweep(arms, verbose=False)]
   assert statuses == ["finished", "diverged"] * 2, statuses
   return root
@@ -71,8 +92,12 @@ def test_run_dir_notebooks_execute(tiny_sweep_root):
   for name in ("03_training_stability.ipynb", "04_attention_sinks.ipynb"):
     path = NOTEBOOKS[0].parent / name
     nb = execute(path, {"ATTNJAX_RUN_DIR": str(tiny_sweep_root), **FAST_COMPILES})
-    images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
-                 for o in c.get("outputs", []))
+    images = sum(
+      "image/png" in o.get("data", {})
+      for c in nb.cells
+      if c.cell_type == "code"
+      for o in c.get("outputs", [])
+    )
     assert images >= 3, f"{name} produced {images} figures"
     # The report's tables are displayed rendered (IPython's Markdown), not printed as source.
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
@@ -84,6 +109,10 @@ def test_pretrained_notebook_builds_its_own_run_and_executes():
   """05 without ATTNJAX_RUN_DIR: a tiny run of experiments/pretrained.py on a test checkpoint."""
   path = NOTEBOOKS[0].parent / "05_pretrained_sinks.ipynb"
   nb = execute(path, {"ATTNJAX_RUN_DIR": "", **FAST_COMPILES})
-  images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
-               for o in c.get("outputs", []))
+  images = sum(
+    "image/png" in o.get("data", {})
+    for c in nb.cells
+    if c.cell_type == "code"
+    for o in c.get("outputs", [])
+  )
   assert images >= 3, f"{path.name} produced {images} figures"

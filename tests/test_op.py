@@ -37,29 +37,49 @@ def _stand_in(asked: list, **op_fields) -> _op.Op:
     asked.append("wide")
     return ["odd lengths"] if x.shape[0] % 2 else []
 
-  engines = {e.name: e for e in (
+  engines = {
+    e.name: e
+    for e in (
       _op.Engine("plain", lambda x: x + 1.0, _op.supports_everything),
       _op.Engine("wide", lambda x: x + 2.0, refuses_odd),
       _op.Engine("long", lambda x: x + 3.0, _op.supports_everything, min_length=8),
-      _op.Engine("tpu_only", lambda x: x + 4.0, _op.supports_everything, platform="tpu",
-                 where="runs on a TPU only (a stand-in)"),
-  )}
-  return _op.Op("stand_in", engines, {"tpu": ("tpu_only", "wide"), "cuda": ("wide",)},
-                ("long", "plain"), length=lambda x: x.shape[0], **op_fields)
+      _op.Engine(
+        "tpu_only",
+        lambda x: x + 4.0,
+        _op.supports_everything,
+        platform="tpu",
+        where="runs on a TPU only (a stand-in)",
+      ),
+    )
+  }
+  return _op.Op(
+    "stand_in",
+    engines,
+    {"tpu": ("tpu_only", "wide"), "cuda": ("wide",)},
+    ("long", "plain"),
+    length=lambda x: x.shape[0],
+    **op_fields,
+  )
 
 
 def test_choose_takes_each_platforms_first_engine_that_covers_the_call():
   asked = []
   op = _stand_in(asked)
   assert _op.choose(op, (jnp.zeros(4),), ("cpu", "cuda", "tpu")) == {
-      "cpu": "plain", "cuda": "wide", "tpu": "tpu_only"}
+    "cpu": "plain",
+    "cuda": "wide",
+    "tpu": "tpu_only",
+  }
   assert _op.choose(op, (jnp.zeros(5),), ("cpu", "cuda")) == {"cpu": "plain", "cuda": "plain"}
   assert _op.choose(op, (jnp.zeros(8),), ("cpu",)) == {"cpu": "long"}
   assert asked == ["wide", "wide"]  # once per call, however many lists name it
   assert _op.select(op, (jnp.zeros(4),), "cuda") == "wide"
   narrow = dataclasses.replace(op, preferences={}, fallback=("wide",))
-  with pytest.raises(ValueError, match=r"stand_in: no engine covers this call on 'cpu' "
-                                       r"\(wide: odd lengths\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"stand_in: no engine covers this call on 'cpu' "
+    r"\(wide: odd lengths\)",
+  ):
     _op.choose(narrow, (jnp.zeros(3),), ("cpu",))
 
 
@@ -76,31 +96,48 @@ def test_run_lowers_the_choices_as_platform_branches():
 def test_a_named_engine_off_its_platform_raises_its_where():
   op = _stand_in([])
   x = jnp.zeros(4)
-  with pytest.raises(ValueError, match=r"implementation='tpu_only' runs on a TPU only "
-                                       r"\(a stand-in\); use implementation=None"):
+  with pytest.raises(
+    ValueError,
+    match=r"implementation='tpu_only' runs on a TPU only "
+    r"\(a stand-in\); use implementation=None",
+  ):
     jax.jit(lambda x: _op.run(op, (x,), "tpu_only"))(x)
 
 
 def test_a_named_engine_names_its_unsupported_reasons():
   op = _stand_in([])
-  with pytest.raises(ValueError, match="implementation='wide' does not support odd lengths. "
-                                       "Use implementation='reference' or None"):
+  with pytest.raises(
+    ValueError,
+    match="implementation='wide' does not support odd lengths. "
+    "Use implementation='reference' or None",
+  ):
     _op.run(op, (jnp.zeros(3),), "wide")
   np.testing.assert_array_equal(_op.run(op, (jnp.zeros(4),), "wide"), 2.0)
 
 
 def test_the_empty_answer_and_the_context_strategy_come_before_any_engine():
   seen = []
-  op = _stand_in([], empty=lambda x: "empty", is_empty=lambda x: x.shape[0] == 0,
-                 context=lambda call, impl, local: seen.append(impl) or "context",
-                 context_axis=lambda x: "seq" if x.shape[0] == 6 else None)
+  op = _stand_in(
+    [],
+    empty=lambda x: "empty",
+    is_empty=lambda x: x.shape[0] == 0,
+    context=lambda call, impl, local: seen.append(impl) or "context",
+    context_axis=lambda x: "seq" if x.shape[0] == 6 else None,
+  )
   assert _op.run(op, (jnp.zeros(0),), "wide") == "empty"
   assert _op.run(op, (jnp.zeros(6),), "plain") == "context" and seen == ["plain"]
 
 
 def test_check_implementation_one_message_for_every_family():
-  assert set(_op.OPS) >= {"dense", "sparse", "compressed", "block_select", "linear",
-                          "gated_linear", "delta_rule"}
+  assert set(_op.OPS) >= {
+    "dense",
+    "sparse",
+    "compressed",
+    "block_select",
+    "linear",
+    "gated_linear",
+    "delta_rule",
+  }
   for name, op in _op.OPS.items():
     module = importlib.import_module(f"attnjax.{name}")
     assert module.OP is op and module.IMPLEMENTATIONS == op.implementations, name
@@ -131,22 +168,35 @@ def _warned_once(fn, match):
 def test_old_engine_names_still_work_and_warn_once(fresh_warnings):
   q, k, v = rand_qkv(B=1, T=8, N=2, K=1, H=4)
   pattern = patterns.sliding_window(2)
-  new = attnjax.sparse_attention(q, k, v, pattern=pattern, block_size=4,
-                                 implementation="blockwise")
-  old, _ = _warned_once(lambda: attnjax.sparse_attention(
-      q, k, v, pattern=pattern, block_size=4, implementation="block_sparse"),
-      "sparse_attention(implementation='block_sparse') is deprecated; use "
-      "sparse_attention(implementation='blockwise')")
+  new = attnjax.sparse_attention(q, k, v, pattern=pattern, block_size=4, implementation="blockwise")
+  old, _ = _warned_once(
+    lambda: attnjax.sparse_attention(
+      q, k, v, pattern=pattern, block_size=4, implementation="block_sparse"
+    ),
+    "sparse_attention(implementation='block_sparse') is deprecated; use "
+    "sparse_attention(implementation='blockwise')",
+  )
   np.testing.assert_array_equal(old, new)
-  for fn, name in ((attnjax.linear_attention, "linear_attention"),
-                   (lambda q, k, v, **kw: attnjax.gated_linear_attention(
-                       q, k, v, log_decay=-0.1 * jnp.ones(q.shape[:3]), **kw),
-                    "gated_linear_attention"),
-                   (lambda q, k, v, **kw: attnjax.delta_rule_attention(
-                       q, k, v, 0.5 * jnp.ones(q.shape[:3]), **kw), "delta_rule_attention")):
+  for fn, name in (
+    (attnjax.linear_attention, "linear_attention"),
+    (
+      lambda q, k, v, **kw: attnjax.gated_linear_attention(
+        q, k, v, log_decay=-0.1 * jnp.ones(q.shape[:3]), **kw
+      ),
+      "gated_linear_attention",
+    ),
+    (
+      lambda q, k, v, **kw: attnjax.delta_rule_attention(
+        q, k, v, 0.5 * jnp.ones(q.shape[:3]), **kw
+      ),
+      "delta_rule_attention",
+    ),
+  ):
     new = fn(q, k, v, implementation="quadratic")
-    old, _ = _warned_once(lambda: fn(q, k, v, implementation="parallel"),
-                          f"{name}(implementation='parallel') is deprecated")
+    old, _ = _warned_once(
+      lambda: fn(q, k, v, implementation="parallel"),
+      f"{name}(implementation='parallel') is deprecated",
+    )
     np.testing.assert_array_equal(old, new)
 
 
@@ -154,15 +204,18 @@ def test_the_renamed_form_functions_warn_once(fresh_warnings):
   q, k, v = rand_qkv(B=1, T=4, N=2, K=1, H=4)
   phi = jnp.abs(q[:, :, :, None, :]), jnp.abs(k)
   state = linear.zeros_state(1, 1, 4, 4)
-  old, _ = _warned_once(lambda: linear.parallel(*phi, v, state, is_causal=True),
-                        "attnjax.linear.parallel is deprecated; use attnjax.linear.quadratic")
+  old, _ = _warned_once(
+    lambda: linear.parallel(*phi, v, state, is_causal=True),
+    "attnjax.linear.parallel is deprecated; use attnjax.linear.quadratic",
+  )
   new = linear.quadratic(*phi, v, state, is_causal=True)
   for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
     np.testing.assert_array_equal(a, b)
 
 
-TABLE = re.compile(r"<!-- ops table: attnjax._src.op.table\(\) -->\n(.*?)<!-- end of ops table -->",
-                   re.S)
+TABLE = re.compile(
+  r"<!-- ops table: attnjax._src.op.table\(\) -->\n(.*?)<!-- end of ops table -->", re.S
+)
 
 
 def guide_table() -> str:
@@ -174,4 +227,5 @@ def guide_table() -> str:
 
 def test_the_architecture_guide_lists_every_op_and_engine():
   assert guide_table() == _op.table(), (
-      "regenerate docs/guides/architecture.md's ops table with attnjax._src.op.table()")
+    "regenerate docs/guides/architecture.md's ops table with attnjax._src.op.table()"
+  )

@@ -28,10 +28,14 @@ def _arrays() -> dict:
   rng = np.random.default_rng(0)
   draw = lambda *shape: rng.standard_normal(shape).astype(np.float32)
   k = draw(B, T, K, H)
-  arrays = dict(q=draw(B, T, N, H), k=k, v=draw(B, T, K, H),
-                k_unit=k / np.linalg.norm(k, axis=-1, keepdims=True),
-                beta=1.0 / (1.0 + np.exp(-draw(B, T, N))),
-                log_decay=-np.logaddexp(0.0, draw(B, T, N)))
+  arrays = dict(
+    q=draw(B, T, N, H),
+    k=k,
+    v=draw(B, T, K, H),
+    k_unit=k / np.linalg.norm(k, axis=-1, keepdims=True),
+    beta=1.0 / (1.0 + np.exp(-draw(B, T, N))),
+    log_decay=-np.logaddexp(0.0, draw(B, T, N)),
+  )
   return {name: jnp.asarray(x) for name, x in arrays.items()}
 
 
@@ -49,49 +53,72 @@ class TestDense(FamilyTests):
   op = "dense"
 
   def sample(self):
-    return (lambda impl, q, k, v: attnjax.dot_product_attention(
-        q, k, v, is_causal=True, window=(9, 0), implementation=impl), _qkv())
+    return (
+      lambda impl, q, k, v: attnjax.dot_product_attention(
+        q, k, v, is_causal=True, window=(9, 0), implementation=impl
+      ),
+      _qkv(),
+    )
 
 
 class TestSparse(FamilyTests):
   op = "sparse"
 
   def sample(self):
-    return (lambda impl, q, k, v: attnjax.sparse_attention(
-        q, k, v, pattern=patterns.sliding_window(9), block_size=8, implementation=impl), _qkv())
+    return (
+      lambda impl, q, k, v: attnjax.sparse_attention(
+        q, k, v, pattern=patterns.sliding_window(9), block_size=8, implementation=impl
+      ),
+      _qkv(),
+    )
 
 
 class TestCompressed(FamilyTests):
   op = "compressed"
 
   def sample(self):
-    return (lambda impl, q, k, v: attnjax.compressed_attention(
-        q, k, v, stride=4, is_causal=True, window=4, block_size=8, implementation=impl),
-        _qkv())
+    return (
+      lambda impl, q, k, v: attnjax.compressed_attention(
+        q, k, v, stride=4, is_causal=True, window=4, block_size=8, implementation=impl
+      ),
+      _qkv(),
+    )
 
 
 class TestBlockSelect(FamilyTests):
   op = "block_select"
 
   def sample(self):
-    return (lambda impl, q, k, v: attnjax.block_select_attention(
-        q, k, v, block_size=8, top_k=2, implementation=impl), _qkv())
+    return (
+      lambda impl, q, k, v: attnjax.block_select_attention(
+        q, k, v, block_size=8, top_k=2, implementation=impl
+      ),
+      _qkv(),
+    )
 
 
 class TestLinear(FamilyTests):
   op = "linear"
 
   def sample(self):
-    return (lambda impl, q, k, v: attnjax.linear_attention(
-        q, k, v, is_causal=True, chunk_size=8, implementation=impl), _qkv())
+    return (
+      lambda impl, q, k, v: attnjax.linear_attention(
+        q, k, v, is_causal=True, chunk_size=8, implementation=impl
+      ),
+      _qkv(),
+    )
 
 
 class TestGatedLinear(FamilyTests):
   op = "gated_linear"
 
   def sample(self):
-    return (lambda impl, q, k, v, g: attnjax.gated_linear_attention(
-        q, k, v, log_decay=g, chunk_size=8, implementation=impl), _qkv("log_decay"))
+    return (
+      lambda impl, q, k, v, g: attnjax.gated_linear_attention(
+        q, k, v, log_decay=g, chunk_size=8, implementation=impl
+      ),
+      _qkv("log_decay"),
+    )
 
 
 class TestDeltaRule(FamilyTests):
@@ -99,13 +126,19 @@ class TestDeltaRule(FamilyTests):
 
   def sample(self):
     a = _arrays()
-    return (lambda impl, q, k, v, b, g: attnjax.delta_rule_attention(
-        q, k, v, b, log_decay=g, chunk_size=8, implementation=impl),
-        (a["q"], a["k_unit"], a["v"], a["beta"], a["log_decay"]))
+    return (
+      lambda impl, q, k, v, b, g: attnjax.delta_rule_attention(
+        q, k, v, b, log_decay=g, chunk_size=8, implementation=impl
+      ),
+      (a["q"], a["k_unit"], a["v"], a["beta"], a["log_decay"]),
+    )
 
 
 def test_every_registered_op_is_tested():
   module = sys.modules[__name__]
-  tested = {c.op for c in vars(module).values()
-            if isinstance(c, type) and issubclass(c, OpTests) and c.__name__.startswith("Test")}
+  tested = {
+    c.op
+    for c in vars(module).values()
+    if isinstance(c, type) and issubclass(c, OpTests) and c.__name__.startswith("Test")
+  }
   assert tested >= set(_op.OPS), f"give {sorted(set(_op.OPS) - tested)} an OpTests subclass"

@@ -72,8 +72,9 @@ def _arrays(rng, *, self_only: bool, values: str = "normal"):
   scales = (1.0, 1.0, 1.0)
   if values == "huge" or (values == "any" and rng.random() < 0.2):
     scales = (30.0, 30.0, 1e4)
-  q, k, v = rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, seed=int(rng.integers(1 << 30)),
-                     dtype=dtype, scales=scales)
+  q, k, v = rand_qkv(
+    B=B, T=T, S=S, N=N, K=K, H=H, seed=int(rng.integers(1 << 30)), dtype=dtype, scales=scales
+  )
   if values == "any" and T > 0 and S > 0 and rng.random() < 0.15:
     # A NaN in one input: it may spread (as in the reference), never differ between paths.
     which = int(rng.integers(3))
@@ -83,13 +84,13 @@ def _arrays(rng, *, self_only: bool, values: str = "normal"):
 
 
 ARRAY_DEFECTS = (
-    ("q", lambda q, k, v: (q[0], k, v)),
-    ("k", lambda q, k, v: (q, k[..., None], v)),
-    ("q", lambda q, k, v: (q.astype(jnp.int32), k.astype(jnp.int32), v.astype(jnp.int32))),
-    ("dtype", lambda q, k, v: (q, k.astype(jnp.float16), v)),
-    ("head", lambda q, k, v: (q, jnp.concatenate([k, k], -1), v)),
-    ("batch", lambda q, k, v: (q, jnp.concatenate([k, k], 0), jnp.concatenate([v, v], 0))),
-    ("heads", lambda q, k, v: (jnp.concatenate([q, q[:, :, :1]], 2), k, v)),
+  ("q", lambda q, k, v: (q[0], k, v)),
+  ("k", lambda q, k, v: (q, k[..., None], v)),
+  ("q", lambda q, k, v: (q.astype(jnp.int32), k.astype(jnp.int32), v.astype(jnp.int32))),
+  ("dtype", lambda q, k, v: (q, k.astype(jnp.float16), v)),
+  ("head", lambda q, k, v: (q, jnp.concatenate([k, k], -1), v)),
+  ("batch", lambda q, k, v: (q, jnp.concatenate([k, k], 0), jnp.concatenate([v, v], 0))),
+  ("heads", lambda q, k, v: (jnp.concatenate([q, q[:, :, :1]], 2), k, v)),
 )
 
 
@@ -101,8 +102,18 @@ def _array_defect(rng, q, k, v):
   return name, make(q, k, v)
 
 
-def _dense_options(rng, kw: dict, defective: bool, *, scale=True, causal=True, window=True, softcap=True,
-                   normalizer=True, stats=True):
+def _dense_options(
+  rng,
+  kw: dict,
+  defective: bool,
+  *,
+  scale=True,
+  causal=True,
+  window=True,
+  softcap=True,
+  normalizer=True,
+  stats=True,
+):
   """Draws dense options into ``kw``; returns the defect's name, or None."""
   if causal:
     kw["is_causal"] = bool(rng.random() < 0.5)
@@ -116,16 +127,29 @@ def _dense_options(rng, kw: dict, defective: bool, *, scale=True, causal=True, w
     kw["normalizer"] = _choice(rng, normalizers.NORMALIZERS)
   if stats:
     kw["return_stats"] = bool(rng.random() < 0.4)
-  defects = [name for name, on in (("is_causal", causal), ("scale", scale), ("window", window),
-                                   ("softcap", softcap), ("normalizer", normalizer),
-                                   ("return_stats", stats)) if on]
+  defects = [
+    name
+    for name, on in (
+      ("is_causal", causal),
+      ("scale", scale),
+      ("window", window),
+      ("softcap", softcap),
+      ("normalizer", normalizer),
+      ("return_stats", stats),
+    )
+    if on
+  ]
   if not defective:
     return None
   name = _choice(rng, defects)
-  kw[name] = {"is_causal": 1, "return_stats": 0, "scale": [0.5, 0.5],
-              "window": _choice(rng, [-1, (2, -1), (1, 2, 3)]),
-              "softcap": _choice(rng, [-1.0, 0.0, float("nan")]),
-              "normalizer": "softmaxx"}[name]
+  kw[name] = {
+    "is_causal": 1,
+    "return_stats": 0,
+    "scale": [0.5, 0.5],
+    "window": _choice(rng, [-1, (2, -1), (1, 2, 3)]),
+    "softcap": _choice(rng, [-1.0, 0.0, float("nan")]),
+    "normalizer": "softmaxx",
+  }[name]
   return name
 
 
@@ -134,8 +158,9 @@ def _draw(rng, family: str) -> Draw:
   defective = mode == "option"
   own = defective and rng.random() < 0.4  # a family's own option, not a dense one
   self_only = family in ("block_select", "gated", "delta")
-  q, k, v = _arrays(rng, self_only=self_only,
-                    values="any" if family in ("dense", "qk_norm", "sparse") else "normal")
+  q, k, v = _arrays(
+    rng, self_only=self_only, values="any" if family in ("dense", "qk_norm", "sparse") else "normal"
+  )
   kw: dict[str, Any] = {}
   defect = None
   extra: dict[str, Any] = {}
@@ -152,9 +177,16 @@ def _draw(rng, family: str) -> Draw:
     defect = _dense_options(rng, kw, defective, scale=False)
   elif family == "sparse":
     fn, impls = attnjax.sparse_attention, ("blockwise", None)
-    kw["pattern"] = _choice(rng, [patterns.causal(), patterns.sliding_window(2),
-                                  patterns.sliding_window(3, 1), patterns.strided(2),
-                                  patterns.sinks_window(1, 2)])
+    kw["pattern"] = _choice(
+      rng,
+      [
+        patterns.causal(),
+        patterns.sliding_window(2),
+        patterns.sliding_window(3, 1),
+        patterns.strided(2),
+        patterns.sinks_window(1, 2),
+      ],
+    )
     kw["block_size"] = _spell(rng, _choice(rng, [1, 2, 3, 4]))
     defect = _dense_options(rng, kw, defective and not own, causal=False, window=False)
     if own:
@@ -188,12 +220,17 @@ def _draw(rng, family: str) -> Draw:
     kw["return_stats"] = bool(rng.random() < 0.3)
     if defective:
       defect = _choice(rng, ["normalize", "chunk_size", "return_state", "is_causal"])
-      kw[defect] = {"normalize": _choice(rng, [1, 0, "denom"]), "chunk_size": 0,
-                    "return_state": 1, "is_causal": 0}[defect]
+      kw[defect] = {
+        "normalize": _choice(rng, [1, 0, "denom"]),
+        "chunk_size": 0,
+        "return_state": 1,
+        "is_causal": 0,
+      }[defect]
   elif family in ("gated", "delta"):
     B, T, N, H = q.shape
-    k = k / jnp.maximum(jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True),
-                        1e-6).astype(k.dtype)
+    k = k / jnp.maximum(
+      jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True), 1e-6
+    ).astype(k.dtype)
     impls = ("recurrent", "quadratic", "chunked", None)
     decay_shape = (B, T, N, H) if family == "gated" and rng.random() < 0.5 else (B, T, N)
     log_decay = -jnp.asarray(rng.uniform(0.01, 1.0, decay_shape), jnp.float32)
@@ -210,8 +247,11 @@ def _draw(rng, family: str) -> Draw:
       kw["scale"] = _spell(rng, float(_choice(rng, [0.25, 1.0])))
     if defective:
       defect = _choice(rng, ["chunk_size", "return_state", "scale"])
-      kw[defect] = {"chunk_size": _choice(rng, [0, -3]), "return_state": 1,
-                    "scale": _choice(rng, [-1.0, [0.5]])}[defect]
+      kw[defect] = {
+        "chunk_size": _choice(rng, [0, -3]),
+        "return_state": 1,
+        "scale": _choice(rng, [-1.0, [0.5]]),
+      }[defect]
   else:
     raise KeyError(f"_draw does not know the family {family!r}")
   if mode == "array":
@@ -219,8 +259,9 @@ def _draw(rng, family: str) -> Draw:
 
   def call(implementation, q=q, k=k, v=v):
     if family == "delta":
-      return fn(q, k, v, extra["beta"], log_decay=extra["log_decay"],
-                implementation=implementation, **kw)
+      return fn(
+        q, k, v, extra["beta"], log_decay=extra["log_decay"], implementation=implementation, **kw
+      )
     return fn(q, k, v, implementation=implementation, **extra, **kw)
 
   what = f"{family} q{tuple(np.shape(q))} k{tuple(np.shape(k))} {q.dtype} {kw}"
@@ -230,9 +271,15 @@ def _draw(rng, family: str) -> Draw:
 # The calls _draw knows, by op name (front ends of one op share its engines). The families come
 # from the op registry (attnjax._op.OPS): a registered op without an entry here fails
 # test_every_registered_family_is_drawn.
-DRAWN = {"dense": ("dense", "qk_norm", "cosine"), "sparse": ("sparse",),
-         "compressed": ("compressed",), "block_select": ("block_select",), "linear": ("linear",),
-         "gated_linear": ("gated",), "delta_rule": ("delta",)}
+DRAWN = {
+  "dense": ("dense", "qk_norm", "cosine"),
+  "sparse": ("sparse",),
+  "compressed": ("compressed",),
+  "block_select": ("block_select",),
+  "linear": ("linear",),
+  "gated_linear": ("gated",),
+  "delta_rule": ("delta",),
+}
 FAMILIES = tuple(label for op in _op.OPS for label in DRAWN.get(op, ()))
 
 
@@ -247,8 +294,9 @@ def check_draw(draw: Draw):
     for impl in ("reference",) + draw.implementations:
       with pytest.raises((ValueError, TypeError)) as info:
         draw.call(impl)
-      assert draw.defect in str(info.value), f"{draw.what}: {info.value!r} does not name " \
-                                             f"{draw.defect}"
+      assert draw.defect in str(info.value), (
+        f"{draw.what}: {info.value!r} does not name {draw.defect}"
+      )
     return
   try:
     want = draw.call("reference")

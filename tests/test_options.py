@@ -30,20 +30,52 @@ from attnjax._src.ops.sparse import attention as sparse
 # arguments a call needs besides q, k, v). The recurrent families forward no dense keyword:
 # their options are their own.
 KEYWORDS_BY_OP = {
-    "dense": [
-        ("dot_product_attention", attnjax.dot_product_attention, options.KEYWORDS, (), {}, {}),
-        ("qk_norm_attention", attnjax.qk_norm_attention, qk_norm.QK_NORM_KEYWORDS, (), {}, {}),
-        ("cosine_attention", attnjax.cosine_attention, qk_norm.COSINE_KEYWORDS, (), {},
-         dict(temperature=jnp.zeros((2,))))],
-    "sparse": [("sparse_attention", attnjax.sparse_attention, sparse.DENSE_KEYWORDS, (), {},
-                dict(pattern=attnjax.patterns.causal(), block_size=4))],
-    "block_select": [("block_select_attention", attnjax.block_select_attention,
-                      block_select.DENSE_KEYWORDS, (), {"is_causal": True},
-                      dict(block_size=4, top_k=1))],
-    # compressed_attention's is_causal and window are its own rule's (compressed.CompressedRule).
-    "compressed": [("compressed_attention", attnjax.compressed_attention,
-                    compressed.DENSE_KEYWORDS, ("is_causal", "window"), {}, dict(stride=2))],
-    "linear": [], "gated_linear": [], "delta_rule": [],
+  "dense": [
+    ("dot_product_attention", attnjax.dot_product_attention, options.KEYWORDS, (), {}, {}),
+    ("qk_norm_attention", attnjax.qk_norm_attention, qk_norm.QK_NORM_KEYWORDS, (), {}, {}),
+    (
+      "cosine_attention",
+      attnjax.cosine_attention,
+      qk_norm.COSINE_KEYWORDS,
+      (),
+      {},
+      dict(temperature=jnp.zeros((2,))),
+    ),
+  ],
+  "sparse": [
+    (
+      "sparse_attention",
+      attnjax.sparse_attention,
+      sparse.DENSE_KEYWORDS,
+      (),
+      {},
+      dict(pattern=attnjax.patterns.causal(), block_size=4),
+    )
+  ],
+  "block_select": [
+    (
+      "block_select_attention",
+      attnjax.block_select_attention,
+      block_select.DENSE_KEYWORDS,
+      (),
+      {"is_causal": True},
+      dict(block_size=4, top_k=1),
+    )
+  ],
+  # compressed_attention's is_causal and window are its own rule's (compressed.CompressedRule).
+  "compressed": [
+    (
+      "compressed_attention",
+      attnjax.compressed_attention,
+      compressed.DENSE_KEYWORDS,
+      ("is_causal", "window"),
+      {},
+      dict(stride=2),
+    )
+  ],
+  "linear": [],
+  "gated_linear": [],
+  "delta_rule": [],
 }
 FAMILIES = {name: rest for op in _op.OPS for name, *rest in KEYWORDS_BY_OP.get(op, ())}
 
@@ -54,13 +86,41 @@ def test_every_registered_family_is_listed():
 
 def test_the_definition():
   assert options.KEYWORDS == (
-      "bias", "mask", "is_causal", "scale", "normalizer", "sink_logits", "softcap", "window",
-      "segment_ids", "similarity", "return_stats", "score_mod", "score_mod_args", "mask_mod",
-      "mask_mod_args", "block_layout", "context_axis", "context_strategy", "context_layout")
+    "bias",
+    "mask",
+    "is_causal",
+    "scale",
+    "normalizer",
+    "sink_logits",
+    "softcap",
+    "window",
+    "segment_ids",
+    "similarity",
+    "return_stats",
+    "score_mod",
+    "score_mod_args",
+    "mask_mod",
+    "mask_mod_args",
+    "block_layout",
+    "context_axis",
+    "context_strategy",
+    "context_layout",
+  )
   assert set(options.STATIC_NAMES) == {
-      "is_causal", "scale", "normalizer", "softcap", "window", "similarity", "return_stats",
-      "score_mod", "mask_mod", "block_layout", "context_axis", "context_strategy",
-      "context_layout"}
+    "is_causal",
+    "scale",
+    "normalizer",
+    "softcap",
+    "window",
+    "similarity",
+    "return_stats",
+    "score_mod",
+    "mask_mod",
+    "block_layout",
+    "context_axis",
+    "context_strategy",
+    "context_layout",
+  }
   assert options.keywords(without=("bias",)) == options.KEYWORDS[1:]
   with pytest.raises(ValueError, match="not keywords of a dense call.*'biass'"):
     options.keywords(without=("biass",))
@@ -77,8 +137,9 @@ def test_the_options_are_the_static_keywords_validated():
   static = [f for f in dataclasses.fields(options.DenseKeywords) if f.metadata.get("static")]
   assert [f.name for f in static] == list(options.STATIC_NAMES)
   expected = [(f.name, f.type, f.metadata.get("validated", f.default)) for f in static]
-  expected += [(name, kind.__name__, default)
-               for name, kind, default, _ in options.INTERNAL_OPTIONS]
+  expected += [
+    (name, kind.__name__, default) for name, kind, default, _ in options.INTERNAL_OPTIONS
+  ]
   fields = dataclasses.fields(options.DenseOptions)
   assert [(f.name, f.type, f.default) for f in fields] == expected
   assert {f.name: f.default for f in fields}["context_layout"] == "contiguous"
@@ -114,13 +175,25 @@ class _Stop(Exception):
 
 # A value unlike the default for every dense keyword (B=1, T=S=8, N=2), recognisable after jit.
 _PROBES = {
-    "bias": jnp.zeros((1, 1, 8, 8)), "mask": jnp.ones((1, 1, 8, 1), bool), "is_causal": True,
-    "scale": 0.375, "normalizer": "softmax_one", "sink_logits": jnp.zeros((3,)),
-    "softcap": 7.5, "window": (3, 0), "segment_ids": jnp.zeros((1, 8), jnp.int32),
-    "similarity": "neg_sq_euclidean", "return_stats": True, "score_mod": _alibi_mod,
-    "score_mod_args": (jnp.zeros((5,)),), "mask_mod": mods.causal_mask,
-    "mask_mod_args": (jnp.zeros((6,)),), "block_layout": "a layout",
-    "context_axis": "a mesh axis", "context_strategy": "all_to_all", "context_layout": "zigzag",
+  "bias": jnp.zeros((1, 1, 8, 8)),
+  "mask": jnp.ones((1, 1, 8, 1), bool),
+  "is_causal": True,
+  "scale": 0.375,
+  "normalizer": "softmax_one",
+  "sink_logits": jnp.zeros((3,)),
+  "softcap": 7.5,
+  "window": (3, 0),
+  "segment_ids": jnp.zeros((1, 8), jnp.int32),
+  "similarity": "neg_sq_euclidean",
+  "return_stats": True,
+  "score_mod": _alibi_mod,
+  "score_mod_args": (jnp.zeros((5,)),),
+  "mask_mod": mods.causal_mask,
+  "mask_mod_args": (jnp.zeros((6,)),),
+  "block_layout": "a layout",
+  "context_axis": "a mesh axis",
+  "context_strategy": "all_to_all",
+  "context_layout": "zigzag",
 }
 
 

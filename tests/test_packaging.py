@@ -18,14 +18,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_version_is_a_literal_in_a_module_that_imports_nothing():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
-    module, _, name = attr.rpartition(".")
-    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
-    tree = ast.parse(path.read_text())
-    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], (
-        f"{path.name} imports: the build backend would need attnjax's dependencies")
-    values = [n.value.value for n in tree.body if isinstance(n, ast.Assign)
-              and [t.id for t in n.targets if isinstance(t, ast.Name)] == [name]
-              and isinstance(n.value, ast.Constant)]
-    assert values == [attnjax.__version__]
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+  attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+  module, _, name = attr.rpartition(".")
+  path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+  tree = ast.parse(path.read_text())
+  assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], (
+    f"{path.name} imports: the build backend would need attnjax's dependencies"
+  )
+  values = [
+    n.value.value
+    for n in tree.body
+    if isinstance(n, ast.Assign)
+    and [t.id for t in n.targets if isinstance(t, ast.Name)] == [name]
+    and isinstance(n.value, ast.Constant)
+  ]
+  assert values == [attnjax.__version__]

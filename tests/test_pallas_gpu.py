@@ -53,8 +53,9 @@ class TestPallasGpu(DenseEngineTests):
 def test_pallas_gpu_float16_and_no_structure():
   TestPallasGpu().check(("softmax", "causal", True, jnp.float16, False, False, None))
   q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16)
-  out = pallas_gpu.run(*dense.prepare(q, k, v, normalizer="sigmoid"),
-                                   interpret=True, block_sizes=BLOCKS)
+  out = pallas_gpu.run(
+    *dense.prepare(q, k, v, normalizer="sigmoid"), interpret=True, block_sizes=BLOCKS
+  )
   ref = attnjax.dot_product_attention(q, k, v, normalizer="sigmoid", implementation="reference")
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
 
@@ -62,24 +63,36 @@ def test_pallas_gpu_float16_and_no_structure():
 def test_pallas_gpu_lists_what_it_cannot_do():
   q, k, v = rand_qkv(T=8)
   assert pallas_gpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
-  reasons = pallas_gpu.unsupported(*dense.prepare(
-      q, k, v, bias=jnp.zeros((1, 1, 8, 8)), mask=jnp.ones((1, 1, 8, 8), bool),
-      similarity="neg_sq_euclidean"))
+  reasons = pallas_gpu.unsupported(
+    *dense.prepare(
+      q,
+      k,
+      v,
+      bias=jnp.zeros((1, 1, 8, 8)),
+      mask=jnp.ones((1, 1, 8, 8), bool),
+      similarity="neg_sq_euclidean",
+    )
+  )
   assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
   inputs, opts = dense.prepare(q, k, v)
   mixed = dataclasses.replace(inputs, v=v.astype(jnp.bfloat16))
   assert any("dtypes" in r for r in pallas_gpu.unsupported(mixed, opts))
   with pytest.raises(ValueError, match="pallas_gpu' does not support bias"):
-    attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 8, 8)),
-                                  implementation="pallas_gpu")
+    attnjax.dot_product_attention(
+      q, k, v, bias=jnp.zeros((1, 1, 8, 8)), implementation="pallas_gpu"
+    )
   with pytest.raises(ValueError, match="power of two"):
     pallas_gpu.BlockSizes(block_q=24)
 
 
-@pytest.mark.parametrize("T_,S_,kw", [
+@pytest.mark.parametrize(
+  "T_,S_,kw",
+  [
     (70, 20, dict(is_causal=True, window=(5, 0), normalizer="sigmoid")),  # rows 25.. see no key
     (5, 5, dict(window=(1, 1), normalizer="softmax_one")),  # shorter than the smallest block
-], ids=["rows_without_keys", "tiny"])
+  ],
+  ids=["rows_without_keys", "tiny"],
+)
 def test_pallas_gpu_rows_without_keys_and_short_calls(T_, S_, kw):
   q, k, v = rand_qkv(B=1, T=T_, S=S_, N=2, K=1, H=8)
 
@@ -88,8 +101,9 @@ def test_pallas_gpu_rows_without_keys_and_short_calls(T_, S_, kw):
     return jnp.sum(out * jnp.cos(out)), out
 
   # dq and the dk/dv kernel (padded rows, rows with no key) against the reference.
-  grad = lambda impl: jax.value_and_grad(lambda q, k, v: loss(q, k, v, impl), argnums=(0, 1, 2),
-                                         has_aux=True)(q, k, v)
+  grad = lambda impl: jax.value_and_grad(
+    lambda q, k, v: loss(q, k, v, impl), argnums=(0, 1, 2), has_aux=True
+  )(q, k, v)
   (_, got), g_got = grad("pallas_gpu")
   (_, want), g_want = grad("reference")
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
@@ -113,7 +127,7 @@ def single_key_rows(dtype):
   only); at those rows each head's logit is small and positive (0.001 to 0.1) or negative."""
   q, k, v = rand_qkv(B=2, T=T, S=T, N=4, K=2, H=16, seed=3)
   q, k = np.array(q), np.array(k)
-  scale = 16 ** -0.5
+  scale = 16**-0.5
   for r in (13, 30):
     for n, z in enumerate((0.001, 0.01, 0.1, -0.05)):
       kr = k[:, r, n // 2]
@@ -122,9 +136,14 @@ def single_key_rows(dtype):
   return tuple(jnp.asarray(x, dtype) for x in (q, k, v)), seg
 
 
-@pytest.mark.parametrize("normalizer", [
-    "softpick", "softmax",
-    *(pytest.param(n, marks=pytest.mark.slow) for n in ("softmax_one", "sigmoid", "relu", "none"))])
+@pytest.mark.parametrize(
+  "normalizer",
+  [
+    "softpick",
+    "softmax",
+    *(pytest.param(n, marks=pytest.mark.slow) for n in ("softmax_one", "sigmoid", "relu", "none")),
+  ],
+)
 def test_pallas_gpu_backward_keeps_each_rows_precision(normalizer):
   # bfloat16, causal packed segments, the logsumexp statistic in the loss: every row of dq,
   # dk and dv against float64, each relative to its own scale. A row that sees one key with a
@@ -145,23 +164,29 @@ def test_pallas_gpu_backward_keeps_each_rows_precision(normalizer):
   got = jax.jit(jax.grad(functools.partial(loss, fn=kernel), (0, 1, 2)))(q, k, v)
   with jax.enable_x64(True):
     exact = jax.grad(functools.partial(loss, fn=dense.reference, dtype=jnp.float64), (0, 1, 2))(
-        *(np.asarray(x, np.float64) for x in (q, k, v)))
+      *(np.asarray(x, np.float64) for x in (q, k, v))
+    )
     exact = [np.asarray(x) for x in exact]
   # bfloat16 rounds dO, the weights and dS for the tensor-core products and the result (2^-9
   # each), and a row's sum over its keys may cancel: a few times 2^-8 per row.
-  tol = 16 * 2.0 ** -8
+  tol = 16 * 2.0**-8
   for name, a, b in zip(("dq", "dk", "dv"), got, exact):
     err = row_errors(a, b)
     worst = np.unravel_index(np.argmax(err), err.shape)
     assert err[worst] < tol, f"{name} row {worst}: error {err[worst]:.2e} of its scale"
 
 
-@pytest.mark.parametrize("case", [
+@pytest.mark.parametrize(
+  "case",
+  [
     ("softmax", "causal", True, jnp.bfloat16, True, True, 20.0),  # sinks: the null column
     ("sigmoid", "segments", True, jnp.bfloat16, True, False, None),  # counts before tiles
-    pytest.param(("softmax_one", "window", False, jnp.float16, True, False, None),
-                 marks=pytest.mark.slow),
-], ids=["softmax-sinks", "sigmoid-counts", "softmax_one-fp16"])
+    pytest.param(
+      ("softmax_one", "window", False, jnp.float16, True, False, None), marks=pytest.mark.slow
+    ),
+  ],
+  ids=["softmax-sinks", "sigmoid-counts", "softmax_one-fp16"],
+)
 def test_pallas_gpu_row_terms_from_tiles_for_every_normaliser(case, monkeypatch):
   # The dq kernel's float32 D (taken for softpick only) runs the forward's online pass of any
   # normaliser: with a learned null column and with the allowed-key counts too.
@@ -179,9 +204,11 @@ class TestPallasGpuAsymmetricBackward(TestPallasGpu):
     return pallas_gpu.run(inputs, opts, interpret=True, block_sizes=ASYMMETRIC)
 
   def default_cases(self):
-    return [("softmax", "causal", True, jnp.bfloat16, True, True, 20.0),
-            ("softpick", "segments", True, jnp.bfloat16, True, False, None),
-            ("sigmoid", "window", False, jnp.float32, True, False, None)]
+    return [
+      ("softmax", "causal", True, jnp.bfloat16, True, True, 20.0),
+      ("softpick", "segments", True, jnp.bfloat16, True, False, None),
+      ("sigmoid", "window", False, jnp.float32, True, False, None),
+    ]
 
   def normaliser_cases(self):
     return []
@@ -190,15 +217,20 @@ class TestPallasGpuAsymmetricBackward(TestPallasGpu):
     return []
 
 
-ASYMMETRIC = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=32, block_k_bwd=16,
-                                   block_q_dkdv=16, block_k_dkdv=32)
+ASYMMETRIC = pallas_gpu.BlockSizes(
+  block_q=32, block_k=16, block_q_bwd=32, block_k_bwd=16, block_q_dkdv=16, block_k_dkdv=32
+)
 
 
 def test_pallas_gpu_block_sizes_by_kernel():
   # A100 rows at head dims <= 64 in bf16 / fp16: the tutorial's asymmetric backward tiles.
   sizes = pallas_gpu.block_sizes_for(64, jnp.bfloat16, 8)
   assert (sizes.block_q_bwd, sizes.block_k_bwd, sizes.block_q_dkdv, sizes.block_k_dkdv) == (
-      128, 32, 32, 128)
+    128,
+    32,
+    32,
+    128,
+  )
   assert pallas_gpu.block_sizes_for(64, jnp.bfloat16, 9) == pallas_gpu.DEFAULT_BLOCK_SIZES
   with pytest.raises(ValueError, match="block_k_dkdv"):
     pallas_gpu.BlockSizes(block_k_dkdv=48)
@@ -210,7 +242,7 @@ def _softpick_loss_f64(q, k, v, seg):
   nothing rounded to float32 (``dense.reference`` takes its logits in float32)."""
   out, z, allowed = softpick_f64(q, k, v, seg)
   lse = jax.nn.logsumexp(jnp.where(allowed, z, -jnp.inf), -1)
-  return jnp.sum(out ** 2) + jnp.sum(lse)
+  return jnp.sum(out**2) + jnp.sum(lse)
 
 
 @pytest.mark.parametrize("engine", ["blockwise", "pallas_gpu"])
@@ -222,19 +254,23 @@ def test_softpick_float32_weights_keep_single_key_rows_precise(engine):
   # dq is left out: its single-key rows move by ~1/z times the float32 logit's rounding in
   # every engine (the reference's own 2.5e-4).
   from attnjax._src.kernels.blockwise import kernel as blockwise
+
   (q, k, v), seg = single_key_rows(jnp.float32)
   kw = dict(is_causal=True, segment_ids=seg, normalizer="softpick", return_stats=True)
-  run = {"blockwise": lambda i, o: blockwise.run(i, o, block_q=16, block_k=16),
-         "pallas_gpu": lambda i, o: pallas_gpu.run(i, o, interpret=True, block_sizes=BLOCKS)}
+  run = {
+    "blockwise": lambda i, o: blockwise.run(i, o, block_q=16, block_k=16),
+    "pallas_gpu": lambda i, o: pallas_gpu.run(i, o, interpret=True, block_sizes=BLOCKS),
+  }
 
   def loss(q, k, v):
     out, st = run[engine](*dense.prepare(q, k, v, **kw))
-    return jnp.sum(out ** 2) + jnp.sum(st.logsumexp)
+    return jnp.sum(out**2) + jnp.sum(st.logsumexp)
 
   got = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
   with jax.enable_x64(True):
     exact = jax.grad(functools.partial(_softpick_loss_f64, seg=seg), (0, 1, 2))(
-        *(np.asarray(x, np.float64) for x in (q, k, v)))
+      *(np.asarray(x, np.float64) for x in (q, k, v))
+    )
     exact = [np.asarray(x) for x in exact]
   # a row's sums over its T keys (and the head dim) in float32: a few eps per term
   tol = 4 * np.finfo(np.float32).eps * T

@@ -22,8 +22,8 @@ from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
 from attnjax._src.kernels.pallas_gpu.plan import make_plan
 
 pytestmark = [
-    pytest.mark.targets("cuda"),
-    pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
+  pytest.mark.targets("cuda"),
+  pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
 ]
 
 
@@ -32,8 +32,16 @@ def compile_settings(target_compiles):
   """As tests/test_targets.py (conftest's ``target_compiles``)."""
 
 
-def compile_backward(target: str, normalizer: str, dtype, head_dim: int, *, segments: bool,
-                     sinks: bool = False, T: int = 384):
+def compile_backward(
+  target: str,
+  normalizer: str,
+  dtype,
+  head_dim: int,
+  *,
+  segments: bool,
+  sinks: bool = False,
+  T: int = 384,
+):
   """The compiled text of ``grad`` (q, k, v) of one causal ``pallas_gpu`` call with the
   logsumexp statistic, GQA 4 / 2 heads, on one compile-only ``target`` GPU."""
   mesh = targets.mesh(targets.gpu_devices(target, 1))
@@ -45,8 +53,16 @@ def compile_backward(target: str, normalizer: str, dtype, head_dim: int, *, segm
   def loss(q, k, v, seg):
     extra = dict(sink_logits=jnp.linspace(-1.0, 1.0, 4), softcap=30.0) if sinks else {}
     out, st = dense.dot_product_attention(
-        q, k, v, is_causal=True, segment_ids=seg if segments else None, normalizer=normalizer,
-        return_stats=True, implementation="pallas_gpu", **extra)
+      q,
+      k,
+      v,
+      is_causal=True,
+      segment_ids=seg if segments else None,
+      normalizer=normalizer,
+      return_stats=True,
+      implementation="pallas_gpu",
+      **extra,
+    )
     return jnp.sum(out.astype(jnp.float32) ** 2) + jnp.sum(st.logsumexp)
 
   with jax.set_mesh(mesh):
@@ -60,25 +76,37 @@ def assert_kernels(text: str, normalizer: str):
 
 
 CASES = [
-    ("a100", jnp.bfloat16, 64, True),
-    ("a100", jnp.float16, 128, False),
-    ("a100", jnp.bfloat16, 256, False),
-    ("h100", jnp.bfloat16, 128, True),
-    ("h100", jnp.bfloat16, 256, False),
+  ("a100", jnp.bfloat16, 64, True),
+  ("a100", jnp.float16, 128, False),
+  ("a100", jnp.bfloat16, 256, False),
+  ("h100", jnp.bfloat16, 128, True),
+  ("h100", jnp.bfloat16, 256, False),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{jnp.dtype(c[1]).name}-H{c[2]}"
-                         + ("-segments" if c[3] else ""))
+@pytest.mark.parametrize(
+  "case",
+  CASES,
+  ids=lambda c: f"{c[0]}-{jnp.dtype(c[1]).name}-H{c[2]}" + ("-segments" if c[3] else ""),
+)
 def test_softpick_backward_with_row_terms_from_tiles_compiles(case):
   target, dtype, head_dim, segments = case
   assert pallas_backward.row_terms_from_tiles(
-      make_plan(*dense.prepare(
-          jnp.zeros((1, 8, 4, head_dim), dtype), jnp.zeros((1, 8, 2, head_dim), dtype),
-          jnp.zeros((1, 8, 2, head_dim), dtype), normalizer="softpick"),
-          pallas_gpu.DEFAULT_BLOCK_SIZES, False), dtype)
-  assert_kernels(compile_backward(target, "softpick", dtype, head_dim, segments=segments),
-                 "softpick")
+    make_plan(
+      *dense.prepare(
+        jnp.zeros((1, 8, 4, head_dim), dtype),
+        jnp.zeros((1, 8, 2, head_dim), dtype),
+        jnp.zeros((1, 8, 2, head_dim), dtype),
+        normalizer="softpick",
+      ),
+      pallas_gpu.DEFAULT_BLOCK_SIZES,
+      False,
+    ),
+    dtype,
+  )
+  assert_kernels(
+    compile_backward(target, "softpick", dtype, head_dim, segments=segments), "softpick"
+  )
 
 
 @pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
@@ -86,14 +114,20 @@ def test_row_terms_from_tiles_compiles_with_sinks_and_counts(normalizer, monkeyp
   monkeypatch.setattr(pallas_backward, "needs_row_terms", lambda c: True)
   monkeypatch.setattr(pallas_backward, "row_terms_from_tiles", lambda c, dtype: True)
   sinks = normalizers.REGISTRY[normalizer].accepts_sink_logits
-  assert_kernels(compile_backward("a100", normalizer, jnp.bfloat16, 128, segments=True,
-                                  sinks=sinks), normalizer)
+  assert_kernels(
+    compile_backward("a100", normalizer, jnp.bfloat16, 128, segments=True, sinks=sinks), normalizer
+  )
 
 
-@pytest.mark.parametrize("normalizer,dtype,segments", [
-    ("softmax", jnp.bfloat16, True), ("sigmoid", jnp.float16, False),
-    ("softpick", jnp.bfloat16, False)], ids=["softmax-bf16-segments", "sigmoid-fp16",
-                                            "softpick-bf16"])
+@pytest.mark.parametrize(
+  "normalizer,dtype,segments",
+  [
+    ("softmax", jnp.bfloat16, True),
+    ("sigmoid", jnp.float16, False),
+    ("softpick", jnp.bfloat16, False),
+  ],
+  ids=["softmax-bf16-segments", "sigmoid-fp16", "softpick-bf16"],
+)
 def test_ampere_asymmetric_backward_tiles_compile(normalizer, dtype, segments):
   # The sm_80 rows at head dims <= 64: dq programs of 128 rows over 32-key steps, dk/dv
   # programs of 128 keys over 32-row steps, 4 warps (D from the output, from the tiles, none).

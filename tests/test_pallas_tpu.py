@@ -59,13 +59,14 @@ def test_block_tables_skip_blocks_and_drop_masks():
   t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
   assert t.kv_count.tolist() == list(range(1, 9)) and t.kv_index.shape == (8, 8)
   assert int(np.sum(t.kinds == MASKED)) == 8 and int(np.sum(t.kinds == FULL)) == 28
-  kind, fetch = plan.visit_tables(plan.run_time_kinds(t.kinds, None), t.kv_index,
-                                        t.kv_count, transpose=False)
+  kind, fetch = plan.visit_tables(
+    plan.run_time_kinds(t.kinds, None), t.kv_index, t.kv_count, transpose=False
+  )
   kind, fetch = np.asarray(kind), np.asarray(fetch)
   assert kind[0].tolist() == [MASKED] + [SKIP] * 7 and fetch[0].tolist() == [0] * 8
   assert kind[3].tolist() == [FULL] * 3 + [MASKED] + [SKIP] * 4
   # The dk/dv tables are the transpose: key block 2 is visited by query blocks 2..7.
-  assert t.q_index[2][:t.q_count[2]].tolist() == [2, 3, 4, 5, 6, 7]
+  assert t.q_index[2][: t.q_count[2]].tolist() == [2, 3, 4, 5, 6, 7]
   # A window (256, 0): rows visit at most 3 key blocks; a chunked mask_mod keeps its chunks only.
   inputs, opts = dense.prepare(q, k, v, window=(256, 0))
   c = tpu_kernel.make_plan(inputs, opts, BLOCKS, True)
@@ -87,8 +88,7 @@ def test_segments_skip_blocks_at_run_time():
   t = tpu_kernel.tables_of(c, inputs, opts, 128, 128)
   kinds = np.asarray(plan.run_time_table(c, t, ids, ids, 128, 128))
   assert int(np.sum(kinds != SKIP)) == 16 and int(np.sum(kinds == FULL)) == 16
-  kind, fetch = plan.visit_tables(jnp.asarray(kinds), t.kv_index, t.kv_count,
-                                        transpose=False)
+  kind, fetch = plan.visit_tables(jnp.asarray(kinds), t.kv_index, t.kv_count, transpose=False)
   kind, fetch = np.asarray(kind), np.asarray(fetch)
   assert kind[2].tolist() == [SKIP, SKIP, FULL, FULL] + [SKIP] * 4
   assert fetch[2].tolist() == [2, 2, 2, 3, 3, 3, 3, 3]
@@ -99,30 +99,50 @@ def test_segments_skip_blocks_at_run_time():
 def test_pallas_tpu_lists_what_it_cannot_do():
   q, k, v = rand_qkv(T=8)
   assert pallas_tpu.unsupported(*dense.prepare(q, k, v, is_causal=True)) == []
-  reasons = pallas_tpu.unsupported(*dense.prepare(
-      q, k, v, bias=jnp.zeros((1, 1, 8, 8)), mask=jnp.ones((1, 1, 8, 8), bool),
-      similarity="neg_sq_euclidean"))
+  reasons = pallas_tpu.unsupported(
+    *dense.prepare(
+      q,
+      k,
+      v,
+      bias=jnp.zeros((1, 1, 8, 8)),
+      mask=jnp.ones((1, 1, 8, 8), bool),
+      similarity="neg_sq_euclidean",
+    )
+  )
   assert len(reasons) == 3 and "bias" in reasons[0] and "mask" in reasons[1], reasons
   # Modifier arguments are SMEM tables read by scalar index: ALiBi's slopes[n] runs in the
   # kernel; T5's table[bucket(i - j), n] (a gather) and document ids doc[b, i] do not.
   slopes = jnp.asarray(mods.alibi_slopes(q.shape[2]))
-  assert pallas_tpu.unsupported(*dense.prepare(q, k, v, score_mod=mods.alibi,
-                                               score_mod_args=(slopes,))) == []
+  assert (
+    pallas_tpu.unsupported(*dense.prepare(q, k, v, score_mod=mods.alibi, score_mod_args=(slopes,)))
+    == []
+  )
   t5 = mods.t5_relative_bias(num_buckets=8, max_distance=16)
-  reasons = pallas_tpu.unsupported(*dense.prepare(
-      q, k, v, score_mod=t5, score_mod_args=(jnp.zeros((8, q.shape[2])),)))
+  reasons = pallas_tpu.unsupported(
+    *dense.prepare(q, k, v, score_mod=t5, score_mod_args=(jnp.zeros((8, q.shape[2])),))
+  )
   assert len(reasons) == 1 and "scalar index" in reasons[0], reasons
-  reasons = pallas_tpu.unsupported(*dense.prepare(
-      q, k, v, mask_mod=mods.document_mask, mask_mod_args=(jnp.zeros((1, 8), jnp.int32),)))
+  reasons = pallas_tpu.unsupported(
+    *dense.prepare(
+      q, k, v, mask_mod=mods.document_mask, mask_mod_args=(jnp.zeros((1, 8), jnp.int32),)
+    )
+  )
   assert len(reasons) == 1 and "mask_mod" in reasons[0], reasons
   inputs, opts = dense.prepare(q, k, v)
-  assert any("dtypes" in r for r in pallas_tpu.unsupported(
-      dataclasses.replace(inputs, v=v.astype(jnp.bfloat16)), opts))
-  assert any("dtypes" in r for r in pallas_tpu.unsupported(*dense.prepare(
-      q.astype(jnp.float16), k.astype(jnp.float16), v.astype(jnp.float16))))
+  assert any(
+    "dtypes" in r
+    for r in pallas_tpu.unsupported(dataclasses.replace(inputs, v=v.astype(jnp.bfloat16)), opts)
+  )
+  assert any(
+    "dtypes" in r
+    for r in pallas_tpu.unsupported(
+      *dense.prepare(q.astype(jnp.float16), k.astype(jnp.float16), v.astype(jnp.float16))
+    )
+  )
   with pytest.raises(ValueError, match="pallas_tpu' does not support bias"):
-    attnjax.dot_product_attention(q, k, v, bias=jnp.zeros((1, 1, 8, 8)),
-                                  implementation="pallas_tpu")
+    attnjax.dot_product_attention(
+      q, k, v, bias=jnp.zeros((1, 1, 8, 8)), implementation="pallas_tpu"
+    )
   with pytest.raises(ValueError, match="multiple of 128"):
     pallas_tpu.BlockSizes(block_q=96)
   with pytest.raises(ValueError, match="runs on a TPU only"):
@@ -146,14 +166,18 @@ def test_modifiers_reading_batch_and_head_inside_shard_map():
       out = dense.reference(inputs, opts)
     else:
       out = _sharding.per_shard(
-          lambda i, offsets: pallas_tpu.run(i, opts, interpret=True, block_sizes=BLOCKS,
-                                            shard_offsets=offsets), inputs)
+        lambda i, offsets: pallas_tpu.run(
+          i, opts, interpret=True, block_sizes=BLOCKS, shard_offsets=offsets
+        ),
+        inputs,
+      )
     return jnp.sum(out * jnp.cos(out)), out
 
   if len(jax.devices()) < 4:
     pytest.skip("needs 4 devices (the suite's CPU backend has 8)")
-  grad = lambda impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2),
-                                                 has_aux=True))(q, k, v)
+  grad = lambda impl: jax.jit(
+    jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2), has_aux=True)
+  )(q, k, v)
   want = grad("reference")
   with jax.set_mesh(mesh):
     got = grad("pallas_tpu")

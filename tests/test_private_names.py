@@ -43,18 +43,22 @@ ATTRIBUTE_FUNCTIONS = ("getattr", "hasattr", "setattr", "delattr")
 ALLOWED: frozenset[str] = frozenset()  # "path:line: name" entries; empty by design
 # "path: dotted name" of each use of another project's private names, and why.
 JAX_INTERNALS: dict[str, str] = {
-    "attnjax/_src/lowering.py: jax._src.config": (
-        "device_context on jax 0.10.2: host_eval runs eager work on this host inside a trace "
-        "under jax.set_mesh, and jax has no public way out of the concrete mesh"),
-    "attnjax/_src/lowering.py: jax._src.mesh": (
-        "device_context on jax 0.12 and empty_concrete_mesh on both, for the same reason"),
-    "attnjax/_src/target.py: jax._src.cudnn.fused_attention_stablehlo": (
-        "check_cudnn_version: whether jax can trace its cuDNN attention on this host; jax has "
-        "no public query for it"),
-    "attnjax/_src/kernels/mosaic_gpu/plan.py: "
-    "jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams": (
-        "the Mosaic GPU interpreter's parameters on jax 0.10.2 (jax 0.12 exports them from "
-        "jax.experimental.pallas.mosaic_gpu, which the shim takes first)"),
+  "attnjax/_src/lowering.py: jax._src.config": (
+    "device_context on jax 0.10.2: host_eval runs eager work on this host inside a trace "
+    "under jax.set_mesh, and jax has no public way out of the concrete mesh"
+  ),
+  "attnjax/_src/lowering.py: jax._src.mesh": (
+    "device_context on jax 0.12 and empty_concrete_mesh on both, for the same reason"
+  ),
+  "attnjax/_src/target.py: jax._src.cudnn.fused_attention_stablehlo": (
+    "check_cudnn_version: whether jax can trace its cuDNN attention on this host; jax has "
+    "no public query for it"
+  ),
+  "attnjax/_src/kernels/mosaic_gpu/plan.py: "
+  "jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams": (
+    "the Mosaic GPU interpreter's parameters on jax 0.10.2 (jax 0.12 exports them from "
+    "jax.experimental.pallas.mosaic_gpu, which the shim takes first)"
+  ),
 }
 
 
@@ -74,7 +78,7 @@ def home(root: pathlib.Path, dotted: str) -> str:
   for n in range(len(parts), 0, -1):
     name = ".".join(parts[:n])
     if is_module(root, name):
-      folder = parts[:n] if is_package(root, name) else parts[:n - 1]
+      folder = parts[:n] if is_package(root, name) else parts[: n - 1]
       return "/".join(folder) or "."
   return f"external:{parts[0]}"
 
@@ -95,8 +99,9 @@ class Finder(ast.NodeVisitor):
 
   def external_private(self, dotted: str) -> bool:
     """Whether ``dotted`` is another project's and passes through a private name."""
-    return (home(self.root, dotted).startswith("external:")
-            and any(is_private(part) for part in dotted.split(".")))
+    return home(self.root, dotted).startswith("external:") and any(
+      is_private(part) for part in dotted.split(".")
+    )
 
   def check(self, node: ast.AST, owner: str, name: str) -> None:
     """Records ``name`` (read from ``owner``, a dotted path) unless it is public or ours."""
@@ -169,9 +174,13 @@ class Finder(ast.NodeVisitor):
     self.generic_visit(node)
 
   def visit_Call(self, node: ast.Call) -> None:
-    if (isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_FUNCTIONS
-        and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-        and isinstance(node.args[1].value, str)):
+    if (
+      isinstance(node.func, ast.Name)
+      and node.func.id in ATTRIBUTE_FUNCTIONS
+      and len(node.args) >= 2
+      and isinstance(node.args[1], ast.Constant)
+      and isinstance(node.args[1].value, str)
+    ):
       base = self.dotted(node.args[0])
       if base is not None:
         self.check(node, base, node.args[1].value)
@@ -179,8 +188,11 @@ class Finder(ast.NodeVisitor):
 
   def visit_Assign(self, node: ast.Assign) -> None:
     # ``x = Imported(...)``: x is an instance of (or a result from) the import's module.
-    if (len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-        and isinstance(node.value, ast.Call)):
+    if (
+      len(node.targets) == 1
+      and isinstance(node.targets[0], ast.Name)
+      and isinstance(node.value, ast.Call)
+    ):
       made_by = self.dotted(node.value.func)
       if made_by is not None:
         self.bound[node.targets[0].id] = made_by
@@ -219,28 +231,31 @@ def offenders(root: pathlib.Path) -> list[str]:
 
 def test_the_finder_sees_each_form_and_allows_its_own_package(tmp_path):
   files = {
-      "pkg/__init__.py": "",
-      "pkg/_util.py": "def _helper(): ...\ndef public(): ...\n",
-      "pkg/same.py": ("from pkg import _util\nfrom pkg._util import _helper\n"
-                      "from . import _util as u\nu._helper()\n"),
-      "pkg/sub/__init__.py": "from pkg import __version__\n",
-      "pkg/sub/own.py": "from pkg.sub import _mine\nfrom . import _mine as m\n",
-      "app/__init__.py": "",
-      "app/main.py": "from pkg import _util\nfrom pkg._util import _helper\n",
-      "pkg/sub/other.py": (
-          "import pkg._util\n"
-          "from pkg import _util\n"
-          "from .._util import public\n"
-          "from pkg.same import Thing\n"
-          "import jax\n"
-          "def f(cache):\n"
-          "  pkg._util.public()\n"
-          "  jax._src.mesh\n"
-          "  thing = Thing()\n"
-          "  thing._private()\n"
-          "  getattr(Thing, '_hidden')\n"
-          "  cache._private()\n"
-          "  return Thing()._replace(x=1)\n"),
+    "pkg/__init__.py": "",
+    "pkg/_util.py": "def _helper(): ...\ndef public(): ...\n",
+    "pkg/same.py": (
+      "from pkg import _util\nfrom pkg._util import _helper\n"
+      "from . import _util as u\nu._helper()\n"
+    ),
+    "pkg/sub/__init__.py": "from pkg import __version__\n",
+    "pkg/sub/own.py": "from pkg.sub import _mine\nfrom . import _mine as m\n",
+    "app/__init__.py": "",
+    "app/main.py": "from pkg import _util\nfrom pkg._util import _helper\n",
+    "pkg/sub/other.py": (
+      "import pkg._util\n"
+      "from pkg import _util\n"
+      "from .._util import public\n"
+      "from pkg.same import Thing\n"
+      "import jax\n"
+      "def f(cache):\n"
+      "  pkg._util.public()\n"
+      "  jax._src.mesh\n"
+      "  thing = Thing()\n"
+      "  thing._private()\n"
+      "  getattr(Thing, '_hidden')\n"
+      "  cache._private()\n"
+      "  return Thing()._replace(x=1)\n"
+    ),
   }
   for name, text in files.items():
     tmp_path.joinpath(name).parent.mkdir(parents=True, exist_ok=True)
@@ -253,23 +268,26 @@ def test_the_finder_sees_each_form_and_allows_its_own_package(tmp_path):
   assert private_uses(tmp_path, tmp_path / "pkg/sub/own.py") == []
   # pkg._util is a private module of pkg: pkg/sub may use it; jax's internals are not checked.
   assert private_uses(tmp_path, tmp_path / "pkg/sub/other.py") == [
-      "pkg/sub/other.py:10: _private (from pkg.same.Thing)",
-      "pkg/sub/other.py:11: _hidden (from pkg.same.Thing)",
+    "pkg/sub/other.py:10: _private (from pkg.same.Thing)",
+    "pkg/sub/other.py:11: _hidden (from pkg.same.Thing)",
   ]
   assert internal_uses(tmp_path, tmp_path / "pkg/sub/other.py") == [
-      "pkg/sub/other.py: jax._src.mesh"]
+    "pkg/sub/other.py: jax._src.mesh"
+  ]
   assert internal_uses(tmp_path, tmp_path / "pkg/same.py") == []
   assert private_uses(tmp_path, tmp_path / "app/main.py") == [
-      "app/main.py:1: _util (from pkg)",
-      "app/main.py:2: _util (from pkg)",
-      "app/main.py:2: _helper (from pkg._util)",
+    "app/main.py:1: _util (from pkg)",
+    "app/main.py:2: _util (from pkg)",
+    "app/main.py:2: _helper (from pkg._util)",
   ]
 
 
 def test_no_private_name_is_used_outside_its_package():
   found = offenders(ROOT)
-  assert not found, ("private names used outside their package directory (make them public "
-                     "or move them):\n" + "\n".join(found))
+  assert not found, (
+    "private names used outside their package directory (make them public "
+    "or move them):\n" + "\n".join(found)
+  )
 
 
 def test_each_use_of_jax_internals_is_listed_with_its_reason():
@@ -279,8 +297,10 @@ def test_each_use_of_jax_internals_is_listed_with_its_reason():
       used.update(internal_uses(ROOT, path))
   unlisted = sorted(used - set(JAX_INTERNALS))
   stale = sorted(set(JAX_INTERNALS) - used)
-  assert not unlisted, ("private names of jax used without an entry in JAX_INTERNALS (use a "
-                        "public API, or add the entry with the reason):\n" + "\n".join(unlisted))
+  assert not unlisted, (
+    "private names of jax used without an entry in JAX_INTERNALS (use a "
+    "public API, or add the entry with the reason):\n" + "\n".join(unlisted)
+  )
   assert not stale, "JAX_INTERNALS entries no longer used:\n" + "\n".join(stale)
   assert all(reason.strip() for reason in JAX_INTERNALS.values())
 
@@ -302,15 +322,25 @@ def implementation_statements(path: pathlib.Path) -> list[str]:
   tree = ast.parse(path.read_text())
   out = []
   for i, node in enumerate(tree.body):
-    docstring = (i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-                 and isinstance(node.value.value, str))
+    docstring = (
+      i == 0
+      and isinstance(node, ast.Expr)
+      and isinstance(node.value, ast.Constant)
+      and isinstance(node.value.value, str)
+    )
     names = [t.id for t in getattr(node, "targets", ()) if isinstance(t, ast.Name)]
-    glue = (docstring or isinstance(node, (ast.Import, ast.ImportFrom))
-            or names == ["__all__"]
-            or (isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"))
+    glue = (
+      docstring
+      or isinstance(node, (ast.Import, ast.ImportFrom))
+      or names == ["__all__"]
+      or (isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'")
+    )
     if path.name == "__init__.py" and path.parent.name == "attnjax":
-      glue = glue or names == ["_LAZY"] or (isinstance(node, ast.FunctionDef)
-                                            and node.name in ("__getattr__", "__dir__"))
+      glue = (
+        glue
+        or names == ["_LAZY"]
+        or (isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__"))
+      )
     if path.name == "_version.py":
       glue = glue or names == ["__version__"]
     if not glue:
@@ -319,8 +349,9 @@ def implementation_statements(path: pathlib.Path) -> list[str]:
 
 
 def test_the_glue_check_finds_a_definition(tmp_path):
-  (tmp_path / "m.py").write_text('"""Doc."""\nfrom a import b\n__all__ = ["b"]\n'
-                                 'def f():\n  pass\nX = 1\n')
+  (tmp_path / "m.py").write_text(
+    '"""Doc."""\nfrom a import b\n__all__ = ["b"]\ndef f():\n  pass\nX = 1\n'
+  )
   global ROOT
   root, ROOT = ROOT, tmp_path
   try:
@@ -330,8 +361,11 @@ def test_the_glue_check_finds_a_definition(tmp_path):
 
 
 def test_no_module_outside_src_holds_an_implementation():
-  public = [p for p in sorted(ROOT.joinpath("attnjax").rglob("*.py"))
-            if "_src" not in p.relative_to(ROOT).parts]
+  public = [
+    p
+    for p in sorted(ROOT.joinpath("attnjax").rglob("*.py"))
+    if "_src" not in p.relative_to(ROOT).parts
+  ]
   assert len(public) > 40, len(public)
   found = [s for p in public for s in implementation_statements(p)]
   assert not found, "public modules define code (move it under attnjax/_src):\n" + "\n".join(found)
@@ -346,12 +380,21 @@ def test_user_facing_code_never_imports_src():
   found = []
   for source in USER_FACING:
     base = ROOT / source
-    files = [base] if base.is_file() else sorted(
-        p for p in base.rglob("*") if p.suffix in (".py", ".md", ".ipynb")
-        and "_build" not in p.parts and "_generated" not in p.parts)
+    files = (
+      [base]
+      if base.is_file()
+      else sorted(
+        p
+        for p in base.rglob("*")
+        if p.suffix in (".py", ".md", ".ipynb")
+        and "_build" not in p.parts
+        and "_generated" not in p.parts
+      )
+    )
     for path in files:
       for n, line in enumerate(path.read_text().splitlines(), 1):
         if IMPORTS_SRC.search(line):
           found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-  assert not found, ("experiments, notebooks and documentation use only the public modules:\n"
-                     + "\n".join(found))
+  assert not found, (
+    "experiments, notebooks and documentation use only the public modules:\n" + "\n".join(found)
+  )

@@ -18,11 +18,11 @@ def rand_qkv(B=2, T=9, N=8, K=2, H=16, seed=0, dtype=jnp.float32):
 def _np_norm(x, norm, eps=1e-6):
   x = np.asarray(x, np.float64)
   if norm == "l2":
-    return x / np.sqrt((x ** 2).sum(-1, keepdims=True) + eps)
+    return x / np.sqrt((x**2).sum(-1, keepdims=True) + eps)
   if norm == "rms":
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
   c = x - x.mean(-1, keepdims=True)
-  return c / np.sqrt((c ** 2).mean(-1, keepdims=True) + eps)
+  return c / np.sqrt((c**2).mean(-1, keepdims=True) + eps)
 
 
 @pytest.mark.parametrize("norm", ["l2", "rms", "layer"])
@@ -42,7 +42,7 @@ def test_qk_norm_bounds_the_logits():
   _, s_raw = attnjax.dot_product_attention(q * 100, k * 100, v, return_stats=True)
   _, s_norm = attnjax.qk_norm_attention(q * 100, k * 100, v, norm="rms", return_stats=True)
   assert float(s_raw.max_logit.max()) > 1e3
-  assert float(s_norm.max_logit.max()) <= 16 ** 0.5 + 1e-3  # |q.k| <= H for unit-RMS vectors
+  assert float(s_norm.max_logit.max()) <= 16**0.5 + 1e-3  # |q.k| <= H for unit-RMS vectors
 
 
 def test_qk_norm_gain_gradients_match_finite_differences():
@@ -51,8 +51,9 @@ def test_qk_norm_gain_gradients_match_finite_differences():
   # float64 inputs and a step of 1e-3 they agree to ~3e-5.
   with jax.enable_x64(True):
     q, k, v = (x.astype(jnp.float64) for x in rand_qkv())
-    loss = lambda gq: jnp.sum(attnjax.qk_norm_attention(
-        q, k, v, norm="rms", q_gain=gq, is_causal=True) ** 2)
+    loss = lambda gq: jnp.sum(
+      attnjax.qk_norm_attention(q, k, v, norm="rms", q_gain=gq, is_causal=True) ** 2
+    )
     gain = 1.0 + 0.1 * jnp.arange(16, dtype=jnp.float64) / 16
     check_grads(loss, (gain,), order=1, modes=("rev",), eps=1e-3, atol=1e-4, rtol=1e-4)
     assert float(jnp.abs(jax.grad(loss)(gain)).max()) > 0
@@ -63,13 +64,15 @@ def test_cosine_worked_example_and_rescaling():
   q = jnp.array([2.0, 1.0]).reshape(1, 1, 1, 2)
   k = jnp.array([[1.0, 2.0], [0.0, 1.0]]).reshape(1, 2, 1, 2)
   v = jnp.eye(2).reshape(1, 2, 1, 2)
-  _, s = attnjax.cosine_attention(q, k, v, temperature=jnp.ones(1), convention="scale",
-                                  return_stats=True)
+  _, s = attnjax.cosine_attention(
+    q, k, v, temperature=jnp.ones(1), convention="scale", return_stats=True
+  )
   np.testing.assert_allclose(s.max_logit[0, 0], 0.8, atol=1e-5)
   base = attnjax.cosine_attention(q, k, v, temperature=jnp.ones(1), convention="scale")
   for cq, ck in ((5.0, 1.0), (1.0, 0.1), (7.0, 3.0)):
-    scaled = attnjax.cosine_attention(cq * q, ck * k, v, temperature=jnp.ones(1),
-                                      convention="scale")
+    scaled = attnjax.cosine_attention(
+      cq * q, ck * k, v, temperature=jnp.ones(1), convention="scale"
+    )
     np.testing.assert_allclose(scaled, base, atol=1e-5)
   # Dot-product attention keeps the norms, so rescaling changes it.
   a = attnjax.dot_product_attention(q, k, v)
@@ -100,8 +103,9 @@ def test_cosine_conventions(convention):
     temp = jax.random.uniform(jax.random.key(3), (4, 8), minval=0.5, maxval=1.5)
   else:
     temp = jnp.array([0.5, 1.0, 3.0, 6.0])  # for swin, 6.0 > log 100 exercises the clamp
-  _, s = attnjax.cosine_attention(q, k, v, temperature=temp, convention=convention,
-                                  return_stats=True)
+  _, s = attnjax.cosine_attention(
+    q, k, v, temperature=temp, convention=convention, return_stats=True
+  )
   cos = _np_cos(q, k)
   if convention == "swin":
     z = cos * np.exp(np.minimum(np.asarray(temp), np.log(100.0)))[None, :, None, None]
@@ -120,31 +124,39 @@ def test_swin_log_scale_is_clamped_at_log_100():
   b = attnjax.cosine_attention(q, k, v, temperature=jnp.array([10.0]))
   np.testing.assert_allclose(a, b, atol=1e-6)
   g = jax.grad(lambda t: jnp.sum(attnjax.cosine_attention(q, k, v, temperature=t) ** 2))(
-      jnp.array([10.0]))
+    jnp.array([10.0])
+  )
   assert float(g[0]) == 0.0  # clamped: no gradient above the cap
   g = jax.grad(lambda t: jnp.sum(attnjax.cosine_attention(q, k, v, temperature=t) ** 2))(
-      jnp.array([1.0]))
+    jnp.array([1.0])
+  )
   assert float(abs(g[0])) > 0.0
 
 
 def test_bf16_inputs_keep_dtype():
   q, k, v = rand_qkv(dtype=jnp.bfloat16)
   up = [x.astype(jnp.float32) for x in (q, k, v)]
-  calls = (lambda q, k, v: attnjax.qk_norm_attention(q, k, v, norm="layer"),
-           lambda q, k, v: attnjax.cosine_attention(q, k, v, temperature=jnp.zeros(8)))
+  calls = (
+    lambda q, k, v: attnjax.qk_norm_attention(q, k, v, norm="layer"),
+    lambda q, k, v: attnjax.cosine_attention(q, k, v, temperature=jnp.zeros(8)),
+  )
   for call in calls:
     out = call(q, k, v)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), call(*up), rtol=3e-2, atol=3e-2)
 
 
-@pytest.mark.parametrize("fn,kw,pattern", [
+@pytest.mark.parametrize(
+  "fn,kw,pattern",
+  [
     ("qk", dict(norm="batch"), r"norm='batch'"),
     ("qk", dict(q_gain=jnp.ones(3)), r"q_gain must have shape \[H\] = \(16,\)"),
     ("cos", dict(temperature=jnp.ones(3)), r"temperature must have shape \[N\]"),
     ("cos", dict(temperature=jnp.ones(8), convention="xyz"), r"convention='xyz'"),
     ("cos", dict(temperature=jnp.ones((3, 3)), convention="ngpt"), r"s_qk"),
-], ids=["norm", "gain_shape", "temp_shape", "convention", "ngpt_shape"])
+  ],
+  ids=["norm", "gain_shape", "temp_shape", "convention", "ngpt_shape"],
+)
 def test_bad_inputs(fn, kw, pattern):
   q, k, v = rand_qkv()
   f = attnjax.qk_norm_attention if fn == "qk" else attnjax.cosine_attention

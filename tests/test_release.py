@@ -56,8 +56,18 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
 # all an editable install's attnjax.egg-info, whose file list would stand in for the package
 # data configuration.
 BUILD_LEFTOVERS = shutil.ignore_patterns(
-    ".git", "*.egg-info", "build", "dist", ".venv*", "_build", "runs", "__pycache__",
-    ".pytest_cache", "_generated", "*.pyc")
+  ".git",
+  "*.egg-info",
+  "build",
+  "dist",
+  ".venv*",
+  "_build",
+  "runs",
+  "__pycache__",
+  ".pytest_cache",
+  "_generated",
+  "*.pyc",
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +79,10 @@ def dists(tmp_path_factory) -> dict[str, pathlib.Path]:
     run([sys.executable, "-m", "build", "--outdir", str(out), str(source)])
   else:
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(source)])
-  found = {"wheel": sorted(out.glob("attnjax-*.whl")), "sdist": sorted(out.glob("attnjax-*.tar.gz"))}
+  found = {
+    "wheel": sorted(out.glob("attnjax-*.whl")),
+    "sdist": sorted(out.glob("attnjax-*.tar.gz")),
+  }
   assert found["wheel"], list(out.iterdir())
   return {kind: paths[0] for kind, paths in found.items() if paths}
 
@@ -80,13 +93,28 @@ def install_in_fresh_venv(path: pathlib.Path, dist: pathlib.Path) -> pathlib.Pat
   attnjax for an installed one)."""
   run([sys.executable, "-m", "venv", "--without-pip", str(path)])
   python = path / "bin" / "python"
-  run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
-       str(dist)])
+  run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "--python",
+      str(python),
+      "install",
+      "--no-deps",
+      "--quiet",
+      str(dist),
+    ]
+  )
   purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-  ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
-          *site.getsitepackages()}
+  ours = {
+    sysconfig.get_paths()["purelib"],
+    sysconfig.get_paths()["platlib"],
+    *site.getsitepackages(),
+  }
   (pathlib.Path(purelib.stdout.strip()) / "parent_env.pth").write_text(
-      "\n".join(sorted(p for p in ours if os.path.isdir(p))) + "\n")
+    "\n".join(sorted(p for p in ours if os.path.isdir(p))) + "\n"
+  )
   return python
 
 

@@ -40,19 +40,22 @@ def test_qk_norm_attention_old_gain_names_warn_once_and_match():
   want = attnjax.qk_norm_attention(q, k, v, q_gain=gq, k_gain=gk, is_causal=True)
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter("always")
-    got = [attnjax.qk_norm_attention(q, k, v, q_scale=gq, k_scale=gk, is_causal=True)
-           for _ in range(2)]
+    got = [
+      attnjax.qk_norm_attention(q, k, v, q_scale=gq, k_scale=gk, is_causal=True) for _ in range(2)
+    ]
   assert _deprecations(record) == [
-      "qk_norm_attention(q_scale=...) is deprecated; use qk_norm_attention(q_gain=...) "
-      "(the same meaning)",
-      "qk_norm_attention(k_scale=...) is deprecated; use qk_norm_attention(k_gain=...) "
-      "(the same meaning)"]
+    "qk_norm_attention(q_scale=...) is deprecated; use qk_norm_attention(q_gain=...) "
+    "(the same meaning)",
+    "qk_norm_attention(k_scale=...) is deprecated; use qk_norm_attention(k_gain=...) "
+    "(the same meaning)",
+  ]
   assert all(r.filename == __file__ for r in record)  # points at the caller
   for out in got:
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
   # The gains do something (a test of the alias that cannot pass with the gains dropped).
-  assert not np.allclose(np.asarray(want), np.asarray(
-      attnjax.qk_norm_attention(q, k, v, is_causal=True)))
+  assert not np.allclose(
+    np.asarray(want), np.asarray(attnjax.qk_norm_attention(q, k, v, is_causal=True))
+  )
 
 
 def test_qk_norm_attention_old_and_new_name_together_is_an_error():
@@ -65,8 +68,11 @@ def test_qk_norm_attention_old_and_new_name_together_is_an_error():
 
 def test_the_logit_scale_of_the_qk_norm_layer_is_scale():
   new = nn.AttentionConfig(family="qk_norm", qk_norm="l2", scale=4.0)
-  with pytest.warns(DeprecationWarning, match=r"AttentionConfig\(qk_scale=...\) is deprecated; "
-                    r"use AttentionConfig\(scale=...\)") as record:
+  with pytest.warns(
+    DeprecationWarning,
+    match=r"AttentionConfig\(qk_scale=...\) is deprecated; "
+    r"use AttentionConfig\(scale=...\)",
+  ) as record:
     old = nn.AttentionConfig(family="qk_norm", qk_norm="l2", qk_scale=4.0)
     again = nn.AttentionConfig(family="qk_norm", qk_norm="l2").replace(qk_scale=4.0)
   assert len(_deprecations(record)) == 1
@@ -81,8 +87,11 @@ def test_the_logit_scale_of_the_qk_norm_layer_is_scale():
     nn.AttentionConfig(family="qk_norm", qk_scale=2.0, scale=2.0)
   # Another family still reads the old flat record's default, and refuses another value.
   assert nn.AttentionConfig().qk_scale is None
-  with pytest.raises(ValueError, match=r"qk_scale=2.0 cannot be used with family='dense': it is "
-                     r"an option of family 'qk_norm'"):
+  with pytest.raises(
+    ValueError,
+    match=r"qk_scale=2.0 cannot be used with family='dense': it is "
+    r"an option of family 'qk_norm'",
+  ):
     nn.AttentionConfig(qk_scale=2.0)
 
 
@@ -101,9 +110,11 @@ def test_a_stored_config_with_the_old_field_name_loads_silently():
 
 
 def test_the_qk_norm_layer_passes_its_gains_by_their_new_names():
-  layer = nn.Attention(nn.AttentionConfig(family="qk_norm", qk_norm_placement="after_rope",
-                                          num_heads=2, scale=0.7), d_model=8,
-                       rngs=nnx.Rngs(0))
+  layer = nn.Attention(
+    nn.AttentionConfig(family="qk_norm", qk_norm_placement="after_rope", num_heads=2, scale=0.7),
+    d_model=8,
+    rngs=nnx.Rngs(0),
+  )
   kwargs = layer.config.spec.kwargs(layer)
   assert {"q_gain", "k_gain"} <= set(kwargs) and kwargs["scale"] == 0.7
   assert not {"q_scale", "k_scale"} & set(kwargs)
@@ -113,6 +124,7 @@ def test_a_checkpoints_logit_scale_survives_a_change_of_family():
   # One name: changing the family of a pretrained layer keeps its scale either way (the
   # qk_norm -> dense direction raised while the qk_norm family called it qk_scale).
   from attnjax._src.models import loader
+
   qk = nn.AttentionConfig(family="qk_norm", scale=0.3, num_heads=2)
   dense = nn.AttentionConfig(scale=0.3, num_heads=2)
   assert loader.override_attention(qk, {"family": "dense"}) == dense

@@ -33,8 +33,15 @@ def test_cpu_sinks_config_and_arms(tmp_path):
   arms = _sinks_module().build_arms(cfg, str(tmp_path))
   names = [a.name.split("/")[1] for a in arms]
   assert names[:3] == ["dense", "softmax_one", "sink_logits"]
-  assert {"relu", "gla", "deltanet", "dense_seed1", "dense_seed2", "dense_lr0.01",
-          "dense_lr0.1"} <= set(names)
+  assert {
+    "relu",
+    "gla",
+    "deltanet",
+    "dense_seed1",
+    "dense_seed2",
+    "dense_lr0.01",
+    "dense_lr0.1",
+  } <= set(names)
   by_name = dict(zip(names, arms))
   seed2 = by_name["dense_seed2"].config
   assert seed2.seed == 2 and seed2.variant == "dense"
@@ -51,11 +58,26 @@ def test_cpu_sinks_tiny_arm_runs(tmp_path):
   from attnjax._src.train import sweep
 
   module = _sinks_module()
-  cfg = load_config(CPU_SINKS, ["sweep.variants=dense", "sweep.dense_seeds=", "sweep.dense_lrs=",
-                                "train.steps=4", "train.probe_every=2", "train.checkpoint_every=2",
-                                "train.eval_every=4", "train.eval_batches=1", "train.probe_batch=4",
-                                "train.probe_len=16", "data.batch_size=4", "train.microbatches=1",
-                                "train.num_devices=1", "train.progress=false", "train.plots=false"])
+  cfg = load_config(
+    CPU_SINKS,
+    [
+      "sweep.variants=dense",
+      "sweep.dense_seeds=",
+      "sweep.dense_lrs=",
+      "train.steps=4",
+      "train.probe_every=2",
+      "train.checkpoint_every=2",
+      "train.eval_every=4",
+      "train.eval_batches=1",
+      "train.probe_batch=4",
+      "train.probe_len=16",
+      "data.batch_size=4",
+      "train.microbatches=1",
+      "train.num_devices=1",
+      "train.progress=false",
+      "train.plots=false",
+    ],
+  )
   (arm,) = module.build_arms(cfg, str(tmp_path))
   assert sweep.run_in_process(arm)["status"] == "finished"
   run = arm.config.run_dir
@@ -79,8 +101,11 @@ def test_cpu_long_config_shards_a_16k_sequence(tmp_path):
   assert cfg.data.seq_len == 16384 and cfg.mesh.context == 8 and cfg.mesh.data == 1
   arms = _sinks_module().build_arms(cfg, str(tmp_path))  # validates each arm on 8 devices
   assert [a.name.split("/")[1] for a in arms] == ["dense", "sink_logits", "gla"]
-  with pytest.raises(ValueError, match=r"context=8 = 8 devices, but the run has 1 \(a CPU host "
-                                       r"makes 8 devices with XLA_FLAGS="):
+  with pytest.raises(
+    ValueError,
+    match=r"context=8 = 8 devices, but the run has 1 \(a CPU host "
+    r"makes 8 devices with XLA_FLAGS=",
+  ):
     validate(cfg, num_devices=1)
 
 
@@ -88,9 +113,18 @@ def test_cpu_long_config_shards_a_16k_sequence(tmp_path):
 def test_cpu_long_arm_runs_sequence_sharded(tmp_path):
   from attnjax._src.train import sweep
 
-  cfg = load_config(CPU_LONG, ["sweep.variants=dense", "train.steps=2", "train.probe_every=2",
-                               "train.checkpoint_every=2", "train.eval_every=2",
-                               "train.progress=false", "train.plots=false"])
+  cfg = load_config(
+    CPU_LONG,
+    [
+      "sweep.variants=dense",
+      "train.steps=2",
+      "train.probe_every=2",
+      "train.checkpoint_every=2",
+      "train.eval_every=2",
+      "train.progress=false",
+      "train.plots=false",
+    ],
+  )
   (arm,) = _sinks_module().build_arms(cfg, str(tmp_path))
   summary = sweep.run_in_process(arm)
   assert summary["status"] == "finished" and summary["devices"] == 8
@@ -102,15 +136,19 @@ def test_model_without_mlp():
 
   from attnjax._src import nn
 
-  cfg = nn.ModelConfig(vocab_size=11, d_model=16, num_layers=1, mlp="none",
-                       attention=nn.AttentionConfig(num_heads=2))
+  cfg = nn.ModelConfig(
+    vocab_size=11, d_model=16, num_layers=1, mlp="none", attention=nn.AttentionConfig(num_heads=2)
+  )
   model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   assert model.blocks[0].mlp is None
   logits = model(jnp.zeros((2, 5), jnp.int32))
   assert logits.shape == (2, 5, 11) and bool(jnp.all(jnp.isfinite(logits)))
-  with_mlp = nn.TransformerLM(nn.ModelConfig(vocab_size=11, d_model=16, num_layers=1,
-                                             attention=nn.AttentionConfig(num_heads=2)),
-                              rngs=nnx.Rngs(0))
+  with_mlp = nn.TransformerLM(
+    nn.ModelConfig(
+      vocab_size=11, d_model=16, num_layers=1, attention=nn.AttentionConfig(num_heads=2)
+    ),
+    rngs=nnx.Rngs(0),
+  )
   count = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
   block = with_mlp.blocks[0]
   assert count(with_mlp) - count(model) == count(block.mlp) + count(block.mlp_norm)
@@ -152,10 +190,16 @@ def test_small_null_masses_keep_their_significant_digits():
   from attnjax._src.train.report import significant
 
   assert [significant(x) for x in (0.0015, 0.25, 0.0, 1.234e-5)] == [
-      "0.0015", "0.25", "0", "1.2e-05"]
+    "0.0015",
+    "0.25",
+    "0",
+    "1.2e-05",
+  ]
   assert significant(None) == "-" and significant(float("nan")) == "-"
   sinks = _sinks_module()
-  last = {"dense": {"f_attn/f_attn": 0.8}, "softmax_one": {"f_attn/f_attn": 0.3,
-                                                           "null_mass/mean": 0.0017}}
+  last = {
+    "dense": {"f_attn/f_attn": 0.8},
+    "softmax_one": {"f_attn/f_attn": 0.3, "null_mass/mean": 0.0017},
+  }
   lines = sinks._checks(["dense", "softmax_one"], last, {"softmax_one": {"f_attn_raw": [0.25]}})
   assert "null column takes 0.0017 of each row" in lines

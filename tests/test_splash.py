@@ -19,7 +19,6 @@ from attnjax._src.kernels import splash
 from helpers import rand_qkv as _rand_qkv
 
 
-
 def rand_qkv(B=1, T=128, S=None, N=2, K=1, H=64, dtype=jnp.float32, seed=0):
   """:func:`helpers.rand_qkv` with this file's kernel-sized defaults."""
   return _rand_qkv(B=B, T=T, S=S, N=N, K=K, H=H, dtype=dtype, seed=seed)
@@ -33,8 +32,7 @@ def rand_qkv(B=1, T=128, S=None, N=2, K=1, H=64, dtype=jnp.float32, seed=0):
 def test_splash_mask_is_our_mask_rule(is_causal):
   windows = [None, (0, 0), (2, 1), (0, 3), (3, 0), (1, 20), (20, 20)]
   for (T, S), window in itertools.product([(7, 7), (5, 9), (9, 4), (16, 16)], windows):
-    ours = masks.structural_mask(jnp.arange(T), jnp.arange(S), is_causal=is_causal,
-                                 window=window)
+    ours = masks.structural_mask(jnp.arange(T), jnp.arange(S), is_causal=is_causal, window=window)
     ours = np.ones((T, S), bool) if ours is None else np.asarray(ours[0, 0])
     theirs = splash.make_mask(T, S, 3, is_causal=is_causal, window=window)
     assert theirs.shape == (3, T, S)
@@ -49,16 +47,27 @@ def test_splash_mask_is_our_mask_rule(is_causal):
 SEG_B2 = jnp.array([[0] * 100 + [1] * 156, [3] * 256])  # two segments, then one
 
 PARITY_CASES = {
-    # name: (B, T, S, N, K, options)
-    "causal_mqa": (1, 256, 256, 2, 1, dict(is_causal=True)),
-    "window_gqa": (1, 256, 256, 4, 2, dict(window=(40, 7))),
-    "causal_window_segments": (2, 256, 256, 2, 1,
-                               dict(is_causal=True, window=(60, 3), segment_ids=SEG_B2)),
-    "softcap_sinks_scale_t_lt_s": (2, 128, 256, 2, 2,
-                                   dict(is_causal=True, softcap=2.0, scale=0.5,
-                                        sink_logits=jnp.array([0.5, -1.0]))),
-    # T > S: query blocks 1 and 2 have no allowed key at all (splash visits no block there).
-    "window_rows_without_keys": (1, 384, 128, 2, 1, dict(window=(5, 0))),
+  # name: (B, T, S, N, K, options)
+  "causal_mqa": (1, 256, 256, 2, 1, dict(is_causal=True)),
+  "window_gqa": (1, 256, 256, 4, 2, dict(window=(40, 7))),
+  "causal_window_segments": (
+    2,
+    256,
+    256,
+    2,
+    1,
+    dict(is_causal=True, window=(60, 3), segment_ids=SEG_B2),
+  ),
+  "softcap_sinks_scale_t_lt_s": (
+    2,
+    128,
+    256,
+    2,
+    2,
+    dict(is_causal=True, softcap=2.0, scale=0.5, sink_logits=jnp.array([0.5, -1.0])),
+  ),
+  # T > S: query blocks 1 and 2 have no allowed key at all (splash visits no block there).
+  "window_rows_without_keys": (1, 384, 128, 2, 1, dict(window=(5, 0))),
 }
 
 
@@ -70,11 +79,16 @@ def _splash_and_reference(q, k, v, kw):
   def loss(impl):
     def f(q, k, v, *sink):
       inputs, opts = dense.prepare(q, k, v, **kw, **({"sink_logits": sink[0]} if sink else {}))
-      out = (splash.run(inputs, opts, interpret=True) if impl == "splash"
-             else dense.reference(inputs, opts))
+      out = (
+        splash.run(inputs, opts, interpret=True)
+        if impl == "splash"
+        else dense.reference(inputs, opts)
+      )
       ct = jax.random.normal(jax.random.key(42), out.shape, jnp.float32)
       return jnp.sum(out * ct), out
+
     return jax.jit(jax.value_and_grad(f, argnums=tuple(range(len(args))), has_aux=True))
+
   return loss("splash")(*args), loss("reference")(*args)
 
 
@@ -90,7 +104,7 @@ def test_splash_interpret_matches_reference(case):
     assert bool(jnp.isfinite(g).all()), name
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=2e-5, err_msg=f"d{name}")
   if case == "window_rows_without_keys":
-    assert float(jnp.abs(out[:, S + 5:]).max()) == 0.0
+    assert float(jnp.abs(out[:, S + 5 :]).max()) == 0.0
 
 
 def test_splash_interpret_bf16_matches_float32_reference():
@@ -100,8 +114,7 @@ def test_splash_interpret_bf16_matches_float32_reference():
   inputs, opts = dense.prepare(q, k, v, is_causal=True)
   out = splash.run(inputs, opts, interpret=True)
   assert out.dtype == jnp.bfloat16
-  ref = dense.reference(*dense.prepare(*(x.astype(jnp.float32) for x in (q, k, v)),
-                                       is_causal=True))
+  ref = dense.reference(*dense.prepare(*(x.astype(jnp.float32) for x in (q, k, v)), is_causal=True))
   np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=3e-2, rtol=3e-2)
 
 
@@ -109,7 +122,9 @@ def test_splash_interpret_bf16_matches_float32_reference():
 # What splash refuses, and the auto-dispatch.
 
 
-@pytest.mark.parametrize("kw,word", [
+@pytest.mark.parametrize(
+  "kw,word",
+  [
     (dict(normalizer="sigmoid"), "normalizer='sigmoid'"),
     (dict(similarity="neg_sq_euclidean"), "similarity='neg_sq_euclidean'"),
     (dict(bias="random"), "bias"),
@@ -118,7 +133,9 @@ def test_splash_interpret_bf16_matches_float32_reference():
     (dict(T=100), "T=100, S=100"),
     (dict(S=200, segment_ids="pair"), "T=128, S=200"),
     (dict(dtype=jnp.float16), "dtype float16"),
-], ids=["sigmoid", "euclid", "bias", "mask", "stats", "length", "kv_length", "fp16"])
+  ],
+  ids=["sigmoid", "euclid", "bias", "mask", "stats", "length", "kv_length", "fp16"],
+)
 def test_splash_reasons_name_the_option(kw, word):
   kw = dict(kw)
   q, k, v = rand_qkv(T=kw.pop("T", 128), S=kw.pop("S", None), dtype=kw.pop("dtype", jnp.float32))
@@ -137,8 +154,17 @@ def test_splash_reasons_name_the_option(kw, word):
 def test_splash_supports_its_options_in_interpret_mode():
   q, k, v = rand_qkv(T=128, S=256, N=4, K=2)
   seg = (jnp.zeros((1, 128), int), jnp.zeros((1, 256), int))
-  call = dense.prepare(q, k, v, is_causal=True, window=(8, 0), softcap=3.0, scale=0.2,
-                       sink_logits=jnp.zeros(4), segment_ids=seg)
+  call = dense.prepare(
+    q,
+    k,
+    v,
+    is_causal=True,
+    window=(8, 0),
+    softcap=3.0,
+    scale=0.2,
+    sink_logits=jnp.zeros(4),
+    segment_ids=seg,
+  )
   assert splash.unsupported(*call, interpret=True) == []
   bf16 = dense.prepare(*(x.astype(jnp.bfloat16) for x in (q, k, v)))
   assert splash.unsupported(*bf16, interpret=True) == []
@@ -158,8 +184,12 @@ def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   q, k, v = rand_qkv(T=256)
   seg = jnp.zeros((1, 256), int)
-  for kw in (dict(), dict(is_causal=True), dict(window=(16, 0), segment_ids=seg),
-             dict(softcap=5.0, sink_logits=jnp.zeros(2))):
+  for kw in (
+    dict(),
+    dict(is_causal=True),
+    dict(window=(16, 0), segment_ids=seg),
+    dict(softcap=5.0, sink_logits=jnp.zeros(2)),
+  ):
     call = dense.prepare(q, k, v, **kw)
     assert splash.unsupported(*call) == []
     assert dense.select_implementation(*call) == "splash", kw
@@ -168,5 +198,7 @@ def test_auto_dispatch_picks_splash_on_tpu(monkeypatch):
   # CPU: block-wise from BLOCKWISE_MIN_LENGTH_CPU on (a bias array).
   assert dense.select_implementation(*dense.prepare(q, k, v, normalizer="softpick")) == "pallas_tpu"
   assert dense.select_implementation(*dense.prepare(*rand_qkv(T=100))) == "pallas_tpu"
-  assert dense.select_implementation(
-      *dense.prepare(q, k, v, bias=jnp.zeros((1, 2, 256, 256)))) == "blockwise"
+  assert (
+    dense.select_implementation(*dense.prepare(q, k, v, bias=jnp.zeros((1, 2, 256, 256))))
+    == "blockwise"
+  )

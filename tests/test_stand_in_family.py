@@ -40,19 +40,29 @@ def _qkv(T=8):
 def test_it_is_dispatched(stand_in):
   q, k, v = _qkv()
   assert _op.choose(stand_in, (q, k, v), ("cpu", "cuda", "tpu")) == dict.fromkeys(
-      ("cpu", "cuda", "tpu"), "cumulative")
+    ("cpu", "cuda", "tpu"), "cumulative"
+  )
   traced = str(jax.make_jaxpr(lambda *a: stand_in_family.attention(*a))(q, k, v))
   assert "cumsum" in traced and "branches_platforms" not in traced  # one engine everywhere
   want = stand_in_family.attention(q, k, v, implementation="reference")
   for implementation in (None, "cumulative"):
-    assert_close(stand_in_family.attention(q, k, v, implementation=implementation), want,
-                 str(implementation), rtol=1e-5, atol=1e-5, scaled=True)
+    assert_close(
+      stand_in_family.attention(q, k, v, implementation=implementation),
+      want,
+      str(implementation),
+      rtol=1e-5,
+      atol=1e-5,
+      scaled=True,
+    )
 
 
 def test_it_is_validated(stand_in):
   q, k, v = _qkv()
-  with pytest.raises(ValueError, match=r"^implementation='chunked' is not one of: None, "
-                                       r"'reference', 'cumulative'$"):
+  with pytest.raises(
+    ValueError,
+    match=r"^implementation='chunked' is not one of: None, "
+    r"'reference', 'cumulative'$",
+  ):
     stand_in_family.attention(q, k, v, implementation="chunked")
   with pytest.raises(TypeError, match="implementation must be a str or None"):
     stand_in_family.attention(q, k, v, implementation=1)
@@ -74,18 +84,21 @@ class TestStandIn(OpTests):
     del stand_in
 
   def sample(self):
-    return (lambda impl, q, k, v: stand_in_family.attention(q, k, v, implementation=impl),
-            _qkv())
+    return (lambda impl, q, k, v: stand_in_family.attention(q, k, v, implementation=impl), _qkv())
 
 
 def test_the_base_tests_every_engine_and_catches_a_wrong_one(stand_in, monkeypatch):
   assert TestStandIn().engine_names() == ("cumulative", None)
+
   # The engine that forgets the last key: the base fails it on the value and the gradients.
   def forgets_the_last_key(q, k, v):
     return stand_in_family.cumulative(q, k.at[:, -1].set(0.0), v)
 
-  monkeypatch.setitem(stand_in.engines, "cumulative", dataclasses.replace(
-      stand_in.engines["cumulative"], compute=forgets_the_last_key))
+  monkeypatch.setitem(
+    stand_in.engines,
+    "cumulative",
+    dataclasses.replace(stand_in.engines["cumulative"], compute=forgets_the_last_key),
+  )
   with pytest.raises(AssertionError, match=r"stand_in\[cumulative\]"):
     TestStandIn().test_engine_matches_reference("cumulative")
 
@@ -93,20 +106,26 @@ def test_the_base_tests_every_engine_and_catches_a_wrong_one(stand_in, monkeypat
 def test_it_is_documented(stand_in):
   # The generated ops table gets its row; the guide's (tests/test_op.py holds them equal) then
   # lacks only that row until it is regenerated.
-  row = ("| `stand_in` | `reference`, `cumulative` | `cumulative`, `reference` | "
-         "`cumulative`, `reference` | `cumulative`, `reference` |")
+  row = (
+    "| `stand_in` | `reference`, `cumulative` | `cumulative`, `reference` | "
+    "`cumulative`, `reference` | `cumulative`, `reference` |"
+  )
   table = _op.table().splitlines()
   assert row in table
   assert [line for line in table if line != row] == guide_table().splitlines()
 
 
-@pytest.mark.parametrize("registry_test", [
+@pytest.mark.parametrize(
+  "registry_test",
+  [
     test_edge_inputs.test_every_registered_family_has_its_cases,
     test_option_space.test_every_registered_family_is_drawn,
     test_options.test_every_registered_family_is_listed,
     test_forward_mode.test_every_registered_family_has_its_calls,
     test_op_engines.test_every_registered_op_is_tested,
-], ids=lambda f: f.__module__)
+  ],
+  ids=lambda f: f.__module__,
+)
 def test_every_suite_over_all_families_asks_for_it(stand_in, registry_test):
   with pytest.raises(AssertionError):
     registry_test()

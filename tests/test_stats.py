@@ -16,7 +16,6 @@ from attnjax._src.train import metrics as run_metrics
 from helpers import rand_qkv
 
 
-
 def harmonic(n):
   return sum(1.0 / i for i in range(1, n + 1))
 
@@ -34,7 +33,7 @@ def sink_head(T, first=0.5):
   w[0, 0] = 1.0
   for i in range(1, T):
     w[i, 0] = first
-    w[i, 1:i + 1] = (1.0 - first) / i
+    w[i, 1 : i + 1] = (1.0 - first) / i
   return w
 
 
@@ -84,8 +83,9 @@ def test_sink_rate_per_layer_and_batch_average():
   np.testing.assert_allclose(result.per_layer, [37.5, 12.5])
   assert float(result.rate) == pytest.approx(25.0)
   # Batch of two sequences, a head that is a sink in one of them: counted per sequence (Gu's code).
-  two = jnp.concatenate([heads(sink_head(T), uniform_causal(T)),
-                         heads(uniform_causal(T), uniform_causal(T))], axis=0)
+  two = jnp.concatenate(
+    [heads(sink_head(T), uniform_causal(T)), heads(uniform_causal(T), uniform_causal(T))], axis=0
+  )
   assert float(stats.sink_rate(two).rate) == pytest.approx(25.0)
 
 
@@ -129,19 +129,22 @@ def test_sink_rate_and_f_attn_from_stats_match_weights(normalizer):
   q = q * 3.0  # sharper rows so some heads cross eps
   B, T, N, H = q.shape
   K = k.shape[2]
-  _, st = attnjax.dot_product_attention(q, k, v, is_causal=True, normalizer=normalizer,
-                                        return_stats=True)
-  z = jnp.einsum("btnh,bsnh->bnts", q, jnp.repeat(k, N // K, axis=2)) * H ** -0.5
+  _, st = attnjax.dot_product_attention(
+    q, k, v, is_causal=True, normalizer=normalizer, return_stats=True
+  )
+  z = jnp.einsum("btnh,bsnh->bnts", q, jnp.repeat(k, N // K, axis=2)) * H**-0.5
   w, _ = normalizers.normalize(z, attnjax.masks.causal_mask(T, T), normalizer=normalizer)
   from_w = stats.sink_rate(w, eps=0.1)
   from_s = stats.sink_rate(st, eps=0.1)
   np.testing.assert_allclose(from_s.importance, from_w.importance, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(from_s.rate, from_w.rate)
   np.testing.assert_allclose(from_s.row_sum, from_w.row_sum, rtol=1e-5)
-  np.testing.assert_allclose(stats.first_token_attention(st).per_head,
-                             stats.first_token_attention(w).per_head, rtol=1e-5)
-  np.testing.assert_allclose(stats.attention_entropy(st).per_head,
-                             stats.attention_entropy(w).per_head, rtol=1e-5)
+  np.testing.assert_allclose(
+    stats.first_token_attention(st).per_head, stats.first_token_attention(w).per_head, rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    stats.attention_entropy(st).per_head, stats.attention_entropy(w).per_head, rtol=1e-5
+  )
 
 
 def test_stats_layer_forms_agree():
@@ -180,7 +183,7 @@ def test_entropy_closed_form():
 
 def test_max_logit_ignores_masked_pairs():
   z = np.zeros((1, 2, 4, 4), np.float32)
-  z[0, 1, 2, 1] = 5.0   # allowed (j <= i)
+  z[0, 1, 2, 1] = 5.0  # allowed (j <= i)
   z[0, 0, 1, 3] = 50.0  # future key: masked under causal
   np.testing.assert_allclose(stats.max_attention_logit(jnp.asarray(z)), [5.0])
   np.testing.assert_allclose(stats.max_attention_logit(jnp.asarray(z), is_causal=False), [50.0])
@@ -194,8 +197,9 @@ def test_null_mass_closed_form_and_from_stats():
   q = jnp.zeros((B, T, N, H))
   k = jnp.ones((B, T, N, H))
   sink = jnp.array([0.0, 1.5])
-  _, st = attnjax.dot_product_attention(q, k, k, is_causal=True, sink_logits=sink,
-                                        return_stats=True)
+  _, st = attnjax.dot_product_attention(
+    q, k, k, is_causal=True, sink_logits=sink, return_stats=True
+  )
   expected = [np.mean([math.exp(s) / (math.exp(s) + i + 1) for i in range(T)]) for s in (0.0, 1.5)]
   from_stats = stats.null_mass(st)
   from_logits = stats.null_mass(jnp.zeros((B, N, T, T)), sink)
@@ -212,8 +216,7 @@ def test_gate_mass():
 
 
 def test_attention_sparsity_h2o_threshold():
-  w = np.array([[[[0.9, 0.005, 0.095, 0.0],
-                  [0.25, 0.25, 0.25, 0.25]]]], np.float32)  # [1, 1, 2, 4]
+  w = np.array([[[[0.9, 0.005, 0.095, 0.0], [0.25, 0.25, 0.25, 0.25]]]], np.float32)  # [1, 1, 2, 4]
   result = stats.attention_sparsity(jnp.asarray(w), is_causal=False)
   assert float(result.mean) == pytest.approx(2 / 8)
   # Causal 4x4: masked zeros do not count as sparse.
@@ -235,7 +238,7 @@ def test_qk_statistics_closed_form():
   np.testing.assert_allclose(result.q_rms, [3 / math.sqrt(H)], rtol=1e-6)
   np.testing.assert_allclose(result.k_rms, [math.sqrt((4 + 1) / 2 / H)], rtol=1e-6)
   np.testing.assert_allclose(result.mean_cos, [6 / 10], rtol=1e-6)  # 10 causal pairs, 6 with e1
-  np.testing.assert_allclose(result.max_logit, [6 * H ** -0.5], rtol=1e-6)
+  np.testing.assert_allclose(result.max_logit, [6 * H**-0.5], rtol=1e-6)
 
 
 def test_sink_geometry_closed_form():
@@ -259,11 +262,11 @@ def test_sink_geometry_closed_form():
 
 def test_massive_activations_need_both_conditions():
   h = np.full((2, 2, 8, 16), 0.05, np.float32)  # [L, B, T, D]; median 0.05 -> 1000x = 50
-  h[0, 0, 3, 5] = 500.0    # massive
-  h[0, 0, 4, 1] = -150.0   # massive (by magnitude)
-  h[0, 0, 5, 2] = 80.0     # > 1000x median but not > 100
-  h[1, 1] = 1.0            # median 1 -> 1000x = 1000
-  h[1, 1, 0, 0] = 500.0    # > 100 but not 1000x the median of its own hidden state
+  h[0, 0, 3, 5] = 500.0  # massive
+  h[0, 0, 4, 1] = -150.0  # massive (by magnitude)
+  h[0, 0, 5, 2] = 80.0  # > 1000x median but not > 100
+  h[1, 1] = 1.0  # median 1 -> 1000x = 1000
+  h[1, 1, 0, 0] = 500.0  # > 100 but not 1000x the median of its own hidden state
   result = stats.massive_activations(jnp.asarray(h))
   np.testing.assert_array_equal(result.count, [2, 0])
   np.testing.assert_allclose(result.max_abs, [500.0, 500.0])
@@ -273,9 +276,9 @@ def test_massive_activations_need_both_conditions():
 
 def test_kurtosis_closed_form():
   h = np.zeros((1, 3, 8), np.float32)  # [B, T, D], one layer
-  h[0, 0] = [1, -1] * 4                    # kurtosis 1
-  h[0, 1] = [2, 0, 0, 0, 0, 0, 0, -2]      # var 1, m4 4 -> 4
-  h[0, 2] = 7.0                            # zero variance: left out
+  h[0, 0] = [1, -1] * 4  # kurtosis 1
+  h[0, 1] = [2, 0, 0, 0, 0, 0, 0, -2]  # var 1, m4 4 -> 4
+  h[0, 2] = 7.0  # zero variance: left out
   result = stats.kurtosis(jnp.asarray(h))
   np.testing.assert_allclose(result.per_layer, [2.5], rtol=1e-6)
 
@@ -293,7 +296,8 @@ def test_output_logit_drift():
   shifted = logits.at[0].add(-3.0)
   mask = jnp.array([[True] * 3, [False] * 3])
   assert float(stats.output_logit_drift(shifted, mask=mask).mean_log_z) == pytest.approx(
-      math.log(V) - 3.0, rel=1e-6)
+    math.log(V) - 3.0, rel=1e-6
+  )
 
 
 def test_kernel_approximation_error_closed_form():
@@ -314,7 +318,7 @@ class PositiveRandomFeatures:
   def __call__(self, x, *, is_query):
     del is_query  # unstabilised: queries and keys are mapped alike
     m, H = self.projection.shape
-    x = x * H ** -0.25
+    x = x * H**-0.25
     return jnp.exp(x @ self.projection.T - jnp.sum(x * x, -1, keepdims=True) / 2) / math.sqrt(m)
 
 
@@ -322,9 +326,11 @@ def test_feature_map_error_exact_and_favor():
   q, k, _ = random_qkv(3, B=1, T=16, N=2, K=1, H=8)
   # Keys at zero make softmax uniform over the allowed keys; a constant feature map does too.
   const = lambda x: jnp.ones(x.shape[:-1] + (3,), x.dtype)
-  np.testing.assert_allclose(stats.feature_map_attention_error(q, jnp.zeros_like(k),
-                                                               feature_map=const),
-                             np.zeros((1, 2)), atol=1e-6)
+  np.testing.assert_allclose(
+    stats.feature_map_attention_error(q, jnp.zeros_like(k), feature_map=const),
+    np.zeros((1, 2)),
+    atol=1e-6,
+  )
   favor = lambda m: PositiveRandomFeatures(jax.random.normal(jax.random.key(7), (m, 8)))
   small = stats.feature_map_attention_error(q * 0.5, k * 0.5, feature_map=favor(4))
   large = stats.feature_map_attention_error(q * 0.5, k * 0.5, feature_map=favor(2048))
@@ -332,8 +338,8 @@ def test_feature_map_error_exact_and_favor():
   # The same map as a plain (static) function gives the same numbers.
   as_function = lambda x: favor(4)(x, is_query=True)
   np.testing.assert_allclose(
-      stats.feature_map_attention_error(q * 0.5, k * 0.5, feature_map=as_function), small,
-      rtol=1e-5)
+    stats.feature_map_attention_error(q * 0.5, k * 0.5, feature_map=as_function), small, rtol=1e-5
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -345,9 +351,11 @@ LRS = [1e-3, 1e-2, 1e-1, 1.0]
 
 def test_lr_sensitivity_with_one_diverged_lr():
   assert run_metrics.lr_sensitivity(LRS, [3.0, 2.0, 2.5, float("nan")], 4.0) == pytest.approx(
-      (1.0 + 0.0 + 0.5 + 2.0) / 4)
+    (1.0 + 0.0 + 0.5 + 2.0) / 4
+  )
   assert run_metrics.lr_sensitivity(LRS, [3.0, 2.0, float("inf"), 5.0], 4.0) == pytest.approx(
-      (1.0 + 0.0 + 2.0 + 2.0) / 4)  # Inf diverged; 5 > loss_0 clipped to loss_0
+    (1.0 + 0.0 + 2.0 + 2.0) / 4
+  )  # Inf diverged; 5 > loss_0 clipped to loss_0
 
 
 def test_lr_sensitivity_edges():
@@ -367,8 +375,10 @@ def test_lr_sensitivity_edges():
 def test_max_stable_lr():
   assert run_metrics.max_stable_lr(LRS, [3.0, 2.0, 2.5, float("nan")], 4.0) == 0.1
   assert run_metrics.max_stable_lr(LRS, [3.0, 2.0, 4.5, float("nan")], 4.0) == 0.01
-  assert run_metrics.max_stable_lr(LRS, [3.0, 2.0, 2.5, 3.0], 4.0,
-                                   diverged=[False, False, True, True]) == 0.01
+  assert (
+    run_metrics.max_stable_lr(LRS, [3.0, 2.0, 2.5, 3.0], 4.0, diverged=[False, False, True, True])
+    == 0.01
+  )
   assert run_metrics.max_stable_lr(LRS, [float("inf")] * 4, 4.0) is None
 
 
@@ -411,8 +421,10 @@ def test_loss_spike_score_of_a_short_run():
   losses[100] = None  # a non-finite loss (JSON null) at a scored step is a spike
   window = 119
   assert run_metrics.loss_spike_score(losses) == pytest.approx(
-      run_metrics.spike_score(np.array([np.nan if x is None else x for x in losses]),
-                              window=window, min_history=50))
+    run_metrics.spike_score(
+      np.array([np.nan if x is None else x for x in losses]), window=window, min_history=50
+    )
+  )
   assert run_metrics.loss_spike_score(losses) == pytest.approx(100.0 / 70)
 
 
@@ -430,9 +442,11 @@ def test_is_diverged():
 # Input errors and JSON.
 
 
-@pytest.mark.parametrize("fn", [stats.sink_rate, stats.first_token_attention,
-                                stats.attention_entropy, stats.attention_sparsity],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+  "fn",
+  [stats.sink_rate, stats.first_token_attention, stats.attention_entropy, stats.attention_sparsity],
+  ids=lambda f: f.__name__,
+)
 def test_wrong_rank_and_empty_raise(fn):
   with pytest.raises(ValueError, match=r"attention|weights"):
     fn(jnp.ones((4, 4)))
@@ -468,26 +482,45 @@ def test_other_input_errors():
 def test_flatten_and_to_jsonable():
   T = 16
   w = heads(sink_head(T), uniform_causal(T))
-  flat = stats.flatten({"sink": stats.sink_rate(w), "drift": stats.output_logit_drift(
-      jnp.array([[0.0, jnp.inf]]))})
+  flat = stats.flatten(
+    {"sink": stats.sink_rate(w), "drift": stats.output_logit_drift(jnp.array([[0.0, jnp.inf]]))}
+  )
   assert set(flat) >= {"sink/rate", "sink/per_layer", "sink/importance", "drift/mean_log_z"}
   text = json.dumps(stats.to_jsonable(flat), allow_nan=False)
   back = json.loads(text)
   assert back["sink/rate"] == 50.0
   assert back["drift/mean_log_z"] is None  # inf -> null
   assert stats.to_jsonable({"a": np.array([1, 2]), "b": (np.float32(np.nan),)}) == {
-      "a": [1, 2], "b": [None]}
+    "a": [1, 2],
+    "b": [None],
+  }
 
 
 def test_one_json_rule_for_metrics_and_run_directories(tmp_path):
   from attnjax._src.train import rundir
-  record = {"loss": float("inf"), "drop": -np.inf, "nan": np.float32(np.nan),
-            "per_layer": jnp.array([1.0, jnp.inf, -jnp.inf, jnp.nan]),
-            "bf16": jnp.array([2.0, jnp.inf], jnp.bfloat16), "ints": np.arange(2),
-            "flags": np.array([True, False]), "nested": ({"x": np.float64(0.5)},), "s": "a"}
-  expected = {"loss": None, "drop": None, "nan": None, "per_layer": [1.0, None, None, None],
-              "bf16": [2.0, None], "ints": [0, 1], "flags": [True, False],
-              "nested": [{"x": 0.5}], "s": "a"}
+
+  record = {
+    "loss": float("inf"),
+    "drop": -np.inf,
+    "nan": np.float32(np.nan),
+    "per_layer": jnp.array([1.0, jnp.inf, -jnp.inf, jnp.nan]),
+    "bf16": jnp.array([2.0, jnp.inf], jnp.bfloat16),
+    "ints": np.arange(2),
+    "flags": np.array([True, False]),
+    "nested": ({"x": np.float64(0.5)},),
+    "s": "a",
+  }
+  expected = {
+    "loss": None,
+    "drop": None,
+    "nan": None,
+    "per_layer": [1.0, None, None, None],
+    "bf16": [2.0, None],
+    "ints": [0, 1],
+    "flags": [True, False],
+    "nested": [{"x": 0.5}],
+    "s": "a",
+  }
   assert stats.to_jsonable(record) == expected
   assert json.loads(rundir.dumps(record)) == expected
   rundir.write_json(str(tmp_path / "s.json"), record)
@@ -497,8 +530,11 @@ def test_one_json_rule_for_metrics_and_run_directories(tmp_path):
 
 
 def test_moved_names_say_where_they_went():
-  for name, where in (("probe", "attnjax.nn.layer_stats"), ("spike_score", "attnjax.train.metrics"),
-                      ("lr_sensitivity", "attnjax.train.metrics")):
+  for name, where in (
+    ("probe", "attnjax.nn.layer_stats"),
+    ("spike_score", "attnjax.train.metrics"),
+    ("lr_sensitivity", "attnjax.train.metrics"),
+  ):
     with pytest.raises(AttributeError, match=where):
       getattr(stats, name)
   with pytest.raises(AttributeError, match="no attribute"):
@@ -516,8 +552,9 @@ def test_layer_stats_of_a_hand_built_capture():
   hidden = np.full((2, 1, T, 4), 0.05, np.float32)
   hidden[1, 0, 3, 2] = 400.0
   gate = jnp.stack([jnp.full((1, 8), 0.2), jnp.full((1, 8), jnp.nan)])  # layer 1 ungated
-  capture = stats.ProbeCapture(logits=jnp.zeros((1, T, V)), weights=weights,
-                               hidden=jnp.asarray(hidden), gate_mean=gate)
+  capture = stats.ProbeCapture(
+    logits=jnp.zeros((1, T, V)), weights=weights, hidden=jnp.asarray(hidden), gate_mean=gate
+  )
   out = attnjax.nn.layer_stats(capture)
   assert float(out["sink_rate/rate"]) == pytest.approx(37.5)
   f_attn = (3 * 0.5 + 5 * (harmonic(T) - 1) / (T - 1)) / 8
@@ -541,10 +578,12 @@ FAMILY_OPTIONS = {"sparse": dict(pattern=("sliding_window", (("left", 4),)))}
 def available_families(d_model=16):
   """Families of attnjax.nn that this build can run (others raise NotImplementedError)."""
   from flax import nnx
+
   found = []
   for family in attnjax.nn.specs.FAMILY_SPECS:
-    config = attnjax.nn.AttentionConfig(family=family, num_heads=2,
-                                        **FAMILY_OPTIONS.get(family, {}))
+    config = attnjax.nn.AttentionConfig(
+      family=family, num_heads=2, **FAMILY_OPTIONS.get(family, {})
+    )
     try:
       attnjax.nn.Attention(config, d_model, rngs=nnx.Rngs(0))(jnp.zeros((1, 4, d_model)))
     except NotImplementedError:
@@ -568,8 +607,10 @@ def test_probe_sparsity_of_a_sparse_layer_counts_only_its_pattern():
   # allowed entry is below the threshold. Counting the causal pairs the pattern
   # leaves out (weight 0) would report most of the matrix as sparse.
   from flax import nnx
-  layer = attnjax.nn.AttentionConfig(family="sparse", num_heads=2,
-                                     pattern=("sliding_window", (("left", 0),)), block_size=4)
+
+  layer = attnjax.nn.AttentionConfig(
+    family="sparse", num_heads=2, pattern=("sliding_window", (("left", 0),)), block_size=4
+  )
   cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=1, layer_attention=(layer,))
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 32)
@@ -579,21 +620,34 @@ def test_probe_sparsity_of_a_sparse_layer_counts_only_its_pattern():
 
 def test_probe_runs_on_every_nn_family():
   from flax import nnx
+
   families = available_families()
   assert {"dense", "qk_norm", "cosine"} <= set(families)
   layers = [family_layer(f) for f in families] + [
-      family_layer("dense", sink_logits=True),
-      family_layer("dense", window=4, num_sinks=2, kv_bias=True),
-      family_layer("dense", normalizer="softpick")]
-  cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=len(layers),
-                               layer_attention=tuple(layers))
+    family_layer("dense", sink_logits=True),
+    family_layer("dense", window=4, num_sinks=2, kv_bias=True),
+    family_layer("dense", normalizer="softpick"),
+  ]
+  cfg = attnjax.nn.ModelConfig(
+    vocab_size=32, d_model=16, num_layers=len(layers), layer_attention=tuple(layers)
+  )
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(0), (2, 20), 0, 32)
   out = attnjax.nn.layer_stats(model, tokens, length=16)
   L = len(layers)
-  for name in ("sink_rate/per_layer", "f_attn/per_layer", "entropy/min", "max_logit",
-               "sparsity/per_layer", "qk/mean_cos", "sink_geometry/key_norm_ratio",
-               "massive/max_abs", "kurtosis/per_layer", "gate/per_layer", "null_mass/per_layer"):
+  for name in (
+    "sink_rate/per_layer",
+    "f_attn/per_layer",
+    "entropy/min",
+    "max_logit",
+    "sparsity/per_layer",
+    "qk/mean_cos",
+    "sink_geometry/key_norm_ratio",
+    "massive/max_abs",
+    "kurtosis/per_layer",
+    "gate/per_layer",
+    "null_mass/per_layer",
+  ):
     assert out[name].shape == (L,), name
   gated = np.array([layer.output_gate is not None for layer in layers])
   # Linear, gated and delta-rule attention have no softmax logits: their max logit is
@@ -609,18 +663,18 @@ def test_probe_runs_on_every_nn_family():
     else:
       assert np.all(np.isfinite(value)), name
   null = np.asarray(out["null_mass/per_layer"])
-  assert null[len(families)] > 0 and np.all(null[:len(families)] == 0)  # only sink-logit layer
+  assert null[len(families)] > 0 and np.all(null[: len(families)] == 0)  # only sink-logit layer
   json.dumps(stats.to_jsonable(out), allow_nan=False)
   with pytest.raises(ValueError, match="length=64"):
     attnjax.nn.layer_stats(model, tokens, length=64)
 
 
 LAYER_CASES = {
-    "dense_window": dict(family="dense", window=3),
-    "qk_norm_before_rope": dict(family="qk_norm", qk_norm_placement="before_rope"),
-    "qk_norm_after_rope": dict(family="qk_norm", qk_norm_placement="after_rope"),
-    "sinks_window": dict(family="dense", window=4, num_sinks=2),
-    "sparse_strided": dict(family="sparse", pattern=("strided", (("stride", 3),)), block_size=4),
+  "dense_window": dict(family="dense", window=3),
+  "qk_norm_before_rope": dict(family="qk_norm", qk_norm_placement="before_rope"),
+  "qk_norm_after_rope": dict(family="qk_norm", qk_norm_placement="after_rope"),
+  "sinks_window": dict(family="dense", window=4, num_sinks=2),
+  "sparse_strided": dict(family="sparse", pattern=("strided", (("stride", 3),)), block_size=4),
 }
 
 
@@ -631,33 +685,38 @@ def test_layer_gives_the_probe_its_mask_and_compared_qk(name):
   # instead of re-deriving its mask, QK norm placement, gains or RoPE.
   from flax import nnx
   from attnjax._src.nn import intermediates
-  config = attnjax.nn.AttentionConfig(num_heads=4, num_kv_heads=2, rope_theta=100.0,
-                                      **LAYER_CASES[name])
+
+  config = attnjax.nn.AttentionConfig(
+    num_heads=4, num_kv_heads=2, rope_theta=100.0, **LAYER_CASES[name]
+  )
   layer = attnjax.nn.Attention(config, 16, rngs=nnx.Rngs(0))
   if config.family == "qk_norm":  # gains away from 1, so their placement matters
     layer.q_gain[...] = jnp.linspace(0.5, 2.0, layer.head_dim)
     layer.k_gain[...] = jnp.linspace(2.0, 0.5, layer.head_dim)
   B, T, N, K, H = 2, 12, 4, 2, layer.head_dim
   x = jax.random.normal(jax.random.key(1), (B, T, 16))
-  _, inter = nnx.capture(lambda m, x: m(x, sow_weights=True), nnx.Intermediate,
-                         method_outputs=nnx.Intermediate)(layer, x)
+  _, inter = nnx.capture(
+    lambda m, x: m(x, sow_weights=True), nnx.Intermediate, method_outputs=nnx.Intermediate
+  )(layer, x)
   recorded = intermediates.read(inter).model
   q = jnp.reshape(recorded["q_proj/__call__"], (B, T, N, H))
   k = jnp.reshape(recorded["k_proj/__call__"], (B, T, K, H))
   q, k = layer.compared_qk(q, k)
   allowed = layer.allowed_mask(T)
   assert allowed.shape == (1, 1, T, T) and allowed.dtype == jnp.bool_
-  z = jnp.einsum("btnh,bsnh->bnts", q, jnp.repeat(k, N // K, axis=2)) * H ** -0.5
+  z = jnp.einsum("btnh,bsnh->bnts", q, jnp.repeat(k, N // K, axis=2)) * H**-0.5
   w = jax.nn.softmax(jnp.where(allowed, z, -jnp.inf), axis=-1)
   np.testing.assert_allclose(w, recorded["weights"], atol=2e-6)
   # Explicit positions equal to the default give the same q and k.
-  q2, _ = layer.compared_qk(jnp.reshape(recorded["q_proj/__call__"], (B, T, N, H)), k,
-                            positions=jnp.arange(T))
+  q2, _ = layer.compared_qk(
+    jnp.reshape(recorded["q_proj/__call__"], (B, T, N, H)), k, positions=jnp.arange(T)
+  )
   np.testing.assert_allclose(q2, q, rtol=1e-6)
 
 
 def test_allowed_mask_of_sinks_window_and_kv_bias():
   from flax import nnx
+
   config = attnjax.nn.AttentionConfig(num_heads=2, window=2, num_sinks=1, kv_bias=True)
   layer = attnjax.nn.Attention(config, 8, rngs=nnx.Rngs(0))
   allowed = np.asarray(layer.allowed_mask(5))[0, 0]
@@ -673,6 +732,7 @@ def test_one_reader_serves_every_view_and_the_train_step():
   from flax import nnx
   from attnjax._src.nn import intermediates
   from attnjax._src.train import step
+
   layers = (family_layer("dense"), family_layer("qk_norm", window=3))
   cfg = attnjax.nn.ModelConfig(vocab_size=32, d_model=16, num_layers=2, layer_attention=layers)
   model = attnjax.nn.TransformerLM(cfg, rngs=nnx.Rngs(0))

@@ -39,9 +39,9 @@ needs_tpu = pytest.mark.targets("tpu")
 # jax 0.12 deprecates the Pallas Triton backend (the replacement is a Mosaic GPU kernel): every
 # compile of our Triton kernels warns; this module compiles them on purpose (see test_export).
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
-    # Auto-dispatch takes our kernels for these targets: no check can have run on them here.
-    pytest.mark.usefixtures("all_kernels"),
+  pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning"),
+  # Auto-dispatch takes our kernels for these targets: no check can have run on them here.
+  pytest.mark.usefixtures("all_kernels"),
 ]
 
 TRITON = pallas_gpu.TRITON_CALL_TARGET
@@ -74,10 +74,10 @@ def compile_on(mesh, fn, *args):
 # GPU kernels: pallas_gpu (every normaliser), cuDNN.
 
 STRUCTURES = {
-    "causal": dict(is_causal=True),
-    "window": dict(window=(96, 0)),
-    "segments": dict(is_causal=True, segments=True),
-    "bidirectional": dict(),
+  "causal": dict(is_causal=True),
+  "window": dict(window=(96, 0)),
+  "segments": dict(is_causal=True, segments=True),
+  "bidirectional": dict(),
 }
 
 
@@ -105,9 +105,20 @@ def target_devices(target: str, count: int = 1) -> tuple:
   return targets.gpu_devices(target, count)
 
 
-def compile_kernel(target: str, impl: str, normalizer: str, structure: str, heads: str, dtype,
-                   head_dim: int, *, T: int = 384, stats: bool = True, B: int = 2,
-                   sink_logits: bool = True):
+def compile_kernel(
+  target: str,
+  impl: str,
+  normalizer: str,
+  structure: str,
+  heads: str,
+  dtype,
+  head_dim: int,
+  *,
+  T: int = 384,
+  stats: bool = True,
+  B: int = 2,
+  sink_logits: bool = True,
+):
   """Compiles ``value_and_grad`` (q, k, v, sink logits) of one call for ``target``."""
   mesh = targets.mesh(target_devices(target))
   rep = NamedSharding(mesh, P())
@@ -118,8 +129,10 @@ def compile_kernel(target: str, impl: str, normalizer: str, structure: str, head
   if sink_logits and normalizers.REGISTRY[normalizer].accepts_sink_logits:
     sink = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=rep)
   seg = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=rep)
-  fn = jax.value_and_grad(kernel_loss(impl, normalizer, structure, stats),
-                          argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3))
+  fn = jax.value_and_grad(
+    kernel_loss(impl, normalizer, structure, stats),
+    argnums=(0, 1, 2) if sink is None else (0, 1, 2, 3),
+  )
   return compile_on(mesh, fn, q, kv, kv, sink, seg)
 
 
@@ -133,17 +146,20 @@ NORMS = normalizers.NORMALIZERS
 # The default subset: every normaliser once, every structure, MHA and GQA, both dtypes, the three
 # head dims and the three GPUs appear (the presets' steps below add every normaliser again).
 KERNEL_CASES = [
-    ("h200", "softmax", "causal", "GQA", jnp.bfloat16, 128),
-    ("h200", "sigmoid", "segments", "GQA", jnp.bfloat16, 256),
-    ("h200", "softpick", "bidirectional", "MHA", jnp.float32, 64),
-    ("h200", "relu", "window", "MHA", jnp.bfloat16, 64),
-    ("h100", "softmax_one", "window", "GQA", jnp.bfloat16, 256),
-    ("a100", "none", "causal", "GQA", jnp.bfloat16, 256),
+  ("h200", "softmax", "causal", "GQA", jnp.bfloat16, 128),
+  ("h200", "sigmoid", "segments", "GQA", jnp.bfloat16, 256),
+  ("h200", "softpick", "bidirectional", "MHA", jnp.float32, 64),
+  ("h200", "relu", "window", "MHA", jnp.bfloat16, 64),
+  ("h100", "softmax_one", "window", "GQA", jnp.bfloat16, 256),
+  ("a100", "none", "causal", "GQA", jnp.bfloat16, 256),
 ]
 SLOW_KERNEL_CASES = [
-    c for c in itertools.product(("h200", "a100"), NORMS, STRUCTURES, ("MHA", "GQA"),
-                                 (jnp.bfloat16, jnp.float32), (64, 128, 256))
-    if c not in KERNEL_CASES]
+  c
+  for c in itertools.product(
+    ("h200", "a100"), NORMS, STRUCTURES, ("MHA", "GQA"), (jnp.bfloat16, jnp.float32), (64, 128, 256)
+  )
+  if c not in KERNEL_CASES
+]
 
 
 def kernel_id(case) -> str:
@@ -172,15 +188,18 @@ def test_pallas_gpu_compiles_cross_product(case):
 # block size of the table (the fwd, count, dq and dk/dv kernels at the table's real tiles,
 # several blocks per row).
 TPU_KERNEL_CASES = [
-    ("v5e", "softmax", "causal", "GQA", jnp.bfloat16, 128),
-    ("v6e", "sigmoid", "segments", "GQA", jnp.bfloat16, 128),
-    ("v5e", "softpick", "window", "MHA", jnp.float32, 64),
-    ("v6e", "relu", "bidirectional", "GQA", jnp.bfloat16, 256),
+  ("v5e", "softmax", "causal", "GQA", jnp.bfloat16, 128),
+  ("v6e", "sigmoid", "segments", "GQA", jnp.bfloat16, 128),
+  ("v5e", "softpick", "window", "MHA", jnp.float32, 64),
+  ("v6e", "relu", "bidirectional", "GQA", jnp.bfloat16, 256),
 ]
 SLOW_TPU_KERNEL_CASES = [
-    c for c in itertools.product(("v5e", "v6e"), NORMS, STRUCTURES, ("MHA", "GQA"),
-                                 (jnp.bfloat16, jnp.float32), (64, 128, 256))
-    if c not in TPU_KERNEL_CASES]
+  c
+  for c in itertools.product(
+    ("v5e", "v6e"), NORMS, STRUCTURES, ("MHA", "GQA"), (jnp.bfloat16, jnp.float32), (64, 128, 256)
+  )
+  if c not in TPU_KERNEL_CASES
+]
 
 
 def assert_pallas_tpu(compiled, normalizer: str):
@@ -211,8 +230,10 @@ def test_pallas_tpu_block_sizes_by_generation_and_an_oversized_one_fails():
   for gen in ("v5e", "v6e"):
     with jax.set_mesh(targets.mesh(target_devices(gen))):
       seen[gen] = pallas_tpu.block_sizes_for(128, pallas_tpu.generation())
-  assert seen == {"v5e": pallas_tpu.block_sizes_for(128, "v5e"),
-                  "v6e": pallas_tpu.block_sizes_for(128, "v6e")}
+  assert seen == {
+    "v5e": pallas_tpu.block_sizes_for(128, "v5e"),
+    "v6e": pallas_tpu.block_sizes_for(128, "v6e"),
+  }
   assert seen["v6e"].block_k > seen["v5e"].block_k
   # What the compile checks: 1024 x 1024 float32 tiles at head dim 256 overflow v5e's VMEM
   # (one block per call: 2048-tiles fail the same way after a 5x longer compile).
@@ -220,8 +241,10 @@ def test_pallas_tpu_block_sizes_by_generation_and_an_oversized_one_fails():
   q = jax.ShapeDtypeStruct((1, 1024, 2, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
 
   def fn(q):
-    return pallas_tpu.compute(*dense.prepare(q, q, q, is_causal=True),
-                              block_sizes=pallas_tpu.BlockSizes(1024, 1024, 1024, 1024))
+    return pallas_tpu.compute(
+      *dense.prepare(q, q, q, is_causal=True),
+      block_sizes=pallas_tpu.BlockSizes(1024, 1024, 1024, 1024),
+    )
 
   with jax.set_mesh(mesh):
     lowered = jax.jit(fn).lower(q)
@@ -253,8 +276,9 @@ def test_an_oversized_kernel_configuration_fails_to_compile():
   q = jax.ShapeDtypeStruct((1, 256, 2, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 
   def fn(q):
-    return pallas_gpu.compute(*dense.prepare(q, q, q, is_causal=True),
-                                block_sizes=pallas_gpu.DEFAULT_BLOCK_SIZES)
+    return pallas_gpu.compute(
+      *dense.prepare(q, q, q, is_causal=True), block_sizes=pallas_gpu.DEFAULT_BLOCK_SIZES
+    )
 
   with jax.set_mesh(mesh):
     lowered = jax.jit(fn).lower(q)
@@ -263,15 +287,37 @@ def test_an_oversized_kernel_configuration_fails_to_compile():
 
 
 @needs_cuda
-@pytest.mark.skipif(_target.cudnn_version() is None,
-                    reason="jax's cuDNN wrapper needs the cuDNN library on the tracing host")
+@pytest.mark.skipif(
+  _target.cudnn_version() is None,
+  reason="jax's cuDNN wrapper needs the cuDNN library on the tracing host",
+)
 def test_cudnn_compiles_and_auto_dispatch_takes_it():
-  compiled = compile_kernel("h200", "cudnn", "softmax", "causal", "GQA", jnp.bfloat16, 128,
-                            stats=False, T=512, sink_logits=False)
+  compiled = compile_kernel(
+    "h200",
+    "cudnn",
+    "softmax",
+    "causal",
+    "GQA",
+    jnp.bfloat16,
+    128,
+    stats=False,
+    T=512,
+    sink_logits=False,
+  )
   assert any(t.startswith(CUDNN_PREFIX) for t in call_targets(compiled)), call_targets(compiled)
   # implementation=None: a bf16 softmax call without statistics is cuDNN's on a GPU target
-  compiled = compile_kernel("h200", None, "softmax", "window", "MHA", jnp.bfloat16, 64,
-                            stats=False, T=512, sink_logits=False)
+  compiled = compile_kernel(
+    "h200",
+    None,
+    "softmax",
+    "window",
+    "MHA",
+    jnp.bfloat16,
+    64,
+    stats=False,
+    T=512,
+    sink_logits=False,
+  )
   assert any(t.startswith(CUDNN_PREFIX) for t in call_targets(compiled)), call_targets(compiled)
 
 
@@ -286,8 +332,9 @@ def speed_cases():
     for i, (H, T) in enumerate(sizes):
       # cuDNN's compiles take a second; the Triton kernels' ~10 s: one per head dim by default
       slow = impl == "pallas_gpu" and (H, T) not in ((64, 16384), (128, 4096))
-      cases.append(pytest.param(impl, H, T, marks=[pytest.mark.slow] if slow else [],
-                                id=f"{impl}-H{H}-T{T}"))
+      cases.append(
+        pytest.param(impl, H, T, marks=[pytest.mark.slow] if slow else [], id=f"{impl}-H{H}-T{T}")
+      )
   return cases
 
 
@@ -301,8 +348,9 @@ def test_device_check_speed_shapes_compile(impl, H, T):
   x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 
   def loss(q, k, v):
-    return jnp.sum(dense.dot_product_attention(q, k, v, is_causal=True,
-                                               implementation=impl).astype(jnp.float32))
+    return jnp.sum(
+      dense.dot_product_attention(q, k, v, is_causal=True, implementation=impl).astype(jnp.float32)
+    )
 
   compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), x, x, x)
   if impl == "pallas_gpu":
@@ -315,8 +363,9 @@ def test_device_check_speed_shapes_compile(impl, H, T):
 def test_device_check_correctness_shape_compiles():
   B, T, N, K, H = check.CHECK_SHAPE
   assert (T, N, K, H) == (300, 8, 2, 64)  # GQA with a ragged T, as compiled below
-  assert_pallas_gpu(compile_kernel("h200", "pallas_gpu", "softpick", "segments", "GQA",
-                                   jnp.bfloat16, H, T=T, B=B))
+  assert_pallas_gpu(
+    compile_kernel("h200", "pallas_gpu", "softpick", "segments", "GQA", jnp.bfloat16, H, T=T, B=B)
+  )
 
 
 @needs_cuda
@@ -329,18 +378,29 @@ def test_device_check_case_program_compiles_for_an_h200():
   shape, window, args = check._case_args("mosaic_gpu", interpret=False)
   assert shape == (2, 300, 8, 2, 64)
   rep = NamedSharding(mesh, P())
-  program = check.case_program(check._kernel_run("mosaic_gpu", False), "softpick", "segments",
-                               window)
+  program = check.case_program(
+    check._kernel_run("mosaic_gpu", False), "softpick", "segments", window
+  )
   compiled = compile_on(mesh, program, *abstract(args["bfloat16"], rep))
   assert MOSAIC_GPU in call_targets(compiled)
 
 
 @needs_tpu
-@pytest.mark.parametrize("H,T", [
-    pytest.param(H, T, marks=[] if (H, T) == (128, 16384) else [pytest.mark.slow],
-                 id=f"H{H}-T{T}") for H, T in (
-                     (64, 1024), (64, 4096), (64, 16384), (128, 1024), (128, 4096),
-                     (128, 8192), (128, 16384))])
+@pytest.mark.parametrize(
+  "H,T",
+  [
+    pytest.param(H, T, marks=[] if (H, T) == (128, 16384) else [pytest.mark.slow], id=f"H{H}-T{T}")
+    for H, T in (
+      (64, 1024),
+      (64, 4096),
+      (64, 16384),
+      (128, 1024),
+      (128, 4096),
+      (128, 8192),
+      (128, 16384),
+    )
+  ],
+)
 def test_device_check_tpu_shapes_compile(H, T):
   # python -m attnjax.check --platform tpu: pallas_tpu (every normaliser in -m slow: sigmoid
   # here) and splash at the speed table's shapes on one v5e chip, forward + backward.
@@ -348,10 +408,13 @@ def test_device_check_tpu_shapes_compile(H, T):
   B, T, N, H = check.speed_shape(H, T)
   x = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
   for impl, normalizer in (("pallas_tpu", "sigmoid"), ("splash", "softmax")):
+
     def loss(q, k, v):
-      return jnp.sum(dense.dot_product_attention(
-          q, k, v, is_causal=True, normalizer=normalizer,
-          implementation=impl).astype(jnp.float32))
+      return jnp.sum(
+        dense.dot_product_attention(
+          q, k, v, is_causal=True, normalizer=normalizer, implementation=impl
+        ).astype(jnp.float32)
+      )
 
     compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), x, x, x)
     assert MOSAIC in call_targets(compiled)
@@ -364,11 +427,13 @@ def test_device_check_tpu_shapes_compile(H, T):
 
 def variants():
   from attnjax._src.train.variants import VARIANTS
+
   return tuple(VARIANTS)
 
 
 def uses_dense_kernel(variant: str) -> bool:
   from attnjax._src.train.variants import attention_kwargs
+
   return attention_kwargs(variant).get("family", "dense") in ("dense", "qk_norm", "cosine")
 
 
@@ -378,8 +443,9 @@ def compile_train_step(preset: str, variant: str, devices) -> object:
   # A small model with the preset's options (bfloat16, statistics as the preset sets them,
   # auto dispatch): one layer, head dim 64, T=256 (splash takes multiples of 128).
   B, T = 8, 256
-  step, state, rest = preset_train_step(preset, variant, d_model=128, num_heads=2, seq_len=T,
-                                        batch_size=B)
+  step, state, rest = preset_train_step(
+    preset, variant, d_model=128, num_heads=2, seq_len=T, batch_size=B
+  )
   mesh = targets.mesh(devices)
   rep, batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=batch)
@@ -388,6 +454,7 @@ def compile_train_step(preset: str, variant: str, devices) -> object:
 
 def check_gpu_step(variant: str, compiled, gpu: str) -> None:
   from attnjax._src.train.variants import attention_kwargs
+
   text = compiled.as_text()
   # Statistics in every step rule cuDNN out: our kernel (fwd, dq, dk/dv) runs, the Mosaic GPU
   # kernel on a Hopper and the Triton kernel on an A100, except for ALiBi, whose bias neither
@@ -403,9 +470,13 @@ def splash_step(variant: str) -> bool:
   """The variant's TPU step runs splash: softmax (with or without sinks), no bias (ALiBi adds
   one); the tpu preset's step asks for no statistics."""
   from attnjax._src.train.variants import attention_kwargs
+
   kw = attention_kwargs(variant)
-  return (uses_dense_kernel(variant) and kw.get("normalizer", "softmax") == "softmax"
-          and not kw.get("alibi"))
+  return (
+    uses_dense_kernel(variant)
+    and kw.get("normalizer", "softmax") == "softmax"
+    and not kw.get("alibi")
+  )
 
 
 def check_tpu_step(variant: str, compiled) -> None:
@@ -435,16 +506,31 @@ def check_tpu_step(variant: str, compiled) -> None:
 # run no TPU kernel: their XLA programs are compiled for TPUs in -m slow, as is every other
 # (mesh, variant) pair (same kernels, other options; tests/test_export.py exports the compared
 # variants' steps for both platforms by default).
-GPU_STEP_MESHES = {"1": (("h200", 1), ("dense", "alibi", "linear", "gated_deltanet")),
-                   "a100-dp4": (("a100", 4), ("sigmoid",)), "dp8": (("h200", 8), ("dense",))}
-DENSE_KERNEL_VARIANTS = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine", "sigmoid",
-                         "softmax_one", "softpick", "relu", "sink_logits", "gated", "window",
-                         "alibi")
-TPU_STEP_MESHES = {"v5e-1": (("v5e", "2x2", 1), ("dense",)),
-                   "v5e-dp4": (("v5e", "2x2", 4), ("qk_layernorm", "sink_logits", "window",
-                                                   "alibi")),
-                   "v5e-dp8": (("v5e", "2x4", 8), ("sigmoid",)),
-                   "v6e-dp4": (("v6e", "2x2", 4), ("dense",))}
+GPU_STEP_MESHES = {
+  "1": (("h200", 1), ("dense", "alibi", "linear", "gated_deltanet")),
+  "a100-dp4": (("a100", 4), ("sigmoid",)),
+  "dp8": (("h200", 8), ("dense",)),
+}
+DENSE_KERNEL_VARIANTS = (
+  "dense",
+  "qk_layernorm",
+  "qk_rmsnorm",
+  "cosine",
+  "sigmoid",
+  "softmax_one",
+  "softpick",
+  "relu",
+  "sink_logits",
+  "gated",
+  "window",
+  "alibi",
+)
+TPU_STEP_MESHES = {
+  "v5e-1": (("v5e", "2x2", 1), ("dense",)),
+  "v5e-dp4": (("v5e", "2x2", 4), ("qk_layernorm", "sink_logits", "window", "alibi")),
+  "v5e-dp8": (("v5e", "2x4", 8), ("sigmoid",)),
+  "v6e-dp4": (("v6e", "2x2", 4), ("dense",)),
+}
 
 
 def step_cases(meshes):
@@ -452,8 +538,11 @@ def step_cases(meshes):
   for mesh, (_, default) in meshes.items():
     for variant in variants():
       slow = default is not None and variant not in default
-      cases.append(pytest.param(mesh, variant, marks=[pytest.mark.slow] if slow else [],
-                                id=f"{mesh}-{variant}"))
+      cases.append(
+        pytest.param(
+          mesh, variant, marks=[pytest.mark.slow] if slow else [], id=f"{mesh}-{variant}"
+        )
+      )
   return cases
 
 
@@ -477,9 +566,10 @@ def test_tpu_preset_train_step_compiles(mesh, variant):
 
 
 @needs_tpu
-@pytest.mark.parametrize("normalizer", [
-    pytest.param(n, marks=[] if n in ("softmax", "sigmoid") else [pytest.mark.slow])
-    for n in NORMS])
+@pytest.mark.parametrize(
+  "normalizer",
+  [pytest.param(n, marks=[] if n in ("softmax", "sigmoid") else [pytest.mark.slow]) for n in NORMS],
+)
 def test_tpu_kernels_compile_data_parallel(normalizer):
   # fwd + bwd of every normaliser on a 4-chip slice, batch sharded: splash inside shard_map for
   # softmax, the Pallas TPU kernel for the others (with statistics: for every normaliser).
@@ -488,16 +578,16 @@ def test_tpu_kernels_compile_data_parallel(normalizer):
   q = jax.ShapeDtypeStruct((8, 256, 4, 128), jnp.bfloat16, sharding=batch)
 
   def loss(q, k, v, stats):
-    out = dense.dot_product_attention(q, k, v, is_causal=True, normalizer=normalizer,
-                                      return_stats=stats)
+    out = dense.dot_product_attention(
+      q, k, v, is_causal=True, normalizer=normalizer, return_stats=stats
+    )
     if stats:
       out, st = out
       return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
     return jnp.sum(out.astype(jnp.float32))
 
   for stats in (False, True):
-    compiled = compile_on(mesh, jax.grad(functools.partial(loss, stats=stats), (0, 1, 2)),
-                          q, q, q)
+    compiled = compile_on(mesh, jax.grad(functools.partial(loss, stats=stats), (0, 1, 2)), q, q, q)
     assert MOSAIC in call_targets(compiled)
     ours = f"attnjax_tpu_dkdv_{normalizer}" in compiled.as_text()
     assert ours == (stats or normalizer != "softmax"), (normalizer, stats)
@@ -505,8 +595,9 @@ def test_tpu_kernels_compile_data_parallel(normalizer):
 
 
 @needs_cuda
-def test_auto_dispatch_takes_our_kernel_for_a_target_once_checked_on_its_kind(monkeypatch,
-                                                                                tmp_path):
+def test_auto_dispatch_takes_our_kernel_for_a_target_once_checked_on_its_kind(
+  monkeypatch, tmp_path
+):
   # The kernel-trust rule reads the device kind of the target being traced for (the ambient
   # mesh's): by default an A100 target gets the block-wise engine for a sigmoid call, and
   # pallas_gpu once `python -m attnjax.check` has passed on that kind of device.
@@ -526,8 +617,7 @@ def test_auto_dispatch_takes_our_kernel_for_a_target_once_checked_on_its_kind(mo
 
 
 @needs_cuda
-def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch, tmp_path,
-                                                                     caplog):
+def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch, tmp_path, caplog):
   # With a verdict shipped for the H200 (here a TEST verdict written by the check's own writer
   # into a folder standing in for attnjax/verdicts/, never the package's), auto-dispatch takes
   # mosaic_gpu for a bf16 sigmoid causal call compiled deviceless for an H200: no setting, no
@@ -547,16 +637,27 @@ def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch,
     fn = lambda q: dense.dot_product_attention(q, q, q, normalizer="sigmoid", is_causal=True)
     return call_targets(compile_on(mesh, fn, x))
 
-  _trust.write_verdict(kind, {"mosaic_gpu": {
-      "passed": True, "checks": 1, "failed": [], "cases": {"sigmoid causal bfloat16": True},
-      "interpret": False, "test": "TEST verdict, never shipped"}}, shipped=True)
+  _trust.write_verdict(
+    kind,
+    {
+      "mosaic_gpu": {
+        "passed": True,
+        "checks": 1,
+        "failed": [],
+        "cases": {"sigmoid causal bfloat16": True},
+        "interpret": False,
+        "test": "TEST verdict, never shipped",
+      }
+    },
+    shipped=True,
+  )
   assert attnjax.config.kernels == "checked" and not (tmp_path / "cache").exists()
   assert MOSAIC_GPU in compiled()
   assert not [r for r in caplog.records if r.name == "attnjax"]
   monkeypatch.setattr(_trust, "source_digest", lambda kernel: "edited" + kernel)
   jax.clear_caches()  # dispatch reads the verdicts when tracing (a new process would anyway)
   assert not {MOSAIC_GPU, TRITON} & compiled()  # the block-wise engine: XLA's own ops
-  line, = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
+  (line,) = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
   assert f"mosaic_gpu is not used on {kind} for sigmoid causal bfloat16 calls: stale" in line
   assert "run `python -m attnjax.check --kernel mosaic_gpu`" in line
   assert "auto-dispatch runs 'blockwise' instead" in line
@@ -573,8 +674,9 @@ def test_gpu_kernel_inside_shard_map_over_batch_and_heads():
   kv = jax.ShapeDtypeStruct((8, 256, 2, 64), jnp.bfloat16, sharding=spec)
 
   def loss(q, k, v):
-    out, st = dense.dot_product_attention(q, k, v, is_causal=True, normalizer="sigmoid",
-                                          return_stats=True)
+    out, st = dense.dot_product_attention(
+      q, k, v, is_causal=True, normalizer="sigmoid", return_stats=True
+    )
     return jnp.sum(out.astype(jnp.float32)) + jnp.sum(st.logsumexp)
 
   compiled = compile_on(mesh, jax.grad(loss, (0, 1, 2)), q, kv, kv)
@@ -586,23 +688,35 @@ def test_gpu_kernel_inside_shard_map_over_batch_and_heads():
 # over a `context` axis (the layers' attention inside shard_map: the ring's collective-permutes
 # over NVLink / ICI), compiled for 8 H200s (data=2 x context=4) and a 4-chip v5e (context=4).
 CONTEXT_STEP_TARGETS = {
-    "h200-data2-context4": ("gpu", lambda: targets.gpu_devices("h200", 8), (2, 4)),
-    "v5e-context4": ("tpu", lambda: targets.tpu_devices("v5e", "2x2"), (1, 4)),
+  "h200-data2-context4": ("gpu", lambda: targets.gpu_devices("h200", 8), (2, 4)),
+  "v5e-context4": ("tpu", lambda: targets.tpu_devices("v5e", "2x2"), (1, 4)),
 }
 
 
-@pytest.mark.parametrize("target,variant", [
-    pytest.param(t, v, marks=[needs_cuda if t.startswith("h200") else needs_tpu]
-                 + ([] if v == "dense" else [pytest.mark.slow]))
-    for t in CONTEXT_STEP_TARGETS for v in ("dense", "sink_logits", "gla")])
+@pytest.mark.parametrize(
+  "target,variant",
+  [
+    pytest.param(
+      t,
+      v,
+      marks=[needs_cuda if t.startswith("h200") else needs_tpu]
+      + ([] if v == "dense" else [pytest.mark.slow]),
+    )
+    for t in CONTEXT_STEP_TARGETS
+    for v in ("dense", "sink_logits", "gla")
+  ],
+)
 def test_context_parallel_train_step_compiles(target, variant):
   preset, devices, shape = CONTEXT_STEP_TARGETS[target]
   B, T = 4, 512
-  step, state, rest = preset_train_step(preset, variant, d_model=128, num_heads=2, seq_len=T,
-                                        batch_size=B)
+  step, state, rest = preset_train_step(
+    preset, variant, d_model=128, num_heads=2, seq_len=T, batch_size=B
+  )
   mesh = targets.mesh(devices(), ("data", "context"), shape)
   rep = NamedSharding(mesh, P())
-  tokens = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=NamedSharding(mesh, P("data", "context")))
+  tokens = jax.ShapeDtypeStruct(
+    (B, T), jnp.int32, sharding=NamedSharding(mesh, P("data", "context"))
+  )
   args = (abstract(state, rep), abstract(rest, rep), tokens, tokens)
   with jax.set_mesh(mesh):
     jaxpr = str(jax.make_jaxpr(step)(*args))
@@ -638,8 +752,10 @@ def test_blockwise_gpu_tiles_are_large_and_memory_stays_linear():
     assert blockwise.default_block_sizes(T, T, rows=16, is_causal=True) == (2048, 2048)
   compiled = blockwise_program(mesh, T)
   text = compiled.as_text()
-  sizes = {shape: np.prod([int(d) for d in shape.split(",")])
-           for shape in re.findall(r"f32\[([0-9,]+)\]", text)}
+  sizes = {
+    shape: np.prod([int(d) for d in shape.split(",")])
+    for shape in re.findall(r"f32\[([0-9,]+)\]", text)
+  }
   assert max(sizes.values()) == 16 * 2048 * 2048, max(sizes, key=sizes.get)  # one score tile
   trips = [int(n) for n in re.findall(r'known_trip_count":\{"n":"(\d+)"', text)]
   assert trips and max(trips) <= T // 2048, trips  # the key-block loops of 8 query blocks

@@ -32,9 +32,20 @@ def tiny(run_dir, *, data="bigram_backcopy", **changes):
   c.run_dir = str(run_dir)
   c.data.update(dict(name=data, seq_len=16, batch_size=8, bb_vocab_size=16))
   c.model.update(dict(d_model=16, num_layers=1, num_heads=2, mlp_ratio=2))
-  c.train.update(dict(steps=12, log_every=4, eval_every=6, eval_batches=1, probe_every=6,
-                      probe_batch=8, probe_len=16, checkpoint_every=4, progress=False,
-                      plots=False))
+  c.train.update(
+    dict(
+      steps=12,
+      log_every=4,
+      eval_every=6,
+      eval_batches=1,
+      probe_every=6,
+      probe_batch=8,
+      probe_len=16,
+      checkpoint_every=4,
+      progress=False,
+      plots=False,
+    )
+  )
   c.opt.lr = 1e-2
   for key, value in changes.items():
     config_lib.apply_overrides(c, [f"{key}={value}"])
@@ -67,8 +78,10 @@ def test_stopped_run_resumes_bit_for_bit(tmp_path):
 
 def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
   base = tiny(tmp_path, **{"train.plots": True})
-  arms = [sweep.arm(base, "boom", str(tmp_path / "boom"), **{"opt.lr": 1e3}),
-          sweep.arm(base, "ok", str(tmp_path / "ok"))]
+  arms = [
+    sweep.arm(base, "boom", str(tmp_path / "boom"), **{"opt.lr": 1e3}),
+    sweep.arm(base, "ok", str(tmp_path / "ok")),
+  ]
   results = sweep.run_sweep(arms, verbose=False)
   boom, ok = results
   assert boom["status"] == "diverged" and isinstance(boom["diverged_step"], int)
@@ -95,8 +108,9 @@ def test_absurd_lr_diverges_cleanly_and_the_sweep_goes_on_then_report(tmp_path):
   markdown = report.write_lr_sweep_report(str(tmp_path))
   (summary,) = json.load(open(tmp_path / "lr_sensitivity.json"))
   assert summary["max_stable_lr"] == pytest.approx(1e-2) and summary["diverged_lrs"] == [1e3]
-  assert summary["lr_sensitivity"] == pytest.approx(0.5 * (ok["initial_loss"] - ok["val_loss"]),
-                                                    rel=1e-6)
+  assert summary["lr_sensitivity"] == pytest.approx(
+    0.5 * (ok["initial_loss"] - ok["val_loss"]), rel=1e-6
+  )
   assert "| dense | 2 |" in markdown
   assert os.path.getsize(tmp_path / "plots" / "loss_vs_lr.png") > 1000
 
@@ -105,39 +119,74 @@ def test_eight_devices_match_one_device(tmp_path):
   assert jax.device_count() == 8
   curves = []
   for n in (1, 0):
-    summary = train(tiny(tmp_path / f"dev{n}", data="shakespeare",
-                         **{"train.num_devices": n, "train.steps": 8, "train.eval_every": 8,
-                            "train.probe_every": 8, "train.checkpoint_every": 0}))
+    summary = train(
+      tiny(
+        tmp_path / f"dev{n}",
+        data="shakespeare",
+        **{
+          "train.num_devices": n,
+          "train.steps": 8,
+          "train.eval_every": 8,
+          "train.probe_every": 8,
+          "train.checkpoint_every": 0,
+        },
+      )
+    )
     assert summary["devices"] == (1 if n else 8)
-    curves.append([r["loss"] for r in lines(tmp_path / f"dev{n}" / "metrics.jsonl")
-                   if r["kind"] == "train"])
+    curves.append(
+      [r["loss"] for r in lines(tmp_path / f"dev{n}" / "metrics.jsonl") if r["kind"] == "train"]
+    )
   np.testing.assert_allclose(curves[0], curves[1], rtol=1e-5)
   assert curves[0][-1] < curves[0][0]
 
 
-@pytest.mark.parametrize("spec,overrides,error,match", [
+@pytest.mark.parametrize(
+  "spec,overrides,error,match",
+  [
     (f"{COMPARE}:preset=cpu", ["opt.lrr=1"], KeyError, r"opt.lrr.*did you mean 'opt.lr'"),
-    (f"{COMPARE}:preset=cpu", ["model.num_heads=3"], ValueError, "model.d_model=64 is not divisible"),
+    (
+      f"{COMPARE}:preset=cpu",
+      ["model.num_heads=3"],
+      ValueError,
+      "model.d_model=64 is not divisible",
+    ),
     (f"{COMPARE}:preset=cpu", ["train.steps=many"], ValueError, "train.steps"),
-    (f"{COMPARE}:preset=cpu", ["data.name=text", "data.path=/no/such/file"], ValueError, "data.path"),
+    (
+      f"{COMPARE}:preset=cpu",
+      ["data.name=text", "data.path=/no/such/file"],
+      ValueError,
+      "data.path",
+    ),
     (f"{COMPARE}:preset=cpu", ["variant=softmaxx"], ValueError, "variant='softmaxx'"),
     (f"{COMPARE}:preset=laptop", [], ValueError, "preset='laptop'"),
     (f"{COMPARE}:presets=cpu", [], ValueError, "'presets' is unknown"),
     ("experiments/configs/missing.py", [], FileNotFoundError, "missing.py"),
-], ids=["unknown-key", "heads-not-dividing", "bad-int", "missing-file", "unknown-variant",
-        "unknown-preset", "unknown-arg", "missing-config"])
+  ],
+  ids=[
+    "unknown-key",
+    "heads-not-dividing",
+    "bad-int",
+    "missing-file",
+    "unknown-variant",
+    "unknown-preset",
+    "unknown-arg",
+    "missing-config",
+  ],
+)
 def test_bad_configs_fail_before_training_naming_the_key(spec, overrides, error, match):
   with pytest.raises(error, match=match):
     config_lib.load_config(spec, overrides)
 
 
 def test_config_arg_and_overrides_parse_to_the_right_types():
-  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu,lr=3e-3",
-                               ["train.steps=1e2", "model.rope=false", "data.path=x"])
+  cfg = config_lib.load_config(
+    f"{COMPARE}:preset=cpu,lr=3e-3", ["train.steps=1e2", "model.rope=false", "data.path=x"]
+  )
   assert cfg.opt.lr == 3e-3 and cfg.train.steps == 100 and isinstance(cfg.train.steps, int)
   assert cfg.model.rope is False and cfg.preset == "cpu"
   spec, overrides, rest = config_lib.split_argv(
-      ["--config", "a.py:preset=gpu", "--config.opt.lr=1", "--config.train.steps", "5", "--out", "o"])
+    ["--config", "a.py:preset=gpu", "--config.opt.lr=1", "--config.train.steps", "5", "--out", "o"]
+  )
   assert spec == "a.py:preset=gpu" and overrides == ["opt.lr=1", "train.steps=5"]
   assert rest == ["--out", "o"]
 
@@ -178,26 +227,44 @@ def test_jsonl_truncation_and_torn_lines(tmp_path):
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_matches(tmp_path):
   """A real SIGKILL of a training process after its first checkpoint, then a resume."""
-  cfg = tiny(tmp_path / "killed", **{"train.steps": 400, "train.checkpoint_every": 50,
-                                     "train.eval_every": 100, "train.probe_every": 100})
+  cfg = tiny(
+    tmp_path / "killed",
+    **{
+      "train.steps": 400,
+      "train.checkpoint_every": 50,
+      "train.eval_every": 100,
+      "train.probe_every": 100,
+    },
+  )
   spec = str(tmp_path / "spec.json")
   rundir.write_json(spec, cfg.to_dict())
   env = dict(os.environ, PYTHONPATH=REPO)
   proc = subprocess.Popen([sys.executable, "-m", "attnjax._src.train.run_config", spec], env=env)
   ckpt = tmp_path / "killed" / "checkpoints"
   deadline = time.time() + 240
-  while time.time() < deadline and not (ckpt.is_dir() and any(p.name.isdigit() and int(p.name) >= 100
-                                                             for p in ckpt.iterdir())):
+  while time.time() < deadline and not (
+    ckpt.is_dir() and any(p.name.isdigit() and int(p.name) >= 100 for p in ckpt.iterdir())
+  ):
     time.sleep(0.2)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   assert rundir.RunDir(cfg.run_dir).read_summary()["status"] == "running"
   resumed = train(cfg)
   assert resumed["status"] == "finished" and resumed["resumed_from"] >= 100
-  reference = train(tiny(tmp_path / "reference", **{"train.steps": 400, "train.checkpoint_every": 50,
-                                                    "train.eval_every": 100, "train.probe_every": 100}))
+  reference = train(
+    tiny(
+      tmp_path / "reference",
+      **{
+        "train.steps": 400,
+        "train.checkpoint_every": 50,
+        "train.eval_every": 100,
+        "train.probe_every": 100,
+      },
+    )
+  )
   assert lines(tmp_path / "killed" / "metrics.jsonl") == lines(
-      tmp_path / "reference" / "metrics.jsonl")
+    tmp_path / "reference" / "metrics.jsonl"
+  )
   assert reference["status"] == "finished"
 
 
@@ -214,8 +281,11 @@ def test_train_or_load_trains_once_saves_the_last_step_and_reuses_the_run(tmp_pa
   written = os.path.getmtime(summary)
   again, _ = train_or_load(cfg, cfg.run_dir)  # a finished run is read, not trained again
   assert os.path.getmtime(summary) == written
-  same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), nnx.state(model, nnx.Param),
-                      nnx.state(again, nnx.Param))
+  same = jax.tree.map(
+    lambda a, b: bool(jnp.array_equal(a, b)),
+    nnx.state(model, nnx.Param),
+    nnx.state(again, nnx.Param),
+  )
   assert all(jax.tree.leaves(same))
   with pytest.raises(SystemExit, match="training ended as stopped"):
     train_or_load(tiny(tmp_path, **{"train.stop_after": 4}), str(tmp_path / "stopped"))
@@ -224,19 +294,31 @@ def test_train_or_load_trains_once_saves_the_last_step_and_reuses_the_run(tmp_pa
 def test_favor_approx_entry_point_writes_its_report(tmp_path):
   # The entry point is a script, not a module of the package: load it from its file.
   spec = importlib.util.spec_from_file_location(
-      "favor_approx", os.path.join(REPO, "experiments", "favor_approx.py"))
+    "favor_approx", os.path.join(REPO, "experiments", "favor_approx.py")
+  )
   favor_approx = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(favor_approx)
-  markdown = favor_approx.main([
-      "--config", os.path.join(REPO, "experiments/configs/favor_approx.py:preset=cpu"),
-      "--config.seq_len=16", "--config.head_dim=8", "--config.num_heads=1", "--config.draws=2",
-      "--config.num_features=8,64", "--config.maps=favor_plus_orthogonal,trig_iid",
-      "--out", str(tmp_path)])
+  markdown = favor_approx.main(
+    [
+      "--config",
+      os.path.join(REPO, "experiments/configs/favor_approx.py:preset=cpu"),
+      "--config.seq_len=16",
+      "--config.head_dim=8",
+      "--config.num_heads=1",
+      "--config.draws=2",
+      "--config.num_features=8,64",
+      "--config.maps=favor_plus_orthogonal,trig_iid",
+      "--out",
+      str(tmp_path),
+    ]
+  )
   results = json.load(open(tmp_path / "results.json"))
   assert set(results) == {"favor_plus_orthogonal", "trig_iid"}
   assert len(results["trig_iid"]["64"]) == 2
   # More features, smaller error (positive features, mean of 2 draws).
-  assert np.mean(results["favor_plus_orthogonal"]["64"]) < np.mean(results["favor_plus_orthogonal"]["8"])
+  assert np.mean(results["favor_plus_orthogonal"]["64"]) < np.mean(
+    results["favor_plus_orthogonal"]["8"]
+  )
   assert "| 64 |" in markdown and os.path.getsize(tmp_path / "plots" / "favor_error.png") > 1000
 
 
@@ -266,10 +348,20 @@ def test_old_run_files_with_1e308_for_inf_read_as_missing(tmp_path):
   assert rundir.finite_or_none(float("inf")) is None and rundir.finite_or_none(None) is None
   assert rundir.finite_or_none(float("nan")) is None and rundir.finite_or_none(3) == 3.0
   run = rundir.RunDir(str(tmp_path))
-  old = [{"kind": "train", "step": i, "loss": loss, "grad_norm": 1.0, "log_z": 0.0,
-          "max_logit": [2.0, logit], "entropy": [1.0, 1.0], "entropy_min": [0.5, 0.5],
-          "f_attn": [0.1, 0.1]}
-         for i, (loss, logit) in enumerate([(3.0, 4.0), (2.0, 1e308), (1e308, None), (1.0, 1e308)])]
+  old = [
+    {
+      "kind": "train",
+      "step": i,
+      "loss": loss,
+      "grad_norm": 1.0,
+      "log_z": 0.0,
+      "max_logit": [2.0, logit],
+      "entropy": [1.0, 1.0],
+      "entropy_min": [0.5, 0.5],
+      "f_attn": [0.1, 0.1],
+    }
+    for i, (loss, logit) in enumerate([(3.0, 4.0), (2.0, 1e308), (1e308, None), (1.0, 1e308)])
+  ]
   # Written as the old writer did (1e308 is a plain JSON number).
   with open(run.metrics, "w") as f:
     f.write("".join(json.dumps(r) + "\n" for r in old))
@@ -289,8 +381,12 @@ def test_microbatches_give_the_same_update(tmp_path):
   trainer = Trainer(tiny(tmp_path, **{"train.num_devices": 1}))
   b = trainer.batches.batch("train", 0)
   args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets))
-  outs = [jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, microbatches=m))(
-      trainer.state, *args) for m in (1, 4)]
+  outs = [
+    jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, microbatches=m))(
+      trainer.state, *args
+    )
+    for m in (1, 4)
+  ]
   (state1, m1), (state4, m4) = outs
   for a, b_ in zip(jax.tree.leaves(state1["params"]), jax.tree.leaves(state4["params"])):
     np.testing.assert_allclose(a, b_, rtol=1e-5, atol=1e-6)
@@ -313,19 +409,29 @@ def test_packed_training_runs_and_microbatches_split_the_packing(tmp_path):
   from attnjax._src.train.loop import Trainer
   from attnjax._src.train.step import make_train_step
 
-  cfg = tiny(tmp_path / "packed", data="text",
-             **{"data.path": _lines_file(tmp_path), "data.pack": True})
+  cfg = tiny(
+    tmp_path / "packed", data="text", **{"data.path": _lines_file(tmp_path), "data.pack": True}
+  )
   summary = train(cfg)
   assert summary["status"] == "finished" and np.isfinite(summary["val_loss"])
 
-  trainer = Trainer(tiny(tmp_path / "mb", data="text", **{
-      "data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1}))
+  trainer = Trainer(
+    tiny(
+      tmp_path / "mb",
+      data="text",
+      **{"data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1},
+    )
+  )
   b = trainer.batches.batch("train", 0)
   assert b.packed and b.weights.min() == 0.0
   packing = {k: jnp.asarray(v) for k, v in b.packing().items()}
   args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets), packing)
-  outs = [jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, microbatches=m))(
-      trainer.state, *args) for m in (1, 4)]
+  outs = [
+    jax.jit(make_train_step(trainer.graphdef, trainer.optimizer, microbatches=m))(
+      trainer.state, *args
+    )
+    for m in (1, 4)
+  ]
   (state1, m1), (state4, m4) = outs
   for a, b_ in zip(jax.tree.leaves(state1["params"]), jax.tree.leaves(state4["params"])):
     np.testing.assert_allclose(a, b_, rtol=1e-4, atol=1e-6)
@@ -340,8 +446,13 @@ def test_packed_microbatches_with_unequal_weights_give_the_whole_batch_mean(tmp_
   from attnjax._src.train.loop import Trainer
   from attnjax._src.train.step import make_train_step
 
-  trainer = Trainer(tiny(tmp_path / "mb", data="text", **{
-      "data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1}))
+  trainer = Trainer(
+    tiny(
+      tmp_path / "mb",
+      data="text",
+      **{"data.path": _lines_file(tmp_path), "data.pack": True, "train.num_devices": 1},
+    )
+  )
   b = trainer.batches.batch("train", 0)
   packing = {k: jnp.asarray(v) for k, v in b.packing().items()}
   # Rows 0, 2, 4, ... form microbatch 0 of 2: keep only 3 weighted targets per row there.
@@ -351,22 +462,31 @@ def test_packed_microbatches_with_unequal_weights_give_the_whole_batch_mean(tmp_
   assert weights[0::2].sum() != weights[1::2].sum()
   # An "optimizer" that keeps the gradients in its state and leaves the parameters.
   keep_grads = optax.GradientTransformation(
-      lambda p: jax.tree.map(jnp.zeros_like, p),
-      lambda g, s, p=None: (jax.tree.map(jnp.zeros_like, g), g))
+    lambda p: jax.tree.map(jnp.zeros_like, p),
+    lambda g, s, p=None: (jax.tree.map(jnp.zeros_like, g), g),
+  )
   state = dict(trainer.state, opt_state=keep_grads.init(trainer.state["params"]))
   args = (trainer.rest, jnp.asarray(b.inputs), jnp.asarray(b.targets), packing)
-  (s1, m1), (s2, m2) = [jax.jit(make_train_step(trainer.graphdef, keep_grads, z_loss=1e-2,
-                                                microbatches=m))(state, *args) for m in (1, 2)]
+  (s1, m1), (s2, m2) = [
+    jax.jit(make_train_step(trainer.graphdef, keep_grads, z_loss=1e-2, microbatches=m))(
+      state, *args
+    )
+    for m in (1, 2)
+  ]
   for key in ("loss", "z_loss", "total_loss", "grad_norm", "log_z"):
     np.testing.assert_allclose(m1[key], m2[key], rtol=1e-5, atol=1e-7, err_msg=key)
   for g1, g2 in zip(jax.tree.leaves(s1["opt_state"]), jax.tree.leaves(s2["opt_state"])):
     np.testing.assert_allclose(g1, g2, rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("overrides,match", [
+@pytest.mark.parametrize(
+  "overrides,match",
+  [
     (["data.pack=True", "data.name=bigram_backcopy"], "data.pack=True needs a corpus"),
     (["data.pack=True", "variant=linear"], "data.pack=True needs attention"),
-], ids=["bigram", "linear"])
+  ],
+  ids=["bigram", "linear"],
+)
 def test_packing_configs_that_cannot_work_fail_naming_the_key(overrides, match):
   with pytest.raises(ValueError, match=match):
     config_lib.load_config(f"{COMPARE}:preset=cpu", overrides)
@@ -374,20 +494,26 @@ def test_packing_configs_that_cannot_work_fail_naming_the_key(overrides, match):
 
 def test_packing_asks_the_family_spec_whether_it_takes_segment_ids(monkeypatch):
   from attnjax._src.nn import specs
+
   monkeypatch.setattr(specs.LinearSpec, "takes_segment_ids", True)
   cfg = config_lib.load_config(f"{COMPARE}:preset=cpu", ["data.pack=True", "variant=linear"])
   assert cfg.data.pack
 
 
-@pytest.mark.parametrize("variant,implementation,kept", [
+@pytest.mark.parametrize(
+  "variant,implementation,kept",
+  [
     ("dense", "blockwise", "blockwise"),
-    ("linear", "blockwise", None),     # a dense kernel name: linear keeps its default
+    ("linear", "blockwise", None),  # a dense kernel name: linear keeps its default
     ("linear", "reference", "reference"),  # a name linear attention takes
-])
+  ],
+)
 def test_model_implementation_goes_to_families_that_take_it(variant, implementation, kept):
   from attnjax._src.train.model import model_config
-  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu",
-                               [f"variant={variant}", f"model.implementation={implementation}"])
+
+  cfg = config_lib.load_config(
+    f"{COMPARE}:preset=cpu", [f"variant={variant}", f"model.implementation={implementation}"]
+  )
   assert model_config(cfg, 11).attention.implementation == kept
 
 
@@ -477,6 +603,7 @@ def test_between_metric_reads_the_loop_only_dispatches(tmp_path, monkeypatch):
           return run(self, *args)
         finally:
           inside[0] = run is not real_loop
+
     return wrapper
 
   real_loop, real_boundary = loop.Trainer._loop, loop.Trainer._at_boundary
@@ -485,8 +612,17 @@ def test_between_metric_reads_the_loop_only_dispatches(tmp_path, monkeypatch):
   monkeypatch.setattr(loop.Trainer, "_at_boundary", guarded(real_boundary))
   jax.monitoring.register_event_duration_secs_listener(lowered)
   try:
-    summary = train(tiny(tmp_path / "run", **{"train.steps": 16, "train.eval_every": 8,
-                                              "train.probe_every": 8, "train.checkpoint_every": 8}))
+    summary = train(
+      tiny(
+        tmp_path / "run",
+        **{
+          "train.steps": 16,
+          "train.eval_every": 8,
+          "train.probe_every": 8,
+          "train.checkpoint_every": 8,
+        },
+      )
+    )
   finally:
     jax.monitoring.unregister_event_duration_listener(lowered)
   assert summary["status"] == "finished" and summary["steps_done"] == 16
@@ -561,7 +697,8 @@ def test_prefetched_batches_give_the_run_of_batches_built_in_the_loop(tmp_path, 
   in_loop = train(tiny(tmp_path / "in_loop", data="shakespeare"))
   assert prefetched["status"] == in_loop["status"] == "finished"
   assert lines(tmp_path / "prefetched" / "metrics.jsonl") == lines(
-      tmp_path / "in_loop" / "metrics.jsonl")
+    tmp_path / "in_loop" / "metrics.jsonl"
+  )
 
 
 def test_mfu_from_the_device_kind_and_in_the_summary(tmp_path):
@@ -585,25 +722,45 @@ def test_mfu_from_the_device_kind_and_in_the_summary(tmp_path):
   summary = train(tiny(tmp_path))
   assert summary["mfu"] is None and summary["peak_flops_per_s"] is None  # a CPU: no peak
   assert summary["model_flops_per_s"] == pytest.approx(
-      summary["flops_per_token"] * summary["tokens_per_s"])
+    summary["flops_per_token"] * summary["tokens_per_s"]
+  )
   assert summary["device_kind"] == jax.devices()[0].device_kind
 
 
 def test_bench_trainer_suite_measures_the_loop_against_its_step(monkeypatch):
-  spec = importlib.util.spec_from_file_location("bench", os.path.join(REPO, "experiments",
-                                                                      "bench.py"))
+  spec = importlib.util.spec_from_file_location(
+    "bench", os.path.join(REPO, "experiments", "bench.py")
+  )
   bench = importlib.util.module_from_spec(spec)
   monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
   spec.loader.exec_module(bench)
   row = bench.trainer_vs_step(
-      "cpu", "dense", 8, data="bigram_backcopy",
-      overrides=("model.d_model=16", "model.num_layers=1", "model.num_heads=2",
-                 "data.seq_len=16", "data.batch_size=8", "data.bb_vocab_size=16",
-                 "train.microbatches=1", "train.log_every=2", "train.eval_batches=1",
-                 "train.probe_batch=8", "train.probe_len=16", "train.progress=false"))
+    "cpu",
+    "dense",
+    8,
+    data="bigram_backcopy",
+    overrides=(
+      "model.d_model=16",
+      "model.num_layers=1",
+      "model.num_heads=2",
+      "data.seq_len=16",
+      "data.batch_size=8",
+      "data.bb_vocab_size=16",
+      "train.microbatches=1",
+      "train.log_every=2",
+      "train.eval_batches=1",
+      "train.probe_batch=8",
+      "train.probe_len=16",
+      "train.progress=false",
+    ),
+  )
   assert row["steps"] == 8 and row["tokens_per_step"] == 128
-  for key in ("trainer_tokens_per_s", "trainer_all_tokens_per_s", "step_tokens_per_s",
-              "random_tokens_per_s"):
+  for key in (
+    "trainer_tokens_per_s",
+    "trainer_all_tokens_per_s",
+    "step_tokens_per_s",
+    "random_tokens_per_s",
+  ):
     assert np.isfinite(row[key]) and row[key] > 0, key
   assert row["ratio"] == pytest.approx(row["trainer_tokens_per_s"] / row["step_tokens_per_s"])
   assert "trainer" in bench._SUITES

@@ -69,8 +69,9 @@ def test_an_unchecked_kernel_is_skipped_with_one_log_line(on_gpu, caplog):
   assert dense.dispatch_table(*_sigmoid_call(T=256))["cuda"] == "blockwise"
   lines = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
   assert len(lines) == 1, lines  # once per process; nothing about the TPU nobody can check here
-  assert ("pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: "
-          "not checked") in lines[0]
+  assert (
+    "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: not checked"
+  ) in lines[0]
   assert "`python -m attnjax.check --kernel pallas_gpu`" in lines[0]
   assert "ATTNJAX_KERNELS=all" in lines[0] and "runs 'reference' instead" in lines[0]
   # jax's kernels are always taken where they cover the call
@@ -81,7 +82,8 @@ def test_an_unchecked_kernel_is_skipped_with_one_log_line(on_gpu, caplog):
 def test_a_passing_verdict_for_this_kind_and_versions_lets_dispatch_take_the_kernel(on_gpu):
   path = _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}})
   assert path.parent.parent == on_gpu and dense.dispatch_table(*_sigmoid_call())["cuda"] == (
-      "pallas_gpu")
+    "pallas_gpu"
+  )
   data = json.loads(path.read_text())
   entry = data["kernels"]["pallas_gpu"]
   assert data["device_kind"] == GPU and entry["jax"] == [jax.__version__]
@@ -135,22 +137,27 @@ def test_the_settings(on_gpu, monkeypatch):
 def fresh_warnings(monkeypatch):
   """The once-per-process record of deprecated names, empty for this test."""
   from attnjax._src import deprecation as _deprecation
+
   monkeypatch.setattr(_deprecation, "_warned", set())
 
 
 def test_the_old_name_trusted_means_jax_and_warns_once(on_gpu, monkeypatch, fresh_warnings):
   _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}})
   try:
-    with pytest.warns(DeprecationWarning, match=r"kernels = 'trusted' is deprecated; use "
-                      r"attnjax.config.kernels = 'jax'") as record:
+    with pytest.warns(
+      DeprecationWarning,
+      match=r"kernels = 'trusted' is deprecated; use "
+      r"attnjax.config.kernels = 'jax'",
+    ) as record:
       attnjax.config.kernels = "trusted"
       attnjax.config.kernels = "trusted"
     assert len(record) == 1 and attnjax.config.kernels == "jax"
     assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"  # as "jax"
     attnjax.config.kernels = None
     monkeypatch.setenv("ATTNJAX_KERNELS", "trusted")
-    with pytest.warns(DeprecationWarning, match="ATTNJAX_KERNELS=trusted is deprecated; use "
-                      "ATTNJAX_KERNELS=jax") as record:
+    with pytest.warns(
+      DeprecationWarning, match="ATTNJAX_KERNELS=trusted is deprecated; use ATTNJAX_KERNELS=jax"
+    ) as record:
       assert attnjax.config.kernels == "jax"
       assert attnjax.config.kernels == "jax"
     assert len(record) == 1
@@ -198,7 +205,7 @@ def test_a_multi_process_run_reads_shipped_verdicts_only(on_gpu, monkeypatch, ca
   _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}})
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
-  line, = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
+  (line,) = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
   assert "not checked: no shipped verdict" in line and "a run of 2 processes" in line
   assert "ATTNJAX_KERNELS=all" in line
   try:
@@ -234,8 +241,9 @@ def test_a_shipped_verdict_counts_like_a_local_one(on_gpu):
   assert not (on_gpu / "verdicts").exists()
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "pallas_gpu"
   assert _trust.verdict("pallas_gpu", GPU).source == "shipped"
-  _trust.write_verdict(GPU, {"pallas_gpu": {"passed": False, "cases": {
-      "sigmoid causal float32": False}}})
+  _trust.write_verdict(
+    GPU, {"pallas_gpu": {"passed": False, "cases": {"sigmoid causal float32": False}}}
+  )
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
 
 
@@ -272,9 +280,11 @@ def test_a_kernel_whose_sources_changed_is_stale(on_gpu, monkeypatch, caplog, tm
   _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}}, shipped=True)
   monkeypatch.setattr(_trust, "source_digest", lambda kernel: "0" * 64)
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
-  line, = _log_lines(caplog)
-  assert "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: " \
-         "stale: its sources changed since its shipped verdict" in line
+  (line,) = _log_lines(caplog)
+  assert (
+    "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: "
+    "stale: its sources changed since its shipped verdict" in line
+  )
   assert "run `python -m attnjax.check --kernel pallas_gpu`" in line
 
 
@@ -289,12 +299,14 @@ def test_a_verdict_is_per_case_class(on_gpu, caplog):
   assert table(window=(8, 0))["cuda"] == "pallas_gpu"
   assert table(is_causal=True)["cuda"] == "reference"
   assert table()["cuda"] == "reference"  # "sigmoid full float32": not checked, and a case failed
-  line, = _log_lines(caplog)
+  (line,) = _log_lines(caplog)
   assert "for sigmoid causal float32 calls: failed sigmoid causal float32" in line
   assert _trust.verdict("pallas_gpu", GPU, "sigmoid full float32") == _trust.Verdict(
-      "failed", "sigmoid causal float32", "local")
-  _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True, "cases": {
-      "sigmoid window float32": True}}})
+    "failed", "sigmoid causal float32", "local"
+  )
+  _trust.write_verdict(
+    GPU, {"pallas_gpu": {"passed": True, "cases": {"sigmoid window float32": True}}}
+  )
   assert table()["cuda"] == "pallas_gpu"
 
 
@@ -318,8 +330,9 @@ def small_check(monkeypatch, cache):
   """The check on one small case, in interpret mode."""
   monkeypatch.setattr(check, "INTERPRET_SHAPE", (2, 16, 2, 1, 8))
   monkeypatch.setattr(check, "check_cases", lambda impl: [("sigmoid", "causal", "float32")])
-  monkeypatch.setattr(_target, "device_kind",
-                      lambda platform: "cpu" if platform == "cuda" else None)
+  monkeypatch.setattr(
+    _target, "device_kind", lambda platform: "cpu" if platform == "cuda" else None
+  )
   return cache
 
 
@@ -329,10 +342,17 @@ def test_a_passing_check_writes_the_verdict_that_dispatch_reads(small_check, tmp
   assert check.main(["--interpret", "--out", str(out)]) == 0
   entry = _trust.read_verdicts("cpu")["pallas_gpu"]
   errors = entry.pop("errors")
-  assert entry == {"passed": True, "checks": 1, "failed": [], "shape": [2, 16, 2, 1, 8],
-                   "interpret": True, "cases": {"sigmoid causal float32": True},
-                   "attnjax": attnjax.__version__, "jax": [jax.__version__],
-                   "digest": _trust.digest_of("pallas_gpu")}
+  assert entry == {
+    "passed": True,
+    "checks": 1,
+    "failed": [],
+    "shape": [2, 16, 2, 1, 8],
+    "interpret": True,
+    "cases": {"sigmoid causal float32": True},
+    "attnjax": attnjax.__version__,
+    "jax": [jax.__version__],
+    "digest": _trust.digest_of("pallas_gpu"),
+  }
   assert set(errors) == {"sigmoid causal float32"} and errors["sigmoid causal float32"] < 2e-3
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "pallas_gpu"
   text = out.read_text()
@@ -355,8 +375,9 @@ def test_a_failing_comparison_writes_no_passing_verdict(small_check, monkeypatch
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
 
 
-def test_ship_writes_the_checks_own_verdict_into_the_package_folder(small_check, monkeypatch,
-                                                                     tmp_path):
+def test_ship_writes_the_checks_own_verdict_into_the_package_folder(
+  small_check, monkeypatch, tmp_path
+):
   # --ship runs on a device only; here its refusal of --interpret is lifted to see what it
   # writes: the same entry as the local verdict, in the (fixture's) package folder.
   monkeypatch.setattr(check, "_refusal", lambda args: None)
@@ -366,8 +387,7 @@ def test_ship_writes_the_checks_own_verdict_into_the_package_folder(small_check,
   assert (small_check / "shipped" / "cpu.json").exists()
 
 
-def test_all_checks_every_kernel_of_the_platform_and_ship_needs_a_device(small_check,
-                                                                          tmp_path):
+def test_all_checks_every_kernel_of_the_platform_and_ship_needs_a_device(small_check, tmp_path):
   assert check.kernels_to_check("gpu", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
   assert check.kernels_to_check("gpu", "all", interpret=False) == ("pallas_gpu",)  # no Hopper
   assert check.kernels_to_check("tpu", "all", interpret=False) == ("pallas_tpu",)
@@ -398,6 +418,7 @@ def test_the_error_of_one_wrong_row_is_not_hidden_by_larger_rows():
 
 def test_the_cases_compile_in_threads_and_keep_their_order(monkeypatch):
   import threading
+
   threads, compile_ = set(), jax.stages.Lowered.compile
 
   def compile_here(self, *a, **kw):
@@ -429,17 +450,21 @@ def test_the_speed_table_times_back_to_back_calls(monkeypatch):
 
 
 def test_a_case_takes_its_masks_as_arguments_and_the_reference_runs_at_highest_precision(
-    monkeypatch):
+  monkeypatch,
+):
   # Closed-over masks would be constants XLA folds while compiling (1.7 s for a padding mask
   # on the H200); the reference runs in fp32 at the highest precision whatever the default.
   monkeypatch.setattr(check, "INTERPRET_SHAPE", (2, 16, 2, 1, 8))
   _, window, args = check._case_args("pallas_gpu", interpret=True)
   program = check.case_program(dense.reference, "softpick", "segments", window)
   text = jax.jit(program).lower(*args["bfloat16"]).as_text()
-  main, = [line for line in text.splitlines() if "func.func public @main" in line]
+  (main,) = [line for line in text.splitlines() if "func.func public @main" in line]
   assert "tensor<2x16xi32>" in main  # the segment ids: an argument
-  assert not [line for line in text.splitlines()
-              if "stablehlo.constant" in line and "tensor<2x16xi32>" in line]
+  assert not [
+    line
+    for line in text.splitlines()
+    if "stablehlo.constant" in line and "tensor<2x16xi32>" in line
+  ]
   with jax.default_matmul_precision("bfloat16"):
     jaxpr = str(jax.make_jaxpr(program)(*args["bfloat16"]))
   dots = [line for line in jaxpr.splitlines() if "dot_general[" in line or "precision=" in line]
@@ -452,8 +477,9 @@ def test_the_commands_stop_at_once_without_the_device(tmp_path):
   env = dict(os.environ, PYTHONPATH=str(ROOT), ATTNJAX_CACHE_DIR=str(tmp_path))
 
   def run(*argv):
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+      [sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
   proc = run("-m", "attnjax.check", "--help")
   assert proc.returncode == 0 and "usage: python -m attnjax.check" in proc.stdout, proc.stderr

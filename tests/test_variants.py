@@ -33,6 +33,7 @@ def _value_and_grads(attend, argnums):
     def loss(*args):
       out = attend(*args)
       return sum(jnp.sum(jnp.sin(x.astype(jnp.float32))) for x in jax.tree.leaves(out)), out
+
     (_, out), grads = jax.value_and_grad(loss, argnums=argnums, has_aux=True)(*args)
     return out, grads
 
@@ -41,7 +42,6 @@ def _value_and_grads(attend, argnums):
 
 @pytest.mark.slow  # ~25 s of compiles (eager runs included): kept out of the default run
 class FastPathsMatchReferences(chex.TestCase):
-
   def _name(self) -> str:
     return self.variant.type.name.lower()  # with_jit / without_jit
 
@@ -53,36 +53,52 @@ class FastPathsMatchReferences(chex.TestCase):
     ids = jnp.asarray(np.stack([np.arange(T) // 5, np.arange(T) // 8]), jnp.int32)
 
     def blockwise(q, k, v, ids):
-      return dense._dot_product_attention(q, k, v, is_causal=True, implementation="blockwise",
-                                          mask_mod=mods.document_mask, mask_mod_args=(ids,))
+      return dense._dot_product_attention(
+        q,
+        k,
+        v,
+        is_causal=True,
+        implementation="blockwise",
+        mask_mod=mods.document_mask,
+        mask_mod_args=(ids,),
+      )
 
     def reference(q, k, v, ids):
-      return dense.dot_product_attention(q, k, v, is_causal=True, segment_ids=ids,
-                                         implementation="reference")
+      return dense.dot_product_attention(
+        q, k, v, is_causal=True, segment_ids=ids, implementation="reference"
+      )
 
     got = self.variant(_value_and_grads(blockwise, (0, 1, 2)))(q, k, v, ids)
     want = jax.jit(_value_and_grads(reference, (0, 1, 2)))(q, k, v, ids)
-    assert_close(got, want, f"{self._name()}: blockwise output and grads (q, k, v)",
-                 rtol=1e-5, atol=1e-5)
+    assert_close(
+      got, want, f"{self._name()}: blockwise output and grads (q, k, v)", rtol=1e-5, atol=1e-5
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_linear_chunked_with_a_state(self):
     B, T, K, H = 1, 11, 2, 4  # T is not a multiple of chunk_size
     q, k, v = rand_qkv(B, T, T, 4, K, H, seed=1)
     rng = np.random.default_rng(2)
-    state = linear.LinearState(jnp.asarray(rng.uniform(0, 1, (B, K, H, H)), jnp.float32),
-                               jnp.asarray(rng.uniform(1, 2, (B, K, H)), jnp.float32))
+    state = linear.LinearState(
+      jnp.asarray(rng.uniform(0, 1, (B, K, H, H)), jnp.float32),
+      jnp.asarray(rng.uniform(1, 2, (B, K, H)), jnp.float32),
+    )
     form = lambda implementation: functools.partial(
-        linear._linear_attention, is_causal=True, implementation=implementation, chunk_size=4,
-        return_state=True)
-    got = self.variant(_value_and_grads(
-        lambda q, k, v, s: form("chunked")(q, k, v, initial_state=s), (0, 1, 2, 3)))(
-            q, k, v, state)
-    want = jax.jit(_value_and_grads(
-        lambda q, k, v, s: form("reference")(q, k, v, initial_state=s), (0, 1, 2, 3)))(
-            q, k, v, state)
-    assert_close(got, want, f"{self._name()}: chunked linear output, state and grads",
-                 rtol=1e-4, atol=1e-4)
+      linear._linear_attention,
+      is_causal=True,
+      implementation=implementation,
+      chunk_size=4,
+      return_state=True,
+    )
+    got = self.variant(
+      _value_and_grads(lambda q, k, v, s: form("chunked")(q, k, v, initial_state=s), (0, 1, 2, 3))
+    )(q, k, v, state)
+    want = jax.jit(
+      _value_and_grads(lambda q, k, v, s: form("reference")(q, k, v, initial_state=s), (0, 1, 2, 3))
+    )(q, k, v, state)
+    assert_close(
+      got, want, f"{self._name()}: chunked linear output, state and grads", rtol=1e-4, atol=1e-4
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   @pytest.mark.slow  # ~8 s of compiles; tests/test_gated_linear.py checks the forms under jit
@@ -97,11 +113,25 @@ class FastPathsMatchReferences(chex.TestCase):
     def form(implementation):
       def attend(q, k, v, g, s0, seg):
         return gated_linear._gated_linear_attention(
-            q, k, v, log_decay=g, initial_state=s0, segment_ids=seg, return_state=True,
-            implementation=implementation, chunk_size=4)
+          q,
+          k,
+          v,
+          log_decay=g,
+          initial_state=s0,
+          segment_ids=seg,
+          return_state=True,
+          implementation=implementation,
+          chunk_size=4,
+        )
+
       return attend
 
     got = self.variant(_value_and_grads(form("chunked"), (0, 1, 2, 3, 4)))(q, k, v, g, s0, seg)
     want = jax.jit(_value_and_grads(form("reference"), (0, 1, 2, 3, 4)))(q, k, v, g, s0, seg)
-    assert_close(got, want, f"{self._name()}: chunked GLA output, state and grads "
-                 "(q, k, v, log_decay, initial_state)", rtol=2e-5, atol=2e-5)
+    assert_close(
+      got,
+      want,
+      f"{self._name()}: chunked GLA output, state and grads (q, k, v, log_decay, initial_state)",
+      rtol=2e-5,
+      atol=2e-5,
+    )

@@ -30,18 +30,26 @@ def test_check_implementation_passes_current_names_and_maps_old_ones():
     warnings.simplefilter("error")  # current names and None never warn
     assert _checks.check_implementation("implementation", None, allowed) is None
     assert _checks.check_implementation("implementation", "fast", allowed) == "fast"
-  with pytest.warns(DeprecationWarning, match="implementation='old' is deprecated; use "
-                                              "implementation='reference'"):
-    assert _checks.check_implementation("implementation", "old", allowed,
-                                        deprecated={"old": "reference"}) == "reference"
-  with pytest.raises(ValueError, match="implementation='slow' is not one of: None, 'reference', "
-                                       "'fast'"):
+  with pytest.warns(
+    DeprecationWarning, match="implementation='old' is deprecated; use implementation='reference'"
+  ):
+    assert (
+      _checks.check_implementation(
+        "implementation", "old", allowed, deprecated={"old": "reference"}
+      )
+      == "reference"
+    )
+  with pytest.raises(
+    ValueError, match="implementation='slow' is not one of: None, 'reference', 'fast'"
+  ):
     _checks.check_implementation("implementation", "slow", allowed)
   with pytest.raises(TypeError, match="implementation must be a str or None, got int 3"):
     _checks.check_implementation("implementation", 3, allowed)
 
 
-@pytest.mark.parametrize("literal,names", [
+@pytest.mark.parametrize(
+  "literal,names",
+  [
     (dense.Similarity, dense.SIMILARITIES),
     (sparse.ImplementationName, sparse.IMPLEMENTATIONS),
     (linear.ImplementationName, linear.IMPLEMENTATIONS),
@@ -49,7 +57,9 @@ def test_check_implementation_passes_current_names_and_maps_old_ones():
     (qk_norm.Norm, qk_norm.NORMS),
     (qk_norm.CosineConvention, qk_norm.COSINE_CONVENTIONS),
     (feature_maps.DeterministicKind, feature_maps.DETERMINISTIC),
-], ids=["similarity", "sparse", "linear", "normalize", "norm", "convention", "kind"])
+  ],
+  ids=["similarity", "sparse", "linear", "normalize", "norm", "convention", "kind"],
+)
 def test_literal_types_name_what_the_functions_accept(literal, names):
   assert typing.get_args(literal) == names
 
@@ -58,11 +68,20 @@ def test_every_family_calls_its_readable_form_reference():
   q, k, v = rand_qkv(B=1, T=8, N=2, K=1, H=4)
   kw = dict(implementation="reference")
   ref = attnjax.dot_product_attention(q, k, v, is_causal=True, **kw)
-  assert_close(attnjax.sparse_attention(q, k, v, pattern=attnjax.patterns.causal(),
-                                        block_size=4, **kw), ref, "sparse causal", atol=1e-6)
-  assert_close(attnjax.qk_norm_attention(q, k, v, norm="l2", scale=1.0, is_causal=True, **kw),
-               attnjax.cosine_attention(q, k, v, temperature=jnp.ones(2), convention="scale",
-                                        is_causal=True, **kw), "l2 qk-norm vs cosine", atol=1e-5)
+  assert_close(
+    attnjax.sparse_attention(q, k, v, pattern=attnjax.patterns.causal(), block_size=4, **kw),
+    ref,
+    "sparse causal",
+    atol=1e-6,
+  )
+  assert_close(
+    attnjax.qk_norm_attention(q, k, v, norm="l2", scale=1.0, is_causal=True, **kw),
+    attnjax.cosine_attention(
+      q, k, v, temperature=jnp.ones(2), convention="scale", is_causal=True, **kw
+    ),
+    "l2 qk-norm vs cosine",
+    atol=1e-5,
+  )
   out = attnjax.linear_attention(q, k, v, is_causal=True, **kw)
   assert_close(out, attnjax.linear_attention(q, k, v, is_causal=True), "linear", atol=1e-5)
 
@@ -94,11 +113,13 @@ def _recurrent_case(T=4, seed=0):
   g = jnp.asarray(-rng.uniform(0.1, 1.0, (1, T, 2)), jnp.float32)
   beta = jnp.asarray(rng.uniform(0.1, 0.9, (1, T, 2)), jnp.float32)
   calls = {
-      "linear": lambda q, k, v, **kw: attnjax.linear_attention(q, k, v, is_causal=True, **kw),
-      "gated_linear": lambda q, k, v, **kw: attnjax.gated_linear_attention(
-          q, k, v, log_decay=g, **kw),
-      "delta_rule": lambda q, k, v, **kw: attnjax.delta_rule_attention(
-          q, k, v, beta, log_decay=g, **kw),
+    "linear": lambda q, k, v, **kw: attnjax.linear_attention(q, k, v, is_causal=True, **kw),
+    "gated_linear": lambda q, k, v, **kw: attnjax.gated_linear_attention(
+      q, k, v, log_decay=g, **kw
+    ),
+    "delta_rule": lambda q, k, v, **kw: attnjax.delta_rule_attention(
+      q, k, v, beta, log_decay=g, **kw
+    ),
   }
   return (q, k, v, g, beta), calls
 
@@ -116,11 +137,11 @@ def _loops(q, k, v, g, beta):
       s_lin, z = s_lin + np.outer(phi(kt), vt), z + phi(kt)
       out["linear"][0, t, n] = phi(qt) @ s_lin / (phi(qt) @ z + linear.DEFAULT_EPS)
       s_gla = np.exp(g[0, t, n]) * s_gla + np.outer(kt, vt)
-      out["gated_linear"][0, t, n] = H ** -0.5 * s_gla.T @ qt
+      out["gated_linear"][0, t, n] = H**-0.5 * s_gla.T @ qt
       b = beta[0, t, n]
       s_delta = np.exp(g[0, t, n]) * (np.eye(H) - b * np.outer(kt, kt)) @ s_delta
       s_delta = s_delta + b * np.outer(kt, vt)
-      out["delta_rule"][0, t, n] = H ** -0.5 * s_delta.T @ qt
+      out["delta_rule"][0, t, n] = H**-0.5 * s_delta.T @ qt
   return out
 
 
@@ -133,24 +154,34 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
   assert set(_recurrent.IMPLEMENTATIONS) == {"reference", "recurrent", "quadratic", "chunked"}
   # The readable definition of each family (see attnjax/_src/ops/recurrent.py for why these).
   assert {n: m.REFERENCE_FORM for n, m in modules.items()} == {
-      "linear": "quadratic", "gated_linear": "recurrent", "delta_rule": "recurrent"}
+    "linear": "quadratic",
+    "gated_linear": "recurrent",
+    "delta_rule": "recurrent",
+  }
   T, C = 4, 2
   arrays, calls = _recurrent_case(T)
   scans = {"recurrent": [T], "chunked": [T // C], "quadratic": []}
   for family, call in calls.items():
     for name in _recurrent.IMPLEMENTATIONS:
       jaxpr = jax.make_jaxpr(functools.partial(call, implementation=name, chunk_size=C))(
-          *arrays[:3]).jaxpr
+        *arrays[:3]
+      ).jaxpr
       form = modules[family].REFERENCE_FORM if name == "reference" else name
       assert _scan_lengths(jaxpr) == scans[form], (family, name)
-    with pytest.raises(ValueError, match="implementation='blockwise' is not one of: None, "
-                                         "'reference', 'recurrent', 'quadratic', 'chunked'"):
+    with pytest.raises(
+      ValueError,
+      match="implementation='blockwise' is not one of: None, "
+      "'reference', 'recurrent', 'quadratic', 'chunked'",
+    ):
       call(*arrays[:3], implementation="blockwise")
 
   @jax.jit
   def every_form(q, k, v):
-    return {(family, name): call(q, k, v, implementation=name, chunk_size=C)
-            for family, call in calls.items() for name in _recurrent.IMPLEMENTATIONS}
+    return {
+      (family, name): call(q, k, v, implementation=name, chunk_size=C)
+      for family, call in calls.items()
+      for name in _recurrent.IMPLEMENTATIONS
+    }
 
   want = _loops(*arrays)
   for (family, name), out in every_form(*arrays[:3]).items():
@@ -181,6 +212,7 @@ def test_window_keeps_the_same_keys_in_every_family_layer_and_variant():
   keeps: in the dense functions, patterns (sinks and globals aside), compressed attention's
   raw keys, the nn layers and the experiment variants, read off the weights each used."""
   from attnjax._src.train import variants
+
   P = attnjax.patterns
   T, w = 8, 2
   want = np.asarray(P.sliding_window(w).mask(T))[0, 0]
@@ -192,15 +224,18 @@ def test_window_keeps_the_same_keys_in_every_family_layer_and_variant():
   @jax.jit
   def outputs(q, k):
     return {
-        "dot_product_attention": attnjax.dot_product_attention(q, k, eye, window=w),
-        "qk_norm_attention": attnjax.qk_norm_attention(q, k, eye, norm="rms", window=w),
-        "sinks_window(1, w)": attnjax.sparse_attention(
-            q, k, eye, pattern=P.sinks_window(1, w), block_size=4),
-        "global_window(1, w)": attnjax.sparse_attention(
-            q, k, eye, pattern=P.global_window(1, w), block_size=4),
-        "compressed causal": attnjax.compressed_attention(
-            q, k, eye, stride=T, pool=nothing, is_causal=True, window=w),
-        "compressed": attnjax.compressed_attention(q, k, eye, stride=T, pool=nothing, window=w),
+      "dot_product_attention": attnjax.dot_product_attention(q, k, eye, window=w),
+      "qk_norm_attention": attnjax.qk_norm_attention(q, k, eye, norm="rms", window=w),
+      "sinks_window(1, w)": attnjax.sparse_attention(
+        q, k, eye, pattern=P.sinks_window(1, w), block_size=4
+      ),
+      "global_window(1, w)": attnjax.sparse_attention(
+        q, k, eye, pattern=P.global_window(1, w), block_size=4
+      ),
+      "compressed causal": attnjax.compressed_attention(
+        q, k, eye, stride=T, pool=nothing, is_causal=True, window=w
+      ),
+      "compressed": attnjax.compressed_attention(q, k, eye, stride=T, pool=nothing, window=w),
     }
 
   kept = {name: np.asarray(out)[0, :, 0, :] > 0 for name, out in outputs(q, k).items()}

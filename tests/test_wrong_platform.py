@@ -20,9 +20,9 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks C
 # engine -> (its message, q/k/v dtype, head dim); mosaic_gpu is traced for a Hopper (on a host
 # with none it is refused while traced, before any lowering).
 ENGINES = {
-    "pallas_gpu": ("pallas_gpu' runs on a CUDA GPU only", jnp.float32, 16),
-    "mosaic_gpu": ("mosaic_gpu' runs on a CUDA GPU", jnp.bfloat16, 64),
-    "pallas_tpu": ("pallas_tpu' runs on a TPU only", jnp.float32, 16),
+  "pallas_gpu": ("pallas_gpu' runs on a CUDA GPU only", jnp.float32, 16),
+  "mosaic_gpu": ("mosaic_gpu' runs on a CUDA GPU", jnp.bfloat16, 64),
+  "pallas_tpu": ("pallas_tpu' runs on a TPU only", jnp.float32, 16),
 }
 LOSSES = {"linear": jnp.sum, "nonlinear": lambda o: jnp.sum(jnp.sin(o.astype(jnp.float32)))}
 
@@ -31,13 +31,13 @@ def modes(f):
   """Every way of asking for ``f``'s value or a derivative, each a function of (q, k, v)."""
   jvp = lambda q, k, v: jax.jvp(f, (q, k, v), (q, k, v))[1]
   return {
-      "value": f,
-      "grad": jax.grad(f, argnums=(0, 1, 2)),
-      "grad_q": jax.grad(f),
-      "jvp": jvp,
-      "linearize": lambda q, k, v: jax.linearize(f, q, k, v)[1](q, k, v),
-      "vmap_grad": lambda q, k, v: jax.vmap(jax.grad(f))(q[None], k[None], v[None]),
-      "second_order": jax.grad(lambda q, k, v: jnp.sum(jax.grad(f)(q, k, v))),
+    "value": f,
+    "grad": jax.grad(f, argnums=(0, 1, 2)),
+    "grad_q": jax.grad(f),
+    "jvp": jvp,
+    "linearize": lambda q, k, v: jax.linearize(f, q, k, v)[1](q, k, v),
+    "vmap_grad": lambda q, k, v: jax.vmap(jax.grad(f))(q[None], k[None], v[None]),
+    "second_order": jax.grad(lambda q, k, v: jnp.sum(jax.grad(f)(q, k, v))),
   }
 
 
@@ -49,8 +49,9 @@ def test_a_platform_engine_on_the_cpu_raises_in_every_mode(engine, loss, jit, mo
   if engine == "mosaic_gpu":
     monkeypatch.setattr(_target, "cuda_major", lambda: 9)
   q, k, v = rand_qkv(B=1, T=64, N=2, K=1, H=head, dtype=dtype)
-  f = lambda q, k, v: LOSSES[loss](attnjax.dot_product_attention(q, k, v, is_causal=True,
-                                                                 implementation=engine))
+  f = lambda q, k, v: LOSSES[loss](
+    attnjax.dot_product_attention(q, k, v, is_causal=True, implementation=engine)
+  )
   for mode, g in modes(f).items():
     with pytest.raises(ValueError, match=message):
       out = (jax.jit(g) if jit else g)(q, k, v)
@@ -72,10 +73,13 @@ def test_the_kernel_still_runs_and_exports_where_it_belongs():
   # The failing branch is never lowered for the kernel's own platform: export of the gradient
   # for cuda holds the Triton kernels (the derivative of the failure adds nothing there).
   q = jax.ShapeDtypeStruct((1, 64, 2, 16), jnp.float32)
-  f = lambda q: jnp.sum(attnjax.dot_product_attention(q, q, q, is_causal=True,
-                                                      implementation="pallas_gpu"))
+  f = lambda q: jnp.sum(
+    attnjax.dot_product_attention(q, q, q, is_causal=True, implementation="pallas_gpu")
+  )
   exported = jax.export.export(
-      jax.jit(jax.grad(f)), platforms=["cuda"],
-      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(q)
+    jax.jit(jax.grad(f)),
+    platforms=["cuda"],
+    disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+  )(q)
   text = exported.mlir_module()
   assert "__gpu$xla.gpu.triton" in text and "attnjax_wrong_platform" not in text

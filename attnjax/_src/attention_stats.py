@@ -54,8 +54,9 @@ def row_mean(x: Array, rows: Array) -> Array:
   return total / jnp.maximum(count, 1.0)
 
 
-def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array,
-                       empty_logsumexp: float = 0.0) -> AttentionStats:
+def stats_from_weights(
+  z: Array, w: Array, allowed: Array, log_normalizer: Array, empty_logsumexp: float = 0.0
+) -> AttentionStats:
   """Reference statistics from materialised logits and weights (the readable definition).
 
   Args:
@@ -88,12 +89,14 @@ def stats_from_weights(z: Array, w: Array, allowed: Array, log_normalizer: Array
   lse = log_normalizer[..., 0]
   lse = jnp.where(has_key, jnp.where(jnp.isfinite(lse), lse, 0.0), empty_logsumexp)
   row_sum = row_mean(jnp.sum(w, axis=-1), has_key)
-  return AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
-                        logsumexp=lse, row_sum=row_sum)
+  return AttentionStats(
+    sink_mass=sink_mass, entropy=entropy, max_logit=max_logit, logsumexp=lse, row_sum=row_sum
+  )
 
 
-def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None,
-                    empty_logsumexp: float = 0.0) -> tuple:
+def stats_from_rows(
+  rows: dict, q_positions: Array, axis: Optional[str] = None, empty_logsumexp: float = 0.0
+) -> tuple:
   """``(sink_mass, entropy, max_logit, logsumexp, row_sum)`` from the statistics rows.
 
   Args:
@@ -111,11 +114,15 @@ def stats_from_rows(rows: dict, q_positions: Array, axis: Optional[str] = None,
     row_sum [B, N])``, the fields of :class:`.AttentionStats`.
   """
   later = (q_positions >= 1)[None, None, :]
-  means = ((rows["entropy"], rows["normalisable"]),
-           (rows["p0"], jnp.logical_and(rows["normalisable"], later)),
-           (rows["row_sum"], rows["has_key"]))
-  sums = [(jnp.sum(jnp.where(keep, x, 0.0), axis=-1), jnp.sum(keep, axis=-1, dtype=jnp.float32))
-          for x, keep in means]
+  means = (
+    (rows["entropy"], rows["normalisable"]),
+    (rows["p0"], jnp.logical_and(rows["normalisable"], later)),
+    (rows["row_sum"], rows["has_key"]),
+  )
+  sums = [
+    (jnp.sum(jnp.where(keep, x, 0.0), axis=-1), jnp.sum(keep, axis=-1, dtype=jnp.float32))
+    for x, keep in means
+  ]
   row_max = jnp.max(rows["row_max"], axis=-1)
   if axis is not None:
     # One all-reduce for the sums, then one for the maximum (after it): collectives that do

@@ -49,30 +49,58 @@ ROW_FLOOR = 0.1
 
 def parser() -> argparse.ArgumentParser:
   """The command line of ``python -m attnjax.check`` (``--help`` prints the module docstring)."""
-  p = argparse.ArgumentParser(prog="python -m attnjax.check", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m attnjax.check",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("--out", default="device_check.md", help="markdown report path")
-  p.add_argument("--budget", type=float, default=150.0,
-                 help="seconds for the speed tables (section 4, shared evenly between the "
-                      "kernels' tables) before they stop")
+  p.add_argument(
+    "--budget",
+    type=float,
+    default=150.0,
+    help="seconds for the speed tables (section 4, shared evenly between the "
+    "kernels' tables) before they stop",
+  )
   p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
-  p.add_argument("--calls", type=int, default=10,
-                 help="back-to-back calls per timed run (the device is waited on once)")
-  p.add_argument("--platform", choices=("gpu", "tpu"), default=None,
-                 help="which device's kernels to check (default: this host's GPU or TPU; gpu "
-                      "elsewhere)")
-  p.add_argument("--kernel", choices=("default",) + KERNELS, default="default",
-                 help="the kernel to check: default: pallas_gpu on a GPU, pallas_tpu on a TPU; "
-                      "all: every kernel of the platform (on a GPU, mosaic_gpu too where it is "
-                      "a Hopper)")
-  p.add_argument("--ship", action="store_true",
-                 help="also write the verdict into the imported package's attnjax/verdicts/ "
-                      "(run from a source checkout, then commit the file)")
-  p.add_argument("--workers", type=int, default=min(32, os.cpu_count() or 1),
-                 help="threads compiling section 2's programs")
-  p.add_argument("--interpret", action="store_true",
-                 help="sections 1 and 2 on the CPU, the kernel in interpret mode at a small "
-                      "shape (tests this command; the verdict is for the device kind 'cpu')")
+  p.add_argument(
+    "--calls",
+    type=int,
+    default=10,
+    help="back-to-back calls per timed run (the device is waited on once)",
+  )
+  p.add_argument(
+    "--platform",
+    choices=("gpu", "tpu"),
+    default=None,
+    help="which device's kernels to check (default: this host's GPU or TPU; gpu elsewhere)",
+  )
+  p.add_argument(
+    "--kernel",
+    choices=("default",) + KERNELS,
+    default="default",
+    help="the kernel to check: default: pallas_gpu on a GPU, pallas_tpu on a TPU; "
+    "all: every kernel of the platform (on a GPU, mosaic_gpu too where it is "
+    "a Hopper)",
+  )
+  p.add_argument(
+    "--ship",
+    action="store_true",
+    help="also write the verdict into the imported package's attnjax/verdicts/ "
+    "(run from a source checkout, then commit the file)",
+  )
+  p.add_argument(
+    "--workers",
+    type=int,
+    default=min(32, os.cpu_count() or 1),
+    help="threads compiling section 2's programs",
+  )
+  p.add_argument(
+    "--interpret",
+    action="store_true",
+    help="sections 1 and 2 on the CPU, the kernel in interpret mode at a small "
+    "shape (tests this command; the verdict is for the device kind 'cpu')",
+  )
   return p
 
 
@@ -100,6 +128,7 @@ def _timed(fn: Callable, args, repeats: int, calls: int = 10) -> float:
   run makes ``calls`` calls back to back and waits on the device once, so the time between
   calls is the device's, not the host's."""
   import jax
+
   jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
@@ -121,9 +150,12 @@ def qkv(B: int, T: int, N: int, K: int, H: int, dtype, seed: int = 0):
   no program to compile per shape)."""
   import jax.numpy as jnp
   import numpy as np
+
   rng = np.random.default_rng(seed)
-  return tuple(jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-               for shape in ((B, T, N, H), (B, T, K, H), (B, T, K, H)))
+  return tuple(
+    jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+    for shape in ((B, T, N, H), (B, T, K, H), (B, T, K, H))
+  )
 
 
 def row_error(got, want) -> float:
@@ -135,6 +167,7 @@ def row_error(got, want) -> float:
   relative to itself.
   """
   import numpy as np
+
   a, b = np.asarray(got, np.float64), np.asarray(want, np.float64)
   a, b = a.reshape(-1, a.shape[-1] if a.ndim else 1), b.reshape(-1, b.shape[-1] if b.ndim else 1)
   scale = np.max(np.abs(b), axis=1)
@@ -153,8 +186,8 @@ def check_dispatch(r: Report, platform: str) -> None:
   from attnjax import config
   from attnjax._src import target as _target
   from attnjax._src.ops.dense import attention as dense
-  r.add(f"## 1. Dispatch ({'cuda' if platform == 'gpu' else 'tpu'} branch of "
-        "implementation=None)")
+
+  r.add(f"## 1. Dispatch ({'cuda' if platform == 'gpu' else 'tpu'} branch of implementation=None)")
   branch = "cuda" if platform == "gpu" else "tpu"
   pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), branch)
   before, config.kernels = config.kernels, "all"
@@ -162,12 +195,15 @@ def check_dispatch(r: Report, platform: str) -> None:
     q, k, v = qkv(1, 256, 4, 2, 64, jnp.bfloat16)
     if platform == "tpu":
       r.expect(pick(q, k, v, is_causal=True) == "splash", "bf16 causal softmax -> splash")
-      for what, kw in (("sigmoid", dict(normalizer="sigmoid")),
-                       ("with statistics", dict(return_stats=True))):
+      for what, kw in (
+        ("sigmoid", dict(normalizer="sigmoid")),
+        ("with statistics", dict(return_stats=True)),
+      ):
         r.expect(pick(q, k, v, **kw) == "pallas_tpu", f"bf16 {what} -> pallas_tpu")
       q, k, v = qkv(1, 200, 4, 2, 64, jnp.bfloat16)
-      r.expect(pick(q, k, v, is_causal=True) == "pallas_tpu",
-               "T=200 (not a multiple of 128) -> pallas_tpu")
+      r.expect(
+        pick(q, k, v, is_causal=True) == "pallas_tpu", "T=200 (not a multiple of 128) -> pallas_tpu"
+      )
       return
     # A Hopper (compute capability 9) takes our Mosaic GPU kernel where cuDNN does not cover a
     # bf16 call; where this host has no cuDNN library, cuDNN is not a choice.
@@ -186,9 +222,11 @@ def check_cases(impl: str) -> list[tuple[str, str, str]]:
   """Section 2's ``(normalizer, structure, dtype name)``: every normaliser x structure in bf16,
   then causal in fp32 (fp16 for the Mosaic GPU kernel, which takes no fp32)."""
   from attnjax._src import normalizers
+
   second = "float16" if impl == "mosaic_gpu" else "float32"
-  return ([(n, s, "bfloat16") for n, s in itertools.product(normalizers.NORMALIZERS, STRUCTURES)]
-          + [(n, "causal", second) for n in normalizers.NORMALIZERS])
+  return [(n, s, "bfloat16") for n, s in itertools.product(normalizers.NORMALIZERS, STRUCTURES)] + [
+    (n, "causal", second) for n in normalizers.NORMALIZERS
+  ]
 
 
 def _kernel_run(impl: str, interpret: bool) -> Callable:
@@ -196,6 +234,7 @@ def _kernel_run(impl: str, interpret: bool) -> Callable:
   own engine in interpret mode."""
   from attnjax._src.ops.dense import attention as dense
   from attnjax._src.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
+
   if not interpret:
     return lambda inputs, opts: dense.run(inputs, opts, impl)
   engine = {"pallas_gpu": pallas_gpu, "mosaic_gpu": mosaic_gpu, "pallas_tpu": pallas_tpu}[impl]
@@ -214,8 +253,12 @@ def case_program(kernel: Callable, normalizer: str, structure: str, window) -> C
   import jax.numpy as jnp
   from attnjax._src.ops.dense import attention as dense
   from attnjax._src import normalizers
-  kw = {"causal": dict(is_causal=True), "window": dict(window=window),
-        "segments": dict(is_causal=True)}[structure]
+
+  kw = {
+    "causal": dict(is_causal=True),
+    "window": dict(window=window),
+    "segments": dict(is_causal=True),
+  }[structure]
   kw.update(normalizer=normalizer, return_stats=True)
   sinks = normalizers.REGISTRY[normalizer].accepts_sink_logits
 
@@ -228,11 +271,12 @@ def case_program(kernel: Callable, normalizer: str, structure: str, window) -> C
 
   def program(q, k, v, seg, sink):
     got = jax.value_and_grad(functools.partial(loss, kernel), (0, 1, 2), has_aux=True)(
-        q, k, v, seg, sink)
+      q, k, v, seg, sink
+    )
     with jax.default_matmul_precision("highest"):
-      want = jax.value_and_grad(functools.partial(loss, dense.reference), (0, 1, 2),
-                                has_aux=True)(*(x.astype(jnp.float32) for x in (q, k, v)),
-                                              seg, sink)
+      want = jax.value_and_grad(functools.partial(loss, dense.reference), (0, 1, 2), has_aux=True)(
+        *(x.astype(jnp.float32) for x in (q, k, v)), seg, sink
+      )
     return got, want
 
   return program
@@ -242,6 +286,7 @@ def compile_all(programs: list, workers: int) -> list:
   """``jax.jit(f).lower(*args).compile()`` of each ``(f, args)``, by ``workers`` threads at once
   (one thread traces while others compile: XLA releases the GIL), in the order given."""
   import jax
+
   with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
     return list(pool.map(lambda p: jax.jit(p[0]).lower(*p[1]).compile(), programs))
 
@@ -250,11 +295,13 @@ def _case_args(impl: str, interpret: bool):
   """Section 2's shape ``(B, T, N, K, H)``, its window, and its arguments per dtype name:
   ``(q, k, v, segment_ids, sink_logits)``."""
   import jax.numpy as jnp
+
   B, T, N, K, H = INTERPRET_SHAPE if interpret else CHECK_SHAPE
   if impl == "mosaic_gpu":
     H = max(H, 64)  # its head dims: 64, 128, 256
-  seg = jnp.asarray([[0] * (T // 3) + [1] * (T - T // 3),
-                     [0] * (5 * T // 6) + [1] * (T - 5 * T // 6)], jnp.int32)[:B]
+  seg = jnp.asarray(
+    [[0] * (T // 3) + [1] * (T - T // 3), [0] * (5 * T // 6) + [1] * (T - 5 * T // 6)], jnp.int32
+  )[:B]
   sink = jnp.linspace(-1.0, 1.0, N, dtype=jnp.float32)
   window = (64 * T // 300, 16 * T // 300)  # (64, 16) at T=300
   dtypes = sorted({dtype for _, _, dtype in check_cases(impl)})
@@ -267,17 +314,23 @@ def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1
   each case class's result, :func:`attnjax._trust.case_class`)."""
   import jax
   from attnjax._src import trust as _trust
+
   shape, window, args = _case_args(impl, interpret)
   B, T, N, K, H = shape
   r.add("")
-  r.add(f"## 2. {impl} vs fp32 reference (B={B}, T={T}, S={T}, N={N}, K={K}, H={H}"
-        + (", interpret mode" if interpret else "") + ")")
+  r.add(
+    f"## 2. {impl} vs fp32 reference (B={B}, T={T}, S={T}, N={N}, K={K}, H={H}"
+    + (", interpret mode" if interpret else "")
+    + ")"
+  )
   kernel, cases = _kernel_run(impl, interpret), check_cases(impl)
   start = time.perf_counter()
-  compiled = compile_all([(case_program(kernel, n, s, window), args[d]) for n, s, d in cases],
-                         workers)
-  r.add(f"({len(cases)} programs compiled in {time.perf_counter() - start:.0f} s, "
-        f"{workers} threads)")
+  compiled = compile_all(
+    [(case_program(kernel, n, s, window), args[d]) for n, s, d in cases], workers
+  )
+  r.add(
+    f"({len(cases)} programs compiled in {time.perf_counter() - start:.0f} s, {workers} threads)"
+  )
   failed, results, errors = [], {}, {}
   for (name, structure, dtype), program in zip(cases, compiled):
     got, want = program(*args[dtype])
@@ -288,27 +341,39 @@ def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1
     r.expect(ok, what)
     results[klass], errors[klass] = ok, float(f"{err:.3g}")
     failed += [] if ok else [what]
-  return {"passed": not failed, "checks": len(cases), "failed": failed, "cases": results,
-          "errors": errors, "shape": [B, T, N, K, H], "interpret": interpret}
+  return {
+    "passed": not failed,
+    "checks": len(cases),
+    "failed": failed,
+    "cases": results,
+    "errors": errors,
+    "shape": [B, T, N, K, H],
+    "interpret": interpret,
+  }
 
 
-def check_cudnn_and_blockwise(r: Report, B: int = 2, T: int = 2048,
-                              impls: tuple = (None, "cudnn")) -> None:
+def check_cudnn_and_blockwise(
+  r: Report, B: int = 2, T: int = 2048, impls: tuple = (None, "cudnn")
+) -> None:
   """Section 3: jax's cuDNN attention (``impls``: auto and by name) and our block-wise kernel
   on the GPU, ``B`` sequences of ``T`` tokens."""
   import jax
   import jax.numpy as jnp
   import attnjax
+
   r.add("")
   r.add("## 3. cuDNN (auto) and block-wise vs reference")
   q, k, v = qkv(B, T, 16, 4, 128, jnp.bfloat16)
   lengths = jnp.asarray([T, T // 2 + 3])
   # The padding mask is built inside each program from `lengths`, an argument (a mask of
   # constants is folded by XLA while compiling).
-  calls = {"causal": lambda n: dict(is_causal=True),
-           "window": lambda n: dict(is_causal=True, window=(256, 0)),
-           "padding mask": lambda n: dict(mask=attnjax.masks.padding_mask(n, n, T, T))}
+  calls = {
+    "causal": lambda n: dict(is_causal=True),
+    "window": lambda n: dict(is_causal=True, window=(256, 0)),
+    "padding mask": lambda n: dict(mask=attnjax.masks.padding_mask(n, n, T, T)),
+  }
   for name, kw in calls.items():
+
     def out(q, k, v, n, impl, kw=kw):
       return attnjax.dot_product_attention(q, k, v, implementation=impl, **kw(n))
 
@@ -319,7 +384,8 @@ def check_cudnn_and_blockwise(r: Report, B: int = 2, T: int = 2048,
     with jax.default_matmul_precision("highest"):  # the reference's fp32 products, not TF32
       ref = jax.jit(functools.partial(out, impl="reference"))(q, k, v, lengths)
       ref_grads = jax.jit(jax.grad(functools.partial(loss, impl="reference"), (0, 1, 2)))(
-          q, k, v, lengths)
+        q, k, v, lengths
+      )
     for impl in impls:
       err = _rel_err(jax.jit(functools.partial(out, impl=impl))(q, k, v, lengths), ref)
       r.expect(err < 2e-2, f"{name} impl={impl}: value row err {err:.1e}")
@@ -329,22 +395,32 @@ def check_cudnn_and_blockwise(r: Report, B: int = 2, T: int = 2048,
   qs, ks, vs = (x[:, :512].astype(jnp.float32) for x in (q, k, v))
   with jax.default_matmul_precision("highest"):  # both in full fp32 (the default: TF32)
     for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
-      ref, got = (jax.jit(lambda q, k, v, impl=impl, kw=kw: attnjax.dot_product_attention(
-          q, k, v, implementation=impl, **kw))(qs, ks, vs) for impl in ("reference", "blockwise"))
+      ref, got = (
+        jax.jit(
+          lambda q, k, v, impl=impl, kw=kw: attnjax.dot_product_attention(
+            q, k, v, implementation=impl, **kw
+          )
+        )(qs, ks, vs)
+        for impl in ("reference", "blockwise")
+      )
       err = _rel_err(got, ref)
       r.expect(err < 2e-3, f"blockwise fp32 {kw}: value row err {err:.1e}")
 
 
-def _time_pair(fwd_kw: Callable, args, repeats: int, calls: int = 10,
-               backward_only: bool = False):
+def _time_pair(fwd_kw: Callable, args, repeats: int, calls: int = 10, backward_only: bool = False):
   """``(fwd s, fwd+bwd s)`` (or bwd s) of ``dot_product_attention(q, k, v, **fwd_kw)``, each
   per call of ``calls`` back-to-back calls."""
   import jax
   import jax.numpy as jnp
   import attnjax
+
   fwd = jax.jit(lambda q, k, v: attnjax.dot_product_attention(q, k, v, **fwd_kw))
-  both = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attnjax.dot_product_attention(
-      q, k, v, **fwd_kw).astype(jnp.float32)), (0, 1, 2)))
+  both = jax.jit(
+    jax.grad(
+      lambda q, k, v: jnp.sum(attnjax.dot_product_attention(q, k, v, **fwd_kw).astype(jnp.float32)),
+      (0, 1, 2),
+    )
+  )
   tf = _timed(fwd, args, repeats, calls)
   tb = _timed(both, args, repeats, calls)
   return tf, (max(tb - tf, 1e-9) if backward_only else tb)
@@ -354,17 +430,21 @@ def speed_table(r: Report, args) -> dict:
   """Section 4: ``{(path, H, T): (fwd s, fwd+bwd s)}``."""
   import jax.numpy as jnp
   from attnjax._src import normalizers
+
   r.add("")
   r.add("## 4. TFLOP/s, bf16, causal (16k tokens per batch, N x H = 2048)")
   r.add("")
   r.add("| path | H | T | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s |")
   r.add("|---|---:|---:|---:|---:|---:|---:|")
   ours = KERNEL[args.platform]
-  paths = {f"{ours} {n}": dict(implementation=ours, normalizer=n)
-           for n in normalizers.NORMALIZERS}
-  paths.update({f"{BUILTIN[args.platform]} softmax": dict(implementation=BUILTIN[args.platform]),
-                "jax.nn xla": dict(implementation="xla"),
-                "blockwise softmax": dict(implementation="blockwise")})
+  paths = {f"{ours} {n}": dict(implementation=ours, normalizer=n) for n in normalizers.NORMALIZERS}
+  paths.update(
+    {
+      f"{BUILTIN[args.platform]} softmax": dict(implementation=BUILTIN[args.platform]),
+      "jax.nn xla": dict(implementation="xla"),
+      "blockwise softmax": dict(implementation="blockwise"),
+    }
+  )
   times, start = {}, time.perf_counter()
   for H, T in SPEED_SIZES:
     B, _, N, _ = speed_shape(H, T)
@@ -372,8 +452,10 @@ def speed_table(r: Report, args) -> dict:
     flops = 4.0 * B * N * T * T * H / 2  # causal forward
     chosen = dict(paths)
     if T == 8192:
-      chosen = {f"{ours} softmax": paths[f"{ours} softmax"],
-                "reference softmax": dict(implementation="reference")}
+      chosen = {
+        f"{ours} softmax": paths[f"{ours} softmax"],
+        "reference softmax": dict(implementation="reference"),
+      }
     for name, kw in chosen.items():
       if T >= 16384 and name in ("jax.nn xla", "blockwise softmax"):
         r.add(f"| {name} | {H} | {T} | skipped (T x T / compile time) | | | |")
@@ -387,8 +469,10 @@ def speed_table(r: Report, args) -> dict:
         r.add(f"| {name} | {H} | {T} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
         continue
       times[(name, H, T)] = (tf, tb)
-      r.add(f"| {name} | {H} | {T} | {tf * 1e3:.2f} | {flops / tf / 1e12:.1f} | {tb * 1e3:.2f} "
-            f"| {3.5 * flops / tb / 1e12:.1f} |")
+      r.add(
+        f"| {name} | {H} | {T} | {tf * 1e3:.2f} | {flops / tf / 1e12:.1f} | {tb * 1e3:.2f} "
+        f"| {3.5 * flops / tb / 1e12:.1f} |"
+      )
   return times
 
 
@@ -396,13 +480,16 @@ def mosaic_table(r: Report, args) -> dict:
   """Section 4 of ``--kernel mosaic_gpu``: ``{(path, T, causal): (fwd s, bwd s, flops)}``."""
   import jax.numpy as jnp
   from attnjax._src import normalizers
+
   r.add("")
   r.add("## 4. mosaic_gpu TFLOP/s, bf16, H=128 (16k tokens per batch, N x H = 2048)")
   r.add("")
   r.add("| path | T | causal | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |")
   r.add("|---|---:|---|---:|---:|---:|---:|")
-  paths = {f"mosaic_gpu {n}": dict(implementation="mosaic_gpu", normalizer=n)
-           for n in normalizers.NORMALIZERS}
+  paths = {
+    f"mosaic_gpu {n}": dict(implementation="mosaic_gpu", normalizer=n)
+    for n in normalizers.NORMALIZERS
+  }
   paths["cudnn softmax"] = dict(implementation="cudnn")
   times, start = {}, time.perf_counter()
   for H, T in MOSAIC_SIZES:
@@ -415,14 +502,17 @@ def mosaic_table(r: Report, args) -> dict:
           r.add(f"| {name} | {T} | {causal} | not run (budget) | | | |")
           continue
         try:
-          tf, tb = _time_pair(dict(kw, is_causal=causal), (q, k, v), args.repeats,
-                              args.calls, backward_only=True)
+          tf, tb = _time_pair(
+            dict(kw, is_causal=causal), (q, k, v), args.repeats, args.calls, backward_only=True
+          )
         except Exception as e:  # a path failing at a size is a result, not a crash
           r.add(f"| {name} | {T} | {causal} | error: {type(e).__name__}: {str(e)[:80]} | | | |")
           continue
         times[(name, T, causal)] = (tf, tb, flops)
-        r.add(f"| {name} | {T} | {causal} | {tf * 1e3:.2f} | {flops / tf / 1e12:.1f} | "
-              f"{tb * 1e3:.2f} | {2.5 * flops / tb / 1e12:.1f} |")
+        r.add(
+          f"| {name} | {T} | {causal} | {tf * 1e3:.2f} | {flops / tf / 1e12:.1f} | "
+          f"{tb * 1e3:.2f} | {2.5 * flops / tb / 1e12:.1f} |"
+        )
   return times
 
 
@@ -431,8 +521,10 @@ def _say(r: Report, value, limit, what, lower_is_better=True):
     r.add(f"- [not measured] {what}")
     return
   met = value <= limit if lower_is_better else value >= limit
-  r.add(f"- [{'met' if met else 'MISSED'}] {what}: {value:.2f}x (target "
-        f"{'<=' if lower_is_better else '>='} {limit}x)")
+  r.add(
+    f"- [{'met' if met else 'MISSED'}] {what}: {value:.2f}x (target "
+    f"{'<=' if lower_is_better else '>='} {limit}x)"
+  )
 
 
 def _ratio(times: dict, a, b, col: int) -> Optional[float]:
@@ -442,52 +534,84 @@ def _ratio(times: dict, a, b, col: int) -> Optional[float]:
 def targets(r: Report, times: dict, platform: str = "gpu") -> None:
   """Section 5 of the default kernel (reported, not failed)."""
   from attnjax._src import normalizers
+
   r.add("")
   r.add("## 5. Targets (reported, not failed)")
   ours, builtin = KERNEL[platform], BUILTIN[platform]
   for col, mode in ((0, "fwd"), (1, "fwd+bwd")):
-    _say(r, _ratio(times, (f"{ours} softmax", 128, 4096), (f"{builtin} softmax", 128, 4096),
-                   col), 1.5 if platform == "gpu" else 1.25,
-         f"{ours} softmax / {builtin} time, T=4096 H=128 {mode}")
+    _say(
+      r,
+      _ratio(times, (f"{ours} softmax", 128, 4096), (f"{builtin} softmax", 128, 4096), col),
+      1.5 if platform == "gpu" else 1.25,
+      f"{ours} softmax / {builtin} time, T=4096 H=128 {mode}",
+    )
     for n in normalizers.NORMALIZERS:
       if n != "softmax":
-        _say(r, _ratio(times, (f"{ours} {n}", 128, 4096), (f"{ours} softmax", 128, 4096), col),
-             1.25, f"{ours} {n} / {ours} softmax time, T=4096 H=128 {mode}")
+        _say(
+          r,
+          _ratio(times, (f"{ours} {n}", 128, 4096), (f"{ours} softmax", 128, 4096), col),
+          1.25,
+          f"{ours} {n} / {ours} softmax time, T=4096 H=128 {mode}",
+        )
     if platform == "gpu":
-      _say(r, _ratio(times, ("reference softmax", 128, 8192), ("pallas_gpu softmax", 128, 8192),
-                     col), 10.0, f"reference / pallas_gpu softmax time, T=8192 H=128 {mode}",
-           lower_is_better=False)
+      _say(
+        r,
+        _ratio(times, ("reference softmax", 128, 8192), ("pallas_gpu softmax", 128, 8192), col),
+        10.0,
+        f"reference / pallas_gpu softmax time, T=8192 H=128 {mode}",
+        lower_is_better=False,
+      )
 
 
 def mosaic_targets(r: Report, times: dict) -> None:
   """Section 5 of ``--kernel mosaic_gpu`` (reported, not failed)."""
   from attnjax._src import normalizers
+
   r.add("")
   r.add("## 5. Targets (reported, not failed)")
   soft = ("mosaic_gpu softmax", 16384, False)
   if soft in times:
     tf, tb, flops = times[soft]
-    _say(r, flops / tf / 1e12, 550.0, "mosaic_gpu softmax forward TFLOP/s, T=16k non-causal",
-         lower_is_better=False)
-    _say(r, 2.5 * flops / tb / 1e12, 400.0, "mosaic_gpu softmax backward TFLOP/s, T=16k "
-         "non-causal", lower_is_better=False)
+    _say(
+      r,
+      flops / tf / 1e12,
+      550.0,
+      "mosaic_gpu softmax forward TFLOP/s, T=16k non-causal",
+      lower_is_better=False,
+    )
+    _say(
+      r,
+      2.5 * flops / tb / 1e12,
+      400.0,
+      "mosaic_gpu softmax backward TFLOP/s, T=16k non-causal",
+      lower_is_better=False,
+    )
   else:
     _say(r, None, 550.0, "mosaic_gpu softmax forward TFLOP/s, T=16k non-causal")
   for T in (4096, 16384):
     for causal in (False, True):
       where = f"T={T} {'causal' if causal else 'non-causal'}"
       base = ("mosaic_gpu softmax", T, causal)
-      _say(r, _ratio(times, base, ("cudnn softmax", T, causal), 0), 1.15,
-           f"mosaic_gpu softmax / cuDNN forward time, {where}")
+      _say(
+        r,
+        _ratio(times, base, ("cudnn softmax", T, causal), 0),
+        1.15,
+        f"mosaic_gpu softmax / cuDNN forward time, {where}",
+      )
       for n in normalizers.NORMALIZERS:
         if n != "softmax":
           for col, mode in ((0, "forward"), (1, "backward")):
-            _say(r, _ratio(times, (f"mosaic_gpu {n}", T, causal), base, col), 1.15,
-                 f"mosaic_gpu {n} / mosaic_gpu softmax {mode} time, {where}")
+            _say(
+              r,
+              _ratio(times, (f"mosaic_gpu {n}", T, causal), base, col),
+              1.15,
+              f"mosaic_gpu {n} / mosaic_gpu softmax {mode} time, {where}",
+            )
 
 
 def _host_platform() -> str:
   import jax
+
   backend = jax.default_backend()
   return backend if backend in ("gpu", "tpu") else "gpu"
 
@@ -498,34 +622,48 @@ def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, 
   it is a Hopper, or in interpret mode); else the one named (a ``ValueError`` if it is
   another platform's)."""
   from attnjax._src import target as _target
+
   if kernel == "default":
     return (KERNEL[platform],)
   if kernel == "all":
-    return tuple(k for k in PLATFORM_KERNELS[platform]
-                 if k != "mosaic_gpu" or interpret or _target.cuda_major() == 9)
+    return tuple(
+      k
+      for k in PLATFORM_KERNELS[platform]
+      if k != "mosaic_gpu" or interpret or _target.cuda_major() == 9
+    )
   if kernel not in PLATFORM_KERNELS[platform]:
-    raise ValueError(f"--kernel {kernel} is not a kernel of --platform {platform} (its kernels: "
-                     + ", ".join(PLATFORM_KERNELS[platform]) + ")")
+    raise ValueError(
+      f"--kernel {kernel} is not a kernel of --platform {platform} (its kernels: "
+      + ", ".join(PLATFORM_KERNELS[platform])
+      + ")"
+    )
   return (kernel,)
 
 
 def _refusal(args) -> Optional[str]:
   """Why the command cannot run here (nothing is run), or None."""
   import jax
+
   want = "cpu" if args.interpret else args.platform
   if jax.default_backend() != want:
-    needs = ("the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret
-             else f"a {args.platform.upper()}")
-    return (f"python -m attnjax.check --platform {args.platform}"
-            + (" --interpret" if args.interpret else "")
-            + f" needs {needs} (this host's backend is {jax.default_backend()!r}); nothing was "
-            "run.")
+    needs = (
+      "the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret else f"a {args.platform.upper()}"
+    )
+    return (
+      f"python -m attnjax.check --platform {args.platform}"
+      + (" --interpret" if args.interpret else "")
+      + f" needs {needs} (this host's backend is {jax.default_backend()!r}); nothing was "
+      "run."
+    )
   if args.ship and args.interpret:
-    return ("--ship writes a device's verdict into the package; --interpret runs none (its "
-            "verdict is the CPU's)")
+    return (
+      "--ship writes a device's verdict into the package; --interpret runs none (its "
+      "verdict is the CPU's)"
+    )
   if args.kernel not in ("default", "all") and args.kernel not in PLATFORM_KERNELS[args.platform]:
     return f"--kernel {args.kernel} needs --platform " + (
-        "tpu" if args.kernel == "pallas_tpu" else "gpu (mosaic_gpu: a Hopper GPU)")
+      "tpu" if args.kernel == "pallas_tpu" else "gpu (mosaic_gpu: a Hopper GPU)"
+    )
   return None
 
 
@@ -535,6 +673,7 @@ def run_checks(r: Report, args) -> Optional[int]:
   import jax
   from attnjax._src import trust as _trust
   from attnjax._version import __version__
+
   args.platform = args.platform or _host_platform()
   refusal = _refusal(args)
   if refusal:
@@ -553,15 +692,22 @@ def run_checks(r: Report, args) -> Optional[int]:
   if args.ship:
     paths.append(_trust.write_verdict(kind, verdicts, shipped=True))
   for impl, verdict in verdicts.items():
-    r.add(f"verdict: {impl} {'passed' if verdict['passed'] else 'FAILED'} on {kind!r} "
-          f"(written to {' and '.join(str(p) for p in paths)})")
+    r.add(
+      f"verdict: {impl} {'passed' if verdict['passed'] else 'FAILED'} on {kind!r} "
+      f"(written to {' and '.join(str(p) for p in paths)})"
+    )
   if args.interpret:
     return None
   if args.platform == "gpu":
     check_cudnn_and_blockwise(r)
-  tables = [(table, report) for kernel, table, report in (
+  tables = [
+    (table, report)
+    for kernel, table, report in (
       (KERNEL[args.platform], speed_table, lambda t: targets(r, t, args.platform)),
-      ("mosaic_gpu", mosaic_table, lambda t: mosaic_targets(r, t))) if kernel in kernels]
+      ("mosaic_gpu", mosaic_table, lambda t: mosaic_targets(r, t)),
+    )
+    if kernel in kernels
+  ]
   args.table_budget = args.budget / max(1, len(tables))
   for table, report in tables:
     report(table(r, args))

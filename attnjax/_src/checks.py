@@ -24,8 +24,13 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     raise ValueError(f"{name}={value!r} is not one of: {valid}")
 
 
-def check_implementation(name: str, value: Optional[str], allowed: Sequence[str], *,
-                         deprecated: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def check_implementation(
+  name: str,
+  value: Optional[str],
+  allowed: Sequence[str],
+  *,
+  deprecated: Optional[Mapping[str, str]] = None,
+) -> Optional[str]:
   """Validates an ``implementation`` choice and returns its current name.
 
   ``None`` (auto) passes through. A name in ``deprecated`` (``{old: new}``) still
@@ -51,8 +56,11 @@ def check_implementation(name: str, value: Optional[str], allowed: Sequence[str]
     raise TypeError(f"{name} must be a str or None, got {type(value).__name__} {value!r}")
   if value in deprecated:
     new = deprecated[value]
-    warnings.warn(f"{name}={value!r} is deprecated; use {name}={new!r} (the same computation)",
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn(
+      f"{name}={value!r} is deprecated; use {name}={new!r} (the same computation)",
+      DeprecationWarning,
+      stacklevel=3,
+    )
     return new
   check_choice(name, value, (None, *allowed))
   return value
@@ -69,8 +77,9 @@ def check_initial_state(initial_state: Any, shape: tuple[int, ...]) -> Any:
     return None
   check_floating("initial_state", initial_state)
   if shape_of(initial_state) != tuple(shape):
-    raise ValueError(f"initial_state must have shape [B, N, H, Hv] = {tuple(shape)}, "
-                     f"got {shape_of(initial_state)}")
+    raise ValueError(
+      f"initial_state must have shape [B, N, H, Hv] = {tuple(shape)}, got {shape_of(initial_state)}"
+    )
   return jnp.asarray(initial_state, jnp.float32)
 
 
@@ -87,28 +96,28 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int, int]:
   B, T, N, H = q.shape
   Bk, S, K, Hk = k.shape
   if k.shape[:3] != v.shape[:3]:
-    raise ValueError(
-        f"k and v must agree on [B, S, K], got k {shape_of(k)} and v {shape_of(v)}")
+    raise ValueError(f"k and v must agree on [B, S, K], got k {shape_of(k)} and v {shape_of(v)}")
   if Bk != B:
     raise ValueError(f"q and k batch sizes differ: q {shape_of(q)}, k {shape_of(k)}")
   if Hk != H:
     raise ValueError(f"q and k head dims differ: q {shape_of(q)}, k {shape_of(k)}")
   if H == 0 or v.shape[3] == 0:
-    raise ValueError(f"head dims must be positive (H of q and k, Hv of v), got q {shape_of(q)}, "
-                     f"k {shape_of(k)}, v {shape_of(v)}")
+    raise ValueError(
+      f"head dims must be positive (H of q and k, Hv of v), got q {shape_of(q)}, "
+      f"k {shape_of(k)}, v {shape_of(v)}"
+    )
   if K == 0 or N % K != 0:
     raise ValueError(
-        f"query heads N={N} must be a multiple of key/value heads K={K} "
-        f"(q {shape_of(q)}, k {shape_of(k)})")
+      f"query heads N={N} must be a multiple of key/value heads K={K} "
+      f"(q {shape_of(q)}, k {shape_of(k)})"
+    )
   return B, T, S, N, K, H, v.shape[3]
 
 
 def broadcastable_to(name: str, x: Any, target: tuple[int, ...]) -> None:
   shape = shape_of(x)
-  if len(shape) > len(target) or any(
-      d != 1 and d != t for d, t in zip(shape[::-1], target[::-1])):
-    raise ValueError(
-        f"{name} of shape {shape} is not broadcastable to [B, N, T, S] = {target}")
+  if len(shape) > len(target) or any(d != 1 and d != t for d, t in zip(shape[::-1], target[::-1])):
+    raise ValueError(f"{name} of shape {shape} is not broadcastable to [B, N, T, S] = {target}")
 
 
 def as_rank4(name: str, x: Any, target: tuple[int, int, int, int], *, kind: str):
@@ -137,12 +146,15 @@ def check_window(window: Any, name: str = "window") -> tuple[int, int] | None:
     return None
   pair = (window, 0) if _is_int(window) else window
   if not isinstance(pair, tuple) or len(pair) != 2 or not all(map(_is_int, pair)):
-    raise TypeError(f"{name} must be an int w (keys i - w .. i) or a tuple (left, right) of "
-                    f"ints, got {window!r}")
+    raise TypeError(
+      f"{name} must be an int w (keys i - w .. i) or a tuple (left, right) of ints, got {window!r}"
+    )
   left, right = int(pair[0]), int(pair[1])
   if left < 0 or right < 0:
-    raise ValueError(f"{name} must be non-negative (an int w >= 0 or (left, right) with both "
-                     f">= 0), got {name}={window!r}")
+    raise ValueError(
+      f"{name} must be non-negative (an int w >= 0 or (left, right) with both "
+      f">= 0), got {name}={window!r}"
+    )
   return left, right
 
 
@@ -153,14 +165,16 @@ def check_segment_ids(segment_ids: Any, B: int, T: int, S: int):
   if isinstance(segment_ids, (tuple, list)):
     if len(segment_ids) != 2:
       raise ValueError(
-          f"segment_ids must be an array [B, T] or a pair (q [B, T], kv [B, S]), "
-          f"got a sequence of length {len(segment_ids)}")
+        f"segment_ids must be an array [B, T] or a pair (q [B, T], kv [B, S]), "
+        f"got a sequence of length {len(segment_ids)}"
+      )
     q_seg, kv_seg = segment_ids
   else:
     if T != S:
       raise ValueError(
-          f"a single segment_ids array needs T == S (got T={T}, S={S}); "
-          f"pass a pair (q_segment_ids [B, T], kv_segment_ids [B, S])")
+        f"a single segment_ids array needs T == S (got T={T}, S={S}); "
+        f"pass a pair (q_segment_ids [B, T], kv_segment_ids [B, S])"
+      )
     q_seg = kv_seg = segment_ids
   for name, seg, L in (("q segment_ids", q_seg, T), ("kv segment_ids", kv_seg, S)):
     if shape_of(seg) != (B, L):
@@ -178,11 +192,15 @@ def check_one_sequence(name: str, q, k, v, segment_ids: Any):
   """
   B, T, S, N, K, H, Hv = check_qkv(q, k, v)
   if S != T:
-    raise ValueError(f"{name} is causal over one sequence and needs as many keys as queries "
-                     f"(S == T), got q {shape_of(q)} and k {shape_of(k)}")
+    raise ValueError(
+      f"{name} is causal over one sequence and needs as many keys as queries "
+      f"(S == T), got q {shape_of(q)} and k {shape_of(k)}"
+    )
   if isinstance(segment_ids, (tuple, list)):
-    raise TypeError("segment_ids must be one integer array [B, T] (queries and keys are the "
-                    f"same tokens), got a {type(segment_ids).__name__}")
+    raise TypeError(
+      "segment_ids must be one integer array [B, T] (queries and keys are the "
+      f"same tokens), got a {type(segment_ids).__name__}"
+    )
   seg, _ = check_segment_ids(segment_ids, B, T, T)
   return B, T, N, K, H, Hv, seg
 

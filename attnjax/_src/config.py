@@ -48,20 +48,24 @@ class Config:
       _deprecation.warn_renamed(f"{ENV_KERNELS}={value}", f"{ENV_KERNELS}={new}")
       value = new
     if value not in KERNELS:
-      raise ValueError(f"{ENV_KERNELS}={value!r} is not one of: "
-                       + ", ".join(repr(k) for k in KERNELS))
+      raise ValueError(
+        f"{ENV_KERNELS}={value!r} is not one of: " + ", ".join(repr(k) for k in KERNELS)
+      )
     return value
 
   @kernels.setter
   def kernels(self, value: Optional[str]) -> None:
     if value in RENAMED_KERNELS:
       new = RENAMED_KERNELS[value]
-      _deprecation.warn_renamed(f"attnjax.config.kernels = {value!r}",
-                                f"attnjax.config.kernels = {new!r}", stacklevel=2)
+      _deprecation.warn_renamed(
+        f"attnjax.config.kernels = {value!r}", f"attnjax.config.kernels = {new!r}", stacklevel=2
+      )
       value = new
     if value is not None and value not in KERNELS:
-      raise ValueError(f"attnjax.config.kernels={value!r} is not one of: "
-                       + ", ".join(repr(k) for k in (*KERNELS, None)))
+      raise ValueError(
+        f"attnjax.config.kernels={value!r} is not one of: "
+        + ", ".join(repr(k) for k in (*KERNELS, None))
+      )
     before = self._kernels or os.environ.get(ENV_KERNELS)
     self._kernels = value
     if (self._kernels or os.environ.get(ENV_KERNELS)) != before:

@@ -49,8 +49,9 @@ def _warn(old: str, message: str, stacklevel: int) -> None:
   warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
 
 
-def renamed_in(where: str, kwargs: dict[str, Any], renames: Mapping[str, str], *,
-               stacklevel: int = 3) -> dict[str, Any]:
+def renamed_in(
+  where: str, kwargs: dict[str, Any], renames: Mapping[str, str], *, stacklevel: int = 3
+) -> dict[str, Any]:
   """``kwargs`` with each old keyword of ``renames`` (``{old: new}``) given its new name.
 
   ``where`` names the callee in messages; ``stacklevel``: 1 is this function, 3 the
@@ -66,15 +67,17 @@ def renamed_in(where: str, kwargs: dict[str, Any], renames: Mapping[str, str], *
     if old not in out:
       continue
     if new in out:
-      raise TypeError(f"{where}: {old}= and {new}= are the same option ({old} is its old "
-                      f"name); give {new}= only")
+      raise TypeError(
+        f"{where}: {old}= and {new}= are the same option ({old} is its old name); give {new}= only"
+      )
     warn_renamed(f"{where}({old}=...)", f"{where}({new}=...)", stacklevel=stacklevel)
     out[new] = out.pop(old)
   return out
 
 
-def renamed_keywords(fn: Callable[..., Any], where: str,
-                     renames: Mapping[str, str]) -> Callable[..., Any]:
+def renamed_keywords(
+  fn: Callable[..., Any], where: str, renames: Mapping[str, str]
+) -> Callable[..., Any]:
   """``fn`` also taking the old keyword names of ``renames`` (``{old: new}``).
 
   The wrapper keeps ``fn``'s name, docstring and signature (the new names) and
@@ -85,6 +88,7 @@ def renamed_keywords(fn: Callable[..., Any], where: str,
     @functools.wraps(method)
     def call(*args, **kwargs):
       return method(*args, **renamed_in(where, kwargs, renames))
+
     return call
 
   out = wrap(fn)
@@ -120,8 +124,7 @@ def renamed_fields(**renames: str) -> Callable[[type], type]:
 
       cls.replace = replace_renamed
     for old, new in renames.items():
-      setattr(cls, old, property(_reader(where, old, new),
-                                 doc=f"Deprecated name of ``{new}``."))
+      setattr(cls, old, property(_reader(where, old, new), doc=f"Deprecated name of ``{new}``."))
     cls.renamed_fields = {**getattr(cls, "renamed_fields", {}), **renames}
     return cls
 
@@ -132,4 +135,5 @@ def _reader(where: str, old: str, new: str) -> Callable[[Any], Any]:
   def read(self):
     warn_renamed(f"{where}.{old}", f"{where}.{new}", stacklevel=2)
     return getattr(self, new)
+
   return read

@@ -36,9 +36,13 @@ def dense_is_empty(inputs: Any, opts: Any) -> bool:
 def empty_stats(B: int, N: int, T: int, empty_logsumexp: float = 0.0) -> AttentionStats:
   """:class:`attnjax.AttentionStats` of ``T`` rows that have no allowed key."""
   zeros = jnp.zeros((B, N), jnp.float32)
-  return AttentionStats(sink_mass=zeros, entropy=zeros, max_logit=zeros,
-                        logsumexp=jnp.full((B, N, T), empty_logsumexp, jnp.float32),
-                        row_sum=zeros)
+  return AttentionStats(
+    sink_mass=zeros,
+    entropy=zeros,
+    max_logit=zeros,
+    logsumexp=jnp.full((B, N, T), empty_logsumexp, jnp.float32),
+    row_sum=zeros,
+  )
 
 
 def dense(inputs: Any, opts: Any):

@@ -72,12 +72,14 @@ class FeatureMap:
     if self.is_random:
       if self.projection is None or np.ndim(self.projection) != 2:
         raise ValueError(
-            f"feature_map {self.kind!r} needs a projection [m, H], got shape "
-            f"{None if self.projection is None else _checks.shape_of(self.projection)}")
+          f"feature_map {self.kind!r} needs a projection [m, H], got shape "
+          f"{None if self.projection is None else _checks.shape_of(self.projection)}"
+        )
       if self.projection.shape[1] != head_dim:
         raise ValueError(
-            f"feature_map {self.kind!r} projection has shape "
-            f"{_checks.shape_of(self.projection)}, expected [m, H] with H={head_dim}")
+          f"feature_map {self.kind!r} projection has shape "
+          f"{_checks.shape_of(self.projection)}, expected [m, H] with H={head_dim}"
+        )
       _checks.check_floating("feature_map.projection", self.projection)
     elif self.projection is not None:
       raise ValueError(f"feature_map {self.kind!r} takes no projection")
@@ -103,7 +105,7 @@ class FeatureMap:
       return jnp.square(jax.nn.relu(x))
     H = x.shape[-1]
     m = self.projection.shape[0]
-    xs = x * H ** -0.25
+    xs = x * H**-0.25
     wx = einsum("...h,mh->...m", xs, self.projection.astype(jnp.float32))
     half_sq = 0.5 * jnp.sum(jnp.square(xs), axis=-1, keepdims=True)
     global_axes = (position_axis % x.ndim, x.ndim - 1)
@@ -113,7 +115,7 @@ class FeatureMap:
     if self.kind == "favor_plus":
       exponent = wx - half_sq
       if not self.stabilize:
-        return jnp.exp(exponent) * m ** -0.5
+        return jnp.exp(exponent) * m**-0.5
       axes = -1 if is_query else global_axes
       return jnp.exp(exponent - jax.lax.stop_gradient(jnp.max(exponent, axis=axes, keepdims=True)))
     # trig: exp(|x|^2/2) [sin, cos]; the magnitude factor is the part that overflows.
@@ -121,12 +123,13 @@ class FeatureMap:
       axes = -1 if is_query else global_axes
       scale = jnp.exp(half_sq - jax.lax.stop_gradient(jnp.max(half_sq, axis=axes, keepdims=True)))
     else:
-      scale = jnp.exp(half_sq) * m ** -0.5
+      scale = jnp.exp(half_sq) * m**-0.5
     return jnp.concatenate([jnp.sin(wx) * scale, jnp.cos(wx) * scale], axis=-1)
 
 
 jax.tree_util.register_dataclass(
-    FeatureMap, data_fields=["projection"], meta_fields=["kind", "stabilize", "orthogonal"])
+  FeatureMap, data_fields=["projection"], meta_fields=["kind", "stabilize", "orthogonal"]
+)
 
 
 elu_plus_one = FeatureMap("elu_plus_one")
@@ -154,12 +157,17 @@ def by_name(name: DeterministicKind) -> FeatureMap:
     ValueError: an unknown name (the message lists the valid ones).
   """
   _checks.check_choice("feature map name", name, DETERMINISTIC)
-  return {"elu_plus_one": elu_plus_one, "relu": relu, "identity": identity,
-          "squared_relu": squared_relu}[name]
+  return {
+    "elu_plus_one": elu_plus_one,
+    "relu": relu,
+    "identity": identity,
+    "squared_relu": squared_relu,
+  }[name]
 
 
-def gaussian_projection(key: Array, num_features: int, head_dim: int, *,
-                        orthogonal: bool = True) -> Array:
+def gaussian_projection(
+  key: Array, num_features: int, head_dim: int, *, orthogonal: bool = True
+) -> Array:
   """Random directions ``[m, H]`` whose rows are marginally ``N(0, I_H)``.
 
   With ``orthogonal=True`` the rows come in blocks of ``H`` mutually
@@ -202,12 +210,19 @@ def _draw_projection(key: Array, num_features: int, head_dim: int, orthogonal: b
   directions = jnp.reshape(jnp.swapaxes(q, -1, -2), (num_blocks * head_dim, head_dim))
   directions = directions[:num_features]
   norms = jnp.linalg.norm(
-      jax.random.normal(key_norms, (num_features, head_dim), jnp.float32), axis=-1)
+    jax.random.normal(key_norms, (num_features, head_dim), jnp.float32), axis=-1
+  )
   return directions * norms[:, None]
 
 
-def favor_plus(key: Array, num_features: int, orthogonal: bool = True, *,
-               head_dim: int = 64, stabilize: bool = True) -> FeatureMap:
+def favor_plus(
+  key: Array,
+  num_features: int,
+  orthogonal: bool = True,
+  *,
+  head_dim: int = 64,
+  stabilize: bool = True,
+) -> FeatureMap:
   """Positive random features for the softmax kernel (FAVOR+).
 
   ``phi(q) . phi(k)`` is an unbiased estimate of ``exp(q.k / sqrt(H))`` (up to
@@ -227,13 +242,22 @@ def favor_plus(key: Array, num_features: int, orthogonal: bool = True, *,
     Choromanski et al. 2021, "Rethinking Attention with Performers", Lemma 1
     and Section 2.4 (orthogonal random features).
   """
-  return FeatureMap("favor_plus", gaussian_projection(key, num_features, head_dim,
-                                                      orthogonal=orthogonal),
-                    stabilize=bool(stabilize), orthogonal=bool(orthogonal))
+  return FeatureMap(
+    "favor_plus",
+    gaussian_projection(key, num_features, head_dim, orthogonal=orthogonal),
+    stabilize=bool(stabilize),
+    orthogonal=bool(orthogonal),
+  )
 
 
-def trig_features(key: Array, num_features: int, orthogonal: bool = False, *,
-                  head_dim: int = 64, stabilize: bool = True) -> FeatureMap:
+def trig_features(
+  key: Array,
+  num_features: int,
+  orthogonal: bool = False,
+  *,
+  head_dim: int = 64,
+  stabilize: bool = True,
+) -> FeatureMap:
   """Trigonometric random features for the softmax kernel, for comparison with FAVOR+.
 
   ``phi(x) = exp(|x|^2 / 2) / sqrt(m) [sin(w.x), cos(w.x)]`` on ``x`` scaled by
@@ -256,6 +280,9 @@ def trig_features(key: Array, num_features: int, orthogonal: bool = False, *,
     Rahimi and Recht 2007, "Random Features for Large-Scale Kernel Machines".
     Choromanski et al. 2021, "Rethinking Attention with Performers", Section 2.3.
   """
-  return FeatureMap("trig", gaussian_projection(key, num_features, head_dim,
-                                                orthogonal=orthogonal),
-                    stabilize=bool(stabilize), orthogonal=bool(orthogonal))
+  return FeatureMap(
+    "trig",
+    gaussian_projection(key, num_features, head_dim, orthogonal=orthogonal),
+    stabilize=bool(stabilize),
+    orthogonal=bool(orthogonal),
+  )

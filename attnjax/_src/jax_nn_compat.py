@@ -34,12 +34,15 @@ def window_of(local_window_size: Any, window: Any) -> Any:
   elif isinstance(local_window_size, (tuple, list)) and len(local_window_size) == 2:
     local = tuple(local_window_size)
   else:
-    raise TypeError(f"local_window_size must be an int or a pair (left, right) of ints, got "
-                    f"{local_window_size!r}")
+    raise TypeError(
+      f"local_window_size must be an int or a pair (left, right) of ints, got {local_window_size!r}"
+    )
   local = _checks.check_window(local)
   if window is not None and _checks.check_window(window) != local:
-    raise ValueError(f"local_window_size={local_window_size!r} (jax.nn's name, "
-                     f"(left, right) = {local}) and window={window!r} differ; pass one")
+    raise ValueError(
+      f"local_window_size={local_window_size!r} (jax.nn's name, "
+      f"(left, right) = {local}) and window={window!r} differ; pass one"
+    )
   return local
 
 
@@ -85,22 +88,28 @@ def residual(inputs: DenseInputs, stats) -> Array:
   return jnp.swapaxes(stats.logsumexp, 1, 2).astype(inputs.q.dtype)
 
 
-def check_residual(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str],
-                   unsupported: Optional[Callable[[DenseInputs, DenseOptions], list]]) -> None:
+def check_residual(
+  inputs: DenseInputs,
+  opts: DenseOptions,
+  implementation: Optional[str],
+  unsupported: Optional[Callable[[DenseInputs, DenseOptions], list]],
+) -> None:
   """Raises where ``return_residual=True`` cannot be honoured: a normaliser that is not
   softmax-like, or a named ``implementation`` (``unsupported``: its refusals) that runs the
   call but computes no statistics (jax.nn's own paths)."""
   if not normalizers.REGISTRY[opts.normalizer].softmax_like:
     raise ValueError(
-        f"return_residual=True returns the softmax log-normaliser, which "
-        f"normalizer={opts.normalizer!r} does not have (its weights are not exp(z - r)); "
-        f"use return_stats=True for its statistics (stats.logsumexp is the plain logsumexp "
-        f"of the logits)")
+      f"return_residual=True returns the softmax log-normaliser, which "
+      f"normalizer={opts.normalizer!r} does not have (its weights are not exp(z - r)); "
+      f"use return_stats=True for its statistics (stats.logsumexp is the plain logsumexp "
+      f"of the logits)"
+    )
   if implementation is None:
     return
   plain = dataclasses.replace(opts, return_stats=False, empty_row_logsumexp=0.0)
   if unsupported(inputs, plain) == [] and unsupported(inputs, residual_options(opts)):
     raise ValueError(
-        f"return_residual=True is computed by attnjax's own paths (the residual carries a "
-        f"gradient there), which implementation={implementation!r} is not; use "
-        f"implementation=None, 'reference' or 'blockwise'")
+      f"return_residual=True is computed by attnjax's own paths (the residual carries a "
+      f"gradient there), which implementation={implementation!r} is not; use "
+      f"implementation=None, 'reference' or 'blockwise'"
+    )

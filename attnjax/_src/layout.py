@@ -49,17 +49,21 @@ class BlockLayout:
         raise ValueError(f"BlockLayout.{name} must be a positive int, got {value!r}")
     if len(self.kv_blocks) != self.num_q_blocks or len(self.needs_mask) != self.num_q_blocks:
       raise ValueError(
-          f"BlockLayout needs one row per query block ({self.num_q_blocks} for q_len="
-          f"{self.q_len}, block_q={self.block_q}), got {len(self.kv_blocks)} kv_blocks rows "
-          f"and {len(self.needs_mask)} needs_mask rows")
+        f"BlockLayout needs one row per query block ({self.num_q_blocks} for q_len="
+        f"{self.q_len}, block_q={self.block_q}), got {len(self.kv_blocks)} kv_blocks rows "
+        f"and {len(self.needs_mask)} needs_mask rows"
+      )
     for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
       if len(row) != len(flags):
-        raise ValueError(f"BlockLayout row {i}: kv_blocks {row} and needs_mask {flags} differ in length")
+        raise ValueError(
+          f"BlockLayout row {i}: kv_blocks {row} and needs_mask {flags} differ in length"
+        )
       real = [kb for kb in row if kb >= 0]
       if any(kb < -1 or kb >= self.num_kv_blocks for kb in row):
         raise ValueError(
-            f"BlockLayout row {i}: key-block indices must lie in [0, {self.num_kv_blocks}) "
-            f"or be -1 (padding), got {row}")
+          f"BlockLayout row {i}: key-block indices must lie in [0, {self.num_kv_blocks}) "
+          f"or be -1 (padding), got {row}"
+        )
       if len(set(real)) != len(real):
         raise ValueError(f"BlockLayout row {i} visits a key block twice: {row}")
 
@@ -92,13 +96,19 @@ class BlockLayout:
     idx = np.full((self.num_q_blocks, width), -1, np.int32)
     flag = np.zeros((self.num_q_blocks, width), bool)
     for i, (row, flags) in enumerate(zip(self.kv_blocks, self.needs_mask)):
-      idx[i, :len(row)] = row
-      flag[i, :len(flags)] = flags
+      idx[i, : len(row)] = row
+      flag[i, : len(flags)] = flags
     return idx, flag
 
   @classmethod
-  def from_visits(cls, q_len: int, kv_len: int, block_q: int, block_k: int,
-                  visits: Sequence[Sequence[tuple[int, bool]]]) -> "BlockLayout":
+  def from_visits(
+    cls,
+    q_len: int,
+    kv_len: int,
+    block_q: int,
+    block_k: int,
+    visits: Sequence[Sequence[tuple[int, bool]]],
+  ) -> "BlockLayout":
     """Builds a layout from per-query-block lists of ``(key_block, needs_mask)``."""
     width = max([len(v) for v in visits] + [0])
     kv_blocks = tuple(tuple(int(kb) for kb, _ in v) + (-1,) * (width - len(v)) for v in visits)
@@ -107,9 +117,15 @@ class BlockLayout:
 
 
 @functools.lru_cache(maxsize=256)
-def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
-                      is_causal: bool = False,
-                      window: Optional[tuple[int, int]] = None) -> BlockLayout:
+def structural_layout(
+  q_len: int,
+  kv_len: int,
+  block_q: int,
+  block_k: int,
+  *,
+  is_causal: bool = False,
+  window: Optional[tuple[int, int]] = None,
+) -> BlockLayout:
   """The layout of causal / window structure: exact, from each row's allowed key range.
 
   Row ``i`` may attend keys ``lo_i .. hi_i`` (``lo_i = i - left`` with a window,
@@ -139,7 +155,7 @@ def structural_layout(q_len: int, kv_len: int, block_q: int, block_k: int, *,
   nq, nk = -(-q_len // block_q), -(-kv_len // block_k)
   visits = []
   for i in range(nq):
-    r_lo, r_hi = lo[i * block_q:(i + 1) * block_q], hi[i * block_q:(i + 1) * block_q]
+    r_lo, r_hi = lo[i * block_q : (i + 1) * block_q], hi[i * block_q : (i + 1) * block_q]
     row = []
     for j in range(nk):
       k0, k1 = j * block_k, min(kv_len, (j + 1) * block_k) - 1
@@ -202,8 +218,9 @@ def density(layout: BlockLayout) -> float:
 SKIP, FULL, MASKED = 0, 1, 2
 
 
-def segment_block_relations(q_segment_ids: Array, kv_segment_ids: Array,
-                            layout: BlockLayout) -> Array:
+def segment_block_relations(
+  q_segment_ids: Array, kv_segment_ids: Array, layout: BlockLayout
+) -> Array:
   """Run-time relation of every (query block, key block) pair under segment ids.
 
   Args:
@@ -220,6 +237,7 @@ def segment_block_relations(q_segment_ids: Array, kv_segment_ids: Array,
     (packed) ids; for unsorted ids a block may be ``MASKED`` that could have
     been skipped, never the reverse.
   """
+
   def ranges(ids, n, rng):
     lo = jnp.stack([jnp.min(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
     hi = jnp.stack([jnp.max(ids[:, a:b], axis=1) for a, b in map(rng, range(n))], axis=1)
@@ -252,7 +270,7 @@ def key_block_candidates(ranges, S: int, block_size: int) -> np.ndarray:
   for lo, hi in ranges:
     lo, hi = max(lo, 0), min(hi, S)
     if lo < hi:
-      out[lo // block_size:(hi - 1) // block_size + 1] = True
+      out[lo // block_size : (hi - 1) // block_size + 1] = True
   return out
 
 
@@ -304,7 +322,8 @@ def classify_blocks(rule, q_blocks, k_blocks, *, shape, block_size):
     # A ragged block (past T or S) is never "full": its padding must be masked.
     inside = inside.reshape(block_size, kbs.shape[0], block_size)
     return allowed.any(axis=(0, 2)), jnp.logical_and(allowed, inside).all(axis=(0, 2)) & inside.all(
-        axis=(0, 2))
+      axis=(0, 2)
+    )
 
   return jax.vmap(one_row)(q_blocks, k_blocks)
 
@@ -328,10 +347,12 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
     always need one). The rule is evaluated only on candidate blocks.
   """
   nq = -(-T // block_size)
-  candidates = np.stack([
-      rule.candidate_key_blocks(qb * block_size, min((qb + 1) * block_size, T), (T, S),
-                                   block_size)
-      for qb in range(nq)])
+  candidates = np.stack(
+    [
+      rule.candidate_key_blocks(qb * block_size, min((qb + 1) * block_size, T), (T, S), block_size)
+      for qb in range(nq)
+    ]
+  )
   width = max(1, int(candidates.sum(axis=1).max()))
   # Candidate key blocks of each row, ascending, padded with block 0 (dropped below).
   order = np.argsort(np.logical_not(candidates), axis=1, kind="stable")[:, :width]
@@ -346,12 +367,16 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
   with _lowering.host_eval():
     for lo in range(0, nq, rows_per_call):
       rows = np.minimum(np.arange(lo, lo + rows_per_call), nq - 1)  # equal shapes: one compile
-      a, b = classify_blocks(rule, jnp.asarray(rows, jnp.int32),
-                              jnp.asarray(cand_blocks[rows]), shape=(T, S),
-                              block_size=block_size)
+      a, b = classify_blocks(
+        rule,
+        jnp.asarray(rows, jnp.int32),
+        jnp.asarray(cand_blocks[rows]),
+        shape=(T, S),
+        block_size=block_size,
+      )
       n = min(rows_per_call, nq - lo)
-      any_allowed[lo:lo + n] = np.asarray(a)[:n]
-      all_allowed[lo:lo + n] = np.asarray(b)[:n]
+      any_allowed[lo : lo + n] = np.asarray(a)[:n]
+      all_allowed[lo : lo + n] = np.asarray(b)[:n]
   kept = np.logical_and(any_allowed, is_candidate)
   visits = []
   for qb in range(nq):
@@ -379,10 +404,11 @@ def intersect(a: BlockLayout, b: BlockLayout) -> BlockLayout:
   """
   if (a.q_len, a.kv_len, a.block_q, a.block_k) != (b.q_len, b.kv_len, b.block_q, b.block_k):
     raise ValueError(
-        f"cannot intersect layouts of different geometry: (q_len, kv_len, block_q, block_k) = "
-        f"{(a.q_len, a.kv_len, a.block_q, a.block_k)} and "
-        f"{(b.q_len, b.kv_len, b.block_q, b.block_k)}; build block_layout with the block "
-        f"sizes of the call")
+      f"cannot intersect layouts of different geometry: (q_len, kv_len, block_q, block_k) = "
+      f"{(a.q_len, a.kv_len, a.block_q, a.block_k)} and "
+      f"{(b.q_len, b.kv_len, b.block_q, b.block_k)}; build block_layout with the block "
+      f"sizes of the call"
+    )
   visits = []
   for i in range(a.num_q_blocks):
     other = dict(b.visits(i))
@@ -390,8 +416,17 @@ def intersect(a: BlockLayout, b: BlockLayout) -> BlockLayout:
   return BlockLayout.from_visits(a.q_len, a.kv_len, a.block_q, a.block_k, visits)
 
 
-def _mask_mod_blocks(fn, args: tuple, T: int, S: int, block_q: int, block_k: int, batch: int,
-                     heads: int, positions=None) -> tuple[Array, Array]:
+def _mask_mod_blocks(
+  fn,
+  args: tuple,
+  T: int,
+  S: int,
+  block_q: int,
+  block_k: int,
+  batch: int,
+  heads: int,
+  positions=None,
+) -> tuple[Array, Array]:
   """``(any, all)`` allowed per block, each ``bool [num_q_blocks, num_kv_blocks]``.
 
   Every element is evaluated (one query block at a time, ``lax.map``), so the
@@ -411,20 +446,24 @@ def _mask_mod_blocks(fn, args: tuple, T: int, S: int, block_q: int, block_k: int
 
   def one(iq):
     rows = jax.lax.dynamic_slice_in_dim(qi, iq * block_q, block_q)
-    inside = jnp.logical_and(jax.lax.dynamic_slice_in_dim(q_in, iq * block_q, block_q)[:, None],
-                             k_in[None, :])
+    inside = jnp.logical_and(
+      jax.lax.dynamic_slice_in_dim(q_in, iq * block_q, block_q)[:, None], k_in[None, :]
+    )
     m = jnp.asarray(fn(b, n, jnp.reshape(rows, (1, 1, -1, 1)), j, *args))
     m = jnp.broadcast_to(m, jnp.broadcast_shapes(m.shape, (1, 1, block_q, nk * block_k)))
     m = jnp.reshape(m, m.shape[:2] + (block_q, nk, block_k))
     inside = jnp.reshape(inside, (1, 1, block_q, nk, block_k))
-    return (jnp.any(jnp.logical_and(m, inside), axis=(0, 1, 2, 4)),
-            jnp.all(jnp.logical_or(m, jnp.logical_not(inside)), axis=(0, 1, 2, 4)))
+    return (
+      jnp.any(jnp.logical_and(m, inside), axis=(0, 1, 2, 4)),
+      jnp.all(jnp.logical_or(m, jnp.logical_not(inside)), axis=(0, 1, 2, 4)),
+    )
 
   return jax.lax.map(one, jnp.arange(nq))
 
 
-def mask_mod_block_table(fn, args: tuple, layout: BlockLayout, batch: int, heads: int, *,
-                         positions=None) -> Array:
+def mask_mod_block_table(
+  fn, args: tuple, layout: BlockLayout, batch: int, heads: int, *, positions=None
+) -> Array:
   """Each block's kind under a ``mask_mod`` whose arguments are traced (run time).
 
   A modifier may carry a cheaper exact rule as an attribute,
@@ -448,16 +487,33 @@ def mask_mod_block_table(fn, args: tuple, layout: BlockLayout, batch: int, heads
   rule = getattr(fn, "block_table", None)
   if rule is not None and positions is None:
     return rule(layout, *args).astype(jnp.int32)
-  any_ok, all_ok = _mask_mod_blocks(fn, tuple(args), layout.q_len, layout.kv_len, layout.block_q,
-                                    layout.block_k, batch, heads, positions)
+  any_ok, all_ok = _mask_mod_blocks(
+    fn,
+    tuple(args),
+    layout.q_len,
+    layout.kv_len,
+    layout.block_q,
+    layout.block_k,
+    batch,
+    heads,
+    positions,
+  )
   return jnp.where(any_ok, jnp.where(all_ok, FULL, MASKED), SKIP).astype(jnp.int32)
 
 
 _MASK_MOD_LAYOUTS: dict = {}
 
 
-def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args,
-                  batch: Optional[int] = None, heads: Optional[int] = None) -> BlockLayout:
+def from_mask_mod(
+  fn,
+  q_len: int,
+  kv_len: int,
+  block_q: int,
+  block_k: int,
+  *args,
+  batch: Optional[int] = None,
+  heads: Optional[int] = None,
+) -> BlockLayout:
   """The block layout of a ``mask_mod`` (as FlexAttention's ``create_block_mask``).
 
   Build it once, outside ``jit``, and pass it to every call that uses the same
@@ -486,16 +542,22 @@ def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args
   Returns:
     A :class:`.BlockLayout`.
   """
-  for name, value in (("q_len", q_len), ("kv_len", kv_len), ("block_q", block_q),
-                      ("block_k", block_k)):
+  for name, value in (
+    ("q_len", q_len),
+    ("kv_len", kv_len),
+    ("block_q", block_q),
+    ("block_k", block_k),
+  ):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
       raise ValueError(f"from_mask_mod: {name} must be a positive int, got {value!r}")
   if not callable(fn):
     raise TypeError(f"from_mask_mod: fn must be a mask_mod callable, got {type(fn).__name__}")
   if any(isinstance(a, jax.core.Tracer) for a in args):
-    raise ValueError("from_mask_mod needs concrete args (the layout is static); build it "
-                     "outside jit, or pass mask_mod_args to the call (blocks are then "
-                     "skipped at run time)")
+    raise ValueError(
+      "from_mask_mod needs concrete args (the layout is static); build it "
+      "outside jit, or pass mask_mod_args to the call (blocks are then "
+      "skipped at run time)"
+    )
   block_q, block_k = min(int(block_q), int(q_len)), min(int(block_k), int(kv_len))
   batch = 1 if batch is None else int(batch)
   heads = 1 if heads is None else int(heads)
@@ -505,11 +567,21 @@ def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args
     if key in _MASK_MOD_LAYOUTS:
       return _MASK_MOD_LAYOUTS[key]
   with _lowering.host_eval():
-    any_ok, all_ok = _mask_mod_blocks(fn, tuple(jnp.asarray(a) for a in args), int(q_len),
-                                      int(kv_len), block_q, block_k, batch, heads)
+    any_ok, all_ok = _mask_mod_blocks(
+      fn,
+      tuple(jnp.asarray(a) for a in args),
+      int(q_len),
+      int(kv_len),
+      block_q,
+      block_k,
+      batch,
+      heads,
+    )
     any_ok, all_ok = np.asarray(any_ok), np.asarray(all_ok)
-  visits = [[(int(j), not bool(all_ok[i, j])) for j in np.flatnonzero(any_ok[i])]
-            for i in range(any_ok.shape[0])]
+  visits = [
+    [(int(j), not bool(all_ok[i, j])) for j in np.flatnonzero(any_ok[i])]
+    for i in range(any_ok.shape[0])
+  ]
   out = BlockLayout.from_visits(q_len, kv_len, block_q, block_k, visits)
   if key is not None:
     _MASK_MOD_LAYOUTS[key] = out
@@ -517,7 +589,20 @@ def from_mask_mod(fn, q_len: int, kv_len: int, block_q: int, block_k: int, *args
 
 
 __all__ = [
-    "BlockLayout", "FULL", "MASKED", "SKIP", "SparsePlan", "classify_blocks", "density",
-    "from_mask_mod", "full_blocks", "intersect", "kept_blocks", "key_block_candidates",
-    "mask_mod_block_table", "rule_layout", "segment_block_relations", "structural_layout",
+  "BlockLayout",
+  "FULL",
+  "MASKED",
+  "SKIP",
+  "SparsePlan",
+  "classify_blocks",
+  "density",
+  "from_mask_mod",
+  "full_blocks",
+  "intersect",
+  "kept_blocks",
+  "key_block_candidates",
+  "mask_mod_block_table",
+  "rule_layout",
+  "segment_block_relations",
+  "structural_layout",
 ]

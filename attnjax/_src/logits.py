@@ -31,8 +31,9 @@ def softcap(z: Array, cap: Optional[float]) -> Array:
   return cap * jnp.tanh(z / cap)
 
 
-def softcap_grad(dz: Array, cap: Optional[float], *, s: Optional[Array] = None,
-                 capped: Optional[Array] = None) -> Array:
+def softcap_grad(
+  dz: Array, cap: Optional[float], *, s: Optional[Array] = None, capped: Optional[Array] = None
+) -> Array:
   """The cotangent of ``s`` given ``dz``, the cotangent of ``capped = softcap(s, cap)``.
 
   ``d/ds [c tanh(s / c)] = 1 - tanh(s / c)^2``, from ``capped`` when given (no second
@@ -45,8 +46,14 @@ def softcap_grad(dz: Array, cap: Optional[float], *, s: Optional[Array] = None,
   return dz * (1.0 - t * t)
 
 
-def from_dots(dots: Array, *, scale: float, similarity: str = "dot",
-              q_sq: Optional[Array] = None, k_sq: Optional[Array] = None) -> Array:
+def from_dots(
+  dots: Array,
+  *,
+  scale: float,
+  similarity: str = "dot",
+  q_sq: Optional[Array] = None,
+  k_sq: Optional[Array] = None,
+) -> Array:
   """The similarity from the float32 dot products ``<q_i, k_j>``.
 
   ``"dot"``: ``scale * dots``. ``"neg_sq_euclidean"``: ``-scale * (q_sq - 2 dots + k_sq)``
@@ -57,8 +64,9 @@ def from_dots(dots: Array, *, scale: float, similarity: str = "dot",
   return -scale * (q_sq - 2.0 * dots + k_sq)
 
 
-def scores(q: Array, k: Array, *, scale: float, similarity: str = "dot",
-           cap: Optional[float] = None) -> Array:
+def scores(
+  q: Array, k: Array, *, scale: float, similarity: str = "dot", cap: Optional[float] = None
+) -> Array:
   """Float32 logits ``[B, K, G, T, S]`` from grouped ``q`` ``[B, T, K, G, H]`` and ``k`` ``[B, S, K, H]``.
 
   The similarity (:func:`from_dots`), then the softcap ``cap``; no bias.
@@ -74,8 +82,9 @@ def scores(q: Array, k: Array, *, scale: float, similarity: str = "dot",
   return s if cap is None else softcap(s, cap)
 
 
-def capped_logits(s: Array, cap: Optional[float], bias: Optional[Array] = None
-                  ) -> tuple[Array, Array]:
+def capped_logits(
+  s: Array, cap: Optional[float], bias: Optional[Array] = None
+) -> tuple[Array, Array]:
   """``(z, capped)``: the logits before ``score_mod`` and the capped similarity.
 
   ``capped = softcap(s, cap)`` and ``z = capped + bias`` (float32): the bias is added
@@ -87,8 +96,9 @@ def capped_logits(s: Array, cap: Optional[float], bias: Optional[Array] = None
   return capped + bias.astype(jnp.float32), capped
 
 
-def index_grid(B: int, heads: Sequence[int], i: Array, j: Array
-               ) -> tuple[Array, Array, Array, Array]:
+def index_grid(
+  B: int, heads: Sequence[int], i: Array, j: Array
+) -> tuple[Array, Array, Array, Array]:
   """int32 indices ``(b, n, i, j)`` of logits laid out ``[B, *heads, Tq, Sk]``.
 
   ``b`` numbers the batch, ``n`` the query heads (row-major over ``heads``: with
@@ -103,6 +113,9 @@ def index_grid(B: int, heads: Sequence[int], i: Array, j: Array
   n = jnp.reshape(jnp.arange(math.prod(heads), dtype=jnp.int32), (1,) + heads + (1, 1))
   i = jnp.asarray(i).astype(jnp.int32)
   j = jnp.asarray(j).astype(jnp.int32)
-  return (b, n, jnp.reshape(i, (1,) + ones + (i.shape[0], 1)),
-          jnp.reshape(j, (1,) + ones + (1, j.shape[0])))
-
+  return (
+    b,
+    n,
+    jnp.reshape(i, (1,) + ones + (i.shape[0], 1)),
+    jnp.reshape(j, (1,) + ones + (1, j.shape[0])),
+  )

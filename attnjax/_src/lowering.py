@@ -97,8 +97,11 @@ def fail(message: str, like: Any, operands: Any = ()) -> Any:
   """
   leaves, tree = jax.tree.flatten(like)
   avals = tuple(jax.core.ShapedArray(x.shape, x.dtype) for x in leaves)
-  args = [x for x in jax.tree.leaves(operands) if isinstance(x, jax.core.Tracer)
-          and jnp.issubdtype(x.dtype, jnp.inexact)]
+  args = [
+    x
+    for x in jax.tree.leaves(operands)
+    if isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
   return jax.tree.unflatten(tree, _fail_p.bind(*args, message=message, out_avals=avals))
 
 
@@ -116,7 +119,8 @@ def on_platform(platform: str, fn: Callable[[], Any], message: str) -> Any:
   """
   closed, like = jax.make_jaxpr(fn, return_shape=True)()
   return jax.lax.platform_dependent(
-      **{platform: fn}, default=lambda: fail(message, like, closed.consts))
+    **{platform: fn}, default=lambda: fail(message, like, closed.consts)
+  )
 
 
 def wrong_platform(name: str, where: str) -> str:
@@ -125,8 +129,9 @@ def wrong_platform(name: str, where: str) -> str:
   return f"implementation={name!r} {where}; use implementation=None to pick per platform"
 
 
-def kernel_engine(name: str, platform: str, unsupported: Callable, compute: Callable,
-                  where: str) -> Callable:
+def kernel_engine(
+  name: str, platform: str, unsupported: Callable, compute: Callable, where: str
+) -> Callable:
   """The ``run(inputs, opts, *, interpret=False, **options)`` of a Pallas kernel engine.
 
   It raises ``ValueError`` naming what ``unsupported(inputs, opts, interpret=...)`` lists
@@ -135,18 +140,22 @@ def kernel_engine(name: str, platform: str, unsupported: Callable, compute: Call
   for ``platform`` (another platform raises ``ValueError`` saying the kernel ``where``).
   ``options`` are the kernel's own keywords (``block_sizes``, ``shard_offsets``).
   """
+
   def run(inputs, opts, *, interpret: bool = False, **options):
     reasons = unsupported(inputs, opts, interpret=interpret)
     if reasons:
       raise ValueError(f"implementation={name!r} does not support " + "; ".join(reasons))
     if interpret:
       return compute(inputs, opts, interpret=True, **options)
-    return on_platform(platform, lambda: compute(inputs, opts, **options),
-                       wrong_platform(name, where))
+    return on_platform(
+      platform, lambda: compute(inputs, opts, **options), wrong_platform(name, where)
+    )
 
-  run.__doc__ = (f"The ``implementation={name!r}`` engine: ``compute``, lowering for "
-                 f"``{platform}`` only outside interpret mode (another platform raises "
-                 f"``ValueError``); ``block_sizes`` None picks the target's row.")
+  run.__doc__ = (
+    f"The ``implementation={name!r}`` engine: ``compute``, lowering for "
+    f"``{platform}`` only outside interpret mode (another platform raises "
+    f"``ValueError``); ``block_sizes`` None picks the target's row."
+  )
   return run
 
 
@@ -219,8 +228,12 @@ def gpu_lowering_target(enabled: bool = True):
   """
   mesh = jax.sharding.get_abstract_mesh()
   device = mesh.abstract_device
-  if (not enabled or not mesh.empty or (device is not None and device.platform in _GPU_PLATFORMS)
-      or (device is None and jax.default_backend() == "gpu")):
+  if (
+    not enabled
+    or not mesh.empty
+    or (device is not None and device.platform in _GPU_PLATFORMS)
+    or (device is None and jax.default_backend() == "gpu")
+  ):
     yield
     return
   target = jax.sharding.AbstractDevice(**EXPORT_GPU)

@@ -15,13 +15,13 @@ Array = jnp.ndarray
 
 
 def structural_mask(
-    q_positions: Array,
-    k_positions: Array,
-    *,
-    is_causal: bool = False,
-    window: Optional[tuple[int, int]] = None,
-    q_segment_ids: Optional[Array] = None,
-    kv_segment_ids: Optional[Array] = None,
+  q_positions: Array,
+  k_positions: Array,
+  *,
+  is_causal: bool = False,
+  window: Optional[tuple[int, int]] = None,
+  q_segment_ids: Optional[Array] = None,
+  kv_segment_ids: Optional[Array] = None,
 ) -> Optional[Array]:
   """The single mask rule: returns ``[B or 1, 1, Tq, Sk]`` booleans, or None.
 
@@ -102,14 +102,19 @@ def segment_mask(q_segment_ids: Array, kv_segment_ids: Optional[Array] = None) -
   """
   q_segment_ids = jnp.asarray(q_segment_ids)
   kv_segment_ids = q_segment_ids if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
-  if q_segment_ids.ndim != 2 or kv_segment_ids.ndim != 2 or (
-      q_segment_ids.shape[0] != kv_segment_ids.shape[0]):
+  if (
+    q_segment_ids.ndim != 2
+    or kv_segment_ids.ndim != 2
+    or (q_segment_ids.shape[0] != kv_segment_ids.shape[0])
+  ):
     raise ValueError(
-        f"segment ids must be [B, T] and [B, S] with equal B, got "
-        f"{q_segment_ids.shape} and {kv_segment_ids.shape}")
+      f"segment ids must be [B, T] and [B, S] with equal B, got "
+      f"{q_segment_ids.shape} and {kv_segment_ids.shape}"
+    )
   T, S = q_segment_ids.shape[1], kv_segment_ids.shape[1]
-  return structural_mask(jnp.arange(T), jnp.arange(S),
-                         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+  return structural_mask(
+    jnp.arange(T), jnp.arange(S), q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids
+  )
 
 
 def padding_mask(q_lengths: Optional[Array], kv_lengths: Optional[Array], T: int, S: int) -> Array:
@@ -136,10 +141,16 @@ def padding_mask(q_lengths: Optional[Array], kv_lengths: Optional[Array], T: int
     if jnp.ndim(x) != 1:
       raise ValueError(f"lengths must be [B], got shape {jnp.shape(x)}")
   B = jnp.shape(lengths[0])[0]
-  q_ok = (jnp.ones((B, T), bool) if q_lengths is None
-          else jnp.arange(T)[None, :] < jnp.asarray(q_lengths)[:, None])
-  kv_ok = (jnp.ones((B, S), bool) if kv_lengths is None
-           else jnp.arange(S)[None, :] < jnp.asarray(kv_lengths)[:, None])
+  q_ok = (
+    jnp.ones((B, T), bool)
+    if q_lengths is None
+    else jnp.arange(T)[None, :] < jnp.asarray(q_lengths)[:, None]
+  )
+  kv_ok = (
+    jnp.ones((B, S), bool)
+    if kv_lengths is None
+    else jnp.arange(S)[None, :] < jnp.asarray(kv_lengths)[:, None]
+  )
   return jnp.logical_and(q_ok[:, None, :, None], kv_ok[:, None, None, :])
 
 
@@ -172,14 +183,14 @@ def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
 
 
 def make_attention_mask(
-    T: int,
-    S: int,
-    *,
-    mask: Optional[Array] = None,
-    is_causal: bool = False,
-    window: Union[int, tuple[int, int], None] = None,
-    q_segment_ids: Optional[Array] = None,
-    kv_segment_ids: Optional[Array] = None,
+  T: int,
+  S: int,
+  *,
+  mask: Optional[Array] = None,
+  is_causal: bool = False,
+  window: Union[int, tuple[int, int], None] = None,
+  q_segment_ids: Optional[Array] = None,
+  kv_segment_ids: Optional[Array] = None,
 ) -> Optional[Array]:
   """The full mask an attention call uses: the explicit mask AND the structure.
 
@@ -200,9 +211,13 @@ def make_attention_mask(
     TypeError: a mask that is not boolean.
   """
   structure = structural_mask(
-      jnp.arange(T), jnp.arange(S), is_causal=is_causal,
-      window=None if window is None else _checks.check_window(window),
-      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    jnp.arange(T),
+    jnp.arange(S),
+    is_causal=is_causal,
+    window=None if window is None else _checks.check_window(window),
+    q_segment_ids=q_segment_ids,
+    kv_segment_ids=kv_segment_ids,
+  )
   # The structure is rank 4 and boolean already: only a mask array needs combine_masks.
   return structure if mask is None else combine_masks(mask, structure)
 
@@ -223,4 +238,5 @@ def segment_resets(segment_ids: Optional[Array], batch: int, length: int) -> Arr
   if segment_ids is None:
     return jnp.zeros((batch, length), bool)
   return jnp.concatenate(
-      [jnp.zeros((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    [jnp.zeros((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+  )

@@ -47,7 +47,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
   p = 1 << (int(num_heads).bit_length() - 1)
   slopes = power_of_two(p)
   if p < num_heads:
-    slopes += power_of_two(2 * p)[0::2][:num_heads - p]
+    slopes += power_of_two(2 * p)[0::2][: num_heads - p]
   return np.asarray(slopes, np.float32)
 
 
@@ -72,8 +72,13 @@ def alibi(z: Array, b: Array, n: Array, i: Array, j: Array, slopes: Array) -> Ar
   return z - slopes[n].astype(jnp.float32) * jnp.abs(i - j).astype(jnp.float32)
 
 
-def t5_bucket(relative_position: Array, *, num_buckets: int = 32, max_distance: int = 128,
-              bidirectional: bool = True) -> Array:
+def t5_bucket(
+  relative_position: Array,
+  *,
+  num_buckets: int = 32,
+  max_distance: int = 128,
+  bidirectional: bool = True,
+) -> Array:
   """T5's bucket of ``relative_position = j - i`` (Raffel et al. 2020), int32.
 
   Half the buckets (per direction when ``bidirectional``) hold exact
@@ -100,8 +105,9 @@ def t5_bucket(relative_position: Array, *, num_buckets: int = 32, max_distance: 
     dist = jnp.maximum(-rel, 0)
   max_exact = num_buckets // 2
   safe = jnp.maximum(dist, 1).astype(jnp.float32)
-  large = max_exact + (jnp.log(safe / max_exact) / math.log(max_distance / max_exact)
-                       * (num_buckets - max_exact)).astype(jnp.int32)
+  large = max_exact + (
+    jnp.log(safe / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+  ).astype(jnp.int32)
   large = jnp.minimum(large, num_buckets - 1)
   return out + jnp.where(dist < max_exact, dist, large)
 
@@ -124,13 +130,18 @@ class T5RelativeBias:
 
   def __call__(self, z, b, n, i, j, table):
     del b
-    bucket = t5_bucket(j - i, num_buckets=self.num_buckets, max_distance=self.max_distance,
-                       bidirectional=self.bidirectional)
+    bucket = t5_bucket(
+      j - i,
+      num_buckets=self.num_buckets,
+      max_distance=self.max_distance,
+      bidirectional=self.bidirectional,
+    )
     return z + table[bucket, n].astype(jnp.float32)
 
 
-def t5_relative_bias(num_buckets: int = 32, max_distance: int = 128,
-                     bidirectional: bool = True) -> T5RelativeBias:
+def t5_relative_bias(
+  num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+) -> T5RelativeBias:
   """A :class:`.T5RelativeBias` score modifier (its ``table`` goes in ``score_mod_args``).
 
   Args:
@@ -145,8 +156,10 @@ def t5_relative_bias(num_buckets: int = 32, max_distance: int = 128,
     ValueError: ``num_buckets < 4`` or ``max_distance < 2``.
   """
   if num_buckets < 4 or max_distance < 2:
-    raise ValueError(f"t5_relative_bias needs num_buckets >= 4 and max_distance >= 2, got "
-                     f"{num_buckets}, {max_distance}")
+    raise ValueError(
+      f"t5_relative_bias needs num_buckets >= 4 and max_distance >= 2, got "
+      f"{num_buckets}, {max_distance}"
+    )
   return T5RelativeBias(int(num_buckets), int(max_distance), bool(bidirectional))
 
 
@@ -175,8 +188,9 @@ class SoftCap:
     return _logits.softcap(z, self.cap)
 
 
-def position_temperature_factor(i: Array, floor_scale: float = 8192.0,
-                                attn_scale: float = 0.1) -> Array:
+def position_temperature_factor(
+  i: Array, floor_scale: float = 8192.0, attn_scale: float = 0.1
+) -> Array:
   """Llama 4's query temperature ``1 + attn_scale * log(floor((i + 1) / floor_scale) + 1)``.
 
   Args:
@@ -384,8 +398,9 @@ def _causal_document_block_table(block_layout, doc_ids):
   k_first, k_last = np.array([a for a, _ in kv])[None], np.array([b - 1 for _, b in kv])[None]
   causal = np.where(k_first > q_last, SKIP, np.where(k_last <= q_first, FULL, MASKED))
   docs = _document_block_table(block_layout, doc_ids)
-  return jnp.where((docs == SKIP) | (causal == SKIP), SKIP,
-                   jnp.maximum(docs, causal)).astype(jnp.int32)
+  return jnp.where((docs == SKIP) | (causal == SKIP), SKIP, jnp.maximum(docs, causal)).astype(
+    jnp.int32
+  )
 
 
 # With traced ids the kernel classifies blocks per call: from id ranges, O(T) instead of O(T S).
@@ -453,7 +468,7 @@ class And:
     split = self.args_split or (0,) * len(self.mods)
     out, start = None, 0
     for mod, count in zip(self.mods, split):
-      m = mod(b, n, i, j, *args[start:start + count])
+      m = mod(b, n, i, j, *args[start : start + count])
       start += count
       out = m if out is None else jnp.logical_and(out, m)
     return out
@@ -476,13 +491,14 @@ class ScoreChain:
     split = self.args_split or (0,) * len(self.mods)
     start = 0
     for mod, count in zip(self.mods, split):
-      z = mod(z, b, n, i, j, *args[start:start + count])
+      z = mod(z, b, n, i, j, *args[start : start + count])
       start += count
     return z
 
 
-def layer_kwargs(*, num_heads: int, alibi: bool = False, relative_bias=None, score_mod=None,
-                 mask_mod=None) -> dict[str, Any]:
+def layer_kwargs(
+  *, num_heads: int, alibi: bool = False, relative_bias=None, score_mod=None, mask_mod=None
+) -> dict[str, Any]:
   """Attention keywords of a layer's modifiers (used by :mod:`attnjax.nn` specs).
 
   Args:
@@ -520,25 +536,49 @@ _alibi_mod = alibi  # layer_kwargs' parameter ``alibi`` shadows the function
 
 
 __all__ = [
-    "And", "ChunkedMask", "PatternMask", "PositionTemperature", "ScoreChain", "SlidingWindowMask",
-    "SoftCap",
-    "T5RelativeBias", "alibi", "alibi_slopes", "causal_mask", "causal_document_mask", "chunked_mask",
-    "document_mask", "pattern_mask", "position_temperature_factor", "prefix_lm_mask",
-    "sliding_window_mask", "t5_bucket", "t5_relative_bias",
+  "And",
+  "ChunkedMask",
+  "PatternMask",
+  "PositionTemperature",
+  "ScoreChain",
+  "SlidingWindowMask",
+  "SoftCap",
+  "T5RelativeBias",
+  "alibi",
+  "alibi_slopes",
+  "causal_mask",
+  "causal_document_mask",
+  "chunked_mask",
+  "document_mask",
+  "pattern_mask",
+  "position_temperature_factor",
+  "prefix_lm_mask",
+  "sliding_window_mask",
+  "t5_bucket",
+  "t5_relative_bias",
 ]
 
 # Names of the mask modifiers before they took the ``_mask`` suffix (which keeps them apart
 # from the patterns of :mod:`attnjax.patterns`); they keep working for one release.
-_RENAMED = {"causal": "causal_mask", "sliding_window": "sliding_window_mask",
-            "chunked": "chunked_mask", "prefix_lm": "prefix_lm_mask",
-            "SlidingWindow": "SlidingWindowMask", "Chunked": "ChunkedMask"}
+_RENAMED = {
+  "causal": "causal_mask",
+  "sliding_window": "sliding_window_mask",
+  "chunked": "chunked_mask",
+  "prefix_lm": "prefix_lm_mask",
+  "SlidingWindow": "SlidingWindowMask",
+  "Chunked": "ChunkedMask",
+}
 
 
 def __getattr__(name: str):
   if name in _RENAMED:
     import warnings  # only on a deprecated name
-    warnings.warn(f"attnjax.mods.{name} is now attnjax.mods.{_RENAMED[name]} (mask modifiers "
-                  f"end in _mask, apart from the patterns of attnjax.patterns)",
-                  DeprecationWarning, stacklevel=2)
+
+    warnings.warn(
+      f"attnjax.mods.{name} is now attnjax.mods.{_RENAMED[name]} (mask modifiers "
+      f"end in _mask, apart from the patterns of attnjax.patterns)",
+      DeprecationWarning,
+      stacklevel=2,
+    )
     return globals()[_RENAMED[name]]
   raise AttributeError(f"module 'attnjax.mods' has no attribute {name!r}")

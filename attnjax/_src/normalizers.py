@@ -97,13 +97,21 @@ def first_logit(st: dict, zm: Array, first) -> dict:
   return st
 
 
-def _stat_rows(counts: Array, mass: Array, entropy: Array, p0: Array, row_max: Array,
-               lse: Array, row_sum: Array) -> dict:
+def _stat_rows(
+  counts: Array, mass: Array, entropy: Array, p0: Array, row_max: Array, lse: Array, row_sum: Array
+) -> dict:
   """Per-row statistics, reduced to :class:`attnjax.AttentionStats` by the kernel."""
   has_key = counts > 0
   lse = jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0)
-  return dict(normalisable=jnp.logical_and(has_key, mass > 0), has_key=has_key,
-              entropy=entropy, p0=p0, row_max=row_max, lse=lse, row_sum=row_sum)
+  return dict(
+    normalisable=jnp.logical_and(has_key, mass > 0),
+    has_key=has_key,
+    entropy=entropy,
+    p0=p0,
+    row_max=row_max,
+    lse=lse,
+    row_sum=row_sum,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -153,8 +161,9 @@ class Normalizer:
 
   # -- materialised ----------------------------------------------------------
 
-  def weights(self, z: Array, allowed: Array,
-              sink_logits: Optional[Array] = None) -> tuple[Array, Array]:
+  def weights(
+    self, z: Array, allowed: Array, sink_logits: Optional[Array] = None
+  ) -> tuple[Array, Array]:
     """``(weights [B, N, T, S], log_normalizer [B, N, T, 1])`` from materialised logits.
 
     Args:
@@ -206,8 +215,9 @@ class Normalizer:
     """The state before the first tile: ``rows`` ``[..., R, 1]``, ``acc`` ``[..., R, Hv]``."""
     raise NotImplementedError
 
-  def visit(self, st: dict, z: Array, allowed: Optional[Array], pv: PV, row: dict,
-            stats: bool, first: bool) -> dict:
+  def visit(
+    self, st: dict, z: Array, allowed: Optional[Array], pv: PV, row: dict, stats: bool, first: bool
+  ) -> dict:
     """Folds one tile of logits ``z`` ``[..., R, tk]`` into the state.
 
     Args:
@@ -235,8 +245,15 @@ class Normalizer:
 
   # -- backward ------------------------------------------------------------------
 
-  def tile_backward(self, z: Array, allowed: Optional[Array], dp: Array, res: dict,
-                    row_dot: Array, d_lse: Optional[Array]) -> tuple[Array, Array]:
+  def tile_backward(
+    self,
+    z: Array,
+    allowed: Optional[Array],
+    dp: Array,
+    res: dict,
+    row_dot: Array,
+    d_lse: Optional[Array],
+  ) -> tuple[Array, Array]:
     """``(w, dz)`` of one tile: its weights and the cotangent of its logits.
 
     Args:
@@ -250,15 +267,15 @@ class Normalizer:
     """
     raise NotImplementedError
 
-  def null_grad(self, floor: Array, res: dict, row_dot: Array,
-                d_lse: Optional[Array]) -> Array:
+  def null_grad(self, floor: Array, res: dict, row_dot: Array, d_lse: Optional[Array]) -> Array:
     """Cotangent of a learned null logit per row (only where ``accepts_sink_logits``)."""
     raise NotImplementedError(f"normalizer {self.name!r} has no learned null column")
 
   # -- merge -------------------------------------------------------------------
 
-  def merge(self, parts: Sequence[tuple[Array, Array]],
-            sink_logits: Optional[Array] = None) -> Array:
+  def merge(
+    self, parts: Sequence[tuple[Array, Array]], sink_logits: Optional[Array] = None
+  ) -> Array:
     """Merges partial results of the same rows over disjoint key sets.
 
     Args:
@@ -303,8 +320,11 @@ class SoftmaxFamily(Normalizer):
     return _softmax_with_null(z, allowed, self.floor(sink_logits))
 
   def init(self, rows, acc, stats):
-    st = {"acc": jnp.zeros(acc, jnp.float32), "m": jnp.full(rows, -jnp.inf, jnp.float32),
-          "l": jnp.zeros(rows, jnp.float32)}
+    st = {
+      "acc": jnp.zeros(acc, jnp.float32),
+      "m": jnp.full(rows, -jnp.inf, jnp.float32),
+      "l": jnp.zeros(rows, jnp.float32),
+    }
     if stats:
       st["h2"] = jnp.zeros(rows, jnp.float32)  # sum of e * (z - shift) (entropy)
       st["z0"] = jnp.full(rows, -jnp.inf, jnp.float32)  # logit of key 0 where allowed
@@ -326,7 +346,8 @@ class SoftmaxFamily(Normalizer):
     st["acc"] = alpha * st["acc"] + pv(e)
     if stats:
       st["h2"] = alpha * (st["h2"] + (_finite(s_old_raw) - s_new) * l_old) + jnp.sum(
-          e * (z - s_new), axis=-1, keepdims=True)
+        e * (z - s_new), axis=-1, keepdims=True
+      )
       first_logit(st, zm, first)
     return st
 
@@ -344,8 +365,7 @@ class SoftmaxFamily(Normalizer):
     safe_mass = jnp.where(mass > 0, mass, 1.0)
     p0 = jnp.exp(st["z0"] - s) / safe_mass
     entropy = jnp.log(safe_mass) - st["h2"] / safe_mass
-    return out, res, _stat_rows(row["counts"], mass, entropy, p0, st["m"], log_norm,
-                                mass / safe)
+    return out, res, _stat_rows(row["counts"], mass, entropy, p0, st["m"], log_norm, mass / safe)
 
   def tile_backward(self, z, allowed, dp, res, row_dot, d_lse):
     w = jnp.exp(_masked(z, allowed) - res["log_norm"])
@@ -399,11 +419,11 @@ class _PlainLse(Normalizer):
   def _stats_visit(self, st: dict, zm: Array, m_old: Array, m_new: Array, first: bool) -> None:
     s_new = _finite(m_new)
     st["l"] = jnp.exp(m_old - s_new) * st["l"] + jnp.sum(
-        jnp.exp(zm - s_new), axis=-1, keepdims=True)
+      jnp.exp(zm - s_new), axis=-1, keepdims=True
+    )
     first_logit(st, zm, first)
 
-  def _stats_finish(self, st: dict, row: dict, w0: Array, row_sum: Array,
-                    res: dict) -> dict:
+  def _stats_finish(self, st: dict, row: dict, w0: Array, row_sum: Array, res: dict) -> dict:
     ms = _finite(st["m"])
     lse = ms + jnp.log(jnp.where(st["l"] > 0, st["l"], 1.0))
     lse = jnp.where(st["l"] > 0, lse, -jnp.inf)
@@ -439,8 +459,11 @@ class Softpick(_PlainLse):
     return num / denom, _lse(z, allowed)
 
   def init(self, rows, acc, stats):
-    st = {"acc": jnp.zeros(acc, jnp.float32), "m": jnp.full(rows, -jnp.inf, jnp.float32),
-          "dn": jnp.zeros(rows, jnp.float32)}
+    st = {
+      "acc": jnp.zeros(acc, jnp.float32),
+      "m": jnp.full(rows, -jnp.inf, jnp.float32),
+      "dn": jnp.zeros(rows, jnp.float32),
+    }
     return self._stats_init(st, rows, stats)
 
   def visit(self, st, z, allowed, pv, row, stats, first):
@@ -452,8 +475,7 @@ class Softpick(_PlainLse):
     s_old, s_new = jnp.maximum(m_old, self.shift_floor), jnp.maximum(m_new, self.shift_floor)
     alpha = jnp.exp(s_old - s_new)
     # e^(z-s) - e^-s = sign z e^(max(z, 0) - s) (1 - e^-|z|): no cancellation near z = 0
-    centred = jnp.sign(zm) * jnp.exp(jnp.maximum(zm, 0.0) - s_new) * _one_minus_exp_neg(
-        jnp.abs(zm))
+    centred = jnp.sign(zm) * jnp.exp(jnp.maximum(zm, 0.0) - s_new) * _one_minus_exp_neg(jnp.abs(zm))
     if allowed is not None:
       centred = jnp.where(allowed, centred, 0.0)
     u = jnp.maximum(centred, 0.0)
@@ -463,7 +485,8 @@ class Softpick(_PlainLse):
       h1_old = st["h1"]
       st["h1"] = alpha * h1_old + jnp.sum(u, axis=-1, keepdims=True)
       st["h2"] = alpha * (st["h2"] + (s_old - s_new) * h1_old) + jnp.sum(
-          _plogp(u), axis=-1, keepdims=True)
+        _plogp(u), axis=-1, keepdims=True
+      )
       self._stats_visit(st, zm, m_old, m_new, first)
     return st
 
@@ -641,12 +664,12 @@ def _register(*normalizers: Normalizer) -> dict[str, Normalizer]:
 
 
 REGISTRY: dict[str, Normalizer] = _register(
-    SoftmaxFamily("softmax", None, "Vaswani et al. 2017"),
-    SoftmaxFamily("softmax_one", 0.0, 'Miller 2023 ("off by one")'),
-    Sigmoid(),
-    Softpick(),
-    Identity(),
-    ReLU(),
+  SoftmaxFamily("softmax", None, "Vaswani et al. 2017"),
+  SoftmaxFamily("softmax_one", 0.0, 'Miller 2023 ("off by one")'),
+  Sigmoid(),
+  Softpick(),
+  Identity(),
+  ReLU(),
 )
 
 NORMALIZERS = tuple(REGISTRY)
@@ -658,12 +681,14 @@ TABLE: dict[str, Callable] = {name: n.weights for name, n in REGISTRY.items()}
 def get(normalizer: str) -> Normalizer:
   """The registered normaliser named ``normalizer`` (ValueError naming the choices)."""
   if normalizer not in REGISTRY:
-    raise ValueError(f"normalizer={normalizer!r} is not one of: "
-                     + ", ".join(repr(n) for n in NORMALIZERS))
+    raise ValueError(
+      f"normalizer={normalizer!r} is not one of: " + ", ".join(repr(n) for n in NORMALIZERS)
+    )
   return REGISTRY[normalizer]
 
 
-def normalize(z: Array, allowed: Array, *, normalizer: str,
-              sink_logits: Optional[Array] = None) -> tuple[Array, Array]:
+def normalize(
+  z: Array, allowed: Array, *, normalizer: str, sink_logits: Optional[Array] = None
+) -> tuple[Array, Array]:
   """Applies a registered normaliser. ``sink_logits`` is ``[1, N, 1, 1]`` or None."""
   return get(normalizer).weights(z, allowed, sink_logits)

@@ -17,8 +17,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 
-from attnjax._src import (checks as _checks, deprecation as _deprecation, lowering as _lowering,
-                          sharding as _sharding, trust as _trust)
+from attnjax._src import (
+  checks as _checks,
+  deprecation as _deprecation,
+  lowering as _lowering,
+  sharding as _sharding,
+  trust as _trust,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,18 +138,22 @@ def table(ops: Optional[Mapping[str, Op]] = None) -> str:
   first that supports a call runs). ``ops``: :data:`OPS` by default; rows in name order."""
   ops = OPS if ops is None else ops
   names = lambda seq: ", ".join(f"`{n}`" for n in seq)
-  rows = ["| Op | Engines (`implementation=`) | Auto-dispatch on `cuda` | on `tpu` | elsewhere |",
-          "|---|---|---|---|---|"]
+  rows = [
+    "| Op | Engines (`implementation=`) | Auto-dispatch on `cuda` | on `tpu` | elsewhere |",
+    "|---|---|---|---|---|",
+  ]
   for name in sorted(ops):
     op = ops[name]
     order = [names(tuple(op.preferences.get(p, ())) + op.fallback) for p in ("cuda", "tpu")]
-    rows.append(f"| `{name}` | {names(op.implementations)} | {order[0]} | {order[1]} | "
-                f"{names(op.fallback)} |")
+    rows.append(
+      f"| `{name}` | {names(op.implementations)} | {order[0]} | {order[1]} | {names(op.fallback)} |"
+    )
   return "\n".join(rows) + "\n"
 
 
-def check_implementation(op: Op, implementation: Optional[str], *,
-                         where: Optional[str] = None) -> Optional[str]:
+def check_implementation(
+  op: Op, implementation: Optional[str], *, where: Optional[str] = None
+) -> Optional[str]:
   """``implementation`` as the name of one of ``op``'s engines (None: auto).
 
   An old name of :attr:`Op.renamed` still works and warns once. ``where`` names the public
@@ -159,8 +168,11 @@ def check_implementation(op: Op, implementation: Optional[str], *,
   if implementation in op.renamed:
     new = op.renamed[implementation]
     where = where or op.name
-    _deprecation.warn_renamed(f"{where}(implementation={implementation!r})",
-                              f"{where}(implementation={new!r})", stacklevel=3)
+    _deprecation.warn_renamed(
+      f"{where}(implementation={implementation!r})",
+      f"{where}(implementation={new!r})",
+      stacklevel=3,
+    )
     implementation = new
   _checks.check_implementation("implementation", implementation, op.implementations)
   return implementation
@@ -222,7 +234,8 @@ def compute(engine: Engine, call: Sequence[Any]):
     return engine.compute(*call)
   rest = tuple(call[1:])
   return _sharding.per_shard(
-      lambda shard, offsets: engine.compute(shard, *rest, shard_offsets=offsets), call[0])
+    lambda shard, offsets: engine.compute(shard, *rest, shard_offsets=offsets), call[0]
+  )
 
 
 def run_named(op: Op, name: str, call: Sequence[Any]):
@@ -233,12 +246,17 @@ def run_named(op: Op, name: str, call: Sequence[Any]):
   reasons = engine.unsupported(*call)
   if reasons:
     raise ValueError(
-        f"implementation={engine.name!r} does not support " + "; ".join(reasons)
-        + ". Use implementation='reference' or None (auto).")
+      f"implementation={engine.name!r} does not support "
+      + "; ".join(reasons)
+      + ". Use implementation='reference' or None (auto)."
+    )
   if engine.platform is None:
     return compute(engine, call)
-  return _lowering.on_platform(engine.platform, lambda: compute(engine, call),
-                               _lowering.wrong_platform(engine.name, engine.where))
+  return _lowering.on_platform(
+    engine.platform,
+    lambda: compute(engine, call),
+    _lowering.wrong_platform(engine.name, engine.where),
+  )
 
 
 def run(op: Op, call: Sequence[Any], implementation: Optional[str]):

@@ -80,10 +80,12 @@ _KEYWORD_SET = frozenset(KEYWORDS)
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DenseKeywords)}
 # The keywords of a dense call that are static under jax.jit (every other one is an array).
 STATIC_NAMES: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(DenseKeywords) if f.metadata.get("static"))
+  f.name for f in dataclasses.fields(DenseKeywords) if f.metadata.get("static")
+)
 # The flags among them (True or False only).
 FLAGS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(DenseKeywords) if f.type in (bool, "bool"))
+  f.name for f in dataclasses.fields(DenseKeywords) if f.type in (bool, "bool")
+)
 
 
 def keywords(without: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -110,9 +112,13 @@ def forwarded(names: tuple[str, ...], scope: dict[str, Any]) -> dict[str, Any]:
 
 # The options of a dense call that no keyword sets: (name, type, default, meaning).
 INTERNAL_OPTIONS = (
-    ("empty_row_logsumexp", float, 0.0,
-     "the logsumexp statistic of a query row with no allowed key (0; jax.nn's masked logit "
-     "where dot_product_attention returns jax.nn's residual)"),
+  (
+    "empty_row_logsumexp",
+    float,
+    0.0,
+    "the logsumexp statistic of a query row with no allowed key (0; jax.nn's masked logit "
+    "where dot_product_attention returns jax.nn's residual)",
+  ),
 )
 
 
@@ -145,8 +151,9 @@ class DenseOptions:
 
   def local(self) -> "DenseOptions":
     """These options for one device's own call (no context parallelism)."""
-    return dataclasses.replace(self, context_axis=None, context_strategy="ring",
-                               context_layout="contiguous")
+    return dataclasses.replace(
+      self, context_axis=None, context_strategy="ring", context_layout="contiguous"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,8 +179,16 @@ class DenseInputs:
 # The DenseOptions fields every platform kernel (cuDNN, splash, the Pallas kernels) is written
 # for. A field added later is reported by unknown_options until a kernel lists it, so
 # auto-dispatch never drops it.
-KERNEL_OPTIONS = ("is_causal", "window", "scale", "normalizer", "softcap", "similarity",
-                  "return_stats", "empty_row_logsumexp")
+KERNEL_OPTIONS = (
+  "is_causal",
+  "window",
+  "scale",
+  "normalizer",
+  "softcap",
+  "similarity",
+  "return_stats",
+  "empty_row_logsumexp",
+)
 # The DenseInputs fields the platform kernels are written for (reported the same way).
 KERNEL_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids", "kv_segment_ids")
 
@@ -190,8 +205,13 @@ def call_length(inputs: DenseInputs, opts: DenseOptions) -> int:
   return max(inputs.q.shape[1], inputs.k.shape[1])
 
 
-def unknown_options(opts: DenseOptions, inputs: DenseInputs, known_options: Sequence[str],
-                    known_inputs: Sequence[str], who: str) -> list[str]:
+def unknown_options(
+  opts: DenseOptions,
+  inputs: DenseInputs,
+  known_options: Sequence[str],
+  known_inputs: Sequence[str],
+  who: str,
+) -> list[str]:
   """Reasons for every ``DenseOptions`` field outside ``known_options`` set away from its
   default and every ``DenseInputs`` field outside ``known_inputs`` that is given (set away
   from its default: None, or ``()`` for the modifiers' argument tuples).
@@ -279,21 +299,30 @@ def check_mod(name: str, fn: Any, args: Any, abstract_inputs: tuple) -> tuple:
   try:
     hash(fn)
   except TypeError as e:
-    raise TypeError(f"{name} must be hashable (it is a static argument of a jitted call): "
-                    f"{e}") from None
-  message = (f"{name} closes over a traced array; pass the arrays it reads in {name}_args "
-             f"(they are then inputs of the call and receive gradients), as "
-             f"{name}=fn, {name}_args=(table, ...), with fn(..., table, ...)")
+    raise TypeError(
+      f"{name} must be hashable (it is a static argument of a jitted call): {e}"
+    ) from None
+  message = (
+    f"{name} closes over a traced array; pass the arrays it reads in {name}_args "
+    f"(they are then inputs of the call and receive gradients), as "
+    f"{name}=fn, {name}_args=(table, ...), with fn(..., table, ...)"
+  )
   if any(_is_tracer(x) for x in jax.tree_util.tree_leaves(_closed_over(fn))):
     raise ValueError(message)
-  specs = [jax.ShapeDtypeStruct((), x.dtype) if not hasattr(x, "shape")
-           else jax.ShapeDtypeStruct(x.shape, x.dtype) for x in abstract_inputs]
+  specs = [
+    jax.ShapeDtypeStruct((), x.dtype)
+    if not hasattr(x, "shape")
+    else jax.ShapeDtypeStruct(x.shape, x.dtype)
+    for x in abstract_inputs
+  ]
   arg_specs = [jax.ShapeDtypeStruct(jnp.shape(a), a.dtype) for a in args]
   try:
     closed = jax.make_jaxpr(fn)(*specs, *arg_specs)
   except Exception as e:  # reported with the signature expected
-    raise TypeError(f"{name} failed on a trial call {name}({', '.join(str(s) for s in specs)}, "
-                    f"*{name}_args): {type(e).__name__}: {e}") from e
+    raise TypeError(
+      f"{name} failed on a trial call {name}({', '.join(str(s) for s in specs)}, "
+      f"*{name}_args): {type(e).__name__}: {e}"
+    ) from e
   if any(_is_tracer(x) for x in closed.consts):
     raise ValueError(message)
   return args
@@ -302,15 +331,18 @@ def check_mod(name: str, fn: Any, args: Any, abstract_inputs: tuple) -> tuple:
 def check_context(context_axis: Any, context_strategy: Any, context_layout: Any) -> str:
   """Validates the context-parallel keywords; returns the layout (None means contiguous)."""
   if context_axis is not None and not isinstance(context_axis, str):
-    raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
-                    f"{context_axis!r}")
+    raise TypeError(
+      f"context_axis must be a shard_map mesh axis name (a str) or None, got {context_axis!r}"
+    )
   _checks.check_choice("context_strategy", context_strategy, CONTEXT_STRATEGIES)
   layout = "contiguous" if context_layout is None else context_layout
   _checks.check_choice("context_layout", layout, CONTEXT_LAYOUTS)
   if context_axis is None and (context_strategy != "ring" or layout != "contiguous"):
-    raise ValueError(f"context_strategy={context_strategy!r} / context_layout="
-                     f"{context_layout!r} were given without context_axis (the shard_map axis "
-                     f"the sequence is sharded over)")
+    raise ValueError(
+      f"context_strategy={context_strategy!r} / context_layout="
+      f"{context_layout!r} were given without context_axis (the shard_map axis "
+      f"the sequence is sharded over)"
+    )
   return layout
 
 
@@ -320,11 +352,14 @@ def _check_mods(kw: DenseKeywords) -> tuple[tuple, tuple]:
   score_args = mask_args = ()
   index = jnp.zeros((), jnp.int32)
   if kw.score_mod is not None or kw.score_mod_args is not None:
-    score_args = check_mod("score_mod", kw.score_mod, kw.score_mod_args,
-                           (jnp.zeros((), jnp.float32), index, index, index, index))
+    score_args = check_mod(
+      "score_mod",
+      kw.score_mod,
+      kw.score_mod_args,
+      (jnp.zeros((), jnp.float32), index, index, index, index),
+    )
   if kw.mask_mod is not None or kw.mask_mod_args is not None:
-    mask_args = check_mod("mask_mod", kw.mask_mod, kw.mask_mod_args,
-                          (index, index, index, index))
+    mask_args = check_mod("mask_mod", kw.mask_mod, kw.mask_mod_args, (index, index, index, index))
   return score_args, mask_args
 
 
@@ -354,7 +389,7 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   if not isinstance(kw.is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {kw.is_causal!r}")
   window = None if kw.window is None else _checks.check_window(kw.window)
-  scale = H ** -0.5 if kw.scale is None else kw.scale
+  scale = H**-0.5 if kw.scale is None else kw.scale
   if isinstance(scale, bool) or not isinstance(scale, (int, float)):
     raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
   if not math.isfinite(scale):
@@ -365,18 +400,22 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   if sink_logits is not None:
     if not normalizers.REGISTRY[kw.normalizer].accepts_sink_logits:
       raise ValueError(
-          f"sink_logits adds a learned null column to softmax; it cannot be combined "
-          f"with normalizer={kw.normalizer!r}")
-    sink_logits = jnp.reshape(_checks.check_per_head("sink_logits", sink_logits, N),
-                              (1, N, 1, 1))
+        f"sink_logits adds a learned null column to softmax; it cannot be combined "
+        f"with normalizer={kw.normalizer!r}"
+      )
+    sink_logits = jnp.reshape(_checks.check_per_head("sink_logits", sink_logits, N), (1, N, 1, 1))
   bias = None if kw.bias is None else _checks.as_rank4("bias", kw.bias, target, kind="bias")
   mask = None if kw.mask is None else _checks.as_rank4("mask", kw.mask, target, kind="mask")
   q_seg = kv_seg = None
   if kw.segment_ids is not None:
     q_seg, kv_seg = _checks.check_segment_ids(kw.segment_ids, B, T, S)
   score_args = mask_args = ()
-  if (kw.score_mod is not None or kw.score_mod_args is not None or kw.mask_mod is not None
-      or kw.mask_mod_args is not None):
+  if (
+    kw.score_mod is not None
+    or kw.score_mod_args is not None
+    or kw.mask_mod is not None
+    or kw.mask_mod_args is not None
+  ):
     score_args, mask_args = _check_mods(kw)
   layout = kw.block_layout
   if layout is not None:
@@ -384,23 +423,34 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
       raise ValueError("block_layout (from attnjax.layout.from_mask_mod) needs its mask_mod")
     if (getattr(layout, "q_len", None), getattr(layout, "kv_len", None)) != (T, S):
       raise ValueError(
-          f"block_layout must be an attnjax.layout.BlockLayout for q_len={T}, kv_len={S}, got "
-          f"{layout!r:.120}")
+        f"block_layout must be an attnjax.layout.BlockLayout for q_len={T}, kv_len={S}, got "
+        f"{layout!r:.120}"
+      )
   context_layout = "contiguous"
   if (kw.context_axis, kw.context_strategy, kw.context_layout) != (None, "ring", None):
     context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
   inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
-  opts = DenseOptions(is_causal=kw.is_causal, window=window, scale=float(scale),
-                      normalizer=kw.normalizer, softcap=softcap, similarity=kw.similarity,
-                      return_stats=bool(kw.return_stats), score_mod=kw.score_mod,
-                      mask_mod=kw.mask_mod, block_layout=layout,
-                      context_axis=kw.context_axis, context_strategy=kw.context_strategy,
-                      context_layout=context_layout)
+  opts = DenseOptions(
+    is_causal=kw.is_causal,
+    window=window,
+    scale=float(scale),
+    normalizer=kw.normalizer,
+    softcap=softcap,
+    similarity=kw.similarity,
+    return_stats=bool(kw.return_stats),
+    score_mod=kw.score_mod,
+    mask_mod=kw.mask_mod,
+    block_layout=layout,
+    context_axis=kw.context_axis,
+    context_strategy=kw.context_strategy,
+    context_layout=context_layout,
+  )
   return inputs, opts
 
 
-def apply_score_mod(opts: DenseOptions, args: tuple, z: Array, b: Array, n: Array, i: Array,
-                    j: Array) -> Array:
+def apply_score_mod(
+  opts: DenseOptions, args: tuple, z: Array, b: Array, n: Array, i: Array, j: Array
+) -> Array:
   """``z`` after ``opts.score_mod`` (float32, ``z``'s shape), or ``z`` when there is none."""
   if opts.score_mod is None:
     return z
@@ -408,8 +458,9 @@ def apply_score_mod(opts: DenseOptions, args: tuple, z: Array, b: Array, n: Arra
   return jnp.broadcast_to(jnp.asarray(out, jnp.float32), z.shape)
 
 
-def apply_mask_mod(opts: DenseOptions, args: tuple, b: Array, n: Array, i: Array,
-                   j: Array) -> Optional[Array]:
+def apply_mask_mod(
+  opts: DenseOptions, args: tuple, b: Array, n: Array, i: Array, j: Array
+) -> Optional[Array]:
   """``opts.mask_mod`` on broadcastable indices as a boolean array, or None when there is none."""
   if opts.mask_mod is None:
     return None
@@ -421,16 +472,25 @@ def apply_mask_mod(opts: DenseOptions, args: tuple, b: Array, n: Array, i: Array
 
 def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> Optional[Array]:
   """``[B|1, N|1, T]`` True where a query row has at least one allowed key; None if all do."""
-  structure_can_empty = (inputs.mask is not None or inputs.q_segment_ids is not None
-                         or (opts.window is not None and T > S) or opts.mask_mod is not None)
+  structure_can_empty = (
+    inputs.mask is not None
+    or inputs.q_segment_ids is not None
+    or (opts.window is not None and T > S)
+    or opts.mask_mod is not None
+  )
   if not structure_can_empty:
     return None
   full = masks.make_attention_mask(
-      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
-      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+    T,
+    S,
+    mask=inputs.mask,
+    is_causal=opts.is_causal,
+    window=opts.window,
+    q_segment_ids=inputs.q_segment_ids,
+    kv_segment_ids=inputs.kv_segment_ids,
+  )
   if opts.mask_mod is not None:
-    grid = _logits.index_grid(inputs.q.shape[0], (inputs.q.shape[2],), jnp.arange(T),
-                              jnp.arange(S))
+    grid = _logits.index_grid(inputs.q.shape[0], (inputs.q.shape[2],), jnp.arange(T), jnp.arange(S))
     full = masks.combine_masks(full, apply_mask_mod(opts, inputs.mask_mod_args, *grid))
   return jnp.any(full, axis=-1)
 

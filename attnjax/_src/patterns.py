@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import masks
+
 # Layouts are built in attnjax.layout from these rules; the names below are re-exported
 # for callers of the pattern API (notebooks draw kept / full blocks).
 from attnjax._src.layout import BlockLayout, SparsePlan, density, full_blocks, kept_blocks
@@ -66,8 +67,9 @@ class Pattern:
     """
     raise NotImplementedError
 
-  def candidate_key_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
-                           block_size: int) -> np.ndarray:
+  def candidate_key_blocks(
+    self, q_lo: int, q_hi: int, shape: tuple[int, int], block_size: int
+  ) -> np.ndarray:
     """``bool [num_k_blocks]``: a superset of the key blocks queries ``[q_lo, q_hi)`` may see."""
     del q_lo, q_hi
     return np.ones(-(-shape[1] // block_size), bool)
@@ -121,8 +123,9 @@ class Pattern:
     """
     return self.allowed(q_positions, k_slots, shape)
 
-  def candidate_slot_blocks(self, q_lo: int, q_hi: int, shape: tuple[int, int],
-                            block_size: int) -> np.ndarray:
+  def candidate_slot_blocks(
+    self, q_lo: int, q_hi: int, shape: tuple[int, int], block_size: int
+  ) -> np.ndarray:
     """Like ``candidate_key_blocks``, over the ``S + E`` slots."""
     return self.candidate_key_blocks(q_lo, q_hi, shape, block_size)
 
@@ -214,8 +217,9 @@ def band_chunk_plan(pattern: "Pattern", chunk: int, block_size: int) -> SparsePl
   """
   left, right = pattern.band()
   view = _BandChunk(pattern)
-  return SparsePlan(np.zeros((0,), np.int32),
-                    rule_layout(view, chunk, chunk + left + right, block_size), view)
+  return SparsePlan(
+    np.zeros((0,), np.int32), rule_layout(view, chunk, chunk + left + right, block_size), view
+  )
 
 
 def _structure(qp, kp, **kwargs) -> Array:
@@ -325,8 +329,9 @@ class Fixed(Pattern):
     _check_int("summary", self.summary, minimum=1, pattern="fixed")
     if self.summary > self.stride:
       raise ValueError(
-          f"fixed: summary must be <= stride (the summary is the last positions of each "
-          f"block), got summary={self.summary}, stride={self.stride}")
+        f"fixed: summary must be <= stride (the summary is the last positions of each "
+        f"block), got summary={self.summary}, stride={self.stride}"
+      )
 
   @property
   def is_causal(self) -> bool:
@@ -355,8 +360,7 @@ class Fixed(Pattern):
     if extra.size == 0:
       return self.allowed(q_positions, k_slots, shape)
     is_copy = k_slots >= S
-    pos = jnp.where(is_copy, jnp.asarray(extra)[jnp.clip(k_slots - S, 0, extra.size - 1)],
-                    k_slots)
+    pos = jnp.where(is_copy, jnp.asarray(extra)[jnp.clip(k_slots - S, 0, extra.size - 1)], k_slots)
     q_block = (q_positions // self.stride)[:, None]
     k_block = (pos // self.stride)[None, :]
     own_block = jnp.logical_and(_structure(q_positions, pos, is_causal=True), q_block == k_block)
@@ -370,8 +374,7 @@ class Fixed(Pattern):
     own_start = (q_lo // self.stride) * self.stride
     last_block_start = ((q_hi - 1) // self.stride) * self.stride
     copies = int(np.searchsorted(extra, last_block_start))
-    return key_block_candidates([(own_start, q_hi), (S, S + copies)], S + extra.size,
-                                 block_size)
+    return key_block_candidates([(own_start, q_hi), (S, S + copies)], S + extra.size, block_size)
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
@@ -398,18 +401,22 @@ class GlobalWindow(Pattern):
     if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
       window = (_check_int("window", window, minimum=0, pattern="global_window"), 0)
     elif isinstance(window, tuple) and len(window) == 2:
-      window = (_check_int("window[0] (left)", window[0], minimum=0, pattern="global_window"),
-                _check_int("window[1] (right)", window[1], minimum=0, pattern="global_window"))
+      window = (
+        _check_int("window[0] (left)", window[0], minimum=0, pattern="global_window"),
+        _check_int("window[1] (right)", window[1], minimum=0, pattern="global_window"),
+      )
     else:
-      raise TypeError(f"global_window: window must be an int or a (left, right) tuple of ints, "
-                      f"got {window!r}")
+      raise TypeError(
+        f"global_window: window must be an int or a (left, right) tuple of ints, got {window!r}"
+      )
     object.__setattr__(self, "window", window)
 
   def allowed(self, q_positions, k_positions, shape):
     del shape
     local = _structure(q_positions, k_positions, window=self.window)
-    is_global = jnp.logical_or((q_positions < self.num_global)[:, None],
-                               (k_positions < self.num_global)[None, :])
+    is_global = jnp.logical_or(
+      (q_positions < self.num_global)[:, None], (k_positions < self.num_global)[None, :]
+    )
     return jnp.logical_or(local, is_global)
 
   def band_parts(self):
@@ -421,22 +428,30 @@ class GlobalWindow(Pattern):
     if q_lo < self.num_global:
       return np.ones(-(-S // block_size), bool)
     left, right = self.window
-    return key_block_candidates(
-        [(0, self.num_global), (q_lo - left, q_hi + right)], S, block_size)
+    return key_block_candidates([(0, self.num_global), (q_lo - left, q_hi + right)], S, block_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _bigbird_table(block: int, num_global: int, window_blocks: int, num_random: int,
-                   seed: int, num_q_blocks: int, num_k_blocks: int) -> np.ndarray:
+def _bigbird_table(
+  block: int,
+  num_global: int,
+  window_blocks: int,
+  num_random: int,
+  seed: int,
+  num_q_blocks: int,
+  num_k_blocks: int,
+) -> np.ndarray:
   """``bool [num_q_blocks, num_k_blocks]``: BigBird's allowed blocks, random part from ``seed``."""
   del block
   qb = np.arange(num_q_blocks)[:, None]
   kb = np.arange(num_k_blocks)[None, :]
-  table = np.logical_or.reduce([
+  table = np.logical_or.reduce(
+    [
       np.broadcast_to(qb < num_global, (num_q_blocks, num_k_blocks)),
       np.broadcast_to(kb < num_global, (num_q_blocks, num_k_blocks)),
       np.abs(qb - kb) <= window_blocks,
-  ])
+    ]
+  )
   for row in range(num_global, num_q_blocks):
     free = np.flatnonzero(np.logical_not(table[row]))
     if num_random and free.size:
@@ -477,14 +492,22 @@ class BigBird(Pattern):
   def check_shape(self, T, S):
     if self.block > max(T, S):
       raise ValueError(
-          f"bigbird: block={self.block} is longer than the sequence (T={T}, S={S}); "
-          f"use a block of at most {max(T, S)}")
+        f"bigbird: block={self.block} is longer than the sequence (T={T}, S={S}); "
+        f"use a block of at most {max(T, S)}"
+      )
 
   def table(self, T: int, S: Optional[int] = None) -> np.ndarray:
     """``numpy bool [ceil(T / block), ceil(S / block)]``: allowed BigBird blocks."""
     S = T if S is None else S
-    return _bigbird_table(self.block, self.num_global, self.window_blocks, self.num_random,
-                          self.seed, -(-T // self.block), -(-S // self.block))
+    return _bigbird_table(
+      self.block,
+      self.num_global,
+      self.window_blocks,
+      self.num_random,
+      self.seed,
+      -(-T // self.block),
+      -(-S // self.block),
+    )
 
   def allowed(self, q_positions, k_positions, shape):
     table = jnp.asarray(self.table(*shape))
@@ -494,10 +517,11 @@ class BigBird(Pattern):
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
-    rows = self.table(*shape)[q_lo // self.block:(q_hi - 1) // self.block + 1]
+    rows = self.table(*shape)[q_lo // self.block : (q_hi - 1) // self.block + 1]
     blocks = np.flatnonzero(rows.any(axis=0))
-    return key_block_candidates([(b * self.block, (b + 1) * self.block) for b in blocks],
-                                 S, block_size)
+    return key_block_candidates(
+      [(b * self.block, (b + 1) * self.block) for b in blocks], S, block_size
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -535,7 +559,8 @@ class SinksWindow(Pattern):
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     S = shape[1]
     return key_block_candidates(
-        [(0, min(self.num_sinks, q_hi)), (q_lo - self.window, q_hi)], S, block_size)
+      [(0, min(self.num_sinks, q_hi)), (q_lo - self.window, q_hi)], S, block_size
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -600,7 +625,8 @@ class PatternUnion(Pattern):
 
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     return np.logical_or.reduce(
-        [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])
+      [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts]
+    )
 
   def check_shape(self, T, S):
     for p in self.parts:
@@ -636,7 +662,8 @@ class PatternIntersection(Pattern):
   def candidate_key_blocks(self, q_lo, q_hi, shape, block_size):
     # A block non-empty for the intersection is non-empty for every part.
     return np.logical_and.reduce(
-        [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts])
+      [p.candidate_key_blocks(q_lo, q_hi, shape, block_size) for p in self.parts]
+    )
 
   def check_shape(self, T, S):
     for p in self.parts:
@@ -732,8 +759,7 @@ def global_window(num_global: int, window: Union[int, tuple[int, int]]) -> Globa
   return GlobalWindow(num_global, window)
 
 
-def bigbird(block: int, num_global: int, window_blocks: int, num_random: int,
-            seed: int) -> BigBird:
+def bigbird(block: int, num_global: int, window_blocks: int, num_random: int, seed: int) -> BigBird:
   """BigBird over blocks of ``block`` tokens: global, window and random blocks.
 
   Args:
@@ -842,10 +868,31 @@ def intersection(*patterns: Pattern) -> Pattern:
 
 
 __all__ = [
-    "BandParts", "BigBird", "BlockLayout", "Causal", "DilatedWindow", "Fixed", "GlobalWindow",
-    "Pattern", "PatternIntersection", "PatternUnion", "SinksWindow", "SlidingWindow",
-    "SparsePlan", "Strided", "bigbird", "causal", "density", "dilated_window", "fixed",
-    "full_blocks", "global_window", "intersection", "kept_blocks", "sinks_window",
-    "sliding_window", "strided", "union",
+  "BandParts",
+  "BigBird",
+  "BlockLayout",
+  "Causal",
+  "DilatedWindow",
+  "Fixed",
+  "GlobalWindow",
+  "Pattern",
+  "PatternIntersection",
+  "PatternUnion",
+  "SinksWindow",
+  "SlidingWindow",
+  "SparsePlan",
+  "Strided",
+  "bigbird",
+  "causal",
+  "density",
+  "dilated_window",
+  "fixed",
+  "full_blocks",
+  "global_window",
+  "intersection",
+  "kept_blocks",
+  "sinks_window",
+  "sliding_window",
+  "strided",
+  "union",
 ]
-

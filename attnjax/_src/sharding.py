@@ -42,8 +42,10 @@ def kernel_axes(mesh: Any, batch: int, kv_heads: int) -> tuple[tuple[str, ...], 
   these follow the training meshes' logical rules, so no data moves.
   """
   # Axes already manual (inside a shard_map over them) split nothing more.
-  sizes = {name: (1 if kind == jax.sharding.AxisType.Manual else size)
-           for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types)}
+  sizes = {
+    name: (1 if kind == jax.sharding.AxisType.Manual else size)
+    for name, size, kind in zip(mesh.axis_names, mesh.axis_sizes, mesh.axis_types)
+  }
   heads, batch_axes, head_axes = kv_heads, [], []
   for name in mesh.axis_names:
     if sizes[name] > 1 and name in HEAD_AXES and heads % sizes[name] == 0:
@@ -51,8 +53,12 @@ def kernel_axes(mesh: Any, batch: int, kv_heads: int) -> tuple[tuple[str, ...], 
       heads //= sizes[name]
   left = batch
   for name in mesh.axis_names:
-    if (sizes[name] > 1 and name not in HEAD_AXES and name not in SEQUENCE_AXES
-        and left % sizes[name] == 0):
+    if (
+      sizes[name] > 1
+      and name not in HEAD_AXES
+      and name not in SEQUENCE_AXES
+      and left % sizes[name] == 0
+    ):
       batch_axes.append(name)
       left //= sizes[name]
   return tuple(batch_axes), tuple(head_axes)
@@ -129,8 +135,10 @@ def per_shard(fn: Callable[[Any, ShardOffsets], Any], inputs: Any) -> Any:
   if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
     # Arrays typed with an explicit sharding enter shard_map only as its specs say: move them
     # there (a no-op where they already are).
-    values = [None if x is None else jax.tree.map(jax.sharding.reshard, x, s)
-              for x, s in zip(values, in_specs)]
+    values = [
+      None if x is None else jax.tree.map(jax.sharding.reshard, x, s)
+      for x, s in zip(values, in_specs)
+    ]
 
   def out_spec(x):
     if x.ndim == 4:
@@ -144,7 +152,9 @@ def per_shard(fn: Callable[[Any, ShardOffsets], Any], inputs: Any) -> Any:
     n0 = jax.lax.axis_index(h) * shard.q.shape[2] if h is not None and mapped else 0
     return fn(shard, ShardOffsets(b0, n0))
 
-  out_specs = jax.tree.map(out_spec, jax.eval_shape(functools.partial(local, mapped=False),
-                                                    *values))
-  return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                       check_vma=False)(*values)
+  out_specs = jax.tree.map(
+    out_spec, jax.eval_shape(functools.partial(local, mapped=False), *values)
+  )
+  return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
+    *values
+  )

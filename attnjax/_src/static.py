@@ -31,9 +31,10 @@ def canonical(name: str, value: Any) -> Any:
   """
   if isinstance(value, jax.core.Tracer):
     raise TypeError(
-        f"{name} is a static option (it shapes the program) and must be a concrete Python or "
-        f"numpy value, got a traced array {value.aval}; pass it outside jax.jit / grad / vmap "
-        f"or close over a concrete value")
+      f"{name} is a static option (it shapes the program) and must be a concrete Python or "
+      f"numpy value, got a traced array {value.aval}; pass it outside jax.jit / grad / vmap "
+      f"or close over a concrete value"
+    )
   if isinstance(value, (jax.Array, np.ndarray, np.generic)):
     array = np.asarray(value)
     value = array.item() if array.ndim == 0 else array.tolist()
@@ -47,24 +48,27 @@ def canonical(name: str, value: Any) -> Any:
 def check_flag(name: str, value: Any) -> bool:
   """``value`` of the flag ``name`` (a canonical value): True or False, nothing else."""
   if not isinstance(value, bool):
-    raise TypeError(f"{name} is a flag and must be True or False, got "
-                    f"{type(value).__name__} {value!r}")
+    raise TypeError(
+      f"{name} is a flag and must be True or False, got {type(value).__name__} {value!r}"
+    )
   return value
 
 
 def flags_of(fn: Callable[..., Any], names: Iterable[str]) -> frozenset[str]:
   """The flags among ``fn``'s parameters ``names``: those annotated ``bool``."""
   params = inspect.signature(fn).parameters
-  return frozenset(name for name in names if name in params
-                   and params[name].annotation in (bool, "bool"))
+  return frozenset(
+    name for name in names if name in params and params[name].annotation in (bool, "bool")
+  )
 
 
 # Values that are canonical as they are (canonical returns them unchanged).
 _PLAIN = (type(None), bool, int, float, str)
 
 
-def canonical_keywords(kwargs: dict[str, Any], static: frozenset[str],
-                       flags: frozenset[str]) -> dict[str, Any]:
+def canonical_keywords(
+  kwargs: dict[str, Any], static: frozenset[str], flags: frozenset[str]
+) -> dict[str, Any]:
   """``kwargs`` with each static option canonical and each flag checked."""
   out = dict(kwargs)
   for name in static.intersection(kwargs):
@@ -76,8 +80,9 @@ def canonical_keywords(kwargs: dict[str, Any], static: frozenset[str],
   return out
 
 
-def canonicalized(fn: Callable[..., Any], static_argnames: Iterable[str],
-                  flags: Iterable[str] | None = None) -> Callable[..., Any]:
+def canonicalized(
+  fn: Callable[..., Any], static_argnames: Iterable[str], flags: Iterable[str] | None = None
+) -> Callable[..., Any]:
   """``fn`` with its keyword arguments ``static_argnames`` canonicalised first.
 
   ``flags``: the flags among them (default: those annotated ``bool`` in ``fn``'s signature).
@@ -101,11 +106,13 @@ def _forward(method: Callable[..., Any], static: frozenset[str], flags: frozense
   @functools.wraps(method)
   def call(*args, **kwargs):
     return method(*args, **canonical_keywords(kwargs, static, flags))
+
   return call
 
 
-def jit(fn: Callable[..., Any], static_argnames: Iterable[str],
-        flags: Iterable[str] | None = None) -> Callable[..., Any]:
+def jit(
+  fn: Callable[..., Any], static_argnames: Iterable[str], flags: Iterable[str] | None = None
+) -> Callable[..., Any]:
   """``jax.jit(fn, static_argnames=...)`` whose static options are canonicalised first
   (:func:`canonical`); ``flags``: the flags among them (default: the static parameters
   ``fn`` annotates ``bool``)."""

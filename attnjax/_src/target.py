@@ -19,10 +19,25 @@ _DEVICE_PLATFORMS = {"cuda": ("gpu", "cuda"), "tpu": ("tpu",), "cpu": ("cpu",)}
 
 # Compute capability (major) by GPU device kind, for targets known only by their abstract mesh
 # (inside jit, jax exposes the ambient mesh's device kind, not the device itself).
-_GPU_MAJOR_BY_KIND = (("H100", 9), ("H200", 9), ("H800", 9), ("H20", 9), ("GH200", 9),
-                      ("B200", 10), ("B300", 10), ("GB200", 10), ("GB300", 10),
-                      ("A100", 8), ("A800", 8), ("A10", 8), ("A30", 8), ("A40", 8),
-                      ("A6000", 8), ("L4", 8), ("L40", 8))
+_GPU_MAJOR_BY_KIND = (
+  ("H100", 9),
+  ("H200", 9),
+  ("H800", 9),
+  ("H20", 9),
+  ("GH200", 9),
+  ("B200", 10),
+  ("B300", 10),
+  ("GB200", 10),
+  ("GB300", 10),
+  ("A100", 8),
+  ("A800", 8),
+  ("A10", 8),
+  ("A30", 8),
+  ("A40", 8),
+  ("A6000", 8),
+  ("L4", 8),
+  ("L40", 8),
+)
 
 
 def _local_devices(platform: str) -> list:
@@ -43,7 +58,8 @@ def device_kind(platform: str) -> Optional[str]:
   """
   device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
   if device is not None and getattr(device, "platform", None) in _DEVICE_PLATFORMS.get(
-      platform, (platform,)):
+    platform, (platform,)
+  ):
     return device.device_kind
   devices = _local_devices(platform)
   return devices[0].device_kind if devices else None
@@ -102,4 +118,5 @@ def _jax_cudnn_version() -> int:
   ``jax._src.cudnn.fused_attention_stablehlo.check_cudnn_version``).
   """
   from jax._src.cudnn import fused_attention_stablehlo
+
   return int(fused_attention_stablehlo.check_cudnn_version())

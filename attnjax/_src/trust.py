@@ -30,9 +30,11 @@ from attnjax._version import __version__
 
 ENV_CACHE_DIR = "ATTNJAX_CACHE_DIR"
 # The command that checks each kernel on the local device and records its verdict.
-CHECK_COMMANDS = {"pallas_gpu": "python -m attnjax.check --kernel pallas_gpu",
-                  "mosaic_gpu": "python -m attnjax.check --kernel mosaic_gpu",
-                  "pallas_tpu": "python -m attnjax.check --platform tpu"}
+CHECK_COMMANDS = {
+  "pallas_gpu": "python -m attnjax.check --kernel pallas_gpu",
+  "mosaic_gpu": "python -m attnjax.check --kernel mosaic_gpu",
+  "pallas_tpu": "python -m attnjax.check --platform tpu",
+}
 #: The implementation's directory (``attnjax/_src``, the root of the sources a digest covers).
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 #: The verdicts shipped with the package (``python -m attnjax.check --ship`` writes them).
@@ -40,8 +42,14 @@ SHIPPED_DIR = PACKAGE_DIR.parent / "verdicts"
 #: The shared modules (relative to the package) whose code every Pallas kernel runs, besides its
 #: own package ``kernels/<name>/``: the normalisers' seam, logits and softcap, the statistics,
 #: the plan base and the custom-VJP machinery. A change to any of them makes verdicts stale.
-SHARED_SOURCES = ("normalizers.py", "logits.py", "attention_stats.py", "kernels/_plan.py",
-                  "kernels/autodiff.py", "kernels/linear_map.py")
+SHARED_SOURCES = (
+  "normalizers.py",
+  "logits.py",
+  "attention_stats.py",
+  "kernels/_plan.py",
+  "kernels/autodiff.py",
+  "kernels/linear_map.py",
+)
 #: The structures of a case class (:func:`call_class`): ``python -m attnjax.check`` checks the
 #: first three; "full" (no mask) is a class it has no case for.
 STRUCTURES = ("causal", "window", "segments", "full")
@@ -107,9 +115,15 @@ def call_class(inputs, opts) -> str:
   """The case class of a dense call (``DenseInputs``, ``DenseOptions``): its normaliser, its
   dtype (q's), and its structure: ``"segments"`` with segment ids, else ``"window"`` with a
   window, else ``"causal"``, else ``"full"``."""
-  structure = ("segments" if inputs.q_segment_ids is not None else
-               "window" if opts.window is not None else
-               "causal" if opts.is_causal else "full")
+  structure = (
+    "segments"
+    if inputs.q_segment_ids is not None
+    else "window"
+    if opts.window is not None
+    else "causal"
+    if opts.is_causal
+    else "full"
+  )
   return case_class(opts.normalizer, structure, inputs.q.dtype)
 
 
@@ -138,8 +152,9 @@ def _same_result(a: dict, b: dict) -> bool:
   return all(a.get(key) == b.get(key) for key in ("attnjax", "digest", "passed", "cases"))
 
 
-def write_verdict(device_kind: str, kernels: dict[str, dict],
-                  shipped: bool = False) -> pathlib.Path:
+def write_verdict(
+  device_kind: str, kernels: dict[str, dict], shipped: bool = False
+) -> pathlib.Path:
   """Records the checks of ``kernels`` (``{name: {"passed": bool, "cases": {class: bool},
   ...}}``, the check's own results) on ``device_kind``, in the local cache or, with
   ``shipped``, in the package's :data:`SHIPPED_DIR`.
@@ -178,8 +193,9 @@ class Verdict(NamedTuple):
   source: Optional[str] = None
 
 
-def verdict(kernel: str, device_kind: str, klass: Optional[str] = None,
-            local: bool = True) -> Verdict:
+def verdict(
+  kernel: str, device_kind: str, klass: Optional[str] = None, local: bool = True
+) -> Verdict:
   """The verdict of ``kernel`` on ``device_kind`` for calls of case class ``klass`` (None:
   every class), from the local cache (unless ``local`` is False) and the shipped verdicts.
 
@@ -223,8 +239,9 @@ class Decision(NamedTuple):
   note: Optional[str] = None
 
 
-def allows(kernel: str, platform: str,
-           klass: Union[str, Callable[[], str], None] = None) -> Decision:
+def allows(
+  kernel: str, platform: str, klass: Union[str, Callable[[], str], None] = None
+) -> Decision:
   """May auto-dispatch take attnjax's ``kernel`` in the branch of ``platform``, for a call of
   case class ``klass`` (:func:`call_class`, or a function computing it, called only when a
   verdict is read; None: a kernel that passed every case)?"""
@@ -249,19 +266,27 @@ def _note(kernel: str, kind: str, klass: Optional[str], found: Verdict, processe
   command = CHECK_COMMANDS.get(kernel, "python -m attnjax.check")
   calls = f" for {klass} calls" if klass else ""
   if found.status == "stale":
-    why = (f"stale: its sources changed since its {found.source} verdict (digest "
-           f"{source_digest(kernel)[:12]})")
+    why = (
+      f"stale: its sources changed since its {found.source} verdict (digest "
+      f"{source_digest(kernel)[:12]})"
+    )
   elif found.status == "failed":
     why = f"failed {found.case} in its {found.source} verdict"
   elif processes > 1:
-    why = (f"not checked: no shipped verdict for jax {jax.__version__}, and a run of "
-           f"{processes} processes reads no local one (each host has its own)")
+    why = (
+      f"not checked: no shipped verdict for jax {jax.__version__}, and a run of "
+      f"{processes} processes reads no local one (each host has its own)"
+    )
   else:
-    why = (f"not checked with jax {jax.__version__} (shipped verdicts in {SHIPPED_DIR}, local "
-           f"ones in {cache_dir()})")
-  return (f"{kernel} is not used on {kind}{calls}: {why}; run `{command}` on this kind of "
-          f"device to check it and let auto-dispatch take it, or set ATTNJAX_KERNELS=all "
-          f"(attnjax.config.kernels = 'all') to use it unchecked")
+    why = (
+      f"not checked with jax {jax.__version__} (shipped verdicts in {SHIPPED_DIR}, local "
+      f"ones in {cache_dir()})"
+    )
+  return (
+    f"{kernel} is not used on {kind}{calls}: {why}; run `{command}` on this kind of "
+    f"device to check it and let auto-dispatch take it, or set ATTNJAX_KERNELS=all "
+    f"(attnjax.config.kernels = 'all') to use it unchecked"
+  )
 
 
 def note_skipped(notes: list[str], chosen: str) -> None:

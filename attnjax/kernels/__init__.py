@@ -12,6 +12,4 @@ import families; nothing is imported here.
 Guide: :doc:`/guides/kernels`.
 """
 
-
-
 __all__ = []

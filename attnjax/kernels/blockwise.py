@@ -7,11 +7,34 @@ the same engine called like :func:`attnjax.dot_product_attention`, with explicit
 sizes. The algorithm and its tiles: the kernels guide (docs/guides/kernels.md).
 """
 
-from attnjax._src.kernels.blockwise import (CPU_BLOCK_K, CPU_BLOCK_Q, GPU_BLOCK_K, GPU_BLOCK_Q,
-                                            MAX_UNROLLED_FULL_VISITS, MAX_UNROLLED_Q_BLOCKS,
-                                            attention, default_block_sizes, layout_for, run,
-                                            run_layout, structural_mask_fn, unsupported)
+from attnjax._src.kernels.blockwise import (
+  CPU_BLOCK_K,
+  CPU_BLOCK_Q,
+  GPU_BLOCK_K,
+  GPU_BLOCK_Q,
+  MAX_UNROLLED_FULL_VISITS,
+  MAX_UNROLLED_Q_BLOCKS,
+  attention,
+  default_block_sizes,
+  layout_for,
+  run,
+  run_layout,
+  structural_mask_fn,
+  unsupported,
+)
 
-__all__ = ["CPU_BLOCK_K", "CPU_BLOCK_Q", "GPU_BLOCK_K", "GPU_BLOCK_Q", "MAX_UNROLLED_FULL_VISITS",
-    "MAX_UNROLLED_Q_BLOCKS", "attention", "default_block_sizes", "layout_for", "run", "run_layout",
-    "structural_mask_fn", "unsupported"]
+__all__ = [
+  "CPU_BLOCK_K",
+  "CPU_BLOCK_Q",
+  "GPU_BLOCK_K",
+  "GPU_BLOCK_Q",
+  "MAX_UNROLLED_FULL_VISITS",
+  "MAX_UNROLLED_Q_BLOCKS",
+  "attention",
+  "default_block_sizes",
+  "layout_for",
+  "run",
+  "run_layout",
+  "structural_mask_fn",
+  "unsupported",
+]

@@ -8,11 +8,32 @@ in ``attnjax.kernels.mosaic_gpu.kernel``, the dq and dk/dv kernels in
 lowering of the normalisers' state in ``attnjax.kernels.mosaic_gpu.plan``.
 """
 
-from attnjax._src.kernels.mosaic_gpu import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, DTYPES,
-                                             MOSAIC_GPU_CALL_TARGET, SMEM_LIMIT_BYTES, BlockSizes,
-                                             attention, block_sizes_for, compute, run, smem_bytes,
-                                             unsupported)
+from attnjax._src.kernels.mosaic_gpu import (
+  BLOCK_SIZE_TABLE,
+  DEFAULT_BLOCK_SIZES,
+  DTYPES,
+  MOSAIC_GPU_CALL_TARGET,
+  SMEM_LIMIT_BYTES,
+  BlockSizes,
+  attention,
+  block_sizes_for,
+  compute,
+  run,
+  smem_bytes,
+  unsupported,
+)
 
-__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "MOSAIC_GPU_CALL_TARGET",
-    "SMEM_LIMIT_BYTES", "BlockSizes", "attention", "block_sizes_for", "compute", "run",
-    "smem_bytes", "unsupported"]
+__all__ = [
+  "BLOCK_SIZE_TABLE",
+  "DEFAULT_BLOCK_SIZES",
+  "DTYPES",
+  "MOSAIC_GPU_CALL_TARGET",
+  "SMEM_LIMIT_BYTES",
+  "BlockSizes",
+  "attention",
+  "block_sizes_for",
+  "compute",
+  "run",
+  "smem_bytes",
+  "unsupported",
+]

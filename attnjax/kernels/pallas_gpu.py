@@ -8,9 +8,28 @@ platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_prod
 ``attnjax.kernels.pallas_gpu.plan``.
 """
 
-from attnjax._src.kernels.pallas_gpu import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, DTYPES,
-                                             TRITON_CALL_TARGET, BlockSizes, attention,
-                                             block_sizes_for, compute, run, unsupported)
+from attnjax._src.kernels.pallas_gpu import (
+  BLOCK_SIZE_TABLE,
+  DEFAULT_BLOCK_SIZES,
+  DTYPES,
+  TRITON_CALL_TARGET,
+  BlockSizes,
+  attention,
+  block_sizes_for,
+  compute,
+  run,
+  unsupported,
+)
 
-__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "TRITON_CALL_TARGET", "BlockSizes",
-    "attention", "block_sizes_for", "compute", "run", "unsupported"]
+__all__ = [
+  "BLOCK_SIZE_TABLE",
+  "DEFAULT_BLOCK_SIZES",
+  "DTYPES",
+  "TRITON_CALL_TARGET",
+  "BlockSizes",
+  "attention",
+  "block_sizes_for",
+  "compute",
+  "run",
+  "unsupported",
+]

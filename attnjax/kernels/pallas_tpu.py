@@ -8,10 +8,30 @@ platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_prod
 share in ``attnjax.kernels.pallas_tpu.plan``.
 """
 
-from attnjax._src.kernels.pallas_tpu import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, DTYPES,
-                                             MOSAIC_CALL_TARGET, BlockSizes, attention,
-                                             block_sizes_for, compute, generation, run,
-                                             unsupported)
+from attnjax._src.kernels.pallas_tpu import (
+  BLOCK_SIZE_TABLE,
+  DEFAULT_BLOCK_SIZES,
+  DTYPES,
+  MOSAIC_CALL_TARGET,
+  BlockSizes,
+  attention,
+  block_sizes_for,
+  compute,
+  generation,
+  run,
+  unsupported,
+)
 
-__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "MOSAIC_CALL_TARGET", "BlockSizes",
-    "attention", "block_sizes_for", "compute", "generation", "run", "unsupported"]
+__all__ = [
+  "BLOCK_SIZE_TABLE",
+  "DEFAULT_BLOCK_SIZES",
+  "DTYPES",
+  "MOSAIC_CALL_TARGET",
+  "BlockSizes",
+  "attention",
+  "block_sizes_for",
+  "compute",
+  "generation",
+  "run",
+  "unsupported",
+]

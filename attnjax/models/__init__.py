@@ -12,9 +12,27 @@ Guide: :doc:`/guides/models`.
 """
 
 from attnjax.models import probe
-from attnjax._src.models import (ARCHITECTURES, SUPPORTED, Checkpoint, CheckpointError,
-                                 dequantize_mxfp4, from_pretrained, logical_rules,
-                                 override_attention, tokenizer)
+from attnjax._src.models import (
+  ARCHITECTURES,
+  SUPPORTED,
+  Checkpoint,
+  CheckpointError,
+  dequantize_mxfp4,
+  from_pretrained,
+  logical_rules,
+  override_attention,
+  tokenizer,
+)
 
-__all__ = ["ARCHITECTURES", "SUPPORTED", "Checkpoint", "CheckpointError", "dequantize_mxfp4",
-    "from_pretrained", "logical_rules", "override_attention", "probe", "tokenizer"]
+__all__ = [
+  "ARCHITECTURES",
+  "SUPPORTED",
+  "Checkpoint",
+  "CheckpointError",
+  "dequantize_mxfp4",
+  "from_pretrained",
+  "logical_rules",
+  "override_attention",
+  "probe",
+  "tokenizer",
+]

@@ -12,12 +12,42 @@ Set on the layer's config; the training forward is the same for every policy:
 Guide: :doc:`/guides/kv_caches`, section "Compressed KV caches (``cache_policy``)".
 """
 
-from attnjax._src.nn.kv_policies import (CACHE_POLICIES, DEFAULT_SINKS, EVICTING, QUANTIZED,
-                                         bytes_per_layer, cache_bytes_for, cache_type,
-                                         check_budget, check_fp8, dequantize, fp8_supported,
-                                         h2o_decode, h2o_keep, init_cache, quantize, recent_slots,
-                                         validate)
+from attnjax._src.nn.kv_policies import (
+  CACHE_POLICIES,
+  DEFAULT_SINKS,
+  EVICTING,
+  QUANTIZED,
+  bytes_per_layer,
+  cache_bytes_for,
+  cache_type,
+  check_budget,
+  check_fp8,
+  dequantize,
+  fp8_supported,
+  h2o_decode,
+  h2o_keep,
+  init_cache,
+  quantize,
+  recent_slots,
+  validate,
+)
 
-__all__ = ["CACHE_POLICIES", "DEFAULT_SINKS", "EVICTING", "QUANTIZED", "bytes_per_layer",
-    "cache_bytes_for", "cache_type", "check_budget", "check_fp8", "dequantize", "fp8_supported",
-    "h2o_decode", "h2o_keep", "init_cache", "quantize", "recent_slots", "validate"]
+__all__ = [
+  "CACHE_POLICIES",
+  "DEFAULT_SINKS",
+  "EVICTING",
+  "QUANTIZED",
+  "bytes_per_layer",
+  "cache_bytes_for",
+  "cache_type",
+  "check_budget",
+  "check_fp8",
+  "dequantize",
+  "fp8_supported",
+  "h2o_decode",
+  "h2o_keep",
+  "init_cache",
+  "quantize",
+  "recent_slots",
+  "validate",
+]

@@ -12,8 +12,26 @@ locked), every value is parsed to the type of the value it replaces, and
 with messages that name the key.
 """
 
-from attnjax._src.train.config import (DTYPES, PRESETS, apply_overrides, apply_preset, base_config,
-                                       load_config, parse_arg, split_argv, validate)
+from attnjax._src.train.config import (
+  DTYPES,
+  PRESETS,
+  apply_overrides,
+  apply_preset,
+  base_config,
+  load_config,
+  parse_arg,
+  split_argv,
+  validate,
+)
 
-__all__ = ["DTYPES", "PRESETS", "apply_overrides", "apply_preset", "base_config", "load_config",
-    "parse_arg", "split_argv", "validate"]
+__all__ = [
+  "DTYPES",
+  "PRESETS",
+  "apply_overrides",
+  "apply_preset",
+  "base_config",
+  "load_config",
+  "parse_arg",
+  "split_argv",
+  "validate",
+]

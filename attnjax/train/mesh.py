@@ -10,9 +10,26 @@ like its parameters, and :func:`to_host` starts every array's copy to the host a
 Guide: :doc:`/guides/training`, section "Meshes and multi-host runs".
 """
 
-from attnjax._src.train.mesh import (AXES, BATCH_AXES, LENGTH_AXIS, LOGICAL_AXIS_RULES,
-                                     MeshParallel, bytes_per_device, check_shapes, mesh_sizes,
-                                     to_host)
+from attnjax._src.train.mesh import (
+  AXES,
+  BATCH_AXES,
+  LENGTH_AXIS,
+  LOGICAL_AXIS_RULES,
+  MeshParallel,
+  bytes_per_device,
+  check_shapes,
+  mesh_sizes,
+  to_host,
+)
 
-__all__ = ["AXES", "BATCH_AXES", "LENGTH_AXIS", "LOGICAL_AXIS_RULES", "MeshParallel",
-    "bytes_per_device", "check_shapes", "mesh_sizes", "to_host"]
+__all__ = [
+  "AXES",
+  "BATCH_AXES",
+  "LENGTH_AXIS",
+  "LOGICAL_AXIS_RULES",
+  "MeshParallel",
+  "bytes_per_device",
+  "check_shapes",
+  "mesh_sizes",
+  "to_host",
+]

@@ -8,7 +8,12 @@ also works on JAX arrays inside ``jax.jit``. Attention- and model-level
 metrics are in :mod:`attnjax.stats`.
 """
 
-from attnjax._src.train.metrics import (is_diverged, loss_spike_score, lr_sensitivity,
-                                        max_stable_lr, spike_score)
+from attnjax._src.train.metrics import (
+  is_diverged,
+  loss_spike_score,
+  lr_sensitivity,
+  max_stable_lr,
+  spike_score,
+)
 
 __all__ = ["is_diverged", "loss_spike_score", "lr_sensitivity", "max_stable_lr", "spike_score"]

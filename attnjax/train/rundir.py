@@ -10,9 +10,28 @@ through :func:`.finite_or_none`, which also takes older files' +-1e308 as missin
 Guide: :doc:`/guides/training`, section "Run directories".
 """
 
-from attnjax._src.train.rundir import (OLD_INF, JsonlWriter, RunDir, dumps, finite_or_none,
-                                       read_json, read_jsonl, truncate_jsonl, write_atomic,
-                                       write_json)
+from attnjax._src.train.rundir import (
+  OLD_INF,
+  JsonlWriter,
+  RunDir,
+  dumps,
+  finite_or_none,
+  read_json,
+  read_jsonl,
+  truncate_jsonl,
+  write_atomic,
+  write_json,
+)
 
-__all__ = ["OLD_INF", "JsonlWriter", "RunDir", "dumps", "finite_or_none", "read_json",
-    "read_jsonl", "truncate_jsonl", "write_atomic", "write_json"]
+__all__ = [
+  "OLD_INF",
+  "JsonlWriter",
+  "RunDir",
+  "dumps",
+  "finite_or_none",
+  "read_json",
+  "read_jsonl",
+  "truncate_jsonl",
+  "write_atomic",
+  "write_json",
+]

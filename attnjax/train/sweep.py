@@ -5,7 +5,13 @@ that was stopped or killed resumes from its last checkpoint; an arm that
 diverges or even raises is recorded and the sweep goes on.
 """
 
-from attnjax._src.train.sweep import (Arm, arm, config_from_json, run_in_process,
-                                      run_in_subprocess, run_sweep)
+from attnjax._src.train.sweep import (
+  Arm,
+  arm,
+  config_from_json,
+  run_in_process,
+  run_in_subprocess,
+  run_sweep,
+)
 
 __all__ = ["Arm", "arm", "config_from_json", "run_in_process", "run_in_subprocess", "run_sweep"]

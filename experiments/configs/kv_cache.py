@@ -21,10 +21,12 @@ def get_config(arg=None):
   c = apply_preset(base_config(), a.preset)
   c.variant = a.attn
   c.opt.lr = a.lr or (1e-2 if a.preset == "cpu" else 1e-3)
-  c.sweep = ml_collections.ConfigDict({
+  c.sweep = ml_collections.ConfigDict(
+    {
       "policies": "full,int8,fp8,h2o,sinks_window",
-      "budgets": "0.25,0.5",    # h2o / sinks_window slots, as fractions of the evaluated length
-      "eval_batch": 32,         # held-out sequences of data.seq_len tokens
-      "gpu_len": 4096,          # the length of the gpu-preset cache bytes column
-  })
+      "budgets": "0.25,0.5",  # h2o / sinks_window slots, as fractions of the evaluated length
+      "eval_batch": 32,  # held-out sequences of data.seq_len tokens
+      "gpu_len": 4096,  # the length of the gpu-preset cache bytes column
+    }
+  )
   return c

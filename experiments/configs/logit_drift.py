@@ -19,7 +19,7 @@ def get_config(arg=None):
   if a.preset == "cpu":
     c.train.update(dict(steps=400, eval_every=200, probe_every=200, checkpoint_every=200))
   # name: (z_loss, weight_decay)
-  c.sweep = ml_collections.ConfigDict({
-      "arms": "plain:0:0,zloss:1e-4:0,wd:0:1e-4,zloss+wd:1e-4:1e-4",
-  })
+  c.sweep = ml_collections.ConfigDict(
+    {"arms": "plain:0:0,zloss:1e-4:0,wd:0:1e-4,zloss+wd:1e-4:1e-4"}
+  )
   return c

@@ -15,10 +15,7 @@ import ml_collections
 from attnjax.train.config import apply_preset, base_config, parse_arg
 from attnjax.train.variants import GATED
 
-GRIDS = {
-    "wortsman": "3e-4,1e-3,3e-3,1e-2,3e-2,1e-1,3e-1,1.0",
-    "short": "1e-3,1e-2,1e-1,1.0",
-}
+GRIDS = {"wortsman": "3e-4,1e-3,3e-3,1e-2,3e-2,1e-1,3e-1,1.0", "short": "1e-3,1e-2,1e-1,1.0"}
 
 
 def get_config(arg=None):
@@ -33,8 +30,5 @@ def get_config(arg=None):
   variants = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine")
   if a.preset != "cpu":
     variants += GATED
-  c.sweep = ml_collections.ConfigDict({
-      "variants": ",".join(variants),
-      "lrs": GRIDS[a.grid],
-  })
+  c.sweep = ml_collections.ConfigDict({"variants": ",".join(variants), "lrs": GRIDS[a.grid]})
   return c

@@ -29,17 +29,17 @@ def get_config(arg=None):
   a = parse_arg(arg, preset="cpu")
   c = ml_collections.ConfigDict()
   c.preset = a.preset
-  c.model = ""                  # the checkpoint directory (or --model)
-  c.text = ""                   # the text or token file (or --text)
+  c.model = ""  # the checkpoint directory (or --model)
+  c.text = ""  # the text or token file (or --text)
   c.seq_len = 2048 if a.preset == "cpu" else 32768
-  c.num_sequences = 1           # consecutive sequences of the text, each one forward
-  c.add_bos = True              # start each sequence with the checkpoint's bos_token_id
-  c.bin_dtype = "uint16"        # dtype of .bin token files
-  c.dtype = ""                  # "" = the checkpoint's; or float32 / bfloat16
+  c.num_sequences = 1  # consecutive sequences of the text, each one forward
+  c.add_bos = True  # start each sequence with the checkpoint's bos_token_id
+  c.bin_dtype = "uint16"  # dtype of .bin token files
+  c.dtype = ""  # "" = the checkpoint's; or float32 / bfloat16
   # Block-wise attention computes the statistics in the fused pass (O(T) memory); the
   # reference would materialise T x T weights per layer.
   c.implementation = "blockwise"
-  c.attention = ""              # more attnjax attention options, "key=value,key=value"
+  c.attention = ""  # more attnjax attention options, "key=value,key=value"
   c.sink_eps = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
-  c.loss_chunk = 512            # positions per output-logit chunk of the perplexity
+  c.loss_chunk = 512  # positions per output-logit chunk of the perplexity
   return c

@@ -36,49 +36,71 @@ from attnjax.train.config import apply_preset, base_config, parse_arg
 from attnjax.train.variants import GATED
 
 CPU_LONG_VARIANTS = "dense,sink_logits,gla"
-CPU_SINKS_VARIANTS = ("dense,softmax_one,sink_logits,sigmoid,softpick,gated,qk_layernorm,window,"
-                      "linear,relu,gla,deltanet")
+CPU_SINKS_VARIANTS = (
+  "dense,softmax_one,sink_logits,sigmoid,softpick,gated,qk_layernorm,window,"
+  "linear,relu,gla,deltanet"
+)
 
 
 def _cpu_sinks(c: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigDict:
   """The sink-forming CPU setting (see the module docstring and RESULTS.md)."""
-  c.model.update(dict(d_model=64, num_layers=1, num_heads=1, mlp="none", tie_embeddings=False,
-                      rope=True))
-  c.data.update(dict(name="bigram_backcopy", seq_len=64, batch_size=32, bb_vocab_size=64,
-                     bb_num_triggers=8))
+  c.model.update(
+    dict(d_model=64, num_layers=1, num_heads=1, mlp="none", tie_embeddings=False, rope=True)
+  )
+  c.data.update(
+    dict(name="bigram_backcopy", seq_len=64, batch_size=32, bb_vocab_size=64, bb_num_triggers=8)
+  )
   c.opt.lr = lr or 3e-2
-  c.train.update(dict(steps=2000, probe_every=100, eval_every=500, checkpoint_every=500,
-                      microbatches=4))
-  c.sweep = ml_collections.ConfigDict({
+  c.train.update(
+    dict(steps=2000, probe_every=100, eval_every=500, checkpoint_every=500, microbatches=4)
+  )
+  c.sweep = ml_collections.ConfigDict(
+    {
       "setting": "cpu_sinks",
       "variants": CPU_SINKS_VARIANTS,
       "datasets": "bigram_backcopy",
       "dense_seeds": "1,2",
       "dense_lrs": "0.01,0.1",
       "attention_maps": True,
-  })
+    }
+  )
   return c
 
 
 def _cpu_long(c: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigDict:
   """T = 16384 over 8 host devices (context parallelism); see the module docstring."""
-  c.model.update(dict(d_model=32, num_layers=1, num_heads=2, mlp="none", tie_embeddings=False,
-                      rope=True))
-  c.data.update(dict(name="bigram_backcopy", seq_len=16384, batch_size=1, bb_vocab_size=64,
-                     bb_num_triggers=8))
+  c.model.update(
+    dict(d_model=32, num_layers=1, num_heads=2, mlp="none", tie_embeddings=False, rope=True)
+  )
+  c.data.update(
+    dict(name="bigram_backcopy", seq_len=16384, batch_size=1, bb_vocab_size=64, bb_num_triggers=8)
+  )
   c.mesh.update(dict(data=1, fsdp=1, tensor=1, context=8))
   c.opt.lr = lr or 3e-2
-  c.train.update(dict(steps=20, log_every=5, probe_every=10, probe_batch=1, probe_len=2048,
-                      eval_every=20, eval_batches=1, checkpoint_every=10, microbatches=1,
-                      step_stats=False))
-  c.sweep = ml_collections.ConfigDict({
+  c.train.update(
+    dict(
+      steps=20,
+      log_every=5,
+      probe_every=10,
+      probe_batch=1,
+      probe_len=2048,
+      eval_every=20,
+      eval_batches=1,
+      checkpoint_every=10,
+      microbatches=1,
+      step_stats=False,
+    )
+  )
+  c.sweep = ml_collections.ConfigDict(
+    {
       "setting": "cpu_long",
       "variants": CPU_LONG_VARIANTS,
       "datasets": "bigram_backcopy",
       "dense_seeds": "",
       "dense_lrs": "",
       "attention_maps": False,
-  })
+    }
+  )
   return c
 
 
@@ -94,16 +116,20 @@ def get_config(arg=None):
   c.data.bb_num_triggers = 3
   if a.preset == "cpu":
     c.train.update(dict(probe_every=40, eval_every=120, checkpoint_every=120))
-  variants = ("dense,softmax_one,sink_logits,sigmoid,softpick,linear,linear_unnorm,"
-              "qk_layernorm,cosine,gated,window")
+  variants = (
+    "dense,softmax_one,sink_logits,sigmoid,softpick,linear,linear_unnorm,"
+    "qk_layernorm,cosine,gated,window"
+  )
   if a.preset != "cpu":
     variants = ",".join((variants,) + GATED)
-  c.sweep = ml_collections.ConfigDict({
+  c.sweep = ml_collections.ConfigDict(
+    {
       "setting": a.preset,
       "variants": variants,
       "datasets": "shakespeare,bigram_backcopy",
       "dense_seeds": "",
       "dense_lrs": "",
       "attention_maps": False,
-  })
+    }
+  )
   return c

@@ -19,9 +19,11 @@ def get_config(arg=None):
   c = apply_preset(base_config(), a.preset)
   c.variant = a.attn
   c.opt.lr = a.lr or (1e-2 if a.preset == "cpu" else 1e-3)
-  c.sweep = ml_collections.ConfigDict({
-      "length_factor": 4,       # evaluate at 4 x data.seq_len
+  c.sweep = ml_collections.ConfigDict(
+    {
+      "length_factor": 4,  # evaluate at 4 x data.seq_len
       "num_sinks": "0,4",
       "eval_batch": 8,
-  })
+    }
+  )
   return c

@@ -32,10 +32,13 @@ def cumulative(q, k, v):
   return jnp.einsum("btnh,btnhd->btnd", q, state) * q.shape[-1] ** -0.5
 
 
-ENGINES = {e.name: e for e in (
+ENGINES = {
+  e.name: e
+  for e in (
     _op.Engine("reference", reference, _op.supports_everything),
     _op.Engine("cumulative", cumulative, _op.supports_everything),
-)}
+  )
+}
 OP = _op.Op(NAME, ENGINES, preferences={}, fallback=("cumulative", "reference"))
 
 
@@ -49,6 +52,7 @@ def attention(q, k, v, *, implementation: Optional[str] = None):
   op = _op.OPS[NAME]
   implementation = _op.check_implementation(op, implementation, where="stand_in.attention")
   if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
-    raise ValueError(f"q, k and v must share one shape [B, T, N, H]; got q {q.shape}, "
-                     f"k {k.shape}, v {v.shape}")
+    raise ValueError(
+      f"q, k and v must share one shape [B, T, N, H]; got q {q.shape}, k {k.shape}, v {v.shape}"
+    )
   return _op.run(op, (q, k, v), implementation)

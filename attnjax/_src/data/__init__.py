@@ -54,11 +54,18 @@ def from_config(cfg: Any, *, seed: int) -> Batches:
   pack = bool(cfg.get("pack", False))
   if name == "bigram_backcopy":
     if pack:
-      raise ValueError("data.pack=True needs a corpus of documents; data.name='bigram_backcopy' "
-                       "has none")
-    return BigramBackcopyBatches(vocab_size=cfg.bb_vocab_size, num_triggers=cfg.bb_num_triggers,
-                                 seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed,
-                                 task_seed=cfg.bb_task_seed, concentration=cfg.bb_concentration)
+      raise ValueError(
+        "data.pack=True needs a corpus of documents; data.name='bigram_backcopy' has none"
+      )
+    return BigramBackcopyBatches(
+      vocab_size=cfg.bb_vocab_size,
+      num_triggers=cfg.bb_num_triggers,
+      seq_len=cfg.seq_len,
+      batch_size=cfg.batch_size,
+      seed=seed,
+      task_seed=cfg.bb_task_seed,
+      concentration=cfg.bb_concentration,
+    )
   if name == "shakespeare":
     tokens = load_shakespeare(tokenizer=cfg.tokenizer, val_fraction=cfg.val_fraction)
   elif name == "text":
@@ -69,13 +76,26 @@ def from_config(cfg: Any, *, seed: int) -> Batches:
     if not cfg.path:
       raise ValueError("data.path must name a folder with train.bin/val.bin when data.name='bin'")
     tokens = load_bin(cfg.path, vocab_size=cfg.vocab_size, dtype=cfg.bin_dtype)
-  return CorpusBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed,
-                       pack=pack)
+  return CorpusBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed, pack=pack)
 
 
 __all__ = [
-    "Batch", "Batches", "BigramBackcopyBatches", "ByteTokenizer", "CharTokenizer",
-    "CorpusBatches", "SOURCES", "TokenData", "bigram_backcopy_chain", "from_config", "load_bin",
-    "load_shakespeare", "load_text", "pack_documents", "shakespeare_dir", "split_documents",
-    "stack_batches", "with_bos",
+  "Batch",
+  "Batches",
+  "BigramBackcopyBatches",
+  "ByteTokenizer",
+  "CharTokenizer",
+  "CorpusBatches",
+  "SOURCES",
+  "TokenData",
+  "bigram_backcopy_chain",
+  "from_config",
+  "load_bin",
+  "load_shakespeare",
+  "load_text",
+  "pack_documents",
+  "shakespeare_dir",
+  "split_documents",
+  "stack_batches",
+  "with_bos",
 ]

@@ -55,8 +55,7 @@ class Batch:
     """``{"segment_ids", "positions", "weights"}`` of a packed batch, else None."""
     if not self.packed:
       return None
-    return {"segment_ids": self.segment_ids, "positions": self.positions,
-            "weights": self.weights}
+    return {"segment_ids": self.segment_ids, "positions": self.positions, "weights": self.weights}
 
 
 def pack_documents(docs: list[np.ndarray], length: int, bos_id: int) -> Batch:
@@ -85,16 +84,20 @@ def pack_documents(docs: list[np.ndarray], length: int, bos_id: int) -> Batch:
     positions.append(np.arange(len(seq)))
     if sum(len(t) for t in tokens) >= length + 1:
       break
-  row = np.concatenate(tokens)[:length + 1]
+  row = np.concatenate(tokens)[: length + 1]
   if len(row) < length + 1:
-    raise ValueError(f"documents hold {len(row)} tokens with their BOS, fewer than "
-                     f"seq_len + 1 = {length + 1}")
-  seg = np.concatenate(segments)[:length + 1]
-  pos = np.concatenate(positions)[:length + 1]
-  return Batch(inputs=row[None, :-1].astype(np.int32), targets=row[None, 1:].astype(np.int32),
-               segment_ids=seg[None, :-1].astype(np.int32),
-               positions=pos[None, :-1].astype(np.int32),
-               weights=(seg[None, :-1] == seg[None, 1:]).astype(np.float32))
+    raise ValueError(
+      f"documents hold {len(row)} tokens with their BOS, fewer than seq_len + 1 = {length + 1}"
+    )
+  seg = np.concatenate(segments)[: length + 1]
+  pos = np.concatenate(positions)[: length + 1]
+  return Batch(
+    inputs=row[None, :-1].astype(np.int32),
+    targets=row[None, 1:].astype(np.int32),
+    segment_ids=seg[None, :-1].astype(np.int32),
+    positions=pos[None, :-1].astype(np.int32),
+    weights=(seg[None, :-1] == seg[None, 1:]).astype(np.float32),
+  )
 
 
 def stack_batches(rows: list[Batch]) -> Batch:
@@ -107,9 +110,14 @@ def stack_batches(rows: list[Batch]) -> Batch:
     One :class:`.Batch` whose fields are ``[sum of B, T]``.
   """
   fields = [f.name for f in dataclasses.fields(Batch)]
-  return Batch(**{name: (None if getattr(rows[0], name) is None else
-                         np.concatenate([getattr(r, name) for r in rows]))
-                  for name in fields})
+  return Batch(
+    **{
+      name: (
+        None if getattr(rows[0], name) is None else np.concatenate([getattr(r, name) for r in rows])
+      )
+      for name in fields
+    }
+  )
 
 
 def with_bos(windows: np.ndarray, bos_id: int) -> Batch:
@@ -148,8 +156,9 @@ class CorpusBatches:
     for split in ("train", "val"):
       n = len(self.data.split(split))
       if n < self.seq_len:
-        raise ValueError(f"data.seq_len={self.seq_len} is longer than the {split} split "
-                         f"({n} tokens)")
+        raise ValueError(
+          f"data.seq_len={self.seq_len} is longer than the {split} split ({n} tokens)"
+        )
     if self.pack:
       self.separator_id  # checks the corpus can be split into documents
 
@@ -159,8 +168,10 @@ class CorpusBatches:
     tok = self.data.tokenizer
     ids = None if tok is None else np.asarray(tok.encode("\n"))
     if ids is None or ids.shape != (1,) or (hasattr(tok, "UNK") and int(ids[0]) == tok.UNK):
-      raise ValueError("data.pack=True splits the corpus into documents at line ends; this "
-                       "corpus has no tokenizer with a newline")
+      raise ValueError(
+        "data.pack=True splits the corpus into documents at line ends; this "
+        "corpus has no tokenizer with a newline"
+      )
     return int(ids[0])
 
   @property
@@ -176,8 +187,9 @@ class CorpusBatches:
   def unit(self) -> str:
     return self.data.unit
 
-  def batch(self, split: str, step: int, *, seq_len: Optional[int] = None,
-            batch_size: Optional[int] = None) -> Batch:
+  def batch(
+    self, split: str, step: int, *, seq_len: Optional[int] = None, batch_size: Optional[int] = None
+  ) -> Batch:
     """The batch of ``split`` at ``step``; ``seq_len``/``batch_size`` override the defaults."""
     T = seq_len or self.seq_len
     B = batch_size or self.batch_size
@@ -187,7 +199,7 @@ class CorpusBatches:
     starts = _rng(self.seed, split, step).integers(0, len(tokens) - T + 1, size=B)
     if self.pack and split != "probe":  # the probe reads sinks at a leading BOS: unpacked
       return self._packed(tokens, starts, T)
-    windows = np.stack([np.asarray(tokens[s:s + T]) for s in starts])
+    windows = np.stack([np.asarray(tokens[s : s + T]) for s in starts])
     return with_bos(windows, self.bos_id)
 
   def _packed(self, tokens: np.ndarray, starts: np.ndarray, T: int) -> Batch:
@@ -201,16 +213,16 @@ class CorpusBatches:
     rows = []
     for pos in starts.tolist():
       if pos > 0 and tokens[pos - 1] != sep:  # skip to the next line start, if one is near
-        ends = np.flatnonzero(np.asarray(tokens[pos:pos + 4 * T]) == sep)
+        ends = np.flatnonzero(np.asarray(tokens[pos : pos + 4 * T]) == sep)
         if len(ends):
           pos += int(ends[0]) + 1
       docs, filled = [], 0
       while filled < T + 1:
         if pos >= len(tokens):
           pos = 0
-        window = np.asarray(tokens[pos:pos + T + 1])
+        window = np.asarray(tokens[pos : pos + T + 1])
         ends = np.flatnonzero(window == sep)
-        doc = window if len(ends) == 0 else window[:int(ends[0]) + 1]
+        doc = window if len(ends) == 0 else window[: int(ends[0]) + 1]
         docs.append(doc)
         filled += len(doc) + 1
         pos += len(doc)
@@ -218,8 +230,9 @@ class CorpusBatches:
     return stack_batches(rows)
 
 
-def bigram_backcopy_chain(vocab_size: int, num_triggers: int, *, seed: int = 0,
-                          concentration: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+def bigram_backcopy_chain(
+  vocab_size: int, num_triggers: int, *, seed: int = 0, concentration: float = 0.1
+) -> tuple[np.ndarray, np.ndarray]:
   """A random bigram chain and its trigger tokens for the bigram-backcopy task.
 
   Args:
@@ -233,8 +246,10 @@ def bigram_backcopy_chain(vocab_size: int, num_triggers: int, *, seed: int = 0,
     ``(transition [V, V] float64 rows summing to one, triggers [num_triggers] int)``.
   """
   if vocab_size < 2 or not 0 < num_triggers < vocab_size:
-    raise ValueError(f"data.bb_vocab_size={vocab_size} and data.bb_num_triggers={num_triggers}"
-                     " need 0 < num_triggers < vocab_size")
+    raise ValueError(
+      f"data.bb_vocab_size={vocab_size} and data.bb_num_triggers={num_triggers}"
+      " need 0 < num_triggers < vocab_size"
+    )
   rng = np.random.default_rng([int(seed), 7919])
   transition = rng.dirichlet(np.full(vocab_size, concentration), size=vocab_size)
   return transition, np.arange(num_triggers)
@@ -283,11 +298,13 @@ class BigramBackcopyBatches:
     return "token"
 
   def chain(self) -> tuple[np.ndarray, np.ndarray]:
-    return bigram_backcopy_chain(self.vocab_size, self.num_triggers, seed=self.task_seed,
-                                 concentration=self.concentration)
+    return bigram_backcopy_chain(
+      self.vocab_size, self.num_triggers, seed=self.task_seed, concentration=self.concentration
+    )
 
-  def batch(self, split: str, step: int, *, seq_len: Optional[int] = None,
-            batch_size: Optional[int] = None) -> Batch:
+  def batch(
+    self, split: str, step: int, *, seq_len: Optional[int] = None, batch_size: Optional[int] = None
+  ) -> Batch:
     T = seq_len or self.seq_len
     B = batch_size or self.batch_size
     transition, triggers = self.chain()
@@ -301,7 +318,9 @@ class BigramBackcopyBatches:
     tokens[:, 0] = first
     for t in range(1, T):
       cur = tokens[:, t - 1]
-      drawn = np.minimum((cumulative[cur] < uniforms[:, t:t + 1]).sum(axis=1), self.vocab_size - 1)
+      drawn = np.minimum(
+        (cumulative[cur] < uniforms[:, t : t + 1]).sum(axis=1), self.vocab_size - 1
+      )
       prev = tokens[:, t - 2] if t >= 2 else cur
       tokens[:, t] = np.where(is_trigger[cur], prev, drawn)
     return with_bos(tokens, self.bos_id)

@@ -74,8 +74,12 @@ def list_documents(path: str, pattern: Optional[str] = None) -> list[str]:
   if pattern:
     files = glob.glob(os.path.join(path, pattern), recursive=True)
   else:
-    files = [os.path.join(root, f) for root, _, names in os.walk(path) for f in names
-             if f.endswith(TEXT_SUFFIXES)]
+    files = [
+      os.path.join(root, f)
+      for root, _, names in os.walk(path)
+      for f in names
+      if f.endswith(TEXT_SUFFIXES)
+    ]
   return sorted(os.path.relpath(f, path) for f in files if os.path.isfile(f))
 
 
@@ -99,7 +103,7 @@ def split_documents(names: list[str], val_fraction: float) -> tuple[list[str], l
   if len(names) < 2:
     raise ValueError(f"splitting by document needs at least 2 documents, got {len(names)}")
   k = max(2, int(round(1.0 / val_fraction)))
-  val = names[min(k // 2, len(names) - 1)::k]
+  val = names[min(k // 2, len(names) - 1) :: k]
   train = [n for n in names if n not in set(val)]
   return train, val
 
@@ -116,7 +120,7 @@ def _encode_chars(text: str, tokenizer: CharTokenizer) -> np.ndarray:
   pos = np.clip(np.searchsorted(alphabet, codes), 0, len(alphabet) - 1)
   known = alphabet[pos] == codes
   ids = np.where(known, pos + 2, CharTokenizer.UNK)
-  return ids.astype(np.uint16 if tokenizer.vocab_size < 2 ** 16 else np.uint32)
+  return ids.astype(np.uint16 if tokenizer.vocab_size < 2**16 else np.uint32)
 
 
 def _encode(text: str, tokenizer: Tokenizer) -> np.ndarray:
@@ -130,8 +134,9 @@ _SEPARATOR = "\n\n"
 
 
 @functools.lru_cache(maxsize=8)
-def load_text(path: str, *, tokenizer: str = "char", val_fraction: float = 0.1,
-              pattern: Optional[str] = None) -> TokenData:
+def load_text(
+  path: str, *, tokenizer: str = "char", val_fraction: float = 0.1, pattern: Optional[str] = None
+) -> TokenData:
   """Tokenises a text file or a folder of text files.
 
   Args:
@@ -162,12 +167,19 @@ def load_text(path: str, *, tokenizer: str = "char", val_fraction: float = 0.1,
     train_names, val_names = [], []
   else:
     raise FileNotFoundError(f"data.path={path!r} does not exist")
-  tok: Tokenizer = (CharTokenizer.from_text(train_text + val_text) if tokenizer == "char"
-                    else ByteTokenizer())
-  return TokenData(train=_encode(train_text, tok), val=_encode(val_text, tok),
-                   vocab_size=tok.vocab_size, bos_id=tok.bos_id,
-                   unit="char" if tokenizer == "char" else "byte", tokenizer=tok,
-                   train_files=tuple(train_names), val_files=tuple(val_names))
+  tok: Tokenizer = (
+    CharTokenizer.from_text(train_text + val_text) if tokenizer == "char" else ByteTokenizer()
+  )
+  return TokenData(
+    train=_encode(train_text, tok),
+    val=_encode(val_text, tok),
+    vocab_size=tok.vocab_size,
+    bos_id=tok.bos_id,
+    unit="char" if tokenizer == "char" else "byte",
+    tokenizer=tok,
+    train_files=tuple(train_names),
+    val_files=tuple(val_names),
+  )
 
 
 def load_shakespeare(*, tokenizer: str = "char", val_fraction: float = 0.1) -> TokenData:
@@ -180,8 +192,9 @@ def load_shakespeare(*, tokenizer: str = "char", val_fraction: float = 0.1) -> T
   Returns:
     A :class:`.TokenData` of the train and validation plays.
   """
-  return load_text(shakespeare_dir(), tokenizer=tokenizer, val_fraction=val_fraction,
-                   pattern="**/*.md")
+  return load_text(
+    shakespeare_dir(), tokenizer=tokenizer, val_fraction=val_fraction, pattern="**/*.md"
+  )
 
 
 BIN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -215,5 +228,6 @@ def load_bin(path: str, *, vocab_size: int, dtype: str = "uint16") -> TokenData:
     if not os.path.isfile(f):
       raise FileNotFoundError(f"data.path={path!r}: missing {split}.bin")
     arrays.append(np.memmap(f, dtype=BIN_DTYPES[dtype], mode="r"))
-  return TokenData(train=arrays[0], val=arrays[1], vocab_size=vocab_size + 1,
-                   bos_id=vocab_size, unit="token")
+  return TokenData(
+    train=arrays[0], val=arrays[1], vocab_size=vocab_size + 1, bos_id=vocab_size, unit="token"
+  )

@@ -39,7 +39,7 @@ class CharTokenizer:
   def encode(self, text: str) -> np.ndarray:
     """Ids of ``text`` (no BOS; the batcher adds it), uint16 or uint32 as the vocabulary needs."""
     table = {c: i + 2 for i, c in enumerate(self.alphabet)}
-    dtype = np.uint16 if self.vocab_size < 2 ** 16 else np.uint32
+    dtype = np.uint16 if self.vocab_size < 2**16 else np.uint32
     return np.fromiter((table.get(c, self.UNK) for c in text), dtype=dtype, count=len(text))
 
   def decode(self, ids) -> str:

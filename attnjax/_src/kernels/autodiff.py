@@ -66,9 +66,16 @@ def invariant_like(x, ct):
   return jax.tree.unflatten(tree, ct_leaves)
 
 
-def custom_vjp_with_jvp(forward: Callable, backward: Callable, x, nondiff=(), *,
-                        primal: Optional[Callable] = None, twin: Optional[Callable] = None,
-                        name: str = "kernel"):
+def custom_vjp_with_jvp(
+  forward: Callable,
+  backward: Callable,
+  x,
+  nondiff=(),
+  *,
+  primal: Optional[Callable] = None,
+  twin: Optional[Callable] = None,
+  name: str = "kernel",
+):
   """``forward(x, nondiff)[0]`` with ``backward`` as its VJP, differentiable in every mode.
 
   Args:
@@ -102,10 +109,16 @@ def custom_vjp_with_jvp(forward: Callable, backward: Callable, x, nondiff=(), *,
 
   def rule(x, nondiff, tx):
     out, res = with_residuals(x, nondiff)
-    t_out = linear_map(lambda r, _, t: tangent(r, t), transpose, (x, nondiff), tx, fixed=res,
-                       smooth=(tangent, lambda r, ct: smooth_vjp(*r, ct)),
-                       names=(f"{name}.tangent", f"{name}.backward"),
-                       out_like=jax.tree.map(tangent_like, out))
+    t_out = linear_map(
+      lambda r, _, t: tangent(r, t),
+      transpose,
+      (x, nondiff),
+      tx,
+      fixed=res,
+      smooth=(tangent, lambda r, ct: smooth_vjp(*r, ct)),
+      names=(f"{name}.tangent", f"{name}.backward"),
+      out_like=jax.tree.map(tangent_like, out),
+    )
     return out, res, t_out
 
   # The residuals pass as a list of arrays, less those that are inputs (the linear map holds
@@ -175,13 +188,19 @@ class custom_vjp:  # named as the jax.custom_vjp it replaces
 
     def backward(x, _, res, ct):
       d = self.bwd(*(static[i] for i in sorted(static)), res, ct)
-      return tuple(jax.tree.map(zeros_like_tangent, xi) if di is None else di
-                   for xi, di in zip(x, d))
+      return tuple(
+        jax.tree.map(zeros_like_tangent, xi) if di is None else di for xi, di in zip(x, d)
+      )
 
     twin = None if self.twin is None else (lambda x, _: self.twin(*full(x)))
-    return custom_vjp_with_jvp(lambda x, _: self.fwd(*full(x)), backward, x,
-                               primal=lambda x, _: self.fun(*full(x)), twin=twin,
-                               name=self.fun.__qualname__)
+    return custom_vjp_with_jvp(
+      lambda x, _: self.fwd(*full(x)),
+      backward,
+      x,
+      primal=lambda x, _: self.fun(*full(x)),
+      twin=twin,
+      name=self.fun.__qualname__,
+    )
 
 
 def custom_vjp_of(fn: Callable, x, nondiff=(), *, twin: Callable, name: str):
@@ -193,6 +212,12 @@ def custom_vjp_of(fn: Callable, x, nondiff=(), *, twin: Callable, name: str):
   (``(x, nondiff) -> out``, differentiable in every mode and equal to ``fn``), as in
   :func:`custom_vjp_with_jvp`.
   """
-  return custom_vjp_with_jvp(lambda x, nd: jax.vjp(lambda xx: fn(xx, nd), x),
-                             lambda x, nd, pull, ct: pull(ct)[0], x, nondiff, primal=fn,
-                             twin=twin, name=name)
+  return custom_vjp_with_jvp(
+    lambda x, nd: jax.vjp(lambda xx: fn(xx, nd), x),
+    lambda x, nd, pull, ct: pull(ct)[0],
+    x,
+    nondiff,
+    primal=fn,
+    twin=twin,
+    name=name,
+  )

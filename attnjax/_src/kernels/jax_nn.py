@@ -29,12 +29,19 @@ def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list
   if opts.mask_mod is not None:
     reasons.append("mask_mod")
   if inputs.v.shape[-1] != inputs.q.shape[-1]:
-    reasons.append(f"a value head dim ({inputs.v.shape[-1]}) unlike the query's ({inputs.q.shape[-1]})")
+    reasons.append(
+      f"a value head dim ({inputs.v.shape[-1]}) unlike the query's ({inputs.q.shape[-1]})"
+    )
   return reasons
 
 
-def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, implementation: str,
-            shard_offsets=None):
+def compute(
+  inputs: options.DenseInputs,
+  opts: options.DenseOptions,
+  *,
+  implementation: str,
+  shard_offsets=None,
+):
   """``jax.nn.dot_product_attention`` (``implementation`` ``"xla"`` or ``"cudnn"``) on a
   validated call it supports, without a platform guard (``"cudnn"`` lowers for ``cuda``
   only: dispatch puts it in that platform's branch).
@@ -50,21 +57,35 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, implemen
     return _compute(inputs, opts, implementation)
   x, nondiff = blockwise.split_inputs(inputs)
   return autodiff.custom_vjp_of(
-      lambda x, nondiff: _compute(blockwise.join_inputs(x, nondiff), opts, implementation),
-      x, nondiff, twin=blockwise.twin(opts), name="cudnn")
+    lambda x, nondiff: _compute(blockwise.join_inputs(x, nondiff), opts, implementation),
+    x,
+    nondiff,
+    twin=blockwise.twin(opts),
+    name="cudnn",
+  )
 
 
 def _compute(inputs: options.DenseInputs, opts: options.DenseOptions, implementation: str):
   q, k, v = inputs.q, inputs.k, inputs.v
   T, S = q.shape[1], k.shape[1]
   mask = masks.combine_masks(
-      inputs.mask,
-      None if inputs.q_segment_ids is None else
-      masks.segment_mask(inputs.q_segment_ids, inputs.kv_segment_ids))
+    inputs.mask,
+    None
+    if inputs.q_segment_ids is None
+    else masks.segment_mask(inputs.q_segment_ids, inputs.kv_segment_ids),
+  )
   bias = None if inputs.bias is None else inputs.bias.astype(q.dtype)
   out = jax.nn.dot_product_attention(
-      q, k, v, bias=bias, mask=mask, scale=opts.scale, is_causal=opts.is_causal,
-      local_window_size=opts.window, implementation=implementation)
+    q,
+    k,
+    v,
+    bias=bias,
+    mask=mask,
+    scale=opts.scale,
+    is_causal=opts.is_causal,
+    local_window_size=opts.window,
+    implementation=implementation,
+  )
   # jax.nn gives a row with no allowed key the mean of all values; ours is zero.
   has_key = options.rows_with_keys(inputs, opts, T, S)
   if has_key is not None:
@@ -83,13 +104,16 @@ def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -
   ``attnjax[aot]`` compiling for a GPU), and nowhere else.
   """
   reasons = unsupported(inputs, opts)
-  for reason in options.unknown_options(opts, inputs, options.KERNEL_OPTIONS,
-                                        options.KERNEL_INPUTS, "cudnn"):
+  for reason in options.unknown_options(
+    opts, inputs, options.KERNEL_OPTIONS, options.KERNEL_INPUTS, "cudnn"
+  ):
     if reason not in reasons:
       reasons.append(reason)
   if _target.cudnn_version() is None:
-    reasons.append("this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
-                   "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)")
+    reasons.append(
+      "this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
+      "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)"
+    )
   if inputs.q.dtype not in (jnp.bfloat16, jnp.float16):
     reasons.append(f"dtype {inputs.q.dtype} (cuDNN takes bfloat16 or float16)")
   H = inputs.q.shape[-1]
@@ -97,6 +121,7 @@ def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -
   # only for such a head dim).
   h_max = 256 if H > 128 and (_target.local_gpu_major() or 0) >= 9 else 128
   if H % 8 or H > h_max:
-    reasons.append(f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} "
-                   "on this host)")
+    reasons.append(
+      f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} on this host)"
+    )
   return reasons

@@ -33,17 +33,33 @@ class _Map:
   by identity (a primitive parameter).
   """
 
-  def __init__(self, fun: Callable, transpose: Callable, smooth: Callable,
-               smooth_transpose: Callable, out_avals: tuple, lin_avals: tuple, name: str,
-               transpose_name: str):
+  def __init__(
+    self,
+    fun: Callable,
+    transpose: Callable,
+    smooth: Callable,
+    smooth_transpose: Callable,
+    out_avals: tuple,
+    lin_avals: tuple,
+    name: str,
+    transpose_name: str,
+  ):
     self.fun, self.transpose = fun, transpose
     self.smooth, self.smooth_transpose = smooth, smooth_transpose
     self.out_avals, self.lin_avals = tuple(out_avals), tuple(lin_avals)
     self.name, self.transpose_name = name, transpose_name
 
   def transposed(self) -> "_Map":
-    return _Map(self.transpose, self.fun, self.smooth_transpose, self.smooth, self.lin_avals,
-                self.out_avals, self.transpose_name, self.name)
+    return _Map(
+      self.transpose,
+      self.fun,
+      self.smooth_transpose,
+      self.smooth,
+      self.lin_avals,
+      self.out_avals,
+      self.transpose_name,
+      self.name,
+    )
 
   def __repr__(self) -> str:
     return f"linear_map[{self.name}]"
@@ -51,7 +67,7 @@ class _Map:
 
 def _split(args, n_res: int, n_fixed: int):
   args = list(args)
-  return args[:n_res], args[n_res:n_res + n_fixed], args[n_res + n_fixed:]
+  return args[:n_res], args[n_res : n_res + n_fixed], args[n_res + n_fixed :]
 
 
 def _impl(*args, m: _Map, n_res: int, n_fixed: int):
@@ -75,14 +91,19 @@ def _jvp(primals, tangents, *, m: _Map, n_res: int, n_fixed: int):
   if not all(_is_zero(t) for t in d_lin):
     d_lin = [ad.instantiate_zeros(t) for t in d_lin]
     total = linear_map_p.bind(*res, *fixed, *d_lin, m=m, n_res=n_res, n_fixed=n_fixed)
-  moving = [i for i, t in enumerate(d_res) if not _is_zero(t)
-            and jnp.issubdtype(jnp.result_type(res[i]), jnp.inexact)]
+  moving = [
+    i
+    for i, t in enumerate(d_res)
+    if not _is_zero(t) and jnp.issubdtype(jnp.result_type(res[i]), jnp.inexact)
+  ]
   if moving:
+
     def of_res(*moved):
       r = list(res)
       for i, x in zip(moving, moved):
         r[i] = x
       return m.smooth(r, fixed, lin)
+
     term = jax.jvp(of_res, tuple(res[i] for i in moving), tuple(d_res[i] for i in moving))[1]
     total = list(term) if total is None else [a + b for a, b in zip(total, term)]
   if total is None:
@@ -123,19 +144,31 @@ def _batch(args, dims, *, m: _Map, n_res: int, n_fixed: int):
   size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
   n_const = n_res + n_fixed
   res_dims, fixed_dims = list(dims[:n_res]), list(dims[n_res:n_const])
-  lin = [jnp.broadcast_to(x, (size,) + x.shape) if d is None else jnp.moveaxis(x, d, 0)
-         for x, d in zip(args[n_const:], dims[n_const:])]
+  lin = [
+    jnp.broadcast_to(x, (size,) + x.shape) if d is None else jnp.moveaxis(x, d, 0)
+    for x, d in zip(args[n_const:], dims[n_const:])
+  ]
 
   def batched(f):
     def g(res, fixed, lin_or_ct):
-      return jax.vmap(lambda r, c, l: list(f(list(r), list(c), list(l))),
-                      in_axes=(res_dims, fixed_dims, [0] * len(lin_or_ct)))(
-                          list(res), list(fixed), list(lin_or_ct))
+      return jax.vmap(
+        lambda r, c, l: list(f(list(r), list(c), list(l))),
+        in_axes=(res_dims, fixed_dims, [0] * len(lin_or_ct)),
+      )(list(res), list(fixed), list(lin_or_ct))
+
     return g
 
   grow = lambda avals: tuple(a.update(shape=(size,) + a.shape) for a in avals)
-  bm = _Map(batched(m.fun), batched(m.transpose), batched(m.smooth), batched(m.smooth_transpose),
-            grow(m.out_avals), grow(m.lin_avals), m.name, m.transpose_name)
+  bm = _Map(
+    batched(m.fun),
+    batched(m.transpose),
+    batched(m.smooth),
+    batched(m.smooth_transpose),
+    grow(m.out_avals),
+    grow(m.lin_avals),
+    m.name,
+    m.transpose_name,
+  )
   out = linear_map_p.bind(*args[:n_const], *lin, m=bm, n_res=n_res, n_fixed=n_fixed)
   return out, [0] * len(out)
 
@@ -157,9 +190,17 @@ def _zeros(x):
   return np.zeros(x.shape, x.dtype) if x.dtype == jax.dtypes.float0 else jnp.zeros(x.shape, x.dtype)
 
 
-def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, fixed=(),
-               smooth: Optional[tuple[Callable, Callable]] = None,
-               names: tuple[str, str] = ("map", "transpose"), out_like=None):
+def linear_map(
+  fun: Callable,
+  transpose: Callable,
+  residuals,
+  linear,
+  *,
+  fixed=(),
+  smooth: Optional[tuple[Callable, Callable]] = None,
+  names: tuple[str, str] = ("map", "transpose"),
+  out_like=None,
+):
   """``fun(residuals, fixed, linear)``, linear in ``linear``, transposed by ``transpose``.
 
   Args:
@@ -190,8 +231,9 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, fixed=(
 
   def full_linear(kept):
     it = iter(kept)
-    return jax.tree.unflatten(lin_tree, [next(it) if k else _zeros(x)
-                                         for x, k in zip(lin_all, keep)])
+    return jax.tree.unflatten(
+      lin_tree, [next(it) if k else _zeros(x) for x, k in zip(lin_all, keep)]
+    )
 
   out_tree_box = []
 
@@ -202,13 +244,16 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, fixed=(
       if not out_tree_box:
         out_tree_box.append(tree)
       return flat_out
+
     return flat
 
   def backward(f):
     def flat(r, c, ct):
-      d = jax.tree.flatten(f(jax.tree.unflatten(res_tree, r), c,
-                             jax.tree.unflatten(out_tree_box[0], ct)))[0]
+      d = jax.tree.flatten(
+        f(jax.tree.unflatten(res_tree, r), c, jax.tree.unflatten(out_tree_box[0], ct))
+      )[0]
       return [x for x, k in zip(d, keep) if k]
+
     return flat
 
   def on_fixed(f):  # (residuals, fixed, x) -> ... on flat lists
@@ -217,8 +262,11 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, fixed=(
   def ignore_fixed(f):
     return lambda r, c, x: f(r, x)
 
-  fun_s, transpose_s = ((on_fixed(fun), on_fixed(transpose)) if smooth is None
-                        else (ignore_fixed(smooth[0]), ignore_fixed(smooth[1])))
+  fun_s, transpose_s = (
+    (on_fixed(fun), on_fixed(transpose))
+    if smooth is None
+    else (ignore_fixed(smooth[0]), ignore_fixed(smooth[1]))
+  )
   if out_like is None:  # trace the map once for its output's shapes
     out_shapes = jax.eval_shape(forward(fun_s), res_flat, fixed_flat, lin_flat)
   else:
@@ -226,8 +274,16 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, fixed=(
     out_tree_box.append(tree)
   out_avals = tuple(as_aval(s) for s in out_shapes)
   lin_avals = tuple(as_aval(x) for x in lin_flat)
-  m = _Map(forward(on_fixed(fun)), backward(on_fixed(transpose)), forward(fun_s),
-           backward(transpose_s), out_avals, lin_avals, *names)
-  out = linear_map_p.bind(*res_flat, *fixed_flat, *lin_flat, m=m, n_res=len(res_flat),
-                          n_fixed=len(fixed_flat))
+  m = _Map(
+    forward(on_fixed(fun)),
+    backward(on_fixed(transpose)),
+    forward(fun_s),
+    backward(transpose_s),
+    out_avals,
+    lin_avals,
+    *names,
+  )
+  out = linear_map_p.bind(
+    *res_flat, *fixed_flat, *lin_flat, m=m, n_res=len(res_flat), n_fixed=len(fixed_flat)
+  )
   return jax.tree.unflatten(out_tree_box[0], out)

@@ -69,9 +69,12 @@ def _batch(args, dims, *, kernel: _Kernel):
   args = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
   axes = [None if d is None else 0 for d in dims]
   fun = kernel.fun
-  batched = _Kernel(lambda *a: list(jax.vmap(lambda *x: list(fun(*x)), in_axes=axes)(*a)),
-                    [a.update(shape=(size,) + a.shape) for a in kernel.out_avals], kernel.name,
-                    kernel.mosaic)
+  batched = _Kernel(
+    lambda *a: list(jax.vmap(lambda *x: list(fun(*x)), in_axes=axes)(*a)),
+    [a.update(shape=(size,) + a.shape) for a in kernel.out_avals],
+    kernel.name,
+    kernel.mosaic,
+  )
   out = kernel_call_p.bind(*args, kernel=batched)
   return out, [0] * len(out)
 
@@ -79,10 +82,11 @@ def _batch(args, dims, *, kernel: _Kernel):
 def _lowering(ctx, *args, kernel: _Kernel):
   if kernel.mosaic and _partitioned(ctx):
     raise ValueError(
-        f"{kernel.name}: a Mosaic kernel in a program that XLA partitions over several devices; "
-        "it runs inside jax.shard_map over its operands' batch and heads: call it through "
-        "attnjax.dot_product_attention or the engine's attention() with arrays sharded on a "
-        "jax.sharding.Mesh, or under jax.set_mesh(mesh)")
+      f"{kernel.name}: a Mosaic kernel in a program that XLA partitions over several devices; "
+      "it runs inside jax.shard_map over its operands' batch and heads: call it through "
+      "attnjax.dot_product_attention or the engine's attention() with arrays sharded on a "
+      "jax.sharding.Mesh, or under jax.set_mesh(mesh)"
+    )
   mesh = jax.sharding.get_abstract_mesh()
   # A mesh with axes (jax.set_mesh, shard_map) names the target: the arrays traced under it
   # carry it, and a kernel traced under another one fails jax's mesh checks.
@@ -95,14 +99,18 @@ def _lowering(ctx, *args, kernel: _Kernel):
 
 def _checked(kernel: _Kernel) -> Callable:
   """``kernel.fun``, raising where its results' types differ from those it was called with."""
+
   def fun(*args):
     outs = list(kernel.fun(*args))
     got = [(tuple(o.shape), jnp.dtype(o.dtype)) for o in outs]
     want = [(tuple(a.shape), jnp.dtype(a.dtype)) for a in kernel.out_avals]
     if got != want:
-      raise ValueError(f"{kernel.name}: traced for the target, the kernel returns {got}, not "
-                       f"the {want} it was called with")
+      raise ValueError(
+        f"{kernel.name}: traced for the target, the kernel returns {got}, not "
+        f"the {want} it was called with"
+      )
     return outs
+
   return fun
 
 
@@ -112,8 +120,15 @@ batching.primitive_batchers[kernel_call_p] = _batch
 mlir.register_lowering(kernel_call_p, _lowering)
 
 
-def call(fn: Callable, args: Sequence[Any], *, offsets: tuple = (0, 0), name: str = "kernel",
-         mosaic: bool = False, out_like: Any = None) -> Any:
+def call(
+  fn: Callable,
+  args: Sequence[Any],
+  *,
+  offsets: tuple = (0, 0),
+  name: str = "kernel",
+  mosaic: bool = False,
+  out_like: Any = None,
+) -> Any:
   """``fn(shard, *args)``, one step of a platform kernel, traced when lowered for its target.
 
   Args:
@@ -146,8 +161,9 @@ def call(fn: Callable, args: Sequence[Any], *, offsets: tuple = (0, 0), name: st
     (tree,) = out_tree
   else:
     out_avals, tree = jax.tree.flatten(out_like)
-  kernel = _Kernel(flat_fn, [jax.core.ShapedArray(a.shape, a.dtype) for a in out_avals], name,
-                   mosaic)
+  kernel = _Kernel(
+    flat_fn, [jax.core.ShapedArray(a.shape, a.dtype) for a in out_avals], name, mosaic
+  )
   return jax.tree.unflatten(tree, kernel_call_p.bind(b0, n0, *leaves, kernel=kernel))
 
 
@@ -174,8 +190,13 @@ def _abstract(device) -> Optional[Any]:
   kind = getattr(device, "device_kind", None)
   if platform is None or kind is None:
     return None
-  cores = (getattr(device, "num_cores", None) if platform == "tpu"
-           else getattr(device, "core_count", None) if platform == "gpu" else None)
+  cores = (
+    getattr(device, "num_cores", None)
+    if platform == "tpu"
+    else getattr(device, "core_count", None)
+    if platform == "gpu"
+    else None
+  )
   return jax.sharding.AbstractDevice(device_kind=kind, num_cores=cores, platform=platform)
 
 

@@ -47,8 +47,9 @@ def block_length(length: int) -> Optional[int]:
   return None
 
 
-def make_mask(T: int, S: int, num_heads: int, *, is_causal: bool,
-                window: Optional[tuple[int, int]]):
+def make_mask(
+  T: int, S: int, num_heads: int, *, is_causal: bool, window: Optional[tuple[int, int]]
+):
   """The splash ``MultiHeadMask`` ``[N, T, S]`` allowing exactly :func:`attnjax.masks.structural_mask`.
 
   Splash's ``CausalMask`` (``q >= k``) and ``LocalMask`` (``q - left <= k <= q + right``) at
@@ -70,26 +71,44 @@ def make_mask(T: int, S: int, num_heads: int, *, is_causal: bool,
 
 
 @functools.lru_cache(maxsize=32)
-def _kernel(T: int, S: int, N: int, is_causal: bool, window: Optional[tuple[int, int]],
-                   softcap: Optional[float], interpret: bool):
+def _kernel(
+  T: int,
+  S: int,
+  N: int,
+  is_causal: bool,
+  window: Optional[tuple[int, int]],
+  softcap: Optional[float],
+  interpret: bool,
+):
   """Builds (once per static configuration) the splash kernel for ``[N, T, H]`` queries."""
   lib = _library()
   bq, bkv = block_length(T), block_length(S)
   block_sizes = lib.BlockSizes(
-      block_q=bq, block_kv=bkv, block_kv_compute=bkv,
-      block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
-      use_fused_bwd_kernel=True)
+    block_q=bq,
+    block_kv=bkv,
+    block_kv_compute=bkv,
+    block_q_dkv=bq,
+    block_kv_dkv=bkv,
+    block_kv_dkv_compute=bkv,
+    use_fused_bwd_kernel=True,
+  )
   # The kernel holds its block structure as arrays: make them concrete constants even when
   # first built inside a trace, so the cached kernel never holds a tracer (computed on this
   # host, also when the program is traced for a mesh of compile-only devices).
   with _lowering.host_eval():
     return lib.make_splash_mha(
-        make_mask(T, S, N, is_causal=is_causal, window=window), block_sizes=block_sizes,
-        attn_logits_soft_cap=softcap, head_shards=1, q_seq_shards=1, interpret=interpret)
+      make_mask(T, S, N, is_causal=is_causal, window=window),
+      block_sizes=block_sizes,
+      attn_logits_soft_cap=softcap,
+      head_shards=1,
+      q_seq_shards=1,
+      interpret=interpret,
+    )
 
 
-def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions, *,
-                        interpret: bool = False) -> list[str]:
+def unsupported(
+  inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False
+) -> list[str]:
   """Reasons splash cannot run a call ([] = supported), on any host.
 
   The platform is not one of them: splash traces anywhere and lowers for
@@ -107,8 +126,9 @@ def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions, *,
   if inputs.bias is not None:
     reasons.append("bias (splash adds no bias to the logits)")
   if inputs.mask is not None:
-    reasons.append("an explicit mask array (splash masks are static; use is_causal, window "
-                   "and segment_ids)")
+    reasons.append(
+      "an explicit mask array (splash masks are static; use is_causal, window and segment_ids)"
+    )
   if opts.return_stats:
     reasons.append("return_stats=True (splash returns no weights)")
   T, S = inputs.q.shape[1], inputs.k.shape[1]
@@ -116,8 +136,9 @@ def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions, *,
     reasons.append(f"lengths T={T}, S={S} (splash needs multiples of {BLOCKS[-1]})")
   if inputs.q.dtype not in DTYPES:
     reasons.append(f"dtype {inputs.q.dtype} (splash takes float32 or bfloat16)")
-  reasons += options.unknown_options(opts, inputs, options.KERNEL_OPTIONS,
-                                       options.KERNEL_INPUTS, "splash")
+  reasons += options.unknown_options(
+    opts, inputs, options.KERNEL_OPTIONS, options.KERNEL_INPUTS, "splash"
+  )
   del interpret  # the platform is checked when the program is lowered (see splash)
   return reasons
 
@@ -133,9 +154,11 @@ def run(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: b
   if interpret:
     return compute(inputs, opts, interpret=True)
   return _lowering.on_platform(
-      "tpu", lambda: compute(inputs, opts),
-      "implementation='splash' runs on a TPU only (splash needs a TPU); use implementation=None "
-      "to pick per platform")
+    "tpu",
+    lambda: compute(inputs, opts),
+    "implementation='splash' runs on a TPU only (splash needs a TPU); use implementation=None "
+    "to pick per platform",
+  )
 
 
 @jax.custom_vjp
@@ -152,8 +175,13 @@ def _f32_cotangent(x: Array) -> Array:
 _f32_cotangent.defvjp(lambda x: (x, None), lambda _, g: (g.astype(jnp.float32),))
 
 
-def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False,
-            shard_offsets=None):
+def compute(
+  inputs: options.DenseInputs,
+  opts: options.DenseOptions,
+  *,
+  interpret: bool = False,
+  shard_offsets=None,
+):
   """``jax.experimental.pallas.ops.tpu.splash_attention`` (TPU, softmax, static masks) on a
   call :func:`unsupported` accepts.
 
@@ -191,8 +219,9 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpre
     sinks = jnp.reshape(inputs.sink_logits, (N,)).astype(jnp.float32)
   seg = None
   if inputs.q_segment_ids is not None:
-    seg = lib.SegmentIds(q=inputs.q_segment_ids.astype(jnp.int32),
-                         kv=inputs.kv_segment_ids.astype(jnp.int32))
+    seg = lib.SegmentIds(
+      q=inputs.q_segment_ids.astype(jnp.int32), kv=inputs.kv_segment_ids.astype(jnp.int32)
+    )
 
   def splash_call(x, seg):
     """The kernel on the heads-first arrays ``x = (qh, kh, vh, sinks)``: ``[B, N, T, Hv]``."""
@@ -210,9 +239,13 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpre
     qh, kh, vh, sinks = x
     heads = lambda a: jnp.transpose(a, (0, 2, 1, 3))
     call = options.DenseInputs(
-        q=heads(qh), k=heads(kh), v=heads(vh),
-        sink_logits=None if sinks is None else jnp.reshape(sinks, (1, N, 1, 1)),
-        q_segment_ids=None if seg is None else seg.q, kv_segment_ids=None if seg is None else seg.kv)
+      q=heads(qh),
+      k=heads(kh),
+      v=heads(vh),
+      sink_logits=None if sinks is None else jnp.reshape(sinks, (1, N, 1, 1)),
+      q_segment_ids=None if seg is None else seg.q,
+      kv_segment_ids=None if seg is None else seg.kv,
+    )
     return heads(blockwise.run(call, dataclasses.replace(opts, scale=1.0))).astype(qh.dtype)
 
   # Splash's residuals are these heads-first arrays: the linear map keeps no copy of q, k, v.
@@ -227,8 +260,9 @@ def compute(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpre
   return out
 
 
-def _run_per_shard(inputs: options.DenseInputs, opts: options.DenseOptions, *,
-                   interpret: bool = False):
+def _run_per_shard(
+  inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False
+):
   """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
   return _sharding.per_shard(lambda part, offsets: run(part, opts, interpret=interpret), inputs)
 

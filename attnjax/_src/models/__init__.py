@@ -22,18 +22,32 @@ def tokenizer(path: str):
   """
   file = os.path.join(os.fspath(path), "tokenizer.json")
   if not os.path.isfile(file):
-    raise FileNotFoundError(f"{file} does not exist: text needs the checkpoint's tokenizer "
-                            f"(copy its tokenizer.json into {os.fspath(path)!r}, e.g. from the "
-                            f"model's Hugging Face repository), or pass token ids instead (a "
-                            f".npy or .bin file)")
+    raise FileNotFoundError(
+      f"{file} does not exist: text needs the checkpoint's tokenizer "
+      f"(copy its tokenizer.json into {os.fspath(path)!r}, e.g. from the "
+      f"model's Hugging Face repository), or pass token ids instead (a "
+      f".npy or .bin file)"
+    )
   try:
     from tokenizers import Tokenizer
   except ImportError:
-    raise ImportError(f"reading text through {file} needs the 'tokenizers' package (pip install "
-                      f"'attnjax[pretrained]', or pip install tokenizers); or pass token ids "
-                      f"(a .npy or .bin file)") from None
+    raise ImportError(
+      f"reading text through {file} needs the 'tokenizers' package (pip install "
+      f"'attnjax[pretrained]', or pip install tokenizers); or pass token ids "
+      f"(a .npy or .bin file)"
+    ) from None
   return Tokenizer.from_file(file)
 
 
-__all__ = ["ARCHITECTURES", "Checkpoint", "CheckpointError", "SUPPORTED", "dequantize_mxfp4",
-           "from_pretrained", "logical_rules", "override_attention", "probe", "tokenizer"]
+__all__ = [
+  "ARCHITECTURES",
+  "Checkpoint",
+  "CheckpointError",
+  "SUPPORTED",
+  "dequantize_mxfp4",
+  "from_pretrained",
+  "logical_rules",
+  "override_attention",
+  "probe",
+  "tokenizer",
+]

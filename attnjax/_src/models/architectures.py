@@ -21,33 +21,87 @@ SLIDING = "sliding_attention"
 LAYER_TYPES = (FULL, SLIDING)
 
 # Config keys of every model type that do not change the forward pass of a causal LM.
-INERT_KEYS = frozenset({
-    "architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype",
-    "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
-    "decoder_start_token_id", "initializer_range", "attention_dropout", "output_attentions",
-    "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type",
-    "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "torchscript",
-    "use_bfloat16", "tf_legacy_loss", "chunk_size_feed_forward", "_attn_implementation",
-    "attn_implementation", "_attn_implementation_autoset", "_experts_implementation",
-    "is_decoder", "is_encoder_decoder", "tie_encoder_decoder", "cross_attention_hidden_size",
-    "max_position_embeddings", "gradient_checkpointing",
+INERT_KEYS = frozenset(
+  {
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "_name_or_path",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "initializer_range",
+    "attention_dropout",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "finetuning_task",
+    "tokenizer_class",
+    "prefix",
+    "task_specific_params",
+    "torchscript",
+    "use_bfloat16",
+    "tf_legacy_loss",
+    "chunk_size_feed_forward",
+    "_attn_implementation",
+    "attn_implementation",
+    "_attn_implementation_autoset",
+    "_experts_implementation",
+    "is_decoder",
+    "is_encoder_decoder",
+    "tie_encoder_decoder",
+    "cross_attention_hidden_size",
+    "max_position_embeddings",
+    "gradient_checkpointing",
     # generation settings older versions of transformers kept in config.json
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens",
-})
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "output_scores",
+    "return_dict_in_generate",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+  }
+)
 
 # Understood by every model type (checked by the loader itself).
-COMMON_KEYS = frozenset({"tie_word_embeddings", "pruned_heads", "add_cross_attention",
-                         "quantization_config"})
+COMMON_KEYS = frozenset(
+  {"tie_word_embeddings", "pruned_heads", "add_cross_attention", "quantization_config"}
+)
 
 ACTIVATIONS = {  # transformers' ACT2FN names -> ours
-    "silu": "silu", "swish": "silu",
-    "gelu": "gelu_exact",
-    "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+  "silu": "silu",
+  "swish": "silu",
+  "gelu": "gelu_exact",
+  "gelu_new": "gelu_tanh",
+  "gelu_pytorch_tanh": "gelu_tanh",
+  "gelu_fast": "gelu_tanh",
 }
 
 
@@ -103,8 +157,9 @@ class Config:
 def _activation(c: Config, key: str) -> str:
   name = c[key]
   if name not in ACTIVATIONS:
-    raise CheckpointError(f"config.json: {key}={name!r} is not supported (supported: "
-                          f"{sorted(ACTIVATIONS)})")
+    raise CheckpointError(
+      f"config.json: {key}={name!r} is not supported (supported: {sorted(ACTIVATIONS)})"
+    )
   return ACTIVATIONS[name]
 
 
@@ -126,16 +181,20 @@ def _rope(c: Config, params: dict, default_theta: float):
   params.pop("type", None)
   partial = params.pop("partial_rotary_factor", c.raw.get("partial_rotary_factor", 1.0))
   if partial not in (None, 1, 1.0):
-    raise CheckpointError(f"config.json: partial_rotary_factor={partial} (RoPE on part of the "
-                          f"head) is not supported for model_type={c.raw.get('model_type')!r}")
+    raise CheckpointError(
+      f"config.json: partial_rotary_factor={partial} (RoPE on part of the "
+      f"head) is not supported for model_type={c.raw.get('model_type')!r}"
+    )
   if kind == "default":
     if params:
-      raise CheckpointError(f"config.json: RoPE parameters {sorted(params)} of rope_type "
-                            f"'default' are not understood")
+      raise CheckpointError(
+        f"config.json: RoPE parameters {sorted(params)} of rope_type 'default' are not understood"
+      )
     return float(theta), None
   if kind not in ("linear", "llama3", "yarn"):
-    raise CheckpointError(f"config.json: rope_type={kind!r} is not supported (supported: "
-                          f"default, linear, llama3, yarn)")
+    raise CheckpointError(
+      f"config.json: rope_type={kind!r} is not supported (supported: default, linear, llama3, yarn)"
+    )
   if kind in ("llama3", "yarn"):
     params.setdefault("original_max_position_embeddings", c["max_position_embeddings"])
   if kind == "yarn" and params.get("factor") is None:
@@ -151,11 +210,13 @@ def _rope(c: Config, params: dict, default_theta: float):
 
 def _check_common(c: Config) -> None:
   if c.raw.get("add_cross_attention"):
-    raise CheckpointError("config.json: add_cross_attention=true (an encoder-decoder "
-                          "cross-attention) is not supported")
+    raise CheckpointError(
+      "config.json: add_cross_attention=true (an encoder-decoder cross-attention) is not supported"
+    )
   if c.raw.get("pruned_heads"):
-    raise CheckpointError(f"config.json: pruned_heads={c.raw['pruned_heads']} (pruned "
-                          f"attention heads) is not supported")
+    raise CheckpointError(
+      f"config.json: pruned_heads={c.raw['pruned_heads']} (pruned attention heads) is not supported"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -172,20 +233,26 @@ def _transpose(x):
 
 def _columns(start: int, stop: int):
   """A slice of the last axis (GPT-2's fused q/k/v)."""
+
   def convert(x):
     return np.ascontiguousarray(x[..., start:stop])
+
   return convert
 
 
 def _every_other(offset: int):
   """gpt-oss's interleaved gate (even) / up (odd) columns."""
+
   def convert(x):
     return np.ascontiguousarray(x[..., offset::2])
+
   return convert
 
 
-FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                       -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+FP4_VALUES = np.array(
+  [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+  np.float32,
+)
 
 
 def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -251,9 +318,10 @@ class Architecture:
     unknown = sorted(k for k in config if k not in known)
     if unknown:
       raise CheckpointError(
-          f"config.json of model_type={self.model_type!r} has keys the loader does not "
-          f"understand: {unknown}. They may change the computation, so the model is not "
-          f"built; if a key is known not to affect the forward pass, remove it from config.json")
+        f"config.json of model_type={self.model_type!r} has keys the loader does not "
+        f"understand: {unknown}. They may change the computation, so the model is not "
+        f"built; if a key is known not to affect the forward pass, remove it from config.json"
+      )
 
   def quant_method(self, config: dict) -> Optional[str]:
     """``quantization_config``'s ``quant_method`` (None: not quantised); raises if not read."""
@@ -263,8 +331,9 @@ class Architecture:
     method = q.get("quant_method") if isinstance(q, dict) else None
     if method not in self.quantizations:
       raise CheckpointError(
-          f"config.json: quantization_config with quant_method={method!r} is not supported "
-          f"for model_type={self.model_type!r} (supported: {list(self.quantizations)})")
+        f"config.json: quantization_config with quant_method={method!r} is not supported "
+        f"for model_type={self.model_type!r} (supported: {list(self.quantizations)})"
+      )
     return method
 
   def read_config(self, config: dict) -> Config:
@@ -295,8 +364,9 @@ def register(cls: type) -> type:
     if not getattr(cls, name):
       raise TypeError(f"{cls.__name__} must set {name} to be registered")
   if cls.model_type in ARCHITECTURES:
-    raise ValueError(f"model_type={cls.model_type!r} is already registered "
-                     f"({ARCHITECTURES[cls.model_type]!r})")
+    raise ValueError(
+      f"model_type={cls.model_type!r} is already registered ({ARCHITECTURES[cls.model_type]!r})"
+    )
   ARCHITECTURES[cls.model_type] = cls()
   return cls
 
@@ -310,25 +380,59 @@ class GPT2(Architecture):
   """GPT-2: learned positions, LayerNorm with bias, ``Conv1D`` weights already ``[in, out]``."""
 
   model_type = "gpt2"
-  summary = ('`norm="layer"`, `learned_positions`, `rope_theta=None`, `mlp="gelu"`, '
-             '`mlp_bias`, `qkv_bias`, `out_bias`, tied head')
-  maps_to = ('`norm="layer"` (with bias), `learned_positions=n_positions`, `rope_theta=None`, '
-             '`mlp="gelu"` (`gelu_new` -> `mlp_activation="gelu_tanh"`, `gelu` -> '
-             '`"gelu_exact"`), `mlp_bias`, `qkv_bias`, `out_bias`, tied head; Conv1D weights '
-             'are already `[in, out]`; `scale_attn_by_inverse_layer_idx` -> dense `scale` per '
-             'layer')
-  understood = frozenset({"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
-                          "activation_function", "layer_norm_epsilon", "scale_attn_weights",
-                          "scale_attn_by_inverse_layer_idx"})
+  summary = (
+    '`norm="layer"`, `learned_positions`, `rope_theta=None`, `mlp="gelu"`, '
+    '`mlp_bias`, `qkv_bias`, `out_bias`, tied head'
+  )
+  maps_to = (
+    '`norm="layer"` (with bias), `learned_positions=n_positions`, `rope_theta=None`, '
+    '`mlp="gelu"` (`gelu_new` -> `mlp_activation="gelu_tanh"`, `gelu` -> '
+    '`"gelu_exact"`), `mlp_bias`, `qkv_bias`, `out_bias`, tied head; Conv1D weights '
+    'are already `[in, out]`; `scale_attn_by_inverse_layer_idx` -> dense `scale` per '
+    'layer'
+  )
+  understood = frozenset(
+    {
+      "vocab_size",
+      "n_positions",
+      "n_embd",
+      "n_layer",
+      "n_head",
+      "n_inner",
+      "activation_function",
+      "layer_norm_epsilon",
+      "scale_attn_weights",
+      "scale_attn_by_inverse_layer_idx",
+    }
+  )
   # reorder_and_upcast_attn computes the same logits in float32 (a precision choice);
   # summary_* configure the multiple-choice head of GPT2DoubleHeadsModel.
-  inert = frozenset({"n_ctx", "resid_pdrop", "embd_pdrop", "attn_pdrop", "reorder_and_upcast_attn",
-                     "summary_type", "summary_use_proj", "summary_activation",
-                     "summary_proj_to_labels", "summary_first_dropout"})
-  defaults = dict(n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
-                  activation_function="gelu_new", layer_norm_epsilon=1e-5,
-                  scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-                  tie_word_embeddings=True)
+  inert = frozenset(
+    {
+      "n_ctx",
+      "resid_pdrop",
+      "embd_pdrop",
+      "attn_pdrop",
+      "reorder_and_upcast_attn",
+      "summary_type",
+      "summary_use_proj",
+      "summary_activation",
+      "summary_proj_to_labels",
+      "summary_first_dropout",
+    }
+  )
+  defaults = dict(
+    n_positions=1024,
+    n_embd=768,
+    n_layer=12,
+    n_head=12,
+    n_inner=None,
+    activation_function="gelu_new",
+    layer_norm_epsilon=1e-5,
+    scale_attn_weights=True,
+    scale_attn_by_inverse_layer_idx=False,
+    tie_word_embeddings=True,
+  )
   prefixes = ("transformer.",)
 
   def ignored(self, name: str) -> bool:
@@ -348,30 +452,48 @@ class GPT2(Architecture):
     H = D // N
     activation = _activation(c, "activation_function")
     if activation == "silu":
-      raise CheckpointError("config.json: activation_function='silu' is not supported for gpt2 "
-                            "(its MLP is ungated)")
+      raise CheckpointError(
+        "config.json: activation_function='silu' is not supported for gpt2 (its MLP is ungated)"
+      )
     layers = []
     for i in range(L):
-      scale = H ** -0.5 if c.flag("scale_attn_weights") else 1.0
+      scale = H**-0.5 if c.flag("scale_attn_weights") else 1.0
       if c.flag("scale_attn_by_inverse_layer_idx"):
         scale /= float(i + 1)
-      layers.append(nn.AttentionConfig(num_heads=N, head_dim=H, rope_theta=None, qkv_bias=True,
-                                       out_bias=True, scale=None if scale == H ** -0.5 else scale))
+      layers.append(
+        nn.AttentionConfig(
+          num_heads=N,
+          head_dim=H,
+          rope_theta=None,
+          qkv_bias=True,
+          out_bias=True,
+          scale=None if scale == H**-0.5 else scale,
+        )
+      )
     same = all(a == layers[0] for a in layers)
     return nn.ModelConfig(
-        vocab_size=c.int("vocab_size"), d_model=D, num_layers=L, attention=layers[0],
-        layer_attention=None if same else tuple(layers), mlp="gelu",
-        mlp_dim=c["n_inner"] or 4 * D, mlp_activation=activation, mlp_bias=True, norm="layer",
-        norm_eps=float(c["layer_norm_epsilon"]), tie_embeddings=c.flag("tie_word_embeddings"),
-        learned_positions=c.int("n_positions"))
+      vocab_size=c.int("vocab_size"),
+      d_model=D,
+      num_layers=L,
+      attention=layers[0],
+      layer_attention=None if same else tuple(layers),
+      mlp="gelu",
+      mlp_dim=c["n_inner"] or 4 * D,
+      mlp_activation=activation,
+      mlp_bias=True,
+      norm="layer",
+      norm_eps=float(c["layer_norm_epsilon"]),
+      tie_embeddings=c.flag("tie_word_embeddings"),
+      learned_positions=c.int("n_positions"),
+    )
 
   def tensors(self, config: dict, mcfg) -> dict:
     D, V, I, P = mcfg.d_model, mcfg.vocab_size, mcfg.hidden_dim, mcfg.learned_positions
     rules: dict[Path, Rule] = {
-        ("embed", "embedding"): Rule(("wte.weight",), ((V, D),), _same),
-        ("position_embed", "embedding"): Rule(("wpe.weight",), ((P, D),), _same),
-        ("final_norm", "scale"): Rule(("ln_f.weight",), ((D,),), _same),
-        ("final_norm", "bias"): Rule(("ln_f.bias",), ((D,),), _same),
+      ("embed", "embedding"): Rule(("wte.weight",), ((V, D),), _same),
+      ("position_embed", "embedding"): Rule(("wpe.weight",), ((P, D),), _same),
+      ("final_norm", "scale"): Rule(("ln_f.weight",), ((D,),), _same),
+      ("final_norm", "bias"): Rule(("ln_f.bias",), ((D,),), _same),
     }
     if not mcfg.tie_embeddings:
       rules[("head", "kernel")] = Rule(("lm_head.weight",), ((V, D),), _transpose)
@@ -383,13 +505,17 @@ class GPT2(Architecture):
       # Conv1D stores [in, out]: our kernels' layout. c_attn's columns are q, k, v.
       for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
         cols = _columns(j * D, (j + 1) * D)
-        rules[blk + ("attention", proj, "kernel")] = Rule((f"{pre}attn.c_attn.weight",),
-                                                          ((D, 3 * D),), cols)
-        rules[blk + ("attention", proj, "bias")] = Rule((f"{pre}attn.c_attn.bias",),
-                                                        ((3 * D,),), cols)
-      for ours, theirs, shape in ((("attention", "o_proj"), "attn.c_proj", (D, D)),
-                                  (("mlp", "up"), "mlp.c_fc", (D, I)),
-                                  (("mlp", "down"), "mlp.c_proj", (I, D))):
+        rules[blk + ("attention", proj, "kernel")] = Rule(
+          (f"{pre}attn.c_attn.weight",), ((D, 3 * D),), cols
+        )
+        rules[blk + ("attention", proj, "bias")] = Rule(
+          (f"{pre}attn.c_attn.bias",), ((3 * D,),), cols
+        )
+      for ours, theirs, shape in (
+        (("attention", "o_proj"), "attn.c_proj", (D, D)),
+        (("mlp", "up"), "mlp.c_fc", (D, I)),
+        (("mlp", "down"), "mlp.c_proj", (I, D)),
+      ):
         rules[blk + ours + ("kernel",)] = Rule((f"{pre}{theirs}.weight",), (shape,), _same)
         rules[blk + ours + ("bias",)] = Rule((f"{pre}{theirs}.bias",), ((shape[1],),), _same)
     return rules
@@ -406,9 +532,15 @@ def _alternating(L: int) -> list[str]:
 
 def _qk_norm(c: Config, scope: str, gain_offset: float) -> dict[str, Any]:
   """``family="qk_norm"``: RMSNorm of q and k with gains, before RoPE, over ``scope``."""
-  return dict(family="qk_norm", qk_norm="rms", qk_norm_eps=float(c["rms_norm_eps"]),
-              qk_norm_gain=True, qk_norm_placement="before_rope", qk_norm_scope=scope,
-              qk_norm_gain_offset=gain_offset)
+  return dict(
+    family="qk_norm",
+    qk_norm="rms",
+    qk_norm_eps=float(c["rms_norm_eps"]),
+    qk_norm_gain=True,
+    qk_norm_placement="before_rope",
+    qk_norm_scope=scope,
+    qk_norm_gain_offset=gain_offset,
+  )
 
 
 class LlamaStyle(Architecture):
@@ -422,18 +554,39 @@ class LlamaStyle(Architecture):
   and ``mlp_tensors``. ``build`` and ``tensors`` put them together.
   """
 
-  understood = frozenset({"vocab_size", "hidden_size", "intermediate_size",
-                          "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                          "head_dim", "hidden_act", "rms_norm_eps", "rope_theta",
-                          "rope_scaling", "rope_parameters", "partial_rotary_factor"})
-  defaults = dict(hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
-                  attention_bias=False, mlp_bias=False, max_position_embeddings=2048)
+  understood = frozenset(
+    {
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "num_key_value_heads",
+      "head_dim",
+      "hidden_act",
+      "rms_norm_eps",
+      "rope_theta",
+      "rope_scaling",
+      "rope_parameters",
+      "partial_rotary_factor",
+    }
+  )
+  defaults = dict(
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    mlp_bias=False,
+    max_position_embeddings=2048,
+  )
   prefixes = ("model.",)
   activation_key: ClassVar[str] = "hidden_act"
   rope_theta: ClassVar[float] = 10000.0
   # (ours, theirs) of each block's norms: pre-norm.
-  norm_names: ClassVar[tuple] = (("attn_norm", "input_layernorm"),
-                                 ("mlp_norm", "post_attention_layernorm"))
+  norm_names: ClassVar[tuple] = (
+    ("attn_norm", "input_layernorm"),
+    ("mlp_norm", "post_attention_layernorm"),
+  )
 
   def ignored(self, name: str) -> bool:
     return name.endswith("rotary_emb.inv_freq")
@@ -495,15 +648,15 @@ class LlamaStyle(Architecture):
       rules[path + (proj, "kernel")] = Rule((f"{pre}{proj}.weight",), ((rows, D),), _transpose)
       if a.qkv_bias:
         rules[path + (proj, "bias")] = Rule((f"{pre}{proj}.bias",), ((rows,),), _same)
-    rules[path + ("o_proj", "kernel")] = Rule((f"{pre}o_proj.weight",), ((D, N * H),),
-                                              _transpose)
+    rules[path + ("o_proj", "kernel")] = Rule((f"{pre}o_proj.weight",), ((D, N * H),), _transpose)
     if a.out_bias:
       rules[path + ("o_proj", "bias")] = Rule((f"{pre}o_proj.bias",), ((D,),), _same)
     if a.family == "qk_norm":
       projection = a.qk_norm_scope == "projection"
       for name, heads in (("q", N), ("k", K)):
         rules[path + (f"{name}_gain",)] = Rule(
-            (f"{pre}{name}_norm.weight",), ((heads * H if projection else H,),), _same)
+          (f"{pre}{name}_norm.weight",), ((heads * H if projection else H,),), _same
+        )
     return rules
 
   def mlp_tensors(self, config: dict, pre: str, path: Path, mcfg) -> dict[Path, Rule]:
@@ -511,8 +664,11 @@ class LlamaStyle(Architecture):
     del config
     D, I = mcfg.d_model, mcfg.hidden_dim
     rules: dict[Path, Rule] = {}
-    for proj, ours, shape in (("gate_proj", "gate", (I, D)), ("up_proj", "up", (I, D)),
-                              ("down_proj", "down", (D, I))):
+    for proj, ours, shape in (
+      ("gate_proj", "gate", (I, D)),
+      ("up_proj", "up", (I, D)),
+      ("down_proj", "down", (D, I)),
+    ):
       rules[path + (ours, "kernel")] = Rule((f"{pre}{proj}.weight",), (shape,), _transpose)
       if mcfg.mlp_bias:
         rules[path + (ours, "bias")] = Rule((f"{pre}{proj}.bias",), ((shape[0],),), _same)
@@ -526,12 +682,15 @@ class LlamaStyle(Architecture):
     if types is None:
       types = self.default_layer_types(c, L)
     if not isinstance(types, list) or len(types) != L:
-      raise CheckpointError(f"config.json: layer_types must list num_hidden_layers={L} "
-                            f"entries, got {types!r}")
+      raise CheckpointError(
+        f"config.json: layer_types must list num_hidden_layers={L} entries, got {types!r}"
+      )
     for t in types:
       if t not in LAYER_TYPES:
-        raise CheckpointError(f"config.json: layer_types entry {t!r} is not supported "
-                              f"(supported: {', '.join(LAYER_TYPES)})")
+        raise CheckpointError(
+          f"config.json: layer_types entry {t!r} is not supported "
+          f"(supported: {', '.join(LAYER_TYPES)})"
+        )
     return list(types)
 
   def layer_types(self, config: dict) -> list[str]:
@@ -545,11 +704,15 @@ class LlamaStyle(Architecture):
     K = c["num_key_value_heads"] or N
     H = self.head_dim(c, D, N)
     if c.raw.get("rope_interleaved"):
-      raise CheckpointError("config.json: rope_interleaved=true (RoPE on interleaved pairs) is "
-                            "not how transformers computes this model; not supported")
+      raise CheckpointError(
+        "config.json: rope_interleaved=true (RoPE on interleaved pairs) is "
+        "not how transformers computes this model; not supported"
+      )
     if c.raw.get("use_bidirectional_attention"):
-      raise CheckpointError("config.json: use_bidirectional_attention=true (an encoder) is not "
-                            "supported; a causal language model is loaded")
+      raise CheckpointError(
+        "config.json: use_bidirectional_attention=true (an encoder) is not "
+        "supported; a causal language model is loaded"
+      )
     mlp = self.mlp(c)
     qkv_bias, out_bias = self.attention_bias(c)
     layers = []
@@ -560,27 +723,45 @@ class LlamaStyle(Architecture):
       if window is not None:
         options["window"] = window
       family = options.pop("family", "dense")
-      layers.append(nn.AttentionConfig(family, num_heads=N, num_kv_heads=K, head_dim=H,
-                                       rope_theta=theta, rope_scaling=scaling, qkv_bias=qkv_bias,
-                                       out_bias=out_bias, **options))
+      layers.append(
+        nn.AttentionConfig(
+          family,
+          num_heads=N,
+          num_kv_heads=K,
+          head_dim=H,
+          rope_theta=theta,
+          rope_scaling=scaling,
+          qkv_bias=qkv_bias,
+          out_bias=out_bias,
+          **options,
+        )
+      )
     same = all(a == layers[0] for a in layers)
     return nn.ModelConfig(
-        vocab_size=c.int("vocab_size"), d_model=D, num_layers=len(layers), attention=layers[0],
-        layer_attention=None if same else tuple(layers), norm_eps=float(c["rms_norm_eps"]),
-        tie_embeddings=c.flag("tie_word_embeddings"), **mlp, **self.model_options(c, D))
+      vocab_size=c.int("vocab_size"),
+      d_model=D,
+      num_layers=len(layers),
+      attention=layers[0],
+      layer_attention=None if same else tuple(layers),
+      norm_eps=float(c["rms_norm_eps"]),
+      tie_embeddings=c.flag("tie_word_embeddings"),
+      **mlp,
+      **self.model_options(c, D),
+    )
 
   def tensors(self, config: dict, mcfg) -> dict:
     D, V = mcfg.d_model, mcfg.vocab_size
     rules: dict[Path, Rule] = {
-        ("embed", "embedding"): Rule(("embed_tokens.weight",), ((V, D),), _same),
-        ("final_norm", "scale"): Rule(("norm.weight",), ((D,),), _same),
+      ("embed", "embedding"): Rule(("embed_tokens.weight",), ((V, D),), _same),
+      ("final_norm", "scale"): Rule(("norm.weight",), ((D,),), _same),
     }
     if not mcfg.tie_embeddings:
       rules[("head", "kernel")] = Rule(("lm_head.weight",), ((V, D),), _transpose)
     for i in range(mcfg.num_layers):
       pre, blk = f"layers.{i}.", ("blocks", i)
-      rules.update(self.attention_tensors(pre + "self_attn.", blk + ("attention",),
-                                          mcfg.attention_for(i), D))
+      rules.update(
+        self.attention_tensors(pre + "self_attn.", blk + ("attention",), mcfg.attention_for(i), D)
+      )
       for ours, theirs in self.norm_names:
         rules[blk + (ours, "scale")] = Rule((f"{pre}{theirs}.weight",), ((D,),), _same)
       rules.update(self.mlp_tensors(config, pre + "mlp.", blk + ("mlp",), mcfg))
@@ -598,9 +779,11 @@ class Llama(LlamaStyle):
   model_type = "llama"
   known_as = "Llama 2/3, SmolLM"
   summary = '`norm="rms"`, `mlp="swiglu"`, GQA, `rope_scaling` (`linear`, `llama3`, `yarn`)'
-  maps_to = ('`norm="rms"`, `mlp="swiglu"`, `num_kv_heads` (GQA), `rope_theta` + '
-             '`rope_scaling` (`linear`, `llama3`, `yarn`), `attention_bias` -> '
-             '`qkv_bias`/`out_bias`, `mlp_bias`, tied or untied')
+  maps_to = (
+    '`norm="rms"`, `mlp="swiglu"`, `num_kv_heads` (GQA), `rope_theta` + '
+    '`rope_scaling` (`linear`, `llama3`, `yarn`), `attention_bias` -> '
+    '`qkv_bias`/`out_bias`, `mlp_bias`, tied or untied'
+  )
   understood = LlamaStyle.understood | {"attention_bias", "mlp_bias", "rope_interleaved"}
   # pretraining_tp sliced Llama 2's matmuls (the same sums); SmolLM's configs carry nanotron's
   # is_llama_config and rope_interleaved, which transformers does not read (false: checked).
@@ -618,8 +801,12 @@ class Mistral(LlamaStyle):
   summary = "as llama, `window=sliding_window - 1` on every layer"
   maps_to = "as llama, `window = sliding_window - 1` on every layer"
   understood = LlamaStyle.understood | {"sliding_window"}
-  defaults = dict(LlamaStyle.defaults, max_position_embeddings=4096 * 32,
-                  num_key_value_heads=8, sliding_window=4096)
+  defaults = dict(
+    LlamaStyle.defaults,
+    max_position_embeddings=4096 * 32,
+    num_key_value_heads=8,
+    sliding_window=4096,
+  )
 
   def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     return [FULL if c["sliding_window"] is None else SLIDING] * num_layers
@@ -631,12 +818,23 @@ class Qwen2(LlamaStyle):
 
   model_type = "qwen2"
   summary = "as llama with `qkv_bias`; windows from `max_window_layers`"
-  maps_to = ("as llama, `qkv_bias=True`; with `use_sliding_window`, windows on the layers from "
-             "`max_window_layers` (`layer_attention`)")
-  understood = LlamaStyle.understood | {"use_sliding_window", "sliding_window",
-                                        "max_window_layers", "layer_types"}
-  defaults = dict(LlamaStyle.defaults, max_position_embeddings=32768, use_sliding_window=False,
-                  sliding_window=4096, max_window_layers=28)
+  maps_to = (
+    "as llama, `qkv_bias=True`; with `use_sliding_window`, windows on the layers from "
+    "`max_window_layers` (`layer_attention`)"
+  )
+  understood = LlamaStyle.understood | {
+    "use_sliding_window",
+    "sliding_window",
+    "max_window_layers",
+    "layer_types",
+  }
+  defaults = dict(
+    LlamaStyle.defaults,
+    max_position_embeddings=32768,
+    use_sliding_window=False,
+    sliding_window=4096,
+    max_window_layers=28,
+  )
 
   def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     windowed = c.flag("use_sliding_window") and c["sliding_window"] is not None
@@ -657,8 +855,10 @@ class Qwen3(Qwen2):
 
   model_type = "qwen3"
   summary = 'as llama, `family="qk_norm"` (per head); windows as qwen2'
-  maps_to = ('`family="qk_norm"` (RMSNorm per head, before RoPE, gains `[H]`), explicit '
-             '`head_dim`, windows as qwen2')
+  maps_to = (
+    '`family="qk_norm"` (RMSNorm per head, before RoPE, gains `[H]`), explicit '
+    '`head_dim`, windows as qwen2'
+  )
   understood = Qwen2.understood | {"attention_bias"}
   defaults = dict(Qwen2.defaults, head_dim=128)
 
@@ -674,26 +874,46 @@ class Gemma2(LlamaStyle):
   """Gemma 2: ``(1 + w)`` sandwich norms, GeGLU, scaled embedding, softcaps, alternating windows."""
 
   model_type = "gemma2"
-  summary = ('`norm="rms_plus_one"`, `norm_placement="sandwich"`, `mlp="geglu"`, '
-             '`embed_scale`, `scale`, `softcap`, `final_softcap`, alternating windows')
-  maps_to = ('`norm="rms_plus_one"` (`(1 + w)`, float32), `norm_placement="sandwich"`, '
-             '`mlp="geglu"`, `embed_scale=sqrt(D)`, dense '
-             '`scale=query_pre_attn_scalar ** -0.5`, `softcap`, `final_softcap`, alternating '
-             'window / global layers')
+  summary = (
+    '`norm="rms_plus_one"`, `norm_placement="sandwich"`, `mlp="geglu"`, '
+    '`embed_scale`, `scale`, `softcap`, `final_softcap`, alternating windows'
+  )
+  maps_to = (
+    '`norm="rms_plus_one"` (`(1 + w)`, float32), `norm_placement="sandwich"`, '
+    '`mlp="geglu"`, `embed_scale=sqrt(D)`, dense '
+    '`scale=query_pre_attn_scalar ** -0.5`, `softcap`, `final_softcap`, alternating '
+    'window / global layers'
+  )
   understood = LlamaStyle.understood | {
-      "attention_bias", "hidden_activation", "query_pre_attn_scalar", "sliding_window",
-      "layer_types", "final_logit_softcapping", "attn_logit_softcapping",
-      "use_bidirectional_attention"}
+    "attention_bias",
+    "hidden_activation",
+    "query_pre_attn_scalar",
+    "sliding_window",
+    "layer_types",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "use_bidirectional_attention",
+  }
   # Gemma's modelling reads hidden_activation; older configs also carry an unused hidden_act.
   inert = frozenset({"hidden_act", "cache_implementation", "sliding_window_size"})
-  defaults = dict(LlamaStyle.defaults, hidden_activation="gelu_pytorch_tanh",
-                  tie_word_embeddings=True, head_dim=256, query_pre_attn_scalar=256,
-                  sliding_window=4096, final_logit_softcapping=30.0,
-                  attn_logit_softcapping=50.0, max_position_embeddings=8192)
+  defaults = dict(
+    LlamaStyle.defaults,
+    hidden_activation="gelu_pytorch_tanh",
+    tie_word_embeddings=True,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    final_logit_softcapping=30.0,
+    attn_logit_softcapping=50.0,
+    max_position_embeddings=8192,
+  )
   activation_key = "hidden_activation"
-  norm_names = (("attn_norm", "input_layernorm"), ("attn_post_norm", "post_attention_layernorm"),
-                ("mlp_norm", "pre_feedforward_layernorm"),
-                ("mlp_post_norm", "post_feedforward_layernorm"))
+  norm_names = (
+    ("attn_norm", "input_layernorm"),
+    ("attn_post_norm", "post_attention_layernorm"),
+    ("mlp_norm", "pre_feedforward_layernorm"),
+    ("mlp_post_norm", "post_feedforward_layernorm"),
+  )
 
   def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
     return _alternating(num_layers)
@@ -705,8 +925,9 @@ class Gemma2(LlamaStyle):
     return options
 
   def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
-    options: dict[str, Any] = dict(norm="rms_plus_one", norm_placement="sandwich",
-                                   embed_scale=float(d_model) ** 0.5)
+    options: dict[str, Any] = dict(
+      norm="rms_plus_one", norm_placement="sandwich", embed_scale=float(d_model) ** 0.5
+    )
     if c["final_logit_softcapping"] is not None:
       options["final_softcap"] = float(c["final_logit_softcapping"])
     return options
@@ -718,12 +939,21 @@ class Gemma3Text(Gemma2):
 
   model_type = "gemma3_text"
   summary = 'as gemma2 with `family="qk_norm"`, local / global RoPE'
-  maps_to = ('as gemma2 with `family="qk_norm"` (`qk_norm_gain_offset=1`, `scale`), local / '
-             'global `rope_theta` and `rope_scaling` per layer, `sliding_window_pattern`')
-  understood = Gemma2.understood | {"rope_local_base_freq", "sliding_window_pattern",
-                                    "_sliding_window_pattern"}
-  defaults = dict(Gemma2.defaults, final_logit_softcapping=None, attn_logit_softcapping=None,
-                  max_position_embeddings=131072)
+  maps_to = (
+    'as gemma2 with `family="qk_norm"` (`qk_norm_gain_offset=1`, `scale`), local / '
+    'global `rope_theta` and `rope_scaling` per layer, `sliding_window_pattern`'
+  )
+  understood = Gemma2.understood | {
+    "rope_local_base_freq",
+    "sliding_window_pattern",
+    "_sliding_window_pattern",
+  }
+  defaults = dict(
+    Gemma2.defaults,
+    final_logit_softcapping=None,
+    attn_logit_softcapping=None,
+    max_position_embeddings=131072,
+  )
   rope_theta = 1_000_000.0
   local_rope_theta: ClassVar[float] = 10_000.0
 
@@ -754,12 +984,16 @@ class Olmo2(LlamaStyle):
 
   model_type = "olmo2"
   summary = '`family="qk_norm"` with `qk_norm_scope="projection"`, `norm_placement="post"`'
-  maps_to = ('`family="qk_norm"` with `qk_norm_scope="projection"` (RMSNorm over all heads\' '
-             '`N H` before the split), `norm_placement="post"`')
+  maps_to = (
+    '`family="qk_norm"` with `qk_norm_scope="projection"` (RMSNorm over all heads\' '
+    '`N H` before the split), `norm_placement="post"`'
+  )
   understood = LlamaStyle.understood | {"attention_bias"}
   defaults = dict(LlamaStyle.defaults, rms_norm_eps=1e-5)
-  norm_names = (("attn_post_norm", "post_attention_layernorm"),
-                ("mlp_post_norm", "post_feedforward_layernorm"))
+  norm_names = (
+    ("attn_post_norm", "post_attention_layernorm"),
+    ("mlp_post_norm", "post_feedforward_layernorm"),
+  )
 
   def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
     return d_model // num_heads  # head_dim is not a key of its config
@@ -776,24 +1010,49 @@ class GptOss(LlamaStyle):
   """gpt-oss: sink logits, alternating windows, YaRN, top-k experts (MXFP4 or not)."""
 
   model_type = "gpt_oss"
-  summary = ('`sink_logits=True`, alternating windows, yarn RoPE, `mlp="moe"` (top-k routing, '
-             'exact), MXFP4 experts dequantised')
-  maps_to = ('`sink_logits=True`, alternating windows, `rope_scaling` yarn, '
-             '`qkv_bias`/`out_bias`, `mlp="moe"` (`num_experts`, `experts_per_token`, '
-             '`moe_alpha`, `moe_limit`: gpt-oss\'s clamped SwiGLU with top-k routing, computed '
-             'exactly); MXFP4 experts are dequantised')
-  understood = LlamaStyle.understood | {"attention_bias", "sliding_window", "layer_types",
-                                        "num_local_experts", "num_experts_per_tok",
-                                        "swiglu_alpha", "swiglu_limit"}
+  summary = (
+    '`sink_logits=True`, alternating windows, yarn RoPE, `mlp="moe"` (top-k routing, '
+    'exact), MXFP4 experts dequantised'
+  )
+  maps_to = (
+    '`sink_logits=True`, alternating windows, `rope_scaling` yarn, '
+    '`qkv_bias`/`out_bias`, `mlp="moe"` (`num_experts`, `experts_per_token`, '
+    '`moe_alpha`, `moe_limit`: gpt-oss\'s clamped SwiGLU with top-k routing, computed '
+    'exactly); MXFP4 experts are dequantised'
+  )
+  understood = LlamaStyle.understood | {
+    "attention_bias",
+    "sliding_window",
+    "layer_types",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "swiglu_alpha",
+    "swiglu_limit",
+  }
   # gpt-oss's own names beside transformers' (experts_per_token), the router's training loss.
-  inert = frozenset({"router_aux_loss_coef", "output_router_logits", "experts_per_token",
-                     "initial_context_length"})
-  defaults = dict(LlamaStyle.defaults, rms_norm_eps=1e-5, attention_bias=True, head_dim=64,
-                  sliding_window=128, num_local_experts=128, num_experts_per_tok=4,
-                  swiglu_alpha=1.702, swiglu_limit=7.0, max_position_embeddings=131072,
-                  rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0,
-                                       beta_slow=1.0, truncate=False,
-                                       original_max_position_embeddings=4096))
+  inert = frozenset(
+    {"router_aux_loss_coef", "output_router_logits", "experts_per_token", "initial_context_length"}
+  )
+  defaults = dict(
+    LlamaStyle.defaults,
+    rms_norm_eps=1e-5,
+    attention_bias=True,
+    head_dim=64,
+    sliding_window=128,
+    num_local_experts=128,
+    num_experts_per_tok=4,
+    swiglu_alpha=1.702,
+    swiglu_limit=7.0,
+    max_position_embeddings=131072,
+    rope_parameters=dict(
+      rope_type="yarn",
+      factor=32.0,
+      beta_fast=32.0,
+      beta_slow=1.0,
+      truncate=False,
+      original_max_position_embeddings=4096,
+    ),
+  )
   quantizations = ("mxfp4",)
   rope_theta = 150000.0
 
@@ -805,11 +1064,14 @@ class GptOss(LlamaStyle):
 
   def mlp(self, c: Config) -> dict[str, Any]:
     _activation(c, self.activation_key)  # checked, though the experts' SwiGLU is fixed
-    return dict(mlp="moe", mlp_dim=c.int("intermediate_size"),
-                num_experts=c.int("num_local_experts"),
-                experts_per_token=c.int("num_experts_per_tok"),
-                moe_alpha=float(c["swiglu_alpha"]),
-                moe_limit=None if c["swiglu_limit"] is None else float(c["swiglu_limit"]))
+    return dict(
+      mlp="moe",
+      mlp_dim=c.int("intermediate_size"),
+      num_experts=c.int("num_local_experts"),
+      experts_per_token=c.int("num_experts_per_tok"),
+      moe_alpha=float(c["swiglu_alpha"]),
+      moe_limit=None if c["swiglu_limit"] is None else float(c["swiglu_limit"]),
+    )
 
   def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
     rules = super().attention_tensors(pre, path, a, d_model)
@@ -821,12 +1083,11 @@ class GptOss(LlamaStyle):
     E, D, I = mcfg.num_experts, mcfg.d_model, mcfg.hidden_dim
     ex = f"{pre}experts."
     rules = {
-        path + ("router", "kernel"): Rule((f"{pre}router.weight",), ((E, D),), _transpose),
-        path + ("router", "bias"): Rule((f"{pre}router.bias",), ((E,),), _same),
-        path + ("gate_bias",): Rule((f"{ex}gate_up_proj_bias",), ((E, 2 * I),),
-                                    _every_other(0)),
-        path + ("up_bias",): Rule((f"{ex}gate_up_proj_bias",), ((E, 2 * I),), _every_other(1)),
-        path + ("down_bias",): Rule((f"{ex}down_proj_bias",), ((E, D),), _same),
+      path + ("router", "kernel"): Rule((f"{pre}router.weight",), ((E, D),), _transpose),
+      path + ("router", "bias"): Rule((f"{pre}router.bias",), ((E,),), _same),
+      path + ("gate_bias",): Rule((f"{ex}gate_up_proj_bias",), ((E, 2 * I),), _every_other(0)),
+      path + ("up_bias",): Rule((f"{ex}gate_up_proj_bias",), ((E, 2 * I),), _every_other(1)),
+      path + ("down_bias",): Rule((f"{ex}down_proj_bias",), ((E, D),), _same),
     }
     if self.quant_method(config) == "mxfp4":
       rules.update(_mxfp4_expert_rules(ex, path, E, D, I))
@@ -841,16 +1102,22 @@ class GptOss(LlamaStyle):
 def _mxfp4_expert_rules(ex: str, path: Path, E: int, D: int, I: int) -> dict[Path, Rule]:
   """gpt-oss's experts in MXFP4 (``*_blocks`` and ``*_scales``), dequantised as they are read."""
   if D % 32 or I % 32:
-    raise CheckpointError(f"config.json: mxfp4 experts need hidden_size={D} and "
-                          f"intermediate_size={I} to be multiples of 32")
-  gate_up = ((f"{ex}gate_up_proj_blocks", f"{ex}gate_up_proj_scales"),
-             ((E, 2 * I, D // 32, 16), (E, 2 * I, D // 32)))
-  down = ((f"{ex}down_proj_blocks", f"{ex}down_proj_scales"),
-          ((E, D, I // 32, 16), (E, D, I // 32)))
+    raise CheckpointError(
+      f"config.json: mxfp4 experts need hidden_size={D} and "
+      f"intermediate_size={I} to be multiples of 32"
+    )
+  gate_up = (
+    (f"{ex}gate_up_proj_blocks", f"{ex}gate_up_proj_scales"),
+    ((E, 2 * I, D // 32, 16), (E, 2 * I, D // 32)),
+  )
+  down = (
+    (f"{ex}down_proj_blocks", f"{ex}down_proj_scales"),
+    ((E, D, I // 32, 16), (E, D, I // 32)),
+  )
   return {
-      path + ("gate",): Rule(*gate_up, lambda b, s: _every_other(0)(dequantize_mxfp4(b, s))),
-      path + ("up",): Rule(*gate_up, lambda b, s: _every_other(1)(dequantize_mxfp4(b, s))),
-      path + ("down",): Rule(*down, dequantize_mxfp4),
+    path + ("gate",): Rule(*gate_up, lambda b, s: _every_other(0)(dequantize_mxfp4(b, s))),
+    path + ("up",): Rule(*gate_up, lambda b, s: _every_other(1)(dequantize_mxfp4(b, s))),
+    path + ("down",): Rule(*down, dequantize_mxfp4),
   }
 
 
@@ -864,8 +1131,10 @@ def architecture(config: dict) -> Architecture:
   """The :class:`Architecture` of a ``config.json`` dict (CheckpointError naming SUPPORTED)."""
   model_type = config.get("model_type")
   if model_type not in ARCHITECTURES:
-    raise CheckpointError(f"config.json: model_type={model_type!r} is not supported; "
-                          f"attnjax.models.SUPPORTED = {tuple(ARCHITECTURES)}")
+    raise CheckpointError(
+      f"config.json: model_type={model_type!r} is not supported; "
+      f"attnjax.models.SUPPORTED = {tuple(ARCHITECTURES)}"
+    )
   return ARCHITECTURES[model_type]
 
 
@@ -887,7 +1156,28 @@ def architecture_table(detail: str = "maps_to") -> str:
   return "\n".join(rows) + "\n"
 
 
-__all__ = ["ARCHITECTURES", "Architecture", "CheckpointError", "Config", "FULL", "GPT2", "Gemma2",
-           "Gemma3Text", "GptOss", "LAYER_TYPES", "Llama", "LlamaStyle", "Mistral", "Olmo2",
-           "Qwen2", "Qwen3", "Rule", "SLIDING", "SUPPORTED", "architecture", "architecture_table",
-           "dequantize_mxfp4", "register"]
+__all__ = [
+  "ARCHITECTURES",
+  "Architecture",
+  "CheckpointError",
+  "Config",
+  "FULL",
+  "GPT2",
+  "Gemma2",
+  "Gemma3Text",
+  "GptOss",
+  "LAYER_TYPES",
+  "Llama",
+  "LlamaStyle",
+  "Mistral",
+  "Olmo2",
+  "Qwen2",
+  "Qwen3",
+  "Rule",
+  "SLIDING",
+  "SUPPORTED",
+  "architecture",
+  "architecture_table",
+  "dequantize_mxfp4",
+  "register",
+]

@@ -31,14 +31,29 @@ class CheckpointError(ValueError):
 def _raw_dtypes() -> dict[str, Any]:
   import ml_dtypes
 
-  return {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
-          "F8_E5M2": ml_dtypes.float8_e5m2, "F8_E8M0": getattr(ml_dtypes, "float8_e8m0fnu", None)}
+  return {
+    "BF16": ml_dtypes.bfloat16,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn,
+    "F8_E5M2": ml_dtypes.float8_e5m2,
+    "F8_E8M0": getattr(ml_dtypes, "float8_e8m0fnu", None),
+  }
 
 
 # safetensors dtype names numpy reads itself.
-NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
-                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-                "U16": np.uint16, "U32": np.uint32, "U64": np.uint64, "BOOL": np.bool_}
+NUMPY_DTYPES = {
+  "F64": np.float64,
+  "F32": np.float32,
+  "F16": np.float16,
+  "I64": np.int64,
+  "I32": np.int32,
+  "I16": np.int16,
+  "I8": np.int8,
+  "U8": np.uint8,
+  "U16": np.uint16,
+  "U32": np.uint32,
+  "U64": np.uint64,
+  "BOOL": np.bool_,
+}
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -49,8 +64,9 @@ def read_header(path: str) -> dict[str, Any]:
       raise CheckpointError(f"{path} is not a safetensors file (shorter than its header)")
     (size,) = struct.unpack("<Q", raw)
     if size > os.path.getsize(path):
-      raise CheckpointError(f"{path} is not a safetensors file (header length {size} exceeds "
-                            f"the file)")
+      raise CheckpointError(
+        f"{path} is not a safetensors file (header length {size} exceeds the file)"
+      )
     try:
       header = json.loads(f.read(size))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -80,8 +96,10 @@ class Checkpoint:
     path = os.fspath(path)
     if not os.path.isdir(path):
       what = "a file" if os.path.isfile(path) else "not found"
-      raise CheckpointError(f"{path!r} is not a checkpoint directory ({what}); pass the folder "
-                            f"holding config.json and *.safetensors")
+      raise CheckpointError(
+        f"{path!r} is not a checkpoint directory ({what}); pass the folder "
+        f"holding config.json and *.safetensors"
+      )
     self.path = path
     config_path = os.path.join(path, CONFIG)
     if not os.path.isfile(config_path):
@@ -92,8 +110,9 @@ class Checkpoint:
     except json.JSONDecodeError as e:
       raise CheckpointError(f"{config_path} is not valid JSON: {e}") from None
     if not isinstance(self.config, dict):
-      raise CheckpointError(f"{config_path} must hold a JSON object, got "
-                            f"{type(self.config).__name__}")
+      raise CheckpointError(
+        f"{config_path} must hold a JSON object, got {type(self.config).__name__}"
+      )
     self.files = self._tensor_files()
     self._headers: dict[str, dict] = {}
     self._open: dict[str, Any] = {}
@@ -110,18 +129,24 @@ class Checkpoint:
       for name, shard in weight_map.items():
         shard_path = os.path.join(self.path, shard)
         if not os.path.isfile(shard_path):
-          raise CheckpointError(f"{index} lists shard {shard!r} (for tensor {name!r}), which is "
-                                f"not in {self.path!r}")
+          raise CheckpointError(
+            f"{index} lists shard {shard!r} (for tensor {name!r}), which is not in {self.path!r}"
+          )
         files[name] = shard_path
       return files
     if os.path.isfile(single):
       return {name: single for name in read_header(single)}
-    others = sorted(f for f in os.listdir(self.path) if f.endswith((".bin", ".pt", ".pth",
-                                                                    ".safetensors")))
-    hint = (f" (it has {others}: only safetensors are read; save with safe_serialization)"
-            if others else "")
-    raise CheckpointError(f"{self.path!r} is not a checkpoint directory: it has neither {SINGLE} "
-                          f"nor {INDEX}{hint}")
+    others = sorted(
+      f for f in os.listdir(self.path) if f.endswith((".bin", ".pt", ".pth", ".safetensors"))
+    )
+    hint = (
+      f" (it has {others}: only safetensors are read; save with safe_serialization)"
+      if others
+      else ""
+    )
+    raise CheckpointError(
+      f"{self.path!r} is not a checkpoint directory: it has neither {SINGLE} nor {INDEX}{hint}"
+    )
 
   def _header(self, file: str) -> dict:
     if file not in self._headers:
@@ -132,8 +157,9 @@ class Checkpoint:
     file = self.files[name]
     header = self._header(file)
     if name not in header:
-      raise CheckpointError(f"tensor {name!r} is listed for {os.path.basename(file)} but the "
-                            f"file does not hold it")
+      raise CheckpointError(
+        f"tensor {name!r} is listed for {os.path.basename(file)} but the file does not hold it"
+      )
     return header[name]
 
   def names(self) -> list[str]:
@@ -169,8 +195,9 @@ class Checkpoint:
     return data.view(raw).reshape(entry["shape"])
 
   def total_bytes(self) -> int:
-    return sum(int(np.prod(self.shape(n), dtype=np.int64)) * _itemsize(self.dtype(n))
-               for n in self.files)
+    return sum(
+      int(np.prod(self.shape(n), dtype=np.int64)) * _itemsize(self.dtype(n)) for n in self.files
+    )
 
 
 def _itemsize(dtype: str) -> int:

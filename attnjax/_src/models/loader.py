@@ -34,8 +34,9 @@ def _dtype_name(dtype: Any, checkpoint: Checkpoint, config: dict) -> str:
     try:
       name = jnp.dtype(dtype).name
     except TypeError:
-      raise TypeError(f"dtype must be a floating dtype ({', '.join(DTYPES)}), got "
-                      f"{dtype!r}") from None
+      raise TypeError(
+        f"dtype must be a floating dtype ({', '.join(DTYPES)}), got {dtype!r}"
+      ) from None
     if name not in DTYPES:
       raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     return name
@@ -52,12 +53,13 @@ def _dtype_name(dtype: Any, checkpoint: Checkpoint, config: dict) -> str:
 def _strip(name: str, prefixes: tuple[str, ...]) -> str:
   for prefix in prefixes:
     if name.startswith(prefix):
-      return name[len(prefix):]
+      return name[len(prefix) :]
   return name
 
 
-def check_tensors(checkpoint: Checkpoint, arch: Architecture, rules: dict[tuple, Rule],
-                  tied: bool) -> dict[str, str]:
+def check_tensors(
+  checkpoint: Checkpoint, arch: Architecture, rules: dict[tuple, Rule], tied: bool
+) -> dict[str, str]:
   """``{our source name: checkpoint name}``, after checking names and shapes.
 
   Raises:
@@ -69,7 +71,7 @@ def check_tensors(checkpoint: Checkpoint, arch: Architecture, rules: dict[tuple,
   for name in checkpoint.names():
     short = _strip(name, arch.prefixes)
     if short != name:
-      prefix = name[:len(name) - len(short)]
+      prefix = name[: len(name) - len(short)]
     if arch.ignored(short):
       continue
     if tied and short == "lm_head.weight":
@@ -85,16 +87,20 @@ def check_tensors(checkpoint: Checkpoint, arch: Architecture, rules: dict[tuple,
   if missing:
     problems.append(f"missing tensors {[prefix + m for m in missing]}")
   if unexpected:
-    problems.append(f"unexpected tensors {[present[u] for u in unexpected]} (not used by "
-                    f"this config)")
+    problems.append(
+      f"unexpected tensors {[present[u] for u in unexpected]} (not used by this config)"
+    )
   for source in sorted(set(expected) & set(present)):
     shape = checkpoint.shape(present[source])
     if shape != tuple(expected[source]):
-      problems.append(f"tensor {present[source]!r} has shape {shape}, the config implies "
-                      f"{tuple(expected[source])}")
+      problems.append(
+        f"tensor {present[source]!r} has shape {shape}, the config implies "
+        f"{tuple(expected[source])}"
+      )
   if problems:
-    raise CheckpointError(f"{checkpoint.path}: model_type={arch.model_type!r}: "
-                          + "; ".join(problems))
+    raise CheckpointError(
+      f"{checkpoint.path}: model_type={arch.model_type!r}: " + "; ".join(problems)
+    )
   return present
 
 
@@ -106,8 +112,9 @@ def _spec_defaults(spec_class) -> dict[str, Any]:
   return {f.name: f.default for f in dataclasses.fields(spec_class)}
 
 
-def override_attention(config: nn.AttentionConfig,
-                       options: Mapping[str, Any]) -> nn.AttentionConfig:
+def override_attention(
+  config: nn.AttentionConfig, options: Mapping[str, Any]
+) -> nn.AttentionConfig:
   """``config`` with attnjax attention ``options`` applied (see :func:`from_pretrained`).
 
   The same family: ``config.replace(**options)``. Another ``family``: the
@@ -131,8 +138,10 @@ def override_attention(config: nn.AttentionConfig,
       lost[name] = value
   lost = {k: v for k, v in lost.items() if k not in options}
   if lost:
-    raise ValueError(f"family={family!r} cannot express the checkpoint's attention options "
-                     f"{lost} (family {config.family!r}); choose another family or set them")
+    raise ValueError(
+      f"family={family!r} cannot express the checkpoint's attention options "
+      f"{lost} (family {config.family!r}); choose another family or set them"
+    )
   carried = nn.specs.FAMILY_SPECS[family].options_from_json(carried)
   carried.update(options)
   return config.replace(family=family, **carried)
@@ -141,9 +150,11 @@ def override_attention(config: nn.AttentionConfig,
 def _split_targets(options: Mapping[str, Any], present: list[str]):
   """``(options for every layer, {layer type: its own options})`` of ``attention=``."""
   if not isinstance(options, Mapping):
-    raise TypeError(f"attention must be a mapping of attnjax attention options (e.g. "
-                    f"{{'implementation': 'reference'}}), optionally per layer type (e.g. "
-                    f"{{'full_attention': {{...}}}}), got {type(options).__name__}")
+    raise TypeError(
+      f"attention must be a mapping of attnjax attention options (e.g. "
+      f"{{'implementation': 'reference'}}), optionally per layer type (e.g. "
+      f"{{'full_attention': {{...}}}}), got {type(options).__name__}"
+    )
   shared = {k: v for k, v in options.items() if k not in architectures.LAYER_TYPES}
   targeted = {}
   for layer_type in architectures.LAYER_TYPES:
@@ -151,21 +162,28 @@ def _split_targets(options: Mapping[str, Any], present: list[str]):
       continue
     own = options[layer_type]
     if not isinstance(own, Mapping):
-      raise TypeError(f"attention[{layer_type!r}] must be a mapping of attnjax attention "
-                      f"options, got {type(own).__name__}")
+      raise TypeError(
+        f"attention[{layer_type!r}] must be a mapping of attnjax attention "
+        f"options, got {type(own).__name__}"
+      )
     nested = sorted(set(own) & set(architectures.LAYER_TYPES))
     if nested:
-      raise TypeError(f"attention[{layer_type!r}] holds the layer types {nested}: options "
-                      f"of one layer type are attention options, not nested types")
+      raise TypeError(
+        f"attention[{layer_type!r}] holds the layer types {nested}: options "
+        f"of one layer type are attention options, not nested types"
+      )
     if layer_type not in present:
-      raise ValueError(f"attention[{layer_type!r}]: this checkpoint has no {layer_type} "
-                       f"layers (its layer types: {sorted(set(present))})")
+      raise ValueError(
+        f"attention[{layer_type!r}]: this checkpoint has no {layer_type} "
+        f"layers (its layer types: {sorted(set(present))})"
+      )
     targeted[layer_type] = dict(own)
   return shared, targeted
 
 
-def _apply_attention(mcfg: nn.ModelConfig, options: Optional[Mapping[str, Any]],
-                     layer_types: list[str]):
+def _apply_attention(
+  mcfg: nn.ModelConfig, options: Optional[Mapping[str, Any]], layer_types: list[str]
+):
   """``mcfg`` with ``attention=`` applied: the shared options to every layer, then each
   layer type's own (see :func:`from_pretrained`)."""
   if options is None:
@@ -181,8 +199,10 @@ def _apply_attention(mcfg: nn.ModelConfig, options: Optional[Mapping[str, Any]],
   if failed:
     raise _attention_error(options, shared, targeted, layer_types, failed)
   same = all(c == layers[0] for c in layers)
-  return mcfg.replace(attention=layers[0], layer_attention=(
-      None if same and mcfg.layer_attention is None else tuple(layers)))
+  return mcfg.replace(
+    attention=layers[0],
+    layer_attention=(None if same and mcfg.layer_attention is None else tuple(layers)),
+  )
 
 
 def _attention_error(options, shared, targeted, layer_types, failed) -> Exception:
@@ -195,10 +215,11 @@ def _attention_error(options, shared, targeted, layer_types, failed) -> Exceptio
   # A mixed model: name the layers, and how to apply the options to the others only.
   others = sorted(set(layer_types) - set(failed))
   return type(error)(
-      f"attention={dict(options)}: the {layer_type} layers {indices} cannot take these "
-      f"options: {error}. To apply them to the other layers only, target those by layer "
-      f"type: attention={{{others[0]!r}: {dict(shared)}}} (a layer type's own options go "
-      f"under its name, e.g. attention={{{layer_type!r}: {{...}}}})")
+    f"attention={dict(options)}: the {layer_type} layers {indices} cannot take these "
+    f"options: {error}. To apply them to the other layers only, target those by layer "
+    f"type: attention={{{others[0]!r}: {dict(shared)}}} (a layer type's own options go "
+    f"under its name, e.g. attention={{{layer_type!r}: {{...}}}})"
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -213,8 +234,12 @@ def logical_rules(mesh: jax.sharding.Mesh) -> tuple:
   if "model" in names:
     return nn.LOGICAL_AXIS_RULES
   tensor = "tensor" if "tensor" in names else None
-  return (("embed", "fsdp" if "fsdp" in names else None), ("heads", tensor), ("mlp", tensor),
-          ("vocab", tensor))
+  return (
+    ("embed", "fsdp" if "fsdp" in names else None),
+    ("heads", tensor),
+    ("mlp", tensor),
+    ("vocab", tensor),
+  )
 
 
 def _fit(sharding: jax.sharding.NamedSharding, shape: tuple) -> jax.sharding.NamedSharding:
@@ -257,8 +282,13 @@ def _place(host: np.ndarray, sharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] = None,
-                    mesh: Optional[jax.sharding.Mesh] = None) -> nn.TransformerLM:
+def from_pretrained(
+  path,
+  *,
+  dtype=None,
+  attention: Optional[Mapping[str, Any]] = None,
+  mesh: Optional[jax.sharding.Mesh] = None,
+) -> nn.TransformerLM:
   """A Hugging Face format checkpoint directory as an ``attnjax.nn.TransformerLM``.
 
   Reads ``config.json`` and ``model.safetensors`` (or the shards of
@@ -331,8 +361,9 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
   rules = arch.tensors(config, native)
   names = check_tensors(checkpoint, arch, rules, native.tie_embeddings)
   dtype_name = _dtype_name(dtype, checkpoint, config)
-  mcfg = _apply_attention(native.replace(dtype=dtype_name, param_dtype=dtype_name), attention,
-                          layer_types)
+  mcfg = _apply_attention(
+    native.replace(dtype=dtype_name, param_dtype=dtype_name), attention, layer_types
+  )
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
 
@@ -349,8 +380,10 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
       continue
     host = rule.convert(*(checkpoint.read(names[s]) for s in rule.sources))
     if tuple(host.shape) != tuple(leaf.shape):
-      raise CheckpointError(f"parameter {'/'.join(map(str, leaf_path))}: the checkpoint gives "
-                            f"shape {tuple(host.shape)}, the model expects {tuple(leaf.shape)}")
+      raise CheckpointError(
+        f"parameter {'/'.join(map(str, leaf_path))}: the checkpoint gives "
+        f"shape {tuple(host.shape)}, the model expects {tuple(leaf.shape)}"
+      )
     host = np.asarray(host).astype(leaf.dtype, copy=False)
     sharding = None if shardings is None else _fit(shardings[leaf_path], host.shape)
     _set(pure, leaf_path, _place(host, sharding))
@@ -358,12 +391,16 @@ def from_pretrained(path, *, dtype=None, attention: Optional[Mapping[str, Any]] 
   fresh = [p for p in leaves if p not in rules]
   unused = sorted("/".join(map(str, p)) for p in rules if p not in leaves)
   if unused:
-    warnings.warn(f"attention={dict(attention or {})}: checkpoint parameters not used by the "
-                  f"model: {unused}", stacklevel=2)
+    warnings.warn(
+      f"attention={dict(attention or {})}: checkpoint parameters not used by the model: {unused}",
+      stacklevel=2,
+    )
   if fresh:
-    warnings.warn(f"attention={dict(attention or {})}: parameters not in the checkpoint start "
-                  f"from their initial values: {sorted('/'.join(map(str, p)) for p in fresh)}",
-                  stacklevel=2)
+    warnings.warn(
+      f"attention={dict(attention or {})}: parameters not in the checkpoint start "
+      f"from their initial values: {sorted('/'.join(map(str, p)) for p in fresh)}",
+      stacklevel=2,
+    )
     for leaf_path, value in _initial_values(mcfg, fresh, shardings, leaves).items():
       _set(pure, leaf_path, value)
   nnx.replace_by_pure_dict(state, pure)

@@ -22,8 +22,10 @@ def layer_statistics(model: TransformerLM, tokens: Array):
   ``(features [B, T, D], [per-layer dict])`` of one forward pass in O(T) memory:
   the view's ``"features"`` and ``"layers"`` as a pair.
   """
-  warn_once("attnjax.models.probe.layer_statistics",
-            "attnjax.nn.layer_stats(model, tokens, view='streaming')")
+  warn_once(
+    "attnjax.models.probe.layer_statistics",
+    "attnjax.nn.layer_stats(model, tokens, view='streaming')",
+  )
   out = nn_probe.layer_stats(model, tokens, view="streaming")
   return out["features"], out["layers"]
 

@@ -64,14 +64,24 @@ def _offset_mask(b, n, i, j, first, *args, user):
 
 def sharded(fn: Callable) -> Callable:
   """``fn`` whose calls ``(q, k, v, *args, **kwargs)`` go through ``run``."""
+
   @functools.wraps(fn)
   def call(q, k, v, *args, **kwargs):
     return run(fn, q, k, v, args, kwargs)
+
   return call
 
 
-def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, *,
-        strategy: Optional[str] = None):
+def run(
+  fn: Callable,
+  q,
+  k,
+  v,
+  args: tuple = (),
+  kwargs: Optional[dict] = None,
+  *,
+  strategy: Optional[str] = None,
+):
   """``fn(q, k, v, *args, **kwargs)``, on the sequence-sharded path when it applies.
 
   Args:
@@ -93,10 +103,17 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
   while isinstance(base, functools.partial) and not base.args:
     base, bound = base.func, {**base.keywords, **bound}
   full = {**bound, **kwargs}
-  if (size == 1 or isinstance(base, functools.partial) or not takes_context(base)
-      or full.get("mask") is not None or full.get("bias") is not None
-      or k.shape[1] != q.shape[1] or q.shape[1] % size
-      or full.get("block_layout") is not None or full.get("context_axis") is not None):
+  if (
+    size == 1
+    or isinstance(base, functools.partial)
+    or not takes_context(base)
+    or full.get("mask") is not None
+    or full.get("bias") is not None
+    or k.shape[1] != q.shape[1]
+    or q.shape[1] % size
+    or full.get("block_layout") is not None
+    or full.get("context_axis") is not None
+  ):
     return fn(q, k, v, *args, **kwargs)
   fn, kwargs = base, full
   mesh = jax.sharding.get_abstract_mesh()
@@ -107,12 +124,21 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
   spec = functools.partial(_in_spec, dims=(B, T, N, K), b=b, h=h)
 
   static, arg_names, mods, mod_args = _split_keywords(kwargs)
-  leaves = ([q, k, v] + list(args) + [kwargs[n] for n in arg_names]
-            + [mod_args["score_mod"], mod_args["mask_mod"]])
-  in_specs = ([spec(q), spec(k), spec(v)] + [spec(a) for a in args]
-              + [jax.tree.map(spec, kwargs[n]) for n in arg_names]
-              + [jax.tree.map(lambda _: P(), mod_args["score_mod"]),
-                 jax.tree.map(lambda _: P(), mod_args["mask_mod"])])
+  leaves = (
+    [q, k, v]
+    + list(args)
+    + [kwargs[n] for n in arg_names]
+    + [mod_args["score_mod"], mod_args["mask_mod"]]
+  )
+  in_specs = (
+    [spec(q), spec(k), spec(v)]
+    + [spec(a) for a in args]
+    + [jax.tree.map(spec, kwargs[n]) for n in arg_names]
+    + [
+      jax.tree.map(lambda _: P(), mod_args["score_mod"]),
+      jax.tree.map(lambda _: P(), mod_args["mask_mod"]),
+    ]
+  )
   if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
     leaves = [jax.tree.map(jax.sharding.reshard, x, s) for x, s in zip(leaves, in_specs)]
   if "context_strategy" in _parameters(fn):
@@ -121,12 +147,14 @@ def run(fn: Callable, q, k, v, args: tuple = (), kwargs: Optional[dict] = None, 
       local_heads = N // _prod(sizes[a] for a in head_axes)
       strategy = _default_strategy(full.get("implementation"), local_heads, size)
     static["context_strategy"] = strategy
-  local = functools.partial(_local, fn=fn, static=static, arg_names=arg_names, mods=mods,
-                            num_args=len(args), b=b, h=h)
+  local = functools.partial(
+    _local, fn=fn, static=static, arg_names=arg_names, mods=mods, num_args=len(args), b=b, h=h
+  )
   whole = jax.eval_shape(lambda: fn(q, k, v, *args, **kwargs))
   out_specs = jax.tree.map(functools.partial(_out_spec, dims=(B, T, N, K), b=b, h=h), whole)
-  return jax.shard_map(local, mesh=mesh, in_specs=tuple(in_specs), out_specs=out_specs,
-                       check_vma=False)(*leaves)
+  return jax.shard_map(
+    local, mesh=mesh, in_specs=tuple(in_specs), out_specs=out_specs, check_vma=False
+  )(*leaves)
 
 
 def _token_spec(shape: tuple, dims: tuple, b, h) -> P:
@@ -193,12 +221,15 @@ def _local(q_, k_, v_, *rest, fn, static, arg_names, mods, num_args: int, b, h):
   """One device's call: ``fn`` on its shards, its modifiers given the shard's first batch row
   and query head (``first``) so that they see the whole call's indices."""
   pos = rest[:num_args]
-  named = dict(zip(arg_names, rest[num_args:num_args + len(arg_names)]))
-  score_args, mask_args = rest[num_args + len(arg_names):]
+  named = dict(zip(arg_names, rest[num_args : num_args + len(arg_names)]))
+  score_args, mask_args = rest[num_args + len(arg_names) :]
   extra = dict(static, **named)
-  first = jnp.stack([
+  first = jnp.stack(
+    [
       jax.lax.axis_index(b) * q_.shape[0] if b is not None else jnp.int32(0),
-      jax.lax.axis_index(h) * q_.shape[2] if h is not None else jnp.int32(0)]).astype(jnp.int32)
+      jax.lax.axis_index(h) * q_.shape[2] if h is not None else jnp.int32(0),
+    ]
+  ).astype(jnp.int32)
   if mods["score_mod"] is not None:
     extra["score_mod"] = functools.partial(_offset_score, user=mods["score_mod"])
     extra["score_mod_args"] = (first,) + tuple(score_args)

@@ -28,13 +28,27 @@ def param(value, names: tuple[Optional[str], ...]) -> nnx.Param:
   return nnx.Param(value, out_sharding=names, eager_sharding=False)
 
 
-def linear(d_in: int, d_out: int, names: tuple[Optional[str], Optional[str]], *, rngs: nnx.Rngs,
-           dtype, param_dtype, use_bias: bool = False) -> nnx.Linear:
+def linear(
+  d_in: int,
+  d_out: int,
+  names: tuple[Optional[str], Optional[str]],
+  *,
+  rngs: nnx.Rngs,
+  dtype,
+  param_dtype,
+  use_bias: bool = False,
+) -> nnx.Linear:
   return nnx.Linear(
-      d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-      kernel_init=with_names(fan_in_init, names),
-      bias_init=with_names(jax.nn.initializers.zeros, (names[1],)),
-      precision=None, rngs=rngs)
+    d_in,
+    d_out,
+    use_bias=use_bias,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    kernel_init=with_names(fan_in_init, names),
+    bias_init=with_names(jax.nn.initializers.zeros, (names[1],)),
+    precision=None,
+    rngs=rngs,
+  )
 
 
 def dtype_of(name) -> jnp.dtype:

@@ -52,9 +52,16 @@ class Attention(nnx.Module):
       signature (its ``implementation`` mapped: ``"blockwise"`` -> None).
   """
 
-  def __init__(self, config: AttentionConfig, d_model: int, rngs: nnx.Rngs, *,
-               dtype=jnp.float32, param_dtype=jnp.float32,
-               attention_fn: Optional[Callable] = None):
+  def __init__(
+    self,
+    config: AttentionConfig,
+    d_model: int,
+    rngs: nnx.Rngs,
+    *,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    attention_fn: Optional[Callable] = None,
+  ):
     if not isinstance(config, AttentionConfig):
       raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
     if attention_fn is not None and not callable(attention_fn):
@@ -71,8 +78,9 @@ class Attention(nnx.Module):
     self.q_proj = _layers.linear(d_model, N * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
     self.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
     self.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
-    self.o_proj = _layers.linear(N * H, d_model, ("heads", "embed"), use_bias=config.out_bias,
-                                 **lin)
+    self.o_proj = _layers.linear(
+      N * H, d_model, ("heads", "embed"), use_bias=config.out_bias, **lin
+    )
     # Optional parameters, declared up front; the spec fills in those it uses.
     self.gate_proj = nnx.data(None)
     for name in config.spec.optional_params:
@@ -86,10 +94,16 @@ class Attention(nnx.Module):
   # -------------------------------------------------------------------------
   # Public calls.
 
-  def __call__(self, x: Array, *, inputs_kv: Optional[Array] = None,
-               mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
-               positions: Optional[Array] = None,
-               sow_weights: Optional[bool] = None) -> Array:
+  def __call__(
+    self,
+    x: Array,
+    *,
+    inputs_kv: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    segment_ids: Optional[Array] = None,
+    positions: Optional[Array] = None,
+    sow_weights: Optional[bool] = None,
+  ) -> Array:
     """Attention of ``x`` ``[B, T, D]`` -> ``[B, T, D]``.
 
     Args:
@@ -106,13 +120,28 @@ class Attention(nnx.Module):
         and windows follow the token order, not these positions.
       sow_weights: sow the weights (under ``nnx.capture``); None = the config's.
     """
-    y, _ = self._forward(x, None, inputs_kv=inputs_kv, mask=mask, segment_ids=segment_ids,
-                         positions=positions, sow_weights=sow_weights)
+    y, _ = self._forward(
+      x,
+      None,
+      inputs_kv=inputs_kv,
+      mask=mask,
+      segment_ids=segment_ids,
+      positions=positions,
+      sow_weights=sow_weights,
+    )
     return y
 
-  def decode(self, x: Array, cache: Cache, *, inputs_kv: Optional[Array] = None,
-             mask: Optional[Array] = None, segment_ids: Optional[Array] = None,
-             positions: Optional[Array] = None, sow_weights: Optional[bool] = None):
+  def decode(
+    self,
+    x: Array,
+    cache: Cache,
+    *,
+    inputs_kv: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    segment_ids: Optional[Array] = None,
+    positions: Optional[Array] = None,
+    sow_weights: Optional[bool] = None,
+  ):
     """Attends ``x`` ``[B, T, D]`` (the next ``T`` tokens) over the cache: ``(y, cache)``.
 
     Self-attention: ``segment_ids`` ``[B, T]`` (default 0) and ``positions``
@@ -124,15 +153,21 @@ class Attention(nnx.Module):
     """
     if cache is None:
       raise ValueError("cache is None: build one with init_cache(batch_size, max_len)")
-    return self._forward(x, cache, inputs_kv=inputs_kv, mask=mask, segment_ids=segment_ids,
-                         positions=positions, sow_weights=sow_weights)
+    return self._forward(
+      x,
+      cache,
+      inputs_kv=inputs_kv,
+      mask=mask,
+      segment_ids=segment_ids,
+      positions=positions,
+      sow_weights=sow_weights,
+    )
 
   def cache_capacity(self, max_len: int) -> int:
     """Number of key slots this layer's self-attention cache needs for ``max_len`` tokens."""
     return self.config.spec.cache_capacity(self, max_len)
 
-  def init_cache(self, batch_size: int, max_len: int, *,
-                 kv_length: Optional[int] = None) -> Cache:
+  def init_cache(self, batch_size: int, max_len: int, *, kv_length: Optional[int] = None) -> Cache:
     """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens.
 
     With ``kv_length`` (S), a :class:`.CrossCache` for cross-attention over a
@@ -144,16 +179,19 @@ class Attention(nnx.Module):
     """
     if kv_length is not None:
       K, H = self.num_kv_heads, self.head_dim
-      return CrossCache(k=jnp.zeros((batch_size, kv_length, K, H), self.dtype),
-                        v=jnp.zeros((batch_size, kv_length, K, H), self.dtype))
+      return CrossCache(
+        k=jnp.zeros((batch_size, kv_length, K, H), self.dtype),
+        v=jnp.zeros((batch_size, kv_length, K, H), self.dtype),
+      )
     return self.config.spec.init_cache(self, batch_size, max_len)
 
   def redraw_features(self, key: Array) -> None:
     """Draws a new random-feature projection (Performer's periodic redrawing)."""
     redraw = getattr(self.config.spec, "redraw", None)
     if redraw is None:
-      raise ValueError(f"redraw_features needs a random feature map, this layer has "
-                       f"family={self.config.family!r}")
+      raise ValueError(
+        f"redraw_features needs a random feature map, this layer has family={self.config.family!r}"
+      )
     redraw(self, key)
 
   def allowed_mask(self, length: int) -> Array:
@@ -179,8 +217,10 @@ class Attention(nnx.Module):
     if positions is None:
       positions = jnp.arange(q.shape[1], dtype=jnp.int32)
     elif q.shape[1] != k.shape[1] or jnp.shape(positions)[-1] != q.shape[1]:
-      raise ValueError(f"positions {jnp.shape(positions)} must give one position per token "
-                       f"of q {q.shape} and k {k.shape} (self-attention)")
+      raise ValueError(
+        f"positions {jnp.shape(positions)} must give one position per token "
+        f"of q {q.shape} and k {k.shape} (self-attention)"
+      )
     return self.config.spec.compared_qk(self, q, k, positions)
 
   # -------------------------------------------------------------------------
@@ -192,9 +232,11 @@ class Attention(nnx.Module):
 
   def _project(self, x: Array):
     """Raw projections ``(q [B, T, N, H], k [B, T, K, H], v [B, T, K, H])`` of ``x``."""
-    return (self._heads(self.q_proj, x, self.num_heads),
-            self._heads(self.k_proj, x, self.num_kv_heads),
-            self._heads(self.v_proj, x, self.num_kv_heads))
+    return (
+      self._heads(self.q_proj, x, self.num_heads),
+      self._heads(self.k_proj, x, self.num_kv_heads),
+      self._heads(self.v_proj, x, self.num_kv_heads),
+    )
 
   def _check_sequence(self, name: str, x: Array) -> None:
     if x.ndim != 3 or x.shape[-1] != self.d_model:
@@ -207,17 +249,23 @@ class Attention(nnx.Module):
     capture = _layers.capturing(self)
     cross = inputs_kv is not None or isinstance(cache, CrossCache)
     if inputs_kv is not None and cache is not None and not isinstance(cache, CrossCache):
-      raise ValueError(f"inputs_kv: this cache is a {type(cache).__name__}, not a CrossCache; "
-                       f"build one with init_cache(batch_size, max_len, kv_length=S)")
+      raise ValueError(
+        f"inputs_kv: this cache is a {type(cache).__name__}, not a CrossCache; "
+        f"build one with init_cache(batch_size, max_len, kv_length=S)"
+      )
     if inputs_kv is not None:
       self._check_sequence("inputs_kv", inputs_kv)
       if inputs_kv.shape[0] != B:
-        raise ValueError(f"inputs_kv batch {inputs_kv.shape[0]} differs from x batch {B} "
-                         f"(x {x.shape}, inputs_kv {inputs_kv.shape})")
+        raise ValueError(
+          f"inputs_kv batch {inputs_kv.shape[0]} differs from x batch {B} "
+          f"(x {x.shape}, inputs_kv {inputs_kv.shape})"
+        )
       if isinstance(cache, CrossCache) and inputs_kv.shape[1] != cache.k.shape[1]:
-        raise ValueError(f"inputs_kv has shape {inputs_kv.shape}: its length "
-                         f"{inputs_kv.shape[1]} must equal the CrossCache's "
-                         f"kv_length={cache.k.shape[1]}")
+        raise ValueError(
+          f"inputs_kv has shape {inputs_kv.shape}: its length "
+          f"{inputs_kv.shape[1]} must equal the CrossCache's "
+          f"kv_length={cache.k.shape[1]}"
+        )
       q = self._heads(self.q_proj, x, N)
       k = self._heads(self.k_proj, inputs_kv, K)
       v = self._heads(self.v_proj, inputs_kv, K)
@@ -234,23 +282,33 @@ class Attention(nnx.Module):
       mask = _checks.as_rank4("mask", mask, (B, N, T, S), kind="mask")
     if segment_ids is not None:
       if cross:
-        raise ValueError("segment_ids: cross-attention takes no segment_ids; pass a mask "
-                         "[B, N, T, S] instead")
+        raise ValueError(
+          "segment_ids: cross-attention takes no segment_ids; pass a mask [B, N, T, S] instead"
+        )
       segment_ids = jnp.asarray(segment_ids)
       if segment_ids.shape != (B, T) or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-        raise ValueError(f"segment_ids must be int [B, T] = {(B, T)}, got "
-                         f"{segment_ids.dtype} {segment_ids.shape}")
+        raise ValueError(
+          f"segment_ids must be int [B, T] = {(B, T)}, got {segment_ids.dtype} {segment_ids.shape}"
+        )
     if positions is not None:
       if cross:
         raise ValueError("positions: cross-attention applies no RoPE, so it takes no positions")
       positions = jnp.asarray(positions)
       if positions.shape not in ((T,), (B, T)):
-        raise ValueError(f"positions must be [T] or [B, T] with B={B}, T={T}, got "
-                         f"{positions.shape}")
+        raise ValueError(
+          f"positions must be [T] or [B, T] with B={B}, T={T}, got {positions.shape}"
+        )
     want_weights = self.config.sow_weights if sow_weights is None else sow_weights
-    call = Call(mask=mask, segment_ids=segment_ids, positions=positions, cross=cross,
-                cache=None if cross else cache, capture=capture,
-                sow_weights=bool(capture and want_weights), inputs=x)
+    call = Call(
+      mask=mask,
+      segment_ids=segment_ids,
+      positions=positions,
+      cross=cross,
+      cache=None if cross else cache,
+      capture=capture,
+      sow_weights=bool(capture and want_weights),
+      inputs=x,
+    )
     out, new_cache = self.config.spec.attend(self, q, k, v, call)
     if cross and cache is not None:
       new_cache = CrossCache(k=k.astype(cache.k.dtype), v=v.astype(cache.v.dtype))

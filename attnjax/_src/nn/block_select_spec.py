@@ -72,45 +72,65 @@ class BlockSelectSpec(ScoreSpec):
     check_int("top_k", self.top_k, minimum=0)
     _checks.check_choice("query_pool", self.query_pool, block_select_lib.QUERY_POOLS)
     if self.cache_policy != "full":
-      raise ValueError(f"cache_policy={self.cache_policy!r}: family='block_select' decodes "
-                       f"over a full KV cache only (its blocks are whole runs of positions)")
+      raise ValueError(
+        f"cache_policy={self.cache_policy!r}: family='block_select' decodes "
+        f"over a full KV cache only (its blocks are whole runs of positions)"
+      )
     if self.has_modifiers():
-      raise ValueError("family='block_select' takes no alibi, relative_bias, score_mod or "
-                       "mask_mod (its selected keys are gathered per head)")
+      raise ValueError(
+        "family='block_select' takes no alibi, relative_bias, score_mod or "
+        "mask_mod (its selected keys are gathered per head)"
+      )
 
   def default_function(self, layer):
     return block_select_lib.block_select_attention
 
   def check_cross(self, layer) -> None:
-    raise ValueError("inputs_kv: family='block_select' cannot cross-attend (it selects blocks "
-                     "of its own sequence)")
+    raise ValueError(
+      "inputs_kv: family='block_select' cannot cross-attend (it selects blocks of its own sequence)"
+    )
 
   def full_call(self, layer, k, v, call):
     if call.mask is not None:
-      raise ValueError("mask: family='block_select' takes no mask; mark padding and packed "
-                       "documents with segment_ids")
+      raise ValueError(
+        "mask: family='block_select' takes no mask; mark padding and packed "
+        "documents with segment_ids"
+      )
     extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
-    return functools.partial(
-        self.function(layer), block_size=self.block_size, top_k=self.top_k,
-        is_causal=layer.config.is_causal, query_pool=self.query_pool, **self.kwargs(layer),
-        **extra), k, v
+    return (
+      functools.partial(
+        self.function(layer),
+        block_size=self.block_size,
+        top_k=self.top_k,
+        is_causal=layer.config.is_causal,
+        query_pool=self.query_pool,
+        **self.kwargs(layer),
+        **extra,
+      ),
+      k,
+      v,
+    )
 
   def allowed_mask(self, layer, length):
     """The pairs a selection may allow (causal, or all); which it keeps depends on content."""
     pos = jnp.arange(length)
-    allowed = pos[None, :] <= pos[:, None] if layer.config.is_causal else jnp.ones(
-        (length, length), bool)
+    allowed = (
+      pos[None, :] <= pos[:, None] if layer.config.is_causal else jnp.ones((length, length), bool)
+    )
     return allowed[None, None]
 
   # Decode.
 
   def init_cache(self, layer, batch_size, max_len):
     if self.query_pool != "first":
-      raise ValueError(f"query_pool={self.query_pool!r}: a block's pooled query needs its later "
-                       f"tokens, so only query_pool='first' can decode")
+      raise ValueError(
+        f"query_pool={self.query_pool!r}: a block's pooled query needs its later "
+        f"tokens, so only query_pool='first' can decode"
+      )
     kv = super().init_cache(layer, batch_size, max_len)
     return BlockSelectCache(
-        kv=kv, block_query=jnp.zeros((batch_size, layer.num_heads, layer.head_dim), layer.dtype))
+      kv=kv, block_query=jnp.zeros((batch_size, layer.num_heads, layer.head_dim), layer.dtype)
+    )
 
   def decode_kwargs(self, layer):
     out = self.kwargs(layer)
@@ -122,8 +142,10 @@ class BlockSelectSpec(ScoreSpec):
     c, cache = layer.config, call.cache
     self.check_decode_cache(layer, cache, BlockSelectCache)
     if call.mask is not None:
-      raise ValueError("mask: a self-attention decode takes no mask; mark padding and packed "
-                       "documents with segment_ids")
+      raise ValueError(
+        "mask: a self-attention decode takes no mask; mark padding and packed "
+        "documents with segment_ids"
+      )
     kv = cache.kv
     B, T, N, _ = q.shape
     K = k.shape[2]
@@ -142,8 +164,9 @@ class BlockSelectSpec(ScoreSpec):
     first = (idx // bs) * bs
     from_new = first >= start
     q_first = jnp.take(q, jnp.clip(first - start, 0, T - 1), axis=1)
-    q_rep = jnp.where(from_new[None, :, None, None], q_first,
-                      cache.block_query.astype(q.dtype)[:, None])
+    q_rep = jnp.where(
+      from_new[None, :, None, None], q_first, cache.block_query.astype(q.dtype)[:, None]
+    )
     # Mean key of every block of the cache (empty slots in a bucket of their own).
     S = k_all.shape[1]
     nb = -(-S // bs)
@@ -163,13 +186,16 @@ class BlockSelectSpec(ScoreSpec):
     mask = jnp.logical_and(slot_chosen, structure[None, None])
     mask = jnp.logical_and(mask, (seg[:, :, None] == k_seg[:, None, :])[:, None])
     mask = jnp.repeat(mask, N // K, axis=1)
-    run = functools.partial(layer.attention_fn or dense.dot_product_attention, mask=mask,
-                            **self.decode_kwargs(layer))
+    run = functools.partial(
+      layer.attention_fn or dense.dot_product_attention, mask=mask, **self.decode_kwargs(layer)
+    )
     out = run_and_sow(layer, run, q, k_all, v_all, call)
     last_first = ((start + T - 1) // bs) * bs
-    block_query = jnp.where(last_first >= start,
-                            jnp.take(q, jnp.clip(last_first - start, 0, T - 1), axis=1),
-                            cache.block_query.astype(q.dtype))
+    block_query = jnp.where(
+      last_first >= start,
+      jnp.take(q, jnp.clip(last_first - start, 0, T - 1), axis=1),
+      cache.block_query.astype(q.dtype),
+    )
     new_kv = self._write(kv, k, v, idx, rope_q, seg)
     return out, BlockSelectCache(kv=new_kv, block_query=block_query.astype(cache.block_query.dtype))
 

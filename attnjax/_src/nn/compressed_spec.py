@@ -26,8 +26,15 @@ from attnjax._src.ops.dense import attention as dense
 from attnjax._src.nn import _layers
 from attnjax._src.nn.caches import KVCache
 from attnjax._src.nn.rope import apply_rope
-from attnjax._src.nn.spec_base import (AttentionSpec, Call, _rope, check_int, check_type,
-                                  register_family, run_and_sow)
+from attnjax._src.nn.spec_base import (
+  AttentionSpec,
+  Call,
+  _rope,
+  check_int,
+  check_type,
+  register_family,
+  run_and_sow,
+)
 
 Array = jnp.ndarray
 
@@ -66,8 +73,12 @@ class CompressedSpec(AttentionSpec):
   """
 
   family: ClassVar[str] = "compressed"
-  optional_params: ClassVar[tuple[str, ...]] = ("compress_k", "compress_v", "linformer_e",
-                                                "linformer_f")
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "compress_k",
+    "compress_v",
+    "linformer_e",
+    "linformer_f",
+  )
   implementations: ClassVar[tuple[str, ...]] = compressed.IMPLEMENTATIONS
 
   stride: int = 4
@@ -90,14 +101,17 @@ class CompressedSpec(AttentionSpec):
     _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
     _checks.check_positive_float("softcap", self.softcap)
     if self.projection == "linformer" and self.window is not None:
-      raise ValueError(f"window={self.window}: projection='linformer' attends to its "
-                       f"projected rows only (no raw window)")
+      raise ValueError(
+        f"window={self.window}: projection='linformer' attends to its "
+        f"projected rows only (no raw window)"
+      )
 
   def check(self, config) -> None:
     if self.projection == "linformer" and config.is_causal:
       raise ValueError(
-          "projection='linformer' is non-causal only (E and F mix the whole sequence, "
-          "Wang et al. 2020): set is_causal=False, or use projection='conv'")
+        "projection='linformer' is non-causal only (E and F mix the whole sequence, "
+        "Wang et al. 2020): set is_causal=False, or use projection='conv'"
+      )
 
   def has_null_column(self) -> bool:
     return bool(normalizers.get(self.normalizer).null_column)
@@ -105,16 +119,17 @@ class CompressedSpec(AttentionSpec):
   def init_params(self, layer, rngs, param_dtype) -> None:
     K, H = layer.num_kv_heads, layer.head_dim
     if self.projection == "conv":
-      mean = jnp.broadcast_to(jnp.eye(H, dtype=param_dtype) / self.stride,
-                              (K, self.stride, H, H))
+      mean = jnp.broadcast_to(jnp.eye(H, dtype=param_dtype) / self.stride, (K, self.stride, H, H))
       layer.compress_k = _layers.param(mean, ("heads", None, None, None))
       layer.compress_v = _layers.param(mean, ("heads", None, None, None))
     else:
-      init = jax.nn.initializers.normal(self.max_len ** -0.5)
-      layer.linformer_e = _layers.param(init(rngs.params(), (self.length, self.max_len),
-                                             param_dtype), (None, None))
-      layer.linformer_f = _layers.param(init(rngs.params(), (self.length, self.max_len),
-                                             param_dtype), (None, None))
+      init = jax.nn.initializers.normal(self.max_len**-0.5)
+      layer.linformer_e = _layers.param(
+        init(rngs.params(), (self.length, self.max_len), param_dtype), (None, None)
+      )
+      layer.linformer_f = _layers.param(
+        init(rngs.params(), (self.length, self.max_len), param_dtype), (None, None)
+      )
 
   def default_function(self, layer) -> Callable:
     if self.projection == "linformer":
@@ -123,12 +138,15 @@ class CompressedSpec(AttentionSpec):
 
   def _compress(self, layer, k: Array, v: Array) -> tuple[Array, Array]:
     if self.projection == "conv":
-      return (strided_conv(k, layer.compress_k[...], self.stride),
-              strided_conv(v, layer.compress_v[...], self.stride))
+      return (
+        strided_conv(k, layer.compress_k[...], self.stride),
+        strided_conv(v, layer.compress_v[...], self.stride),
+      )
     T = k.shape[1]
     if T > self.max_len:
-      raise ValueError(f"projection='linformer': the sequence (T={T}) is longer than "
-                       f"max_len={self.max_len}")
+      raise ValueError(
+        f"projection='linformer': the sequence (T={T}) is longer than max_len={self.max_len}"
+      )
     e = layer.linformer_e[...][:, :T].astype(k.dtype)
     f = layer.linformer_f[...][:, :T].astype(v.dtype)
     return jnp.einsum("mt,btkh->bmkh", e, k), jnp.einsum("mt,btkh->bmkh", f, v)
@@ -142,37 +160,70 @@ class CompressedSpec(AttentionSpec):
     fn = self.function(layer)
     if self.projection == "linformer":
       if segment_ids is not None:
-        raise ValueError("segment_ids: projection='linformer' mixes the whole sequence and "
-                         "cannot keep packed documents apart")
-      return fn(q, k_c, v_c, normalizer=self.normalizer, softcap=self.softcap,
-                implementation="reference" if impl == "reference" else None,
-                return_stats=return_stats)
-    return fn(q, k, v, stride=self.stride, pool=(k_c, v_c), is_causal=layer.config.is_causal,
-              window=self.window, normalizer=self.normalizer, softcap=self.softcap,
-              segment_ids=segment_ids, implementation=impl, return_stats=return_stats,
-              block_size=self.block_size)
+        raise ValueError(
+          "segment_ids: projection='linformer' mixes the whole sequence and "
+          "cannot keep packed documents apart"
+        )
+      return fn(
+        q,
+        k_c,
+        v_c,
+        normalizer=self.normalizer,
+        softcap=self.softcap,
+        implementation="reference" if impl == "reference" else None,
+        return_stats=return_stats,
+      )
+    return fn(
+      q,
+      k,
+      v,
+      stride=self.stride,
+      pool=(k_c, v_c),
+      is_causal=layer.config.is_causal,
+      window=self.window,
+      normalizer=self.normalizer,
+      softcap=self.softcap,
+      segment_ids=segment_ids,
+      implementation=impl,
+      return_stats=return_stats,
+      block_size=self.block_size,
+    )
 
   def _slot_weights(self, layer, q, k, v, segment_ids) -> Array:
     """``[B, N, T, slots]``: the weights over the key slots, as attention to one-hot values."""
+
     def one_hot(v_c, v):
       B, C, K, _ = v_c.shape
       if self.projection == "linformer":
         return jnp.broadcast_to(jnp.eye(C)[None, :, None, :], (B, C, K, C)), v
       slots = C + v.shape[1]
       eye = jnp.eye(slots)[None, :, None, :]
-      return (jnp.broadcast_to(eye[:, :C], (B, C, K, slots)),
-              jnp.broadcast_to(eye[:, C:], (B, v.shape[1], K, slots)))
-    w = self._run(layer, q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-                  segment_ids=segment_ids, values=one_hot)
+      return (
+        jnp.broadcast_to(eye[:, :C], (B, C, K, slots)),
+        jnp.broadcast_to(eye[:, C:], (B, v.shape[1], K, slots)),
+      )
+
+    w = self._run(
+      layer,
+      q.astype(jnp.float32),
+      k.astype(jnp.float32),
+      v.astype(jnp.float32),
+      segment_ids=segment_ids,
+      values=one_hot,
+    )
     return jnp.transpose(w, (0, 2, 1, 3))
 
   def attend(self, layer, q, k, v, call: Call):
     if call.cross:
-      raise ValueError("inputs_kv: family='compressed' cannot cross-attend (its blocks follow "
-                       "the positions of one sequence)")
+      raise ValueError(
+        "inputs_kv: family='compressed' cannot cross-attend (its blocks follow "
+        "the positions of one sequence)"
+      )
     if call.mask is not None:
-      raise ValueError("mask: family='compressed' takes no mask array (a mask over raw keys "
-                       "has no meaning for compressed ones); mark documents with segment_ids")
+      raise ValueError(
+        "mask: family='compressed' takes no mask array (a mask over raw keys "
+        "has no meaning for compressed ones); mark documents with segment_ids"
+      )
     if call.cache is not None:
       return self._decode(layer, q, k, v, call)
     T = q.shape[1]
@@ -190,12 +241,15 @@ class CompressedSpec(AttentionSpec):
     L = cache.k.shape[1]
     start = cache.index
     idx, seg, rope_q = call.decode_positions(start, B, T)
-    put = lambda x, new: jax.lax.dynamic_update_slice_in_dim(x, new.astype(x.dtype), start,
-                                                             axis=1)
-    cache = KVCache(k=put(cache.k, k), v=put(cache.v, v),
-                    positions=jax.lax.dynamic_update_slice_in_dim(cache.positions, idx, start, 0),
-                    index=start + T, rope_positions=put(cache.rope_positions, rope_q),
-                    segment_ids=put(cache.segment_ids, seg))
+    put = lambda x, new: jax.lax.dynamic_update_slice_in_dim(x, new.astype(x.dtype), start, axis=1)
+    cache = KVCache(
+      k=put(cache.k, k),
+      v=put(cache.v, v),
+      positions=jax.lax.dynamic_update_slice_in_dim(cache.positions, idx, start, 0),
+      index=start + T,
+      rope_positions=put(cache.rope_positions, rope_q),
+      segment_ids=put(cache.segment_ids, seg),
+    )
     k_all, theta = cache.k, layer.config.rope_theta
     if theta is not None:
       scaling = layer.config.rope_scaling
@@ -203,19 +257,21 @@ class CompressedSpec(AttentionSpec):
       k_all = apply_rope(k_all, cache.rope_positions, theta, scaling=scaling)
     # The new queries at their positions of a full-length query sequence; other rows are dropped.
     q_all = put(jnp.zeros((B, L) + q.shape[2:], q.dtype), q)
-    out = self._run(layer, q_all, k_all, cache.v,
-                    segment_ids=(cache.segment_ids, cache.segment_ids))
+    out = self._run(
+      layer, q_all, k_all, cache.v, segment_ids=(cache.segment_ids, cache.segment_ids)
+    )
     return jax.lax.dynamic_slice_in_dim(out, start, T, axis=1), cache
 
   def init_cache(self, layer, batch_size, max_len):
     K, H = layer.num_kv_heads, layer.head_dim
     return KVCache(
-        k=jnp.zeros((batch_size, max_len, K, H), layer.dtype),
-        v=jnp.zeros((batch_size, max_len, K, H), layer.dtype),
-        positions=jnp.full((max_len,), -1, jnp.int32),
-        index=jnp.zeros((), jnp.int32),
-        rope_positions=jnp.full((batch_size, max_len), -1, jnp.int32),
-        segment_ids=jnp.zeros((batch_size, max_len), jnp.int32))
+      k=jnp.zeros((batch_size, max_len, K, H), layer.dtype),
+      v=jnp.zeros((batch_size, max_len, K, H), layer.dtype),
+      positions=jnp.full((max_len,), -1, jnp.int32),
+      index=jnp.zeros((), jnp.int32),
+      rope_positions=jnp.full((batch_size, max_len), -1, jnp.int32),
+      segment_ids=jnp.zeros((batch_size, max_len), jnp.int32),
+    )
 
   def allowed_mask(self, layer, length):
     """Raw pairs ``(i, j)`` whose key reaches query ``i``: through a visible compressed block or

@@ -26,16 +26,29 @@ from attnjax._src.nn.specs import check_int, check_type
 OUTPUT_GATES = (None, "elementwise", "headwise")
 MLPS = ("gelu", "swiglu", "geglu", "moe", "none")
 # The activations each MLP kind takes (mlp_activation; None = the first).
-MLP_ACTIVATIONS = {"gelu": ("gelu_tanh", "gelu_exact"), "geglu": ("gelu_tanh", "gelu_exact"),
-                   "swiglu": ("silu",)}
+MLP_ACTIVATIONS = {
+  "gelu": ("gelu_tanh", "gelu_exact"),
+  "geglu": ("gelu_tanh", "gelu_exact"),
+  "swiglu": ("silu",),
+}
 NORMS = ("rms", "layer", "rms_plus_one")
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # The common fields of every layer, in order.
-COMMON_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "rope_theta", "output_gate",
-                 "is_causal", "implementation", "sow_weights", "qkv_bias", "out_bias",
-                 "rope_scaling")
+COMMON_FIELDS = (
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "rope_theta",
+  "output_gate",
+  "is_causal",
+  "implementation",
+  "sow_weights",
+  "qkv_bias",
+  "out_bias",
+  "rope_scaling",
+)
 
 # Every family option of the flat record used before the per-family specs, with its
 # default there. A dict (or constructor call) written for that record may carry an
@@ -43,32 +56,51 @@ COMMON_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "rope_theta", "output_
 # error naming the field. Reading such an option from a config of another family
 # gives this default, so code written against the flat record keeps working.
 LEGACY_DEFAULTS: dict[str, Any] = {
-    "normalizer": "softmax", "similarity": "dot", "qk_norm": "rms",
-    "qk_norm_placement": "before_rope", "qk_norm_gain": True, "qk_norm_eps": 1e-6,
-    "qk_scale": None, "cosine_convention": "swin", "temperature_init": None,
-    "sink_logits": False, "kv_bias": False, "window": None, "num_sinks": 0,
-    "streaming_rope": "cache", "pattern": None, "block_size": 16,
-    "feature_map": "elu_plus_one", "num_features": 64, "stabilize_features": True,
-    "linear_normalize": "denominator", "chunk_size": 64, "softcap": None,
+  "normalizer": "softmax",
+  "similarity": "dot",
+  "qk_norm": "rms",
+  "qk_norm_placement": "before_rope",
+  "qk_norm_gain": True,
+  "qk_norm_eps": 1e-6,
+  "qk_scale": None,
+  "cosine_convention": "swin",
+  "temperature_init": None,
+  "sink_logits": False,
+  "kv_bias": False,
+  "window": None,
+  "num_sinks": 0,
+  "streaming_rope": "cache",
+  "pattern": None,
+  "block_size": 16,
+  "feature_map": "elu_plus_one",
+  "num_features": 64,
+  "stabilize_features": True,
+  "linear_normalize": "denominator",
+  "chunk_size": 64,
+  "softcap": None,
 }
+
 
 def _spec_fields(spec_class) -> tuple[str, ...]:
   return tuple(f.name for f in dataclasses.fields(spec_class))
 
 
 def _owners(name: str) -> str:
-  owners = [f for f, cls in specs.FAMILY_SPECS.items()
-            if name in _spec_fields(cls) or name in getattr(cls, "renamed_fields", {})]
+  owners = [
+    f
+    for f, cls in specs.FAMILY_SPECS.items()
+    if name in _spec_fields(cls) or name in getattr(cls, "renamed_fields", {})
+  ]
   return ", ".join(repr(f) for f in owners) or "no family"
 
 
-def _build_spec(family: Optional[str], spec: Optional[specs.AttentionSpec],
-                options: dict[str, Any]) -> specs.AttentionSpec:
+def _build_spec(
+  family: Optional[str], spec: Optional[specs.AttentionSpec], options: dict[str, Any]
+) -> specs.AttentionSpec:
   """The spec of ``family`` (or ``spec`` updated) from flat family options."""
   if spec is not None:
     if not isinstance(spec, specs.AttentionSpec):
-      raise TypeError(f"spec must be an attnjax.nn.specs.AttentionSpec, got "
-                      f"{type(spec).__name__}")
+      raise TypeError(f"spec must be an attnjax.nn.specs.AttentionSpec, got {type(spec).__name__}")
     if family is not None and family != spec.family:
       raise ValueError(f"family={family!r} disagrees with spec of family {spec.family!r}")
     family, cls = spec.family, type(spec)
@@ -78,19 +110,24 @@ def _build_spec(family: Optional[str], spec: Optional[specs.AttentionSpec],
     cls = specs.FAMILY_SPECS[family]
   own = _spec_fields(cls)
   # A field's old name (QKNormSpec's qk_scale, now scale) warns once and means the new one.
-  options = _deprecation.renamed_in("AttentionConfig", options,
-                                    getattr(cls, "renamed_fields", {}), stacklevel=4)
+  options = _deprecation.renamed_in(
+    "AttentionConfig", options, getattr(cls, "renamed_fields", {}), stacklevel=4
+  )
   kept = {}
   for name, value in options.items():
     if name in own:
       kept[name] = value
     elif name in LEGACY_DEFAULTS:
       if value != LEGACY_DEFAULTS[name]:
-        raise ValueError(f"{name}={value!r} cannot be used with family={family!r}: it is an "
-                         f"option of family {_owners(name)}")
+        raise ValueError(
+          f"{name}={value!r} cannot be used with family={family!r}: it is an "
+          f"option of family {_owners(name)}"
+        )
     else:
-      raise TypeError(f"unknown AttentionConfig field {name!r} (family={family!r} takes: "
-                      f"{', '.join(COMMON_FIELDS + own)})")
+      raise TypeError(
+        f"unknown AttentionConfig field {name!r} (family={family!r} takes: "
+        f"{', '.join(COMMON_FIELDS + own)})"
+      )
   if spec is not None:
     return dataclasses.replace(spec, **kept) if kept else spec
   return cls(**kept)
@@ -150,21 +187,39 @@ class AttentionConfig:
   rope_scaling: Optional[tuple] = None
   spec: specs.AttentionSpec = specs.DenseSpec()
 
-  def __init__(self, family: Optional[str] = None, *, spec: Optional[specs.AttentionSpec] = None,
-               num_heads: int = 4, num_kv_heads: Optional[int] = None,
-               head_dim: Optional[int] = None, rope_theta: Optional[float] = 10000.0,
-               output_gate: Optional[str] = None, is_causal: bool = True,
-               implementation: Optional[str] = None, sow_weights: bool = False,
-               qkv_bias: bool = False, out_bias: bool = False, rope_scaling: Any = None,
-               **options: Any):
+  def __init__(
+    self,
+    family: Optional[str] = None,
+    *,
+    spec: Optional[specs.AttentionSpec] = None,
+    num_heads: int = 4,
+    num_kv_heads: Optional[int] = None,
+    head_dim: Optional[int] = None,
+    rope_theta: Optional[float] = 10000.0,
+    output_gate: Optional[str] = None,
+    is_causal: bool = True,
+    implementation: Optional[str] = None,
+    sow_weights: bool = False,
+    qkv_bias: bool = False,
+    out_bias: bool = False,
+    rope_scaling: Any = None,
+    **options: Any,
+  ):
     built = _build_spec(family, spec, options)
-    for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
-                        ("head_dim", head_dim), ("rope_theta", rope_theta),
-                        ("output_gate", output_gate), ("is_causal", is_causal),
-                        ("implementation", implementation), ("sow_weights", sow_weights),
-                        ("qkv_bias", qkv_bias), ("out_bias", out_bias),
-                        ("rope_scaling", rope_lib.normalize_scaling(rope_scaling)),
-                        ("spec", built)):
+    for name, value in (
+      ("num_heads", num_heads),
+      ("num_kv_heads", num_kv_heads),
+      ("head_dim", head_dim),
+      ("rope_theta", rope_theta),
+      ("output_gate", output_gate),
+      ("is_causal", is_causal),
+      ("implementation", implementation),
+      ("sow_weights", sow_weights),
+      ("qkv_bias", qkv_bias),
+      ("out_bias", out_bias),
+      ("rope_scaling", rope_lib.normalize_scaling(rope_scaling)),
+      ("spec", built),
+    ):
       object.__setattr__(self, name, value)
     self._check()
 
@@ -173,7 +228,8 @@ class AttentionConfig:
     check_int("num_kv_heads", self.num_kv_heads, allow_none=True)
     if self.num_heads % self.kv_heads != 0:
       raise ValueError(
-          f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.kv_heads}")
+        f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.kv_heads}"
+      )
     check_int("head_dim", self.head_dim, allow_none=True)
     if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
@@ -210,8 +266,9 @@ class AttentionConfig:
     if self.head_dim is not None:
       return self.head_dim
     if d_model % self.num_heads:
-      raise ValueError(f"d_model={d_model} is not divisible by num_heads={self.num_heads}; "
-                       f"set head_dim")
+      raise ValueError(
+        f"d_model={d_model} is not divisible by num_heads={self.num_heads}; set head_dim"
+      )
     H = d_model // self.num_heads
     if self.rope_theta is not None and H % 2:
       raise ValueError(f"head_dim = d_model // num_heads = {H} must be even for RoPE")
@@ -244,8 +301,12 @@ class AttentionConfig:
     for old, new in getattr(specs.FAMILY_SPECS[family], "renamed_fields", {}).items():
       if old in d and new not in d:
         d[new] = d.pop(old)
-    unknown = set(d) - set(COMMON_FIELDS) - set(LEGACY_DEFAULTS) - set(
-        _spec_fields(specs.FAMILY_SPECS[family]))
+    unknown = (
+      set(d)
+      - set(COMMON_FIELDS)
+      - set(LEGACY_DEFAULTS)
+      - set(_spec_fields(specs.FAMILY_SPECS[family]))
+    )
     if unknown:
       raise ValueError(f"unknown AttentionConfig fields: {sorted(unknown)}")
     common = {name: d.pop(name) for name in COMMON_FIELDS if name in d}
@@ -342,12 +403,15 @@ class ModelConfig:
       if isinstance(self.layer_attention, list):
         object.__setattr__(self, "layer_attention", tuple(self.layer_attention))
       if len(self.layer_attention) != self.num_layers:
-        raise ValueError(f"layer_attention has {len(self.layer_attention)} configs for "
-                         f"num_layers={self.num_layers}")
+        raise ValueError(
+          f"layer_attention has {len(self.layer_attention)} configs for "
+          f"num_layers={self.num_layers}"
+        )
       for i, c in enumerate(self.layer_attention):
         if not isinstance(c, AttentionConfig):
           raise TypeError(
-              f"layer_attention[{i}] must be an AttentionConfig, got {type(c).__name__}")
+            f"layer_attention[{i}] must be an AttentionConfig, got {type(c).__name__}"
+          )
     for i in range(self.num_layers):
       self.attention_for(i).head_dim_for(self.d_model)
     _checks.check_choice("mlp", self.mlp, MLPS)
@@ -361,8 +425,10 @@ class ModelConfig:
     if self.mlp_activation is not None:
       allowed = MLP_ACTIVATIONS.get(self.mlp, ())
       if self.mlp_activation not in allowed:
-        raise ValueError(f"mlp_activation={self.mlp_activation!r} does not apply to "
-                         f"mlp={self.mlp!r} (it takes: {allowed or 'none'})")
+        raise ValueError(
+          f"mlp_activation={self.mlp_activation!r} does not apply to "
+          f"mlp={self.mlp!r} (it takes: {allowed or 'none'})"
+        )
     check_int("learned_positions", self.learned_positions, allow_none=True)
     _checks.check_positive_float("embed_scale", self.embed_scale)
     _checks.check_positive_float("final_softcap", self.final_softcap)
@@ -370,13 +436,16 @@ class ModelConfig:
       check_int("num_experts", self.num_experts)
       check_int("experts_per_token", self.experts_per_token)
       if self.experts_per_token > self.num_experts:
-        raise ValueError(f"experts_per_token={self.experts_per_token} exceeds "
-                         f"num_experts={self.num_experts}")
+        raise ValueError(
+          f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}"
+        )
       _checks.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
       _checks.check_positive_float("moe_limit", self.moe_limit)
     elif self.num_experts is not None or self.experts_per_token is not None:
-      raise ValueError(f"num_experts={self.num_experts}, experts_per_token="
-                       f"{self.experts_per_token} need mlp='moe', got mlp={self.mlp!r}")
+      raise ValueError(
+        f"num_experts={self.num_experts}, experts_per_token="
+        f"{self.experts_per_token} need mlp='moe', got mlp={self.mlp!r}"
+      )
 
   def attention_for(self, layer: int) -> AttentionConfig:
     return self.attention if self.layer_attention is None else self.layer_attention[layer]
@@ -406,8 +475,9 @@ class ModelConfig:
       d["attention"] = AttentionConfig.from_dict(d["attention"])
     if d.get("layer_attention") is not None:
       d["layer_attention"] = tuple(
-          c if isinstance(c, AttentionConfig) else AttentionConfig.from_dict(c)
-          for c in d["layer_attention"])
+        c if isinstance(c, AttentionConfig) else AttentionConfig.from_dict(c)
+        for c in d["layer_attention"]
+      )
     return cls(**d)
 
   def replace(self, **changes) -> "ModelConfig":

@@ -41,8 +41,13 @@ def init_cache(model: TransformerLM, batch_size: int, max_len: int) -> list:
 
 
 @nnx.jit
-def decode_step(model: TransformerLM, tokens: Array, cache: list,
-                segment_ids: Optional[Array] = None, positions: Optional[Array] = None):
+def decode_step(
+  model: TransformerLM,
+  tokens: Array,
+  cache: list,
+  segment_ids: Optional[Array] = None,
+  positions: Optional[Array] = None,
+):
   """The logits of the next ``tokens`` given the cache, and the advanced cache (jitted).
 
   A prompt goes in at once (prefill), later tokens one at a time; prefill then steps
@@ -71,9 +76,16 @@ def _sample(logits: Array, key: Array, temperature: float, top_k: Optional[int])
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-def generate(model: TransformerLM, prompt: Array, num_tokens: int, *,
-             rng: Optional[Array] = None, temperature: float = 0.0,
-             top_k: Optional[int] = None, max_len: Optional[int] = None) -> Array:
+def generate(
+  model: TransformerLM,
+  prompt: Array,
+  num_tokens: int,
+  *,
+  rng: Optional[Array] = None,
+  temperature: float = 0.0,
+  top_k: Optional[int] = None,
+  max_len: Optional[int] = None,
+) -> Array:
   """Continues ``prompt`` ``[B, T0]`` by ``num_tokens`` tokens.
 
   Args:
@@ -108,8 +120,16 @@ def generate(model: TransformerLM, prompt: Array, num_tokens: int, *,
   rng = jax.random.key(0) if rng is None else rng
   graphdef, state = nnx.split(model)
   cache = model.init_cache(B, max_len)
-  return _generate(graphdef, state, prompt, cache, rng, num_tokens=num_tokens,
-                   temperature=float(temperature), top_k=top_k)
+  return _generate(
+    graphdef,
+    state,
+    prompt,
+    cache,
+    rng,
+    num_tokens=num_tokens,
+    temperature=float(temperature),
+    top_k=top_k,
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_tokens", "temperature", "top_k"))

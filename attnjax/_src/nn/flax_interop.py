@@ -29,8 +29,10 @@ from attnjax._src.nn import _layers
 # cannot take: everything else may be fixed when the adapter is made.
 _PER_CALL = ("query", "key", "value", "bias", "mask", "return_stats", "return_residual")
 ADAPTER_KEYWORDS: tuple[str, ...] = tuple(
-    name for name in inspect.signature(dense.dot_product_attention).parameters
-    if name not in _PER_CALL)
+  name
+  for name in inspect.signature(dense.dot_product_attention).parameters
+  if name not in _PER_CALL
+)
 
 
 def _flat_batch(x: Any, batch: tuple[int, ...], B: int):
@@ -38,7 +40,7 @@ def _flat_batch(x: Any, batch: tuple[int, ...], B: int):
   with one batch dim (``B`` or 1)."""
   x = jnp.asarray(x)
   x = jnp.reshape(x, (1,) * (len(batch) + 3 - x.ndim) + x.shape)
-  lead, tail = x.shape[:len(batch)], x.shape[len(batch):]
+  lead, tail = x.shape[: len(batch)], x.shape[len(batch) :]
   if all(d == 1 for d in lead):
     return jnp.reshape(x, (1,) + tail)
   return jnp.reshape(jnp.broadcast_to(x, batch + tail), (B,) + tail)
@@ -80,23 +82,42 @@ def flax_attention_fn(**attnjax_options: Any) -> Callable[..., jax.Array]:
   """
   unknown = [name for name in attnjax_options if name not in ADAPTER_KEYWORDS]
   if unknown:
-    raise TypeError(f"flax_attention_fn takes keywords of attnjax.dot_product_attention "
-                    f"{ADAPTER_KEYWORDS}, got {unknown}")
+    raise TypeError(
+      f"flax_attention_fn takes keywords of attnjax.dot_product_attention "
+      f"{ADAPTER_KEYWORDS}, got {unknown}"
+    )
   options = dict(attnjax_options)
   always_causal = bool(options.pop("is_causal", False))
 
-  def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
-                   dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
-                   precision=None, module=None, is_causal=False, force_fp32_for_softmax=False,
-                   qk_attn_weights_einsum=None, attn_weights_value_einsum=None):
+  def attention_fn(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    broadcast_dropout=True,
+    dropout_rng=None,
+    dropout_rate=0.0,
+    deterministic=False,
+    dtype=None,
+    precision=None,
+    module=None,
+    is_causal=False,
+    force_fp32_for_softmax=False,
+    qk_attn_weights_einsum=None,
+    attn_weights_value_einsum=None,
+  ):
     del broadcast_dropout, dropout_rng, precision, force_fp32_for_softmax
     if dropout_rate > 0.0 and not deterministic:
       raise ValueError(
-          f"attnjax attention has no dropout on attention weights: make the flax layer with "
-          f"dropout_rate=0.0 or call it deterministic (got dropout_rate={dropout_rate})")
+        f"attnjax attention has no dropout on attention weights: make the flax layer with "
+        f"dropout_rate=0.0 or call it deterministic (got dropout_rate={dropout_rate})"
+      )
     if qk_attn_weights_einsum is not None or attn_weights_value_einsum is not None:
-      raise ValueError("qk_attn_weights_einsum / attn_weights_value_einsum (custom einsums) "
-                       "cannot be applied inside attnjax's attention; leave them unset")
+      raise ValueError(
+        "qk_attn_weights_einsum / attn_weights_value_einsum (custom einsums) "
+        "cannot be applied inside attnjax's attention; leave them unset"
+      )
     dtype = jnp.result_type(query, key, value) if dtype is None else dtype
     query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))
     batch = query.shape[:-3]
@@ -105,9 +126,9 @@ def flax_attention_fn(**attnjax_options: Any) -> Callable[..., jax.Array]:
     mask = None if mask is None else _flat_batch(jnp.asarray(mask).astype(bool), batch, B)
     bias = None if bias is None else _flat_batch(bias, batch, B)
     stats = _wants_stats(module)
-    out = dense.dot_product_attention(q, k, v, bias, mask,
-                                      is_causal=bool(is_causal) or always_causal,
-                                      return_stats=stats, **options)
+    out = dense.dot_product_attention(
+      q, k, v, bias, mask, is_causal=bool(is_causal) or always_causal, return_stats=stats, **options
+    )
     if stats:
       out, st = out
       _sow(module, jax.tree.map(lambda x: jnp.reshape(x, batch + x.shape[1:]), st))

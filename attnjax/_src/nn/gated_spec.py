@@ -27,7 +27,14 @@ from attnjax._src.attention_stats import AttentionStats, stats_from_weights
 from attnjax._src.ops.dense.qk_norm import normalize_head
 from attnjax._src.nn import _context, _layers
 from attnjax._src.nn.caches import GatedCache
-from attnjax._src.nn.spec_base import AttentionSpec, Call, _rope, check_int, check_type, register_family
+from attnjax._src.nn.spec_base import (
+  AttentionSpec,
+  Call,
+  _rope,
+  check_int,
+  check_type,
+  register_family,
+)
 
 Array = jnp.ndarray
 
@@ -38,8 +45,7 @@ _A_INIT = (1.0, 16.0)
 _DT_INIT = (1e-3, 1e-1)
 
 
-def short_conv(x: Array, weight: Array, tail: Array, segment_ids: Array,
-               tail_segment_ids: Array):
+def short_conv(x: Array, weight: Array, tail: Array, segment_ids: Array, tail_segment_ids: Array):
   """Causal depthwise convolution that never mixes two segments.
 
   ``out_t = sum_{l < W} weight[l] * x_{t - l}`` over earlier inputs of the same
@@ -61,9 +67,9 @@ def short_conv(x: Array, weight: Array, tail: Array, segment_ids: Array,
   out = jnp.zeros(x.shape, jnp.float32)
   for lag in range(W):
     start = W - 1 - lag
-    same = (ss[:, start:start + T] == segment_ids)[..., None]
+    same = (ss[:, start : start + T] == segment_ids)[..., None]
     tap = jnp.reshape(weight[lag].astype(jnp.float32), (1, 1, -1))
-    out = out + jnp.where(same, xs[:, start:start + T], 0) * tap
+    out = out + jnp.where(same, xs[:, start : start + T], 0) * tap
   return out.astype(x.dtype), xs[:, T:], ss[:, T:]
 
 
@@ -92,7 +98,12 @@ class GatedSpec(AttentionSpec):
   """
 
   optional_params: ClassVar[tuple[str, ...]] = (
-      "g_proj", "out_norm_gain", "q_conv", "k_conv", "v_conv")
+    "g_proj",
+    "out_norm_gain",
+    "q_conv",
+    "k_conv",
+    "v_conv",
+  )
   implementations: ClassVar[tuple[str, ...]] = gated_lib.IMPLEMENTATIONS
   deprecated_implementations: ClassVar[dict[str, str]] = dict(gated_lib.OP.renamed)
   takes_segment_ids: ClassVar[bool] = True
@@ -112,8 +123,9 @@ class GatedSpec(AttentionSpec):
 
   def check(self, config) -> None:
     if not config.is_causal:
-      raise ValueError(f"is_causal=False: family={self.family!r} is a causal recurrence "
-                       f"and has no encoder form")
+      raise ValueError(
+        f"is_causal=False: family={self.family!r} is a causal recurrence and has no encoder form"
+      )
 
   # -------------------------------------------------------------------------
   # Parameters.
@@ -164,8 +176,9 @@ class GatedSpec(AttentionSpec):
         old, old_seg = cache.conv, cache.conv_segment_ids
       mixed, new = [], []
       for a, tail, weight in zip((q, k, v), old, (layer.q_conv, layer.k_conv, layer.v_conv)):
-        out, new_tail, new_seg = short_conv(jnp.reshape(a, (B, T, -1)), weight[...], tail, seg,
-                                            old_seg)
+        out, new_tail, new_seg = short_conv(
+          jnp.reshape(a, (B, T, -1)), weight[...], tail, seg, old_seg
+        )
         mixed.append(jnp.reshape(jax.nn.silu(out), a.shape))
         new.append(new_tail.astype(tail.dtype))
       q, k, v = mixed
@@ -189,15 +202,21 @@ class GatedSpec(AttentionSpec):
     c = layer.config
     family = self.family
     if call.cross:
-      raise ValueError(f"inputs_kv: family={family!r} is causal self-attention (a recurrent "
-                       f"state); it has no cross-attention")
+      raise ValueError(
+        f"inputs_kv: family={family!r} is causal self-attention (a recurrent "
+        f"state); it has no cross-attention"
+      )
     if call.mask is not None:
-      raise ValueError(f"mask: family={family!r} cannot take a mask (it never forms the "
-                       f"weights); use segment_ids for packed documents")
+      raise ValueError(
+        f"mask: family={family!r} cannot take a mask (it never forms the "
+        f"weights); use segment_ids for packed documents"
+      )
     x = call.inputs
     if x is None:
-      raise ValueError(f"family={family!r} projects its gates from the layer input: Call.inputs "
-                       f"must be the layer's x [B, T, D]")
+      raise ValueError(
+        f"family={family!r} projects its gates from the layer input: Call.inputs "
+        f"must be the layer's x [B, T, D]"
+      )
     B, T = q.shape[:2]
     cache = call.cache
     idx = jnp.arange(T, dtype=jnp.int32)
@@ -222,20 +241,23 @@ class GatedSpec(AttentionSpec):
     # A call starting another segment than the cache's last token starts from zero.
     reset = jnp.logical_and(seg_conv[:, 0] != cache.segment_id, cache.index > 0)
     state = jnp.where(reset[:, None, None, None], 0.0, cache.state)
-    out, state = self.call_function(fn, q, k, v, gates, initial_state=state, return_state=True,
-                                    **kwargs)
+    out, state = self.call_function(
+      fn, q, k, v, gates, initial_state=state, return_state=True, **kwargs
+    )
     new_cache = GatedCache(
-        state=state, index=cache.index + T, segment_id=seg_conv[:, -1],
-        conv=None if tails is None else tails[0],
-        conv_segment_ids=None if tails is None else tails[1])
+      state=state,
+      index=cache.index + T,
+      segment_id=seg_conv[:, -1],
+      conv=None if tails is None else tails[0],
+      conv_segment_ids=None if tails is None else tails[1],
+    )
     return self._finish(layer, x, out), new_cache
 
   def implied_weights(self, fn, q, k, gates, kwargs) -> Array:
     """``[B, N, T, S]``: the layer's output for one-hot values (its implied attention matrix)."""
     B, S, K, _ = k.shape
     eye = jnp.broadcast_to(jnp.eye(S, dtype=jnp.float32)[None, :, None, :], (B, S, K, S))
-    w = self.call_function(fn, q.astype(jnp.float32), k.astype(jnp.float32), eye, gates,
-                           **kwargs)
+    w = self.call_function(fn, q.astype(jnp.float32), k.astype(jnp.float32), eye, gates, **kwargs)
     return jnp.transpose(w, (0, 2, 1, 3))
 
   def _sow(self, layer, fn, q, k, gates, kwargs, call) -> None:
@@ -243,8 +265,11 @@ class GatedSpec(AttentionSpec):
     T = w.shape[-1]
     zeros = jnp.zeros(w.shape, jnp.float32)
     full = stats_from_weights(zeros, w, self.allowed_mask(layer, T), zeros[..., :1])
-    _layers.sow(layer, "attention_stats", AttentionStats(
-        sink_mass=full.sink_mass, entropy=full.entropy, row_sum=full.row_sum))
+    _layers.sow(
+      layer,
+      "attention_stats",
+      AttentionStats(sink_mass=full.sink_mass, entropy=full.entropy, row_sum=full.row_sum),
+    )
     if call.sow_weights:
       _layers.sow(layer, "weights", w)
 
@@ -266,9 +291,13 @@ class GatedSpec(AttentionSpec):
       W = self.short_conv
       conv = tuple(jnp.zeros((B, W - 1, width), layer.dtype) for width in (N * H, K * H, K * H))
       conv_seg = jnp.zeros((B, W - 1), jnp.int32)
-    return GatedCache(state=jnp.zeros((B, N, H, H), jnp.float32), index=jnp.zeros((), jnp.int32),
-                      segment_id=jnp.zeros((B,), jnp.int32), conv=conv,
-                      conv_segment_ids=conv_seg)
+    return GatedCache(
+      state=jnp.zeros((B, N, H, H), jnp.float32),
+      index=jnp.zeros((), jnp.int32),
+      segment_id=jnp.zeros((B,), jnp.int32),
+      conv=conv,
+      conv_segment_ids=conv_seg,
+    )
 
   def allowed_mask(self, layer, length):
     return jnp.tril(jnp.ones((length, length), bool))[None, None]
@@ -294,8 +323,9 @@ def retnet_log_decay(num_heads: int) -> Array:
 
 def _init_mamba2_decay(layer, rngs, param_dtype) -> None:
   D, N = layer.d_model, layer.num_heads
-  layer.dt_proj = _layers.linear(D, N, ("embed", "heads"), rngs=rngs, dtype=layer.dtype,
-                                 param_dtype=param_dtype)
+  layer.dt_proj = _layers.linear(
+    D, N, ("embed", "heads"), rngs=rngs, dtype=layer.dtype, param_dtype=param_dtype
+  )
   lo, hi = _DT_INIT
   dt = jnp.exp(jax.random.uniform(rngs.params(), (N,), jnp.float32, math.log(lo), math.log(hi)))
   # softplus(dt_bias) = dt at init.
@@ -341,7 +371,10 @@ class Mamba2DecaySpec(GatedSpec):
 
   family: ClassVar[str] = "mamba2_decay"
   optional_params: ClassVar[tuple[str, ...]] = GatedSpec.optional_params + (
-      "dt_proj", "dt_bias", "A_log")
+    "dt_proj",
+    "dt_bias",
+    "A_log",
+  )
   gate_before_norm: ClassVar[bool] = True
 
   def init_gate_params(self, layer, rngs, param_dtype):
@@ -363,8 +396,7 @@ class GLASpec(GatedSpec):
   """
 
   family: ClassVar[str] = "gla"
-  optional_params: ClassVar[tuple[str, ...]] = GatedSpec.optional_params + (
-      "gk_down", "gk_up")
+  optional_params: ClassVar[tuple[str, ...]] = GatedSpec.optional_params + ("gk_down", "gk_up")
 
   gate_rank: int = 16
   gate_normalizer: float = 16.0
@@ -405,8 +437,14 @@ class DeltaNetSpec(GatedSpec):
   normalize_qk: ClassVar[bool] = True
 
   def init_gate_params(self, layer, rngs, param_dtype):
-    layer.beta_proj = _layers.linear(layer.d_model, layer.num_heads, ("embed", "heads"),
-                                     rngs=rngs, dtype=layer.dtype, param_dtype=param_dtype)
+    layer.beta_proj = _layers.linear(
+      layer.d_model,
+      layer.num_heads,
+      ("embed", "heads"),
+      rngs=rngs,
+      dtype=layer.dtype,
+      param_dtype=param_dtype,
+    )
 
   def default_function(self, layer):
     return delta_lib.delta_rule_attention
@@ -426,7 +464,10 @@ class GatedDeltaNetSpec(DeltaNetSpec):
 
   family: ClassVar[str] = "gated_deltanet"
   optional_params: ClassVar[tuple[str, ...]] = DeltaNetSpec.optional_params + (
-      "dt_proj", "dt_bias", "A_log")
+    "dt_proj",
+    "dt_bias",
+    "A_log",
+  )
 
   def init_gate_params(self, layer, rngs, param_dtype):
     super().init_gate_params(layer, rngs, param_dtype)
@@ -436,8 +477,13 @@ class GatedDeltaNetSpec(DeltaNetSpec):
     return dict(super().gates(layer, x), log_decay=_mamba2_log_decay(layer, x))
 
 
-GATED_SPECS: tuple[type[GatedSpec], ...] = (RetNetSpec, Mamba2DecaySpec, GLASpec, DeltaNetSpec,
-                                           GatedDeltaNetSpec)
+GATED_SPECS: tuple[type[GatedSpec], ...] = (
+  RetNetSpec,
+  Mamba2DecaySpec,
+  GLASpec,
+  DeltaNetSpec,
+  GatedDeltaNetSpec,
+)
 GATED_FAMILIES: tuple[str, ...] = tuple(s.family for s in GATED_SPECS)
 
 for _spec in GATED_SPECS:

@@ -44,23 +44,30 @@ def validate(policy: Any, budget: Any, recent: Any) -> None:
     TypeError: a budget or window that is not an int.
   """
   if policy not in CACHE_POLICIES:
-    raise ValueError(f"cache_policy={policy!r} is not one of: "
-                     f"{', '.join(repr(p) for p in CACHE_POLICIES)}")
+    raise ValueError(
+      f"cache_policy={policy!r} is not one of: {', '.join(repr(p) for p in CACHE_POLICIES)}"
+    )
   if policy not in EVICTING:
     for name, value in (("cache_budget", budget), ("cache_recent", recent)):
       if value is not None:
-        raise ValueError(f"{name}={value!r}: cache_policy={policy!r} keeps every key; only "
-                         f"{' and '.join(repr(p) for p in EVICTING)} take a budget")
+        raise ValueError(
+          f"{name}={value!r}: cache_policy={policy!r} keeps every key; only "
+          f"{' and '.join(repr(p) for p in EVICTING)} take a budget"
+        )
     return
   if budget is None:
-    raise ValueError(f"cache_budget=None: cache_policy={policy!r} needs cache_budget, the "
-                     f"number of key slots kept per sequence and key/value head")
+    raise ValueError(
+      f"cache_budget=None: cache_policy={policy!r} needs cache_budget, the "
+      f"number of key slots kept per sequence and key/value head"
+    )
   _check_int("cache_budget", budget, 1)
   if recent is not None:
     _check_int("cache_recent", recent, 1)
     if budget < recent:
-      raise ValueError(f"cache_budget={budget} is too small for the recent window "
-                       f"cache_recent={recent} (cache_budget >= cache_recent)")
+      raise ValueError(
+        f"cache_budget={budget} is too small for the recent window "
+        f"cache_recent={recent} (cache_budget >= cache_recent)"
+      )
 
 
 def recent_slots(policy: str, budget: int, recent: Optional[int]) -> int:
@@ -88,8 +95,10 @@ def recent_slots(policy: str, budget: int, recent: Optional[int]) -> int:
 def check_budget(budget: int, max_len: int) -> None:
   """Raises ValueError when ``budget`` exceeds the cache's ``max_len`` (it could never fill)."""
   if budget > max_len:
-    raise ValueError(f"cache_budget={budget} exceeds max_len={max_len}: a cache never holds "
-                     f"more keys than the tokens it decodes")
+    raise ValueError(
+      f"cache_budget={budget} exceeds max_len={max_len}: a cache never holds "
+      f"more keys than the tokens it decodes"
+    )
 
 
 @functools.cache
@@ -113,8 +122,10 @@ def fp8_supported() -> bool:
 def check_fp8() -> None:
   """Raises ValueError naming the backend where :func:`.fp8_supported` is False."""
   if not fp8_supported():
-    raise ValueError(f"cache_policy='fp8': float8_e4m3fn is unsupported by this JAX on the "
-                     f"{jax.default_backend()!r} backend; use cache_policy='int8'")
+    raise ValueError(
+      f"cache_policy='fp8': float8_e4m3fn is unsupported by this JAX on the "
+      f"{jax.default_backend()!r} backend; use cache_policy='int8'"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -161,8 +172,9 @@ def dequantize(stored: Array, scale: Array, dtype) -> Array:
 # Empty caches.
 
 
-def init_cache(policy: str, batch_size: int, capacity: int, num_kv_heads: int,
-               head_dim: int, dtype) -> Any:
+def init_cache(
+  policy: str, batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, dtype
+) -> Any:
   """The empty cache of ``policy``: ``capacity`` slots of ``num_kv_heads`` x ``head_dim``.
 
   Args:
@@ -183,21 +195,32 @@ def init_cache(policy: str, batch_size: int, capacity: int, num_kv_heads: int,
   B, C, K, H = batch_size, capacity, num_kv_heads, head_dim
   index = jnp.zeros((), jnp.int32)
   if policy == "h2o":
-    return H2OCache(k=jnp.zeros((B, C, K, H), dtype), v=jnp.zeros((B, C, K, H), dtype),
-                    scores=jnp.zeros((B, C, K), jnp.float32),
-                    positions=jnp.full((B, C, K), -1, jnp.int32), index=index,
-                    rope_positions=jnp.full((B, C, K), -1, jnp.int32),
-                    segment_ids=jnp.zeros((B, C, K), jnp.int32))
-  meta = dict(positions=jnp.full((C,), -1, jnp.int32), index=index,
-              rope_positions=jnp.full((B, C), -1, jnp.int32),
-              segment_ids=jnp.zeros((B, C), jnp.int32))
+    return H2OCache(
+      k=jnp.zeros((B, C, K, H), dtype),
+      v=jnp.zeros((B, C, K, H), dtype),
+      scores=jnp.zeros((B, C, K), jnp.float32),
+      positions=jnp.full((B, C, K), -1, jnp.int32),
+      index=index,
+      rope_positions=jnp.full((B, C, K), -1, jnp.int32),
+      segment_ids=jnp.zeros((B, C, K), jnp.int32),
+    )
+  meta = dict(
+    positions=jnp.full((C,), -1, jnp.int32),
+    index=index,
+    rope_positions=jnp.full((B, C), -1, jnp.int32),
+    segment_ids=jnp.zeros((B, C), jnp.int32),
+  )
   if policy in QUANTIZED:
     if policy == "fp8":
       check_fp8()
     stored = jnp.dtype(QUANTIZED[policy][0])
-    return QuantizedKVCache(k=jnp.zeros((B, C, K, H), stored), v=jnp.zeros((B, C, K, H), stored),
-                            k_scale=jnp.zeros((B, C, K), jnp.float32),
-                            v_scale=jnp.zeros((B, C, K), jnp.float32), **meta)
+    return QuantizedKVCache(
+      k=jnp.zeros((B, C, K, H), stored),
+      v=jnp.zeros((B, C, K, H), stored),
+      k_scale=jnp.zeros((B, C, K), jnp.float32),
+      v_scale=jnp.zeros((B, C, K), jnp.float32),
+      **meta,
+    )
   return KVCache(k=jnp.zeros((B, C, K, H), dtype), v=jnp.zeros((B, C, K, H), dtype), **meta)
 
 
@@ -208,8 +231,9 @@ def cache_type(policy: str) -> type:
   return QuantizedKVCache if policy in QUANTIZED else KVCache
 
 
-def bytes_per_layer(policy: str, *, batch: int, capacity: int, num_kv_heads: int,
-                    head_dim: int, itemsize: int) -> int:
+def bytes_per_layer(
+  policy: str, *, batch: int, capacity: int, num_kv_heads: int, head_dim: int, itemsize: int
+) -> int:
   """Bytes of one layer's cache arrays (:func:`~attnjax.nn.kv_policies.init_cache`), by formula.
 
   Args:
@@ -232,8 +256,15 @@ def bytes_per_layer(policy: str, *, batch: int, capacity: int, num_kv_heads: int
   return 2 * B * C * K * H * itemsize + meta
 
 
-def cache_bytes_for(config, policy: Optional[str], T: int, batch: int = 1, *,
-                    budget: Optional[int] = None, recent: Optional[int] = None) -> int:
+def cache_bytes_for(
+  config,
+  policy: Optional[str],
+  T: int,
+  batch: int = 1,
+  *,
+  budget: Optional[int] = None,
+  recent: Optional[int] = None,
+) -> int:
   """Bytes the decode caches of a model ``config`` hold for ``batch`` sequences of ``T`` tokens.
 
   A formula (nothing is allocated), equal to :func:`attnjax.nn.cache_bytes` of
@@ -264,21 +295,28 @@ def cache_bytes_for(config, policy: Optional[str], T: int, batch: int = 1, *,
     attn = config.attention_for(i)
     spec = attn.spec
     if not hasattr(spec, "cache_policy"):
-      raise ValueError(f"cache_bytes_for covers the softmax-style families; layer {i} has "
-                       f"family={attn.family!r}")
+      raise ValueError(
+        f"cache_bytes_for covers the softmax-style families; layer {i} has family={attn.family!r}"
+      )
     if policy is not None:
       evicting = policy in EVICTING
       b = None if not evicting else (min(budget, T) if isinstance(budget, int) else budget)
-      spec = spec.replace(cache_policy=policy, cache_budget=b,
-                          cache_recent=recent if evicting else None)
+      spec = spec.replace(
+        cache_policy=policy, cache_budget=b, cache_recent=recent if evicting else None
+      )
       if evicting:
         spec.check(attn)
     if spec.cache_policy in EVICTING:
       check_budget(spec.cache_budget, T)
     capacity = spec.cache_capacity_for(T)
-    total += bytes_per_layer(spec.cache_policy, batch=batch, capacity=capacity,
-                             num_kv_heads=attn.kv_heads, head_dim=attn.head_dim_for(config.d_model),
-                             itemsize=itemsize)
+    total += bytes_per_layer(
+      spec.cache_policy,
+      batch=batch,
+      capacity=capacity,
+      num_kv_heads=attn.kv_heads,
+      head_dim=attn.head_dim_for(config.d_model),
+      itemsize=itemsize,
+    )
   return int(total)
 
 
@@ -342,8 +380,18 @@ def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call) -> tuple:
   k_pos = jnp.concatenate([cache.positions, per_head(jnp.broadcast_to(idx, (B, T)))], axis=1)
   k_seg = jnp.concatenate([cache.segment_ids, per_head(seg)], axis=1)
   k_rope = jnp.concatenate([cache.rope_positions, per_head(rope_q)], axis=1)
-  out, w = spec.attend_cache(layer, q, k_store, v_store, call, start=start, length=C,
-                             queries=queries, keys=(k_pos, k_seg, k_rope), weights=True)
+  out, w = spec.attend_cache(
+    layer,
+    q,
+    k_store,
+    v_store,
+    call,
+    start=start,
+    length=C,
+    queries=queries,
+    keys=(k_pos, k_seg, k_rope),
+    weights=True,
+  )
   S = k_store.shape[1]
   w = jnp.abs(w[..., :S])
   received = jnp.sum(jnp.reshape(w, (B, T, K, N // K, S)), axis=(1, 3))  # [B, K, S]
@@ -356,7 +404,13 @@ def h2o_decode(spec, layer, q: Array, k: Array, v: Array, call) -> tuple:
     ix = keep if x.ndim == 3 else keep[..., None]
     return jnp.take_along_axis(x, ix, axis=1)
 
-  new = H2OCache(k=take(k_store), v=take(v_store), scores=take(scores),
-                 positions=take(k_pos), index=start + T, rope_positions=take(k_rope),
-                 segment_ids=take(k_seg))
+  new = H2OCache(
+    k=take(k_store),
+    v=take(v_store),
+    scores=take(scores),
+    positions=take(k_pos),
+    index=start + T,
+    rope_positions=take(k_rope),
+    segment_ids=take(k_seg),
+  )
   return out, new

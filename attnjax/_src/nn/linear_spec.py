@@ -12,8 +12,15 @@ from attnjax._src import checks as _checks, feature_maps
 from attnjax._src.ops.linear import attention as linear_lib
 from attnjax._src.nn import _layers
 from attnjax._src.nn.caches import FeatureProjection, LinearCache
-from attnjax._src.nn.spec_base import (FEATURE_MAPS, AttentionSpec, _rope, check_int, check_type,
-                                  register_family, run_and_sow)
+from attnjax._src.nn.spec_base import (
+  FEATURE_MAPS,
+  AttentionSpec,
+  _rope,
+  check_int,
+  check_type,
+  register_family,
+  run_and_sow,
+)
 
 Array = jnp.ndarray
 
@@ -62,8 +69,9 @@ class LinearSpec(AttentionSpec):
   def init_params(self, layer, rngs, param_dtype) -> None:
     layer.orthogonal_features = False
     if self.feature_map in feature_maps.RANDOM:
-      factory = (feature_maps.favor_plus if self.feature_map == "favor_plus"
-                 else feature_maps.trig_features)
+      factory = (
+        feature_maps.favor_plus if self.feature_map == "favor_plus" else feature_maps.trig_features
+      )
       drawn = factory(rngs.params(), self.num_features, head_dim=layer.head_dim)
       layer.feature_projection = FeatureProjection(drawn.projection)
       layer.orthogonal_features = drawn.orthogonal
@@ -76,24 +84,34 @@ class LinearSpec(AttentionSpec):
       return feature_maps.by_name(self.feature_map)
     # A carried state needs the exact (unstabilised) estimator; see the class docstring.
     return feature_maps.FeatureMap(
-        self.feature_map, layer.feature_projection[...],
-        stabilize=self.stabilize_features and not decoding, orthogonal=layer.orthogonal_features)
+      self.feature_map,
+      layer.feature_projection[...],
+      stabilize=self.stabilize_features and not decoding,
+      orthogonal=layer.orthogonal_features,
+    )
 
   def redraw(self, layer, key: Array) -> None:
     if self.feature_map not in feature_maps.RANDOM:
-      raise ValueError(f"redraw_features needs a random feature map, this layer has "
-                       f"family='linear', feature_map={self.feature_map!r}")
+      raise ValueError(
+        f"redraw_features needs a random feature map, this layer has "
+        f"family='linear', feature_map={self.feature_map!r}"
+      )
     layer.feature_projection[...] = feature_maps.gaussian_projection(
-        key, self.num_features, layer.head_dim, orthogonal=layer.orthogonal_features)
+      key, self.num_features, layer.head_dim, orthogonal=layer.orthogonal_features
+    )
 
   def attend(self, layer, q, k, v, call):
     c = layer.config
     if call.mask is not None:
-      raise ValueError("mask: family='linear' cannot take a mask (it never forms the weights); "
-                       "only causal, non-causal and cross-attention exist")
+      raise ValueError(
+        "mask: family='linear' cannot take a mask (it never forms the weights); "
+        "only causal, non-causal and cross-attention exist"
+      )
     if call.segment_ids is not None:
-      raise ValueError("segment_ids: family='linear' cannot take segment_ids (packed sequences "
-                       "need a mask, which linear attention cannot apply)")
+      raise ValueError(
+        "segment_ids: family='linear' cannot take segment_ids (packed sequences "
+        "need a mask, which linear attention cannot apply)"
+      )
     cache = call.cache
     is_causal = c.is_causal and not call.cross
     if not call.cross:
@@ -105,19 +123,26 @@ class LinearSpec(AttentionSpec):
       positions = idx if call.positions is None else call.positions
       q, k = _rope(layer, q, positions), _rope(layer, k, positions)
     fm = self.make_feature_map(layer, decoding=cache is not None)
-    kwargs = dict(feature_map=fm, is_causal=is_causal, normalize=self.linear_normalize,
-                  implementation=c.implementation, chunk_size=self.chunk_size)
+    kwargs = dict(
+      feature_map=fm,
+      is_causal=is_causal,
+      normalize=self.linear_normalize,
+      implementation=c.implementation,
+      chunk_size=self.chunk_size,
+    )
     fn = self.function(layer)
 
     def weights():
       return linear_lib.linear_attention_weights(
-          q, k, feature_map=fm, is_causal=is_causal, normalize=self.linear_normalize)
+        q, k, feature_map=fm, is_causal=is_causal, normalize=self.linear_normalize
+      )
 
     if cache is None:
       run = functools.partial(fn, **kwargs)
       return run_and_sow(layer, run, q, k, v, call, weights=weights), None
-    result = fn(q, k, v, initial_state=cache.state, return_state=True,
-                return_stats=call.capture, **kwargs)
+    result = fn(
+      q, k, v, initial_state=cache.state, return_state=True, return_stats=call.capture, **kwargs
+    )
     # return_stats wraps the primary result, here (out, state): see attnjax.linear.
     (out, state), stats = result if call.capture else (result, None)
     new_cache = LinearCache(state=state, index=cache.index + q.shape[1])
@@ -130,8 +155,9 @@ class LinearSpec(AttentionSpec):
   def init_cache(self, layer, batch_size, max_len):
     K, H = layer.num_kv_heads, layer.head_dim
     F = self.make_feature_map(layer, decoding=True).num_features(H)
-    return LinearCache(state=linear_lib.zeros_state(batch_size, K, F, H),
-                       index=jnp.zeros((), jnp.int32))
+    return LinearCache(
+      state=linear_lib.zeros_state(batch_size, K, F, H), index=jnp.zeros((), jnp.int32)
+    )
 
   def allowed_mask(self, layer, length):
     if layer.config.is_causal:

@@ -20,9 +20,9 @@ from attnjax._src.nn import _layers
 Array = jnp.ndarray
 
 ACTIVATIONS = {
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
-    "silu": jax.nn.silu,
+  "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+  "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
+  "silu": jax.nn.silu,
 }
 
 
@@ -49,13 +49,25 @@ def norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype):
   """A norm over the last axis of width ``d``: ``"rms"``, ``"layer"`` or ``"rms_plus_one"``."""
   names = _layers.with_names
   if kind == "rms":
-    return nnx.RMSNorm(d, epsilon=eps, dtype=dtype, param_dtype=param_dtype,
-                       scale_init=names(jax.nn.initializers.ones, ("embed",)), rngs=rngs)
+    return nnx.RMSNorm(
+      d,
+      epsilon=eps,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      scale_init=names(jax.nn.initializers.ones, ("embed",)),
+      rngs=rngs,
+    )
   if kind == "rms_plus_one":
     return PlusOneRMSNorm(d, eps=eps, dtype=dtype, param_dtype=param_dtype)
-  return nnx.LayerNorm(d, epsilon=eps, dtype=dtype, param_dtype=param_dtype,
-                       scale_init=names(jax.nn.initializers.ones, ("embed",)),
-                       bias_init=names(jax.nn.initializers.zeros, ("embed",)), rngs=rngs)
+  return nnx.LayerNorm(
+    d,
+    epsilon=eps,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    scale_init=names(jax.nn.initializers.ones, ("embed",)),
+    bias_init=names(jax.nn.initializers.zeros, ("embed",)),
+    rngs=rngs,
+  )
 
 
 class MLP(nnx.Module):
@@ -71,8 +83,18 @@ class MLP(nnx.Module):
     rngs, dtype, param_dtype: as the other modules.
   """
 
-  def __init__(self, kind: str, d_model: int, hidden: int, *, rngs, dtype, param_dtype,
-               activation=None, use_bias: bool = False):
+  def __init__(
+    self,
+    kind: str,
+    d_model: int,
+    hidden: int,
+    *,
+    rngs,
+    dtype,
+    param_dtype,
+    activation=None,
+    use_bias: bool = False,
+  ):
     lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias)
     self.kind = kind
     self.activation = activation or ("silu" if kind == "swiglu" else "gelu_tanh")
@@ -106,14 +128,26 @@ class MixtureOfExperts(nnx.Module):
     rngs, dtype, param_dtype: as the other modules.
   """
 
-  def __init__(self, d_model: int, hidden: int, *, num_experts: int, top_k: int, alpha: float,
-               limit, rngs, dtype, param_dtype):
+  def __init__(
+    self,
+    d_model: int,
+    hidden: int,
+    *,
+    num_experts: int,
+    top_k: int,
+    alpha: float,
+    limit,
+    rngs,
+    dtype,
+    param_dtype,
+  ):
     self.num_experts, self.top_k = num_experts, top_k
     self.alpha, self.limit = float(alpha), None if limit is None else float(limit)
     self.dtype = jnp.dtype(dtype)
     E, D, I = num_experts, d_model, hidden
-    self.router = _layers.linear(D, E, ("embed", None), rngs=rngs, dtype=dtype,
-                                 param_dtype=param_dtype, use_bias=True)
+    self.router = _layers.linear(
+      D, E, ("embed", None), rngs=rngs, dtype=dtype, param_dtype=param_dtype, use_bias=True
+    )
     key = rngs.params()
     k1, k2, k3 = jax.random.split(key, 3)
     init = _layers.fan_in_init
@@ -141,8 +175,10 @@ class MixtureOfExperts(nnx.Module):
   def __call__(self, x: Array) -> Array:
     x = x.astype(self.dtype)
     weights = jnp.moveaxis(self.routing(x), -1, 0)  # [E, B, T]
-    params = tuple(p[...].astype(self.dtype) for p in (self.gate, self.gate_bias, self.up,
-                                                       self.up_bias, self.down, self.down_bias))
+    params = tuple(
+      p[...].astype(self.dtype)
+      for p in (self.gate, self.gate_bias, self.up, self.up_bias, self.down, self.down_bias)
+    )
 
     def expert(acc, xs):
       w, (wg, bg, wu, bu, wd, bd) = xs

@@ -29,8 +29,9 @@ def _fill_missing_fields(stats: list) -> list:
     present = [getattr(st, field) for st in stats if getattr(st, field) is not None]
     if present and len(present) < len(stats):
       nan = jnp.full(jnp.shape(present[0]), jnp.nan, jnp.float32)
-      stats = [st if getattr(st, field) is not None else st._replace(**{field: nan})
-               for st in stats]
+      stats = [
+        st if getattr(st, field) is not None else st._replace(**{field: nan}) for st in stats
+      ]
   return stats
 
 
@@ -56,11 +57,13 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
   Raises:
     ValueError: when layers differ in their head layout (N, K, H).
   """
+
   def forward(m, t):
     return m(t, sow_weights=True if weights else None)
 
-  logits, inter = nnx.capture(forward, nnx.Intermediate,
-                              method_outputs=nnx.Intermediate)(model, tokens)
+  logits, inter = nnx.capture(forward, nnx.Intermediate, method_outputs=nnx.Intermediate)(
+    model, tokens
+  )
   recorded = intermediates.read(inter, len(model.blocks))
   B, T = tokens.shape
   stats, ws, qs, ks, vs, hidden, gates, nulls, masks = [], [], [], [], [], [], [], [], []
@@ -83,22 +86,28 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     nulls.append(attention.config.spec.has_null_column())
     masks.append(attention.allowed_mask(T))
   if len({q.shape for q in qs}) > 1 or len({k.shape for k in ks}) > 1:
-    raise ValueError("probe needs the same head layout in every layer (N, K, H); got "
-                     f"q shapes {[q.shape for q in qs]}, k shapes {[k.shape for k in ks]}")
+    raise ValueError(
+      "probe needs the same head layout in every layer (N, K, H); got "
+      f"q shapes {[q.shape for q in qs]}, k shapes {[k.shape for k in ks]}"
+    )
   # Layers with a k/v bias slot have one more key: pad the others with zero
   # weights and disallowed columns.
   S = max([w.shape[-1] for w in ws] + [m.shape[-1] for m in masks])
-  pad = lambda x, value: jnp.pad(x, ((0, 0),) * 3 + ((0, S - x.shape[-1]),),
-                                 constant_values=value)
+  pad = lambda x, value: jnp.pad(x, ((0, 0),) * 3 + ((0, S - x.shape[-1]),), constant_values=value)
   return ProbeCapture(
-      logits=logits,
-      attention_stats=stats_layers(_fill_missing_fields(stats)),
-      weights=jnp.stack([pad(w.astype(jnp.float32), 0.0) for w in ws]) if ws else None,
-      allowed=jnp.stack([pad(m, False) for m in masks]),
-      q=jnp.stack(qs), k=jnp.stack(ks), v=jnp.stack(vs), hidden=jnp.stack(hidden),
-      gate_mean=jnp.stack(gates) if any("attention/gate_mean" in layer
-                                        for layer in recorded.layers) else None,
-      null_column=jnp.asarray(nulls))
+    logits=logits,
+    attention_stats=stats_layers(_fill_missing_fields(stats)),
+    weights=jnp.stack([pad(w.astype(jnp.float32), 0.0) for w in ws]) if ws else None,
+    allowed=jnp.stack([pad(m, False) for m in masks]),
+    q=jnp.stack(qs),
+    k=jnp.stack(ks),
+    v=jnp.stack(vs),
+    hidden=jnp.stack(hidden),
+    gate_mean=jnp.stack(gates)
+    if any("attention/gate_mean" in layer for layer in recorded.layers)
+    else None,
+    null_column=jnp.asarray(nulls),
+  )
 
 
 def _summary_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
@@ -113,11 +122,13 @@ def _summary_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
 
 def _streaming_pass(model: TransformerLM, tokens: Array) -> dict:
   """The ``"streaming"`` view: the fused statistics, value drain and ``|hidden|``, O(T) memory."""
+
   def forward(m, t):
     return m.features(t)
 
-  features, inter = nnx.capture(forward, nnx.Intermediate,
-                                method_outputs=nnx.Intermediate)(model, tokens)
+  features, inter = nnx.capture(forward, nnx.Intermediate, method_outputs=nnx.Intermediate)(
+    model, tokens
+  )
   recorded = intermediates.read(inter, len(model.blocks))
   out = []
   for block, layer in zip(model.blocks, recorded.layers):
@@ -125,9 +136,14 @@ def _streaming_pass(model: TransformerLM, tokens: Array) -> dict:
     fields = {k: x for k, x in st._asdict().items() if x is not None}
     v = layer["attention/v_proj/__call__"]  # [B, T, K * Hv]
     v = jnp.reshape(v, v.shape[:2] + (block.attention.num_kv_heads, -1))
-    out.append(dict(fields, value_drain=stats_lib.value_state_drain(v).per_head,
-                    hidden_max_abs=layer["hidden_max_abs"],
-                    hidden_median_abs=layer["hidden_median_abs"]))
+    out.append(
+      dict(
+        fields,
+        value_drain=stats_lib.value_state_drain(v).per_head,
+        hidden_max_abs=layer["hidden_max_abs"],
+        hidden_median_abs=layer["hidden_median_abs"],
+      )
+    )
   return {"features": features, "layers": out}
 
 
@@ -136,8 +152,13 @@ _streaming_jit = nnx.jit(_streaming_pass)
 _capture_jit = nnx.jit(_capture, static_argnames=("weights",))
 
 # The summary's statistic options at their defaults (the signature's).
-_SUMMARY_DEFAULTS = (("eps", 0.3), ("sparsity_threshold", 0.01), ("z_loss_coef", 1e-4),
-                     ("massive_abs", 100.0), ("massive_ratio", 1000.0))
+_SUMMARY_DEFAULTS = (
+  ("eps", 0.3),
+  ("sparsity_threshold", 0.01),
+  ("z_loss_coef", 1e-4),
+  ("massive_abs", 100.0),
+  ("massive_ratio", 1000.0),
+)
 
 #: The views of :func:`attnjax.nn.layer_stats` (its ``view=`` argument).
 VIEWS = ("summary", "sown", "streaming", "capture")
@@ -148,25 +169,41 @@ def _checked_tokens(tokens, length: Optional[int], view: str) -> Array:
   if tokens is None:
     raise ValueError("tokens must be integer [B, T], got None")
   if np.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
-    raise ValueError(f"tokens must be integer [B, T], got shape {shape_of(tokens)} and dtype "
-                     f"{jnp.result_type(tokens)}")
+    raise ValueError(
+      f"tokens must be integer [B, T], got shape {shape_of(tokens)} and dtype "
+      f"{jnp.result_type(tokens)}"
+    )
   if length is not None:
     if np.shape(tokens)[1] < length:
-      raise ValueError(f"tokens have T={np.shape(tokens)[1]} < length={length}; pass a longer "
-                       f"probe batch or length=None")
+      raise ValueError(
+        f"tokens have T={np.shape(tokens)[1]} < length={length}; pass a longer "
+        f"probe batch or length=None"
+      )
     tokens = tokens[:, :length]
   least = 2 if view == "summary" else 1  # the summary's loss needs a next token
   if np.shape(tokens)[1] < least or np.shape(tokens)[0] < 1:
-    raise ValueError(f"view={view!r} needs at least one sequence of {least} token(s), got "
-                     f"tokens of shape {shape_of(tokens)}")
+    raise ValueError(
+      f"view={view!r} needs at least one sequence of {least} token(s), got "
+      f"tokens of shape {shape_of(tokens)}"
+    )
   return jnp.asarray(tokens)
 
 
-def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
-                length: Optional[int] = None, weights: Optional[bool] = None,
-                hidden: bool = False, jit: bool = True, eps: float = 0.3,
-                sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
-                massive_abs: float = 100.0, massive_ratio: float = 1000.0):
+def layer_stats(
+  model,
+  tokens: Optional[Array] = None,
+  *,
+  view: str = "summary",
+  length: Optional[int] = None,
+  weights: Optional[bool] = None,
+  hidden: bool = False,
+  jit: bool = True,
+  eps: float = 0.3,
+  sparsity_threshold: float = 0.01,
+  z_loss_coef: float = 1e-4,
+  massive_abs: float = 100.0,
+  massive_ratio: float = 1000.0,
+):
   """Statistics per layer of one forward pass of ``model`` on ``tokens``.
 
   Views of the same pass (``view=``):
@@ -222,10 +259,13 @@ def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
   """
   if view not in VIEWS:
     raise ValueError(f"view={view!r} is not one of: {', '.join(map(repr, VIEWS))}")
-  options = (("eps", check_probability("eps", eps)),
-             ("sparsity_threshold", check_probability("sparsity_threshold", sparsity_threshold)),
-             ("z_loss_coef", float(z_loss_coef)), ("massive_abs", float(massive_abs)),
-             ("massive_ratio", float(massive_ratio)))
+  options = (
+    ("eps", check_probability("eps", eps)),
+    ("sparsity_threshold", check_probability("sparsity_threshold", sparsity_threshold)),
+    ("z_loss_coef", float(z_loss_coef)),
+    ("massive_abs", float(massive_abs)),
+    ("massive_ratio", float(massive_ratio)),
+  )
   changed = [f"{k}={v!r}" for (k, v), (_, d) in zip(options, _SUMMARY_DEFAULTS) if v != d]
   if changed and view != "summary":
     raise ValueError(f"{', '.join(changed)}: options of view='summary', got view={view!r}")
@@ -233,9 +273,10 @@ def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
     return capture_statistics(model, **dict(options))
   if not isinstance(model, TransformerLM):
     raise TypeError(
-        f"layer_stats takes an attnjax.nn.TransformerLM (or, for view='summary', a "
-        f"ProbeCapture with tokens=None), got {type(model).__name__} with view={view!r}; for "
-        f"another model fill a ProbeCapture from its forward pass")
+      f"layer_stats takes an attnjax.nn.TransformerLM (or, for view='summary', a "
+      f"ProbeCapture with tokens=None), got {type(model).__name__} with view={view!r}; for "
+      f"another model fill a ProbeCapture from its forward pass"
+    )
   if view == "streaming" and weights:
     raise ValueError("view='streaming' never materialises attention weights; got weights=True")
   if hidden and view != "sown":
@@ -243,8 +284,7 @@ def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
   tokens = _checked_tokens(tokens, length, view)
   weights = bool(view != "sown" if weights is None else weights)
   if view == "summary":
-    return (_summary_jit if jit else _summary_pass)(model, tokens, weights=weights,
-                                                    options=options)
+    return (_summary_jit if jit else _summary_pass)(model, tokens, weights=weights, options=options)
   if view == "sown":
     return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit)
   if view == "streaming":
@@ -256,9 +296,18 @@ def layer_stats(model, tokens: Optional[Array] = None, *, view: str = "summary",
 # Deprecated aliases: each warns once per process and returns what it always did.
 
 
-def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
-          eps: float = 0.3, sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
-          massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+def probe(
+  model,
+  tokens,
+  *,
+  length: Optional[int] = 64,
+  weights: bool = True,
+  eps: float = 0.3,
+  sparsity_threshold: float = 0.01,
+  z_loss_coef: float = 1e-4,
+  massive_abs: float = 100.0,
+  massive_ratio: float = 1000.0,
+) -> dict:
   """Deprecated: ``layer_stats(model, tokens, length=64)`` (the ``"summary"`` view).
 
   Every per-layer / per-head statistic of a model on a fixed probe batch, in one
@@ -267,19 +316,30 @@ def probe(model, tokens, *, length: Optional[int] = 64, weights: bool = True,
   warn_once("attnjax.nn.probe.probe", "attnjax.nn.layer_stats(model, tokens, length=64)")
   if not isinstance(model, TransformerLM):
     raise TypeError(
-        f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
-        f"model fill a ProbeCapture from its forward pass and call attnjax.nn.layer_stats")
-  return layer_stats(model, tokens, length=length, weights=weights, eps=eps,
-                     sparsity_threshold=sparsity_threshold, z_loss_coef=z_loss_coef,
-                     massive_abs=massive_abs, massive_ratio=massive_ratio)
+      f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
+      f"model fill a ProbeCapture from its forward pass and call attnjax.nn.layer_stats"
+    )
+  return layer_stats(
+    model,
+    tokens,
+    length=length,
+    weights=weights,
+    eps=eps,
+    sparsity_threshold=sparsity_threshold,
+    z_loss_coef=z_loss_coef,
+    massive_abs=massive_abs,
+    massive_ratio=massive_ratio,
+  )
 
 
-def capture_from_model(model: TransformerLM, tokens: Array, *,
-                       weights: bool = True) -> ProbeCapture:
+def capture_from_model(
+  model: TransformerLM, tokens: Array, *, weights: bool = True
+) -> ProbeCapture:
   """Deprecated: ``layer_stats(model, tokens, view="capture", jit=False)``.
 
   Runs ``model`` once and gathers a ``ProbeCapture`` (traceable).
   """
-  warn_once("attnjax.nn.probe.capture_from_model",
-            "attnjax.nn.layer_stats(model, tokens, view='capture')")
+  warn_once(
+    "attnjax.nn.probe.capture_from_model", "attnjax.nn.layer_stats(model, tokens, view='capture')"
+  )
   return layer_stats(model, tokens, view="capture", weights=weights, jit=False)

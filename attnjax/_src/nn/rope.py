@@ -22,16 +22,14 @@ Array = jnp.ndarray
 
 SCALINGS = ("linear", "llama3", "yarn")
 _REQUIRED = {
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-               "original_max_position_embeddings"),
-    "yarn": ("factor", "original_max_position_embeddings"),
+  "linear": ("factor",),
+  "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+  "yarn": ("factor", "original_max_position_embeddings"),
 }
 _OPTIONAL = {
-    "linear": (),
-    "llama3": (),
-    "yarn": ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale",
-             "mscale_all_dim"),
+  "linear": (),
+  "llama3": (),
+  "yarn": ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"),
 }
 
 
@@ -50,11 +48,13 @@ def normalize_scaling(scaling: Any) -> Optional[tuple]:
   if isinstance(scaling, Mapping):
     items = dict(scaling)
   elif isinstance(scaling, (tuple, list)) and all(
-      isinstance(p, (tuple, list)) and len(p) == 2 for p in scaling):
+    isinstance(p, (tuple, list)) and len(p) == 2 for p in scaling
+  ):
     items = {k: v for k, v in scaling}
   else:
-    raise TypeError(f"rope_scaling must be a dict or a tuple of (key, value) pairs, got "
-                    f"{scaling!r}")
+    raise TypeError(
+      f"rope_scaling must be a dict or a tuple of (key, value) pairs, got {scaling!r}"
+    )
   kind = items.get("type")
   if kind not in SCALINGS:
     raise ValueError(f"rope_scaling['type'] must be one of {SCALINGS}, got {kind!r}")
@@ -77,20 +77,23 @@ def normalize_scaling(scaling: Any) -> Optional[tuple]:
     if value <= 0 and key not in ("mscale", "mscale_all_dim"):
       raise ValueError(f"rope_scaling[{key!r}] must be positive, got {value!r}")
   if kind == "llama3" and items["high_freq_factor"] <= items["low_freq_factor"]:
-    raise ValueError(f"rope_scaling: high_freq_factor={items['high_freq_factor']} must exceed "
-                     f"low_freq_factor={items['low_freq_factor']}")
+    raise ValueError(
+      f"rope_scaling: high_freq_factor={items['high_freq_factor']} must exceed "
+      f"low_freq_factor={items['low_freq_factor']}"
+    )
   return tuple(sorted((k, v) for k, v in items.items() if v is not None))
 
 
-def rope_frequencies(head_dim: int, theta: float,
-                     scaling: Optional[tuple] = None) -> tuple[np.ndarray, float]:
+def rope_frequencies(
+  head_dim: int, theta: float, scaling: Optional[tuple] = None
+) -> tuple[np.ndarray, float]:
   """``(inv_freq [head_dim / 2] float32, attention_factor)`` of RoPE with ``scaling``.
 
   Without scaling, ``inv_freq[d] = theta ** (-2 d / head_dim)`` and the factor is 1.
   """
   half = head_dim // 2
   exponent = np.arange(half, dtype=np.float64) * 2.0 / head_dim
-  base = theta ** exponent  # wavelength / 2 pi of each pair
+  base = theta**exponent  # wavelength / 2 pi of each pair
   inv_freq = 1.0 / base
   s = dict(scaling or ())
   kind = s.get("type")
@@ -138,8 +141,9 @@ def rope_frequencies(head_dim: int, theta: float,
   return inv_freq.astype(np.float32), float(factor)
 
 
-def apply_rope(x: Array, positions: Array, theta: float, *,
-               scaling: Optional[tuple] = None) -> Array:
+def apply_rope(
+  x: Array, positions: Array, theta: float, *, scaling: Optional[tuple] = None
+) -> Array:
   """Rotates ``x`` ``[B, T, N, H]`` by ``positions`` ``[T]``, ``[B, T]`` or ``[B, T, N]``.
 
   Uses the half-split pairing (dimension ``d`` with ``d + H/2``, as GPT-NeoX and

@@ -19,15 +19,30 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (checks as _checks, deprecation as _deprecation, masks, mods, normalizers,
-                          patterns)
+from attnjax._src import (
+  checks as _checks,
+  deprecation as _deprecation,
+  masks,
+  mods,
+  normalizers,
+  patterns,
+)
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.ops.dense import qk_norm as qk_norm_lib
 from attnjax._src.nn import _layers, kv_policies
 from attnjax._src.nn.rope import apply_rope
-from attnjax._src.nn.spec_base import (DEFAULT_TEMPERATURE, PATTERNS, STREAMING_ROPE, AttentionSpec,
-                                  Call, _rope, check_int, check_type, register_family,
-                                  run_and_sow)
+from attnjax._src.nn.spec_base import (
+  DEFAULT_TEMPERATURE,
+  PATTERNS,
+  STREAMING_ROPE,
+  AttentionSpec,
+  Call,
+  _rope,
+  check_int,
+  check_type,
+  register_family,
+  run_and_sow,
+)
 from attnjax._src.ops.sparse import attention as sparse_lib
 
 Array = jnp.ndarray
@@ -98,37 +113,50 @@ class ScoreSpec(AttentionSpec):
     check_type("sink_logits", self.sink_logits, bool, "a bool")
     if self.sink_logits and not normalizers.get(self.normalizer).accepts_sink_logits:
       raise ValueError(
-          f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
-          f"with normalizer={self.normalizer!r}")
+        f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
+        f"with normalizer={self.normalizer!r}"
+      )
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     if self.sink_logits:
       layer.sink_logits = _layers.param(jnp.zeros((layer.num_heads,), param_dtype), ("heads",))
     if self.relative_bias:
       layer.relative_bias_table = _layers.param(
-          jnp.zeros((self.relative_buckets, layer.num_heads), param_dtype), (None, "heads"))
+        jnp.zeros((self.relative_buckets, layer.num_heads), param_dtype), (None, "heads")
+      )
 
   def has_modifiers(self) -> bool:
-    return bool(self.alibi or self.relative_bias or self.score_mod is not None
-                or self.mask_mod is not None)
+    return bool(
+      self.alibi or self.relative_bias or self.score_mod is not None or self.mask_mod is not None
+    )
 
   def modifier_kwargs(self, layer) -> dict[str, Any]:
     """``score_mod`` / ``score_mod_args`` / ``mask_mod`` of the layer's modifiers (or {})."""
     return mods.layer_kwargs(
-        num_heads=layer.num_heads, alibi=self.alibi,
-        relative_bias=None if not self.relative_bias else (
-            mods.t5_relative_bias(self.relative_buckets, self.relative_max_distance,
-                                  bidirectional=not layer.config.is_causal),
-            layer.relative_bias_table[...]),
-        score_mod=self.score_mod, mask_mod=self.mask_mod)
+      num_heads=layer.num_heads,
+      alibi=self.alibi,
+      relative_bias=None
+      if not self.relative_bias
+      else (
+        mods.t5_relative_bias(
+          self.relative_buckets,
+          self.relative_max_distance,
+          bidirectional=not layer.config.is_causal,
+        ),
+        layer.relative_bias_table[...],
+      ),
+      score_mod=self.score_mod,
+      mask_mod=self.mask_mod,
+    )
 
   def has_null_column(self) -> bool:
     return bool(self.sink_logits or normalizers.get(self.normalizer).null_column)
 
   def kwargs(self, layer) -> dict[str, Any]:
     """Static and learned arguments of the family's function (not the masks)."""
-    out = dict(normalizer=self.normalizer, softcap=self.softcap,
-               implementation=layer.config.implementation)
+    out = dict(
+      normalizer=self.normalizer, softcap=self.softcap, implementation=layer.config.implementation
+    )
     if self.sink_logits:
       out["sink_logits"] = layer.sink_logits[...]
     out.update(self.modifier_kwargs(layer))
@@ -175,8 +203,10 @@ class ScoreSpec(AttentionSpec):
   def check_cross(self, layer) -> None:
     w, s = self.rolling()
     if w is not None or s:
-      raise ValueError(f"inputs_kv: cross-attention takes no window or sinks (this layer has "
-                       f"window={w}, num_sinks={s})")
+      raise ValueError(
+        f"inputs_kv: cross-attention takes no window or sinks (this layer has "
+        f"window={w}, num_sinks={s})"
+      )
 
   # The three calls.
 
@@ -205,12 +235,15 @@ class ScoreSpec(AttentionSpec):
     cache, policy = call.cache, self.cache_policy
     if self.has_modifiers():
       raise NotImplementedError(
-          "decode with a cache: alibi, relative_bias, score_mod and mask_mod see call-local "
-          "positions; run the full forward (no cache) for layers with modifiers")
+        "decode with a cache: alibi, relative_bias, score_mod and mask_mod see call-local "
+        "positions; run the full forward (no cache) for layers with modifiers"
+      )
     self.check_decode_cache(layer, cache, kv_policies.cache_type(policy))
     if call.mask is not None:
-      raise ValueError("mask: a self-attention decode takes no mask; mark padding and packed "
-                       "documents with segment_ids")
+      raise ValueError(
+        "mask: a self-attention decode takes no mask; mark padding and packed "
+        "documents with segment_ids"
+      )
     if policy == "h2o":
       return kv_policies.h2o_decode(self, layer, q, k, v, call)
     scales = None
@@ -230,16 +263,38 @@ class ScoreSpec(AttentionSpec):
     start = cache.index
     queries = call.decode_positions(start, B, T)
     idx, seg, rope_q = queries
-    keys = (jnp.concatenate([cache.positions, idx]),
-            jnp.concatenate([cache.segment_ids, seg], axis=1),
-            jnp.concatenate([cache.rope_positions, rope_q], axis=1))
-    out = self.attend_cache(layer, q, jnp.concatenate([old_k, new_k], axis=1),
-                            jnp.concatenate([old_v, new_v], axis=1), call, start=start,
-                            length=cache.k.shape[1], queries=queries, keys=keys)
+    keys = (
+      jnp.concatenate([cache.positions, idx]),
+      jnp.concatenate([cache.segment_ids, seg], axis=1),
+      jnp.concatenate([cache.rope_positions, rope_q], axis=1),
+    )
+    out = self.attend_cache(
+      layer,
+      q,
+      jnp.concatenate([old_k, new_k], axis=1),
+      jnp.concatenate([old_v, new_v], axis=1),
+      call,
+      start=start,
+      length=cache.k.shape[1],
+      queries=queries,
+      keys=keys,
+    )
     return out, self._write(cache, k, v, idx, rope_q, seg, scales)
 
-  def attend_cache(self, layer, q: Array, k: Array, v: Array, call: Call, *, start: Array,
-                   length: int, queries: tuple, keys: tuple, weights: bool = False):
+  def attend_cache(
+    self,
+    layer,
+    q: Array,
+    k: Array,
+    v: Array,
+    call: Call,
+    *,
+    start: Array,
+    length: int,
+    queries: tuple,
+    keys: tuple,
+    weights: bool = False,
+  ):
     """The decode step: the new tokens' ``q`` attend to ``k``, ``v`` (the cache's, then theirs).
 
     RoPE (``decode_rope``), the mask (``allowed`` and the segments),
@@ -294,8 +349,9 @@ class ScoreSpec(AttentionSpec):
     if not weights:
       return run_and_sow(layer, run, q, k, v, call)
     width = k.shape[1]
-    eye = jnp.broadcast_to(jnp.eye(width, dtype=jnp.float32)[None, :, None, :],
-                           (B, width, K, width))
+    eye = jnp.broadcast_to(
+      jnp.eye(width, dtype=jnp.float32)[None, :, None, :], (B, width, K, width)
+    )
     held = {}
 
     def run_from_weights(q_, k_, v_, return_stats=False):
@@ -307,8 +363,9 @@ class ScoreSpec(AttentionSpec):
       out = jnp.reshape(out, (B, T, N, -1)).astype(q_.dtype)
       return (out, stats) if return_stats else out
 
-    out = run_and_sow(layer, run_from_weights, q, k, v, call,
-                      weights=lambda: jnp.transpose(held["w"], (0, 2, 1, 3)))
+    out = run_and_sow(
+      layer, run_from_weights, q, k, v, call, weights=lambda: jnp.transpose(held["w"], (0, 2, 1, 3))
+    )
     return out, held["w"]
 
   def decode_rope(self, layer, q_idx, k_idx, q_rope, k_rope, start, call):
@@ -323,8 +380,11 @@ class ScoreSpec(AttentionSpec):
     if mask is None:
       mask = jnp.ones((1, 1, T, k.shape[1]), bool)
     ones = jnp.ones(mask.shape[:3] + (1,), bool)
-    return (jnp.concatenate([k, kb], axis=1), jnp.concatenate([v, vb], axis=1),
-            jnp.concatenate([mask, ones], axis=-1))
+    return (
+      jnp.concatenate([k, kb], axis=1),
+      jnp.concatenate([v, vb], axis=1),
+      jnp.concatenate([mask, ones], axis=-1),
+    )
 
   def _write(self, cache, k, v, positions, rope_positions, segment_ids, scales=None):
     """Writes the new keys/values (and their ``scales``) into their slots.
@@ -346,15 +406,19 @@ class ScoreSpec(AttentionSpec):
     slots = jnp.where(keep, slots, C)  # out of range: dropped by mode="drop"
     changes = {}
     if scales is not None:
-      changes = dict(k_scale=cache.k_scale.at[:, slots].set(scales[0], mode="drop"),
-                     v_scale=cache.v_scale.at[:, slots].set(scales[1], mode="drop"))
+      changes = dict(
+        k_scale=cache.k_scale.at[:, slots].set(scales[0], mode="drop"),
+        v_scale=cache.v_scale.at[:, slots].set(scales[1], mode="drop"),
+      )
     return cache._replace(
-        k=cache.k.at[:, slots].set(k.astype(cache.k.dtype), mode="drop"),
-        v=cache.v.at[:, slots].set(v.astype(cache.v.dtype), mode="drop"),
-        positions=cache.positions.at[slots].set(positions, mode="drop"),
-        index=end,
-        rope_positions=cache.rope_positions.at[:, slots].set(rope_positions, mode="drop"),
-        segment_ids=cache.segment_ids.at[:, slots].set(segment_ids, mode="drop"), **changes)
+      k=cache.k.at[:, slots].set(k.astype(cache.k.dtype), mode="drop"),
+      v=cache.v.at[:, slots].set(v.astype(cache.v.dtype), mode="drop"),
+      positions=cache.positions.at[slots].set(positions, mode="drop"),
+      index=end,
+      rope_positions=cache.rope_positions.at[:, slots].set(rope_positions, mode="drop"),
+      segment_ids=cache.segment_ids.at[:, slots].set(segment_ids, mode="drop"),
+      **changes,
+    )
 
   def cache_capacity_for(self, max_len: int) -> int:
     """Key slots of the decode cache for ``max_len`` tokens (the layer's window, the budget)."""
@@ -368,9 +432,14 @@ class ScoreSpec(AttentionSpec):
   def init_cache(self, layer, batch_size, max_len):
     if self.cache_policy in kv_policies.EVICTING:
       kv_policies.check_budget(self.cache_budget, max_len)
-    return kv_policies.init_cache(self.cache_policy, batch_size,
-                                  self.cache_capacity(layer, max_len), layer.num_kv_heads,
-                                  layer.head_dim, layer.dtype)
+    return kv_policies.init_cache(
+      self.cache_policy,
+      batch_size,
+      self.cache_capacity(layer, max_len),
+      layer.num_kv_heads,
+      layer.head_dim,
+      layer.dtype,
+    )
 
   def allowed_mask(self, layer, length):
     pos = jnp.arange(length, dtype=jnp.int32)
@@ -415,14 +484,19 @@ class DotProductSpec(ScoreSpec):
     _checks.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
     if self.num_sinks and self.window is None:
       raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
-    if (self.streaming_rope != "cache" and not self.num_sinks
-        and self.cache_policy != "sinks_window"):
-      raise ValueError(f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0 "
-                       f"or cache_policy='sinks_window'")
+    if (
+      self.streaming_rope != "cache" and not self.num_sinks and self.cache_policy != "sinks_window"
+    ):
+      raise ValueError(
+        f"streaming_rope={self.streaming_rope!r} only applies with num_sinks > 0 "
+        f"or cache_policy='sinks_window'"
+      )
     if self.cache_policy in kv_policies.EVICTING and self.window is not None:
-      raise ValueError(f"cache_policy={self.cache_policy!r} cannot be combined with "
-                       f"window={self.window}: the window already bounds the cache (use "
-                       f"cache_policy='full', or no window)")
+      raise ValueError(
+        f"cache_policy={self.cache_policy!r} cannot be combined with "
+        f"window={self.window}: the window already bounds the cache (use "
+        f"cache_policy='full', or no window)"
+      )
 
   def check(self, config) -> None:
     if not config.is_causal and self.window is not None:
@@ -468,8 +542,11 @@ class DotProductSpec(ScoreSpec):
       # The structure as is_causal/window, so fast paths can skip blocks.
       window = None if self.window is None else (self.window, 0)
       extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
-      return functools.partial(fn, mask=call.mask, is_causal=c.is_causal, window=window,
-                               **extra), k, v
+      return (
+        functools.partial(fn, mask=call.mask, is_causal=c.is_causal, window=window, **extra),
+        k,
+        v,
+      )
     T = k.shape[1]
     pos = jnp.arange(T, dtype=jnp.int32)
     mask = masks.combine_masks(self.allowed(layer, pos, pos, T), call.mask)
@@ -484,8 +561,10 @@ class DotProductSpec(ScoreSpec):
     if not (num_sinks and self.streaming_rope == "cache"):
       return q_rope, k_rope
     if call.positions is not None:
-      raise ValueError("positions: a sinks-window decode with streaming_rope='cache' rotates "
-                       "keys by their cache slot; use streaming_rope='absolute'")
+      raise ValueError(
+        "positions: a sinks-window decode with streaming_rope='cache' rotates "
+        "keys by their cache slot; use streaming_rope='absolute'"
+      )
     # With the chunk's first query at p, the cache holds the sinks at 0..s-1 and the
     # window p-W..p-1 at s..s+W-1: every non-sink position shifts down by p - W - s
     # once that is positive. Exact for one-token steps; a longer chunk on a full cache
@@ -563,9 +642,11 @@ class QKNormSpec(DotProductSpec):
     _checks.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
     check_type("qk_norm_gain_offset", self.qk_norm_gain_offset, (int, float), "a float")
     if self.qk_norm_scope == "projection" and self.qk_norm_placement != "before_rope":
-      raise ValueError(f"qk_norm_scope='projection' normalises the projections before RoPE; "
-                       f"it needs qk_norm_placement='before_rope', got "
-                       f"{self.qk_norm_placement!r}")
+      raise ValueError(
+        f"qk_norm_scope='projection' normalises the projections before RoPE; "
+        f"it needs qk_norm_placement='before_rope', got "
+        f"{self.qk_norm_placement!r}"
+      )
     if self.qk_norm_gain_offset and not self.qk_norm_gain:
       raise ValueError(f"qk_norm_gain_offset={self.qk_norm_gain_offset} needs qk_norm_gain=True")
 
@@ -595,8 +676,9 @@ class QKNormSpec(DotProductSpec):
   def _norm(self, x: Array, gain: Optional[Array]) -> Array:
     if self.qk_norm_scope == "projection":  # over the heads and their dims together
       B, T, n, H = x.shape
-      y = qk_norm_lib.normalize_head(jnp.reshape(x, (B, T, 1, n * H)), self.qk_norm,
-                                     self.qk_norm_eps)
+      y = qk_norm_lib.normalize_head(
+        jnp.reshape(x, (B, T, 1, n * H)), self.qk_norm, self.qk_norm_eps
+      )
       if gain is not None:
         y = y * jnp.reshape(gain.astype(jnp.float32), (1, 1, 1, -1))
       return jnp.reshape(y, x.shape).astype(x.dtype)
@@ -628,8 +710,9 @@ class QKNormSpec(DotProductSpec):
     if self._norm_in_module(layer):
       return dict(out, scale=self.scale)
     q_gain, k_gain = self._gains(layer)
-    return dict(out, norm=self.qk_norm, q_gain=q_gain, k_gain=k_gain, eps=self.qk_norm_eps,
-                scale=self.scale)
+    return dict(
+      out, norm=self.qk_norm, q_gain=q_gain, k_gain=k_gain, eps=self.qk_norm_eps, scale=self.scale
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -652,8 +735,9 @@ class CosineSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice("cosine_convention", self.cosine_convention,
-                         qk_norm_lib.COSINE_CONVENTIONS)
+    _checks.check_choice(
+      "cosine_convention", self.cosine_convention, qk_norm_lib.COSINE_CONVENTIONS
+    )
     if self.temperature_init is not None:
       check_type("temperature_init", self.temperature_init, (int, float), "a float")
     _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
@@ -668,16 +752,19 @@ class CosineSpec(DotProductSpec):
     ngpt = self.cosine_convention == "ngpt"
     shape = (layer.num_heads, layer.head_dim) if ngpt else (layer.num_heads,)
     names = ("heads", None) if ngpt else ("heads",)
-    layer.temperature = _layers.param(
-        jnp.full(shape, self.initial_temperature, param_dtype), names)
+    layer.temperature = _layers.param(jnp.full(shape, self.initial_temperature, param_dtype), names)
     super().init_params(layer, rngs, param_dtype)
 
   def default_function(self, layer):
     return qk_norm_lib.cosine_attention
 
   def kwargs(self, layer):
-    return dict(super().kwargs(layer), temperature=layer.temperature[...],
-                convention=self.cosine_convention, eps=self.qk_norm_eps)
+    return dict(
+      super().kwargs(layer),
+      temperature=layer.temperature[...],
+      convention=self.cosine_convention,
+      eps=self.qk_norm_eps,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -696,8 +783,11 @@ class SparseSpec(ScoreSpec):
   deprecated_implementations: ClassVar[dict[str, str]] = dict(sparse_lib.OP.renamed)
   # The dense kernel's implementation standing for each of ours where the
   # layer masks by the pattern instead (decode, an explicit mask).
-  DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {"blockwise": None, "block_sparse": None,
-                                                           "reference": "reference"}
+  DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {
+    "blockwise": None,
+    "block_sparse": None,
+    "reference": "reference",
+  }
 
   pattern: Optional[tuple] = None
   block_size: int = 16
@@ -706,16 +796,22 @@ class SparseSpec(ScoreSpec):
     super().validate()
     check_int("block_size", self.block_size)
     if self.cache_policy in kv_policies.EVICTING:
-      raise ValueError(f"cache_policy={self.cache_policy!r}: family='sparse' masks its cache "
-                       f"by the pattern and keeps every key; use 'full', 'int8' or 'fp8'")
+      raise ValueError(
+        f"cache_policy={self.cache_policy!r}: family='sparse' masks its cache "
+        f"by the pattern and keeps every key; use 'full', 'int8' or 'fp8'"
+      )
     if self.pattern is None:
       raise ValueError("pattern=None: family='sparse' needs pattern=(name, ((arg, value), ...))")
     self.make_pattern()
 
   def make_pattern(self, is_causal: bool = True) -> patterns.Pattern:
     """The configured pattern, intersected with causal (decoders never look ahead)."""
-    if (not isinstance(self.pattern, tuple) or len(self.pattern) != 2
-        or not isinstance(self.pattern[0], str) or not isinstance(self.pattern[1], tuple)):
+    if (
+      not isinstance(self.pattern, tuple)
+      or len(self.pattern) != 2
+      or not isinstance(self.pattern[0], str)
+      or not isinstance(self.pattern[1], tuple)
+    ):
       raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
     name, args = self.pattern
     _checks.check_choice("pattern name", name, PATTERNS)
@@ -749,8 +845,10 @@ class SparseSpec(ScoreSpec):
     return out
 
   def check_cross(self, layer) -> None:
-    raise ValueError("inputs_kv: family='sparse' cannot cross-attend (its pattern relates "
-                     "positions of one sequence)")
+    raise ValueError(
+      "inputs_kv: family='sparse' cannot cross-attend (its pattern relates "
+      "positions of one sequence)"
+    )
 
   def allowed(self, layer, q_positions, k_positions, length):
     # The pattern's own element rule, at the cache's positions. Patterns whose
@@ -765,15 +863,28 @@ class SparseSpec(ScoreSpec):
     kw = self.kwargs(layer)
     extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
     if call.mask is None:
-      return functools.partial(
-          self.function(layer), pattern=self.make_pattern(layer.config.is_causal),
-          block_size=self.block_size, **kw, **extra), k, v
+      return (
+        functools.partial(
+          self.function(layer),
+          pattern=self.make_pattern(layer.config.is_causal),
+          block_size=self.block_size,
+          **kw,
+          **extra,
+        ),
+        k,
+        v,
+      )
     # sparse_attention takes no mask array: the pattern becomes a mask of the dense kernel.
     T = k.shape[1]
     pos = jnp.arange(T, dtype=jnp.int32)
     mask = jnp.logical_and(self.allowed(layer, pos, pos, T), call.mask)
-    return functools.partial(self.masked_function(layer), mask=mask,
-                             **self.decode_kwargs(layer), **extra), k, v
+    return (
+      functools.partial(
+        self.masked_function(layer), mask=mask, **self.decode_kwargs(layer), **extra
+      ),
+      k,
+      v,
+    )
 
   def to_dict(self):
     out = super().to_dict()
@@ -793,7 +904,6 @@ class SparseSpec(ScoreSpec):
 
 def _freeze(v):
   return tuple(v) if isinstance(v, list) else v
-
 
 
 for _spec in (DenseSpec, QKNormSpec, CosineSpec, SparseSpec):

@@ -18,8 +18,16 @@ from attnjax._src.nn.rope import apply_rope
 Array = jnp.ndarray
 
 STREAMING_ROPE = ("cache", "absolute")
-PATTERNS = ("causal", "sliding_window", "strided", "fixed", "global_window", "bigbird",
-            "sinks_window", "dilated_window")
+PATTERNS = (
+  "causal",
+  "sliding_window",
+  "strided",
+  "fixed",
+  "global_window",
+  "bigbird",
+  "sinks_window",
+  "dilated_window",
+)
 FEATURE_MAPS = feature_maps.DETERMINISTIC + feature_maps.RANDOM
 
 # Initial cosine temperature per convention: Swin v2 learns log(scale) from log 10;
@@ -79,10 +87,14 @@ class Call:
     ``segment_ids``), ``rope`` their RoPE positions (``positions``, else ``idx``).
     """
     idx = jnp.arange(length, dtype=jnp.int32) + start
-    seg = (jnp.zeros((batch, length), jnp.int32) if self.segment_ids is None
-           else self.segment_ids.astype(jnp.int32))
-    rope = jnp.broadcast_to(idx if self.positions is None else self.positions,
-                            (batch, length)).astype(jnp.int32)
+    seg = (
+      jnp.zeros((batch, length), jnp.int32)
+      if self.segment_ids is None
+      else self.segment_ids.astype(jnp.int32)
+    )
+    rope = jnp.broadcast_to(
+      idx if self.positions is None else self.positions, (batch, length)
+    ).astype(jnp.int32)
     return idx, seg, rope
 
 
@@ -94,8 +106,16 @@ def _rope(layer, x: Array, positions: Array) -> Array:
   return apply_rope(x, positions, c.rope_theta, scaling=c.rope_scaling)
 
 
-def run_and_sow(layer, run: Callable, q: Array, k: Array, v: Array, call: Call, *,
-                weights: Optional[Callable[[], Array]] = None) -> Array:
+def run_and_sow(
+  layer,
+  run: Callable,
+  q: Array,
+  k: Array,
+  v: Array,
+  call: Call,
+  *,
+  weights: Optional[Callable[[], Array]] = None,
+) -> Array:
   """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
 
   Under a mesh with a ``context`` axis the call runs sequence-sharded (``attnjax.nn._context``).
@@ -176,7 +196,8 @@ class AttentionSpec:
       # Deprecated names pass here unwarned (old run directories load); the
       # function warns when called.
       _checks.check_implementation(
-          "implementation", name, cls.implementations + tuple(cls.deprecated_implementations))
+        "implementation", name, cls.implementations + tuple(cls.deprecated_implementations)
+      )
     except ValueError as e:
       raise ValueError(f"{e} (the implementations of family={cls.family!r})") from None
 
@@ -212,11 +233,14 @@ class AttentionSpec:
   def check_decode_cache(self, layer, cache, cache_type: type) -> None:
     """Raises unless ``cache`` is this family's ``cache_type`` and the layer is causal."""
     if not isinstance(cache, cache_type):
-      raise TypeError(f"cache must be a {cache_type.__name__} for family={self.family!r}, "
-                      f"got {type(cache).__name__}")
+      raise TypeError(
+        f"cache must be a {cache_type.__name__} for family={self.family!r}, "
+        f"got {type(cache).__name__}"
+      )
     if not layer.config.is_causal:
-      raise ValueError("decode needs is_causal=True: an encoder layer (is_causal=False) has "
-                       "no decode")
+      raise ValueError(
+        "decode needs is_causal=True: an encoder layer (is_causal=False) has no decode"
+      )
 
   def init_cache(self, layer, batch_size: int, max_len: int):
     """The family's empty decode cache for ``batch_size`` sequences of up to ``max_len`` tokens.
@@ -301,11 +325,13 @@ def register_family(spec_class: type[AttentionSpec]) -> type[AttentionSpec]:
     TypeError: ``spec_class`` is not an :class:`.AttentionSpec` dataclass.
     ValueError: it names no family.
   """
-  if not (isinstance(spec_class, type) and issubclass(spec_class, AttentionSpec)
-          and dataclasses.is_dataclass(spec_class)):
+  if not (
+    isinstance(spec_class, type)
+    and issubclass(spec_class, AttentionSpec)
+    and dataclasses.is_dataclass(spec_class)
+  ):
     raise TypeError(f"spec_class must be an AttentionSpec dataclass, got {spec_class!r}")
   if not spec_class.family:
     raise ValueError(f"{spec_class.__name__}.family must name the family")
   FAMILY_SPECS[spec_class.family] = spec_class
   return spec_class
-

@@ -4,22 +4,68 @@ Implementation behind the public module :mod:`attnjax.nn.specs`.
 """
 
 from attnjax._src.nn.linear_spec import LinearSpec
-from attnjax._src.nn.softmax_specs import (CosineSpec, DenseSpec, DotProductSpec, QKNormSpec, ScoreSpec,
-                                      SparseSpec)
+from attnjax._src.nn.softmax_specs import (
+  CosineSpec,
+  DenseSpec,
+  DotProductSpec,
+  QKNormSpec,
+  ScoreSpec,
+  SparseSpec,
+)
+
 # After the others: the gated families register after them (FAMILY_SPECS keeps that order).
-from attnjax._src.nn.gated_spec import (GATED_FAMILIES, DeltaNetSpec, GatedDeltaNetSpec, GatedSpec,
-                                   GLASpec, Mamba2DecaySpec, RetNetSpec)
+from attnjax._src.nn.gated_spec import (
+  GATED_FAMILIES,
+  DeltaNetSpec,
+  GatedDeltaNetSpec,
+  GatedSpec,
+  GLASpec,
+  Mamba2DecaySpec,
+  RetNetSpec,
+)
 from attnjax._src.nn.block_select_spec import BlockSelectCache, BlockSelectSpec
 from attnjax._src.nn.compressed_spec import CompressedSpec
-from attnjax._src.nn.spec_base import (DEFAULT_TEMPERATURE, FAMILY_SPECS, FEATURE_MAPS, PATTERNS,
-                                  STREAMING_ROPE, AttentionSpec, Call, check_int, check_type,
-                                  register_family, run_and_sow)
+from attnjax._src.nn.spec_base import (
+  DEFAULT_TEMPERATURE,
+  FAMILY_SPECS,
+  FEATURE_MAPS,
+  PATTERNS,
+  STREAMING_ROPE,
+  AttentionSpec,
+  Call,
+  check_int,
+  check_type,
+  register_family,
+  run_and_sow,
+)
 
 __all__ = [
-    "AttentionSpec", "BlockSelectCache", "BlockSelectSpec", "Call", "CompressedSpec", "CosineSpec",
-    "DEFAULT_TEMPERATURE", "DeltaNetSpec", "DenseSpec",
-    "FAMILY_SPECS", "FEATURE_MAPS", "GATED_FAMILIES", "GLASpec", "GatedDeltaNetSpec", "GatedSpec",
-    "DotProductSpec", "LinearSpec", "Mamba2DecaySpec", "PATTERNS", "QKNormSpec", "RetNetSpec",
-    "STREAMING_ROPE", "ScoreSpec", "SparseSpec", "check_int", "check_type", "register_family",
-    "run_and_sow",
+  "AttentionSpec",
+  "BlockSelectCache",
+  "BlockSelectSpec",
+  "Call",
+  "CompressedSpec",
+  "CosineSpec",
+  "DEFAULT_TEMPERATURE",
+  "DeltaNetSpec",
+  "DenseSpec",
+  "FAMILY_SPECS",
+  "FEATURE_MAPS",
+  "GATED_FAMILIES",
+  "GLASpec",
+  "GatedDeltaNetSpec",
+  "GatedSpec",
+  "DotProductSpec",
+  "LinearSpec",
+  "Mamba2DecaySpec",
+  "PATTERNS",
+  "QKNormSpec",
+  "RetNetSpec",
+  "STREAMING_ROPE",
+  "ScoreSpec",
+  "SparseSpec",
+  "check_int",
+  "check_type",
+  "register_family",
+  "run_and_sow",
 ]

@@ -66,31 +66,64 @@ class TransformerBlock(nnx.Module):
       self.mlp = None
     elif config.mlp == "moe":
       self.mlp = mlp_lib.MixtureOfExperts(
-          D, config.hidden_dim, num_experts=config.num_experts,
-          top_k=config.experts_per_token, alpha=config.moe_alpha, limit=config.moe_limit, **kw)
+        D,
+        config.hidden_dim,
+        num_experts=config.num_experts,
+        top_k=config.experts_per_token,
+        alpha=config.moe_alpha,
+        limit=config.moe_limit,
+        **kw,
+      )
     else:
-      self.mlp = MLP(config.mlp, D, config.hidden_dim, activation=config.mlp_activation,
-                     use_bias=config.mlp_bias, **kw)
+      self.mlp = MLP(
+        config.mlp,
+        D,
+        config.hidden_dim,
+        activation=config.mlp_activation,
+        use_bias=config.mlp_bias,
+        **kw,
+      )
     # Declared after the layers they follow: the rngs stream of the defaults is unchanged.
     self.attn_post_norm = norm(post)
     self.mlp_post_norm = norm(has_mlp and post)
 
-  def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
-               positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
-               sow_hidden: bool = False) -> Array:
+  def __call__(
+    self,
+    h: Array,
+    *,
+    segment_ids: Optional[Array] = None,
+    positions: Optional[Array] = None,
+    sow_weights: Optional[bool] = None,
+    sow_hidden: bool = False,
+  ) -> Array:
     """``h`` ``[B, T, D]`` -> ``[B, T, D]``; the other arguments as :class:`.Attention`'s."""
-    a = self.attention(self._apply(self.attn_norm, h), segment_ids=segment_ids,
-                       positions=positions, sow_weights=sow_weights)
+    a = self.attention(
+      self._apply(self.attn_norm, h),
+      segment_ids=segment_ids,
+      positions=positions,
+      sow_weights=sow_weights,
+    )
     h = self._feed_forward(h + self._apply(self.attn_post_norm, a))
     self._sow_hidden(h, sow_hidden)
     return h
 
-  def decode(self, h: Array, cache, *, segment_ids: Optional[Array] = None,
-             positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
-             sow_hidden: bool = False):
-    a, cache = self.attention.decode(self._apply(self.attn_norm, h), cache,
-                                     segment_ids=segment_ids, positions=positions,
-                                     sow_weights=sow_weights)
+  def decode(
+    self,
+    h: Array,
+    cache,
+    *,
+    segment_ids: Optional[Array] = None,
+    positions: Optional[Array] = None,
+    sow_weights: Optional[bool] = None,
+    sow_hidden: bool = False,
+  ):
+    a, cache = self.attention.decode(
+      self._apply(self.attn_norm, h),
+      cache,
+      segment_ids=segment_ids,
+      positions=positions,
+      sow_weights=sow_weights,
+    )
     h = self._feed_forward(h + self._apply(self.attn_post_norm, a))
     self._sow_hidden(h, sow_hidden)
     return h, cache
@@ -136,24 +169,49 @@ class TransformerLM(nnx.Module):
     D, V = config.d_model, config.vocab_size
     # [V, D] with fan_in = D (in_axis=1), the fan-in of the tied output projection.
     embed_init = jax.nn.initializers.variance_scaling(
-        1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=0)
-    self.embed = nnx.Embed(V, D, dtype=dtype, param_dtype=param_dtype,
-                           embedding_init=_layers.with_names(embed_init, ("vocab", "embed")),
-                           rngs=rngs)
-    self.blocks = nnx.List([TransformerBlock(config, i, rngs=rngs)
-                            for i in range(config.num_layers)])
-    self.final_norm = _norm(config.norm, D, config.norm_eps, rngs=rngs, dtype=dtype,
-                            param_dtype=param_dtype)
+      1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=0
+    )
+    self.embed = nnx.Embed(
+      V,
+      D,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      embedding_init=_layers.with_names(embed_init, ("vocab", "embed")),
+      rngs=rngs,
+    )
+    self.blocks = nnx.List(
+      [TransformerBlock(config, i, rngs=rngs) for i in range(config.num_layers)]
+    )
+    self.final_norm = _norm(
+      config.norm, D, config.norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype
+    )
     if not config.tie_embeddings:
-      self.head = _layers.linear(D, V, ("embed", "vocab"), rngs=rngs, dtype=dtype,
-                                 param_dtype=param_dtype)
-    self.position_embed = None if config.learned_positions is None else nnx.Embed(
-        config.learned_positions, D, dtype=dtype, param_dtype=param_dtype,
-        embedding_init=_layers.with_names(embed_init, (None, "embed")), rngs=rngs)
+      self.head = _layers.linear(
+        D, V, ("embed", "vocab"), rngs=rngs, dtype=dtype, param_dtype=param_dtype
+      )
+    self.position_embed = (
+      None
+      if config.learned_positions is None
+      else nnx.Embed(
+        config.learned_positions,
+        D,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        embedding_init=_layers.with_names(embed_init, (None, "embed")),
+        rngs=rngs,
+      )
+    )
 
-  def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
-               positions: Optional[Array] = None, return_log_z: bool = False,
-               sow_weights: Optional[bool] = None, sow_hidden: bool = False):
+  def __call__(
+    self,
+    tokens: Array,
+    *,
+    segment_ids: Optional[Array] = None,
+    positions: Optional[Array] = None,
+    return_log_z: bool = False,
+    sow_weights: Optional[bool] = None,
+    sow_hidden: bool = False,
+  ):
     """Logits ``[B, T, V]`` float32 of ``tokens`` ``[B, T]`` (and ``log Z`` ``[B, T]``).
 
     Args:
@@ -167,13 +225,24 @@ class TransformerLM(nnx.Module):
       sow_weights: sow attention weights (under ``nnx.capture``).
       sow_hidden: sow every block's output hidden state (under ``nnx.capture``).
     """
-    h = self.features(tokens, segment_ids=segment_ids, positions=positions,
-                      sow_weights=sow_weights, sow_hidden=sow_hidden)
+    h = self.features(
+      tokens,
+      segment_ids=segment_ids,
+      positions=positions,
+      sow_weights=sow_weights,
+      sow_hidden=sow_hidden,
+    )
     return self._logits(h, return_log_z)
 
-  def features(self, tokens: Array, *, segment_ids: Optional[Array] = None,
-               positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
-               sow_hidden: bool = False) -> Array:
+  def features(
+    self,
+    tokens: Array,
+    *,
+    segment_ids: Optional[Array] = None,
+    positions: Optional[Array] = None,
+    sow_weights: Optional[bool] = None,
+    sow_hidden: bool = False,
+  ) -> Array:
     """The hidden states the output head reads: the last block's output, final-normed.
 
     ``model(tokens)`` is ``model.output_logits(model.features(tokens))`` (plus
@@ -186,7 +255,8 @@ class TransformerLM(nnx.Module):
     for block in self.blocks:
       if self.config.remat:
         h = nnx.remat(lambda blk, h, seg, pos: blk(h, segment_ids=seg, positions=pos, **flags))(
-            block, h, segment_ids, positions)
+          block, h, segment_ids, positions
+        )
       else:
         h = block(h, segment_ids=segment_ids, positions=positions, **flags)
     return self.final_norm(h)
@@ -204,9 +274,16 @@ class TransformerLM(nnx.Module):
     logits = logits.astype(jnp.float32)
     return softcap(logits, self.config.final_softcap)
 
-  def decode(self, tokens: Array, cache: list, *, segment_ids: Optional[Array] = None,
-             positions: Optional[Array] = None, sow_weights: Optional[bool] = None,
-             sow_hidden: bool = False):
+  def decode(
+    self,
+    tokens: Array,
+    cache: list,
+    *,
+    segment_ids: Optional[Array] = None,
+    positions: Optional[Array] = None,
+    sow_weights: Optional[bool] = None,
+    sow_hidden: bool = False,
+  ):
     """Runs ``tokens`` ``[B, T]`` (the next ``T`` tokens) through the caches: ``(logits, cache)``.
 
     A prefill is one call with the prompt; each step after it is a call with
@@ -222,9 +299,14 @@ class TransformerLM(nnx.Module):
     h = self._embed(tokens, embed_positions)
     new_cache = []
     for block, layer_cache in zip(self.blocks, cache):
-      h, layer_cache = block.decode(h, layer_cache, segment_ids=segment_ids,
-                                    positions=positions, sow_weights=sow_weights,
-                                    sow_hidden=sow_hidden)
+      h, layer_cache = block.decode(
+        h,
+        layer_cache,
+        segment_ids=segment_ids,
+        positions=positions,
+        sow_weights=sow_weights,
+        sow_hidden=sow_hidden,
+      )
       new_cache.append(layer_cache)
     return self._logits(self.final_norm(h), False), new_cache
 
@@ -243,8 +325,10 @@ class TransformerLM(nnx.Module):
       T = tokens.shape[1]
       if positions is None:
         if T > c.learned_positions:
-          raise ValueError(f"tokens {tokens.shape}: T={T} exceeds the "
-                           f"learned_positions={c.learned_positions} of this model")
+          raise ValueError(
+            f"tokens {tokens.shape}: T={T} exceeds the "
+            f"learned_positions={c.learned_positions} of this model"
+          )
         positions = jnp.arange(T, dtype=jnp.int32)
       pos = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), tokens.shape)
       h = h + self.position_embed(pos).astype(h.dtype)
@@ -266,12 +350,10 @@ class TransformerLM(nnx.Module):
 
 # Logical axis -> mesh axis for a ("data", "model") mesh: Megatron-style tensor
 # parallelism over heads, MLP width and vocabulary; the batch goes on "data".
-LOGICAL_AXIS_RULES = (("embed", None), ("heads", "model"), ("mlp", "model"),
-                      ("vocab", "model"))
+LOGICAL_AXIS_RULES = (("embed", None), ("heads", "model"), ("mlp", "model"), ("vocab", "model"))
 
 
-def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh,
-                    rules=LOGICAL_AXIS_RULES):
+def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh, rules=LOGICAL_AXIS_RULES):
   """``NamedSharding`` for every variable of ``nnx.state(model)``, from its logical names.
 
   Example (a ``(data, 1)`` mesh here; e.g. ``(4, 2)`` on 8 devices):
@@ -346,19 +428,28 @@ def _forward_for_stats(model, tokens, *, weights: bool, hidden: bool):
 _jit_forward_for_stats = nnx.jit(_forward_for_stats, static_argnames=("weights", "hidden"))
 
 
-def _sown_stats(model: TransformerLM, tokens: Array, *, weights: bool, hidden: bool,
-                jit: bool) -> dict[str, Any]:
+def _sown_stats(
+  model: TransformerLM, tokens: Array, *, weights: bool, hidden: bool, jit: bool
+) -> dict[str, Any]:
   """The ``"sown"`` view of ``attnjax.nn.layer_stats``: one pass read from ``nnx.Intermediate``."""
   fwd = _jit_forward_for_stats if jit else _forward_for_stats
-  logits, inter = nnx.capture(fwd, nnx.Intermediate)(model, tokens, weights=weights,
-                                                     hidden=hidden)
+  logits, inter = nnx.capture(fwd, nnx.Intermediate)(model, tokens, weights=weights, hidden=hidden)
   recorded = intermediates.read(inter, len(model.blocks))
-  return {"logits": logits, "log_z": recorded.model["log_z"],
-          "layers": [intermediates.fields(layer) for layer in recorded.layers]}
+  return {
+    "logits": logits,
+    "log_z": recorded.model["log_z"],
+    "layers": [intermediates.fields(layer) for layer in recorded.layers],
+  }
 
 
-def collect_stats(model: TransformerLM, tokens: Array, *, weights: bool = False,
-                  hidden: bool = False, jit: bool = True) -> dict[str, Any]:
+def collect_stats(
+  model: TransformerLM,
+  tokens: Array,
+  *,
+  weights: bool = False,
+  hidden: bool = False,
+  jit: bool = True,
+) -> dict[str, Any]:
   """Deprecated: ``attnjax.nn.layer_stats(model, tokens, view="sown")``, which returns the same.
 
   Per-layer statistics of one forward pass, read from ``nnx.Intermediate``: a
@@ -366,6 +457,5 @@ def collect_stats(model: TransformerLM, tokens: Array, *, weights: bool = False,
   """
   warn_once("attnjax.nn.collect_stats", "attnjax.nn.layer_stats(model, tokens, view='sown')")
   if not isinstance(model, TransformerLM):
-    raise TypeError(f"collect_stats takes an attnjax.nn.TransformerLM, got "
-                    f"{type(model).__name__}")
+    raise TypeError(f"collect_stats takes an attnjax.nn.TransformerLM, got {type(model).__name__}")
   return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit)

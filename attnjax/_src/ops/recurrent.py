@@ -38,9 +38,10 @@ def engines(forms: dict[str, _op.Engine], reference: str) -> dict[str, _op.Engin
   """A recurrent op's engines: ``"reference"`` (the engine of the ``reference`` form under
   that name), then each of :data:`FORMS` (``forms`` holds one engine per form)."""
   assert set(forms) == set(FORMS), sorted(forms)
-  return {"reference": _op.Engine("reference", forms[reference].compute,
-                                  forms[reference].unsupported),
-          **{name: forms[name] for name in FORMS}}
+  return {
+    "reference": _op.Engine("reference", forms[reference].compute, forms[reference].unsupported),
+    **{name: forms[name] for name in FORMS},
+  }
 
 
 def check_chunk_size(chunk_size: Any) -> int:
@@ -79,8 +80,21 @@ class Inputs(NamedTuple):
   context_axis: Optional[str] = None
 
 
-def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_ids,
-            implementation, chunk_size, op: _op.Op, context_axis=None) -> Inputs:
+def prepare(
+  name: str,
+  q,
+  k,
+  v,
+  *,
+  scale,
+  initial_state,
+  return_state,
+  segment_ids,
+  implementation,
+  chunk_size,
+  op: _op.Op,
+  context_axis=None,
+) -> Inputs:
   """Validates a causal stateful call over one sequence and returns its :class:`Inputs`.
 
   Args:
@@ -102,15 +116,21 @@ def prepare(name: str, q, k, v, *, scale, initial_state, return_state, segment_i
   if not isinstance(return_state, bool):
     raise TypeError(f"return_state must be a bool, got {return_state!r}")
   scale = _checks.check_positive_float("scale", scale)
-  scale = H ** -0.5 if scale is None else scale
+  scale = H**-0.5 if scale is None else scale
   state = _checks.check_initial_state(initial_state, (B, N, H, Hv))
   if state is None:
     state = jnp.zeros((B, N, H, Hv), jnp.float32)
   f32 = jnp.float32
-  return Inputs(q=group_queries(q.astype(f32) * scale, K), k=k.astype(f32), v=v.astype(f32),
-                reset=masks.segment_resets(seg, B, T),
-                state=jnp.reshape(state, (B, K, N // K, H, Hv)), form=form,
-                segment_ids=segment_ids, context_axis=check_context_axis(name, context_axis))
+  return Inputs(
+    q=group_queries(q.astype(f32) * scale, K),
+    k=k.astype(f32),
+    v=v.astype(f32),
+    reset=masks.segment_resets(seg, B, T),
+    state=jnp.reshape(state, (B, K, N // K, H, Hv)),
+    form=form,
+    segment_ids=segment_ids,
+    context_axis=check_context_axis(name, context_axis),
+  )
 
 
 def check_context_axis(name: str, context_axis: Any) -> Optional[str]:
@@ -123,13 +143,16 @@ def check_context_axis(name: str, context_axis: Any) -> Optional[str]:
   if context_axis is None:
     return None
   if not isinstance(context_axis, str):
-    raise TypeError(f"context_axis must be a shard_map mesh axis name (a str) or None, got "
-                    f"{context_axis!r}")
+    raise TypeError(
+      f"context_axis must be a shard_map mesh axis name (a str) or None, got {context_axis!r}"
+    )
   try:
     jax.lax.axis_size(context_axis)
   except NameError as e:
-    raise ValueError(f"context_axis={context_axis!r} is not a mesh axis of the enclosing "
-                     f"jax.shard_map (call {name} inside shard_map over that axis)") from e
+    raise ValueError(
+      f"context_axis={context_axis!r} is not a mesh axis of the enclosing "
+      f"jax.shard_map (call {name} inside shard_map over that axis)"
+    ) from e
   return context_axis
 
 
@@ -143,23 +166,29 @@ def context(call: tuple, implementation: Optional[str], local: Callable[..., Any
   Hv = x.v.shape[-1]
 
   def on_shard(v: Array, state: Array):  # values [B, T, K, W], state [B, N, H, W]
-    shard = x._replace(v=v, state=jnp.reshape(state, (B, K, G) + state.shape[2:]),
-                       context_axis=None)
+    shard = x._replace(
+      v=v, state=jnp.reshape(state, (B, K, G) + state.shape[2:]), context_axis=None
+    )
     out, final = local((shard, extra, chunk_size), implementation)
     return out, jnp.reshape(final, (B, K * G) + final.shape[3:])
 
   out, final = state_passing(
-      on_shard, x.v, num_heads=K * G, head_dim=H,
-      initial_state=jnp.reshape(x.state, (B, K * G, H, Hv)), segment_ids=x.segment_ids,
-      return_state=True, axis=x.context_axis)
+    on_shard,
+    x.v,
+    num_heads=K * G,
+    head_dim=H,
+    initial_state=jnp.reshape(x.state, (B, K * G, H, Hv)),
+    segment_ids=x.segment_ids,
+    return_state=True,
+    axis=x.context_axis,
+  )
   return out, jnp.reshape(final, (B, K, G, H, Hv))
 
 
 def by_kv_head(x: Array, num_kv_heads: int) -> Array:
   """A per-query-head input ``[B, T, N, ...]`` as float32 ``[B, T, K, G, ...]``."""
   B, T, N = x.shape[:3]
-  return jnp.reshape(x.astype(jnp.float32),
-                     (B, T, num_kv_heads, N // num_kv_heads) + x.shape[3:])
+  return jnp.reshape(x.astype(jnp.float32), (B, T, num_kv_heads, N // num_kv_heads) + x.shape[3:])
 
 
 def finish(out: Array, final: Array, q: Array, *, return_state: bool):
@@ -183,8 +212,14 @@ def _form_engine(name: str, form: Callable[..., Any], *, chunked: bool = False) 
   return _op.Engine(name, compute, _op.supports_everything)
 
 
-def state_op(name: str, *, recurrent: Callable[..., Any], quadratic: Callable[..., Any],
-             chunked: Callable[..., Any], reference: str) -> _op.Op:
+def state_op(
+  name: str,
+  *,
+  recurrent: Callable[..., Any],
+  quadratic: Callable[..., Any],
+  chunked: Callable[..., Any],
+  reference: str,
+) -> _op.Op:
   """The op of a causal state-passing family (gated linear, delta rule), registered.
 
   Its call is ``(x: Inputs, extra, chunk_size)``, ``extra`` the family's per-step arrays in
@@ -192,11 +227,21 @@ def state_op(name: str, *, recurrent: Callable[..., Any], quadratic: Callable[..
   final state)``. A call over no steps leaves the state as it was (:func:`attnjax._empty.no_steps`);
   a call whose ``x.context_axis`` is set runs :func:`context`.
   """
-  forms = {"recurrent": _form_engine("recurrent", recurrent),
-           "quadratic": _form_engine("quadratic", quadratic),
-           "chunked": _form_engine("chunked", chunked, chunked=True)}
-  return _op.register(_op.Op(
-      name, engines(forms, reference), {}, ("chunked",),
+  forms = {
+    "recurrent": _form_engine("recurrent", recurrent),
+    "quadratic": _form_engine("quadratic", quadratic),
+    "chunked": _form_engine("chunked", chunked, chunked=True),
+  }
+  return _op.register(
+    _op.Op(
+      name,
+      engines(forms, reference),
+      {},
+      ("chunked",),
       empty=lambda x, *_: _empty.no_steps(x.v, x.state),
-      is_empty=lambda x, *_: x.q.shape[1] == 0, context=context,
-      context_axis=lambda x, *_: x.context_axis, renamed=RENAMED))
+      is_empty=lambda x, *_: x.q.shape[1] == 0,
+      context=context,
+      context_axis=lambda x, *_: x.context_axis,
+      renamed=RENAMED,
+    )
+  )

@@ -11,5 +11,13 @@ from attnjax._src.parallel.recurrent import state_passing
 from attnjax._src.parallel.strategies import attention
 from attnjax._src.parallel.tokens import unzigzag, zigzag
 
-__all__ = ["CONTEXT_LAYOUTS", "CONTEXT_STRATEGIES", "attention", "ring_plan", "shard_positions",
-           "state_passing", "unzigzag", "zigzag"]
+__all__ = [
+  "CONTEXT_LAYOUTS",
+  "CONTEXT_STRATEGIES",
+  "attention",
+  "ring_plan",
+  "shard_positions",
+  "state_passing",
+  "unzigzag",
+  "zigzag",
+]

@@ -33,9 +33,17 @@ def every_shard(xs, axis: str):
   return jax.lax.psum(jax.tree.map(place, xs), axis)
 
 
-def state_passing(local: Local, v: Array, *, num_heads: int, head_dim: int,
-                  initial_state: Optional[Array], segment_ids: Optional[Array],
-                  return_state: bool, axis: str):
+def state_passing(
+  local: Local,
+  v: Array,
+  *,
+  num_heads: int,
+  head_dim: int,
+  initial_state: Optional[Array],
+  segment_ids: Optional[Array],
+  return_state: bool,
+  axis: str,
+):
   """This device's shard of a causal recurrent call sharded along time over ``axis``.
 
   Args:
@@ -60,17 +68,27 @@ def state_passing(local: Local, v: Array, *, num_heads: int, head_dim: int,
   P = jax.lax.axis_size(axis)
   p = jax.lax.axis_index(axis)
   widened = jnp.concatenate([jnp.zeros(v.shape[:3] + (H,), v.dtype), v], axis=-1)
-  start = jnp.concatenate([jnp.broadcast_to(jnp.eye(H, dtype=jnp.float32), (B, N, H, H)),
-                           jnp.zeros((B, N, H, Hv), jnp.float32)], axis=-1)
-  _, transition = local(widened, varying(start, axis))  # typed per device, as the scan's carry  # [B, N, H, H + Hv] = [A | B]
+  start = jnp.concatenate(
+    [
+      jnp.broadcast_to(jnp.eye(H, dtype=jnp.float32), (B, N, H, H)),
+      jnp.zeros((B, N, H, Hv), jnp.float32),
+    ],
+    axis=-1,
+  )
+  _, transition = local(
+    widened, varying(start, axis)
+  )  # typed per device, as the scan's carry  # [B, N, H, H + Hv] = [A | B]
 
   parts = [transition]
   if segment_ids is not None:  # does a segment start at each shard's first token?
     parts += [segment_ids[:, 0], segment_ids[:, -1]]
   parts = every_shard(parts, axis)
   transitions = parts[0]
-  state = (jnp.zeros((B, N, H, Hv), jnp.float32) if initial_state is None
-           else initial_state.astype(jnp.float32))
+  state = (
+    jnp.zeros((B, N, H, Hv), jnp.float32)
+    if initial_state is None
+    else initial_state.astype(jnp.float32)
+  )
   entering = []
   for s in range(P):
     entering.append(state)

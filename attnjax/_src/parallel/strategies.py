@@ -33,19 +33,27 @@ RunLocal = Callable[[options.DenseInputs, options.DenseOptions, Optional[str]], 
 def _check_shards(inputs: options.DenseInputs, opts: options.DenseOptions, P: int) -> None:
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   if T != S:
-    raise ValueError(f"context_axis={opts.context_axis!r}: queries and keys must be sharded "
-                     f"alike (the same local length), got q {tuple(inputs.q.shape)} and k "
-                     f"{tuple(inputs.k.shape)}")
+    raise ValueError(
+      f"context_axis={opts.context_axis!r}: queries and keys must be sharded "
+      f"alike (the same local length), got q {tuple(inputs.q.shape)} and k "
+      f"{tuple(inputs.k.shape)}"
+    )
   if opts.context_layout == "zigzag" and T % 2:
-    raise ValueError(f"context_layout='zigzag' needs an even local length (two chunks per "
-                     f"shard), got q {tuple(inputs.q.shape)} on each of {P} shards")
+    raise ValueError(
+      f"context_layout='zigzag' needs an even local length (two chunks per "
+      f"shard), got q {tuple(inputs.q.shape)} on each of {P} shards"
+    )
   if inputs.bias is not None or inputs.mask is not None:
-    raise ValueError(f"context_axis={opts.context_axis!r} takes no bias or mask array (their "
-                     f"key columns live on other shards); express the rule as a mask_mod / "
-                     f"score_mod, which see global positions")
+    raise ValueError(
+      f"context_axis={opts.context_axis!r} takes no bias or mask array (their "
+      f"key columns live on other shards); express the rule as a mask_mod / "
+      f"score_mod, which see global positions"
+    )
   if opts.block_layout is not None:
-    raise ValueError("block_layout describes one device's whole call; with context_axis pass "
-                     "the mask_mod alone (its blocks are found per shard at run time)")
+    raise ValueError(
+      "block_layout describes one device's whole call; with context_axis pass "
+      "the mask_mod alone (its blocks are found per shard at run time)"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -94,9 +102,11 @@ def _all_gather(inputs, opts, implementation, run_local, P: int):
   """
   axis, layout = opts.context_axis, opts.context_layout
   if opts.return_stats and implementation not in (None, "blockwise"):
-    raise ValueError(f"return_stats=True with context_strategy='all_gather' runs the block-wise "
-                     f"kernel (its statistics are over the rows of every device); "
-                     f"implementation={implementation!r} cannot (use None or 'blockwise')")
+    raise ValueError(
+      f"return_stats=True with context_strategy='all_gather' runs the block-wise "
+      f"kernel (its statistics are over the rows of every device); "
+      f"implementation={implementation!r} cannot (use None or 'blockwise')"
+    )
   T = inputs.q.shape[1]
 
   def gather(x):
@@ -110,29 +120,37 @@ def _all_gather(inputs, opts, implementation, run_local, P: int):
   if opts.return_stats:  # the kernel gives the modifiers global positions itself
     mask_mod = opts.mask_mod
     if structure:
-      mask_mod = functools.partial(_structure, user=opts.mask_mod, is_causal=opts.is_causal,
-                                   window=opts.window)
+      mask_mod = functools.partial(
+        _structure, user=opts.mask_mod, is_causal=opts.is_causal, window=opts.window
+      )
     local_inputs = dataclasses.replace(
-        inputs, k=gather(inputs.k), v=gather(inputs.v),
-        kv_segment_ids=gather(inputs.kv_segment_ids))
-    local_opts = dataclasses.replace(opts.local(), is_causal=False, window=None,
-                                     mask_mod=mask_mod)
-    return blockwise_kernel.run_gathered(local_inputs, local_opts, q_positions=positions,
-                                         stats_axis=axis)
+      inputs, k=gather(inputs.k), v=gather(inputs.v), kv_segment_ids=gather(inputs.kv_segment_ids)
+    )
+    local_opts = dataclasses.replace(opts.local(), is_causal=False, window=None, mask_mod=mask_mod)
+    return blockwise_kernel.run_gathered(
+      local_inputs, local_opts, q_positions=positions, stats_axis=axis
+    )
   mask_mod, mask_args = opts.mask_mod, tuple(inputs.mask_mod_args)
   if structure or mask_mod is not None:
-    mask_mod = functools.partial(_at_positions, user=opts.mask_mod, is_causal=opts.is_causal,
-                                 window=opts.window)
+    mask_mod = functools.partial(
+      _at_positions, user=opts.mask_mod, is_causal=opts.is_causal, window=opts.window
+    )
     mask_args = (positions,) + mask_args
   score_mod, score_args = opts.score_mod, tuple(inputs.score_mod_args)
   if score_mod is not None:
     score_mod = functools.partial(_score_at_positions, user=opts.score_mod)
     score_args = (positions,) + score_args
   local_inputs = dataclasses.replace(
-      inputs, k=gather(inputs.k), v=gather(inputs.v), kv_segment_ids=gather(inputs.kv_segment_ids),
-      score_mod_args=score_args, mask_mod_args=mask_args)
-  local_opts = dataclasses.replace(opts.local(), is_causal=False, window=None, mask_mod=mask_mod,
-                                   score_mod=score_mod)
+    inputs,
+    k=gather(inputs.k),
+    v=gather(inputs.v),
+    kv_segment_ids=gather(inputs.kv_segment_ids),
+    score_mod_args=score_args,
+    mask_mod_args=mask_args,
+  )
+  local_opts = dataclasses.replace(
+    opts.local(), is_causal=False, window=None, mask_mod=mask_mod, score_mod=score_mod
+  )
   return run_local(local_inputs, local_opts, implementation)
 
 
@@ -142,9 +160,11 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
   q, k, v = inputs.q, inputs.k, inputs.v
   N, K = q.shape[2], k.shape[2]
   if N % P:
-    raise ValueError(f"context_strategy='all_to_all' splits the query heads over the axis: "
-                     f"N={N} heads (q {tuple(q.shape)}) are not divisible by the axis size {P}; "
-                     f"use context_strategy='ring'")
+    raise ValueError(
+      f"context_strategy='all_to_all' splits the query heads over the axis: "
+      f"N={N} heads (q {tuple(q.shape)}) are not divisible by the axis size {P}; "
+      f"use context_strategy='ring'"
+    )
   per = N // P  # query heads per device
   G = N // K
   d = jax.lax.axis_index(axis)
@@ -166,10 +186,12 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
     k_full = jax.lax.dynamic_slice_in_dim(gather(k), head, 1, axis=2)
     v_full = jax.lax.dynamic_slice_in_dim(gather(v), head, 1, axis=2)
   else:
-    raise ValueError(f"context_strategy='all_to_all' with N={N} query heads over K={K} key/value "
-                     f"heads on {P} devices: neither K nor N / K / (N / {P}) divides evenly, so "
-                     f"a device's query heads do not map to whole key/value heads; use "
-                     f"context_strategy='ring'")
+    raise ValueError(
+      f"context_strategy='all_to_all' with N={N} query heads over K={K} key/value "
+      f"heads on {P} devices: neither K nor N / K / (N / {P}) divides evenly, so "
+      f"a device's query heads do not map to whole key/value heads; use "
+      f"context_strategy='ring'"
+    )
   sink = inputs.sink_logits
   if sink is not None:
     sink = jax.lax.dynamic_slice_in_dim(sink, d * per, per, axis=1)
@@ -183,9 +205,16 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
     score_mod = functools.partial(_score_of_heads, user=opts.score_mod)
     score_args = (first,) + score_args
   local_inputs = dataclasses.replace(
-      inputs, q=to_sequence(q), k=k_full, v=v_full, sink_logits=sink,
-      q_segment_ids=gather(inputs.q_segment_ids), kv_segment_ids=gather(inputs.kv_segment_ids),
-      score_mod_args=score_args, mask_mod_args=mask_args)
+    inputs,
+    q=to_sequence(q),
+    k=k_full,
+    v=v_full,
+    sink_logits=sink,
+    q_segment_ids=gather(inputs.q_segment_ids),
+    kv_segment_ids=gather(inputs.kv_segment_ids),
+    score_mod_args=score_args,
+    mask_mod_args=mask_args,
+  )
   local_opts = dataclasses.replace(opts.local(), mask_mod=mask_mod, score_mod=score_mod)
   result = run_local(local_inputs, local_opts, implementation)
   out, stats = result if opts.return_stats else (result, None)
@@ -199,15 +228,22 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
     return out
   # [B, N / P] per device -> [B, N] on every device: each in its place, one sum over the axis.
   fields = ("sink_mass", "entropy", "max_logit", "row_sum")
-  placed = [jax.lax.dynamic_update_slice_in_dim(
-      jnp.zeros(x.shape[:1] + (N,) + x.shape[2:], x.dtype), x, d * per, axis=1)
-            for x in (getattr(stats, f) for f in fields)]
+  placed = [
+    jax.lax.dynamic_update_slice_in_dim(
+      jnp.zeros(x.shape[:1] + (N,) + x.shape[2:], x.dtype), x, d * per, axis=1
+    )
+    for x in (getattr(stats, f) for f in fields)
+  ]
   whole = dict(zip(fields, jax.lax.psum(placed, axis)))
   return out, AttentionStats(logsumexp=to_heads(stats.logsumexp, 2, 1), **whole)
 
 
-def attention(inputs: options.DenseInputs, opts: options.DenseOptions,
-              implementation: Optional[str], run_local: RunLocal):
+def attention(
+  inputs: options.DenseInputs,
+  opts: options.DenseOptions,
+  implementation: Optional[str],
+  run_local: RunLocal,
+):
   """This device's shard of a dense call whose sequence is sharded over ``opts.context_axis``.
 
   Args:
@@ -228,14 +264,18 @@ def attention(inputs: options.DenseInputs, opts: options.DenseOptions,
   try:
     P = jax.lax.axis_size(axis)
   except NameError as e:
-    raise ValueError(f"context_axis={axis!r} is not a mesh axis of the enclosing "
-                     f"jax.shard_map (call the function inside shard_map over that axis)") from e
+    raise ValueError(
+      f"context_axis={axis!r} is not a mesh axis of the enclosing "
+      f"jax.shard_map (call the function inside shard_map over that axis)"
+    ) from e
   _check_shards(inputs, opts, P)
   if opts.context_strategy == "ring":
     if implementation not in (None, "blockwise"):
-      raise ValueError(f"context_strategy='ring' runs the block-wise kernel on each pair of "
-                       f"shards; implementation={implementation!r} cannot (use None or "
-                       f"'blockwise', or context_strategy='all_to_all' for another kernel)")
+      raise ValueError(
+        f"context_strategy='ring' runs the block-wise kernel on each pair of "
+        f"shards; implementation={implementation!r} cannot (use None or "
+        f"'blockwise', or context_strategy='all_to_all' for another kernel)"
+      )
     return ring.attention(inputs, opts.local(), axis_name=axis, layout=opts.context_layout)
   if opts.context_strategy == "all_gather":
     return _all_gather(inputs, opts, implementation, run_local, P)

@@ -15,8 +15,10 @@ def _token_axis(x, axis_size: int, axis: int, name: str) -> int:
     raise ValueError(f"{name}: axis={axis} is out of range for an array of shape {jnp.shape(x)}")
   length = jnp.shape(x)[axis]
   if length % (2 * axis_size):
-    raise ValueError(f"{name}: the token axis ({axis}) of shape {jnp.shape(x)} has length "
-                     f"{length}, not a multiple of 2 * axis_size = {2 * axis_size}")
+    raise ValueError(
+      f"{name}: the token axis ({axis}) of shape {jnp.shape(x)} has length "
+      f"{length}, not a multiple of 2 * axis_size = {2 * axis_size}"
+    )
   return axis % ndim
 
 
@@ -39,8 +41,9 @@ def zigzag(x: Array, axis_size: int, axis: int = 1) -> Array:
   axis = _token_axis(x, axis_size, axis, "zigzag")
   P = axis_size
   chunks = jnp.split(x, 2 * P, axis=axis)
-  return jnp.concatenate([c for p in range(P) for c in (chunks[p], chunks[2 * P - 1 - p])],
-                         axis=axis)
+  return jnp.concatenate(
+    [c for p in range(P) for c in (chunks[p], chunks[2 * P - 1 - p])], axis=axis
+  )
 
 
 def unzigzag(x: Array, axis_size: int, axis: int = 1) -> Array:

@@ -17,8 +17,9 @@ from attnjax._src.stats.results import LayerMean, LogitDrift, MassiveActivations
 Array = jnp.ndarray
 
 
-def _massive_activations(hidden, *, abs_threshold: float = 100.0,
-                         ratio: float = 1000.0) -> MassiveActivations:
+def _massive_activations(
+  hidden, *, abs_threshold: float = 100.0, ratio: float = 1000.0
+) -> MassiveActivations:
   """Massive activations and M-Act (Sun et al. 2024; Qiu et al. 2025).
 
   Definition: an entry ``h`` of a hidden state is massive when ``|h| >
@@ -46,8 +47,12 @@ def _massive_activations(hidden, *, abs_threshold: float = 100.0,
   median = jnp.median(jnp.reshape(h, (L, B, T * D)), axis=-1)  # [L, B]
   massive = jnp.logical_and(h > abs_threshold, h > ratio * median[:, :, None, None])
   max_abs = jnp.max(h, axis=(1, 2, 3))
-  return MassiveActivations(count=jnp.sum(massive, axis=(1, 2, 3)), max_abs=max_abs,
-                            median_abs=median, m_act=jnp.mean(max_abs))
+  return MassiveActivations(
+    count=jnp.sum(massive, axis=(1, 2, 3)),
+    max_abs=max_abs,
+    median_abs=median,
+    m_act=jnp.mean(max_abs),
+  )
 
 
 massive_activations = jax.jit(_massive_activations, static_argnames=("abs_threshold", "ratio"))
@@ -74,12 +79,13 @@ def _kurtosis(hidden) -> LayerMean:
   """
   h = _stack_layers("hidden", hidden, 3, "[B, T, D]")
   centred = h - jnp.mean(h, axis=-1, keepdims=True)
-  var = jnp.mean(centred ** 2, axis=-1)
-  m4 = jnp.mean(centred ** 4, axis=-1)
+  var = jnp.mean(centred**2, axis=-1)
+  m4 = jnp.mean(centred**4, axis=-1)
   ok = var > 0
   kurt = jnp.where(ok, m4 / jnp.where(ok, var, 1.0) ** 2, 0.0)
-  per_layer = jnp.sum(kurt, axis=(1, 2)) / jnp.maximum(jnp.sum(ok, axis=(1, 2), dtype=jnp.float32),
-                                                       1.0)
+  per_layer = jnp.sum(kurt, axis=(1, 2)) / jnp.maximum(
+    jnp.sum(ok, axis=(1, 2), dtype=jnp.float32), 1.0
+  )
   return LayerMean(mean=jnp.mean(per_layer), per_layer=per_layer)
 
 
@@ -123,12 +129,13 @@ def _output_logit_drift(logits, *, mask=None, z_loss_coef: float = 1e-4) -> Logi
     keep = jnp.ones(log_z.shape, bool)
   else:
     if shape_of(mask) != log_z.shape:
-      raise ValueError(f"mask must have the logits' shape without V, {log_z.shape}, "
-                       f"got {shape_of(mask)}")
+      raise ValueError(
+        f"mask must have the logits' shape without V, {log_z.shape}, got {shape_of(mask)}"
+      )
     keep = jnp.asarray(mask, bool)
   count = jnp.maximum(jnp.sum(keep, dtype=jnp.float32), 1.0)
   mean_log_z = jnp.sum(jnp.where(keep, log_z, 0.0)) / count
-  mean_sq = jnp.sum(jnp.where(keep, log_z ** 2, 0.0)) / count
+  mean_sq = jnp.sum(jnp.where(keep, log_z**2, 0.0)) / count
   return LogitDrift(mean_log_z=mean_log_z, z_loss=z_loss_coef * mean_sq)
 
 

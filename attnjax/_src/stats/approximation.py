@@ -40,14 +40,15 @@ def _kernel_approximation_error(approx_weights, exact_weights) -> Array:
     _checks.check_floating(name, x)
     _nonempty(name, x)
   if shape_of(approx_weights) != shape_of(exact_weights):
-    raise ValueError(f"approx_weights {shape_of(approx_weights)} and exact_weights "
-                     f"{shape_of(exact_weights)} must have the same shape")
+    raise ValueError(
+      f"approx_weights {shape_of(approx_weights)} and exact_weights "
+      f"{shape_of(exact_weights)} must have the same shape"
+    )
   a = jnp.asarray(exact_weights, jnp.float32)
   diff = jnp.asarray(approx_weights, jnp.float32) - a
   num = jnp.sqrt(jnp.sum(diff * diff, axis=(-2, -1)))
   den = jnp.sqrt(jnp.sum(a * a, axis=(-2, -1)))
-  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0),
-                   jnp.where(num > 0, jnp.inf, 0.0))
+  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.where(num > 0, jnp.inf, 0.0))
 
 
 kernel_approximation_error = jax.jit(_kernel_approximation_error)
@@ -61,21 +62,23 @@ def _features(feature_map, x: Array, *, is_query: bool) -> Array:
   except (TypeError, ValueError):
     params = {}
   takes_role = "is_query" in params or any(
-      p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+  )
   phi = feature_map(x, is_query=is_query) if takes_role else feature_map(x)
   return jnp.asarray(phi, jnp.float32)
 
 
 def _feature_map_error(q, k, feature_map, *, is_causal: bool, scale: Optional[float]) -> Array:
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, k)
-  scale = H ** -0.5 if scale is None else _checks.check_positive_float("scale", scale)
+  scale = H**-0.5 if scale is None else _checks.check_positive_float("scale", scale)
   allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=None, mask=None)
   z = jnp.reshape(_logits.scores(_logits.group_queries(q, K), k, scale=scale), (B, N, T, S))
   exact, _ = normalizers.normalize(z, allowed, normalizer="softmax")
   phi_q = _features(feature_map, q.astype(jnp.float32), is_query=True)
   phi_k = _features(feature_map, k.astype(jnp.float32), is_query=False)
-  kernel = jnp.reshape(_logits.scores(_logits.group_queries(phi_q, K), phi_k, scale=1.0),
-                       (B, N, T, S))
+  kernel = jnp.reshape(
+    _logits.scores(_logits.group_queries(phi_q, K), phi_k, scale=1.0), (B, N, T, S)
+  )
   kernel = jnp.where(allowed, kernel, 0.0)
   denom = jnp.sum(kernel, axis=-1, keepdims=True)
   approx = jnp.where(denom != 0, kernel / jnp.where(denom != 0, denom, 1.0), 0.0)
@@ -85,12 +88,14 @@ def _feature_map_error(q, k, feature_map, *, is_causal: bool, scale: Optional[fl
 # A map carrying arrays (a random projection) is a traced argument, so redrawing
 # features does not recompile; a plain function is a static argument.
 _feature_map_error_traced = jax.jit(_feature_map_error, static_argnames=("is_causal", "scale"))
-_feature_map_error_static = jax.jit(_feature_map_error,
-                                    static_argnames=("feature_map", "is_causal", "scale"))
+_feature_map_error_static = jax.jit(
+  _feature_map_error, static_argnames=("feature_map", "is_causal", "scale")
+)
 
 
-def feature_map_attention_error(q, k, *, feature_map: Callable[..., Array],
-                                is_causal: bool = True, scale: Optional[float] = None) -> Array:
+def feature_map_attention_error(
+  q, k, *, feature_map: Callable[..., Array], is_causal: bool = True, scale: Optional[float] = None
+) -> Array:
   """Relative error of kernel-feature attention against exact softmax attention.
 
   Builds ``A`` = softmax of ``scale * <q_i, k_j>`` (the dense reference path and

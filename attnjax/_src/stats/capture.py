@@ -21,8 +21,14 @@ from attnjax._src.stats.activations import _kurtosis, _massive_activations, _out
 from attnjax._src.stats.geometry import _qk_statistics, _sink_geometry, _value_state_drain
 from attnjax._src.stats.jsonable import flatten
 from attnjax._src.stats.results import LayerMean
-from attnjax._src.stats.sinks import (_attention_entropy, _attention_sparsity, _first_token_attention,
-                                 _max_attention_logit, _null_mass, _sink_rate)
+from attnjax._src.stats.sinks import (
+  _attention_entropy,
+  _attention_sparsity,
+  _first_token_attention,
+  _max_attention_logit,
+  _null_mass,
+  _sink_rate,
+)
 
 Array = jnp.ndarray
 
@@ -75,13 +81,20 @@ def _per_layer(fn, L: int, allowed: Optional[Array], *arrays):
     results.append(fn(*(a[l] for a in arrays), mask=mask))
   # Each result is per layer with L = 1 ([1, ...] arrays); scalars (means over
   # the one layer) stack to [L] and are recomputed by the caller.
-  return jax.tree.map(lambda *xs: jnp.stack(xs) if xs[0].ndim == 0 else jnp.concatenate(xs),
-                      *results)
+  return jax.tree.map(
+    lambda *xs: jnp.stack(xs) if xs[0].ndim == 0 else jnp.concatenate(xs), *results
+  )
 
 
-def capture_statistics(capture: ProbeCapture, *, eps: float = 0.3,
-                       sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
-                       massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+def capture_statistics(
+  capture: ProbeCapture,
+  *,
+  eps: float = 0.3,
+  sparsity_threshold: float = 0.01,
+  z_loss_coef: float = 1e-4,
+  massive_abs: float = 100.0,
+  massive_ratio: float = 1000.0,
+) -> dict:
   """All statistics of one forward pass as a flat dict of named arrays and scalars.
 
   The pure computation of ``attnjax.nn.layer_stats``'s ``"summary"`` view (call
@@ -132,8 +145,10 @@ def capture_statistics(capture: ProbeCapture, *, eps: float = 0.3,
     above = sink.importance[None] > jnp.asarray(SINK_CURVE_EPS)[:, None, None, None]
     out["sink_curve/rate"] = 100.0 * jnp.mean(above, axis=(1, 2, 3))
     out["sink_curve/per_layer"] = 100.0 * jnp.mean(above, axis=(2, 3))
-  for key, field, metric in (("f_attn", "sink_mass", _first_token_attention),
-                             ("entropy", "entropy", _attention_entropy)):
+  for key, field, metric in (
+    ("f_attn", "sink_mass", _first_token_attention),
+    ("entropy", "entropy", _attention_entropy),
+  ):
     source = st if st is not None and getattr(st, field) is not None else w
     if source is not None:
       out.update(flatten(metric(source), key))
@@ -143,54 +158,91 @@ def capture_statistics(capture: ProbeCapture, *, eps: float = 0.3,
     nm = _null_mass(st)
     has = jnp.reshape(jnp.asarray(capture.null_column, bool), (-1, 1))
     per_head = jnp.where(has, nm.per_head, 0.0)
-    out.update(flatten(LayerMean(mean=jnp.mean(per_head), per_layer=jnp.mean(per_head, axis=1),
-                                 per_head=per_head), "null_mass"))
+    out.update(
+      flatten(
+        LayerMean(mean=jnp.mean(per_head), per_layer=jnp.mean(per_head, axis=1), per_head=per_head),
+        "null_mass",
+      )
+    )
   allowed = capture.allowed
   if w is not None:
     sparsity = _per_layer(
-        lambda wl, mask: _attention_sparsity(wl, threshold=sparsity_threshold,
-                                             is_causal=mask is None, mask=mask),
-        w.shape[0], allowed, w)
+      lambda wl, mask: _attention_sparsity(
+        wl, threshold=sparsity_threshold, is_causal=mask is None, mask=mask
+      ),
+      w.shape[0],
+      allowed,
+      w,
+    )
     sparsity = sparsity._replace(mean=jnp.mean(sparsity.per_layer))
     out.update(flatten(sparsity, "sparsity"))
   if capture.q is not None and capture.k is not None:
     Tk = capture.k.shape[2]
     seq_allowed = None if allowed is None else allowed[..., :Tk]
-    qk = _per_layer(lambda q, k, mask: _qk_statistics(q, k, is_causal=mask is None, mask=mask),
-                    capture.q.shape[0], seq_allowed, capture.q, capture.k)
+    qk = _per_layer(
+      lambda q, k, mask: _qk_statistics(q, k, is_causal=mask is None, mask=mask),
+      capture.q.shape[0],
+      seq_allowed,
+      capture.q,
+      capture.k,
+    )
     out.update(flatten(qk._asdict() | {"max_logit": None}, "qk"))
     if capture.v is not None and Tk >= 2:
       geometry = _per_layer(
-          lambda q, k, v, mask: _sink_geometry(q, k, v, is_causal=mask is None, mask=mask),
-          capture.q.shape[0], seq_allowed, capture.q, capture.k, capture.v)
+        lambda q, k, v, mask: _sink_geometry(q, k, v, is_causal=mask is None, mask=mask),
+        capture.q.shape[0],
+        seq_allowed,
+        capture.q,
+        capture.k,
+        capture.v,
+      )
       out.update(flatten(geometry, "sink_geometry"))
       out.update(flatten(_value_state_drain(capture.v), "value_drain"))
   if capture.hidden is not None:
-    out.update(flatten(_massive_activations(capture.hidden, abs_threshold=massive_abs,
-                                            ratio=massive_ratio), "massive"))
+    out.update(
+      flatten(
+        _massive_activations(capture.hidden, abs_threshold=massive_abs, ratio=massive_ratio),
+        "massive",
+      )
+    )
     out.update(flatten(_kurtosis(capture.hidden), "kurtosis"))
   if capture.gate_mean is not None:
     per_head = jnp.mean(jnp.asarray(capture.gate_mean, jnp.float32), axis=1)
     per_layer = jnp.mean(per_head, axis=1)
-    out.update(flatten(LayerMean(mean=jnp.nanmean(per_layer), per_layer=per_layer,
-                                 per_head=per_head), "gate"))
+    out.update(
+      flatten(
+        LayerMean(mean=jnp.nanmean(per_layer), per_layer=per_layer, per_head=per_head), "gate"
+      )
+    )
   return out
 
 
 capture_statistics = jax.jit(
-    capture_statistics,
-    static_argnames=("eps", "sparsity_threshold", "z_loss_coef", "massive_abs", "massive_ratio"))
+  capture_statistics,
+  static_argnames=("eps", "sparsity_threshold", "z_loss_coef", "massive_abs", "massive_ratio"),
+)
 
 
-def probe_statistics(capture: ProbeCapture, *, eps: float = 0.3,
-                     sparsity_threshold: float = 0.01, z_loss_coef: float = 1e-4,
-                     massive_abs: float = 100.0, massive_ratio: float = 1000.0) -> dict:
+def probe_statistics(
+  capture: ProbeCapture,
+  *,
+  eps: float = 0.3,
+  sparsity_threshold: float = 0.01,
+  z_loss_coef: float = 1e-4,
+  massive_abs: float = 100.0,
+  massive_ratio: float = 1000.0,
+) -> dict:
   """Deprecated: ``attnjax.nn.layer_stats(capture)``, which returns the same.
 
   All statistics of one forward pass from a :class:`.ProbeCapture`
   (``attnjax.stats.capture.capture_statistics``).
   """
   warn_once("attnjax.stats.probe_statistics", "attnjax.nn.layer_stats(capture)")
-  return capture_statistics(capture, eps=eps, sparsity_threshold=sparsity_threshold,
-                            z_loss_coef=z_loss_coef, massive_abs=massive_abs,
-                            massive_ratio=massive_ratio)
+  return capture_statistics(
+    capture,
+    eps=eps,
+    sparsity_threshold=sparsity_threshold,
+    z_loss_coef=z_loss_coef,
+    massive_abs=massive_abs,
+    massive_ratio=massive_ratio,
+  )

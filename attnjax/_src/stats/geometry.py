@@ -24,14 +24,19 @@ def _qkv_layers(q, k, v=None):
   if v is not None:
     v = _stack_layers("v", v, 4, "[B, S, K, Hv]")
     if v.shape[:4] != k.shape[:4]:
-      raise ValueError(f"k and v must agree on [L, B, S, K], got k {shape_of(k)} and v {shape_of(v)}")
+      raise ValueError(
+        f"k and v must agree on [L, B, S, K], got k {shape_of(k)} and v {shape_of(v)}"
+      )
   L, B, T, N, H = q.shape
   if k.shape[0] != L or k.shape[1] != B or k.shape[4] != H:
-    raise ValueError(f"q [L, B, T, N, H] and k [L, B, S, K, H] disagree: q {shape_of(q)}, "
-                     f"k {shape_of(k)}")
+    raise ValueError(
+      f"q [L, B, T, N, H] and k [L, B, S, K, H] disagree: q {shape_of(q)}, k {shape_of(k)}"
+    )
   if N % k.shape[3] != 0:
-    raise ValueError(f"query heads N={N} must be a multiple of key heads K={k.shape[3]} "
-                     f"(q {shape_of(q)}, k {shape_of(k)})")
+    raise ValueError(
+      f"query heads N={N} must be a multiple of key heads K={k.shape[3]} "
+      f"(q {shape_of(q)}, k {shape_of(k)})"
+    )
   return q, k, v
 
 
@@ -50,8 +55,9 @@ def _pair_cosines(q: Array, k: Array) -> Array:
   return jnp.reshape(cos, (L, B, N, T, S))
 
 
-def _qk_statistics(q, k, *, scale: Optional[float] = None, is_causal: bool = True,
-                   window=None, mask=None) -> QKStatistics:
+def _qk_statistics(
+  q, k, *, scale: Optional[float] = None, is_causal: bool = True, window=None, mask=None
+) -> QKStatistics:
   """RMS of queries and keys, mean ``cos(q_i, k_j)`` and max logit (Wortsman et al. 2023).
 
   Definitions, per layer: ``q_rms = sqrt(mean q^2)`` over batch, tokens, heads
@@ -79,23 +85,31 @@ def _qk_statistics(q, k, *, scale: Optional[float] = None, is_causal: bool = Tru
   """
   q, k, _ = _qkv_layers(q, k)
   H = q.shape[-1]
-  scale = H ** -0.5 if scale is None else _checks.check_positive_float("scale", scale)
+  scale = H**-0.5 if scale is None else _checks.check_positive_float("scale", scale)
   window = _checks.check_window(window)
   L, B, T, N, _ = q.shape
-  allowed = _allowed_pairs((B, N, T, k.shape[2]), is_causal=is_causal, window=window,
-                           mask=mask)[None]
+  allowed = _allowed_pairs((B, N, T, k.shape[2]), is_causal=is_causal, window=window, mask=mask)[
+    None
+  ]
   cos = _pair_cosines(q, k)
   allowed = jnp.broadcast_to(allowed, cos.shape)
   count = jnp.sum(allowed, axis=(1, 2, 3, 4), dtype=jnp.float32)
   mean_cos = jnp.sum(jnp.where(allowed, cos, 0.0), axis=(1, 2, 3, 4)) / jnp.maximum(count, 1.0)
   K = k.shape[3]
-  z = _logits.scores(_logits.group_queries(jnp.reshape(q, (L * B, T, N, H)), K),
-                     jnp.reshape(k, (L * B, k.shape[2], K, H)), scale=scale)
+  z = _logits.scores(
+    _logits.group_queries(jnp.reshape(q, (L * B, T, N, H)), K),
+    jnp.reshape(k, (L * B, k.shape[2], K, H)),
+    scale=scale,
+  )
   z = jnp.reshape(z, cos.shape)
   zmax = jnp.max(jnp.where(allowed, z, -jnp.inf), axis=(1, 2, 3, 4))
   rms = lambda x: jnp.sqrt(jnp.mean(x * x, axis=(1, 2, 3, 4)))
-  return QKStatistics(q_rms=rms(q), k_rms=rms(k), mean_cos=mean_cos,
-                      max_logit=jnp.where(jnp.isfinite(zmax), zmax, 0.0))
+  return QKStatistics(
+    q_rms=rms(q),
+    k_rms=rms(k),
+    mean_cos=mean_cos,
+    max_logit=jnp.where(jnp.isfinite(zmax), zmax, 0.0),
+  )
 
 
 qk_statistics = jax.jit(_qk_statistics, static_argnames=("scale", "is_causal", "window"))
@@ -136,8 +150,9 @@ def _sink_geometry(q, k, v, *, is_causal: bool = True, window=None, mask=None) -
   q, k, v = _qkv_layers(q, k, v)
   S = k.shape[2]
   if S < 2:
-    raise ValueError(f"sink geometry compares the first key with the others: needs S >= 2, "
-                     f"got k {shape_of(k)}")
+    raise ValueError(
+      f"sink geometry compares the first key with the others: needs S >= 2, got k {shape_of(k)}"
+    )
 
   def norm_ratio(x):
     norms = jnp.sqrt(jnp.sum(x * x, axis=-1))  # [L, B, S, K]
@@ -149,8 +164,8 @@ def _sink_geometry(q, k, v, *, is_causal: bool = True, window=None, mask=None) -
   _, B, T, N, _ = q.shape
   cos = _pair_cosines(q, k)
   allowed = jnp.broadcast_to(
-      _allowed_pairs((B, N, T, S), is_causal=is_causal, window=window, mask=mask)[None],
-      cos.shape)
+    _allowed_pairs((B, N, T, S), is_causal=is_causal, window=window, mask=mask)[None], cos.shape
+  )
   later_query = _lift((jnp.arange(T) >= 1)[:, None], cos.ndim)
   first_key = _lift((jnp.arange(S) == 0)[None, :], cos.ndim)
   sel_first = jnp.logical_and(allowed, jnp.logical_and(later_query, first_key))
@@ -160,9 +175,12 @@ def _sink_geometry(q, k, v, *, is_causal: bool = True, window=None, mask=None) -
     count = jnp.sum(sel, axis=(1, 2, 3, 4), dtype=jnp.float32)
     return jnp.sum(jnp.where(sel, cos, 0.0), axis=(1, 2, 3, 4)) / jnp.maximum(count, 1.0)
 
-  return SinkGeometry(key_norm_ratio=norm_ratio(k), value_norm_ratio=norm_ratio(v),
-                      cos_first_key=masked_mean(sel_first),
-                      cos_other_keys=masked_mean(sel_other))
+  return SinkGeometry(
+    key_norm_ratio=norm_ratio(k),
+    value_norm_ratio=norm_ratio(v),
+    cos_first_key=masked_mean(sel_first),
+    cos_other_keys=masked_mean(sel_other),
+  )
 
 
 sink_geometry = jax.jit(_sink_geometry, static_argnames=("is_causal", "window"))
@@ -192,8 +210,10 @@ def _value_state_drain(v) -> LayerMean:
   """
   v = _stack_layers("v", v, 4, "[B, S, K, Hv]")
   if v.shape[2] < 2:
-    raise ValueError(f"value-state drain compares the first value with the others: needs "
-                     f"S >= 2, got v {shape_of(v)}")
+    raise ValueError(
+      f"value-state drain compares the first value with the others: needs "
+      f"S >= 2, got v {shape_of(v)}"
+    )
   _checks.check_floating("v", v)
   norms = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32)), axis=-1))  # [L, B, S, K]
   others = jnp.mean(norms[:, :, 1:], axis=2)

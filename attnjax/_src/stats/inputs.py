@@ -27,8 +27,7 @@ def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
       raise ValueError(f"{name} is an empty list; pass one {letters} array per layer")
     for i, xi in enumerate(x):
       if np.ndim(xi) != rank:
-        raise ValueError(
-            f"{name}[{i}] must have rank {rank} {letters}, got shape {shape_of(xi)}")
+        raise ValueError(f"{name}[{i}] must have rank {rank} {letters}, got shape {shape_of(xi)}")
     shapes = {shape_of(xi) for xi in x}
     if len(shapes) != 1:
       raise ValueError(f"{name} layers differ in shape: {sorted(shapes)}")
@@ -36,8 +35,9 @@ def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
   else:
     if np.ndim(x) not in (rank, rank + 1):
       raise ValueError(
-          f"{name} must have rank {rank} {letters} or {rank + 1} [L, {letters[1:]}, "
-          f"got shape {shape_of(x)}")
+        f"{name} must have rank {rank} {letters} or {rank + 1} [L, {letters[1:]}, "
+        f"got shape {shape_of(x)}"
+      )
     x = jnp.asarray(x)
     if x.ndim == rank:
       x = x[None]
@@ -56,16 +56,18 @@ def _attention_layers(name: str, weights) -> Array:
   w = _stack_layers(name, weights, 4, "[B, N, T, S]")
   if w.shape[-1] < w.shape[-2]:
     raise ValueError(
-        f"{name} must be self-attention weights with S >= T (keys 0..T-1 at the queries' "
-        f"positions), got shape {shape_of(w)}")
+      f"{name} must be self-attention weights with S >= T (keys 0..T-1 at the queries' "
+      f"positions), got shape {shape_of(w)}"
+    )
   return w
 
 
 def _is_stats(x) -> bool:
   if isinstance(x, AttentionStats):
     return True
-  return isinstance(x, (list, tuple)) and len(x) > 0 and all(
-      isinstance(s, AttentionStats) for s in x)
+  return (
+    isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(s, AttentionStats) for s in x)
+  )
 
 
 def stats_layers(stats) -> AttentionStats:
@@ -88,8 +90,9 @@ def stats_layers(stats) -> AttentionStats:
     for v in values:
       if np.ndim(v) not in (base, base + 1):
         raise ValueError(
-            f"AttentionStats.{field} must have rank {base} (one layer) or {base + 1} "
-            f"(stacked layers), got shape {shape_of(v)}")
+          f"AttentionStats.{field} must have rank {base} (one layer) or {base + 1} "
+          f"(stacked layers), got shape {shape_of(v)}"
+        )
       v = jnp.asarray(v, jnp.float32)
       stacked.append(v[None] if v.ndim == base else v)
     value = jnp.concatenate(stacked, axis=0)
@@ -102,8 +105,9 @@ def _need(stats: AttentionStats, field: str, metric: str) -> Array:
   value = getattr(stats, field)
   if value is None:
     raise ValueError(
-        f"{metric} needs AttentionStats.{field}, which this family does not report; "
-        f"pass the attention weights instead")
+      f"{metric} needs AttentionStats.{field}, which this family does not report; "
+      f"pass the attention weights instead"
+    )
   return value
 
 
@@ -132,12 +136,10 @@ def _weights_as_stats(w: Array) -> AttentionStats:
   zeros = jnp.zeros_like(flat)
   s = stats_from_weights(zeros, flat, jnp.ones((1, 1, 1, 1), bool), zeros[..., :1])
   per = lambda x: jnp.reshape(x, (L, B, N))
-  return AttentionStats(sink_mass=per(s.sink_mass), entropy=per(s.entropy),
-                        row_sum=per(s.row_sum))
+  return AttentionStats(sink_mass=per(s.sink_mass), entropy=per(s.entropy), row_sum=per(s.row_sum))
 
 
-def _allowed_pairs(target: tuple[int, int, int, int], *, is_causal: bool, window,
-                   mask) -> Array:
+def _allowed_pairs(target: tuple[int, int, int, int], *, is_causal: bool, window, mask) -> Array:
   """``[B|1, N|1, T, S]`` booleans for ``target = (B, N, T, S)`` from the one mask rule."""
   T, S = target[2], target[3]
   if mask is not None:

@@ -12,10 +12,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import checks as _checks
-from attnjax._src.stats.inputs import (_allowed_pairs, _attention_layers, check_probability,
-                                   _is_stats, _lift, _need, _nonempty, _row_normalize, shape_of,
-                                   _stack_layers, stats_layers, _weights_as_stats)
-from attnjax._src.stats.results import (AttentionEntropy, FirstTokenAttention, LayerMean, SinkRate)
+from attnjax._src.stats.inputs import (
+  _allowed_pairs,
+  _attention_layers,
+  check_probability,
+  _is_stats,
+  _lift,
+  _need,
+  _nonempty,
+  _row_normalize,
+  shape_of,
+  _stack_layers,
+  stats_layers,
+  _weights_as_stats,
+)
+from attnjax._src.stats.results import AttentionEntropy, FirstTokenAttention, LayerMean, SinkRate
 
 Array = jnp.ndarray
 
@@ -124,8 +135,12 @@ def _sink_rate(attention, *, eps: float = 0.3, k: int = 1, row_normalize: bool =
     alpha = _importance(w, row_normalize=row_normalize)[..., k - 1]
     row_sum = jnp.mean(jnp.sum(w, axis=-1), axis=(1, 2, 3))
   sink = (alpha > eps).astype(jnp.float32)
-  return SinkRate(rate=100.0 * jnp.mean(sink), per_layer=100.0 * jnp.mean(sink, axis=(1, 2)),
-                  importance=alpha, row_sum=row_sum)
+  return SinkRate(
+    rate=100.0 * jnp.mean(sink),
+    per_layer=100.0 * jnp.mean(sink, axis=(1, 2)),
+    importance=alpha,
+    row_sum=row_sum,
+  )
 
 
 sink_rate = jax.jit(_sink_rate, static_argnames=("eps", "k", "row_normalize"))
@@ -162,8 +177,9 @@ def _first_token_attention(attention) -> FirstTokenAttention:
   else:
     sink_mass = _weights_as_stats(_attention_layers("attention", attention)).sink_mass
   per_head = jnp.mean(sink_mass, axis=1)
-  return FirstTokenAttention(f_attn=jnp.mean(per_head), per_layer=jnp.mean(per_head, axis=1),
-                             per_head=per_head)
+  return FirstTokenAttention(
+    f_attn=jnp.mean(per_head), per_layer=jnp.mean(per_head, axis=1), per_head=per_head
+  )
 
 
 first_token_attention = jax.jit(_first_token_attention)
@@ -197,8 +213,9 @@ def _attention_entropy(attention) -> AttentionEntropy:
     w = _stack_layers("attention", attention, 4, "[B, N, T, S]")
     entropy = _weights_as_stats(w).entropy
   per_head = jnp.mean(entropy, axis=1)
-  return AttentionEntropy(mean=jnp.mean(per_head, axis=1), min=jnp.min(per_head, axis=1),
-                          per_head=per_head)
+  return AttentionEntropy(
+    mean=jnp.mean(per_head, axis=1), min=jnp.min(per_head, axis=1), per_head=per_head
+  )
 
 
 attention_entropy = jax.jit(_attention_entropy)
@@ -229,8 +246,7 @@ def _max_attention_logit(attention, *, is_causal: bool = True, window=None, mask
     training instabilities", sec. 3.1.
   """
   if _is_stats(attention):
-    return jnp.max(_need(stats_layers(attention), "max_logit", "max_attention_logit"),
-                   axis=(1, 2))
+    return jnp.max(_need(stats_layers(attention), "max_logit", "max_attention_logit"), axis=(1, 2))
   z = _stack_layers("attention", attention, 4, "[B, N, T, S]")
   window = _checks.check_window(window)
   allowed = _allowed_pairs(z.shape[1:], is_causal=is_causal, window=window, mask=mask)
@@ -242,8 +258,9 @@ max_attention_logit = jax.jit(_max_attention_logit, static_argnames=("is_causal"
 max_attention_logit.__doc__ = _max_attention_logit.__doc__
 
 
-def _null_mass(attention, sink_logits=None, *, is_causal: bool = True, window=None,
-               mask=None) -> LayerMean:
+def _null_mass(
+  attention, sink_logits=None, *, is_causal: bool = True, window=None, mask=None
+) -> LayerMean:
   """Null (sink-logit) mass: attention the normaliser sends nowhere.
 
   Definition: for a learned per-head sink logit ``s_h`` (gpt-oss), the null
@@ -276,13 +293,15 @@ def _null_mass(attention, sink_logits=None, *, is_causal: bool = True, window=No
     z = _stack_layers("attention", attention, 4, "[B, N, T, S]")
     L, B, N, T, S = z.shape
     if sink_logits is None:
-      raise ValueError("null_mass on logits needs sink_logits ([L, N], [N] or scalar; 0 for "
-                       "softmax_one)")
+      raise ValueError(
+        "null_mass on logits needs sink_logits ([L, N], [N] or scalar; 0 for softmax_one)"
+      )
     _checks.check_floating("sink_logits", sink_logits)
     s = jnp.asarray(sink_logits, jnp.float32)
     if shape_of(s) not in ((), (N,), (L, N)):
-      raise ValueError(f"sink_logits must have shape (), [N] = ({N},) or [L, N] = ({L}, {N}), "
-                       f"got {shape_of(s)}")
+      raise ValueError(
+        f"sink_logits must have shape (), [N] = ({N},) or [L, N] = ({L}, {N}), got {shape_of(s)}"
+      )
     s = jnp.reshape(jnp.broadcast_to(s, (L, N)), (L, 1, N, 1))
     window = _checks.check_window(window)
     allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=window, mask=mask)[None]
@@ -331,8 +350,9 @@ gate_mass = jax.jit(_gate_mass, static_argnames=("from_logits",))
 gate_mass.__doc__ = _gate_mass.__doc__
 
 
-def _attention_sparsity(weights, *, threshold: float = 0.01, is_causal: bool = True,
-                        window=None, mask=None) -> LayerMean:
+def _attention_sparsity(
+  weights, *, threshold: float = 0.01, is_causal: bool = True, window=None, mask=None
+) -> LayerMean:
   """Attention sparsity: fraction of allowed weights below ``threshold`` x the row maximum.
 
   Definition (Zhang et al. 2023, H2O, sec. 3.1): an allowed entry ``(i, j)`` is
@@ -360,17 +380,19 @@ def _attention_sparsity(weights, *, threshold: float = 0.01, is_causal: bool = T
   w = jnp.abs(_stack_layers("weights", weights, 4, "[B, N, T, S]"))
   window = _checks.check_window(window)
   allowed = jnp.broadcast_to(
-      _allowed_pairs(w.shape[1:], is_causal=is_causal, window=window, mask=mask)[None],
-      w.shape)
+    _allowed_pairs(w.shape[1:], is_causal=is_causal, window=window, mask=mask)[None], w.shape
+  )
   row_max = jnp.max(jnp.where(allowed, w, 0.0), axis=-1, keepdims=True)
   counted = jnp.logical_and(allowed, row_max > 0)
   sparse = jnp.logical_and(counted, w < threshold * row_max)
-  per_head = (jnp.sum(sparse, axis=(1, 3, 4), dtype=jnp.float32)
-              / jnp.maximum(jnp.sum(counted, axis=(1, 3, 4), dtype=jnp.float32), 1.0))
+  per_head = jnp.sum(sparse, axis=(1, 3, 4), dtype=jnp.float32) / jnp.maximum(
+    jnp.sum(counted, axis=(1, 3, 4), dtype=jnp.float32), 1.0
+  )
   per_layer = jnp.mean(per_head, axis=1)
   return LayerMean(mean=jnp.mean(per_layer), per_layer=per_layer, per_head=per_head)
 
 
-attention_sparsity = jax.jit(_attention_sparsity,
-                             static_argnames=("threshold", "is_causal", "window"))
+attention_sparsity = jax.jit(
+  _attention_sparsity, static_argnames=("threshold", "is_causal", "window")
+)
 attention_sparsity.__doc__ = _attention_sparsity.__doc__

@@ -21,8 +21,12 @@ TPU_TARGETS = ("v5e", "v6e")
 # The environment that lets the plugins describe devices this host does not have: no cuDNN
 # constraints check (no GPU driver here), no TPU metadata server, and libtpu loaded by several
 # processes at once (test workers: libtpu otherwise holds a machine-wide lock file).
-ENVIRONMENT = {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1", "TPU_SKIP_MDS_QUERY": "1",
-               "TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+ENVIRONMENT = {
+  "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",
+  "TPU_SKIP_MDS_QUERY": "1",
+  "TPU_WORKER_HOSTNAMES": "localhost",
+  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
 
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -59,8 +63,10 @@ def missing(platform: str) -> Optional[str]:
   """
   if platform == "cuda":
     if not _installed("jax_plugins.xla_cuda12"):
-      return ("jax's CUDA plugin is not installed (pip install 'attnjax[aot]': "
-              "jax[cuda12-local] pinned to jaxlib, nvidia-cuda-runtime-cu12)")
+      return (
+        "jax's CUDA plugin is not installed (pip install 'attnjax[aot]': "
+        "jax[cuda12-local] pinned to jaxlib, nvidia-cuda-runtime-cu12)"
+      )
     return None
   if platform == "tpu":
     if not _installed("libtpu"):
@@ -102,12 +108,14 @@ def gpu_devices(name: str = "h200", num_devices: int = 1) -> tuple:
     ValueError: an unknown name.
   """
   from jax.experimental import topologies
+
   configure_environment()
   reason = missing("cuda")
   if reason:
     raise RuntimeError(reason)
-  topo = topologies.get_topology_desc(platform="cuda", target_config=target_config(name),
-                                      topology=f"1x1x{num_devices}")
+  topo = topologies.get_topology_desc(
+    platform="cuda", target_config=target_config(name), topology=f"1x1x{num_devices}"
+  )
   return tuple(topo.devices)
 
 
@@ -127,6 +135,7 @@ def tpu_devices(name: str = "v5e", shape: str = "2x2") -> tuple:
     ValueError: an unknown generation.
   """
   from jax.experimental import topologies
+
   configure_environment()
   if name not in TPU_TARGETS:
     raise ValueError(f"TPU target must be one of {TPU_TARGETS}, got {name!r}")
@@ -136,8 +145,9 @@ def tpu_devices(name: str = "v5e", shape: str = "2x2") -> tuple:
   return tuple(topologies.get_topology_desc(f"{name}:{shape}", "tpu").devices)
 
 
-def mesh(devices: Sequence, axis_names: Sequence[str] = ("data",),
-         shape: Optional[Sequence[int]] = None):
+def mesh(
+  devices: Sequence, axis_names: Sequence[str] = ("data",), shape: Optional[Sequence[int]] = None
+):
   """A ``jax.sharding.Mesh`` over compile-only (or real) devices.
 
   Args:
@@ -149,5 +159,6 @@ def mesh(devices: Sequence, axis_names: Sequence[str] = ("data",),
     The mesh.
   """
   import jax
+
   shape = (len(devices),) if shape is None else tuple(shape)
   return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), tuple(axis_names))

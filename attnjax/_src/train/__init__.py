@@ -22,8 +22,24 @@ from attnjax._src.train.step import make_train_step
 from attnjax._src.train.variants import VARIANTS
 
 __all__ = [
-    "RunDir", "Trainer", "VARIANTS", "apply_overrides", "base_config", "build_model",
-    "count_params", "flops_per_token", "init_distributed", "load_config", "make_eval_step",
-    "make_optimizer", "make_train_step", "model_config", "parse_arg", "schedule", "split_argv",
-    "train", "train_or_load", "validate",
+  "RunDir",
+  "Trainer",
+  "VARIANTS",
+  "apply_overrides",
+  "base_config",
+  "build_model",
+  "count_params",
+  "flops_per_token",
+  "init_distributed",
+  "load_config",
+  "make_eval_step",
+  "make_optimizer",
+  "make_train_step",
+  "model_config",
+  "parse_arg",
+  "schedule",
+  "split_argv",
+  "train",
+  "train_or_load",
+  "validate",
 ]

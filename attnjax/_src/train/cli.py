@@ -16,36 +16,55 @@ from attnjax._src.train import rundir
 from attnjax._src.train.config import load_config, split_argv
 
 
-def build_parser(description: str, default_config: str, default_out: str = "runs/experiment",
-                 sweep: bool = True) -> argparse.ArgumentParser:
+def build_parser(
+  description: str, default_config: str, default_out: str = "runs/experiment", sweep: bool = True
+) -> argparse.ArgumentParser:
   """The argument parser of a config-driven entry point.
 
   ``--config`` and ``--config.key=value`` are taken out of the command line by
   :func:`.split_argv` before this parser sees the rest;
   they are declared here so that ``--help`` documents them.
   """
-  p = argparse.ArgumentParser(description=description,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   group = p.add_argument_group(
-      "config", "a Python config file and overrides of its keys (big_vision style)")
+    "config", "a Python config file and overrides of its keys (big_vision style)"
+  )
   group.add_argument(
-      "--config", metavar="FILE.py:ARG", default=default_config,
-      help=f"config file whose get_config(ARG) builds the config; ARG is 'k=v,k2=v2' "
-           f"(default: {default_config})")
+    "--config",
+    metavar="FILE.py:ARG",
+    default=default_config,
+    help=f"config file whose get_config(ARG) builds the config; ARG is 'k=v,k2=v2' "
+    f"(default: {default_config})",
+  )
   group.add_argument(
-      "--config.KEY", metavar="VALUE", dest="config_overrides", action="append",
-      help="--config.key=value (or --config.key value): override one key, e.g. "
-           "--config.opt.lr=3e-3; repeatable; an unknown key is an error naming it")
+    "--config.KEY",
+    metavar="VALUE",
+    dest="config_overrides",
+    action="append",
+    help="--config.key=value (or --config.key value): override one key, e.g. "
+    "--config.opt.lr=3e-3; repeatable; an unknown key is an error naming it",
+  )
   p.add_argument("--out", default=default_out, help="root folder of the run directories")
   if sweep:
-    p.add_argument("--processes", action="store_true",
-                   help="run each arm in its own process (default: sequentially in this one)")
+    p.add_argument(
+      "--processes",
+      action="store_true",
+      help="run each arm in its own process (default: sequentially in this one)",
+    )
     p.add_argument("--report-only", action="store_true", help="only rebuild the report")
   return p
 
 
-def parse(description: str, default_config: str, argv: Optional[Sequence[str]] = None,
-          default_out: str = "runs/experiment", check: bool = True, sweep: bool = True):
+def parse(
+  description: str,
+  default_config: str,
+  argv: Optional[Sequence[str]] = None,
+  default_out: str = "runs/experiment",
+  check: bool = True,
+  sweep: bool = True,
+):
   """Returns ``(config, args)``; the config is loaded, overridden and validated."""
   argv = list(sys.argv[1:] if argv is None else argv)
   p = build_parser(description, default_config, default_out, sweep)

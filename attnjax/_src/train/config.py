@@ -27,66 +27,66 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.preset = "cpu"
-  c.variant = "dense"        # a name from attnjax.train.variants.VARIANTS
-  c.run_dir = ""             # entry points fill this in: runs/<experiment>/<arm>
+  c.variant = "dense"  # a name from attnjax.train.variants.VARIANTS
+  c.run_dir = ""  # entry points fill this in: runs/<experiment>/<arm>
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "shakespeare"  # shakespeare | text | bin | bigram_backcopy
   c.data.path = ""
-  c.data.tokenizer = "char"    # char | byte
+  c.data.tokenizer = "char"  # char | byte
   c.data.val_fraction = 0.1
-  c.data.seq_len = 64          # tokens per sequence, BOS included
-  c.data.batch_size = 32       # global batch (all devices and hosts)
-  c.data.vocab_size = 0        # .bin only: ids are < vocab_size
+  c.data.seq_len = 64  # tokens per sequence, BOS included
+  c.data.batch_size = 32  # global batch (all devices and hosts)
+  c.data.vocab_size = 0  # .bin only: ids are < vocab_size
   c.data.bin_dtype = "uint16"
   c.data.bb_vocab_size = 64
   c.data.bb_num_triggers = 3
   c.data.bb_task_seed = 0
   c.data.bb_concentration = 0.1
-  c.data.pack = False          # pack whole documents (lines), segment ids + positions
+  c.data.pack = False  # pack whole documents (lines), segment ids + positions
 
   c.model = ml_collections.ConfigDict()
   c.model.d_model = 64
   c.model.num_layers = 2
   c.model.num_heads = 4
-  c.model.num_kv_heads = 0     # 0: same as num_heads
-  c.model.mlp = "gelu"         # gelu | swiglu | none (attention-only blocks)
+  c.model.num_kv_heads = 0  # 0: same as num_heads
+  c.model.mlp = "gelu"  # gelu | swiglu | none (attention-only blocks)
   c.model.mlp_ratio = 4
-  c.model.norm = "rms"         # rms | layer
+  c.model.norm = "rms"  # rms | layer
   c.model.rope = True
   c.model.tie_embeddings = True
   c.model.remat = False
-  c.model.dtype = "float32"    # compute dtype: float32 | bfloat16 (params stay float32)
-  c.model.window = 0           # > 0: causal sliding window of this many past keys
+  c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 (params stay float32)
+  c.model.window = 0  # > 0: causal sliding window of this many past keys
   c.model.implementation = ""  # attention implementation: "" (auto), reference, xla, blockwise, ...
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-2
   c.opt.warmup_frac = 0.05
-  c.opt.min_lr_frac = 0.1      # cosine decays to lr * min_lr_frac
+  c.opt.min_lr_frac = 0.1  # cosine decays to lr * min_lr_frac
   c.opt.b1 = 0.9
   c.opt.b2 = 0.95
   c.opt.eps = 1e-8
-  c.opt.weight_decay = 1e-4    # independent of the peak LR (see attnjax.train.optim)
-  c.opt.clip = 1.0             # global-norm clipping; 0 disables
-  c.opt.z_loss = 0.0           # coef of mean (log Z)^2 on the output logits
+  c.opt.weight_decay = 1e-4  # independent of the peak LR (see attnjax.train.optim)
+  c.opt.clip = 1.0  # global-norm clipping; 0 disables
+  c.opt.z_loss = 0.0  # coef of mean (log Z)^2 on the output logits
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 240
-  c.train.log_every = 10       # host reads the device metrics every N steps
+  c.train.log_every = 10  # host reads the device metrics every N steps
   c.train.eval_every = 100
   c.train.eval_batches = 4
   c.train.probe_every = 100
   c.train.probe_batch = 16
-  c.train.probe_len = 64       # sink statistics on fixed length-64 sequences (Gu et al.)
+  c.train.probe_len = 64  # sink statistics on fixed length-64 sequences (Gu et al.)
   c.train.checkpoint_every = 100  # 0: only at the end
   c.train.keep_checkpoints = 2
-  c.train.stop_after = 0       # > 0: stop (as if killed) after this many steps; for resume tests
+  c.train.stop_after = 0  # > 0: stop (as if killed) after this many steps; for resume tests
   c.train.divergence_factor = 1.5  # diverged if loss > factor * initial loss ...
   c.train.divergence_patience = 10  # ... for this many steps in a row (NaN/Inf: at once)
-  c.train.num_devices = 0      # devices of the mesh: 0 = all of jax.devices()
-  c.train.microbatches = 1     # gradient accumulation over this many microbatches per step
-  c.train.step_stats = True    # per-layer attention stats in every training step
+  c.train.num_devices = 0  # devices of the mesh: 0 = all of jax.devices()
+  c.train.microbatches = 1  # gradient accumulation over this many microbatches per step
+  c.train.step_stats = True  # per-layer attention stats in every training step
   c.train.progress = True
   c.train.plots = True
 
@@ -122,14 +122,23 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
   if preset == "cpu":
     c.model.update(d_model=64, num_layers=2, num_heads=4, mlp_ratio=4)
     c.data.update(seq_len=64, batch_size=32)
-    c.train.update(steps=240, log_every=10, eval_every=80, probe_every=80, checkpoint_every=80,
-                   microbatches=4)  # 4 x 8 sequences: the working set stays in a CPU's cache
+    c.train.update(
+      steps=240, log_every=10, eval_every=80, probe_every=80, checkpoint_every=80, microbatches=4
+    )  # 4 x 8 sequences: the working set stays in a CPU's cache
   else:
     c.model.update(d_model=512, num_layers=8, num_heads=8, mlp_ratio=4)
     c.data.update(seq_len=512, batch_size=64 if preset == "gpu" else 256)
     c.model.dtype = "bfloat16"
-    c.train.update(steps=10000, log_every=50, eval_every=1000, eval_batches=16,
-                   probe_every=1000, probe_batch=64, checkpoint_every=1000, progress=True)
+    c.train.update(
+      steps=10000,
+      log_every=50,
+      eval_every=1000,
+      eval_batches=16,
+      probe_every=1000,
+      probe_batch=64,
+      checkpoint_every=1000,
+      progress=True,
+    )
     if preset == "tpu":
       # TPU's fused softmax kernel (splash) returns no attention statistics: with them in every
       # step, dense layers would train on the block-wise XLA loop. The probe (every
@@ -215,7 +224,9 @@ def _lookup(cfg: ml_collections.ConfigDict, dotted: str) -> tuple[ml_collections
   return node, parts[-1]
 
 
-def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Iterable[str]) -> ml_collections.ConfigDict:
+def apply_overrides(
+  cfg: ml_collections.ConfigDict, overrides: Iterable[str]
+) -> ml_collections.ConfigDict:
   """Applies ``key=value`` overrides (``["opt.lr=3e-3", "train.steps=100"]``) in order.
 
   Values are parsed to the type of the key's current value (bool, int, float, str).
@@ -242,8 +253,9 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: Iterable[str]) ->
   return cfg
 
 
-def load_config(spec: str, overrides: Sequence[str] = (), *,
-                check: bool = True) -> ml_collections.ConfigDict:
+def load_config(
+  spec: str, overrides: Sequence[str] = (), *, check: bool = True
+) -> ml_collections.ConfigDict:
   """Loads ``path.py[:arg]``, calls its ``get_config(arg)``, applies ``overrides``, validates.
 
   Args:
@@ -265,7 +277,8 @@ def load_config(spec: str, overrides: Sequence[str] = (), *,
   if not os.path.isfile(path):
     raise FileNotFoundError(f"--config {path!r} does not exist")
   module_spec = importlib.util.spec_from_file_location(
-      "attnjax_config_" + os.path.splitext(os.path.basename(path))[0], path)
+    "attnjax_config_" + os.path.splitext(os.path.basename(path))[0], path
+  )
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
@@ -301,9 +314,9 @@ def split_argv(argv: Sequence[str]) -> tuple[Optional[str], list[str], list[str]
       i += 2
       continue
     if a.startswith("--config="):
-      spec = a[len("--config="):]
+      spec = a[len("--config=") :]
     elif a.startswith("--config."):
-      body = a[len("--config."):]
+      body = a[len("--config.") :]
       if "=" not in body:
         if i + 1 >= len(argv):
           raise ValueError(f"{a} needs a value")
@@ -340,12 +353,15 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   from attnjax._src.train.variants import VARIANTS
 
   _lookup(cfg, "variant")
-  _require(cfg.variant in VARIANTS,
-           f"variant={cfg.variant!r} is not one of: {', '.join(sorted(VARIANTS))}")
+  _require(
+    cfg.variant in VARIANTS, f"variant={cfg.variant!r} is not one of: {', '.join(sorted(VARIANTS))}"
+  )
   _require(cfg.preset in PRESETS, f"preset={cfg.preset!r} is not one of: {', '.join(PRESETS)}")
   d, m, o, t = cfg.data, cfg.model, cfg.opt, cfg.train
   _require(d.name in SOURCES, f"data.name={d.name!r} is not one of: {', '.join(SOURCES)}")
-  _require(d.tokenizer in ("char", "byte"), f"data.tokenizer={d.tokenizer!r} is not one of: char, byte")
+  _require(
+    d.tokenizer in ("char", "byte"), f"data.tokenizer={d.tokenizer!r} is not one of: char, byte"
+  )
   if d.name in ("text", "bin"):
     _require(bool(d.path), f"data.path must be set when data.name={d.name!r}")
     _require(os.path.exists(d.path), f"data.path={d.path!r} does not exist")
@@ -354,26 +370,39 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   _require(d.seq_len >= 2, f"data.seq_len must be >= 2 (BOS + one token), got {d.seq_len}")
   _require(d.batch_size >= 1, f"data.batch_size must be >= 1, got {d.batch_size}")
   if d.get("pack", False):
-    _require(d.name != "bigram_backcopy",
-             "data.pack=True needs a corpus of documents; data.name='bigram_backcopy' has none")
+    _require(
+      d.name != "bigram_backcopy",
+      "data.pack=True needs a corpus of documents; data.name='bigram_backcopy' has none",
+    )
     from attnjax._src.nn import specs as nn_specs  # flax: imported only to check packing
 
     family = VARIANTS[cfg.variant][0].get("family", "dense")
-    _require(nn_specs.FAMILY_SPECS[family].takes_segment_ids,
-             f"data.pack=True needs attention that takes segment_ids; variant={cfg.variant!r} "
-             f"(family={family!r}) cannot")
-  _require(m.d_model >= 1 and m.num_layers >= 1 and m.num_heads >= 1,
-           "model.d_model, model.num_layers and model.num_heads must be >= 1")
-  _require(m.d_model % m.num_heads == 0,
-           f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}")
+    _require(
+      nn_specs.FAMILY_SPECS[family].takes_segment_ids,
+      f"data.pack=True needs attention that takes segment_ids; variant={cfg.variant!r} "
+      f"(family={family!r}) cannot",
+    )
+  _require(
+    m.d_model >= 1 and m.num_layers >= 1 and m.num_heads >= 1,
+    "model.d_model, model.num_layers and model.num_heads must be >= 1",
+  )
+  _require(
+    m.d_model % m.num_heads == 0,
+    f"model.d_model={m.d_model} is not divisible by model.num_heads={m.num_heads}",
+  )
   kv = m.num_kv_heads or m.num_heads
-  _require(m.num_heads % kv == 0,
-           f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads={kv}")
+  _require(
+    m.num_heads % kv == 0,
+    f"model.num_heads={m.num_heads} is not a multiple of model.num_kv_heads={kv}",
+  )
   head_dim = m.d_model // m.num_heads
-  _require(not m.rope or head_dim % 2 == 0,
-           f"model.rope needs an even head dim, got model.d_model/model.num_heads={head_dim}")
-  _require(m.mlp in ("gelu", "swiglu", "none"),
-           f"model.mlp={m.mlp!r} is not one of: gelu, swiglu, none")
+  _require(
+    not m.rope or head_dim % 2 == 0,
+    f"model.rope needs an even head dim, got model.d_model/model.num_heads={head_dim}",
+  )
+  _require(
+    m.mlp in ("gelu", "swiglu", "none"), f"model.mlp={m.mlp!r} is not one of: gelu, swiglu, none"
+  )
   _require(m.norm in ("rms", "layer"), f"model.norm={m.norm!r} is not one of: rms, layer")
   _require(m.dtype in DTYPES, f"model.dtype={m.dtype!r} is not one of: {', '.join(DTYPES)}")
   _require(m.window >= 0, f"model.window must be >= 0, got {m.window}")
@@ -381,23 +410,36 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   _require(0 <= o.warmup_frac < 1, f"opt.warmup_frac must be in [0, 1), got {o.warmup_frac}")
   _require(0 <= o.min_lr_frac <= 1, f"opt.min_lr_frac must be in [0, 1], got {o.min_lr_frac}")
   _require(0 <= o.b1 < 1 and 0 <= o.b2 < 1, f"opt.b1={o.b1}, opt.b2={o.b2} must be in [0, 1)")
-  _require(o.weight_decay >= 0 and o.clip >= 0 and o.z_loss >= 0,
-           "opt.weight_decay, opt.clip and opt.z_loss must be >= 0")
+  _require(
+    o.weight_decay >= 0 and o.clip >= 0 and o.z_loss >= 0,
+    "opt.weight_decay, opt.clip and opt.z_loss must be >= 0",
+  )
   _require(t.steps >= 1, f"train.steps must be >= 1, got {t.steps}")
   for key in ("log_every", "eval_every", "probe_every"):
     _require(t[key] >= 1, f"train.{key} must be >= 1, got {t[key]}")
-  _require(t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}")
+  _require(
+    t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"
+  )
   _require(t.probe_len >= 2, f"train.probe_len must be >= 2, got {t.probe_len}")
-  _require(t.divergence_factor > 1, f"train.divergence_factor must be > 1, got {t.divergence_factor}")
-  _require(t.divergence_patience >= 1,
-           f"train.divergence_patience must be >= 1, got {t.divergence_patience}")
+  _require(
+    t.divergence_factor > 1, f"train.divergence_factor must be > 1, got {t.divergence_factor}"
+  )
+  _require(
+    t.divergence_patience >= 1,
+    f"train.divergence_patience must be >= 1, got {t.divergence_patience}",
+  )
   _require(t.num_devices >= 0, f"train.num_devices must be >= 0, got {t.num_devices}")
-  _require(t.microbatches >= 1 and d.batch_size % t.microbatches == 0,
-           f"data.batch_size={d.batch_size} is not divisible by train.microbatches={t.microbatches}")
+  _require(
+    t.microbatches >= 1 and d.batch_size % t.microbatches == 0,
+    f"data.batch_size={d.batch_size} is not divisible by train.microbatches={t.microbatches}",
+  )
   if num_devices is not None and t.num_devices:
-    _require(t.num_devices <= num_devices,
-             f"train.num_devices={t.num_devices} but only {num_devices} devices exist")
+    _require(
+      t.num_devices <= num_devices,
+      f"train.num_devices={t.num_devices} but only {num_devices} devices exist",
+    )
     num_devices = t.num_devices
   if num_devices is not None:  # the mesh fills the devices; the shapes split over it
     from attnjax._src.train import mesh as mesh_lib
+
     mesh_lib.check_shapes(cfg, mesh_lib.mesh_sizes(cfg.get("mesh", {}), num_devices))

@@ -42,13 +42,20 @@ def environments(processes: int, devices: int, port: int, platform: str) -> list
   """
   envs = []
   for i in range(processes):
-    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-               JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i))
+    env = dict(
+      os.environ,
+      JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+      JAX_NUM_PROCESSES=str(processes),
+      JAX_PROCESS_ID=str(i),
+    )
     if platform == "cpu":
       env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
       # XLA's own host device count would override JAX_NUM_CPU_DEVICES.
-      flags = [f for f in env.get("XLA_FLAGS", "").split()
-               if not f.startswith("--xla_force_host_platform_device_count")]
+      flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+      ]
       env["XLA_FLAGS"] = " ".join(flags)
     envs.append(env)
   return envs
@@ -60,8 +67,14 @@ def _pump(i: int, stream, out) -> None:
     out.flush()
 
 
-def launch(command: Sequence[str], processes: int, devices: int, *, port: Optional[int] = None,
-           platform: str = "cpu") -> int:
+def launch(
+  command: Sequence[str],
+  processes: int,
+  devices: int,
+  *,
+  port: Optional[int] = None,
+  platform: str = "cpu",
+) -> int:
   """Runs ``command`` in ``processes`` local processes under ``jax.distributed``.
 
   Their output is interleaved on stdout, each line prefixed ``[p<i>]``. When one process
@@ -87,8 +100,9 @@ def launch(command: Sequence[str], processes: int, devices: int, *, port: Option
   port = port or free_port()
   procs, pumps = [], []
   for i, env in enumerate(environments(processes, devices, port, platform)):
-    p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, bufsize=1)
+    p = subprocess.Popen(
+      list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
     t = threading.Thread(target=_pump, args=(i, p.stdout, sys.stdout), daemon=True)
     t.start()
     procs.append(p)
@@ -130,21 +144,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   if "--" not in argv:
-    print("usage: python -m attnjax.train.launch --processes P --devices-per-process D -- "
-          "<command>", file=sys.stderr)
+    print(
+      "usage: python -m attnjax.train.launch --processes P --devices-per-process D -- <command>",
+      file=sys.stderr,
+    )
     return 2
   cut = argv.index("--")
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--processes", type=int, required=True)
   p.add_argument("--devices-per-process", type=int, default=1)
   p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
-  p.add_argument("--platform", default="cpu",
-                 help="cpu (local test runs: JAX_NUM_CPU_DEVICES, gloo) or anything else to "
-                      "leave the processes' platform alone")
+  p.add_argument(
+    "--platform",
+    default="cpu",
+    help="cpu (local test runs: JAX_NUM_CPU_DEVICES, gloo) or anything else to "
+    "leave the processes' platform alone",
+  )
   args = p.parse_args(argv[:cut])
-  return launch(argv[cut + 1:], args.processes, args.devices_per_process, port=args.port,
-                platform=args.platform)
+  return launch(
+    argv[cut + 1 :],
+    args.processes,
+    args.devices_per_process,
+    port=args.port,
+    platform=args.platform,
+  )
 
 
 if __name__ == "__main__":

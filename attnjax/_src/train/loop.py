@@ -56,8 +56,10 @@ def init_distributed() -> None:
     RuntimeError: jax could not reach the coordinator (its own error).
   """
   address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-  cluster = (os.environ.get("ATTNJAX_DISTRIBUTED") == "1"
-             or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1)
+  cluster = (
+    os.environ.get("ATTNJAX_DISTRIBUTED") == "1"
+    or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
+  )
   if (not address and not cluster) or jax.distributed.is_initialized():
     return
   if not address:
@@ -65,8 +67,10 @@ def init_distributed() -> None:
     return
   kwargs = {}
   if os.environ.get("JAX_NUM_PROCESSES"):
-    kwargs = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-                  process_id=int(os.environ["JAX_PROCESS_ID"]))
+    kwargs = dict(
+      num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+      process_id=int(os.environ["JAX_PROCESS_ID"]),
+    )
   if os.environ.get("JAX_PLATFORMS", "") == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=address, **kwargs)
@@ -85,8 +89,9 @@ def _to_host(metrics: list[dict]) -> list[dict]:
   host = mesh_lib.to_host(metrics)
   out = []
   for m in host:
-    out.append({k: (float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)])
-                for k, v in m.items()})
+    out.append(
+      {k: (float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]) for k, v in m.items()}
+    )
   return out
 
 
@@ -162,8 +167,11 @@ class _Progress:
   last_train: dict = dataclasses.field(default_factory=dict)
   last_val: dict = dataclasses.field(default_factory=dict)
   last_probe: dict = dataclasses.field(default_factory=dict)
-  times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
-      ("batch_wait", "dispatch", "metrics_wait", "record", "boundaries"), 0.0))
+  times: dict = dataclasses.field(
+    default_factory=lambda: dict.fromkeys(
+      ("batch_wait", "dispatch", "metrics_wait", "record", "boundaries"), 0.0
+    )
+  )
 
   def close(self) -> None:
     """Closes the progress bar and the writers."""
@@ -211,17 +219,26 @@ class Trainer:
     vocab = self.batches.model_vocab_size
     with jax.set_mesh(self.dp.mesh):  # created sharded: no device holds the whole model
       self.graphdef, params, self.rest = self.dp.init_model(
-          lambda: build_model(cfg, vocab, seed=cfg.seed))
+        lambda: build_model(cfg, vocab, seed=cfg.seed)
+      )
       self.num_params = count_params(params)
       self.flops_per_token = flops_per_token(cfg, self.num_params)
       self.optimizer = optim.make_optimizer(cfg)
       self.schedule = optim.schedule(cfg)
-      self.state = {"params": params, "opt_state": self.dp.init_optimizer(self.optimizer, params),
-                    "step": self.dp.replicate(jnp.zeros((), jnp.int32)),
-                    "initial_loss": self.dp.replicate(jnp.full((), jnp.nan, jnp.float32))}
+      self.state = {
+        "params": params,
+        "opt_state": self.dp.init_optimizer(self.optimizer, params),
+        "step": self.dp.replicate(jnp.zeros((), jnp.int32)),
+        "initial_loss": self.dp.replicate(jnp.full((), jnp.nan, jnp.float32)),
+      }
 
-    step_fn = make_train_step(self.graphdef, self.optimizer, z_loss=cfg.opt.z_loss,
-                              stats=cfg.train.step_stats, microbatches=cfg.train.microbatches)
+    step_fn = make_train_step(
+      self.graphdef,
+      self.optimizer,
+      z_loss=cfg.opt.z_loss,
+      stats=cfg.train.step_stats,
+      microbatches=cfg.train.microbatches,
+    )
     self.train_step = jax.jit(self.dp.keep_shardings(step_fn, self.state), donate_argnums=(0,))
     self.skipped_checkpoints: list[dict] = []
     self.compiled_step = None
@@ -231,8 +248,9 @@ class Trainer:
   # -- checkpoints ----------------------------------------------------------
 
   def _manager(self) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.train.keep_checkpoints,
-                                           enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=self.cfg.train.keep_checkpoints, enable_async_checkpointing=False
+    )
     return ocp.CheckpointManager(self.dir.checkpoints, options=options)
 
   def restore_latest(self) -> int:
@@ -256,27 +274,37 @@ class Trainer:
         self.state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
         if self.skipped_checkpoints:
           skipped = ", ".join(str(c["step"]) for c in self.skipped_checkpoints)
-          print(f"{self.cfg.run_dir}: resumed from checkpoint {step} (skipped damaged "
-                f"checkpoint {skipped})", file=sys.stderr, flush=True)
+          print(
+            f"{self.cfg.run_dir}: resumed from checkpoint {step} (skipped damaged "
+            f"checkpoint {skipped})",
+            file=sys.stderr,
+            flush=True,
+          )
         return int(step)
       except Exception as e:  # any failure to read a checkpoint: try the previous
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}" if str(e) else repr(e)
         moved = self._set_aside(manager, int(step))
         self.skipped_checkpoints.append({"step": int(step), "error": reason, "moved_to": moved})
-        print(f"{self.cfg.run_dir}: checkpoint {step} does not restore ({reason}); moved to "
-              f"{moved}, trying the one before it", file=sys.stderr, flush=True)
+        print(
+          f"{self.cfg.run_dir}: checkpoint {step} does not restore ({reason}); moved to "
+          f"{moved}, trying the one before it",
+          file=sys.stderr,
+          flush=True,
+        )
     return 0
 
   def _set_aside(self, manager: ocp.CheckpointManager, step: int) -> str:
     """Moves a damaged checkpoint out of the manager's directory; returns where it went."""
     src = os.path.join(self.dir.checkpoints, str(step))
-    dst = os.path.join(self.dir.root, "checkpoints.damaged",
-                       f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    dst = os.path.join(
+      self.dir.root, "checkpoints.damaged", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     if self.is_writer and os.path.exists(src):
       os.makedirs(os.path.dirname(dst), exist_ok=True)
       shutil.move(src, dst)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
+
       multihost_utils.sync_global_devices(f"attnjax set aside checkpoint {step}")
     manager.reload()
     return dst
@@ -305,8 +333,13 @@ class Trainer:
       ce += float(out["ce_sum"])
       count += float(out["count"])
     loss = ce / max(count, 1.0)
-    return {"kind": "val", "step": step, "val_loss": loss, "val_bpc": loss / LN2,
-            "unit": self.batches.unit}
+    return {
+      "kind": "val",
+      "step": step,
+      "val_loss": loss,
+      "val_bpc": loss / LN2,
+      "unit": self.batches.unit,
+    }
 
   def probe(self, step: int) -> dict:
     """Every sink and stability statistic of the model on the fixed probe batch.
@@ -347,8 +380,12 @@ class Trainer:
   def _run(self) -> dict:
     changed = check_config(self.dir, self.cfg)
     if changed:
-      print(f"{self.cfg.run_dir}: resuming with {', '.join(changed)} changed (keys that do not "
-            f"change what the run computes)", file=sys.stderr, flush=True)
+      print(
+        f"{self.cfg.run_dir}: resuming with {', '.join(changed)} changed (keys that do not "
+        f"change what the run computes)",
+        file=sys.stderr,
+        flush=True,
+      )
     if self.is_writer:
       rundir.write_json(self.dir.config, self.cfg.to_dict())
     manager = self._manager()
@@ -374,9 +411,15 @@ class Trainer:
       rundir.truncate_jsonl(self.dir.metrics, start)
       rundir.truncate_jsonl(self.dir.probes, start)
     previous = self.dir.read_summary() or {}
-    summary = {"status": "running", "variant": self.cfg.variant, "run_dir": self.cfg.run_dir,
-               "num_params": self.num_params, "flops_per_token": self.flops_per_token,
-               "devices": int(self.dp.mesh.devices.size), "resumed_from": start}
+    summary = {
+      "status": "running",
+      "variant": self.cfg.variant,
+      "run_dir": self.cfg.run_dir,
+      "num_params": self.num_params,
+      "flops_per_token": self.flops_per_token,
+      "devices": int(self.dp.mesh.devices.size),
+      "resumed_from": start,
+    }
     if self.skipped_checkpoints:
       summary["skipped_checkpoints"] = self.skipped_checkpoints
     if self.is_writer:
@@ -394,20 +437,25 @@ class Trainer:
     """The host-side state of a run starting at ``start``: writers, bar, divergence watch."""
     t = self.cfg.train
     progress = _Progress(
-        start=start, step=start,
-        metrics_out=rundir.JsonlWriter(self.dir.metrics) if self.is_writer else None,
-        probes_out=rundir.JsonlWriter(self.dir.probes) if self.is_writer else None,
-        initial_loss=float(mesh_lib.to_host(self.state["initial_loss"])),
-        train_time=float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0,
-        watch=DivergenceWatch(t.divergence_factor, t.divergence_patience))
+      start=start,
+      step=start,
+      metrics_out=rundir.JsonlWriter(self.dir.metrics) if self.is_writer else None,
+      probes_out=rundir.JsonlWriter(self.dir.probes) if self.is_writer else None,
+      initial_loss=float(mesh_lib.to_host(self.state["initial_loss"])),
+      train_time=float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0,
+      watch=DivergenceWatch(t.divergence_factor, t.divergence_patience),
+    )
     if t.progress and self.is_writer:
       from tqdm.auto import tqdm
-      progress.bar = tqdm(total=t.steps, initial=start, desc=f"{self.cfg.variant}", leave=False,
-                          mininterval=1.0)
+
+      progress.bar = tqdm(
+        total=t.steps, initial=start, desc=f"{self.cfg.variant}", leave=False, mininterval=1.0
+      )
     if start > 0:  # a streak of high losses may span the checkpoint: replay it
       progress.watch.update(
-          [r for r in rundir.read_jsonl(self.dir.metrics) if r.get("kind") == "train"],
-          progress.initial_loss)
+        [r for r in rundir.read_jsonl(self.dir.metrics) if r.get("kind") == "train"],
+        progress.initial_loss,
+      )
     return progress
 
   def _loop(self, compiled, manager: ocp.CheckpointManager, p: _Progress) -> None:
@@ -419,8 +467,7 @@ class Trainer:
     """
     t = self.cfg.train
     end = t.stop_after if t.stop_after and p.start <= t.stop_after < t.steps else t.steps
-    batches = Prefetch(lambda s: self.dp.batch_args(self.batches.batch("train", s)),
-                       p.start, end)
+    batches = Prefetch(lambda s: self.dp.batch_args(self.batches.batch("train", s)), p.start, end)
     try:
       while True:
         boundary = self._boundary(p.step, p.start)
@@ -524,26 +571,34 @@ class Trainer:
   def _end(self, summary: dict, p: _Progress, compile_s: float) -> dict:
     """Completes ``summary`` with the outcome and final numbers, writes it (and the plots)."""
     t = self.cfg.train
-    summary.update(status=p.status,
-                   steps_done=p.step if p.status != "diverged" else p.diverged_step,
-                   diverged_step=p.diverged_step, initial_loss=p.initial_loss,
-                   compile_s=compile_s, train_time_s=p.train_time,
-                   tokens_per_s=float(np.median(p.tokens_per_s[1:] or p.tokens_per_s
-                                                or [float("nan")])))
-    summary.update(mfu.utilisation(self.flops_per_token, summary["tokens_per_s"],
-                                   list(self.dp.mesh.devices.flat)))
+    summary.update(
+      status=p.status,
+      steps_done=p.step if p.status != "diverged" else p.diverged_step,
+      diverged_step=p.diverged_step,
+      initial_loss=p.initial_loss,
+      compile_s=compile_s,
+      train_time_s=p.train_time,
+      tokens_per_s=float(np.median(p.tokens_per_s[1:] or p.tokens_per_s or [float("nan")])),
+    )
+    summary.update(
+      mfu.utilisation(
+        self.flops_per_token, summary["tokens_per_s"], list(self.dp.mesh.devices.flat)
+      )
+    )
     summary["loop_time_s"] = dict(p.times)
     summary.update(final_metrics(self.dir, p.last_train, p.last_val, p.last_probe, p.status))
     if self.is_writer:
       rundir.write_json(self.dir.summary, summary)
       if t.plots and p.status != "stopped":
         from attnjax._src.train.plots import plot_run
+
         plot_run(self.dir)
     return summary
 
 
-def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_probe: dict,
-                  status: str) -> dict:
+def final_metrics(
+  run: rundir.RunDir, last_train: dict, last_val: dict, last_probe: dict, status: str
+) -> dict:
   """The numbers a report row shows, from the run's files (so a resumed run reads them too)."""
   records = [r for r in rundir.read_jsonl(run.metrics) if r.get("kind") == "train"]
   vals = [r for r in rundir.read_jsonl(run.metrics) if r.get("kind") == "val"]
@@ -558,10 +613,19 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
       if key in last:
         values = [v for v in map(rundir.finite_or_none, last[key]) if v is not None]
         if values:
-          out[key] = float(max(values) if key == "max_logit" else
-                           min(values) if key == "entropy_min" else np.mean(values))
-    ever = [v for r in records for v in map(rundir.finite_or_none, r.get("max_logit") or [])
-            if v is not None]
+          out[key] = float(
+            max(values)
+            if key == "max_logit"
+            else min(values)
+            if key == "entropy_min"
+            else np.mean(values)
+          )
+    ever = [
+      v
+      for r in records
+      for v in map(rundir.finite_or_none, r.get("max_logit") or [])
+      if v is not None
+    ]
     out["max_logit_ever"] = float(max(ever)) if ever else None
     out["log_z"] = last.get("log_z")
     out["spike_score"] = run_metrics.loss_spike_score(losses)
@@ -580,10 +644,22 @@ def final_metrics(run: rundir.RunDir, last_train: dict, last_val: dict, last_pro
 # onto the new mesh when restored). Every other key changes
 # what the run computes; ``train.steps`` too (the learning-rate schedule decays over it, so the
 # first steps of a longer run differ: a longer run is a new run).
-RESUMABLE_KEYS = ("run_dir", "train.log_every", "train.eval_every", "train.probe_every",
-                  "train.checkpoint_every", "train.keep_checkpoints", "train.progress",
-                  "train.stop_after", "train.num_devices", "train.plots", "mesh.data",
-                  "mesh.fsdp", "mesh.tensor", "mesh.context")
+RESUMABLE_KEYS = (
+  "run_dir",
+  "train.log_every",
+  "train.eval_every",
+  "train.probe_every",
+  "train.checkpoint_every",
+  "train.keep_checkpoints",
+  "train.progress",
+  "train.stop_after",
+  "train.num_devices",
+  "train.plots",
+  "mesh.data",
+  "mesh.fsdp",
+  "mesh.tensor",
+  "mesh.context",
+)
 
 
 def _flat(tree: Any, prefix: str = "") -> dict:
@@ -614,11 +690,11 @@ def check_config(run: rundir.RunDir, cfg: Any) -> list[str]:
   if fixed:
     listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
     raise ValueError(
-        f"{run.root} holds a run with another config ({listed}). These keys change what the "
-        f"run computes (train.steps sets the length of the learning-rate schedule, so a "
-        f"longer run is a new run, not an extension): use a new run directory, or the run's "
-        f"own values (its config.json). Keys that may change on resume: "
-        + ", ".join(RESUMABLE_KEYS))
+      f"{run.root} holds a run with another config ({listed}). These keys change what the "
+      f"run computes (train.steps sets the length of the learning-rate schedule, so a "
+      f"longer run is a new run, not an extension): use a new run directory, or the run's "
+      f"own values (its config.json). Keys that may change on resume: " + ", ".join(RESUMABLE_KEYS)
+    )
   return sorted(changes)
 
 
@@ -640,7 +716,11 @@ def train(cfg: Any) -> dict:
   if run.is_done():
     changed = check_config(run, cfg)
     if changed:
-      print(f"{cfg.run_dir}: the run has ended; {', '.join(changed)} changed, which an ended "
-            f"run does not use (its summary is returned)", file=sys.stderr, flush=True)
+      print(
+        f"{cfg.run_dir}: the run has ended; {', '.join(changed)} changed, which an ended "
+        f"run does not use (its summary is returned)",
+        file=sys.stderr,
+        flush=True,
+      )
     return run.read_summary()
   return Trainer(cfg).run()

@@ -16,8 +16,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor", "context")
 # Logical parameter dimension -> mesh axis (attnjax.nn names its dimensions with these).
-LOGICAL_AXIS_RULES = (("embed", "fsdp"), ("heads", "tensor"), ("mlp", "tensor"),
-                      ("vocab", "tensor"))
+LOGICAL_AXIS_RULES = (
+  ("embed", "fsdp"),
+  ("heads", "tensor"),
+  ("mlp", "tensor"),
+  ("vocab", "tensor"),
+)
 BATCH_AXES = ("data", "fsdp")
 LENGTH_AXIS = "context"
 
@@ -40,23 +44,30 @@ def mesh_sizes(mesh_cfg: Any, num_devices: int) -> dict[str, int]:
   free = [a for a, s in sizes.items() if s == -1]
   bad = [f"mesh.{a}={s}" for a, s in sizes.items() if s == 0 or s < -1]
   if bad or len(free) > 1:
-    raise ValueError("config.mesh: sizes must be >= 1 with at most one -1, got "
-                     + ", ".join(f"{a}={s}" for a, s in sizes.items()))
+    raise ValueError(
+      "config.mesh: sizes must be >= 1 with at most one -1, got "
+      + ", ".join(f"{a}={s}" for a, s in sizes.items())
+    )
   fixed = math.prod(s for s in sizes.values() if s != -1)
   if free:
     if num_devices % fixed:
       raise ValueError(
-          f"config.mesh: {', '.join(f'{a}={s}' for a, s in sizes.items())} cannot fill "
-          f"{num_devices} devices ({num_devices} is not a multiple of {fixed})")
+        f"config.mesh: {', '.join(f'{a}={s}' for a, s in sizes.items())} cannot fill "
+        f"{num_devices} devices ({num_devices} is not a multiple of {fixed})"
+      )
     sizes[free[0]] = num_devices // fixed
   want = math.prod(sizes.values())
   if want != num_devices:
-    hint = (f" (a CPU host makes {want} devices with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={want} set before jax starts)"
-            if want > num_devices else "")
+    hint = (
+      f" (a CPU host makes {want} devices with "
+      f"XLA_FLAGS=--xla_force_host_platform_device_count={want} set before jax starts)"
+      if want > num_devices
+      else ""
+    )
     raise ValueError(
-        f"config.mesh: {' x '.join(f'{a}={s}' for a, s in sizes.items())} = "
-        f"{want} devices, but the run has {num_devices}{hint}")
+      f"config.mesh: {' x '.join(f'{a}={s}' for a, s in sizes.items())} = "
+      f"{want} devices, but the run has {num_devices}{hint}"
+    )
   return sizes
 
 
@@ -74,20 +85,26 @@ def check_shapes(cfg: Any, sizes: dict[str, int]) -> None:
   m, d, t = cfg.model, cfg.data, cfg.train
   kv = m.num_kv_heads or m.num_heads
   if m.num_heads % sizes["tensor"] or kv % sizes["tensor"]:
-    raise ValueError(f"model.num_heads={m.num_heads} (key/value heads {kv}) is not divisible "
-                     f"by mesh.tensor={sizes['tensor']}")
+    raise ValueError(
+      f"model.num_heads={m.num_heads} (key/value heads {kv}) is not divisible "
+      f"by mesh.tensor={sizes['tensor']}"
+    )
   if (m.mlp_ratio * m.d_model) % sizes["tensor"]:
-    raise ValueError(f"the MLP width {m.mlp_ratio * m.d_model} is not divisible by "
-                     f"mesh.tensor={sizes['tensor']}")
+    raise ValueError(
+      f"the MLP width {m.mlp_ratio * m.d_model} is not divisible by mesh.tensor={sizes['tensor']}"
+    )
   if m.d_model % sizes["fsdp"]:
     raise ValueError(f"model.d_model={m.d_model} is not divisible by mesh.fsdp={sizes['fsdp']}")
   if d.seq_len % sizes["context"]:
-    raise ValueError(f"data.seq_len={d.seq_len} is not divisible by "
-                     f"mesh.context={sizes['context']}")
+    raise ValueError(
+      f"data.seq_len={d.seq_len} is not divisible by mesh.context={sizes['context']}"
+    )
   rows = sizes["data"] * sizes["fsdp"]
-  for name, value in (("data.batch_size", d.batch_size),
-                      ("data.batch_size / train.microbatches", d.batch_size // t.microbatches),
-                      ("train.probe_batch", t.probe_batch)):
+  for name, value in (
+    ("data.batch_size", d.batch_size),
+    ("data.batch_size / train.microbatches", d.batch_size // t.microbatches),
+    ("train.probe_batch", t.probe_batch),
+  ):
     if value % rows:
       raise ValueError(f"{name}={value} is not divisible by mesh.data x mesh.fsdp = {rows}")
 
@@ -112,7 +129,7 @@ class MeshParallel:
     if cfg.train.num_devices:
       if jax.process_count() > 1:
         raise ValueError("train.num_devices must be 0 (all devices) on more than one host")
-      devices = devices[:cfg.train.num_devices]
+      devices = devices[: cfg.train.num_devices]
     self.sizes = mesh_sizes(cfg.get("mesh", {}), len(devices))
     check_shapes(cfg, self.sizes)
     shape = tuple(self.sizes[a] for a in AXES)
@@ -157,8 +174,10 @@ class MeshParallel:
       abstract = nnx.eval_shape(build)
       graphdef, abs_params, abs_rest = nnx.split(abstract, nnx.Param, ...)
       named = nnx.get_named_sharding(abs_params, self.mesh)
-    shardings = (jax.tree.map(self._divisible, named, abs_params),
-                 jax.tree.map(lambda _: self.replicated, abs_rest))
+    shardings = (
+      jax.tree.map(self._divisible, named, abs_params),
+      jax.tree.map(lambda _: self.replicated, abs_rest),
+    )
 
     def make():
       _, params, rest = nnx.split(build(), nnx.Param, ...)
@@ -171,8 +190,9 @@ class MeshParallel:
     """``sharding`` without the mesh axes that do not divide their dimension of ``x`` (e.g. a
     65-character vocabulary on ``tensor=2``: that dimension stays whole)."""
     spec = []
-    for dim, axes in zip(x.shape, tuple(sharding.spec) + (None,) * (len(x.shape)
-                                                                     - len(sharding.spec))):
+    for dim, axes in zip(
+      x.shape, tuple(sharding.spec) + (None,) * (len(x.shape) - len(sharding.spec))
+    ):
       names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
       ways = math.prod(self.sizes[a] for a in names)
       spec.append(axes if dim % ways == 0 else None)
@@ -183,8 +203,12 @@ class MeshParallel:
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
     abstract = jax.eval_shape(optimizer.init, params)
     shardings = optax.tree_map_params(
-        optimizer, lambda _, sharding: sharding, abstract, param_shardings,
-        transform_non_params=lambda _: self.replicated)
+      optimizer,
+      lambda _, sharding: sharding,
+      abstract,
+      param_shardings,
+      transform_non_params=lambda _: self.replicated,
+    )
     return jax.jit(optimizer.init, out_shardings=shardings)(params)
 
   def state_shardings(self, state: Any) -> Any:
@@ -222,8 +246,10 @@ def to_host(tree: Any) -> Any:
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
       from jax.experimental import multihost_utils
+
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return jax.device_get(x)
+
   return jax.tree.map(one, tree)
 
 

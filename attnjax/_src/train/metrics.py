@@ -28,23 +28,29 @@ def _sweep_table(learning_rates, final_losses, initial_loss):
   lrs = _host_1d("learning_rates", learning_rates)
   losses = _host_1d("final_losses", final_losses)
   if losses.shape != lrs.shape:
-    raise ValueError(f"learning_rates {lrs.shape} and final_losses {losses.shape} must have "
-                     f"the same length")
+    raise ValueError(
+      f"learning_rates {lrs.shape} and final_losses {losses.shape} must have the same length"
+    )
   if not np.all(np.isfinite(lrs)) or np.any(lrs <= 0):
     raise ValueError(f"learning_rates must be positive and finite, got {lrs.tolist()}")
   loss_0 = np.asarray(initial_loss, dtype=np.float64)
   if loss_0.ndim == 0:
     loss_0 = np.full(lrs.shape, float(loss_0))
   elif loss_0.shape != lrs.shape:
-    raise ValueError(f"initial_loss must be a scalar or one per learning rate {lrs.shape}, "
-                     f"got shape {loss_0.shape}")
+    raise ValueError(
+      f"initial_loss must be a scalar or one per learning rate {lrs.shape}, "
+      f"got shape {loss_0.shape}"
+    )
   if not np.all(np.isfinite(loss_0)):
     raise ValueError(f"initial_loss must be finite, got {loss_0.tolist()}")
   return lrs, losses, loss_0
 
 
-def lr_sensitivity(learning_rates: Sequence[float], final_losses: Sequence[float],
-                   initial_loss: float | Sequence[float]) -> float:
+def lr_sensitivity(
+  learning_rates: Sequence[float],
+  final_losses: Sequence[float],
+  initial_loss: float | Sequence[float],
+) -> float:
   """Learning-rate sensitivity (Wortsman et al. 2023, sec. 2.2).
 
   Definition: ``E_eta[min(loss(eta), loss_0) - loss*]`` over a grid of learning
@@ -76,9 +82,13 @@ def lr_sensitivity(learning_rates: Sequence[float], final_losses: Sequence[float
   return float(np.mean(clipped - np.min(clipped)))
 
 
-def max_stable_lr(learning_rates: Sequence[float], final_losses: Sequence[float],
-                  initial_loss: float | Sequence[float], *,
-                  diverged: Optional[Sequence[bool]] = None) -> Optional[float]:
+def max_stable_lr(
+  learning_rates: Sequence[float],
+  final_losses: Sequence[float],
+  initial_loss: float | Sequence[float],
+  *,
+  diverged: Optional[Sequence[bool]] = None,
+) -> Optional[float]:
   """Largest learning rate whose run neither produced NaN/Inf nor ended above ``loss_0``.
 
   Definition: over the grid, the largest ``eta`` with a
@@ -100,14 +110,21 @@ def max_stable_lr(learning_rates: Sequence[float], final_losses: Sequence[float]
   if diverged is not None:
     flags = np.asarray(diverged, dtype=bool)
     if flags.shape != lrs.shape:
-      raise ValueError(f"diverged must have one flag per learning rate {lrs.shape}, "
-                       f"got shape {flags.shape}")
+      raise ValueError(
+        f"diverged must have one flag per learning rate {lrs.shape}, got shape {flags.shape}"
+      )
     stable = np.logical_and(stable, np.logical_not(flags))
   return float(np.max(lrs[stable])) if np.any(stable) else None
 
 
-def spike_score(series: Sequence[float], *, window: int = 1000, sigmas: float = 7.0,
-                min_history: Optional[int] = None, two_sided: bool = False) -> float:
+def spike_score(
+  series: Sequence[float],
+  *,
+  window: int = 1000,
+  sigmas: float = 7.0,
+  min_history: Optional[int] = None,
+  two_sided: bool = False,
+) -> float:
   """Spike score of a loss or gradient-norm series (OLMo 2, 2025).
 
   Definition: the percentage of steps whose value lies at least ``sigmas``
@@ -144,8 +161,11 @@ def spike_score(series: Sequence[float], *, window: int = 1000, sigmas: float = 
   if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 2:
     raise ValueError(f"window must be an int >= 2, got {window!r}")
   min_history = window if min_history is None else min_history
-  if (isinstance(min_history, bool) or not isinstance(min_history, (int, np.integer))
-      or not 2 <= min_history <= window):
+  if (
+    isinstance(min_history, bool)
+    or not isinstance(min_history, (int, np.integer))
+    or not 2 <= min_history <= window
+  ):
     raise ValueError(f"min_history must be an int in [2, window={window}], got {min_history!r}")
   _checks.check_positive_float("sigmas", sigmas, allow_none=False)
   finite = np.isfinite(x)

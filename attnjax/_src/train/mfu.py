@@ -11,9 +11,16 @@ from typing import Any, Optional, Sequence
 # Dense bfloat16 peak FLOP/s per device, by a substring of its device_kind; the first match
 # wins (so "H100 PCIe" before "H100", "TPU v5 lite" (v5e) before "TPU v5" (v5p)).
 PEAK_BF16_FLOPS = (
-    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
-    ("H800", 989e12), ("A100", 312e12),
-    ("TPU v6 lite", 918e12), ("TPU v5 lite", 197e12), ("TPU v5", 459e12), ("TPU v4", 275e12),
+  ("H100 PCIe", 756e12),
+  ("H100 NVL", 835e12),
+  ("H100", 989e12),
+  ("H200", 989e12),
+  ("H800", 989e12),
+  ("A100", 312e12),
+  ("TPU v6 lite", 918e12),
+  ("TPU v5 lite", 197e12),
+  ("TPU v5", 459e12),
+  ("TPU v4", 275e12),
 )
 
 
@@ -32,8 +39,13 @@ def peak_flops(device_kind: str) -> Optional[float]:
   return None
 
 
-def utilisation(flops_per_token: float, tokens_per_s: float, devices: Sequence[Any], *,
-                peak_flops_per_device: Optional[float] = None) -> dict:
+def utilisation(
+  flops_per_token: float,
+  tokens_per_s: float,
+  devices: Sequence[Any],
+  *,
+  peak_flops_per_device: Optional[float] = None,
+) -> dict:
   """The MFU of a run of ``tokens_per_s`` on ``devices``.
 
   Args:
@@ -56,6 +68,9 @@ def utilisation(flops_per_token: float, tokens_per_s: float, devices: Sequence[A
   peak = per_device * len(devices) if per_device else None
   achieved = float(flops_per_token) * float(tokens_per_s)
   finite = math.isfinite(achieved)
-  return {"mfu": achieved / peak if peak and finite else None,
-          "model_flops_per_s": achieved if finite else None,
-          "peak_flops_per_s": peak, "device_kind": kind if kind else ", ".join(kinds)}
+  return {
+    "mfu": achieved / peak if peak and finite else None,
+    "model_flops_per_s": achieved if finite else None,
+    "peak_flops_per_s": peak,
+    "device_kind": kind if kind else ", ".join(kinds),
+  }

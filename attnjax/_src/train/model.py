@@ -23,12 +23,24 @@ def model_config(cfg: Any, vocab_size: int):
   spec_class = nn.specs.FAMILY_SPECS[attn.get("family", "dense")]
   if m.implementation and spec_class.takes_implementation(m.implementation):
     attn["implementation"] = m.implementation
-  attention = nn.AttentionConfig(num_heads=m.num_heads, num_kv_heads=m.num_kv_heads or None,
-                                 rope_theta=10000.0 if m.rope else None, **attn)
+  attention = nn.AttentionConfig(
+    num_heads=m.num_heads,
+    num_kv_heads=m.num_kv_heads or None,
+    rope_theta=10000.0 if m.rope else None,
+    **attn,
+  )
   return nn.ModelConfig(
-      vocab_size=vocab_size, d_model=m.d_model, num_layers=m.num_layers, attention=attention,
-      mlp=m.mlp, mlp_dim=m.mlp_ratio * m.d_model if m.mlp == "gelu" else None, norm=m.norm,
-      tie_embeddings=m.tie_embeddings, dtype=m.dtype, remat=m.remat)
+    vocab_size=vocab_size,
+    d_model=m.d_model,
+    num_layers=m.num_layers,
+    attention=attention,
+    mlp=m.mlp,
+    mlp_dim=m.mlp_ratio * m.d_model if m.mlp == "gelu" else None,
+    norm=m.norm,
+    tie_embeddings=m.tie_embeddings,
+    dtype=m.dtype,
+    remat=m.remat,
+  )
 
 
 def build_model(cfg: Any, vocab_size: int, *, seed: int) -> nnx.Module:

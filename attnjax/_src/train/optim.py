@@ -37,8 +37,12 @@ def schedule(cfg: Any) -> optax.Schedule:
   warmup = int(round(cfg.opt.warmup_frac * steps))
   lr = float(cfg.opt.lr)
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=lr, warmup_steps=warmup,
-      decay_steps=max(steps, warmup + 1), end_value=lr * float(cfg.opt.min_lr_frac))
+    init_value=0.0,
+    peak_value=lr,
+    warmup_steps=warmup,
+    decay_steps=max(steps, warmup + 1),
+    end_value=lr * float(cfg.opt.min_lr_frac),
+  )
 
 
 def decay_mask(params: Any) -> Any:

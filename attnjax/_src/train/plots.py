@@ -39,8 +39,9 @@ def per_layer_series(records: list[dict], key: str) -> list[list[float]]:
   rows = [r[key] for r in records if isinstance(r.get(key), list)]
   if not rows:
     return []
-  return [[(row[i] if row[i] is not None else float("nan")) for row in rows]
-          for i in range(len(rows[0]))]
+  return [
+    [(row[i] if row[i] is not None else float("nan")) for row in rows] for i in range(len(rows[0]))
+  ]
 
 
 def plot_run(run: rundir.RunDir) -> list[str]:
@@ -59,8 +60,9 @@ def plot_run(run: rundir.RunDir) -> list[str]:
   ax.set(xlabel="step", ylabel="cross-entropy (nats)", title="loss")
   ax.legend()
   for ax, key, title, ylabel in (
-      (axes[0, 1], "max_logit", "max attention logit", "max logit q.k * scale"),
-      (axes[1, 0], "f_attn", "F-Attn (weight on BOS)", "attention weight on the first token")):
+    (axes[0, 1], "max_logit", "max attention logit", "max logit q.k * scale"),
+    (axes[1, 0], "f_attn", "F-Attn (weight on BOS)", "attention weight on the first token"),
+  ):
     for i, series in enumerate(per_layer_series(train, key)):
       ax.plot(steps, series, label=f"layer {i}", lw=0.8)
     ax.set(xlabel="step", ylabel=ylabel, title=title)

@@ -40,8 +40,9 @@ class Prefetch:
     self.stop = stop
     self._queue: queue.Queue = queue.Queue(maxsize=depth)
     self._closed = threading.Event()
-    self._thread = threading.Thread(target=self._produce, args=(make, start, stop),
-                                    name="attnjax-prefetch", daemon=True)
+    self._thread = threading.Thread(
+      target=self._produce, args=(make, start, stop), name="attnjax-prefetch", daemon=True
+    )
     self._thread.start()
 
   def _produce(self, make: Callable[[int], Any], start: int, stop: int) -> None:
@@ -67,8 +68,10 @@ class Prefetch:
       Exception: whatever ``make(step)`` raised, re-raised here.
     """
     if step != self.next_step or step >= self.stop:
-      raise ValueError(f"Prefetch.get({step}): the next batch is step {self.next_step} "
-                       f"(steps end before {self.stop})")
+      raise ValueError(
+        f"Prefetch.get({step}): the next batch is step {self.next_step} "
+        f"(steps end before {self.stop})"
+      )
     got, value, error = self._queue.get()
     if error is not None:
       raise error

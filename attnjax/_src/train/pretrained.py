@@ -47,6 +47,8 @@ def train_or_load(cfg: Any, run_dir: str) -> tuple[nnx.Module, Trainer]:
     raise SystemExit(f"training ended as {summary['status']}; nothing to evaluate")
   trainer = Trainer(cfg)
   if trainer.restore_latest() != cfg.train.steps:
-    raise ValueError(f"{cfg.run_dir} has no checkpoint at the last step; set "
-                     f"train.checkpoint_every to a divisor of train.steps")
+    raise ValueError(
+      f"{cfg.run_dir} has no checkpoint at the last step; set "
+      f"train.checkpoint_every to a divisor of train.steps"
+    )
   return trainer.model(), trainer

@@ -26,6 +26,8 @@ def run_probe(model: nnx.Module, inputs: jax.Array, to_host=jax.device_get) -> d
   ``"<metric>/<field>"``. Metrics a family cannot define are NaN (JSON null).
   ``to_host`` reads the device values (the loop's gathers arrays spread over processes).
   """
-  warn_once("attnjax.train.probe.run_probe",
-            "attnjax.stats.to_jsonable(attnjax.nn.layer_stats(model, inputs))")
+  warn_once(
+    "attnjax.train.probe.run_probe",
+    "attnjax.stats.to_jsonable(attnjax.nn.layer_stats(model, inputs))",
+  )
   return to_jsonable(to_host(probe_lib.layer_stats(model, inputs)))

@@ -60,28 +60,28 @@ def row_of(run_path: str, root: str) -> dict:
   cfg = rundir.read_json(run.config) or {}
   probe = s.get("probe") or {}
   return {
-      "arm": os.path.relpath(run_path, root),
-      "variant": s.get("variant", cfg.get("variant")),
-      "lr": (cfg.get("opt") or {}).get("lr"),
-      "status": s.get("status", "?"),
-      "diverged_step": s.get("diverged_step"),
-      "steps": s.get("steps_done"),
-      "initial_loss": s.get("initial_loss"),
-      "final_train_loss": s.get("final_train_loss"),
-      "val_loss": s.get("val_loss"),
-      "val_bpc": s.get("val_bpc"),
-      "unit": s.get("unit") or "char",
-      "max_logit": s.get("max_logit"),
-      "entropy": s.get("entropy"),
-      "f_attn": _first(probe, _FATTN_KEYS),
-      "sink_rate": _first(probe, _SINK_KEYS),
-      "m_act": _first(probe, _MACT_KEYS),
-      "spike_score": s.get("spike_score"),
-      "tokens_per_s": s.get("tokens_per_s"),
-      "log_z": s.get("log_z"),
-      "compile_s": s.get("compile_s"),
-      "train_time_s": s.get("train_time_s"),
-      "error": s.get("error"),
+    "arm": os.path.relpath(run_path, root),
+    "variant": s.get("variant", cfg.get("variant")),
+    "lr": (cfg.get("opt") or {}).get("lr"),
+    "status": s.get("status", "?"),
+    "diverged_step": s.get("diverged_step"),
+    "steps": s.get("steps_done"),
+    "initial_loss": s.get("initial_loss"),
+    "final_train_loss": s.get("final_train_loss"),
+    "val_loss": s.get("val_loss"),
+    "val_bpc": s.get("val_bpc"),
+    "unit": s.get("unit") or "char",
+    "max_logit": s.get("max_logit"),
+    "entropy": s.get("entropy"),
+    "f_attn": _first(probe, _FATTN_KEYS),
+    "sink_rate": _first(probe, _SINK_KEYS),
+    "m_act": _first(probe, _MACT_KEYS),
+    "spike_score": s.get("spike_score"),
+    "tokens_per_s": s.get("tokens_per_s"),
+    "log_z": s.get("log_z"),
+    "compile_s": s.get("compile_s"),
+    "train_time_s": s.get("train_time_s"),
+    "error": s.get("error"),
   }
 
 
@@ -117,11 +117,19 @@ def significant(x: Any, digits: int = 2) -> str:
 
 
 COLUMNS = (
-    ("variant", "variant"), ("lr", "LR"), ("initial_loss", "initial loss"),
-    ("val_loss", "val loss"), ("val_bpc", "BPC"),
-    ("diverged", "diverged?"), ("max_logit", "max logit"), ("entropy", "entropy"),
-    ("f_attn", "F-Attn"), ("sink_rate", "Sink_1^0.3 (%)"), ("m_act", "M-Act"),
-    ("spike_score", "spike score (%)"), ("tokens_per_s", "tokens/s"),
+  ("variant", "variant"),
+  ("lr", "LR"),
+  ("initial_loss", "initial loss"),
+  ("val_loss", "val loss"),
+  ("val_bpc", "BPC"),
+  ("diverged", "diverged?"),
+  ("max_logit", "max logit"),
+  ("entropy", "entropy"),
+  ("f_attn", "F-Attn"),
+  ("sink_rate", "Sink_1^0.3 (%)"),
+  ("m_act", "M-Act"),
+  ("spike_score", "spike score (%)"),
+  ("tokens_per_s", "tokens/s"),
 )
 
 
@@ -135,17 +143,23 @@ def markdown_table(rows: list[dict], *, columns=COLUMNS) -> str:
   Returns:
     The table, one line per row.
   """
-  lines = ["| " + " | ".join(title for _, title in columns) + " |",
-           "|" + "|".join("---" if k == "variant" else "---:" for k, _ in columns) + "|"]
+  lines = [
+    "| " + " | ".join(title for _, title in columns) + " |",
+    "|" + "|".join("---" if k == "variant" else "---:" for k, _ in columns) + "|",
+  ]
   for r in rows:
     cells = []
     for key, _ in columns:
       if key == "diverged":
-        cells.append(f"yes (step {r['diverged_step']})" if r["status"] == "diverged" else
-                     ("no" if r["status"] == "finished" else r["status"]))
+        cells.append(
+          f"yes (step {r['diverged_step']})"
+          if r["status"] == "diverged"
+          else ("no" if r["status"] == "finished" else r["status"])
+        )
       elif key == "variant":
-        cells.append(str(r["variant"]) if r["arm"] in (r["variant"], None) else
-                     f"{r['variant']} ({r['arm']})")
+        cells.append(
+          str(r["variant"]) if r["arm"] in (r["variant"], None) else f"{r['variant']} ({r['arm']})"
+        )
       elif key == "lr":
         cells.append(f"{r['lr']:g}" if r["lr"] is not None else "-")
       elif key == "tokens_per_s":
@@ -177,14 +191,32 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
     The paths of the PNGs written.
   """
   paths = []
-  panels = (("loss", "training loss (nats)", "cross-entropy (nats)", lambda r: r["loss"], "log"),
-            ("max_logit", "max attention logit (max over layers)", "max logit q.k * scale",
-             lambda r: _layer_max(r, "max_logit"), "log"),
-            ("f_attn", "F-Attn (mean over layers)", "attention weight on the first token",
-             lambda r: float(np.nanmean(
-                 [v if v is not None else np.nan for v in r.get("f_attn") or [np.nan]])), "linear"),
-            ("log_z", "mean log Z of the output logits (drift)", "log Z (nats)",
-             lambda r: r["log_z"] if r.get("log_z") is not None else np.nan, "linear"))
+  panels = (
+    ("loss", "training loss (nats)", "cross-entropy (nats)", lambda r: r["loss"], "log"),
+    (
+      "max_logit",
+      "max attention logit (max over layers)",
+      "max logit q.k * scale",
+      lambda r: _layer_max(r, "max_logit"),
+      "log",
+    ),
+    (
+      "f_attn",
+      "F-Attn (mean over layers)",
+      "attention weight on the first token",
+      lambda r: float(
+        np.nanmean([v if v is not None else np.nan for v in r.get("f_attn") or [np.nan]])
+      ),
+      "linear",
+    ),
+    (
+      "log_z",
+      "mean log Z of the output logits (drift)",
+      "log Z (nats)",
+      lambda r: r["log_z"] if r.get("log_z") is not None else np.nan,
+      "linear",
+    ),
+  )
   for name, title, ylabel, get, yscale in panels:
     fig, ax = subplots(figsize=(7, 4.5))
     for run in runs:
@@ -203,9 +235,11 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
   return paths
 
 
-PROBE_PANELS = (("sink_rate/rate", "Sink_1^0.3 (%) on probe sequences", "heads with sink (%)"),
-                ("f_attn/f_attn", "F-Attn on probe sequences", "attention weight on the first token"),
-                ("massive/m_act", "M-Act (mean over layers of max |h|)", "max |hidden state|"))
+PROBE_PANELS = (
+  ("sink_rate/rate", "Sink_1^0.3 (%) on probe sequences", "heads with sink (%)"),
+  ("f_attn/f_attn", "F-Attn on probe sequences", "attention weight on the first token"),
+  ("massive/m_act", "M-Act (mean over layers of max |h|)", "max |hidden state|"),
+)
 
 
 def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
@@ -225,8 +259,14 @@ def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
     for run in runs:
       recs = [r for r in rundir.read_jsonl(rundir.RunDir(run).probes) if r.get(key) is not None]
       if recs:
-        ax.plot([r["step"] for r in recs], [r[key] for r in recs], "o-", ms=3, lw=0.9,
-                label=os.path.relpath(run, root))
+        ax.plot(
+          [r["step"] for r in recs],
+          [r[key] for r in recs],
+          "o-",
+          ms=3,
+          lw=0.9,
+          label=os.path.relpath(run, root),
+        )
     ax.set(xlabel="step", ylabel=ylabel, title=title)
     if ax.lines:
       ax.legend(fontsize=7)
@@ -236,8 +276,9 @@ def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
   return paths
 
 
-def write_report(root: str, *, title: Optional[str] = None, extra: str = "",
-                 order: Sequence[str] = ()) -> str:
+def write_report(
+  root: str, *, title: Optional[str] = None, extra: str = "", order: Sequence[str] = ()
+) -> str:
   """Writes ``root/report.md`` and ``root/plots/*.png``.
 
   Args:
@@ -253,23 +294,32 @@ def write_report(root: str, *, title: Optional[str] = None, extra: str = "",
   rank = {name: i for i, name in enumerate(order)}
   runs.sort(key=lambda r: (rank.get(os.path.relpath(r, root), len(rank)), r))
   rows = [row_of(r, root) for r in runs]
-  plots = (plot_curves(root, runs, os.path.join(root, "plots"))
-           + plot_probes(root, runs, os.path.join(root, "plots"))) if runs else []
+  plots = (
+    (
+      plot_curves(root, runs, os.path.join(root, "plots"))
+      + plot_probes(root, runs, os.path.join(root, "plots"))
+    )
+    if runs
+    else []
+  )
   unit = rows[0]["unit"] if rows else "char"
   probe_lens = sorted({_probe_len(r) for r in runs} - {None})
   probe_len = "/".join(str(n) for n in probe_lens) or "64"
-  text = [f"# {title or os.path.basename(os.path.abspath(root))}\n",
-          f"{len(rows)} run(s) under `{root}`. Val loss in nats per token; BPC = bits per "
-          f"{unit}; max logit, entropy: last training step (max / mean over layers); F-Attn, "
-          f"Sink_1^0.3, M-Act: last probe (length-{probe_len} held-out sequences).\n",
-          markdown_table(rows)]
+  text = [
+    f"# {title or os.path.basename(os.path.abspath(root))}\n",
+    f"{len(rows)} run(s) under `{root}`. Val loss in nats per token; BPC = bits per "
+    f"{unit}; max logit, entropy: last training step (max / mean over layers); F-Attn, "
+    f"Sink_1^0.3, M-Act: last probe (length-{probe_len} held-out sequences).\n",
+    markdown_table(rows),
+  ]
   failed = [r for r in rows if r["status"] == "failed"]
   for r in failed:
     text.append(f"\n`{r['arm']}` failed:\n```\n{(r['error'] or '').strip()}\n```\n")
   if extra:
     text.append("\n" + extra)
-  text.append("\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})" for p in plots)
-              + "\n")
+  text.append(
+    "\n" + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})" for p in plots) + "\n"
+  )
   markdown = "\n".join(text)
   rundir.write_atomic(os.path.join(root, "report.md"), markdown)
   return markdown
@@ -294,23 +344,34 @@ def lr_sweep_rows(rows: list[dict]) -> list[dict]:
 
   out = []
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
-    runs = sorted((r for r in rows if r["variant"] == variant and r["lr"] and
-                   r["status"] in ("finished", "diverged")), key=lambda r: r["lr"])
+    runs = sorted(
+      (
+        r
+        for r in rows
+        if r["variant"] == variant and r["lr"] and r["status"] in ("finished", "diverged")
+      ),
+      key=lambda r: r["lr"],
+    )
     if not runs or any(r["initial_loss"] is None for r in runs):
       continue
     lrs = [r["lr"] for r in runs]
     final = [r["val_loss"] if r["val_loss"] is not None else float("nan") for r in runs]
     loss_0 = [r["initial_loss"] for r in runs]
     best = min(runs, key=lambda r: r["val_loss"] if r["val_loss"] is not None else float("inf"))
-    out.append({
-        "variant": variant, "num_lrs": len(runs),
+    out.append(
+      {
+        "variant": variant,
+        "num_lrs": len(runs),
         "lr_sensitivity": run_metrics.lr_sensitivity(lrs, final, loss_0),
         "max_stable_lr": run_metrics.max_stable_lr(
-            lrs, final, loss_0, diverged=[r["status"] == "diverged" for r in runs]),
-        "best_val_loss": best["val_loss"], "best_lr": best["lr"],
+          lrs, final, loss_0, diverged=[r["status"] == "diverged" for r in runs]
+        ),
+        "best_val_loss": best["val_loss"],
+        "best_lr": best["lr"],
         "diverged_lrs": [r["lr"] for r in runs if r["status"] == "diverged"],
         "max_logit_at_max_lr": runs[-1]["max_logit"],
-    })
+      }
+    )
   return out
 
 
@@ -323,14 +384,17 @@ def lr_sweep_table(summary: list[dict]) -> str:
   Returns:
     The table.
   """
-  lines = ["| variant | LRs | LR sensitivity | max stable LR | best val loss | best LR | diverged at LR |",
-           "|---|---:|---:|---:|---:|---:|---|"]
+  lines = [
+    "| variant | LRs | LR sensitivity | max stable LR | best val loss | best LR | diverged at LR |",
+    "|---|---:|---:|---:|---:|---:|---|",
+  ]
   for s in summary:
     lines.append(
-        f"| {s['variant']} | {s['num_lrs']} | {_fmt(s['lr_sensitivity'])} | "
-        f"{'-' if s['max_stable_lr'] is None else format(s['max_stable_lr'], 'g')} | "
-        f"{_fmt(s['best_val_loss'])} | {s['best_lr']:g} | "
-        f"{', '.join(f'{x:g}' for x in s['diverged_lrs']) or '-'} |")
+      f"| {s['variant']} | {s['num_lrs']} | {_fmt(s['lr_sensitivity'])} | "
+      f"{'-' if s['max_stable_lr'] is None else format(s['max_stable_lr'], 'g')} | "
+      f"{_fmt(s['best_val_loss'])} | {s['best_lr']:g} | "
+      f"{', '.join(f'{x:g}' for x in s['diverged_lrs']) or '-'} |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -352,25 +416,41 @@ def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
     runs = sorted((r for r in rows if r["variant"] == variant and r["lr"]), key=lambda r: r["lr"])
     lrs = [r["lr"] for r in runs]
-    y = [r["val_loss"] if r["val_loss"] is not None else (r["initial_loss"] or np.nan) for r in runs]
-    line, = ax.plot(lrs, y, "o-", label=variant)
+    y = [
+      r["val_loss"] if r["val_loss"] is not None else (r["initial_loss"] or np.nan) for r in runs
+    ]
+    (line,) = ax.plot(lrs, y, "o-", label=variant)
     bad = [(r["lr"], yy) for r, yy in zip(runs, y) if r["status"] == "diverged"]
     if bad:
       ax.plot(*zip(*bad), "x", ms=10, color=line.get_color())
-  ax.set(xscale="log", xlabel="peak learning rate", ylabel="final val loss (x: diverged, at loss_0)",
-         title="loss vs learning rate")
+  ax.set(
+    xscale="log",
+    xlabel="peak learning rate",
+    ylabel="final val loss (x: diverged, at loss_0)",
+    title="loss vs learning rate",
+  )
   ax.legend(fontsize=8)
   path = os.path.join(out_dir, "loss_vs_lr.png")
   save_figure(fig, path)
   paths.append(path)
   for variant in sorted({r["variant"] for r in rows if r["variant"]}):
     fig, ax = subplots(figsize=(7, 4.5))
-    for r in sorted((r for r in rows if r["variant"] == variant and r["lr"]), key=lambda r: r["lr"]):
+    for r in sorted(
+      (r for r in rows if r["variant"] == variant and r["lr"]), key=lambda r: r["lr"]
+    ):
       recs = _train_records(os.path.join(root, r["arm"]))
-      ax.plot([x["step"] for x in recs], [_layer_max(x, "max_logit") for x in recs], lw=0.9,
-              label=f"lr={r['lr']:g}" + (" (diverged)" if r["status"] == "diverged" else ""))
-    ax.set(xlabel="step", ylabel="max attention logit (max over layers)", yscale="log",
-           title=f"{variant}: max attention logit vs step")
+      ax.plot(
+        [x["step"] for x in recs],
+        [_layer_max(x, "max_logit") for x in recs],
+        lw=0.9,
+        label=f"lr={r['lr']:g}" + (" (diverged)" if r["status"] == "diverged" else ""),
+      )
+    ax.set(
+      xlabel="step",
+      ylabel="max attention logit (max over layers)",
+      yscale="log",
+      title=f"{variant}: max attention logit vs step",
+    )
     if ax.lines:
       ax.legend(fontsize=7)
     path = os.path.join(out_dir, f"max_logit_{variant}.png")
@@ -392,11 +472,16 @@ def write_lr_sweep_report(root: str, *, title: Optional[str] = None) -> str:
   rows = [row_of(r, root) for r in find_runs(root)]
   summary = lr_sweep_rows(rows)
   plots = plot_lr_sweep(rows, root, os.path.join(root, "plots")) if rows else []
-  extra = ("## LR sensitivity (Wortsman et al. 2023, sec. 2.2)\n\n"
-           "Sensitivity = mean over the LR grid of min(final val loss, loss_0) - best; "
-           "a diverged run counts as loss_0. Max stable LR: largest LR that neither diverged "
-           "nor ended above loss_0.\n\n" + lr_sweep_table(summary) + "\n"
-           + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})" for p in plots) + "\n")
+  extra = (
+    "## LR sensitivity (Wortsman et al. 2023, sec. 2.2)\n\n"
+    "Sensitivity = mean over the LR grid of min(final val loss, loss_0) - best; "
+    "a diverged run counts as loss_0. Max stable LR: largest LR that neither diverged "
+    "nor ended above loss_0.\n\n"
+    + lr_sweep_table(summary)
+    + "\n"
+    + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, root)})" for p in plots)
+    + "\n"
+  )
   rundir.write_json(os.path.join(root, "lr_sensitivity.json"), summary)
   return write_report(root, title=title, extra=extra)
 

@@ -74,9 +74,15 @@ def cross_entropy(logits: Array, targets: Array) -> Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
-def forward(graphdef: nnx.GraphDef, params: Any, rest: Any, inputs: Array, *,
-            stats: bool, packing: Optional[dict[str, Array]] = None
-            ) -> tuple[Array, Array, dict[str, Array]]:
+def forward(
+  graphdef: nnx.GraphDef,
+  params: Any,
+  rest: Any,
+  inputs: Array,
+  *,
+  stats: bool,
+  packing: Optional[dict[str, Array]] = None,
+) -> tuple[Array, Array, dict[str, Array]]:
   """``(logits [B, T, V], log Z [B, T], per-layer attention summary)`` of a merged model.
 
   With ``stats=True`` the forward runs under ``nnx.capture(..., nnx.Intermediate)``
@@ -84,13 +90,17 @@ def forward(graphdef: nnx.GraphDef, params: Any, rest: Any, inputs: Array, *,
   ``packing`` (a packed batch's ``segment_ids`` and ``positions``) goes to the model.
   """
   model = nnx.merge(graphdef, params, rest)
-  kw = {} if packing is None else dict(segment_ids=packing["segment_ids"],
-                                       positions=packing["positions"])
+  kw = (
+    {}
+    if packing is None
+    else dict(segment_ids=packing["segment_ids"], positions=packing["positions"])
+  )
   if not stats:
     logits, log_z = model(inputs, return_log_z=True, **kw)
     return logits, log_z, {}
   (logits, log_z), inter = nnx.capture(
-      lambda m, x: m(x, return_log_z=True, **kw), nnx.Intermediate)(model, inputs)
+    lambda m, x: m(x, return_log_z=True, **kw), nnx.Intermediate
+  )(model, inputs)
   return logits, log_z, summarize_attention(attention_stats_by_layer(inter))
 
 
@@ -99,8 +109,9 @@ def weight_total(packing: dict[str, Array]) -> Array:
   return jnp.maximum(jnp.sum(packing["weights"].astype(jnp.float32)), 1.0)
 
 
-def mean_loss(values: Array, packing: Optional[dict[str, Array]],
-              total: Optional[Array] = None) -> Array:
+def mean_loss(
+  values: Array, packing: Optional[dict[str, Array]], total: Optional[Array] = None
+) -> Array:
   """Mean of ``[B, T]`` per-token values; a packed batch weighs them by ``packing["weights"]``.
 
   The weights are 0 where a target crosses into the next document, so those
@@ -123,8 +134,14 @@ def mean_loss(values: Array, packing: Optional[dict[str, Array]],
   return jnp.sum(values * w) / (weight_total(packing) if total is None else total)
 
 
-def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
-                    z_loss: float = 0.0, stats: bool = True, microbatches: int = 1) -> Callable:
+def make_train_step(
+  graphdef: nnx.GraphDef,
+  optimizer: optax.GradientTransformation,
+  *,
+  z_loss: float = 0.0,
+  stats: bool = True,
+  microbatches: int = 1,
+) -> Callable:
   """``train_step(state, rest, inputs, targets) -> (state, metrics)``; pure, jit it outside.
 
   Args:
@@ -154,8 +171,9 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
   """
 
   def loss_fn(params, rest, inputs, targets, packing=None, total_weight=None):
-    logits, log_z, layer_stats = forward(graphdef, params, rest, inputs, stats=stats,
-                                         packing=packing)
+    logits, log_z, layer_stats = forward(
+      graphdef, params, rest, inputs, stats=stats, packing=packing
+    )
     ce = cross_entropy(logits, targets)
     loss = mean_loss(ce, packing, total_weight)
     z_term = z_loss * mean_loss(jnp.square(log_z), packing, total_weight)
@@ -178,7 +196,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       (total, aux), grads = grad_fn(params, rest, *batch, **kw)
       return jax.tree.map(jnp.add, acc, (total, aux, grads)), aux.get("max_logit")
 
-    first = lambda x: x[:B // microbatches]
+    first = lambda x: x[: B // microbatches]
     batch = (inputs, targets) if packing is None else (inputs, targets, packing)
     shapes = jax.eval_shape(grad_fn, params, rest, *jax.tree.map(first, batch))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -200,8 +218,13 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
       (total, aux), grads = accumulated(state["params"], rest, inputs, targets, packing)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics = dict(aux, total_loss=total, grad_norm=optax.tree.norm(grads),
-                   update_rms=_rms(updates), param_rms=_rms(params))
+    metrics = dict(
+      aux,
+      total_loss=total,
+      grad_norm=optax.tree.norm(grads),
+      update_rms=_rms(updates),
+      param_rms=_rms(params),
+    )
     return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), metrics
 
   return train_step

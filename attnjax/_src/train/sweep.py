@@ -62,8 +62,12 @@ def arm(base: Any, name: str, run_dir: str, **changes: Any) -> Arm:
 
 
 def _record_failure(arm: Arm, error: str) -> dict:
-  summary = {"status": "failed", "variant": arm.config.variant, "run_dir": arm.config.run_dir,
-             "error": error}
+  summary = {
+    "status": "failed",
+    "variant": arm.config.variant,
+    "run_dir": arm.config.run_dir,
+    "error": error,
+  }
   rundir.write_json(rundir.RunDir(arm.config.run_dir).summary, summary)
   return summary
 
@@ -102,8 +106,9 @@ def run_in_subprocess(arm: Arm) -> dict:
   rundir.write_json(spec, arm.config.to_dict())
   env = dict(os.environ)
   env["PYTHONPATH"] = _REPO + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run([sys.executable, "-m", "attnjax._src.train.run_config", spec], env=env,
-                        check=False)
+  proc = subprocess.run(
+    [sys.executable, "-m", "attnjax._src.train.run_config", spec], env=env, check=False
+  )
   summary = run.read_summary()
   if proc.returncode != 0 and (not summary or summary.get("status") == "running"):
     return _record_failure(arm, f"process exited with code {proc.returncode}")
@@ -132,10 +137,16 @@ def run_sweep(arms: Iterable[Arm], *, processes: bool = False, verbose: bool = T
       summary = run_in_subprocess(a) if processes else run_in_process(a)
       if verbose:
         loss = summary.get("val_loss")
-        print(f"[{summary.get('status')}] {a.name}: val loss "
-              f"{'-' if loss is None else f'{loss:.3f}'}"
-              + (f", diverged at step {summary.get('diverged_step')}"
-                 if summary.get("status") == "diverged" else ""), flush=True)
+        print(
+          f"[{summary.get('status')}] {a.name}: val loss "
+          f"{'-' if loss is None else f'{loss:.3f}'}"
+          + (
+            f", diverged at step {summary.get('diverged_step')}"
+            if summary.get("status") == "diverged"
+            else ""
+          ),
+          flush=True,
+        )
     results.append(dict(summary, arm=a.name))
   return results
 

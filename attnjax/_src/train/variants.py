@@ -9,41 +9,62 @@ from typing import Any
 
 # name -> (AttentionConfig fields, one-line description for reports)
 VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
-    "dense": ({"family": "dense"}, "softmax, dot product (baseline)"),
-    "qk_layernorm": ({"family": "qk_norm", "qk_norm": "layer"}, "QK LayerNorm (Wortsman/Dehghani)"),
-    "qk_rmsnorm": ({"family": "qk_norm", "qk_norm": "rms"}, "QK RMSNorm"),
-    "cosine": ({"family": "cosine"}, "cosine similarity x learned temperature"),
-    "sigmoid": ({"family": "dense", "normalizer": "sigmoid"}, "sigmoid, bias -log n (Ramapuram)"),
-    "softmax_one": ({"family": "dense", "normalizer": "softmax_one"}, "softmax + 1 (Miller)"),
-    "softpick": ({"family": "dense", "normalizer": "softpick"}, "softpick (Zuhri)"),
-    "relu": ({"family": "dense", "normalizer": "relu"}, "relu(z) / n, ReLU attention (Wortsman)"),
-    "sink_logits": ({"family": "dense", "sink_logits": True}, "learned null logit per head (gpt-oss)"),
-    "gated": ({"family": "dense", "output_gate": "elementwise"}, "sigmoid output gate (Qiu)"),
-    "linear": ({"family": "linear", "feature_map": "elu_plus_one",
-                "linear_normalize": "denominator"},
-               "elu+1 linear, normalised"),
-    "linear_rmsnorm": ({"family": "linear", "feature_map": "elu_plus_one",
-                        "linear_normalize": "output_rms"}, "elu+1 linear, output RMS-normalised (Qin)"),
-    "window": ({"family": "dense", "window": 16},
-               "softmax, causal sliding window of 16 (keys i-16..i)"),
-    "alibi": ({"family": "dense", "alibi": True}, "softmax, ALiBi biases instead of RoPE (Press)"),
-    "linear_unnorm": ({"family": "linear", "feature_map": "elu_plus_one",
-                       "linear_normalize": "none"},
-                      "elu+1 linear, unnormalised"),
-    "retnet": ({"family": "retnet"}, "RetNet retention, fixed decay per head (Sun)"),
-    "mamba2": ({"family": "mamba2_decay"}, "linear, Mamba-2 data-dependent decay (Dao & Gu)"),
-    "gla": ({"family": "gla"}, "gated linear attention, gate per key channel (Yang)"),
-    "deltanet": ({"family": "deltanet", "short_conv": 4}, "DeltaNet, delta rule (Schlag, Yang)"),
-    "gated_deltanet": ({"family": "gated_deltanet", "short_conv": 4},
-                       "Gated DeltaNet, delta rule + decay (Yang)"),
-    "block_select": ({"family": "block_select", "block_size": 8, "top_k": 2},
-                     "content-selected blocks: own + top 2 earlier 8-token blocks (MoBA, Lu)"),
-    "compressed": ({"family": "compressed", "stride": 4, "window": 16},
-                   "memory-compressed: strided-conv keys (stride 4) + raw window 16 (keys "
-                   "i-16..i) (Liu, NSA); "
-                   "its F-Attn is the weight on compressed block 0 (tokens 0-3)"),
-    "dilated": ({"family": "sparse", "pattern": ("dilated_window", (("window", 16), ("dilation", 4))),
-                 "block_size": 16}, "softmax, dilated window of 16 keys, dilation 4 (Longformer)"),
+  "dense": ({"family": "dense"}, "softmax, dot product (baseline)"),
+  "qk_layernorm": ({"family": "qk_norm", "qk_norm": "layer"}, "QK LayerNorm (Wortsman/Dehghani)"),
+  "qk_rmsnorm": ({"family": "qk_norm", "qk_norm": "rms"}, "QK RMSNorm"),
+  "cosine": ({"family": "cosine"}, "cosine similarity x learned temperature"),
+  "sigmoid": ({"family": "dense", "normalizer": "sigmoid"}, "sigmoid, bias -log n (Ramapuram)"),
+  "softmax_one": ({"family": "dense", "normalizer": "softmax_one"}, "softmax + 1 (Miller)"),
+  "softpick": ({"family": "dense", "normalizer": "softpick"}, "softpick (Zuhri)"),
+  "relu": ({"family": "dense", "normalizer": "relu"}, "relu(z) / n, ReLU attention (Wortsman)"),
+  "sink_logits": (
+    {"family": "dense", "sink_logits": True},
+    "learned null logit per head (gpt-oss)",
+  ),
+  "gated": ({"family": "dense", "output_gate": "elementwise"}, "sigmoid output gate (Qiu)"),
+  "linear": (
+    {"family": "linear", "feature_map": "elu_plus_one", "linear_normalize": "denominator"},
+    "elu+1 linear, normalised",
+  ),
+  "linear_rmsnorm": (
+    {"family": "linear", "feature_map": "elu_plus_one", "linear_normalize": "output_rms"},
+    "elu+1 linear, output RMS-normalised (Qin)",
+  ),
+  "window": (
+    {"family": "dense", "window": 16},
+    "softmax, causal sliding window of 16 (keys i-16..i)",
+  ),
+  "alibi": ({"family": "dense", "alibi": True}, "softmax, ALiBi biases instead of RoPE (Press)"),
+  "linear_unnorm": (
+    {"family": "linear", "feature_map": "elu_plus_one", "linear_normalize": "none"},
+    "elu+1 linear, unnormalised",
+  ),
+  "retnet": ({"family": "retnet"}, "RetNet retention, fixed decay per head (Sun)"),
+  "mamba2": ({"family": "mamba2_decay"}, "linear, Mamba-2 data-dependent decay (Dao & Gu)"),
+  "gla": ({"family": "gla"}, "gated linear attention, gate per key channel (Yang)"),
+  "deltanet": ({"family": "deltanet", "short_conv": 4}, "DeltaNet, delta rule (Schlag, Yang)"),
+  "gated_deltanet": (
+    {"family": "gated_deltanet", "short_conv": 4},
+    "Gated DeltaNet, delta rule + decay (Yang)",
+  ),
+  "block_select": (
+    {"family": "block_select", "block_size": 8, "top_k": 2},
+    "content-selected blocks: own + top 2 earlier 8-token blocks (MoBA, Lu)",
+  ),
+  "compressed": (
+    {"family": "compressed", "stride": 4, "window": 16},
+    "memory-compressed: strided-conv keys (stride 4) + raw window 16 (keys "
+    "i-16..i) (Liu, NSA); "
+    "its F-Attn is the weight on compressed block 0 (tokens 0-3)",
+  ),
+  "dilated": (
+    {
+      "family": "sparse",
+      "pattern": ("dilated_window", (("window", 16), ("dilation", 4))),
+      "block_size": 16,
+    },
+    "softmax, dilated window of 16 keys, dilation 4 (Longformer)",
+  ),
 }
 
 # The arms of `compare`, the README's main job.

@@ -25,11 +25,26 @@ from attnjax._src import empty as _empty, logits as _logits, static as _static, 
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.linear_map import as_aval, zeros_of
-from attnjax._src.kernels.blockwise.tiles import (GPU_BLOCK_K, GPU_BLOCK_Q, Arrays, MaskFn, TilePlan,
-                                             add_tile, as_rows, from_rows, gpu_block_sizes,
-                                             gpu_memory_bytes, segment_relations, sink_rows, span,
-                                             target_platform, tile_allowed, tile_logits, tile_of,
-                                             tile_score_mod)
+from attnjax._src.kernels.blockwise.tiles import (
+  GPU_BLOCK_K,
+  GPU_BLOCK_Q,
+  Arrays,
+  MaskFn,
+  TilePlan,
+  add_tile,
+  as_rows,
+  from_rows,
+  gpu_block_sizes,
+  gpu_memory_bytes,
+  segment_relations,
+  sink_rows,
+  span,
+  target_platform,
+  tile_allowed,
+  tile_logits,
+  tile_of,
+  tile_score_mod,
+)
 from attnjax._src.layout import BlockLayout, intersect, mask_mod_block_table, structural_layout
 
 Array = jnp.ndarray
@@ -53,9 +68,15 @@ CPU_BLOCK_Q = 512
 CPU_BLOCK_K = 256
 
 
-def default_block_sizes(T: int, S: int, backend: Optional[str] = None, *,
-                        window: Optional[tuple[int, int]] = None, rows: Optional[int] = None,
-                        is_causal: bool = False) -> tuple[int, int]:
+def default_block_sizes(
+  T: int,
+  S: int,
+  backend: Optional[str] = None,
+  *,
+  window: Optional[tuple[int, int]] = None,
+  rows: Optional[int] = None,
+  is_causal: bool = False,
+) -> tuple[int, int]:
   """``(block_q, block_k)`` for the target, never larger than the sequences.
 
   The target is ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``), else the one a
@@ -112,8 +133,11 @@ def _split_visits(c: TilePlan, i: int, rolled: bool) -> tuple[list, list]:
   """
   L = c.layout
   visits = L.visits(i)
-  looped = [(j, nm) for j, nm in visits
-            if (j != 0 or not c.with_stats) and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k]
+  looped = [
+    (j, nm)
+    for j, nm in visits
+    if (j != 0 or not c.with_stats) and L.kv_range(j)[1] - L.kv_range(j)[0] == L.block_k
+  ]
   if not rolled and sum(not nm for _, nm in looped) <= MAX_UNROLLED_FULL_VISITS:
     looped = []
   return looped, [(j, nm) for j, nm in visits if (j, nm) not in looped]
@@ -154,8 +178,9 @@ def _rolled_visits(c: TilePlan) -> Optional[_Rolled]:
   return _Rolled(n, kv, state, tuple(sorted(specials.items())))
 
 
-def _visit_blocks(c: TilePlan, relation, i, carry, visit, rolled: Optional[_Rolled] = None,
-                  tile=None):
+def _visit_blocks(
+  c: TilePlan, relation, i, carry, visit, rolled: Optional[_Rolled] = None, tile=None
+):
   """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
 
   ``i`` is a static int, or a traced index into ``rolled``'s tables (the
@@ -184,14 +209,17 @@ def _visit_blocks(c: TilePlan, relation, i, carry, visit, rolled: Optional[_Roll
 
   def one(carry, j, k0, tk, needs_mask, first):
     """The visit's branch result: a new carry, or (with ``tile``) its tile results."""
+
     def body(seg_mask):
       if tile is None:
         return visit(carry, k0, tk, needs_mask, seg_mask, first)
       return tile(k0, tk, needs_mask, seg_mask, first)
+
     if not c.runtime_skip:
       return body(False)
-    return jax.lax.switch(relation(i, j), [lambda: skip(carry, k0, tk, first),
-                                           lambda: body(False), lambda: body(True)])
+    return jax.lax.switch(
+      relation(i, j), [lambda: skip(carry, k0, tk, first), lambda: body(False), lambda: body(True)]
+    )
 
   def skip(carry, k0, tk, first):
     if tile is None:
@@ -204,8 +232,11 @@ def _visit_blocks(c: TilePlan, relation, i, carry, visit, rolled: Optional[_Roll
 
   def by_state(state, carry, j, k0, tk, first, has):
     """The visit's branch (0 skip, 1 unmasked, 2 masked); only the states in ``has`` compiled."""
-    branches = [lambda: skip(carry, k0, tk, first), lambda: one(carry, j, k0, tk, False, first),
-                lambda: one(carry, j, k0, tk, True, first)]
+    branches = [
+      lambda: skip(carry, k0, tk, first),
+      lambda: one(carry, j, k0, tk, False, first),
+      lambda: one(carry, j, k0, tk, True, first),
+    ]
     kept = [b for b, h in zip(branches, has) if h]
     if len(kept) == 1:
       return fold(carry, kept[0](), k0, tk)
@@ -233,14 +264,14 @@ def _visit_blocks(c: TilePlan, relation, i, carry, visit, rolled: Optional[_Roll
     carry = jax.lax.fori_loop(0, kv.shape[0], step, carry)
   for j, needs_mask in unrolled:
     k0, k1 = L.kv_range(j)
-    carry = fold(carry, one(carry, j, k0, k1 - k0, needs_mask, k0 == 0 and c.holds_key0),
-                 k0, k1 - k0)
+    carry = fold(
+      carry, one(carry, j, k0, k1 - k0, needs_mask, k0 == 0 and c.holds_key0), k0, k1 - k0
+    )
   if not isinstance(i, int):
     for j, states in rolled.specials:
       k0, k1 = L.kv_range(j)
       has = tuple(bool((states == s).any()) for s in range(3))
-      carry = by_state(jnp.asarray(states)[i], carry, j, k0, k1 - k0, k0 == 0 and c.holds_key0,
-                       has)
+      carry = by_state(jnp.asarray(states)[i], carry, j, k0, k1 - k0, k0 == 0 and c.holds_key0, has)
   return carry
 
 
@@ -302,7 +333,8 @@ def _allowed_counts(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled])
       if allowed is None:
         return total + float(tk)
       return total + jnp.broadcast_to(
-          jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32), shape)
+        jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32), shape
+      )
 
     total = _visit_blocks(c, relation, i, a.vary(jnp.zeros(shape, jnp.float32)), visit, rolled)
     return carry, from_rows(total, c.G)
@@ -314,8 +346,9 @@ def _allowed_counts(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled])
 # Forward.
 
 
-def _fwd_visit(c: TilePlan, a: Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, seg_mask,
-               first, row) -> dict:
+def _fwd_visit(
+  c: TilePlan, a: Arrays, st: dict, qb, q0, tq, k0, tk, needs_mask, seg_mask, first, row
+) -> dict:
   z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
   z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
   allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
@@ -343,8 +376,9 @@ def _forward(c: TilePlan, a: Arrays):
     def visit(st, k0, tk, needs_mask, seg_mask, first):
       return _fwd_visit(c, a, st, qb, q0, tq, k0, tk, needs_mask, seg_mask, first, row)
 
-    init = jax.tree.map(a.vary, nz.init((c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv),
-                                        c.with_stats))
+    init = jax.tree.map(
+      a.vary, nz.init((c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv), c.with_stats)
+    )
     st = _visit_blocks(c, relation, i, init, visit, rolled)
     out, res, srow = nz.finish(st, row, c.with_stats)
     rows = {"out": from_rows(out, G), "res": {key: from_rows(val, G) for key, val in res.items()}}
@@ -405,8 +439,7 @@ def _to_bnt(c: TilePlan, x: Array) -> Array:
 def _collect_stats(c: TilePlan, rows: dict, q_positions: Optional[Array]) -> tuple:
   cat = {key: _to_bnt(c, val) for key, val in rows.items()}
   q_positions = jnp.arange(c.T) if q_positions is None else q_positions
-  return stats_from_rows(cat, q_positions, c.stats_axis,
-                         empty_logsumexp=c.opts.empty_row_logsumexp)
+  return stats_from_rows(cat, q_positions, c.stats_axis, empty_logsumexp=c.opts.empty_row_logsumexp)
 
 
 # ---------------------------------------------------------------------------
@@ -460,24 +493,28 @@ def _backward(c: TilePlan, a: Arrays, res: dict, out: Array, d_out: Array, d_lse
       dk = add_tile(dk, d["dk"], (0, 0, k0, 0))
       dv = add_tile(dv, d["dv"], (0, 0, k0, 0))
       if dbias is not None:
-        dbias = add_tile(dbias, d["dbias"], (0, 0, 0, q0 if dbias.shape[3] != 1 else 0,
-                                              k0 if dbias.shape[4] != 1 else 0))
+        dbias = add_tile(
+          dbias,
+          d["dbias"],
+          (0, 0, 0, q0 if dbias.shape[3] != 1 else 0, k0 if dbias.shape[4] != 1 else 0),
+        )
       return dq_b + d["dq"], dk, dv, dbias, dargs
 
     dq_b = a.vary(jnp.zeros((c.B, c.K, G * tq, c.H), jnp.float32))
-    dq_b, dk, dv, dbias, dargs = _visit_blocks(c, relation, i, (dq_b, dk, dv, dbias, dargs),
-                                               visit, rolled, tile=tile)
+    dq_b, dk, dv, dbias, dargs = _visit_blocks(
+      c, relation, i, (dq_b, dk, dv, dbias, dargs), visit, rolled, tile=tile
+    )
     return (dk, dv, dbias, dsink, dargs), from_rows(dq_b, G)
 
-  (dk, dv, dbias, dsink, dargs), dq = _query_blocks(c, block, rolled,
-                                                    (dk, dv, dbias, dsink, dargs))
+  (dk, dv, dbias, dsink, dargs), dq = _query_blocks(c, block, rolled, (dk, dv, dbias, dsink, dargs))
   if c.opts.similarity == "dot":
     dq = dq * c.opts.scale
   return dq, dk, dv, dbias, dsink, dargs
 
 
-def _bwd_visit(c: TilePlan, a: Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b,
-               res_b) -> dict:
+def _bwd_visit(
+  c: TilePlan, a: Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask, do_b, rd_b, g_b, res_b
+) -> dict:
   z_pre, capped = tile_logits(c, a, qb, q0, tq, k0, tk)
   mod_vjp = None
   if c.opts.score_mod is None:
@@ -486,9 +523,14 @@ def _bwd_visit(c: TilePlan, a: Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask,
     # Typed as varying like the tile (inside shard_map): the tile's part of their cotangent then
     # stays this device's, summed over devices once, after every tile (autodiff.invariant_like),
     # not by a collective inside a visit (visits differ between devices of a ring).
-    z, mod_vjp = jax.vjp(lambda zz, args: tile_score_mod(c, a, zz, args, q0, tq, k0, tk), z_pre,
-                         tuple(a.vary(x.astype(jnp.float32)) if jnp.issubdtype(x.dtype, jnp.floating)
-                               else x for x in a.score_args))
+    z, mod_vjp = jax.vjp(
+      lambda zz, args: tile_score_mod(c, a, zz, args, q0, tq, k0, tk),
+      z_pre,
+      tuple(
+        a.vary(x.astype(jnp.float32)) if jnp.issubdtype(x.dtype, jnp.floating) else x
+        for x in a.score_args
+      ),
+    )
   allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
   kb = span(a.k, k0, tk, 2)
   vb = span(a.v, k0, tk, 2)
@@ -503,8 +545,11 @@ def _bwd_visit(c: TilePlan, a: Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask,
     if allowed is not None:
       dz = jnp.where(allowed, dz, 0.0)
     d["dargs"] = tuple(
-        jnp.zeros(jnp.shape(x), jnp.float32) if g is None or g.dtype == jax.dtypes.float0
-        else g.astype(jnp.float32) for x, g in zip(a.score_args, dargs))
+      jnp.zeros(jnp.shape(x), jnp.float32)
+      if g is None or g.dtype == jax.dtypes.float0
+      else g.astype(jnp.float32)
+      for x, g in zip(a.score_args, dargs)
+    )
   if a.bias is not None:
     shape = tile_of(a.bias, q0, tq, k0, tk).shape
     dz5 = from_rows(dz, c.G)
@@ -526,9 +571,17 @@ def _bwd_visit(c: TilePlan, a: Arrays, qb, q0, tq, k0, tk, needs_mask, seg_mask,
 # The kernel with its custom VJP.
 
 
-def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] = None,
-              use_default_mask_fn: bool = True, positions=None, mod_table: bool = False,
-              stats_axis: Optional[str] = None):
+def run_layout(
+  inputs,
+  opts,
+  *,
+  layout: BlockLayout,
+  mask_fn: Optional[MaskFn] = None,
+  use_default_mask_fn: bool = True,
+  positions=None,
+  mod_table: bool = False,
+  stats_axis: Optional[str] = None,
+):
   """Block-wise attention of a validated dense call over a static
   :class:`~attnjax.layout.BlockLayout`.
 
@@ -561,16 +614,29 @@ def run_layout(inputs, opts, *, layout: BlockLayout, mask_fn: Optional[MaskFn] =
   _, S, K, Hv = v.shape
   if (layout.q_len, layout.kv_len) != (T, S):
     raise ValueError(
-        f"layout is for q_len={layout.q_len}, kv_len={layout.kv_len} but the call has "
-        f"T={T}, S={S} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+      f"layout is for q_len={layout.q_len}, kv_len={layout.kv_len} but the call has "
+      f"T={T}, S={S} (q {tuple(q.shape)}, k {tuple(k.shape)})"
+    )
   if mask_fn is None and use_default_mask_fn:
     mask_fn = structural_mask_fn(opts)
   G = N // K
   mod_table = bool(mod_table and opts.mask_mod is not None)
-  c = TilePlan(opts=opts, layout=layout, mask_fn=mask_fn, B=B, T=T, S=S, K=K, G=G, H=H, Hv=Hv,
-            has_sink=inputs.sink_logits is not None,
-            has_segments=inputs.q_segment_ids is not None, mod_table=mod_table,
-            stats_axis=stats_axis)
+  c = TilePlan(
+    opts=opts,
+    layout=layout,
+    mask_fn=mask_fn,
+    B=B,
+    T=T,
+    S=S,
+    K=K,
+    G=G,
+    H=H,
+    Hv=Hv,
+    has_sink=inputs.sink_logits is not None,
+    has_segments=inputs.q_segment_ids is not None,
+    mod_table=mod_table,
+    stats_axis=stats_axis,
+  )
   return _run(c, inputs, positions)
 
 
@@ -589,8 +655,14 @@ def run_gathered(inputs, opts, *, q_positions: Array, stats_axis: str):
   block_q, block_k = default_block_sizes(T, S)
   layout = structural_layout(T, S, block_q, block_k, is_causal=False, window=None)
   positions = (jnp.asarray(q_positions, jnp.int32), jnp.arange(S, dtype=jnp.int32))
-  return run_layout(inputs, opts, layout=layout, positions=positions,
-                    mod_table=opts.mask_mod is not None, stats_axis=stats_axis)
+  return run_layout(
+    inputs,
+    opts,
+    layout=layout,
+    positions=positions,
+    mod_table=opts.mask_mod is not None,
+    stats_axis=stats_axis,
+  )
 
 
 def _run(c: TilePlan, inputs, positions):
@@ -608,10 +680,12 @@ def _run(c: TilePlan, inputs, positions):
     if c.mod_table:
       # Over batch rows and heads only when the modifier reads b / n (as layout_for).
       used_b, used_n = index_use(c.opts.mask_mod, mask_args)
-      mod_any = mask_mod_block_table(c.opts.mask_mod, mask_args, c.layout, B if used_b else 1,
-                                     N if used_n else 1, positions=pos)
-    return Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos,
-                   mod_any)
+      mod_any = mask_mod_block_table(
+        c.opts.mask_mod, mask_args, c.layout, B if used_b else 1, N if used_n else 1, positions=pos
+      )
+    return Arrays(
+      c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos, mod_any
+    )
 
   def forward(x, nondiff):
     """The forward pass: ``((output, statistics), (output rows, residual rows))`` (plain JAX)."""
@@ -623,8 +697,7 @@ def _run(c: TilePlan, inputs, positions):
     out, res = saved
     d_out, d_stats = cts
     a = arrays(x, nondiff)
-    d_out = jnp.transpose(jnp.reshape(d_out.astype(jnp.float32), (B, T, K, G, Hv)),
-                          (0, 2, 3, 1, 4))
+    d_out = jnp.transpose(jnp.reshape(d_out.astype(jnp.float32), (B, T, K, G, Hv)), (0, 2, 3, 1, 4))
     d_lse = None
     if d_stats is not None and c.opts.return_stats:
       d_lse = jnp.reshape(d_stats[3].astype(jnp.float32), (B, K, G, T, 1))
@@ -640,14 +713,20 @@ def _run(c: TilePlan, inputs, positions):
     return dq, dk, dv, dbias, dsink, dargs
 
   x = (inputs.q, inputs.k, inputs.v, inputs.bias, inputs.sink_logits, inputs.score_mod_args)
-  nondiff = (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids, inputs.mask_mod_args,
-             positions)
+  nondiff = (
+    inputs.mask,
+    inputs.q_segment_ids,
+    inputs.kv_segment_ids,
+    inputs.mask_mod_args,
+    positions,
+  )
   out, stats = autodiff.custom_vjp_with_jvp(forward, backward, x, nondiff, name="blockwise")
   if not c.opts.return_stats:
     return out
   sink_mass, entropy, max_logit, lse, row_sum = stats
-  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
-                             logsumexp=lse, row_sum=row_sum)
+  return out, AttentionStats(
+    sink_mass=sink_mass, entropy=entropy, max_logit=max_logit, logsumexp=lse, row_sum=row_sum
+  )
 
 
 def _cotangent_like(x, g):
@@ -687,11 +766,19 @@ def layout_for(inputs, opts, block_q: int, block_k: int, base: BlockLayout):
   if any(isinstance(x, jax.core.Tracer) for x in inputs.mask_mod_args):
     return base, True
   from attnjax._src.layout import from_mask_mod
+
   B, N = inputs.q.shape[0], inputs.q.shape[2]
   used = index_use(opts.mask_mod, inputs.mask_mod_args)
-  mod_layout = from_mask_mod(opts.mask_mod, base.q_len, base.kv_len, block_q, block_k,
-                             *inputs.mask_mod_args, batch=B if used[0] else None,
-                             heads=N if used[1] else None)
+  mod_layout = from_mask_mod(
+    opts.mask_mod,
+    base.q_len,
+    base.kv_len,
+    block_q,
+    block_k,
+    *inputs.mask_mod_args,
+    batch=B if used[0] else None,
+    heads=N if used[1] else None,
+  )
   return intersect(base, mod_layout), False
 
 
@@ -711,8 +798,9 @@ def run(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] =
   T, S = q.shape[1], inputs.k.shape[1]
   if opts.block_layout is not None:  # the caller's layout fixes the block sizes
     block_q, block_k = opts.block_layout.block_q, opts.block_layout.block_k
-  dq, dk = default_block_sizes(T, S, window=opts.window, rows=q.shape[0] * q.shape[2],
-                               is_causal=opts.is_causal)
+  dq, dk = default_block_sizes(
+    T, S, window=opts.window, rows=q.shape[0] * q.shape[2], is_causal=opts.is_causal
+  )
   block_q = dq if block_q is None else min(block_q, T)
   block_k = dk if block_k is None else min(block_k, S)
   layout = structural_layout(T, S, block_q, block_k, is_causal=opts.is_causal, window=opts.window)
@@ -727,15 +815,25 @@ def run(inputs, opts, *, block_q: Optional[int] = None, block_k: Optional[int] =
 def split_inputs(inputs) -> tuple[tuple, tuple]:
   """A dense call's arrays without modifier arguments as ``(x, nondiff)``: ``x = (q, k, v,
   bias, sink_logits)`` (differentiable), ``nondiff = (mask, q_segment_ids, kv_segment_ids)``."""
-  return ((inputs.q, inputs.k, inputs.v, inputs.bias, inputs.sink_logits),
-          (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids))
+  return (
+    (inputs.q, inputs.k, inputs.v, inputs.bias, inputs.sink_logits),
+    (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids),
+  )
 
 
 def join_inputs(x: tuple, nondiff: tuple):
   """The :class:`attnjax.options.DenseInputs` of :func:`split_inputs`'s ``(x, nondiff)``."""
   (q, k, v, bias, sink), (mask, q_seg, kv_seg) = x, nondiff
-  return options.DenseInputs(q=q, k=k, v=v, bias=bias, mask=mask, sink_logits=sink,
-                             q_segment_ids=q_seg, kv_segment_ids=kv_seg)
+  return options.DenseInputs(
+    q=q,
+    k=k,
+    v=v,
+    bias=bias,
+    mask=mask,
+    sink_logits=sink,
+    q_segment_ids=q_seg,
+    kv_segment_ids=kv_seg,
+  )
 
 
 def twin(opts, offsets=None):
@@ -768,17 +866,18 @@ def shifted_indices(inputs, opts, offsets):
   The offsets enter as two more modifier arguments (int32 scalars, no derivative), so that
   no modifier closes over a traced value; a modifier that reads neither index is kept.
   """
-  if offsets is None or all(not isinstance(o, jax.core.Tracer) and int(o) == 0
-                            for o in offsets):
+  if offsets is None or all(not isinstance(o, jax.core.Tracer) and int(o) == 0 for o in offsets):
     return inputs, opts
   extra = tuple(jnp.asarray(o, jnp.int32) for o in offsets)
   scalar = jax.ShapeDtypeStruct((), jnp.float32)
   changes, moved = {}, {}
-  if opts.score_mod is not None and any(_index_use(opts.score_mod, inputs.score_mod_args,
-                                                   (scalar,))):
+  if opts.score_mod is not None and any(
+    _index_use(opts.score_mod, inputs.score_mod_args, (scalar,))
+  ):
     score_mod = opts.score_mod
-    changes["score_mod"] = lambda z, b, n, i, j, *a: score_mod(z, b + a[-2], n + a[-1], i, j,
-                                                               *a[:-2])
+    changes["score_mod"] = lambda z, b, n, i, j, *a: score_mod(
+      z, b + a[-2], n + a[-1], i, j, *a[:-2]
+    )
     moved["score_mod_args"] = tuple(inputs.score_mod_args) + extra
   if opts.mask_mod is not None and any(index_use(opts.mask_mod, inputs.mask_mod_args)):
     mask_mod = opts.mask_mod
@@ -794,8 +893,7 @@ def _check_block(name: str, value: Optional[int]) -> None:
     raise ValueError(f"{name} must be a positive int or None, got {value!r}")
 
 
-def _attention(q, k, v, *, block_q: Optional[int] = None,
-                           block_k: Optional[int] = None, **kwargs):
+def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int] = None, **kwargs):
   """:func:`attnjax.dot_product_attention` on the block-wise path with chosen block sizes.
 
   Args:
@@ -824,5 +922,6 @@ def _attention(q, k, v, *, block_q: Optional[int] = None,
   return run(inputs, opts, block_q=block_q, block_k=block_k)
 
 
-attention = _static.jit(_attention, ("block_q", "block_k") + options.STATIC_NAMES,
-                        flags=options.FLAGS)
+attention = _static.jit(
+  _attention, ("block_q", "block_k") + options.STATIC_NAMES, flags=options.FLAGS
+)

@@ -24,15 +24,18 @@ from attnjax._src import masks, normalizers
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.blockwise.kernel import _backward as kernel_backward
-from attnjax._src.kernels.blockwise.kernel import (_cotangent_like, accumulate,
-                                              count_allowed, default_block_sizes, index_use)
+from attnjax._src.kernels.blockwise.kernel import (
+  _cotangent_like,
+  accumulate,
+  count_allowed,
+  default_block_sizes,
+  index_use,
+)
 from attnjax._src.kernels.blockwise.tiles import TilePlan, Arrays
 from attnjax._src.kernels.linear_map import as_aval, varying_axes
 from attnjax._src.layout import BlockLayout, mask_mod_block_table
 
 Array = jnp.ndarray
-
-
 
 
 def shard_positions(shard, axis_size: int, length: int, layout: str):
@@ -65,8 +68,9 @@ def _rotate(x, axis: str, size: int):
 # Static classification of the (query shard, key shard) pairs.
 
 
-def _pair_visits(gq: np.ndarray, gk: np.ndarray, block_q: int, block_k: int, is_causal: bool,
-                 window) -> tuple[list, tuple]:
+def _pair_visits(
+  gq: np.ndarray, gk: np.ndarray, block_q: int, block_k: int, is_causal: bool, window
+) -> tuple[list, tuple]:
   """``(visits, signature)`` of a pair: per query block ``[(key_block, needs_mask)]``, and the
   offset of every partly masked block (its mask depends on nothing else: blocks never cross
   a chunk, so positions inside one are consecutive)."""
@@ -84,7 +88,10 @@ def _pair_visits(gq: np.ndarray, gk: np.ndarray, block_q: int, block_k: int, is_
   k_hi = gk[np.minimum(S, (np.arange(nk) + 1) * block_k) - 1].astype(np.int64)
   visits, signature = [], []
   for i in range(nq):
-    r_lo, r_hi = lo[i * block_q:(i + 1) * block_q, None], hi[i * block_q:(i + 1) * block_q, None]
+    r_lo, r_hi = (
+      lo[i * block_q : (i + 1) * block_q, None],
+      hi[i * block_q : (i + 1) * block_q, None],
+    )
     touches = np.any((r_lo <= k_hi[None]) & (r_hi >= k_lo[None]) & (r_lo <= r_hi), axis=0)
     full = np.all((r_lo <= k_lo[None]) & (r_hi >= k_hi[None]), axis=0)
     row = [(int(j), not bool(full[j])) for j in np.nonzero(touches)[0]]
@@ -111,21 +118,35 @@ class RingPlan:
 
   def tiles(self, p: int) -> int:
     """Tiles (query block x key block visits) device ``p`` computes over the ring."""
-    return sum(0 if self.classes[c][0] is None else self.classes[c][0].num_pairs
-               for c in self.table[p])
+    return sum(
+      0 if self.classes[c][0] is None else self.classes[c][0].num_pairs for c in self.table[p]
+    )
 
 
-def plan(T: int, S: int, axis_size: int, layout: str, *, is_causal: bool, window,
-         with_stats: bool, block_q: Optional[int] = None,
-         block_k: Optional[int] = None) -> RingPlan:
+def plan(
+  T: int,
+  S: int,
+  axis_size: int,
+  layout: str,
+  *,
+  is_causal: bool,
+  window,
+  with_stats: bool,
+  block_q: Optional[int] = None,
+  block_k: Optional[int] = None,
+) -> RingPlan:
   """Classifies the ``P x P`` shard pairs of a ring call with local lengths ``T == S``."""
   P = axis_size
   if T != S:
-    raise ValueError(f"a context-parallel call shards queries and keys alike: local query "
-                     f"length T={T} and key length S={S} must be equal")
+    raise ValueError(
+      f"a context-parallel call shards queries and keys alike: local query "
+      f"length T={T} and key length S={S} must be equal"
+    )
   if layout == "zigzag" and T % 2:
-    raise ValueError(f"context_layout='zigzag' needs an even local length (two chunks per "
-                     f"shard), got T={T} per shard")
+    raise ValueError(
+      f"context_layout='zigzag' needs an even local length (two chunks per "
+      f"shard), got T={T} per shard"
+    )
   dq, dk = default_block_sizes(T, S, window=window)
   bq, bk = dq if block_q is None else min(block_q, T), dk if block_k is None else min(block_k, S)
   if layout == "zigzag":  # a block never crosses a chunk
@@ -177,13 +198,26 @@ class _Call:
       gk = shard_positions(src, self.ring.axis_size, self.T, self.ring.layout)
 
       def mask_fn(qi, kj, gq=gq, gk=gk):
-        return masks.structural_mask(jnp.asarray(gq)[qi], jnp.asarray(gk)[kj],
-                                     is_causal=opts.is_causal, window=opts.window)
+        return masks.structural_mask(
+          jnp.asarray(gq)[qi], jnp.asarray(gk)[kj], is_causal=opts.is_causal, window=opts.window
+        )
 
-    return TilePlan(opts=opts, layout=layout, mask_fn=mask_fn, B=self.B, T=self.T, S=self.T,
-                    K=self.K, G=self.G, H=self.H, Hv=self.Hv, has_sink=has_sink,
-                    has_segments=self.has_segments, mod_table=opts.mask_mod is not None,
-                    holds_key0=holds_key0)
+    return TilePlan(
+      opts=opts,
+      layout=layout,
+      mask_fn=mask_fn,
+      B=self.B,
+      T=self.T,
+      S=self.T,
+      K=self.K,
+      G=self.G,
+      H=self.H,
+      Hv=self.Hv,
+      has_sink=has_sink,
+      has_segments=self.has_segments,
+      mod_table=opts.mask_mod is not None,
+      holds_key0=holds_key0,
+    )
 
   def arrays(self, c: TilePlan, q, k, v, sink, q_seg, kv_seg, score_args, mask_args, gq, gk):
     opts = self.opts
@@ -192,11 +226,17 @@ class _Call:
     mod_any = None
     if c.mod_table:
       used_b, used_n = index_use(opts.mask_mod, mask_args)
-      mod_any = mask_mod_block_table(opts.mask_mod, mask_args, c.layout,
-                                     self.B if used_b else 1, self.K * self.G if used_n else 1,
-                                     positions=(gq, gk))
-    return Arrays(c, q, k, v, None, sink, None, q_seg, kv_seg, score_args, mask_args,
-                   positions, mod_any)
+      mod_any = mask_mod_block_table(
+        opts.mask_mod,
+        mask_args,
+        c.layout,
+        self.B if used_b else 1,
+        self.K * self.G if used_n else 1,
+        positions=(gq, gk),
+      )
+    return Arrays(
+      c, q, k, v, None, sink, None, q_seg, kv_seg, score_args, mask_args, positions, mod_any
+    )
 
 
 def _steps(call: _Call, carry, kv, body):
@@ -238,8 +278,9 @@ def _counts(call: _Call, q, k, v, q_seg, kv_seg, mask_args) -> Array:
 
   def body(c, src, total, kv):
     plan_c = call.tile_plan(c, False)
-    a = call.arrays(plan_c, q, k, v, None, q_seg, kv["seg"], (), mask_args, gq,
-                    _positions(call, src))
+    a = call.arrays(
+      plan_c, q, k, v, None, q_seg, kv["seg"], (), mask_args, gq, _positions(call, src)
+    )
     return total + count_allowed(plan_c, a), kv
 
   total = varying(jnp.zeros((call.B, call.K, call.G, call.T, 1), jnp.float32), call.axis)
@@ -262,8 +303,19 @@ def _forward(call: _Call, x, nondiff):
 
   def body(c, src, state, kv):
     plan_c = call.tile_plan(c, call.has_sink)
-    a = call.arrays(plan_c, q, kv["k"], kv["v"], sink, q_seg, kv["seg"], score_args, mask_args,
-                    gq, _positions(call, src))
+    a = call.arrays(
+      plan_c,
+      q,
+      kv["k"],
+      kv["v"],
+      sink,
+      q_seg,
+      kv["seg"],
+      score_args,
+      mask_args,
+      gq,
+      _positions(call, src),
+    )
     return accumulate(plan_c, a, counts, state), kv
 
   state = nz.init((B, K, G, T, 1), (B, K, G, T, Hv), stats)
@@ -283,8 +335,10 @@ def _forward(call: _Call, x, nondiff):
 def _collect_stats(call: _Call, rows: dict, gq: Array) -> tuple:
   """The statistics of the whole sequence: row means summed over the axis, max over it."""
   B, N, T = call.B, call.K * call.G, call.T
-  cat = {key: jnp.reshape(jnp.broadcast_to(val, (B, call.K, call.G, T, 1)), (B, N, T))
-         for key, val in rows.items()}
+  cat = {
+    key: jnp.reshape(jnp.broadcast_to(val, (B, call.K, call.G, T, 1)), (B, N, T))
+    for key, val in rows.items()
+  }
   return stats_from_rows(cat, gq, call.axis, empty_logsumexp=call.opts.empty_row_logsumexp)
 
 
@@ -304,11 +358,21 @@ def _backward(call: _Call, x, nondiff, saved, cts):
 
   def body(c, src, carry, kv):
     plan_c = call.tile_plan(c, False)  # the null column's gradient is taken once, below
-    a = call.arrays(plan_c, q, kv["k"], kv["v"], None, q_seg, kv["seg"], score_args, mask_args,
-                    gq, _positions(call, src))
+    a = call.arrays(
+      plan_c,
+      q,
+      kv["k"],
+      kv["v"],
+      None,
+      q_seg,
+      kv["seg"],
+      score_args,
+      mask_args,
+      gq,
+      _positions(call, src),
+    )
     dq, dk, dv, _, _, dargs = kernel_backward(plan_c, a, res, out, d_out, d_lse)
-    carry = {"dq": carry["dq"] + dq,
-             "dargs": tuple(x + y for x, y in zip(carry["dargs"], dargs))}
+    carry = {"dq": carry["dq"] + dq, "dargs": tuple(x + y for x, y in zip(carry["dargs"], dargs))}
     return carry, dict(kv, dk=kv["dk"] + dk, dv=kv["dv"] + dv)
 
   zeros = lambda shape: varying(jnp.zeros(shape, jnp.float32), axis)
@@ -321,8 +385,9 @@ def _backward(call: _Call, x, nondiff, saved, cts):
     row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)
     g = None if d_lse is None else jnp.where(res["has_key"], d_lse, 0.0)
     floor = jnp.reshape(sink.astype(jnp.float32), (1, K, G, 1, 1))
-    term = nz.null_grad(floor, {key: val for key, val in res.items() if key != "has_key"},
-                        row_dot, g)
+    term = nz.null_grad(
+      floor, {key: val for key, val in res.items() if key != "has_key"}, row_dot, g
+    )
     dsink = jnp.reshape(jnp.sum(term, axis=(0, 3, 4)), sink.shape).astype(sink.dtype)
     # After the ring: its sum over the devices must not overtake the ring's collectives.
     dsink, carry = jax.lax.optimization_barrier((dsink, carry))
@@ -333,8 +398,15 @@ def _backward(call: _Call, x, nondiff, saved, cts):
   return dq, dk, dv, dsink, dargs
 
 
-def attention(inputs, opts, *, axis_name: str, layout: str = "contiguous",
-              block_q: Optional[int] = None, block_k: Optional[int] = None):
+def attention(
+  inputs,
+  opts,
+  *,
+  axis_name: str,
+  layout: str = "contiguous",
+  block_q: Optional[int] = None,
+  block_k: Optional[int] = None,
+):
   """Ring attention of a validated dense call whose arrays are this device's shards.
 
   Args:
@@ -354,28 +426,56 @@ def attention(inputs, opts, *, axis_name: str, layout: str = "contiguous",
     on every device).
   """
   if inputs.bias is not None or inputs.mask is not None:
-    raise ValueError("context_strategy='ring' takes no bias or mask array (their key columns "
-                     "would travel with the keys); express the rule as a mask_mod / score_mod "
-                     "on global positions, or use context_strategy='all_gather'")
+    raise ValueError(
+      "context_strategy='ring' takes no bias or mask array (their key columns "
+      "would travel with the keys); express the rule as a mask_mod / score_mod "
+      "on global positions, or use context_strategy='all_gather'"
+    )
   if opts.block_layout is not None:
-    raise ValueError("block_layout describes one device's whole call; a ring call builds its "
-                     "own layouts per shard pair (pass mask_mod alone)")
+    raise ValueError(
+      "block_layout describes one device's whole call; a ring call builds its "
+      "own layouts per shard pair (pass mask_mod alone)"
+    )
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
   P = jax.lax.axis_size(axis_name)
-  ring = plan(T, S, P, layout, is_causal=opts.is_causal, window=opts.window,
-              with_stats=opts.return_stats, block_q=block_q, block_k=block_k)
-  call = _Call(opts=opts, ring=ring, axis=axis_name, B=B, T=T, K=K, G=N // K, H=H, Hv=Hv,
-               has_sink=inputs.sink_logits is not None,
-               has_segments=inputs.q_segment_ids is not None)
+  ring = plan(
+    T,
+    S,
+    P,
+    layout,
+    is_causal=opts.is_causal,
+    window=opts.window,
+    with_stats=opts.return_stats,
+    block_q=block_q,
+    block_k=block_k,
+  )
+  call = _Call(
+    opts=opts,
+    ring=ring,
+    axis=axis_name,
+    B=B,
+    T=T,
+    K=K,
+    G=N // K,
+    H=H,
+    Hv=Hv,
+    has_sink=inputs.sink_logits is not None,
+    has_segments=inputs.q_segment_ids is not None,
+  )
   x = (q, k, v, inputs.sink_logits, tuple(inputs.score_mod_args))
   nondiff = (inputs.q_segment_ids, inputs.kv_segment_ids, tuple(inputs.mask_mod_args))
   out, stats = autodiff.custom_vjp_with_jvp(
-      lambda x, nd: _forward(call, x, nd),
-      lambda x, nd, saved, cts: _backward(call, x, nd, saved, cts), x, nondiff, name="ring")
+    lambda x, nd: _forward(call, x, nd),
+    lambda x, nd, saved, cts: _backward(call, x, nd, saved, cts),
+    x,
+    nondiff,
+    name="ring",
+  )
   if not opts.return_stats:
     return out
   sink_mass, entropy, max_logit, lse, row_sum = stats
-  return out, AttentionStats(sink_mass=sink_mass, entropy=entropy, max_logit=max_logit,
-                             logsumexp=lse, row_sum=row_sum)
+  return out, AttentionStats(
+    sink_mass=sink_mass, entropy=entropy, max_logit=max_logit, logsumexp=lse, row_sum=row_sum
+  )

@@ -43,9 +43,20 @@ GPU_TILE_FRACTION = 1 / 512
 GPU_DEFAULT_MEMORY = 16 * 2**30
 # Memory (10^9 bytes) of known GPU kinds, most specific first: the smallest model of a family
 # ("NVIDIA H200" names no size; "NVIDIA GH200 480GB" names the CPU's memory too).
-_GPU_MEMORY_GB = (("GH200", 96), ("H200", 141), ("H100", 80), ("H800", 80), ("H20", 96),
-                  ("B200", 180), ("B300", 288), ("A100", 40), ("A800", 40), ("L40", 48),
-                  ("L4", 24), ("A10", 24))
+_GPU_MEMORY_GB = (
+  ("GH200", 96),
+  ("H200", 141),
+  ("H100", 80),
+  ("H800", 80),
+  ("H20", 96),
+  ("B200", 180),
+  ("B300", 288),
+  ("A100", 40),
+  ("A800", 40),
+  ("L40", 48),
+  ("L4", 24),
+  ("A10", 24),
+)
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
@@ -92,8 +103,9 @@ def _pow2_floor(n: float) -> int:
   return 1 << max(0, int(n).bit_length() - 1)
 
 
-def gpu_block_sizes(T: int, S: int, rows: int, memory: int, *,
-                    is_causal: bool = False) -> tuple[int, int]:
+def gpu_block_sizes(
+  T: int, S: int, rows: int, memory: int, *, is_causal: bool = False
+) -> tuple[int, int]:
   """``(block_q, block_k)`` of a call on a GPU with ``memory`` bytes (before capping at T, S).
 
   XLA runs each visit of a tile as a few kernels (and a loop step); with
@@ -159,7 +171,6 @@ class TilePlan(KernelPlan):
     return self.has_segments or self.mod_table
 
 
-
 def _grouped5(x: Array, K: int) -> Array:
   """A rank-4 ``[Bx, Nx, Tx, Sx]`` mask/bias as ``[Bx, K|1, G|1, Tx, Sx]``."""
   Bx, Nx, Tx, Sx = x.shape
@@ -222,8 +233,22 @@ def _and(a: Optional[Array], b: Optional[Array]) -> Optional[Array]:
 class Arrays:
   """The call's arrays in the kernel's layout (float32, heads grouped, time axis -2)."""
 
-  def __init__(self, c: TilePlan, q, k, v, bias, sink, mask, q_seg, kv_seg, score_args=(),
-               mask_args=(), positions=None, mod_any=None):
+  def __init__(
+    self,
+    c: TilePlan,
+    q,
+    k,
+    v,
+    bias,
+    sink,
+    mask,
+    q_seg,
+    kv_seg,
+    score_args=(),
+    mask_args=(),
+    positions=None,
+    mod_any=None,
+  ):
     B, T, K, G = c.B, c.T, c.K, c.G
     q32 = jnp.transpose(jnp.reshape(q.astype(jnp.float32), (B, T, K, G, c.H)), (0, 2, 3, 1, 4))
     self.k = jnp.transpose(k.astype(jnp.float32), (0, 2, 1, 3))  # [B, K, S, H]
@@ -270,8 +295,9 @@ def _index5(c: TilePlan, a: Arrays, q0, tq: int, k0, tk: int):
   return _logits.index_grid(c.B, (c.K, c.G), i, j)
 
 
-def tile_score_mod(c: TilePlan, a: Arrays, z: Array, score_args: tuple, q0, tq: int, k0,
-               tk: int) -> Array:
+def tile_score_mod(
+  c: TilePlan, a: Arrays, z: Array, score_args: tuple, q0, tq: int, k0, tk: int
+) -> Array:
   """The rows ``z [B, K, G*tq, tk]`` after ``opts.score_mod`` (identity without one)."""
   if c.opts.score_mod is None:
     return z
@@ -288,9 +314,13 @@ def tile_logits(c: TilePlan, a: Arrays, qb: Array, q0, tq, k0, tk):
   kb = span(a.k, k0, tk, 2)
   s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":  # for "dot" the scale is folded into the rows
-    s = _logits.from_dots(s, scale=c.opts.scale, similarity=c.opts.similarity,
-                          q_sq=as_rows(span(a.q_sq, q0, tq, 3), c.G, tq),
-                          k_sq=span(a.k_sq, k0, tk, 3))
+    s = _logits.from_dots(
+      s,
+      scale=c.opts.scale,
+      similarity=c.opts.similarity,
+      q_sq=as_rows(span(a.q_sq, q0, tq, 3), c.G, tq),
+      k_sq=span(a.k_sq, k0, tk, 3),
+    )
   bias = None if a.bias is None else as_rows(tile_of(a.bias, q0, tq, k0, tk), c.G, tq)
   return _logits.capped_logits(s, c.opts.softcap, bias)
 

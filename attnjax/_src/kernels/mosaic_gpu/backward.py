@@ -16,9 +16,17 @@ from jax import lax
 import jax.experimental.pallas as pl
 
 from attnjax._src import logits as _logits
-from attnjax._src.kernels.mosaic_gpu.plan import (dkdv_plan, heaviest_first, interpret_params,
-                                             kv_bounds, load_vector, lower_rows, padded,
-                                             segment_args, tile_allowed)
+from attnjax._src.kernels.mosaic_gpu.plan import (
+  dkdv_plan,
+  heaviest_first,
+  interpret_params,
+  kv_bounds,
+  load_vector,
+  lower_rows,
+  padded,
+  segment_args,
+  tile_allowed,
+)
 
 Array = jnp.ndarray
 
@@ -53,11 +61,18 @@ def q_block_bounds(c, k0, k_last, nq: int):
 def _layout_tools(c, plgpu, shape):
   layout = plgpu.Layout.WGMMA
   if c.plain:
-    return (lambda d: lax.broadcasted_iota(jnp.int32, shape, d), None,
-            lambda ref, axis: ref[...], layout)
-  return (lambda d: plgpu.broadcasted_iota(jnp.int32, shape, d, layout=layout),
-          lambda dtype, shp, d: plgpu.broadcasted_iota(dtype, shp, d, layout=layout),
-          lambda ref, axis: load_vector(ref, layout.reduce(axis)), layout)
+    return (
+      lambda d: lax.broadcasted_iota(jnp.int32, shape, d),
+      None,
+      lambda ref, axis: ref[...],
+      layout,
+    )
+  return (
+    lambda d: plgpu.broadcasted_iota(jnp.int32, shape, d, layout=layout),
+    lambda dtype, shp, d: plgpu.broadcasted_iota(dtype, shp, d, layout=layout),
+    lambda ref, axis: load_vector(ref, layout.reduce(axis)),
+    layout,
+  )
 
 
 def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None, acc=None):
@@ -69,8 +84,9 @@ def _mm(c, plgpu, shape, a, b_ref, staging=None, trans_b=False, a_ref=None, acc=
   register ``dot``."""
   if c.plain and trans_b:
     lhs = a if a_ref is None else a_ref[...]
-    out = lax.dot_general(lhs, b_ref[...], (((1,), (1,)), ((), ())),
-                          preferred_element_type=jnp.float32)
+    out = lax.dot_general(
+      lhs, b_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    )
     return out if acc is None else acc + out
 
   def issue(acc_ref):
@@ -107,8 +123,11 @@ def _row_args(rows, res_keys, has_g: bool, has_dot: bool):
   """``(res, row_dot, g)`` of the loaded row vectors ``[row_dot?, g?, *residuals]``
   (``row_dot`` None without ``has_dot``)."""
   k = int(has_dot)
-  return (dict(zip(res_keys, rows[k + int(has_g):])), rows[0] if has_dot else None,
-          rows[k] if has_g else None)
+  return (
+    dict(zip(res_keys, rows[k + int(has_g) :])),
+    rows[0] if has_dot else None,
+    rows[k] if has_g else None,
+  )
 
 
 def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lowered):
@@ -121,6 +140,7 @@ def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lower
     z, allowed = _logits.softcap(s, c.opts.softcap), mask()
     dp = _mm(c, plgpu, shape, None, do_b_ref, trans_b=True, a_ref=do_a_ref)
   else:
+
     def products(acc_s, acc_dp):
       # both wgmmas issued back to back; the scores' epilogue (scale, soft cap, mask) runs
       # while dP is still on the tensor cores (wait_n=1: S's group, the older, is done)
@@ -178,8 +198,9 @@ def _fetch_q_tile(c, plgpu, refs, scratch, nrows, b, n, i, slot):
   plgpu.copy_gmem_to_smem(q_ref.at[b, qrows, n], q_smem.at[slot], q_bars.at[slot])
   plgpu.copy_gmem_to_smem(do_ref.at[b, qrows, n], do_smem.at[slot], do_bars.at[slot])
   for r in range(nrows):
-    plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r],
-                            rows_bars.at[slot * nrows + r])
+    plgpu.copy_gmem_to_smem(
+      rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r], rows_bars.at[slot * nrows + r]
+    )
   if c.has_segments:
     _, qseg_smem, _, qseg_bars = _scratch_tail(c, scratch)[1]
     plgpu.copy_gmem_to_smem(refs[5].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
@@ -215,10 +236,10 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch, rows_only=False):
   ``rows_only`` the same walk writes ``D_i = sum_j w_ij dp_ij`` (float32, the forward's online
   pass with ``dp`` for V) to ``refs[-1]`` ``[B, N, Tp]`` instead (:func:`_row_dot_rule`)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
   seg_refs, dq_ref = refs[5:-1], refs[-1]
-  (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bar, rows_bars, k_bars,
-   v_bars) = scratch[:9]
+  (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bar, rows_bars, k_bars, v_bars) = scratch[:9]
   staging, (qseg_smem, kseg_smem, qseg_bar, kseg_bars) = _scratch_tail(c, scratch)
   dq_smem = q_smem  # Q is read by the last wgmma before dq is written: its buffer is reused
   n, b = lax.axis_index("heads"), lax.axis_index("batch")
@@ -233,8 +254,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch, rows_only=False):
   plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), n], q_smem, q_bar.at[0])
   plgpu.copy_gmem_to_smem(do_ref.at[b, pl.ds(q0, bq), n], do_smem, q_bar.at[1])
   for r in range(nrows):
-    plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, pl.ds(q0, bq)], rows_smem.at[r],
-                            rows_bars.at[r])
+    plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, pl.ds(q0, bq)], rows_smem.at[r], rows_bars.at[r])
 
   def fetch(j):
     slot = lax.rem(j - lo, jnp.int32(c.stages))
@@ -248,6 +268,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch, rows_only=False):
     plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, bq)], qseg_smem, qseg_bar.at[0])
 
   for s in range(c.stages - 1):
+
     @pl.when(lo + s < hi)
     def _():
       fetch(lo + s)
@@ -284,13 +305,30 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch, rows_only=False):
     return lax.cond(meets, lambda: compute(masked, j, slot, dq), lambda: dq)
 
   def compute(masked, j, slot, dq):
-    mask = lambda: (_dq_mask(c, load, qpos, kcol, q_seg, kseg_smem, slot, j) if masked
-                    else None)
+    mask = lambda: _dq_mask(c, load, qpos, kcol, q_seg, kseg_smem, slot, j) if masked else None
     if rows_only:  # dq is the online state here
-      return _tile_rule(c, plgpu, q_smem, k_smem.at[slot], do_smem, v_smem.at[slot], mask,
-                        (dq,), _row_dot_rule(c, j, any_iota))[2]
-    s, _, dz = _tile_rule(c, plgpu, q_smem, k_smem.at[slot], do_smem, v_smem.at[slot], mask,
-                          row_args, lower_rows(c.nz.tile_backward, bq, iota=any_iota))
+      return _tile_rule(
+        c,
+        plgpu,
+        q_smem,
+        k_smem.at[slot],
+        do_smem,
+        v_smem.at[slot],
+        mask,
+        (dq,),
+        _row_dot_rule(c, j, any_iota),
+      )[2]
+    s, _, dz = _tile_rule(
+      c,
+      plgpu,
+      q_smem,
+      k_smem.at[slot],
+      do_smem,
+      v_smem.at[slot],
+      mask,
+      row_args,
+      lower_rows(c.nz.tile_backward, bq, iota=any_iota),
+    )
     ds = _ds(c, dz, s, q_smem.dtype)
     return _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging, acc=dq)
 
@@ -315,6 +353,7 @@ def _row_state(c, plgpu, layout):
 def _row_dot_rule(c, j, iota):
   """The rows-only dq walk's tile rule: ``(z, allowed, dp, st) -> (None, st')``, the
   normaliser's online visit with ``dp`` for V (``D_i``'s terms ``w_ij dp_ij`` in float32)."""
+
   def visit(z, allowed, dp, st):
     pv = lambda w: jnp.sum(w * dp, axis=-1, keepdims=True)
     return None, c.nz.visit(st, z, allowed, pv, {}, False, j == 0)
@@ -327,6 +366,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
   its group's ``G`` query heads that may attend it, Q/dO tiles through a ``c.stages``-deep TMA
   ring (see the module docstring)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   k_ref, v_ref = refs[1:3]
   seg_refs, (dk_ref, dv_ref) = refs[5:-2], refs[-2:]
   k_smem, v_smem, q_smem, do_smem, rows_smem, k_bar = scratch[:6]
@@ -356,6 +396,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(k0, bk)], kseg_smem, kseg_bar.at[0])
 
   for s in range(c.stages - 1):
+
     @pl.when(s < total)
     def _():
       fetch(jnp.int32(s))
@@ -375,13 +416,19 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
     dk, dv = carry
     _, i = where(t)
     rows = [load(rows_smem.at[slot, r], 0) for r in range(nrows)]
-    mask = lambda: (_dkdv_mask(c, load, i, qcol, kpos, qseg_smem, slot, k_seg) if masked
-                    else None)
-    s, w, dz = _tile_rule(c, plgpu, k_smem, q_smem.at[slot], v_smem, do_smem.at[slot], mask,
-                          _row_args(rows, res_keys, has_g, c.nz.reads_row_dot),
-                          lower_rows(c.nz.tile_backward, bq, transposed=True))
-    dv = _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot], staging=staging,
-             acc=dv)
+    mask = lambda: _dkdv_mask(c, load, i, qcol, kpos, qseg_smem, slot, k_seg) if masked else None
+    s, w, dz = _tile_rule(
+      c,
+      plgpu,
+      k_smem,
+      q_smem.at[slot],
+      v_smem,
+      do_smem.at[slot],
+      mask,
+      _row_args(rows, res_keys, has_g, c.nz.reads_row_dot),
+      lower_rows(c.nz.tile_backward, bq, transposed=True),
+    )
+    dv = _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot], staging=staging, acc=dv)
     ds = _ds(c, dz, s, q_smem.dtype)
     dk = _mm(c, plgpu, (bk, H), ds, q_smem.at[slot], staging=staging, acc=dk)
     return dk, dv
@@ -400,15 +447,17 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
       meets = (seg_refs[2][b, i, 1] >= k_min) & (seg_refs[2][b, i, 0] <= k_max)
       return lax.cond(meets, lambda: compute(True, t, slot, carry), lambda: carry)
     full = (i >= flo) & (i < fhi)
-    return lax.cond(full, lambda: compute(False, t, slot, carry),
-                    lambda: compute(True, t, slot, carry))
+    return lax.cond(
+      full, lambda: compute(False, t, slot, carry), lambda: compute(True, t, slot, carry)
+    )
 
   zeros = _zeros(c, plgpu, (bk, H), layout)
   dk, dv = lax.fori_loop(0, total, step, (zeros, zeros))
   dk_smem[...] = (dk * c.opts.scale).astype(dk_smem.dtype)
   dv_smem[...] = dv.astype(dv_smem.dtype)
-  _store(plgpu, [(dk_smem, dk_ref.at[b, pl.ds(k0, bk), h]),
-                 (dv_smem, dv_ref.at[b, pl.ds(k0, bk), h])])
+  _store(
+    plgpu, [(dk_smem, dk_ref.at[b, pl.ds(k0, bk), h]), (dv_smem, dv_ref.at[b, pl.ds(k0, bk), h])]
+  )
 
 
 def _rows_in(c, d_out, out, res, d_lse, has_key, row_dot=None):
@@ -424,12 +473,14 @@ def _rows_in(c, d_out, out, res, d_lse, has_key, row_dot=None):
     g = jnp.pad(d_lse.astype(jnp.float32), ((0, 0), (0, 0), (0, c.Tp - c.T)))
     g = jnp.where(has_key > 0, g, 0.0)
   res_keys = tuple(sorted(res))
-  row_list = ([row_dot] if row_dot is not None else []) + ([g] if g is not None else []) + [
-      res[key] for key in res_keys]
+  row_list = (
+    ([row_dot] if row_dot is not None else [])
+    + ([g] if g is not None else [])
+    + [res[key] for key in res_keys]
+  )
   # the kernels load _num_rows(...) rows; with none (normalizer="none", no statistics) one
   # zero row stands in for the operand and is never read
-  rows = (jnp.stack(row_list) if row_list
-          else jnp.zeros((1, c.B, c.N, c.Tp), jnp.float32))
+  rows = jnp.stack(row_list) if row_list else jnp.zeros((1, c.B, c.N, c.Tp), jnp.float32)
   return row_dot, g, res_keys, rows
 
 
@@ -437,18 +488,27 @@ def _dq_scratch(c, dtype, tr, nrows: int) -> list:
   """The dq kernel's scratch: Q, dO, the K/V rings, ``nrows`` row buffers, their barriers
   (then the interpret-mode staging tile and the segment-id buffers, see _scratch_tail)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  scratch = [plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
-             plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
-             plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
-             plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
-             plgpu.SMEM((nrows, c.bq), jnp.float32),
-             plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=nrows),
-             plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=c.stages)]
+
+  scratch = [
+    plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
+    plgpu.SMEM((c.bq, c.H), dtype, transforms=tr),
+    plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
+    plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
+    plgpu.SMEM((nrows, c.bq), jnp.float32),
+    plgpu.Barrier(num_barriers=2),
+    plgpu.Barrier(num_barriers=nrows),
+    plgpu.Barrier(num_barriers=c.stages),
+    plgpu.Barrier(num_barriers=c.stages),
+  ]
   if c.interpret:
     scratch.append(plgpu.SMEM((c.bq, c.bk), dtype, transforms=tr))
   if c.has_segments:
-    scratch += [plgpu.SMEM((c.bq,), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
-                plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
+    scratch += [
+      plgpu.SMEM((c.bq,), jnp.int32),
+      plgpu.SMEM((c.stages, c.bk), jnp.int32),
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_barriers=c.stages),
+    ]
   return scratch
 
 
@@ -458,18 +518,24 @@ def _tile_row_dot(c, arrays, seg_args, scratch, run_params):
   ``<dO_i, O_i>`` too coarse (softpick in bfloat16 / float16): one more launch, two tile
   products per dq tile."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   if c.has_sink or c.nz.needs_counts:
     raise NotImplementedError(
-        f"mosaic_gpu: normalizer {c.nz.name!r} sums D_i from the tiles, which here takes no "
-        "sink_logits and no allowed-key counts")
+      f"mosaic_gpu: normalizer {c.nz.name!r} sums D_i from the tiles, which here takes no "
+      "sink_logits and no allowed-key counts"
+    )
   nseg = len(seg_args)
   dummy = jnp.zeros((1, c.B, c.N, c.Tp), jnp.float32)  # the row operand, never loaded
   interpret, params = run_params
   return plgpu.kernel(
-      lambda *a: _dq_kernel(c, (), False, a[:6 + nseg], a[6 + nseg:], rows_only=True),
-      out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32), scratch_types=scratch,
-      grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
-      interpret=interpret, compiler_params=params)(*arrays, dummy, *seg_args)
+    lambda *a: _dq_kernel(c, (), False, a[: 6 + nseg], a[6 + nseg :], rows_only=True),
+    out_type=jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32),
+    scratch_types=scratch,
+    grid=(c.N, c.Tp // c.bq, c.B),
+    grid_names=("heads", "q_blocks", "batch"),
+    interpret=interpret,
+    compiler_params=params,
+  )(*arrays, dummy, *seg_args)
 
 
 def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
@@ -480,6 +546,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``).
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   nz = c.nz
   dtype = q.dtype
   seg_args = segment_args(c, q_seg, kv_seg)
@@ -489,14 +556,17 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
   qh, kh, vh = padded(q, c.Tp), padded(k, c.Sp), padded(v, c.Sp)
   doh = padded(d_out.astype(dtype), c.Tp)
   swizzle = 128
-  tr = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-        plgpu.SwizzleTransform(swizzle))
+  tr = (
+    plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+    plgpu.SwizzleTransform(swizzle),
+  )
   interpret = interpret_params(c.interpret)
   params = plgpu.CompilerParams(approx_math=c.approx_math)
   row_dot = None
   if nz.row_dot_from_tiles(dtype):
-    row_dot = _tile_row_dot(c, (qh, kh, vh, doh), seg_args, _dq_scratch(c, dtype, tr, 1),
-                            (interpret, params))
+    row_dot = _tile_row_dot(
+      c, (qh, kh, vh, doh), seg_args, _dq_scratch(c, dtype, tr, 1), (interpret, params)
+    )
   row_dot, g, res_keys, rows = _rows_in(c, d_out, out, res, d_lse, has_key, row_dot)
 
   dsink = None
@@ -504,37 +574,52 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
     floor = jnp.reshape(sink.astype(jnp.float32), (1, c.N, 1, 1))
     rs = {key: res[key][..., None] for key in res_keys}
     term = nz.null_grad(floor, rs, row_dot[..., None], None if g is None else g[..., None])
-    dsink = jnp.reshape(jnp.sum(term[:, :, :c.T, 0], axis=(0, 2)), sink.shape).astype(sink.dtype)
+    dsink = jnp.reshape(jnp.sum(term[:, :, : c.T, 0], axis=(0, 2)), sink.shape).astype(sink.dtype)
 
   has_g = g is not None
   nrows = max(1, _num_rows(c, res_keys, has_g))  # buffers and barriers: at least one
   dq_scratch = _dq_scratch(c, dtype, tr, nrows)
   dq = plgpu.kernel(
-      lambda *a: _dq_kernel(c, res_keys, has_g, a[:6 + nseg], a[6 + nseg:]),
-      out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype), scratch_types=dq_scratch,
-      grid=(c.N, c.Tp // c.bq, c.B), grid_names=("heads", "q_blocks", "batch"),
-      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *seg_args)
+    lambda *a: _dq_kernel(c, res_keys, has_g, a[: 6 + nseg], a[6 + nseg :]),
+    out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype),
+    scratch_types=dq_scratch,
+    grid=(c.N, c.Tp // c.bq, c.B),
+    grid_names=("heads", "q_blocks", "batch"),
+    interpret=interpret,
+    compiler_params=params,
+  )(qh, kh, vh, doh, rows, *seg_args)
 
   ckv = dkdv_plan(c)
   kv_seg_args = segment_args(ckv, q_seg, kv_seg)
-  kv_scratch = [plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
-                plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
-                plgpu.SMEM((c.stages, nrows, c.bq), jnp.float32),
-                plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=c.stages),
-                plgpu.Barrier(num_barriers=c.stages),
-                plgpu.Barrier(num_barriers=c.stages * nrows)]
+  kv_scratch = [
+    plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
+    plgpu.SMEM((ckv.bk, c.H), dtype, transforms=tr),
+    plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
+    plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
+    plgpu.SMEM((c.stages, nrows, c.bq), jnp.float32),
+    plgpu.Barrier(num_barriers=2),
+    plgpu.Barrier(num_barriers=c.stages),
+    plgpu.Barrier(num_barriers=c.stages),
+    plgpu.Barrier(num_barriers=c.stages * nrows),
+  ]
   if c.interpret:
     kv_scratch.append(plgpu.SMEM((ckv.bk, c.bq), dtype, transforms=tr))
   if c.has_segments:
-    kv_scratch += [plgpu.SMEM((ckv.bk,), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32),
-                   plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=c.stages)]
+    kv_scratch += [
+      plgpu.SMEM((ckv.bk,), jnp.int32),
+      plgpu.SMEM((c.stages, c.bq), jnp.int32),
+      plgpu.Barrier(num_barriers=1),
+      plgpu.Barrier(num_barriers=c.stages),
+    ]
   kv_out = jax.ShapeDtypeStruct((c.B, c.Sp, c.K, c.H), dtype)
   dk, dv = plgpu.kernel(
-      lambda *a: _dkdv_kernel(ckv, res_keys, has_g, a[:7 + nseg], a[7 + nseg:]),
-      out_type=[kv_out, kv_out], scratch_types=kv_scratch,
-      grid=(c.K, c.Sp // ckv.bk, c.B), grid_names=("heads", "k_blocks", "batch"),
-      interpret=interpret, compiler_params=params)(qh, kh, vh, doh, rows, *kv_seg_args)
+    lambda *a: _dkdv_kernel(ckv, res_keys, has_g, a[: 7 + nseg], a[7 + nseg :]),
+    out_type=[kv_out, kv_out],
+    scratch_types=kv_scratch,
+    grid=(c.K, c.Sp // ckv.bk, c.B),
+    grid_names=("heads", "k_blocks", "batch"),
+    interpret=interpret,
+    compiler_params=params,
+  )(qh, kh, vh, doh, rows, *kv_seg_args)
 
-  return dq[:, :c.T], dk[:, :c.S], dv[:, :c.S], dsink
+  return dq[:, : c.T], dk[:, : c.S], dv[:, : c.S], dsink

@@ -25,12 +25,25 @@ from attnjax._src import logits as _logits, lowering as _lowering, target as _ta
 from attnjax._src.kernels import autodiff, blockwise
 from attnjax._src.kernels.mosaic_gpu import backward
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
-from attnjax._src.kernels.mosaic_gpu.plan import (BLOCK_SIZE_TABLE, CONSUMERS, DEFAULT_BLOCK_SIZES,
-                                             BlockSizes, Plan, block_sizes_for,
-                                             heaviest_first, kv_bounds, padded,
-                                             interpret_params, load_vector, lower_rows,
-                                             make_plan, res_row_keys, segment_args,
-                                             stat_row_keys, tile_allowed)
+from attnjax._src.kernels.mosaic_gpu.plan import (
+  BLOCK_SIZE_TABLE,
+  CONSUMERS,
+  DEFAULT_BLOCK_SIZES,
+  BlockSizes,
+  Plan,
+  block_sizes_for,
+  heaviest_first,
+  kv_bounds,
+  padded,
+  interpret_params,
+  load_vector,
+  lower_rows,
+  make_plan,
+  res_row_keys,
+  segment_args,
+  stat_row_keys,
+  tile_allowed,
+)
 
 Array = jnp.ndarray
 
@@ -50,24 +63,28 @@ def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
   process's GPU): the kernels are sm_90 instructions (wgmma, setmaxnreg), which Ampere and
   Blackwell GPUs do not run, and a GPU of unknown generation may be either.
   """
-  reasons = options.array_refusals("mosaic_gpu", inputs, opts,
-                                   "is_causal, window and segment ids")
+  reasons = options.array_refusals("mosaic_gpu", inputs, opts, "is_causal, window and segment ids")
   reasons += options.unknown_options(
-      opts, inputs, KNOWN_OPTIONS,
-      KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu")
+    opts, inputs, KNOWN_OPTIONS, KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu"
+  )
   major = None if interpret else _target.cuda_major()
   if not interpret and major != 9:
     target = "a GPU of unknown generation" if major is None else f"compute capability {major}"
-    reasons.append(f"{target} (mosaic_gpu runs on Hopper, sm_90, only; trace under a mesh of "
-                   "H100 / H200 devices to compile for one from another host)")
+    reasons.append(
+      f"{target} (mosaic_gpu runs on Hopper, sm_90, only; trace under a mesh of "
+      "H100 / H200 devices to compile for one from another host)"
+    )
   H, Hv = inputs.q.shape[-1], inputs.v.shape[-1]
   if H != Hv or H not in HEAD_DIMS:
-    reasons.append(f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of "
-                   f"{HEAD_DIMS})")
+    reasons.append(
+      f"head dims q {H}, v {Hv} (mosaic_gpu takes equal head dims, one of {HEAD_DIMS})"
+    )
   dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
   if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
-    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (mosaic_gpu takes bfloat16 or "
-                   "float16 for q, k and v; float32 goes to pallas_gpu)")
+    reasons.append(
+      f"dtypes {sorted(str(d) for d in dtypes)} (mosaic_gpu takes bfloat16 or "
+      "float16 for q, k and v; float32 goes to pallas_gpu)"
+    )
   return reasons
 
 
@@ -76,11 +93,12 @@ def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
 
 
-def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs,
-            scratch):
+def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs, scratch):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_consumed, v_consumed, schedule,
-   rows_smem) = scratch[:10]
+
+  (qo_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_consumed, v_consumed, schedule, rows_smem) = (
+    scratch[:10]
+  )
   consumed = (k_consumed, v_consumed)
   extra = list(scratch[10:])
   p_smem = extra.pop(0) if c.interpret else None
@@ -140,29 +158,104 @@ def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, r
   @pl.when(wg < CONSUMERS)
   def _consumer():
     plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-    _consume(c, row_keys, wg, n, b, h, q0_u + wg * bq, i * CONSUMERS + wg, lo_u, hi_u,
-             slot_of, q_ref, sink_ref, seg_refs, o_ref, row_refs, qo_smem.at[wg], k_smem,
-             v_smem, q_bars.at[wg], k_bars, v_bars, consumed, schedule, rows_smem.at[wg],
-             None if p_smem is None else p_smem.at[wg],
-             (qseg_smem.at[wg], kseg_smem, kseg_one.at[wg], qseg_bars.at[wg], kseg_bars,
-              kseg_one_bars.at[wg]) if c.has_segments else None)
+    _consume(
+      c,
+      row_keys,
+      wg,
+      n,
+      b,
+      h,
+      q0_u + wg * bq,
+      i * CONSUMERS + wg,
+      lo_u,
+      hi_u,
+      slot_of,
+      q_ref,
+      sink_ref,
+      seg_refs,
+      o_ref,
+      row_refs,
+      qo_smem.at[wg],
+      k_smem,
+      v_smem,
+      q_bars.at[wg],
+      k_bars,
+      v_bars,
+      consumed,
+      schedule,
+      rows_smem.at[wg],
+      None if p_smem is None else p_smem.at[wg],
+      (
+        qseg_smem.at[wg],
+        kseg_smem,
+        kseg_one.at[wg],
+        qseg_bars.at[wg],
+        kseg_bars,
+        kseg_one_bars.at[wg],
+      )
+      if c.has_segments
+      else None,
+    )
 
 
-def _consume(c, row_keys, wg, n, b, h, q0, qb, lo_u, hi_u, slot_of, q_ref, sink_ref, seg_refs,
-             o_ref, row_refs, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, consumed,
-             schedule, rows_smem, p_smem, seg_scratch):
+def _consume(
+  c,
+  row_keys,
+  wg,
+  n,
+  b,
+  h,
+  q0,
+  qb,
+  lo_u,
+  hi_u,
+  slot_of,
+  q_ref,
+  sink_ref,
+  seg_refs,
+  o_ref,
+  row_refs,
+  q_smem,
+  k_smem,
+  v_smem,
+  q_bar,
+  k_bars,
+  v_bars,
+  consumed,
+  schedule,
+  rows_smem,
+  p_smem,
+  seg_scratch,
+):
   """One consumer warpgroup: query rows ``q0 .. q0 + bq`` (query block ``qb``) over the
   program's key tiles ``[lo_u, hi_u)``, computing those its rows may attend (``[lo, hi)``) and
   releasing every tile to the producer. Its output tile is written into its Q tile."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   del h
   lo, hi, flo, fhi = _consumer_bounds(c, q0, lo_u, hi_u)
   plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, c.bq), n], q_smem, q_bar)
   if c.has_segments:
     plgpu.copy_gmem_to_smem(seg_refs[0].at[b, pl.ds(q0, c.bq)], seg_scratch[0], seg_scratch[3])
   plgpu.barrier_wait(q_bar)
-  con = _Consumer(c, n, b, q0, qb, slot_of, seg_refs, q_smem, k_smem, v_smem, k_bars, v_bars,
-                  consumed, schedule, p_smem, seg_scratch)
+  con = _Consumer(
+    c,
+    n,
+    b,
+    q0,
+    qb,
+    slot_of,
+    seg_refs,
+    q_smem,
+    k_smem,
+    v_smem,
+    k_bars,
+    v_bars,
+    consumed,
+    schedule,
+    p_smem,
+    seg_scratch,
+  )
   row = con.row_inputs(sink_ref, lo, hi)
   st = con.init()
 
@@ -202,9 +295,27 @@ class _Consumer:
   """A consumer warpgroup's tile steps over the K/V ring (see :func:`_consume`): its query tile
   is in ``q_smem``, the producer fills ``k_smem`` / ``v_smem`` slot by slot."""
 
-  def __init__(self, c, n, b, q0, qb, slot_of, seg_refs, q_smem, k_smem, v_smem, k_bars,
-               v_bars, consumed, schedule, p_smem, seg_scratch):
+  def __init__(
+    self,
+    c,
+    n,
+    b,
+    q0,
+    qb,
+    slot_of,
+    seg_refs,
+    q_smem,
+    k_smem,
+    v_smem,
+    k_bars,
+    v_bars,
+    consumed,
+    schedule,
+    p_smem,
+    seg_scratch,
+  ):
     import jax.experimental.pallas.mosaic_gpu as plgpu
+
     self.plgpu = plgpu
     self.c, self.n, self.b, self.slot_of, self.seg_refs = c, n, b, slot_of, seg_refs
     self.q_smem, self.k_smem, self.v_smem, self.p_smem = q_smem, k_smem, v_smem, p_smem
@@ -217,8 +328,9 @@ class _Consumer:
       self.any_iota = None
       self.cast = lambda x, lay: x
     else:
-      self.any_iota = lambda dtype, shape, d: plgpu.broadcasted_iota(dtype, shape, d,
-                                                                     layout=self.layout)
+      self.any_iota = lambda dtype, shape, d: plgpu.broadcasted_iota(
+        dtype, shape, d, layout=self.layout
+      )
       self.cast = plgpu.layout_cast
     iota = lambda d: (self.any_iota or lax.broadcasted_iota)(jnp.int32, (c.bq, c.bk), d)
     self.qpos = q0 + iota(0)
@@ -246,8 +358,9 @@ class _Consumer:
 
   def meets(self, j):
     """Whether key block ``j``'s segment range can meet the query block's."""
-    return (self.krange_ref[self.b, j, 1] >= self.q_min) & (self.krange_ref[self.b, j, 0]
-                                                             <= self.q_max)
+    return (self.krange_ref[self.b, j, 1] >= self.q_min) & (
+      self.krange_ref[self.b, j, 0] <= self.q_max
+    )
 
   def allowed_of(self, j, kseg_tile=None):
     """The boolean ``[bq, bk]`` mask of key block ``j`` (``kseg_tile``: its segment ids)."""
@@ -267,11 +380,14 @@ class _Consumer:
 
       def count(j, total):
         def add():  # the key block's ids, loaded synchronously (no K/V)
-          plgpu.copy_gmem_to_smem(self.seg_refs[1].at[self.b, pl.ds(j * c.bk, c.bk)], kseg_one,
-                                  kseg_one_bar)
+          plgpu.copy_gmem_to_smem(
+            self.seg_refs[1].at[self.b, pl.ds(j * c.bk, c.bk)], kseg_one, kseg_one_bar
+          )
           plgpu.barrier_wait(kseg_one_bar)
           return total + jnp.sum(self.allowed_of(j, kseg_one).astype(jnp.float32), axis=1)
+
         return lax.cond(self.meets(j), add, lambda: total)
+
       zeros = self.cast(jnp.zeros((c.bq,), jnp.float32), self.layout.reduce(1))
       return lax.fori_loop(lo, hi, count, zeros)
     # exact for causal / window / ragged keys
@@ -294,17 +410,23 @@ class _Consumer:
     row = lower_rows(c.nz.row_inputs, c.bq)(sink_rows, self.counts(lo, hi))
     # Constant rows (a splat: e.g. every row's count without structure) take the row layout,
     # which the broadcasts against [bq, bk] tiles need.
-    self.row = jax.tree.map(lambda x: self.cast(x, self.layout.reduce(1)) if jnp.ndim(x) == 1
-                            else x, row)
+    self.row = jax.tree.map(
+      lambda x: self.cast(x, self.layout.reduce(1)) if jnp.ndim(x) == 1 else x, row
+    )
     return self.row
 
   def init(self):
     """The normaliser's initial online state, rows in the row layout."""
     c = self.c
     st = c.nz.init((c.bq, 1), (c.bq, c.H), c.with_stats)
-    return {key: (self.cast(jnp.reshape(x, (c.bq,)), self.layout.reduce(1)) if x.shape[-1] == 1
-                  else self.cast(x, self.layout))
-            for key, x in st.items()}
+    return {
+      key: (
+        self.cast(jnp.reshape(x, (c.bq,)), self.layout.reduce(1))
+        if x.shape[-1] == 1
+        else self.cast(x, self.layout)
+      )
+      for key, x in st.items()
+    }
 
   def take_turn(self):
     """The consumers' schedule barrier (two arrivals), met twice per tile: after a
@@ -345,8 +467,9 @@ class _Consumer:
     self.wait_k(slot)
     if self.c.has_segments:
       # a block whose segments cannot meet: its products and normaliser work are skipped
-      st = lax.cond(self.meets(j), lambda: self.compute(masked, j, slot, st),
-                    lambda: self.skip(slot, st))
+      st = lax.cond(
+        self.meets(j), lambda: self.compute(masked, j, slot, st), lambda: self.skip(slot, st)
+      )
     else:
       st = self.compute(masked, j, slot, st)
     self.release(slot, 1)
@@ -366,13 +489,18 @@ class _Consumer:
     c, plgpu = self.c, self.plgpu
     if c.plain:  # jax 0.10's interpreter has no wgmma with a transposed operand
       self.take_turn()
-      return lax.dot_general(self.q_smem[...], self.k_smem.at[slot][...],
-                             (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+      return lax.dot_general(
+        self.q_smem[...],
+        self.k_smem.at[slot][...],
+        (((1,), (1,)), ((), ())),
+        preferred_element_type=jnp.float32,
+      )
 
     def qk(acc):
       plgpu.wgmma(acc, self.q_smem, self.k_smem.at[slot].transpose((1, 0)))
       self.take_turn()
       return acc[...]
+
     return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
 
   def pv(self, slot, w):
@@ -393,6 +521,7 @@ class _Consumer:
       else:
         plgpu.wgmma(acc, w16, self.v_smem.at[slot])
       return acc[...]
+
     return pl.run_scoped(mm, plgpu.ACC((self.c.bq, self.c.H), jnp.float32))
 
   def compute(self, masked, j, slot, st):
@@ -405,12 +534,18 @@ class _Consumer:
       allowed = self.allowed_of(j, self.seg_scratch[1].at[slot] if c.has_segments else None)
     visit = functools.partial(c.nz.visit, stats=c.with_stats, first=j == 0)
     self.pv_calls = 0
-    st = lower_rows(lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row), c.bq,
-                    pv=functools.partial(self.pv, slot), hv=c.H,
-                    iota=self.any_iota)(st, z, allowed, self.row)
+    st = lower_rows(
+      lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row),
+      c.bq,
+      pv=functools.partial(self.pv, slot),
+      hv=c.H,
+      iota=self.any_iota,
+    )(st, z, allowed, self.row)
     if self.pv_calls != 1:  # the V barrier is waited on once per tile
-      raise NotImplementedError(f"normalizer {c.nz.name!r}: visit called pv "
-                                f"{self.pv_calls} times (the kernel takes one W V per tile)")
+      raise NotImplementedError(
+        f"normalizer {c.nz.name!r}: visit called pv "
+        f"{self.pv_calls} times (the kernel takes one W V per tile)"
+      )
     return st
 
 
@@ -418,6 +553,7 @@ def _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_re
   """Finishes the normaliser's state and writes the output tile (through the query tile's
   shared memory) and the residual / statistics rows."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   bq = c.bq
   out, res, srow = lower_rows(lambda st, row: c.nz.finish(st, row, c.with_stats), bq)(st, row)
   rows_out = dict(srow or {}, **{"res:" + key: x for key, x in res.items()})
@@ -442,59 +578,85 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
   stat_keys = stat_row_keys(c.nz, c.with_stats, c.has_sink) if c.with_stats else ()
   res_keys = ()
   if residuals:
-    res_keys = tuple("res:" + key for key in res_row_keys(c.nz, c.with_stats, c.has_sink,
-                                                          c.needs_counts))
+    res_keys = tuple(
+      "res:" + key for key in res_row_keys(c.nz, c.with_stats, c.has_sink, c.needs_counts)
+    )
   stat_keys = stat_keys + res_keys
   swizzle = 128
-  transforms = (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-                plgpu.SwizzleTransform(swizzle))
+  transforms = (
+    plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+    plgpu.SwizzleTransform(swizzle),
+  )
   W = CONSUMERS
   scratch = [
-      plgpu.SMEM((W, c.bq, c.H), dtype, transforms=transforms),  # Q, then the output
-      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
-      plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
-      plgpu.Barrier(num_barriers=W),
-      plgpu.Barrier(num_barriers=c.stages),
-      plgpu.Barrier(num_barriers=c.stages),
-      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile consumed by both
-      plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile consumed by both
-      plgpu.Barrier(num_arrivals=W),  # the consumers' turns
-      plgpu.SMEM((W, max(1, len(stat_keys)), c.bq), jnp.float32),
+    plgpu.SMEM((W, c.bq, c.H), dtype, transforms=transforms),  # Q, then the output
+    plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+    plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=transforms),
+    plgpu.Barrier(num_barriers=W),
+    plgpu.Barrier(num_barriers=c.stages),
+    plgpu.Barrier(num_barriers=c.stages),
+    plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile consumed by both
+    plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile consumed by both
+    plgpu.Barrier(num_arrivals=W),  # the consumers' turns
+    plgpu.SMEM((W, max(1, len(stat_keys)), c.bq), jnp.float32),
   ]
   if c.interpret:
     scratch.append(plgpu.SMEM((W, c.bq, c.bk), dtype, transforms=transforms))
   if c.has_segments:
-    scratch += [plgpu.SMEM((W, c.bq), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32),
-                plgpu.SMEM((W, c.bk), jnp.int32), plgpu.Barrier(num_barriers=W),
-                plgpu.Barrier(num_barriers=c.stages), plgpu.Barrier(num_barriers=W)]
-  sink_arr = (sink.astype(jnp.float32).reshape(c.N) if c.has_sink
-              else jnp.zeros((c.N,), jnp.float32))
+    scratch += [
+      plgpu.SMEM((W, c.bq), jnp.int32),
+      plgpu.SMEM((c.stages, c.bk), jnp.int32),
+      plgpu.SMEM((W, c.bk), jnp.int32),
+      plgpu.Barrier(num_barriers=W),
+      plgpu.Barrier(num_barriers=c.stages),
+      plgpu.Barrier(num_barriers=W),
+    ]
+  sink_arr = sink.astype(jnp.float32).reshape(c.N) if c.has_sink else jnp.zeros((c.N,), jnp.float32)
 
   seg_args = segment_args(c, q_seg, kv_seg)
 
   def body(q_ref, k_ref, v_ref, sink_ref, *rest):
-    seg_refs, rest = rest[:len(seg_args)], rest[len(seg_args):]
+    seg_refs, rest = rest[: len(seg_args)], rest[len(seg_args) :]
     o_ref, rest = rest[0], rest[1:]
-    stat_refs, scr = rest[:len(stat_keys)], rest[len(stat_keys):]
-    _kernel(c, stat_keys, q_ref, k_ref, v_ref, sink_ref if c.has_sink else None, seg_refs,
-            o_ref, stat_refs, scr)
+    stat_refs, scr = rest[: len(stat_keys)], rest[len(stat_keys) :]
+    _kernel(
+      c,
+      stat_keys,
+      q_ref,
+      k_ref,
+      v_ref,
+      sink_ref if c.has_sink else None,
+      seg_refs,
+      o_ref,
+      stat_refs,
+      scr,
+    )
 
   interpret = interpret_params(c.interpret)
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp), jnp.float32)
   outs = plgpu.kernel(
-      body,
-      out_type=[jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype)] + [rows] * len(stat_keys),
-      scratch_types=scratch, grid=(c.N, c.Tp // (CONSUMERS * c.bq), c.B),
-      grid_names=("heads", "q_blocks", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
-      interpret=interpret,
-      compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
-      )(qh, kh, vh, sink_arr, *seg_args)
+    body,
+    out_type=[jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype)] + [rows] * len(stat_keys),
+    scratch_types=scratch,
+    grid=(c.N, c.Tp // (CONSUMERS * c.bq), c.B),
+    grid_names=("heads", "q_blocks", "batch"),
+    num_threads=CONSUMERS + 1,
+    thread_name="wg",
+    interpret=interpret,
+    compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
+  )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
-  return outs[0][:, :c.T], srow
+  return outs[0][:, : c.T], srow
 
 
-def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
-            shard_offsets=None):
+def compute(
+  inputs,
+  opts,
+  *,
+  block_sizes: Optional[BlockSizes] = None,
+  interpret: bool = False,
+  shard_offsets=None,
+):
   """Mosaic GPU attention of a validated dense call (see the module docstring).
 
   The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
@@ -535,8 +697,7 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   def run_forward(q, k, v, sink, q_seg, kv_seg, residuals):
     out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=residuals)
-    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
-             else None)
+    stats = stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats else None
     return (out, stats), srow
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
@@ -550,21 +711,25 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     d_out, d_stats = cts
     if mosaic_bwd:  # the dq and dk/dv kernels
       d_lse = None if d_stats is None else d_stats[3]
-      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg,
-                               kv_seg) + (None, None)
+      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg, kv_seg) + (
+        None,
+        None,
+      )
     # interpret mode: the block-wise engine's backward
     _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
     return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)
 
   core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(inputs.q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
-                    inputs.kv_segment_ids)
+  out, stats = core(
+    inputs.q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids, inputs.kv_segment_ids
+  )
   out = out.astype(inputs.q.dtype)
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-run = _lowering.kernel_engine("mosaic_gpu", "cuda", unsupported, compute,
-                              "runs on a CUDA GPU (sm_90) only")
+run = _lowering.kernel_engine(
+  "mosaic_gpu", "cuda", unsupported, compute, "runs on a CUDA GPU (sm_90) only"
+)
 
 
 attention = options.engine_entry(run, "mosaic_gpu", ("block_sizes", "interpret"))
@@ -576,5 +741,15 @@ named by :func:`unsupported`), the kernel's :class:`BlockSizes`, and ``interpret
 run it in jax's Mosaic GPU interpreter on the CPU.
 """
 
-__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "MOSAIC_GPU_CALL_TARGET",
-           "BlockSizes", "attention", "block_sizes_for", "compute", "run", "unsupported"]
+__all__ = [
+  "BLOCK_SIZE_TABLE",
+  "DEFAULT_BLOCK_SIZES",
+  "DTYPES",
+  "MOSAIC_GPU_CALL_TARGET",
+  "BlockSizes",
+  "attention",
+  "block_sizes_for",
+  "compute",
+  "run",
+  "unsupported",
+]

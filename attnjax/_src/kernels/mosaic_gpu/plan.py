@@ -76,10 +76,10 @@ DEFAULT_BLOCK_SIZES = BlockSizes()
 #   head dim 128: 64 x 128, 2 stages: 160 / 160 / 96 KiB
 #   head dim 256: 64 x 64,  2 stages: 192 / 192 / 192 KiB
 BLOCK_SIZE_TABLE: tuple[tuple[int, BlockSizes], ...] = (
-    # head dim <=, sizes
-    (64, BlockSizes(block_q=64, block_k=128, num_stages=3)),
-    (128, BlockSizes(block_q=64, block_k=128, num_stages=2)),
-    (256, BlockSizes(block_q=64, block_k=64, num_stages=2)),
+  # head dim <=, sizes
+  (64, BlockSizes(block_q=64, block_k=128, num_stages=3)),
+  (128, BlockSizes(block_q=64, block_k=128, num_stages=2)),
+  (256, BlockSizes(block_q=64, block_k=64, num_stages=2)),
 )
 
 
@@ -88,12 +88,15 @@ def block_sizes_for(head_dim: int) -> BlockSizes:
   for max_head, sizes in BLOCK_SIZE_TABLE:
     if head_dim <= max_head:
       return sizes
-  raise ValueError(f"mosaic_gpu has no block sizes for head dim {head_dim} "
-                   f"(the table stops at {BLOCK_SIZE_TABLE[-1][0]})")
+  raise ValueError(
+    f"mosaic_gpu has no block sizes for head dim {head_dim} "
+    f"(the table stops at {BLOCK_SIZE_TABLE[-1][0]})"
+  )
 
 
-def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int = 2,
-               kernel: str = "forward") -> int:
+def smem_bytes(
+  sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int = 2, kernel: str = "forward"
+) -> int:
   """Shared memory of a kernel's tiles (barriers and float32 row vectors are a few KiB more).
 
   ``"forward"``: the two consumers' Q tiles (each output written into its Q's) and
@@ -103,8 +106,9 @@ def smem_bytes(sizes: BlockSizes, head_dim: int, head_dim_v: int, itemsize: int 
   """
   bq, bk, st = sizes.block_q, sizes.block_k, sizes.num_stages
   if kernel == "forward":
-    return (CONSUMERS * bq * max(head_dim, head_dim_v)
-            + st * bk * (head_dim + head_dim_v)) * itemsize
+    return (
+      CONSUMERS * bq * max(head_dim, head_dim_v) + st * bk * (head_dim + head_dim_v)
+    ) * itemsize
   if kernel == "dq":
     return (bq * (head_dim + head_dim_v) + st * bk * (head_dim + head_dim_v)) * itemsize
   if kernel == "dkdv":
@@ -124,6 +128,7 @@ def load_vector(ref, layout):
   argument, jax 0.12 none)."""
   import inspect
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   if "idx" in inspect.signature(plgpu.load).parameters:
     return plgpu.load(ref, (), layout=layout)
   return plgpu.load(ref, layout=layout)
@@ -138,6 +143,7 @@ def interpret_params(enabled: bool):
   if not enabled:
     return None
   import jax.experimental.pallas.mosaic_gpu as plgpu
+
   params_type = getattr(plgpu, "InterpretGPUParams", None)
   if params_type is None:
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params_type
@@ -158,8 +164,14 @@ def _pv_abstract(w, *, hv):
 _pv_p.def_abstract_eval(_pv_abstract)
 
 
-def lower_rows(fn: Callable, R: int, pv: Optional[Callable] = None, hv: int = 0,
-               iota: Optional[Callable] = None, transposed: bool = False) -> Callable:
+def lower_rows(
+  fn: Callable,
+  R: int,
+  pv: Optional[Callable] = None,
+  hv: int = 0,
+  iota: Optional[Callable] = None,
+  transposed: bool = False,
+) -> Callable:
   """``fn`` evaluated with every ``[R, 1]`` value held as an ``[R]`` array (see the module
   docstring). ``fn`` takes and returns pytrees whose row leaves are ``[R]`` arrays here and
   ``[R, 1]`` arrays to ``fn``; ``pv`` (if given) is passed to ``fn`` as its last argument
@@ -174,6 +186,7 @@ def lower_rows(fn: Callable, R: int, pv: Optional[Callable] = None, hv: int = 0,
 
   def wrapped(*args):
     leaves, tree = jax.tree.flatten(args)
+
     def logical_shape(x):
       if _is_row(x, R):
         return (R, 1)
@@ -279,8 +292,7 @@ def _eval_eqn(eqn, invals, R: int, hooks):
     # values, broadcasting rows along dimension 0 where the result is an [R, X] tile.
     shape = (R,) if all(out_rows) else tuple(eqn.outvars[0].aval.shape)
     if not all(out_rows):
-      invals = [lax.broadcast_in_dim(x, shape, (0,)) if r else x
-                for x, r in zip(invals, in_rows)]
+      invals = [lax.broadcast_in_dim(x, shape, (0,)) if r else x for x, r in zip(invals, in_rows)]
     out = prim.bind(*_explicit_scalars(name, invals, shape), **params)
     return list(out) if prim.multiple_results else [out]
   if len(eqn.outvars) == 1:
@@ -291,8 +303,29 @@ def _eval_eqn(eqn, invals, R: int, hooks):
 
 # Elementwise primitives whose scalar operands are broadcast explicitly (jax 0.12's Mosaic GPU
 # lowering has no implicit broadcast: "Implicit broadcast not implemented").
-_ELEMENTWISE = frozenset(("add", "sub", "mul", "div", "max", "min", "pow", "rem", "select_n",
-                          "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "atan2"))
+_ELEMENTWISE = frozenset(
+  (
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "max",
+    "min",
+    "pow",
+    "rem",
+    "select_n",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "and",
+    "or",
+    "xor",
+    "atan2",
+  )
+)
 
 
 def _explicit_scalars(name: str, invals, shape):
@@ -316,8 +349,11 @@ def _eval_transposed(eqn, invals, R, in_rows, out_rows):
       return [lax.broadcast_in_dim(x, phys, (1,))]
     if jnp.ndim(x) == 0:
       return [lax.broadcast_in_dim(x, phys, ())]
-  if name in _ELEMENTWISE_SHAPES or name.startswith("reduce") or name in (
-      "dot_general", "transpose", "iota", "argmax", "argmin", "cumsum"):
+  if (
+    name in _ELEMENTWISE_SHAPES
+    or name.startswith("reduce")
+    or name in ("dot_general", "transpose", "iota", "argmax", "argmin", "cumsum")
+  ):
     raise NotImplementedError(f"{name} of a transposed tile in the row lowering ({eqn})")
   if phys is not None:
     invals = [lax.broadcast_in_dim(x, phys, (1,)) if r else x for x, r in zip(invals, in_rows)]
@@ -351,8 +387,16 @@ def stat_row_keys(nz, with_stats: bool, has_sink: bool) -> tuple[str, ...]:
   return tuple(sorted(srow)) if srow is not None else ()
 
 
-__all__ = ["BLOCK_SIZE_TABLE", "BlockSizes", "DEFAULT_BLOCK_SIZES", "SMEM_LIMIT_BYTES",
-           "block_sizes_for", "lower_rows", "smem_bytes", "stat_row_keys"]
+__all__ = [
+  "BLOCK_SIZE_TABLE",
+  "BlockSizes",
+  "DEFAULT_BLOCK_SIZES",
+  "SMEM_LIMIT_BYTES",
+  "block_sizes_for",
+  "lower_rows",
+  "smem_bytes",
+  "stat_row_keys",
+]
 
 
 # ---------------------------------------------------------------------------
@@ -409,8 +453,7 @@ class Plan(KernelPlan):
   @property
   def needs_mask(self) -> bool:
     o = self.opts
-    return (o.is_causal or o.window is not None or self.has_segments
-            or self.S % self.bk != 0)
+    return o.is_causal or o.window is not None or self.has_segments or self.S % self.bk != 0
 
 
 def _round_up(n: int, m: int) -> int:
@@ -420,11 +463,23 @@ def _round_up(n: int, m: int) -> int:
 def make_plan(inputs, opts, sizes: BlockSizes, interpret: bool) -> Plan:
   B, T, N, H = inputs.q.shape
   S, K = inputs.k.shape[1], inputs.k.shape[2]
-  return Plan(opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Tp=_round_up(T, CONSUMERS * sizes.block_q),
-              Sp=_round_up(S, sizes.block_k), bq=sizes.block_q, bk=sizes.block_k,
-              stages=sizes.num_stages, has_sink=inputs.sink_logits is not None,
-              has_segments=inputs.q_segment_ids is not None,
-              interpret=interpret)
+  return Plan(
+    opts=opts,
+    B=B,
+    T=T,
+    S=S,
+    N=N,
+    K=K,
+    H=H,
+    Tp=_round_up(T, CONSUMERS * sizes.block_q),
+    Sp=_round_up(S, sizes.block_k),
+    bq=sizes.block_q,
+    bk=sizes.block_k,
+    stages=sizes.num_stages,
+    has_sink=inputs.sink_logits is not None,
+    has_segments=inputs.q_segment_ids is not None,
+    interpret=interpret,
+  )
 
 
 def kv_bounds(c: Plan, q0, q_last):

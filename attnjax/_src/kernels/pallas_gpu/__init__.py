@@ -4,9 +4,28 @@
 Implementation behind the public module :mod:`attnjax.kernels.pallas_gpu`.
 """
 
-from attnjax._src.kernels.pallas_gpu.kernel import (BLOCK_SIZE_TABLE, DEFAULT_BLOCK_SIZES, DTYPES,
-                                               TRITON_CALL_TARGET, BlockSizes, attention,
-                                               block_sizes_for, compute, run, unsupported)
+from attnjax._src.kernels.pallas_gpu.kernel import (
+  BLOCK_SIZE_TABLE,
+  DEFAULT_BLOCK_SIZES,
+  DTYPES,
+  TRITON_CALL_TARGET,
+  BlockSizes,
+  attention,
+  block_sizes_for,
+  compute,
+  run,
+  unsupported,
+)
 
-__all__ = ["BLOCK_SIZE_TABLE", "DEFAULT_BLOCK_SIZES", "DTYPES", "TRITON_CALL_TARGET",
-           "BlockSizes", "attention", "block_sizes_for", "compute", "run", "unsupported"]
+__all__ = [
+  "BLOCK_SIZE_TABLE",
+  "DEFAULT_BLOCK_SIZES",
+  "DTYPES",
+  "TRITON_CALL_TARGET",
+  "BlockSizes",
+  "attention",
+  "block_sizes_for",
+  "compute",
+  "run",
+  "unsupported",
+]

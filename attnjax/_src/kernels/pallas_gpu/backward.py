@@ -16,9 +16,20 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from attnjax._src import logits as _logits, lowering as _lowering
-from attnjax._src.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, full_kv_blocks,
-                                      full_q_blocks, kv_block_bounds, logits, q_block_bounds,
-                                      segments_meet, tile_allowed, visit_loop)
+from attnjax._src.kernels.pallas_gpu.plan import (
+  heads_first,
+  GridPlan,
+  compiler_params,
+  dot,
+  full_kv_blocks,
+  full_q_blocks,
+  kv_block_bounds,
+  logits,
+  q_block_bounds,
+  segments_meet,
+  tile_allowed,
+  visit_loop,
+)
 
 Array = jnp.ndarray
 
@@ -55,8 +66,9 @@ def _input_refs(c: GridPlan, res_keys, has_g, has_rd, refs):
 def _dq_kernel(c: GridPlan, res_keys, has_g, source, *refs):
   nz = c.nz
   from_tiles = source == "tiles"
-  (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
-   it) = _input_refs(c, res_keys, has_g, source == "output", refs)
+  (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref, it) = _input_refs(
+    c, res_keys, has_g, source == "output", refs
+  )
   sink_ref = next(it) if from_tiles and c.has_sink else None
   dq_ref = next(it)
 
@@ -78,8 +90,13 @@ def _dq_kernel(c: GridPlan, res_keys, has_g, source, *refs):
     kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
     allowed = None
     if masked:
-      allowed = tile_allowed(c, qpos, kpos, None if q_seg is None else q_seg[:, None],
-                             None if k_seg is None else k_seg[None, :])
+      allowed = tile_allowed(
+        c,
+        qpos,
+        kpos,
+        None if q_seg is None else q_seg[:, None],
+        None if k_seg is None else k_seg[None, :],
+      )
     if keys_only:
       return allowed
     k = k_ref[pl.ds(j * bk, bk), :]
@@ -116,13 +133,16 @@ def _row_terms(c: GridPlan, tile, sink_ref, bounds, q_seg, kseg_ref):
   lo, hi, full = bounds
   counts = None
   if nz.needs_counts:  # mask-only pre-pass, as the forward's
+
     def count(j, total, k_seg, masked):
       allowed = tile(j, k_seg, masked, keys_only=True)
       if allowed is None:
         return total + float(bk)
       return total + jnp.sum(allowed.astype(jnp.float32), axis=-1, keepdims=True)
-    counts = visit_loop(c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg, kseg_ref, bk,
-                        full)
+
+    counts = visit_loop(
+      c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg, kseg_ref, bk, full
+    )
   sink = None
   if c.has_sink:
     sink = jnp.broadcast_to(sink_ref[...].astype(jnp.float32), (bq, 1))
@@ -139,8 +159,9 @@ def _row_terms(c: GridPlan, tile, sink_ref, bounds, q_seg, kseg_ref):
 
 def _dkdv_kernel(c: GridPlan, res_keys, has_g, has_rd, *refs):
   nz = c.nz
-  (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref,
-   it) = _input_refs(c, res_keys, has_g, has_rd, refs)
+  (q_ref, k_ref, v_ref, do_ref, rd_ref, g_ref, res_refs, qseg_ref, kseg_ref, it) = _input_refs(
+    c, res_keys, has_g, has_rd, refs
+  )
   dk_ref, dv_ref = next(it), next(it)
 
   bq, bk = c.bq_dkdv, c.bk_dkdv
@@ -170,8 +191,13 @@ def _dkdv_kernel(c: GridPlan, res_keys, has_g, has_rd, *refs):
       qpos = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
       allowed = None
       if masked:
-        allowed = tile_allowed(c, qpos, kpos, None if q_seg is None else q_seg[:, None],
-                               None if k_seg is None else k_seg[None, :])
+        allowed = tile_allowed(
+          c,
+          qpos,
+          kpos,
+          None if q_seg is None else q_seg[:, None],
+          None if k_seg is None else k_seg[None, :],
+        )
       dp = dot(do, v, trans_b=True)
       w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
       dv = dv + dot(w.astype(do.dtype), do, trans_a=True)
@@ -184,8 +210,10 @@ def _dkdv_kernel(c: GridPlan, res_keys, has_g, has_rd, *refs):
         if not c.has_segments:
           return step(i, carry, None, masked)
         q_seg = qseg_ref[pl.ds(i * bq, bq)]
-        return jax.lax.cond(segments_meet(q_seg, k_seg), lambda: step(i, carry, q_seg, masked),
-                            lambda: carry)
+        return jax.lax.cond(
+          segments_meet(q_seg, k_seg), lambda: step(i, carry, q_seg, masked), lambda: carry
+        )
+
       return one
 
     if not c.needs_mask:
@@ -226,21 +254,23 @@ def backward(c: GridPlan, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse):
   rows = ([g] if g is not None else []) + [res[key] for key in res_keys]
   seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
 
-  dq, row_dot = _dq_call(c, res_keys, g is not None, (qh, kh, vh, do), (source, row_dot), rows,
-                         seg_args, sink)
+  dq, row_dot = _dq_call(
+    c, res_keys, g is not None, (qh, kh, vh, do), (source, row_dot), rows, seg_args, sink
+  )
   rows = rows if row_dot is None else [row_dot] + rows
-  dk, dv = _dkdv_call(c, res_keys, (g is not None, row_dot is not None), (qh, kh, vh, do), rows,
-                      seg_args)
+  dk, dv = _dkdv_call(
+    c, res_keys, (g is not None, row_dot is not None), (qh, kh, vh, do), rows, seg_args
+  )
 
   dsink = None
   if c.has_sink:
     floor = jnp.reshape(sink.astype(jnp.float32), (1, c.N, 1, 1))
     rs = {key: res[key] for key in res_keys}
-    term = c.nz.null_grad(floor, rs, row_dot, g)[:, :, :c.T, 0]
+    term = c.nz.null_grad(floor, rs, row_dot, g)[:, :, : c.T, 0]
     dsink = jnp.reshape(jnp.sum(term, axis=(0, 2)).astype(sink.dtype), sink.shape)
-  dq = jnp.transpose(dq[:, :, :c.T, :c.H], (0, 2, 1, 3)).astype(q.dtype)
-  dk = jnp.transpose(dk[:, :, :c.S, :c.H], (0, 2, 1, 3)).astype(k.dtype)
-  dv = jnp.transpose(dv[:, :, :c.S, :c.Hv], (0, 2, 1, 3)).astype(v.dtype)
+  dq = jnp.transpose(dq[:, :, : c.T, : c.H], (0, 2, 1, 3)).astype(q.dtype)
+  dk = jnp.transpose(dk[:, :, : c.S, : c.H], (0, 2, 1, 3)).astype(k.dtype)
+  dv = jnp.transpose(dv[:, :, : c.S, : c.Hv], (0, 2, 1, 3)).astype(v.dtype)
   return dq, dk, dv, dsink, None, None
 
 
@@ -255,14 +285,18 @@ def _dq_call(c: GridPlan, res_keys, has_g, arrays, rows_d, rows, seg_args, sink)
   from_tiles = source == "tiles"
   row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, n, i: (b, n, i, 0))
   rows_in = rows if row_dot is None else [row_dot] + rows
-  in_specs = [pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
-              pl.BlockSpec((None, None, c.Sp, c.Hp), lambda b, n, i: (b, n // G, 0, 0)),
-              pl.BlockSpec((None, None, c.Sp, c.Hvp), lambda b, n, i: (b, n // G, 0, 0)),
-              pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))]
+  in_specs = [
+    pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
+    pl.BlockSpec((None, None, c.Sp, c.Hp), lambda b, n, i: (b, n // G, 0, 0)),
+    pl.BlockSpec((None, None, c.Sp, c.Hvp), lambda b, n, i: (b, n // G, 0, 0)),
+    pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0)),
+  ]
   in_specs += [row_spec] * len(rows_in)
   if c.has_segments:
-    in_specs += [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
-                 pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
+    in_specs += [
+      pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
+      pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0)),
+    ]
   extra = []
   if from_tiles and c.has_sink:
     extra = [jnp.reshape(sink.astype(jnp.float32), (c.N, 1, 1))]
@@ -274,11 +308,15 @@ def _dq_call(c: GridPlan, res_keys, has_g, arrays, rows_d, rows, seg_args, sink)
     out_shape.append(jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32))
   with _lowering.gpu_lowering_target(not c.interpret):
     outs = pl.pallas_call(
-        functools.partial(_dq_kernel, c, res_keys, has_g, source),
-        grid=(c.B, c.N, c.Tp // bq), in_specs=in_specs, out_specs=out_specs,
-        out_shape=out_shape, interpret=c.interpret,
-        compiler_params=compiler_params(c, backward=True),
-        name=f"attnjax_dq_{c.opts.normalizer}")(*arrays, *rows_in, *seg_args, *extra)
+      functools.partial(_dq_kernel, c, res_keys, has_g, source),
+      grid=(c.B, c.N, c.Tp // bq),
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      interpret=c.interpret,
+      compiler_params=compiler_params(c, backward=True),
+      name=f"attnjax_dq_{c.opts.normalizer}",
+    )(*arrays, *rows_in, *seg_args, *extra)
   return outs[0], (outs[1] if from_tiles else row_dot)
 
 
@@ -297,22 +335,32 @@ def _dkdv_call(c: GridPlan, res_keys, has_rows, arrays, rows_in, seg_args):
 
   rows_g = [grouped(x) for x in rows_in]
   all_rows = pl.BlockSpec((None, None, G * c.Tp, 1), lambda b, h, j: (b, h, 0, 0))
-  in_specs = [pl.BlockSpec((None, None, G * c.Tp, c.Hp), lambda b, h, j: (b, h, 0, 0)),
-              pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
-              pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0)),
-              pl.BlockSpec((None, None, G * c.Tp, c.Hvp), lambda b, h, j: (b, h, 0, 0))]
+  in_specs = [
+    pl.BlockSpec((None, None, G * c.Tp, c.Hp), lambda b, h, j: (b, h, 0, 0)),
+    pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
+    pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0)),
+    pl.BlockSpec((None, None, G * c.Tp, c.Hvp), lambda b, h, j: (b, h, 0, 0)),
+  ]
   in_specs += [all_rows] * len(rows_g)
   if c.has_segments:
-    in_specs += [pl.BlockSpec((None, c.Tp), lambda b, h, j: (b, 0)),
-                 pl.BlockSpec((None, bk), lambda b, h, j: (b, j))]
+    in_specs += [
+      pl.BlockSpec((None, c.Tp), lambda b, h, j: (b, 0)),
+      pl.BlockSpec((None, bk), lambda b, h, j: (b, j)),
+    ]
   with _lowering.gpu_lowering_target(not c.interpret):
     return pl.pallas_call(
-        functools.partial(_dkdv_kernel, c, res_keys, *has_rows), grid=(c.B, K, c.Sp // bk),
-        in_specs=in_specs,
-        out_specs=[pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
-                   pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0))],
-        out_shape=[jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hp), kh.dtype),
-                   jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hvp), vh.dtype)],
-        interpret=c.interpret, compiler_params=compiler_params(c, backward=True),
-        name=f"attnjax_dkdv_{c.opts.normalizer}")(
-            grouped(qh), kh, vh, grouped(do), *rows_g, *seg_args)
+      functools.partial(_dkdv_kernel, c, res_keys, *has_rows),
+      grid=(c.B, K, c.Sp // bk),
+      in_specs=in_specs,
+      out_specs=[
+        pl.BlockSpec((None, None, bk, c.Hp), lambda b, h, j: (b, h, j, 0)),
+        pl.BlockSpec((None, None, bk, c.Hvp), lambda b, h, j: (b, h, j, 0)),
+      ],
+      out_shape=[
+        jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hp), kh.dtype),
+        jax.ShapeDtypeStruct((c.B, K, c.Sp, c.Hvp), vh.dtype),
+      ],
+      interpret=c.interpret,
+      compiler_params=compiler_params(c, backward=True),
+      name=f"attnjax_dkdv_{c.opts.normalizer}",
+    )(grouped(qh), kh, vh, grouped(do), *rows_g, *seg_args)

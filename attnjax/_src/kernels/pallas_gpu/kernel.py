@@ -23,9 +23,18 @@ from jax.experimental import pallas as pl
 from attnjax._src import lowering as _lowering, target as _target, options
 from attnjax._src.kernels import autodiff, blockwise
 from attnjax._src.kernels.pallas_gpu import backward
-from attnjax._src.kernels.pallas_gpu.plan import (heads_first, GridPlan, compiler_params, dot, kv_block_bounds,
-                                      full_kv_blocks, logits, make_plan, tile_allowed,
-                                      visit_loop)
+from attnjax._src.kernels.pallas_gpu.plan import (
+  heads_first,
+  GridPlan,
+  compiler_params,
+  dot,
+  kv_block_bounds,
+  full_kv_blocks,
+  logits,
+  make_plan,
+  tile_allowed,
+  visit_loop,
+)
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
 
 Array = jnp.ndarray
@@ -73,8 +82,7 @@ class BlockSizes:
   block_k_dkdv: Optional[int] = None
 
   def __post_init__(self):
-    for f in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "block_q_dkdv",
-              "block_k_dkdv"):
+    for f in ("block_q", "block_k", "block_q_bwd", "block_k_bwd", "block_q_dkdv", "block_k_dkdv"):
       b = getattr(self, f)
       if b is None and f.endswith("_dkdv"):
         continue
@@ -88,8 +96,7 @@ DEFAULT_BLOCK_SIZES = BlockSizes()
 # registers for the whole walk, and step over 32 keys / rows, whose recomputed tiles are
 # transient; at head dims <= 64 the accumulators of a 128-key dk/dv program (dk and dv) are
 # 128 registers a thread. Speed unmeasured here (no GPU was lent).
-AMPERE_SMALL_HEADS = BlockSizes(block_q_bwd=128, block_k_bwd=32, block_q_dkdv=32,
-                                block_k_dkdv=128)
+AMPERE_SMALL_HEADS = BlockSizes(block_q_bwd=128, block_k_bwd=32, block_q_dkdv=32, block_k_dkdv=128)
 
 # Block sizes per target: ``(compute capability major, head dim up to, input element bytes)``,
 # rows in order, the first that covers the call. Each row compiles for its targets' limits
@@ -100,19 +107,31 @@ AMPERE_SMALL_HEADS = BlockSizes(block_q_bwd=128, block_k_bwd=32, block_q_dkdv=32
 # which fit every GPU from the A100 on. Untuned for speed: no GPU was lent where they were
 # chosen; ``experiments/device_check.py`` measures them.
 BLOCK_SIZE_TABLE: tuple[tuple[int, int, int, BlockSizes], ...] = (
-    # major, head dim <=, bytes, sizes
-    (9, 128, 2, DEFAULT_BLOCK_SIZES),
-    (9, 256, 2, BlockSizes(block_q=128, block_k=64, num_stages=2)),
-    (9, 128, 4, DEFAULT_BLOCK_SIZES),
-    (9, 256, 4, BlockSizes(block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32,
-                           num_stages=2, num_stages_bwd=1)),
-    (8, 64, 2, AMPERE_SMALL_HEADS),
-    (8, 128, 2, DEFAULT_BLOCK_SIZES),
-    (8, 256, 2, BlockSizes(block_q=64, block_k=64, num_stages=2)),
-    (8, 64, 4, DEFAULT_BLOCK_SIZES),
-    (8, 128, 4, BlockSizes(block_q=64, block_k=64, num_stages=2)),
-    (8, 256, 4, BlockSizes(block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32,
-                           num_stages=2, num_stages_bwd=1)),
+  # major, head dim <=, bytes, sizes
+  (9, 128, 2, DEFAULT_BLOCK_SIZES),
+  (9, 256, 2, BlockSizes(block_q=128, block_k=64, num_stages=2)),
+  (9, 128, 4, DEFAULT_BLOCK_SIZES),
+  (
+    9,
+    256,
+    4,
+    BlockSizes(
+      block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32, num_stages=2, num_stages_bwd=1
+    ),
+  ),
+  (8, 64, 2, AMPERE_SMALL_HEADS),
+  (8, 128, 2, DEFAULT_BLOCK_SIZES),
+  (8, 256, 2, BlockSizes(block_q=64, block_k=64, num_stages=2)),
+  (8, 64, 4, DEFAULT_BLOCK_SIZES),
+  (8, 128, 4, BlockSizes(block_q=64, block_k=64, num_stages=2)),
+  (
+    8,
+    256,
+    4,
+    BlockSizes(
+      block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32, num_stages=2, num_stages_bwd=1
+    ),
+  ),
 )
 
 
@@ -127,26 +146,30 @@ def block_sizes_for(head_dim: int, dtype, major: Optional[int] = None) -> BlockS
   for row_major, max_head, row_bytes, sizes in BLOCK_SIZE_TABLE:
     if row_major == major and head_dim <= max_head and nbytes <= row_bytes:
       return sizes
-  raise ValueError(f"pallas_gpu has no block sizes for head dim {head_dim} "
-                   f"(the table stops at {max(r[1] for r in BLOCK_SIZE_TABLE)})")
+  raise ValueError(
+    f"pallas_gpu has no block sizes for head dim {head_dim} "
+    f"(the table stops at {max(r[1] for r in BLOCK_SIZE_TABLE)})"
+  )
 
 
 def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
   """Reasons ``pallas_gpu`` cannot honour a call ([] = supported); lists unknown options too
   (the same in interpret mode)."""
   del interpret
-  reasons = options.array_refusals("pallas_gpu", inputs, opts,
-                                   "is_causal, window and segment_ids")
-  reasons += options.unknown_options(opts, inputs, KNOWN_OPTIONS,
-                                     KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu")
+  reasons = options.array_refusals("pallas_gpu", inputs, opts, "is_causal, window and segment_ids")
+  reasons += options.unknown_options(
+    opts, inputs, KNOWN_OPTIONS, KNOWN_INPUTS + ("bias", "mask"), "pallas_gpu"
+  )
   head_dim = max(inputs.q.shape[-1], inputs.v.shape[-1])
   max_head = max(row[1] for row in BLOCK_SIZE_TABLE)
   if head_dim > max_head:
     reasons.append(f"head dim {head_dim} (pallas_gpu's block sizes go up to {max_head})")
   dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
   if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
-    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (pallas_gpu takes one of "
-                   "float32, bfloat16, float16 for q, k and v)")
+    reasons.append(
+      f"dtypes {sorted(str(d) for d in dtypes)} (pallas_gpu takes one of "
+      "float32, bfloat16, float16 for q, k and v)"
+    )
   return reasons
 
 
@@ -200,13 +223,16 @@ def _fwd_kernel(c: GridPlan, res_keys, stat_keys, *refs):
 
   counts = None
   if c.needs_counts:  # mask-only pre-pass: allowed keys per row
+
     def count(j, total, k_seg, masked):
       allowed = allowed_of(j, k_seg, masked)
       if allowed is None:
         return total + float(bk)
       return total + jnp.sum(allowed.astype(jnp.float32), axis=-1, keepdims=True)
-    counts = visit_loop(c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg_blk, kseg_ref,
-                        bk, full)
+
+    counts = visit_loop(
+      c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg_blk, kseg_ref, bk, full
+    )
   sink = None
   if c.has_sink:
     sink = jnp.broadcast_to(sink_ref[...].astype(jnp.float32), (bq, 1))
@@ -223,8 +249,9 @@ def _fwd_kernel(c: GridPlan, res_keys, stat_keys, *refs):
 
     return nz.visit(st, z, allowed, pv, row, c.with_stats, j == 0)
 
-  st = visit_loop(c, lo, hi, nz.init((bq, 1), (bq, c.Hvp), c.with_stats), step, q_seg_blk, kseg_ref,
-                  bk, full)
+  st = visit_loop(
+    c, lo, hi, nz.init((bq, 1), (bq, c.Hvp), c.with_stats), step, q_seg_blk, kseg_ref, bk, full
+  )
   out, res, srow = nz.finish(st, row, c.with_stats)
   o_ref[...] = out.astype(o_ref.dtype)
   for key in res_keys:
@@ -240,30 +267,42 @@ def forward(c: GridPlan, q, k, v, sink, q_seg, kv_seg):
   G, bq = c.G, c.bq
   grid = (c.B, c.N, c.Tp // bq)
   row_spec = pl.BlockSpec((None, None, bq, 1), lambda b, n, i: (b, n, i, 0))
-  in_specs = [pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
-              pl.BlockSpec((None, None, c.Sp, c.Hp), lambda b, n, i: (b, n // G, 0, 0)),
-              pl.BlockSpec((None, None, c.Sp, c.Hvp), lambda b, n, i: (b, n // G, 0, 0))]
+  in_specs = [
+    pl.BlockSpec((None, None, bq, c.Hp), lambda b, n, i: (b, n, i, 0)),
+    pl.BlockSpec((None, None, c.Sp, c.Hp), lambda b, n, i: (b, n // G, 0, 0)),
+    pl.BlockSpec((None, None, c.Sp, c.Hvp), lambda b, n, i: (b, n // G, 0, 0)),
+  ]
   args = [qh, kh, vh]
   if c.has_sink:
     args.append(jnp.reshape(sink.astype(jnp.float32), (c.N, 1, 1)))
     in_specs.append(pl.BlockSpec((None, 1, 1), lambda b, n, i: (n, 0, 0)))
   if c.has_segments:
     args += [q_seg, kv_seg]
-    in_specs += [pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
-                 pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0))]
+    in_specs += [
+      pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
+      pl.BlockSpec((None, c.Sp), lambda b, n, i: (b, 0)),
+    ]
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32)
-  out_shape = ([jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hvp), q.dtype)]
-               + [rows] * (len(res_keys) + len(stat_keys)))
-  out_specs = ([pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))]
-               + [row_spec] * (len(res_keys) + len(stat_keys)))
+  out_shape = [jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hvp), q.dtype)] + [rows] * (
+    len(res_keys) + len(stat_keys)
+  )
+  out_specs = [pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))] + [row_spec] * (
+    len(res_keys) + len(stat_keys)
+  )
   with _lowering.gpu_lowering_target(not c.interpret):
     outs = pl.pallas_call(
-        functools.partial(_fwd_kernel, c, res_keys, stat_keys), grid=grid, in_specs=in_specs,
-        out_specs=out_specs, out_shape=out_shape, interpret=c.interpret,
-        compiler_params=compiler_params(c), name=f"attnjax_fwd_{c.opts.normalizer}")(*args)
+      functools.partial(_fwd_kernel, c, res_keys, stat_keys),
+      grid=grid,
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      interpret=c.interpret,
+      compiler_params=compiler_params(c),
+      name=f"attnjax_fwd_{c.opts.normalizer}",
+    )(*args)
   out = outs[0]
-  res = dict(zip(res_keys, outs[1:1 + len(res_keys)]))
-  srow = dict(zip(stat_keys, outs[1 + len(res_keys):]))
+  res = dict(zip(res_keys, outs[1 : 1 + len(res_keys)]))
+  srow = dict(zip(stat_keys, outs[1 + len(res_keys) :]))
   return out, res, srow
 
 
@@ -271,8 +310,14 @@ def forward(c: GridPlan, q, k, v, sink, q_seg, kv_seg):
 # The kernel with its custom VJP.
 
 
-def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
-            shard_offsets=None):
+def compute(
+  inputs,
+  opts,
+  *,
+  block_sizes: Optional[BlockSizes] = None,
+  interpret: bool = False,
+  shard_offsets=None,
+):
   """Pallas GPU attention of a validated dense call (see the module docstring).
 
   The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
@@ -293,8 +338,9 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   """
   del shard_offsets
   if block_sizes is None:
-    block_sizes = block_sizes_for(max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype,
-                                  _target.cuda_major())
+    block_sizes = block_sizes_for(
+      max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype, _target.cuda_major()
+    )
   c = make_plan(inputs, opts, block_sizes, interpret)
   q = inputs.q
 
@@ -304,11 +350,10 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   def fwd(q, k, v, sink, q_seg, kv_seg):
     out, res, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
-    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
-             else None)
+    stats = stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats else None
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
-    o = jnp.transpose(out[:, :, :c.T, :c.Hv], (0, 2, 1, 3))
+    o = jnp.transpose(out[:, :, : c.T, : c.Hv], (0, 2, 1, 3))
     return (o, stats), (q, k, v, sink, q_seg, kv_seg, out, res)
 
   def bwd(saved, cts):
@@ -326,14 +371,16 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
 
   core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
-                    inputs.kv_segment_ids)
+  out, stats = core(
+    q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids, inputs.kv_segment_ids
+  )
   out = out.astype(q.dtype)
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-run = _lowering.kernel_engine("pallas_gpu", "cuda", unsupported, compute,
-                              "runs on a CUDA GPU only (a Triton kernel)")
+run = _lowering.kernel_engine(
+  "pallas_gpu", "cuda", unsupported, compute, "runs on a CUDA GPU only (a Triton kernel)"
+)
 
 
 attention = options.engine_entry(run, "pallas_gpu", ("block_sizes", "interpret"))

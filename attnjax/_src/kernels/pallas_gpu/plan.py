@@ -67,14 +67,18 @@ class GridPlan(KernelPlan):
   def G(self) -> int:
     return self.N // self.K
 
-
   @property
   def needs_mask(self) -> bool:
     """Some visited block may be cut by structure (else no element mask is evaluated)."""
     o = self.opts
-    return (o.is_causal or o.window is not None or self.has_segments
-            or self.S % self.bk != 0 or self.S % self.bk_bwd != 0
-            or self.S % self.bk_dkdv != 0)
+    return (
+      o.is_causal
+      or o.window is not None
+      or self.has_segments
+      or self.S % self.bk != 0
+      or self.S % self.bk_bwd != 0
+      or self.S % self.bk_dkdv != 0
+    )
 
 
 def make_plan(inputs, opts, block_sizes, interpret: bool) -> GridPlan:
@@ -89,13 +93,31 @@ def make_plan(inputs, opts, block_sizes, interpret: bool) -> GridPlan:
   Hp, Hvp = _pow2(H), _pow2(Hv)
   warps = block_sizes.num_warps or (4 if max(Hp, Hvp) <= 64 else 8)
   return GridPlan(
-      opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv,
-      Tp=_round_up(T, max(bq, bq_bwd, bq_dkdv)), Sp=_round_up(S, max(bk, bk_bwd, bk_dkdv)),
-      Hp=Hp, Hvp=Hvp, bq=bq, bk=bk, bq_bwd=bq_bwd, bk_bwd=bk_bwd, bq_dkdv=bq_dkdv,
-      bk_dkdv=bk_dkdv, has_sink=inputs.sink_logits is not None,
-      has_segments=inputs.q_segment_ids is not None, num_warps=warps,
-      num_stages=block_sizes.num_stages, num_stages_bwd=block_sizes.num_stages_bwd,
-      interpret=interpret)
+    opts=opts,
+    B=B,
+    T=T,
+    S=S,
+    N=N,
+    K=K,
+    H=H,
+    Hv=Hv,
+    Tp=_round_up(T, max(bq, bq_bwd, bq_dkdv)),
+    Sp=_round_up(S, max(bk, bk_bwd, bk_dkdv)),
+    Hp=Hp,
+    Hvp=Hvp,
+    bq=bq,
+    bk=bk,
+    bq_bwd=bq_bwd,
+    bk_bwd=bk_bwd,
+    bq_dkdv=bq_dkdv,
+    bk_dkdv=bk_dkdv,
+    has_sink=inputs.sink_logits is not None,
+    has_segments=inputs.q_segment_ids is not None,
+    num_warps=warps,
+    num_stages=block_sizes.num_stages,
+    num_stages_bwd=block_sizes.num_stages_bwd,
+    interpret=interpret,
+  )
 
 
 def kv_block_bounds(c: GridPlan, q0, q_last, bk: int):
@@ -124,8 +146,9 @@ def q_block_bounds(c: GridPlan, k0, k_last, bq: int):
   return lo, hi
 
 
-def tile_allowed(c: GridPlan, qpos: Array, kpos: Array, q_seg: Optional[Array],
-                 k_seg: Optional[Array]) -> Optional[Array]:
+def tile_allowed(
+  c: GridPlan, qpos: Array, kpos: Array, q_seg: Optional[Array], k_seg: Optional[Array]
+) -> Optional[Array]:
   """Boolean ``[tq, tk]`` mask of one tile from positions ``[tq, 1]``, ``[1, tk]`` (None: all)."""
   if not c.needs_mask:
     return None
@@ -160,16 +183,19 @@ def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Arr
   ca = 0 if trans_a else 1
   cb = 1 if trans_b else 0
   precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((ca,), (cb,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 def compiler_params(c: GridPlan, backward: bool = False):
   if c.interpret:
     return None
   from jax.experimental.pallas import triton as plt
-  return plt.CompilerParams(num_warps=c.num_warps,
-                            num_stages=c.num_stages_bwd if backward else c.num_stages)
+
+  return plt.CompilerParams(
+    num_warps=c.num_warps, num_stages=c.num_stages_bwd if backward else c.num_stages
+  )
 
 
 def full_kv_blocks(c: GridPlan, q0, q_last, bk: int):
@@ -196,8 +222,9 @@ def full_q_blocks(c: GridPlan, k0, k_last, bq: int):
   lo = 0
   # int32 operands: Triton's lowering gives a select of two Python ints another integer type
   # than the loop bounds (the compile fails: 'arith.minsi' op requires the same type).
-  hi = jnp.where(k_last + 1 - k0 == c.bk_dkdv, jnp.int32(pl.cdiv(c.T, bq)),
-                 jnp.int32(0))  # a ragged block: masked
+  hi = jnp.where(
+    k_last + 1 - k0 == c.bk_dkdv, jnp.int32(pl.cdiv(c.T, bq)), jnp.int32(0)
+  )  # a ragged block: masked
   if c.opts.is_causal:
     lo = pl.cdiv(k_last, bq)
   if c.opts.window is not None:
@@ -221,8 +248,10 @@ def visit_loop(c: GridPlan, lo, hi, carry, step, q_seg_blk, kv_seg_ref, bk: int,
       if not c.has_segments:
         return step(j, carry, None, masked)
       k_seg = kv_seg_ref[pl.ds(j * bk, bk)]
-      return jax.lax.cond(segments_meet(q_seg_blk, k_seg),
-                          lambda: step(j, carry, k_seg, masked), lambda: carry)
+      return jax.lax.cond(
+        segments_meet(q_seg_blk, k_seg), lambda: step(j, carry, k_seg, masked), lambda: carry
+      )
+
     return one
 
   if full is None or not c.needs_mask:
@@ -236,9 +265,11 @@ def visit_loop(c: GridPlan, lo, hi, carry, step, q_seg_blk, kv_seg_ref, bk: int,
 
 def heads_first(c: GridPlan, q, k, v, q_seg, kv_seg):
   """Pads and transposes the arrays to the kernels' ``[B, N|K, T|S, H]`` order."""
+
   def pad_heads_first(x, L, Hp):
     x = jnp.transpose(x, (0, 2, 1, 3))
     return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, Hp - x.shape[3])))
+
   qh = pad_heads_first(q, c.Tp, c.Hp)
   kh = pad_heads_first(k, c.Sp, c.Hp)
   vh = pad_heads_first(v, c.Sp, c.Hvp)

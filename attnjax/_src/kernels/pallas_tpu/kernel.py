@@ -27,12 +27,30 @@ from attnjax._src import lowering as _lowering, sharding as _sharding, layout, o
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax._src.kernels import autodiff, blockwise, on_target
 from attnjax._src.kernels.pallas_tpu import backward
-from attnjax._src.kernels.pallas_tpu.plan import (FULL, LANES, MASKED, MAX_ARG_SIZE, SKIP,
-                                             ScalarTable, TpuPlan, Tables, dot, global_indices, heads_first,
-                                             logits, mod_inputs, mod_kinds, round_up,
-                                             run_time_table, score_mod, smem_dtype,
-                                             static_tables, take_mods, tile_allowed,
-                                             visit_tables)
+from attnjax._src.kernels.pallas_tpu.plan import (
+  FULL,
+  LANES,
+  MASKED,
+  MAX_ARG_SIZE,
+  SKIP,
+  ScalarTable,
+  TpuPlan,
+  Tables,
+  dot,
+  global_indices,
+  heads_first,
+  logits,
+  mod_inputs,
+  mod_kinds,
+  round_up,
+  run_time_table,
+  score_mod,
+  smem_dtype,
+  static_tables,
+  take_mods,
+  tile_allowed,
+  visit_tables,
+)
 
 Array = jnp.ndarray
 
@@ -77,10 +95,10 @@ DEFAULT_BLOCK_SIZES = BlockSizes()
 # longer key tiles. Untuned for speed (no TPU was lent where they were chosen):
 # ``experiments/device_check.py --platform tpu`` measures them.
 BLOCK_SIZE_TABLE: tuple[tuple[str, int, BlockSizes], ...] = (
-    ("v5e", 128, BlockSizes(512, 512, 256, 512)),
-    ("v5e", 256, BlockSizes(256, 512, 256, 256)),
-    ("v6e", 128, BlockSizes(512, 1024, 512, 512)),
-    ("v6e", 256, BlockSizes(512, 512, 256, 512)),
+  ("v5e", 128, BlockSizes(512, 512, 256, 512)),
+  ("v5e", 256, BlockSizes(256, 512, 256, 256)),
+  ("v6e", 128, BlockSizes(512, 1024, 512, 512)),
+  ("v6e", 256, BlockSizes(512, 512, 256, 512)),
 )
 # Device kinds of TPU generations (the ambient mesh's device kind, or this host's TPU).
 _GENERATION_BY_KIND = (("v6", "v6e"), ("v5 lite", "v5e"), ("v5e", "v5e"))
@@ -120,19 +138,28 @@ def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
   (the same in interpret mode)."""
   del interpret
   reasons = options.array_refusals(
-      "pallas_tpu", inputs, opts, "is_causal, window, segment_ids and argument-free mask_mod")
-  for name, fn, args, score in (("score_mod", opts.score_mod, inputs.score_mod_args, True),
-                                ("mask_mod", opts.mask_mod, inputs.mask_mod_args, False)):
+    "pallas_tpu", inputs, opts, "is_causal, window, segment_ids and argument-free mask_mod"
+  )
+  for name, fn, args, score in (
+    ("score_mod", opts.score_mod, inputs.score_mod_args, True),
+    ("mask_mod", opts.mask_mod, inputs.mask_mod_args, False),
+  ):
     why = None if fn is None else _not_in_kernel(fn, args, score)
     if why:
       reasons.append(f"this {name} (the kernel cannot evaluate it: {why})")
   reasons += options.unknown_options(
-      opts, inputs, KNOWN_OPTIONS,
-      KNOWN_INPUTS + ("bias", "mask", "score_mod_args", "mask_mod_args"), "pallas_tpu")
+    opts,
+    inputs,
+    KNOWN_OPTIONS,
+    KNOWN_INPUTS + ("bias", "mask", "score_mod_args", "mask_mod_args"),
+    "pallas_tpu",
+  )
   dtypes = {inputs.q.dtype, inputs.k.dtype, inputs.v.dtype}
   if len(dtypes) != 1 or inputs.q.dtype not in DTYPES:
-    reasons.append(f"dtypes {sorted(str(d) for d in dtypes)} (pallas_tpu takes float32 or "
-                   "bfloat16 for q, k and v)")
+    reasons.append(
+      f"dtypes {sorted(str(d) for d in dtypes)} (pallas_tpu takes float32 or "
+      "bfloat16 for q, k and v)"
+    )
   return reasons
 
 
@@ -142,11 +169,18 @@ def _not_in_kernel(fn, args, score: bool) -> Optional[str]:
   trace on a tile's index shapes finds out."""
   for a in args:
     if jnp.ndim(a) not in (1, 2) or jnp.size(a) > MAX_ARG_SIZE:
-      return (f"an argument of shape {tuple(jnp.shape(a))}: the kernel keeps 1-D or 2-D "
-              f"tables of at most {MAX_ARG_SIZE} elements")
-  tables = [ScalarTable(jnp.shape(a), smem_dtype(jnp.result_type(a)),
-                        lambda idx, a=a: jnp.zeros((), smem_dtype(jnp.result_type(a))))
-            for a in args]
+      return (
+        f"an argument of shape {tuple(jnp.shape(a))}: the kernel keeps 1-D or 2-D "
+        f"tables of at most {MAX_ARG_SIZE} elements"
+      )
+  tables = [
+    ScalarTable(
+      jnp.shape(a),
+      smem_dtype(jnp.result_type(a)),
+      lambda idx, a=a: jnp.zeros((), smem_dtype(jnp.result_type(a))),
+    )
+    for a in args
+  ]
   index = jax.ShapeDtypeStruct((), jnp.int32)
   rows, cols = jax.ShapeDtypeStruct((8, 1), jnp.int32), jax.ShapeDtypeStruct((1, LANES), jnp.int32)
   lead = (jax.ShapeDtypeStruct((8, LANES), jnp.float32),) if score else ()
@@ -164,15 +198,29 @@ def make_plan(inputs, opts, block_sizes: BlockSizes, interpret: bool) -> TpuPlan
   bq, bq_bwd = fit(block_sizes.block_q, T), fit(block_sizes.block_q_bwd, T)
   bk, bk_bwd = fit(block_sizes.block_k, S), fit(block_sizes.block_k_bwd, S)
   return TpuPlan(
-      opts=opts, B=B, T=T, S=S, N=N, K=K, H=H, Hv=Hv,
-      Tp=round_up(T, math.lcm(bq, bq_bwd)), Sp=round_up(S, math.lcm(bk, bk_bwd)),
-      bq=bq, bk=bk, bq_bwd=bq_bwd, bk_bwd=bk_bwd,
-      has_sink=inputs.sink_logits is not None, has_segments=inputs.q_segment_ids is not None,
-      mask_in_kernel=opts.mask_mod is not None, score_in_kernel=opts.score_mod is not None,
-      interpret=interpret,
-      num_score_args=len(inputs.score_mod_args) if opts.score_mod is not None else 0,
-      num_mask_args=len(inputs.mask_mod_args) if opts.mask_mod is not None else 0,
-      mod_table=opts.mask_mod is not None and bool(inputs.mask_mod_args))
+    opts=opts,
+    B=B,
+    T=T,
+    S=S,
+    N=N,
+    K=K,
+    H=H,
+    Hv=Hv,
+    Tp=round_up(T, math.lcm(bq, bq_bwd)),
+    Sp=round_up(S, math.lcm(bk, bk_bwd)),
+    bq=bq,
+    bk=bk,
+    bq_bwd=bq_bwd,
+    bk_bwd=bk_bwd,
+    has_sink=inputs.sink_logits is not None,
+    has_segments=inputs.q_segment_ids is not None,
+    mask_in_kernel=opts.mask_mod is not None,
+    score_in_kernel=opts.score_mod is not None,
+    interpret=interpret,
+    num_score_args=len(inputs.score_mod_args) if opts.score_mod is not None else 0,
+    num_mask_args=len(inputs.mask_mod_args) if opts.mask_mod is not None else 0,
+    mod_table=opts.mask_mod is not None and bool(inputs.mask_mod_args),
+  )
 
 
 def tables_of(c: TpuPlan, inputs, opts, bq: int, bk: int) -> Tables:
@@ -185,9 +233,20 @@ def tables_of(c: TpuPlan, inputs, opts, bq: int, bk: int) -> Tables:
       extra = given
     elif not c.mod_table:
       used_b, used_n = blockwise.index_use(opts.mask_mod, ())
-      extra = _same_blocks(layout.from_mask_mod(
-          opts.mask_mod, c.T, c.S, bq, bk, batch=c.B if used_b else None,
-          heads=c.N if used_n else None), c, bq, bk)
+      extra = _same_blocks(
+        layout.from_mask_mod(
+          opts.mask_mod,
+          c.T,
+          c.S,
+          bq,
+          bk,
+          batch=c.B if used_b else None,
+          heads=c.N if used_n else None,
+        ),
+        c,
+        bq,
+        bk,
+      )
   tables = static_tables(c, bq, bk, extra)
   if opts.mask_mod is not None and extra is None and not c.mod_table:
     # No layout of the modifier's blocks: every visited block evaluates it.
@@ -320,8 +379,9 @@ def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_r
       q_seg, k_seg = _segments(qseg_ref, kseg_ref)
       allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, gb, gn, mask_args)
     v = v_ref[...]
-    st = nz.visit(st, z, allowed, lambda w: dot(w.astype(v.dtype), v), row_inputs(),
-                  c.with_stats, j == 0)
+    st = nz.visit(
+      st, z, allowed, lambda w: dot(w.astype(v.dtype), v), row_inputs(), c.with_stats, j == 0
+    )
     for key, ref in st_refs.items():
       ref[...] = st[key]
 
@@ -341,8 +401,10 @@ def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_r
 
 def _seg_specs(c: TpuPlan, bq: int, bk: int, q_block, k_block):
   """BlockSpecs of the segment-id layouts: ``q_block(grid ids) -> query block``, likewise keys."""
-  return [pl.BlockSpec((None, bq, LANES), lambda *a: (a[0], q_block(*a), 0)),
-          pl.BlockSpec((None, 8, bk), lambda *a: (a[0], 0, k_block(*a)))]
+  return [
+    pl.BlockSpec((None, bq, LANES), lambda *a: (a[0], q_block(*a), 0)),
+    pl.BlockSpec((None, 8, bk), lambda *a: (a[0], 0, k_block(*a))),
+  ]
 
 
 def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg, mods) -> Array:
@@ -351,29 +413,53 @@ def counts(c: TpuPlan, kind, fetch, q_seg, kv_seg, mods) -> Array:
   args, in_specs = [], []
   if c.has_segments:
     args += [q_seg, kv_seg]
-    in_specs += _seg_specs(c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i,
-                           lambda b, n, i, s, kr, fr: fr[i, s])
+    in_specs += _seg_specs(
+      c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i, lambda b, n, i, s, kr, fr: fr[i, s]
+    )
   args += mods[0]
   in_specs += mods[1]
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs,
-      out_specs=pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0)))
+    num_scalar_prefetch=2,
+    grid=(c.B, c.N, nq, width),
+    in_specs=in_specs,
+    out_specs=pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
+  )
   return pl.pallas_call(
-      functools.partial(_count_kernel, c), grid_spec=grid_spec,
-      out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32),
-      compiler_params=compiler_params(4, c.interpret), interpret=c.interpret,
-      name="attnjax_tpu_counts")(kind, fetch, *args)
+    functools.partial(_count_kernel, c),
+    grid_spec=grid_spec,
+    out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32),
+    compiler_params=compiler_params(4, c.interpret),
+    interpret=c.interpret,
+    name="attnjax_tpu_counts",
+  )(kind, fetch, *args)
 
 
-def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args=(),
-            mask_args=(), offsets=None):
+def forward(
+  c: TpuPlan,
+  tables: Tables,
+  q,
+  k,
+  v,
+  sink,
+  q_seg,
+  kv_seg,
+  score_args=(),
+  mask_args=(),
+  offsets=None,
+):
   """Runs the forward kernels: ``(out [B, N, Tp, Hv], residual rows, statistics rows)``;
   ``offsets``: the first batch row and query head of these arrays in the whole call."""
   state, res_keys, stat_keys = _state_layout(c, c.bq)
   qh, kh, vh, q_seg, kv_seg = heads_first(c, q, k, v, q_seg, kv_seg)
-  kinds = run_time_table(c, tables, q_seg[:, :, 0] if c.has_segments else None,
-                         kv_seg[:, 0, :] if c.has_segments else None, c.bq, c.bk,
-                         mod_kinds(c, c.opts, mask_args, c.bq, c.bk, offsets))
+  kinds = run_time_table(
+    c,
+    tables,
+    q_seg[:, :, 0] if c.has_segments else None,
+    kv_seg[:, 0, :] if c.has_segments else None,
+    c.bq,
+    c.bk,
+    mod_kinds(c, c.opts, mask_args, c.bq, c.bk, offsets),
+  )
   kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
   nq, width = kind.shape
   G = c.G
@@ -381,10 +467,14 @@ def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args
   cnt = counts(c, kind, fetch, q_seg, kv_seg, mods) if c.needs_counts else None
 
   in_specs = [
-      pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
-      pl.BlockSpec((None, None, c.bk, c.H), lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)),
-      pl.BlockSpec((None, None, c.bk, c.Hv),
-                   lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0))]
+    pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
+    pl.BlockSpec(
+      (None, None, c.bk, c.H), lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)
+    ),
+    pl.BlockSpec(
+      (None, None, c.bk, c.Hv), lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)
+    ),
+  ]
   args = [qh, kh, vh]
   row_spec = pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0))
   if c.has_sink:
@@ -395,27 +485,37 @@ def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args
     in_specs.append(row_spec)
   if c.has_segments:
     args += [q_seg, kv_seg]
-    in_specs += _seg_specs(c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i,
-                           lambda b, n, i, s, kr, fr: fr[i, s])
+    in_specs += _seg_specs(
+      c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i, lambda b, n, i, s, kr, fr: fr[i, s]
+    )
   args += mods[0]
   in_specs += mods[1]
   rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32)
-  out_shape = ([jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hv), q.dtype)]
-               + [rows] * (len(res_keys) + len(stat_keys)))
-  out_specs = ([pl.BlockSpec((None, None, c.bq, c.Hv), lambda b, n, i, s, kr, fr: (b, n, i, 0))]
-               + [row_spec] * (len(res_keys) + len(stat_keys)))
+  out_shape = [jax.ShapeDtypeStruct((c.B, c.N, c.Tp, c.Hv), q.dtype)] + [rows] * (
+    len(res_keys) + len(stat_keys)
+  )
+  out_specs = [pl.BlockSpec((None, None, c.bq, c.Hv), lambda b, n, i, s, kr, fr: (b, n, i, 0))] + [
+    row_spec
+  ] * (len(res_keys) + len(stat_keys))
   scratch = [pltpu.VMEM(shape, jnp.float32) for _, shape in state]
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs,
-      out_specs=out_specs, scratch_shapes=scratch)
+    num_scalar_prefetch=2,
+    grid=(c.B, c.N, nq, width),
+    in_specs=in_specs,
+    out_specs=out_specs,
+    scratch_shapes=scratch,
+  )
   outs = pl.pallas_call(
-      functools.partial(_fwd_kernel, c, state, res_keys, stat_keys, width),
-      grid_spec=grid_spec, out_shape=out_shape,
-      compiler_params=compiler_params(4, c.interpret), interpret=c.interpret,
-      name=f"attnjax_tpu_fwd_{c.opts.normalizer}")(kind, fetch, *args)
+    functools.partial(_fwd_kernel, c, state, res_keys, stat_keys, width),
+    grid_spec=grid_spec,
+    out_shape=out_shape,
+    compiler_params=compiler_params(4, c.interpret),
+    interpret=c.interpret,
+    name=f"attnjax_tpu_fwd_{c.opts.normalizer}",
+  )(kind, fetch, *args)
   out = outs[0]
-  res = dict(zip(res_keys, outs[1:1 + len(res_keys)]))
-  srow = dict(zip(stat_keys, outs[1 + len(res_keys):]))
+  res = dict(zip(res_keys, outs[1 : 1 + len(res_keys)]))
+  srow = dict(zip(stat_keys, outs[1 + len(res_keys) :]))
   return out, res, srow
 
 
@@ -423,8 +523,14 @@ def forward(c: TpuPlan, tables: Tables, q, k, v, sink, q_seg, kv_seg, score_args
 # The kernel with its custom VJP.
 
 
-def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False,
-            shard_offsets=None):
+def compute(
+  inputs,
+  opts,
+  *,
+  block_sizes: Optional[BlockSizes] = None,
+  interpret: bool = False,
+  shard_offsets=None,
+):
   """Pallas TPU attention of a validated dense call (see the module docstring).
 
   The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
@@ -458,9 +564,16 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   def plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
     """The plan of the call in these arrays, for the target being lowered for."""
-    part = options.DenseInputs(q=q, k=k, v=v, sink_logits=sink, q_segment_ids=q_seg,
-                               kv_segment_ids=kv_seg, score_mod_args=score_args,
-                               mask_mod_args=mask_args)
+    part = options.DenseInputs(
+      q=q,
+      k=k,
+      v=v,
+      sink_logits=sink,
+      q_segment_ids=q_seg,
+      kv_segment_ids=kv_seg,
+      score_mod_args=score_args,
+      mask_mod_args=mask_args,
+    )
     sizes = block_sizes
     if sizes is None:
       sizes = block_sizes_for(max(q.shape[-1], v.shape[-1]), generation())
@@ -472,27 +585,50 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
   def fwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
     c, part = plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
     tables = tables_of(c, part, opts, c.bq, c.bk)
-    out, res, srow = forward(c, tables, q, k, v, sink, q_seg, kv_seg, score_args, mask_args,
-                             (shard.batch_offset, shard.head_offset))
-    stats = (stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats
-             else None)
+    out, res, srow = forward(
+      c,
+      tables,
+      q,
+      k,
+      v,
+      sink,
+      q_seg,
+      kv_seg,
+      score_args,
+      mask_args,
+      (shard.batch_offset, shard.head_offset),
+    )
+    stats = stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats else None
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     # Saved without the block padding (the blocks are the target's): the output heads-first
     # [B, N, T, Hv] and the rows [B, N, T] (a [.., Tp, 1] array takes whole 128-lane tiles).
-    out = out[:, :, :c.T]
-    res = {key: val[:, :, :c.T, 0] for key, val in res.items()}
+    out = out[:, :, : c.T]
+    res = {key: val[:, :, : c.T, 0] for key, val in res.items()}
     return (jnp.transpose(out, (0, 2, 1, 3)), stats), out, res
 
-  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args,
-               mask_args):
+  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args):
     c, part = plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
     tables = tables_of(c, part, opts, c.bq_bwd, c.bk_bwd)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, c.Tp - c.T)) + ((0, 0),) * (x.ndim - 3))
     res = {key: pad(val)[..., None] for key, val in res.items()}
     dq, dk, dv, dsink, _, _, dscore, _ = backward.backward(
-        c, tables, q, k, v, sink, q_seg, kv_seg, pad(out), res, d_out, d_lse, score_args,
-        mask_args, (shard.batch_offset, shard.head_offset))
+      c,
+      tables,
+      q,
+      k,
+      v,
+      sink,
+      q_seg,
+      kv_seg,
+      pad(out),
+      res,
+      d_out,
+      d_lse,
+      score_args,
+      mask_args,
+      (shard.batch_offset, shard.head_offset),
+    )
     return dq, dk, dv, dsink, [d for d in dscore if d.dtype != jax.dtypes.float0]
 
   @autodiff.custom_vjp
@@ -501,8 +637,13 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
 
   def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
     args = (q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
-    o_stats, out, res = on_target.call(fwd_step, args, offsets=offsets, mosaic=not interpret,
-                                       name=f"pallas_tpu_fwd_{opts.normalizer}")
+    o_stats, out, res = on_target.call(
+      fwd_step,
+      args,
+      offsets=offsets,
+      mosaic=not interpret,
+      name=f"pallas_tpu_fwd_{opts.normalizer}",
+    )
     return o_stats, args + (offsets, out, res)
 
   def bwd(saved, cts):
@@ -512,28 +653,56 @@ def compute(inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret
     like = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
     floats = [x for x in score_args if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
     dq, dk, dv, dsink, dfloat = on_target.call(
-        bwd_step, (q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args),
-        offsets=offsets, mosaic=not interpret, name=f"pallas_tpu_bwd_{opts.normalizer}",
-        out_like=jax.tree.map(like, (q, k, v, sink, floats)))
+      bwd_step,
+      (q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args),
+      offsets=offsets,
+      mosaic=not interpret,
+      name=f"pallas_tpu_bwd_{opts.normalizer}",
+      out_like=jax.tree.map(like, (q, k, v, sink, floats)),
+    )
     dfloat = iter(dfloat)
-    dscore = tuple(next(dfloat) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-                   else np.zeros(jnp.shape(x), jax.dtypes.float0) for x in score_args)
+    dscore = tuple(
+      next(dfloat)
+      if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+      else np.zeros(jnp.shape(x), jax.dtypes.float0)
+      for x in score_args
+    )
     return dq, dk, dv, dsink, None, None, dscore, None, None
 
   def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
     """The same call on the block-wise engine (plain JAX): forward mode and second order; its
     modifiers see the whole call's batch and head indices, as the kernel's do."""
-    out = blockwise.run_shard(options.DenseInputs(
-        q=q, k=k, v=v, sink_logits=sink, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
-        score_mod_args=score_args, mask_mod_args=mask_args), opts, offsets)
+    out = blockwise.run_shard(
+      options.DenseInputs(
+        q=q,
+        k=k,
+        v=v,
+        sink_logits=sink,
+        q_segment_ids=q_seg,
+        kv_segment_ids=kv_seg,
+        score_mod_args=score_args,
+        mask_mod_args=mask_args,
+      ),
+      opts,
+      offsets,
+    )
     if not opts.return_stats:
       return out, None
     o, st = out
     return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
 
   core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids,
-                    inputs.kv_segment_ids, score_args, mask_args, offsets)
+  out, stats = core(
+    q,
+    inputs.k,
+    inputs.v,
+    inputs.sink_logits,
+    inputs.q_segment_ids,
+    inputs.kv_segment_ids,
+    score_args,
+    mask_args,
+    offsets,
+  )
   out = out.astype(q.dtype)
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
@@ -548,16 +717,21 @@ def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
   return (used_b and moved[0]) or (used_n and moved[1])
 
 
-run = _lowering.kernel_engine("pallas_tpu", "tpu", unsupported, compute,
-                              "runs on a TPU only (a Mosaic kernel)")
+run = _lowering.kernel_engine(
+  "pallas_tpu", "tpu", unsupported, compute, "runs on a TPU only (a Mosaic kernel)"
+)
 
 
-def _run_per_shard(inputs, opts, *, block_sizes: Optional[BlockSizes] = None,
-                   interpret: bool = False):
+def _run_per_shard(
+  inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False
+):
   """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
   return _sharding.per_shard(
-      lambda part, offsets: run(part, opts, block_sizes=block_sizes, interpret=interpret,
-                                shard_offsets=offsets), inputs)
+    lambda part, offsets: run(
+      part, opts, block_sizes=block_sizes, interpret=interpret, shard_offsets=offsets
+    ),
+    inputs,
+  )
 
 
 attention = options.engine_entry(_run_per_shard, "pallas_tpu", ("block_sizes", "interpret"))

@@ -99,16 +99,17 @@ def _lists(kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   out = np.zeros((kinds.shape[0], width), np.int32)
   for i, r in enumerate(rows):
     if len(r):
-      out[i, :len(r)] = r
-      out[i, len(r):] = r[-1]
+      out[i, : len(r)] = r
+      out[i, len(r) :] = r[-1]
   return out, np.array([len(r) for r in rows], np.int32)
 
 
 def static_tables(c: TpuPlan, bq: int, bk: int, extra: Optional[layout_lib.BlockLayout]) -> Tables:
   """The tables of block geometry ``(bq, bk)`` from causal / window structure, the ragged last
   key block (masked: its padded keys) and ``extra`` (a ``mask_mod``'s static layout, or None)."""
-  base = layout_lib.structural_layout(c.T, c.S, bq, bk, is_causal=c.opts.is_causal,
-                                      window=c.opts.window)
+  base = layout_lib.structural_layout(
+    c.T, c.S, bq, bk, is_causal=c.opts.is_causal, window=c.opts.window
+  )
   if extra is not None:
     base = layout_lib.intersect(base, extra)
   kept, full = layout_lib.kept_blocks(base), layout_lib.full_blocks(base)
@@ -117,8 +118,7 @@ def static_tables(c: TpuPlan, bq: int, bk: int, extra: Optional[layout_lib.Block
     kinds[:, -1] = np.where(kinds[:, -1] == SKIP, SKIP, MASKED)
   kv_index, kv_count = _lists(kinds)
   q_index, q_count = _lists(kinds.T)
-  return Tables(kinds=kinds, kv_index=kv_index, q_index=q_index, kv_count=kv_count,
-                q_count=q_count)
+  return Tables(kinds=kinds, kv_index=kv_index, q_index=q_index, kv_count=kv_count, q_count=q_count)
 
 
 def run_time_kinds(static: np.ndarray, runtime: Optional[Array]) -> Array:
@@ -132,8 +132,9 @@ def run_time_kinds(static: np.ndarray, runtime: Optional[Array]) -> Array:
   return jnp.where(skip, SKIP, jnp.where(full, FULL, MASKED)).astype(jnp.int32)
 
 
-def visit_tables(kinds: Array, index: np.ndarray, count: np.ndarray,
-                 transpose: bool) -> tuple[Array, Array]:
+def visit_tables(
+  kinds: Array, index: np.ndarray, count: np.ndarray, transpose: bool
+) -> tuple[Array, Array]:
   """``(kind [rows, V], fetch [rows, V])`` int32 of the visit lists ``index`` ``[rows, V]``
   (``count`` real visits per row).
 
@@ -156,8 +157,9 @@ def visit_tables(kinds: Array, index: np.ndarray, count: np.ndarray,
   return kind, fetch
 
 
-def run_time_table(c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int,
-                   mod: Optional[Array] = None) -> Array:
+def run_time_table(
+  c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int, mod: Optional[Array] = None
+) -> Array:
   """int32 ``[nq, nk]`` kinds of a call: the static ones tightened by its segment ids and by
   ``mod`` (a ``mask_mod``'s kinds computed per call, or None)."""
   kinds = run_time_kinds(t.kinds, mod)
@@ -171,9 +173,11 @@ def run_time_table(c: TpuPlan, t: Tables, q_seg, kv_seg, bq: int, bk: int,
 def heads_first(c: TpuPlan, q, k, v, q_seg, kv_seg):
   """Pads T / S to whole blocks and transposes to ``[B, N|K, T|S, H]``; segment ids as
   ``[B, Tp, 128]`` (a column per query: sublanes) and ``[B, 8, Sp]`` (a row per key: lanes)."""
+
   def pad(x, L):
     x = jnp.transpose(x, (0, 2, 1, 3))
     return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, 0)))
+
   qh, kh, vh = pad(q, c.Tp), pad(k, c.Sp), pad(v, c.Sp)
   if q_seg is not None:
     qs = jnp.pad(q_seg.astype(jnp.int32), ((0, 0), (0, c.Tp - c.T)), mode="edge")
@@ -195,8 +199,9 @@ def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Arr
   ca = 0 if trans_a else 1
   cb = 1 if trans_b else 0
   precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-  return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(
+    a, b, (((ca,), (cb,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -221,9 +226,11 @@ class ScalarTable:
   def __getitem__(self, idx):
     idx = idx if isinstance(idx, tuple) else (idx,)
     if len(idx) != self.ndim or any(jnp.ndim(i) != 0 for i in idx):
-      raise TypeError(f"a modifier argument of shape {self.shape} is read by scalar index only "
-                      f"in the Pallas TPU kernel, got an index of shapes "
-                      f"{[tuple(jnp.shape(i)) for i in idx]}")
+      raise TypeError(
+        f"a modifier argument of shape {self.shape} is read by scalar index only "
+        f"in the Pallas TPU kernel, got an index of shapes "
+        f"{[tuple(jnp.shape(i)) for i in idx]}"
+      )
     return self._read(tuple(jnp.asarray(i, jnp.int32) for i in idx))
 
   def __len__(self) -> int:
@@ -265,8 +272,9 @@ def mod_kinds(c: TpuPlan, opts, mask_args, bq: int, bk: int, offsets=None) -> Op
   if offsets is not None and getattr(fn, "block_table", None) is None:
     b0, n0 = offsets
     fn = lambda b, n, i, j, *a: opts.mask_mod(b + b0, n + n0, i, j, *a)
-  return layout_lib.mask_mod_block_table(fn, mask_args, geometry, c.B if used_b else 1,
-                                         c.N if used_n else 1)
+  return layout_lib.mask_mod_block_table(
+    fn, mask_args, geometry, c.B if used_b else 1, c.N if used_n else 1
+  )
 
 
 def mod_inputs(c: TpuPlan, score_args, mask_args, offsets=None) -> tuple[list, list]:
@@ -277,8 +285,10 @@ def mod_inputs(c: TpuPlan, score_args, mask_args, offsets=None) -> tuple[list, l
     return [], []
   b0, n0 = (0, 0) if offsets is None else offsets
   arrays = [jnp.stack([jnp.asarray(b0, jnp.int32), jnp.asarray(n0, jnp.int32)])]
-  arrays += [jnp.asarray(a).astype(smem_dtype(jnp.result_type(a)))
-             for a in tuple(score_args)[:c.num_score_args] + tuple(mask_args)[:c.num_mask_args]]
+  arrays += [
+    jnp.asarray(a).astype(smem_dtype(jnp.result_type(a)))
+    for a in tuple(score_args)[: c.num_score_args] + tuple(mask_args)[: c.num_mask_args]
+  ]
   return arrays, [pl.BlockSpec(memory_space=pltpu.SMEM)] * len(arrays)
 
 
@@ -296,8 +306,16 @@ def take_mods(c: TpuPlan, it, *, score_tables: bool = True):
   return off, tables_of_refs(score) if score_tables else score, tables_of_refs(mask)
 
 
-def tile_allowed(c: TpuPlan, qpos: Array, kpos: Array, q_seg: Optional[Array],
-                 k_seg: Optional[Array], b, n, mask_args=()) -> Array:
+def tile_allowed(
+  c: TpuPlan,
+  qpos: Array,
+  kpos: Array,
+  q_seg: Optional[Array],
+  k_seg: Optional[Array],
+  b,
+  n,
+  mask_args=(),
+) -> Array:
   """Boolean ``[tq, tk]`` element mask of a partial tile from positions ``[tq, 1]``, ``[1, tk]``."""
   allowed = jnp.broadcast_to(kpos < c.S, (qpos.shape[0], kpos.shape[1]))
   if c.opts.is_causal:
@@ -317,7 +335,8 @@ def score_mod(c: TpuPlan, z: Array, qpos: Array, kpos: Array, b, n, score_args=(
   if not c.score_in_kernel:
     return z
   return jnp.broadcast_to(
-      jnp.asarray(c.opts.score_mod(z, b, n, qpos, kpos, *score_args), jnp.float32), z.shape)
+    jnp.asarray(c.opts.score_mod(z, b, n, qpos, kpos, *score_args), jnp.float32), z.shape
+  )
 
 
 def score_mod_vjp(c: TpuPlan, z: Array, qpos: Array, kpos: Array, b, n, arg_refs):
@@ -331,6 +350,7 @@ def score_mod_vjp(c: TpuPlan, z: Array, qpos: Array, kpos: Array, b, n, arg_refs
       if jnp.issubdtype(r.dtype, jnp.inexact):
         reads.append((a, idx))
       return r[idx]
+
     return read
 
   tables = [ScalarTable(r.shape, r.dtype, recording(a, r)) for a, r in enumerate(arg_refs)]
@@ -339,10 +359,19 @@ def score_mod_vjp(c: TpuPlan, z: Array, qpos: Array, kpos: Array, b, n, arg_refs
 
   def replay(zz, *vals):
     it = iter(vals)
+
     def read(a, r):
       return lambda idx: next(it) if jnp.issubdtype(r.dtype, jnp.inexact) else r[idx]
-    return score_mod(c, zz, qpos, kpos, b, n,
-                     [ScalarTable(r.shape, r.dtype, read(a, r)) for a, r in enumerate(arg_refs)])
+
+    return score_mod(
+      c,
+      zz,
+      qpos,
+      kpos,
+      b,
+      n,
+      [ScalarTable(r.shape, r.dtype, read(a, r)) for a, r in enumerate(arg_refs)],
+    )
 
   out, pull = jax.vjp(replay, z, *values)
 

@@ -35,7 +35,7 @@ def _running_sum(x: Array, axis: int, *, reverse: bool, inclusive: bool) -> Arra
   t = jnp.arange(n)
   later, same = t[None, :] > t[:, None], t[None, :] == t[:, None]  # [j, t]
   mask = (later if reverse else jnp.logical_not(later | same)) | (same & inclusive)
-  letters = "abcdefgh"[:x.ndim]
+  letters = "abcdefgh"[: x.ndim]
   spec = f"z{letters[axis]},{letters}->{letters.replace(letters[axis], 'z')}"
   return _ein(spec, mask.astype(x.dtype), x)
 
@@ -68,8 +68,9 @@ def _parts(q, k, g, reset, sub):
   before = _running_sum(totals, 3, reverse=False, inclusive=False)  # b_r(I)
   earlier = jnp.reshape(jnp.arange(n)[:, None] > jnp.arange(n)[None, :], (1, 1, 1, n, n, 1, 1))
   # Key factor exp(b_r(I) - b_j) for j in sub-block J < I: (b_r(I) - b_e(J)) + (b_e(J) - b_j).
-  between = (before[:, :, :, :, None] - before[:, :, :, None, :]
-             - totals[:, :, :, None, :])[:, :, :, :, :, None]  # [B, K, G, I, J, 1, H]
+  between = (before[:, :, :, :, None] - before[:, :, :, None, :] - totals[:, :, :, None, :])[
+    :, :, :, :, :, None
+  ]  # [B, K, G, I, J, 1, H]
   expo = between + to_end[:, :, :, None]  # [B, K, G, I, J, s, H]
   f_key = jnp.where(earlier, jnp.exp(jnp.where(earlier, expo, 0.0)), 0.0)
   f_key = jnp.reshape(f_key, (B, K, G, n, C, H))
@@ -85,8 +86,21 @@ def _parts(q, k, g, reset, sub):
   dec = jnp.where(strict, jnp.exp(jnp.where(strict, diff, 0.0)), 0.0)
   b = jnp.reshape(inside + before[:, :, :, :, None], (B, K, G, C, H))  # b_i
   e_q, e_k, carry = _state_factors(gh, d, jnp.exp(b))
-  return dict(qh=qh, kh=kh, q_b=q_b, k_b=k_b, q_hat=q_hat, k_i=k_i, f_key=f_key, e_in=e_in,
-              dec=dec, keep=keep, e_q=e_q, e_k=e_k, carry=carry)
+  return dict(
+    qh=qh,
+    kh=kh,
+    q_b=q_b,
+    k_b=k_b,
+    q_hat=q_hat,
+    k_i=k_i,
+    f_key=f_key,
+    e_in=e_in,
+    dec=dec,
+    keep=keep,
+    e_q=e_q,
+    e_k=e_k,
+    carry=carry,
+  )
 
 
 def _state_factors(gh, d, e_b):
@@ -143,8 +157,11 @@ def gla_chunk(q, k, v, g, reset, state, sub):
   per chunk at run time (``lax.cond``: only the taken branch runs).
   """
   direct = jnp.max(-jnp.sum(g, axis=1)) <= DIRECT_MAX_DECAY
-  return jax.lax.cond(direct, lambda: direct_chunk(q, k, v, g, reset, state),
-                      lambda: sub_blocked_chunk(q, k, v, g, reset, state, sub))
+  return jax.lax.cond(
+    direct,
+    lambda: direct_chunk(q, k, v, g, reset, state),
+    lambda: sub_blocked_chunk(q, k, v, g, reset, state, sub),
+  )
 
 
 @functools.partial(autodiff.custom_vjp, nondiff_argnums=(6,))
@@ -191,8 +208,9 @@ def _gla_chunk_bwd(sub, res, cts):
   dk = dk_pairs + flat(self_w * p["q_b"]) + dk_end * p["e_k"]
   # Decays: each exponent's gradient summed onto the g's it is made of.
   # Pairs (i >= t > j) and exp(b_i) (g_t for t <= i): sums over i >= t.
-  dg = _running_sum(q_flat * dq_pairs - k_flat * dk_pairs + q_in * dq_in, 3, reverse=True,
-                    inclusive=True)
+  dg = _running_sum(
+    q_flat * dq_pairs - k_flat * dk_pairs + q_in * dq_in, 3, reverse=True, inclusive=True
+  )
   return _cotangents(dq, dk, dv, dg, k_end * dk_end, p["carry"], state, d_new, reset, d_state)
 
 
@@ -240,8 +258,9 @@ def _direct_forward(q, k, v, g, reset, state):
   vh = jnp.transpose(v, (0, 2, 1, 3))  # [B, K, C, Hv]
   d = jnp.cumsum(reset > 0.5, axis=1, dtype=jnp.int32)  # [B, C]
   t = jnp.arange(C)
-  strict = jnp.logical_and((t[:, None] > t[None, :])[None],
-                           d[:, :, None] == d[:, None, :])[:, None, None]  # [B, 1, 1, C, C]
+  strict = jnp.logical_and((t[:, None] > t[None, :])[None], d[:, :, None] == d[:, None, :])[
+    :, None, None
+  ]  # [B, 1, 1, C, C]
   b = _running_sum(gh, 3, reverse=False, inclusive=True)  # b_i <= 0
   e_b, e_nb = jnp.exp(b), jnp.exp(-b)
   q_hat, k_hat = qh * e_b, kh * e_nb
@@ -249,11 +268,30 @@ def _direct_forward(q, k, v, g, reset, state):
   self_w = jnp.sum(qh * kh, axis=-1)  # [B, K, G, C]
   e_q, e_k, carry = _state_factors(gh, d, e_b)
   q_in, k_end = qh * e_q, kh * e_k
-  out = (_ein("bkgij,bkjv->bkgiv", w, vh) + self_w[..., None] * vh[:, :, None]
-         + _ein("bkgih,bkghv->bkgiv", q_in, state))
+  out = (
+    _ein("bkgij,bkjv->bkgiv", w, vh)
+    + self_w[..., None] * vh[:, :, None]
+    + _ein("bkgih,bkghv->bkgiv", q_in, state)
+  )
   new_state = carry[..., None] * state + _ein("bkgjh,bkjv->bkghv", k_end, vh)
-  saved = (qh, kh, vh, e_b, e_nb, q_hat, k_hat, strict, w, self_w, e_q, q_in, e_k, k_end,
-           carry, state)
+  saved = (
+    qh,
+    kh,
+    vh,
+    e_b,
+    e_nb,
+    q_hat,
+    k_hat,
+    strict,
+    w,
+    self_w,
+    e_q,
+    q_in,
+    e_k,
+    k_end,
+    carry,
+    state,
+  )
   return jnp.transpose(out, (0, 3, 1, 2, 4)), new_state, saved
 
 
@@ -271,14 +309,19 @@ def _direct_fwd(q, k, v, g, reset, state):
 
 
 def _direct_bwd(res, cts):
-  (qh, kh, vh, e_b, e_nb, q_hat, k_hat, strict, w, self_w, e_q, q_in, e_k, k_end, carry,
-   state), reset = res
+  (
+    (qh, kh, vh, e_b, e_nb, q_hat, k_hat, strict, w, self_w, e_q, q_in, e_k, k_end, carry, state),
+    reset,
+  ) = res
   d_out, d_new = cts
   do = jnp.transpose(d_out, (0, 2, 3, 1, 4))  # [B, K, G, C, Hv]
   dw = jnp.where(strict, _ein("bkgiv,bkjv->bkgij", do, vh), 0.0)
   d_self = jnp.sum(do * vh[:, :, None], axis=-1)  # [B, K, G, C]: the diagonal of do v^T
-  dv = (_ein("bkgij,bkgiv->bkjv", w, do) + _ein("bkgi,bkgiv->bkiv", self_w, do)
-        + _ein("bkgjh,bkghv->bkjv", k_end, d_new))
+  dv = (
+    _ein("bkgij,bkgiv->bkjv", w, do)
+    + _ein("bkgi,bkgiv->bkiv", self_w, do)
+    + _ein("bkgjh,bkghv->bkjv", k_end, d_new)
+  )
   dq_in = _ein("bkgiv,bkghv->bkgih", do, state)
   d_state = _ein("bkgih,bkgiv->bkghv", q_in, do) + carry[..., None] * d_new
   dk_end = _ein("bkjv,bkghv->bkgjh", vh, d_new)
@@ -287,8 +330,7 @@ def _direct_bwd(res, cts):
   dq = dq_pairs + d_self[..., None] * kh + dq_in * e_q
   dk = dk_pairs + d_self[..., None] * qh + dk_end * e_k
   # The decays: the pair-sum identity of the module docstring, and the state terms.
-  dg = _running_sum(qh * dq_pairs - kh * dk_pairs + q_in * dq_in, 3, reverse=True,
-                    inclusive=True)
+  dg = _running_sum(qh * dq_pairs - kh * dk_pairs + q_in * dq_in, 3, reverse=True, inclusive=True)
   return _cotangents(dq, dk, dv, dg, k_end * dk_end, carry, state, d_new, reset, d_state)
 
 

@@ -12,8 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import (options, checks as _checks, empty as _empty, logits as _logits,
-                          op as _op, static as _static, normalizers)
+from attnjax._src import (
+  options,
+  checks as _checks,
+  empty as _empty,
+  logits as _logits,
+  op as _op,
+  static as _static,
+  normalizers,
+)
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.attention_stats import AttentionStats, row_mean
 
@@ -24,10 +31,21 @@ QueryPool = Literal["mean", "first"]
 QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
 # The dense keywords block_select_attention takes and forwards (attnjax.options.KEYWORDS):
 # the selection stands for a mask, window and modifiers, and for bias (no [T, S] logits).
-DENSE_KEYWORDS = options.keywords(without=(
-    "bias", "mask", "window", "score_mod", "score_mod_args", "mask_mod", "mask_mod_args",
+DENSE_KEYWORDS = options.keywords(
+  without=(
+    "bias",
+    "mask",
+    "window",
+    "score_mod",
+    "score_mod_args",
+    "mask_mod",
+    "mask_mod_args",
     "block_layout",
-    "context_axis", "context_strategy", "context_layout"))
+    "context_axis",
+    "context_strategy",
+    "context_layout",
+  )
+)
 
 
 def _pad_to(x: Array, length: int, axis: int = 1, value=0) -> Array:
@@ -100,8 +118,9 @@ def top_blocks(scores: Array, candidate: Array, top_k: int) -> Array:
   return jnp.where(idx == nk, -1, idx)
 
 
-def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
-               query_pool: str) -> Array:
+def _selection(
+  q: Array, k: Array, block_size: int, top_k: int, is_causal: bool, query_pool: str
+) -> Array:
   """int32 ``[B, K, nqb, top_k']`` selected key blocks of each query block (-1 = none)."""
   T = q.shape[1]
   nb = -(-T // block_size)
@@ -115,8 +134,15 @@ def _selection(q: Array, k: Array, block_size: int, top_k: int, is_causal: bool,
   return top_blocks(scores, candidate[None, None], top_k)
 
 
-def _select_blocks(q: Array, k: Array, *, block_size: int, top_k: int, is_causal: bool = True,
-                   query_pool: Optional[QueryPool] = None) -> Array:
+def _select_blocks(
+  q: Array,
+  k: Array,
+  *,
+  block_size: int,
+  top_k: int,
+  is_causal: bool = True,
+  query_pool: Optional[QueryPool] = None,
+) -> Array:
   """The blocks :func:`.block_select_attention` keeps besides each query block's own.
 
   Args:
@@ -151,13 +177,17 @@ def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
     query_pool = "first" if is_causal else "mean"
   _checks.check_choice("query_pool", query_pool, QUERY_POOLS)
   if is_causal and query_pool == "mean":
-    raise ValueError("query_pool='mean' with is_causal=True: a block's mean query includes its "
-                     "later queries, so the blocks an early query sees would depend on future "
-                     "tokens; use query_pool='first' (the default when causal)")
+    raise ValueError(
+      "query_pool='mean' with is_causal=True: a block's mean query includes its "
+      "later queries, so the blocks an early query sees would depend on future "
+      "tokens; use query_pool='first' (the default when causal)"
+    )
   T, S = _checks.shape_of(q)[1], _checks.shape_of(k)[1]
   if T != S:
-    raise ValueError(f"block_select_attention is self-attention: q and k need the same length, "
-                     f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
+    raise ValueError(
+      f"block_select_attention is self-attention: q and k need the same length, "
+      f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}"
+    )
   return query_pool
 
 
@@ -189,8 +219,9 @@ def selection_mask(sel: Array, T: int, block_size: int, num_heads: int) -> Array
 # Implementations.
 
 
-def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array,
-               block_size: int):
+def _reference(
+  inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array, block_size: int
+):
   """The ``"reference"`` engine: the selection's mask through :func:`attnjax.dense.reference`."""
   T, N = inputs.q.shape[1], inputs.q.shape[2]
   mask = selection_mask(sel, T, block_size, N)
@@ -208,11 +239,14 @@ def _row_stats(z, w, allowed, log_norm, key0):
   plogp = jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)
   lse = log_norm[..., 0]
   return dict(
-      has_key=has_key, normalisable=normalisable, entropy=-jnp.sum(plogp, axis=-1),
-      p0=jnp.sum(jnp.where(key0, p, 0.0), axis=-1),
-      zmax=jnp.max(jnp.where(allowed, z, -jnp.inf), axis=-1),
-      lse=jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0),
-      row_sum=jnp.sum(w, axis=-1))
+    has_key=has_key,
+    normalisable=normalisable,
+    entropy=-jnp.sum(plogp, axis=-1),
+    p0=jnp.sum(jnp.where(key0, p, 0.0), axis=-1),
+    zmax=jnp.max(jnp.where(allowed, z, -jnp.inf), axis=-1),
+    lse=jnp.where(jnp.logical_and(has_key, jnp.isfinite(lse)), lse, 0.0),
+    row_sum=jnp.sum(w, axis=-1),
+  )
 
 
 def _reduce_stats(r: dict) -> AttentionStats:
@@ -220,10 +254,12 @@ def _reduce_stats(r: dict) -> AttentionStats:
   later = (jnp.arange(T) >= 1)[None, None, :]
   zmax = jnp.max(r["zmax"], axis=-1)
   return AttentionStats(
-      sink_mass=row_mean(r["p0"], jnp.logical_and(r["normalisable"], later)),
-      entropy=row_mean(r["entropy"], r["normalisable"]),
-      max_logit=jnp.where(jnp.isfinite(zmax), zmax, 0.0),
-      logsumexp=r["lse"], row_sum=row_mean(r["row_sum"], r["has_key"]))
+    sink_mass=row_mean(r["p0"], jnp.logical_and(r["normalisable"], later)),
+    entropy=row_mean(r["entropy"], r["normalisable"]),
+    max_logit=jnp.where(jnp.isfinite(zmax), zmax, 0.0),
+    logsumexp=r["lse"],
+    row_sum=row_mean(r["row_sum"], r["has_key"]),
+  )
 
 
 def _tile_logits(opts: options.DenseOptions, qb: Array, q_sq: Optional[Array], kg: Array) -> Array:
@@ -234,8 +270,13 @@ def _tile_logits(opts: options.DenseOptions, qb: Array, q_sq: Optional[Array], k
   """
   dots = jnp.einsum("bkrh,bklh->bkrl", qb, kg, preferred_element_type=jnp.float32)
   if q_sq is not None:
-    dots = _logits.from_dots(dots, scale=opts.scale, similarity=opts.similarity, q_sq=q_sq,
-                             k_sq=jnp.sum(kg * kg, axis=-1)[:, :, None, :])
+    dots = _logits.from_dots(
+      dots,
+      scale=opts.scale,
+      similarity=opts.similarity,
+      q_sq=q_sq,
+      k_sq=jnp.sum(kg * kg, axis=-1)[:, :, None, :],
+    )
   return _logits.softcap(dots, opts.softcap)
 
 
@@ -243,12 +284,14 @@ def _own_block_causal(bs: int, G: int, L: int) -> Array:
   """The causal triangle of a gathered tile ``[1, 1, G * bs, L]``: on the own block's columns
   (the last ``bs``; the selected blocks before them are strictly earlier, all allowed)."""
   tri = np.tril(np.ones((bs, bs), bool))
-  return jnp.asarray(np.concatenate([np.ones((G * bs, L - bs), bool), np.tile(tri, (G, 1))],
-                                    axis=1))[None, None]
+  return jnp.asarray(
+    np.concatenate([np.ones((G * bs, L - bs), bool), np.tile(tri, (G, 1))], axis=1)
+  )[None, None]
 
 
-def _tile_allowed(blocks: Array, safe: Array, causal: Optional[Array], seg, T: int, Tp: int,
-                  bs: int, G: int):
+def _tile_allowed(
+  blocks: Array, safe: Array, causal: Optional[Array], seg, T: int, Tp: int, bs: int, G: int
+):
   """``(allowed, pos, ok)`` of a gathered tile whose key slots are the blocks ``blocks
   [B, K, ns]`` of ``bs`` keys (-1: an empty slot; ``safe`` the same with 0 there): the key
   positions ``pos`` and validity ``ok`` ``[B, K, ns * bs]`` (a real slot, a key before ``T``
@@ -267,8 +310,10 @@ def _tile_allowed(blocks: Array, safe: Array, causal: Optional[Array], seg, T: i
   if seg is not None:
     q_seg_i, kv_seg = seg
     nb = kv_seg.shape[2]
-    seg_k = jnp.reshape(jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)),
-                                            safe[..., None], axis=2), (B, K, 1, 1, L))
+    seg_k = jnp.reshape(
+      jnp.take_along_axis(jnp.broadcast_to(kv_seg, (B, K, nb, bs)), safe[..., None], axis=2),
+      (B, K, 1, 1, L),
+    )
     same = q_seg_i[:, None, None, :, None] == seg_k  # [B, K, 1, bs, L]
     same = jnp.reshape(jnp.broadcast_to(same, (B, K, G, bs, L)), (B, K, G * bs, L))
     allowed = jnp.logical_and(allowed, same)
@@ -282,15 +327,15 @@ def _online_tile(nz, z: Array, allowed: Array, pv, sink_rows: Optional[Array], H
   B, K, R, L = z.shape
   counts = None
   if nz.needs_counts:
-    counts = jnp.sum(jnp.broadcast_to(allowed, (B, K, R, L)), axis=-1, keepdims=True,
-                     dtype=jnp.float32)
+    counts = jnp.sum(
+      jnp.broadcast_to(allowed, (B, K, R, L)), axis=-1, keepdims=True, dtype=jnp.float32
+    )
   row = nz.row_inputs(sink_rows, counts)
   st = nz.init((B, K, R, 1), (B, K, R, Hv), False)
   return nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0]
 
 
-def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array,
-              block_size: int):
+def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Array, block_size: int):
   """Per query block: gather its selected key/value blocks, run the normaliser on the tile.
 
   A ``lax.map`` step slices its query block from ``q`` and lays it out as rows
@@ -338,15 +383,17 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
   nz = normalizers.REGISTRY[opts.normalizer]
   sink_rows = None
   if inputs.sink_logits is not None:
-    sink_rows = jnp.reshape(jnp.broadcast_to(jnp.reshape(f32(inputs.sink_logits),
-                                                         (1, K, G, 1, 1)), (1, K, G, bs, 1)),
-                            (1, K, R, 1))
+    sink_rows = jnp.reshape(
+      jnp.broadcast_to(jnp.reshape(f32(inputs.sink_logits), (1, K, G, 1, 1)), (1, K, G, bs, 1)),
+      (1, K, R, 1),
+    )
 
   def one_block(xs):
     i, blocks, q_seg_i = xs  # [], [B, K, ns], [B, bs]
     qb = jax.lax.dynamic_index_in_dim(q_blocks, i, axis=1, keepdims=False)  # [B, bs, N, H]
-    qb = jnp.reshape(jnp.transpose(jnp.reshape(qb, (B, bs, K, G, H)), (0, 2, 3, 1, 4)),
-                     (B, K, R, H))
+    qb = jnp.reshape(
+      jnp.transpose(jnp.reshape(qb, (B, bs, K, G, H)), (0, 2, 3, 1, 4)), (B, K, R, H)
+    )
     if dot:
       qb = qb * opts.scale
     safe = jnp.maximum(blocks, 0)
@@ -359,8 +406,9 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
     allowed, pos, ok = _tile_allowed(blocks, safe, causal, seg, T, Tp, bs, G)
     pv = lambda w: jnp.einsum("bkrl,bklh->bkrh", w, vg)
     # [B, K, G * bs, Hv] rows -> [B, bs, N, Hv], the output's layout.
-    time_major = lambda o: jnp.reshape(jnp.transpose(jnp.reshape(o, (B, K, G, bs, Hv)),
-                                                     (0, 3, 1, 2, 4)), (B, bs, N, Hv))
+    time_major = lambda o: jnp.reshape(
+      jnp.transpose(jnp.reshape(o, (B, K, G, bs, Hv)), (0, 3, 1, 2, 4)), (B, bs, N, Hv)
+    )
     if not opts.return_stats:
       return time_major(_online_tile(nz, z, allowed, pv, sink_rows, Hv))
     allowed = jnp.broadcast_to(allowed, (B, K, R, L))
@@ -374,9 +422,12 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
   if not opts.return_stats:
     return out
   # [nb, B, K, G * bs] -> [B, N, T]
-  rows = {name: jnp.reshape(jnp.transpose(jnp.reshape(x, (nb, B, K, G, bs)), (1, 2, 3, 0, 4)),
-                            (B, N, Tp))[..., :T]
-          for name, x in res[1].items()}
+  rows = {
+    name: jnp.reshape(
+      jnp.transpose(jnp.reshape(x, (nb, B, K, G, bs)), (1, 2, 3, 0, 4)), (B, N, Tp)
+    )[..., :T]
+    for name, x in res[1].items()
+  }
   return out, _reduce_stats(rows)
 
 
@@ -386,36 +437,45 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
 
 # The block-select op: its call is ``(inputs, opts, selection, block_size)``; auto-dispatch
 # takes the gathered engine everywhere.
-ENGINES: dict[str, _op.Engine] = {e.name: e for e in (
+ENGINES: dict[str, _op.Engine] = {
+  e.name: e
+  for e in (
     _op.Engine("reference", _reference, _op.supports_everything),
     _op.Engine("gathered", _gathered, _op.supports_everything),
-)}
-OP = _op.register(_op.Op(
-    "block_select", ENGINES, {}, ("gathered",),
+  )
+}
+OP = _op.register(
+  _op.Op(
+    "block_select",
+    ENGINES,
+    {},
+    ("gathered",),
     empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
-    is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k)))
+    is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
+  )
+)
 # The engines' names (the layer's and the signature's choices).
 IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _block_select_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    block_size: int,
-    top_k: int,
-    is_causal: bool = True,
-    query_pool: Optional[QueryPool] = None,
-    scale: Optional[float] = None,
-    normalizer: str = "softmax",
-    sink_logits: Optional[Array] = None,
-    softcap: Optional[float] = None,
-    segment_ids: Any = None,
-    similarity: str = "dot",
-    implementation: Optional[ImplementationName] = None,
-    return_stats: bool = False,
-    return_selection: bool = False,
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  block_size: int,
+  top_k: int,
+  is_causal: bool = True,
+  query_pool: Optional[QueryPool] = None,
+  scale: Optional[float] = None,
+  normalizer: str = "softmax",
+  sink_logits: Optional[Array] = None,
+  softcap: Optional[float] = None,
+  segment_ids: Any = None,
+  similarity: str = "dot",
+  implementation: Optional[ImplementationName] = None,
+  return_stats: bool = False,
+  return_selection: bool = False,
 ):
   """Attention over each query block's own block plus its ``top_k`` content-selected key blocks.
 
@@ -470,7 +530,12 @@ def _block_select_attention(
   return (*res, sel) if return_stats else (res, sel)
 
 
-BLOCK_SELECT_STATIC = ("block_size", "top_k", "query_pool", "implementation",
-                       "return_selection") + options.static(DENSE_KEYWORDS)
+BLOCK_SELECT_STATIC = (
+  "block_size",
+  "top_k",
+  "query_pool",
+  "implementation",
+  "return_selection",
+) + options.static(DENSE_KEYWORDS)
 
 block_select_attention = _static.jit(_block_select_attention, BLOCK_SELECT_STATIC)

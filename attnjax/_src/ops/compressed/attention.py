@@ -12,8 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import (checks as _checks, empty as _empty, op as _op, static as _static,
-                          normalizers, options)
+from attnjax._src import (
+  checks as _checks,
+  empty as _empty,
+  op as _op,
+  static as _static,
+  normalizers,
+  options,
+)
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import blockwise
 from attnjax._src.layout import key_block_candidates, rule_layout
@@ -24,10 +30,23 @@ ImplementationName = Literal["reference", "blockwise"]
 POOLS: tuple[str, ...] = ("mean", "max")
 # The dense keywords compressed_attention forwards (attnjax.options.KEYWORDS); its is_causal
 # and window are its own rule's (CompressedRule), not the dense ones.
-DENSE_KEYWORDS = options.keywords(without=(
-    "bias", "mask", "is_causal", "window", "similarity", "score_mod", "score_mod_args",
-    "mask_mod", "mask_mod_args", "block_layout",
-    "context_axis", "context_strategy", "context_layout"))
+DENSE_KEYWORDS = options.keywords(
+  without=(
+    "bias",
+    "mask",
+    "is_causal",
+    "window",
+    "similarity",
+    "score_mod",
+    "score_mod_args",
+    "mask_mod",
+    "mask_mod_args",
+    "block_layout",
+    "context_axis",
+    "context_strategy",
+    "context_layout",
+  )
+)
 
 # Segment id of a compressed block whose keys span several segments: matches no query
 # (queries must not use this id).
@@ -154,8 +173,9 @@ def _mask(rule: CompressedRule, T: int) -> Array:
   return rule.allowed(jnp.arange(T), jnp.arange(slots))[None, None]
 
 
-def _concat_inputs(inputs: options.DenseInputs, k_c: Array, v_c: Array, rule: CompressedRule
-                   ) -> options.DenseInputs:
+def _concat_inputs(
+  inputs: options.DenseInputs, k_c: Array, v_c: Array, rule: CompressedRule
+) -> options.DenseInputs:
   """Keys ``[compressed (padded to C_pad) ; raw]`` (raw only with a window), segment ids alike."""
   pad = rule.C_pad - rule.C
 
@@ -171,12 +191,18 @@ def _concat_inputs(inputs: options.DenseInputs, k_c: Array, v_c: Array, rule: Co
     v = jnp.concatenate([v, inputs.v], axis=1)
     if kv_seg is not None:
       seg = jnp.concatenate([seg, kv_seg], axis=1)
-  return dataclasses.replace(inputs, k=k, v=v,
-                             kv_segment_ids=None if kv_seg is None else seg)
+  return dataclasses.replace(inputs, k=k, v=v, kv_segment_ids=None if kv_seg is None else seg)
 
 
-def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array, v_c: Array,
-                     stride: int, window: Optional[tuple[int, int]], block_size: int):
+def _grouped_queries(
+  inputs: options.DenseInputs,
+  opts: options.DenseOptions,
+  k_c: Array,
+  v_c: Array,
+  stride: int,
+  window: Optional[tuple[int, int]],
+  block_size: int,
+):
   """The causal fast path (``T == S``): queries grouped by the blocks they see.
 
   Queries ``i = p * stride - 1 .. p * stride + stride - 2`` all see exactly the
@@ -191,29 +217,41 @@ def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_
   """
   from attnjax._src import patterns
   from attnjax._src.ops.sparse import attention as sparse
+
   q = inputs.q
   B, T, N, H = q.shape
   C, s = k_c.shape[1], stride
   Hv = v_c.shape[3]
   nz = normalizers.REGISTRY[opts.normalizer]
-  part_opts = opts if window is None else dataclasses.replace(
-      opts, normalizer=nz.merge_part, return_stats=True)
+  part_opts = (
+    opts
+    if window is None
+    else dataclasses.replace(opts, normalizer=nz.merge_part, return_stats=True)
+  )
   # Query i at padded row i + 1; rows (p * s .. p * s + s - 1) form group p; group 0 is dropped.
   qp = jnp.pad(q, [(0, 0), (1, (C + 1) * s - T - 1), (0, 0), (0, 0)])
   qp = jnp.reshape(qp, (B, C + 1, s, N, H))[:, 1:]
   qp = jnp.reshape(jnp.swapaxes(qp, 2, 3), (B, C, N * s, H))  # head n * s + r
-  grouped = options.DenseInputs(qp, k_c, v_c,
-                              sink_logits=None if window is not None else (
-                                  None if inputs.sink_logits is None else
-                                  jnp.repeat(inputs.sink_logits, s, axis=1)))
+  grouped = options.DenseInputs(
+    qp,
+    k_c,
+    v_c,
+    sink_logits=None
+    if window is not None
+    else (None if inputs.sink_logits is None else jnp.repeat(inputs.sink_logits, s, axis=1)),
+  )
   # Query blocks of block_size / 2 and key blocks of 4 * block_size (64 and 512 by default):
   # a tile then stacks stride * N / K query heads of 64 rows (256 at stride 4, MHA), enough
   # for XLA:CPU to split its products over cores (from ~256 rows and ~512 keys), while the
   # short query blocks keep the causal diagonal's waste small. T=4096, stride 4, MHA, 2 CPU
   # cores, forward without window: 52-63 ms against 67-83 with square 128-blocks (and ~4x
   # slower with the kernel's default 512-blocks); T=16384 with window 64: 711-748 vs 1028-1237.
-  res = blockwise.run(grouped, dataclasses.replace(part_opts, is_causal=True),
-                            block_q=max(1, block_size // 2), block_k=4 * block_size)
+  res = blockwise.run(
+    grouped,
+    dataclasses.replace(part_opts, is_causal=True),
+    block_q=max(1, block_size // 2),
+    block_k=4 * block_size,
+  )
   out_a, stats_a = res if part_opts.return_stats else (res, None)
 
   def ungroup(x, fill):  # [B, C, N * s, X] -> [B, T, N, X], rows before the first group = fill
@@ -246,28 +284,40 @@ def _grouped_queries(inputs: options.DenseInputs, opts: options.DenseOptions, k_
   return nz.merge([(out_a, lse_a), (out_b, lse_b)], sink).astype(q.dtype)
 
 
-def _one_call(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array, v_c: Array,
-              stride: int, is_causal: bool, window: Optional[tuple[int, int]], block_size: int):
+def _one_call(
+  inputs: options.DenseInputs,
+  opts: options.DenseOptions,
+  k_c: Array,
+  v_c: Array,
+  stride: int,
+  is_causal: bool,
+  window: Optional[tuple[int, int]],
+  block_size: int,
+):
   """The ``"blockwise"`` path: ``[compressed ; raw]`` keys through one block-wise kernel call."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   C = num_blocks(S, stride)
   # The compressed keys padded to whole key blocks: the raw window then starts on a block edge.
   bs = min(block_size, T)
-  rule = CompressedRule(T, S, stride, is_causal, window,
-                        C if window is None else -(-C // bs) * bs)
+  rule = CompressedRule(T, S, stride, is_causal, window, C if window is None else -(-C // bs) * bs)
   cat = _concat_inputs(inputs, k_c, v_c, rule)
   layout = rule_layout(rule, T, cat.k.shape[1], bs)
 
   def mask_fn(q_positions, k_slots):
     return rule.allowed(q_positions, k_slots)[None, None]
 
-  return blockwise.run_layout(cat, opts, layout=layout, mask_fn=mask_fn,
-                             use_default_mask_fn=False)
+  return blockwise.run_layout(cat, opts, layout=layout, mask_fn=mask_fn, use_default_mask_fn=False)
 
 
-def _grouped_forward(inputs: options.DenseInputs, opts: options.DenseOptions, k_c: Array,
-                     v_c: Array, stride: int, window: Optional[tuple[int, int]],
-                     block_size: int):
+def _grouped_forward(
+  inputs: options.DenseInputs,
+  opts: options.DenseOptions,
+  k_c: Array,
+  v_c: Array,
+  stride: int,
+  window: Optional[tuple[int, int]],
+  block_size: int,
+):
   """Causal self-attention: ``_grouped_queries`` when evaluated, ``_one_call`` when differentiated.
 
   A ``jax.custom_jvp`` whose primal is the grouped-query path and whose JVP
@@ -275,6 +325,7 @@ def _grouped_forward(inputs: options.DenseInputs, opts: options.DenseOptions, k_
   forward mode and second order work as there). The two agree to float
   rounding (both are tested against the reference).
   """
+
   # Fresh inputs inside (the path has no segment ids, bias or mask): a custom_jvp must not
   # close over traced arrays.
   @jax.custom_jvp
@@ -331,42 +382,78 @@ def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, c: _Rule
   """The ``"blockwise"`` engine: the grouped-query path where it applies, else one call."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   k_c, v_c = _pooled(inputs, c)
-  if (c.is_causal and T == S and inputs.q_segment_ids is None and not opts.return_stats
-      and (c.window is None or normalizers.REGISTRY[opts.normalizer].mergeable)):
+  if (
+    c.is_causal
+    and T == S
+    and inputs.q_segment_ids is None
+    and not opts.return_stats
+    and (c.window is None or normalizers.REGISTRY[opts.normalizer].mergeable)
+  ):
     return _grouped_forward(inputs, opts, k_c, v_c, c.stride, c.window, c.block_size)
   return _one_call(inputs, opts, k_c, v_c, c.stride, c.is_causal, c.window, c.block_size)
 
 
 # The compressed op: its call is ``(inputs, opts, rule)``; auto-dispatch takes the block-wise
 # engine everywhere.
-ENGINES: dict[str, _op.Engine] = {e.name: e for e in (
+ENGINES: dict[str, _op.Engine] = {
+  e.name: e
+  for e in (
     _op.Engine("reference", _reference, _op.supports_everything),
     _op.Engine("blockwise", _blockwise, _op.supports_everything),
-)}
-OP = _op.register(_op.Op(
-    "compressed", ENGINES, {}, ("blockwise",),
+  )
+}
+OP = _op.register(
+  _op.Op(
+    "compressed",
+    ENGINES,
+    {},
+    ("blockwise",),
     empty=lambda inputs, opts, c: _empty.dense(inputs, opts),
-    is_empty=lambda inputs, opts, c: _empty.is_empty(inputs.q, inputs.k)))
+    is_empty=lambda inputs, opts, c: _empty.is_empty(inputs.q, inputs.k),
+  )
+)
 # The engines' names (the layer's and the signature's choices).
 IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
-def _compressed(q, k, v, k_c, v_c, *, stride, pool, is_causal, window, scale, normalizer,
-                sink_logits, softcap, segment_ids, implementation, return_stats, block_size):
+def _compressed(
+  q,
+  k,
+  v,
+  k_c,
+  v_c,
+  *,
+  stride,
+  pool,
+  is_causal,
+  window,
+  scale,
+  normalizer,
+  sink_logits,
+  softcap,
+  segment_ids,
+  implementation,
+  return_stats,
+  block_size,
+):
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   rule = _Rule(k_c, v_c, pool, stride, is_causal, window, block_size)
   return _op.run(OP, (inputs, opts, rule), implementation)
 
 
-_compressed_jit = jax.jit(_compressed, static_argnames=(
-    "stride", "pool", "is_causal", "window", "implementation", "block_size")
-    + options.static(DENSE_KEYWORDS))
+_compressed_jit = jax.jit(
+  _compressed,
+  static_argnames=("stride", "pool", "is_causal", "window", "implementation", "block_size")
+  + options.static(DENSE_KEYWORDS),
+)
 
 
 def _check_compressed_kv(pool: Any, k: Array, v: Array, stride: int) -> tuple[Array, Array]:
   if len(pool) != 2:
-    raise ValueError(f"pool as compressed keys and values must be a pair (k_c, v_c), got a "
-                     f"sequence of length {len(pool)}")
+    raise ValueError(
+      f"pool as compressed keys and values must be a pair (k_c, v_c), got a "
+      f"sequence of length {len(pool)}"
+    )
   k_c, v_c = pool
   B, S, K, H = k.shape
   Hv = v.shape[3]
@@ -374,29 +461,30 @@ def _check_compressed_kv(pool: Any, k: Array, v: Array, stride: int) -> tuple[Ar
   for name, x, want in (("k_c", k_c, (B, C, K, H)), ("v_c", v_c, (B, C, K, Hv))):
     if _checks.shape_of(x) != want:
       raise ValueError(
-          f"pool=(k_c, v_c): {name} must have shape {want} ([B, ceil(S / stride), K, "
-          f"{'H' if name == 'k_c' else 'Hv'}] for k {tuple(k.shape)}, stride={stride}), "
-          f"got {_checks.shape_of(x)}")
+        f"pool=(k_c, v_c): {name} must have shape {want} ([B, ceil(S / stride), K, "
+        f"{'H' if name == 'k_c' else 'Hv'}] for k {tuple(k.shape)}, stride={stride}), "
+        f"got {_checks.shape_of(x)}"
+      )
   return jnp.asarray(k_c), jnp.asarray(v_c)
 
 
 def _compressed_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    stride: int,
-    pool: Union[str, tuple[Array, Array]] = "mean",
-    is_causal: bool = False,
-    window: Union[int, tuple[int, int], None] = None,
-    scale: Optional[float] = None,
-    normalizer: str = "softmax",
-    sink_logits: Optional[Array] = None,
-    softcap: Optional[float] = None,
-    segment_ids: Any = None,
-    implementation: Optional[ImplementationName] = None,
-    return_stats: bool = False,
-    block_size: int = 128,
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  stride: int,
+  pool: Union[str, tuple[Array, Array]] = "mean",
+  is_causal: bool = False,
+  window: Union[int, tuple[int, int], None] = None,
+  scale: Optional[float] = None,
+  normalizer: str = "softmax",
+  sink_logits: Optional[Array] = None,
+  softcap: Optional[float] = None,
+  segment_ids: Any = None,
+  implementation: Optional[ImplementationName] = None,
+  return_stats: bool = False,
+  block_size: int = 128,
 ):
   """Attention to keys and values pooled in blocks of ``stride``, plus an optional raw window.
 
@@ -454,14 +542,26 @@ def _compressed_attention(
   elif pool not in POOLS:
     raise ValueError(f"pool must be one of {POOLS} or a pair (k_c, v_c), got pool={pool!r}")
   return _compressed_jit(
-      q, k, v, k_c, v_c, stride=stride, pool=pool, is_causal=is_causal, window=window,
-      implementation=implementation, block_size=block_size,
-      **options.forwarded(DENSE_KEYWORDS, locals()))
+    q,
+    k,
+    v,
+    k_c,
+    v_c,
+    stride=stride,
+    pool=pool,
+    is_causal=is_causal,
+    window=window,
+    implementation=implementation,
+    block_size=block_size,
+    **options.forwarded(DENSE_KEYWORDS, locals()),
+  )
 
 
 compressed_attention = _static.canonicalized(
-    _compressed_attention, ("stride", "is_causal", "window", "implementation", "block_size")
-    + options.static(DENSE_KEYWORDS))
+  _compressed_attention,
+  ("stride", "is_causal", "window", "implementation", "block_size")
+  + options.static(DENSE_KEYWORDS),
+)
 
 
 def _checks_int(name: str, value: Any) -> int:
@@ -470,4 +570,3 @@ def _checks_int(name: str, value: Any) -> int:
   if value < 1:
     raise ValueError(f"{name} must be a positive int, got {name}={value}")
   return int(value)
-

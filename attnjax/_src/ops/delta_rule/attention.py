@@ -10,8 +10,12 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (checks as _checks, deprecation as _deprecation, op as _op,
-                          static as _static)
+from attnjax._src import (
+  checks as _checks,
+  deprecation as _deprecation,
+  op as _op,
+  static as _static,
+)
 from attnjax._src.ops import recurrent as _recurrent
 from attnjax._src.numerics import einsum as _einsum
 from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
@@ -114,8 +118,7 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
     ``scale``).
   """
   C = min(chunk_size, q.shape[1])
-  xs = tuple(chunks.to_chunks(x, C)
-             for x in (q, k, v, beta, g, reset.astype(jnp.float32)))
+  xs = tuple(chunks.to_chunks(x, C) for x in (q, k, v, beta, g, reset.astype(jnp.float32)))
   out, final = chunks.chunk_scan(_chunk_block, state, xs)
   return chunks.from_chunks(out, q.shape[1]), final
 
@@ -232,10 +235,10 @@ def _chunk_block(xs, s):
   q_c, k_c, v_c, b_c, g_c, r_c = xs
   u, w, qk, decay0, last = _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c > 0.5)
   u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
-  out = (decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s)
-         + _einsum("bkgcd,bkgdv->bkgcv", qk, u))
-  s = (decay0[..., -1][..., None, None] * s
-       + _einsum("bdkh,bkgd,bkgdv->bkghv", k_c, last, u))
+  out = decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s) + _einsum(
+    "bkgcd,bkgdv->bkgcv", qk, u
+  )
+  s = decay0[..., -1][..., None, None] * s + _einsum("bdkh,bkgd,bkgdv->bkghv", k_c, last, u)
   return jnp.transpose(out, (0, 3, 1, 2, 4)), s  # [B, C, K, G, Hv]
 
 
@@ -256,24 +259,25 @@ def parallel(*args, **kwargs):
 
 
 # The delta_rule op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
-OP = _recurrent.state_op("delta_rule", recurrent=recurrent, quadratic=quadratic, chunked=chunked,
-                         reference=REFERENCE_FORM)
+OP = _recurrent.state_op(
+  "delta_rule", recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_FORM
+)
 
 
 def _delta_rule_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    beta: Array,
-    *,
-    log_decay: Optional[Array] = None,
-    scale: Optional[float] = None,
-    initial_state: Optional[Array] = None,
-    return_state: bool = False,
-    segment_ids: Optional[Array] = None,
-    implementation: Optional[ImplementationName] = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    context_axis: Optional[str] = None,
+  q: Array,
+  k: Array,
+  v: Array,
+  beta: Array,
+  *,
+  log_decay: Optional[Array] = None,
+  scale: Optional[float] = None,
+  initial_state: Optional[Array] = None,
+  return_state: bool = False,
+  segment_ids: Optional[Array] = None,
+  implementation: Optional[ImplementationName] = None,
+  chunk_size: int = DEFAULT_CHUNK_SIZE,
+  context_axis: Optional[str] = None,
 ):
   """Attention by the delta rule (with ``log_decay``: the gated delta rule), causal.
 
@@ -322,10 +326,20 @@ def _delta_rule_attention(
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
     (Gated DeltaNet).
   """
-  x = _recurrent.prepare("delta_rule_attention", q, k, v, scale=scale,
-                         initial_state=initial_state, return_state=return_state,
-                         segment_ids=segment_ids, implementation=implementation,
-                         chunk_size=chunk_size, op=OP, context_axis=context_axis)
+  x = _recurrent.prepare(
+    "delta_rule_attention",
+    q,
+    k,
+    v,
+    scale=scale,
+    initial_state=initial_state,
+    return_state=return_state,
+    segment_ids=segment_ids,
+    implementation=implementation,
+    chunk_size=chunk_size,
+    op=OP,
+    context_axis=context_axis,
+  )
   B, T, N, _ = q.shape
   K = k.shape[2]
   _check_per_step("beta", beta, B, T, N)

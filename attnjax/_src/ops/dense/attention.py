@@ -10,8 +10,16 @@ from typing import Any, Callable, Optional, Union
 
 import jax.numpy as jnp
 
-from attnjax._src import (empty as _empty, jax_nn_compat as _jax_nn_compat, lowering as _lowering,
-                          op as _op, static as _static, trust as _trust, options, parallel)
+from attnjax._src import (
+  empty as _empty,
+  jax_nn_compat as _jax_nn_compat,
+  lowering as _lowering,
+  op as _op,
+  static as _static,
+  trust as _trust,
+  options,
+  parallel,
+)
 from attnjax._src.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
 from attnjax._src.ops.dense import reference as _dense_reference
 
@@ -47,27 +55,64 @@ Engine = _op.Engine
 # skip).
 BLOCKWISE_MIN_LENGTH_CPU = 256
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (
+ENGINES: dict[str, Engine] = {
+  e.name: e
+  for e in (
     Engine("reference", reference, _op.supports_everything),
-    Engine("blockwise", blockwise.run, blockwise.unsupported,
-           min_length=BLOCKWISE_MIN_LENGTH_CPU),
-    Engine("xla", functools.partial(jax_nn.compute, implementation="xla"), jax_nn.unsupported,
-           vouched_by="jax"),
-    Engine("cudnn", functools.partial(jax_nn.compute, implementation="cudnn"),
-           jax_nn.cudnn_unsupported, platform="cuda", per_shard=True, vouched_by="jax",
-           where="runs on a CUDA GPU only (jax's cuDNN call)"),
-    Engine("splash", splash.compute, splash.unsupported, platform="tpu", per_shard=True,
-           vouched_by="jax", where="runs on a TPU only (splash needs a TPU)"),
-    Engine("pallas_gpu", pallas_gpu.compute, pallas_gpu.unsupported, platform="cuda",
-           per_shard=True, vouched_by="device-check",
-           where="runs on a CUDA GPU only (a Triton kernel)"),
-    Engine("pallas_tpu", pallas_tpu.compute, pallas_tpu.unsupported, platform="tpu",
-           per_shard=True, vouched_by="device-check",
-           where="runs on a TPU only (a Mosaic kernel)"),
-    Engine("mosaic_gpu", mosaic_gpu.compute, mosaic_gpu.unsupported, platform="cuda",
-           per_shard=True, vouched_by="device-check",
-           where="runs on a CUDA GPU (sm_90) only"),
-)}
+    Engine("blockwise", blockwise.run, blockwise.unsupported, min_length=BLOCKWISE_MIN_LENGTH_CPU),
+    Engine(
+      "xla",
+      functools.partial(jax_nn.compute, implementation="xla"),
+      jax_nn.unsupported,
+      vouched_by="jax",
+    ),
+    Engine(
+      "cudnn",
+      functools.partial(jax_nn.compute, implementation="cudnn"),
+      jax_nn.cudnn_unsupported,
+      platform="cuda",
+      per_shard=True,
+      vouched_by="jax",
+      where="runs on a CUDA GPU only (jax's cuDNN call)",
+    ),
+    Engine(
+      "splash",
+      splash.compute,
+      splash.unsupported,
+      platform="tpu",
+      per_shard=True,
+      vouched_by="jax",
+      where="runs on a TPU only (splash needs a TPU)",
+    ),
+    Engine(
+      "pallas_gpu",
+      pallas_gpu.compute,
+      pallas_gpu.unsupported,
+      platform="cuda",
+      per_shard=True,
+      vouched_by="device-check",
+      where="runs on a CUDA GPU only (a Triton kernel)",
+    ),
+    Engine(
+      "pallas_tpu",
+      pallas_tpu.compute,
+      pallas_tpu.unsupported,
+      platform="tpu",
+      per_shard=True,
+      vouched_by="device-check",
+      where="runs on a TPU only (a Mosaic kernel)",
+    ),
+    Engine(
+      "mosaic_gpu",
+      mosaic_gpu.compute,
+      mosaic_gpu.unsupported,
+      platform="cuda",
+      per_shard=True,
+      vouched_by="device-check",
+      where="runs on a CUDA GPU (sm_90) only",
+    ),
+  )
+}
 # The names of the built-in engines (the layer's and the signatures' choices).
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 
@@ -75,24 +120,38 @@ IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 # supports the call (and, for attnjax's Pallas kernels, that the kernel-trust rule allows),
 # then FALLBACK. Another platform takes FALLBACK alone.
 PREFERENCES: dict[str, tuple[str, ...]] = {
-    "cuda": ("cudnn", "mosaic_gpu", "pallas_gpu"),
-    "tpu": ("splash", "pallas_tpu"),
+  "cuda": ("cudnn", "mosaic_gpu", "pallas_gpu"),
+  "tpu": ("splash", "pallas_tpu"),
 }
 FALLBACK: tuple[str, ...] = ("blockwise", "reference")
 
 
 def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
   inputs, opts = call
-  return parallel.attention(inputs, opts, implementation,
-                            lambda inputs, opts, implementation: local((inputs, opts), implementation))
+  return parallel.attention(
+    inputs,
+    opts,
+    implementation,
+    lambda inputs, opts, implementation: local((inputs, opts), implementation),
+  )
 
 
-OP = _op.register(_op.Op(
-    "dense", ENGINES, PREFERENCES, FALLBACK,
-    empty=_empty.dense, is_empty=_empty.dense_is_empty, context=_context,
+OP = _op.register(
+  _op.Op(
+    "dense",
+    ENGINES,
+    PREFERENCES,
+    FALLBACK,
+    empty=_empty.dense,
+    is_empty=_empty.dense_is_empty,
+    context=_context,
     # The call's own questions are answered outside this module (options, _empty): a dispatched
     # call never returns here.
-    context_axis=options.call_context_axis, length=options.call_length, trust_class=_trust.call_class))
+    context_axis=options.call_context_axis,
+    length=options.call_length,
+    trust_class=_trust.call_class,
+  )
+)
 
 
 def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...]) -> dict[str, str]:
@@ -100,8 +159,9 @@ def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...])
   return _op.choose(OP, (inputs, opts), platforms)
 
 
-def select_implementation(inputs: DenseInputs, opts: DenseOptions,
-                          platform: Optional[str] = None) -> str:
+def select_implementation(
+  inputs: DenseInputs, opts: DenseOptions, platform: Optional[str] = None
+) -> str:
   """Auto-dispatch on one platform: the first engine of :data:`PREFERENCES` (then
   :data:`FALLBACK`) that honours every option asked for.
 
@@ -161,8 +221,9 @@ def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation
 # Public function.
 
 
-def prepare(q, k, v, *, implementation: Optional[str] = None,
-            **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
+def prepare(
+  q, k, v, *, implementation: Optional[str] = None, **dense_keywords
+) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
   its canonical inputs and options; ``implementation`` is None or a name of :data:`ENGINES`."""
   inputs, opts = options.validate(q, k, v, **dense_keywords)
@@ -171,34 +232,34 @@ def prepare(q, k, v, *, implementation: Optional[str] = None,
 
 
 def _dot_product_attention(
-    query: Array,
-    key: Array,
-    value: Array,
-    bias: Optional[Array] = None,
-    mask: Optional[Array] = None,
-    *,
-    scale: Optional[float] = None,
-    is_causal: bool = False,
-    query_seq_lengths: Optional[Array] = None,
-    key_value_seq_lengths: Optional[Array] = None,
-    local_window_size: Optional[Union[int, tuple[int, int]]] = None,
-    implementation: Optional[str] = None,
-    return_residual: bool = False,
-    normalizer: str = "softmax",
-    sink_logits: Optional[Array] = None,
-    softcap: Optional[float] = None,
-    window: Optional[Union[int, tuple[int, int]]] = None,
-    segment_ids: Any = None,
-    similarity: Similarity = "dot",
-    return_stats: bool = False,
-    score_mod: Optional[Callable[..., Any]] = None,
-    score_mod_args: Any = None,
-    mask_mod: Optional[Callable[..., Any]] = None,
-    mask_mod_args: Any = None,
-    block_layout: Any = None,
-    context_axis: Optional[str] = None,
-    context_strategy: options.ContextStrategy = "ring",
-    context_layout: Optional[options.ContextLayout] = None,
+  query: Array,
+  key: Array,
+  value: Array,
+  bias: Optional[Array] = None,
+  mask: Optional[Array] = None,
+  *,
+  scale: Optional[float] = None,
+  is_causal: bool = False,
+  query_seq_lengths: Optional[Array] = None,
+  key_value_seq_lengths: Optional[Array] = None,
+  local_window_size: Optional[Union[int, tuple[int, int]]] = None,
+  implementation: Optional[str] = None,
+  return_residual: bool = False,
+  normalizer: str = "softmax",
+  sink_logits: Optional[Array] = None,
+  softcap: Optional[float] = None,
+  window: Optional[Union[int, tuple[int, int]]] = None,
+  segment_ids: Any = None,
+  similarity: Similarity = "dot",
+  return_stats: bool = False,
+  score_mod: Optional[Callable[..., Any]] = None,
+  score_mod_args: Any = None,
+  mask_mod: Optional[Callable[..., Any]] = None,
+  mask_mod_args: Any = None,
+  block_layout: Any = None,
+  context_axis: Optional[str] = None,
+  context_strategy: options.ContextStrategy = "ring",
+  context_layout: Optional[options.ContextLayout] = None,
 ):
   """Scaled dot-product attention with a choice of normaliser.
 
@@ -299,19 +360,25 @@ def _dot_product_attention(
     except past ``query_seq_lengths``, where it is zero too).
   """
   dense_keywords = options.forwarded(options.KEYWORDS, locals())
-  if context_axis is not None and (return_residual or query_seq_lengths is not None
-                                   or key_value_seq_lengths is not None):
-    raise ValueError(f"context_axis={context_axis!r} takes no return_residual, "
-                     f"query_seq_lengths or key_value_seq_lengths (they describe one device's "
-                     f"whole sequence); pass segment ids, and return_stats for the logsumexp")
+  if context_axis is not None and (
+    return_residual or query_seq_lengths is not None or key_value_seq_lengths is not None
+  ):
+    raise ValueError(
+      f"context_axis={context_axis!r} takes no return_residual, "
+      f"query_seq_lengths or key_value_seq_lengths (they describe one device's "
+      f"whole sequence); pass segment ids, and return_stats for the logsumexp"
+    )
   if local_window_size is not None:  # jax.nn's arguments, where given
     dense_keywords["window"] = _jax_nn_compat.window_of(local_window_size, window)
   if query_seq_lengths is not None or key_value_seq_lengths is not None:
-    dense_keywords = _jax_nn_compat.ragged(query, key, query_seq_lengths, key_value_seq_lengths,
-                                           dense_keywords)
+    dense_keywords = _jax_nn_compat.ragged(
+      query, key, query_seq_lengths, key_value_seq_lengths, dense_keywords
+    )
   if return_residual and return_stats:
-    raise ValueError("return_residual=True and return_stats=True: pass one (the residual is "
-                     "stats.logsumexp, transposed to [B, T, N])")
+    raise ValueError(
+      "return_residual=True and return_stats=True: pass one (the residual is "
+      "stats.logsumexp, transposed to [B, T, N])"
+    )
   # prepare's two checks; an implementation left at None (auto) needs none.
   inputs, opts = options.validate(query, key, value, **dense_keywords)
   if implementation is not None:
@@ -319,8 +386,11 @@ def _dot_product_attention(
   if not return_residual:
     return _op.run(OP, (inputs, opts), implementation)
   _jax_nn_compat.check_residual(
-      inputs, opts, implementation,
-      None if implementation is None else ENGINES[implementation].unsupported)
+    inputs,
+    opts,
+    implementation,
+    None if implementation is None else ENGINES[implementation].unsupported,
+  )
   out, stats = run(inputs, _jax_nn_compat.residual_options(opts), implementation)
   return out, _jax_nn_compat.residual(inputs, stats)
 

@@ -61,30 +61,33 @@ def _gain(name: str, gain: Optional[Array], H: int) -> Optional[Array]:
 
 
 def _qk_norm_attention(
-    q: Array, k: Array, v: Array, *,
-    norm: Norm = "rms",
-    q_gain: Optional[Array] = None,
-    k_gain: Optional[Array] = None,
-    eps: float = 1e-6,
-    bias: Optional[Array] = None,
-    mask: Optional[Array] = None,
-    is_causal: bool = False,
-    scale: Optional[float] = None,
-    normalizer: str = "softmax",
-    sink_logits: Optional[Array] = None,
-    softcap: Optional[float] = None,
-    window: Optional[Union[int, tuple[int, int]]] = None,
-    segment_ids: Any = None,
-    implementation: Optional[str] = None,
-    return_stats: bool = False,
-    score_mod: Any = None,
-    score_mod_args: Any = None,
-    mask_mod: Any = None,
-    mask_mod_args: Any = None,
-    block_layout: Any = None,
-    context_axis: Optional[str] = None,
-    context_strategy: options.ContextStrategy = "ring",
-    context_layout: Optional[options.ContextLayout] = None,
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  norm: Norm = "rms",
+  q_gain: Optional[Array] = None,
+  k_gain: Optional[Array] = None,
+  eps: float = 1e-6,
+  bias: Optional[Array] = None,
+  mask: Optional[Array] = None,
+  is_causal: bool = False,
+  scale: Optional[float] = None,
+  normalizer: str = "softmax",
+  sink_logits: Optional[Array] = None,
+  softcap: Optional[float] = None,
+  window: Optional[Union[int, tuple[int, int]]] = None,
+  segment_ids: Any = None,
+  implementation: Optional[str] = None,
+  return_stats: bool = False,
+  score_mod: Any = None,
+  score_mod_args: Any = None,
+  mask_mod: Any = None,
+  mask_mod_args: Any = None,
+  block_layout: Any = None,
+  context_axis: Optional[str] = None,
+  context_strategy: options.ContextStrategy = "ring",
+  context_layout: Optional[options.ContextLayout] = None,
 ):
   """Attention on normalised queries and keys (QK-norm).
 
@@ -133,21 +136,24 @@ def _qk_norm_attention(
     qn = qn * gq
   if gk is not None:
     kn = kn * gk
-  inputs, opts = dense.prepare(qn.astype(q.dtype), kn.astype(k.dtype), v,
-                               implementation=implementation, **dense_keywords)
+  inputs, opts = dense.prepare(
+    qn.astype(q.dtype), kn.astype(k.dtype), v, implementation=implementation, **dense_keywords
+  )
   return dense.run(inputs, opts, implementation)
 
 
-def _temperature_multiplier(temperature: Array, convention: CosineConvention, N: int,
-                            H: int) -> Array:
+def _temperature_multiplier(
+  temperature: Array, convention: CosineConvention, N: int, H: int
+) -> Array:
   """The per-head factor that multiplies the unit query, ``[1, 1, N, 1]`` or ``[1, 1, N, H]``."""
   _checks.check_floating("temperature", temperature)
   t = jnp.asarray(temperature, jnp.float32)
   if convention == "ngpt":
     if t.shape not in ((), (H,), (N, H)):
       raise ValueError(
-          f"temperature (nGPT s_qk) must have shape [], [H] = ({H},) or [N, H] = ({N}, {H}), "
-          f"got {t.shape}")
+        f"temperature (nGPT s_qk) must have shape [], [H] = ({H},) or [N, H] = ({N}, {H}), "
+        f"got {t.shape}"
+      )
     # (s * q_hat) . (s * k_hat) = sum_h s_h^2 q_hat_h k_hat_h: apply s^2 on the query side,
     # which also works when several query heads share a key head (GQA).
     return jnp.reshape(jnp.broadcast_to(t * t, (N, H)), (1, 1, N, H))
@@ -158,28 +164,31 @@ def _temperature_multiplier(temperature: Array, convention: CosineConvention, N:
 
 
 def _cosine_attention(
-    q: Array, k: Array, v: Array, *,
-    temperature: Array,
-    convention: CosineConvention = "swin",
-    eps: float = 1e-6,
-    bias: Optional[Array] = None,
-    mask: Optional[Array] = None,
-    is_causal: bool = False,
-    normalizer: str = "softmax",
-    sink_logits: Optional[Array] = None,
-    softcap: Optional[float] = None,
-    window: Optional[Union[int, tuple[int, int]]] = None,
-    segment_ids: Any = None,
-    implementation: Optional[str] = None,
-    return_stats: bool = False,
-    score_mod: Any = None,
-    score_mod_args: Any = None,
-    mask_mod: Any = None,
-    mask_mod_args: Any = None,
-    block_layout: Any = None,
-    context_axis: Optional[str] = None,
-    context_strategy: options.ContextStrategy = "ring",
-    context_layout: Optional[options.ContextLayout] = None,
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  temperature: Array,
+  convention: CosineConvention = "swin",
+  eps: float = 1e-6,
+  bias: Optional[Array] = None,
+  mask: Optional[Array] = None,
+  is_causal: bool = False,
+  normalizer: str = "softmax",
+  sink_logits: Optional[Array] = None,
+  softcap: Optional[float] = None,
+  window: Optional[Union[int, tuple[int, int]]] = None,
+  segment_ids: Any = None,
+  implementation: Optional[str] = None,
+  return_stats: bool = False,
+  score_mod: Any = None,
+  score_mod_args: Any = None,
+  mask_mod: Any = None,
+  mask_mod_args: Any = None,
+  block_layout: Any = None,
+  context_axis: Optional[str] = None,
+  context_strategy: options.ContextStrategy = "ring",
+  context_layout: Optional[options.ContextLayout] = None,
 ):
   """Cosine attention: logits are ``cos(q_i, k_j)`` times a learned per-head scale.
 
@@ -226,13 +235,19 @@ def _cosine_attention(
   qn = normalize_head(q, "l2", eps) * _temperature_multiplier(temperature, convention, N, H)
   kn = normalize_head(k, "l2", eps)
   dense_keywords["scale"] = math.sqrt(H) if convention == "ngpt" else 1.0
-  inputs, opts = dense.prepare(qn.astype(q.dtype), kn.astype(k.dtype), v,
-                               implementation=implementation, **dense_keywords)
+  inputs, opts = dense.prepare(
+    qn.astype(q.dtype), kn.astype(k.dtype), v, implementation=implementation, **dense_keywords
+  )
   return dense.run(inputs, opts, implementation)
 
 
-qk_norm_attention = _deprecation.renamed_keywords(_static.jit(_qk_norm_attention, (
-    "norm", "eps", "implementation") + options.static(QK_NORM_KEYWORDS)),
-    "qk_norm_attention", RENAMED_KEYWORDS)
-cosine_attention = _static.jit(_cosine_attention, (
-    "convention", "eps", "implementation") + options.static(COSINE_KEYWORDS))
+qk_norm_attention = _deprecation.renamed_keywords(
+  _static.jit(
+    _qk_norm_attention, ("norm", "eps", "implementation") + options.static(QK_NORM_KEYWORDS)
+  ),
+  "qk_norm_attention",
+  RENAMED_KEYWORDS,
+)
+cosine_attention = _static.jit(
+  _cosine_attention, ("convention", "eps", "implementation") + options.static(COSINE_KEYWORDS)
+)

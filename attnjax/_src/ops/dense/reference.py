@@ -23,18 +23,24 @@ def reference(inputs: options.DenseInputs, opts: options.DenseOptions, *, positi
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
-  s = _logits.scores(_logits.group_queries(q, K), k, scale=opts.scale,
-                     similarity=opts.similarity)
+  s = _logits.scores(_logits.group_queries(q, K), k, scale=opts.scale, similarity=opts.similarity)
   z, _ = _logits.capped_logits(jnp.reshape(s, (B, N, T, S)), opts.softcap, inputs.bias)
   allowed = masks.make_attention_mask(
-      T, S, mask=inputs.mask, is_causal=opts.is_causal, window=opts.window,
-      q_segment_ids=inputs.q_segment_ids, kv_segment_ids=inputs.kv_segment_ids)
+    T,
+    S,
+    mask=inputs.mask,
+    is_causal=opts.is_causal,
+    window=opts.window,
+    q_segment_ids=inputs.q_segment_ids,
+    kv_segment_ids=inputs.kv_segment_ids,
+  )
   if opts.score_mod is not None or opts.mask_mod is not None:  # the indices they read
     q_pos, k_pos = (jnp.arange(T), jnp.arange(S)) if positions is None else positions
     grid = _logits.index_grid(B, (N,), q_pos, k_pos)
     z = options.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
-    allowed = masks.combine_masks(allowed,
-                                  options.apply_mask_mod(opts, inputs.mask_mod_args, *grid))
+    allowed = masks.combine_masks(
+      allowed, options.apply_mask_mod(opts, inputs.mask_mod_args, *grid)
+    )
   if allowed is None:
     allowed = jnp.ones((1, 1, 1, 1), bool)
   sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)

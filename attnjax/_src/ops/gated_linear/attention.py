@@ -10,8 +10,12 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (checks as _checks, deprecation as _deprecation, op as _op,
-                          static as _static)
+from attnjax._src import (
+  checks as _checks,
+  deprecation as _deprecation,
+  op as _op,
+  static as _static,
+)
 from attnjax._src.ops import recurrent as _recurrent
 from attnjax._src.numerics import einsum as _einsum
 from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
@@ -67,8 +71,9 @@ def _sum_after(g: Array, axis: int) -> Array:
   """``sum_{t > j} g_t`` along ``axis`` (an exclusive reverse cumulative sum; 0 at the end)."""
   total = jnp.flip(jnp.cumsum(jnp.flip(g, axis=axis), axis=axis), axis=axis)  # sum_{t >= j}
   rest = jax.lax.slice_in_dim(total, 1, None, axis=axis)
-  return jnp.concatenate([rest, jnp.zeros_like(jax.lax.slice_in_dim(total, 0, 1, axis=axis))],
-                         axis=axis)
+  return jnp.concatenate(
+    [rest, jnp.zeros_like(jax.lax.slice_in_dim(total, 0, 1, axis=axis))], axis=axis
+  )
 
 
 def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Array:
@@ -84,8 +89,9 @@ def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Ar
   off_diag = jnp.logical_not(jnp.eye(keep.shape[1], keep.shape[2], dtype=bool))
   expo_keep = jnp.logical_and(keep, off_diag[None])[:, None, None, :, :, None]
   keep = keep[:, None, None, :, :, None]  # [B, 1, 1, i, j, 1]
-  diff = (jnp.moveaxis(bq, 1, 3)[:, :, :, :, None, :]
-          - jnp.moveaxis(bk, 1, 3)[:, :, :, None, :, :])  # [B, K, G, i, j, D]
+  diff = (
+    jnp.moveaxis(bq, 1, 3)[:, :, :, :, None, :] - jnp.moveaxis(bk, 1, 3)[:, :, :, None, :, :]
+  )  # [B, K, G, i, j, D]
   decay = jnp.where(keep, jnp.exp(jnp.where(expo_keep, diff, 0.0)), 0.0)
   if bq.shape[-1] == 1:
     return _einsum("bikgh,bjkh->bkgij", q, k) * decay[..., 0]
@@ -160,8 +166,7 @@ def quadratic(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array
   return _block_state(_block_terms(q, k, g, reset) + (v,), state)
 
 
-def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *,
-            chunk_size: int):
+def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *, chunk_size: int):
   """O(T): the quadratic form inside chunks, a scan carrying the state across them.
 
   The scan is ``attnjax.kernels.recurrent.chunks.chunk_scan``, whose backward keeps each
@@ -210,8 +215,10 @@ def _chunk_block(xs, state):
 def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
   """Returns ``log_decay`` as float32 ``[B, T, N, D]`` with ``D`` in ``{1, H}``."""
   if log_decay is None:
-    raise TypeError("log_decay is required: [B, T, N] (scalar per head) or [B, T, N, H] "
-                    "(per key channel), values <= 0")
+    raise TypeError(
+      "log_decay is required: [B, T, N] (scalar per head) or [B, T, N, H] "
+      "(per key channel), values <= 0"
+    )
   _checks.check_floating("log_decay", log_decay)
   shape = _checks.shape_of(log_decay)
   if len(shape) <= 3:
@@ -219,8 +226,10 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
   elif len(shape) == 4:
     target, per_channel = (B, T, N, H), True
   else:
-    raise ValueError(f"log_decay must broadcast to [B, T, N] = {(B, T, N)} or "
-                     f"[B, T, N, H] = {(B, T, N, H)}, got rank {len(shape)} shape {shape}")
+    raise ValueError(
+      f"log_decay must broadcast to [B, T, N] = {(B, T, N)} or "
+      f"[B, T, N, H] = {(B, T, N, H)}, got rank {len(shape)} shape {shape}"
+    )
   if any(d != 1 and d != t for d, t in zip(shape[::-1], target[::-1])):
     letters = "[B, T, N, H]" if per_channel else "[B, T, N]"
     raise ValueError(f"log_decay of shape {shape} is not broadcastable to {letters} = {target}")
@@ -236,23 +245,28 @@ def parallel(*args, **kwargs):
 
 
 # The gated_linear op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
-OP = _recurrent.state_op("gated_linear", recurrent=recurrent, quadratic=quadratic, chunked=chunked,
-                         reference=REFERENCE_FORM)
+OP = _recurrent.state_op(
+  "gated_linear",
+  recurrent=recurrent,
+  quadratic=quadratic,
+  chunked=chunked,
+  reference=REFERENCE_FORM,
+)
 
 
 def _gated_linear_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    log_decay: Array,
-    scale: Optional[float] = None,
-    initial_state: Optional[Array] = None,
-    return_state: bool = False,
-    segment_ids: Optional[Array] = None,
-    implementation: Optional[ImplementationName] = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    context_axis: Optional[str] = None,
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  log_decay: Array,
+  scale: Optional[float] = None,
+  initial_state: Optional[Array] = None,
+  return_state: bool = False,
+  segment_ids: Optional[Array] = None,
+  implementation: Optional[ImplementationName] = None,
+  chunk_size: int = DEFAULT_CHUNK_SIZE,
+  context_axis: Optional[str] = None,
 ):
   """Causal linear attention with a decaying state (RetNet, Mamba-2 decay, GLA).
 
@@ -310,10 +324,20 @@ def _gated_linear_attention(
     Yang et al. 2024, "Gated Linear Attention Transformers with
     Hardware-Efficient Training".
   """
-  x = _recurrent.prepare("gated_linear_attention", q, k, v, scale=scale,
-                         initial_state=initial_state, return_state=return_state,
-                         segment_ids=segment_ids, implementation=implementation,
-                         chunk_size=chunk_size, op=OP, context_axis=context_axis)
+  x = _recurrent.prepare(
+    "gated_linear_attention",
+    q,
+    k,
+    v,
+    scale=scale,
+    initial_state=initial_state,
+    return_state=return_state,
+    segment_ids=segment_ids,
+    implementation=implementation,
+    chunk_size=chunk_size,
+    op=OP,
+    context_axis=context_axis,
+  )
   B, T, N, H = q.shape
   g = _recurrent.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
   extra = (g,)

@@ -11,8 +11,15 @@ from typing import Callable, Literal, NamedTuple, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (checks as _checks, deprecation as _deprecation, empty as _empty,
-                          op as _op, static as _static, feature_maps, masks)
+from attnjax._src import (
+  checks as _checks,
+  deprecation as _deprecation,
+  empty as _empty,
+  op as _op,
+  static as _static,
+  feature_maps,
+  masks,
+)
 from attnjax._src.ops import recurrent as _recurrent
 from attnjax._src.numerics import einsum as _einsum
 from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
@@ -56,8 +63,10 @@ def zeros_state(batch: int, num_kv_heads: int, num_features: int, value_dim: int
   Returns:
     A :class:`.LinearState` of float32 zeros: ``kv_sum [B, K, F, Hv]``, ``k_sum [B, K, F]``.
   """
-  return LinearState(jnp.zeros((batch, num_kv_heads, num_features, value_dim), jnp.float32),
-                     jnp.zeros((batch, num_kv_heads, num_features), jnp.float32))
+  return LinearState(
+    jnp.zeros((batch, num_kv_heads, num_features, value_dim), jnp.float32),
+    jnp.zeros((batch, num_kv_heads, num_features), jnp.float32),
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -92,12 +101,13 @@ def quadratic(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_ca
   w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
   if is_causal:
     w = jnp.where(_causal_keep(T, S), w, 0.0)
-  num = (_einsum("bkgts,bskh->btkgh", w, v)
-         + _einsum("btkgf,bkfh->btkgh", phi_q, state.kv_sum))
-  den = (jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2))
-         + _einsum("btkgf,bkf->btkg", phi_q, state.k_sum))
-  final = LinearState(state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v),
-                      state.k_sum + jnp.sum(phi_k, axis=1))
+  num = _einsum("bkgts,bskh->btkgh", w, v) + _einsum("btkgf,bkfh->btkgh", phi_q, state.kv_sum)
+  den = jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2)) + _einsum(
+    "btkgf,bkf->btkg", phi_q, state.k_sum
+  )
+  final = LinearState(
+    state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v), state.k_sum + jnp.sum(phi_k, axis=1)
+  )
   return num, den, final
 
 
@@ -130,8 +140,15 @@ def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
   return jnp.moveaxis(num, 0, 1), jnp.moveaxis(den, 0, 1), final
 
 
-def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int,
-            finish_fn: Optional[Callable[[Array, Array], Array]] = None):
+def chunked(
+  q: Array,
+  k: Array,
+  v: Array,
+  state: LinearState,
+  *,
+  chunk_size: int,
+  finish_fn: Optional[Callable[[Array, Array], Array]] = None,
+):
   """Causal chunked form: intra-chunk masked quadratic + the state of the earlier chunks.
 
   A ``lax.scan`` over chunks of ``chunk_size`` carries ``(S, z)``; each step does
@@ -184,12 +201,13 @@ def chunked(q: Array, k: Array, v: Array, state: LinearState, *, chunk_size: int
       real = (index * C + jnp.arange(C)) < T
       k_c = jnp.where(jnp.reshape(real, (1, C, 1, 1)), k_c, 0.0)
     w = jnp.where(keep, _einsum("bckgf,bdkf->bkgcd", q_c, k_c), 0.0)
-    num = (_einsum("bkgcd,bdkh->bckgh", w, v_c)
-           + _einsum("bckgf,bkfh->bckgh", q_c, carry.kv_sum))
-    den = (jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2))
-           + _einsum("bckgf,bkf->bckg", q_c, carry.k_sum))
-    new = LinearState(carry.kv_sum + _einsum("bckf,bckh->bkfh", k_c, v_c),
-                      carry.k_sum + jnp.sum(k_c, axis=1))
+    num = _einsum("bkgcd,bdkh->bckgh", w, v_c) + _einsum("bckgf,bkfh->bckgh", q_c, carry.kv_sum)
+    den = jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2)) + _einsum(
+      "bckgf,bkf->bckg", q_c, carry.k_sum
+    )
+    new = LinearState(
+      carry.kv_sum + _einsum("bckf,bckh->bkfh", k_c, v_c), carry.k_sum + jnp.sum(k_c, axis=1)
+    )
     if finish_fn is not None:
       return new, finish_fn(num, den)
     return new, (num, den)
@@ -220,8 +238,9 @@ def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
     numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
     every key (:func:`.finish` turns the first two into the output).
   """
-  final = LinearState(state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v),
-                      state.k_sum + jnp.sum(phi_k, axis=1))
+  final = LinearState(
+    state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v), state.k_sum + jnp.sum(phi_k, axis=1)
+  )
   num = _einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
   den = _einsum("btkgf,bkf->btkg", phi_q, final.k_sum)
   return num, den, final
@@ -269,8 +288,15 @@ def _reference_stats(phi_q: Array, phi_k: Array, *, is_causal: bool) -> Attentio
   return stats._replace(max_logit=None, logsumexp=None)
 
 
-def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: bool,
-                   block: int, axis: Optional[str] = None) -> AttentionStats:
+def _blocked_stats(
+  phi_q: Array,
+  phi_k: Array,
+  *,
+  is_causal: bool,
+  nonnegative: bool,
+  block: int,
+  axis: Optional[str] = None,
+) -> AttentionStats:
   """The same statistics without the ``[T, S]`` matrix.
 
   ``row_sum`` is ``phi(q_i).z_i``: O(T). For a nonnegative feature map the
@@ -338,17 +364,19 @@ def _blocked_stats(phi_q: Array, phi_k: Array, *, is_causal: bool, nonnegative: 
     p0 = per_head(w0) / jnp.where(normalisable, per_head(raw_total), 1.0)
   later = (jnp.arange(T) + offset >= 1)[None, None, :]
   return AttentionStats(
-      sink_mass=mean_over_rows(p0, jnp.logical_and(normalisable, later)),
-      entropy=mean_over_rows(ent, normalisable),
-      row_sum=row_sum)
+    sink_mass=mean_over_rows(p0, jnp.logical_and(normalisable, later)),
+    entropy=mean_over_rows(ent, normalisable),
+    row_sum=row_sum,
+  )
 
 
 # ---------------------------------------------------------------------------
 # Context parallelism.
 
 
-def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bool,
-                    axis: str) -> tuple[LinearState, LinearState]:
+def _context_states(
+  phi_k: Array, v: Array, state: LinearState, *, is_causal: bool, axis: str
+) -> tuple[LinearState, LinearState]:
   """``(entering, final)`` states of this device's shard of a sequence sharded over ``axis``.
 
   The state update is ``S -> S + phi(K)^T V`` (the transition's decay is the identity),
@@ -375,13 +403,17 @@ def _context_states(phi_k: Array, v: Array, state: LinearState, *, is_causal: bo
 def _check_context(context_axis, *, feature_map, q, k) -> None:
   _recurrent.check_context_axis("linear_attention", context_axis)
   if q.shape[1] != k.shape[1]:
-    raise ValueError(f"context_axis={context_axis!r}: queries and keys must be sharded alike "
-                     f"(the same local length), got q {_checks.shape_of(q)} and k "
-                     f"{_checks.shape_of(k)}")
+    raise ValueError(
+      f"context_axis={context_axis!r}: queries and keys must be sharded alike "
+      f"(the same local length), got q {_checks.shape_of(q)} and k "
+      f"{_checks.shape_of(k)}"
+    )
   if feature_map.needs_consistent_scale:
-    raise ValueError(f"feature_map {feature_map.kind!r} with stabilize=True takes its key "
-                     f"constant from the call's keys, which differ per shard with "
-                     f"context_axis={context_axis!r}; draw it with stabilize=False")
+    raise ValueError(
+      f"feature_map {feature_map.kind!r} with stabilize=True takes its key "
+      f"constant from the call's keys, which differ per shard with "
+      f"context_axis={context_axis!r}; draw it with stabilize=False"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -394,8 +426,10 @@ def _canonical_normalize(normalize: Union[Normalize, bool]) -> str:
   if normalize is False:
     return "none"
   if not isinstance(normalize, str):
-    raise TypeError(f"normalize must be one of {NORMALIZE} or a bool (True: 'denominator', "
-                    f"False: 'none'), got {type(normalize).__name__} {normalize!r}")
+    raise TypeError(
+      f"normalize must be one of {NORMALIZE} or a bool (True: 'denominator', "
+      f"False: 'none'), got {type(normalize).__name__} {normalize!r}"
+    )
   _checks.check_choice("normalize", normalize, NORMALIZE + (True, False))
   return normalize
 
@@ -403,21 +437,26 @@ def _canonical_normalize(normalize: Union[Normalize, bool]) -> str:
 def _check_feature_map(feature_map: object, H: int) -> feature_maps.FeatureMap:
   if not isinstance(feature_map, feature_maps.FeatureMap):
     raise TypeError(
-        f"feature_map must be an attnjax.feature_maps.FeatureMap (e.g. feature_maps.elu_plus_one "
-        f"or feature_maps.favor_plus(key, m)), got {type(feature_map).__name__}")
+      f"feature_map must be an attnjax.feature_maps.FeatureMap (e.g. feature_maps.elu_plus_one "
+      f"or feature_maps.favor_plus(key, m)), got {type(feature_map).__name__}"
+    )
   feature_map.check(H)
   return feature_map
 
 
-def _check_state(initial_state: object,
-                 expected: tuple[tuple[int, ...], tuple[int, ...]]) -> LinearState:
+def _check_state(
+  initial_state: object, expected: tuple[tuple[int, ...], tuple[int, ...]]
+) -> LinearState:
   if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
     raise TypeError(
-        f"initial_state must be a LinearState (kv_sum [B, K, F, Hv], k_sum [B, K, F]), "
-        f"got {type(initial_state).__name__}")
+      f"initial_state must be a LinearState (kv_sum [B, K, F, Hv], k_sum [B, K, F]), "
+      f"got {type(initial_state).__name__}"
+    )
   state = LinearState(*initial_state)
-  for name, x, shape in (("initial_state.kv_sum", state.kv_sum, expected[0]),
-                         ("initial_state.k_sum", state.k_sum, expected[1])):
+  for name, x, shape in (
+    ("initial_state.kv_sum", state.kv_sum, expected[0]),
+    ("initial_state.k_sum", state.k_sum, expected[1]),
+  ):
     _checks.check_floating(name, x)
     if _checks.shape_of(x) != shape:
       letters = "[B, K, F, Hv]" if name.endswith("kv_sum") else "[B, K, F]"
@@ -462,15 +501,18 @@ def _recurrent_engine(c: _Call):
 def _recurrent_unsupported(c: _Call) -> list[str]:
   if c.is_causal:
     return []
-  return ["is_causal=False (it is the causal decode form; use 'chunked', O(T) through "
-          "phi(K)^T V, or 'quadratic' (= 'reference'), the quadratic form)"]
+  return [
+    "is_causal=False (it is the causal decode form; use 'chunked', O(T) through "
+    "phi(K)^T V, or 'quadratic' (= 'reference'), the quadratic form)"
+  ]
 
 
 def _chunked_engine(c: _Call):
   if c.is_causal:
     # The output is finished inside the chunk loop (no [B, T, ...] denominator array).
-    out, _, final = chunked(c.phi_q, c.phi_k, c.v, c.state, chunk_size=c.chunk_size,
-                            finish_fn=c.finish_fn)
+    out, _, final = chunked(
+      c.phi_q, c.phi_k, c.v, c.state, chunk_size=c.chunk_size, finish_fn=c.finish_fn
+    )
     return out, final
   num, den, final = noncausal(c.phi_q, c.phi_k, c.v, c.state)
   return c.finish_fn(num, den), final
@@ -481,25 +523,49 @@ def _context(call: tuple[_Call], implementation: Optional[str], local):
   before it (:func:`_context_states`) and runs ``local`` (the op's per-device computation)
   from there; the final state is the whole sequence's, on every device."""
   (c,) = call
-  entering, final = _context_states(c.phi_k, c.v, c.state, is_causal=c.is_causal,
-                                    axis=c.context_axis)
+  entering, final = _context_states(
+    c.phi_k, c.v, c.state, is_causal=c.is_causal, axis=c.context_axis
+  )
   out, _ = local((c._replace(state=entering, context_axis=None),), implementation)
   return out, final
 
 
 # The linear op: its call is ``(_Call,)``; every engine returns ``(out [B, T, K, G, Hv], final
 # state)``. Auto-dispatch takes the chunked form; a call with a context axis runs _context.
-OP = _op.register(_op.Op(
-    "linear", _recurrent.engines({
+OP = _op.register(
+  _op.Op(
+    "linear",
+    _recurrent.engines(
+      {
         "recurrent": _op.Engine("recurrent", _recurrent_engine, _recurrent_unsupported),
         "quadratic": _op.Engine("quadratic", _quadratic_engine, _op.supports_everything),
         "chunked": _op.Engine("chunked", _chunked_engine, _op.supports_everything),
-    }, REFERENCE_FORM), {}, ("chunked",), context=_context,
-    context_axis=lambda c: c.context_axis, renamed=_recurrent.RENAMED))
+      },
+      REFERENCE_FORM,
+    ),
+    {},
+    ("chunked",),
+    context=_context,
+    context_axis=lambda c: c.context_axis,
+    renamed=_recurrent.RENAMED,
+  )
+)
 
 
-def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chunk_size,
-             initial_state, return_state, eps):
+def _prepare(
+  q,
+  k,
+  v,
+  *,
+  feature_map,
+  is_causal,
+  normalize,
+  implementation,
+  chunk_size,
+  initial_state,
+  return_state,
+  eps,
+):
   B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
   feature_map = _check_feature_map(feature_map, H)
   normalize = _canonical_normalize(normalize)
@@ -510,38 +576,44 @@ def _prepare(q, k, v, *, feature_map, is_causal, normalize, implementation, chun
   _checks.check_positive_float("eps", eps, allow_none=False)
   if is_causal and T != S:
     raise ValueError(
-        f"causal linear attention needs as many queries as keys (a state carries earlier "
-        f"keys), got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}")
+      f"causal linear attention needs as many queries as keys (a state carries earlier "
+      f"keys), got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}"
+    )
   if feature_map.needs_consistent_scale:
     if normalize == "none":
       raise ValueError(
-          f"feature_map {feature_map.kind!r} with stabilize=True scales rows by constants that "
-          f"only a normalised output cancels; with normalize='none' draw it with stabilize=False")
+        f"feature_map {feature_map.kind!r} with stabilize=True scales rows by constants that "
+        f"only a normalised output cancels; with normalize='none' draw it with stabilize=False"
+      )
     if initial_state is not None or return_state:
       raise ValueError(
-          f"feature_map {feature_map.kind!r} with stabilize=True takes its key constant from this "
-          f"call's keys, so a state cannot be carried across calls; draw it with stabilize=False")
+        f"feature_map {feature_map.kind!r} with stabilize=True takes its key constant from this "
+        f"call's keys, so a state cannot be carried across calls; draw it with stabilize=False"
+      )
   F = feature_map.num_features(H)
-  state = (zeros_state(B, K, F, Hv) if initial_state is None
-           else _check_state(initial_state, ((B, K, F, Hv), (B, K, F))))
+  state = (
+    zeros_state(B, K, F, Hv)
+    if initial_state is None
+    else _check_state(initial_state, ((B, K, F, Hv), (B, K, F)))
+  )
   return feature_map, normalize, form, state
 
 
 def _linear_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
-    is_causal: bool = False,
-    normalize: Union[Normalize, bool] = "denominator",
-    implementation: Optional[ImplementationName] = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    initial_state: Optional[LinearState] = None,
-    return_state: bool = False,
-    return_stats: bool = False,
-    eps: float = DEFAULT_EPS,
-    context_axis: Optional[str] = None,
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
+  is_causal: bool = False,
+  normalize: Union[Normalize, bool] = "denominator",
+  implementation: Optional[ImplementationName] = None,
+  chunk_size: int = DEFAULT_CHUNK_SIZE,
+  initial_state: Optional[LinearState] = None,
+  return_state: bool = False,
+  return_stats: bool = False,
+  eps: float = DEFAULT_EPS,
+  context_axis: Optional[str] = None,
 ):
   """Kernel-feature (linear) attention.
 
@@ -607,9 +679,18 @@ def _linear_attention(
     Choromanski et al. 2021, "Rethinking Attention with Performers".
   """
   feature_map, normalize, form, state = _prepare(
-      q, k, v, feature_map=feature_map, is_causal=is_causal, normalize=normalize,
-      implementation=implementation, chunk_size=chunk_size, initial_state=initial_state,
-      return_state=return_state, eps=eps)
+    q,
+    k,
+    v,
+    feature_map=feature_map,
+    is_causal=is_causal,
+    normalize=normalize,
+    implementation=implementation,
+    chunk_size=chunk_size,
+    initial_state=initial_state,
+    return_state=return_state,
+    eps=eps,
+  )
   if context_axis is not None:
     _check_context(context_axis, feature_map=feature_map, q=q, k=k)
   B, T, N, _ = q.shape
@@ -631,30 +712,45 @@ def _linear_attention(
     # Each row's weights span every key: gather the features (O(T F) per device), then the
     # block scan over this device's rows at their global positions.
     keys = jax.lax.all_gather(phi_k, context_axis, axis=1, tiled=True)
-    stats = _blocked_stats(phi_q, keys, is_causal=is_causal, nonnegative=feature_map.nonnegative,
-                           block=chunk_size, axis=context_axis)
+    stats = _blocked_stats(
+      phi_q,
+      keys,
+      is_causal=is_causal,
+      nonnegative=feature_map.nonnegative,
+      block=chunk_size,
+      axis=context_axis,
+    )
   elif (REFERENCE_FORM if form == "reference" else form) == "quadratic":
     stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
   else:
-    stats = _blocked_stats(phi_q, phi_k, is_causal=is_causal,
-                           nonnegative=feature_map.nonnegative, block=chunk_size)
+    stats = _blocked_stats(
+      phi_q, phi_k, is_causal=is_causal, nonnegative=feature_map.nonnegative, block=chunk_size
+    )
   return result, stats
 
 
-LINEAR_STATIC = ("is_causal", "normalize", "implementation", "chunk_size", "return_state",
-                 "return_stats", "eps", "context_axis")
+LINEAR_STATIC = (
+  "is_causal",
+  "normalize",
+  "implementation",
+  "chunk_size",
+  "return_state",
+  "return_stats",
+  "eps",
+  "context_axis",
+)
 
 linear_attention = _static.jit(_linear_attention, LINEAR_STATIC)
 
 
 def _linear_attention_weights(
-    q: Array,
-    k: Array,
-    *,
-    feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
-    is_causal: bool = False,
-    normalize: Union[Normalize, bool] = "denominator",
-    eps: float = DEFAULT_EPS,
+  q: Array,
+  k: Array,
+  *,
+  feature_map: feature_maps.FeatureMap = feature_maps.elu_plus_one,
+  is_causal: bool = False,
+  normalize: Union[Normalize, bool] = "denominator",
+  eps: float = DEFAULT_EPS,
 ) -> Array:
   """The implied attention matrix ``[B, N, T, S]`` (float32), for small ``T``.
 

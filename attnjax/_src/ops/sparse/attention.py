@@ -12,8 +12,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import (empty as _empty, op as _op, static as _static, masks, mods, normalizers,
-                          options, parallel, patterns)
+from attnjax._src import (
+  empty as _empty,
+  op as _op,
+  static as _static,
+  masks,
+  mods,
+  normalizers,
+  options,
+  parallel,
+  patterns,
+)
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import blockwise
 from attnjax._src.layout import BlockLayout
@@ -27,8 +36,9 @@ ImplementationName = Literal["reference", "blockwise"]
 DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
 
 
-def _reference(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
-               block_size: int):
+def _reference(
+  inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern, block_size: int
+):
   """The pattern's exact dense mask handed to the dense reference (``block_size`` unused)."""
   del block_size
   T, S = inputs.q.shape[1], inputs.k.shape[1]
@@ -41,8 +51,9 @@ def _extend_keys(x: Array, extra: Array, axis: int) -> Array:
   return jnp.concatenate([x, jnp.take(x, extra, axis=axis)], axis=axis)
 
 
-def block_sparse(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
-                  block_size: int):
+def block_sparse(
+  inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern, block_size: int
+):
   """The pattern's plan run by the shared block-wise kernel (:func:`.blockwise.run_layout`).
 
   Args:
@@ -62,9 +73,10 @@ def block_sparse(inputs: options.DenseInputs, opts: options.DenseOptions, patter
   if plan.extra_keys.size and has_mods:
     # Gathered key slots: the modifiers see each slot's real key position, and the mask_mod
     # is evaluated per block at run time (its static layout is in sequence positions).
-    positions = (jnp.arange(T, dtype=jnp.int32),
-                 jnp.concatenate([jnp.arange(S, dtype=jnp.int32),
-                                  jnp.asarray(plan.extra_keys, jnp.int32)]))
+    positions = (
+      jnp.arange(T, dtype=jnp.int32),
+      jnp.concatenate([jnp.arange(S, dtype=jnp.int32), jnp.asarray(plan.extra_keys, jnp.int32)]),
+    )
     mod_table = True
   elif opts.mask_mod is not None:
     geometry = (T, S, min(block_size, T), min(block_size, S))
@@ -81,16 +93,27 @@ def block_sparse(inputs: options.DenseInputs, opts: options.DenseOptions, patter
       bias = _extend_keys(bias, extra, axis=3)
     kv_seg = inputs.kv_segment_ids
     inputs = dataclasses.replace(
-        inputs, k=_extend_keys(inputs.k, extra, 1), v=_extend_keys(inputs.v, extra, 1),
-        bias=bias, kv_segment_ids=None if kv_seg is None else _extend_keys(kv_seg, extra, 1))
+      inputs,
+      k=_extend_keys(inputs.k, extra, 1),
+      v=_extend_keys(inputs.v, extra, 1),
+      bias=bias,
+      kv_segment_ids=None if kv_seg is None else _extend_keys(kv_seg, extra, 1),
+    )
   shape = (T, plan.layout.kv_len)
   rule = plan.rule
 
   def mask_fn(q_positions, k_positions):
     return rule.allowed(q_positions, k_positions, shape)[None, None]
 
-  return blockwise.run_layout(inputs, opts, layout=layout, mask_fn=mask_fn,
-                             use_default_mask_fn=False, positions=positions, mod_table=mod_table)
+  return blockwise.run_layout(
+    inputs,
+    opts,
+    layout=layout,
+    mask_fn=mask_fn,
+    use_default_mask_fn=False,
+    positions=positions,
+    mod_table=mod_table,
+  )
 
 
 # Query blocks per chunk of the banded path: bounds its working memory, whatever the length
@@ -98,8 +121,9 @@ def block_sparse(inputs: options.DenseInputs, opts: options.DenseOptions, patter
 CHUNK_BLOCKS = 4
 
 
-def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
-                   block_size: int):
+def banded_chunks(
+  inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern, block_size: int
+):
   """A banded pattern (e.g. a sliding window) run chunk by chunk under ``lax.map``.
 
   Every chunk of ``C`` queries sees the same ``C + left + right`` keys around
@@ -188,16 +212,28 @@ def banded_chunks(inputs: options.DenseInputs, opts: options.DenseOptions, patte
       if chunk_seg is not None:
         chunk_seg = jnp.concatenate([chunk_seg, col_seg], axis=1)
     chunk_inputs = dataclasses.replace(
-        inputs, q=take(qp, C), k=chunk_k, v=chunk_v, mask=key_ok[None, None],
-        q_segment_ids=None if q_seg is None else take(q_seg, C), kv_segment_ids=chunk_seg)
+      inputs,
+      q=take(qp, C),
+      k=chunk_k,
+      v=chunk_v,
+      mask=key_ok[None, None],
+      q_segment_ids=None if q_seg is None else take(q_seg, C),
+      kv_segment_ids=chunk_seg,
+    )
     positions = None
     if opts.score_mod is not None or opts.mask_mod is not None:
       # The modifiers see global positions (padding slots are masked by key_ok).
       k_pos = k_global if not E else jnp.concatenate([k_global, jnp.asarray(cols)])
       positions = (start + jnp.arange(C, dtype=jnp.int32), k_pos.astype(jnp.int32))
-    res = blockwise.run_layout(chunk_inputs, opts, layout=layout, mask_fn=mask_fn,
-                              use_default_mask_fn=False, positions=positions,
-                              mod_table=opts.mask_mod is not None)
+    res = blockwise.run_layout(
+      chunk_inputs,
+      opts,
+      layout=layout,
+      mask_fn=mask_fn,
+      use_default_mask_fn=False,
+      positions=positions,
+      mod_table=opts.mask_mod is not None,
+    )
     # With statistics only the per-row logsumexp is kept: per-chunk means of
     # the other statistics would not combine into the sequence's.
     return (res[0], res[1].logsumexp) if opts.return_stats else res
@@ -227,10 +263,15 @@ def _chunk_layout(pattern: Pattern, parts, C: int, block_size: int, E: int):
   # Band keys rounded up to whole blocks, then the column slots in blocks of their own.
   KW = -(-KW // block_size) * block_size
   layout = BlockLayout.from_visits(
-      C, KW + E, block_size, block_size,
-      [plan.layout.visits(i) + [(KW // block_size + n, True)
-                                for n in range(-(-E // block_size))]
-       for i in range(plan.layout.num_q_blocks)])
+    C,
+    KW + E,
+    block_size,
+    block_size,
+    [
+      plan.layout.visits(i) + [(KW // block_size + n, True) for n in range(-(-E // block_size))]
+      for i in range(plan.layout.num_q_blocks)
+    ],
+  )
   return plan.rule, KW, layout
 
 
@@ -247,8 +288,9 @@ def _stitch_chunks(res, opts: options.DenseOptions, B: int, T: int, padded: int)
   return out, lse
 
 
-def _global_rows(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
-                 rows, out, lse):
+def _global_rows(
+  inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern, rows, out, lse
+):
   """``(out, lse)`` with the global query ``rows`` replaced: they see (up to) every key, so
   the dense reference runs on those rows only (``lse`` None without statistics)."""
   q = inputs.q
@@ -256,10 +298,14 @@ def _global_rows(inputs: options.DenseInputs, opts: options.DenseOptions, patter
   q_seg = inputs.q_segment_ids
   row_mask = pattern.allowed(jnp.asarray(rows), jnp.arange(S), (T, S))[None, None]
   row_inputs = dataclasses.replace(  # sparse_attention takes no mask array of its own
-      inputs, q=jnp.take(q, rows, axis=1), mask=row_mask,
-      q_segment_ids=None if q_seg is None else jnp.take(q_seg, rows, axis=1))
-  row_res = dense.reference(row_inputs, opts,
-                            positions=(jnp.asarray(rows), jnp.arange(S, dtype=jnp.int32)))
+    inputs,
+    q=jnp.take(q, rows, axis=1),
+    mask=row_mask,
+    q_segment_ids=None if q_seg is None else jnp.take(q_seg, rows, axis=1),
+  )
+  row_res = dense.reference(
+    row_inputs, opts, positions=(jnp.asarray(rows), jnp.arange(S, dtype=jnp.int32))
+  )
   row_out = row_res[0] if opts.return_stats else row_res
   out = out.at[:, rows].set(row_out)
   if opts.return_stats:
@@ -267,8 +313,9 @@ def _global_rows(inputs: options.DenseInputs, opts: options.DenseOptions, patter
   return out, lse
 
 
-def _strided_two_pass(inputs: options.DenseInputs, opts: options.DenseOptions, stride: int,
-                      block_size: int):
+def _strided_two_pass(
+  inputs: options.DenseInputs, opts: options.DenseOptions, stride: int, block_size: int
+):
   """Child et al.'s strided pattern as its two factors, merged by their logsumexps.
 
   The column part (``j = i - m * stride``, ``m >= 2``) touches every key block
@@ -305,7 +352,8 @@ def _strided_two_pass(inputs: options.DenseInputs, opts: options.DenseOptions, s
 
   column_rule = masks.structural_mask(jnp.arange(P) - 2, jnp.arange(P), is_causal=True)
   out_b, stats_b = dense.reference(
-      options.DenseInputs(to_columns(q), to_columns(k), to_columns(v), mask=column_rule), plain)
+    options.DenseInputs(to_columns(q), to_columns(k), to_columns(v), mask=column_rule), plain
+  )
 
   def from_columns(x):  # [B * stride, P, N, X] -> [B, T, N, X]
     x = jnp.swapaxes(jnp.reshape(x, (B, stride, P) + x.shape[2:]), 1, 2)
@@ -325,8 +373,12 @@ def _strided_two_pass(inputs: options.DenseInputs, opts: options.DenseOptions, s
   return out.astype(q.dtype)
 
 
-def _dilated_columns(inputs: options.DenseInputs, opts: options.DenseOptions,
-                     pattern: patterns.DilatedWindow, block_size: int):
+def _dilated_columns(
+  inputs: options.DenseInputs,
+  opts: options.DenseOptions,
+  pattern: patterns.DilatedWindow,
+  block_size: int,
+):
   """A dilated window run as a sliding window on the ``dilation`` residue columns.
 
   Query ``i`` keeps keys ``i - d * m``, all in its residue class ``i mod d``.
@@ -355,8 +407,13 @@ def _dilated_columns(inputs: options.DenseInputs, opts: options.DenseOptions,
 
   seg = lambda x: None if x is None else to_columns(x)
   cols = dataclasses.replace(
-      inputs, q=to_columns(q), k=to_columns(inputs.k), v=to_columns(inputs.v),
-      q_segment_ids=seg(inputs.q_segment_ids), kv_segment_ids=seg(inputs.kv_segment_ids))
+    inputs,
+    q=to_columns(q),
+    k=to_columns(inputs.k),
+    v=to_columns(inputs.v),
+    q_segment_ids=seg(inputs.q_segment_ids),
+    kv_segment_ids=seg(inputs.kv_segment_ids),
+  )
   local = patterns.sliding_window(pattern.window - 1)
   if P > 2 * CHUNK_BLOCKS * block_size:
     out = banded_chunks(cols, opts, local, block_size)
@@ -384,89 +441,127 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
   try:
     P = jax.lax.axis_size(axis)
   except NameError as e:
-    raise ValueError(f"context_axis={axis!r} is not a mesh axis of the enclosing "
-                     f"jax.shard_map (call sparse_attention inside shard_map over that "
-                     f"axis)") from e
+    raise ValueError(
+      f"context_axis={axis!r} is not a mesh axis of the enclosing "
+      f"jax.shard_map (call sparse_attention inside shard_map over that "
+      f"axis)"
+    ) from e
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   if T != S:
-    raise ValueError(f"context_axis={axis!r}: queries and keys must be sharded alike (the same "
-                     f"local length), got q {tuple(inputs.q.shape)} and k "
-                     f"{tuple(inputs.k.shape)}")
+    raise ValueError(
+      f"context_axis={axis!r}: queries and keys must be sharded alike (the same "
+      f"local length), got q {tuple(inputs.q.shape)} and k "
+      f"{tuple(inputs.k.shape)}"
+    )
   if opts.block_layout is not None:
-    raise ValueError("block_layout describes one device's whole call; with context_axis pass "
-                     "the mask_mod alone (the pattern's blocks are found per shard at run time)")
+    raise ValueError(
+      "block_layout describes one device's whole call; with context_axis pass "
+      "the mask_mod alone (the pattern's blocks are found per shard at run time)"
+    )
   whole = T * P
   rule = mods.pattern_mask(pattern, whole, whole)
   mask_mod = rule
   if opts.mask_mod is not None:
     mask_mod = mods.And((rule, opts.mask_mod), (0, len(inputs.mask_mod_args)))
-  dense_opts = dataclasses.replace(opts, mask_mod=mask_mod, is_causal=pattern.is_causal,
-                                   window=pattern.band())
+  dense_opts = dataclasses.replace(
+    opts, mask_mod=mask_mod, is_causal=pattern.is_causal, window=pattern.band()
+  )
   return parallel.attention(
-      inputs, dense_opts, implementation,
-      lambda inputs, opts, implementation: _op.run_on_this_platform(dense.OP, (inputs, opts),
-                                                                    implementation))
+    inputs,
+    dense_opts,
+    implementation,
+    lambda inputs, opts, implementation: _op.run_on_this_platform(
+      dense.OP, (inputs, opts), implementation
+    ),
+  )
 
 
-def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern,
-               block_size: int):
+def _blockwise(
+  inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern, block_size: int
+):
   """The ``"blockwise"`` engine: the pattern's fastest block-wise plan for the call (the
   dilated columns, the banded chunks, the strided two passes, else :func:`block_sparse`)."""
   T, S = inputs.q.shape[1], inputs.k.shape[1]
-  if (isinstance(pattern, patterns.DilatedWindow) and pattern.dilation > 1 and T == S
-      and inputs.bias is None and not opts.return_stats
-      and opts.score_mod is None and opts.mask_mod is None):
+  if (
+    isinstance(pattern, patterns.DilatedWindow)
+    and pattern.dilation > 1
+    and T == S
+    and inputs.bias is None
+    and not opts.return_stats
+    and opts.score_mod is None
+    and opts.mask_mod is None
+  ):
     return _dilated_columns(inputs, opts, pattern, block_size)
-  if (pattern.band_parts() is not None and inputs.bias is None and not opts.return_stats
-      and T > 2 * CHUNK_BLOCKS * block_size):
+  if (
+    pattern.band_parts() is not None
+    and inputs.bias is None
+    and not opts.return_stats
+    and T > 2 * CHUNK_BLOCKS * block_size
+  ):
     return banded_chunks(inputs, opts, pattern, block_size)
-  if (isinstance(pattern, patterns.Strided) and T == S
-      and normalizers.REGISTRY[opts.normalizer].mergeable and inputs.bias is None
-      and inputs.q_segment_ids is None and not opts.return_stats
-      and opts.score_mod is None and opts.mask_mod is None):
+  if (
+    isinstance(pattern, patterns.Strided)
+    and T == S
+    and normalizers.REGISTRY[opts.normalizer].mergeable
+    and inputs.bias is None
+    and inputs.q_segment_ids is None
+    and not opts.return_stats
+    and opts.score_mod is None
+    and opts.mask_mod is None
+  ):
     return _strided_two_pass(inputs, opts, pattern.stride, block_size)
   return block_sparse(inputs, opts, pattern, block_size)
 
 
 # The sparse op: its call is ``(inputs, opts, pattern, block_size)``; auto-dispatch takes the
 # block-wise engine everywhere.
-ENGINES: dict[str, _op.Engine] = {e.name: e for e in (
+ENGINES: dict[str, _op.Engine] = {
+  e.name: e
+  for e in (
     _op.Engine("reference", _reference, _op.supports_everything),
     _op.Engine("blockwise", _blockwise, _op.supports_everything),
-)}
-OP = _op.register(_op.Op(
-    "sparse", ENGINES, {}, ("blockwise",),
+  )
+}
+OP = _op.register(
+  _op.Op(
+    "sparse",
+    ENGINES,
+    {},
+    ("blockwise",),
     empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
     is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
-    context=_context_parallel, context_axis=lambda inputs, opts, *_: opts.context_axis,
-    renamed={"block_sparse": "blockwise"}))
+    context=_context_parallel,
+    context_axis=lambda inputs, opts, *_: opts.context_axis,
+    renamed={"block_sparse": "blockwise"},
+  )
+)
 # The engines' names (the layer's and the signature's choices).
 IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _sparse_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    pattern: Pattern,
-    block_size: int = 128,
-    bias: Optional[Array] = None,
-    scale: Optional[float] = None,
-    normalizer: str = "softmax",
-    sink_logits: Optional[Array] = None,
-    softcap: Optional[float] = None,
-    segment_ids: Any = None,
-    implementation: Optional[ImplementationName] = None,
-    return_stats: bool = False,
-    score_mod: Any = None,
-    score_mod_args: Any = None,
-    mask_mod: Any = None,
-    mask_mod_args: Any = None,
-    block_layout: Any = None,
-    context_axis: Optional[str] = None,
-    context_strategy: options.ContextStrategy = "ring",
-    context_layout: Optional[options.ContextLayout] = None,
+  q: Array,
+  k: Array,
+  v: Array,
+  *,
+  pattern: Pattern,
+  block_size: int = 128,
+  bias: Optional[Array] = None,
+  scale: Optional[float] = None,
+  normalizer: str = "softmax",
+  sink_logits: Optional[Array] = None,
+  softcap: Optional[float] = None,
+  segment_ids: Any = None,
+  implementation: Optional[ImplementationName] = None,
+  return_stats: bool = False,
+  score_mod: Any = None,
+  score_mod_args: Any = None,
+  mask_mod: Any = None,
+  mask_mod_args: Any = None,
+  block_layout: Any = None,
+  context_axis: Optional[str] = None,
+  context_strategy: options.ContextStrategy = "ring",
+  context_layout: Optional[options.ContextLayout] = None,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
 
@@ -523,8 +618,9 @@ def _sparse_attention(
   """
   if not isinstance(pattern, Pattern):
     raise TypeError(
-        f"pattern must be an attnjax.patterns.Pattern (e.g. patterns.sliding_window(256)), "
-        f"got {type(pattern).__name__}")
+      f"pattern must be an attnjax.patterns.Pattern (e.g. patterns.sliding_window(256)), "
+      f"got {type(pattern).__name__}"
+    )
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
   implementation = _op.check_implementation(OP, implementation, where="sparse_attention")
