@@ -12,10 +12,11 @@ A frozen, hashable pattern's one element rule (:meth:`.Pattern.allowed`) gives b
 Guide: :doc:`/guides/sparse`, sections "Patterns" and "Positions, windows and layouts".
 """
 
+# Layout helpers, for callers of the pattern API (notebooks draw kept / full blocks).
+from attnjax._src.layout import BlockLayout, SparsePlan, density, full_blocks, kept_blocks
 from attnjax._src.patterns import (
   BandParts,
   BigBird,
-  BlockLayout,
   Causal,
   DilatedWindow,
   Fixed,
@@ -25,17 +26,13 @@ from attnjax._src.patterns import (
   PatternUnion,
   SinksWindow,
   SlidingWindow,
-  SparsePlan,
   Strided,
   bigbird,
   causal,
-  density,
   dilated_window,
   fixed,
-  full_blocks,
   global_window,
   intersection,
-  kept_blocks,
   sinks_window,
   sliding_window,
   strided,

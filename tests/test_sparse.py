@@ -154,7 +154,7 @@ def test_layout_covers_exactly_the_mask(name, pattern, block_size):
   )
   # Every kept element lies in a listed block, and no listed block is empty.
   np.testing.assert_array_equal(patterns.kept_blocks(layout), any_kept)
-  np.testing.assert_array_equal(patterns.full_blocks(layout), all_kept)
+  np.testing.assert_array_equal(attnjax.patterns.full_blocks(layout), all_kept)
   assert layout.num_pairs == any_kept.sum()
   for qb in range(nq):
     n = num_visits[qb]
@@ -168,7 +168,7 @@ def test_window_layout_is_banded():
   layout = patterns.sliding_window(256).layout(4096, block_size=128)
   assert max(len(layout.visits(i)) for i in range(layout.num_q_blocks)) == 3
   assert layout.num_pairs == 1 + 2 + 3 * 30
-  assert patterns.density(layout) == 93 / 1024
+  assert attnjax.patterns.density(layout) == 93 / 1024
 
 
 # ---------------------------------------------------------------------------

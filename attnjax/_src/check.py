@@ -12,7 +12,6 @@ import functools
 import itertools
 import os
 import statistics
-import sys
 import time
 from typing import Callable, Optional
 
@@ -736,7 +735,3 @@ def main(argv=None) -> int:
   r = Report()
   status = run_checks(r, args)
   return status if status is not None else write(r, args.out)
-
-
-if __name__ == "__main__":
-  sys.exit(main())

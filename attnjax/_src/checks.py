@@ -89,8 +89,7 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int, int]:
     if np.ndim(x) != 4:
       letters = "[B, T, N, H]" if name == "q" else "[B, S, K, H]"
       raise ValueError(f"{name} must have rank 4 {letters}, got shape {shape_of(x)}")
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-      raise TypeError(f"{name} must be a floating-point array, got dtype {jnp.result_type(x)}")
+    check_floating(name, x)
   if not (q.dtype == k.dtype == v.dtype):
     raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
   B, T, N, H = q.shape

@@ -586,23 +586,3 @@ def from_mask_mod(
   if key is not None:
     _MASK_MOD_LAYOUTS[key] = out
   return out
-
-
-__all__ = [
-  "BlockLayout",
-  "FULL",
-  "MASKED",
-  "SKIP",
-  "SparsePlan",
-  "classify_blocks",
-  "density",
-  "from_mask_mod",
-  "full_blocks",
-  "intersect",
-  "kept_blocks",
-  "key_block_candidates",
-  "mask_mod_block_table",
-  "rule_layout",
-  "segment_block_relations",
-  "structural_layout",
-]

@@ -535,29 +535,6 @@ def layer_kwargs(
 _alibi_mod = alibi  # layer_kwargs' parameter ``alibi`` shadows the function
 
 
-__all__ = [
-  "And",
-  "ChunkedMask",
-  "PatternMask",
-  "PositionTemperature",
-  "ScoreChain",
-  "SlidingWindowMask",
-  "SoftCap",
-  "T5RelativeBias",
-  "alibi",
-  "alibi_slopes",
-  "causal_mask",
-  "causal_document_mask",
-  "chunked_mask",
-  "document_mask",
-  "pattern_mask",
-  "position_temperature_factor",
-  "prefix_lm_mask",
-  "sliding_window_mask",
-  "t5_bucket",
-  "t5_relative_bias",
-]
-
 # Names of the mask modifiers before they took the ``_mask`` suffix (which keeps them apart
 # from the patterns of :mod:`attnjax.patterns`); they keep working for one release.
 _RENAMED = {

@@ -14,9 +14,8 @@ import numpy as np
 
 from attnjax._src import masks
 
-# Layouts are built in attnjax.layout from these rules; the names below are re-exported
-# for callers of the pattern API (notebooks draw kept / full blocks).
-from attnjax._src.layout import BlockLayout, SparsePlan, density, full_blocks, kept_blocks
+# Layouts are built in attnjax.layout from these rules.
+from attnjax._src.layout import BlockLayout, SparsePlan, kept_blocks
 from attnjax._src.layout import key_block_candidates, rule_layout
 
 Array = jnp.ndarray
@@ -865,34 +864,3 @@ def intersection(*patterns: Pattern) -> Pattern:
   if any(p.is_causal and not isinstance(p, Causal) for p in parts):
     parts = [p for p in parts if not isinstance(p, Causal)]
   return parts[0] if len(parts) == 1 else PatternIntersection(tuple(parts))
-
-
-__all__ = [
-  "BandParts",
-  "BigBird",
-  "BlockLayout",
-  "Causal",
-  "DilatedWindow",
-  "Fixed",
-  "GlobalWindow",
-  "Pattern",
-  "PatternIntersection",
-  "PatternUnion",
-  "SinksWindow",
-  "SlidingWindow",
-  "SparsePlan",
-  "Strided",
-  "bigbird",
-  "causal",
-  "density",
-  "dilated_window",
-  "fixed",
-  "full_blocks",
-  "global_window",
-  "intersection",
-  "kept_blocks",
-  "sinks_window",
-  "sliding_window",
-  "strided",
-  "union",
-]

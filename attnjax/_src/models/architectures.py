@@ -1154,30 +1154,3 @@ def architecture_table(detail: str = "maps_to") -> str:
       name += f" ({arch.known_as})"
     rows.append(f"| {name} | {getattr(arch, detail)} |")
   return "\n".join(rows) + "\n"
-
-
-__all__ = [
-  "ARCHITECTURES",
-  "Architecture",
-  "CheckpointError",
-  "Config",
-  "FULL",
-  "GPT2",
-  "Gemma2",
-  "Gemma3Text",
-  "GptOss",
-  "LAYER_TYPES",
-  "Llama",
-  "LlamaStyle",
-  "Mistral",
-  "Olmo2",
-  "Qwen2",
-  "Qwen3",
-  "Rule",
-  "SLIDING",
-  "SUPPORTED",
-  "architecture",
-  "architecture_table",
-  "dequantize_mxfp4",
-  "register",
-]

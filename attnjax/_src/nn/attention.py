@@ -28,8 +28,6 @@ from attnjax._src.nn.specs import Call
 
 Array = jnp.ndarray
 
-__all__ = ["Attention"]
-
 
 class Attention(nnx.Module):
   """Multi-head attention of any attnjax family (see the module docstring).

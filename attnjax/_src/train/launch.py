@@ -170,7 +170,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     port=args.port,
     platform=args.platform,
   )
-
-
-if __name__ == "__main__":
-  sys.exit(main())

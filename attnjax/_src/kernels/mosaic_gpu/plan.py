@@ -387,18 +387,6 @@ def stat_row_keys(nz, with_stats: bool, has_sink: bool) -> tuple[str, ...]:
   return tuple(sorted(srow)) if srow is not None else ()
 
 
-__all__ = [
-  "BLOCK_SIZE_TABLE",
-  "BlockSizes",
-  "DEFAULT_BLOCK_SIZES",
-  "SMEM_LIMIT_BYTES",
-  "block_sizes_for",
-  "lower_rows",
-  "smem_bytes",
-  "stat_row_keys",
-]
-
-
 # ---------------------------------------------------------------------------
 # The plan of one call, and what the kernels read from it.
 
