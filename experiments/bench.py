@@ -391,41 +391,32 @@ def sparse_suite(args) -> Iterable[Case]:
   )
   window = attnjax.patterns.sliding_window(256)
   pairs = lambda T: allowed_pairs(T, T, is_causal=True, window=(256, 0))
-  # Block 64 computes 320 keys per query for the 257 it needs, block 128 384.
-  runs = [(T, block) for T in parse_sizes(args.sizes or "4096,16384") for block in (64, 128)]
-  for T, block in runs:
+
+  def window_case(T, block, shape, baseline=False):
     qT, kT, vT = qkv(B, T, N, H)
-    yield Case(
+    attend = jax.jit(
+      lambda q, k, v: attnjax.sparse_attention(q, k, v, pattern=window, block_size=block)
+    )
+    return Case(
       "sparse",
       f"sliding_window(256) T={T} block={block}",
       shape,
-      jax.jit(
-        lambda q, k, v, block=block: attnjax.sparse_attention(
-          q, k, v, pattern=window, block_size=block
-        )
-      ),
+      attend,
       (qT, kT, vT),
       attention_flops(B, N, H, pairs(T)),
+      baseline=baseline,
     )
+
+  # Block 64 computes 320 keys per query for the 257 it needs, block 128 384.
+  runs = [(T, block) for T in parse_sizes(args.sizes or "4096,16384") for block in (64, 128)]
+  for T, block in runs:
+    yield window_case(T, block, shape)
   # Growth with length, each block size against its own T=4096 time (linear = 4x).
   sizes = parse_sizes(args.sizes or "4096,16384")
   for block in (64, 128) if len(sizes) > 1 else ():
     growth = f"sliding_window(256) block={block}: T={sizes[-1]}/T={sizes[0]}"
     for T in (sizes[0], sizes[-1]):
-      qT, kT, vT = qkv(B, T, N, H)
-      yield Case(
-        "sparse",
-        f"sliding_window(256) T={T} block={block}",
-        growth,
-        jax.jit(
-          lambda q, k, v, block=block: attnjax.sparse_attention(
-            q, k, v, pattern=window, block_size=block
-          )
-        ),
-        (qT, kT, vT),
-        attention_flops(B, N, H, pairs(T)),
-        baseline=T == sizes[0],
-      )
+      yield window_case(T, block, growth, baseline=T == sizes[0])
   # strided runs as a window plus its transposed columns; fixed visits its own
   # block plus gathered summary keys.
   for pattern, block in ((attnjax.patterns.strided(64), 64), (attnjax.patterns.fixed(64, 8), 64)):
