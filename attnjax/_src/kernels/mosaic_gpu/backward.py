@@ -535,6 +535,7 @@ def _tile_row_dot(c, arrays, seg_args, scratch, run_params):
     grid_names=("heads", "q_blocks", "batch"),
     interpret=interpret,
     compiler_params=params,
+    kernel_name="attnjax_row_dot",
   )(*arrays, dummy, *seg_args)
 
 
@@ -587,6 +588,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
     grid_names=("heads", "q_blocks", "batch"),
     interpret=interpret,
     compiler_params=params,
+    kernel_name="attnjax_dq",
   )(qh, kh, vh, doh, rows, *seg_args)
 
   ckv = dkdv_plan(c)
@@ -620,6 +622,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
     grid_names=("heads", "k_blocks", "batch"),
     interpret=interpret,
     compiler_params=params,
+    kernel_name="attnjax_dkdv",
   )(qh, kh, vh, doh, rows, *kv_seg_args)
 
   return dq[:, : c.T], dk[:, : c.S], dv[:, : c.S], dsink

@@ -644,6 +644,7 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
     thread_name="wg",
     interpret=interpret,
     compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
+    kernel_name="attnjax_forward",
   )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
   return outs[0][:, : c.T], srow
