@@ -40,17 +40,15 @@ class Instr:
   text: str
 
 
-def split_functions(sass: str) -> dict[str, list[str]]:
-  """nvdisasm output (one or more cubins) -> ``{function name: its lines}``."""
-  out: dict[str, list[str]] = {}
-  current = None
+def split_functions(sass: str) -> list[tuple[str, list[str]]]:
+  """nvdisasm output (one or more cubins) -> ``[(function name, its lines)]`` in order."""
+  out: list[tuple[str, list[str]]] = []
   for line in sass.splitlines():
     m = _FUNCTION.match(line)
     if m:
-      current = m.group(1)
-      out[current] = []
-    elif current is not None:
-      out[current].append(line)
+      out.append((m.group(1), []))
+    elif out:
+      out[-1][1].append(line)
   return out
 
 
@@ -83,16 +81,17 @@ def loops(instrs: list[Instr], labels: dict[str, int]) -> list[tuple[int, int]]:
 
 
 def hot_loop(instrs, labels) -> tuple[int, int] | None:
-  """The innermost loop holding wgmma issues (HGMMA) and exponentials (MUFU.EX2): a tile's
-  step. Of several (masked and unmasked steps), the shortest: the unmasked interior's."""
-  best = None
+  """A tile's step: of the loops holding wgmma issues (HGMMA), those with the most
+  exponentials (MUFU.EX2: a whole tile's), the shortest (the unmasked interior's step, where
+  masked edge steps have their own loops); one holding such a loop counts as that loop's."""
+  best, key = None, None
   for lo, hi in loops(instrs, labels):
     body = instrs[lo : hi + 1]
-    if any(x.opcode.startswith("HGMMA") for x in body) and any(
-      x.opcode == "MUFU.EX2" for x in body
-    ):
-      if best is None or hi - lo < best[1] - best[0]:
-        best = (lo, hi)
+    ex2 = sum(1 for x in body if x.opcode == "MUFU.EX2")
+    if ex2 and any(x.opcode.startswith("HGMMA") for x in body):
+      k = (-ex2, hi - lo)
+      if key is None or k < key:
+        best, key = (lo, hi), k
   return best
 
 
@@ -197,29 +196,31 @@ _PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?")
 
 
-def parse_ptxas(text: str) -> dict[str, dict]:
-  """``{function: {registers, barriers, spill_stores, spill_loads, notes}}`` of ptxas -v."""
-  out: dict[str, dict] = {}
+def parse_ptxas(text: str) -> list[tuple[str, dict]]:
+  """``[(function, {registers, barriers, spill_stores, spill_loads, notes})]`` of ptxas -v, in
+  order (a note such as C7511, wgmmas serialised for lack of registers, precedes its function's
+  properties)."""
+  out: list[tuple[str, dict]] = []
   current = None
   notes: list[str] = []
   for line in text.splitlines():
     m = _PTXAS_FN.search(line)
     if m:
-      current = m.group(1)
-      out[current] = dict(registers=None, barriers=None, spill_stores=0, spill_loads=0, notes=notes)
+      current = dict(registers=None, barriers=None, spill_stores=0, spill_loads=0, notes=notes)
+      out.append((m.group(1), current))
       notes = []
       continue
-    if "(C75" in line:  # e.g. C7511/C7512: wgmmas serialised for lack of registers
+    if "(C75" in line:
       notes.append(re.search(r"\((C75\d\d)\)", line).group(1))
     if current is None:
       continue
     m = _PTXAS_SPILL.search(line)
     if m:
-      out[current]["spill_stores"], out[current]["spill_loads"] = int(m[1]), int(m[2])
+      current["spill_stores"], current["spill_loads"] = int(m[1]), int(m[2])
     m = _PTXAS_USED.search(line)
     if m:
-      out[current]["registers"] = int(m[1])
-      out[current]["barriers"] = int(m[2]) if m[2] else None
+      current["registers"] = int(m[1])
+      current["barriers"] = int(m[2]) if m[2] else None
   return out
 
 
@@ -256,8 +257,9 @@ _launches = threading.local()
 @contextlib.contextmanager
 def record_launches(record: dict):
   """Records each Mosaic GPU kernel's threads and dynamic shared memory as jax lowers it
-  (``record[kernel name] = (threads, bytes)``), by wrapping two private functions of jax's
-  Mosaic GPU core; where they are missing the figures print as '?'."""
+  (``record[kernel name] = [(threads, bytes), ...]``), by wrapping two private functions of jax's
+  Mosaic GPU core; where they are missing the figures print as '?'. Several kernels of one
+  name are recorded in the order they are lowered."""
   try:
     from jax.experimental.mosaic.gpu import core
   except ImportError:
@@ -279,7 +281,7 @@ def record_launches(record: dict):
   def launch_spy(token, grid, cluster, block, smem_buffers, *args, **kwargs):
     name = getattr(_launches, "name", None)
     if name is not None:
-      record[name] = (block[0] * block[1] * block[2], size(smem_buffers))
+      record.setdefault(name, []).append((block[0] * block[1] * block[2], size(smem_buffers)))
     return launch(token, grid, cluster, block, smem_buffers, *args, **kwargs)
 
   core._lower_as_gpu_kernel, core._launch = lower_spy, launch_spy
@@ -335,13 +337,18 @@ def compile_and_read(compile_fn) -> list[KernelFacts]:
         os.environ.pop(key, None)
     with open(path) as f:
       text = f.read()
-  ptxas = parse_ptxas(text)
+  ptxas: dict = {}
+  for fn, info in parse_ptxas(text):
+    ptxas.setdefault(fn, []).append(info)
   facts = []
-  for fn, lines in split_functions(text).items():
+  for fn, lines in split_functions(text):
     instrs, labels = parse(lines)
     base = fn.removesuffix("_mosaic_gpu_kernel")
-    threads, smem = launches.get(base, ("?", "?"))
-    facts.append(KernelFacts(base, threads, smem, ptxas.get(fn, {}), loop_stats(instrs, labels)))
+    queue = launches.get(base) or [("?", "?")]
+    threads, smem = queue.pop(0) if len(queue) > 1 else queue[0]
+    infos = ptxas.get(fn) or [{}]
+    info = infos.pop(0) if len(infos) > 1 else infos[0]
+    facts.append(KernelFacts(base, threads, smem, info, loop_stats(instrs, labels)))
   return facts
 
 
@@ -491,7 +498,10 @@ def main(argv=None) -> None:
     programs.update(tokamax_programs())
   for label, thunk in programs.items():
     print(f"compiling {label} ...", file=sys.stderr, flush=True)
+    unnamed = iter(("dq", "dkv"))  # tokamax's backward kernels, lowered dq first, unnamed
     for facts in compile_and_read(thunk):
+      if facts.name == "anonymous":
+        facts.name = next(unnamed, facts.name)
       rows.append((label, facts))
   text = f"H200 (sm_90a), bf16, causal, head dim 128, T = 4096; jax {jax.__version__}\n\n" + render(
     rows
