@@ -81,18 +81,26 @@ def loops(instrs: list[Instr], labels: dict[str, int]) -> list[tuple[int, int]]:
 
 
 def hot_loop(instrs, labels) -> tuple[int, int] | None:
-  """A tile's step: of the loops holding wgmma issues (HGMMA), those with the most
-  exponentials (MUFU.EX2: a whole tile's), the shortest (the unmasked interior's step, where
-  masked edge steps have their own loops); one holding such a loop counts as that loop's."""
-  best, key = None, None
+  """A tile's step: a loop holding wgmma issues (HGMMA) and a whole tile's exponentials
+  (MUFU.EX2, at least half of the most any candidate holds) that holds no smaller such loop;
+  of those, the shortest (the unmasked interior's step, where masked edge steps have loops
+  of their own)."""
+  candidates = []
   for lo, hi in loops(instrs, labels):
     body = instrs[lo : hi + 1]
     ex2 = sum(1 for x in body if x.opcode == "MUFU.EX2")
     if ex2 and any(x.opcode.startswith("HGMMA") for x in body):
-      k = (-ex2, hi - lo)
-      if key is None or k < key:
-        best, key = (lo, hi), k
-  return best
+      candidates.append((lo, hi, ex2))
+  if not candidates:
+    return None
+  most = max(e for _, _, e in candidates)
+  whole = [(lo, hi, e) for lo, hi, e in candidates if 2 * e >= most]
+  inner = [
+    (lo, hi)
+    for lo, hi, _ in whole
+    if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b, _ in whole)
+  ]
+  return min(inner, key=lambda span: span[1] - span[0])
 
 
 def _barrier_id(text: str) -> str:
