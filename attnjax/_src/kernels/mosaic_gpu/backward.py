@@ -1,5 +1,6 @@
 """The backward kernels of :mod:`attnjax.kernels.mosaic_gpu` (FlashAttention-2/3 style, tiles
-recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with a TMA ring.
+recomputed): a dq kernel and a dk/dv kernel; here one warpgroup per program with a TMA ring
+(head dim 256), warp-specialised in :mod:`.specialised` (head dims 64, 128).
 
 Row terms in one XLA pass (``D_i`` only for a normaliser that ``reads_row_dot``; summed
 from the tiles in float32 for softpick in half precision), then dq over the forward's key
