@@ -540,64 +540,18 @@ def _tile_row_dot(c, arrays, seg_args, scratch, run_params):
   )(*arrays, dummy, *seg_args)
 
 
-def _specialised(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
-  """``(dq, dk, dv)`` by the warp-specialised kernels (:mod:`.specialised`)."""
-  import jax.experimental.pallas.mosaic_gpu as plgpu
-
-  from attnjax._src.kernels.mosaic_gpu import specialised  # it imports this module
-
-  dtype = arrays[0].dtype
-  W = specialised.CONSUMERS
-  # No automatic warpgroup barriers: no buffer is read by a compute warpgroup's threads and
-  # refilled by that warpgroup (the producer refills the rings after every thread's mbarrier
-  # arrival, each a release of its reads), and their results are written where only wgmmas
-  # (waited for) and TMA read, then commit_smem fences and syncs before the TMA store.
-  params = plgpu.CompilerParams(
-    approx_math=c.approx_math, unsafe_no_auto_barriers=True, reduction_scratch_bytes=0
-  )
-  common = dict(
-    num_threads=W + 1,
-    thread_name="wg",
-    interpret=interpret_params(c.interpret),
-    compiler_params=params,
-  )
-  cq = specialised.dq_plan(c)
-  seg = segment_args(cq, q_seg, kv_seg)
-  nin = 5 + len(seg)
-  dq = plgpu.kernel(
-    lambda *a: specialised.dq_kernel(cq, res_keys, has_g, a[: nin + 1], a[nin + 1 :]),
-    out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype),
-    scratch_types=specialised.dq_scratch(cq, dtype, tr, nrows),
-    grid=(c.N, c.Tp // (W * c.bq), c.B),
-    grid_names=("heads", "q_blocks", "batch"),
-    kernel_name="attnjax_dq",
-    **common,
-  )(*arrays, *seg)
-  ckv = dkdv_plan(c)
-  seg = segment_args(ckv, q_seg, kv_seg)
-  kv_out = jax.ShapeDtypeStruct((c.B, c.Sp, c.K, c.H), dtype)
-  dk, dv = plgpu.kernel(
-    lambda *a: specialised.dkdv_kernel(ckv, res_keys, has_g, a[: nin + 2], a[nin + 2 :]),
-    out_type=[kv_out, kv_out],
-    scratch_types=specialised.dkdv_scratch(ckv, dtype, tr, nrows),
-    grid=(c.K, c.Sp // (W * ckv.bk), c.B),
-    grid_names=("heads", "k_blocks", "batch"),
-    kernel_name="attnjax_dkdv",
-    **common,
-  )(*arrays, *seg)
-  return dq[:, : c.T], dk[:, : c.S], dv[:, : c.S]
-
-
-def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
+def backward(
+  c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None, specialised=None
+):
   """Cotangents ``(dq, dk, dv, dsink)`` of the kernel's core.
 
   ``out`` ``[B, T, N, H]``; ``res`` the forward's residual rows ``{name: [B, N, Tp]}``;
   ``d_out`` ``[B, T, N, H]``; ``d_lse`` the logsumexp statistic's cotangent ``[B, N, T]``
-  or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``).
+  or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``);
+  ``specialised``: the warp-specialised kernels' entry (:func:`.specialised.run`, which
+  returns None where their tiles do not fit), else the one-warpgroup kernels run.
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
-
-  from attnjax._src.kernels.mosaic_gpu import specialised  # it imports this module
 
   nz = c.nz
   dtype = q.dtype
@@ -630,10 +584,10 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
 
   has_g = g is not None
   nrows = max(1, _num_rows(c, res_keys, has_g))  # buffers and barriers: at least one
-  if specialised.fits(c, nrows):  # a producer and two compute warpgroups per program
-    return _specialised(c, (qh, kh, vh, doh, rows), res_keys, has_g, nrows, tr, q_seg, kv_seg) + (
-      dsink,
-    )
+  if specialised is not None:  # a producer and two compute warpgroups per program
+    grads = specialised(c, (qh, kh, vh, doh, rows), res_keys, has_g, nrows, tr, q_seg, kv_seg)
+    if grads is not None:
+      return grads + (dsink,)
   dq_scratch = _dq_scratch(c, dtype, tr, nrows)
   dq = plgpu.kernel(
     lambda *a: _dq_kernel(c, res_keys, has_g, a[: 6 + nseg], a[6 + nseg :]),

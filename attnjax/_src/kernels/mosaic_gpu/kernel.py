@@ -23,7 +23,7 @@ import jax.experimental.pallas as pl
 
 from attnjax._src import logits as _logits, lowering as _lowering, target as _target, options
 from attnjax._src.kernels import autodiff, blockwise
-from attnjax._src.kernels.mosaic_gpu import backward
+from attnjax._src.kernels.mosaic_gpu import backward, specialised
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax._src.kernels.mosaic_gpu.plan import (
   BLOCK_SIZE_TABLE,
@@ -780,10 +780,10 @@ def compute(
     d_out, d_stats = cts
     if mosaic_bwd:  # the dq and dk/dv kernels
       d_lse = None if d_stats is None else d_stats[3]
-      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg, kv_seg) + (
-        None,
-        None,
+      grads = backward.backward(
+        c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg, kv_seg, specialised.run
       )
+      return grads + (None, None)
     # interpret mode: the block-wise engine's backward
     _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
     return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
@@ -23,9 +24,12 @@ from attnjax._src.kernels.mosaic_gpu.plan import (
   CONSUMERS,
   DKDV_BLOCK_K,
   SMEM_LIMIT_BYTES,
+  dkdv_plan,
   heaviest_first,
+  interpret_params,
   kv_bounds,
   lower_rows,
+  segment_args,
 )
 
 # setmaxnreg after the split: the producer only addresses (as the forward's).
@@ -407,3 +411,52 @@ def dkdv_kernel(c, res_keys, has_g, refs, scratch):
     backward._store(
       plgpu, [(my_k, dk_ref.at[b, pl.ds(k0, bk), h]), (my_v, dv_ref.at[b, pl.ds(k0, bk), h])]
     )
+
+
+def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
+  """``(dq, dk, dv)`` by the warp-specialised kernels, or None where their tiles do not fit
+  (:func:`fits`): the row terms and arrays as ``backward.backward`` prepares them."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+
+  if not fits(c, nrows):
+    return None
+  dtype = arrays[0].dtype
+  W = CONSUMERS
+  # No automatic warpgroup barriers: no buffer is read by a compute warpgroup's threads and
+  # refilled by that warpgroup (the producer refills the rings after every thread's mbarrier
+  # arrival, each a release of its reads), and their results are written where only wgmmas
+  # (waited for) and TMA read, then commit_smem fences and syncs before the TMA store.
+  params = plgpu.CompilerParams(
+    approx_math=c.approx_math, unsafe_no_auto_barriers=True, reduction_scratch_bytes=0
+  )
+  common = dict(
+    num_threads=W + 1,
+    thread_name="wg",
+    interpret=interpret_params(c.interpret),
+    compiler_params=params,
+  )
+  cq = dq_plan(c)
+  seg = segment_args(cq, q_seg, kv_seg)
+  nin = 5 + len(seg)
+  dq = plgpu.kernel(
+    lambda *a: dq_kernel(cq, res_keys, has_g, a[: nin + 1], a[nin + 1 :]),
+    out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype),
+    scratch_types=dq_scratch(cq, dtype, tr, nrows),
+    grid=(c.N, c.Tp // (W * c.bq), c.B),
+    grid_names=("heads", "q_blocks", "batch"),
+    kernel_name="attnjax_dq",
+    **common,
+  )(*arrays, *seg)
+  ckv = dkdv_plan(c)
+  seg = segment_args(ckv, q_seg, kv_seg)
+  kv_out = jax.ShapeDtypeStruct((c.B, c.Sp, c.K, c.H), dtype)
+  dk, dv = plgpu.kernel(
+    lambda *a: dkdv_kernel(ckv, res_keys, has_g, a[: nin + 2], a[nin + 2 :]),
+    out_type=[kv_out, kv_out],
+    scratch_types=dkdv_scratch(ckv, dtype, tr, nrows),
+    grid=(c.K, c.Sp // (W * ckv.bk), c.B),
+    grid_names=("heads", "k_blocks", "batch"),
+    kernel_name="attnjax_dkdv",
+    **common,
+  )(*arrays, *seg)
+  return dq[:, : c.T], dk[:, : c.S], dv[:, : c.S]
