@@ -220,7 +220,7 @@ def parse_ptxas(text: str) -> list[tuple[str, dict]]:
       continue
     if "(C75" in line:
       notes.append(re.search(r"\((C75\d\d)\)", line).group(1))
-    if current is None:
+    if current is None or "warning" in line:  # a spill warning precedes its function's lines
       continue
     m = _PTXAS_SPILL.search(line)
     if m:

@@ -53,7 +53,8 @@ SASS = """
         /*0190*/                   BRA `(.L_x_1) ;
 """
 
-PTXAS = """ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized
+PTXAS = """ptxas warning : Registers are spilled to local memory in function 'attnjax_forward_mosaic_gpu_kernel', 1440 bytes spill stores, 1244 bytes spill loads
+ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized
 ptxas info    : Compiling entry function 'attnjax_forward_mosaic_gpu_kernel' for 'sm_90a'
 ptxas info    : Function properties for attnjax_forward_mosaic_gpu_kernel
     536 bytes stack frame, 1440 bytes spill stores, 1244 bytes spill loads
@@ -61,6 +62,7 @@ ptxas info    : Used 168 registers, used 16 barriers, 536 bytes cumulative stack
 ptxas info    : Function properties for other_mosaic_gpu_kernel
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 40 registers, used 2 barriers
+ptxas warning : Registers are spilled to local memory in function 'third', 8 bytes spill stores, 8 bytes spill loads
 """
 
 
@@ -108,3 +110,4 @@ def test_ptxas_report():
     1244,
   )
   assert info["notes"] == ["C7511"] and info2["notes"] == [] and info2["registers"] == 40
+  assert info2["spill_stores"] == 0  # the next function's spill warning is not its
