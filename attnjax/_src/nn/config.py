@@ -263,6 +263,9 @@ class AttentionConfig:
 
   def head_dim_for(self, d_model: int) -> int:
     """H for a model of width ``d_model``; checks it divides."""
+    fixed = self.spec.fixed_head_dim()
+    if fixed is not None:
+      return fixed
     if self.head_dim is not None:
       return self.head_dim
     if d_model % self.num_heads:

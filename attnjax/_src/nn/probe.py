@@ -73,10 +73,13 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     stats.append(layer.get("attention/attention_stats", AttentionStats()))
     if weights:
       ws.append(layer["attention/weights"])
-    q = jnp.reshape(layer["attention/q_proj/__call__"], (B, T, N, H))
-    k = jnp.reshape(layer["attention/k_proj/__call__"], (B, T, K, H))
-    v = jnp.reshape(layer["attention/v_proj/__call__"], (B, T, K, -1))
-    q, k = attention.compared_qk(q, k)
+    if "attention/compared_q" in layer:  # a family that projects otherwise sows them (MLA)
+      q, k, v = (layer[f"attention/compared_{x}"] for x in "qkv")
+    else:
+      q = jnp.reshape(layer["attention/q_proj/__call__"], (B, T, N, H))
+      k = jnp.reshape(layer["attention/k_proj/__call__"], (B, T, K, H))
+      v = jnp.reshape(layer["attention/v_proj/__call__"], (B, T, K, -1))
+      q, k = attention.compared_qk(q, k)
     qs.append(q.astype(jnp.float32))
     ks.append(k.astype(jnp.float32))
     vs.append(v.astype(jnp.float32))
