@@ -194,9 +194,7 @@ class MLASpec(DotProductSpec):
 
   def kwargs(self, layer):
     w_uk, w_uv = self.up_projections(layer)
-    return dict(
-      super().kwargs(layer), scale=self.softmax_scale(layer.config), w_uk=w_uk, w_uv=w_uv
-    )
+    return dict(super().kwargs(layer), scale=self.softmax_scale(layer.config), w_uk=w_uk, w_uv=w_uv)
 
   def attend(self, layer, q, k, v, call):
     if call.capture and call.cache is None and not call.cross:
@@ -223,9 +221,7 @@ class MLASpec(DotProductSpec):
     x = mla.absorbed_inputs(options.DenseInputs(q, k, v), run.keywords["w_uk"], None)
     B, S = k.shape[:2]
     eye = jnp.broadcast_to(jnp.eye(S, dtype=jnp.float32)[None, :, None, :], (B, S, 1, S))
-    return dense.dot_product_attention(
-      x.q.astype(jnp.float32), x.k.astype(jnp.float32), eye, **kw
-    )
+    return dense.dot_product_attention(x.q.astype(jnp.float32), x.k.astype(jnp.float32), eye, **kw)
 
   def sown_weights(self, layer, run, q, k, v):
     return lambda: jnp.transpose(self.weights_of(run, q, k, v), (0, 2, 1, 3))

@@ -224,9 +224,7 @@ class AttentionSpec:
     layer.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=bias, **lin)
     layer.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=bias, **lin)
     Hv = self.value_head_dim(H)
-    layer.o_proj = _layers.linear(
-      N * Hv, d_model, ("heads", "embed"), use_bias=c.out_bias, **lin
-    )
+    layer.o_proj = _layers.linear(N * Hv, d_model, ("heads", "embed"), use_bias=c.out_bias, **lin)
 
   def project(self, layer, x: Array):
     """The raw projections ``(q, k, v)`` of ``x [B, T, D]`` that :meth:`attend` takes."""
