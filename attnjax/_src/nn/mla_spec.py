@@ -44,8 +44,8 @@ class MLASpec(DotProductSpec):
   ``q_a_proj`` ``[D, q_lora_rank]``, ``q_a_norm`` (RMSNorm) and ``q_b_proj``;
   ``kv_a_proj`` ``[D, R + d_r]`` (the latent and the shared rope key), ``kv_a_norm``
   (RMSNorm of the latent) and ``kv_b_proj`` ``[R, N (d_n + d_v)]`` (``W_UK`` and ``W_UV``
-  per head); ``o_proj`` ``[N d_v, D]``. ``qkv_bias`` puts biases on ``q_proj`` /
-  ``q_a_proj`` and ``kv_a_proj``, ``out_bias`` on ``o_proj``. The training forward runs the
+  per head); ``o_proj`` ``[N d_v, D]``. ``qkv_bias`` puts biases on ``q_a_proj`` and
+  ``kv_a_proj`` (as DeepSeek's ``attention_bias``), ``out_bias`` on ``o_proj``. The training forward runs the
   expanded form, a decode step the absorbed one over a :class:`~attnjax.nn.KVCache` holding
   only the latent: ``k`` the rope keys ``[B, C, 1, d_r]`` (before RoPE), ``v`` the latents
   ``[B, C, 1, R]``. ``rope_theta=None`` rotates nothing (Kimi Linear's MLA).
@@ -138,7 +138,7 @@ class MLASpec(DotProductSpec):
     norm = dict(epsilon=self.latent_norm_eps, dtype=lin["dtype"], param_dtype=lin["param_dtype"])
     ones = _layers.with_names(nnx.initializers.ones, (None,))
     if self.q_lora_rank is None:
-      layer.q_proj = _layers.linear(d_model, N * d_qk, ("embed", "heads"), use_bias=bias, **lin)
+      layer.q_proj = _layers.linear(d_model, N * d_qk, ("embed", "heads"), **lin)
     else:
       r = self.q_lora_rank
       layer.q_a_proj = _layers.linear(d_model, r, ("embed", None), use_bias=bias, **lin)
