@@ -213,10 +213,10 @@ class MixtureOfExperts(nnx.Module):
     w = self.router.kernel[...].astype(jnp.float32)
     logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32), w)
     if self.router.bias is not None:
-      logits = logits + self.router.bias[...].astype(jnp.float32)
+      logits = logits + self.router.bias[...].astype(jnp.float32)[None, None]
     if self.router_kind == "sigmoid":
       scores = jax.nn.sigmoid(logits)
-      choice = scores if self.score_bias is None else scores + self.score_bias[...]
+      choice = scores if self.score_bias is None else scores + self.score_bias[...][None, None]
     else:
       scores = choice = jax.nn.softmax(logits, axis=-1)
     if self.group_topk is not None and self.group_topk < self.groups:
