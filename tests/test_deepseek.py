@@ -128,19 +128,31 @@ def _retag_fp8(path, names):
 
 
 def test_fp8_block_checkpoint_loads_within_the_quantisation_error(tmp_path):
-  """FP8 e4m3 keeps 3 mantissa bits: each weight within 2^-4 of its value relative to its
-  block's scale; the logits then move by a few percent of their scale, far less than they
-  would with a wrong scale or block (a block misread is off by 448x)."""
-  e = _expected("deepseek_v3")
+  """FP8 e4m3 keeps 3 mantissa bits: every dequantised weight is within 2^-4 of its block's
+  largest magnitude of the original (a misread scale or block is off by orders of magnitude).
+  The logits are not compared: errors of that size flip the fixture's routing, whose margins
+  are 1e-3."""
   path = _fp8_copy(tmp_path, block=(16, 16))
   fp8 = models.from_pretrained(str(path), dtype="float32")
   plain = models.from_pretrained(os.path.join(FIXTURES, "deepseek_v3"))
-  w8 = np.asarray(fp8.blocks[1].attention.kv_b_proj.kernel[...])
-  w = np.asarray(plain.blocks[1].attention.kv_b_proj.kernel[...])
-  assert np.max(np.abs(w8 - w)) <= 2.0**-4 * np.max(np.abs(w))
-  tokens = jnp.asarray(e["tokens"])
-  scale = float(jnp.max(jnp.abs(plain(tokens))))
-  assert float(jnp.max(jnp.abs(fp8(tokens) - plain(tokens)))) <= 0.15 * scale
+  got, want = _leaves(fp8), _leaves(plain)
+  changed = 0
+  for key, w in want.items():
+    err = float(np.max(np.abs(got[key] - w)))
+    assert err <= 2.0**-4 * float(np.max(np.abs(w))), (key, err)
+    changed += err > 0
+  assert changed >= 3 * 6  # the projections and experts of every layer were quantised
+  assert np.all(np.isfinite(np.asarray(fp8(jnp.asarray(_expected("deepseek_v3")["tokens"])))))
+
+
+def _leaves(model):
+  import jax
+  from flax import nnx
+
+  return {
+    jax.tree_util.keystr(p): np.asarray(x)
+    for p, x in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model)))
+  }
 
 
 def test_fp8_scales_of_the_wrong_block_shape_are_named(tmp_path):
