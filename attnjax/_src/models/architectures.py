@@ -646,8 +646,12 @@ class LlamaStyle(Architecture):
 
   # Tensor hooks (names after the prefix; ``pre`` ends with a dot).
 
-  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
-    """The rules of one attention layer ``a`` (its ``AttentionConfig``) at ``path``."""
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    """The rules of one attention layer ``a`` (its ``AttentionConfig``) at ``path``;
+    ``config`` is the checkpoint's ``config.json`` (its quantisation, its RoPE layout)."""
+    del config
     N, K, H, D = a.num_heads, a.kv_heads, a.head_dim_for(d_model), d_model
     rules: dict[Path, Rule] = {}
     for proj, rows in (("q_proj", N * H), ("k_proj", K * H), ("v_proj", K * H)):
@@ -766,7 +770,9 @@ class LlamaStyle(Architecture):
     for i in range(mcfg.num_layers):
       pre, blk = f"layers.{i}.", ("blocks", i)
       rules.update(
-        self.attention_tensors(pre + "self_attn.", blk + ("attention",), mcfg.attention_for(i), D)
+        self.attention_tensors(
+          config, pre + "self_attn.", blk + ("attention",), mcfg.attention_for(i), D
+        )
       )
       for ours, theirs in self.norm_names:
         rules[blk + (ours, "scale")] = Rule((f"{pre}{theirs}.weight",), ((D,),), _same)
@@ -1079,8 +1085,10 @@ class GptOss(LlamaStyle):
       moe_limit=None if c["swiglu_limit"] is None else float(c["swiglu_limit"]),
     )
 
-  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
-    rules = super().attention_tensors(pre, path, a, d_model)
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    rules = super().attention_tensors(config, pre, path, a, d_model)
     if a.sink_logits:
       rules[path + ("sink_logits",)] = Rule((f"{pre}sinks",), ((a.num_heads,),), _same)
     return rules
@@ -1311,15 +1319,10 @@ class DeepseekV3(LlamaStyle):
     dequant = lambda w, s: dequantize_fp8_blocks(w, s, block)
     return Rule((name, name + "_scale_inv"), (shape, scale), _then(dequant, after))
 
-  def tensors(self, config: dict, mcfg) -> dict:
-    self._config = config
-    try:
-      return super().tensors(config, mcfg)
-    finally:
-      self._config = None
-
-  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
-    config, D, N = self._config, d_model, a.num_heads
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    D, N = d_model, a.num_heads
     R, d_n, d_r, d_v = a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
     order = np.arange(d_r)
     if self.interleaved(config):
