@@ -241,7 +241,7 @@ class AttentionSpec:
 
   def sown_weights(self, layer, run: Callable, q: Array, k: Array, v: Array):
     """A function returning the weights ``[B, N, T, S]`` of ``run(q, k, v)`` to sow, or None:
-    ``run`` applied to identity values (:func:`run_and_sow`'s default)."""
+    ``run`` applied to identity values (``run_and_sow``'s default)."""
     del layer, run, q, k, v
     return None
 

@@ -46,7 +46,7 @@ def absorbed_is_cheaper(T: int, S: int, R: int, d_n: int, d_r: int, d_v: int) ->
     d_v: the value head dim.
 
   Returns:
-    True where :func:`mla_attention` with ``absorb=None`` absorbs.
+    True where :func:`attnjax.mla_attention` with ``absorb=None`` absorbs.
   """
   expanded = S * R * (d_n + d_v) + T * S * (d_n + d_r + d_v)
   absorbed = T * R * (d_n + d_v) + T * S * (2 * R + d_r)
@@ -351,17 +351,28 @@ def _mla_attention(
     latent: the latent ``c`` ``[B, S, 1, R]`` (DeepSeek RMS-normalises it first).
     w_uk: ``[R, N, d_n]``: the key part of ``kv_b_proj``.
     w_uv: ``[R, N, d_v]``: its value part.
-    bias, mask, is_causal, normalizer, sink_logits, softcap, window, segment_ids,
-      return_stats, score_mod, score_mod_args, mask_mod, mask_mod_args, block_layout,
-      context_axis, context_strategy, context_layout: as
-      :func:`attnjax.dot_product_attention` (``context_axis``: ``q``, ``k_rope``,
-      ``latent`` and segment ids sharded along time, ``w_uk`` / ``w_uv`` whole).
+    bias: float, added to the logits; broadcastable to ``[B, N, T, S]``.
+    mask: boolean, True = may attend; broadcastable to ``[B, N, T, S]``.
+    is_causal: query ``i`` sees keys ``j <= i + S - T``.
+    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`.
+    sink_logits: ``[N]`` learned null-column logits (gpt-oss).
+    softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
+    window: ``(left, right)`` or ``w`` meaning ``(w, 0)``.
+    segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``.
+    return_stats: also return :class:`attnjax.AttentionStats`.
+    score_mod, score_mod_args, mask_mod, mask_mod_args: modifiers, as in
+      :func:`attnjax.dot_product_attention` (see :mod:`attnjax.mods`).
+    block_layout: a :func:`attnjax.layout.from_mask_mod` layout of ``mask_mod``.
+    context_axis, context_strategy, context_layout: context parallelism, as in
+      :func:`attnjax.dot_product_attention`: ``q``, ``k_rope``, ``latent`` and segment ids
+      sharded along time, ``w_uk`` / ``w_uv`` whole; the form's dense call goes through
+      the dense strategies.
     scale: logit scale; None means ``(d_n + d_r) ** -0.5`` (DeepSeek under YaRN multiplies
       it by ``mscale(factor, mscale_all_dim) ** 2``: pass the product).
     absorb: the form; None chooses the one of fewer multiply-adds
-      (:func:`absorbed_is_cheaper`: absorbed for decode, expanded for ``T = S``).
+      (:func:`attnjax.mla.absorbed_is_cheaper`: absorbed for decode, expanded for ``T = S``).
     implementation: None (auto, as dense attention's on the form's call) or a name of
-      :data:`ENGINES`: the dense engine of that name on the form's call (``"reference"``
+      :data:`attnjax.mla.ENGINES`: the dense engine of that name on the form's call (``"reference"``
       materialises the weights).
 
   Returns:
