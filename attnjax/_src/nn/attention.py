@@ -173,6 +173,11 @@ class Attention(nnx.Module):
     caches never fill.
     """
     if kv_length is not None:
+      if not self.config.spec.takes_cross:
+        raise ValueError(
+          f"kv_length={kv_length}: family={self.config.family!r} cannot cross-attend (its "
+          f"keys and values are made from the queries' own sequence)"
+        )
       K, H = self.num_kv_heads, self.head_dim
       return CrossCache(
         k=jnp.zeros((batch_size, kv_length, K, H), self.dtype),
