@@ -1,16 +1,11 @@
 """Multi-head latent attention (DeepSeek V2/V3, Kimi): one cached latent per token.
 
-:func:`attnjax.mla_attention` rebuilds each head's keys and values from a latent ``c`` and
-one shared RoPE key, or (``absorb=True``, decode) attends over ``[c | k_rope]`` with the
-up-projections folded into the queries and the output:
+:func:`attnjax.mla_attention` rebuilds each head's keys and values from a latent
+(expanded) or attends over it with the up-projections folded in (absorbed, decode):
 
->>> import jax, attnjax
->>> B, T, N, R, d_n, d_r, d_v = 2, 16, 4, 32, 8, 4, 8
->>> ks = jax.random.split(jax.random.key(0), 5)
->>> q = jax.random.normal(ks[0], (B, T, N, d_n + d_r))
->>> k_rope = jax.random.normal(ks[1], (B, T, 1, d_r))
->>> c = jax.random.normal(ks[2], (B, T, 1, R))
->>> w_uk, w_uv = jax.random.normal(ks[3], (R, N, d_n)), jax.random.normal(ks[4], (R, N, d_v))
+>>> import jax.numpy as jnp, attnjax
+>>> q, k_rope, c = (jnp.ones(s) for s in ((2, 16, 4, 12), (2, 16, 1, 4), (2, 16, 1, 32)))
+>>> w_uk, w_uv = jnp.ones((32, 4, 8)), jnp.ones((32, 4, 8))
 >>> attnjax.mla_attention(q, k_rope, c, w_uk, w_uv, is_causal=True).shape
 (2, 16, 4, 8)
 

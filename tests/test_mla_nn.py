@@ -9,6 +9,10 @@ cross-attention, and ``nn.layer_stats`` on an MLA model (its probe reads what it
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +20,9 @@ import pytest
 from flax import nnx
 
 from attnjax._src import nn
+from attnjax._src.train import rundir, variants
+from attnjax._src.train.config import load_config
+from attnjax._src.train.loop import train
 
 B, T, V, D = 2, 12, 32, 32
 N, R, D_N, D_R, D_V = 4, 16, 8, 4, 6
@@ -225,3 +232,67 @@ def test_layer_stats_of_an_mla_model_read_what_the_layers_did():
   assert sown["layers"][1]["sink_mass"].shape == (B, N)
   streaming = nn.layer_stats(model, tokens, view="streaming")
   assert streaming["layers"][0]["value_drain"].shape == (1, N)  # per value head
+
+
+# ---------------------------------------------------------------------------
+# Training: the experiments' mla arm, and the training mesh.
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY = [  # the cpu preset, a few steps on small batches
+  "train.steps=4",
+  "train.log_every=1",
+  "train.eval_every=4",
+  "train.eval_batches=1",
+  "train.probe_every=4",
+  "train.probe_batch=4",
+  "train.probe_len=16",
+  "train.checkpoint_every=4",
+  "train.microbatches=1",
+  "train.progress=false",
+  "train.plots=false",
+  "data.batch_size=8",
+  "data.seq_len=32",
+]
+
+
+def test_compare_runs_an_mla_arm_at_the_cpu_preset(tmp_path):
+  spec = importlib.util.spec_from_file_location("compare", ROOT / "experiments" / "compare.py")
+  compare = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(compare)
+  argv = ["--config", str(ROOT / "experiments/configs/compare.py") + ":preset=cpu"]
+  argv += [f"--config.{x}" for x in TINY + ["sweep.variants=mla", "train.num_devices=1"]]
+  compare.main(argv + ["--out", str(tmp_path)])
+  summary = json.loads((tmp_path / "mla" / "summary.json").read_text())
+  assert summary["status"] == "finished" and np.isfinite(summary["val_loss"])
+  assert "| mla |" in (tmp_path / "report.md").read_text()
+  # The arm is sized from the cpu preset's model (d_model 64, 4 heads of 16).
+  config = json.loads((tmp_path / "mla" / "config.json").read_text())
+  assert config["variant"] == "mla"
+  kw = variants.attention_kwargs("mla", d_model=64, num_heads=4)
+  assert kw == dict(
+    family="mla", kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16
+  )
+
+
+def _mesh_losses(run_dir, mesh):
+  cfg = load_config(
+    str(ROOT / "experiments/configs/compare.py") + ":preset=cpu",
+    TINY
+    + ["variant=mla", "data.name=bigram_backcopy", "train.probe_every=1000", "train.probe_batch=8"]
+    + ["train.eval_every=1000", "train.checkpoint_every=0"],
+  )
+  cfg.run_dir = str(run_dir)
+  cfg.mesh.update(**mesh)
+  assert train(cfg)["status"] == "finished"
+  metrics = rundir.read_jsonl(rundir.RunDir(str(run_dir)).metrics)
+  return [r["loss"] for r in metrics if "loss" in r]
+
+
+@pytest.mark.slow  # ~50 s on 2 loaded cores: two training runs on 8 host devices
+def test_an_mla_model_trains_under_the_training_mesh(tmp_path):
+  # fsdp, tensor (MLA's heads: q_b / kv_b / o projections) and context (the layer's
+  # attention sequence-sharded) at once: the same losses as plain data parallelism.
+  plain = _mesh_losses(tmp_path / "data", dict(data=8))
+  sharded = _mesh_losses(tmp_path / "mesh", dict(data=1, fsdp=2, tensor=2, context=2))
+  assert len(plain) == len(sharded) == 4 and np.all(np.isfinite(plain))
+  np.testing.assert_allclose(sharded, plain, rtol=1e-5)
