@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnjax._src import checks as _checks, options
+from attnjax._src import checks, options
 from attnjax._src.nn import _layers
 from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.softmax_specs import DotProductSpec
-from attnjax._src.nn.spec_base import check_int, check_type, register_family
+from attnjax._src.nn.spec_base import check_int, check_type, register_family, run_and_sow
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.ops.mla import attention as mla
 
@@ -84,8 +84,8 @@ class MLASpec(DotProductSpec):
     for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
       check_int(name, getattr(self, name))
     check_type("rope_interleaved", self.rope_interleaved, bool, "a bool")
-    _checks.check_positive_float("scale", self.scale)
-    _checks.check_positive_float("latent_norm_eps", self.latent_norm_eps, allow_none=False)
+    checks.check_positive_float("scale", self.scale)
+    checks.check_positive_float("latent_norm_eps", self.latent_norm_eps, allow_none=False)
     if self.kv_bias:
       raise ValueError(
         "kv_bias=True: family='mla' rebuilds keys and values from one latent per token; a "
@@ -227,8 +227,6 @@ class MLASpec(DotProductSpec):
     return lambda: jnp.transpose(self.weights_of(run, q, k, v), (0, 2, 1, 3))
 
   def attend_with_weights(self, layer, run, q, k, v, call):
-    from attnjax._src.nn.spec_base import run_and_sow
-
     w = self.weights_of(run, q, k, v)
     out = run_and_sow(layer, run, q, k, v, call, weights=lambda: jnp.transpose(w, (0, 2, 1, 3)))
     return out, w

@@ -11,15 +11,7 @@ from typing import Any, Callable, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (
-  checks as _checks,
-  empty as _empty,
-  op as _op,
-  static as _static,
-  trust as _trust,
-  options,
-  parallel,
-)
+from attnjax._src import checks, empty, op, options, parallel, static, trust
 from attnjax._src.ops.dense import attention as dense
 
 Array = jnp.ndarray
@@ -129,18 +121,18 @@ def absorbed_inputs(inputs: options.DenseInputs, w_uk: Array, w_uv: Array) -> op
 # The op: each dense engine on the call's dense form.
 
 
-def _engine(name: str) -> _op.Engine:
+def _engine(name: str) -> op.Engine:
   """The MLA engine ``name``: the dense engine of that name on the call's dense form."""
   engine = dense.ENGINES[name]
 
   def compute(inputs, opts, latent):
-    result = _op.compute(dense.ENGINES[name], latent.dense_call(inputs, opts))
+    result = op.compute(dense.ENGINES[name], latent.dense_call(inputs, opts))
     return latent.finish(result, opts, inputs.q.dtype)
 
   def unsupported(inputs, opts, latent):
     return dense.ENGINES[name].unsupported(*latent.dense_call(inputs, opts))
 
-  return _op.Engine(
+  return op.Engine(
     name,
     compute,
     unsupported,
@@ -154,7 +146,7 @@ def _engine(name: str) -> _op.Engine:
 # One engine per dense engine, by the same name: the reference, the block-wise engine and the
 # platform kernels (where their head dims allow: the expanded form's d_qk = d_n + d_r and d_v,
 # the absorbed form's R + d_r and R).
-ENGINES: dict[str, _op.Engine] = {name: _engine(name) for name in dense.ENGINES}
+ENGINES: dict[str, op.Engine] = {name: _engine(name) for name in dense.ENGINES}
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 PREFERENCES: dict[str, tuple[str, ...]] = dict(dense.PREFERENCES)
 FALLBACK: tuple[str, ...] = dense.FALLBACK
@@ -165,7 +157,7 @@ def _empty_answer(inputs, opts, latent):
   out = jnp.zeros((B, T, N, latent.w_uv.shape[2]), inputs.q.dtype)
   if not opts.return_stats:
     return out
-  return out, _empty.empty_stats(B, N, T, opts.empty_row_logsumexp)
+  return out, empty.empty_stats(B, N, T, opts.empty_row_logsumexp)
 
 
 def _context(call, implementation: Optional[str], local):
@@ -176,23 +168,23 @@ def _context(call, implementation: Optional[str], local):
   result = parallel.attention(
     *latent.dense_call(inputs, opts),
     implementation,
-    lambda i, o, impl: _op.run_on_this_platform(dense.OP, (i, o), impl),
+    lambda i, o, impl: op.run_on_this_platform(dense.OP, (i, o), impl),
   )
   return latent.finish(result, opts, inputs.q.dtype)
 
 
-OP = _op.register(
-  _op.Op(
+OP = op.register(
+  op.Op(
     "mla",
     ENGINES,
     PREFERENCES,
     FALLBACK,
     empty=_empty_answer,
-    is_empty=lambda inputs, opts, latent: _empty.is_empty(inputs.q, inputs.k),
+    is_empty=lambda inputs, opts, latent: empty.is_empty(inputs.q, inputs.k),
     context=_context,
     context_axis=lambda inputs, opts, latent: opts.context_axis,
     length=lambda inputs, opts, latent: options.call_length(inputs, opts),
-    trust_class=lambda inputs, opts, latent: _trust.call_class(*latent.dense_call(inputs, opts)),
+    trust_class=lambda inputs, opts, latent: trust.call_class(*latent.dense_call(inputs, opts)),
   )
 )
 
@@ -210,17 +202,17 @@ def check_shapes(q, k_rope, latent, w_uk, w_uv) -> tuple[int, int, int, int, int
       shapes seen).
     TypeError: a non-floating array, or ``q``, ``k_rope`` and ``latent`` of different dtypes.
   """
-  shapes = {n: _checks.shape_of(x) for n, x in (("q", q), ("k_rope", k_rope), ("latent", latent))}
+  shapes = {n: checks.shape_of(x) for n, x in (("q", q), ("k_rope", k_rope), ("latent", latent))}
   for name, letters in (("q", "[B, T, N, d_n + d_r]"), ("k_rope", "[B, S, 1, d_r]")):
     if len(shapes[name]) != 4:
       raise ValueError(f"{name} must have rank 4 {letters}, got shape {shapes[name]}")
   if len(shapes["latent"]) != 4:
     raise ValueError(f"latent must have rank 4 [B, S, 1, R], got shape {shapes['latent']}")
   for name, w, letters in (("w_uk", w_uk, "[R, N, d_n]"), ("w_uv", w_uv, "[R, N, d_v]")):
-    if len(_checks.shape_of(w)) != 3:
-      raise ValueError(f"{name} must have rank 3 {letters}, got shape {_checks.shape_of(w)}")
+    if len(checks.shape_of(w)) != 3:
+      raise ValueError(f"{name} must have rank 3 {letters}, got shape {checks.shape_of(w)}")
   for name, x in (("q", q), ("k_rope", k_rope), ("latent", latent), ("w_uk", w_uk), ("w_uv", w_uv)):
-    _checks.check_floating(name, x)
+    checks.check_floating(name, x)
   if not (q.dtype == k_rope.dtype == latent.dtype):
     raise TypeError(
       f"q, k_rope and latent must share a dtype, got {q.dtype}, {k_rope.dtype}, {latent.dtype}"
@@ -291,12 +283,10 @@ def _mla(
   inputs = dataclasses.replace(inputs, q=q, k=k_rope, v=latent)
   if absorb is None:
     absorb = absorbed_is_cheaper(T, S, R, d_n, d_r, d_v)
-  return _op.run(OP, (inputs, opts, LatentCall(w_uk, w_uv, absorb)), implementation)
+  return op.run(OP, (inputs, opts, LatentCall(w_uk, w_uv, absorb)), implementation)
 
 
-_mla_jit = _static.jit(
-  _mla, options.static(DENSE_KEYWORDS) + ("absorb", "implementation"), flags=()
-)
+_mla_jit = static.jit(_mla, options.static(DENSE_KEYWORDS) + ("absorb", "implementation"), flags=())
 
 
 def _mla_attention(
@@ -378,7 +368,7 @@ def _mla_attention(
   Returns:
     ``[B, T, N, d_v]`` in ``q``'s dtype, or ``(out, AttentionStats)``.
   """
-  implementation = _op.check_implementation(OP, implementation, where="mla_attention")
+  implementation = op.check_implementation(OP, implementation, where="mla_attention")
   if absorb is not None and not isinstance(absorb, bool):
     raise TypeError(f"absorb must be True, False or None, got {absorb!r}")
   return _mla_jit(
@@ -393,6 +383,6 @@ def _mla_attention(
   )
 
 
-mla_attention = _static.canonicalized(
+mla_attention = static.canonicalized(
   _mla_attention, options.static(DENSE_KEYWORDS) + ("absorb", "implementation")
 )
