@@ -23,6 +23,7 @@ from attnjax._src import nn
 from attnjax._src.train import rundir, variants
 from attnjax._src.train.config import load_config
 from attnjax._src.train.loop import train
+from attnjax._src.train.model import model_config
 
 B, T, V, D = 2, 12, 32, 32
 N, R, D_N, D_R, D_V = 4, 16, 8, 4, 6
@@ -272,6 +273,13 @@ def test_compare_runs_an_mla_arm_at_the_cpu_preset(tmp_path):
   assert kw == dict(
     family="mla", kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16
   )
+  # The sinks experiment's one-head setting sizes it too (H = 64).
+  sinks = load_config(
+    str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu_sinks", ["variant=mla"]
+  )
+  attention = model_config(sinks, 64).attention
+  assert (attention.family, attention.num_heads, attention.spec.kv_lora_rank) == ("mla", 1, 32)
+  assert attention.head_dim_for(64) == 64 and attention.spec.v_head_dim == 64
 
 
 def _mesh_losses(run_dir, mesh):
