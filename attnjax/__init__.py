@@ -8,45 +8,47 @@
 >>> out.shape, stats.sink_mass.shape
 ((2, 16, 4, 8), (2, 4))
 
-The API is flat, as in optax. ``import attnjax`` loads no flax: ``attnjax.nn``,
-``attnjax.models``, ``attnjax.train`` and ``attnjax.data`` load on first access.
+Flat, as optax: ``__all__`` is what ``dir(attnjax)`` offers. ``import attnjax`` loads no
+flax: ``nn``, ``models``, ``train``, ``data``, ``kernels``, ``targets``, ``check`` load on use.
 """
 
-from __future__ import annotations
-
+from attnjax import attention_stats
+from attnjax import block_select
+from attnjax import compressed
+from attnjax import delta_rule
+from attnjax import dense
 from attnjax import feature_maps
+from attnjax import gated_linear
+from attnjax import layout
+from attnjax import linear
 from attnjax import masks
+from attnjax import mla
 from attnjax import mods
 from attnjax import normalizers
+from attnjax import options
+from attnjax import parallel
 from attnjax import patterns
-
-# The families' and the vocabulary's public modules, as attributes (attnjax.dense.ENGINES).
-from attnjax import attention_stats as attention_stats, block_select as block_select
-from attnjax import compressed as compressed, delta_rule as delta_rule, dense as dense
-from attnjax import gated_linear as gated_linear, layout as layout, linear as linear
-from attnjax import mla as mla
-from attnjax import options as options, parallel as parallel, qk_norm as qk_norm
-from attnjax import sparse as sparse
+from attnjax import qk_norm
+from attnjax import sparse
+from attnjax import stats
 from attnjax.attention_stats import AttentionStats
 from attnjax.block_select import block_select_attention
 from attnjax.compressed import compressed_attention
-from attnjax.dense import dot_product_attention
 from attnjax.delta_rule import delta_rule_attention
+from attnjax.dense import dot_product_attention
 from attnjax.gated_linear import gated_linear_attention
 from attnjax.linear import linear_attention
 from attnjax.mla import mla_attention
-from attnjax.qk_norm import cosine_attention
-from attnjax.qk_norm import qk_norm_attention
+from attnjax.qk_norm import cosine_attention, qk_norm_attention
 from attnjax.sparse import sparse_attention
-from attnjax import stats
 from attnjax._src.config import config
 from attnjax._version import __version__ as __version__
 
-
-# Flax-backed layers load on first access (PEP 562), so ``import attnjax``
-# loads only the functions layer and never flax: ``attnjax.nn.Attention``
-# works after ``import attnjax`` all the same.
-_LAZY = ("data", "models", "nn", "targets", "train")
+# Packages that load on first access (PEP 562): the Flax-backed layers, the training loop and
+# its data, the engines, the compile-only targets and the device check. ``import attnjax``
+# loads only the functions layer and never flax; ``attnjax.nn.Attention`` works after it all
+# the same.
+_LAZY = ("check", "data", "kernels", "models", "nn", "targets", "train")
 
 
 def __getattr__(name: str):
@@ -58,29 +60,46 @@ def __getattr__(name: str):
 
 
 def __dir__():
-  return sorted(set(globals()) | set(_LAZY))
+  return sorted(__all__ + [n for n in globals() if n.startswith("__") and n.endswith("__")])
 
 
 __all__ = [
   "AttentionStats",
+  "attention_stats",
+  "block_select",
   "block_select_attention",
+  "check",
+  "compressed",
   "compressed_attention",
   "config",
   "cosine_attention",
+  "data",
+  "delta_rule",
   "delta_rule_attention",
+  "dense",
   "dot_product_attention",
   "feature_maps",
+  "gated_linear",
   "gated_linear_attention",
+  "kernels",
+  "layout",
+  "linear",
   "linear_attention",
   "masks",
+  "mla",
   "mla_attention",
   "models",
   "mods",
   "nn",
   "normalizers",
+  "options",
+  "parallel",
   "patterns",
+  "qk_norm",
   "qk_norm_attention",
+  "sparse",
   "sparse_attention",
   "stats",
   "targets",
+  "train",
 ]

@@ -10,18 +10,6 @@ query row ``[B, N, T]`` because that is the quantity with a use of its own
 gradient, unlike the stop-gradient residual of ``jax.nn.dot_product_attention``.
 """
 
-from attnjax._src.attention_stats import (
-  AttentionStats,
-  row_mean,
-  stats_from_padded_rows,
-  stats_from_rows,
-  stats_from_weights,
-)
+from attnjax._src.attention_stats import AttentionStats, stats_from_weights
 
-__all__ = [
-  "AttentionStats",
-  "row_mean",
-  "stats_from_padded_rows",
-  "stats_from_rows",
-  "stats_from_weights",
-]
+__all__ = ["AttentionStats", "stats_from_weights"]

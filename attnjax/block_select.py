@@ -12,31 +12,17 @@ Guide: :doc:`/guides/sparse`, section "Content-selected blocks (MoBA)".
 """
 
 from attnjax._src.ops.block_select.attention import (
-  BLOCK_SELECT_STATIC,
-  DENSE_KEYWORDS,
-  ENGINES,
   IMPLEMENTATIONS,
-  OP,
   QUERY_POOLS,
-  block_scores,
   block_select_attention,
-  num_slots,
   select_blocks,
   selection_mask,
-  top_blocks,
 )
 
 __all__ = [
-  "BLOCK_SELECT_STATIC",
-  "DENSE_KEYWORDS",
-  "ENGINES",
   "IMPLEMENTATIONS",
-  "OP",
   "QUERY_POOLS",
-  "block_scores",
   "block_select_attention",
-  "num_slots",
   "select_blocks",
   "selection_mask",
-  "top_blocks",
 ]

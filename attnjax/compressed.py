@@ -13,29 +13,11 @@ Guide: :doc:`/guides/sparse`, section "Memory-compressed attention and the dilat
 """
 
 from attnjax._src.ops.compressed.attention import (
-  DENSE_KEYWORDS,
-  ENGINES,
   IMPLEMENTATIONS,
-  OP,
   POOLS,
-  STRADDLING_SEGMENT,
-  CompressedRule,
-  block_segments,
   compressed_attention,
   num_blocks,
   pool_keys,
 )
 
-__all__ = [
-  "DENSE_KEYWORDS",
-  "ENGINES",
-  "IMPLEMENTATIONS",
-  "OP",
-  "POOLS",
-  "STRADDLING_SEGMENT",
-  "CompressedRule",
-  "block_segments",
-  "compressed_attention",
-  "num_blocks",
-  "pool_keys",
-]
+__all__ = ["IMPLEMENTATIONS", "POOLS", "compressed_attention", "num_blocks", "pool_keys"]

@@ -10,35 +10,34 @@ also carries ``segment_ids``, ``positions`` and loss ``weights``. Sources
 Guide: :doc:`/guides/training`, section "Data".
 """
 
-from attnjax._src.data import (
-  SOURCES,
+from attnjax._src.data.batches import (
   Batch,
-  Batches,
   BigramBackcopyBatches,
-  ByteTokenizer,
-  CharTokenizer,
   CorpusBatches,
-  TokenData,
   bigram_backcopy_chain,
-  from_config,
-  load_bin,
-  load_shakespeare,
-  load_text,
   pack_documents,
-  shakespeare_dir,
-  split_documents,
   stack_batches,
   with_bos,
 )
+from attnjax._src.data.corpus import (
+  TokenData,
+  load_bin,
+  load_shakespeare,
+  load_text,
+  shakespeare_dir,
+  split_documents,
+)
+from attnjax._src.data.sources import Batches, SOURCES, from_config
+from attnjax._src.data.tokenizers import ByteTokenizer, CharTokenizer
 
 __all__ = [
-  "SOURCES",
   "Batch",
   "Batches",
   "BigramBackcopyBatches",
   "ByteTokenizer",
   "CharTokenizer",
   "CorpusBatches",
+  "SOURCES",
   "TokenData",
   "bigram_backcopy_chain",
   "from_config",

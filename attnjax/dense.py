@@ -1,46 +1,31 @@
 """Dense scaled dot-product attention with every normaliser, and its dispatch.
 
-``dot_product_attention`` validates its arguments once, puts the static choices
-in a :class:`~attnjax.options.DenseOptions`, and hands the arrays to one :class:`Engine` of
-:data:`ENGINES` (with ``implementation=None``, one per platform from its list in
-:data:`PREFERENCES`, chosen when the program is lowered). Every
-engine takes the same canonical arguments, so the fast paths (block-wise,
-platform kernels) plug in beside the readable ``reference`` below and are
-tested against it.
+:func:`attnjax.dot_product_attention` validates its arguments once (the
+:class:`~attnjax.options.DenseInputs` arrays and :class:`~attnjax.options.DenseOptions`
+static choices), then runs the engine ``implementation=`` names (:data:`IMPLEMENTATIONS`)
+or, with ``implementation=None``, each platform's first engine that honours the call,
+chosen when the program is lowered (:func:`dispatch_table`, :func:`select_implementation`).
+Every engine is tested equal to the readable :func:`reference`.
+
+Guide: :doc:`/guides/dense`; engines and dispatch: :doc:`/guides/kernels`.
 """
 
-from attnjax._src.op import Engine
 from attnjax._src.ops.dense.attention import (
   BLOCKWISE_MIN_LENGTH_CPU,
-  DENSE_STATIC,
-  ENGINES,
-  FALLBACK,
   IMPLEMENTATIONS,
-  JAX_NN_MASKED_LOGIT,
-  OP,
-  PREFERENCES,
   SIMILARITIES,
   dispatch_table,
   dot_product_attention,
-  prepare,
   reference,
   select_implementation,
 )
 
 __all__ = [
   "BLOCKWISE_MIN_LENGTH_CPU",
-  "DENSE_STATIC",
-  "ENGINES",
-  "FALLBACK",
   "IMPLEMENTATIONS",
-  "JAX_NN_MASKED_LOGIT",
-  "OP",
-  "PREFERENCES",
   "SIMILARITIES",
-  "Engine",
   "dispatch_table",
   "dot_product_attention",
-  "prepare",
   "reference",
   "select_implementation",
 ]

@@ -11,10 +11,10 @@ Guide: :doc:`/guides/sparse`, section "Positions, windows and layouts".
 """
 
 from attnjax._src.layout import (
+  BlockLayout,
   FULL,
   MASKED,
   SKIP,
-  BlockLayout,
   SparsePlan,
   classify_blocks,
   density,
@@ -22,18 +22,16 @@ from attnjax._src.layout import (
   full_blocks,
   intersect,
   kept_blocks,
-  key_block_candidates,
-  mask_mod_block_table,
   rule_layout,
   segment_block_relations,
   structural_layout,
 )
 
 __all__ = [
+  "BlockLayout",
   "FULL",
   "MASKED",
   "SKIP",
-  "BlockLayout",
   "SparsePlan",
   "classify_blocks",
   "density",
@@ -41,8 +39,6 @@ __all__ = [
   "full_blocks",
   "intersect",
   "kept_blocks",
-  "key_block_candidates",
-  "mask_mod_block_table",
   "rule_layout",
   "segment_block_relations",
   "structural_layout",

@@ -1,7 +1,7 @@
 """QK-normalised and cosine attention: normalise q and k over the head dim, then dense attention.
 
-Both are thin front ends to :func:`attnjax.dense.prepare` and the dense op, so every dense
-option and implementation works unchanged after the normalisation.
+Both are front ends of the dense op, so every dense option and implementation works
+unchanged after the normalisation.
 
 References:
   Dehghani et al. 2023 (ViT-22B) and Wortsman et al. 2023: QK LayerNorm.
@@ -14,10 +14,7 @@ References:
 
 from attnjax._src.ops.dense.qk_norm import (
   COSINE_CONVENTIONS,
-  COSINE_KEYWORDS,
   NORMS,
-  QK_NORM_KEYWORDS,
-  RENAMED_KEYWORDS,
   SWIN_MAX_LOG_SCALE,
   cosine_attention,
   normalize_head,
@@ -26,10 +23,7 @@ from attnjax._src.ops.dense.qk_norm import (
 
 __all__ = [
   "COSINE_CONVENTIONS",
-  "COSINE_KEYWORDS",
   "NORMS",
-  "QK_NORM_KEYWORDS",
-  "RENAMED_KEYWORDS",
   "SWIN_MAX_LOG_SCALE",
   "cosine_attention",
   "normalize_head",

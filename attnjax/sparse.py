@@ -1,6 +1,6 @@
 """Sparse attention: attention restricted to a :mod:`attnjax.patterns` pattern.
 
-:func:`attnjax.sparse_attention` has two engines (:data:`~attnjax.sparse.OP`,
+:func:`attnjax.sparse_attention` has two engines (:data:`IMPLEMENTATIONS`,
 ``implementation=``), tested equal in value and gradient: ``"reference"`` (the pattern's
 exact dense mask, ``[B, N, T, S]``) and ``"blockwise"`` (default; formerly
 ``"block_sparse"``): the pattern's block layout drives the block-wise kernel, so cost
@@ -10,26 +10,6 @@ and memory follow the kept blocks. Every dense option is validated by
 Guide: :doc:`/guides/sparse`, section "Patterns".
 """
 
-from attnjax._src.ops.sparse.attention import (
-  CHUNK_BLOCKS,
-  DENSE_KEYWORDS,
-  ENGINES,
-  IMPLEMENTATIONS,
-  OP,
-  SPARSE_STATIC,
-  banded_chunks,
-  block_sparse,
-  sparse_attention,
-)
+from attnjax._src.ops.sparse.attention import IMPLEMENTATIONS, sparse_attention
 
-__all__ = [
-  "CHUNK_BLOCKS",
-  "DENSE_KEYWORDS",
-  "ENGINES",
-  "IMPLEMENTATIONS",
-  "OP",
-  "SPARSE_STATIC",
-  "banded_chunks",
-  "block_sparse",
-  "sparse_attention",
-]
+__all__ = ["IMPLEMENTATIONS", "sparse_attention"]

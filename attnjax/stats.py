@@ -3,56 +3,50 @@
 Every attention- and model-level metric of the experiments, each docstring naming its
 source and stating its definition, on arrays from anywhere or on the
 :class:`~attnjax.AttentionStats` attention calls return: sinks and entropy
-(``attnjax.stats.sinks``), q/k geometry, activations, kernel approximation, the
-:class:`ProbeCapture` of a forward pass, and the JSON rule (:func:`to_jsonable`). This is
-the functions layer: it imports neither flax nor ``attnjax.nn`` / ``attnjax.train``.
-Per-layer statistics of a model: ``attnjax.nn.layer_stats``.
+(:func:`sink_rate`, :func:`attention_entropy`, ...), q/k geometry, activations, kernel
+approximation, the :class:`LayerCapture` of a forward pass, and the JSON rule
+(:func:`to_jsonable`). This is the functions layer: it imports neither flax nor
+``attnjax.nn`` / ``attnjax.train``. Per-layer statistics of a model: ``attnjax.nn.layer_stats``.
 
 Guide: :doc:`/guides/diagnostics`, sections "Layouts" and "Indexing".
 """
 
-from attnjax._src.stats import (
-  SINK_CURVE_EPS,
+from attnjax._src.stats.activations import kurtosis, massive_activations, output_logit_drift
+from attnjax._src.stats.approximation import feature_map_attention_error, kernel_approximation_error
+from attnjax._src.stats.capture import LayerCapture, SINK_CURVE_EPS
+from attnjax._src.stats.geometry import qk_statistics, sink_geometry, value_state_drain
+from attnjax._src.stats.jsonable import flatten, to_jsonable
+from attnjax._src.stats.results import (
   AttentionEntropy,
   FirstTokenAttention,
   LayerMean,
   LogitDrift,
   MassiveActivations,
-  ProbeCapture,
   QKStatistics,
   SinkGeometry,
   SinkRate,
+)
+from attnjax._src.stats.sinks import (
   attention_entropy,
   attention_sparsity,
-  feature_map_attention_error,
   first_token_attention,
-  flatten,
   gate_mass,
   importance,
-  kernel_approximation_error,
-  kurtosis,
-  massive_activations,
   max_attention_logit,
   null_mass,
-  output_logit_drift,
-  probe_statistics,
-  qk_statistics,
-  sink_geometry,
   sink_rate,
-  to_jsonable,
-  value_state_drain,
 )
-from attnjax._src.stats import __getattr__ as __getattr__
+from attnjax._src.old_names import stats as __getattr__  # noqa: F401 (PEP 562)
 
 __all__ = [
-  "SINK_CURVE_EPS",
   "AttentionEntropy",
   "FirstTokenAttention",
+  "LayerCapture",
   "LayerMean",
   "LogitDrift",
   "MassiveActivations",
-  "ProbeCapture",
   "QKStatistics",
+  "SINK_CURVE_EPS",
   "SinkGeometry",
   "SinkRate",
   "attention_entropy",
@@ -68,7 +62,6 @@ __all__ = [
   "max_attention_logit",
   "null_mass",
   "output_logit_drift",
-  "probe_statistics",
   "qk_statistics",
   "sink_geometry",
   "sink_rate",

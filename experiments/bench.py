@@ -623,10 +623,12 @@ def trainer_suite(args) -> Iterable[Case]:
   summary's loop_time_s (metrics wait: mostly waiting for the device). Preset by backend (gpu: 300 steps, tpu: 300, cpu: the cpu preset, 60 steps);
   ``ATTNJAX_BENCH_TRAINER="preset=gpu steps=400 variants=dense,sigmoid data=shakespeare
   trace=DIR"`` changes them (trace: a jax.profiler trace of each run under DIR/variant)."""
+  from attnjax.train.config import as_list
+
   cfg = _trainer_settings()
   print(f"## trainer\n\n{trainer_suite.__doc__.strip()}\n")
   rows = []
-  for variant in cli_csv(cfg["variants"]):
+  for variant in as_list(cfg["variants"]):
     trace = os.path.join(cfg["trace"], variant) if cfg["trace"] else ""
     rows.append(
       trainer_vs_step(cfg["preset"], variant, cfg["steps"], data=cfg["data"], trace=trace)
@@ -654,10 +656,6 @@ def trainer_suite(args) -> Iterable[Case]:
   print(json.dumps(rows))
   print()
   return []
-
-
-def cli_csv(text: str) -> list[str]:
-  return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def _torch_sdpa(T: int, *, backward: bool, window: Optional[tuple[int, int]] = None):
@@ -1607,14 +1605,14 @@ def _gpu_programs(args, paths) -> tuple[list[dict], dict]:
 
 def _auto_choices(inputs: dict) -> dict:
   """What auto dispatch runs for each auto row (softmax, sigmoid) at each T."""
-  from attnjax import dense
+  from attnjax import dense, options
 
   out = {}
   for T, (q, k, v) in inputs.items():
     for n in ("softmax", "sigmoid"):
       try:
         out[f"T={T} {n}"] = dense.select_implementation(
-          *dense.prepare(q, k, v, is_causal=True, normalizer=n)
+          *options.validate(q, k, v, is_causal=True, normalizer=n)
         )
       except Exception as e:  # the choice itself failed: say so
         out[f"T={T} {n}"] = _gpu_error(e)
@@ -1808,7 +1806,7 @@ def _pretrained_child(T: int) -> None:
   from flax import nnx
 
   from attnjax import nn
-  from attnjax.models import probe
+  from attnjax.models import token_nll
 
   model = nn.TransformerLM(_pretrained_config(), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
@@ -1818,7 +1816,7 @@ def _pretrained_child(T: int) -> None:
     m = nnx.merge(graphdef, state)
     out = nn.layer_stats(m, tokens[:, :-1], view="streaming")
     features, layers = out["features"], out["layers"]
-    nll = probe.token_nll(m, features, tokens[:, 1:], chunk=512)
+    nll = token_nll(m, features, tokens[:, 1:], chunk=512)
     return [layer["sink_mass"] for layer in layers], jnp.mean(nll)
 
   before = _peak_rss_mib()

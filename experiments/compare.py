@@ -13,7 +13,7 @@ import os
 import time
 
 from attnjax.train import cli, report, sweep
-from attnjax.train.config import validate
+from attnjax.train.config import as_list, validate
 from attnjax.train import init_distributed
 
 
@@ -25,15 +25,18 @@ def main(argv=None) -> str:
   t0 = time.perf_counter()
   if not args.report_only:
     arms = [
-      sweep.arm(cfg, v, os.path.join(args.out, v), variant=v) for v in cli.csv(cfg.sweep.variants)
+      sweep.arm(cfg, v, os.path.join(args.out, v), variant=v) for v in as_list(cfg.sweep.variants)
     ]
     for a in arms:  # every arm's config is checked before any arm trains
       validate(a.config)
     sweep.run_sweep(arms, processes=args.processes)
   markdown = report.write_report(
-    args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})", order=cli.csv(cfg.sweep.variants)
+    args.out, title=f"compare ({cfg.preset}, lr={cfg.opt.lr:g})", order=as_list(cfg.sweep.variants)
   )
-  return cli.finish(args.out, markdown, t0, write=False)
+  path = os.path.join(args.out, "report.md")
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 if __name__ == "__main__":

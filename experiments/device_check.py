@@ -28,10 +28,8 @@ import time
 from attnjax import check
 
 
-def parse(argv=None):
-  p = check.parser()
-  p.prog = "device_check.py"
-  p.description = __doc__
+def arguments(p) -> None:
+  """This command's flags, besides ``python -m attnjax.check``'s."""
   p.add_argument("--steps", type=int, default=50, help="training steps per variant (section 6)")
   p.add_argument(
     "--peak-tflops",
@@ -41,7 +39,6 @@ def parse(argv=None):
     "attnjax.train.mfu.PEAK_BF16_FLOPS: H100/H200 SXM 989, TPU v5e 197, "
     "v6e 918)",
   )
-  return p.parse_args(argv)
 
 
 def training_mfu(r: check.Report, args) -> None:
@@ -53,14 +50,15 @@ def training_mfu(r: check.Report, args) -> None:
   from attnjax.train.config import apply_preset, base_config
   from attnjax.train import build_model, count_params, flops_per_token, make_train_step
 
+  preset = {"cuda": "gpu", "tpu": "tpu"}[args.platform]  # the preset of the device's size
   r.add("")
-  r.add(f"## 6. {args.platform} preset: {args.steps} training steps, random tokens")
+  r.add(f"## 6. {preset} preset: {args.steps} training steps, random tokens")
   r.add("")
   r.add("| variant | params | step ms | tokens/s | model TFLOP/s | MFU |")
   r.add("|---|---:|---:|---:|---:|---:|")
   peak = args.peak_tflops * 1e12 if args.peak_tflops else None
   for variant in ("dense", "sigmoid"):
-    cfg = apply_preset(base_config(), args.platform)
+    cfg = apply_preset(base_config(), preset)
     cfg.variant = variant
     model = build_model(cfg, 256, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -96,15 +94,15 @@ def training_mfu(r: check.Report, args) -> None:
     )
 
 
-def main(argv=None) -> int:
-  args = parse(argv)
-  r = check.Report()
-  status = check.run_checks(r, args)
-  if status is not None:
-    return status
+def section_6(r: check.Report, args) -> None:
   if args.kernel == "default" and not args.interpret:
     training_mfu(r, args)
-  return check.write(r, args.out)
+
+
+def main(argv=None) -> int:
+  return check.command(
+    argv, prog="device_check.py", description=__doc__, arguments=arguments, then=section_6
+  )
 
 
 if __name__ == "__main__":

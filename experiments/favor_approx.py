@@ -18,6 +18,7 @@ import numpy as np
 from attnjax import feature_maps, stats
 from attnjax.train import cli, rundir
 from attnjax.train.plots import save_figure, subplots
+from attnjax.train.config import as_list
 
 MAPS = {
   "favor_plus_orthogonal": lambda key, m, H: feature_maps.favor_plus(key, m, True, head_dim=H),
@@ -29,10 +30,10 @@ MAPS = {
 
 def measure(cfg) -> dict:
   """``{map: {m: [error per draw]}}``: mean over heads of the relative Frobenius error."""
-  for name in cli.csv(cfg.maps):
+  for name in as_list(cfg.maps):
     if name not in MAPS:
       raise ValueError(f"maps: {name!r} is not one of: {', '.join(MAPS)}")
-  ms = [int(m) for m in cli.csv(cfg.num_features)]
+  ms = [int(m) for m in as_list(cfg.num_features)]
   if any(m < 1 for m in ms):
     raise ValueError(f"num_features must be positive ints, got {cfg.num_features!r}")
   kq, kk = jax.random.split(jax.random.key(cfg.seed))
@@ -40,7 +41,7 @@ def measure(cfg) -> dict:
   q = cfg.q_std * jax.random.normal(kq, shape)
   k = cfg.q_std * jax.random.normal(kk, shape)
   results: dict = {}
-  for name in cli.csv(cfg.maps):
+  for name in as_list(cfg.maps):
     results[name] = {}
     for m in ms:
       errors = []
@@ -111,7 +112,11 @@ def main(argv=None) -> str:
   )
   lines.append("![favor_error.png](plots/favor_error.png)\n")
   markdown = "\n".join(lines)
-  return cli.finish(args.out, markdown, t0)
+  path = os.path.join(args.out, "report.md")
+  rundir.write_atomic(path, markdown)
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 if __name__ == "__main__":

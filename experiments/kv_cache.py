@@ -27,7 +27,7 @@ from flax import nnx
 from attnjax import nn
 from attnjax.nn import kv_policies
 from attnjax.train import cli, rundir
-from attnjax.train.config import apply_preset, base_config
+from attnjax.train.config import apply_preset, as_list, base_config
 from attnjax.train import init_distributed
 from attnjax.train import model_config
 from attnjax.train.plots import save_figure, subplots
@@ -98,12 +98,16 @@ def main(argv=None) -> str:
   t0 = time.perf_counter()
   model, trainer = train_or_load(cfg, os.path.join(args.out, "train"))
   batch = trainer.batches.batch(
-    "probe", 1, seq_len=cfg.data.seq_len, batch_size=cfg.sweep.eval_batch
+    "heldout", 1, seq_len=cfg.data.seq_len, batch_size=cfg.sweep.eval_batch
   )
   markdown = evaluate(
     cfg, model, trainer.batches.model_vocab_size, batch.inputs, batch.targets, args.out
   )
-  return cli.finish(args.out, markdown, t0)
+  path = os.path.join(args.out, "report.md")
+  rundir.write_atomic(path, markdown)
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 def evaluate(cfg, model: nnx.Module, vocab: int, inputs, targets, out: str) -> str:
@@ -115,13 +119,13 @@ def evaluate(cfg, model: nnx.Module, vocab: int, inputs, targets, out: str) -> s
   gpu_cfg.variant = cfg.variant
   gpu_model = model_config(gpu_cfg, vocab)
   G = int(cfg.sweep.gpu_len)
-  budgets = [float(b) for b in cli.csv(cfg.sweep.budgets)]
+  budgets = [float(b) for b in as_list(cfg.sweep.budgets)]
 
   forward = optax.softmax_cross_entropy_with_integer_labels(
     nnx.jit(lambda m, x: m(x))(model, inputs), targets
   )
   results = {"full forward (no cache)": {"loss": float(forward.mean()), "policy": None}}
-  for name, policy, fraction in arms(cli.csv(cfg.sweep.policies), budgets, L):
+  for name, policy, fraction in arms(as_list(cfg.sweep.policies), budgets, L):
     budget = budget_for(fraction, L) if fraction else None
     losses, cache = decoded_losses(with_cache_policy(model, mcfg, policy, budget), inputs, targets)
     gpu_budget = budget_for(fraction, G) if fraction else None

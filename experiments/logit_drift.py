@@ -12,14 +12,14 @@ import os
 import time
 
 from attnjax.train import cli, report, sweep
-from attnjax.train.config import validate
+from attnjax.train.config import as_list, validate
 from attnjax.train import init_distributed
 
 
 def parse_arms(text: str) -> list[tuple[str, float, float]]:
   """``"name:z_loss:weight_decay,..."`` -> ``[(name, z_loss, weight_decay)]``."""
   arms = []
-  for item in cli.csv(text):
+  for item in as_list(text):
     parts = item.split(":")
     if len(parts) != 3:
       raise ValueError(f"sweep.arms item {item!r} must be name:z_loss:weight_decay")
@@ -52,7 +52,10 @@ def main(argv=None) -> str:
   markdown = report.write_report(
     args.out, title=f"logit_drift ({cfg.preset}, lr={cfg.opt.lr:g})", extra=extra
   )
-  return cli.finish(args.out, markdown, t0, write=False)
+  path = os.path.join(args.out, "report.md")
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import os
 import time
 
 from attnjax.train import cli, report, sweep
-from attnjax.train.config import validate
+from attnjax.train.config import as_list, validate
 from attnjax.train import init_distributed
 
 
@@ -25,8 +25,8 @@ def main(argv=None) -> str:
   t0 = time.perf_counter()
   if not args.report_only:
     arms = []
-    for v in cli.csv(cfg.sweep.variants):
-      for lr in cli.csv(cfg.sweep.lrs):
+    for v in as_list(cfg.sweep.variants):
+      for lr in as_list(cfg.sweep.lrs):
         a = sweep.arm(
           cfg,
           f"{v} lr={float(lr):g}",
@@ -38,7 +38,10 @@ def main(argv=None) -> str:
         arms.append(a)
     sweep.run_sweep(arms, processes=args.processes)
   markdown = report.write_lr_sweep_report(args.out, title=f"lr_sweep ({cfg.preset})")
-  return cli.finish(args.out, markdown, t0, write=False)
+  path = os.path.join(args.out, "report.md")
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax import AttentionStats, models, nn, stats
-from attnjax.models import probe
 from attnjax.train import cli, rundir
 from attnjax.train.config import load_config, split_argv
 from attnjax.train.plots import save_figure, subplots
 from attnjax.train.report import significant
+from attnjax.train.config import as_list
 
 # Beside this script, so that it runs from any working directory.
 DEFAULT_CONFIG = (
@@ -78,7 +78,7 @@ def parse(argv=None):
 def attention_options(cfg) -> dict:
   """``implementation`` and the ``key=value`` pairs of ``cfg.attention`` (values as literals)."""
   options = {} if not cfg.implementation else {"implementation": cfg.implementation}
-  for item in cli.csv(cfg.attention):
+  for item in as_list(cfg.attention):
     key, sep, value = item.partition("=")
     if not sep:
       raise ValueError(f"attention: {item!r} is not key=value")
@@ -156,7 +156,9 @@ def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cf
     features, layers = out["features"], out["layers"]
     nll.append(
       np.asarray(
-        probe.token_nll(model, features, jnp.asarray(targets[b : b + 1]), chunk=int(cfg.loss_chunk))
+        models.token_nll(
+          model, features, jnp.asarray(targets[b : b + 1]), chunk=int(cfg.loss_chunk)
+        )
       )
     )
     per_seq.append(jax.tree.map(np.asarray, layers))
@@ -170,7 +172,7 @@ def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cf
     AttentionStats(**{f: jnp.asarray(cat[f][l]) for f in AttentionStats._fields if f in cat})
     for l in range(L)
   ]
-  eps = [float(e) for e in cli.csv(cfg.sink_eps)]
+  eps = [float(e) for e in as_list(cfg.sink_eps)]
   rates = [stats.sink_rate(layer_stats, eps=e) for e in eps]
   importance = np.asarray(stats.sink_rate(layer_stats, eps=0.3).importance)  # [L, B, N]
   f_attn = stats.first_token_attention(layer_stats)
@@ -337,7 +339,11 @@ def main(argv=None) -> str:
   rundir.write_json(os.path.join(out, "results.json"), results)
   paths = plots(results, os.path.join(out, "plots"))
   markdown = report(results, cfg, checkpoint.config.get("model_type"), paths, out)
-  return cli.finish(out, markdown, t0)
+  path = os.path.join(out, "report.md")
+  rundir.write_atomic(path, markdown)
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Optional
 import numpy as np
 
 from attnjax.train import cli, report, rundir, sweep
-from attnjax.train.config import validate
+from attnjax.train.config import as_list, validate
 from attnjax.train import init_distributed
 
 # The variants that should not form a sink: their F-Attn should end
@@ -43,17 +43,17 @@ SINK_FREE = ("sink_logits", "softmax_one", "sigmoid", "gated")
 def build_arms(cfg, out: str) -> list[sweep.Arm]:
   """Every arm of the sweep: variants x datasets, then dense's extra seeds and learning rates."""
   arms = []
-  for d in cli.csv(cfg.sweep.datasets):
-    for v in cli.csv(cfg.sweep.variants):
+  for d in as_list(cfg.sweep.datasets):
+    for v in as_list(cfg.sweep.variants):
       arms.append(
         sweep.arm(cfg, f"{d}/{v}", os.path.join(out, d, v), variant=v, **{"data.name": d})
       )
     extra = [
-      (f"dense_seed{int(s)}", {"seed": int(s)}) for s in cli.csv(cfg.sweep.get("dense_seeds", ""))
+      (f"dense_seed{int(s)}", {"seed": int(s)}) for s in as_list(cfg.sweep.get("dense_seeds", ""))
     ]
     extra += [
       (f"dense_lr{float(lr):g}", {"opt.lr": float(lr)})
-      for lr in cli.csv(cfg.sweep.get("dense_lrs", ""))
+      for lr in as_list(cfg.sweep.get("dense_lrs", ""))
     ]
     for name, changes in extra:
       arms.append(
@@ -100,7 +100,7 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   if step == 0:
     return None
   t = cfg.train
-  b = trainer.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
+  b = trainer.batches.batch("heldout", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
   capture = layer_stats(trainer.model(), jnp.asarray(b.inputs), view="capture")
   raw = np.asarray(capture.weights, np.float32)  # [L, B, N, T, S]
   w = raw / np.maximum(np.abs(raw).sum(-1, keepdims=True), 1e-30)  # row-normalised, as F-Attn
@@ -386,7 +386,7 @@ def main(argv=None) -> str:
   )
   init_distributed()
   t0 = time.perf_counter()
-  datasets = cli.csv(cfg.sweep.datasets)
+  datasets = as_list(cfg.sweep.datasets)
   arms = build_arms(cfg, args.out)
   if not args.report_only:
     sweep.run_sweep(arms, processes=args.processes)
@@ -412,7 +412,11 @@ def main(argv=None) -> str:
         .replace("# sinks on", "## sinks on", 1)
       )
   markdown = "\n".join(parts)
-  return cli.finish(args.out, markdown, t0)
+  path = os.path.join(args.out, "report.md")
+  rundir.write_atomic(path, markdown)
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 if __name__ == "__main__":

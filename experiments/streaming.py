@@ -25,6 +25,7 @@ from attnjax.train import init_distributed
 from attnjax.train import model_config
 from attnjax.train.plots import save_figure, subplots
 from attnjax.train import train_or_load
+from attnjax.train.config import as_list
 
 
 def with_attention(model: nnx.Module, cfg, vocab_size: int, **changes) -> nnx.Module:
@@ -65,12 +66,12 @@ def main(argv=None) -> str:
   model, trainer = train_or_load(cfg, os.path.join(args.out, "train"))
   T = cfg.data.seq_len
   L = cfg.sweep.length_factor * T
-  batch = trainer.batches.batch("probe", 1, seq_len=L, batch_size=cfg.sweep.eval_batch)
+  batch = trainer.batches.batch("heldout", 1, seq_len=L, batch_size=cfg.sweep.eval_batch)
   inputs, targets = jnp.asarray(batch.inputs), jnp.asarray(batch.targets)
   vocab = trainer.batches.model_vocab_size
 
   arms = {f"full causal ({L} keys)": token_losses_full(model, inputs, targets)}
-  for sinks in (int(s) for s in cli.csv(cfg.sweep.num_sinks)):
+  for sinks in (int(s) for s in as_list(cfg.sweep.num_sinks)):
     if not 0 <= sinks < T:
       raise ValueError(f"sweep.num_sinks: {sinks} must be in [0, data.seq_len={T})")
     # T keys in the cache: `sinks` first tokens plus a window of T - sinks (query included).
@@ -117,7 +118,11 @@ def main(argv=None) -> str:
   lines.append("\n![loss_by_position.png](plots/loss_by_position.png)\n")
   rundir.write_json(os.path.join(args.out, "results.json"), results)
   markdown = "\n".join(lines)
-  return cli.finish(args.out, markdown, t0)
+  path = os.path.join(args.out, "report.md")
+  rundir.write_atomic(path, markdown)
+  print(markdown)
+  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
+  return markdown
 
 
 if __name__ == "__main__":

@@ -52,12 +52,13 @@ for _flag in _fast_cpu_codegen_flags():
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Auto-dispatch's kernel-trust rule reads the verdicts of `python -m attnjax.check` from the
-# cache directory and ATTNJAX_KERNELS: the suite starts from an empty directory of its own and
+# cache directory and ATTNJAX_AUTO_KERNELS: the suite starts from an empty directory of its own and
 # the default setting, whatever the machine has recorded or the shell sets.
 import tempfile  # noqa: E402
 
 os.environ["ATTNJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnjax-test-cache-")
-os.environ.pop("ATTNJAX_KERNELS", None)
+os.environ.pop("ATTNJAX_AUTO_KERNELS", None)
+os.environ.pop("ATTNJAX_KERNELS", None)  # its old name
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -136,14 +137,14 @@ def compilation_cache(tmp_path_factory):
 @pytest.fixture
 def all_kernels():
   """Auto-dispatch takes attnjax's Pallas kernels wherever they cover a call
-  (``attnjax.config.kernels = "all"``, as ``ATTNJAX_KERNELS=all``): for the tests of the
+  (``attnjax.config.auto_kernels = "all"``, as ``ATTNJAX_AUTO_KERNELS=all``): for the tests of the
   platforms' preference order and of the kernels' compiles, on a host where no kernel was
   checked."""
   import attnjax
 
-  attnjax.config.kernels = "all"
+  attnjax.config.auto_kernels = "all"
   yield
-  attnjax.config.kernels = None
+  attnjax.config.auto_kernels = None
 
 
 def pytest_runtest_setup(item):

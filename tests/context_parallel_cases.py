@@ -27,7 +27,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import attnjax
-from attnjax._src import op as _op, mods, parallel
+from attnjax._src import op as _op, mods
+from attnjax import parallel
 
 AXIS = "ctx"
 

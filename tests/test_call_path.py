@@ -70,7 +70,7 @@ CALLS = {
 def _trace_call(monkeypatch, keywords: dict):
   if jax.default_backend() != "cpu":
     pytest.skip("the count is of a CPU lowering (a GPU or TPU host asks its own kernels more)")
-  monkeypatch.setattr(attnjax.config, "kernels", "checked")  # the default, whatever ran before
+  monkeypatch.setattr(attnjax.config, "auto_kernels", "checked")  # the default, whatever ran before
   q = jnp.ones((1, 64, 2, 16))
   return _trace(lambda q, k, v: attnjax.dot_product_attention(q, k, v, **keywords), q, q, q)
 

@@ -269,7 +269,7 @@ def test_blockwise_matches_reference_broad(normalizer, stride, is_causal, window
 
 def _layer(**kw):
   from flax import nnx
-  from attnjax._src import nn
+  from attnjax import nn
 
   return nn.Attention(
     nn.AttentionConfig(family="compressed", block_size=4, **kw), 16, rngs=nnx.Rngs(0)
@@ -314,7 +314,7 @@ def test_nn_conv_is_mean_pooling_at_init_and_learns():
 
 def test_nn_weights_and_linformer():
   from flax import nnx
-  from attnjax._src import nn
+  from attnjax import nn
 
   layer = _layer(stride=4, window=2)
   x = jax.random.normal(jax.random.key(4), (2, 12, 16))
@@ -336,7 +336,7 @@ def test_nn_weights_and_linformer():
 @pytest.mark.parametrize("name", ["compressed", "dilated"])
 def test_experiment_variants_build_and_round_trip(name):
   from flax import nnx
-  from attnjax._src import nn
+  from attnjax import nn
   from attnjax._src.train import variants
 
   cfg = nn.AttentionConfig(**variants.attention_kwargs(name))

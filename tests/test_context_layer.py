@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnjax._src import nn
+from attnjax import nn
 from attnjax._src.nn import _context
 from helpers import assert_close
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax._src import op as _op, parallel
+from attnjax._src import op as _op
+from attnjax import parallel
 from attnjax._src.kernels.blockwise import ring
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

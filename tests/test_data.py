@@ -6,7 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from attnjax._src import data
+from attnjax import data
+from attnjax._src.data import corpus
 from attnjax._src.train.config import base_config
 
 
@@ -29,7 +30,7 @@ def test_byte_tokenizer_round_trip_utf8():
 
 def test_shakespeare_split_by_play_is_disjoint_complete_and_deterministic():
   d = data.load_shakespeare()
-  names = data.corpus.list_documents(data.shakespeare_dir(), "**/*.md")
+  names = corpus.list_documents(data.shakespeare_dir(), "**/*.md")
   assert len(names) >= 30
   assert set(d.train_files).isdisjoint(d.val_files)
   assert sorted(d.train_files + d.val_files) == names
@@ -108,7 +109,7 @@ def test_batches_are_a_pure_function_of_seed_and_step_with_bos(name):
   other = data.from_config(cfg, seed=4)
   assert not np.array_equal(a.batch("train", 0).inputs, other.batch("train", 0).inputs)
   # Probe batches: fixed length 64 on held-out data, same every call.
-  p = a.batch("probe", 0, seq_len=64, batch_size=2)
+  p = a.batch("heldout", 0, seq_len=64, batch_size=2)
   assert p.inputs.shape == (2, 64) and (p.inputs[:, 0] == a.bos_id).all()
 
 

@@ -151,7 +151,7 @@ def test_nn_sparse_family_decode_equals_forward():
   # with dilation 2) equals decoding token by token (the pattern as a mask over the cache).
   import jax
   from flax import nnx
-  from attnjax._src import nn
+  from attnjax import nn
 
   cfg = nn.AttentionConfig(
     family="sparse",

@@ -25,7 +25,8 @@ import pytest
 import attnjax
 from attnjax._src import sharding as _sharding, target as _target, mods, normalizers
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import jax_nn, mosaic_gpu, pallas_gpu, splash
+from attnjax._src.kernels import jax_nn, splash
+from attnjax.kernels import mosaic_gpu, pallas_gpu
 from helpers import rand_qkv
 
 pytestmark = pytest.mark.usefixtures("all_kernels")

@@ -62,7 +62,7 @@ PUBLIC_MODULES = (
   "attnjax.nn",
   "attnjax.nn.specs",
   "attnjax.nn.kv_policies",
-  "attnjax.nn.probe",
+  "attnjax.nn.statistics",
   "attnjax.nn.intermediates",
   "attnjax.stats",
   "attnjax.data",

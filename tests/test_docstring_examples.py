@@ -31,7 +31,8 @@ MODULES = {
   "attnjax.patterns": ("attnjax.patterns", "attnjax._src.patterns"),
   "attnjax.nn": ("attnjax.nn",),
   "attnjax.nn.kv_policies": ("attnjax.nn.kv_policies", "attnjax._src.nn.kv_policies"),
-  "attnjax.nn.probe": ("attnjax.nn.probe", "attnjax._src.nn.probe"),
+  "attnjax.nn.statistics": ("attnjax.nn.statistics", "attnjax._src.nn.statistics"),
+  "attnjax.train.config": ("attnjax.train.config", "attnjax._src.train.config"),
   "attnjax.train.report": ("attnjax.train.report", "attnjax._src.train.report"),
   **{
     f"attnjax._src.nn.{name}": (f"attnjax._src.nn.{name}",)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax._src import op as _op, patterns
-from attnjax._src.kernels import blockwise, pallas_gpu, pallas_tpu
+from attnjax._src import op as _op, options, patterns
+from attnjax.kernels import blockwise, pallas_gpu, pallas_tpu
 
 from helpers import rand_qkv
 
@@ -412,7 +412,7 @@ def test_jax_scalar_scale_as_jax_nn():
 def test_blockwise_attention_takes_the_keywords_its_docstring_names():
   q, k, v = _qkv(4, 4)
   doc = inspect.getdoc(blockwise.attention)
-  for name in attnjax.options.KEYWORDS:
+  for name in options.KEYWORDS:
     assert f"``{name}``" in doc, name
   for name, value in (
     ("local_window_size", 2),

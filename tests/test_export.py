@@ -20,7 +20,7 @@ from jax import export
 
 import attnjax
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import pallas_gpu
+from attnjax.kernels import pallas_gpu
 from attnjax._src.train.variants import COMPARE, attention_kwargs
 from helpers import preset_train_step
 
@@ -118,6 +118,6 @@ def test_by_default_an_export_for_an_unknown_device_holds_no_unchecked_kernel(mo
   # Exporting from a CPU host, no device of the target is known, so no check of attnjax's
   # kernels can have passed for it: without opting in, the sigmoid step's attention is the
   # block-wise engine (no Pallas call), while splash, which jax vouches for, stays.
-  monkeypatch.setattr(attnjax.config, "kernels", "checked")  # the default, whatever ran before
+  monkeypatch.setattr(attnjax.config, "auto_kernels", "checked")  # the default, whatever ran before
   assert call_targets(export_step("tpu", "sigmoid", "tpu", stats=False)) == set()
   assert MOSAIC_TARGET in call_targets(export_step("tpu", "dense", "tpu", stats=False))

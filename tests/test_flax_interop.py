@@ -16,7 +16,7 @@ import pytest
 from flax import linen, nnx
 
 import attnjax
-from attnjax._src.nn import flax_attention_fn
+from attnjax.nn import flax_attention_fn
 from tests.helpers import assert_close
 
 B, T, D, N = 2, 8, 16, 4

@@ -356,7 +356,7 @@ def test_modifier_factories_are_hashable_and_equal_by_value():
 
 def _layer(seed=0, **fields):
   from flax import nnx
-  from attnjax._src import nn
+  from attnjax import nn
 
   cfg = nn.AttentionConfig("dense", num_heads=4, **fields)
   return nn.Attention(cfg, 16, rngs=nnx.Rngs(seed))

@@ -24,7 +24,8 @@ from jax.extend import core as jax_core
 import attnjax
 from attnjax._src import op as _op, options, patterns
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import blockwise, pallas_gpu, pallas_tpu, splash
+from attnjax._src.kernels import splash
+from attnjax.kernels import blockwise, pallas_gpu, pallas_tpu
 from attnjax._src.kernels.blockwise import kernel as blockwise_kernel
 from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
 from attnjax._src.kernels.pallas_gpu import kernel as pallas_kernel

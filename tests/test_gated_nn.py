@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax._src import nn
+from attnjax import nn
 from attnjax._src.nn import gated_spec
 
 

@@ -161,8 +161,8 @@ GRAPH = import_graph(ROOT)
 
 
 def test_the_graph_sees_module_and_function_level_imports():
-  assert "attnjax._src.stats.sinks" in GRAPH and "attnjax._src.nn.probe" in GRAPH
-  assert "attnjax._src.stats.capture" in GRAPH["attnjax._src.nn.probe"]
+  assert "attnjax._src.stats.sinks" in GRAPH and "attnjax._src.nn.statistics" in GRAPH
+  assert "attnjax._src.stats.capture" in GRAPH["attnjax._src.nn.statistics"]
   assert "flax" in GRAPH["attnjax._src.nn.attention"]
   assert (
     "attnjax._src.train.metrics" in GRAPH["attnjax._src.train.report"]
@@ -295,8 +295,47 @@ def test_engine_rule_finds_a_kernel_importing_a_family():
 
 def test_families_import_kernels_and_kernels_never_import_families():
   assert any(under(m, "attnjax._src.kernels") for m in GRAPH)
-  assert "attnjax._src.kernels.blockwise" in GRAPH["attnjax._src.ops.dense.attention"]
+  assert "attnjax._src.kernels.blockwise.kernel" in GRAPH["attnjax._src.ops.dense.attention"]
   assert engine_violations(GRAPH) == []
+
+
+def public_module_imports(graph: dict[str, set[str]]) -> list[str]:
+  """``"module imports public"`` for each module under ``attnjax._src`` that imports a public
+  module of attnjax (anything outside ``attnjax._src`` but the private ``attnjax._version``)."""
+  out = []
+  for module, imported in sorted(graph.items()):
+    if not under(module, "attnjax._src"):
+      continue
+    for target in sorted(imported):
+      public = under(target, "attnjax") and not under(target, "attnjax._src")
+      if public and target != "attnjax._version":
+        out.append(f"{module} imports {target}")
+  return out
+
+
+def test_the_public_module_check_sees_a_deferred_import(tmp_path):
+  pkg = tmp_path / "attnjax"
+  (pkg / "_src").mkdir(parents=True)
+  files = {
+    "__init__.py": "from attnjax._src import a\n",
+    "_version.py": "",
+    "stats.py": "from attnjax._src.a import f\n",
+    "_src/__init__.py": "",
+    "_src/a.py": "from attnjax import _version\ndef f():\n  import attnjax\n  from attnjax import stats\n",
+  }
+  for name, text in files.items():
+    (pkg / name).write_text(text)
+  assert public_module_imports(import_graph(tmp_path)) == [
+    "attnjax._src.a imports attnjax",
+    "attnjax._src.a imports attnjax.stats",
+  ]
+
+
+def test_no_module_of_the_implementation_imports_a_public_module():
+  """The public modules re-export attnjax/_src; nothing under it reads them back (the
+  implementation's config is ``attnjax._src.config``, its dense function
+  ``attnjax._src.ops.dense.attention``)."""
+  assert public_module_imports(GRAPH) == []
 
 
 def test_import_attnjax_loads_no_flax():
@@ -309,8 +348,8 @@ def test_import_attnjax_loads_no_flax():
       assert "attnjax.nn" not in sys.modules and "attnjax._src.nn" not in sys.modules
       assert attnjax.nn.Attention.__name__ == "Attention"  # loads on first access
       assert "flax" in sys.modules
-      import attnjax.nn.probe
-      assert callable(attnjax.nn.probe.probe)
+      import attnjax.nn.statistics
+      assert attnjax.nn.statistics.layer_stats is attnjax.nn.layer_stats
       """)
   subprocess.run(
     [sys.executable, "-c", code],

@@ -147,9 +147,9 @@ def test_the_residual_comes_from_each_engines_own_row_counts(engine):
   """The residual is the engine's logsumexp statistic, jax.nn's masked logit exactly on the
   rows the engine counted no key for (padded queries, and real rows whose window holds only
   padded keys), with no mask rebuilt; elsewhere it is the reference's logsumexp."""
-  from attnjax._src import jax_nn_compat as _jax_nn_compat
+  from attnjax._src import jax_nn_compat as _jax_nn_compat, options
   from attnjax._src.ops.dense import attention as dense
-  from attnjax._src.kernels import pallas_gpu, pallas_tpu
+  from attnjax.kernels import pallas_gpu, pallas_tpu
 
   q, k, v = rand_qkv(B=2, T=24, N=4, K=2, H=8)
   q_len, kv_len = np.array([20, 24]), np.array([3, 24])
@@ -158,7 +158,7 @@ def test_the_residual_comes_from_each_engines_own_row_counts(engine):
     k,
     jnp.asarray(q_len),
     jnp.asarray(kv_len),
-    dict(attnjax.options.DEFAULTS, is_causal=True, window=(1, 0)),
+    dict(options.DEFAULTS, is_causal=True, window=(1, 0)),
   )
   inputs, opts = dense.prepare(q, k, v, **keywords)
   run = {

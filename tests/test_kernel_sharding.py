@@ -29,7 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import attnjax
 from attnjax._src import sharding as _sharding, mods, normalizers, targets
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import mosaic_gpu, pallas_gpu, pallas_tpu, splash
+from attnjax._src.kernels import splash
+from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
 from attnjax._src.kernels.pallas_tpu import kernel as tpu_kernel
 from helpers import assert_close, rand_qkv
 

@@ -17,7 +17,8 @@ import pytest
 from flax import nnx
 
 import attnjax
-from attnjax._src import data, masks, nn
+from attnjax._src import masks
+from attnjax import data, nn
 from attnjax._src.nn import specs
 from attnjax._src.train import step as train_step
 from helpers import assert_close
@@ -568,7 +569,7 @@ def test_packed_batch_layout():
     assert text == "" or (text.startswith("line ") and text.endswith("\n"))
   assert b.weights.sum() < b.weights.size
   np.testing.assert_array_equal(batches.batch("train", 5).inputs, b.inputs)  # deterministic
-  assert not batches.batch("probe", 0).packed
+  assert not batches.batch("heldout", 0).packed
 
 
 def test_packed_batch_losses_equal_documents_run_one_by_one():

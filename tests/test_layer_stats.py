@@ -2,10 +2,13 @@
 
 Each view is checked against the others on one tiny model (two layers: dense, and a gated
 softmax_one layer), and each old entry point must warn once per process, naming
-``layer_stats``, and return exactly what the matching view returns.
+``layer_stats``, and return exactly what the matching view returns. The old entry points
+named *probe* (a word now kept for the training loop's periodic statistics) are gone: each
+raises an error naming what replaces it.
 """
 
 import inspect
+import re
 import warnings
 
 import jax
@@ -14,12 +17,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax._src import deprecation as _deprecation, nn, stats
-from attnjax._src.models import probe as models_probe
-from attnjax._src.nn import probe as nn_probe
-from attnjax._src.nn import transformer
-from attnjax._src.stats import capture as stats_capture
-from attnjax._src.train import probe as train_probe
+from attnjax._src import deprecation as _deprecation
+
+from attnjax import nn, stats
+from attnjax._src.deprecation import RemovedError
+from attnjax._src.models import perplexity
+from attnjax._src.nn import statistics, transformer
 
 B, T, V = 2, 12, 32
 
@@ -52,7 +55,7 @@ def test_views_agree_with_each_other(model_and_tokens):
   sown = nn.layer_stats(model, tokens, view="sown")
   streaming = nn.layer_stats(model, tokens, view="streaming")
   capture = nn.layer_stats(model, tokens, view="capture")
-  assert isinstance(capture, stats.ProbeCapture) and capture.weights.shape == (2, B, 4, T, T)
+  assert isinstance(capture, stats.LayerCapture) and capture.weights.shape == (2, B, 4, T, T)
   # The summary is the capture's statistics plus the batch loss. One program against two:
   # float32 reductions over T keys in another order differ by a few ulp at most.
   from_capture = nn.layer_stats(capture)
@@ -144,10 +147,6 @@ def test_each_old_entry_point_warns_once_and_returns_the_view(model_and_tokens):
   model, tokens = model_and_tokens
   new = lambda **kw: nn.layer_stats(model, tokens, **kw)
   assert_same(
-    _warns_once("attnjax.nn.probe.probe", lambda: nn_probe.probe(model, tokens, length=T)),
-    new(length=T),
-  )
-  assert_same(
     _warns_once(
       "attnjax.nn.collect_stats", lambda: nn.collect_stats(model, tokens, weights=True, hidden=True)
     ),
@@ -157,42 +156,57 @@ def test_each_old_entry_point_warns_once_and_returns_the_view(model_and_tokens):
   assert_same(
     _warns_once(
       "attnjax.nn.probe.capture_from_model",
-      lambda: nn_probe.capture_from_model(model, tokens, weights=False),
+      lambda: statistics.capture_from_model(model, tokens, weights=False),
     ),
     new(view="capture", weights=False, jit=False),
   )
   features, layers = _warns_once(
-    "attnjax.models.probe.layer_statistics", lambda: models_probe.layer_statistics(model, tokens)
+    "attnjax.models.probe.layer_statistics", lambda: perplexity.layer_statistics(model, tokens)
   )
   assert_same({"features": features, "layers": layers}, new(view="streaming"))
-  record = _warns_once(
-    "attnjax.train.probe.run_probe", lambda: train_probe.run_probe(model, tokens)
-  )
-  assert record == stats.to_jsonable(jax.device_get(new()))
-  capture = new(view="capture")
-  assert stats.probe_statistics is stats_capture.probe_statistics
-  assert_same(
-    _warns_once("attnjax.stats.probe_statistics", lambda: stats.probe_statistics(capture, eps=0.2)),
-    nn.layer_stats(capture, eps=0.2),
-  )
+  # Through the old modules: the same objects.
+  import attnjax.models.probe as old_models_probe
+  import attnjax.nn.probe as old_nn_probe
+
+  assert old_nn_probe.capture_from_model is statistics.capture_from_model
+  assert old_models_probe.layer_statistics is perplexity.layer_statistics
+
+
+@pytest.mark.parametrize(
+  "module, name, new",
+  [
+    ("attnjax.nn.probe", "probe", "attnjax.nn.layer_stats(model, tokens, length=64)"),
+    ("attnjax.stats", "probe_statistics", "attnjax.nn.layer_stats(capture)"),
+    ("attnjax.stats", "probe", "attnjax.nn.layer_stats"),
+    (
+      "attnjax.train.probe",
+      "run_probe",
+      "attnjax.stats.to_jsonable(attnjax.nn.layer_stats(model, inputs))",
+    ),
+  ],
+)
+def test_the_old_probe_entry_points_are_gone_with_an_error_naming_the_new_one(module, name, new):
+  import importlib
+
+  public = importlib.import_module(module)
+  with pytest.raises(RemovedError, match="'probe' names the training loop|runs its probes") as e:
+    getattr(public, name)
+  assert new in str(e.value) and isinstance(e.value, ImportError)
+  with pytest.raises(ImportError, match=re.escape(f"use {new}")):
+    exec(f"from {module} import {name}", {})  # the message survives a from-import
 
 
 # The arguments the old entry points took (``*`` marks keyword-only ones): each still takes them.
 OLD_SIGNATURES = {
-  nn_probe.probe: "model tokens *length=64 *weights=True *eps=0.3 *sparsity_threshold=0.01 "
-  "*z_loss_coef=0.0001 *massive_abs=100.0 *massive_ratio=1000.0",
-  nn_probe.capture_from_model: "model tokens *weights=True",
+  statistics.capture_from_model: "model tokens *weights=True",
   nn.collect_stats: "model tokens *weights=False *hidden=False *jit=True",
-  models_probe.layer_statistics: "model tokens",
-  train_probe.run_probe: "model inputs to_host=device_get",
-  stats.probe_statistics: "capture *eps=0.3 *sparsity_threshold=0.01 *z_loss_coef=0.0001 "
-  "*massive_abs=100.0 *massive_ratio=1000.0",
+  perplexity.layer_statistics: "model tokens",
 }
 
 
 def test_the_summary_defaults_are_the_signature_defaults():
   defaults = {k: p.default for k, p in inspect.signature(nn.layer_stats).parameters.items()}
-  for name, value in nn_probe._SUMMARY_DEFAULTS:
+  for name, value in statistics._SUMMARY_DEFAULTS:
     assert defaults[name] == value, name
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax._src import models, nn
+from attnjax import models, nn
 from attnjax._src.models import architectures
 from helpers import assert_close, reduction_tolerance
 

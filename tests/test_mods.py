@@ -167,7 +167,7 @@ def test_document_masks_with_block_rules_over_many_blocks(name):
   # T=32 in blocks of 8 with two documents of 16: blocks inside one document are FULL by the
   # id ranges, and only the causal rule can say that those above the diagonal must be skipped
   # and those on it masked (traced ids: the jitted call classifies blocks from the rule).
-  from attnjax._src.kernels import blockwise
+  from attnjax.kernels import blockwise
 
   q, k, v = rand_qkv(1, 32, 32, 2, 1, 8, seed=3)
   ids = jnp.asarray(np.arange(32)[None] // 16, jnp.int32)

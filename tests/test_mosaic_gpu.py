@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import attnjax
 from attnjax._src import target as _target, check, normalizers, targets
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import mosaic_gpu
+from attnjax.kernels import mosaic_gpu
 from attnjax._src.kernels.mosaic_gpu import (
   backward as mbackward,
   kernel as mkernel,

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import attnjax
-from attnjax._src import nn
+from attnjax import nn
 
 D = 16
 V = 11

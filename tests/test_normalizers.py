@@ -270,7 +270,7 @@ def test_relu_layer_and_variant_gradients_match_finite_differences():
   from flax import nnx
   from jax.test_util import check_grads
 
-  from attnjax._src import nn
+  from attnjax import nn
   from attnjax._src.train import variants
 
   cfg = nn.AttentionConfig(**variants.attention_kwargs("relu"))

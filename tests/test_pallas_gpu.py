@@ -20,7 +20,7 @@ import pytest
 
 import attnjax
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import pallas_gpu
+from attnjax.kernels import pallas_gpu
 from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
 from engine_base import DenseEngineTests
 from helpers import rand_qkv, softpick_f64

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src import normalizers, targets
-from attnjax._src.kernels import pallas_gpu
+from attnjax.kernels import pallas_gpu
 from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
 from attnjax._src.kernels.pallas_gpu.plan import make_plan
 

@@ -25,7 +25,7 @@ import attnjax
 from attnjax._src import sharding as _sharding
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src import mods
-from attnjax._src.kernels import pallas_tpu
+from attnjax.kernels import pallas_tpu
 from attnjax._src.kernels.pallas_tpu import kernel as tpu_kernel
 from attnjax._src.kernels.pallas_tpu import plan
 from attnjax._src.kernels.pallas_tpu.plan import FULL, MASKED, SKIP

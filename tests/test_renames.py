@@ -3,14 +3,20 @@
 - ``qk_norm_attention``'s gains: ``q_scale`` / ``k_scale`` are now ``q_gain`` /
   ``k_gain`` (as ``attnjax.nn`` names the parameters); ``scale`` is only the logit scale.
 - ``attnjax.nn``'s QK-norm logit scale: ``qk_scale`` is now ``scale``, as the dense family's.
-- ``attnjax.config.kernels = "trusted"`` is now ``"jax"`` (tests/test_trust.py).
+- ``attnjax.config.kernels`` is now ``attnjax.config.auto_kernels`` (``ATTNJAX_KERNELS``:
+  ``ATTNJAX_AUTO_KERNELS``), and its value ``"trusted"`` is ``"jax"`` (tests/test_trust.py).
+- The public modules' old names (``attnjax/_src/old_names.py``) and the data split ``"probe"``
+  (now ``"heldout"``; *probe* is the training loop's periodic statistics only).
 
-Each old name gives identical results and warns once per process with the new name.
+Each old name gives identical results and warns once per process with the new name; an old
+name that now means another concept (the ``parallel`` aliases of the recurrent families, the
+*probe* aliases: tests/test_layer_stats.py) raises an error naming the new spelling.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import jax
@@ -20,7 +26,8 @@ import pytest
 from flax import nnx
 
 import attnjax
-from attnjax._src import deprecation as _deprecation, nn
+from attnjax._src import deprecation as _deprecation
+from attnjax import nn
 from attnjax._src.nn import specs
 
 
@@ -129,3 +136,87 @@ def test_a_checkpoints_logit_scale_survives_a_change_of_family():
   dense = nn.AttentionConfig(scale=0.3, num_heads=2)
   assert loader.override_attention(qk, {"family": "dense"}) == dense
   assert loader.override_attention(dense, {"family": "qk_norm"}) == qk
+
+
+# ---------------------------------------------------------------------------
+# Old names of the public modules (attnjax/_src/old_names.py): a renamed one warns once and
+# gives the same object; one whose spelling now means another concept raises, naming the new.
+
+
+@pytest.mark.parametrize(
+  "module, old, new, same",
+  [
+    ("attnjax.stats", "ProbeCapture", "attnjax.stats.LayerCapture", "attnjax.stats:LayerCapture"),
+    ("attnjax.nn.probe", "layer_stats", "attnjax.nn.layer_stats", "attnjax.nn:layer_stats"),
+    ("attnjax.nn.probe", "VIEWS", "attnjax.nn.statistics.VIEWS", "attnjax.nn.statistics:VIEWS"),
+    ("attnjax.models.probe", "token_nll", "attnjax.models.token_nll", "attnjax.models:token_nll"),
+    (
+      "attnjax.train.mesh",
+      "MeshParallel",
+      "attnjax.train.mesh.RunMesh",
+      "attnjax.train.mesh:RunMesh",
+    ),
+  ],
+)
+def test_a_renamed_public_name_warns_once_and_is_the_same_object(module, old, new, same):
+  import importlib
+
+  public = importlib.import_module(module)
+  where, _, name = same.partition(":")
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    got = [getattr(public, old), getattr(public, old)]
+    exec(f"from {module} import {old}", {})
+  assert _deprecations(record) == [f"{module}.{old} is deprecated; use {new} (the same meaning)"]
+  assert record[0].filename == __file__  # points at the reader
+  assert got[0] is got[1] is getattr(importlib.import_module(where), name)
+  assert old not in public.__all__ and old not in dir(public)
+
+
+def test_the_old_module_attnjax_models_probe_is_reached_from_attnjax_models(monkeypatch):
+  import sys
+
+  import attnjax.models
+
+  monkeypatch.delitem(sys.modules, "attnjax.models.probe", raising=False)
+  monkeypatch.delattr(attnjax.models, "probe", raising=False)
+  with pytest.warns(DeprecationWarning, match=r"attnjax.models.probe is deprecated; use "):
+    old = attnjax.models.probe
+  assert old.token_nll is attnjax.models.token_nll
+
+
+@pytest.mark.parametrize("family", ["linear", "gated_linear", "delta_rule"])
+def test_the_parallel_aliases_are_gone_with_an_error_naming_quadratic(family):
+  # 'parallel' names context parallelism (attnjax.parallel) only; the masked quadratic engine
+  # is `quadratic` (implementation="parallel" still warns: tests/test_op.py).
+  import importlib
+
+  from attnjax._src.deprecation import RemovedError
+
+  public = importlib.import_module(f"attnjax.{family}")
+  new = f"use attnjax.{family}.quadratic (the same computation)"
+  with pytest.raises(RemovedError, match=re.escape(new)):
+    public.parallel
+  with pytest.raises(ImportError, match=re.escape(new)):
+    exec(f"from attnjax.{family} import parallel", {})
+  assert callable(public.quadratic) and not hasattr(public, "missing_name")
+
+
+def test_the_old_split_name_probe_warns_once_and_gives_the_heldout_batches():
+  from attnjax import data
+  from attnjax.train import base_config
+
+  cfg = base_config().data
+  cfg.name, cfg.seq_len, cfg.batch_size = "bigram_backcopy", 16, 2
+  batches = data.from_config(cfg, seed=0)
+  new = batches.batch("heldout", 3)
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    old = [batches.batch("probe", 3), batches.batch("probe", 3)]
+  assert _deprecations(record) == [
+    "batch('probe', ...) is deprecated; use batch('heldout', ...) (the same meaning)"
+  ]
+  assert record[0].filename == __file__
+  for b in old:
+    np.testing.assert_array_equal(b.inputs, new.inputs)
+  assert not np.array_equal(new.inputs, batches.batch("val", 3).inputs)

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax._src import stats
-from attnjax._src.nn import layer_stats
-from attnjax._src.stats.capture import SINK_CURVE_EPS, ProbeCapture
+from attnjax import stats
+from attnjax.nn import layer_stats
+from attnjax._src.stats.capture import SINK_CURVE_EPS, LayerCapture
 from attnjax._src.train.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_cpu_long_arm_runs_sequence_sharded(tmp_path):
 def test_model_without_mlp():
   from flax import nnx
 
-  from attnjax._src import nn
+  from attnjax import nn
 
   cfg = nn.ModelConfig(
     vocab_size=11, d_model=16, num_layers=1, mlp="none", attention=nn.AttentionConfig(num_heads=2)
@@ -177,7 +177,7 @@ def test_probe_sink_curve_and_value_drain():
   v = np.ones((1, 2, T, 1, 3), np.float32)
   v[:, :, 0] = 0.0
   q = k = jnp.ones((1, 2, T, 1, 3))
-  out = layer_stats(ProbeCapture(weights=jnp.asarray(w), q=q, k=k, v=jnp.asarray(v)))
+  out = layer_stats(LayerCapture(weights=jnp.asarray(w), q=q, k=k, v=jnp.asarray(v)))
   # alpha_1 = 1 for sequence 0 and 1 / T for sequence 1.
   expected = [50.0 * (1.0 > e) + 50.0 * (1.0 / T > e) for e in SINK_CURVE_EPS]
   np.testing.assert_allclose(out["sink_curve/rate"], expected)

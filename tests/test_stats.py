@@ -11,7 +11,7 @@ import pytest
 
 import attnjax
 from attnjax._src import normalizers
-from attnjax._src import stats
+from attnjax import stats
 from attnjax._src.train import metrics as run_metrics
 from helpers import rand_qkv
 
@@ -535,7 +535,7 @@ def test_moved_names_say_where_they_went():
     ("spike_score", "attnjax.train.metrics"),
     ("lr_sensitivity", "attnjax.train.metrics"),
   ):
-    with pytest.raises(AttributeError, match=where):
+    with pytest.raises(ImportError, match=where):  # also what `from attnjax.stats import x` says
       getattr(stats, name)
   with pytest.raises(AttributeError, match="no attribute"):
     stats.not_a_metric
@@ -552,7 +552,7 @@ def test_layer_stats_of_a_hand_built_capture():
   hidden = np.full((2, 1, T, 4), 0.05, np.float32)
   hidden[1, 0, 3, 2] = 400.0
   gate = jnp.stack([jnp.full((1, 8), 0.2), jnp.full((1, 8), jnp.nan)])  # layer 1 ungated
-  capture = stats.ProbeCapture(
+  capture = stats.LayerCapture(
     logits=jnp.zeros((1, T, V)), weights=weights, hidden=jnp.asarray(hidden), gate_mean=gate
   )
   out = attnjax.nn.layer_stats(capture)
@@ -565,7 +565,7 @@ def test_layer_stats_of_a_hand_built_capture():
   assert np.isnan(np.asarray(out["gate/per_layer"])[1])  # not defined -> null in JSON
   assert "max_logit" not in out and "qk/q_rms" not in out  # nothing to compute them from
   json.dumps(stats.to_jsonable(out), allow_nan=False)
-  with pytest.raises(TypeError, match="ProbeCapture"):
+  with pytest.raises(TypeError, match="LayerCapture"):
     attnjax.nn.layer_stats(lambda tokens: tokens, jnp.zeros((1, 64), jnp.int32))
   with pytest.raises(TypeError, match="view='sown'"):
     attnjax.nn.layer_stats(capture, view="sown")

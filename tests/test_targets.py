@@ -30,7 +30,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import attnjax
 from attnjax._src import target as _target, trust as _trust, check, normalizers, targets
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import blockwise, mosaic_gpu, pallas_gpu, pallas_tpu
+from attnjax.kernels import blockwise, mosaic_gpu, pallas_gpu, pallas_tpu
+from attnjax._src.kernels.pallas_tpu import kernel as pallas_tpu_kernel
 from helpers import preset_train_step
 
 needs_cuda = pytest.mark.targets("cuda")
@@ -229,7 +230,7 @@ def test_pallas_tpu_block_sizes_by_generation_and_an_oversized_one_fails():
   seen = {}
   for gen in ("v5e", "v6e"):
     with jax.set_mesh(targets.mesh(target_devices(gen))):
-      seen[gen] = pallas_tpu.block_sizes_for(128, pallas_tpu.generation())
+      seen[gen] = pallas_tpu.block_sizes_for(128, pallas_tpu_kernel.generation())
   assert seen == {
     "v5e": pallas_tpu.block_sizes_for(128, "v5e"),
     "v6e": pallas_tpu.block_sizes_for(128, "v6e"),
@@ -602,7 +603,7 @@ def test_auto_dispatch_takes_our_kernel_for_a_target_once_checked_on_its_kind(
   # mesh's): by default an A100 target gets the block-wise engine for a sigmoid call, and
   # pallas_gpu once `python -m attnjax.check` has passed on that kind of device.
   monkeypatch.setenv("ATTNJAX_CACHE_DIR", str(tmp_path))
-  monkeypatch.setattr(attnjax.config, "kernels", "checked")
+  monkeypatch.setattr(attnjax.config, "auto_kernels", "checked")
   mesh = targets.mesh(targets.gpu_devices("a100", 1))
   x = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
 
@@ -627,7 +628,8 @@ def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch,
   monkeypatch.setenv("ATTNJAX_CACHE_DIR", str(tmp_path / "cache"))
   monkeypatch.setattr(_trust, "SHIPPED_DIR", tmp_path / "shipped")
   monkeypatch.setattr(_trust, "_logged", [])
-  monkeypatch.setattr(attnjax.config, "kernels", "checked")
+  monkeypatch.setattr(attnjax.config, "auto_kernels", "checked")
+  monkeypatch.delenv("ATTNJAX_AUTO_KERNELS", raising=False)
   monkeypatch.delenv("ATTNJAX_KERNELS", raising=False)
   mesh = targets.mesh(targets.gpu_devices("h200", 1))
   kind = mesh.devices.flat[0].device_kind
@@ -651,7 +653,7 @@ def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch,
     },
     shipped=True,
   )
-  assert attnjax.config.kernels == "checked" and not (tmp_path / "cache").exists()
+  assert attnjax.config.auto_kernels == "checked" and not (tmp_path / "cache").exists()
   assert MOSAIC_GPU in compiled()
   assert not [r for r in caplog.records if r.name == "attnjax"]
   monkeypatch.setattr(_trust, "source_digest", lambda kernel: "edited" + kernel)

@@ -23,7 +23,8 @@ import pytest
 from flax import nnx
 
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src import feature_maps, mods, nn
+from attnjax._src import feature_maps, mods
+from attnjax import nn
 from attnjax._src.ops.linear import attention as linear
 from attnjax._src.stats import approximation
 from attnjax._src.train import config as config_lib

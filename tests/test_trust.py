@@ -4,8 +4,9 @@ attnjax's Pallas kernels (``vouched_by="device-check"`` in ``dense.ENGINES``)
 are taken by auto-dispatch on a kind of device only once ``python -m
 attnjax.check`` passed there for the call's case class (a verdict in the cache
 directory or shipped with the package, for this jax version and the kernel's
-current source digest), or with ``attnjax.config.kernels = "all"``
-(``ATTNJAX_KERNELS=all``); ``"jax"`` (formerly ``"trusted"``) never takes them; a
+current source digest), or with ``attnjax.config.auto_kernels = "all"``
+(``ATTNJAX_AUTO_KERNELS=all``; formerly ``config.kernels``, ``ATTNJAX_KERNELS``); ``"jax"``
+(formerly ``"trusted"``) never takes them; a
 multi-process run reads shipped verdicts only; a named implementation always runs. The suite's
 cache directory starts empty (tests/conftest.py), and every test here points
 the shipped verdicts at an empty folder of its own: the verdicts written here
@@ -63,7 +64,7 @@ def _sigmoid_call(T=64, dtype=jnp.float32):
 
 def test_an_unchecked_kernel_is_skipped_with_one_log_line(on_gpu, caplog):
   caplog.set_level(logging.WARNING, logger="attnjax")
-  assert attnjax.config.kernels == "checked"
+  assert attnjax.config.auto_kernels == "checked"
   table = dense.dispatch_table(*_sigmoid_call())
   assert table == {"cpu": "reference", "cuda": "reference", "tpu": "reference"}
   assert dense.dispatch_table(*_sigmoid_call(T=256))["cuda"] == "blockwise"
@@ -73,7 +74,7 @@ def test_an_unchecked_kernel_is_skipped_with_one_log_line(on_gpu, caplog):
     "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: not checked"
   ) in lines[0]
   assert "`python -m attnjax.check --kernel pallas_gpu`" in lines[0]
-  assert "ATTNJAX_KERNELS=all" in lines[0] and "runs 'reference' instead" in lines[0]
+  assert "ATTNJAX_AUTO_KERNELS=all" in lines[0] and "runs 'reference' instead" in lines[0]
   # jax's kernels are always taken where they cover the call
   q, k, v = rand_qkv(B=1, T=256, N=2, K=1, H=64, dtype=jnp.bfloat16)
   assert dense.dispatch_table(*dense.prepare(q, k, v, is_causal=True))["tpu"] == "splash"
@@ -116,21 +117,21 @@ def test_the_same_result_with_another_jax_version_joins_its_versions(on_gpu, mon
 def test_the_settings(on_gpu, monkeypatch):
   _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}})
   try:
-    attnjax.config.kernels = "jax"  # never, even checked
+    attnjax.config.auto_kernels = "jax"  # never, even checked
     assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
-    attnjax.config.kernels = "all"  # always, checked or not
+    attnjax.config.auto_kernels = "all"  # always, checked or not
     assert dense.dispatch_table(*_sigmoid_call())["tpu"] == "pallas_tpu"
-    attnjax.config.kernels = None  # back to the environment's
-    monkeypatch.setenv("ATTNJAX_KERNELS", "all")
-    assert attnjax.config.kernels == "all"
+    attnjax.config.auto_kernels = None  # back to the environment's
+    monkeypatch.setenv("ATTNJAX_AUTO_KERNELS", "all")
+    assert attnjax.config.auto_kernels == "all"
     assert dense.dispatch_table(*_sigmoid_call())["tpu"] == "pallas_tpu"
-    monkeypatch.setenv("ATTNJAX_KERNELS", "sometimes")
-    with pytest.raises(ValueError, match="ATTNJAX_KERNELS='sometimes' is not one of"):
+    monkeypatch.setenv("ATTNJAX_AUTO_KERNELS", "sometimes")
+    with pytest.raises(ValueError, match="ATTNJAX_AUTO_KERNELS='sometimes' is not one of"):
       dense.dispatch_table(*_sigmoid_call())
-    with pytest.raises(ValueError, match="attnjax.config.kernels='yes' is not one of"):
-      attnjax.config.kernels = "yes"
+    with pytest.raises(ValueError, match="attnjax.config.auto_kernels='yes' is not one of"):
+      attnjax.config.auto_kernels = "yes"
   finally:
-    attnjax.config.kernels = None
+    attnjax.config.auto_kernels = None
 
 
 @pytest.fixture
@@ -146,25 +147,50 @@ def test_the_old_name_trusted_means_jax_and_warns_once(on_gpu, monkeypatch, fres
   try:
     with pytest.warns(
       DeprecationWarning,
-      match=r"kernels = 'trusted' is deprecated; use "
-      r"attnjax.config.kernels = 'jax'",
+      match=r"auto_kernels = 'trusted' is deprecated; use "
+      r"attnjax.config.auto_kernels = 'jax'",
     ) as record:
-      attnjax.config.kernels = "trusted"
-      attnjax.config.kernels = "trusted"
-    assert len(record) == 1 and attnjax.config.kernels == "jax"
+      attnjax.config.auto_kernels = "trusted"
+      attnjax.config.auto_kernels = "trusted"
+    assert len(record) == 1 and attnjax.config.auto_kernels == "jax"
     assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"  # as "jax"
-    attnjax.config.kernels = None
-    monkeypatch.setenv("ATTNJAX_KERNELS", "trusted")
+    attnjax.config.auto_kernels = None
+    monkeypatch.setenv("ATTNJAX_AUTO_KERNELS", "trusted")
     with pytest.warns(
-      DeprecationWarning, match="ATTNJAX_KERNELS=trusted is deprecated; use ATTNJAX_KERNELS=jax"
+      DeprecationWarning,
+      match="ATTNJAX_AUTO_KERNELS=trusted is deprecated; use ATTNJAX_AUTO_KERNELS=jax",
     ) as record:
-      assert attnjax.config.kernels == "jax"
-      assert attnjax.config.kernels == "jax"
+      assert attnjax.config.auto_kernels == "jax"
+      assert attnjax.config.auto_kernels == "jax"
     assert len(record) == 1
-    monkeypatch.setenv("ATTNJAX_KERNELS", "jax")
+    monkeypatch.setenv("ATTNJAX_AUTO_KERNELS", "jax")
     assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
   finally:
-    attnjax.config.kernels = None
+    attnjax.config.auto_kernels = None
+
+
+def test_the_old_spellings_of_the_setting_warn_once(monkeypatch, fresh_warnings):
+  # config.kernels and ATTNJAX_KERNELS were the setting's names: "kernels" did not say that
+  # it chooses what auto-dispatch takes (jax's only, or attnjax's Pallas kernels too).
+  try:
+    with pytest.warns(
+      DeprecationWarning,
+      match=r"attnjax.config.kernels is deprecated; use attnjax.config.auto_kernels",
+    ) as record:
+      attnjax.config.kernels = "jax"
+      assert attnjax.config.kernels == "jax"
+    assert len(record) == 1 and record[0].filename == __file__
+    assert attnjax.config.auto_kernels == "jax"
+    attnjax.config.auto_kernels = None
+    monkeypatch.setenv("ATTNJAX_KERNELS", "all")
+    with pytest.warns(
+      DeprecationWarning, match="ATTNJAX_KERNELS is deprecated; use ATTNJAX_AUTO_KERNELS"
+    ):
+      assert attnjax.config.auto_kernels == "all"
+    monkeypatch.setenv("ATTNJAX_AUTO_KERNELS", "jax")  # the new name wins
+    assert attnjax.config.auto_kernels == "jax"
+  finally:
+    attnjax.config.auto_kernels = None
 
 
 def test_a_change_of_setting_retraces(on_gpu):
@@ -179,10 +205,10 @@ def test_a_change_of_setting_retraces(on_gpu):
   f(q)
   f(q)
   try:
-    attnjax.config.kernels = "all"
+    attnjax.config.auto_kernels = "all"
     f(q)
   finally:
-    attnjax.config.kernels = None
+    attnjax.config.auto_kernels = None
   assert len(traced) == 2
 
 
@@ -191,11 +217,11 @@ def test_a_named_kernel_always_runs(monkeypatch):
   # pallas_gpu is traced here, and refuses to be lowered for the CPU.
   q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
   try:
-    attnjax.config.kernels = "jax"
+    attnjax.config.auto_kernels = "jax"
     with pytest.raises(ValueError, match="implementation='pallas_gpu' runs on a CUDA GPU only"):
       jax.jit(lambda q: attnjax.dot_product_attention(q, q, q, implementation="pallas_gpu"))(q)
   finally:
-    attnjax.config.kernels = None
+    attnjax.config.auto_kernels = None
 
 
 def test_a_multi_process_run_reads_shipped_verdicts_only(on_gpu, monkeypatch, caplog):
@@ -207,12 +233,12 @@ def test_a_multi_process_run_reads_shipped_verdicts_only(on_gpu, monkeypatch, ca
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "reference"
   (line,) = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
   assert "not checked: no shipped verdict" in line and "a run of 2 processes" in line
-  assert "ATTNJAX_KERNELS=all" in line
+  assert "ATTNJAX_AUTO_KERNELS=all" in line
   try:
-    attnjax.config.kernels = "all"
+    attnjax.config.auto_kernels = "all"
     assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "pallas_gpu"
   finally:
-    attnjax.config.kernels = None
+    attnjax.config.auto_kernels = None
   path = _trust.write_verdict(GPU, {"pallas_gpu": {"passed": True}}, shipped=True)  # TEST verdict
   assert path == on_gpu / "shipped" / "NVIDIA_H100_80GB_HBM3.json"
   assert dense.dispatch_table(*_sigmoid_call())["cuda"] == "pallas_gpu"
@@ -388,16 +414,26 @@ def test_ship_writes_the_checks_own_verdict_into_the_package_folder(
 
 
 def test_all_checks_every_kernel_of_the_platform_and_ship_needs_a_device(small_check, tmp_path):
-  assert check.kernels_to_check("gpu", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
-  assert check.kernels_to_check("gpu", "all", interpret=False) == ("pallas_gpu",)  # no Hopper
+  assert check.kernels_to_check("cuda", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
+  assert check.kernels_to_check("cuda", "all", interpret=False) == ("pallas_gpu",)  # no Hopper
   assert check.kernels_to_check("tpu", "all", interpret=False) == ("pallas_tpu",)
-  assert check.kernels_to_check("gpu", "default", interpret=False) == ("pallas_gpu",)
-  with pytest.raises(ValueError, match="--kernel pallas_tpu is not a kernel of --platform gpu"):
-    check.kernels_to_check("gpu", "pallas_tpu", interpret=False)
+  assert check.kernels_to_check("cuda", "default", interpret=False) == ("pallas_gpu",)
+  with pytest.raises(ValueError, match="--kernel pallas_tpu is not a kernel of --platform cuda"):
+    check.kernels_to_check("cuda", "pallas_tpu", interpret=False)
   out = tmp_path / "report.md"
   assert check.main(["--interpret", "--ship", "--out", str(out)]) == 2
   assert check.main(["--interpret", "--kernel", "pallas_tpu", "--out", str(out)]) == 2
   assert not out.exists() and not (tmp_path / "shipped").exists()
+
+
+def test_platform_gpu_is_the_old_spelling_of_cuda(small_check, tmp_path, capsys):
+  # The platforms are cpu, cuda and tpu (as jax.export names them); --platform gpu still works.
+  out = tmp_path / "report.md"
+  assert check.main(["--platform", "gpu", "--out", str(out)]) == 2  # this host has no GPU
+  assert "attnjax.check --platform cuda needs a CUDA GPU" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    check.main(["--platform", "rocm"])
+  assert "invalid choice: 'rocm'" in capsys.readouterr().err and not out.exists()
 
 
 def test_the_error_of_one_wrong_row_is_not_hidden_by_larger_rows():
@@ -485,7 +521,7 @@ def test_the_commands_stop_at_once_without_the_device(tmp_path):
   assert proc.returncode == 0 and "usage: python -m attnjax.check" in proc.stdout, proc.stderr
   assert "--interpret" in proc.stdout and "--budget" in proc.stdout
   proc = run("-m", "attnjax.check", "--out", str(tmp_path / "x.md"))
-  assert proc.returncode == 2 and "needs a GPU" in proc.stdout, (proc.stdout, proc.stderr)
+  assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, (proc.stdout, proc.stderr)
   proc = run("experiments/device_check.py", "--platform", "tpu", "--out", str(tmp_path / "y.md"))
   assert proc.returncode == 2 and "needs a TPU" in proc.stdout, (proc.stdout, proc.stderr)
   assert not list(tmp_path.glob("*.md")) and not (tmp_path / "verdicts").exists()

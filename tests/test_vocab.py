@@ -195,7 +195,7 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
 def _layer_weights(T, **options):
   """``[T, S]`` weights an ``nn.Attention`` layer used (sown), and the layer."""
   from flax import nnx
-  from attnjax._src import nn
+  from attnjax import nn
 
   @nnx.jit  # one program per layer: faster than the capture's ops one by one
   def sown(layer, x):

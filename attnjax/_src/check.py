@@ -1,7 +1,10 @@
-"""``python -m attnjax.check``: attnjax's Pallas kernels checked on this device, and the verdict
-that lets auto-dispatch take them here.
+"""``python -m attnjax.check``: attnjax's Pallas kernels checked on this device, and their verdict.
 
-Implementation behind the public module :mod:`attnjax.check`.
+Each run checks pallas_gpu, mosaic_gpu or pallas_tpu (--kernel, --platform cuda or tpu)
+against the fp32 reference in value and gradient, times them, and writes the verdict that
+lets auto-dispatch take them on this kind of device (--ship: into the package, to commit);
+--out also writes a markdown report. Without the platform's device it exits with status 2;
+--interpret checks on the CPU instead. Implementation of :mod:`attnjax.check`.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ INTERPRET_SHAPE = (2, 40, 4, 2, 16)
 #: Section 2's mask structures, each checked with every normaliser.
 STRUCTURES = ("causal", "window", "segments")
 #: Our kernel per ``--platform``.
-KERNEL = {"gpu": "pallas_gpu", "tpu": "pallas_tpu"}
+KERNEL = {"cuda": "pallas_gpu", "tpu": "pallas_tpu"}
 #: The platform's built-in softmax kernel per ``--platform`` (the speed targets' baseline).
-BUILTIN = {"gpu": "cudnn", "tpu": "splash"}
+BUILTIN = {"cuda": "cudnn", "tpu": "splash"}
 #: ``--kernel``'s names besides "default".
 KERNELS = ("all", "pallas_gpu", "mosaic_gpu", "pallas_tpu")
 #: Every kernel of a platform (``--kernel all``; mosaic_gpu only on a Hopper or in interpret mode).
-PLATFORM_KERNELS = {"gpu": ("pallas_gpu", "mosaic_gpu"), "tpu": ("pallas_tpu",)}
+PLATFORM_KERNELS = {"cuda": ("pallas_gpu", "mosaic_gpu"), "tpu": ("pallas_tpu",)}
 #: Section 2's limit on a row's error (:func:`row_error`) per input dtype. The kernels round
 #: the weights and the score gradients to the input dtype once before their products (the fp32
 #: reference does not): 8 units of roundoff of bf16 (2^-8) and fp16 (2^-11) leave room for the
@@ -44,6 +47,13 @@ TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 2e-3}
 #: A row whose largest reference value is below this fraction of the tensor's median row scale
 #: is measured against that floor (a row of near-cancelling terms has no scale of its own).
 ROW_FLOOR = 0.1
+#: ``--platform``'s old spellings: ``gpu`` is ``cuda``.
+PLATFORM_ALIASES = {"gpu": "cuda"}
+
+
+def _platform(value: str) -> str:
+  """``--platform``'s value: a platform, or an old spelling of one."""
+  return PLATFORM_ALIASES.get(value, value)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,9 +80,11 @@ def parser() -> argparse.ArgumentParser:
   )
   p.add_argument(
     "--platform",
-    choices=("gpu", "tpu"),
+    type=_platform,
+    choices=("cuda", "tpu"),
     default=None,
-    help="which device's kernels to check (default: this host's GPU or TPU; gpu elsewhere)",
+    help="which platform's kernels to check: cuda or tpu (gpu: the old spelling of cuda; "
+    "default: this host's GPU or TPU, cuda elsewhere)",
   )
   p.add_argument(
     "--kernel",
@@ -182,14 +194,13 @@ def _rel_err(a, b) -> float:
 def check_dispatch(r: Report, platform: str) -> None:
   """Section 1: the platform's list in order, every kernel allowed (the trust rule apart)."""
   import jax.numpy as jnp
-  from attnjax import config
   from attnjax._src import target as _target
+  from attnjax._src.config import config
   from attnjax._src.ops.dense import attention as dense
 
-  r.add(f"## 1. Dispatch ({'cuda' if platform == 'gpu' else 'tpu'} branch of implementation=None)")
-  branch = "cuda" if platform == "gpu" else "tpu"
-  pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), branch)
-  before, config.kernels = config.kernels, "all"
+  r.add(f"## 1. Dispatch ({platform} branch of implementation=None)")
+  pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), platform)
+  before, config.auto_kernels = config.auto_kernels, "all"
   try:
     q, k, v = qkv(1, 256, 4, 2, 64, jnp.bfloat16)
     if platform == "tpu":
@@ -214,7 +225,7 @@ def check_dispatch(r: Report, platform: str) -> None:
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     r.expect(pick(q32, k32, v32, is_causal=True) == "pallas_gpu", "fp32 causal -> pallas_gpu")
   finally:
-    config.kernels = before
+    config.auto_kernels = before
 
 
 def check_cases(impl: str) -> list[tuple[str, str, str]]:
@@ -232,7 +243,9 @@ def _kernel_run(impl: str, interpret: bool) -> Callable:
   """``(inputs, opts) -> out`` of ``impl``: by name through dispatch on a device, the kernel's
   own engine in interpret mode."""
   from attnjax._src.ops.dense import attention as dense
-  from attnjax._src.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
+  from attnjax._src.kernels.mosaic_gpu import kernel as mosaic_gpu
+  from attnjax._src.kernels.pallas_gpu import kernel as pallas_gpu
+  from attnjax._src.kernels.pallas_tpu import kernel as pallas_tpu
 
   if not interpret:
     return lambda inputs, opts: dense.run(inputs, opts, impl)
@@ -310,7 +323,7 @@ def _case_args(impl: str, interpret: bool):
 
 def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1) -> dict:
   """Section 2: ``impl`` against the fp32 reference; returns its verdict entry (``cases``:
-  each case class's result, :func:`attnjax._trust.case_class`)."""
+  each case class's result, :func:`attnjax._src.trust.case_class`)."""
   import jax
   from attnjax._src import trust as _trust
 
@@ -358,7 +371,8 @@ def check_cudnn_and_blockwise(
   on the GPU, ``B`` sequences of ``T`` tokens."""
   import jax
   import jax.numpy as jnp
-  import attnjax
+  from attnjax._src import masks
+  from attnjax._src.ops.dense.attention import dot_product_attention
 
   r.add("")
   r.add("## 3. cuDNN (auto) and block-wise vs reference")
@@ -369,12 +383,12 @@ def check_cudnn_and_blockwise(
   calls = {
     "causal": lambda n: dict(is_causal=True),
     "window": lambda n: dict(is_causal=True, window=(256, 0)),
-    "padding mask": lambda n: dict(mask=attnjax.masks.padding_mask(n, n, T, T)),
+    "padding mask": lambda n: dict(mask=masks.padding_mask(n, n, T, T)),
   }
   for name, kw in calls.items():
 
     def out(q, k, v, n, impl, kw=kw):
-      return attnjax.dot_product_attention(q, k, v, implementation=impl, **kw(n))
+      return dot_product_attention(q, k, v, implementation=impl, **kw(n))
 
     def loss(q, k, v, n, impl):
       o = out(q, k, v, n, impl).astype(jnp.float32)
@@ -396,7 +410,7 @@ def check_cudnn_and_blockwise(
     for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
       ref, got = (
         jax.jit(
-          lambda q, k, v, impl=impl, kw=kw: attnjax.dot_product_attention(
+          lambda q, k, v, impl=impl, kw=kw: dot_product_attention(
             q, k, v, implementation=impl, **kw
           )
         )(qs, ks, vs)
@@ -411,12 +425,12 @@ def _time_pair(fwd_kw: Callable, args, repeats: int, calls: int = 10, backward_o
   per call of ``calls`` back-to-back calls."""
   import jax
   import jax.numpy as jnp
-  import attnjax
+  from attnjax._src.ops.dense.attention import dot_product_attention
 
-  fwd = jax.jit(lambda q, k, v: attnjax.dot_product_attention(q, k, v, **fwd_kw))
+  fwd = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, **fwd_kw))
   both = jax.jit(
     jax.grad(
-      lambda q, k, v: jnp.sum(attnjax.dot_product_attention(q, k, v, **fwd_kw).astype(jnp.float32)),
+      lambda q, k, v: jnp.sum(dot_product_attention(q, k, v, **fwd_kw).astype(jnp.float32)),
       (0, 1, 2),
     )
   )
@@ -530,7 +544,7 @@ def _ratio(times: dict, a, b, col: int) -> Optional[float]:
   return times[a][col] / times[b][col] if a in times and b in times else None
 
 
-def targets(r: Report, times: dict, platform: str = "gpu") -> None:
+def targets(r: Report, times: dict, platform: str = "cuda") -> None:
   """Section 5 of the default kernel (reported, not failed)."""
   from attnjax._src import normalizers
 
@@ -541,7 +555,7 @@ def targets(r: Report, times: dict, platform: str = "gpu") -> None:
     _say(
       r,
       _ratio(times, (f"{ours} softmax", 128, 4096), (f"{builtin} softmax", 128, 4096), col),
-      1.5 if platform == "gpu" else 1.25,
+      1.5 if platform == "cuda" else 1.25,
       f"{ours} softmax / {builtin} time, T=4096 H=128 {mode}",
     )
     for n in normalizers.NORMALIZERS:
@@ -552,7 +566,7 @@ def targets(r: Report, times: dict, platform: str = "gpu") -> None:
           1.25,
           f"{ours} {n} / {ours} softmax time, T=4096 H=128 {mode}",
         )
-    if platform == "gpu":
+    if platform == "cuda":
       _say(
         r,
         _ratio(times, ("reference softmax", 128, 8192), ("pallas_gpu softmax", 128, 8192), col),
@@ -609,10 +623,10 @@ def mosaic_targets(r: Report, times: dict) -> None:
 
 
 def _host_platform() -> str:
-  import jax
 
-  backend = jax.default_backend()
-  return backend if backend in ("gpu", "tpu") else "gpu"
+  from attnjax._src import lowering
+
+  return "tpu" if lowering.current_platform() == "tpu" else "cuda"
 
 
 def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, ...]:
@@ -641,18 +655,20 @@ def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, 
 
 def _refusal(args) -> Optional[str]:
   """Why the command cannot run here (nothing is run), or None."""
-  import jax
+  from attnjax._src import lowering
 
   want = "cpu" if args.interpret else args.platform
-  if jax.default_backend() != want:
+  here = lowering.current_platform()
+  if here != want:
     needs = (
-      "the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret else f"a {args.platform.upper()}"
+      "the CPU (JAX_PLATFORMS=cpu)"
+      if args.interpret
+      else {"cuda": "a CUDA GPU", "tpu": "a TPU"}[args.platform]
     )
     return (
       f"python -m attnjax.check --platform {args.platform}"
       + (" --interpret" if args.interpret else "")
-      + f" needs {needs} (this host's backend is {jax.default_backend()!r}); nothing was "
-      "run."
+      + f" needs {needs} (this host's platform is {here!r}); nothing was run."
     )
   if args.ship and args.interpret:
     return (
@@ -661,7 +677,7 @@ def _refusal(args) -> Optional[str]:
     )
   if args.kernel not in ("default", "all") and args.kernel not in PLATFORM_KERNELS[args.platform]:
     return f"--kernel {args.kernel} needs --platform " + (
-      "tpu" if args.kernel == "pallas_tpu" else "gpu (mosaic_gpu: a Hopper GPU)"
+      "tpu" if args.kernel == "pallas_tpu" else "cuda (mosaic_gpu: a Hopper GPU)"
     )
   return None
 
@@ -697,7 +713,7 @@ def run_checks(r: Report, args) -> Optional[int]:
     )
   if args.interpret:
     return None
-  if args.platform == "gpu":
+  if args.platform == "cuda":
     check_cudnn_and_blockwise(r)
   tables = [
     (table, report)
@@ -723,15 +739,47 @@ def write(r: Report, out: str) -> int:
   return 1 if r.failed else 0
 
 
-def main(argv=None) -> int:
-  """Runs the command on ``argv`` (default: ``sys.argv[1:]``).
+def command(
+  argv: Optional[list[str]] = None,
+  *,
+  prog: Optional[str] = None,
+  description: Optional[str] = None,
+  arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+  then: Optional[Callable[[Report, argparse.Namespace], None]] = None,
+) -> int:
+  """Runs ``python -m attnjax.check`` on ``argv``, or a command that extends it.
+
+  Sections 1 to 5 and the verdicts are written to ``--out`` (markdown) as they run; a
+  command of its own (``experiments/device_check.py``) adds flags and sections.
+
+  Args:
+    argv: the command line (default: ``sys.argv[1:]``).
+    prog: the command's name in ``--help`` (default: ``python -m attnjax.check``).
+    description: its ``--help`` text (default: this module's docstring).
+    arguments: called with the ``argparse.ArgumentParser`` to add the command's own flags.
+    then: called as ``then(report, args)`` after sections 1 to 5 ran, to add sections of its
+      own to the :class:`Report` before it is written.
 
   Returns:
     The exit status: 0 when every correctness check passed, 1 when one failed, 2 when
     nothing was run (this host has no device of the platform asked for, or ``--kernel
-    mosaic_gpu`` without ``--platform gpu``; see :func:`run_checks`).
+    mosaic_gpu`` without ``--platform cuda``).
   """
-  args = parser().parse_args(argv)
+  p = parser()
+  p.prog = prog or p.prog
+  p.description = description or p.description
+  if arguments is not None:
+    arguments(p)
+  args = p.parse_args(argv)
   r = Report()
   status = run_checks(r, args)
-  return status if status is not None else write(r, args.out)
+  if status is not None:
+    return status
+  if then is not None:
+    then(r, args)
+  return write(r, args.out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+  """``python -m attnjax.check`` on ``argv``: :func:`command`."""
+  return command(argv)

@@ -2,16 +2,20 @@
 
 A rename keeps the old name as an alias that behaves identically and emits one
 ``DeprecationWarning`` naming the new name, the first time the old name is used
-(:func:`warn_renamed`). Keyword arguments of a function (:func:`renamed_keywords`)
-and fields of a frozen dataclass (:func:`renamed_fields`) have helpers here. A
-function replaced by another call warns with :func:`warn_once`.
+(:func:`warn_renamed`). Keyword arguments of a function (:func:`renamed_keywords`),
+fields of a frozen dataclass (:func:`renamed_fields`) and a public module's old names
+(:func:`old_names`) have helpers here. A function replaced by another call warns with
+:func:`warn_once`. An old name that collides with another concept is not kept: reading
+it raises :class:`RemovedError`, which names the new spelling.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Union
 
 # The old names warned about in this process (a test may clear it).
 _warned: set[str] = set()
@@ -137,3 +141,69 @@ def _reader(where: str, old: str, new: str) -> Callable[[Any], Any]:
     return getattr(self, new)
 
   return read
+
+
+class RemovedError(ImportError):
+  """A public name that went because its spelling means another concept; the message names
+  the new spelling.
+
+  An ``ImportError``, so that ``from module import old`` shows the message as well (Python
+  replaces an ``AttributeError`` raised there by a message of its own).
+  """
+
+
+@dataclasses.dataclass(frozen=True)
+class Renamed:
+  """An old name that still works and warns once: ``new`` as the user writes it, and where the
+  object lives (``"attnjax._src.module:name"``, or a module ``"attnjax._src.module"``)."""
+
+  new: str
+  source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Deprecated:
+  """An old name whose object warns by itself when called (``"attnjax._src.module:name"``)."""
+
+  source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Removed:
+  """An old name that raises :class:`RemovedError`: ``why`` it went, and its ``new`` spelling."""
+
+  new: str
+  why: str
+
+
+OldName = Union[Renamed, Deprecated, Removed]
+
+
+def _load(source: str) -> Any:
+  module, _, name = source.partition(":")
+  loaded = importlib.import_module(module)
+  return getattr(loaded, name) if name else loaded
+
+
+def old_names(module: str, names: Mapping[str, OldName]) -> Callable[[str], Any]:
+  """The ``__getattr__`` (PEP 562) of the public module ``module`` for its old ``names``.
+
+  A :class:`Renamed` name warns once (:func:`warn_renamed`) and gives the object it names; a
+  :class:`Deprecated` one gives its object, which warns when called; a :class:`Removed` one
+  raises :class:`RemovedError` naming the new spelling. Any other name is an
+  ``AttributeError``, as for a module without ``__getattr__``.
+  """
+
+  def __getattr__(name: str) -> Any:
+    entry = names.get(name)
+    if isinstance(entry, Removed):
+      raise RemovedError(f"{module}.{name} was removed: {entry.why}; use {entry.new}")
+    if isinstance(entry, Renamed):
+      warn_renamed(f"{module}.{name}", entry.new, stacklevel=2)
+      return _load(entry.source)
+    if isinstance(entry, Deprecated):
+      return _load(entry.source)
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+  __getattr__.old_names = dict(names)
+  return __getattr__

@@ -228,7 +228,7 @@ class Normalizer:
       row: the query block's row inputs.
       stats: accumulate statistics too.
       first: the tile starts at key 0 (its first column feeds ``sink_mass``); a
-        Python bool, or a traced bool inside a kernel loop (see :func:`first_logit`).
+        Python bool, or a traced bool inside a kernel loop (see ``first_logit``).
     """
     raise NotImplementedError
 

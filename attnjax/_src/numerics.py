@@ -2,7 +2,7 @@
 
 :func:`einsum` is the one float32, full-precision contraction of the recurrent
 families (:mod:`attnjax.linear`, :mod:`attnjax.gated_linear`,
-:mod:`attnjax.delta_rule`) and their kernels (:mod:`attnjax.kernels.recurrent`).
+:mod:`attnjax.delta_rule`) and their kernels (:mod:`attnjax._src.kernels.recurrent`).
 """
 
 from __future__ import annotations

@@ -41,11 +41,11 @@ class Engine:
     platform: the platform it lowers for (``"cuda"``, ``"tpu"``), or None: any.
     where: where it runs, for the error of a named call lowered for another platform.
     per_shard: a custom call XLA cannot partition: under a multi-device mesh it runs inside
-      :func:`attnjax._sharding.per_shard` (on the call's first element, its inputs).
+      :func:`attnjax._src.sharding.per_shard` (on the call's first element, its inputs).
     vouched_by: who checks it on hardware: ``"jax"`` (jax's own kernels), ``"attnjax"``
       (plain JAX, held equal to the reference by this project's tests) or
       ``"device-check"`` (attnjax's Pallas kernels: auto-dispatch takes them only where
-      :mod:`attnjax._trust` allows).
+      :mod:`attnjax._src.trust` allows).
     min_length: auto-dispatch takes it from this sequence length on (the op's ``length``).
   """
 
@@ -98,7 +98,7 @@ class Op:
     context_axis: ``(*call) -> axis name or None``.
     length: ``(*call) -> int``, the sequence length engines' ``min_length`` compares with.
     trust_class: ``(*call) -> case class`` the kernels' verdicts name
-      (:func:`attnjax._trust.call_class`), for engines vouched by ``"device-check"``.
+      (:func:`attnjax._src.trust.call_class`), for engines vouched by ``"device-check"``.
     renamed: old engine names still accepted (``{old: new}``), each warning once.
   """
 
@@ -182,7 +182,7 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
   """``{platform: engine name}``: each platform's first engine of its list that covers the
   call; each engine's ``unsupported`` runs once however many lists name it.
 
-  Engines vouched by ``"device-check"`` are taken only where :func:`attnjax._trust.allows`
+  Engines vouched by ``"device-check"`` are taken only where :func:`attnjax._src.trust.allows`
   says so for the call's class (asked first: an engine it refuses with nothing to tell, e.g.
   for a platform with no device known, is not asked its ``unsupported``); the notes of those
   skipped that cover the call are logged once.

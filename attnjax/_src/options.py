@@ -126,10 +126,10 @@ INTERNAL_OPTIONS = (
 class DenseOptions:
   """Static, validated options of a dense attention call (hashable).
 
-  Its fields are the static keywords of :class:`DenseKeywords`, in their order,
+  Its fields are the static keywords of ``DenseKeywords``, in their order,
   with their types and defaults (``context_layout``'s default as validated;
   ``scale`` a float, ``window`` a pair and ``context_layout`` a name once
-  validated), followed by :data:`INTERNAL_OPTIONS`, which no keyword sets.
+  validated), followed by ``INTERNAL_OPTIONS``, which no keyword sets.
   ``tests/test_options.py`` holds the two definitions equal.
   """
 

@@ -2,7 +2,7 @@
 
 jax's kernels (cuDNN, splash) and attnjax's plain-JAX engines are always taken where they
 cover a call. ``pallas_gpu``, ``mosaic_gpu`` and ``pallas_tpu`` are taken on a kind of
-device only when :func:`allows` says so: ``attnjax.config.kernels == "all"``, or
+device only when :func:`allows` says so: ``attnjax.config.auto_kernels == "all"``, or
 ``"checked"`` (the default) and a current verdict of ``python -m attnjax.check`` (shipped
 in :data:`SHIPPED_DIR`, or in :func:`cache_dir` for single-process runs) passed the
 call's case class (:func:`call_class`) for the kernel's sources (:func:`source_digest`).
@@ -162,7 +162,7 @@ def write_verdict(
   Each entry gains this attnjax version, the jax version (a list: the same result measured
   with another jax version before is kept, its versions joined) and its kernel's
   :func:`source_digest`. Other kernels keep their entries. Dispatch reads verdicts when a
-  function is traced, so this clears jax's caches (as a change of ``attnjax.config.kernels``
+  function is traced, so this clears jax's caches (as a change of ``attnjax.config.auto_kernels``
   does). Returns the file written.
   """
   path = verdict_path(device_kind, shipped)
@@ -245,7 +245,7 @@ def allows(
   """May auto-dispatch take attnjax's ``kernel`` in the branch of ``platform``, for a call of
   case class ``klass`` (:func:`call_class`, or a function computing it, called only when a
   verdict is read; None: a kernel that passed every case)?"""
-  setting = config.kernels
+  setting = config.auto_kernels
   if setting == "all":
     return Decision(True)
   if setting == "jax":
@@ -284,8 +284,8 @@ def _note(kernel: str, kind: str, klass: Optional[str], found: Verdict, processe
     )
   return (
     f"{kernel} is not used on {kind}{calls}: {why}; run `{command}` on this kind of "
-    f"device to check it and let auto-dispatch take it, or set ATTNJAX_KERNELS=all "
-    f"(attnjax.config.kernels = 'all') to use it unchecked"
+    f"device to check it and let auto-dispatch take it, or set ATTNJAX_AUTO_KERNELS=all "
+    f"(attnjax.config.auto_kernels = 'all') to use it unchecked"
   )
 
 

@@ -5,9 +5,9 @@ memory; the sparse families run on it), :mod:`attnjax.kernels.pallas_gpu` (Trito
 :mod:`attnjax.kernels.pallas_tpu`, :mod:`attnjax.kernels.mosaic_gpu` (Hopper): Pallas
 kernels for every normaliser; :mod:`attnjax.kernels.splash` and
 :mod:`attnjax.kernels.jax_nn` wrap jax's own. Each dense engine takes a validated call
-and names what it cannot honour; :data:`attnjax.dense.ENGINES` and
-:data:`attnjax.dense.PREFERENCES` hold them and auto-dispatch's order. Kernels never
-import families; nothing is imported here.
+(:func:`attnjax.options.validate`) and names what it cannot honour; auto-dispatch's order
+per platform is :func:`attnjax.dense.dispatch_table`'s. Kernels never import families;
+nothing is imported here.
 
 Guide: :doc:`/guides/kernels`.
 """

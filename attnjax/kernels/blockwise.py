@@ -7,7 +7,7 @@ the same engine called like :func:`attnjax.dot_product_attention`, with explicit
 sizes. The algorithm and its tiles: the kernels guide (docs/guides/kernels.md).
 """
 
-from attnjax._src.kernels.blockwise import (
+from attnjax._src.kernels.blockwise.kernel import (
   CPU_BLOCK_K,
   CPU_BLOCK_Q,
   GPU_BLOCK_K,
@@ -16,7 +16,6 @@ from attnjax._src.kernels.blockwise import (
   MAX_UNROLLED_Q_BLOCKS,
   attention,
   default_block_sizes,
-  layout_for,
   run,
   run_layout,
   structural_mask_fn,
@@ -32,7 +31,6 @@ __all__ = [
   "MAX_UNROLLED_Q_BLOCKS",
   "attention",
   "default_block_sizes",
-  "layout_for",
   "run",
   "run_layout",
   "structural_mask_fn",

@@ -2,34 +2,33 @@
 
 :func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
 platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
-(``interpret=True`` runs it in jax's Mosaic GPU interpreter on the CPU). The forward kernel is
-in ``attnjax.kernels.mosaic_gpu.kernel``, the dq and dk/dv kernels in
-``attnjax.kernels.mosaic_gpu.backward``; block sizes, the shared-memory budget and the row
-lowering of the normalisers' state in ``attnjax.kernels.mosaic_gpu.plan``.
+(``interpret=True`` runs it in jax's Mosaic GPU interpreter on the CPU). The forward kernel,
+the dq and dk/dv kernels, and the block sizes, shared-memory budget and row lowering of the
+normalisers' state are the files of ``attnjax/_src/kernels/mosaic_gpu/`` (``kernel.py``,
+``backward.py``, ``plan.py``).
 """
 
-from attnjax._src.kernels.mosaic_gpu import (
+from attnjax._src.kernels.mosaic_gpu.kernel import (
   BLOCK_SIZE_TABLE,
+  BlockSizes,
   DEFAULT_BLOCK_SIZES,
   DTYPES,
   MOSAIC_GPU_CALL_TARGET,
-  SMEM_LIMIT_BYTES,
-  BlockSizes,
   attention,
   block_sizes_for,
   compute,
   run,
-  smem_bytes,
   unsupported,
 )
+from attnjax._src.kernels.mosaic_gpu.plan import SMEM_LIMIT_BYTES, smem_bytes
 
 __all__ = [
   "BLOCK_SIZE_TABLE",
+  "BlockSizes",
   "DEFAULT_BLOCK_SIZES",
   "DTYPES",
   "MOSAIC_GPU_CALL_TARGET",
   "SMEM_LIMIT_BYTES",
-  "BlockSizes",
   "attention",
   "block_sizes_for",
   "compute",

@@ -2,18 +2,17 @@
 
 :func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
 platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
-(``interpret=True`` runs it on any backend). The forward kernel is in
-``attnjax.kernels.pallas_gpu.kernel``, the backward kernels in
-``attnjax.kernels.pallas_gpu.backward``, and the grid plan and tile helpers they share in
-``attnjax.kernels.pallas_gpu.plan``.
+(``interpret=True`` runs it on any platform). The forward kernel, the backward kernels, and
+the grid plan and tile helpers they share are the files of ``attnjax/_src/kernels/pallas_gpu/``
+(``kernel.py``, ``backward.py``, ``plan.py``).
 """
 
-from attnjax._src.kernels.pallas_gpu import (
+from attnjax._src.kernels.pallas_gpu.kernel import (
   BLOCK_SIZE_TABLE,
+  BlockSizes,
   DEFAULT_BLOCK_SIZES,
   DTYPES,
   TRITON_CALL_TARGET,
-  BlockSizes,
   attention,
   block_sizes_for,
   compute,
@@ -23,10 +22,10 @@ from attnjax._src.kernels.pallas_gpu import (
 
 __all__ = [
   "BLOCK_SIZE_TABLE",
+  "BlockSizes",
   "DEFAULT_BLOCK_SIZES",
   "DTYPES",
   "TRITON_CALL_TARGET",
-  "BlockSizes",
   "attention",
   "block_sizes_for",
   "compute",

@@ -2,36 +2,33 @@
 
 :func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
 platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
-(``interpret=True`` runs it on any backend). The forward and count kernels are in
-``attnjax.kernels.pallas_tpu.kernel``, the backward kernels in
-``attnjax.kernels.pallas_tpu.backward``, and the plan, block tables and tile helpers they
-share in ``attnjax.kernels.pallas_tpu.plan``.
+(``interpret=True`` runs it on any platform). The forward and count kernels, the backward
+kernels, and the plan, block tables and tile helpers they share are the files of
+``attnjax/_src/kernels/pallas_tpu/`` (``kernel.py``, ``backward.py``, ``plan.py``).
 """
 
-from attnjax._src.kernels.pallas_tpu import (
+from attnjax._src.kernels.pallas_tpu.kernel import (
   BLOCK_SIZE_TABLE,
+  BlockSizes,
   DEFAULT_BLOCK_SIZES,
   DTYPES,
   MOSAIC_CALL_TARGET,
-  BlockSizes,
   attention,
   block_sizes_for,
   compute,
-  generation,
   run,
   unsupported,
 )
 
 __all__ = [
   "BLOCK_SIZE_TABLE",
+  "BlockSizes",
   "DEFAULT_BLOCK_SIZES",
   "DTYPES",
   "MOSAIC_CALL_TARGET",
-  "BlockSizes",
   "attention",
   "block_sizes_for",
   "compute",
-  "generation",
   "run",
   "unsupported",
 ]

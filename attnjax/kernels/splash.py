@@ -8,14 +8,6 @@ this jax's kernel takes them) and GQA, for ``T`` and ``S`` multiples of 128.
 :func:`attnjax.dot_product_attention` runs it with ``implementation="splash"``.
 """
 
-from attnjax._src.kernels.splash import (
-  BLOCKS,
-  DTYPES,
-  block_length,
-  compute,
-  make_mask,
-  run,
-  unsupported,
-)
+from attnjax._src.kernels.splash import BLOCKS, DTYPES, compute, run, unsupported
 
-__all__ = ["BLOCKS", "DTYPES", "block_length", "compute", "make_mask", "run", "unsupported"]
+__all__ = ["BLOCKS", "DTYPES", "compute", "run", "unsupported"]

@@ -11,28 +11,21 @@ package).
 Guide: :doc:`/guides/models`.
 """
 
-from attnjax.models import probe
-from attnjax._src.models import (
-  ARCHITECTURES,
-  SUPPORTED,
-  Checkpoint,
-  CheckpointError,
-  dequantize_mxfp4,
-  from_pretrained,
-  logical_rules,
-  override_attention,
-  tokenizer,
-)
+from attnjax._src.models.architectures import ARCHITECTURES, SUPPORTED, dequantize_mxfp4
+from attnjax._src.models.checkpoint import Checkpoint, CheckpointError
+from attnjax._src.models.loader import from_pretrained, logical_rules, override_attention, tokenizer
+from attnjax._src.models.perplexity import token_nll
+from attnjax._src.old_names import models as __getattr__  # noqa: F401 (PEP 562)
 
 __all__ = [
   "ARCHITECTURES",
-  "SUPPORTED",
   "Checkpoint",
   "CheckpointError",
+  "SUPPORTED",
   "dequantize_mxfp4",
   "from_pretrained",
   "logical_rules",
   "override_attention",
-  "probe",
+  "token_nll",
   "tokenizer",
 ]

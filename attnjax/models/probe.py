@@ -1,13 +1,10 @@
-"""A long sequence's perplexity in O(T) memory: :func:`token_nll` from the final features.
+"""Renamed: :func:`attnjax.models.token_nll` (*probe* names the training loop's statistics only).
 
-The sink statistics of the same pass, nothing ``T x T`` (the fused
-:class:`~attnjax.AttentionStats`, value-state drain and ``|hidden|`` per layer),
-are ``attnjax.nn.layer_stats(model, tokens, view="streaming")``, which also
-returns the features :func:`token_nll` reads; :func:`layer_statistics` is its
-deprecated alias. ``experiments/pretrained.py`` and the ``pretrained`` suite of
-``experiments/bench.py`` run both.
+``token_nll`` read here warns once and gives ``attnjax.models.token_nll``;
+``layer_statistics`` is the deprecated alias of ``attnjax.nn.layer_stats(model, tokens,
+view="streaming")`` it always was.
 """
 
-from attnjax._src.models.probe import layer_statistics, token_nll
+from attnjax._src.old_names import models_probe as __getattr__  # noqa: F401 (PEP 562)
 
-__all__ = ["layer_statistics", "token_nll"]
+__all__ = []

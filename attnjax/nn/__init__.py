@@ -13,50 +13,48 @@ Guides: :doc:`/guides/layers`, :doc:`/guides/kv_caches`, :doc:`/guides/diagnosti
 """
 
 from attnjax.nn import specs
-from attnjax._src.nn import (
-  CACHE_POLICIES,
-  LOGICAL_AXIS_RULES,
-  MLP,
-  Attention,
-  AttentionConfig,
-  AttentionSpec,
-  CosineSpec,
+from attnjax._src.nn.attention import Attention
+from attnjax._src.nn.caches import (
   CrossCache,
-  DenseSpec,
   FeatureProjection,
   GatedCache,
   H2OCache,
   KVCache,
   LinearCache,
-  LinearSpec,
-  ModelConfig,
-  QKNormSpec,
   QuantizedKVCache,
+  cache_bytes,
+)
+from attnjax._src.nn.config import AttentionConfig, ModelConfig
+from attnjax._src.nn.decode import decode_step, generate, init_cache
+from attnjax._src.nn.flax_interop import flax_attention_fn
+from attnjax._src.nn.kv_policies import CACHE_POLICIES, cache_bytes_for
+from attnjax._src.nn.rope import apply_rope
+from attnjax._src.nn.specs import (
+  AttentionSpec,
+  CosineSpec,
+  DenseSpec,
+  LinearSpec,
+  QKNormSpec,
   SparseSpec,
+  register_family,
+)
+from attnjax._src.nn.statistics import layer_stats
+from attnjax._src.nn.transformer import (
+  LOGICAL_AXIS_RULES,
+  MLP,
   TransformerBlock,
   TransformerLM,
-  apply_rope,
-  cache_bytes,
-  cache_bytes_for,
   collect_stats,
-  decode_step,
-  flax_attention_fn,
-  generate,
-  init_cache,
-  layer_stats,
   log_normalizer,
   num_params,
-  register_family,
   state_shardings,
 )
 
 __all__ = [
-  "CACHE_POLICIES",
-  "LOGICAL_AXIS_RULES",
-  "MLP",
   "Attention",
   "AttentionConfig",
   "AttentionSpec",
+  "CACHE_POLICIES",
   "CosineSpec",
   "CrossCache",
   "DenseSpec",
@@ -64,8 +62,10 @@ __all__ = [
   "GatedCache",
   "H2OCache",
   "KVCache",
+  "LOGICAL_AXIS_RULES",
   "LinearCache",
   "LinearSpec",
+  "MLP",
   "ModelConfig",
   "QKNormSpec",
   "QuantizedKVCache",

@@ -8,7 +8,7 @@ one flat dict for the model and one per block of the ``TransformerLM``, keyed
 by the path below it (``"attention/attention_stats"``,
 ``"attention/q_proj/__call__"``, ``"hidden_max_abs"``, ``"__call__"``), each
 value the last one sown in the pass. Every view of ``attnjax.nn.layer_stats``
-and the train step (``attnjax.train.step.attention_stats_by_layer``) read
+and the train step's statistics (``attnjax/_src/train/step.py``) read
 through it.
 """
 

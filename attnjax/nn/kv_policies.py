@@ -19,17 +19,11 @@ from attnjax._src.nn.kv_policies import (
   QUANTIZED,
   bytes_per_layer,
   cache_bytes_for,
-  cache_type,
-  check_budget,
-  check_fp8,
   dequantize,
   fp8_supported,
-  h2o_decode,
   h2o_keep,
   init_cache,
   quantize,
-  recent_slots,
-  validate,
 )
 
 __all__ = [
@@ -39,15 +33,9 @@ __all__ = [
   "QUANTIZED",
   "bytes_per_layer",
   "cache_bytes_for",
-  "cache_type",
-  "check_budget",
-  "check_fp8",
   "dequantize",
   "fp8_supported",
-  "h2o_decode",
   "h2o_keep",
   "init_cache",
   "quantize",
-  "recent_slots",
-  "validate",
 ]

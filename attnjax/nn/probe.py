@@ -1,17 +1,10 @@
-"""Statistics per layer of an ``attnjax.nn.TransformerLM``: :func:`attnjax.nn.layer_stats`.
+"""Renamed :mod:`attnjax.nn.statistics` (*probe* names the training loop's statistics only).
 
-One forward pass on a fixed batch, seen as ``view="summary"`` (every statistic of
-``attnjax.stats`` over the layers), ``"sown"``, ``"streaming"`` or ``"capture"``:
-
->>> import jax
->>> from flax import nnx
->>> from attnjax import nn
->>> model = nn.TransformerLM(nn.ModelConfig(vocab_size=64, num_layers=2), rngs=nnx.Rngs(0))
->>> out = nn.layer_stats(model, jax.random.randint(jax.random.key(2), (2, 16), 0, 64))
->>> len(out["f_attn/per_layer"])
-2
+Each name read here warns once and gives the same object (``layer_stats`` is
+``attnjax.nn.layer_stats``); the deprecated alias ``probe`` is gone: reading it raises an
+error naming ``attnjax.nn.layer_stats(model, tokens, length=64)``.
 """
 
-from attnjax._src.nn.probe import VIEWS, capture_from_model, layer_stats, probe
+from attnjax._src.old_names import nn_probe as __getattr__  # noqa: F401 (PEP 562)
 
-__all__ = ["VIEWS", "capture_from_model", "layer_stats", "probe"]
+__all__ = []

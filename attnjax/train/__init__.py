@@ -6,33 +6,26 @@ cfg.run_dir = "runs/demo/cosine"
 summary = train(cfg)
 """
 
-from attnjax._src.train import (
-  VARIANTS,
-  RunDir,
-  Trainer,
+from attnjax._src.train.config import (
   apply_overrides,
   base_config,
-  build_model,
-  count_params,
-  flops_per_token,
-  init_distributed,
   load_config,
-  make_eval_step,
-  make_optimizer,
-  make_train_step,
-  model_config,
   parse_arg,
-  schedule,
   split_argv,
-  train,
-  train_or_load,
   validate,
 )
+from attnjax._src.train.loop import Trainer, init_distributed, train
+from attnjax._src.train.model import build_model, count_params, flops_per_token, model_config
+from attnjax._src.train.optim import make_optimizer, schedule
+from attnjax._src.train.pretrained import train_or_load
+from attnjax._src.train.rundir import RunDir
+from attnjax._src.train.step import make_eval_step, make_train_step
+from attnjax._src.train.variants import VARIANTS
 
 __all__ = [
-  "VARIANTS",
   "RunDir",
   "Trainer",
+  "VARIANTS",
   "apply_overrides",
   "base_config",
   "build_model",

@@ -3,8 +3,7 @@
 A config file defines ``get_config(arg: str) -> ml_collections.ConfigDict``;
 its docstring starts with the command that runs it. On the command line::
 
-    python experiments/train.py --config experiments/configs/shakespeare.py:preset=cpu,attn=cosine \\
-        --config.opt.lr=3e-3 --config.train.steps=100
+    python experiments/train.py --config experiments/configs/shakespeare.py:preset=cpu,attn=cosine         --config.opt.lr=3e-3 --config.train.steps=100
 
 Every key an override names must already exist in the config (the config is
 locked), every value is parsed to the type of the value it replaces, and
@@ -17,6 +16,7 @@ from attnjax._src.train.config import (
   PRESETS,
   apply_overrides,
   apply_preset,
+  as_list,
   base_config,
   load_config,
   parse_arg,
@@ -29,6 +29,7 @@ __all__ = [
   "PRESETS",
   "apply_overrides",
   "apply_preset",
+  "as_list",
   "base_config",
   "load_config",
   "parse_arg",

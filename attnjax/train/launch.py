@@ -10,9 +10,9 @@ and the launcher exits with its status. On a cluster its own launcher (``srun``,
 Guide: :doc:`/guides/training`, section "Meshes and multi-host runs".
 """
 
-from attnjax._src.train.launch import environments, free_port, launch, main
+from attnjax._src.train.launch import environments, free_port, launch
 
-__all__ = ["environments", "free_port", "launch", "main"]
+__all__ = ["environments", "free_port", "launch"]
 
 if __name__ == "__main__":
   import sys

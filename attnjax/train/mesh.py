@@ -15,19 +15,20 @@ from attnjax._src.train.mesh import (
   BATCH_AXES,
   LENGTH_AXIS,
   LOGICAL_AXIS_RULES,
-  MeshParallel,
+  RunMesh,
   bytes_per_device,
   check_shapes,
   mesh_sizes,
   to_host,
 )
+from attnjax._src.old_names import train_mesh as __getattr__  # noqa: F401 (PEP 562)
 
 __all__ = [
   "AXES",
   "BATCH_AXES",
   "LENGTH_AXIS",
   "LOGICAL_AXIS_RULES",
-  "MeshParallel",
+  "RunMesh",
   "bytes_per_device",
   "check_shapes",
   "mesh_sizes",

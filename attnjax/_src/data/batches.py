@@ -14,8 +14,22 @@ from typing import Optional
 import numpy as np
 
 from attnjax._src.data.corpus import TokenData
+from attnjax._src.deprecation import warn_renamed
 
-_SPLIT_CODE = {"train": 0, "val": 1, "probe": 2}
+# "heldout": fixed sequences of the validation tokens, never packed (a leading BOS each), drawn
+# apart from "val"'s; the training loop's probes read them.
+_SPLIT_CODE = {"train": 0, "val": 1, "heldout": 2}
+# Old split names, each warning once ("probe" is the training loop's statistics only).
+_RENAMED_SPLITS = {"probe": "heldout"}
+
+
+def _split(split: str) -> str:
+  """``split``, or the new name of a renamed one (warning once)."""
+  if split in _RENAMED_SPLITS:
+    new = _RENAMED_SPLITS[split]
+    warn_renamed(f"batch({split!r}, ...)", f"batch({new!r}, ...)", stacklevel=3)
+    return new
+  return split
 
 
 def _rng(seed: int, split: str, step: int) -> np.random.Generator:
@@ -190,14 +204,16 @@ class CorpusBatches:
   def batch(
     self, split: str, step: int, *, seq_len: Optional[int] = None, batch_size: Optional[int] = None
   ) -> Batch:
-    """The batch of ``split`` at ``step``; ``seq_len``/``batch_size`` override the defaults."""
+    """The batch of ``split`` (``"train"``, ``"val"`` or ``"heldout"``) at ``step``;
+    ``seq_len``/``batch_size`` override the defaults."""
+    split = _split(split)
     T = seq_len or self.seq_len
     B = batch_size or self.batch_size
-    tokens = self.data.split("val" if split == "probe" else split)
+    tokens = self.data.split("val" if split == "heldout" else split)
     if len(tokens) < T:
       raise ValueError(f"seq_len={T} is longer than the {split} split ({len(tokens)} tokens)")
     starts = _rng(self.seed, split, step).integers(0, len(tokens) - T + 1, size=B)
-    if self.pack and split != "probe":  # the probe reads sinks at a leading BOS: unpacked
+    if self.pack and split != "heldout":  # sinks are read at a leading BOS: unpacked
       return self._packed(tokens, starts, T)
     windows = np.stack([np.asarray(tokens[s : s + T]) for s in starts])
     return with_bos(windows, self.bos_id)
@@ -305,6 +321,7 @@ class BigramBackcopyBatches:
   def batch(
     self, split: str, step: int, *, seq_len: Optional[int] = None, batch_size: Optional[int] = None
   ) -> Batch:
+    split = _split(split)
     T = seq_len or self.seq_len
     B = batch_size or self.batch_size
     transition, triggers = self.chain()

@@ -2,7 +2,7 @@
 
 A ``jax.custom_vjp`` function raises under ``jax.jvp``. :func:`custom_vjp_with_jvp` (and
 :class:`custom_vjp`, a drop-in for ``jax.custom_vjp``) builds a ``jax.custom_jvp`` whose
-tangent is a :func:`attnjax.kernels.linear_map.linear_map`: evaluated, the JVP of a smooth
+tangent is a :func:`attnjax._src.kernels.linear_map.linear_map`: evaluated, the JVP of a smooth
 form of the forward; transposed, the engine's hand-written backward. Reverse mode runs
 the backward as a custom VJP would; forward mode and second order go through the smooth
 forms. :func:`custom_vjp_of` takes the smooth form from a ``twin`` (another engine of the

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from attnjax._src import target as _target, masks, normalizers, options
-from attnjax._src.kernels import autodiff, blockwise
+from attnjax._src.kernels import autodiff
+from attnjax._src.kernels.blockwise import kernel as blockwise
 
 
 def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list[str]:
@@ -48,8 +49,8 @@ def compute(
 
   ``"cudnn"`` has reverse mode only (jax's ``custom_vjp``): its forward mode (``jax.jvp``,
   second order) comes from the block-wise engine
-  (``attnjax.kernels.autodiff.custom_vjp_of``); ``"xla"`` is plain JAX.
-  ``shard_offsets`` (a shard's place in a call split by :func:`attnjax._sharding.per_shard`)
+  (``attnjax._src.kernels.autodiff.custom_vjp_of``); ``"xla"`` is plain JAX.
+  ``shard_offsets`` (a shard's place in a call split by :func:`attnjax._src.sharding.per_shard`)
   changes nothing: no modifier runs here.
   """
   del shard_offsets

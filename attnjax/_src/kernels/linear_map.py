@@ -4,7 +4,7 @@
 a Hessian-vector product through it fails. :func:`linear_map` is the same idea as a
 primitive with JVP, transpose and batching rules, the derivative in the residuals taken
 through the map's smooth form; a map may also read *fixed* residuals that get no
-derivative. Used by :mod:`attnjax.kernels.autodiff` for every custom-VJP kernel's tangent.
+derivative. Used by :mod:`attnjax._src.kernels.autodiff` for every custom-VJP kernel's tangent.
 Guide: docs/guides/forward_mode.md, section "How it works".
 """
 

@@ -137,7 +137,7 @@ def call(
       target's device; the types must not depend on the target.
     args: the operands, pytrees of arrays (None for absent ones).
     offsets: ``(batch row, query head)`` where ``args`` start in the whole call
-      (inside ``shard_map``: the :class:`attnjax._sharding.ShardOffsets` of the shard).
+      (inside ``shard_map``: the :class:`attnjax._src.sharding.ShardOffsets` of the shard).
     name: the step's name, in jaxprs and errors.
     mosaic: the step lowers to Mosaic custom calls (which XLA cannot partition).
     out_like: None, or ``fn``'s outputs as a pytree of ``jax.ShapeDtypeStruct`` (or arrays):

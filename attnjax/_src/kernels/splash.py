@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from attnjax._src import lowering as _lowering, sharding as _sharding, normalizers, options
-from attnjax._src.kernels import autodiff, blockwise
+from attnjax._src.kernels import autodiff
+from attnjax._src.kernels.blockwise import kernel as blockwise
 
 Array = jnp.ndarray
 
@@ -187,7 +188,7 @@ def compute(
 
   Reverse mode is splash's own backward; forward mode (``jax.jvp``, second order), which
   splash does not have, comes from the block-wise engine
-  (``attnjax.kernels.autodiff.custom_vjp_of``).
+  (``attnjax._src.kernels.autodiff.custom_vjp_of``).
 
   The kernel takes one batch element ``q [N, T, H]``, ``k, v [K, S, H]`` (query head ``n``
   reads kv head ``n // (N // K)``, as ours) and is mapped over the batch. It does not scale
@@ -198,7 +199,7 @@ def compute(
     inputs: canonical arrays (no bias, no explicit mask; see :func:`unsupported`).
     opts: static options.
     interpret: run the Pallas kernel in interpret mode (any backend; for tests on the CPU).
-    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+    shard_offsets: a shard's place in a call split by :func:`attnjax._src.sharding.per_shard`;
       unused (splash takes no modifiers).
 
   Returns:
@@ -263,7 +264,7 @@ def compute(
 def _run_per_shard(
   inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False
 ):
-  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
+  """:func:`run` on each device's batch rows and heads (:func:`attnjax._src.sharding.per_shard`)."""
   return _sharding.per_shard(lambda part, offsets: run(part, opts, interpret=interpret), inputs)
 
 

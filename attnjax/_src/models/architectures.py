@@ -449,7 +449,7 @@ class GPT2(Architecture):
     return [FULL] * self.read_config(config).int("n_layer")
 
   def build(self, config: dict):
-    from attnjax._src import nn
+    from attnjax._src.nn.config import AttentionConfig, ModelConfig
 
     c = self.read_config(config)
     D, N, L = c.int("n_embd"), c.int("n_head"), c.int("n_layer")
@@ -467,7 +467,7 @@ class GPT2(Architecture):
       if c.flag("scale_attn_by_inverse_layer_idx"):
         scale /= float(i + 1)
       layers.append(
-        nn.AttentionConfig(
+        AttentionConfig(
           num_heads=N,
           head_dim=H,
           rope_theta=None,
@@ -477,7 +477,7 @@ class GPT2(Architecture):
         )
       )
     same = all(a == layers[0] for a in layers)
-    return nn.ModelConfig(
+    return ModelConfig(
       vocab_size=c.int("vocab_size"),
       d_model=D,
       num_layers=L,
@@ -707,7 +707,7 @@ class LlamaStyle(Architecture):
     return self._layer_types(self.read_config(config))
 
   def build(self, config: dict):
-    from attnjax._src import nn
+    from attnjax._src.nn.config import AttentionConfig, ModelConfig
 
     c = self.read_config(config)
     D, N = c.int("hidden_size"), c.int("num_attention_heads")
@@ -734,7 +734,7 @@ class LlamaStyle(Architecture):
         options["window"] = window
       family = options.pop("family", "dense")
       layers.append(
-        nn.AttentionConfig(
+        AttentionConfig(
           family,
           num_heads=N,
           num_kv_heads=K,
@@ -747,7 +747,7 @@ class LlamaStyle(Architecture):
         )
       )
     same = all(a == layers[0] for a in layers)
-    return nn.ModelConfig(
+    return ModelConfig(
       vocab_size=c.int("vocab_size"),
       d_model=D,
       num_layers=len(layers),

@@ -12,6 +12,7 @@ full copy).
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import Any, Mapping, Optional
 
@@ -20,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnjax._src import nn
+from attnjax._src.nn import specs
+from attnjax._src.nn.config import AttentionConfig, ModelConfig
+from attnjax._src.nn.transformer import LOGICAL_AXIS_RULES, TransformerLM, state_shardings
 from attnjax._src.models import architectures
 from attnjax._src.models.architectures import Architecture, Rule
 from attnjax._src.models.checkpoint import Checkpoint, CheckpointError, torch_dtype_name
@@ -112,9 +115,7 @@ def _spec_defaults(spec_class) -> dict[str, Any]:
   return {f.name: f.default for f in dataclasses.fields(spec_class)}
 
 
-def override_attention(
-  config: nn.AttentionConfig, options: Mapping[str, Any]
-) -> nn.AttentionConfig:
+def override_attention(config: AttentionConfig, options: Mapping[str, Any]) -> AttentionConfig:
   """``config`` with attnjax attention ``options`` applied (see :func:`from_pretrained`).
 
   The same family: ``config.replace(**options)``. Another ``family``: the
@@ -126,9 +127,9 @@ def override_attention(
   family = options.pop("family", config.family)
   if family == config.family:
     return config.replace(**options)
-  if family not in nn.specs.FAMILY_SPECS:
-    raise ValueError(f"family={family!r} is not one of {sorted(nn.specs.FAMILY_SPECS)}")
-  new_fields = set(_spec_defaults(nn.specs.FAMILY_SPECS[family]))
+  if family not in specs.FAMILY_SPECS:
+    raise ValueError(f"family={family!r} is not one of {sorted(specs.FAMILY_SPECS)}")
+  new_fields = set(_spec_defaults(specs.FAMILY_SPECS[family]))
   old_defaults = _spec_defaults(type(config.spec))
   carried, lost = {}, {}
   for name, value in config.spec.to_dict().items():
@@ -142,7 +143,7 @@ def override_attention(
       f"family={family!r} cannot express the checkpoint's attention options "
       f"{lost} (family {config.family!r}); choose another family or set them"
     )
-  carried = nn.specs.FAMILY_SPECS[family].options_from_json(carried)
+  carried = specs.FAMILY_SPECS[family].options_from_json(carried)
   carried.update(options)
   return config.replace(family=family, **carried)
 
@@ -182,7 +183,7 @@ def _split_targets(options: Mapping[str, Any], present: list[str]):
 
 
 def _apply_attention(
-  mcfg: nn.ModelConfig, options: Optional[Mapping[str, Any]], layer_types: list[str]
+  mcfg: ModelConfig, options: Optional[Mapping[str, Any]], layer_types: list[str]
 ):
   """``mcfg`` with ``attention=`` applied: the shared options to every layer, then each
   layer type's own (see :func:`from_pretrained`)."""
@@ -232,7 +233,7 @@ def logical_rules(mesh: jax.sharding.Mesh) -> tuple:
   on tensor; axes a mesh lacks are replicated."""
   names = set(mesh.axis_names)
   if "model" in names:
-    return nn.LOGICAL_AXIS_RULES
+    return LOGICAL_AXIS_RULES
   tensor = "tensor" if "tensor" in names else None
   return (
     ("embed", "fsdp" if "fsdp" in names else None),
@@ -288,7 +289,7 @@ def from_pretrained(
   dtype=None,
   attention: Optional[Mapping[str, Any]] = None,
   mesh: Optional[jax.sharding.Mesh] = None,
-) -> nn.TransformerLM:
+) -> TransformerLM:
   """A Hugging Face format checkpoint directory as an ``attnjax.nn.TransformerLM``.
 
   Reads ``config.json`` and ``model.safetensors`` (or the shards of
@@ -367,13 +368,13 @@ def from_pretrained(
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
 
-  abstract = nnx.eval_shape(lambda: nn.TransformerLM(mcfg, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: TransformerLM(mcfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   pure = nnx.to_pure_dict(state)
   leaves = _paths(pure)
   shardings = None
   if mesh is not None:
-    shardings = _paths(nnx.to_pure_dict(nn.state_shardings(abstract, mesh, logical_rules(mesh))))
+    shardings = _paths(nnx.to_pure_dict(state_shardings(abstract, mesh, logical_rules(mesh))))
   for leaf_path, leaf in leaves.items():
     rule = rules.get(leaf_path)
     if rule is None:
@@ -407,14 +408,14 @@ def from_pretrained(
   return nnx.merge(graphdef, state)
 
 
-def _initial_values(mcfg: nn.ModelConfig, paths: list, shardings, leaves: dict) -> dict:
+def _initial_values(mcfg: ModelConfig, paths: list, shardings, leaves: dict) -> dict:
   """The initial values of some parameters (the rest of the initialisation is compiled away).
 
   ``leaves`` are the abstract parameters by path (their shapes fit the shardings).
   """
 
   def init():
-    model = nn.TransformerLM(mcfg, rngs=nnx.Rngs(0))
+    model = TransformerLM(mcfg, rngs=nnx.Rngs(0))
     values = _paths(nnx.to_pure_dict(nnx.state(model)))
     return {"/".join(map(str, p)): values[p] for p in paths}
 
@@ -423,3 +424,29 @@ def _initial_values(mcfg: nn.ModelConfig, paths: list, shardings, leaves: dict) 
     out_shardings = {"/".join(map(str, p)): _fit(shardings[p], leaves[p].shape) for p in paths}
   values = jax.jit(init, out_shardings=out_shardings)()
   return {p: values["/".join(map(str, p))] for p in paths}
+
+
+def tokenizer(path: str):
+  """The ``tokenizers.Tokenizer`` of a checkpoint directory's ``tokenizer.json``.
+
+  Raises:
+    ImportError: the optional ``tokenizers`` package is not installed.
+    FileNotFoundError: the directory has no ``tokenizer.json``.
+  """
+  file = os.path.join(os.fspath(path), "tokenizer.json")
+  if not os.path.isfile(file):
+    raise FileNotFoundError(
+      f"{file} does not exist: text needs the checkpoint's tokenizer "
+      f"(copy its tokenizer.json into {os.fspath(path)!r}, e.g. from the "
+      f"model's Hugging Face repository), or pass token ids instead (a "
+      f".npy or .bin file)"
+    )
+  try:
+    from tokenizers import Tokenizer
+  except ImportError:
+    raise ImportError(
+      f"reading text through {file} needs the 'tokenizers' package (pip install "
+      f"'attnjax[pretrained]', or pip install tokenizers); or pass token ids "
+      f"(a .npy or .bin file)"
+    ) from None
+  return Tokenizer.from_file(file)

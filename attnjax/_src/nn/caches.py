@@ -112,7 +112,7 @@ class LinearCache(NamedTuple):
 
 
 class GatedCache(NamedTuple):
-  """Decode state of a gated or delta-rule linear-attention layer (``attnjax.nn.gated_spec``).
+  """Decode state of a gated or delta-rule linear-attention layer (``attnjax._src.nn.gated_spec``).
 
   Attributes:
     state: ``[B, N, H, Hv]`` float32 recurrent state (the ``initial_state`` of

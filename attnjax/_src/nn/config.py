@@ -171,7 +171,7 @@ class AttentionConfig:
     qkv_bias: the q, k and v projections have biases (GPT-2, Qwen 2, gpt-oss).
     out_bias: the output projection has a bias (GPT-2, gpt-oss).
     rope_scaling: None, or a RoPE frequency scaling (``"linear"``, ``"llama3"``,
-      ``"yarn"``; ``attnjax.nn.rope``), given as a dict or a tuple of
+      ``"yarn"``; ``attnjax._src.nn.rope``), given as a dict or a tuple of
       ``(key, value)`` pairs and kept as the sorted tuple (hashable); needs
       ``rope_theta``.
   """
@@ -344,7 +344,7 @@ class ModelConfig:
       ``num_layers``), e.g. alternating window and global layers.
     mlp: ``"gelu"`` (``down(act(up x))``), ``"swiglu"`` / ``"geglu"`` (gated:
       ``down(act(gate x) * up x)``), ``"moe"`` (gpt-oss's mixture of experts,
-      ``attnjax.nn.mlp.MixtureOfExperts``) or ``"none"`` (attention-only
+      ``attnjax._src.nn.mlp.MixtureOfExperts``) or ``"none"`` (attention-only
       blocks, as in the 1-3 layer models of Guo et al. 2024's bigram-backcopy task).
     mlp_dim: hidden width (of each expert for ``"moe"``; None = ``4 D`` for
       GELU, ``8 D / 3`` rounded up to a multiple of 8 otherwise, equal parameter counts).

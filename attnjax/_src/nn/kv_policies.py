@@ -103,7 +103,7 @@ def check_budget(budget: int, max_len: int) -> None:
 
 @functools.cache
 def fp8_supported() -> bool:
-  """Whether JAX has float8_e4m3fn and the default backend converts to and from it.
+  """Whether JAX has float8_e4m3fn and this process's default device converts to and from it.
 
   Returns:
     True where ``cache_policy="fp8"`` can run (cached after the first call).
@@ -120,11 +120,11 @@ def fp8_supported() -> bool:
 
 
 def check_fp8() -> None:
-  """Raises ValueError naming the backend where :func:`.fp8_supported` is False."""
+  """Raises ValueError naming the platform where :func:`.fp8_supported` is False."""
   if not fp8_supported():
     raise ValueError(
-      f"cache_policy='fp8': float8_e4m3fn is unsupported by this JAX on the "
-      f"{jax.default_backend()!r} backend; use cache_policy='int8'"
+      f"cache_policy='fp8': float8_e4m3fn is unsupported by this JAX on platform "
+      f"{_lowering.current_platform()!r}; use cache_policy='int8'"
     )
 
 

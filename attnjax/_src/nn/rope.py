@@ -158,7 +158,7 @@ def apply_rope(
       or ``[B, T, N]`` (one per head: a cache whose key/value heads keep
       different tokens, :class:`~.H2OCache`).
     theta: the RoPE base.
-    scaling: None, or a scaling of ``attnjax.nn.rope.normalize_scaling`` (linear, llama3,
+    scaling: None, or a scaling of ``attnjax._src.nn.rope.normalize_scaling`` (linear, llama3,
       yarn); yarn's attention factor multiplies the result.
 
   Returns:

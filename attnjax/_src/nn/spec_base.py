@@ -118,7 +118,7 @@ def run_and_sow(
 ) -> Array:
   """``run(q, k, v, return_stats=...)``; inside ``nnx.capture`` also sows stats and weights.
 
-  Under a mesh with a ``context`` axis the call runs sequence-sharded (``attnjax.nn._context``).
+  Under a mesh with a ``context`` axis the call runs sequence-sharded (``attnjax._src.nn._context``).
 
   The weights default to ``run`` applied to identity values: every family is
   linear in ``v``, so ``attn(q, k, I)`` is exactly the weight matrix the layer

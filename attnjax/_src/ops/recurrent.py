@@ -157,7 +157,7 @@ def check_context_axis(name: str, context_axis: Any) -> Optional[str]:
 
 
 def context(call: tuple, implementation: Optional[str], local: Callable[..., Any]):
-  """A state-passing op's context strategy (:func:`attnjax.parallel.recurrent.state_passing`):
+  """A state-passing op's context strategy (:func:`attnjax._src.parallel.recurrent.state_passing`):
   this device's ``(out, final state of the whole sequence)`` of a call whose sequence is
   sharded over ``x.context_axis``; ``local`` (the op's per-device computation) runs each of
   its two passes over this device's tokens."""
@@ -224,7 +224,7 @@ def state_op(
 
   Its call is ``(x: Inputs, extra, chunk_size)``, ``extra`` the family's per-step arrays in
   the order its forms take them after ``v``; every engine returns ``(out [B, T, K, G, Hv],
-  final state)``. A call over no steps leaves the state as it was (:func:`attnjax._empty.no_steps`);
+  final state)``. A call over no steps leaves the state as it was (:func:`attnjax._src.empty.no_steps`);
   a call whose ``x.context_axis`` is set runs :func:`context`.
   """
   forms = {

@@ -1,23 +1,5 @@
 """Context parallelism: attention over a sequence sharded across devices.
 
-Implementation behind the public module :mod:`attnjax.parallel`.
+Implementation behind the public module :mod:`attnjax.parallel`, which names what it offers
+from the modules of this package.
 """
-
-from __future__ import annotations
-
-from attnjax._src.kernels.blockwise.ring import plan as ring_plan, shard_positions
-from attnjax._src.options import CONTEXT_LAYOUTS, CONTEXT_STRATEGIES
-from attnjax._src.parallel.recurrent import state_passing
-from attnjax._src.parallel.strategies import attention
-from attnjax._src.parallel.tokens import unzigzag, zigzag
-
-__all__ = [
-  "CONTEXT_LAYOUTS",
-  "CONTEXT_STRATEGIES",
-  "attention",
-  "ring_plan",
-  "shard_positions",
-  "state_passing",
-  "unzigzag",
-  "zigzag",
-]

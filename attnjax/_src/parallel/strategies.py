@@ -1,10 +1,10 @@
 """The dense family over a sequence sharded across devices: ring, all-gather, all-to-all.
 
-:func:`~attnjax.parallel.attention` takes a validated dense call whose options name a
+:func:`~attnjax._src.parallel.strategies.attention` takes a validated dense call whose options name a
 ``context_axis`` (inside ``jax.shard_map``, every array holding this
 device's shard of the tokens) and returns this device's shard of the output.
 The single-device path is passed in (``run_local``: the op's per-device computation, which
-:func:`attnjax._op.run` hands to the op's context strategy), so that this module sits beside
+:func:`attnjax._src.op.run` hands to the op's context strategy), so that this module sits beside
 the families, not above them, and a call never returns into the family module it left.
 """
 
@@ -98,7 +98,7 @@ def _all_gather(inputs, opts, implementation, run_local, P: int):
 
   With ``return_stats`` the block-wise kernel runs the local rows at their global
   positions and takes the statistics' means and maximum over the rows of every device
-  (``attnjax.kernels.blockwise.kernel.run_gathered``), as the ring does.
+  (``attnjax._src.kernels.blockwise.kernel.run_gathered``), as the ring does.
   """
   axis, layout = opts.context_axis, opts.context_layout
   if opts.return_stats and implementation not in (None, "blockwise"):
@@ -255,7 +255,7 @@ def attention(
       kernel: None or ``"blockwise"``; the others run any).
     run_local: ``(inputs, opts, implementation) -> result``, the single-device path on
       this device's share of the work (the dense op's computation that
-      :func:`attnjax._op.run` hands to its context strategy).
+      :func:`attnjax._src.op.run` hands to its context strategy).
 
   Returns:
     As the single-device call, for this device's rows.

@@ -1,6 +1,6 @@
-"""Every statistic of one forward pass from a :class:`.ProbeCapture` (pure; no model code).
+"""Every statistic of one forward pass from a :class:`.LayerCapture` (pure; no model code).
 
-Any model fills a :class:`.ProbeCapture` from its forward pass and calls
+Any model fills a :class:`.LayerCapture` from its forward pass and calls
 ``attnjax.nn.layer_stats(capture)``; for an ``attnjax.nn.TransformerLM``,
 ``attnjax.nn.layer_stats(model, tokens)`` fills it, asking each layer for its
 mask and for the q/k its attention function compares. ``capture_statistics``
@@ -14,7 +14,6 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src.deprecation import warn_once
 from attnjax._src.attention_stats import AttentionStats
 from attnjax._src.stats.inputs import stats_layers
 from attnjax._src.stats.activations import _kurtosis, _massive_activations, _output_logit_drift
@@ -36,10 +35,10 @@ Array = jnp.ndarray
 SINK_CURVE_EPS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-class ProbeCapture(NamedTuple):
+class LayerCapture(NamedTuple):
   """What one forward pass exposes, stacked over ``L`` layers; None where not available.
 
-  Any model can be probed by filling this in and calling
+  Any model's statistics come from filling this in and calling
   ``attnjax.nn.layer_stats(capture)``; ``attnjax.nn.layer_stats(model, tokens,
   view="capture")`` fills it from an ``attnjax.nn.TransformerLM``.
 
@@ -105,7 +104,7 @@ def _value_drain_of_layers(v) -> LayerMean:
 
 
 def capture_statistics(
-  capture: ProbeCapture,
+  capture: LayerCapture,
   *,
   eps: float = 0.3,
   sparsity_threshold: float = 0.01,
@@ -143,7 +142,7 @@ def capture_statistics(
   - ``gate/*``: mean gate per head, layer and overall (gate_mean).
 
   Args:
-    capture: a :class:`.ProbeCapture`.
+    capture: a :class:`.LayerCapture`.
     eps: ``Sink_1^eps`` threshold.
     sparsity_threshold: H2O threshold (fraction of the row maximum).
     z_loss_coef: z-loss coefficient for ``output/z_loss``.
@@ -239,28 +238,3 @@ capture_statistics = jax.jit(
   capture_statistics,
   static_argnames=("eps", "sparsity_threshold", "z_loss_coef", "massive_abs", "massive_ratio"),
 )
-
-
-def probe_statistics(
-  capture: ProbeCapture,
-  *,
-  eps: float = 0.3,
-  sparsity_threshold: float = 0.01,
-  z_loss_coef: float = 1e-4,
-  massive_abs: float = 100.0,
-  massive_ratio: float = 1000.0,
-) -> dict:
-  """Deprecated: ``attnjax.nn.layer_stats(capture)``, which returns the same.
-
-  All statistics of one forward pass from a :class:`.ProbeCapture`
-  (``attnjax.stats.capture.capture_statistics``).
-  """
-  warn_once("attnjax.stats.probe_statistics", "attnjax.nn.layer_stats(capture)")
-  return capture_statistics(
-    capture,
-    eps=eps,
-    sparsity_threshold=sparsity_threshold,
-    z_loss_coef=z_loss_coef,
-    massive_abs=massive_abs,
-    massive_ratio=massive_ratio,
-  )

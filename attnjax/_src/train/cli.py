@@ -9,10 +9,8 @@ import argparse
 import os
 import pathlib
 import sys
-import time
 from typing import Optional, Sequence
 
-from attnjax._src.train import rundir
 from attnjax._src.train.config import load_config, split_argv
 
 
@@ -93,18 +91,3 @@ def in_repository(spec: str) -> str:
   root = str(pathlib.Path(__file__).resolve().parents[3])
   candidate = os.path.join(root, path)
   return candidate + sep + arg if os.path.isfile(candidate) else spec
-
-
-def csv(text: str) -> list[str]:
-  return [s.strip() for s in str(text).split(",") if s.strip()]
-
-
-def finish(out: str, markdown: str, t0: float, *, write: bool = True) -> str:
-  """Ends an experiment: writes ``out/report.md`` atomically (unless the report code
-  already did, ``write=False``), prints the report and the wall time since ``t0``."""
-  path = os.path.join(out, "report.md")
-  if write:
-    rundir.write_atomic(path, markdown)
-  print(markdown)
-  print(f"wall time {time.perf_counter() - t0:.0f} s; report: {path}")
-  return markdown

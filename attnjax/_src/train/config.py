@@ -67,7 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.opt.b1 = 0.9
   c.opt.b2 = 0.95
   c.opt.eps = 1e-8
-  c.opt.weight_decay = 1e-4  # independent of the peak LR (see attnjax.train.optim)
+  c.opt.weight_decay = 1e-4  # independent of the peak LR (see attnjax._src.train.optim)
   c.opt.clip = 1.0  # global-norm clipping; 0 disables
   c.opt.z_loss = 0.0  # coef of mean (log Z)^2 on the output logits
 
@@ -149,6 +149,19 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
 
 # ---------------------------------------------------------------------------
 # The ``:arg`` string and ``--config.x=y`` overrides.
+
+
+def as_list(value: Any) -> list[str]:
+  """A list-valued setting, written as one comma-separated string, as its items.
+
+  A config holds a list as a string (``sweep.variants = "dense,cosine"``) so that one
+  ``--config.sweep.variants=dense,sigmoid`` override replaces it; blanks around the items
+  and empty items are dropped (``""`` is the empty list).
+
+  >>> as_list("dense, cosine,")
+  ['dense', 'cosine']
+  """
+  return [item.strip() for item in str(value).split(",") if item.strip()]
 
 
 def _parse_value(key: str, text: str, current: Any) -> Any:
@@ -349,7 +362,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
   Raises:
     ValueError: the first key whose value cannot run, named with its value.
   """
-  from attnjax._src.data import SOURCES
+  from attnjax._src.data.sources import SOURCES
   from attnjax._src.train.variants import VARIANTS
 
   _lookup(cfg, "variant")

@@ -27,9 +27,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from attnjax._src import data as data_lib
-from attnjax._src import nn as nn_lib
-from attnjax._src.stats import to_jsonable
+from attnjax._src.data import sources
+from attnjax._src.nn import statistics
+from attnjax._src.stats.jsonable import to_jsonable
 from attnjax._src.train import config as config_lib
 from attnjax._src.train import metrics as run_metrics
 from attnjax._src.train import mesh as mesh_lib
@@ -185,7 +185,7 @@ class _Progress:
 class Trainer:
   """One run: builds data, model, optimizer and checkpointer from ``cfg`` and runs them.
 
-  The model is created sharded over the run's mesh (:class:`attnjax.train.mesh.MeshParallel`),
+  The model is created sharded over the run's mesh (:class:`attnjax.train.mesh.RunMesh`),
   the optimizer state sharded like the parameters. :meth:`run` trains or resumes;
   :func:`attnjax.train.train` is the usual entry.
 
@@ -213,8 +213,8 @@ class Trainer:
       raise ValueError("run_dir must be set (entry points set runs/<experiment>/<arm>)")
     self.dir = rundir.RunDir(cfg.run_dir)
     self.is_writer = jax.process_index() == 0
-    self.batches = data_lib.from_config(cfg.data, seed=cfg.seed)
-    self.dp = mesh_lib.MeshParallel(cfg)
+    self.batches = sources.from_config(cfg.data, seed=cfg.seed)
+    self.dp = mesh_lib.RunMesh(cfg)
 
     vocab = self.batches.model_vocab_size
     with jax.set_mesh(self.dp.mesh):  # created sharded: no device holds the whole model
@@ -351,8 +351,8 @@ class Trainer:
       ``{"step", ...}`` with the flat keys of :func:`attnjax.nn.layer_stats`, JSON-ready.
     """
     t = self.cfg.train
-    b = self.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
-    out = nn_lib.layer_stats(self.model(), self.dp.put_batch(b.inputs))
+    b = self.batches.batch("heldout", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
+    out = statistics.layer_stats(self.model(), self.dp.put_batch(b.inputs))
     record = to_jsonable(mesh_lib.to_host(out))
     return {"step": step, **record}
 

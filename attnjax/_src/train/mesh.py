@@ -109,7 +109,7 @@ def check_shapes(cfg: Any, sizes: dict[str, int]) -> None:
       raise ValueError(f"{name}={value} is not divisible by mesh.data x mesh.fsdp = {rows}")
 
 
-class MeshParallel:
+class RunMesh:
   """The run's mesh, its shardings, and the host <-> device moves of batches and state.
 
   Args:

@@ -12,7 +12,8 @@ from attnjax._src.train.variants import attention_kwargs
 
 def model_config(cfg: Any, vocab_size: int):
   """``attnjax.nn.ModelConfig`` of ``cfg.model`` with the attention of ``cfg.variant``."""
-  from attnjax._src import nn
+  from attnjax._src.nn import specs
+  from attnjax._src.nn.config import AttentionConfig, ModelConfig
 
   m = cfg.model
   attn = attention_kwargs(cfg.variant, d_model=m.d_model, num_heads=m.num_heads)
@@ -20,16 +21,16 @@ def model_config(cfg: Any, vocab_size: int):
     attn["window"] = int(m.window)
   # model.implementation names a kernel of the dense family; a family whose
   # function does not take that name keeps its own default.
-  spec_class = nn.specs.FAMILY_SPECS[attn.get("family", "dense")]
+  spec_class = specs.FAMILY_SPECS[attn.get("family", "dense")]
   if m.implementation and spec_class.takes_implementation(m.implementation):
     attn["implementation"] = m.implementation
-  attention = nn.AttentionConfig(
+  attention = AttentionConfig(
     num_heads=m.num_heads,
     num_kv_heads=m.num_kv_heads or None,
     rope_theta=10000.0 if m.rope else None,
     **attn,
   )
-  return nn.ModelConfig(
+  return ModelConfig(
     vocab_size=vocab_size,
     d_model=m.d_model,
     num_layers=m.num_layers,
@@ -44,9 +45,9 @@ def model_config(cfg: Any, vocab_size: int):
 
 
 def build_model(cfg: Any, vocab_size: int, *, seed: int) -> nnx.Module:
-  from attnjax._src import nn
+  from attnjax._src.nn.transformer import TransformerLM
 
-  return nn.TransformerLM(model_config(cfg, vocab_size), rngs=nnx.Rngs(seed))
+  return TransformerLM(model_config(cfg, vocab_size), rngs=nnx.Rngs(seed))
 
 
 def count_params(params: Any) -> int:

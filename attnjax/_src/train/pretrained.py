@@ -5,7 +5,7 @@ The experiments that study a trained model after training (the decode caches of
 start the same way::
 
     model, trainer = train_or_load(cfg, os.path.join(args.out, "train"))
-    batch = trainer.batches.batch("probe", 1, seq_len=..., batch_size=...)
+    batch = trainer.batches.batch("heldout", 1, seq_len=..., batch_size=...)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m attnjax.train.run_config run_dir/requested_config.json``: one run in its own process.
+"""``python -m attnjax._src.train.run_config run_dir/requested_config.json``: one run in its own process.
 
 Used by sweeps with ``--processes``; the config is already resolved and validated.
 """

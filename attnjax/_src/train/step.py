@@ -146,7 +146,7 @@ def make_train_step(
 
   Args:
     graphdef: from ``nnx.split(model, nnx.Param, ...)``.
-    optimizer: the optax transformation (see ``attnjax.train.optim``).
+    optimizer: the optax transformation (see ``attnjax._src.train.optim``).
     z_loss: coefficient of ``mean((log Z)^2)`` added to the loss (Wortsman sec. 3.1.2).
     stats: compute per-layer attention statistics in the training forward.
     microbatches: split the batch into this many equal microbatches and sum

@@ -90,7 +90,7 @@ def run_in_process(arm: Arm) -> dict:
 
 
 def run_in_subprocess(arm: Arm) -> dict:
-  """Runs the arm with ``python -m attnjax.train.run_config`` (fresh process, own compile).
+  """Runs the arm with ``python -m attnjax._src.train.run_config`` (fresh process, own compile).
 
   Args:
     arm: the :class:`.Arm`.

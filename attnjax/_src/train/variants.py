@@ -75,7 +75,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
 # The arms of `compare`, the README's main job.
 COMPARE = ("dense", "qk_layernorm", "cosine", "sigmoid", "linear", "gated", "sink_logits")
 
-# The gated and delta-rule linear families (attnjax.nn.gated_spec): arms of the
+# The gated and delta-rule linear families (attnjax._src.nn.gated_spec): arms of the
 # gpu/tpu presets of compare, sinks and lr_sweep. The cpu presets leave them out
 # (their documented run times and the README's main job stay as they were); add
 # them there with --config.sweep.variants.

@@ -2,7 +2,7 @@
 
 Query blocks visit only the key blocks their :class:`attnjax.layout.BlockLayout` lists,
 keeping the normaliser's online state (no ``T x S`` array is formed); the backward
-(custom VJP through ``attnjax.kernels.autodiff``) recomputes each visited block. Long
+(custom VJP through ``attnjax._src.kernels.autodiff``) recomputes each visited block. Long
 calls scan their query blocks, so the program does not grow with ``T``.
 
 Entry points: :func:`run` (a dense call), :func:`run_layout` (the block-sparse
@@ -590,7 +590,7 @@ def run_layout(
     opts: :class:`attnjax.options.DenseOptions`.
     layout: which key blocks each query block visits (see the module docstring).
       With ``opts.mask_mod`` the layout must already exclude the blocks it
-      masks (see :func:`layout_for`), or ``mod_table`` be True.
+      masks (see ``layout_for``), or ``mod_table`` be True.
     mask_fn: ``(q_positions [tq], k_positions [tk]) -> bool [B|1, 1, tq, tk]`` or None,
       evaluated on visits flagged ``needs_mask``. If None and
       ``use_default_mask_fn``, :func:`structural_mask_fn` of ``opts``.
@@ -603,7 +603,7 @@ def run_layout(
       masks entirely are skipped, fully allowed ones do not evaluate it.
     stats_axis: None, or the ``shard_map`` axis whose devices hold the other query
       rows of the call (context parallelism, all-gather): the statistics' means and
-      maximum are then over the rows of every device (:func:`attnjax.attention_stats.stats_from_rows`).
+      maximum are then over the rows of every device (:func:`attnjax._src.attention_stats.stats_from_rows`).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
@@ -644,11 +644,11 @@ def run_gathered(inputs, opts, *, q_positions: Array, stats_axis: str):
   """This device's query rows against every key of a sequence sharded over ``stats_axis``.
 
   The all-gather strategy of context parallelism with statistics
-  (:mod:`attnjax.parallel.strategies`): ``inputs`` hold the local queries (at global
+  (:mod:`attnjax._src.parallel.strategies`): ``inputs`` hold the local queries (at global
   positions ``q_positions`` ``[T]``) and the gathered keys / values in natural order;
   ``opts`` carry no causal / window structure (express it in ``opts.mask_mod``, which
   sees global positions here, as ``score_mod`` does, and whose blocks are classified per
-  call). The statistics are those of the whole sequence (:func:`attnjax.attention_stats.stats_from_rows` over the
+  call). The statistics are those of the whole sequence (:func:`attnjax._src.attention_stats.stats_from_rows` over the
   axis); ``logsumexp`` is the local rows', with its gradient.
   """
   T, S = inputs.q.shape[1], inputs.k.shape[1]
@@ -666,7 +666,7 @@ def run_gathered(inputs, opts, *, q_positions: Array, stats_axis: str):
 
 
 def _run(c: TilePlan, inputs, positions):
-  """The custom-VJP (and custom-JVP, see :mod:`attnjax.kernels.autodiff`) kernel of a call."""
+  """The custom-VJP (and custom-JVP, see :mod:`attnjax._src.kernels.autodiff`) kernel of a call."""
   B, T, N, H, K, G, Hv = c.B, c.T, c.K * c.G, c.H, c.K, c.G, c.Hv
   q = inputs.q
 
@@ -837,7 +837,7 @@ def join_inputs(x: tuple, nondiff: tuple):
 
 
 def twin(opts, offsets=None):
-  """This engine as another dense kernel's ``twin`` (``attnjax.kernels.autodiff``):
+  """This engine as another dense kernel's ``twin`` (``attnjax._src.kernels.autodiff``):
   ``(x, nondiff) -> out`` on :func:`split_inputs`'s arrays, differentiable in every mode:
   the call ``opts`` describes (``(out, AttentionStats)`` with ``opts.return_stats``), on the
   shard at ``offsets`` (see :func:`run_shard`)."""
@@ -845,7 +845,7 @@ def twin(opts, offsets=None):
 
 
 def run_shard(inputs, opts, offsets=None):
-  """:func:`run` on one shard of a call split by :func:`attnjax._sharding.per_shard`.
+  """:func:`run` on one shard of a call split by :func:`attnjax._src.sharding.per_shard`.
 
   A platform kernel's twin runs on the shard the kernel runs on: modifiers reading the
   batch or head index must see the whole call's (as the kernel does), not the shard's.
@@ -853,7 +853,7 @@ def run_shard(inputs, opts, offsets=None):
   Args:
     inputs, opts: the shard's call.
     offsets: ``(batch row, query head)`` where the shard starts in the whole call (an
-      :class:`attnjax._sharding.ShardOffsets`, int32 scalars traced inside ``shard_map``);
+      :class:`attnjax._src.sharding.ShardOffsets`, int32 scalars traced inside ``shard_map``);
       None: the whole call.
   """
   return run(*shifted_indices(inputs, opts, offsets))
@@ -900,7 +900,7 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
     q, k, v: as :func:`attnjax.dot_product_attention`.
     block_q: query rows per block (None: :func:`default_block_sizes`).
     block_k: keys per block (None: :func:`default_block_sizes`).
-    **kwargs: the dense keywords of :class:`attnjax.options.DenseKeywords` (``bias``,
+    **kwargs: the dense keywords of :class:`attnjax._src.options.DenseKeywords` (``bias``,
       ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``sink_logits``, ``softcap``,
       ``window``, ``segment_ids``, ``similarity``, ``return_stats``, ``score_mod``,
       ``score_mod_args``, ``mask_mod``, ``mask_mod_args``, ``block_layout``,

@@ -2,7 +2,7 @@
 
 Inside ``jax.shard_map`` each device keeps its queries and passes its key/value shard
 (and key segment ids) round the ring with ``lax.ppermute``, ``P`` times, folding each
-into its rows' online state (:func:`attnjax.kernels.blockwise.kernel.accumulate`). Which
+into its rows' online state (:func:`attnjax._src.kernels.blockwise.kernel.accumulate`). Which
 blocks a step visits is classified statically per (query shard, key shard) pair
 (:func:`shard_positions`); the backward runs the ring again, dk/dv travelling with their
 shard. Layouts: ``"contiguous"`` or ``"zigzag"``. Memory per device is O(T / P).

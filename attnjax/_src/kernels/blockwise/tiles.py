@@ -82,7 +82,7 @@ def gpu_memory_bytes(kind: Optional[str] = None) -> int:
   first GPU's allocator limit; else :data:`GPU_DEFAULT_MEMORY`.
 
   Args:
-    kind: a device kind; None: the target's (:func:`attnjax._target.device_kind`).
+    kind: a device kind; None: the target's (:func:`attnjax._src.target.device_kind`).
   """
   kind = _target.device_kind("cuda") if kind is None else kind
   if kind:
@@ -159,7 +159,7 @@ class TilePlan(KernelPlan):
   # table (SKIP / FULL / MASKED, joined with the segment relation); MASKED visits evaluate it.
   mod_table: bool = False
   # The call's key 0 is this call's key 0 (its first column feeds ``sink_mass``). False for a
-  # ring step (:mod:`attnjax.kernels.blockwise.ring`) whose keys start later in the sequence.
+  # ring step (:mod:`attnjax._src.kernels.blockwise.ring`) whose keys start later in the sequence.
   holds_key0: bool = True
   # The shard_map axis whose devices hold the call's other query rows (context parallelism,
   # all-gather): statistics are taken over every device's rows. None: this call's rows only.
@@ -288,7 +288,7 @@ def sink_rows(c: TilePlan, a: Arrays, tq: int) -> Optional[Array]:
 
 
 def _index5(c: TilePlan, a: Arrays, q0, tq: int, k0, tk: int):
-  """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]`` (:func:`attnjax._logits.index_grid`);
+  """int32 index arrays of a tile, laid out ``[B, K, G, tq, tk]`` (:func:`attnjax._src.logits.index_grid`);
   ``i`` / ``j`` are global positions when the call has them."""
   i = q0 + jnp.arange(tq, dtype=jnp.int32) if a.q_pos is None else span(a.q_pos, q0, tq, 0)
   j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else span(a.k_pos, k0, tk, 0)

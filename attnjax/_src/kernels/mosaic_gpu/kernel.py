@@ -3,9 +3,9 @@
 The forward is warp-specialised as in FlashAttention-3: per program a producer warpgroup
 issues the TMA copies of K/V tiles into a shared-memory ring and two consumer warpgroups
 compute ``Q K^T`` and ``W V`` by wgmma in ping-pong, running the normaliser's online state
-through :func:`attnjax.kernels.mosaic_gpu.plan.lower_rows`. Blocks are skipped, not
+through :func:`attnjax._src.kernels.mosaic_gpu.plan.lower_rows`. Blocks are skipped, not
 masked; q, k, v are read in place as ``[B, T, N, H]``. Backward:
-:mod:`attnjax.kernels.mosaic_gpu.backward`; forward mode takes the block-wise twin's
+:mod:`attnjax._src.kernels.mosaic_gpu.backward`; forward mode takes the block-wise twin's
 tangent. Entry points: :func:`compute`, :func:`forward`, :func:`unsupported` (non-Hopper
 targets, float32, other head dims, bias / mask arrays, modifiers); ``interpret=True``.
 Guide: docs/guides/kernels.md, section "Pallas Mosaic GPU for Hopper".
@@ -22,7 +22,8 @@ from jax import lax
 import jax.experimental.pallas as pl
 
 from attnjax._src import logits as _logits, lowering as _lowering, target as _target, options
-from attnjax._src.kernels import autodiff, blockwise
+from attnjax._src.kernels import autodiff
+from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.kernels.mosaic_gpu import backward, specialised
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax._src.kernels.mosaic_gpu.plan import (
@@ -61,7 +62,7 @@ def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
   """Reasons ``mosaic_gpu`` cannot honour a call ([] = supported); lists unknown options too.
 
   Outside interpret mode the target must be a Hopper (compute capability 9, read as
-  :func:`attnjax._target.cuda_major` does: the ambient mesh's device kind, else this
+  :func:`attnjax._src.target.cuda_major` does: the ambient mesh's device kind, else this
   process's GPU): the kernels are sm_90 instructions (wgmma, setmaxnreg), which Ampere and
   Blackwell GPUs do not run, and a GPU of unknown generation may be either.
   """
@@ -735,7 +736,7 @@ def compute(
     opts: :class:`attnjax.options.DenseOptions`.
     block_sizes: tiles and pipeline depth (None: the :data:`BLOCK_SIZE_TABLE` row).
     interpret: run the kernel in jax's Mosaic GPU interpreter (on the CPU).
-    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+    shard_offsets: a shard's place in a call split by :func:`attnjax._src.sharding.per_shard`;
       unused (this kernel takes no modifiers, so it reads no batch or head index).
 
   Returns:

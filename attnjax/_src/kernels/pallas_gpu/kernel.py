@@ -4,7 +4,7 @@ The forward is FlashAttention-2: one program per (batch, query head, query block
 the key blocks its rows may attend (skipped blocks never visited, interior blocks
 unmasked), keeping the normaliser's online state (:meth:`Normalizer.init` /
 :meth:`~Normalizer.visit` / :meth:`~Normalizer.finish`; no branch on a normaliser's
-name). Backward: :mod:`attnjax.kernels.pallas_gpu.backward`; forward mode takes the
+name). Backward: :mod:`attnjax._src.kernels.pallas_gpu.backward`; forward mode takes the
 block-wise twin's tangent. Entry points: :func:`compute`, :func:`unsupported` (bias and
 mask arrays, ``neg_sq_euclidean``, unknown options); ``interpret=True`` runs on any backend.
 Guide: docs/guides/kernels.md, section "Pallas Triton".
@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from attnjax._src import lowering as _lowering, target as _target, options
-from attnjax._src.kernels import autodiff, blockwise
+from attnjax._src.kernels import autodiff
+from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.kernels.pallas_gpu import backward
 from attnjax._src.kernels.pallas_gpu.plan import (
   heads_first,
@@ -327,10 +328,10 @@ def compute(
     opts: :class:`attnjax.options.DenseOptions`.
     block_sizes: tiles and launch parameters (:class:`BlockSizes`); None: the
       :data:`BLOCK_SIZE_TABLE` row of the target being traced for
-      (:func:`attnjax._target.cuda_major`: the ambient mesh's device kind, or
+      (:func:`attnjax._src.target.cuda_major`: the ambient mesh's device kind, or
       this host's GPU).
     interpret: run the kernels in Pallas interpret mode (any backend).
-    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+    shard_offsets: a shard's place in a call split by :func:`attnjax._src.sharding.per_shard`;
       unused (this kernel takes no modifiers, so it reads no batch or head index).
 
   Returns:

@@ -1,4 +1,4 @@
-"""The pieces the Pallas GPU kernels (:mod:`attnjax.kernels.pallas_gpu`, :mod:`attnjax.kernels.pallas_gpu.backward`) share.
+"""The pieces the Pallas GPU kernels (:mod:`attnjax.kernels.pallas_gpu`, :mod:`attnjax._src.kernels.pallas_gpu.backward`) share.
 
 A call's static description (:class:`GridPlan`), the block relation (loop bounds
 of key blocks per query block and of query blocks per key block), a tile's

@@ -402,7 +402,7 @@ def backward(
   ``out`` is the forward's padded ``[B, N, Tp, Hv]`` output, ``res`` its residual rows
   ``[B, N, Tp, 1]``; ``d_out`` is ``[B, T, N, Hv]`` and ``d_lse`` the logsumexp statistic's
   cotangent ``[B, N, T]`` or None; ``offsets``: the first batch row and query head of these
-  arrays in the whole call (see :func:`~attnjax.kernels.pallas_tpu.plan.mod_inputs`).
+  arrays in the whole call (see :func:`~attnjax._src.kernels.pallas_tpu.plan.mod_inputs`).
   """
   qh, kh, vh, q_seg_p, kv_seg_p = heads_first(c, q, k, v, q_seg, kv_seg)
   do, rows_in, res_keys, g = _row_operands(c, q, out, res, d_out, d_lse)

@@ -1,9 +1,9 @@
 """A Pallas TPU (Mosaic) flash-attention kernel for every normaliser: ``implementation="pallas_tpu"``.
 
 FlashAttention-2 on the grid ``(batch, query head, query block, visit)``, the last axis
-walking only the key blocks the query block visits (:mod:`attnjax.kernels.pallas_tpu.plan`);
+walking only the key blocks the query block visits (:mod:`attnjax._src.kernels.pallas_tpu.plan`);
 the normaliser's online state lives in VMEM scratch, and ``score_mod`` / ``mask_mod`` run
-on each tile with their arguments in SMEM. Backward: :mod:`attnjax.kernels.pallas_tpu.backward`;
+on each tile with their arguments in SMEM. Backward: :mod:`attnjax._src.kernels.pallas_tpu.backward`;
 forward mode takes the block-wise twin's tangent. Entry points: :func:`compute`,
 :func:`unsupported`, :func:`generation` and :func:`block_sizes_for` (tiles per TPU);
 ``interpret=True`` runs on any backend.
@@ -25,7 +25,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from attnjax._src import lowering as _lowering, sharding as _sharding, layout, options
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
-from attnjax._src.kernels import autodiff, blockwise, on_target
+from attnjax._src.kernels import autodiff, on_target
+from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.kernels.pallas_tpu import backward
 from attnjax._src.kernels.pallas_tpu.plan import (
   FULL,
@@ -535,17 +536,17 @@ def compute(
 
   The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
   The forward and the backward are each traced when the program is lowered, for the TPU it
-  is compiled for (``attnjax.kernels.on_target.call``): tiles and Mosaic's lowering
+  is compiled for (``attnjax._src.kernels.on_target.call``): tiles and Mosaic's lowering
   follow the target, whatever the host.
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs` (see :func:`unsupported`).
     opts: :class:`attnjax.options.DenseOptions`.
     block_sizes: tiles (:class:`BlockSizes`); None: the :data:`BLOCK_SIZE_TABLE` row of the
-      TPU generation the kernels are compiled for (:func:`generation`).
+      TPU generation the kernels are compiled for (``generation``).
     interpret: run the kernels in Pallas interpret mode (any backend).
     shard_offsets: where this call's batch rows and heads start in a call split by
-      :func:`attnjax._sharding.per_shard` (an :class:`attnjax._sharding.ShardOffsets`;
+      :func:`attnjax._src.sharding.per_shard` (an :class:`attnjax._src.sharding.ShardOffsets`;
       None: 0, 0): a modifier reading the batch or head index sees the whole call's.
 
   Returns:
@@ -554,7 +555,7 @@ def compute(
   q = inputs.q
   score_args = tuple(inputs.score_mod_args) if opts.score_mod is not None else ()
   mask_args = tuple(inputs.mask_mod_args) if opts.mask_mod is not None else ()
-  # Where this shard's rows and heads start in the whole call (attnjax._sharding.per_shard).
+  # Where this shard's rows and heads start in the whole call (attnjax._src.sharding.per_shard).
   # An argument of the custom VJP, so the backward (traced later) has them too.
   where = tuple(_sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
   offsets = tuple(jnp.asarray(o, jnp.int32) for o in where)
@@ -725,7 +726,7 @@ run = _lowering.kernel_engine(
 def _run_per_shard(
   inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False
 ):
-  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
+  """:func:`run` on each device's batch rows and heads (:func:`attnjax._src.sharding.per_shard`)."""
   return _sharding.per_shard(
     lambda part, offsets: run(
       part, opts, block_sizes=block_sizes, interpret=interpret, shard_offsets=offsets

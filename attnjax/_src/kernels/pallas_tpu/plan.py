@@ -22,7 +22,7 @@ from jax.experimental.pallas import tpu as pltpu
 from attnjax._src import logits as _logits
 from attnjax._src import layout as layout_lib
 from attnjax._src.kernels._plan import KernelPlan
-from attnjax._src.kernels.blockwise import index_use
+from attnjax._src.kernels.blockwise.kernel import index_use
 
 Array = jnp.ndarray
 SKIP, FULL, MASKED = layout_lib.SKIP, layout_lib.FULL, layout_lib.MASKED

@@ -29,7 +29,7 @@ Array = jnp.ndarray
 ImplementationName = Literal["reference", "gathered"]
 QueryPool = Literal["mean", "first"]
 QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
-# The dense keywords block_select_attention takes and forwards (attnjax.options.KEYWORDS):
+# The dense keywords block_select_attention takes and forwards (attnjax._src.options.KEYWORDS):
 # the selection stands for a mask, window and modifiers, and for bias (no [T, S] logits).
 DENSE_KEYWORDS = options.keywords(
   without=(
@@ -266,7 +266,7 @@ def _tile_logits(opts: options.DenseOptions, qb: Array, q_sq: Optional[Array], k
   """Float32 logits ``[B, K, R, L]`` of query rows ``qb [B, K, R, H]`` against ``kg [B, K, L, H]``.
 
   With ``similarity="dot"`` the scale is already folded into ``qb``; otherwise
-  ``q_sq`` holds the rows' squared norms. Then the softcap (``attnjax._logits``).
+  ``q_sq`` holds the rows' squared norms. Then the softcap (``attnjax._src.logits``).
   """
   dots = jnp.einsum("bkrh,bklh->bkrl", qb, kg, preferred_element_type=jnp.float32)
   if q_sq is not None:
@@ -340,7 +340,7 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
 
   A ``lax.map`` step slices its query block from ``q`` and lays it out as rows
   ``[B, K, G * block_size, H]`` (every query head of a KV group stacked, as
-  ``attnjax.kernels.blockwise.tiles``, so GQA costs no copies), gathers its ``top_k' + 1``
+  ``attnjax._src.kernels.blockwise.tiles``, so GQA costs no copies), gathers its ``top_k' + 1``
   key and value blocks (the own block last) per KV head straight from the
   inputs' layout, and writes its output rows in the output's layout, so no
   whole-array transpose is made (on CPU they cost more than the strided
@@ -503,7 +503,7 @@ def _block_select_attention(
     similarity: ``"dot"`` or ``"neg_sq_euclidean"`` (the attention logits; the
       selection always uses dot products).
     implementation: None (auto: ``"gathered"``), ``"reference"`` or ``"gathered"`` (the
-      engines of :data:`~attnjax.block_select.OP`).
+      engines of :data:`~attnjax._src.ops.block_select.attention.OP`).
     return_stats: also return :class:`attnjax.AttentionStats` over the attended keys.
     return_selection: also return :func:`.select_blocks`'s int32
       ``[B, K, ceil(T / block_size), top_k]`` selected blocks (-1 = none).

@@ -21,14 +21,14 @@ from attnjax._src import (
   options,
 )
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import blockwise
+from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.layout import key_block_candidates, rule_layout
 
 Array = jnp.ndarray
 
 ImplementationName = Literal["reference", "blockwise"]
 POOLS: tuple[str, ...] = ("mean", "max")
-# The dense keywords compressed_attention forwards (attnjax.options.KEYWORDS); its is_causal
+# The dense keywords compressed_attention forwards (attnjax._src.options.KEYWORDS); its is_causal
 # and window are its own rule's (CompressedRule), not the dense ones.
 DENSE_KEYWORDS = options.keywords(
   without=(
@@ -108,7 +108,7 @@ def block_segments(kv_segment_ids: Array, stride: int) -> Array:
     stride: keys per block.
 
   Returns:
-    ``[B, C]``: the id its keys share, or :data:`.STRADDLING_SEGMENT` when they span
+    ``[B, C]``: the id its keys share, or ``STRADDLING_SEGMENT`` when they span
     more than one segment.
   """
   B, S = kv_segment_ids.shape
@@ -515,9 +515,9 @@ def _compressed_attention(
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
     segment_ids: ``[B, T]`` when ``T == S`` or a pair ``([B, T], [B, S])``; a
       compressed block is seen only by queries of the one segment holding all
-      its keys (ids must not be :data:`.STRADDLING_SEGMENT`, int32's minimum).
+      its keys (ids must not be ``STRADDLING_SEGMENT``, int32's minimum).
     implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"`` (the
-      engines of :data:`~attnjax.compressed.OP`).
+      engines of :data:`~attnjax._src.ops.compressed.attention.OP`).
     return_stats: also return :class:`attnjax.AttentionStats` over the key slots
       ``[compressed ; raw]`` (``sink_mass`` is the weight on compressed block 0).
     block_size: edge of the blockwise path's square blocks (static).

@@ -10,12 +10,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  op as _op,
-  static as _static,
-)
+from attnjax._src import checks as _checks, op as _op, static as _static
 from attnjax._src.ops import recurrent as _recurrent
 from attnjax._src.numerics import einsum as _einsum
 from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
@@ -93,10 +88,10 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   Each chunk (``_chunk_block``) computes its state-independent terms (the
   decays, the triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) and
   then the matmuls that read the state. The scan is
-  ``attnjax.kernels.recurrent.chunks.chunk_scan``, whose backward keeps each chunk's inputs
+  ``attnjax._src.kernels.recurrent.chunks.chunk_scan``, whose backward keeps each chunk's inputs
   and incoming state and recomputes the chunk, so memory for the backward is
   O(T), about 1.7 inputs' worth (``tests/test_chunks.py``); the solve has its
-  own VJP (:func:`.unit_lower_solve`). Computing the terms one chunk at a time
+  own VJP (``unit_lower_solve``). Computing the terms one chunk at a time
   inside the scan is also faster here than batching them over chunks
   (``lax.map`` / ``vmap``), whose batched small matmuls XLA's CPU backend lays
   out worse: T=4096 forward+backward 331 ms against 399 ms. Time is padded to a
@@ -252,13 +247,7 @@ def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
     raise ValueError(f"{name} must have shape [B, T, N] = {(B, T, N)}, got {_checks.shape_of(x)}")
 
 
-def parallel(*args, **kwargs):
-  """Deprecated name of :func:`quadratic` (warns once)."""
-  _deprecation.warn_once("attnjax.delta_rule.parallel", "attnjax.delta_rule.quadratic")
-  return quadratic(*args, **kwargs)
-
-
-# The delta_rule op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
+# The delta_rule op: its engines are the recurrent forms (:func:`attnjax._src.ops.recurrent.state_op`).
 OP = _recurrent.state_op(
   "delta_rule", recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_FORM
 )
@@ -305,14 +294,14 @@ def _delta_rule_attention(
     implementation: ``"recurrent"`` (scan over time), ``"quadratic"`` (one chunk
       of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
-      names are the engines of :data:`~attnjax.delta_rule.OP`; ``"parallel"``, the old name of
+      names are the engines of :data:`~attnjax._src.ops.delta_rule.attention.OP`; ``"parallel"``, the old name of
       ``"quadratic"``, still works and warns once. They mean the same form in every
       recurrent family
-      (``attnjax._recurrent``).
+      (``attnjax._src.ops.recurrent``).
     chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
       padded).
     context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
-      over (context parallelism, ``attnjax.parallel.recurrent``): called inside
+      over (context parallelism, ``attnjax._src.parallel.recurrent``): called inside
       ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
       along time (``initial_state`` whole), returns this device's shard of the output
       (and the final state of the whole sequence, on every device), equal to the

@@ -18,9 +18,13 @@ from attnjax._src import (
   static as _static,
   trust as _trust,
   options,
-  parallel,
 )
-from attnjax._src.kernels import blockwise, jax_nn, mosaic_gpu, pallas_gpu, pallas_tpu, splash
+from attnjax._src.kernels import jax_nn, splash
+from attnjax._src.kernels.blockwise import kernel as blockwise
+from attnjax._src.kernels.mosaic_gpu import kernel as mosaic_gpu
+from attnjax._src.kernels.pallas_gpu import kernel as pallas_gpu
+from attnjax._src.kernels.pallas_tpu import kernel as pallas_tpu
+from attnjax._src.parallel import strategies
 from attnjax._src.ops.dense import reference as _dense_reference
 
 Array = jnp.ndarray
@@ -43,7 +47,7 @@ JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
 reference = _dense_reference.reference
 
 
-# One dense implementation, as dispatch sees it (:class:`attnjax._op.Engine`): its ``compute``
+# One dense implementation, as dispatch sees it (:class:`attnjax._src.op.Engine`): its ``compute``
 # and ``unsupported`` take the call ``(inputs, opts)``.
 Engine = _op.Engine
 
@@ -128,7 +132,7 @@ FALLBACK: tuple[str, ...] = ("blockwise", "reference")
 
 def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
   inputs, opts = call
-  return parallel.attention(
+  return strategies.attention(
     inputs,
     opts,
     implementation,
@@ -155,15 +159,15 @@ OP = _op.register(
 
 
 def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...]) -> dict[str, str]:
-  """``{platform: engine name}``: :func:`attnjax._op.choose` of the dense op."""
+  """``{platform: engine name}``: :func:`attnjax._src.op.choose` of the dense op."""
   return _op.choose(OP, (inputs, opts), platforms)
 
 
 def select_implementation(
   inputs: DenseInputs, opts: DenseOptions, platform: Optional[str] = None
 ) -> str:
-  """Auto-dispatch on one platform: the first engine of :data:`PREFERENCES` (then
-  :data:`FALLBACK`) that honours every option asked for.
+  """Auto-dispatch on one platform: the first engine of ``PREFERENCES`` (then
+  ``FALLBACK``) that honours every option asked for.
 
   ``platform`` is a ``jax.lax.platform_dependent`` key (``"cpu"``, ``"cuda"``,
   ``"tpu"``); None means the default backend's.
@@ -179,10 +183,10 @@ def select_implementation(
   S) >= BLOCKWISE_MIN_LENGTH_CPU``, else ``"reference"``. Each engine's
   ``unsupported`` decides whether it covers the call; attnjax's own Pallas
   kernels (``vouched_by="device-check"``) are taken only on a kind of device
-  where ``python -m attnjax.check`` passed, or with ``attnjax.config.kernels =
-  "all"`` (:mod:`attnjax._trust`). Platform kernels run inside ``shard_map``
+  where ``python -m attnjax.check`` passed, or with ``attnjax.config.auto_kernels =
+  "all"`` (:mod:`attnjax._src.trust`). Platform kernels run inside ``shard_map``
   when the ambient mesh (``jax.set_mesh``) has several devices
-  (:func:`attnjax._sharding.per_shard`), so the choice never depends on the
+  (:func:`attnjax._src.sharding.per_shard`), so the choice never depends on the
   device count.
   """
   return _op.select(OP, (inputs, opts), platform)
@@ -190,7 +194,7 @@ def select_implementation(
 
 def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
   """``{platform: implementation}`` that ``implementation=None`` lowers for each of
-  :data:`attnjax._lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
+  :data:`attnjax._src.lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
   return _choose(inputs, opts, _lowering.PLATFORMS)
 
 
@@ -202,10 +206,10 @@ def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   ``jax.lax.platform_dependent`` (a single branch when they agree), so a
   function exported for ``cuda`` or ``tpu`` from a CPU host carries the GPU or
   TPU kernel. With ``opts.context_axis`` the call is one device's shard of a sequence
-  sharded over that ``shard_map`` axis: :func:`attnjax.parallel.attention` runs it (its
+  sharded over that ``shard_map`` axis: the strategies of :mod:`attnjax.parallel` run it (its
   strategies run each device's own part on the op's per-device computation, which
-  :func:`attnjax._op.run` hands them). A call with no queries or no keys
-  is answered by :func:`attnjax._empty.dense` before any engine is chosen.
+  :func:`attnjax._src.op.run` hands them). A call with no queries or no keys
+  is answered by :func:`attnjax._src.empty.dense` before any engine is chosen.
   """
   return _op.run(OP, (inputs, opts), implementation)
 
@@ -224,7 +228,7 @@ def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation
 def prepare(
   q, k, v, *, implementation: Optional[str] = None, **dense_keywords
 ) -> tuple[DenseInputs, DenseOptions]:
-  """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
+  """Validates a dense call (``dense_keywords``: :data:`attnjax._src.options.KEYWORDS`) and returns
   its canonical inputs and options; ``implementation`` is None or a name of :data:`ENGINES`."""
   inputs, opts = options.validate(q, k, v, **dense_keywords)
   _op.check_implementation(OP, implementation)

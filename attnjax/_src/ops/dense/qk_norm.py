@@ -21,7 +21,7 @@ CosineConvention = Literal["swin", "scale", "ngpt"]
 NORMS: tuple[str, ...] = get_args(Norm)
 COSINE_CONVENTIONS: tuple[str, ...] = get_args(CosineConvention)
 SWIN_MAX_LOG_SCALE = math.log(100.0)
-# The dense keywords each function takes and forwards (attnjax.options.KEYWORDS): all but
+# The dense keywords each function takes and forwards (attnjax._src.options.KEYWORDS): all but
 # similarity (both are dot-product logits); cosine attention also sets its own scale.
 QK_NORM_KEYWORDS = options.keywords(without=("similarity",))
 COSINE_KEYWORDS = options.keywords(without=("similarity", "scale"))

@@ -10,12 +10,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  op as _op,
-  static as _static,
-)
+from attnjax._src import checks as _checks, op as _op, static as _static
 from attnjax._src.ops import recurrent as _recurrent
 from attnjax._src.numerics import einsum as _einsum
 from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
@@ -169,7 +164,7 @@ def quadratic(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array
 def chunked(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array, *, chunk_size: int):
   """O(T): the quadratic form inside chunks, a scan carrying the state across them.
 
-  The scan is ``attnjax.kernels.recurrent.chunks.chunk_scan``, whose backward keeps each
+  The scan is ``attnjax._src.kernels.recurrent.chunks.chunk_scan``, whose backward keeps each
   chunk's inputs and incoming state and recomputes the chunk
   (``_block_terms``, then ``_block_state``). Time is padded up to a
   multiple of ``chunk_size`` with zero keys, zero decay and no reset, so padded
@@ -238,13 +233,7 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
   return g if per_channel else g[..., None]
 
 
-def parallel(*args, **kwargs):
-  """Deprecated name of :func:`quadratic` (warns once)."""
-  _deprecation.warn_once("attnjax.gated_linear.parallel", "attnjax.gated_linear.quadratic")
-  return quadratic(*args, **kwargs)
-
-
-# The gated_linear op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
+# The gated_linear op: its engines are the recurrent forms (:func:`attnjax._src.ops.recurrent.state_op`).
 OP = _recurrent.state_op(
   "gated_linear",
   recurrent=recurrent,
@@ -296,13 +285,13 @@ def _gated_linear_attention(
     implementation: ``"recurrent"`` (scan over time), ``"quadratic"`` (masked
       quadratic), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
-      names are the engines of :data:`~attnjax.gated_linear.OP`; ``"parallel"``, the old name of
+      names are the engines of :data:`~attnjax._src.ops.gated_linear.attention.OP`; ``"parallel"``, the old name of
       ``"quadratic"``, still works and warns once. They mean the same form in every
       recurrent family
-      (``attnjax._recurrent``).
+      (``attnjax._src.ops.recurrent``).
     chunk_size: chunk length of ``"chunked"``; any ``T`` works.
     context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
-      over (context parallelism, ``attnjax.parallel.recurrent``): called inside
+      over (context parallelism, ``attnjax._src.parallel.recurrent``): called inside
       ``shard_map`` with q, k, v, the per-token arguments and ``segment_ids`` sharded
       along time (``initial_state`` whole), returns this device's shard of the output
       (and the final state of the whole sequence, on every device), equal to the

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 
 from attnjax._src import (
   checks as _checks,
-  deprecation as _deprecation,
   empty as _empty,
   op as _op,
   static as _static,
@@ -95,7 +94,7 @@ def quadratic(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_ca
   Returns:
     ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
     numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
-    every key (:func:`.finish` turns the first two into the output).
+    every key (``finish`` turns the first two into the output).
   """
   T, S = phi_q.shape[1], phi_k.shape[1]
   w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
@@ -124,7 +123,7 @@ def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
   Returns:
     ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
     numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
-    every key (:func:`.finish` turns the first two into the output).
+    every key (``finish`` turns the first two into the output).
   """
 
   def step(carry: LinearState, xs):
@@ -236,7 +235,7 @@ def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
   Returns:
     ``(numerator [B, T, K, G, Hv], denominator [B, T, K, G], final state)``: the
     numerator ``phi(q_i).S_i``, the denominator ``phi(q_i).z_i`` and the state after
-    every key (:func:`.finish` turns the first two into the output).
+    every key (``finish`` turns the first two into the output).
   """
   final = LinearState(
     state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v), state.k_sum + jnp.sum(phi_k, axis=1)
@@ -244,12 +243,6 @@ def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
   num = _einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
   den = _einsum("btkgf,bkf->btkg", phi_q, final.k_sum)
   return num, den, final
-
-
-def parallel(*args, **kwargs):
-  """Deprecated name of :func:`quadratic` (warns once)."""
-  _deprecation.warn_once("attnjax.linear.parallel", "attnjax.linear.quadratic")
-  return quadratic(*args, **kwargs)
 
 
 def finish(num: Array, den: Array, *, normalize: str, eps: float) -> Array:
@@ -381,7 +374,7 @@ def _context_states(
 
   The state update is ``S -> S + phi(K)^T V`` (the transition's decay is the identity),
   so a shard's whole contribution is one product of its own features and values; every
-  device's is stacked on every device (``attnjax.parallel.recurrent.every_shard``, one
+  device's is stacked on every device (``attnjax._src.parallel.recurrent.every_shard``, one
   all-reduce). A causal shard ``p`` enters with ``state`` plus shards ``0 .. p - 1`` (an
   exclusive scan over the axis); a non-causal one with ``state`` plus every *other* shard
   (its own keys are added by its local pass). ``final`` is ``state`` plus every shard, the
@@ -465,7 +458,7 @@ def _check_state(
 
 
 class _Call(NamedTuple):
-  """A validated linear-attention call, as the engines of :data:`~attnjax.linear.OP` take it.
+  """A validated linear-attention call, as the engines of :data:`~attnjax._src.ops.linear.attention.OP` take it.
 
   Attributes:
     phi_q: float32 query features ``[B, T, K, G, F]``.
@@ -630,9 +623,9 @@ def _linear_attention(
     implementation: ``"quadratic"`` (the quadratic form), ``"recurrent"``
       (causal only), ``"chunked"``, or ``"reference"``, the readable
       definition: here the quadratic form (``"quadratic"``); None means
-      ``"chunked"`` (O(T)). The names are the engines of :data:`~attnjax.linear.OP`;
+      ``"chunked"`` (O(T)). The names are the engines of :data:`~attnjax._src.ops.linear.attention.OP`;
       ``"parallel"``, the old name of ``"quadratic"``, still works and warns once.
-      They mean the same form in every recurrent family (``attnjax._recurrent``).
+      They mean the same form in every recurrent family (``attnjax._src.ops.recurrent``).
     chunk_size: chunk length of the chunked causal form.
     initial_state: a :class:`.LinearState` (``kv_sum [B, K, F, Hv]``,
       ``k_sum [B, K, F]``) of keys seen before this call; None = empty.

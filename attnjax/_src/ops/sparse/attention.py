@@ -20,18 +20,18 @@ from attnjax._src import (
   mods,
   normalizers,
   options,
-  parallel,
   patterns,
 )
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.kernels import blockwise
+from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.layout import BlockLayout
+from attnjax._src.parallel import strategies
 from attnjax._src.patterns import Pattern
 
 Array = jnp.ndarray
 
 ImplementationName = Literal["reference", "blockwise"]
-# The dense keywords sparse_attention takes and forwards (attnjax.options.KEYWORDS): the
+# The dense keywords sparse_attention takes and forwards (attnjax._src.options.KEYWORDS): the
 # pattern stands for mask, is_causal and window; the block paths compute dot products.
 DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
 
@@ -428,7 +428,7 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
   Every pattern is a rule on global positions, so the call is the dense one with the
   pattern as a ``mask_mod`` (:class:`attnjax.mods.PatternMask` on the whole ``(T, T)``,
   intersected with the caller's ``mask_mod``) run by the dense strategies
-  (:func:`attnjax.parallel.attention`). The pattern's causality and band
+  (:mod:`attnjax.parallel`). The pattern's causality and band
   (:meth:`~attnjax.patterns.Pattern.band`) also become the dense ``is_causal`` / ``window``
   (they keep every pair the pattern keeps), so the ring skips, when it is traced, the
   shard pairs outside them; inside a visited pair the pattern's blocks are classified per
@@ -466,7 +466,7 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
   dense_opts = dataclasses.replace(
     opts, mask_mod=mask_mod, is_causal=pattern.is_causal, window=pattern.band()
   )
-  return parallel.attention(
+  return strategies.attention(
     inputs,
     dense_opts,
     implementation,
@@ -584,7 +584,7 @@ def _sparse_attention(
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       intersected with the pattern.
     implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"``
-      (the engines of :data:`~attnjax.sparse.OP`; the old name ``"block_sparse"`` still works and warns
+      (the engines of :data:`~attnjax._src.ops.sparse.attention.OP`; the old name ``"block_sparse"`` still works and warns
       once).
     return_stats: also return :class:`attnjax.AttentionStats`.
     score_mod, score_mod_args, mask_mod, mask_mod_args: modifiers, as in

@@ -1,6 +1,6 @@
 """Statistics per layer of an ``attnjax.nn.TransformerLM``: :func:`attnjax.nn.layer_stats`.
 
-Implementation behind the public module :mod:`attnjax.nn.probe`.
+Implementation behind the public module :mod:`attnjax.nn.statistics`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnjax._src import stats as stats_lib
 from attnjax._src.deprecation import warn_once
 from attnjax._src.attention_stats import AttentionStats
 from attnjax._src.nn import intermediates
 from attnjax._src.nn.transformer import TransformerLM, _sown_stats
 from attnjax._src.stats.inputs import check_probability, shape_of, stats_layers
-from attnjax._src.stats.capture import ProbeCapture, capture_statistics
+from attnjax._src.stats.capture import LayerCapture, capture_statistics
+from attnjax._src.stats.geometry import value_state_drain
 
 Array = jnp.ndarray
 
@@ -35,8 +35,8 @@ def _fill_missing_fields(stats: list) -> list:
   return stats
 
 
-def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> ProbeCapture:
-  """Runs ``model`` (an ``attnjax.nn.TransformerLM``) once and gathers a ``ProbeCapture``.
+def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> LayerCapture:
+  """Runs ``model`` (an ``attnjax.nn.TransformerLM``) once and gathers a ``LayerCapture``.
 
   Uses ``nnx.capture``: the layers' sown ``nnx.Intermediate`` values
   (``AttentionStats``, gate means, weights with ``weights=True``) and, through
@@ -52,7 +52,7 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     weights: also collect the attention weights ``[B, N, T, S]`` per layer.
 
   Returns:
-    An ``attnjax.stats.ProbeCapture``; its q, k and v are tuples of per-layer arrays
+    An ``attnjax.stats.LayerCapture``; its q, k and v are tuples of per-layer arrays
     where layers differ in their head layout (N, K, H), e.g. an MLA layer (``N`` key
     heads of ``d_n + d_r``) beside GQA layers.
   """
@@ -93,7 +93,7 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
   # weights and disallowed columns.
   S = max([w.shape[-1] for w in ws] + [m.shape[-1] for m in masks])
   pad = lambda x, value: jnp.pad(x, ((0, 0),) * 3 + ((0, S - x.shape[-1]),), constant_values=value)
-  return ProbeCapture(
+  return LayerCapture(
     logits=logits,
     attention_stats=stats_layers(_fill_missing_fields(stats)),
     weights=jnp.stack([pad(w.astype(jnp.float32), 0.0) for w in ws]) if ws else None,
@@ -112,7 +112,7 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
 def _summary_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
   capture = _capture(model, tokens, weights=weights)
   out = capture_statistics(capture, **dict(options))
-  # Next-token cross-entropy of the probe batch (nats), beside the statistics.
+  # Next-token cross-entropy of the batch (nats), beside the statistics.
   logp = jax.nn.log_softmax(capture.logits[:, :-1].astype(jnp.float32), axis=-1)
   target = tokens[:, 1:]
   out["loss"] = -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
@@ -140,7 +140,7 @@ def _streaming_pass(model: TransformerLM, tokens: Array) -> dict:
     out.append(
       dict(
         fields,
-        value_drain=stats_lib.value_state_drain(v).per_head,
+        value_drain=value_state_drain(v).per_head,
         hidden_max_abs=layer["hidden_max_abs"],
         hidden_median_abs=layer["hidden_median_abs"],
       )
@@ -177,8 +177,7 @@ def _checked_tokens(tokens, length: Optional[int], view: str) -> Array:
   if length is not None:
     if np.shape(tokens)[1] < length:
       raise ValueError(
-        f"tokens have T={np.shape(tokens)[1]} < length={length}; pass a longer "
-        f"probe batch or length=None"
+        f"tokens have T={np.shape(tokens)[1]} < length={length}; pass a longer batch or length=None"
       )
     tokens = tokens[:, :length]
   least = 2 if view == "summary" else 1  # the summary's loss needs a next token
@@ -217,7 +216,7 @@ def layer_stats(
     Gu et al. on row-normalised weights, F-Attn of Qiu et al., entropy, max
     logit, null and gate mass, q/k RMS and cosine, sink geometry, value
     drain, massive activations and kurtosis, output logit drift, sparsity).
-    ``model`` may instead be a :class:`~attnjax.stats.ProbeCapture` filled
+    ``model`` may instead be a :class:`~attnjax.stats.LayerCapture` filled
     from any model's forward pass (``tokens`` None): its statistics, no loss.
   - ``"sown"``: what the layers sowed, unreduced: ``{"logits" [B, T, V],
     "log_z" [B, T], "layers": [per layer {"sink_mass", "entropy",
@@ -230,14 +229,15 @@ def layer_stats(
     non-None AttentionStats fields, "value_drain" [1, K] (Guo et al.'s
     ``||v_1|| / mean ||v_j>1||``, :func:`attnjax.stats.value_state_drain`),
     "hidden_max_abs", "hidden_median_abs" [B]]}``; per-token NLL from the
-    features is ``attnjax.models.probe.token_nll``.
-  - ``"capture"``: the :class:`~attnjax.stats.ProbeCapture` the summary is
+    features is :func:`attnjax.models.token_nll`.
+  - ``"capture"``: the :class:`~attnjax.stats.LayerCapture` the summary is
     computed from (q/k as the attention compares them, allowed pairs, ...).
 
   Args:
-    model: an ``attnjax.nn.TransformerLM`` (or, for the summary, a ``ProbeCapture``).
-    tokens: ``[B, T]`` integer tokens (a fixed batch, the same every time, for a probe).
-    view: one of :data:`attnjax.nn.probe.VIEWS`.
+    model: an ``attnjax.nn.TransformerLM`` (or, for the summary, a ``LayerCapture``).
+    tokens: ``[B, T]`` integer tokens (a fixed batch, the same every time, to compare
+      passes: the training loop's probes).
+    view: one of :data:`attnjax.nn.statistics.VIEWS`.
     length: keep the first ``length`` tokens of each sequence (``T >= length``
       required); None keeps all. Gu et al. measure sinks on length 64.
     weights: collect full attention weights (``O(L B N T^2)``; exact ``alpha_k``
@@ -254,7 +254,7 @@ def layer_stats(
     The view's value, as above.
 
   Raises:
-    TypeError: ``model`` is neither a ``TransformerLM`` nor (summary) a ``ProbeCapture``.
+    TypeError: ``model`` is neither a ``TransformerLM`` nor (summary) a ``LayerCapture``.
     ValueError: an unknown view, options the view does not take, bad tokens, or
       fewer than ``length`` of them.
   """
@@ -270,13 +270,13 @@ def layer_stats(
   changed = [f"{k}={v!r}" for (k, v), (_, d) in zip(options, _SUMMARY_DEFAULTS) if v != d]
   if changed and view != "summary":
     raise ValueError(f"{', '.join(changed)}: options of view='summary', got view={view!r}")
-  if isinstance(model, ProbeCapture) and view == "summary" and tokens is None:
+  if isinstance(model, LayerCapture) and view == "summary" and tokens is None:
     return capture_statistics(model, **dict(options))
   if not isinstance(model, TransformerLM):
     raise TypeError(
       f"layer_stats takes an attnjax.nn.TransformerLM (or, for view='summary', a "
-      f"ProbeCapture with tokens=None), got {type(model).__name__} with view={view!r}; for "
-      f"another model fill a ProbeCapture from its forward pass"
+      f"LayerCapture with tokens=None), got {type(model).__name__} with view={view!r}; for "
+      f"another model fill a LayerCapture from its forward pass"
     )
   if view == "streaming" and weights:
     raise ValueError("view='streaming' never materialises attention weights; got weights=True")
@@ -297,48 +297,12 @@ def layer_stats(
 # Deprecated aliases: each warns once per process and returns what it always did.
 
 
-def probe(
-  model,
-  tokens,
-  *,
-  length: Optional[int] = 64,
-  weights: bool = True,
-  eps: float = 0.3,
-  sparsity_threshold: float = 0.01,
-  z_loss_coef: float = 1e-4,
-  massive_abs: float = 100.0,
-  massive_ratio: float = 1000.0,
-) -> dict:
-  """Deprecated: ``layer_stats(model, tokens, length=64)`` (the ``"summary"`` view).
-
-  Every per-layer / per-head statistic of a model on a fixed probe batch, in one
-  jitted pass, plus ``loss``; the arguments are :func:`attnjax.nn.layer_stats`'s.
-  """
-  warn_once("attnjax.nn.probe.probe", "attnjax.nn.layer_stats(model, tokens, length=64)")
-  if not isinstance(model, TransformerLM):
-    raise TypeError(
-      f"probe takes an attnjax.nn.TransformerLM, got {type(model).__name__}; for another "
-      f"model fill a ProbeCapture from its forward pass and call attnjax.nn.layer_stats"
-    )
-  return layer_stats(
-    model,
-    tokens,
-    length=length,
-    weights=weights,
-    eps=eps,
-    sparsity_threshold=sparsity_threshold,
-    z_loss_coef=z_loss_coef,
-    massive_abs=massive_abs,
-    massive_ratio=massive_ratio,
-  )
-
-
 def capture_from_model(
   model: TransformerLM, tokens: Array, *, weights: bool = True
-) -> ProbeCapture:
+) -> LayerCapture:
   """Deprecated: ``layer_stats(model, tokens, view="capture", jit=False)``.
 
-  Runs ``model`` once and gathers a ``ProbeCapture`` (traceable).
+  Runs ``model`` once and gathers a ``LayerCapture`` (traceable).
   """
   warn_once(
     "attnjax.nn.probe.capture_from_model", "attnjax.nn.layer_stats(model, tokens, view='capture')"

@@ -1,6 +1,6 @@
 """A long sequence's perplexity in O(T) memory: :func:`token_nll` from the final features.
 
-Implementation behind the public module :mod:`attnjax.models.probe`.
+Implementation of :func:`attnjax.models.token_nll`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnjax._src.deprecation import warn_once
-from attnjax._src.nn import probe as nn_probe
+from attnjax._src.nn import statistics
 from attnjax._src.nn.transformer import TransformerLM
 
 Array = jnp.ndarray
@@ -26,7 +26,7 @@ def layer_statistics(model: TransformerLM, tokens: Array):
     "attnjax.models.probe.layer_statistics",
     "attnjax.nn.layer_stats(model, tokens, view='streaming')",
   )
-  out = nn_probe.layer_stats(model, tokens, view="streaming")
+  out = statistics.layer_stats(model, tokens, view="streaming")
   return out["features"], out["layers"]
 
 
