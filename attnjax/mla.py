@@ -13,31 +13,17 @@ Guide: :doc:`/guides/mla`.
 """
 
 from attnjax._src.ops.mla.attention import (
-  DENSE_KEYWORDS,
-  ENGINES,
-  FALLBACK,
   IMPLEMENTATIONS,
-  OP,
-  PREFERENCES,
-  LatentCall,
   absorbed_inputs,
   absorbed_is_cheaper,
-  check_shapes,
   expanded_inputs,
   mla_attention,
 )
 
 __all__ = [
-  "DENSE_KEYWORDS",
-  "ENGINES",
-  "FALLBACK",
   "IMPLEMENTATIONS",
-  "OP",
-  "PREFERENCES",
-  "LatentCall",
   "absorbed_inputs",
   "absorbed_is_cheaper",
-  "check_shapes",
   "expanded_inputs",
   "mla_attention",
 ]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from attnjax._src import models, nn
+from attnjax import models, nn
 from attnjax._src.models import architectures
 from attnjax._src.models.checkpoint import CheckpointError
 

@@ -14,6 +14,7 @@ import pytest
 
 import attnjax
 from attnjax import mla
+from attnjax._src.ops.mla import attention as mla_op
 from helpers import assert_close, outputs_and_grads, reduction_tolerance
 
 B, T, N, R, D_N, D_R, D_V = 2, 12, 3, 16, 6, 4, 5
@@ -110,7 +111,7 @@ def test_auto_form_absorbs_decode_and_expands_training():
   assert mla.absorbed_is_cheaper(1, 32768, 512, 128, 64, 128)
   assert not mla.absorbed_is_cheaper(4096, 4096, 512, 128, 64, 128)
   seen = []
-  original = mla.LatentCall.dense_call
+  original = mla_op.LatentCall.dense_call
 
   def spy(self, inputs, opts):
     seen.append(self.absorb)
@@ -118,7 +119,7 @@ def test_auto_form_absorbs_decode_and_expands_training():
 
   args = _arrays(T=1, S=64)
   with pytest.MonkeyPatch.context() as m:
-    m.setattr(mla.LatentCall, "dense_call", spy)
+    m.setattr(mla_op.LatentCall, "dense_call", spy)
     attnjax.mla_attention(*args)
     attnjax.mla_attention(*_arrays())
   assert seen[0] is True and seen[-1] is False

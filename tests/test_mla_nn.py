@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax._src import nn
+from attnjax import nn
 from attnjax._src.train import rundir, variants
 from attnjax._src.train.config import load_config
 from attnjax._src.train.loop import train

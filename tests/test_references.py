@@ -105,15 +105,16 @@ def rendered() -> frozenset:
 def resolves_relative(name: str, module: str) -> bool:
   """A relative role's target: an attribute path of a public module; in a docstring the API
   reference renders (``module`` is ``"public:<class>"``) also of the class it is in; elsewhere
-  also of ``module`` or of a class it defines (a method named in a class's docstrings)."""
+  also of ``module``, of its package (a sibling module) or of a class it defines (a method
+  named in a class's docstrings)."""
   name = name.lstrip(".")
   if any(resolves(f"{m}.{name}") for m in PUBLIC_MODULES):
     return True
   if module.startswith("public:"):
     owner = module.partition(":")[2]
     return bool(owner) and resolves(f"{owner}.{name}")
-  if resolves(f"{module}.{name}"):
-    return True
+  if resolves(f"{module}.{name}") or resolves(f"{module.rpartition('.')[0]}.{name}"):
+    return True  # an attribute of the module, or a sibling module
   try:
     loaded = importlib.import_module(module)
   except ModuleNotFoundError:

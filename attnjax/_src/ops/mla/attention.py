@@ -11,8 +11,9 @@ from typing import Any, Callable, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks, empty, op, options, parallel, static, trust
+from attnjax._src import checks, empty, op, options, static, trust
 from attnjax._src.ops.dense import attention as dense
+from attnjax._src.parallel import strategies
 
 Array = jnp.ndarray
 
@@ -165,7 +166,7 @@ def _context(call, implementation: Optional[str], local):
   dense strategies, each device's part on the dense op's own computation."""
   del local  # MLA's per-device computation would rebuild the form the strategy already holds
   inputs, opts, latent = call
-  result = parallel.attention(
+  result = strategies.attention(
     *latent.dense_call(inputs, opts),
     implementation,
     lambda i, o, impl: op.run_on_this_platform(dense.OP, (i, o), impl),
@@ -362,7 +363,7 @@ def _mla_attention(
     absorb: the form; None chooses the one of fewer multiply-adds
       (:func:`attnjax.mla.absorbed_is_cheaper`: absorbed for decode, expanded for ``T = S``).
     implementation: None (auto, as dense attention's on the form's call) or a name of
-      :data:`attnjax.mla.ENGINES`: the dense engine of that name on the form's call (``"reference"``
+      :data:`attnjax.mla.IMPLEMENTATIONS`: the dense engine of that name on the form's call (``"reference"``
       materialises the weights).
 
   Returns:
