@@ -595,7 +595,7 @@ def _time_step(trainer, state, args: tuple, steps: int) -> tuple:
 
 
 def _trainer_settings() -> dict:
-  """The suite's settings: the backend's defaults, then ``ATTNJAX_BENCH_TRAINER``."""
+  """The suite's settings: the defaults of this process's devices, then ``ATTNJAX_BENCH_TRAINER``."""
   backend = jax.default_backend()
   out = dict(
     TRAINER_DEFAULTS.get(backend, TRAINER_DEFAULTS["cpu"]),
@@ -1638,7 +1638,7 @@ def gpu_suite(args) -> Iterable[Case]:
   programs, inputs = _gpu_programs(args, paths)
   log.add(
     kind="meta",
-    backend=jax.default_backend(),
+    platform={"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend()),
     device=jax.devices()[0].device_kind,
     jax=jax.__version__,
     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
