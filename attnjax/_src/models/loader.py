@@ -74,7 +74,7 @@ def check_tensors(
       prefix = name[: len(name) - len(short)]
     if arch.ignored(short):
       continue
-    if tied and short == "lm_head.weight":
+    if tied and short in arch.tied_names:
       continue  # tied: transformers uses the embedding (some exports store both)
     present[short] = name
   expected: dict[str, tuple] = {}
@@ -282,6 +282,12 @@ def _place(host: np.ndarray, sharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def model_class(mcfg: nn.ModelConfig) -> type:
+  """``nn.EncoderLM`` for an ``nn.EncoderConfig`` (BERT, RoBERTa, ModernBERT), else
+  ``nn.TransformerLM``."""
+  return nn.EncoderLM if isinstance(mcfg, nn.EncoderConfig) else nn.TransformerLM
+
+
 def from_pretrained(
   path,
   *,
@@ -367,7 +373,7 @@ def from_pretrained(
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
 
-  abstract = nnx.eval_shape(lambda: nn.TransformerLM(mcfg, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: model_class(mcfg)(mcfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   pure = nnx.to_pure_dict(state)
   leaves = _paths(pure)
@@ -414,7 +420,7 @@ def _initial_values(mcfg: nn.ModelConfig, paths: list, shardings, leaves: dict) 
   """
 
   def init():
-    model = nn.TransformerLM(mcfg, rngs=nnx.Rngs(0))
+    model = model_class(mcfg)(mcfg, rngs=nnx.Rngs(0))
     values = _paths(nnx.to_pure_dict(nnx.state(model)))
     return {"/".join(map(str, p)): values[p] for p in paths}
 

@@ -457,7 +457,9 @@ class DotProductSpec(ScoreSpec):
     kv_bias: learn one extra key/value pair per key/value head that every query
       may attend to (Sun et al. 2024, "attention bias"); it is appended after the
       real keys, so key 0 stays the first token for sink statistics.
-    window: causal sliding window: query ``i`` sees keys ``i - window .. i``.
+    window: sliding window: query ``i`` sees keys ``i - window .. i`` (causal), or
+      ``i - window .. i + window`` in an encoder layer (``is_causal=False``, ModernBERT's
+      local layers).
     num_sinks: with ``window``, the first ``num_sinks`` tokens stay visible to
       every query (StreamingLLM sinks + window).
     streaming_rope: how a sinks-window decode cache rotates keys: ``"cache"``
@@ -499,8 +501,17 @@ class DotProductSpec(ScoreSpec):
       )
 
   def check(self, config) -> None:
-    if not config.is_causal and self.window is not None:
-      raise ValueError(f"window={self.window} needs is_causal=True (a causal sliding window)")
+    if not config.is_causal and (self.num_sinks or self.cache_policy in kv_policies.EVICTING):
+      raise ValueError(
+        f"num_sinks={self.num_sinks}, cache_policy={self.cache_policy!r}: sinks and "
+        f"evicting caches need is_causal=True (a decoder)"
+      )
+
+  def structure_window(self, config) -> Optional[tuple[int, int]]:
+    """The ``(left, right)`` window of the layer: ``(w, 0)`` causal, ``(w, w)`` in an encoder."""
+    if self.window is None:
+      return None
+    return (self.window, 0) if config.is_causal else (self.window, self.window)
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     super().init_params(layer, rngs, param_dtype)
@@ -526,6 +537,10 @@ class DotProductSpec(ScoreSpec):
   def allowed(self, layer, q_positions, k_positions, length):
     if not layer.config.is_causal:
       allowed = jnp.ones((1, 1, q_positions.shape[0], k_positions.shape[0]), bool)
+      if self.window is not None:
+        allowed = masks.structural_mask(
+          q_positions, k_positions, window=self.structure_window(layer.config)
+        )
     elif self.num_sinks:
       pattern = patterns.sinks_window(self.num_sinks, self.window)
       allowed = pattern.allowed(q_positions, k_positions, None)[None, None]
@@ -540,7 +555,7 @@ class DotProductSpec(ScoreSpec):
     fn = functools.partial(self.function(layer), **self.kwargs(layer))
     if not self.kv_bias and not self.num_sinks:
       # The structure as is_causal/window, so fast paths can skip blocks.
-      window = None if self.window is None else (self.window, 0)
+      window = self.structure_window(c)
       extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
       return (
         functools.partial(fn, mask=call.mask, is_causal=c.is_causal, window=window, **extra),
