@@ -48,6 +48,7 @@ from attnjax._src.nn import (
   layer_stats,
   log_normalizer,
   num_params,
+  outlier_stats,
   padding_mask,
   register_family,
   state_shardings,
@@ -92,4 +93,5 @@ __all__ = [
   "register_family",
   "specs",
   "state_shardings",
+  "outlier_stats",
 ]

@@ -22,6 +22,7 @@ from attnjax._src.nn.decode import decode_step, generate, init_cache
 from attnjax._src.nn.encoder import EncoderLM, padding_mask
 from attnjax._src.nn.flax_interop import flax_attention_fn
 from attnjax._src.nn.probe import layer_stats
+from attnjax._src.nn.outliers import outlier_stats
 from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.transformer import (
   LOGICAL_AXIS_RULES,
@@ -73,4 +74,5 @@ __all__ = [
   "register_family",
   "specs",
   "state_shardings",
+  "outlier_stats",
 ]

@@ -318,12 +318,12 @@ class TransformerLM(nnx.Module):
   def output_logits(self, features: Array) -> Array:
     """Float32 logits ``[..., T, V]`` of :meth:`features` ``[..., T, D]``: the output head
     (the tied embedding or ``head``) and ``config.final_softcap``."""
-    h = features
+    h = _layers.quantize_input(features)
     if self.config.tie_embeddings:
-      w = self.embed.embedding[...].astype(h.dtype)
+      w = _layers.quantize_weight(self.embed.embedding[...]).astype(h.dtype)
       logits = jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
     else:
-      w = self.head.kernel[...].astype(h.dtype)
+      w = _layers.quantize_weight(self.head.kernel[...]).astype(h.dtype)
       logits = jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
     logits = logits.astype(jnp.float32)
     return softcap(logits, self.config.final_softcap)
