@@ -45,6 +45,7 @@ from attnjax._src.stats import (
   sink_geometry,
   sink_rate,
   to_jsonable,
+  token_mass,
   value_state_drain,
 )
 from attnjax._src.stats import __getattr__ as __getattr__
@@ -84,4 +85,5 @@ __all__ = [
   "masked_lm_loss",
   "outlier_statistics",
   "quantization_step",
+  "token_mass",
 ]

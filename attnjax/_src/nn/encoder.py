@@ -69,6 +69,7 @@ class EncoderLM(TransformerLM):
     attention_mask: Optional[Array] = None,
     token_type_ids: Optional[Array] = None,
     positions: Optional[Array] = None,
+    segment_ids: Optional[Array] = None,
     return_log_z: bool = False,
     sow_weights: Optional[bool] = None,
     sow_hidden: bool = False,
@@ -92,6 +93,7 @@ class EncoderLM(TransformerLM):
       attention_mask=attention_mask,
       token_type_ids=token_type_ids,
       positions=positions,
+      segment_ids=segment_ids,
       sow_weights=sow_weights,
       sow_hidden=sow_hidden,
     )

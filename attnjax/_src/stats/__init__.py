@@ -36,6 +36,7 @@ from attnjax._src.stats.sinks import (
   max_attention_logit,
   null_mass,
   sink_rate,
+  token_mass,
 )
 
 # Names that moved out of the functions layer (they run a model or read a
@@ -94,4 +95,5 @@ __all__ = [
   "masked_lm_loss",
   "outlier_statistics",
   "quantization_step",
+  "token_mass",
 ]

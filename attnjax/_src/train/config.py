@@ -44,6 +44,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.bb_task_seed = 0
   c.data.bb_concentration = 0.1
   c.data.pack = False  # pack whole documents (lines), segment ids + positions
+  c.data.objective = "causal"  # causal (next token, a decoder) | mlm (masked LM, an encoder)
+  c.data.mask_rate = 0.15  # mlm: share of positions predicted (80% [MASK], 10% random, 10% kept)
 
   c.model = ml_collections.ConfigDict()
   c.model.d_model = 64
@@ -59,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 (params stay float32)
   c.model.window = 0  # > 0: causal sliding window of this many past keys
   c.model.implementation = ""  # attention implementation: "" (auto), reference, xla, blockwise, ...
+  c.model.norm_placement = ""  # "" (pre; an mlm encoder: post_residual, BERT) | pre | post_residual
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-2
@@ -367,6 +370,22 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     _require(os.path.exists(d.path), f"data.path={d.path!r} does not exist")
   if d.name == "bin":
     _require(d.vocab_size > 0, "data.vocab_size must be > 0 for data.name='bin'")
+  _require(
+    d.get("objective", "causal") in ("causal", "mlm"),
+    f"data.objective={d.get('objective')!r} is not one of: causal, mlm",
+  )
+  if d.get("objective", "causal") == "mlm":
+    rate = d.get("mask_rate", 0.15)
+    _require(
+      not isinstance(rate, bool) and isinstance(rate, (int, float)) and 0 < rate < 1,
+      f"data.mask_rate must be in (0, 1), got {rate!r}",
+    )
+    _require(not d.get("pack", False), "data.pack=True: data.objective='mlm' reads unpacked windows")
+    _require(d.name != "bigram_backcopy", "data.objective='mlm' needs a corpus, not bigram_backcopy")
+  _require(
+    m.get("norm_placement", "") in ("", "pre", "post_residual"),
+    f"model.norm_placement={m.get('norm_placement')!r} is not one of: '', pre, post_residual",
+  )
   _require(d.seq_len >= 2, f"data.seq_len must be >= 2 (BOS + one token), got {d.seq_len}")
   _require(d.batch_size >= 1, f"data.batch_size must be >= 1, got {d.batch_size}")
   if d.get("pack", False):
