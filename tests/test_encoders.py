@@ -230,3 +230,40 @@ def test_every_masking_family_pads_like_an_unpadded_row(family, options):
   padded = np.asarray(model(tokens, attention_mask=mask))
   row = np.asarray(model(tokens[1:, :5]))
   np.testing.assert_allclose(padded[1, :5], row[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_sinks_report_of_an_encoder(tmp_path):
+  # experiments/pretrained.py on an encoder: mass on [CLS], [SEP] and delimiters per layer
+  # and head, the mean over queries of the sown weights (equal to transformers' above).
+  import importlib.util
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+    "pretrained_experiment", os.path.join(repo, "experiments", "pretrained.py")
+  )
+  experiment = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(experiment)
+  ids = np.random.default_rng(0).integers(5, 100, size=40)
+  np.save(tmp_path / "ids.npy", ids)
+  path = os.path.join(FIXTURES, "bert")
+  markdown = experiment.main(
+    [
+      "--model",
+      path,
+      "--text",
+      str(tmp_path / "ids.npy"),
+      "--config.seq_len=12",
+      "--out",
+      str(tmp_path / "out"),
+    ]
+  )
+  results = json.load(open(tmp_path / "out" / "results.json"))
+  special = results["special_ids"]
+  tokens = np.concatenate([[special["cls"]], ids[:10], [special["sep"]]])[None]
+  sown = nn.layer_stats(_load("bert"), jnp.asarray(tokens), view="sown", weights=True)
+  w = np.stack([np.asarray(layer["weights"])[0] for layer in sown["layers"]])  # [L, N, T, S]
+  is_sep = tokens[0] == special["sep"]
+  np.testing.assert_allclose(results["cls_mass"], w[..., 0].mean(-1), atol=1e-6)
+  np.testing.assert_allclose(results["sep_mass"], w[..., is_sep].sum(-1).mean(-1), atol=1e-6)
+  assert "on delimiters per head" in markdown and "W8A8" in markdown
