@@ -807,7 +807,7 @@ class WeightsOnly(Normalizer):
     del row
     return z
 
-  def weights(self, z: Array, allowed: Array, row: dict) -> Array:  # noqa: D417
+  def weights(self, z: Array, allowed: Array, row: dict) -> Array:
     """The weights of :meth:`logits`' output ``z``: elementwise given ``row``, so that the
     block-wise engine can call it on any tile of a row.
 
