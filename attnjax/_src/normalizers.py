@@ -392,14 +392,8 @@ class SoftmaxFamily(Normalizer):
     self.shift_floor = null_logit
     self.null_column = null_logit is not None
     self.accepts_sink_logits = null_logit is None
-
-  @property
-  def platform_kernel(self) -> bool:  # a claim (CLAIMS): softmax itself, no null column
-    return self.shift_floor is None
-
-  @property
-  def sums_to_one(self) -> bool:  # a claim (CLAIMS): no null column takes mass
-    return self.shift_floor is None
+    if type(self) is SoftmaxFamily:  # this class's claims, never a subclass's (CLAIMS)
+      self.platform_kernel = self.sums_to_one = null_logit is None
 
   def weights(self, z, allowed, sink_logits=None):
     return _softmax_with_null(z, allowed, self.floor(sink_logits))
@@ -1019,37 +1013,28 @@ _BUILTINS: dict[str, Normalizer] = {
     ReLU(),
   )
 }
-# The live registry, and the last normaliser each name held (a jitted call's trace is keyed on
-# the name: registering another object under a name that held one clears jax's caches).
-_LIVE: dict[str, Normalizer] = dict(_BUILTINS)
-_LAST: dict[str, Normalizer] = dict(_BUILTINS)
 
 
-class _Registry(Mapping):
-  """A read-only view of the registered normalisers (name -> :class:`Normalizer`)."""
+class _Registry(dict):
+  """The registered normalisers by name: a dict that only :func:`register` and
+  :func:`unregister` change (lookups are plain dict lookups)."""
 
-  def __getitem__(self, name: str) -> Normalizer:
-    return _LIVE[name]
+  def _refuse(self, *args, **kwargs):
+    raise TypeError(
+      "the normaliser registry is read-only: use attnjax.normalizers.register(normalizer) "
+      "and unregister(name)"
+    )
 
-  def __iter__(self) -> Iterator[str]:
-    return iter(tuple(_LIVE))
-
-  def __len__(self) -> int:
-    return len(_LIVE)
-
-  def __setitem__(self, name, value):
-    raise TypeError(f"use attnjax.normalizers.register(normalizer) to register {name!r}")
-
-  def __delitem__(self, name):
-    raise TypeError(f"use attnjax.normalizers.unregister({name!r})")
-
-  def __repr__(self) -> str:
-    return f"REGISTRY({list(_LIVE)})"
+  __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = _refuse
+  __ior__ = _refuse
 
 
-REGISTRY: Mapping[str, Normalizer] = _Registry()
+REGISTRY: Mapping[str, Normalizer] = _Registry(_BUILTINS)
 """The registered normalisers by name: the built-ins, then those of :func:`register` (a live,
-read-only view)."""
+read-only dict)."""
+# The last normaliser each name held: a jitted call's trace is keyed on the name, so
+# registering another object under a name that held one clears jax's caches.
+_LAST: dict[str, Normalizer] = dict(_BUILTINS)
 
 # The built-in normalisers' names (those registered with attnjax; :func:`names` are the live ones).
 NORMALIZERS = tuple(_BUILTINS)
@@ -1060,7 +1045,7 @@ TABLE: dict[str, Callable] = {name: n.weights for name, n in _BUILTINS.items()}
 
 def names() -> tuple[str, ...]:
   """The names of the registered normalisers (the live registry), built-ins first."""
-  return tuple(_LIVE)
+  return tuple(REGISTRY)
 
 
 def register(normalizer: Normalizer) -> Normalizer:
@@ -1079,8 +1064,8 @@ def register(normalizer: Normalizer) -> Normalizer:
   """
   check_form(normalizer)
   name = normalizer.name
-  if name in _LIVE:
-    held = _LIVE[name]
+  if name in REGISTRY:
+    held = REGISTRY[name]
     raise ValueError(
       f"a normaliser named {name!r} is already registered: {held!r} "
       f"({type(held).__module__}.{type(held).__qualname__}); "
@@ -1091,7 +1076,8 @@ def register(normalizer: Normalizer) -> Normalizer:
       )
     )
   last = _LAST.get(name)
-  _LIVE[name] = _LAST[name] = normalizer
+  dict.__setitem__(REGISTRY, name, normalizer)
+  _LAST[name] = normalizer
   if last is not None and last is not normalizer:
     jax.clear_caches()
   return normalizer
@@ -1105,9 +1091,9 @@ def unregister(name: str) -> Normalizer:
   """
   if name in _BUILTINS:
     raise ValueError(f"normalizer {name!r} is built in and cannot be unregistered")
-  if name not in _LIVE:
+  if name not in REGISTRY:
     raise ValueError(f"no normaliser named {name!r} is registered (registered: {names()})")
-  return _LIVE.pop(name)
+  return dict.pop(REGISTRY, name)
 
 
 @contextlib.contextmanager
@@ -1117,7 +1103,7 @@ def registered(normalizer: Normalizer) -> Iterator[Normalizer]:
   try:
     yield normalizer
   finally:
-    if _LIVE.get(normalizer.name) is normalizer:
+    if REGISTRY.get(normalizer.name) is normalizer:
       unregister(normalizer.name)
 
 
@@ -1128,7 +1114,7 @@ def get(normalizer: str) -> Normalizer:
     TypeError: not a str.
     ValueError: no such normaliser (the message lists the registered ones and the closest).
   """
-  found = _LIVE.get(normalizer) if isinstance(normalizer, str) else None
+  found = REGISTRY.get(normalizer) if isinstance(normalizer, str) else None
   if found is not None:
     return found
   if not isinstance(normalizer, str):
@@ -1136,22 +1122,21 @@ def get(normalizer: str) -> Normalizer:
       f"normalizer must be a str naming a registered normaliser, got "
       f"{type(normalizer).__name__} {normalizer!r}"
     )
-  close = difflib.get_close_matches(normalizer, list(_LIVE), n=1)
+  close = difflib.get_close_matches(normalizer, list(REGISTRY), n=1)
   hint = f" (did you mean {close[0]!r}?)" if close else ""
   raise ValueError(
     f"normalizer={normalizer!r} is not one of: "
-    + ", ".join(repr(n) for n in _LIVE)
+    + ", ".join(repr(n) for n in REGISTRY)
     + hint
     + "; a normaliser of your own must be registered first (attnjax.normalizers.register)"
   )
 
 
-def platform_kernel(normalizer: str) -> bool:
-  """Whether jax.nn / cuDNN / splash compute the normaliser registered as ``normalizer``:
-  only a built-in object that claims :attr:`Normalizer.platform_kernel` (softmax). The
-  engines check this, so no flag on another object sends it to a softmax-only kernel."""
-  nz = _LIVE.get(normalizer)
-  return nz is not None and nz is _BUILTINS.get(normalizer) and bool(nz.platform_kernel)
+# The names of the normalisers jax.nn / cuDNN / splash compute: the built-in objects that claim
+# Normalizer.platform_kernel (softmax). Built-in names are never registered again, so the name
+# stands for the built-in object; the engines check it, and no claim on another object sends
+# it to a softmax-only kernel.
+PLATFORM_KERNELS = frozenset(name for name, n in _BUILTINS.items() if n.platform_kernel)
 
 
 def merge_part(normalizer: str) -> Optional[str]:

@@ -443,7 +443,8 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   kw = DenseKeywords(**dense_keywords)
   B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
   # Each check runs where a value could be wrong: a keyword left at None needs none.
-  nz = normalizers.get(kw.normalizer)  # the live registry (a str naming a registered one)
+  # The live registry (a plain dict lookup); get explains a name it does not hold.
+  nz = normalizers.REGISTRY.get(kw.normalizer) or normalizers.get(kw.normalizer)
   if kw.similarity not in SIMILARITIES:
     _checks.check_choice("similarity", kw.similarity, SIMILARITIES)
   if not isinstance(kw.is_causal, bool):
@@ -580,4 +581,10 @@ def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, .
 
   attention.__name__ = attention.__qualname__ = "attention"
   flags = FLAGS + tuple(name for name in engine_static if name == "interpret")
-  return _static_options.jit(attention, STATIC_NAMES + tuple(engine_static), flags=flags)
+  return _static_options.jit(
+    attention,
+    STATIC_NAMES + tuple(engine_static),
+    flags=flags,
+    keywords=KEYWORDS + tuple(engine_static),
+    name=f"{name}.attention",
+  )

@@ -14,7 +14,7 @@ from attnjax._src.kernels import autodiff, blockwise
 
 def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list[str]:
   reasons = []
-  if not normalizers.platform_kernel(opts.normalizer):  # the built-in softmax object only
+  if opts.normalizer not in normalizers.PLATFORM_KERNELS:  # the built-in softmax object only
     reasons.append(f"normalizer={opts.normalizer!r} (jax.nn computes the built-in softmax)")
   if inputs.sink_logits is not None:
     reasons.append("sink_logits")

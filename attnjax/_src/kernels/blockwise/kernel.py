@@ -1039,5 +1039,9 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
 
 
 attention = _static.jit(
-  _attention, ("block_q", "block_k") + options.STATIC_NAMES, flags=options.FLAGS
+  _attention,
+  ("block_q", "block_k") + options.STATIC_NAMES,
+  flags=options.FLAGS,
+  keywords=options.KEYWORDS,
+  name="blockwise.attention",
 )

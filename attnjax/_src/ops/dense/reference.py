@@ -45,16 +45,15 @@ def reference(inputs: options.DenseInputs, opts: options.DenseOptions, *, positi
     allowed = jnp.ones((1, 1, 1, 1), bool)
   sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
   # The name was validated (options.validate): the registry's normaliser itself.
-  nz = normalizers.get(opts.normalizer)
-  w, log_norm = nz.materialize(z, allowed, sink, param_dict(nz, inputs.normalizer_params))
+  nz = normalizers.REGISTRY[opts.normalizer]
+  if isinstance(nz, normalizers.WeightsOnly):
+    params = {p.name: x for p, x in zip(nz.params, inputs.normalizer_params)}
+    w, log_norm = nz.materialize(z, allowed, sink, params)
+  else:
+    w, log_norm = nz.weights(z, allowed, sink)
   w_grouped = jnp.reshape(w, (B, K, N // K, T, S))
   out = jnp.einsum("bkgts,bskh->btkgh", w_grouped, v.astype(jnp.float32))
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
   if not opts.return_stats:
     return out
   return out, stats_from_weights(z, w, allowed, log_norm, opts.empty_row_logsumexp)
-
-
-def param_dict(nz: normalizers.Normalizer, params: tuple) -> dict:
-  """A call's ``normalizer_params`` (:class:`attnjax.options.DenseInputs`) by name."""
-  return {p.name: x for p, x in zip(nz.params, params)}
