@@ -36,6 +36,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -148,6 +149,29 @@ def sequences(ids: np.ndarray, cfg, bos) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"--text gives {len(ids)} token(s): too few for one prediction")
   ids = np.asarray(ids, np.int32)
   return ids[: n * T].reshape(n, T), ids[1 : n * T + 1].reshape(n, T)
+
+
+# The config keys that name a checkpoint's context length, in the order they are read.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def warn_past_context(T: int, config: dict) -> bool:
+  """Warns once (and returns True) when sequences of ``T`` tokens run past the checkpoint's
+  context length (its config's :data:`CONTEXT_KEYS`): positions past it were never trained,
+  so what is measured there is the model out of its range."""
+  for key in CONTEXT_KEYS:
+    length = config.get(key)
+    if isinstance(length, int) and length > 0:
+      if T <= length:
+        return False
+      warnings.warn(
+        f"pretrained.py: sequences of T={T} tokens run past the checkpoint's context length "
+        f"({key}={length}): positions past {length} were never trained, so the statistics "
+        f"there describe the model out of its range; pass --config.seq_len={length} or less",
+        stacklevel=2,
+      )
+      return True
+  return False
 
 
 # ---------------------------------------------------------------------------
@@ -492,6 +516,7 @@ def main(argv=None) -> str:
     return cli.finish(args.out, markdown, t0)
   bos = checkpoint.config.get("bos_token_id")
   inputs, targets = sequences(ids, cfg, bos if isinstance(bos, int) else None)
+  warn_past_context(inputs.shape[1], checkpoint.config)
   results = measure(model, inputs, targets, cfg)
   out = args.out
   rundir.write_json(

@@ -91,6 +91,7 @@ def test_the_definition():
     "is_causal",
     "scale",
     "normalizer",
+    "normalizer_params",
     "sink_logits",
     "softcap",
     "window",
@@ -180,6 +181,7 @@ _PROBES = {
   "is_causal": True,
   "scale": 0.375,
   "normalizer": "softmax_one",
+  "normalizer_params": {"s": jnp.zeros((2,))},
   "sink_logits": jnp.zeros((3,)),
   "softcap": 7.5,
   "window": (3, 0),
@@ -198,6 +200,8 @@ _PROBES = {
 
 
 def _same(got, probe):
+  if isinstance(probe, dict):
+    return isinstance(got, dict) and all(_same(got.get(k), v) for k, v in probe.items())
   if isinstance(probe, tuple) and probe and hasattr(probe[0], "shape"):
     return [jnp.shape(x) for x in got] == [x.shape for x in probe]
   if hasattr(probe, "shape"):

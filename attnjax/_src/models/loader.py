@@ -156,6 +156,16 @@ def _split_targets(options: Mapping[str, Any], present: list[str]):
       f"{{'full_attention': {{...}}}}), got {type(options).__name__}"
     )
   shared = {k: v for k, v in options.items() if k not in architectures.LAYER_TYPES}
+  fields = set(nn.config.COMMON_FIELDS) | set(nn.config.LEGACY_DEFAULTS)
+  for spec in nn.specs.FAMILY_SPECS.values():
+    fields |= set(_spec_defaults(spec))
+  for key, value in shared.items():
+    if isinstance(value, Mapping) and key not in fields:  # a layer type's options, by its look
+      raise ValueError(
+        f"attention[{key!r}]: {key!r} is not a layer type of this checkpoint (its layer "
+        f"types: {sorted(set(present))}) nor an attention option; options of one layer type "
+        f"go under its name, e.g. attention={{{sorted(set(present))[0]!r}: {{...}}}}"
+      )
   targeted = {}
   for layer_type in architectures.LAYER_TYPES:
     if layer_type not in options:

@@ -39,7 +39,10 @@ from attnjax._src.nn.spec_base import (
   Call,
   _rope,
   check_int,
+  check_normalizer,
   check_type,
+  init_normalizer_params,
+  normalizer_param_kwargs,
   register_family,
   run_and_sow,
 )
@@ -56,7 +59,9 @@ class ScoreSpec(AttentionSpec):
   """Options of every family that normalises logits (dense kernel and sparse).
 
   Attributes:
-    normalizer: a name from :mod:`attnjax.normalizers`.
+    normalizer: a registered normaliser's name (:mod:`attnjax.normalizers`); one that
+      declares learned parameters gets them as ``normalizer_params`` (an ``nnx.Dict`` of
+      ``[N]`` or scalar parameters at their ``init``).
     softcap: ``c`` of the ``c tanh(z / c)`` logit cap, or None.
     sink_logits: learn a per-head null logit ``[N]`` (gpt-oss; softmax only).
     alibi: add ALiBi's ``-slope_n |i - j|`` (:func:`attnjax.mods.alibi`, fixed
@@ -82,7 +87,11 @@ class ScoreSpec(AttentionSpec):
       tokens (``sinks_window``).
   """
 
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "sink_logits",
+    "relative_bias_table",
+    "normalizer_params",
+  )
   implementations: ClassVar[tuple[str, ...]] = tuple(dense.IMPLEMENTATIONS)
 
   normalizer: str = "softmax"
@@ -108,16 +117,17 @@ class ScoreSpec(AttentionSpec):
       fn = getattr(self, name)
       if fn is not None and not callable(fn):
         raise TypeError(f"{name} must be a callable (see attnjax.mods) or None, got {fn!r}")
-    _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    nz = check_normalizer(self.normalizer)  # the live registry
     _checks.check_positive_float("softcap", self.softcap)
     check_type("sink_logits", self.sink_logits, bool, "a bool")
-    if self.sink_logits and not normalizers.get(self.normalizer).accepts_sink_logits:
+    if self.sink_logits and not nz.accepts_sink_logits:
       raise ValueError(
         f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
         f"with normalizer={self.normalizer!r}"
       )
 
   def init_params(self, layer, rngs, param_dtype) -> None:
+    init_normalizer_params(layer, self.normalizer, param_dtype)
     if self.sink_logits:
       layer.sink_logits = _layers.param(jnp.zeros((layer.num_heads,), param_dtype), ("heads",))
     if self.relative_bias:
@@ -159,6 +169,7 @@ class ScoreSpec(AttentionSpec):
     )
     if self.sink_logits:
       out["sink_logits"] = layer.sink_logits[...]
+    out.update(normalizer_param_kwargs(layer, self.normalizer))
     out.update(self.modifier_kwargs(layer))
     return out
 
@@ -471,7 +482,12 @@ class DotProductSpec(ScoreSpec):
       its first query.
   """
 
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "k_bias", "v_bias")
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "sink_logits",
+    "k_bias",
+    "v_bias",
+    "normalizer_params",
+  )
 
   kv_bias: bool = False
   window: Optional[int] = None

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from attnjax._src.deprecation import warn_once
@@ -375,6 +376,8 @@ class TransformerLM(nnx.Module):
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"tokens must be integer [B, T], got {tokens.dtype} {tokens.shape}")
     c = self.config
+    if not isinstance(tokens, jax.core.Tracer):
+      check_token_ids(tokens, c.vocab_size)
     h = self.embed(tokens)
     if c.embed_scale is not None:
       h = h * jnp.asarray(c.embed_scale, c.param_dtype).astype(h.dtype)
@@ -450,6 +453,28 @@ def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh, rules=LOGICAL_AX
   """
   with nnx.logical_axis_rules(rules):
     return nnx.get_named_sharding(nnx.state(model), mesh)
+
+
+def check_token_ids(tokens, vocab_size: int) -> None:
+  """Raises ValueError unless every id of concrete ``tokens`` is in ``[0, vocab_size)``.
+
+  The model checks the ids it is given outside ``jax.jit`` (an embedding lookup past the
+  table gives NaN logits, a negative id wraps to the table's end). Under ``jax.jit`` the ids
+  are traced: wrap the jitted function with ``jax.experimental.checkify.checkify(fn,
+  errors=checkify.index_checks)``, whose error reports an id ``>= vocab_size`` (a negative
+  id is a valid index there: check those before).
+  """
+  ids = np.asarray(tokens)
+  if ids.size == 0:
+    return
+  bad = (ids < 0) | (ids >= vocab_size)
+  if bad.any():
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(
+      f"tokens hold ids outside [0, vocab_size={vocab_size}): {int(bad.sum())} of {ids.size}, "
+      f"first {int(ids[where])} at {list(where)} (min {int(ids.min())}, max {int(ids.max())}); "
+      f"an id past the embedding table gives NaN logits"
+    )
 
 
 def log_normalizer(logits: Array) -> Array:

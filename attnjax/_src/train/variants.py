@@ -77,11 +77,22 @@ COMPARE = ("dense", "qk_layernorm", "cosine", "sigmoid", "linear", "gated", "sin
 GATED = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet")
 
 
+def names() -> tuple[str, ...]:
+  """Every valid variant: the keys of :data:`.VARIANTS`, then each registered normaliser
+  (:func:`attnjax.normalizers.names`, the live registry) that is not one of them, as a
+  dense softmax-free arm of its own (``{"family": "dense", "normalizer": name}``)."""
+  from attnjax._src import normalizers
+
+  return tuple(VARIANTS) + tuple(n for n in normalizers.names() if n not in VARIANTS)
+
+
 def attention_kwargs(name: str) -> dict[str, Any]:
   """The attention options of a variant (keywords of :class:`attnjax.nn.AttentionConfig`).
 
   Args:
-    name: a key of :data:`.VARIANTS`.
+    name: a key of :data:`.VARIANTS`, or a registered normaliser's name (dense attention
+      with that normaliser: a normaliser of one's own is an arm of ``compare`` once
+      registered, e.g. by a module the config's ``imports`` names).
 
   Returns:
     A new dict of options.
@@ -89,11 +100,22 @@ def attention_kwargs(name: str) -> dict[str, Any]:
   Raises:
     ValueError: an unknown variant (the message lists the valid ones).
   """
-  if name not in VARIANTS:
-    raise ValueError(f"variant={name!r} is not one of: {', '.join(sorted(VARIANTS))}")
-  return dict(VARIANTS[name][0])
+  if name in VARIANTS:
+    return dict(VARIANTS[name][0])
+  if name in names():
+    return {"family": "dense", "normalizer": name}
+  raise ValueError(
+    f"variant={name!r} is not one of: {', '.join(sorted(names()))} (a normaliser of your "
+    f"own is a variant once registered: attnjax.normalizers.register, imported through the "
+    f"config's imports)"
+  )
 
 
 def describe(name: str) -> str:
   """A variant's one-line description for reports (the name itself if unknown)."""
-  return VARIANTS[name][1] if name in VARIANTS else name
+  if name in VARIANTS:
+    return VARIANTS[name][1]
+  from attnjax._src import normalizers
+
+  nz = normalizers.REGISTRY.get(name)
+  return name if nz is None else f"normalizer {name!r}" + (f" ({nz.source})" if nz.source else "")

@@ -665,27 +665,143 @@ def run_gathered(inputs, opts, *, q_positions: Array, stats_axis: str):
   )
 
 
+def _arrays(c: TilePlan, x: tuple, nondiff: tuple) -> Arrays:
+  """:class:`Arrays` of ``x = (q, k, v, bias, sink, score_args)`` and ``nondiff = (mask,
+  q_seg, kv_seg, mask_args, positions)``, with the ``mask_mod`` block table where the call
+  classifies its blocks at run time."""
+  mask, q_seg, kv_seg, mask_args, pos = nondiff
+  mod_any = None
+  if c.mod_table:
+    # Over batch rows and heads only when the modifier reads b / n (as layout_for).
+    used_b, used_n = index_use(c.opts.mask_mod, mask_args)
+    mod_any = mask_mod_block_table(
+      c.opts.mask_mod,
+      mask_args,
+      c.layout,
+      c.B if used_b else 1,
+      c.K * c.G if used_n else 1,
+      positions=pos,
+    )
+  return Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos, mod_any)
+
+
+def _to_output(c: TilePlan, o: Array, dtype) -> Array:
+  """Output rows ``[B, K, G, T, Hv]`` as ``[B, T, N, Hv]`` in ``dtype``."""
+  o = jnp.transpose(o, (0, 3, 1, 2, 4))  # [B, T, K, G, Hv]
+  return jnp.reshape(o, (c.B, c.T, c.K * c.G, c.Hv)).astype(dtype)
+
+
+def _remat_visit(visit):
+  """``visit`` rematerialised (``jax.checkpoint``) in its state and traced key offset: its
+  autodiff then keeps no tile, only the state it is given."""
+
+  def run(st, k0, tk, needs_mask, seg_mask, first):
+    if isinstance(k0, int):
+      return jax.checkpoint(lambda st: visit(st, k0, tk, needs_mask, seg_mask, first))(st)
+    return jax.checkpoint(lambda st, k0: visit(st, k0, tk, needs_mask, seg_mask, first))(st, k0)
+
+  return run
+
+
+def _run_weights(c: TilePlan, inputs, positions):
+  """A weights-only normaliser (:class:`attnjax.normalizers.WeightsOnly`) over the layout.
+
+  Plain JAX, differentiated by autodiff (reverse and forward mode): per query block, pass 1
+  folds the row quantities it declares (and, with statistics, the logsumexp) over the
+  block's visits, pass 2 its weights times V, tile by tile; the same visits, skips and masks
+  as the online kernel. Each query block and each visit is rematerialised
+  (``jax.checkpoint``): the backward keeps the query rows and the visits' states, never a
+  tile, so memory stays O(T).
+  """
+  nz, G = c.nz, c.G
+  x = (inputs.q, inputs.k, inputs.v, inputs.bias, None, inputs.score_mod_args)
+  nondiff = (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids, inputs.mask_mod_args)
+  a = _arrays(c, x, nondiff + (positions,))
+  relation = segment_relations(c, a) if c.runtime_skip else None
+  rolled = _rolled_visits(c)
+  quantities = nz.row_quantities
+  counts = None
+  if "count" in quantities or c.with_stats:
+    counts = _allowed_counts(c, a, relation, rolled)
+  params = {
+    p.name: jnp.reshape(x.astype(jnp.float32), (1, c.K, G, 1, 1) if x.shape[1] > 1 else (1,) * 5)
+    for p, x in zip(nz.params, inputs.normalizer_params)
+  }
+  first_pass = c.with_stats or "max" in quantities or "logsumexp" in quantities
+
+  def block(i, q0, tq, carry, after):
+    rows, acc = (c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv)
+    cb = None if counts is None else as_rows(span(counts, q0, tq, 3), G, tq)
+
+    def tile(qb, k0, tk, needs_mask, seg_mask):
+      z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
+      z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
+      return z, tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+
+    def compute(qb):
+      row = {name: as_rows(val, G, tq) for name, val in params.items()}
+      if "count" in quantities:
+        row["count"] = jnp.maximum(cb, 1.0)
+      lse, filler = None, 0.0
+      if first_pass:
+
+        def count_visit(st, k0, tk, needs_mask, seg_mask, first):
+          del first
+          z, allowed = tile(qb, k0, tk, needs_mask, seg_mask)
+          return nz.quantities_visit(st, z, allowed, row)
+
+        init = jax.tree.map(a.vary, nz.quantities_init(rows))
+        found = nz.quantities_finish(
+          _visit_blocks(c, relation, i, init, _remat_visit(count_visit), rolled)
+        )
+        row.update({key: found[key] for key in ("max", "logsumexp") if key in quantities})
+        lse, filler = found["logsumexp"], jax.lax.stop_gradient(found["max"])
+      weight_row = dict(row, filler=filler)
+
+      def weight_visit(st, k0, tk, needs_mask, seg_mask, first):
+        z, allowed = tile(qb, k0, tk, needs_mask, seg_mask)
+        vb = span(a.v, k0, tk, 2)
+
+        def pv(w):
+          return jnp.einsum("bkrs,bksh->bkrh", w, vb, preferred_element_type=jnp.float32)
+
+        return nz.weights_visit(st, z, allowed, pv, weight_row, c.with_stats, first)
+
+      init = jax.tree.map(a.vary, nz.weights_init(rows, acc, c.with_stats))
+      st = _visit_blocks(c, relation, i, init, _remat_visit(weight_visit), rolled)
+      return nz.weights_finish(st, cb, lse, c.with_stats)
+
+    out, srow = jax.checkpoint(compute)(after(a.q_rows(c, q0, tq)))
+    result = {"out": from_rows(out, G)}
+    if c.with_stats:
+      result["stats"] = {
+        key: from_rows(jnp.broadcast_to(val, rows), G) for key, val in srow.items()
+      }
+    return carry, result
+
+  result = _query_blocks(c, block, rolled, tie=lambda r: r["out"])[1]
+  out = _to_output(c, result["out"], inputs.q.dtype)
+  if not c.opts.return_stats:
+    return out
+  sink_mass, entropy, max_logit, lse, row_sum = _collect_stats(c, result["stats"], a.q_pos)
+  return out, AttentionStats(
+    sink_mass=sink_mass, entropy=entropy, max_logit=max_logit, logsumexp=lse, row_sum=row_sum
+  )
+
+
 def _run(c: TilePlan, inputs, positions):
-  """The custom-VJP (and custom-JVP, see :mod:`attnjax.kernels.autodiff`) kernel of a call."""
+  """The custom-VJP (and custom-JVP, see :mod:`attnjax.kernels.autodiff`) kernel of a call; a
+  weights-only normaliser's is :func:`_run_weights`."""
+  if c.nz.weights_only:
+    return _run_weights(c, inputs, positions)
   B, T, N, H, K, G, Hv = c.B, c.T, c.K * c.G, c.H, c.K, c.G, c.Hv
   q = inputs.q
 
   def to_output(o):
-    o = jnp.transpose(o, (0, 3, 1, 2, 4))  # [B, T, K, G, Hv]
-    return jnp.reshape(o, (B, T, N, Hv)).astype(q.dtype)
+    return _to_output(c, o, q.dtype)
 
   def arrays(x, nondiff):
-    mask, q_seg, kv_seg, mask_args, pos = nondiff
-    mod_any = None
-    if c.mod_table:
-      # Over batch rows and heads only when the modifier reads b / n (as layout_for).
-      used_b, used_n = index_use(c.opts.mask_mod, mask_args)
-      mod_any = mask_mod_block_table(
-        c.opts.mask_mod, mask_args, c.layout, B if used_b else 1, N if used_n else 1, positions=pos
-      )
-    return Arrays(
-      c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos, mod_any
-    )
+    return _arrays(c, x, nondiff)
 
   def forward(x, nondiff):
     """The forward pass: ``((output, statistics), (output rows, residual rows))`` (plain JAX)."""
@@ -923,5 +1039,9 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
 
 
 attention = _static.jit(
-  _attention, ("block_q", "block_k") + options.STATIC_NAMES, flags=options.FLAGS
+  _attention,
+  ("block_q", "block_k") + options.STATIC_NAMES,
+  flags=options.FLAGS,
+  keywords=options.KEYWORDS,
+  name="blockwise.attention",
 )

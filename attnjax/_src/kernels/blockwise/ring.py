@@ -436,6 +436,12 @@ def attention(
       "block_layout describes one device's whole call; a ring call builds its "
       "own layouts per shard pair (pass mask_mod alone)"
     )
+  if normalizers.get(opts.normalizer).weights_only:
+    raise ValueError(
+      f"context_strategy='ring' carries the normaliser's online state from device to "
+      f"device; normalizer={opts.normalizer!r} is weights-only (no online state): use "
+      f"context_strategy='all_gather' or 'all_to_all'"
+    )
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape

@@ -6,7 +6,7 @@ Implementation behind the public module :mod:`attnjax.sparse`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -332,8 +332,10 @@ def _strided_two_pass(
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   K, Hv = k.shape[2], v.shape[3]
-  nz = normalizers.REGISTRY[opts.normalizer]
-  plain = dataclasses.replace(opts, normalizer=nz.merge_part, return_stats=True)
+  nz = normalizers.get(opts.normalizer)
+  plain = dataclasses.replace(
+    opts, normalizer=normalizers.merge_part(opts.normalizer), return_stats=True
+  )
   no_sink = dataclasses.replace(inputs, sink_logits=None)
   local = patterns.sliding_window(stride)
   if T > 2 * CHUNK_BLOCKS * block_size:
@@ -502,7 +504,7 @@ def _blockwise(
   if (
     isinstance(pattern, patterns.Strided)
     and T == S
-    and normalizers.REGISTRY[opts.normalizer].mergeable
+    and normalizers.merge_part(opts.normalizer) is not None  # merges only where it may
     and inputs.bias is None
     and inputs.q_segment_ids is None
     and not opts.return_stats
@@ -549,6 +551,7 @@ def _sparse_attention(
   bias: Optional[Array] = None,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   segment_ids: Any = None,
@@ -576,9 +579,11 @@ def _sparse_attention(
     bias: float, added to the logits; broadcastable to ``[B, N, T, S]`` (the
       block-sparse path slices it per visited block).
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (see the table
-      in :mod:`attnjax.normalizers`); normalisers that count allowed keys
+    normalizer: a registered normaliser's name (see the table in
+      :mod:`attnjax.normalizers`); normalisers that count allowed keys
       (sigmoid's bias ``-log n``) count the keys the pattern allows in each row.
+    normalizer_params: a weights-only normaliser's learned parameters by name (as
+      :func:`attnjax.dot_product_attention`).
     sink_logits: ``[N]`` learned null-column logits (gpt-oss); softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits (Gemma 2).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
