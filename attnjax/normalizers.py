@@ -1,7 +1,7 @@
 """The normalisers: how a row of logits becomes attention weights, defined once each.
 
 Each normaliser (``softmax``, ``softmax_one``, ``sigmoid``, ``softpick``, ``none``,
-``relu``) is one :class:`Normalizer` in :data:`REGISTRY`, written in pure ``jnp`` on
+``relu``, ``clipped_softmax``) is one :class:`Normalizer` in :data:`REGISTRY`, written in pure ``jnp`` on
 blocks: its materialised weights, its online accumulation over key tiles, the merge of
 partial results, the backward rule per tile, statistics rows, and the capabilities
 kernels and dispatch read instead of names. The same definition drives the dense
@@ -18,6 +18,7 @@ from attnjax._src.normalizers import (
   SOFTPICK_EPS,
   SUMS_TO_ONE,
   TABLE,
+  ClippedSoftmax,
   Elementwise,
   Identity,
   Normalizer,
@@ -38,6 +39,7 @@ __all__ = [
   "SOFTPICK_EPS",
   "SUMS_TO_ONE",
   "TABLE",
+  "ClippedSoftmax",
   "Elementwise",
   "Identity",
   "Normalizer",

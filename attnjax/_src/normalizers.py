@@ -80,6 +80,13 @@ def _lse(z: Array, allowed: Array) -> Array:
   return m + jnp.log(jnp.where(denom > 0, denom, 1.0))
 
 
+def row_logsumexp(z: Array, allowed: Array) -> Array:
+  """``logsumexp`` of each row's allowed logits ``[..., T, 1]`` (0 on a row with none): the
+  ``row["lse"]`` a ``needs_lse`` normaliser reads, for callers that hold whole rows."""
+  allowed = jnp.broadcast_to(allowed, z.shape)
+  return jnp.where(jnp.any(allowed, axis=-1, keepdims=True), _lse(z, allowed), 0.0)
+
+
 def num_allowed(allowed: Array, shape: tuple[int, ...]) -> Array:
   """Number of allowed keys per row, ``[..., T, 1]`` float32, at least 1 (so that ``log n``
   and ``1 / n`` are finite on a row with no key).
@@ -161,6 +168,12 @@ class Normalizer:
     source: where it comes from (for tables).
     needs_counts: the number of allowed keys per row must be known before the
       first tile (kernels run a mask-only pre-pass).
+    needs_lse: the softmax log-normaliser of each row (``logsumexp`` of its allowed
+      logits) must be known before the first tile: engines run a logits-only pre-pass
+      over the key blocks and give it as ``row["lse"]`` (clipped softmax).
+    row_dot_of_output: :meth:`tile_backward`'s ``row_dot`` is ``<dO_i, O_i>``; where
+      False it is the sum over the row's tiles of :meth:`row_dot_tile` (engines run a
+      backward pre-pass over the key blocks).
     shift_floor: the exp shift never goes below this logit (the fixed null
       column of softmax_one, softpick's ``e^0``), or None.
     null_column: a null key takes mass (a fixed one, or ``sink_logits``).
@@ -185,6 +198,8 @@ class Normalizer:
   name: str = ""
   source: str = ""
   needs_counts: bool = False
+  needs_lse: bool = False
+  row_dot_of_output: bool = True
   shift_floor: Optional[float] = None
   null_column: bool = False
   accepts_sink_logits: bool = False
@@ -266,11 +281,20 @@ class Normalizer:
     del counts
     return {}
 
-  def row_inputs(self, sink_rows: Optional[Array], counts: Optional[Array]) -> dict:
-    """The ``row`` dict of a query block (see the module docstring)."""
+  def row_inputs(
+    self, sink_rows: Optional[Array], counts: Optional[Array], lse: Optional[Array] = None
+  ) -> dict:
+    """The ``row`` dict of a query block (see the module docstring); ``lse`` the rows'
+    log-normaliser of the ``needs_lse`` pre-pass."""
     row = {"floor": self.floor(sink_rows), "counts": counts}
+    if self.needs_lse:
+      row["lse"] = lse
     row.update(self.row_constants(counts))
     return row
+
+  def row_dot_tile(self, z: Array, allowed: Optional[Array], dp: Array, res: dict) -> Array:
+    """One tile's part ``[..., R, 1]`` of ``row_dot`` where not ``row_dot_of_output``."""
+    raise NotImplementedError(f"normalizer {self.name!r} takes row_dot = <dO_i, O_i>")
 
   def row_dot_from_tiles(self, dtype) -> bool:
     """Whether a kernel's backward takes ``D_i`` as ``sum_j w_ij dp_ij`` over its recomputed
@@ -472,6 +496,158 @@ class SoftmaxFamily(Normalizer):
     for w, (out, _) in zip(ws[1:], parts[1:]):
       total = total + w * out.astype(jnp.float32)
     return total / jnp.where(denom > 0, denom, 1.0)
+
+
+# ---------------------------------------------------------------------------
+# Clipped softmax (Bondarenko et al. 2023).
+
+
+class ClippedSoftmax(Normalizer):
+  """``clip((zeta - gamma) softmax(z) + gamma, 0, 1)``: softmax stretched and clipped, so a
+  head can give exactly 0 (and exactly 1) with finite logits (Bondarenko et al. 2023).
+
+  ``zeta >= 1`` and ``gamma <= 0`` (``zeta = 1, gamma = 0`` is softmax exactly); or the
+  paper's ``gamma = -alpha / T`` with ``T`` the row's allowed keys (``alpha >= 0``). The
+  weights need the normalised softmax before the clip, so every engine runs a pre-pass over
+  the key blocks for the row's log-normaliser (``needs_lse``), then the tiles:
+  ``w = clip((zeta - gamma) e^(z - lse) + gamma, 0, 1)``. Backward, with ``p = e^(z - lse)``
+  and ``u`` the entries the clip leaves alone (``0 < (zeta - gamma) p + gamma < 1``):
+  ``dz_ij = p_ij ((zeta - gamma) u_ij dp_ij - D_i + g_i)``, ``D_i = sum_j (zeta - gamma)
+  u_ij p_ij dp_ij`` (a backward pre-pass over the tiles, ``row_dot_tile``) and ``g_i`` the
+  logsumexp statistic's cotangent. Where the clip is active the weight's gradient is zero:
+  a logit whose weight is clipped to 0 gets no gradient through it (only through the other
+  entries of its row's softmax), so a head that has learned to give a key exactly 0 keeps
+  doing so without pushing its logits further; the rows sum to at most ``zeta`` and at
+  least ``0``, not to one.
+
+  Args:
+    name: the ``normalizer=`` string.
+    zeta: the stretch's upper end (``>= 1``).
+    gamma: its lower end (``<= 0``), or None with ``alpha``.
+    alpha: ``gamma = -alpha / n`` per row, ``n`` its allowed keys (the paper's
+      ``-alpha / T``), or None with ``gamma``.
+  """
+
+  needs_lse = True
+  row_dot_of_output = False
+  reads_row_dot = True
+  source = "Bondarenko et al. 2023"
+
+  def __init__(
+    self,
+    name: str = "clipped_softmax",
+    *,
+    zeta: float = 1.0,
+    gamma: Optional[float] = None,
+    alpha: Optional[float] = None,
+  ):
+    for key, value in (("zeta", zeta), ("gamma", gamma), ("alpha", alpha)):
+      if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TypeError(f"{key} must be a number, got {type(value).__name__} {value!r}")
+    if (gamma is None) == (alpha is None):
+      raise ValueError(
+        f"clipped softmax takes gamma or alpha (gamma = -alpha / T), exactly one; got "
+        f"gamma={gamma!r}, alpha={alpha!r}"
+      )
+    if not zeta >= 1:
+      raise ValueError(
+        f"zeta={zeta!r} must be >= 1 (the stretch's upper end: zeta < 1 could never give a "
+        f"key its full weight)"
+      )
+    if gamma is not None and not gamma <= 0:
+      raise ValueError(
+        f"gamma={gamma!r} must be <= 0 (the stretch's lower end: gamma > 0 would give every "
+        f"key a weight of at least gamma; gamma = 0 with zeta = 1 is softmax)"
+      )
+    if alpha is not None and not alpha >= 0:
+      raise ValueError(f"alpha={alpha!r} must be >= 0 (gamma = -alpha / T <= 0)")
+    self.name = name
+    self.zeta = float(zeta)
+    self.gamma = None if gamma is None else float(gamma)
+    self.alpha = None if alpha is None else float(alpha)
+    self.needs_counts = alpha is not None
+
+  def __repr__(self) -> str:
+    low = f"gamma={self.gamma}" if self.alpha is None else f"gamma=-{self.alpha}/T"
+    return f"<normalizer {self.name!r}: clipped softmax, zeta={self.zeta}, {low}>"
+
+  def row_constants(self, counts):
+    """``gamma`` and the stretch ``zeta - gamma`` of each row (``[..., R, 1]`` or scalars)."""
+    if self.alpha is None:
+      gamma = jnp.asarray(self.gamma, jnp.float32)
+    elif counts is None:
+      return {}
+    else:
+      gamma = -self.alpha / jnp.maximum(counts, 1.0)
+    return {"gamma": gamma, "stretch": self.zeta - gamma}
+
+  def _clip(self, p: Array, allowed: Optional[Array], row: dict) -> tuple[Array, Array]:
+    """``(w, u)``: the weights of softmax values ``p`` and where the clip leaves them alone."""
+    raw = row["stretch"] * p + row["gamma"]
+    w = jnp.clip(raw, 0.0, 1.0)
+    u = jnp.logical_and(raw > 0.0, raw < 1.0)
+    if allowed is not None:
+      w = jnp.where(allowed, w, 0.0)
+      u = jnp.logical_and(u, allowed)
+    return w, u
+
+  def _p(self, z: Array, allowed: Optional[Array], lse: Array) -> Array:
+    return jnp.exp(_masked(z, allowed) - lse)
+
+  def weights(self, z, allowed, sink_logits=None):
+    if sink_logits is not None:
+      raise ValueError(f"normalizer {self.name!r} takes no sink_logits")
+    row = self.row_constants(num_allowed(allowed, z.shape) if self.needs_counts else None)
+    lse = _lse(z, allowed)
+    w, _ = self._clip(self._p(z, allowed, lse), jnp.broadcast_to(allowed, z.shape), row)
+    return w, lse
+
+  def init(self, rows, acc, stats):
+    st = {"acc": jnp.zeros(acc, jnp.float32)}
+    if stats:
+      st["m"] = jnp.full(rows, -jnp.inf, jnp.float32)
+      for key in ("h1", "h2", "w0"):
+        st[key] = jnp.zeros(rows, jnp.float32)
+    return st
+
+  def visit(self, st, z, allowed, pv, row, stats, first):
+    st = dict(st)
+    w, _ = self._clip(self._p(z, allowed, row["lse"]), allowed, row)
+    st["acc"] = st["acc"] + pv(w)
+    if stats:
+      zm = _masked(z, allowed)
+      st["m"] = jnp.maximum(st["m"], jnp.max(zm, axis=-1, keepdims=True))
+      st["h1"] = st["h1"] + jnp.sum(w, axis=-1, keepdims=True)
+      st["h2"] = st["h2"] + jnp.sum(_plogp(w), axis=-1, keepdims=True)
+      if first is not False:
+        col = jax.lax.broadcasted_iota(jnp.int32, w.shape, w.ndim - 1)
+        w0 = jnp.sum(jnp.where(col == 0, w, 0.0), axis=-1, keepdims=True)
+        st["w0"] = w0 if first is True else jnp.where(first, w0, st["w0"])
+    return st
+
+  def finish(self, st, row, stats):
+    res = {"lse": row["lse"], "gamma": row["gamma"], "stretch": row["stretch"]}
+    res = {k: jnp.broadcast_to(v, row["lse"].shape) for k, v in res.items()}
+    if not stats:
+      return st["acc"], res, None
+    mass = st["h1"]
+    safe = jnp.where(mass > 0, mass, 1.0)
+    entropy = jnp.log(safe) - st["h2"] / safe
+    rows = _stat_rows(row["counts"], mass, entropy, st["w0"] / safe, st["m"], row["lse"], mass)
+    return st["acc"], res, rows
+
+  def row_dot_tile(self, z, allowed, dp, res):
+    p = self._p(z, allowed, res["lse"])
+    _, u = self._clip(p, allowed, res)
+    return jnp.sum(jnp.where(u, res["stretch"] * p * dp, 0.0), axis=-1, keepdims=True)
+
+  def tile_backward(self, z, allowed, dp, res, row_dot, d_lse):
+    p = self._p(z, allowed, res["lse"])
+    w, u = self._clip(p, allowed, res)
+    inner = jnp.where(u, res["stretch"] * dp, 0.0) - row_dot
+    if d_lse is not None:
+      inner = inner + d_lse
+    return w, p * inner
 
 
 # ---------------------------------------------------------------------------
@@ -1011,6 +1187,8 @@ _BUILTINS: dict[str, Normalizer] = {
     Softpick(),
     Identity(),
     ReLU(),
+    # The paper's BERT setting (Bondarenko et al. 2023, sec. 5): zeta = 1, gamma = -0.025.
+    ClippedSoftmax("clipped_softmax", zeta=1.0, gamma=-0.025),
   )
 }
 

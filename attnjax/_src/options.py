@@ -240,12 +240,24 @@ def unknown_options(
   return reasons
 
 
+# The fused kernels that run the row pre-passes of a ``needs_lse`` normaliser (its forward's
+# log-normaliser, its backward's row term from the tiles).
+ROW_PASS_KERNELS: frozenset = frozenset()
+
+
 def array_refusals(name: str, inputs: DenseInputs, opts: DenseOptions, takes: str) -> list[str]:
   """What a fused dense kernel named ``name`` refuses in every call: a weights-only normaliser
   (the kernel runs the online tile interface), a ``bias`` array, a ``mask`` array (the kernel
   ``takes`` its structure otherwise) and a non-dot similarity."""
   reasons = []
-  if normalizers.get(opts.normalizer).weights_only:
+  nz = normalizers.get(opts.normalizer)
+  if (nz.needs_lse or not nz.row_dot_of_output) and name not in ROW_PASS_KERNELS:
+    reasons.append(
+      f"normalizer={opts.normalizer!r}, which needs each row's log-normaliser before its "
+      f"first tile and its backward row term summed over the tiles ({name} runs neither "
+      f"pre-pass; 'blockwise' and 'reference' do)"
+    )
+  if nz.weights_only:
     reasons.append(
       f"normalizer={opts.normalizer!r}, a weights-only normaliser ({name} runs the online "
       f"tile interface init / visit / finish / tile_backward; 'blockwise' and 'reference' "

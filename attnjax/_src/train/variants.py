@@ -17,6 +17,10 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
   "softmax_one": ({"family": "dense", "normalizer": "softmax_one"}, "softmax + 1 (Miller)"),
   "softpick": ({"family": "dense", "normalizer": "softpick"}, "softpick (Zuhri)"),
   "relu": ({"family": "dense", "normalizer": "relu"}, "relu(z) / n, ReLU attention (Wortsman)"),
+  "clipped_softmax": (
+    {"family": "dense", "normalizer": "clipped_softmax"},
+    "clipped softmax, zeta 1, gamma -0.025 (Bondarenko)",
+  ),
   "sink_logits": (
     {"family": "dense", "sink_logits": True},
     "learned null logit per head (gpt-oss)",

@@ -342,6 +342,38 @@ def _allowed_counts(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled])
   return _query_blocks(c, block, rolled)[1]
 
 
+# Logits-only pre-pass: each row's log-normaliser (a ``needs_lse`` normaliser: clipped softmax).
+
+
+def _row_lse(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled]) -> Array:
+  """``[B, K, G, T, 1]`` float32 ``logsumexp`` of each row's allowed logits (0: no key)."""
+
+  def block(i, q0, tq, carry, after):
+    shape = (c.B, c.K, c.G * tq, 1)
+    qb = after(a.q_rows(c, q0, tq))
+
+    def visit(st, k0, tk, needs_mask, seg_mask, first):
+      del first
+      z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
+      z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
+      allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+      zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
+      m, l = st
+      m_new = jnp.maximum(m, jnp.max(zm, axis=-1, keepdims=True))
+      shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+      l = jnp.exp(m - shift) * l + jnp.sum(jnp.exp(zm - shift), axis=-1, keepdims=True)
+      return m_new, l
+
+    init = (a.vary(jnp.full(shape, -jnp.inf, jnp.float32)), a.vary(jnp.zeros(shape, jnp.float32)))
+    m, l = _visit_blocks(c, relation, i, init, visit, rolled)
+    lse = jnp.where(
+      l > 0, jnp.where(jnp.isfinite(m), m, 0.0) + jnp.log(jnp.where(l > 0, l, 1.0)), 0.0
+    )
+    return carry, from_rows(lse, c.G)
+
+  return _query_blocks(c, block, rolled)[1]
+
+
 # ---------------------------------------------------------------------------
 # Forward.
 
@@ -367,10 +399,12 @@ def _forward(c: TilePlan, a: Arrays):
   relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
   counts = _allowed_counts(c, a, relation, rolled) if c.needs_counts else None
+  lse = _row_lse(c, a, relation, rolled) if nz.needs_lse else None
 
   def block(i, q0, tq, carry, after):
     cb = None if counts is None else as_rows(span(counts, q0, tq, 3), G, tq)
-    row = nz.row_inputs(sink_rows(c, a, tq), cb)
+    lb = None if lse is None else as_rows(span(lse, q0, tq, 3), G, tq)
+    row = nz.row_inputs(sink_rows(c, a, tq), cb, lb)
     qb = after(a.q_rows(c, q0, tq))
 
     def visit(st, k0, tk, needs_mask, seg_mask, first):
@@ -455,8 +489,12 @@ def _backward(c: TilePlan, a: Arrays, res: dict, out: Array, d_out: Array, d_lse
   G = c.G
   relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
-  # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term).
-  row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+  # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term); a
+  # normaliser whose row term is not that (clipped softmax) sums it over the tiles first.
+  if c.nz.row_dot_of_output:
+    row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+  else:
+    row_dot = _tile_row_dot(c, a, res, d_out, relation, rolled)
   g = None
   if d_lse is not None:
     g = jnp.where(res["has_key"], d_lse, 0.0)
@@ -510,6 +548,34 @@ def _backward(c: TilePlan, a: Arrays, res: dict, out: Array, d_out: Array, d_lse
   if c.opts.similarity == "dot":
     dq = dq * c.opts.scale
   return dq, dk, dv, dbias, dsink, dargs
+
+
+def _tile_row_dot(c: TilePlan, a: Arrays, res: dict, d_out: Array, relation, rolled) -> Array:
+  """``[B, K, G, T, 1]``: each row's ``row_dot`` as the sum of the normaliser's
+  ``row_dot_tile`` over its tiles (a backward pre-pass; ``dp = dO V^T`` recomputed)."""
+  G = c.G
+
+  def block(i, q0, tq, carry, after):
+    def rows(x):
+      return as_rows(span(x, q0, tq, 3), G, tq)
+
+    qb, do_b = after((a.q_rows(c, q0, tq), rows(d_out)))
+    res_b = {key: rows(val) for key, val in res.items() if key != "has_key"}
+
+    def visit(total, k0, tk, needs_mask, seg_mask, first):
+      del first
+      z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
+      z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
+      allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+      vb = span(a.v, k0, tk, 2)
+      dp = jnp.einsum("bkrh,bksh->bkrs", do_b, vb, preferred_element_type=jnp.float32)
+      return total + c.nz.row_dot_tile(z, allowed, dp, res_b)
+
+    init = a.vary(jnp.zeros((c.B, c.K, G * tq, 1), jnp.float32))
+    total = _visit_blocks(c, relation, i, init, visit, rolled)
+    return carry, from_rows(total, G)
+
+  return _query_blocks(c, block, rolled)[1]
 
 
 def _bwd_visit(
