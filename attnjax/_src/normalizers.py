@@ -80,11 +80,16 @@ def _lse(z: Array, allowed: Array) -> Array:
   return m + jnp.log(jnp.where(denom > 0, denom, 1.0))
 
 
-def row_logsumexp(z: Array, allowed: Array) -> Array:
-  """``logsumexp`` of each row's allowed logits ``[..., T, 1]`` (0 on a row with none): the
-  ``row["lse"]`` a ``needs_lse`` normaliser reads, for callers that hold whole rows."""
+def row_softmax_terms(z: Array, allowed: Array) -> tuple[Array, Array]:
+  """``(max, log_sum)`` of each row's allowed logits, ``[..., T, 1]`` each: the row maximum
+  and ``log sum_j exp(z_j - max)`` (both 0 on a row with none), the ``row["max"]`` and
+  ``row["log_sum"]`` a ``needs_lse`` normaliser reads (kept apart: at large logits
+  ``max + log_sum`` in float32 would lose the digits ``z - lse`` needs)."""
   allowed = jnp.broadcast_to(allowed, z.shape)
-  return jnp.where(jnp.any(allowed, axis=-1, keepdims=True), _lse(z, allowed), 0.0)
+  zm = jnp.where(allowed, z, -jnp.inf)
+  m = _shift(zm)
+  total = jnp.sum(jnp.exp(zm - m), axis=-1, keepdims=True)
+  return m, jnp.log(jnp.where(total > 0, total, 1.0))
 
 
 def num_allowed(allowed: Array, shape: tuple[int, ...]) -> Array:
@@ -170,7 +175,8 @@ class Normalizer:
       first tile (kernels run a mask-only pre-pass).
     needs_lse: the softmax log-normaliser of each row (``logsumexp`` of its allowed
       logits) must be known before the first tile: engines run a logits-only pre-pass
-      over the key blocks and give it as ``row["lse"]`` (clipped softmax).
+      over the key blocks and give it as ``row["max"]`` and ``row["log_sum"]``
+      (:func:`row_softmax_terms`; clipped softmax).
     row_dot_of_output: :meth:`tile_backward`'s ``row_dot`` is ``<dO_i, O_i>``; where
       False it is the sum over the row's tiles of :meth:`row_dot_tile` (engines run a
       backward pre-pass over the key blocks).
@@ -282,13 +288,13 @@ class Normalizer:
     return {}
 
   def row_inputs(
-    self, sink_rows: Optional[Array], counts: Optional[Array], lse: Optional[Array] = None
+    self, sink_rows: Optional[Array], counts: Optional[Array], softmax_terms=None
   ) -> dict:
-    """The ``row`` dict of a query block (see the module docstring); ``lse`` the rows'
-    log-normaliser of the ``needs_lse`` pre-pass."""
+    """The ``row`` dict of a query block (see the module docstring); ``softmax_terms`` the
+    rows' ``(max, log_sum)`` of the ``needs_lse`` pre-pass (:func:`row_softmax_terms`)."""
     row = {"floor": self.floor(sink_rows), "counts": counts}
     if self.needs_lse:
-      row["lse"] = lse
+      row["max"], row["log_sum"] = softmax_terms
     row.update(self.row_constants(counts))
     return row
 
@@ -509,8 +515,9 @@ class ClippedSoftmax(Normalizer):
   ``zeta >= 1`` and ``gamma <= 0`` (``zeta = 1, gamma = 0`` is softmax exactly); or the
   paper's ``gamma = -alpha / T`` with ``T`` the row's allowed keys (``alpha >= 0``). The
   weights need the normalised softmax before the clip, so every engine runs a pre-pass over
-  the key blocks for the row's log-normaliser (``needs_lse``), then the tiles:
-  ``w = clip((zeta - gamma) e^(z - lse) + gamma, 0, 1)``. Backward, with ``p = e^(z - lse)``
+  the key blocks for the row's log-normaliser (``needs_lse``: its maximum and
+  ``log sum e^(z - max)``), then the tiles: ``w = clip((zeta - gamma) e^(z - lse) + gamma,
+  0, 1)``. Backward, with ``p = e^(z - lse)``
   and ``u`` the entries the clip leaves alone (``0 < (zeta - gamma) p + gamma < 1``):
   ``dz_ij = p_ij ((zeta - gamma) u_ij dp_ij - D_i + g_i)``, ``D_i = sum_j (zeta - gamma)
   u_ij p_ij dp_ij`` (a backward pre-pass over the tiles, ``row_dot_tile``) and ``g_i`` the
@@ -591,16 +598,17 @@ class ClippedSoftmax(Normalizer):
       u = jnp.logical_and(u, allowed)
     return w, u
 
-  def _p(self, z: Array, allowed: Optional[Array], lse: Array) -> Array:
-    return jnp.exp(_masked(z, allowed) - lse)
+  def _p(self, z: Array, allowed: Optional[Array], row: dict) -> Array:
+    """The softmax ``e^(z - max - log_sum)`` of the rows' pre-pass terms (0 where masked)."""
+    return jnp.exp((_masked(z, allowed) - row["max"]) - row["log_sum"])
 
   def weights(self, z, allowed, sink_logits=None):
     if sink_logits is not None:
       raise ValueError(f"normalizer {self.name!r} takes no sink_logits")
     row = self.row_constants(num_allowed(allowed, z.shape) if self.needs_counts else None)
-    lse = _lse(z, allowed)
-    w, _ = self._clip(self._p(z, allowed, lse), jnp.broadcast_to(allowed, z.shape), row)
-    return w, lse
+    row["max"], row["log_sum"] = row_softmax_terms(z, allowed)
+    w, _ = self._clip(self._p(z, allowed, row), jnp.broadcast_to(allowed, z.shape), row)
+    return w, row["max"] + row["log_sum"]
 
   def init(self, rows, acc, stats):
     st = {"acc": jnp.zeros(acc, jnp.float32)}
@@ -612,7 +620,7 @@ class ClippedSoftmax(Normalizer):
 
   def visit(self, st, z, allowed, pv, row, stats, first):
     st = dict(st)
-    w, _ = self._clip(self._p(z, allowed, row["lse"]), allowed, row)
+    w, _ = self._clip(self._p(z, allowed, row), allowed, row)
     st["acc"] = st["acc"] + pv(w)
     if stats:
       zm = _masked(z, allowed)
@@ -626,23 +634,24 @@ class ClippedSoftmax(Normalizer):
     return st
 
   def finish(self, st, row, stats):
-    res = {"lse": row["lse"], "gamma": row["gamma"], "stretch": row["stretch"]}
-    res = {k: jnp.broadcast_to(v, row["lse"].shape) for k, v in res.items()}
+    keys = ("max", "log_sum", "gamma", "stretch")
+    res = {k: jnp.broadcast_to(row[k], row["max"].shape) for k in keys}
     if not stats:
       return st["acc"], res, None
     mass = st["h1"]
     safe = jnp.where(mass > 0, mass, 1.0)
     entropy = jnp.log(safe) - st["h2"] / safe
-    rows = _stat_rows(row["counts"], mass, entropy, st["w0"] / safe, st["m"], row["lse"], mass)
+    lse = row["max"] + row["log_sum"]
+    rows = _stat_rows(row["counts"], mass, entropy, st["w0"] / safe, st["m"], lse, mass)
     return st["acc"], res, rows
 
   def row_dot_tile(self, z, allowed, dp, res):
-    p = self._p(z, allowed, res["lse"])
+    p = self._p(z, allowed, res)
     _, u = self._clip(p, allowed, res)
     return jnp.sum(jnp.where(u, res["stretch"] * p * dp, 0.0), axis=-1, keepdims=True)
 
   def tile_backward(self, z, allowed, dp, res, row_dot, d_lse):
-    p = self._p(z, allowed, res["lse"])
+    p = self._p(z, allowed, res)
     w, u = self._clip(p, allowed, res)
     inner = jnp.where(u, res["stretch"] * dp, 0.0) - row_dot
     if d_lse is not None:

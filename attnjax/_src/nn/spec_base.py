@@ -112,8 +112,7 @@ def init_normalizer_params(layer, normalizer: str, param_dtype) -> None:
     layer.normalizer_params = nnx.Dict(
       {
         p.name: _layers.param(
-          jnp.full(p.shape(layer.num_heads), p.init, param_dtype),
-          ("heads",) if p.per_head else (),
+          jnp.full(p.shape(layer.num_heads), p.init, param_dtype), ("heads",) if p.per_head else ()
         )
         for p in declared
       }

@@ -403,19 +403,24 @@ def _token_mass(weights, tokens, token_ids: tuple[int, ...], attention_mask=None
   if w.ndim == 4:
     w = w[None]
   if w.ndim != 5:
-    raise ValueError(f"weights must be [B, N, T, S] or [L, B, N, T, S], got shape {shape_of(weights)}")
+    raise ValueError(
+      f"weights must be [B, N, T, S] or [L, B, N, T, S], got shape {shape_of(weights)}"
+    )
   L, B, N, T, S = w.shape
   tokens = jnp.asarray(tokens)
   if tokens.shape != (B, S):
-    raise ValueError(f"tokens must be [B, S] = {(B, S)} like the weights' keys, got {shape_of(tokens)}")
+    raise ValueError(
+      f"tokens must be [B, S] = {(B, S)} like the weights' keys, got {shape_of(tokens)}"
+    )
   hit = jnp.isin(tokens, jnp.asarray(token_ids, tokens.dtype)).astype(jnp.float32)  # [B, S]
   mass = jnp.einsum("lbnts,bs->lbnt", w.astype(jnp.float32), hit)
   rows = jnp.ones((B, T), jnp.float32)
   if attention_mask is not None:
     rows = jnp.asarray(attention_mask).astype(jnp.float32)[:, :T]
-  return jnp.sum(mass * rows[None, :, None, :], axis=-1) / jnp.maximum(
-    jnp.sum(rows, axis=-1), 1.0
-  )[None, :, None]
+  return (
+    jnp.sum(mass * rows[None, :, None, :], axis=-1)
+    / jnp.maximum(jnp.sum(rows, axis=-1), 1.0)[None, :, None]
+  )
 
 
 _token_mass_jit = jax.jit(_token_mass, static_argnames=("token_ids",))

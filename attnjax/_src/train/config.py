@@ -429,8 +429,12 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
       not isinstance(rate, bool) and isinstance(rate, (int, float)) and 0 < rate < 1,
       f"data.mask_rate must be in (0, 1), got {rate!r}",
     )
-    _require(not d.get("pack", False), "data.pack=True: data.objective='mlm' reads unpacked windows")
-    _require(d.name != "bigram_backcopy", "data.objective='mlm' needs a corpus, not bigram_backcopy")
+    _require(
+      not d.get("pack", False), "data.pack=True: data.objective='mlm' reads unpacked windows"
+    )
+    _require(
+      d.name != "bigram_backcopy", "data.objective='mlm' needs a corpus, not bigram_backcopy"
+    )
   _require(
     m.get("norm_placement", "") in ("", "pre", "post_residual"),
     f"model.norm_placement={m.get('norm_placement')!r} is not one of: '', pre, post_residual",

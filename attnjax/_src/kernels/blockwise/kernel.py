@@ -345,8 +345,9 @@ def _allowed_counts(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled])
 # Logits-only pre-pass: each row's log-normaliser (a ``needs_lse`` normaliser: clipped softmax).
 
 
-def _row_lse(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled]) -> Array:
-  """``[B, K, G, T, 1]`` float32 ``logsumexp`` of each row's allowed logits (0: no key)."""
+def _row_softmax_terms(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled]):
+  """``(max, log_sum)`` ``[B, K, G, T, 1]`` float32 of each row's allowed logits (both 0 on
+  a row with no key): :func:`attnjax.normalizers.row_softmax_terms` over the key blocks."""
 
   def block(i, q0, tq, carry, after):
     shape = (c.B, c.K, c.G * tq, 1)
@@ -366,10 +367,9 @@ def _row_lse(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled]) -> Arr
 
     init = (a.vary(jnp.full(shape, -jnp.inf, jnp.float32)), a.vary(jnp.zeros(shape, jnp.float32)))
     m, l = _visit_blocks(c, relation, i, init, visit, rolled)
-    lse = jnp.where(
-      l > 0, jnp.where(jnp.isfinite(m), m, 0.0) + jnp.log(jnp.where(l > 0, l, 1.0)), 0.0
-    )
-    return carry, from_rows(lse, c.G)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    log_sum = jnp.log(jnp.where(l > 0, l, 1.0))
+    return carry, (from_rows(m, c.G), from_rows(log_sum, c.G))
 
   return _query_blocks(c, block, rolled)[1]
 
@@ -399,12 +399,12 @@ def _forward(c: TilePlan, a: Arrays):
   relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
   counts = _allowed_counts(c, a, relation, rolled) if c.needs_counts else None
-  lse = _row_lse(c, a, relation, rolled) if nz.needs_lse else None
+  terms = _row_softmax_terms(c, a, relation, rolled) if nz.needs_lse else None
 
   def block(i, q0, tq, carry, after):
     cb = None if counts is None else as_rows(span(counts, q0, tq, 3), G, tq)
-    lb = None if lse is None else as_rows(span(lse, q0, tq, 3), G, tq)
-    row = nz.row_inputs(sink_rows(c, a, tq), cb, lb)
+    tb = None if terms is None else tuple(as_rows(span(t, q0, tq, 3), G, tq) for t in terms)
+    row = nz.row_inputs(sink_rows(c, a, tq), cb, tb)
     qb = after(a.q_rows(c, q0, tq))
 
     def visit(st, k0, tk, needs_mask, seg_mask, first):

@@ -331,8 +331,8 @@ def _online_tile(nz, z: Array, allowed: Array, pv, sink_rows: Optional[Array], H
       jnp.broadcast_to(allowed, (B, K, R, L)), axis=-1, keepdims=True, dtype=jnp.float32
     )
   # The tile holds every key of its rows: a needs_lse normaliser's log-normaliser is the tile's.
-  lse = normalizers.row_logsumexp(z, allowed) if nz.needs_lse else None
-  row = nz.row_inputs(sink_rows, counts, lse)
+  terms = normalizers.row_softmax_terms(z, allowed) if nz.needs_lse else None
+  row = nz.row_inputs(sink_rows, counts, terms)
   st = nz.init((B, K, R, 1), (B, K, R, Hv), False)
   return nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0]
 
