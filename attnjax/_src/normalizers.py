@@ -92,6 +92,28 @@ def row_softmax_terms(z: Array, allowed: Array) -> tuple[Array, Array]:
   return m, jnp.log(jnp.where(total > 0, total, 1.0))
 
 
+def softmax_terms_init(rows: tuple[int, ...]) -> tuple[Array, Array]:
+  """The ``needs_lse`` pre-pass's state over key tiles: running maximum and sum of
+  ``exp(z - max)`` (FlashAttention's), rows ``[..., R, 1]``."""
+  return jnp.full(rows, -jnp.inf, jnp.float32), jnp.zeros(rows, jnp.float32)
+
+
+def softmax_terms_visit(st: tuple[Array, Array], z: Array, allowed: Optional[Array]):
+  """Folds one tile of logits into the pre-pass's state (every engine's one definition)."""
+  m, l = st
+  zm = _masked(z, allowed)
+  m_new = jnp.maximum(m, jnp.max(zm, axis=-1, keepdims=True))
+  shift = _finite(m_new)
+  return m_new, jnp.exp(m - shift) * l + jnp.sum(jnp.exp(zm - shift), axis=-1, keepdims=True)
+
+
+def softmax_terms_finish(st: tuple[Array, Array]) -> tuple[Array, Array]:
+  """``(max, log_sum)`` rows of the pre-pass (both 0 on a row with no key), as
+  :func:`row_softmax_terms` gives them for whole rows."""
+  m, l = st
+  return _finite(m), jnp.log(jnp.where(l > 0, l, 1.0))
+
+
 def num_allowed(allowed: Array, shape: tuple[int, ...]) -> Array:
   """Number of allowed keys per row, ``[..., T, 1]`` float32, at least 1 (so that ``log n``
   and ``1 / n`` are finite on a row with no key).

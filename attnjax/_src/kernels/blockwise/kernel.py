@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import empty as _empty, logits as _logits, static as _static, options, masks
+from attnjax._src import normalizers
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.linear_map import as_aval, zeros_of
@@ -358,17 +359,11 @@ def _row_softmax_terms(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolle
       z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
       z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
       allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
-      zm = z if allowed is None else jnp.where(allowed, z, -jnp.inf)
-      m, l = st
-      m_new = jnp.maximum(m, jnp.max(zm, axis=-1, keepdims=True))
-      shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-      l = jnp.exp(m - shift) * l + jnp.sum(jnp.exp(zm - shift), axis=-1, keepdims=True)
-      return m_new, l
+      return normalizers.softmax_terms_visit(st, z, allowed)
 
-    init = (a.vary(jnp.full(shape, -jnp.inf, jnp.float32)), a.vary(jnp.zeros(shape, jnp.float32)))
-    m, l = _visit_blocks(c, relation, i, init, visit, rolled)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    log_sum = jnp.log(jnp.where(l > 0, l, 1.0))
+    init = jax.tree.map(a.vary, normalizers.softmax_terms_init(shape))
+    st = _visit_blocks(c, relation, i, init, visit, rolled)
+    m, log_sum = normalizers.softmax_terms_finish(st)
     return carry, (from_rows(m, c.G), from_rows(log_sum, c.G))
 
   return _query_blocks(c, block, rolled)[1]
