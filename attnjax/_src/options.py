@@ -242,7 +242,7 @@ def unknown_options(
 
 # The fused kernels that run the row pre-passes of a ``needs_lse`` normaliser (its forward's
 # log-normaliser, its backward's row term from the tiles).
-ROW_PASS_KERNELS: frozenset = frozenset({"pallas_gpu"})
+ROW_PASS_KERNELS: frozenset = frozenset({"pallas_gpu", "pallas_tpu"})
 
 
 def array_refusals(name: str, inputs: DenseInputs, opts: DenseOptions, takes: str) -> list[str]:
