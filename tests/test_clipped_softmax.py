@@ -55,7 +55,14 @@ def _check(fn, reference, q, k, v, ct):
 
 
 @pytest.mark.parametrize(
-  "engine", ["reference", "blockwise_8x8", "blockwise_16x8_noncausal", "sparse", "block_select"]
+  "engine",
+  [
+    "reference",
+    "blockwise_8x8",
+    pytest.param("blockwise_16x8_noncausal", marks=pytest.mark.slow),
+    pytest.param("sparse", marks=pytest.mark.slow),
+    pytest.param("block_select", marks=pytest.mark.slow),
+  ],
 )
 def test_equals_the_naive_definition_in_value_and_gradient(engine):
   q, k, v, ct = _inputs()
@@ -110,6 +117,7 @@ def test_padding_mask_gqa_and_the_alpha_parametrisation():
       _check(fn, lambda q, k, v: naive(q, k, v, mask, alpha=4.0), q, k, v, ct)
 
 
+@pytest.mark.slow
 def test_forward_mode_equals_the_reference():
   q, k, v, _ = _inputs(2)
   tangents = _inputs(3)[:3]
@@ -214,3 +222,46 @@ def test_blockwise_at_16k_never_builds_t_by_s():
   one = T16 * 2 * 64 * 4
   assert m.temp_size_in_bytes < 16 * one, (m.temp_size_in_bytes, one)
   assert m.temp_size_in_bytes < T16 * T16 * 4 / 16  # [T, S] float32: 1 GiB
+
+
+@pytest.mark.parametrize(
+  "kernel", ["pallas_gpu", pytest.param("pallas_tpu", marks=pytest.mark.slow)]
+)
+def test_the_pallas_kernels_in_interpret_mode(kernel):
+  # Several key blocks per row, so the in-kernel pre-pass (GPU) or the pass kernels (TPU) and
+  # the backward's tile row term matter; GQA; forward mode through the kernel's twin.
+  from attnjax.kernels import pallas_gpu, pallas_tpu
+
+  if kernel == "pallas_gpu":
+    Tk, Hk, scale = 70, 16, 2.0
+    blocks = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32)
+    attention = pallas_gpu.attention
+  else:
+    Tk, Hk, scale = 200, 128, 1.5
+    blocks = pallas_tpu.BlockSizes(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=128)
+    attention = pallas_tpu.attention
+  keys = jax.random.split(jax.random.key(6), 4)
+  q = jax.random.normal(keys[0], (1, Tk, 4, Hk)) * scale
+  k = jax.random.normal(keys[1], (1, Tk, 2, Hk)) * scale
+  v = jax.random.normal(keys[2], (1, Tk, 2, Hk))
+  ct = jax.random.normal(keys[3], (1, Tk, 4, Hk))
+
+  def fn(q, k, v):
+    return attention(
+      q, k, v, is_causal=True, normalizer="clipped_softmax", block_sizes=blocks, interpret=True
+    )
+
+  def reference(q, k, v):
+    return attnjax.dot_product_attention(
+      q, k, v, is_causal=True, normalizer="clipped_softmax", implementation="reference"
+    )
+
+  tol = reduction_tolerance(jnp.float32, Tk, depth=4, scale=4.0)
+  np.testing.assert_allclose(fn(q, k, v), reference(q, k, v), atol=tol, rtol=0)
+  g = jax.grad(lambda *a: jnp.sum(fn(*a) * ct), argnums=(0, 1, 2))(q, k, v)
+  g_ref = jax.grad(lambda *a: jnp.sum(reference(*a) * ct), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, atol=tol * float(jnp.max(jnp.abs(b)) + 1), rtol=0)
+  _, t = jax.jvp(fn, (q, k, v), (q, k, v))
+  _, t_ref = jax.jvp(reference, (q, k, v), (q, k, v))
+  np.testing.assert_allclose(t, t_ref, atol=tol * float(jnp.max(jnp.abs(t_ref)) + 1), rtol=0)
