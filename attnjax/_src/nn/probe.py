@@ -114,6 +114,8 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
 def _summary_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
   capture = _capture(model, tokens, weights=weights)
   out = capture_statistics(capture, **dict(options))
+  if isinstance(model, EncoderLM):
+    return out  # no next token to predict: an encoder's loss is its masked-LM loss
   # Next-token cross-entropy of the probe batch (nats), beside the statistics.
   logp = jax.nn.log_softmax(capture.logits[:, :-1].astype(jnp.float32), axis=-1)
   target = tokens[:, 1:]
@@ -213,8 +215,9 @@ def layer_stats(
 
   - ``"summary"``: every statistic of ``attnjax.stats`` over the layers as a
     flat ``dict[str, Array]`` keyed ``"<metric>/<field>"`` (per-layer ``[L]``,
-    per-head ``[L, N]``, scalars) plus ``loss``, the next-token cross-entropy
-    of the batch; :func:`attnjax.stats.to_jsonable` makes it JSON. The keys are
+    per-head ``[L, N]``, scalars) plus ``loss``, the next-token cross-entropy of the
+    batch (not for an ``EncoderLM``: its loss is the masked-LM loss of
+    ``attnjax.nn.outlier_stats``); :func:`attnjax.stats.to_jsonable` makes it JSON. The keys are
     those the sections of ``docs/guides/diagnostics.md`` define (Sink_1^eps of
     Gu et al. on row-normalised weights, F-Attn of Qiu et al., entropy, max
     logit, null and gate mass, q/k RMS and cosine, sink geometry, value
