@@ -935,7 +935,7 @@ class WeightsOnly(Normalizer):
 # The registry.
 
 # The hooks of the online interface: defined together, in one class.
-ONLINE_HOOKS = ("weights", "init", "visit", "finish", "tile_backward")
+_ONLINE_HOOKS = ("weights", "init", "visit", "finish", "tile_backward")
 
 
 def _definer(cls: type, attribute: str) -> Optional[type]:
@@ -943,10 +943,10 @@ def _definer(cls: type, attribute: str) -> Optional[type]:
   return next((c for c in cls.__mro__ if attribute in c.__dict__), None)
 
 
-def check_form(normalizer: Any) -> None:
+def _check_form(normalizer: Any) -> None:
   """Raises TypeError unless ``normalizer`` is a complete normaliser of one form: a
   :class:`WeightsOnly` that defines ``weights``, or a :class:`Normalizer` whose
-  :data:`ONLINE_HOOKS` come from one class (a subclass that overrides ``weights`` alone
+  online hooks come from one class (a subclass that overrides ``weights`` alone
   would run its parent's tiles on the block-wise engine and the kernels)."""
   if not isinstance(normalizer, Normalizer):
     raise TypeError(
@@ -973,12 +973,12 @@ def check_form(normalizer: Any) -> None:
     if clash:
       raise ValueError(f"normalizer {name!r}: parameter names {clash} repeat or shadow a quantity")
     return
-  definers = {hook: _definer(cls, hook) for hook in ONLINE_HOOKS}
+  definers = {hook: _definer(cls, hook) for hook in _ONLINE_HOOKS}
   missing = [hook for hook, c in definers.items() if c is Normalizer]
   if missing:
     raise TypeError(
       f"{cls.__name__} (normalizer {name!r}) does not define {missing}: write the whole online "
-      f"interface {list(ONLINE_HOOKS)}, or subclass WeightsOnly and write weights(z, allowed, "
+      f"interface {list(_ONLINE_HOOKS)}, or subclass WeightsOnly and write weights(z, allowed, "
       f"row) alone"
     )
   if len(set(definers.values())) > 1:
@@ -986,7 +986,7 @@ def check_form(normalizer: Any) -> None:
     inherited = {hook: c.__name__ for hook, c in definers.items() if c is not definers["weights"]}
     raise TypeError(
       f"{cls.__name__} (normalizer {name!r}) defines {own} but inherits {inherited}: the "
-      f"online interface {list(ONLINE_HOOKS)} must describe one normaliser, so define them "
+      f"online interface {list(_ONLINE_HOOKS)} must describe one normaliser, so define them "
       f"in one class, or subclass WeightsOnly and write weights(z, allowed, row) alone"
     )
   if isinstance(normalizer, Elementwise) and _definer(cls, "weight") is not _definer(
@@ -1060,9 +1060,12 @@ def register(normalizer: Normalizer) -> Normalizer:
   Raises:
     ValueError: the name is taken (the message names the normaliser holding it), or the
       normaliser's declarations are invalid.
-    TypeError: not a complete normaliser (:func:`check_form`).
+    TypeError: not a complete normaliser: a :class:`WeightsOnly` that defines ``weights``, or a
+      :class:`Normalizer` whose online hooks (``weights``, ``init``, ``visit``, ``finish``,
+      ``tile_backward``) come from one class (one that overrides ``weights`` alone would run
+      its parent's tiles on the block-wise engine and the kernels).
   """
-  check_form(normalizer)
+  _check_form(normalizer)
   name = normalizer.name
   if name in REGISTRY:
     held = REGISTRY[name]

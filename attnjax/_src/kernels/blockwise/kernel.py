@@ -159,10 +159,11 @@ class _Rolled:
 
 
 def _rolled_visits(c: TilePlan) -> Optional[_Rolled]:
-  """The query-block loop's tables, or None when every query block is unrolled."""
+  """The query-block loop's tables, or None when every query block is unrolled (at most
+  ``MAX_UNROLLED_Q_BLOCKS`` of them, unless the plan rolls them all)."""
   L = c.layout
   n = c.T // L.block_q
-  if n <= MAX_UNROLLED_Q_BLOCKS:
+  if n <= (1 if c.roll_query_blocks else MAX_UNROLLED_Q_BLOCKS):
     return None
   rows, specials = [], {}
   for i in range(n):
@@ -179,7 +180,14 @@ def _rolled_visits(c: TilePlan) -> Optional[_Rolled]:
 
 
 def _visit_blocks(
-  c: TilePlan, relation, i, carry, visit, rolled: Optional[_Rolled] = None, tile=None
+  c: TilePlan,
+  relation,
+  i,
+  carry,
+  visit,
+  rolled: Optional[_Rolled] = None,
+  tile=None,
+  remat: bool = False,
 ):
   """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
 
@@ -204,6 +212,12 @@ def _visit_blocks(
   accumulators (the backward's ``dk`` / ``dv``) then never pass through a
   conditional, which otherwise copies them on every visit (measured: the
   rolled causal backward at T=4096 ran 1.5x slower).
+
+  With ``remat`` each visit, its branch included, is rematerialised (``jax.checkpoint``), for
+  a caller differentiated by autodiff: the loop then keeps only its carry per visit. The
+  checkpoint sits outside the branch: a residual leaving a ``lax.switch`` is that branch's
+  output, which the loop would stack once per visit even for the loop-invariant keys and
+  values (T=8192: [32, B, K, S, H] per array), where from outside it is the loop's own input.
   """
   L = c.layout
 
@@ -261,17 +275,25 @@ def _visit_blocks(
       j = kv[n]
       return by_state(state[n], carry, j, j * L.block_k, L.block_k, False, has)
 
-    carry = jax.lax.fori_loop(0, kv.shape[0], step, carry)
+    carry = jax.lax.fori_loop(0, kv.shape[0], jax.checkpoint(step) if remat else step, carry)
+  checkpoint = jax.checkpoint if remat else (lambda f: f)
   for j, needs_mask in unrolled:
     k0, k1 = L.kv_range(j)
-    carry = fold(
-      carry, one(carry, j, k0, k1 - k0, needs_mask, k0 == 0 and c.holds_key0), k0, k1 - k0
-    )
+    first = k0 == 0 and c.holds_key0
+
+    def unrolled_visit(carry, j=j, k0=k0, tk=k1 - k0, needs_mask=needs_mask, first=first):
+      return fold(carry, one(carry, j, k0, tk, needs_mask, first), k0, tk)
+
+    carry = checkpoint(unrolled_visit)(carry)
   if not isinstance(i, int):
     for j, states in rolled.specials:
       k0, k1 = L.kv_range(j)
       has = tuple(bool((states == s).any()) for s in range(3))
-      carry = by_state(jnp.asarray(states)[i], carry, j, k0, k1 - k0, k0 == 0 and c.holds_key0, has)
+
+      def special(carry, index, j=j, k0=k0, tk=k1 - k0, has=has):
+        return by_state(index, carry, j, k0, tk, k0 == 0 and c.holds_key0, has)
+
+      carry = checkpoint(special)(carry, jnp.asarray(states)[i])
   return carry
 
 
@@ -581,6 +603,7 @@ def run_layout(
   positions=None,
   mod_table: bool = False,
   stats_axis: Optional[str] = None,
+  roll_query_blocks: bool = False,
 ):
   """Block-wise attention of a validated dense call over a static
   :class:`~attnjax.layout.BlockLayout`.
@@ -604,6 +627,9 @@ def run_layout(
     stats_axis: None, or the ``shard_map`` axis whose devices hold the other query
       rows of the call (context parallelism, all-gather): the statistics' means and
       maximum are then over the rows of every device (:func:`attnjax.attention_stats.stats_from_rows`).
+    roll_query_blocks: run every full-size query block in one loop over tables of its
+      visits, however few (a pattern's layout, whose rows differ: unrolled, each compiles
+      its own visits; see :data:`MAX_UNROLLED_Q_BLOCKS`).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
@@ -636,6 +662,7 @@ def run_layout(
     has_segments=inputs.q_segment_ids is not None,
     mod_table=mod_table,
     stats_axis=stats_axis,
+    roll_query_blocks=roll_query_blocks,
   )
   return _run(c, inputs, positions)
 
@@ -691,18 +718,6 @@ def _to_output(c: TilePlan, o: Array, dtype) -> Array:
   return jnp.reshape(o, (c.B, c.T, c.K * c.G, c.Hv)).astype(dtype)
 
 
-def _remat_visit(visit):
-  """``visit`` rematerialised (``jax.checkpoint``) in its state and traced key offset: its
-  autodiff then keeps no tile, only the state it is given."""
-
-  def run(st, k0, tk, needs_mask, seg_mask, first):
-    if isinstance(k0, int):
-      return jax.checkpoint(lambda st: visit(st, k0, tk, needs_mask, seg_mask, first))(st)
-    return jax.checkpoint(lambda st, k0: visit(st, k0, tk, needs_mask, seg_mask, first))(st, k0)
-
-  return run
-
-
 def _run_weights(c: TilePlan, inputs, positions):
   """A weights-only normaliser (:class:`attnjax.normalizers.WeightsOnly`) over the layout.
 
@@ -752,7 +767,7 @@ def _run_weights(c: TilePlan, inputs, positions):
 
         init = jax.tree.map(a.vary, nz.quantities_init(rows))
         found = nz.quantities_finish(
-          _visit_blocks(c, relation, i, init, _remat_visit(count_visit), rolled)
+          _visit_blocks(c, relation, i, init, count_visit, rolled, remat=True)
         )
         row.update({key: found[key] for key in ("max", "logsumexp") if key in quantities})
         lse, filler = found["logsumexp"], jax.lax.stop_gradient(found["max"])
@@ -768,7 +783,7 @@ def _run_weights(c: TilePlan, inputs, positions):
         return nz.weights_visit(st, z, allowed, pv, weight_row, c.with_stats, first)
 
       init = jax.tree.map(a.vary, nz.weights_init(rows, acc, c.with_stats))
-      st = _visit_blocks(c, relation, i, init, _remat_visit(weight_visit), rolled)
+      st = _visit_blocks(c, relation, i, init, weight_visit, rolled, remat=True)
       return nz.weights_finish(st, cb, lse, c.with_stats)
 
     out, srow = jax.checkpoint(compute)(after(a.q_rows(c, q0, tq)))

@@ -113,6 +113,7 @@ def block_sparse(
     use_default_mask_fn=False,
     positions=positions,
     mod_table=mod_table,
+    roll_query_blocks=True,  # one loop body for every row of the pattern: see the module
   )
 
 
@@ -515,13 +516,19 @@ def _blockwise(
   return block_sparse(inputs, opts, pattern, block_size)
 
 
+# Auto-dispatch takes the block-wise engine from this sequence length on (the longer of T and
+# S), as dense does (dense.BLOCKWISE_MIN_LENGTH_CPU): a shorter call has little to skip, and
+# the pattern's mask on the reference compiles in a fraction of a block plan's time
+# (`experiments/bench.py --suite pattern_compile`).
+BLOCKWISE_MIN_LENGTH = 256
+
 # The sparse op: its call is ``(inputs, opts, pattern, block_size)``; auto-dispatch takes the
-# block-wise engine everywhere.
+# block-wise engine from BLOCKWISE_MIN_LENGTH on, the reference below.
 ENGINES: dict[str, _op.Engine] = {
   e.name: e
   for e in (
     _op.Engine("reference", _reference, _op.supports_everything),
-    _op.Engine("blockwise", _blockwise, _op.supports_everything),
+    _op.Engine("blockwise", _blockwise, _op.supports_everything, min_length=BLOCKWISE_MIN_LENGTH),
   )
 }
 OP = _op.register(
@@ -529,11 +536,12 @@ OP = _op.register(
     "sparse",
     ENGINES,
     {},
-    ("blockwise",),
+    ("blockwise", "reference"),
     empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
     is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
     context=_context_parallel,
     context_axis=lambda inputs, opts, *_: opts.context_axis,
+    length=lambda inputs, *_: max(inputs.q.shape[1], inputs.k.shape[1]),
     renamed={"block_sparse": "blockwise"},
   )
 )
@@ -588,7 +596,8 @@ def _sparse_attention(
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits (Gemma 2).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       intersected with the pattern.
-    implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"``
+    implementation: None (auto: ``"blockwise"`` from :data:`BLOCKWISE_MIN_LENGTH` tokens on,
+      ``"reference"`` below, as dense attention), ``"reference"`` or ``"blockwise"``
       (the engines of :data:`~attnjax.sparse.OP`; the old name ``"block_sparse"`` still works and warns
       once).
     return_stats: also return :class:`attnjax.AttentionStats`.
