@@ -8,9 +8,7 @@ and the Pallas kernels and the ring refuse it by name.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import warnings
 
 import jax
 import jax.numpy as jnp
