@@ -49,6 +49,14 @@ class FamilyTests(OpTests):
   length = T * H
 
 
+# A partial last block: T = 23 tokens in blocks of 8 (the engines pad the last one).
+TP = 23
+
+
+def _partial_qkv():
+  return tuple(x[:, :TP] for x in _qkv())
+
+
 class TestDense(FamilyTests):
   op = "dense"
 
@@ -60,6 +68,20 @@ class TestDense(FamilyTests):
       _qkv(),
     )
 
+  def partial_block_sample(self, normalizer):
+    from attnjax.kernels import blockwise
+
+    def fn(impl, q, k, v):
+      kw = dict(is_causal=True, normalizer=normalizer)
+      if impl == "blockwise":  # blocks of 8, the last one partial
+        return blockwise.attention(q, k, v, block_q=8, block_k=8, **kw)
+      return attnjax.dot_product_attention(q, k, v, implementation=impl, **kw)
+
+    return fn, _partial_qkv()
+
+  def refusals(self, engine, normalizer):
+    return "" if engine != "xla" or normalizer == "softmax" else "jax.nn computes softmax"
+
 
 class TestSparse(FamilyTests):
   op = "sparse"
@@ -70,6 +92,20 @@ class TestSparse(FamilyTests):
         q, k, v, pattern=patterns.sliding_window(9), block_size=8, implementation=impl
       ),
       _qkv(),
+    )
+
+  def partial_block_sample(self, normalizer):
+    return (
+      lambda impl, q, k, v: attnjax.sparse_attention(
+        q,
+        k,
+        v,
+        pattern=patterns.strided(4),
+        block_size=8,
+        normalizer=normalizer,
+        implementation=impl,
+      ),
+      _partial_qkv(),
     )
 
 
@@ -84,6 +120,22 @@ class TestCompressed(FamilyTests):
       _qkv(),
     )
 
+  def partial_block_sample(self, normalizer):
+    return (
+      lambda impl, q, k, v: attnjax.compressed_attention(
+        q,
+        k,
+        v,
+        stride=4,
+        is_causal=True,
+        window=4,
+        block_size=8,
+        normalizer=normalizer,
+        implementation=impl,
+      ),
+      _partial_qkv(),
+    )
+
 
 class TestBlockSelect(FamilyTests):
   op = "block_select"
@@ -94,6 +146,14 @@ class TestBlockSelect(FamilyTests):
         q, k, v, block_size=8, top_k=2, implementation=impl
       ),
       _qkv(),
+    )
+
+  def partial_block_sample(self, normalizer):
+    return (
+      lambda impl, q, k, v: attnjax.block_select_attention(
+        q, k, v, block_size=8, top_k=1, normalizer=normalizer, implementation=impl
+      ),
+      _partial_qkv(),
     )
 
 

@@ -24,7 +24,7 @@ from helpers import assert_close, rand_qkv, reduction_tolerance
 class SSMax(normalizers.WeightsOnly):
   """Scalable-Softmax (Nakanishi 2025): softmax of ``s log(n) z``, ``n`` the row's keys."""
 
-  name = "ssmax"
+  name = "test_ssmax"
   source = "Nakanishi 2025"
   row_quantities = ("count", "logsumexp")
   params = (normalizers.Param("s", init=0.43),)
@@ -89,7 +89,7 @@ def _inputs():
 
 def _call(impl):
   def f(q, k, v, s, mask):
-    kw = dict(STRUCTURE, mask=mask, normalizer="ssmax", normalizer_params={"s": s})
+    kw = dict(STRUCTURE, mask=mask, normalizer="test_ssmax", normalizer_params={"s": s})
     if impl == "blockwise":  # blocks of 8: partial blocks, skipped blocks, masked tiles
       return blockwise.attention(q, k, v, block_q=8, block_k=8, **kw)
     return attnjax.dot_product_attention(q, k, v, implementation=impl, **kw)
@@ -130,7 +130,7 @@ def test_statistics_of_the_two_engines_agree():
 
   def _stats(impl, q, k, v, s, mask):
     kw = dict(
-      STRUCTURE, mask=mask, normalizer="ssmax", normalizer_params={"s": s}, return_stats=True
+      STRUCTURE, mask=mask, normalizer="test_ssmax", normalizer_params={"s": s}, return_stats=True
     )
     if impl == "blockwise":
       return blockwise.attention(q, k, v, block_q=8, block_k=8, **kw)
@@ -162,7 +162,7 @@ def test_the_other_dense_families_run_it():
       v,
       pattern=attnjax.patterns.bigbird(8, 1, 1, 1, seed=0),
       block_size=8,
-      normalizer="ssmax",
+      normalizer="test_ssmax",
       implementation=impl,
     ),
     "compressed": lambda impl: attnjax.compressed_attention(
@@ -173,7 +173,7 @@ def test_the_other_dense_families_run_it():
       is_causal=True,
       window=4,
       block_size=8,
-      normalizer="ssmax",
+      normalizer="test_ssmax",
       implementation=impl,
     ),
     "block_select": lambda impl: attnjax.block_select_attention(
@@ -201,7 +201,7 @@ def test_blockwise_keeps_O_T_memory_at_16k_tokens():
 
   def attend(q, k, v):
     return attnjax.dot_product_attention(
-      q, k, v, is_causal=True, normalizer="ssmax", implementation="blockwise"
+      q, k, v, is_causal=True, normalizer="test_ssmax", implementation="blockwise"
     )
 
   loss = lambda q, k, v: jnp.sum(attend(q, k, v))
@@ -217,28 +217,32 @@ def test_platform_kernels_and_the_ring_refuse_it_by_name():
   from attnjax._src.kernels.blockwise import ring
 
   q, k, v = rand_qkv(1, 64, N=2, K=2, H=16)
-  inputs, opts = options.validate(q, k, v, is_causal=True, normalizer="ssmax")
+  inputs, opts = options.validate(q, k, v, is_causal=True, normalizer="test_ssmax")
   for kernel in (pallas_gpu, pallas_tpu, mosaic_gpu):
     reasons = " ".join(kernel.unsupported(inputs, opts, interpret=True))
-    assert "'ssmax', a weights-only normaliser" in reasons and "tile interface" in reasons
-  with pytest.raises(ValueError, match="xla' does not support normalizer='ssmax'"):
-    attnjax.dot_product_attention(q, k, v, normalizer="ssmax", implementation="xla")
+    assert "'test_ssmax', a weights-only normaliser" in reasons and "tile interface" in reasons
+  with pytest.raises(ValueError, match="xla' does not support normalizer='test_ssmax'"):
+    attnjax.dot_product_attention(q, k, v, normalizer="test_ssmax", implementation="xla")
   with pytest.raises(ValueError, match="ring.*weights-only.*all_gather"):
     ring.attention(inputs, opts, axis_name="x")
 
 
 def test_normalizer_params_are_checked():
   q, k, v = rand_qkv(1, 8, N=4, K=2, H=8)
-  with pytest.raises(ValueError, match=r"\['t'\] are not parameters of normalizer='ssmax'.*'s'"):
-    attnjax.dot_product_attention(q, k, v, normalizer="ssmax", normalizer_params={"t": 1.0})
+  with pytest.raises(
+    ValueError, match=r"\['t'\] are not parameters of normalizer='test_ssmax'.*'s'"
+  ):
+    attnjax.dot_product_attention(q, k, v, normalizer="test_ssmax", normalizer_params={"t": 1.0})
   with pytest.raises(ValueError, match=r"must have shape \(4,\).*got \(3,\)"):
-    attnjax.dot_product_attention(q, k, v, normalizer="ssmax", normalizer_params={"s": jnp.ones(3)})
+    attnjax.dot_product_attention(
+      q, k, v, normalizer="test_ssmax", normalizer_params={"s": jnp.ones(3)}
+    )
   with pytest.raises(ValueError, match="declares no parameters|not parameters of normalizer="):
     attnjax.dot_product_attention(q, k, v, normalizer_params={"s": jnp.ones(4)})
   # Left out, a parameter takes its init.
-  default = attnjax.dot_product_attention(q, k, v, normalizer="ssmax")
+  default = attnjax.dot_product_attention(q, k, v, normalizer="test_ssmax")
   given = attnjax.dot_product_attention(
-    q, k, v, normalizer="ssmax", normalizer_params={"s": jnp.full((4,), 0.43)}
+    q, k, v, normalizer="test_ssmax", normalizer_params={"s": jnp.full((4,), 0.43)}
   )
   np.testing.assert_array_equal(default, given)
 
@@ -253,7 +257,7 @@ def test_learned_s_trains_in_a_model_and_moves():
     vocab_size=32,
     d_model=32,
     num_layers=1,
-    attention=nn.AttentionConfig(num_heads=4, normalizer="ssmax"),
+    attention=nn.AttentionConfig(num_heads=4, normalizer="test_ssmax"),
   )
   model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
   s = model.blocks[0].attention.normalizer_params["s"]
@@ -284,8 +288,8 @@ def test_from_pretrained_initialises_the_parameters_with_a_warning():
 
   path = os.path.join(os.path.dirname(__file__), "fixtures", "pretrained", "llama")
   with pytest.warns(UserWarning, match=r"initial values:.*normalizer_params/s"):
-    model = models.from_pretrained(path, attention={"normalizer": "ssmax"})
-  assert model.config.attention.normalizer == "ssmax"
+    model = models.from_pretrained(path, attention={"normalizer": "test_ssmax"})
+  assert model.config.attention.normalizer == "test_ssmax"
   logits = model(jnp.asarray([[1, 5, 9, 3]]))
   assert np.all(np.isfinite(np.asarray(logits)))
 

@@ -36,10 +36,19 @@ def _finite(x: Array) -> Array:
 def _one_minus_exp_neg(x: Array) -> Array:
   """``1 - e^-x`` for ``x >= 0`` (``+inf`` included) to a few ulp, also near 0 where the
   plain difference cancels (Kahan's ``expm1`` identity ``(u - 1) x / log u``, ``u = e^-x``:
-  exp and log only, which every kernel backend lowers; Mosaic has no ``expm1``)."""
+  exp and log only, which every kernel backend lowers; Mosaic has no ``expm1``).
+
+  Its derivative is finite everywhere: outside Kahan's range the ratio is taken of safe
+  stand-ins (a ``where`` passes on its unselected branch's NaN times 0, and ``x / max(-log
+  u, tiny)`` at ``x = 0`` differentiated to ``0 / tiny^2 = 0 / 0``: the zero logits of
+  padded query rows made every key gradient of block_select_attention NaN with softpick).
+  """
   u = jnp.exp(-x)
-  ratio = x / jnp.maximum(-jnp.log(u), jnp.finfo(jnp.float32).tiny)
-  return jnp.where(u == 1.0, x, jnp.where(u == 0.0, 1.0, (1.0 - u) * ratio))
+  # Kahan's correction where 1 - u cancels (u > 1/2); above, 1 - u is exact to an ulp, and
+  # -log u of a flushed-to-zero e^-x would differentiate to 0 / 0.
+  kahan = jnp.logical_and(u > 0.5, u < 1.0)
+  ratio = jnp.where(kahan, x, 1.0) / -jnp.log(jnp.where(kahan, u, jnp.exp(-1.0)))
+  return jnp.where(u == 1.0, x, (1.0 - u) * ratio)
 
 
 def _plogp(w: Array) -> Array:
@@ -554,10 +563,9 @@ class Softpick(_PlainLse):
     s_old, s_new = jnp.maximum(m_old, self.shift_floor), jnp.maximum(m_new, self.shift_floor)
     alpha = jnp.exp(s_old - s_new)
     # e^(z-s) - e^-s = sign z e^(max(z, 0) - s) (1 - e^-|z|): no cancellation near z = 0.
-    # On the finite logits: a masked key (a padded one too) enters as 0, whose term is 0. At
+    # On the finite logits: a masked key (a padded one too) enters as 0, whose term is 0; at
     # its -inf logit the terms' derivatives are NaN, which the where below would multiply by 0
-    # and still pass on (NaN * 0): every key gradient of block_select_attention was NaN with a
-    # partial last block.
+    # and still pass on (NaN * 0), as autodiff of this visit does (block_select's tiles).
     zf = z if allowed is None else jnp.where(allowed, z, 0.0)
     centred = jnp.sign(zf) * jnp.exp(jnp.maximum(zf, 0.0) - s_new) * _one_minus_exp_neg(jnp.abs(zf))
     if allowed is not None:

@@ -117,6 +117,12 @@ def block_sparse(
   )
 
 
+# The strided pattern runs as its two merged factors (_strided_two_pass) from this length on:
+# below it, its block plan (one rolled loop) computes little more and compiles in a fraction of
+# the time of two attention programs and a merge (T=512: 4.2x dense-with-mask's compile time
+# against ~2x; `experiments/bench.py --suite pattern_compile`).
+STRIDED_TWO_PASS_MIN_LENGTH = 2048
+
 # Query blocks per chunk of the banded path: bounds its working memory, whatever the length
 # (the kernel unrolls a chunk's few query blocks; see blockwise.MAX_UNROLLED_Q_BLOCKS).
 CHUNK_BLOCKS = 4
@@ -505,6 +511,7 @@ def _blockwise(
   if (
     isinstance(pattern, patterns.Strided)
     and T == S
+    and T >= STRIDED_TWO_PASS_MIN_LENGTH
     and normalizers.merge_part(opts.normalizer) is not None  # merges only where it may
     and inputs.bias is None
     and inputs.q_segment_ids is None
