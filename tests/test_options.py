@@ -227,3 +227,56 @@ def test_forwards_each_keyword_unchanged(name, monkeypatch):
     fn(q, q, q, **required, **probes)
   missing = [k for k in forwarded if not _same(seen.get(k), probes[k])]
   assert not missing, f"{name} did not forward {missing} unchanged"
+
+
+# ---------------------------------------------------------------------------
+# A call that cannot be traced says why (attnjax._src.static.diagnose), in every function.
+
+
+def _public_attention_functions():
+  import importlib
+
+  functions = {
+    name: getattr(attnjax, name)
+    for name in attnjax.__all__
+    if name.endswith("_attention") and callable(getattr(attnjax, name))
+  }
+  for engine in ("blockwise", "pallas_gpu", "pallas_tpu", "mosaic_gpu"):
+    module = importlib.import_module(f"attnjax.kernels.{engine}")
+    functions[f"{engine}.attention"] = module.attention
+  return functions
+
+
+ATTENTION_FUNCTIONS = _public_attention_functions()
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION_FUNCTIONS))
+def test_a_misspelled_keyword_is_named_with_the_right_one(name):
+  fn = ATTENTION_FUNCTIONS[name]
+  q = jnp.ones((1, 8, 2, 4))
+  signature = str(inspect.signature(fn))
+  wrong, right = ("normaliser", "normalizer")
+  if "normalizer" not in signature and "**" not in signature:  # the recurrent families
+    wrong, right = ("implementations", "implementation")
+  public = name
+  with pytest.raises(TypeError) as info:
+    fn(q, q, q, **{wrong: "softpick"})
+  message = str(info.value)
+  assert f"{public}() got an unexpected keyword argument {wrong!r}" in message, message
+  assert f"(did you mean {right!r}?)" in message, message
+  assert "Error interpreting argument" not in message
+
+
+def test_a_wrongly_typed_argument_names_the_type_expected():
+  q = jnp.ones((1, 8, 2, 4))
+  with pytest.raises(TypeError, match=r"linear_attention\(\): feature_map expects a FeatureMap, got str 'relu'"):
+    attnjax.linear_attention(q, q, q, feature_map="relu")
+  with pytest.raises(TypeError, match=r"dot_product_attention\(\): query expects an array, got str"):
+    attnjax.dot_product_attention("q", q, q)
+  with pytest.raises(TypeError, match="normalizer must be a str naming a registered normaliser"):
+    attnjax.dot_product_attention(q, q, q, normalizer=("softmax",))
+  with pytest.raises(TypeError, match="scale must be a Python float or None, got str"):
+    attnjax.dot_product_attention(q, q, q, scale="0.5")
+  # A TypeError of the call itself is left as it is.
+  with pytest.raises(TypeError, match="is_causal is a flag and must be True or False"):
+    attnjax.dot_product_attention(q, q, q, is_causal=1)
