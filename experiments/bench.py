@@ -487,8 +487,6 @@ def pattern_compile_suite(args) -> Iterable[Case]:
   "blockwise" names the block plan; the dense row is dot_product_attention(mask=...) as called.
   Ratios over the dense row of the same T and mode; the target is <= 3x at T <= 1024.
   """
-  from attnjax._src.ops.sparse import attention as sparse_lib
-
   sizes = parse_sizes(args.sizes or "128,512,1024")
   cache = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
@@ -523,7 +521,7 @@ def pattern_compile_suite(args) -> Iterable[Case]:
   finally:
     jax.config.update("jax_enable_compilation_cache", cache)
   print(f"## pattern_compile\n\n{pattern_compile_suite.__doc__.strip()}\n")
-  print(f"sparse.BLOCKWISE_MIN_LENGTH = {sparse_lib.BLOCKWISE_MIN_LENGTH}\n")
+  print(f"attnjax.sparse.BLOCKWISE_MIN_LENGTH = {attnjax.sparse.BLOCKWISE_MIN_LENGTH}\n")
   keys = ("auto fwd", "auto grad", "blockwise fwd", "blockwise grad")
   print("| pattern | T | block | " + " | ".join(f"{key} (s, over dense)" for key in keys) + " |")
   print("|---|---:|---:|" + "---:|" * len(keys))

@@ -229,7 +229,9 @@ def test_interpret_mode_kernels_take_subclasses(builtin):
   np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
 
 
-def test_no_engine_takes_a_subclass_into_a_softmax_only_kernel():
+def test_no_engine_takes_a_subclass_into_a_softmax_only_kernel(monkeypatch):
+  from attnjax._src.ops.sparse import attention as sparse_lib
+
   q, k, v = rand_qkv(1, 128, N=2, K=2, H=16)
   for name in ("my_softmax", "lying_softmax_one"):
     inputs, opts = options.validate(q, k, v, is_causal=True, normalizer=name)
@@ -237,11 +239,26 @@ def test_no_engine_takes_a_subclass_into_a_softmax_only_kernel():
     assert splash.unsupported(inputs, opts), name
     with pytest.raises(ValueError, match=f"normalizer='{name}'"):
       attnjax.dot_product_attention(q, k, v, normalizer=name, implementation="xla")
-  # The numbers: the lying claims once gave softmax's values on xla, 2.18 off on a
-  # strided pattern, 2.43 off on compressed with a window. Now each is its own reference.
+  # The merges: strided's factors (from any length here) and compressed's window part merge
+  # the built-in softmax_one's softmax parts, never the lying subclass's. The numbers:
+  # its claims gave softmax's values on xla, 2.18 off on a strided pattern, 2.43 off on
+  # compressed with a window; now each engine gives its reference's.
+  monkeypatch.setattr(sparse_lib, "STRIDED_TWO_PASS_MIN_LENGTH", 1)
+  merged = []
+  merge = normalizers.SoftmaxFamily.merge
+  monkeypatch.setattr(
+    normalizers.SoftmaxFamily,
+    "merge",
+    lambda self, parts, sink_logits=None: (
+      merged.append(self.name) or merge(self, parts, sink_logits)
+    ),
+  )
+  jax.clear_caches()  # the merges are decided while tracing
   for call in (_sparse, _compressed):
-    got = call("lying_softmax_one", None)(q, k, v)
-    want = call("lying_softmax_one", "reference")(q, k, v)
-    np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
+    for name in ("softmax_one", "lying_softmax_one"):
+      got = call(name, "blockwise")(q, k, v)
+      want = call(name, "reference")(q, k, v)
+      np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL, err_msg=name)
     plain = call("softmax", "reference")(q, k, v)
     assert float(jnp.max(jnp.abs(want - plain))) > 0.1  # the null column matters here
+  assert merged == ["softmax_one", "softmax_one"], merged

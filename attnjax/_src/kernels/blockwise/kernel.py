@@ -1032,7 +1032,8 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
     block_q: query rows per block (None: :func:`default_block_sizes`).
     block_k: keys per block (None: :func:`default_block_sizes`).
     **kwargs: the dense keywords of :class:`attnjax.options.DenseKeywords` (``bias``,
-      ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``sink_logits``, ``softcap``,
+      ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``normalizer_params``,
+      ``sink_logits``, ``softcap``,
       ``window``, ``segment_ids``, ``similarity``, ``return_stats``, ``score_mod``,
       ``score_mod_args``, ``mask_mod``, ``mask_mod_args``, ``block_layout``,
       ``context_axis``, ``context_strategy``, ``context_layout``); not
