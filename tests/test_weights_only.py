@@ -97,7 +97,7 @@ def _call(impl):
   return f
 
 
-@pytest.mark.parametrize("impl", ["reference", "blockwise", None])
+@pytest.mark.parametrize("impl", ["reference", "blockwise"])
 def test_ssmax_equals_the_naive_definition_in_value_gradient_and_forward_mode(impl):
   args, pad, allowed = _inputs()
   tol = reduction_tolerance(jnp.float32, T * H, depth=8)
@@ -152,6 +152,7 @@ def test_statistics_of_the_two_engines_agree():
   )
 
 
+@pytest.mark.slow  # ~10 s: sparse / compressed / block_select run the same two forms
 def test_the_other_dense_families_run_it():
   q, k, v = rand_qkv(1, 40, N=4, K=2, H=8)
   tol = reduction_tolerance(jnp.float32, 40 * 8, depth=8)
@@ -294,6 +295,38 @@ def test_from_pretrained_initialises_the_parameters_with_a_warning():
   assert np.all(np.isfinite(np.asarray(logits)))
 
 
+def test_a_registered_normalizer_is_a_variant_once_imported(tmp_path):
+  from attnjax._src.train import config as config_lib, variants
+
+  plugin = tmp_path / "imported_ssmax.py"
+  plugin.write_text(
+    "from attnjax import normalizers\n"
+    "class Imported(normalizers.WeightsOnly):\n"
+    "  name = 'imported_ssmax'\n"
+    "  def weights(self, z, allowed, row):\n"
+    "    return z\n"
+    "normalizers.register(Imported())\n"
+  )
+  cfg = config_lib.base_config()
+  cfg.variant = "imported_ssmax"
+  with pytest.raises(ValueError, match="variant='imported_ssmax' is not one of.*imports="):
+    config_lib.validate(cfg)
+  cfg.imports = str(plugin)
+  try:
+    config_lib.validate(cfg)
+    assert variants.attention_kwargs("imported_ssmax") == {
+      "family": "dense",
+      "normalizer": "imported_ssmax",
+    }
+    assert "imported_ssmax" in variants.names()
+  finally:
+    normalizers.unregister("imported_ssmax")
+  cfg.imports = "no_such_module_anywhere"
+  with pytest.raises(ValueError, match="'no_such_module_anywhere' does not import"):
+    config_lib.validate(cfg)
+
+
+@pytest.mark.slow  # ~10 s: a compare run of 4 steps
 def test_the_compare_cli_takes_it_by_name(tmp_path, monkeypatch):
   """A registered normaliser is a variant; the config's imports register it in every process."""
   import importlib.util
