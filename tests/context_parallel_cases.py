@@ -260,6 +260,89 @@ def run_linear_case(case: dict) -> dict:
   return errors
 
 
+def run_mla_case(case: dict) -> dict:
+  """Errors of an ``mla_attention`` case: ``strategy``, ``P``, ``T``, ``absorb``, ``sinks``,
+  ``stats``, ``layout``: causal, ``q``, ``k_rope`` and ``latent`` sharded along time, the
+  up-projections whole (and differentiated)."""
+  Pn, T, layout = case["P"], case["T"], case.get("layout", "contiguous")
+  mesh = jax.make_mesh(
+    (Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:Pn]
+  )
+  rng = np.random.default_rng(case.get("seed", 0))
+  B, N, R, d_n, d_r, d_v = 1, 4, 16, 6, 2, 8
+  f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  diff = {
+    "q": f(B, T, N, d_n + d_r),
+    "k_rope": f(B, T, 1, d_r),
+    "latent": f(B, T, 1, R),
+    "w_uk": 0.3 * f(R, N, d_n),
+    "w_uv": 0.3 * f(R, N, d_v),
+  }
+  if case.get("sinks"):
+    diff["sink_logits"] = f(N)
+  stats = case.get("stats", True)
+  kw = dict(is_causal=True, absorb=case.get("absorb"), return_stats=stats)
+  sharded = {"q", "k_rope", "latent"}
+  order = (lambda x: parallel.zigzag(x, Pn, 1)) if layout == "zigzag" else (lambda x: x)
+  natural = (
+    (lambda x, axis=1: parallel.unzigzag(x, Pn, axis))
+    if layout == "zigzag"
+    else (lambda x, axis=1: x)
+  )
+
+  def reference(**a):
+    return attnjax.mla_attention(
+      a.pop("q"), a.pop("k_rope"), a.pop("latent"), a.pop("w_uk"), a.pop("w_uv"), **a, **kw
+    )
+
+  def sharded_call(**a):
+    names = sorted(a)
+    specs = tuple(P(None, AXIS) if n in sharded else P() for n in names)
+    stat_specs = attnjax.AttentionStats(P(), P(), P(), P(None, None, AXIS), P())
+
+    def local(*xs):
+      return reference(
+        **dict(zip(names, xs)),
+        context_axis=AXIS,
+        context_strategy=case["strategy"],
+        context_layout=layout,
+      )
+
+    out_specs = (P(None, AXIS), stat_specs) if stats else P(None, AXIS)
+    result = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)(
+      *(order(a[n]) if n in sharded else a[n] for n in names)
+    )
+    if not stats:
+      return natural(result)
+    out, st = result
+    return natural(out), st._replace(logsumexp=natural(st.logsumexp, 2))
+
+  def loss(call, diff):
+    result = call(**diff)
+    out, st = result if stats else (result, None)
+    total = jnp.sum(out * jnp.cos(out))
+    if st is not None:
+      total = total + jnp.sum(jnp.sin(st.logsumexp))
+    return total, result
+
+  with jax.set_mesh(mesh):
+    (_, got), g_got = jax.jit(
+      jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True)
+    )(diff)
+  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))(
+    diff
+  )
+  errors = {}
+  if stats:
+    errors["out"] = _rel(got[0], want[0])
+    for field in want[1]._fields:
+      errors[field] = _rel(getattr(got[1], field), getattr(want[1], field))
+  else:
+    errors["out"] = _rel(got, want)
+  errors.update({f"d{n}": _rel(g_got[n], g_want[n]) for n in diff})
+  return errors
+
+
 def _rel(a, b) -> float:
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   return float(np.max(np.abs(a - b)) / (1.0 + np.max(np.abs(b))))
@@ -382,6 +465,7 @@ RUNNERS = {
   "linear": run_linear_case,
   "gated_linear": run_recurrent_case,
   "delta_rule": run_recurrent_case,
+  "mla": run_mla_case,
   "compressed": None,
   "block_select": None,
 }

@@ -133,6 +133,9 @@ REPRESENTATIVE = [
   # Recurrent families: state passing, with resets (one at a shard boundary), initial state.
   dict(family="gated_linear", P=4, T=64, segments=True, gla=True),
   dict(family="delta_rule", P=2, T=64, initial_state=True),
+  # MLA: the absorbed form's ring passes the latent; the expanded form all-gathers.
+  dict(family="mla", strategy="ring", P=4, T=64, absorb=True, sinks=True, layout="zigzag"),
+  dict(family="mla", strategy="all_gather", P=2, T=64, absorb=False, stats=False),
   # Errors raised while tracing inside shard_map (no compile).
   dict(
     strategy="all_to_all",
@@ -476,7 +479,7 @@ def test_recurrent_context_axis_is_checked(name):
 
 
 def test_every_context_strategy_is_declared_on_its_op():
-  for name in ("dense", "sparse", "linear", "gated_linear", "delta_rule"):
+  for name in ("dense", "sparse", "mla", "linear", "gated_linear", "delta_rule"):
     assert _op.OPS[name].context is not None, name
 
 

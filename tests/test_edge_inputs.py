@@ -67,6 +67,22 @@ def _compressed(impl):
   )
 
 
+def _mla(impl):
+  """MLA over the suite's arrays: the rope part is ``k``'s second half, the latent ``v``
+  (``R = H``), fixed up-projections; the output has ``H`` dims."""
+
+  def call(q, k, v, **kw):
+    H, n = q.shape[3], q.shape[2]
+    d_n = H // 2
+    w_uk = 0.3 * jnp.ones((v.shape[3], n, d_n), q.dtype)
+    w_uv = 0.2 * jnp.ones((v.shape[3], n, H), q.dtype)
+    return attnjax.mla_attention(
+      q, k[:, :, :1, d_n:], v[:, :, :1], w_uk, w_uv, implementation=impl, **kw
+    )
+
+  return call
+
+
 def _block_select(impl):
   return lambda q, k, v, **kw: attnjax.block_select_attention(
     q, k, v, **{"block_size": 2, "top_k": 1, **kw}, implementation=impl
@@ -124,6 +140,7 @@ CALLS: dict[str, list[tuple[str, Callable[[Any], Any], dict[str, Any]]]] = {
       dict(static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2))),
     )
   ],
+  "mla": [("mla", _mla, {})],
   "block_select": [
     (
       "block_select",

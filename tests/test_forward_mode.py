@@ -76,6 +76,25 @@ def _dense_reference(**kw) -> Callable:
   )
 
 
+def _mla(absorb: bool) -> Callable:
+  """:func:`attnjax.mla_attention` on ``q``, ``k``'s second half (the rope key) and ``v`` (the
+  latent), with fixed up-projections, in one form; one object per form (one reference jvp)."""
+  if absorb not in _MLA:
+    rng = np.random.default_rng(2)
+    w_uk, w_uv = (jnp.asarray(0.3 * rng.standard_normal((H, N, d)), jnp.float32) for d in (4, 6))
+
+    def call(q, k, v, **kw):
+      return attnjax.mla_attention(
+        q, k[:, :, :1, 4:], v[:, :, :1], w_uk, w_uv, is_causal=True, absorb=absorb, **kw
+      )
+
+    _MLA[absorb] = call
+  return _MLA[absorb]
+
+
+_MLA: dict = {}
+
+
 def _family_calls(a: dict, long: dict) -> dict[str, list[tuple[str, Callable, tuple, tuple]]]:
   """How each family's public functions are called, by op name (front ends of one op share its
   engines): ``(name, fn(*args, implementation=...), args, implementations)``, where empty
@@ -130,6 +149,10 @@ def _family_calls(a: dict, long: dict) -> dict[str, list[tuple[str, Callable, tu
         qkv,
         (),
       )
+    ],
+    "mla": [
+      ("mla_attention", _mla(False), qkv, (None, "blockwise")),
+      ("mla_attention/absorbed", _mla(True), qkv, (None, "blockwise")),
     ],
     "block_select": [
       (

@@ -157,6 +157,33 @@ class TestBlockSelect(FamilyTests):
     )
 
 
+class TestMla(FamilyTests):
+  op = "mla"
+  # "xla" (jax.nn) needs d_v = d_qk, which the absorbed form never has (R + d_r against R):
+  # tests/test_mla.py runs it on an expanded call with d_v = d_n + d_r.
+  engines = ("blockwise", None)
+
+  def sample(self):
+    rng = np.random.default_rng(1)
+    draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    R, d_n, d_r, d_v = 12, 6, 2, 4
+    args = (
+      draw(B, T, N, d_n + d_r),
+      draw(B, T, 1, d_r),
+      draw(B, T, 1, R),
+      0.3 * draw(R, N, d_n),
+      0.3 * draw(R, N, d_v),
+    )
+    # Each engine on the absorbed form (MQA over the latent) against the reference on the
+    # expanded one, the definition.
+    return (
+      lambda impl, *a: attnjax.mla_attention(
+        *a, is_causal=True, window=(9, 0), absorb=impl != "reference", implementation=impl
+      ),
+      args,
+    )
+
+
 class TestLinear(FamilyTests):
   op = "linear"
 

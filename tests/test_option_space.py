@@ -94,6 +94,17 @@ ARRAY_DEFECTS = (
 )
 
 
+# MLA's own arrays: (q, k_rope, latent) and the up-projections in extra.
+MLA_ARRAY_DEFECTS = (
+  ("q", lambda q, k, v, e: (q[0], k, v, e)),
+  ("k_rope", lambda q, k, v, e: (q, k[..., None], v, e)),
+  ("dtype", lambda q, k, v, e: (q, k.astype(jnp.float16), v, e)),
+  ("latent", lambda q, k, v, e: (q, k, jnp.concatenate([v, v], 2), e)),
+  ("w_uk", lambda q, k, v, e: (q, k, v, dict(e, w_uk=e["w_uk"][..., :-1]))),
+  ("w_uv", lambda q, k, v, e: (q, k, v, dict(e, w_uv=e["w_uv"][:, :1]))),
+)
+
+
 def _array_defect(rng, q, k, v):
   name, make = _choice(rng, ARRAY_DEFECTS)
   if name == "heads" and k.shape[2] == 1:  # any N is a multiple of one kv head
@@ -252,6 +263,22 @@ def _draw(rng, family: str) -> Draw:
         "return_state": 1,
         "scale": _choice(rng, [-1.0, [0.5]]),
       }[defect]
+  elif family == "mla":
+    fn, impls = attnjax.mla_attention, ("blockwise", None)
+    B, T, N, H = q.shape
+    d_n = H // 2
+    R = _choice(rng, [4, 8])
+    w = lambda *shape: jnp.asarray(0.4 * rng.standard_normal(shape), jnp.float32)
+    k, v = k[:, :, :1, d_n:], w(B, k.shape[1], 1, R).astype(q.dtype)  # k_rope, latent
+    extra["w_uk"], extra["w_uv"] = w(R, N, d_n), w(R, N, _choice(rng, [4, 6]))
+    kw["absorb"] = _choice(rng, [True, False, None])
+    defect = _dense_options(rng, kw, defective and not own)
+    if own:
+      defect, kw["absorb"] = "absorb", _choice(rng, [1, "yes"])
+    if mode == "array":
+      mode = "mla_array"
+      defect, make = _choice(rng, MLA_ARRAY_DEFECTS)
+      q, k, v, extra = make(q, k, v, dict(extra))
   else:
     raise KeyError(f"_draw does not know the family {family!r}")
   if mode == "array":
@@ -276,6 +303,7 @@ DRAWN = {
   "sparse": ("sparse",),
   "compressed": ("compressed",),
   "block_select": ("block_select",),
+  "mla": ("mla",),
   "linear": ("linear",),
   "gated_linear": ("gated",),
   "delta_rule": ("delta",),

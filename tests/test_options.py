@@ -10,6 +10,7 @@ stops every call at ``validate``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import re
 
@@ -20,8 +21,19 @@ import attnjax
 from attnjax._src import op as _op, mods, options
 from attnjax._src.ops.block_select import attention as block_select
 from attnjax._src.ops.compressed import attention as compressed
+from attnjax._src.ops.mla import attention as mla
 from attnjax._src.ops.dense import qk_norm
 from attnjax._src.ops.sparse import attention as sparse
+
+
+@functools.wraps(attnjax.mla_attention)
+def _mla_from_qkv(q, k, v, **kw):
+  """:func:`attnjax.mla_attention` on ``q``, ``k``'s second half as the rope key and ``v`` as
+  the latent (one head each); its signature and docstring are mla_attention's."""
+  d_n, N, R = q.shape[3] // 2, q.shape[2], v.shape[3]
+  w = lambda d: jnp.ones((R, N, d), q.dtype)
+  return attnjax.mla_attention(q, k[:, :, :1, d_n:], v[:, :, :1], w(d_n), w(4), **kw)
+
 
 # The dense keywords each family's public functions forward, by op name (the families come from
 # the op registry, attnjax._op.OPS: a registered op without an entry fails
@@ -73,6 +85,8 @@ KEYWORDS_BY_OP = {
       dict(stride=2),
     )
   ],
+  # mla_attention(q, k_rope, latent, w_uk, w_uv): the suite's q, k, v as MLA's arrays.
+  "mla": [("mla_attention", _mla_from_qkv, mla.DENSE_KEYWORDS, (), {}, {})],
   "linear": [],
   "gated_linear": [],
   "delta_rule": [],
@@ -269,9 +283,13 @@ def test_a_misspelled_keyword_is_named_with_the_right_one(name):
 
 def test_a_wrongly_typed_argument_names_the_type_expected():
   q = jnp.ones((1, 8, 2, 4))
-  with pytest.raises(TypeError, match=r"linear_attention\(\): feature_map expects a FeatureMap, got str 'relu'"):
+  with pytest.raises(
+    TypeError, match=r"linear_attention\(\): feature_map expects a FeatureMap, got str 'relu'"
+  ):
     attnjax.linear_attention(q, q, q, feature_map="relu")
-  with pytest.raises(TypeError, match=r"dot_product_attention\(\): query expects an array, got str"):
+  with pytest.raises(
+    TypeError, match=r"dot_product_attention\(\): query expects an array, got str"
+  ):
     attnjax.dot_product_attention("q", q, q)
   with pytest.raises(TypeError, match="normalizer must be a str naming a registered normaliser"):
     attnjax.dot_product_attention(q, q, q, normalizer=("softmax",))

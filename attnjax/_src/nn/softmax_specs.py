@@ -30,14 +30,12 @@ from attnjax._src import (
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.ops.dense import qk_norm as qk_norm_lib
 from attnjax._src.nn import _layers, kv_policies
-from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.spec_base import (
   DEFAULT_TEMPERATURE,
   PATTERNS,
   STREAMING_ROPE,
   AttentionSpec,
   Call,
-  _rope,
   check_int,
   check_normalizer,
   check_type,
@@ -229,9 +227,10 @@ class ScoreSpec(AttentionSpec):
       T = q.shape[1]
       positions = jnp.arange(T, dtype=jnp.int32) if call.positions is None else call.positions
       if not self.alibi:  # ALiBi replaces RoPE
-        q, k = _rope(layer, q, positions), _rope(layer, k, positions)
+        q, k = self.rotate(layer, q, positions), self.rotate(layer, k, positions)
       run, k, v = self.full_call(layer, k, v, call)
-      return run_and_sow(layer, run, q, k, v, call), None
+      weights = self.sown_weights(layer, run, q, k, v)
+      return run_and_sow(layer, run, q, k, v, call, weights=weights), None
     return self._attend_decode(layer, q, k, v, call)
 
   def _attend_cross(self, layer, q, k, v, call):
@@ -240,7 +239,7 @@ class ScoreSpec(AttentionSpec):
     if self.kv_slot():
       k, v, mask = self._append_kv_bias(layer, k, v, mask, q.shape[1])
     run = functools.partial(self.function(layer), mask=mask, **self.kwargs(layer))
-    return run_and_sow(layer, run, q, k, v, call)
+    return run_and_sow(layer, run, q, k, v, call, weights=self.sown_weights(layer, run, q, k, v))
 
   def _attend_decode(self, layer, q, k, v, call):
     cache, policy = call.cache, self.cache_policy
@@ -340,8 +339,7 @@ class ScoreSpec(AttentionSpec):
     K = k.shape[2]
     if c.rope_theta is not None:
       q_rope, k_rope = self.decode_rope(layer, idx, k_idx, q_rope, k_rope, start, call)
-      q = apply_rope(q, q_rope, c.rope_theta, scaling=c.rope_scaling)
-      k = apply_rope(k, k_rope, c.rope_theta, scaling=c.rope_scaling)
+      q, k = self.rotate(layer, q, q_rope), self.rotate(layer, k, k_rope)
     if k_idx.ndim == 1:
       mask = self.allowed(layer, idx, k_idx, length)
       mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
@@ -358,7 +356,15 @@ class ScoreSpec(AttentionSpec):
       kwargs["implementation"] = "reference"  # identity values: any value width
     run = functools.partial(self.decode_function(layer), mask=mask, **kwargs)
     if not weights:
-      return run_and_sow(layer, run, q, k, v, call)
+      return run_and_sow(layer, run, q, k, v, call, weights=self.sown_weights(layer, run, q, k, v))
+    return self.attend_with_weights(layer, run, q, k, v, call)
+
+  def attend_with_weights(self, layer, run: Callable, q: Array, k: Array, v: Array, call: Call):
+    """``(out [B, T, N, Hv], w [B, T, N, S'])`` of ``run(q, k, v)`` (the decode step of
+    :meth:`attend_cache` with ``weights``): ``w`` is ``run`` applied to identity values, and
+    ``out`` is ``w`` times ``v``."""
+    B, T, N, _ = q.shape
+    K = k.shape[2]
     width = k.shape[1]
     eye = jnp.broadcast_to(
       jnp.eye(width, dtype=jnp.float32)[None, :, None, :], (B, width, K, width)
@@ -443,14 +449,22 @@ class ScoreSpec(AttentionSpec):
   def init_cache(self, layer, batch_size, max_len):
     if self.cache_policy in kv_policies.EVICTING:
       kv_policies.check_budget(self.cache_budget, max_len)
+    K, H, Hv = self.cache_shape(layer.config, layer.d_model)
     return kv_policies.init_cache(
       self.cache_policy,
       batch_size,
       self.cache_capacity(layer, max_len),
-      layer.num_kv_heads,
-      layer.head_dim,
+      K,
+      H,
       layer.dtype,
+      value_dim=Hv,
     )
+
+  def cache_shape(self, config, d_model: int) -> tuple[int, int, int]:
+    """``(K, H, Hv)``: key/value heads, key and value widths of the decode cache's slots (the
+    layer's own; MLA's one latent head)."""
+    H = config.head_dim_for(d_model)
+    return config.kv_heads, H, self.value_head_dim(H)
 
   def allowed_mask(self, layer, length):
     pos = jnp.arange(length, dtype=jnp.int32)

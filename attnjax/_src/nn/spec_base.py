@@ -112,8 +112,7 @@ def init_normalizer_params(layer, normalizer: str, param_dtype) -> None:
     layer.normalizer_params = nnx.Dict(
       {
         p.name: _layers.param(
-          jnp.full(p.shape(layer.num_heads), p.init, param_dtype),
-          ("heads",) if p.per_head else (),
+          jnp.full(p.shape(layer.num_heads), p.init, param_dtype), ("heads",) if p.per_head else ()
         )
         for p in declared
       }
@@ -210,6 +209,7 @@ class AttentionSpec:
   implementations: ClassVar[tuple[str, ...]] = ()
   deprecated_implementations: ClassVar[dict[str, str]] = {}
   takes_segment_ids: ClassVar[bool] = True
+  takes_cross: ClassVar[bool] = True
 
   def __post_init__(self):
     self.validate()
@@ -234,6 +234,45 @@ class AttentionSpec:
   def has_null_column(self) -> bool:
     """Whether the weights have a null column (a row may put mass on no key)."""
     return False
+
+  def fixed_head_dim(self) -> Optional[int]:
+    """The query head dim the family fixes itself (MLA's ``d_n + d_r``), or None: the
+    config's ``head_dim`` (or ``d_model // num_heads``)."""
+    return None
+
+  def value_head_dim(self, head_dim: int) -> int:
+    """``Hv``, the width of each head's output (``head_dim`` unless the family sets it)."""
+    return head_dim
+
+  def init_projections(self, layer, d_model: int, lin: dict) -> None:
+    """Creates the layer's projections: ``q_proj``, ``k_proj``, ``v_proj`` (``[D, heads H]``)
+    and ``o_proj`` (``[N Hv, D]``); ``lin`` holds the rngs and dtypes."""
+    N, K, H, c = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.config
+    bias = c.qkv_bias
+    layer.q_proj = _layers.linear(d_model, N * H, ("embed", "heads"), use_bias=bias, **lin)
+    layer.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=bias, **lin)
+    layer.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=bias, **lin)
+    Hv = self.value_head_dim(H)
+    layer.o_proj = _layers.linear(N * Hv, d_model, ("heads", "embed"), use_bias=c.out_bias, **lin)
+
+  def project(self, layer, x: Array):
+    """The raw projections ``(q, k, v)`` of ``x [B, T, D]`` that :meth:`attend` takes."""
+    return (
+      layer._heads(layer.q_proj, x, layer.num_heads),
+      layer._heads(layer.k_proj, x, layer.num_kv_heads),
+      layer._heads(layer.v_proj, x, layer.num_kv_heads),
+    )
+
+  def rotate(self, layer, x: Array, positions: Array) -> Array:
+    """``x`` (queries or keys ``[B, T, heads, .]``) rotated by the layer's RoPE at
+    ``positions``; as is without RoPE."""
+    return _rope(layer, x, positions)
+
+  def sown_weights(self, layer, run: Callable, q: Array, k: Array, v: Array):
+    """A function returning the weights ``[B, N, T, S]`` of ``run(q, k, v)`` to sow, or None:
+    ``run`` applied to identity values (``run_and_sow``'s default)."""
+    del layer, run, q, k, v
+    return None
 
   def validate(self) -> None:
     """Checks this spec's own fields (ValueError/TypeError naming the field)."""
@@ -315,7 +354,7 @@ class AttentionSpec:
   def compared_qk(self, layer, q: Array, k: Array, positions: Array):
     """What the attention function compares: ``prepare_qk``, then RoPE."""
     q, k = self.prepare_qk(layer, q, k)
-    return _rope(layer, q, positions), _rope(layer, k, positions)
+    return self.rotate(layer, q, positions), self.rotate(layer, k, positions)
 
   def to_dict(self) -> dict[str, Any]:
     """The spec's fields as a dict (``AttentionConfig.to_dict`` nests it)."""
