@@ -69,7 +69,8 @@ class OpTests:
 
   def partial_block_sample(self, normalizer: str) -> Optional[tuple[Callable[..., Any], tuple]]:
     """``(fn, args)`` as :meth:`sample`, of a call with ``normalizer`` whose length is not a
-    multiple of its block size; None: the family has no normalisers (or blocks)."""
+    multiple of its block size; None: the family has no normalisers, or its calls take no
+    block size (mla: the dense engines' own blocks, all of a short call)."""
     return None
 
   def pytest_generate_tests(self, metafunc):
@@ -83,7 +84,7 @@ class OpTests:
       metafunc.parametrize("engine", engines)
       return
     if self.partial_block_sample("softmax") is None:
-      metafunc.parametrize("engine,normalizer", [pytest.param(None, None, id="no-normalizers")])
+      metafunc.parametrize("engine,normalizer", [pytest.param(None, None, id="no-sample")])
       return
     metafunc.parametrize(
       "engine,normalizer",
@@ -110,7 +111,7 @@ class OpTests:
 
   def test_partial_last_block(self, engine, normalizer):
     if normalizer is None:
-      pytest.skip(f"{self.op} has no normalisers")
+      pytest.skip(f"{self.op} has no call with a partial last block (normalisers, block sizes)")
     fn, args = self.partial_block_sample(normalizer)
     if engine is not None:
       reasons = self.refusals(engine, normalizer)
