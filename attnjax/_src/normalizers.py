@@ -176,13 +176,13 @@ class Normalizer:
     accepts_sink_logits: learned per-head null logits may be given.
     platform_kernel: ``jax.nn.dot_product_attention`` / cuDNN / splash compute
       exactly this normaliser (without sink logits). A claim: those engines also
-      take only the built-in object that makes it (:func:`platform_kernel`).
+      take only the built-in object that makes it (:data:`PLATFORM_KERNELS`).
     softmax_like: weights are ``exp(z - log_normalizer)``; the logsumexp
       statistic is the log-normaliser (the null column included). A claim.
     sums_to_one: every row with a key sums to one. A claim.
     mergeable: partial results over disjoint key sets merge exactly
-      (:meth:`merge`); parts are computed with normaliser ``merge_part``. A claim:
-      see :func:`merge_part` for when a merge runs.
+      (:meth:`merge`); parts are computed with normaliser ``merge_part``. A claim: a merge
+      runs for a built-in, or for a normaliser that merges parts of its own only.
     merge_part: the normaliser name parts of a merge are computed with (None: this one).
     reads_row_dot: :meth:`tile_backward` (and :meth:`null_grad`) read ``row_dot``
       ``= <dO_i, O_i>``; where False a kernel may pass None and skip computing it (a
@@ -779,7 +779,7 @@ class Param:
 class WeightsOnly(Normalizer):
   """A normaliser written as its weights alone, given the per-row quantities it declares.
 
-  Subclasses set ``name``, :attr:`row_quantities`, :attr:`params` and define
+  Subclasses set ``name``, ``row_quantities``, ``params`` and define
   :meth:`weights` (and :meth:`logits`, a rewrite of the logits the quantities are taken of).
   The reference engines materialise it; the block-wise engine runs it in O(T) memory in
   two passes over the key blocks (the declared quantities, then the weights tile by tile)
@@ -816,7 +816,7 @@ class WeightsOnly(Normalizer):
     Args:
       z: float32 logits after :meth:`logits`, ``[..., R, S]``.
       allowed: bool, broadcastable to ``z`` (entries where it is False are dropped).
-      row: the declared :attr:`row_quantities` and the parameters.
+      row: the declared ``row_quantities`` and the parameters.
 
     Returns:
       The weights, broadcastable to ``z``.

@@ -603,7 +603,7 @@ def _sparse_attention(
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits (Gemma 2).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       intersected with the pattern.
-    implementation: None (auto: ``"blockwise"`` from :data:`BLOCKWISE_MIN_LENGTH` tokens on,
+    implementation: None (auto: ``"blockwise"`` from :data:`attnjax.sparse.BLOCKWISE_MIN_LENGTH` tokens on,
       ``"reference"`` below, as dense attention), ``"reference"`` or ``"blockwise"``
       (the engines of :data:`~attnjax.sparse.OP`; the old name ``"block_sparse"`` still works and warns
       once).
