@@ -20,7 +20,8 @@ import attnjax
 from attnjax._src import op as _op, mods, options
 from attnjax._src.ops.block_select import attention as block_select
 from attnjax._src.ops.compressed import attention as compressed
-from attnjax._src.ops.dense import qk_norm
+from attnjax._src.ops.cosine import attention as cosine
+from attnjax._src.ops.qk_norm import attention as qk_norm
 from attnjax._src.ops.sparse import attention as sparse
 
 # The dense keywords each family's public functions forward, by op name (the families come from
@@ -36,7 +37,7 @@ KEYWORDS_BY_OP = {
     (
       "cosine_attention",
       attnjax.cosine_attention,
-      qk_norm.COSINE_KEYWORDS,
+      cosine.COSINE_KEYWORDS,
       (),
       {},
       dict(temperature=jnp.zeros((2,))),

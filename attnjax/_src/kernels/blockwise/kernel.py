@@ -21,7 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import empty as _empty, logits as _logits, static as _static, options, masks
+from attnjax._src import (
+  empty as _empty,
+  logits as _logits,
+  static as _static,
+  options,
+  masks,
+  validators,
+)
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.linear_map import as_aval, zeros_of
@@ -886,13 +893,6 @@ def shifted_indices(inputs, opts, offsets):
   return dataclasses.replace(inputs, **moved), dataclasses.replace(opts, **changes)
 
 
-def _check_block(name: str, value: Optional[int]) -> None:
-  if value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-    raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-
-
 def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int] = None, **kwargs):
   """:func:`attnjax.dot_product_attention` on the block-wise path with chosen block sizes.
 
@@ -912,8 +912,8 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
   Returns:
     As :func:`attnjax.dot_product_attention`.
   """
-  _check_block("block_q", block_q)
-  _check_block("block_k", block_k)
+  validators.check_positive_int("block_q", block_q, allow_none=True)
+  validators.check_positive_int("block_k", block_k, allow_none=True)
   if "implementation" in kwargs:
     raise TypeError("blockwise.attention takes no implementation argument")
   inputs, opts = options.validate(q, k, v, **kwargs)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax._src import logits as _logits, lowering as _lowering, target as _target, options
+from attnjax._src import logits as _logits, op, target as _target, options
 from attnjax._src.kernels import autodiff, blockwise
 from attnjax._src.kernels.mosaic_gpu import backward
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
@@ -659,7 +659,7 @@ def compute(
 ):
   """Mosaic GPU attention of a validated dense call (see the module docstring).
 
-  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The call is one :func:`unsupported` accepts (checked once, by :func:`attnjax._src.op.run_engine`).
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs`.
@@ -727,12 +727,26 @@ def compute(
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-run = _lowering.kernel_engine(
-  "mosaic_gpu", "cuda", unsupported, compute, "runs on a CUDA GPU (sm_90) only"
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.Engine(
+  "mosaic_gpu",
+  compute,
+  unsupported,
+  platform="cuda",
+  per_shard=True,
+  vouched_by="device-check",
+  where="runs on a CUDA GPU (sm_90) only",
 )
 
 
-attention = options.engine_entry(run, "mosaic_gpu", ("block_sizes", "interpret"))
+def _run(inputs, opts, **options):
+  return op.run_engine(ENGINE, (inputs, opts), **options)
+
+
+run = op.deprecated_run(ENGINE, "attnjax.kernels.mosaic_gpu")
+
+
+attention = options.engine_entry(_run, "mosaic_gpu", ("block_sizes", "interpret"))
 attention.__doc__ = """The Mosaic GPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``: every keyword
@@ -745,6 +759,7 @@ __all__ = [
   "BLOCK_SIZE_TABLE",
   "DEFAULT_BLOCK_SIZES",
   "DTYPES",
+  "ENGINE",
   "MOSAIC_GPU_CALL_TARGET",
   "BlockSizes",
   "attention",

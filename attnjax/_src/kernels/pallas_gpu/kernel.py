@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax._src import lowering as _lowering, target as _target, options
+from attnjax._src import lowering as _lowering, op, target as _target, options
 from attnjax._src.kernels import autodiff, blockwise
 from attnjax._src.kernels.pallas_gpu import backward
 from attnjax._src.kernels.pallas_gpu.plan import (
@@ -320,7 +320,7 @@ def compute(
 ):
   """Pallas GPU attention of a validated dense call (see the module docstring).
 
-  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The call is one :func:`unsupported` accepts (checked once, by :func:`attnjax._src.op.run_engine`).
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs` (no bias or mask array).
@@ -378,12 +378,26 @@ def compute(
   return (out, AttentionStats(*stats)) if opts.return_stats else out
 
 
-run = _lowering.kernel_engine(
-  "pallas_gpu", "cuda", unsupported, compute, "runs on a CUDA GPU only (a Triton kernel)"
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.Engine(
+  "pallas_gpu",
+  compute,
+  unsupported,
+  platform="cuda",
+  per_shard=True,
+  vouched_by="device-check",
+  where="runs on a CUDA GPU only (a Triton kernel)",
 )
 
 
-attention = options.engine_entry(run, "pallas_gpu", ("block_sizes", "interpret"))
+def _run(inputs, opts, **options):
+  return op.run_engine(ENGINE, (inputs, opts), **options)
+
+
+run = op.deprecated_run(ENGINE, "attnjax.kernels.pallas_gpu")
+
+
+attention = options.engine_entry(_run, "pallas_gpu", ("block_sizes", "interpret"))
 attention.__doc__ = """The Pallas GPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:

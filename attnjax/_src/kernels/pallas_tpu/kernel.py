@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax._src import lowering as _lowering, sharding as _sharding, layout, options
+from attnjax._src import op, sharding as _sharding, layout, options
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax._src.kernels import autodiff, blockwise, on_target
 from attnjax._src.kernels.pallas_tpu import backward
@@ -533,7 +533,7 @@ def compute(
 ):
   """Pallas TPU attention of a validated dense call (see the module docstring).
 
-  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The call is one :func:`unsupported` accepts (checked once, by :func:`attnjax._src.op.run_engine`).
   The forward and the backward are each traced when the program is lowered, for the TPU it
   is compiled for (``attnjax.kernels.on_target.call``): tiles and Mosaic's lowering
   follow the target, whatever the host.
@@ -717,24 +717,26 @@ def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
   return (used_b and moved[0]) or (used_n and moved[1])
 
 
-run = _lowering.kernel_engine(
-  "pallas_tpu", "tpu", unsupported, compute, "runs on a TPU only (a Mosaic kernel)"
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.Engine(
+  "pallas_tpu",
+  compute,
+  unsupported,
+  platform="tpu",
+  per_shard=True,
+  vouched_by="device-check",
+  where="runs on a TPU only (a Mosaic kernel)",
 )
 
 
-def _run_per_shard(
-  inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False
-):
-  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
-  return _sharding.per_shard(
-    lambda part, offsets: run(
-      part, opts, block_sizes=block_sizes, interpret=interpret, shard_offsets=offsets
-    ),
-    inputs,
-  )
+def _run(inputs, opts, **options):
+  return op.run_engine(ENGINE, (inputs, opts), **options)
 
 
-attention = options.engine_entry(_run_per_shard, "pallas_tpu", ("block_sizes", "interpret"))
+run = op.deprecated_run(ENGINE, "attnjax.kernels.pallas_tpu")
+
+
+attention = options.engine_entry(_run, "pallas_tpu", ("block_sizes", "interpret"))
 attention.__doc__ = """The Pallas TPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:

@@ -5,28 +5,24 @@ Implementation behind the public module :mod:`attnjax.delta_rule`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  op as _op,
-  static as _static,
-)
-from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src import validators, deprecation as _deprecation, op as _op, static as _static
+from attnjax._src.ops import recurrence
 from attnjax._src.numerics import einsum as _einsum
-from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
-from attnjax._src.ops.recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
+from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.recurrent import chunks
 
 Array = jnp.ndarray
 
-# The form "reference" names: the recurrence, the family's definition.
-REFERENCE_FORM = "recurrent"
+# The engine "reference" names: the recurrence, the family's definition.
+REFERENCE_ENGINE = "recurrent"
+REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 
 
 # ---------------------------------------------------------------------------
@@ -247,9 +243,11 @@ def _chunk_block(xs, s):
 
 
 def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
-  _checks.check_floating(name, x)
-  if _checks.shape_of(x) != (B, T, N):
-    raise ValueError(f"{name} must have shape [B, T, N] = {(B, T, N)}, got {_checks.shape_of(x)}")
+  validators.check_floating(name, x)
+  if validators.shape_of(x) != (B, T, N):
+    raise ValueError(
+      f"{name} must have shape [B, T, N] = {(B, T, N)}, got {validators.shape_of(x)}"
+    )
 
 
 def parallel(*args, **kwargs):
@@ -258,9 +256,24 @@ def parallel(*args, **kwargs):
   return quadratic(*args, **kwargs)
 
 
-# The delta_rule op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
-OP = _recurrent.state_op(
-  "delta_rule", recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_FORM
+# The delta_rule op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
+# returns ``(out [B, T, K, G, Hv], final state)``.
+ENGINES: dict[str, _op.Engine] = recurrence.engines(
+  recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_ENGINE
+)
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("chunked",)
+OP = _op.register(
+  _op.Op(
+    "delta_rule",
+    ENGINES,
+    PREFERENCES,
+    FALLBACK,
+    samples=lambda: _samples(),
+    **recurrence.STATE_PASSING,
+  )
 )
 
 
@@ -326,7 +339,7 @@ def _delta_rule_attention(
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
     (Gated DeltaNet).
   """
-  x = _recurrent.prepare(
+  x = recurrence.prepare(
     "delta_rule_attention",
     q,
     k,
@@ -337,7 +350,7 @@ def _delta_rule_attention(
     segment_ids=segment_ids,
     implementation=implementation,
     chunk_size=chunk_size,
-    op=OP,
+    family=OP,
     context_axis=context_axis,
   )
   B, T, N, _ = q.shape
@@ -346,11 +359,45 @@ def _delta_rule_attention(
   if log_decay is None:
     log_decay = jnp.zeros((B, T, N), jnp.float32)
   _check_per_step("log_decay", log_decay, B, T, N)
-  extra = (_recurrent.by_kv_head(beta, K), _recurrent.by_kv_head(log_decay, K))
-  out, final = _op.run(OP, (x, extra, chunk_size), x.form)
-  return _recurrent.finish(out, final, q, return_state=return_state)
+  extra = (recurrence.by_kv_head(beta, K), recurrence.by_kv_head(log_decay, K))
+  out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
+  return recurrence.finish(out, final, q, return_state=return_state)
 
 
 DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
 delta_rule_attention = _static.jit(_delta_rule_attention, DELTA_STATIC)
+
+
+def _per_step(q, seed: int) -> np.ndarray:
+  """A deterministic float32 ``[B, T, N]`` draw for samples, from the shape of ``q``."""
+  rng = np.random.default_rng([seed, *q.shape[:3]])
+  return rng.standard_normal(q.shape[:3]).astype(np.float32)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  def unit_keys_and_gates(q, k, v):
+    # The delta rule wants keys of unit norm (its update is then a contraction).
+    k32 = k.astype(jnp.float32)
+    norm = jnp.maximum(jnp.linalg.norm(k32, axis=-1, keepdims=True), 1e-6)
+    beta = 1.0 / (1.0 + np.exp(-_per_step(q, 2)))
+    log_decay = -np.logaddexp(0.0, _per_step(q, 3)) * 0.5
+    arrays = dict(
+      beta=jnp.asarray(beta, jnp.float32), log_decay=jnp.asarray(log_decay, jnp.float32)
+    )
+    return q, (k32 / norm).astype(k.dtype), v, arrays
+
+  return (
+    _op.Sample(
+      delta_rule_attention,
+      options=dict(chunk_size=8),
+      arrays=unit_keys_and_gates,
+      self_only=True,
+      state=True,
+      flags=("return_state",),
+      static=(("scale", 0.5), ("chunk_size", 2)),
+      choices=(("chunk_size", (1, 2, 3, 64)), ("scale", (0.25, 1.0))),
+      defects=(("chunk_size", (0, -3)), ("scale", (-1.0, [0.5]))),
+      context=True,
+    ),
+  )

@@ -5,27 +5,23 @@ Implementation behind the public module :mod:`attnjax.gated_linear`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  op as _op,
-  static as _static,
-)
-from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src import validators, deprecation as _deprecation, op as _op, static as _static
+from attnjax._src.ops import recurrence
 from attnjax._src.numerics import einsum as _einsum
-from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
-from attnjax._src.ops.recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
+from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.kernels.recurrent import chunks, gla_chunk
 
 Array = jnp.ndarray
 
-# The form "reference" names: the recurrence, the family's definition.
-REFERENCE_FORM = "recurrent"
+# The engine "reference" names: the recurrence, the family's definition.
+REFERENCE_ENGINE = "recurrent"
+REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 # Query sub-block of the chunked form's per-channel intra-chunk weights (secondary chunking).
 SUB_BLOCK = 16
 
@@ -219,8 +215,8 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
       "log_decay is required: [B, T, N] (scalar per head) or [B, T, N, H] "
       "(per key channel), values <= 0"
     )
-  _checks.check_floating("log_decay", log_decay)
-  shape = _checks.shape_of(log_decay)
+  validators.check_floating("log_decay", log_decay)
+  shape = validators.shape_of(log_decay)
   if len(shape) <= 3:
     target, per_channel = (B, T, N), False
   elif len(shape) == 4:
@@ -244,13 +240,24 @@ def parallel(*args, **kwargs):
   return quadratic(*args, **kwargs)
 
 
-# The gated_linear op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
-OP = _recurrent.state_op(
-  "gated_linear",
-  recurrent=recurrent,
-  quadratic=quadratic,
-  chunked=chunked,
-  reference=REFERENCE_FORM,
+# The gated_linear op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
+# returns ``(out [B, T, K, G, Hv], final state)``.
+ENGINES: dict[str, _op.Engine] = recurrence.engines(
+  recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_ENGINE
+)
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("chunked",)
+OP = _op.register(
+  _op.Op(
+    "gated_linear",
+    ENGINES,
+    PREFERENCES,
+    FALLBACK,
+    samples=lambda: _samples(),
+    **recurrence.STATE_PASSING,
+  )
 )
 
 
@@ -324,7 +331,7 @@ def _gated_linear_attention(
     Yang et al. 2024, "Gated Linear Attention Transformers with
     Hardware-Efficient Training".
   """
-  x = _recurrent.prepare(
+  x = recurrence.prepare(
     "gated_linear_attention",
     q,
     k,
@@ -335,16 +342,44 @@ def _gated_linear_attention(
     segment_ids=segment_ids,
     implementation=implementation,
     chunk_size=chunk_size,
-    op=OP,
+    family=OP,
     context_axis=context_axis,
   )
   B, T, N, H = q.shape
-  g = _recurrent.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
+  g = recurrence.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
   extra = (g,)
-  out, final = _op.run(OP, (x, extra, chunk_size), x.form)
-  return _recurrent.finish(out, final, q, return_state=return_state)
+  out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
+  return recurrence.finish(out, final, q, return_state=return_state)
 
 
 GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
 gated_linear_attention = _static.jit(_gated_linear_attention, GATED_LINEAR_STATIC)
+
+
+def _per_step(q, seed: int) -> np.ndarray:
+  """A deterministic float32 ``[B, T, N]`` draw for samples, from the shape of ``q``."""
+  rng = np.random.default_rng([seed, *q.shape[:3]])
+  return rng.standard_normal(q.shape[:3]).astype(np.float32)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  def gates(q, k, v):
+    # Decays in (-1, 0): a state that forgets over a few tokens, never all at once.
+    log_decay = -np.logaddexp(0.0, _per_step(q, 1)).astype(np.float32) * 0.5
+    return q, k, v, dict(log_decay=jnp.asarray(log_decay))
+
+  return (
+    _op.Sample(
+      gated_linear_attention,
+      options=dict(chunk_size=8),
+      arrays=gates,
+      self_only=True,
+      state=True,
+      flags=("return_state",),
+      static=(("scale", 0.5), ("chunk_size", 2)),
+      choices=(("chunk_size", (1, 2, 3, 64)), ("scale", (0.25, 1.0))),
+      defects=(("chunk_size", (0, -3)), ("scale", (-1.0, [0.5]))),
+      context=True,
+    ),
+  )
