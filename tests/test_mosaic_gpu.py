@@ -249,8 +249,8 @@ def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, struc
   inputs, opts = dense.prepare(q, k, v, **kw)
   c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
   assert (c.Tp, c.Tp // (mplan.CONSUMERS * c.bq)) == (384, 3)
-  fn = lambda q, k, v: run_kernel(mosaic_gpu, 
-    *dense.prepare(q, k, v, **kw), interpret=True, block_sizes=BLOCKS
+  fn = lambda q, k, v: run_kernel(
+    mosaic_gpu, *dense.prepare(q, k, v, **kw), interpret=True, block_sizes=BLOCKS
   )
   text = str(jax.make_jaxpr(fn)(q, k, v))
   # a producer and two consumers, registers moved between them

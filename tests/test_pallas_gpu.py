@@ -53,8 +53,8 @@ class TestPallasGpu(DenseEngineTests):
 def test_pallas_gpu_float16_and_no_structure():
   TestPallasGpu().check(("softmax", "causal", True, jnp.float16, False, False, None))
   q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16)
-  out = run_kernel(pallas_gpu, 
-    *dense.prepare(q, k, v, normalizer="sigmoid"), interpret=True, block_sizes=BLOCKS
+  out = run_kernel(
+    pallas_gpu, *dense.prepare(q, k, v, normalizer="sigmoid"), interpret=True, block_sizes=BLOCKS
   )
   ref = attnjax.dot_product_attention(q, k, v, normalizer="sigmoid", implementation="reference")
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
@@ -160,7 +160,9 @@ def test_pallas_gpu_backward_keeps_each_rows_precision(normalizer):
     out, st = fn(*dense.prepare(q, k, v, **kw))
     return jnp.sum(out.astype(dtype) ** 2) + jnp.sum(st.logsumexp)
 
-  kernel = lambda inputs, opts: run_kernel(pallas_gpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
+  kernel = lambda inputs, opts: run_kernel(
+    pallas_gpu, inputs, opts, interpret=True, block_sizes=BLOCKS
+  )
   got = jax.jit(jax.grad(functools.partial(loss, fn=kernel), (0, 1, 2)))(q, k, v)
   with jax.enable_x64(True):
     exact = jax.grad(functools.partial(loss, fn=dense.reference, dtype=jnp.float64), (0, 1, 2))(

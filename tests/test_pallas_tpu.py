@@ -166,8 +166,8 @@ def test_modifiers_reading_batch_and_head_inside_shard_map():
       out = dense.reference(inputs, opts)
     else:
       out = _sharding.per_shard(
-        lambda i, offsets: run_kernel(pallas_tpu, 
-          i, opts, interpret=True, block_sizes=BLOCKS, shard_offsets=offsets
+        lambda i, offsets: run_kernel(
+          pallas_tpu, i, opts, interpret=True, block_sizes=BLOCKS, shard_offsets=offsets
         ),
         inputs,
       )
