@@ -388,12 +388,16 @@ def test_ship_writes_the_checks_own_verdict_into_the_package_folder(
 
 
 def test_all_checks_every_kernel_of_the_platform_and_ship_needs_a_device(small_check, tmp_path):
-  assert check.kernels_to_check("gpu", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
-  assert check.kernels_to_check("gpu", "all", interpret=False) == ("pallas_gpu",)  # no Hopper
+  # The lists are the dense engines vouched for by the device check, per platform.
+  assert check.PLATFORM_KERNELS == {"cuda": ("pallas_gpu", "mosaic_gpu"), "tpu": ("pallas_tpu",)}
+  assert check.BUILTIN == {"cuda": "cudnn", "tpu": "splash"}
+  assert check.kernels_to_check("cuda", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
+  assert check.kernels_to_check("cuda", "all", interpret=False) == ("pallas_gpu",)  # no Hopper
   assert check.kernels_to_check("tpu", "all", interpret=False) == ("pallas_tpu",)
-  assert check.kernels_to_check("gpu", "default", interpret=False) == ("pallas_gpu",)
-  with pytest.raises(ValueError, match="--kernel pallas_tpu is not a kernel of --platform gpu"):
-    check.kernels_to_check("gpu", "pallas_tpu", interpret=False)
+  assert check.kernels_to_check("cuda", "default", interpret=False) == ("pallas_gpu",)
+  assert check.kernels_to_check("gpu", "default", interpret=False) == ("pallas_gpu",)  # an alias
+  with pytest.raises(ValueError, match="--kernel pallas_tpu is not a kernel of --platform cuda"):
+    check.kernels_to_check("cuda", "pallas_tpu", interpret=False)
   out = tmp_path / "report.md"
   assert check.main(["--interpret", "--ship", "--out", str(out)]) == 2
   assert check.main(["--interpret", "--kernel", "pallas_tpu", "--out", str(out)]) == 2

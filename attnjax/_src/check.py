@@ -33,6 +33,8 @@ STRUCTURES = ("causal", "window", "segments")
 #: The platforms ``--platform`` names (``gpu`` is accepted as an alias of ``cuda``).
 PLATFORMS = ("cuda", "tpu")
 PLATFORM_ALIASES = {"gpu": "cuda"}
+#: The device each platform runs on, as messages name it.
+DEVICES = {"cuda": "GPU", "tpu": "TPU"}
 #: Every kernel this command checks, per platform (``--kernel all``; mosaic_gpu only on a Hopper
 #: or in interpret mode): the dense engines vouched for by the device check, in the op's order.
 PLATFORM_KERNELS = {
@@ -661,7 +663,7 @@ def _refusal(args) -> Optional[str]:
   want = "cpu" if args.interpret else args.platform
   if lowering.current_platform() != want:
     needs = (
-      "the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret else f"a {args.platform.upper()}"
+      "the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret else f"a {DEVICES[args.platform]}"
     )
     return (
       f"python -m attnjax.check --platform {args.platform}"

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import (
+  deprecation,
   empty as _empty,
   logits as _logits,
   static as _static,
@@ -78,18 +79,19 @@ CPU_BLOCK_K = 256
 def default_block_sizes(
   T: int,
   S: int,
-  backend: Optional[str] = None,
+  platform: Optional[str] = None,
   *,
   window: Optional[tuple[int, int]] = None,
   rows: Optional[int] = None,
   is_causal: bool = False,
+  **renamed,
 ) -> tuple[int, int]:
   """``(block_q, block_k)`` for the target, never larger than the sequences.
 
-  The target is ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``), else the one a
-  program traced now is compiled for (``tiles.target_platform``: the
-  ambient mesh's device, else the default backend). A CPU gets
-  ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
+  The target is ``platform`` (``"cpu"``, ``"cuda"``, ``"tpu"``; ``"gpu"`` means
+  ``"cuda"``), else the one a program traced now is compiled for
+  (``tiles.target_platform``: the ambient mesh's device, else the default backend's). A
+  CPU gets ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
   tile budget allows (``tiles.gpu_block_sizes``: e.g. 2048 x 2048 on an
   H200 for ``rows=16`` at T=16384), or ``GPU_BLOCK_Q x GPU_BLOCK_K`` when
   ``rows`` is None; so does a TPU. A narrow window gets blocks of about half its span (at
@@ -99,15 +101,24 @@ def default_block_sizes(
 
   Args:
     T, S: query and key lengths.
-    backend: the target platform; None: ``tiles.target_platform``.
+    platform: the target platform; None: ``tiles.target_platform``. (Its old name
+      ``backend=`` still works and warns once.)
     window: the call's window, or None.
     rows: batch times query heads of the call (a GPU's tile budget), or None.
     is_causal: the call is causal (a GPU keeps 4 blocks a side).
   """
-  backend = target_platform() if backend is None else backend
-  if backend == "cpu":
+  if renamed:  # the old keyword backend=
+    given = deprecation.renamed_in("default_block_sizes", renamed, {"backend": "platform"})
+    if set(given) != {"platform"} or platform is not None:
+      raise TypeError(
+        f"default_block_sizes takes platform= (once; backend= is its old name), got "
+        f"{sorted(renamed)} with platform={platform!r}"
+      )
+    platform = given["platform"]
+  platform = target_platform() if platform is None else platform
+  if platform == "cpu":
     bq, bk = CPU_BLOCK_Q, CPU_BLOCK_K
-  elif backend == "gpu" and rows is not None:
+  elif platform in ("cuda", "gpu") and rows is not None:
     bq, bk = gpu_block_sizes(T, S, rows, gpu_memory_bytes(), is_causal=is_causal)
   else:  # a TPU (whose own kernels cover every call), or a GPU call of unknown rows
     bq, bk = GPU_BLOCK_Q, GPU_BLOCK_K
