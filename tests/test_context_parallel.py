@@ -476,8 +476,35 @@ def test_recurrent_context_axis_is_checked(name):
 
 
 def test_every_context_strategy_is_declared_on_its_op():
-  for name in ("dense", "sparse", "linear", "gated_linear", "delta_rule"):
+  for name in ("dense", "qk_norm", "cosine", "sparse", "linear", "gated_linear", "delta_rule"):
     assert _op.OPS[name].context is not None, name
+  for op in _op.OPS.values():  # a sample says it takes context_axis where the op has a strategy
+    assert any(s.context for s in op.samples()) == (op.context is not None), op.name
+
+
+def sample_cases(ops=None) -> list[dict]:
+  """One case per op with a context-parallel strategy, from its sample call."""
+  ops = _op.OPS if ops is None else ops
+  return [
+    dict(op=name, P=2, T=32)
+    for name, op in sorted(ops.items())
+    for sample in op.samples()[:1]
+    if sample.context
+  ]
+
+
+# The front ends of dense attention, whose strategy no other case runs; the others' samples
+# (their families' own cases run above) in -m slow.
+FRONT_ENDS = ("qk_norm", "cosine")
+
+
+def test_the_front_ends_sample_calls_equal_the_unsharded_call():
+  check(run_cases([c for c in sample_cases() if c["op"] in FRONT_ENDS]))
+
+
+@pytest.mark.slow
+def test_every_ops_sample_call_equals_the_unsharded_call():
+  check(run_cases(sample_cases()))
 
 
 def test_the_strategies_import_no_family():

@@ -71,7 +71,7 @@ class DenseKeywords:
   mask_mod_args: Any = None
   block_layout: Any = _static_keyword(None)
   context_axis: Optional[str] = _static_keyword(None)
-  context_strategy: str = _static_keyword("ring")
+  context_strategy: Optional[str] = _static_keyword("ring")
   context_layout: Optional[str] = _static_keyword(None, validated="contiguous")
 
 
@@ -391,7 +391,9 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
         f"sink_logits adds a learned null column to softmax; it cannot be combined "
         f"with normalizer={kw.normalizer!r}"
       )
-    sink_logits = jnp.reshape(validators.check_per_head("sink_logits", sink_logits, N), (1, N, 1, 1))
+    sink_logits = jnp.reshape(
+      validators.check_per_head("sink_logits", sink_logits, N), (1, N, 1, 1)
+    )
   bias = None if kw.bias is None else validators.as_rank4("bias", kw.bias, target, kind="bias")
   mask = None if kw.mask is None else validators.as_rank4("mask", kw.mask, target, kind="mask")
   q_seg = kv_seg = None

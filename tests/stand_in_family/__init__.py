@@ -1,5 +1,5 @@
 """A stand-in attention family, for tests/test_stand_in_family.py: one folder and one registry
-entry (its fixture registers :data:`OP` in :data:`attnjax._op.OPS` and removes it after).
+entry (its fixture registers :data:`OP` in :data:`attnjax._src.op.OPS` and removes it after).
 
 :func:`attention` is causal linear attention without a feature map, ``out[t] = scale *
 sum_{s <= t} (q[t] . k[s]) v[s]``, over ``q, k, v [B, T, N, H]``. Its readable reference
@@ -13,7 +13,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from attnjax._src import op as _op
+from attnjax._src import op as _op, validators
 
 NAME = "stand_in"
 
@@ -32,6 +32,12 @@ def cumulative(q, k, v):
   return jnp.einsum("btnh,btnhd->btnd", q, state) * q.shape[-1] ** -0.5
 
 
+def no_queries(q, k, v):
+  """The answer to a call with no queries (or no keys): the empty or zero output."""
+  del k
+  return jnp.zeros(q.shape[:3] + v.shape[3:], q.dtype)
+
+
 ENGINES = {
   e.name: e
   for e in (
@@ -39,20 +45,40 @@ ENGINES = {
     _op.Engine("cumulative", cumulative, _op.supports_everything),
   )
 }
-OP = _op.Op(NAME, ENGINES, preferences={}, fallback=("cumulative", "reference"))
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK = ("cumulative", "reference")
+
+
+def _samples():
+  # How the suites over every family call it: q, k, v and nothing more.
+  return (_op.Sample(attention, label="stand_in_attention", self_only=True),)
+
+
+OP = _op.Op(
+  NAME,
+  ENGINES,
+  PREFERENCES,
+  FALLBACK,
+  empty=no_queries,
+  is_empty=lambda q, k, v: q.shape[1] == 0,
+  samples=_samples,
+)
 
 
 def attention(q, k, v, *, implementation: Optional[str] = None):
   """The stand-in family's public function; dispatched through the registered op.
 
   Raises:
-    ValueError: q, k, v not of one shape ``[B, T, N, H]``, or an unknown implementation.
-    TypeError: implementation not a str or None.
+    ValueError: q, k, v not of one shape ``[B, T, N, H]`` (``H > 0``), or an unknown
+      implementation.
+    TypeError: implementation not a str or None, or q, k, v not of one floating dtype.
   """
   op = _op.OPS[NAME]
   implementation = _op.check_implementation(op, implementation, where="stand_in.attention")
-  if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
+  _, T, S, N, K, H, Hv = validators.check_qkv(q, k, v)  # the shared checks, their messages
+  if (S, K, Hv) != (T, N, H):
     raise ValueError(
-      f"q, k and v must share one shape [B, T, N, H]; got q {q.shape}, k {k.shape}, v {v.shape}"
+      f"stand_in attention takes one sequence, as many key/value heads as query heads and "
+      f"Hv == H; got q {q.shape}, k {k.shape}, v {v.shape}"
     )
   return _op.run(op, (q, k, v), implementation)

@@ -91,7 +91,7 @@ class GatedSpec(AttentionSpec):
   """Base of the gated and delta-rule families (see the module docstring).
 
   Attributes:
-    chunk_size: chunk length of the ``"chunked"`` form.
+    chunk_size: chunk length of the ``"chunked"`` engine.
     short_conv: kernel width W of the causal depthwise convolution on the q, k
       and v projections (followed by SiLU), or None for none (papers: 4).
     output_norm: ``"rms"`` or ``"layer"``: the per-head norm of the output.

@@ -26,14 +26,14 @@ REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 
 
 # ---------------------------------------------------------------------------
-# Forms. Each takes float32 q [B, T, K, G, H] (already scaled), k [B, T, K, H],
+# The engines' computations. Each takes float32 q [B, T, K, G, H] (already scaled), k [B, T, K, H],
 # v [B, T, K, Hv], beta and log decay g [B, T, K, G], a boolean reset [B, T]
 # (True: the state is zeroed before token t) and the state [B, K, G, H, Hv];
 # each returns (out [B, T, K, G, Hv], final state).
 
 
 def recurrent(q, k, v, beta, g, reset, state):
-  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token.
+  """The decode engine (the reference): ``lax.scan`` over time, one delta-rule update per token.
 
   Args:
     q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
@@ -65,7 +65,7 @@ def recurrent(q, k, v, beta, g, reset, state):
 
 
 def quadratic(q, k, v, beta, g, reset, state):
-  """The chunk form over the whole sequence as one chunk (``_chunk_block``, no scan).
+  """The chunk computation over the whole sequence as one chunk (``_chunk_block``, no scan).
 
   Args:
     q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
@@ -84,7 +84,7 @@ def quadratic(q, k, v, beta, g, reset, state):
 
 
 def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
-  """WY / UT-transform chunk form (module docstring): a scan over chunks carrying the state.
+  """The WY / UT-transform chunk computation (module docstring): a scan over chunks carrying the state.
 
   Each chunk (``_chunk_block``) computes its state-independent terms (the
   decays, the triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) and
@@ -298,7 +298,7 @@ def _delta_rule_attention(
   ``attnjax.nn`` families ``deltanet`` and ``gated_deltanet``.
 
   Per query head: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
-  ``o_t = scale * S_t^T q_t`` (module docstring for the chunk form).
+  ``o_t = scale * S_t^T q_t`` (module docstring for the chunk computation).
 
   Args:
     q: queries ``[B, T, N, H]``.
@@ -319,10 +319,10 @@ def _delta_rule_attention(
       of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
       names are the engines of :data:`~attnjax.delta_rule.OP`; ``"parallel"``, the old name of
-      ``"quadratic"``, still works and warns once. They mean the same form in every
+      ``"quadratic"``, still works and warns once. They mean the same engine in every
       recurrent family
       (``attnjax._recurrent``).
-    chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
+    chunk_size: chunk length of the chunked engine (any ``T``; the last chunk is
       padded).
     context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
       over (context parallelism, ``attnjax.parallel.recurrent``): called inside

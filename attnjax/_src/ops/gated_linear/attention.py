@@ -22,12 +22,12 @@ Array = jnp.ndarray
 # The engine "reference" names: the recurrence, the family's definition.
 REFERENCE_ENGINE = "recurrent"
 REFERENCE_FORM = REFERENCE_ENGINE  # its old name
-# Query sub-block of the chunked form's per-channel intra-chunk weights (secondary chunking).
+# Query sub-block of the chunked engine's per-channel intra-chunk weights (secondary chunking).
 SUB_BLOCK = 16
 
 
 # ---------------------------------------------------------------------------
-# Forms. Each takes float32 grouped queries q [B, T, K, G, H] (already scaled),
+# The engines' computations. Each takes float32 grouped queries q [B, T, K, G, H] (already scaled),
 # keys k [B, T, K, H], values v [B, T, K, Hv], decays g [B, T, K, G, D] with
 # D = 1 (scalar per head) or D = H (per key channel), a boolean reset [B, T]
 # (True where a new segment starts; never at t = 0) and the state
@@ -35,7 +35,7 @@ SUB_BLOCK = 16
 
 
 def recurrent(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
-  """Recurrent form (the reference): ``lax.scan`` over time carrying ``S``; the decode form.
+  """The recurrent engine (the reference): ``lax.scan`` over time carrying ``S``; the decode engine.
 
   Args:
     q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
@@ -106,7 +106,7 @@ def _block_terms(q: Array, k: Array, g: Array, reset: Array):
   overflow) and their weight to 0 after.
 
   Args:
-    q, k, g, reset: one block, shapes as the forms (``T = C``).
+    q, k, g, reset: one block, shapes as the engines take them (``T = C``).
 
   Returns:
     ``(w [B, K, G, C, C], q_in [B, C, K, G, H], k_end [B, C, K, G, H], carry
@@ -304,7 +304,7 @@ def _gated_linear_attention(
       quadratic), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
       names are the engines of :data:`~attnjax.gated_linear.OP`; ``"parallel"``, the old name of
-      ``"quadratic"``, still works and warns once. They mean the same form in every
+      ``"quadratic"``, still works and warns once. They mean the same engine in every
       recurrent family
       (``attnjax._recurrent``).
     chunk_size: chunk length of ``"chunked"``; any ``T`` works.

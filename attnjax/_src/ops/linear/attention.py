@@ -70,7 +70,7 @@ def zeros_state(batch: int, num_kv_heads: int, num_features: int, value_dim: int
 
 
 # ---------------------------------------------------------------------------
-# Forms. Each takes float32 features phi_q [B, T, K, G, F], phi_k [B, S, K, F],
+# The engines' computations. Each takes float32 features phi_q [B, T, K, G, F], phi_k [B, S, K, F],
 # values v [B, S, K, Hv] and a LinearState; each returns the numerator
 # phi(q_i).S_i [B, T, K, G, Hv], the denominator phi(q_i).z_i [B, T, K, G] and
 # the final state.
@@ -112,7 +112,7 @@ def quadratic(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_ca
 
 
 def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
-  """Causal decode form: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state.
+  """The causal decode engine: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state.
 
   Args:
     phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
@@ -149,7 +149,7 @@ def chunked(
   chunk_size: int,
   finish_fn: Optional[Callable[[Array, Array], Array]] = None,
 ):
-  """Causal chunked form: intra-chunk masked quadratic + the state of the earlier chunks.
+  """The causal chunked engine: intra-chunk masked quadratic + the state of the earlier chunks.
 
   A ``lax.scan`` over chunks of ``chunk_size`` carries ``(S, z)``; each step does
   four batched matmuls over ``(B, K)``: ``phi(Q_c) phi(K_c)^T`` (masked), its
@@ -850,11 +850,7 @@ def _samples() -> tuple[_op.Sample, ...]:
       state=True,
       flags=("is_causal", "return_stats", "return_state"),
       static=(("chunk_size", 2),),
-      choices=(
-        ("is_causal", (True, False)),
-        ("normalize", NORMALIZE + (True, False)),
-        ("chunk_size", (1, 2, 3, 64)),
-      ),
+      choices=(("normalize", NORMALIZE + (True, False)), ("chunk_size", (1, 2, 3, 64))),
       defects=(("normalize", (1, 0, "denom")), ("chunk_size", (0,))),
       context=True,
     ),
