@@ -94,6 +94,19 @@ def keywords(case: dict) -> dict:
   return kw
 
 
+def _values_and_grads(mesh, loss, sharded_call, reference, *args):
+  """``(got, g_got, want, g_want)``: ``loss(call, *args)``'s aux result and gradients (with
+  respect to ``args[0]``) of the sharded call under ``mesh``, and of the reference."""
+  with jax.set_mesh(mesh):
+    (_, got), g_got = jax.jit(
+      jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True)
+    )(*args)
+  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))(
+    *args
+  )
+  return got, g_got, want, g_want
+
+
 def run_recurrent_case(case: dict) -> dict:
   """Errors of a recurrent-family case: ``family`` (gated_linear / delta_rule), ``P``, ``T``,
   ``gla`` (per-channel gates), ``segments``, ``initial_state``, ``chunk_size``."""
@@ -151,15 +164,7 @@ def run_recurrent_case(case: dict) -> dict:
     out, state = call(**diff, **rest)
     return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(state)), (out, state)
 
-  import functools as ft
-
-  with jax.set_mesh(mesh):
-    (_, got), g_got = jax.jit(jax.value_and_grad(ft.partial(loss, sharded_call), has_aux=True))(
-      diff, rest
-    )
-  (_, want), g_want = jax.jit(jax.value_and_grad(ft.partial(loss, reference), has_aux=True))(
-    diff, rest
-  )
+  got, g_got, want, g_want = _values_and_grads(mesh, loss, sharded_call, reference, diff, rest)
   errors = {"out": _rel(got[0], want[0]), "state": _rel(got[1], want[1])}
   errors.update({f"d{n}": _rel(g_got[n], g_want[n]) for n in diff})
   return errors
@@ -239,13 +244,7 @@ def run_linear_case(case: dict) -> dict:
       total = total + sum(jnp.sum(jnp.sin(x)) for x in (st.sink_mass, st.entropy, st.row_sum))
     return total, (out, state, st)
 
-  with jax.set_mesh(mesh):
-    (_, got), g_got = jax.jit(
-      jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True)
-    )(diff)
-  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))(
-    diff
-  )
+  got, g_got, want, g_want = _values_and_grads(mesh, loss, sharded_call, reference, diff)
   errors = {
     "out": _rel(got[0], want[0]),
     "kv_sum": _rel(got[1].kv_sum, want[1].kv_sum),
@@ -412,13 +411,7 @@ def run_sample_case(case: dict) -> dict:
     total = sum(jnp.sum(x * jnp.cos(x)) for x in jax.tree.leaves(result))
     return total, result
 
-  with jax.set_mesh(mesh):
-    (_, got), g_got = jax.jit(
-      jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True)
-    )(diff)
-  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))(
-    diff
-  )
+  got, g_got, want, g_want = _values_and_grads(mesh, loss, sharded_call, reference, diff)
   errors = {
     f"result{i}": _rel(a, b)
     for i, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want)))

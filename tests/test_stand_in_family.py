@@ -119,7 +119,9 @@ def test_it_is_documented(stand_in):
 
 def test_the_edge_inputs_call_it(stand_in):
   cases = [c for c in test_edge_inputs.family_cases() if c.name.startswith("stand_in_attention")]
-  assert {c.name for c in cases} == {"stand_in_attention-cumulative", "stand_in_attention-None"}
+  assert {c.name for c in cases} == {
+    f"stand_in_attention-{i}" for i in ("reference", "cumulative", None)
+  }
   for case in cases:
     test_edge_inputs.test_zero_queries(case)
     test_edge_inputs.test_head_dim_zero(case)

@@ -745,7 +745,7 @@ def main(argv=None) -> int:
   Returns:
     The exit status: 0 when every correctness check passed, 1 when one failed, 2 when
     nothing was run (this host has no device of the platform asked for, or ``--kernel
-    mosaic_gpu`` without ``--platform gpu``; see :func:`run_checks`).
+    mosaic_gpu`` without ``--platform cuda``; see :func:`run_checks`).
   """
   args = parser().parse_args(argv)
   r = Report()

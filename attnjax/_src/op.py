@@ -75,6 +75,28 @@ class Engine:
     return self.min_length <= length and (self.max_length is None or length <= self.max_length)
 
 
+def platform_kernel(
+  name: str,
+  compute: Callable[..., Any],
+  unsupported: Callable[..., list[str]],
+  *,
+  platform: str,
+  where: str,
+  vouched_by: str = "device-check",
+) -> Engine:
+  """The record of a platform kernel (a custom call XLA cannot partition): it lowers for
+  ``platform`` only and runs per shard of a multi-device mesh."""
+  return Engine(
+    name,
+    compute,
+    unsupported,
+    platform=platform,
+    where=where,
+    per_shard=True,
+    vouched_by=vouched_by,
+  )
+
+
 def supports_everything(*call) -> list[str]:
   """The ``unsupported`` of an engine that honours every call its family validates."""
   del call
@@ -360,6 +382,12 @@ def run_engine(engine: Engine, call: Sequence[Any], *, interpret: bool = False, 
     lambda: compute(engine, call, **options),
     _lowering.wrong_platform(engine.name, engine.where),
   )
+
+
+def dense_runner(engine: Engine) -> Callable[..., Any]:
+  """``(inputs, opts, **options) -> out``: :func:`run_engine` of a dense engine (a kernel's
+  ``attention()`` entry runs through it)."""
+  return lambda inputs, opts, **options: run_engine(engine, (inputs, opts), **options)
 
 
 def deprecated_run(engine: Engine, module: str) -> Callable[..., Any]:

@@ -57,6 +57,20 @@ class Steps:
   mosaic: bool = False
 
 
+def dense_inputs(q, k, v, sink, q_seg, kv_seg, score_args=(), mask_args=()):
+  """The :class:`attnjax.options.DenseInputs` of a step's arrays."""
+  return options.DenseInputs(
+    q=q,
+    k=k,
+    v=v,
+    sink_logits=sink,
+    q_segment_ids=q_seg,
+    kv_segment_ids=kv_seg,
+    score_mod_args=score_args,
+    mask_mod_args=mask_args,
+  )
+
+
 def _inexact(x) -> bool:
   return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
@@ -103,16 +117,7 @@ def differentiable(inputs, opts, steps: Steps, *, shard_offsets=None):
   def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, at):
     """The same call on the block-wise engine (plain JAX): forward mode and second order; its
     modifiers see the whole call's batch and head indices, as the kernel's do."""
-    call = options.DenseInputs(
-      q=q,
-      k=k,
-      v=v,
-      sink_logits=sink,
-      q_segment_ids=q_seg,
-      kv_segment_ids=kv_seg,
-      score_mod_args=score_args,
-      mask_mod_args=mask_args,
-    )
+    call = dense_inputs(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
     out = blockwise.run_shard(call, opts, at)
     if not opts.return_stats:
       return out, None

@@ -243,25 +243,16 @@ def compute(
 
 
 # The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
-ENGINE = op.Engine(
+ENGINE = op.platform_kernel(
   "splash",
   compute,
   unsupported,
   platform="tpu",
-  per_shard=True,
-  vouched_by="jax",
   where="runs on a TPU only (splash needs a TPU)",
+  vouched_by="jax",
 )
-
-
-def _run(inputs, opts, **options):
-  return op.run_engine(ENGINE, (inputs, opts), **options)
-
-
 run = op.deprecated_run(ENGINE, "attnjax.kernels.splash")
-
-
-attention = options.engine_entry(_run, "splash", ("interpret",))
+attention = options.engine_entry(op.dense_runner(ENGINE), "splash", ("interpret",))
 attention.__doc__ = """Splash attention called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, interpret=False)``: every keyword of

@@ -5,8 +5,8 @@ names and meaning (:data:`ENGINE_NAMES`): ``"recurrent"`` (a scan over time),
 ``"quadratic"`` (formerly ``"parallel"``; the masked quadratic product), ``"chunked"`` (the
 default) and ``"reference"`` (one of the three, the family's ``REFERENCE_ENGINE``).
 :func:`engines` builds a state-passing family's engines from its three computations;
-:func:`prepare` validates a causal stateful call; :data:`STATE_PASSING` holds the op's
-empty answer and its context-parallel strategy (:func:`context`, state passing).
+:func:`prepare` validates a causal stateful call; :func:`state_passing_op` registers the op,
+with its empty answer and its context-parallel strategy (:func:`context`, state passing).
 Family level: kernels must not import it.
 Guides: docs/guides/linear.md ("Engines") and docs/guides/architecture.md.
 """
@@ -197,13 +197,26 @@ def engines(
   )
 
 
-# A state-passing op's hooks besides its engines: a call over no steps leaves the state as it
-# was (:func:`attnjax._src.empty.no_steps`); a call whose ``x.context_axis`` is set runs
-# :func:`context`.
-STATE_PASSING = dict(
-  empty=lambda x, *_: empty.no_steps(x.v, x.state),
-  is_empty=lambda x, *_: x.q.shape[1] == 0,
-  context=context,
-  context_axis=lambda x, *_: x.context_axis,
-  renamed=RENAMED,
-)
+# Auto-dispatch of a state-passing family: the chunked engine on every platform.
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("chunked",)
+
+
+def state_passing_op(name: str, engines, preferences, fallback, samples) -> op.Op:
+  """The registered op of a state-passing family: a call over no steps leaves the state as
+  it was (:func:`attnjax._src.empty.no_steps`); a call whose ``x.context_axis`` is set runs
+  :func:`context`; old engine names are :data:`RENAMED`."""
+  return op.register(
+    op.Op(
+      name,
+      engines,
+      preferences,
+      fallback,
+      empty=lambda x, *_: empty.no_steps(x.v, x.state),
+      is_empty=lambda x, *_: x.q.shape[1] == 0,
+      context=context,
+      context_axis=lambda x, *_: x.context_axis,
+      renamed=RENAMED,
+      samples=samples,
+    )
+  )

@@ -711,25 +711,13 @@ def compute(
 
 
 # The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
-ENGINE = op.Engine(
-  "mosaic_gpu",
-  compute,
-  unsupported,
-  platform="cuda",
-  per_shard=True,
-  vouched_by="device-check",
-  where="runs on a CUDA GPU (sm_90) only",
+ENGINE = op.platform_kernel(
+  "mosaic_gpu", compute, unsupported, platform="cuda", where="runs on a CUDA GPU (sm_90) only"
 )
-
-
-def _run(inputs, opts, **options):
-  return op.run_engine(ENGINE, (inputs, opts), **options)
-
-
 run = op.deprecated_run(ENGINE, "attnjax.kernels.mosaic_gpu")
-
-
-attention = options.engine_entry(_run, "mosaic_gpu", ("block_sizes", "interpret"))
+attention = options.engine_entry(
+  op.dense_runner(ENGINE), "mosaic_gpu", ("block_sizes", "interpret")
+)
 attention.__doc__ = """The Mosaic GPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``: every keyword

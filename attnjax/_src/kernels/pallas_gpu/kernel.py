@@ -365,25 +365,17 @@ def compute(
 
 
 # The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
-ENGINE = op.Engine(
+ENGINE = op.platform_kernel(
   "pallas_gpu",
   compute,
   unsupported,
   platform="cuda",
-  per_shard=True,
-  vouched_by="device-check",
   where="runs on a CUDA GPU only (a Triton kernel)",
 )
-
-
-def _run(inputs, opts, **options):
-  return op.run_engine(ENGINE, (inputs, opts), **options)
-
-
 run = op.deprecated_run(ENGINE, "attnjax.kernels.pallas_gpu")
-
-
-attention = options.engine_entry(_run, "pallas_gpu", ("block_sizes", "interpret"))
+attention = options.engine_entry(
+  op.dense_runner(ENGINE), "pallas_gpu", ("block_sizes", "interpret")
+)
 attention.__doc__ = """The Pallas GPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:

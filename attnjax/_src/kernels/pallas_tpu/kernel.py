@@ -559,16 +559,7 @@ def compute(
 
   def plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
     """The plan of the call in these arrays, for the target being lowered for."""
-    part = options.DenseInputs(
-      q=q,
-      k=k,
-      v=v,
-      sink_logits=sink,
-      q_segment_ids=q_seg,
-      kv_segment_ids=kv_seg,
-      score_mod_args=score_args,
-      mask_mod_args=mask_args,
-    )
+    part = kernel_vjp.dense_inputs(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
     sizes = block_sizes
     if sizes is None:
       sizes = block_sizes_for(max(q.shape[-1], v.shape[-1]), generation())
@@ -644,25 +635,13 @@ def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
 
 
 # The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
-ENGINE = op.Engine(
-  "pallas_tpu",
-  compute,
-  unsupported,
-  platform="tpu",
-  per_shard=True,
-  vouched_by="device-check",
-  where="runs on a TPU only (a Mosaic kernel)",
+ENGINE = op.platform_kernel(
+  "pallas_tpu", compute, unsupported, platform="tpu", where="runs on a TPU only (a Mosaic kernel)"
 )
-
-
-def _run(inputs, opts, **options):
-  return op.run_engine(ENGINE, (inputs, opts), **options)
-
-
 run = op.deprecated_run(ENGINE, "attnjax.kernels.pallas_tpu")
-
-
-attention = options.engine_entry(_run, "pallas_tpu", ("block_sizes", "interpret"))
+attention = options.engine_entry(
+  op.dense_runner(ENGINE), "pallas_tpu", ("block_sizes", "interpret")
+)
 attention.__doc__ = """The Pallas TPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:

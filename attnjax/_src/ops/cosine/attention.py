@@ -7,7 +7,6 @@ the public module :mod:`attnjax.qk_norm`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Literal, Optional, Union, get_args
 
@@ -126,11 +125,8 @@ def _cosine_attention(
 
 
 # The engines are dense's, in dense's order (a dense call of the unit q and k).
-ENGINES = dense.ENGINES
-IMPLEMENTATIONS: tuple[str, ...] = dense.IMPLEMENTATIONS
-ImplementationName = dense.ImplementationName
-PREFERENCES = dense.PREFERENCES
-FALLBACK = dense.FALLBACK
+ENGINES, PREFERENCES, FALLBACK = dense.ENGINES, dense.PREFERENCES, dense.FALLBACK
+IMPLEMENTATIONS, ImplementationName = dense.IMPLEMENTATIONS, dense.ImplementationName
 
 
 def _samples() -> tuple[op.Sample, ...]:
@@ -154,16 +150,7 @@ def _samples() -> tuple[op.Sample, ...]:
   )
 
 
-OP = op.register(
-  dataclasses.replace(
-    dense.OP,
-    name="cosine",
-    engines=ENGINES,
-    preferences=PREFERENCES,
-    fallback=FALLBACK,
-    samples=_samples,
-  )
-)
+OP = op.register(dense.front_end("cosine", _samples))
 
 cosine_attention = static.jit(
   _cosine_attention, ("convention", "eps", "implementation") + options.static(COSINE_KEYWORDS)

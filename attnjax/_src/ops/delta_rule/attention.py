@@ -263,18 +263,8 @@ ENGINES: dict[str, _op.Engine] = recurrence.engines(
 )
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 ImplementationName = Literal[IMPLEMENTATIONS]
-PREFERENCES: dict[str, tuple[str, ...]] = {}
-FALLBACK: tuple[str, ...] = ("chunked",)
-OP = _op.register(
-  _op.Op(
-    "delta_rule",
-    ENGINES,
-    PREFERENCES,
-    FALLBACK,
-    samples=lambda: _samples(),
-    **recurrence.STATE_PASSING,
-  )
-)
+PREFERENCES, FALLBACK = recurrence.PREFERENCES, recurrence.FALLBACK
+OP = recurrence.state_passing_op("delta_rule", ENGINES, PREFERENCES, FALLBACK, lambda: _samples())
 
 
 def _delta_rule_attention(

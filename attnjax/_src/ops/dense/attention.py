@@ -5,6 +5,7 @@ Implementation behind the public module :mod:`attnjax.dense`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Literal, Optional, Union
 
@@ -67,14 +68,13 @@ ENGINES: dict[str, Engine] = {
       jax_nn.unsupported,
       vouched_by="jax",
     ),
-    Engine(
+    _op.platform_kernel(
       "cudnn",
       functools.partial(jax_nn.compute, implementation="cudnn"),
       jax_nn.cudnn_unsupported,
       platform="cuda",
-      per_shard=True,
-      vouched_by="jax",
       where="runs on a CUDA GPU only (jax's cuDNN call)",
+      vouched_by="jax",
     ),
     splash.ENGINE,
     pallas_gpu.ENGINE,
@@ -161,6 +161,12 @@ OP = _op.register(
     samples=_samples,
   )
 )
+
+
+def front_end(name: str, samples) -> _op.Op:
+  """The op of a front end of dense attention (``qk_norm``, ``cosine``): a dense call of the
+  inputs it prepares, with dense's engines and order, empty answer and context strategy."""
+  return dataclasses.replace(OP, name=name, samples=samples)
 
 
 def select_implementation(

@@ -247,18 +247,8 @@ ENGINES: dict[str, _op.Engine] = recurrence.engines(
 )
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 ImplementationName = Literal[IMPLEMENTATIONS]
-PREFERENCES: dict[str, tuple[str, ...]] = {}
-FALLBACK: tuple[str, ...] = ("chunked",)
-OP = _op.register(
-  _op.Op(
-    "gated_linear",
-    ENGINES,
-    PREFERENCES,
-    FALLBACK,
-    samples=lambda: _samples(),
-    **recurrence.STATE_PASSING,
-  )
-)
+PREFERENCES, FALLBACK = recurrence.PREFERENCES, recurrence.FALLBACK
+OP = recurrence.state_passing_op("gated_linear", ENGINES, PREFERENCES, FALLBACK, lambda: _samples())
 
 
 def _gated_linear_attention(

@@ -7,7 +7,6 @@ q and k and has dense's engines, in dense's order. Implementation behind the pub
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal, Optional, Union, get_args
 
 import jax
@@ -140,11 +139,8 @@ def _qk_norm_attention(
 
 
 # The engines are dense's, in dense's order (a dense call of the normalised q and k).
-ENGINES = dense.ENGINES
-IMPLEMENTATIONS: tuple[str, ...] = dense.IMPLEMENTATIONS
-ImplementationName = dense.ImplementationName
-PREFERENCES = dense.PREFERENCES
-FALLBACK = dense.FALLBACK
+ENGINES, PREFERENCES, FALLBACK = dense.ENGINES, dense.PREFERENCES, dense.FALLBACK
+IMPLEMENTATIONS, ImplementationName = dense.IMPLEMENTATIONS, dense.ImplementationName
 
 
 def _samples() -> tuple[op.Sample, ...]:
@@ -170,16 +166,7 @@ def _samples() -> tuple[op.Sample, ...]:
   )
 
 
-OP = op.register(
-  dataclasses.replace(
-    dense.OP,
-    name="qk_norm",
-    engines=ENGINES,
-    preferences=PREFERENCES,
-    fallback=FALLBACK,
-    samples=_samples,
-  )
-)
+OP = op.register(dense.front_end("qk_norm", _samples))
 
 qk_norm_attention = _deprecation.renamed_keywords(
   static.jit(
