@@ -1,8 +1,7 @@
 """QK-normalised and cosine attention: normalise q and k over the head dim, then dense attention.
 
-Both are front ends of the dense op: each is an op of its own (``"qk_norm"``, ``"cosine"``)
-with dense's engines, so every dense option and implementation works unchanged after the
-normalisation.
+Both are front ends of dense attention, each an op with dense's engines (``"qk_norm"``,
+``"cosine"``): every dense option and implementation works unchanged after the normalisation.
 
 References:
   Dehghani et al. 2023 (ViT-22B) and Wortsman et al. 2023: QK LayerNorm.

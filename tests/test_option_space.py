@@ -50,7 +50,7 @@ def _choice(rng, options):
 
 def _spell(rng, value):
   """``value`` as Python, numpy or jax (a list for a pair)."""
-  if value is None or isinstance(value, bool):
+  if value is None or isinstance(value, bool) or not isinstance(value, (int, float, tuple)):
     return value
   if isinstance(value, tuple):
     return _choice(rng, [value, list(value), np.asarray(value)])
@@ -145,7 +145,7 @@ def _draw(rng, op: _op.Op, sample: _op.Sample) -> Draw:
       kw[name] = _spell(rng, _choice(rng, values))
   defects.update(dict(sample.defects))
   defect = None
-  if mode == "option":
+  if mode == "option" and defects:
     defect = _choice(rng, sorted(defects))
     kw[defect] = _choice(rng, defects[defect])
   elif mode == "array":

@@ -2,9 +2,10 @@
 entry (its fixture registers :data:`OP` in :data:`attnjax._src.op.OPS` and removes it after).
 
 :func:`attention` is causal linear attention without a feature map, ``out[t] = scale *
-sum_{s <= t} (q[t] . k[s]) v[s]``, over ``q, k, v [B, T, N, H]``. Its readable reference
-materialises the masked ``[T, T]`` scores; its one engine, ``"cumulative"``, takes the running
-sum of the outer products ``k[s] v[s]^T`` instead.
+sum_{s <= t} (q[t] . k[s]) v[s]``, over ``q [B, T, N, H]`` and ``k, v [B, T, K, H]`` (GQA:
+``N % K == 0``). Its readable reference materialises the masked ``[T, T]`` scores; its one
+engine, ``"cumulative"``, takes the running sum of the outer products ``k[s] v[s]^T``
+instead.
 """
 
 from __future__ import annotations
@@ -69,16 +70,17 @@ def attention(q, k, v, *, implementation: Optional[str] = None):
   """The stand-in family's public function; dispatched through the registered op.
 
   Raises:
-    ValueError: q, k, v not of one shape ``[B, T, N, H]`` (``H > 0``), or an unknown
-      implementation.
+    ValueError: q, k, v not ``[B, T, N, H]``, ``[B, T, K, H]`` with ``N % K == 0`` and
+      ``H > 0``, or an unknown implementation.
     TypeError: implementation not a str or None, or q, k, v not of one floating dtype.
   """
   op = _op.OPS[NAME]
   implementation = _op.check_implementation(op, implementation, where="stand_in.attention")
-  _, T, S, N, K, H, Hv = validators.check_qkv(q, k, v)  # the shared checks, their messages
-  if (S, K, Hv) != (T, N, H):
+  _, T, S, N, K, _, _ = validators.check_qkv(q, k, v)  # the shared checks, their messages
+  if S != T:
     raise ValueError(
-      f"stand_in attention takes one sequence, as many key/value heads as query heads and "
-      f"Hv == H; got q {q.shape}, k {k.shape}, v {v.shape}"
+      f"stand_in attention is causal over one sequence; got q {q.shape}, k {k.shape}"
     )
+  # Query head n reads key/value head n // (N // K) (GQA).
+  k, v = jnp.repeat(k, N // K, axis=2), jnp.repeat(v, N // K, axis=2)
   return _op.run(op, (q, k, v), implementation)
