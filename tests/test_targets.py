@@ -659,7 +659,7 @@ def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch,
   assert not {MOSAIC_GPU, TRITON} & compiled()  # the block-wise engine: XLA's own ops
   (line,) = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
   assert f"mosaic_gpu is not used on {kind} for sigmoid causal bfloat16 calls: stale" in line
-  assert "run `python -m attnjax.check --kernel mosaic_gpu`" in line
+  assert "run `python -m attnjax.check --platform cuda --kernel mosaic_gpu`" in line
   assert "auto-dispatch runs 'blockwise' instead" in line
 
 

@@ -72,7 +72,7 @@ def test_an_unchecked_kernel_is_skipped_with_one_log_line(on_gpu, caplog):
   assert (
     "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: not checked"
   ) in lines[0]
-  assert "`python -m attnjax.check --kernel pallas_gpu`" in lines[0]
+  assert "`python -m attnjax.check --platform cuda --kernel pallas_gpu`" in lines[0]
   assert "ATTNJAX_KERNELS=all" in lines[0] and "runs 'reference' instead" in lines[0]
   # jax's kernels are always taken where they cover the call
   q, k, v = rand_qkv(B=1, T=256, N=2, K=1, H=64, dtype=jnp.bfloat16)
@@ -285,7 +285,7 @@ def test_a_kernel_whose_sources_changed_is_stale(on_gpu, monkeypatch, caplog, tm
     "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: "
     "stale: its sources changed since its shipped verdict" in line
   )
-  assert "run `python -m attnjax.check --kernel pallas_gpu`" in line
+  assert "run `python -m attnjax.check --platform cuda --kernel pallas_gpu`" in line
 
 
 def test_a_verdict_is_per_case_class(on_gpu, caplog):
