@@ -195,6 +195,17 @@ def test_sparse_attention_equals_the_unsharded_call():
   )
 
 
+def test_the_op_chooses_the_strategy():
+  """``context_strategy=None``: the ring for auto-dispatch and the block-wise engine; for a
+  named engine the ring cannot run, all-to-all where the axis divides the device's heads,
+  else all-gather; a dense call with the reference engine then equals the unsharded call."""
+  assert parallel.choose_strategy(None, 4, 2) == "ring"
+  assert parallel.choose_strategy("blockwise", 4, 8) == "ring"
+  assert parallel.choose_strategy("reference", 4, 2) == "all_to_all"
+  assert parallel.choose_strategy("xla", 4, 8) == "all_gather"
+  check(run_cases([dict(strategy=None, P=2, T=32, implementation="reference", stats=False)]))
+
+
 def test_all_gather_statistics_equal_the_unsharded_call():
   """return_stats with all_gather (the block-wise kernel on the local rows, means and max
   over every device's rows, the logsumexp gradient): dense with segments, a normaliser that
@@ -420,7 +431,7 @@ def test_context_keywords_are_checked():
   q = jnp.zeros((1, 8, 2, 4))
   with pytest.raises(
     ValueError,
-    match="context_strategy='ring_attention' is not one of: 'ring', 'all_gather', 'all_to_all'",
+    match="context_strategy='ring_attention' is not one of: None, 'ring', 'all_gather', 'all_to_all'",
   ):
     attnjax.dot_product_attention(q, q, q, context_axis="c", context_strategy="ring_attention")
   with pytest.raises(ValueError, match="context_layout='striped' is not one of"):

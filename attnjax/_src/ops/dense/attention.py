@@ -259,7 +259,7 @@ def _dot_product_attention(
   mask_mod_args: Any = None,
   block_layout: Any = None,
   context_axis: Optional[str] = None,
-  context_strategy: options.ContextStrategy = "ring",
+  context_strategy: Optional[options.ContextStrategy] = "ring",
   context_layout: Optional[options.ContextLayout] = None,
 ):
   """Scaled dot-product attention with a choice of normaliser.
@@ -349,7 +349,8 @@ def _dot_product_attention(
       ``"all_gather"`` (keys/values gathered; with ``return_stats`` the block-wise
       kernel, statistics over every device's rows) or
       ``"all_to_all"`` (Ulysses: heads <-> sequence, any ``implementation``; needs
-      ``N`` divisible by the axis size).
+      ``N`` divisible by the axis size), or None: the op chooses (the ring for None or
+      ``"blockwise"``, else all-to-all where the axis divides the heads, else all-gather).
     context_layout: ``"contiguous"`` (None; shard ``p`` holds tokens ``p * T / P ..``)
       or ``"zigzag"`` (shard ``p`` holds chunks ``p`` and ``2P - 1 - p`` of ``2P``:
       equal causal work per device; :func:`attnjax.parallel.zigzag` orders tokens so).

@@ -605,7 +605,7 @@ def _sparse_attention(
   mask_mod_args: Any = None,
   block_layout: Any = None,
   context_axis: Optional[str] = None,
-  context_strategy: options.ContextStrategy = "ring",
+  context_strategy: Optional[options.ContextStrategy] = "ring",
   context_layout: Optional[options.ContextLayout] = None,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
