@@ -694,7 +694,7 @@ def _linear_attention(
       (causal only), ``"chunked"``, or ``"reference"``, the readable
       definition: here ``"quadratic"``; None: auto, chosen per platform when the
       program is lowered (``"chunked"``, O(T); on a CPU, ``"quadratic"`` for calls up
-      to :data:`QUADRATIC_MAX_LENGTH_CPU`). The names are the linear op's engines;
+      to 128 tokens). The names are the linear op's engines;
       ``"parallel"``, the old name of ``"quadratic"``, still works and warns once.
       They mean the same engine in every recurrent family.
     chunk_size: chunk length of the chunked engine.
