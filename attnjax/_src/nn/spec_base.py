@@ -45,13 +45,11 @@ def check_type(name: str, value: Any, types, what: str) -> None:
 
 
 def check_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
-  """Raises TypeError unless ``value`` is an int (or None with ``allow_none``), ValueError
-  when it is below ``minimum``; both name ``name``."""
-  if value is None and allow_none:
-    return
-  check_type(name, value, int, "an int")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  """Raises TypeError unless ``value`` is a Python int (or None with ``allow_none``: a config
+  holds JSON values), ValueError when it is below ``minimum``; both name ``name``."""
+  if value is not None:
+    check_type(name, value, int, "an int")
+  validators.check_positive_int(name, value, allow_none=allow_none, minimum=minimum)
 
 
 @dataclasses.dataclass(frozen=True)
