@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
+import numpy as np
 
 from attnjax._src import empty, masks, op, validators
 from attnjax._src.logits import group_queries
@@ -219,4 +220,27 @@ def state_passing_op(name: str, engines, preferences, fallback, samples) -> op.O
       renamed=RENAMED,
       samples=samples,
     )
+  )
+
+
+def per_step(q, seed: int) -> np.ndarray:
+  """A deterministic float32 ``[B, T, N]`` draw from the shape of ``q`` (a sample's gates)."""
+  rng = np.random.default_rng([seed, *q.shape[:3]])
+  return rng.standard_normal(q.shape[:3]).astype(np.float32)
+
+
+def state_passing_sample(function: Callable[..., Any], arrays: Callable[..., Any]) -> op.Sample:
+  """A state-passing family's sample call (:class:`attnjax._src.op.Sample`): ``function`` with
+  the further arrays ``arrays(q, k, v)`` draws; the options both families take alike."""
+  return op.Sample(
+    function,
+    options=dict(chunk_size=8),
+    arrays=arrays,
+    self_only=True,
+    state=True,
+    flags=("return_state",),
+    static=(("scale", 0.5), ("chunk_size", 2)),
+    choices=(("chunk_size", (1, 2, 3, 64)), ("scale", (0.25, 1.0))),
+    defects=(("chunk_size", (0, -3)), ("scale", (-1.0, [0.5]))),
+    context=True,
   )

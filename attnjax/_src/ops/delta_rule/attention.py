@@ -359,35 +359,16 @@ DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size", "contex
 delta_rule_attention = _static.jit(_delta_rule_attention, DELTA_STATIC)
 
 
-def _per_step(q, seed: int) -> np.ndarray:
-  """A deterministic float32 ``[B, T, N]`` draw for samples, from the shape of ``q``."""
-  rng = np.random.default_rng([seed, *q.shape[:3]])
-  return rng.standard_normal(q.shape[:3]).astype(np.float32)
-
-
 def _samples() -> tuple[_op.Sample, ...]:
   def unit_keys_and_gates(q, k, v):
     # The delta rule wants keys of unit norm (its update is then a contraction).
     k32 = k.astype(jnp.float32)
     norm = jnp.maximum(jnp.linalg.norm(k32, axis=-1, keepdims=True), 1e-6)
-    beta = 1.0 / (1.0 + np.exp(-_per_step(q, 2)))
-    log_decay = -np.logaddexp(0.0, _per_step(q, 3)) * 0.5
+    beta = 1.0 / (1.0 + np.exp(-recurrence.per_step(q, 2)))
+    log_decay = -np.logaddexp(0.0, recurrence.per_step(q, 3)) * 0.5
     arrays = dict(
       beta=jnp.asarray(beta, jnp.float32), log_decay=jnp.asarray(log_decay, jnp.float32)
     )
     return q, (k32 / norm).astype(k.dtype), v, arrays
 
-  return (
-    _op.Sample(
-      delta_rule_attention,
-      options=dict(chunk_size=8),
-      arrays=unit_keys_and_gates,
-      self_only=True,
-      state=True,
-      flags=("return_state",),
-      static=(("scale", 0.5), ("chunk_size", 2)),
-      choices=(("chunk_size", (1, 2, 3, 64)), ("scale", (0.25, 1.0))),
-      defects=(("chunk_size", (0, -3)), ("scale", (-1.0, [0.5]))),
-      context=True,
-    ),
-  )
+  return (recurrence.state_passing_sample(delta_rule_attention, unit_keys_and_gates),)

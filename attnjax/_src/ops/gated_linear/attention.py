@@ -347,29 +347,10 @@ GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size", 
 gated_linear_attention = _static.jit(_gated_linear_attention, GATED_LINEAR_STATIC)
 
 
-def _per_step(q, seed: int) -> np.ndarray:
-  """A deterministic float32 ``[B, T, N]`` draw for samples, from the shape of ``q``."""
-  rng = np.random.default_rng([seed, *q.shape[:3]])
-  return rng.standard_normal(q.shape[:3]).astype(np.float32)
-
-
 def _samples() -> tuple[_op.Sample, ...]:
   def gates(q, k, v):
     # Decays in (-1, 0): a state that forgets over a few tokens, never all at once.
-    log_decay = -np.logaddexp(0.0, _per_step(q, 1)).astype(np.float32) * 0.5
+    log_decay = -np.logaddexp(0.0, recurrence.per_step(q, 1)).astype(np.float32) * 0.5
     return q, k, v, dict(log_decay=jnp.asarray(log_decay))
 
-  return (
-    _op.Sample(
-      gated_linear_attention,
-      options=dict(chunk_size=8),
-      arrays=gates,
-      self_only=True,
-      state=True,
-      flags=("return_state",),
-      static=(("scale", 0.5), ("chunk_size", 2)),
-      choices=(("chunk_size", (1, 2, 3, 64)), ("scale", (0.25, 1.0))),
-      defects=(("chunk_size", (0, -3)), ("scale", (-1.0, [0.5]))),
-      context=True,
-    ),
-  )
+  return (recurrence.state_passing_sample(gated_linear_attention, gates),)
