@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Union
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks, empty, op, options, parallel, static, trust
+from attnjax._src import empty, op, options, parallel, static, trust, validators
 from attnjax._src.ops.dense import attention as dense
 
 Array = jnp.ndarray
@@ -202,17 +202,19 @@ def check_shapes(q, k_rope, latent, w_uk, w_uv) -> tuple[int, int, int, int, int
       shapes seen).
     TypeError: a non-floating array, or ``q``, ``k_rope`` and ``latent`` of different dtypes.
   """
-  shapes = {n: checks.shape_of(x) for n, x in (("q", q), ("k_rope", k_rope), ("latent", latent))}
+  shapes = {
+    n: validators.shape_of(x) for n, x in (("q", q), ("k_rope", k_rope), ("latent", latent))
+  }
   for name, letters in (("q", "[B, T, N, d_n + d_r]"), ("k_rope", "[B, S, 1, d_r]")):
     if len(shapes[name]) != 4:
       raise ValueError(f"{name} must have rank 4 {letters}, got shape {shapes[name]}")
   if len(shapes["latent"]) != 4:
     raise ValueError(f"latent must have rank 4 [B, S, 1, R], got shape {shapes['latent']}")
   for name, w, letters in (("w_uk", w_uk, "[R, N, d_n]"), ("w_uv", w_uv, "[R, N, d_v]")):
-    if len(checks.shape_of(w)) != 3:
-      raise ValueError(f"{name} must have rank 3 {letters}, got shape {checks.shape_of(w)}")
+    if len(validators.shape_of(w)) != 3:
+      raise ValueError(f"{name} must have rank 3 {letters}, got shape {validators.shape_of(w)}")
   for name, x in (("q", q), ("k_rope", k_rope), ("latent", latent), ("w_uk", w_uk), ("w_uv", w_uv)):
-    checks.check_floating(name, x)
+    validators.check_floating(name, x)
   if not (q.dtype == k_rope.dtype == latent.dtype):
     raise TypeError(
       f"q, k_rope and latent must share a dtype, got {q.dtype}, {k_rope.dtype}, {latent.dtype}"
