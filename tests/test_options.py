@@ -23,22 +23,24 @@ def families(ops=None) -> dict:
   """The dense keywords each family's public functions forward, from the sample calls of the
   registered ops (attnjax._src.op.OPS) that forward any: ``{name: (public function, dense
   keywords it forwards, dense keyword names it uses with a meaning of its own, defaults of
-  its own, the arguments a call needs besides q, k, v)}``. The recurrent families forward no
-  dense keyword: their options are their own."""
+  its own, the arguments a call needs besides q, k, v, and its q, k, v)}``: ``q, k, v`` as
+  the sample makes them of ``[1, 8, 2, 4]`` arrays (MLA's are its rope key and latent). The
+  recurrent families forward no dense keyword: their options are their own."""
   out = {}
   q = jnp.ones((1, 8, 2, 4))
   for op in (_op.OPS if ops is None else ops).values():
     for sample in op.samples():
       if not sample.dense_keywords:
         continue
-      _, _, _, arrays = sample.inputs(q, q, q)
+      qkv = sample.inputs(q, q, q)
       needs = {n: x for n, x in sample.options.items() if n not in options.KEYWORDS}
       out[sample.name] = (
         sample.function,
         sample.dense_keywords,
         sample.own_keywords,
         dict(sample.own_defaults),
-        {**needs, **arrays},
+        {**needs, **qkv[3]},
+        qkv[:3],
       )
   return out
 
@@ -121,7 +123,7 @@ def test_the_options_are_the_static_keywords_validated():
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_signature_lists_the_keywords_it_forwards(name):
-  fn, forwarded, own, defaults, _ = FAMILIES[name]
+  fn, forwarded, own, defaults, _, _ = FAMILIES[name]
   params = inspect.signature(fn).parameters
   assert set(forwarded) <= set(options.KEYWORDS)
   assert {p for p in params if p in options.KEYWORDS} == set(forwarded) | set(own), name
@@ -174,7 +176,7 @@ def _same(got, probe):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_forwards_each_keyword_unchanged(name, monkeypatch):
-  fn, forwarded, _, defaults, required = FAMILIES[name]
+  fn, forwarded, _, defaults, required, (q, k, v) = FAMILIES[name]
   seen = {}
 
   def validate(q, k, v, **kw):
@@ -182,11 +184,10 @@ def test_forwards_each_keyword_unchanged(name, monkeypatch):
     raise _Stop
 
   monkeypatch.setattr(options, "validate", validate)
-  q = jnp.ones((1, 8, 2, 4))
   probes = {k: _PROBES[k] for k in forwarded}
   if "is_causal" in defaults:
     probes["is_causal"] = not defaults["is_causal"]
   with pytest.raises(_Stop):
-    fn(q, q, q, **required, **probes)
+    fn(q, k, v, **required, **probes)
   missing = [k for k in forwarded if not _same(seen.get(k), probes[k])]
   assert not missing, f"{name} did not forward {missing} unchanged"

@@ -65,8 +65,8 @@ class MLASpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "mla"
+  op: ClassVar[str] = "mla"
   optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
-  implementations: ClassVar[tuple[str, ...]] = mla.IMPLEMENTATIONS
   takes_cross: ClassVar[bool] = False
 
   q_lora_rank: Optional[int] = None

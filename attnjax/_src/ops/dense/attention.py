@@ -164,8 +164,9 @@ OP = _op.register(
 
 
 def front_end(name: str, samples) -> _op.Op:
-  """The op of a front end of dense attention (``qk_norm``, ``cosine``): a dense call of the
-  inputs it prepares, with dense's engines and order, empty answer and context strategy."""
+  """The op of a front end of dense attention (``qk_norm``, ``cosine``, ``mla``): a dense call
+  of the inputs it prepares, with dense's engines and order, empty answer and context
+  strategy."""
   return dataclasses.replace(OP, name=name, samples=samples)
 
 
