@@ -216,9 +216,7 @@ def test_every_subclass_equals_the_builtins_reference_with_gradients(family, bui
   _engines_equal_the_builtins_reference(family, builtin, grads=True)
 
 
-@pytest.mark.parametrize(
-  "builtin", [pytest.param("softmax", marks=pytest.mark.slow), "sigmoid"]
-)
+@pytest.mark.parametrize("builtin", [pytest.param("softmax", marks=pytest.mark.slow), "sigmoid"])
 def test_interpret_mode_kernels_take_subclasses(builtin):
   """The Pallas kernels run the online interface: a subclass is theirs as a built-in is."""
   from attnjax.kernels import pallas_gpu

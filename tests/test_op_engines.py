@@ -73,20 +73,6 @@ def op_tests(name: str) -> type:
   """The :class:`OpTests` of the registered op ``name``."""
   return type(f"Test_{name}", (FamilyTests,), {"op": name})
 
-  def partial_block_sample(self, normalizer):
-    return (
-      lambda impl, q, k, v: attnjax.sparse_attention(
-        q,
-        k,
-        v,
-        pattern=patterns.strided(4),
-        block_size=8,
-        normalizer=normalizer,
-        implementation=impl,
-      ),
-      _partial_qkv(),
-    )
-
 
 for _name in sorted(_op.OPS):
   globals()[f"Test_{_name}"] = op_tests(_name)

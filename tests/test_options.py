@@ -16,6 +16,7 @@ import re
 import jax.numpy as jnp
 import pytest
 
+import attnjax
 from attnjax._src import op as _op, mods, options
 
 

@@ -775,5 +775,7 @@ def test_resolve_root_reads_a_relative_root_from_the_launch_directory(tmp_path, 
   assert rundir.resolve_root(str(tmp_path / "runs")) == str(tmp_path / "runs")
   monkeypatch.delenv("PWD")
   assert rundir.resolve_root("../runs") == str(tmp_path / "runs")  # the working directory's
-  with pytest.raises(FileNotFoundError, match=r"ATTNJAX_RUN_DIR='runs/none': not found: .*runs/none"):
+  with pytest.raises(
+    FileNotFoundError, match=r"ATTNJAX_RUN_DIR='runs/none': not found: .*runs/none"
+  ):
     rundir.resolve_root("runs/none")
