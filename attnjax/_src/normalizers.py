@@ -36,10 +36,19 @@ def _finite(x: Array) -> Array:
 def _one_minus_exp_neg(x: Array) -> Array:
   """``1 - e^-x`` for ``x >= 0`` (``+inf`` included) to a few ulp, also near 0 where the
   plain difference cancels (Kahan's ``expm1`` identity ``(u - 1) x / log u``, ``u = e^-x``:
-  exp and log only, which every kernel backend lowers; Mosaic has no ``expm1``)."""
+  exp and log only, which every kernel backend lowers; Mosaic has no ``expm1``).
+
+  Its derivative is finite everywhere: outside Kahan's range the ratio is taken of safe
+  stand-ins (a ``where`` passes on its unselected branch's NaN times 0, and ``x / max(-log
+  u, tiny)`` at ``x = 0`` differentiated to ``0 / tiny^2 = 0 / 0``: the zero logits of
+  padded query rows made every key gradient of block_select_attention NaN with softpick).
+  """
   u = jnp.exp(-x)
-  ratio = x / jnp.maximum(-jnp.log(u), jnp.finfo(jnp.float32).tiny)
-  return jnp.where(u == 1.0, x, jnp.where(u == 0.0, 1.0, (1.0 - u) * ratio))
+  # Kahan's correction where 1 - u cancels (u > 1/2); above, 1 - u is exact to an ulp, and
+  # -log u of a flushed-to-zero e^-x would differentiate to 0 / 0.
+  kahan = jnp.logical_and(u > 0.5, u < 1.0)
+  ratio = jnp.where(kahan, x, 1.0) / -jnp.log(jnp.where(kahan, u, jnp.exp(-1.0)))
+  return jnp.where(u == 1.0, x, (1.0 - u) * ratio)
 
 
 def _plogp(w: Array) -> Array:
@@ -208,13 +217,13 @@ class Normalizer:
     accepts_sink_logits: learned per-head null logits may be given.
     platform_kernel: ``jax.nn.dot_product_attention`` / cuDNN / splash compute
       exactly this normaliser (without sink logits). A claim: those engines also
-      take only the built-in object that makes it (:func:`platform_kernel`).
+      take only the built-in object that makes it (:data:`PLATFORM_KERNELS`).
     softmax_like: weights are ``exp(z - log_normalizer)``; the logsumexp
       statistic is the log-normaliser (the null column included). A claim.
     sums_to_one: every row with a key sums to one. A claim.
     mergeable: partial results over disjoint key sets merge exactly
-      (:meth:`merge`); parts are computed with normaliser ``merge_part``. A claim:
-      see :func:`merge_part` for when a merge runs.
+      (:meth:`merge`); parts are computed with normaliser ``merge_part``. A claim: a merge
+      runs for a built-in, or for a normaliser that merges parts of its own only.
     merge_part: the normaliser name parts of a merge are computed with (None: this one).
     reads_row_dot: :meth:`tile_backward` (and :meth:`null_grad`) read ``row_dot``
       ``= <dO_i, O_i>``; where False a kernel may pass None and skip computing it (a
@@ -761,10 +770,9 @@ class Softpick(_PlainLse):
     s_old, s_new = jnp.maximum(m_old, self.shift_floor), jnp.maximum(m_new, self.shift_floor)
     alpha = jnp.exp(s_old - s_new)
     # e^(z-s) - e^-s = sign z e^(max(z, 0) - s) (1 - e^-|z|): no cancellation near z = 0.
-    # On the finite logits: a masked key (a padded one too) enters as 0, whose term is 0. At
+    # On the finite logits: a masked key (a padded one too) enters as 0, whose term is 0; at
     # its -inf logit the terms' derivatives are NaN, which the where below would multiply by 0
-    # and still pass on (NaN * 0): every key gradient of block_select_attention was NaN with a
-    # partial last block.
+    # and still pass on (NaN * 0), as autodiff of this visit does (block_select's tiles).
     zf = z if allowed is None else jnp.where(allowed, z, 0.0)
     centred = jnp.sign(zf) * jnp.exp(jnp.maximum(zf, 0.0) - s_new) * _one_minus_exp_neg(jnp.abs(zf))
     if allowed is not None:
@@ -978,7 +986,7 @@ class Param:
 class WeightsOnly(Normalizer):
   """A normaliser written as its weights alone, given the per-row quantities it declares.
 
-  Subclasses set ``name``, :attr:`row_quantities`, :attr:`params` and define
+  Subclasses set ``name``, ``row_quantities``, ``params`` and define
   :meth:`weights` (and :meth:`logits`, a rewrite of the logits the quantities are taken of).
   The reference engines materialise it; the block-wise engine runs it in O(T) memory in
   two passes over the key blocks (the declared quantities, then the weights tile by tile)
@@ -1015,7 +1023,7 @@ class WeightsOnly(Normalizer):
     Args:
       z: float32 logits after :meth:`logits`, ``[..., R, S]``.
       allowed: bool, broadcastable to ``z`` (entries where it is False are dropped).
-      row: the declared :attr:`row_quantities` and the parameters.
+      row: the declared ``row_quantities`` and the parameters.
 
     Returns:
       The weights, broadcastable to ``z``.
@@ -1142,7 +1150,7 @@ class WeightsOnly(Normalizer):
 # The registry.
 
 # The hooks of the online interface: defined together, in one class.
-ONLINE_HOOKS = ("weights", "init", "visit", "finish", "tile_backward")
+_ONLINE_HOOKS = ("weights", "init", "visit", "finish", "tile_backward")
 
 
 def _definer(cls: type, attribute: str) -> Optional[type]:
@@ -1150,10 +1158,10 @@ def _definer(cls: type, attribute: str) -> Optional[type]:
   return next((c for c in cls.__mro__ if attribute in c.__dict__), None)
 
 
-def check_form(normalizer: Any) -> None:
+def _check_form(normalizer: Any) -> None:
   """Raises TypeError unless ``normalizer`` is a complete normaliser of one form: a
   :class:`WeightsOnly` that defines ``weights``, or a :class:`Normalizer` whose
-  :data:`ONLINE_HOOKS` come from one class (a subclass that overrides ``weights`` alone
+  online hooks come from one class (a subclass that overrides ``weights`` alone
   would run its parent's tiles on the block-wise engine and the kernels)."""
   if not isinstance(normalizer, Normalizer):
     raise TypeError(
@@ -1180,12 +1188,12 @@ def check_form(normalizer: Any) -> None:
     if clash:
       raise ValueError(f"normalizer {name!r}: parameter names {clash} repeat or shadow a quantity")
     return
-  definers = {hook: _definer(cls, hook) for hook in ONLINE_HOOKS}
+  definers = {hook: _definer(cls, hook) for hook in _ONLINE_HOOKS}
   missing = [hook for hook, c in definers.items() if c is Normalizer]
   if missing:
     raise TypeError(
       f"{cls.__name__} (normalizer {name!r}) does not define {missing}: write the whole online "
-      f"interface {list(ONLINE_HOOKS)}, or subclass WeightsOnly and write weights(z, allowed, "
+      f"interface {list(_ONLINE_HOOKS)}, or subclass WeightsOnly and write weights(z, allowed, "
       f"row) alone"
     )
   if len(set(definers.values())) > 1:
@@ -1193,7 +1201,7 @@ def check_form(normalizer: Any) -> None:
     inherited = {hook: c.__name__ for hook, c in definers.items() if c is not definers["weights"]}
     raise TypeError(
       f"{cls.__name__} (normalizer {name!r}) defines {own} but inherits {inherited}: the "
-      f"online interface {list(ONLINE_HOOKS)} must describe one normaliser, so define them "
+      f"online interface {list(_ONLINE_HOOKS)} must describe one normaliser, so define them "
       f"in one class, or subclass WeightsOnly and write weights(z, allowed, row) alone"
     )
   if isinstance(normalizer, Elementwise) and _definer(cls, "weight") is not _definer(
@@ -1269,9 +1277,12 @@ def register(normalizer: Normalizer) -> Normalizer:
   Raises:
     ValueError: the name is taken (the message names the normaliser holding it), or the
       normaliser's declarations are invalid.
-    TypeError: not a complete normaliser (:func:`check_form`).
+    TypeError: not a complete normaliser: a :class:`WeightsOnly` that defines ``weights``, or a
+      :class:`Normalizer` whose online hooks (``weights``, ``init``, ``visit``, ``finish``,
+      ``tile_backward``) come from one class (one that overrides ``weights`` alone would run
+      its parent's tiles on the block-wise engine and the kernels).
   """
-  check_form(normalizer)
+  _check_form(normalizer)
   name = normalizer.name
   if name in REGISTRY:
     held = REGISTRY[name]

@@ -20,7 +20,7 @@ from typing import Callable, ClassVar, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks, normalizers
+from attnjax._src import validators, normalizers
 from attnjax._src.ops.compressed import attention as compressed
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.nn import _layers
@@ -84,7 +84,7 @@ class CompressedSpec(AttentionSpec):
     "linformer_f",
     "normalizer_params",
   )
-  implementations: ClassVar[tuple[str, ...]] = compressed.IMPLEMENTATIONS
+  op: ClassVar[str] = "compressed"
 
   stride: int = 4
   window: Optional[int] = None
@@ -102,9 +102,9 @@ class CompressedSpec(AttentionSpec):
     check_int("max_len", self.max_len)
     check_int("block_size", self.block_size)
     check_type("projection", self.projection, str, "a str")
-    _checks.check_choice("projection", self.projection, PROJECTIONS)
+    validators.check_choice("projection", self.projection, PROJECTIONS)
     check_normalizer(self.normalizer)  # the live registry
-    _checks.check_positive_float("softcap", self.softcap)
+    validators.check_positive_float("softcap", self.softcap)
     if self.projection == "linformer" and self.window is not None:
       raise ValueError(
         f"window={self.window}: projection='linformer' attends to its "

@@ -387,8 +387,8 @@ def import_modules(cfg: ml_collections.ConfigDict) -> list[str]:
 def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = None) -> None:
   """Checks a run's config before anything is built: choices, sizes and shapes.
 
-  The modules of ``cfg.imports`` are imported first (:func:`import_modules`), so a variant
-  may name a normaliser one of them registers.
+  The modules of ``cfg.imports`` are imported first, so a variant may name a normaliser one
+  of them registers.
 
   Args:
     cfg: a config with the keys of :func:`.base_config`.

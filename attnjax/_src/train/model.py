@@ -23,7 +23,7 @@ def model_config(cfg: Any, vocab_size: int):
 
   m = cfg.model
   encoder = is_encoder(cfg)
-  attn = attention_kwargs(cfg.variant)
+  attn = attention_kwargs(cfg.variant, d_model=m.d_model, num_heads=m.num_heads)
   if encoder:
     attn["is_causal"] = False
   if m.window > 0:

@@ -21,8 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import empty as _empty, logits as _logits, static as _static, options, masks
-from attnjax._src import normalizers
+from attnjax._src import (
+  deprecation,
+  empty as _empty,
+  logits as _logits,
+  static as _static,
+  options,
+  masks,
+  normalizers,
+  validators,
+)
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.linear_map import as_aval, zeros_of
@@ -72,18 +80,19 @@ CPU_BLOCK_K = 256
 def default_block_sizes(
   T: int,
   S: int,
-  backend: Optional[str] = None,
+  platform: Optional[str] = None,
   *,
   window: Optional[tuple[int, int]] = None,
   rows: Optional[int] = None,
   is_causal: bool = False,
+  **renamed,
 ) -> tuple[int, int]:
   """``(block_q, block_k)`` for the target, never larger than the sequences.
 
-  The target is ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``), else the one a
-  program traced now is compiled for (``tiles.target_platform``: the
-  ambient mesh's device, else the default backend). A CPU gets
-  ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
+  The target is ``platform`` (``"cpu"``, ``"cuda"``, ``"tpu"``; ``"gpu"`` means
+  ``"cuda"``), else the one a program traced now is compiled for
+  (``tiles.target_platform``: the ambient mesh's device, else the default backend's). A
+  CPU gets ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
   tile budget allows (``tiles.gpu_block_sizes``: e.g. 2048 x 2048 on an
   H200 for ``rows=16`` at T=16384), or ``GPU_BLOCK_Q x GPU_BLOCK_K`` when
   ``rows`` is None; so does a TPU. A narrow window gets blocks of about half its span (at
@@ -93,15 +102,24 @@ def default_block_sizes(
 
   Args:
     T, S: query and key lengths.
-    backend: the target platform; None: ``tiles.target_platform``.
+    platform: the target platform; None: ``tiles.target_platform``. (Its old name
+      ``backend=`` still works and warns once.)
     window: the call's window, or None.
     rows: batch times query heads of the call (a GPU's tile budget), or None.
     is_causal: the call is causal (a GPU keeps 4 blocks a side).
   """
-  backend = target_platform() if backend is None else backend
-  if backend == "cpu":
+  if renamed:  # the old keyword backend=
+    given = deprecation.renamed_in("default_block_sizes", renamed, {"backend": "platform"})
+    if set(given) != {"platform"} or platform is not None:
+      raise TypeError(
+        f"default_block_sizes takes platform= (once; backend= is its old name), got "
+        f"{sorted(renamed)} with platform={platform!r}"
+      )
+    platform = given["platform"]
+  platform = target_platform() if platform is None else platform
+  if platform == "cpu":
     bq, bk = CPU_BLOCK_Q, CPU_BLOCK_K
-  elif backend == "gpu" and rows is not None:
+  elif platform in ("cuda", "gpu") and rows is not None:
     bq, bk = gpu_block_sizes(T, S, rows, gpu_memory_bytes(), is_causal=is_causal)
   else:  # a TPU (whose own kernels cover every call), or a GPU call of unknown rows
     bq, bk = GPU_BLOCK_Q, GPU_BLOCK_K
@@ -160,27 +178,43 @@ class _Rolled:
 
 
 def _rolled_visits(c: TilePlan) -> Optional[_Rolled]:
-  """The query-block loop's tables, or None when every query block is unrolled."""
+  """The query-block loop's tables, or None when every query block is unrolled (at most
+  ``MAX_UNROLLED_Q_BLOCKS`` of them, unless the plan rolls them all).
+
+  A plan that rolls a short call (at most ``MAX_UNROLLED_Q_BLOCKS`` query blocks) evaluates
+  the mask on every visit: one visit body instead of a masked and an unmasked one (a pattern
+  at T=128 in blocks of 16: 40-46 XLA computations instead of 39-61 forward, 88-101 instead
+  of 86-125 with the gradient; a short call's compile time outweighs its run time).
+  """
   L = c.layout
   n = c.T // L.block_q
-  if n <= MAX_UNROLLED_Q_BLOCKS:
+  if n <= (1 if c.roll_query_blocks else MAX_UNROLLED_Q_BLOCKS):
     return None
+  # Visit states: 0 padding, 1 unmasked, 2 masked (see _Rolled).
+  state_of = lambda needs_mask: 2 if needs_mask or n <= MAX_UNROLLED_Q_BLOCKS else 1
   rows, specials = [], {}
   for i in range(n):
     looped, unrolled = _split_visits(c, i, rolled=True)
     rows.append(looped)
     for j, nm in unrolled:
-      specials.setdefault(j, np.zeros(n, np.int32))[i] = 1 + nm
+      specials.setdefault(j, np.zeros(n, np.int32))[i] = state_of(nm)
   m = max(1, max(len(r) for r in rows))
   kv, state = np.zeros((n, m), np.int32), np.zeros((n, m), np.int32)
   for i, r in enumerate(rows):
     for t, (j, nm) in enumerate(r):
-      kv[i, t], state[i, t] = j, 1 + nm
+      kv[i, t], state[i, t] = j, state_of(nm)
   return _Rolled(n, kv, state, tuple(sorted(specials.items())))
 
 
 def _visit_blocks(
-  c: TilePlan, relation, i, carry, visit, rolled: Optional[_Rolled] = None, tile=None
+  c: TilePlan,
+  relation,
+  i,
+  carry,
+  visit,
+  rolled: Optional[_Rolled] = None,
+  tile=None,
+  remat: bool = False,
 ):
   """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
 
@@ -205,6 +239,12 @@ def _visit_blocks(
   accumulators (the backward's ``dk`` / ``dv``) then never pass through a
   conditional, which otherwise copies them on every visit (measured: the
   rolled causal backward at T=4096 ran 1.5x slower).
+
+  With ``remat`` each visit, its branch included, is rematerialised (``jax.checkpoint``), for
+  a caller differentiated by autodiff: the loop then keeps only its carry per visit. The
+  checkpoint sits outside the branch: a residual leaving a ``lax.switch`` is that branch's
+  output, which the loop would stack once per visit even for the loop-invariant keys and
+  values (T=8192: [32, B, K, S, H] per array), where from outside it is the loop's own input.
   """
   L = c.layout
 
@@ -262,17 +302,25 @@ def _visit_blocks(
       j = kv[n]
       return by_state(state[n], carry, j, j * L.block_k, L.block_k, False, has)
 
-    carry = jax.lax.fori_loop(0, kv.shape[0], step, carry)
+    carry = jax.lax.fori_loop(0, kv.shape[0], jax.checkpoint(step) if remat else step, carry)
+  checkpoint = jax.checkpoint if remat else (lambda f: f)
   for j, needs_mask in unrolled:
     k0, k1 = L.kv_range(j)
-    carry = fold(
-      carry, one(carry, j, k0, k1 - k0, needs_mask, k0 == 0 and c.holds_key0), k0, k1 - k0
-    )
+    first = k0 == 0 and c.holds_key0
+
+    def unrolled_visit(carry, j=j, k0=k0, tk=k1 - k0, needs_mask=needs_mask, first=first):
+      return fold(carry, one(carry, j, k0, tk, needs_mask, first), k0, tk)
+
+    carry = checkpoint(unrolled_visit)(carry)
   if not isinstance(i, int):
     for j, states in rolled.specials:
       k0, k1 = L.kv_range(j)
       has = tuple(bool((states == s).any()) for s in range(3))
-      carry = by_state(jnp.asarray(states)[i], carry, j, k0, k1 - k0, k0 == 0 and c.holds_key0, has)
+
+      def special(carry, index, j=j, k0=k0, tk=k1 - k0, has=has):
+        return by_state(index, carry, j, k0, tk, k0 == 0 and c.holds_key0, has)
+
+      carry = checkpoint(special)(carry, jnp.asarray(states)[i])
   return carry
 
 
@@ -642,6 +690,7 @@ def run_layout(
   positions=None,
   mod_table: bool = False,
   stats_axis: Optional[str] = None,
+  roll_query_blocks: bool = False,
 ):
   """Block-wise attention of a validated dense call over a static
   :class:`~attnjax.layout.BlockLayout`.
@@ -665,6 +714,9 @@ def run_layout(
     stats_axis: None, or the ``shard_map`` axis whose devices hold the other query
       rows of the call (context parallelism, all-gather): the statistics' means and
       maximum are then over the rows of every device (:func:`attnjax.attention_stats.stats_from_rows`).
+    roll_query_blocks: run every full-size query block in one loop over tables of its
+      visits, however few (a pattern's layout, whose rows differ: unrolled, each compiles
+      its own visits; see :data:`MAX_UNROLLED_Q_BLOCKS`).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
@@ -697,6 +749,7 @@ def run_layout(
     has_segments=inputs.q_segment_ids is not None,
     mod_table=mod_table,
     stats_axis=stats_axis,
+    roll_query_blocks=roll_query_blocks,
   )
   return _run(c, inputs, positions)
 
@@ -752,18 +805,6 @@ def _to_output(c: TilePlan, o: Array, dtype) -> Array:
   return jnp.reshape(o, (c.B, c.T, c.K * c.G, c.Hv)).astype(dtype)
 
 
-def _remat_visit(visit):
-  """``visit`` rematerialised (``jax.checkpoint``) in its state and traced key offset: its
-  autodiff then keeps no tile, only the state it is given."""
-
-  def run(st, k0, tk, needs_mask, seg_mask, first):
-    if isinstance(k0, int):
-      return jax.checkpoint(lambda st: visit(st, k0, tk, needs_mask, seg_mask, first))(st)
-    return jax.checkpoint(lambda st, k0: visit(st, k0, tk, needs_mask, seg_mask, first))(st, k0)
-
-  return run
-
-
 def _run_weights(c: TilePlan, inputs, positions):
   """A weights-only normaliser (:class:`attnjax.normalizers.WeightsOnly`) over the layout.
 
@@ -813,7 +854,7 @@ def _run_weights(c: TilePlan, inputs, positions):
 
         init = jax.tree.map(a.vary, nz.quantities_init(rows))
         found = nz.quantities_finish(
-          _visit_blocks(c, relation, i, init, _remat_visit(count_visit), rolled)
+          _visit_blocks(c, relation, i, init, count_visit, rolled, remat=True)
         )
         row.update({key: found[key] for key in ("max", "logsumexp") if key in quantities})
         lse, filler = found["logsumexp"], jax.lax.stop_gradient(found["max"])
@@ -829,7 +870,7 @@ def _run_weights(c: TilePlan, inputs, positions):
         return nz.weights_visit(st, z, allowed, pv, weight_row, c.with_stats, first)
 
       init = jax.tree.map(a.vary, nz.weights_init(rows, acc, c.with_stats))
-      st = _visit_blocks(c, relation, i, init, _remat_visit(weight_visit), rolled)
+      st = _visit_blocks(c, relation, i, init, weight_visit, rolled, remat=True)
       return nz.weights_finish(st, cb, lse, c.with_stats)
 
     out, srow = jax.checkpoint(compute)(after(a.q_rows(c, q0, tq)))
@@ -1063,13 +1104,6 @@ def shifted_indices(inputs, opts, offsets):
   return dataclasses.replace(inputs, **moved), dataclasses.replace(opts, **changes)
 
 
-def _check_block(name: str, value: Optional[int]) -> None:
-  if value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-    raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-
-
 def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int] = None, **kwargs):
   """:func:`attnjax.dot_product_attention` on the block-wise path with chosen block sizes.
 
@@ -1078,7 +1112,8 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
     block_q: query rows per block (None: :func:`default_block_sizes`).
     block_k: keys per block (None: :func:`default_block_sizes`).
     **kwargs: the dense keywords of :class:`attnjax.options.DenseKeywords` (``bias``,
-      ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``sink_logits``, ``softcap``,
+      ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``normalizer_params``,
+      ``sink_logits``, ``softcap``,
       ``window``, ``segment_ids``, ``similarity``, ``return_stats``, ``score_mod``,
       ``score_mod_args``, ``mask_mod``, ``mask_mod_args``, ``block_layout``,
       ``context_axis``, ``context_strategy``, ``context_layout``); not
@@ -1089,8 +1124,8 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
   Returns:
     As :func:`attnjax.dot_product_attention`.
   """
-  _check_block("block_q", block_q)
-  _check_block("block_k", block_k)
+  validators.check_positive_int("block_q", block_q, allow_none=True)
+  validators.check_positive_int("block_k", block_k, allow_none=True)
   if "implementation" in kwargs:
     raise TypeError("blockwise.attention takes no implementation argument")
   inputs, opts = options.validate(q, k, v, **kwargs)
