@@ -1548,7 +1548,6 @@ class ModernBert(Architecture):
     return rules
 
 
-
 # DeepSeek V2 / V3: multi-head latent attention and routed experts.
 
 FP8_BLOCK = (128, 128)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.stats.inputs import _stack_layers, shape_of
 
 Array = jnp.ndarray
@@ -148,7 +148,7 @@ def fake_quantize(x, *, bits: int = 8, symmetric: bool = True) -> Array:
     Bondarenko et al. 2023, sec. 5 (W8A8, per-tensor, symmetric weights, asymmetric
     activations); Nagel et al. 2021, "A White Paper on Neural Network Quantization".
   """
-  _checks.check_floating("x", jnp.asarray(x))
+  validators.check_floating("x", jnp.asarray(x))
   if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
     raise ValueError(f"bits must be an int in [2, 16], got {bits!r}")
   x32 = jnp.asarray(x).astype(jnp.float32)
