@@ -28,6 +28,8 @@ def _subclass(builtin: normalizers.Normalizer, name: str) -> normalizers.Normali
   cls = type(f"My{type(builtin).__name__}", (type(builtin),), {"__doc__": f"{name}"})
   if isinstance(builtin, normalizers.SoftmaxFamily):
     return cls(name, builtin.shift_floor, "a subclass")
+  if isinstance(builtin, normalizers.ClippedSoftmax):
+    return cls(name, zeta=builtin.zeta, gamma=builtin.gamma, alpha=builtin.alpha)
   nz = cls()
   nz.name = name
   return nz
