@@ -15,6 +15,7 @@ flax: ``nn``, ``models``, ``train``, ``data``, ``kernels``, ``targets``, ``check
 from attnjax import attention_stats
 from attnjax import block_select
 from attnjax import compressed
+from attnjax import cosine
 from attnjax import delta_rule
 from attnjax import dense
 from attnjax import feature_maps
@@ -38,8 +39,9 @@ from attnjax.delta_rule import delta_rule_attention
 from attnjax.dense import dot_product_attention
 from attnjax.gated_linear import gated_linear_attention
 from attnjax.linear import linear_attention
+from attnjax.cosine import cosine_attention
 from attnjax.mla import mla_attention
-from attnjax.qk_norm import cosine_attention, qk_norm_attention
+from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax._src.config import config
 from attnjax._version import __version__ as __version__
@@ -72,6 +74,7 @@ __all__ = [
   "compressed",
   "compressed_attention",
   "config",
+  "cosine",
   "cosine_attention",
   "data",
   "delta_rule",

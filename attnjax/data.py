@@ -3,7 +3,8 @@
 ``data.from_config(config.data, seed=0).batch("train", step)`` is a ``Batch`` of
 ``inputs`` and ``targets`` ``[B, T]`` (``inputs[:, 0]`` = BOS), the same for a step on
 every run. With ``config.data.pack = True`` each row packs whole documents and the batch
-also carries ``segment_ids``, ``positions`` and loss ``weights``. Sources
+also carries ``segment_ids``, ``positions`` and loss ``weights``; with
+``config.data.objective = "mlm"`` a batch is BERT's masked LM (:class:`MaskedLMBatches`). Sources
 (``config.data.name``): ``shakespeare`` (default), ``text``, ``bin`` (nanoGPT) and
 ``bigram_backcopy`` (synthetic).
 
@@ -27,6 +28,7 @@ from attnjax._src.data.corpus import (
   shakespeare_dir,
   split_documents,
 )
+from attnjax._src.data.masked_lm import MaskedLMBatches, mask_tokens
 from attnjax._src.data.sources import Batches, SOURCES, from_config
 from attnjax._src.data.tokenizers import ByteTokenizer, CharTokenizer
 
@@ -37,6 +39,7 @@ __all__ = [
   "ByteTokenizer",
   "CharTokenizer",
   "CorpusBatches",
+  "MaskedLMBatches",
   "SOURCES",
   "TokenData",
   "bigram_backcopy_chain",
@@ -44,6 +47,7 @@ __all__ = [
   "load_bin",
   "load_shakespeare",
   "load_text",
+  "mask_tokens",
   "pack_documents",
   "shakespeare_dir",
   "split_documents",

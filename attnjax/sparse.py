@@ -2,14 +2,24 @@
 
 :func:`attnjax.sparse_attention` has two engines (:data:`IMPLEMENTATIONS`,
 ``implementation=``), tested equal in value and gradient: ``"reference"`` (the pattern's
-exact dense mask, ``[B, N, T, S]``) and ``"blockwise"`` (default; formerly
-``"block_sparse"``): the pattern's block layout drives the block-wise kernel, so cost
-and memory follow the kept blocks. Every dense option is validated by
+exact dense mask, ``[B, N, T, S]``) and ``"blockwise"`` (auto-dispatch's from
+:data:`BLOCKWISE_MIN_LENGTH` tokens on; formerly ``"block_sparse"``): the pattern's block
+layout drives the block-wise kernel, so cost and memory follow the kept blocks. Every dense option is validated by
 :func:`attnjax.options.validate` and means what it means for dense attention.
 
 Guide: :doc:`/guides/sparse`, section "Patterns".
 """
 
-from attnjax._src.ops.sparse.attention import IMPLEMENTATIONS, sparse_attention
+from attnjax._src.ops.sparse.attention import (
+  BLOCKWISE_MIN_LENGTH,
+  IMPLEMENTATIONS,
+  STRIDED_TWO_PASS_MIN_LENGTH,
+  sparse_attention,
+)
 
-__all__ = ["IMPLEMENTATIONS", "sparse_attention"]
+__all__ = [
+  "BLOCKWISE_MIN_LENGTH",
+  "IMPLEMENTATIONS",
+  "STRIDED_TWO_PASS_MIN_LENGTH",
+  "sparse_attention",
+]

@@ -16,6 +16,13 @@ from attnjax._src.stats.approximation import feature_map_attention_error, kernel
 from attnjax._src.stats.capture import LayerCapture, SINK_CURVE_EPS
 from attnjax._src.stats.geometry import qk_statistics, sink_geometry, value_state_drain
 from attnjax._src.stats.jsonable import flatten, to_jsonable
+from attnjax._src.stats.outliers import (
+  OutlierStats,
+  fake_quantize,
+  masked_lm_loss,
+  outlier_statistics,
+  quantization_step,
+)
 from attnjax._src.stats.results import (
   AttentionEntropy,
   FirstTokenAttention,
@@ -35,6 +42,7 @@ from attnjax._src.stats.sinks import (
   max_attention_logit,
   null_mass,
   sink_rate,
+  token_mass,
 )
 from attnjax._src.old_names import stats as __getattr__  # noqa: F401 (PEP 562)
 
@@ -45,12 +53,14 @@ __all__ = [
   "LayerMean",
   "LogitDrift",
   "MassiveActivations",
+  "OutlierStats",
   "QKStatistics",
   "SINK_CURVE_EPS",
   "SinkGeometry",
   "SinkRate",
   "attention_entropy",
   "attention_sparsity",
+  "fake_quantize",
   "feature_map_attention_error",
   "first_token_attention",
   "flatten",
@@ -58,13 +68,17 @@ __all__ = [
   "importance",
   "kernel_approximation_error",
   "kurtosis",
+  "masked_lm_loss",
   "massive_activations",
   "max_attention_logit",
   "null_mass",
+  "outlier_statistics",
   "output_logit_drift",
   "qk_statistics",
+  "quantization_step",
   "sink_geometry",
   "sink_rate",
   "to_jsonable",
+  "token_mass",
   "value_state_drain",
 ]

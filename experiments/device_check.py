@@ -50,7 +50,7 @@ def training_mfu(r: check.Report, args) -> None:
   from attnjax.train.config import apply_preset, base_config
   from attnjax.train import build_model, count_params, flops_per_token, make_train_step
 
-  preset = {"cuda": "gpu", "tpu": "tpu"}[args.platform]  # the preset of the device's size
+  preset = {"cuda": "gpu", "tpu": "tpu"}[args.platform]  # the training preset of its device
   r.add("")
   r.add(f"## 6. {preset} preset: {args.steps} training steps, random tokens")
   r.add("")

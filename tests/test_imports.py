@@ -232,11 +232,11 @@ def test_layouts_sit_below_kernels_and_patterns():
   assert not reaches(GRAPH, "attnjax._src.normalizers", "attnjax._src.kernels.blockwise")
 
 
-# Each registered op's modules (attnjax._src.ops.<op name>.*), and the modules the families
-# share: the front ends of dense and the recurrent families' common code.
+# Each registered op's modules (attnjax._src.ops.<op name>.*), and the module the recurrent
+# families share.
 FAMILIES = tuple(
   sorted(m for m in GRAPH if any(under(m, f"attnjax._src.ops.{name}") for name in _op.OPS))
-) + ("attnjax._src.ops.recurrent",)
+) + ("attnjax._src.ops.recurrence",)
 VOCABULARY = (
   *(
     f"attnjax._src.{name}"
@@ -249,7 +249,7 @@ VOCABULARY = (
       "feature_maps",
       "attention_stats",
       "options",
-      "checks",
+      "validators",
       "deprecation",
       "lowering",
       "target",

@@ -49,6 +49,7 @@ PLUMBING = {
   "attnjax.block_select": ["DENSE_KEYWORDS", "BLOCK_SELECT_STATIC", "OP", "ENGINES"],
   "attnjax.mla": ["DENSE_KEYWORDS", "OP", "ENGINES", "PREFERENCES", "LatentCall"],
   "attnjax.qk_norm": ["QK_NORM_KEYWORDS", "COSINE_KEYWORDS", "RENAMED_KEYWORDS"],
+  "attnjax.cosine": ["COSINE_KEYWORDS"],
   "attnjax.options": ["INTERNAL_OPTIONS", "KERNEL_INPUTS", "array_refusals", "keywords", "static"],
   "attnjax.check": ["parser", "main", "write", "qkv"],
   "attnjax.train.cli": ["csv", "finish"],

@@ -18,6 +18,9 @@ import statistics
 import time
 from typing import Callable, Optional
 
+from attnjax._src import lowering
+from attnjax._src.ops.dense import attention as dense
+
 #: The speed table's ``(H, T)``, each run as ``B = 16384 // T`` sequences of ``N = 2048 // H``
 #: heads (16k tokens per batch, model width 2048). tests/test_targets.py compiles these shapes
 #: for an H200.
@@ -30,14 +33,29 @@ CHECK_SHAPE = (2, 300, 8, 2, 64)
 INTERPRET_SHAPE = (2, 40, 4, 2, 16)
 #: Section 2's mask structures, each checked with every normaliser.
 STRUCTURES = ("causal", "window", "segments")
-#: Our kernel per ``--platform``.
-KERNEL = {"cuda": "pallas_gpu", "tpu": "pallas_tpu"}
-#: The platform's built-in softmax kernel per ``--platform`` (the speed targets' baseline).
-BUILTIN = {"cuda": "cudnn", "tpu": "splash"}
+#: The platforms ``--platform`` names (``gpu`` is accepted as an alias of ``cuda``).
+PLATFORMS = ("cuda", "tpu")
+PLATFORM_ALIASES = {"gpu": "cuda"}
+#: The device each platform runs on, as messages name it.
+DEVICES = {"cuda": "GPU", "tpu": "TPU"}
+#: Every kernel this command checks, per platform (``--kernel all``; mosaic_gpu only on a Hopper
+#: or in interpret mode): the dense engines vouched for by the device check, in the op's order.
+PLATFORM_KERNELS = {
+  p: tuple(
+    e.name for e in dense.ENGINES.values() if e.vouched_by == "device-check" and e.platform == p
+  )
+  for p in PLATFORMS
+}
+#: The kernel checked by default per ``--platform``: the platform's first.
+KERNEL = {p: names[0] for p, names in PLATFORM_KERNELS.items()}
+#: The platform's built-in softmax kernel per ``--platform`` (the speed targets' baseline): the
+#: first engine of its auto-dispatch list that jax vouches for.
+BUILTIN = {
+  p: next(n for n in dense.PREFERENCES[p] if dense.ENGINES[n].vouched_by == "jax")
+  for p in PLATFORMS
+}
 #: ``--kernel``'s names besides "default".
-KERNELS = ("all", "pallas_gpu", "mosaic_gpu", "pallas_tpu")
-#: Every kernel of a platform (``--kernel all``; mosaic_gpu only on a Hopper or in interpret mode).
-PLATFORM_KERNELS = {"cuda": ("pallas_gpu", "mosaic_gpu"), "tpu": ("pallas_tpu",)}
+KERNELS = ("all",) + tuple(name for names in PLATFORM_KERNELS.values() for name in names)
 #: Section 2's limit on a row's error (:func:`row_error`) per input dtype. The kernels round
 #: the weights and the score gradients to the input dtype once before their products (the fp32
 #: reference does not): 8 units of roundoff of bf16 (2^-8) and fp16 (2^-11) leave room for the
@@ -47,8 +65,6 @@ TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 2e-3}
 #: A row whose largest reference value is below this fraction of the tensor's median row scale
 #: is measured against that floor (a row of near-cancelling terms has no scale of its own).
 ROW_FLOOR = 0.1
-#: ``--platform``'s old spellings: ``gpu`` is ``cuda``.
-PLATFORM_ALIASES = {"gpu": "cuda"}
 
 
 def _platform(value: str) -> str:
@@ -81,18 +97,18 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--platform",
     type=_platform,
-    choices=("cuda", "tpu"),
+    choices=PLATFORMS,
     default=None,
-    help="which platform's kernels to check: cuda or tpu (gpu: the old spelling of cuda; "
-    "default: this host's GPU or TPU, cuda elsewhere)",
+    help="which platform's kernels to check: cuda or tpu (gpu: an alias of cuda; default: "
+    "this host's GPU or TPU, cuda elsewhere)",
   )
   p.add_argument(
     "--kernel",
     choices=("default",) + KERNELS,
     default="default",
-    help="the kernel to check: default: pallas_gpu on a GPU, pallas_tpu on a TPU; "
-    "all: every kernel of the platform (on a GPU, mosaic_gpu too where it is "
-    "a Hopper)",
+    help="the kernel to check: default: "
+    + ", ".join(f"{k} on {p}" for p, k in KERNEL.items())
+    + "; all: every kernel of the platform (on cuda, mosaic_gpu too where it is a Hopper)",
   )
   p.add_argument(
     "--ship",
@@ -196,8 +212,8 @@ def check_dispatch(r: Report, platform: str) -> None:
   import jax.numpy as jnp
   from attnjax._src import target as _target
   from attnjax._src.config import config
-  from attnjax._src.ops.dense import attention as dense
 
+  platform = PLATFORM_ALIASES.get(platform, platform)
   r.add(f"## 1. Dispatch ({platform} branch of implementation=None)")
   pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), platform)
   before, config.auto_kernels = config.auto_kernels, "all"
@@ -242,15 +258,12 @@ def check_cases(impl: str) -> list[tuple[str, str, str]]:
 def _kernel_run(impl: str, interpret: bool) -> Callable:
   """``(inputs, opts) -> out`` of ``impl``: by name through dispatch on a device, the kernel's
   own engine in interpret mode."""
-  from attnjax._src.ops.dense import attention as dense
-  from attnjax._src.kernels.mosaic_gpu import kernel as mosaic_gpu
-  from attnjax._src.kernels.pallas_gpu import kernel as pallas_gpu
-  from attnjax._src.kernels.pallas_tpu import kernel as pallas_tpu
+  from attnjax._src import op
 
   if not interpret:
     return lambda inputs, opts: dense.run(inputs, opts, impl)
-  engine = {"pallas_gpu": pallas_gpu, "mosaic_gpu": mosaic_gpu, "pallas_tpu": pallas_tpu}[impl]
-  return lambda inputs, opts: engine.run(inputs, opts, interpret=True)
+  engine = dense.ENGINES[impl]
+  return lambda inputs, opts: op.run_engine(engine, (inputs, opts), interpret=True)
 
 
 def case_program(kernel: Callable, normalizer: str, structure: str, window) -> Callable:
@@ -272,7 +285,7 @@ def case_program(kernel: Callable, normalizer: str, structure: str, window) -> C
     "segments": dict(is_causal=True),
   }[structure]
   kw.update(normalizer=normalizer, return_stats=True)
-  sinks = normalizers.REGISTRY[normalizer].accepts_sink_logits
+  sinks = normalizers.get(normalizer).accepts_sink_logits
 
   def loss(fn, q, k, v, seg, sink):
     extra = dict(segment_ids=seg if structure == "segments" else None)
@@ -372,7 +385,6 @@ def check_cudnn_and_blockwise(
   import jax
   import jax.numpy as jnp
   from attnjax._src import masks
-  from attnjax._src.ops.dense.attention import dot_product_attention
 
   r.add("")
   r.add("## 3. cuDNN (auto) and block-wise vs reference")
@@ -388,7 +400,7 @@ def check_cudnn_and_blockwise(
   for name, kw in calls.items():
 
     def out(q, k, v, n, impl, kw=kw):
-      return dot_product_attention(q, k, v, implementation=impl, **kw(n))
+      return dense.dot_product_attention(q, k, v, implementation=impl, **kw(n))
 
     def loss(q, k, v, n, impl):
       o = out(q, k, v, n, impl).astype(jnp.float32)
@@ -410,7 +422,7 @@ def check_cudnn_and_blockwise(
     for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
       ref, got = (
         jax.jit(
-          lambda q, k, v, impl=impl, kw=kw: dot_product_attention(
+          lambda q, k, v, impl=impl, kw=kw: dense.dot_product_attention(
             q, k, v, implementation=impl, **kw
           )
         )(qs, ks, vs)
@@ -425,12 +437,11 @@ def _time_pair(fwd_kw: Callable, args, repeats: int, calls: int = 10, backward_o
   per call of ``calls`` back-to-back calls."""
   import jax
   import jax.numpy as jnp
-  from attnjax._src.ops.dense.attention import dot_product_attention
 
-  fwd = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, **fwd_kw))
+  fwd = jax.jit(lambda q, k, v: dense.dot_product_attention(q, k, v, **fwd_kw))
   both = jax.jit(
     jax.grad(
-      lambda q, k, v: jnp.sum(dot_product_attention(q, k, v, **fwd_kw).astype(jnp.float32)),
+      lambda q, k, v: jnp.sum(dense.dot_product_attention(q, k, v, **fwd_kw).astype(jnp.float32)),
       (0, 1, 2),
     )
   )
@@ -548,6 +559,7 @@ def targets(r: Report, times: dict, platform: str = "cuda") -> None:
   """Section 5 of the default kernel (reported, not failed)."""
   from attnjax._src import normalizers
 
+  platform = PLATFORM_ALIASES.get(platform, platform)
   r.add("")
   r.add("## 5. Targets (reported, not failed)")
   ours, builtin = KERNEL[platform], BUILTIN[platform]
@@ -623,19 +635,19 @@ def mosaic_targets(r: Report, times: dict) -> None:
 
 
 def _host_platform() -> str:
-
-  from attnjax._src import lowering
-
-  return "tpu" if lowering.current_platform() == "tpu" else "cuda"
+  """This host's platform if it is one of :data:`PLATFORMS`, else ``"cuda"``."""
+  platform = lowering.current_platform()
+  return platform if platform in PLATFORMS else "cuda"
 
 
 def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, ...]:
-  """The kernels ``--kernel`` names on ``platform``: "default": its own (pallas_gpu,
-  pallas_tpu); "all": every one of :data:`PLATFORM_KERNELS` (on a GPU, mosaic_gpu only where
-  it is a Hopper, or in interpret mode); else the one named (a ``ValueError`` if it is
-  another platform's)."""
+  """The kernels ``--kernel`` names on ``platform`` (``"gpu"``: ``"cuda"``): "default": its
+  own (:data:`KERNEL`); "all": every one of :data:`PLATFORM_KERNELS` (on cuda, mosaic_gpu
+  only where it is a Hopper, or in interpret mode); else the one named (a ``ValueError`` if
+  it is another platform's)."""
   from attnjax._src import target as _target
 
+  platform = PLATFORM_ALIASES.get(platform, platform)
   if kernel == "default":
     return (KERNEL[platform],)
   if kernel == "all":
@@ -660,11 +672,7 @@ def _refusal(args) -> Optional[str]:
   want = "cpu" if args.interpret else args.platform
   here = lowering.current_platform()
   if here != want:
-    needs = (
-      "the CPU (JAX_PLATFORMS=cpu)"
-      if args.interpret
-      else {"cuda": "a CUDA GPU", "tpu": "a TPU"}[args.platform]
-    )
+    needs = "the CPU (JAX_PLATFORMS=cpu)" if args.interpret else f"a {DEVICES[args.platform]}"
     return (
       f"python -m attnjax.check --platform {args.platform}"
       + (" --interpret" if args.interpret else "")
@@ -676,9 +684,8 @@ def _refusal(args) -> Optional[str]:
       "verdict is the CPU's)"
     )
   if args.kernel not in ("default", "all") and args.kernel not in PLATFORM_KERNELS[args.platform]:
-    return f"--kernel {args.kernel} needs --platform " + (
-      "tpu" if args.kernel == "pallas_tpu" else "cuda (mosaic_gpu: a Hopper GPU)"
-    )
+    engine = dense.ENGINES[args.kernel]
+    return f"--kernel {args.kernel} needs --platform {engine.platform} (it {engine.where})"
   return None
 
 
@@ -689,7 +696,7 @@ def run_checks(r: Report, args) -> Optional[int]:
   from attnjax._src import trust as _trust
   from attnjax._version import __version__
 
-  args.platform = args.platform or _host_platform()
+  args.platform = PLATFORM_ALIASES.get(args.platform, args.platform) or _host_platform()
   refusal = _refusal(args)
   if refusal:
     print(refusal)
@@ -763,7 +770,7 @@ def command(
   Returns:
     The exit status: 0 when every correctness check passed, 1 when one failed, 2 when
     nothing was run (this host has no device of the platform asked for, or ``--kernel
-    mosaic_gpu`` without ``--platform cuda``).
+    mosaic_gpu`` without ``--platform cuda``; see :func:`run_checks`).
   """
   p = parser()
   p.prog = prog or p.prog

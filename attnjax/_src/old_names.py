@@ -20,7 +20,12 @@ _FUNCTIONS_LAYER = (
 
 
 def _quadratic(family: str) -> dict:
-  return {"parallel": Removed(f"attnjax.{family}.quadratic (the same computation)", _PARALLEL)}
+  return {
+    "parallel": Removed(f"attnjax.{family}.quadratic (the same computation)", _PARALLEL),
+    "REFERENCE_FORM": Renamed(
+      f"attnjax.{family}.REFERENCE_ENGINE", f"attnjax._src.ops.{family}.attention:REFERENCE_ENGINE"
+    ),
+  }
 
 
 linear = old_names("attnjax.linear", _quadratic("linear"))

@@ -1,11 +1,11 @@
 """A Pallas Mosaic GPU flash-attention kernel for Hopper: ``implementation="mosaic_gpu"``.
 
-:func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
-platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
-(``interpret=True`` runs it in jax's Mosaic GPU interpreter on the CPU). The forward kernel,
-the dq and dk/dv kernels, and the block sizes, shared-memory budget and row lowering of the
-normalisers' state are the files of ``attnjax/_src/kernels/mosaic_gpu/`` (``kernel.py``,
-``backward.py``, ``plan.py``).
+:func:`attention` is the kernel called like :func:`attnjax.dot_product_attention`
+(``interpret=True`` runs it in jax's Mosaic GPU interpreter on the CPU); :func:`compute` and
+:func:`unsupported` are the engine the dense op runs (``run``, deprecated, is that engine on a
+validated call). The forward kernel, the dq and dk/dv kernels, and the block sizes,
+shared-memory budget and row lowering of the normalisers' state are the files of
+``attnjax/_src/kernels/mosaic_gpu/`` (``kernel.py``, ``backward.py``, ``plan.py``).
 """
 
 from attnjax._src.kernels.mosaic_gpu.kernel import (

@@ -24,10 +24,12 @@ from attnjax._src.nn.caches import (
   QuantizedKVCache,
   cache_bytes,
 )
-from attnjax._src.nn.config import AttentionConfig, ModelConfig
+from attnjax._src.nn.config import AttentionConfig, EncoderConfig, ModelConfig
 from attnjax._src.nn.decode import decode_step, generate, init_cache
+from attnjax._src.nn.encoder import EncoderLM, padding_mask
 from attnjax._src.nn.flax_interop import flax_attention_fn
 from attnjax._src.nn.kv_policies import CACHE_POLICIES, cache_bytes_for
+from attnjax._src.nn.outliers import outlier_stats
 from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.specs import (
   AttentionSpec,
@@ -58,6 +60,8 @@ __all__ = [
   "CosineSpec",
   "CrossCache",
   "DenseSpec",
+  "EncoderConfig",
+  "EncoderLM",
   "FeatureProjection",
   "GatedCache",
   "H2OCache",
@@ -83,6 +87,8 @@ __all__ = [
   "layer_stats",
   "log_normalizer",
   "num_params",
+  "outlier_stats",
+  "padding_mask",
   "register_family",
   "specs",
   "state_shardings",

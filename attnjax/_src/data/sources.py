@@ -6,6 +6,7 @@ from typing import Any, Union
 
 from attnjax._src.data.batches import BigramBackcopyBatches, CorpusBatches
 from attnjax._src.data.corpus import load_bin, load_shakespeare, load_text
+from attnjax._src.data.masked_lm import MaskedLMBatches
 
 
 Batches = Union[CorpusBatches, BigramBackcopyBatches]
@@ -22,7 +23,8 @@ def from_config(cfg: Any, *, seed: int) -> Batches:
 
   Returns:
     A :class:`.CorpusBatches` (``shakespeare``, ``text``, ``bin``) or a
-    :class:`.BigramBackcopyBatches`; ``batch(split, step)`` gives a :class:`.Batch`.
+    :class:`.BigramBackcopyBatches` (a :class:`.MaskedLMBatches` over the corpus when
+    ``data.objective="mlm"``); ``batch(split, step)`` gives a :class:`.Batch`.
 
   Raises:
     ValueError: an unknown ``data.name``, a ``seq_len`` below 2, a ``batch_size`` below 1,
@@ -61,4 +63,11 @@ def from_config(cfg: Any, *, seed: int) -> Batches:
     if not cfg.path:
       raise ValueError("data.path must name a folder with train.bin/val.bin when data.name='bin'")
     tokens = load_bin(cfg.path, vocab_size=cfg.vocab_size, dtype=cfg.bin_dtype)
-  return CorpusBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed, pack=pack)
+  batches = CorpusBatches(
+    tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed, pack=pack
+  )
+  if cfg.get("objective", "causal") == "mlm":
+    if pack:
+      raise ValueError("data.pack=True: the masked-LM objective reads unpacked windows")
+    return MaskedLMBatches(batches, rate=cfg.get("mask_rate", 0.15), seed=seed)
+  return batches

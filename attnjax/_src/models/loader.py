@@ -22,7 +22,9 @@ import numpy as np
 from flax import nnx
 
 from attnjax._src.nn import specs
-from attnjax._src.nn.config import AttentionConfig, ModelConfig
+from attnjax._src.nn.config import AttentionConfig, EncoderConfig, ModelConfig
+from attnjax._src.nn.config import COMMON_FIELDS, LEGACY_DEFAULTS
+from attnjax._src.nn.encoder import EncoderLM
 from attnjax._src.nn.transformer import LOGICAL_AXIS_RULES, TransformerLM, state_shardings
 from attnjax._src.models import architectures
 from attnjax._src.models.architectures import Architecture, Rule
@@ -77,7 +79,7 @@ def check_tensors(
       prefix = name[: len(name) - len(short)]
     if arch.skipped(checkpoint.config, short):
       continue
-    if tied and short == "lm_head.weight":
+    if tied and short in arch.tied_names:
       continue  # tied: transformers uses the embedding (some exports store both)
     present[short] = name
   expected: dict[str, tuple] = {}
@@ -157,6 +159,16 @@ def _split_targets(options: Mapping[str, Any], present: list[str]):
       f"{{'full_attention': {{...}}}}), got {type(options).__name__}"
     )
   shared = {k: v for k, v in options.items() if k not in architectures.LAYER_TYPES}
+  fields = set(COMMON_FIELDS) | set(LEGACY_DEFAULTS)
+  for spec in specs.FAMILY_SPECS.values():
+    fields |= set(_spec_defaults(spec))
+  for key, value in shared.items():
+    if isinstance(value, Mapping) and key not in fields:  # a layer type's options, by its look
+      raise ValueError(
+        f"attention[{key!r}]: {key!r} is not a layer type of this checkpoint (its layer "
+        f"types: {sorted(set(present))}) nor an attention option; options of one layer type "
+        f"go under its name, e.g. attention={{{sorted(set(present))[0]!r}: {{...}}}}"
+      )
   targeted = {}
   for layer_type in architectures.LAYER_TYPES:
     if layer_type not in options:
@@ -283,6 +295,12 @@ def _place(host: np.ndarray, sharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def model_class(mcfg: ModelConfig) -> type:
+  """``EncoderLM`` for an ``EncoderConfig`` (BERT, RoBERTa, ModernBERT), else
+  ``TransformerLM``."""
+  return EncoderLM if isinstance(mcfg, EncoderConfig) else TransformerLM
+
+
 def from_pretrained(
   path,
   *,
@@ -368,7 +386,7 @@ def from_pretrained(
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
 
-  abstract = nnx.eval_shape(lambda: TransformerLM(mcfg, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: model_class(mcfg)(mcfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   pure = nnx.to_pure_dict(state)
   leaves = _paths(pure)
@@ -415,7 +433,7 @@ def _initial_values(mcfg: ModelConfig, paths: list, shardings, leaves: dict) -> 
   """
 
   def init():
-    model = TransformerLM(mcfg, rngs=nnx.Rngs(0))
+    model = model_class(mcfg)(mcfg, rngs=nnx.Rngs(0))
     values = _paths(nnx.to_pure_dict(nnx.state(model)))
     return {"/".join(map(str, p)): values[p] for p in paths}
 

@@ -48,7 +48,7 @@ def state_passing(
 
   Args:
     local: ``(v, initial_state) -> (out, final_state)``: the family's computation on this
-      device's tokens (every other argument bound; :func:`attnjax._src.ops.recurrent.context` runs
+      device's tokens (every other argument bound; :func:`attnjax._src.ops.recurrence.context` runs
       the op's engine), with values ``[B, T, K, Hv']`` and a state ``[B, N, H, Hv']`` of
       any width ``Hv'``; ``out`` is returned as it comes (any layout).
     v: this device's values ``[B, T, K, Hv]``.
