@@ -373,21 +373,15 @@ class Trainer:
     inputs, targets = self.dp.put_batch(b.inputs), self.dp.put_batch(b.targets)
     scored = np.where(b.weights > 0, b.targets, -1)
     delimiters = encoder_delimiters(self.batches)
-    out = outlier_stats(
-      model, inputs, targets=self.dp.put_batch(scored), delimiter_ids=delimiters
-    )
+    out = outlier_stats(model, inputs, targets=self.dp.put_batch(scored), delimiter_ids=delimiters)
     del targets
     sown = statistics.layer_stats(model, inputs, view="sown", weights=True)
     weights = jnp.stack([layer["weights"] for layer in sown["layers"]])
     record = {
       "outliers/loss": out["loss"],
       "outliers/loss_w8a8": out["loss_w8a8"],
-      "token_mass/cls": jnp.mean(
-        token_mass(weights, inputs, (self.batches.bos_id,)), axis=1
-      ),
-      "token_mass/delimiters": jnp.mean(
-        token_mass(weights, inputs, delimiters or (-1,)), axis=1
-      ),
+      "token_mass/cls": jnp.mean(token_mass(weights, inputs, (self.batches.bos_id,)), axis=1),
+      "token_mass/delimiters": jnp.mean(token_mass(weights, inputs, delimiters or (-1,)), axis=1),
     }
     for position in ("attn_out", "mlp_out", "hidden"):
       if position in out:
