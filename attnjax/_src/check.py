@@ -770,7 +770,7 @@ def command(
   Returns:
     The exit status: 0 when every correctness check passed, 1 when one failed, 2 when
     nothing was run (this host has no device of the platform asked for, or ``--kernel
-    mosaic_gpu`` without ``--platform cuda``; see :func:`run_checks`).
+    mosaic_gpu`` without ``--platform cuda``; see ``run_checks``).
   """
   p = parser()
   p.prog = prog or p.prog

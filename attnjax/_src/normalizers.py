@@ -118,7 +118,7 @@ def softmax_terms_visit(st: tuple[Array, Array], z: Array, allowed: Optional[Arr
 
 def softmax_terms_finish(st: tuple[Array, Array]) -> tuple[Array, Array]:
   """``(max, log_sum)`` rows of the pre-pass (both 0 on a row with no key), as
-  :func:`row_softmax_terms` gives them for whole rows."""
+  :func:`attnjax._src.normalizers.row_softmax_terms` gives them for whole rows."""
   m, l = st
   return _finite(m), jnp.log(jnp.where(l > 0, l, 1.0))
 
@@ -207,7 +207,7 @@ class Normalizer:
     needs_lse: the softmax log-normaliser of each row (``logsumexp`` of its allowed
       logits) must be known before the first tile: engines run a logits-only pre-pass
       over the key blocks and give it as ``row["max"]`` and ``row["log_sum"]``
-      (:func:`row_softmax_terms`; clipped softmax).
+      (:func:`attnjax._src.normalizers.row_softmax_terms`; clipped softmax).
     row_dot_of_output: :meth:`tile_backward`'s ``row_dot`` is ``<dO_i, O_i>``; where
       False it is the sum over the row's tiles of :meth:`row_dot_tile` (engines run a
       backward pre-pass over the key blocks).
@@ -322,7 +322,7 @@ class Normalizer:
     self, sink_rows: Optional[Array], counts: Optional[Array], softmax_terms=None
   ) -> dict:
     """The ``row`` dict of a query block (see the module docstring); ``softmax_terms`` the
-    rows' ``(max, log_sum)`` of the ``needs_lse`` pre-pass (:func:`row_softmax_terms`)."""
+    rows' ``(max, log_sum)`` of the ``needs_lse`` pre-pass (:func:`attnjax._src.normalizers.row_softmax_terms`)."""
     row = {"floor": self.floor(sink_rows), "counts": counts}
     if self.needs_lse:
       row["max"], row["log_sum"] = softmax_terms

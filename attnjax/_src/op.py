@@ -134,7 +134,7 @@ class Sample:
     choices: ``((name, values), ...)``: valid values of its own options, for the option walk.
     defects: ``((name, values), ...)``: invalid values of its own options, each refused with
       an error that names the option.
-    dense_keywords: the dense keywords it forwards (of :data:`attnjax.options.KEYWORDS`).
+    dense_keywords: the dense keywords it forwards (of :data:`attnjax._src.options.KEYWORDS`).
     own_keywords: dense keyword names it takes with a meaning of its own.
     own_defaults: its defaults of dense keywords that differ from dense attention's.
     context: it takes ``context_axis`` (inside ``jax.shard_map`` it returns its shard of

@@ -121,7 +121,7 @@ def prepare(
 
 
 def context(call: tuple, implementation: Optional[str], local: Callable[..., Any]):
-  """A state-passing op's context strategy (:func:`attnjax.parallel.recurrent.state_passing`):
+  """A state-passing op's context strategy (:func:`attnjax._src.parallel.recurrent.state_passing`):
   this device's ``(out, final state of the whole sequence)`` of a call whose sequence is
   sharded over ``x.context_axis``; ``local`` (the op's per-device computation) runs each of
   its two passes over this device's tokens."""

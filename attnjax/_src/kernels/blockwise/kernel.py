@@ -396,7 +396,7 @@ def _allowed_counts(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled])
 
 def _row_softmax_terms(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled]):
   """``(max, log_sum)`` ``[B, K, G, T, 1]`` float32 of each row's allowed logits (both 0 on
-  a row with no key): :func:`attnjax.normalizers.row_softmax_terms` over the key blocks."""
+  a row with no key): :func:`attnjax._src.normalizers.row_softmax_terms` over the key blocks."""
 
   def block(i, q0, tq, carry, after):
     shape = (c.B, c.K, c.G * tq, 1)

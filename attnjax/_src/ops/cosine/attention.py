@@ -21,7 +21,7 @@ Array = jnp.ndarray
 CosineConvention = Literal["swin", "scale", "ngpt"]
 COSINE_CONVENTIONS: tuple[str, ...] = get_args(CosineConvention)
 SWIN_MAX_LOG_SCALE = math.log(100.0)
-# The dense keywords cosine_attention takes and forwards (attnjax.options.KEYWORDS): all but
+# The dense keywords cosine_attention takes and forwards (attnjax._src.options.KEYWORDS): all but
 # similarity (its logits are dot products) and scale (it sets its own).
 COSINE_KEYWORDS = options.keywords(without=("similarity", "scale"))
 

@@ -123,7 +123,7 @@ def length(inputs: DenseInputs, opts: DenseOptions) -> int:
 
 
 def context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
-  """The context-parallel strategy (:func:`attnjax.parallel.attention`: ring, all-gather or
+  """The context-parallel strategy (:func:`attnjax._src.parallel.strategies.attention`: ring, all-gather or
   all-to-all, the op choosing one for ``context_strategy=None``), each device's part run on
   ``local``, the op's per-device computation."""
   inputs, opts = call

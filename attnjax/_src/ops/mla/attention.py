@@ -19,7 +19,7 @@ from attnjax._src.ops.dense import attention as dense
 
 Array = jnp.ndarray
 
-# The dense keywords mla_attention forwards (attnjax.options.KEYWORDS): all but the similarity
+# The dense keywords mla_attention forwards (attnjax._src.options.KEYWORDS): all but the similarity
 # (the absorbed form keeps dot products, not distances).
 DENSE_KEYWORDS = options.keywords(without=("similarity",))
 

@@ -19,7 +19,7 @@ Array = jnp.ndarray
 
 Norm = Literal["l2", "rms", "layer"]
 NORMS: tuple[str, ...] = get_args(Norm)
-# The dense keywords qk_norm_attention takes and forwards (attnjax.options.KEYWORDS): all but
+# The dense keywords qk_norm_attention takes and forwards (attnjax._src.options.KEYWORDS): all but
 # similarity (its logits are dot products).
 QK_NORM_KEYWORDS = options.keywords(without=("similarity",))
 #: The old names of :func:`attnjax.qk_norm_attention`'s gains, still accepted (each warns
