@@ -9,8 +9,9 @@ Guide: :doc:`/guides/qk_norm`.
 
 from attnjax._src.ops.cosine.attention import (
   COSINE_CONVENTIONS,
+  IMPLEMENTATIONS,
   SWIN_MAX_LOG_SCALE,
   cosine_attention,
 )
 
-__all__ = ["COSINE_CONVENTIONS", "SWIN_MAX_LOG_SCALE", "cosine_attention"]
+__all__ = ["COSINE_CONVENTIONS", "IMPLEMENTATIONS", "SWIN_MAX_LOG_SCALE", "cosine_attention"]

@@ -17,10 +17,16 @@ from attnjax._src.ops.cosine.attention import (
   SWIN_MAX_LOG_SCALE,
   cosine_attention,
 )
-from attnjax._src.ops.qk_norm.attention import NORMS, normalize_head, qk_norm_attention
+from attnjax._src.ops.qk_norm.attention import (
+  IMPLEMENTATIONS,
+  NORMS,
+  normalize_head,
+  qk_norm_attention,
+)
 
 __all__ = [
   "COSINE_CONVENTIONS",
+  "IMPLEMENTATIONS",
   "NORMS",
   "SWIN_MAX_LOG_SCALE",
   "cosine_attention",

@@ -156,6 +156,15 @@ def test_a_checkpoints_logit_scale_survives_a_change_of_family():
       "attnjax.train.mesh.RunMesh",
       "attnjax.train.mesh:RunMesh",
     ),
+  ]
+  + [
+    (
+      f"attnjax.{family}",
+      "REFERENCE_FORM",
+      f"attnjax.{family}.REFERENCE_ENGINE",
+      f"attnjax.{family}:REFERENCE_ENGINE",
+    )
+    for family in ("linear", "gated_linear", "delta_rule")
   ],
 )
 def test_a_renamed_public_name_warns_once_and_is_the_same_object(module, old, new, same):

@@ -22,7 +22,6 @@ Array = jnp.ndarray
 
 # The engine "reference" names: the recurrence, the family's definition.
 REFERENCE_ENGINE = "recurrent"
-REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,6 @@ Array = jnp.ndarray
 
 # The engine "reference" names: the recurrence, the family's definition.
 REFERENCE_ENGINE = "recurrent"
-REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 # Query sub-block of the chunked engine's per-channel intra-chunk weights (secondary chunking).
 SUB_BLOCK = 16
 

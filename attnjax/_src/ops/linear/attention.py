@@ -34,7 +34,6 @@ Normalize = Literal["denominator", "none", "output_rms"]
 NORMALIZE: tuple[str, ...] = get_args(Normalize)
 # The engine "reference" names: the masked weight matrix, the family's definition.
 REFERENCE_ENGINE = "quadratic"
-REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 DEFAULT_EPS = 1e-6
 
 
