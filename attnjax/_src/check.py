@@ -37,7 +37,7 @@ STRUCTURES = ("causal", "window", "segments")
 PLATFORMS = ("cuda", "tpu")
 PLATFORM_ALIASES = {"gpu": "cuda"}
 #: The device each platform runs on, as messages name it.
-DEVICES = {"cuda": "GPU", "tpu": "TPU"}
+DEVICES = {"cuda": "CUDA GPU", "tpu": "TPU"}
 #: Every kernel this command checks, per platform (``--kernel all``; mosaic_gpu only on a Hopper
 #: or in interpret mode): the dense engines vouched for by the device check, in the op's order.
 PLATFORM_KERNELS = {
