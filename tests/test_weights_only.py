@@ -214,7 +214,7 @@ def test_blockwise_keeps_O_T_memory_at_16k_tokens():
 
 
 def test_platform_kernels_and_the_ring_refuse_it_by_name():
-  from attnjax._src.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
+  from attnjax.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
   from attnjax._src.kernels.blockwise import ring
 
   q, k, v = rand_qkv(1, 64, N=2, K=2, H=16)
