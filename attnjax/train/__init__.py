@@ -9,6 +9,7 @@ summary = train(cfg)
 from attnjax._src.train import (
   VARIANTS,
   RunDir,
+  SeedGroup,
   Trainer,
   apply_overrides,
   base_config,
@@ -26,12 +27,14 @@ from attnjax._src.train import (
   split_argv,
   train,
   train_or_load,
+  train_seeds,
   validate,
 )
 
 __all__ = [
   "VARIANTS",
   "RunDir",
+  "SeedGroup",
   "Trainer",
   "apply_overrides",
   "base_config",
@@ -49,5 +52,6 @@ __all__ = [
   "split_argv",
   "train",
   "train_or_load",
+  "train_seeds",
   "validate",
 ]

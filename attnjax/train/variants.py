@@ -5,6 +5,22 @@ fields passed to ``AttentionConfig``. The experiments' reports and docs/guides/e
 use these names.
 """
 
-from attnjax._src.train.variants import COMPARE, GATED, VARIANTS, attention_kwargs, describe
+from attnjax._src.train.variants import (
+  COMPARE,
+  GATED,
+  SINK_FREE,
+  VARIANTS,
+  attention_kwargs,
+  check_variants,
+  describe,
+)
 
-__all__ = ["COMPARE", "GATED", "VARIANTS", "attention_kwargs", "describe"]
+__all__ = [
+  "COMPARE",
+  "GATED",
+  "SINK_FREE",
+  "VARIANTS",
+  "attention_kwargs",
+  "check_variants",
+  "describe",
+]

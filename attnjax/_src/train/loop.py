@@ -433,8 +433,11 @@ class Trainer:
     compiled = self.train_step.lower(self.state, self.rest, *self.dp.batch_args(b)).compile()
     return compiled, time.perf_counter() - t0
 
-  def _progress(self, start: int, previous: dict) -> _Progress:
-    """The host-side state of a run starting at ``start``: writers, bar, divergence watch."""
+  def _progress(self, start: int, previous: dict, *, bar: bool = True) -> _Progress:
+    """The host-side state of a run starting at ``start``: writers, bar, divergence watch.
+
+    ``bar=False`` leaves the progress bar out (a seed group draws one for all its seeds).
+    """
     t = self.cfg.train
     progress = _Progress(
       start=start,
@@ -445,7 +448,7 @@ class Trainer:
       train_time=float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0,
       watch=DivergenceWatch(t.divergence_factor, t.divergence_patience),
     )
-    if t.progress and self.is_writer:
+    if bar and t.progress and self.is_writer:
       from tqdm.auto import tqdm
 
       progress.bar = tqdm(
@@ -546,6 +549,14 @@ class Trainer:
     p.pending, p.pending_steps = p.pending[n:], p.pending_steps[n:]
     now = time.perf_counter()
     p.times["metrics_wait"] += now - t0
+    return self._record(p, steps, records, now)
+
+  def _record(
+    self, p: _Progress, steps: list[int], records: list[dict], now: float
+  ) -> Optional[int]:
+    """Writes the host ``records`` of ``steps`` (read at ``now``), updates the divergence watch
+    and the bar; returns the divergence step if any. A seed group reads its stacked metrics
+    once and hands each seed's share to that seed's trainer here."""
     elapsed = now - p.last_flush
     p.train_time += elapsed
     p.last_flush = now

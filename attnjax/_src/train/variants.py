@@ -5,6 +5,7 @@ Implementation behind the public module :mod:`attnjax.train.variants`.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 # name -> (AttentionConfig fields, one-line description for reports)
@@ -75,6 +76,43 @@ COMPARE = ("dense", "qk_layernorm", "cosine", "sigmoid", "linear", "gated", "sin
 # (their documented run times and the README's main job stay as they were); add
 # them there with --config.sweep.variants.
 GATED = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet")
+
+
+# Variants designed not to form an attention sink on the first token: a null column
+# (softmax_one, sink logits), rows that need not sum to one (sigmoid, softpick) or an output
+# gate. The sink checks of compare and sinks hold each to at most half of dense softmax's
+# first-token weight.
+SINK_FREE = ("softmax_one", "sink_logits", "gated", "sigmoid", "softpick")
+
+
+def check_variants(names: Any, *, key: str = "sweep.variants", empty_ok: bool = False) -> list[str]:
+  """The variant names of a setting, each checked against :data:`.VARIANTS`.
+
+  The one place the experiments check their arms' variant names (compare, sinks, lr_sweep).
+
+  Args:
+    names: comma-separated text (``"dense,qk_layernorm"``) or a sequence of names.
+    key: the setting's name, for messages.
+    empty_ok: accept an empty setting (an optional list of arms).
+
+  Returns:
+    The names, in order.
+
+  Raises:
+    ValueError: an unknown name (the message names it, a close known name, and every known
+      variant), or an empty setting unless ``empty_ok``.
+  """
+  items = names.split(",") if isinstance(names, str) else list(names)
+  out = [str(n).strip() for n in items if str(n).strip()]
+  known = ", ".join(sorted(VARIANTS))
+  if not out and not empty_ok:
+    raise ValueError(f"{key} is empty: name at least one variant; known variants: {known}")
+  for name in out:
+    if name not in VARIANTS:
+      close = difflib.get_close_matches(name, VARIANTS, n=1)
+      hint = f" (did you mean {close[0]!r}?)" if close else ""
+      raise ValueError(f"{key}: {name!r} is not a variant{hint}; known variants: {known}")
+  return out
 
 
 def attention_kwargs(name: str) -> dict[str, Any]:
