@@ -152,6 +152,10 @@ def _optimiser_words(cfg: dict) -> str:
   )
 
 
+def _count(n: int) -> str:
+  return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n:,}"
+
+
 def design(root: str, rows: Sequence[dict], arms: Sequence[dict], sessions: Sequence[dict]) -> str:
   """The design block: model, data and tokens, length, steps, batch, optimiser, learning
   rates, seeds, probes, and the machine with its measured load."""
@@ -180,8 +184,8 @@ def design(root: str, rows: Sequence[dict], arms: Sequence[dict], sessions: Sequ
     f"- **data**: {_data_words(cfg)}",
     f"- **length and batch**: T = {d.get('seq_len')} tokens per sequence, batch "
     f"{d.get('batch_size')}" + (f" ({micro} accumulated microbatches)" if micro > 1 else ""),
-    f"- **steps and tokens**: {steps} steps, {tokens / 1e6:.2f} M tokens per run, "
-    f"{tokens * len(rows) / 1e6:.1f} M over the {len(rows)} runs",
+    f"- **steps and tokens**: {steps} steps, {_count(tokens)} tokens per run, "
+    f"{_count(tokens * len(rows))} over the {len(rows)} runs",
     f"- **optimiser**: {_optimiser_words(cfg)}",
     "- **learning rates**: "
     + "; ".join(
@@ -197,12 +201,9 @@ def design(root: str, rows: Sequence[dict], arms: Sequence[dict], sessions: Sequ
     ),
     f"- **probes**: {t.get('probe_batch')} held-out sequences of length {t.get('probe_len')} "
     f"every {t.get('probe_every')} steps and at the end; validation on "
-    f"{t.get('eval_batches')} batches",
+    f"{t.get('eval_batches')} batch(es)",
   ]
-  lines += [
-    f"- **{line.split(':', 1)[0]}**:{line.split(':', 1)[1]}"
-    for line in host.describe(list(sessions))
-  ]
+  lines += [f"- **{label}**: {words}" for label, words in host.describe(list(sessions))]
   return "## Design\n\n" + "\n".join(lines) + "\n"
 
 
@@ -362,10 +363,14 @@ def stability_section(arms: Sequence[dict], reference: str) -> str:
   """Variants that run at several learning rates: final loss (a diverged run counts at its
   initial loss, Wortsman et al.'s convention), largest attention logit over training, loss
   spikes and divergences, and at each LR which separate from ``reference`` beyond the spread."""
-  variants = {}
+  variants: dict = {}
+  per_lr: dict = {}
   for a in arms:
     variants.setdefault(a["variant"], set()).add(a["lr"])
-  axis = [a for a in arms if len(variants[a["variant"]]) > 1]
+    per_lr[a["lr"]] = per_lr.get(a["lr"], 0) + 1
+  base = max(per_lr, key=lambda lr: (per_lr[lr], -(lr or 0)))  # the LR most arms run at
+  moved = {v for v, lrs in variants.items() if len(lrs) > 1 or base not in lrs}
+  axis = [a for a in arms if a["variant"] in moved]
   if not axis:
     return ""
   axis.sort(key=lambda a: (a["lr"] or 0, a["variant"] != reference))
@@ -484,7 +489,7 @@ def throughput_section(root: str, arms: Sequence[dict], reference: str) -> str:
   """Tokens/s of each arm's compiled step alone, timed interleaved (``throughput.json``);
   ratios to the reference, "within noise" where the ranges over rounds overlap."""
   record = rundir.read_json(os.path.join(root, "throughput.json"))
-  head = "## Throughput (bare step)\n\n"
+  head = "## Throughput (bare step)\n"
   if not record:
     return head + (
       "Not measured: the arms trained in earlier sessions or in their own processes. "

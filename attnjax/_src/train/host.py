@@ -139,25 +139,29 @@ def load_note(session: dict) -> tuple[str, bool]:
   return words, changed
 
 
-def describe(sessions: list[dict]) -> list[str]:
-  """Design-block lines for the machine: model, cores, devices, wall and CPU time, load."""
+def describe(sessions: list[dict]) -> list[tuple[str, str]]:
+  """Design-block items ``(label, words)`` for the machine and each session's wall time,
+  CPU time and load."""
   if not sessions:
-    return ["machine: not recorded (the runs were trained before host.json existed)"]
+    return [("machine", "not recorded (the runs were trained before host.json existed)")]
   s = sessions[-1]
-  lines = [f"machine: {s['cpu_model']}, {s['cores']} cores; jax {s['jax']} on {s['devices']}"]
+  out = [("machine", f"{s['cpu_model']}, {s['cores']} cores; jax {s['jax']} on {s['devices']}")]
   for i, session in enumerate(sessions):
     words, changed = load_note(session)
     label = "this run" if len(sessions) == 1 else f"session {i + 1} of {len(sessions)}"
     cores = session.get("cores") or 1
-    lines.append(
-      f"{label} ({session['started']} to {session['ended']}): wall {session['wall_s']:.0f} s, "
-      f"CPU {session['cpu_s']:.0f} s (user + system; / {cores} cores = "
-      f"{session['cpu_s'] / cores:.0f} s); {words}"
-      + (
-        "; **the load changed during the run**: wall times and throughput are not "
-        "comparable across arms"
-        if changed
-        else ""
+    out.append(
+      (
+        label,
+        f"{session['started']} to {session['ended']}, wall {session['wall_s']:.0f} s, "
+        f"CPU {session['cpu_s']:.0f} s (user + system; / {cores} cores = "
+        f"{session['cpu_s'] / cores:.0f} s); {words}"
+        + (
+          "; **the load changed during the run**: wall times and throughput are not "
+          "comparable across arms"
+          if changed
+          else ""
+        ),
       )
     )
-  return lines
+  return out

@@ -83,12 +83,22 @@ def number(x: Optional[float], digits: int = 3) -> str:
 
 
 def fmt_spread(s: Optional[Spread], digits: int = 3) -> str:
-  """``"0.610 ± 0.050"``; one seed: ``"0.610"``; no value: ``"-"``."""
+  """``"0.610 ± 0.050"``: the spread to two significant digits (at least ``digits``
+  decimals) and the mean to the same decimals; one seed: the mean alone; none: ``"-"``.
+
+  >>> fmt_spread(spread([3.3253, 3.3206]), 1), fmt_spread(spread([1.5e6, 1.2e6]))
+  ('3.3230 ± 0.0024', '1.35e+06 ± 1.5e+05')
+  """
   if s is None:
     return "-"
   if s.n == 1:
     return number(s.mean, digits)
-  return f"{number(s.mean, digits)} ± {number(s.half, digits)}"
+  if s.half == 0:
+    return f"{number(s.mean, digits)} ± 0"
+  if max(abs(s.mean), s.half) >= 1e4:
+    return f"{s.mean:.3g} ± {s.half:.2g}".replace("e+0", "e+0")
+  decimals = min(6, max(digits, 1 - math.floor(math.log10(s.half))))
+  return f"{s.mean:.{decimals}f} ± {s.half:.{decimals}f}"
 
 
 def differs(a: Optional[Spread], b: Optional[Spread]) -> Optional[int]:
