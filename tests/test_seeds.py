@@ -1,6 +1,6 @@
 """Seeds: stacked runs equal separate ones; the main job's report, its design and its words.
 
-The stacked group trains the seeds of an arm as one vmapped step; each seed's metrics,
+The stacked group trains the seeds of an arm as one step (lax.map or vmap); each seed's metrics,
 probes and summary must equal a run of that seed alone (up to float summation order), also
 after an interruption. The report of a tiny ``compare`` run must carry the design block,
 mean ± spread columns, uniform-attention baselines equal to their closed forms and "within
@@ -88,13 +88,20 @@ def test_stacked_seeds_equal_separate_runs_also_after_a_stop(tmp_path):
     cfg.train.stop_after = 0
   keep = []
   resumed = seeds.train_seeds(group, keep=keep)
-  for s, one, two in zip((0, 1), alone, resumed):
+  # The other stacking (vmap: batched kernels), uninterrupted, in fresh run directories.
+  batched = seeds.train_seeds(
+    [tiny(tmp_path / "vmap" / f"seed={s}", s) for s in (0, 1)], stacking="vmap"
+  )
+  for s, one, two, three in zip((0, 1), alone, resumed, batched):
     assert two["status"] == "finished" and two["resumed_from"] == 8
-    assert two["seed_group"] == {"seeds": [0, 1], "stacked": True}
-    a, b = tmp_path / "alone" / str(s), tmp_path / "group" / f"seed={s}"
-    assert_same_records(records(a / "metrics.jsonl"), records(b / "metrics.jsonl"), f"seed {s}")
-    assert_same_records(records(a / "probes.jsonl"), records(b / "probes.jsonl"), f"probes {s}")
+    assert two["seed_group"] == {"seeds": [0, 1], "stacked": True, "stacking": "map"}
+    assert three["seed_group"]["stacking"] == "vmap"
+    a = tmp_path / "alone" / str(s)
+    for b in (tmp_path / "group" / f"seed={s}", tmp_path / "vmap" / f"seed={s}"):
+      assert_same_records(records(a / "metrics.jsonl"), records(b / "metrics.jsonl"), f"{b}")
+      assert_same_records(records(a / "probes.jsonl"), records(b / "probes.jsonl"), f"{b}")
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
+    assert three["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
   # The seeds differ (their data and initialisation), and the group keeps its compiled step.
   assert alone[0]["val_loss"] != alone[1]["val_loss"]
   (handle,) = keep

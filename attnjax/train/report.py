@@ -8,7 +8,13 @@ rebuilt at any time, including for a sweep that is still running. Runs in ``seed
 folders are the seeds of one arm: mean ± spread over them, differences judged against it.
 """
 
-from attnjax._src.train.arm_report import arm_folder, arm_rows, sink_formed, targets_section
+from attnjax._src.train.arm_report import (
+  arm_folder,
+  arm_rows,
+  sink_formed,
+  summary_table,
+  targets_section,
+)
 from attnjax._src.train.baselines import uniform_baselines
 from attnjax._src.train.report import (
   COLUMNS,
@@ -50,6 +56,7 @@ __all__ = [
   "significant",
   "sink_formed",
   "spread",
+  "summary_table",
   "targets_section",
   "uniform_baselines",
   "write_lr_sweep_report",

@@ -17,7 +17,7 @@ from attnjax._src.train.optim import make_optimizer
 from attnjax._src.train.optim import schedule
 from attnjax._src.train.pretrained import train_or_load
 from attnjax._src.train.rundir import RunDir
-from attnjax._src.train.seeds import SeedGroup, train_seeds
+from attnjax._src.train.seeds import SeedGroup, stacked_step, train_seeds
 from attnjax._src.train.step import make_eval_step
 from attnjax._src.train.step import make_train_step
 from attnjax._src.train.variants import VARIANTS
@@ -41,6 +41,7 @@ __all__ = [
   "parse_arg",
   "schedule",
   "split_argv",
+  "stacked_step",
   "train",
   "train_or_load",
   "train_seeds",

@@ -1,7 +1,8 @@
-"""Seeds of one arm trained together: one jitted ``jax.vmap`` of the step over stacked seeds.
+"""Seeds of one arm trained together: one jitted step over their stacked states and batches.
 
 ``train_seeds(configs)`` trains runs that differ only in ``seed`` (and ``run_dir``) as one
-program: parameters, optimiser states and batches stacked on a leading seed axis. Each seed
+program over parameters, optimiser states and batches stacked on a leading seed axis
+(``jax.lax.map`` on a CPU, ``jax.vmap`` on accelerators). Each seed
 still writes its own run directory, the files a run of its own writes, equal to it up to
 float summation order (tests/test_seeds.py). Seeds stack on a one-device mesh; on several
 devices, or when the seeds' checkpoints stand at different steps, they run one after another.
@@ -28,6 +29,40 @@ from attnjax._src.train.step import make_train_step
 
 # Config keys in which the runs of one seed group may differ.
 PER_SEED_KEYS = ("seed", "run_dir")
+# How a group steps its stacked seeds: ``jax.lax.map`` (one program that runs the step's
+# kernels once per seed, in turn) or ``jax.vmap`` (one program of batched kernels).
+STACKINGS = ("map", "vmap")
+
+
+def default_stacking(platform: str) -> str:
+  """``"map"`` on a CPU, where batched small kernels run slower than the same kernels in
+  turn (``experiments/bench.py --suite seeds``); ``"vmap"`` on accelerators, whose width the
+  batched kernels fill."""
+  return "map" if platform == "cpu" else "vmap"
+
+
+def stacked_step(step_fn: Any, stacking: str, *, donate: bool = True) -> Any:
+  """``step_fn`` over a leading seed axis of every argument, jitted.
+
+  Args:
+    step_fn: ``(state, rest, *batch) -> (state, metrics)`` of one seed
+      (:func:`attnjax.train.make_train_step`).
+    stacking: ``"map"`` or ``"vmap"`` (:data:`.STACKINGS`).
+    donate: donate the stacked state (the training loop's choice; a benchmark that calls
+      the step on the same state again keeps it).
+
+  Returns:
+    The jitted step over stacked arguments.
+
+  Raises:
+    ValueError: an unknown ``stacking``.
+  """
+  donated = (0,) if donate else ()
+  if stacking == "vmap":
+    return jax.jit(jax.vmap(step_fn), donate_argnums=donated)
+  if stacking == "map":
+    return jax.jit(lambda *args: jax.lax.map(lambda a: step_fn(*a), args), donate_argnums=donated)
+  raise ValueError(f"stacking={stacking!r} is not one of: {', '.join(STACKINGS)}")
 
 
 def check_group(configs: Sequence[Any]) -> None:
@@ -72,6 +107,8 @@ class SeedGroup:
 
   Args:
     configs: validated run configs differing only in ``seed`` and ``run_dir``.
+    stacking: ``"map"`` or ``"vmap"`` (:data:`.STACKINGS`); None: :func:`.default_stacking`
+      of the devices' platform.
 
   Attributes:
     trainers: one :class:`~attnjax.train.Trainer` per seed.
@@ -84,10 +121,13 @@ class SeedGroup:
     ValueError: configs that differ in another key (named), or repeated run directories.
   """
 
-  def __init__(self, configs: Sequence[Any]):
+  def __init__(self, configs: Sequence[Any], *, stacking: Optional[str] = None):
     check_group(configs)
+    if stacking is not None and stacking not in STACKINGS:
+      raise ValueError(f"stacking={stacking!r} is not one of: {', '.join(STACKINGS)}")
     self.trainers = [loop.Trainer(cfg) for cfg in configs]
     first = self.trainers[0]
+    self.stacking = stacking or default_stacking(first.dp.mesh.devices.flat[0].platform)
     self.stacked = len(self.trainers) > 1 and first.dp.mesh.devices.size == 1
     for t in self.trainers[1:]:  # one compiled evaluation for every seed
       t.eval_step = first.eval_step
@@ -149,7 +189,7 @@ class SeedGroup:
       stats=self.cfg.train.step_stats,
       microbatches=self.cfg.train.microbatches,
     )
-    step = jax.jit(jax.vmap(step_fn), donate_argnums=(0,))
+    step = stacked_step(step_fn, self.stacking)
     self.compiled_step = step.lower(self.state, self.rest, *self.batch(start)).compile()
     compile_s = time.perf_counter() - t0
     progress = [
@@ -177,7 +217,11 @@ class SeedGroup:
         bar.close()
     out = []
     for t, (summary, _), p in zip(trainers, begun, progress):
-      summary["seed_group"] = {"seeds": [c.cfg.seed for c in trainers], "stacked": True}
+      summary["seed_group"] = {
+        "seeds": [c.cfg.seed for c in trainers],
+        "stacked": True,
+        "stacking": self.stacking,
+      }
       out.append(t._end(summary, p, compile_s))
     return out
 
@@ -320,7 +364,9 @@ class StepHandle:
     return time.perf_counter() - t0
 
 
-def train_seeds(configs: Sequence[Any], *, keep: Optional[list] = None) -> list[dict]:
+def train_seeds(
+  configs: Sequence[Any], *, keep: Optional[list] = None, stacking: Optional[str] = None
+) -> list[dict]:
   """Trains runs that differ only in their seed together; returns their summaries, in order.
 
   Runs that already ended are not trained again (their summaries are returned, as
@@ -334,6 +380,7 @@ def train_seeds(configs: Sequence[Any], *, keep: Optional[list] = None) -> list[
     keep: a list to which the :class:`.StepHandle` of what trained here is appended (one
       per stacked group or single run; none for seeds that ran one after another), for a
       bare-step timing after the sweep.
+    stacking: how the group steps its seeds (:class:`.SeedGroup`); None: by platform.
 
   Returns:
     One summary per config (``summary.json`` of its run directory).
@@ -353,7 +400,7 @@ def train_seeds(configs: Sequence[Any], *, keep: Optional[list] = None) -> list[
     if keep is not None and trainer.compiled_step is not None:
       keep.append(StepHandle.of_trainer(trainer))
   elif todo:
-    group = SeedGroup([configs[i] for i in todo])
+    group = SeedGroup([configs[i] for i in todo], stacking=stacking)
     for i, summary in zip(todo, group.run()):
       out[i] = summary
     if keep is not None and group.compiled_step is not None:

@@ -95,7 +95,7 @@ def fmt_spread(s: Optional[Spread], digits: int = 3) -> str:
     return number(s.mean, digits)
   if s.half == 0:
     return f"{number(s.mean, digits)} ± 0"
-  if max(abs(s.mean), s.half) >= 1e4:
+  if max(abs(s.mean), s.half) >= 1e4 or max(abs(s.mean), s.half) < 10.0**-digits:
     return f"{s.mean:.3g} ± {s.half:.2g}".replace("e+0", "e+0")
   decimals = min(6, max(digits, 1 - math.floor(math.log10(s.half))))
   return f"{s.mean:.{decimals}f} ± {s.half:.{decimals}f}"
