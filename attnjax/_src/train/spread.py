@@ -73,12 +73,18 @@ def spread(values: Iterable[Optional[float]]) -> Optional[Spread]:
 
 
 def number(x: Optional[float], digits: int = 3) -> str:
-  """``x`` for a table: fixed ``digits`` decimals, or 3 significant digits in e-notation when
-  it is large (>= 1e4) or small (< 1e-3); ``"-"`` for None."""
+  """``x`` for a table: ``digits`` decimals; 3 significant digits when it is large (>= 1e4),
+  2 when it is small (below ``10**-digits``); ``"-"`` for None.
+
+  >>> number(0.12345), number(2.29e6), number(0.0017)
+  ('0.123', '2.29e+06', '0.0017')
+  """
   if x is None or not math.isfinite(x):
     return "-"
-  if x != 0 and (abs(x) >= 1e4 or abs(x) < 10.0**-digits):
-    return f"{x:.2e}"
+  if x != 0 and abs(x) >= 1e4:
+    return f"{x:.3g}"
+  if x != 0 and abs(x) < 10.0**-digits:
+    return f"{x:.2g}"
   return f"{x:.{digits}f}"
 
 
