@@ -3,7 +3,7 @@
 The README's main job: attention variants side by side on sinks and stability, 3 seeds per
 arm. With ``preset=cpu`` it runs the setting where a sink forms on a CPU (experiments/RESULTS.md
 section 1): bigram-backcopy with 8 triggers of 64 tokens (Guo et al. 2024), one
-attention-only layer with one head (untied embeddings, RoPE), 1000 steps of batch 32 at
+attention-only layer with one head (untied embeddings, RoPE), 1000 steps of batch 16 at
 T = 64. Arms: ``sweep.variants`` at ``opt.lr`` (0.05, where dense softmax forms a sink and
 the sink-free variants ``attnjax.train.variants.SINK_FREE`` are measured against it) and
 ``sweep.high_lr_variants`` (dense, qk_layernorm) also at each of ``sweep.high_lrs`` (0.3,
@@ -30,7 +30,7 @@ def get_config(arg=None):
       dict(d_model=64, num_layers=1, num_heads=1, mlp="none", tie_embeddings=False, rope=True)
     )
     c.data.update(
-      dict(name="bigram_backcopy", seq_len=64, batch_size=32, bb_vocab_size=64, bb_num_triggers=8)
+      dict(name="bigram_backcopy", seq_len=64, batch_size=16, bb_vocab_size=64, bb_num_triggers=8)
     )
     c.opt.lr = a.lr or 5e-2
     # One checkpoint, at the end, and no per-run plots (the report draws every arm with its
@@ -41,7 +41,7 @@ def get_config(arg=None):
         probe_every=100,
         eval_every=500,
         checkpoint_every=1000,
-        microbatches=4,
+        microbatches=2,
         plots=False,
       )
     )

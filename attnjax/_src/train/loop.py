@@ -191,6 +191,9 @@ class Trainer:
 
   Args:
     cfg: a validated run config with ``run_dir`` set.
+    model: ``(graphdef, params, rest)`` of ``cfg``'s model already initialised at
+      ``cfg.seed`` on the run's devices (a seed group initialises its seeds in one program:
+      :class:`attnjax.train.SeedGroup`); None builds it here.
 
   Attributes:
     cfg: the config.
@@ -206,7 +209,7 @@ class Trainer:
     ValueError: a config that does not validate, or no ``run_dir``.
   """
 
-  def __init__(self, cfg: Any):
+  def __init__(self, cfg: Any, *, model: Optional[tuple] = None):
     self.cfg = cfg
     config_lib.validate(cfg, num_devices=jax.device_count())
     if not cfg.run_dir:
@@ -218,9 +221,9 @@ class Trainer:
 
     vocab = self.batches.model_vocab_size
     with jax.set_mesh(self.dp.mesh):  # created sharded: no device holds the whole model
-      self.graphdef, params, self.rest = self.dp.init_model(
-        lambda: build_model(cfg, vocab, seed=cfg.seed)
-      )
+      if model is None:
+        model = self.dp.init_model(lambda: build_model(cfg, vocab, seed=cfg.seed))
+      self.graphdef, params, self.rest = model
       self.num_params = count_params(params)
       self.flops_per_token = flops_per_token(cfg, self.num_params)
       self.optimizer = optim.make_optimizer(cfg)

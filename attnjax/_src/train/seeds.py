@@ -23,7 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src.train import loop, mesh as mesh_lib, rundir
+from flax import nnx
+
+from attnjax._src import data as data_lib
+from attnjax._src.train import config as config_lib
+from attnjax._src.train import loop, rundir
+from attnjax._src.train import mesh as mesh_lib
+from attnjax._src.train.model import build_model
 from attnjax._src.train.prefetch import Prefetch
 from attnjax._src.train.step import make_train_step
 
@@ -82,6 +88,26 @@ def check_group(configs: Sequence[Any]) -> None:
     raise ValueError(f"the runs of a seed group need distinct run_dir, got {dirs}")
 
 
+def init_models(configs: Sequence[Any]) -> list[tuple]:
+  """``(graphdef, params, rest)`` of each config's model at its seed, initialised on the
+  default device by one ``jax.vmap`` over the seeds' keys (one compile for the group; the
+  values equal each seed's own initialisation, ``nnx.Rngs(seed)``)."""
+  cfg = configs[0]
+  vocab = data_lib.from_config(cfg.data, seed=cfg.seed).model_vocab_size
+
+  def make(key):
+    _, params, rest = nnx.split(build_model(cfg, vocab, seed=key), nnx.Param, ...)
+    return params, rest
+
+  graphdef = nnx.split(nnx.eval_shape(lambda: build_model(cfg, vocab, seed=0)), nnx.Param, ...)[0]
+  keys = jax.vmap(jax.random.key)(jnp.asarray([c.seed for c in configs], jnp.uint32))
+  params, rest = jax.jit(jax.vmap(make))(keys)
+  return [
+    (graphdef, jax.tree.map(lambda x: x[i], params), jax.tree.map(lambda x: x[i], rest))
+    for i in range(len(configs))
+  ]
+
+
 def _stack(trees: Sequence[Any]) -> Any:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
@@ -125,10 +151,14 @@ class SeedGroup:
     check_group(configs)
     if stacking is not None and stacking not in STACKINGS:
       raise ValueError(f"stacking={stacking!r} is not one of: {', '.join(STACKINGS)}")
-    self.trainers = [loop.Trainer(cfg) for cfg in configs]
+    for cfg in configs:
+      config_lib.validate(cfg, num_devices=jax.device_count())
+    one_device = mesh_lib.MeshParallel(configs[0]).mesh.devices.size == 1
+    self.stacked = len(configs) > 1 and one_device
+    models = init_models(configs) if self.stacked else [None] * len(configs)
+    self.trainers = [loop.Trainer(cfg, model=m) for cfg, m in zip(configs, models)]
     first = self.trainers[0]
     self.stacking = stacking or default_stacking(first.dp.mesh.devices.flat[0].platform)
-    self.stacked = len(self.trainers) > 1 and first.dp.mesh.devices.size == 1
     for t in self.trainers[1:]:  # one compiled evaluation for every seed
       t.eval_step = first.eval_step
     self.compiled_step = None
