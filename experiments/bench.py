@@ -451,15 +451,16 @@ def train_suite(args) -> Iterable[Case]:
   ``6 L T D`` (Kaplan et al. 2020; PaLM app. B), so "% matmul" is the model-FLOPs
   utilisation (MFU) against this run's measured matmul rate. "with per-step
   stats" is the step the loop runs (layers report max logit, entropy, F-Attn);
-  "plain" skips them. ``--sizes`` sets the batch sizes (default 32, the preset's).
+  "plain" skips them. ``--sizes`` sets the batch sizes (default: the preset's).
   """
   from attnjax.train.config import load_config
   from attnjax.train import Trainer
   from attnjax.train import make_train_step
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  preset = load_config(os.path.join(root, "experiments/configs/compare.py:preset=cpu"))
   for variant in ("dense", "qk_layernorm"):
-    for batch in parse_sizes(args.sizes or "32"):
+    for batch in parse_sizes(args.sizes or str(preset.data.batch_size)):
       cfg = load_config(
         os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
         [f"variant={variant}", f"data.batch_size={batch}", "train.num_devices=1"],

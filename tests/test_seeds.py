@@ -256,7 +256,7 @@ def test_main_job_report_at_a_tiny_size(tmp_path, capsys):
     "**optimiser**: AdamW",
     "**learning rates**: 0.0001 (dense, sink_logits)",
     "**seeds**: 0, 1 (2 per arm",
-    "trained stacked",
+    "trained stacked: one step per arm over its seeds, jax.lax.map",
     "**machine**:",
     "1-minute load average",
   ):

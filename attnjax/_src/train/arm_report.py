@@ -171,13 +171,13 @@ def design(root: str, rows: Sequence[dict], arms: Sequence[dict], sessions: Sequ
     by_lr.setdefault(a["lr"], []).append(str(a["variant"]))
   seeds = sorted({s for a in arms for s in a["seeds"] if s is not None})
   per_arm = sorted({a["n"] for a in arms})
-  stacked = [
-    r
+  groups = [
+    (rundir.RunDir(os.path.join(root, r["arm"])).read_summary() or {}).get("seed_group") or {}
     for r in rows
-    if (
-      (rundir.RunDir(os.path.join(root, r["arm"])).read_summary() or {}).get("seed_group") or {}
-    ).get("stacked")
   ]
+  stacked = [g for g in groups if g.get("stacked")]
+  how = sorted({g.get("stacking", "vmap") for g in stacked})
+  how = " / ".join({"map": "jax.lax.map", "vmap": "jax.vmap"}.get(h, h) for h in how)
   micro = t.get("microbatches") or 1
   lines = [
     f"- **model**: {_model_words(cfg, [r['num_params'] for r in rows if r.get('num_params')])}",
@@ -195,7 +195,8 @@ def design(root: str, rows: Sequence[dict], arms: Sequence[dict], sessions: Sequ
     f"({'/'.join(map(str, per_arm))} per arm; the seed sets the initialisation and the "
     f"training batches"
     + (
-      f"; {len(stacked)} of {len(rows)} runs trained stacked, one vmapped step per arm)"
+      f"; {len(stacked)} of {len(rows)} runs trained stacked: one step per arm over its "
+      f"seeds, {how})"
       if stacked
       else ")"
     ),
