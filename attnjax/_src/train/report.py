@@ -201,15 +201,15 @@ def _by_arm(root: str, runs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def _mean_band(series: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """``(steps, mean, lo, hi)`` over runs of ``{step: value}``: the band is the mean ± the
-  spread of :func:`attnjax.train.report.spread` at each step (runs with a finite value)."""
+  """``(steps, mean, lo, hi)`` over runs of ``{step: value}``: the band is the seeds' range
+  (from 5 seeds, the 95% interval of the mean) at each step (runs with a finite value)."""
   steps = sorted({s for d in series for s in d})
   mean, lo, hi = [], [], []
   for s in steps:
     sp = arm_report.spread(d.get(s) for d in series)
     mean.append(np.nan if sp is None else sp.mean)
-    lo.append(np.nan if sp is None else sp.lo)
-    hi.append(np.nan if sp is None else sp.hi)
+    lo.append(np.nan if sp is None else sp.band[0])
+    hi.append(np.nan if sp is None else sp.band[1])
   return np.asarray(steps), np.asarray(mean), np.asarray(lo), np.asarray(hi)
 
 
@@ -287,8 +287,17 @@ def plot_curves(root: str, runs: list[str], out_dir: str) -> list[str]:
 PROBE_PANELS = (
   ("sink_rate/rate", "Sink_1^0.3 (%) on probe sequences", "heads with sink (%)"),
   ("f_attn/f_attn", "F-Attn on probe sequences", "attention weight on the first token"),
+  (
+    "f_attn/raw",
+    "first-token weight (rows not renormalised) on probe sequences",
+    "attention weight on the first token",
+  ),
   ("massive/m_act", "M-Act (mean over layers of max |h|)", "max |hidden state|"),
 )
+
+
+def _probe_png(key: str) -> str:
+  return "probe_" + ("first_token" if key == "f_attn/raw" else key.split("/")[0]) + ".png"
 
 
 def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
@@ -331,7 +340,9 @@ def plot_probes(root: str, runs: list[str], out_dir: str) -> list[str]:
     ax.set(xlabel="step", ylabel=ylabel, title=title + " (mean ± spread over seeds)")
     if ax.lines:
       ax.legend(fontsize=7)
-    path = os.path.join(out_dir, "probe_" + key.split("/")[0] + ".png")
+    if not ax.lines:  # a metric the runs do not record (older probes have no raw weight)
+      continue
+    path = os.path.join(out_dir, _probe_png(key))
     save_figure(fig, path)
     paths.append(path)
   return paths
@@ -345,7 +356,7 @@ def plot_summary(arms: list[dict], out_dir: str) -> Optional[str]:
     return None
   labels = [a["arm"] for a in arms]
   x = np.arange(len(arms))
-  fig, axes = subplots(1, 3, figsize=(max(9.0, 1.1 * len(arms) * 3), 4.2))
+  fig, axes = subplots(3, 1, figsize=(max(6.0, 0.9 * len(arms) + 2), 10), sharex=True)
   panels = (
     ("first-token weight", lambda a: a["first_token"] or a["f_attn"], "linear"),
     ("final loss (diverged: at init)", lambda a: a["final_loss"], "linear"),
@@ -354,7 +365,9 @@ def plot_summary(arms: list[dict], out_dir: str) -> Optional[str]:
   for ax, (title, get, scale) in zip(axes, panels):
     sp = [get(a) for a in arms]
     mean = np.asarray([np.nan if s is None else s.mean for s in sp])
-    err = np.asarray([0.0 if s is None else s.half for s in sp])
+    err = np.asarray(
+      [[0.0, 0.0] if s is None else [s.mean - s.band[0], s.band[1] - s.mean] for s in sp]
+    ).T
     ax.errorbar(x, mean, yerr=err, fmt="o", color="tab:blue", capsize=4, lw=1.2, ms=5)
     for xi, s in zip(x, sp):
       if s is not None:
@@ -368,7 +381,10 @@ def plot_summary(arms: list[dict], out_dir: str) -> Optional[str]:
     ax.set_xlim(-0.5, len(arms) - 0.5)
     ax.set_yscale(scale)
     ax.set_title(title, fontsize=9)
-  fig.suptitle("mean over seeds, error bars: their spread; dots: the seeds", fontsize=9)
+  fig.suptitle(
+    "mean over seeds; error bars: the seeds' range (95% interval from 5 seeds); dots: the seeds",
+    fontsize=9,
+  )
   fig.tight_layout()
   path = os.path.join(out_dir, "summary.png")
   save_figure(fig, path)
@@ -607,7 +623,9 @@ def plot_lr_sweep(rows: list[dict], root: str, out_dir: str) -> list[str]:
       for lr in lrs
     ]
     y = np.asarray([np.nan if s is None else s.mean for s in sp])
-    err = np.asarray([0.0 if s is None else s.half for s in sp])
+    err = np.asarray(
+      [[0.0, 0.0] if s is None else [s.mean - s.band[0], s.band[1] - s.mean] for s in sp]
+    ).T
     (line,) = ax.plot(lrs, y, "o-", label=variant)
     ax.errorbar(lrs, y, yerr=err, fmt="none", ecolor=line.get_color(), capsize=3)
     bad = [

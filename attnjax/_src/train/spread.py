@@ -43,6 +43,14 @@ class Spread:
     return self.mean + self.half
 
   @property
+  def band(self) -> tuple[float, float]:
+    """What a plot draws: the seeds' range below 5 seeds (inside ``mean ± half``), else the
+    95% interval of the mean."""
+    if self.n < CI_FROM:
+      return min(self.values), max(self.values)
+    return self.lo, self.hi
+
+  @property
   def kind(self) -> str:
     """``"one seed"``, ``"range"`` (covers every seed) or ``"95% CI"``."""
     return "one seed" if self.n == 1 else ("range" if self.n < CI_FROM else "95% CI")
