@@ -96,8 +96,12 @@ def _lr(a: dict) -> str:
 
 
 def references(arms: Sequence[dict], reference: str) -> dict:
-  """``{learning rate: the reference variant's arm at it}``."""
-  return {a["lr"]: a for a in arms if a["variant"] == reference}
+  """``{learning rate: the reference variant's first arm at it}``."""
+  out: dict = {}
+  for a in arms:
+    if a["variant"] == reference:
+      out.setdefault(a["lr"], a)
+  return out
 
 
 # ---------------------------------------------------------------------------
