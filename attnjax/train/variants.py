@@ -8,6 +8,7 @@ use these names.
 from attnjax._src.train.variants import (
   COMPARE,
   GATED,
+  LATENT,
   SINK_FREE,
   VARIANTS,
   attention_kwargs,
@@ -18,6 +19,7 @@ from attnjax._src.train.variants import (
 __all__ = [
   "COMPARE",
   "GATED",
+  "LATENT",
   "SINK_FREE",
   "VARIANTS",
   "attention_kwargs",

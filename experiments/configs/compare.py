@@ -11,13 +11,15 @@ where dense's attention logits blow up and QK-LayerNorm's stay bounded); each ar
 seed of ``sweep.seeds``, the seeds of an arm trained stacked (one vmapped step). About 5
 minutes on a quiet 2-core CPU (RESULTS.md). Arguments after ``:``: ``preset`` (cpu, gpu,
 tpu), ``lr``, ``data`` (bigram_backcopy or shakespeare). Presets gpu and tpu train the
-8-layer model on Shakespeare with the gated and delta-rule families too (``variants.GATED``).
+8-layer model on Shakespeare with the gated and delta-rule families too (``variants.GATED``),
+and multi-head latent attention (``variants.LATENT``: mla), which the cpu preset runs only when
+named there (``dense,mla``).
 """
 
 import ml_collections
 
 from attnjax.train.config import apply_preset, base_config, parse_arg
-from attnjax.train.variants import COMPARE, GATED
+from attnjax.train.variants import COMPARE, GATED, LATENT
 
 CPU_VARIANTS = ("dense", "qk_layernorm", "softmax_one", "sink_logits", "gated", "sigmoid")
 
@@ -49,7 +51,7 @@ def get_config(arg=None):
   else:
     c.data.name = "shakespeare"
     c.opt.lr = a.lr or 1e-3
-    variants, high_lrs = COMPARE + GATED, "1e-2"
+    variants, high_lrs = COMPARE + GATED + LATENT, "1e-2"
   if a.data:
     c.data.name = a.data
   c.sweep = ml_collections.ConfigDict(
