@@ -97,7 +97,9 @@ LATENT = ("mla",)
 SINK_FREE = ("softmax_one", "sink_logits", "gated", "sigmoid", "softpick")
 
 
-def check_variants(setting: Any, *, key: str = "sweep.variants", empty_ok: bool = False) -> list[str]:
+def check_variants(
+  setting: Any, *, key: str = "sweep.variants", empty_ok: bool = False
+) -> list[str]:
   """The variant names of a setting, each checked against :func:`names` (:data:`.VARIANTS`
   and the registered normalisers).
 
