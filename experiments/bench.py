@@ -561,15 +561,16 @@ def train_suite(args) -> Iterable[Case]:
   ``6 L T D`` (Kaplan et al. 2020; PaLM app. B), so "% matmul" is the model-FLOPs
   utilisation (MFU) against this run's measured matmul rate. "with per-step
   stats" is the step the loop runs (layers report max logit, entropy, F-Attn);
-  "plain" skips them. ``--sizes`` sets the batch sizes (default 32, the preset's).
+  "plain" skips them. ``--sizes`` sets the batch sizes (default: the preset's).
   """
   from attnjax.train.config import load_config
   from attnjax.train import Trainer
   from attnjax.train import make_train_step
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  preset = load_config(os.path.join(root, "experiments/configs/compare.py:preset=cpu"))
   for variant in ("dense", "qk_layernorm"):
-    for batch in parse_sizes(args.sizes or "32"):
+    for batch in parse_sizes(args.sizes or str(preset.data.batch_size)):
       cfg = load_config(
         os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
         [f"variant={variant}", f"data.batch_size={batch}", "train.num_devices=1"],
@@ -601,6 +602,84 @@ def train_suite(args) -> Iterable[Case]:
           (trainer.state, trainer.rest, inputs, targets),
           trainer.flops_per_token * tokens,
           baseline=not with_stats,
+          tokens=tokens,
+        )
+
+
+@suite("seeds")
+def seeds_suite(args) -> Iterable[Case]:
+  """The seeds of one arm of the main job (experiments/configs/compare.py:preset=cpu, dense
+  and qk_layernorm): S training steps of one seed each, called one after another (how S
+  separate runs step), against one step of the S seeds stacked on a leading axis of their
+  parameters, optimiser states and batches, as ``attnjax.train.train_seeds`` trains them:
+  ``jax.lax.map`` (the step's kernels once per seed, in one program; its default on a CPU)
+  and ``jax.vmap`` (batched kernels; its default on accelerators). Each call runs 5 steps
+  of each; a ratio below 1 is what stacking saves per step (separate runs also compile
+  their step S times, a group once). ``--sizes`` sets S (default 3)."""
+  from attnjax.train import Trainer, make_train_step, stacked_step
+  from attnjax.train.config import load_config
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  calls = 5
+  for variant in ("dense", "qk_layernorm"):
+    for S in parse_sizes(args.sizes or "3"):
+      trainers = []
+      for seed in range(S):
+        cfg = load_config(
+          os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
+          [f"variant={variant}", f"seed={seed}", "train.num_devices=1"],
+        )
+        cfg.run_dir = os.path.join("/tmp", f"attnjax_bench_seeds_{seed}")
+        trainers.append(Trainer(cfg))
+      first = trainers[0]
+      fn = make_train_step(
+        first.graphdef,
+        first.optimizer,
+        stats=cfg.train.step_stats,
+        microbatches=cfg.train.microbatches,
+      )
+      one = jax.jit(fn)
+      stacked = {k: stacked_step(fn, k, donate=False) for k in ("map", "vmap")}
+      batches = [t.dp.batch_args(t.batches.batch("train", 0)) for t in trainers]
+      stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+      # The suite's cases are all built before any is timed: bind this variant's steps now.
+      def separate(states, rests, batches, one=one):
+        out = []
+        for _ in range(calls):
+          out = [one(st, r, *b) for st, r, b in zip(states, rests, batches)]
+        return out
+
+      def together(state, rest, *batch, step=None):
+        for _ in range(calls):
+          out = step(state, rest, *batch)
+        return out
+
+      tokens = calls * S * cfg.data.batch_size * cfg.data.seq_len
+      flops = first.flops_per_token * tokens
+      shape = (
+        f"{variant} x{S} seeds, B={cfg.data.batch_size} T={cfg.data.seq_len} "
+        f"D={cfg.model.d_model} L={cfg.model.num_layers}, {calls} steps per call"
+      )
+      yield Case(
+        "seeds",
+        f"{S} separate steps",
+        shape,
+        separate,
+        ([t.state for t in trainers], [t.rest for t in trainers], batches),
+        flops,
+        baseline=True,
+        tokens=tokens,
+      )
+      for kind, step in stacked.items():
+        state = stack([t.state for t in trainers])
+        yield Case(
+          "seeds",
+          f"one stacked step ({'lax.map' if kind == 'map' else 'vmap'} over {S})",
+          shape,
+          lambda *args, step=step: together(*args, step=step),
+          (state, stack([t.rest for t in trainers]), *stack(batches)),
+          flops,
           tokens=tokens,
         )
 
