@@ -397,6 +397,43 @@ def test_row_lowering_equals_the_normaliser(normalizer):
     )
 
 
+@pytest.mark.parametrize("normalizer", NORMS)
+@pytest.mark.parametrize("transposed", [False, True], ids=["dq", "dkdv"])
+def test_backward_tile_rule_lowering_equals_the_normaliser(normalizer, transposed):
+  """The backward kernels' tile rule (the row lowering of tile_backward on the raw tile, with
+  the scale folded into the exponent, fuse=True; tiles held transposed in dk/dv) equals
+  tile_backward on the scaled logits, masked and not (unmasked, the fold applies)."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, X = 8, 16
+  rng = np.random.default_rng(1)
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  raw, dp = 4 * draw(R, X), draw(R, X)
+  res = {key: draw(R, 1) for key in mplan.res_row_keys(nz, True, False, True)}
+  row_dot, d_lse = draw(R, 1), draw(R, 1)
+  opts = dense.prepare(*rand_qkv(T=8, S=8, H=16))[1]
+  c = type("Plan", (), {"opts": dataclasses.replace(opts, scale=0.3)})()
+  rule = mbackward._lowered_rule(c, nz.tile_backward, R, transposed=transposed)
+  hold = (lambda x: x.T) if transposed else (lambda x: x)
+  for allowed in (None, jnp.asarray(rng.random((R, X)) > 0.3)):
+    want = nz.tile_backward(0.3 * raw, allowed, dp, res, row_dot, d_lse)
+    got = rule(
+      hold(raw),
+      None if allowed is None else hold(allowed),
+      hold(dp),
+      {k: x[:, 0] for k, x in res.items()},
+      row_dot[:, 0],
+      d_lse[:, 0],
+    )
+    for name, a, b in zip(("w", "dz"), got, want):
+      np.testing.assert_allclose(
+        hold(a), b, rtol=1e-5, atol=1e-6, err_msg=f"{normalizer} {name} mask={allowed is not None}"
+      )
+  if normalizer == "softmax":  # unmasked, exp(0.3 raw - lse) is one exp2 of an FFMA
+    args = (hold(raw), None, hold(dp), {k: x[:, 0] for k, x in res.items()}, row_dot[:, 0], None)
+    text = str(jax.make_jaxpr(rule)(*args))
+    assert "exp2" in text and " exp " not in text
+
+
 @pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
 def test_residual_rows_only_when_differentiated(monkeypatch, normalizer):
   """The compiled path (traced, not run) writes the backward's residual rows (softmax's

@@ -223,13 +223,14 @@ def lower_rows(
   a reshape of a tile raises NotImplementedError), which is what
   :meth:`Normalizer.tile_backward` does.
 
-  ``fuse=True`` (the forward's visit) rewrites two patterns as it evaluates, without changing
-  any value: ``x + pv(w)`` with ``x`` a ``[R, hv]`` tile calls ``pv(w, x)``, which accumulates
-  ``w V`` into ``x`` in place (the wgmma's accumulator starts at ``x``: no third tile of
-  registers and no merge); and a tile times a positive constant ``c`` is kept unmultiplied
-  until it is read, so that its row maximum is ``c`` times the raw maximum and
-  ``exp(c * s - r)`` becomes ``exp2(s * (c log2 e) - r log2 e)``: one FFMA and the MUFU op
-  per element instead of a multiply for ``c``, a subtraction and a multiply for ``log2 e``."""
+  ``fuse=True`` (the forward's visit, the backward's tile rule) rewrites two patterns as it
+  evaluates, without changing any value: ``x + pv(w)`` with ``x`` a ``[R, hv]`` tile calls
+  ``pv(w, x)``, which accumulates ``w V`` into ``x`` in place (the wgmma's accumulator starts
+  at ``x``: no third tile of registers and no merge); and a tile times a positive constant
+  ``c`` is kept unmultiplied until it is read, so that its row maximum is ``c`` times the raw
+  maximum and ``exp(c * s - r)`` becomes ``exp2(s * (c log2 e) - r log2 e)``: one FFMA and
+  the MUFU op per element instead of a multiply for ``c``, a subtraction and a multiply for
+  ``log2 e``."""
 
   def wrapped(*args):
     leaves, tree = jax.tree.flatten(args)
@@ -288,7 +289,7 @@ def _eval(jaxpr, consts, args, R: int, hooks):
         w = next(v.w for v in invals if isinstance(v, _Deferred))
         env[eqn.outvars[0]] = hooks[0](w, x)
         continue
-      folded = _fold(eqn, invals, R)
+      folded = _fold(eqn, invals, R, hooks[2])
       if folded is not None:
         env[eqn.outvars[0]] = folded
         continue
@@ -317,11 +318,13 @@ class _Scaled:
 
 @dataclasses.dataclass(frozen=True)
 class _Shifted:
-  """The tile ``c * s - r`` (``r`` an ``[R]`` row), not yet computed."""
+  """The tile ``c * s - r`` (``r`` an ``[R]`` row broadcast along dimension ``dim`` of the held
+  tile: 0, or 1 where tiles are held transposed), not yet computed."""
 
   s: object
   c: float
   r: object
+  dim: int = 0
 
 
 def _const(c: float, shape):
@@ -332,7 +335,7 @@ def _materialize(x):
   if isinstance(x, _Scaled):
     return x.s * _const(x.c, x.s.shape)
   if isinstance(x, _Shifted):
-    return x.s * _const(x.c, x.s.shape) - lax.broadcast_in_dim(x.r, x.s.shape, (0,))
+    return x.s * _const(x.c, x.s.shape) - lax.broadcast_in_dim(x.r, x.s.shape, (x.dim,))
   return x
 
 
@@ -362,9 +365,11 @@ def _in_place_sums(jaxpr) -> dict:
   return out
 
 
-def _fold(eqn, invals, R: int):
-  """The value of ``eqn`` with the constant scale folded (see lower_rows), or None."""
+def _fold(eqn, invals, R: int, transposed: bool = False):
+  """The value of ``eqn`` with the constant scale folded (see lower_rows), or None. Held
+  transposed (``[X, R]``), a tile's rows are its columns and it has no row maximum here."""
   name = eqn.primitive.name
+  dim = int(transposed)
   if name == "mul" and len(invals) == 2:
     for tile, (cvar, c) in (
       (invals[0], (eqn.invars[1], invals[1])),
@@ -376,13 +381,18 @@ def _fold(eqn, invals, R: int):
         and float(c) > 0
         and not isinstance(tile, (_Scaled, _Shifted, _Deferred))
         and jnp.ndim(tile) == 2
-        and jnp.shape(tile)[0] == R
+        and jnp.shape(tile)[dim] == R
         and jnp.result_type(tile) == jnp.float32
       ):
         return _Scaled(tile, float(c))
     return None
   x = invals[0] if invals else None
-  if name == "reduce_max" and isinstance(x, _Scaled) and tuple(eqn.params["axes"]) == (1,):
+  if (
+    name == "reduce_max"
+    and not transposed
+    and isinstance(x, _Scaled)
+    and tuple(eqn.params["axes"]) == (1,)
+  ):
     m = eqn.primitive.bind(x.s, **eqn.params)
     return m * _const(x.c, m.shape)
   if (
@@ -392,10 +402,10 @@ def _fold(eqn, invals, R: int):
     and not isinstance(invals[1], (_Scaled, _Shifted, _Deferred))
     and jnp.ndim(invals[1]) == 1
   ):
-    return _Shifted(x.s, x.c, invals[1])
+    return _Shifted(x.s, x.c, invals[1], dim)
   if name == "exp" and isinstance(x, _Shifted):
     log2e = 1.4426950408889634
-    shift = lax.broadcast_in_dim(x.r * _const(log2e, x.r.shape), x.s.shape, (0,))
+    shift = lax.broadcast_in_dim(x.r * _const(log2e, x.r.shape), x.s.shape, (x.dim,))
     return lax.exp2(x.s * _const(x.c * log2e, x.s.shape) - shift)
   return None
 
