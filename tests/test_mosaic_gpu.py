@@ -397,6 +397,40 @@ def test_row_lowering_equals_the_normaliser(normalizer):
     )
 
 
+@pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
+def test_the_forward_visit_names_its_rescale_rows(normalizer):
+  """The fused visit hands pv the rows that rescale the accumulator (softmax's exp(m_old -
+  m_new); none for sigmoid), which the compiled forward makes its turn's bar.sync wait on
+  (named_barrier's ``after``): ptxas otherwise computes them after the sync."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, tk, Hv = 8, 16, 4
+  rng = np.random.default_rng(2)
+  z = jnp.asarray(rng.standard_normal((R, tk)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((tk, Hv)), jnp.float32)
+  counts = jnp.full((R,), float(tk))
+  row = mplan.lower_rows(nz.row_inputs, R)(None, counts)
+  st = {k: (x[:, 0] if x.shape[-1] == 1 else x) for k, x in nz.init((R, 1), (R, Hv), False).items()}
+  st["acc"] = jnp.asarray(rng.standard_normal((R, Hv)), jnp.float32)
+  if "m" in st:
+    st["m"] = jnp.max(z, axis=1) - 0.5  # the tile raises every row's maximum
+  seen = []
+
+  def pv(w, acc=None, rows=()):
+    seen.append(rows)
+    return w @ v if acc is None else acc + w @ v
+
+  visit = lambda st, z, row, pv_: nz.visit(st, z, None, pv_, row, False, False)
+  got = mplan.lower_rows(visit, R, pv=pv, hv=Hv, fuse=True)(st, z, row)
+  want = mplan.lower_rows(visit, R, pv=lambda w: w @ v, hv=Hv)(st, z, row)
+  np.testing.assert_allclose(got["acc"], want["acc"], rtol=1e-5, atol=1e-6)
+  ((rows,),) = [seen]
+  if normalizer == "softmax":
+    (alpha,) = rows
+    np.testing.assert_allclose(alpha, np.exp(-0.5), rtol=1e-5)
+  else:
+    assert rows == ()
+
+
 @pytest.mark.parametrize("normalizer", NORMS)
 @pytest.mark.parametrize("transposed", [False, True], ids=["dq", "dkdv"])
 def test_backward_tile_rule_lowering_equals_the_normaliser(normalizer, transposed):
