@@ -74,7 +74,9 @@ def _clip(lo, hi, flo, fhi, lo_u, hi_u):
   return lo, hi, flo, jnp.clip(fhi, flo, hi)
 
 
-def dq_scratch(c, dtype, tr, nrows: int) -> list:
+def dq_scratch(c, dtype, tr, nrows: int, loaded: int) -> list:
+  """The dq kernel's scratch: ``nrows`` row buffers (at least one), ``loaded`` of them copied
+  (each copy an arrival on its group's barrier)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
   W, seg = CONSUMERS, int(c.has_segments)
@@ -86,7 +88,7 @@ def dq_scratch(c, dtype, tr, nrows: int) -> list:
     plgpu.SMEM((W, nrows, c.bq), jnp.float32),
     # one barrier per copy group (a warpgroup's Q, dO, rows and query ids; a ring slot's K, V
     # and key ids), each copy one arrival: one wait and one phase register per group
-    plgpu.Barrier(num_arrivals=2 + nrows + seg, num_barriers=W),
+    plgpu.Barrier(num_arrivals=2 + loaded + seg, num_barriers=W),
     plgpu.Barrier(num_arrivals=2 + seg, num_barriers=c.stages),
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile done with by both
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile done with by both
@@ -227,7 +229,8 @@ def dq_kernel(c, res_keys, has_g, refs, scratch):
     pl.when(wg == w)(functools.partial(_consumer, w))
 
 
-def dkdv_scratch(c, dtype, tr, nrows: int) -> list:
+def dkdv_scratch(c, dtype, tr, nrows: int, loaded: int) -> list:
+  """The dk/dv kernel's scratch (``nrows`` and ``loaded`` as :func:`dq_scratch`'s)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
   W, seg = CONSUMERS, int(c.has_segments)
@@ -240,7 +243,7 @@ def dkdv_scratch(c, dtype, tr, nrows: int) -> list:
     # one barrier per copy group (a warpgroup's K, V and key ids; a ring slot's Q, dO, rows and
     # query ids), each copy one arrival: one wait and one phase register per group
     plgpu.Barrier(num_arrivals=2 + seg, num_barriers=W),
-    plgpu.Barrier(num_arrivals=2 + nrows + seg, num_barriers=c.stages),
+    plgpu.Barrier(num_arrivals=2 + loaded + seg, num_barriers=c.stages),
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a query tile done with by both
   ]
   if c.interpret:
@@ -422,6 +425,7 @@ def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
     return None
   dtype = arrays[0].dtype
   W = CONSUMERS
+  loaded = backward._num_rows(c, res_keys, has_g)  # row copies (nrows >= 1 buffers)
   # No automatic warpgroup barriers: no buffer is read by a compute warpgroup's threads and
   # refilled by that warpgroup (the producer refills the rings after every thread's mbarrier
   # arrival, each a release of its reads), and their results are written where only wgmmas
@@ -441,7 +445,7 @@ def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
   dq = plgpu.kernel(
     lambda *a: dq_kernel(cq, res_keys, has_g, a[: nin + 1], a[nin + 1 :]),
     out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype),
-    scratch_types=dq_scratch(cq, dtype, tr, nrows),
+    scratch_types=dq_scratch(cq, dtype, tr, nrows, loaded),
     grid=(c.N, c.Tp // (W * c.bq), c.B),
     grid_names=("heads", "q_blocks", "batch"),
     kernel_name="attnjax_dq",
@@ -453,7 +457,7 @@ def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
   dk, dv = plgpu.kernel(
     lambda *a: dkdv_kernel(ckv, res_keys, has_g, a[: nin + 2], a[nin + 2 :]),
     out_type=[kv_out, kv_out],
-    scratch_types=dkdv_scratch(ckv, dtype, tr, nrows),
+    scratch_types=dkdv_scratch(ckv, dtype, tr, nrows, loaded),
     grid=(c.K, c.Sp // (W * ckv.bk), c.B),
     grid_names=("heads", "k_blocks", "batch"),
     kernel_name="attnjax_dkdv",
