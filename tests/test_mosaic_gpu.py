@@ -172,11 +172,13 @@ def test_mosaic_gpu_gradients_and_jvp():
   assert_close(jf, jr, "jvp", rtol=0, atol=TOL, scaled=True)
 
 
-def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
+def check_backward_kernels(
+  normalizer, structure, *, block_sizes=None, specialised=mspecialised.run, **kw
+):
   """The dq and dk/dv kernels in interpret mode, called directly (forward with residuals, then
   the backward; in interpret mode the custom-VJP path takes the block-wise backward, see
   attnjax.kernels.mosaic_gpu.kernel.compute), against the reference's VJP of the output and
-  (with statistics) of the logsumexp."""
+  (with statistics) of the logsumexp. ``specialised=None``: the one-warpgroup kernels."""
   q, k, v, opts_kw = _inputs(structure, normalizer, **kw)
   stats = opts_kw["return_stats"]
   sink = opts_kw.pop("sink_logits", None)
@@ -194,7 +196,7 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
     has_key = rows["has_key"][..., 0] if stats else None
     return out, mbackward.backward(
-      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs, mspecialised.run
+      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs, specialised
     )
 
   out, grads = jax.jit(kernels)(q, k, v, sink)
@@ -291,6 +293,67 @@ BACKWARD_CASES = [
 )
 def test_mosaic_gpu_backward_kernels_interpret(normalizer, structure, kw):
   check_backward_kernels(normalizer, structure, **kw)
+
+
+@compiled_interpreter
+@pytest.mark.parametrize(
+  "normalizer,structure,kw",
+  [
+    ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True)),
+    ("sigmoid", "segments", dict(stats=True)),
+  ],
+  ids=["softmax-causal", "sigmoid-segments"],
+)
+def test_one_warpgroup_backward_kernels_interpret(normalizer, structure, kw):
+  """The one-warpgroup dq and dk/dv kernels (backward.py), which run where the warp-specialised
+  kernels' tiles do not fit shared memory (head dim 256, test_the_backward_kernels_by_head_dim):
+  called directly at head dim 64 (their code does not depend on it; the interpreter's time
+  does), segment ids, statistics, sink logits and soft cap included."""
+  check_backward_kernels(normalizer, structure, specialised=None, **kw)
+
+
+@compiled_interpreter
+@pytest.mark.slow
+def test_one_warpgroup_backward_kernels_at_head_dim_256():
+  # the route the dispatch takes at head dim 256: specialised.run declines, backward.py runs
+  check_backward_kernels(
+    "softmax", "causal", H=256, stats=True, block_sizes=mosaic_gpu.block_sizes_for(256)
+  )
+
+
+def test_the_backward_kernels_by_head_dim(monkeypatch):
+  """Which backward runs: the warp-specialised kernels at head dims 64 and 128, whatever the
+  lengths (the dk/dv kernel pads the keys to whole programs of two 64-key blocks: here S = 130
+  in 64-key blocks, 3 of them), the one-warpgroup kernels at 256 (their tiles for two compute
+  warpgroups pass shared memory). Traced for the compiled kernels (no interpreter runs)."""
+  calls = []
+
+  def refuse(name):
+    def kernel(*args, **kwargs):
+      calls.append(name)
+      raise RuntimeError(f"{name} traced")
+
+    return kernel
+
+  for name in ("_dq_kernel", "_dkdv_kernel"):
+    monkeypatch.setattr(mbackward, name, refuse(name))
+  for H in (64, 128, 256):
+    q, k, v, kw = _inputs("segments", "softmax", H=H)
+    inputs, opts = dense.prepare(q, k, v, **kw)
+    c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=False)
+    fits = mspecialised.fits(c, 1)
+    assert fits == (H < 256), H
+    segs = inputs.q_segment_ids, inputs.kv_segment_ids
+    rows = {"log_norm": jnp.zeros((2, 2, c.Tp), jnp.float32)}
+    grads = lambda q, k, v: mbackward.backward(
+      c, q, k, v, None, q, rows, q, None, None, *segs, mspecialised.run
+    )
+    if fits:
+      jax.make_jaxpr(grads)(q, k, v)  # the one-warpgroup kernels are never traced
+    else:
+      with pytest.raises(RuntimeError, match="_dq_kernel traced"):
+        jax.make_jaxpr(grads)(q, k, v)
+  assert calls == ["_dq_kernel"]
 
 
 def _single_key_softpick(T_=100, H=64):

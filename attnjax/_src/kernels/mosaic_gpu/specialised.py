@@ -31,6 +31,7 @@ from attnjax._src.kernels.mosaic_gpu.plan import (
   heaviest_first,
   interpret_params,
   kv_bounds,
+  padded,
   segment_args,
 )
 
@@ -58,13 +59,9 @@ def smem_bytes(c, kernel: str, nrows: int) -> int:
 
 
 def fits(c, nrows: int) -> bool:
-  """Whether both kernels' tiles fit (head dims 64, 128: yes; 256: no) and the padded key
-  length holds whole dk/dv programs (``CONSUMERS * DKDV_BLOCK_K`` keys)."""
+  """Whether both kernels' tiles fit shared memory (head dims 64, 128: yes; 256: no)."""
   margin = 8 * 1024  # barriers, alignment
-  return (
-    max(smem_bytes(c, "dq", nrows), smem_bytes(c, "dkdv", nrows)) + margin <= SMEM_LIMIT_BYTES
-    and c.Sp % (CONSUMERS * DKDV_BLOCK_K) == 0
-  )
+  return max(smem_bytes(c, "dq", nrows), smem_bytes(c, "dkdv", nrows)) + margin <= SMEM_LIMIT_BYTES
 
 
 def _clip(lo, hi, flo, fhi, lo_u, hi_u):
@@ -451,16 +448,21 @@ def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
     kernel_name="attnjax_dq",
     **common,
   )(*arrays, *seg)
+  # whole programs of two key blocks: K and V padded to a multiple of their keys (a block past
+  # S is masked everywhere, so its dk and dv are zeros, sliced off)
   ckv = dkdv_plan(c)
+  ckv = dataclasses.replace(ckv, Sp=-(-c.Sp // (W * ckv.bk)) * (W * ckv.bk))
+  qh, kh, vh, doh, rows = arrays
+  kv_arrays = (qh, padded(kh, ckv.Sp), padded(vh, ckv.Sp), doh, rows)
   seg = segment_args(ckv, q_seg, kv_seg)
-  kv_out = jax.ShapeDtypeStruct((c.B, c.Sp, c.K, c.H), dtype)
+  kv_out = jax.ShapeDtypeStruct((c.B, ckv.Sp, c.K, c.H), dtype)
   dk, dv = plgpu.kernel(
     lambda *a: dkdv_kernel(ckv, res_keys, has_g, a[: nin + 2], a[nin + 2 :]),
     out_type=[kv_out, kv_out],
     scratch_types=dkdv_scratch(ckv, dtype, tr, nrows, loaded),
-    grid=(c.K, c.Sp // (W * ckv.bk), c.B),
+    grid=(c.K, ckv.Sp // (W * ckv.bk), c.B),
     grid_names=("heads", "k_blocks", "batch"),
     kernel_name="attnjax_dkdv",
     **common,
-  )(*arrays, *seg)
+  )(*kv_arrays, *seg)
   return dq[:, : c.T], dk[:, : c.S], dv[:, : c.S]
