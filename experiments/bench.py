@@ -6,6 +6,7 @@
     python experiments/bench.py --list
     python experiments/bench.py --memory --memory-filter compressed   # memory cases only
     python experiments/bench.py --suite pretrained   # sink statistics at 8k and 32k tokens
+    python experiments/bench.py --suite mla          # MLA decode and cache bytes vs GQA at 32k
 
 Each case is timed in this process after warm-up (compilation excluded), with
 ``block_until_ready``. The cases of one shape are timed in interleaved rounds
@@ -432,6 +433,115 @@ def sparse_suite(args) -> Iterable[Case]:
       (q, k, v),
       attention_flops(B, N, H, _pattern_pairs(pattern, 4096)),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckerPattern(attnjax.patterns.Pattern):
+  """A pattern as a user writes one (the compile-time suite's custom rule): causal, query
+  block ``i // period`` keeps key blocks of the same parity, and every diagonal key."""
+
+  period: int = 16
+
+  def allowed(self, q_positions, k_positions, shape):
+    qp, kp = jnp.asarray(q_positions)[:, None], jnp.asarray(k_positions)[None, :]
+    same = ((qp // self.period) + (kp // self.period)) % 2 == 0
+    return (kp <= qp) & (same | (kp == qp))
+
+  @property
+  def is_causal(self) -> bool:
+    return True
+
+
+def _compile_patterns(block: int) -> dict:
+  P = attnjax.patterns
+  return {
+    "custom (CheckerPattern)": CheckerPattern(block),
+    f"strided({block})": P.strided(block),
+    f"fixed({block}, {block // 4})": P.fixed(block, block // 4),
+    f"bigbird({block}, 1, 1, 2)": P.bigbird(block, 1, 1, 2, seed=0),
+    f"union(sliding_window({2 * block}), causal & strided({block}))": P.sliding_window(2 * block)
+    | (P.causal() & P.strided(block)),
+    f"global_window(2, {block})": P.global_window(2, block),
+  }
+
+
+def compile_seconds(fn: Callable, *args) -> float:
+  """Seconds to trace, lower and compile ``jax.jit(fn)`` on ``args`` from empty caches."""
+  jax.clear_caches()
+  t0 = time.perf_counter()
+  jax.jit(fn).lower(*args).compile()
+  return time.perf_counter() - t0
+
+
+# The issue's target: a block-sparse call compiles in at most this many times the time of dense
+# attention with the pattern's mask, forward and gradient, at T <= 1024.
+PATTERN_COMPILE_TARGET = 3.0
+
+
+@suite("pattern_compile")
+def pattern_compile_suite(args) -> Iterable[Case]:
+  """Compile time of block-sparse patterns against dense attention with the pattern's mask.
+
+  Trace + lower + XLA compile from empty caches (the persistent compilation cache off), best
+  of two alternating measurements, forward and gradient (B=1, N=4, K=2, H=16, fp32). "auto" is
+  sparse_attention as called (the reference below sparse.BLOCKWISE_MIN_LENGTH tokens),
+  "blockwise" names the block plan; the dense row is dot_product_attention(mask=...) as called.
+  Ratios over the dense row of the same T and mode; the target is <= 3x at T <= 1024.
+  """
+  sizes = parse_sizes(args.sizes or "128,512,1024")
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  grad = lambda f: jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2))
+  rows = []
+  try:
+    for T in sizes:
+      block = max(16, T // 8)
+      q, k, v = qkv(1, T, 4, 16, K=2)
+      for name, pattern in _compile_patterns(block).items():
+        mask = pattern.mask(T)
+        dense = lambda q, k, v, mask=mask: attnjax.dot_product_attention(q, k, v, mask=mask)
+        row = dict(pattern=name, T=T, block=block)
+        for impl in (None, "blockwise"):
+          sp = lambda q, k, v, impl=impl, pattern=pattern, block=block: attnjax.sparse_attention(
+            q, k, v, pattern=pattern, block_size=block, implementation=impl
+          )
+          for mode, wrap in (("fwd", lambda f: f), ("grad", grad)):
+            pairs = [
+              (compile_seconds(wrap(sp), q, k, v), compile_seconds(wrap(dense), q, k, v))
+              for _ in range(2)
+            ]
+            ours, base = min(p[0] for p in pairs), min(p[1] for p in pairs)
+            row[f"{impl or 'auto'} {mode}"] = (ours, base)
+            print(
+              f"  pattern_compile T={T} {name} {impl or 'auto'} {mode}: {ours:.2f} s / "
+              f"{base:.2f} s dense",
+              file=sys.stderr,
+              flush=True,
+            )
+        rows.append(row)
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+  print(f"## pattern_compile\n\n{pattern_compile_suite.__doc__.strip()}\n")
+  print(f"attnjax.sparse.BLOCKWISE_MIN_LENGTH = {attnjax.sparse.BLOCKWISE_MIN_LENGTH}\n")
+  keys = ("auto fwd", "auto grad", "blockwise fwd", "blockwise grad")
+  print("| pattern | T | block | " + " | ".join(f"{key} (s, over dense)" for key in keys) + " |")
+  print("|---|---:|---:|" + "---:|" * len(keys))
+  worst = {key: 0.0 for key in keys}
+  for r in rows:
+    cells = []
+    for key in keys:
+      ours, base = r[key]
+      worst[key] = max(worst[key], ours / base)
+      cells.append(f"{ours:.2f} ({ours / base:.1f}x)")
+    print(f"| {r['pattern']} | {r['T']} | {r['block']} | " + " | ".join(cells) + " |")
+  print()
+  met = all(worst[key] <= PATTERN_COMPILE_TARGET for key in ("auto fwd", "auto grad"))
+  print(
+    "worst ratio: "
+    + ", ".join(f"{key} {value:.1f}x" for key, value in worst.items())
+    + f"; target <= {PATTERN_COMPILE_TARGET:g}x (auto) {'met' if met else 'NOT met'}\n"
+  )
+  return []
 
 
 @memory_case("sparse_window256_fwd_bwd_T16384")
@@ -1220,6 +1330,98 @@ def block_select_memory():
   return step, (q, k, v)
 
 
+# DeepSeek V2-Lite's attention: 16 heads, a latent of 512, rope key 64, keys 128 + 64, values 128.
+MLA_SHAPE = dict(N=16, R=512, d_n=128, d_r=64, d_v=128)
+
+
+def mla_cache_table(S: int, itemsize: int = 2) -> str:
+  """Bytes per token and layer of the MLA latent cache beside GQA caches of the same heads
+  (keys and values only; ``itemsize`` 2: bfloat16), as a markdown table with ratios."""
+  N, R, d_n, d_r, d_v = (MLA_SHAPE[k] for k in ("N", "R", "d_n", "d_r", "d_v"))
+  latent = (R + d_r) * itemsize
+  rows = [
+    ("MLA latent cache (c, k_rope)", R + d_r),
+    (f"expanded heads (K={N}: keys {d_n + d_r}, values {d_v})", N * (d_n + d_r + d_v)),
+    ("GQA K=8, H=128", 2 * 8 * 128),
+    ("GQA K=4, H=128", 2 * 4 * 128),
+    ("GQA K=2, H=128", 2 * 2 * 128),
+  ]
+  lines = [
+    f"Cache per token and layer at S={S} (bytes of {itemsize}-byte numbers, keys and values):\n",
+    "| cache | numbers | bytes | MiB at S | latent / this |",
+    "|---|---:|---:|---:|---:|",
+  ]
+  for name, numbers in rows:
+    b = numbers * itemsize
+    lines.append(f"| {name} | {numbers} | {b} | {b * S / 2**20:.1f} | {latent / b:.3f} |")
+  ratio = (R + d_r) / (N * (d_n + d_r + d_v))
+  lines.append(
+    f"\nlatent / expanded heads' cache: {ratio:.3f} (target <= 0.25: "
+    f"{'met' if ratio <= 0.25 else 'not met'})\n"
+  )
+  return "\n".join(lines)
+
+
+@suite("mla")
+def mla_suite(args) -> Iterable[Case]:
+  """One decode step at 32k context: MLA over its latent cache against GQA (B=1, fp32).
+
+  DeepSeek V2-Lite's attention shape (N=16 heads, latent R=512, d_n=128, d_r=64,
+  d_v=128); one new query token over S cached tokens (``--sizes``, default 32768).
+  Rows: GQA decode with K=4 KV heads of H=128 (the baseline); the expanded heads as
+  a plain cache (K=16, keys 192, values 128); ``mla_attention`` over the latent
+  cache in the expanded form (rebuilding every key and value from the latent each
+  step) and in the absorbed form (MQA over ``[c | k_rope]``). Target: absorbed no
+  slower than expanded. The cache table before it prints bytes per token and layer
+  (target: the latent at most 1/4 of the expanded heads' cache).
+  """
+  N, R, d_n, d_r, d_v = (MLA_SHAPE[k] for k in ("N", "R", "d_n", "d_r", "d_v"))
+  B = 1
+  for S in parse_sizes(args.sizes or "32768"):
+    print(mla_cache_table(S))
+    shape = f"decode S={S}"
+    ks = jax.random.split(jax.random.key(S), 8)
+    draw = lambda i, *sh, s=1.0: s * jax.random.normal(ks[i], sh, jnp.float32)
+    q = draw(0, B, 1, N, d_n + d_r)
+    k_rope, latent = draw(1, B, S, 1, d_r), draw(2, B, S, 1, R)
+    w_uk, w_uv = draw(3, R, N, d_n, s=R**-0.5), draw(4, R, N, d_v, s=R**-0.5)
+    gqa = (draw(5, B, 1, N, 128), draw(6, B, S, 4, 128), draw(7, B, S, 4, 128))
+    heads = (q, draw(6, B, S, N, d_n + d_r), draw(7, B, S, N, d_v))
+    dense = jax.jit(lambda q, k, v: attnjax.dot_product_attention(q, k, v))
+    yield Case(
+      "mla",
+      "GQA K=4, H=128: dot_product_attention",
+      shape,
+      dense,
+      gqa,
+      4.0 * B * N * 128 * S,
+      baseline=True,
+      tokens=B,
+    )
+    yield Case(
+      "mla",
+      f"expanded heads as the cache (K={N}): dot_product_attention",
+      shape,
+      dense,
+      heads,
+      2.0 * B * N * S * (d_n + d_r + d_v),
+      tokens=B,
+    )
+    for absorb in (False, True):
+      rebuild = 0 if absorb else 2.0 * B * S * R * N * (d_n + d_v)
+      attend = 2.0 * B * N * S * ((2 * R + d_r) if absorb else (d_n + d_r + d_v))
+      fold = 2.0 * B * N * R * (d_n + d_v) if absorb else 0
+      yield Case(
+        "mla",
+        f"mla_attention over the latent, {'absorbed' if absorb else 'expanded'}",
+        shape,
+        jax.jit(lambda *a, absorb=absorb: attnjax.mla_attention(*a, absorb=absorb)),
+        (q, k_rope, latent, w_uk, w_uv),
+        rebuild + attend + fold,
+        tokens=B,
+      )
+
+
 # ---------------------------------------------------------------------------
 # Memory measurement in a child process.
 
@@ -1912,6 +2114,13 @@ def time_group(cases: list, repeats: int) -> list:
   return results
 
 
+def _tokens_per_s(value: Optional[float]) -> str:
+  """A tokens/s cell: whole tokens from 100 up, two decimals below (a decode step at 32k)."""
+  if not value:
+    return ""
+  return f"{value:.0f}" if value >= 100 else f"{value:.2f}"
+
+
 def run_suites(names: list[str], args) -> list[dict]:
   rate = matmul_rate()
   print(
@@ -1974,7 +2183,7 @@ def run_suites(names: list[str], args) -> list[dict]:
         f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} ({r['median_ms']:.2f}) | "
         f"{r['gflops']:.1f} | "
         f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |"
-        + (f" {r['tokens_per_s']:.0f} |" if tok else "")
+        + (f" {_tokens_per_s(r['tokens_per_s'])} |" if tok else "")
       )
     print()
     results.extend(rows)

@@ -17,6 +17,10 @@ from attnjax._src.ops.sparse import attention as sparse
 from attnjax._src.ops.sparse.attention import sparse_attention
 from helpers import assert_close, outputs_and_grads, rand_qkv
 
+# Short calls of the sparse family run its block plans here, as auto-dispatch does from
+# sparse.BLOCKWISE_MIN_LENGTH tokens on (the plans are what these tests check).
+pytestmark = pytest.mark.usefixtures("sparse_block_plans")
+
 
 def qkv(B, T, N, K, H, seed=0, dtype=jnp.float32):
   return rand_qkv(B, T, T, N, K, H, seed=seed, dtype=dtype)
@@ -50,9 +54,11 @@ def test_layout_covers_the_mask():
 
 
 def test_validation():
-  with pytest.raises(ValueError, match="dilated_window: window must be positive, got window=0"):
+  with pytest.raises(
+    ValueError, match="dilated_window: window must be a positive int, got window=0"
+  ):
     patterns.dilated_window(0, 2)
-  with pytest.raises(TypeError, match="dilation must be an int"):
+  with pytest.raises(TypeError, match="dilation must be a positive int"):
     patterns.dilated_window(3, 1.5)
 
 

@@ -18,70 +18,40 @@ import pytest
 
 import attnjax
 from attnjax._src import op as _op, mods, options
-from attnjax._src.ops.block_select import attention as block_select
-from attnjax._src.ops.compressed import attention as compressed
-from attnjax._src.ops.dense import qk_norm
-from attnjax._src.ops.sparse import attention as sparse
 
-# The dense keywords each family's public functions forward, by op name (the families come from
-# the op registry, attnjax._op.OPS: a registered op without an entry fails
-# test_every_registered_family_is_listed). Each function: (name, public function, dense keywords
-# it forwards, dense keyword names it uses with a meaning of its own, defaults of its own, the
-# arguments a call needs besides q, k, v). The recurrent families forward no dense keyword:
-# their options are their own.
-KEYWORDS_BY_OP = {
-  "dense": [
-    ("dot_product_attention", attnjax.dot_product_attention, options.KEYWORDS, (), {}, {}),
-    ("qk_norm_attention", attnjax.qk_norm_attention, qk_norm.QK_NORM_KEYWORDS, (), {}, {}),
-    (
-      "cosine_attention",
-      attnjax.cosine_attention,
-      qk_norm.COSINE_KEYWORDS,
-      (),
-      {},
-      dict(temperature=jnp.zeros((2,))),
-    ),
-  ],
-  "sparse": [
-    (
-      "sparse_attention",
-      attnjax.sparse_attention,
-      sparse.DENSE_KEYWORDS,
-      (),
-      {},
-      dict(pattern=attnjax.patterns.causal(), block_size=4),
-    )
-  ],
-  "block_select": [
-    (
-      "block_select_attention",
-      attnjax.block_select_attention,
-      block_select.DENSE_KEYWORDS,
-      (),
-      {"is_causal": True},
-      dict(block_size=4, top_k=1),
-    )
-  ],
-  # compressed_attention's is_causal and window are its own rule's (compressed.CompressedRule).
-  "compressed": [
-    (
-      "compressed_attention",
-      attnjax.compressed_attention,
-      compressed.DENSE_KEYWORDS,
-      ("is_causal", "window"),
-      {},
-      dict(stride=2),
-    )
-  ],
-  "linear": [],
-  "gated_linear": [],
-  "delta_rule": [],
-}
-FAMILIES = {name: rest for op in _op.OPS for name, *rest in KEYWORDS_BY_OP.get(op, ())}
+
+def families(ops=None) -> dict:
+  """The dense keywords each family's public functions forward, from the sample calls of the
+  registered ops (attnjax._src.op.OPS) that forward any: ``{name: (public function, dense
+  keywords it forwards, dense keyword names it uses with a meaning of its own, defaults of
+  its own, the arguments a call needs besides q, k, v, and its q, k, v)}``: ``q, k, v`` as
+  the sample makes them of ``[1, 8, 2, 4]`` arrays (MLA's are its rope key and latent). The
+  recurrent families forward no dense keyword: their options are their own."""
+  out = {}
+  q = jnp.ones((1, 8, 2, 4))
+  for op in (_op.OPS if ops is None else ops).values():
+    for sample in op.samples():
+      if not sample.dense_keywords:
+        continue
+      qkv = sample.inputs(q, q, q)
+      needs = {n: x for n, x in sample.options.items() if n not in options.KEYWORDS}
+      out[sample.name] = (
+        sample.function,
+        sample.dense_keywords,
+        sample.own_keywords,
+        dict(sample.own_defaults),
+        {**needs, **qkv[3]},
+        qkv[:3],
+      )
+  return out
+
+
+FAMILIES = families()
 
 
 def test_every_registered_family_is_listed():
-  assert set(KEYWORDS_BY_OP) == set(_op.OPS), "list the new family's dense keywords"
+  assert {"dot_product_attention", "qk_norm_attention", "cosine_attention"} <= set(FAMILIES)
+  assert all(op.samples() for op in _op.OPS.values()), "every op supplies its sample calls"
 
 
 def test_the_definition():
@@ -91,6 +61,7 @@ def test_the_definition():
     "is_causal",
     "scale",
     "normalizer",
+    "normalizer_params",
     "sink_logits",
     "softcap",
     "window",
@@ -154,7 +125,7 @@ def test_the_options_are_the_static_keywords_validated():
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_signature_lists_the_keywords_it_forwards(name):
-  fn, forwarded, own, defaults, _ = FAMILIES[name]
+  fn, forwarded, own, defaults, _, _ = FAMILIES[name]
   params = inspect.signature(fn).parameters
   assert set(forwarded) <= set(options.KEYWORDS)
   assert {p for p in params if p in options.KEYWORDS} == set(forwarded) | set(own), name
@@ -180,6 +151,7 @@ _PROBES = {
   "is_causal": True,
   "scale": 0.375,
   "normalizer": "softmax_one",
+  "normalizer_params": {"s": jnp.zeros((2,))},
   "sink_logits": jnp.zeros((3,)),
   "softcap": 7.5,
   "window": (3, 0),
@@ -198,6 +170,8 @@ _PROBES = {
 
 
 def _same(got, probe):
+  if isinstance(probe, dict):
+    return isinstance(got, dict) and all(_same(got.get(k), v) for k, v in probe.items())
   if isinstance(probe, tuple) and probe and hasattr(probe[0], "shape"):
     return [jnp.shape(x) for x in got] == [x.shape for x in probe]
   if hasattr(probe, "shape"):
@@ -207,7 +181,7 @@ def _same(got, probe):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_forwards_each_keyword_unchanged(name, monkeypatch):
-  fn, forwarded, _, defaults, required = FAMILIES[name]
+  fn, forwarded, _, defaults, required, (q, k, v) = FAMILIES[name]
   seen = {}
 
   def validate(q, k, v, **kw):
@@ -215,11 +189,67 @@ def test_forwards_each_keyword_unchanged(name, monkeypatch):
     raise _Stop
 
   monkeypatch.setattr(options, "validate", validate)
-  q = jnp.ones((1, 8, 2, 4))
   probes = {k: _PROBES[k] for k in forwarded}
   if "is_causal" in defaults:
     probes["is_causal"] = not defaults["is_causal"]
   with pytest.raises(_Stop):
-    fn(q, q, q, **required, **probes)
+    fn(q, k, v, **required, **probes)
   missing = [k for k in forwarded if not _same(seen.get(k), probes[k])]
   assert not missing, f"{name} did not forward {missing} unchanged"
+
+
+# ---------------------------------------------------------------------------
+# A call that cannot be traced says why (attnjax._src.static.diagnose), in every function.
+
+
+def _public_attention_functions():
+  import importlib
+
+  functions = {
+    name: getattr(attnjax, name)
+    for name in attnjax.__all__
+    if name.endswith("_attention") and callable(getattr(attnjax, name))
+  }
+  for engine in ("blockwise", "pallas_gpu", "pallas_tpu", "mosaic_gpu"):
+    module = importlib.import_module(f"attnjax.kernels.{engine}")
+    functions[f"{engine}.attention"] = module.attention
+  return functions
+
+
+ATTENTION_FUNCTIONS = _public_attention_functions()
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION_FUNCTIONS))
+def test_a_misspelled_keyword_is_named_with_the_right_one(name):
+  fn = ATTENTION_FUNCTIONS[name]
+  q = jnp.ones((1, 8, 2, 4))
+  signature = str(inspect.signature(fn))
+  wrong, right = ("normaliser", "normalizer")
+  if "normalizer" not in signature and "**" not in signature:  # the recurrent families
+    wrong, right = ("implementations", "implementation")
+  public = name
+  with pytest.raises(TypeError) as info:
+    fn(q, q, q, **{wrong: "softpick"})
+  message = str(info.value)
+  assert f"{public}() got an unexpected keyword argument {wrong!r}" in message, message
+  assert f"(did you mean {right!r}?)" in message, message
+  assert "Error interpreting argument" not in message
+
+
+def test_a_wrongly_typed_argument_names_the_type_expected():
+  q = jnp.ones((1, 8, 2, 4))
+  with pytest.raises(
+    TypeError, match=r"linear_attention\(\): feature_map expects a FeatureMap, got str 'relu'"
+  ):
+    attnjax.linear_attention(q, q, q, feature_map="relu")
+  with pytest.raises(
+    TypeError, match=r"dot_product_attention\(\): query expects an array, got str"
+  ):
+    attnjax.dot_product_attention("q", q, q)
+  with pytest.raises(TypeError, match="normalizer must be a str naming a registered normaliser"):
+    attnjax.dot_product_attention(q, q, q, normalizer=("softmax",))
+  with pytest.raises(TypeError, match="scale must be a Python float or None, got str"):
+    attnjax.dot_product_attention(q, q, q, scale="0.5")
+  # A TypeError of the call itself is left as it is.
+  with pytest.raises(TypeError, match="is_causal is a flag and must be True or False"):
+    attnjax.dot_product_attention(q, q, q, is_causal=1)

@@ -16,6 +16,10 @@ from attnjax._src import patterns
 from attnjax._src.ops.sparse.attention import sparse_attention
 from helpers import assert_close, outputs_and_grads, rand_qkv
 
+# Short calls of the sparse family run its block plans here, as auto-dispatch does from
+# sparse.BLOCKWISE_MIN_LENGTH tokens on (the plans are what these tests check).
+pytestmark = pytest.mark.usefixtures("sparse_block_plans")
+
 
 # ---------------------------------------------------------------------------
 # Brute-force masks, one (i, j) at a time.
@@ -178,19 +182,19 @@ def test_window_layout_is_banded():
 @pytest.mark.parametrize(
   "make,match",
   [
-    (lambda: patterns.strided(0), "strided: stride must be positive, got stride=0"),
-    (lambda: patterns.strided(2.5), "stride must be an int"),
+    (lambda: patterns.strided(0), "strided: stride must be a positive int, got stride=0"),
+    (lambda: patterns.strided(2.5), "stride must be a positive int"),
     (lambda: patterns.fixed(4, 5), "summary=5, stride=4"),
-    (lambda: patterns.fixed(4, 0), "summary must be positive"),
-    (lambda: patterns.sliding_window(-1), "left must be >= 0, got left=-1"),
-    (lambda: patterns.sliding_window(2, -3), "right must be >= 0"),
-    (lambda: patterns.global_window(-1, 2), "num_global must be >= 0"),
+    (lambda: patterns.fixed(4, 0), "summary must be a positive int"),
+    (lambda: patterns.sliding_window(-1), "left must be an int >= 0, got left=-1"),
+    (lambda: patterns.sliding_window(2, -3), "right must be an int >= 0"),
+    (lambda: patterns.global_window(-1, 2), "num_global must be an int >= 0"),
     (lambda: patterns.global_window(1, (2,)), "window must be an int or a"),
-    (lambda: patterns.bigbird(0, 1, 1, 1, 0), "bigbird: block must be positive"),
-    (lambda: patterns.bigbird(4, 1, 1, -2, 0), "num_random must be >= 0"),
-    (lambda: patterns.sinks_window(4, -1), "sinks_window: window must be >= 0"),
+    (lambda: patterns.bigbird(0, 1, 1, 1, 0), "bigbird: block must be a positive int"),
+    (lambda: patterns.bigbird(4, 1, 1, -2, 0), "num_random must be an int >= 0"),
+    (lambda: patterns.sinks_window(4, -1), "sinks_window: window must be an int >= 0"),
     (lambda: patterns.causal() | 3, "takes Pattern objects"),
-    (lambda: patterns.causal().layout(16, block_size=0), "block_size must be positive"),
+    (lambda: patterns.causal().layout(16, block_size=0), "block_size must be a positive int"),
     (lambda: patterns.bigbird(32, 1, 1, 1, 0).mask(16), "block=32 is longer than the sequence"),
   ],
   ids=[
@@ -508,6 +512,10 @@ def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypat
   from attnjax._src.ops.sparse import attention as sparse
 
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", chunk_blocks)
+  monkeypatch.setattr(sparse, "STRIDED_TWO_PASS_MIN_LENGTH", 1)  # the merged factors at T=30
+  calls = []
+  two_pass = sparse._strided_two_pass
+  monkeypatch.setattr(sparse, "_strided_two_pass", lambda *a: calls.append(1) or two_pass(*a))
   q, k, v = qkv(1, 30, 30, 4, 2, 4, seed=4)
   kw = dict(normalizer=normalizer)
   if sink:
@@ -516,3 +524,4 @@ def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypat
   f = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4, **kw)
   ref = lambda q, k, v: dense_with_mask(q, k, v, p, **kw)
   assert_close(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert bool(calls) == (normalizer in ("softmax", "softmax_one")), calls

@@ -303,6 +303,8 @@ class Architecture:
   defaults: ClassVar[dict] = {}
   prefixes: ClassVar[tuple[str, ...]] = ()
   quantizations: ClassVar[tuple[str, ...]] = ()
+  # The output projection's name when the checkpoint stores it tied to the embedding.
+  tied_names: ClassVar[tuple[str, ...]] = ("lm_head.weight",)
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(model_type={self.model_type!r})"
@@ -311,6 +313,12 @@ class Architecture:
     """Checkpoint tensors that are not parameters (buffers older versions saved): skipped."""
     del name
     return False
+
+  def skipped(self, config: dict, name: str) -> bool:
+    """Checkpoint tensors the loader skips for this ``config`` (``ignored`` ones, and e.g.
+    DeepSeek V3's multi-token-prediction layer)."""
+    del config
+    return self.ignored(name)
 
   def check_keys(self, config: dict) -> None:
     """Raises naming every config key neither understood nor known to be inert."""
@@ -640,8 +648,12 @@ class LlamaStyle(Architecture):
 
   # Tensor hooks (names after the prefix; ``pre`` ends with a dot).
 
-  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
-    """The rules of one attention layer ``a`` (its ``AttentionConfig``) at ``path``."""
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    """The rules of one attention layer ``a`` (its ``AttentionConfig``) at ``path``;
+    ``config`` is the checkpoint's ``config.json`` (its quantisation, its RoPE layout)."""
+    del config
     N, K, H, D = a.num_heads, a.kv_heads, a.head_dim_for(d_model), d_model
     rules: dict[Path, Rule] = {}
     for proj, rows in (("q_proj", N * H), ("k_proj", K * H), ("v_proj", K * H)):
@@ -760,7 +772,9 @@ class LlamaStyle(Architecture):
     for i in range(mcfg.num_layers):
       pre, blk = f"layers.{i}.", ("blocks", i)
       rules.update(
-        self.attention_tensors(pre + "self_attn.", blk + ("attention",), mcfg.attention_for(i), D)
+        self.attention_tensors(
+          config, pre + "self_attn.", blk + ("attention",), mcfg.attention_for(i), D
+        )
       )
       for ours, theirs in self.norm_names:
         rules[blk + (ours, "scale")] = Rule((f"{pre}{theirs}.weight",), ((D,),), _same)
@@ -1073,8 +1087,10 @@ class GptOss(LlamaStyle):
       moe_limit=None if c["swiglu_limit"] is None else float(c["swiglu_limit"]),
     )
 
-  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
-    rules = super().attention_tensors(pre, path, a, d_model)
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    rules = super().attention_tensors(config, pre, path, a, d_model)
     if a.sink_logits:
       rules[path + ("sink_logits",)] = Rule((f"{pre}sinks",), ((a.num_heads,),), _same)
     return rules
@@ -1119,6 +1135,735 @@ def _mxfp4_expert_rules(ex: str, path: Path, E: int, D: int, I: int) -> dict[Pat
     path + ("up",): Rule(*gate_up, lambda b, s: _every_other(1)(dequantize_mxfp4(b, s))),
     path + ("down",): Rule(*down, dequantize_mxfp4),
   }
+
+
+# ---------------------------------------------------------------------------
+# Encoders: BERT, RoBERTa, ModernBERT (nn.EncoderLM).
+
+
+def _heads(c: Config, model_type: str, supported: tuple[str, str]) -> bool:
+  """True for the masked-LM head, False for the bare encoder, from ``architectures``."""
+  names = c.raw.get("architectures") or [supported[1]]
+  if not isinstance(names, list) or len(names) != 1 or names[0] not in supported:
+    raise CheckpointError(
+      f"config.json: architectures={names!r} lists a head the loader does not support for "
+      f"model_type={model_type!r} (supported heads: {', '.join(supported)}; an encoder is "
+      f"loaded with its masked-LM head or bare)"
+    )
+  return names[0] == supported[1]
+
+
+def _linear_rules(rules: dict, ours: Path, theirs: str, shape: tuple, bias: bool) -> None:
+  """A ``torch.nn.Linear`` ``[out, in]`` weight (and bias) as our ``[in, out]`` kernel."""
+  rules[ours + ("kernel",)] = Rule((f"{theirs}.weight",), (shape,), _transpose)
+  if bias:
+    rules[ours + ("bias",)] = Rule((f"{theirs}.bias",), ((shape[0],),), _same)
+
+
+def _norm_rules(rules: dict, ours: Path, theirs: str, D: int, bias: bool) -> None:
+  rules[ours + ("scale",)] = Rule((f"{theirs}.weight",), ((D,),), _same)
+  if bias:
+    rules[ours + ("bias",)] = Rule((f"{theirs}.bias",), ((D,),), _same)
+
+
+@register
+class Bert(Architecture):
+  """BERT: learned positions and token types, post-LN blocks, GELU, biases, MLM head or pooler."""
+
+  model_type = "bert"
+  known_as = "BertModel, BertForMaskedLM"
+  summary = (
+    '`nn.EncoderLM`: `norm_placement="post_residual"`, `token_types`, `learned_positions`, '
+    "`embed_norm`, MLM head or pooler"
+  )
+  maps_to = (
+    '`nn.EncoderConfig`: `is_causal=False`, `norm="layer"`, `norm_placement="post_residual"` '
+    "(BERT's post-LN), `embed_norm`, `token_types=type_vocab_size`, "
+    "`learned_positions=max_position_embeddings`, `rope_theta=None`, `mlp=\"gelu\"` with "
+    "biases (`hidden_act`), `qkv_bias`, `out_bias`; `architectures` `BertForMaskedLM` -> "
+    "`mlm_head` (tied, `output_bias`), `BertModel` -> `pooler`"
+  )
+  heads: ClassVar[tuple[str, str]] = ("BertModel", "BertForMaskedLM")
+  understood = frozenset(
+    {
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "hidden_act",
+      "max_position_embeddings",
+      "type_vocab_size",
+      "layer_norm_eps",
+      "position_embedding_type",
+      "is_decoder",
+    }
+  )
+  inert = frozenset({"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"})
+  defaults = dict(
+    hidden_act="gelu",
+    max_position_embeddings=512,
+    type_vocab_size=2,
+    layer_norm_eps=1e-12,
+    pad_token_id=0,
+    tie_word_embeddings=True,
+  )
+  prefixes = ("bert.",)
+  tied_names = ("cls.predictions.decoder.weight",)
+  head_prefix: ClassVar[str] = "cls.predictions."
+
+  def ignored(self, name: str) -> bool:
+    # Buffers older versions saved; the decoder's bias is cls.predictions.bias again.
+    return name.endswith("embeddings.position_ids") or name == "cls.predictions.decoder.bias"
+
+  def layer_types(self, config: dict) -> list[str]:
+    return [FULL] * self.read_config(config).int("num_hidden_layers")
+
+  def positions(self, c: Config) -> dict[str, Any]:
+    """RoBERTa's offset positions (BERT: none)."""
+    del c
+    return {}
+
+  def build(self, config: dict):
+    from attnjax._src import nn
+
+    c = self.read_config(config)
+    mlm = _heads(c, self.model_type, self.heads)
+    if c.flag("is_decoder"):
+      raise CheckpointError(
+        f"config.json: is_decoder=true (a causal {self.model_type}) is not supported; "
+        f"the encoder is loaded"
+      )
+    kind = c.raw.get("position_embedding_type", "absolute")
+    if kind not in (None, "absolute"):
+      raise CheckpointError(
+        f"config.json: position_embedding_type={kind!r} is not supported (supported: absolute)"
+      )
+    D, N = c.int("hidden_size"), c.int("num_attention_heads")
+    if D % N:
+      raise CheckpointError(f"config.json: hidden_size={D} is not divisible by {N} heads")
+    activation = _activation(c, "hidden_act")
+    if activation == "silu":
+      raise CheckpointError(
+        f"config.json: hidden_act='silu' is not supported for {self.model_type} (ungated MLP)"
+      )
+    attention = nn.AttentionConfig(
+      num_heads=N, head_dim=D // N, rope_theta=None, qkv_bias=True, out_bias=True, is_causal=False
+    )
+    return nn.EncoderConfig(
+      vocab_size=c.int("vocab_size"),
+      d_model=D,
+      num_layers=c.int("num_hidden_layers"),
+      attention=attention,
+      mlp="gelu",
+      mlp_dim=c.int("intermediate_size"),
+      mlp_activation=activation,
+      mlp_bias=True,
+      norm="layer",
+      norm_eps=float(c["layer_norm_eps"]),
+      norm_placement="post_residual",
+      tie_embeddings=c.flag("tie_word_embeddings"),
+      learned_positions=c.int("max_position_embeddings"),
+      token_types=c.int("type_vocab_size"),
+      embed_norm=True,
+      mlm_head=mlm,
+      head_activation=activation,
+      pooler=not mlm,
+      pad_token_id=c["pad_token_id"],
+      **self.positions(c),
+    )
+
+  def tensors(self, config: dict, mcfg) -> dict:
+    D, V, I = mcfg.d_model, mcfg.vocab_size, mcfg.hidden_dim
+    rules: dict[Path, Rule] = {
+      ("embed", "embedding"): Rule(("embeddings.word_embeddings.weight",), ((V, D),), _same),
+      ("position_embed", "embedding"): Rule(
+        ("embeddings.position_embeddings.weight",), ((mcfg.learned_positions, D),), _same
+      ),
+      ("token_type_embed", "embedding"): Rule(
+        ("embeddings.token_type_embeddings.weight",), ((mcfg.token_types, D),), _same
+      ),
+    }
+    _norm_rules(rules, ("embed_norm",), "embeddings.LayerNorm", D, True)
+    for i in range(mcfg.num_layers):
+      pre, blk = f"encoder.layer.{i}.", ("blocks", i)
+      for ours, theirs in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+        _linear_rules(
+          rules, blk + ("attention", ours), f"{pre}attention.self.{theirs}", (D, D), True
+        )
+      _linear_rules(
+        rules, blk + ("attention", "o_proj"), f"{pre}attention.output.dense", (D, D), True
+      )
+      _norm_rules(rules, blk + ("attn_post_norm",), f"{pre}attention.output.LayerNorm", D, True)
+      _linear_rules(rules, blk + ("mlp", "up"), f"{pre}intermediate.dense", (I, D), True)
+      _linear_rules(rules, blk + ("mlp", "down"), f"{pre}output.dense", (D, I), True)
+      _norm_rules(rules, blk + ("mlp_post_norm",), f"{pre}output.LayerNorm", D, True)
+    if mcfg.pooler:
+      _linear_rules(rules, ("pooler",), "pooler.dense", (D, D), True)
+    if mcfg.mlm_head:
+      self.head_rules(rules, mcfg)
+    return rules
+
+  def head_rules(self, rules: dict, mcfg) -> None:
+    D, V, h = mcfg.d_model, mcfg.vocab_size, self.head_prefix
+    _linear_rules(rules, ("head_dense",), f"{h}transform.dense", (D, D), True)
+    _norm_rules(rules, ("head_norm",), f"{h}transform.LayerNorm", D, True)
+    rules[("output_bias",)] = Rule((f"{h}bias",), ((V,),), _same)
+    if not mcfg.tie_embeddings:
+      rules[("head", "kernel")] = Rule((f"{h}decoder.weight",), ((V, D),), _transpose)
+
+
+@register
+class Roberta(Bert):
+  """RoBERTa: BERT's encoder; positions offset past ``padding_idx``; its ``lm_head``."""
+
+  model_type = "roberta"
+  known_as = "RobertaModel, RobertaForMaskedLM"
+  summary = "as bert, `position_offset=pad_token_id + 1`"
+  maps_to = (
+    "as bert; positions numbered from `padding_idx + 1` over the tokens that are not "
+    "`pad_token_id` (`position_offset`, padding at `padding_idx`); `lm_head` -> the MLM head"
+  )
+  heads = ("RobertaModel", "RobertaForMaskedLM")
+  defaults = dict(Bert.defaults, pad_token_id=1, layer_norm_eps=1e-12)
+  prefixes = ("roberta.",)
+  tied_names = ("lm_head.decoder.weight",)
+
+  def ignored(self, name: str) -> bool:
+    return name.endswith("embeddings.position_ids") or name == "lm_head.decoder.bias"
+
+  def positions(self, c: Config) -> dict[str, Any]:
+    return dict(position_offset=c.int("pad_token_id") + 1)
+
+  def head_rules(self, rules: dict, mcfg) -> None:
+    D, V = mcfg.d_model, mcfg.vocab_size
+    _linear_rules(rules, ("head_dense",), "lm_head.dense", (D, D), True)
+    _norm_rules(rules, ("head_norm",), "lm_head.layer_norm", D, True)
+    rules[("output_bias",)] = Rule(("lm_head.bias",), ((V,),), _same)
+    if not mcfg.tie_embeddings:
+      rules[("head", "kernel")] = Rule(("lm_head.decoder.weight",), ((V, D),), _transpose)
+
+
+@register
+class ModernBert(Architecture):
+  """ModernBERT: pre-LN, rotary, alternating global and local (sliding-window) layers, GeGLU."""
+
+  model_type = "modernbert"
+  known_as = "ModernBertModel, ModernBertForMaskedLM"
+  summary = (
+    "`nn.EncoderLM`: pre-norm without the first attention norm, `norm_bias`, RoPE per layer "
+    'type, symmetric `window` on the local layers, `mlp="geglu"`, no biases'
+  )
+  maps_to = (
+    '`nn.EncoderConfig`: `is_causal=False`, `norm="layer"` with `norm_bias`, pre-norm, '
+    "`first_attn_norm=False` (layer 0 reads the normed embeddings), `embed_norm`, "
+    "`rope_theta` per layer type (`rope_parameters`, or `global_rope_theta` / "
+    "`local_rope_theta`), `window=local_attention // 2` (both sides) on the "
+    '`sliding_attention` layers (every `global_attn_every_n_layers`-th is global), '
+    '`mlp="geglu"` (the first half of `Wi` is activated), `attention_bias` / `mlp_bias`, '
+    "MLM head (`classifier_bias`, `classifier_activation`, `decoder_bias`)"
+  )
+  heads: ClassVar[tuple[str, str]] = ("ModernBertModel", "ModernBertForMaskedLM")
+  understood = frozenset(
+    {
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "hidden_activation",
+      "norm_eps",
+      "norm_bias",
+      "attention_bias",
+      "mlp_bias",
+      "layer_types",
+      "rope_parameters",
+      "rope_scaling",
+      "global_rope_theta",
+      "local_rope_theta",
+      "local_attention",
+      "global_attn_every_n_layers",
+      "decoder_bias",
+      "classifier_bias",
+      "classifier_activation",
+    }
+  )
+  # Dropouts, initialisation, flash-attention and classifier settings, prediction sparsity
+  # (which positions transformers computes, not their values).
+  inert = frozenset(
+    {
+      "initializer_cutoff_factor",
+      "embedding_dropout",
+      "mlp_dropout",
+      "classifier_dropout",
+      "classifier_pooling",
+      "deterministic_flash_attn",
+      "sparse_prediction",
+      "sparse_pred_ignore_index",
+      "cls_token_id",
+      "reference_compile",
+      "repad_logits_with_grad",
+    }
+  )
+  defaults = dict(
+    hidden_activation="gelu",
+    norm_eps=1e-5,
+    norm_bias=False,
+    attention_bias=False,
+    mlp_bias=False,
+    local_attention=128,
+    global_attn_every_n_layers=3,
+    global_rope_theta=160000.0,
+    local_rope_theta=10000.0,
+    decoder_bias=True,
+    classifier_bias=False,
+    classifier_activation="gelu",
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+    pad_token_id=50283,
+  )
+  prefixes = ("model.",)
+  tied_names = ("decoder.weight",)
+
+  def _layer_types(self, c: Config) -> list[str]:
+    L = c.int("num_hidden_layers")
+    types = c.raw.get("layer_types")
+    if types is None:
+      every = c.int("global_attn_every_n_layers")
+      types = [SLIDING if i % every else FULL for i in range(L)]
+    if not isinstance(types, list) or len(types) != L or any(t not in LAYER_TYPES for t in types):
+      raise CheckpointError(
+        f"config.json: layer_types must list num_hidden_layers={L} entries of "
+        f"{LAYER_TYPES}, got {types!r}"
+      )
+    return list(types)
+
+  def layer_types(self, config: dict) -> list[str]:
+    return self._layer_types(self.read_config(config))
+
+  def _theta(self, c: Config, layer_type: str) -> float:
+    _, params = _rope_dicts(c)
+    own = (params or {}).get(layer_type) or {}
+    default = c["global_rope_theta"] if layer_type == FULL else c["local_rope_theta"]
+    theta, scaling = _rope(c, own, default)
+    if scaling is not None:
+      raise CheckpointError(
+        f"config.json: rope_parameters[{layer_type!r}] scales RoPE; not supported for modernbert"
+      )
+    return theta
+
+  def build(self, config: dict):
+    from attnjax._src import nn
+
+    c = self.read_config(config)
+    mlm = _heads(c, self.model_type, self.heads)
+    if c.raw.get("rope_scaling"):
+      raise CheckpointError("config.json: rope_scaling is not supported for modernbert")
+    D, N = c.int("hidden_size"), c.int("num_attention_heads")
+    if D % N:
+      raise CheckpointError(f"config.json: hidden_size={D} is not divisible by {N} heads")
+    bias = c.flag("attention_bias")
+    window = c.int("local_attention") // 2
+    layers = []
+    for layer_type in self._layer_types(c):
+      layers.append(
+        nn.AttentionConfig(
+          num_heads=N,
+          head_dim=D // N,
+          rope_theta=self._theta(c, layer_type),
+          qkv_bias=bias,
+          out_bias=bias,
+          is_causal=False,
+          window=window if layer_type == SLIDING else None,
+        )
+      )
+    same = all(a == layers[0] for a in layers)
+    return nn.EncoderConfig(
+      vocab_size=c.int("vocab_size"),
+      d_model=D,
+      num_layers=len(layers),
+      attention=layers[0],
+      layer_attention=None if same else tuple(layers),
+      mlp="geglu",
+      mlp_dim=c.int("intermediate_size"),
+      mlp_activation=_activation(c, "hidden_activation"),
+      mlp_bias=c.flag("mlp_bias"),
+      norm="layer",
+      norm_eps=float(c["norm_eps"]),
+      norm_bias=c.flag("norm_bias"),
+      norm_placement="pre",
+      first_attn_norm=False,
+      tie_embeddings=c.flag("tie_word_embeddings"),
+      token_types=None,
+      embed_norm=True,
+      mlm_head=mlm,
+      head_activation=_activation(c, "classifier_activation"),
+      head_bias=c.flag("classifier_bias"),
+      output_bias=c.flag("decoder_bias"),
+      pad_token_id=c["pad_token_id"],
+    )
+
+  def tensors(self, config: dict, mcfg) -> dict:
+    D, V, I, nb = mcfg.d_model, mcfg.vocab_size, mcfg.hidden_dim, mcfg.norm_bias
+    rules: dict[Path, Rule] = {
+      ("embed", "embedding"): Rule(("embeddings.tok_embeddings.weight",), ((V, D),), _same)
+    }
+    _norm_rules(rules, ("embed_norm",), "embeddings.norm", D, nb)
+    _norm_rules(rules, ("final_norm",), "final_norm", D, nb)
+    for i in range(mcfg.num_layers):
+      pre, blk = f"layers.{i}.", ("blocks", i)
+      a = mcfg.attention_for(i)
+      for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        # Wqkv's rows are q, k, v, each [N * H] (heads major), as ours.
+        rows = slice(j * D, (j + 1) * D)
+        rules[blk + ("attention", proj, "kernel")] = Rule(
+          (f"{pre}attn.Wqkv.weight",), ((3 * D, D),), lambda x, r=rows: _transpose(x[r])
+        )
+        if a.qkv_bias:
+          rules[blk + ("attention", proj, "bias")] = Rule(
+            (f"{pre}attn.Wqkv.bias",), ((3 * D,),), lambda x, r=rows: np.ascontiguousarray(x[r])
+          )
+      _linear_rules(rules, blk + ("attention", "o_proj"), f"{pre}attn.Wo", (D, D), a.out_bias)
+      if i > 0 or mcfg.first_attn_norm:
+        _norm_rules(rules, blk + ("attn_norm",), f"{pre}attn_norm", D, nb)
+      _norm_rules(rules, blk + ("mlp_norm",), f"{pre}mlp_norm", D, nb)
+      # Wi's rows: the activated half (our gate), then the linear half (our up).
+      for j, ours in enumerate(("gate", "up")):
+        rows = slice(j * I, (j + 1) * I)
+        rules[blk + ("mlp", ours, "kernel")] = Rule(
+          (f"{pre}mlp.Wi.weight",), ((2 * I, D),), lambda x, r=rows: _transpose(x[r])
+        )
+        if mcfg.mlp_bias:
+          rules[blk + ("mlp", ours, "bias")] = Rule(
+            (f"{pre}mlp.Wi.bias",), ((2 * I,),), lambda x, r=rows: np.ascontiguousarray(x[r])
+          )
+      _linear_rules(rules, blk + ("mlp", "down"), f"{pre}mlp.Wo", (D, I), mcfg.mlp_bias)
+    if mcfg.mlm_head:
+      _linear_rules(rules, ("head_dense",), "head.dense", (D, D), mcfg.head_bias)
+      _norm_rules(rules, ("head_norm",), "head.norm", D, nb)
+      if mcfg.output_bias:
+        rules[("output_bias",)] = Rule(("decoder.bias",), ((V,),), _same)
+      if not mcfg.tie_embeddings:
+        rules[("head", "kernel")] = Rule(("decoder.weight",), ((V, D),), _transpose)
+    return rules
+
+
+# DeepSeek V2 / V3: multi-head latent attention and routed experts.
+
+FP8_BLOCK = (128, 128)
+
+
+def dequantize_fp8_blocks(w: np.ndarray, scale_inv: np.ndarray, block=FP8_BLOCK) -> np.ndarray:
+  """DeepSeek V3's FP8 weights: ``w [out, in]`` (float8 e4m3) times the scale of its
+  ``block`` (``weight_scale_inv [ceil(out / 128), ceil(in / 128)]``), as float32."""
+  out, cols = w.shape
+  rows, blocks = -(-out // block[0]), -(-cols // block[1])
+  if tuple(scale_inv.shape) != (rows, blocks):
+    raise CheckpointError(
+      f"weight_scale_inv of shape {tuple(scale_inv.shape)} does not tile a weight of shape "
+      f"{(out, cols)} in blocks of {tuple(block)} (expected {(rows, blocks)})"
+    )
+  scale = np.repeat(np.repeat(np.asarray(scale_inv, np.float32), block[0], 0), block[1], 1)
+  return np.asarray(w, np.float32) * scale[:out, :cols]
+
+
+def _rope_rows(order: np.ndarray, head: int, d_nope: int, d_rope: int):
+  """A converter permuting, in each ``head``-row group, the last ``d_rope`` rows by ``order``
+  (a weight ``[heads * head, in]``: the rope part's output columns)."""
+
+  def convert(x):
+    x = np.asarray(x)
+    rows = np.arange(x.shape[0]).reshape(-1, head)
+    rows[:, d_nope:] = rows[:, d_nope:][:, order]
+    return x[rows.reshape(-1)]
+
+  return convert
+
+
+def _then(first, second):
+  return lambda *a: second(first(*a))
+
+
+@register
+class DeepseekV3(LlamaStyle):
+  """DeepSeek V3 / R1: MLA (``q_lora_rank``), sigmoid routing with a choice bias, FP8."""
+
+  model_type = "deepseek_v3"
+  known_as = "DeepSeek V3, R1"
+  summary = (
+    '`family="mla"`, `mlp="moe"` (sigmoid router, groups, shared experts, first dense '
+    "layers), FP8 blocks dequantised, MTP layer skipped"
+  )
+  maps_to = (
+    '`family="mla"` (`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, '
+    "`qk_rope_head_dim`, `v_head_dim`; interleaved RoPE as a permutation of the rope "
+    "columns at load; YaRN `mscale_all_dim` in the logit scale), `mlp=\"moe\"` with "
+    '`moe_experts="swiglu"`, `moe_router="sigmoid"`, `moe_score_bias` '
+    "(`e_score_correction_bias`), `moe_groups`/`moe_group_topk`, `moe_normalize`, "
+    "`moe_scale`, `moe_shared_dim`, `moe_first_dense` (`first_k_dense_replace`); FP8 "
+    "128x128 blocks (`weight_scale_inv`) dequantised; the MTP layer skipped"
+  )
+  understood = LlamaStyle.understood | {
+    "attention_bias",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "qk_head_dim",
+    "moe_intermediate_size",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "n_group",
+    "topk_group",
+    "n_shared_experts",
+    "routed_scaling_factor",
+    "norm_topk_prob",
+    "first_k_dense_replace",
+    "rope_interleave",
+    "num_nextn_predict_layers",
+    "topk_method",
+    "scoring_func",
+    "moe_layer_freq",
+    "ep_size",
+    "mlp_bias",
+  }
+  inert = frozenset({"pretraining_tp", "output_router_logits", "aux_loss_alpha", "seq_aux"})
+  defaults = dict(
+    LlamaStyle.defaults,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    n_group=8,
+    topk_group=4,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    first_k_dense_replace=3,
+    rope_interleave=True,
+    num_nextn_predict_layers=0,
+    moe_layer_freq=1,
+  )
+  quantizations = ("fp8",)
+  router = "sigmoid"
+  experts_key = "n_routed_experts"
+
+  def skipped(self, config: dict, name: str) -> bool:
+    # The multi-token-prediction layers follow the decoder's: transformers never reads them.
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+      return int(parts[1]) >= int(config.get("num_hidden_layers", 0)) or self.ignored(name)
+    return self.ignored(name)
+
+  def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
+    return c.int("qk_nope_head_dim") + c.int("qk_rope_head_dim")
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+      value = c[key]
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"config.json: {key} must be a positive int, got {value!r}")
+    if c.int("qk_rope_head_dim") % 2:
+      raise CheckpointError(
+        f"config.json: qk_rope_head_dim={c['qk_rope_head_dim']} must be even (RoPE pairs)"
+      )
+    q_lora = c["q_lora_rank"]
+    return dict(
+      family="mla",
+      q_lora_rank=None if q_lora is None else c.int("q_lora_rank"),
+      kv_lora_rank=c.int("kv_lora_rank"),
+      qk_nope_head_dim=c.int("qk_nope_head_dim"),
+      qk_rope_head_dim=c.int("qk_rope_head_dim"),
+      v_head_dim=c.int("v_head_dim"),
+    )
+
+  def mlp(self, c: Config) -> dict[str, Any]:
+    if _activation(c, self.activation_key) != "silu":
+      raise CheckpointError(
+        f"config.json: hidden_act={c['hidden_act']!r}: DeepSeek's MLPs are SwiGLU"
+      )
+    if c.raw.get("mlp_bias"):
+      raise CheckpointError("config.json: mlp_bias=true (biased DeepSeek MLPs) is not supported")
+    if c["moe_layer_freq"] not in (None, 1):
+      raise CheckpointError(f"config.json: moe_layer_freq={c['moe_layer_freq']} is not supported")
+    E, shared = c.int(self.experts_key), c["n_shared_experts"]
+    return dict(
+      mlp="moe",
+      mlp_dim=c.int("moe_intermediate_size"),
+      dense_mlp_dim=c.int("intermediate_size"),
+      num_experts=E,
+      experts_per_token=c.int("num_experts_per_tok"),
+      moe_experts="swiglu",
+      moe_router_bias=False,
+      moe_shared_dim=None if not shared else shared * c.int("moe_intermediate_size"),
+      moe_first_dense=c.int("first_k_dense_replace"),
+      **self.router_options(c, E),
+    )
+
+  def router_options(self, c: Config, E: int) -> dict[str, Any]:
+    return dict(
+      moe_router="sigmoid",
+      moe_score_bias=True,
+      moe_groups=c.int("n_group"),
+      moe_group_topk=c.int("topk_group"),
+      moe_normalize=c.flag("norm_topk_prob"),
+      moe_scale=float(c["routed_scaling_factor"]),
+    )
+
+  def layer_types(self, config: dict) -> list[str]:
+    return [FULL] * self.read_config(config).int("num_hidden_layers")
+
+  def interleaved(self, config: dict) -> bool:
+    return bool(self.read_config(config)["rope_interleave"])
+
+  def _fp8(self, config: dict) -> bool:
+    return self.quant_method(config) == "fp8"
+
+  def _linear(self, config: dict, name: str, shape: tuple, then=None) -> Rule:
+    """A ``[out, in]`` weight as our ``[in, out]`` kernel; FP8 blocks dequantised first."""
+    after = _transpose if then is None else _then(then, _transpose)
+    if not self._fp8(config):
+      return Rule((name,), (shape,), after)
+    block = tuple((config.get("quantization_config") or {}).get("weight_block_size") or FP8_BLOCK)
+    scale = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    dequant = lambda w, s: dequantize_fp8_blocks(w, s, block)
+    return Rule((name, name + "_scale_inv"), (shape, scale), _then(dequant, after))
+
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    D, N = d_model, a.num_heads
+    R, d_n, d_r, d_v = a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+    order = np.arange(d_r)
+    if self.interleaved(config):
+      from attnjax._src.nn.mla_spec import interleave_permutation
+
+      order = interleave_permutation(d_r)
+    q_rows = _rope_rows(order, d_n + d_r, d_n, d_r)
+    kv_rows = _rope_rows(order, R + d_r, R, d_r)
+    rules: dict[Path, Rule] = {}
+    if a.q_lora_rank is None:
+      rules[path + ("q_proj", "kernel")] = self._linear(
+        config, f"{pre}q_proj.weight", (N * (d_n + d_r), D), q_rows
+      )
+    else:
+      r = a.q_lora_rank
+      rules[path + ("q_a_proj", "kernel")] = self._linear(config, f"{pre}q_a_proj.weight", (r, D))
+      rules[path + ("q_a_norm", "scale")] = Rule((f"{pre}q_a_layernorm.weight",), ((r,),), _same)
+      rules[path + ("q_b_proj", "kernel")] = self._linear(
+        config, f"{pre}q_b_proj.weight", (N * (d_n + d_r), r), q_rows
+      )
+      if a.qkv_bias:
+        rules[path + ("q_a_proj", "bias")] = Rule((f"{pre}q_a_proj.bias",), ((r,),), _same)
+    rules[path + ("kv_a_proj", "kernel")] = self._linear(
+      config, f"{pre}kv_a_proj_with_mqa.weight", (R + d_r, D), kv_rows
+    )
+    if a.qkv_bias:
+      rules[path + ("kv_a_proj", "bias")] = Rule(
+        (f"{pre}kv_a_proj_with_mqa.bias",), ((R + d_r,),), kv_rows
+      )
+    rules[path + ("kv_a_norm", "scale")] = Rule((f"{pre}kv_a_layernorm.weight",), ((R,),), _same)
+    rules[path + ("kv_b_proj", "kernel")] = self._linear(
+      config, f"{pre}kv_b_proj.weight", (N * (d_n + d_v), R)
+    )
+    rules[path + ("o_proj", "kernel")] = self._linear(config, f"{pre}o_proj.weight", (D, N * d_v))
+    if a.out_bias:
+      rules[path + ("o_proj", "bias")] = Rule((f"{pre}o_proj.bias",), ((D,),), _same)
+    if a.sink_logits:
+      rules[path + ("sink_logits",)] = Rule((f"{pre}sinks",), ((N,),), _same)
+    return rules
+
+  def mlp_tensors(self, config: dict, pre: str, path: Path, mcfg) -> dict[Path, Rule]:
+    layer = int(pre.split(".")[1])
+    D = mcfg.d_model
+    rules: dict[Path, Rule] = {}
+
+    def swiglu(prefix: str, at: Path, I: int) -> None:
+      for proj, ours, shape in (
+        ("gate_proj", "gate", (I, D)),
+        ("up_proj", "up", (I, D)),
+        ("down_proj", "down", (D, I)),
+      ):
+        rules[at + (ours, "kernel")] = self._linear(config, f"{prefix}{proj}.weight", shape)
+
+    if layer < mcfg.moe_first_dense:
+      swiglu(pre, path, mcfg.dense_mlp_dim or mcfg.hidden_dim)
+      return rules
+    E, I = mcfg.num_experts, mcfg.hidden_dim
+    rules[path + ("router", "kernel")] = Rule((f"{pre}gate.weight",), ((E, D),), _transpose)
+    if mcfg.moe_score_bias:
+      rules[path + ("score_bias",)] = Rule(
+        (f"{pre}gate.e_score_correction_bias",), ((E,),), lambda b: np.asarray(b, np.float32)
+      )
+    for ours, proj, shape in (
+      ("gate", "gate_proj", (I, D)),
+      ("up", "up_proj", (I, D)),
+      ("down", "down_proj", (D, I)),
+    ):
+      # One rule per expert, stacked into [E, in, out]: sources in expert order.
+      each = [self._linear(config, f"{pre}experts.{e}.{proj}.weight", shape) for e in range(E)]
+      per = len(each[0].sources)
+      rules[path + (ours,)] = Rule(
+        tuple(src for r in each for src in r.sources),
+        tuple(sh for r in each for sh in r.shapes),
+        lambda *xs, convert=each[0].convert, per=per: np.stack(
+          [convert(*xs[i : i + per]) for i in range(0, len(xs), per)]
+        ),
+      )
+    if mcfg.moe_shared_dim is not None:
+      swiglu(f"{pre}shared_experts.", path + ("shared",), mcfg.moe_shared_dim)
+    return rules
+
+
+@register
+class DeepseekV2(DeepseekV3):
+  """DeepSeek V2: MLA with the complex RoPE form, softmax routing, no renormalisation."""
+
+  model_type = "deepseek_v2"
+  known_as = "DeepSeek V2, V2-Lite"
+  summary = (
+    '`family="mla"`, `mlp="moe"` (softmax router, greedy or group-limited, shared '
+    "experts, first dense layers)"
+  )
+  maps_to = (
+    '`family="mla"` as deepseek_v3 (the complex RoPE form as a permutation of the rope '
+    'columns at load), `mlp="moe"` with `moe_router="softmax"` (`greedy`, or '
+    "`group_limited_greedy` by group maxima: `moe_groups`/`moe_group_topk`), no "
+    "renormalisation, `moe_scale`, `moe_shared_dim`, `moe_first_dense`"
+  )
+  understood = DeepseekV3.understood - {"rope_interleave", "norm_topk_prob"}
+  # transformers' DeepSeek V2 never renormalises (norm_topk_prob).
+  inert = DeepseekV3.inert | {"norm_topk_prob"}
+  defaults = dict(
+    DeepseekV3.defaults,
+    q_lora_rank=None,
+    topk_method="greedy",
+    n_group=None,
+    topk_group=None,
+    n_shared_experts=None,
+    routed_scaling_factor=1.0,
+    first_k_dense_replace=0,
+  )
+  quantizations = ()
+
+  def interleaved(self, config: dict) -> bool:
+    return True  # the complex form pairs adjacent dimensions
+
+  def router_options(self, c: Config, E: int) -> dict[str, Any]:
+    method = c["topk_method"]
+    if method not in ("greedy", "group_limited_greedy"):
+      raise CheckpointError(
+        f"config.json: topk_method={method!r} is not supported (greedy, group_limited_greedy)"
+      )
+    grouped = method == "group_limited_greedy"
+    return dict(
+      moe_router="softmax",
+      moe_groups=c.int("n_group") if grouped else 1,
+      moe_group_topk=c.int("topk_group") if grouped else None,
+      moe_scale=float(c["routed_scaling_factor"]),
+    )
 
 
 # ---------------------------------------------------------------------------

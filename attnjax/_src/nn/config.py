@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Optional
 
-from attnjax._src import checks as _checks, deprecation as _deprecation
+from attnjax._src import validators, deprecation as _deprecation
 from attnjax._src.nn import rope as rope_lib
 from attnjax._src.nn import specs
 from attnjax._src.nn.specs import check_int, check_type
@@ -32,7 +32,9 @@ MLP_ACTIVATIONS = {
   "swiglu": ("silu",),
 }
 NORMS = ("rms", "layer", "rms_plus_one")
-NORM_PLACEMENTS = ("pre", "sandwich", "post")
+MOE_EXPERTS = ("gpt_oss", "swiglu")
+MOE_ROUTERS = ("topk_softmax", "softmax", "sigmoid")
+NORM_PLACEMENTS = ("pre", "sandwich", "post", "post_residual")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # The common fields of every layer, in order.
@@ -106,7 +108,7 @@ def _build_spec(
     family, cls = spec.family, type(spec)
   else:
     family = "dense" if family is None else family
-    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    validators.check_choice("family", family, tuple(specs.FAMILY_SPECS))
     cls = specs.FAMILY_SPECS[family]
   own = _spec_fields(cls)
   # A field's old name (QKNormSpec's qk_scale, now scale) warns once and means the new one.
@@ -233,8 +235,8 @@ class AttentionConfig:
     check_int("head_dim", self.head_dim, allow_none=True)
     if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
-    _checks.check_positive_float("rope_theta", self.rope_theta)
-    _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
+    validators.check_positive_float("rope_theta", self.rope_theta)
+    validators.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
     for name in ("is_causal", "sow_weights", "qkv_bias", "out_bias"):
       check_type(name, getattr(self, name), bool, "a bool")
     if self.rope_scaling is not None and self.rope_theta is None:
@@ -263,6 +265,9 @@ class AttentionConfig:
 
   def head_dim_for(self, d_model: int) -> int:
     """H for a model of width ``d_model``; checks it divides."""
+    fixed = self.spec.fixed_head_dim()
+    if fixed is not None:
+      return fixed
     if self.head_dim is not None:
       return self.head_dim
     if d_model % self.num_heads:
@@ -295,7 +300,7 @@ class AttentionConfig:
     """
     d = dict(d)
     family = d.pop("family", "dense")
-    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    validators.check_choice("family", family, tuple(specs.FAMILY_SPECS))
     # A record written before a field's rename stores its old name: read it silently (the
     # run directory is data the user cannot update, not code that should change).
     for old, new in getattr(specs.FAMILY_SPECS[family], "renamed_fields", {}).items():
@@ -351,7 +356,9 @@ class ModelConfig:
     param_dtype: parameter dtype name.
     remat: rematerialise each block in the backward pass (``nnx.remat``).
     norm_placement: ``"pre"`` (``h + f(norm(h))``), ``"sandwich"`` (``h +
-      norm'(f(norm(h)))``, Gemma 2/3) or ``"post"`` (``h + norm'(f(h))``, OLMo 2),
+      norm'(f(norm(h)))``, Gemma 2/3), ``"post"`` (``h + norm'(f(h))``, OLMo 2) or
+      ``"post_residual"`` (``norm'(h + f(h))``, the original Transformer's and
+      BERT's post-LN; the last block's output is the features, no final norm),
       for the attention and the MLP alike.
     mlp_activation: the MLP's activation, None = the kind's (``"gelu_tanh"`` for
       ``"gelu"`` and ``"geglu"``, ``"silu"`` for ``"swiglu"``); ``"gelu"`` and
@@ -361,11 +368,35 @@ class ModelConfig:
     experts_per_token: experts each token is routed to (``mlp="moe"``).
     moe_alpha: sigmoid slope of the experts' SwiGLU (``mlp="moe"``; gpt-oss 1.702).
     moe_limit: clip of the experts' gate and up projections (None = none; gpt-oss 7).
+    moe_experts: the experts: ``"gpt_oss"`` (clamped SwiGLU with biases, ``moe_alpha``,
+      ``moe_limit``) or ``"swiglu"`` (``down(silu(gate x) * up x)``, no biases; DeepSeek).
+    moe_router: how routing weights are made: ``"topk_softmax"`` (softmax over the top-k
+      logits; gpt-oss), ``"softmax"`` (softmax over every expert, then the top k; DeepSeek
+      V2) or ``"sigmoid"`` (sigmoid scores, chosen with ``moe_score_bias``; DeepSeek V3).
+    moe_router_bias: the router's projection has a bias (gpt-oss).
+    moe_groups: expert groups; only the ``moe_group_topk`` best groups are eligible (group
+      score: the sum of its two best scores under ``"sigmoid"``, its best otherwise).
+    moe_group_topk: groups kept (None = every group).
+    moe_score_bias: a learned per-expert bias added to the scores for the choice only
+      (DeepSeek V3's ``e_score_correction_bias``); the weights stay the unbiased scores.
+    moe_normalize: the chosen weights are divided by their sum (``norm_topk_prob``).
+    moe_scale: the routed weights' multiplier (``routed_scaling_factor``).
+    moe_shared_dim: hidden width of the shared experts added to every token (one SwiGLU
+      MLP), or None.
+    moe_first_dense: the first layers have a dense MLP instead (``first_k_dense_replace``).
+    dense_mlp_dim: those layers' hidden width (None = ``mlp_dim``).
     learned_positions: number of learned absolute position embeddings added to
       the token embeddings (GPT-2's ``n_positions``); None = none.
     embed_scale: multiplier of the token embeddings, cast to ``param_dtype``
       first (Gemma: ``sqrt(D)``); None = none.
     final_softcap: ``c`` of ``c tanh(logits / c)`` on the output logits (Gemma 2); None = none.
+    norm_bias: LayerNorm's bias (``norm="layer"``); False as ModernBERT's ``norm_bias``.
+    token_types: number of learned token-type (segment) embeddings added to the
+      token embeddings (BERT's ``type_vocab_size``); None = none.
+    embed_norm: a norm of the summed embeddings before the first block (BERT,
+      ModernBERT).
+    first_attn_norm: the first block has its attention norm (``"pre"`` and
+      ``"sandwich"``); False as ModernBERT, whose embeddings are already normed.
   """
 
   vocab_size: int = 256
@@ -388,9 +419,24 @@ class ModelConfig:
   experts_per_token: Optional[int] = None
   moe_alpha: float = 1.702
   moe_limit: Optional[float] = 7.0
+  moe_experts: str = "gpt_oss"
+  moe_router: str = "topk_softmax"
+  moe_router_bias: bool = True
+  moe_groups: int = 1
+  moe_group_topk: Optional[int] = None
+  moe_score_bias: bool = False
+  moe_normalize: bool = False
+  moe_scale: float = 1.0
+  moe_shared_dim: Optional[int] = None
+  moe_first_dense: int = 0
+  dense_mlp_dim: Optional[int] = None
   learned_positions: Optional[int] = None
   embed_scale: Optional[float] = None
   final_softcap: Optional[float] = None
+  norm_bias: bool = True
+  token_types: Optional[int] = None
+  embed_norm: bool = False
+  first_attn_norm: bool = True
 
   def __post_init__(self):
     check_int("vocab_size", self.vocab_size)
@@ -414,14 +460,21 @@ class ModelConfig:
           )
     for i in range(self.num_layers):
       self.attention_for(i).head_dim_for(self.d_model)
-    _checks.check_choice("mlp", self.mlp, MLPS)
-    _checks.check_choice("norm", self.norm, NORMS)
-    _checks.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
-    _checks.check_choice("dtype", self.dtype, DTYPES)
-    _checks.check_choice("param_dtype", self.param_dtype, DTYPES)
-    for name in ("tie_embeddings", "remat", "mlp_bias"):
+    validators.check_choice("mlp", self.mlp, MLPS)
+    validators.check_choice("norm", self.norm, NORMS)
+    validators.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
+    validators.check_choice("dtype", self.dtype, DTYPES)
+    validators.check_choice("param_dtype", self.param_dtype, DTYPES)
+    for name in (
+      "tie_embeddings",
+      "remat",
+      "mlp_bias",
+      "norm_bias",
+      "embed_norm",
+      "first_attn_norm",
+    ):
       check_type(name, getattr(self, name), bool, "a bool")
-    _checks.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+    validators.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
     if self.mlp_activation is not None:
       allowed = MLP_ACTIVATIONS.get(self.mlp, ())
       if self.mlp_activation not in allowed:
@@ -430,8 +483,11 @@ class ModelConfig:
           f"mlp={self.mlp!r} (it takes: {allowed or 'none'})"
         )
     check_int("learned_positions", self.learned_positions, allow_none=True)
-    _checks.check_positive_float("embed_scale", self.embed_scale)
-    _checks.check_positive_float("final_softcap", self.final_softcap)
+    check_int("token_types", self.token_types, allow_none=True)
+    if not self.norm_bias and self.norm != "layer":
+      raise ValueError(f"norm_bias=False applies to norm='layer' only, got norm={self.norm!r}")
+    validators.check_positive_float("embed_scale", self.embed_scale)
+    validators.check_positive_float("final_softcap", self.final_softcap)
     if self.mlp == "moe":
       check_int("num_experts", self.num_experts)
       check_int("experts_per_token", self.experts_per_token)
@@ -439,8 +495,24 @@ class ModelConfig:
         raise ValueError(
           f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}"
         )
-      _checks.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
-      _checks.check_positive_float("moe_limit", self.moe_limit)
+      validators.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
+      validators.check_positive_float("moe_limit", self.moe_limit)
+      validators.check_choice("moe_experts", self.moe_experts, MOE_EXPERTS)
+      validators.check_choice("moe_router", self.moe_router, MOE_ROUTERS)
+      check_int("moe_groups", self.moe_groups)
+      check_int("moe_group_topk", self.moe_group_topk, allow_none=True)
+      if self.num_experts % self.moe_groups:
+        raise ValueError(f"moe_groups={self.moe_groups} must divide num_experts={self.num_experts}")
+      if self.moe_group_topk is not None and self.moe_group_topk > self.moe_groups:
+        raise ValueError(
+          f"moe_group_topk={self.moe_group_topk} exceeds moe_groups={self.moe_groups}"
+        )
+      validators.check_positive_float("moe_scale", self.moe_scale, allow_none=False)
+      check_int("moe_shared_dim", self.moe_shared_dim, allow_none=True)
+      check_int("moe_first_dense", self.moe_first_dense, minimum=0)
+      check_int("dense_mlp_dim", self.dense_mlp_dim, allow_none=True)
+      for name in ("moe_router_bias", "moe_score_bias", "moe_normalize"):
+        check_type(name, getattr(self, name), bool, "a bool")
     elif self.num_experts is not None or self.experts_per_token is not None:
       raise ValueError(
         f"num_experts={self.num_experts}, experts_per_token="
@@ -482,3 +554,72 @@ class ModelConfig:
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
+
+
+HEAD_ACTIVATIONS = ("gelu_exact", "gelu_tanh", "silu")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig(ModelConfig):
+  """A bidirectional encoder LM (BERT, RoBERTa, ModernBERT): a :class:`ModelConfig` whose
+  every layer has ``is_causal=False``, with a masked-LM head.
+
+  The defaults are BERT's choices at attnjax's small size: post-LN
+  (``norm_placement="post_residual"``), LayerNorm, a norm of the embeddings, two
+  token types, GELU (erf) and biases; positions are RoPE (the attention default)
+  unless ``learned_positions`` is set and ``rope_theta=None``.
+
+  Attributes:
+    mlm_head: the masked-LM head: ``norm(act(dense(h)))``, then the tied (or
+      ``head``) output projection plus ``output_bias``. False: the encoder alone
+      (``BertModel``), whose call returns the features ``[B, T, D]``.
+    head_activation: the head's activation (``"gelu_exact"``, ``"gelu_tanh"``, ``"silu"``).
+    head_bias: the head's dense layer has a bias (ModernBERT's ``classifier_bias``).
+    output_bias: a bias ``[V]`` on the output logits (BERT's ``cls.predictions.bias``).
+    pooler: BERT's pooler, ``tanh(dense(h[:, 0]))``, read by :meth:`EncoderLM.pooled`.
+    pad_token_id: the padding token (RoBERTa's positions skip it); None = none.
+    position_offset: None: positions ``0..T-1`` (BERT). An int: RoBERTa's
+      positions, which number the tokens that are not ``pad_token_id`` from
+      ``position_offset`` (its ``padding_idx + 1``) and put padding at
+      ``position_offset - 1``.
+  """
+
+  attention: AttentionConfig = AttentionConfig(is_causal=False)
+  mlp_activation: Optional[str] = "gelu_exact"
+  mlp_bias: bool = True
+  norm: str = "layer"
+  norm_eps: float = 1e-12
+  norm_placement: str = "post_residual"
+  token_types: Optional[int] = 2
+  embed_norm: bool = True
+  mlm_head: bool = True
+  head_activation: str = "gelu_exact"
+  head_bias: bool = True
+  output_bias: bool = True
+  pooler: bool = False
+  pad_token_id: Optional[int] = None
+  position_offset: Optional[int] = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    for i in range(self.num_layers):
+      a = self.attention_for(i)
+      if a.is_causal:
+        where = "attention" if self.layer_attention is None else f"layer_attention[{i}]"
+        raise ValueError(
+          f"{where} has is_causal=True: every layer of an EncoderConfig is bidirectional "
+          f"(AttentionConfig(is_causal=False, ...))"
+        )
+    for name in ("mlm_head", "head_bias", "output_bias", "pooler"):
+      check_type(name, getattr(self, name), bool, "a bool")
+    validators.check_choice("head_activation", self.head_activation, HEAD_ACTIVATIONS)
+    check_int("pad_token_id", self.pad_token_id, allow_none=True, minimum=0)
+    check_int("position_offset", self.position_offset, allow_none=True, minimum=1)
+    if self.position_offset is not None:
+      if self.pad_token_id is None:
+        raise ValueError(
+          f"position_offset={self.position_offset} needs pad_token_id (RoBERTa's positions "
+          f"skip the padding tokens)"
+        )
+      if self.learned_positions is None:
+        raise ValueError(f"position_offset={self.position_offset} needs learned_positions")

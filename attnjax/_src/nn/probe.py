@@ -16,6 +16,7 @@ from attnjax._src import stats as stats_lib
 from attnjax._src.deprecation import warn_once
 from attnjax._src.attention_stats import AttentionStats
 from attnjax._src.nn import intermediates
+from attnjax._src.nn.encoder import EncoderLM
 from attnjax._src.nn.transformer import TransformerLM, _sown_stats
 from attnjax._src.stats.inputs import check_probability, shape_of, stats_layers
 from attnjax._src.stats.capture import ProbeCapture, capture_statistics
@@ -52,10 +53,9 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     weights: also collect the attention weights ``[B, N, T, S]`` per layer.
 
   Returns:
-    An ``attnjax.stats.ProbeCapture``.
-
-  Raises:
-    ValueError: when layers differ in their head layout (N, K, H).
+    An ``attnjax.stats.ProbeCapture``; its q, k and v are tuples of per-layer arrays
+    where layers differ in their head layout (N, K, H), e.g. an MLA layer (``N`` key
+    heads of ``d_n + d_r``) beside GQA layers.
   """
 
   def forward(m, t):
@@ -73,10 +73,13 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     stats.append(layer.get("attention/attention_stats", AttentionStats()))
     if weights:
       ws.append(layer["attention/weights"])
-    q = jnp.reshape(layer["attention/q_proj/__call__"], (B, T, N, H))
-    k = jnp.reshape(layer["attention/k_proj/__call__"], (B, T, K, H))
-    v = jnp.reshape(layer["attention/v_proj/__call__"], (B, T, K, -1))
-    q, k = attention.compared_qk(q, k)
+    if "attention/compared_q" in layer:  # a family that projects otherwise sows them (MLA)
+      q, k, v = (layer[f"attention/compared_{x}"] for x in "qkv")
+    else:
+      q = jnp.reshape(layer["attention/q_proj/__call__"], (B, T, N, H))
+      k = jnp.reshape(layer["attention/k_proj/__call__"], (B, T, K, H))
+      v = jnp.reshape(layer["attention/v_proj/__call__"], (B, T, K, -1))
+      q, k = attention.compared_qk(q, k)
     qs.append(q.astype(jnp.float32))
     ks.append(k.astype(jnp.float32))
     vs.append(v.astype(jnp.float32))
@@ -85,11 +88,8 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     gates.append(jnp.full((B, N), jnp.nan, jnp.float32) if gate is None else gate)
     nulls.append(attention.config.spec.has_null_column())
     masks.append(attention.allowed_mask(T))
-  if len({q.shape for q in qs}) > 1 or len({k.shape for k in ks}) > 1:
-    raise ValueError(
-      "probe needs the same head layout in every layer (N, K, H); got "
-      f"q shapes {[q.shape for q in qs]}, k shapes {[k.shape for k in ks]}"
-    )
+  same_layout = all(len({x.shape for x in xs}) == 1 for xs in (qs, ks, vs))
+  layers = jnp.stack if same_layout else tuple
   # Layers with a k/v bias slot have one more key: pad the others with zero
   # weights and disallowed columns.
   S = max([w.shape[-1] for w in ws] + [m.shape[-1] for m in masks])
@@ -99,9 +99,9 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     attention_stats=stats_layers(_fill_missing_fields(stats)),
     weights=jnp.stack([pad(w.astype(jnp.float32), 0.0) for w in ws]) if ws else None,
     allowed=jnp.stack([pad(m, False) for m in masks]),
-    q=jnp.stack(qs),
-    k=jnp.stack(ks),
-    v=jnp.stack(vs),
+    q=layers(qs),
+    k=layers(ks),
+    v=layers(vs),
     hidden=jnp.stack(hidden),
     gate_mean=jnp.stack(gates)
     if any("attention/gate_mean" in layer for layer in recorded.layers)
@@ -113,6 +113,8 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
 def _summary_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
   capture = _capture(model, tokens, weights=weights)
   out = capture_statistics(capture, **dict(options))
+  if isinstance(model, EncoderLM):
+    return out  # no next token to predict: an encoder's loss is its masked-LM loss
   # Next-token cross-entropy of the probe batch (nats), beside the statistics.
   logp = jax.nn.log_softmax(capture.logits[:, :-1].astype(jnp.float32), axis=-1)
   target = tokens[:, 1:]
@@ -134,8 +136,10 @@ def _streaming_pass(model: TransformerLM, tokens: Array) -> dict:
   for block, layer in zip(model.blocks, recorded.layers):
     st = layer["attention/attention_stats"]
     fields = {k: x for k, x in st._asdict().items() if x is not None}
-    v = layer["attention/v_proj/__call__"]  # [B, T, K * Hv]
-    v = jnp.reshape(v, v.shape[:2] + (block.attention.num_kv_heads, -1))
+    v = layer.get("attention/compared_v")  # [B, T, N, Hv]: a family that projects otherwise
+    if v is None:
+      v = layer["attention/v_proj/__call__"]  # [B, T, K * Hv]
+      v = jnp.reshape(v, v.shape[:2] + (block.attention.num_kv_heads, -1))
     out.append(
       dict(
         fields,
@@ -203,6 +207,8 @@ def layer_stats(
   z_loss_coef: float = 1e-4,
   massive_abs: float = 100.0,
   massive_ratio: float = 1000.0,
+  attention_mask: Optional[Array] = None,
+  token_type_ids: Optional[Array] = None,
 ):
   """Statistics per layer of one forward pass of ``model`` on ``tokens``.
 
@@ -210,8 +216,9 @@ def layer_stats(
 
   - ``"summary"``: every statistic of ``attnjax.stats`` over the layers as a
     flat ``dict[str, Array]`` keyed ``"<metric>/<field>"`` (per-layer ``[L]``,
-    per-head ``[L, N]``, scalars) plus ``loss``, the next-token cross-entropy
-    of the batch; :func:`attnjax.stats.to_jsonable` makes it JSON. The keys are
+    per-head ``[L, N]``, scalars) plus ``loss``, the next-token cross-entropy of the
+    batch (not for an ``EncoderLM``: its loss is the masked-LM loss of
+    ``attnjax.nn.outlier_stats``); :func:`attnjax.stats.to_jsonable` makes it JSON. The keys are
     those the sections of ``docs/guides/diagnostics.md`` define (Sink_1^eps of
     Gu et al. on row-normalised weights, F-Attn of Qiu et al., entropy, max
     logit, null and gate mass, q/k RMS and cosine, sink geometry, value
@@ -248,6 +255,8 @@ def layer_stats(
       only: the ``Sink_1^eps`` threshold, the H2O sparsity threshold (fraction of
       the row maximum), the z-loss coefficient of ``output/z_loss`` and the
       massive-activation thresholds.
+    attention_mask, token_type_ids: ``"sown"`` only, an ``attnjax.nn.EncoderLM``'s
+      padding mask and token types ``[B, T]`` (its call's arguments).
 
   Returns:
     The view's value, as above.
@@ -285,8 +294,18 @@ def layer_stats(
   weights = bool(view != "sown" if weights is None else weights)
   if view == "summary":
     return (_summary_jit if jit else _summary_pass)(model, tokens, weights=weights, options=options)
+  inputs = {
+    name: value
+    for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids))
+    if value is not None
+  }
+  if inputs and (view != "sown" or not isinstance(model, EncoderLM)):
+    raise ValueError(
+      f"{', '.join(inputs)}: arguments of an attnjax.nn.EncoderLM's call, taken by "
+      f"view='sown'; got view={view!r} and a {type(model).__name__}"
+    )
   if view == "sown":
-    return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit)
+    return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit, inputs=inputs)
   if view == "streaming":
     return (_streaming_jit if jit else _streaming_pass)(model, tokens)
   return (_capture_jit if jit else _capture)(model, tokens, weights=weights)

@@ -19,27 +19,22 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  masks,
-  mods,
-  normalizers,
-  patterns,
-)
+from attnjax._src import validators, deprecation as _deprecation, masks, mods, normalizers, patterns
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.ops.dense import qk_norm as qk_norm_lib
+from attnjax._src.ops.cosine import attention as cosine_lib
+from attnjax._src.ops.qk_norm import attention as qk_norm_lib
 from attnjax._src.nn import _layers, kv_policies
-from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.spec_base import (
   DEFAULT_TEMPERATURE,
   PATTERNS,
   STREAMING_ROPE,
   AttentionSpec,
   Call,
-  _rope,
   check_int,
+  check_normalizer,
   check_type,
+  init_normalizer_params,
+  normalizer_param_kwargs,
   register_family,
   run_and_sow,
 )
@@ -56,7 +51,9 @@ class ScoreSpec(AttentionSpec):
   """Options of every family that normalises logits (dense kernel and sparse).
 
   Attributes:
-    normalizer: a name from :mod:`attnjax.normalizers`.
+    normalizer: a registered normaliser's name (:mod:`attnjax.normalizers`); one that
+      declares learned parameters gets them as ``normalizer_params`` (an ``nnx.Dict`` of
+      ``[N]`` or scalar parameters at their ``init``).
     softcap: ``c`` of the ``c tanh(z / c)`` logit cap, or None.
     sink_logits: learn a per-head null logit ``[N]`` (gpt-oss; softmax only).
     alibi: add ALiBi's ``-slope_n |i - j|`` (:func:`attnjax.mods.alibi`, fixed
@@ -82,8 +79,12 @@ class ScoreSpec(AttentionSpec):
       tokens (``sinks_window``).
   """
 
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
-  implementations: ClassVar[tuple[str, ...]] = tuple(dense.IMPLEMENTATIONS)
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "sink_logits",
+    "relative_bias_table",
+    "normalizer_params",
+  )
+  op: ClassVar[str] = "dense"
 
   normalizer: str = "softmax"
   softcap: Optional[float] = None
@@ -108,16 +109,17 @@ class ScoreSpec(AttentionSpec):
       fn = getattr(self, name)
       if fn is not None and not callable(fn):
         raise TypeError(f"{name} must be a callable (see attnjax.mods) or None, got {fn!r}")
-    _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
-    _checks.check_positive_float("softcap", self.softcap)
+    nz = check_normalizer(self.normalizer)  # the live registry
+    validators.check_positive_float("softcap", self.softcap)
     check_type("sink_logits", self.sink_logits, bool, "a bool")
-    if self.sink_logits and not normalizers.get(self.normalizer).accepts_sink_logits:
+    if self.sink_logits and not nz.accepts_sink_logits:
       raise ValueError(
         f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
         f"with normalizer={self.normalizer!r}"
       )
 
   def init_params(self, layer, rngs, param_dtype) -> None:
+    init_normalizer_params(layer, self.normalizer, param_dtype)
     if self.sink_logits:
       layer.sink_logits = _layers.param(jnp.zeros((layer.num_heads,), param_dtype), ("heads",))
     if self.relative_bias:
@@ -159,6 +161,7 @@ class ScoreSpec(AttentionSpec):
     )
     if self.sink_logits:
       out["sink_logits"] = layer.sink_logits[...]
+    out.update(normalizer_param_kwargs(layer, self.normalizer))
     out.update(self.modifier_kwargs(layer))
     return out
 
@@ -218,9 +221,10 @@ class ScoreSpec(AttentionSpec):
       T = q.shape[1]
       positions = jnp.arange(T, dtype=jnp.int32) if call.positions is None else call.positions
       if not self.alibi:  # ALiBi replaces RoPE
-        q, k = _rope(layer, q, positions), _rope(layer, k, positions)
+        q, k = self.rotate(layer, q, positions), self.rotate(layer, k, positions)
       run, k, v = self.full_call(layer, k, v, call)
-      return run_and_sow(layer, run, q, k, v, call), None
+      weights = self.sown_weights(layer, run, q, k, v)
+      return run_and_sow(layer, run, q, k, v, call, weights=weights), None
     return self._attend_decode(layer, q, k, v, call)
 
   def _attend_cross(self, layer, q, k, v, call):
@@ -229,7 +233,7 @@ class ScoreSpec(AttentionSpec):
     if self.kv_slot():
       k, v, mask = self._append_kv_bias(layer, k, v, mask, q.shape[1])
     run = functools.partial(self.function(layer), mask=mask, **self.kwargs(layer))
-    return run_and_sow(layer, run, q, k, v, call)
+    return run_and_sow(layer, run, q, k, v, call, weights=self.sown_weights(layer, run, q, k, v))
 
   def _attend_decode(self, layer, q, k, v, call):
     cache, policy = call.cache, self.cache_policy
@@ -329,8 +333,7 @@ class ScoreSpec(AttentionSpec):
     K = k.shape[2]
     if c.rope_theta is not None:
       q_rope, k_rope = self.decode_rope(layer, idx, k_idx, q_rope, k_rope, start, call)
-      q = apply_rope(q, q_rope, c.rope_theta, scaling=c.rope_scaling)
-      k = apply_rope(k, k_rope, c.rope_theta, scaling=c.rope_scaling)
+      q, k = self.rotate(layer, q, q_rope), self.rotate(layer, k, k_rope)
     if k_idx.ndim == 1:
       mask = self.allowed(layer, idx, k_idx, length)
       mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
@@ -347,7 +350,15 @@ class ScoreSpec(AttentionSpec):
       kwargs["implementation"] = "reference"  # identity values: any value width
     run = functools.partial(self.decode_function(layer), mask=mask, **kwargs)
     if not weights:
-      return run_and_sow(layer, run, q, k, v, call)
+      return run_and_sow(layer, run, q, k, v, call, weights=self.sown_weights(layer, run, q, k, v))
+    return self.attend_with_weights(layer, run, q, k, v, call)
+
+  def attend_with_weights(self, layer, run: Callable, q: Array, k: Array, v: Array, call: Call):
+    """``(out [B, T, N, Hv], w [B, T, N, S'])`` of ``run(q, k, v)`` (the decode step of
+    :meth:`attend_cache` with ``weights``): ``w`` is ``run`` applied to identity values, and
+    ``out`` is ``w`` times ``v``."""
+    B, T, N, _ = q.shape
+    K = k.shape[2]
     width = k.shape[1]
     eye = jnp.broadcast_to(
       jnp.eye(width, dtype=jnp.float32)[None, :, None, :], (B, width, K, width)
@@ -432,14 +443,22 @@ class ScoreSpec(AttentionSpec):
   def init_cache(self, layer, batch_size, max_len):
     if self.cache_policy in kv_policies.EVICTING:
       kv_policies.check_budget(self.cache_budget, max_len)
+    K, H, Hv = self.cache_shape(layer.config, layer.d_model)
     return kv_policies.init_cache(
       self.cache_policy,
       batch_size,
       self.cache_capacity(layer, max_len),
-      layer.num_kv_heads,
-      layer.head_dim,
+      K,
+      H,
       layer.dtype,
+      value_dim=Hv,
     )
+
+  def cache_shape(self, config, d_model: int) -> tuple[int, int, int]:
+    """``(K, H, Hv)``: key/value heads, key and value widths of the decode cache's slots (the
+    layer's own; MLA's one latent head)."""
+    H = config.head_dim_for(d_model)
+    return config.kv_heads, H, self.value_head_dim(H)
 
   def allowed_mask(self, layer, length):
     pos = jnp.arange(length, dtype=jnp.int32)
@@ -457,7 +476,9 @@ class DotProductSpec(ScoreSpec):
     kv_bias: learn one extra key/value pair per key/value head that every query
       may attend to (Sun et al. 2024, "attention bias"); it is appended after the
       real keys, so key 0 stays the first token for sink statistics.
-    window: causal sliding window: query ``i`` sees keys ``i - window .. i``.
+    window: sliding window: query ``i`` sees keys ``i - window .. i`` (causal), or
+      ``i - window .. i + window`` in an encoder layer (``is_causal=False``, ModernBERT's
+      local layers).
     num_sinks: with ``window``, the first ``num_sinks`` tokens stay visible to
       every query (StreamingLLM sinks + window).
     streaming_rope: how a sinks-window decode cache rotates keys: ``"cache"``
@@ -469,7 +490,12 @@ class DotProductSpec(ScoreSpec):
       its first query.
   """
 
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "k_bias", "v_bias")
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "sink_logits",
+    "k_bias",
+    "v_bias",
+    "normalizer_params",
+  )
 
   kv_bias: bool = False
   window: Optional[int] = None
@@ -481,7 +507,7 @@ class DotProductSpec(ScoreSpec):
     check_type("kv_bias", self.kv_bias, bool, "a bool")
     check_int("window", self.window, allow_none=True, minimum=0)
     check_int("num_sinks", self.num_sinks, minimum=0)
-    _checks.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
+    validators.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
     if self.num_sinks and self.window is None:
       raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
     if (
@@ -499,8 +525,17 @@ class DotProductSpec(ScoreSpec):
       )
 
   def check(self, config) -> None:
-    if not config.is_causal and self.window is not None:
-      raise ValueError(f"window={self.window} needs is_causal=True (a causal sliding window)")
+    if not config.is_causal and (self.num_sinks or self.cache_policy in kv_policies.EVICTING):
+      raise ValueError(
+        f"num_sinks={self.num_sinks}, cache_policy={self.cache_policy!r}: sinks and "
+        f"evicting caches need is_causal=True (a decoder)"
+      )
+
+  def structure_window(self, config) -> Optional[tuple[int, int]]:
+    """The ``(left, right)`` window of the layer: ``(w, 0)`` causal, ``(w, w)`` in an encoder."""
+    if self.window is None:
+      return None
+    return (self.window, 0) if config.is_causal else (self.window, self.window)
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     super().init_params(layer, rngs, param_dtype)
@@ -526,6 +561,10 @@ class DotProductSpec(ScoreSpec):
   def allowed(self, layer, q_positions, k_positions, length):
     if not layer.config.is_causal:
       allowed = jnp.ones((1, 1, q_positions.shape[0], k_positions.shape[0]), bool)
+      if self.window is not None:
+        allowed = masks.structural_mask(
+          q_positions, k_positions, window=self.structure_window(layer.config)
+        )
     elif self.num_sinks:
       pattern = patterns.sinks_window(self.num_sinks, self.window)
       allowed = pattern.allowed(q_positions, k_positions, None)[None, None]
@@ -540,7 +579,7 @@ class DotProductSpec(ScoreSpec):
     fn = functools.partial(self.function(layer), **self.kwargs(layer))
     if not self.kv_bias and not self.num_sinks:
       # The structure as is_causal/window, so fast paths can skip blocks.
-      window = None if self.window is None else (self.window, 0)
+      window = self.structure_window(c)
       extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
       return (
         functools.partial(fn, mask=call.mask, is_causal=c.is_causal, window=window, **extra),
@@ -591,8 +630,8 @@ class DenseSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice("similarity", self.similarity, dense.SIMILARITIES)
-    _checks.check_positive_float("scale", self.scale)
+    validators.check_choice("similarity", self.similarity, dense.SIMILARITIES)
+    validators.check_positive_float("scale", self.scale)
 
   def kwargs(self, layer):
     return dict(super().kwargs(layer), similarity=self.similarity, scale=self.scale)
@@ -622,6 +661,7 @@ class QKNormSpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "qk_norm"
+  op: ClassVar[str] = "qk_norm"
   optional_params: ClassVar[tuple[str, ...]] = ("q_gain", "k_gain") + DotProductSpec.optional_params
 
   qk_norm: Literal["rms", "layer", "l2"] = "rms"
@@ -634,12 +674,12 @@ class QKNormSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
-    _checks.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
+    validators.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
+    validators.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
     check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
-    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
-    _checks.check_positive_float("scale", self.scale)
-    _checks.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
+    validators.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+    validators.check_positive_float("scale", self.scale)
+    validators.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
     check_type("qk_norm_gain_offset", self.qk_norm_gain_offset, (int, float), "a float")
     if self.qk_norm_scope == "projection" and self.qk_norm_placement != "before_rope":
       raise ValueError(
@@ -727,6 +767,7 @@ class CosineSpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "cosine"
+  op: ClassVar[str] = "cosine"
   optional_params: ClassVar[tuple[str, ...]] = ("temperature",) + DotProductSpec.optional_params
 
   cosine_convention: Literal["swin", "scale", "ngpt"] = "swin"
@@ -735,12 +776,12 @@ class CosineSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice(
-      "cosine_convention", self.cosine_convention, qk_norm_lib.COSINE_CONVENTIONS
+    validators.check_choice(
+      "cosine_convention", self.cosine_convention, cosine_lib.COSINE_CONVENTIONS
     )
     if self.temperature_init is not None:
       check_type("temperature_init", self.temperature_init, (int, float), "a float")
-    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+    validators.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
 
   @property
   def initial_temperature(self) -> float:
@@ -756,7 +797,7 @@ class CosineSpec(DotProductSpec):
     super().init_params(layer, rngs, param_dtype)
 
   def default_function(self, layer):
-    return qk_norm_lib.cosine_attention
+    return cosine_lib.cosine_attention
 
   def kwargs(self, layer):
     return dict(
@@ -779,13 +820,11 @@ class SparseSpec(ScoreSpec):
   """
 
   family: ClassVar[str] = "sparse"
-  implementations: ClassVar[tuple[str, ...]] = sparse_lib.IMPLEMENTATIONS
-  deprecated_implementations: ClassVar[dict[str, str]] = dict(sparse_lib.OP.renamed)
+  op: ClassVar[str] = "sparse"
   # The dense kernel's implementation standing for each of ours where the
   # layer masks by the pattern instead (decode, an explicit mask).
   DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {
     "blockwise": None,
-    "block_sparse": None,
     "reference": "reference",
   }
 
@@ -814,7 +853,7 @@ class SparseSpec(ScoreSpec):
     ):
       raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
     name, args = self.pattern
-    _checks.check_choice("pattern name", name, PATTERNS)
+    validators.check_choice("pattern name", name, PATTERNS)
     try:
       pattern = getattr(patterns, name)(**dict(args))
     except TypeError as e:
@@ -841,6 +880,7 @@ class SparseSpec(ScoreSpec):
     """``kwargs`` for the dense kernel: our implementation name mapped to its equivalent."""
     out = self.kwargs(layer)
     impl = out["implementation"]
+    impl = self.deprecated_implementations.get(impl, impl)  # an old name: its engine's
     out["implementation"] = impl if impl is None else self.DENSE_EQUIVALENT[impl]
     return out
 

@@ -25,6 +25,7 @@ from attnjax._src.nn.gated_spec import (
 )
 from attnjax._src.nn.block_select_spec import BlockSelectCache, BlockSelectSpec
 from attnjax._src.nn.compressed_spec import CompressedSpec
+from attnjax._src.nn.mla_spec import MLASpec
 from attnjax._src.nn.spec_base import (
   DEFAULT_TEMPERATURE,
   FAMILY_SPECS,
@@ -57,6 +58,7 @@ __all__ = [
   "GatedSpec",
   "DotProductSpec",
   "LinearSpec",
+  "MLASpec",
   "Mamba2DecaySpec",
   "PATTERNS",
   "QKNormSpec",

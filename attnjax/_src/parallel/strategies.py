@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import options
+from attnjax._src import options, validators
 from attnjax._src.attention_stats import AttentionStats
 from attnjax._src.kernels.blockwise import kernel as blockwise_kernel
 from attnjax._src.kernels.blockwise import ring
@@ -195,6 +195,11 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
   sink = inputs.sink_logits
   if sink is not None:
     sink = jax.lax.dynamic_slice_in_dim(sink, d * per, per, axis=1)
+  # A normaliser's per-head parameters follow their heads ([1, N|1, 1, 1]).
+  params = tuple(
+    x if x.shape[1] == 1 else jax.lax.dynamic_slice_in_dim(x, d * per, per, axis=1)
+    for x in inputs.normalizer_params
+  )
   first = (d * per).astype(jnp.int32)
   mask_mod, mask_args = opts.mask_mod, tuple(inputs.mask_mod_args)
   if mask_mod is not None:
@@ -210,6 +215,7 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
     k=k_full,
     v=v_full,
     sink_logits=sink,
+    normalizer_params=params,
     q_segment_ids=gather(inputs.q_segment_ids),
     kv_segment_ids=gather(inputs.kv_segment_ids),
     score_mod_args=score_args,
@@ -238,6 +244,16 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
   return out, AttentionStats(logsumexp=to_heads(stats.logsumexp, 2, 1), **whole)
 
 
+def choose_strategy(implementation: Optional[str], local_heads: int, axis_size: int) -> str:
+  """The strategy of ``context_strategy=None``: the ring for the block-wise engine or
+  auto-dispatch (the ring runs the block-wise kernel on each pair of shards), else, for a named
+  engine the ring cannot run, all-to-all where the axis divides the device's query heads, else
+  all-gather."""
+  if implementation in (None, "blockwise"):
+    return "ring"
+  return "all_to_all" if local_heads % axis_size == 0 else "all_gather"
+
+
 def attention(
   inputs: options.DenseInputs,
   opts: options.DenseOptions,
@@ -250,7 +266,8 @@ def attention(
     inputs: the call's arrays, each this device's shard along time (q ``[B, T/P, N, H]``,
       k / v ``[B, T/P, K, H]``, segment ids ``[B, T/P]``); sink logits, ``score_mod_args``
       and ``mask_mod_args`` whole on every device.
-    opts: validated options with ``context_axis`` set.
+    opts: validated options with ``context_axis`` set; ``context_strategy`` None is chosen
+      here (:func:`choose_strategy`).
     implementation: the single-device implementation (``"ring"`` runs the block-wise
       kernel: None or ``"blockwise"``; the others run any).
     run_local: ``(inputs, opts, implementation) -> result``, the single-device path on
@@ -260,15 +277,12 @@ def attention(
   Returns:
     As the single-device call, for this device's rows.
   """
-  axis = opts.context_axis
-  try:
-    P = jax.lax.axis_size(axis)
-  except NameError as e:
-    raise ValueError(
-      f"context_axis={axis!r} is not a mesh axis of the enclosing "
-      f"jax.shard_map (call the function inside shard_map over that axis)"
-    ) from e
+  axis = validators.check_mesh_axis("context_axis", opts.context_axis, "the function")
+  P = jax.lax.axis_size(axis)
   _check_shards(inputs, opts, P)
+  if opts.context_strategy is None:
+    strategy = choose_strategy(implementation, inputs.q.shape[2], P)
+    opts = dataclasses.replace(opts, context_strategy=strategy)
   if opts.context_strategy == "ring":
     if implementation not in (None, "blockwise"):
       raise ValueError(

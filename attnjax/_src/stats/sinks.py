@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.stats.inputs import (
   _allowed_pairs,
   _attention_layers,
@@ -60,7 +60,7 @@ def _importance(weights: Array, *, row_normalize: bool = True) -> Array:
   """
   if np.ndim(weights) < 2:
     raise ValueError(f"weights must have rank >= 2 [..., T, S], got shape {shape_of(weights)}")
-  _checks.check_floating("weights", weights)
+  validators.check_floating("weights", weights)
   _nonempty("weights", weights)
   T, S = shape_of(weights)[-2:]
   if S < T:
@@ -248,7 +248,7 @@ def _max_attention_logit(attention, *, is_causal: bool = True, window=None, mask
   if _is_stats(attention):
     return jnp.max(_need(stats_layers(attention), "max_logit", "max_attention_logit"), axis=(1, 2))
   z = _stack_layers("attention", attention, 4, "[B, N, T, S]")
-  window = _checks.check_window(window)
+  window = validators.check_window(window)
   allowed = _allowed_pairs(z.shape[1:], is_causal=is_causal, window=window, mask=mask)
   zmax = jnp.max(jnp.where(allowed[None], z, -jnp.inf), axis=(1, 2, 3, 4))
   return jnp.where(jnp.isfinite(zmax), zmax, 0.0)
@@ -296,14 +296,14 @@ def _null_mass(
       raise ValueError(
         "null_mass on logits needs sink_logits ([L, N], [N] or scalar; 0 for softmax_one)"
       )
-    _checks.check_floating("sink_logits", sink_logits)
+    validators.check_floating("sink_logits", sink_logits)
     s = jnp.asarray(sink_logits, jnp.float32)
     if shape_of(s) not in ((), (N,), (L, N)):
       raise ValueError(
         f"sink_logits must have shape (), [N] = ({N},) or [L, N] = ({L}, {N}), got {shape_of(s)}"
       )
     s = jnp.reshape(jnp.broadcast_to(s, (L, N)), (L, 1, N, 1))
-    window = _checks.check_window(window)
+    window = validators.check_window(window)
     allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=window, mask=mask)[None]
     lse_keys = jax.nn.logsumexp(jnp.where(allowed, z, -jnp.inf), axis=-1)  # [L, B, N, T]
     null = jnp.exp(s - jnp.logaddexp(s, lse_keys))
@@ -378,7 +378,7 @@ def _attention_sparsity(
   """
   threshold = check_probability("threshold", threshold)
   w = jnp.abs(_stack_layers("weights", weights, 4, "[B, N, T, S]"))
-  window = _checks.check_window(window)
+  window = validators.check_window(window)
   allowed = jnp.broadcast_to(
     _allowed_pairs(w.shape[1:], is_causal=is_causal, window=window, mask=mask)[None], w.shape
   )
@@ -396,3 +396,53 @@ attention_sparsity = jax.jit(
   _attention_sparsity, static_argnames=("threshold", "is_causal", "window")
 )
 attention_sparsity.__doc__ = _attention_sparsity.__doc__
+
+
+def _token_mass(weights, tokens, token_ids: tuple[int, ...], attention_mask=None) -> Array:
+  w = jnp.asarray(weights)
+  if w.ndim == 4:
+    w = w[None]
+  if w.ndim != 5:
+    raise ValueError(
+      f"weights must be [B, N, T, S] or [L, B, N, T, S], got shape {shape_of(weights)}"
+    )
+  L, B, N, T, S = w.shape
+  tokens = jnp.asarray(tokens)
+  if tokens.shape != (B, S):
+    raise ValueError(
+      f"tokens must be [B, S] = {(B, S)} like the weights' keys, got {shape_of(tokens)}"
+    )
+  hit = jnp.isin(tokens, jnp.asarray(token_ids, tokens.dtype)).astype(jnp.float32)  # [B, S]
+  mass = jnp.einsum("lbnts,bs->lbnt", w.astype(jnp.float32), hit)
+  rows = jnp.ones((B, T), jnp.float32)
+  if attention_mask is not None:
+    rows = jnp.asarray(attention_mask).astype(jnp.float32)[:, :T]
+  return (
+    jnp.sum(mass * rows[None, :, None, :], axis=-1)
+    / jnp.maximum(jnp.sum(rows, axis=-1), 1.0)[None, :, None]
+  )
+
+
+_token_mass_jit = jax.jit(_token_mass, static_argnames=("token_ids",))
+
+
+def token_mass(weights, tokens, token_ids, *, attention_mask=None) -> Array:
+  """Mean attention weight on the keys whose token is one of ``token_ids``, per layer and head.
+
+  Definition: ``sum_{j: tokens_j in ids} A_ij``, averaged over the queries ``i`` that are
+  not padding. Clark et al. 2019 ("What does BERT look at?") found BERT's heads putting most
+  of their mass on ``[CLS]``, ``[SEP]`` and punctuation; Bondarenko et al. 2023 tie it to
+  heads that learn to do nothing. With ``token_ids`` the ``[CLS]`` id this is the
+  first-token mass of an encoder (every query, not only ``i >= 1``).
+
+  Args:
+    weights: ``[L, B, N, T, S]`` (or ``[B, N, T, S]``) attention weights.
+    tokens: ``[B, S]`` int: the keys' token ids.
+    token_ids: the tokens whose mass is counted (e.g. ``[SEP]``, ``.``, ``,``).
+    attention_mask: ``[B, T]`` 1 for tokens, 0 for padding queries (None = none).
+
+  Returns:
+    ``[L, B, N]`` float32.
+  """
+  ids = tuple(int(i) for i in token_ids)
+  return _token_mass_jit(weights, tokens, ids, attention_mask)

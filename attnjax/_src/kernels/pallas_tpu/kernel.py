@@ -23,9 +23,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax._src import lowering as _lowering, sharding as _sharding, layout, options
-from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
-from attnjax._src.kernels import autodiff, blockwise, on_target
+from attnjax._src import normalizers, op, sharding as _sharding, layout, options
+from attnjax._src.attention_stats import stats_from_padded_rows
+from attnjax._src.kernels import blockwise, kernel_vjp
 from attnjax._src.kernels.pallas_tpu import backward
 from attnjax._src.kernels.pallas_tpu.plan import (
   FULL,
@@ -291,10 +291,11 @@ def _state_layout(c: TpuPlan, bq: int):
   rows = (bq, 1)
   cnt = jnp.ones(rows, jnp.float32) if c.needs_counts else None
   sink = jnp.zeros(rows, jnp.float32) if c.has_sink else None
+  terms = (jnp.zeros(rows, jnp.float32),) * 2 if nz.needs_lse else None
 
   def run():
     st = nz.init(rows, (bq, c.Hv), c.with_stats)
-    return st, nz.finish(st, nz.row_inputs(sink, cnt), c.with_stats)
+    return st, nz.finish(st, nz.row_inputs(sink, cnt, terms), c.with_stats)
 
   st, (_, res, srow) = jax.eval_shape(run)
   state = tuple((key, st[key].shape) for key in sorted(st))
@@ -339,12 +340,85 @@ def _count_kernel(c: TpuPlan, kind_ref, fetch_ref, *refs):
     cnt_ref[...] += jnp.sum(allowed.astype(jnp.float32), axis=1, keepdims=True)
 
 
+def _terms_kernel(c: TpuPlan, width, kind_ref, fetch_ref, *refs):
+  """The logits-only pass of a ``needs_lse`` normaliser: each row's softmax max and log-sum
+  over its visits (``normalizers.softmax_terms_*``), accumulated in the output rows."""
+  it = iter(refs)
+  q_ref, k_ref = next(it), next(it)
+  qseg_ref = next(it) if c.has_segments else None
+  kseg_ref = next(it) if c.has_segments else None
+  off_ref, score_args, mask_args = take_mods(c, it)
+  m_ref, l_ref = next(it), next(it)
+  b, n, i, s = (pl.program_id(a) for a in range(4))
+  kind, j = kind_ref[i, s], fetch_ref[i, s]
+  gb, gn = global_indices(c, b, n, off_ref)
+
+  @pl.when(s == 0)
+  def _():
+    m0, l0 = normalizers.softmax_terms_init((c.bq, 1))
+    m_ref[...], l_ref[...] = m0, l0
+
+  def visit(masked: bool):
+    qpos, kpos = _positions(c, i, j, c.bq, c.bk)
+    z, _ = logits(c, q_ref[...], k_ref[...])
+    z = score_mod(c, z, qpos, kpos, gb, gn, score_args)
+    allowed = None
+    if masked:
+      q_seg, k_seg = _segments(qseg_ref, kseg_ref)
+      allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, gb, gn, mask_args)
+    m, l = normalizers.softmax_terms_visit((m_ref[...], l_ref[...]), z, allowed)
+    m_ref[...], l_ref[...] = m, l
+
+  pl.when(kind == FULL)(lambda: visit(False))
+  pl.when(kind == MASKED)(lambda: visit(True))
+
+  @pl.when(s == width - 1)
+  def _():
+    m, log_sum = normalizers.softmax_terms_finish((m_ref[...], l_ref[...]))
+    m_ref[...], l_ref[...] = m, log_sum
+
+
+def softmax_terms(c: TpuPlan, kind, fetch, qh, kh, q_seg, kv_seg, mods) -> tuple[Array, Array]:
+  """Each row's ``(max, log_sum)`` ``[B, N, Tp, 1]`` float32 (the logits-only pass)."""
+  nq, width = kind.shape
+  G = c.G
+  args = [qh, kh]
+  in_specs = [
+    pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
+    pl.BlockSpec(
+      (None, None, c.bk, c.H), lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)
+    ),
+  ]
+  if c.has_segments:
+    args += [q_seg, kv_seg]
+    in_specs += _seg_specs(
+      c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i, lambda b, n, i, s, kr, fr: fr[i, s]
+    )
+  args += mods[0]
+  in_specs += mods[1]
+  row = pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0))
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+    num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs, out_specs=[row, row]
+  )
+  rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32)
+  m, log_sum = pl.pallas_call(
+    functools.partial(_terms_kernel, c, width),
+    grid_spec=grid_spec,
+    out_shape=[rows, rows],
+    compiler_params=compiler_params(4, c.interpret),
+    interpret=c.interpret,
+    name="attnjax_tpu_softmax_terms",
+  )(kind, fetch, *args)
+  return m, log_sum
+
+
 def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_ref, *refs):
   nz = c.nz
   it = iter(refs)
   q_ref, k_ref, v_ref = next(it), next(it), next(it)
   sink_ref = next(it) if c.has_sink else None
   cnt_ref = next(it) if c.needs_counts else None
+  terms_refs = (next(it), next(it)) if nz.needs_lse else None
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
   off_ref, score_args, mask_args = take_mods(c, it)
@@ -362,7 +436,8 @@ def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_r
     sink = None
     if c.has_sink:
       sink = jnp.full((bq, 1), sink_ref[n], jnp.float32)
-    return nz.row_inputs(sink, cnt_ref[...] if c.needs_counts else None)
+    terms = None if terms_refs is None else tuple(r[...] for r in terms_refs)
+    return nz.row_inputs(sink, cnt_ref[...] if c.needs_counts else None, terms)
 
   @pl.when(s == 0)
   def _():
@@ -465,6 +540,9 @@ def forward(
   G = c.G
   mods = mod_inputs(c, score_args, mask_args, offsets)
   cnt = counts(c, kind, fetch, q_seg, kv_seg, mods) if c.needs_counts else None
+  terms = None
+  if c.nz.needs_lse:
+    terms = softmax_terms(c, kind, fetch, qh, kh, q_seg, kv_seg, mods)
 
   in_specs = [
     pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
@@ -483,6 +561,9 @@ def forward(
   if c.needs_counts:
     args.append(cnt)
     in_specs.append(row_spec)
+  if terms is not None:
+    args += list(terms)
+    in_specs += [row_spec, row_spec]
   if c.has_segments:
     args += [q_seg, kv_seg]
     in_specs += _seg_specs(
@@ -533,7 +614,7 @@ def compute(
 ):
   """Pallas TPU attention of a validated dense call (see the module docstring).
 
-  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The call is one :func:`unsupported` accepts (checked once, by :func:`attnjax._src.op.run_engine`).
   The forward and the backward are each traced when the program is lowered, for the TPU it
   is compiled for (``attnjax.kernels.on_target.call``): tiles and Mosaic's lowering
   follow the target, whatever the host.
@@ -551,29 +632,15 @@ def compute(
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
   """
-  q = inputs.q
-  score_args = tuple(inputs.score_mod_args) if opts.score_mod is not None else ()
   mask_args = tuple(inputs.mask_mod_args) if opts.mask_mod is not None else ()
-  # Where this shard's rows and heads start in the whole call (attnjax._sharding.per_shard).
-  # An argument of the custom VJP, so the backward (traced later) has them too.
-  where = tuple(_sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
-  offsets = tuple(jnp.asarray(o, jnp.int32) for o in where)
   # A mask_mod reading the batch or head index of a shard of the call: its blocks are found
   # per call from the shard's rows and heads (a static layout would be the first shard's).
+  where = tuple(_sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
   shifted = _shifted_indices(opts.mask_mod, mask_args, where)
 
   def plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
     """The plan of the call in these arrays, for the target being lowered for."""
-    part = options.DenseInputs(
-      q=q,
-      k=k,
-      v=v,
-      sink_logits=sink,
-      q_segment_ids=q_seg,
-      kv_segment_ids=kv_seg,
-      score_mod_args=score_args,
-      mask_mod_args=mask_args,
-    )
+    part = kernel_vjp.dense_inputs(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
     sizes = block_sizes
     if sizes is None:
       sizes = block_sizes_for(max(q.shape[-1], v.shape[-1]), generation())
@@ -605,10 +672,11 @@ def compute(
     # [B, N, T, Hv] and the rows [B, N, T] (a [.., Tp, 1] array takes whole 128-lane tiles).
     out = out[:, :, : c.T]
     res = {key: val[:, :, : c.T, 0] for key, val in res.items()}
-    return (jnp.transpose(out, (0, 2, 1, 3)), stats), out, res
+    return (jnp.transpose(out, (0, 2, 1, 3)), stats), (out, res)
 
-  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args):
+  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args, saved, d_out, d_lse):
     c, part = plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
+    out, res = saved
     tables = tables_of(c, part, opts, c.bq_bwd, c.bk_bwd)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, c.Tp - c.T)) + ((0, 0),) * (x.ndim - 3))
     res = {key: pad(val)[..., None] for key, val in res.items()}
@@ -631,80 +699,10 @@ def compute(
     )
     return dq, dk, dv, dsink, [d for d in dscore if d.dtype != jax.dtypes.float0]
 
-  @autodiff.custom_vjp
-  def core(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    return fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets)[0]
-
-  def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    args = (q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
-    o_stats, out, res = on_target.call(
-      fwd_step,
-      args,
-      offsets=offsets,
-      mosaic=not interpret,
-      name=f"pallas_tpu_fwd_{opts.normalizer}",
-    )
-    return o_stats, args + (offsets, out, res)
-
-  def bwd(saved, cts):
-    q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets, out, res = saved
-    d_out, d_stats = cts
-    d_lse = None if d_stats is None else d_stats[3]
-    like = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
-    floats = [x for x in score_args if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    dq, dk, dv, dsink, dfloat = on_target.call(
-      bwd_step,
-      (q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args),
-      offsets=offsets,
-      mosaic=not interpret,
-      name=f"pallas_tpu_bwd_{opts.normalizer}",
-      out_like=jax.tree.map(like, (q, k, v, sink, floats)),
-    )
-    dfloat = iter(dfloat)
-    dscore = tuple(
-      next(dfloat)
-      if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-      else np.zeros(jnp.shape(x), jax.dtypes.float0)
-      for x in score_args
-    )
-    return dq, dk, dv, dsink, None, None, dscore, None, None
-
-  def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    """The same call on the block-wise engine (plain JAX): forward mode and second order; its
-    modifiers see the whole call's batch and head indices, as the kernel's do."""
-    out = blockwise.run_shard(
-      options.DenseInputs(
-        q=q,
-        k=k,
-        v=v,
-        sink_logits=sink,
-        q_segment_ids=q_seg,
-        kv_segment_ids=kv_seg,
-        score_mod_args=score_args,
-        mask_mod_args=mask_args,
-      ),
-      opts,
-      offsets,
-    )
-    if not opts.return_stats:
-      return out, None
-    o, st = out
-    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
-
-  core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(
-    q,
-    inputs.k,
-    inputs.v,
-    inputs.sink_logits,
-    inputs.q_segment_ids,
-    inputs.kv_segment_ids,
-    score_args,
-    mask_args,
-    offsets,
+  steps = kernel_vjp.Steps(
+    f"pallas_tpu_{opts.normalizer}", fwd_step, bwd_step, on_target=True, mosaic=not interpret
   )
-  out = out.astype(q.dtype)
-  return (out, AttentionStats(*stats)) if opts.return_stats else out
+  return kernel_vjp.differentiable(inputs, opts, steps, shard_offsets=where)
 
 
 def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
@@ -717,24 +715,14 @@ def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
   return (used_b and moved[0]) or (used_n and moved[1])
 
 
-run = _lowering.kernel_engine(
-  "pallas_tpu", "tpu", unsupported, compute, "runs on a TPU only (a Mosaic kernel)"
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.platform_kernel(
+  "pallas_tpu", compute, unsupported, platform="tpu", where="runs on a TPU only (a Mosaic kernel)"
 )
-
-
-def _run_per_shard(
-  inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False
-):
-  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
-  return _sharding.per_shard(
-    lambda part, offsets: run(
-      part, opts, block_sizes=block_sizes, interpret=interpret, shard_offsets=offsets
-    ),
-    inputs,
-  )
-
-
-attention = options.engine_entry(_run_per_shard, "pallas_tpu", ("block_sizes", "interpret"))
+run = op.deprecated_run(ENGINE, "attnjax.kernels.pallas_tpu")
+attention = options.engine_entry(
+  op.dense_runner(ENGINE), "pallas_tpu", ("block_sizes", "interpret")
+)
 attention.__doc__ = """The Pallas TPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:

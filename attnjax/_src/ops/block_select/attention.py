@@ -6,7 +6,7 @@ Implementation behind the public module :mod:`attnjax.block_select`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Mapping, Optional, get_args
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,7 @@ import numpy as np
 
 from attnjax._src import (
   options,
-  checks as _checks,
+  validators,
   empty as _empty,
   logits as _logits,
   op as _op,
@@ -26,7 +26,6 @@ from attnjax._src.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "gathered"]
 QueryPool = Literal["mean", "first"]
 QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
 # The dense keywords block_select_attention takes and forwards (attnjax.options.KEYWORDS):
@@ -169,24 +168,22 @@ select_blocks = _static.jit(_select_blocks, ("block_size", "top_k", "is_causal",
 
 def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
   """Checks the static options; returns the query pool (None: "first" if causal, else "mean")."""
-  if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-    raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
-  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-    raise ValueError(f"top_k must be an int >= 0, got top_k={top_k!r}")
+  validators.check_positive_int("block_size", block_size)
+  validators.check_positive_int("top_k", top_k, minimum=0)
   if query_pool is None:
     query_pool = "first" if is_causal else "mean"
-  _checks.check_choice("query_pool", query_pool, QUERY_POOLS)
+  validators.check_choice("query_pool", query_pool, QUERY_POOLS)
   if is_causal and query_pool == "mean":
     raise ValueError(
       "query_pool='mean' with is_causal=True: a block's mean query includes its "
       "later queries, so the blocks an early query sees would depend on future "
       "tokens; use query_pool='first' (the default when causal)"
     )
-  T, S = _checks.shape_of(q)[1], _checks.shape_of(k)[1]
+  T, S = validators.shape_of(q)[1], validators.shape_of(k)[1]
   if T != S:
     raise ValueError(
       f"block_select_attention is self-attention: q and k need the same length, "
-      f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}"
+      f"got q {validators.shape_of(q)} and k {validators.shape_of(k)}"
     )
   return query_pool
 
@@ -330,7 +327,9 @@ def _online_tile(nz, z: Array, allowed: Array, pv, sink_rows: Optional[Array], H
     counts = jnp.sum(
       jnp.broadcast_to(allowed, (B, K, R, L)), axis=-1, keepdims=True, dtype=jnp.float32
     )
-  row = nz.row_inputs(sink_rows, counts)
+  # The tile holds every key of its rows: a needs_lse normaliser's log-normaliser is the tile's.
+  terms = normalizers.row_softmax_terms(z, allowed) if nz.needs_lse else None
+  row = nz.row_inputs(sink_rows, counts, terms)
   st = nz.init((B, K, R, 1), (B, K, R, Hv), False)
   return nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0]
 
@@ -349,7 +348,8 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
   causal, a constant causal triangle on the own block's columns. Without statistics the tile goes through
   the normaliser's online form for one tile
   (:meth:`~attnjax.normalizers.Normalizer.visit` then ``finish``); with
-  statistics, its materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
+  statistics (and for a weights-only normaliser), its materialised weights
+  (:meth:`~attnjax.normalizers.Normalizer.materialize`).
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
@@ -380,13 +380,17 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
     kv_seg = jnp.reshape(_pad_to(kv_seg, Tp, value=-2), (B, 1, nb, bs))
   else:
     q_seg = jnp.zeros((nb,), jnp.int32)  # an unused placeholder
-  nz = normalizers.REGISTRY[opts.normalizer]
-  sink_rows = None
-  if inputs.sink_logits is not None:
-    sink_rows = jnp.reshape(
-      jnp.broadcast_to(jnp.reshape(f32(inputs.sink_logits), (1, K, G, 1, 1)), (1, K, G, bs, 1)),
-      (1, K, R, 1),
+  nz = normalizers.get(opts.normalizer)
+
+  def head_rows(x):  # [1, N|1, 1, 1] per head -> rows [1, K|1, R|1, 1]
+    if x.shape[1] == 1:
+      return jnp.reshape(f32(x), (1, 1, 1, 1))
+    return jnp.reshape(
+      jnp.broadcast_to(jnp.reshape(f32(x), (1, K, G, 1, 1)), (1, K, G, bs, 1)), (1, K, R, 1)
     )
+
+  sink_rows = None if inputs.sink_logits is None else head_rows(inputs.sink_logits)
+  params = {p.name: head_rows(x) for p, x in zip(nz.params, inputs.normalizer_params)}
 
   def one_block(xs):
     i, blocks, q_seg_i = xs  # [], [B, K, ns], [B, bs]
@@ -409,10 +413,13 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
     time_major = lambda o: jnp.reshape(
       jnp.transpose(jnp.reshape(o, (B, K, G, bs, Hv)), (0, 3, 1, 2, 4)), (B, bs, N, Hv)
     )
-    if not opts.return_stats:
+    if not opts.return_stats and not nz.weights_only:
       return time_major(_online_tile(nz, z, allowed, pv, sink_rows, Hv))
     allowed = jnp.broadcast_to(allowed, (B, K, R, L))
-    w, log_norm = nz.weights(z, allowed, sink_rows)
+    # The tile holds every key of its rows: a weights-only normaliser's whole rows.
+    w, log_norm = nz.materialize(z, allowed, sink_rows, params)
+    if not opts.return_stats:
+      return time_major(pv(w))
     key0 = jnp.logical_and(pos == 0, ok)[:, :, None, :]
     return time_major(pv(w)), _row_stats(z, w, allowed, log_norm, key0)
 
@@ -444,18 +451,21 @@ ENGINES: dict[str, _op.Engine] = {
     _op.Engine("gathered", _gathered, _op.supports_everything),
   )
 }
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("gathered",)
 OP = _op.register(
   _op.Op(
     "block_select",
     ENGINES,
-    {},
-    ("gathered",),
+    PREFERENCES,
+    FALLBACK,
     empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
     is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
+    samples=lambda: _samples(),
   )
 )
-# The engines' names (the layer's and the signature's choices).
-IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _block_select_attention(
@@ -469,6 +479,7 @@ def _block_select_attention(
   query_pool: Optional[QueryPool] = None,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   segment_ids: Any = None,
@@ -494,8 +505,10 @@ def _block_select_attention(
       choice when causal) or ``"mean"`` (its mean query; the default when not
       causal); see the module docstring.
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`; normalisers
+    normalizer: a registered normaliser's name; normalisers
       that count allowed keys count the attended (selected, unmasked) keys.
+    normalizer_params: a weights-only normaliser's learned parameters by name (as
+      :func:`attnjax.dot_product_attention`).
     sink_logits: ``[N]`` learned null-column logits (softmax only).
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
     segment_ids: ``[B, T]`` ids (or a pair of them), intersected with the
@@ -539,3 +552,20 @@ BLOCK_SELECT_STATIC = (
 ) + options.static(DENSE_KEYWORDS)
 
 block_select_attention = _static.jit(_block_select_attention, BLOCK_SELECT_STATIC)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  return (
+    _op.Sample(
+      block_select_attention,
+      options=dict(block_size=8, top_k=2),
+      self_only=True,
+      stats=True,
+      flags=("is_causal", "return_stats", "return_selection"),
+      static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
+      choices=(("block_size", (1, 2, 3)), ("top_k", (0, 1, 3))),
+      defects=(("block_size", (0,)), ("top_k", (-1, 2.5))),
+      dense_keywords=DENSE_KEYWORDS,
+      own_defaults={"is_causal": True},
+    ),
+  )

@@ -6,13 +6,14 @@ Implementation behind the public module :mod:`attnjax.sparse`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import (
+  validators,
   empty as _empty,
   op as _op,
   static as _static,
@@ -30,7 +31,6 @@ from attnjax._src.patterns import Pattern
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "blockwise"]
 # The dense keywords sparse_attention takes and forwards (attnjax.options.KEYWORDS): the
 # pattern stands for mask, is_causal and window; the block paths compute dot products.
 DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
@@ -113,8 +113,15 @@ def block_sparse(
     use_default_mask_fn=False,
     positions=positions,
     mod_table=mod_table,
+    roll_query_blocks=True,  # one loop body for every row of the pattern: see the module
   )
 
+
+# The strided pattern runs as its two merged factors (_strided_two_pass) from this length on:
+# below it, its block plan (one rolled loop) computes little more and compiles in a fraction of
+# the time of two attention programs and a merge (T=512: 4.2x dense-with-mask's compile time
+# against ~2x; `experiments/bench.py --suite pattern_compile`).
+STRIDED_TWO_PASS_MIN_LENGTH = 2048
 
 # Query blocks per chunk of the banded path: bounds its working memory, whatever the length
 # (the kernel unrolls a chunk's few query blocks; see blockwise.MAX_UNROLLED_Q_BLOCKS).
@@ -332,8 +339,10 @@ def _strided_two_pass(
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   K, Hv = k.shape[2], v.shape[3]
-  nz = normalizers.REGISTRY[opts.normalizer]
-  plain = dataclasses.replace(opts, normalizer=nz.merge_part, return_stats=True)
+  nz = normalizers.get(opts.normalizer)
+  plain = dataclasses.replace(
+    opts, normalizer=normalizers.merge_part(opts.normalizer), return_stats=True
+  )
   no_sink = dataclasses.replace(inputs, sink_logits=None)
   local = patterns.sliding_window(stride)
   if T > 2 * CHUNK_BLOCKS * block_size:
@@ -422,7 +431,17 @@ def _dilated_columns(
   return from_columns(out)
 
 
-def _context_parallel(call: tuple, implementation: Optional[str], local):
+@dataclasses.dataclass(frozen=True)
+class _EveryPair(Pattern):
+  """Every (query, key) pair: the pattern of a shard's call under context parallelism, where
+  the family's pattern is a ``mask_mod`` on global positions."""
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    return jnp.ones((q_positions.shape[0], k_positions.shape[0]), bool)
+
+
+def context(call: tuple, implementation: Optional[str], local):
   """This device's shard of a sparse call whose sequence is sharded over ``opts.context_axis``.
 
   Every pattern is a rule on global positions, so the call is the dense one with the
@@ -432,20 +451,13 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
   (:meth:`~attnjax.patterns.Pattern.band`) also become the dense ``is_causal`` / ``window``
   (they keep every pair the pattern keeps), so the ring skips, when it is traced, the
   shard pairs outside them; inside a visited pair the pattern's blocks are classified per
-  call and blocks it masks entirely are skipped. The engines' names are dense's, and so is
-  the per-device computation (not ``local``, the sparse op's).
+  call and blocks it masks entirely are skipped. Each device's part of the all-gather and
+  all-to-all strategies runs on ``local``, the sparse op's per-device computation, with
+  every pair its pattern (the rule is in the ``mask_mod``).
   """
-  del local
-  inputs, opts, pattern, _ = call
-  axis = opts.context_axis
-  try:
-    P = jax.lax.axis_size(axis)
-  except NameError as e:
-    raise ValueError(
-      f"context_axis={axis!r} is not a mesh axis of the enclosing "
-      f"jax.shard_map (call sparse_attention inside shard_map over that "
-      f"axis)"
-    ) from e
+  inputs, opts, pattern, block_size = call
+  axis = validators.check_mesh_axis("context_axis", opts.context_axis, "sparse_attention")
+  P = jax.lax.axis_size(axis)
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   if T != S:
     raise ValueError(
@@ -470,8 +482,8 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
     inputs,
     dense_opts,
     implementation,
-    lambda inputs, opts, implementation: _op.run_on_this_platform(
-      dense.OP, (inputs, opts), implementation
+    lambda inputs, opts, implementation: local(
+      (inputs, opts, _EveryPair(), block_size), implementation
     ),
   )
 
@@ -479,8 +491,16 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
 def _blockwise(
   inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern, block_size: int
 ):
-  """The ``"blockwise"`` engine: the pattern's fastest block-wise plan for the call (the
-  dilated columns, the banded chunks, the strided two passes, else :func:`block_sparse`)."""
+  """The ``"blockwise"`` engine: the pattern's fastest block-wise plan for the call.
+
+  The plans are this engine's internals, not engines of their own: each computes the same
+  thing on the block-wise kernel, and which applies follows from the pattern and the call
+  (never the platform): a dilated window as a sliding window on its residue columns
+  (:func:`_dilated_columns`), a banded pattern longer than two chunks chunk by chunk
+  (:func:`banded_chunks`), the strided pattern as two passes merged by their logsumexps
+  (:func:`_strided_two_pass`), else every kept block at once (:func:`block_sparse`). Each
+  is tested equal to the reference (tests/test_sparse.py).
+  """
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   if (
     isinstance(pattern, patterns.DilatedWindow)
@@ -502,7 +522,8 @@ def _blockwise(
   if (
     isinstance(pattern, patterns.Strided)
     and T == S
-    and normalizers.REGISTRY[opts.normalizer].mergeable
+    and T >= STRIDED_TWO_PASS_MIN_LENGTH
+    and normalizers.merge_part(opts.normalizer) is not None  # merges only where it may
     and inputs.bias is None
     and inputs.q_segment_ids is None
     and not opts.return_stats
@@ -513,30 +534,71 @@ def _blockwise(
   return block_sparse(inputs, opts, pattern, block_size)
 
 
+# Auto-dispatch takes the block-wise engine from this sequence length on (the longer of T and
+# S), as dense does (dense.BLOCKWISE_MIN_LENGTH_CPU): a shorter call has little to skip, and
+# the pattern's mask on the reference compiles in a fraction of a block plan's time
+# (`experiments/bench.py --suite pattern_compile`).
+BLOCKWISE_MIN_LENGTH = 256
+
 # The sparse op: its call is ``(inputs, opts, pattern, block_size)``; auto-dispatch takes the
-# block-wise engine everywhere.
+# block-wise engine from BLOCKWISE_MIN_LENGTH on, the reference below.
 ENGINES: dict[str, _op.Engine] = {
   e.name: e
   for e in (
     _op.Engine("reference", _reference, _op.supports_everything),
-    _op.Engine("blockwise", _blockwise, _op.supports_everything),
+    _op.Engine("blockwise", _blockwise, _op.supports_everything, min_length=BLOCKWISE_MIN_LENGTH),
   )
 }
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("blockwise", "reference")
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  return (
+    _op.Sample(
+      sparse_attention,
+      options=dict(pattern=patterns.sliding_window(9), block_size=8),
+      stats=True,
+      flags=("return_stats",),
+      static=(("scale", 0.5), ("block_size", 2)),
+      choices=(
+        (
+          "pattern",
+          (
+            patterns.causal(),
+            patterns.sliding_window(2),
+            patterns.sliding_window(3, 1),
+            patterns.strided(2),
+            patterns.sinks_window(1, 2),
+          ),
+        ),
+        ("block_size", (1, 2, 3, 4)),
+      ),
+      defects=(("block_size", (0, -2, 2.0)),),
+      dense_keywords=DENSE_KEYWORDS,
+      context=True,
+      extreme_values=True,
+    ),
+  )
+
+
 OP = _op.register(
   _op.Op(
     "sparse",
     ENGINES,
-    {},
-    ("blockwise",),
+    PREFERENCES,
+    FALLBACK,
     empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
     is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
-    context=_context_parallel,
+    context=context,
     context_axis=lambda inputs, opts, *_: opts.context_axis,
+    length=lambda inputs, *_: max(inputs.q.shape[1], inputs.k.shape[1]),
     renamed={"block_sparse": "blockwise"},
+    samples=_samples,
   )
 )
-# The engines' names (the layer's and the signature's choices).
-IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _sparse_attention(
@@ -549,6 +611,7 @@ def _sparse_attention(
   bias: Optional[Array] = None,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   segment_ids: Any = None,
@@ -560,7 +623,7 @@ def _sparse_attention(
   mask_mod_args: Any = None,
   block_layout: Any = None,
   context_axis: Optional[str] = None,
-  context_strategy: options.ContextStrategy = "ring",
+  context_strategy: Optional[options.ContextStrategy] = "ring",
   context_layout: Optional[options.ContextLayout] = None,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
@@ -576,14 +639,17 @@ def _sparse_attention(
     bias: float, added to the logits; broadcastable to ``[B, N, T, S]`` (the
       block-sparse path slices it per visited block).
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (see the table
-      in :mod:`attnjax.normalizers`); normalisers that count allowed keys
+    normalizer: a registered normaliser's name (see the table in
+      :mod:`attnjax.normalizers`); normalisers that count allowed keys
       (sigmoid's bias ``-log n``) count the keys the pattern allows in each row.
+    normalizer_params: a weights-only normaliser's learned parameters by name (as
+      :func:`attnjax.dot_product_attention`).
     sink_logits: ``[N]`` learned null-column logits (gpt-oss); softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits (Gemma 2).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       intersected with the pattern.
-    implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"``
+    implementation: None (auto: ``"blockwise"`` from :data:`attnjax.sparse.BLOCKWISE_MIN_LENGTH` tokens on,
+      ``"reference"`` below, as dense attention), ``"reference"`` or ``"blockwise"``
       (the engines of :data:`~attnjax.sparse.OP`; the old name ``"block_sparse"`` still works and warns
       once).
     return_stats: also return :class:`attnjax.AttentionStats`.
@@ -621,8 +687,7 @@ def _sparse_attention(
       f"pattern must be an attnjax.patterns.Pattern (e.g. patterns.sliding_window(256)), "
       f"got {type(pattern).__name__}"
     )
-  if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-    raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
+  block_size = validators.check_positive_int("block_size", block_size)
   implementation = _op.check_implementation(OP, implementation, where="sparse_attention")
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   if opts.context_axis is None:
