@@ -61,9 +61,11 @@ def selection_mask(block_idx: Array, num_keys: int, *, block_size: int) -> Array
   T = block_idx.shape[1]
   key_block = jnp.arange(S, dtype=jnp.int32) // block_size  # [S]
   idx = jnp.moveaxis(block_idx.astype(jnp.int32), 1, 2)  # [B, K, T, n]
-  chosen = jnp.any(idx[..., None, :] == key_block[:, None], axis=-1)  # [B, K, T, S]
+  chosen = jnp.any(
+    idx[..., None, :] == key_block[None, None, None, :, None], axis=-1
+  )  # [B, K, T, S]
   causal = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]  # [T, S]
-  return jnp.logical_and(chosen, causal)
+  return jnp.logical_and(chosen, causal[None, None])
 
 
 def selected_attention(

@@ -43,6 +43,7 @@ def slot_valid(block_idx: Array, num_blocks: int) -> Array:
   inside = jnp.logical_and(block_idx >= 0, block_idx < num_blocks)
   same = block_idx[..., :, None] == block_idx[..., None, :]
   earlier = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]  # [slot, other]: other < slot
+  earlier = jnp.reshape(earlier, (1,) * (block_idx.ndim - 1) + (n, n))
   duplicate = jnp.any(jnp.logical_and(same, earlier), axis=-1)
   return jnp.logical_and(inside, jnp.logical_not(duplicate))
 
@@ -190,9 +191,9 @@ def _forward(c: _Plan, x, nondiff, stats: bool):
     return (out_buf, lse_buf), (res, extra)
 
   init = (jnp.zeros((c.B, c.Tp, c.K, c.G, c.Hv), c.work), jnp.zeros((c.B, c.Tp, c.K, c.G), c.work))
-  (out32, lse), (res, extra) = jax.lax.scan(step, init, jnp.arange(c.nq))
+  (out32, lse32), (res, extra) = jax.lax.scan(step, init, jnp.arange(c.nq))
   out = jnp.reshape(out32[:, : c.T], (c.B, c.T, c.N, c.Hv)).astype(x[0].dtype)
-  lse = jnp.reshape(lse[:, : c.T], (c.B, c.T, c.N))
+  lse = jnp.reshape(lse32[:, : c.T], (c.B, c.T, c.N))
   stat_rows = None
   if stats:
     # [nq, B, tq, K, G] -> [B, N, T]
@@ -200,14 +201,14 @@ def _forward(c: _Plan, x, nondiff, stats: bool):
       name: jnp.reshape(jnp.transpose(r, (1, 3, 4, 0, 2)), (c.B, c.N, c.Tp))[..., : c.T]
       for name, r in extra.items()
     }
-  return (out, lse, stat_rows), (out32, res)
+  return (out, lse, stat_rows), (out32, lse32, res)
 
 
 def _backward(c: _Plan, x, nondiff, residuals, cts):
   q, k, v = x
   (block_idx,) = nondiff
-  out32, res_all = residuals
-  d_out = cts[0]
+  out32, lse32, res_all = residuals
+  d_out, d_lse = cts[0], cts[1]
   nz = c.nz
   idx_all = jnp.pad(
     block_idx.astype(jnp.int32), [(0, 0), (0, c.Tp - c.T), (0, 0), (0, 0)], constant_values=-1
@@ -215,6 +216,8 @@ def _backward(c: _Plan, x, nondiff, residuals, cts):
   qp = jnp.pad(q, [(0, 0), (0, c.Tp - c.T), (0, 0), (0, 0)])
   d_out = jnp.pad(d_out.astype(c.work), [(0, 0), (0, c.Tp - c.T), (0, 0), (0, 0)])
   d_out = jnp.reshape(d_out, (c.B, c.Tp, c.K, c.G, c.Hv))
+  d_lse = jnp.pad(d_lse.astype(c.work), [(0, 0), (0, c.Tp - c.T), (0, 0)])
+  d_lse = jnp.reshape(d_lse, (c.B, c.Tp, c.K, c.G, 1))
   k_blocks, v_blocks = _blocks(c, k), _blocks(c, v)
   b = jnp.arange(c.B)[:, None, None, None]
   kh = jnp.arange(c.K)[None, None, :, None]
@@ -230,7 +233,13 @@ def _backward(c: _Plan, x, nondiff, residuals, cts):
     o = jax.lax.dynamic_slice_in_dim(out32, t0, c.tq, axis=1)
     dp = jnp.einsum("btkgh,btklh->btkgl", do, vg)
     row_dot = jnp.sum(do * o, axis=-1, keepdims=True) if nz.reads_row_dot else None
-    w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, None)
+    g_lse = jax.lax.dynamic_slice_in_dim(d_lse, t0, c.tq, axis=1)
+    if nz.softmax_like:  # the logsumexp is the normaliser's
+      w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g_lse)
+    else:  # a plain logsumexp beside the weights: d lse / dz = exp(z - lse)
+      w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, None)
+      lse = jax.lax.dynamic_slice_in_dim(lse32, t0, c.tq, axis=1)[..., None]
+      dz = dz + g_lse * jnp.exp(jnp.where(allowed, z, -jnp.inf) - lse)
     w = jnp.where(allowed, w, 0.0)
     dz = jnp.where(allowed, dz, 0.0) * c.scale
     dqb = jnp.einsum("btkgl,btklh->btkgh", dz, kg)
@@ -268,9 +277,9 @@ def run(
 ):
   """``(out [B, T, N, Hv], lse [B, T, N], statistics or None)`` of a validated call.
 
-  ``lse`` (as :func:`selected_attention` returns it) and the statistics
-  (:class:`attnjax.AttentionStats` of the selected keys, ``sink_mass`` the weight on key 0)
-  carry no gradient; ``out`` is differentiable in ``q``, ``k``, ``v`` in every mode.
+  ``out`` and ``lse`` (as :func:`selected_attention` returns it) are differentiable in ``q``,
+  ``k``, ``v`` in every mode; of the statistics (:class:`attnjax.AttentionStats` of the selected
+  keys, ``sink_mass`` the weight on key 0) only ``logsumexp`` carries a gradient.
   ``block_q``: query rows per scan step (None: :func:`rows_per_step`).
   """
   c = _Plan(q, k, v, block_idx, block_size, scale, normalizer, block_q)
@@ -285,10 +294,10 @@ def run(
   out, lse, rows = autodiff.custom_vjp_with_jvp(
     forward, backward, (q, k, v), (block_idx,), name="selected_blockwise"
   )
-  lse = jax.lax.stop_gradient(lse)
   stats = None
   if return_stats:
     stats = stats_of_rows(jax.lax.stop_gradient(rows), c.T)
+    stats = stats._replace(logsumexp=jnp.swapaxes(lse, 1, 2).astype(jnp.float32))
   return out, lse, stats
 
 
@@ -305,8 +314,7 @@ def selected_attention(
   return_lse: bool = False,
 ):
   """:func:`attnjax._src.kernels.selected_reference.selected_attention`, gathered per query
-  row in O(T) memory (same arguments; ``interpret`` is accepted and ignored; ``lse`` carries
-  no gradient)."""
+  row in O(T) memory (same arguments; ``interpret`` is accepted and ignored)."""
   del interpret
   selected_reference.check_inputs(q, k, v, block_idx, block_size=block_size)
   out, lse, _ = run(q, k, v, block_idx, block_size=block_size, scale=scale, normalizer=normalizer)

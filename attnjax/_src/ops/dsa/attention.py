@@ -166,7 +166,7 @@ def _reference(inputs: DSAInputs, opts: DSAOptions):
   seg = inputs.segment_ids
   allowed = allowed_keys(jnp.arange(T), S, seg, seg)
   idx = top_keys(scores, allowed, opts.top_k)  # [B, T, kk]
-  chosen = jnp.any(idx[..., None] == jnp.arange(S), axis=-2)  # [B, T, S]
+  chosen = jnp.any(idx[..., None] == jnp.arange(S)[None, None, None, :], axis=-2)  # [B, T, S]
   chosen = jnp.logical_and(chosen, allowed)[:, None, None]  # [B, 1, 1, T, S]
   z = jnp.einsum("btkgh,bskh->bkgts", logits.group_queries(q.astype(work), K), k.astype(work))
   z = z * opts.scale
@@ -413,7 +413,9 @@ def _indexer_loss(
     scores = index_scores(sl(iq), index_k, sl(iw))  # [B, tq, S]
     if kk is not None:  # the sparse stage: the selected keys only
       idx = top_keys(scores, allowed, kk)
-      allowed = jnp.logical_and(allowed, jnp.any(idx[..., None] == jnp.arange(S), axis=-2))
+      allowed = jnp.logical_and(
+        allowed, jnp.any(idx[..., None] == jnp.arange(S)[None, None, None, :], axis=-2)
+      )
     z = jnp.einsum("btkgh,bskh->bkgts", logits.group_queries(sl(qp), K), k) * scale
     full = jnp.broadcast_to(allowed[:, None, None], z.shape)
     w, _ = nz.weights(z, full)

@@ -133,8 +133,8 @@ def compress(
   p = jax.tree.map(lambda a: a.astype(work), compressor)
   h = blocks + p.position[None, None, :, None, :]
   h = jnp.reshape(jnp.moveaxis(h, 2, 3), (B, C, K, block_length * X))
-  h = jax.nn.gelu(h @ p.w1 + p.b1, approximate=False)
-  return (h @ p.w2 + p.b2).astype(x.dtype)
+  h = jax.nn.gelu(h @ p.w1 + p.b1[None, None, None, :], approximate=False)
+  return (h @ p.w2 + p.b2[None, None, None, :]).astype(x.dtype)
 
 
 def selection_scores(
