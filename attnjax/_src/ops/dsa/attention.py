@@ -410,6 +410,7 @@ def _indexer_loss(
     pos = i * tq + jnp.arange(tq)
     allowed = allowed_keys(pos, S, None if seg is None else sl(seg), segment_ids)
     allowed = jnp.logical_and(allowed, (pos < T)[None, :, None])
+    allowed = jnp.broadcast_to(allowed, (B, tq, S))
     scores = index_scores(sl(iq), index_k, sl(iw))  # [B, tq, S]
     if kk is not None:  # the sparse stage: the selected keys only
       idx = top_keys(scores, allowed, kk)
