@@ -384,6 +384,8 @@ RUNNERS = {
   "delta_rule": run_recurrent_case,
   "compressed": None,
   "block_select": None,
+  "nsa": None,
+  "dsa": None,
 }
 
 

@@ -73,6 +73,26 @@ def _block_select(impl):
   )
 
 
+def _nsa(impl):
+  def call(q, k, v, **kw):
+    gates = jnp.full(q.shape[:3] + (3,), 0.5, q.dtype)
+    opts = {"block_length": 2, "stride": 1, "selection_block": 2, "num_selected": 1}
+    opts.update(num_initial=0, num_local=1, window=1)
+    return attnjax.nsa_attention(q, k, v, gates, **{**opts, **kw}, implementation=impl)
+
+  return call
+
+
+def _dsa(impl):
+  def call(q, k, v, **kw):
+    B, T = q.shape[:2]
+    S = k.shape[1]
+    index = (jnp.ones((B, T, 2, 3)), jnp.ones((B, S, 3)), jnp.ones((B, T, 2)))
+    return attnjax.dsa_attention(q, k, v, *index, **{"top_k": 2, **kw}, implementation=impl)
+
+  return call
+
+
 def _linear(impl):
   return lambda q, k, v, **kw: attnjax.linear_attention(
     q, k, v, **{"is_causal": impl == "recurrent", **kw}, implementation=impl
@@ -133,6 +153,32 @@ CALLS: dict[str, list[tuple[str, Callable[[Any], Any], dict[str, Any]]]] = {
         static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
         flags=("is_causal", "return_stats", "return_selection"),
       ),
+    )
+  ],
+  "nsa": [
+    (
+      "nsa",
+      _nsa,
+      dict(
+        self_only=True,
+        stats=None,  # NSAStats: each branch's, tested in tests/test_nsa.py
+        static=(
+          ("scale", 0.5),
+          ("block_length", 2),
+          ("stride", 1),
+          ("selection_block", 2),
+          ("num_selected", 2),
+          ("window", 2),
+        ),
+        flags=("return_stats",),
+      ),
+    )
+  ],
+  "dsa": [
+    (
+      "dsa",
+      _dsa,
+      dict(self_only=True, static=(("scale", 0.5), ("top_k", 3)), flags=("return_stats",)),
     )
   ],
   "linear": [

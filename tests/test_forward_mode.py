@@ -61,6 +61,10 @@ def _arrays(T: int = T, N: int = N, K: int = K) -> dict[str, Any]:
     beta=1.0 / (1.0 + np.exp(-draw(B, T, N))),
     g_scalar=-np.logaddexp(0.0, draw(B, T, N)),
     g_channel=per_step * rng.uniform(0.5, 1.5, (B, T, N, H)),
+    gates3=rng.uniform(0.1, 0.9, (B, T, N, 3)),
+    index_q=draw(B, T, 2, 4),
+    index_k=draw(B, T, 4),
+    index_w=draw(B, T, 2),
   )
   return {key: jnp.asarray(x, jnp.float32) for key, x in arrays.items()}
 
@@ -135,6 +139,36 @@ def _family_calls(a: dict, long: dict) -> dict[str, list[tuple[str, Callable, tu
       (
         "block_select_attention",
         functools.partial(attnjax.block_select_attention, block_size=8, top_k=2),
+        qkv,
+        (),
+      )
+    ],
+    "nsa": [
+      (
+        "nsa_attention",
+        lambda q, k, v, g, **kw: attnjax.nsa_attention(
+          q,
+          k,
+          v,
+          g,
+          block_length=8,
+          stride=4,
+          selection_block=8,
+          num_selected=3,
+          num_local=1,
+          window=5,
+          **kw,
+        ),
+        qkv + (a["gates3"],),
+        ("blockwise", None),  # the selected-block Pallas kernels: tests of their own (part B)
+      )
+    ],
+    "dsa": [
+      (
+        "dsa_attention",
+        lambda q, k, v, **kw: attnjax.dsa_attention(
+          q, k, v, a["index_q"], a["index_k"], a["index_w"], top_k=6, **kw
+        ),
         qkv,
         (),
       )

@@ -97,6 +97,43 @@ class TestBlockSelect(FamilyTests):
     )
 
 
+class TestNSA(FamilyTests):
+  op = "nsa"
+
+  def sample(self):
+    gates = jnp.asarray(np.random.default_rng(1).uniform(0.1, 0.9, (B, T, N, 3)), jnp.float32)
+    return (
+      lambda impl, q, k, v, g: attnjax.nsa_attention(
+        q,
+        k,
+        v,
+        g,
+        block_length=8,
+        stride=4,
+        selection_block=8,
+        num_selected=2,
+        num_local=1,
+        window=5,
+        implementation=impl,
+      ),
+      _qkv() + (gates,),
+    )
+
+
+class TestDSA(FamilyTests):
+  op = "dsa"
+
+  def sample(self):
+    rng = np.random.default_rng(2)
+    index = [
+      jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((B, T, 2, 4), (B, T, 4), (B, T, 2))
+    ]
+    return (
+      lambda impl, q, k, v: attnjax.dsa_attention(q, k, v, *index, top_k=6, implementation=impl),
+      _qkv(),
+    )
+
+
 class TestLinear(FamilyTests):
   op = "linear"
 

@@ -157,7 +157,7 @@ def _draw(rng, family: str) -> Draw:
   mode = _choice(rng, ["valid", "valid", "valid", "option", "array"])
   defective = mode == "option"
   own = defective and rng.random() < 0.4  # a family's own option, not a dense one
-  self_only = family in ("block_select", "gated", "delta")
+  self_only = family in ("block_select", "gated", "delta", "nsa", "dsa")
   q, k, v = _arrays(
     rng, self_only=self_only, values="any" if family in ("dense", "qk_norm", "sparse") else "normal"
   )
@@ -209,6 +209,46 @@ def _draw(rng, family: str) -> Draw:
     if own:
       defect = _choice(rng, ["block_size", "top_k"])
       kw[defect] = _choice(rng, [-1, 2.5]) if defect == "top_k" else 0
+  elif family == "nsa":
+    fn, impls = attnjax.nsa_attention, ("blockwise", None)
+    B, T, N, _ = q.shape
+    extra["gates"] = jnp.asarray(rng.uniform(0.0, 1.0, (B, T, N, 3)), q.dtype)
+    d = _choice(rng, [1, 2])
+    kw["stride"] = _spell(rng, d)
+    kw["block_length"] = _spell(rng, d * _choice(rng, [1, 2]))
+    ls = d * _choice(rng, [1, 2])
+    kw["selection_block"] = _spell(rng, ls)
+    blocks = max(1, -(-T // ls))
+    kw["num_initial"] = _choice(rng, [0, 1])
+    kw["num_local"] = _choice(rng, [0, 1])
+    lo = max(1, kw["num_initial"] + kw["num_local"])
+    kw["num_selected"] = _spell(rng, int(rng.integers(lo, max(lo, blocks) + 1)))
+    kw["window"] = _spell(rng, int(rng.integers(1, 5)))
+    if rng.random() < 0.5:
+      kw["normalizer"] = _choice(rng, normalizers.NORMALIZERS)
+    kw["return_stats"] = bool(rng.random() < 0.4)
+    if defective:
+      defect = _choice(rng, ["stride", "window", "num_selected", "normalizer"])
+      kw[defect] = {"stride": 2 * d * 4, "window": 0, "num_selected": 0, "normalizer": "softmaxx"}[
+        defect
+      ]
+  elif family == "dsa":
+    fn, impls = attnjax.dsa_attention, ("blockwise", None)
+    B, T = q.shape[:2]
+    NI = _choice(rng, [1, 2])
+    extra["index_q"] = jnp.asarray(rng.standard_normal((B, T, NI, 4)), q.dtype)
+    extra["index_k"] = jnp.asarray(rng.standard_normal((B, k.shape[1], 4)), q.dtype)
+    extra["index_weights"] = jnp.asarray(rng.standard_normal((B, T, NI)), q.dtype)
+    kw["top_k"] = _spell(rng, _choice(rng, [1, 2, 5, 100]))
+    defect = _dense_options(
+      rng, kw, defective and not own, causal=False, window=False, softcap=False
+    )
+    if own:
+      defect = _choice(rng, ["top_k", "index_weights"])
+      if defect == "top_k":
+        kw["top_k"] = _choice(rng, [0, -1, 2.5])
+      else:
+        extra["index_weights"] = extra["index_weights"][..., :1].repeat(NI + 1, axis=-1)
   elif family == "linear":
     fn, impls = attnjax.linear_attention, ("quadratic", "chunked", None)
     kw["is_causal"] = bool(rng.random() < 0.5)
@@ -262,6 +302,11 @@ def _draw(rng, family: str) -> Draw:
       return fn(
         q, k, v, extra["beta"], log_decay=extra["log_decay"], implementation=implementation, **kw
       )
+    if family == "nsa":
+      return fn(q, k, v, extra["gates"], implementation=implementation, **kw)
+    if family == "dsa":
+      index = (extra["index_q"], extra["index_k"], extra["index_weights"])
+      return fn(q, k, v, *index, implementation=implementation, **kw)
     return fn(q, k, v, implementation=implementation, **extra, **kw)
 
   what = f"{family} q{tuple(np.shape(q))} k{tuple(np.shape(k))} {q.dtype} {kw}"
@@ -276,6 +321,8 @@ DRAWN = {
   "sparse": ("sparse",),
   "compressed": ("compressed",),
   "block_select": ("block_select",),
+  "nsa": ("nsa",),
+  "dsa": ("dsa",),
   "linear": ("linear",),
   "gated_linear": ("gated",),
   "delta_rule": ("delta",),

@@ -27,8 +27,8 @@ from attnjax._src.ops.sparse import attention as sparse
 # the op registry, attnjax._op.OPS: a registered op without an entry fails
 # test_every_registered_family_is_listed). Each function: (name, public function, dense keywords
 # it forwards, dense keyword names it uses with a meaning of its own, defaults of its own, the
-# arguments a call needs besides q, k, v). The recurrent families forward no dense keyword:
-# their options are their own.
+# arguments a call needs besides q, k, v). The recurrent families, NSA and DSA forward no
+# dense keyword: their options are their own.
 KEYWORDS_BY_OP = {
   "dense": [
     ("dot_product_attention", attnjax.dot_product_attention, options.KEYWORDS, (), {}, {}),
@@ -75,6 +75,9 @@ KEYWORDS_BY_OP = {
   ],
   "linear": [],
   "gated_linear": [],
+  # NSA and DSA take no dense keyword: their scale, normalizer(s) and statistics are their own.
+  "nsa": [],
+  "dsa": [],
   "delta_rule": [],
 }
 FAMILIES = {name: rest for op in _op.OPS for name, *rest in KEYWORDS_BY_OP.get(op, ())}

@@ -13,8 +13,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import logits, normalizers
-from attnjax._src.attention_stats import AttentionStats, stats_from_weights
+from attnjax._src import empty, logits, normalizers
+from attnjax._src.attention_stats import stats_from_weights
 from attnjax._src.ops.nsa import rules
 
 Array = jnp.ndarray
@@ -26,8 +26,12 @@ def _branch(q, k, v, allowed, normalizer: str, scale: float, want_stats: bool):
   ``allowed``: bool broadcastable to ``[B, K, G, T, S]``.
   """
   B, T, N, _ = q.shape
-  K = k.shape[2]
+  K, S = k.shape[2], k.shape[1]
   work = q.dtype
+  if S == 0:  # no compressed block has ended (S < l): every row has no key
+    z = jnp.zeros((B, K, N // K, T, 0), work)
+    out = jnp.zeros((B, T, N, v.shape[-1]), work)
+    return out, z, (empty.empty_stats(B, N, T) if want_stats else None)
   z = jnp.einsum("btkgh,bskh->bkgts", logits.group_queries(q, K), k.astype(work)) * scale
   allowed = jnp.broadcast_to(allowed, z.shape)
   w, log_norm = normalizers.get(normalizer).weights(z, allowed)
@@ -36,7 +40,6 @@ def _branch(q, k, v, allowed, normalizer: str, scale: float, want_stats: bool):
   out = jnp.reshape(out, (B, T, N, v.shape[-1]))
   stats = None
   if want_stats:
-    S = z.shape[-1]
     flat = lambda x: jnp.reshape(x, (B, N) + x.shape[3:])
     stats = stats_from_weights(
       flat(z).astype(jnp.float32),
@@ -44,7 +47,6 @@ def _branch(q, k, v, allowed, normalizer: str, scale: float, want_stats: bool):
       flat(allowed),
       flat(log_norm).astype(jnp.float32),
     )
-    del S
   return out, w, stats
 
 
@@ -81,9 +83,7 @@ def attend(
   """
   work = jnp.promote_types(q.dtype, jnp.float32)
   qw = q.astype(work)
-  B, T, N, _ = q.shape
-  S, K = k[1].shape[1], k[1].shape[2]
-  G = N // K
+  S = k[1].shape[1]
   o = opts
   t = q_positions.astype(jnp.int32)[:, None]  # [T, 1]
   want = o.return_stats
@@ -125,7 +125,6 @@ def attend(
   if not want:
     return out
   gate_mean = jnp.mean(jnp.moveaxis(gates.astype(jnp.float32), 1, 2), axis=2)  # [B, N, 3]
-  del G
   return out, rules.NSAStats(st_c, st_s, st_w, gate_mean)
 
 
@@ -145,8 +144,11 @@ def selection(
   )
   z = z * o.scale
   allowed = jnp.broadcast_to(allowed, z.shape)
-  w, _ = normalizers.get(o.normalizers[0]).weights(z, allowed)
-  w = jnp.where(allowed, w, 0.0)
+  if C == 0:
+    w = z
+  else:
+    w, _ = normalizers.get(o.normalizers[0]).weights(z, allowed)
+    w = jnp.where(allowed, w, 0.0)
   p_slc = rules.selection_scores(
     w,
     block_length=o.block_length,
@@ -163,14 +165,3 @@ def selection(
     num_local=o.num_local,
   )
   return jnp.moveaxis(jax.lax.stop_gradient(idx), 2, 1)
-
-
-def stats_type() -> type:
-  """The statistics' type (:class:`rules.NSAStats`)."""
-  return rules.NSAStats
-
-
-def empty_branch_stats(B: int, N: int, T: int) -> AttentionStats:
-  """Statistics of a branch whose rows have no key."""
-  zeros = jnp.zeros((B, N), jnp.float32)
-  return AttentionStats(zeros, zeros, zeros, jnp.zeros((B, N, T), jnp.float32), zeros)
