@@ -1,8 +1,4 @@
-"""Native Sparse Attention (Yuan et al. 2025): compressed, selected and window branches.
-
-:func:`attnjax.nsa_attention` mixes three causal branches, each with its own normaliser, by
-per-head gates: attention over learned summaries of overlapping key blocks, over the key
-blocks each query selects from the summaries' weights, and over a sliding window:
+"""Native Sparse Attention (Yuan et al. 2025): compressed, selected and window branches, gated.
 
 >>> import jax, jax.numpy as jnp, attnjax
 >>> q = jax.random.normal(jax.random.key(0), (1, 128, 4, 8))
