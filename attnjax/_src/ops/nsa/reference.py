@@ -61,6 +61,7 @@ def attend(
   opts: rules.NSAOptions,
   *,
   key_positions: Optional[Array] = None,
+  return_weights: bool = False,
 ):
   """NSA of queries at ``q_positions`` over keys at positions ``0 .. S - 1``.
 
@@ -76,10 +77,13 @@ def attend(
     opts: the call's :class:`rules.NSAOptions`.
     key_positions: None, or int ``[S]`` positions of the raw keys (a decode cache's; -1 = an
       empty slot): the raw keys' rules use these instead of ``0 .. S - 1``.
+    return_weights: also return the weight each raw key receives, ``[B, N, T, S]`` float32:
+      the gated sum of the branches' weights, a compressed block's spread evenly over its
+      ``l`` keys (its value is a learned summary of them, not their mean).
 
   Returns:
-    ``out [B, T, N, Hv]`` in ``q``'s dtype, or ``(out, rules.NSAStats)`` with
-    ``opts.return_stats``.
+    ``out [B, T, N, Hv]`` in ``q``'s dtype; ``(out, rules.NSAStats)`` with
+    ``opts.return_stats``; the weights appended with ``return_weights``.
   """
   work = jnp.promote_types(q.dtype, jnp.float32)
   qw = q.astype(work)
@@ -115,17 +119,26 @@ def attend(
   chosen = jnp.any(idx[..., None] == (s // o.selection_block)[None, None, None], axis=-2)
   raw = jnp.logical_and(s >= 0, s <= t)  # [T, S]
   slc_allowed = jnp.logical_and(chosen, raw[None, None])[:, :, None]  # [B, K, 1, T, S]
-  out_s, _, st_s = _branch(qw, k[1], v[1], slc_allowed, o.normalizers[1], o.scale, want)
+  out_s, w_s, st_s = _branch(qw, k[1], v[1], slc_allowed, o.normalizers[1], o.scale, want)
 
   # Window branch: keys t - w .. t.
   win_allowed = jnp.logical_and(raw, s >= t - o.window)[None, None, None]
-  out_w, _, st_w = _branch(qw, k[2], v[2], win_allowed, o.normalizers[2], o.scale, want)
+  out_w, w_w, st_w = _branch(qw, k[2], v[2], win_allowed, o.normalizers[2], o.scale, want)
 
   out = rules.gate_mix((out_c, out_s, out_w), gates.astype(work)).astype(q.dtype)
-  if not want:
-    return out
-  gate_mean = jnp.mean(jnp.moveaxis(gates.astype(jnp.float32), 1, 2), axis=2)  # [B, N, 3]
-  return out, rules.NSAStats(st_c, st_s, st_w, gate_mean)
+  res = (out,)
+  if want:
+    gate_mean = jnp.mean(jnp.moveaxis(gates.astype(jnp.float32), 1, 2), axis=2)  # [B, N, 3]
+    res += (rules.NSAStats(st_c, st_s, st_w, gate_mean),)
+  if return_weights:
+    spread = (s >= jnp.asarray(ends - (o.block_length - 1)).T) & (s <= ends.T)  # [C, S]
+    w_raw_c = jnp.einsum("bkgtc,cs->bkgts", w_c, spread.astype(work)) / o.block_length
+    g = jnp.moveaxis(gates.astype(work), 1, 3)  # [B, N, 3, T]
+    B, N, T = g.shape[0], g.shape[1], g.shape[3]
+    flat = lambda w: jnp.reshape(w, (B, N, T, w.shape[-1]))
+    implied = sum(g[:, :, b, :, None] * flat(w) for b, w in enumerate((w_raw_c, w_s, w_w)))
+    res += (implied.astype(jnp.float32),)
+  return res[0] if len(res) == 1 else res
 
 
 def selection(
