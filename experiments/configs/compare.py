@@ -2,7 +2,7 @@
 
 Every attention variant at one learning rate on Shakespeare (character level):
 the README's main job. With ``preset=cpu`` (2 layers, d=64, T=64, batch 32 as
-4 accumulated microbatches of 8, 240 steps) the 7 arms take a few minutes on a
+4 accumulated microbatches of 8, 240 steps) the 9 arms take a few minutes on a
 2-core CPU, compilation included. Arguments after ``:``: ``preset`` (cpu, gpu, tpu), ``lr``, ``data``
 (shakespeare or bigram_backcopy). The arms are ``--config.sweep.variants``
 (comma-separated names from ``attnjax.train.variants.VARIANTS``); presets gpu and

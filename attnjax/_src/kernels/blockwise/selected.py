@@ -51,7 +51,7 @@ def slot_valid(block_idx: Array, num_blocks: int) -> Array:
 class _Plan:
   """Shapes and static choices of one call."""
 
-  def __init__(self, q, k, v, block_idx, block_size, scale, normalizer, block_q):
+  def __init__(self, q, k, v, block_idx, block_size, scale, normalizer, block_q, distinct):
     self.B, self.T, self.N, self.H = q.shape
     self.S, self.K, self.Hv = k.shape[1], k.shape[2], v.shape[3]
     self.G = self.N // self.K
@@ -66,6 +66,7 @@ class _Plan:
     self.nq = -(-self.T // self.tq)
     self.Tp = self.nq * self.tq
     self.work = jnp.promote_types(q.dtype, jnp.float32)
+    self.distinct = distinct
 
 
 def _blocks(c: _Plan, x: Array) -> Array:
@@ -89,7 +90,10 @@ def _tile(c: _Plan, q: Array, idx_all: Array, i: Array):
   qb = jax.lax.dynamic_slice_in_dim(q, t0, c.tq, axis=1).astype(c.work)
   qb = jnp.reshape(qb, (c.B, c.tq, c.K, c.G, c.H))
   idx = jax.lax.dynamic_slice_in_dim(idx_all, t0, c.tq, axis=1)
-  valid = slot_valid(idx, c.nb)  # [B, tq, K, n]
+  if c.distinct:  # the caller's slots name distinct blocks: only the range is checked
+    valid = jnp.logical_and(idx >= 0, idx < c.nb)
+  else:
+    valid = slot_valid(idx, c.nb)  # [B, tq, K, n]
   safe = jnp.clip(idx, 0, c.nb - 1)
   pos = safe[..., None] * c.bs + jnp.arange(c.bs)[None, None, None, None]  # [B, tq, K, n, bs]
   t = t0 + jnp.arange(c.tq)
@@ -263,6 +267,142 @@ def _backward(c: _Plan, x, nondiff, residuals, cts):
   return dq[:, : c.T].astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
+# Key blocks at least this long take the block-major backward (:func:`_backward_by_block`);
+# shorter ones (DSA's single keys) the row-major one, whose per-row scatters they keep small.
+BLOCK_MAJOR_MIN = 8
+
+
+def chunk_rows(G: int) -> int:
+  """Selections per chunk of the block-major backward: ``R`` rows of ``G`` heads, ~512 rows."""
+  return max(8, min(128, 512 // max(G, 1)))
+
+
+def _by_block(c: _Plan, block_idx: Array, R: int):
+  """The selections ``(row t, slot)`` of each ``(batch, kv head)`` sorted by the block they
+  name and laid out in chunks of ``R``, each chunk within one block (a block's run padded to a
+  multiple of ``R``): ``(pairs [B, K, chunks, R]`` (``t * n + slot``, ``P = Tp * n`` =
+  padding), ``blocks [B, K, chunks]`` (``nb``: an empty chunk)). ``chunks = ceil(P / R) + nb``
+  bounds the padding statically."""
+  n = c.n
+  P = c.Tp * n
+  chunks = -(-P // R) + c.nb
+  idx = jnp.pad(
+    block_idx.astype(jnp.int32), [(0, 0), (0, c.Tp - c.T), (0, 0), (0, 0)], constant_values=-1
+  )
+  valid = (
+    jnp.logical_and(idx >= 0, idx < c.nb) if c.distinct else slot_valid(idx, c.nb)
+  )  # [B, Tp, K, n]
+  keys = jnp.where(valid, idx, c.nb)
+  keys = jnp.reshape(jnp.moveaxis(keys, 2, 1), (c.B, c.K, P))  # pair t * n + slot
+  order = jnp.argsort(keys, axis=-1, stable=True).astype(jnp.int32)  # [B, K, P]
+  blk = jnp.take_along_axis(keys, order, axis=-1)
+  counts = (
+    jnp.sum(keys[..., None] == jnp.arange(c.nb)[None, None, None, :], axis=2)
+    if c.nb <= 64
+    else None
+  )
+  if counts is None:
+    counts = jnp.zeros((c.B, c.K, c.nb + 1), jnp.int32)
+    bi = jnp.arange(c.B)[:, None, None]
+    ki = jnp.arange(c.K)[None, :, None]
+    counts = counts.at[bi, ki, keys].add(1)[..., : c.nb]
+  padded = -(-counts // R) * R  # [B, K, nb]
+  start = jnp.cumsum(padded, axis=-1) - padded  # where each block's run starts
+  first = jnp.cumsum(counts, axis=-1) - counts  # its first pair in the sorted order
+  blk_c = jnp.minimum(blk, c.nb - 1)
+  at = lambda table: jnp.take_along_axis(table, blk_c, axis=-1)
+  dest = at(start) + jnp.arange(P, dtype=jnp.int32)[None, None, :] - at(first)
+  dest = jnp.where(blk < c.nb, dest, chunks * R)  # invalid selections: dropped
+  bi = jnp.arange(c.B)[:, None, None]
+  ki = jnp.arange(c.K)[None, :, None]
+  pairs = jnp.full((c.B, c.K, chunks * R), P, jnp.int32)
+  pairs = pairs.at[bi, ki, dest].set(order, mode="drop")
+  pairs = jnp.reshape(pairs, (c.B, c.K, chunks, R))
+  # A chunk's block: the last block whose run starts at or before it.
+  edges = jnp.arange(chunks, dtype=jnp.int32) * R
+  ends = start + padded
+  blocks = jnp.sum(ends[..., None, :] <= edges[None, None, :, None], axis=-1)  # [B, K, chunks]
+  return pairs, jnp.minimum(blocks, c.nb).astype(jnp.int32)
+
+
+def _backward_by_block(c: _Plan, x, nondiff, residuals, cts):
+  """The backward one key block at a time: the selections of a block gathered as query rows.
+
+  A chunk holds ``R`` selections of one key block: its query rows (``[R, G, H]``, the group's
+  heads), their output cotangents and per-row residuals are gathered; logits, weights and
+  their cotangents form an ``[R G, block]`` tile (dense products); ``dk``, ``dv`` of the block
+  are added in place, and the rows' ``dq`` scatter-added (``G H`` values per selection, not
+  ``block H``: the gather carries the queries, which a group shares per key block).
+  """
+  q, k, v = x
+  (block_idx,) = nondiff
+  out32, lse32, res_all = residuals
+  d_out, d_lse = cts[0], cts[1]
+  nz = c.nz
+  R = chunk_rows(c.G)
+  pairs, blocks = _by_block(c, jax.lax.stop_gradient(block_idx), R)
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, c.Tp - c.T)] + [(0, 0)] * (x.ndim - 2))
+  qg = jnp.reshape(pad(q.astype(c.work)), (c.B, c.Tp, c.K, c.G, c.H))
+  do = jnp.reshape(pad(d_out.astype(c.work)), (c.B, c.Tp, c.K, c.G, c.Hv))
+  g_lse = jnp.reshape(pad(d_lse.astype(c.work)), (c.B, c.Tp, c.K, c.G, 1))
+  row_dot = jnp.sum(do * out32, axis=-1, keepdims=True)  # [B, Tp, K, G, 1]
+  # The forward's residual rows, [nq, B, tq, K, G, 1] -> [B, Tp, K, G, 1].
+  res_rows = {
+    name: jnp.reshape(jnp.moveaxis(r, 0, 1), (c.B, c.Tp) + r.shape[3:])
+    for name, r in res_all.items()
+  }
+  k_blocks, v_blocks = _blocks(c, k), _blocks(c, v)  # [B, nb, bs, K, X]
+  bi = jnp.arange(c.B)[:, None, None]
+  ki = jnp.arange(c.K)[None, :, None]
+  b2 = jnp.arange(c.B)[:, None]
+  k2 = jnp.arange(c.K)[None, :]
+  P = c.Tp * c.n
+
+  def step(carry, xs):
+    dq, dk_blocks, dv_blocks = carry
+    pair, blk = xs  # [B, K, R], [B, K]
+    ok = pair < P
+    t = jnp.where(ok, pair // c.n, 0)  # [B, K, R]
+    rows = lambda a: a[bi, t, ki]  # [B, Tp, K, ...] -> [B, K, R, ...]
+    qr, dor = rows(qg), rows(do)  # [B, K, R, G, X]
+    safe = jnp.minimum(blk, c.nb - 1)
+    kb = k_blocks[b2, safe, :, k2, :]  # [B, K, bs, H]
+    vb = v_blocks[b2, safe, :, k2, :]
+    pos = safe[..., None] * c.bs + jnp.arange(c.bs)[None, None, :]  # [B, K, bs]
+    allowed = (pos[:, :, None, :] <= t[..., None]) & (pos[:, :, None, :] < c.S) & ok[..., None]
+    allowed = jnp.logical_and(allowed, (blk < c.nb)[..., None, None])[:, :, :, None, :]
+    z = jnp.einsum("bkrgh,bksh->bkrgs", qr, kb) * c.scale  # [B, K, R, G, bs]
+    dp = jnp.einsum("bkrgh,bksh->bkrgs", dor, vb)
+    res = {name: rows(r) for name, r in res_rows.items()}
+    g = rows(g_lse)
+    if nz.softmax_like:
+      w, dz = nz.tile_backward(z, allowed, dp, res, rows(row_dot) if nz.reads_row_dot else None, g)
+    else:
+      w, dz = nz.tile_backward(
+        z, allowed, dp, res, rows(row_dot) if nz.reads_row_dot else None, None
+      )
+      lse = rows(lse32[..., None])
+      dz = dz + g * jnp.exp(jnp.where(allowed, z, -jnp.inf) - lse)
+    w = jnp.where(allowed, w, 0.0)
+    dz = jnp.where(allowed, dz, 0.0) * c.scale
+    dk_blocks = dk_blocks.at[b2, safe, :, k2, :].add(jnp.einsum("bkrgs,bkrgh->bksh", dz, qr))
+    dv_blocks = dv_blocks.at[b2, safe, :, k2, :].add(jnp.einsum("bkrgs,bkrgh->bksh", w, dor))
+    dq = dq.at[bi, t, ki].add(jnp.einsum("bkrgs,bksh->bkrgh", dz, kb))
+    return (dq, dk_blocks, dv_blocks), None
+
+  init = (
+    jnp.zeros((c.B, c.Tp, c.K, c.G, c.H), c.work),
+    jnp.zeros((c.B, c.nb, c.bs, c.K, c.H), c.work),
+    jnp.zeros((c.B, c.nb, c.bs, c.K, c.Hv), c.work),
+  )
+  xs = (jnp.moveaxis(pairs, 2, 0), jnp.moveaxis(blocks, 2, 0))
+  (dq, dk, dv), _ = jax.lax.scan(step, init, xs)
+  dq = jnp.reshape(dq[:, : c.T], (c.B, c.T, c.N, c.H))
+  dk = jnp.reshape(dk, (c.B, c.nb * c.bs, c.K, c.H))[:, : c.S]
+  dv = jnp.reshape(dv, (c.B, c.nb * c.bs, c.K, c.Hv))[:, : c.S]
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
 def run(
   q: Array,
   k: Array,
@@ -274,21 +414,26 @@ def run(
   normalizer: str = "softmax",
   return_stats: bool = False,
   block_q: Optional[int] = None,
+  distinct: bool = False,
 ):
   """``(out [B, T, N, Hv], lse [B, T, N], statistics or None)`` of a validated call.
 
   ``out`` and ``lse`` (as :func:`selected_attention` returns it) are differentiable in ``q``,
   ``k``, ``v`` in every mode; of the statistics (:class:`attnjax.AttentionStats` of the selected
   keys, ``sink_mass`` the weight on key 0) only ``logsumexp`` carries a gradient.
-  ``block_q``: query rows per scan step (None: :func:`rows_per_step`).
+  ``block_q``: query rows per scan step (None: :func:`rows_per_step`). ``distinct``: the
+  caller guarantees that no row names a block twice (NSA's and DSA's selections), which
+  skips the ``n x n`` comparison that otherwise makes a repeated block count once.
   """
-  c = _Plan(q, k, v, block_idx, block_size, scale, normalizer, block_q)
+  c = _Plan(q, k, v, block_idx, block_size, scale, normalizer, block_q, distinct)
 
   def forward(x, nondiff):
     (out, lse, rows), residuals = _forward(c, x, nondiff, return_stats)
     return (out, lse, rows), residuals
 
   def backward(x, nondiff, residuals, cts):
+    if c.bs >= BLOCK_MAJOR_MIN:
+      return _backward_by_block(c, x, nondiff, residuals, cts)
     return _backward(c, x, nondiff, residuals, cts)
 
   out, lse, rows = autodiff.custom_vjp_with_jvp(

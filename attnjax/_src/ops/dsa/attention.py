@@ -203,6 +203,7 @@ def _blockwise(inputs: DSAInputs, opts: DSAOptions):
     scale=opts.scale,
     normalizer=opts.normalizer,
     return_stats=opts.return_stats,
+    distinct=True,  # top_keys names each key once
   )
   return (out, stats) if opts.return_stats else out
 

@@ -154,6 +154,7 @@ def gathered_selected(q, k, v, idx, opts: rules.NSAOptions, want_stats: bool):
     scale=opts.scale,
     normalizer=opts.normalizers[1],
     return_stats=want_stats,
+    distinct=True,  # rules.select names each block once
   )
   return out, stats
 
