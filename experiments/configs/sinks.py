@@ -12,9 +12,10 @@ dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
   CPU (found by measurement, experiments/RESULTS.md): bigram-backcopy with 8
   trigger tokens of 64 (Guo et al. 2024), one attention-only layer with one
   head (``model.mlp = "none"``, untied embeddings, RoPE), LR 3e-2, 2000 steps.
-  Arms: 12 variants (the gated-linear and delta-rule families as GLA and
-  DeltaNet), dense at seeds 1 and 2 and at LRs 1e-2 and 1e-1: 16 runs, 21
-  minutes measured on 2 heavily loaded cores (RESULTS.md; less on quiet ones).
+  Arms: 14 variants (the gated-linear and delta-rule families as GLA and
+  DeltaNet; NSA and DSA, whose branches get a table of their own), dense at seeds 1
+  and 2 and at LRs 1e-2 and 1e-1: 18 runs; the first 16 took 21 minutes on 2 heavily
+  loaded cores (RESULTS.md; less on quiet ones).
 - ``cpu_long``: long context on a CPU: T = 16384 tokens sharded over
   ``mesh.context=8`` (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``),
   each layer's attention sequence-sharded (the ring for dense and sink logits,
@@ -38,7 +39,7 @@ from attnjax.train.variants import GATED
 CPU_LONG_VARIANTS = "dense,sink_logits,gla"
 CPU_SINKS_VARIANTS = (
   "dense,softmax_one,sink_logits,sigmoid,softpick,gated,qk_layernorm,window,"
-  "linear,relu,gla,deltanet"
+  "linear,relu,gla,deltanet,nsa,dsa"
 )
 
 

@@ -215,8 +215,9 @@ class NSASpec(AttentionSpec):
     return out, None
 
   def _sow(self, layer, q, k, gates, comp, stats, call) -> None:
-    """Per-branch statistics ``[B, N, 3]``, and the weights each raw key receives (their
-    statistics as the layer's ``attention_stats``)."""
+    """Per-branch statistics ``[B, N, 3]`` (``nsa_sink_mass``, ..., ``nsa_gate_mean``), per
+    query ``nsa_first_weight [B, N, T, 3]`` and ``nsa_gates [B, T, N, 3]``, and the weights
+    each raw key receives (their statistics as the layer's ``attention_stats``)."""
     branches = (stats.compressed, stats.selected, stats.window)
     for field in ("sink_mass", "entropy", "max_logit", "row_sum"):
       _layers.sow(layer, f"nsa_{field}", jnp.stack([getattr(b, field) for b in branches], -1))
@@ -227,7 +228,7 @@ class NSASpec(AttentionSpec):
     ck, _ = (None, None) if comp is None else comp
     k_c = rules.compress(k32, ck, block_length=opts.block_length, stride=opts.stride)
     zeros = jnp.zeros(k_c.shape, jnp.float32)
-    _, w = reference.attend(
+    _, weights = reference.attend(
       q.astype(jnp.float32),
       jnp.arange(T),
       (k32,) * 3,
@@ -238,6 +239,9 @@ class NSASpec(AttentionSpec):
       opts,
       return_weights=True,
     )
+    w = weights["implied"]
+    _layers.sow(layer, "nsa_first_weight", weights["first"])  # [B, N, T, 3]
+    _layers.sow(layer, "nsa_gates", gates.astype(jnp.float32))  # [B, T, N, 3]
     allowed = self.allowed_mask(layer, T)
     summary = stats_from_weights(w, w, allowed, jnp.zeros(w.shape[:3] + (1,), jnp.float32))
     max_logit = jnp.max(jnp.stack([b.max_logit for b in branches], -1), axis=-1)

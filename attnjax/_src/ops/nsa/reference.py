@@ -77,9 +77,11 @@ def attend(
     opts: the call's :class:`rules.NSAOptions`.
     key_positions: None, or int ``[S]`` positions of the raw keys (a decode cache's; -1 = an
       empty slot): the raw keys' rules use these instead of ``0 .. S - 1``.
-    return_weights: also return the weight each raw key receives, ``[B, N, T, S]`` float32:
-      the gated sum of the branches' weights, a compressed block's spread evenly over its
-      ``l`` keys (its value is a learned summary of them, not their mean).
+    return_weights: also return ``{"implied": [B, N, T, S], "first": [B, N, T, 3]}``
+      float32: the weight each raw key receives (the gated sum of the branches' weights, a
+      compressed block's spread evenly over its ``l`` keys: its value is a learned summary of
+      them, not their mean), and each branch's row-normalised weight on its first key
+      (compressed block 0; raw key 0), 0 on a row with no key.
 
   Returns:
     ``out [B, T, N, Hv]`` in ``q``'s dtype; ``(out, rules.NSAStats)`` with
@@ -137,7 +139,15 @@ def attend(
     B, N, T = g.shape[0], g.shape[1], g.shape[3]
     flat = lambda w: jnp.reshape(w, (B, N, T, w.shape[-1]))
     implied = sum(g[:, :, b, :, None] * flat(w) for b, w in enumerate((w_raw_c, w_s, w_w)))
-    res += (implied.astype(jnp.float32),)
+
+    def first(w):  # [B, K, G, T, X] -> [B, N, T]
+      if w.shape[-1] == 0:
+        return jnp.zeros((B, N, T), jnp.float32)
+      total = jnp.sum(jnp.abs(w), axis=-1)
+      return jnp.reshape(jnp.abs(w[..., 0]) / jnp.where(total > 0, total, 1.0), (B, N, T))
+
+    firsts = jnp.stack([first(w) for w in (w_c, w_s, w_w)], axis=-1).astype(jnp.float32)
+    res += ({"implied": implied.astype(jnp.float32), "first": firsts},)
   return res[0] if len(res) == 1 else res
 
 
