@@ -192,7 +192,11 @@ def _fresh(dtype, separate=False):
   return jax.tree.map(cast, (q, k, v, gates, comp))
 
 
-@pytest.mark.parametrize("separate", [False, True], ids=["shared_kv", "kv_per_branch"])
+@pytest.mark.parametrize(
+  "separate",
+  [False, pytest.param(True, marks=pytest.mark.slow)],  # per-branch K/V: the same code paths
+  ids=["shared_kv", "kv_per_branch"],
+)
 def test_paper_loop_equals_reference_and_blockwise(separate):
   with jax.enable_x64(True):
     q, k, v, gates, comp = _fresh(jnp.float64, separate)

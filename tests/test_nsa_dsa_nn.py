@@ -68,6 +68,7 @@ def test_decode_equals_the_full_forward(name):
     assert written[:C].all() and not written[C:].any()
 
 
+@pytest.mark.slow  # the engines are held equal in tests/test_nsa.py and tests/test_dsa.py
 def test_blockwise_layer_equals_reference_layer():
   x = _x()
   for family, options in (("nsa", NSA), ("dsa", DSA)):
@@ -81,6 +82,7 @@ def _grads(layer, loss):
   return nnx.to_flat_state(jax.grad(lambda p: loss(nnx.merge(graphdef, p, rest)))(params))
 
 
+@pytest.mark.slow  # ~10 s of compiles; the function's gradients are tested in test_nsa.py
 def test_nsa_gates_and_compressor_learn():
   layer = _layer("nsa", **NSA)
   grads = dict(_grads(layer, lambda m: jnp.sum(m(_x()) ** 2)))
