@@ -117,14 +117,13 @@ def selection(q: Array, k_c: Array, opts: rules.NSAOptions, num_keys: int) -> Ar
       allowed = jnp.broadcast_to((ends[None, :] <= pos[:, None])[None, None, None], z.shape)
       w, _ = nz.weights(z, allowed)
       w = jnp.where(allowed, w, 0.0)
-      p = rules.selection_scores(
-        w,
+      scores = rules.selection_scores(
+        jnp.sum(w, axis=2),  # the group's heads first: the map is linear
         block_length=o.block_length,
         stride=o.stride,
         selection_block=o.selection_block,
         num_keys=num_keys,
       )
-      scores = jnp.sum(p, axis=2)
     idx = rules.select(
       scores,
       pos,

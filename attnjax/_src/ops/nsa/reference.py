@@ -103,11 +103,15 @@ def attend(
   )
 
   # Importance of the selection blocks, summed over the group's heads; the selection.
-  p_slc = rules.selection_scores(
-    w_c, block_length=o.block_length, stride=o.stride, selection_block=o.selection_block, num_keys=S
-  )  # [B, K, G, T, nsel]
+  scores = rules.selection_scores(
+    jnp.sum(w_c, axis=2),  # the group's heads first: the map is linear
+    block_length=o.block_length,
+    stride=o.stride,
+    selection_block=o.selection_block,
+    num_keys=S,
+  )  # [B, K, T, nsel]
   idx = rules.select(
-    jnp.sum(p_slc, axis=2),
+    scores,
     q_positions,
     selection_block=o.selection_block,
     num_selected=o.num_selected,
@@ -172,15 +176,15 @@ def selection(
   else:
     w, _ = normalizers.get(o.normalizers[0]).weights(z, allowed)
     w = jnp.where(allowed, w, 0.0)
-  p_slc = rules.selection_scores(
-    w,
+  scores = rules.selection_scores(
+    jnp.sum(w, axis=2),
     block_length=o.block_length,
     stride=o.stride,
     selection_block=o.selection_block,
     num_keys=num_keys,
   )
   idx = rules.select(
-    jnp.sum(p_slc, axis=2),
+    scores,
     q_positions,
     selection_block=o.selection_block,
     num_selected=o.num_selected,
