@@ -502,3 +502,43 @@ def test_interface_reference_rows():
   # row 4 block 0 (keys 0, 1); row 5 nothing. Every logit is <1, 1> * 4 = 4.
   np.testing.assert_allclose(out[0, :, 0, 0], [0, 0, 0, 2.5, 0.5, 0])
   np.testing.assert_allclose(lse[0, :, 0], [0, 0, 0, 4 + np.log(2), 4 + np.log(2), 0], rtol=1e-6)
+
+
+def test_kernel_engine_slots(monkeypatch):
+  # Without attnjax._src.kernels.selected (issue 58, part B) the Pallas engines refuse by name;
+  # with it, they run the selected branch through its selected_attention.
+  import sys
+  import types
+
+  from attnjax._src.ops.nsa import attention as nsa_op
+
+  q, k, v, gates, comp = _inputs()
+  inputs, opts = nsa_op.validate(
+    q,
+    k,
+    v,
+    gates,
+    compressor=comp,
+    **dict(FULL, scale=None, normalizer="softmax", return_stats=False),
+  )
+  for name in ("pallas_tpu", "mosaic_gpu"):
+    engine = nsa_op.ENGINES[name]
+    assert engine.vouched_by == "device-check" and name not in nsa_op.FALLBACK
+    if nsa_op.platform_kernel(name) is None:
+      assert any("kernels.selected" in r for r in engine.unsupported(inputs, opts))
+  seen = []
+
+  def fake(q, k, v, block_idx, **kw):
+    seen.append(kw)
+    return selected_reference.selected_attention(q, k, v, block_idx, **kw)
+
+  package = types.ModuleType("attnjax._src.kernels.selected")
+  package.pallas_tpu = types.SimpleNamespace(selected_attention=fake)
+  monkeypatch.setitem(sys.modules, "attnjax._src.kernels.selected", package)
+  engine = nsa_op.ENGINES["pallas_tpu"]
+  assert engine.unsupported(inputs, opts) == []
+  got = engine.compute(inputs, opts)
+  want = nsa_op.ENGINES["blockwise"].compute(inputs, opts)
+  tol = reduction_tolerance(jnp.float32, T * H, depth=4)
+  assert_close(got, want, "pallas_tpu slot", rtol=tol, atol=tol)
+  assert seen and seen[0]["block_size"] == 8 and seen[0]["normalizer"] == "softmax"
