@@ -22,9 +22,10 @@ from attnjax import patterns
 
 # The families' and the vocabulary's public modules, as attributes (attnjax.dense.ENGINES).
 from attnjax import attention_stats as attention_stats, block_select as block_select
-from attnjax import compressed as compressed, delta_rule as delta_rule, dense as dense
-from attnjax import dsa as dsa, nsa as nsa
+from attnjax import compressed as compressed, cosine as cosine, delta_rule as delta_rule
+from attnjax import dense as dense, dsa as dsa, nsa as nsa
 from attnjax import gated_linear as gated_linear, layout as layout, linear as linear
+from attnjax import mla as mla
 from attnjax import options as options, parallel as parallel, qk_norm as qk_norm
 from attnjax import sparse as sparse
 from attnjax.attention_stats import AttentionStats
@@ -35,8 +36,9 @@ from attnjax.dsa import dsa_attention
 from attnjax.delta_rule import delta_rule_attention
 from attnjax.gated_linear import gated_linear_attention
 from attnjax.linear import linear_attention
+from attnjax.cosine import cosine_attention
+from attnjax.mla import mla_attention
 from attnjax.nsa import nsa_attention
-from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import stats
@@ -75,6 +77,7 @@ __all__ = [
   "gated_linear_attention",
   "linear_attention",
   "masks",
+  "mla_attention",
   "models",
   "mods",
   "nn",

@@ -6,6 +6,7 @@
     python experiments/bench.py --list
     python experiments/bench.py --memory --memory-filter compressed   # memory cases only
     python experiments/bench.py --suite pretrained   # sink statistics at 8k and 32k tokens
+    python experiments/bench.py --suite mla          # MLA decode and cache bytes vs GQA at 32k
 
 Each case is timed in this process after warm-up (compilation excluded), with
 ``block_until_ready``. The cases of one shape are timed in interleaved rounds
@@ -1393,6 +1394,98 @@ def block_select_memory():
   return step, (q, k, v)
 
 
+# DeepSeek V2-Lite's attention: 16 heads, a latent of 512, rope key 64, keys 128 + 64, values 128.
+MLA_SHAPE = dict(N=16, R=512, d_n=128, d_r=64, d_v=128)
+
+
+def mla_cache_table(S: int, itemsize: int = 2) -> str:
+  """Bytes per token and layer of the MLA latent cache beside GQA caches of the same heads
+  (keys and values only; ``itemsize`` 2: bfloat16), as a markdown table with ratios."""
+  N, R, d_n, d_r, d_v = (MLA_SHAPE[k] for k in ("N", "R", "d_n", "d_r", "d_v"))
+  latent = (R + d_r) * itemsize
+  rows = [
+    ("MLA latent cache (c, k_rope)", R + d_r),
+    (f"expanded heads (K={N}: keys {d_n + d_r}, values {d_v})", N * (d_n + d_r + d_v)),
+    ("GQA K=8, H=128", 2 * 8 * 128),
+    ("GQA K=4, H=128", 2 * 4 * 128),
+    ("GQA K=2, H=128", 2 * 2 * 128),
+  ]
+  lines = [
+    f"Cache per token and layer at S={S} (bytes of {itemsize}-byte numbers, keys and values):\n",
+    "| cache | numbers | bytes | MiB at S | latent / this |",
+    "|---|---:|---:|---:|---:|",
+  ]
+  for name, numbers in rows:
+    b = numbers * itemsize
+    lines.append(f"| {name} | {numbers} | {b} | {b * S / 2**20:.1f} | {latent / b:.3f} |")
+  ratio = (R + d_r) / (N * (d_n + d_r + d_v))
+  lines.append(
+    f"\nlatent / expanded heads' cache: {ratio:.3f} (target <= 0.25: "
+    f"{'met' if ratio <= 0.25 else 'not met'})\n"
+  )
+  return "\n".join(lines)
+
+
+@suite("mla")
+def mla_suite(args) -> Iterable[Case]:
+  """One decode step at 32k context: MLA over its latent cache against GQA (B=1, fp32).
+
+  DeepSeek V2-Lite's attention shape (N=16 heads, latent R=512, d_n=128, d_r=64,
+  d_v=128); one new query token over S cached tokens (``--sizes``, default 32768).
+  Rows: GQA decode with K=4 KV heads of H=128 (the baseline); the expanded heads as
+  a plain cache (K=16, keys 192, values 128); ``mla_attention`` over the latent
+  cache in the expanded form (rebuilding every key and value from the latent each
+  step) and in the absorbed form (MQA over ``[c | k_rope]``). Target: absorbed no
+  slower than expanded. The cache table before it prints bytes per token and layer
+  (target: the latent at most 1/4 of the expanded heads' cache).
+  """
+  N, R, d_n, d_r, d_v = (MLA_SHAPE[k] for k in ("N", "R", "d_n", "d_r", "d_v"))
+  B = 1
+  for S in parse_sizes(args.sizes or "32768"):
+    print(mla_cache_table(S))
+    shape = f"decode S={S}"
+    ks = jax.random.split(jax.random.key(S), 8)
+    draw = lambda i, *sh, s=1.0: s * jax.random.normal(ks[i], sh, jnp.float32)
+    q = draw(0, B, 1, N, d_n + d_r)
+    k_rope, latent = draw(1, B, S, 1, d_r), draw(2, B, S, 1, R)
+    w_uk, w_uv = draw(3, R, N, d_n, s=R**-0.5), draw(4, R, N, d_v, s=R**-0.5)
+    gqa = (draw(5, B, 1, N, 128), draw(6, B, S, 4, 128), draw(7, B, S, 4, 128))
+    heads = (q, draw(6, B, S, N, d_n + d_r), draw(7, B, S, N, d_v))
+    dense = jax.jit(lambda q, k, v: attnjax.dot_product_attention(q, k, v))
+    yield Case(
+      "mla",
+      "GQA K=4, H=128: dot_product_attention",
+      shape,
+      dense,
+      gqa,
+      4.0 * B * N * 128 * S,
+      baseline=True,
+      tokens=B,
+    )
+    yield Case(
+      "mla",
+      f"expanded heads as the cache (K={N}): dot_product_attention",
+      shape,
+      dense,
+      heads,
+      2.0 * B * N * S * (d_n + d_r + d_v),
+      tokens=B,
+    )
+    for absorb in (False, True):
+      rebuild = 0 if absorb else 2.0 * B * S * R * N * (d_n + d_v)
+      attend = 2.0 * B * N * S * ((2 * R + d_r) if absorb else (d_n + d_r + d_v))
+      fold = 2.0 * B * N * R * (d_n + d_v) if absorb else 0
+      yield Case(
+        "mla",
+        f"mla_attention over the latent, {'absorbed' if absorb else 'expanded'}",
+        shape,
+        jax.jit(lambda *a, absorb=absorb: attnjax.mla_attention(*a, absorb=absorb)),
+        (q, k_rope, latent, w_uk, w_uv),
+        rebuild + attend + fold,
+        tokens=B,
+      )
+
+
 # ---------------------------------------------------------------------------
 # Memory measurement in a child process.
 
@@ -2086,6 +2179,13 @@ def time_group(cases: list, repeats: int) -> list:
   return results
 
 
+def _tokens_per_s(value: Optional[float]) -> str:
+  """A tokens/s cell: whole tokens from 100 up, two decimals below (a decode step at 32k)."""
+  if not value:
+    return ""
+  return f"{value:.0f}" if value >= 100 else f"{value:.2f}"
+
+
 def run_suites(names: list[str], args) -> list[dict]:
   rate = matmul_rate()
   print(
@@ -2148,7 +2248,7 @@ def run_suites(names: list[str], args) -> list[dict]:
         f"| {r['shape']} | {r['method']} | {r['time_ms']:.2f} ({r['median_ms']:.2f}) | "
         f"{r['gflops']:.1f} | "
         f"{r['pct_matmul']:.1f} | {r['ratio']:.3f}x |"
-        + (f" {r['tokens_per_s']:.0f} |" if tok else "")
+        + (f" {_tokens_per_s(r['tokens_per_s'])} |" if tok else "")
       )
     print()
     results.extend(rows)

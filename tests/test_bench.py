@@ -152,3 +152,24 @@ def test_slow_paths_are_timed_with_fewer_calls():
   best, median, n, rounds = bench._gpu_time(slow, (1,), calls=10, rounds=5, seconds=0.2)
   assert 1 <= n <= 4 and rounds == 1 and len(calls) == 2 + n
   assert 0.05 <= best <= median
+
+
+def test_mla_suite_times_its_decode_rows_and_prints_the_cache_table(capsys):
+  """``--suite mla`` at S=256: four decode rows timed, the two MLA forms equal, and the
+  cache table's verdict (576 numbers per token against the 16 expanded heads' 5120)."""
+  import argparse
+
+  import numpy as np
+
+  bench = load_bench()
+  cases = list(bench.mla_suite(argparse.Namespace(sizes="256", repeats=1)))
+  table = capsys.readouterr().out
+  assert "| MLA latent cache (c, k_rope) | 576 | 1152 | 0.3 | 1.000 |" in table
+  assert "latent / expanded heads' cache: 0.113 (target <= 0.25: met)" in table
+  assert [c.baseline for c in cases] == [True, False, False, False]
+  assert {c.shape for c in cases} == {"decode S=256"} and all(c.tokens == 1 for c in cases)
+  assert all(isinstance(t, tuple) for t in bench.time_group(cases, 1))
+  expanded, absorbed = cases[2], cases[3]
+  np.testing.assert_allclose(
+    expanded.fn(*expanded.args), absorbed.fn(*absorbed.args), rtol=1e-4, atol=1e-5
+  )

@@ -30,9 +30,14 @@ import attnjax
 from attnjax._src import target as _target, check, normalizers, targets
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import mosaic_gpu
-from attnjax._src.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
+from attnjax._src.kernels.mosaic_gpu import (
+  backward as mbackward,
+  kernel as mkernel,
+  plan as mplan,
+  specialised as mspecialised,
+)
 from engine_base import DenseEngineTests
-from helpers import assert_close, rand_qkv, softpick_f64
+from helpers import assert_close, rand_qkv, softpick_f64, run_kernel
 
 needs_cuda = pytest.mark.targets("cuda")
 # Of each array's scale: two units of bfloat16 rounding (eps 7.8e-3), the inputs' dtype.
@@ -117,7 +122,7 @@ class TestMosaicGpu(DenseEngineTests):
   stats_tolerance = 1e-5  # from float32 logits
 
   def run(self, inputs, opts):
-    return mosaic_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+    return run_kernel(mosaic_gpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
 
   def case_marks(self, case):
     return [] if case == self.default_cases()[-1] else [compiled_interpreter]
@@ -189,7 +194,7 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
     has_key = rows["has_key"][..., 0] if stats else None
     return out, mbackward.backward(
-      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs
+      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs, mspecialised.run
     )
 
   out, grads = jax.jit(kernels)(q, k, v, sink)
@@ -228,7 +233,7 @@ def test_interpreter_runs_the_compiled_products():
   def both(q, k, v):
     out, rows = mkernel.forward(c, q, k, v, None, *segs, residuals=True)
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
-    return mbackward.backward(c, q, k, v, None, out, res, out, None, None, *segs)
+    return mbackward.backward(c, q, k, v, None, out, res, out, None, None, *segs, mspecialised.run)
 
   for fn in (lambda q, k, v: mkernel.forward(c, q, k, v, None, *segs), both):
     text = str(jax.make_jaxpr(fn)(q, k, v))
@@ -249,8 +254,8 @@ def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, struc
   inputs, opts = dense.prepare(q, k, v, **kw)
   c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
   assert (c.Tp, c.Tp // (mplan.CONSUMERS * c.bq)) == (384, 3)
-  fn = lambda q, k, v: mosaic_gpu.run(
-    *dense.prepare(q, k, v, **kw), interpret=True, block_sizes=BLOCKS
+  fn = lambda q, k, v: run_kernel(
+    mosaic_gpu, *dense.prepare(q, k, v, **kw), interpret=True, block_sizes=BLOCKS
   )
   text = str(jax.make_jaxpr(fn)(q, k, v))
   # a producer and two consumers, registers moved between them
@@ -325,7 +330,9 @@ def test_mosaic_gpu_softpick_backward_keeps_each_rows_precision():
   def kernels(q, k, v):
     out, rows = mkernel.forward(c, q, k, v, None, *segs, residuals=True)
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
-    return mbackward.backward(c, q, k, v, None, out, res, cot, None, None, *segs)[:3]
+    return mbackward.backward(c, q, k, v, None, out, res, cot, None, None, *segs, mspecialised.run)[
+      :3
+    ]
 
   got = jax.jit(kernels)(q, k, v)
   with jax.enable_x64(True):

@@ -572,7 +572,11 @@ def test_layer_stats_of_a_hand_built_capture():
 
 
 # Options a family needs to be built at all (attnjax.nn rejects a sparse layer without a pattern).
-FAMILY_OPTIONS = {"sparse": dict(pattern=("sliding_window", (("left", 4),)))}
+FAMILY_OPTIONS = {
+  "sparse": dict(pattern=("sliding_window", (("left", 4),))),
+  # MLA: one latent shared by every head (no num_kv_heads), its own head dims.
+  "mla": dict(num_kv_heads=None, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2),
+}
 
 
 def available_families(d_model=16):
@@ -595,7 +599,7 @@ def available_families(d_model=16):
 def family_layer(family, **options):
   """A layer config of `family` with `options`, without the output gate if the family rejects it."""
   A = attnjax.nn.AttentionConfig
-  options = dict(FAMILY_OPTIONS.get(family, {}), num_heads=4, num_kv_heads=2, **options)
+  options = {"num_heads": 4, "num_kv_heads": 2, **FAMILY_OPTIONS.get(family, {}), **options}
   try:
     return A(family=family, output_gate="headwise", **options)
   except ValueError:
@@ -621,8 +625,10 @@ def test_probe_sparsity_of_a_sparse_layer_counts_only_its_pattern():
 def test_probe_runs_on_every_nn_family():
   from flax import nnx
 
+  # MLA's layer compares N key heads of d_n + d_r (the others: K = 2 heads of 4), so the
+  # probe holds its q, k and v per layer rather than stacked.
   families = available_families()
-  assert {"dense", "qk_norm", "cosine"} <= set(families)
+  assert {"dense", "qk_norm", "cosine", "mla"} <= set(families)
   layers = [family_layer(f) for f in families] + [
     family_layer("dense", sink_logits=True),
     family_layer("dense", window=4, num_sinks=2, kv_bias=True),
@@ -660,6 +666,11 @@ def test_probe_runs_on_every_nn_family():
       assert np.all(np.isfinite(value[gated])) and np.all(np.isnan(value[~gated])), name
     elif name == "max_logit":
       assert np.all(np.isfinite(value[has_logits])) and np.all(np.isnan(value[~has_logits])), name
+    elif name == "value_drain/per_head":  # [L, 4]: NaN past a layer's own 2 KV heads
+      heads = np.array([4 if layer.family == "mla" else 2 for layer in layers])
+      own = np.arange(value.shape[1])[None, :] < heads[:, None]
+      assert value.shape == (L, 4) and np.all(np.isfinite(value[own])), name
+      assert np.all(np.isnan(value[~own])), name
     else:
       assert np.all(np.isfinite(value)), name
   null = np.asarray(out["null_mass/per_layer"])

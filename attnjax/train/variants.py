@@ -5,6 +5,6 @@ fields passed to ``AttentionConfig``. The experiments' reports and docs/guides/e
 use these names.
 """
 
-from attnjax._src.train.variants import COMPARE, GATED, VARIANTS, attention_kwargs, describe
+from attnjax._src.train.variants import COMPARE, GATED, LATENT, VARIANTS, attention_kwargs, describe
 
-__all__ = ["COMPARE", "GATED", "VARIANTS", "attention_kwargs", "describe"]
+__all__ = ["COMPARE", "GATED", "LATENT", "VARIANTS", "attention_kwargs", "describe"]

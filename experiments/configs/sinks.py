@@ -28,13 +28,14 @@ dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
 - ``cpu``: the fast default (the tests use it): 11 variants x Shakespeare and
   bigram-backcopy at the cpu model size (2 layers, 4 heads, MLPs), 240 steps,
   about 5 minutes; no sink forms at this size (RESULTS.md).
-- ``gpu``/``tpu``: the cpu variant list plus ``attnjax.train.variants.GATED``.
+- ``gpu``/``tpu``: the cpu variant list plus ``attnjax.train.variants.GATED`` and
+  ``LATENT`` (mla); a cpu preset runs mla when named: ``--config.sweep.variants=dense,mla``.
 """
 
 import ml_collections
 
 from attnjax.train.config import apply_preset, base_config, parse_arg
-from attnjax.train.variants import GATED
+from attnjax.train.variants import GATED, LATENT
 
 CPU_LONG_VARIANTS = "dense,sink_logits,gla"
 CPU_SINKS_VARIANTS = (
@@ -122,7 +123,7 @@ def get_config(arg=None):
     "qk_layernorm,cosine,gated,window"
   )
   if a.preset != "cpu":
-    variants = ",".join((variants,) + GATED)
+    variants = ",".join((variants,) + GATED + LATENT)
   c.sweep = ml_collections.ConfigDict(
     {
       "setting": a.preset,

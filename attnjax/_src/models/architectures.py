@@ -312,6 +312,12 @@ class Architecture:
     del name
     return False
 
+  def skipped(self, config: dict, name: str) -> bool:
+    """Checkpoint tensors the loader skips for this ``config`` (``ignored`` ones, and e.g.
+    DeepSeek V3's multi-token-prediction layer)."""
+    del config
+    return self.ignored(name)
+
   def check_keys(self, config: dict) -> None:
     """Raises naming every config key neither understood nor known to be inert."""
     known = self.understood | self.inert | INERT_KEYS | COMMON_KEYS
@@ -640,8 +646,12 @@ class LlamaStyle(Architecture):
 
   # Tensor hooks (names after the prefix; ``pre`` ends with a dot).
 
-  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
-    """The rules of one attention layer ``a`` (its ``AttentionConfig``) at ``path``."""
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    """The rules of one attention layer ``a`` (its ``AttentionConfig``) at ``path``;
+    ``config`` is the checkpoint's ``config.json`` (its quantisation, its RoPE layout)."""
+    del config
     N, K, H, D = a.num_heads, a.kv_heads, a.head_dim_for(d_model), d_model
     rules: dict[Path, Rule] = {}
     for proj, rows in (("q_proj", N * H), ("k_proj", K * H), ("v_proj", K * H)):
@@ -760,7 +770,9 @@ class LlamaStyle(Architecture):
     for i in range(mcfg.num_layers):
       pre, blk = f"layers.{i}.", ("blocks", i)
       rules.update(
-        self.attention_tensors(pre + "self_attn.", blk + ("attention",), mcfg.attention_for(i), D)
+        self.attention_tensors(
+          config, pre + "self_attn.", blk + ("attention",), mcfg.attention_for(i), D
+        )
       )
       for ours, theirs in self.norm_names:
         rules[blk + (ours, "scale")] = Rule((f"{pre}{theirs}.weight",), ((D,),), _same)
@@ -1073,8 +1085,10 @@ class GptOss(LlamaStyle):
       moe_limit=None if c["swiglu_limit"] is None else float(c["swiglu_limit"]),
     )
 
-  def attention_tensors(self, pre: str, path: Path, a, d_model: int) -> dict[Path, Rule]:
-    rules = super().attention_tensors(pre, path, a, d_model)
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    rules = super().attention_tensors(config, pre, path, a, d_model)
     if a.sink_logits:
       rules[path + ("sink_logits",)] = Rule((f"{pre}sinks",), ((a.num_heads,),), _same)
     return rules
@@ -1119,6 +1133,325 @@ def _mxfp4_expert_rules(ex: str, path: Path, E: int, D: int, I: int) -> dict[Pat
     path + ("up",): Rule(*gate_up, lambda b, s: _every_other(1)(dequantize_mxfp4(b, s))),
     path + ("down",): Rule(*down, dequantize_mxfp4),
   }
+
+
+# ---------------------------------------------------------------------------
+# DeepSeek V2 / V3: multi-head latent attention and routed experts.
+
+FP8_BLOCK = (128, 128)
+
+
+def dequantize_fp8_blocks(w: np.ndarray, scale_inv: np.ndarray, block=FP8_BLOCK) -> np.ndarray:
+  """DeepSeek V3's FP8 weights: ``w [out, in]`` (float8 e4m3) times the scale of its
+  ``block`` (``weight_scale_inv [ceil(out / 128), ceil(in / 128)]``), as float32."""
+  out, cols = w.shape
+  rows, blocks = -(-out // block[0]), -(-cols // block[1])
+  if tuple(scale_inv.shape) != (rows, blocks):
+    raise CheckpointError(
+      f"weight_scale_inv of shape {tuple(scale_inv.shape)} does not tile a weight of shape "
+      f"{(out, cols)} in blocks of {tuple(block)} (expected {(rows, blocks)})"
+    )
+  scale = np.repeat(np.repeat(np.asarray(scale_inv, np.float32), block[0], 0), block[1], 1)
+  return np.asarray(w, np.float32) * scale[:out, :cols]
+
+
+def _rope_rows(order: np.ndarray, head: int, d_nope: int, d_rope: int):
+  """A converter permuting, in each ``head``-row group, the last ``d_rope`` rows by ``order``
+  (a weight ``[heads * head, in]``: the rope part's output columns)."""
+
+  def convert(x):
+    x = np.asarray(x)
+    rows = np.arange(x.shape[0]).reshape(-1, head)
+    rows[:, d_nope:] = rows[:, d_nope:][:, order]
+    return x[rows.reshape(-1)]
+
+  return convert
+
+
+def _then(first, second):
+  return lambda *a: second(first(*a))
+
+
+@register
+class DeepseekV3(LlamaStyle):
+  """DeepSeek V3 / R1: MLA (``q_lora_rank``), sigmoid routing with a choice bias, FP8."""
+
+  model_type = "deepseek_v3"
+  known_as = "DeepSeek V3, R1"
+  summary = (
+    '`family="mla"`, `mlp="moe"` (sigmoid router, groups, shared experts, first dense '
+    "layers), FP8 blocks dequantised, MTP layer skipped"
+  )
+  maps_to = (
+    '`family="mla"` (`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, '
+    "`qk_rope_head_dim`, `v_head_dim`; interleaved RoPE as a permutation of the rope "
+    "columns at load; YaRN `mscale_all_dim` in the logit scale), `mlp=\"moe\"` with "
+    '`moe_experts="swiglu"`, `moe_router="sigmoid"`, `moe_score_bias` '
+    "(`e_score_correction_bias`), `moe_groups`/`moe_group_topk`, `moe_normalize`, "
+    "`moe_scale`, `moe_shared_dim`, `moe_first_dense` (`first_k_dense_replace`); FP8 "
+    "128x128 blocks (`weight_scale_inv`) dequantised; the MTP layer skipped"
+  )
+  understood = LlamaStyle.understood | {
+    "attention_bias",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "qk_head_dim",
+    "moe_intermediate_size",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "n_group",
+    "topk_group",
+    "n_shared_experts",
+    "routed_scaling_factor",
+    "norm_topk_prob",
+    "first_k_dense_replace",
+    "rope_interleave",
+    "num_nextn_predict_layers",
+    "topk_method",
+    "scoring_func",
+    "moe_layer_freq",
+    "ep_size",
+    "mlp_bias",
+  }
+  inert = frozenset({"pretraining_tp", "output_router_logits", "aux_loss_alpha", "seq_aux"})
+  defaults = dict(
+    LlamaStyle.defaults,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    n_group=8,
+    topk_group=4,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    first_k_dense_replace=3,
+    rope_interleave=True,
+    num_nextn_predict_layers=0,
+    moe_layer_freq=1,
+  )
+  quantizations = ("fp8",)
+  router = "sigmoid"
+  experts_key = "n_routed_experts"
+
+  def skipped(self, config: dict, name: str) -> bool:
+    # The multi-token-prediction layers follow the decoder's: transformers never reads them.
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+      return int(parts[1]) >= int(config.get("num_hidden_layers", 0)) or self.ignored(name)
+    return self.ignored(name)
+
+  def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
+    return c.int("qk_nope_head_dim") + c.int("qk_rope_head_dim")
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+      value = c[key]
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"config.json: {key} must be a positive int, got {value!r}")
+    if c.int("qk_rope_head_dim") % 2:
+      raise CheckpointError(
+        f"config.json: qk_rope_head_dim={c['qk_rope_head_dim']} must be even (RoPE pairs)"
+      )
+    q_lora = c["q_lora_rank"]
+    return dict(
+      family="mla",
+      q_lora_rank=None if q_lora is None else c.int("q_lora_rank"),
+      kv_lora_rank=c.int("kv_lora_rank"),
+      qk_nope_head_dim=c.int("qk_nope_head_dim"),
+      qk_rope_head_dim=c.int("qk_rope_head_dim"),
+      v_head_dim=c.int("v_head_dim"),
+    )
+
+  def mlp(self, c: Config) -> dict[str, Any]:
+    if _activation(c, self.activation_key) != "silu":
+      raise CheckpointError(
+        f"config.json: hidden_act={c['hidden_act']!r}: DeepSeek's MLPs are SwiGLU"
+      )
+    if c.raw.get("mlp_bias"):
+      raise CheckpointError("config.json: mlp_bias=true (biased DeepSeek MLPs) is not supported")
+    if c["moe_layer_freq"] not in (None, 1):
+      raise CheckpointError(f"config.json: moe_layer_freq={c['moe_layer_freq']} is not supported")
+    E, shared = c.int(self.experts_key), c["n_shared_experts"]
+    return dict(
+      mlp="moe",
+      mlp_dim=c.int("moe_intermediate_size"),
+      dense_mlp_dim=c.int("intermediate_size"),
+      num_experts=E,
+      experts_per_token=c.int("num_experts_per_tok"),
+      moe_experts="swiglu",
+      moe_router_bias=False,
+      moe_shared_dim=None if not shared else shared * c.int("moe_intermediate_size"),
+      moe_first_dense=c.int("first_k_dense_replace"),
+      **self.router_options(c, E),
+    )
+
+  def router_options(self, c: Config, E: int) -> dict[str, Any]:
+    return dict(
+      moe_router="sigmoid",
+      moe_score_bias=True,
+      moe_groups=c.int("n_group"),
+      moe_group_topk=c.int("topk_group"),
+      moe_normalize=c.flag("norm_topk_prob"),
+      moe_scale=float(c["routed_scaling_factor"]),
+    )
+
+  def layer_types(self, config: dict) -> list[str]:
+    return [FULL] * self.read_config(config).int("num_hidden_layers")
+
+  def interleaved(self, config: dict) -> bool:
+    return bool(self.read_config(config)["rope_interleave"])
+
+  def _fp8(self, config: dict) -> bool:
+    return self.quant_method(config) == "fp8"
+
+  def _linear(self, config: dict, name: str, shape: tuple, then=None) -> Rule:
+    """A ``[out, in]`` weight as our ``[in, out]`` kernel; FP8 blocks dequantised first."""
+    after = _transpose if then is None else _then(then, _transpose)
+    if not self._fp8(config):
+      return Rule((name,), (shape,), after)
+    block = tuple((config.get("quantization_config") or {}).get("weight_block_size") or FP8_BLOCK)
+    scale = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    dequant = lambda w, s: dequantize_fp8_blocks(w, s, block)
+    return Rule((name, name + "_scale_inv"), (shape, scale), _then(dequant, after))
+
+  def attention_tensors(
+    self, config: dict, pre: str, path: Path, a, d_model: int
+  ) -> dict[Path, Rule]:
+    D, N = d_model, a.num_heads
+    R, d_n, d_r, d_v = a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+    order = np.arange(d_r)
+    if self.interleaved(config):
+      from attnjax._src.nn.mla_spec import interleave_permutation
+
+      order = interleave_permutation(d_r)
+    q_rows = _rope_rows(order, d_n + d_r, d_n, d_r)
+    kv_rows = _rope_rows(order, R + d_r, R, d_r)
+    rules: dict[Path, Rule] = {}
+    if a.q_lora_rank is None:
+      rules[path + ("q_proj", "kernel")] = self._linear(
+        config, f"{pre}q_proj.weight", (N * (d_n + d_r), D), q_rows
+      )
+    else:
+      r = a.q_lora_rank
+      rules[path + ("q_a_proj", "kernel")] = self._linear(config, f"{pre}q_a_proj.weight", (r, D))
+      rules[path + ("q_a_norm", "scale")] = Rule((f"{pre}q_a_layernorm.weight",), ((r,),), _same)
+      rules[path + ("q_b_proj", "kernel")] = self._linear(
+        config, f"{pre}q_b_proj.weight", (N * (d_n + d_r), r), q_rows
+      )
+      if a.qkv_bias:
+        rules[path + ("q_a_proj", "bias")] = Rule((f"{pre}q_a_proj.bias",), ((r,),), _same)
+    rules[path + ("kv_a_proj", "kernel")] = self._linear(
+      config, f"{pre}kv_a_proj_with_mqa.weight", (R + d_r, D), kv_rows
+    )
+    if a.qkv_bias:
+      rules[path + ("kv_a_proj", "bias")] = Rule(
+        (f"{pre}kv_a_proj_with_mqa.bias",), ((R + d_r,),), kv_rows
+      )
+    rules[path + ("kv_a_norm", "scale")] = Rule((f"{pre}kv_a_layernorm.weight",), ((R,),), _same)
+    rules[path + ("kv_b_proj", "kernel")] = self._linear(
+      config, f"{pre}kv_b_proj.weight", (N * (d_n + d_v), R)
+    )
+    rules[path + ("o_proj", "kernel")] = self._linear(config, f"{pre}o_proj.weight", (D, N * d_v))
+    if a.out_bias:
+      rules[path + ("o_proj", "bias")] = Rule((f"{pre}o_proj.bias",), ((D,),), _same)
+    if a.sink_logits:
+      rules[path + ("sink_logits",)] = Rule((f"{pre}sinks",), ((N,),), _same)
+    return rules
+
+  def mlp_tensors(self, config: dict, pre: str, path: Path, mcfg) -> dict[Path, Rule]:
+    layer = int(pre.split(".")[1])
+    D = mcfg.d_model
+    rules: dict[Path, Rule] = {}
+
+    def swiglu(prefix: str, at: Path, I: int) -> None:
+      for proj, ours, shape in (
+        ("gate_proj", "gate", (I, D)),
+        ("up_proj", "up", (I, D)),
+        ("down_proj", "down", (D, I)),
+      ):
+        rules[at + (ours, "kernel")] = self._linear(config, f"{prefix}{proj}.weight", shape)
+
+    if layer < mcfg.moe_first_dense:
+      swiglu(pre, path, mcfg.dense_mlp_dim or mcfg.hidden_dim)
+      return rules
+    E, I = mcfg.num_experts, mcfg.hidden_dim
+    rules[path + ("router", "kernel")] = Rule((f"{pre}gate.weight",), ((E, D),), _transpose)
+    if mcfg.moe_score_bias:
+      rules[path + ("score_bias",)] = Rule(
+        (f"{pre}gate.e_score_correction_bias",), ((E,),), lambda b: np.asarray(b, np.float32)
+      )
+    for ours, proj, shape in (
+      ("gate", "gate_proj", (I, D)),
+      ("up", "up_proj", (I, D)),
+      ("down", "down_proj", (D, I)),
+    ):
+      # One rule per expert, stacked into [E, in, out]: sources in expert order.
+      each = [self._linear(config, f"{pre}experts.{e}.{proj}.weight", shape) for e in range(E)]
+      per = len(each[0].sources)
+      rules[path + (ours,)] = Rule(
+        tuple(src for r in each for src in r.sources),
+        tuple(sh for r in each for sh in r.shapes),
+        lambda *xs, convert=each[0].convert, per=per: np.stack(
+          [convert(*xs[i : i + per]) for i in range(0, len(xs), per)]
+        ),
+      )
+    if mcfg.moe_shared_dim is not None:
+      swiglu(f"{pre}shared_experts.", path + ("shared",), mcfg.moe_shared_dim)
+    return rules
+
+
+@register
+class DeepseekV2(DeepseekV3):
+  """DeepSeek V2: MLA with the complex RoPE form, softmax routing, no renormalisation."""
+
+  model_type = "deepseek_v2"
+  known_as = "DeepSeek V2, V2-Lite"
+  summary = (
+    '`family="mla"`, `mlp="moe"` (softmax router, greedy or group-limited, shared '
+    "experts, first dense layers)"
+  )
+  maps_to = (
+    '`family="mla"` as deepseek_v3 (the complex RoPE form as a permutation of the rope '
+    'columns at load), `mlp="moe"` with `moe_router="softmax"` (`greedy`, or '
+    "`group_limited_greedy` by group maxima: `moe_groups`/`moe_group_topk`), no "
+    "renormalisation, `moe_scale`, `moe_shared_dim`, `moe_first_dense`"
+  )
+  understood = DeepseekV3.understood - {"rope_interleave", "norm_topk_prob"}
+  # transformers' DeepSeek V2 never renormalises (norm_topk_prob).
+  inert = DeepseekV3.inert | {"norm_topk_prob"}
+  defaults = dict(
+    DeepseekV3.defaults,
+    q_lora_rank=None,
+    topk_method="greedy",
+    n_group=None,
+    topk_group=None,
+    n_shared_experts=None,
+    routed_scaling_factor=1.0,
+    first_k_dense_replace=0,
+  )
+  quantizations = ()
+
+  def interleaved(self, config: dict) -> bool:
+    return True  # the complex form pairs adjacent dimensions
+
+  def router_options(self, c: Config, E: int) -> dict[str, Any]:
+    method = c["topk_method"]
+    if method not in ("greedy", "group_limited_greedy"):
+      raise CheckpointError(
+        f"config.json: topk_method={method!r} is not supported (greedy, group_limited_greedy)"
+      )
+    grouped = method == "group_limited_greedy"
+    return dict(
+      moe_router="softmax",
+      moe_groups=c.int("n_group") if grouped else 1,
+      moe_group_topk=c.int("topk_group") if grouped else None,
+      moe_scale=float(c["routed_scaling_factor"]),
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def check_tensors(
     short = _strip(name, arch.prefixes)
     if short != name:
       prefix = name[: len(name) - len(short)]
-    if arch.ignored(short):
+    if arch.skipped(checkpoint.config, short):
       continue
     if tied and short == "lm_head.weight":
       continue  # tied: transformers uses the embedding (some exports store both)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.nn import _layers
 from attnjax._src.nn.caches import Cache, CrossCache
 from attnjax._src.nn.config import AttentionConfig
@@ -72,19 +72,16 @@ class Attention(nnx.Module):
     self.num_kv_heads = K = config.kv_heads
     self.head_dim = H = config.head_dim_for(d_model)
     lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    qkv_bias = config.qkv_bias
-    self.q_proj = _layers.linear(d_model, N * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
-    self.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
-    self.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=qkv_bias, **lin)
-    self.o_proj = _layers.linear(
-      N * H, d_model, ("heads", "embed"), use_bias=config.out_bias, **lin
-    )
+    del K
+    # q_proj, k_proj, v_proj and o_proj, or the family's own (MLA's latent projections).
+    config.spec.init_projections(self, d_model, lin)
     # Optional parameters, declared up front; the spec fills in those it uses.
     self.gate_proj = nnx.data(None)
     for name in config.spec.optional_params:
       setattr(self, name, nnx.data(None))
     if config.output_gate is not None:
-      width = N * H if config.output_gate == "elementwise" else N
+      Hv = config.spec.value_head_dim(H)
+      width = N * Hv if config.output_gate == "elementwise" else N
       self.gate_proj = _layers.linear(d_model, width, ("embed", "heads"), use_bias=True, **lin)
     # After the gate: the random-feature draw keeps its place in the rngs stream.
     config.spec.init_params(self, rngs, param_dtype)
@@ -176,6 +173,11 @@ class Attention(nnx.Module):
     caches never fill.
     """
     if kv_length is not None:
+      if not self.config.spec.takes_cross:
+        raise ValueError(
+          f"kv_length={kv_length}: family={self.config.family!r} cannot cross-attend (its "
+          f"keys and values are made from the queries' own sequence)"
+        )
       K, H = self.num_kv_heads, self.head_dim
       return CrossCache(
         k=jnp.zeros((batch_size, kv_length, K, H), self.dtype),
@@ -229,12 +231,9 @@ class Attention(nnx.Module):
     return jnp.reshape(proj(x), (B, T, heads, self.head_dim))
 
   def _project(self, x: Array):
-    """Raw projections ``(q [B, T, N, H], k [B, T, K, H], v [B, T, K, H])`` of ``x``."""
-    return (
-      self._heads(self.q_proj, x, self.num_heads),
-      self._heads(self.k_proj, x, self.num_kv_heads),
-      self._heads(self.v_proj, x, self.num_kv_heads),
-    )
+    """Raw projections ``(q [B, T, N, H], k [B, T, K, H], v [B, T, K, H])`` of ``x`` (the
+    family's own for a family that projects otherwise)."""
+    return self.config.spec.project(self, x)
 
   def _check_sequence(self, name: str, x: Array) -> None:
     if x.ndim != 3 or x.shape[-1] != self.d_model:
@@ -246,6 +245,11 @@ class Attention(nnx.Module):
     N, K = self.num_heads, self.num_kv_heads
     capture = _layers.capturing(self)
     cross = inputs_kv is not None or isinstance(cache, CrossCache)
+    if cross and not self.config.spec.takes_cross:
+      raise ValueError(
+        f"inputs_kv: family={self.config.family!r} cannot cross-attend (its keys and values "
+        f"are made from the queries' own sequence)"
+      )
     if inputs_kv is not None and cache is not None and not isinstance(cache, CrossCache):
       raise ValueError(
         f"inputs_kv: this cache is a {type(cache).__name__}, not a CrossCache; "
@@ -277,7 +281,7 @@ class Attention(nnx.Module):
       _layers.sow(self, "k_rms", _rms(k))
     S = k.shape[1]
     if mask is not None:
-      mask = _checks.as_rank4("mask", mask, (B, N, T, S), kind="mask")
+      mask = validators.as_rank4("mask", mask, (B, N, T, S), kind="mask")
     if segment_ids is not None:
       if cross:
         raise ValueError(

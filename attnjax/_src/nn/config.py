@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Optional
 
-from attnjax._src import checks as _checks, deprecation as _deprecation
+from attnjax._src import validators, deprecation as _deprecation
 from attnjax._src.nn import rope as rope_lib
 from attnjax._src.nn import specs
 from attnjax._src.nn.specs import check_int, check_type
@@ -32,6 +32,8 @@ MLP_ACTIVATIONS = {
   "swiglu": ("silu",),
 }
 NORMS = ("rms", "layer", "rms_plus_one")
+MOE_EXPERTS = ("gpt_oss", "swiglu")
+MOE_ROUTERS = ("topk_softmax", "softmax", "sigmoid")
 NORM_PLACEMENTS = ("pre", "sandwich", "post")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -106,7 +108,7 @@ def _build_spec(
     family, cls = spec.family, type(spec)
   else:
     family = "dense" if family is None else family
-    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    validators.check_choice("family", family, tuple(specs.FAMILY_SPECS))
     cls = specs.FAMILY_SPECS[family]
   own = _spec_fields(cls)
   # A field's old name (QKNormSpec's qk_scale, now scale) warns once and means the new one.
@@ -233,8 +235,8 @@ class AttentionConfig:
     check_int("head_dim", self.head_dim, allow_none=True)
     if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
-    _checks.check_positive_float("rope_theta", self.rope_theta)
-    _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
+    validators.check_positive_float("rope_theta", self.rope_theta)
+    validators.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
     for name in ("is_causal", "sow_weights", "qkv_bias", "out_bias"):
       check_type(name, getattr(self, name), bool, "a bool")
     if self.rope_scaling is not None and self.rope_theta is None:
@@ -263,6 +265,9 @@ class AttentionConfig:
 
   def head_dim_for(self, d_model: int) -> int:
     """H for a model of width ``d_model``; checks it divides."""
+    fixed = self.spec.fixed_head_dim()
+    if fixed is not None:
+      return fixed
     if self.head_dim is not None:
       return self.head_dim
     if d_model % self.num_heads:
@@ -295,7 +300,7 @@ class AttentionConfig:
     """
     d = dict(d)
     family = d.pop("family", "dense")
-    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    validators.check_choice("family", family, tuple(specs.FAMILY_SPECS))
     # A record written before a field's rename stores its old name: read it silently (the
     # run directory is data the user cannot update, not code that should change).
     for old, new in getattr(specs.FAMILY_SPECS[family], "renamed_fields", {}).items():
@@ -361,6 +366,23 @@ class ModelConfig:
     experts_per_token: experts each token is routed to (``mlp="moe"``).
     moe_alpha: sigmoid slope of the experts' SwiGLU (``mlp="moe"``; gpt-oss 1.702).
     moe_limit: clip of the experts' gate and up projections (None = none; gpt-oss 7).
+    moe_experts: the experts: ``"gpt_oss"`` (clamped SwiGLU with biases, ``moe_alpha``,
+      ``moe_limit``) or ``"swiglu"`` (``down(silu(gate x) * up x)``, no biases; DeepSeek).
+    moe_router: how routing weights are made: ``"topk_softmax"`` (softmax over the top-k
+      logits; gpt-oss), ``"softmax"`` (softmax over every expert, then the top k; DeepSeek
+      V2) or ``"sigmoid"`` (sigmoid scores, chosen with ``moe_score_bias``; DeepSeek V3).
+    moe_router_bias: the router's projection has a bias (gpt-oss).
+    moe_groups: expert groups; only the ``moe_group_topk`` best groups are eligible (group
+      score: the sum of its two best scores under ``"sigmoid"``, its best otherwise).
+    moe_group_topk: groups kept (None = every group).
+    moe_score_bias: a learned per-expert bias added to the scores for the choice only
+      (DeepSeek V3's ``e_score_correction_bias``); the weights stay the unbiased scores.
+    moe_normalize: the chosen weights are divided by their sum (``norm_topk_prob``).
+    moe_scale: the routed weights' multiplier (``routed_scaling_factor``).
+    moe_shared_dim: hidden width of the shared experts added to every token (one SwiGLU
+      MLP), or None.
+    moe_first_dense: the first layers have a dense MLP instead (``first_k_dense_replace``).
+    dense_mlp_dim: those layers' hidden width (None = ``mlp_dim``).
     learned_positions: number of learned absolute position embeddings added to
       the token embeddings (GPT-2's ``n_positions``); None = none.
     embed_scale: multiplier of the token embeddings, cast to ``param_dtype``
@@ -388,6 +410,17 @@ class ModelConfig:
   experts_per_token: Optional[int] = None
   moe_alpha: float = 1.702
   moe_limit: Optional[float] = 7.0
+  moe_experts: str = "gpt_oss"
+  moe_router: str = "topk_softmax"
+  moe_router_bias: bool = True
+  moe_groups: int = 1
+  moe_group_topk: Optional[int] = None
+  moe_score_bias: bool = False
+  moe_normalize: bool = False
+  moe_scale: float = 1.0
+  moe_shared_dim: Optional[int] = None
+  moe_first_dense: int = 0
+  dense_mlp_dim: Optional[int] = None
   learned_positions: Optional[int] = None
   embed_scale: Optional[float] = None
   final_softcap: Optional[float] = None
@@ -414,14 +447,14 @@ class ModelConfig:
           )
     for i in range(self.num_layers):
       self.attention_for(i).head_dim_for(self.d_model)
-    _checks.check_choice("mlp", self.mlp, MLPS)
-    _checks.check_choice("norm", self.norm, NORMS)
-    _checks.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
-    _checks.check_choice("dtype", self.dtype, DTYPES)
-    _checks.check_choice("param_dtype", self.param_dtype, DTYPES)
+    validators.check_choice("mlp", self.mlp, MLPS)
+    validators.check_choice("norm", self.norm, NORMS)
+    validators.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
+    validators.check_choice("dtype", self.dtype, DTYPES)
+    validators.check_choice("param_dtype", self.param_dtype, DTYPES)
     for name in ("tie_embeddings", "remat", "mlp_bias"):
       check_type(name, getattr(self, name), bool, "a bool")
-    _checks.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+    validators.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
     if self.mlp_activation is not None:
       allowed = MLP_ACTIVATIONS.get(self.mlp, ())
       if self.mlp_activation not in allowed:
@@ -430,8 +463,8 @@ class ModelConfig:
           f"mlp={self.mlp!r} (it takes: {allowed or 'none'})"
         )
     check_int("learned_positions", self.learned_positions, allow_none=True)
-    _checks.check_positive_float("embed_scale", self.embed_scale)
-    _checks.check_positive_float("final_softcap", self.final_softcap)
+    validators.check_positive_float("embed_scale", self.embed_scale)
+    validators.check_positive_float("final_softcap", self.final_softcap)
     if self.mlp == "moe":
       check_int("num_experts", self.num_experts)
       check_int("experts_per_token", self.experts_per_token)
@@ -439,8 +472,24 @@ class ModelConfig:
         raise ValueError(
           f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}"
         )
-      _checks.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
-      _checks.check_positive_float("moe_limit", self.moe_limit)
+      validators.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
+      validators.check_positive_float("moe_limit", self.moe_limit)
+      validators.check_choice("moe_experts", self.moe_experts, MOE_EXPERTS)
+      validators.check_choice("moe_router", self.moe_router, MOE_ROUTERS)
+      check_int("moe_groups", self.moe_groups)
+      check_int("moe_group_topk", self.moe_group_topk, allow_none=True)
+      if self.num_experts % self.moe_groups:
+        raise ValueError(f"moe_groups={self.moe_groups} must divide num_experts={self.num_experts}")
+      if self.moe_group_topk is not None and self.moe_group_topk > self.moe_groups:
+        raise ValueError(
+          f"moe_group_topk={self.moe_group_topk} exceeds moe_groups={self.moe_groups}"
+        )
+      validators.check_positive_float("moe_scale", self.moe_scale, allow_none=False)
+      check_int("moe_shared_dim", self.moe_shared_dim, allow_none=True)
+      check_int("moe_first_dense", self.moe_first_dense, minimum=0)
+      check_int("dense_mlp_dim", self.dense_mlp_dim, allow_none=True)
+      for name in ("moe_router_bias", "moe_score_bias", "moe_normalize"):
+        check_type(name, getattr(self, name), bool, "a bool")
     elif self.num_experts is not None or self.experts_per_token is not None:
       raise ValueError(
         f"num_experts={self.num_experts}, experts_per_token="

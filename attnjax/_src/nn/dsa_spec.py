@@ -19,7 +19,7 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks, normalizers
+from attnjax._src import validators, normalizers
 from attnjax._src.nn import _layers
 from attnjax._src.nn.caches import KVCache
 from attnjax._src.nn.rope import apply_rope
@@ -105,7 +105,7 @@ class DSASpec(AttentionSpec):
     check_int("top_k", self.top_k)
     check_int("index_heads", self.index_heads)
     check_int("index_head_dim", self.index_head_dim)
-    checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    validators.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
     check_type("indexer_loss_weight", self.indexer_loss_weight, (int, float), "a float")
     if self.indexer_loss_weight < 0:
       raise ValueError(f"indexer_loss_weight must be >= 0, got {self.indexer_loss_weight}")

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import lowering as _lowering
+from attnjax._src import lowering as _lowering, validators
 from attnjax._src.nn.caches import H2OCache, KVCache, QuantizedKVCache
 
 Array = jnp.ndarray
@@ -24,10 +24,7 @@ DEFAULT_SINKS = 4  # StreamingLLM's sink tokens
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  validators.check_positive_int(name, value, minimum=minimum)
 
 
 def validate(policy: Any, budget: Any, recent: Any) -> None:
@@ -173,7 +170,14 @@ def dequantize(stored: Array, scale: Array, dtype) -> Array:
 
 
 def init_cache(
-  policy: str, batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, dtype
+  policy: str,
+  batch_size: int,
+  capacity: int,
+  num_kv_heads: int,
+  head_dim: int,
+  dtype,
+  *,
+  value_dim: Optional[int] = None,
 ) -> Any:
   """The empty cache of ``policy``: ``capacity`` slots of ``num_kv_heads`` x ``head_dim``.
 
@@ -184,20 +188,23 @@ def init_cache(
     num_kv_heads: ``K``.
     head_dim: ``H``.
     dtype: keys' and values' dtype (a quantised cache stores its own).
+    value_dim: ``Hv`` of the values (None: ``head_dim``; an MLA layer's latent ``R``).
 
   Returns:
     A :class:`~attnjax.nn.KVCache`, :class:`~attnjax.nn.QuantizedKVCache` or
-    :class:`~attnjax.nn.H2OCache` of ``[B, capacity, K, H]`` keys and values.
+    :class:`~attnjax.nn.H2OCache` of ``[B, capacity, K, H]`` keys and ``[B, capacity, K, Hv]``
+    values.
 
   Raises:
     ValueError: ``"fp8"`` where it is unsupported.
   """
   B, C, K, H = batch_size, capacity, num_kv_heads, head_dim
+  Hv = H if value_dim is None else value_dim
   index = jnp.zeros((), jnp.int32)
   if policy == "h2o":
     return H2OCache(
       k=jnp.zeros((B, C, K, H), dtype),
-      v=jnp.zeros((B, C, K, H), dtype),
+      v=jnp.zeros((B, C, K, Hv), dtype),
       scores=jnp.zeros((B, C, K), jnp.float32),
       positions=jnp.full((B, C, K), -1, jnp.int32),
       index=index,
@@ -216,12 +223,12 @@ def init_cache(
     stored = jnp.dtype(QUANTIZED[policy][0])
     return QuantizedKVCache(
       k=jnp.zeros((B, C, K, H), stored),
-      v=jnp.zeros((B, C, K, H), stored),
+      v=jnp.zeros((B, C, K, Hv), stored),
       k_scale=jnp.zeros((B, C, K), jnp.float32),
       v_scale=jnp.zeros((B, C, K), jnp.float32),
       **meta,
     )
-  return KVCache(k=jnp.zeros((B, C, K, H), dtype), v=jnp.zeros((B, C, K, H), dtype), **meta)
+  return KVCache(k=jnp.zeros((B, C, K, H), dtype), v=jnp.zeros((B, C, K, Hv), dtype), **meta)
 
 
 def cache_type(policy: str) -> type:
@@ -232,7 +239,14 @@ def cache_type(policy: str) -> type:
 
 
 def bytes_per_layer(
-  policy: str, *, batch: int, capacity: int, num_kv_heads: int, head_dim: int, itemsize: int
+  policy: str,
+  *,
+  batch: int,
+  capacity: int,
+  num_kv_heads: int,
+  head_dim: int,
+  itemsize: int,
+  value_dim: Optional[int] = None,
 ) -> int:
   """Bytes of one layer's cache arrays (:func:`~attnjax.nn.kv_policies.init_cache`), by formula.
 
@@ -243,17 +257,19 @@ def bytes_per_layer(
     num_kv_heads: ``K``.
     head_dim: ``H``.
     itemsize: bytes per key or value element of an unquantised cache.
+    value_dim: ``Hv`` (None: ``head_dim``).
 
   Returns:
     The bytes :func:`attnjax.nn.cache_bytes` reports for that cache.
   """
   B, C, K, H = batch, capacity, num_kv_heads, head_dim
+  width = H + (H if value_dim is None else value_dim)  # a key and a value per slot and head
   if policy == "h2o":
-    return 2 * B * C * K * H * itemsize + 4 * B * C * K * 4 + 4
+    return B * C * K * width * itemsize + 4 * B * C * K * 4 + 4
   meta = C * 4 + 4 + 2 * B * C * 4  # positions, index, rope positions, segment ids
   if policy in QUANTIZED:
-    return 2 * B * C * K * H * 1 + 2 * B * C * K * 4 + meta
-  return 2 * B * C * K * H * itemsize + meta
+    return B * C * K * width * 1 + 2 * B * C * K * 4 + meta
+  return B * C * K * width * itemsize + meta
 
 
 def cache_bytes_for(
@@ -309,13 +325,15 @@ def cache_bytes_for(
     if spec.cache_policy in EVICTING:
       check_budget(spec.cache_budget, T)
     capacity = spec.cache_capacity_for(T)
+    K, H, Hv = spec.cache_shape(attn, config.d_model)
     total += bytes_per_layer(
       spec.cache_policy,
       batch=batch,
       capacity=capacity,
-      num_kv_heads=attn.kv_heads,
-      head_dim=attn.head_dim_for(config.d_model),
+      num_kv_heads=K,
+      head_dim=H,
       itemsize=itemsize,
+      value_dim=Hv,
     )
   return int(total)
 

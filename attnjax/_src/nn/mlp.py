@@ -111,20 +111,37 @@ class MLP(nnx.Module):
 
 
 class MixtureOfExperts(nnx.Module):
-  """gpt-oss's mixture of experts (see the module docstring).
+  """A mixture of experts: a router, top-k routing, the experts, optional shared experts.
 
-  Parameters: ``router`` (``nnx.Linear`` D -> E with bias), ``gate`` and ``up``
-  ``[E, D, hidden]`` with ``gate_bias`` / ``up_bias`` ``[E, hidden]``, ``down``
-  ``[E, hidden, D]`` with ``down_bias`` ``[E, D]``.
+  One module for gpt-oss's and DeepSeek V2/V3's (see :class:`attnjax.nn.ModelConfig`'s
+  ``moe_*`` fields). Routing (float32): scores from the router's logits (``"topk_softmax"``:
+  softmax over each token's top-k logits; ``"softmax"``: over every expert; ``"sigmoid"``),
+  groups limited to the ``group_topk`` best, the top ``top_k`` by ``score (+ score_bias)``,
+  weighted by the unbiased scores, optionally normalised, times ``scale``. Every expert
+  then runs on every token, weighted by its routing weight (zero where not routed): exactly
+  the routed computation. Shared experts (one SwiGLU MLP) are added to every token.
+
+  Parameters: ``router`` (``nnx.Linear`` D -> E, with a bias for gpt-oss), ``score_bias``
+  ``[E]`` (``score_bias=True``), ``gate`` and ``up`` ``[E, D, hidden]``, ``down`` ``[E,
+  hidden, D]``, with ``gate_bias`` / ``up_bias`` ``[E, hidden]`` and ``down_bias`` ``[E, D]``
+  for gpt-oss's experts, ``shared`` (an :class:`MLP`) with ``shared_dim``.
 
   Args:
     d_model: D.
     hidden: each expert's hidden width.
     num_experts: E.
     top_k: experts per token.
-    alpha: the SwiGLU's sigmoid slope.
-    limit: the clip of the gate (above) and of the up projection (both sides);
+    alpha: gpt-oss's SwiGLU sigmoid slope.
+    limit: gpt-oss's clip of the gate (above) and of the up projection (both sides);
       None = no clip.
+    experts: ``"gpt_oss"`` or ``"swiglu"``.
+    router: ``"topk_softmax"``, ``"softmax"`` or ``"sigmoid"``.
+    router_bias: the router has a bias.
+    groups, group_topk: expert groups and how many are eligible (None: all).
+    score_bias: a learned choice bias per expert (DeepSeek V3).
+    normalize: divide the chosen weights by their sum.
+    scale: multiplier of the routed weights.
+    shared_dim: hidden width of the shared experts, or None.
     rngs, dtype, param_dtype: as the other modules.
   """
 
@@ -135,18 +152,33 @@ class MixtureOfExperts(nnx.Module):
     *,
     num_experts: int,
     top_k: int,
-    alpha: float,
-    limit,
+    alpha: float = 1.702,
+    limit=7.0,
+    experts: str = "gpt_oss",
+    router: str = "topk_softmax",
+    router_bias: bool = True,
+    groups: int = 1,
+    group_topk=None,
+    score_bias: bool = False,
+    normalize: bool = False,
+    scale: float = 1.0,
+    shared_dim=None,
     rngs,
     dtype,
     param_dtype,
   ):
     self.num_experts, self.top_k = num_experts, top_k
     self.alpha, self.limit = float(alpha), None if limit is None else float(limit)
+    self.experts, self.router_kind = experts, router
+    self.groups, self.group_topk = groups, group_topk
+    self.normalize, self.scale = normalize, float(scale)
     self.dtype = jnp.dtype(dtype)
     E, D, I = num_experts, d_model, hidden
     self.router = _layers.linear(
-      D, E, ("embed", None), rngs=rngs, dtype=dtype, param_dtype=param_dtype, use_bias=True
+      D, E, ("embed", None), rngs=rngs, dtype=dtype, param_dtype=param_dtype, use_bias=router_bias
+    )
+    self.score_bias = (
+      _layers.param(jnp.zeros((E,), jnp.float32), (None,)) if score_bias else nnx.data(None)
     )
     key = rngs.params()
     k1, k2, k3 = jax.random.split(key, 3)
@@ -160,36 +192,75 @@ class MixtureOfExperts(nnx.Module):
     self.gate = weights(k1, (E, D, I), (None, "embed", "mlp"))
     self.up = weights(k2, (E, D, I), (None, "embed", "mlp"))
     self.down = weights(k3, (E, I, D), (None, "mlp", "embed"))
-    self.gate_bias = _layers.param(jnp.zeros((E, I), param_dtype), (None, "mlp"))
-    self.up_bias = _layers.param(jnp.zeros((E, I), param_dtype), (None, "mlp"))
-    self.down_bias = _layers.param(jnp.zeros((E, D), param_dtype), (None, "embed"))
+    if experts == "gpt_oss":
+      self.gate_bias = _layers.param(jnp.zeros((E, I), param_dtype), (None, "mlp"))
+      self.up_bias = _layers.param(jnp.zeros((E, I), param_dtype), (None, "mlp"))
+      self.down_bias = _layers.param(jnp.zeros((E, D), param_dtype), (None, "embed"))
+    self.shared = (
+      None
+      if shared_dim is None
+      else MLP("swiglu", D, shared_dim, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    )
 
   def routing(self, x: Array) -> Array:
-    """``[B, T, E]`` routing weights: softmax over each token's ``top_k`` logits, else 0."""
-    logits = self.router(x)
-    top, index = jax.lax.top_k(logits, self.top_k)
-    probs = jax.nn.softmax(top.astype(jnp.float32), axis=-1).astype(logits.dtype)
-    onehot = jax.nn.one_hot(index, self.num_experts, dtype=probs.dtype)  # [B, T, k, E]
-    return jnp.einsum("btk,btke->bte", probs, onehot)
+    """``[B, T, E]`` float32 routing weights: each token's chosen experts' weights, else 0."""
+    E, k = self.num_experts, self.top_k
+    if self.router_kind == "topk_softmax":
+      logits = self.router(x)
+      top, index = jax.lax.top_k(logits, k)
+      probs = jax.nn.softmax(top.astype(jnp.float32), axis=-1).astype(logits.dtype)
+      return jnp.einsum("btk,btke->bte", probs, jax.nn.one_hot(index, E, dtype=probs.dtype))
+    w = self.router.kernel[...].astype(jnp.float32)
+    logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32), w)
+    if self.router.bias is not None:
+      logits = logits + self.router.bias[...].astype(jnp.float32)[None, None]
+    if self.router_kind == "sigmoid":
+      scores = jax.nn.sigmoid(logits)
+      choice = scores if self.score_bias is None else scores + self.score_bias[...][None, None]
+    else:
+      scores = choice = jax.nn.softmax(logits, axis=-1)
+    if self.group_topk is not None and self.group_topk < self.groups:
+      G = self.groups
+      grouped = jnp.reshape(choice, choice.shape[:-1] + (G, E // G))
+      if self.router_kind == "sigmoid":  # the sum of each group's two best
+        group_score = jnp.sum(jax.lax.top_k(grouped, min(2, E // G))[0], axis=-1)
+      else:  # its best
+        group_score = jnp.max(grouped, axis=-1)
+      _, best = jax.lax.top_k(group_score, self.group_topk)
+      keep = jnp.sum(jax.nn.one_hot(best, G, dtype=jnp.int32), axis=-2) > 0  # [B, T, G]
+      keep = jnp.repeat(keep, E // G, axis=-1)
+      choice = jnp.where(keep, choice, -jnp.inf)
+    _, index = jax.lax.top_k(choice, k)
+    onehot = jax.nn.one_hot(index, E, dtype=jnp.float32)  # [B, T, k, E]
+    weights = jnp.einsum("btke,bte->btk", onehot, scores)
+    if self.normalize:
+      weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return jnp.einsum("btk,btke->bte", weights * self.scale, onehot)
 
   def __call__(self, x: Array) -> Array:
     x = x.astype(self.dtype)
     weights = jnp.moveaxis(self.routing(x), -1, 0)  # [E, B, T]
-    params = tuple(
-      p[...].astype(self.dtype)
-      for p in (self.gate, self.gate_bias, self.up, self.up_bias, self.down, self.down_bias)
-    )
+    names = ("gate", "up", "down")
+    if self.experts == "gpt_oss":
+      names += ("gate_bias", "up_bias", "down_bias")
+    params = tuple(getattr(self, n)[...].astype(self.dtype) for n in names)
 
     def expert(acc, xs):
-      w, (wg, bg, wu, bu, wd, bd) = xs
-      gate = jnp.einsum("btd,di->bti", x, wg) + bg[None, None]
-      up = jnp.einsum("btd,di->bti", x, wu) + bu[None, None]
-      if self.limit is not None:
-        gate = jnp.minimum(gate, self.limit)
-        up = jnp.clip(up, -self.limit, self.limit)
-      h = (up + 1) * (gate * jax.nn.sigmoid(gate * self.alpha))
-      out = jnp.einsum("bti,id->btd", h, wd) + bd[None, None]
+      w, p = xs
+      gate = jnp.einsum("btd,di->bti", x, p[0])
+      up = jnp.einsum("btd,di->bti", x, p[1])
+      if self.experts == "gpt_oss":
+        gate, up = gate + p[3][None, None], up + p[4][None, None]
+        if self.limit is not None:
+          gate = jnp.minimum(gate, self.limit)
+          up = jnp.clip(up, -self.limit, self.limit)
+        h = (up + 1) * (gate * jax.nn.sigmoid(gate * self.alpha))
+        out = jnp.einsum("bti,id->btd", h, p[2]) + p[5][None, None]
+      else:
+        out = jnp.einsum("bti,id->btd", jax.nn.silu(gate) * up, p[2])
       return acc + (out * w[..., None]).astype(acc.dtype), None
 
     acc, _ = jax.lax.scan(expert, jnp.zeros_like(x), (weights, params))
+    if self.shared is not None:
+      acc = acc + self.shared(x)
     return acc

@@ -19,7 +19,7 @@ from typing import ClassVar, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks, normalizers
+from attnjax._src import validators, normalizers
 from attnjax._src.attention_stats import stats_from_weights
 from attnjax._src.nn import _layers
 from attnjax._src.nn.caches import KVCache
@@ -102,9 +102,9 @@ class NSASpec(AttentionSpec):
         f"blocks exceed num_selected={self.num_selected}"
       )
     check_int("window", self.window)
-    checks.check_choice("compression", self.compression, COMPRESSIONS)
+    validators.check_choice("compression", self.compression, COMPRESSIONS)
     check_int("compressor_hidden", self.compressor_hidden, allow_none=True)
-    checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    validators.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
 
   def check(self, config) -> None:
     if not config.is_causal:

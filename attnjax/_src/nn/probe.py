@@ -52,10 +52,9 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     weights: also collect the attention weights ``[B, N, T, S]`` per layer.
 
   Returns:
-    An ``attnjax.stats.ProbeCapture``.
-
-  Raises:
-    ValueError: when layers differ in their head layout (N, K, H).
+    An ``attnjax.stats.ProbeCapture``; its q, k and v are tuples of per-layer arrays
+    where layers differ in their head layout (N, K, H), e.g. an MLA layer (``N`` key
+    heads of ``d_n + d_r``) beside GQA layers.
   """
 
   def forward(m, t):
@@ -73,10 +72,13 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     stats.append(layer.get("attention/attention_stats", AttentionStats()))
     if weights:
       ws.append(layer["attention/weights"])
-    q = jnp.reshape(layer["attention/q_proj/__call__"], (B, T, N, H))
-    k = jnp.reshape(layer["attention/k_proj/__call__"], (B, T, K, H))
-    v = jnp.reshape(layer["attention/v_proj/__call__"], (B, T, K, -1))
-    q, k = attention.compared_qk(q, k)
+    if "attention/compared_q" in layer:  # a family that projects otherwise sows them (MLA)
+      q, k, v = (layer[f"attention/compared_{x}"] for x in "qkv")
+    else:
+      q = jnp.reshape(layer["attention/q_proj/__call__"], (B, T, N, H))
+      k = jnp.reshape(layer["attention/k_proj/__call__"], (B, T, K, H))
+      v = jnp.reshape(layer["attention/v_proj/__call__"], (B, T, K, -1))
+      q, k = attention.compared_qk(q, k)
     qs.append(q.astype(jnp.float32))
     ks.append(k.astype(jnp.float32))
     vs.append(v.astype(jnp.float32))
@@ -85,11 +87,8 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     gates.append(jnp.full((B, N), jnp.nan, jnp.float32) if gate is None else gate)
     nulls.append(attention.config.spec.has_null_column())
     masks.append(attention.allowed_mask(T))
-  if len({q.shape for q in qs}) > 1 or len({k.shape for k in ks}) > 1:
-    raise ValueError(
-      "probe needs the same head layout in every layer (N, K, H); got "
-      f"q shapes {[q.shape for q in qs]}, k shapes {[k.shape for k in ks]}"
-    )
+  same_layout = all(len({x.shape for x in xs}) == 1 for xs in (qs, ks, vs))
+  layers = jnp.stack if same_layout else tuple
   # Layers with a k/v bias slot have one more key: pad the others with zero
   # weights and disallowed columns.
   S = max([w.shape[-1] for w in ws] + [m.shape[-1] for m in masks])
@@ -99,9 +98,9 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
     attention_stats=stats_layers(_fill_missing_fields(stats)),
     weights=jnp.stack([pad(w.astype(jnp.float32), 0.0) for w in ws]) if ws else None,
     allowed=jnp.stack([pad(m, False) for m in masks]),
-    q=jnp.stack(qs),
-    k=jnp.stack(ks),
-    v=jnp.stack(vs),
+    q=layers(qs),
+    k=layers(ks),
+    v=layers(vs),
     hidden=jnp.stack(hidden),
     gate_mean=jnp.stack(gates)
     if any("attention/gate_mean" in layer for layer in recorded.layers)
@@ -134,8 +133,10 @@ def _streaming_pass(model: TransformerLM, tokens: Array) -> dict:
   for block, layer in zip(model.blocks, recorded.layers):
     st = layer["attention/attention_stats"]
     fields = {k: x for k, x in st._asdict().items() if x is not None}
-    v = layer["attention/v_proj/__call__"]  # [B, T, K * Hv]
-    v = jnp.reshape(v, v.shape[:2] + (block.attention.num_kv_heads, -1))
+    v = layer.get("attention/compared_v")  # [B, T, N, Hv]: a family that projects otherwise
+    if v is None:
+      v = layer["attention/v_proj/__call__"]  # [B, T, K * Hv]
+      v = jnp.reshape(v, v.shape[:2] + (block.attention.num_kv_heads, -1))
     out.append(
       dict(
         fields,

@@ -19,25 +19,17 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  masks,
-  mods,
-  normalizers,
-  patterns,
-)
+from attnjax._src import validators, deprecation as _deprecation, masks, mods, normalizers, patterns
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.ops.dense import qk_norm as qk_norm_lib
+from attnjax._src.ops.cosine import attention as cosine_lib
+from attnjax._src.ops.qk_norm import attention as qk_norm_lib
 from attnjax._src.nn import _layers, kv_policies
-from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.spec_base import (
   DEFAULT_TEMPERATURE,
   PATTERNS,
   STREAMING_ROPE,
   AttentionSpec,
   Call,
-  _rope,
   check_int,
   check_type,
   register_family,
@@ -83,7 +75,7 @@ class ScoreSpec(AttentionSpec):
   """
 
   optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
-  implementations: ClassVar[tuple[str, ...]] = tuple(dense.IMPLEMENTATIONS)
+  op: ClassVar[str] = "dense"
 
   normalizer: str = "softmax"
   softcap: Optional[float] = None
@@ -108,8 +100,8 @@ class ScoreSpec(AttentionSpec):
       fn = getattr(self, name)
       if fn is not None and not callable(fn):
         raise TypeError(f"{name} must be a callable (see attnjax.mods) or None, got {fn!r}")
-    _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
-    _checks.check_positive_float("softcap", self.softcap)
+    validators.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    validators.check_positive_float("softcap", self.softcap)
     check_type("sink_logits", self.sink_logits, bool, "a bool")
     if self.sink_logits and not normalizers.get(self.normalizer).accepts_sink_logits:
       raise ValueError(
@@ -218,9 +210,10 @@ class ScoreSpec(AttentionSpec):
       T = q.shape[1]
       positions = jnp.arange(T, dtype=jnp.int32) if call.positions is None else call.positions
       if not self.alibi:  # ALiBi replaces RoPE
-        q, k = _rope(layer, q, positions), _rope(layer, k, positions)
+        q, k = self.rotate(layer, q, positions), self.rotate(layer, k, positions)
       run, k, v = self.full_call(layer, k, v, call)
-      return run_and_sow(layer, run, q, k, v, call), None
+      weights = self.sown_weights(layer, run, q, k, v)
+      return run_and_sow(layer, run, q, k, v, call, weights=weights), None
     return self._attend_decode(layer, q, k, v, call)
 
   def _attend_cross(self, layer, q, k, v, call):
@@ -229,7 +222,7 @@ class ScoreSpec(AttentionSpec):
     if self.kv_slot():
       k, v, mask = self._append_kv_bias(layer, k, v, mask, q.shape[1])
     run = functools.partial(self.function(layer), mask=mask, **self.kwargs(layer))
-    return run_and_sow(layer, run, q, k, v, call)
+    return run_and_sow(layer, run, q, k, v, call, weights=self.sown_weights(layer, run, q, k, v))
 
   def _attend_decode(self, layer, q, k, v, call):
     cache, policy = call.cache, self.cache_policy
@@ -329,8 +322,7 @@ class ScoreSpec(AttentionSpec):
     K = k.shape[2]
     if c.rope_theta is not None:
       q_rope, k_rope = self.decode_rope(layer, idx, k_idx, q_rope, k_rope, start, call)
-      q = apply_rope(q, q_rope, c.rope_theta, scaling=c.rope_scaling)
-      k = apply_rope(k, k_rope, c.rope_theta, scaling=c.rope_scaling)
+      q, k = self.rotate(layer, q, q_rope), self.rotate(layer, k, k_rope)
     if k_idx.ndim == 1:
       mask = self.allowed(layer, idx, k_idx, length)
       mask = jnp.logical_and(mask, seg[:, None, :, None] == k_seg[:, None, None, :])
@@ -347,7 +339,15 @@ class ScoreSpec(AttentionSpec):
       kwargs["implementation"] = "reference"  # identity values: any value width
     run = functools.partial(self.decode_function(layer), mask=mask, **kwargs)
     if not weights:
-      return run_and_sow(layer, run, q, k, v, call)
+      return run_and_sow(layer, run, q, k, v, call, weights=self.sown_weights(layer, run, q, k, v))
+    return self.attend_with_weights(layer, run, q, k, v, call)
+
+  def attend_with_weights(self, layer, run: Callable, q: Array, k: Array, v: Array, call: Call):
+    """``(out [B, T, N, Hv], w [B, T, N, S'])`` of ``run(q, k, v)`` (the decode step of
+    :meth:`attend_cache` with ``weights``): ``w`` is ``run`` applied to identity values, and
+    ``out`` is ``w`` times ``v``."""
+    B, T, N, _ = q.shape
+    K = k.shape[2]
     width = k.shape[1]
     eye = jnp.broadcast_to(
       jnp.eye(width, dtype=jnp.float32)[None, :, None, :], (B, width, K, width)
@@ -432,14 +432,22 @@ class ScoreSpec(AttentionSpec):
   def init_cache(self, layer, batch_size, max_len):
     if self.cache_policy in kv_policies.EVICTING:
       kv_policies.check_budget(self.cache_budget, max_len)
+    K, H, Hv = self.cache_shape(layer.config, layer.d_model)
     return kv_policies.init_cache(
       self.cache_policy,
       batch_size,
       self.cache_capacity(layer, max_len),
-      layer.num_kv_heads,
-      layer.head_dim,
+      K,
+      H,
       layer.dtype,
+      value_dim=Hv,
     )
+
+  def cache_shape(self, config, d_model: int) -> tuple[int, int, int]:
+    """``(K, H, Hv)``: key/value heads, key and value widths of the decode cache's slots (the
+    layer's own; MLA's one latent head)."""
+    H = config.head_dim_for(d_model)
+    return config.kv_heads, H, self.value_head_dim(H)
 
   def allowed_mask(self, layer, length):
     pos = jnp.arange(length, dtype=jnp.int32)
@@ -481,7 +489,7 @@ class DotProductSpec(ScoreSpec):
     check_type("kv_bias", self.kv_bias, bool, "a bool")
     check_int("window", self.window, allow_none=True, minimum=0)
     check_int("num_sinks", self.num_sinks, minimum=0)
-    _checks.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
+    validators.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
     if self.num_sinks and self.window is None:
       raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
     if (
@@ -591,8 +599,8 @@ class DenseSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice("similarity", self.similarity, dense.SIMILARITIES)
-    _checks.check_positive_float("scale", self.scale)
+    validators.check_choice("similarity", self.similarity, dense.SIMILARITIES)
+    validators.check_positive_float("scale", self.scale)
 
   def kwargs(self, layer):
     return dict(super().kwargs(layer), similarity=self.similarity, scale=self.scale)
@@ -622,6 +630,7 @@ class QKNormSpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "qk_norm"
+  op: ClassVar[str] = "qk_norm"
   optional_params: ClassVar[tuple[str, ...]] = ("q_gain", "k_gain") + DotProductSpec.optional_params
 
   qk_norm: Literal["rms", "layer", "l2"] = "rms"
@@ -634,12 +643,12 @@ class QKNormSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
-    _checks.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
+    validators.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
+    validators.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
     check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
-    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
-    _checks.check_positive_float("scale", self.scale)
-    _checks.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
+    validators.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+    validators.check_positive_float("scale", self.scale)
+    validators.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
     check_type("qk_norm_gain_offset", self.qk_norm_gain_offset, (int, float), "a float")
     if self.qk_norm_scope == "projection" and self.qk_norm_placement != "before_rope":
       raise ValueError(
@@ -727,6 +736,7 @@ class CosineSpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "cosine"
+  op: ClassVar[str] = "cosine"
   optional_params: ClassVar[tuple[str, ...]] = ("temperature",) + DotProductSpec.optional_params
 
   cosine_convention: Literal["swin", "scale", "ngpt"] = "swin"
@@ -735,12 +745,12 @@ class CosineSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice(
-      "cosine_convention", self.cosine_convention, qk_norm_lib.COSINE_CONVENTIONS
+    validators.check_choice(
+      "cosine_convention", self.cosine_convention, cosine_lib.COSINE_CONVENTIONS
     )
     if self.temperature_init is not None:
       check_type("temperature_init", self.temperature_init, (int, float), "a float")
-    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+    validators.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
 
   @property
   def initial_temperature(self) -> float:
@@ -756,7 +766,7 @@ class CosineSpec(DotProductSpec):
     super().init_params(layer, rngs, param_dtype)
 
   def default_function(self, layer):
-    return qk_norm_lib.cosine_attention
+    return cosine_lib.cosine_attention
 
   def kwargs(self, layer):
     return dict(
@@ -779,13 +789,11 @@ class SparseSpec(ScoreSpec):
   """
 
   family: ClassVar[str] = "sparse"
-  implementations: ClassVar[tuple[str, ...]] = sparse_lib.IMPLEMENTATIONS
-  deprecated_implementations: ClassVar[dict[str, str]] = dict(sparse_lib.OP.renamed)
+  op: ClassVar[str] = "sparse"
   # The dense kernel's implementation standing for each of ours where the
   # layer masks by the pattern instead (decode, an explicit mask).
   DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {
     "blockwise": None,
-    "block_sparse": None,
     "reference": "reference",
   }
 
@@ -814,7 +822,7 @@ class SparseSpec(ScoreSpec):
     ):
       raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
     name, args = self.pattern
-    _checks.check_choice("pattern name", name, PATTERNS)
+    validators.check_choice("pattern name", name, PATTERNS)
     try:
       pattern = getattr(patterns, name)(**dict(args))
     except TypeError as e:
@@ -841,6 +849,7 @@ class SparseSpec(ScoreSpec):
     """``kwargs`` for the dense kernel: our implementation name mapped to its equivalent."""
     out = self.kwargs(layer)
     impl = out["implementation"]
+    impl = self.deprecated_implementations.get(impl, impl)  # an old name: its engine's
     out["implementation"] = impl if impl is None else self.DENSE_EQUIVALENT[impl]
     return out
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks, feature_maps
+from attnjax._src import feature_maps, op, validators
 from attnjax._src.nn import _context, _layers
 from attnjax._src.nn.rope import apply_rope
 
@@ -45,13 +45,11 @@ def check_type(name: str, value: Any, types, what: str) -> None:
 
 
 def check_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
-  """Raises TypeError unless ``value`` is an int (or None with ``allow_none``), ValueError
-  when it is below ``minimum``; both name ``name``."""
-  if value is None and allow_none:
-    return
-  check_type(name, value, int, "an int")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  """Raises TypeError unless ``value`` is a Python int (or None with ``allow_none``: a config
+  holds JSON values), ValueError when it is below ``minimum``; both name ``name``."""
+  if value is not None:
+    check_type(name, value, int, "an int")
+  validators.check_positive_int(name, value, allow_none=allow_none, minimum=minimum)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,19 +165,33 @@ class AttentionSpec:
   before ``init_params`` runs) and override the methods below.
 
   Attributes:
+    op: the name of the op the family's function runs (:data:`attnjax._src.op.OPS`): the
+      one map from the layer's family names onto the ops' (``"retnet"``, ``"gla"`` and
+      ``"mamba2_decay"`` run ``"gated_linear"``). A subclass naming one takes its
+      ``implementations`` and ``deprecated_implementations`` from the op.
     implementations: the ``implementation`` names the family's function takes
-      (besides None = auto); :class:`attnjax.nn.AttentionConfig` checks its
-      ``implementation`` against them (and ``deprecated_implementations``).
-    deprecated_implementations: old names still accepted, ``{old: new}``.
+      (besides None = auto): the op's engines; :class:`attnjax.nn.AttentionConfig` checks
+      its ``implementation`` against them (and ``deprecated_implementations``).
+    deprecated_implementations: old names still accepted, ``{old: new}`` (the op's
+      ``renamed``).
     takes_segment_ids: the family can keep packed documents apart
       (``segment_ids``).
   """
 
   family: ClassVar[str] = ""
+  op: ClassVar[str] = ""
   optional_params: ClassVar[tuple[str, ...]] = ()
   implementations: ClassVar[tuple[str, ...]] = ()
   deprecated_implementations: ClassVar[dict[str, str]] = {}
   takes_segment_ids: ClassVar[bool] = True
+  takes_cross: ClassVar[bool] = True
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if cls.op:  # the engines and their old names: the op's, read from the op registry
+      family_op = op.OPS[cls.op]
+      cls.implementations = family_op.implementations
+      cls.deprecated_implementations = dict(family_op.renamed)
 
   def __post_init__(self):
     self.validate()
@@ -195,7 +207,7 @@ class AttentionSpec:
     try:
       # Deprecated names pass here unwarned (old run directories load); the
       # function warns when called.
-      _checks.check_implementation(
+      validators.check_implementation(
         "implementation", name, cls.implementations + tuple(cls.deprecated_implementations)
       )
     except ValueError as e:
@@ -204,6 +216,45 @@ class AttentionSpec:
   def has_null_column(self) -> bool:
     """Whether the weights have a null column (a row may put mass on no key)."""
     return False
+
+  def fixed_head_dim(self) -> Optional[int]:
+    """The query head dim the family fixes itself (MLA's ``d_n + d_r``), or None: the
+    config's ``head_dim`` (or ``d_model // num_heads``)."""
+    return None
+
+  def value_head_dim(self, head_dim: int) -> int:
+    """``Hv``, the width of each head's output (``head_dim`` unless the family sets it)."""
+    return head_dim
+
+  def init_projections(self, layer, d_model: int, lin: dict) -> None:
+    """Creates the layer's projections: ``q_proj``, ``k_proj``, ``v_proj`` (``[D, heads H]``)
+    and ``o_proj`` (``[N Hv, D]``); ``lin`` holds the rngs and dtypes."""
+    N, K, H, c = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.config
+    bias = c.qkv_bias
+    layer.q_proj = _layers.linear(d_model, N * H, ("embed", "heads"), use_bias=bias, **lin)
+    layer.k_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=bias, **lin)
+    layer.v_proj = _layers.linear(d_model, K * H, ("embed", "heads"), use_bias=bias, **lin)
+    Hv = self.value_head_dim(H)
+    layer.o_proj = _layers.linear(N * Hv, d_model, ("heads", "embed"), use_bias=c.out_bias, **lin)
+
+  def project(self, layer, x: Array):
+    """The raw projections ``(q, k, v)`` of ``x [B, T, D]`` that :meth:`attend` takes."""
+    return (
+      layer._heads(layer.q_proj, x, layer.num_heads),
+      layer._heads(layer.k_proj, x, layer.num_kv_heads),
+      layer._heads(layer.v_proj, x, layer.num_kv_heads),
+    )
+
+  def rotate(self, layer, x: Array, positions: Array) -> Array:
+    """``x`` (queries or keys ``[B, T, heads, .]``) rotated by the layer's RoPE at
+    ``positions``; as is without RoPE."""
+    return _rope(layer, x, positions)
+
+  def sown_weights(self, layer, run: Callable, q: Array, k: Array, v: Array):
+    """A function returning the weights ``[B, N, T, S]`` of ``run(q, k, v)`` to sow, or None:
+    ``run`` applied to identity values (``run_and_sow``'s default)."""
+    del layer, run, q, k, v
+    return None
 
   def validate(self) -> None:
     """Checks this spec's own fields (ValueError/TypeError naming the field)."""
@@ -285,7 +336,7 @@ class AttentionSpec:
   def compared_qk(self, layer, q: Array, k: Array, positions: Array):
     """What the attention function compares: ``prepare_qk``, then RoPE."""
     q, k = self.prepare_qk(layer, q, k)
-    return _rope(layer, q, positions), _rope(layer, k, positions)
+    return self.rotate(layer, q, positions), self.rotate(layer, k, positions)
 
   def to_dict(self) -> dict[str, Any]:
     """The spec's fields as a dict (``AttentionConfig.to_dict`` nests it)."""

@@ -27,6 +27,7 @@ from attnjax._src.nn.block_select_spec import BlockSelectCache, BlockSelectSpec
 from attnjax._src.nn.compressed_spec import CompressedSpec
 from attnjax._src.nn.dsa_spec import DSACache, DSASpec
 from attnjax._src.nn.nsa_spec import NSACache, NSASpec
+from attnjax._src.nn.mla_spec import MLASpec
 from attnjax._src.nn.spec_base import (
   DEFAULT_TEMPERATURE,
   FAMILY_SPECS,
@@ -61,6 +62,7 @@ __all__ = [
   "GatedSpec",
   "DotProductSpec",
   "LinearSpec",
+  "MLASpec",
   "Mamba2DecaySpec",
   "NSACache",
   "NSASpec",

@@ -64,7 +64,7 @@ class TransformerBlock(nnx.Module):
     self.mlp_norm = norm(has_mlp and pre)
     if not has_mlp:
       self.mlp = None
-    elif config.mlp == "moe":
+    elif config.mlp == "moe" and layer >= config.moe_first_dense:
       self.mlp = mlp_lib.MixtureOfExperts(
         D,
         config.hidden_dim,
@@ -72,8 +72,19 @@ class TransformerBlock(nnx.Module):
         top_k=config.experts_per_token,
         alpha=config.moe_alpha,
         limit=config.moe_limit,
+        experts=config.moe_experts,
+        router=config.moe_router,
+        router_bias=config.moe_router_bias,
+        groups=config.moe_groups,
+        group_topk=config.moe_group_topk,
+        score_bias=config.moe_score_bias,
+        normalize=config.moe_normalize,
+        scale=config.moe_scale,
+        shared_dim=config.moe_shared_dim,
         **kw,
       )
+    elif config.mlp == "moe":  # the first layers' dense MLP (DeepSeek's first_k_dense_replace)
+      self.mlp = MLP("swiglu", D, config.dense_mlp_dim or config.hidden_dim, **kw)
     else:
       self.mlp = MLP(
         config.mlp,

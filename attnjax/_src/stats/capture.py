@@ -52,7 +52,8 @@ class ProbeCapture(NamedTuple):
     allowed: ``[L, 1, 1, T, S]`` bool, the pairs each layer may attend to;
       None means causal.
     q: ``[L, B, T, N, H]`` queries as the attention function compares them
-      (after any QK norm and RoPE).
+      (after any QK norm and RoPE); where layers differ in their head layout (an MLA
+      layer beside GQA ones), a tuple of ``L`` arrays ``[B, T, N, H]``, as k and v.
     k: ``[L, B, T, K, H]`` keys (sequence keys only), likewise.
     v: ``[L, B, T, K, Hv]`` values.
     hidden: ``[L, B, T, D]`` each block's output hidden state.
@@ -84,6 +85,23 @@ def _per_layer(fn, L: int, allowed: Optional[Array], *arrays):
   return jax.tree.map(
     lambda *xs: jnp.stack(xs) if xs[0].ndim == 0 else jnp.concatenate(xs), *results
   )
+
+
+def _value_drain_of_layers(v) -> LayerMean:
+  """:func:`.value_state_drain` of stacked values, or of a tuple of per-layer values whose
+  KV heads differ: ``per_head`` ``[L, max K]``, NaN (not defined) past a layer's heads."""
+  if not isinstance(v, (tuple, list)):
+    return _value_state_drain(v)
+  drains = [_value_state_drain(x) for x in v]
+  width = max(d.per_head.shape[1] for d in drains)
+  per_head = jnp.concatenate(
+    [
+      jnp.pad(d.per_head, ((0, 0), (0, width - d.per_head.shape[1])), constant_values=jnp.nan)
+      for d in drains
+    ]
+  )
+  per_layer = jnp.concatenate([d.per_layer for d in drains])
+  return LayerMean(mean=jnp.mean(per_layer), per_layer=per_layer, per_head=per_head)
 
 
 def capture_statistics(
@@ -177,11 +195,11 @@ def capture_statistics(
     sparsity = sparsity._replace(mean=jnp.mean(sparsity.per_layer))
     out.update(flatten(sparsity, "sparsity"))
   if capture.q is not None and capture.k is not None:
-    Tk = capture.k.shape[2]
+    L, Tk = len(capture.q), capture.k[0].shape[1]  # stacked [L, ...] or a tuple per layer
     seq_allowed = None if allowed is None else allowed[..., :Tk]
     qk = _per_layer(
       lambda q, k, mask: _qk_statistics(q, k, is_causal=mask is None, mask=mask),
-      capture.q.shape[0],
+      L,
       seq_allowed,
       capture.q,
       capture.k,
@@ -190,14 +208,14 @@ def capture_statistics(
     if capture.v is not None and Tk >= 2:
       geometry = _per_layer(
         lambda q, k, v, mask: _sink_geometry(q, k, v, is_causal=mask is None, mask=mask),
-        capture.q.shape[0],
+        L,
         seq_allowed,
         capture.q,
         capture.k,
         capture.v,
       )
       out.update(flatten(geometry, "sink_geometry"))
-      out.update(flatten(_value_state_drain(capture.v), "value_drain"))
+      out.update(flatten(_value_drain_of_layers(capture.v), "value_drain"))
   if capture.hidden is not None:
     out.update(
       flatten(

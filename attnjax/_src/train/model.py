@@ -15,7 +15,7 @@ def model_config(cfg: Any, vocab_size: int):
   from attnjax._src import nn
 
   m = cfg.model
-  attn = attention_kwargs(cfg.variant)
+  attn = attention_kwargs(cfg.variant, d_model=m.d_model, num_heads=m.num_heads)
   if m.window > 0:
     attn["window"] = int(m.window)
   # model.implementation names a kernel of the dense family; a family whose

@@ -5,7 +5,7 @@ Implementation behind the public module :mod:`attnjax.train.variants`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 # name -> (AttentionConfig fields, one-line description for reports)
 VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
@@ -83,6 +83,11 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     },
     "softmax, dilated window of 16 keys, dilation 4 (Longformer)",
   ),
+  "mla": (
+    {"family": "mla"},
+    "multi-head latent attention: latent of D/2, rope key of H/2, keys H, values H "
+    "(DeepSeek V2/V3)",
+  ),
 }
 
 # The arms of `compare`, the README's main job.
@@ -104,12 +109,39 @@ COMPARE = (
 # them there with --config.sweep.variants.
 GATED = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet")
 
+# Arms of the gpu/tpu presets of compare and sinks beside GATED; a cpu preset runs them when
+# named (--config.sweep.variants=dense,mla).
+LATENT = ("mla",)
 
-def attention_kwargs(name: str) -> dict[str, Any]:
+
+def _sizes(options: dict[str, Any], d_model: int, num_heads: int) -> dict[str, Any]:
+  """MLA's ranks and head dims from the model's: with ``H = d_model / num_heads``, a latent
+  of ``d_model / 2``, ``d_n = d_r = H / 2`` (keys of ``H``, as the dense arms') and
+  ``d_v = H``; its cache holds ``d_model / 2 + H / 2`` numbers per token, a quarter of the
+  ``2 d_model`` of the dense arms' (plus ``H / 2``)."""
+  if options.get("family") != "mla":
+    return {}
+  H = d_model // num_heads
+  d_r = 2 * max(1, H // 4)  # even, for RoPE's pairs
+  return dict(
+    kv_lora_rank=max(1, d_model // 2),
+    qk_nope_head_dim=max(1, H - d_r),
+    qk_rope_head_dim=d_r,
+    v_head_dim=max(1, H),
+  )
+
+
+def attention_kwargs(
+  name: str, *, d_model: Optional[int] = None, num_heads: Optional[int] = None
+) -> dict[str, Any]:
   """The attention options of a variant (keywords of :class:`attnjax.nn.AttentionConfig`).
 
   Args:
     name: a key of :data:`.VARIANTS`.
+    d_model: the model's width; with ``num_heads``, sizes a variant whose sizes follow the
+      model's (``mla``: its latent and head dims), which otherwise keeps its family's
+      defaults.
+    num_heads: the model's query heads.
 
   Returns:
     A new dict of options.
@@ -119,7 +151,10 @@ def attention_kwargs(name: str) -> dict[str, Any]:
   """
   if name not in VARIANTS:
     raise ValueError(f"variant={name!r} is not one of: {', '.join(sorted(VARIANTS))}")
-  return dict(VARIANTS[name][0])
+  options = dict(VARIANTS[name][0])
+  if d_model is not None and num_heads is not None:
+    options.update(_sizes(options, d_model, num_heads))
+  return options
 
 
 def describe(name: str) -> str:

@@ -5,39 +5,35 @@ Implementation behind the public module :mod:`attnjax.delta_rule`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  op as _op,
-  static as _static,
-)
-from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src import validators, deprecation as _deprecation, op as _op, static as _static
+from attnjax._src.ops import recurrence
 from attnjax._src.numerics import einsum as _einsum
-from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
-from attnjax._src.ops.recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
+from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.recurrent import chunks
 
 Array = jnp.ndarray
 
-# The form "reference" names: the recurrence, the family's definition.
-REFERENCE_FORM = "recurrent"
+# The engine "reference" names: the recurrence, the family's definition.
+REFERENCE_ENGINE = "recurrent"
+REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 
 
 # ---------------------------------------------------------------------------
-# Forms. Each takes float32 q [B, T, K, G, H] (already scaled), k [B, T, K, H],
+# The engines' computations. Each takes float32 q [B, T, K, G, H] (already scaled), k [B, T, K, H],
 # v [B, T, K, Hv], beta and log decay g [B, T, K, G], a boolean reset [B, T]
 # (True: the state is zeroed before token t) and the state [B, K, G, H, Hv];
 # each returns (out [B, T, K, G, Hv], final state).
 
 
 def recurrent(q, k, v, beta, g, reset, state):
-  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token.
+  """The decode engine (the reference): ``lax.scan`` over time, one delta-rule update per token.
 
   Args:
     q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
@@ -69,7 +65,7 @@ def recurrent(q, k, v, beta, g, reset, state):
 
 
 def quadratic(q, k, v, beta, g, reset, state):
-  """The chunk form over the whole sequence as one chunk (``_chunk_block``, no scan).
+  """The chunk computation over the whole sequence as one chunk (``_chunk_block``, no scan).
 
   Args:
     q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
@@ -88,7 +84,7 @@ def quadratic(q, k, v, beta, g, reset, state):
 
 
 def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
-  """WY / UT-transform chunk form (module docstring): a scan over chunks carrying the state.
+  """The WY / UT-transform chunk computation (module docstring): a scan over chunks carrying the state.
 
   Each chunk (``_chunk_block``) computes its state-independent terms (the
   decays, the triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) and
@@ -247,9 +243,11 @@ def _chunk_block(xs, s):
 
 
 def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
-  _checks.check_floating(name, x)
-  if _checks.shape_of(x) != (B, T, N):
-    raise ValueError(f"{name} must have shape [B, T, N] = {(B, T, N)}, got {_checks.shape_of(x)}")
+  validators.check_floating(name, x)
+  if validators.shape_of(x) != (B, T, N):
+    raise ValueError(
+      f"{name} must have shape [B, T, N] = {(B, T, N)}, got {validators.shape_of(x)}"
+    )
 
 
 def parallel(*args, **kwargs):
@@ -258,10 +256,15 @@ def parallel(*args, **kwargs):
   return quadratic(*args, **kwargs)
 
 
-# The delta_rule op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
-OP = _recurrent.state_op(
-  "delta_rule", recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_FORM
+# The delta_rule op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
+# returns ``(out [B, T, K, G, Hv], final state)``.
+ENGINES: dict[str, _op.Engine] = recurrence.engines(
+  recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_ENGINE
 )
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES, FALLBACK = recurrence.PREFERENCES, recurrence.FALLBACK
+OP = recurrence.state_passing_op("delta_rule", ENGINES, PREFERENCES, FALLBACK, lambda: _samples())
 
 
 def _delta_rule_attention(
@@ -285,7 +288,7 @@ def _delta_rule_attention(
   ``attnjax.nn`` families ``deltanet`` and ``gated_deltanet``.
 
   Per query head: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
-  ``o_t = scale * S_t^T q_t`` (module docstring for the chunk form).
+  ``o_t = scale * S_t^T q_t`` (module docstring for the chunk computation).
 
   Args:
     q: queries ``[B, T, N, H]``.
@@ -306,10 +309,10 @@ def _delta_rule_attention(
       of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
       names are the engines of :data:`~attnjax.delta_rule.OP`; ``"parallel"``, the old name of
-      ``"quadratic"``, still works and warns once. They mean the same form in every
+      ``"quadratic"``, still works and warns once. They mean the same engine in every
       recurrent family
       (``attnjax._recurrent``).
-    chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
+    chunk_size: chunk length of the chunked engine (any ``T``; the last chunk is
       padded).
     context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
       over (context parallelism, ``attnjax.parallel.recurrent``): called inside
@@ -326,7 +329,7 @@ def _delta_rule_attention(
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
     (Gated DeltaNet).
   """
-  x = _recurrent.prepare(
+  x = recurrence.prepare(
     "delta_rule_attention",
     q,
     k,
@@ -337,7 +340,7 @@ def _delta_rule_attention(
     segment_ids=segment_ids,
     implementation=implementation,
     chunk_size=chunk_size,
-    op=OP,
+    family=OP,
     context_axis=context_axis,
   )
   B, T, N, _ = q.shape
@@ -346,11 +349,26 @@ def _delta_rule_attention(
   if log_decay is None:
     log_decay = jnp.zeros((B, T, N), jnp.float32)
   _check_per_step("log_decay", log_decay, B, T, N)
-  extra = (_recurrent.by_kv_head(beta, K), _recurrent.by_kv_head(log_decay, K))
-  out, final = _op.run(OP, (x, extra, chunk_size), x.form)
-  return _recurrent.finish(out, final, q, return_state=return_state)
+  extra = (recurrence.by_kv_head(beta, K), recurrence.by_kv_head(log_decay, K))
+  out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
+  return recurrence.finish(out, final, q, return_state=return_state)
 
 
 DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
 delta_rule_attention = _static.jit(_delta_rule_attention, DELTA_STATIC)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  def unit_keys_and_gates(q, k, v):
+    # The delta rule wants keys of unit norm (its update is then a contraction).
+    k32 = k.astype(jnp.float32)
+    norm = jnp.maximum(jnp.linalg.norm(k32, axis=-1, keepdims=True), 1e-6)
+    beta = 1.0 / (1.0 + np.exp(-recurrence.per_step(q, 2)))
+    log_decay = -np.logaddexp(0.0, recurrence.per_step(q, 3)) * 0.5
+    arrays = dict(
+      beta=jnp.asarray(beta, jnp.float32), log_decay=jnp.asarray(log_decay, jnp.float32)
+    )
+    return q, (k32 / norm).astype(k.dtype), v, arrays
+
+  return (recurrence.state_passing_sample(delta_rule_attention, unit_keys_and_gates),)

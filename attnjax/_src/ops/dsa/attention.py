@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks, empty, logits, normalizers, op, static
+from attnjax._src import validators, empty, logits, normalizers, op, static
 from attnjax._src.attention_stats import stats_from_weights
 from attnjax._src.kernels.blockwise import selected
 
@@ -249,22 +249,22 @@ def _check_indexer(index_q, index_k, index_weights, B: int, T: int, S: int):
     ("index_weights", index_weights, 3, "[B, T, NI]"),
   ):
     if np.ndim(x) != rank:
-      raise ValueError(f"{name} must have rank {rank} {letters}, got shape {checks.shape_of(x)}")
-    checks.check_floating(name, x)
-  _, Ti, NI, HI = checks.shape_of(index_q)
-  if checks.shape_of(index_q)[:2] != (B, T):
+      raise ValueError(f"{name} must have rank {rank} {letters}, got shape {validators.shape_of(x)}")
+    validators.check_floating(name, x)
+  _, Ti, NI, HI = validators.shape_of(index_q)
+  if validators.shape_of(index_q)[:2] != (B, T):
     raise ValueError(
-      f"index_q must be [B, T, NI, HI] with B={B}, T={T}, got {checks.shape_of(index_q)}"
+      f"index_q must be [B, T, NI, HI] with B={B}, T={T}, got {validators.shape_of(index_q)}"
     )
-  if checks.shape_of(index_k) != (B, S, HI):
+  if validators.shape_of(index_k) != (B, S, HI):
     raise ValueError(
-      f"index_k must be [B, S, HI] = {(B, S, HI)} for index_q {checks.shape_of(index_q)} and "
-      f"S={S}, got {checks.shape_of(index_k)}"
+      f"index_k must be [B, S, HI] = {(B, S, HI)} for index_q {validators.shape_of(index_q)} and "
+      f"S={S}, got {validators.shape_of(index_k)}"
     )
-  if checks.shape_of(index_weights) != (B, T, NI):
+  if validators.shape_of(index_weights) != (B, T, NI):
     raise ValueError(
       f"index_weights must be [B, T, NI] = {(B, T, NI)}: one weight per indexer head of "
-      f"index_q {checks.shape_of(index_q)}, got {checks.shape_of(index_weights)}"
+      f"index_q {validators.shape_of(index_q)}, got {validators.shape_of(index_weights)}"
     )
 
 
@@ -280,23 +280,23 @@ def validate(
   q, k, v, index_q, index_k, index_weights, *, top_k, scale, normalizer, segment_ids, return_stats
 ) -> tuple[DSAInputs, DSAOptions]:
   """The canonical call, or ValueError / TypeError naming the argument and the values."""
-  B, T, S, N, K, H, Hv = checks.check_qkv(q, k, v)
+  B, T, S, N, K, H, Hv = validators.check_qkv(q, k, v)
   if T != S:
     raise ValueError(
       f"dsa_attention is causal self-attention: q and k need the same length, got "
-      f"q {checks.shape_of(q)} and k {checks.shape_of(k)}"
+      f"q {validators.shape_of(q)} and k {validators.shape_of(k)}"
     )
   _check_indexer(index_q, index_k, index_weights, B, T, S)
   top_k = _check_top_k(top_k)
-  checks.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
-  scale = H**-0.5 if scale is None else checks.check_positive_float("scale", scale)
+  validators.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
+  scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
   seg = None
   if segment_ids is not None:
     seg = jnp.asarray(segment_ids)
-    if checks.shape_of(seg) != (B, T) or not jnp.issubdtype(seg.dtype, jnp.integer):
+    if validators.shape_of(seg) != (B, T) or not jnp.issubdtype(seg.dtype, jnp.integer):
       raise ValueError(
         f"segment_ids must be an integer array [B, T] = {(B, T)}, got "
-        f"{checks.shape_of(seg)} {seg.dtype}"
+        f"{validators.shape_of(seg)} {seg.dtype}"
       )
     seg = seg.astype(jnp.int32)
   opts = DSAOptions(
@@ -391,8 +391,8 @@ def _indexer_loss(
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   _check_indexer(index_q, index_k, index_weights, B, T, S)
-  checks.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
-  scale = H**-0.5 if scale is None else checks.check_positive_float("scale", scale)
+  validators.check_choice("normalizer", normalizer, normalizers.NORMALIZERS)
+  scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
   kk = None if top_k is None else min(_check_top_k(top_k), S)
   work = jnp.promote_types(index_q.dtype, jnp.float32)
   q = jax.lax.stop_gradient(q).astype(work)
@@ -476,7 +476,7 @@ def indexer_loss(
   """
   if isinstance(block_q, bool) or not isinstance(block_q, int) or block_q < 1:
     raise ValueError(f"block_q must be a positive int, got {block_q!r}")
-  checks.check_qkv(q, k, k)
+  validators.check_qkv(q, k, k)
   return _indexer_loss_jit(
     q,
     k,

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks, empty, normalizers, op, static
+from attnjax._src import validators, empty, normalizers, op, static
 from attnjax._src.ops.nsa import blockwise, reference, rules
 from attnjax._src.ops.nsa.rules import Compressor, NSAOptions, NSAStats
 
@@ -234,15 +234,15 @@ def _check_compressor(compressor: Any, l: int, H: int, Hv: int):
         raise TypeError(f"{name} must be an attnjax.nsa.Compressor, got {type(c).__name__}")
       c = Compressor(*c)
     c = Compressor(*(jnp.asarray(a) for a in c))
-    M = checks.shape_of(c.w1)[-1] if np.ndim(c.w1) == 2 else None
+    M = validators.shape_of(c.w1)[-1] if np.ndim(c.w1) == 2 else None
     want = {"position": (l, X), "w1": (l * X, M), "b1": (M,), "w2": (M, X), "b2": (X,)}
     for field, shape in want.items():
-      got = checks.shape_of(getattr(c, field))
+      got = validators.shape_of(getattr(c, field))
       if got != shape:
         raise ValueError(
           f"{name}.{field} must have shape {shape} for block_length={l} and head dim {X}, got {got}"
         )
-      checks.check_floating(f"{name}.{field}", getattr(c, field))
+      validators.check_floating(f"{name}.{field}", getattr(c, field))
     out.append(c)
   return tuple(out)
 
@@ -254,7 +254,7 @@ def _normalizers(normalizer: Any) -> tuple[str, str, str]:
       f"normalizer must be a name or three names (compressed, selected, window), got {normalizer!r}"
     )
   for name in names:
-    checks.check_choice("normalizer", name, normalizers.NORMALIZERS)
+    validators.check_choice("normalizer", name, normalizers.NORMALIZERS)
   return names
 
 
@@ -281,7 +281,7 @@ def validate(
   ks, vs = _branches("k", k), _branches("v", v)
   q = jnp.asarray(q)
   for b in range(3):
-    B, T, S, N, K, H, Hv = checks.check_qkv(q, ks[b], vs[b])
+    B, T, S, N, K, H, Hv = validators.check_qkv(q, ks[b], vs[b])
   for b in (1, 2):
     if ks[b].shape != ks[0].shape or vs[b].shape != vs[0].shape:
       raise ValueError(
@@ -312,14 +312,14 @@ def validate(
   if window < 1:
     raise ValueError(f"window must be >= 1 (keys t - w .. t), got window={window}")
   gates = jnp.asarray(gates)
-  if checks.shape_of(gates) != (B, T, N, 3):
+  if validators.shape_of(gates) != (B, T, N, 3):
     raise ValueError(
       f"gates must have shape [B, T, N, 3] = {(B, T, N, 3)} (compressed, selected, window "
-      f"per query head), got {checks.shape_of(gates)}"
+      f"per query head), got {validators.shape_of(gates)}"
     )
-  checks.check_floating("gates", gates)
+  validators.check_floating("gates", gates)
   comp = _check_compressor(compressor, l, H, Hv)
-  scale = H**-0.5 if scale is None else checks.check_positive_float("scale", scale)
+  scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
   opts = NSAOptions(
     block_length=l,
     stride=d,
