@@ -195,7 +195,7 @@ def test_bad_input():
   q, k, v, iq, ik, iw = _inputs()
   with pytest.raises(ValueError, match=r"index_weights must be \[B, T, NI\].*got \(2, 24, 2\)"):
     dsa_attention(q, k, v, iq, ik, iw[..., :2])
-  with pytest.raises(ValueError, match="top_k must be >= 1, got top_k=0"):
+  with pytest.raises(ValueError, match="top_k must be a positive int, got top_k=0"):
     dsa_attention(q, k, v, iq, ik, iw, top_k=0)
   with pytest.raises(ValueError, match=r"index_k must be \[B, S, HI\]"):
     dsa_attention(q, k, v, iq, ik[..., :2], iw)

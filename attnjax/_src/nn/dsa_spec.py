@@ -92,7 +92,7 @@ class DSASpec(AttentionSpec):
 
   family: ClassVar[str] = "dsa"
   optional_params: ClassVar[tuple[str, ...]] = ("index_q_proj", "index_k_proj", "index_w_proj")
-  implementations: ClassVar[tuple[str, ...]] = dsa_lib.IMPLEMENTATIONS
+  op: ClassVar[str] = "dsa"
 
   top_k: int = 2048
   index_heads: int = 4

@@ -77,7 +77,7 @@ class NSASpec(AttentionSpec):
 
   family: ClassVar[str] = "nsa"
   optional_params: ClassVar[tuple[str, ...]] = ("nsa_gate",) + _param_names("k") + _param_names("v")
-  implementations: ClassVar[tuple[str, ...]] = nsa_lib.IMPLEMENTATIONS
+  op: ClassVar[str] = "nsa"
   takes_segment_ids: ClassVar[bool] = False
 
   block_length: int = 32

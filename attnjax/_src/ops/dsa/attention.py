@@ -18,8 +18,6 @@ from attnjax._src.kernels.blockwise import selected
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "blockwise"]
-
 # Bytes of one indexer tile ([B, rows, NI, S] float32) of the block-wise selection.
 INDEX_TILE_BYTES = 16 * 2**20
 
@@ -223,6 +221,8 @@ ENGINES: dict[str, op.Engine] = {
     op.Engine("blockwise", _blockwise, op.supports_everything),
   )
 }
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
 PREFERENCES: dict[str, tuple[str, ...]] = {}
 FALLBACK: tuple[str, ...] = ("blockwise",)
 OP = op.register(
@@ -233,9 +233,9 @@ OP = op.register(
     FALLBACK,
     empty=_empty,
     is_empty=lambda inputs, opts: empty.is_empty(inputs.q, inputs.k),
+    samples=lambda: _samples(),
   )
 )
-IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 # ---------------------------------------------------------------------------
@@ -249,7 +249,9 @@ def _check_indexer(index_q, index_k, index_weights, B: int, T: int, S: int):
     ("index_weights", index_weights, 3, "[B, T, NI]"),
   ):
     if np.ndim(x) != rank:
-      raise ValueError(f"{name} must have rank {rank} {letters}, got shape {validators.shape_of(x)}")
+      raise ValueError(
+        f"{name} must have rank {rank} {letters}, got shape {validators.shape_of(x)}"
+      )
     validators.check_floating(name, x)
   _, Ti, NI, HI = validators.shape_of(index_q)
   if validators.shape_of(index_q)[:2] != (B, T):
@@ -269,11 +271,7 @@ def _check_indexer(index_q, index_k, index_weights, B: int, T: int, S: int):
 
 
 def _check_top_k(top_k: Any) -> int:
-  if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):
-    raise TypeError(f"top_k must be an int >= 1, got {type(top_k).__name__} {top_k!r}")
-  if top_k < 1:
-    raise ValueError(f"top_k must be >= 1, got top_k={top_k}")
-  return int(top_k)
+  return validators.check_positive_int("top_k", top_k)
 
 
 def validate(
@@ -488,4 +486,31 @@ def indexer_loss(
     scale=scale,
     normalizer=normalizer,
     block_q=block_q,
+  )
+
+
+def _sample_arrays(q, k, v):
+  """A sample call's indexer: two heads of 4 dims, a deterministic draw from the shapes of
+  ``q`` and ``k``."""
+  B, T = tuple(np.shape(q))[:2]
+  S = tuple(np.shape(k))[1] if np.ndim(k) > 1 else 0
+  rng = np.random.default_rng([5, B, T, S])
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+  index = {"index_q": draw(B, T, 2, 4), "index_k": draw(B, S, 4), "index_weights": draw(B, T, 2)}
+  return q, k, v, index
+
+
+def _samples() -> tuple[op.Sample, ...]:
+  return (
+    op.Sample(
+      dsa_attention,
+      options=dict(top_k=3),
+      arrays=_sample_arrays,
+      self_only=True,
+      stats=True,
+      flags=("return_stats",),
+      static=(("scale", 0.5), ("top_k", 2)),
+      choices=(("top_k", (1, 2, 5, 100)), ("normalizer", normalizers.NORMALIZERS)),
+      defects=(("top_k", (0, -1, 2.5)), ("normalizer", ("softmaxx",)), ("scale", (-1.0,))),
+    ),
   )

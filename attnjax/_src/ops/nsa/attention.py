@@ -18,8 +18,6 @@ from attnjax._src.ops.nsa.rules import Compressor, NSAOptions, NSAStats
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "blockwise", "pallas_tpu", "mosaic_gpu"]
-
 # The selected-block Pallas kernels (issue 58, part B): attnjax._src.kernels.selected.<engine>
 # .selected_attention with the interface of attnjax._src.kernels.selected_reference.
 KERNEL_PACKAGE = "attnjax._src.kernels.selected"
@@ -157,6 +155,8 @@ ENGINES: dict[str, op.Engine] = {
     ),
   )
 }
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
 PREFERENCES: dict[str, tuple[str, ...]] = {}
 FALLBACK: tuple[str, ...] = ("blockwise",)
 OP = op.register(
@@ -167,22 +167,13 @@ OP = op.register(
     FALLBACK,
     empty=_empty,
     is_empty=lambda inputs, opts: empty.is_empty(inputs.q, inputs.k[0]),
+    samples=lambda: _samples(),
   )
 )
-# The engines' names (the layer's and the signature's choices).
-IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 # ---------------------------------------------------------------------------
 # Validation.
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
-  return int(value)
 
 
 def _branches(name: str, x: Any) -> tuple[Array, Array, Array]:
@@ -201,9 +192,9 @@ def _branches(name: str, x: Any) -> tuple[Array, Array, Array]:
 def check_block_sizes(block_length: Any, stride: Any, selection_block: Any) -> tuple[int, ...]:
   """``(l, d, l')`` as ints: ``1 <= d <= l``, ``l % d == 0``, ``l' % d == 0`` (ValueError or
   TypeError naming the values)."""
-  l = _int("block_length", block_length, 1)
-  d = _int("stride", stride, 1)
-  ls = _int("selection_block", selection_block, 1)
+  l = validators.check_positive_int("block_length", block_length)
+  d = validators.check_positive_int("stride", stride)
+  ls = validators.check_positive_int("selection_block", selection_block)
   if d > l:
     raise ValueError(
       f"stride={d} > block_length={l}: compressed blocks of l keys start every d <= l keys"
@@ -294,9 +285,22 @@ def validate(
       f"q {q.shape} and k {ks[0].shape}"
     )
   l, d, ls = check_block_sizes(block_length, stride, selection_block)
-  n = _int("num_selected", num_selected, 1)
-  n0 = _int("num_initial", num_initial, 0)
-  nl = _int("num_local", num_local, 0)
+  n = validators.check_positive_int("num_selected", num_selected)
+  n0 = validators.check_positive_int("num_initial", num_initial, minimum=0)
+  nl = validators.check_positive_int("num_local", num_local, minimum=0)
+  window = validators.check_positive_int("window", window)
+  gates = jnp.asarray(gates)
+  if validators.shape_of(gates) != (B, T, N, 3):
+    raise ValueError(
+      f"gates must have shape [B, T, N, 3] = {(B, T, N, 3)} (compressed, selected, window "
+      f"per query head), got {validators.shape_of(gates)}"
+    )
+  validators.check_floating("gates", gates)
+  comp = _check_compressor(compressor, l, H, Hv)
+  scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
+  names = _normalizers(normalizer)
+  return_stats = static.check_flag("return_stats", return_stats)
+  # The options' relations last: an invalid option is named before a pair that does not fit.
   if n0 + nl > n:
     raise ValueError(
       f"num_initial={n0} + num_local={nl} always-selected blocks exceed num_selected={n}"
@@ -307,19 +311,6 @@ def validate(
       f"num_selected={n} is larger than the {blocks} selection blocks of S={S} keys "
       f"(selection_block={ls})"
     )
-  if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
-    raise TypeError(f"window must be an int w >= 1 (keys t - w .. t), got {window!r}")
-  if window < 1:
-    raise ValueError(f"window must be >= 1 (keys t - w .. t), got window={window}")
-  gates = jnp.asarray(gates)
-  if validators.shape_of(gates) != (B, T, N, 3):
-    raise ValueError(
-      f"gates must have shape [B, T, N, 3] = {(B, T, N, 3)} (compressed, selected, window "
-      f"per query head), got {validators.shape_of(gates)}"
-    )
-  validators.check_floating("gates", gates)
-  comp = _check_compressor(compressor, l, H, Hv)
-  scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
   opts = NSAOptions(
     block_length=l,
     stride=d,
@@ -329,8 +320,8 @@ def validate(
     num_local=nl,
     window=int(window),
     scale=float(scale),
-    normalizers=_normalizers(normalizer),
-    return_stats=static.check_flag("return_stats", return_stats),
+    normalizers=names,
+    return_stats=return_stats,
   )
   return NSAInputs(q, ks, vs, gates, comp), opts
 
@@ -467,3 +458,59 @@ def compress(x: Array, compressor: Optional[Compressor], *, block_length: int, s
   :class:`Compressor` over each block of ``l`` rows, or the mean (``compressor=None``)."""
   l, d, _ = check_block_sizes(block_length, stride, stride)
   return rules.compress(jnp.asarray(x), compressor, block_length=l, stride=d)
+
+
+def _sample_arrays(q, k, v):
+  """A sample call's gates: a deterministic draw in ``(0.1, 0.9)`` from the shape of ``q``,
+  in its dtype where that is floating."""
+  shape = tuple(np.shape(q))[:3]
+  rng = np.random.default_rng([3, *shape])
+  dtype = q.dtype if jnp.issubdtype(q.dtype, jnp.floating) else jnp.float32
+  return q, k, v, {"gates": jnp.asarray(rng.uniform(0.1, 0.9, shape + (3,)), dtype)}
+
+
+def _samples() -> tuple[op.Sample, ...]:
+  # Small blocks so the suites' short sequences (T = 3 .. 32) have several of each: two of
+  # l' = 2 keys selected per query (the local one and the top-scoring one).
+  return (
+    op.Sample(
+      nsa_attention,
+      options=dict(
+        block_length=4,
+        stride=2,
+        selection_block=2,
+        num_selected=2,
+        num_initial=0,
+        num_local=1,
+        window=3,
+      ),
+      arrays=_sample_arrays,
+      self_only=True,
+      flags=("return_stats",),  # its NSAStats: each branch's, tested in tests/test_nsa.py
+      static=(
+        ("scale", 0.5),
+        ("block_length", 2),
+        ("stride", 1),
+        ("selection_block", 2),
+        ("num_selected", 1),
+        ("num_initial", 1),
+        ("window", 2),
+      ),
+      choices=(
+        ("block_length", (2, 4)),
+        ("stride", (1, 2)),
+        ("selection_block", (2, 4)),
+        ("num_selected", (1, 2)),
+        ("num_initial", (0, 1)),
+        ("window", (1, 2, 5)),
+        ("normalizer", normalizers.NORMALIZERS),
+      ),
+      defects=(
+        ("block_length", (0,)),
+        ("stride", (0, 16)),
+        ("num_selected", (0,)),
+        ("window", (0,)),
+        ("normalizer", ("softmaxx",)),
+      ),
+    ),
+  )

@@ -156,7 +156,8 @@ def selection_scores(
   C = p.shape[-1]
   pp = jnp.pad(p, [(0, 0)] * (p.ndim - 1) + [(0, chunks - C)])
   mass = pp
-  for m in range(1, b):  # chunk r lies in compressed blocks r - b + 1 .. r
+  # chunk r lies in compressed blocks r - b + 1 .. r (shifts past the last chunk add nothing)
+  for m in range(1, min(b, chunks)):
     mass = mass + jnp.pad(pp[..., : chunks - m], [(0, 0)] * (p.ndim - 1) + [(m, 0)])
   return jnp.sum(jnp.reshape(mass, p.shape[:-1] + (nsel, a)), axis=-1)
 
