@@ -1,0 +1,3 @@
+"""placeholder"""
+ROWS = 64
+ALIGN = 64
