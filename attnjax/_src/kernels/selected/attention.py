@@ -16,6 +16,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from attnjax._src import trust
 from attnjax._src.kernels import autodiff, on_target
 from attnjax._src.kernels.selected import gpu, reference, tpu
 from attnjax._src.kernels.selected.plan import (
@@ -32,6 +33,9 @@ from attnjax._src.kernels.selected.plan import (
 
 Array = jnp.ndarray
 PLATFORMS = {"tpu": tpu, "cuda": gpu}
+#: The kernels' names in the kernel-trust rule (``attnjax/_src/trust.py``: their verdicts of
+#: ``python -m attnjax.check --kernel <name>``), per platform.
+TRUST_NAMES = {"tpu": "selected_pallas_tpu", "cuda": "selected_mosaic_gpu"}
 
 
 def plan_call(
@@ -68,6 +72,14 @@ def plan_call(
     rows=kernels.ROWS if rows is None else rows,
     align=kernels.ALIGN,
   )
+
+
+def case_class(platform: str, q, k, v, block_idx, **kw) -> str:
+  """The case class a call's verdicts name (:func:`attnjax._trust.case_class`): its
+  normaliser, ``"selected_<loop order>"`` and q's dtype, e.g. ``"softmax selected_kv
+  bfloat16"`` (``python -m attnjax.check --kernel selected_...`` checks each)."""
+  p = plan_call(platform, q, k, v, block_idx, **kw)
+  return trust.case_class(p.normalizer, f"selected_{p.order}", q.dtype)
 
 
 def unsupported(platform: str, q, k, v, block_idx, **kw) -> list[str]:
@@ -138,7 +150,9 @@ def _run(platform: str, q, k, v, block_idx, **kw):
   kernels = PLATFORMS[platform]
   reasons = kernels.unsupported(p, q.dtype)
   if reasons:
-    raise ValueError(f"selected-block attention on {platform} does not support " + "; ".join(reasons))
+    raise ValueError(
+      f"selected-block attention on {platform} does not support " + "; ".join(reasons)
+    )
   B, T, N = q.shape[:3]
   if 0 in (B, T, N, p.S, p.n, p.H, p.Hv):
     out = jnp.zeros((B, T, N, p.Hv), q.dtype)
@@ -282,4 +296,3 @@ def mosaic_gpu(
     order=order,
     rows=rows,
   )
-

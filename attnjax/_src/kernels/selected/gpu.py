@@ -1,15 +1,12 @@
 """Selected-block attention as Pallas Mosaic GPU kernels for Hopper (sm_90): forward and backward.
 
-One warpgroup per program, K/V (or query) tiles through a two-stage TMA ring, products by
-wgmma into float32 accumulators, the normaliser's row state through
-:func:`attnjax.kernels.selected.rows.on_rows`. Query-token-major (``"query"``): a program per
-(token, key/value head, batch row) holds the token's G query heads as the first rows of a
-64-row wgmma tile (padded: wgmma's M is 64) and walks its selected blocks; only its last
-block (the diagonal, or the ragged last one) is masked. Key-block-major (``"kv"``): a program
-per (key block, key/value head, batch row) loads the block once and walks its work items (64
-rows of (token, head) pairs each, :func:`attnjax.kernels.selected.plan.work_list`): the
-forward writes each part; the backward holds dk and dv in registers with the tiles
-transposed (keys as rows) and writes dq parts.
+One warpgroup per program, a two-stage TMA ring, wgmma into float32 accumulators, the
+normaliser's rows through :func:`attnjax.kernels.selected.rows.on_rows`. Query-token-major
+(``"query"``): a program per (token, key/value head, batch row) holds the token's G heads as
+the first rows of a 64-row wgmma tile and walks its blocks (only the last one masked).
+Key-block-major (``"kv"``): a program per (key block, key/value head, batch row) loads the
+block once and walks its work items of 64 rows; the forward writes each part, the backward
+holds dk and dv in registers with the tiles transposed (keys as rows) and writes dq parts.
 Guide: docs/guides/kernels.md, section "Selected-block attention kernels".
 """
 
@@ -23,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
+from attnjax._src import target
 from attnjax._src.kernels.selected import tiles
 from attnjax._src.kernels.selected.plan import Plan
 from attnjax._src.kernels.selected.rows import on_rows
@@ -43,11 +41,21 @@ INTERPRETER_RUNS_LAYOUTS = jax.__version_info__ >= (0, 12)
 
 def unsupported(plan: Plan, dtype) -> list[str]:
   """Reasons the Mosaic GPU kernels cannot run a call ([] = they can). Outside interpret mode
-  the target must also be a Hopper (the caller's dispatch checks it: the kernels are sm_90
-  instructions)."""
+  the target must be a Hopper (compute capability 9 as :func:`attnjax._target.cuda_major`
+  reads it: the ambient mesh's device kind, else this process's GPU): the kernels are sm_90
+  instructions (wgmma)."""
   reasons = []
+  major = None if plan.interpret else target.cuda_major()
+  if not plan.interpret and major != 9:
+    where = "a GPU of unknown generation" if major is None else f"compute capability {major}"
+    reasons.append(
+      f"{where} (the Mosaic GPU kernels run on Hopper, sm_90, only; trace under a mesh of "
+      "H100 / H200 devices to compile for one from another host)"
+    )
   if jnp.dtype(dtype) not in [jnp.dtype(d) for d in DTYPES]:
-    reasons.append(f"dtype {jnp.dtype(dtype).name} (the Mosaic GPU kernels take bfloat16 or float16)")
+    reasons.append(
+      f"dtype {jnp.dtype(dtype).name} (the Mosaic GPU kernels take bfloat16 or float16)"
+    )
   if plan.H != plan.Hv or plan.H not in HEAD_DIMS:
     reasons.append(f"head dims q {plan.H}, v {plan.Hv} (equal, one of {HEAD_DIMS})")
   if plan.block_size not in BLOCK_SIZES:
@@ -86,7 +94,9 @@ class _Tools:
     """The row lowering's iota maker (None: plain iotas)."""
     if self.plain:
       return None
-    return lambda dtype, shape, dim: self.plgpu.broadcasted_iota(dtype, shape, dim, layout=self.layout)
+    return lambda dtype, shape, dim: self.plgpu.broadcasted_iota(
+      dtype, shape, dim, layout=self.layout
+    )
 
   def cast(self, x, axis=None):
     """``x`` in the WGMMA layout (``axis``: its vector along that axis of a tile)."""
@@ -222,7 +232,9 @@ def _query_fwd_kernel(p: Plan, out_keys, refs, scratch):
     allowed = tiles.allowed(p, j, t, kcol) if masked else None
     v_slot = v_smem.at[slot]
     pv = lambda w: tools.mm((ROWS, p.Hv), w.astype(v_slot.dtype), v_slot)
-    visit = lambda st, z, allowed, row, pv_: nz.visit(st, z, allowed, pv_, row, p.with_stats, j == 0)
+    visit = lambda st, z, allowed, row, pv_: nz.visit(
+      st, z, allowed, pv_, row, p.with_stats, j == 0
+    )
     return on_rows(visit, ROWS, pv=pv, width=p.Hv, iota=tools.any_iota())(st, z, allowed, row)
 
   st = _init_state(tools, nz, p.Hv, p.with_stats)
@@ -276,8 +288,9 @@ def query_forward(p: Plan, q, k, v, blocks, counts):
   scratch = _query_scratch(p, q.dtype, len(out_keys))
   scratch = scratch[:4] + [plgpu.Barrier(num_barriers=1)] + scratch[5:]
   outs = plgpu.kernel(
-    lambda *refs: _query_fwd_kernel(p, out_keys, refs[: len(args) + 1 + len(out_keys)],
-                                    refs[len(args) + 1 + len(out_keys) :]),
+    lambda *refs: _query_fwd_kernel(
+      p, out_keys, refs[: len(args) + 1 + len(out_keys)], refs[len(args) + 1 + len(out_keys) :]
+    ),
     out_type=[jax.ShapeDtypeStruct((B, T, K, Gp, p.Hv), q.dtype)] + [rows] * len(out_keys),
     scratch_types=scratch,
     grid=(T, K, B),
@@ -395,8 +408,10 @@ def _item_range(work, p: Plan):
   b = jnp.arange(p.B)[:, None, None]
   kh = jnp.arange(p.K)[None, :, None]
   start = start.at[b, kh, work.block].min(first)
-  count = jnp.zeros((p.B, p.K, p.nb), jnp.int32).at[b, kh, work.block].add(
-    (work.live > 0).astype(jnp.int32)
+  count = (
+    jnp.zeros((p.B, p.K, p.nb), jnp.int32)
+    .at[b, kh, work.block]
+    .add((work.live > 0).astype(jnp.int32))
   )
   return start, count
 
@@ -586,7 +601,9 @@ def kv_backward(p: Plan, qrows, dorows, rows, res_keys, has_dot, has_g, tok, k, 
   start, items = _item_range(work, p)
   rows_in = jnp.stack([r[..., 0] for r in rows]) if rows else jnp.zeros((1, B, K, R), jnp.float32)
   kv_out = jax.ShapeDtypeStruct((B, p.Sp, K, p.H), dtype)
-  out_type = [kv_out, kv_out] + ([jax.ShapeDtypeStruct((B, K, R, p.H), jnp.float32)] if with_dq else [])
+  out_type = [kv_out, kv_out] + (
+    [jax.ShapeDtypeStruct((B, K, R, p.H), jnp.float32)] if with_dq else []
+  )
   outs = plgpu.kernel(
     lambda *refs: _kv_bwd_kernel(
       p, res_keys, has_dot, has_g, with_dq, nrows, refs[: 10 + with_dq], refs[10 + with_dq :]

@@ -381,10 +381,12 @@ def merge_parts(out_parts: Array, lse_parts: Array, work, blocks, plan: Plan):
   value: ``exp(lse_p - L)`` weighs ``out_p`` and ``L`` (null columns included) is the row's
   log-normaliser, which its own ``init`` / ``visit`` / ``finish`` give with the residuals.
   """
-  B, T, K, G, n, N = plan.B, plan.T, plan.K, plan.G, plan.n, plan.N
+  B, T, K, G, N = plan.B, plan.T, plan.K, plan.G, plan.N
+  valid = slot_valid(blocks)  # [B, T, K, n]; other slots read row 0, maybe never written
   outs = parts_of_rows(out_parts, work, blocks, plan)  # [B, T, K, n, G, Hv]
+  outs = jnp.where(valid[..., None, None], outs, 0.0)
   lses = parts_of_rows(lse_parts, work, blocks, plan)[..., 0]  # [B, T, K, n, G]
-  valid = slot_valid(blocks)  # [B, T, K, n]
+  lses = jnp.where(valid[..., None], lses, 0.0)
   z = jnp.moveaxis(lses, 3, 4)  # [B, T, K, G, n]
   allowed = valid[:, :, :, None, :]
   nz = plan.nz
@@ -413,4 +415,3 @@ def heads_first(x: Array, L: int) -> Array:
 
 def round_up(n: int, m: int) -> int:
   return -(-n // m) * m
-

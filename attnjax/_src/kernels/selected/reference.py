@@ -31,17 +31,13 @@ def gathered(plan: Plan, q: Array, k: Array, v: Array, block_idx: Array):
   kh = jnp.arange(K)[None, None, :, None]
   kg, vg = k[b, pos, kh], v[b, pos, kh]  # [B, T, K, L, H]
   qg = jnp.reshape(q, (B, T, K, G, plan.H))
-  z = jnp.einsum(
-    "btkgh,btklh->btkgl", qg.astype(jnp.float32), kg.astype(jnp.float32)
-  ) * plan.scale
+  z = jnp.einsum("btkgh,btklh->btkgl", qg.astype(jnp.float32), kg.astype(jnp.float32)) * plan.scale
   L = n * bs
   z = jnp.reshape(z, (B, T, N, L))
   allowed = jnp.reshape(jnp.broadcast_to(ok[:, :, :, None, :], (B, T, K, G, L)), (B, T, N, L))
   w, log_norm = normalizers.get(plan.normalizer).weights(z, allowed)
   w = jnp.where(allowed, w, 0.0)
-  out = jnp.einsum(
-    "btkgl,btklh->btkgh", jnp.reshape(w, (B, T, K, G, L)), vg.astype(jnp.float32)
-  )
+  out = jnp.einsum("btkgl,btklh->btkgh", jnp.reshape(w, (B, T, K, G, L)), vg.astype(jnp.float32))
   out = jnp.reshape(out, (B, T, N, plan.Hv)).astype(q.dtype)
   has_key = jnp.any(allowed, axis=-1)
   lse = jnp.where(has_key, log_norm[..., 0], 0.0).astype(jnp.float32)

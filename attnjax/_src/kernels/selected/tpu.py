@@ -39,9 +39,7 @@ def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Arr
   others in their dtype."""
   dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
   precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-  return jax.lax.dot_general(
-    a, b, dims, precision=precision, preferred_element_type=jnp.float32
-  )
+  return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
 def unsupported(plan: Plan, dtype) -> list[str]:
@@ -129,9 +127,7 @@ def _query_launches(p: Plan, blocks, launch):
     return launch(at, idx_c.reshape(-1), count_c.reshape(-1))
 
   outs = _chunks(one, p.B * C)
-  return jax.tree.map(
-    lambda x: jnp.reshape(x, (p.B, C * Tc, p.N, x.shape[-1]))[:, : p.T], outs
-  )
+  return jax.tree.map(lambda x: jnp.reshape(x, (p.B, C * Tc, p.N, x.shape[-1]))[:, : p.T], outs)
 
 
 def _query_fwd_kernel(p: Plan, state, res_keys, stat_keys, at_ref, idx_ref, cnt_ref, *refs):
@@ -337,7 +333,9 @@ def _kv_launches(p: Plan, work, tables, launch):
   return jax.tree.map(lambda x: jnp.reshape(x, (p.B, p.K) + x.shape[1:]), outs)
 
 
-def _kv_fwd_kernel(p: Plan, at_ref, blk_ref, live_ref, q_ref, tok_ref, k_ref, v_ref, o_ref, lse_ref):
+def _kv_fwd_kernel(
+  p: Plan, at_ref, blk_ref, live_ref, q_ref, tok_ref, k_ref, v_ref, o_ref, lse_ref
+):
   nz = p.part_normalizer
   w = pl.program_id(0)
   j = blk_ref[w]
