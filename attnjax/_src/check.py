@@ -390,13 +390,13 @@ def _selected_shape(impl: str, order: str, interpret: bool) -> tuple[int, ...]:
 
 def check_selected(r: Report, impl: str, interpret: bool = False, workers: int = 1) -> dict:
   """Section 2 of a selected-block kernel: values, the log-normaliser and the gradients of q,
-  k, v against its gathered plain-JAX twin in fp32 (``kernels/selected/reference.py``), per
+  k, v against its gathered plain-JAX twin in fp32 (``kernels/selected/twin.py``), per
   case class ``"<normalizer> selected_<order> <dtype>"``; returns its verdict entry."""
   import jax
   import jax.numpy as jnp
   import numpy as np
   from attnjax._src import trust as _trust
-  from attnjax._src.kernels.selected import attention as selected, reference
+  from attnjax._src.kernels.selected import attention as selected, twin
 
   kernel = selected.mosaic_gpu if impl == "selected_mosaic_gpu" else selected.pallas_tpu
   platform = "cuda" if impl == "selected_mosaic_gpu" else "tpu"
@@ -417,7 +417,7 @@ def check_selected(r: Report, impl: str, interpret: bool = False, workers: int =
 
     def slow(q, k, v, ids):
       p = selected.plan_call(platform, q, k, v, ids, interpret=interpret, order=order, **kw)
-      return reference.gathered(p, q, k, v, ids)
+      return twin.gathered(p, q, k, v, ids)
 
     def both(q, k, v, ids):
       got = jax.value_and_grad(lambda *a: loss(fast, *a, ids), (0, 1, 2), has_aux=True)(q, k, v)

@@ -1,7 +1,7 @@
 """Selected-block attention (NSA's selected branch) through the Pallas kernels, with its custom VJP.
 
 :func:`pallas_tpu` and :func:`mosaic_gpu` take the call of
-:func:`attnjax.kernels.selected.reference.gathered`'s maths: each query token attends, per
+:func:`attnjax.kernels.selected.twin.gathered`'s maths: each query token attends, per
 key/value head, the key blocks it selected (causal within them). Both plan the call
 (:mod:`attnjax.kernels.selected.plan`), run the loop order the group size calls for, and
 differentiate through the hand-written backward; forward mode and second order take the
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from attnjax._src import trust
 from attnjax._src.kernels import autodiff, on_target
-from attnjax._src.kernels.selected import gpu, reference, tpu
+from attnjax._src.kernels.selected import gpu, tpu, twin
 from attnjax._src.kernels.selected.plan import (
   Plan,
   canonical_blocks,
@@ -175,8 +175,8 @@ def _run(platform: str, q, k, v, block_idx, **kw):
     del shard
     return _backward(kernels, p, q, k, v, blocks, out, res, d_out, d_lse)
 
-  def twin(q, k, v, block_idx):
-    out, lse = reference.gathered(p, q, k, v, block_idx)
+  def smooth(q, k, v, block_idx):
+    out, lse = twin.gathered(p, q, k, v, block_idx)
     return out, (lse if p.return_lse else None)
 
   @autodiff.custom_vjp
@@ -193,7 +193,7 @@ def _run(platform: str, q, k, v, block_idx, **kw):
     q, k, v, block_idx, blocks, out, res = saved
     d_out, d_lse = cts
     if not own_backward:
-      _, vjp = jax.vjp(lambda q, k, v: twin(q, k, v, block_idx), q, k, v)
+      _, vjp = jax.vjp(lambda q, k, v: smooth(q, k, v, block_idx), q, k, v)
       return vjp((d_out, d_lse)) + (None,)
     like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
     dq, dk, dv = step(
@@ -204,7 +204,7 @@ def _run(platform: str, q, k, v, block_idx, **kw):
     )
     return dq, dk, dv, None
 
-  core.defvjp(fwd, bwd, twin=twin)
+  core.defvjp(fwd, bwd, twin=smooth)
   out, lse = core(q, k, v, block_idx)
   return (out, lse) if p.return_lse else out
 

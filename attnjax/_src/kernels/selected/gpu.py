@@ -62,6 +62,8 @@ def unsupported(plan: Plan, dtype) -> list[str]:
     reasons.append(f"block_size={plan.block_size} (one wgmma tile of keys: {BLOCK_SIZES})")
   if plan.G > ROWS:
     reasons.append(f"{plan.G} query heads per group (a tile holds at most {ROWS})")
+  elif plan.order == "kv" and plan.rows != ROWS:
+    reasons.append(f"rows={plan.rows} per work item (one wgmma tile: {ROWS})")
   return reasons
 
 
@@ -293,8 +295,8 @@ def query_forward(p: Plan, q, k, v, blocks, counts):
     ),
     out_type=[jax.ShapeDtypeStruct((B, T, K, Gp, p.Hv), q.dtype)] + [rows] * len(out_keys),
     scratch_types=scratch,
-    grid=(T, K, B),
-    grid_names=("tokens", "heads", "batch"),
+    grid=(B, K, T),  # tokens on CUDA's x axis (2^31 - 1 blocks; y, z: 65535)
+    grid_names=("batch", "heads", "tokens"),
     interpret=_interpret(p),
   )(*args)
   ungroup = lambda x: jnp.reshape(x[:, :, :, :G], (B, T, p.N) + x.shape[4:])
@@ -381,8 +383,8 @@ def query_dq(p: Plan, q, k, v, do, rows, res_keys, has_dot, has_g, blocks):
     lambda *refs: _query_dq_kernel(p, res_keys, has_dot, has_g, nrows, refs[:8], refs[8:]),
     out_type=jax.ShapeDtypeStruct((B, T, K, Gp, p.H), q.dtype),
     scratch_types=scratch,
-    grid=(T, K, B),
-    grid_names=("tokens", "heads", "batch"),
+    grid=(B, K, T),  # tokens on CUDA's x axis (2^31 - 1 blocks; y, z: 65535)
+    grid_names=("batch", "heads", "tokens"),
     interpret=_interpret(p),
   )(
     _grouped(q, p, Gp),
@@ -495,8 +497,8 @@ def kv_forward(p: Plan, qrows, tok, k, v, work):
       jax.ShapeDtypeStruct((B, K, R), jnp.float32),
     ],
     scratch_types=scratch,
-    grid=(p.nb, K, B),
-    grid_names=("blocks", "heads", "batch"),
+    grid=(B, K, p.nb),  # key blocks on CUDA's x axis
+    grid_names=("batch", "heads", "blocks"),
     interpret=_interpret(p),
   )(qrows, tok, _padded_keys(k, p), _padded_keys(v, p), start, items)
   return out, lse[..., None]
@@ -610,8 +612,8 @@ def kv_backward(p: Plan, qrows, dorows, rows, res_keys, has_dot, has_g, tok, k, 
     ),
     out_type=out_type,
     scratch_types=scratch,
-    grid=(p.nb, K, B),
-    grid_names=("blocks", "heads", "batch"),
+    grid=(B, K, p.nb),  # key blocks on CUDA's x axis
+    grid_names=("batch", "heads", "blocks"),
     interpret=_interpret(p),
   )(qrows, dorows.astype(dtype), rows_in, tok, _padded_keys(k, p), _padded_keys(v, p), start, items)
   return outs[0][:, : p.S], outs[1][:, : p.S], (outs[2] if with_dq else None)
