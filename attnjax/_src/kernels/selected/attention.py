@@ -1,8 +1,8 @@
 """Selected-block attention (NSA's selected branch) through the Pallas kernels, with its custom VJP.
 
-:func:`pallas_tpu` and :func:`mosaic_gpu` take the call of
-:func:`attnjax.kernels.selected.twin.gathered`'s maths: each query token attends, per
-key/value head, the key blocks it selected (causal within them). Both plan the call
+:func:`pallas_tpu` and :func:`mosaic_gpu`: each query token attends, per key/value head, the
+key blocks it selected (causal within them), the maths of
+:func:`attnjax.kernels.selected.twin.gathered`. Both plan the call
 (:mod:`attnjax.kernels.selected.plan`), run the loop order the group size calls for, and
 differentiate through the hand-written backward; forward mode and second order take the
 gathered twin's. :func:`unsupported` names what a platform's kernels refuse.

@@ -157,6 +157,12 @@ class _Tools:
     plgpu.wait_smem_to_gmem(0)
 
 
+def _named(name: str, body):
+  """``body`` named ``name`` (Mosaic GPU names its kernel after its body function)."""
+  body.__name__ = body.__qualname__ = name
+  return body
+
+
 def _transforms(dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -290,8 +296,11 @@ def query_forward(p: Plan, q, k, v, blocks, counts):
   scratch = _query_scratch(p, q.dtype, len(out_keys))
   scratch = scratch[:4] + [plgpu.Barrier(num_barriers=1)] + scratch[5:]
   outs = plgpu.kernel(
-    lambda *refs: _query_fwd_kernel(
-      p, out_keys, refs[: len(args) + 1 + len(out_keys)], refs[len(args) + 1 + len(out_keys) :]
+    _named(
+      f"attnjax_selected_gpu_fwd_{p.normalizer}",
+      lambda *refs: _query_fwd_kernel(
+        p, out_keys, refs[: len(args) + 1 + len(out_keys)], refs[len(args) + 1 + len(out_keys) :]
+      ),
     ),
     out_type=[jax.ShapeDtypeStruct((B, T, K, Gp, p.Hv), q.dtype)] + [rows] * len(out_keys),
     scratch_types=scratch,
@@ -380,7 +389,10 @@ def query_dq(p: Plan, q, k, v, do, rows, res_keys, has_dot, has_g, blocks):
   rows_in = jnp.stack(grouped_rows) if rows else jnp.zeros((1, B, T, K, ROWS), jnp.float32)
   scratch = _query_scratch(p, q.dtype, nrows, tiles_in=2)
   dq = plgpu.kernel(
-    lambda *refs: _query_dq_kernel(p, res_keys, has_dot, has_g, nrows, refs[:8], refs[8:]),
+    _named(
+      f"attnjax_selected_gpu_dq_{p.normalizer}",
+      lambda *refs: _query_dq_kernel(p, res_keys, has_dot, has_g, nrows, refs[:8], refs[8:]),
+    ),
     out_type=jax.ShapeDtypeStruct((B, T, K, Gp, p.H), q.dtype),
     scratch_types=scratch,
     grid=(B, K, T),  # tokens on CUDA's x axis (2^31 - 1 blocks; y, z: 65535)
@@ -491,7 +503,7 @@ def kv_forward(p: Plan, qrows, tok, k, v, work):
     scratch.append(plgpu.SMEM((ROWS, bs), qrows.dtype, transforms=tr))
   start, items = _item_range(work, p)
   out, lse = plgpu.kernel(
-    lambda *refs: _kv_fwd_kernel(p, refs[:8], refs[8:]),
+    _named("attnjax_selected_gpu_fwd_parts", lambda *refs: _kv_fwd_kernel(p, refs[:8], refs[8:])),
     out_type=[
       jax.ShapeDtypeStruct((B, K, R, p.Hv), jnp.float32),
       jax.ShapeDtypeStruct((B, K, R), jnp.float32),
@@ -607,8 +619,11 @@ def kv_backward(p: Plan, qrows, dorows, rows, res_keys, has_dot, has_g, tok, k, 
     [jax.ShapeDtypeStruct((B, K, R, p.H), jnp.float32)] if with_dq else []
   )
   outs = plgpu.kernel(
-    lambda *refs: _kv_bwd_kernel(
-      p, res_keys, has_dot, has_g, with_dq, nrows, refs[: 10 + with_dq], refs[10 + with_dq :]
+    _named(
+      f"attnjax_selected_gpu_dkdv_{p.normalizer}",
+      lambda *refs: _kv_bwd_kernel(
+        p, res_keys, has_dot, has_g, with_dq, nrows, refs[: 10 + with_dq], refs[10 + with_dq :]
+      ),
     ),
     out_type=out_type,
     scratch_types=scratch,

@@ -1,13 +1,13 @@
 """Selected-block attention as Pallas TPU (Mosaic) kernels: forward and backward, both loop orders.
 
-Query-token-major (``"query"``): the grid ``(batch, token, key/value head, slot)`` walks each
-token's selected blocks (scalar-prefetched, sorted: the padding slots repeat the last block,
-so Pallas copies nothing for them), the G query heads of the group as the tile's rows and the
-normaliser's online state in VMEM; its dq kernel walks the same grid. Key-block-major
-(``"kv"``): the grid ``(batch, key/value head, work item)`` over the inverted index
-(:func:`attnjax.kernels.selected.plan.work_list`), one key block and the rows of the tokens
-that selected it per item; the forward writes each (token, block) part, the backward
-accumulates dk and dv over a block's items in VMEM (and writes dq parts).
+Query-token-major (``"query"``): the grid ``(token, key/value head, slot)`` of a launch walks
+each token's selected blocks (scalar-prefetched, sorted: the padding slots repeat the last
+block, so Pallas copies nothing for them), the G query heads of the group as the tile's rows
+and the normaliser's online state in VMEM; its dq kernel walks the same grid. Key-block-major
+(``"kv"``): the grid ``(work item,)`` of a launch (one batch row and key/value head) over the
+inverted index, one key block and the rows of the tokens that selected it per item; the
+forward writes each (token, block) part, the backward accumulates dk and dv over a block's
+items in VMEM and writes dq parts. Launches are a ``lax.map``: their tables fit in SMEM.
 Guide: docs/guides/kernels.md, section "Selected-block attention kernels".
 """
 
