@@ -1,10 +1,12 @@
 #!/bin/bash
-# One prepared run on a lent GPU (an H200; issues 49 and 50), about 9 minutes in all:
+# The second, long call on a lent GPU (an H200; issues 49, 50 and 62), after
+# experiments/device_first.sh passed; its default steps' limits sum to 540 s (< 560):
 #
 #   1. check:   python -m attnjax.check --kernel all --ship  (every kernel of the platform; the
 #               verdicts to ship are written where --ship puts them and copied to $OUT/ship/)
 #   2. gpu:     experiments/bench.py --suite gpu             (every path, T = 4096 and 16384)
-#   3. trainer: experiments/bench.py --suite trainer         (the Trainer against its bare step)
+#   3. trainer: experiments/bench.py --suite trainer         (the Trainer against its bare step;
+#               not in the default STEPS: STEPS=trainer in a call of its own)
 #
 # From the session's checkout, before the run (flax 0.12.12 and ml_collections into .whl/):
 #
@@ -25,8 +27,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device_out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"check gpu trainer"}
-CHECK_S=${CHECK_S:-230}
+STEPS=${STEPS:-"check gpu"}
+CHECK_S=${CHECK_S:-250}
 GPU_S=${GPU_S:-200}
 TRAINER_S=${TRAINER_S:-80}
 GPU_ARGS=${GPU_ARGS:-}
@@ -53,14 +55,14 @@ wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # The wheels the machine lacks (../shared/device/README.md), then what the machine is.
 if ls .whl/*.whl > /dev/null 2>&1; then
-  step setup 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+  step setup 40 "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 else
   echo "no .whl/ carried: flax and ml_collections are the machine's own (trainer may fail)"
   export PYTHONPATH=$PWD
 fi
-step env 60 bash -c 'nvidia-smi -L; "$0" -c "import jax, flax; print(jax.__version__, \
+step env 20 bash -c 'nvidia-smi -L; "$0" -c "import jax, flax; print(jax.__version__, \
   flax.__version__, jax.devices())"; date -u' "$PY"
 
 if wants check; then
@@ -76,7 +78,7 @@ if wants gpu; then
   # shellcheck disable=SC2086  # GPU_ARGS: several options
   step bench_gpu "$GPU_S" "$PY" experiments/bench.py --suite gpu --repeats 3 \
     --cell-seconds 2 --compile-seconds 120 --jsonl "$OUT/bench_gpu.jsonl" $GPU_ARGS \
-    || step bench_gpu_table 60 "$PY" experiments/bench.py --gpu-table "$OUT/bench_gpu.jsonl"
+    || step bench_gpu_table 30 "$PY" experiments/bench.py --gpu-table "$OUT/bench_gpu.jsonl"
 fi
 
 if wants trainer; then

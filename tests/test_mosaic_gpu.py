@@ -30,7 +30,12 @@ import attnjax
 from attnjax._src import target as _target, check, normalizers, targets
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import mosaic_gpu
-from attnjax._src.kernels.mosaic_gpu import backward as mbackward, kernel as mkernel, plan as mplan
+from attnjax._src.kernels.mosaic_gpu import (
+  backward as mbackward,
+  kernel as mkernel,
+  plan as mplan,
+  specialised as mspecialised,
+)
 from engine_base import DenseEngineTests
 from helpers import assert_close, rand_qkv, softpick_f64
 
@@ -189,7 +194,7 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
     has_key = rows["has_key"][..., 0] if stats else None
     return out, mbackward.backward(
-      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs
+      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs, mspecialised.run
     )
 
   out, grads = jax.jit(kernels)(q, k, v, sink)
@@ -228,7 +233,7 @@ def test_interpreter_runs_the_compiled_products():
   def both(q, k, v):
     out, rows = mkernel.forward(c, q, k, v, None, *segs, residuals=True)
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
-    return mbackward.backward(c, q, k, v, None, out, res, out, None, None, *segs)
+    return mbackward.backward(c, q, k, v, None, out, res, out, None, None, *segs, mspecialised.run)
 
   for fn in (lambda q, k, v: mkernel.forward(c, q, k, v, None, *segs), both):
     text = str(jax.make_jaxpr(fn)(q, k, v))
@@ -325,7 +330,9 @@ def test_mosaic_gpu_softpick_backward_keeps_each_rows_precision():
   def kernels(q, k, v):
     out, rows = mkernel.forward(c, q, k, v, None, *segs, residuals=True)
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
-    return mbackward.backward(c, q, k, v, None, out, res, cot, None, None, *segs)[:3]
+    return mbackward.backward(c, q, k, v, None, out, res, cot, None, None, *segs, mspecialised.run)[
+      :3
+    ]
 
   got = jax.jit(kernels)(q, k, v)
   with jax.enable_x64(True):

@@ -1,5 +1,6 @@
 """The backward kernels of :mod:`attnjax.kernels.mosaic_gpu` (FlashAttention-2/3 style, tiles
-recomputed): a dq kernel and a dk/dv kernel, each one warpgroup per program with a TMA ring.
+recomputed): a dq kernel and a dk/dv kernel; here one warpgroup per program with a TMA ring
+(head dim 256), warp-specialised in :mod:`.specialised` (head dims 64, 128).
 
 Row terms in one XLA pass (``D_i`` only for a normaliser that ``reads_row_dot``; summed
 from the tiles in float32 for softpick in half precision), then dq over the forward's key
@@ -535,15 +536,20 @@ def _tile_row_dot(c, arrays, seg_args, scratch, run_params):
     grid_names=("heads", "q_blocks", "batch"),
     interpret=interpret,
     compiler_params=params,
+    kernel_name="attnjax_row_dot",
   )(*arrays, dummy, *seg_args)
 
 
-def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None):
+def backward(
+  c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_seg=None, specialised=None
+):
   """Cotangents ``(dq, dk, dv, dsink)`` of the kernel's core.
 
   ``out`` ``[B, T, N, H]``; ``res`` the forward's residual rows ``{name: [B, N, Tp]}``;
   ``d_out`` ``[B, T, N, H]``; ``d_lse`` the logsumexp statistic's cotangent ``[B, N, T]``
-  or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``).
+  or None; ``has_key`` ``[B, N, Tp]`` (rows with an allowed key; with ``d_lse``);
+  ``specialised``: the warp-specialised kernels' entry (:func:`.specialised.run`, which
+  returns None where their tiles do not fit), else the one-warpgroup kernels run.
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -578,6 +584,10 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
 
   has_g = g is not None
   nrows = max(1, _num_rows(c, res_keys, has_g))  # buffers and barriers: at least one
+  if specialised is not None:  # a producer and two compute warpgroups per program
+    grads = specialised(c, (qh, kh, vh, doh, rows), res_keys, has_g, nrows, tr, q_seg, kv_seg)
+    if grads is not None:
+      return grads + (dsink,)
   dq_scratch = _dq_scratch(c, dtype, tr, nrows)
   dq = plgpu.kernel(
     lambda *a: _dq_kernel(c, res_keys, has_g, a[: 6 + nseg], a[6 + nseg :]),
@@ -587,6 +597,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
     grid_names=("heads", "q_blocks", "batch"),
     interpret=interpret,
     compiler_params=params,
+    kernel_name="attnjax_dq",
   )(qh, kh, vh, doh, rows, *seg_args)
 
   ckv = dkdv_plan(c)
@@ -620,6 +631,7 @@ def backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg=None, kv_s
     grid_names=("heads", "k_blocks", "batch"),
     interpret=interpret,
     compiler_params=params,
+    kernel_name="attnjax_dkdv",
   )(qh, kh, vh, doh, rows, *kv_seg_args)
 
   return dq[:, : c.T], dk[:, : c.S], dv[:, : c.S], dsink

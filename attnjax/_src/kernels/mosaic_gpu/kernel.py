@@ -23,7 +23,7 @@ import jax.experimental.pallas as pl
 
 from attnjax._src import logits as _logits, lowering as _lowering, target as _target, options
 from attnjax._src.kernels import autodiff, blockwise
-from attnjax._src.kernels.mosaic_gpu import backward
+from attnjax._src.kernels.mosaic_gpu import backward, specialised
 from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
 from attnjax._src.kernels.mosaic_gpu.plan import (
   BLOCK_SIZE_TABLE,
@@ -39,6 +39,8 @@ from attnjax._src.kernels.mosaic_gpu.plan import (
   load_vector,
   lower_rows,
   make_plan,
+  named_barrier,
+  warpgroup_barrier,
   res_row_keys,
   segment_args,
   stat_row_keys,
@@ -91,6 +93,13 @@ def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
 # Registers per thread after setmaxnreg: the consumers hold the accumulators, the producer
 # only addresses (2 x 128 x 232 + 128 x 40 <= 64K registers per SM).
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
+
+# The consumers' turns (compiled): hardware named barriers SCHEDULE_BARRIER + w (w = 0, 1), 256
+# threads each (both consumers), above Mosaic GPU's own (0, and 1 + warpgroup). Consumer w
+# arrives on the other's barrier right after issuing its Q K^T (bar.arrive does not wait) and
+# syncs on its own before its W V, so one's W V and next Q K^T issue while the other computes
+# its weights (FlashAttention-3's ping-pong). In interpret mode two mbarriers stand in.
+SCHEDULE_BARRIER = 8
 
 
 def _kernel(c: Plan, row_keys, q_ref, k_ref, v_ref, sink_ref, seg_refs, o_ref, row_refs, scratch):
@@ -244,6 +253,7 @@ def _consume(
     b,
     q0,
     qb,
+    hi_u,
     slot_of,
     seg_refs,
     q_smem,
@@ -259,9 +269,13 @@ def _consume(
   row = con.row_inputs(sink_ref, lo, hi)
   st = con.init()
 
+  @pl.when(lo_u < hi_u)  # each tile's K is waited for one step ahead (see _Consumer.pv)
+  def _():
+    con.wait_k(slot_of(lo_u))
+
   @pl.when(wg == 1)  # the second consumer starts a turn behind the first
   def _():
-    con.take_turn()
+    con.wait_turn()
 
   st = lax.fori_loop(lo_u, lo, con.pass_over, st)
   if c.needs_mask:
@@ -272,9 +286,9 @@ def _consume(
     st = lax.fori_loop(lo, hi, functools.partial(con.step, False), st)
   st = lax.fori_loop(hi, hi_u, con.pass_over, st)
 
-  @pl.when(wg == 0)  # and the first one ends a turn after it (the barrier's phases even)
+  @pl.when(wg == 0)  # and the first one ends a turn after it (the barriers' counts even)
   def _():
-    con.take_turn()
+    con.signal()
 
   _write_rows(c, row_keys, b, n, q0, st, row, q_smem, o_ref, rows_smem, row_refs)
 
@@ -302,6 +316,7 @@ class _Consumer:
     b,
     q0,
     qb,
+    hi_u,
     slot_of,
     seg_refs,
     q_smem,
@@ -318,6 +333,7 @@ class _Consumer:
 
     self.plgpu = plgpu
     self.c, self.n, self.b, self.slot_of, self.seg_refs = c, n, b, slot_of, seg_refs
+    self.wg, self.hi_u = lax.axis_index("wg"), hi_u
     self.q_smem, self.k_smem, self.v_smem, self.p_smem = q_smem, k_smem, v_smem, p_smem
     self.k_bars, self.v_bars, self.consumed, self.schedule = k_bars, v_bars, consumed, schedule
     self.seg_scratch = seg_scratch
@@ -380,6 +396,8 @@ class _Consumer:
 
       def count(j, total):
         def add():  # the key block's ids, loaded synchronously (no K/V)
+          if not c.interpret:  # every warp has read the previous block's ids (no auto barriers)
+            warpgroup_barrier()
           plgpu.copy_gmem_to_smem(
             self.seg_refs[1].at[self.b, pl.ds(j * c.bk, c.bk)], kseg_one, kseg_one_bar
           )
@@ -428,13 +446,30 @@ class _Consumer:
       for key, x in st.items()
     }
 
-  def take_turn(self):
-    """The consumers' schedule barrier (two arrivals), met twice per tile: after a
-    consumer issues its ``Q K^T`` wgmma, and between its weights and its ``W V`` wgmma
-    (:meth:`pv`); the second consumer starts a turn behind, so one's products run on the
-    tensor cores while the other computes its weights (FlashAttention-3's ping-pong)."""
-    self.plgpu.barrier_arrive(self.schedule)
-    self.plgpu.barrier_wait(self.schedule)
+  def signal(self):
+    """Lets the other consumer take its turn (right after this one issued its ``Q K^T``):
+    ``bar.arrive`` on the other's schedule barrier, which does not wait (see
+    SCHEDULE_BARRIER)."""
+    if self.c.interpret:
+      self.plgpu.barrier_arrive(self.schedule.at[1 - self.wg])
+    else:
+      named_barrier("arrive", SCHEDULE_BARRIER + 1 - self.wg, CONSUMERS * 128)
+
+  def wait_turn(self):
+    """Waits for this consumer's turn (before its ``W V``): ``bar.sync`` on its own schedule
+    barrier, complete once the other consumer has signalled."""
+    if self.c.interpret:
+      self.plgpu.barrier_wait(self.schedule.at[self.wg])
+    else:
+      named_barrier("sync", SCHEDULE_BARRIER + self.wg, CONSUMERS * 128)
+
+  def wait_next_k(self, j):
+    """Waits for the next tile's K (while this tile's ``W V`` runs): every tile's K is waited
+    for one step ahead, the first before the loops."""
+
+    @pl.when(j + 1 < self.hi_u)
+    def _():
+      self.wait_k(self.slot_of(j + 1))
 
   def wait_k(self, slot):
     """Waits for the key tile (and its segment ids) of ``slot``."""
@@ -450,45 +485,47 @@ class _Consumer:
     self.plgpu.barrier_arrive(self.consumed[which].at[slot])
 
   def pass_over(self, j, st):
-    """A program tile outside this consumer's rows' reach: wait for it, release it."""
+    """A program tile outside this consumer's rows' reach (its K already waited for): its
+    turns, released."""
     slot = self.slot_of(j)
-    self.wait_k(slot)
-    self.take_turn()
+    self.signal()
     self.release(slot, 0)
     self.wait_v(slot)
-    self.take_turn()
+    self.wait_turn()
+    self.wait_next_k(j)
     self.release(slot, 1)
     return st
 
   def step(self, masked, j, st):
-    """Key tile ``j``: its products and normaliser visit (``masked``: with the element mask).
-    K is released once ``Q K^T`` is read, V after ``W V``."""
+    """Key tile ``j`` (its K already waited for): its products and normaliser visit
+    (``masked``: with the element mask). K is released once ``Q K^T`` is read, V after
+    ``W V``."""
     slot = self.slot_of(j)
-    self.wait_k(slot)
     if self.c.has_segments:
       # a block whose segments cannot meet: its products and normaliser work are skipped
       st = lax.cond(
-        self.meets(j), lambda: self.compute(masked, j, slot, st), lambda: self.skip(slot, st)
+        self.meets(j), lambda: self.compute(masked, j, slot, st), lambda: self.skip(j, slot, st)
       )
     else:
       st = self.compute(masked, j, slot, st)
     self.release(slot, 1)
     return st
 
-  def skip(self, slot, st):
+  def skip(self, j, slot, st):
     """A visited tile whose segments cannot meet the rows': only its turns and barriers."""
-    self.take_turn()
+    self.signal()
     self.release(slot, 0)
     self.wait_v(slot)
-    self.take_turn()
+    self.wait_turn()
+    self.wait_next_k(j)
     return st
 
   def scores(self, slot):
-    """``q k^T`` of the tile in ``slot``, float32 ``[bq, bk]``; the other consumer's turn is
-    taken while the product runs."""
+    """``q k^T`` of the tile in ``slot``, float32 ``[bq, bk]``; the other consumer is
+    signalled as soon as the product is issued."""
     c, plgpu = self.c, self.plgpu
     if c.plain:  # jax 0.10's interpreter has no wgmma with a transposed operand
-      self.take_turn()
+      self.signal()
       return lax.dot_general(
         self.q_smem[...],
         self.k_smem.at[slot][...],
@@ -498,49 +535,70 @@ class _Consumer:
 
     def qk(acc):
       plgpu.wgmma(acc, self.q_smem, self.k_smem.at[slot].transpose((1, 0)))
-      self.take_turn()
+      self.signal()
       return acc[...]
 
     return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
 
-  def pv(self, slot, w):
-    """``w v`` for the weights ``w [bq, bk]`` and the value tile in ``slot``: ``[bq, Hv]``.
-    The tile's second turn: the weights are done (arrive), then the value tile and the
-    other consumer's product issue (wait) come before this wgmma."""
-    plgpu = self.plgpu
+  def pv(self, j, slot, w, acc=None):
+    """``acc + w v`` (``acc`` None: ``w v``) for the weights ``w [bq, bk]`` and the value tile
+    in ``slot``: ``[bq, Hv]``, accumulated in place in the wgmma's accumulator. The tile's
+    second turn: the value tile and this consumer's turn are waited for before the wgmma,
+    the next tile's K after it."""
+    plgpu, c = self.plgpu, self.c
     w16 = w.astype(self.q_smem.dtype)
     self.pv_calls += 1
-    plgpu.barrier_arrive(self.schedule)
+    if acc is not None and not c.interpret:
+      # the weights and the rescaled accumulator are computed before the turn is waited for
+      # (ptxas otherwise sinks the last exponentials and the rescale past the bar.sync)
+      w16, acc = lax.optimization_barrier((w16, acc))
     self.wait_v(slot)
-    plgpu.barrier_wait(self.schedule)
+    self.wait_turn()
 
-    def mm(acc):
-      if self.c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
+    def issue(acc_ref):
+      if c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
         self.p_smem[...] = w16
-        plgpu.wgmma(acc, self.p_smem, self.v_smem.at[slot])
+        plgpu.wgmma(acc_ref, self.p_smem, self.v_smem.at[slot])
       else:
-        plgpu.wgmma(acc, w16, self.v_smem.at[slot])
-      return acc[...]
+        plgpu.wgmma(acc_ref, w16, self.v_smem.at[slot])
 
-    return pl.run_scoped(mm, plgpu.ACC((self.c.bq, self.c.H), jnp.float32))
+    if acc is not None and not c.interpret:
+      out = pl.run_state(issue)(plgpu.ACC.init(acc))
+    else:
+
+      def fresh(acc_ref):
+        issue(acc_ref)
+        return acc_ref[...]
+
+      out = pl.run_scoped(fresh, plgpu.ACC((c.bq, c.H), jnp.float32))
+      # the interpreter cannot discharge run_state over swizzled shared-memory refs (jax
+      # 0.12): there the sum is taken after the product
+      out = out if acc is None else acc + out
+    # Pallas's run_state cannot hold a barrier wait under pl.when between the issue and the
+    # read (jax 0.12: "Shaped arrays must be represented by ir.Values"), so the next K is
+    # waited for once W V is read
+    self.wait_next_k(j)
+    return out
 
   def compute(self, masked, j, slot, st):
     c = self.c
     s = self.scores(slot)
     self.release(slot, 0)  # Q K^T is read: the key tile's slot may be refilled
-    z = _logits.softcap(s * c.opts.scale, c.opts.softcap)
     allowed = None
     if masked:
       allowed = self.allowed_of(j, self.seg_scratch[1].at[slot] if c.has_segments else None)
     visit = functools.partial(c.nz.visit, stats=c.with_stats, first=j == 0)
     self.pv_calls = 0
+    # the scale is applied inside the lowered visit, where it folds into the exponent's FFMA
+    logits = lambda s: _logits.softcap(s * c.opts.scale, c.opts.softcap)
     st = lower_rows(
-      lambda st, z, allowed, row, pv_: visit(st, z, allowed, pv_, row),
+      lambda st, s, allowed, row, pv_: visit(st, logits(s), allowed, pv_, row),
       c.bq,
-      pv=functools.partial(self.pv, slot),
+      pv=functools.partial(self.pv, j, slot),
       hv=c.H,
       iota=self.any_iota,
-    )(st, z, allowed, self.row)
+      fuse=True,
+    )(st, s, allowed, self.row)
     if self.pv_calls != 1:  # the V barrier is waited on once per tile
       raise NotImplementedError(
         f"normalizer {c.nz.name!r}: visit called pv "
@@ -597,7 +655,7 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
     plgpu.Barrier(num_barriers=c.stages),
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile consumed by both
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile consumed by both
-    plgpu.Barrier(num_arrivals=W),  # the consumers' turns
+    plgpu.Barrier(num_barriers=W),  # the consumers' turns (interpret mode; see SCHEDULE_BARRIER)
     plgpu.SMEM((W, max(1, len(stat_keys)), c.bq), jnp.float32),
   ]
   if c.interpret:
@@ -643,7 +701,18 @@ def forward(c: Plan, q, k, v, sink, q_seg, kv_seg, residuals: bool = False):
     num_threads=CONSUMERS + 1,
     thread_name="wg",
     interpret=interpret,
-    compiler_params=plgpu.CompilerParams(approx_math=c.approx_math),
+    # No automatic warpgroup barriers (before each TMA copy, around shared-memory stores and
+    # inside every pl.when / cond): the kernel's own barriers order every access. Its threads
+    # write shared memory only where nothing reads it by ld.shared (the output into the Q tile
+    # after the last wgmma that read Q was waited, the row buffers; then commit_smem, which
+    # fences and syncs the warpgroup, before the TMA store), and read only tiles a TMA copy
+    # filled and an mbarrier wait published (segment ids), released to the producer after use;
+    # the one buffer read and refilled by the same warpgroup (the counts pre-pass's key ids)
+    # has an explicit warpgroup barrier before each refill (_Consumer.counts).
+    compiler_params=plgpu.CompilerParams(
+      approx_math=c.approx_math, unsafe_no_auto_barriers=True, reduction_scratch_bytes=0
+    ),
+    kernel_name="attnjax_forward",
   )(qh, kh, vh, sink_arr, *seg_args)
   srow = {key: x[..., None] for key, x in zip(stat_keys, outs[1:])}
   return outs[0][:, : c.T], srow
@@ -711,10 +780,10 @@ def compute(
     d_out, d_stats = cts
     if mosaic_bwd:  # the dq and dk/dv kernels
       d_lse = None if d_stats is None else d_stats[3]
-      return backward.backward(c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg, kv_seg) + (
-        None,
-        None,
+      grads = backward.backward(
+        c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg, kv_seg, specialised.run
       )
+      return grads + (None, None)
     # interpret mode: the block-wise engine's backward
     _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
     return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)

@@ -150,6 +150,44 @@ def interpret_params(enabled: bool):
   return params_type()
 
 
+def named_barrier(op: str, barrier_id, threads: int) -> None:
+  """``bar.<op> barrier_id, threads`` (``op`` "arrive" or "sync") on a hardware named barrier:
+  compiled kernels only (no interpreter runs inline PTX). ``barrier_id`` a Python int or a
+  traced int32 (then held in a register). Mosaic GPU itself uses barrier 0 (the whole block)
+  and ``1 + warpgroup`` (its warpgroup barriers, e.g. in ``commit_smem``)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import llvm
+
+  void = lambda: ir.Type.parse("!llvm.void")
+  if isinstance(barrier_id, int):
+
+    @plgpu.inline_mgpu()
+    def static(_):
+      llvm.inline_asm(void(), [], f"bar.{op} {barrier_id}, {threads};", "", has_side_effects=True)
+
+    static()
+    return
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
+  def dynamic(_, bar):
+    llvm.inline_asm(
+      void(), [bar.registers.item()], f"bar.{op} $0, {threads};", "r", has_side_effects=True
+    )
+
+  dynamic(jnp.asarray(barrier_id, jnp.int32))
+
+
+def warpgroup_barrier() -> None:
+  """Mosaic GPU's barrier of the calling warpgroup (compiled kernels only): where a kernel
+  compiled with ``unsafe_no_auto_barriers`` needs every warp's shared-memory reads done
+  before a TMA copy overwrites them."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  from jax.experimental.mosaic import gpu as mgpu
+
+  plgpu.inline_mgpu()(lambda _: mgpu.utils.warpgroup_barrier())()
+
+
 # ---------------------------------------------------------------------------
 # Row lowering of the normalisers' online state.
 
@@ -171,6 +209,7 @@ def lower_rows(
   hv: int = 0,
   iota: Optional[Callable] = None,
   transposed: bool = False,
+  fuse: bool = False,
 ) -> Callable:
   """``fn`` evaluated with every ``[R, 1]`` value held as an ``[R]`` array (see the module
   docstring). ``fn`` takes and returns pytrees whose row leaves are ``[R]`` arrays here and
@@ -182,7 +221,15 @@ def lower_rows(
   ``[R, X]`` tiles that are held as their transposes ``[X, R]``, rows broadcast along
   dimension 1; only elementwise work on tiles is allowed then (a reduction, a product or
   a reshape of a tile raises NotImplementedError), which is what
-  :meth:`Normalizer.tile_backward` does."""
+  :meth:`Normalizer.tile_backward` does.
+
+  ``fuse=True`` (the forward's visit) rewrites two patterns as it evaluates, without changing
+  any value: ``x + pv(w)`` with ``x`` a ``[R, hv]`` tile calls ``pv(w, x)``, which accumulates
+  ``w V`` into ``x`` in place (the wgmma's accumulator starts at ``x``: no third tile of
+  registers and no merge); and a tile times a positive constant ``c`` is kept unmultiplied
+  until it is read, so that its row maximum is ``c`` times the raw maximum and
+  ``exp(c * s - r)`` becomes ``exp2(s * (c log2 e) - r log2 e)``: one FFMA and the MUFU op
+  per element instead of a multiply for ``c``, a subtraction and a multiply for ``log2 e``."""
 
   def wrapped(*args):
     leaves, tree = jax.tree.flatten(args)
@@ -201,7 +248,7 @@ def lower_rows(
       return fn(*a)
 
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*logical)
-    outs = _eval(closed.jaxpr, closed.consts, leaves, R, (pv, iota, transposed))
+    outs = _eval(closed.jaxpr, closed.consts, leaves, R, (pv, iota, transposed, fuse))
     return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
   return wrapped
@@ -217,6 +264,8 @@ def _logical_is_row(aval, R: int) -> bool:
 
 def _eval(jaxpr, consts, args, R: int, hooks):
   env = {}
+  fuse = hooks[3]
+  accumulated = _in_place_sums(jaxpr) if fuse else {}
 
   def read(v):
     if isinstance(v, jex_core.Literal):
@@ -229,10 +278,126 @@ def _eval(jaxpr, consts, args, R: int, hooks):
     env[var] = val
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
+    if fuse:
+      if eqn.primitive is _pv_p and eqn.outvars[0] in accumulated.values():
+        env[eqn.outvars[0]] = _Deferred(_materialize(invals[0]))  # evaluated by its sum
+        continue
+      if id(eqn) in accumulated:
+        x, w = (_materialize(v) for v in invals if not isinstance(v, _Deferred)), None
+        x = next(x)
+        w = next(v.w for v in invals if isinstance(v, _Deferred))
+        env[eqn.outvars[0]] = hooks[0](w, x)
+        continue
+      folded = _fold(eqn, invals, R)
+      if folded is not None:
+        env[eqn.outvars[0]] = folded
+        continue
+      invals = [_materialize(x) for x in invals]
     outs = _eval_eqn(eqn, invals, R, hooks)
     for var, val in zip(eqn.outvars, outs):
       env[var] = val
-  return [read(v) for v in jaxpr.outvars]
+  return [_materialize(read(v)) for v in jaxpr.outvars]
+
+
+# ``fuse=True`` (see lower_rows): values held back from evaluation.
+@dataclasses.dataclass(frozen=True)
+class _Deferred:
+  """``pv(w)``, evaluated by the sum it feeds (accumulated in place)."""
+
+  w: object
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scaled:
+  """The tile ``c * s`` (``c > 0`` a Python float), not yet multiplied."""
+
+  s: object
+  c: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shifted:
+  """The tile ``c * s - r`` (``r`` an ``[R]`` row), not yet computed."""
+
+  s: object
+  c: float
+  r: object
+
+
+def _const(c: float, shape):
+  return lax.broadcast_in_dim(jnp.float32(c), shape, ())
+
+
+def _materialize(x):
+  if isinstance(x, _Scaled):
+    return x.s * _const(x.c, x.s.shape)
+  if isinstance(x, _Shifted):
+    return x.s * _const(x.c, x.s.shape) - lax.broadcast_in_dim(x.r, x.s.shape, (0,))
+  return x
+
+
+def _in_place_sums(jaxpr) -> dict:
+  """``{id(add eqn): pv outvar}`` for each ``x + pv(w)`` whose ``pv(w)`` is read only there and
+  ``x`` is a tile of its shape: the sum is one wgmma accumulating into ``x``."""
+  uses: dict = {}
+  for eqn in jaxpr.eqns:
+    for v in eqn.invars:
+      if not isinstance(v, jex_core.Literal):
+        uses.setdefault(v, []).append(eqn)
+  for v in jaxpr.outvars:
+    if not isinstance(v, jex_core.Literal):
+      uses.setdefault(v, []).append(None)
+  out = {}
+  for eqn in jaxpr.eqns:
+    if eqn.primitive is not _pv_p:
+      continue
+    (var,) = eqn.outvars
+    readers = uses.get(var, [])
+    if len(readers) != 1 or readers[0] is None or readers[0].primitive.name != "add":
+      continue
+    add = readers[0]
+    others = [v for v in add.invars if v is not var]
+    if len(others) == 1 and getattr(others[0].aval, "shape", None) == var.aval.shape:
+      out[id(add)] = var
+  return out
+
+
+def _fold(eqn, invals, R: int):
+  """The value of ``eqn`` with the constant scale folded (see lower_rows), or None."""
+  name = eqn.primitive.name
+  if name == "mul" and len(invals) == 2:
+    for tile, (cvar, c) in (
+      (invals[0], (eqn.invars[1], invals[1])),
+      (invals[1], (eqn.invars[0], invals[0])),
+    ):
+      if (
+        isinstance(cvar, jex_core.Literal)
+        and jnp.ndim(c) == 0
+        and float(c) > 0
+        and not isinstance(tile, (_Scaled, _Shifted, _Deferred))
+        and jnp.ndim(tile) == 2
+        and jnp.shape(tile)[0] == R
+        and jnp.result_type(tile) == jnp.float32
+      ):
+        return _Scaled(tile, float(c))
+    return None
+  x = invals[0] if invals else None
+  if name == "reduce_max" and isinstance(x, _Scaled) and tuple(eqn.params["axes"]) == (1,):
+    m = eqn.primitive.bind(x.s, **eqn.params)
+    return m * _const(x.c, m.shape)
+  if (
+    name == "sub"
+    and isinstance(x, _Scaled)
+    and _logical_is_row(eqn.invars[1].aval, R)
+    and not isinstance(invals[1], (_Scaled, _Shifted, _Deferred))
+    and jnp.ndim(invals[1]) == 1
+  ):
+    return _Shifted(x.s, x.c, invals[1])
+  if name == "exp" and isinstance(x, _Shifted):
+    log2e = 1.4426950408889634
+    shift = lax.broadcast_in_dim(x.r * _const(log2e, x.r.shape), x.s.shape, (0,))
+    return lax.exp2(x.s * _const(x.c * log2e, x.s.shape) - shift)
+  return None
 
 
 def _splat_row(x, R: int):
@@ -254,7 +419,7 @@ def _eval_eqn(eqn, invals, R: int, hooks):
   in_rows = [_logical_is_row(v.aval, R) for v in eqn.invars]
   out_rows = [_logical_is_row(v.aval, R) for v in eqn.outvars]
   name = prim.name
-  pv, iota, transposed = hooks
+  pv, iota, transposed, _ = hooks
   if prim is _pv_p:
     return [pv(invals[0])]
   if name == "iota" and iota is not None:
