@@ -206,8 +206,12 @@ def test_empty_calls_give_zeros():
     q[:, :0], k, v, ids[:, :0], block_size=8, scale=0.5, return_lse=True, interpret=True
   )
   assert out.shape == (2, 0, 4, 16) and lse.shape == (2, 0, 4)
-  out = selected.pallas_tpu(q, k, v, ids[..., :0], block_size=8, scale=0.5, interpret=True)
+  out = selected.selected_attention(
+    q, k, v, ids[..., :0], block_size=8, scale=0.5, interpret=True, implementation="pallas_tpu"
+  )
   np.testing.assert_array_equal(out, 0.0)
+  with pytest.raises(ValueError, match="implementation='splash' is not one of"):
+    selected.selected_attention(q, k, v, ids, block_size=8, scale=0.5, implementation="splash")
 
 
 def test_the_gathered_twin_equals_the_reference():

@@ -296,3 +296,17 @@ def mosaic_gpu(
     order=order,
     rows=rows,
   )
+
+
+IMPLEMENTATIONS = {"pallas_tpu": pallas_tpu, "mosaic_gpu": mosaic_gpu}
+
+
+def selected_attention(q, k, v, block_idx, *, implementation: str = "pallas_tpu", **kw):
+  """The agreed call of the selected branch: ``implementation`` ``"pallas_tpu"`` or
+  ``"mosaic_gpu"`` (:data:`IMPLEMENTATIONS`), then the keywords of :func:`pallas_tpu`."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+      f"implementation={implementation!r} is not one of: "
+      + ", ".join(repr(n) for n in IMPLEMENTATIONS)
+    )
+  return IMPLEMENTATIONS[implementation](q, k, v, block_idx, **kw)
