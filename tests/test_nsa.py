@@ -504,41 +504,55 @@ def test_interface_reference_rows():
   np.testing.assert_allclose(lse[0, :, 0], [0, 0, 0, 4 + np.log(2), 4 + np.log(2), 0], rtol=1e-6)
 
 
-def test_kernel_engine_slots(monkeypatch):
-  # Without attnjax._src.kernels.selected (issue 58, part B) the Pallas engines refuse by name;
-  # with it, they run the selected branch through its selected_attention.
-  import sys
-  import types
-
+def test_kernel_engines_read_the_selected_verdicts(monkeypatch):
+  """NSA's Pallas engines are the selected-block kernels' (attnjax._src.kernels.selected):
+  auto-dispatch asks the kernel-trust rule about selected_pallas_tpu / selected_mosaic_gpu
+  for the selected branch's case class, not about the dense kernels of the same engine name."""
+  from attnjax._src import op, trust
+  from attnjax._src.kernels import selected as kernels
   from attnjax._src.ops.nsa import attention as nsa_op
 
   q, k, v, gates, comp = _inputs()
-  inputs, opts = nsa_op.validate(
-    q,
-    k,
-    v,
-    gates,
-    compressor=comp,
-    **dict(FULL, scale=None, normalizer="softmax", return_stats=False),
-  )
-  for name in ("pallas_tpu", "mosaic_gpu"):
+  kw = dict(FULL, scale=None, normalizer="softmax", return_stats=False)
+  call = nsa_op.validate(q, k, v, gates, compressor=comp, **kw)
+  for name, platform in (("pallas_tpu", "tpu"), ("mosaic_gpu", "cuda")):
     engine = nsa_op.ENGINES[name]
-    assert engine.vouched_by == "device-check" and name not in nsa_op.FALLBACK
-    if nsa_op.platform_kernel(name) is None:
-      assert any("kernels.selected" in r for r in engine.unsupported(inputs, opts))
-  seen = []
+    assert engine.vouched_by == "device-check" and engine.platform == platform
+    assert engine.verdict_name == kernels.TRUST_NAMES[platform] == f"selected_{name}"
+    assert nsa_op.PREFERENCES[platform] == (name,) and name not in nsa_op.FALLBACK
+  klass = "softmax selected_kv float32"  # two query heads per group: key-block-major
+  assert nsa_op.OP.trust_class(*call) == klass
+  asked = []
 
-  def fake(q, k, v, block_idx, **kw):
-    seen.append(kw)
-    return selected_reference.selected_attention(q, k, v, block_idx, **kw)
+  def allows(kernel, platform, klass=None):
+    asked.append((kernel, platform, klass() if callable(klass) else klass))
+    return trust.Decision(False)
 
-  package = types.ModuleType("attnjax._src.kernels.selected")
-  package.pallas_tpu = types.SimpleNamespace(selected_attention=fake)
-  monkeypatch.setitem(sys.modules, "attnjax._src.kernels.selected", package)
-  engine = nsa_op.ENGINES["pallas_tpu"]
-  assert engine.unsupported(inputs, opts) == []
-  got = engine.compute(inputs, opts)
-  want = nsa_op.ENGINES["blockwise"].compute(inputs, opts)
-  tol = reduction_tolerance(jnp.float32, T * H, depth=4)
-  assert_close(got, want, "pallas_tpu slot", rtol=tol, atol=tol)
-  assert seen and seen[0]["block_size"] == 8 and seen[0]["normalizer"] == "softmax"
+  monkeypatch.setattr(trust, "allows", allows)
+  assert set(op.choose(nsa_op.OP, call, ("tpu", "cuda", "cpu")).values()) == {"blockwise"}
+  assert asked == [("selected_pallas_tpu", "tpu", klass), ("selected_mosaic_gpu", "cuda", klass)]
+  stats_call = nsa_op.validate(q, k, v, gates, compressor=comp, **dict(kw, return_stats=True))
+  assert "return_stats" in nsa_op.ENGINES["pallas_tpu"].unsupported(*stats_call)[0]
+
+
+def test_pallas_tpu_engine_in_interpret_mode_equals_blockwise():
+  """The pallas_tpu engine (the selected branch on the interpreted TPU kernel) equals the
+  block-wise engine in value and in the gradients of q, k, v, the gates and the compressor."""
+  from attnjax._src import op
+  from attnjax._src.ops.nsa import attention as nsa_op
+  from helpers import outputs_and_grads
+
+  kw = dict(FULL, scale=None, normalizer="softmax", return_stats=False)
+
+  def run(name, interpret):
+    def fn(q, k, v, gates, comp):
+      call = nsa_op.validate(q, k, v, gates, compressor=comp, **kw)
+      return op.run_engine(nsa_op.ENGINES[name], call, interpret=interpret)
+
+    return fn
+
+  args = _inputs()
+  want = outputs_and_grads(run("blockwise", False), *args)
+  got = outputs_and_grads(run("pallas_tpu", True), *args)
+  tol = reduction_tolerance(jnp.float32, T * H, depth=8)
+  assert_close(got, want, "pallas_tpu (interpret)", rtol=tol, atol=tol, scaled=True)

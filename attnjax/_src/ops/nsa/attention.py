@@ -5,7 +5,6 @@ Implementation behind the public module :mod:`attnjax.nsa`.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Literal, NamedTuple, Optional, Sequence, Union
 
 import jax
@@ -13,14 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import validators, empty, normalizers, op, static
+from attnjax._src.kernels import selected
 from attnjax._src.ops.nsa import blockwise, reference, rules
 from attnjax._src.ops.nsa.rules import Compressor, NSAOptions, NSAStats
 
 Array = jnp.ndarray
-
-# The selected-block Pallas kernels (issue 58, part B): attnjax._src.kernels.selected.<engine>
-# .selected_attention with the interface of attnjax._src.kernels.selected_reference.
-KERNEL_PACKAGE = "attnjax._src.kernels.selected"
 
 
 class NSAInputs(NamedTuple):
@@ -61,57 +57,79 @@ def _blockwise(inputs: NSAInputs, opts: NSAOptions):
   return blockwise.compute(inputs.q, inputs.k, inputs.v, k_c, v_c, inputs.gates, opts)
 
 
-def platform_kernel(engine: str):
-  """``attnjax._src.kernels.selected.<engine>.selected_attention``, or None where the
-  package (issue 58, part B) is not installed."""
-  try:
-    package = importlib.import_module(KERNEL_PACKAGE)
-  except ImportError:
-    return None
-  module = getattr(package, engine, None)
-  if module is None:
-    try:
-      module = importlib.import_module(f"{KERNEL_PACKAGE}.{engine}")
-    except ImportError:
-      return None
-  return getattr(module, "selected_attention", None)
+# The selected-block kernels' platforms by engine name, and where each platform's run (the
+# error of a named engine lowered elsewhere).
+KERNEL_PLATFORMS = {"pallas_tpu": "tpu", "mosaic_gpu": "cuda"}
+WHERE = {"tpu": "runs on a TPU only (a Mosaic kernel)", "cuda": "runs on a CUDA GPU (sm_90) only"}
 
 
-def _kernel_engine(engine: str):
-  """``(compute, unsupported)`` of a selected-block Pallas kernel engine."""
+def _selected_args(inputs: NSAInputs, opts: NSAOptions, interpret: bool = False):
+  """The selected branch's kernel call as the kernels see it: ``(q, k, v, block_idx)``
+  (``block_idx`` as its shape: every kernel decision reads only shapes) and its keywords."""
+  B, T, _, _ = inputs.q.shape
+  K = inputs.k[1].shape[2]
+  idx = jax.ShapeDtypeStruct((B, T, K, opts.num_selected), jnp.int32)
+  kw = dict(
+    block_size=opts.selection_block,
+    scale=opts.scale,
+    normalizer=opts.normalizers[1],
+    interpret=interpret,
+  )
+  return (inputs.q, inputs.k[1], inputs.v[1], idx), kw
 
-  def selected_branch(q, k, v, idx, opts, want_stats):
-    del want_stats  # refused by unsupported
-    fn = platform_kernel(engine)
-    out = fn(
-      q,
-      k,
-      v,
-      idx,
-      block_size=opts.selection_block,
-      scale=opts.scale,
-      normalizer=opts.normalizers[1],
-    )
-    return out, None
 
-  def compute(inputs: NSAInputs, opts: NSAOptions):
+def trust_class(inputs: NSAInputs, opts: NSAOptions) -> str:
+  """The case class the selected-block kernels' verdicts name for a call
+  (:func:`attnjax._src.kernels.selected.case_class`: the selected branch's normaliser, its
+  loop order and q's dtype, e.g. ``"softmax selected_kv bfloat16"``)."""
+  args, kw = _selected_args(inputs, opts)
+  return selected.case_class("tpu", *args, **kw)  # the loop order is the platforms' one
+
+
+def _kernel_engine(engine: str) -> op.Engine:
+  """The engine running NSA with its selected branch on the ``engine`` selected-block kernel
+  (:mod:`attnjax._src.kernels.selected`), vouched for by that kernel's verdicts
+  (``selected_<engine>``)."""
+  platform = KERNEL_PLATFORMS[engine]
+
+  def compute(inputs: NSAInputs, opts: NSAOptions, interpret: bool = False):
+    def selected_branch(q, k, v, idx, opts, want_stats):
+      del want_stats  # refused by unsupported
+      out = selected.selected_attention(
+        q,
+        k,
+        v,
+        idx,
+        implementation=engine,
+        block_size=opts.selection_block,
+        scale=opts.scale,
+        normalizer=opts.normalizers[1],
+        interpret=interpret,
+      )
+      return out, None
+
     k_c, v_c = _compressed(inputs, opts)
     return blockwise.compute(
       inputs.q, inputs.k, inputs.v, k_c, v_c, inputs.gates, opts, selected_branch=selected_branch
     )
 
-  def unsupported(inputs: NSAInputs, opts: NSAOptions) -> list[str]:
-    del inputs
-    reasons = []
-    if platform_kernel(engine) is None:
-      reasons.append(
-        f"the selected-block kernels ({KERNEL_PACKAGE}.{engine}, issue 58 part B) are not installed"
-      )
-    if opts.return_stats:
-      reasons.append("return_stats (the kernel returns no statistics)")
-    return reasons
+  def unsupported(inputs: NSAInputs, opts: NSAOptions, interpret: bool = False) -> list[str]:
+    reasons = ["return_stats (the kernel returns no statistics)"] if opts.return_stats else []
+    args, kw = _selected_args(inputs, opts, interpret)
+    try:
+      return reasons + selected.unsupported(platform, *args, **kw)
+    except (ValueError, TypeError) as e:  # e.g. a dtype the kernels do not take
+      return reasons + [str(e)]
 
-  return compute, unsupported
+  return op.Engine(
+    engine,
+    compute,
+    unsupported,
+    platform=platform,
+    where=WHERE[platform],
+    vouched_by="device-check",
+    trust_name=selected.TRUST_NAMES[platform],
+  )
 
 
 def _empty(inputs: NSAInputs, opts: NSAOptions):
@@ -126,38 +144,21 @@ def _empty(inputs: NSAInputs, opts: NSAOptions):
   return out, NSAStats(branch, branch, branch, gate_mean)
 
 
-_tpu_compute, _tpu_unsupported = _kernel_engine("pallas_tpu")
-_gpu_compute, _gpu_unsupported = _kernel_engine("mosaic_gpu")
-
-# The NSA op: its call is ``(NSAInputs, NSAOptions)``. Auto-dispatch takes the block-wise
-# engine everywhere: the selected-block kernels are named engines only until a device check
-# vouches for them under names of their own.
+# The NSA op: its call is ``(NSAInputs, NSAOptions)``.
 ENGINES: dict[str, op.Engine] = {
   e.name: e
   for e in (
     op.Engine("reference", _reference, op.supports_everything),
     op.Engine("blockwise", _blockwise, op.supports_everything),
-    op.Engine(
-      "pallas_tpu",
-      _tpu_compute,
-      _tpu_unsupported,
-      platform="tpu",
-      where="TPU (Pallas Mosaic)",
-      vouched_by="device-check",
-    ),
-    op.Engine(
-      "mosaic_gpu",
-      _gpu_compute,
-      _gpu_unsupported,
-      platform="cuda",
-      where="NVIDIA Hopper GPUs (Pallas Mosaic GPU)",
-      vouched_by="device-check",
-    ),
+    _kernel_engine("pallas_tpu"),
+    _kernel_engine("mosaic_gpu"),
   )
 }
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 ImplementationName = Literal[IMPLEMENTATIONS]
-PREFERENCES: dict[str, tuple[str, ...]] = {}
+# Auto-dispatch takes a platform's selected-block kernel only where the kernel-trust rule allows
+# it (its selected_* verdict passed the call's class, or attnjax.config.kernels = "all").
+PREFERENCES: dict[str, tuple[str, ...]] = {"cuda": ("mosaic_gpu",), "tpu": ("pallas_tpu",)}
 FALLBACK: tuple[str, ...] = ("blockwise",)
 OP = op.register(
   op.Op(
@@ -167,6 +168,7 @@ OP = op.register(
     FALLBACK,
     empty=_empty,
     is_empty=lambda inputs, opts: empty.is_empty(inputs.q, inputs.k[0]),
+    trust_class=trust_class,
     samples=lambda: _samples(),
   )
 )
