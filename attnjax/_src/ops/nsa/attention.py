@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import validators, empty, normalizers, op, static
+from attnjax._src import validators, empty, normalizers, op, static, trust
 from attnjax._src.kernels import selected
 from attnjax._src.ops.nsa import blockwise, reference, rules
 from attnjax._src.ops.nsa.rules import Compressor, NSAOptions, NSAStats
@@ -83,7 +83,10 @@ def trust_class(inputs: NSAInputs, opts: NSAOptions) -> str:
   (:func:`attnjax._src.kernels.selected.case_class`: the selected branch's normaliser, its
   loop order and q's dtype, e.g. ``"softmax selected_kv bfloat16"``)."""
   args, kw = _selected_args(inputs, opts)
-  return selected.case_class("tpu", *args, **kw)  # the loop order is the platforms' one
+  try:
+    return selected.case_class("tpu", *args, **kw)  # the loop order is the platforms' one
+  except (ValueError, TypeError):  # a call the kernels refuse (unsupported says why)
+    return trust.case_class(opts.normalizers[1], "selected_unsupported", inputs.q.dtype)
 
 
 def _kernel_engine(engine: str) -> op.Engine:
@@ -400,7 +403,8 @@ def _nsa_attention(
     scale: logit scale; None means ``H ** -0.5``.
     normalizer: a name of :data:`attnjax.normalizers.NORMALIZERS`, or one per branch
       (compressed, selected, window); the selection reads the compressed branch's weights.
-    implementation: None (auto: ``"blockwise"``), ``"reference"``, ``"blockwise"``,
+    implementation: None (auto: ``"blockwise"``, or a platform's selected-block kernel
+      where the kernel-trust rule allows it), ``"reference"``, ``"blockwise"``,
       ``"pallas_tpu"`` or ``"mosaic_gpu"`` (the engines of :data:`~attnjax.nsa.OP`).
     return_stats: also return :class:`attnjax.nsa.NSAStats` (each branch's
       :class:`attnjax.AttentionStats` and the gate means).
