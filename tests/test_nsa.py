@@ -556,3 +556,30 @@ def test_pallas_tpu_engine_in_interpret_mode_equals_blockwise():
   got = outputs_and_grads(run("pallas_tpu", True), *args)
   tol = reduction_tolerance(jnp.float32, T * H, depth=8)
   assert_close(got, want, "pallas_tpu (interpret)", rtol=tol, atol=tol, scaled=True)
+
+
+@pytest.mark.targets("tpu")
+@pytest.mark.usefixtures("target_compiles", "all_kernels")
+def test_auto_dispatch_compiles_the_selected_kernel_for_a_tpu():
+  """Compiled for a TPU v5e from this host with ``kernels="all"``: auto-dispatch takes NSA's
+  ``pallas_tpu`` engine (its selected_pallas_tpu kernel: verdicts opted out), forward and
+  backward, inside the block-wise compressed and window branches."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from attnjax._src import targets
+
+  mesh = targets.mesh(targets.tpu_devices("v5e", "2x2")[:1])
+  rep = NamedSharding(mesh, P())
+  T, N_, K_, H_ = 512, 4, 2, 128
+  q = jax.ShapeDtypeStruct((1, T, N_, H_), jnp.bfloat16, sharding=rep)
+  kv = jax.ShapeDtypeStruct((1, T, K_, H_), jnp.bfloat16, sharding=rep)
+  g = jax.ShapeDtypeStruct((1, T, N_, 3), jnp.bfloat16, sharding=rep)
+  cfg = dict(block_length=32, stride=16, selection_block=64, num_selected=4, window=128)
+
+  def loss(q, k, v, g):
+    out = nsa_attention(q, k, v, g, **cfg)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+
+  with jax.set_mesh(mesh):
+    text = jax.jit(jax.grad(loss, (0, 1, 2, 3))).lower(q, kv, kv, g).compile().as_text()
+  assert "attnjax_selected_tpu_fwd_parts" in text and "attnjax_selected_tpu_dkdv" in text
