@@ -21,7 +21,8 @@ logits leaves out the mass sent to the null column); the report then adds per-la
 first-token attention, Sink_1^eps against eps, F-Attn and the sink rate over
 training, massive activations, the value-state drain, the active-dormant split
 and the sink checks (``_checks`` below), with first-token attention maps
-(``plots/attention_maps.png``) that notebook 04 also draws.
+(``plots/attention_maps.png``) that notebook 04 also draws; NSA arms also get
+``<arm>/nsa_branches.npz`` and a table of their branches (``save_branch_stats``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-from attnjax.train import cli, report, rundir, sweep
+from attnjax.train import cli, report, rundir, sweep, variants
 from attnjax.train.config import validate
 from attnjax.train import init_distributed
 from attnjax.train.variants import SINK_FREE, check_variants
@@ -132,6 +133,124 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   )
   os.replace(tmp, path)
   return path
+
+
+# ---------------------------------------------------------------------------
+# NSA's branches (compressed, selected, window) of a finished run.
+
+BRANCHES = ("compressed", "selected", "window")
+
+
+def save_branch_stats(run_path: str) -> Optional[str]:
+  """Writes ``run_path/nsa_branches.npz`` for a finished NSA run; returns its path (None for
+  other runs).
+
+  From the last checkpoint on the probe batch, per layer, head and branch ``[L, N, 3]``:
+  ``first_nontrigger`` / ``first_trigger``, the branch's row-normalised weight on its first
+  key (compressed block 0, raw key 0) over queries after the first whose token is not / is
+  a trigger; ``gate_nontrigger`` / ``gate_trigger``, its mean gate over those queries;
+  ``sink_mass``, ``entropy``, ``max_logit`` as the layer sowed them (means over the batch).
+  """
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from attnjax.nn import intermediates
+  from attnjax.train import Trainer
+
+  run = rundir.RunDir(run_path)
+  summary = run.read_summary() or {}
+  path = os.path.join(run_path, "nsa_branches.npz")
+  if summary.get("status") != "finished" or not os.path.isfile(run.config):
+    return None
+  cfg = sweep.config_from_json(run.config)
+  if variants.VARIANTS.get(cfg.variant, ({},))[0].get("family") != "nsa":
+    return None
+  trainer = Trainer(cfg)
+  model = trainer.model()
+  if not any(b.attention.config.family == "nsa" for b in model.blocks):
+    return None
+  if os.path.isfile(path) and os.path.getmtime(path) >= os.path.getmtime(run.summary):
+    return path
+  if trainer.restore_latest() == 0:
+    return None
+  model = trainer.model()
+  t = cfg.train
+  b = trainer.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
+  tokens = np.asarray(b.inputs)
+  _, inter = nnx.capture(lambda m, x: m(x), nnx.Intermediate)(model, jnp.asarray(tokens))
+  layers = intermediates.read(inter, len(model.blocks)).layers
+  trigger = np.zeros_like(tokens, bool)
+  if cfg.data.name == "bigram_backcopy":
+    trigger = tokens < cfg.data.bb_num_triggers
+  later = np.arange(tokens.shape[1]) >= 1
+  out: dict[str, list] = {
+    k: []
+    for k in (
+      "first_nontrigger",
+      "first_trigger",
+      "gate_nontrigger",
+      "gate_trigger",
+      "sink_mass",
+      "entropy",
+      "max_logit",
+    )
+  }
+  for layer in layers:
+    first = np.asarray(intermediates.find(layer, "nsa_first_weight"))  # [B, N, T, 3]
+    gates = np.asarray(intermediates.find(layer, "nsa_gates"))  # [B, T, N, 3]
+    for name, queries in (("nontrigger", ~trigger & later), ("trigger", trigger & later)):
+      m = queries[:, None, :, None]  # [B, 1, T, 1]
+      count = max(int(queries.sum()), 1)
+      out[f"first_{name}"].append((first * m).sum(axis=(0, 2)) / count)
+      out[f"gate_{name}"].append((np.swapaxes(gates, 1, 2) * m).sum(axis=(0, 2)) / count)
+    for field in ("sink_mass", "entropy", "max_logit"):
+      out[field].append(np.asarray(intermediates.find(layer, f"nsa_{field}")).mean(axis=0))
+  tmp = path + ".tmp.npz"
+  np.savez_compressed(tmp, **{k: np.stack(v) for k, v in out.items()})
+  os.replace(tmp, path)
+  return path
+
+
+def branch_section(root: str, runs: list[str]) -> str:
+  """Markdown of the NSA arms' branches, from their ``nsa_branches.npz``."""
+  rows = []
+  for r in runs:
+    path = os.path.join(r, "nsa_branches.npz")
+    if not os.path.isfile(path):
+      continue
+    with np.load(path) as z:
+      data = {k: z[k] for k in z.files}
+    name = os.path.relpath(r, root)
+    L, N, _ = data["first_nontrigger"].shape
+    for layer in range(L):
+      for h in range(N):
+        for b, branch in enumerate(BRANCHES):
+          cell = lambda key, d=2: _fmt(float(data[key][layer, h, b]), d)
+          rows.append(
+            f"| {name} | L{layer}H{h} | {branch} | {cell('first_nontrigger')} | "
+            f"{cell('first_trigger')} | {cell('gate_nontrigger')} | {cell('gate_trigger')} | "
+            f"{cell('sink_mass')} | {cell('entropy')} | {cell('max_logit', 1)} |"
+          )
+  if not rows:
+    return ""
+  return (
+    "\n".join(
+      [
+        "\n## NSA's branches (last checkpoint, probe batch)\n",
+        "Per branch: the row-normalised weight on its first key (compressed block 0 = tokens "
+        "0 .. l-1, raw token 0) for non-trigger and trigger queries, its mean gate for them, "
+        "and the layer's sown F-Attn (sink mass), entropy and max logit. A sink in a branch is "
+        "a high first-key weight on non-trigger queries; routing the no-op through the gates "
+        "is a gate that drops on non-trigger queries (Guo et al.'s dormant phase) while the "
+        "branch keeps attending content.\n",
+        "| arm | head | branch | first-key weight, non-trigger | first-key weight, trigger "
+        "| gate, non-trigger | gate, trigger | F-Attn | entropy | max logit |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+      ]
+    )
+    + "\n"
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -241,6 +360,7 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
         )
       out.append(f"| {s} | " + " | ".join(cells) + " |")
   out.append(_checks(names, last, {n: _maps(r) for n, r in zip(names, runs)}))
+  out.append(branch_section(root, runs))
   figures = [
     plot_attention_maps(root, runs, plots_dir),
     plot_sink_curve(root, runs, plots_dir),
@@ -414,6 +534,7 @@ def main(argv=None) -> str:
     for a in arms:
       if os.path.isdir(a.config.run_dir):
         save_attention_maps(a.config.run_dir)
+        save_branch_stats(a.config.run_dir)
   setting = cfg.sweep.get("setting", cfg.preset)
   parts = [f"# sinks ({setting}, lr={cfg.opt.lr:g})\n"]
   for d in datasets:

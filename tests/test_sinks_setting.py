@@ -33,7 +33,7 @@ def test_cpu_sinks_config_and_arms(tmp_path):
   arms = _sinks_module().build_arms(cfg, str(tmp_path))
   names = list(dict.fromkeys(a.group.split("/")[1] for a in arms))  # the arms, in order
   assert names[:3] == ["dense", "softmax_one", "sink_logits"]
-  assert {"relu", "gla", "deltanet", "dense_lr0.01", "dense_lr0.1"} <= set(names)
+  assert {"relu", "gla", "deltanet", "nsa", "dsa", "dense_lr0.01", "dense_lr0.1"} <= set(names)
   # Dense at seeds 0, 1 and 2 (one group: trained stacked), every other arm at seed 0.
   dense = [a.config for a in arms if a.group == "bigram_backcopy/dense"]
   assert [c.seed for c in dense] == [0, 1, 2] and {c.variant for c in dense} == {"dense"}
@@ -208,3 +208,36 @@ def test_small_null_masses_keep_their_significant_digits():
   lines = sinks._checks(["dense", "softmax_one"], last, {"softmax_one": {"f_attn_raw": [0.25]}})
   assert "null column takes 0.0017 of each row" in lines
   assert "softmax_one: first-token weight 0.25 vs dense 0.80 (<= half: pass)" in lines
+
+
+@pytest.mark.slow  # ~30 s of compiles
+def test_nsa_arm_reports_its_branches(tmp_path):
+  """A tiny NSA arm: its branches' first-key weights and gates by trigger, and their table."""
+  from attnjax._src.train import sweep
+
+  module = _sinks_module()
+  overrides = [
+    "sweep.variants=nsa",
+    "sweep.dense_seeds=",
+    "sweep.dense_lrs=",
+    "train.steps=2",
+    "train.probe_every=2",
+    "train.checkpoint_every=2",
+    "train.eval_every=2",
+    "train.eval_batches=1",
+    "train.probe_batch=4",
+    "train.probe_len=32",
+    "data.batch_size=4",
+    "train.microbatches=1",
+    "train.num_devices=1",
+    "train.progress=false",
+    "train.plots=false",
+  ]
+  (arm,) = module.build_arms(load_config(CPU_SINKS, overrides), str(tmp_path))
+  assert sweep.run_in_process(arm)["status"] == "finished"
+  run = arm.config.run_dir
+  with np.load(module.save_branch_stats(run)) as z:
+    for key in ("first_nontrigger", "first_trigger", "gate_nontrigger", "gate_trigger"):
+      assert z[key].shape == (1, 1, 3) and np.all((z[key] >= 0) & (z[key] <= 1)), key
+  md = module.branch_section(str(tmp_path / "bigram_backcopy"), [run])
+  assert "NSA's branches" in md and "| compressed |" in md and "| window |" in md

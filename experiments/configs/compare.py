@@ -1,5 +1,6 @@
 """python experiments/compare.py --config experiments/configs/compare.py:preset=cpu
 
+<<<<<<< HEAD
 The README's main job: attention variants side by side on sinks and stability, 3 seeds per
 arm. With ``preset=cpu`` it runs the setting where a sink forms on a CPU (experiments/RESULTS.md
 section 1): bigram-backcopy with 8 triggers of 64 tokens (Guo et al. 2024), one
@@ -14,6 +15,17 @@ tpu), ``lr``, ``data`` (bigram_backcopy or shakespeare). Presets gpu and tpu tra
 8-layer model on Shakespeare with the gated and delta-rule families too (``variants.GATED``),
 and multi-head latent attention (``variants.LATENT``: mla), which the cpu preset runs only when
 named there (``dense,mla``).
+=======
+Every attention variant at one learning rate on Shakespeare (character level):
+the README's main job. With ``preset=cpu`` (2 layers, d=64, T=64, batch 32 as
+4 accumulated microbatches of 8, 240 steps) the 9 arms take a few minutes on a
+2-core CPU, compilation included. Arguments after ``:``: ``preset`` (cpu, gpu, tpu), ``lr``, ``data``
+(shakespeare or bigram_backcopy). The arms are ``--config.sweep.variants``
+(comma-separated names from ``attnjax.train.variants.VARIANTS``); presets gpu and
+tpu add the gated and delta-rule families (``variants.GATED``: retnet, mamba2,
+gla, deltanet, gated_deltanet) and multi-head latent attention (``variants.LATENT``:
+mla), which the cpu preset runs only when named there (``dense,mla``).
+>>>>>>> i58a-nsa-dsa
 """
 
 import ml_collections

@@ -13,10 +13,11 @@ dense softmax, the learning rates ``sweep.dense_lrs``; every arm at each seed of
   CPU (found by measurement, experiments/RESULTS.md): bigram-backcopy with 8
   trigger tokens of 64 (Guo et al. 2024), one attention-only layer with one
   head (``model.mlp = "none"``, untied embeddings, RoPE), LR 3e-2, 2000 steps.
-  Arms: 12 variants (the gated-linear and delta-rule families as GLA and
-  DeltaNet) at seed 0, dense also at seeds 1 and 2 (stacked with seed 0), dense at LRs
-  1e-2 and 1e-1: 16 runs, 21 minutes measured on 2 heavily loaded cores (RESULTS.md,
-  before dense's seeds were stacked; less on quiet ones).
+  Arms: 14 variants (the gated-linear and delta-rule families as GLA and
+  DeltaNet; NSA and DSA, whose branches get a table of their own) at seed 0, dense also at
+  seeds 1 and 2 (stacked with seed 0), dense at LRs 1e-2 and 1e-1: 18 runs; the first 16
+  took 21 minutes on 2 heavily loaded cores (RESULTS.md, before dense's seeds were
+  stacked; less on quiet ones).
 - ``cpu_long``: long context on a CPU: T = 16384 tokens sharded over
   ``mesh.context=8`` (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``),
   each layer's attention sequence-sharded (the ring for dense and sink logits,
@@ -41,7 +42,7 @@ from attnjax.train.variants import GATED, LATENT
 CPU_LONG_VARIANTS = "dense,sink_logits,gla"
 CPU_SINKS_VARIANTS = (
   "dense,softmax_one,sink_logits,sigmoid,softpick,gated,qk_layernorm,window,"
-  "linear,relu,gla,deltanet"
+  "linear,relu,gla,deltanet,nsa,dsa"
 )
 
 

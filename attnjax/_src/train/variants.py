@@ -62,6 +62,24 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "i-16..i) (Liu, NSA); "
     "its F-Attn is the weight on compressed block 0 (tokens 0-3)",
   ),
+  "nsa": (
+    {
+      "family": "nsa",
+      "block_length": 8,
+      "stride": 4,
+      "selection_block": 8,
+      "num_selected": 4,
+      "num_initial": 1,
+      "num_local": 2,
+      "window": 8,
+    },
+    "Native Sparse Attention: learned compression (l=8, d=4), 4 selected 8-token blocks, "
+    "window 8, gated (Yuan)",
+  ),
+  "dsa": (
+    {"family": "dsa", "top_k": 16, "index_heads": 2, "index_head_dim": 8},
+    "DeepSeek sparse attention: top 16 keys by a 2-head lightning indexer (KL-trained)",
+  ),
   "dilated": (
     {
       "family": "sparse",
@@ -78,7 +96,17 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 # The arms of `compare`, the README's main job.
-COMPARE = ("dense", "qk_layernorm", "cosine", "sigmoid", "linear", "gated", "sink_logits")
+COMPARE = (
+  "dense",
+  "qk_layernorm",
+  "cosine",
+  "sigmoid",
+  "linear",
+  "gated",
+  "sink_logits",
+  "nsa",
+  "dsa",
+)
 
 # The gated and delta-rule linear families (attnjax.nn.gated_spec): arms of the
 # gpu/tpu presets of compare, sinks and lr_sweep. The cpu presets leave them out
