@@ -405,9 +405,7 @@ def _row_factor(eqn, R: int):
   if eqn is None or eqn.primitive.name != "mul":
     return None
   rows = [
-    v
-    for v in eqn.invars
-    if not isinstance(v, jex_core.Literal) and _logical_is_row(v.aval, R)
+    v for v in eqn.invars if not isinstance(v, jex_core.Literal) and _logical_is_row(v.aval, R)
   ]
   return rows[0] if len(rows) == 1 else None
 
