@@ -18,6 +18,7 @@ from attnjax import compressed
 from attnjax import cosine
 from attnjax import delta_rule
 from attnjax import dense
+from attnjax import dsa
 from attnjax import feature_maps
 from attnjax import gated_linear
 from attnjax import layout
@@ -26,6 +27,7 @@ from attnjax import masks
 from attnjax import mla
 from attnjax import mods
 from attnjax import normalizers
+from attnjax import nsa
 from attnjax import options
 from attnjax import parallel
 from attnjax import patterns
@@ -35,12 +37,14 @@ from attnjax import stats
 from attnjax.attention_stats import AttentionStats
 from attnjax.block_select import block_select_attention
 from attnjax.compressed import compressed_attention
+from attnjax.dsa import dsa_attention
 from attnjax.delta_rule import delta_rule_attention
 from attnjax.dense import dot_product_attention
 from attnjax.gated_linear import gated_linear_attention
 from attnjax.linear import linear_attention
 from attnjax.cosine import cosine_attention
 from attnjax.mla import mla_attention
+from attnjax.nsa import nsa_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax._src.config import config
@@ -81,6 +85,8 @@ __all__ = [
   "delta_rule_attention",
   "dense",
   "dot_product_attention",
+  "dsa",
+  "dsa_attention",
   "feature_maps",
   "gated_linear",
   "gated_linear_attention",
@@ -95,6 +101,8 @@ __all__ = [
   "mods",
   "nn",
   "normalizers",
+  "nsa",
+  "nsa_attention",
   "options",
   "parallel",
   "patterns",
