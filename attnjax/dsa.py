@@ -11,11 +11,7 @@ Guide: :doc:`/guides/sparse`, section "DeepSeek sparse attention".
 """
 
 from attnjax._src.ops.dsa.attention import (
-  ENGINES,
-  FALLBACK,
   IMPLEMENTATIONS,
-  OP,
-  PREFERENCES,
   dsa_attention,
   index_scores,
   indexer_loss,
@@ -23,11 +19,7 @@ from attnjax._src.ops.dsa.attention import (
 )
 
 __all__ = [
-  "ENGINES",
-  "FALLBACK",
   "IMPLEMENTATIONS",
-  "OP",
-  "PREFERENCES",
   "dsa_attention",
   "index_scores",
   "indexer_loss",

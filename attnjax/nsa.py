@@ -12,11 +12,7 @@ Guide: :doc:`/guides/sparse`, section "Native sparse attention".
 """
 
 from attnjax._src.ops.nsa.attention import (
-  ENGINES,
-  FALLBACK,
   IMPLEMENTATIONS,
-  OP,
-  PREFERENCES,
   Compressor,
   NSAStats,
   compress,
@@ -25,11 +21,7 @@ from attnjax._src.ops.nsa.attention import (
 )
 
 __all__ = [
-  "ENGINES",
-  "FALLBACK",
   "IMPLEMENTATIONS",
-  "OP",
-  "PREFERENCES",
   "Compressor",
   "NSAStats",
   "compress",

@@ -25,7 +25,7 @@ import numpy as np
 
 from flax import nnx
 
-from attnjax._src import data as data_lib
+from attnjax._src.data import sources as data_lib
 from attnjax._src.train import config as config_lib
 from attnjax._src.train import loop, rundir
 from attnjax._src.train import mesh as mesh_lib

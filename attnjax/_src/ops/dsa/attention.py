@@ -353,7 +353,7 @@ def _dsa_attention(
     normalizer: a name of :data:`attnjax.normalizers.NORMALIZERS`.
     segment_ids: ``[B, T]`` integer ids of packed documents, or None.
     implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"`` (the
-      engines of :data:`~attnjax.dsa.OP`).
+      engines: :data:`~attnjax.dsa.IMPLEMENTATIONS`).
     return_stats: also return :class:`attnjax.AttentionStats` over the selected keys.
 
   Returns:

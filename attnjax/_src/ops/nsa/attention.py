@@ -405,7 +405,7 @@ def _nsa_attention(
       (compressed, selected, window); the selection reads the compressed branch's weights.
     implementation: None (auto: ``"blockwise"``, or a platform's selected-block kernel
       where the kernel-trust rule allows it), ``"reference"``, ``"blockwise"``,
-      ``"pallas_tpu"`` or ``"mosaic_gpu"`` (the engines of :data:`~attnjax.nsa.OP`).
+      ``"pallas_tpu"`` or ``"mosaic_gpu"`` (:data:`~attnjax.nsa.IMPLEMENTATIONS`).
     return_stats: also return :class:`attnjax.nsa.NSAStats` (each branch's
       :class:`attnjax.AttentionStats` and the gate means).
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import empty, logits, normalizers, options
-from attnjax._src.kernels import blockwise
+from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.kernels.blockwise import selected
 from attnjax._src.layout import BlockLayout
 from attnjax._src.ops.nsa import rules
