@@ -188,6 +188,12 @@ def _family_calls(a: dict, long: dict) -> dict[str, list[tuple[str, Callable, tu
         (a["q"], a["k_unit"], a["v"], a["beta"], a["g_scalar"]),
         (),
       ),
+      (
+        "delta_rule_attention/kda",
+        delta,
+        (a["q"], a["k_unit"], a["v"], a["beta"], a["g_channel"]),
+        (),
+      ),
     ],
   }
 

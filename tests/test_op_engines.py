@@ -161,6 +161,25 @@ class TestDeltaRule(FamilyTests):
     )
 
 
+class TestDeltaRuleKDA(FamilyTests):
+  """The delta rule with a decay per key channel (Kimi Delta Attention), value heads
+  grouped over fewer query/key heads (Qwen3-Next's Hv = 2 Hk) and Dk != Dv."""
+
+  op = "delta_rule"
+
+  def sample(self):
+    a = _arrays()
+    rng = np.random.default_rng(1)
+    g = jnp.asarray(-rng.uniform(0.0, 1.0, (B, T, N, H)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((B, T, N, H // 2)), jnp.float32)
+    return (
+      lambda impl, q, k, v, b, g: attnjax.delta_rule_attention(
+        q, k, v, b, log_decay=g, chunk_size=8, implementation=impl
+      ),
+      (a["q"][:, :, :K], a["k_unit"], v, a["beta"], g),
+    )
+
+
 def test_every_registered_op_is_tested():
   module = sys.modules[__name__]
   tested = {
