@@ -406,8 +406,15 @@ def test_kda_by_hand_one_step():
   s0 = jnp.asarray([[[[1.0], [2.0]]]])  # [B, N, H, Hv]
   g = jnp.log(jnp.asarray([[[[0.5, 0.25]]]]))
   out, state = delta_rule_attention(
-    q, k, v, jnp.asarray([[[0.5]]]), log_decay=g, initial_state=s0, scale=1.0,
-    return_state=True, implementation="reference",
+    q,
+    k,
+    v,
+    jnp.asarray([[[0.5]]]),
+    log_decay=g,
+    initial_state=s0,
+    scale=1.0,
+    return_state=True,
+    implementation="reference",
   )
   decayed = np.array([[0.5], [0.5]])  # diag(0.5, 0.25) @ [[1], [2]]
   delta = 0.5 * (3.0 - (0.6 * 0.5 + 0.8 * 0.5))
@@ -446,8 +453,7 @@ def test_value_grouped_heads_equal_repeated_queries_and_keys(channel):
   rep = lambda x: jnp.repeat(x, 2, axis=2)
   for impl in ("reference", "chunked", "quadratic"):
     run = functools.partial(
-      delta_rule_attention, initial_state=s0, return_state=True, implementation=impl,
-      chunk_size=16,
+      delta_rule_attention, initial_state=s0, return_state=True, implementation=impl, chunk_size=16
     )
     out, state = run(q, k, v, b, log_decay=g)
     want, want_state = run(rep(q), rep(k), v, b, log_decay=g)

@@ -103,7 +103,7 @@ def _rope(layer, x: Array, positions: Array) -> Array:
   c = layer.config
   if c.rope_theta is None:
     return x
-  return apply_rope(x, positions, c.rope_theta, scaling=c.rope_scaling)
+  return apply_rope(x, positions, c.rope_theta, scaling=c.rope_scaling, rotary_dim=c.rope_dim)
 
 
 def run_and_sow(
