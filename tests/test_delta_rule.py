@@ -483,3 +483,63 @@ def test_grouped_and_channel_validation(shapes, match):
   g = z(*shapes.get("g", (2, 9, heads)))
   with pytest.raises(ValueError, match=match):
     delta_rule_attention(z(2, 9, N, 8), z(2, 9, K, 8), z(2, 9, M, 8), z(2, 9, heads), log_decay=g)
+
+
+# ---------------------------------------------------------------------------
+# Precision of the chunk form's triangular solve.
+
+
+def _bf16_rounded_inverse(a):
+  """``(I + a)^{-1}`` by the same block doubling with every matmul operand rounded to
+  bfloat16: what a 16-bit matmul (TPU's default precision for float32, or bf16 inputs kept
+  in bf16) would compute."""
+  r = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)
+  C = a.shape[-1]
+  inv = np.ones(a.shape[:-2] + (C, 1, 1))
+  m = np.eye(C) + a
+  s = 1
+  while s < C:
+    n = C // (2 * s)
+    blocks = np.stack(
+      [m[..., i * 2 * s : (i + 1) * 2 * s, i * 2 * s : (i + 1) * 2 * s] for i in range(n)], -3
+    )
+    low = blocks[..., s:, :s]
+    inv = inv.reshape(a.shape[:-2] + (n, 2, s, s))
+    x11, x22 = inv[..., 0, :, :], inv[..., 1, :, :]
+    x21 = -(r(r(x22) @ r(low)) @ r(x11))
+    top = np.concatenate([x11, np.zeros_like(x11)], -1)
+    inv = np.concatenate([top, np.concatenate([x21, x22], -1)], -2)
+    s *= 2
+  return inv.reshape(a.shape)
+
+
+def test_chunk_solve_runs_at_highest_precision_and_avoids_the_bf16_error():
+  # A chunk's strictly lower A_tj = beta_t exp(G_t - G_j) k_t.k_j from bf16 inputs (C = 64).
+  rng = np.random.default_rng(0)
+  C = 64
+  k = rng.standard_normal((C, 16))
+  k = np.asarray(
+    jnp.asarray(k / np.linalg.norm(k, axis=-1, keepdims=True), jnp.bfloat16), np.float64
+  )
+  beta = rng.uniform(0.5, 1.0, C)
+  g = np.cumsum(rng.uniform(-0.05, 0.0, C))
+  a = np.tril(beta[:, None] * np.exp(g[:, None] - g[None, :]) * (k @ k.T), -1)
+  exact = np.linalg.inv(np.eye(C) + a)
+  ours = np.asarray(delta_rule.unit_lower_inverse(jnp.asarray(a, jnp.float32)), np.float64)
+  bf16 = _bf16_rounded_inverse(a)
+  scale = np.abs(exact).max()
+  err_ours, err_bf16 = np.abs(ours - exact).max() / scale, np.abs(bf16 - exact).max() / scale
+  assert err_ours < 1e-5, err_ours
+  assert err_bf16 > 100 * err_ours and err_bf16 > 1e-3, (err_bf16, err_ours)
+  # Every contraction of the chunk form (bf16 inputs, global default bf16) asks for HIGHEST.
+  q, k, v, b, g, s0 = _inputs(T=64, dtype=jnp.bfloat16)
+  with jax.default_matmul_precision("bfloat16"):
+    hlo = (
+      jax.jit(lambda *x: delta_rule_attention(*x, implementation="chunked", chunk_size=32))
+      .lower(q, k, v, b)
+      .as_text()
+    )
+  dots = [line for line in hlo.splitlines() if "dot_general" in line]
+  assert dots and all("HIGHEST" in line for line in dots), [l for l in dots if "HIGHEST" not in l][
+    :3
+  ]

@@ -1730,8 +1730,12 @@ class Qwen3Next(Hybrid):
     D, N, K, H = d_model, a.num_heads, a.kv_heads, a.head_dim_for(d_model)
     halves = (H, H)
     rules: dict[Path, Rule] = {
-      path + ("q_proj", "kernel"): Rule((f"{pre}q_proj.weight",), ((2 * N * H, D),), _rows(N, 2 * H, halves, 0)),
-      path + ("gate_proj", "kernel"): Rule((f"{pre}q_proj.weight",), ((2 * N * H, D),), _rows(N, 2 * H, halves, 1)),
+      path + ("q_proj", "kernel"): Rule(
+        (f"{pre}q_proj.weight",), ((2 * N * H, D),), _rows(N, 2 * H, halves, 0)
+      ),
+      path + ("gate_proj", "kernel"): Rule(
+        (f"{pre}q_proj.weight",), ((2 * N * H, D),), _rows(N, 2 * H, halves, 1)
+      ),
     }
     if a.qkv_bias:
       rules[path + ("q_proj", "bias")] = Rule(
@@ -1766,12 +1770,16 @@ class Qwen3Next(Hybrid):
       ("k_conv", (key, 2 * key)),
       ("v_conv", (2 * key, conv)),
     ):
-      rules[path + (ours,)] = Rule((f"{pre}conv1d.weight",), ((conv, 1, W),), _conv_taps(start, stop))
+      rules[path + (ours,)] = Rule(
+        (f"{pre}conv1d.weight",), ((conv, 1, W),), _conv_taps(start, stop)
+      )
     f32 = lambda x: np.asarray(x, np.float32)
     rules[path + ("dt_bias",)] = Rule((f"{pre}dt_bias",), ((Hv,),), f32)
     rules[path + ("A_log",)] = Rule((f"{pre}A_log",), ((Hv,),), f32)
     rules[path + ("out_norm_gain",)] = Rule((f"{pre}norm.weight",), ((Dv,),), _same)
-    rules[path + ("o_proj", "kernel")] = Rule((f"{pre}out_proj.weight",), ((D, Hv * Dv),), _transpose)
+    rules[path + ("o_proj", "kernel")] = Rule(
+      (f"{pre}out_proj.weight",), ((D, Hv * Dv),), _transpose
+    )
     del r
     return rules
 
@@ -1798,7 +1806,7 @@ class Qwen3Next(Hybrid):
       return self.swiglu_tensors(pre, path, D, I)
     E, I = mcfg.num_experts, mcfg.hidden_dim
     rules: dict[Path, Rule] = {
-      path + ("router", "kernel"): Rule((f"{pre}gate.weight",), ((E, D),), _transpose),
+      path + ("router", "kernel"): Rule((f"{pre}gate.weight",), ((E, D),), _transpose)
     }
     for ours, rule in _per_expert(pre, E, I, D).items():
       rules[path + (ours,)] = rule
@@ -1809,7 +1817,9 @@ class Qwen3Next(Hybrid):
     rules = {}
     if mcfg.moe_shared_dim is not None:
       rules.update(
-        self.swiglu_tensors(f"{pre}shared_expert.", path + ("shared",), mcfg.d_model, mcfg.moe_shared_dim)
+        self.swiglu_tensors(
+          f"{pre}shared_expert.", path + ("shared",), mcfg.d_model, mcfg.moe_shared_dim
+        )
       )
     if mcfg.moe_shared_gate:
       rules[path + ("shared_gate", "kernel")] = Rule(
@@ -1862,8 +1872,14 @@ class Qwen35Text(Qwen3Next):
       path + (ours, "kernel"): Rule(*source, _rows(1, sum(qkv), qkv, i))
       for i, ours in enumerate(("q_proj", "k_proj", "v_proj"))
     }
-    for ours, theirs, rows in (("g_proj", "z", Hv * Dv), ("beta_proj", "b", Hv), ("dt_proj", "a", Hv)):
-      rules[path + (ours, "kernel")] = Rule((f"{pre}in_proj_{theirs}.weight",), ((rows, D),), _transpose)
+    for ours, theirs, rows in (
+      ("g_proj", "z", Hv * Dv),
+      ("beta_proj", "b", Hv),
+      ("dt_proj", "a", Hv),
+    ):
+      rules[path + (ours, "kernel")] = Rule(
+        (f"{pre}in_proj_{theirs}.weight",), ((rows, D),), _transpose
+      )
     return rules
 
 
@@ -1931,8 +1947,7 @@ class Qwen35(Qwen35Text):
     unknown = sorted(k for k in config if k not in known)
     if unknown:
       raise CheckpointError(
-        f"config.json of model_type='qwen3_5' has keys the loader does not understand: "
-        f"{unknown}"
+        f"config.json of model_type='qwen3_5' has keys the loader does not understand: {unknown}"
       )
     super().check_keys(self.text_config(config))
 
@@ -1975,7 +1990,8 @@ class KimiLinear(DeepseekV3):
     "linear_attn_config",
     "qk_head_dim",
   }
-  inert = DeepseekV3.inert | {"model_max_length"}
+  # head_dim: transformers sets it to qk_rope_head_dim and never reads it.
+  inert = DeepseekV3.inert | {"model_max_length", "head_dim"}
   defaults = dict(
     DeepseekV3.defaults,
     q_lora_rank=None,
@@ -1992,6 +2008,28 @@ class KimiLinear(DeepseekV3):
   quantizations = ()
   layer_kinds = (FULL, LINEAR)
   experts_key = "num_local_experts"
+  # transformers' KimiLinearConfig.attribute_map: config.json stores the right-hand names.
+  aliases: ClassVar[dict[str, str]] = {
+    "norm_topk_prob": "moe_renormalize",
+    "n_group": "num_expert_group",
+    "num_local_experts": "num_experts",
+    "num_experts_per_tok": "num_experts_per_token",
+    "n_shared_experts": "num_shared_experts",
+  }
+
+  def read_config(self, config: dict) -> Config:
+    raw = dict(config)
+    for ours, stored in self.aliases.items():
+      if stored in raw and ours not in raw:
+        raw[ours] = raw.pop(stored)
+    return super().read_config(raw)
+
+  def check_keys(self, config: dict) -> None:
+    raw = dict(config)
+    for ours, stored in self.aliases.items():
+      if stored in raw:
+        raw[ours] = raw.pop(stored)
+    super().check_keys(raw)
 
   def skipped(self, config: dict, name: str) -> bool:
     return self.ignored(name)
@@ -2045,27 +2083,28 @@ class KimiLinear(DeepseekV3):
     for proj in ("q_proj", "k_proj", "v_proj"):
       rules[path + (proj, "kernel")] = Rule((f"{pre}{proj}.weight",), ((N * H, D),), _transpose)
     W = a.short_conv
-    for i, ours in enumerate(("q_conv", "k_conv", "v_conv")):
-      rules[path + (ours,)] = Rule(
-        (f"{pre}conv1d.weight",), ((3 * N * H, 1, W),), _conv_taps(i * N * H, (i + 1) * N * H)
+    for name in ("q", "k", "v"):  # the released layout: one depthwise conv each
+      rules[path + (f"{name}_conv",)] = Rule(
+        (f"{pre}{name}_conv1d.weight",), ((N * H, 1, W),), _conv_taps(0, N * H)
       )
     f32 = lambda x: np.asarray(x, np.float32).reshape(-1)
     for ours, theirs, shape in (
-      (("f_down", "kernel"), "forget_gate.f_a_proj.weight", (H, D)),
-      (("f_up", "kernel"), "forget_gate.f_b_proj.weight", (N * H, H)),
+      (("f_down", "kernel"), "f_a_proj.weight", (H, D)),
+      (("f_up", "kernel"), "f_b_proj.weight", (N * H, H)),
       (("beta_proj", "kernel"), "b_proj.weight", (N, D)),
       (("g_down", "kernel"), "g_a_proj.weight", (r, D)),
       (("g_up", "kernel"), "g_b_proj.weight", (N * H, r)),
       (("o_proj", "kernel"), "o_proj.weight", (D, N * H)),
     ):
       rules[path + ours] = Rule((f"{pre}{theirs}",), (shape,), _transpose)
-    rules[path + ("dt_bias",)] = Rule((f"{pre}forget_gate.dt_bias",), ((N * H,),), f32)
-    rules[path + ("A_log",)] = Rule((f"{pre}forget_gate.A_log",), ((1, 1, N, 1),), f32)
+    rules[path + ("dt_bias",)] = Rule((f"{pre}dt_bias",), ((N * H,),), f32)
+    rules[path + ("A_log",)] = Rule((f"{pre}A_log",), ((1, 1, N, 1),), f32)
     rules[path + ("out_norm_gain",)] = Rule((f"{pre}o_norm.weight",), ((H,),), _same)
     return rules
 
   def mlp_tensors(self, config, pre, path, mcfg) -> dict[Path, Rule]:
     layer = int(pre.split(".")[1])
+    pre = pre.replace(".mlp.", ".block_sparse_moe.")  # the released checkpoints' names
     D = mcfg.d_model
     if not mcfg.is_moe_layer(layer):
       return Qwen3Next.swiglu_tensors(pre, path, D, mcfg.dense_mlp_dim or mcfg.hidden_dim)
@@ -2076,10 +2115,17 @@ class KimiLinear(DeepseekV3):
         (f"{pre}gate.e_score_correction_bias",), ((E,),), lambda b: np.asarray(b, np.float32)
       ),
     }
-    for ours, rule in _per_expert(pre, E, I, D).items():
-      rules[path + (ours,)] = rule
+    for ours, proj, shape in (("gate", "w1", (I, D)), ("up", "w3", (I, D)), ("down", "w2", (D, I))):
+      names = tuple(f"{pre}experts.{e}.{proj}.weight" for e in range(E))
+      rules[path + (ours,)] = Rule(
+        names, (shape,) * E, lambda *xs: np.stack([_transpose(x) for x in xs])
+      )
     if mcfg.moe_shared_dim is not None:
-      rules.update(Qwen3Next.swiglu_tensors(f"{pre}shared_experts.", path + ("shared",), D, mcfg.moe_shared_dim))
+      rules.update(
+        Qwen3Next.swiglu_tensors(
+          f"{pre}shared_experts.", path + ("shared",), D, mcfg.moe_shared_dim
+        )
+      )
     return rules
 
 

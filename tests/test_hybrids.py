@@ -1,0 +1,158 @@
+"""Hybrid checkpoints (Qwen3-Next, Qwen3.5, Kimi Linear): mixed caches, the VLM wrapper,
+layer-type targeting and bad input.
+
+Logits and full-layer sink mass against transformers: tests/test_models.py (one fixture per
+model type); these fixtures are tiny random checkpoints with T = 80 > the delta rule's chunk
+of 64, Hv = 2 Hk value heads, Dk != Dv, mlp_only_layers and an MTP tensor
+(tests/fixtures/make_pretrained_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attnjax._src import models, nn
+from attnjax._src.models import Checkpoint, CheckpointError
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "pretrained")
+HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "kimi_linear")
+
+
+def _expected(name):
+  with np.load(os.path.join(FIXTURES, name, "expected.npz")) as z:
+    return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="module")
+def qwen3_next():
+  return models.from_pretrained(os.path.join(FIXTURES, "qwen3_next"), dtype="float32")
+
+
+@nnx.jit
+def _forward(model, tokens):
+  return model(tokens)
+
+
+def test_layers_map_to_their_families(qwen3_next):
+  families = [b.attention.config.family for b in qwen3_next.blocks]
+  assert families == ["gated_deltanet"] * 3 + ["qk_norm"]
+  linear = qwen3_next.blocks[0].attention.config
+  assert (linear.num_heads, linear.kv_heads, linear.head_dim, linear.value_dim) == (4, 2, 8, 12)
+  assert linear.value_grouping and linear.short_conv == 4 and linear.rope_theta is None
+  full = qwen3_next.blocks[3].attention.config
+  assert full.output_gate == "elementwise" and full.rope_dim == 4  # 0.25 of head_dim 16
+  cfg = qwen3_next.config
+  assert cfg.moe_dense_layers == (1,) and cfg.moe_shared_gate and cfg.norm == "rms_plus_one"
+
+
+def test_checkpoints_carry_the_mtp_tensors_the_loader_skips():
+  ckpt = Checkpoint(os.path.join(FIXTURES, "qwen3_next"))
+  assert any(n.startswith("mtp.") for n in ckpt.names())
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "kimi_linear"])
+def test_greedy_tokens_through_mixed_caches_equal_transformers(name):
+  # Recurrent state caches (with conv tails) on the linear layers, KV caches (Qwen) or
+  # latent caches (Kimi's MLA) on the full layers.
+  e = _expected(name)
+  model = models.from_pretrained(os.path.join(FIXTURES, name), dtype="float32")
+  caches = model.init_cache(2, 8)
+  kinds = {type(c).__name__ for c in caches}
+  assert kinds == {"GatedCache", "KVCache"}, kinds
+  tokens = nn.generate(model, jnp.asarray(e["prompt"]), num_tokens=32)
+  np.testing.assert_array_equal(np.asarray(tokens), e["generated"])
+
+
+def test_qwen3_5_vlm_loads_its_text_model_and_says_so(caplog):
+  with caplog.at_level(logging.INFO, logger="attnjax.models"):
+    model = models.from_pretrained(os.path.join(FIXTURES, "qwen3_5"), dtype="float32")
+  notes = [r.getMessage() for r in caplog.records if r.name == "attnjax.models"]
+  assert len(notes) == 1 and "text model alone" in notes[0], notes
+  assert any(
+    n.startswith("model.visual.") for n in Checkpoint(os.path.join(FIXTURES, "qwen3_5")).names()
+  )
+  e = _expected("qwen3_5")
+  logits = np.asarray(_forward(model, jnp.asarray(e["tokens"])))
+  assert np.abs(logits - e["logits"]).max() <= 1e-4 * np.abs(e["logits"]).max()
+
+
+def test_attention_targets_layer_types(qwen3_next):
+  path = os.path.join(FIXTURES, "qwen3_next")
+  e = _expected("qwen3_next")
+  tokens = jnp.asarray(e["tokens"])
+  # The linear layers' engine: the recurrence instead of the chunk form, same logits.
+  recurrent = models.from_pretrained(
+    path, dtype="float32", attention={"linear_attention": {"implementation": "recurrent"}}
+  )
+  assert [b.attention.config.implementation for b in recurrent.blocks] == ["recurrent"] * 3 + [None]
+  np.testing.assert_allclose(
+    np.asarray(_forward(recurrent, tokens)), np.asarray(_forward(qwen3_next, tokens)), atol=2e-4
+  )
+  # Sink logits on the full layers: a new parameter (warned), only there.
+  with pytest.warns(UserWarning, match="sink_logits"):
+    sinks = models.from_pretrained(
+      path, dtype="float32", attention={"full_attention": {"sink_logits": True}}
+    )
+  assert [b.attention.config.sink_logits for b in sinks.blocks] == [False] * 3 + [True]
+  # The gate off: its q_proj half goes unused (warned) and the logits change.
+  with pytest.warns(UserWarning, match="gate_proj"):
+    ungated = models.from_pretrained(
+      path, dtype="float32", attention={"full_attention": {"output_gate": None}}
+    )
+  assert ungated.blocks[3].attention.gate_proj is None
+  assert np.abs(np.asarray(_forward(ungated, tokens)) - e["logits"]).max() > 1e-2
+
+
+def _copy(tmp_path, name, edit):
+  out = tmp_path / name
+  shutil.copytree(os.path.join(FIXTURES, name), out)
+  with open(out / "config.json") as f:
+    config = json.load(f)
+  edit(config)
+  with open(out / "config.json", "w") as f:
+    json.dump(config, f)
+  return str(out)
+
+
+@pytest.mark.parametrize(
+  "name, edit, match",
+  [
+    (
+      "qwen3_next",
+      lambda c: c["layer_types"].__setitem__(0, "mamba"),
+      r"layer_types entry 'mamba' is not a layer type",
+    ),
+    (
+      "qwen3_next",
+      lambda c: c.__setitem__("linear_conv_kernel_dim", 3),
+      r"linear_attn\.conv1d\.weight' has shape \(72, 1, 4\), the config implies \(72, 1, 3\)",
+    ),
+    (
+      "qwen3_5_text",
+      lambda c: c.__setitem__("linear_num_value_heads", 3),
+      r"linear_num_value_heads=3 must be a multiple of linear_num_key_heads=2",
+    ),
+    (
+      "kimi_linear",
+      lambda c: c.__setitem__("linear_conv_kernel_dim", 2),
+      r"conv1d\.weight' has shape \(96, 1, 4\), the config implies \(96, 1, 2\)",
+    ),
+  ],
+)
+def test_bad_checkpoints_name_the_tensor_or_key_before_reading(
+  tmp_path, monkeypatch, name, edit, match
+):
+  path = _copy(tmp_path, name, edit)
+  read = []
+  monkeypatch.setattr(Checkpoint, "read", lambda self, n: read.append(n))
+  with pytest.raises(CheckpointError, match=match):
+    models.from_pretrained(path, dtype="float32")
+  assert read == []  # nothing half-loaded: no weight was read
