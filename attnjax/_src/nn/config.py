@@ -453,6 +453,8 @@ class ModelConfig:
   final_softcap: Optional[float] = None
 
   def __post_init__(self):
+    if isinstance(self.moe_dense_layers, list):  # read back from JSON
+      object.__setattr__(self, "moe_dense_layers", tuple(self.moe_dense_layers))
     check_int("vocab_size", self.vocab_size)
     check_int("d_model", self.d_model)
     check_int("num_layers", self.num_layers)
@@ -514,8 +516,6 @@ class ModelConfig:
       _checks.check_positive_float("moe_scale", self.moe_scale, allow_none=False)
       check_int("moe_shared_dim", self.moe_shared_dim, allow_none=True)
       check_int("moe_first_dense", self.moe_first_dense, minimum=0)
-      if isinstance(self.moe_dense_layers, list):
-        object.__setattr__(self, "moe_dense_layers", tuple(self.moe_dense_layers))
       check_type("moe_dense_layers", self.moe_dense_layers, tuple, "a tuple of layer indices")
       for i in self.moe_dense_layers:
         check_int("moe_dense_layers entry", i, minimum=0)
