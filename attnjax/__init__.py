@@ -22,7 +22,8 @@ from attnjax import patterns
 
 # The families' and the vocabulary's public modules, as attributes (attnjax.dense.ENGINES).
 from attnjax import attention_stats as attention_stats, block_select as block_select
-from attnjax import compressed as compressed, delta_rule as delta_rule, dense as dense
+from attnjax import compressed as compressed, cosine as cosine, delta_rule as delta_rule
+from attnjax import dense as dense
 from attnjax import gated_linear as gated_linear, layout as layout, linear as linear
 from attnjax import mla as mla
 from attnjax import options as options, parallel as parallel, qk_norm as qk_norm
@@ -34,8 +35,8 @@ from attnjax.dense import dot_product_attention
 from attnjax.delta_rule import delta_rule_attention
 from attnjax.gated_linear import gated_linear_attention
 from attnjax.linear import linear_attention
+from attnjax.cosine import cosine_attention
 from attnjax.mla import mla_attention
-from attnjax.qk_norm import cosine_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import stats

@@ -3,12 +3,12 @@
 :func:`attnjax.gated_linear_attention` carries per query head an ``[H, Hv]`` float32
 state ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T`` and returns ``o_t = scale * S_t^T q_t``,
 ``g_t = log_decay_t <= 0``: one decay per head covers RetNet and Mamba-2 / SSD, one per
-key channel GLA. Its forms ``recurrent`` (= ``"reference"``,
-:data:`~attnjax.gated_linear.REFERENCE_FORM`), ``quadratic`` and ``chunked`` (default,
+key channel GLA. Its engines ``recurrent`` (= ``"reference"``,
+:data:`~attnjax.gated_linear.REFERENCE_ENGINE`), ``quadratic`` and ``chunked`` (default,
 O(T) memory in training) are tested equal in value, final state and gradient, and only
 ever exponentiate differences of cumulative log decays that are ``<= 0``.
 
-Guide: :doc:`/guides/linear`, sections "Gated linear attention" and "Forms of the gated
+Guide: :doc:`/guides/linear`, sections "Gated linear attention" and "Engines of the gated
 and delta-rule families".
 """
 
@@ -16,6 +16,7 @@ from attnjax._src.ops.gated_linear.attention import IMPLEMENTATIONS
 from attnjax._src.ops.gated_linear.attention import (
   GATED_LINEAR_STATIC,
   OP,
+  REFERENCE_ENGINE,
   REFERENCE_FORM,
   SUB_BLOCK,
   chunked,
@@ -29,6 +30,7 @@ __all__ = [
   "GATED_LINEAR_STATIC",
   "IMPLEMENTATIONS",
   "OP",
+  "REFERENCE_ENGINE",
   "REFERENCE_FORM",
   "SUB_BLOCK",
   "chunked",

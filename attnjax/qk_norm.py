@@ -1,7 +1,7 @@
 """QK-normalised and cosine attention: normalise q and k over the head dim, then dense attention.
 
-Both are thin front ends to :func:`attnjax.dense.prepare` and the dense op, so every dense
-option and implementation works unchanged after the normalisation.
+Both are front ends of dense attention, each an op with dense's engines (``"qk_norm"``,
+``"cosine"``): every dense option and implementation works unchanged after the normalisation.
 
 References:
   Dehghani et al. 2023 (ViT-22B) and Wortsman et al. 2023: QK LayerNorm.
@@ -12,14 +12,16 @@ References:
   and a softmax scale of ``sqrt(H)``.
 """
 
-from attnjax._src.ops.dense.qk_norm import (
+from attnjax._src.ops.cosine.attention import (
   COSINE_CONVENTIONS,
   COSINE_KEYWORDS,
+  SWIN_MAX_LOG_SCALE,
+  cosine_attention,
+)
+from attnjax._src.ops.qk_norm.attention import (
   NORMS,
   QK_NORM_KEYWORDS,
   RENAMED_KEYWORDS,
-  SWIN_MAX_LOG_SCALE,
-  cosine_attention,
   normalize_head,
   qk_norm_attention,
 )

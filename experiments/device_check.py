@@ -53,14 +53,15 @@ def training_mfu(r: check.Report, args) -> None:
   from attnjax.train.config import apply_preset, base_config
   from attnjax.train import build_model, count_params, flops_per_token, make_train_step
 
+  preset = {"cuda": "gpu", "tpu": "tpu"}[args.platform]  # the training preset of its device
   r.add("")
-  r.add(f"## 6. {args.platform} preset: {args.steps} training steps, random tokens")
+  r.add(f"## 6. {preset} preset: {args.steps} training steps, random tokens")
   r.add("")
   r.add("| variant | params | step ms | tokens/s | model TFLOP/s | MFU |")
   r.add("|---|---:|---:|---:|---:|---:|")
   peak = args.peak_tflops * 1e12 if args.peak_tflops else None
   for variant in ("dense", "sigmoid"):
-    cfg = apply_preset(base_config(), args.platform)
+    cfg = apply_preset(base_config(), preset)
     cfg.variant = variant
     model = build_model(cfg, 256, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)

@@ -94,6 +94,19 @@ def keywords(case: dict) -> dict:
   return kw
 
 
+def _values_and_grads(mesh, loss, sharded_call, reference, *args):
+  """``(got, g_got, want, g_want)``: ``loss(call, *args)``'s aux result and gradients (with
+  respect to ``args[0]``) of the sharded call under ``mesh``, and of the reference."""
+  with jax.set_mesh(mesh):
+    (_, got), g_got = jax.jit(
+      jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True)
+    )(*args)
+  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))(
+    *args
+  )
+  return got, g_got, want, g_want
+
+
 def run_recurrent_case(case: dict) -> dict:
   """Errors of a recurrent-family case: ``family`` (gated_linear / delta_rule), ``P``, ``T``,
   ``gla`` (per-channel gates), ``segments``, ``initial_state``, ``chunk_size``."""
@@ -151,15 +164,7 @@ def run_recurrent_case(case: dict) -> dict:
     out, state = call(**diff, **rest)
     return jnp.sum(out * jnp.cos(out)) + jnp.sum(jnp.sin(state)), (out, state)
 
-  import functools as ft
-
-  with jax.set_mesh(mesh):
-    (_, got), g_got = jax.jit(jax.value_and_grad(ft.partial(loss, sharded_call), has_aux=True))(
-      diff, rest
-    )
-  (_, want), g_want = jax.jit(jax.value_and_grad(ft.partial(loss, reference), has_aux=True))(
-    diff, rest
-  )
+  got, g_got, want, g_want = _values_and_grads(mesh, loss, sharded_call, reference, diff, rest)
   errors = {"out": _rel(got[0], want[0]), "state": _rel(got[1], want[1])}
   errors.update({f"d{n}": _rel(g_got[n], g_want[n]) for n in diff})
   return errors
@@ -239,13 +244,7 @@ def run_linear_case(case: dict) -> dict:
       total = total + sum(jnp.sum(jnp.sin(x)) for x in (st.sink_mass, st.entropy, st.row_sum))
     return total, (out, state, st)
 
-  with jax.set_mesh(mesh):
-    (_, got), g_got = jax.jit(
-      jax.value_and_grad(functools.partial(loss, sharded_call), has_aux=True)
-    )(diff)
-  (_, want), g_want = jax.jit(jax.value_and_grad(functools.partial(loss, reference), has_aux=True))(
-    diff
-  )
+  got, g_got, want, g_want = _values_and_grads(mesh, loss, sharded_call, reference, diff)
   errors = {
     "out": _rel(got[0], want[0]),
     "kv_sum": _rel(got[1].kv_sum, want[1].kv_sum),
@@ -456,19 +455,66 @@ def run_case(case: dict) -> dict:
   return errors
 
 
-# How a case of each family runs, by op name (a case's ``family``; dense by default, sparse
-# where the case names a ``pattern``); None: the family has no context-parallel path.
-# Every run fails when a registered op (attnjax._op.OPS) has no entry.
-RUNNERS = {
-  "dense": run_case,
-  "sparse": run_case,
-  "linear": run_linear_case,
-  "gated_linear": run_recurrent_case,
-  "delta_rule": run_recurrent_case,
-  "mla": run_mla_case,
-  "compressed": None,
-  "block_select": None,
-}
+def run_sample_case(case: dict) -> dict:
+  """Errors of an op's sample call (:attr:`attnjax._src.op.Op.samples`) sharded over ``P``
+  devices: ``op``, ``P``, ``T``, ``sample`` (its index, default 0). Arrays ``[B, T, ...]`` are
+  sharded along time, the others whole; the output, the final state (where the sample
+  returns one) and the gradient of every array argument against the unsharded call."""
+  Pn, T = case["P"], case["T"]
+  mesh = jax.make_mesh(
+    (Pn,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:Pn]
+  )
+  sample = _op.OPS[case["op"]].samples()[case.get("sample", 0)]
+  rng = np.random.default_rng(case.get("seed", 0))
+  B, N, K, H = 1, 4, 2, 8
+  f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  q, k, v, arrays = sample.inputs(f(B, T, N, H), f(B, T, K, H), f(B, T, K, H))
+  diff = {"q": q, "k": k, "v": v, **arrays}
+  kw = dict(sample.options, **({"return_state": True} if sample.state else {}))
+  along_time = lambda x: jnp.ndim(x) >= 2 and jnp.shape(x)[:2] == (B, T)
+
+  def reference(**a):
+    return sample.function(a.pop("q"), a.pop("k"), a.pop("v"), **a, **kw)
+
+  def sharded_call(**a):
+    names = sorted(a)
+    specs = tuple(P(None, AXIS) if along_time(a[n]) else P() for n in names)
+    whole = jax.eval_shape(lambda: reference(**a))
+    out_specs = jax.tree.map(lambda x: P(None, AXIS) if along_time(x) else P(), whole)
+
+    def local(*xs):
+      return reference(**dict(zip(names, xs)), context_axis=AXIS)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)(
+      *(a[n] for n in names)
+    )
+
+  def loss(call, diff):
+    result = call(**diff)
+    total = sum(jnp.sum(x * jnp.cos(x)) for x in jax.tree.leaves(result))
+    return total, result
+
+  got, g_got, want, g_want = _values_and_grads(mesh, loss, sharded_call, reference, diff)
+  errors = {
+    f"result{i}": _rel(a, b)
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+  }
+  errors.update({f"d{n}": _rel(g_got[n], g_want[n]) for n in diff})
+  return errors
+
+
+def runner(case: dict):
+  """The function that runs ``case``: an op's sample call (``op``), a recurrent family's
+  (``family``: linear, gated_linear, delta_rule), an mla one (``family="mla"``) or a dense /
+  sparse one (the default)."""
+  if "op" in case:
+    return run_sample_case
+  return {
+    "linear": run_linear_case,
+    "gated_linear": run_recurrent_case,
+    "delta_rule": run_recurrent_case,
+    "mla": run_mla_case,
+  }.get(case.get("family"), run_case)
 
 
 def main(argv: list[str]) -> None:
@@ -481,16 +527,9 @@ def main(argv: list[str]) -> None:
   if cache:
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  unlisted = sorted(set(_op.OPS) ^ set(RUNNERS))
-  if unlisted:
-    raise SystemExit(
-      f"RUNNERS and the registered ops differ: {unlisted}; say how a case of "
-      "each family runs (None: no context-parallel path)"
-    )
   for case in json.loads(argv[1]):
     try:
-      run = RUNNERS[case.get("family", "sparse" if case.get("pattern") else "dense")]
-      print(json.dumps({"case": case, "errors": run(case)}), flush=True)
+      print(json.dumps({"case": case, "errors": runner(case)(case)}), flush=True)
     except Exception as e:  # reported to the test, which fails on it
       if os.environ.get("ATTNJAX_CP_TRACEBACK"):
         import traceback

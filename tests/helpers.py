@@ -293,3 +293,11 @@ def softpick_f64(q, k, v, segment_ids):
   c = jnp.where(allowed, jnp.expm1(jnp.where(allowed, z, 0.0)), 0.0)
   w = jnp.maximum(c, 0.0) / (jnp.sum(jnp.abs(c), -1, keepdims=True) + 1e-6)
   return jnp.einsum("bnts,bsnh->btnh", w, vv), z, allowed
+
+
+def run_kernel(module, inputs, opts, **options):
+  """A kernel module's engine (``module.ENGINE``) on a validated dense call, through the one
+  engine runner (``interpret=True`` runs a Pallas kernel on any backend)."""
+  from attnjax._src import op
+
+  return op.run_engine(module.ENGINE, (inputs, opts), **options)

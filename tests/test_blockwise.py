@@ -362,7 +362,8 @@ def test_gpu_tiles_fit_the_device_budget_and_cpu_tiles_stay():
   # The CPU's tiles do not depend on the call's rows; a TPU, and a GPU call whose rows are not
   # known (a ring step), keep 128 x 128.
   assert blockwise.default_block_sizes(4096, 4096, "cpu", rows=64, is_causal=True) == (512, 256)
-  assert blockwise.default_block_sizes(4096, 4096, "gpu") == (128, 128)
+  assert blockwise.default_block_sizes(4096, 4096, "cuda") == (128, 128)
+  assert blockwise.default_block_sizes(4096, 4096, "gpu") == (128, 128)  # an alias of cuda
   assert blockwise.default_block_sizes(4096, 4096, "tpu", rows=64) == (128, 128)
   # 16,384 tokens, 16 heads on an H200: 36 visits at T=16384 instead of
   # 8,256 with 128 x 128 tiles, 10 instead of 528 at T=4096 (B=4).
@@ -379,7 +380,17 @@ def test_gpu_tiles_fit_the_device_budget_and_cpu_tiles_stay():
         if causal:  # at least 4 blocks a side: diagonal blocks compute <= 1.25x their pairs
           assert bq <= max(128, T // 4) and bk <= max(128, T // 4)
   # A narrow window narrows GPU tiles too.
-  assert blockwise.default_block_sizes(16384, 16384, "gpu", rows=16, window=(256, 0)) == (128, 128)
+  assert blockwise.default_block_sizes(16384, 16384, "cuda", rows=16, window=(256, 0)) == (128, 128)
+
+
+def test_the_old_keyword_backend_still_names_the_platform(monkeypatch):
+  from attnjax._src import deprecation
+
+  monkeypatch.setattr(deprecation, "_warned", set())
+  with pytest.warns(DeprecationWarning, match=r"backend=\.\.\.\) is deprecated; use .*platform="):
+    assert blockwise.default_block_sizes(4096, 4096, backend="cpu") == (512, 256)
+  with pytest.raises(TypeError, match="platform="):
+    blockwise.default_block_sizes(4096, 4096, "cpu", backend="cpu")
 
 
 def test_gpu_memory_from_the_kind():
@@ -398,7 +409,7 @@ def test_tiles_follow_the_ambient_mesh_device():
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
   mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
   with jax.sharding.use_abstract_mesh(mesh):
-    assert tiles.target_platform() == "gpu"
+    assert tiles.target_platform() == "cuda"
     assert blockwise.default_block_sizes(16384, 16384, rows=16, is_causal=True) == (2048, 2048)
   assert tiles.target_platform() == jax.default_backend()
 

@@ -199,6 +199,17 @@ def test_sparse_attention_equals_the_unsharded_call():
   )
 
 
+def test_the_op_chooses_the_strategy():
+  """``context_strategy=None``: the ring for auto-dispatch and the block-wise engine; for a
+  named engine the ring cannot run, all-to-all where the axis divides the device's heads,
+  else all-gather; a dense call with the reference engine then equals the unsharded call."""
+  assert parallel.choose_strategy(None, 4, 2) == "ring"
+  assert parallel.choose_strategy("blockwise", 4, 8) == "ring"
+  assert parallel.choose_strategy("reference", 4, 2) == "all_to_all"
+  assert parallel.choose_strategy("xla", 4, 8) == "all_gather"
+  check(run_cases([dict(strategy=None, P=2, T=32, implementation="reference", stats=False)]))
+
+
 def test_all_gather_statistics_equal_the_unsharded_call():
   """return_stats with all_gather (the block-wise kernel on the local rows, means and max
   over every device's rows, the logsumexp gradient): dense with segments, a normaliser that
@@ -424,7 +435,7 @@ def test_context_keywords_are_checked():
   q = jnp.zeros((1, 8, 2, 4))
   with pytest.raises(
     ValueError,
-    match="context_strategy='ring_attention' is not one of: 'ring', 'all_gather', 'all_to_all'",
+    match="context_strategy='ring_attention' is not one of: None, 'ring', 'all_gather', 'all_to_all'",
   ):
     attnjax.dot_product_attention(q, q, q, context_axis="c", context_strategy="ring_attention")
   with pytest.raises(ValueError, match="context_layout='striped' is not one of"):
@@ -480,8 +491,44 @@ def test_recurrent_context_axis_is_checked(name):
 
 
 def test_every_context_strategy_is_declared_on_its_op():
-  for name in ("dense", "sparse", "mla", "linear", "gated_linear", "delta_rule"):
+  for name in (
+    "dense",
+    "qk_norm",
+    "cosine",
+    "sparse",
+    "mla",
+    "linear",
+    "gated_linear",
+    "delta_rule",
+  ):
     assert _op.OPS[name].context is not None, name
+  for op in _op.OPS.values():  # a sample says it takes context_axis where the op has a strategy
+    assert any(s.context for s in op.samples()) == (op.context is not None), op.name
+
+
+def sample_cases(ops=None) -> list[dict]:
+  """One case per op with a context-parallel strategy, from its sample call."""
+  ops = _op.OPS if ops is None else ops
+  return [
+    dict(op=name, P=2, T=32)
+    for name, op in sorted(ops.items())
+    for sample in op.samples()[:1]
+    if sample.context
+  ]
+
+
+# The front ends of dense attention, whose strategy no other case runs; the others' samples
+# (their families' own cases run above) in -m slow.
+FRONT_ENDS = ("qk_norm", "cosine")
+
+
+def test_the_front_ends_sample_calls_equal_the_unsharded_call():
+  check(run_cases([c for c in sample_cases() if c["op"] in FRONT_ENDS]))
+
+
+@pytest.mark.slow
+def test_every_ops_sample_call_equals_the_unsharded_call():
+  check(run_cases(sample_cases()))
 
 
 def test_the_strategies_import_no_family():

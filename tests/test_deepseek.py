@@ -215,7 +215,7 @@ def test_mtp_layer_is_skipped_and_attention_swaps_apply():
 
 
 def test_mla_layer_config_errors_name_the_field():
-  with pytest.raises(ValueError, match="kv_lora_rank must be >= 1, got 0"):
+  with pytest.raises(ValueError, match="kv_lora_rank must be a positive int, got kv_lora_rank=0"):
     nn.AttentionConfig(family="mla", kv_lora_rank=0)
   with pytest.raises(ValueError, match="qk_rope_head_dim=5 must be even for RoPE"):
     nn.AttentionConfig(family="mla", qk_rope_head_dim=5)

@@ -50,9 +50,11 @@ def test_layout_covers_the_mask():
 
 
 def test_validation():
-  with pytest.raises(ValueError, match="dilated_window: window must be positive, got window=0"):
+  with pytest.raises(
+    ValueError, match="dilated_window: window must be a positive int, got window=0"
+  ):
     patterns.dilated_window(0, 2)
-  with pytest.raises(TypeError, match="dilation must be an int"):
+  with pytest.raises(TypeError, match="dilation must be a positive int"):
     patterns.dilated_window(3, 1.5)
 
 

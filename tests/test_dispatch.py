@@ -26,7 +26,7 @@ import attnjax
 from attnjax._src import sharding as _sharding, target as _target, mods, normalizers
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import jax_nn, mosaic_gpu, pallas_gpu, splash
-from helpers import rand_qkv
+from helpers import rand_qkv, run_kernel
 
 pytestmark = pytest.mark.usefixtures("all_kernels")
 
@@ -204,7 +204,7 @@ def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
   def kernel(i, offsets):
     seen.append((i.q.shape, i.k.shape, offsets))
     if axis_type == "auto":
-      return pallas_gpu.run(i, opts, interpret=True)
+      return run_kernel(pallas_gpu, i, opts, interpret=True)
     return dense.reference(i, opts)
 
   want = kernel(dense.prepare(q, k, v, **kw)[0], _sharding.ShardOffsets())

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax._src import op as _op, patterns
+from attnjax._src import op as _op
 from attnjax._src.kernels import blockwise, pallas_gpu, pallas_tpu
 
 from helpers import rand_qkv
@@ -41,148 +41,11 @@ class Case:
   flags: tuple[str, ...] = ("is_causal", "return_stats")
 
 
-def _dense(impl):
-  return lambda q, k, v, **kw: attnjax.dot_product_attention(q, k, v, implementation=impl, **kw)
-
-
-def _qk_norm(impl):
-  return lambda q, k, v, **kw: attnjax.qk_norm_attention(q, k, v, implementation=impl, **kw)
-
-
-def _cosine(impl):
-  return lambda q, k, v, **kw: attnjax.cosine_attention(
-    q, k, v, temperature=jnp.zeros((N,)), implementation=impl, **kw
-  )
-
-
-def _sparse(impl):
-  return lambda q, k, v, **kw: attnjax.sparse_attention(
-    q, k, v, pattern=patterns.sliding_window(2), implementation=impl, **kw
-  )
-
-
-def _compressed(impl):
-  return lambda q, k, v, **kw: attnjax.compressed_attention(
-    q, k, v, **{"stride": 2, **kw}, implementation=impl
-  )
-
-
-def _mla(impl):
-  """MLA over the suite's arrays: the rope part is ``k``'s second half, the latent ``v``
-  (``R = H``), fixed up-projections; the output has ``H`` dims."""
-
-  def call(q, k, v, **kw):
-    H, n = q.shape[3], q.shape[2]
-    d_n = H // 2
-    w_uk = 0.3 * jnp.ones((v.shape[3], n, d_n), q.dtype)
-    w_uv = 0.2 * jnp.ones((v.shape[3], n, H), q.dtype)
-    return attnjax.mla_attention(
-      q, k[:, :, :1, d_n:], v[:, :, :1], w_uk, w_uv, implementation=impl, **kw
-    )
-
-  return call
-
-
-def _block_select(impl):
-  return lambda q, k, v, **kw: attnjax.block_select_attention(
-    q, k, v, **{"block_size": 2, "top_k": 1, **kw}, implementation=impl
-  )
-
-
-def _linear(impl):
-  return lambda q, k, v, **kw: attnjax.linear_attention(
-    q, k, v, **{"is_causal": impl == "recurrent", **kw}, implementation=impl
-  )
-
-
-def _gated(impl):
-  def call(q, k, v, **kw):
-    return attnjax.gated_linear_attention(
-      q, k, v, log_decay=-0.1 * jnp.ones(q.shape[:3]), implementation=impl, **kw
-    )
-
-  return call
-
-
-def _delta(impl):
-  def call(q, k, v, **kw):
-    return attnjax.delta_rule_attention(
-      q, k, v, 0.5 * jnp.ones(q.shape[:3]), implementation=impl, **kw
-    )
-
-  return call
-
-
 def _engine(module):
   return lambda q, k, v, **kw: module.attention(q, k, v, interpret=True, **kw)
 
 
 DENSE_STATIC = (("scale", 0.5), ("softcap", 3.0), ("window", (2, 0)))
-RECURRENT_STATIC = (("scale", 0.5), ("chunk_size", 2))
-
-# How each family's public functions are called, by op name (front ends of one op share its
-# engines): ``(label, make(implementation) -> fn, {Case field: value or fn(implementation)})``.
-# The families and their implementations come from the op registry (attnjax._op.OPS): a
-# registered op without an entry here fails test_every_registered_family_has_its_cases.
-CALLS: dict[str, list[tuple[str, Callable[[Any], Any], dict[str, Any]]]] = {
-  "dense": [
-    ("dense", _dense, {}),
-    ("qk_norm", _qk_norm, dict(static=DENSE_STATIC + (("eps", 1e-6),))),
-    ("cosine", _cosine, dict(static=(("softcap", 3.0), ("window", (2, 0))))),
-  ],
-  "sparse": [
-    ("sparse", _sparse, dict(static=(("scale", 0.5), ("block_size", 2)), flags=("return_stats",)))
-  ],
-  "compressed": [
-    (
-      "compressed",
-      _compressed,
-      dict(static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2))),
-    )
-  ],
-  "mla": [("mla", _mla, {})],
-  "block_select": [
-    (
-      "block_select",
-      _block_select,
-      dict(
-        self_only=True,
-        static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
-        flags=("is_causal", "return_stats", "return_selection"),
-      ),
-    )
-  ],
-  "linear": [
-    (
-      "linear",
-      _linear,
-      dict(
-        self_only=lambda i: i == "recurrent",
-        state=True,
-        static=(("chunk_size", 2),),
-        flags=("is_causal", "return_stats", "return_state"),
-      ),
-    )
-  ],
-  "gated_linear": [
-    (
-      "gated",
-      _gated,
-      dict(
-        self_only=True, stats=None, state=True, static=RECURRENT_STATIC, flags=("return_state",)
-      ),
-    )
-  ],
-  "delta_rule": [
-    (
-      "delta",
-      _delta,
-      dict(
-        self_only=True, stats=None, state=True, static=RECURRENT_STATIC, flags=("return_state",)
-      ),
-    )
-  ],
-}
 
 
 def _implementations(op: _op.Op) -> list[Any]:
@@ -193,18 +56,33 @@ def _implementations(op: _op.Op) -> list[Any]:
   ]
 
 
-def _family_cases() -> list[Case]:
+def _sample_fn(sample: _op.Sample, implementation) -> Callable[..., Any]:
+  return lambda q, k, v, **kw: sample.call(q, k, v, implementation=implementation, **kw)
+
+
+def family_cases(ops=None) -> list[Case]:
+  """Every registered op's sample calls (:attr:`attnjax._src.op.Op.samples`), on each engine
+  this suite runs: a new family's cases come from its op, with no entry here."""
   cases = []
-  for op in _op.OPS.values():
-    for label, make, fields in CALLS.get(op.name, ()):
+  for op in (_op.OPS if ops is None else ops).values():
+    for sample in op.samples():
       for i in _implementations(op):
-        kw = {f: (v(i) if callable(v) else v) for f, v in fields.items()}
-        cases.append(Case(f"{label}-{i}", make(i), **kw))
+        cases.append(
+          Case(
+            f"{sample.name}-{i}",
+            _sample_fn(sample, i),
+            self_only=sample.self_only,
+            stats="return_stats" if sample.stats else None,
+            state=sample.state,
+            static=sample.static,
+            flags=sample.flags,
+          )
+        )
   return cases
 
 
 CASES = (
-  _family_cases()
+  family_cases()
   + [
     Case(
       "blockwise.attention",
@@ -305,20 +183,23 @@ def test_zero_keys_sink_logits_and_residual():
 
 
 def test_every_registered_family_has_its_cases():
-  """Every op of the registry is called by this suite, with each engine it runs here."""
-  assert set(CALLS) == set(_op.OPS), "describe how to call the new family in CALLS"
+  """Every op of the registry is called by this suite, with each engine it runs here, from the
+  sample calls the op supplies."""
   names = {c.name for c in CASES}
   for op in _op.OPS.values():
-    for label, _, _ in CALLS[op.name]:
-      assert {f"{label}-{i}" for i in _implementations(op)} <= names, label
+    assert op.samples(), f"{op.name} supplies no sample call (Op.samples)"
+    for sample in op.samples():
+      assert {f"{sample.name}-{i}" for i in _implementations(op)} <= names, sample.name
   assert {
-    "dense-reference",
-    "dense-blockwise",
-    "dense-None",
-    "sparse-blockwise",
-    "linear-quadratic",
-    "gated-chunked",
-    "delta-recurrent",
+    "dot_product_attention-reference",
+    "dot_product_attention-blockwise",
+    "dot_product_attention-None",
+    "qk_norm_attention-None",
+    "cosine_attention-None",
+    "sparse_attention-blockwise",
+    "linear_attention-quadratic",
+    "gated_linear_attention-chunked",
+    "delta_rule_attention-recurrent",
   } <= names
 
 
@@ -326,12 +207,14 @@ def test_zero_length_recurrent_state_passes_through():
   """A recurrent scan over no steps returns the initial state, with its gradient."""
   q, k, v = _qkv(0, 0)
   s0 = jnp.asarray(np.random.default_rng(1).standard_normal((1, N, H, H)), jnp.float32)
-  for fn in (_gated, _delta):
-    for impl in ("reference", "recurrent", "quadratic", "chunked"):
-      out, state = fn(impl)(q, k, v, initial_state=s0, return_state=True)
+  for name in ("gated_linear", "delta_rule"):
+    (sample,) = _op.OPS[name].samples()
+    for impl in _op.OPS[name].implementations:
+      fn = _sample_fn(sample, impl)
+      out, state = fn(q, k, v, initial_state=s0, return_state=True)
       assert out.shape == (1, 0, N, H)
       np.testing.assert_array_equal(state, s0)
-      g = jax.grad(lambda s: jnp.sum(fn(impl)(q, k, v, initial_state=s, return_state=True)[1]))(s0)
+      g = jax.grad(lambda s: jnp.sum(fn(q, k, v, initial_state=s, return_state=True)[1]))(s0)
       np.testing.assert_array_equal(g, 1.0)
 
 

@@ -22,7 +22,7 @@ import pytest
 from jax.extend import core as jax_core
 
 import attnjax
-from attnjax._src import op as _op, options, patterns
+from attnjax._src import op as _op, options
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import blockwise, pallas_gpu, pallas_tpu, splash
 from attnjax._src.kernels.blockwise import kernel as blockwise_kernel
@@ -76,126 +76,53 @@ def _dense_reference(**kw) -> Callable:
   )
 
 
-def _mla(absorb: bool) -> Callable:
-  """:func:`attnjax.mla_attention` on ``q``, ``k``'s second half (the rope key) and ``v`` (the
-  latent), with fixed up-projections, in one form; one object per form (one reference jvp)."""
-  if absorb not in _MLA:
-    rng = np.random.default_rng(2)
-    w_uk, w_uv = (jnp.asarray(0.3 * rng.standard_normal((H, N, d)), jnp.float32) for d in (4, 6))
+def family_cases(a: dict, ops=None) -> list[Case]:
+  """Every registered op's sample calls (:attr:`attnjax._src.op.Op.samples`) on each engine of
+  attnjax's own that runs on every platform, every array argument differentiable: a new
+  family is walked with no entry here."""
+  cases = []
+  for op in (_op.OPS if ops is None else ops).values():
+    impls = tuple(
+      n
+      for n, e in op.engines.items()
+      if n != "reference" and e.platform is None and e.vouched_by == "attnjax"
+    )
+    for sample in op.samples():
+      q, k, v, arrays = sample.inputs(a["q"], a["k"], a["v"])
+      names = sorted(arrays)
 
-    def call(q, k, v, **kw):
-      return attnjax.mla_attention(
-        q, k[:, :, :1, 4:], v[:, :, :1], w_uk, w_uv, is_causal=True, absorb=absorb, **kw
-      )
+      def fn(q, k, v, *rest, sample=sample, names=names, **kw):
+        return sample.function(q, k, v, **dict(zip(names, rest)), **{**sample.options, **kw})
 
-    _MLA[absorb] = call
-  return _MLA[absorb]
-
-
-_MLA: dict = {}
+      args = (q, k, v, *(arrays[n] for n in names))
+      reference = _impl(fn, "reference")
+      cases += [Case(f"{sample.name}[{impl}]", _impl(fn, impl), reference, args) for impl in impls]
+  return cases
 
 
-def _family_calls(a: dict, long: dict) -> dict[str, list[tuple[str, Callable, tuple, tuple]]]:
-  """How each family's public functions are called, by op name (front ends of one op share its
-  engines): ``(name, fn(*args, implementation=...), args, implementations)``, where empty
-  implementations mean every engine of the op but the reference. A registered op
-  (:data:`attnjax._op.OPS`) without an entry fails test_every_registered_family_has_its_calls."""
+def _extra_calls(a: dict, long: dict) -> list[tuple[str, Callable, tuple, tuple]]:
+  """Calls beyond the samples: dense attention's learned sink logits (auto-dispatch and the
+  block-wise engine) and its jax.nn engine, and the per-channel GLA over a direct chunk then a
+  sub-blocked one: ``(name, fn(*args, implementation=...), args, implementations)``."""
   qkv = (a["q"], a["k"], a["v"])
-  dense = lambda q, k, v, s, **kw: attnjax.dot_product_attention(
+  sinks = lambda q, k, v, s, **kw: attnjax.dot_product_attention(
     q, k, v, is_causal=True, sink_logits=s, **kw
   )
-  qk_norm = lambda q, k, v, gq, gk, **kw: attnjax.qk_norm_attention(
-    q, k, v, q_gain=gq, k_gain=gk, is_causal=True, **kw
-  )
-  cosine = lambda q, k, v, t, **kw: attnjax.cosine_attention(
-    q, k, v, temperature=t, is_causal=True, **kw
-  )
   plain = functools.partial(attnjax.dot_product_attention, is_causal=True)
-  gla = lambda chunk: (
-    lambda q, k, v, g, **kw: attnjax.gated_linear_attention(
-      q, k, v, log_decay=g, chunk_size=chunk, **kw
-    )
+  gla = lambda q, k, v, g, **kw: attnjax.gated_linear_attention(
+    q, k, v, log_decay=g, chunk_size=32, **kw
   )
-  delta = lambda q, k, v, b, *g, **kw: attnjax.delta_rule_attention(
-    q, k, v, b, log_decay=g[0] if g else None, chunk_size=8, **kw
-  )
-  # Dense attention and the functions built on it: auto-dispatch and the engines that run on
-  # every platform (the platform kernels through their entries below, and in
-  # test_forward_mode_lowers_for_gpus_and_tpus).
-  auto = (None, "blockwise")
-  return {
-    "dense": [
-      ("dot_product_attention", dense, qkv + (a["sink"],), auto),
-      ("qk_norm_attention", qk_norm, qkv + (a["gains"], a["gains"]), auto),
-      ("cosine_attention", cosine, qkv + (a["temperature"],), auto),
-      ("dot_product_attention", plain, qkv, ("xla",)),
-    ],
-    "sparse": [
-      (
-        "sparse_attention",
-        functools.partial(
-          attnjax.sparse_attention, pattern=patterns.sliding_window(9), block_size=8
-        ),
-        qkv,
-        (),
-      )
-    ],
-    "compressed": [
-      (
-        "compressed_attention",
-        functools.partial(
-          attnjax.compressed_attention, stride=4, is_causal=True, window=4, block_size=8
-        ),
-        qkv,
-        (),
-      )
-    ],
-    "mla": [
-      ("mla_attention", _mla(False), qkv, (None, "blockwise")),
-      ("mla_attention/absorbed", _mla(True), qkv, (None, "blockwise")),
-    ],
-    "block_select": [
-      (
-        "block_select_attention",
-        functools.partial(attnjax.block_select_attention, block_size=8, top_k=2),
-        qkv,
-        (),
-      )
-    ],
-    "linear": [
-      (
-        "linear_attention",
-        functools.partial(attnjax.linear_attention, is_causal=True, chunk_size=8),
-        qkv,
-        (),
-      )
-    ],
-    "gated_linear": [
-      ("gated_linear_attention", gla(8), qkv + (a["g_scalar"],), ()),
-      # T=40, chunks of 32 (two sub-blocks): a direct chunk, then a sub-blocked one.
-      (
-        "gated_linear_attention/per_channel",
-        gla(32),
-        (long["q"], long["k"], long["v"], long["g_channel"]),
-        (),
-      ),
-    ],
-    "delta_rule": [
-      ("delta_rule_attention", delta, (a["q"], a["k_unit"], a["v"], a["beta"]), ()),
-      (
-        "delta_rule_attention/gated",
-        delta,
-        (a["q"], a["k_unit"], a["v"], a["beta"], a["g_scalar"]),
-        (),
-      ),
-      (
-        "delta_rule_attention/kda",
-        delta,
-        (a["q"], a["k_unit"], a["v"], a["beta"], a["g_channel"]),
-        (),
-      ),
-    ],
-  }
+  return [
+    ("dot_product_attention/sinks", sinks, qkv + (a["sink"],), (None, "blockwise")),
+    ("dot_product_attention", plain, qkv, ("xla",)),
+    # T=40, chunks of 32 (two sub-blocks): a direct chunk, then a sub-blocked one.
+    (
+      "gated_linear_attention/per_channel",
+      gla,
+      (long["q"], long["k"], long["v"], long["g_channel"]),
+      ("recurrent", "quadratic", "chunked"),
+    ),
+  ]
 
 
 @functools.cache
@@ -204,12 +131,10 @@ def _cases() -> tuple[Case, ...]:
   # jaxlib 0.10.2's CPU backend (its "ynn" fusion, as gated_linear.chunked's docstring says).
   a, long, wide = _arrays(), _arrays(40, 2, 1), _arrays(128)
   qkv = (a["q"], a["k"], a["v"])
-  cases = []
-  for op, calls in _family_calls(a, long).items():
-    for name, fn, args, impls in calls:
-      reference = _impl(fn, "reference")
-      impls = impls or tuple(i for i in _op.OPS[op].implementations if i != "reference")
-      cases += [Case(f"{name}[{impl}]", _impl(fn, impl), reference, args) for impl in impls]
+  cases = family_cases(a)
+  for name, fn, args, impls in _extra_calls(a, long):
+    reference = _impl(fn, "reference")
+    cases += [Case(f"{name}[{impl}]", _impl(fn, impl), reference, args) for impl in impls]
   # The fast paths called directly (Pallas in interpret mode).
   stats = dict(is_causal=True, return_stats=True)
   stats_reference = _dense_reference(**stats)  # one object: one reference jvp for both
@@ -299,8 +224,10 @@ def test_jvp_equals_the_reference(name):
 
 
 def test_every_registered_family_has_its_calls():
-  a = _arrays()
-  assert set(_family_calls(a, a)) == set(_op.OPS), "describe how to call the new family"
+  walked = {c.name.split("[")[0] for c in family_cases(_arrays())}
+  for op in _op.OPS.values():
+    assert op.samples(), f"{op.name} supplies no sample call (Op.samples)"
+    assert {s.name for s in op.samples()} <= walked, op.name
 
 
 def test_the_walk_covers_every_function():

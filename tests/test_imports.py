@@ -232,11 +232,11 @@ def test_layouts_sit_below_kernels_and_patterns():
   assert not reaches(GRAPH, "attnjax._src.normalizers", "attnjax._src.kernels.blockwise")
 
 
-# Each registered op's modules (attnjax._src.ops.<op name>.*), and the modules the families
-# share: the front ends of dense and the recurrent families' common code.
+# Each registered op's modules (attnjax._src.ops.<op name>.*), and the module the recurrent
+# families share.
 FAMILIES = tuple(
   sorted(m for m in GRAPH if any(under(m, f"attnjax._src.ops.{name}") for name in _op.OPS))
-) + ("attnjax._src.ops.recurrent",)
+) + ("attnjax._src.ops.recurrence",)
 VOCABULARY = (
   *(
     f"attnjax._src.{name}"
@@ -249,7 +249,7 @@ VOCABULARY = (
       "feature_maps",
       "attention_stats",
       "options",
-      "checks",
+      "validators",
       "deprecation",
       "lowering",
       "target",
@@ -297,6 +297,30 @@ def test_families_import_kernels_and_kernels_never_import_families():
   assert any(under(m, "attnjax._src.kernels") for m in GRAPH)
   assert "attnjax._src.kernels.blockwise" in GRAPH["attnjax._src.ops.dense.attention"]
   assert engine_violations(GRAPH) == []
+
+
+def public_imports(graph: dict[str, set[str]]) -> list[str]:
+  """Edges from the implementation (``attnjax._src``) to a public module: the public modules
+  re-export the implementation, never the other way round."""
+  out = []
+  for module, imported in sorted(graph.items()):
+    if not under(module, "attnjax._src"):
+      continue
+    for target in sorted(imported):
+      if under(target, "attnjax") and not (
+        under(target, "attnjax._src") or target == "attnjax._version"
+      ):
+        out.append(f"{module} imports {target}")
+  return out
+
+
+def test_public_import_rule_finds_an_upward_import():
+  graph = {"attnjax._src.a": {"attnjax", "attnjax._src.b", "attnjax._version"}, "attnjax.a": set()}
+  assert public_imports(graph) == ["attnjax._src.a imports attnjax"]
+
+
+def test_the_implementation_never_imports_a_public_module():
+  assert public_imports(GRAPH) == []
 
 
 def test_import_attnjax_loads_no_flax():

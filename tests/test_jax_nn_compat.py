@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import attnjax
-from tests.helpers import assert_close, rand_qkv
+from tests.helpers import assert_close, rand_qkv, run_kernel
 
 B, T, N, K, H = 2, 8, 4, 2, 8
 
@@ -164,8 +164,8 @@ def test_the_residual_comes_from_each_engines_own_row_counts(engine):
   run = {
     "reference": dense.reference,
     "blockwise": dense.ENGINES["blockwise"].compute,
-    "pallas_gpu": lambda i, o: pallas_gpu.run(i, o, interpret=True),
-    "pallas_tpu": lambda i, o: pallas_tpu.run(i, o, interpret=True),
+    "pallas_gpu": lambda i, o: run_kernel(pallas_gpu, i, o, interpret=True),
+    "pallas_tpu": lambda i, o: run_kernel(pallas_tpu, i, o, interpret=True),
   }[engine]
   _, stats = run(inputs, _jax_nn_compat.residual_options(opts))
   residual = np.asarray(_jax_nn_compat.residual(inputs, stats))  # [B, T, N]

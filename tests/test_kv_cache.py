@@ -279,8 +279,12 @@ def test_cache_bytes_for_equals_the_bytes_held():
   [
     (dict(cache_policy="lru"), ValueError, "cache_policy='lru' is not one of"),
     (dict(cache_policy="h2o"), ValueError, "cache_budget=None"),
-    (dict(cache_policy="h2o", cache_budget=0), ValueError, "cache_budget must be >= 1"),
-    (dict(cache_policy="sinks_window", cache_budget=2.5), TypeError, "cache_budget must be an int"),
+    (dict(cache_policy="h2o", cache_budget=0), ValueError, "cache_budget must be a positive int"),
+    (
+      dict(cache_policy="sinks_window", cache_budget=2.5),
+      TypeError,
+      "cache_budget must be a positive int",
+    ),
     (
       dict(cache_policy="h2o", cache_budget=2, cache_recent=3),
       ValueError,

@@ -37,7 +37,7 @@ from attnjax._src.kernels.mosaic_gpu import (
   specialised as mspecialised,
 )
 from engine_base import DenseEngineTests
-from helpers import assert_close, rand_qkv, softpick_f64
+from helpers import assert_close, rand_qkv, softpick_f64, run_kernel
 
 needs_cuda = pytest.mark.targets("cuda")
 # Of each array's scale: two units of bfloat16 rounding (eps 7.8e-3), the inputs' dtype.
@@ -122,7 +122,7 @@ class TestMosaicGpu(DenseEngineTests):
   stats_tolerance = 1e-5  # from float32 logits
 
   def run(self, inputs, opts):
-    return mosaic_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+    return run_kernel(mosaic_gpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
 
   def case_marks(self, case):
     return [] if case == self.default_cases()[-1] else [compiled_interpreter]
@@ -254,8 +254,8 @@ def test_the_two_consumers_of_a_program_visit_their_own_blocks(normalizer, struc
   inputs, opts = dense.prepare(q, k, v, **kw)
   c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=True)
   assert (c.Tp, c.Tp // (mplan.CONSUMERS * c.bq)) == (384, 3)
-  fn = lambda q, k, v: mosaic_gpu.run(
-    *dense.prepare(q, k, v, **kw), interpret=True, block_sizes=BLOCKS
+  fn = lambda q, k, v: run_kernel(
+    mosaic_gpu, *dense.prepare(q, k, v, **kw), interpret=True, block_sizes=BLOCKS
   )
   text = str(jax.make_jaxpr(fn)(q, k, v))
   # a producer and two consumers, registers moved between them

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnjax._src import checks as _checks, normalizers
+from attnjax._src import validators, normalizers
 
 NAMES = tuple(normalizers.REGISTRY)
 R, S, HV = 6, 23, 3  # rows, keys, value dim; rows live in [1, 2, R, 1] as in the kernel
@@ -245,7 +245,7 @@ def test_capabilities():
   assert [n for n in NAMES if normalizers.REGISTRY[n].needs_counts] == ["sigmoid", "relu"]
   with pytest.raises(ValueError, match="normalizer='nope' is not one of"):
     normalizers.get("nope")
-  _checks.check_choice("normalizer", NAMES[-1], normalizers.NORMALIZERS)
+  validators.check_choice("normalizer", NAMES[-1], normalizers.NORMALIZERS)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import pathlib
 import re
+import typing
 import warnings
 
 import jax
@@ -128,20 +129,50 @@ def test_the_empty_answer_and_the_context_strategy_come_before_any_engine():
   assert _op.run(op, (jnp.zeros(6),), "plain") == "context" and seen == ["plain"]
 
 
-def test_check_implementation_one_message_for_every_family():
-  assert set(_op.OPS) >= {
-    "dense",
-    "sparse",
-    "compressed",
-    "block_select",
-    "linear",
-    "gated_linear",
-    "delta_rule",
-  }
+# The families known today (NSA and DSA will follow) and every family folder under
+# attnjax/_src/ops/: each is one registered op.
+TEN = (
+  "dense",
+  "qk_norm",
+  "cosine",
+  "mla",
+  "sparse",
+  "compressed",
+  "block_select",
+  "linear",
+  "gated_linear",
+  "delta_rule",
+)
+FAMILIES = tuple(
+  sorted(p.parent.name for p in (ROOT / "attnjax" / "_src" / "ops").glob("*/attention.py"))
+)
+
+
+def op_module(name: str):
+  """The module that declares the op ``name`` (attnjax/_src/ops/<name>/attention.py)."""
+  return importlib.import_module(f"attnjax._src.ops.{name}.attention")
+
+
+def test_every_registered_family_is_declared_at_module_level():
+  # One op per family folder, and no op registered elsewhere (the stand-in family's is
+  # registered only for its own tests).
+  assert set(_op.OPS) == set(FAMILIES), sorted(_op.OPS)
+  assert set(TEN) <= set(FAMILIES)
   for name, op in _op.OPS.items():
-    module = importlib.import_module(f"attnjax.{name}")
-    assert module.OP is op and module.IMPLEMENTATIONS == op.implementations, name
+    module = op_module(name)
+    assert module.OP is op, name
+    # The one source of the names: the module's tables, the op's and every derived list.
+    assert op.engines is module.ENGINES and tuple(op.fallback) == module.FALLBACK, name
+    assert dict(op.preferences) == module.PREFERENCES, name
+    assert module.IMPLEMENTATIONS == tuple(module.ENGINES) == op.implementations, name
+    assert typing.get_args(module.ImplementationName) == module.IMPLEMENTATIONS, name
+    assert op.empty is not None, f"{name} has no empty rule"
     assert "reference" in op.engines and op.fallback[-1] in op.engines, name
+    assert op.samples(), f"{name} supplies no sample call"
+
+
+def test_check_implementation_one_message_for_every_family():
+  for name, op in _op.OPS.items():
     valid = ", ".join(repr(n) for n in (None, *op.implementations))
     with pytest.raises(ValueError, match=f"^implementation='nope' is not one of: {valid}$"):
       _op.check_implementation(op, "nope")
@@ -149,6 +180,42 @@ def test_check_implementation_one_message_for_every_family():
       _op.check_implementation(op, 1)
   assert _op.OPS["sparse"].implementations == ("reference", "blockwise")
   assert _op.OPS["linear"].implementations == ("reference", "recurrent", "quadratic", "chunked")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_engine_runs_through_the_one_runner(name, monkeypatch):
+  """Each family's public function hands its call to the op: the engine that computes it
+  (auto-dispatch's, or the one named) is computed by ``op.compute`` and nowhere else."""
+  op = _op.OPS[name]
+  computed = []
+  compute = _op.compute
+  monkeypatch.setattr(
+    _op,
+    "compute",
+    lambda engine, call, **kw: computed.append(engine.name) or compute(engine, call, **kw),
+  )
+  sample = op.samples()[0]
+  q, k, v = rand_qkv(B=1, T=8, N=2, K=1, H=4)
+  for implementation in (None, "reference"):
+    computed.clear()
+    jax.make_jaxpr(lambda q, k, v: sample.call(q, k, v, implementation=implementation))(q, k, v)
+    assert computed, (name, implementation)
+    if implementation is not None:
+      assert computed == ["reference"], (name, computed)
+
+
+def test_the_layer_families_map_onto_the_ops_by_data():
+  """nn's family names are the layer's; each names the op it runs, whose engines and old names
+  are the family's implementations (no list kept twice)."""
+  from attnjax._src.nn import specs
+
+  assert {cls.op for cls in specs.FAMILY_SPECS.values()} == set(_op.OPS)
+  for family, cls in specs.FAMILY_SPECS.items():
+    op = _op.OPS[cls.op]
+    assert cls.implementations == op.implementations, family
+    assert cls.deprecated_implementations == dict(op.renamed), family
+  assert specs.FAMILY_SPECS["gla"].op == "gated_linear"
+  assert specs.FAMILY_SPECS["gated_deltanet"].op == "delta_rule"
 
 
 def test_a_second_op_of_one_name_is_refused():

@@ -25,9 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import attnjax
-from attnjax._src import op as _op, normalizers, patterns
-from attnjax._src.ops.linear import attention as linear
+from attnjax._src import op as _op, normalizers
 
 from helpers import assert_close, rand_qkv
 
@@ -52,7 +50,7 @@ def _choice(rng, options):
 
 def _spell(rng, value):
   """``value`` as Python, numpy or jax (a list for a pair)."""
-  if value is None or isinstance(value, bool):
+  if value is None or isinstance(value, bool) or not isinstance(value, (int, float, tuple)):
     return value
   if isinstance(value, tuple):
     return _choice(rng, [value, list(value), np.asarray(value)])
@@ -94,17 +92,6 @@ ARRAY_DEFECTS = (
 )
 
 
-# MLA's own arrays: (q, k_rope, latent) and the up-projections in extra.
-MLA_ARRAY_DEFECTS = (
-  ("q", lambda q, k, v, e: (q[0], k, v, e)),
-  ("k_rope", lambda q, k, v, e: (q, k[..., None], v, e)),
-  ("dtype", lambda q, k, v, e: (q, k.astype(jnp.float16), v, e)),
-  ("latent", lambda q, k, v, e: (q, k, jnp.concatenate([v, v], 2), e)),
-  ("w_uk", lambda q, k, v, e: (q, k, v, dict(e, w_uk=e["w_uk"][..., :-1]))),
-  ("w_uv", lambda q, k, v, e: (q, k, v, dict(e, w_uv=e["w_uv"][:, :1]))),
-)
-
-
 def _array_defect(rng, q, k, v):
   name, make = _choice(rng, ARRAY_DEFECTS)
   if name == "heads" and k.shape[2] == 1:  # any N is a multiple of one kv head
@@ -113,208 +100,76 @@ def _array_defect(rng, q, k, v):
   return name, make(q, k, v)
 
 
-def _dense_options(
-  rng,
-  kw: dict,
-  defective: bool,
-  *,
-  scale=True,
-  causal=True,
-  window=True,
-  softcap=True,
-  normalizer=True,
-  stats=True,
-):
-  """Draws dense options into ``kw``; returns the defect's name, or None."""
-  if causal:
-    kw["is_causal"] = bool(rng.random() < 0.5)
-  if scale and rng.random() < 0.5:
-    kw["scale"] = _spell(rng, float(_choice(rng, [0.1, 0.5, 2.0])))
-  if window and rng.random() < 0.4:
-    kw["window"] = _spell(rng, (int(rng.integers(0, 10)), int(rng.integers(0, 3))))
-  if softcap and rng.random() < 0.3:
-    kw["softcap"] = _spell(rng, float(_choice(rng, [1.0, 5.0, 50.0])))
-  if normalizer and rng.random() < 0.5:
-    kw["normalizer"] = _choice(rng, normalizers.NORMALIZERS)
-  if stats:
-    kw["return_stats"] = bool(rng.random() < 0.4)
-  defects = [
-    name
-    for name, on in (
-      ("is_causal", causal),
-      ("scale", scale),
-      ("window", window),
-      ("softcap", softcap),
-      ("normalizer", normalizer),
-      ("return_stats", stats),
-    )
-    if on
-  ]
-  if not defective:
-    return None
-  name = _choice(rng, defects)
-  kw[name] = {
-    "is_causal": 1,
-    "return_stats": 0,
-    "scale": [0.5, 0.5],
-    "window": _choice(rng, [-1, (2, -1), (1, 2, 3)]),
-    "softcap": _choice(rng, [-1.0, 0.0, float("nan")]),
-    "normalizer": "softmaxx",
-  }[name]
-  return name
+# The dense options the walk draws for a sample that forwards them (and takes them with dense
+# attention's meaning): each a valid value or two, and invalid ones a family must refuse by name.
+DENSE_OPTIONS = {
+  "scale": ((0.1, 0.5, 2.0), ([0.5, 0.5],)),
+  "window": (((0, 0), (3, 1), (9, 2)), (-1, (2, -1), (1, 2, 3))),
+  "softcap": ((1.0, 5.0, 50.0), (-1.0, 0.0, float("nan"))),
+  "normalizer": (normalizers.NORMALIZERS, ("softmaxx",)),
+}
+# How often each dense option is drawn when a sample takes it.
+DENSE_ODDS = {"scale": 0.5, "window": 0.4, "softcap": 0.3, "normalizer": 0.5}
 
 
-def _draw(rng, family: str) -> Draw:
+def _implementations(op: _op.Op) -> tuple[Any, ...]:
+  """The engines the walk compares with the reference: attnjax's own that run on every
+  platform, and auto-dispatch."""
+  return tuple(
+    n
+    for n, e in op.engines.items()
+    if n != "reference" and e.platform is None and e.vouched_by == "attnjax"
+  ) + (None,)
+
+
+def _draw(rng, op: _op.Op, sample: _op.Sample) -> Draw:
+  """One call of ``sample``: options drawn from its flags, its choices and the dense options it
+  forwards, and perhaps one defect (an invalid option, or a defective array)."""
   mode = _choice(rng, ["valid", "valid", "valid", "option", "array"])
-  defective = mode == "option"
-  own = defective and rng.random() < 0.4  # a family's own option, not a dense one
-  self_only = family in ("block_select", "gated", "delta")
   q, k, v = _arrays(
-    rng, self_only=self_only, values="any" if family in ("dense", "qk_norm", "sparse") else "normal"
+    rng, self_only=sample.self_only, values="any" if sample.extreme_values else "normal"
   )
+  dense = [n for n in DENSE_OPTIONS if n in sample.dense_keywords and n not in sample.own_keywords]
   kw: dict[str, Any] = {}
-  defect = None
-  extra: dict[str, Any] = {}
-  if family == "dense":
-    fn, impls = attnjax.dot_product_attention, ("blockwise", None)
-    defect = _dense_options(rng, kw, defective)
-  elif family == "qk_norm":
-    fn, impls = attnjax.qk_norm_attention, ("blockwise", None)
-    kw["norm"] = _choice(rng, ["l2", "rms", "layer"])
-    defect = _dense_options(rng, kw, defective)
-  elif family == "cosine":
-    fn, impls = attnjax.cosine_attention, ("blockwise", None)
-    extra["temperature"] = jnp.asarray(rng.standard_normal(q.shape[2]), jnp.float32)
-    defect = _dense_options(rng, kw, defective, scale=False)
-  elif family == "sparse":
-    fn, impls = attnjax.sparse_attention, ("blockwise", None)
-    kw["pattern"] = _choice(
-      rng,
-      [
-        patterns.causal(),
-        patterns.sliding_window(2),
-        patterns.sliding_window(3, 1),
-        patterns.strided(2),
-        patterns.sinks_window(1, 2),
-      ],
-    )
-    kw["block_size"] = _spell(rng, _choice(rng, [1, 2, 3, 4]))
-    defect = _dense_options(rng, kw, defective and not own, causal=False, window=False)
-    if own:
-      defect, kw["block_size"] = "block_size", _choice(rng, [0, -2, 2.0])
-  elif family == "compressed":
-    fn, impls = attnjax.compressed_attention, ("blockwise", None)
-    kw["stride"] = _spell(rng, _choice(rng, [1, 2, 3]))
-    kw["pool"] = _choice(rng, ["mean", "max"])
-    kw["block_size"] = _spell(rng, _choice(rng, [2, 3, 128]))
-    defect = _dense_options(rng, kw, defective and not own, window=False)
-    if rng.random() < 0.4:
-      kw["window"] = _spell(rng, int(rng.integers(0, 4)))
-    if own:
-      defect, kw["stride"] = "stride", _choice(rng, [0, -1, 1.5])
-  elif family == "block_select":
-    fn, impls = attnjax.block_select_attention, ("gathered", None)
-    kw["block_size"] = _spell(rng, _choice(rng, [1, 2, 3]))
-    kw["top_k"] = _spell(rng, _choice(rng, [0, 1, 3]))
-    defect = _dense_options(rng, kw, defective and not own, window=False)
-    if own:
-      defect = _choice(rng, ["block_size", "top_k"])
-      kw[defect] = _choice(rng, [-1, 2.5]) if defect == "top_k" else 0
-  elif family == "linear":
-    fn, impls = attnjax.linear_attention, ("quadratic", "chunked", None)
-    kw["is_causal"] = bool(rng.random() < 0.5)
-    if kw["is_causal"] and q.shape[1] == k.shape[1]:
-      impls += ("recurrent",)
-    kw["normalize"] = _choice(rng, linear.NORMALIZE + (True, False))
-    kw["chunk_size"] = _spell(rng, _choice(rng, [1, 2, 3, 64]))
-    kw["return_state"] = bool(rng.random() < 0.5)
-    kw["return_stats"] = bool(rng.random() < 0.3)
-    if defective:
-      defect = _choice(rng, ["normalize", "chunk_size", "return_state", "is_causal"])
-      kw[defect] = {
-        "normalize": _choice(rng, [1, 0, "denom"]),
-        "chunk_size": 0,
-        "return_state": 1,
-        "is_causal": 0,
-      }[defect]
-  elif family in ("gated", "delta"):
-    B, T, N, H = q.shape
-    k = k / jnp.maximum(
-      jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True), 1e-6
-    ).astype(k.dtype)
-    impls = ("recurrent", "quadratic", "chunked", None)
-    decay_shape = (B, T, N, H) if family == "gated" and rng.random() < 0.5 else (B, T, N)
-    log_decay = -jnp.asarray(rng.uniform(0.01, 1.0, decay_shape), jnp.float32)
-    if family == "gated":
-      fn = attnjax.gated_linear_attention
-      extra["log_decay"] = log_decay
-    else:
-      fn = attnjax.delta_rule_attention
-      extra["beta"] = jnp.asarray(rng.uniform(0.1, 0.9, (B, T, N)), jnp.float32)
-      extra["log_decay"] = log_decay if rng.random() < 0.5 else None
-    kw["chunk_size"] = _spell(rng, _choice(rng, [1, 2, 3, 64]))
-    kw["return_state"] = bool(rng.random() < 0.5)
+  defects: dict[str, tuple] = {}
+  for flag in sample.flags:
+    kw[flag] = bool(rng.random() < 0.5)
+    defects[flag] = (1, 0)
+  for name in dense:
+    valid, invalid = DENSE_OPTIONS[name]
+    if rng.random() < DENSE_ODDS[name]:
+      kw[name] = _spell(rng, _choice(rng, valid))
+    defects[name] = invalid
+  for name, values in sample.choices:
     if rng.random() < 0.5:
-      kw["scale"] = _spell(rng, float(_choice(rng, [0.25, 1.0])))
-    if defective:
-      defect = _choice(rng, ["chunk_size", "return_state", "scale"])
-      kw[defect] = {
-        "chunk_size": _choice(rng, [0, -3]),
-        "return_state": 1,
-        "scale": _choice(rng, [-1.0, [0.5]]),
-      }[defect]
-  elif family == "mla":
-    fn, impls = attnjax.mla_attention, ("blockwise", None)
-    B, T, N, H = q.shape
-    d_n = H // 2
-    R = _choice(rng, [4, 8])
-    w = lambda *shape: jnp.asarray(0.4 * rng.standard_normal(shape), jnp.float32)
-    k, v = k[:, :, :1, d_n:], w(B, k.shape[1], 1, R).astype(q.dtype)  # k_rope, latent
-    extra["w_uk"], extra["w_uv"] = w(R, N, d_n), w(R, N, _choice(rng, [4, 6]))
-    kw["absorb"] = _choice(rng, [True, False, None])
-    defect = _dense_options(rng, kw, defective and not own)
-    if own:
-      defect, kw["absorb"] = "absorb", _choice(rng, [1, "yes"])
-    if mode == "array":
-      mode = "mla_array"
-      defect, make = _choice(rng, MLA_ARRAY_DEFECTS)
-      q, k, v, extra = make(q, k, v, dict(extra))
-  else:
-    raise KeyError(f"_draw does not know the family {family!r}")
-  if mode == "array":
+      kw[name] = _spell(rng, _choice(rng, values))
+  defects.update(dict(sample.defects))
+  defect = None
+  if mode == "option" and defects:
+    defect = _choice(rng, sorted(defects))
+    kw[defect] = _choice(rng, defects[defect])
+  elif mode == "array":
     defect, (q, k, v) = _array_defect(rng, q, k, v)
 
   def call(implementation, q=q, k=k, v=v):
-    if family == "delta":
-      return fn(
-        q, k, v, extra["beta"], log_decay=extra["log_decay"], implementation=implementation, **kw
-      )
-    return fn(q, k, v, implementation=implementation, **extra, **kw)
+    return sample.call(q, k, v, implementation=implementation, **kw)
 
-  what = f"{family} q{tuple(np.shape(q))} k{tuple(np.shape(k))} {q.dtype} {kw}"
-  return Draw(call, impls, defect, what)
+  what = f"{sample.name} q{tuple(np.shape(q))} k{tuple(np.shape(k))} {q.dtype} {kw}"
+  return Draw(call, _implementations(op), defect, what)
 
 
-# The calls _draw knows, by op name (front ends of one op share its engines). The families come
-# from the op registry (attnjax._op.OPS): a registered op without an entry here fails
-# test_every_registered_family_is_drawn.
-DRAWN = {
-  "dense": ("dense", "qk_norm", "cosine"),
-  "sparse": ("sparse",),
-  "compressed": ("compressed",),
-  "block_select": ("block_select",),
-  "mla": ("mla",),
-  "linear": ("linear",),
-  "gated_linear": ("gated",),
-  "delta_rule": ("delta",),
-}
-FAMILIES = tuple(label for op in _op.OPS for label in DRAWN.get(op, ()))
+def samples(ops=None) -> list[tuple[str, str, int]]:
+  """``(op name, sample name, index)`` of every registered op's samples: the walk's families."""
+  return [
+    (op.name, sample.name, i)
+    for op in (_op.OPS if ops is None else ops).values()
+    for i, sample in enumerate(op.samples())
+  ]
 
 
-def _rng(seed: int, family: str):
-  """The draw's generator: seeded by the draw's number and a stable hash of the family's name,
-  so adding a family changes no other family's draws."""
-  return np.random.default_rng([seed, zlib.crc32(family.encode())])
+def _refuses_by_name(impl, error: Exception) -> bool:
+  """A named engine that does not support a valid call says so (``op.run_engine``)."""
+  return impl is not None and f"implementation={impl!r} does not support" in str(error)
 
 
 def check_draw(draw: Draw):
@@ -336,22 +191,46 @@ def check_draw(draw: Draw):
     return
   for impl in draw.implementations:
     what = f"{impl}: {draw.what}"
+    try:
+      got = draw.call(impl)
+    except ValueError as e:
+      if _refuses_by_name(impl, e):
+        continue
+      raise
     tol = 3e-2 if "bfloat16" in what else 2e-4  # of each array's scale
-    assert_close(draw.call(impl), want, what, rtol=tol, atol=tol, scaled=True)
+    assert_close(got, want, what, rtol=tol, atol=tol, scaled=True)
+
+
+def _rng(seed: int, family: str):
+  """The draw's generator: seeded by the draw's number and a stable hash of the family's name,
+  so adding a family changes no other family's draws."""
+  return np.random.default_rng([seed, zlib.crc32(family.encode())])
+
+
+def walk(op_name: str, index: int, seed: int) -> None:
+  """Draws and checks one call of the ``index``-th sample of the op ``op_name``."""
+  op = _op.OPS[op_name]
+  sample = op.samples()[index]
+  check_draw(_draw(_rng(seed, sample.name), op, sample))
+
+
+SAMPLES = samples()
+IDS = [name for _, name, _ in SAMPLES]
 
 
 def test_every_registered_family_is_drawn():
-  assert set(DRAWN) == set(_op.OPS), "teach _draw the new family and name it in DRAWN"
+  drawn = {op for op, _, _ in SAMPLES}
+  assert drawn >= set(_op.OPS), f"{sorted(set(_op.OPS) - drawn)} supply no sample call"
 
 
 @pytest.mark.parametrize("seed", range(DRAWS))
-@pytest.mark.parametrize("family", FAMILIES)
-def test_option_space(family, seed):
-  check_draw(_draw(_rng(seed, family), family))
+@pytest.mark.parametrize("op_name,name,index", SAMPLES, ids=IDS)
+def test_option_space(op_name, name, index, seed):
+  walk(op_name, index, seed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(DRAWS, SLOW_DRAWS))
-@pytest.mark.parametrize("family", FAMILIES)
-def test_option_space_many(family, seed):
-  check_draw(_draw(_rng(seed, family), family))
+@pytest.mark.parametrize("op_name,name,index", SAMPLES, ids=IDS)
+def test_option_space_many(op_name, name, index, seed):
+  walk(op_name, index, seed)

@@ -10,92 +10,47 @@ stops every call at ``validate``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import re
 
 import jax.numpy as jnp
 import pytest
 
-import attnjax
 from attnjax._src import op as _op, mods, options
-from attnjax._src.ops.block_select import attention as block_select
-from attnjax._src.ops.compressed import attention as compressed
-from attnjax._src.ops.mla import attention as mla
-from attnjax._src.ops.dense import qk_norm
-from attnjax._src.ops.sparse import attention as sparse
 
 
-@functools.wraps(attnjax.mla_attention)
-def _mla_from_qkv(q, k, v, **kw):
-  """:func:`attnjax.mla_attention` on ``q``, ``k``'s second half as the rope key and ``v`` as
-  the latent (one head each); its signature and docstring are mla_attention's."""
-  d_n, N, R = q.shape[3] // 2, q.shape[2], v.shape[3]
-  w = lambda d: jnp.ones((R, N, d), q.dtype)
-  return attnjax.mla_attention(q, k[:, :, :1, d_n:], v[:, :, :1], w(d_n), w(4), **kw)
+def families(ops=None) -> dict:
+  """The dense keywords each family's public functions forward, from the sample calls of the
+  registered ops (attnjax._src.op.OPS) that forward any: ``{name: (public function, dense
+  keywords it forwards, dense keyword names it uses with a meaning of its own, defaults of
+  its own, the arguments a call needs besides q, k, v, and its q, k, v)}``: ``q, k, v`` as
+  the sample makes them of ``[1, 8, 2, 4]`` arrays (MLA's are its rope key and latent). The
+  recurrent families forward no dense keyword: their options are their own."""
+  out = {}
+  q = jnp.ones((1, 8, 2, 4))
+  for op in (_op.OPS if ops is None else ops).values():
+    for sample in op.samples():
+      if not sample.dense_keywords:
+        continue
+      qkv = sample.inputs(q, q, q)
+      needs = {n: x for n, x in sample.options.items() if n not in options.KEYWORDS}
+      out[sample.name] = (
+        sample.function,
+        sample.dense_keywords,
+        sample.own_keywords,
+        dict(sample.own_defaults),
+        {**needs, **qkv[3]},
+        qkv[:3],
+      )
+  return out
 
 
-# The dense keywords each family's public functions forward, by op name (the families come from
-# the op registry, attnjax._op.OPS: a registered op without an entry fails
-# test_every_registered_family_is_listed). Each function: (name, public function, dense keywords
-# it forwards, dense keyword names it uses with a meaning of its own, defaults of its own, the
-# arguments a call needs besides q, k, v). The recurrent families forward no dense keyword:
-# their options are their own.
-KEYWORDS_BY_OP = {
-  "dense": [
-    ("dot_product_attention", attnjax.dot_product_attention, options.KEYWORDS, (), {}, {}),
-    ("qk_norm_attention", attnjax.qk_norm_attention, qk_norm.QK_NORM_KEYWORDS, (), {}, {}),
-    (
-      "cosine_attention",
-      attnjax.cosine_attention,
-      qk_norm.COSINE_KEYWORDS,
-      (),
-      {},
-      dict(temperature=jnp.zeros((2,))),
-    ),
-  ],
-  "sparse": [
-    (
-      "sparse_attention",
-      attnjax.sparse_attention,
-      sparse.DENSE_KEYWORDS,
-      (),
-      {},
-      dict(pattern=attnjax.patterns.causal(), block_size=4),
-    )
-  ],
-  "block_select": [
-    (
-      "block_select_attention",
-      attnjax.block_select_attention,
-      block_select.DENSE_KEYWORDS,
-      (),
-      {"is_causal": True},
-      dict(block_size=4, top_k=1),
-    )
-  ],
-  # compressed_attention's is_causal and window are its own rule's (compressed.CompressedRule).
-  "compressed": [
-    (
-      "compressed_attention",
-      attnjax.compressed_attention,
-      compressed.DENSE_KEYWORDS,
-      ("is_causal", "window"),
-      {},
-      dict(stride=2),
-    )
-  ],
-  # mla_attention(q, k_rope, latent, w_uk, w_uv): the suite's q, k, v as MLA's arrays.
-  "mla": [("mla_attention", _mla_from_qkv, mla.DENSE_KEYWORDS, (), {}, {})],
-  "linear": [],
-  "gated_linear": [],
-  "delta_rule": [],
-}
-FAMILIES = {name: rest for op in _op.OPS for name, *rest in KEYWORDS_BY_OP.get(op, ())}
+FAMILIES = families()
 
 
 def test_every_registered_family_is_listed():
-  assert set(KEYWORDS_BY_OP) == set(_op.OPS), "list the new family's dense keywords"
+  assert {"dot_product_attention", "qk_norm_attention", "cosine_attention"} <= set(FAMILIES)
+  assert all(op.samples() for op in _op.OPS.values()), "every op supplies its sample calls"
 
 
 def test_the_definition():
@@ -168,7 +123,7 @@ def test_the_options_are_the_static_keywords_validated():
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_signature_lists_the_keywords_it_forwards(name):
-  fn, forwarded, own, defaults, _ = FAMILIES[name]
+  fn, forwarded, own, defaults, _, _ = FAMILIES[name]
   params = inspect.signature(fn).parameters
   assert set(forwarded) <= set(options.KEYWORDS)
   assert {p for p in params if p in options.KEYWORDS} == set(forwarded) | set(own), name
@@ -221,7 +176,7 @@ def _same(got, probe):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_forwards_each_keyword_unchanged(name, monkeypatch):
-  fn, forwarded, _, defaults, required = FAMILIES[name]
+  fn, forwarded, _, defaults, required, (q, k, v) = FAMILIES[name]
   seen = {}
 
   def validate(q, k, v, **kw):
@@ -229,11 +184,10 @@ def test_forwards_each_keyword_unchanged(name, monkeypatch):
     raise _Stop
 
   monkeypatch.setattr(options, "validate", validate)
-  q = jnp.ones((1, 8, 2, 4))
   probes = {k: _PROBES[k] for k in forwarded}
   if "is_causal" in defaults:
     probes["is_causal"] = not defaults["is_causal"]
   with pytest.raises(_Stop):
-    fn(q, q, q, **required, **probes)
+    fn(q, k, v, **required, **probes)
   missing = [k for k in forwarded if not _same(seen.get(k), probes[k])]
   assert not missing, f"{name} did not forward {missing} unchanged"

@@ -23,7 +23,7 @@ from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import pallas_gpu
 from attnjax._src.kernels.pallas_gpu import backward as pallas_backward
 from engine_base import DenseEngineTests
-from helpers import rand_qkv, softpick_f64
+from helpers import rand_qkv, softpick_f64, run_kernel
 
 
 BLOCKS = pallas_gpu.BlockSizes(block_q=32, block_k=16, block_q_bwd=16, block_k_bwd=32)
@@ -34,7 +34,7 @@ def _run(impl, q, k, v, sink, kw):
   extra = {} if sink is None else dict(sink_logits=sink)
   inputs, opts = dense.prepare(q, k, v, **kw, **extra)
   if impl == "pallas_gpu":
-    return pallas_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+    return run_kernel(pallas_gpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
   return dense.reference(inputs, opts)
 
 
@@ -47,14 +47,14 @@ class TestPallasGpu(DenseEngineTests):
   segment_cuts = (13, 30)
 
   def run(self, inputs, opts):
-    return pallas_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+    return run_kernel(pallas_gpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
 
 
 def test_pallas_gpu_float16_and_no_structure():
   TestPallasGpu().check(("softmax", "causal", True, jnp.float16, False, False, None))
   q, k, v = rand_qkv(B=1, T=T, S=S, N=2, K=1, H=16)
-  out = pallas_gpu.run(
-    *dense.prepare(q, k, v, normalizer="sigmoid"), interpret=True, block_sizes=BLOCKS
+  out = run_kernel(
+    pallas_gpu, *dense.prepare(q, k, v, normalizer="sigmoid"), interpret=True, block_sizes=BLOCKS
   )
   ref = attnjax.dot_product_attention(q, k, v, normalizer="sigmoid", implementation="reference")
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
@@ -160,7 +160,9 @@ def test_pallas_gpu_backward_keeps_each_rows_precision(normalizer):
     out, st = fn(*dense.prepare(q, k, v, **kw))
     return jnp.sum(out.astype(dtype) ** 2) + jnp.sum(st.logsumexp)
 
-  kernel = lambda inputs, opts: pallas_gpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+  kernel = lambda inputs, opts: run_kernel(
+    pallas_gpu, inputs, opts, interpret=True, block_sizes=BLOCKS
+  )
   got = jax.jit(jax.grad(functools.partial(loss, fn=kernel), (0, 1, 2)))(q, k, v)
   with jax.enable_x64(True):
     exact = jax.grad(functools.partial(loss, fn=dense.reference, dtype=jnp.float64), (0, 1, 2))(
@@ -201,7 +203,7 @@ class TestPallasGpuAsymmetricBackward(TestPallasGpu):
   dk/dv programs of 32 keys stepping over 16 rows; T = 40, S = 72 pad both."""
 
   def run(self, inputs, opts):
-    return pallas_gpu.run(inputs, opts, interpret=True, block_sizes=ASYMMETRIC)
+    return run_kernel(pallas_gpu, inputs, opts, interpret=True, block_sizes=ASYMMETRIC)
 
   def default_cases(self):
     return [
@@ -259,7 +261,7 @@ def test_softpick_float32_weights_keep_single_key_rows_precise(engine):
   kw = dict(is_causal=True, segment_ids=seg, normalizer="softpick", return_stats=True)
   run = {
     "blockwise": lambda i, o: blockwise.run(i, o, block_q=16, block_k=16),
-    "pallas_gpu": lambda i, o: pallas_gpu.run(i, o, interpret=True, block_sizes=BLOCKS),
+    "pallas_gpu": lambda i, o: run_kernel(pallas_gpu, i, o, interpret=True, block_sizes=BLOCKS),
   }
 
   def loss(q, k, v):

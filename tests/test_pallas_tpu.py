@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax._src import sharding as _sharding
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src import mods
 from attnjax._src.kernels import pallas_tpu
@@ -30,7 +29,7 @@ from attnjax._src.kernels.pallas_tpu import kernel as tpu_kernel
 from attnjax._src.kernels.pallas_tpu import plan
 from attnjax._src.kernels.pallas_tpu.plan import FULL, MASKED, SKIP
 from engine_base import DenseEngineTests, alibi_per_head
-from helpers import rand_qkv
+from helpers import rand_qkv, run_kernel
 
 BLOCKS = pallas_tpu.BlockSizes(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=256)
 T, S = 200, 328
@@ -46,7 +45,7 @@ class TestPallasTpu(DenseEngineTests):
   segment_cuts = (90, 150)
 
   def run(self, inputs, opts):
-    return pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+    return run_kernel(pallas_tpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
 
 
 def test_block_tables_skip_blocks_and_drop_masks():
@@ -92,7 +91,7 @@ def test_segments_skip_blocks_at_run_time():
   kind, fetch = np.asarray(kind), np.asarray(fetch)
   assert kind[2].tolist() == [SKIP, SKIP, FULL, FULL] + [SKIP] * 4
   assert fetch[2].tolist() == [2, 2, 2, 3, 3, 3, 3, 3]
-  out = pallas_tpu.run(inputs, opts, interpret=True, block_sizes=BLOCKS)
+  out = run_kernel(pallas_tpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
   np.testing.assert_allclose(out, dense.reference(inputs, opts), atol=2e-5, rtol=2e-5)
 
 
@@ -164,13 +163,8 @@ def test_modifiers_reading_batch_and_head_inside_shard_map():
     inputs, opts = dense.prepare(q, k, v, **kw)
     if impl == "reference":
       out = dense.reference(inputs, opts)
-    else:
-      out = _sharding.per_shard(
-        lambda i, offsets: pallas_tpu.run(
-          i, opts, interpret=True, block_sizes=BLOCKS, shard_offsets=offsets
-        ),
-        inputs,
-      )
+    else:  # the engine runner runs it per shard (attnjax._src.sharding.per_shard)
+      out = run_kernel(pallas_tpu, inputs, opts, interpret=True, block_sizes=BLOCKS)
     return jnp.sum(out * jnp.cos(out)), out
 
   if len(jax.devices()) < 4:
@@ -225,5 +219,5 @@ def test_a_mask_mod_layout_built_for_other_blocks_on_a_short_call():
   mod = mods.sliding_window_mask(3)
   lay = attnjax.layout.from_mask_mod(mod, 12, 12, 128, 128)
   inputs, opts = dense.prepare(q, k, v, mask_mod=mod, block_layout=lay, normalizer="sigmoid")
-  out = pallas_tpu.run(inputs, opts, interpret=True)
+  out = run_kernel(pallas_tpu, inputs, opts, interpret=True)
   np.testing.assert_allclose(out, dense.reference(inputs, opts), atol=2e-5, rtol=2e-5)

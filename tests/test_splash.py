@@ -1,7 +1,7 @@
 """The splash-attention path: its mask against ours, interpret-mode parity, refusals, dispatch.
 
 The Pallas kernel only compiles for a TPU; on other backends it runs in Pallas interpret
-mode (``splash.run(..., interpret=True)``), which is slow, so the parity cases use the
+mode (``run_kernel(splash, ..., interpret=True)``), which is slow, so the parity cases use the
 smallest lengths the kernel tiles (multiples of 128) and few heads.
 """
 
@@ -16,7 +16,7 @@ import attnjax
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src import masks
 from attnjax._src.kernels import splash
-from helpers import rand_qkv as _rand_qkv
+from helpers import rand_qkv as _rand_qkv, run_kernel
 
 
 def rand_qkv(B=1, T=128, S=None, N=2, K=1, H=64, dtype=jnp.float32, seed=0):
@@ -80,7 +80,7 @@ def _splash_and_reference(q, k, v, kw):
     def f(q, k, v, *sink):
       inputs, opts = dense.prepare(q, k, v, **kw, **({"sink_logits": sink[0]} if sink else {}))
       out = (
-        splash.run(inputs, opts, interpret=True)
+        run_kernel(splash, inputs, opts, interpret=True)
         if impl == "splash"
         else dense.reference(inputs, opts)
       )
@@ -112,7 +112,7 @@ def test_splash_interpret_bf16_matches_float32_reference():
   # back in bf16, within bf16 rounding of the float32 reference on the same inputs.
   q, k, v = rand_qkv(T=128, N=2, K=1, H=128, dtype=jnp.bfloat16, seed=3)
   inputs, opts = dense.prepare(q, k, v, is_causal=True)
-  out = splash.run(inputs, opts, interpret=True)
+  out = run_kernel(splash, inputs, opts, interpret=True)
   assert out.dtype == jnp.bfloat16
   ref = dense.reference(*dense.prepare(*(x.astype(jnp.float32) for x in (q, k, v)), is_causal=True))
   np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=3e-2, rtol=3e-2)
@@ -176,7 +176,7 @@ def test_splash_refuses_without_tpu():
   with pytest.raises(ValueError, match=r"implementation='splash'.*splash needs a TPU"):
     attnjax.dot_product_attention(q, k, v, implementation="splash")
   with pytest.raises(ValueError, match="splash needs a TPU"):
-    splash.run(*dense.prepare(q, k, v))
+    run_kernel(splash, *dense.prepare(q, k, v))
 
 
 @pytest.mark.usefixtures("all_kernels")

@@ -1,6 +1,7 @@
 """A new family is one folder and one registry entry: the stand-in (tests/stand_in_family/) is
 dispatched, validated, tested by the engine base and documented once its op is registered, and
-every suite that covers all families asks for it.
+every suite that covers all families calls it from the sample calls its op supplies, with no
+entry of its own in any of them.
 
 The ``stand_in`` fixture registers the op for one test and removes it after, so no other test
 sees it.
@@ -14,6 +15,7 @@ import jax
 import pytest
 
 import stand_in_family
+import test_context_parallel
 import test_edge_inputs
 import test_forward_mode
 import test_op_engines
@@ -66,7 +68,7 @@ def test_it_is_validated(stand_in):
     stand_in_family.attention(q, k, v, implementation="chunked")
   with pytest.raises(TypeError, match="implementation must be a str or None"):
     stand_in_family.attention(q, k, v, implementation=1)
-  with pytest.raises(ValueError, match=r"share one shape .* k \(1, 7, 2, 4\)"):
+  with pytest.raises(ValueError, match=r"k and v must agree .* k \(1, 7, 2, 4\)"):
     stand_in_family.attention(q, k[:, :7], v)
 
 
@@ -115,20 +117,45 @@ def test_it_is_documented(stand_in):
   assert [line for line in table if line != row] == guide_table().splitlines()
 
 
-@pytest.mark.parametrize(
-  "registry_test",
-  [
-    test_edge_inputs.test_every_registered_family_has_its_cases,
-    test_option_space.test_every_registered_family_is_drawn,
-    test_options.test_every_registered_family_is_listed,
-    test_forward_mode.test_every_registered_family_has_its_calls,
-    test_op_engines.test_every_registered_op_is_tested,
-  ],
-  ids=lambda f: f.__module__,
-)
-def test_every_suite_over_all_families_asks_for_it(stand_in, registry_test):
-  with pytest.raises(AssertionError):
-    registry_test()
+def test_the_edge_inputs_call_it(stand_in):
+  cases = [c for c in test_edge_inputs.family_cases() if c.name.startswith("stand_in_attention")]
+  assert {c.name for c in cases} == {
+    f"stand_in_attention-{i}" for i in ("reference", "cumulative", None)
+  }
+  for case in cases:
+    test_edge_inputs.test_zero_queries(case)
+    test_edge_inputs.test_head_dim_zero(case)
+
+
+def test_the_option_walk_draws_it(stand_in):
+  assert ("stand_in", "stand_in_attention", 0) in test_option_space.samples()
+  for seed in range(test_option_space.DRAWS):
+    test_option_space.walk("stand_in", 0, seed)
+
+
+def test_the_forward_mode_walk_covers_it(stand_in):
+  (case,) = [
+    c
+    for c in test_forward_mode.family_cases(test_forward_mode._arrays())
+    if c.name.startswith("stand_in_attention")
+  ]
+  assert case.name == "stand_in_attention[cumulative]"
+  got = jax.jvp(case.fast, case.args, test_forward_mode._tangents(case.args))
+  want = jax.jvp(case.reference, case.args, test_forward_mode._tangents(case.args))
+  assert_close(got, want, case.name, **test_forward_mode.TOL)
+
+
+def test_the_engine_tables_test_it(stand_in):
+  tests = test_op_engines.op_tests(stand_in_family.NAME)()
+  assert tests.engine_names() == ("cumulative", None)
+  for engine in tests.engine_names():
+    tests.test_engine_matches_reference(engine)
+
+
+def test_the_keyword_and_context_suites_skip_what_it_does_not_take(stand_in):
+  # It forwards no dense keyword and has no context-parallel strategy.
+  assert "stand_in_attention" not in test_options.families()
+  assert all(c["op"] != "stand_in" for c in test_context_parallel.sample_cases())
 
 
 def test_the_entry_is_gone_after_the_test():

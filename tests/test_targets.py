@@ -659,7 +659,7 @@ def test_a_shipped_verdict_makes_mosaic_gpu_the_default_for_an_h200(monkeypatch,
   assert not {MOSAIC_GPU, TRITON} & compiled()  # the block-wise engine: XLA's own ops
   (line,) = [r.getMessage() for r in caplog.records if r.name == "attnjax"]
   assert f"mosaic_gpu is not used on {kind} for sigmoid causal bfloat16 calls: stale" in line
-  assert "run `python -m attnjax.check --kernel mosaic_gpu`" in line
+  assert "run `python -m attnjax.check --platform cuda --kernel mosaic_gpu`" in line
   assert "auto-dispatch runs 'blockwise' instead" in line
 
 
@@ -766,3 +766,32 @@ def test_blockwise_gpu_tiles_are_large_and_memory_stays_linear():
   assert temp < scores / 4, (temp, scores)
   temp_2t = blockwise_program(mesh, 2 * T).memory_analysis().temp_size_in_bytes
   assert temp_2t < 2 * temp, (temp, temp_2t)
+
+
+# ---------------------------------------------------------------------------
+# Every family's auto-dispatch is decided when the program is lowered.
+
+
+def _largest_f32(text: str) -> tuple[int, ...]:
+  """The largest float32 array of a compiled program's HLO, by element count."""
+  shapes = [tuple(int(d) for d in s.split(",")) for s in re.findall(r"f32\[([0-9,]+)\]", text)]
+  return max(shapes, key=lambda s: int(np.prod(s)))
+
+
+@needs_cuda
+@needs_tpu
+@pytest.mark.parametrize("target", ["v5e", "h200"])
+def test_linear_attention_takes_the_targets_engine(target):
+  """``linear_attention`` with no implementation carries a ``platform_dependent`` choice: a
+  CPU runs a call of this length on the quadratic engine (its ``[T, T]`` weights), a GPU or a
+  TPU on the chunked one (no ``[T, T]`` array), whichever host compiles it."""
+  T, C = 128, 8
+  fn = lambda q, k, v: attnjax.linear_attention(q, k, v, is_causal=True, chunk_size=C)
+  x = jnp.zeros((1, T, 2, 16), jnp.float32)
+  assert "branches_platforms" in str(jax.make_jaxpr(fn)(x, x, x))
+  here = jax.jit(fn).lower(x, x, x).compile().as_text()
+  assert _largest_f32(here)[-2:] == (T, T)  # the CPU's choice: quadratic
+  mesh = targets.mesh(target_devices(target))
+  arg = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P()))
+  there = compile_on(mesh, fn, arg, arg, arg).as_text()
+  assert _largest_f32(there)[-2:] != (T, T), _largest_f32(there)  # the target's: chunked

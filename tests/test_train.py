@@ -672,7 +672,7 @@ def test_prefetch_keeps_the_order_stops_and_raises():
   with pytest.raises(OSError, match="no such shard"):
     batches.get(1)
   batches.close()
-  with pytest.raises(ValueError, match="depth must be >= 1"):
+  with pytest.raises(ValueError, match="depth must be a positive int"):
     Prefetch(make, 0, 1, depth=0)
 
 

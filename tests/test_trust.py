@@ -72,7 +72,7 @@ def test_an_unchecked_kernel_is_skipped_with_one_log_line(on_gpu, caplog):
   assert (
     "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: not checked"
   ) in lines[0]
-  assert "`python -m attnjax.check --kernel pallas_gpu`" in lines[0]
+  assert "`python -m attnjax.check --platform cuda --kernel pallas_gpu`" in lines[0]
   assert "ATTNJAX_KERNELS=all" in lines[0] and "runs 'reference' instead" in lines[0]
   # jax's kernels are always taken where they cover the call
   q, k, v = rand_qkv(B=1, T=256, N=2, K=1, H=64, dtype=jnp.bfloat16)
@@ -285,7 +285,7 @@ def test_a_kernel_whose_sources_changed_is_stale(on_gpu, monkeypatch, caplog, tm
     "pallas_gpu is not used on NVIDIA H100 80GB HBM3 for sigmoid causal float32 calls: "
     "stale: its sources changed since its shipped verdict" in line
   )
-  assert "run `python -m attnjax.check --kernel pallas_gpu`" in line
+  assert "run `python -m attnjax.check --platform cuda --kernel pallas_gpu`" in line
 
 
 def test_a_verdict_is_per_case_class(on_gpu, caplog):
@@ -388,12 +388,16 @@ def test_ship_writes_the_checks_own_verdict_into_the_package_folder(
 
 
 def test_all_checks_every_kernel_of_the_platform_and_ship_needs_a_device(small_check, tmp_path):
-  assert check.kernels_to_check("gpu", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
-  assert check.kernels_to_check("gpu", "all", interpret=False) == ("pallas_gpu",)  # no Hopper
+  # The lists are the dense engines vouched for by the device check, per platform.
+  assert check.PLATFORM_KERNELS == {"cuda": ("pallas_gpu", "mosaic_gpu"), "tpu": ("pallas_tpu",)}
+  assert check.BUILTIN == {"cuda": "cudnn", "tpu": "splash"}
+  assert check.kernels_to_check("cuda", "all", interpret=True) == ("pallas_gpu", "mosaic_gpu")
+  assert check.kernels_to_check("cuda", "all", interpret=False) == ("pallas_gpu",)  # no Hopper
   assert check.kernels_to_check("tpu", "all", interpret=False) == ("pallas_tpu",)
-  assert check.kernels_to_check("gpu", "default", interpret=False) == ("pallas_gpu",)
-  with pytest.raises(ValueError, match="--kernel pallas_tpu is not a kernel of --platform gpu"):
-    check.kernels_to_check("gpu", "pallas_tpu", interpret=False)
+  assert check.kernels_to_check("cuda", "default", interpret=False) == ("pallas_gpu",)
+  assert check.kernels_to_check("gpu", "default", interpret=False) == ("pallas_gpu",)  # an alias
+  with pytest.raises(ValueError, match="--kernel pallas_tpu is not a kernel of --platform cuda"):
+    check.kernels_to_check("cuda", "pallas_tpu", interpret=False)
   out = tmp_path / "report.md"
   assert check.main(["--interpret", "--ship", "--out", str(out)]) == 2
   assert check.main(["--interpret", "--kernel", "pallas_tpu", "--out", str(out)]) == 2

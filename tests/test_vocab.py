@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 import attnjax
-from attnjax._src import checks as _checks, feature_maps, masks
-from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src import validators, feature_maps, masks
+from attnjax._src.ops import recurrence
 from attnjax._src.ops.delta_rule import attention as delta_rule
-from attnjax._src.ops.dense import attention as dense, qk_norm
+from attnjax._src.ops.cosine import attention as cosine
+from attnjax._src.ops.dense import attention as dense
+from attnjax._src.ops.qk_norm import attention as qk_norm
 from attnjax._src.ops.gated_linear import attention as gated_linear
 from attnjax._src.ops.linear import attention as linear
 from attnjax._src.ops.sparse import attention as sparse
@@ -28,13 +30,13 @@ def test_check_implementation_passes_current_names_and_maps_old_ones():
   allowed = ("reference", "fast")
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # current names and None never warn
-    assert _checks.check_implementation("implementation", None, allowed) is None
-    assert _checks.check_implementation("implementation", "fast", allowed) == "fast"
+    assert validators.check_implementation("implementation", None, allowed) is None
+    assert validators.check_implementation("implementation", "fast", allowed) == "fast"
   with pytest.warns(
     DeprecationWarning, match="implementation='old' is deprecated; use implementation='reference'"
   ):
     assert (
-      _checks.check_implementation(
+      validators.check_implementation(
         "implementation", "old", allowed, deprecated={"old": "reference"}
       )
       == "reference"
@@ -42,9 +44,9 @@ def test_check_implementation_passes_current_names_and_maps_old_ones():
   with pytest.raises(
     ValueError, match="implementation='slow' is not one of: None, 'reference', 'fast'"
   ):
-    _checks.check_implementation("implementation", "slow", allowed)
+    validators.check_implementation("implementation", "slow", allowed)
   with pytest.raises(TypeError, match="implementation must be a str or None, got int 3"):
-    _checks.check_implementation("implementation", 3, allowed)
+    validators.check_implementation("implementation", 3, allowed)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +57,7 @@ def test_check_implementation_passes_current_names_and_maps_old_ones():
     (linear.ImplementationName, linear.IMPLEMENTATIONS),
     (linear.Normalize, linear.NORMALIZE),
     (qk_norm.Norm, qk_norm.NORMS),
-    (qk_norm.CosineConvention, qk_norm.COSINE_CONVENTIONS),
+    (cosine.CosineConvention, cosine.COSINE_CONVENTIONS),
     (feature_maps.DeterministicKind, feature_maps.DETERMINISTIC),
   ],
   ids=["similarity", "sparse", "linear", "normalize", "norm", "convention", "kind"],
@@ -145,15 +147,16 @@ def _loops(q, k, v, g, beta):
   return out
 
 
-def test_recurrent_families_give_each_implementation_name_the_same_form():
+def test_recurrent_families_give_each_engine_name_the_same_meaning():
   """``"recurrent"`` scans the T tokens, ``"chunked"`` the T / C chunks, ``"quadratic"`` scans
-  nothing (the masked quadratic form); ``"reference"`` is the form its family's
-  ``REFERENCE_FORM`` names; every name equals the family's definition as a loop."""
+  nothing (the masked quadratic product); ``"reference"`` is the engine its family's
+  ``REFERENCE_ENGINE`` names; every name equals the family's definition as a loop."""
   modules = {"linear": linear, "gated_linear": gated_linear, "delta_rule": delta_rule}
-  assert {m.IMPLEMENTATIONS for m in modules.values()} == {_recurrent.IMPLEMENTATIONS}
-  assert set(_recurrent.IMPLEMENTATIONS) == {"reference", "recurrent", "quadratic", "chunked"}
-  # The readable definition of each family (see attnjax/_src/ops/recurrent.py for why these).
-  assert {n: m.REFERENCE_FORM for n, m in modules.items()} == {
+  names = ("reference",) + recurrence.ENGINE_NAMES
+  assert {m.IMPLEMENTATIONS for m in modules.values()} == {names}
+  assert set(names) == {"reference", "recurrent", "quadratic", "chunked"}
+  # The readable definition of each family (see attnjax/_src/ops/recurrence.py for why these).
+  assert {n: m.REFERENCE_ENGINE for n, m in modules.items()} == {
     "linear": "quadratic",
     "gated_linear": "recurrent",
     "delta_rule": "recurrent",
@@ -162,12 +165,12 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
   arrays, calls = _recurrent_case(T)
   scans = {"recurrent": [T], "chunked": [T // C], "quadratic": []}
   for family, call in calls.items():
-    for name in _recurrent.IMPLEMENTATIONS:
+    for name in names:
       jaxpr = jax.make_jaxpr(functools.partial(call, implementation=name, chunk_size=C))(
         *arrays[:3]
       ).jaxpr
-      form = modules[family].REFERENCE_FORM if name == "reference" else name
-      assert _scan_lengths(jaxpr) == scans[form], (family, name)
+      engine = modules[family].REFERENCE_ENGINE if name == "reference" else name
+      assert _scan_lengths(jaxpr) == scans[engine], (family, name)
     with pytest.raises(
       ValueError,
       match="implementation='blockwise' is not one of: None, "
@@ -176,15 +179,15 @@ def test_recurrent_families_give_each_implementation_name_the_same_form():
       call(*arrays[:3], implementation="blockwise")
 
   @jax.jit
-  def every_form(q, k, v):
+  def every_engine(q, k, v):
     return {
       (family, name): call(q, k, v, implementation=name, chunk_size=C)
       for family, call in calls.items()
-      for name in _recurrent.IMPLEMENTATIONS
+      for name in names
     }
 
   want = _loops(*arrays)
-  for (family, name), out in every_form(*arrays[:3]).items():
+  for (family, name), out in every_engine(*arrays[:3]).items():
     assert_close(out, want[family], f"{family} implementation={name!r}", rtol=1e-5, atol=1e-5)
 
 

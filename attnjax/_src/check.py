@@ -15,6 +15,9 @@ import statistics
 import time
 from typing import Callable, Optional
 
+from attnjax._src import lowering
+from attnjax._src.ops.dense import attention as dense
+
 #: The speed table's ``(H, T)``, each run as ``B = 16384 // T`` sequences of ``N = 2048 // H``
 #: heads (16k tokens per batch, model width 2048). tests/test_targets.py compiles these shapes
 #: for an H200.
@@ -27,14 +30,29 @@ CHECK_SHAPE = (2, 300, 8, 2, 64)
 INTERPRET_SHAPE = (2, 40, 4, 2, 16)
 #: Section 2's mask structures, each checked with every normaliser.
 STRUCTURES = ("causal", "window", "segments")
-#: Our kernel per ``--platform``.
-KERNEL = {"gpu": "pallas_gpu", "tpu": "pallas_tpu"}
-#: The platform's built-in softmax kernel per ``--platform`` (the speed targets' baseline).
-BUILTIN = {"gpu": "cudnn", "tpu": "splash"}
+#: The platforms ``--platform`` names (``gpu`` is accepted as an alias of ``cuda``).
+PLATFORMS = ("cuda", "tpu")
+PLATFORM_ALIASES = {"gpu": "cuda"}
+#: The device each platform runs on, as messages name it.
+DEVICES = {"cuda": "GPU", "tpu": "TPU"}
+#: Every kernel this command checks, per platform (``--kernel all``; mosaic_gpu only on a Hopper
+#: or in interpret mode): the dense engines vouched for by the device check, in the op's order.
+PLATFORM_KERNELS = {
+  p: tuple(
+    e.name for e in dense.ENGINES.values() if e.vouched_by == "device-check" and e.platform == p
+  )
+  for p in PLATFORMS
+}
+#: The kernel checked by default per ``--platform``: the platform's first.
+KERNEL = {p: names[0] for p, names in PLATFORM_KERNELS.items()}
+#: The platform's built-in softmax kernel per ``--platform`` (the speed targets' baseline): the
+#: first engine of its auto-dispatch list that jax vouches for.
+BUILTIN = {
+  p: next(n for n in dense.PREFERENCES[p] if dense.ENGINES[n].vouched_by == "jax")
+  for p in PLATFORMS
+}
 #: ``--kernel``'s names besides "default".
-KERNELS = ("all", "pallas_gpu", "mosaic_gpu", "pallas_tpu")
-#: Every kernel of a platform (``--kernel all``; mosaic_gpu only on a Hopper or in interpret mode).
-PLATFORM_KERNELS = {"gpu": ("pallas_gpu", "mosaic_gpu"), "tpu": ("pallas_tpu",)}
+KERNELS = ("all",) + tuple(name for names in PLATFORM_KERNELS.values() for name in names)
 #: Section 2's limit on a row's error (:func:`row_error`) per input dtype. The kernels round
 #: the weights and the score gradients to the input dtype once before their products (the fp32
 #: reference does not): 8 units of roundoff of bf16 (2^-8) and fp16 (2^-11) leave room for the
@@ -70,17 +88,18 @@ def parser() -> argparse.ArgumentParser:
   )
   p.add_argument(
     "--platform",
-    choices=("gpu", "tpu"),
+    choices=PLATFORMS + tuple(PLATFORM_ALIASES),
     default=None,
-    help="which device's kernels to check (default: this host's GPU or TPU; gpu elsewhere)",
+    help="which device's kernels to check: cuda or tpu (gpu: an alias of cuda; default: "
+    "this host's GPU or TPU, cuda elsewhere)",
   )
   p.add_argument(
     "--kernel",
     choices=("default",) + KERNELS,
     default="default",
-    help="the kernel to check: default: pallas_gpu on a GPU, pallas_tpu on a TPU; "
-    "all: every kernel of the platform (on a GPU, mosaic_gpu too where it is "
-    "a Hopper)",
+    help="the kernel to check: default: "
+    + ", ".join(f"{k} on {p}" for p, k in KERNEL.items())
+    + "; all: every kernel of the platform (on cuda, mosaic_gpu too where it is a Hopper)",
   )
   p.add_argument(
     "--ship",
@@ -182,13 +201,12 @@ def _rel_err(a, b) -> float:
 def check_dispatch(r: Report, platform: str) -> None:
   """Section 1: the platform's list in order, every kernel allowed (the trust rule apart)."""
   import jax.numpy as jnp
-  from attnjax import config
   from attnjax._src import target as _target
-  from attnjax._src.ops.dense import attention as dense
+  from attnjax._src.config import config
 
-  r.add(f"## 1. Dispatch ({'cuda' if platform == 'gpu' else 'tpu'} branch of implementation=None)")
-  branch = "cuda" if platform == "gpu" else "tpu"
-  pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), branch)
+  platform = PLATFORM_ALIASES.get(platform, platform)
+  r.add(f"## 1. Dispatch ({platform} branch of implementation=None)")
+  pick = lambda *a, **kw: dense.select_implementation(*dense.prepare(*a, **kw), platform)
   before, config.kernels = config.kernels, "all"
   try:
     q, k, v = qkv(1, 256, 4, 2, 64, jnp.bfloat16)
@@ -231,13 +249,12 @@ def check_cases(impl: str) -> list[tuple[str, str, str]]:
 def _kernel_run(impl: str, interpret: bool) -> Callable:
   """``(inputs, opts) -> out`` of ``impl``: by name through dispatch on a device, the kernel's
   own engine in interpret mode."""
-  from attnjax._src.ops.dense import attention as dense
-  from attnjax._src.kernels import mosaic_gpu, pallas_gpu, pallas_tpu
+  from attnjax._src import op
 
   if not interpret:
     return lambda inputs, opts: dense.run(inputs, opts, impl)
-  engine = {"pallas_gpu": pallas_gpu, "mosaic_gpu": mosaic_gpu, "pallas_tpu": pallas_tpu}[impl]
-  return lambda inputs, opts: engine.run(inputs, opts, interpret=True)
+  engine = dense.ENGINES[impl]
+  return lambda inputs, opts: op.run_engine(engine, (inputs, opts), interpret=True)
 
 
 def case_program(kernel: Callable, normalizer: str, structure: str, window) -> Callable:
@@ -358,7 +375,7 @@ def check_cudnn_and_blockwise(
   on the GPU, ``B`` sequences of ``T`` tokens."""
   import jax
   import jax.numpy as jnp
-  import attnjax
+  from attnjax._src import masks
 
   r.add("")
   r.add("## 3. cuDNN (auto) and block-wise vs reference")
@@ -369,12 +386,12 @@ def check_cudnn_and_blockwise(
   calls = {
     "causal": lambda n: dict(is_causal=True),
     "window": lambda n: dict(is_causal=True, window=(256, 0)),
-    "padding mask": lambda n: dict(mask=attnjax.masks.padding_mask(n, n, T, T)),
+    "padding mask": lambda n: dict(mask=masks.padding_mask(n, n, T, T)),
   }
   for name, kw in calls.items():
 
     def out(q, k, v, n, impl, kw=kw):
-      return attnjax.dot_product_attention(q, k, v, implementation=impl, **kw(n))
+      return dense.dot_product_attention(q, k, v, implementation=impl, **kw(n))
 
     def loss(q, k, v, n, impl):
       o = out(q, k, v, n, impl).astype(jnp.float32)
@@ -396,7 +413,7 @@ def check_cudnn_and_blockwise(
     for kw in (dict(is_causal=True), dict(window=(64, 0), normalizer="softpick")):
       ref, got = (
         jax.jit(
-          lambda q, k, v, impl=impl, kw=kw: attnjax.dot_product_attention(
+          lambda q, k, v, impl=impl, kw=kw: dense.dot_product_attention(
             q, k, v, implementation=impl, **kw
           )
         )(qs, ks, vs)
@@ -411,12 +428,11 @@ def _time_pair(fwd_kw: Callable, args, repeats: int, calls: int = 10, backward_o
   per call of ``calls`` back-to-back calls."""
   import jax
   import jax.numpy as jnp
-  import attnjax
 
-  fwd = jax.jit(lambda q, k, v: attnjax.dot_product_attention(q, k, v, **fwd_kw))
+  fwd = jax.jit(lambda q, k, v: dense.dot_product_attention(q, k, v, **fwd_kw))
   both = jax.jit(
     jax.grad(
-      lambda q, k, v: jnp.sum(attnjax.dot_product_attention(q, k, v, **fwd_kw).astype(jnp.float32)),
+      lambda q, k, v: jnp.sum(dense.dot_product_attention(q, k, v, **fwd_kw).astype(jnp.float32)),
       (0, 1, 2),
     )
   )
@@ -530,10 +546,11 @@ def _ratio(times: dict, a, b, col: int) -> Optional[float]:
   return times[a][col] / times[b][col] if a in times and b in times else None
 
 
-def targets(r: Report, times: dict, platform: str = "gpu") -> None:
+def targets(r: Report, times: dict, platform: str = "cuda") -> None:
   """Section 5 of the default kernel (reported, not failed)."""
   from attnjax._src import normalizers
 
+  platform = PLATFORM_ALIASES.get(platform, platform)
   r.add("")
   r.add("## 5. Targets (reported, not failed)")
   ours, builtin = KERNEL[platform], BUILTIN[platform]
@@ -541,7 +558,7 @@ def targets(r: Report, times: dict, platform: str = "gpu") -> None:
     _say(
       r,
       _ratio(times, (f"{ours} softmax", 128, 4096), (f"{builtin} softmax", 128, 4096), col),
-      1.5 if platform == "gpu" else 1.25,
+      1.5 if platform == "cuda" else 1.25,
       f"{ours} softmax / {builtin} time, T=4096 H=128 {mode}",
     )
     for n in normalizers.NORMALIZERS:
@@ -552,7 +569,7 @@ def targets(r: Report, times: dict, platform: str = "gpu") -> None:
           1.25,
           f"{ours} {n} / {ours} softmax time, T=4096 H=128 {mode}",
         )
-    if platform == "gpu":
+    if platform == "cuda":
       _say(
         r,
         _ratio(times, ("reference softmax", 128, 8192), ("pallas_gpu softmax", 128, 8192), col),
@@ -609,19 +626,19 @@ def mosaic_targets(r: Report, times: dict) -> None:
 
 
 def _host_platform() -> str:
-  import jax
-
-  backend = jax.default_backend()
-  return backend if backend in ("gpu", "tpu") else "gpu"
+  """This host's platform if it is one of :data:`PLATFORMS`, else ``"cuda"``."""
+  platform = lowering.current_platform()
+  return platform if platform in PLATFORMS else "cuda"
 
 
 def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, ...]:
-  """The kernels ``--kernel`` names on ``platform``: "default": its own (pallas_gpu,
-  pallas_tpu); "all": every one of :data:`PLATFORM_KERNELS` (on a GPU, mosaic_gpu only where
-  it is a Hopper, or in interpret mode); else the one named (a ``ValueError`` if it is
-  another platform's)."""
+  """The kernels ``--kernel`` names on ``platform`` (``"gpu"``: ``"cuda"``): "default": its
+  own (:data:`KERNEL`); "all": every one of :data:`PLATFORM_KERNELS` (on cuda, mosaic_gpu
+  only where it is a Hopper, or in interpret mode); else the one named (a ``ValueError`` if
+  it is another platform's)."""
   from attnjax._src import target as _target
 
+  platform = PLATFORM_ALIASES.get(platform, platform)
   if kernel == "default":
     return (KERNEL[platform],)
   if kernel == "all":
@@ -644,9 +661,9 @@ def _refusal(args) -> Optional[str]:
   import jax
 
   want = "cpu" if args.interpret else args.platform
-  if jax.default_backend() != want:
+  if lowering.current_platform() != want:
     needs = (
-      "the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret else f"a {args.platform.upper()}"
+      "the CPU backend (JAX_PLATFORMS=cpu)" if args.interpret else f"a {DEVICES[args.platform]}"
     )
     return (
       f"python -m attnjax.check --platform {args.platform}"
@@ -660,9 +677,8 @@ def _refusal(args) -> Optional[str]:
       "verdict is the CPU's)"
     )
   if args.kernel not in ("default", "all") and args.kernel not in PLATFORM_KERNELS[args.platform]:
-    return f"--kernel {args.kernel} needs --platform " + (
-      "tpu" if args.kernel == "pallas_tpu" else "gpu (mosaic_gpu: a Hopper GPU)"
-    )
+    engine = dense.ENGINES[args.kernel]
+    return f"--kernel {args.kernel} needs --platform {engine.platform} (it {engine.where})"
   return None
 
 
@@ -673,7 +689,7 @@ def run_checks(r: Report, args) -> Optional[int]:
   from attnjax._src import trust as _trust
   from attnjax._version import __version__
 
-  args.platform = args.platform or _host_platform()
+  args.platform = PLATFORM_ALIASES.get(args.platform, args.platform) or _host_platform()
   refusal = _refusal(args)
   if refusal:
     print(refusal)
@@ -697,7 +713,7 @@ def run_checks(r: Report, args) -> Optional[int]:
     )
   if args.interpret:
     return None
-  if args.platform == "gpu":
+  if args.platform == "cuda":
     check_cudnn_and_blockwise(r)
   tables = [
     (table, report)
@@ -729,7 +745,7 @@ def main(argv=None) -> int:
   Returns:
     The exit status: 0 when every correctness check passed, 1 when one failed, 2 when
     nothing was run (this host has no device of the platform asked for, or ``--kernel
-    mosaic_gpu`` without ``--platform gpu``; see :func:`run_checks`).
+    mosaic_gpu`` without ``--platform cuda``; see :func:`run_checks`).
   """
   args = parser().parse_args(argv)
   r = Report()

@@ -26,13 +26,6 @@ def is_empty(q: Any, k: Any) -> bool:
   return q.shape[1] == 0 or k.shape[1] == 0
 
 
-def dense_is_empty(inputs: Any, opts: Any) -> bool:
-  """:func:`is_empty` of a dense call (``DenseInputs``, ``DenseOptions``): the dense op's
-  question before :func:`dense` answers."""
-  del opts
-  return inputs.q.shape[1] == 0 or inputs.k.shape[1] == 0
-
-
 def empty_stats(B: int, N: int, T: int, empty_logsumexp: float = 0.0) -> AttentionStats:
   """:class:`attnjax.AttentionStats` of ``T`` rows that have no allowed key."""
   zeros = jnp.zeros((B, N), jnp.float32)

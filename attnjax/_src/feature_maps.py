@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.numerics import einsum
 
 Array = jnp.ndarray
@@ -68,19 +68,19 @@ class FeatureMap:
 
   def check(self, head_dim: int) -> None:
     """Raises if this map cannot take inputs of head dim ``head_dim``."""
-    _checks.check_choice("feature_map.kind", self.kind, DETERMINISTIC + RANDOM)
+    validators.check_choice("feature_map.kind", self.kind, DETERMINISTIC + RANDOM)
     if self.is_random:
       if self.projection is None or np.ndim(self.projection) != 2:
         raise ValueError(
           f"feature_map {self.kind!r} needs a projection [m, H], got shape "
-          f"{None if self.projection is None else _checks.shape_of(self.projection)}"
+          f"{None if self.projection is None else validators.shape_of(self.projection)}"
         )
       if self.projection.shape[1] != head_dim:
         raise ValueError(
           f"feature_map {self.kind!r} projection has shape "
-          f"{_checks.shape_of(self.projection)}, expected [m, H] with H={head_dim}"
+          f"{validators.shape_of(self.projection)}, expected [m, H] with H={head_dim}"
         )
-      _checks.check_floating("feature_map.projection", self.projection)
+      validators.check_floating("feature_map.projection", self.projection)
     elif self.projection is not None:
       raise ValueError(f"feature_map {self.kind!r} takes no projection")
 
@@ -156,7 +156,7 @@ def by_name(name: DeterministicKind) -> FeatureMap:
   Raises:
     ValueError: an unknown name (the message lists the valid ones).
   """
-  _checks.check_choice("feature map name", name, DETERMINISTIC)
+  validators.check_choice("feature map name", name, DETERMINISTIC)
   return {
     "elu_plus_one": elu_plus_one,
     "relu": relu,
@@ -188,13 +188,11 @@ def gaussian_projection(
     float32 ``[m, H]``.
 
   Raises:
-    ValueError: ``num_features`` or ``head_dim`` is not a positive int.
+    TypeError, ValueError: ``num_features`` or ``head_dim`` is not a positive int.
   """
-  if not isinstance(num_features, (int, np.integer)) or num_features <= 0:
-    raise ValueError(f"num_features must be a positive int, got {num_features!r}")
-  if not isinstance(head_dim, (int, np.integer)) or head_dim <= 0:
-    raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-  return _draw_projection(key, int(num_features), int(head_dim), bool(orthogonal))
+  num_features = validators.check_positive_int("num_features", num_features)
+  head_dim = validators.check_positive_int("head_dim", head_dim)
+  return _draw_projection(key, num_features, head_dim, bool(orthogonal))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks, masks, normalizers
+from attnjax._src import validators, masks, normalizers
 from attnjax._src.options import DenseInputs, DenseOptions
 
 Array = jnp.ndarray
@@ -37,8 +37,8 @@ def window_of(local_window_size: Any, window: Any) -> Any:
     raise TypeError(
       f"local_window_size must be an int or a pair (left, right) of ints, got {local_window_size!r}"
     )
-  local = _checks.check_window(local)
-  if window is not None and _checks.check_window(window) != local:
+  local = validators.check_window(local)
+  if window is not None and validators.check_window(window) != local:
     raise ValueError(
       f"local_window_size={local_window_size!r} (jax.nn's name, "
       f"(left, right) = {local}) and window={window!r} differ; pass one"
@@ -50,8 +50,8 @@ def _lengths_ok(name: str, lengths: Any, B: int, L: int) -> Optional[Array]:
   """``[B, L]`` True at positions below ``lengths`` ``[B]``, or None."""
   if lengths is None:
     return None
-  if _checks.shape_of(lengths) != (B,):
-    raise ValueError(f"{name} must have shape [B] = ({B},), got {_checks.shape_of(lengths)}")
+  if validators.shape_of(lengths) != (B,):
+    raise ValueError(f"{name} must have shape [B] = ({B},), got {validators.shape_of(lengths)}")
   if not jnp.issubdtype(jnp.result_type(lengths), jnp.integer):
     raise TypeError(f"{name} must be integer, got dtype {jnp.result_type(lengths)}")
   return jnp.arange(L)[None, :] < jnp.asarray(lengths)[:, None]
@@ -60,7 +60,7 @@ def _lengths_ok(name: str, lengths: Any, B: int, L: int) -> Optional[Array]:
 def ragged(q, k, query_seq_lengths, key_value_seq_lengths, dense_keywords: dict) -> dict:
   """The dense keywords with jax.nn's ragged lengths as segment ids (when none are given: every
   fast path takes them) or else as a mask intersected with the given one."""
-  B, T, S = _checks.shape_of(q)[0], _checks.shape_of(q)[1], _checks.shape_of(k)[1]
+  B, T, S = validators.shape_of(q)[0], validators.shape_of(q)[1], validators.shape_of(k)[1]
   q_ok = _lengths_ok("query_seq_lengths", query_seq_lengths, B, T)
   kv_ok = _lengths_ok("key_value_seq_lengths", key_value_seq_lengths, B, S)
   if q_ok is None and kv_ok is None:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import lowering as _lowering
+from attnjax._src import lowering as _lowering, validators
 
 Array = jnp.ndarray
 
@@ -44,9 +44,7 @@ class BlockLayout:
 
   def __post_init__(self):
     for name in ("q_len", "kv_len", "block_q", "block_k"):
-      value = getattr(self, name)
-      if not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"BlockLayout.{name} must be a positive int, got {value!r}")
+      validators.check_positive_int(f"BlockLayout.{name}", getattr(self, name))
     if len(self.kv_blocks) != self.num_q_blocks or len(self.needs_mask) != self.num_q_blocks:
       raise ValueError(
         f"BlockLayout needs one row per query block ({self.num_q_blocks} for q_len="
@@ -548,8 +546,7 @@ def from_mask_mod(
     ("block_q", block_q),
     ("block_k", block_k),
   ):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-      raise ValueError(f"from_mask_mod: {name} must be a positive int, got {value!r}")
+    validators.check_positive_int(name, value, where="from_mask_mod")
   if not callable(fn):
     raise TypeError(f"from_mask_mod: fn must be a mask_mod callable, got {type(fn).__name__}")
   if any(isinstance(a, jax.core.Tracer) for a in args):

@@ -5,7 +5,7 @@
 derivatives) raise a ``ValueError`` naming the implementation and the platform.
 :func:`gpu_lowering_target` supplies a GPU model (:data:`EXPORT_GPU`) to lower Triton
 kernels on a host without one; :func:`host_eval` computes static tables on this host
-while tracing for a mesh of other devices; :func:`kernel_engine` makes a kernel's engine.
+while tracing for a mesh of other devices.
 Guide: docs/guides/architecture.md, section "Platforms and lowering".
 """
 
@@ -127,36 +127,6 @@ def wrong_platform(name: str, where: str) -> str:
   """The message of an engine lowered for another platform than its own: ``where`` says where it
   runs (e.g. "runs on a TPU only (a Mosaic kernel)")."""
   return f"implementation={name!r} {where}; use implementation=None to pick per platform"
-
-
-def kernel_engine(
-  name: str, platform: str, unsupported: Callable, compute: Callable, where: str
-) -> Callable:
-  """The ``run(inputs, opts, *, interpret=False, **options)`` of a Pallas kernel engine.
-
-  It raises ``ValueError`` naming what ``unsupported(inputs, opts, interpret=...)`` lists
-  (the one check of a call), runs ``compute(inputs, opts, interpret=True, **options)``
-  anywhere in interpret mode, and otherwise lowers ``compute(inputs, opts, **options)`` only
-  for ``platform`` (another platform raises ``ValueError`` saying the kernel ``where``).
-  ``options`` are the kernel's own keywords (``block_sizes``, ``shard_offsets``).
-  """
-
-  def run(inputs, opts, *, interpret: bool = False, **options):
-    reasons = unsupported(inputs, opts, interpret=interpret)
-    if reasons:
-      raise ValueError(f"implementation={name!r} does not support " + "; ".join(reasons))
-    if interpret:
-      return compute(inputs, opts, interpret=True, **options)
-    return on_platform(
-      platform, lambda: compute(inputs, opts, **options), wrong_platform(name, where)
-    )
-
-  run.__doc__ = (
-    f"The ``implementation={name!r}`` engine: ``compute``, lowering for "
-    f"``{platform}`` only outside interpret mode (another platform raises "
-    f"``ValueError``); ``block_sizes`` None picks the target's row."
-  )
-  return run
 
 
 @contextlib.contextmanager

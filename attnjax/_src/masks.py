@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 
 Array = jnp.ndarray
 
@@ -83,7 +83,7 @@ def window_mask(T: int, S: int, left: int, right: int = 0, *, offset: int = 0) -
   Raises:
     ValueError: a negative ``left`` or ``right``.
   """
-  window = _checks.check_window((left, right))
+  window = validators.check_window((left, right))
   return structural_mask(jnp.arange(T) + offset, jnp.arange(S), window=window)
 
 
@@ -214,7 +214,7 @@ def make_attention_mask(
     jnp.arange(T),
     jnp.arange(S),
     is_causal=is_causal,
-    window=None if window is None else _checks.check_window(window),
+    window=None if window is None else validators.check_window(window),
     q_segment_ids=q_segment_ids,
     kv_segment_ids=kv_segment_ids,
   )

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import logits as _logits
+from attnjax._src import logits as _logits, validators
 from attnjax._src.layout import FULL, MASKED, SKIP, segment_block_relations
 
 Array = jnp.ndarray
@@ -36,10 +36,9 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     numpy float32 ``[N]``.
 
   Raises:
-    ValueError: ``num_heads`` is not a positive int.
+    TypeError, ValueError: ``num_heads`` is not a positive int.
   """
-  if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-    raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+  validators.check_positive_int("num_heads", num_heads)
 
   def power_of_two(n):
     return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]

@@ -2,10 +2,11 @@
 
 An :class:`Op` is a family as dispatch sees it: its :class:`Engine` records (one per
 ``implementation=`` name, ``"reference"`` among them), its auto-dispatch order per
-platform, its answer to an empty call and its context-parallel strategy. A family
-validates a call into its canonical tuple and hands it to :func:`run`; every engine
-takes it (``compute(*call)``, ``unsupported(*call)``). Every op registers in :data:`OPS`;
-:func:`table` renders them for the architecture guide.
+platform, its answer to an empty call, its context-parallel strategy and its sample calls
+(:class:`Sample`, read by the test suites that cover every family). A family validates a
+call into its canonical tuple and hands it to :func:`run`; every engine takes it
+(``compute(*call)``, ``unsupported(*call)``) and runs through :func:`run_engine`. Every
+op registers in :data:`OPS`; :func:`table` renders them for the architecture guide.
 Guide: docs/guides/architecture.md, section "Ops and engines".
 """
 
@@ -18,12 +19,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 
 from attnjax._src import (
-  checks as _checks,
+  validators,
   deprecation as _deprecation,
   lowering as _lowering,
   sharding as _sharding,
   trust as _trust,
 )
+
+# Who vouches for an engine on hardware (:attr:`Engine.vouched_by`).
+VOUCHED_BY = ("jax", "attnjax", "device-check")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Engine:
       ``"device-check"`` (attnjax's Pallas kernels: auto-dispatch takes them only where
       :mod:`attnjax._trust` allows).
     min_length: auto-dispatch takes it from this sequence length on (the op's ``length``).
+    max_length: auto-dispatch takes it up to this sequence length (None: any).
   """
 
   name: str
@@ -57,6 +62,39 @@ class Engine:
   per_shard: bool = False
   vouched_by: str = "attnjax"
   min_length: int = 0
+  max_length: Optional[int] = None
+
+  def __post_init__(self):
+    if self.vouched_by not in VOUCHED_BY:
+      raise ValueError(
+        f"Engine {self.name!r}: vouched_by={self.vouched_by!r} is not one of {VOUCHED_BY}"
+      )
+
+  def takes_length(self, length: int) -> bool:
+    """Whether auto-dispatch may take it for a call of this sequence length."""
+    return self.min_length <= length and (self.max_length is None or length <= self.max_length)
+
+
+def platform_kernel(
+  name: str,
+  compute: Callable[..., Any],
+  unsupported: Callable[..., list[str]],
+  *,
+  platform: str,
+  where: str,
+  vouched_by: str = "device-check",
+) -> Engine:
+  """The record of a platform kernel (a custom call XLA cannot partition): it lowers for
+  ``platform`` only and runs per shard of a multi-device mesh."""
+  return Engine(
+    name,
+    compute,
+    unsupported,
+    platform=platform,
+    where=where,
+    per_shard=True,
+    vouched_by=vouched_by,
+  )
 
 
 def supports_everything(*call) -> list[str]:
@@ -71,6 +109,75 @@ def _no_context(*call) -> Optional[str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sample:
+  """One way to call an op's public function, for the test suites that cover every family.
+
+  An op supplies its samples (:attr:`Op.samples`); the suites over every family (engines
+  against the reference, edge inputs, the option walk, forward mode, forwarded keywords,
+  context parallelism) call them, so adding a family edits none of those suites. Every
+  field but ``function`` has a default: a plain ``q, k, v`` function needs no more.
+
+  Attributes:
+    function: the public function, called ``function(q, k, v, **arrays, **options,
+      implementation=...)``.
+    label: the sample's name in test ids (default: ``function.__name__``).
+    options: the keywords of a plain call besides q, k, v and the arrays.
+    arrays: ``(q, k, v) -> (q, k, v, {keyword: array})``: a call's inputs from drawn
+      ``q [B, T, N, H]``, ``k, v [B, S, K, H]``: the further arrays it takes (gates, gains,
+      temperatures: differentiable, drawn from the shapes) and any change its maths wants
+      of q, k, v (the delta rule's unit keys). None: q, k, v as drawn, nothing more.
+    self_only: keys are the queries' tokens (``S == T``).
+    stats: it takes ``return_stats`` (the result becomes ``(result, AttentionStats)``).
+    state: it takes ``return_state`` (the result becomes ``(out, final state)``).
+    flags: its bool options.
+    static: ``((name, value), ...)``: a valid value of each static numeric option.
+    choices: ``((name, values), ...)``: valid values of its own options, for the option walk.
+    defects: ``((name, values), ...)``: invalid values of its own options, each refused with
+      an error that names the option.
+    dense_keywords: the dense keywords it forwards (of :data:`attnjax.options.KEYWORDS`).
+    own_keywords: dense keyword names it takes with a meaning of its own.
+    own_defaults: its defaults of dense keywords that differ from dense attention's.
+    context: it takes ``context_axis`` (inside ``jax.shard_map`` it returns its shard of
+      the unsharded call's result).
+    extreme_values: its engines agree with its reference on huge values and NaNs (the
+      option walk draws them).
+  """
+
+  function: Callable[..., Any]
+  label: str = ""
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  arrays: Optional[Callable[..., Any]] = None
+  self_only: bool = False
+  stats: bool = False
+  state: bool = False
+  flags: tuple[str, ...] = ()
+  static: tuple[tuple[str, Any], ...] = ()
+  choices: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+  defects: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+  dense_keywords: tuple[str, ...] = ()
+  own_keywords: tuple[str, ...] = ()
+  own_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  context: bool = False
+  extreme_values: bool = False
+
+  @property
+  def name(self) -> str:
+    """The label, or the function's name."""
+    return self.label or getattr(self.function, "__name__", "sample").lstrip("_")
+
+  def inputs(self, q, k, v) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """``(q, k, v, {keyword: array})`` of a call on drawn ``q, k, v``."""
+    return (q, k, v, {}) if self.arrays is None else self.arrays(q, k, v)
+
+  def call(self, q, k, v, *, implementation=None, **options):
+    """``function`` on ``q, k, v`` with its arrays, ``options`` over its own."""
+    q, k, v, arrays = self.inputs(q, k, v)
+    return self.function(
+      q, k, v, **arrays, **{**self.options, **options}, implementation=implementation
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class Op:
   """An attention family as dispatch sees it.
 
@@ -82,8 +189,8 @@ class Op:
       name it.
     engines: ``{name: Engine}``; its keys are the valid ``implementation=`` values.
     preferences: auto-dispatch's order per ``platform_dependent`` key (``"cuda"``,
-      ``"tpu"``): the first engine that supports the call, then ``fallback``. Another
-      platform takes ``fallback`` alone.
+      ``"tpu"``, ``"cpu"``): the first engine that supports the call, then ``fallback``.
+      A platform without a list takes ``fallback`` alone.
     fallback: the engines every platform ends its list with; the last must support every
       call.
     empty: ``(*call) -> answer`` for a call with no queries or no keys (asked only where
@@ -96,10 +203,14 @@ class Op:
       calls it on the calls it makes of its shards (without the context axis), so no family
       module is entered again.
     context_axis: ``(*call) -> axis name or None``.
-    length: ``(*call) -> int``, the sequence length engines' ``min_length`` compares with.
+    length: ``(*call) -> int``, the sequence length engines' ``min_length`` and
+      ``max_length`` compare with.
     trust_class: ``(*call) -> case class`` the kernels' verdicts name
       (:func:`attnjax._trust.call_class`), for engines vouched by ``"device-check"``.
     renamed: old engine names still accepted (``{old: new}``), each warning once.
+    samples: ``() -> (Sample, ...)``: how the test suites over every family call the op's
+      public functions (read when the tests are collected, so a lambda may name functions
+      defined after the op).
   """
 
   name: str
@@ -113,12 +224,16 @@ class Op:
   length: Callable[..., int] = lambda *call: 0
   trust_class: Optional[Callable[..., Any]] = None
   renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  samples: Callable[[], Sequence[Sample]] = lambda: ()
 
   @property
   def implementations(self) -> tuple[str, ...]:
     """The valid ``implementation=`` names (the engines'), in the order of ``engines``."""
     return tuple(self.engines)
 
+
+# The platform_dependent keys of the ops table's columns; "cpu" stands for every other platform.
+PLATFORMS = ("cuda", "tpu", "cpu")
 
 # Every op, by name; each family module registers its own when imported.
 OPS: dict[str, Op] = {}
@@ -135,19 +250,17 @@ def register(op: Op) -> Op:
 def table(ops: Optional[Mapping[str, Op]] = None) -> str:
   """The ops as a markdown table (docs/guides/architecture.md holds it): each op's engines, the
   valid ``implementation=`` values, and auto-dispatch's order of them per platform (the
-  first that supports a call runs). ``ops``: :data:`OPS` by default; rows in name order."""
+  first that supports a call runs; a platform without a column takes the op's fallback). ``ops``: :data:`OPS` by default; rows in name order."""
   ops = OPS if ops is None else ops
   names = lambda seq: ", ".join(f"`{n}`" for n in seq)
   rows = [
-    "| Op | Engines (`implementation=`) | Auto-dispatch on `cuda` | on `tpu` | elsewhere |",
+    "| Op | Engines (`implementation=`) | Auto-dispatch on `cuda` | on `tpu` | on `cpu` |",
     "|---|---|---|---|---|",
   ]
   for name in sorted(ops):
     op = ops[name]
-    order = [names(tuple(op.preferences.get(p, ())) + op.fallback) for p in ("cuda", "tpu")]
-    rows.append(
-      f"| `{name}` | {names(op.implementations)} | {order[0]} | {order[1]} | {names(op.fallback)} |"
-    )
+    cuda, tpu, cpu = (names(tuple(op.preferences.get(p, ())) + op.fallback) for p in PLATFORMS)
+    rows.append(f"| `{name}` | {names(op.implementations)} | {cuda} | {tpu} | {cpu} |")
   return "\n".join(rows) + "\n"
 
 
@@ -174,7 +287,7 @@ def check_implementation(
       stacklevel=3,
     )
     implementation = new
-  _checks.check_implementation("implementation", implementation, op.implementations)
+  validators.check_implementation("implementation", implementation, op.implementations)
   return implementation
 
 
@@ -196,9 +309,9 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
     notes = []
     for name in tuple(op.preferences.get(platform, ())) + op.fallback:
       engine = op.engines[name]
-      if engine.min_length:
+      if engine.min_length or engine.max_length is not None:
         length = op.length(*call) if length is None else length
-        if length < engine.min_length:
+        if not engine.takes_length(length):
           continue
       decision = None
       if engine.vouched_by == "device-check":
@@ -228,35 +341,71 @@ def select(op: Op, call: Sequence[Any], platform: Optional[str] = None) -> str:
   return choose(op, call, (platform,))[platform]
 
 
-def compute(engine: Engine, call: Sequence[Any]):
-  """``engine.compute`` of a call it supports, per shard where it must be."""
+def compute(engine: Engine, call: Sequence[Any], **options):
+  """``engine.compute`` of a call it supports, per shard where it must be (``options``: the
+  engine's own keywords, e.g. a kernel's ``block_sizes``)."""
   if not engine.per_shard:
-    return engine.compute(*call)
+    return engine.compute(*call, **options)
   rest = tuple(call[1:])
   return _sharding.per_shard(
-    lambda shard, offsets: engine.compute(shard, *rest, shard_offsets=offsets), call[0]
+    lambda shard, offsets: engine.compute(shard, *rest, shard_offsets=offsets, **options), call[0]
   )
 
 
-def run_named(op: Op, name: str, call: Sequence[Any]):
-  """A named engine: its one check of the call, then its computation, lowering for its own
-  platform only (another platform raises ``ValueError`` naming its ``where`` when the program
-  is lowered)."""
-  engine = op.engines[name]
-  reasons = engine.unsupported(*call)
+def run_engine(engine: Engine, call: Sequence[Any], *, interpret: bool = False, **options):
+  """The one runner of a named engine: its one check of the call, then its computation,
+  lowering for its own platform only (another platform raises ``ValueError`` naming its
+  ``where`` when the program is lowered).
+
+  Args:
+    engine: the engine (an op's, or a kernel module's ``ENGINE``).
+    call: the call it takes (``compute(*call)``).
+    interpret: run a Pallas kernel in interpret mode, on any platform (its ``unsupported``
+      and ``compute`` take ``interpret=True``).
+    **options: the engine's own keywords (``block_sizes``), passed to its ``compute``.
+
+  Raises:
+    ValueError: the engine does not support the call (the message names its reasons).
+  """
+  mode = {"interpret": True} if interpret else {}
+  reasons = engine.unsupported(*call, **mode)
   if reasons:
     raise ValueError(
       f"implementation={engine.name!r} does not support "
       + "; ".join(reasons)
       + ". Use implementation='reference' or None (auto)."
     )
-  if engine.platform is None:
-    return compute(engine, call)
+  if interpret or engine.platform is None:
+    return compute(engine, call, **mode, **options)
   return _lowering.on_platform(
     engine.platform,
-    lambda: compute(engine, call),
+    lambda: compute(engine, call, **options),
     _lowering.wrong_platform(engine.name, engine.where),
   )
+
+
+def dense_runner(engine: Engine) -> Callable[..., Any]:
+  """``(inputs, opts, **options) -> out``: :func:`run_engine` of a dense engine (a kernel's
+  ``attention()`` entry runs through it)."""
+  return lambda inputs, opts, **options: run_engine(engine, (inputs, opts), **options)
+
+
+def deprecated_run(engine: Engine, module: str) -> Callable[..., Any]:
+  """A kernel module's old ``run(inputs, opts, **options)``: :func:`run_engine` of its engine,
+  warning once that ``module.attention`` (or the ``implementation=`` name) replaces it."""
+
+  def run(inputs, opts, **options):
+    _deprecation.warn_once(
+      f"{module}.run", f"{module}.attention(q, k, v, ...) or implementation={engine.name!r}"
+    )
+    return run_engine(engine, (inputs, opts), **options)
+
+  run.__doc__ = (
+    f"Deprecated (warns once): the ``{engine.name}`` engine on a validated dense call; call "
+    f"``{module}.attention`` or ``attnjax.dot_product_attention(..., "
+    f"implementation={engine.name!r})``."
+  )
+  return run
 
 
 def run(op: Op, call: Sequence[Any], implementation: Optional[str]):
@@ -265,7 +414,7 @@ def run(op: Op, call: Sequence[Any], implementation: Optional[str]):
   In order: a call with no queries or no keys gets ``op.empty``'s answer before any engine
   is chosen; a call with a context axis goes to ``op.context``, with this op's
   :func:`run_on_this_platform` as the per-device computation; a named engine runs through
-  :func:`run_named`; ``implementation=None`` is decided when the program is lowered: the
+  :func:`run_engine`; ``implementation=None`` is decided when the program is lowered: the
   choices of :func:`choose` for every platform become the branches of one
   ``jax.lax.platform_dependent`` (a single branch when they agree), so a function exported
   for ``cuda`` or ``tpu`` from a CPU host carries the GPU or TPU engine.
@@ -276,7 +425,7 @@ def run(op: Op, call: Sequence[Any], implementation: Optional[str]):
   if op.context is not None and op.context_axis(*call) is not None:
     return op.context(call, implementation, functools.partial(run_on_this_platform, op))
   if implementation is not None:
-    return run_named(op, implementation, call)
+    return run_engine(op.engines[implementation], call)
   current = _lowering.current_platform()
   table = choose(op, call, tuple(dict.fromkeys(_lowering.PLATFORMS + (current,))))
   if len(set(table.values())) == 1:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal, Optional, Sequence, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks, empty as _empty, logits as _logits, masks, normalizers
+from attnjax._src import validators, empty as _empty, logits as _logits, masks, normalizers
 from attnjax._src import static as _static_options
 
 Array = jnp.ndarray
@@ -71,7 +71,7 @@ class DenseKeywords:
   mask_mod_args: Any = None
   block_layout: Any = _static_keyword(None)
   context_axis: Optional[str] = _static_keyword(None)
-  context_strategy: str = _static_keyword("ring")
+  context_strategy: Optional[str] = _static_keyword("ring")
   context_layout: Optional[str] = _static_keyword(None, validated="contiguous")
 
 
@@ -144,7 +144,7 @@ class DenseOptions:
   mask_mod: Optional[Callable[..., Any]] = None
   block_layout: Any = None
   context_axis: Optional[str] = None
-  context_strategy: str = "ring"
+  context_strategy: Optional[str] = "ring"
   context_layout: Optional[str] = "contiguous"
   # INTERNAL_OPTIONS
   empty_row_logsumexp: float = 0.0
@@ -191,18 +191,6 @@ KERNEL_OPTIONS = (
 )
 # The DenseInputs fields the platform kernels are written for (reported the same way).
 KERNEL_INPUTS = ("q", "k", "v", "bias", "mask", "sink_logits", "q_segment_ids", "kv_segment_ids")
-
-
-def call_context_axis(inputs: DenseInputs, opts: DenseOptions) -> Optional[str]:
-  """The dense op's ``context_axis`` of a call (``Op.context_axis`` in ``attnjax/_src/op.py``)."""
-  del inputs
-  return opts.context_axis
-
-
-def call_length(inputs: DenseInputs, opts: DenseOptions) -> int:
-  """The dense op's ``length`` of a call: the longer of ``T`` and ``S``."""
-  del opts
-  return max(inputs.q.shape[1], inputs.k.shape[1])
 
 
 def unknown_options(
@@ -334,10 +322,10 @@ def check_context(context_axis: Any, context_strategy: Any, context_layout: Any)
     raise TypeError(
       f"context_axis must be a shard_map mesh axis name (a str) or None, got {context_axis!r}"
     )
-  _checks.check_choice("context_strategy", context_strategy, CONTEXT_STRATEGIES)
+  validators.check_choice("context_strategy", context_strategy, (None,) + CONTEXT_STRATEGIES)
   layout = "contiguous" if context_layout is None else context_layout
-  _checks.check_choice("context_layout", layout, CONTEXT_LAYOUTS)
-  if context_axis is None and (context_strategy != "ring" or layout != "contiguous"):
+  validators.check_choice("context_layout", layout, CONTEXT_LAYOUTS)
+  if context_axis is None and (context_strategy not in (None, "ring") or layout != "contiguous"):
     raise ValueError(
       f"context_strategy={context_strategy!r} / context_layout="
       f"{context_layout!r} were given without context_axis (the shard_map axis "
@@ -380,21 +368,21 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
     unknown = [name for name in dense_keywords if name not in KEYWORDS]
     raise TypeError(f"unknown keyword(s) {unknown} of a dense call; the keywords are {KEYWORDS}")
   kw = DenseKeywords(**dense_keywords)
-  B, T, S, N, K, H, _ = _checks.check_qkv(q, k, v)
+  B, T, S, N, K, H, _ = validators.check_qkv(q, k, v)
   # Each check runs where a value could be wrong: a keyword left at None needs none.
   if kw.normalizer not in normalizers.NORMALIZERS:
-    _checks.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
+    validators.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
   if kw.similarity not in SIMILARITIES:
-    _checks.check_choice("similarity", kw.similarity, SIMILARITIES)
+    validators.check_choice("similarity", kw.similarity, SIMILARITIES)
   if not isinstance(kw.is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {kw.is_causal!r}")
-  window = None if kw.window is None else _checks.check_window(kw.window)
+  window = None if kw.window is None else validators.check_window(kw.window)
   scale = H**-0.5 if kw.scale is None else kw.scale
   if isinstance(scale, bool) or not isinstance(scale, (int, float)):
     raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
   if not math.isfinite(scale):
     raise ValueError(f"scale must be finite, got scale={scale!r}")
-  softcap = None if kw.softcap is None else _checks.check_positive_float("softcap", kw.softcap)
+  softcap = None if kw.softcap is None else validators.check_positive_float("softcap", kw.softcap)
   target = (B, N, T, S)
   sink_logits = kw.sink_logits
   if sink_logits is not None:
@@ -403,12 +391,14 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
         f"sink_logits adds a learned null column to softmax; it cannot be combined "
         f"with normalizer={kw.normalizer!r}"
       )
-    sink_logits = jnp.reshape(_checks.check_per_head("sink_logits", sink_logits, N), (1, N, 1, 1))
-  bias = None if kw.bias is None else _checks.as_rank4("bias", kw.bias, target, kind="bias")
-  mask = None if kw.mask is None else _checks.as_rank4("mask", kw.mask, target, kind="mask")
+    sink_logits = jnp.reshape(
+      validators.check_per_head("sink_logits", sink_logits, N), (1, N, 1, 1)
+    )
+  bias = None if kw.bias is None else validators.as_rank4("bias", kw.bias, target, kind="bias")
+  mask = None if kw.mask is None else validators.as_rank4("mask", kw.mask, target, kind="mask")
   q_seg = kv_seg = None
   if kw.segment_ids is not None:
-    q_seg, kv_seg = _checks.check_segment_ids(kw.segment_ids, B, T, S)
+    q_seg, kv_seg = validators.check_segment_ids(kw.segment_ids, B, T, S)
   score_args = mask_args = ()
   if (
     kw.score_mod is not None
@@ -427,7 +417,11 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
         f"{layout!r:.120}"
       )
   context_layout = "contiguous"
-  if (kw.context_axis, kw.context_strategy, kw.context_layout) != (None, "ring", None):
+  if (
+    kw.context_axis is not None
+    or kw.context_strategy not in (None, "ring")
+    or kw.context_layout is not None
+  ):
     context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
   inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
   opts = DenseOptions(

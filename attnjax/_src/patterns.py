@@ -12,7 +12,7 @@ from typing import Optional, Union
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import masks
+from attnjax._src import masks, validators
 
 # Layouts are built in attnjax.layout from these rules.
 from attnjax._src.layout import BlockLayout, SparsePlan, kept_blocks
@@ -26,12 +26,7 @@ Array = jnp.ndarray
 
 
 def _check_int(name: str, value, *, minimum: int, pattern: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{pattern}: {name} must be an int, got {value!r} ({type(value).__name__})")
-  if value < minimum:
-    bound = "positive" if minimum == 1 else f">= {minimum}"
-    raise ValueError(f"{pattern}: {name} must be {bound}, got {name}={value}")
-  return int(value)
+  return validators.check_positive_int(name, value, minimum=minimum, where=pattern)
 
 
 def check_lengths(T, S, block_size) -> tuple[int, int, int]:

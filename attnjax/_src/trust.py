@@ -29,12 +29,14 @@ from attnjax._src.config import config
 from attnjax._version import __version__
 
 ENV_CACHE_DIR = "ATTNJAX_CACHE_DIR"
-# The command that checks each kernel on the local device and records its verdict.
-CHECK_COMMANDS = {
-  "pallas_gpu": "python -m attnjax.check --kernel pallas_gpu",
-  "mosaic_gpu": "python -m attnjax.check --kernel mosaic_gpu",
-  "pallas_tpu": "python -m attnjax.check --platform tpu",
-}
+
+
+def check_command(kernel: str, platform: str) -> str:
+  """The command that checks ``kernel`` (of ``platform``) on the local device and records its
+  verdict."""
+  return f"python -m attnjax.check --platform {platform} --kernel {kernel}"
+
+
 #: The implementation's directory (``attnjax/_src``, the root of the sources a digest covers).
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 #: The verdicts shipped with the package (``python -m attnjax.check --ship`` writes them).
@@ -48,6 +50,7 @@ SHARED_SOURCES = (
   "attention_stats.py",
   "kernels/_plan.py",
   "kernels/autodiff.py",
+  "kernels/kernel_vjp.py",
   "kernels/linear_map.py",
 )
 #: The structures of a case class (:func:`call_class`): ``python -m attnjax.check`` checks the
@@ -258,12 +261,14 @@ def allows(
   found = verdict(kernel, kind, klass, local=processes == 1)
   if found.status == "passed":
     return Decision(True)
-  return Decision(False, _note(kernel, kind, klass, found, processes))
+  return Decision(False, _note(kernel, platform, kind, klass, found, processes))
 
 
-def _note(kernel: str, kind: str, klass: Optional[str], found: Verdict, processes: int) -> str:
+def _note(
+  kernel: str, platform: str, kind: str, klass: Optional[str], found: Verdict, processes: int
+) -> str:
   """The log line of a kernel auto-dispatch skipped: why, and the check that enables it."""
-  command = CHECK_COMMANDS.get(kernel, "python -m attnjax.check")
+  command = check_command(kernel, platform)
   calls = f" for {klass} calls" if klass else ""
   if found.status == "stale":
     why = (

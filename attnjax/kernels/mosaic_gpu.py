@@ -1,8 +1,9 @@
 """A Pallas Mosaic GPU flash-attention kernel for Hopper: ``implementation="mosaic_gpu"``.
 
-:func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
-platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
-(``interpret=True`` runs it in jax's Mosaic GPU interpreter on the CPU). The forward kernel is
+:func:`attention` is the kernel called like :func:`attnjax.dot_product_attention`
+(``interpret=True`` runs it in jax's Mosaic GPU interpreter on the CPU); :func:`compute` and
+:func:`unsupported` are the engine the dense op runs (``run``, deprecated, is that engine on a
+validated call). The forward kernel is
 in ``attnjax.kernels.mosaic_gpu.kernel``, the dq and dk/dv kernels in
 ``attnjax.kernels.mosaic_gpu.backward``; block sizes, the shared-memory budget and the row
 lowering of the normalisers' state in ``attnjax.kernels.mosaic_gpu.plan``.

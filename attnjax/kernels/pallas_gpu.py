@@ -1,9 +1,9 @@
 """A Pallas GPU (Triton) flash-attention kernel for every normaliser: ``implementation="pallas_gpu"``.
 
-:func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
-platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
-(``interpret=True`` runs it on any backend). The forward kernel is in
-``attnjax.kernels.pallas_gpu.kernel``, the backward kernels in
+:func:`attention` is the kernel called like :func:`attnjax.dot_product_attention`
+(``interpret=True`` runs it on any platform); :func:`compute` and :func:`unsupported` are the
+engine the dense op runs (``run``, deprecated, is that engine on a validated call). The
+forward kernel is in ``attnjax.kernels.pallas_gpu.kernel``, the backward kernels in
 ``attnjax.kernels.pallas_gpu.backward``, and the grid plan and tile helpers they share in
 ``attnjax.kernels.pallas_gpu.plan``.
 """

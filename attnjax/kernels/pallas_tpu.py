@@ -1,10 +1,10 @@
 """A Pallas TPU (Mosaic) flash-attention kernel for every normaliser: ``implementation="pallas_tpu"``.
 
-:func:`run` is the engine of a validated dense call, :func:`compute` the kernel without its
-platform guard, :func:`attention` the kernel called like :func:`attnjax.dot_product_attention`
-(``interpret=True`` runs it on any backend). The forward and count kernels are in
-``attnjax.kernels.pallas_tpu.kernel``, the backward kernels in
-``attnjax.kernels.pallas_tpu.backward``, and the plan, block tables and tile helpers they
+:func:`attention` is the kernel called like :func:`attnjax.dot_product_attention`
+(``interpret=True`` runs it on any platform); :func:`compute` and :func:`unsupported` are the
+engine the dense op runs (``run``, deprecated, is that engine on a validated call). The
+forward and count kernels are in ``attnjax.kernels.pallas_tpu.kernel``, the backward kernels
+in ``attnjax.kernels.pallas_tpu.backward``, and the plan, block tables and tile helpers they
 share in ``attnjax.kernels.pallas_tpu.plan``.
 """
 

@@ -2,10 +2,10 @@
 
 Softmax with causal / window / segment structure, softcap, sink logits (where
 this jax's kernel takes them) and GQA, for ``T`` and ``S`` multiples of 128.
-:func:`run` is the engine (it lowers for ``tpu`` only, or anywhere with
-``interpret=True``), :func:`compute` the kernel without its platform guard (a
-``platform_dependent`` branch) and :func:`unsupported` what it cannot honour;
-:func:`attnjax.dot_product_attention` runs it with ``implementation="splash"``.
+:func:`compute` is the kernel without its platform guard (a ``platform_dependent``
+branch) and :func:`unsupported` what it cannot honour: the engine
+:func:`attnjax.dot_product_attention` runs with ``implementation="splash"`` (``run``,
+deprecated, is that engine on a validated call).
 """
 
 from attnjax._src.kernels.splash import (

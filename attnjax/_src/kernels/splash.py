@@ -12,7 +12,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import lowering as _lowering, sharding as _sharding, normalizers, options
+from attnjax._src import lowering as _lowering, op, normalizers, options
 from attnjax._src.kernels import autodiff, blockwise
 
 Array = jnp.ndarray
@@ -113,7 +113,7 @@ def unsupported(
 
   The platform is not one of them: splash traces anywhere and lowers for
   ``tpu`` from any host (``jax.export(..., platforms=["tpu"])``); lowering it
-  for another platform raises (see :func:`run`).
+  for another platform raises (:func:`attnjax._src.op.run_engine`).
   """
   reasons = []
   if _library() is None:
@@ -141,24 +141,6 @@ def unsupported(
   )
   del interpret  # the platform is checked when the program is lowered (see splash)
   return reasons
-
-
-def run(inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False):
-  """Splash attention (see :func:`compute`); outside interpret mode it lowers for ``tpu`` only.
-
-  Lowering for another platform raises ``ValueError`` ("splash needs a TPU").
-  """
-  reasons = unsupported(inputs, opts, interpret=interpret)
-  if reasons:
-    raise ValueError("implementation='splash' does not support " + "; ".join(reasons))
-  if interpret:
-    return compute(inputs, opts, interpret=True)
-  return _lowering.on_platform(
-    "tpu",
-    lambda: compute(inputs, opts),
-    "implementation='splash' runs on a TPU only (splash needs a TPU); use implementation=None "
-    "to pick per platform",
-  )
 
 
 @jax.custom_vjp
@@ -260,14 +242,17 @@ def compute(
   return out
 
 
-def _run_per_shard(
-  inputs: options.DenseInputs, opts: options.DenseOptions, *, interpret: bool = False
-):
-  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
-  return _sharding.per_shard(lambda part, offsets: run(part, opts, interpret=interpret), inputs)
-
-
-attention = options.engine_entry(_run_per_shard, "splash", ("interpret",))
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.platform_kernel(
+  "splash",
+  compute,
+  unsupported,
+  platform="tpu",
+  where="runs on a TPU only (splash needs a TPU)",
+  vouched_by="jax",
+)
+run = op.deprecated_run(ENGINE, "attnjax.kernels.splash")
+attention = options.engine_entry(op.dense_runner(ENGINE), "splash", ("interpret",))
 attention.__doc__ = """Splash attention called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, interpret=False)``: every keyword of

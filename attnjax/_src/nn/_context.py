@@ -89,10 +89,8 @@ def run(
     q, k, v: ``[B, T, N|K, H]`` projections of the whole call.
     args: further positional arrays (the delta rule's ``beta`` ``[B, T, N]``).
     kwargs: keyword arguments; ``mask`` must be None for the sharded path.
-    strategy: ``context_strategy`` for functions that take one (None: ``"ring"`` for
-      the block-wise or automatic implementation; for a named one, which the ring
-      cannot run, ``"all_to_all"`` where the axis divides the device's heads, else
-      ``"all_gather"``).
+    strategy: ``context_strategy`` for functions that take one (None: the op chooses,
+      :func:`attnjax._src.parallel.strategies.choose_strategy`).
 
   Returns:
     What ``fn`` returns (``out``, ``(out, stats)``, ...) for the whole call.
@@ -142,10 +140,6 @@ def run(
   if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
     leaves = [jax.tree.map(jax.sharding.reshard, x, s) for x, s in zip(leaves, in_specs)]
   if "context_strategy" in _parameters(fn):
-    if strategy is None:
-      sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-      local_heads = N // _prod(sizes[a] for a in head_axes)
-      strategy = _default_strategy(full.get("implementation"), local_heads, size)
     static["context_strategy"] = strategy
   local = functools.partial(
     _local, fn=fn, static=static, arg_names=arg_names, mods=mods, num_args=len(args), b=b, h=h
@@ -209,14 +203,6 @@ def _split_keywords(kwargs: dict):
   return static, arg_names, mods, mod_args
 
 
-def _default_strategy(implementation: Optional[str], local_heads: int, size: int) -> str:
-  """The ring for the block-wise or automatic implementation; else all-to-all where the
-  context axis divides the device's heads, else all-gather."""
-  if implementation in (None, "blockwise"):
-    return "ring"
-  return "all_to_all" if local_heads % size == 0 else "all_gather"
-
-
 def _local(q_, k_, v_, *rest, fn, static, arg_names, mods, num_args: int, b, h):
   """One device's call: ``fn`` on its shards, its modifiers given the shard's first batch row
   and query head (``first``) so that they see the whole call's indices."""
@@ -248,10 +234,3 @@ def _axes(names):
   if not names:
     return None
   return names[0] if len(names) == 1 else tuple(names)
-
-
-def _prod(values) -> int:
-  out = 1
-  for v in values:
-    out *= int(v)
-  return out

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.nn import _layers
 from attnjax._src.nn.caches import Cache, CrossCache
 from attnjax._src.nn.config import AttentionConfig
@@ -281,7 +281,7 @@ class Attention(nnx.Module):
       _layers.sow(self, "k_rms", _rms(k))
     S = k.shape[1]
     if mask is not None:
-      mask = _checks.as_rank4("mask", mask, (B, N, T, S), kind="mask")
+      mask = validators.as_rank4("mask", mask, (B, N, T, S), kind="mask")
     if segment_ids is not None:
       if cross:
         raise ValueError(

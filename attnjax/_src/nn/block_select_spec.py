@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.ops.block_select import attention as block_select_lib
 from attnjax._src.nn.caches import KVCache
@@ -59,7 +59,7 @@ class BlockSelectSpec(ScoreSpec):
   """
 
   family: ClassVar[str] = "block_select"
-  implementations: ClassVar[tuple[str, ...]] = block_select_lib.IMPLEMENTATIONS
+  op: ClassVar[str] = "block_select"
   DENSE_EQUIVALENT: ClassVar[dict[str, Any]] = {"gathered": None, "reference": "reference"}
 
   block_size: int = 16
@@ -70,7 +70,7 @@ class BlockSelectSpec(ScoreSpec):
     super().validate()
     check_int("block_size", self.block_size)
     check_int("top_k", self.top_k, minimum=0)
-    _checks.check_choice("query_pool", self.query_pool, block_select_lib.QUERY_POOLS)
+    validators.check_choice("query_pool", self.query_pool, block_select_lib.QUERY_POOLS)
     if self.cache_policy != "full":
       raise ValueError(
         f"cache_policy={self.cache_policy!r}: family='block_select' decodes "

@@ -20,7 +20,7 @@ from typing import Callable, ClassVar, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks, normalizers
+from attnjax._src import validators, normalizers
 from attnjax._src.ops.compressed import attention as compressed
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.nn import _layers
@@ -79,7 +79,7 @@ class CompressedSpec(AttentionSpec):
     "linformer_e",
     "linformer_f",
   )
-  implementations: ClassVar[tuple[str, ...]] = compressed.IMPLEMENTATIONS
+  op: ClassVar[str] = "compressed"
 
   stride: int = 4
   window: Optional[int] = None
@@ -97,9 +97,9 @@ class CompressedSpec(AttentionSpec):
     check_int("max_len", self.max_len)
     check_int("block_size", self.block_size)
     check_type("projection", self.projection, str, "a str")
-    _checks.check_choice("projection", self.projection, PROJECTIONS)
-    _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
-    _checks.check_positive_float("softcap", self.softcap)
+    validators.check_choice("projection", self.projection, PROJECTIONS)
+    validators.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    validators.check_positive_float("softcap", self.softcap)
     if self.projection == "linformer" and self.window is not None:
       raise ValueError(
         f"window={self.window}: projection='linformer' attends to its "

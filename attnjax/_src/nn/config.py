@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Optional
 
-from attnjax._src import checks as _checks, deprecation as _deprecation
+from attnjax._src import validators, deprecation as _deprecation
 from attnjax._src.nn import rope as rope_lib
 from attnjax._src.nn import specs
 from attnjax._src.nn.specs import check_int, check_type
@@ -109,7 +109,7 @@ def _build_spec(
     family, cls = spec.family, type(spec)
   else:
     family = "dense" if family is None else family
-    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    validators.check_choice("family", family, tuple(specs.FAMILY_SPECS))
     cls = specs.FAMILY_SPECS[family]
   own = _spec_fields(cls)
   # A field's old name (QKNormSpec's qk_scale, now scale) warns once and means the new one.
@@ -243,8 +243,8 @@ class AttentionConfig:
     check_int("head_dim", self.head_dim, allow_none=True)
     if self.head_dim is not None and self.rope_theta is not None and self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (rope_theta set)")
-    _checks.check_positive_float("rope_theta", self.rope_theta)
-    _checks.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
+    validators.check_positive_float("rope_theta", self.rope_theta)
+    validators.check_choice("output_gate", self.output_gate, OUTPUT_GATES)
     for name in ("is_causal", "sow_weights", "qkv_bias", "out_bias"):
       check_type(name, getattr(self, name), bool, "a bool")
     if self.rope_scaling is not None and self.rope_theta is None:
@@ -321,7 +321,7 @@ class AttentionConfig:
     """
     d = dict(d)
     family = d.pop("family", "dense")
-    _checks.check_choice("family", family, tuple(specs.FAMILY_SPECS))
+    validators.check_choice("family", family, tuple(specs.FAMILY_SPECS))
     # A record written before a field's rename stores its old name: read it silently (the
     # run directory is data the user cannot update, not code that should change).
     for old, new in getattr(specs.FAMILY_SPECS[family], "renamed_fields", {}).items():
@@ -476,14 +476,14 @@ class ModelConfig:
           )
     for i in range(self.num_layers):
       self.attention_for(i).head_dim_for(self.d_model)
-    _checks.check_choice("mlp", self.mlp, MLPS)
-    _checks.check_choice("norm", self.norm, NORMS)
-    _checks.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
-    _checks.check_choice("dtype", self.dtype, DTYPES)
-    _checks.check_choice("param_dtype", self.param_dtype, DTYPES)
+    validators.check_choice("mlp", self.mlp, MLPS)
+    validators.check_choice("norm", self.norm, NORMS)
+    validators.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
+    validators.check_choice("dtype", self.dtype, DTYPES)
+    validators.check_choice("param_dtype", self.param_dtype, DTYPES)
     for name in ("tie_embeddings", "remat", "mlp_bias"):
       check_type(name, getattr(self, name), bool, "a bool")
-    _checks.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+    validators.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
     if self.mlp_activation is not None:
       allowed = MLP_ACTIVATIONS.get(self.mlp, ())
       if self.mlp_activation not in allowed:
@@ -492,8 +492,8 @@ class ModelConfig:
           f"mlp={self.mlp!r} (it takes: {allowed or 'none'})"
         )
     check_int("learned_positions", self.learned_positions, allow_none=True)
-    _checks.check_positive_float("embed_scale", self.embed_scale)
-    _checks.check_positive_float("final_softcap", self.final_softcap)
+    validators.check_positive_float("embed_scale", self.embed_scale)
+    validators.check_positive_float("final_softcap", self.final_softcap)
     if self.mlp == "moe":
       check_int("num_experts", self.num_experts)
       check_int("experts_per_token", self.experts_per_token)
@@ -501,10 +501,10 @@ class ModelConfig:
         raise ValueError(
           f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}"
         )
-      _checks.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
-      _checks.check_positive_float("moe_limit", self.moe_limit)
-      _checks.check_choice("moe_experts", self.moe_experts, MOE_EXPERTS)
-      _checks.check_choice("moe_router", self.moe_router, MOE_ROUTERS)
+      validators.check_positive_float("moe_alpha", self.moe_alpha, allow_none=False)
+      validators.check_positive_float("moe_limit", self.moe_limit)
+      validators.check_choice("moe_experts", self.moe_experts, MOE_EXPERTS)
+      validators.check_choice("moe_router", self.moe_router, MOE_ROUTERS)
       check_int("moe_groups", self.moe_groups)
       check_int("moe_group_topk", self.moe_group_topk, allow_none=True)
       if self.num_experts % self.moe_groups:
@@ -513,7 +513,7 @@ class ModelConfig:
         raise ValueError(
           f"moe_group_topk={self.moe_group_topk} exceeds moe_groups={self.moe_groups}"
         )
-      _checks.check_positive_float("moe_scale", self.moe_scale, allow_none=False)
+      validators.check_positive_float("moe_scale", self.moe_scale, allow_none=False)
       check_int("moe_shared_dim", self.moe_shared_dim, allow_none=True)
       check_int("moe_first_dense", self.moe_first_dense, minimum=0)
       check_type("moe_dense_layers", self.moe_dense_layers, tuple, "a tuple of layer indices")

@@ -20,11 +20,11 @@ from typing import ClassVar, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.ops.delta_rule import attention as delta_lib
 from attnjax._src.ops.gated_linear import attention as gated_lib
 from attnjax._src.attention_stats import AttentionStats, stats_from_weights
-from attnjax._src.ops.dense.qk_norm import normalize_head
+from attnjax._src.ops.qk_norm.attention import normalize_head
 from attnjax._src.nn import _context, _layers
 from attnjax._src.nn.caches import GatedCache
 from attnjax._src.nn.spec_base import (
@@ -92,7 +92,7 @@ class GatedSpec(AttentionSpec):
   """Base of the gated and delta-rule families (see the module docstring).
 
   Attributes:
-    chunk_size: chunk length of the ``"chunked"`` form.
+    chunk_size: chunk length of the ``"chunked"`` engine.
     short_conv: kernel width W of the causal depthwise convolution on the q, k
       and v projections (followed by SiLU), or None for none (papers: 4).
     output_norm: ``"rms"`` or ``"layer"``: the per-head norm of the output.
@@ -112,8 +112,7 @@ class GatedSpec(AttentionSpec):
     "k_conv",
     "v_conv",
   )
-  implementations: ClassVar[tuple[str, ...]] = gated_lib.IMPLEMENTATIONS
-  deprecated_implementations: ClassVar[dict[str, str]] = dict(gated_lib.OP.renamed)
+  op: ClassVar[str] = "gated_linear"
   takes_segment_ids: ClassVar[bool] = True
   # Mamba-2's gated norm multiplies by the gate before normalising.
   gate_before_norm: ClassVar[bool] = False
@@ -130,9 +129,9 @@ class GatedSpec(AttentionSpec):
   def validate(self) -> None:
     check_int("chunk_size", self.chunk_size)
     check_int("short_conv", self.short_conv, allow_none=True, minimum=2)
-    _checks.check_choice("output_norm", self.output_norm, OUTPUT_NORMS)
-    _checks.check_positive_float("output_norm_eps", self.output_norm_eps, allow_none=False)
-    _checks.check_choice(
+    validators.check_choice("output_norm", self.output_norm, OUTPUT_NORMS)
+    validators.check_positive_float("output_norm_eps", self.output_norm_eps, allow_none=False)
+    validators.check_choice(
       "output_gate_activation", self.output_gate_activation, tuple(GATE_ACTIVATIONS)
     )
     check_int("output_gate_rank", self.output_gate_rank, allow_none=True)
@@ -488,8 +487,7 @@ class DeltaNetSpec(GatedSpec):
 
   family: ClassVar[str] = "deltanet"
   optional_params: ClassVar[tuple[str, ...]] = GatedSpec.optional_params + ("beta_proj",)
-  implementations: ClassVar[tuple[str, ...]] = delta_lib.IMPLEMENTATIONS
-  deprecated_implementations: ClassVar[dict[str, str]] = dict(delta_lib.OP.renamed)
+  op: ClassVar[str] = "delta_rule"
   normalize_qk: ClassVar[bool] = True
 
   value_grouping: bool = False

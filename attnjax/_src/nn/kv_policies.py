@@ -11,7 +11,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import lowering as _lowering
+from attnjax._src import lowering as _lowering, validators
 from attnjax._src.nn.caches import H2OCache, KVCache, QuantizedKVCache
 
 Array = jnp.ndarray
@@ -24,10 +24,7 @@ DEFAULT_SINKS = 4  # StreamingLLM's sink tokens
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  validators.check_positive_int(name, value, minimum=minimum)
 
 
 def validate(policy: Any, budget: Any, recent: Any) -> None:

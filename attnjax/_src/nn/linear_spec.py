@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks, feature_maps
+from attnjax._src import validators, feature_maps
 from attnjax._src.ops.linear import attention as linear_lib
 from attnjax._src.nn import _layers
 from attnjax._src.nn.caches import FeatureProjection, LinearCache
@@ -49,8 +49,7 @@ class LinearSpec(AttentionSpec):
 
   family: ClassVar[str] = "linear"
   optional_params: ClassVar[tuple[str, ...]] = ("feature_projection",)
-  implementations: ClassVar[tuple[str, ...]] = linear_lib.IMPLEMENTATIONS
-  deprecated_implementations: ClassVar[dict[str, str]] = dict(linear_lib.OP.renamed)
+  op: ClassVar[str] = "linear"
   takes_segment_ids: ClassVar[bool] = False
 
   feature_map: str = "elu_plus_one"
@@ -63,8 +62,8 @@ class LinearSpec(AttentionSpec):
     check_int("num_features", self.num_features)
     check_int("chunk_size", self.chunk_size)
     check_type("stabilize_features", self.stabilize_features, bool, "a bool")
-    _checks.check_choice("feature_map", self.feature_map, FEATURE_MAPS)
-    _checks.check_choice("linear_normalize", self.linear_normalize, linear_lib.NORMALIZE)
+    validators.check_choice("feature_map", self.feature_map, FEATURE_MAPS)
+    validators.check_choice("linear_normalize", self.linear_normalize, linear_lib.NORMALIZE)
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     layer.orthogonal_features = False

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnjax._src import checks, options
+from attnjax._src import options, validators
 from attnjax._src.nn import _layers
 from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.softmax_specs import DotProductSpec
@@ -65,8 +65,8 @@ class MLASpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "mla"
+  op: ClassVar[str] = "mla"
   optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
-  implementations: ClassVar[tuple[str, ...]] = mla.IMPLEMENTATIONS
   takes_cross: ClassVar[bool] = False
 
   q_lora_rank: Optional[int] = None
@@ -84,8 +84,8 @@ class MLASpec(DotProductSpec):
     for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
       check_int(name, getattr(self, name))
     check_type("rope_interleaved", self.rope_interleaved, bool, "a bool")
-    checks.check_positive_float("scale", self.scale)
-    checks.check_positive_float("latent_norm_eps", self.latent_norm_eps, allow_none=False)
+    validators.check_positive_float("scale", self.scale)
+    validators.check_positive_float("latent_norm_eps", self.latent_norm_eps, allow_none=False)
     if self.kv_bias:
       raise ValueError(
         "kv_bias=True: family='mla' rebuilds keys and values from one latent per token; a "

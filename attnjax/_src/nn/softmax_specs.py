@@ -19,16 +19,10 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  masks,
-  mods,
-  normalizers,
-  patterns,
-)
+from attnjax._src import validators, deprecation as _deprecation, masks, mods, normalizers, patterns
 from attnjax._src.ops.dense import attention as dense
-from attnjax._src.ops.dense import qk_norm as qk_norm_lib
+from attnjax._src.ops.cosine import attention as cosine_lib
+from attnjax._src.ops.qk_norm import attention as qk_norm_lib
 from attnjax._src.nn import _layers, kv_policies
 from attnjax._src.nn.spec_base import (
   DEFAULT_TEMPERATURE,
@@ -81,7 +75,7 @@ class ScoreSpec(AttentionSpec):
   """
 
   optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
-  implementations: ClassVar[tuple[str, ...]] = tuple(dense.IMPLEMENTATIONS)
+  op: ClassVar[str] = "dense"
 
   normalizer: str = "softmax"
   softcap: Optional[float] = None
@@ -106,8 +100,8 @@ class ScoreSpec(AttentionSpec):
       fn = getattr(self, name)
       if fn is not None and not callable(fn):
         raise TypeError(f"{name} must be a callable (see attnjax.mods) or None, got {fn!r}")
-    _checks.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
-    _checks.check_positive_float("softcap", self.softcap)
+    validators.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    validators.check_positive_float("softcap", self.softcap)
     check_type("sink_logits", self.sink_logits, bool, "a bool")
     if self.sink_logits and not normalizers.get(self.normalizer).accepts_sink_logits:
       raise ValueError(
@@ -495,7 +489,7 @@ class DotProductSpec(ScoreSpec):
     check_type("kv_bias", self.kv_bias, bool, "a bool")
     check_int("window", self.window, allow_none=True, minimum=0)
     check_int("num_sinks", self.num_sinks, minimum=0)
-    _checks.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
+    validators.check_choice("streaming_rope", self.streaming_rope, STREAMING_ROPE)
     if self.num_sinks and self.window is None:
       raise ValueError(f"num_sinks={self.num_sinks} needs window (sinks + window attention)")
     if (
@@ -605,8 +599,8 @@ class DenseSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice("similarity", self.similarity, dense.SIMILARITIES)
-    _checks.check_positive_float("scale", self.scale)
+    validators.check_choice("similarity", self.similarity, dense.SIMILARITIES)
+    validators.check_positive_float("scale", self.scale)
 
   def kwargs(self, layer):
     return dict(super().kwargs(layer), similarity=self.similarity, scale=self.scale)
@@ -636,6 +630,7 @@ class QKNormSpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "qk_norm"
+  op: ClassVar[str] = "qk_norm"
   optional_params: ClassVar[tuple[str, ...]] = ("q_gain", "k_gain") + DotProductSpec.optional_params
 
   qk_norm: Literal["rms", "layer", "l2"] = "rms"
@@ -648,12 +643,12 @@ class QKNormSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
-    _checks.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
+    validators.check_choice("qk_norm", self.qk_norm, qk_norm_lib.NORMS)
+    validators.check_choice("qk_norm_placement", self.qk_norm_placement, QK_NORM_PLACEMENTS)
     check_type("qk_norm_gain", self.qk_norm_gain, bool, "a bool")
-    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
-    _checks.check_positive_float("scale", self.scale)
-    _checks.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
+    validators.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+    validators.check_positive_float("scale", self.scale)
+    validators.check_choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
     check_type("qk_norm_gain_offset", self.qk_norm_gain_offset, (int, float), "a float")
     if self.qk_norm_scope == "projection" and self.qk_norm_placement != "before_rope":
       raise ValueError(
@@ -741,6 +736,7 @@ class CosineSpec(DotProductSpec):
   """
 
   family: ClassVar[str] = "cosine"
+  op: ClassVar[str] = "cosine"
   optional_params: ClassVar[tuple[str, ...]] = ("temperature",) + DotProductSpec.optional_params
 
   cosine_convention: Literal["swin", "scale", "ngpt"] = "swin"
@@ -749,12 +745,12 @@ class CosineSpec(DotProductSpec):
 
   def validate(self) -> None:
     super().validate()
-    _checks.check_choice(
-      "cosine_convention", self.cosine_convention, qk_norm_lib.COSINE_CONVENTIONS
+    validators.check_choice(
+      "cosine_convention", self.cosine_convention, cosine_lib.COSINE_CONVENTIONS
     )
     if self.temperature_init is not None:
       check_type("temperature_init", self.temperature_init, (int, float), "a float")
-    _checks.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
+    validators.check_positive_float("qk_norm_eps", self.qk_norm_eps, allow_none=False)
 
   @property
   def initial_temperature(self) -> float:
@@ -770,7 +766,7 @@ class CosineSpec(DotProductSpec):
     super().init_params(layer, rngs, param_dtype)
 
   def default_function(self, layer):
-    return qk_norm_lib.cosine_attention
+    return cosine_lib.cosine_attention
 
   def kwargs(self, layer):
     return dict(
@@ -793,13 +789,11 @@ class SparseSpec(ScoreSpec):
   """
 
   family: ClassVar[str] = "sparse"
-  implementations: ClassVar[tuple[str, ...]] = sparse_lib.IMPLEMENTATIONS
-  deprecated_implementations: ClassVar[dict[str, str]] = dict(sparse_lib.OP.renamed)
+  op: ClassVar[str] = "sparse"
   # The dense kernel's implementation standing for each of ours where the
   # layer masks by the pattern instead (decode, an explicit mask).
   DENSE_EQUIVALENT: ClassVar[dict[str, Optional[str]]] = {
     "blockwise": None,
-    "block_sparse": None,
     "reference": "reference",
   }
 
@@ -828,7 +822,7 @@ class SparseSpec(ScoreSpec):
     ):
       raise TypeError(f"pattern must be (name, ((arg, value), ...)), got {self.pattern!r}")
     name, args = self.pattern
-    _checks.check_choice("pattern name", name, PATTERNS)
+    validators.check_choice("pattern name", name, PATTERNS)
     try:
       pattern = getattr(patterns, name)(**dict(args))
     except TypeError as e:
@@ -855,6 +849,7 @@ class SparseSpec(ScoreSpec):
     """``kwargs`` for the dense kernel: our implementation name mapped to its equivalent."""
     out = self.kwargs(layer)
     impl = out["implementation"]
+    impl = self.deprecated_implementations.get(impl, impl)  # an old name: its engine's
     out["implementation"] = impl if impl is None else self.DENSE_EQUIVALENT[impl]
     return out
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks, feature_maps
+from attnjax._src import feature_maps, op, validators
 from attnjax._src.nn import _context, _layers
 from attnjax._src.nn.rope import apply_rope
 
@@ -45,13 +45,11 @@ def check_type(name: str, value: Any, types, what: str) -> None:
 
 
 def check_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
-  """Raises TypeError unless ``value`` is an int (or None with ``allow_none``), ValueError
-  when it is below ``minimum``; both name ``name``."""
-  if value is None and allow_none:
-    return
-  check_type(name, value, int, "an int")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  """Raises TypeError unless ``value`` is a Python int (or None with ``allow_none``: a config
+  holds JSON values), ValueError when it is below ``minimum``; both name ``name``."""
+  if value is not None:
+    check_type(name, value, int, "an int")
+  validators.check_positive_int(name, value, allow_none=allow_none, minimum=minimum)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,20 +165,33 @@ class AttentionSpec:
   before ``init_params`` runs) and override the methods below.
 
   Attributes:
+    op: the name of the op the family's function runs (:data:`attnjax._src.op.OPS`): the
+      one map from the layer's family names onto the ops' (``"retnet"``, ``"gla"`` and
+      ``"mamba2_decay"`` run ``"gated_linear"``). A subclass naming one takes its
+      ``implementations`` and ``deprecated_implementations`` from the op.
     implementations: the ``implementation`` names the family's function takes
-      (besides None = auto); :class:`attnjax.nn.AttentionConfig` checks its
-      ``implementation`` against them (and ``deprecated_implementations``).
-    deprecated_implementations: old names still accepted, ``{old: new}``.
+      (besides None = auto): the op's engines; :class:`attnjax.nn.AttentionConfig` checks
+      its ``implementation`` against them (and ``deprecated_implementations``).
+    deprecated_implementations: old names still accepted, ``{old: new}`` (the op's
+      ``renamed``).
     takes_segment_ids: the family can keep packed documents apart
       (``segment_ids``).
   """
 
   family: ClassVar[str] = ""
+  op: ClassVar[str] = ""
   optional_params: ClassVar[tuple[str, ...]] = ()
   implementations: ClassVar[tuple[str, ...]] = ()
   deprecated_implementations: ClassVar[dict[str, str]] = {}
   takes_segment_ids: ClassVar[bool] = True
   takes_cross: ClassVar[bool] = True
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if cls.op:  # the engines and their old names: the op's, read from the op registry
+      family_op = op.OPS[cls.op]
+      cls.implementations = family_op.implementations
+      cls.deprecated_implementations = dict(family_op.renamed)
 
   def __post_init__(self):
     self.validate()
@@ -196,7 +207,7 @@ class AttentionSpec:
     try:
       # Deprecated names pass here unwarned (old run directories load); the
       # function warns when called.
-      _checks.check_implementation(
+      validators.check_implementation(
         "implementation", name, cls.implementations + tuple(cls.deprecated_implementations)
       )
     except ValueError as e:

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import options
+from attnjax._src import options, validators
 from attnjax._src.attention_stats import AttentionStats
 from attnjax._src.kernels.blockwise import kernel as blockwise_kernel
 from attnjax._src.kernels.blockwise import ring
@@ -238,6 +238,16 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
   return out, AttentionStats(logsumexp=to_heads(stats.logsumexp, 2, 1), **whole)
 
 
+def choose_strategy(implementation: Optional[str], local_heads: int, axis_size: int) -> str:
+  """The strategy of ``context_strategy=None``: the ring for the block-wise engine or
+  auto-dispatch (the ring runs the block-wise kernel on each pair of shards), else, for a named
+  engine the ring cannot run, all-to-all where the axis divides the device's query heads, else
+  all-gather."""
+  if implementation in (None, "blockwise"):
+    return "ring"
+  return "all_to_all" if local_heads % axis_size == 0 else "all_gather"
+
+
 def attention(
   inputs: options.DenseInputs,
   opts: options.DenseOptions,
@@ -250,7 +260,8 @@ def attention(
     inputs: the call's arrays, each this device's shard along time (q ``[B, T/P, N, H]``,
       k / v ``[B, T/P, K, H]``, segment ids ``[B, T/P]``); sink logits, ``score_mod_args``
       and ``mask_mod_args`` whole on every device.
-    opts: validated options with ``context_axis`` set.
+    opts: validated options with ``context_axis`` set; ``context_strategy`` None is chosen
+      here (:func:`choose_strategy`).
     implementation: the single-device implementation (``"ring"`` runs the block-wise
       kernel: None or ``"blockwise"``; the others run any).
     run_local: ``(inputs, opts, implementation) -> result``, the single-device path on
@@ -260,15 +271,12 @@ def attention(
   Returns:
     As the single-device call, for this device's rows.
   """
-  axis = opts.context_axis
-  try:
-    P = jax.lax.axis_size(axis)
-  except NameError as e:
-    raise ValueError(
-      f"context_axis={axis!r} is not a mesh axis of the enclosing "
-      f"jax.shard_map (call the function inside shard_map over that axis)"
-    ) from e
+  axis = validators.check_mesh_axis("context_axis", opts.context_axis, "the function")
+  P = jax.lax.axis_size(axis)
   _check_shards(inputs, opts, P)
+  if opts.context_strategy is None:
+    strategy = choose_strategy(implementation, inputs.q.shape[2], P)
+    opts = dataclasses.replace(opts, context_strategy=strategy)
   if opts.context_strategy == "ring":
     if implementation not in (None, "blockwise"):
       raise ValueError(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from attnjax._src import validators
+
 Array = jnp.ndarray
 
 
 def _token_axis(x, axis_size: int, axis: int, name: str) -> int:
-  if isinstance(axis_size, bool) or not isinstance(axis_size, int) or axis_size < 1:
-    raise ValueError(f"{name}: axis_size must be a positive int, got {axis_size!r}")
+  validators.check_positive_int("axis_size", axis_size, where=name)
   ndim = jnp.ndim(x)
   if not -ndim <= axis < ndim:
     raise ValueError(f"{name}: axis={axis} is out of range for an array of shape {jnp.shape(x)}")

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.stats.inputs import _nonempty, shape_of, _stack_layers
 from attnjax._src.stats.results import LayerMean, LogitDrift, MassiveActivations
 
@@ -41,7 +41,7 @@ def _massive_activations(
     Qiu et al. 2025, "Gated Attention for LLMs", table 4 (M-Act).
   """
   for name, x in (("abs_threshold", abs_threshold), ("ratio", ratio)):
-    _checks.check_positive_float(name, x, allow_none=False)
+    validators.check_positive_float(name, x, allow_none=False)
   h = jnp.abs(_stack_layers("hidden", hidden, 3, "[B, T, D]"))
   L, B, T, D = h.shape
   median = jnp.median(jnp.reshape(h, (L, B, T * D)), axis=-1)  # [L, B]
@@ -120,7 +120,7 @@ def _output_logit_drift(logits, *, mask=None, z_loss_coef: float = 1e-4) -> Logi
   """
   if np.ndim(logits) < 1:
     raise ValueError(f"logits must have rank >= 1 [..., V], got shape {shape_of(logits)}")
-  _checks.check_floating("logits", logits)
+  validators.check_floating("logits", logits)
   _nonempty("logits", logits)
   if isinstance(z_loss_coef, bool) or not isinstance(z_loss_coef, (int, float)) or z_loss_coef < 0:
     raise ValueError(f"z_loss_coef must be a non-negative float, got {z_loss_coef!r}")

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks, logits as _logits, normalizers
+from attnjax._src import validators, logits as _logits, normalizers
 from attnjax._src.stats.inputs import _allowed_pairs, _nonempty, shape_of
 
 Array = jnp.ndarray
@@ -37,7 +37,7 @@ def _kernel_approximation_error(approx_weights, exact_weights) -> Array:
   for name, x in (("approx_weights", approx_weights), ("exact_weights", exact_weights)):
     if np.ndim(x) < 2:
       raise ValueError(f"{name} must have rank >= 2 [..., T, S], got shape {shape_of(x)}")
-    _checks.check_floating(name, x)
+    validators.check_floating(name, x)
     _nonempty(name, x)
   if shape_of(approx_weights) != shape_of(exact_weights):
     raise ValueError(
@@ -69,8 +69,8 @@ def _features(feature_map, x: Array, *, is_query: bool) -> Array:
 
 
 def _feature_map_error(q, k, feature_map, *, is_causal: bool, scale: Optional[float]) -> Array:
-  B, T, S, N, K, H, _ = _checks.check_qkv(q, k, k)
-  scale = H**-0.5 if scale is None else _checks.check_positive_float("scale", scale)
+  B, T, S, N, K, H, _ = validators.check_qkv(q, k, k)
+  scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
   allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=None, mask=None)
   z = jnp.reshape(_logits.scores(_logits.group_queries(q, K), k, scale=scale), (B, N, T, S))
   exact, _ = normalizers.normalize(z, allowed, normalizer="softmax")

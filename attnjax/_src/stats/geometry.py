@@ -11,7 +11,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import checks as _checks, logits as _logits
+from attnjax._src import validators, logits as _logits
 from attnjax._src.stats.inputs import _allowed_pairs, _lift, shape_of, _stack_layers
 from attnjax._src.stats.results import LayerMean, QKStatistics, SinkGeometry
 
@@ -85,8 +85,8 @@ def _qk_statistics(
   """
   q, k, _ = _qkv_layers(q, k)
   H = q.shape[-1]
-  scale = H**-0.5 if scale is None else _checks.check_positive_float("scale", scale)
-  window = _checks.check_window(window)
+  scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
+  window = validators.check_window(window)
   L, B, T, N, _ = q.shape
   allowed = _allowed_pairs((B, N, T, k.shape[2]), is_causal=is_causal, window=window, mask=mask)[
     None
@@ -160,7 +160,7 @@ def _sink_geometry(q, k, v, *, is_causal: bool = True, window=None, mask=None) -
     ratio = norms[:, :, 0] / jnp.where(others > 0, others, 1.0)
     return jnp.mean(ratio, axis=(1, 2))
 
-  window = _checks.check_window(window)
+  window = validators.check_window(window)
   _, B, T, N, _ = q.shape
   cos = _pair_cosines(q, k)
   allowed = jnp.broadcast_to(
@@ -214,7 +214,7 @@ def _value_state_drain(v) -> LayerMean:
       f"value-state drain compares the first value with the others: needs "
       f"S >= 2, got v {shape_of(v)}"
     )
-  _checks.check_floating("v", v)
+  validators.check_floating("v", v)
   norms = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32)), axis=-1))  # [L, B, S, K]
   others = jnp.mean(norms[:, :, 1:], axis=2)
   ratio = norms[:, :, 0] / jnp.where(others > 0, others, 1.0)

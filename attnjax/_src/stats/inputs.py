@@ -5,14 +5,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks, masks
+from attnjax._src import validators, masks
 from attnjax._src.attention_stats import AttentionStats, stats_from_weights
 
 Array = jnp.ndarray
 
 
 def shape_of(x) -> tuple[int, ...]:
-  return _checks.shape_of(x)
+  return validators.shape_of(x)
 
 
 def _nonempty(name: str, x) -> None:
@@ -41,7 +41,7 @@ def _stack_layers(name: str, x, rank: int, letters: str) -> Array:
     x = jnp.asarray(x)
     if x.ndim == rank:
       x = x[None]
-  _checks.check_floating(name, x)
+  validators.check_floating(name, x)
   _nonempty(name, x)
   return x.astype(jnp.float32)
 
@@ -143,7 +143,7 @@ def _allowed_pairs(target: tuple[int, int, int, int], *, is_causal: bool, window
   """``[B|1, N|1, T, S]`` booleans for ``target = (B, N, T, S)`` from the one mask rule."""
   T, S = target[2], target[3]
   if mask is not None:
-    mask = _checks.as_rank4("mask", mask, target, kind="mask")
+    mask = validators.as_rank4("mask", mask, target, kind="mask")
   allowed = masks.make_attention_mask(T, S, mask=mask, is_causal=is_causal, window=window)
   return jnp.ones((1, 1, T, S), bool) if allowed is None else allowed
 

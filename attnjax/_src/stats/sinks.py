@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 from attnjax._src.stats.inputs import (
   _allowed_pairs,
   _attention_layers,
@@ -60,7 +60,7 @@ def _importance(weights: Array, *, row_normalize: bool = True) -> Array:
   """
   if np.ndim(weights) < 2:
     raise ValueError(f"weights must have rank >= 2 [..., T, S], got shape {shape_of(weights)}")
-  _checks.check_floating("weights", weights)
+  validators.check_floating("weights", weights)
   _nonempty("weights", weights)
   T, S = shape_of(weights)[-2:]
   if S < T:
@@ -248,7 +248,7 @@ def _max_attention_logit(attention, *, is_causal: bool = True, window=None, mask
   if _is_stats(attention):
     return jnp.max(_need(stats_layers(attention), "max_logit", "max_attention_logit"), axis=(1, 2))
   z = _stack_layers("attention", attention, 4, "[B, N, T, S]")
-  window = _checks.check_window(window)
+  window = validators.check_window(window)
   allowed = _allowed_pairs(z.shape[1:], is_causal=is_causal, window=window, mask=mask)
   zmax = jnp.max(jnp.where(allowed[None], z, -jnp.inf), axis=(1, 2, 3, 4))
   return jnp.where(jnp.isfinite(zmax), zmax, 0.0)
@@ -296,14 +296,14 @@ def _null_mass(
       raise ValueError(
         "null_mass on logits needs sink_logits ([L, N], [N] or scalar; 0 for softmax_one)"
       )
-    _checks.check_floating("sink_logits", sink_logits)
+    validators.check_floating("sink_logits", sink_logits)
     s = jnp.asarray(sink_logits, jnp.float32)
     if shape_of(s) not in ((), (N,), (L, N)):
       raise ValueError(
         f"sink_logits must have shape (), [N] = ({N},) or [L, N] = ({L}, {N}), got {shape_of(s)}"
       )
     s = jnp.reshape(jnp.broadcast_to(s, (L, N)), (L, 1, N, 1))
-    window = _checks.check_window(window)
+    window = validators.check_window(window)
     allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=window, mask=mask)[None]
     lse_keys = jax.nn.logsumexp(jnp.where(allowed, z, -jnp.inf), axis=-1)  # [L, B, N, T]
     null = jnp.exp(s - jnp.logaddexp(s, lse_keys))
@@ -378,7 +378,7 @@ def _attention_sparsity(
   """
   threshold = check_probability("threshold", threshold)
   w = jnp.abs(_stack_layers("weights", weights, 4, "[B, N, T, S]"))
-  window = _checks.check_window(window)
+  window = validators.check_window(window)
   allowed = jnp.broadcast_to(
     _allowed_pairs(w.shape[1:], is_causal=is_causal, window=window, mask=mask)[None], w.shape
   )

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks
+from attnjax._src import validators
 
 
 def _host_1d(name: str, x) -> np.ndarray:
@@ -158,8 +158,7 @@ def spike_score(
     score over the previous 1000 steps).
   """
   x = _host_1d("series", series)
-  if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 2:
-    raise ValueError(f"window must be an int >= 2, got {window!r}")
+  validators.check_positive_int("window", window, minimum=2)
   min_history = window if min_history is None else min_history
   if (
     isinstance(min_history, bool)
@@ -167,7 +166,7 @@ def spike_score(
     or not 2 <= min_history <= window
   ):
     raise ValueError(f"min_history must be an int in [2, window={window}], got {min_history!r}")
-  _checks.check_positive_float("sigmas", sigmas, allow_none=False)
+  validators.check_positive_float("sigmas", sigmas, allow_none=False)
   finite = np.isfinite(x)
   # Rolling sums over the previous `window` finite values: cumulative sums over
   # the finite values only, indexed by how many came before each step. Centred
@@ -211,7 +210,7 @@ def is_diverged(loss, initial_loss, *, factor: float = 2.0):
   Returns:
     True where diverged.
   """
-  _checks.check_positive_float("factor", factor, allow_none=False)
+  validators.check_positive_float("factor", factor, allow_none=False)
   xp = jnp if isinstance(loss, jax.Array) or isinstance(initial_loss, jax.Array) else np
   loss = xp.asarray(loss, dtype=xp.float32 if xp is jnp else np.float64)
   bad = xp.logical_not(xp.isfinite(loss))

@@ -17,6 +17,8 @@ import queue
 import threading
 from typing import Any, Callable
 
+from attnjax._src import validators
+
 _POLL_S = 0.05  # how often a full queue's producer looks for close()
 
 
@@ -30,12 +32,11 @@ class Prefetch:
     depth: how many batches may wait ready (each holds device memory); >= 1.
 
   Raises:
-    ValueError: ``depth`` below 1.
+    TypeError, ValueError: ``depth`` not an int, or below 1.
   """
 
   def __init__(self, make: Callable[[int], Any], start: int, stop: int, depth: int = 2):
-    if depth < 1:
-      raise ValueError(f"depth must be >= 1, got {depth}")
+    validators.check_positive_int("depth", depth)
     self.next_step = start
     self.stop = stop
     self._queue: queue.Queue = queue.Queue(maxsize=depth)

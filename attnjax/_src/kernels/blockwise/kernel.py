@@ -21,7 +21,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import empty as _empty, logits as _logits, static as _static, options, masks
+from attnjax._src import (
+  deprecation,
+  empty as _empty,
+  logits as _logits,
+  static as _static,
+  options,
+  masks,
+  validators,
+)
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.linear_map import as_aval, zeros_of
@@ -71,18 +79,19 @@ CPU_BLOCK_K = 256
 def default_block_sizes(
   T: int,
   S: int,
-  backend: Optional[str] = None,
+  platform: Optional[str] = None,
   *,
   window: Optional[tuple[int, int]] = None,
   rows: Optional[int] = None,
   is_causal: bool = False,
+  **renamed,
 ) -> tuple[int, int]:
   """``(block_q, block_k)`` for the target, never larger than the sequences.
 
-  The target is ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``), else the one a
-  program traced now is compiled for (``tiles.target_platform``: the
-  ambient mesh's device, else the default backend). A CPU gets
-  ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
+  The target is ``platform`` (``"cpu"``, ``"cuda"``, ``"tpu"``; ``"gpu"`` means
+  ``"cuda"``), else the one a program traced now is compiled for
+  (``tiles.target_platform``: the ambient mesh's device, else the default backend's). A
+  CPU gets ``CPU_BLOCK_Q x CPU_BLOCK_K``. A GPU gets tiles as large as its memory's
   tile budget allows (``tiles.gpu_block_sizes``: e.g. 2048 x 2048 on an
   H200 for ``rows=16`` at T=16384), or ``GPU_BLOCK_Q x GPU_BLOCK_K`` when
   ``rows`` is None; so does a TPU. A narrow window gets blocks of about half its span (at
@@ -92,15 +101,24 @@ def default_block_sizes(
 
   Args:
     T, S: query and key lengths.
-    backend: the target platform; None: ``tiles.target_platform``.
+    platform: the target platform; None: ``tiles.target_platform``. (Its old name
+      ``backend=`` still works and warns once.)
     window: the call's window, or None.
     rows: batch times query heads of the call (a GPU's tile budget), or None.
     is_causal: the call is causal (a GPU keeps 4 blocks a side).
   """
-  backend = target_platform() if backend is None else backend
-  if backend == "cpu":
+  if renamed:  # the old keyword backend=
+    given = deprecation.renamed_in("default_block_sizes", renamed, {"backend": "platform"})
+    if set(given) != {"platform"} or platform is not None:
+      raise TypeError(
+        f"default_block_sizes takes platform= (once; backend= is its old name), got "
+        f"{sorted(renamed)} with platform={platform!r}"
+      )
+    platform = given["platform"]
+  platform = target_platform() if platform is None else platform
+  if platform == "cpu":
     bq, bk = CPU_BLOCK_Q, CPU_BLOCK_K
-  elif backend == "gpu" and rows is not None:
+  elif platform in ("cuda", "gpu") and rows is not None:
     bq, bk = gpu_block_sizes(T, S, rows, gpu_memory_bytes(), is_causal=is_causal)
   else:  # a TPU (whose own kernels cover every call), or a GPU call of unknown rows
     bq, bk = GPU_BLOCK_Q, GPU_BLOCK_K
@@ -886,13 +904,6 @@ def shifted_indices(inputs, opts, offsets):
   return dataclasses.replace(inputs, **moved), dataclasses.replace(opts, **changes)
 
 
-def _check_block(name: str, value: Optional[int]) -> None:
-  if value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-    raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-
-
 def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int] = None, **kwargs):
   """:func:`attnjax.dot_product_attention` on the block-wise path with chosen block sizes.
 
@@ -912,8 +923,8 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
   Returns:
     As :func:`attnjax.dot_product_attention`.
   """
-  _check_block("block_q", block_q)
-  _check_block("block_k", block_k)
+  validators.check_positive_int("block_q", block_q, allow_none=True)
+  validators.check_positive_int("block_k", block_k, allow_none=True)
   if "implementation" in kwargs:
     raise TypeError("blockwise.attention takes no implementation argument")
   inputs, opts = options.validate(q, k, v, **kwargs)

@@ -61,7 +61,7 @@ _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def target_platform() -> str:
-  """``"cpu"``, ``"gpu"`` or ``"tpu"``: what a program traced now is compiled for.
+  """``"cpu"``, ``"cuda"`` or ``"tpu"``: what a program traced now is compiled for.
 
   The ambient mesh's device (``jax.set_mesh``: how a deviceless compile names its
   target, :mod:`attnjax.targets`), else this process's default backend.
@@ -69,8 +69,8 @@ def target_platform() -> str:
   device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
   platform = getattr(device, "platform", None)
   if platform is None:
-    return jax.default_backend()
-  return "gpu" if platform in _GPU_PLATFORMS else platform
+    platform = jax.default_backend()
+  return "cuda" if platform in _GPU_PLATFORMS else platform
 
 
 def gpu_memory_bytes(kind: Optional[str] = None) -> int:

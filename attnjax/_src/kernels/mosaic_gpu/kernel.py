@@ -21,10 +21,10 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax._src import logits as _logits, lowering as _lowering, target as _target, options
-from attnjax._src.kernels import autodiff, blockwise
+from attnjax._src import logits as _logits, op, target as _target, options
+from attnjax._src.kernels import kernel_vjp
 from attnjax._src.kernels.mosaic_gpu import backward, specialised
-from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
+from attnjax._src.attention_stats import stats_from_padded_rows
 from attnjax._src.kernels.mosaic_gpu.plan import (
   BLOCK_SIZE_TABLE,
   CONSUMERS,
@@ -728,7 +728,7 @@ def compute(
 ):
   """Mosaic GPU attention of a validated dense call (see the module docstring).
 
-  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The call is one :func:`unsupported` accepts (checked once, by :func:`attnjax._src.op.run_engine`).
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs`.
@@ -746,62 +746,50 @@ def compute(
     block_sizes = block_sizes_for(inputs.q.shape[-1])
   c = make_plan(inputs, opts, block_sizes, interpret)
 
-  def twin(q, k, v, sink, q_seg, kv_seg):
-    """The same call on the block-wise engine (plain JAX): gradients and forward mode."""
-    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
-    if not opts.return_stats:
-      return out, None
-    o, st = out
-    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
-
-  @autodiff.custom_vjp
-  def core(q, k, v, sink, q_seg, kv_seg):
-    # nothing differentiated (the primal path): no residual rows are written
-    return run_forward(q, k, v, sink, q_seg, kv_seg, residuals=False)[0]
-
-  # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
-  # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
-  # block-wise backward, and tests call the backward kernels directly (backward_direct).
-  mosaic_bwd = not c.interpret
-
   def run_forward(q, k, v, sink, q_seg, kv_seg, residuals):
     out, srow = forward(c, q, k, v, sink, q_seg, kv_seg, residuals=residuals)
     stats = stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats else None
     return (out, stats), srow
 
-  def fwd(q, k, v, sink, q_seg, kv_seg):
-    (out, stats), srow = run_forward(q, k, v, sink, q_seg, kv_seg, residuals=mosaic_bwd)
+  def primal_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+    del shard, score_args, mask_args  # no modifiers
+    # nothing differentiated: no residual rows are written
+    return run_forward(q, k, v, sink, q_seg, kv_seg, residuals=False)[0]
+
+  def fwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+    del shard, score_args, mask_args
+    result, srow = run_forward(q, k, v, sink, q_seg, kv_seg, residuals=not c.interpret)
     res = {key[4:]: x[..., 0] for key, x in srow.items() if key.startswith("res:")}
     has_key = srow["has_key"][..., 0] if c.with_stats else None
-    return (out, stats), (q, k, v, sink, q_seg, kv_seg, out, res, has_key)
+    return result, (result[0], res, has_key)
 
-  def bwd(saved, cts):
-    q, k, v, sink, q_seg, kv_seg, out, res, has_key = saved
-    d_out, d_stats = cts
-    if mosaic_bwd:  # the dq and dk/dv kernels
-      d_lse = None if d_stats is None else d_stats[3]
-      grads = backward.backward(
-        c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg, kv_seg, specialised.run
-      )
-      return grads + (None, None)
-    # interpret mode: the block-wise engine's backward
-    _, vjp = jax.vjp(lambda q, k, v, sink: twin(q, k, v, sink, q_seg, kv_seg), q, k, v, sink)
-    return vjp((d_out.astype(q.dtype), d_stats)) + (None, None)
+  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args, saved, d_out, d_lse):
+    del shard, score_args, mask_args
+    out, res, has_key = saved
+    # the warp-specialised dq and dk/dv kernels where their tiles fit, else the one-warpgroup ones
+    grads = backward.backward(
+      c, q, k, v, sink, out, res, d_out, d_lse, has_key, q_seg, kv_seg, specialised.run
+    )
+    return (*grads, [])
 
-  core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(
-    inputs.q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids, inputs.kv_segment_ids
+  # The interpreter's kernels carry an ordered IO effect, which the custom-VJP machinery's
+  # linear map cannot hold (KeyError on the effect): in interpret mode gradients take the
+  # block-wise backward (the twin's), and tests call the backward kernels directly
+  # (backward_direct).
+  steps = kernel_vjp.Steps(
+    f"mosaic_gpu_{opts.normalizer}", fwd_step, None if c.interpret else bwd_step, primal=primal_step
   )
-  out = out.astype(inputs.q.dtype)
-  return (out, AttentionStats(*stats)) if opts.return_stats else out
+  return kernel_vjp.differentiable(inputs, opts, steps)
 
 
-run = _lowering.kernel_engine(
-  "mosaic_gpu", "cuda", unsupported, compute, "runs on a CUDA GPU (sm_90) only"
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.platform_kernel(
+  "mosaic_gpu", compute, unsupported, platform="cuda", where="runs on a CUDA GPU (sm_90) only"
 )
-
-
-attention = options.engine_entry(run, "mosaic_gpu", ("block_sizes", "interpret"))
+run = op.deprecated_run(ENGINE, "attnjax.kernels.mosaic_gpu")
+attention = options.engine_entry(
+  op.dense_runner(ENGINE), "mosaic_gpu", ("block_sizes", "interpret")
+)
 attention.__doc__ = """The Mosaic GPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``: every keyword
@@ -814,6 +802,7 @@ __all__ = [
   "BLOCK_SIZE_TABLE",
   "DEFAULT_BLOCK_SIZES",
   "DTYPES",
+  "ENGINE",
   "MOSAIC_GPU_CALL_TARGET",
   "BlockSizes",
   "attention",

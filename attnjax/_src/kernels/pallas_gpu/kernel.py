@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax._src import lowering as _lowering, target as _target, options
-from attnjax._src.kernels import autodiff, blockwise
+from attnjax._src import lowering as _lowering, op, target as _target, options
+from attnjax._src.kernels import kernel_vjp
 from attnjax._src.kernels.pallas_gpu import backward
 from attnjax._src.kernels.pallas_gpu.plan import (
   heads_first,
@@ -35,7 +35,7 @@ from attnjax._src.kernels.pallas_gpu.plan import (
   tile_allowed,
   visit_loop,
 )
-from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
+from attnjax._src.attention_stats import stats_from_padded_rows
 
 Array = jnp.ndarray
 
@@ -320,7 +320,7 @@ def compute(
 ):
   """Pallas GPU attention of a validated dense call (see the module docstring).
 
-  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The call is one :func:`unsupported` accepts (checked once, by :func:`attnjax._src.op.run_engine`).
 
   Args:
     inputs: :class:`attnjax.options.DenseInputs` (no bias or mask array).
@@ -330,7 +330,7 @@ def compute(
       (:func:`attnjax._target.cuda_major`: the ambient mesh's device kind, or
       this host's GPU).
     interpret: run the kernels in Pallas interpret mode (any backend).
-    shard_offsets: a shard's place in a call split by :func:`attnjax._sharding.per_shard`;
+    shard_offsets: a shard's place in a call split by :func:`attnjax._src.sharding.per_shard`;
       unused (this kernel takes no modifiers, so it reads no batch or head index).
 
   Returns:
@@ -342,48 +342,40 @@ def compute(
       max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype, _target.cuda_major()
     )
   c = make_plan(inputs, opts, block_sizes, interpret)
-  q = inputs.q
 
-  @autodiff.custom_vjp
-  def core(q, k, v, sink, q_seg, kv_seg):
-    return fwd(q, k, v, sink, q_seg, kv_seg)[0]
-
-  def fwd(q, k, v, sink, q_seg, kv_seg):
+  def fwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
+    del shard, score_args, mask_args  # no modifiers
     out, res, srow = forward(c, q, k, v, sink, q_seg, kv_seg)
     stats = stats_from_padded_rows(srow, c.T, opts.empty_row_logsumexp) if c.with_stats else None
     if c.with_stats:
       res = dict(res, has_key=srow["has_key"])
     o = jnp.transpose(out[:, :, : c.T, : c.Hv], (0, 2, 1, 3))
-    return (o, stats), (q, k, v, sink, q_seg, kv_seg, out, res)
+    return (o, stats), (out, res)
 
-  def bwd(saved, cts):
-    q, k, v, sink, q_seg, kv_seg, out, res = saved
-    d_out, d_stats = cts
-    d_lse = None if d_stats is None else d_stats[3]
-    return backward.backward(c, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse)
+  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args, saved, d_out, d_lse):
+    del shard, score_args, mask_args
+    out, res = saved
+    dq, dk, dv, dsink, _, _ = backward.backward(
+      c, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse
+    )
+    return dq, dk, dv, dsink, []
 
-  def twin(q, k, v, sink, q_seg, kv_seg):
-    """The same call on the block-wise engine (plain JAX): forward mode and second order."""
-    out = blockwise.twin(opts)((q, k, v, None, sink), (None, q_seg, kv_seg))
-    if not opts.return_stats:
-      return out, None
-    o, st = out
-    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
-
-  core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(
-    q, inputs.k, inputs.v, inputs.sink_logits, inputs.q_segment_ids, inputs.kv_segment_ids
-  )
-  out = out.astype(q.dtype)
-  return (out, AttentionStats(*stats)) if opts.return_stats else out
+  steps = kernel_vjp.Steps(f"pallas_gpu_{opts.normalizer}", fwd_step, bwd_step)
+  return kernel_vjp.differentiable(inputs, opts, steps)
 
 
-run = _lowering.kernel_engine(
-  "pallas_gpu", "cuda", unsupported, compute, "runs on a CUDA GPU only (a Triton kernel)"
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.platform_kernel(
+  "pallas_gpu",
+  compute,
+  unsupported,
+  platform="cuda",
+  where="runs on a CUDA GPU only (a Triton kernel)",
 )
-
-
-attention = options.engine_entry(run, "pallas_gpu", ("block_sizes", "interpret"))
+run = op.deprecated_run(ENGINE, "attnjax.kernels.pallas_gpu")
+attention = options.engine_entry(
+  op.dense_runner(ENGINE), "pallas_gpu", ("block_sizes", "interpret")
+)
 attention.__doc__ = """The Pallas GPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:

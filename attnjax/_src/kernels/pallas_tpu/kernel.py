@@ -23,9 +23,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax._src import lowering as _lowering, sharding as _sharding, layout, options
-from attnjax._src.attention_stats import AttentionStats, stats_from_padded_rows
-from attnjax._src.kernels import autodiff, blockwise, on_target
+from attnjax._src import op, sharding as _sharding, layout, options
+from attnjax._src.attention_stats import stats_from_padded_rows
+from attnjax._src.kernels import blockwise, kernel_vjp
 from attnjax._src.kernels.pallas_tpu import backward
 from attnjax._src.kernels.pallas_tpu.plan import (
   FULL,
@@ -533,7 +533,7 @@ def compute(
 ):
   """Pallas TPU attention of a validated dense call (see the module docstring).
 
-  The call is one :func:`unsupported` accepts (checked once, by :func:`run` or dispatch).
+  The call is one :func:`unsupported` accepts (checked once, by :func:`attnjax._src.op.run_engine`).
   The forward and the backward are each traced when the program is lowered, for the TPU it
   is compiled for (``attnjax.kernels.on_target.call``): tiles and Mosaic's lowering
   follow the target, whatever the host.
@@ -551,29 +551,15 @@ def compute(
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)``.
   """
-  q = inputs.q
-  score_args = tuple(inputs.score_mod_args) if opts.score_mod is not None else ()
   mask_args = tuple(inputs.mask_mod_args) if opts.mask_mod is not None else ()
-  # Where this shard's rows and heads start in the whole call (attnjax._sharding.per_shard).
-  # An argument of the custom VJP, so the backward (traced later) has them too.
-  where = tuple(_sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
-  offsets = tuple(jnp.asarray(o, jnp.int32) for o in where)
   # A mask_mod reading the batch or head index of a shard of the call: its blocks are found
   # per call from the shard's rows and heads (a static layout would be the first shard's).
+  where = tuple(_sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
   shifted = _shifted_indices(opts.mask_mod, mask_args, where)
 
   def plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):
     """The plan of the call in these arrays, for the target being lowered for."""
-    part = options.DenseInputs(
-      q=q,
-      k=k,
-      v=v,
-      sink_logits=sink,
-      q_segment_ids=q_seg,
-      kv_segment_ids=kv_seg,
-      score_mod_args=score_args,
-      mask_mod_args=mask_args,
-    )
+    part = kernel_vjp.dense_inputs(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
     sizes = block_sizes
     if sizes is None:
       sizes = block_sizes_for(max(q.shape[-1], v.shape[-1]), generation())
@@ -605,10 +591,11 @@ def compute(
     # [B, N, T, Hv] and the rows [B, N, T] (a [.., Tp, 1] array takes whole 128-lane tiles).
     out = out[:, :, : c.T]
     res = {key: val[:, :, : c.T, 0] for key, val in res.items()}
-    return (jnp.transpose(out, (0, 2, 1, 3)), stats), out, res
+    return (jnp.transpose(out, (0, 2, 1, 3)), stats), (out, res)
 
-  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args):
+  def bwd_step(shard, q, k, v, sink, q_seg, kv_seg, score_args, mask_args, saved, d_out, d_lse):
     c, part = plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
+    out, res = saved
     tables = tables_of(c, part, opts, c.bq_bwd, c.bk_bwd)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, c.Tp - c.T)) + ((0, 0),) * (x.ndim - 3))
     res = {key: pad(val)[..., None] for key, val in res.items()}
@@ -631,80 +618,10 @@ def compute(
     )
     return dq, dk, dv, dsink, [d for d in dscore if d.dtype != jax.dtypes.float0]
 
-  @autodiff.custom_vjp
-  def core(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    return fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets)[0]
-
-  def fwd(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    args = (q, k, v, sink, q_seg, kv_seg, score_args, mask_args)
-    o_stats, out, res = on_target.call(
-      fwd_step,
-      args,
-      offsets=offsets,
-      mosaic=not interpret,
-      name=f"pallas_tpu_fwd_{opts.normalizer}",
-    )
-    return o_stats, args + (offsets, out, res)
-
-  def bwd(saved, cts):
-    q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets, out, res = saved
-    d_out, d_stats = cts
-    d_lse = None if d_stats is None else d_stats[3]
-    like = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
-    floats = [x for x in score_args if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    dq, dk, dv, dsink, dfloat = on_target.call(
-      bwd_step,
-      (q, k, v, sink, q_seg, kv_seg, out, res, d_out, d_lse, score_args, mask_args),
-      offsets=offsets,
-      mosaic=not interpret,
-      name=f"pallas_tpu_bwd_{opts.normalizer}",
-      out_like=jax.tree.map(like, (q, k, v, sink, floats)),
-    )
-    dfloat = iter(dfloat)
-    dscore = tuple(
-      next(dfloat)
-      if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-      else np.zeros(jnp.shape(x), jax.dtypes.float0)
-      for x in score_args
-    )
-    return dq, dk, dv, dsink, None, None, dscore, None, None
-
-  def twin(q, k, v, sink, q_seg, kv_seg, score_args, mask_args, offsets):
-    """The same call on the block-wise engine (plain JAX): forward mode and second order; its
-    modifiers see the whole call's batch and head indices, as the kernel's do."""
-    out = blockwise.run_shard(
-      options.DenseInputs(
-        q=q,
-        k=k,
-        v=v,
-        sink_logits=sink,
-        q_segment_ids=q_seg,
-        kv_segment_ids=kv_seg,
-        score_mod_args=score_args,
-        mask_mod_args=mask_args,
-      ),
-      opts,
-      offsets,
-    )
-    if not opts.return_stats:
-      return out, None
-    o, st = out
-    return o, (st.sink_mass, st.entropy, st.max_logit, st.logsumexp, st.row_sum)
-
-  core.defvjp(fwd, bwd, twin=twin)
-  out, stats = core(
-    q,
-    inputs.k,
-    inputs.v,
-    inputs.sink_logits,
-    inputs.q_segment_ids,
-    inputs.kv_segment_ids,
-    score_args,
-    mask_args,
-    offsets,
+  steps = kernel_vjp.Steps(
+    f"pallas_tpu_{opts.normalizer}", fwd_step, bwd_step, on_target=True, mosaic=not interpret
   )
-  out = out.astype(q.dtype)
-  return (out, AttentionStats(*stats)) if opts.return_stats else out
+  return kernel_vjp.differentiable(inputs, opts, steps, shard_offsets=where)
 
 
 def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
@@ -717,24 +634,14 @@ def _shifted_indices(mask_mod, mask_args, offsets) -> bool:
   return (used_b and moved[0]) or (used_n and moved[1])
 
 
-run = _lowering.kernel_engine(
-  "pallas_tpu", "tpu", unsupported, compute, "runs on a TPU only (a Mosaic kernel)"
+# The engine as dispatch sees it (:class:`attnjax._src.op.Engine`): the dense op lists it.
+ENGINE = op.platform_kernel(
+  "pallas_tpu", compute, unsupported, platform="tpu", where="runs on a TPU only (a Mosaic kernel)"
 )
-
-
-def _run_per_shard(
-  inputs, opts, *, block_sizes: Optional[BlockSizes] = None, interpret: bool = False
-):
-  """:func:`run` on each device's batch rows and heads (:func:`attnjax._sharding.per_shard`)."""
-  return _sharding.per_shard(
-    lambda part, offsets: run(
-      part, opts, block_sizes=block_sizes, interpret=interpret, shard_offsets=offsets
-    ),
-    inputs,
-  )
-
-
-attention = options.engine_entry(_run_per_shard, "pallas_tpu", ("block_sizes", "interpret"))
+run = op.deprecated_run(ENGINE, "attnjax.kernels.pallas_tpu")
+attention = options.engine_entry(
+  op.dense_runner(ENGINE), "pallas_tpu", ("block_sizes", "interpret")
+)
 attention.__doc__ = """The Pallas TPU kernel called like :func:`attnjax.dot_product_attention`.
 
 ``attention(q, k, v, *, <dense options>, block_sizes=None, interpret=False)``:

@@ -1,4 +1,4 @@
-"""Chunk scans for the stateful linear forms, with a backward that recomputes each chunk.
+"""Chunk scans for the stateful linear engines, with a backward that recomputes each chunk.
 
 :func:`chunk_scan` runs a block function over chunks of ``C`` tokens (:func:`to_chunks`,
 :func:`from_chunks`) in a ``lax.scan`` carrying the ``[H, Hv]`` state. Its custom VJP keeps

@@ -14,7 +14,7 @@ import numpy as np
 
 from attnjax._src import (
   options,
-  checks as _checks,
+  validators,
   empty as _empty,
   logits as _logits,
   op as _op,
@@ -26,7 +26,6 @@ from attnjax._src.attention_stats import AttentionStats, row_mean
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "gathered"]
 QueryPool = Literal["mean", "first"]
 QUERY_POOLS: tuple[str, ...] = get_args(QueryPool)
 # The dense keywords block_select_attention takes and forwards (attnjax.options.KEYWORDS):
@@ -169,24 +168,22 @@ select_blocks = _static.jit(_select_blocks, ("block_size", "top_k", "is_causal",
 
 def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
   """Checks the static options; returns the query pool (None: "first" if causal, else "mean")."""
-  if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-    raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
-  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-    raise ValueError(f"top_k must be an int >= 0, got top_k={top_k!r}")
+  validators.check_positive_int("block_size", block_size)
+  validators.check_positive_int("top_k", top_k, minimum=0)
   if query_pool is None:
     query_pool = "first" if is_causal else "mean"
-  _checks.check_choice("query_pool", query_pool, QUERY_POOLS)
+  validators.check_choice("query_pool", query_pool, QUERY_POOLS)
   if is_causal and query_pool == "mean":
     raise ValueError(
       "query_pool='mean' with is_causal=True: a block's mean query includes its "
       "later queries, so the blocks an early query sees would depend on future "
       "tokens; use query_pool='first' (the default when causal)"
     )
-  T, S = _checks.shape_of(q)[1], _checks.shape_of(k)[1]
+  T, S = validators.shape_of(q)[1], validators.shape_of(k)[1]
   if T != S:
     raise ValueError(
       f"block_select_attention is self-attention: q and k need the same length, "
-      f"got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}"
+      f"got q {validators.shape_of(q)} and k {validators.shape_of(k)}"
     )
   return query_pool
 
@@ -444,18 +441,21 @@ ENGINES: dict[str, _op.Engine] = {
     _op.Engine("gathered", _gathered, _op.supports_everything),
   )
 }
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("gathered",)
 OP = _op.register(
   _op.Op(
     "block_select",
     ENGINES,
-    {},
-    ("gathered",),
+    PREFERENCES,
+    FALLBACK,
     empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
     is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
+    samples=lambda: _samples(),
   )
 )
-# The engines' names (the layer's and the signature's choices).
-IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _block_select_attention(
@@ -539,3 +539,20 @@ BLOCK_SELECT_STATIC = (
 ) + options.static(DENSE_KEYWORDS)
 
 block_select_attention = _static.jit(_block_select_attention, BLOCK_SELECT_STATIC)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  return (
+    _op.Sample(
+      block_select_attention,
+      options=dict(block_size=8, top_k=2),
+      self_only=True,
+      stats=True,
+      flags=("is_causal", "return_stats", "return_selection"),
+      static=(("scale", 0.5), ("block_size", 2), ("top_k", 1)),
+      choices=(("block_size", (1, 2, 3)), ("top_k", (0, 1, 3))),
+      defects=(("block_size", (0,)), ("top_k", (-1, 2.5))),
+      dense_keywords=DENSE_KEYWORDS,
+      own_defaults={"is_causal": True},
+    ),
+  )

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import (
-  checks as _checks,
+  validators,
   empty as _empty,
   op as _op,
   static as _static,
@@ -26,7 +26,6 @@ from attnjax._src.layout import key_block_candidates, rule_layout
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "blockwise"]
 POOLS: tuple[str, ...] = ("mean", "max")
 # The dense keywords compressed_attention forwards (attnjax.options.KEYWORDS); its is_causal
 # and window are its own rule's (CompressedRule), not the dense ones.
@@ -402,18 +401,21 @@ ENGINES: dict[str, _op.Engine] = {
     _op.Engine("blockwise", _blockwise, _op.supports_everything),
   )
 }
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("blockwise",)
 OP = _op.register(
   _op.Op(
     "compressed",
     ENGINES,
-    {},
-    ("blockwise",),
+    PREFERENCES,
+    FALLBACK,
     empty=lambda inputs, opts, c: _empty.dense(inputs, opts),
     is_empty=lambda inputs, opts, c: _empty.is_empty(inputs.q, inputs.k),
+    samples=lambda: _samples(),
   )
 )
-# The engines' names (the layer's and the signature's choices).
-IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _compressed(
@@ -459,11 +461,11 @@ def _check_compressed_kv(pool: Any, k: Array, v: Array, stride: int) -> tuple[Ar
   Hv = v.shape[3]
   C = num_blocks(S, stride)
   for name, x, want in (("k_c", k_c, (B, C, K, H)), ("v_c", v_c, (B, C, K, Hv))):
-    if _checks.shape_of(x) != want:
+    if validators.shape_of(x) != want:
       raise ValueError(
         f"pool=(k_c, v_c): {name} must have shape {want} ([B, ceil(S / stride), K, "
         f"{'H' if name == 'k_c' else 'Hv'}] for k {tuple(k.shape)}, stride={stride}), "
-        f"got {_checks.shape_of(x)}"
+        f"got {validators.shape_of(x)}"
       )
   return jnp.asarray(k_c), jnp.asarray(v_c)
 
@@ -526,15 +528,15 @@ def _compressed_attention(
     ``[B, T, N, Hv]`` in ``q``'s dtype, or ``(out, AttentionStats)``. Rows with
     no allowed key are zero, with finite gradients.
   """
-  stride = _checks_int("stride", stride)
-  window = _checks.check_window(window)
+  stride = validators.check_positive_int("stride", stride)
+  window = validators.check_window(window)
   if window is not None and is_causal is True:
     window = (window[0], 0)  # the raw keys after the query are cut anyway: one compile
-  block_size = _checks_int("block_size", block_size)
+  block_size = validators.check_positive_int("block_size", block_size)
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
   implementation = _op.check_implementation(OP, implementation, where="compressed_attention")
-  _checks.check_qkv(q, k, v)
+  validators.check_qkv(q, k, v)
   k_c = v_c = None
   if isinstance(pool, (tuple, list)):
     k_c, v_c = _check_compressed_kv(pool, k, v, stride)
@@ -564,9 +566,22 @@ compressed_attention = _static.canonicalized(
 )
 
 
-def _checks_int(name: str, value: Any) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-  if value < 1:
-    raise ValueError(f"{name} must be a positive int, got {name}={value}")
-  return int(value)
+def _samples() -> tuple[_op.Sample, ...]:
+  return (
+    _op.Sample(
+      compressed_attention,
+      options=dict(stride=4, is_causal=True, window=4, block_size=8),
+      stats=True,
+      flags=("is_causal", "return_stats"),
+      static=(("scale", 0.5), ("stride", 2), ("window", (1, 0)), ("block_size", 2)),
+      choices=(
+        ("stride", (1, 2, 3)),
+        ("pool", POOLS),
+        ("block_size", (2, 3, 128)),
+        ("window", (None, 0, 2, 3)),
+      ),
+      defects=(("stride", (0, -1, 1.5)),),
+      dense_keywords=DENSE_KEYWORDS,
+      own_keywords=("is_causal", "window"),
+    ),
+  )

@@ -5,35 +5,32 @@ Implementation behind the public module :mod:`attnjax.delta_rule`.
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  op as _op,
-  static as _static,
-)
-from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src import validators, deprecation as _deprecation, op as _op, static as _static
+from attnjax._src.ops import recurrence
 from attnjax._src.numerics import einsum as _einsum
-from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
-from attnjax._src.ops.recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
+from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.recurrent import chunks
 
 Array = jnp.ndarray
 
-# The form "reference" names: the recurrence, the family's definition.
-REFERENCE_FORM = "recurrent"
+# The engine "reference" names: the recurrence, the family's definition.
+REFERENCE_ENGINE = "recurrent"
+REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 
 
 # ---------------------------------------------------------------------------
-# Forms. Each takes float32 q [B, T, K, Gq, H] (already scaled; Gq = G, or 1 where a key
-# head's query serves its G value heads), k [B, T, K, H], v [B, T, K Gv, Hv] (Gv = 1: one
-# value per key head, GQA; Gv = G: one per state, value-head grouping), beta [B, T, K, G],
-# the log decay g [B, T, K, G] (one per state) or [B, T, K, G, H] (per key channel, KDA), a
+# The engines' computations. Each takes float32 q [B, T, K, Gq, H] (already scaled; Gq = G,
+# or 1 where a key head's query serves its G value heads), k [B, T, K, H], v [B, T, K Gv, Hv]
+# (Gv = 1: one value per key head, GQA; Gv = G: one per state, value-head grouping), beta
+# [B, T, K, G], the log decay g [B, T, K, G] (one per state) or [B, T, K, G, H] (per key channel, KDA), a
 # boolean reset [B, T] (True: the state is zeroed before token t) and the state
 # [B, K, G, H, Hv]; each returns (out [B, T, K, G, Hv], final state).
 
@@ -50,7 +47,7 @@ def _decay_shape(decay: Array) -> Array:
 
 
 def recurrent(q, k, v, beta, g, reset, state):
-  """Decode form (the reference): ``lax.scan`` over time, one delta-rule update per token.
+  """The decode engine (the reference): ``lax.scan`` over time, one delta-rule update per token.
 
   Args:
     q: queries ``[B, T, K, Gq, H]`` (``Gq = G``, or 1: shared by the group's value heads).
@@ -84,7 +81,7 @@ def recurrent(q, k, v, beta, g, reset, state):
 
 
 def quadratic(q, k, v, beta, g, reset, state):
-  """The chunk form over the whole sequence as one chunk (``_chunk_block``, no scan).
+  """The chunk computation over the whole sequence as one chunk (``_chunk_block``, no scan).
 
   Args:
     q: queries ``[B, T, K, Gq, H]`` (``Gq = G``, or 1: shared by the group's value heads).
@@ -103,7 +100,7 @@ def quadratic(q, k, v, beta, g, reset, state):
 
 
 def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
-  """WY / UT-transform chunk form (module docstring): a scan over chunks carrying the state.
+  """The WY / UT-transform chunk computation (module docstring): a scan over chunks carrying the state.
 
   Each chunk (``_chunk_block``) computes its state-independent terms (the
   decays, the triangular solve for ``U`` and ``W``, the decayed ``Q K^T``) and
@@ -288,8 +285,8 @@ def _chunk_block(xs, s):
 
 
 def _check_per_step(name: str, x, B: int, T: int, N: int, H: Optional[int] = None) -> None:
-  _checks.check_floating(name, x)
-  shape = _checks.shape_of(x)
+  validators.check_floating(name, x)
+  shape = validators.shape_of(x)
   if shape == (B, T, N) or (H is not None and shape == (B, T, N, H)):
     return
   if H is None:
@@ -306,10 +303,15 @@ def parallel(*args, **kwargs):
   return quadratic(*args, **kwargs)
 
 
-# The delta_rule op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
-OP = _recurrent.state_op(
-  "delta_rule", recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_FORM
+# The delta_rule op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
+# returns ``(out [B, T, K, G, Hv], final state)``.
+ENGINES: dict[str, _op.Engine] = recurrence.engines(
+  recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_ENGINE
 )
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES, FALLBACK = recurrence.PREFERENCES, recurrence.FALLBACK
+OP = recurrence.state_passing_op("delta_rule", ENGINES, PREFERENCES, FALLBACK, lambda: _samples())
 
 
 def _delta_rule_attention(
@@ -335,7 +337,7 @@ def _delta_rule_attention(
   Per head: ``S_t = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T``,
   ``o_t = scale * S_t^T q_t``, with ``D_t = exp(g_t)`` (one decay per head: Gated DeltaNet)
   or ``diag(exp(g_t))`` (one per key channel: Kimi Delta Attention, KDA) (module
-  docstring for the chunk form).
+  docstring for the chunk computation).
 
   Heads: ``N`` query heads over ``K`` key/value heads (GQA: head ``n`` reads key/value head
   ``n // (N // K)``), or ``M > K`` value heads over ``K`` query/key heads (Qwen3-Next's
@@ -363,10 +365,10 @@ def _delta_rule_attention(
       of ``T``), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
       names are the engines of :data:`~attnjax.delta_rule.OP`; ``"parallel"``, the old name of
-      ``"quadratic"``, still works and warns once. They mean the same form in every
+      ``"quadratic"``, still works and warns once. They mean the same engine in every
       recurrent family
       (``attnjax._recurrent``).
-    chunk_size: chunk length of the chunked form (any ``T``; the last chunk is
+    chunk_size: chunk length of the chunked engine (any ``T``; the last chunk is
       padded).
     context_axis: None, or the ``jax.shard_map`` mesh axis the sequence is sharded
       over (context parallelism, ``attnjax.parallel.recurrent``): called inside
@@ -383,7 +385,7 @@ def _delta_rule_attention(
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
     (Gated DeltaNet); Kimi Team 2025 (Kimi Linear: KDA).
   """
-  x = _recurrent.prepare(
+  x = recurrence.prepare(
     "delta_rule_attention",
     q,
     k,
@@ -394,7 +396,7 @@ def _delta_rule_attention(
     segment_ids=segment_ids,
     implementation=implementation,
     chunk_size=chunk_size,
-    op=OP,
+    family=OP,
     context_axis=context_axis,
     grouped_values=True,
   )
@@ -405,11 +407,36 @@ def _delta_rule_attention(
   if log_decay is None:
     log_decay = jnp.zeros((B, T, N), jnp.float32)
   _check_per_step("log_decay", log_decay, B, T, N, H)
-  extra = (_recurrent.by_kv_head(beta, K), _recurrent.by_kv_head(log_decay, K))
-  out, final = _op.run(OP, (x, extra, chunk_size), x.form)
-  return _recurrent.finish(out, final, q, return_state=return_state)
+  extra = (recurrence.by_kv_head(beta, K), recurrence.by_kv_head(log_decay, K))
+  out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
+  return recurrence.finish(out, final, q, return_state=return_state)
 
 
 DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
 delta_rule_attention = _static.jit(_delta_rule_attention, DELTA_STATIC)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  def unit_keys_and_gates(q, k, v):
+    # The delta rule wants keys of unit norm (its update is then a contraction).
+    k32 = k.astype(jnp.float32)
+    norm = jnp.maximum(jnp.linalg.norm(k32, axis=-1, keepdims=True), 1e-6)
+    beta = 1.0 / (1.0 + np.exp(-recurrence.per_step(q, 2)))
+    log_decay = -np.logaddexp(0.0, recurrence.per_step(q, 3)) * 0.5
+    arrays = dict(
+      beta=jnp.asarray(beta, jnp.float32), log_decay=jnp.asarray(log_decay, jnp.float32)
+    )
+    return q, (k32 / norm).astype(k.dtype), v, arrays
+
+  def per_channel_decay(q, k, v):
+    # KDA: one log decay per head and key channel, [B, T, N, H], in (-1, 0).
+    q, k, v, arrays = unit_keys_and_gates(q, k, v)
+    rng = np.random.default_rng([4, *q.shape])
+    draw = rng.standard_normal(q.shape).astype(np.float32)
+    arrays["log_decay"] = jnp.asarray(-np.logaddexp(0.0, draw) * 0.5, jnp.float32)
+    return q, k, v, arrays
+
+  gated = recurrence.state_passing_sample(delta_rule_attention, unit_keys_and_gates)
+  kda = recurrence.state_passing_sample(delta_rule_attention, per_channel_decay)
+  return (gated, dataclasses.replace(kda, label="delta_rule_attention/kda"))

@@ -5,8 +5,9 @@ Implementation behind the public module :mod:`attnjax.dense`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import jax.numpy as jnp
 
@@ -35,11 +36,10 @@ JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
 
 
 # ---------------------------------------------------------------------------
-# Implementations.
+# Engines.
 
 
-# The readable engine, defined in ops/dense/reference.py (a dense call dispatched by the op
-# then never returns into this module).
+# The readable engine, defined in ops/dense/reference.py.
 reference = _dense_reference.reference
 
 
@@ -55,6 +55,8 @@ Engine = _op.Engine
 # skip).
 BLOCKWISE_MIN_LENGTH_CPU = 256
 
+# The engines, by implementation= name. The platform kernels' records (their platform, where
+# they run and who vouches for them) are their kernel modules' ENGINE.
 ENGINES: dict[str, Engine] = {
   e.name: e
   for e in (
@@ -66,55 +68,23 @@ ENGINES: dict[str, Engine] = {
       jax_nn.unsupported,
       vouched_by="jax",
     ),
-    Engine(
+    _op.platform_kernel(
       "cudnn",
       functools.partial(jax_nn.compute, implementation="cudnn"),
       jax_nn.cudnn_unsupported,
       platform="cuda",
-      per_shard=True,
-      vouched_by="jax",
       where="runs on a CUDA GPU only (jax's cuDNN call)",
-    ),
-    Engine(
-      "splash",
-      splash.compute,
-      splash.unsupported,
-      platform="tpu",
-      per_shard=True,
       vouched_by="jax",
-      where="runs on a TPU only (splash needs a TPU)",
     ),
-    Engine(
-      "pallas_gpu",
-      pallas_gpu.compute,
-      pallas_gpu.unsupported,
-      platform="cuda",
-      per_shard=True,
-      vouched_by="device-check",
-      where="runs on a CUDA GPU only (a Triton kernel)",
-    ),
-    Engine(
-      "pallas_tpu",
-      pallas_tpu.compute,
-      pallas_tpu.unsupported,
-      platform="tpu",
-      per_shard=True,
-      vouched_by="device-check",
-      where="runs on a TPU only (a Mosaic kernel)",
-    ),
-    Engine(
-      "mosaic_gpu",
-      mosaic_gpu.compute,
-      mosaic_gpu.unsupported,
-      platform="cuda",
-      per_shard=True,
-      vouched_by="device-check",
-      where="runs on a CUDA GPU (sm_90) only",
-    ),
+    splash.ENGINE,
+    pallas_gpu.ENGINE,
+    pallas_tpu.ENGINE,
+    mosaic_gpu.ENGINE,
   )
 }
-# The names of the built-in engines (the layer's and the signatures' choices).
+# The valid implementation= names, and their type.
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
 
 # Auto-dispatch's order per platform (a platform_dependent key): the first engine that
 # supports the call (and, for attnjax's Pallas kernels, that the kernel-trust rule allows),
@@ -126,13 +96,53 @@ PREFERENCES: dict[str, tuple[str, ...]] = {
 FALLBACK: tuple[str, ...] = ("blockwise", "reference")
 
 
-def _context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
+# ---------------------------------------------------------------------------
+# The op's questions about a call ``(inputs, opts)``.
+
+
+def is_empty(inputs: DenseInputs, opts: DenseOptions) -> bool:
+  """No queries or no keys: :func:`attnjax._src.empty.dense` answers."""
+  del opts
+  return inputs.q.shape[1] == 0 or inputs.k.shape[1] == 0
+
+
+def context_axis(inputs: DenseInputs, opts: DenseOptions) -> Optional[str]:
+  """The ``shard_map`` axis the call's sequence is sharded over, or None."""
+  del inputs
+  return opts.context_axis
+
+
+def length(inputs: DenseInputs, opts: DenseOptions) -> int:
+  """The longer of ``T`` and ``S`` (engines' ``min_length`` compares with it)."""
+  del opts
+  return max(inputs.q.shape[1], inputs.k.shape[1])
+
+
+def context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str], local):
+  """The context-parallel strategy (:func:`attnjax.parallel.attention`: ring, all-gather or
+  all-to-all, the op choosing one for ``context_strategy=None``), each device's part run on
+  ``local``, the op's per-device computation."""
   inputs, opts = call
   return parallel.attention(
     inputs,
     opts,
     implementation,
     lambda inputs, opts, implementation: local((inputs, opts), implementation),
+  )
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  return (
+    _op.Sample(
+      dot_product_attention,
+      options=dict(is_causal=True),
+      stats=True,
+      flags=("is_causal", "return_stats"),
+      static=(("scale", 0.5), ("softcap", 3.0), ("window", (2, 0))),
+      dense_keywords=options.KEYWORDS,
+      context=True,
+      extreme_values=True,
+    ),
   )
 
 
@@ -143,20 +153,21 @@ OP = _op.register(
     PREFERENCES,
     FALLBACK,
     empty=_empty.dense,
-    is_empty=_empty.dense_is_empty,
-    context=_context,
-    # The call's own questions are answered outside this module (options, _empty): a dispatched
-    # call never returns here.
-    context_axis=options.call_context_axis,
-    length=options.call_length,
+    is_empty=is_empty,
+    context=context,
+    context_axis=context_axis,
+    length=length,
     trust_class=_trust.call_class,
+    samples=_samples,
   )
 )
 
 
-def _choose(inputs: DenseInputs, opts: DenseOptions, platforms: tuple[str, ...]) -> dict[str, str]:
-  """``{platform: engine name}``: :func:`attnjax._op.choose` of the dense op."""
-  return _op.choose(OP, (inputs, opts), platforms)
+def front_end(name: str, samples) -> _op.Op:
+  """The op of a front end of dense attention (``qk_norm``, ``cosine``, ``mla``): a dense call
+  of the inputs it prepares, with dense's engines and order, empty answer and context
+  strategy."""
+  return dataclasses.replace(OP, name=name, samples=samples)
 
 
 def select_implementation(
@@ -180,9 +191,9 @@ def select_implementation(
   ``unsupported`` decides whether it covers the call; attnjax's own Pallas
   kernels (``vouched_by="device-check"``) are taken only on a kind of device
   where ``python -m attnjax.check`` passed, or with ``attnjax.config.kernels =
-  "all"`` (:mod:`attnjax._trust`). Platform kernels run inside ``shard_map``
+  "all"`` (:mod:`attnjax._src.trust`). Platform kernels run inside ``shard_map``
   when the ambient mesh (``jax.set_mesh``) has several devices
-  (:func:`attnjax._sharding.per_shard`), so the choice never depends on the
+  (:func:`attnjax._src.sharding.per_shard`), so the choice never depends on the
   device count.
   """
   return _op.select(OP, (inputs, opts), platform)
@@ -190,30 +201,20 @@ def select_implementation(
 
 def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
   """``{platform: implementation}`` that ``implementation=None`` lowers for each of
-  :data:`attnjax._lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
-  return _choose(inputs, opts, _lowering.PLATFORMS)
+  :data:`attnjax._src.lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
+  return _op.choose(OP, (inputs, opts), _lowering.PLATFORMS)
 
 
 def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
-  """Runs a validated call on the named implementation, or on each platform's choice.
-
-  ``implementation=None`` is decided when the program is lowered: the choices
-  of :func:`dispatch_table` become the branches of one
-  ``jax.lax.platform_dependent`` (a single branch when they agree), so a
-  function exported for ``cuda`` or ``tpu`` from a CPU host carries the GPU or
-  TPU kernel. With ``opts.context_axis`` the call is one device's shard of a sequence
-  sharded over that ``shard_map`` axis: :func:`attnjax.parallel.attention` runs it (its
-  strategies run each device's own part on the op's per-device computation, which
-  :func:`attnjax._op.run` hands them). A call with no queries or no keys
-  is answered by :func:`attnjax._empty.dense` before any engine is chosen.
-  """
+  """:func:`attnjax._src.op.run` of the dense op: a validated call on the named engine, or on
+  each platform's choice, decided when the program is lowered (a function exported for
+  ``cuda`` or ``tpu`` from a CPU host carries the GPU or TPU kernel)."""
   return _op.run(OP, (inputs, opts), implementation)
 
 
 def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
-  """:func:`run`, with ``implementation=None`` chosen for the platform lowering now: inside a
-  context-parallel ``shard_map`` only that platform's kernel is traced (another platform's
-  ``pallas_call`` would have no manual-axis types there)."""
+  """:func:`attnjax._src.op.run_on_this_platform` of the dense op: ``implementation=None``
+  chosen for the platform lowering now."""
   return _op.run_on_this_platform(OP, (inputs, opts), implementation)
 
 
@@ -227,7 +228,8 @@ def prepare(
   """Validates a dense call (``dense_keywords``: :data:`attnjax.options.KEYWORDS`) and returns
   its canonical inputs and options; ``implementation`` is None or a name of :data:`ENGINES`."""
   inputs, opts = options.validate(q, k, v, **dense_keywords)
-  _op.check_implementation(OP, implementation)
+  if implementation is not None:
+    _op.check_implementation(OP, implementation)
   return inputs, opts
 
 
@@ -243,7 +245,7 @@ def _dot_product_attention(
   query_seq_lengths: Optional[Array] = None,
   key_value_seq_lengths: Optional[Array] = None,
   local_window_size: Optional[Union[int, tuple[int, int]]] = None,
-  implementation: Optional[str] = None,
+  implementation: Optional[ImplementationName] = None,
   return_residual: bool = False,
   normalizer: str = "softmax",
   sink_logits: Optional[Array] = None,
@@ -258,7 +260,7 @@ def _dot_product_attention(
   mask_mod_args: Any = None,
   block_layout: Any = None,
   context_axis: Optional[str] = None,
-  context_strategy: options.ContextStrategy = "ring",
+  context_strategy: Optional[options.ContextStrategy] = "ring",
   context_layout: Optional[options.ContextLayout] = None,
 ):
   """Scaled dot-product attention with a choice of normaliser.
@@ -348,7 +350,8 @@ def _dot_product_attention(
       ``"all_gather"`` (keys/values gathered; with ``return_stats`` the block-wise
       kernel, statistics over every device's rows) or
       ``"all_to_all"`` (Ulysses: heads <-> sequence, any ``implementation``; needs
-      ``N`` divisible by the axis size).
+      ``N`` divisible by the axis size), or None: the op chooses (the ring for None or
+      ``"blockwise"``, else all-to-all where the axis divides the heads, else all-gather).
     context_layout: ``"contiguous"`` (None; shard ``p`` holds tokens ``p * T / P ..``)
       or ``"zigzag"`` (shard ``p`` holds chunks ``p`` and ``2P - 1 - p`` of ``2P``:
       equal causal work per device; :func:`attnjax.parallel.zigzag` orders tokens so).
@@ -379,10 +382,7 @@ def _dot_product_attention(
       "return_residual=True and return_stats=True: pass one (the residual is "
       "stats.logsumexp, transposed to [B, T, N])"
     )
-  # prepare's two checks; an implementation left at None (auto) needs none.
-  inputs, opts = options.validate(query, key, value, **dense_keywords)
-  if implementation is not None:
-    _op.check_implementation(OP, implementation)
+  inputs, opts = prepare(query, key, value, implementation=implementation, **dense_keywords)
   if not return_residual:
     return _op.run(OP, (inputs, opts), implementation)
   _jax_nn_compat.check_residual(

@@ -5,33 +5,29 @@ Implementation behind the public module :mod:`attnjax.gated_linear`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from attnjax._src import (
-  checks as _checks,
-  deprecation as _deprecation,
-  op as _op,
-  static as _static,
-)
-from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src import validators, deprecation as _deprecation, op as _op, static as _static
+from attnjax._src.ops import recurrence
 from attnjax._src.numerics import einsum as _einsum
-from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
-from attnjax._src.ops.recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
+from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.kernels.recurrent import chunks, gla_chunk
 
 Array = jnp.ndarray
 
-# The form "reference" names: the recurrence, the family's definition.
-REFERENCE_FORM = "recurrent"
-# Query sub-block of the chunked form's per-channel intra-chunk weights (secondary chunking).
+# The engine "reference" names: the recurrence, the family's definition.
+REFERENCE_ENGINE = "recurrent"
+REFERENCE_FORM = REFERENCE_ENGINE  # its old name
+# Query sub-block of the chunked engine's per-channel intra-chunk weights (secondary chunking).
 SUB_BLOCK = 16
 
 
 # ---------------------------------------------------------------------------
-# Forms. Each takes float32 grouped queries q [B, T, K, G, H] (already scaled),
+# The engines' computations. Each takes float32 grouped queries q [B, T, K, G, H] (already scaled),
 # keys k [B, T, K, H], values v [B, T, K, Hv], decays g [B, T, K, G, D] with
 # D = 1 (scalar per head) or D = H (per key channel), a boolean reset [B, T]
 # (True where a new segment starts; never at t = 0) and the state
@@ -39,7 +35,7 @@ SUB_BLOCK = 16
 
 
 def recurrent(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array):
-  """Recurrent form (the reference): ``lax.scan`` over time carrying ``S``; the decode form.
+  """The recurrent engine (the reference): ``lax.scan`` over time carrying ``S``; the decode engine.
 
   Args:
     q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
@@ -110,7 +106,7 @@ def _block_terms(q: Array, k: Array, g: Array, reset: Array):
   overflow) and their weight to 0 after.
 
   Args:
-    q, k, g, reset: one block, shapes as the forms (``T = C``).
+    q, k, g, reset: one block, shapes as the engines take them (``T = C``).
 
   Returns:
     ``(w [B, K, G, C, C], q_in [B, C, K, G, H], k_end [B, C, K, G, H], carry
@@ -219,8 +215,8 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
       "log_decay is required: [B, T, N] (scalar per head) or [B, T, N, H] "
       "(per key channel), values <= 0"
     )
-  _checks.check_floating("log_decay", log_decay)
-  shape = _checks.shape_of(log_decay)
+  validators.check_floating("log_decay", log_decay)
+  shape = validators.shape_of(log_decay)
   if len(shape) <= 3:
     target, per_channel = (B, T, N), False
   elif len(shape) == 4:
@@ -244,14 +240,15 @@ def parallel(*args, **kwargs):
   return quadratic(*args, **kwargs)
 
 
-# The gated_linear op: its engines are the recurrent forms (:func:`attnjax._recurrent.state_op`).
-OP = _recurrent.state_op(
-  "gated_linear",
-  recurrent=recurrent,
-  quadratic=quadratic,
-  chunked=chunked,
-  reference=REFERENCE_FORM,
+# The gated_linear op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
+# returns ``(out [B, T, K, G, Hv], final state)``.
+ENGINES: dict[str, _op.Engine] = recurrence.engines(
+  recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_ENGINE
 )
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES, FALLBACK = recurrence.PREFERENCES, recurrence.FALLBACK
+OP = recurrence.state_passing_op("gated_linear", ENGINES, PREFERENCES, FALLBACK, lambda: _samples())
 
 
 def _gated_linear_attention(
@@ -297,7 +294,7 @@ def _gated_linear_attention(
       quadratic), ``"chunked"``, or ``"reference"``, the readable definition:
       here the recurrence (``"recurrent"``); None means ``"chunked"``. The
       names are the engines of :data:`~attnjax.gated_linear.OP`; ``"parallel"``, the old name of
-      ``"quadratic"``, still works and warns once. They mean the same form in every
+      ``"quadratic"``, still works and warns once. They mean the same engine in every
       recurrent family
       (``attnjax._recurrent``).
     chunk_size: chunk length of ``"chunked"``; any ``T`` works.
@@ -324,7 +321,7 @@ def _gated_linear_attention(
     Yang et al. 2024, "Gated Linear Attention Transformers with
     Hardware-Efficient Training".
   """
-  x = _recurrent.prepare(
+  x = recurrence.prepare(
     "gated_linear_attention",
     q,
     k,
@@ -335,16 +332,25 @@ def _gated_linear_attention(
     segment_ids=segment_ids,
     implementation=implementation,
     chunk_size=chunk_size,
-    op=OP,
+    family=OP,
     context_axis=context_axis,
   )
   B, T, N, H = q.shape
-  g = _recurrent.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
+  g = recurrence.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
   extra = (g,)
-  out, final = _op.run(OP, (x, extra, chunk_size), x.form)
-  return _recurrent.finish(out, final, q, return_state=return_state)
+  out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
+  return recurrence.finish(out, final, q, return_state=return_state)
 
 
 GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
 gated_linear_attention = _static.jit(_gated_linear_attention, GATED_LINEAR_STATIC)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  def gates(q, k, v):
+    # Decays in (-1, 0): a state that forgets over a few tokens, never all at once.
+    log_decay = -np.logaddexp(0.0, recurrence.per_step(q, 1)).astype(np.float32) * 0.5
+    return q, k, v, dict(log_decay=jnp.asarray(log_decay))
+
+  return (recurrence.state_passing_sample(gated_linear_attention, gates),)

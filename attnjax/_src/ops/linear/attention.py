@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from attnjax._src import (
-  checks as _checks,
+  validators,
   deprecation as _deprecation,
   empty as _empty,
   op as _op,
@@ -20,10 +20,9 @@ from attnjax._src import (
   feature_maps,
   masks,
 )
-from attnjax._src.ops import recurrent as _recurrent
+from attnjax._src.ops import recurrence
 from attnjax._src.numerics import einsum as _einsum
-from attnjax._src.ops.recurrent import DEFAULT_CHUNK_SIZE, ImplementationName
-from attnjax._src.ops.recurrent import IMPLEMENTATIONS as IMPLEMENTATIONS
+from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.attention_stats import AttentionStats, stats_from_weights
 from attnjax._src.logits import group_queries
 from attnjax._src.kernels.blockwise.ring import varying
@@ -34,8 +33,9 @@ Array = jnp.ndarray
 Normalize = Literal["denominator", "none", "output_rms"]
 
 NORMALIZE: tuple[str, ...] = get_args(Normalize)
-# The form "reference" names: the masked weight matrix, the family's definition.
-REFERENCE_FORM = "quadratic"
+# The engine "reference" names: the masked weight matrix, the family's definition.
+REFERENCE_ENGINE = "quadratic"
+REFERENCE_FORM = REFERENCE_ENGINE  # its old name
 DEFAULT_EPS = 1e-6
 
 
@@ -70,7 +70,7 @@ def zeros_state(batch: int, num_kv_heads: int, num_features: int, value_dim: int
 
 
 # ---------------------------------------------------------------------------
-# Forms. Each takes float32 features phi_q [B, T, K, G, F], phi_k [B, S, K, F],
+# The engines' computations. Each takes float32 features phi_q [B, T, K, G, F], phi_k [B, S, K, F],
 # values v [B, S, K, Hv] and a LinearState; each returns the numerator
 # phi(q_i).S_i [B, T, K, G, Hv], the denominator phi(q_i).z_i [B, T, K, G] and
 # the final state.
@@ -112,7 +112,7 @@ def quadratic(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_ca
 
 
 def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
-  """Causal decode form: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state.
+  """The causal decode engine: ``lax.scan`` over time carrying ``(S, z)``; O(T) time, O(1) state.
 
   Args:
     phi_q: float32 query features ``[B, T, K, G, F]`` (``G = N // K`` query heads per
@@ -149,7 +149,7 @@ def chunked(
   chunk_size: int,
   finish_fn: Optional[Callable[[Array, Array], Array]] = None,
 ):
-  """Causal chunked form: intra-chunk masked quadratic + the state of the earlier chunks.
+  """The causal chunked engine: intra-chunk masked quadratic + the state of the earlier chunks.
 
   A ``lax.scan`` over chunks of ``chunk_size`` carries ``(S, z)``; each step does
   four batched matmuls over ``(B, K)``: ``phi(Q_c) phi(K_c)^T`` (masked), its
@@ -401,12 +401,12 @@ def _context_states(
 
 
 def _check_context(context_axis, *, feature_map, q, k) -> None:
-  _recurrent.check_context_axis("linear_attention", context_axis)
+  validators.check_mesh_axis("context_axis", context_axis, "linear_attention")
   if q.shape[1] != k.shape[1]:
     raise ValueError(
       f"context_axis={context_axis!r}: queries and keys must be sharded alike "
-      f"(the same local length), got q {_checks.shape_of(q)} and k "
-      f"{_checks.shape_of(k)}"
+      f"(the same local length), got q {validators.shape_of(q)} and k "
+      f"{validators.shape_of(k)}"
     )
   if feature_map.needs_consistent_scale:
     raise ValueError(
@@ -430,7 +430,7 @@ def _canonical_normalize(normalize: Union[Normalize, bool]) -> str:
       f"normalize must be one of {NORMALIZE} or a bool (True: 'denominator', "
       f"False: 'none'), got {type(normalize).__name__} {normalize!r}"
     )
-  _checks.check_choice("normalize", normalize, NORMALIZE + (True, False))
+  validators.check_choice("normalize", normalize, NORMALIZE + (True, False))
   return normalize
 
 
@@ -457,15 +457,15 @@ def _check_state(
     ("initial_state.kv_sum", state.kv_sum, expected[0]),
     ("initial_state.k_sum", state.k_sum, expected[1]),
   ):
-    _checks.check_floating(name, x)
-    if _checks.shape_of(x) != shape:
+    validators.check_floating(name, x)
+    if validators.shape_of(x) != shape:
       letters = "[B, K, F, Hv]" if name.endswith("kv_sum") else "[B, K, F]"
-      raise ValueError(f"{name} must have shape {letters} = {shape}, got {_checks.shape_of(x)}")
+      raise ValueError(f"{name} must have shape {letters} = {shape}, got {validators.shape_of(x)}")
   return LinearState(state.kv_sum.astype(jnp.float32), state.k_sum.astype(jnp.float32))
 
 
 class _Call(NamedTuple):
-  """A validated linear-attention call, as the engines of :data:`~attnjax.linear.OP` take it.
+  """A validated linear-attention call, as the engines of the linear op take it.
 
   Attributes:
     phi_q: float32 query features ``[B, T, K, G, F]``.
@@ -473,8 +473,10 @@ class _Call(NamedTuple):
     v: float32 values ``[B, S, K, Hv]``.
     state: the :class:`.LinearState` before the first key.
     is_causal: the causal mask.
-    chunk_size: the chunked form's chunk length.
+    chunk_size: the chunked engine's chunk length (and the statistics' query block).
     finish_fn: ``(numerator, denominator) -> out`` (:func:`finish` of the call's options).
+    return_stats: also return the implied weights' :class:`attnjax.AttentionStats`.
+    nonnegative: the feature map's values are >= 0 (the O(T) sink mass applies).
     context_axis: the ``shard_map`` axis the sequence is sharded over, or None.
   """
 
@@ -485,25 +487,46 @@ class _Call(NamedTuple):
   is_causal: bool
   chunk_size: int
   finish_fn: Callable[[Array, Array], Array]
+  return_stats: bool = False
+  nonnegative: bool = True
   context_axis: Optional[str] = None
+
+
+def _empty_stats(c: _Call) -> AttentionStats:
+  B, T, K, G, _ = c.phi_q.shape
+  return _empty.empty_stats(B, K * G, T)._replace(max_logit=None, logsumexp=None)
+
+
+def _stats(c: _Call, materialised: bool) -> Optional[AttentionStats]:
+  """The call's statistics (None unless asked): from the materialised weights (the quadratic
+  engine) or without them (the others)."""
+  if not c.return_stats:
+    return None
+  if c.phi_k.shape[1] == 0:
+    return _empty_stats(c)
+  if materialised:
+    return _reference_stats(c.phi_q, c.phi_k, is_causal=c.is_causal)
+  return _blocked_stats(
+    c.phi_q, c.phi_k, is_causal=c.is_causal, nonnegative=c.nonnegative, block=c.chunk_size
+  )
 
 
 def _quadratic_engine(c: _Call):
   num, den, final = quadratic(c.phi_q, c.phi_k, c.v, c.state, is_causal=c.is_causal)
-  return c.finish_fn(num, den), final
+  return c.finish_fn(num, den), final, _stats(c, materialised=True)
 
 
 def _recurrent_engine(c: _Call):
   num, den, final = recurrent(c.phi_q, c.phi_k, c.v, c.state)
-  return c.finish_fn(num, den), final
+  return c.finish_fn(num, den), final, _stats(c, materialised=False)
 
 
 def _recurrent_unsupported(c: _Call) -> list[str]:
   if c.is_causal:
     return []
   return [
-    "is_causal=False (it is the causal decode form; use 'chunked', O(T) through "
-    "phi(K)^T V, or 'quadratic' (= 'reference'), the quadratic form)"
+    "is_causal=False (it is the causal decode engine; use 'chunked', O(T) through "
+    "phi(K)^T V, or 'quadratic' (= 'reference'), the masked quadratic product)"
   ]
 
 
@@ -513,41 +536,81 @@ def _chunked_engine(c: _Call):
     out, _, final = chunked(
       c.phi_q, c.phi_k, c.v, c.state, chunk_size=c.chunk_size, finish_fn=c.finish_fn
     )
-    return out, final
-  num, den, final = noncausal(c.phi_q, c.phi_k, c.v, c.state)
-  return c.finish_fn(num, den), final
+  else:
+    num, den, final = noncausal(c.phi_q, c.phi_k, c.v, c.state)
+    out = c.finish_fn(num, den)
+  return out, final, _stats(c, materialised=False)
 
 
-def _context(call: tuple[_Call], implementation: Optional[str], local):
+def _no_queries(c: _Call):
+  """No queries: the empty output; the state still takes in the call's keys (non-causal)."""
+  _, final, _ = _chunked_engine(c._replace(is_causal=False, return_stats=False))
+  B, T, K, G, _ = c.phi_q.shape
+  out = jnp.zeros((B, T, K, G, c.v.shape[-1]), jnp.float32)
+  return out, final, _empty_stats(c) if c.return_stats else None
+
+
+def context(call: tuple[_Call], implementation: Optional[str], local):
   """The linear op's context strategy: this device's shard enters with the sums of the shards
   before it (:func:`_context_states`) and runs ``local`` (the op's per-device computation)
-  from there; the final state is the whole sequence's, on every device."""
+  from there; the final state is the whole sequence's, on every device. Statistics: this
+  device's rows against every key's features (gathered, O(T F)), the means over every
+  device's rows."""
   (c,) = call
   entering, final = _context_states(
     c.phi_k, c.v, c.state, is_causal=c.is_causal, axis=c.context_axis
   )
-  out, _ = local((c._replace(state=entering, context_axis=None),), implementation)
-  return out, final
+  shard = c._replace(state=entering, context_axis=None, return_stats=False)
+  out, _, _ = local((shard,), implementation)
+  stats = None
+  if c.return_stats:
+    keys = jax.lax.all_gather(c.phi_k, c.context_axis, axis=1, tiled=True)
+    stats = _blocked_stats(
+      c.phi_q,
+      keys,
+      is_causal=c.is_causal,
+      nonnegative=c.nonnegative,
+      block=c.chunk_size,
+      axis=c.context_axis,
+    )
+  return out, final, stats
 
+
+# The longest call (max(T, S)) auto-dispatch gives the quadratic engine on a CPU. Measured with
+# /tmp/linbench.py-style timing in issue 57 (causal, B=1, N=8, H=64, fp32, CPU under load;
+# quadratic / chunked time): forward 0.93x at T=16, 0.47x at 64, 0.62x at 128, 1.55x at 256;
+# gradient 0.92x, 0.83x, 0.81x, 1.25x. GPUs and TPUs keep the chunked engine (not measured).
+QUADRATIC_MAX_LENGTH_CPU = 128
 
 # The linear op: its call is ``(_Call,)``; every engine returns ``(out [B, T, K, G, Hv], final
-# state)``. Auto-dispatch takes the chunked form; a call with a context axis runs _context.
+# state, statistics or None)``.
+ENGINES: dict[str, _op.Engine] = recurrence.with_reference(
+  {
+    "recurrent": _op.Engine("recurrent", _recurrent_engine, _recurrent_unsupported),
+    "quadratic": _op.Engine(
+      "quadratic", _quadratic_engine, _op.supports_everything, max_length=QUADRATIC_MAX_LENGTH_CPU
+    ),
+    "chunked": _op.Engine("chunked", _chunked_engine, _op.supports_everything),
+  },
+  REFERENCE_ENGINE,
+)
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {"cpu": ("quadratic",)}
+FALLBACK: tuple[str, ...] = ("chunked",)
 OP = _op.register(
   _op.Op(
     "linear",
-    _recurrent.engines(
-      {
-        "recurrent": _op.Engine("recurrent", _recurrent_engine, _recurrent_unsupported),
-        "quadratic": _op.Engine("quadratic", _quadratic_engine, _op.supports_everything),
-        "chunked": _op.Engine("chunked", _chunked_engine, _op.supports_everything),
-      },
-      REFERENCE_FORM,
-    ),
-    {},
-    ("chunked",),
-    context=_context,
+    ENGINES,
+    PREFERENCES,
+    FALLBACK,
+    empty=_no_queries,
+    is_empty=lambda c: c.phi_q.shape[1] == 0,
+    context=context,
     context_axis=lambda c: c.context_axis,
-    renamed=_recurrent.RENAMED,
+    length=lambda c: max(c.phi_q.shape[1], c.phi_k.shape[1]),
+    renamed=recurrence.RENAMED,
+    samples=lambda: _samples(),
   )
 )
 
@@ -566,18 +629,18 @@ def _prepare(
   return_state,
   eps,
 ):
-  B, T, S, N, K, H, Hv = _checks.check_qkv(q, k, v)
+  B, T, S, N, K, H, Hv = validators.check_qkv(q, k, v)
   feature_map = _check_feature_map(feature_map, H)
   normalize = _canonical_normalize(normalize)
-  form = _op.check_implementation(OP, implementation, where="linear_attention")
+  implementation = _op.check_implementation(OP, implementation, where="linear_attention")
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-  _recurrent.check_chunk_size(chunk_size)
-  _checks.check_positive_float("eps", eps, allow_none=False)
+  validators.check_positive_int("chunk_size", chunk_size)
+  validators.check_positive_float("eps", eps, allow_none=False)
   if is_causal and T != S:
     raise ValueError(
       f"causal linear attention needs as many queries as keys (a state carries earlier "
-      f"keys), got q {_checks.shape_of(q)} and k {_checks.shape_of(k)}"
+      f"keys), got q {validators.shape_of(q)} and k {validators.shape_of(k)}"
     )
   if feature_map.needs_consistent_scale:
     if normalize == "none":
@@ -596,7 +659,7 @@ def _prepare(
     if initial_state is None
     else _check_state(initial_state, ((B, K, F, Hv), (B, K, F)))
   )
-  return feature_map, normalize, form, state
+  return feature_map, normalize, implementation, state
 
 
 def _linear_attention(
@@ -627,13 +690,14 @@ def _linear_attention(
     is_causal: query ``i`` sees keys ``j <= i`` (needs ``T == S``).
     normalize: ``"denominator"`` (or True), ``"none"`` (or False),
       ``"output_rms"`` (module docstring).
-    implementation: ``"quadratic"`` (the quadratic form), ``"recurrent"``
+    implementation: ``"quadratic"`` (the masked quadratic product), ``"recurrent"``
       (causal only), ``"chunked"``, or ``"reference"``, the readable
-      definition: here the quadratic form (``"quadratic"``); None means
-      ``"chunked"`` (O(T)). The names are the engines of :data:`~attnjax.linear.OP`;
+      definition: here ``"quadratic"``; None: auto, chosen per platform when the
+      program is lowered (``"chunked"``, O(T); on a CPU, ``"quadratic"`` for calls up
+      to 128 tokens). The names are the linear op's engines;
       ``"parallel"``, the old name of ``"quadratic"``, still works and warns once.
-      They mean the same form in every recurrent family (``attnjax._recurrent``).
-    chunk_size: chunk length of the chunked causal form.
+      They mean the same engine in every recurrent family.
+    chunk_size: chunk length of the chunked engine.
     initial_state: a :class:`.LinearState` (``kv_sum [B, K, F, Hv]``,
       ``k_sum [B, K, F]``) of keys seen before this call; None = empty.
     return_state: the primary result becomes ``(out, final state)``, the
@@ -643,8 +707,8 @@ def _linear_attention(
       ``w_ij = phi(q_i).phi(k_j)`` over this call's keys (the initial state is
       not included): ``row_sum`` (mean raw row sum, O(T)), ``sink_mass`` and
       ``entropy`` on the row-normalised ``|w|``; ``max_logit`` and
-      ``logsumexp`` are None (there are no logits). With ``"quadratic"`` (and
-      ``"reference"``) they come from the materialised matrix; otherwise
+      ``logsumexp`` are None (there are no logits). Where the quadratic engine runs
+      (``"quadratic"``, ``"reference"``) they come from the materialised matrix; otherwise
       ``row_sum`` (and ``sink_mass`` for nonnegative maps) are O(T) and the
       entropy is a scan over query blocks, O(T S) time and O(chunk_size S)
       memory.
@@ -678,7 +742,7 @@ def _linear_attention(
     Qin et al. 2022, "The Devil in Linear Transformer" (output normalisation).
     Choromanski et al. 2021, "Rethinking Attention with Performers".
   """
-  feature_map, normalize, form, state = _prepare(
+  feature_map, normalize, implementation, state = _prepare(
     q,
     k,
     v,
@@ -695,38 +759,22 @@ def _linear_attention(
     _check_context(context_axis, feature_map=feature_map, q=q, k=k)
   B, T, N, _ = q.shape
   K, Hv = k.shape[2], v.shape[3]
-  v32 = v.astype(jnp.float32)
-  finish_fn = functools.partial(finish, normalize=normalize, eps=eps)
-  phi_q = group_queries(feature_map(q, is_query=True), K)
-  phi_k = feature_map(k, is_query=False)
-  call = (_Call(phi_q, phi_k, v32, state, is_causal, chunk_size, finish_fn, context_axis),)
-  form = _op.select(OP, call) if form is None else form
-  out, final = _op.run(OP, call, form)
+  call = _Call(
+    phi_q=group_queries(feature_map(q, is_query=True), K),
+    phi_k=feature_map(k, is_query=False),
+    v=v.astype(jnp.float32),
+    state=state,
+    is_causal=is_causal,
+    chunk_size=chunk_size,
+    finish_fn=functools.partial(finish, normalize=normalize, eps=eps),
+    return_stats=return_stats,
+    nonnegative=feature_map.nonnegative,
+    context_axis=context_axis,
+  )
+  out, final, stats = _op.run(OP, (call,), implementation)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
   result = (out, final) if return_state else out
-  if not return_stats:
-    return result
-  if _empty.is_empty(q, k):
-    stats = _empty.empty_stats(B, N, T)._replace(max_logit=None, logsumexp=None)
-  elif context_axis is not None:
-    # Each row's weights span every key: gather the features (O(T F) per device), then the
-    # block scan over this device's rows at their global positions.
-    keys = jax.lax.all_gather(phi_k, context_axis, axis=1, tiled=True)
-    stats = _blocked_stats(
-      phi_q,
-      keys,
-      is_causal=is_causal,
-      nonnegative=feature_map.nonnegative,
-      block=chunk_size,
-      axis=context_axis,
-    )
-  elif (REFERENCE_FORM if form == "reference" else form) == "quadratic":
-    stats = _reference_stats(phi_q, phi_k, is_causal=is_causal)
-  else:
-    stats = _blocked_stats(
-      phi_q, phi_k, is_causal=is_causal, nonnegative=feature_map.nonnegative, block=chunk_size
-    )
-  return result, stats
+  return (result, stats) if return_stats else result
 
 
 LINEAR_STATIC = (
@@ -774,7 +822,7 @@ def _linear_attention_weights(
   Raises:
     ValueError, TypeError: bad shapes or options (as :func:`attnjax.linear_attention`).
   """
-  _checks.check_qkv(q, k, k)
+  validators.check_qkv(q, k, k)
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   feature_map = _check_feature_map(feature_map, H)
@@ -790,3 +838,20 @@ def _linear_attention_weights(
 
 
 linear_attention_weights = _static.jit(_linear_attention_weights, ("is_causal", "normalize", "eps"))
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  return (
+    _op.Sample(
+      linear_attention,
+      options=dict(is_causal=True, chunk_size=8),
+      self_only=True,
+      stats=True,
+      state=True,
+      flags=("is_causal", "return_stats", "return_state"),
+      static=(("chunk_size", 2),),
+      choices=(("normalize", NORMALIZE + (True, False)), ("chunk_size", (1, 2, 3, 64))),
+      defects=(("normalize", (1, 0, "denom")), ("chunk_size", (0,))),
+      context=True,
+    ),
+  )

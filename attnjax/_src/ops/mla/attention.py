@@ -1,6 +1,8 @@
 """Multi-head latent attention (DeepSeek V2/V3): keys and values rebuilt from one latent per token.
 
-Implementation behind the public module :mod:`attnjax.mla`.
+A front end of the dense op: its op, ``"mla"``, takes the dense call of the form chosen
+(expanded or absorbed) and has dense's engines, in dense's order. Implementation behind the
+public module :mod:`attnjax.mla`.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from typing import Any, Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from attnjax._src import checks, empty, op, options, parallel, static, trust
+from attnjax._src import op, options, static, validators
 from attnjax._src.ops.dense import attention as dense
 
 Array = jnp.ndarray
@@ -46,10 +49,11 @@ def absorbed_is_cheaper(T: int, S: int, R: int, d_n: int, d_r: int, d_v: int) ->
 
 
 class LatentCall:
-  """The up-projections of an MLA call and its form (the third element of the op's call).
+  """The up-projections of an MLA call and its form: the dense call the op runs, and the step
+  that makes its result the MLA call's.
 
-  The engines all run the dense engine of the same name on one of two dense calls, built once
-  per call (:meth:`dense_call`) from the call's inputs (``q``, ``k`` = ``k_rope``, ``v`` =
+  The op runs dense's engines on one of two dense calls, built once per call
+  (:meth:`dense_call`) from the call's inputs (``q``, ``k`` = ``k_rope``, ``v`` =
   ``latent``, and the dense call's masks, bias and modifiers):
 
   - expanded: keys ``[c W_UK | k_rope]`` and values ``c W_UV``, ``N`` heads each: attention
@@ -118,78 +122,6 @@ def absorbed_inputs(inputs: options.DenseInputs, w_uk: Array, w_uv: Array) -> op
 
 
 # ---------------------------------------------------------------------------
-# The op: each dense engine on the call's dense form.
-
-
-def _engine(name: str) -> op.Engine:
-  """The MLA engine ``name``: the dense engine of that name on the call's dense form."""
-  engine = dense.ENGINES[name]
-
-  def compute(inputs, opts, latent):
-    result = op.compute(dense.ENGINES[name], latent.dense_call(inputs, opts))
-    return latent.finish(result, opts, inputs.q.dtype)
-
-  def unsupported(inputs, opts, latent):
-    return dense.ENGINES[name].unsupported(*latent.dense_call(inputs, opts))
-
-  return op.Engine(
-    name,
-    compute,
-    unsupported,
-    platform=engine.platform,
-    where=engine.where,
-    vouched_by=engine.vouched_by,
-    min_length=engine.min_length,
-  )
-
-
-# One engine per dense engine, by the same name: the reference, the block-wise engine and the
-# platform kernels (where their head dims allow: the expanded form's d_qk = d_n + d_r and d_v,
-# the absorbed form's R + d_r and R).
-ENGINES: dict[str, op.Engine] = {name: _engine(name) for name in dense.ENGINES}
-IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
-PREFERENCES: dict[str, tuple[str, ...]] = dict(dense.PREFERENCES)
-FALLBACK: tuple[str, ...] = dense.FALLBACK
-
-
-def _empty_answer(inputs, opts, latent):
-  B, T, N, _ = inputs.q.shape
-  out = jnp.zeros((B, T, N, latent.w_uv.shape[2]), inputs.q.dtype)
-  if not opts.return_stats:
-    return out
-  return out, empty.empty_stats(B, N, T, opts.empty_row_logsumexp)
-
-
-def _context(call, implementation: Optional[str], local):
-  """Context parallelism: the call's dense form (made per token, so per shard) through the
-  dense strategies, each device's part on the dense op's own computation."""
-  del local  # MLA's per-device computation would rebuild the form the strategy already holds
-  inputs, opts, latent = call
-  result = parallel.attention(
-    *latent.dense_call(inputs, opts),
-    implementation,
-    lambda i, o, impl: op.run_on_this_platform(dense.OP, (i, o), impl),
-  )
-  return latent.finish(result, opts, inputs.q.dtype)
-
-
-OP = op.register(
-  op.Op(
-    "mla",
-    ENGINES,
-    PREFERENCES,
-    FALLBACK,
-    empty=_empty_answer,
-    is_empty=lambda inputs, opts, latent: empty.is_empty(inputs.q, inputs.k),
-    context=_context,
-    context_axis=lambda inputs, opts, latent: opts.context_axis,
-    length=lambda inputs, opts, latent: options.call_length(inputs, opts),
-    trust_class=lambda inputs, opts, latent: trust.call_class(*latent.dense_call(inputs, opts)),
-  )
-)
-
-
-# ---------------------------------------------------------------------------
 # Validation.
 
 
@@ -202,17 +134,19 @@ def check_shapes(q, k_rope, latent, w_uk, w_uv) -> tuple[int, int, int, int, int
       shapes seen).
     TypeError: a non-floating array, or ``q``, ``k_rope`` and ``latent`` of different dtypes.
   """
-  shapes = {n: checks.shape_of(x) for n, x in (("q", q), ("k_rope", k_rope), ("latent", latent))}
+  shapes = {
+    n: validators.shape_of(x) for n, x in (("q", q), ("k_rope", k_rope), ("latent", latent))
+  }
   for name, letters in (("q", "[B, T, N, d_n + d_r]"), ("k_rope", "[B, S, 1, d_r]")):
     if len(shapes[name]) != 4:
       raise ValueError(f"{name} must have rank 4 {letters}, got shape {shapes[name]}")
   if len(shapes["latent"]) != 4:
     raise ValueError(f"latent must have rank 4 [B, S, 1, R], got shape {shapes['latent']}")
   for name, w, letters in (("w_uk", w_uk, "[R, N, d_n]"), ("w_uv", w_uv, "[R, N, d_v]")):
-    if len(checks.shape_of(w)) != 3:
-      raise ValueError(f"{name} must have rank 3 {letters}, got shape {checks.shape_of(w)}")
+    if len(validators.shape_of(w)) != 3:
+      raise ValueError(f"{name} must have rank 3 {letters}, got shape {validators.shape_of(w)}")
   for name, x in (("q", q), ("k_rope", k_rope), ("latent", latent), ("w_uk", w_uk), ("w_uv", w_uv)):
-    checks.check_floating(name, x)
+    validators.check_floating(name, x)
   if not (q.dtype == k_rope.dtype == latent.dtype):
     raise TypeError(
       f"q, k_rope and latent must share a dtype, got {q.dtype}, {k_rope.dtype}, {latent.dtype}"
@@ -226,14 +160,19 @@ def check_shapes(q, k_rope, latent, w_uk, w_uv) -> tuple[int, int, int, int, int
   if k_rope.shape[2] != 1 or latent.shape[2] != 1:
     raise ValueError(f"k_rope and latent have one head (axis 2 of size 1), got {seen}")
   if k_rope.shape[:2] != latent.shape[:2] or k_rope.shape[0] != B:
-    raise ValueError(f"q, k_rope and latent must agree on B and k_rope, latent on S; got {seen}")
+    raise ValueError(
+      f"q, k_rope and latent must agree on the batch B and k_rope, latent on S; got {seen}"
+    )
   if min(R, d_n, d_r, d_v) <= 0:
     raise ValueError(
       f"head dims must be positive: kv_lora_rank R={R} (latent), d_n={d_n} (w_uk), "
       f"d_r={d_r} (k_rope), d_v={d_v} (w_uv); got {seen}"
     )
   if w_uk.shape[:2] != (R, N) or w_uv.shape[:2] != (R, N):
-    raise ValueError(f"w_uk and w_uv must be [R, N, .] with R={R} and N={N}, got {seen}")
+    raise ValueError(
+      f"w_uk and w_uv must be [R, N, .] with R={R} (the latent's width) and N={N} (q's "
+      f"heads), got {seen}"
+    )
   if Hq != d_n + d_r:
     raise ValueError(
       f"q's head dim must be d_n + d_r = {d_n} + {d_r} = {d_n + d_r} ([nope | rope]), got {seen}"
@@ -283,7 +222,10 @@ def _mla(
   inputs = dataclasses.replace(inputs, q=q, k=k_rope, v=latent)
   if absorb is None:
     absorb = absorbed_is_cheaper(T, S, R, d_n, d_r, d_v)
-  return op.run(OP, (inputs, opts, LatentCall(w_uk, w_uv, absorb)), implementation)
+  # The op runs the form's dense call (its empty answer, context strategy and engines are
+  # dense's); the absorbed form's [B, T, N, R] result then meets W_UV.
+  form = LatentCall(w_uk, w_uv, absorb)
+  return form.finish(op.run(OP, form.dense_call(inputs, opts), implementation), opts, q.dtype)
 
 
 _mla_jit = static.jit(_mla, options.static(DENSE_KEYWORDS) + ("absorb", "implementation"), flags=())
@@ -315,7 +257,7 @@ def _mla_attention(
   context_strategy: options.ContextStrategy = "ring",
   context_layout: Optional[options.ContextLayout] = None,
   absorb: Optional[bool] = None,
-  implementation: Optional[str] = None,
+  implementation: Optional[dense.ImplementationName] = None,
 ):
   """Multi-head latent attention over one cached latent per key (DeepSeek V2/V3, Kimi).
 
@@ -362,8 +304,8 @@ def _mla_attention(
     absorb: the form; None chooses the one of fewer multiply-adds
       (:func:`attnjax.mla.absorbed_is_cheaper`: absorbed for decode, expanded for ``T = S``).
     implementation: None (auto, as dense attention's on the form's call) or a name of
-      :data:`attnjax.mla.ENGINES`: the dense engine of that name on the form's call (``"reference"``
-      materialises the weights).
+      :data:`attnjax.mla.ENGINES` (dense's engines): that engine on the form's call
+      (``"reference"`` materialises the weights).
 
   Returns:
     ``[B, T, N, d_v]`` in ``q``'s dtype, or ``(out, AttentionStats)``.
@@ -386,3 +328,50 @@ def _mla_attention(
 mla_attention = static.canonicalized(
   _mla_attention, options.static(DENSE_KEYWORDS) + ("absorb", "implementation")
 )
+
+
+# ---------------------------------------------------------------------------
+# The op: a front end of dense attention (the form's dense call), with dense's engines in
+# dense's order; so is its empty answer, its context strategy and its kernels' trust class.
+
+ENGINES, PREFERENCES, FALLBACK = dense.ENGINES, dense.PREFERENCES, dense.FALLBACK
+IMPLEMENTATIONS, ImplementationName = dense.IMPLEMENTATIONS, dense.ImplementationName
+
+
+def _latent_arrays(q, k, v):
+  """An MLA call from a drawn ``q [B, T, N, H]``, ``k, v [B, S, K, H]``: the rope key
+  ``k_rope`` is ``k``'s first head past ``d_n = H // 2``, the latent ``v``'s first head
+  (``R = H``), and fixed up-projections ``w_uk [R, N', d_n]``, ``w_uv [R, N', H]`` (so
+  ``d_v = d_n + d_r = H``: every engine, jax.nn's included, takes the expanded call). ``N'``
+  is the largest multiple of ``k``'s heads not above ``q``'s (``N`` for a valid draw), so a
+  draw whose q and k disagree on heads stays a call with mismatched heads."""
+  H, N, K = np.shape(q)[-1], np.shape(q)[-2], np.shape(k)[2]
+  d_n, heads = H // 2, N // K * K
+  rng = np.random.default_rng(0)
+  w = lambda d: jnp.asarray(rng.standard_normal((H, heads, d)) * max(H, 1) ** -0.5, jnp.float32)
+  return q, k[:, :, :1, d_n:], v[:, :, :1], dict(w_uk=w(d_n), w_uv=w(H))
+
+
+def _samples() -> tuple[op.Sample, ...]:
+  common = dict(
+    arrays=_latent_arrays,
+    stats=True,
+    flags=("is_causal", "return_stats"),
+    static=(("scale", 0.5), ("softcap", 3.0), ("window", (2, 0))),
+    choices=(("absorb", (True, False, None)),),
+    defects=(("absorb", (1, "yes")),),
+    dense_keywords=DENSE_KEYWORDS,
+    context=True,
+  )
+  return (
+    op.Sample(mla_attention, options=dict(is_causal=True, absorb=False), **common),
+    op.Sample(
+      mla_attention,
+      label="mla_attention_absorbed",
+      options=dict(is_causal=True, absorb=True),
+      **common,
+    ),
+  )
+
+
+OP = op.register(dense.front_end("mla", _samples))

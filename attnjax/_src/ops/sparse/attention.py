@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnjax._src import (
+  validators,
   empty as _empty,
   op as _op,
   static as _static,
@@ -30,7 +31,6 @@ from attnjax._src.patterns import Pattern
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "blockwise"]
 # The dense keywords sparse_attention takes and forwards (attnjax.options.KEYWORDS): the
 # pattern stands for mask, is_causal and window; the block paths compute dot products.
 DENSE_KEYWORDS = options.keywords(without=("mask", "is_causal", "window", "similarity"))
@@ -422,7 +422,17 @@ def _dilated_columns(
   return from_columns(out)
 
 
-def _context_parallel(call: tuple, implementation: Optional[str], local):
+@dataclasses.dataclass(frozen=True)
+class _EveryPair(Pattern):
+  """Every (query, key) pair: the pattern of a shard's call under context parallelism, where
+  the family's pattern is a ``mask_mod`` on global positions."""
+
+  def allowed(self, q_positions, k_positions, shape):
+    del shape
+    return jnp.ones((q_positions.shape[0], k_positions.shape[0]), bool)
+
+
+def context(call: tuple, implementation: Optional[str], local):
   """This device's shard of a sparse call whose sequence is sharded over ``opts.context_axis``.
 
   Every pattern is a rule on global positions, so the call is the dense one with the
@@ -432,20 +442,13 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
   (:meth:`~attnjax.patterns.Pattern.band`) also become the dense ``is_causal`` / ``window``
   (they keep every pair the pattern keeps), so the ring skips, when it is traced, the
   shard pairs outside them; inside a visited pair the pattern's blocks are classified per
-  call and blocks it masks entirely are skipped. The engines' names are dense's, and so is
-  the per-device computation (not ``local``, the sparse op's).
+  call and blocks it masks entirely are skipped. Each device's part of the all-gather and
+  all-to-all strategies runs on ``local``, the sparse op's per-device computation, with
+  every pair its pattern (the rule is in the ``mask_mod``).
   """
-  del local
-  inputs, opts, pattern, _ = call
-  axis = opts.context_axis
-  try:
-    P = jax.lax.axis_size(axis)
-  except NameError as e:
-    raise ValueError(
-      f"context_axis={axis!r} is not a mesh axis of the enclosing "
-      f"jax.shard_map (call sparse_attention inside shard_map over that "
-      f"axis)"
-    ) from e
+  inputs, opts, pattern, block_size = call
+  axis = validators.check_mesh_axis("context_axis", opts.context_axis, "sparse_attention")
+  P = jax.lax.axis_size(axis)
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   if T != S:
     raise ValueError(
@@ -470,8 +473,8 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
     inputs,
     dense_opts,
     implementation,
-    lambda inputs, opts, implementation: _op.run_on_this_platform(
-      dense.OP, (inputs, opts), implementation
+    lambda inputs, opts, implementation: local(
+      (inputs, opts, _EveryPair(), block_size), implementation
     ),
   )
 
@@ -479,8 +482,16 @@ def _context_parallel(call: tuple, implementation: Optional[str], local):
 def _blockwise(
   inputs: options.DenseInputs, opts: options.DenseOptions, pattern: Pattern, block_size: int
 ):
-  """The ``"blockwise"`` engine: the pattern's fastest block-wise plan for the call (the
-  dilated columns, the banded chunks, the strided two passes, else :func:`block_sparse`)."""
+  """The ``"blockwise"`` engine: the pattern's fastest block-wise plan for the call.
+
+  The plans are this engine's internals, not engines of their own: each computes the same
+  thing on the block-wise kernel, and which applies follows from the pattern and the call
+  (never the platform): a dilated window as a sliding window on its residue columns
+  (:func:`_dilated_columns`), a banded pattern longer than two chunks chunk by chunk
+  (:func:`banded_chunks`), the strided pattern as two passes merged by their logsumexps
+  (:func:`_strided_two_pass`), else every kept block at once (:func:`block_sparse`). Each
+  is tested equal to the reference (tests/test_sparse.py).
+  """
   T, S = inputs.q.shape[1], inputs.k.shape[1]
   if (
     isinstance(pattern, patterns.DilatedWindow)
@@ -514,7 +525,7 @@ def _blockwise(
 
 
 # The sparse op: its call is ``(inputs, opts, pattern, block_size)``; auto-dispatch takes the
-# block-wise engine everywhere.
+# block-wise engine everywhere (its plans are its internals: see _blockwise).
 ENGINES: dict[str, _op.Engine] = {
   e.name: e
   for e in (
@@ -522,21 +533,55 @@ ENGINES: dict[str, _op.Engine] = {
     _op.Engine("blockwise", _blockwise, _op.supports_everything),
   )
 }
+IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
+ImplementationName = Literal[IMPLEMENTATIONS]
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("blockwise",)
+
+
+def _samples() -> tuple[_op.Sample, ...]:
+  return (
+    _op.Sample(
+      sparse_attention,
+      options=dict(pattern=patterns.sliding_window(9), block_size=8),
+      stats=True,
+      flags=("return_stats",),
+      static=(("scale", 0.5), ("block_size", 2)),
+      choices=(
+        (
+          "pattern",
+          (
+            patterns.causal(),
+            patterns.sliding_window(2),
+            patterns.sliding_window(3, 1),
+            patterns.strided(2),
+            patterns.sinks_window(1, 2),
+          ),
+        ),
+        ("block_size", (1, 2, 3, 4)),
+      ),
+      defects=(("block_size", (0, -2, 2.0)),),
+      dense_keywords=DENSE_KEYWORDS,
+      context=True,
+      extreme_values=True,
+    ),
+  )
+
+
 OP = _op.register(
   _op.Op(
     "sparse",
     ENGINES,
-    {},
-    ("blockwise",),
+    PREFERENCES,
+    FALLBACK,
     empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
     is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
-    context=_context_parallel,
+    context=context,
     context_axis=lambda inputs, opts, *_: opts.context_axis,
     renamed={"block_sparse": "blockwise"},
+    samples=_samples,
   )
 )
-# The engines' names (the layer's and the signature's choices).
-IMPLEMENTATIONS: tuple[str, ...] = OP.implementations
 
 
 def _sparse_attention(
@@ -560,7 +605,7 @@ def _sparse_attention(
   mask_mod_args: Any = None,
   block_layout: Any = None,
   context_axis: Optional[str] = None,
-  context_strategy: options.ContextStrategy = "ring",
+  context_strategy: Optional[options.ContextStrategy] = "ring",
   context_layout: Optional[options.ContextLayout] = None,
 ):
   """Attention restricted to a sparse pattern, computed over the pattern's kept blocks.
@@ -621,8 +666,7 @@ def _sparse_attention(
       f"pattern must be an attnjax.patterns.Pattern (e.g. patterns.sliding_window(256)), "
       f"got {type(pattern).__name__}"
     )
-  if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-    raise ValueError(f"block_size must be a positive int, got block_size={block_size!r}")
+  block_size = validators.check_positive_int("block_size", block_size)
   implementation = _op.check_implementation(OP, implementation, where="sparse_attention")
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   if opts.context_axis is None:

@@ -1,62 +1,49 @@
-"""What the recurrent families share: one vocabulary of forms (their ops' engines) and one
-input preparation.
+"""What the recurrent families share: one vocabulary of engines and one input preparation.
 
-The linear, gated and delta-rule families each declare an op whose engines are the same
-forms, with the same names and meaning: ``"recurrent"``, ``"quadratic"`` (formerly
-``"parallel"``), ``"chunked"`` (the default) and ``"reference"`` (one of the three, the
-family's ``REFERENCE_FORM``). :func:`prepare` validates a causal stateful call;
-:func:`state_op` makes the ops, with :func:`context` (state passing) as their
-context-parallel strategy; :func:`check_chunk_size` and :func:`check_context_axis` are
-shared checks. Family level: kernels must not import it.
-Guides: docs/guides/linear.md ("Forms") and docs/guides/architecture.md.
+The linear, gated and delta-rule families each declare an op whose engines have the same
+names and meaning (:data:`ENGINE_NAMES`): ``"recurrent"`` (a scan over time),
+``"quadratic"`` (formerly ``"parallel"``; the masked quadratic product), ``"chunked"`` (the
+default) and ``"reference"`` (one of the three, the family's ``REFERENCE_ENGINE``).
+:func:`engines` builds a state-passing family's engines from its three computations;
+:func:`prepare` validates a causal stateful call; :func:`state_passing_op` registers the op,
+with its empty answer and its context-parallel strategy (:func:`context`, state passing).
+Family level: kernels must not import it.
+Guides: docs/guides/linear.md ("Engines") and docs/guides/architecture.md.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, NamedTuple, Optional, get_args
+from typing import Any, Callable, NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import checks as _checks, empty as _empty, op as _op, masks
+from attnjax._src import empty, masks, op, validators
 from attnjax._src.logits import group_queries
 from attnjax._src.parallel.recurrent import state_passing
 
 Array = jnp.ndarray
 
-ImplementationName = Literal["reference", "recurrent", "quadratic", "chunked"]
-IMPLEMENTATIONS: tuple[str, ...] = get_args(ImplementationName)
-# The forms a name resolves to ("reference" is one of them, per family).
-FORMS: tuple[str, ...] = ("recurrent", "quadratic", "chunked")
-# Old names of forms, still accepted with a warning: {old: new}.
+# The engines of every recurrent family besides "reference" (which names one of them).
+ENGINE_NAMES: tuple[str, ...] = ("recurrent", "quadratic", "chunked")
+# Old names of engines, still accepted with a warning: {old: new}.
 RENAMED: dict[str, str] = {"parallel": "quadratic"}
 DEFAULT_CHUNK_SIZE = 64
 
 
-def engines(forms: dict[str, _op.Engine], reference: str) -> dict[str, _op.Engine]:
-  """A recurrent op's engines: ``"reference"`` (the engine of the ``reference`` form under
-  that name), then each of :data:`FORMS` (``forms`` holds one engine per form)."""
-  assert set(forms) == set(FORMS), sorted(forms)
+def with_reference(engines: dict[str, op.Engine], reference: str) -> dict[str, op.Engine]:
+  """A recurrent op's engines: ``"reference"`` (the engine named ``reference``, under that
+  name), then each of :data:`ENGINE_NAMES` (``engines`` holds one per name)."""
+  assert set(engines) == set(ENGINE_NAMES), sorted(engines)
+  ref = engines[reference]
   return {
-    "reference": _op.Engine("reference", forms[reference].compute, forms[reference].unsupported),
-    **{name: forms[name] for name in FORMS},
+    "reference": op.Engine("reference", ref.compute, ref.unsupported),
+    **{name: engines[name] for name in ENGINE_NAMES},
   }
 
 
-def check_chunk_size(chunk_size: Any) -> int:
-  """``chunk_size`` as a positive int (the chunk length of ``"chunked"``; any ``T`` works)."""
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
-    error = TypeError
-  elif chunk_size < 1:
-    error = ValueError
-  else:
-    return int(chunk_size)
-  raise error(f"chunk_size must be a positive int, got chunk_size={chunk_size!r}")
-
-
 class Inputs(NamedTuple):
-  """A causal stateful call's inputs in the layout every form takes (all float32).
+  """A causal stateful call's inputs in the layout every engine takes (all float32).
 
   Attributes:
     q: ``[B, T, K, G, H]`` queries grouped by key/value head, times ``scale`` (``G = 1``
@@ -66,7 +53,7 @@ class Inputs(NamedTuple):
     reset: ``[B, T]`` bool, True where a new segment starts (never at ``t = 0``).
     state: ``[B, K, G, H, Hv]`` the state before the first token (zeros if none given): its
       ``G`` is the call's heads per key head.
-    form: the engine the call names (an ``implementation``), or None: auto (``"chunked"``).
+    implementation: the engine the call names, or None: auto.
     segment_ids: the call's ``[B, T]`` ids, or None (state passing compares them across
       shards: a reset at a shard's first token is not in ``reset``).
     context_axis: the ``shard_map`` axis the sequence is sharded over, or None.
@@ -77,7 +64,7 @@ class Inputs(NamedTuple):
   v: Array
   reset: Array
   state: Array
-  form: Optional[str]
+  implementation: Optional[str]
   segment_ids: Optional[Array] = None
   context_axis: Optional[str] = None
 
@@ -94,7 +81,7 @@ def prepare(
   segment_ids,
   implementation,
   chunk_size,
-  op: _op.Op,
+  family: op.Op,
   context_axis=None,
   grouped_values: bool = False,
 ) -> Inputs:
@@ -107,9 +94,9 @@ def prepare(
     initial_state: ``[B, N, H, Hv]`` or None.
     return_state: a bool.
     segment_ids: ``[B, T]`` integers or None.
-    implementation: a name of :data:`IMPLEMENTATIONS` (or :data:`RENAMED`) or None.
+    implementation: a name of the op's engines (or of :data:`RENAMED`) or None.
     chunk_size: a positive int.
-    op: the family's op (its engines are the valid names).
+    family: the family's op (its engines are the valid names).
     context_axis: None, or the ``shard_map`` axis the sequence is sharded over (the op's
       context strategy, :func:`context`, then runs the call).
     grouped_values: ``v`` may have more heads ``M`` than ``k`` (``M % K == 0``, Qwen3-Next's
@@ -119,15 +106,15 @@ def prepare(
   """
   value_heads = _value_heads(name, q, k, v) if grouped_values else None
   checked_v = v if value_heads is None else v[:, :, : k.shape[2]]
-  B, T, N, K, H, Hv, seg = _checks.check_one_sequence(name, q, k, checked_v, segment_ids)
+  B, T, N, K, H, Hv, seg = validators.check_one_sequence(name, q, k, checked_v, segment_ids)
   heads = N if value_heads is None else max(N, value_heads)
-  form = _op.check_implementation(op, implementation, where=name)
-  check_chunk_size(chunk_size)
+  implementation = op.check_implementation(family, implementation, where=name)
+  validators.check_positive_int("chunk_size", chunk_size)
   if not isinstance(return_state, bool):
     raise TypeError(f"return_state must be a bool, got {return_state!r}")
-  scale = _checks.check_positive_float("scale", scale)
+  scale = validators.check_positive_float("scale", scale)
   scale = H**-0.5 if scale is None else scale
-  state = _checks.check_initial_state(initial_state, (B, heads, H, Hv))
+  state = validators.check_initial_state(initial_state, (B, heads, H, Hv))
   if state is None:
     state = jnp.zeros((B, heads, H, Hv), jnp.float32)
   f32 = jnp.float32
@@ -137,9 +124,9 @@ def prepare(
     v=v.astype(f32),
     reset=masks.segment_resets(seg, B, T),
     state=jnp.reshape(state, (B, K, heads // K, H, Hv)),
-    form=form,
+    implementation=implementation,
     segment_ids=segment_ids,
-    context_axis=check_context_axis(name, context_axis),
+    context_axis=validators.check_mesh_axis("context_axis", context_axis, name),
   )
 
 
@@ -154,38 +141,15 @@ def _value_heads(name: str, q, k, v) -> Optional[int]:
   if M % K:
     raise ValueError(
       f"{name}: v has {M} heads, not a multiple of k's {K} heads (value heads share key "
-      f"heads in groups: Hv % Hk == 0), got q {_checks.shape_of(q)}, k {_checks.shape_of(k)}, "
-      f"v {_checks.shape_of(v)}"
+      f"heads in groups: Hv % Hk == 0), got q {validators.shape_of(q)}, "
+      f"k {validators.shape_of(k)}, v {validators.shape_of(v)}"
     )
   if N not in (K, M):
     raise ValueError(
       f"{name}: with {M} value heads over {K} key heads, q must have the key heads ({K}) "
-      f"or the value heads ({M}), got q {_checks.shape_of(q)}"
+      f"or the value heads ({M}), got q {validators.shape_of(q)}"
     )
   return M
-
-
-def check_context_axis(name: str, context_axis: Any) -> Optional[str]:
-  """``context_axis`` as a mesh axis of the enclosing ``shard_map`` (a str), or None.
-
-  Raises:
-    TypeError: not a str or None.
-    ValueError: not an axis of the enclosing ``shard_map``.
-  """
-  if context_axis is None:
-    return None
-  if not isinstance(context_axis, str):
-    raise TypeError(
-      f"context_axis must be a shard_map mesh axis name (a str) or None, got {context_axis!r}"
-    )
-  try:
-    jax.lax.axis_size(context_axis)
-  except NameError as e:
-    raise ValueError(
-      f"context_axis={context_axis!r} is not a mesh axis of the enclosing "
-      f"jax.shard_map (call {name} inside shard_map over that axis)"
-    ) from e
-  return context_axis
 
 
 def context(call: tuple, implementation: Optional[str], local: Callable[..., Any]):
@@ -232,47 +196,82 @@ def finish(out: Array, final: Array, q: Array, *, return_state: bool):
   return out
 
 
-def _form_engine(name: str, form: Callable[..., Any], *, chunked: bool = False) -> _op.Engine:
-  """The engine of a state-passing ``form(q, k, v, *extra, reset, state)`` (``chunked``: also
-  ``chunk_size=``) on the call ``(x: Inputs, extra, chunk_size)``."""
-
-  def compute(x: Inputs, extra: tuple, chunk_size: int):
-    args = (x.q, x.k, x.v, *extra, x.reset, x.state)
-    return form(*args, chunk_size=chunk_size) if chunked else form(*args)
-
-  return _op.Engine(name, compute, _op.supports_everything)
-
-
-def state_op(
-  name: str,
+def engines(
   *,
   recurrent: Callable[..., Any],
   quadratic: Callable[..., Any],
   chunked: Callable[..., Any],
   reference: str,
-) -> _op.Op:
-  """The op of a causal state-passing family (gated linear, delta rule), registered.
+) -> dict[str, op.Engine]:
+  """A state-passing family's engines (gated linear, delta rule), by name.
 
-  Its call is ``(x: Inputs, extra, chunk_size)``, ``extra`` the family's per-step arrays in
-  the order its forms take them after ``v``; every engine returns ``(out [B, T, K, G, Hv],
-  final state)``. A call over no steps leaves the state as it was (:func:`attnjax._empty.no_steps`);
-  a call whose ``x.context_axis`` is set runs :func:`context`.
+  Each computation takes ``(q, k, v, *extra, reset, state)`` (``chunked`` also
+  ``chunk_size=``) and returns ``(out [B, T, K, G, Hv], final state)``; the engines take the
+  op's call ``(x: Inputs, extra, chunk_size)``, ``extra`` the family's per-step arrays in
+  the order its computations take them after ``v``. ``reference`` names the one that is the
+  family's readable definition.
   """
-  forms = {
-    "recurrent": _form_engine("recurrent", recurrent),
-    "quadratic": _form_engine("quadratic", quadratic),
-    "chunked": _form_engine("chunked", chunked, chunked=True),
-  }
-  return _op.register(
-    _op.Op(
+
+  def engine(name: str, fn: Callable[..., Any], takes_chunks: bool = False) -> op.Engine:
+    def compute(x: Inputs, extra: tuple, chunk_size: int):
+      args = (x.q, x.k, x.v, *extra, x.reset, x.state)
+      return fn(*args, chunk_size=chunk_size) if takes_chunks else fn(*args)
+
+    return op.Engine(name, compute, op.supports_everything)
+
+  return with_reference(
+    {
+      "recurrent": engine("recurrent", recurrent),
+      "quadratic": engine("quadratic", quadratic),
+      "chunked": engine("chunked", chunked, takes_chunks=True),
+    },
+    reference,
+  )
+
+
+# Auto-dispatch of a state-passing family: the chunked engine on every platform.
+PREFERENCES: dict[str, tuple[str, ...]] = {}
+FALLBACK: tuple[str, ...] = ("chunked",)
+
+
+def state_passing_op(name: str, engines, preferences, fallback, samples) -> op.Op:
+  """The registered op of a state-passing family: a call over no steps leaves the state as
+  it was (:func:`attnjax._src.empty.no_steps`); a call whose ``x.context_axis`` is set runs
+  :func:`context`; old engine names are :data:`RENAMED`."""
+  return op.register(
+    op.Op(
       name,
-      engines(forms, reference),
-      {},
-      ("chunked",),
-      empty=lambda x, *_: _empty.no_steps(x.v, x.state),
+      engines,
+      preferences,
+      fallback,
+      empty=lambda x, *_: empty.no_steps(x.v, x.state),
       is_empty=lambda x, *_: x.q.shape[1] == 0,
       context=context,
       context_axis=lambda x, *_: x.context_axis,
       renamed=RENAMED,
+      samples=samples,
     )
+  )
+
+
+def per_step(q, seed: int) -> np.ndarray:
+  """A deterministic float32 ``[B, T, N]`` draw from the shape of ``q`` (a sample's gates)."""
+  rng = np.random.default_rng([seed, *q.shape[:3]])
+  return rng.standard_normal(q.shape[:3]).astype(np.float32)
+
+
+def state_passing_sample(function: Callable[..., Any], arrays: Callable[..., Any]) -> op.Sample:
+  """A state-passing family's sample call (:class:`attnjax._src.op.Sample`): ``function`` with
+  the further arrays ``arrays(q, k, v)`` draws; the options both families take alike."""
+  return op.Sample(
+    function,
+    options=dict(chunk_size=8),
+    arrays=arrays,
+    self_only=True,
+    state=True,
+    flags=("return_state",),
+    static=(("scale", 0.5), ("chunk_size", 2)),
+    choices=(("chunk_size", (1, 2, 3, 64)), ("scale", (0.25, 1.0))),
+    defects=(("chunk_size", (0, -3)), ("scale", (-1.0, [0.5]))),
+    context=True,
   )

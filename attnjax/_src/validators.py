@@ -1,8 +1,9 @@
-"""Argument validation shared by every attention family.
+"""Validators: the argument checks shared by every attention family, kernel and layer.
 
 All checks run at trace time on static shapes, so under ``jax.jit`` a bad call
 fails before anything is compiled, with a message naming the argument and the
-shapes seen.
+shapes seen. One validator per kind of argument: :func:`check_positive_int` for every
+size and count, :func:`check_mesh_axis` for every ``context_axis``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -202,6 +204,64 @@ def check_one_sequence(name: str, q, k, v, segment_ids: Any):
     )
   seg, _ = check_segment_ids(segment_ids, B, T, T)
   return B, T, N, K, H, Hv, seg
+
+
+def check_positive_int(
+  name: str, value: Any, *, allow_none: bool = False, minimum: int = 1, where: str = ""
+) -> Optional[int]:
+  """``value`` as a Python int of at least ``minimum`` (a positive int by default).
+
+  Python and numpy integers pass (returned as ``int``); a bool does not.
+
+  Args:
+    name: the argument's name, for messages.
+    value: the value given.
+    allow_none: None passes through.
+    minimum: the smallest valid value.
+    where: a prefix of the messages (the function or record the argument belongs to).
+
+  Raises:
+    TypeError: not an int (or None with ``allow_none``).
+    ValueError: an int below ``minimum``.
+  """
+  if value is None and allow_none:
+    return None
+  prefix = f"{where}: " if where else ""
+  kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(
+      f"{prefix}{name} must be {kind}{' or None' if allow_none else ''}, got {name}={value!r} "
+      f"({type(value).__name__})"
+    )
+  if value < minimum:
+    raise ValueError(f"{prefix}{name} must be {kind}, got {name}={value!r}")
+  return int(value)
+
+
+def check_mesh_axis(name: str, axis: Any, function: str) -> Optional[str]:
+  """``axis`` as a mesh axis of the enclosing ``jax.shard_map`` (a str), or None.
+
+  Args:
+    name: the argument's name (``"context_axis"``).
+    axis: the value given.
+    function: the public function called, for the message.
+
+  Raises:
+    TypeError: not a str or None.
+    ValueError: not an axis of the enclosing ``shard_map``.
+  """
+  if axis is None:
+    return None
+  if not isinstance(axis, str):
+    raise TypeError(f"{name} must be a shard_map mesh axis name (a str) or None, got {axis!r}")
+  try:
+    jax.lax.axis_size(axis)
+  except NameError as e:
+    raise ValueError(
+      f"{name}={axis!r} is not a mesh axis of the enclosing jax.shard_map (call {function} "
+      f"inside shard_map over that axis)"
+    ) from e
+  return axis
 
 
 def check_positive_float(name: str, x: Any, *, allow_none: bool = True) -> float | None:
