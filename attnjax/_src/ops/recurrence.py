@@ -190,9 +190,10 @@ def finish(out: Array, final: Array, q: Array, *, return_state: bool):
   """``out [B, T, K, G, Hv]`` as ``[B, T, K G, Hv]`` in ``q``'s dtype, and with ``return_state``
   the final state ``[B, K, G, H, Hv]`` as ``[B, K G, H, Hv]`` (float32)."""
   B, T = q.shape[:2]
-  out = jnp.reshape(out, (B, T, -1, out.shape[-1])).astype(q.dtype)
+  heads = final.shape[1] * final.shape[2]  # K G (no -1: T may be 0)
+  out = jnp.reshape(out, (B, T, heads, out.shape[-1])).astype(q.dtype)
   if return_state:
-    return out, jnp.reshape(final, (B, -1) + final.shape[3:])
+    return out, jnp.reshape(final, (B, heads) + final.shape[3:])
   return out
 
 
