@@ -108,6 +108,14 @@ def test_attention_targets_layer_types(qwen3_next):
       path, dtype="float32", attention={"full_attention": {"sink_logits": True}}
     )
   assert [b.attention.config.sink_logits for b in sinks.blocks] == [False] * 3 + [True]
+  # What each swap changes, read from the streaming statistics: sink logits (initialised
+  # to 0) take part of every full-layer row (null mass), nowhere else.
+  base = nn.layer_stats(qwen3_next, tokens, view="streaming")["layers"]
+  with_sinks = nn.layer_stats(sinks, tokens, view="streaming")["layers"]
+  assert np.all(np.asarray(with_sinks[3]["row_sum"]) < 1 - 1e-3)
+  np.testing.assert_allclose(base[3]["row_sum"], 1.0, atol=1e-5)
+  for l in range(3):
+    np.testing.assert_array_equal(with_sinks[l]["row_sum"], base[l]["row_sum"])
   # The gate off: its q_proj half goes unused (warned) and the logits change.
   with pytest.warns(UserWarning, match="gate_proj"):
     ungated = models.from_pretrained(
@@ -115,6 +123,12 @@ def test_attention_targets_layer_types(qwen3_next):
     )
   assert ungated.blocks[3].attention.gate_proj is None
   assert np.abs(np.asarray(_forward(ungated, tokens)) - e["logits"]).max() > 1e-2
+  # The gate acts after the weights: the full layer (the last) attends as before, with the
+  # first-token mass of transformers' output_attentions, and reports no gate.
+  plain = nn.layer_stats(ungated, tokens, view="streaming")["layers"][3]
+  assert "gate_mean" not in plain and "first_token_gated" not in plain
+  np.testing.assert_allclose(plain["sink_mass"], e["sink_mass"][0], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(plain["sink_mass"], base[3]["sink_mass"], atol=1e-6, rtol=0)
 
 
 def _copy(tmp_path, name, edit):
@@ -162,3 +176,69 @@ def test_bad_checkpoints_name_the_tensor_or_key_before_reading(
   with pytest.raises(CheckpointError, match=match):
     models.from_pretrained(path, dtype="float32")
   assert read == []  # nothing half-loaded: no weight was read
+
+
+# ---------------------------------------------------------------------------
+# Analysis: experiments/pretrained.py's report on a hybrid.
+
+
+def _experiment():
+  import importlib.util
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+    "pretrained_experiment", os.path.join(root, "experiments", "pretrained.py")
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module, os.path.join(root, "experiments", "configs", "pretrained.py")
+
+
+def test_sink_report_covers_gates_and_recurrent_state(tmp_path):
+  """The report on Qwen3-Next: the full layer's first-token mass equals transformers'
+  output_attentions (stored in the fixture), before the gate and times it; the linear layers'
+  decay and beta means and the state norm over time, whose last value is the norm of the
+  state a prefill leaves in the recurrent cache."""
+  experiment, config = _experiment()
+  e = _expected("qwen3_next")
+  T = e["tokens"].shape[1]
+  ids = np.concatenate([e["tokens"][0], e["tokens"][1], [7]]).astype(np.int64)
+  np.save(tmp_path / "tokens.npy", ids)
+  out = tmp_path / "run"
+  argv = ["--model", os.path.join(FIXTURES, "qwen3_next"), "--text", str(tmp_path / "tokens.npy")]
+  argv += ["--config", config + ":preset=cpu", f"--config.seq_len={T}"]
+  argv += ["--config.num_sequences=2", "--config.add_bos=False", "--config.dtype=float32"]
+  experiment.main(argv + ["--out", str(out)])
+  results = json.loads((out / "results.json").read_text())
+  # The default block-wise engine goes to the full layers only (a hybrid's linear layers
+  # keep their chunked default).
+  assert results["attention"] == {"full_attention": {"implementation": "blockwise"}}
+  full = [int(f) for f in e["full_layers"]]
+  assert results["sink_layers"] == full == [3]
+  tol = 1e-5  # float32 softmax weights of T = 80 keys, means of ~80 of them
+  np.testing.assert_allclose(
+    results["first_token_weight"][3], e["sink_mass"][0].mean(axis=0), atol=tol, rtol=0
+  )
+  assert results["alpha_1"][0] is None and results["null_mass"][0] is None
+  gate = results["gate"][3]
+  assert [results["gate"][l] for l in (0, 1, 2)] == [None] * 3
+  before, after = np.asarray(gate["first_token_mass"]), np.asarray(gate["first_token_gated"])
+  np.testing.assert_allclose(before, e["first_key_weight"][0].mean(axis=0), atol=tol, rtol=0)
+  # The sigmoid gate only scales: what passes lies between 0 and the mass before it.
+  assert np.all(after > 0) and np.all(after < before)
+  assert np.all((np.asarray(gate["gate_mean"]) > 0) & (np.asarray(gate["gate_mean"]) < 1))
+  np.testing.assert_allclose(gate["passed"], after / before, rtol=1e-6)
+  assert results["recurrence"][3] is None
+  model = models.from_pretrained(os.path.join(FIXTURES, "qwen3_next"), dtype="float32")
+  tokens = jnp.asarray(e["tokens"])
+  _, caches = nn.decode_step(model, tokens, model.init_cache(2, T))
+  for l in (0, 1, 2):
+    rec = results["recurrence"][l]
+    for key in ("decay_mean", "beta_mean"):
+      assert np.shape(rec[key]) == (4,) and all(0 < x < 1 for x in rec[key]), (l, key)
+    assert len(rec["state_norm"]) == T and np.all(np.isfinite(rec["state_norm"]))
+    state = np.asarray(caches[l].state, np.float64)  # [B, N, Dk, Dv]
+    final = np.sqrt((state**2).sum(axis=(2, 3))).mean()
+    np.testing.assert_allclose(rec["state_norm"][-1], final, rtol=1e-4)
+  report = (out / "report.md").read_text()
+  assert "## Output gates" in report and "## Recurrent layers" in report

@@ -272,6 +272,7 @@ class GatedSpec(AttentionSpec):
       out = self.call_function(_context.sharded(fn), q, k, v, gates, **kwargs)
       if call.capture:
         self._sow(layer, fn, q, k, gates, kwargs, call)
+        self._sow_state(layer, fn, q, k, v, gates, seg_conv)
       return self._finish(layer, x, out), None
     # A call starting another segment than the cache's last token starts from zero.
     reset = jnp.logical_and(seg_conv[:, 0] != cache.segment_id, cache.index > 0)
@@ -312,6 +313,42 @@ class GatedSpec(AttentionSpec):
     )
     if call.sow_weights:
       _layers.sow(layer, "weights", w)
+
+  def _sow_state(self, layer, fn, q, k, v, gates, seg) -> None:
+    """The recurrence's own statistics, per head of the call: ``decay_mean`` (the mean
+    decay factor ``exp(g)`` over tokens, and key channels where the decay has them),
+    ``beta_mean`` (the mean write strength, delta rule) ``[B, N]``, and ``state_norm``
+    ``[B, N, T]``: the Frobenius norm of the state ``S_t`` after each token, from the
+    family's function run one token at a time (its recurrent engine), the state reset
+    where ``seg`` changes document."""
+    if "log_decay" in gates:
+      decay = jnp.exp(gates["log_decay"].astype(jnp.float32))
+      _layers.sow(layer, "decay_mean", jnp.mean(decay, axis=(1,) + tuple(range(3, decay.ndim))))
+    if "beta" in gates:
+      _layers.sow(layer, "beta_mean", jnp.mean(gates["beta"].astype(jnp.float32), axis=1))
+    B = q.shape[0]
+    f32 = jnp.float32
+    step_gates = {n: jnp.moveaxis(g, 1, 0)[:, :, None] for n, g in gates.items()}
+    xs = (
+      tuple(jnp.moveaxis(a.astype(f32), 1, 0)[:, :, None] for a in (q, k, v)),
+      step_gates,
+      jnp.moveaxis(seg, 1, 0),
+    )
+    heads = layer.num_heads
+    H, Hv = k.shape[-1], v.shape[-1]
+
+    def step(carry, x):
+      state, last = carry
+      (q_t, k_t, v_t), g_t, seg_t = x
+      state = jnp.where((seg_t != last)[:, None, None, None], 0.0, state)
+      _, state = self.call_function(
+        fn, q_t, k_t, v_t, g_t, initial_state=state, return_state=True, implementation="recurrent"
+      )
+      return (state, seg_t), jnp.sqrt(jnp.sum(state * state, axis=(2, 3)))
+
+    start = (jnp.zeros((B, heads, H, Hv), f32), seg[:, 0])
+    _, norms = jax.lax.scan(step, start, xs)  # [T, B, N]
+    _layers.sow(layer, "state_norm", jnp.transpose(norms, (1, 2, 0)))
 
   def _finish(self, layer, x: Array, out: Array) -> Array:
     """Per-head norm and the output gate ``act(x W_g)`` (before the norm for Mamba-2)."""

@@ -68,6 +68,7 @@ class MLASpec(DotProductSpec):
   op: ClassVar[str] = "mla"
   optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
   takes_cross: ClassVar[bool] = False
+  plain_values: ClassVar[bool] = False
 
   q_lora_rank: Optional[int] = None
   kv_lora_rank: int = 32

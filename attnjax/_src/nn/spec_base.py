@@ -185,6 +185,9 @@ class AttentionSpec:
   deprecated_implementations: ClassVar[dict[str, str]] = {}
   takes_segment_ids: ClassVar[bool] = True
   takes_cross: ClassVar[bool] = True
+  # The values are the layer's v as the weights mix them (not a latent expanded after the
+  # weights, MLA): the output for one-hot values is a column of the weights.
+  plain_values: ClassVar[bool] = True
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
