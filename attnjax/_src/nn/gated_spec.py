@@ -321,12 +321,20 @@ class GatedSpec(AttentionSpec):
     ``[B, N, T]``: the Frobenius norm of the state ``S_t`` after each token, from the
     family's function run one token at a time (its recurrent engine), the state reset
     where ``seg`` changes document."""
+    B, T = q.shape[:2]
+    heads = layer.num_heads
+    H, Hv = k.shape[-1], v.shape[-1]
+    # A gate of rank <= 3 broadcasts to [B, T, N] (RetNet's constant decay is [N]), of
+    # rank 4 to [B, T, N, H] (a decay per key channel).
+    gates = {
+      n: jnp.broadcast_to(g, (B, T, heads) if jnp.ndim(g) <= 3 else (B, T, heads, H))
+      for n, g in gates.items()
+    }
     if "log_decay" in gates:
       decay = jnp.exp(gates["log_decay"].astype(jnp.float32))
       _layers.sow(layer, "decay_mean", jnp.mean(decay, axis=(1,) + tuple(range(3, decay.ndim))))
     if "beta" in gates:
       _layers.sow(layer, "beta_mean", jnp.mean(gates["beta"].astype(jnp.float32), axis=1))
-    B = q.shape[0]
     f32 = jnp.float32
     step_gates = {n: jnp.moveaxis(g, 1, 0)[:, :, None] for n, g in gates.items()}
     xs = (
@@ -334,8 +342,6 @@ class GatedSpec(AttentionSpec):
       step_gates,
       jnp.moveaxis(seg, 1, 0),
     )
-    heads = layer.num_heads
-    H, Hv = k.shape[-1], v.shape[-1]
 
     def step(carry, x):
       state, last = carry
