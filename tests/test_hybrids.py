@@ -131,6 +131,21 @@ def test_attention_targets_layer_types(qwen3_next):
   np.testing.assert_allclose(plain["sink_mass"], base[3]["sink_mass"], atol=1e-6, rtol=0)
 
 
+def test_kimi_layer_types_are_its_own_and_take_targeted_options():
+  # Kimi Linear builds on DeepSeek V3 (every layer full); its KDA layers are linear_attention.
+  path = os.path.join(FIXTURES, "kimi_linear")
+  types = models.ARCHITECTURES["kimi_linear"].layer_types(Checkpoint(path).config)
+  assert types == ["linear_attention", "full_attention"] * 2
+  model = models.from_pretrained(
+    path,
+    attention={
+      "linear_attention": {"implementation": "recurrent"},
+      "full_attention": {"implementation": "blockwise"},
+    },
+  )
+  assert [b.attention.config.implementation for b in model.blocks] == ["recurrent", "blockwise"] * 2
+
+
 def _copy(tmp_path, name, edit):
   out = tmp_path / name
   shutil.copytree(os.path.join(FIXTURES, name), out)

@@ -2039,6 +2039,10 @@ class KimiLinear(DeepseekV3):
       raise CheckpointError("config.json: kimi_linear needs layer_types")
     return super()._layer_types(c)
 
+  def layer_types(self, config: dict) -> list[str]:
+    # Its own (KDA and MLA layers), not DeepSeek V3's all-full list: attention= targets them.
+    return self._layer_types(self.read_config(config))
+
   def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
     if layer_type == FULL:
       return dict(super().attention_options(c, layer_type), rope_theta=None, rope_scaling=None)
