@@ -246,8 +246,9 @@ def layer_stats(
     ``[T, V]`` logits: ``{"features" [B, T, D], "layers": [per layer the
     non-None AttentionStats fields, "value_drain" [1, K] (Guo et al.'s
     ``||v_1|| / mean ||v_j>1||``, :func:`attnjax.stats.value_state_drain`),
-    "hidden_max_abs", "hidden_median_abs" [B]]}``; per-token NLL from the
-    features is ``attnjax.models.probe.token_nll``.
+    "hidden_max_abs", "hidden_median_abs" [B] and what the layer sowed of
+    :data:`LAYER_EXTRAS` (gates' effect, recurrent state statistics)]}``; per-token NLL
+    from the features is ``attnjax.models.probe.token_nll``.
   - ``"capture"``: the :class:`~attnjax.stats.ProbeCapture` the summary is
     computed from (q/k as the attention compares them, allowed pairs, ...).
 
