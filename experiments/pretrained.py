@@ -20,7 +20,10 @@ importance alpha_1 and Sink_1^eps against eps (Gu et al. 2024; alpha_1 = (1 + (T
 sink_mass) / T from the statistics), the first-token weight and F-Attn (Qiu et al.
 2025), the null mass of sink logits (gpt-oss), the value-state drain ||v_1|| / mean
 ||v_j>1|| per key/value head (Guo et al. 2024); per layer the largest |hidden| and its
-ratio to the median, M-Act (Sun et al. 2024); and the text's perplexity.
+ratio to the median, M-Act (Sun et al. 2024); and the text's perplexity. A hybrid (Qwen3-Next,
+Qwen3.5, Kimi Linear): the sink columns cover its softmax layers; each gated one adds its
+gate's mean and the first token's mass before and after the gate, each recurrent layer its
+mean decay and beta and the state norm after every token (``gate``, ``recurrence``).
 """
 
 from __future__ import annotations
