@@ -436,6 +436,115 @@ def sparse_suite(args) -> Iterable[Case]:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckerPattern(attnjax.patterns.Pattern):
+  """A pattern as a user writes one (the compile-time suite's custom rule): causal, query
+  block ``i // period`` keeps key blocks of the same parity, and every diagonal key."""
+
+  period: int = 16
+
+  def allowed(self, q_positions, k_positions, shape):
+    qp, kp = jnp.asarray(q_positions)[:, None], jnp.asarray(k_positions)[None, :]
+    same = ((qp // self.period) + (kp // self.period)) % 2 == 0
+    return (kp <= qp) & (same | (kp == qp))
+
+  @property
+  def is_causal(self) -> bool:
+    return True
+
+
+def _compile_patterns(block: int) -> dict:
+  P = attnjax.patterns
+  return {
+    "custom (CheckerPattern)": CheckerPattern(block),
+    f"strided({block})": P.strided(block),
+    f"fixed({block}, {block // 4})": P.fixed(block, block // 4),
+    f"bigbird({block}, 1, 1, 2)": P.bigbird(block, 1, 1, 2, seed=0),
+    f"union(sliding_window({2 * block}), causal & strided({block}))": P.sliding_window(2 * block)
+    | (P.causal() & P.strided(block)),
+    f"global_window(2, {block})": P.global_window(2, block),
+  }
+
+
+def compile_seconds(fn: Callable, *args) -> float:
+  """Seconds to trace, lower and compile ``jax.jit(fn)`` on ``args`` from empty caches."""
+  jax.clear_caches()
+  t0 = time.perf_counter()
+  jax.jit(fn).lower(*args).compile()
+  return time.perf_counter() - t0
+
+
+# The issue's target: a block-sparse call compiles in at most this many times the time of dense
+# attention with the pattern's mask, forward and gradient, at T <= 1024.
+PATTERN_COMPILE_TARGET = 3.0
+
+
+@suite("pattern_compile")
+def pattern_compile_suite(args) -> Iterable[Case]:
+  """Compile time of block-sparse patterns against dense attention with the pattern's mask.
+
+  Trace + lower + XLA compile from empty caches (the persistent compilation cache off), best
+  of two alternating measurements, forward and gradient (B=1, N=4, K=2, H=16, fp32). "auto" is
+  sparse_attention as called (the reference below sparse.BLOCKWISE_MIN_LENGTH tokens),
+  "blockwise" names the block plan; the dense row is dot_product_attention(mask=...) as called.
+  Ratios over the dense row of the same T and mode; the target is <= 3x at T <= 1024.
+  """
+  sizes = parse_sizes(args.sizes or "128,512,1024")
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  grad = lambda f: jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2))
+  rows = []
+  try:
+    for T in sizes:
+      block = max(16, T // 8)
+      q, k, v = qkv(1, T, 4, 16, K=2)
+      for name, pattern in _compile_patterns(block).items():
+        mask = pattern.mask(T)
+        dense = lambda q, k, v, mask=mask: attnjax.dot_product_attention(q, k, v, mask=mask)
+        row = dict(pattern=name, T=T, block=block)
+        for impl in (None, "blockwise"):
+          sp = lambda q, k, v, impl=impl, pattern=pattern, block=block: attnjax.sparse_attention(
+            q, k, v, pattern=pattern, block_size=block, implementation=impl
+          )
+          for mode, wrap in (("fwd", lambda f: f), ("grad", grad)):
+            pairs = [
+              (compile_seconds(wrap(sp), q, k, v), compile_seconds(wrap(dense), q, k, v))
+              for _ in range(2)
+            ]
+            ours, base = min(p[0] for p in pairs), min(p[1] for p in pairs)
+            row[f"{impl or 'auto'} {mode}"] = (ours, base)
+            print(
+              f"  pattern_compile T={T} {name} {impl or 'auto'} {mode}: {ours:.2f} s / "
+              f"{base:.2f} s dense",
+              file=sys.stderr,
+              flush=True,
+            )
+        rows.append(row)
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+  print(f"## pattern_compile\n\n{pattern_compile_suite.__doc__.strip()}\n")
+  print(f"attnjax.sparse.BLOCKWISE_MIN_LENGTH = {attnjax.sparse.BLOCKWISE_MIN_LENGTH}\n")
+  keys = ("auto fwd", "auto grad", "blockwise fwd", "blockwise grad")
+  print("| pattern | T | block | " + " | ".join(f"{key} (s, over dense)" for key in keys) + " |")
+  print("|---|---:|---:|" + "---:|" * len(keys))
+  worst = {key: 0.0 for key in keys}
+  for r in rows:
+    cells = []
+    for key in keys:
+      ours, base = r[key]
+      worst[key] = max(worst[key], ours / base)
+      cells.append(f"{ours:.2f} ({ours / base:.1f}x)")
+    print(f"| {r['pattern']} | {r['T']} | {r['block']} | " + " | ".join(cells) + " |")
+  print()
+  met = all(worst[key] <= PATTERN_COMPILE_TARGET for key in ("auto fwd", "auto grad"))
+  print(
+    "worst ratio: "
+    + ", ".join(f"{key} {value:.1f}x" for key, value in worst.items())
+    + f"; target <= {PATTERN_COMPILE_TARGET:g}x (auto) {'met' if met else 'NOT met'}\n"
+  )
+  return []
+
+
 @memory_case("sparse_window256_fwd_bwd_T16384")
 def sparse_window_memory():
   """Forward + backward of sliding_window(256) at T=16384 (B=1, N=8, H=64, fp32)."""

@@ -24,21 +24,28 @@ ratio to the median, M-Act (Sun et al. 2024); and the text's perplexity. A hybri
 Qwen3.5, Kimi Linear): the sink columns cover its softmax layers; each gated one adds its
 gate's mean and the first token's mass before and after the gate, each recurrent layer its
 mean decay and beta and the state norm after every token (``gate``, ``recurrence``).
+
+An encoder (bert, roberta, modernbert) is read as ``[CLS] text [SEP]`` sequences instead:
+per layer and head the attention mass on [CLS], [SEP] and the delimiters (``.``, ``,``),
+and, with the tokenizer's mask token, the outliers of a 15%-masked batch per layer and its
+masked-LM loss in float and under W8A8 fake quantisation (Bondarenko et al. 2023).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import math
 import os
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax import AttentionStats, models, nn, stats
+from attnjax import AttentionStats, data, models, nn, stats
 from attnjax.models import probe
 from attnjax.train import cli, rundir
 from attnjax.train.config import load_config, split_argv
@@ -155,6 +162,29 @@ def sequences(ids: np.ndarray, cfg, bos) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"--text gives {len(ids)} token(s): too few for one prediction")
   ids = np.asarray(ids, np.int32)
   return ids[: n * T].reshape(n, T), ids[1 : n * T + 1].reshape(n, T)
+
+
+# The config keys that name a checkpoint's context length, in the order they are read.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def warn_past_context(T: int, config: dict) -> bool:
+  """Warns once (and returns True) when sequences of ``T`` tokens run past the checkpoint's
+  context length (its config's :data:`CONTEXT_KEYS`): positions past it were never trained,
+  so what is measured there is the model out of its range."""
+  for key in CONTEXT_KEYS:
+    length = config.get(key)
+    if isinstance(length, int) and length > 0:
+      if T <= length:
+        return False
+      warnings.warn(
+        f"pretrained.py: sequences of T={T} tokens run past the checkpoint's context length "
+        f"({key}={length}): positions past {length} were never trained, so the statistics "
+        f"there describe the model out of its range; pass --config.seq_len={length} or less",
+        stacklevel=2,
+      )
+      return True
+  return False
 
 
 # ---------------------------------------------------------------------------
@@ -417,6 +447,159 @@ def _curve_at(results: dict, eps: float) -> str:
   return "-"
 
 
+# ---------------------------------------------------------------------------
+# Encoders (bert, roberta, modernbert): where the heads put their mass.
+
+
+def tokenizer_vocab(path: str) -> dict:
+  """``{token: id}`` of a checkpoint's ``tokenizer.json`` (its vocabulary and added tokens),
+  read as JSON (no ``tokenizers`` package needed); ``{}`` without one."""
+  file = os.path.join(path, "tokenizer.json")
+  if not os.path.isfile(file):
+    return {}
+  with open(file, encoding="utf-8") as f:
+    spec = json.load(f)
+  model_vocab = (spec.get("model") or {}).get("vocab") or {}
+  vocab = dict(model_vocab) if isinstance(model_vocab, dict) else {}
+  for added in spec.get("added_tokens") or []:
+    vocab[added["content"]] = int(added["id"])
+  return vocab
+
+
+def encoder_special_ids(checkpoint: models.Checkpoint) -> dict:
+  """``{"cls", "sep", "mask": id or None, "delimiters": (ids of ".", ",")}`` of a checkpoint:
+  from ``config.json`` (``cls_token_id`` / ``bos_token_id``, ``sep_token_id`` /
+  ``eos_token_id``) and its ``tokenizer.json`` (``[CLS]``, ``<s>``, ``[MASK]``, ``.``, ...,
+  when present)."""
+  c = checkpoint.config
+  vocab = tokenizer_vocab(checkpoint.path)
+
+  def first(*candidates):
+    for x in candidates:
+      if isinstance(x, int) and not isinstance(x, bool):
+        return x
+    return None
+
+  def named(*tokens):
+    return first(*(vocab.get(t) for t in tokens))
+
+  delimiters = tuple(vocab[t] for t in (".", ",") if t in vocab)
+  return {
+    "cls": first(c.get("cls_token_id"), named("[CLS]", "<s>", "<cls>"), c.get("bos_token_id")),
+    "sep": first(c.get("sep_token_id"), named("[SEP]", "</s>", "<sep>"), c.get("eos_token_id")),
+    "mask": named("[MASK]", "<mask>"),
+    "delimiters": tuple(delimiters),
+  }
+
+
+def encoder_sequences(ids: np.ndarray, cfg, special: dict, limit: int) -> np.ndarray:
+  """``[n, T]`` sequences ``[CLS] chunk [SEP]`` of consecutive chunks of the text."""
+  T = min(int(cfg.seq_len), limit)
+  body = T - (special["cls"] is not None) - (special["sep"] is not None)
+  n = max(1, min(int(cfg.num_sequences), len(ids) // max(body, 1)))
+  body = min(body, len(ids))
+  rows = []
+  for b in range(n):
+    row = [int(i) for i in ids[b * body : (b + 1) * body]]
+    if special["cls"] is not None:
+      row = [special["cls"]] + row
+    if special["sep"] is not None:
+      row = row + [special["sep"]]
+    rows.append(row)
+  return np.asarray(rows, np.int32)
+
+
+def measure_encoder(model, tokens: np.ndarray, special: dict, cfg) -> dict:
+  """Per layer and head the mass on [CLS], [SEP] and delimiters (``stats.token_mass`` of the
+  sown weights, every query); per layer the outliers; the masked-LM loss, float and W8A8."""
+  masses = {"cls": [], "sep": [], "delimiters": []}
+  for b in range(tokens.shape[0]):
+    row = jnp.asarray(tokens[b : b + 1])
+    sown = nn.layer_stats(model, row, view="sown", weights=True)
+    weights = jnp.stack([layer["weights"] for layer in sown["layers"]])  # [L, 1, N, T, S]
+    for name in masses:
+      ids = special[name] if name == "delimiters" else (special[name],)
+      ids = tuple(i for i in ids if i is not None)
+      mass = stats.token_mass(weights, row, ids) if ids else jnp.full(weights.shape[:3], jnp.nan)
+      masses[name].append(np.asarray(mass)[:, 0])  # [L, N]
+  results = {
+    "tokens": int(tokens.shape[1]),
+    "sequences": int(tokens.shape[0]),
+    "special_ids": {k: (list(v) if isinstance(v, tuple) else v) for k, v in special.items()},
+  }
+  for name, values in masses.items():
+    results[f"{name}_mass"] = np.mean(values, axis=0).tolist()  # [L, N]
+  if special["mask"] is not None:
+    inputs, weights = data.mask_tokens(
+      tokens,
+      np.random.default_rng(0),
+      rate=0.15,
+      mask_id=special["mask"],
+      vocab_size=model.config.vocab_size,
+    )
+    if special["sep"] is not None:  # [SEP] stays itself
+      keep = tokens == special["sep"]
+      inputs, weights = np.where(keep, tokens, inputs), np.where(keep, 0.0, weights)
+    targets = np.where(weights > 0, tokens, -1)
+    out = nn.outlier_stats(model, inputs, targets=targets, delimiter_ids=special["delimiters"])
+    results["mlm_loss"] = float(out["loss"])
+    results["mlm_loss_w8a8"] = float(out["loss_w8a8"])
+    for position in ("attn_out", "mlp_out", "hidden"):
+      if position in out:
+        results[f"outliers_{position}"] = {
+          k: np.asarray(v).tolist() for k, v in out[position]._asdict().items()
+        }
+  return results
+
+
+def encoder_report(results: dict, cfg, model_type: str, out: str) -> str:
+  L = len(results["cls_mass"])
+  lines = [
+    f"# attention sinks of {os.path.basename(os.path.normpath(cfg.model))} ({model_type}, "
+    f"an encoder)\n",
+    f"{results['sequences']} sequence(s) of T = {results['tokens']} tokens "
+    f"(`[CLS] text [SEP]`) of `{os.path.basename(cfg.text)}`; special ids "
+    f"{results['special_ids']}. The mass of a head on a set of tokens: the mean over "
+    f"every query of the attention weight on those keys (Clark et al. 2019).\n",
+  ]
+  if "mlm_loss" in results:
+    lines += [
+      f"- masked-LM loss (15% masked, seed 0): **{results['mlm_loss']:.4f}** in float, "
+      f"**{results['mlm_loss_w8a8']:.4f}** with W8A8 fake quantisation\n"
+    ]
+  lines += [
+    "## Mass per layer and head\n",
+    "| layer | on [CLS] per head | on [SEP] per head | on delimiters per head |",
+    "|---:|---|---|---|",
+  ]
+  for l in range(L):
+    lines.append(
+      f"| {l} | {_row(results['cls_mass'][l])} | {_row(results['sep_mass'][l])} | "
+      f"{_row(results['delimiters_mass'][l])} |"
+    )
+  if "outliers_hidden" in results:
+    lines += [
+      "\n## Outliers per layer (Bondarenko et al. 2023)\n",
+      "Of the masked batch: max |x| (token, dim) of the attention output, MLP output and "
+      "residual stream; token kurtosis and the share of the 100 largest residual entries at "
+      "delimiters and at the first token.\n",
+      "| layer | attn out max | MLP out max | residual max (token, dim) | kurtosis | at "
+      "delimiters | at [CLS] |",
+      "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    h = results["outliers_hidden"]
+    a = results.get("outliers_attn_out", {})
+    m = results.get("outliers_mlp_out", {})
+    for l in range(L):
+      lines.append(
+        f"| {l} | {a['max_inf_norm'][l]:.2f} | "
+        f"{m['max_inf_norm'][l] if m else float('nan'):.2f} | {h['max_inf_norm'][l]:.2f} "
+        f"({h['max_token'][l]}, {h['max_dim'][l]}) | {h['kurtosis'][l]:.2f} | "
+        f"{h['delimiter_share'][l]:.2f} | {h['first_token_share'][l]:.2f} |"
+      )
+  return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> str:
   cfg, args = parse(argv)
   t0 = time.perf_counter()
@@ -433,8 +616,18 @@ def main(argv=None) -> str:
   model = models.from_pretrained(
     cfg.model, dtype=cfg.dtype or None, attention=attention_options(cfg, layer_types)
   )
+  if isinstance(model, nn.EncoderLM):
+    special = encoder_special_ids(checkpoint)
+    limit = checkpoint.config.get("max_position_embeddings") or int(cfg.seq_len)
+    if model.config.position_offset is not None:
+      limit -= model.config.position_offset
+    results = measure_encoder(model, encoder_sequences(ids, cfg, special, limit), special, cfg)
+    rundir.write_json(os.path.join(args.out, "results.json"), results)
+    markdown = encoder_report(results, cfg, checkpoint.config.get("model_type"), args.out)
+    return cli.finish(args.out, markdown, t0)
   bos = checkpoint.config.get("bos_token_id")
   inputs, targets = sequences(ids, cfg, bos if isinstance(bos, int) else None)
+  warn_past_context(inputs.shape[1], checkpoint.config)
   results = measure(model, inputs, targets, cfg)
   results["attention"] = attention_options(cfg, layer_types)
   out = args.out

@@ -95,6 +95,10 @@ def save_attention_maps(run_path: str) -> Optional[str]:
   if os.path.isfile(path) and os.path.getmtime(path) >= os.path.getmtime(run.summary):
     return path
   cfg = sweep.config_from_json(run.config)
+  # The run where it is now: its config may hold a run_dir relative to where it was trained
+  # (compare's runs/compare/<variant>), which from another directory (a notebook's) would
+  # name no checkpoint, and the run would look as if it had none.
+  cfg.run_dir = os.path.abspath(run_path)
   trainer = Trainer(cfg)
   step = trainer.restore_latest()
   if step == 0:

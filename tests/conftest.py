@@ -12,6 +12,7 @@ jax warn and compile.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 # Multi-device code is tested on the CPU with 8 host devices; set before jax imports.
@@ -174,3 +175,19 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.nodeid in listed:
       item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def sparse_block_plans():
+  """Auto-dispatch of the sparse op takes its block plans at every length (it keeps calls
+  shorter than ``sparse.BLOCKWISE_MIN_LENGTH`` on the reference, as dense does): for the tests
+  of those plans, which run short calls (``pytestmark = pytest.mark.usefixtures(...)``). Jax's
+  caches are cleared first: a trace of another module's call would hold the other choice."""
+  from attnjax._src.ops.sparse import attention as sparse
+
+  blockwise = dataclasses.replace(sparse.ENGINES["blockwise"], min_length=0)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setitem(sparse.ENGINES, "blockwise", blockwise)
+    jax.clear_caches()
+    yield
+  jax.clear_caches()

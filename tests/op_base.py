@@ -9,6 +9,11 @@ gradients with respect to every argument of each equal the reference's
 (``implementation="reference"``) within a tolerance from the reduction length
 (:func:`helpers.reduction_tolerance`), relative to each array's scale.
 
+A family with normalisers also gives :meth:`OpTests.partial_block_sample`: a call whose
+length is not a multiple of its block size (a partial last block, padded inside the engine),
+held equal to the reference in value and gradient for every built-in normaliser
+(``test_partial_last_block``: softpick's key gradients were all NaN there once).
+
 ``tests/engine_base.py``'s :class:`DenseEngineTests` is the dense case: one engine per
 subclass, called on :func:`attnjax.dense.prepare`'s output, with its structures and options
 on top.
@@ -18,10 +23,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import jax
 import jax.numpy as jnp
 import pytest
 
-from attnjax._src import op as _op
+from attnjax._src import normalizers, op as _op
 from helpers import assert_close, outputs_and_grads, reduction_tolerance
 
 
@@ -61,12 +67,32 @@ class OpTests:
       None,
     )
 
+  def partial_block_sample(self, normalizer: str) -> Optional[tuple[Callable[..., Any], tuple]]:
+    """``(fn, args)`` as :meth:`sample`, of a call with ``normalizer`` whose length is not a
+    multiple of its block size; None: the family has no normalisers, or its calls take no
+    block size (mla: the dense engines' own blocks, all of a short call)."""
+    return None
+
   def pytest_generate_tests(self, metafunc):
-    if metafunc.function.__name__ != "test_engine_matches_reference":
+    name = metafunc.function.__name__
+    if name not in ("test_engine_matches_reference", "test_partial_last_block"):
+      return
+    engines = [
+      pytest.param(e, id=str(e), marks=self.marks_of_sample()) for e in self.engine_names()
+    ]
+    if name == "test_engine_matches_reference":
+      metafunc.parametrize("engine", engines)
+      return
+    if self.partial_block_sample("softmax") is None:
+      metafunc.parametrize("engine,normalizer", [pytest.param(None, None, id="no-sample")])
       return
     metafunc.parametrize(
-      "engine",
-      [pytest.param(e, id=str(e), marks=self.marks_of_sample()) for e in self.engine_names()],
+      "engine,normalizer",
+      [
+        pytest.param(e, n, id=f"{e}-{n}", marks=self.marks_of_sample())
+        for e in self.engine_names()
+        for n in normalizers.NORMALIZERS
+      ],
     )
 
   def marks_of_sample(self) -> list:
@@ -82,3 +108,23 @@ class OpTests:
       want, got = fn("reference", *args), fn(engine, *args)
     tol = self.sample_tolerance()
     assert_close(got, want, f"{self.op}[{engine}]", rtol=tol, atol=tol, scaled=True)
+
+  def test_partial_last_block(self, engine, normalizer):
+    if normalizer is None:
+      pytest.skip(f"{self.op} has no call with a partial last block (normalisers, block sizes)")
+    fn, args = self.partial_block_sample(normalizer)
+    if engine is not None:
+      reasons = self.refusals(engine, normalizer)
+      if reasons:
+        pytest.skip(f"{engine} refuses normalizer={normalizer!r}: {reasons}")
+    want = outputs_and_grads(lambda *a: fn("reference", *a), *args)
+    got = outputs_and_grads(lambda *a: fn(engine, *a), *args)
+    for leaf in jax.tree.leaves(got):
+      assert bool(jnp.all(jnp.isfinite(leaf))), f"{self.op}[{engine}] {normalizer}: not finite"
+    tol = self.sample_tolerance()
+    assert_close(got, want, f"{self.op}[{engine}] {normalizer}", rtol=tol, atol=tol, scaled=True)
+
+  def refusals(self, engine: str, normalizer: str) -> str:
+    """Why ``engine`` refuses the partial-block call with ``normalizer`` ("" if it does not)."""
+    del engine, normalizer
+    return ""

@@ -182,6 +182,9 @@ def _np_weights(z, allowed, normalizer, sink=None):
   if normalizer == "relu":  # Wortsman et al. 2023: relu(z) / n, n = allowed keys of the row
     n = np.maximum(allowed.sum(-1, keepdims=True), 1)
     return np.where(allowed, np.maximum(z, 0.0), 0.0) / n
+  if normalizer == "clipped_softmax":  # Bondarenko et al. 2023: zeta = 1, gamma = -0.025
+    p = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+    return np.where(allowed, np.clip(1.025 * p - 0.025, 0.0, 1.0), 0.0)
   raise AssertionError(normalizer)
 
 

@@ -17,6 +17,10 @@ from attnjax._src.ops.sparse import attention as sparse
 from attnjax._src.ops.sparse.attention import sparse_attention
 from helpers import assert_close, outputs_and_grads, rand_qkv
 
+# Short calls of the sparse family run its block plans here, as auto-dispatch does from
+# sparse.BLOCKWISE_MIN_LENGTH tokens on (the plans are what these tests check).
+pytestmark = pytest.mark.usefixtures("sparse_block_plans")
+
 
 def qkv(B, T, N, K, H, seed=0, dtype=jnp.float32):
   return rand_qkv(B, T, T, N, K, H, seed=seed, dtype=dtype)

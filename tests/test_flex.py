@@ -15,6 +15,10 @@ from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.kernels import jax_nn
 from helpers import assert_close, rand_qkv
 
+# Short calls of the sparse family run its block plans here, as auto-dispatch does from
+# sparse.BLOCKWISE_MIN_LENGTH tokens on (the plans are what these tests check).
+pytestmark = pytest.mark.usefixtures("sparse_block_plans")
+
 
 def _alibi_table(z, b, n, i, j, slopes, table):
   """ALiBi plus a learned [T, S] table: two score_mod_args, both with gradients."""

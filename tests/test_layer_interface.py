@@ -396,7 +396,20 @@ def test_decode_errors():
   with pytest.raises(ValueError, match="CrossCache"):
     layer.decode(_x(2), layer.init_cache(B, 4), inputs_kv=_x(3))
   with pytest.raises(ValueError, match="is_causal"):
-    nn.AttentionConfig(window=3, is_causal=False)
+    nn.AttentionConfig(window=3, num_sinks=1, is_causal=False)
+
+
+def test_encoder_window_is_symmetric():
+  # An encoder layer's window w keeps keys i - w .. i + w (ModernBERT's local layers).
+  layer = _layer(nn.AttentionConfig(window=2, is_causal=False))
+  allowed = layer.allowed_mask(6)[0, 0]
+  i, j = jnp.meshgrid(jnp.arange(6), jnp.arange(6), indexing="ij")
+  assert bool(jnp.all(allowed == (jnp.abs(i - j) <= 2)))
+  x = _x(6)
+  full = _layer(nn.AttentionConfig(is_causal=False))
+  nnx.update(full, nnx.state(layer))
+  masked = full(x, mask=jnp.abs(i - j)[None, None] <= 2)
+  np.testing.assert_allclose(layer(x), masked, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------

@@ -35,6 +35,13 @@ ALL = sorted(d for d in os.listdir(FIXTURES) if os.path.isdir(os.path.join(FIXTU
 # richest of each).
 DEFAULT = models.SUPPORTED
 MORE = tuple(n for n in ALL if n not in DEFAULT)
+# Encoders (bert, roberta, modernbert): no generation; tests/test_encoders.py has the rest.
+ENCODERS = tuple(
+  n
+  for n in ALL
+  if json.load(open(os.path.join(FIXTURES, n, "config.json")))["model_type"]
+  in ("bert", "roberta", "modernbert")
+)
 LOGIT_TOL = 1e-4  # of the logits' scale (max |logit|)
 SINK_TOL = 1e-5
 
@@ -146,7 +153,7 @@ def test_greedy_generation_through_the_cache_equals_transformers(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in ALL if n not in ("gpt2", "gemma2")])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in ("gpt2", "gemma2") + ENCODERS])
 def test_greedy_generation_of_every_fixture(name):
   _check_generation(name)
 
@@ -427,6 +434,12 @@ def test_the_untargeted_form_names_the_layers_it_cannot_apply_to_and_how_to_targ
     ),
     ({"full_attention": {"sliding_attention": {}}}, TypeError, "not nested types"),
     ({"full_attention": {"windw": 3}}, TypeError, r"attention\['full_attention'\].*windw"),
+    (  # a layer type of another model: named with this checkpoint's, not as a field
+      {"global_attention": {"window": 4}},
+      ValueError,
+      r"'global_attention' is not a layer type of this checkpoint \(its layer types: "
+      r"\['full_attention'\]\)",
+    ),
   ],
 )
 def test_bad_layer_type_targets_are_named(attention, error, match):
@@ -1057,3 +1070,48 @@ def test_experiment_token_files_and_sequences(tmp_path):
   cfg.text = str(tmp_path / "bad.npy")
   with pytest.raises(ValueError, match="vocabulary of 128"):
     experiment.read_tokens(cfg, ckpt)
+
+
+def test_a_truncated_safetensors_file_is_named(tmp_path):
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  (ckpt / "config.json").symlink_to(os.path.join(FIXTURES, "llama", "config.json"))
+  data = open(os.path.join(FIXTURES, "llama", "model.safetensors"), "rb").read()
+  (ckpt / "model.safetensors").write_bytes(data[: len(data) // 2])  # an interrupted download
+  path = str(ckpt / "model.safetensors")
+  with pytest.raises(models.CheckpointError, match=rf"{path} is truncated: its header lists"):
+    models.from_pretrained(str(ckpt))
+
+
+def test_past_the_context_length_one_warning_names_both():
+  experiment, _ = _experiment()
+  with pytest.warns(UserWarning, match=r"T=2048 .*max_position_embeddings=128\).*seq_len=128"):
+    assert experiment.warn_past_context(2048, {"max_position_embeddings": 128})
+  with pytest.warns(UserWarning, match=r"n_positions=1024"):  # GPT-2's name for it
+    assert experiment.warn_past_context(2048, {"n_positions": 1024})
+  assert not experiment.warn_past_context(128, {"max_position_embeddings": 128})
+  assert not experiment.warn_past_context(128, {})
+
+
+@pytest.mark.slow
+def test_experiment_warns_once_past_the_context_length(tmp_path):
+  """T=80 on the llama fixture (max_position_embeddings 64): one warning, naming both."""
+  experiment, config = _experiment()
+  np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 128, 200))
+  argv = [
+    "--model",
+    os.path.join(FIXTURES, "llama"),
+    "--text",
+    str(tmp_path / "tokens.npy"),
+    "--config",
+    config + ":preset=cpu",
+    "--config.seq_len=80",
+    "--config.num_sequences=2",
+    "--out",
+    str(tmp_path / "run"),
+  ]
+  with pytest.warns(UserWarning) as record:
+    experiment.main(argv)
+  past = [str(w.message) for w in record if "context length" in str(w.message)]
+  assert len(past) == 1, past
+  assert "T=80" in past[0] and "max_position_embeddings=64" in past[0]

@@ -574,3 +574,23 @@ def test_generate_greedy_is_the_full_forward_argmax():
   assert int(sampled.min()) >= 0 and int(sampled.max()) < V
   with pytest.raises(ValueError, match="rng"):
     nn.generate(model, prompt, 2, temperature=1.0)
+
+
+def test_token_ids_outside_the_vocabulary_raise_and_checkify_finds_them_under_jit():
+  from jax.experimental import checkify
+
+  cfg = nn.ModelConfig(
+    vocab_size=32, d_model=16, num_layers=1, attention=nn.AttentionConfig(num_heads=2)
+  )
+  model = nn.TransformerLM(cfg, rngs=nnx.Rngs(0))
+  for bad in ([[1, 40, 3]], [[1, -2, 3]]):
+    with pytest.raises(ValueError, match=r"ids outside \[0, vocab_size=32\).*at \[0, 1\]"):
+      model(jnp.asarray(bad))
+  graphdef, state = nnx.split(model)
+  run = jax.jit(
+    checkify.checkify(lambda s, t: nnx.merge(graphdef, s)(t), errors=checkify.index_checks)
+  )
+  error, _ = run(state, jnp.asarray([[1, 40, 3]]))
+  assert "index 40 is out of bounds for axis 0 with size 32" in str(error.get())
+  error, logits = run(state, jnp.asarray([[1, 2, 3]]))
+  assert error.get() is None and bool(jnp.all(jnp.isfinite(logits)))

@@ -41,7 +41,9 @@ def _splits(seed):
 
 def _online(nz, z, allowed, v, sink, splits, *, stats=True, full_tiles=()):
   counts = jnp.sum(allowed, axis=-1, keepdims=True, dtype=jnp.float32)
-  row = nz.row_inputs(sink, counts if (nz.needs_counts or stats) else None)
+  # A needs_lse normaliser reads each row's log-normaliser, which an engine's pre-pass gives.
+  terms = normalizers.row_softmax_terms(z, allowed) if nz.needs_lse else None
+  row = nz.row_inputs(sink, counts if (nz.needs_counts or stats) else None, terms)
   st = nz.init((1, 2, R, 1), (1, 2, R, HV), stats)
   for k0, k1 in splits:
     vb = v[:, :, k0:k1]
@@ -135,6 +137,16 @@ def test_tile_backward_equals_autodiff(name, sink):
   (dz_want, dsink_want), w_want = jax.grad(loss, argnums=(0, 1), has_aux=True)(z, sink_rows)
   out, res, _ = _online(nz, z, allowed, v, sink_rows, _splits(4))
   row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)
+  if not nz.row_dot_of_output:  # the backward pre-pass: the row term summed over the tiles
+    row_dot = sum(
+      nz.row_dot_tile(
+        z[..., k0:k1],
+        allowed[..., k0:k1],
+        jnp.einsum("bkrh,bksh->bkrs", d_out, v[:, :, k0:k1]),
+        res,
+      )
+      for k0, k1 in _splits(4)
+    )
   d_lse = jnp.where(has_key, g, 0.0)
   for k0, k1 in _splits(4):
     dp = jnp.einsum("bkrh,bksh->bkrs", d_out, v[:, :, k0:k1])
@@ -213,6 +225,9 @@ def _numpy_weights(name, z, allowed, sink=None):
     return np.where(a, z, 0.0), lse
   if name == "relu":
     return np.where(a, np.maximum(z, 0.0), 0.0) / n, lse
+  if name == "clipped_softmax":  # clip((zeta - gamma) softmax + gamma, 0, 1), 1 and -0.025
+    p = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+    return np.where(a, np.clip(1.025 * p - 0.025, 0.0, 1.0), 0.0), lse
   raise KeyError(f"no numpy formula for normalizer {name!r}: add one here")
 
 

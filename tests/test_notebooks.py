@@ -88,10 +88,13 @@ def tiny_sweep_root(tmp_path_factory, compilation_cache):
 
 
 def test_run_dir_notebooks_execute(tiny_sweep_root):
-  """03 and 04 on the same tiny run root (one test, so the root is trained once per test run)."""
+  """03 and 04 on the same tiny run root (one test, so the root is trained once per test run),
+  named relative to the directory Jupyter was started in ($PWD; the kernel runs in
+  notebooks/), as the docs' ``ATTNJAX_RUN_DIR=runs/compare jupyter ...`` does."""
+  launched = {"ATTNJAX_RUN_DIR": tiny_sweep_root.name, "PWD": str(tiny_sweep_root.parent)}
   for name in ("03_training_stability.ipynb", "04_attention_sinks.ipynb"):
     path = NOTEBOOKS[0].parent / name
-    nb = execute(path, {"ATTNJAX_RUN_DIR": str(tiny_sweep_root), **FAST_COMPILES})
+    nb = execute(path, {**launched, **FAST_COMPILES})
     images = sum(
       "image/png" in o.get("data", {})
       for c in nb.cells

@@ -9,6 +9,7 @@ structures; this is the one cross product of every op and engine (``slow``).
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 
 import jax.numpy as jnp
@@ -29,15 +30,21 @@ def _qkv() -> tuple:
   return draw(B, T, N, H), draw(B, T, K, H), draw(B, T, K, H)
 
 
-def sample_call(op: _op.Op):
-  """``(fn, args)`` of ``op``'s first sample: ``fn(implementation, *args)``, every array
-  argument (q, k, v and the sample's further arrays, float32) differentiable."""
+def _partial_qkv() -> tuple:
+  """:func:`_qkv` cut to T = 23 tokens, not a multiple of 8 (a partial last block)."""
+  return tuple(x[:, :23] for x in _qkv())
+
+
+def sample_call(op: _op.Op, qkv: tuple = ()):
+  """``(fn, args)`` of ``op``'s first sample on ``qkv`` (default :func:`_qkv`):
+  ``fn(implementation, *args, **extra)``, every array argument (q, k, v and the sample's
+  further arrays, float32) differentiable; ``extra`` keywords join the sample's options."""
   sample = op.samples()[0]
-  q, k, v, arrays = sample.inputs(*_qkv())
+  q, k, v, arrays = sample.inputs(*(qkv or _qkv()))
   names = sorted(arrays)
 
-  def fn(implementation, q, k, v, *rest):
-    kw = {**sample.options, **dict(zip(names, rest))}
+  def fn(implementation, q, k, v, *rest, **extra):
+    kw = {**sample.options, **dict(zip(names, rest)), **extra}
     return sample.function(q, k, v, **kw, implementation=implementation)
 
   return fn, (q, k, v, *(arrays[n] for n in names))
@@ -49,6 +56,18 @@ class FamilyTests(OpTests):
 
   def sample(self):
     return sample_call(self.op_record())
+
+  def partial_block_sample(self, normalizer):
+    # The op's first sample at T = 23 tokens: a block-wise engine pads its last block (a
+    # family's blocks of 8, or dense's one block of all 23).
+    sample = self.op_record().samples()[0]
+    if "normalizer" not in inspect.signature(sample.function).parameters:
+      return None
+    fn, args = sample_call(self.op_record(), _partial_qkv())
+    return (lambda impl, *a: fn(impl, *a, normalizer=normalizer)), args
+
+  def refusals(self, engine, normalizer):
+    return "" if engine != "xla" or normalizer == "softmax" else "jax.nn computes softmax"
 
 
 def op_tests(name: str) -> type:

@@ -16,6 +16,7 @@ import re
 import jax.numpy as jnp
 import pytest
 
+import attnjax
 from attnjax._src import op as _op, mods, options
 
 
@@ -60,6 +61,7 @@ def test_the_definition():
     "is_causal",
     "scale",
     "normalizer",
+    "normalizer_params",
     "sink_logits",
     "softcap",
     "window",
@@ -149,6 +151,7 @@ _PROBES = {
   "is_causal": True,
   "scale": 0.375,
   "normalizer": "softmax_one",
+  "normalizer_params": {"s": jnp.zeros((2,))},
   "sink_logits": jnp.zeros((3,)),
   "softcap": 7.5,
   "window": (3, 0),
@@ -167,6 +170,8 @@ _PROBES = {
 
 
 def _same(got, probe):
+  if isinstance(probe, dict):
+    return isinstance(got, dict) and all(_same(got.get(k), v) for k, v in probe.items())
   if isinstance(probe, tuple) and probe and hasattr(probe[0], "shape"):
     return [jnp.shape(x) for x in got] == [x.shape for x in probe]
   if hasattr(probe, "shape"):
@@ -191,3 +196,60 @@ def test_forwards_each_keyword_unchanged(name, monkeypatch):
     fn(q, k, v, **required, **probes)
   missing = [k for k in forwarded if not _same(seen.get(k), probes[k])]
   assert not missing, f"{name} did not forward {missing} unchanged"
+
+
+# ---------------------------------------------------------------------------
+# A call that cannot be traced says why (attnjax._src.static.diagnose), in every function.
+
+
+def _public_attention_functions():
+  import importlib
+
+  functions = {
+    name: getattr(attnjax, name)
+    for name in attnjax.__all__
+    if name.endswith("_attention") and callable(getattr(attnjax, name))
+  }
+  for engine in ("blockwise", "pallas_gpu", "pallas_tpu", "mosaic_gpu"):
+    module = importlib.import_module(f"attnjax.kernels.{engine}")
+    functions[f"{engine}.attention"] = module.attention
+  return functions
+
+
+ATTENTION_FUNCTIONS = _public_attention_functions()
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION_FUNCTIONS))
+def test_a_misspelled_keyword_is_named_with_the_right_one(name):
+  fn = ATTENTION_FUNCTIONS[name]
+  q = jnp.ones((1, 8, 2, 4))
+  signature = str(inspect.signature(fn))
+  wrong, right = ("normaliser", "normalizer")
+  if "normalizer" not in signature and "**" not in signature:  # the recurrent families
+    wrong, right = ("implementations", "implementation")
+  public = name
+  with pytest.raises(TypeError) as info:
+    fn(q, q, q, **{wrong: "softpick"})
+  message = str(info.value)
+  assert f"{public}() got an unexpected keyword argument {wrong!r}" in message, message
+  assert f"(did you mean {right!r}?)" in message, message
+  assert "Error interpreting argument" not in message
+
+
+def test_a_wrongly_typed_argument_names_the_type_expected():
+  q = jnp.ones((1, 8, 2, 4))
+  with pytest.raises(
+    TypeError, match=r"linear_attention\(\): feature_map expects a FeatureMap, got str 'relu'"
+  ):
+    attnjax.linear_attention(q, q, q, feature_map="relu")
+  with pytest.raises(
+    TypeError, match=r"dot_product_attention\(\): query expects an array, got str"
+  ):
+    attnjax.dot_product_attention("q", q, q)
+  with pytest.raises(TypeError, match="normalizer must be a str naming a registered normaliser"):
+    attnjax.dot_product_attention(q, q, q, normalizer=("softmax",))
+  with pytest.raises(TypeError, match="scale must be a Python float or None, got str"):
+    attnjax.dot_product_attention(q, q, q, scale="0.5")
+  # A TypeError of the call itself is left as it is.
+  with pytest.raises(TypeError, match="is_causal is a flag and must be True or False"):
+    attnjax.dot_product_attention(q, q, q, is_causal=1)

@@ -53,9 +53,15 @@ def test_cpu_sinks_config_and_arms(tmp_path):
 
 
 @pytest.mark.slow  # ~16 s of compiles; the preset's config is checked by the default tests
-def test_cpu_sinks_tiny_arm_runs(tmp_path):
-  """One dense arm of the preset for a few steps: probes, attention maps, the sink sections."""
+def test_cpu_sinks_tiny_arm_runs(tmp_path, monkeypatch):
+  """One dense arm of the preset for a few steps: probes, attention maps, the sink sections.
+
+  Trained into a relative folder (as compare's runs/compare/<variant>) and mapped from another
+  working directory (a notebook's): the maps restore the run where it is, not where its
+  config's run_dir pointed when it trained (notebook 04 once saw no checkpoint at all)."""
   from attnjax._src.train import sweep
+
+  monkeypatch.chdir(tmp_path)
 
   module = _sinks_module()
   cfg = load_config(
@@ -78,14 +84,17 @@ def test_cpu_sinks_tiny_arm_runs(tmp_path):
       "train.plots=false",
     ],
   )
-  (arm,) = module.build_arms(cfg, str(tmp_path))
+  (arm,) = module.build_arms(cfg, "runs")
   assert sweep.run_in_process(arm)["status"] == "finished"
-  run = arm.config.run_dir
+  assert not pathlib.Path(arm.config.run_dir).is_absolute()
+  run = str(tmp_path / arm.config.run_dir)
+  (tmp_path / "notebooks").mkdir()
+  monkeypatch.chdir(tmp_path / "notebooks")
   with np.load(module.save_attention_maps(run)) as z:
     assert z["weights"].shape == (1, 1, 16, 16)
     np.testing.assert_allclose(z["weights"].sum(-1), 1.0, rtol=1e-4)
     assert z["bos_nontrigger"].shape == z["f_attn_raw"].shape == (1, 1) and int(z["step"]) == 4
-  root = str(tmp_path / "bigram_backcopy")
+  root = str(tmp_path / "runs" / "bigram_backcopy")
   md = module.sink_sections(root, [run], str(tmp_path / "plots"))
   assert "Sink_1^eps against eps" in md and "| dense | [" in md and "## Checks" in md
   assert (tmp_path / "plots" / "attention_maps.png").is_file()

@@ -16,6 +16,10 @@ from attnjax._src import patterns
 from attnjax._src.ops.sparse.attention import sparse_attention
 from helpers import assert_close, outputs_and_grads, rand_qkv
 
+# Short calls of the sparse family run its block plans here, as auto-dispatch does from
+# sparse.BLOCKWISE_MIN_LENGTH tokens on (the plans are what these tests check).
+pytestmark = pytest.mark.usefixtures("sparse_block_plans")
+
 
 # ---------------------------------------------------------------------------
 # Brute-force masks, one (i, j) at a time.
@@ -508,6 +512,10 @@ def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypat
   from attnjax._src.ops.sparse import attention as sparse
 
   monkeypatch.setattr(sparse, "CHUNK_BLOCKS", chunk_blocks)
+  monkeypatch.setattr(sparse, "STRIDED_TWO_PASS_MIN_LENGTH", 1)  # the merged factors at T=30
+  calls = []
+  two_pass = sparse._strided_two_pass
+  monkeypatch.setattr(sparse, "_strided_two_pass", lambda *a: calls.append(1) or two_pass(*a))
   q, k, v = qkv(1, 30, 30, 4, 2, 4, seed=4)
   kw = dict(normalizer=normalizer)
   if sink:
@@ -516,3 +524,4 @@ def test_strided_paths_match_reference(normalizer, sink, chunk_blocks, monkeypat
   f = lambda q, k, v: sparse_attention(q, k, v, pattern=p, block_size=4, **kw)
   ref = lambda q, k, v: dense_with_mask(q, k, v, p, **kw)
   assert_close(outputs_and_grads(f, q, k, v), outputs_and_grads(ref, q, k, v))
+  assert bool(calls) == (normalizer in ("softmax", "softmax_one")), calls

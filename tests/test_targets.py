@@ -223,6 +223,22 @@ def test_pallas_tpu_compiles_cross_product(case):
   assert_pallas_tpu(compile_kernel(case[0], "pallas_tpu", *case[1:], T=1200), case[1])
 
 
+@needs_cuda
+@needs_tpu
+def test_clipped_softmax_kernels_compile_with_their_row_passes():
+  # clipped softmax (needs_lse, its row term from the tiles): the Triton kernels (the pre-pass
+  # inside the forward and dq kernels) for an H100, and the Pallas TPU kernels with their two
+  # pass kernels for a v5e, forward and backward, several blocks per row.
+  case = ("h100", "clipped_softmax", "causal", "GQA", jnp.bfloat16, 128)
+  assert_pallas_gpu(compile_kernel(case[0], "pallas_gpu", *case[1:]))
+  compiled = compile_kernel(
+    "v5e", "pallas_tpu", "clipped_softmax", "window", "MHA", jnp.float32, 64, T=1200
+  )
+  assert_pallas_tpu(compiled, "clipped_softmax")
+  for kernel in ("softmax_terms", "row_dot_clipped_softmax"):
+    assert f"attnjax_tpu_{kernel}" in compiled.as_text(), kernel
+
+
 @needs_tpu
 def test_pallas_tpu_block_sizes_by_generation_and_an_oversized_one_fails():
   # The v6e rows take longer key tiles (its MXU is 256 wide); the ambient mesh picks the row.

@@ -764,3 +764,18 @@ def test_bench_trainer_suite_measures_the_loop_against_its_step(monkeypatch):
     assert np.isfinite(row[key]) and row[key] > 0, key
   assert row["ratio"] == pytest.approx(row["trainer_tokens_per_s"] / row["step_tokens_per_s"])
   assert "trainer" in bench._SUITES
+
+
+def test_resolve_root_reads_a_relative_root_from_the_launch_directory(tmp_path, monkeypatch):
+  (tmp_path / "runs" / "compare").mkdir(parents=True)
+  (tmp_path / "notebooks").mkdir()
+  monkeypatch.chdir(tmp_path / "notebooks")  # where a Jupyter kernel runs
+  monkeypatch.setenv("PWD", str(tmp_path))  # where the user started Jupyter
+  assert rundir.resolve_root("runs/compare") == str(tmp_path / "runs" / "compare")
+  assert rundir.resolve_root(str(tmp_path / "runs")) == str(tmp_path / "runs")
+  monkeypatch.delenv("PWD")
+  assert rundir.resolve_root("../runs") == str(tmp_path / "runs")  # the working directory's
+  with pytest.raises(
+    FileNotFoundError, match=r"ATTNJAX_RUN_DIR='runs/none': not found: .*runs/none"
+  ):
+    rundir.resolve_root("runs/none")

@@ -25,6 +25,10 @@ from attnjax._src.ops.linear import attention as linear
 from attnjax._src.ops.sparse import attention as sparse
 from helpers import assert_close, rand_qkv
 
+# Short calls of the sparse family run its block plans here, as auto-dispatch does from
+# sparse.BLOCKWISE_MIN_LENGTH tokens on (the plans are what these tests check).
+pytestmark = pytest.mark.usefixtures("sparse_block_plans")
+
 
 def test_check_implementation_passes_current_names_and_maps_old_ones():
   allowed = ("reference", "fast")

@@ -276,7 +276,7 @@ def case_program(kernel: Callable, normalizer: str, structure: str, window) -> C
     "segments": dict(is_causal=True),
   }[structure]
   kw.update(normalizer=normalizer, return_stats=True)
-  sinks = normalizers.REGISTRY[normalizer].accepts_sink_logits
+  sinks = normalizers.get(normalizer).accepts_sink_logits
 
   def loss(fn, q, k, v, seg, sink):
     extra = dict(segment_ids=seg if structure == "segments" else None)

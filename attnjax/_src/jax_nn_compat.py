@@ -97,7 +97,7 @@ def check_residual(
   """Raises where ``return_residual=True`` cannot be honoured: a normaliser that is not
   softmax-like, or a named ``implementation`` (``unsupported``: its refusals) that runs the
   call but computes no statistics (jax.nn's own paths)."""
-  if not normalizers.REGISTRY[opts.normalizer].softmax_like:
+  if not normalizers.get(opts.normalizer).softmax_like:
     raise ValueError(
       f"return_residual=True returns the softmax log-normaliser, which "
       f"normalizer={opts.normalizer!r} does not have (its weights are not exp(z - r)); "

@@ -6,9 +6,10 @@ Implementation behind the public module :mod:`attnjax.options`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
-from typing import Any, Callable, Literal, Optional, Sequence, get_args
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, get_args
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +60,7 @@ class DenseKeywords:
   is_causal: bool = _static_keyword(False)
   scale: Optional[float] = _static_keyword(None)
   normalizer: str = _static_keyword("softmax")
+  normalizer_params: Any = None
   sink_logits: Any = None
   softcap: Optional[float] = _static_keyword(None)
   window: Optional[tuple[int, int]] = _static_keyword(None)
@@ -161,7 +163,9 @@ class DenseInputs:
   """Canonical array arguments: bias and mask are rank 4 or None, sink logits ``[1, N, 1, 1]``.
 
   ``score_mod_args`` / ``mask_mod_args`` are tuples of arrays read by the
-  modifiers; ``score_mod_args`` receive gradients.
+  modifiers; ``score_mod_args`` receive gradients. ``normalizer_params`` are a weights-only
+  normaliser's learned parameters in the order it declares them, each ``[1, N|1, 1, 1]``
+  float32 (every declared one: a call that passes none gets its ``init``); ``()`` otherwise.
   """
 
   q: Array
@@ -174,6 +178,7 @@ class DenseInputs:
   kv_segment_ids: Optional[Array] = None
   score_mod_args: tuple = ()
   mask_mod_args: tuple = ()
+  normalizer_params: tuple = ()
 
 
 # The DenseOptions fields every platform kernel (cuDNN, splash, the Pallas kernels) is written
@@ -223,10 +228,29 @@ def unknown_options(
   return reasons
 
 
+# The fused kernels that run the row pre-passes of a ``needs_lse`` normaliser (its forward's
+# log-normaliser, its backward's row term from the tiles).
+ROW_PASS_KERNELS: frozenset = frozenset({"pallas_gpu", "pallas_tpu"})
+
+
 def array_refusals(name: str, inputs: DenseInputs, opts: DenseOptions, takes: str) -> list[str]:
-  """What a fused dense kernel named ``name`` refuses in every call: a ``bias`` array, a
-  ``mask`` array (the kernel ``takes`` its structure otherwise) and a non-dot similarity."""
+  """What a fused dense kernel named ``name`` refuses in every call: a weights-only normaliser
+  (the kernel runs the online tile interface), a ``bias`` array, a ``mask`` array (the kernel
+  ``takes`` its structure otherwise) and a non-dot similarity."""
   reasons = []
+  nz = normalizers.get(opts.normalizer)
+  if (nz.needs_lse or not nz.row_dot_of_output) and name not in ROW_PASS_KERNELS:
+    reasons.append(
+      f"normalizer={opts.normalizer!r}, which needs each row's log-normaliser before its "
+      f"first tile and its backward row term summed over the tiles ({name} runs neither "
+      f"pre-pass; 'blockwise' and 'reference' do)"
+    )
+  if nz.weights_only:
+    reasons.append(
+      f"normalizer={opts.normalizer!r}, a weights-only normaliser ({name} runs the online "
+      f"tile interface init / visit / finish / tile_backward; 'blockwise' and 'reference' "
+      f"run weights-only normalisers)"
+    )
   if inputs.bias is not None:
     reasons.append(f"bias ({name} adds no bias array)")
   if inputs.mask is not None:
@@ -351,6 +375,55 @@ def _check_mods(kw: DenseKeywords) -> tuple[tuple, tuple]:
   return score_args, mask_args
 
 
+def check_normalizer_params(nz: normalizers.Normalizer, params: Any, num_heads: int) -> tuple:
+  """``normalizer_params`` of a call as :attr:`DenseInputs.normalizer_params`: a mapping of
+  the normaliser's declared parameters (``[N]`` per head, a scalar per layer) to arrays; a
+  declared one left out takes its ``init``.
+
+  Raises:
+    TypeError: not a mapping, or a value that is not an array.
+    ValueError: a name the normaliser does not declare (the closest named), or a shape unlike
+      the declared one.
+  """
+  if params is None:
+    params = {}
+  if not isinstance(params, Mapping):
+    raise TypeError(
+      f"normalizer_params must be a mapping of parameter names to arrays, got "
+      f"{type(params).__name__}"
+    )
+  declared = {p.name: p for p in nz.params}
+  unknown = [name for name in params if name not in declared]
+  if unknown:
+    close = difflib.get_close_matches(str(unknown[0]), list(declared), n=1)
+    raise ValueError(
+      f"normalizer_params {sorted(map(str, unknown))} are not parameters of normalizer="
+      f"{nz.name!r} (it declares {list(declared) or 'none'})"
+      + (f"; did you mean {close[0]!r}?" if close else "")
+    )
+  out = []
+  for name, p in declared.items():
+    if name not in params:
+      value = jnp.full(p.shape(num_heads), p.init, jnp.float32)
+    else:
+      value = params[name]
+      if not hasattr(value, "shape") and not isinstance(value, (int, float)):
+        raise TypeError(
+          f"normalizer_params[{name!r}] must be an array, got {type(value).__name__} {value!r:.60}"
+        )
+      value = jnp.asarray(value)
+      if not jnp.issubdtype(value.dtype, jnp.floating):
+        value = value.astype(jnp.float32)
+      if value.shape != p.shape(num_heads):
+        raise ValueError(
+          f"normalizer_params[{name!r}] of normalizer={nz.name!r} must have shape "
+          f"{p.shape(num_heads)} ({'one per query head' if p.per_head else 'a scalar'}), "
+          f"got {value.shape}"
+        )
+    out.append(jnp.reshape(value, (1, num_heads if p.per_head else 1, 1, 1)))
+  return tuple(out)
+
+
 def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   """Validates a dense call (every argument but ``implementation``); see ``dense.prepare``.
 
@@ -370,8 +443,8 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   kw = DenseKeywords(**dense_keywords)
   B, T, S, N, K, H, _ = validators.check_qkv(q, k, v)
   # Each check runs where a value could be wrong: a keyword left at None needs none.
-  if kw.normalizer not in normalizers.NORMALIZERS:
-    validators.check_choice("normalizer", kw.normalizer, normalizers.NORMALIZERS)
+  # The live registry (a plain dict lookup); get explains a name it does not hold.
+  nz = normalizers.REGISTRY.get(kw.normalizer) or normalizers.get(kw.normalizer)
   if kw.similarity not in SIMILARITIES:
     validators.check_choice("similarity", kw.similarity, SIMILARITIES)
   if not isinstance(kw.is_causal, bool):
@@ -386,7 +459,7 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
   target = (B, N, T, S)
   sink_logits = kw.sink_logits
   if sink_logits is not None:
-    if not normalizers.REGISTRY[kw.normalizer].accepts_sink_logits:
+    if not nz.accepts_sink_logits:
       raise ValueError(
         f"sink_logits adds a learned null column to softmax; it cannot be combined "
         f"with normalizer={kw.normalizer!r}"
@@ -423,7 +496,12 @@ def validate(q, k, v, **dense_keywords) -> tuple[DenseInputs, DenseOptions]:
     or kw.context_layout is not None
   ):
     context_layout = check_context(kw.context_axis, kw.context_strategy, kw.context_layout)
-  inputs = DenseInputs(q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args)
+  params = ()
+  if nz.params or kw.normalizer_params is not None:
+    params = check_normalizer_params(nz, kw.normalizer_params, N)
+  inputs = DenseInputs(
+    q, k, v, bias, mask, sink_logits, q_seg, kv_seg, score_args, mask_args, params
+  )
   opts = DenseOptions(
     is_causal=kw.is_causal,
     window=window,
@@ -509,4 +587,10 @@ def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, .
 
   attention.__name__ = attention.__qualname__ = "attention"
   flags = FLAGS + tuple(name for name in engine_static if name == "interpret")
-  return _static_options.jit(attention, STATIC_NAMES + tuple(engine_static), flags=flags)
+  return _static_options.jit(
+    attention,
+    STATIC_NAMES + tuple(engine_static),
+    flags=flags,
+    keywords=KEYWORDS + tuple(engine_static),
+    name=f"{name}.attention",
+  )

@@ -15,6 +15,7 @@ from attnjax._src.data.batches import pack_documents
 from attnjax._src.data.batches import stack_batches
 from attnjax._src.data.batches import with_bos
 from attnjax._src.data.corpus import TokenData
+from attnjax._src.data.masked_lm import MaskedLMBatches, mask_tokens
 from attnjax._src.data.corpus import load_bin
 from attnjax._src.data.corpus import load_shakespeare
 from attnjax._src.data.corpus import load_text
@@ -76,7 +77,14 @@ def from_config(cfg: Any, *, seed: int) -> Batches:
     if not cfg.path:
       raise ValueError("data.path must name a folder with train.bin/val.bin when data.name='bin'")
     tokens = load_bin(cfg.path, vocab_size=cfg.vocab_size, dtype=cfg.bin_dtype)
-  return CorpusBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed, pack=pack)
+  batches = CorpusBatches(
+    tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=seed, pack=pack
+  )
+  if cfg.get("objective", "causal") == "mlm":
+    if pack:
+      raise ValueError("data.pack=True: the masked-LM objective reads unpacked windows")
+    return MaskedLMBatches(batches, rate=cfg.get("mask_rate", 0.15), seed=seed)
+  return batches
 
 
 __all__ = [
@@ -86,6 +94,7 @@ __all__ = [
   "ByteTokenizer",
   "CharTokenizer",
   "CorpusBatches",
+  "MaskedLMBatches",
   "SOURCES",
   "TokenData",
   "bigram_backcopy_chain",
@@ -93,6 +102,7 @@ __all__ = [
   "load_bin",
   "load_shakespeare",
   "load_text",
+  "mask_tokens",
   "pack_documents",
   "shakespeare_dir",
   "split_documents",

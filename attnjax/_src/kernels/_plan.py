@@ -20,7 +20,7 @@ class KernelPlan:
   @property
   def nz(self) -> normalizers.Normalizer:
     """The normaliser: every normaliser-specific step of a kernel is one of its methods."""
-    return normalizers.REGISTRY[self.opts.normalizer]
+    return normalizers.get(self.opts.normalizer)
 
   @property
   def with_stats(self) -> bool:

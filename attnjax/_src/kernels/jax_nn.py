@@ -14,8 +14,8 @@ from attnjax._src.kernels import autodiff, blockwise
 
 def unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -> list[str]:
   reasons = []
-  if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
-    reasons.append(f"normalizer={opts.normalizer!r}")
+  if opts.normalizer not in normalizers.PLATFORM_KERNELS:  # the built-in softmax object only
+    reasons.append(f"normalizer={opts.normalizer!r} (jax.nn computes the built-in softmax)")
   if inputs.sink_logits is not None:
     reasons.append("sink_logits")
   if opts.softcap is not None:

@@ -119,7 +119,7 @@ def unsupported(
   if _library() is None:
     reasons.append("this jax (jax.experimental.pallas.ops.tpu.splash_attention does not import)")
     return reasons
-  if not normalizers.REGISTRY[opts.normalizer].platform_kernel:
+  if opts.normalizer not in normalizers.PLATFORM_KERNELS:  # the built-in softmax object only
     reasons.append(f"normalizer={opts.normalizer!r} (splash is a softmax kernel)")
   if opts.similarity != "dot":
     reasons.append(f"similarity={opts.similarity!r}")

@@ -313,6 +313,8 @@ class Architecture:
   defaults: ClassVar[dict] = {}
   prefixes: ClassVar[tuple[str, ...]] = ()
   quantizations: ClassVar[tuple[str, ...]] = ()
+  # The output projection's name when the checkpoint stores it tied to the embedding.
+  tied_names: ClassVar[tuple[str, ...]] = ("lm_head.weight",)
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(model_type={self.model_type!r})"
@@ -1158,6 +1160,416 @@ def _mxfp4_expert_rules(ex: str, path: Path, E: int, D: int, I: int) -> dict[Pat
 
 
 # ---------------------------------------------------------------------------
+# Encoders: BERT, RoBERTa, ModernBERT (nn.EncoderLM).
+
+
+def _heads(c: Config, model_type: str, supported: tuple[str, str]) -> bool:
+  """True for the masked-LM head, False for the bare encoder, from ``architectures``."""
+  names = c.raw.get("architectures") or [supported[1]]
+  if not isinstance(names, list) or len(names) != 1 or names[0] not in supported:
+    raise CheckpointError(
+      f"config.json: architectures={names!r} lists a head the loader does not support for "
+      f"model_type={model_type!r} (supported heads: {', '.join(supported)}; an encoder is "
+      f"loaded with its masked-LM head or bare)"
+    )
+  return names[0] == supported[1]
+
+
+def _linear_rules(rules: dict, ours: Path, theirs: str, shape: tuple, bias: bool) -> None:
+  """A ``torch.nn.Linear`` ``[out, in]`` weight (and bias) as our ``[in, out]`` kernel."""
+  rules[ours + ("kernel",)] = Rule((f"{theirs}.weight",), (shape,), _transpose)
+  if bias:
+    rules[ours + ("bias",)] = Rule((f"{theirs}.bias",), ((shape[0],),), _same)
+
+
+def _norm_rules(rules: dict, ours: Path, theirs: str, D: int, bias: bool) -> None:
+  rules[ours + ("scale",)] = Rule((f"{theirs}.weight",), ((D,),), _same)
+  if bias:
+    rules[ours + ("bias",)] = Rule((f"{theirs}.bias",), ((D,),), _same)
+
+
+@register
+class Bert(Architecture):
+  """BERT: learned positions and token types, post-LN blocks, GELU, biases, MLM head or pooler."""
+
+  model_type = "bert"
+  known_as = "BertModel, BertForMaskedLM"
+  summary = (
+    '`nn.EncoderLM`: `norm_placement="post_residual"`, `token_types`, `learned_positions`, '
+    "`embed_norm`, MLM head or pooler"
+  )
+  maps_to = (
+    '`nn.EncoderConfig`: `is_causal=False`, `norm="layer"`, `norm_placement="post_residual"` '
+    "(BERT's post-LN), `embed_norm`, `token_types=type_vocab_size`, "
+    "`learned_positions=max_position_embeddings`, `rope_theta=None`, `mlp=\"gelu\"` with "
+    "biases (`hidden_act`), `qkv_bias`, `out_bias`; `architectures` `BertForMaskedLM` -> "
+    "`mlm_head` (tied, `output_bias`), `BertModel` -> `pooler`"
+  )
+  heads: ClassVar[tuple[str, str]] = ("BertModel", "BertForMaskedLM")
+  understood = frozenset(
+    {
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "hidden_act",
+      "max_position_embeddings",
+      "type_vocab_size",
+      "layer_norm_eps",
+      "position_embedding_type",
+      "is_decoder",
+    }
+  )
+  inert = frozenset({"hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"})
+  defaults = dict(
+    hidden_act="gelu",
+    max_position_embeddings=512,
+    type_vocab_size=2,
+    layer_norm_eps=1e-12,
+    pad_token_id=0,
+    tie_word_embeddings=True,
+  )
+  prefixes = ("bert.",)
+  tied_names = ("cls.predictions.decoder.weight",)
+  head_prefix: ClassVar[str] = "cls.predictions."
+
+  def ignored(self, name: str) -> bool:
+    # Buffers older versions saved; the decoder's bias is cls.predictions.bias again.
+    return name.endswith("embeddings.position_ids") or name == "cls.predictions.decoder.bias"
+
+  def layer_types(self, config: dict) -> list[str]:
+    return [FULL] * self.read_config(config).int("num_hidden_layers")
+
+  def positions(self, c: Config) -> dict[str, Any]:
+    """RoBERTa's offset positions (BERT: none)."""
+    del c
+    return {}
+
+  def build(self, config: dict):
+    from attnjax._src import nn
+
+    c = self.read_config(config)
+    mlm = _heads(c, self.model_type, self.heads)
+    if c.flag("is_decoder"):
+      raise CheckpointError(
+        f"config.json: is_decoder=true (a causal {self.model_type}) is not supported; "
+        f"the encoder is loaded"
+      )
+    kind = c.raw.get("position_embedding_type", "absolute")
+    if kind not in (None, "absolute"):
+      raise CheckpointError(
+        f"config.json: position_embedding_type={kind!r} is not supported (supported: absolute)"
+      )
+    D, N = c.int("hidden_size"), c.int("num_attention_heads")
+    if D % N:
+      raise CheckpointError(f"config.json: hidden_size={D} is not divisible by {N} heads")
+    activation = _activation(c, "hidden_act")
+    if activation == "silu":
+      raise CheckpointError(
+        f"config.json: hidden_act='silu' is not supported for {self.model_type} (ungated MLP)"
+      )
+    attention = nn.AttentionConfig(
+      num_heads=N, head_dim=D // N, rope_theta=None, qkv_bias=True, out_bias=True, is_causal=False
+    )
+    return nn.EncoderConfig(
+      vocab_size=c.int("vocab_size"),
+      d_model=D,
+      num_layers=c.int("num_hidden_layers"),
+      attention=attention,
+      mlp="gelu",
+      mlp_dim=c.int("intermediate_size"),
+      mlp_activation=activation,
+      mlp_bias=True,
+      norm="layer",
+      norm_eps=float(c["layer_norm_eps"]),
+      norm_placement="post_residual",
+      tie_embeddings=c.flag("tie_word_embeddings"),
+      learned_positions=c.int("max_position_embeddings"),
+      token_types=c.int("type_vocab_size"),
+      embed_norm=True,
+      mlm_head=mlm,
+      head_activation=activation,
+      pooler=not mlm,
+      pad_token_id=c["pad_token_id"],
+      **self.positions(c),
+    )
+
+  def tensors(self, config: dict, mcfg) -> dict:
+    D, V, I = mcfg.d_model, mcfg.vocab_size, mcfg.hidden_dim
+    rules: dict[Path, Rule] = {
+      ("embed", "embedding"): Rule(("embeddings.word_embeddings.weight",), ((V, D),), _same),
+      ("position_embed", "embedding"): Rule(
+        ("embeddings.position_embeddings.weight",), ((mcfg.learned_positions, D),), _same
+      ),
+      ("token_type_embed", "embedding"): Rule(
+        ("embeddings.token_type_embeddings.weight",), ((mcfg.token_types, D),), _same
+      ),
+    }
+    _norm_rules(rules, ("embed_norm",), "embeddings.LayerNorm", D, True)
+    for i in range(mcfg.num_layers):
+      pre, blk = f"encoder.layer.{i}.", ("blocks", i)
+      for ours, theirs in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+        _linear_rules(
+          rules, blk + ("attention", ours), f"{pre}attention.self.{theirs}", (D, D), True
+        )
+      _linear_rules(
+        rules, blk + ("attention", "o_proj"), f"{pre}attention.output.dense", (D, D), True
+      )
+      _norm_rules(rules, blk + ("attn_post_norm",), f"{pre}attention.output.LayerNorm", D, True)
+      _linear_rules(rules, blk + ("mlp", "up"), f"{pre}intermediate.dense", (I, D), True)
+      _linear_rules(rules, blk + ("mlp", "down"), f"{pre}output.dense", (D, I), True)
+      _norm_rules(rules, blk + ("mlp_post_norm",), f"{pre}output.LayerNorm", D, True)
+    if mcfg.pooler:
+      _linear_rules(rules, ("pooler",), "pooler.dense", (D, D), True)
+    if mcfg.mlm_head:
+      self.head_rules(rules, mcfg)
+    return rules
+
+  def head_rules(self, rules: dict, mcfg) -> None:
+    D, V, h = mcfg.d_model, mcfg.vocab_size, self.head_prefix
+    _linear_rules(rules, ("head_dense",), f"{h}transform.dense", (D, D), True)
+    _norm_rules(rules, ("head_norm",), f"{h}transform.LayerNorm", D, True)
+    rules[("output_bias",)] = Rule((f"{h}bias",), ((V,),), _same)
+    if not mcfg.tie_embeddings:
+      rules[("head", "kernel")] = Rule((f"{h}decoder.weight",), ((V, D),), _transpose)
+
+
+@register
+class Roberta(Bert):
+  """RoBERTa: BERT's encoder; positions offset past ``padding_idx``; its ``lm_head``."""
+
+  model_type = "roberta"
+  known_as = "RobertaModel, RobertaForMaskedLM"
+  summary = "as bert, `position_offset=pad_token_id + 1`"
+  maps_to = (
+    "as bert; positions numbered from `padding_idx + 1` over the tokens that are not "
+    "`pad_token_id` (`position_offset`, padding at `padding_idx`); `lm_head` -> the MLM head"
+  )
+  heads = ("RobertaModel", "RobertaForMaskedLM")
+  defaults = dict(Bert.defaults, pad_token_id=1, layer_norm_eps=1e-12)
+  prefixes = ("roberta.",)
+  tied_names = ("lm_head.decoder.weight",)
+
+  def ignored(self, name: str) -> bool:
+    return name.endswith("embeddings.position_ids") or name == "lm_head.decoder.bias"
+
+  def positions(self, c: Config) -> dict[str, Any]:
+    return dict(position_offset=c.int("pad_token_id") + 1)
+
+  def head_rules(self, rules: dict, mcfg) -> None:
+    D, V = mcfg.d_model, mcfg.vocab_size
+    _linear_rules(rules, ("head_dense",), "lm_head.dense", (D, D), True)
+    _norm_rules(rules, ("head_norm",), "lm_head.layer_norm", D, True)
+    rules[("output_bias",)] = Rule(("lm_head.bias",), ((V,),), _same)
+    if not mcfg.tie_embeddings:
+      rules[("head", "kernel")] = Rule(("lm_head.decoder.weight",), ((V, D),), _transpose)
+
+
+@register
+class ModernBert(Architecture):
+  """ModernBERT: pre-LN, rotary, alternating global and local (sliding-window) layers, GeGLU."""
+
+  model_type = "modernbert"
+  known_as = "ModernBertModel, ModernBertForMaskedLM"
+  summary = (
+    "`nn.EncoderLM`: pre-norm without the first attention norm, `norm_bias`, RoPE per layer "
+    'type, symmetric `window` on the local layers, `mlp="geglu"`, no biases'
+  )
+  maps_to = (
+    '`nn.EncoderConfig`: `is_causal=False`, `norm="layer"` with `norm_bias`, pre-norm, '
+    "`first_attn_norm=False` (layer 0 reads the normed embeddings), `embed_norm`, "
+    "`rope_theta` per layer type (`rope_parameters`, or `global_rope_theta` / "
+    "`local_rope_theta`), `window=local_attention // 2` (both sides) on the "
+    '`sliding_attention` layers (every `global_attn_every_n_layers`-th is global), '
+    '`mlp="geglu"` (the first half of `Wi` is activated), `attention_bias` / `mlp_bias`, '
+    "MLM head (`classifier_bias`, `classifier_activation`, `decoder_bias`)"
+  )
+  heads: ClassVar[tuple[str, str]] = ("ModernBertModel", "ModernBertForMaskedLM")
+  understood = frozenset(
+    {
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "hidden_activation",
+      "norm_eps",
+      "norm_bias",
+      "attention_bias",
+      "mlp_bias",
+      "layer_types",
+      "rope_parameters",
+      "rope_scaling",
+      "global_rope_theta",
+      "local_rope_theta",
+      "local_attention",
+      "global_attn_every_n_layers",
+      "decoder_bias",
+      "classifier_bias",
+      "classifier_activation",
+    }
+  )
+  # Dropouts, initialisation, flash-attention and classifier settings, prediction sparsity
+  # (which positions transformers computes, not their values).
+  inert = frozenset(
+    {
+      "initializer_cutoff_factor",
+      "embedding_dropout",
+      "mlp_dropout",
+      "classifier_dropout",
+      "classifier_pooling",
+      "deterministic_flash_attn",
+      "sparse_prediction",
+      "sparse_pred_ignore_index",
+      "cls_token_id",
+      "reference_compile",
+      "repad_logits_with_grad",
+    }
+  )
+  defaults = dict(
+    hidden_activation="gelu",
+    norm_eps=1e-5,
+    norm_bias=False,
+    attention_bias=False,
+    mlp_bias=False,
+    local_attention=128,
+    global_attn_every_n_layers=3,
+    global_rope_theta=160000.0,
+    local_rope_theta=10000.0,
+    decoder_bias=True,
+    classifier_bias=False,
+    classifier_activation="gelu",
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+    pad_token_id=50283,
+  )
+  prefixes = ("model.",)
+  tied_names = ("decoder.weight",)
+
+  def _layer_types(self, c: Config) -> list[str]:
+    L = c.int("num_hidden_layers")
+    types = c.raw.get("layer_types")
+    if types is None:
+      every = c.int("global_attn_every_n_layers")
+      types = [SLIDING if i % every else FULL for i in range(L)]
+    if not isinstance(types, list) or len(types) != L or any(t not in LAYER_TYPES for t in types):
+      raise CheckpointError(
+        f"config.json: layer_types must list num_hidden_layers={L} entries of "
+        f"{LAYER_TYPES}, got {types!r}"
+      )
+    return list(types)
+
+  def layer_types(self, config: dict) -> list[str]:
+    return self._layer_types(self.read_config(config))
+
+  def _theta(self, c: Config, layer_type: str) -> float:
+    _, params = _rope_dicts(c)
+    own = (params or {}).get(layer_type) or {}
+    default = c["global_rope_theta"] if layer_type == FULL else c["local_rope_theta"]
+    theta, scaling = _rope(c, own, default)
+    if scaling is not None:
+      raise CheckpointError(
+        f"config.json: rope_parameters[{layer_type!r}] scales RoPE; not supported for modernbert"
+      )
+    return theta
+
+  def build(self, config: dict):
+    from attnjax._src import nn
+
+    c = self.read_config(config)
+    mlm = _heads(c, self.model_type, self.heads)
+    if c.raw.get("rope_scaling"):
+      raise CheckpointError("config.json: rope_scaling is not supported for modernbert")
+    D, N = c.int("hidden_size"), c.int("num_attention_heads")
+    if D % N:
+      raise CheckpointError(f"config.json: hidden_size={D} is not divisible by {N} heads")
+    bias = c.flag("attention_bias")
+    window = c.int("local_attention") // 2
+    layers = []
+    for layer_type in self._layer_types(c):
+      layers.append(
+        nn.AttentionConfig(
+          num_heads=N,
+          head_dim=D // N,
+          rope_theta=self._theta(c, layer_type),
+          qkv_bias=bias,
+          out_bias=bias,
+          is_causal=False,
+          window=window if layer_type == SLIDING else None,
+        )
+      )
+    same = all(a == layers[0] for a in layers)
+    return nn.EncoderConfig(
+      vocab_size=c.int("vocab_size"),
+      d_model=D,
+      num_layers=len(layers),
+      attention=layers[0],
+      layer_attention=None if same else tuple(layers),
+      mlp="geglu",
+      mlp_dim=c.int("intermediate_size"),
+      mlp_activation=_activation(c, "hidden_activation"),
+      mlp_bias=c.flag("mlp_bias"),
+      norm="layer",
+      norm_eps=float(c["norm_eps"]),
+      norm_bias=c.flag("norm_bias"),
+      norm_placement="pre",
+      first_attn_norm=False,
+      tie_embeddings=c.flag("tie_word_embeddings"),
+      token_types=None,
+      embed_norm=True,
+      mlm_head=mlm,
+      head_activation=_activation(c, "classifier_activation"),
+      head_bias=c.flag("classifier_bias"),
+      output_bias=c.flag("decoder_bias"),
+      pad_token_id=c["pad_token_id"],
+    )
+
+  def tensors(self, config: dict, mcfg) -> dict:
+    D, V, I, nb = mcfg.d_model, mcfg.vocab_size, mcfg.hidden_dim, mcfg.norm_bias
+    rules: dict[Path, Rule] = {
+      ("embed", "embedding"): Rule(("embeddings.tok_embeddings.weight",), ((V, D),), _same)
+    }
+    _norm_rules(rules, ("embed_norm",), "embeddings.norm", D, nb)
+    _norm_rules(rules, ("final_norm",), "final_norm", D, nb)
+    for i in range(mcfg.num_layers):
+      pre, blk = f"layers.{i}.", ("blocks", i)
+      a = mcfg.attention_for(i)
+      for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        # Wqkv's rows are q, k, v, each [N * H] (heads major), as ours.
+        rows = slice(j * D, (j + 1) * D)
+        rules[blk + ("attention", proj, "kernel")] = Rule(
+          (f"{pre}attn.Wqkv.weight",), ((3 * D, D),), lambda x, r=rows: _transpose(x[r])
+        )
+        if a.qkv_bias:
+          rules[blk + ("attention", proj, "bias")] = Rule(
+            (f"{pre}attn.Wqkv.bias",), ((3 * D,),), lambda x, r=rows: np.ascontiguousarray(x[r])
+          )
+      _linear_rules(rules, blk + ("attention", "o_proj"), f"{pre}attn.Wo", (D, D), a.out_bias)
+      if i > 0 or mcfg.first_attn_norm:
+        _norm_rules(rules, blk + ("attn_norm",), f"{pre}attn_norm", D, nb)
+      _norm_rules(rules, blk + ("mlp_norm",), f"{pre}mlp_norm", D, nb)
+      # Wi's rows: the activated half (our gate), then the linear half (our up).
+      for j, ours in enumerate(("gate", "up")):
+        rows = slice(j * I, (j + 1) * I)
+        rules[blk + ("mlp", ours, "kernel")] = Rule(
+          (f"{pre}mlp.Wi.weight",), ((2 * I, D),), lambda x, r=rows: _transpose(x[r])
+        )
+        if mcfg.mlp_bias:
+          rules[blk + ("mlp", ours, "bias")] = Rule(
+            (f"{pre}mlp.Wi.bias",), ((2 * I,),), lambda x, r=rows: np.ascontiguousarray(x[r])
+          )
+      _linear_rules(rules, blk + ("mlp", "down"), f"{pre}mlp.Wo", (D, I), mcfg.mlp_bias)
+    if mcfg.mlm_head:
+      _linear_rules(rules, ("head_dense",), "head.dense", (D, D), mcfg.head_bias)
+      _norm_rules(rules, ("head_norm",), "head.norm", D, nb)
+      if mcfg.output_bias:
+        rules[("output_bias",)] = Rule(("decoder.bias",), ((V,),), _same)
+      if not mcfg.tie_embeddings:
+        rules[("head", "kernel")] = Rule(("decoder.weight",), ((V, D),), _transpose)
+    return rules
+
+
 # DeepSeek V2 / V3: multi-head latent attention and routed experts.
 
 FP8_BLOCK = (128, 128)

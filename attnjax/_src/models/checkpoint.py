@@ -71,7 +71,22 @@ def read_header(path: str) -> dict[str, Any]:
       header = json.loads(f.read(size))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
       raise CheckpointError(f"{path} is not a safetensors file ({e})") from None
+  if not isinstance(header, dict):
+    raise CheckpointError(f"{path} is not a safetensors file (its header is not a JSON object)")
   header.pop("__metadata__", None)
+  # The tensors' bytes must all be there: a file cut short (an interrupted download or copy)
+  # otherwise fails later in safetensors with "incomplete metadata", naming no file.
+  ends = [
+    e["data_offsets"][1]
+    for e in header.values()
+    if isinstance(e, dict) and isinstance(e.get("data_offsets"), (list, tuple))
+  ]
+  have = os.path.getsize(path) - 8 - size
+  if ends and max(ends) > have:
+    raise CheckpointError(
+      f"{path} is truncated: its header lists {max(ends)} bytes of tensors but the file holds "
+      f"{max(have, 0)} (an interrupted download or copy?); fetch the file again"
+    )
   return header
 
 
@@ -180,10 +195,13 @@ class Checkpoint:
     entry = self._entry(name)
     dtype = entry["dtype"]
     if dtype in NUMPY_DTYPES:
-      from safetensors import safe_open
+      from safetensors import SafetensorError, safe_open
 
-      with safe_open(file, framework="np") as f:
-        return f.get_tensor(name)
+      try:
+        with safe_open(file, framework="np") as f:
+          return f.get_tensor(name)
+      except SafetensorError as e:
+        raise CheckpointError(f"{file}: tensor {name!r} cannot be read: {e}") from None
     raw = _raw_dtypes().get(dtype)
     if raw is None:
       raise CheckpointError(f"tensor {name!r} has dtype {dtype}, which cannot be read")

@@ -76,7 +76,7 @@ def check_tensors(
       prefix = name[: len(name) - len(short)]
     if arch.skipped(checkpoint.config, short):
       continue
-    if tied and short == "lm_head.weight":
+    if tied and short in arch.tied_names:
       continue  # tied: transformers uses the embedding (some exports store both)
     present[short] = name
   expected: dict[str, tuple] = {}
@@ -158,6 +158,16 @@ def _split_targets(options: Mapping[str, Any], present: list[str]):
       f"{{'full_attention': {{...}}}}), got {type(options).__name__}"
     )
   shared = {k: v for k, v in options.items() if k not in architectures.LAYER_TYPES}
+  fields = set(nn.config.COMMON_FIELDS) | set(nn.config.LEGACY_DEFAULTS)
+  for spec in nn.specs.FAMILY_SPECS.values():
+    fields |= set(_spec_defaults(spec))
+  for key, value in shared.items():
+    if isinstance(value, Mapping) and key not in fields:  # a layer type's options, by its look
+      raise ValueError(
+        f"attention[{key!r}]: {key!r} is not a layer type of this checkpoint (its layer "
+        f"types: {sorted(set(present))}) nor an attention option; options of one layer type "
+        f"go under its name, e.g. attention={{{sorted(set(present))[0]!r}: {{...}}}}"
+      )
   targeted = {}
   for layer_type in architectures.LAYER_TYPES:
     if layer_type not in options:
@@ -284,6 +294,12 @@ def _place(host: np.ndarray, sharding) -> jax.Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def model_class(mcfg: nn.ModelConfig) -> type:
+  """``nn.EncoderLM`` for an ``nn.EncoderConfig`` (BERT, RoBERTa, ModernBERT), else
+  ``nn.TransformerLM``."""
+  return nn.EncoderLM if isinstance(mcfg, nn.EncoderConfig) else nn.TransformerLM
+
+
 def from_pretrained(
   path,
   *,
@@ -369,7 +385,7 @@ def from_pretrained(
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
 
-  abstract = nnx.eval_shape(lambda: nn.TransformerLM(mcfg, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: model_class(mcfg)(mcfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   pure = nnx.to_pure_dict(state)
   leaves = _paths(pure)
@@ -419,7 +435,7 @@ def _initial_values(mcfg: nn.ModelConfig, paths: list, shardings, leaves: dict) 
   """
 
   def init():
-    model = nn.TransformerLM(mcfg, rngs=nnx.Rngs(0))
+    model = model_class(mcfg)(mcfg, rngs=nnx.Rngs(0))
     values = _paths(nnx.to_pure_dict(nnx.state(model)))
     return {"/".join(map(str, p)): values[p] for p in paths}
 

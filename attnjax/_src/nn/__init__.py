@@ -8,7 +8,7 @@ from attnjax._src.nn.attention import Attention
 from attnjax._src.nn.caches import CrossCache, FeatureProjection, GatedCache, KVCache, LinearCache
 from attnjax._src.nn.caches import H2OCache, QuantizedKVCache, cache_bytes
 from attnjax._src.nn.kv_policies import CACHE_POLICIES, cache_bytes_for
-from attnjax._src.nn.config import AttentionConfig, ModelConfig
+from attnjax._src.nn.config import AttentionConfig, EncoderConfig, ModelConfig
 from attnjax._src.nn.specs import (
   AttentionSpec,
   CosineSpec,
@@ -19,8 +19,10 @@ from attnjax._src.nn.specs import (
   register_family,
 )
 from attnjax._src.nn.decode import decode_step, generate, init_cache
+from attnjax._src.nn.encoder import EncoderLM, padding_mask
 from attnjax._src.nn.flax_interop import flax_attention_fn
 from attnjax._src.nn.probe import layer_stats
+from attnjax._src.nn.outliers import outlier_stats
 from attnjax._src.nn.rope import apply_rope
 from attnjax._src.nn.transformer import (
   LOGICAL_AXIS_RULES,
@@ -41,6 +43,8 @@ __all__ = [
   "CosineSpec",
   "CrossCache",
   "DenseSpec",
+  "EncoderConfig",
+  "EncoderLM",
   "FeatureProjection",
   "GatedCache",
   "H2OCache",
@@ -66,7 +70,9 @@ __all__ = [
   "layer_stats",
   "log_normalizer",
   "num_params",
+  "padding_mask",
   "register_family",
   "specs",
   "state_shardings",
+  "outlier_stats",
 ]

@@ -1,12 +1,16 @@
-"""Small shared pieces: initialisers with logical sharding names, dtype names, capture test."""
+"""Small shared pieces: initialisers with logical sharding names, dtype names, capture test,
+the linear layer (which fake-quantises under :func:`fake_quantization`)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from attnjax._src.stats.outliers import fake_quantize
 
 # Wortsman et al. 2023 (sec. 2): weights from a truncated normal with std 1 / sqrt(fan_in).
 # variance_scaling corrects the std for the truncation.
@@ -28,6 +32,54 @@ def param(value, names: tuple[Optional[str], ...]) -> nnx.Param:
   return nnx.Param(value, out_sharding=names, eager_sharding=False)
 
 
+# The bit width of fake quantisation while a forward is traced under fake_quantization().
+_QUANTIZATION: list = [None]
+
+
+@contextlib.contextmanager
+def fake_quantization(bits: int):
+  """Traces every :class:`Linear` (and the output projection) with W``bits``A``bits`` fake
+  quantisation: per-tensor symmetric weights, asymmetric inputs (``stats.fake_quantize``).
+
+  Read at trace time: use it inside the jitted function, around the forward it changes.
+  """
+  previous = _QUANTIZATION[0]
+  _QUANTIZATION[0] = bits
+  try:
+    yield
+  finally:
+    _QUANTIZATION[0] = previous
+
+
+def quantization_bits() -> Optional[int]:
+  return _QUANTIZATION[0]
+
+
+def quantize_input(x):
+  """``x`` fake-quantised (asymmetric) when tracing under :func:`fake_quantization`."""
+  bits = _QUANTIZATION[0]
+  return x if bits is None else fake_quantize(x, bits=bits, symmetric=False)
+
+
+def quantize_weight(w):
+  bits = _QUANTIZATION[0]
+  return w if bits is None else fake_quantize(w, bits=bits, symmetric=True)
+
+
+class Linear(nnx.Linear):
+  """``nnx.Linear`` whose weight and input are fake-quantised under :func:`fake_quantization`."""
+
+  def __call__(self, inputs):
+    if _QUANTIZATION[0] is None:
+      return super().__call__(inputs)
+    x = quantize_input(inputs).astype(self.dtype)
+    kernel = quantize_weight(self.kernel[...]).astype(self.dtype)
+    y = jnp.einsum("...i,io->...o", x, kernel)
+    if self.bias is not None:
+      y = y + jnp.reshape(self.bias[...].astype(self.dtype), (1,) * (y.ndim - 1) + (-1,))
+    return y
+
+
 def linear(
   d_in: int,
   d_out: int,
@@ -38,7 +90,7 @@ def linear(
   param_dtype,
   use_bias: bool = False,
 ) -> nnx.Linear:
-  return nnx.Linear(
+  return Linear(
     d_in,
     d_out,
     use_bias=use_bias,

@@ -31,7 +31,10 @@ from attnjax._src.nn.spec_base import (
   Call,
   _rope,
   check_int,
+  check_normalizer,
   check_type,
+  init_normalizer_params,
+  normalizer_param_kwargs,
   register_family,
   run_and_sow,
 )
@@ -67,7 +70,8 @@ class CompressedSpec(AttentionSpec):
       (learned ``E, F`` along the sequence; non-causal layers only).
     length: Linformer's projected length ``m``.
     max_len: Linformer's longest sequence (``E, F`` are ``[length, max_len]``).
-    normalizer: a name from :mod:`attnjax.normalizers`.
+    normalizer: a registered normaliser's name (:mod:`attnjax.normalizers`; learned
+      parameters as :class:`.ScoreSpec`'s).
     softcap: ``c`` of the ``c tanh(z / c)`` logit cap, or None.
     block_size: block size of the blockwise path.
   """
@@ -78,6 +82,7 @@ class CompressedSpec(AttentionSpec):
     "compress_v",
     "linformer_e",
     "linformer_f",
+    "normalizer_params",
   )
   op: ClassVar[str] = "compressed"
 
@@ -98,7 +103,7 @@ class CompressedSpec(AttentionSpec):
     check_int("block_size", self.block_size)
     check_type("projection", self.projection, str, "a str")
     validators.check_choice("projection", self.projection, PROJECTIONS)
-    validators.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    check_normalizer(self.normalizer)  # the live registry
     validators.check_positive_float("softcap", self.softcap)
     if self.projection == "linformer" and self.window is not None:
       raise ValueError(
@@ -117,6 +122,7 @@ class CompressedSpec(AttentionSpec):
     return bool(normalizers.get(self.normalizer).null_column)
 
   def init_params(self, layer, rngs, param_dtype) -> None:
+    init_normalizer_params(layer, self.normalizer, param_dtype)
     K, H = layer.num_kv_heads, layer.head_dim
     if self.projection == "conv":
       mean = jnp.broadcast_to(jnp.eye(H, dtype=param_dtype) / self.stride, (K, self.stride, H, H))
@@ -172,6 +178,7 @@ class CompressedSpec(AttentionSpec):
         softcap=self.softcap,
         implementation="reference" if impl == "reference" else None,
         return_stats=return_stats,
+        **normalizer_param_kwargs(layer, self.normalizer),
       )
     return fn(
       q,
@@ -187,6 +194,7 @@ class CompressedSpec(AttentionSpec):
       implementation=impl,
       return_stats=return_stats,
       block_size=self.block_size,
+      **normalizer_param_kwargs(layer, self.normalizer),
     )
 
   def _slot_weights(self, layer, q, k, v, segment_ids) -> Array:

@@ -34,7 +34,7 @@ MLP_ACTIVATIONS = {
 NORMS = ("rms", "layer", "rms_plus_one")
 MOE_EXPERTS = ("gpt_oss", "swiglu")
 MOE_ROUTERS = ("topk_softmax", "softmax", "sigmoid")
-NORM_PLACEMENTS = ("pre", "sandwich", "post")
+NORM_PLACEMENTS = ("pre", "sandwich", "post", "post_residual")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # The common fields of every layer, in order.
@@ -377,7 +377,9 @@ class ModelConfig:
     param_dtype: parameter dtype name.
     remat: rematerialise each block in the backward pass (``nnx.remat``).
     norm_placement: ``"pre"`` (``h + f(norm(h))``), ``"sandwich"`` (``h +
-      norm'(f(norm(h)))``, Gemma 2/3) or ``"post"`` (``h + norm'(f(h))``, OLMo 2),
+      norm'(f(norm(h)))``, Gemma 2/3), ``"post"`` (``h + norm'(f(h))``, OLMo 2) or
+      ``"post_residual"`` (``norm'(h + f(h))``, the original Transformer's and
+      BERT's post-LN; the last block's output is the features, no final norm),
       for the attention and the MLP alike.
     mlp_activation: the MLP's activation, None = the kind's (``"gelu_tanh"`` for
       ``"gelu"`` and ``"geglu"``, ``"silu"`` for ``"swiglu"``); ``"gelu"`` and
@@ -413,6 +415,13 @@ class ModelConfig:
     embed_scale: multiplier of the token embeddings, cast to ``param_dtype``
       first (Gemma: ``sqrt(D)``); None = none.
     final_softcap: ``c`` of ``c tanh(logits / c)`` on the output logits (Gemma 2); None = none.
+    norm_bias: LayerNorm's bias (``norm="layer"``); False as ModernBERT's ``norm_bias``.
+    token_types: number of learned token-type (segment) embeddings added to the
+      token embeddings (BERT's ``type_vocab_size``); None = none.
+    embed_norm: a norm of the summed embeddings before the first block (BERT,
+      ModernBERT).
+    first_attn_norm: the first block has its attention norm (``"pre"`` and
+      ``"sandwich"``); False as ModernBERT, whose embeddings are already normed.
   """
 
   vocab_size: int = 256
@@ -451,6 +460,10 @@ class ModelConfig:
   learned_positions: Optional[int] = None
   embed_scale: Optional[float] = None
   final_softcap: Optional[float] = None
+  norm_bias: bool = True
+  token_types: Optional[int] = None
+  embed_norm: bool = False
+  first_attn_norm: bool = True
 
   def __post_init__(self):
     if isinstance(self.moe_dense_layers, list):  # read back from JSON
@@ -481,7 +494,14 @@ class ModelConfig:
     validators.check_positive_float("norm_eps", self.norm_eps, allow_none=False)
     validators.check_choice("dtype", self.dtype, DTYPES)
     validators.check_choice("param_dtype", self.param_dtype, DTYPES)
-    for name in ("tie_embeddings", "remat", "mlp_bias"):
+    for name in (
+      "tie_embeddings",
+      "remat",
+      "mlp_bias",
+      "norm_bias",
+      "embed_norm",
+      "first_attn_norm",
+    ):
       check_type(name, getattr(self, name), bool, "a bool")
     validators.check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
     if self.mlp_activation is not None:
@@ -492,6 +512,9 @@ class ModelConfig:
           f"mlp={self.mlp!r} (it takes: {allowed or 'none'})"
         )
     check_int("learned_positions", self.learned_positions, allow_none=True)
+    check_int("token_types", self.token_types, allow_none=True)
+    if not self.norm_bias and self.norm != "layer":
+      raise ValueError(f"norm_bias=False applies to norm='layer' only, got norm={self.norm!r}")
     validators.check_positive_float("embed_scale", self.embed_scale)
     validators.check_positive_float("final_softcap", self.final_softcap)
     if self.mlp == "moe":
@@ -577,3 +600,72 @@ class ModelConfig:
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
+
+
+HEAD_ACTIVATIONS = ("gelu_exact", "gelu_tanh", "silu")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig(ModelConfig):
+  """A bidirectional encoder LM (BERT, RoBERTa, ModernBERT): a :class:`ModelConfig` whose
+  every layer has ``is_causal=False``, with a masked-LM head.
+
+  The defaults are BERT's choices at attnjax's small size: post-LN
+  (``norm_placement="post_residual"``), LayerNorm, a norm of the embeddings, two
+  token types, GELU (erf) and biases; positions are RoPE (the attention default)
+  unless ``learned_positions`` is set and ``rope_theta=None``.
+
+  Attributes:
+    mlm_head: the masked-LM head: ``norm(act(dense(h)))``, then the tied (or
+      ``head``) output projection plus ``output_bias``. False: the encoder alone
+      (``BertModel``), whose call returns the features ``[B, T, D]``.
+    head_activation: the head's activation (``"gelu_exact"``, ``"gelu_tanh"``, ``"silu"``).
+    head_bias: the head's dense layer has a bias (ModernBERT's ``classifier_bias``).
+    output_bias: a bias ``[V]`` on the output logits (BERT's ``cls.predictions.bias``).
+    pooler: BERT's pooler, ``tanh(dense(h[:, 0]))``, read by :meth:`EncoderLM.pooled`.
+    pad_token_id: the padding token (RoBERTa's positions skip it); None = none.
+    position_offset: None: positions ``0..T-1`` (BERT). An int: RoBERTa's
+      positions, which number the tokens that are not ``pad_token_id`` from
+      ``position_offset`` (its ``padding_idx + 1``) and put padding at
+      ``position_offset - 1``.
+  """
+
+  attention: AttentionConfig = AttentionConfig(is_causal=False)
+  mlp_activation: Optional[str] = "gelu_exact"
+  mlp_bias: bool = True
+  norm: str = "layer"
+  norm_eps: float = 1e-12
+  norm_placement: str = "post_residual"
+  token_types: Optional[int] = 2
+  embed_norm: bool = True
+  mlm_head: bool = True
+  head_activation: str = "gelu_exact"
+  head_bias: bool = True
+  output_bias: bool = True
+  pooler: bool = False
+  pad_token_id: Optional[int] = None
+  position_offset: Optional[int] = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    for i in range(self.num_layers):
+      a = self.attention_for(i)
+      if a.is_causal:
+        where = "attention" if self.layer_attention is None else f"layer_attention[{i}]"
+        raise ValueError(
+          f"{where} has is_causal=True: every layer of an EncoderConfig is bidirectional "
+          f"(AttentionConfig(is_causal=False, ...))"
+        )
+    for name in ("mlm_head", "head_bias", "output_bias", "pooler"):
+      check_type(name, getattr(self, name), bool, "a bool")
+    validators.check_choice("head_activation", self.head_activation, HEAD_ACTIVATIONS)
+    check_int("pad_token_id", self.pad_token_id, allow_none=True, minimum=0)
+    check_int("position_offset", self.position_offset, allow_none=True, minimum=1)
+    if self.position_offset is not None:
+      if self.pad_token_id is None:
+        raise ValueError(
+          f"position_offset={self.position_offset} needs pad_token_id (RoBERTa's positions "
+          f"skip the padding tokens)"
+        )
+      if self.learned_positions is None:
+        raise ValueError(f"position_offset={self.position_offset} needs learned_positions")

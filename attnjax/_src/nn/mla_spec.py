@@ -66,7 +66,11 @@ class MLASpec(DotProductSpec):
 
   family: ClassVar[str] = "mla"
   op: ClassVar[str] = "mla"
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "sink_logits",
+    "relative_bias_table",
+    "normalizer_params",
+  )
   takes_cross: ClassVar[bool] = False
   plain_values: ClassVar[bool] = False
 

@@ -45,8 +45,11 @@ class PlusOneRMSNorm(nnx.Module):
     return (y * gain).astype(self.dtype)
 
 
-def norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype):
-  """A norm over the last axis of width ``d``: ``"rms"``, ``"layer"`` or ``"rms_plus_one"``."""
+def norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype, use_bias: bool = True):
+  """A norm over the last axis of width ``d``: ``"rms"``, ``"layer"`` or ``"rms_plus_one"``.
+
+  ``use_bias=False`` drops LayerNorm's bias (ModernBERT's ``norm_bias=False``).
+  """
   names = _layers.with_names
   if kind == "rms":
     return nnx.RMSNorm(
@@ -64,6 +67,7 @@ def norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype):
     epsilon=eps,
     dtype=dtype,
     param_dtype=param_dtype,
+    use_bias=use_bias,
     scale_init=names(jax.nn.initializers.ones, ("embed",)),
     bias_init=names(jax.nn.initializers.zeros, ("embed",)),
     rngs=rngs,

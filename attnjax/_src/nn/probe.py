@@ -16,6 +16,7 @@ from attnjax._src import stats as stats_lib
 from attnjax._src.deprecation import warn_once
 from attnjax._src.attention_stats import AttentionStats
 from attnjax._src.nn import intermediates
+from attnjax._src.nn.encoder import EncoderLM
 from attnjax._src.nn.transformer import TransformerLM, _sown_stats
 from attnjax._src.stats.inputs import check_probability, shape_of, stats_layers
 from attnjax._src.stats.capture import ProbeCapture, capture_statistics
@@ -112,6 +113,8 @@ def _capture(model: TransformerLM, tokens: Array, *, weights: bool = True) -> Pr
 def _summary_pass(model, tokens, *, weights: bool, options: tuple) -> dict:
   capture = _capture(model, tokens, weights=weights)
   out = capture_statistics(capture, **dict(options))
+  if isinstance(model, EncoderLM):
+    return out  # no next token to predict: an encoder's loss is its masked-LM loss
   # Next-token cross-entropy of the probe batch (nats), beside the statistics.
   logp = jax.nn.log_softmax(capture.logits[:, :-1].astype(jnp.float32), axis=-1)
   target = tokens[:, 1:]
@@ -221,6 +224,8 @@ def layer_stats(
   z_loss_coef: float = 1e-4,
   massive_abs: float = 100.0,
   massive_ratio: float = 1000.0,
+  attention_mask: Optional[Array] = None,
+  token_type_ids: Optional[Array] = None,
 ):
   """Statistics per layer of one forward pass of ``model`` on ``tokens``.
 
@@ -228,8 +233,9 @@ def layer_stats(
 
   - ``"summary"``: every statistic of ``attnjax.stats`` over the layers as a
     flat ``dict[str, Array]`` keyed ``"<metric>/<field>"`` (per-layer ``[L]``,
-    per-head ``[L, N]``, scalars) plus ``loss``, the next-token cross-entropy
-    of the batch; :func:`attnjax.stats.to_jsonable` makes it JSON. The keys are
+    per-head ``[L, N]``, scalars) plus ``loss``, the next-token cross-entropy of the
+    batch (not for an ``EncoderLM``: its loss is the masked-LM loss of
+    ``attnjax.nn.outlier_stats``); :func:`attnjax.stats.to_jsonable` makes it JSON. The keys are
     those the sections of ``docs/guides/diagnostics.md`` define (Sink_1^eps of
     Gu et al. on row-normalised weights, F-Attn of Qiu et al., entropy, max
     logit, null and gate mass, q/k RMS and cosine, sink geometry, value
@@ -267,6 +273,8 @@ def layer_stats(
       only: the ``Sink_1^eps`` threshold, the H2O sparsity threshold (fraction of
       the row maximum), the z-loss coefficient of ``output/z_loss`` and the
       massive-activation thresholds.
+    attention_mask, token_type_ids: ``"sown"`` only, an ``attnjax.nn.EncoderLM``'s
+      padding mask and token types ``[B, T]`` (its call's arguments).
 
   Returns:
     The view's value, as above.
@@ -304,8 +312,18 @@ def layer_stats(
   weights = bool(view != "sown" if weights is None else weights)
   if view == "summary":
     return (_summary_jit if jit else _summary_pass)(model, tokens, weights=weights, options=options)
+  inputs = {
+    name: value
+    for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids))
+    if value is not None
+  }
+  if inputs and (view != "sown" or not isinstance(model, EncoderLM)):
+    raise ValueError(
+      f"{', '.join(inputs)}: arguments of an attnjax.nn.EncoderLM's call, taken by "
+      f"view='sown'; got view={view!r} and a {type(model).__name__}"
+    )
   if view == "sown":
-    return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit)
+    return _sown_stats(model, tokens, weights=weights, hidden=hidden, jit=jit, inputs=inputs)
   if view == "streaming":
     return (_streaming_jit if jit else _streaming_pass)(model, tokens)
   return (_capture_jit if jit else _capture)(model, tokens, weights=weights)

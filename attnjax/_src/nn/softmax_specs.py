@@ -31,7 +31,10 @@ from attnjax._src.nn.spec_base import (
   AttentionSpec,
   Call,
   check_int,
+  check_normalizer,
   check_type,
+  init_normalizer_params,
+  normalizer_param_kwargs,
   register_family,
   run_and_sow,
 )
@@ -48,7 +51,9 @@ class ScoreSpec(AttentionSpec):
   """Options of every family that normalises logits (dense kernel and sparse).
 
   Attributes:
-    normalizer: a name from :mod:`attnjax.normalizers`.
+    normalizer: a registered normaliser's name (:mod:`attnjax.normalizers`); one that
+      declares learned parameters gets them as ``normalizer_params`` (an ``nnx.Dict`` of
+      ``[N]`` or scalar parameters at their ``init``).
     softcap: ``c`` of the ``c tanh(z / c)`` logit cap, or None.
     sink_logits: learn a per-head null logit ``[N]`` (gpt-oss; softmax only).
     alibi: add ALiBi's ``-slope_n |i - j|`` (:func:`attnjax.mods.alibi`, fixed
@@ -74,7 +79,11 @@ class ScoreSpec(AttentionSpec):
       tokens (``sinks_window``).
   """
 
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "relative_bias_table")
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "sink_logits",
+    "relative_bias_table",
+    "normalizer_params",
+  )
   op: ClassVar[str] = "dense"
 
   normalizer: str = "softmax"
@@ -100,16 +109,17 @@ class ScoreSpec(AttentionSpec):
       fn = getattr(self, name)
       if fn is not None and not callable(fn):
         raise TypeError(f"{name} must be a callable (see attnjax.mods) or None, got {fn!r}")
-    validators.check_choice("normalizer", self.normalizer, normalizers.NORMALIZERS)
+    nz = check_normalizer(self.normalizer)  # the live registry
     validators.check_positive_float("softcap", self.softcap)
     check_type("sink_logits", self.sink_logits, bool, "a bool")
-    if self.sink_logits and not normalizers.get(self.normalizer).accepts_sink_logits:
+    if self.sink_logits and not nz.accepts_sink_logits:
       raise ValueError(
         f"sink_logits=True adds a learned null column to softmax; it cannot be combined "
         f"with normalizer={self.normalizer!r}"
       )
 
   def init_params(self, layer, rngs, param_dtype) -> None:
+    init_normalizer_params(layer, self.normalizer, param_dtype)
     if self.sink_logits:
       layer.sink_logits = _layers.param(jnp.zeros((layer.num_heads,), param_dtype), ("heads",))
     if self.relative_bias:
@@ -151,6 +161,7 @@ class ScoreSpec(AttentionSpec):
     )
     if self.sink_logits:
       out["sink_logits"] = layer.sink_logits[...]
+    out.update(normalizer_param_kwargs(layer, self.normalizer))
     out.update(self.modifier_kwargs(layer))
     return out
 
@@ -465,7 +476,9 @@ class DotProductSpec(ScoreSpec):
     kv_bias: learn one extra key/value pair per key/value head that every query
       may attend to (Sun et al. 2024, "attention bias"); it is appended after the
       real keys, so key 0 stays the first token for sink statistics.
-    window: causal sliding window: query ``i`` sees keys ``i - window .. i``.
+    window: sliding window: query ``i`` sees keys ``i - window .. i`` (causal), or
+      ``i - window .. i + window`` in an encoder layer (``is_causal=False``, ModernBERT's
+      local layers).
     num_sinks: with ``window``, the first ``num_sinks`` tokens stay visible to
       every query (StreamingLLM sinks + window).
     streaming_rope: how a sinks-window decode cache rotates keys: ``"cache"``
@@ -477,7 +490,12 @@ class DotProductSpec(ScoreSpec):
       its first query.
   """
 
-  optional_params: ClassVar[tuple[str, ...]] = ("sink_logits", "k_bias", "v_bias")
+  optional_params: ClassVar[tuple[str, ...]] = (
+    "sink_logits",
+    "k_bias",
+    "v_bias",
+    "normalizer_params",
+  )
 
   kv_bias: bool = False
   window: Optional[int] = None
@@ -512,8 +530,17 @@ class DotProductSpec(ScoreSpec):
       )
 
   def check(self, config) -> None:
-    if not config.is_causal and self.window is not None:
-      raise ValueError(f"window={self.window} needs is_causal=True (a causal sliding window)")
+    if not config.is_causal and (self.num_sinks or self.cache_policy in kv_policies.EVICTING):
+      raise ValueError(
+        f"num_sinks={self.num_sinks}, cache_policy={self.cache_policy!r}: sinks and "
+        f"evicting caches need is_causal=True (a decoder)"
+      )
+
+  def structure_window(self, config) -> Optional[tuple[int, int]]:
+    """The ``(left, right)`` window of the layer: ``(w, 0)`` causal, ``(w, w)`` in an encoder."""
+    if self.window is None:
+      return None
+    return (self.window, 0) if config.is_causal else (self.window, self.window)
 
   def init_params(self, layer, rngs, param_dtype) -> None:
     super().init_params(layer, rngs, param_dtype)
@@ -539,6 +566,10 @@ class DotProductSpec(ScoreSpec):
   def allowed(self, layer, q_positions, k_positions, length):
     if not layer.config.is_causal:
       allowed = jnp.ones((1, 1, q_positions.shape[0], k_positions.shape[0]), bool)
+      if self.window is not None:
+        allowed = masks.structural_mask(
+          q_positions, k_positions, window=self.structure_window(layer.config)
+        )
     elif self.num_sinks:
       pattern = patterns.sinks_window(self.num_sinks, self.window)
       allowed = pattern.allowed(q_positions, k_positions, None)[None, None]
@@ -553,7 +584,7 @@ class DotProductSpec(ScoreSpec):
     fn = functools.partial(self.function(layer), **self.kwargs(layer))
     if not self.kv_bias and not self.num_sinks:
       # The structure as is_causal/window, so fast paths can skip blocks.
-      window = None if self.window is None else (self.window, 0)
+      window = self.structure_window(c)
       extra = {} if call.segment_ids is None else {"segment_ids": call.segment_ids}
       return (
         functools.partial(fn, mask=call.mask, is_causal=c.is_causal, window=window, **extra),

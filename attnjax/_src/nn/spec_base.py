@@ -10,8 +10,9 @@ import math
 from typing import Any, Callable, ClassVar, Optional
 
 import jax.numpy as jnp
+from flax import nnx
 
-from attnjax._src import feature_maps, op, validators
+from attnjax._src import feature_maps, normalizers, op, validators
 from attnjax._src.nn import _context, _layers
 from attnjax._src.nn.rope import apply_rope
 
@@ -94,6 +95,34 @@ class Call:
       idx if self.positions is None else self.positions, (batch, length)
     ).astype(jnp.int32)
     return idx, seg, rope
+
+
+def check_normalizer(normalizer: Any) -> normalizers.Normalizer:
+  """The registered normaliser a spec names (TypeError / ValueError naming the field)."""
+  return normalizers.get(normalizer)
+
+
+def init_normalizer_params(layer, normalizer: str, param_dtype) -> None:
+  """``layer.normalizer_params``: the learned parameters a weights-only normaliser declares
+  (:class:`attnjax.normalizers.Param`), ``[N]`` per head or a scalar, at their ``init``."""
+  declared = normalizers.get(normalizer).params
+  if declared:
+    layer.normalizer_params = nnx.Dict(
+      {
+        p.name: _layers.param(
+          jnp.full(p.shape(layer.num_heads), p.init, param_dtype), ("heads",) if p.per_head else ()
+        )
+        for p in declared
+      }
+    )
+
+
+def normalizer_param_kwargs(layer, normalizer: str) -> dict[str, Any]:
+  """``{"normalizer_params": {...}}`` of a layer whose normaliser declares parameters, else {}."""
+  declared = normalizers.get(normalizer).params
+  if not declared:
+    return {}
+  return {"normalizer_params": {p.name: layer.normalizer_params[p.name][...] for p in declared}}
 
 
 def _rope(layer, x: Array, positions: Array) -> Array:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from attnjax._src.deprecation import warn_once
@@ -29,18 +30,27 @@ from attnjax._src.nn.mlp import MLP
 Array = jnp.ndarray
 
 
-def _norm(kind: str, d: int, eps: float, *, rngs, dtype, param_dtype):
-  return mlp_lib.norm(kind, d, eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+def _norm(config: ModelConfig, *, rngs, dtype, param_dtype):
+  return mlp_lib.norm(
+    config.norm,
+    config.d_model,
+    config.norm_eps,
+    rngs=rngs,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    use_bias=config.norm_bias,
+  )
 
 
 class TransformerBlock(nnx.Module):
   """One block: attention then MLP, each added to the residual stream ``h``.
 
   The norms sit as ``config.norm_placement`` says: ``"pre"`` (``h + f(norm(h))``,
-  the default), ``"sandwich"`` (``h + post_norm(f(norm(h)))``) or ``"post"``
-  (``h + post_norm(f(h))``). Parameters: ``attn_norm`` / ``mlp_norm`` (not with
-  ``"post"``), ``attn_post_norm`` / ``mlp_post_norm`` (``"sandwich"``,
-  ``"post"``), ``attention``, ``mlp`` (none if ``mlp="none"``).
+  the default), ``"sandwich"`` (``h + post_norm(f(norm(h)))``), ``"post"``
+  (``h + post_norm(f(h))``) or ``"post_residual"`` (``post_norm(h + f(h))``, BERT).
+  Parameters: ``attn_norm`` / ``mlp_norm`` (``"pre"``, ``"sandwich"``; not the first
+  block's ``attn_norm`` with ``config.first_attn_norm=False``), ``attn_post_norm`` /
+  ``mlp_post_norm`` (the others), ``attention``, ``mlp`` (none if ``mlp="none"``).
 
   Args:
     config: the :class:`.ModelConfig`.
@@ -53,13 +63,14 @@ class TransformerBlock(nnx.Module):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     D = config.d_model
     has_mlp = config.mlp != "none"
-    pre = config.norm_placement != "post"
+    pre = config.norm_placement in ("pre", "sandwich")
     post = config.norm_placement != "pre"
+    self.residual_norm = config.norm_placement == "post_residual"
 
     def norm(present: bool):
-      return _norm(config.norm, D, config.norm_eps, **kw) if present else None
+      return _norm(config, **kw) if present else None
 
-    self.attn_norm = norm(pre)
+    self.attn_norm = norm(pre and (layer > 0 or config.first_attn_norm))
     self.attention = Attention(config.attention_for(layer), D, **kw)
     self.mlp_norm = norm(has_mlp and pre)
     if not has_mlp:
@@ -103,6 +114,7 @@ class TransformerBlock(nnx.Module):
     self,
     h: Array,
     *,
+    mask: Optional[Array] = None,
     segment_ids: Optional[Array] = None,
     positions: Optional[Array] = None,
     sow_weights: Optional[bool] = None,
@@ -111,11 +123,14 @@ class TransformerBlock(nnx.Module):
     """``h`` ``[B, T, D]`` -> ``[B, T, D]``; the other arguments as :class:`.Attention`'s."""
     a = self.attention(
       self._apply(self.attn_norm, h),
+      mask=mask,
       segment_ids=segment_ids,
       positions=positions,
       sow_weights=sow_weights,
     )
-    h = self._feed_forward(h + self._apply(self.attn_post_norm, a))
+    if sow_hidden:
+      _layers.sow(self, "attn_out", a)
+    h = self._feed_forward(self._residual(h, a, self.attn_post_norm), sow_hidden)
     self._sow_hidden(h, sow_hidden)
     return h
 
@@ -136,7 +151,7 @@ class TransformerBlock(nnx.Module):
       positions=positions,
       sow_weights=sow_weights,
     )
-    h = self._feed_forward(h + self._apply(self.attn_post_norm, a))
+    h = self._feed_forward(self._residual(h, a, self.attn_post_norm), False)
     self._sow_hidden(h, sow_hidden)
     return h, cache
 
@@ -144,10 +159,19 @@ class TransformerBlock(nnx.Module):
   def _apply(norm, x: Array) -> Array:
     return x if norm is None else norm(x)
 
-  def _feed_forward(self, h: Array) -> Array:
+  def _residual(self, h: Array, f: Array, post_norm) -> Array:
+    """``h + post_norm(f)``, or ``post_norm(h + f)`` with ``"post_residual"``."""
+    if self.residual_norm:
+      return post_norm(h + f)
+    return h + self._apply(post_norm, f)
+
+  def _feed_forward(self, h: Array, sow_output: bool) -> Array:
     if self.mlp is None:
       return h
-    return h + self._apply(self.mlp_post_norm, self.mlp(self._apply(self.mlp_norm, h)))
+    f = self.mlp(self._apply(self.mlp_norm, h))
+    if sow_output:
+      _layers.sow(self, "mlp_out", f)
+    return self._residual(h, f, self.mlp_post_norm)
 
   def _sow_hidden(self, h: Array, full: bool) -> None:
     if not _layers.capturing(self):
@@ -194,8 +218,10 @@ class TransformerLM(nnx.Module):
     self.blocks = nnx.List(
       [TransformerBlock(config, i, rngs=rngs) for i in range(config.num_layers)]
     )
-    self.final_norm = _norm(
-      config.norm, D, config.norm_eps, rngs=rngs, dtype=dtype, param_dtype=param_dtype
+    # post_residual blocks end in a norm: their last output is the features.
+    post_residual = config.norm_placement == "post_residual"
+    self.final_norm = (
+      None if post_residual else _norm(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     )
     if not config.tie_embeddings:
       self.head = _layers.linear(
@@ -212,6 +238,22 @@ class TransformerLM(nnx.Module):
         embedding_init=_layers.with_names(embed_init, (None, "embed")),
         rngs=rngs,
       )
+    )
+    # Declared last: the rngs stream of the decoders before them is unchanged.
+    self.token_type_embed = (
+      None
+      if config.token_types is None
+      else nnx.Embed(
+        config.token_types,
+        D,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        embedding_init=_layers.with_names(embed_init, (None, "embed")),
+        rngs=rngs,
+      )
+    )
+    self.embed_norm = (
+      _norm(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype) if config.embed_norm else None
     )
 
   def __call__(
@@ -263,25 +305,38 @@ class TransformerLM(nnx.Module):
     ``[B, T, V]`` logits at once. Arguments as calling the model.
     """
     h = self._embed(tokens, positions)
+    return self._blocks(
+      h,
+      mask=None,
+      segment_ids=segment_ids,
+      positions=positions,
+      sow_weights=sow_weights,
+      sow_hidden=sow_hidden,
+    )
+
+  def _blocks(self, h, *, mask, segment_ids, positions, sow_weights, sow_hidden) -> Array:
+    """The blocks and the final norm over the embedded tokens ``h`` ``[B, T, D]``."""
     flags = dict(sow_weights=sow_weights, sow_hidden=sow_hidden)
+
+    def run(blk, h, mask, seg, pos):
+      return blk(h, mask=mask, segment_ids=seg, positions=pos, **flags)
+
     for block in self.blocks:
       if self.config.remat:
-        h = nnx.remat(lambda blk, h, seg, pos: blk(h, segment_ids=seg, positions=pos, **flags))(
-          block, h, segment_ids, positions
-        )
+        h = nnx.remat(run)(block, h, mask, segment_ids, positions)
       else:
-        h = block(h, segment_ids=segment_ids, positions=positions, **flags)
-    return self.final_norm(h)
+        h = run(block, h, mask, segment_ids, positions)
+    return TransformerBlock._apply(self.final_norm, h)
 
   def output_logits(self, features: Array) -> Array:
     """Float32 logits ``[..., T, V]`` of :meth:`features` ``[..., T, D]``: the output head
     (the tied embedding or ``head``) and ``config.final_softcap``."""
-    h = features
+    h = _layers.quantize_input(features)
     if self.config.tie_embeddings:
-      w = self.embed.embedding[...].astype(h.dtype)
+      w = _layers.quantize_weight(self.embed.embedding[...]).astype(h.dtype)
       logits = jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
     else:
-      w = self.head.kernel[...].astype(h.dtype)
+      w = _layers.quantize_weight(self.head.kernel[...]).astype(h.dtype)
       logits = jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
     logits = logits.astype(jnp.float32)
     return softcap(logits, self.config.final_softcap)
@@ -320,16 +375,21 @@ class TransformerLM(nnx.Module):
         sow_hidden=sow_hidden,
       )
       new_cache.append(layer_cache)
-    return self._logits(self.final_norm(h), False), new_cache
+    return self._logits(TransformerBlock._apply(self.final_norm, h), False), new_cache
 
   def init_cache(self, batch_size: int, max_len: int) -> list:
     """Empty per-layer caches (a list, a pytree) for sequences up to ``max_len`` tokens."""
     return [block.attention.init_cache(batch_size, max_len) for block in self.blocks]
 
-  def _embed(self, tokens: Array, positions: Optional[Array] = None) -> Array:
+  def _embed(
+    self, tokens: Array, positions: Optional[Array] = None, token_type_ids: Optional[Array] = None
+  ) -> Array:
+    """Token embeddings (scaled), plus learned positions and token types, then ``embed_norm``."""
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"tokens must be integer [B, T], got {tokens.dtype} {tokens.shape}")
     c = self.config
+    if not isinstance(tokens, jax.core.Tracer):
+      check_token_ids(tokens, c.vocab_size)
     h = self.embed(tokens)
     if c.embed_scale is not None:
       h = h * jnp.asarray(c.embed_scale, c.param_dtype).astype(h.dtype)
@@ -344,7 +404,16 @@ class TransformerLM(nnx.Module):
         positions = jnp.arange(T, dtype=jnp.int32)
       pos = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), tokens.shape)
       h = h + self.position_embed(pos).astype(h.dtype)
-    return h
+    if self.token_type_embed is not None:
+      if token_type_ids is None:
+        token_type_ids = jnp.zeros(tokens.shape, jnp.int32)
+      h = h + self.token_type_embed(token_type_ids).astype(h.dtype)
+    elif token_type_ids is not None:
+      raise ValueError(
+        f"token_type_ids {jnp.shape(token_type_ids)}: this model has no token-type "
+        f"embeddings (ModelConfig.token_types=None)"
+      )
+    return TransformerBlock._apply(self.embed_norm, h)
 
   def _logits(self, features: Array, return_log_z: bool):
     logits = self.output_logits(features)
@@ -398,6 +467,28 @@ def state_shardings(model: nnx.Module, mesh: jax.sharding.Mesh, rules=LOGICAL_AX
     return nnx.get_named_sharding(nnx.state(model), mesh)
 
 
+def check_token_ids(tokens, vocab_size: int) -> None:
+  """Raises ValueError unless every id of concrete ``tokens`` is in ``[0, vocab_size)``.
+
+  The model checks the ids it is given outside ``jax.jit`` (an embedding lookup past the
+  table gives NaN logits, a negative id wraps to the table's end). Under ``jax.jit`` the ids
+  are traced: wrap the jitted function with ``jax.experimental.checkify.checkify(fn,
+  errors=checkify.index_checks)``, whose error reports an id ``>= vocab_size`` (a negative
+  id is a valid index there: check those before).
+  """
+  ids = np.asarray(tokens)
+  if ids.size == 0:
+    return
+  bad = (ids < 0) | (ids >= vocab_size)
+  if bad.any():
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(
+      f"tokens hold ids outside [0, vocab_size={vocab_size}): {int(bad.sum())} of {ids.size}, "
+      f"first {int(ids[where])} at {list(where)} (min {int(ids.min())}, max {int(ids.max())}); "
+      f"an id past the embedding table gives NaN logits"
+    )
+
+
 def log_normalizer(logits: Array) -> Array:
   """``log Z = logsumexp(logits)`` over the vocabulary.
 
@@ -433,23 +524,34 @@ def num_params(model: nnx.Module, *, exclude_embeddings: bool = False) -> int:
 # Statistics of one forward pass.
 
 
-def _forward_for_stats(model, tokens, *, weights: bool, hidden: bool):
-  return model(tokens, sow_weights=weights or None, sow_hidden=hidden)
+def _forward_for_stats(model, tokens, inputs=None, *, weights: bool, hidden: bool):
+  return model(tokens, sow_weights=weights or None, sow_hidden=hidden, **(inputs or {}))
 
 
 _jit_forward_for_stats = nnx.jit(_forward_for_stats, static_argnames=("weights", "hidden"))
 
 
 def _sown_stats(
-  model: TransformerLM, tokens: Array, *, weights: bool, hidden: bool, jit: bool
+  model: TransformerLM,
+  tokens: Array,
+  *,
+  weights: bool,
+  hidden: bool,
+  jit: bool,
+  inputs: Optional[dict] = None,
 ) -> dict[str, Any]:
-  """The ``"sown"`` view of ``attnjax.nn.layer_stats``: one pass read from ``nnx.Intermediate``."""
+  """The ``"sown"`` view of ``attnjax.nn.layer_stats``: one pass read from ``nnx.Intermediate``.
+
+  ``inputs``: more keyword arguments of the model's call (an encoder's ``attention_mask``).
+  """
   fwd = _jit_forward_for_stats if jit else _forward_for_stats
-  logits, inter = nnx.capture(fwd, nnx.Intermediate)(model, tokens, weights=weights, hidden=hidden)
+  logits, inter = nnx.capture(fwd, nnx.Intermediate)(
+    model, tokens, inputs, weights=weights, hidden=hidden
+  )
   recorded = intermediates.read(inter, len(model.blocks))
   return {
     "logits": logits,
-    "log_z": recorded.model["log_z"],
+    "log_z": recorded.model.get("log_z"),
     "layers": [intermediates.fields(layer) for layer in recorded.layers],
   }
 

@@ -195,6 +195,11 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
   sink = inputs.sink_logits
   if sink is not None:
     sink = jax.lax.dynamic_slice_in_dim(sink, d * per, per, axis=1)
+  # A normaliser's per-head parameters follow their heads ([1, N|1, 1, 1]).
+  params = tuple(
+    x if x.shape[1] == 1 else jax.lax.dynamic_slice_in_dim(x, d * per, per, axis=1)
+    for x in inputs.normalizer_params
+  )
   first = (d * per).astype(jnp.int32)
   mask_mod, mask_args = opts.mask_mod, tuple(inputs.mask_mod_args)
   if mask_mod is not None:
@@ -210,6 +215,7 @@ def _all_to_all(inputs, opts, implementation, run_local, P: int):
     k=k_full,
     v=v_full,
     sink_logits=sink,
+    normalizer_params=params,
     q_segment_ids=gather(inputs.q_segment_ids),
     kv_segment_ids=gather(inputs.kv_segment_ids),
     score_mod_args=score_args,

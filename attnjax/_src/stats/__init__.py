@@ -9,6 +9,13 @@ from attnjax._src.stats.activations import kurtosis, massive_activations, output
 from attnjax._src.stats.capture import SINK_CURVE_EPS, ProbeCapture, probe_statistics
 from attnjax._src.stats.geometry import qk_statistics, sink_geometry, value_state_drain
 from attnjax._src.stats.jsonable import flatten, to_jsonable
+from attnjax._src.stats.outliers import (
+  OutlierStats,
+  fake_quantize,
+  masked_lm_loss,
+  outlier_statistics,
+  quantization_step,
+)
 from attnjax._src.stats.approximation import feature_map_attention_error, kernel_approximation_error
 from attnjax._src.stats.results import (
   AttentionEntropy,
@@ -29,6 +36,7 @@ from attnjax._src.stats.sinks import (
   max_attention_logit,
   null_mass,
   sink_rate,
+  token_mass,
 )
 
 # Names that moved out of the functions layer (they run a model or read a
@@ -82,4 +90,10 @@ __all__ = [
   "sink_rate",
   "to_jsonable",
   "value_state_drain",
+  "OutlierStats",
+  "fake_quantize",
+  "masked_lm_loss",
+  "outlier_statistics",
+  "quantization_step",
+  "token_mass",
 ]

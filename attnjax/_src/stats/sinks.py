@@ -396,3 +396,53 @@ attention_sparsity = jax.jit(
   _attention_sparsity, static_argnames=("threshold", "is_causal", "window")
 )
 attention_sparsity.__doc__ = _attention_sparsity.__doc__
+
+
+def _token_mass(weights, tokens, token_ids: tuple[int, ...], attention_mask=None) -> Array:
+  w = jnp.asarray(weights)
+  if w.ndim == 4:
+    w = w[None]
+  if w.ndim != 5:
+    raise ValueError(
+      f"weights must be [B, N, T, S] or [L, B, N, T, S], got shape {shape_of(weights)}"
+    )
+  L, B, N, T, S = w.shape
+  tokens = jnp.asarray(tokens)
+  if tokens.shape != (B, S):
+    raise ValueError(
+      f"tokens must be [B, S] = {(B, S)} like the weights' keys, got {shape_of(tokens)}"
+    )
+  hit = jnp.isin(tokens, jnp.asarray(token_ids, tokens.dtype)).astype(jnp.float32)  # [B, S]
+  mass = jnp.einsum("lbnts,bs->lbnt", w.astype(jnp.float32), hit)
+  rows = jnp.ones((B, T), jnp.float32)
+  if attention_mask is not None:
+    rows = jnp.asarray(attention_mask).astype(jnp.float32)[:, :T]
+  return (
+    jnp.sum(mass * rows[None, :, None, :], axis=-1)
+    / jnp.maximum(jnp.sum(rows, axis=-1), 1.0)[None, :, None]
+  )
+
+
+_token_mass_jit = jax.jit(_token_mass, static_argnames=("token_ids",))
+
+
+def token_mass(weights, tokens, token_ids, *, attention_mask=None) -> Array:
+  """Mean attention weight on the keys whose token is one of ``token_ids``, per layer and head.
+
+  Definition: ``sum_{j: tokens_j in ids} A_ij``, averaged over the queries ``i`` that are
+  not padding. Clark et al. 2019 ("What does BERT look at?") found BERT's heads putting most
+  of their mass on ``[CLS]``, ``[SEP]`` and punctuation; Bondarenko et al. 2023 tie it to
+  heads that learn to do nothing. With ``token_ids`` the ``[CLS]`` id this is the
+  first-token mass of an encoder (every query, not only ``i >= 1``).
+
+  Args:
+    weights: ``[L, B, N, T, S]`` (or ``[B, N, T, S]``) attention weights.
+    tokens: ``[B, S]`` int: the keys' token ids.
+    token_ids: the tokens whose mass is counted (e.g. ``[SEP]``, ``.``, ``,``).
+    attention_mask: ``[B, T]`` 1 for tokens, 0 for padding queries (None = none).
+
+  Returns:
+    ``[L, B, N]`` float32.
+  """
+  ids = tuple(int(i) for i in token_ids)
+  return _token_mass_jit(weights, tokens, ids, attention_mask)

@@ -27,8 +27,11 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.preset = "cpu"
-  c.variant = "dense"  # a name from attnjax.train.variants.VARIANTS
+  c.variant = "dense"  # a name from attnjax.train.variants.VARIANTS, or a registered normaliser
   c.run_dir = ""  # entry points fill this in: runs/<experiment>/<arm>
+  # Comma-separated modules (dotted names or .py paths) imported before the run, e.g. one
+  # that registers a normaliser of your own (attnjax.normalizers.register).
+  c.imports = ""
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "shakespeare"  # shakespeare | text | bin | bigram_backcopy
@@ -44,6 +47,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.bb_task_seed = 0
   c.data.bb_concentration = 0.1
   c.data.pack = False  # pack whole documents (lines), segment ids + positions
+  c.data.objective = "causal"  # causal (next token, a decoder) | mlm (masked LM, an encoder)
+  c.data.mask_rate = 0.15  # mlm: share of positions predicted (80% [MASK], 10% random, 10% kept)
 
   c.model = ml_collections.ConfigDict()
   c.model.d_model = 64
@@ -59,6 +64,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"  # compute dtype: float32 | bfloat16 (params stay float32)
   c.model.window = 0  # > 0: causal sliding window of this many past keys
   c.model.implementation = ""  # attention implementation: "" (auto), reference, xla, blockwise, ...
+  c.model.norm_placement = ""  # "" (pre; an mlm encoder: post_residual, BERT) | pre | post_residual
 
   c.opt = ml_collections.ConfigDict()
   c.opt.lr = 1e-2
@@ -338,8 +344,51 @@ def _require(ok: bool, message: str) -> None:
     raise ValueError(message)
 
 
+def import_modules(cfg: ml_collections.ConfigDict) -> list[str]:
+  """Imports the modules of ``cfg.imports`` (comma-separated dotted names, or ``.py`` paths
+  from the working directory), e.g. one that registers a normaliser; returns their names.
+
+  Importing twice is a no-op (``sys.modules``), so a run in a subprocess, which reads the
+  resolved config, imports them again before building its model.
+
+  Raises:
+    ValueError: a module that does not import (named, with the error).
+  """
+  import importlib
+  import sys
+
+  names = []
+  for entry in (s.strip() for s in str(cfg.get("imports", "") or "").split(",")):
+    if not entry:
+      continue
+    try:
+      if entry.endswith(".py"):
+        path = os.path.abspath(entry)
+        name = "attnjax_import_" + os.path.splitext(os.path.basename(path))[0]
+        if name not in sys.modules:
+          spec = importlib.util.spec_from_file_location(name, path)
+          if spec is None or not os.path.isfile(path):
+            raise FileNotFoundError(f"not found: {path}")
+          module = importlib.util.module_from_spec(spec)
+          sys.modules[name] = module
+          try:
+            spec.loader.exec_module(module)
+          except BaseException:
+            del sys.modules[name]
+            raise
+      else:
+        name = importlib.import_module(entry).__name__
+    except Exception as e:
+      raise ValueError(f"imports={cfg.imports!r}: {entry!r} does not import: {e}") from e
+    names.append(name)
+  return names
+
+
 def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = None) -> None:
   """Checks a run's config before anything is built: choices, sizes and shapes.
+
+  The modules of ``cfg.imports`` are imported first, so a variant may name a normaliser one
+  of them registers.
 
   Args:
     cfg: a config with the keys of :func:`.base_config`.
@@ -350,11 +399,14 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     ValueError: the first key whose value cannot run, named with its value.
   """
   from attnjax._src.data import SOURCES
-  from attnjax._src.train.variants import VARIANTS
+  from attnjax._src.train import variants
 
+  import_modules(cfg)
   _lookup(cfg, "variant")
   _require(
-    cfg.variant in VARIANTS, f"variant={cfg.variant!r} is not one of: {', '.join(sorted(VARIANTS))}"
+    cfg.variant in variants.names(),
+    f"variant={cfg.variant!r} is not one of: {', '.join(sorted(variants.names()))} (a "
+    f"normaliser of your own is a variant once registered by a module of imports=)",
   )
   _require(cfg.preset in PRESETS, f"preset={cfg.preset!r} is not one of: {', '.join(PRESETS)}")
   d, m, o, t = cfg.data, cfg.model, cfg.opt, cfg.train
@@ -367,6 +419,26 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     _require(os.path.exists(d.path), f"data.path={d.path!r} does not exist")
   if d.name == "bin":
     _require(d.vocab_size > 0, "data.vocab_size must be > 0 for data.name='bin'")
+  _require(
+    d.get("objective", "causal") in ("causal", "mlm"),
+    f"data.objective={d.get('objective')!r} is not one of: causal, mlm",
+  )
+  if d.get("objective", "causal") == "mlm":
+    rate = d.get("mask_rate", 0.15)
+    _require(
+      not isinstance(rate, bool) and isinstance(rate, (int, float)) and 0 < rate < 1,
+      f"data.mask_rate must be in (0, 1), got {rate!r}",
+    )
+    _require(
+      not d.get("pack", False), "data.pack=True: data.objective='mlm' reads unpacked windows"
+    )
+    _require(
+      d.name != "bigram_backcopy", "data.objective='mlm' needs a corpus, not bigram_backcopy"
+    )
+  _require(
+    m.get("norm_placement", "") in ("", "pre", "post_residual"),
+    f"model.norm_placement={m.get('norm_placement')!r} is not one of: '', pre, post_residual",
+  )
   _require(d.seq_len >= 2, f"data.seq_len must be >= 2 (BOS + one token), got {d.seq_len}")
   _require(d.batch_size >= 1, f"data.batch_size must be >= 1, got {d.batch_size}")
   if d.get("pack", False):
@@ -376,7 +448,7 @@ def validate(cfg: ml_collections.ConfigDict, *, num_devices: Optional[int] = Non
     )
     from attnjax._src.nn import specs as nn_specs  # flax: imported only to check packing
 
-    family = VARIANTS[cfg.variant][0].get("family", "dense")
+    family = variants.attention_kwargs(cfg.variant).get("family", "dense")
     _require(
       nn_specs.FAMILY_SPECS[family].takes_segment_ids,
       f"data.pack=True needs attention that takes segment_ids; variant={cfg.variant!r} "

@@ -29,6 +29,7 @@ from flax import nnx
 
 from attnjax._src import data as data_lib
 from attnjax._src import nn as nn_lib
+from attnjax._src import stats as stats_lib
 from attnjax._src.stats import to_jsonable
 from attnjax._src.train import config as config_lib
 from attnjax._src.train import metrics as run_metrics
@@ -354,7 +355,43 @@ class Trainer:
     b = self.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
     out = nn_lib.layer_stats(self.model(), self.dp.put_batch(b.inputs))
     record = to_jsonable(mesh_lib.to_host(out))
+    if isinstance(self.batches, data_lib.MaskedLMBatches):
+      record.update(self.encoder_probe(b))
     return {"step": step, **record}
+
+  def encoder_probe(self, b) -> dict:
+    """An encoder's outlier statistics, W8A8 loss and mass on [CLS] and delimiters.
+
+    On the probe batch (masked as in training): per layer the outliers of the attention
+    output, MLP output and residual stream (``attnjax.nn.outlier_stats``), the masked-LM loss
+    in float and with W8A8 fake quantisation, and per layer and head the attention mass on
+    the first token (``[CLS]``, the BOS) and on the delimiters (``.``, ``,``, newline).
+    """
+    model = self.model()
+    inputs, targets = self.dp.put_batch(b.inputs), self.dp.put_batch(b.targets)
+    scored = np.where(b.weights > 0, b.targets, -1)
+    delimiters = encoder_delimiters(self.batches)
+    out = nn_lib.outlier_stats(
+      model, inputs, targets=self.dp.put_batch(scored), delimiter_ids=delimiters
+    )
+    del targets
+    sown = nn_lib.layer_stats(model, inputs, view="sown", weights=True)
+    weights = jnp.stack([layer["weights"] for layer in sown["layers"]])
+    record = {
+      "outliers/loss": out["loss"],
+      "outliers/loss_w8a8": out["loss_w8a8"],
+      "token_mass/cls": jnp.mean(
+        stats_lib.token_mass(weights, inputs, (self.batches.bos_id,)), axis=1
+      ),
+      "token_mass/delimiters": jnp.mean(
+        stats_lib.token_mass(weights, inputs, delimiters or (-1,)), axis=1
+      ),
+    }
+    for position in ("attn_out", "mlp_out", "hidden"):
+      if position in out:
+        for field, value in out[position]._asdict().items():
+          record[f"outliers/{position}/{field}"] = value
+    return to_jsonable(mesh_lib.to_host(record))
 
   # -- the loop -------------------------------------------------------------
 
@@ -594,6 +631,20 @@ class Trainer:
 
         plot_run(self.dir)
     return summary
+
+
+def encoder_delimiters(batches) -> tuple[int, ...]:
+  """The ids of ``.``, ``,`` and the newline in a corpus's tokenizer (those it has)."""
+  data = getattr(batches, "data", None)
+  tok = getattr(data, "tokenizer", None)
+  if tok is None:
+    return ()
+  ids = []
+  for text in (".", ",", "\n"):
+    enc = np.asarray(tok.encode(text))
+    if enc.shape == (1,) and not (hasattr(tok, "UNK") and int(enc[0]) == tok.UNK):
+      ids.append(int(enc[0]))
+  return tuple(ids)
 
 
 def final_metrics(

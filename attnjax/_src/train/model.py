@@ -1,4 +1,5 @@
-"""From a run config to an ``attnjax.nn.TransformerLM`` (the only place the loop meets the model)."""
+"""From a run config to an ``attnjax.nn.TransformerLM`` or ``EncoderLM`` (the only place the
+loop meets the model)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,21 @@ from flax import nnx
 from attnjax._src.train.variants import attention_kwargs
 
 
+def is_encoder(cfg: Any) -> bool:
+  """Whether the run trains an encoder (``data.objective="mlm"``)."""
+  return cfg.data.get("objective", "causal") == "mlm"
+
+
 def model_config(cfg: Any, vocab_size: int):
-  """``attnjax.nn.ModelConfig`` of ``cfg.model`` with the attention of ``cfg.variant``."""
+  """``attnjax.nn.ModelConfig`` of ``cfg.model`` with the attention of ``cfg.variant``
+  (an ``EncoderConfig``, every layer bidirectional, for ``data.objective="mlm"``)."""
   from attnjax._src import nn
 
   m = cfg.model
+  encoder = is_encoder(cfg)
   attn = attention_kwargs(cfg.variant, d_model=m.d_model, num_heads=m.num_heads)
+  if encoder:
+    attn["is_causal"] = False
   if m.window > 0:
     attn["window"] = int(m.window)
   # model.implementation names a kernel of the dense family; a family whose
@@ -29,7 +39,8 @@ def model_config(cfg: Any, vocab_size: int):
     rope_theta=10000.0 if m.rope else None,
     **attn,
   )
-  return nn.ModelConfig(
+  placement = m.get("norm_placement", "") or ("post_residual" if encoder else "pre")
+  common = dict(
     vocab_size=vocab_size,
     d_model=m.d_model,
     num_layers=m.num_layers,
@@ -40,13 +51,26 @@ def model_config(cfg: Any, vocab_size: int):
     tie_embeddings=m.tie_embeddings,
     dtype=m.dtype,
     remat=m.remat,
+    norm_placement=placement,
   )
+  if encoder:
+    # BERT's encoder: LayerNorm'd embeddings, one token type, an MLM head; RoPE positions.
+    return nn.EncoderConfig(
+      **common,
+      norm_eps=1e-6,
+      token_types=None,
+      embed_norm=True,
+      mlp_activation=None,
+      mlp_bias=False,
+    )
+  return nn.ModelConfig(**common)
 
 
 def build_model(cfg: Any, vocab_size: int, *, seed: int) -> nnx.Module:
   from attnjax._src import nn
 
-  return nn.TransformerLM(model_config(cfg, vocab_size), rngs=nnx.Rngs(seed))
+  model_class = nn.EncoderLM if is_encoder(cfg) else nn.TransformerLM
+  return model_class(model_config(cfg, vocab_size), rngs=nnx.Rngs(seed))
 
 
 def count_params(params: Any) -> int:

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from attnjax._src.train import rundir
+from attnjax._src.train import encoder_report, rundir
 from attnjax._src.train.plots import save_figure, subplots
 
 # Probe keys as attnjax.nn.layer_stats names them, with fallbacks for older names.
@@ -315,6 +315,10 @@ def write_report(
   failed = [r for r in rows if r["status"] == "failed"]
   for r in failed:
     text.append(f"\n`{r['arm']}` failed:\n```\n{(r['error'] or '').strip()}\n```\n")
+  encoders, encoder_plots = encoder_report.section(runs, os.path.join(root, "plots"))
+  if encoders:
+    text.append("\n" + encoders)
+    plots = plots + encoder_plots
   if extra:
     text.append("\n" + extra)
   text.append(

@@ -213,3 +213,33 @@ class RunDir:
     """True when the run ended (finished or diverged); a stopped or killed run is not done."""
     s = self.read_summary()
     return bool(s) and s.get("status") in ("finished", "diverged")
+
+
+def resolve_root(path: str, *, what: str = "ATTNJAX_RUN_DIR") -> str:
+  """The existing folder a run root ``path`` names, as an absolute path.
+
+  A relative path is read from the directory the user launched from: ``$PWD``, which a
+  Jupyter kernel inherits from the shell that started Jupyter while its working directory is
+  the notebook's folder; then from the working directory.
+
+  Args:
+    path: the root as given (e.g. ``runs/compare``).
+    what: how messages name it.
+
+  Raises:
+    FileNotFoundError: ``"not found: PATH"``, with the places tried.
+  """
+  path = os.path.expanduser(os.fspath(path))
+  if os.path.isabs(path):
+    tried = [path]
+  else:
+    launched = os.environ.get("PWD")
+    bases = [b for b in (launched, os.getcwd()) if b and os.path.isabs(b)]
+    tried = list(dict.fromkeys(os.path.join(b, path) for b in bases))
+  for candidate in tried:
+    if os.path.isdir(candidate):
+      return os.path.abspath(candidate)
+  raise FileNotFoundError(
+    f"{what}={path!r}: not found: {' or '.join(tried)}"
+    + (" (a relative path is read from the directory you launched from)" if len(tried) > 1 else "")
+  )

@@ -17,6 +17,10 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
   "softmax_one": ({"family": "dense", "normalizer": "softmax_one"}, "softmax + 1 (Miller)"),
   "softpick": ({"family": "dense", "normalizer": "softpick"}, "softpick (Zuhri)"),
   "relu": ({"family": "dense", "normalizer": "relu"}, "relu(z) / n, ReLU attention (Wortsman)"),
+  "clipped_softmax": (
+    {"family": "dense", "normalizer": "clipped_softmax"},
+    "clipped softmax, zeta 1, gamma -0.025 (Bondarenko)",
+  ),
   "sink_logits": (
     {"family": "dense", "sink_logits": True},
     "learned null logit per head (gpt-oss)",
@@ -86,6 +90,15 @@ GATED = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet")
 LATENT = ("mla",)
 
 
+def names() -> tuple[str, ...]:
+  """Every valid variant: the keys of :data:`.VARIANTS`, then each registered normaliser
+  (:func:`attnjax.normalizers.names`, the live registry) that is not one of them, as a
+  dense arm of its own (``{"family": "dense", "normalizer": name}``)."""
+  from attnjax._src import normalizers
+
+  return tuple(VARIANTS) + tuple(n for n in normalizers.names() if n not in VARIANTS)
+
+
 def _sizes(options: dict[str, Any], d_model: int, num_heads: int) -> dict[str, Any]:
   """MLA's ranks and head dims from the model's: with ``H = d_model / num_heads``, a latent
   of ``d_model / 2``, ``d_n = d_r = H / 2`` (keys of ``H``, as the dense arms') and
@@ -109,7 +122,9 @@ def attention_kwargs(
   """The attention options of a variant (keywords of :class:`attnjax.nn.AttentionConfig`).
 
   Args:
-    name: a key of :data:`.VARIANTS`.
+    name: a key of :data:`.VARIANTS`, or a registered normaliser's name (dense attention
+      with that normaliser: a normaliser of one's own is an arm of ``compare`` once
+      registered, e.g. by a module the config's ``imports`` names).
     d_model: the model's width; with ``num_heads``, sizes a variant whose sizes follow the
       model's (``mla``: its latent and head dims), which otherwise keeps its family's
       defaults.
@@ -121,9 +136,16 @@ def attention_kwargs(
   Raises:
     ValueError: an unknown variant (the message lists the valid ones).
   """
-  if name not in VARIANTS:
-    raise ValueError(f"variant={name!r} is not one of: {', '.join(sorted(VARIANTS))}")
-  options = dict(VARIANTS[name][0])
+  if name in VARIANTS:
+    options = dict(VARIANTS[name][0])
+  elif name in names():
+    options = {"family": "dense", "normalizer": name}
+  else:
+    raise ValueError(
+      f"variant={name!r} is not one of: {', '.join(sorted(names()))} (a normaliser of your "
+      f"own is a variant once registered: attnjax.normalizers.register, imported through the "
+      f"config's imports)"
+    )
   if d_model is not None and num_heads is not None:
     options.update(_sizes(options, d_model, num_heads))
   return options
@@ -131,4 +153,9 @@ def attention_kwargs(
 
 def describe(name: str) -> str:
   """A variant's one-line description for reports (the name itself if unknown)."""
-  return VARIANTS[name][1] if name in VARIANTS else name
+  if name in VARIANTS:
+    return VARIANTS[name][1]
+  from attnjax._src import normalizers
+
+  nz = normalizers.REGISTRY.get(name)
+  return name if nz is None else f"normalizer {name!r}" + (f" ({nz.source})" if nz.source else "")

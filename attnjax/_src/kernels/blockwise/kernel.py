@@ -28,6 +28,7 @@ from attnjax._src import (
   static as _static,
   options,
   masks,
+  normalizers,
   validators,
 )
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
@@ -177,27 +178,43 @@ class _Rolled:
 
 
 def _rolled_visits(c: TilePlan) -> Optional[_Rolled]:
-  """The query-block loop's tables, or None when every query block is unrolled."""
+  """The query-block loop's tables, or None when every query block is unrolled (at most
+  ``MAX_UNROLLED_Q_BLOCKS`` of them, unless the plan rolls them all).
+
+  A plan that rolls a short call (at most ``MAX_UNROLLED_Q_BLOCKS`` query blocks) evaluates
+  the mask on every visit: one visit body instead of a masked and an unmasked one (a pattern
+  at T=128 in blocks of 16: 40-46 XLA computations instead of 39-61 forward, 88-101 instead
+  of 86-125 with the gradient; a short call's compile time outweighs its run time).
+  """
   L = c.layout
   n = c.T // L.block_q
-  if n <= MAX_UNROLLED_Q_BLOCKS:
+  if n <= (1 if c.roll_query_blocks else MAX_UNROLLED_Q_BLOCKS):
     return None
+  # Visit states: 0 padding, 1 unmasked, 2 masked (see _Rolled).
+  state_of = lambda needs_mask: 2 if needs_mask or n <= MAX_UNROLLED_Q_BLOCKS else 1
   rows, specials = [], {}
   for i in range(n):
     looped, unrolled = _split_visits(c, i, rolled=True)
     rows.append(looped)
     for j, nm in unrolled:
-      specials.setdefault(j, np.zeros(n, np.int32))[i] = 1 + nm
+      specials.setdefault(j, np.zeros(n, np.int32))[i] = state_of(nm)
   m = max(1, max(len(r) for r in rows))
   kv, state = np.zeros((n, m), np.int32), np.zeros((n, m), np.int32)
   for i, r in enumerate(rows):
     for t, (j, nm) in enumerate(r):
-      kv[i, t], state[i, t] = j, 1 + nm
+      kv[i, t], state[i, t] = j, state_of(nm)
   return _Rolled(n, kv, state, tuple(sorted(specials.items())))
 
 
 def _visit_blocks(
-  c: TilePlan, relation, i, carry, visit, rolled: Optional[_Rolled] = None, tile=None
+  c: TilePlan,
+  relation,
+  i,
+  carry,
+  visit,
+  rolled: Optional[_Rolled] = None,
+  tile=None,
+  remat: bool = False,
 ):
   """Folds ``visit(carry, k0, tk, needs_mask, seg_mask, first)`` over query block ``i``'s visits.
 
@@ -222,6 +239,12 @@ def _visit_blocks(
   accumulators (the backward's ``dk`` / ``dv``) then never pass through a
   conditional, which otherwise copies them on every visit (measured: the
   rolled causal backward at T=4096 ran 1.5x slower).
+
+  With ``remat`` each visit, its branch included, is rematerialised (``jax.checkpoint``), for
+  a caller differentiated by autodiff: the loop then keeps only its carry per visit. The
+  checkpoint sits outside the branch: a residual leaving a ``lax.switch`` is that branch's
+  output, which the loop would stack once per visit even for the loop-invariant keys and
+  values (T=8192: [32, B, K, S, H] per array), where from outside it is the loop's own input.
   """
   L = c.layout
 
@@ -279,17 +302,25 @@ def _visit_blocks(
       j = kv[n]
       return by_state(state[n], carry, j, j * L.block_k, L.block_k, False, has)
 
-    carry = jax.lax.fori_loop(0, kv.shape[0], step, carry)
+    carry = jax.lax.fori_loop(0, kv.shape[0], jax.checkpoint(step) if remat else step, carry)
+  checkpoint = jax.checkpoint if remat else (lambda f: f)
   for j, needs_mask in unrolled:
     k0, k1 = L.kv_range(j)
-    carry = fold(
-      carry, one(carry, j, k0, k1 - k0, needs_mask, k0 == 0 and c.holds_key0), k0, k1 - k0
-    )
+    first = k0 == 0 and c.holds_key0
+
+    def unrolled_visit(carry, j=j, k0=k0, tk=k1 - k0, needs_mask=needs_mask, first=first):
+      return fold(carry, one(carry, j, k0, tk, needs_mask, first), k0, tk)
+
+    carry = checkpoint(unrolled_visit)(carry)
   if not isinstance(i, int):
     for j, states in rolled.specials:
       k0, k1 = L.kv_range(j)
       has = tuple(bool((states == s).any()) for s in range(3))
-      carry = by_state(jnp.asarray(states)[i], carry, j, k0, k1 - k0, k0 == 0 and c.holds_key0, has)
+
+      def special(carry, index, j=j, k0=k0, tk=k1 - k0, has=has):
+        return by_state(index, carry, j, k0, tk, k0 == 0 and c.holds_key0, has)
+
+      carry = checkpoint(special)(carry, jnp.asarray(states)[i])
   return carry
 
 
@@ -360,6 +391,32 @@ def _allowed_counts(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled])
   return _query_blocks(c, block, rolled)[1]
 
 
+# Logits-only pre-pass: each row's log-normaliser (a ``needs_lse`` normaliser: clipped softmax).
+
+
+def _row_softmax_terms(c: TilePlan, a: Arrays, relation, rolled: Optional[_Rolled]):
+  """``(max, log_sum)`` ``[B, K, G, T, 1]`` float32 of each row's allowed logits (both 0 on
+  a row with no key): :func:`attnjax.normalizers.row_softmax_terms` over the key blocks."""
+
+  def block(i, q0, tq, carry, after):
+    shape = (c.B, c.K, c.G * tq, 1)
+    qb = after(a.q_rows(c, q0, tq))
+
+    def visit(st, k0, tk, needs_mask, seg_mask, first):
+      del first
+      z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
+      z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
+      allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+      return normalizers.softmax_terms_visit(st, z, allowed)
+
+    init = jax.tree.map(a.vary, normalizers.softmax_terms_init(shape))
+    st = _visit_blocks(c, relation, i, init, visit, rolled)
+    m, log_sum = normalizers.softmax_terms_finish(st)
+    return carry, (from_rows(m, c.G), from_rows(log_sum, c.G))
+
+  return _query_blocks(c, block, rolled)[1]
+
+
 # ---------------------------------------------------------------------------
 # Forward.
 
@@ -385,10 +442,12 @@ def _forward(c: TilePlan, a: Arrays):
   relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
   counts = _allowed_counts(c, a, relation, rolled) if c.needs_counts else None
+  terms = _row_softmax_terms(c, a, relation, rolled) if nz.needs_lse else None
 
   def block(i, q0, tq, carry, after):
     cb = None if counts is None else as_rows(span(counts, q0, tq, 3), G, tq)
-    row = nz.row_inputs(sink_rows(c, a, tq), cb)
+    tb = None if terms is None else tuple(as_rows(span(t, q0, tq, 3), G, tq) for t in terms)
+    row = nz.row_inputs(sink_rows(c, a, tq), cb, tb)
     qb = after(a.q_rows(c, q0, tq))
 
     def visit(st, k0, tk, needs_mask, seg_mask, first):
@@ -473,8 +532,12 @@ def _backward(c: TilePlan, a: Arrays, res: dict, out: Array, d_out: Array, d_lse
   G = c.G
   relation = segment_relations(c, a) if c.runtime_skip else None
   rolled = _rolled_visits(c)
-  # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term).
-  row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+  # D_i = <dO_i, O_i>: the softmax-family row term (and softpick's denominator term); a
+  # normaliser whose row term is not that (clipped softmax) sums it over the tiles first.
+  if c.nz.row_dot_of_output:
+    row_dot = jnp.sum(d_out * out, axis=-1, keepdims=True)  # [B, K, G, T, 1]
+  else:
+    row_dot = _tile_row_dot(c, a, res, d_out, relation, rolled)
   g = None
   if d_lse is not None:
     g = jnp.where(res["has_key"], d_lse, 0.0)
@@ -528,6 +591,34 @@ def _backward(c: TilePlan, a: Arrays, res: dict, out: Array, d_out: Array, d_lse
   if c.opts.similarity == "dot":
     dq = dq * c.opts.scale
   return dq, dk, dv, dbias, dsink, dargs
+
+
+def _tile_row_dot(c: TilePlan, a: Arrays, res: dict, d_out: Array, relation, rolled) -> Array:
+  """``[B, K, G, T, 1]``: each row's ``row_dot`` as the sum of the normaliser's
+  ``row_dot_tile`` over its tiles (a backward pre-pass; ``dp = dO V^T`` recomputed)."""
+  G = c.G
+
+  def block(i, q0, tq, carry, after):
+    def rows(x):
+      return as_rows(span(x, q0, tq, 3), G, tq)
+
+    qb, do_b = after((a.q_rows(c, q0, tq), rows(d_out)))
+    res_b = {key: rows(val) for key, val in res.items() if key != "has_key"}
+
+    def visit(total, k0, tk, needs_mask, seg_mask, first):
+      del first
+      z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
+      z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
+      allowed = tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+      vb = span(a.v, k0, tk, 2)
+      dp = jnp.einsum("bkrh,bksh->bkrs", do_b, vb, preferred_element_type=jnp.float32)
+      return total + c.nz.row_dot_tile(z, allowed, dp, res_b)
+
+    init = a.vary(jnp.zeros((c.B, c.K, G * tq, 1), jnp.float32))
+    total = _visit_blocks(c, relation, i, init, visit, rolled)
+    return carry, from_rows(total, G)
+
+  return _query_blocks(c, block, rolled)[1]
 
 
 def _bwd_visit(
@@ -599,6 +690,7 @@ def run_layout(
   positions=None,
   mod_table: bool = False,
   stats_axis: Optional[str] = None,
+  roll_query_blocks: bool = False,
 ):
   """Block-wise attention of a validated dense call over a static
   :class:`~attnjax.layout.BlockLayout`.
@@ -622,6 +714,9 @@ def run_layout(
     stats_axis: None, or the ``shard_map`` axis whose devices hold the other query
       rows of the call (context parallelism, all-gather): the statistics' means and
       maximum are then over the rows of every device (:func:`attnjax.attention_stats.stats_from_rows`).
+    roll_query_blocks: run every full-size query block in one loop over tables of its
+      visits, however few (a pattern's layout, whose rows differ: unrolled, each compiles
+      its own visits; see :data:`MAX_UNROLLED_Q_BLOCKS`).
 
   Returns:
     ``[B, T, N, Hv]`` in the input dtype, or ``(out, AttentionStats)`` when
@@ -654,6 +749,7 @@ def run_layout(
     has_segments=inputs.q_segment_ids is not None,
     mod_table=mod_table,
     stats_axis=stats_axis,
+    roll_query_blocks=roll_query_blocks,
   )
   return _run(c, inputs, positions)
 
@@ -683,27 +779,131 @@ def run_gathered(inputs, opts, *, q_positions: Array, stats_axis: str):
   )
 
 
+def _arrays(c: TilePlan, x: tuple, nondiff: tuple) -> Arrays:
+  """:class:`Arrays` of ``x = (q, k, v, bias, sink, score_args)`` and ``nondiff = (mask,
+  q_seg, kv_seg, mask_args, positions)``, with the ``mask_mod`` block table where the call
+  classifies its blocks at run time."""
+  mask, q_seg, kv_seg, mask_args, pos = nondiff
+  mod_any = None
+  if c.mod_table:
+    # Over batch rows and heads only when the modifier reads b / n (as layout_for).
+    used_b, used_n = index_use(c.opts.mask_mod, mask_args)
+    mod_any = mask_mod_block_table(
+      c.opts.mask_mod,
+      mask_args,
+      c.layout,
+      c.B if used_b else 1,
+      c.K * c.G if used_n else 1,
+      positions=pos,
+    )
+  return Arrays(c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos, mod_any)
+
+
+def _to_output(c: TilePlan, o: Array, dtype) -> Array:
+  """Output rows ``[B, K, G, T, Hv]`` as ``[B, T, N, Hv]`` in ``dtype``."""
+  o = jnp.transpose(o, (0, 3, 1, 2, 4))  # [B, T, K, G, Hv]
+  return jnp.reshape(o, (c.B, c.T, c.K * c.G, c.Hv)).astype(dtype)
+
+
+def _run_weights(c: TilePlan, inputs, positions):
+  """A weights-only normaliser (:class:`attnjax.normalizers.WeightsOnly`) over the layout.
+
+  Plain JAX, differentiated by autodiff (reverse and forward mode): per query block, pass 1
+  folds the row quantities it declares (and, with statistics, the logsumexp) over the
+  block's visits, pass 2 its weights times V, tile by tile; the same visits, skips and masks
+  as the online kernel. Each query block and each visit is rematerialised
+  (``jax.checkpoint``): the backward keeps the query rows and the visits' states, never a
+  tile, so memory stays O(T).
+  """
+  nz, G = c.nz, c.G
+  x = (inputs.q, inputs.k, inputs.v, inputs.bias, None, inputs.score_mod_args)
+  nondiff = (inputs.mask, inputs.q_segment_ids, inputs.kv_segment_ids, inputs.mask_mod_args)
+  a = _arrays(c, x, nondiff + (positions,))
+  relation = segment_relations(c, a) if c.runtime_skip else None
+  rolled = _rolled_visits(c)
+  quantities = nz.row_quantities
+  counts = None
+  if "count" in quantities or c.with_stats:
+    counts = _allowed_counts(c, a, relation, rolled)
+  params = {
+    p.name: jnp.reshape(x.astype(jnp.float32), (1, c.K, G, 1, 1) if x.shape[1] > 1 else (1,) * 5)
+    for p, x in zip(nz.params, inputs.normalizer_params)
+  }
+  first_pass = c.with_stats or "max" in quantities or "logsumexp" in quantities
+
+  def block(i, q0, tq, carry, after):
+    rows, acc = (c.B, c.K, G * tq, 1), (c.B, c.K, G * tq, c.Hv)
+    cb = None if counts is None else as_rows(span(counts, q0, tq, 3), G, tq)
+
+    def tile(qb, k0, tk, needs_mask, seg_mask):
+      z, _ = tile_logits(c, a, qb, q0, tq, k0, tk)
+      z = tile_score_mod(c, a, z, a.score_args, q0, tq, k0, tk)
+      return z, tile_allowed(c, a, q0, tq, k0, tk, needs_mask, seg_mask)
+
+    def compute(qb):
+      row = {name: as_rows(val, G, tq) for name, val in params.items()}
+      if "count" in quantities:
+        row["count"] = jnp.maximum(cb, 1.0)
+      lse, filler = None, 0.0
+      if first_pass:
+
+        def count_visit(st, k0, tk, needs_mask, seg_mask, first):
+          del first
+          z, allowed = tile(qb, k0, tk, needs_mask, seg_mask)
+          return nz.quantities_visit(st, z, allowed, row)
+
+        init = jax.tree.map(a.vary, nz.quantities_init(rows))
+        found = nz.quantities_finish(
+          _visit_blocks(c, relation, i, init, count_visit, rolled, remat=True)
+        )
+        row.update({key: found[key] for key in ("max", "logsumexp") if key in quantities})
+        lse, filler = found["logsumexp"], jax.lax.stop_gradient(found["max"])
+      weight_row = dict(row, filler=filler)
+
+      def weight_visit(st, k0, tk, needs_mask, seg_mask, first):
+        z, allowed = tile(qb, k0, tk, needs_mask, seg_mask)
+        vb = span(a.v, k0, tk, 2)
+
+        def pv(w):
+          return jnp.einsum("bkrs,bksh->bkrh", w, vb, preferred_element_type=jnp.float32)
+
+        return nz.weights_visit(st, z, allowed, pv, weight_row, c.with_stats, first)
+
+      init = jax.tree.map(a.vary, nz.weights_init(rows, acc, c.with_stats))
+      st = _visit_blocks(c, relation, i, init, weight_visit, rolled, remat=True)
+      return nz.weights_finish(st, cb, lse, c.with_stats)
+
+    out, srow = jax.checkpoint(compute)(after(a.q_rows(c, q0, tq)))
+    result = {"out": from_rows(out, G)}
+    if c.with_stats:
+      result["stats"] = {
+        key: from_rows(jnp.broadcast_to(val, rows), G) for key, val in srow.items()
+      }
+    return carry, result
+
+  result = _query_blocks(c, block, rolled, tie=lambda r: r["out"])[1]
+  out = _to_output(c, result["out"], inputs.q.dtype)
+  if not c.opts.return_stats:
+    return out
+  sink_mass, entropy, max_logit, lse, row_sum = _collect_stats(c, result["stats"], a.q_pos)
+  return out, AttentionStats(
+    sink_mass=sink_mass, entropy=entropy, max_logit=max_logit, logsumexp=lse, row_sum=row_sum
+  )
+
+
 def _run(c: TilePlan, inputs, positions):
-  """The custom-VJP (and custom-JVP, see :mod:`attnjax.kernels.autodiff`) kernel of a call."""
+  """The custom-VJP (and custom-JVP, see :mod:`attnjax.kernels.autodiff`) kernel of a call; a
+  weights-only normaliser's is :func:`_run_weights`."""
+  if c.nz.weights_only:
+    return _run_weights(c, inputs, positions)
   B, T, N, H, K, G, Hv = c.B, c.T, c.K * c.G, c.H, c.K, c.G, c.Hv
   q = inputs.q
 
   def to_output(o):
-    o = jnp.transpose(o, (0, 3, 1, 2, 4))  # [B, T, K, G, Hv]
-    return jnp.reshape(o, (B, T, N, Hv)).astype(q.dtype)
+    return _to_output(c, o, q.dtype)
 
   def arrays(x, nondiff):
-    mask, q_seg, kv_seg, mask_args, pos = nondiff
-    mod_any = None
-    if c.mod_table:
-      # Over batch rows and heads only when the modifier reads b / n (as layout_for).
-      used_b, used_n = index_use(c.opts.mask_mod, mask_args)
-      mod_any = mask_mod_block_table(
-        c.opts.mask_mod, mask_args, c.layout, B if used_b else 1, N if used_n else 1, positions=pos
-      )
-    return Arrays(
-      c, x[0], x[1], x[2], x[3], x[4], mask, q_seg, kv_seg, x[5], mask_args, pos, mod_any
-    )
+    return _arrays(c, x, nondiff)
 
   def forward(x, nondiff):
     """The forward pass: ``((output, statistics), (output rows, residual rows))`` (plain JAX)."""
@@ -912,7 +1112,8 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
     block_q: query rows per block (None: :func:`default_block_sizes`).
     block_k: keys per block (None: :func:`default_block_sizes`).
     **kwargs: the dense keywords of :class:`attnjax.options.DenseKeywords` (``bias``,
-      ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``sink_logits``, ``softcap``,
+      ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``normalizer_params``,
+      ``sink_logits``, ``softcap``,
       ``window``, ``segment_ids``, ``similarity``, ``return_stats``, ``score_mod``,
       ``score_mod_args``, ``mask_mod``, ``mask_mod_args``, ``block_layout``,
       ``context_axis``, ``context_strategy``, ``context_layout``); not
@@ -934,5 +1135,9 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
 
 
 attention = _static.jit(
-  _attention, ("block_q", "block_k") + options.STATIC_NAMES, flags=options.FLAGS
+  _attention,
+  ("block_q", "block_k") + options.STATIC_NAMES,
+  flags=options.FLAGS,
+  keywords=options.KEYWORDS,
+  name="blockwise.attention",
 )

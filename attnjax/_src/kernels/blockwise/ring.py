@@ -436,6 +436,19 @@ def attention(
       "block_layout describes one device's whole call; a ring call builds its "
       "own layouts per shard pair (pass mask_mod alone)"
     )
+  if normalizers.get(opts.normalizer).needs_lse:
+    raise ValueError(
+      f"context_strategy='ring' carries the normaliser's online state from device to "
+      f"device; normalizer={opts.normalizer!r} needs each row's log-normaliser over every "
+      f"key before its first tile (needs_lse): use context_strategy='all_gather' or "
+      f"'all_to_all'"
+    )
+  if normalizers.get(opts.normalizer).weights_only:
+    raise ValueError(
+      f"context_strategy='ring' carries the normaliser's online state from device to "
+      f"device; normalizer={opts.normalizer!r} is weights-only (no online state): use "
+      f"context_strategy='all_gather' or 'all_to_all'"
+    )
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape

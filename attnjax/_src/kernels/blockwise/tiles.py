@@ -164,6 +164,9 @@ class TilePlan(KernelPlan):
   # The shard_map axis whose devices hold the call's other query rows (context parallelism,
   # all-gather): statistics are taken over every device's rows. None: this call's rows only.
   stats_axis: Optional[str] = None
+  # Every full-size query block runs in one loop over tables of its visits, however few there
+  # are (a pattern's layout, whose rows differ: unrolled, each row compiled its own visits).
+  roll_query_blocks: bool = False
 
   @property
   def runtime_skip(self) -> bool:

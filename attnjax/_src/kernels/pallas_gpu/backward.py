@@ -48,7 +48,7 @@ def row_terms_from_tiles(c: GridPlan, dtype) -> bool:
   instead of ``<dO_i, O_i>``: the normaliser's rule, :meth:`~Normalizer.row_dot_from_tiles`
   (softpick in bfloat16 / float16). Their ``D_i`` costs the dq kernel a second walk over its
   blocks (two more tile products each)."""
-  return c.nz.row_dot_from_tiles(dtype)
+  return c.nz.row_dot_from_tiles(dtype) or not c.nz.row_dot_of_output
 
 
 def _input_refs(c: GridPlan, res_keys, has_g, has_rd, refs):
@@ -104,7 +104,17 @@ def _dq_kernel(c: GridPlan, res_keys, has_g, source, *refs):
     z, s = logits(c, q, k)
     return k, z, s, allowed, dot(do, v, trans_b=True)
 
-  if from_tiles:
+  if from_tiles and not nz.row_dot_of_output:  # the normaliser's own row term, tile by tile
+
+    def term(j, total, k_seg, masked):
+      _, z, _, allowed, dp = tile(j, k_seg, masked)
+      return total + nz.row_dot_tile(z, allowed, dp, res)
+
+    row_dot = visit_loop(
+      c, lo, hi, jnp.zeros((bq, 1), jnp.float32), term, q_seg, kseg_ref, bk, full
+    )
+    next(it)[...] = row_dot
+  elif from_tiles:
     row_dot = _row_terms(c, tile, sink_ref, (lo, hi, full), q_seg, kseg_ref)
     next(it)[...] = row_dot
   else:

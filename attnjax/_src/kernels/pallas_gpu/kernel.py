@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax._src import lowering as _lowering, op, target as _target, options
+from attnjax._src import lowering as _lowering, normalizers, op, target as _target, options
 from attnjax._src.kernels import kernel_vjp
 from attnjax._src.kernels.pallas_gpu import backward
 from attnjax._src.kernels.pallas_gpu.plan import (
@@ -183,9 +183,10 @@ def _row_keys(c: GridPlan):
   rows = (8, 1)
   cnt = jnp.ones(rows, jnp.float32) if c.needs_counts else None
   sink = jnp.zeros(rows, jnp.float32) if c.has_sink else None
+  terms = (jnp.zeros(rows, jnp.float32),) * 2 if nz.needs_lse else None
 
   def run():
-    row = nz.row_inputs(sink, cnt)
+    row = nz.row_inputs(sink, cnt, terms)
     return nz.finish(nz.init(rows, (8, 4), c.with_stats), row, c.with_stats)
 
   _, res, srow = jax.eval_shape(run)
@@ -233,10 +234,22 @@ def _fwd_kernel(c: GridPlan, res_keys, stat_keys, *refs):
     counts = visit_loop(
       c, lo, hi, jnp.zeros((bq, 1), jnp.float32), count, q_seg_blk, kseg_ref, bk, full
     )
+  terms = None
+  if nz.needs_lse:  # logits-only pre-pass: the rows' softmax max and log-sum
+
+    def lse_step(j, st, k_seg, masked):
+      z, _ = logits(c, q, k_ref[pl.ds(j * bk, bk), :])
+      return normalizers.softmax_terms_visit(st, z, allowed_of(j, k_seg, masked))
+
+    terms = normalizers.softmax_terms_finish(
+      visit_loop(
+        c, lo, hi, normalizers.softmax_terms_init((bq, 1)), lse_step, q_seg_blk, kseg_ref, bk, full
+      )
+    )
   sink = None
   if c.has_sink:
     sink = jnp.broadcast_to(sink_ref[...].astype(jnp.float32), (bq, 1))
-  row = nz.row_inputs(sink, counts)
+  row = nz.row_inputs(sink, counts, terms)
 
   def step(j, st, k_seg, masked):
     k = k_ref[pl.ds(j * bk, bk), :]

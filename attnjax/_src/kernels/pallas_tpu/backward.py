@@ -156,6 +156,78 @@ def _dq_kernel(c: TpuPlan, res_keys, has_g, width, darg_ids, kind_ref, fetch_ref
     dq_ref[...] = (acc_ref[...] * c.opts.scale).astype(dq_ref.dtype)
 
 
+def _row_dot_kernel(c: TpuPlan, res_keys, width, kind_ref, fetch_ref, *refs):
+  """A normaliser's backward row term summed over the dq grid's visits
+  (:meth:`~attnjax.normalizers.Normalizer.row_dot_tile`, where not ``row_dot_of_output``)."""
+  it = iter(refs)
+  q_ref, k_ref, v_ref, do_ref = next(it), next(it), next(it), next(it)
+  res_refs = [next(it) for _ in res_keys]
+  qseg_ref = next(it) if c.has_segments else None
+  kseg_ref = next(it) if c.has_segments else None
+  off_ref, score_args, mask_args = take_mods(c, it)
+  rd_ref = next(it)
+  b, n, i, s = (pl.program_id(a) for a in range(4))
+  kind, j = kind_ref[i, s], fetch_ref[i, s]
+  gb, gn = global_indices(c, b, n, off_ref)
+  bq, bk = c.bq_bwd, c.bk_bwd
+
+  @pl.when(s == 0)
+  def _():
+    rd_ref[...] = jnp.zeros_like(rd_ref)
+
+  def visit(masked: bool):
+    qpos = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+    kpos = j * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+    z, _ = logits(c, q_ref[...], k_ref[...])
+    z = score_mod(c, z, qpos, kpos, gb, gn, score_args)
+    allowed = None
+    if masked:
+      q_seg, k_seg = _segments(qseg_ref, kseg_ref)
+      allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, gb, gn, mask_args)
+    dp = dot(do_ref[...], v_ref[...], trans_b=True)
+    res = {key: r[...] for key, r in zip(res_keys, res_refs)}
+    rd_ref[...] += c.nz.row_dot_tile(z, allowed, dp, res)
+
+  pl.when(kind == FULL)(lambda: visit(False))
+  pl.when(kind == MASKED)(lambda: visit(True))
+
+
+def _row_dot_call(c: TpuPlan, tables: Tables, kinds, arrays, res_rows, seg_args, mods, res_keys):
+  """``[B, N, Tp, 1]`` row terms from the tiles (grid ``(b, n, query block, visit)``, as dq)."""
+  bq, bk = c.bq_bwd, c.bk_bwd
+  kind, fetch = visit_tables(kinds, tables.kv_index, tables.kv_count, transpose=False)
+  nq, width = kind.shape
+  at_q = lambda b, n, i, s, kr, fr: (b, n, i, 0)
+  at_k = lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, c.G), fr[i, s], 0)
+  in_specs = [
+    pl.BlockSpec((None, None, bq, c.H), at_q),
+    pl.BlockSpec((None, None, bk, c.H), at_k),
+    pl.BlockSpec((None, None, bk, c.Hv), at_k),
+    pl.BlockSpec((None, None, bq, c.Hv), at_q),
+  ]
+  in_specs += [pl.BlockSpec((None, None, bq, 1), at_q)] * len(res_rows)
+  if c.has_segments:
+    in_specs += [
+      pl.BlockSpec((None, bq, LANES), lambda b, n, i, s, kr, fr: (b, i, 0)),
+      pl.BlockSpec((None, 8, bk), lambda b, n, i, s, kr, fr: (b, 0, fr[i, s])),
+    ]
+  in_specs += mods[1]
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+    num_scalar_prefetch=2,
+    grid=(c.B, c.N, nq, width),
+    in_specs=in_specs,
+    out_specs=pl.BlockSpec((None, None, bq, 1), at_q),
+  )
+  return pl.pallas_call(
+    functools.partial(_row_dot_kernel, c, res_keys, width),
+    grid_spec=grid_spec,
+    out_shape=jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32),
+    compiler_params=_params(c),
+    interpret=c.interpret,
+    name=f"attnjax_tpu_row_dot_{c.opts.normalizer}",
+  )(kind, fetch, *arrays, *res_rows, *seg_args, *mods[0])
+
+
 def _dkdv_kernel(c: TpuPlan, res_keys, has_g, width, kind_ref, fetch_ref, *refs):
   n_rows = 1 + has_g + len(res_keys)
   it = iter(refs)
@@ -419,6 +491,11 @@ def backward(
   )
   seg_args = [q_seg_p, kv_seg_p] if c.has_segments else []
   mod_args, mod_specs = mod_inputs(c, score_args, mask_args, offsets)
+  if not c.nz.row_dot_of_output:  # the row term from the tiles, not <dO_i, O_i>
+    res_rows = rows_in[1 + (g is not None) :]
+    rows_in[0] = _row_dot_call(
+      c, tables, kinds, (qh, kh, vh, do), res_rows, seg_args, (mod_args, mod_specs), res_keys
+    )
   # score_mod arguments with gradients: float tables, accumulated in SMEM over the dq grid.
   darg_ids = tuple(
     a for a, x in enumerate(score_args) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)

@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax._src import op, sharding as _sharding, layout, options
+from attnjax._src import normalizers, op, sharding as _sharding, layout, options
 from attnjax._src.attention_stats import stats_from_padded_rows
 from attnjax._src.kernels import blockwise, kernel_vjp
 from attnjax._src.kernels.pallas_tpu import backward
@@ -291,10 +291,11 @@ def _state_layout(c: TpuPlan, bq: int):
   rows = (bq, 1)
   cnt = jnp.ones(rows, jnp.float32) if c.needs_counts else None
   sink = jnp.zeros(rows, jnp.float32) if c.has_sink else None
+  terms = (jnp.zeros(rows, jnp.float32),) * 2 if nz.needs_lse else None
 
   def run():
     st = nz.init(rows, (bq, c.Hv), c.with_stats)
-    return st, nz.finish(st, nz.row_inputs(sink, cnt), c.with_stats)
+    return st, nz.finish(st, nz.row_inputs(sink, cnt, terms), c.with_stats)
 
   st, (_, res, srow) = jax.eval_shape(run)
   state = tuple((key, st[key].shape) for key in sorted(st))
@@ -339,12 +340,85 @@ def _count_kernel(c: TpuPlan, kind_ref, fetch_ref, *refs):
     cnt_ref[...] += jnp.sum(allowed.astype(jnp.float32), axis=1, keepdims=True)
 
 
+def _terms_kernel(c: TpuPlan, width, kind_ref, fetch_ref, *refs):
+  """The logits-only pass of a ``needs_lse`` normaliser: each row's softmax max and log-sum
+  over its visits (``normalizers.softmax_terms_*``), accumulated in the output rows."""
+  it = iter(refs)
+  q_ref, k_ref = next(it), next(it)
+  qseg_ref = next(it) if c.has_segments else None
+  kseg_ref = next(it) if c.has_segments else None
+  off_ref, score_args, mask_args = take_mods(c, it)
+  m_ref, l_ref = next(it), next(it)
+  b, n, i, s = (pl.program_id(a) for a in range(4))
+  kind, j = kind_ref[i, s], fetch_ref[i, s]
+  gb, gn = global_indices(c, b, n, off_ref)
+
+  @pl.when(s == 0)
+  def _():
+    m0, l0 = normalizers.softmax_terms_init((c.bq, 1))
+    m_ref[...], l_ref[...] = m0, l0
+
+  def visit(masked: bool):
+    qpos, kpos = _positions(c, i, j, c.bq, c.bk)
+    z, _ = logits(c, q_ref[...], k_ref[...])
+    z = score_mod(c, z, qpos, kpos, gb, gn, score_args)
+    allowed = None
+    if masked:
+      q_seg, k_seg = _segments(qseg_ref, kseg_ref)
+      allowed = tile_allowed(c, qpos, kpos, q_seg, k_seg, gb, gn, mask_args)
+    m, l = normalizers.softmax_terms_visit((m_ref[...], l_ref[...]), z, allowed)
+    m_ref[...], l_ref[...] = m, l
+
+  pl.when(kind == FULL)(lambda: visit(False))
+  pl.when(kind == MASKED)(lambda: visit(True))
+
+  @pl.when(s == width - 1)
+  def _():
+    m, log_sum = normalizers.softmax_terms_finish((m_ref[...], l_ref[...]))
+    m_ref[...], l_ref[...] = m, log_sum
+
+
+def softmax_terms(c: TpuPlan, kind, fetch, qh, kh, q_seg, kv_seg, mods) -> tuple[Array, Array]:
+  """Each row's ``(max, log_sum)`` ``[B, N, Tp, 1]`` float32 (the logits-only pass)."""
+  nq, width = kind.shape
+  G = c.G
+  args = [qh, kh]
+  in_specs = [
+    pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
+    pl.BlockSpec(
+      (None, None, c.bk, c.H), lambda b, n, i, s, kr, fr: (b, jax.lax.div(n, G), fr[i, s], 0)
+    ),
+  ]
+  if c.has_segments:
+    args += [q_seg, kv_seg]
+    in_specs += _seg_specs(
+      c, c.bq, c.bk, lambda b, n, i, s, kr, fr: i, lambda b, n, i, s, kr, fr: fr[i, s]
+    )
+  args += mods[0]
+  in_specs += mods[1]
+  row = pl.BlockSpec((None, None, c.bq, 1), lambda b, n, i, s, kr, fr: (b, n, i, 0))
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+    num_scalar_prefetch=2, grid=(c.B, c.N, nq, width), in_specs=in_specs, out_specs=[row, row]
+  )
+  rows = jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32)
+  m, log_sum = pl.pallas_call(
+    functools.partial(_terms_kernel, c, width),
+    grid_spec=grid_spec,
+    out_shape=[rows, rows],
+    compiler_params=compiler_params(4, c.interpret),
+    interpret=c.interpret,
+    name="attnjax_tpu_softmax_terms",
+  )(kind, fetch, *args)
+  return m, log_sum
+
+
 def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_ref, *refs):
   nz = c.nz
   it = iter(refs)
   q_ref, k_ref, v_ref = next(it), next(it), next(it)
   sink_ref = next(it) if c.has_sink else None
   cnt_ref = next(it) if c.needs_counts else None
+  terms_refs = (next(it), next(it)) if nz.needs_lse else None
   qseg_ref = next(it) if c.has_segments else None
   kseg_ref = next(it) if c.has_segments else None
   off_ref, score_args, mask_args = take_mods(c, it)
@@ -362,7 +436,8 @@ def _fwd_kernel(c: TpuPlan, state, res_keys, stat_keys, width, kind_ref, fetch_r
     sink = None
     if c.has_sink:
       sink = jnp.full((bq, 1), sink_ref[n], jnp.float32)
-    return nz.row_inputs(sink, cnt_ref[...] if c.needs_counts else None)
+    terms = None if terms_refs is None else tuple(r[...] for r in terms_refs)
+    return nz.row_inputs(sink, cnt_ref[...] if c.needs_counts else None, terms)
 
   @pl.when(s == 0)
   def _():
@@ -465,6 +540,9 @@ def forward(
   G = c.G
   mods = mod_inputs(c, score_args, mask_args, offsets)
   cnt = counts(c, kind, fetch, q_seg, kv_seg, mods) if c.needs_counts else None
+  terms = None
+  if c.nz.needs_lse:
+    terms = softmax_terms(c, kind, fetch, qh, kh, q_seg, kv_seg, mods)
 
   in_specs = [
     pl.BlockSpec((None, None, c.bq, c.H), lambda b, n, i, s, kr, fr: (b, n, i, 0)),
@@ -483,6 +561,9 @@ def forward(
   if c.needs_counts:
     args.append(cnt)
     in_specs.append(row_spec)
+  if terms is not None:
+    args += list(terms)
+    in_specs += [row_spec, row_spec]
   if c.has_segments:
     args += [q_seg, kv_seg]
     in_specs += _seg_specs(

@@ -6,7 +6,7 @@ Implementation behind the public module :mod:`attnjax.block_select`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Mapping, Optional, get_args
 
 import jax
 import jax.numpy as jnp
@@ -327,7 +327,9 @@ def _online_tile(nz, z: Array, allowed: Array, pv, sink_rows: Optional[Array], H
     counts = jnp.sum(
       jnp.broadcast_to(allowed, (B, K, R, L)), axis=-1, keepdims=True, dtype=jnp.float32
     )
-  row = nz.row_inputs(sink_rows, counts)
+  # The tile holds every key of its rows: a needs_lse normaliser's log-normaliser is the tile's.
+  terms = normalizers.row_softmax_terms(z, allowed) if nz.needs_lse else None
+  row = nz.row_inputs(sink_rows, counts, terms)
   st = nz.init((B, K, R, 1), (B, K, R, Hv), False)
   return nz.finish(nz.visit(st, z, allowed, pv, row, False, False), row, False)[0]
 
@@ -346,7 +348,8 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
   causal, a constant causal triangle on the own block's columns. Without statistics the tile goes through
   the normaliser's online form for one tile
   (:meth:`~attnjax.normalizers.Normalizer.visit` then ``finish``); with
-  statistics, its materialised :meth:`~attnjax.normalizers.Normalizer.weights`.
+  statistics (and for a weights-only normaliser), its materialised weights
+  (:meth:`~attnjax.normalizers.Normalizer.materialize`).
   """
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
@@ -377,13 +380,17 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
     kv_seg = jnp.reshape(_pad_to(kv_seg, Tp, value=-2), (B, 1, nb, bs))
   else:
     q_seg = jnp.zeros((nb,), jnp.int32)  # an unused placeholder
-  nz = normalizers.REGISTRY[opts.normalizer]
-  sink_rows = None
-  if inputs.sink_logits is not None:
-    sink_rows = jnp.reshape(
-      jnp.broadcast_to(jnp.reshape(f32(inputs.sink_logits), (1, K, G, 1, 1)), (1, K, G, bs, 1)),
-      (1, K, R, 1),
+  nz = normalizers.get(opts.normalizer)
+
+  def head_rows(x):  # [1, N|1, 1, 1] per head -> rows [1, K|1, R|1, 1]
+    if x.shape[1] == 1:
+      return jnp.reshape(f32(x), (1, 1, 1, 1))
+    return jnp.reshape(
+      jnp.broadcast_to(jnp.reshape(f32(x), (1, K, G, 1, 1)), (1, K, G, bs, 1)), (1, K, R, 1)
     )
+
+  sink_rows = None if inputs.sink_logits is None else head_rows(inputs.sink_logits)
+  params = {p.name: head_rows(x) for p, x in zip(nz.params, inputs.normalizer_params)}
 
   def one_block(xs):
     i, blocks, q_seg_i = xs  # [], [B, K, ns], [B, bs]
@@ -406,10 +413,13 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
     time_major = lambda o: jnp.reshape(
       jnp.transpose(jnp.reshape(o, (B, K, G, bs, Hv)), (0, 3, 1, 2, 4)), (B, bs, N, Hv)
     )
-    if not opts.return_stats:
+    if not opts.return_stats and not nz.weights_only:
       return time_major(_online_tile(nz, z, allowed, pv, sink_rows, Hv))
     allowed = jnp.broadcast_to(allowed, (B, K, R, L))
-    w, log_norm = nz.weights(z, allowed, sink_rows)
+    # The tile holds every key of its rows: a weights-only normaliser's whole rows.
+    w, log_norm = nz.materialize(z, allowed, sink_rows, params)
+    if not opts.return_stats:
+      return time_major(pv(w))
     key0 = jnp.logical_and(pos == 0, ok)[:, :, None, :]
     return time_major(pv(w)), _row_stats(z, w, allowed, log_norm, key0)
 
@@ -469,6 +479,7 @@ def _block_select_attention(
   query_pool: Optional[QueryPool] = None,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   segment_ids: Any = None,
@@ -494,8 +505,10 @@ def _block_select_attention(
       choice when causal) or ``"mean"`` (its mean query; the default when not
       causal); see the module docstring.
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`; normalisers
+    normalizer: a registered normaliser's name; normalisers
       that count allowed keys count the attended (selected, unmasked) keys.
+    normalizer_params: a weights-only normaliser's learned parameters by name (as
+      :func:`attnjax.dot_product_attention`).
     sink_logits: ``[N]`` learned null-column logits (softmax only).
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
     segment_ids: ``[B, T]`` ids (or a pair of them), intersected with the

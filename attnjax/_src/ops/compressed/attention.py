@@ -6,7 +6,7 @@ Implementation behind the public module :mod:`attnjax.compressed`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, NamedTuple, Optional, Union
+from typing import Any, Literal, Mapping, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -221,11 +221,13 @@ def _grouped_queries(
   B, T, N, H = q.shape
   C, s = k_c.shape[1], stride
   Hv = v_c.shape[3]
-  nz = normalizers.REGISTRY[opts.normalizer]
+  nz = normalizers.get(opts.normalizer)
   part_opts = (
     opts
     if window is None
-    else dataclasses.replace(opts, normalizer=nz.merge_part, return_stats=True)
+    else dataclasses.replace(
+      opts, normalizer=normalizers.merge_part(opts.normalizer), return_stats=True
+    )
   )
   # Query i at padded row i + 1; rows (p * s .. p * s + s - 1) form group p; group 0 is dropped.
   qp = jnp.pad(q, [(0, 0), (1, (C + 1) * s - T - 1), (0, 0), (0, 0)])
@@ -386,7 +388,8 @@ def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, c: _Rule
     and T == S
     and inputs.q_segment_ids is None
     and not opts.return_stats
-    and (c.window is None or normalizers.REGISTRY[opts.normalizer].mergeable)
+    and not inputs.normalizer_params  # the grouped rows stack heads: learned ones take one call
+    and (c.window is None or normalizers.merge_part(opts.normalizer) is not None)
   ):
     return _grouped_forward(inputs, opts, k_c, v_c, c.stride, c.window, c.block_size)
   return _one_call(inputs, opts, k_c, v_c, c.stride, c.is_causal, c.window, c.block_size)
@@ -431,6 +434,7 @@ def _compressed(
   window,
   scale,
   normalizer,
+  normalizer_params,
   sink_logits,
   softcap,
   segment_ids,
@@ -481,6 +485,7 @@ def _compressed_attention(
   window: Union[int, tuple[int, int], None] = None,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   segment_ids: Any = None,
@@ -511,8 +516,10 @@ def _compressed_attention(
       (cut at ``j <= i`` when causal), an int ``w >= 0`` means ``(w, 0)``:
       keys ``i - w .. i``, as ``window`` everywhere.
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`; normalisers that
+    normalizer: a registered normaliser's name; normalisers that
       count allowed keys count the compressed and raw keys a row sees.
+    normalizer_params: a weights-only normaliser's learned parameters by name (as
+      :func:`attnjax.dot_product_attention`).
     sink_logits: ``[N]`` learned null-column logits; softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
     segment_ids: ``[B, T]`` when ``T == S`` or a pair ``([B, T], [B, S])``; a

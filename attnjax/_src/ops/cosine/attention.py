@@ -8,7 +8,7 @@ the public module :mod:`attnjax.qk_norm`.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional, Union, get_args
+from typing import Any, Literal, Mapping, Optional, Union, get_args
 
 import jax.numpy as jnp
 
@@ -59,6 +59,7 @@ def _cosine_attention(
   mask: Optional[Array] = None,
   is_causal: bool = False,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   window: Optional[Union[int, tuple[int, int]]] = None,
@@ -87,7 +88,7 @@ def _cosine_attention(
   The logits depend only on directions, so rescaling any ``q_i`` or ``k_j`` by a
   positive factor changes nothing (up to ``eps``); dot-product attention keeps
   the norms. Every other option (``bias``, ``mask``, ``is_causal``,
-  ``normalizer``, ``sink_logits``, ``softcap``, ``window``, ``segment_ids``,
+  ``normalizer``, ``normalizer_params``, ``sink_logits``, ``softcap``, ``window``, ``segment_ids``,
   ``implementation``, ``return_stats``, ``score_mod``, ``score_mod_args``,
   ``mask_mod``, ``mask_mod_args``, ``block_layout``, ``context_axis``,
   ``context_strategy``, ``context_layout``) is that of

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import jax.numpy as jnp
 
@@ -248,6 +248,7 @@ def _dot_product_attention(
   implementation: Optional[ImplementationName] = None,
   return_residual: bool = False,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   window: Optional[Union[int, tuple[int, int]]] = None,
@@ -308,9 +309,13 @@ def _dot_product_attention(
       jax.nn's masked logit, ``-0.7 * float32 max``. Softmax-like
       normalisers only (others raise). Unlike jax.nn's it carries a
       gradient; it is not computed by the ``"xla"`` / ``"cudnn"`` paths.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (``"softmax"``,
-      ``"softmax_one"``, ``"sigmoid"``, ``"softpick"``, ``"none"``, ...; see the
-      table in :mod:`attnjax.normalizers`).
+    normalizer: the name of a registered normaliser (:func:`attnjax.normalizers.names`):
+      a built-in of :data:`attnjax.normalizers.NORMALIZERS` (``"softmax"``,
+      ``"softmax_one"``, ``"sigmoid"``, ``"softpick"``, ``"none"``, ``"relu"``; see the
+      table in :mod:`attnjax.normalizers`) or one of :func:`attnjax.normalizers.register`.
+    normalizer_params: the learned parameters of a weights-only normaliser that declares
+      some (:class:`attnjax.normalizers.Param`), by name: ``[N]`` arrays (per head) or
+      scalars (per layer), with gradients; one left out takes its ``init``.
     sink_logits: ``[N]`` learned per-head logit of a null key that takes
       softmax mass and is dropped (gpt-oss); softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` logit capping (Gemma 2), applied to

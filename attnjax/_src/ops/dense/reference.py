@@ -45,7 +45,12 @@ def reference(inputs: options.DenseInputs, opts: options.DenseOptions, *, positi
     allowed = jnp.ones((1, 1, 1, 1), bool)
   sink = None if inputs.sink_logits is None else inputs.sink_logits.astype(jnp.float32)
   # The name was validated (options.validate): the registry's normaliser itself.
-  w, log_norm = normalizers.REGISTRY[opts.normalizer].weights(z, allowed, sink)
+  nz = normalizers.REGISTRY[opts.normalizer]
+  if isinstance(nz, normalizers.WeightsOnly):
+    params = {p.name: x for p, x in zip(nz.params, inputs.normalizer_params)}
+    w, log_norm = nz.materialize(z, allowed, sink, params)
+  else:
+    w, log_norm = nz.weights(z, allowed, sink)
   w_grouped = jnp.reshape(w, (B, K, N // K, T, S))
   out = jnp.einsum("bkgts,bskh->btkgh", w_grouped, v.astype(jnp.float32))
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)

@@ -8,7 +8,7 @@ public module :mod:`attnjax.mla`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -192,6 +192,7 @@ def _mla(
   is_causal,
   scale,
   normalizer,
+  normalizer_params,
   sink_logits,
   softcap,
   window,
@@ -243,6 +244,7 @@ def _mla_attention(
   is_causal: bool = False,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   window: Optional[Union[int, tuple[int, int]]] = None,
@@ -286,7 +288,9 @@ def _mla_attention(
     bias: float, added to the logits; broadcastable to ``[B, N, T, S]``.
     mask: boolean, True = may attend; broadcastable to ``[B, N, T, S]``.
     is_causal: query ``i`` sees keys ``j <= i + S - T``.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS`.
+    normalizer: a registered normaliser's name (:mod:`attnjax.normalizers`).
+    normalizer_params: a weights-only normaliser's learned parameters by name (as
+      :func:`attnjax.dot_product_attention`).
     sink_logits: ``[N]`` learned null-column logits (gpt-oss).
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits.
     window: ``(left, right)`` or ``w`` meaning ``(w, 0)``.

@@ -7,7 +7,7 @@ q and k and has dense's engines, in dense's order. Implementation behind the pub
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union, get_args
+from typing import Any, Literal, Mapping, Optional, Union, get_args
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +71,7 @@ def _qk_norm_attention(
   is_causal: bool = False,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   window: Optional[Union[int, tuple[int, int]]] = None,
@@ -91,7 +92,7 @@ def _qk_norm_attention(
   ``q`` and ``k`` are normalised over the head dim (in float32, returned to the
   input dtype), multiplied by the optional learned gains, and passed to
   :func:`attnjax.dot_product_attention` with every other option: ``bias``,
-  ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``sink_logits``,
+  ``mask``, ``is_causal``, ``scale``, ``normalizer``, ``normalizer_params``, ``sink_logits``,
   ``softcap``, ``window``, ``segment_ids``, ``implementation``,
   ``return_stats``, ``score_mod``, ``score_mod_args``, ``mask_mod``,
   ``mask_mod_args``, ``block_layout``, ``context_axis``, ``context_strategy``

@@ -6,7 +6,7 @@ Implementation behind the public module :mod:`attnjax.sparse`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -113,8 +113,15 @@ def block_sparse(
     use_default_mask_fn=False,
     positions=positions,
     mod_table=mod_table,
+    roll_query_blocks=True,  # one loop body for every row of the pattern: see the module
   )
 
+
+# The strided pattern runs as its two merged factors (_strided_two_pass) from this length on:
+# below it, its block plan (one rolled loop) computes little more and compiles in a fraction of
+# the time of two attention programs and a merge (T=512: 4.2x dense-with-mask's compile time
+# against ~2x; `experiments/bench.py --suite pattern_compile`).
+STRIDED_TWO_PASS_MIN_LENGTH = 2048
 
 # Query blocks per chunk of the banded path: bounds its working memory, whatever the length
 # (the kernel unrolls a chunk's few query blocks; see blockwise.MAX_UNROLLED_Q_BLOCKS).
@@ -332,8 +339,10 @@ def _strided_two_pass(
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   K, Hv = k.shape[2], v.shape[3]
-  nz = normalizers.REGISTRY[opts.normalizer]
-  plain = dataclasses.replace(opts, normalizer=nz.merge_part, return_stats=True)
+  nz = normalizers.get(opts.normalizer)
+  plain = dataclasses.replace(
+    opts, normalizer=normalizers.merge_part(opts.normalizer), return_stats=True
+  )
   no_sink = dataclasses.replace(inputs, sink_logits=None)
   local = patterns.sliding_window(stride)
   if T > 2 * CHUNK_BLOCKS * block_size:
@@ -513,7 +522,8 @@ def _blockwise(
   if (
     isinstance(pattern, patterns.Strided)
     and T == S
-    and normalizers.REGISTRY[opts.normalizer].mergeable
+    and T >= STRIDED_TWO_PASS_MIN_LENGTH
+    and normalizers.merge_part(opts.normalizer) is not None  # merges only where it may
     and inputs.bias is None
     and inputs.q_segment_ids is None
     and not opts.return_stats
@@ -524,19 +534,25 @@ def _blockwise(
   return block_sparse(inputs, opts, pattern, block_size)
 
 
+# Auto-dispatch takes the block-wise engine from this sequence length on (the longer of T and
+# S), as dense does (dense.BLOCKWISE_MIN_LENGTH_CPU): a shorter call has little to skip, and
+# the pattern's mask on the reference compiles in a fraction of a block plan's time
+# (`experiments/bench.py --suite pattern_compile`).
+BLOCKWISE_MIN_LENGTH = 256
+
 # The sparse op: its call is ``(inputs, opts, pattern, block_size)``; auto-dispatch takes the
-# block-wise engine everywhere (its plans are its internals: see _blockwise).
+# block-wise engine from BLOCKWISE_MIN_LENGTH on, the reference below.
 ENGINES: dict[str, _op.Engine] = {
   e.name: e
   for e in (
     _op.Engine("reference", _reference, _op.supports_everything),
-    _op.Engine("blockwise", _blockwise, _op.supports_everything),
+    _op.Engine("blockwise", _blockwise, _op.supports_everything, min_length=BLOCKWISE_MIN_LENGTH),
   )
 }
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 ImplementationName = Literal[IMPLEMENTATIONS]
 PREFERENCES: dict[str, tuple[str, ...]] = {}
-FALLBACK: tuple[str, ...] = ("blockwise",)
+FALLBACK: tuple[str, ...] = ("blockwise", "reference")
 
 
 def _samples() -> tuple[_op.Sample, ...]:
@@ -578,6 +594,7 @@ OP = _op.register(
     is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
     context=context,
     context_axis=lambda inputs, opts, *_: opts.context_axis,
+    length=lambda inputs, *_: max(inputs.q.shape[1], inputs.k.shape[1]),
     renamed={"block_sparse": "blockwise"},
     samples=_samples,
   )
@@ -594,6 +611,7 @@ def _sparse_attention(
   bias: Optional[Array] = None,
   scale: Optional[float] = None,
   normalizer: str = "softmax",
+  normalizer_params: Optional[Mapping[str, Array]] = None,
   sink_logits: Optional[Array] = None,
   softcap: Optional[float] = None,
   segment_ids: Any = None,
@@ -621,14 +639,17 @@ def _sparse_attention(
     bias: float, added to the logits; broadcastable to ``[B, N, T, S]`` (the
       block-sparse path slices it per visited block).
     scale: logit scale; None means ``H ** -0.5``.
-    normalizer: a name in :data:`attnjax.normalizers.NORMALIZERS` (see the table
-      in :mod:`attnjax.normalizers`); normalisers that count allowed keys
+    normalizer: a registered normaliser's name (see the table in
+      :mod:`attnjax.normalizers`); normalisers that count allowed keys
       (sigmoid's bias ``-log n``) count the keys the pattern allows in each row.
+    normalizer_params: a weights-only normaliser's learned parameters by name (as
+      :func:`attnjax.dot_product_attention`).
     sink_logits: ``[N]`` learned null-column logits (gpt-oss); softmax only.
     softcap: ``c`` for ``c * tanh(z / c)`` on the scaled logits (Gemma 2).
     segment_ids: ``[B, T]`` ids when ``T == S``, or a pair ``([B, T], [B, S])``;
       intersected with the pattern.
-    implementation: None (auto: ``"blockwise"``), ``"reference"`` or ``"blockwise"``
+    implementation: None (auto: ``"blockwise"`` from :data:`attnjax.sparse.BLOCKWISE_MIN_LENGTH` tokens on,
+      ``"reference"`` below, as dense attention), ``"reference"`` or ``"blockwise"``
       (the engines of :data:`~attnjax.sparse.OP`; the old name ``"block_sparse"`` still works and warns
       once).
     return_stats: also return :class:`attnjax.AttentionStats`.
