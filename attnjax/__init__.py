@@ -23,7 +23,7 @@ from attnjax import patterns
 # The families' and the vocabulary's public modules, as attributes (attnjax.dense.ENGINES).
 from attnjax import attention_stats as attention_stats, block_select as block_select
 from attnjax import compressed as compressed, cosine as cosine, delta_rule as delta_rule
-from attnjax import dense as dense
+from attnjax import dense as dense, dsa as dsa, nsa as nsa
 from attnjax import gated_linear as gated_linear, layout as layout, linear as linear
 from attnjax import mla as mla
 from attnjax import options as options, parallel as parallel, qk_norm as qk_norm
@@ -32,11 +32,13 @@ from attnjax.attention_stats import AttentionStats
 from attnjax.block_select import block_select_attention
 from attnjax.compressed import compressed_attention
 from attnjax.dense import dot_product_attention
+from attnjax.dsa import dsa_attention
 from attnjax.delta_rule import delta_rule_attention
 from attnjax.gated_linear import gated_linear_attention
 from attnjax.linear import linear_attention
 from attnjax.cosine import cosine_attention
 from attnjax.mla import mla_attention
+from attnjax.nsa import nsa_attention
 from attnjax.qk_norm import qk_norm_attention
 from attnjax.sparse import sparse_attention
 from attnjax import stats
@@ -70,6 +72,7 @@ __all__ = [
   "cosine_attention",
   "delta_rule_attention",
   "dot_product_attention",
+  "dsa_attention",
   "feature_maps",
   "gated_linear_attention",
   "linear_attention",
@@ -79,6 +82,7 @@ __all__ = [
   "mods",
   "nn",
   "normalizers",
+  "nsa_attention",
   "patterns",
   "qk_norm_attention",
   "sparse_attention",

@@ -372,12 +372,22 @@ def _pattern_pairs(pattern, T: int) -> int:
 
 @suite("sparse")
 def sparse_suite(args) -> Iterable[Case]:
-  """Block-sparse patterns, causal forward (B=1, N=8, H=64, fp32), against dense jax.nn causal at T=4096.
+  """Block-sparse patterns, causal forward (B=1, N=8, H=64, fp32), against dense jax.nn causal at T=4096; NSA and DSA fwd+bwd against our block-wise dense.
 
   Rows of the first shape are divided by the same baseline
   (jax.nn.dot_product_attention causal at T=4096); jax.nn is never run at
   T=16384 (its logits need ~16 GiB). The "T=16384/T=4096" rows divide the
   window's time by its own time at T=4096 (linear growth: 4x).
+
+  "fwd+bwd T=..." rows (``--long-sizes``, default 32768,65536; shape ``--trained-shape``,
+  default B=1, N=8, K=1, H=64): NSA in fla's configuration (block 64, 16 selected blocks,
+  window 512) and the paper's (compression 32 at stride 16, selection 64), and DSA with
+  top-k 2048 (at 32768 only; indexer of 4 heads of 64 and its top-k included), each
+  forward + backward divided by the block-wise dense causal engine's. Issue 58's targets on
+  a CPU: NSA at most 0.35x at 32k and 0.2x at 64k, DSA at most 0.3x at 32k. The
+  "crossover T=..." rows (``--crossover-sizes``, default 2048..16384) give the length from
+  which each becomes faster than dense, printed below the table; ``--memory`` adds their
+  peak temporary memory at 64k over 32k (target at most 2.2x).
   """
   B, N, H = 1, 8, 64
   shape = "B=1,N=8,H=64"
@@ -434,6 +444,169 @@ def sparse_suite(args) -> Iterable[Case]:
       (q, k, v),
       attention_flops(B, N, H, _pattern_pairs(pattern, 4096)),
     )
+  # NSA and DSA, forward + backward against the block-wise dense engine at the long lengths
+  # (--long-sizes), and at the shorter ones of --crossover-sizes for the crossover lengths.
+  B, N, K, H = trained_shape(args)
+  trained = f"B={B},N={N},K={K},H={H}"
+  for T in parse_sizes(getattr(args, "long_sizes", None) or "32768,65536"):
+    yield from trained_cases(B, N, K, H, T, f"fwd+bwd T={T} ({trained})", dsa=T <= 32768)
+  for T in parse_sizes(getattr(args, "crossover_sizes", None) or "2048,4096,8192,16384"):
+    yield from trained_cases(B, N, K, H, T, f"crossover T={T}")
+
+
+# ---------------------------------------------------------------------------
+# Trainable sparse attention: NSA and DSA (in --suite sparse).
+
+# fla's NSA configuration (one block size 64 for compression and selection, 16 selected
+# blocks, window 512) and the paper's (compression 32 at stride 16, selection 64).
+NSA_CONFIGS = {
+  "fla": dict(block_length=64, stride=64, selection_block=64, num_selected=16, window=512),
+  "paper": dict(block_length=32, stride=16, selection_block=64, num_selected=16, window=512),
+}
+DSA_TOP_K = 2048
+DSA_INDEX = (4, 64)  # indexer heads NI, head dim HI
+
+
+def trained_shape(args) -> tuple[int, int, int, int]:
+  """``(B, N, K, H)`` of the NSA / DSA rows (``--trained-shape``; default 1,8,1,64: 8 query
+  heads sharing one KV head, DeepSeek's MQA-style grouping, which the selected blocks' gather
+  serves once per group)."""
+  B, N, K, H = (int(x) for x in (getattr(args, "trained_shape", None) or "1,8,1,64").split(","))
+  return B, N, K, H
+
+
+def nsa_call(config: str):
+  opts = NSA_CONFIGS[config]
+
+  def call(q, k, v, gates):
+    return attnjax.nsa_attention(q, k, v, gates, **opts)
+
+  return call
+
+
+def nsa_pairs(T: int, config: str) -> int:
+  """Keys NSA attends summed over queries: ended compressed blocks, selected keys, window."""
+  o = NSA_CONFIGS[config]
+  t = np.arange(T)
+  compressed = np.maximum(0, (t - o["block_length"] + 1) // o["stride"] + 1)
+  selected = np.minimum(t + 1, o["num_selected"] * o["selection_block"])
+  window = np.minimum(t + 1, o["window"] + 1)
+  return int((compressed + selected + window).sum())
+
+
+def dsa_inputs(B: int, T: int, seed: int = 3):
+  NI, HI = DSA_INDEX
+  keys = jax.random.split(jax.random.key(seed), 3)
+  return (
+    jax.random.normal(keys[0], (B, T, NI, HI)),
+    jax.random.normal(keys[1], (B, T, HI)),
+    jax.random.normal(keys[2], (B, T, NI)),
+  )
+
+
+def trained_cases(B: int, N: int, K: int, H: int, T: int, shape: str, *, dsa: bool = True):
+  """Forward + backward rows at length ``T``: the block-wise dense causal baseline, NSA in
+  both configurations, and DSA at top-k 2048 (its indexer and top-k included: the indexer
+  gets no gradient from the attention, as in DeepSeek-V3.2)."""
+  q, k, v = qkv(B, T, N, H, K=K)
+  gates = jax.nn.sigmoid(jax.random.normal(jax.random.key(7), (B, T, N, 3)))
+  dense_pairs = allowed_pairs(T, T, is_causal=True)
+  yield Case(
+    "sparse",
+    "attnjax blockwise dense causal fwd+bwd",
+    shape,
+    fwd_bwd(
+      lambda q, k, v: attnjax.dot_product_attention(
+        q, k, v, is_causal=True, implementation="blockwise"
+      )
+    ),
+    (q, k, v),
+    attention_flops(B, N, H, dense_pairs, backward=True),
+    baseline=True,
+  )
+  for config in NSA_CONFIGS:
+    call = nsa_call(config)
+    yield Case(
+      "sparse",
+      f"nsa {config} ({', '.join(f'{a}={b}' for a, b in NSA_CONFIGS[config].items())}) fwd+bwd",
+      shape,
+      fwd_bwd(lambda q, k, v, call=call: call(q, k, v, gates)),
+      (q, k, v),
+      attention_flops(B, N, H, nsa_pairs(T, config), backward=True),
+    )
+  if dsa:
+    iq, ik, iw = dsa_inputs(B, T)
+    yield Case(
+      "sparse",
+      f"dsa top_k={DSA_TOP_K} (indexer NI={DSA_INDEX[0]}, HI={DSA_INDEX[1]}) fwd+bwd",
+      shape,
+      fwd_bwd(lambda q, k, v: attnjax.dsa_attention(q, k, v, iq, ik, iw, top_k=DSA_TOP_K)),
+      (q, k, v),
+      attention_flops(B, N, H, T * min(T, DSA_TOP_K), backward=True),
+    )
+
+
+def crossover_report(rows: list[dict]) -> list[str]:
+  """Lines naming, for each NSA / DSA row, the length from which it is faster than the dense
+  baseline of its shape: interpolated in log length between the two measured lengths whose
+  ratios straddle 1 ("below the shortest" / "above the longest" when they do not)."""
+  by_method: dict[str, list] = {}
+  for r in rows:
+    if not r["shape"].startswith("crossover T=") or r["baseline"] or r["error"]:
+      continue
+    T = int(r["shape"].split("=")[1])
+    by_method.setdefault(r["method"], []).append((T, r["ratio"]))
+  lines = []
+  for method, points in by_method.items():
+    points.sort()
+    found = None
+    for (t0, r0), (t1, r1) in zip(points, points[1:]):
+      if r0 >= 1.0 > r1:
+        w = np.log(r0) / (np.log(r0) - np.log(r1))
+        found = f"~{int(round(np.exp(np.log(t0) + w * (np.log(t1) - np.log(t0)))))} tokens"
+        break
+    if found is None:
+      found = f"below T={points[0][0]}" if points[0][1] < 1.0 else f"above T={points[-1][0]}"
+    ratios = ", ".join(f"T={t}: {r:.2f}x" for t, r in points)
+    lines.append(f"- {method}: faster than dense from {found} ({ratios})")
+  return lines
+
+
+def _trained_memory(kind: str, T: int):
+  def make():
+    B, N, K, H = trained_shape(None)
+    q, k, v = qkv(B, T, N, H, K=K)
+    if kind == "dsa":
+      iq, ik, iw = dsa_inputs(B, T)
+      step = fwd_bwd(lambda q, k, v: attnjax.dsa_attention(q, k, v, iq, ik, iw, top_k=DSA_TOP_K))
+    else:
+      gates = jnp.full((B, T, N, 3), 0.5)
+      call = nsa_call(kind.split()[1])
+      step = fwd_bwd(lambda q, k, v: call(q, k, v, gates))
+    return step, (q, k, v)
+
+  return make
+
+
+for _kind in ("nsa fla", "nsa paper", "dsa"):
+  for _T in (32768, 65536):
+    memory_case(f"{_kind} fwd+bwd T={_T} (B=1, N=8, K=1, H=64, fp32)")(_trained_memory(_kind, _T))
+
+
+def memory_growth(memory: list[dict]) -> list[str]:
+  """Lines dividing each NSA / DSA case's XLA temporaries at T=65536 by those at T=32768."""
+  temp = {m["case"]: m.get("xla_temp_mib") for m in memory if "error" not in m}
+  lines = []
+  for name, value in temp.items():
+    if "T=65536" not in name or value is None:
+      continue
+    base = temp.get(name.replace("T=65536", "T=32768"))
+    if base:
+      lines.append(
+        f"- {name.split(' fwd')[0]}: temporaries {value:.0f} MiB at T=65536 over "
+        f"{base:.0f} MiB at T=32768 = {value / base:.2f}x"
+      )
+  return ([""] + lines + [""]) if lines else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -562,15 +735,16 @@ def train_suite(args) -> Iterable[Case]:
   ``6 L T D`` (Kaplan et al. 2020; PaLM app. B), so "% matmul" is the model-FLOPs
   utilisation (MFU) against this run's measured matmul rate. "with per-step
   stats" is the step the loop runs (layers report max logit, entropy, F-Attn);
-  "plain" skips them. ``--sizes`` sets the batch sizes (default 32, the preset's).
+  "plain" skips them. ``--sizes`` sets the batch sizes (default: the preset's).
   """
   from attnjax.train.config import load_config
   from attnjax.train import Trainer
   from attnjax.train import make_train_step
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  preset = load_config(os.path.join(root, "experiments/configs/compare.py:preset=cpu"))
   for variant in ("dense", "qk_layernorm"):
-    for batch in parse_sizes(args.sizes or "32"):
+    for batch in parse_sizes(args.sizes or str(preset.data.batch_size)):
       cfg = load_config(
         os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
         [f"variant={variant}", f"data.batch_size={batch}", "train.num_devices=1"],
@@ -602,6 +776,84 @@ def train_suite(args) -> Iterable[Case]:
           (trainer.state, trainer.rest, inputs, targets),
           trainer.flops_per_token * tokens,
           baseline=not with_stats,
+          tokens=tokens,
+        )
+
+
+@suite("seeds")
+def seeds_suite(args) -> Iterable[Case]:
+  """The seeds of one arm of the main job (experiments/configs/compare.py:preset=cpu, dense
+  and qk_layernorm): S training steps of one seed each, called one after another (how S
+  separate runs step), against one step of the S seeds stacked on a leading axis of their
+  parameters, optimiser states and batches, as ``attnjax.train.train_seeds`` trains them:
+  ``jax.lax.map`` (the step's kernels once per seed, in one program; its default on a CPU)
+  and ``jax.vmap`` (batched kernels; its default on accelerators). Each call runs 5 steps
+  of each; a ratio below 1 is what stacking saves per step (separate runs also compile
+  their step S times, a group once). ``--sizes`` sets S (default 3)."""
+  from attnjax.train import Trainer, make_train_step, stacked_step
+  from attnjax.train.config import load_config
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  calls = 5
+  for variant in ("dense", "qk_layernorm"):
+    for S in parse_sizes(args.sizes or "3"):
+      trainers = []
+      for seed in range(S):
+        cfg = load_config(
+          os.path.join(root, "experiments/configs/compare.py:preset=cpu"),
+          [f"variant={variant}", f"seed={seed}", "train.num_devices=1"],
+        )
+        cfg.run_dir = os.path.join("/tmp", f"attnjax_bench_seeds_{seed}")
+        trainers.append(Trainer(cfg))
+      first = trainers[0]
+      fn = make_train_step(
+        first.graphdef,
+        first.optimizer,
+        stats=cfg.train.step_stats,
+        microbatches=cfg.train.microbatches,
+      )
+      one = jax.jit(fn)
+      stacked = {k: stacked_step(fn, k, donate=False) for k in ("map", "vmap")}
+      batches = [t.dp.batch_args(t.batches.batch("train", 0)) for t in trainers]
+      stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+      # The suite's cases are all built before any is timed: bind this variant's steps now.
+      def separate(states, rests, batches, one=one):
+        out = []
+        for _ in range(calls):
+          out = [one(st, r, *b) for st, r, b in zip(states, rests, batches)]
+        return out
+
+      def together(state, rest, *batch, step=None):
+        for _ in range(calls):
+          out = step(state, rest, *batch)
+        return out
+
+      tokens = calls * S * cfg.data.batch_size * cfg.data.seq_len
+      flops = first.flops_per_token * tokens
+      shape = (
+        f"{variant} x{S} seeds, B={cfg.data.batch_size} T={cfg.data.seq_len} "
+        f"D={cfg.model.d_model} L={cfg.model.num_layers}, {calls} steps per call"
+      )
+      yield Case(
+        "seeds",
+        f"{S} separate steps",
+        shape,
+        separate,
+        ([t.state for t in trainers], [t.rest for t in trainers], batches),
+        flops,
+        baseline=True,
+        tokens=tokens,
+      )
+      for kind, step in stacked.items():
+        state = stack([t.state for t in trainers])
+        yield Case(
+          "seeds",
+          f"one stacked step ({'lax.map' if kind == 'map' else 'vmap'} over {S})",
+          shape,
+          lambda *args, step=step: together(*args, step=step),
+          (state, stack([t.rest for t in trainers]), *stack(batches)),
+          flops,
           tokens=tokens,
         )
 
@@ -2185,6 +2437,7 @@ def _memory_child(name: str) -> None:
         "before_run_mib": base,
         "after_compile_mib": after_compile,
         "xla_buffers_mib": xla,
+        "xla_temp_mib": None if m is None else m.temp_size_in_bytes / 2.0**20,
       }
     )
   )
@@ -2333,6 +2586,17 @@ def main(argv=None) -> None:
     "--sizes", default=None, help="comma-separated sequence lengths (suite default if unset)"
   )
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument(
+    "--long-sizes", default=None, help="--suite sparse: NSA / DSA lengths (default 32768,65536)"
+  )
+  p.add_argument(
+    "--crossover-sizes",
+    default=None,
+    help="--suite sparse: lengths of the crossover rows (default 2048,4096,8192,16384)",
+  )
+  p.add_argument(
+    "--trained-shape", default=None, help="--suite sparse: B,N,K,H of the NSA / DSA rows"
+  )
   p.add_argument("--memory", action="store_true", help="also run the memory cases")
   p.add_argument(
     "--memory-filter", default="", help="run only memory cases whose name contains this"
@@ -2374,6 +2638,10 @@ def main(argv=None) -> None:
     if n not in _SUITES:
       p.error(f"--suite {n!r} is not one of {sorted(_SUITES)}")
   results = run_suites(names, args) if names else []
+  crossovers = crossover_report(results)
+  if crossovers:
+    print("Crossover lengths (forward + backward against block-wise dense causal):\n")
+    print("\n".join(crossovers) + "\n")
   memory = []
   if args.memory and _MEMORY:
     print("## memory (peak resident set of a fresh process)\n")
@@ -2397,6 +2665,8 @@ def main(argv=None) -> None:
         else f"| {name} | error: {m['error']} | | |"
       )
     print()
+    for line in memory_growth(memory):
+      print(line)
   if args.json:
     tmp = args.json + ".tmp"
     with open(tmp, "w") as f:

@@ -70,9 +70,14 @@ def parse(lines: list[str]) -> tuple[list[Instr], dict[str, int]]:
 
 
 def loops(instrs: list[Instr], labels: dict[str, int]) -> list[tuple[int, int]]:
-  """``[start, end]`` instruction ranges closed by a backward branch (``end`` the branch)."""
+  """``[start, end]`` instruction ranges closed by a backward branch (``end`` the branch).
+
+  ptxas puts out-of-line blocks (an mbarrier wait's retry) after the function's last EXIT and
+  branches from them back into the code: those branches close no loop (taken for one, they
+  would span every tile loop between their target and the end)."""
+  last_exit = max((i for i, ins in enumerate(instrs) if ins.opcode == "EXIT"), default=len(instrs))
   found = []
-  for i, ins in enumerate(instrs):
+  for i, ins in enumerate(instrs[: last_exit + 1]):
     if ins.opcode.startswith("BRA"):
       m = _BRANCH.search(ins.text)
       if m and m.group(1) in labels and labels[m.group(1)] <= i:
@@ -166,6 +171,7 @@ class LoopStats:
   hgmma: int
   units: int
   order: list[tuple[int, str]]
+  register_lhs_units: int = 0  # committed wgmma groups whose lhs is a register tile
 
   @property
   def arrive_after_last_ex2(self) -> bool | None:
@@ -185,6 +191,7 @@ def loop_stats(instrs, labels) -> LoopStats | None:
     return None
   body = instrs[span[0] : span[1] + 1]
   count = lambda p: sum(1 for x in body if x.opcode.startswith(p))
+  committing = [x for x in body if x.opcode.startswith("HGMMA") and "gsb0" in x.text]
   return LoopStats(
     instructions=len(body),
     fmul=count("FMUL"),
@@ -193,7 +200,22 @@ def loop_stats(instrs, labels) -> LoopStats | None:
     hgmma=count("HGMMA"),
     units=sum(1 for x in body if x.opcode.startswith("HGMMA") and "gsb0" in x.text),
     order=events(body),
+    register_lhs_units=sum(1 for x in committing if _REGISTER_LHS.match(x.text)),
   )
+
+
+# ``HGMMA.<shape> Rd, Ra, gdesc[...]``: the lhs a register tile (``gdesc`` first: shared memory).
+_REGISTER_LHS = re.compile(r"^(?:@!?U?P\w+\s+)?HGMMA\S*\s+R\d+,\s*R\d+,")
+
+
+def backward_kind(loop: LoopStats | None) -> str | None:
+  """An unnamed backward kernel's kind from its hot loop: the dk/dv kernel's tile ends in two
+  products with a register lhs (``dV += W^T dO``, ``dK += dS^T Q``), the dq kernel's in one
+  (``dQ += dS K``). tokamax 0.0.17 names neither kernel, and the order ptxas's dumps come in
+  is not the order they were lowered in (dq first)."""
+  if loop is None:
+    return None
+  return {1: "dq", 2: "dkv"}.get(loop.register_lhs_units)
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,10 +528,9 @@ def main(argv=None) -> None:
     programs.update(tokamax_programs())
   for label, thunk in programs.items():
     print(f"compiling {label} ...", file=sys.stderr, flush=True)
-    unnamed = iter(("dq", "dkv"))  # tokamax's backward kernels, lowered dq first, unnamed
     for facts in compile_and_read(thunk):
-      if facts.name == "anonymous":
-        facts.name = next(unnamed, facts.name)
+      if facts.name == "anonymous":  # tokamax's backward kernels
+        facts.name = backward_kind(facts.loop) or facts.name
       rows.append((label, facts))
   text = f"H200 (sm_90a), bf16, causal, head dim 128, T = 4096; jax {jax.__version__}\n\n" + render(
     rows

@@ -3,16 +3,17 @@
     python experiments/sinks.py --config experiments/configs/sinks.py:preset=cpu_sinks \\
         --out runs/sinks_cpu
 
-Writes ``<out>/<dataset>/<arm>/`` (one run directory per arm) and a report per
-dataset (``<out>/<dataset>/report.md``: final F-Attn, Sink_1^0.3, M-Act and
-plots of the probes against step), joined in ``<out>/report.md``. Arms are the
-variants of ``sweep.variants`` and, for dense softmax, the extra seeds
-``sweep.dense_seeds`` (``dense_seed1``, ...) and learning rates
-``sweep.dense_lrs`` (``dense_lr0.01``, ...).
+Writes ``<out>/<dataset>/<arm>/seed=<s>/`` (one run directory per arm and seed) and a report
+per dataset (``<out>/<dataset>/report.md``: the design, mean ± spread over seeds, the sink
+metrics against uniform attention and initialisation, plots of the probes against step),
+joined in ``<out>/report.md``. Arms are the variants of ``sweep.variants`` and, for dense
+softmax, the learning rates ``sweep.dense_lrs`` (``dense_lr0.01``, ...); every arm runs at
+each seed of ``sweep.seeds`` and dense also at those of ``sweep.dense_seeds`` (the seeds of
+an arm train stacked).
 
-With ``sweep.attention_maps`` (preset ``cpu_sinks``) each finished arm's last
+With ``sweep.attention_maps`` (preset ``cpu_sinks``) each finished run's last
 checkpoint is probed once more and its batch-mean attention weights are kept
-in ``<arm>/attention_maps.npz`` (``weights [L, N, T, S]`` row-normalised,
+in ``<run>/attention_maps.npz`` (``weights [L, N, T, S]`` row-normalised,
 ``bos_nontrigger`` and ``bos_trigger [L, N]``: the mean first-token weight of
 queries whose token is not / is a trigger, and ``f_attn_raw [L, N]``: the
 first-token weight before row normalisation, which for softmax_one and sink
@@ -20,7 +21,8 @@ logits leaves out the mass sent to the null column); the report then adds per-la
 first-token attention, Sink_1^eps against eps, F-Attn and the sink rate over
 training, massive activations, the value-state drain, the active-dormant split
 and the sink checks (``_checks`` below), with first-token attention maps
-(``plots/attention_maps.png``) that notebook 04 also draws.
+(``plots/attention_maps.png``) that notebook 04 also draws; NSA arms also get
+``<arm>/nsa_branches.npz`` and a table of their branches (``save_branch_stats``).
 """
 
 from __future__ import annotations
@@ -31,43 +33,42 @@ from typing import Optional
 
 import numpy as np
 
-from attnjax.train import cli, report, rundir, sweep
+from attnjax.train import cli, report, rundir, sweep, variants
 from attnjax.train.config import validate
 from attnjax.train import init_distributed
-
-# The variants that should not form a sink: their F-Attn should end
-# at most half of dense softmax's.
-SINK_FREE = ("sink_logits", "softmax_one", "sigmoid", "gated")
+from attnjax.train.variants import SINK_FREE, check_variants
 
 
 def build_arms(cfg, out: str) -> list[sweep.Arm]:
-  """Every arm of the sweep: variants x datasets, then dense's extra seeds and learning rates."""
+  """Every arm of the sweep (checked before any trains): variants x datasets, then dense's
+  learning rates; each at every seed (dense also at ``sweep.dense_seeds``)."""
+  seeds = sweep.parse_seeds(cfg.sweep.seeds)
+  extra = cfg.sweep.get("dense_seeds", "")
+  dense_seeds = seeds + [
+    s
+    for s in (sweep.parse_seeds(extra, key="sweep.dense_seeds") if cli.csv(extra) else [])
+    if s not in seeds
+  ]
+  variants = check_variants(cfg.sweep.variants)
+  datasets = cli.csv(cfg.sweep.datasets)
+  if not datasets:
+    raise ValueError("sweep.datasets is empty: name at least one, e.g. bigram_backcopy")
+  lrs = sweep.parse_lrs(cfg.sweep.get("dense_lrs", ""), key="sweep.dense_lrs")
   arms = []
-  for d in cli.csv(cfg.sweep.datasets):
-    for v in cli.csv(cfg.sweep.variants):
-      arms.append(
-        sweep.arm(cfg, f"{d}/{v}", os.path.join(out, d, v), variant=v, **{"data.name": d})
+  for d in datasets:
+    entries = [(v, v, {}) for v in variants]
+    entries += [(f"dense_lr{lr:g}", "dense", {"opt.lr": lr}) for lr in lrs]
+    for name, variant, changes in entries:
+      a = sweep.arm(
+        cfg,
+        f"{d}/{name}",
+        os.path.join(out, d, name),
+        variant=variant,
+        **{"data.name": d},
+        **changes,
       )
-    extra = [
-      (f"dense_seed{int(s)}", {"seed": int(s)}) for s in cli.csv(cfg.sweep.get("dense_seeds", ""))
-    ]
-    extra += [
-      (f"dense_lr{float(lr):g}", {"opt.lr": float(lr)})
-      for lr in cli.csv(cfg.sweep.get("dense_lrs", ""))
-    ]
-    for name, changes in extra:
-      arms.append(
-        sweep.arm(
-          cfg,
-          f"{d}/{name}",
-          os.path.join(out, d, name),
-          variant="dense",
-          **{"data.name": d},
-          **changes,
-        )
-      )
-  for a in arms:
-    validate(a.config)
+      validate(a.config)
+      arms += sweep.seeded(a, dense_seeds if name == "dense" else seeds)
   return arms
 
 
@@ -135,7 +136,130 @@ def save_attention_maps(run_path: str) -> Optional[str]:
 
 
 # ---------------------------------------------------------------------------
+# NSA's branches (compressed, selected, window) of a finished run.
+
+BRANCHES = ("compressed", "selected", "window")
+
+
+def save_branch_stats(run_path: str) -> Optional[str]:
+  """Writes ``run_path/nsa_branches.npz`` for a finished NSA run; returns its path (None for
+  other runs).
+
+  From the last checkpoint on the probe batch, per layer, head and branch ``[L, N, 3]``:
+  ``first_nontrigger`` / ``first_trigger``, the branch's row-normalised weight on its first
+  key (compressed block 0, raw key 0) over queries after the first whose token is not / is
+  a trigger; ``gate_nontrigger`` / ``gate_trigger``, its mean gate over those queries;
+  ``sink_mass``, ``entropy``, ``max_logit`` as the layer sowed them (means over the batch).
+  """
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from attnjax.nn import intermediates
+  from attnjax.train import Trainer
+
+  run = rundir.RunDir(run_path)
+  summary = run.read_summary() or {}
+  path = os.path.join(run_path, "nsa_branches.npz")
+  if summary.get("status") != "finished" or not os.path.isfile(run.config):
+    return None
+  cfg = sweep.config_from_json(run.config)
+  if variants.VARIANTS.get(cfg.variant, ({},))[0].get("family") != "nsa":
+    return None
+  trainer = Trainer(cfg)
+  model = trainer.model()
+  if not any(b.attention.config.family == "nsa" for b in model.blocks):
+    return None
+  if os.path.isfile(path) and os.path.getmtime(path) >= os.path.getmtime(run.summary):
+    return path
+  if trainer.restore_latest() == 0:
+    return None
+  model = trainer.model()
+  t = cfg.train
+  b = trainer.batches.batch("probe", 0, seq_len=t.probe_len, batch_size=t.probe_batch)
+  tokens = np.asarray(b.inputs)
+  _, inter = nnx.capture(lambda m, x: m(x), nnx.Intermediate)(model, jnp.asarray(tokens))
+  layers = intermediates.read(inter, len(model.blocks)).layers
+  trigger = np.zeros_like(tokens, bool)
+  if cfg.data.name == "bigram_backcopy":
+    trigger = tokens < cfg.data.bb_num_triggers
+  later = np.arange(tokens.shape[1]) >= 1
+  out: dict[str, list] = {
+    k: []
+    for k in (
+      "first_nontrigger",
+      "first_trigger",
+      "gate_nontrigger",
+      "gate_trigger",
+      "sink_mass",
+      "entropy",
+      "max_logit",
+    )
+  }
+  for layer in layers:
+    first = np.asarray(intermediates.find(layer, "nsa_first_weight"))  # [B, N, T, 3]
+    gates = np.asarray(intermediates.find(layer, "nsa_gates"))  # [B, T, N, 3]
+    for name, queries in (("nontrigger", ~trigger & later), ("trigger", trigger & later)):
+      m = queries[:, None, :, None]  # [B, 1, T, 1]
+      count = max(int(queries.sum()), 1)
+      out[f"first_{name}"].append((first * m).sum(axis=(0, 2)) / count)
+      out[f"gate_{name}"].append((np.swapaxes(gates, 1, 2) * m).sum(axis=(0, 2)) / count)
+    for field in ("sink_mass", "entropy", "max_logit"):
+      out[field].append(np.asarray(intermediates.find(layer, f"nsa_{field}")).mean(axis=0))
+  tmp = path + ".tmp.npz"
+  np.savez_compressed(tmp, **{k: np.stack(v) for k, v in out.items()})
+  os.replace(tmp, path)
+  return path
+
+
+def branch_section(root: str, runs: list[str]) -> str:
+  """Markdown of the NSA arms' branches, from their ``nsa_branches.npz``."""
+  rows = []
+  for r in runs:
+    path = os.path.join(r, "nsa_branches.npz")
+    if not os.path.isfile(path):
+      continue
+    with np.load(path) as z:
+      data = {k: z[k] for k in z.files}
+    name = os.path.relpath(r, root)
+    L, N, _ = data["first_nontrigger"].shape
+    for layer in range(L):
+      for h in range(N):
+        for b, branch in enumerate(BRANCHES):
+          cell = lambda key, d=2: _fmt(float(data[key][layer, h, b]), d)
+          rows.append(
+            f"| {name} | L{layer}H{h} | {branch} | {cell('first_nontrigger')} | "
+            f"{cell('first_trigger')} | {cell('gate_nontrigger')} | {cell('gate_trigger')} | "
+            f"{cell('sink_mass')} | {cell('entropy')} | {cell('max_logit', 1)} |"
+          )
+  if not rows:
+    return ""
+  return (
+    "\n".join(
+      [
+        "\n## NSA's branches (last checkpoint, probe batch)\n",
+        "Per branch: the row-normalised weight on its first key (compressed block 0 = tokens "
+        "0 .. l-1, raw token 0) for non-trigger and trigger queries, its mean gate for them, "
+        "and the layer's sown F-Attn (sink mass), entropy and max logit. A sink in a branch is "
+        "a high first-key weight on non-trigger queries; routing the no-op through the gates "
+        "is a gate that drops on non-trigger queries (Guo et al.'s dormant phase) while the "
+        "branch keeps attending content.\n",
+        "| arm | head | branch | first-key weight, non-trigger | first-key weight, trigger "
+        "| gate, non-trigger | gate, trigger | F-Attn | entropy | max logit |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+      ]
+    )
+    + "\n"
+  )
+
+
+# ---------------------------------------------------------------------------
 # The report's sink sections.
+
+
+def _arm(name: str) -> str:
+  """The arm of a run's name relative to a dataset's folder (``dense/seed=1`` -> ``dense``)."""
+  return report.arm_folder(name)
 
 
 def _probes(run_path: str) -> list[dict]:
@@ -153,15 +277,9 @@ def _list(xs, digits: int = 2) -> str:
 
 
 def formed(probe: dict, *, f_min: float = 0.5, rate_min: float = 50.0) -> bool:
-  """The sink criterion: a layer has F-Attn >= f_min and Sink_1^0.3 >= rate_min %.
-
-  Sink_1^0.3 of a layer is the share of its (head x probe sequence) pairs with a sink.
-  """
-  f = probe.get("f_attn/per_layer") or []
-  s = probe.get("sink_rate/per_layer") or []
-  return any(
-    fl is not None and sl is not None and fl >= f_min and sl >= rate_min for fl, sl in zip(f, s)
-  )
+  """The sink criterion (:func:`attnjax.train.report.sink_formed`): a layer puts at least
+  ``f_min`` of its raw attention on the first token, with Sink_1^0.3 >= ``rate_min`` %."""
+  return report.sink_formed(probe, f_min=f_min, rate_min=rate_min)
 
 
 def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
@@ -174,7 +292,8 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
     "## Per layer and per head (last probe)\n",
     "F-Attn (Qiu et al.) and Sink_1^0.3 (Gu et al., % of heads x probe sequences) per layer, "
     "F-Attn per head "
-    "([layer][head]); *formed*: some layer has F-Attn >= 0.5 and Sink_1^0.3 >= 50%.\n",
+    "([layer][head]); *formed*: some layer puts >= 0.5 of its raw attention (no row "
+    "normalisation) on the first token and has Sink_1^0.3 >= 50%.\n",
     "| arm | F-Attn per layer | Sink_1^0.3 per layer (%) | F-Attn per head | formed |",
     "|---|---|---|---|---|",
   ]
@@ -218,7 +337,7 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
       f"{report.significant(p.get('null_mass/mean'))} | "
       f"{rw} | {nt} | {tr} |"
     )
-  dense = [n for n in names if n.split("/")[-1] == "dense" or "dense_" in n.split("/")[-1]]
+  dense = [n for n in names if _arm(n) == "dense" or _arm(n).startswith("dense_")]
   if dense:
     steps = sorted({q["step"] for q in _probes(runs[names.index(dense[0])])})
     shown = [s for s in steps if s % max(1, (steps[-1] // 10) or 1) == 0] or steps
@@ -241,6 +360,7 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
         )
       out.append(f"| {s} | " + " | ".join(cells) + " |")
   out.append(_checks(names, last, {n: _maps(r) for n, r in zip(names, runs)}))
+  out.append(branch_section(root, runs))
   figures = [
     plot_attention_maps(root, runs, plots_dir),
     plot_sink_curve(root, runs, plots_dir),
@@ -257,35 +377,46 @@ def sink_sections(root: str, runs: list[str], plots_dir: str) -> str:
 def _checks(names: list[str], last: dict, maps: dict) -> str:
   """The sink checks: dense forms the sink in >= 2 of 3 seeds; sink-free variants <= half.
 
-  F-Attn is measured on row-normalised weights (Qiu et al.'s definition, comparable across
-  normalisers); for softmax_one and sink logits, whose rows send mass to a null column, the
-  raw first-token weight (``f_attn_raw`` of the attention maps) is shown beside it.
+  The first-token weight is the raw one (no row normalisation: ``f_attn/raw`` of the probe,
+  else ``f_attn_raw`` of the attention maps), so that the mass softmax_one and sink logits
+  send to their null column does not count as BOS's; F-Attn (Qiu et al.'s definition on
+  row-normalised weights, comparable across normalisers) is shown beside it. Each arm's
+  value is the mean ± spread over its seeds.
   """
-  leaf = {n.split("/")[-1]: n for n in names}
-  seeds = [leaf[k] for k in leaf if k == "dense" or k.startswith("dense_seed")]
+  by_arm: dict = {}
+  for n in names:
+    by_arm.setdefault(_arm(n), []).append(n)
+
+  def raw(n):
+    value = last[n].get("f_attn/raw")
+    if value is None and maps.get(n) is not None and "f_attn_raw" in maps[n]:
+      value = float(np.mean(maps[n]["f_attn_raw"]))
+    return value if value is not None else last[n].get("f_attn/f_attn")
+
   lines = ["\n## Checks\n"]
+  seeds = by_arm.get("dense", [])
   if seeds:
     ok = sum(formed(last[n]) for n in seeds)
     lines.append(
       f"- dense softmax forms the sink in {ok} of {len(seeds)} seeds "
       f"({'pass' if ok >= min(2, len(seeds)) else 'FAIL'}; needed: 2 of 3)."
     )
-  base = last.get(leaf.get("dense", ""), {}).get("f_attn/f_attn")
+  base = report.spread(raw(n) for n in seeds)
   for v in SINK_FREE:
-    if v in leaf and base is not None:
-      f = last[leaf[v]].get("f_attn/f_attn")
-      verdict = "-" if f is None else ("pass" if f <= base / 2 else "FAIL")
-      line = f"- {v}: F-Attn {_fmt(f)} vs dense {_fmt(base)} (<= half: {verdict})"
-      null = last[leaf[v]].get("null_mass/mean")
-      m = maps.get(leaf[v])
-      if null and m is not None and "f_attn_raw" in m:
-        raw = float(np.mean(m["f_attn_raw"]))
-        line += (
-          f"; null column takes {report.significant(null)} of each row, so the raw "
-          f"first-token weight is {_fmt(raw)} "
-          f"(<= half of dense: {'pass' if raw <= base / 2 else 'FAIL'})"
-        )
-      lines.append(line + ".")
+    if v not in by_arm or base is None:
+      continue
+    f = report.spread(raw(n) for n in by_arm[v])
+    fa = report.spread(last[n].get("f_attn/f_attn") for n in by_arm[v])
+    verdict = "-" if f is None else ("pass" if f.hi <= base.mean / 2 else "FAIL")
+    line = (
+      f"- {v}: first-token weight {report.fmt_spread(f, 2)} vs dense "
+      f"{report.fmt_spread(base, 2)} (<= half: {verdict}); F-Attn on renormalised rows "
+      f"{report.fmt_spread(fa, 2)}"
+    )
+    null = report.spread(last[n].get("null_mass/mean") for n in by_arm[v])
+    if null is not None and null.mean > 0:
+      line += f"; the null column takes {report.fmt_spread(null, 2)} of each row"
+    lines.append(line + ".")
   return "\n".join(lines) + "\n"
 
 
@@ -386,28 +517,33 @@ def plot_dense_over_training(root: str, runs: list[str], out_dir: str) -> Option
 
 def main(argv=None) -> str:
   cfg, args = cli.parse(
-    __doc__, "experiments/configs/sinks.py:preset=cpu", argv, default_out="runs/sinks"
+    __doc__,
+    "experiments/configs/sinks.py:preset=cpu",
+    argv,
+    default_out="runs/sinks",
+    arms=lambda cfg, args: build_arms(cfg, args.out),
   )
   init_distributed()
   t0 = time.perf_counter()
   datasets = cli.csv(cfg.sweep.datasets)
-  arms = build_arms(cfg, args.out)
+  arms = args.arms
   if not args.report_only:
-    sweep.run_sweep(arms, processes=args.processes)
+    sweep.run_sweep(arms, processes=args.processes, root=args.out)
   maps = bool(cfg.sweep.get("attention_maps", False))
   if maps:
     for a in arms:
       if os.path.isdir(a.config.run_dir):
         save_attention_maps(a.config.run_dir)
+        save_branch_stats(a.config.run_dir)
   setting = cfg.sweep.get("setting", cfg.preset)
   parts = [f"# sinks ({setting}, lr={cfg.opt.lr:g})\n"]
-  order = [a.name.split("/", 1)[1] for a in arms]
   for d in datasets:
     root = os.path.join(args.out, d)
     if os.path.isdir(root):
+      order = sweep.folders([a for a in arms if a.config.data.name == d], root)
       runs = report.find_runs(root)
       rank = {n: i for i, n in enumerate(order)}
-      runs.sort(key=lambda r: (rank.get(os.path.relpath(r, root), len(rank)), r))
+      runs.sort(key=lambda r: (rank.get(_arm(os.path.relpath(r, root)), len(rank)), r))
       extra = sink_sections(root, runs, os.path.join(root, "plots")) if maps and runs else ""
       md = report.write_report(root, title=f"sinks on {d}", order=order, extra=extra)
       parts.append(

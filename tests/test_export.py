@@ -36,8 +36,9 @@ lowers_triton = pytest.mark.filterwarnings(
 
 
 def dense_kernel(variant: str) -> bool:
-  """The variant's attention is a dense kernel call (every family but linear attention)."""
-  return attention_kwargs(variant).get("family") != "linear"
+  """The variant's attention is a dense kernel call (every family but linear attention and
+  NSA / DSA, whose block-wise engines gather their keys)."""
+  return attention_kwargs(variant).get("family") not in ("linear", "nsa", "dsa")
 
 
 def softmax(variant: str) -> bool:

@@ -70,7 +70,8 @@ def test_the_hot_loop_is_the_unmasked_tile_step():
   ((name, lines),) = report.split_functions(SASS)
   assert name == "attnjax_forward_mosaic_gpu_kernel"
   instrs, labels = report.parse(lines)
-  assert len(report.loops(instrs, labels)) == 4  # two tile loops, the outer one, the spin
+  # two tile loops and the outer one; the spin wait's retry after the EXIT closes no loop
+  assert len(report.loops(instrs, labels)) == 3
   lo, hi = report.hot_loop(instrs, labels)
   assert instrs[lo].opcode.startswith("HGMMA") and hi - lo == 11  # 0x30 .. 0xe0
   st = report.loop_stats(instrs, labels)
@@ -111,3 +112,28 @@ def test_ptxas_report():
   )
   assert info["notes"] == ["C7511"] and info2["notes"] == [] and info2["registers"] == 40
   assert info2["spill_stores"] == 0  # the next function's spill warning is not its
+
+
+def test_an_unnamed_backward_kernel_is_told_by_its_register_lhs_products():
+  # tokamax names neither backward kernel, and ptxas dumps them in no fixed order: the dk/dv
+  # tile ends in two products with a register lhs (dV, dK), the dq tile in one (dQ)
+  def loop(register_lhs: int) -> str:
+    lines = [".L_x_1:", "        /*0000*/                   MUFU.EX2 R4, R4 ;"]
+    lines += [
+      "        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ, gsb0 ;"
+    ]
+    lines += [
+      f"        /*0020*/                   HGMMA.64x128x16.F32.BF16 R{40 + 64 * k}, R4,"
+      f" gdesc[UR16].tnspB, R{40 + 64 * k}, gsb0 ;"
+      for k in range(register_lhs)
+    ]
+    lines += ["        /*0030*/              @P1 BRA `(.L_x_1) ;", "        /*0040*/   EXIT ;"]
+    return lines
+
+  kinds = []
+  for n in (1, 2):
+    st = report.loop_stats(*report.parse(loop(n)))
+    assert st.units == 1 + n and st.register_lhs_units == n
+    kinds.append(report.backward_kind(st))
+  assert kinds == ["dq", "dkv"]
+  assert report.backward_kind(None) is None

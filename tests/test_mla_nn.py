@@ -261,13 +261,15 @@ def test_compare_runs_an_mla_arm_at_the_cpu_preset(tmp_path):
   compare = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(compare)
   argv = ["--config", str(ROOT / "experiments/configs/compare.py") + ":preset=cpu"]
-  argv += [f"--config.{x}" for x in TINY + ["sweep.variants=mla", "train.num_devices=1"]]
+  # One seed and no high-learning-rate arms: the mla arm alone.
+  arms = ["sweep.variants=mla", "sweep.seeds=0", "sweep.high_lr_variants=", "sweep.sink_free="]
+  argv += [f"--config.{x}" for x in TINY + arms + ["train.num_devices=1"]]
   compare.main(argv + ["--out", str(tmp_path)])
-  summary = json.loads((tmp_path / "mla" / "summary.json").read_text())
+  summary = json.loads((tmp_path / "mla" / "lr=0.05" / "seed=0" / "summary.json").read_text())
   assert summary["status"] == "finished" and np.isfinite(summary["val_loss"])
-  assert "| mla |" in (tmp_path / "report.md").read_text()
-  # The arm is sized from the cpu preset's model (d_model 64, 4 heads of 16).
-  config = json.loads((tmp_path / "mla" / "config.json").read_text())
+  assert "| mla/lr=0.05 | 0.05 |" in (tmp_path / "report.md").read_text()
+  # An arm is sized from its model (here d_model 64 and 4 heads of 16).
+  config = json.loads((tmp_path / "mla" / "lr=0.05" / "seed=0" / "config.json").read_text())
   assert config["variant"] == "mla"
   kw = variants.attention_kwargs("mla", d_model=64, num_heads=4)
   assert kw == dict(

@@ -174,11 +174,13 @@ def test_mosaic_gpu_gradients_and_jvp():
   assert_close(jf, jr, "jvp", rtol=0, atol=TOL, scaled=True)
 
 
-def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
+def check_backward_kernels(
+  normalizer, structure, *, block_sizes=None, specialised=mspecialised.run, **kw
+):
   """The dq and dk/dv kernels in interpret mode, called directly (forward with residuals, then
   the backward; in interpret mode the custom-VJP path takes the block-wise backward, see
   attnjax.kernels.mosaic_gpu.kernel.compute), against the reference's VJP of the output and
-  (with statistics) of the logsumexp."""
+  (with statistics) of the logsumexp. ``specialised=None``: the one-warpgroup kernels."""
   q, k, v, opts_kw = _inputs(structure, normalizer, **kw)
   stats = opts_kw["return_stats"]
   sink = opts_kw.pop("sink_logits", None)
@@ -196,7 +198,7 @@ def check_backward_kernels(normalizer, structure, *, block_sizes=None, **kw):
     res = {key[4:]: x[..., 0] for key, x in rows.items() if key.startswith("res:")}
     has_key = rows["has_key"][..., 0] if stats else None
     return out, mbackward.backward(
-      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs, mspecialised.run
+      c, q, k, v, sink, out, res, cot.astype(q.dtype), d_lse, has_key, *segs, specialised
     )
 
   out, grads = jax.jit(kernels)(q, k, v, sink)
@@ -293,6 +295,67 @@ BACKWARD_CASES = [
 )
 def test_mosaic_gpu_backward_kernels_interpret(normalizer, structure, kw):
   check_backward_kernels(normalizer, structure, **kw)
+
+
+@compiled_interpreter
+@pytest.mark.parametrize(
+  "normalizer,structure,kw",
+  [
+    ("softmax", "causal", dict(sink=True, softcap=5.0, stats=True)),
+    ("sigmoid", "segments", dict(stats=True)),
+  ],
+  ids=["softmax-causal", "sigmoid-segments"],
+)
+def test_one_warpgroup_backward_kernels_interpret(normalizer, structure, kw):
+  """The one-warpgroup dq and dk/dv kernels (backward.py), which run where the warp-specialised
+  kernels' tiles do not fit shared memory (head dim 256, test_the_backward_kernels_by_head_dim):
+  called directly at head dim 64 (their code does not depend on it; the interpreter's time
+  does), segment ids, statistics, sink logits and soft cap included."""
+  check_backward_kernels(normalizer, structure, specialised=None, **kw)
+
+
+@compiled_interpreter
+@pytest.mark.slow
+def test_one_warpgroup_backward_kernels_at_head_dim_256():
+  # the route the dispatch takes at head dim 256: specialised.run declines, backward.py runs
+  check_backward_kernels(
+    "softmax", "causal", H=256, stats=True, block_sizes=mosaic_gpu.block_sizes_for(256)
+  )
+
+
+def test_the_backward_kernels_by_head_dim(monkeypatch):
+  """Which backward runs: the warp-specialised kernels at head dims 64 and 128, whatever the
+  lengths (the dk/dv kernel pads the keys to whole programs of two 64-key blocks: here S = 130
+  in 64-key blocks, 3 of them), the one-warpgroup kernels at 256 (their tiles for two compute
+  warpgroups pass shared memory). Traced for the compiled kernels (no interpreter runs)."""
+  calls = []
+
+  def refuse(name):
+    def kernel(*args, **kwargs):
+      calls.append(name)
+      raise RuntimeError(f"{name} traced")
+
+    return kernel
+
+  for name in ("_dq_kernel", "_dkdv_kernel"):
+    monkeypatch.setattr(mbackward, name, refuse(name))
+  for H in (64, 128, 256):
+    q, k, v, kw = _inputs("segments", "softmax", H=H)
+    inputs, opts = dense.prepare(q, k, v, **kw)
+    c = mkernel.make_plan(inputs, opts, BLOCKS, interpret=False)
+    fits = mspecialised.fits(c, 1)
+    assert fits == (H < 256), H
+    segs = inputs.q_segment_ids, inputs.kv_segment_ids
+    rows = {"log_norm": jnp.zeros((2, 2, c.Tp), jnp.float32)}
+    grads = lambda q, k, v: mbackward.backward(
+      c, q, k, v, None, q, rows, q, None, None, *segs, mspecialised.run
+    )
+    if fits:
+      jax.make_jaxpr(grads)(q, k, v)  # the one-warpgroup kernels are never traced
+    else:
+      with pytest.raises(RuntimeError, match="_dq_kernel traced"):
+        jax.make_jaxpr(grads)(q, k, v)
+  assert calls == ["_dq_kernel"]
 
 
 def _single_key_softpick(T_=100, H=64):
@@ -397,6 +460,77 @@ def test_row_lowering_equals_the_normaliser(normalizer):
       atol=1e-6,
       err_msg=f"{normalizer} {jax.tree_util.keystr(path)}",
     )
+
+
+@pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])
+def test_the_forward_visit_names_its_rescale_rows(normalizer):
+  """The fused visit hands pv the rows that rescale the accumulator (softmax's exp(m_old -
+  m_new); none for sigmoid), which the compiled forward makes its turn's bar.sync wait on
+  (named_barrier's ``after``): ptxas otherwise computes them after the sync."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, tk, Hv = 8, 16, 4
+  rng = np.random.default_rng(2)
+  z = jnp.asarray(rng.standard_normal((R, tk)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((tk, Hv)), jnp.float32)
+  counts = jnp.full((R,), float(tk))
+  row = mplan.lower_rows(nz.row_inputs, R)(None, counts)
+  st = {k: (x[:, 0] if x.shape[-1] == 1 else x) for k, x in nz.init((R, 1), (R, Hv), False).items()}
+  st["acc"] = jnp.asarray(rng.standard_normal((R, Hv)), jnp.float32)
+  if "m" in st:
+    st["m"] = jnp.max(z, axis=1) - 0.5  # the tile raises every row's maximum
+  seen = []
+
+  def pv(w, acc=None, rows=()):
+    seen.append(rows)
+    return w @ v if acc is None else acc + w @ v
+
+  visit = lambda st, z, row, pv_: nz.visit(st, z, None, pv_, row, False, False)
+  got = mplan.lower_rows(visit, R, pv=pv, hv=Hv, fuse=True)(st, z, row)
+  want = mplan.lower_rows(visit, R, pv=lambda w: w @ v, hv=Hv)(st, z, row)
+  np.testing.assert_allclose(got["acc"], want["acc"], rtol=1e-5, atol=1e-6)
+  ((rows,),) = [seen]
+  if normalizer == "softmax":
+    (alpha,) = rows
+    np.testing.assert_allclose(alpha, np.exp(-0.5), rtol=1e-5)
+  else:
+    assert rows == ()
+
+
+@pytest.mark.parametrize("normalizer", NORMS)
+@pytest.mark.parametrize("transposed", [False, True], ids=["dq", "dkdv"])
+def test_backward_tile_rule_lowering_equals_the_normaliser(normalizer, transposed):
+  """The backward kernels' tile rule (the row lowering of tile_backward on the raw tile, with
+  the scale folded into the exponent, fuse=True; tiles held transposed in dk/dv) equals
+  tile_backward on the scaled logits, masked and not (unmasked, the fold applies)."""
+  nz = normalizers.REGISTRY[normalizer]
+  R, X = 8, 16
+  rng = np.random.default_rng(1)
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  raw, dp = 4 * draw(R, X), draw(R, X)
+  res = {key: draw(R, 1) for key in mplan.res_row_keys(nz, True, False, True)}
+  row_dot, d_lse = draw(R, 1), draw(R, 1)
+  opts = dense.prepare(*rand_qkv(T=8, S=8, H=16))[1]
+  c = type("Plan", (), {"opts": dataclasses.replace(opts, scale=0.3)})()
+  rule = mbackward._lowered_rule(c, nz.tile_backward, R, transposed=transposed)
+  hold = (lambda x: x.T) if transposed else (lambda x: x)
+  for allowed in (None, jnp.asarray(rng.random((R, X)) > 0.3)):
+    want = nz.tile_backward(0.3 * raw, allowed, dp, res, row_dot, d_lse)
+    got = rule(
+      hold(raw),
+      None if allowed is None else hold(allowed),
+      hold(dp),
+      {k: x[:, 0] for k, x in res.items()},
+      row_dot[:, 0],
+      d_lse[:, 0],
+    )
+    for name, a, b in zip(("w", "dz"), got, want):
+      np.testing.assert_allclose(
+        hold(a), b, rtol=1e-5, atol=1e-6, err_msg=f"{normalizer} {name} mask={allowed is not None}"
+      )
+  if normalizer == "softmax":  # unmasked, exp(0.3 raw - lse) is one exp2 of an FFMA
+    args = (hold(raw), None, hold(dp), {k: x[:, 0] for k, x in res.items()}, row_dot[:, 0], None)
+    text = str(jax.make_jaxpr(rule)(*args))
+    assert "exp2" in text and " exp " not in text
 
 
 @pytest.mark.parametrize("normalizer", ["softmax", "sigmoid"])

@@ -53,7 +53,7 @@ def test_notebooks_are_committed_without_outputs(path):
 
 @pytest.fixture(scope="module")
 def tiny_sweep_root(tmp_path_factory, compilation_cache):
-  """One tiny LR sweep (2 variants x 2 LRs, one LR diverges), written by the project's sweep code."""
+  """One tiny LR sweep (2 variants x 2 LRs x 2 seeds, one LR diverges), by the project's sweep."""
   del compilation_cache  # requested for its effect: arms of one variant share programs
   from attnjax._src.train import config as config_lib
   from attnjax._src.train import sweep
@@ -77,13 +77,10 @@ def tiny_sweep_root(tmp_path_factory, compilation_cache):
       plots=False,
     )
   )
-  arms = [
-    sweep.arm(base, f"{v} lr={lr:g}", str(root / v / f"lr={lr:g}"), variant=v, **{"opt.lr": lr})
-    for v in ("dense", "cosine")
-    for lr in (1e-2, 1e3)
-  ]
+  pairs = [(v, lr) for v in ("dense", "cosine") for lr in (1e-2, 1e3)]
+  arms = sweep.variant_lr_arms(base, str(root), pairs, [0, 1])  # 2 seeds each, stacked
   statuses = [s["status"] for s in sweep.run_sweep(arms, verbose=False)]
-  assert statuses == ["finished", "diverged"] * 2, statuses
+  assert statuses == ["finished", "finished", "diverged", "diverged"] * 2, statuses
   return root
 
 

@@ -76,6 +76,11 @@ JAX_INTERNALS: dict[str, str] = {
     "the Mosaic GPU interpreter's parameters on jax 0.10.2 (jax 0.12 exports them from "
     "jax.experimental.pallas.mosaic_gpu, which the shim takes first)"
   ),
+  "attnjax/_src/kernels/selected/gpu.py: "
+  "jax._src.pallas.mosaic_gpu.interpret.params.InterpretGPUParams": (
+    "the selected-block kernels' interpreter parameters on jax 0.10.2, for the same reason "
+    "(their package keeps its own shim)"
+  ),
 }
 
 

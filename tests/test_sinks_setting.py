@@ -31,21 +31,16 @@ def test_cpu_sinks_config_and_arms(tmp_path):
   assert (cfg.model.num_layers, cfg.model.num_heads, cfg.model.mlp) == (1, 1, "none")
   assert cfg.data.name == "bigram_backcopy" and cfg.data.bb_num_triggers == 8
   arms = _sinks_module().build_arms(cfg, str(tmp_path))
-  names = [a.name.split("/")[1] for a in arms]
+  names = list(dict.fromkeys(a.group.split("/")[1] for a in arms))  # the arms, in order
   assert names[:3] == ["dense", "softmax_one", "sink_logits"]
-  assert {
-    "relu",
-    "gla",
-    "deltanet",
-    "dense_seed1",
-    "dense_seed2",
-    "dense_lr0.01",
-    "dense_lr0.1",
-  } <= set(names)
-  by_name = dict(zip(names, arms))
-  seed2 = by_name["dense_seed2"].config
-  assert seed2.seed == 2 and seed2.variant == "dense"
-  assert by_name["dense_lr0.1"].config.opt.lr == pytest.approx(0.1)
+  assert {"relu", "gla", "deltanet", "nsa", "dsa", "dense_lr0.01", "dense_lr0.1"} <= set(names)
+  # Dense at seeds 0, 1 and 2 (one group: trained stacked), every other arm at seed 0.
+  dense = [a.config for a in arms if a.group == "bigram_backcopy/dense"]
+  assert [c.seed for c in dense] == [0, 1, 2] and {c.variant for c in dense} == {"dense"}
+  assert dense[2].run_dir == str(tmp_path / "bigram_backcopy" / "dense" / "seed=2")
+  assert len(arms) == len(names) + 2
+  lr01 = [a.config for a in arms if a.group == "bigram_backcopy/dense_lr0.1"]
+  assert [c.opt.lr for c in lr01] == [pytest.approx(0.1)] and lr01[0].variant == "dense"
   # The fast preset keeps its arms (the tests and the documented 5 minutes use it).
   cpu = load_config(str(ROOT / "experiments/configs/sinks.py") + ":preset=cpu")
   assert len(_sinks_module().build_arms(cpu, str(tmp_path))) == 22
@@ -96,7 +91,7 @@ def test_cpu_sinks_tiny_arm_runs(tmp_path, monkeypatch):
     assert z["bos_nontrigger"].shape == z["f_attn_raw"].shape == (1, 1) and int(z["step"]) == 4
   root = str(tmp_path / "runs" / "bigram_backcopy")
   md = module.sink_sections(root, [run], str(tmp_path / "plots"))
-  assert "Sink_1^eps against eps" in md and "| dense | [" in md and "## Checks" in md
+  assert "Sink_1^eps against eps" in md and "| dense/seed=0 | [" in md and "## Checks" in md
   assert (tmp_path / "plots" / "attention_maps.png").is_file()
 
 
@@ -109,7 +104,7 @@ def test_cpu_long_config_shards_a_16k_sequence(tmp_path):
   cfg = load_config(CPU_LONG)
   assert cfg.data.seq_len == 16384 and cfg.mesh.context == 8 and cfg.mesh.data == 1
   arms = _sinks_module().build_arms(cfg, str(tmp_path))  # validates each arm on 8 devices
-  assert [a.name.split("/")[1] for a in arms] == ["dense", "sink_logits", "gla"]
+  assert [a.group.split("/")[1] for a in arms] == ["dense", "sink_logits", "gla"]
   with pytest.raises(
     ValueError,
     match=r"context=8 = 8 devices, but the run has 1 \(a CPU host "
@@ -212,3 +207,37 @@ def test_small_null_masses_keep_their_significant_digits():
   }
   lines = sinks._checks(["dense", "softmax_one"], last, {"softmax_one": {"f_attn_raw": [0.25]}})
   assert "null column takes 0.0017 of each row" in lines
+  assert "softmax_one: first-token weight 0.25 vs dense 0.80 (<= half: pass)" in lines
+
+
+@pytest.mark.slow  # ~30 s of compiles
+def test_nsa_arm_reports_its_branches(tmp_path):
+  """A tiny NSA arm: its branches' first-key weights and gates by trigger, and their table."""
+  from attnjax._src.train import sweep
+
+  module = _sinks_module()
+  overrides = [
+    "sweep.variants=nsa",
+    "sweep.dense_seeds=",
+    "sweep.dense_lrs=",
+    "train.steps=2",
+    "train.probe_every=2",
+    "train.checkpoint_every=2",
+    "train.eval_every=2",
+    "train.eval_batches=1",
+    "train.probe_batch=4",
+    "train.probe_len=32",
+    "data.batch_size=4",
+    "train.microbatches=1",
+    "train.num_devices=1",
+    "train.progress=false",
+    "train.plots=false",
+  ]
+  (arm,) = module.build_arms(load_config(CPU_SINKS, overrides), str(tmp_path))
+  assert sweep.run_in_process(arm)["status"] == "finished"
+  run = arm.config.run_dir
+  with np.load(module.save_branch_stats(run)) as z:
+    for key in ("first_nontrigger", "first_trigger", "gate_nontrigger", "gate_trigger"):
+      assert z[key].shape == (1, 1, 3) and np.all((z[key] >= 0) & (z[key] <= 1)), key
+  md = module.branch_section(str(tmp_path / "bigram_backcopy"), [run])
+  assert "NSA's branches" in md and "| compressed |" in md and "| window |" in md

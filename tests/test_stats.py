@@ -559,6 +559,11 @@ def test_layer_stats_of_a_hand_built_capture():
   assert float(out["sink_rate/rate"]) == pytest.approx(37.5)
   f_attn = (3 * 0.5 + 5 * (harmonic(T) - 1) / (T - 1)) / 8
   np.testing.assert_allclose(out["f_attn/per_layer"], [f_attn, f_attn], rtol=1e-5)
+  # Rows that sum to one: the raw first-token weight is F-Attn; halved rows halve it.
+  np.testing.assert_allclose(out["f_attn/raw_per_layer"], [f_attn, f_attn], rtol=1e-5)
+  halved = attnjax.nn.layer_stats(capture._replace(weights=weights * 0.5))
+  assert float(halved["f_attn/raw"]) == pytest.approx(f_attn / 2, rel=1e-5)
+  assert float(halved["f_attn/f_attn"]) == pytest.approx(f_attn, rel=1e-5)
   np.testing.assert_array_equal(out["massive/count"], [0, 1])
   assert float(out["output/mean_log_z"]) == pytest.approx(math.log(V), rel=1e-6)
   assert float(out["gate/mean"]) == pytest.approx(0.2)

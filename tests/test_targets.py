@@ -536,6 +536,7 @@ DENSE_KERNEL_VARIANTS = (
   "softmax_one",
   "softpick",
   "relu",
+  "clipped_softmax",
   "sink_logits",
   "gated",
   "window",

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from attnjax._src import lowering
 from attnjax._src.ops.dense import attention as dense
+from attnjax._src.ops.nsa import attention as nsa
 
 #: The speed table's ``(H, T)``, each run as ``B = 16384 // T`` sequences of ``N = 2048 // H``
 #: heads (16k tokens per batch, model width 2048). tests/test_targets.py compiles these shapes
@@ -51,8 +52,26 @@ BUILTIN = {
   p: next(n for n in dense.PREFERENCES[p] if dense.ENGINES[n].vouched_by == "jax")
   for p in PLATFORMS
 }
+#: The selected-block attention kernels per platform (NSA's selected branch,
+#: ``attnjax/_src/kernels/selected``; the names of their verdicts, which NSA's engines of the
+#: platform read), checked when named (``--kernel selected_pallas_tpu``).
+SELECTED_KERNELS = {
+  p: tuple(
+    e.verdict_name
+    for e in nsa.ENGINES.values()
+    if e.vouched_by == "device-check" and e.platform == p
+  )
+  for p in PLATFORMS
+}
+#: The engine each kernel name of this command vouches for (its platform and where it runs).
+CHECKED_ENGINES = {
+  e.verdict_name: e
+  for engines in (dense.ENGINES, nsa.ENGINES)
+  for e in engines.values()
+  if e.vouched_by == "device-check"
+}
 #: ``--kernel``'s names besides "default".
-KERNELS = ("all",) + tuple(name for names in PLATFORM_KERNELS.values() for name in names)
+KERNELS = ("all",) + tuple(CHECKED_ENGINES)
 #: Section 2's limit on a row's error (:func:`row_error`) per input dtype. The kernels round
 #: the weights and the score gradients to the input dtype once before their products (the fp32
 #: reference does not): 8 units of roundoff of bf16 (2^-8) and fp16 (2^-11) leave room for the
@@ -368,6 +387,104 @@ def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1
   }
 
 
+def selected_cases(impl: str) -> list[tuple[str, str, str]]:
+  """The selected-block kernels' ``(normalizer, loop order, dtype name)``: every normaliser in
+  the query-token-major order and the mergeable ones key-block-major, in bf16; softmax in
+  both orders in fp32 (the Mosaic GPU kernels: fp16)."""
+  from attnjax._src import normalizers
+
+  second = "float16" if impl == "selected_mosaic_gpu" else "float32"
+  mergeable = [n for n in normalizers.NORMALIZERS if normalizers.REGISTRY[n].mergeable]
+  return (
+    [(n, "query", "bfloat16") for n in normalizers.NORMALIZERS]
+    + [(n, "kv", "bfloat16") for n in mergeable]
+    + [("softmax", order, second) for order in ("query", "kv")]
+  )
+
+
+def _selected_shape(impl: str, order: str, interpret: bool) -> tuple[int, ...]:
+  """``(B, T, N, K, H, block_size, n)`` of a selected-block case (``S = T``): 16 query heads
+  per group query-major, 2 key-block-major; one wgmma tile of keys (64) on a GPU."""
+  gpu = impl == "selected_mosaic_gpu"
+  if not interpret:
+    N, K = (16, 1) if order == "query" else (4, 2)
+    return (2, 300, N, K, 64, 64, 4)
+  if gpu:  # jax's Mosaic GPU interpreter: a program per (token, head) query-major
+    return (1, 12, 8, 1, 64, 64, 2) if order == "query" else (1, 12, 4, 2, 64, 64, 2)
+  return (2, 40, 4, 1, 16, 16, 3) if order == "query" else (2, 40, 4, 2, 16, 16, 3)
+
+
+def check_selected(r: Report, impl: str, interpret: bool = False, workers: int = 1) -> dict:
+  """Section 2 of a selected-block kernel: values, the log-normaliser and the gradients of q,
+  k, v against its gathered plain-JAX twin in fp32 (``kernels/selected/twin.py``), per
+  case class ``"<normalizer> selected_<order> <dtype>"``; returns its verdict entry."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from attnjax._src import trust as _trust
+  from attnjax._src.kernels.selected import attention as selected, twin
+
+  kernel = selected.mosaic_gpu if impl == "selected_mosaic_gpu" else selected.pallas_tpu
+  platform = "cuda" if impl == "selected_mosaic_gpu" else "tpu"
+  cases = selected_cases(impl)
+  r.add("")
+  r.add(f"## 2. {impl} vs its fp32 gathered twin" + (" (interpret mode)" if interpret else ""))
+
+  def program(normalizer, order, shape):
+    bs = shape[5]
+    kw = dict(block_size=bs, scale=shape[4] ** -0.5, normalizer=normalizer, return_lse=True)
+
+    def loss(fn, q, k, v, ids):
+      out, lse = fn(q, k, v, ids)
+      return jnp.sum(out.astype(jnp.float32) ** 2) + jnp.sum(lse), (out, lse)
+
+    def fast(q, k, v, ids):
+      return kernel(q, k, v, ids, interpret=interpret, order=order, **kw)
+
+    def slow(q, k, v, ids):
+      p = selected.plan_call(platform, q, k, v, ids, interpret=interpret, order=order, **kw)
+      return twin.gathered(p, q, k, v, ids)
+
+    def both(q, k, v, ids):
+      got = jax.value_and_grad(lambda *a: loss(fast, *a, ids), (0, 1, 2), has_aux=True)(q, k, v)
+      with jax.default_matmul_precision("highest"):
+        up = [x.astype(jnp.float32) for x in (q, k, v)]
+        want = jax.value_and_grad(lambda *a: loss(slow, *a, ids), (0, 1, 2), has_aux=True)(*up)
+      return got, want
+
+    return both
+
+  def args(order, dtype):
+    B, T, N, K, H, bs, n = _selected_shape(impl, order, interpret)
+    q, k, v = qkv(B, T, N, K, H, jnp.dtype(dtype), seed=1)
+    nb = -(-T // bs)
+    ids = np.random.default_rng(2).integers(-1, nb + 1, (B, T, K, n)).astype(np.int32)
+    return q, k, v, jnp.asarray(ids)
+
+  start = time.perf_counter()
+  programs = [(program(n, o, _selected_shape(impl, o, interpret)), args(o, d)) for n, o, d in cases]
+  compiled = compile_all(programs, workers)
+  r.add(f"({len(cases)} programs compiled in {time.perf_counter() - start:.0f} s)")
+  failed, results, errors = [], {}, {}
+  for (name, order, dtype), program_, (_, a) in zip(cases, compiled, programs):
+    got, want = program_(*a)
+    err = max(row_error(x, y) for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    klass = _trust.case_class(name, f"selected_{order}", dtype)
+    ok = err < TOLERANCE[dtype]
+    what = f"{klass}: max row err {err:.1e} (limit {TOLERANCE[dtype]:.0e}; out, lse, dq, dk, dv)"
+    r.expect(ok, what)
+    results[klass], errors[klass] = ok, float(f"{err:.3g}")
+    failed += [] if ok else [what]
+  return {
+    "passed": not failed,
+    "checks": len(cases),
+    "failed": failed,
+    "cases": results,
+    "errors": errors,
+    "interpret": interpret,
+  }
+
+
 def check_cudnn_and_blockwise(
   r: Report, B: int = 2, T: int = 2048, impls: tuple = (None, "cudnn")
 ) -> None:
@@ -647,10 +764,10 @@ def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, 
       for k in PLATFORM_KERNELS[platform]
       if k != "mosaic_gpu" or interpret or _target.cuda_major() == 9
     )
-  if kernel not in PLATFORM_KERNELS[platform]:
+  if kernel not in PLATFORM_KERNELS[platform] + SELECTED_KERNELS[platform]:
     raise ValueError(
       f"--kernel {kernel} is not a kernel of --platform {platform} (its kernels: "
-      + ", ".join(PLATFORM_KERNELS[platform])
+      + ", ".join(PLATFORM_KERNELS[platform] + SELECTED_KERNELS[platform])
       + ")"
     )
   return (kernel,)
@@ -676,8 +793,9 @@ def _refusal(args) -> Optional[str]:
       "--ship writes a device's verdict into the package; --interpret runs none (its "
       "verdict is the CPU's)"
     )
-  if args.kernel not in ("default", "all") and args.kernel not in PLATFORM_KERNELS[args.platform]:
-    engine = dense.ENGINES[args.kernel]
+  known = PLATFORM_KERNELS[args.platform] + SELECTED_KERNELS[args.platform]
+  if args.kernel not in ("default", "all") and args.kernel not in known:
+    engine = CHECKED_ENGINES[args.kernel]
     return f"--kernel {args.kernel} needs --platform {engine.platform} (it {engine.where})"
   return None
 
@@ -701,7 +819,12 @@ def run_checks(r: Report, args) -> Optional[int]:
   r.add("")
   kernels = kernels_to_check(args.platform, args.kernel, args.interpret)
   check_dispatch(r, args.platform)
-  verdicts = {impl: check_kernel(r, impl, args.interpret, args.workers) for impl in kernels}
+  verdicts = {
+    impl: (check_selected if impl.startswith("selected_") else check_kernel)(
+      r, impl, args.interpret, args.workers
+    )
+    for impl in kernels
+  }
   r.add("")
   paths = [_trust.write_verdict(kind, verdicts)]
   if args.ship:

@@ -745,7 +745,7 @@ class Softpick(_PlainLse):
   def weights(self, z, allowed, sink_logits=None):
     del sink_logits
     zm = _masked(z, allowed)
-    m = _shift(zm, jnp.zeros((1, 1, 1, 1), z.dtype))
+    m = _shift(zm, jnp.zeros((1,) * z.ndim, z.dtype))  # any rank: [B, N, T, S], [B, K, G, T, S]
     e = jnp.exp(zm - m)
     one = jnp.exp(-m)
     centred = jnp.where(allowed, e - one, 0.0)

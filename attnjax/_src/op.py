@@ -52,6 +52,9 @@ class Engine:
       :mod:`attnjax._trust` allows).
     min_length: auto-dispatch takes it from this sequence length on (the op's ``length``).
     max_length: auto-dispatch takes it up to this sequence length (None: any).
+    trust_name: the kernel whose verdicts vouch for it (:func:`attnjax._trust.allows`), where
+      that is not ``name``: NSA's ``pallas_tpu`` engine runs the selected-block kernel
+      ``"selected_pallas_tpu"``, not the dense ``"pallas_tpu"``. Empty: ``name``.
   """
 
   name: str
@@ -63,12 +66,18 @@ class Engine:
   vouched_by: str = "attnjax"
   min_length: int = 0
   max_length: Optional[int] = None
+  trust_name: str = ""
 
   def __post_init__(self):
     if self.vouched_by not in VOUCHED_BY:
       raise ValueError(
         f"Engine {self.name!r}: vouched_by={self.vouched_by!r} is not one of {VOUCHED_BY}"
       )
+
+  @property
+  def verdict_name(self) -> str:
+    """The kernel name its verdicts are recorded under (``trust_name``, else ``name``)."""
+    return self.trust_name or self.name
 
   def takes_length(self, length: int) -> bool:
     """Whether auto-dispatch may take it for a call of this sequence length."""
@@ -83,9 +92,11 @@ def platform_kernel(
   platform: str,
   where: str,
   vouched_by: str = "device-check",
+  trust_name: str = "",
 ) -> Engine:
   """The record of a platform kernel (a custom call XLA cannot partition): it lowers for
-  ``platform`` only and runs per shard of a multi-device mesh."""
+  ``platform`` only and runs per shard of a multi-device mesh; ``trust_name``: the kernel
+  whose verdicts vouch for it, where that is not ``name``."""
   return Engine(
     name,
     compute,
@@ -94,6 +105,7 @@ def platform_kernel(
     where=where,
     per_shard=True,
     vouched_by=vouched_by,
+    trust_name=trust_name,
   )
 
 
@@ -315,7 +327,7 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
           continue
       decision = None
       if engine.vouched_by == "device-check":
-        decision = _trust.allows(name, platform, klass)
+        decision = _trust.allows(engine.verdict_name, platform, klass)
         if not decision.allowed and decision.note is None:
           continue
       if name not in reasons:

@@ -37,6 +37,9 @@ def check_command(kernel: str, platform: str) -> str:
   return f"python -m attnjax.check --platform {platform} --kernel {kernel}"
 
 
+#: Kernels whose sources are a package of another name (``kernels/<package>/``): the
+#: selected-block attention kernels of both platforms share ``kernels/selected/``.
+KERNEL_PACKAGES = {"selected_mosaic_gpu": "selected", "selected_pallas_tpu": "selected"}
 #: The implementation's directory (``attnjax/_src``, the root of the sources a digest covers).
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 #: The verdicts shipped with the package (``python -m attnjax.check --ship`` writes them).
@@ -83,10 +86,11 @@ def verdict_path(device_kind: str, shipped: bool = False) -> pathlib.Path:
 
 
 def source_files(kernel: str, root: Optional[os.PathLike] = None) -> list[pathlib.Path]:
-  """The files :func:`source_digest` covers: ``kernels/<kernel>/*.py`` and
-  :data:`SHARED_SOURCES`, under ``root`` (default: this package's directory)."""
+  """The files :func:`source_digest` covers: ``kernels/<kernel>/*.py`` (its
+  :data:`KERNEL_PACKAGES` entry where it has one) and :data:`SHARED_SOURCES`, under ``root``
+  (default: this package's directory)."""
   root = pathlib.Path(root) if root is not None else PACKAGE_DIR
-  package = root / "kernels" / kernel
+  package = root / "kernels" / KERNEL_PACKAGES.get(kernel, kernel)
   if not package.is_dir():
     raise ValueError(f"kernel={kernel!r}: no kernel package {package}")
   return sorted(package.glob("*.py")) + [root / name for name in SHARED_SOURCES]

@@ -9,6 +9,7 @@ summary = train(cfg)
 from attnjax._src.train import (
   VARIANTS,
   RunDir,
+  SeedGroup,
   Trainer,
   apply_overrides,
   base_config,
@@ -24,14 +25,17 @@ from attnjax._src.train import (
   parse_arg,
   schedule,
   split_argv,
+  stacked_step,
   train,
   train_or_load,
+  train_seeds,
   validate,
 )
 
 __all__ = [
   "VARIANTS",
   "RunDir",
+  "SeedGroup",
   "Trainer",
   "apply_overrides",
   "base_config",
@@ -47,7 +51,9 @@ __all__ = [
   "parse_arg",
   "schedule",
   "split_argv",
+  "stacked_step",
   "train",
   "train_or_load",
+  "train_seeds",
   "validate",
 ]

@@ -5,6 +5,24 @@ fields passed to ``AttentionConfig``. The experiments' reports and docs/guides/e
 use these names.
 """
 
-from attnjax._src.train.variants import COMPARE, GATED, LATENT, VARIANTS, attention_kwargs, describe
+from attnjax._src.train.variants import (
+  COMPARE,
+  GATED,
+  LATENT,
+  SINK_FREE,
+  VARIANTS,
+  attention_kwargs,
+  check_variants,
+  describe,
+)
 
-__all__ = ["COMPARE", "GATED", "LATENT", "VARIANTS", "attention_kwargs", "describe"]
+__all__ = [
+  "COMPARE",
+  "GATED",
+  "LATENT",
+  "SINK_FREE",
+  "VARIANTS",
+  "attention_kwargs",
+  "check_variants",
+  "describe",
+]

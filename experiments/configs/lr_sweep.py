@@ -5,9 +5,10 @@ Variants x peak learning rates on Shakespeare (Wortsman et al. 2023, sec. 2.2 an
 Arguments after ``:``: ``preset`` (cpu, gpu, tpu) and ``grid``: ``wortsman``
 (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0; 8 LRs x 4 variants, about
 15-25 CPU-minutes with preset=cpu) or ``short`` (1e-3, 1e-2, 1e-1, 1.0). The
-arms are ``--config.sweep.variants`` x ``--config.sweep.lrs`` (comma-separated);
-presets gpu and tpu add the gated and delta-rule families
-(``attnjax.train.variants.GATED``).
+arms are ``--config.sweep.variants`` x ``--config.sweep.lrs`` (comma-separated), each at
+every seed of ``--config.sweep.seeds`` (one, 0, by default; ``0,1,2`` gives every number a
+spread, the seeds of an arm trained stacked); presets gpu and tpu add the gated and
+delta-rule families (``attnjax.train.variants.GATED``).
 """
 
 import ml_collections
@@ -30,5 +31,7 @@ def get_config(arg=None):
   variants = ("dense", "qk_layernorm", "qk_rmsnorm", "cosine")
   if a.preset != "cpu":
     variants += GATED
-  c.sweep = ml_collections.ConfigDict({"variants": ",".join(variants), "lrs": GRIDS[a.grid]})
+  c.sweep = ml_collections.ConfigDict(
+    {"variants": ",".join(variants), "lrs": GRIDS[a.grid], "seeds": "0"}
+  )
   return c

@@ -5,16 +5,19 @@ Sink statistics (Sink_1^eps, F-Attn, M-Act, value-state drain, ...) are
 probed on fixed held-out length-64 sequences every ``train.probe_every``
 steps. Arguments after ``:``: ``preset`` (cpu, cpu_sinks, cpu_long, gpu, tpu), ``lr``.
 Arms: ``--config.sweep.variants`` x ``--config.sweep.datasets``, plus, for
-dense softmax, the seeds ``sweep.dense_seeds`` and learning rates
-``sweep.dense_lrs``.
+dense softmax, the learning rates ``sweep.dense_lrs``; every arm at each seed of
+``sweep.seeds`` (one, 0, by default; ``0,1,2`` gives every number a spread), dense also at
+``sweep.dense_seeds``. The seeds of an arm train stacked.
 
 - ``cpu_sinks``: the setting in which dense softmax forms a sink on a 2-core
   CPU (found by measurement, experiments/RESULTS.md): bigram-backcopy with 8
   trigger tokens of 64 (Guo et al. 2024), one attention-only layer with one
   head (``model.mlp = "none"``, untied embeddings, RoPE), LR 3e-2, 2000 steps.
-  Arms: 12 variants (the gated-linear and delta-rule families as GLA and
-  DeltaNet), dense at seeds 1 and 2 and at LRs 1e-2 and 1e-1: 16 runs, 21
-  minutes measured on 2 heavily loaded cores (RESULTS.md; less on quiet ones).
+  Arms: 14 variants (the gated-linear and delta-rule families as GLA and
+  DeltaNet; NSA and DSA, whose branches get a table of their own) at seed 0, dense also at
+  seeds 1 and 2 (stacked with seed 0), dense at LRs 1e-2 and 1e-1: 18 runs; the first 16
+  took 21 minutes on 2 heavily loaded cores (RESULTS.md, before dense's seeds were
+  stacked; less on quiet ones).
 - ``cpu_long``: long context on a CPU: T = 16384 tokens sharded over
   ``mesh.context=8`` (8 host devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``),
   each layer's attention sequence-sharded (the ring for dense and sink logits,
@@ -39,7 +42,7 @@ from attnjax.train.variants import GATED, LATENT
 CPU_LONG_VARIANTS = "dense,sink_logits,gla"
 CPU_SINKS_VARIANTS = (
   "dense,softmax_one,sink_logits,sigmoid,softpick,gated,qk_layernorm,window,"
-  "linear,relu,gla,deltanet"
+  "linear,relu,gla,deltanet,nsa,dsa"
 )
 
 
@@ -60,6 +63,7 @@ def _cpu_sinks(c: ml_collections.ConfigDict, lr: float) -> ml_collections.Config
       "setting": "cpu_sinks",
       "variants": CPU_SINKS_VARIANTS,
       "datasets": "bigram_backcopy",
+      "seeds": "0",
       "dense_seeds": "1,2",
       "dense_lrs": "0.01,0.1",
       "attention_maps": True,
@@ -97,6 +101,7 @@ def _cpu_long(c: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigD
       "setting": "cpu_long",
       "variants": CPU_LONG_VARIANTS,
       "datasets": "bigram_backcopy",
+      "seeds": "0",
       "dense_seeds": "",
       "dense_lrs": "",
       "attention_maps": False,
@@ -128,6 +133,7 @@ def get_config(arg=None):
       "setting": a.preset,
       "variants": variants,
       "datasets": "shakespeare,bigram_backcopy",
+      "seeds": "0",
       "dense_seeds": "",
       "dense_lrs": "",
       "attention_maps": False,

@@ -26,6 +26,8 @@ from attnjax._src.nn.gated_spec import (
 )
 from attnjax._src.nn.block_select_spec import BlockSelectCache, BlockSelectSpec
 from attnjax._src.nn.compressed_spec import CompressedSpec
+from attnjax._src.nn.dsa_spec import DSACache, DSASpec
+from attnjax._src.nn.nsa_spec import NSACache, NSASpec
 from attnjax._src.nn.mla_spec import MLASpec
 from attnjax._src.nn.spec_base import (
   DEFAULT_TEMPERATURE,
@@ -49,6 +51,8 @@ __all__ = [
   "CompressedSpec",
   "CosineSpec",
   "DEFAULT_TEMPERATURE",
+  "DSACache",
+  "DSASpec",
   "DeltaNetSpec",
   "DenseSpec",
   "FAMILY_SPECS",
@@ -62,6 +66,8 @@ __all__ = [
   "LinearSpec",
   "MLASpec",
   "Mamba2DecaySpec",
+  "NSACache",
+  "NSASpec",
   "PATTERNS",
   "QKNormSpec",
   "RetNetSpec",

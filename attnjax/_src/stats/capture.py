@@ -128,7 +128,10 @@ def capture_statistics(
     ``sink_curve/rate`` ``[E]`` and ``sink_curve/per_layer`` ``[E, L]``:
     ``Sink_1^eps`` (percent) at each ``eps`` of ``SINK_CURVE_EPS``;
   - ``f_attn/*``, ``entropy/*``: :func:`.first_token_attention`,
-    :func:`.attention_entropy` (stats if present, else weights);
+    :func:`.attention_entropy` (stats if present, else weights); ``f_attn/raw`` and
+    ``f_attn/raw_per_layer`` ``[L]``: the same mean first-token weight over queries
+    ``i >= 1`` (0-based) without row normalisation (weights), which for softmax_one and sink
+    logits leaves out the mass sent to the null column;
   - ``max_logit``: :func:`.max_attention_logit` ``[L]`` (stats);
   - ``null_mass/*``: ``1 - row_sum`` where ``null_column``, else 0 (stats);
   - ``sparsity/*``: :func:`.attention_sparsity` (weights);
@@ -170,6 +173,12 @@ def capture_statistics(
     source = st if st is not None and getattr(st, field) is not None else w
     if source is not None:
       out.update(flatten(metric(source), key))
+  if w is not None and w.shape[-2] >= 2:
+    # The first-token weight as the normaliser gives it (no row normalisation): F-Attn's
+    # average without renormalising rows, so a null column's mass counts as not on BOS.
+    raw = jnp.mean(jnp.asarray(w[..., 1 : w.shape[-2], 0], jnp.float32), axis=(1, 2, 3))
+    out["f_attn/raw"] = jnp.mean(raw)
+    out["f_attn/raw_per_layer"] = raw
   if st is not None and st.max_logit is not None:
     out["max_logit"] = _max_attention_logit(st)
   if st is not None and st.row_sum is not None and capture.null_column is not None:

@@ -17,12 +17,14 @@ from attnjax._src.train.optim import make_optimizer
 from attnjax._src.train.optim import schedule
 from attnjax._src.train.pretrained import train_or_load
 from attnjax._src.train.rundir import RunDir
+from attnjax._src.train.seeds import SeedGroup, stacked_step, train_seeds
 from attnjax._src.train.step import make_eval_step
 from attnjax._src.train.step import make_train_step
 from attnjax._src.train.variants import VARIANTS
 
 __all__ = [
   "RunDir",
+  "SeedGroup",
   "Trainer",
   "VARIANTS",
   "apply_overrides",
@@ -39,7 +41,9 @@ __all__ = [
   "parse_arg",
   "schedule",
   "split_argv",
+  "stacked_step",
   "train",
   "train_or_load",
+  "train_seeds",
   "validate",
 ]

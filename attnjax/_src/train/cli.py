@@ -10,7 +10,7 @@ import os
 import pathlib
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from attnjax._src.train import rundir
 from attnjax._src.train.config import load_config, split_argv
@@ -64,8 +64,14 @@ def parse(
   default_out: str = "runs/experiment",
   check: bool = True,
   sweep: bool = True,
+  arms: Optional[Callable[[Any, argparse.Namespace], list]] = None,
 ):
-  """Returns ``(config, args)``; the config is loaded, overridden and validated."""
+  """Returns ``(config, args)``; the config is loaded, overridden and validated.
+
+  ``arms(config, args)``, when given, builds the sweep's arms into ``args.arms``; like a bad
+  key, a ``ValueError`` it raises (an unknown variant, seeds that are not ints, no arms)
+  is a usage error naming the problem, before anything trains.
+  """
   argv = list(sys.argv[1:] if argv is None else argv)
   p = build_parser(description, default_config, default_out, sweep)
   try:
@@ -77,6 +83,10 @@ def parse(
   args.config_overrides = overrides
   try:
     cfg = load_config(args.config, overrides, check=check)
+    if arms is not None:
+      args.arms = arms(cfg, args)
+      if not args.arms:
+        raise ValueError("the sweep has no arms: name at least one in sweep.variants")
   except (ValueError, KeyError, FileNotFoundError) as e:
     p.error(str(e).strip("'\""))
   return cfg, args

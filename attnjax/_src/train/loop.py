@@ -192,6 +192,9 @@ class Trainer:
 
   Args:
     cfg: a validated run config with ``run_dir`` set.
+    model: ``(graphdef, params, rest)`` of ``cfg``'s model already initialised at
+      ``cfg.seed`` on the run's devices (a seed group initialises its seeds in one program:
+      :class:`attnjax.train.SeedGroup`); None builds it here.
 
   Attributes:
     cfg: the config.
@@ -207,7 +210,7 @@ class Trainer:
     ValueError: a config that does not validate, or no ``run_dir``.
   """
 
-  def __init__(self, cfg: Any):
+  def __init__(self, cfg: Any, *, model: Optional[tuple] = None):
     self.cfg = cfg
     config_lib.validate(cfg, num_devices=jax.device_count())
     if not cfg.run_dir:
@@ -219,9 +222,9 @@ class Trainer:
 
     vocab = self.batches.model_vocab_size
     with jax.set_mesh(self.dp.mesh):  # created sharded: no device holds the whole model
-      self.graphdef, params, self.rest = self.dp.init_model(
-        lambda: build_model(cfg, vocab, seed=cfg.seed)
-      )
+      if model is None:
+        model = self.dp.init_model(lambda: build_model(cfg, vocab, seed=cfg.seed))
+      self.graphdef, params, self.rest = model
       self.num_params = count_params(params)
       self.flops_per_token = flops_per_token(cfg, self.num_params)
       self.optimizer = optim.make_optimizer(cfg)
@@ -470,8 +473,11 @@ class Trainer:
     compiled = self.train_step.lower(self.state, self.rest, *self.dp.batch_args(b)).compile()
     return compiled, time.perf_counter() - t0
 
-  def _progress(self, start: int, previous: dict) -> _Progress:
-    """The host-side state of a run starting at ``start``: writers, bar, divergence watch."""
+  def _progress(self, start: int, previous: dict, *, bar: bool = True) -> _Progress:
+    """The host-side state of a run starting at ``start``: writers, bar, divergence watch.
+
+    ``bar=False`` leaves the progress bar out (a seed group draws one for all its seeds).
+    """
     t = self.cfg.train
     progress = _Progress(
       start=start,
@@ -482,7 +488,7 @@ class Trainer:
       train_time=float(previous.get("train_time_s", 0.0)) if start > 0 else 0.0,
       watch=DivergenceWatch(t.divergence_factor, t.divergence_patience),
     )
-    if t.progress and self.is_writer:
+    if bar and t.progress and self.is_writer:
       from tqdm.auto import tqdm
 
       progress.bar = tqdm(
@@ -583,6 +589,14 @@ class Trainer:
     p.pending, p.pending_steps = p.pending[n:], p.pending_steps[n:]
     now = time.perf_counter()
     p.times["metrics_wait"] += now - t0
+    return self._record(p, steps, records, now)
+
+  def _record(
+    self, p: _Progress, steps: list[int], records: list[dict], now: float
+  ) -> Optional[int]:
+    """Writes the host ``records`` of ``steps`` (read at ``now``), updates the divergence watch
+    and the bar; returns the divergence step if any. A seed group reads its stacked metrics
+    once and hands each seed's share to that seed's trainer here."""
     elapsed = now - p.last_flush
     p.train_time += elapsed
     p.last_flush = now

@@ -5,6 +5,7 @@ Implementation behind the public module :mod:`attnjax.train.variants`.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Optional
 
 # name -> (AttentionConfig fields, one-line description for reports)
@@ -61,6 +62,24 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "i-16..i) (Liu, NSA); "
     "its F-Attn is the weight on compressed block 0 (tokens 0-3)",
   ),
+  "nsa": (
+    {
+      "family": "nsa",
+      "block_length": 8,
+      "stride": 4,
+      "selection_block": 8,
+      "num_selected": 4,
+      "num_initial": 1,
+      "num_local": 2,
+      "window": 8,
+    },
+    "Native Sparse Attention: learned compression (l=8, d=4), 4 selected 8-token blocks, "
+    "window 8, gated (Yuan)",
+  ),
+  "dsa": (
+    {"family": "dsa", "top_k": 16, "index_heads": 2, "index_head_dim": 8},
+    "DeepSeek sparse attention: top 16 keys by a 2-head lightning indexer (KL-trained)",
+  ),
   "dilated": (
     {
       "family": "sparse",
@@ -77,7 +96,17 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 # The arms of `compare`, the README's main job.
-COMPARE = ("dense", "qk_layernorm", "cosine", "sigmoid", "linear", "gated", "sink_logits")
+COMPARE = (
+  "dense",
+  "qk_layernorm",
+  "cosine",
+  "sigmoid",
+  "linear",
+  "gated",
+  "sink_logits",
+  "nsa",
+  "dsa",
+)
 
 # The gated and delta-rule linear families (attnjax.nn.gated_spec): arms of the
 # gpu/tpu presets of compare, sinks and lr_sweep. The cpu presets leave them out
@@ -88,6 +117,46 @@ GATED = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet")
 # Arms of the gpu/tpu presets of compare and sinks beside GATED; a cpu preset runs them when
 # named (--config.sweep.variants=dense,mla).
 LATENT = ("mla",)
+
+# Variants designed not to form an attention sink on the first token: a null column
+# (softmax_one, sink logits), rows that need not sum to one (sigmoid, softpick) or an output
+# gate. The sink checks of compare and sinks hold each to at most half of dense softmax's
+# first-token weight.
+SINK_FREE = ("softmax_one", "sink_logits", "gated", "sigmoid", "softpick")
+
+
+def check_variants(
+  setting: Any, *, key: str = "sweep.variants", empty_ok: bool = False
+) -> list[str]:
+  """The variant names of a setting, each checked against :func:`names` (:data:`.VARIANTS`
+  and the registered normalisers).
+
+  The one place the experiments check their arms' variant names (compare, sinks, lr_sweep).
+
+  Args:
+    setting: comma-separated text (``"dense,qk_layernorm"``) or a sequence of names.
+    key: the setting's name, for messages.
+    empty_ok: accept an empty setting (an optional list of arms).
+
+  Returns:
+    The names, in order.
+
+  Raises:
+    ValueError: an unknown name (the message names it, a close known name, and every known
+      variant), or an empty setting unless ``empty_ok``.
+  """
+  items = setting.split(",") if isinstance(setting, str) else list(setting)
+  out = [str(n).strip() for n in items if str(n).strip()]
+  valid = names()
+  known = ", ".join(sorted(valid))
+  if not out and not empty_ok:
+    raise ValueError(f"{key} is empty: name at least one variant; known variants: {known}")
+  for name in out:
+    if name not in valid:
+      close = difflib.get_close_matches(name, valid, n=1)
+      hint = f" (did you mean {close[0]!r}?)" if close else ""
+      raise ValueError(f"{key}: {name!r} is not a variant{hint}; known variants: {known}")
+  return out
 
 
 def names() -> tuple[str, ...]:

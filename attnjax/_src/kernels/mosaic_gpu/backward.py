@@ -60,6 +60,9 @@ def q_block_bounds(c, k0, k_last, nq: int):
 
 
 def _layout_tools(c, plgpu, shape):
+  """``(iota(d), any_iota, load(ref, axis), layout)`` of a kernel's ``shape`` tiles: an int32
+  index tile along ``d``, an iota with the tile layout named (for the row lowering), a vector
+  loaded from shared memory in the layout of a reduction over ``axis``, and the tile layout."""
   layout = plgpu.Layout.WGMMA
   if c.plain:
     return (
@@ -68,8 +71,15 @@ def _layout_tools(c, plgpu, shape):
       lambda ref, axis: ref[...],
       layout,
     )
+
+  def iota(d):
+    # a vector broadcast: a thread holds 2 rows and 16 columns of a [64, 64] tile, so the
+    # index tile costs their registers, not 32 (a tile iota held in the walk spilled)
+    vec = plgpu.broadcasted_iota(jnp.int32, (shape[d],), 0, layout=layout.reduce(1 - d))
+    return lax.broadcast_in_dim(vec, shape, (d,))
+
   return (
-    lambda d: plgpu.broadcasted_iota(jnp.int32, shape, d, layout=layout),
+    iota,
     lambda dtype, shp, d: plgpu.broadcasted_iota(dtype, shp, d, layout=layout),
     lambda ref, axis: load_vector(ref, layout.reduce(axis)),
     layout,
@@ -131,35 +141,53 @@ def _row_args(rows, res_keys, has_g: bool, has_dot: bool):
   )
 
 
+def _lowered_rule(c, fn, R: int, *, transposed: bool = False, iota=None):
+  """``fn(z, allowed, dp, *rows)`` (:meth:`Normalizer.tile_backward`, or a rows-only visit)
+  through the row lowering, taking the raw tile ``a b^T``: the logits ``softcap(scale * raw)``
+  are formed inside the lowering, where the scale folds into the exponent's FFMA
+  (``lower_rows(fuse=True)``: ``exp(scale * raw - r)`` is one FFMA and one MUFU op)."""
+  logits = lambda raw: _logits.softcap(raw * c.opts.scale, c.opts.softcap)
+  return lower_rows(
+    lambda raw, *args: fn(logits(raw), *args), R, iota=iota, transposed=transposed, fuse=True
+  )
+
+
 def _tile_rule(c, plgpu, a_ref, b_ref, do_a_ref, do_b_ref, mask, row_args, lowered):
-  """``(s, w, dz)`` of one tile: ``s = a b^T * scale`` (before the soft cap), then with
-  ``dp = do_a do_b^T`` the normaliser's tile rule ``lowered`` (:meth:`Normalizer.tile_backward`
-  through a row lowering) on the tile's mask ``mask()`` (None: unmasked) and ``row_args``."""
+  """``(raw, w, dz)`` of one tile: ``raw = a b^T`` (float32, unscaled), then with
+  ``dp = do_a do_b^T`` the tile rule ``lowered`` (from :func:`_lowered_rule`) on the tile's
+  mask ``mask()`` (None: unmasked) and ``row_args``, or ``row_args()`` (a callable: the row
+  inputs loaded only once ``raw`` is read, so that their registers are not held while the
+  products run)."""
   shape = (a_ref.shape[0], b_ref.shape[0])
+  rows = row_args if callable(row_args) else lambda: row_args
   if c.plain:  # jax 0.10's interpreter: register dots (see _mm)
-    s = _mm(c, plgpu, shape, None, b_ref, trans_b=True, a_ref=a_ref) * c.opts.scale
-    z, allowed = _logits.softcap(s, c.opts.softcap), mask()
+    raw = _mm(c, plgpu, shape, None, b_ref, trans_b=True, a_ref=a_ref)
+    allowed = mask()
     dp = _mm(c, plgpu, shape, None, do_b_ref, trans_b=True, a_ref=do_a_ref)
+    args = rows()
   else:
 
     def products(acc_s, acc_dp):
-      # both wgmmas issued back to back; the scores' epilogue (scale, soft cap, mask) runs
-      # while dP is still on the tensor cores (wait_n=1: S's group, the older, is done)
+      # both wgmmas issued back to back; the tile rule's work before it reads dp (the
+      # weights, mask) runs while dP is still on the tensor cores (wait_n=1: S's group, the
+      # older, is done)
       plgpu.wgmma(acc_s, a_ref, b_ref.transpose((1, 0)))
       plgpu.wgmma(acc_dp, do_a_ref, do_b_ref.transpose((1, 0)))
-      s = plgpu.wgmma_accumulator_load(acc_s, wait_n=1) * c.opts.scale
-      z, allowed = _logits.softcap(s, c.opts.softcap), mask()
-      return s, z, allowed, acc_dp[...]
+      raw = plgpu.wgmma_accumulator_load(acc_s, wait_n=1)
+      return raw, mask(), rows(), acc_dp[...]
 
     acc = plgpu.ACC(shape, jnp.float32)
-    s, z, allowed, dp = pl.run_scoped(products, acc, acc)
-  w, dz = lowered(z, allowed, dp, *row_args)
-  return s, w, dz
+    raw, allowed, args, dp = pl.run_scoped(products, acc, acc)
+  w, dz = lowered(raw, allowed, dp, *args)
+  return raw, w, dz
 
 
-def _ds(c, dz, s, dtype):
-  """The similarity's cotangent ``dS`` (through the soft cap) in ``dtype``."""
-  return _logits.softcap_grad(dz, c.opts.softcap, s=s).astype(dtype)
+def _ds(c, dz, raw, dtype):
+  """The similarity's cotangent ``dS`` (through the soft cap; ``raw`` the unscaled tile) in
+  ``dtype``."""
+  if c.opts.softcap is None:
+    return dz.astype(dtype)
+  return _logits.softcap_grad(dz, c.opts.softcap, s=raw * c.opts.scale).astype(dtype)
 
 
 def _scratch_tail(c, scratch):
@@ -328,7 +356,7 @@ def _dq_kernel(c, res_keys, has_g, refs, scratch, rows_only=False):
       v_smem.at[slot],
       mask,
       row_args,
-      lower_rows(c.nz.tile_backward, bq, iota=any_iota),
+      _lowered_rule(c, c.nz.tile_backward, bq, iota=any_iota),
     )
     ds = _ds(c, dz, s, q_smem.dtype)
     return _mm(c, plgpu, (bq, H), ds, k_smem.at[slot], staging=staging, acc=dq)
@@ -352,14 +380,15 @@ def _row_state(c, plgpu, layout):
 
 
 def _row_dot_rule(c, j, iota):
-  """The rows-only dq walk's tile rule: ``(z, allowed, dp, st) -> (None, st')``, the
-  normaliser's online visit with ``dp`` for V (``D_i``'s terms ``w_ij dp_ij`` in float32)."""
+  """The rows-only dq walk's tile rule (see _lowered_rule): ``(raw, allowed, dp, st) ->
+  (None, st')``, the normaliser's online visit with ``dp`` for V (``D_i``'s terms
+  ``w_ij dp_ij`` in float32)."""
 
   def visit(z, allowed, dp, st):
     pv = lambda w: jnp.sum(w * dp, axis=-1, keepdims=True)
     return None, c.nz.visit(st, z, allowed, pv, {}, False, j == 0)
 
-  return lower_rows(visit, c.bq, iota=iota)
+  return _lowered_rule(c, visit, c.bq, iota=iota)
 
 
 def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
@@ -427,7 +456,7 @@ def _dkdv_kernel(c, res_keys, has_g, refs, scratch):
       do_smem.at[slot],
       mask,
       _row_args(rows, res_keys, has_g, c.nz.reads_row_dot),
-      lower_rows(c.nz.tile_backward, bq, transposed=True),
+      _lowered_rule(c, c.nz.tile_backward, bq, transposed=True),
     )
     dv = _mm(c, plgpu, (bk, H), w.astype(do_smem.dtype), do_smem.at[slot], staging=staging, acc=dv)
     ds = _ds(c, dz, s, q_smem.dtype)

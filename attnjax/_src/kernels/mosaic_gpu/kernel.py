@@ -455,13 +455,14 @@ class _Consumer:
     else:
       named_barrier("arrive", SCHEDULE_BARRIER + 1 - self.wg, CONSUMERS * 128)
 
-  def wait_turn(self):
+  def wait_turn(self, after=()):
     """Waits for this consumer's turn (before its ``W V``): ``bar.sync`` on its own schedule
-    barrier, complete once the other consumer has signalled."""
+    barrier, complete once the other consumer has signalled; compiled, the rows ``after``
+    (the tile's rescale factors) are computed before it (see ``named_barrier``)."""
     if self.c.interpret:
       self.plgpu.barrier_wait(self.schedule.at[self.wg])
     else:
-      named_barrier("sync", SCHEDULE_BARRIER + self.wg, CONSUMERS * 128)
+      named_barrier("sync", SCHEDULE_BARRIER + self.wg, CONSUMERS * 128, after=after)
 
   def wait_next_k(self, j):
     """Waits for the next tile's K (while this tile's ``W V`` runs): every tile's K is waited
@@ -540,11 +541,12 @@ class _Consumer:
 
     return pl.run_scoped(qk, plgpu.ACC((c.bq, c.bk), jnp.float32))
 
-  def pv(self, j, slot, w, acc=None):
+  def pv(self, j, slot, w, acc=None, rescale=()):
     """``acc + w v`` (``acc`` None: ``w v``) for the weights ``w [bq, bk]`` and the value tile
     in ``slot``: ``[bq, Hv]``, accumulated in place in the wgmma's accumulator. The tile's
-    second turn: the value tile and this consumer's turn are waited for before the wgmma,
-    the next tile's K after it."""
+    second turn: the value tile and this consumer's turn are waited for before the wgmma (the
+    rows that rescaled ``acc``, ``rescale``, computed before the turn), the next tile's K
+    after it."""
     plgpu, c = self.plgpu, self.c
     w16 = w.astype(self.q_smem.dtype)
     self.pv_calls += 1
@@ -553,7 +555,7 @@ class _Consumer:
       # (ptxas otherwise sinks the last exponentials and the rescale past the bar.sync)
       w16, acc = lax.optimization_barrier((w16, acc))
     self.wait_v(slot)
-    self.wait_turn()
+    self.wait_turn(rescale)
 
     def issue(acc_ref):
       if c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only

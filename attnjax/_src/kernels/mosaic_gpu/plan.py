@@ -150,17 +150,24 @@ def interpret_params(enabled: bool):
   return params_type()
 
 
-def named_barrier(op: str, barrier_id, threads: int) -> None:
+def named_barrier(op: str, barrier_id, threads: int, after=()) -> None:
   """``bar.<op> barrier_id, threads`` (``op`` "arrive" or "sync") on a hardware named barrier:
   compiled kernels only (no interpreter runs inline PTX). ``barrier_id`` a Python int or a
   traced int32 (then held in a register). Mosaic GPU itself uses barrier 0 (the whole block)
-  and ``1 + warpgroup`` (its warpgroup barriers, e.g. in ``commit_smem``)."""
+  and ``1 + warpgroup`` (its warpgroup barriers, e.g. in ``commit_smem``).
+
+  ``after``: float32 ``[64]`` row vectors (the wgmma row layout) that must be computed before
+  the barrier. ptxas schedules arithmetic freely across ``bar.sync`` (it sank the forward's
+  rescale exponentials past its turn's sync, to just before their use by the next wgmma), so
+  the barrier's id is made to depend on them: ``id + cvt.rzi.s32(sum of 0 * x)``, where each
+  ``0 * x`` is 0 or NaN and ``cvt.rzi`` takes both to 0 (PTX converts NaN to 0): the same id,
+  but one that the values must exist to compute (a multiply-add per value, one conversion)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
   from jaxlib.mlir import ir
-  from jaxlib.mlir.dialects import llvm
+  from jaxlib.mlir.dialects import arith, llvm
 
   void = lambda: ir.Type.parse("!llvm.void")
-  if isinstance(barrier_id, int):
+  if isinstance(barrier_id, int) and not after:
 
     @plgpu.inline_mgpu()
     def static(_):
@@ -169,13 +176,36 @@ def named_barrier(op: str, barrier_id, threads: int) -> None:
     static()
     return
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
-  def dynamic(_, bar):
+  row = plgpu.Layout.WGMMA.reduce(1)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,) + (row,) * len(after))
+  def dynamic(_, bar, *rows):
+    i32 = ir.IntegerType.get_signless(32)
+    values = [
+      llvm.extractelement(reg, arith.constant(i32, e))
+      for r in rows
+      for reg in r.registers.flat
+      for e in range(ir.VectorType(reg.type).shape[0])
+    ]
+    asm = f"bar.{op} $0, {threads};"
+    if values:
+      terms = ["mul.f32 t, $1, 0f00000000;"] + [
+        f"fma.rn.f32 t, ${k}, 0f00000000, t;" for k in range(2, len(values) + 1)
+      ]
+      asm = (
+        "{ .reg .f32 t; .reg .s32 z; "
+        + " ".join(terms)
+        + f" cvt.rzi.s32.f32 z, t; add.s32 z, z, $0; bar.{op} z, {threads}; }}"
+      )
     llvm.inline_asm(
-      void(), [bar.registers.item()], f"bar.{op} $0, {threads};", "r", has_side_effects=True
+      void(),
+      [bar.registers.item()] + values,
+      asm,
+      ",".join(["r"] + ["f"] * len(values)),
+      has_side_effects=True,
     )
 
-  dynamic(jnp.asarray(barrier_id, jnp.int32))
+  dynamic(jnp.asarray(barrier_id, jnp.int32), *after)
 
 
 def warpgroup_barrier() -> None:
@@ -223,11 +253,12 @@ def lower_rows(
   a reshape of a tile raises NotImplementedError), which is what
   :meth:`Normalizer.tile_backward` does.
 
-  ``fuse=True`` (the forward's visit) rewrites two patterns as it evaluates, without changing
-  any value: ``x + pv(w)`` with ``x`` a ``[R, hv]`` tile calls ``pv(w, x)``, which accumulates
-  ``w V`` into ``x`` in place (the wgmma's accumulator starts at ``x``: no third tile of
-  registers and no merge); and a tile times a positive constant ``c`` is kept unmultiplied
-  until it is read, so that its row maximum is ``c`` times the raw maximum and
+  ``fuse=True`` (the forward's visit, the backward's tile rule) rewrites two patterns as it
+  evaluates, without changing any value: ``x + pv(w)`` with ``x`` a ``[R, hv]`` tile calls
+  ``pv(w, x, rows)``, which accumulates ``w V`` into ``x`` in place (the wgmma's accumulator
+  starts at ``x``: no third tile of registers and no merge; ``rows`` holds ``r`` where
+  ``x = r * acc``, else nothing); and a tile times a positive constant ``c`` is kept
+  unmultiplied until it is read, so that its row maximum is ``c`` times the raw maximum and
   ``exp(c * s - r)`` becomes ``exp2(s * (c log2 e) - r log2 e)``: one FFMA and the MUFU op
   per element instead of a multiply for ``c``, a subtraction and a multiply for ``log2 e``."""
 
@@ -279,16 +310,18 @@ def _eval(jaxpr, consts, args, R: int, hooks):
   for eqn in jaxpr.eqns:
     invals = [read(v) for v in eqn.invars]
     if fuse:
-      if eqn.primitive is _pv_p and eqn.outvars[0] in accumulated.values():
+      if eqn.primitive is _pv_p and eqn.outvars[0] in {v for v, _ in accumulated.values()}:
         env[eqn.outvars[0]] = _Deferred(_materialize(invals[0]))  # evaluated by its sum
         continue
       if id(eqn) in accumulated:
         x, w = (_materialize(v) for v in invals if not isinstance(v, _Deferred)), None
         x = next(x)
         w = next(v.w for v in invals if isinstance(v, _Deferred))
-        env[eqn.outvars[0]] = hooks[0](w, x)
+        factor = accumulated[id(eqn)][1]
+        rows = () if factor is None else (_materialize(read(factor)),)
+        env[eqn.outvars[0]] = hooks[0](w, x, rows)
         continue
-      folded = _fold(eqn, invals, R)
+      folded = _fold(eqn, invals, R, hooks[2])
       if folded is not None:
         env[eqn.outvars[0]] = folded
         continue
@@ -317,11 +350,13 @@ class _Scaled:
 
 @dataclasses.dataclass(frozen=True)
 class _Shifted:
-  """The tile ``c * s - r`` (``r`` an ``[R]`` row), not yet computed."""
+  """The tile ``c * s - r`` (``r`` an ``[R]`` row broadcast along dimension ``dim`` of the held
+  tile: 0, or 1 where tiles are held transposed), not yet computed."""
 
   s: object
   c: float
   r: object
+  dim: int = 0
 
 
 def _const(c: float, shape):
@@ -332,13 +367,16 @@ def _materialize(x):
   if isinstance(x, _Scaled):
     return x.s * _const(x.c, x.s.shape)
   if isinstance(x, _Shifted):
-    return x.s * _const(x.c, x.s.shape) - lax.broadcast_in_dim(x.r, x.s.shape, (0,))
+    return x.s * _const(x.c, x.s.shape) - lax.broadcast_in_dim(x.r, x.s.shape, (x.dim,))
   return x
 
 
 def _in_place_sums(jaxpr) -> dict:
-  """``{id(add eqn): pv outvar}`` for each ``x + pv(w)`` whose ``pv(w)`` is read only there and
-  ``x`` is a tile of its shape: the sum is one wgmma accumulating into ``x``."""
+  """``{id(add eqn): (pv outvar, row var or None)}`` for each ``x + pv(w)`` whose ``pv(w)`` is
+  read only there and ``x`` is a tile of its shape: the sum is one wgmma accumulating into
+  ``x``. Where ``x = r * acc`` with ``r`` a row (the online rescale), ``r`` is named too: the
+  kernel makes its turn wait on it (see ``named_barrier``'s ``after``)."""
+  producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
   uses: dict = {}
   for eqn in jaxpr.eqns:
     for v in eqn.invars:
@@ -358,13 +396,25 @@ def _in_place_sums(jaxpr) -> dict:
     add = readers[0]
     others = [v for v in add.invars if v is not var]
     if len(others) == 1 and getattr(others[0].aval, "shape", None) == var.aval.shape:
-      out[id(add)] = var
+      out[id(add)] = (var, _row_factor(producer.get(others[0]), var.aval.shape[0]))
   return out
 
 
-def _fold(eqn, invals, R: int):
-  """The value of ``eqn`` with the constant scale folded (see lower_rows), or None."""
+def _row_factor(eqn, R: int):
+  """The row ``r`` (``[R, 1]``) of a tile ``r * x`` made by ``eqn``, or None."""
+  if eqn is None or eqn.primitive.name != "mul":
+    return None
+  rows = [
+    v for v in eqn.invars if not isinstance(v, jex_core.Literal) and _logical_is_row(v.aval, R)
+  ]
+  return rows[0] if len(rows) == 1 else None
+
+
+def _fold(eqn, invals, R: int, transposed: bool = False):
+  """The value of ``eqn`` with the constant scale folded (see lower_rows), or None. Held
+  transposed (``[X, R]``), a tile's rows are its columns and it has no row maximum here."""
   name = eqn.primitive.name
+  dim = int(transposed)
   if name == "mul" and len(invals) == 2:
     for tile, (cvar, c) in (
       (invals[0], (eqn.invars[1], invals[1])),
@@ -376,13 +426,18 @@ def _fold(eqn, invals, R: int):
         and float(c) > 0
         and not isinstance(tile, (_Scaled, _Shifted, _Deferred))
         and jnp.ndim(tile) == 2
-        and jnp.shape(tile)[0] == R
+        and jnp.shape(tile)[dim] == R
         and jnp.result_type(tile) == jnp.float32
       ):
         return _Scaled(tile, float(c))
     return None
   x = invals[0] if invals else None
-  if name == "reduce_max" and isinstance(x, _Scaled) and tuple(eqn.params["axes"]) == (1,):
+  if (
+    name == "reduce_max"
+    and not transposed
+    and isinstance(x, _Scaled)
+    and tuple(eqn.params["axes"]) == (1,)
+  ):
     m = eqn.primitive.bind(x.s, **eqn.params)
     return m * _const(x.c, m.shape)
   if (
@@ -392,10 +447,10 @@ def _fold(eqn, invals, R: int):
     and not isinstance(invals[1], (_Scaled, _Shifted, _Deferred))
     and jnp.ndim(invals[1]) == 1
   ):
-    return _Shifted(x.s, x.c, invals[1])
+    return _Shifted(x.s, x.c, invals[1], dim)
   if name == "exp" and isinstance(x, _Shifted):
     log2e = 1.4426950408889634
-    shift = lax.broadcast_in_dim(x.r * _const(log2e, x.r.shape), x.s.shape, (0,))
+    shift = lax.broadcast_in_dim(x.r * _const(log2e, x.r.shape), x.s.shape, (x.dim,))
     return lax.exp2(x.s * _const(x.c * log2e, x.s.shape) - shift)
   return None
 

@@ -6,13 +6,16 @@ their rows attends, each compute warpgroup computes its own block's (V released 
 read, K once ``dS K`` is). dk/dv: a program takes two blocks of ``DKDV_BLOCK_K`` keys; the
 producer streams the Q / dO tiles (and row inputs) of the group's query heads that attend
 either. Tiles outside a warpgroup's reach are waited for and released, so the ring's barriers
-stay in phase. :func:`fits` says when a call's tiles fit shared memory (else the one-warpgroup
-kernels of ``backward.py`` run). Guide: docs/guides/kernels.md, "Pallas Mosaic GPU for Hopper".
+stay in phase; each compute warpgroup's code is traced for its own static index, so its
+tiles' addresses (and wgmma descriptors) are constants. :func:`fits` says when a call's tiles
+fit shared memory (else the one-warpgroup kernels of ``backward.py`` run). Guide:
+docs/guides/kernels.md, "Pallas Mosaic GPU for Hopper".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,14 +31,17 @@ from attnjax._src.kernels.mosaic_gpu.plan import (
   heaviest_first,
   interpret_params,
   kv_bounds,
-  lower_rows,
+  padded,
   segment_args,
 )
 
-# setmaxnreg after the split: the producer only addresses (as the forward's).
-CONSUMER_REGISTERS, PRODUCER_REGISTERS = 232, 40
+# setmaxnreg after the split (FlashAttention-3's backward split: 2 x 128 x 240 + 128 x 24 <= 64K
+# registers per SM): the producer only addresses, and the dk/dv compute warpgroups hold two
+# [64, H] float32 accumulators (128 registers at H = 128) beside the [64, 64] S and dP tiles
+# (64): at 232 / 40 ptxas spilled 12 B a step in a deviceless H200 compile, at 240 / 24 none.
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 # Keys per dq tile: [64, 64] float32 S and dP tiles (32 registers each per thread) beside the
-# [64, H] dq accumulator, within the compute warpgroups' 232 registers.
+# [64, H] dq accumulator, within the compute warpgroups' registers.
 DQ_BLOCK_K = 64
 
 
@@ -53,13 +59,9 @@ def smem_bytes(c, kernel: str, nrows: int) -> int:
 
 
 def fits(c, nrows: int) -> bool:
-  """Whether both kernels' tiles fit (head dims 64, 128: yes; 256: no) and the padded key
-  length holds whole dk/dv programs (``CONSUMERS * DKDV_BLOCK_K`` keys)."""
+  """Whether both kernels' tiles fit shared memory (head dims 64, 128: yes; 256: no)."""
   margin = 8 * 1024  # barriers, alignment
-  return (
-    max(smem_bytes(c, "dq", nrows), smem_bytes(c, "dkdv", nrows)) + margin <= SMEM_LIMIT_BYTES
-    and c.Sp % (CONSUMERS * DKDV_BLOCK_K) == 0
-  )
+  return max(smem_bytes(c, "dq", nrows), smem_bytes(c, "dkdv", nrows)) + margin <= SMEM_LIMIT_BYTES
 
 
 def _clip(lo, hi, flo, fhi, lo_u, hi_u):
@@ -69,46 +71,44 @@ def _clip(lo, hi, flo, fhi, lo_u, hi_u):
   return lo, hi, flo, jnp.clip(fhi, flo, hi)
 
 
-def dq_scratch(c, dtype, tr, nrows: int) -> list:
+def dq_scratch(c, dtype, tr, nrows: int, loaded: int) -> list:
+  """The dq kernel's scratch: ``nrows`` row buffers (at least one), ``loaded`` of them copied
+  (each copy an arrival on its group's barrier)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
-  W = CONSUMERS
+  W, seg = CONSUMERS, int(c.has_segments)
   scratch = [
     plgpu.SMEM((W, c.bq, c.H), dtype, transforms=tr),  # Q, then dq
     plgpu.SMEM((W, c.bq, c.H), dtype, transforms=tr),  # dO
     plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
     plgpu.SMEM((c.stages, c.bk, c.H), dtype, transforms=tr),
     plgpu.SMEM((W, nrows, c.bq), jnp.float32),
-    plgpu.Barrier(num_barriers=2 * W),
-    plgpu.Barrier(num_barriers=W * nrows),
-    plgpu.Barrier(num_barriers=c.stages),
-    plgpu.Barrier(num_barriers=c.stages),
+    # one barrier per copy group (a warpgroup's Q, dO, rows and query ids; a ring slot's K, V
+    # and key ids), each copy one arrival: one wait and one phase register per group
+    plgpu.Barrier(num_arrivals=2 + loaded + seg, num_barriers=W),
+    plgpu.Barrier(num_arrivals=2 + seg, num_barriers=c.stages),
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a K tile done with by both
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a V tile done with by both
   ]
   if c.interpret:
     scratch.append(plgpu.SMEM((W, c.bq, c.bk), dtype, transforms=tr))
   if c.has_segments:
-    scratch += [
-      plgpu.SMEM((W, c.bq), jnp.int32),
-      plgpu.SMEM((c.stages, c.bk), jnp.int32),
-      plgpu.Barrier(num_barriers=W),
-      plgpu.Barrier(num_barriers=c.stages),
-    ]
+    scratch += [plgpu.SMEM((W, c.bq), jnp.int32), plgpu.SMEM((c.stages, c.bk), jnp.int32)]
   return scratch
 
 
 def dq_kernel(c, res_keys, has_g, refs, scratch):
-  """One dq program (see the module docstring); ``c`` the :func:`dq_plan`."""
+  """One dq program (see the module docstring); ``c`` the :func:`dq_plan`. Each compute
+  warpgroup's code is traced for its static index (``_consumer(w)``), so that the addresses of
+  its own tiles, and their wgmma descriptors, are constants rather than registers."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
   q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
   seg_refs, dq_ref = refs[5:-1], refs[-1]
-  (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bars, rows_bars, k_bars, v_bars) = scratch[:9]
-  k_done, v_done = scratch[9:11]
-  extra = list(scratch[11:])
+  (q_smem, do_smem, k_smem, v_smem, rows_smem, q_bars, kv_bars, k_done, v_done) = scratch[:9]
+  extra = list(scratch[9:])
   staging = extra.pop(0) if c.interpret else None
-  qseg_smem, kseg_smem, qseg_bars, kseg_bars = extra if c.has_segments else (None,) * 4
+  qseg_smem, kseg_smem = extra if c.has_segments else (None, None)
   W, bq, bk = CONSUMERS, c.bq, c.bk
   wg, n, b = lax.axis_index("wg"), lax.axis_index("heads"), lax.axis_index("batch")
   pair = heaviest_first(c, lax.axis_index("q_blocks"), c.Tp // (W * bq))
@@ -130,15 +130,15 @@ def dq_kernel(c, res_keys, has_g, refs, scratch):
       def _():
         plgpu.barrier_wait(k_done.at[slot])
 
-      plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[slot], k_bars.at[slot])
+      plgpu.copy_gmem_to_smem(k_ref.at[b, keys, h], k_smem.at[slot], kv_bars.at[slot])
       if c.has_segments:
-        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, keys], kseg_smem.at[slot], kseg_bars.at[slot])
+        plgpu.copy_gmem_to_smem(seg_refs[1].at[b, keys], kseg_smem.at[slot], kv_bars.at[slot])
 
       @pl.when(refill)
       def _():
         plgpu.barrier_wait(v_done.at[slot])
 
-      plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[slot], v_bars.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, keys, h], v_smem.at[slot], kv_bars.at[slot])
       return carry
 
     lax.fori_loop(lo_u, hi_u, fill, None)
@@ -150,52 +150,38 @@ def dq_kernel(c, res_keys, has_g, refs, scratch):
         plgpu.barrier_wait(k_done.at[slot_of(j)])
         plgpu.barrier_wait(v_done.at[slot_of(j)])
 
-  @pl.when(wg < W)
-  def _consumer():
+  def _consumer(wg):
     plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
     qb = pair * W + wg
     q0 = qb * bq
     bounds = kv_bounds(c, q0, jnp.minimum(q0 + bq, c.T) - 1)
     lo, hi, flo, fhi = _clip(*bounds, lo_u, hi_u)
-    my_q, my_do, my_rows = q_smem.at[wg], do_smem.at[wg], rows_smem.at[wg]
+    my_q, my_do, my_rows, my_bar = q_smem.at[wg], do_smem.at[wg], rows_smem.at[wg], q_bars.at[wg]
     qrows = pl.ds(q0, bq)
-    plgpu.copy_gmem_to_smem(q_ref.at[b, qrows, n], my_q, q_bars.at[2 * wg])
-    plgpu.copy_gmem_to_smem(do_ref.at[b, qrows, n], my_do, q_bars.at[2 * wg + 1])
+    plgpu.copy_gmem_to_smem(q_ref.at[b, qrows, n], my_q, my_bar)
+    plgpu.copy_gmem_to_smem(do_ref.at[b, qrows, n], my_do, my_bar)
     for r in range(nrows):
-      plgpu.copy_gmem_to_smem(
-        rows_ref.at[r, b, n, qrows], my_rows.at[r], rows_bars.at[wg * nrows + r]
-      )
+      plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], my_rows.at[r], my_bar)
     if c.has_segments:
-      plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[wg], qseg_bars.at[wg])
+      plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[wg], my_bar)
     iota, any_iota, load, layout = backward._layout_tools(c, plgpu, (bq, bk))
     qpos, kcol = q0 + iota(0), iota(1)
-    plgpu.barrier_wait(q_bars.at[2 * wg])
-    plgpu.barrier_wait(q_bars.at[2 * wg + 1])
-    rows = []
-    for r in range(nrows):
-      plgpu.barrier_wait(rows_bars.at[wg * nrows + r])
-      rows.append(load(my_rows.at[r], 1))
+    plgpu.barrier_wait(my_bar)
+    rows = [load(my_rows.at[r], 1) for r in range(nrows)]
     row_args = backward._row_args(rows, res_keys, has_g, c.nz.reads_row_dot)
     q_seg = None
     if c.has_segments:
-      plgpu.barrier_wait(qseg_bars.at[wg])
       q_seg = lax.broadcast_in_dim(load(qseg_smem.at[wg], 1), (bq, bk), (0,))
       q_min, q_max = seg_refs[2][b, qb, 0], seg_refs[2][b, qb, 1]
-    rule = lower_rows(c.nz.tile_backward, bq, iota=any_iota)
+    rule = backward._lowered_rule(c, c.nz.tile_backward, bq, iota=any_iota)
     my_staging = None if staging is None else staging.at[wg]
-
-    def wait(slot):
-      plgpu.barrier_wait(k_bars.at[slot])
-      if c.has_segments:
-        plgpu.barrier_wait(kseg_bars.at[slot])
-      plgpu.barrier_wait(v_bars.at[slot])
 
     def release(slot, which):
       plgpu.barrier_arrive((k_done, v_done)[which].at[slot])
 
     def pass_over(j, dq):
       slot = slot_of(j)
-      wait(slot)
+      plgpu.barrier_wait(kv_bars.at[slot])
       release(slot, 1)
       release(slot, 0)
       return dq
@@ -204,16 +190,16 @@ def dq_kernel(c, res_keys, has_g, refs, scratch):
       mask = lambda: (
         backward._dq_mask(c, load, qpos, kcol, q_seg, kseg_smem, slot, j) if masked else None
       )
-      s, _, dz = backward._tile_rule(
+      raw, _, dz = backward._tile_rule(
         c, plgpu, my_q, k_smem.at[slot], my_do, v_smem.at[slot], mask, row_args, rule
       )
       release(slot, 1)  # dP is read: V is done with
-      ds = backward._ds(c, dz, s, my_q.dtype)
+      ds = backward._ds(c, dz, raw, my_q.dtype)
       return backward._mm(c, plgpu, (bq, c.H), ds, k_smem.at[slot], staging=my_staging, acc=dq)
 
     def step(masked, j, dq):
       slot = slot_of(j)
-      wait(slot)
+      plgpu.barrier_wait(kv_bars.at[slot])
       if c.has_segments:  # a block whose segments cannot meet is skipped
         meets = (seg_refs[3][b, j, 1] >= q_min) & (seg_refs[3][b, j, 0] <= q_max)
 
@@ -236,47 +222,53 @@ def dq_kernel(c, res_keys, has_g, refs, scratch):
     my_q[...] = (dq * c.opts.scale).astype(my_q.dtype)
     backward._store(plgpu, [(my_q, dq_ref.at[b, pl.ds(q0, bq), n])])
 
+  for w in range(W):  # each compute warpgroup traced with its static index
+    pl.when(wg == w)(functools.partial(_consumer, w))
 
-def dkdv_scratch(c, dtype, tr, nrows: int) -> list:
+
+def dkdv_scratch(c, dtype, tr, nrows: int, loaded: int) -> list:
+  """The dk/dv kernel's scratch (``nrows`` and ``loaded`` as :func:`dq_scratch`'s)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
-  W = CONSUMERS
+  W, seg = CONSUMERS, int(c.has_segments)
   scratch = [
     plgpu.SMEM((W, c.bk, c.H), dtype, transforms=tr),  # K, then dk
     plgpu.SMEM((W, c.bk, c.H), dtype, transforms=tr),  # V, then dv
     plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
     plgpu.SMEM((c.stages, c.bq, c.H), dtype, transforms=tr),
     plgpu.SMEM((c.stages, nrows, c.bq), jnp.float32),
-    plgpu.Barrier(num_barriers=2 * W),
-    plgpu.Barrier(num_barriers=c.stages),
-    plgpu.Barrier(num_barriers=c.stages),
-    plgpu.Barrier(num_barriers=c.stages * nrows),
+    # one barrier per copy group (a warpgroup's K, V and key ids; a ring slot's Q, dO, rows and
+    # query ids), each copy one arrival: one wait and one phase register per group
+    plgpu.Barrier(num_arrivals=2 + seg, num_barriers=W),
+    plgpu.Barrier(num_arrivals=2 + loaded + seg, num_barriers=c.stages),
     plgpu.Barrier(num_arrivals=W, num_barriers=c.stages),  # a query tile done with by both
   ]
   if c.interpret:
     scratch.append(plgpu.SMEM((W, c.bk, c.bq), dtype, transforms=tr))
   if c.has_segments:
-    scratch += [
-      plgpu.SMEM((W, c.bk), jnp.int32),
-      plgpu.SMEM((c.stages, c.bq), jnp.int32),
-      plgpu.Barrier(num_barriers=W),
-      plgpu.Barrier(num_barriers=c.stages),
-    ]
+    scratch += [plgpu.SMEM((W, c.bk), jnp.int32), plgpu.SMEM((c.stages, c.bq), jnp.int32)]
   return scratch
 
 
 def dkdv_kernel(c, res_keys, has_g, refs, scratch):
   """One dk/dv program (see the module docstring); ``c`` the ``dkdv_plan`` (64 keys a
-  warpgroup)."""
+  warpgroup).
+
+  Per query tile a compute warpgroup issues ``S^T = K Q^T`` and ``dP^T = V dO^T`` back to
+  back, runs the tile rule on ``S^T`` while ``dP^T`` is on the tensor cores, then issues
+  ``dV += W^T dO`` and ``dK += dS^T Q`` back to back into accumulators held across the whole
+  walk (never read until the end, so never waited for between the two) and waits once, before
+  the tile's slot goes back to the producer. The row inputs are loaded from shared memory
+  only once ``S^T`` is read (16 registers per row vector in the transposed tile's layout), and
+  each compute warpgroup is traced for its static index (as in :func:`dq_kernel`)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
   q_ref, k_ref, v_ref, do_ref, rows_ref = refs[:5]
   seg_refs, (dk_ref, dv_ref) = refs[5:-2], refs[-2:]
-  (k_smem, v_smem, q_smem, do_smem, rows_smem, kv_bars, q_bars, do_bars, rows_bars) = scratch[:9]
-  done = scratch[9]
-  extra = list(scratch[10:])
+  (k_smem, v_smem, q_smem, do_smem, rows_smem, kv_bars, in_bars, done) = scratch[:8]
+  extra = list(scratch[8:])
   staging = extra.pop(0) if c.interpret else None
-  kseg_smem, qseg_smem, kseg_bars, qseg_bars = extra if c.has_segments else (None,) * 4
+  kseg_smem, qseg_smem = extra if c.has_segments else (None, None)
   W, bq, bk = CONSUMERS, c.bq, c.bk
   wg, h, b = lax.axis_index("wg"), lax.axis_index("heads"), lax.axis_index("batch")
   pair = lax.axis_index("k_blocks")
@@ -303,14 +295,13 @@ def dkdv_kernel(c, res_keys, has_g, refs, scratch):
       def _():
         plgpu.barrier_wait(done.at[slot])
 
-      plgpu.copy_gmem_to_smem(q_ref.at[b, qrows, n], q_smem.at[slot], q_bars.at[slot])
-      plgpu.copy_gmem_to_smem(do_ref.at[b, qrows, n], do_smem.at[slot], do_bars.at[slot])
+      bar = in_bars.at[slot]
+      plgpu.copy_gmem_to_smem(q_ref.at[b, qrows, n], q_smem.at[slot], bar)
+      plgpu.copy_gmem_to_smem(do_ref.at[b, qrows, n], do_smem.at[slot], bar)
       for r in range(nrows):
-        plgpu.copy_gmem_to_smem(
-          rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r], rows_bars.at[slot * nrows + r]
-        )
+        plgpu.copy_gmem_to_smem(rows_ref.at[r, b, n, qrows], rows_smem.at[slot, r], bar)
       if c.has_segments:
-        plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[slot], qseg_bars.at[slot])
+        plgpu.copy_gmem_to_smem(seg_refs[0].at[b, qrows], qseg_smem.at[slot], bar)
       return carry
 
     lax.fori_loop(0, total, fill, None)
@@ -321,43 +312,42 @@ def dkdv_kernel(c, res_keys, has_g, refs, scratch):
       def _():
         plgpu.barrier_wait(done.at[slot_of(t)])
 
-  @pl.when(wg < W)
-  def _consumer():
+  def _consumer(wg):
     plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
     kb = pair * W + wg
     k0 = kb * bk
     bounds = backward.q_block_bounds(c, k0, jnp.minimum(k0 + bk, c.S) - 1, c.Tp // bq)
     lo, hi, flo, fhi = _clip(*bounds, lo_u, hi_u)
     my_k, my_v = k_smem.at[wg], v_smem.at[wg]
-    plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(k0, bk), h], my_k, kv_bars.at[2 * wg])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk), h], my_v, kv_bars.at[2 * wg + 1])
+    plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(k0, bk), h], my_k, kv_bars.at[wg])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk), h], my_v, kv_bars.at[wg])
     if c.has_segments:
-      plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(k0, bk)], kseg_smem.at[wg], kseg_bars.at[wg])
-    iota, _, load, layout = backward._layout_tools(c, plgpu, (bk, bq))
-    kpos, qcol = k0 + iota(0), iota(1)  # tiles are [keys, queries]
-    plgpu.barrier_wait(kv_bars.at[2 * wg])
-    plgpu.barrier_wait(kv_bars.at[2 * wg + 1])
-    k_seg = None
-    if c.has_segments:
-      plgpu.barrier_wait(kseg_bars.at[wg])
-      k_seg = lax.broadcast_in_dim(load(kseg_smem.at[wg], 1), (bk, bq), (0,))
+      plgpu.copy_gmem_to_smem(seg_refs[1].at[b, pl.ds(k0, bk)], kseg_smem.at[wg], kv_bars.at[wg])
       k_min, k_max = seg_refs[3][b, kb, 0], seg_refs[3][b, kb, 1]
-    rule = lower_rows(c.nz.tile_backward, bq, transposed=True)
+    iota, _, load, layout = backward._layout_tools(c, plgpu, (bk, bq))
+    plgpu.barrier_wait(kv_bars.at[wg])
+    rule = backward._lowered_rule(c, c.nz.tile_backward, bq, transposed=True)
     my_staging = None if staging is None else staging.at[wg]
 
-    def wait(slot):
-      plgpu.barrier_wait(q_bars.at[slot])
-      plgpu.barrier_wait(do_bars.at[slot])
-      for r in range(nrows):
-        plgpu.barrier_wait(rows_bars.at[slot * nrows + r])
+    def mask(i, slot):
+      # built in the masked steps only (an iota tile held across the walk takes 32 registers)
+      k_seg = None
       if c.has_segments:
-        plgpu.barrier_wait(qseg_bars.at[slot])
+        k_seg = lax.broadcast_in_dim(load(kseg_smem.at[wg], 1), (bk, bq), (0,))
+      return backward._dkdv_mask(c, load, i, iota(1), k0 + iota(0), qseg_smem, slot, k_seg)
 
-    def compute(masked, i, slot, carry):
-      dk, dv = carry
-      rows = [load(rows_smem.at[slot, r], 0) for r in range(nrows)]
-      mask = lambda: (
-        backward._dkdv_mask(c, load, i, qcol, kpos, qseg_smem, slot, k_seg) if masked else None
+    def accumulate(acc, a, b_ref):
+      """``acc += a @ b_ref`` issued (not waited for); ``a`` a register tile."""
+      if c.interpret:  # the interpreter's wgmma reads its lhs from shared memory only
+        my_staging[...] = a
+        plgpu.wgmma(acc, my_staging, b_ref)
+        plgpu.wgmma_wait(0)
+      else:
+        plgpu.wgmma(acc, a, b_ref)
+
+    def compute(masked, i, slot, dk_acc, dv_acc):
+      rows = lambda: backward._row_args(
+        [load(rows_smem.at[slot, r], 0) for r in range(nrows)], res_keys, has_g, c.nz.reads_row_dot
       )
       s, w, dz = backward._tile_rule(
         c,
@@ -366,51 +356,61 @@ def dkdv_kernel(c, res_keys, has_g, refs, scratch):
         q_smem.at[slot],
         my_v,
         do_smem.at[slot],
-        mask,
-        backward._row_args(rows, res_keys, has_g, c.nz.reads_row_dot),
+        (lambda: mask(i, slot)) if masked else (lambda: None),
+        rows,
         rule,
       )
-      do_tile = do_smem.at[slot]
-      dv = backward._mm(
-        c, plgpu, (bk, c.H), w.astype(do_tile.dtype), do_tile, staging=my_staging, acc=dv
-      )
-      ds = backward._ds(c, dz, s, my_k.dtype)
-      dk = backward._mm(c, plgpu, (bk, c.H), ds, q_smem.at[slot], staging=my_staging, acc=dk)
-      return dk, dv
+      # both low-precision operands made before either product is issued: the float32 tiles
+      # end here, not beside an operand held for a wgmma in flight
+      w16, ds = w.astype(my_k.dtype), backward._ds(c, dz, s, my_k.dtype)
+      accumulate(dv_acc, w16, do_smem.at[slot])
+      accumulate(dk_acc, ds, q_smem.at[slot])
+      plgpu.wgmma_wait(0)  # both products have read the slot's Q and dO
 
-    def head(g, carry):
-      base = g * per_head - lo_u  # step t of query block i: base + i
+    def walk(dk_acc, dv_acc):
+      def head(g, carry):
+        base = g * per_head - lo_u  # step t of query block i: base + i
 
-      def pass_over(i, carry):
-        slot = slot_of(base + i)
-        wait(slot)
-        plgpu.barrier_arrive(done.at[slot])
-        return carry
+        def pass_over(i, carry):
+          slot = slot_of(base + i)
+          plgpu.barrier_wait(in_bars.at[slot])
+          plgpu.barrier_arrive(done.at[slot])
+          return carry
 
-      def step(masked, i, carry):
-        slot = slot_of(base + i)
-        wait(slot)
-        if c.has_segments:  # every block masked; one whose segments cannot meet is skipped
-          meets = (seg_refs[2][b, i, 1] >= k_min) & (seg_refs[2][b, i, 0] <= k_max)
-          carry = lax.cond(meets, lambda: compute(True, i, slot, carry), lambda: carry)
-        else:
-          carry = compute(masked, i, slot, carry)
-        plgpu.barrier_arrive(done.at[slot])
-        return carry
+        def step(masked, i, carry):
+          slot = slot_of(base + i)
+          plgpu.barrier_wait(in_bars.at[slot])
+          if c.has_segments:  # every block masked; one whose segments cannot meet is skipped
+            meets = (seg_refs[2][b, i, 1] >= k_min) & (seg_refs[2][b, i, 0] <= k_max)
 
-      carry = lax.fori_loop(lo_u, lo, pass_over, carry)
-      carry = lax.fori_loop(lo, flo, lambda i, a: step(True, i, a), carry)
-      carry = lax.fori_loop(flo, fhi, lambda i, a: step(False, i, a), carry)
-      carry = lax.fori_loop(fhi, hi, lambda i, a: step(True, i, a), carry)
-      return lax.fori_loop(hi, hi_u, pass_over, carry)
+            @pl.when(meets)
+            def _():
+              compute(True, i, slot, dk_acc, dv_acc)
 
-    zeros = backward._zeros(c, plgpu, (bk, c.H), layout)
-    dk, dv = lax.fori_loop(0, c.G, head, (zeros, zeros))
+          else:
+            compute(masked, i, slot, dk_acc, dv_acc)
+          plgpu.barrier_arrive(done.at[slot])
+          return carry
+
+        carry = lax.fori_loop(lo_u, lo, pass_over, carry)
+        carry = lax.fori_loop(lo, flo, lambda i, a: step(True, i, a), carry)
+        carry = lax.fori_loop(flo, fhi, lambda i, a: step(False, i, a), carry)
+        carry = lax.fori_loop(fhi, hi, lambda i, a: step(True, i, a), carry)
+        return lax.fori_loop(hi, hi_u, pass_over, carry)
+
+      lax.fori_loop(0, c.G, head, None)
+      return dk_acc[...], dv_acc[...]
+
+    acc = plgpu.ACC((bk, c.H), jnp.float32)
+    dk, dv = pl.run_scoped(walk, acc, acc)
     my_k[...] = (dk * c.opts.scale).astype(my_k.dtype)
     my_v[...] = dv.astype(my_v.dtype)
     backward._store(
       plgpu, [(my_k, dk_ref.at[b, pl.ds(k0, bk), h]), (my_v, dv_ref.at[b, pl.ds(k0, bk), h])]
     )
+
+  for w in range(W):  # each compute warpgroup traced with its static index
+    pl.when(wg == w)(functools.partial(_consumer, w))
 
 
 def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
@@ -418,10 +418,11 @@ def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
   (:func:`fits`): the row terms and arrays as ``backward.backward`` prepares them."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
-  if not fits(c, nrows):
+  if not fits(c, nrows) or c.plain:  # (jax 0.10's interpreter: the one-warpgroup kernels)
     return None
   dtype = arrays[0].dtype
   W = CONSUMERS
+  loaded = backward._num_rows(c, res_keys, has_g)  # row copies (nrows >= 1 buffers)
   # No automatic warpgroup barriers: no buffer is read by a compute warpgroup's threads and
   # refilled by that warpgroup (the producer refills the rings after every thread's mbarrier
   # arrival, each a release of its reads), and their results are written where only wgmmas
@@ -441,22 +442,27 @@ def run(c, arrays, res_keys, has_g, nrows, tr, q_seg, kv_seg):
   dq = plgpu.kernel(
     lambda *a: dq_kernel(cq, res_keys, has_g, a[: nin + 1], a[nin + 1 :]),
     out_type=jax.ShapeDtypeStruct((c.B, c.Tp, c.N, c.H), dtype),
-    scratch_types=dq_scratch(cq, dtype, tr, nrows),
+    scratch_types=dq_scratch(cq, dtype, tr, nrows, loaded),
     grid=(c.N, c.Tp // (W * c.bq), c.B),
     grid_names=("heads", "q_blocks", "batch"),
     kernel_name="attnjax_dq",
     **common,
   )(*arrays, *seg)
+  # whole programs of two key blocks: K and V padded to a multiple of their keys (a block past
+  # S is masked everywhere, so its dk and dv are zeros, sliced off)
   ckv = dkdv_plan(c)
+  ckv = dataclasses.replace(ckv, Sp=-(-c.Sp // (W * ckv.bk)) * (W * ckv.bk))
+  qh, kh, vh, doh, rows = arrays
+  kv_arrays = (qh, padded(kh, ckv.Sp), padded(vh, ckv.Sp), doh, rows)
   seg = segment_args(ckv, q_seg, kv_seg)
-  kv_out = jax.ShapeDtypeStruct((c.B, c.Sp, c.K, c.H), dtype)
+  kv_out = jax.ShapeDtypeStruct((c.B, ckv.Sp, c.K, c.H), dtype)
   dk, dv = plgpu.kernel(
     lambda *a: dkdv_kernel(ckv, res_keys, has_g, a[: nin + 2], a[nin + 2 :]),
     out_type=[kv_out, kv_out],
-    scratch_types=dkdv_scratch(ckv, dtype, tr, nrows),
-    grid=(c.K, c.Sp // (W * ckv.bk), c.B),
+    scratch_types=dkdv_scratch(ckv, dtype, tr, nrows, loaded),
+    grid=(c.K, ckv.Sp // (W * ckv.bk), c.B),
     grid_names=("heads", "k_blocks", "batch"),
     kernel_name="attnjax_dkdv",
     **common,
-  )(*arrays, *seg)
+  )(*kv_arrays, *seg)
   return dq[:, : c.T], dk[:, : c.S], dv[:, : c.S]
