@@ -7,6 +7,7 @@
     python experiments/bench.py --memory --memory-filter compressed   # memory cases only
     python experiments/bench.py --suite pretrained   # sink statistics at 8k and 32k tokens
     python experiments/bench.py --suite mla          # MLA decode and cache bytes vs GQA at 32k
+    python experiments/bench.py --suite hybrid --torch-python VENV/bin/python  # vs transformers
 
 Each case is timed in this process after warm-up (compilation excluded), with
 ``block_until_ready``. The cases of one shape are timed in interleaved rounds
@@ -1673,6 +1674,134 @@ def mla_suite(args) -> Iterable[Case]:
 
 
 # ---------------------------------------------------------------------------
+# The hybrid suite: a tiny Qwen3-Next, attnjax against transformers' torch fallback.
+
+HYBRID_FIXTURE = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  "tests",
+  "fixtures",
+  "pretrained",
+  "qwen3_next",
+)
+
+# Run by the Python that has torch and transformers (no jax there): argv = checkpoint, T,
+# repeats. Prints one JSON line: the best and median seconds of a prefill of T tokens (the
+# cache built, as generate does) and of one decode step after it.
+_HYBRID_TORCH = """
+import json, statistics, sys, time
+import numpy as np
+import torch, transformers
+from importlib.util import find_spec
+path, T, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+vocab = model.config.vocab_size
+tokens = torch.from_numpy(np.random.default_rng(0).integers(0, vocab, (1, T)))
+nxt = torch.from_numpy(np.random.default_rng(1).integers(0, vocab, (1, 1)))
+def prefill():
+  return model(tokens, use_cache=True)
+pre, dec = [], []
+with torch.no_grad():
+  prefill()
+  for _ in range(repeats):
+    t0 = time.perf_counter(); out = prefill(); pre.append(time.perf_counter() - t0)
+  past = out.past_key_values
+  model(nxt, past_key_values=past, use_cache=True)
+  for _ in range(repeats):
+    t0 = time.perf_counter(); model(nxt, past_key_values=past, use_cache=True)
+    dec.append(time.perf_counter() - t0)
+print(json.dumps(dict(
+  prefill=[min(pre), statistics.median(pre)], decode=[min(dec), statistics.median(dec)],
+  fast_path=find_spec("fla") is not None, threads=torch.get_num_threads(),
+  torch=torch.__version__, transformers=transformers.__version__)))
+"""
+
+
+def _torch_side(python: str, T: int, repeats: int):
+  """transformers' times from ``python`` (a dict), or the line saying why there are none."""
+  try:
+    out = subprocess.run(
+      [python, "-c", _HYBRID_TORCH, HYBRID_FIXTURE, str(T), str(repeats)],
+      capture_output=True,
+      text=True,
+      check=False,
+    )
+  except OSError as e:
+    return f"transformers side not run: {python}: {e}"
+  if out.returncode != 0:
+    last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+    if "ModuleNotFoundError" in last or "ImportError" in last:
+      return (
+        f"transformers side not run: {python} has no torch / transformers ({last}); "
+        f"pass --torch-python or set ATTNJAX_BENCH_TORCH_PYTHON"
+      )
+    return f"transformers side failed: {last}"
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _best_and_median(fn, repeats: int) -> tuple[float, float]:
+  block(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    block(fn())
+    times.append(time.perf_counter() - t0)
+  return min(times), statistics.median(times)
+
+
+@suite("hybrid")
+def hybrid_suite(args) -> Iterable[Case]:
+  """A tiny hybrid (the Qwen3-Next test checkpoint: 3 gated DeltaNet layers with Hv = 2 Hk
+  and Dk != Dv, 1 gated full-attention layer, MoE; float32, B = 1) at T tokens (``--sizes``,
+  default 8192): prefill (the forward that fills the caches, as generation starts) and one
+  decode step after it, attnjax (``nn.decode_step``: chunked delta rule, block-wise
+  attention) beside transformers' eager model on its torch fallback (no fla /
+  causal-conv1d kernels: torch_chunk_gated_delta_rule), run by ``--torch-python`` in a
+  subprocess. Target: prefill at most 1.0x transformers' time."""
+  from attnjax import models, nn
+
+  print(f"## hybrid\n\n{hybrid_suite.__doc__.strip()}\n")
+  python = args.torch_python or os.environ.get("ATTNJAX_BENCH_TORCH_PYTHON") or sys.executable
+  model = models.from_pretrained(HYBRID_FIXTURE, dtype="float32")
+  V = model.config.vocab_size
+  print(
+    "| T | phase | attnjax s (median) | attnjax tokens/s | transformers s (median) | "
+    "transformers tokens/s | attnjax / transformers time |"
+  )
+  print("|---:|---|---:|---:|---:|---:|---:|")
+  notes = []
+  for T in parse_sizes(args.sizes or "8192"):
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, V, (1, T)), jnp.int32)
+    nxt = jnp.asarray(rng.integers(0, V, (1, 1)), jnp.int32)
+    empty = model.init_cache(1, T + 1)
+    pre = _best_and_median(lambda: nn.decode_step(model, tokens, empty)[0], args.repeats)
+    _, cache = nn.decode_step(model, tokens, empty)
+    dec = _best_and_median(lambda: nn.decode_step(model, nxt, cache)[0], args.repeats)
+    torch_side = _torch_side(python, T, args.repeats)
+    if isinstance(torch_side, str):
+      notes.append(torch_side)
+    else:
+      notes.append(
+        f"transformers {torch_side['transformers']}, torch {torch_side['torch']} "
+        f"({torch_side['threads']} threads), fast path (fla kernels) "
+        f"{'on' if torch_side['fast_path'] else 'off: the torch fallback'}"
+      )
+    for phase, ours, n in (("prefill", pre, T), ("decode", dec, 1)):
+      theirs = None if isinstance(torch_side, str) else torch_side[phase]
+      t_cols = (
+        "- | - | -"
+        if theirs is None
+        else (
+          f"{theirs[0]:.4f} ({theirs[1]:.4f}) | {n / theirs[0]:,.0f} | {ours[0] / theirs[0]:.2f}x"
+        )
+      )
+      print(f"| {T} | {phase} | {ours[0]:.4f} ({ours[1]:.4f}) | {n / ours[0]:,.0f} | {t_cols} |")
+  print("\n" + "\n".join(sorted(set(notes))) + "\n")
+  return []
+
+
+# ---------------------------------------------------------------------------
 # Memory measurement in a child process.
 
 
@@ -2475,6 +2604,12 @@ def main(argv=None) -> None:
   p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
   p.add_argument("--mesh-child", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--pretrained-child", type=int, default=None, help=argparse.SUPPRESS)
+  p.add_argument(
+    "--torch-python",
+    default=None,
+    help="--suite hybrid: a Python with torch and transformers, for their side (default "
+    "$ATTNJAX_BENCH_TORCH_PYTHON, else this Python)",
+  )
   _add_gpu_options(p)
   args = p.parse_args(argv)
   if args.gpu_table:

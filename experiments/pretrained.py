@@ -20,7 +20,10 @@ importance alpha_1 and Sink_1^eps against eps (Gu et al. 2024; alpha_1 = (1 + (T
 sink_mass) / T from the statistics), the first-token weight and F-Attn (Qiu et al.
 2025), the null mass of sink logits (gpt-oss), the value-state drain ||v_1|| / mean
 ||v_j>1|| per key/value head (Guo et al. 2024); per layer the largest |hidden| and its
-ratio to the median, M-Act (Sun et al. 2024); and the text's perplexity.
+ratio to the median, M-Act (Sun et al. 2024); and the text's perplexity. A hybrid (Qwen3-Next,
+Qwen3.5, Kimi Linear): the sink columns cover its softmax layers; each gated one adds its
+gate's mean and the first token's mass before and after the gate, each recurrent layer its
+mean decay and beta and the state norm after every token (``gate``, ``recurrence``).
 
 An encoder (bert, roberta, modernbert) is read as ``[CLS] text [SEP]`` sequences instead:
 per layer and head the attention mass on [CLS], [SEP] and the delimiters (``.``, ``,``),
@@ -81,9 +84,19 @@ def parse(argv=None):
   return cfg, args
 
 
-def attention_options(cfg) -> dict:
-  """``implementation`` and the ``key=value`` pairs of ``cfg.attention`` (values as literals)."""
+def attention_options(cfg, layer_types=None) -> dict:
+  """``implementation`` and the ``key=value`` pairs of ``cfg.attention`` (values as literals).
+
+  With ``layer_types`` (the checkpoint's, :meth:`attnjax.models.ARCHITECTURES` ``layer_types``)
+  holding recurrent ``linear_attention`` layers (a hybrid), ``implementation`` names an
+  engine of the softmax layers only: it goes to each other layer type
+  (``attention={"full_attention": {"implementation": ...}}``); the recurrent layers keep
+  their chunked default.
+  """
   options = {} if not cfg.implementation else {"implementation": cfg.implementation}
+  types = set(layer_types or ())
+  if options and "linear_attention" in types:
+    options = {t: dict(options) for t in sorted(types - {"linear_attention"})}
   for item in as_list(cfg.attention):
     key, sep, value = item.partition("=")
     if not sep:
@@ -192,15 +205,30 @@ def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cf
     )
     per_seq.append(jax.tree.map(np.asarray, layers))
   L = len(per_seq[0])
-  # Every field over the sequences: [L, B, ...] (each sequence's fields have batch 1).
-  cat = {
-    k: np.stack([np.concatenate([seq[l][k] for seq in per_seq]) for l in range(L)])
-    for k in per_seq[0][0]
-  }
-  layer_stats = [
-    AttentionStats(**{f: jnp.asarray(cat[f][l]) for f in AttentionStats._fields if f in cat})
-    for l in range(L)
+  # Every field of each layer over the sequences: per layer {field: [B, ...]} (each
+  # sequence's fields have batch 1); a hybrid's layers sow different fields.
+  per_layer = [
+    {k: np.concatenate([seq[l][k] for seq in per_seq]) for k in per_seq[0][l]} for l in range(L)
   ]
+  cat = {
+    k: np.stack([per_layer[l][k] for l in range(L)])
+    for k in per_layer[0]
+    if all(k in layer for layer in per_layer)
+  }
+  # Sinks of the softmax layers: those that report a logsumexp (a hybrid's recurrent layers
+  # have no softmax row; their sink_mass is of their implied weights). Per-layer sink
+  # quantities are None for the others.
+  sink_layers = [l for l in range(L) if "logsumexp" in per_layer[l]] or list(range(L))
+  shared = [f for f in AttentionStats._fields if all(f in per_layer[l] for l in sink_layers)]
+  layer_stats = [
+    AttentionStats(**{f: jnp.asarray(per_layer[l][f]) for f in shared}) for l in sink_layers
+  ]
+
+  def every_layer(rows) -> list:
+    """Rows of the sink layers as a list over all layers (None for the others)."""
+    rows = dict(zip(sink_layers, np.asarray(rows).tolist()))
+    return [rows.get(l) for l in range(L)]
+
   eps = [float(e) for e in as_list(cfg.sink_eps)]
   rates = [stats.sink_rate(layer_stats, eps=e) for e in eps]
   importance = np.asarray(stats.sink_rate(layer_stats, eps=0.3).importance)  # [L, B, N]
@@ -214,18 +242,55 @@ def measure(model: nn.TransformerLM, inputs: np.ndarray, targets: np.ndarray, cf
     "nll": float(token_nll.mean()),
     "sink_eps": eps,
     "sink_curve": [float(r.rate) for r in rates],
-    "sink_curve_per_layer": [np.asarray(r.per_layer).tolist() for r in rates],  # [eps][L]
-    "alpha_1": importance.mean(axis=1).tolist(),  # [L, N]
-    "first_token_weight": np.asarray(f_attn.per_head).tolist(),  # [L, N]
+    "sink_layers": sink_layers,
+    "sink_curve_per_layer": [every_layer(r.per_layer) for r in rates],  # [eps][L]
+    "alpha_1": every_layer(importance.mean(axis=1)),  # [L, N]
+    "first_token_weight": every_layer(f_attn.per_head),  # [L, N]
     "f_attn": float(f_attn.f_attn),
-    "f_attn_per_layer": np.asarray(f_attn.per_layer).tolist(),
-    "null_mass": (1.0 - cat["row_sum"]).mean(axis=1).tolist(),  # [L, N]
+    "f_attn_per_layer": every_layer(f_attn.per_layer),
+    "null_mass": every_layer([1.0 - per_layer[l]["row_sum"].mean(axis=0) for l in sink_layers]),
     "entropy": cat["entropy"].mean(axis=1).tolist(),  # [L, N]
-    "max_logit": cat["max_logit"].max(axis=1).tolist(),  # [L, N]
+    "max_logit": [  # [L, N]; None for a layer that defines none (a recurrent layer)
+      layer["max_logit"].max(axis=0).tolist() if "max_logit" in layer else None
+      for layer in per_layer
+    ],
     "value_drain": cat["value_drain"].mean(axis=1).tolist(),  # [L, K]
     "hidden_max_abs": max_abs.max(axis=1).tolist(),  # [L]
     "hidden_max_over_median": (max_abs / np.maximum(median, 1e-30)).max(axis=1).tolist(),
     "m_act": float(max_abs.max(axis=1).mean()),
+    "gate": [_gate_effect(layer) for layer in per_layer],
+    "recurrence": [_recurrence(layer) for layer in per_layer],
+  }
+
+
+def _gate_effect(layer: dict):
+  """A gated softmax layer's output gate, per head (means over the sequences): its mean, the
+  first token's mass before it (``first_token_mass``: the weight on key 0, queries
+  ``i >= 1``) and after it (``first_token_gated``: that weight times the query's mean
+  gate), and their ratio; None for a layer without one."""
+  if "first_token_gated" not in layer:
+    return None
+  before = layer["first_token_mass"].mean(axis=0)
+  after = layer["first_token_gated"].mean(axis=0)
+  return {
+    "gate_mean": layer["gate_mean"].mean(axis=0).tolist(),
+    "first_token_mass": before.tolist(),
+    "first_token_gated": after.tolist(),
+    "passed": (after / np.maximum(before, 1e-30)).tolist(),
+  }
+
+
+def _recurrence(layer: dict):
+  """A recurrent layer's state statistics: per head the mean decay factor and write strength
+  (None without one), and the state's Frobenius norm after each token (mean over heads and
+  sequences, ``[T]``); None for a softmax layer."""
+  if "state_norm" not in layer:
+    return None
+  mean = lambda k: layer[k].mean(axis=0).tolist() if k in layer else None
+  return {
+    "decay_mean": mean("decay_mean"),
+    "beta_mean": mean("beta_mean"),
+    "state_norm": layer["state_norm"].mean(axis=(0, 1)).tolist(),
   }
 
 
@@ -241,7 +306,7 @@ def plots(results: dict, out_dir: str) -> list[str]:
   paths = []
   fig, ax = subplots(figsize=(6, 4))
   ax.plot(results["sink_eps"], results["sink_curve"], "o-", lw=1.2, label="all layers")
-  for l, _ in enumerate(results["alpha_1"]):
+  for l in results["sink_layers"]:
     ax.plot(results["sink_eps"], [c[l] for c in results["sink_curve_per_layer"]], lw=0.6, alpha=0.6)
   ax.set(
     xlabel="eps",
@@ -256,7 +321,7 @@ def plots(results: dict, out_dir: str) -> list[str]:
     ("first_token", "first_token_weight", "first-token weight"),
     ("value_drain", "value_drain", "||v_1|| / mean ||v_j>1||"),
   ):
-    a = np.asarray(results[key])
+    a = np.asarray([row for row in results[key] if row is not None])
     fig, ax = subplots(figsize=(2 + 0.35 * a.shape[1], 1.5 + 0.3 * a.shape[0]))
     heatmap(fig, ax, a, label)
     ax.set(
@@ -292,7 +357,7 @@ def report(results: dict, cfg, model_type: str, plot_paths: list, out: str) -> s
   lines = [
     f"# attention sinks of {os.path.basename(os.path.normpath(cfg.model))} ({model_type})\n",
     f"{results['sequences']} sequence(s) of T = {results['tokens']} tokens of "
-    f"`{os.path.basename(cfg.text)}`; attention options {attention_options(cfg)}. "
+    f"`{os.path.basename(cfg.text)}`; attention options {results['attention']}. "
     f"Statistics from the fused attention pass (no T x T weights).\n",
     f"- perplexity: **{results['perplexity']:.3f}** (mean NLL {results['nll']:.4f} nats)",
     f"- F-Attn (mean first-token weight, queries i >= 2): **{results['f_attn']:.3f}**",
@@ -303,7 +368,7 @@ def report(results: dict, cfg, model_type: str, plot_paths: list, out: str) -> s
     "|---|" + "---:|" * len(results["sink_eps"]),
     "| all | " + " | ".join(f"{c:.0f}" for c in results["sink_curve"]) + " |",
   ]
-  for l in range(L):
+  for l in results["sink_layers"]:
     lines.append(
       f"| layer {l} | " + " | ".join(f"{c[l]:.0f}" for c in results["sink_curve_per_layer"]) + " |"
     )
@@ -312,25 +377,68 @@ def report(results: dict, cfg, model_type: str, plot_paths: list, out: str) -> s
     "alpha_1: the first token's importance (Gu et al.); first-token weight: mean over "
     "queries i >= 2 (F-Attn per head, rows renormalised); null mass: weight sent to "
     "sink logits (gpt-oss; 0 otherwise); value drain per key/value head (< 1: the "
-    "first token's value is small); max / median |hidden| of the block's output.\n",
+    "first token's value is small); max / median |hidden| of the block's output. A "
+    "hybrid's recurrent layers have no softmax rows: '-' for their sink columns.\n",
     "| layer | F-Attn | alpha_1 per head | first-token weight per head | null mass per "
     "head | value drain per kv head | max abs hidden | max / median |",
     "|---:|---:|---|---|---|---|---:|---:|",
   ]
   for l in range(L):
+    sinks = results["alpha_1"][l] is not None
+    f_attn = f"{results['f_attn_per_layer'][l]:.3f}" if sinks else "-"
     lines.append(
-      f"| {l} | {results['f_attn_per_layer'][l]:.3f} | {_row(results['alpha_1'][l])} | "
-      f"{_row(results['first_token_weight'][l])} | "
-      f"{' '.join(significant(x) for x in results['null_mass'][l])} | "
+      f"| {l} | {f_attn} | "
+      f"{_row(results['alpha_1'][l]) if sinks else '-'} | "
+      f"{_row(results['first_token_weight'][l]) if sinks else '-'} | "
+      f"{' '.join(significant(x) for x in results['null_mass'][l]) if sinks else '-'} | "
       f"{_row(results['value_drain'][l])} | {results['hidden_max_abs'][l]:.1f} | "
       f"{results['hidden_max_over_median'][l]:.0f} |"
     )
+  lines += _hybrid_sections(results)
   lines.append(
     "\n"
     + "\n".join(f"![{os.path.basename(p)}]({os.path.relpath(p, out)})" for p in plot_paths)
     + "\n"
   )
   return "\n".join(lines)
+
+
+def _hybrid_sections(results: dict) -> list[str]:
+  """The output gates' effect and the recurrent layers' state (where the model has them)."""
+  lines = []
+  gated = [(l, g) for l, g in enumerate(results.get("gate", [])) if g is not None]
+  if gated:
+    lines += [
+      "\n## Output gates\n",
+      "Per head: the gate's mean; the first token's mass (weight on key 0, queries "
+      "i >= 1) before the gate and after it (times the query's mean gate); after / before.\n",
+      "| layer | gate mean | first-token mass | after the gate | passed |",
+      "|---:|---|---|---|---|",
+    ]
+    for l, g in gated:
+      lines.append(
+        f"| {l} | {_row(g['gate_mean'])} | {_row(g['first_token_mass'], 3)} | "
+        f"{_row(g['first_token_gated'], 3)} | {_row(g['passed'])} |"
+      )
+  rec = [(l, r) for l, r in enumerate(results.get("recurrence", [])) if r is not None]
+  if rec:
+    T = len(rec[0][1]["state_norm"])
+    marks = sorted({max(1, T * q // 4) - 1 for q in (1, 2, 3, 4)})
+    lines += [
+      "\n## Recurrent layers\n",
+      "Per head: the mean decay factor exp(g) and write strength beta; the state's "
+      "Frobenius norm ||S_t|| (mean over heads) after tokens "
+      + ", ".join(str(t + 1) for t in marks)
+      + ".\n",
+      "| layer | decay mean | beta mean | state norm |",
+      "|---:|---|---|---|",
+    ]
+    for l, r in rec:
+      beta = "-" if r["beta_mean"] is None else _row(r["beta_mean"])
+      decay = "-" if r["decay_mean"] is None else _row(r["decay_mean"])
+      norms = " ".join(significant(r["state_norm"][t], 3) for t in marks)
+      lines.append(f"| {l} | {decay} | {beta} | {norms} |")
+  return lines
 
 
 def _curve_at(results: dict, eps: float) -> str:
@@ -503,8 +611,11 @@ def main(argv=None) -> str:
     ids = read_tokens(cfg, checkpoint)
   except (models.CheckpointError, FileNotFoundError, ImportError, ValueError) as e:
     raise SystemExit(f"pretrained.py: error: {e}") from None
+  model_type = checkpoint.config.get("model_type")
+  arch = models.ARCHITECTURES.get(model_type)
+  layer_types = None if arch is None else arch.layer_types(checkpoint.config)
   model = models.from_pretrained(
-    cfg.model, dtype=cfg.dtype or None, attention=attention_options(cfg)
+    cfg.model, dtype=cfg.dtype or None, attention=attention_options(cfg, layer_types)
   )
   if isinstance(model, nn.EncoderLM):
     special = encoder_special_ids(checkpoint)
@@ -519,6 +630,7 @@ def main(argv=None) -> str:
   inputs, targets = sequences(ids, cfg, bos if isinstance(bos, int) else None)
   warn_past_context(inputs.shape[1], checkpoint.config)
   results = measure(model, inputs, targets, cfg)
+  results["attention"] = attention_options(cfg, layer_types)
   out = args.out
   rundir.write_json(
     os.path.join(out, "config.json"),

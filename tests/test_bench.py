@@ -173,3 +173,18 @@ def test_mla_suite_times_its_decode_rows_and_prints_the_cache_table(capsys):
   np.testing.assert_allclose(
     expanded.fn(*expanded.args), absorbed.fn(*absorbed.args), rtol=1e-4, atol=1e-5
   )
+
+
+def test_hybrid_suite_prints_attnjax_rows_and_says_when_torch_is_missing(capsys):
+  """``--suite hybrid`` at T=64 with a Python that has no torch: attnjax's prefill and decode
+  rows, and one line saying why transformers' side did not run."""
+  import argparse
+
+  bench = load_bench()
+  args = argparse.Namespace(sizes="64", repeats=1, torch_python="/nonexistent/python")
+  assert bench.hybrid_suite(args) == []
+  out = capsys.readouterr().out
+  rows = [line for line in out.splitlines() if line.startswith("| 64 |")]
+  assert [r.split("|")[2].strip() for r in rows] == ["prefill", "decode"]
+  assert all(r.rstrip().endswith("| - | - | - |") for r in rows)
+  assert "transformers side not run: /nonexistent/python" in out

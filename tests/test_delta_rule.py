@@ -95,7 +95,8 @@ def _check_forms(
   grad_tol=1e-4,
   forms=("reference", "chunked"),
 ):
-  B, T, N, H = q.shape
+  B, T, _, H = q.shape
+  N = beta.shape[2]  # the call's heads (the values' with value-head grouping)
   Hv = v.shape[-1]
   ct_out, ct_state = _cotangents(B, T, N, H, Hv)
   gated = g is not None
@@ -370,3 +371,175 @@ def test_unit_lower_solve_vjp_is_the_solves():
   np.testing.assert_allclose(np.asarray(x2), np.asarray(x1), rtol=1e-5, atol=1e-5)
   for got, want in zip(pull2(ct), pull1(ct)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# KDA (a decay per key channel) and value-head grouping (Hv > Hk).
+
+
+def _channel_decay(B, T, N, H, *, low=-1.0, high=0.0, seed=3):
+  rng = np.random.default_rng(seed)
+  return jnp.asarray(rng.uniform(low, high, (B, T, N, H)), jnp.float32)
+
+
+def test_kda_forms_equal_the_reference_in_value_state_and_gradient():
+  q, k, v, b, _, s0 = _inputs(T=45, Hv=6)
+  g = _channel_decay(2, 45, 4, 8)
+  _check_forms(q, k, v, b, g, s0, chunk_size=16, forms=("reference", "chunked"))
+  _check_forms(q, k, v, b, g, s0, forms=("reference", "quadratic"), rtol=1e-4, atol=1e-4)
+
+
+def test_kda_with_equal_channels_is_the_gated_delta_rule():
+  q, k, v, b, g, s0 = _inputs(T=21)
+  per_channel = jnp.broadcast_to(g[..., None], g.shape + (8,))
+  for impl in ("reference", "chunked"):
+    run = functools.partial(delta_rule_attention, initial_state=s0, implementation=impl)
+    assert_close(run(q, k, v, b, log_decay=per_channel), run(q, k, v, b, log_decay=g), impl)
+
+
+def test_kda_by_hand_one_step():
+  # One token, zero initial state decayed per channel then written: o = scale (S^T q).
+  H, Hv = 2, 1
+  q = jnp.asarray([[[[1.0, 2.0]]]])
+  k = jnp.asarray([[[[0.6, 0.8]]]])
+  v = jnp.asarray([[[[3.0]]]])
+  s0 = jnp.asarray([[[[1.0], [2.0]]]])  # [B, N, H, Hv]
+  g = jnp.log(jnp.asarray([[[[0.5, 0.25]]]]))
+  out, state = delta_rule_attention(
+    q,
+    k,
+    v,
+    jnp.asarray([[[0.5]]]),
+    log_decay=g,
+    initial_state=s0,
+    scale=1.0,
+    return_state=True,
+    implementation="reference",
+  )
+  decayed = np.array([[0.5], [0.5]])  # diag(0.5, 0.25) @ [[1], [2]]
+  delta = 0.5 * (3.0 - (0.6 * 0.5 + 0.8 * 0.5))
+  want = decayed + np.array([[0.6], [0.8]]) * delta
+  np.testing.assert_allclose(np.asarray(state[0, 0]), want, rtol=1e-6)
+  np.testing.assert_allclose(float(out[0, 0, 0, 0]), float(want[0, 0] + 2 * want[1, 0]), rtol=1e-6)
+  del H, Hv
+
+
+@pytest.mark.parametrize("decay", [(-20.0, -20.0), (-30.0, -1e-4)], ids=["strong", "mixed"])
+def test_kda_strong_decays_stay_finite_and_exact(decay):
+  q, k, v, b, _, s0 = _inputs(T=40)
+  g = _channel_decay(2, 40, 4, 8, low=decay[0], high=decay[1])
+  _check_forms(q, k, v, b, g, s0, chunk_size=16)
+
+
+def _grouped(B=2, T=41, K=2, G=2, H=8, Hv=6, seed=5, shared_q=True):
+  rng = np.random.default_rng(seed)
+  f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  q = f(B, T, K if shared_q else K * G, H)
+  k = f(B, T, K, H)
+  k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+  v = f(B, T, K * G, Hv)
+  b = jnp.asarray(rng.uniform(0.1, 0.9, (B, T, K * G)), jnp.float32)
+  g = jnp.asarray(rng.uniform(-1.0, 0.0, (B, T, K * G)), jnp.float32)
+  s0 = 0.5 * f(B, K * G, H, Hv)
+  return q, k, v, b, g, s0
+
+
+@pytest.mark.parametrize("channel", [False, True], ids=["gated", "kda"])
+def test_value_grouped_heads_equal_repeated_queries_and_keys(channel):
+  # Qwen3-Next: Hv = 2 Hk value heads, Dk != Dv; value head m reads q/k head m // 2.
+  q, k, v, b, g, s0 = _grouped()
+  if channel:
+    g = _channel_decay(2, 41, 4, 8)
+  rep = lambda x: jnp.repeat(x, 2, axis=2)
+  for impl in ("reference", "chunked", "quadratic"):
+    run = functools.partial(
+      delta_rule_attention, initial_state=s0, return_state=True, implementation=impl, chunk_size=16
+    )
+    out, state = run(q, k, v, b, log_decay=g)
+    want, want_state = run(rep(q), rep(k), v, b, log_decay=g)
+    assert out.shape == (2, 41, 4, 6) and state.shape == (2, 4, 8, 6)
+    assert_close(out, want, impl, rtol=1e-5, atol=1e-5)
+    assert_close(state, want_state, impl, rtol=1e-5, atol=1e-5)
+  _check_forms(q, k, v, b, g, s0, chunk_size=16)  # gradients of the grouped call
+
+
+def test_value_grouped_heads_with_a_query_per_value_head():
+  q, k, v, b, g, s0 = _grouped(shared_q=False)
+  _check_forms(q, k, v, b, g, s0, chunk_size=16)
+
+
+@pytest.mark.parametrize(
+  "shapes, match",
+  [
+    (dict(M=3), "not a multiple of k's 2 heads"),
+    (dict(N=3, M=4), "q must have the key heads"),
+    (dict(g=(2, 9, 4, 5)), r"\[B, T, N, H\]"),
+  ],
+)
+def test_grouped_and_channel_validation(shapes, match):
+  K, N, M = 2, shapes.get("N", 2), shapes.get("M", 4)
+  z = lambda *s: jnp.zeros(s, jnp.float32)
+  heads = max(N, M) if M % K == 0 else N
+  g = z(*shapes.get("g", (2, 9, heads)))
+  with pytest.raises(ValueError, match=match):
+    delta_rule_attention(z(2, 9, N, 8), z(2, 9, K, 8), z(2, 9, M, 8), z(2, 9, heads), log_decay=g)
+
+
+# ---------------------------------------------------------------------------
+# Precision of the chunk form's triangular solve.
+
+
+def _bf16_rounded_inverse(a):
+  """``(I + a)^{-1}`` by the same block doubling with every matmul operand rounded to
+  bfloat16: what a 16-bit matmul (TPU's default precision for float32, or bf16 inputs kept
+  in bf16) would compute."""
+  r = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)
+  C = a.shape[-1]
+  inv = np.ones(a.shape[:-2] + (C, 1, 1))
+  m = np.eye(C) + a
+  s = 1
+  while s < C:
+    n = C // (2 * s)
+    blocks = np.stack(
+      [m[..., i * 2 * s : (i + 1) * 2 * s, i * 2 * s : (i + 1) * 2 * s] for i in range(n)], -3
+    )
+    low = blocks[..., s:, :s]
+    inv = inv.reshape(a.shape[:-2] + (n, 2, s, s))
+    x11, x22 = inv[..., 0, :, :], inv[..., 1, :, :]
+    x21 = -(r(r(x22) @ r(low)) @ r(x11))
+    top = np.concatenate([x11, np.zeros_like(x11)], -1)
+    inv = np.concatenate([top, np.concatenate([x21, x22], -1)], -2)
+    s *= 2
+  return inv.reshape(a.shape)
+
+
+def test_chunk_solve_runs_at_highest_precision_and_avoids_the_bf16_error():
+  # A chunk's strictly lower A_tj = beta_t exp(G_t - G_j) k_t.k_j from bf16 inputs (C = 64).
+  rng = np.random.default_rng(0)
+  C = 64
+  k = rng.standard_normal((C, 16))
+  k = np.asarray(
+    jnp.asarray(k / np.linalg.norm(k, axis=-1, keepdims=True), jnp.bfloat16), np.float64
+  )
+  beta = rng.uniform(0.5, 1.0, C)
+  g = np.cumsum(rng.uniform(-0.05, 0.0, C))
+  a = np.tril(beta[:, None] * np.exp(g[:, None] - g[None, :]) * (k @ k.T), -1)
+  exact = np.linalg.inv(np.eye(C) + a)
+  ours = np.asarray(delta_rule.unit_lower_inverse(jnp.asarray(a, jnp.float32)), np.float64)
+  bf16 = _bf16_rounded_inverse(a)
+  scale = np.abs(exact).max()
+  err_ours, err_bf16 = np.abs(ours - exact).max() / scale, np.abs(bf16 - exact).max() / scale
+  assert err_ours < 1e-5, err_ours
+  assert err_bf16 > 100 * err_ours and err_bf16 > 1e-3, (err_bf16, err_ours)
+  # Every contraction of the chunk form (bf16 inputs, global default bf16) asks for HIGHEST.
+  q, k, v, b, g, s0 = _inputs(T=64, dtype=jnp.bfloat16)
+  with jax.default_matmul_precision("bfloat16"):
+    hlo = (
+      jax.jit(lambda *x: delta_rule_attention(*x, implementation="chunked", chunk_size=32))
+      .lower(q, k, v, b)
+      .as_text()
+    )
+  dots = [line for line in hlo.splitlines() if "dot_general" in line]
+  assert dots and all("HIGHEST" in line for line in dots), [l for l in dots if "HIGHEST" not in l][
+    :3
+  ]

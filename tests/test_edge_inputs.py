@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 from typing import Any, Callable
 
 import jax
@@ -208,8 +209,7 @@ def test_zero_length_recurrent_state_passes_through():
   q, k, v = _qkv(0, 0)
   s0 = jnp.asarray(np.random.default_rng(1).standard_normal((1, N, H, H)), jnp.float32)
   for name in ("gated_linear", "delta_rule"):
-    (sample,) = _op.OPS[name].samples()
-    for impl in _op.OPS[name].implementations:
+    for sample, impl in itertools.product(_op.OPS[name].samples(), _op.OPS[name].implementations):
       fn = _sample_fn(sample, impl)
       out, state = fn(q, k, v, initial_state=s0, return_state=True)
       assert out.shape == (1, 0, N, H)

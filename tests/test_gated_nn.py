@@ -22,6 +22,8 @@ CASES = {
   "gla": dict(family="gla", short_conv=3),
   "deltanet": dict(family="deltanet", short_conv=4),
   "gated_deltanet": dict(family="gated_deltanet", short_conv=4),
+  # Kimi Linear's layer: per-channel decay, low-rank sigmoid output gate.
+  "kda": dict(family="kda", short_conv=4, output_gate_activation="sigmoid", output_gate_rank=4),
 }
 
 
@@ -60,6 +62,7 @@ def test_forward_shapes_and_finite_gradients_reach_every_parameter(name):
     "mamba2_decay": ("dt_proj", "dt_bias", "A_log"),
     "gla": ("gk_down", "gk_up", "q_conv"),
     "deltanet": ("beta_proj", "k_conv"),
+    "kda": ("f_down", "f_up", "dt_bias", "A_log", "g_down", "g_up"),
     "gated_deltanet": ("beta_proj", "dt_proj", "A_log", "v_conv"),
   }[name]
   for param in own:

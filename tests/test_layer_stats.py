@@ -222,3 +222,16 @@ def arguments(fn) -> str:
 @pytest.mark.parametrize("fn", list(OLD_SIGNATURES), ids=lambda f: f.__name__)
 def test_old_signatures_are_kept(fn):
   assert arguments(fn) == OLD_SIGNATURES[fn]
+
+
+def test_gated_layers_report_the_first_tokens_mass_before_and_after_the_gate(model_and_tokens):
+  """A gated layer's first_token_mass is its weights' key-0 column averaged over queries
+  i >= 1 (softmax_one: rows below one); what passes the gate is positive and smaller."""
+  model, tokens = model_and_tokens
+  sown = nn.layer_stats(model, tokens, view="sown", weights=True)
+  plain, gated = sown["layers"]
+  assert "first_token_mass" not in plain and "gate_mean" not in plain
+  w = np.asarray(gated["weights"], np.float64)  # [B, N, T, S]
+  np.testing.assert_allclose(gated["first_token_mass"], w[:, :, 1:, 0].mean(-1), atol=1e-6)
+  before, after = np.asarray(gated["first_token_mass"]), np.asarray(gated["first_token_gated"])
+  assert np.all(after > 0) and np.all(after < before)

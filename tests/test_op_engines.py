@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import attnjax
 from attnjax._src import op as _op
 from op_base import OpTests
 
@@ -76,6 +77,26 @@ def op_tests(name: str) -> type:
 
 for _name in sorted(_op.OPS):
   globals()[f"Test_{_name}"] = op_tests(_name)
+
+
+class TestDeltaRuleKDA(FamilyTests):
+  """The delta rule with a decay per key channel (Kimi Delta Attention), value heads
+  grouped over fewer query/key heads (Qwen3-Next's Hv = 2 Hk) and Dk != Dv."""
+
+  op = "delta_rule"
+
+  def sample(self):
+    q, k, _ = _qkv()
+    rng = np.random.default_rng(1)
+    g = jnp.asarray(-rng.uniform(0.0, 1.0, (B, T, N, H)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((B, T, N, H // 2)), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0.1, 0.9, (B, T, N)), jnp.float32)
+    return (
+      lambda impl, q, k, v, b, g: attnjax.delta_rule_attention(
+        q, k, v, b, log_decay=g, chunk_size=8, implementation=impl
+      ),
+      (q[:, :, :K], k / jnp.linalg.norm(k, axis=-1, keepdims=True), v, beta, g),
+    )
 
 
 def test_every_registered_op_is_tested():

@@ -18,7 +18,8 @@ Path = tuple
 # The kinds of layer, as transformers' layer_types names them.
 FULL = "full_attention"
 SLIDING = "sliding_attention"
-LAYER_TYPES = (FULL, SLIDING)
+LINEAR = "linear_attention"  # the hybrids' recurrent layers (gated DeltaNet, KDA)
+LAYER_TYPES = (FULL, SLIDING, LINEAR)
 
 # Config keys of every model type that do not change the forward pass of a causal LM.
 INERT_KEYS = frozenset(
@@ -172,14 +173,23 @@ def _rope_dicts(c: Config) -> tuple[Optional[dict], Optional[dict]]:
   return scaling, params
 
 
-def _rope(c: Config, params: dict, default_theta: float):
-  """``(rope_theta, rope_scaling)`` of standardised RoPE ``params``."""
+def _rope(c: Config, params: dict, default_theta: float, *, partial_ok: bool = False):
+  """``(rope_theta, rope_scaling)`` of standardised RoPE ``params``; with ``partial_ok``,
+  ``(rope_theta, rope_scaling, partial_rotary_factor)``."""
   params = dict(params)
   theta = params.pop("rope_theta", None)
   theta = default_theta if theta is None else theta
   kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
   params.pop("type", None)
-  partial = params.pop("partial_rotary_factor", c.raw.get("partial_rotary_factor", 1.0))
+  partial = params.pop("partial_rotary_factor", c["partial_rotary_factor"])
+  if partial_ok:
+    # Qwen3.5's multimodal RoPE: text positions give every section the same position, so
+    # it is plain RoPE over the rotated dims (the sections and their order drop out).
+    params.pop("mrope_section", None)
+    params.pop("mrope_interleaved", None)
+    whole = dict(params, rope_theta=theta, rope_type=kind, partial_rotary_factor=1.0)
+    theta, scaling = _rope(c, whole, default_theta)
+    return theta, scaling, 1.0 if partial is None else float(partial)
   if partial not in (None, 1, 1.0):
     raise CheckpointError(
       f"config.json: partial_rotary_factor={partial} (RoPE on part of the "
@@ -319,6 +329,11 @@ class Architecture:
     DeepSeek V3's multi-token-prediction layer)."""
     del config
     return self.ignored(name)
+
+  def loaded_note(self, config: dict) -> Optional[str]:
+    """A line the loader logs about what it loaded (e.g. a VLM's text model alone), or None."""
+    del config
+    return None
 
   def check_keys(self, config: dict) -> None:
     """Raises naming every config key neither understood nor known to be inert."""
@@ -590,6 +605,8 @@ class LlamaStyle(Architecture):
   prefixes = ("model.",)
   activation_key: ClassVar[str] = "hidden_act"
   rope_theta: ClassVar[float] = 10000.0
+  # The layer types this model type has (the hybrids: full and linear attention).
+  layer_kinds: ClassVar[tuple[str, ...]] = (FULL, SLIDING)
   # (ours, theirs) of each block's norms: pre-norm.
   norm_names: ClassVar[tuple] = (
     ("attn_norm", "input_layernorm"),
@@ -620,6 +637,10 @@ class LlamaStyle(Architecture):
     scaling, params = _rope_dicts(c)
     chosen = scaling or params or c.defaults.get("rope_parameters") or {}
     return dict(chosen), c.raw.get("rope_theta", self.rope_theta)
+
+  def layer_rope(self, c: Config, layer_type: str) -> tuple[Optional[float], Optional[tuple]]:
+    """``(rope_theta, rope_scaling)`` of a layer type."""
+    return _rope(c, *self.rope_parameters(c, layer_type))
 
   def head_dim(self, c: Config, d_model: int, num_heads: int) -> int:
     return c["head_dim"] or d_model // num_heads
@@ -698,10 +719,10 @@ class LlamaStyle(Architecture):
         f"config.json: layer_types must list num_hidden_layers={L} entries, got {types!r}"
       )
     for t in types:
-      if t not in LAYER_TYPES:
+      if t not in self.layer_kinds:
         raise CheckpointError(
-          f"config.json: layer_types entry {t!r} is not supported "
-          f"(supported: {', '.join(LAYER_TYPES)})"
+          f"config.json: layer_types entry {t!r} is not a layer type model_type="
+          f"{self.model_type!r} has (supported: {', '.join(self.layer_kinds)})"
         )
     return list(types)
 
@@ -729,25 +750,26 @@ class LlamaStyle(Architecture):
     qkv_bias, out_bias = self.attention_bias(c)
     layers = []
     for layer_type in self._layer_types(c):
-      theta, scaling = _rope(c, *self.rope_parameters(c, layer_type))
+      theta, scaling = self.layer_rope(c, layer_type)
       options = dict(self.attention_options(c, layer_type))
       window = self.window(c, layer_type)
       if window is not None:
         options["window"] = window
       family = options.pop("family", "dense")
-      layers.append(
-        AttentionConfig(
-          family,
-          num_heads=N,
-          num_kv_heads=K,
-          head_dim=H,
-          rope_theta=theta,
-          rope_scaling=scaling,
-          qkv_bias=qkv_bias,
-          out_bias=out_bias,
-          **options,
-        )
+      common = dict(
+        num_heads=N,
+        num_kv_heads=K,
+        head_dim=H,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=qkv_bias,
+        out_bias=out_bias,
       )
+      common.update(options)  # a layer type's own heads, dims, RoPE (the hybrids' linear layers)
+      try:
+        layers.append(AttentionConfig(family, **common))
+      except (TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json: {layer_type} layers: {e}") from None
     same = all(a == layers[0] for a in layers)
     return ModelConfig(
       vocab_size=c.int("vocab_size"),
@@ -1864,6 +1886,663 @@ class DeepseekV2(DeepseekV3):
       moe_group_topk=c.int("topk_group") if grouped else None,
       moe_scale=float(c["routed_scaling_factor"]),
     )
+
+
+# ---------------------------------------------------------------------------
+# Hybrids: linear-attention layers beside full ones (Qwen3-Next, Qwen3.5, Kimi Linear).
+
+
+def _rows(groups: int, width: int, parts: tuple[int, ...], index: int):
+  """A converter taking part ``index`` of each of ``groups`` row groups of ``width`` rows cut
+  into ``parts`` (Qwen3-Next's ``[q | k | v | z]`` per key head), transposed to ``[in, out]``."""
+  start = sum(parts[:index])
+
+  def convert(x):
+    x = np.asarray(x).reshape((groups, width) + x.shape[1:])
+    return _transpose(np.reshape(x[:, start : start + parts[index]], (-1,) + x.shape[2:]))
+
+  return convert
+
+
+def _vector_rows(groups: int, width: int, parts: tuple[int, ...], index: int):
+  """As :func:`_rows` for a bias (no transpose)."""
+  start = sum(parts[:index])
+
+  def convert(x):
+    x = np.asarray(x).reshape(groups, width)
+    return np.ascontiguousarray(x[:, start : start + parts[index]].reshape(-1))
+
+  return convert
+
+
+def _conv_taps(start: int, stop: int):
+  """A depthwise ``conv1d.weight [C, 1, W]``'s channels ``start:stop`` as our short
+  convolution's ``[W, C']``, lag 0 first (torch's last tap multiplies the current token)."""
+
+  def convert(w):
+    return np.ascontiguousarray(np.asarray(w)[start:stop, 0, ::-1].T)
+
+  return convert
+
+
+def _per_expert(pre: str, E: int, I: int, D: int) -> dict[str, Rule]:
+  """Experts stored one by one (``experts.{e}.gate_proj.weight [I, D]``, ...; as
+  ``save_pretrained`` and the released checkpoints write them), stacked ``[E, in, out]``."""
+  rules = {}
+  for ours, proj, shape in (
+    ("gate", "gate_proj", (I, D)),
+    ("up", "up_proj", (I, D)),
+    ("down", "down_proj", (D, I)),
+  ):
+    names = tuple(f"{pre}experts.{e}.{proj}.weight" for e in range(E))
+    rules[ours] = Rule(names, (shape,) * E, lambda *xs: np.stack([_transpose(x) for x in xs]))
+  return rules
+
+
+def _zeros(shape: tuple):
+  """A parameter the checkpoint implies is zero (a bias transformers' layer does not have)."""
+  return lambda: np.zeros(shape, np.float32)
+
+
+def _positive_int(c: Config, key: str) -> int:
+  value = c[key]
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise CheckpointError(f"config.json: {key} must be a positive int, got {value!r}")
+  return value
+
+
+class Hybrid(LlamaStyle):
+  """The hybrids' base: layers of ``layer_types`` ``full_attention`` and ``linear_attention``.
+
+  The linear layers are a delta-rule family (``linear_family``) with their own heads and
+  dims, no RoPE, and a short convolution; hooks: ``linear_options`` and
+  ``linear_tensors``.
+  """
+
+  layer_kinds = (FULL, LINEAR)
+  linear_prefix: ClassVar[str] = "linear_attn."
+
+  def default_layer_types(self, c: Config, num_layers: int) -> list[str]:
+    interval = c.raw.get("full_attention_interval", 4)
+    return [LINEAR if (i + 1) % interval else FULL for i in range(num_layers)]
+
+  def linear_options(self, c: Config) -> dict[str, Any]:
+    raise NotImplementedError
+
+  def layer_rope(self, c: Config, layer_type: str):
+    if layer_type == LINEAR:
+      return None, None
+    theta, scaling, _ = _rope(c, *self.rope_parameters(c, layer_type), partial_ok=True)
+    return theta, scaling
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    if layer_type == LINEAR:
+      return self.linear_options(c)
+    return self.full_options(c)
+
+  def full_options(self, c: Config) -> dict[str, Any]:
+    raise NotImplementedError
+
+  def skipped(self, config: dict, name: str) -> bool:
+    return name.startswith("mtp.") or self.ignored(name)
+
+  def attention_tensors(self, config, pre, path, a, d_model):
+    if a.family in ("gated_deltanet", "kda"):
+      return self.linear_tensors(config, pre.replace("self_attn.", self.linear_prefix), path, a)
+    return self.full_tensors(config, pre, path, a, d_model)
+
+  def full_tensors(self, config, pre, path, a, d_model):
+    return super().attention_tensors(config, pre, path, a, d_model)
+
+  def linear_tensors(self, config, pre, path, a) -> dict[Path, Rule]:
+    raise NotImplementedError
+
+
+@register
+class Qwen3Next(Hybrid):
+  """Qwen3-Next: gated DeltaNet layers (Hv value heads over Hk query/key heads), gated
+  full attention with partial RoPE and ``(1 + w)`` norms, a softmax MoE with a gated shared
+  expert."""
+
+  model_type = "qwen3_next"
+  known_as = "Qwen3-Next"
+  summary = (
+    '`gated_deltanet` (value-head grouping) and `qk_norm` + `output_gate` layers, partial '
+    'RoPE, `norm="rms_plus_one"`, `mlp="moe"` (softmax router, gated shared expert, '
+    "`mlp_only_layers`); MTP skipped"
+  )
+  maps_to = (
+    '`linear_attention` layers: `family="gated_deltanet"` with `value_grouping` '
+    "(`linear_num_value_heads` over `linear_num_key_heads`), `value_dim`, `short_conv` "
+    "(`in_proj_qkvz` / `in_proj_ba` de-interleaved per key head, conv taps reversed); "
+    '`full_attention` layers: `family="qk_norm"` (`(1 + w)` gains), `output_gate='
+    '"elementwise"` (the per-head `[query | gate]` halves of `q_proj`), `rope_dim` '
+    "(`partial_rotary_factor`); `norm=\"rms_plus_one\"`; `mlp=\"moe\"` with "
+    '`moe_router="softmax"`, `moe_normalize` (`norm_topk_prob`), `moe_shared_gate`, '
+    "`moe_dense_layers` (`mlp_only_layers`, `decoder_sparse_step`); `mtp.*` skipped"
+  )
+  understood = LlamaStyle.understood | {
+    "attention_bias",
+    "layer_types",
+    "full_attention_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "decoder_sparse_step",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "num_experts_per_tok",
+    "num_experts",
+    "norm_topk_prob",
+    "mlp_only_layers",
+  }
+  inert = frozenset({"output_router_logits", "router_aux_loss_coef"})
+  defaults = dict(
+    LlamaStyle.defaults,
+    head_dim=256,
+    partial_rotary_factor=0.25,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    decoder_sparse_step=1,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_experts_per_tok=10,
+    num_experts=512,
+    norm_topk_prob=True,
+    mlp_only_layers=[],
+  )
+  # Separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a (Qwen3.5) or fused per key head.
+  fused_projections: ClassVar[bool] = True
+
+  def full_options(self, c: Config) -> dict[str, Any]:
+    H = self.head_dim(c, c.int("hidden_size"), c.int("num_attention_heads"))
+    theta, scaling, partial = _rope(c, *self.rope_parameters(c, FULL), partial_ok=True)
+    rope_dim = int(H * partial)
+    return dict(
+      _qk_norm(c, "head", 1.0),
+      output_gate="elementwise",
+      rope_theta=theta,
+      rope_scaling=scaling,
+      rope_dim=None if rope_dim == H else rope_dim,
+    )
+
+  def linear_options(self, c: Config) -> dict[str, Any]:
+    Hk, Hv = _positive_int(c, "linear_num_key_heads"), _positive_int(c, "linear_num_value_heads")
+    if Hv % Hk:
+      raise CheckpointError(
+        f"config.json: linear_num_value_heads={Hv} must be a multiple of "
+        f"linear_num_key_heads={Hk} (each key head serves Hv / Hk value heads)"
+      )
+    W = _positive_int(c, "linear_conv_kernel_dim")
+    if W < 2:
+      raise CheckpointError(f"config.json: linear_conv_kernel_dim={W} must be at least 2")
+    return dict(
+      family="gated_deltanet",
+      num_heads=Hv,
+      num_kv_heads=Hk,
+      head_dim=_positive_int(c, "linear_key_head_dim"),
+      value_grouping=True,
+      value_dim=_positive_int(c, "linear_value_head_dim"),
+      short_conv=W,
+      output_norm_eps=float(c["rms_norm_eps"]),
+      rope_theta=None,
+      rope_scaling=None,
+      qkv_bias=False,
+      out_bias=False,
+    )
+
+  def model_options(self, c: Config, d_model: int) -> dict[str, Any]:
+    return dict(norm="rms_plus_one", norm_placement="pre")
+
+  def moe_layers(self, c: Config) -> list[bool]:
+    """Which layers have the mixture of experts."""
+    L, step = c.int("num_hidden_layers"), _positive_int(c, "decoder_sparse_step")
+    only = c["mlp_only_layers"] or []
+    if not isinstance(only, list) or any(
+      isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < L for i in only
+    ):
+      raise CheckpointError(
+        f"config.json: mlp_only_layers must list layer indices below num_hidden_layers={L}, "
+        f"got {only!r}"
+      )
+    experts = c["num_experts"] or 0
+    return [experts > 0 and i not in only and (i + 1) % step == 0 for i in range(L)]
+
+  def normalize_routing(self, c: Config) -> bool:
+    return c.flag("norm_topk_prob")
+
+  def mlp(self, c: Config) -> dict[str, Any]:
+    if _activation(c, self.activation_key) != "silu":
+      raise CheckpointError(f"config.json: hidden_act={c['hidden_act']!r}: Qwen's MLPs are SwiGLU")
+    moe = self.moe_layers(c)
+    if not any(moe):
+      return dict(mlp="swiglu", mlp_dim=c.int("intermediate_size"))
+    shared = c["shared_expert_intermediate_size"] or None
+    return dict(
+      mlp="moe",
+      mlp_dim=c.int("moe_intermediate_size"),
+      dense_mlp_dim=c["intermediate_size"],
+      num_experts=c.int("num_experts"),
+      experts_per_token=c.int("num_experts_per_tok"),
+      moe_experts="swiglu",
+      moe_router="softmax",
+      moe_router_bias=False,
+      moe_normalize=self.normalize_routing(c),
+      moe_shared_dim=shared,
+      moe_shared_gate=shared is not None,
+      moe_dense_layers=tuple(i for i, m in enumerate(moe) if not m),
+    )
+
+  def full_tensors(self, config, pre, path, a, d_model):
+    D, N, K, H = d_model, a.num_heads, a.kv_heads, a.head_dim_for(d_model)
+    halves = (H, H)
+    rules: dict[Path, Rule] = {
+      path + ("q_proj", "kernel"): Rule(
+        (f"{pre}q_proj.weight",), ((2 * N * H, D),), _rows(N, 2 * H, halves, 0)
+      ),
+      path + ("gate_proj", "kernel"): Rule(
+        (f"{pre}q_proj.weight",), ((2 * N * H, D),), _rows(N, 2 * H, halves, 1)
+      ),
+    }
+    if a.qkv_bias:
+      rules[path + ("q_proj", "bias")] = Rule(
+        (f"{pre}q_proj.bias",), ((2 * N * H,),), _vector_rows(N, 2 * H, halves, 0)
+      )
+      rules[path + ("gate_proj", "bias")] = Rule(
+        (f"{pre}q_proj.bias",), ((2 * N * H,),), _vector_rows(N, 2 * H, halves, 1)
+      )
+    else:  # transformers' gate has no bias: ours is zero
+      rules[path + ("gate_proj", "bias")] = Rule((), (), _zeros((N * H,)))
+    for proj in ("k_proj", "v_proj"):
+      rules[path + (proj, "kernel")] = Rule((f"{pre}{proj}.weight",), ((K * H, D),), _transpose)
+      if a.qkv_bias:
+        rules[path + (proj, "bias")] = Rule((f"{pre}{proj}.bias",), ((K * H,),), _same)
+    rules[path + ("o_proj", "kernel")] = Rule((f"{pre}o_proj.weight",), ((D, N * H),), _transpose)
+    if a.out_bias:
+      rules[path + ("o_proj", "bias")] = Rule((f"{pre}o_proj.bias",), ((D,),), _same)
+    for name in ("q", "k"):
+      rules[path + (f"{name}_gain",)] = Rule((f"{pre}{name}_norm.weight",), ((H,),), _same)
+    return rules
+
+  def linear_tensors(self, config, pre, path, a) -> dict[Path, Rule]:
+    c = self.read_config(config)
+    D = c.int("hidden_size")
+    Hv, Hk, Dk = a.num_heads, a.kv_heads, a.head_dim
+    Dv, W = a.value_dim, a.short_conv
+    r = Hv // Hk
+    rules = self.linear_inputs(pre, path, D, Hk, Hv, Dk, Dv)
+    key, conv = Hk * Dk, 2 * Hk * Dk + Hv * Dv
+    for ours, (start, stop) in (
+      ("q_conv", (0, key)),
+      ("k_conv", (key, 2 * key)),
+      ("v_conv", (2 * key, conv)),
+    ):
+      rules[path + (ours,)] = Rule(
+        (f"{pre}conv1d.weight",), ((conv, 1, W),), _conv_taps(start, stop)
+      )
+    f32 = lambda x: np.asarray(x, np.float32)
+    rules[path + ("dt_bias",)] = Rule((f"{pre}dt_bias",), ((Hv,),), f32)
+    rules[path + ("A_log",)] = Rule((f"{pre}A_log",), ((Hv,),), f32)
+    rules[path + ("out_norm_gain",)] = Rule((f"{pre}norm.weight",), ((Dv,),), _same)
+    rules[path + ("o_proj", "kernel")] = Rule(
+      (f"{pre}out_proj.weight",), ((D, Hv * Dv),), _transpose
+    )
+    del r
+    return rules
+
+  def linear_inputs(self, pre, path, D, Hk, Hv, Dk, Dv) -> dict[Path, Rule]:
+    """The q, k, v, output-gate (z), beta (b) and decay (a) projections."""
+    r = Hv // Hk
+    qkvz = (Dk, Dk, r * Dv, r * Dv)
+    width = sum(qkvz)
+    source = ((f"{pre}in_proj_qkvz.weight",), ((Hk * width, D),))
+    rules = {
+      path + (ours, "kernel"): Rule(*source, _rows(Hk, width, qkvz, i))
+      for i, ours in enumerate(("q_proj", "k_proj", "v_proj", "g_proj"))
+    }
+    ba = ((f"{pre}in_proj_ba.weight",), ((2 * Hv, D),))
+    rules[path + ("beta_proj", "kernel")] = Rule(*ba, _rows(Hk, 2 * r, (r, r), 0))
+    rules[path + ("dt_proj", "kernel")] = Rule(*ba, _rows(Hk, 2 * r, (r, r), 1))
+    return rules
+
+  def mlp_tensors(self, config, pre, path, mcfg) -> dict[Path, Rule]:
+    layer = int(pre.split(".")[1])
+    D = mcfg.d_model
+    if not mcfg.is_moe_layer(layer):
+      I = mcfg.dense_mlp_dim or mcfg.hidden_dim
+      return self.swiglu_tensors(pre, path, D, I)
+    E, I = mcfg.num_experts, mcfg.hidden_dim
+    rules: dict[Path, Rule] = {
+      path + ("router", "kernel"): Rule((f"{pre}gate.weight",), ((E, D),), _transpose)
+    }
+    for ours, rule in _per_expert(pre, E, I, D).items():
+      rules[path + (ours,)] = rule
+    rules.update(self.shared_tensors(pre, path, mcfg))
+    return rules
+
+  def shared_tensors(self, pre, path, mcfg) -> dict[Path, Rule]:
+    rules = {}
+    if mcfg.moe_shared_dim is not None:
+      rules.update(
+        self.swiglu_tensors(
+          f"{pre}shared_expert.", path + ("shared",), mcfg.d_model, mcfg.moe_shared_dim
+        )
+      )
+    if mcfg.moe_shared_gate:
+      rules[path + ("shared_gate", "kernel")] = Rule(
+        (f"{pre}shared_expert_gate.weight",), ((1, mcfg.d_model),), _transpose
+      )
+    return rules
+
+  @staticmethod
+  def swiglu_tensors(pre: str, path: Path, D: int, I: int) -> dict[Path, Rule]:
+    rules = {}
+    for proj, ours, shape in (
+      ("gate_proj", "gate", (I, D)),
+      ("up_proj", "up", (I, D)),
+      ("down_proj", "down", (D, I)),
+    ):
+      rules[path + (ours, "kernel")] = Rule((f"{pre}{proj}.weight",), (shape,), _transpose)
+    return rules
+
+
+@register
+class Qwen35Text(Qwen3Next):
+  """Qwen3.5's text model: Qwen3-Next's layers with separate linear-attention projections,
+  text-position mRoPE (plain RoPE) and a dense SwiGLU MLP."""
+
+  model_type = "qwen3_5_text"
+  known_as = "Qwen3.5 (text)"
+  summary = "as qwen3_next with separate `in_proj_qkv/z/b/a`, mRoPE as RoPE, dense SwiGLU"
+  maps_to = (
+    "as qwen3_next: `in_proj_qkv` (`[q | k | v]`), `in_proj_z`, `in_proj_b`, `in_proj_a` "
+    "read as they are; mRoPE with text positions is plain RoPE on `rope_dim`; "
+    '`mlp="swiglu"`; `mtp.*` skipped'
+  )
+  understood = LlamaStyle.understood | {
+    "attention_bias",
+    "layer_types",
+    "full_attention_interval",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+  }
+  inert = frozenset()
+  defaults = dict(Qwen3Next.defaults, num_experts=0)
+
+  def linear_inputs(self, pre, path, D, Hk, Hv, Dk, Dv) -> dict[Path, Rule]:
+    qkv = (Hk * Dk, Hk * Dk, Hv * Dv)
+    source = ((f"{pre}in_proj_qkv.weight",), ((sum(qkv), D),))
+    rules = {
+      path + (ours, "kernel"): Rule(*source, _rows(1, sum(qkv), qkv, i))
+      for i, ours in enumerate(("q_proj", "k_proj", "v_proj"))
+    }
+    for ours, theirs, rows in (
+      ("g_proj", "z", Hv * Dv),
+      ("beta_proj", "b", Hv),
+      ("dt_proj", "a", Hv),
+    ):
+      rules[path + (ours, "kernel")] = Rule(
+        (f"{pre}in_proj_{theirs}.weight",), ((rows, D),), _transpose
+      )
+    return rules
+
+
+@register
+class Qwen35MoeText(Qwen35Text):
+  """Qwen3.5 MoE's text model: every layer a softmax MoE that always renormalises."""
+
+  model_type = "qwen3_5_moe_text"
+  known_as = "Qwen3.5 MoE (text)"
+  summary = "as qwen3_5_text with `mlp=\"moe\"` on every layer (always renormalised)"
+  maps_to = (
+    'as qwen3_5_text, `mlp="moe"` on every layer: softmax router, `moe_normalize=True` '
+    "always (transformers renormalises whatever `norm_topk_prob` says), gated shared expert"
+  )
+  understood = Qwen35Text.understood | {
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "num_experts_per_tok",
+    "num_experts",
+  }
+  # transformers' Qwen3.5 MoE router always renormalises: a norm_topk_prob some configs
+  # carry (false or absent) changes nothing, and reading it as false corrupts decoding.
+  inert = frozenset({"output_router_logits", "router_aux_loss_coef", "norm_topk_prob"})
+  defaults = dict(Qwen3Next.defaults, num_experts=256, num_experts_per_tok=8)
+
+  def normalize_routing(self, c: Config) -> bool:
+    return True
+
+  def moe_layers(self, c: Config) -> list[bool]:
+    return [True] * c.int("num_hidden_layers")
+
+
+@register
+class Qwen35(Qwen35Text):
+  """Qwen3.5's vision-language checkpoint: its text model alone (``model.language_model.*``)."""
+
+  model_type = "qwen3_5"
+  known_as = "Qwen3.5 (VLM checkpoint, text model)"
+  summary = "the text model (`model.language_model.*`) of a Qwen3.5 VLM, as qwen3_5_text"
+  maps_to = (
+    "`text_config` loaded as qwen3_5_text from `model.language_model.*`; the vision tower "
+    "(`model.visual.*`) is not loaded, which one log line says"
+  )
+  prefixes = ("model.language_model.", "model.")
+  inert_top = frozenset(
+    {
+      "vision_config",
+      "image_token_id",
+      "video_token_id",
+      "vision_start_token_id",
+      "vision_end_token_id",
+    }
+  )
+
+  def text_config(self, config: dict) -> dict:
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+      raise CheckpointError("config.json: model_type='qwen3_5' needs a text_config object")
+    text = dict(text)
+    text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    return text
+
+  def check_keys(self, config: dict) -> None:
+    known = {"text_config"} | self.inert_top | INERT_KEYS | COMMON_KEYS
+    unknown = sorted(k for k in config if k not in known)
+    if unknown:
+      raise CheckpointError(
+        f"config.json of model_type='qwen3_5' has keys the loader does not understand: {unknown}"
+      )
+    super().check_keys(self.text_config(config))
+
+  def read_config(self, config: dict) -> Config:
+    return super().read_config(self.text_config(config) if "text_config" in config else config)
+
+  def skipped(self, config: dict, name: str) -> bool:
+    return name.startswith(("mtp.", "visual.")) or self.ignored(name)
+
+  def loaded_note(self, config: dict) -> Optional[str]:
+    return (
+      "qwen3_5 checkpoint: loaded its text model alone (model.language_model.*); the "
+      "vision tower (model.visual.*) is not loaded"
+    )
+
+
+@register
+class KimiLinear(DeepseekV3):
+  """Kimi Linear: KDA layers (per-channel decay, low-rank sigmoid output gate) beside MLA
+  layers without RoPE, DeepSeek V3's MoE with fused experts."""
+
+  model_type = "kimi_linear"
+  known_as = "Kimi Linear"
+  summary = '`kda` and `mla` (no RoPE) layers, `mlp="moe"` as deepseek_v3 (`mlp_layer_types`)'
+  maps_to = (
+    '`linear_attention` layers: `family="kda"` (`f_a_proj`/`f_b_proj` decay, `dt_bias`, '
+    "`A_log`, `short_conv`, `output_gate_activation=\"sigmoid\"` with `output_gate_rank`); "
+    '`full_attention` layers: `family="mla"` with `rope_theta=None`; `mlp="moe"` as '
+    "deepseek_v3 (sigmoid router, `e_score_correction_bias`, groups, shared experts, fused "
+    "`gate_up_proj`), `moe_dense_layers` from `mlp_layer_types`"
+  )
+  understood = (DeepseekV3.understood - {"rope_interleave", "num_nextn_predict_layers"}) | {
+    "layer_types",
+    "mlp_layer_types",
+    "linear_head_dim",
+    "linear_num_heads",
+    "linear_conv_kernel_dim",
+    "num_local_experts",
+    "num_experts",
+    "linear_attn_config",
+    "qk_head_dim",
+  }
+  # head_dim: transformers sets it to qk_rope_head_dim and never reads it.
+  inert = DeepseekV3.inert | {"model_max_length", "head_dim"}
+  defaults = dict(
+    DeepseekV3.defaults,
+    q_lora_rank=None,
+    n_group=1,
+    topk_group=1,
+    n_shared_experts=1,
+    routed_scaling_factor=2.446,
+    rms_norm_eps=1e-5,
+    linear_head_dim=128,
+    linear_num_heads=32,
+    linear_conv_kernel_dim=4,
+    num_local_experts=256,
+  )
+  quantizations = ()
+  layer_kinds = (FULL, LINEAR)
+  experts_key = "num_local_experts"
+  # transformers' KimiLinearConfig.attribute_map: config.json stores the right-hand names.
+  aliases: ClassVar[dict[str, str]] = {
+    "norm_topk_prob": "moe_renormalize",
+    "n_group": "num_expert_group",
+    "num_local_experts": "num_experts",
+    "num_experts_per_tok": "num_experts_per_token",
+    "n_shared_experts": "num_shared_experts",
+  }
+
+  def read_config(self, config: dict) -> Config:
+    raw = dict(config)
+    for ours, stored in self.aliases.items():
+      if stored in raw and ours not in raw:
+        raw[ours] = raw.pop(stored)
+    return super().read_config(raw)
+
+  def check_keys(self, config: dict) -> None:
+    raw = dict(config)
+    for ours, stored in self.aliases.items():
+      if stored in raw:
+        raw[ours] = raw.pop(stored)
+    super().check_keys(raw)
+
+  def skipped(self, config: dict, name: str) -> bool:
+    return self.ignored(name)
+
+  def _layer_types(self, c: Config) -> list[str]:
+    if c.raw.get("layer_types") is None:
+      raise CheckpointError("config.json: kimi_linear needs layer_types")
+    return super()._layer_types(c)
+
+  def layer_types(self, config: dict) -> list[str]:
+    # Its own (KDA and MLA layers), not DeepSeek V3's all-full list: attention= targets them.
+    return self._layer_types(self.read_config(config))
+
+  def attention_options(self, c: Config, layer_type: str) -> dict[str, Any]:
+    if layer_type == FULL:
+      return dict(super().attention_options(c, layer_type), rope_theta=None, rope_scaling=None)
+    N, H = _positive_int(c, "linear_num_heads"), _positive_int(c, "linear_head_dim")
+    W = _positive_int(c, "linear_conv_kernel_dim")
+    if W < 2:
+      raise CheckpointError(f"config.json: linear_conv_kernel_dim={W} must be at least 2")
+    return dict(
+      family="kda",
+      num_heads=N,
+      num_kv_heads=N,
+      head_dim=H,
+      short_conv=W,
+      output_norm_eps=float(c["rms_norm_eps"]),
+      output_gate_activation="sigmoid",
+      output_gate_rank=H,
+      rope_theta=None,
+      rope_scaling=None,
+      qkv_bias=False,
+      out_bias=False,
+    )
+
+  def mlp(self, c: Config) -> dict[str, Any]:
+    kinds = c.raw.get("mlp_layer_types")
+    L = c.int("num_hidden_layers")
+    if not isinstance(kinds, list) or len(kinds) != L or set(kinds) - {"dense", "sparse"}:
+      raise CheckpointError(
+        f"config.json: mlp_layer_types must list 'dense' or 'sparse' for each of the "
+        f"num_hidden_layers={L} layers, got {kinds!r}"
+      )
+    c.raw.setdefault("first_k_dense_replace", 0)
+    out = super().mlp(Config(dict(c.raw, first_k_dense_replace=0), c.defaults))
+    out["moe_dense_layers"] = tuple(i for i, k in enumerate(kinds) if k == "dense")
+    return out
+
+  def attention_tensors(self, config, pre, path, a, d_model):
+    if a.family != "kda":
+      return super().attention_tensors(config, pre, path, a, d_model)
+    D, N, H = d_model, a.num_heads, a.head_dim
+    r = H
+    rules: dict[Path, Rule] = {}
+    for proj in ("q_proj", "k_proj", "v_proj"):
+      rules[path + (proj, "kernel")] = Rule((f"{pre}{proj}.weight",), ((N * H, D),), _transpose)
+    W = a.short_conv
+    for name in ("q", "k", "v"):  # the released layout: one depthwise conv each
+      rules[path + (f"{name}_conv",)] = Rule(
+        (f"{pre}{name}_conv1d.weight",), ((N * H, 1, W),), _conv_taps(0, N * H)
+      )
+    f32 = lambda x: np.asarray(x, np.float32).reshape(-1)
+    for ours, theirs, shape in (
+      (("f_down", "kernel"), "f_a_proj.weight", (H, D)),
+      (("f_up", "kernel"), "f_b_proj.weight", (N * H, H)),
+      (("beta_proj", "kernel"), "b_proj.weight", (N, D)),
+      (("g_down", "kernel"), "g_a_proj.weight", (r, D)),
+      (("g_up", "kernel"), "g_b_proj.weight", (N * H, r)),
+      (("o_proj", "kernel"), "o_proj.weight", (D, N * H)),
+    ):
+      rules[path + ours] = Rule((f"{pre}{theirs}",), (shape,), _transpose)
+    rules[path + ("dt_bias",)] = Rule((f"{pre}dt_bias",), ((N * H,),), f32)
+    rules[path + ("A_log",)] = Rule((f"{pre}A_log",), ((1, 1, N, 1),), f32)
+    rules[path + ("out_norm_gain",)] = Rule((f"{pre}o_norm.weight",), ((H,),), _same)
+    return rules
+
+  def mlp_tensors(self, config, pre, path, mcfg) -> dict[Path, Rule]:
+    layer = int(pre.split(".")[1])
+    pre = pre.replace(".mlp.", ".block_sparse_moe.")  # the released checkpoints' names
+    D = mcfg.d_model
+    if not mcfg.is_moe_layer(layer):
+      return Qwen3Next.swiglu_tensors(pre, path, D, mcfg.dense_mlp_dim or mcfg.hidden_dim)
+    E, I = mcfg.num_experts, mcfg.hidden_dim
+    rules: dict[Path, Rule] = {
+      path + ("router", "kernel"): Rule((f"{pre}gate.weight",), ((E, D),), _transpose),
+      path + ("score_bias",): Rule(
+        (f"{pre}gate.e_score_correction_bias",), ((E,),), lambda b: np.asarray(b, np.float32)
+      ),
+    }
+    for ours, proj, shape in (("gate", "w1", (I, D)), ("up", "w3", (I, D)), ("down", "w2", (D, I))):
+      names = tuple(f"{pre}experts.{e}.{proj}.weight" for e in range(E))
+      rules[path + (ours,)] = Rule(
+        names, (shape,) * E, lambda *xs: np.stack([_transpose(x) for x in xs])
+      )
+    if mcfg.moe_shared_dim is not None:
+      rules.update(
+        Qwen3Next.swiglu_tensors(
+          f"{pre}shared_experts.", path + ("shared",), D, mcfg.moe_shared_dim
+        )
+      )
+    return rules
 
 
 # ---------------------------------------------------------------------------

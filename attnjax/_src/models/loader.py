@@ -12,6 +12,7 @@ full copy).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import warnings
 from typing import Any, Mapping, Optional
@@ -31,6 +32,7 @@ from attnjax._src.models.architectures import Architecture, Rule
 from attnjax._src.models.checkpoint import Checkpoint, CheckpointError, torch_dtype_name
 
 DTYPES = ("float32", "bfloat16", "float16")
+logger = logging.getLogger("attnjax.models")
 
 
 def _dtype_name(dtype: Any, checkpoint: Checkpoint, config: dict) -> str:
@@ -423,6 +425,9 @@ def from_pretrained(
     for leaf_path, value in _initial_values(mcfg, fresh, shardings, leaves).items():
       _set(pure, leaf_path, value)
   nnx.replace_by_pure_dict(state, pure)
+  note = arch.loaded_note(config)
+  if note is not None:
+    logger.info("%s: %s", checkpoint.path, note)
   return nnx.merge(graphdef, state)
 
 

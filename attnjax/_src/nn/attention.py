@@ -14,6 +14,7 @@ docs/guides/kv_caches.md (decode caches), docs/guides/context_parallel.md, secti
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 import jax
@@ -314,16 +315,43 @@ class Attention(nnx.Module):
     out, new_cache = self.config.spec.attend(self, q, k, v, call)
     if cross and cache is not None:
       new_cache = CrossCache(k=k.astype(cache.k.dtype), v=v.astype(cache.v.dtype))
-    return self._finish(x, out, capture), new_cache
+    first = None
+    if capture and self.gate_proj is not None and cache is None and not cross and T > 1:
+      first = self._first_key_weight(q, k, v, call)
+    return self._finish(x, out, capture, first), new_cache
 
-  def _finish(self, x: Array, out: Array, capture: bool) -> Array:
-    """Output gate (if any) and output projection of the heads ``[B, T, N, Hv]``."""
+  def _first_key_weight(self, q: Array, k: Array, v: Array, call: Call) -> Optional[Array]:
+    """``[B, T, N]`` float32: each query's weight on key 0 (the row's softmax weight, sink
+    logits' share left out), from the layer's own attention on one-hot values (the values
+    of key 0 all ones, the others zero); None for a family whose values are not mixed as
+    given (MLA's latent)."""
+    if not self.config.spec.plain_values:
+      return None
+    one_hot = jnp.zeros(v.shape, v.dtype).at[:, 0].set(1)
+    quiet = dataclasses.replace(call, capture=False, sow_weights=False)
+    out, _ = self.config.spec.attend(self, q, k, one_hot, quiet)
+    return jnp.mean(out.astype(jnp.float32), axis=-1)
+
+  def _finish(self, x: Array, out: Array, capture: bool, first: Optional[Array] = None) -> Array:
+    """Output gate (if any) and output projection of the heads ``[B, T, N, Hv]``.
+
+    Capturing, a gated layer sows its gate's mean ``gate_mean [B, N]`` and, with ``first``
+    (each query's weight on key 0, ``[B, T, N]``), the gate's effect on the first token's
+    share of the output: ``first_token_mass`` (the mean over queries ``i >= 1`` of the
+    weight on key 0, before the gate) and ``first_token_gated`` (the same weight times the
+    query's mean gate over the head's channels: what passes the gate), both ``[B, N]``.
+    """
     B, T, _ = x.shape
     if self.gate_proj is not None:
       gate = jax.nn.sigmoid(self.gate_proj(x).astype(jnp.float32))
       gate = jnp.reshape(gate, (B, T, self.num_heads, -1))
       if capture:
         _layers.sow(self, "gate_mean", jnp.mean(gate, axis=(1, 3)))
+        if first is not None:
+          later = first[:, 1:]
+          _layers.sow(self, "first_token_mass", jnp.mean(later, axis=1))
+          gated = later * jnp.mean(gate[:, 1:], axis=-1)
+          _layers.sow(self, "first_token_gated", jnp.mean(gated, axis=1))
       out = (out.astype(jnp.float32) * gate).astype(out.dtype)
     return self.o_proj(jnp.reshape(out, (B, T, -1)))
 

@@ -158,8 +158,8 @@ class BlockSelectSpec(ScoreSpec):
     k_seg = jnp.concatenate([kv.segment_ids, seg], axis=1)
     if c.rope_theta is not None:
       k_rope = jnp.concatenate([kv.rope_positions, rope_q], axis=1)
-      q = apply_rope(q, rope_q, c.rope_theta, scaling=c.rope_scaling)
-      k_all = apply_rope(k_all, k_rope, c.rope_theta, scaling=c.rope_scaling)
+      q = apply_rope(q, rope_q, c.rope_theta, scaling=c.rope_scaling, rotary_dim=c.rope_dim)
+      k_all = apply_rope(k_all, k_rope, c.rope_theta, scaling=c.rope_scaling, rotary_dim=c.rope_dim)
     # Each token's block representative: its block's first query (this call's, or the cache's).
     first = (idx // bs) * bs
     from_new = first >= start

@@ -261,8 +261,9 @@ class CompressedSpec(AttentionSpec):
     k_all, theta = cache.k, layer.config.rope_theta
     if theta is not None:
       scaling = layer.config.rope_scaling
-      q = apply_rope(q, rope_q, theta, scaling=scaling)
-      k_all = apply_rope(k_all, cache.rope_positions, theta, scaling=scaling)
+      partial = layer.config.rope_dim
+      q = apply_rope(q, rope_q, theta, scaling=scaling, rotary_dim=partial)
+      k_all = apply_rope(k_all, cache.rope_positions, theta, scaling=scaling, rotary_dim=partial)
     # The new queries at their positions of a full-length query sequence; other rows are dropped.
     q_all = put(jnp.zeros((B, L) + q.shape[2:], q.dtype), q)
     out = self._run(

@@ -50,6 +50,7 @@ COMMON_FIELDS = (
   "qkv_bias",
   "out_bias",
   "rope_scaling",
+  "rope_dim",
 )
 
 # Every family option of the flat record used before the per-family specs, with its
@@ -174,6 +175,10 @@ class AttentionConfig:
       ``"yarn"``; ``attnjax._src.nn.rope``), given as a dict or a tuple of
       ``(key, value)`` pairs and kept as the sorted tuple (hashable); needs
       ``rope_theta``.
+    rope_dim: partial RoPE: only the first ``rope_dim`` dimensions of each query and key
+      head are rotated, with the frequencies of a head of that width (Qwen3-Next's
+      ``partial_rotary_factor=0.25``); None = all. Even, at most the head dim; needs
+      ``rope_theta``.
   """
 
   num_heads: int = 4
@@ -187,6 +192,7 @@ class AttentionConfig:
   qkv_bias: bool = False
   out_bias: bool = False
   rope_scaling: Optional[tuple] = None
+  rope_dim: Optional[int] = None
   spec: specs.AttentionSpec = specs.DenseSpec()
 
   def __init__(
@@ -205,6 +211,7 @@ class AttentionConfig:
     qkv_bias: bool = False,
     out_bias: bool = False,
     rope_scaling: Any = None,
+    rope_dim: Optional[int] = None,
     **options: Any,
   ):
     built = _build_spec(family, spec, options)
@@ -220,6 +227,7 @@ class AttentionConfig:
       ("qkv_bias", qkv_bias),
       ("out_bias", out_bias),
       ("rope_scaling", rope_lib.normalize_scaling(rope_scaling)),
+      ("rope_dim", rope_dim),
       ("spec", built),
     ):
       object.__setattr__(self, name, value)
@@ -241,6 +249,19 @@ class AttentionConfig:
       check_type(name, getattr(self, name), bool, "a bool")
     if self.rope_scaling is not None and self.rope_theta is None:
       raise ValueError(f"rope_scaling={dict(self.rope_scaling)} needs rope_theta (RoPE)")
+    check_int("rope_dim", self.rope_dim, allow_none=True)
+    if self.rope_dim is not None:
+      if self.rope_theta is None:
+        raise ValueError(f"rope_dim={self.rope_dim} (partial RoPE) needs rope_theta (RoPE)")
+      if self.rope_dim % 2 or (self.head_dim is not None and self.rope_dim > self.head_dim):
+        raise ValueError(
+          f"rope_dim={self.rope_dim} must be even and at most head_dim={self.head_dim}"
+        )
+      if self.family == "mla":
+        raise ValueError(
+          f"rope_dim={self.rope_dim}: family='mla' rotates its qk_rope_head_dim part; "
+          f"leave rope_dim None"
+        )
     type(self.spec).check_implementation(self.implementation)
     self.spec.check(self)
 
@@ -384,7 +405,11 @@ class ModelConfig:
     moe_shared_dim: hidden width of the shared experts added to every token (one SwiGLU
       MLP), or None.
     moe_first_dense: the first layers have a dense MLP instead (``first_k_dense_replace``).
-    dense_mlp_dim: those layers' hidden width (None = ``mlp_dim``).
+    moe_dense_layers: other layers with a dense MLP (indices; Qwen3-Next's
+      ``mlp_only_layers`` and ``decoder_sparse_step``, Kimi Linear's ``mlp_layer_types``).
+    moe_shared_gate: the shared experts' output is multiplied by ``sigmoid(x w)`` per token
+      (``w [D, 1]``; Qwen3-Next's ``shared_expert_gate``).
+    dense_mlp_dim: the dense layers' hidden width (None = ``mlp_dim``).
     learned_positions: number of learned absolute position embeddings added to
       the token embeddings (GPT-2's ``n_positions``); None = none.
     embed_scale: multiplier of the token embeddings, cast to ``param_dtype``
@@ -429,6 +454,8 @@ class ModelConfig:
   moe_scale: float = 1.0
   moe_shared_dim: Optional[int] = None
   moe_first_dense: int = 0
+  moe_dense_layers: tuple[int, ...] = ()
+  moe_shared_gate: bool = False
   dense_mlp_dim: Optional[int] = None
   learned_positions: Optional[int] = None
   embed_scale: Optional[float] = None
@@ -439,6 +466,8 @@ class ModelConfig:
   first_attn_norm: bool = True
 
   def __post_init__(self):
+    if isinstance(self.moe_dense_layers, list):  # read back from JSON
+      object.__setattr__(self, "moe_dense_layers", tuple(self.moe_dense_layers))
     check_int("vocab_size", self.vocab_size)
     check_int("d_model", self.d_model)
     check_int("num_layers", self.num_layers)
@@ -510,6 +539,17 @@ class ModelConfig:
       validators.check_positive_float("moe_scale", self.moe_scale, allow_none=False)
       check_int("moe_shared_dim", self.moe_shared_dim, allow_none=True)
       check_int("moe_first_dense", self.moe_first_dense, minimum=0)
+      check_type("moe_dense_layers", self.moe_dense_layers, tuple, "a tuple of layer indices")
+      for i in self.moe_dense_layers:
+        check_int("moe_dense_layers entry", i, minimum=0)
+        if i >= self.num_layers:
+          raise ValueError(
+            f"moe_dense_layers={self.moe_dense_layers}: layer {i} is not below "
+            f"num_layers={self.num_layers}"
+          )
+      check_type("moe_shared_gate", self.moe_shared_gate, bool, "a bool")
+      if self.moe_shared_gate and self.moe_shared_dim is None:
+        raise ValueError("moe_shared_gate=True needs shared experts (moe_shared_dim)")
       check_int("dense_mlp_dim", self.dense_mlp_dim, allow_none=True)
       for name in ("moe_router_bias", "moe_score_bias", "moe_normalize"):
         check_type(name, getattr(self, name), bool, "a bool")
@@ -518,6 +558,12 @@ class ModelConfig:
         f"num_experts={self.num_experts}, experts_per_token="
         f"{self.experts_per_token} need mlp='moe', got mlp={self.mlp!r}"
       )
+
+  def is_moe_layer(self, layer: int) -> bool:
+    """Whether block ``layer`` has the mixture of experts (else a dense MLP, or none)."""
+    return (
+      self.mlp == "moe" and layer >= self.moe_first_dense and layer not in self.moe_dense_layers
+    )
 
   def attention_for(self, layer: int) -> AttentionConfig:
     return self.attention if self.layer_attention is None else self.layer_attention[layer]

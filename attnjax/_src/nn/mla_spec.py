@@ -72,6 +72,7 @@ class MLASpec(DotProductSpec):
     "normalizer_params",
   )
   takes_cross: ClassVar[bool] = False
+  plain_values: ClassVar[bool] = False
 
   q_lora_rank: Optional[int] = None
   kv_lora_rank: int = 32

@@ -146,6 +146,8 @@ class MixtureOfExperts(nnx.Module):
     normalize: divide the chosen weights by their sum.
     scale: multiplier of the routed weights.
     shared_dim: hidden width of the shared experts, or None.
+    shared_gate: the shared experts' output is scaled by ``sigmoid(x w)`` per token
+      (``shared_gate``, ``nnx.Linear`` D -> 1 without bias; Qwen3-Next).
     rngs, dtype, param_dtype: as the other modules.
   """
 
@@ -167,6 +169,7 @@ class MixtureOfExperts(nnx.Module):
     normalize: bool = False,
     scale: float = 1.0,
     shared_dim=None,
+    shared_gate: bool = False,
     rngs,
     dtype,
     param_dtype,
@@ -204,6 +207,11 @@ class MixtureOfExperts(nnx.Module):
       None
       if shared_dim is None
       else MLP("swiglu", D, shared_dim, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    )
+    self.shared_gate = (
+      _layers.linear(D, 1, ("embed", None), rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+      if shared_gate
+      else None
     )
 
   def routing(self, x: Array) -> Array:
@@ -266,5 +274,8 @@ class MixtureOfExperts(nnx.Module):
 
     acc, _ = jax.lax.scan(expert, jnp.zeros_like(x), (weights, params))
     if self.shared is not None:
-      acc = acc + self.shared(x)
+      shared = self.shared(x)
+      if self.shared_gate is not None:
+        shared = jax.nn.sigmoid(self.shared_gate(x)) * shared
+      acc = acc + shared
     return acc

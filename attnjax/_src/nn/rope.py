@@ -142,7 +142,12 @@ def rope_frequencies(
 
 
 def apply_rope(
-  x: Array, positions: Array, theta: float, *, scaling: Optional[tuple] = None
+  x: Array,
+  positions: Array,
+  theta: float,
+  *,
+  scaling: Optional[tuple] = None,
+  rotary_dim: Optional[int] = None,
 ) -> Array:
   """Rotates ``x`` ``[B, T, N, H]`` by ``positions`` ``[T]``, ``[B, T]`` or ``[B, T, N]``.
 
@@ -160,10 +165,20 @@ def apply_rope(
     theta: the RoPE base.
     scaling: None, or a scaling of ``attnjax._src.nn.rope.normalize_scaling`` (linear, llama3,
       yarn); yarn's attention factor multiplies the result.
+    rotary_dim: partial RoPE (Qwen3-Next's ``partial_rotary_factor``): only the first
+      ``rotary_dim`` (even) dimensions are rotated, with the frequencies of a head of that
+      width; the rest pass unchanged. None = every dimension.
 
   Returns:
     The rotated ``x``, same shape and dtype.
   """
+  if rotary_dim is not None and rotary_dim != x.shape[-1]:
+    if rotary_dim % 2 or not 0 < rotary_dim < x.shape[-1]:
+      raise ValueError(
+        f"rotary_dim={rotary_dim} must be even and at most the head dim of x {x.shape}"
+      )
+    rotated = apply_rope(x[..., :rotary_dim], positions, theta, scaling=scaling)
+    return jnp.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
   B, T, N, H = x.shape
   if H % 2:
     raise ValueError(f"RoPE needs an even head dim, got x of shape {x.shape}")

@@ -502,6 +502,11 @@ class DotProductSpec(ScoreSpec):
   num_sinks: int = 0
   streaming_rope: Literal["cache", "absolute"] = "cache"
 
+  @property
+  def plain_values(self) -> bool:  # type: ignore[override]
+    """False with ``kv_bias``: its learned value slot mixes in beside the given values."""
+    return not self.kv_bias
+
   def validate(self) -> None:
     super().validate()
     check_type("kv_bias", self.kv_bias, bool, "a bool")

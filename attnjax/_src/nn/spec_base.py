@@ -130,7 +130,7 @@ def _rope(layer, x: Array, positions: Array) -> Array:
   c = layer.config
   if c.rope_theta is None:
     return x
-  return apply_rope(x, positions, c.rope_theta, scaling=c.rope_scaling)
+  return apply_rope(x, positions, c.rope_theta, scaling=c.rope_scaling, rotary_dim=c.rope_dim)
 
 
 def run_and_sow(
@@ -214,6 +214,9 @@ class AttentionSpec:
   deprecated_implementations: ClassVar[dict[str, str]] = {}
   takes_segment_ids: ClassVar[bool] = True
   takes_cross: ClassVar[bool] = True
+  # The values are the layer's v as the weights mix them (not a latent expanded after the
+  # weights, MLA): the output for one-hot values is a column of the weights.
+  plain_values: ClassVar[bool] = True
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)

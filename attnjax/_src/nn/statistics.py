@@ -146,9 +146,26 @@ def _streaming_pass(model: TransformerLM, tokens: Array) -> dict:
         value_drain=value_state_drain(v).per_head,
         hidden_max_abs=layer["hidden_max_abs"],
         hidden_median_abs=layer["hidden_median_abs"],
+        **{
+          name: layer[f"attention/{name}"] for name in LAYER_EXTRAS if f"attention/{name}" in layer
+        },
       )
     )
   return {"features": features, "layers": out}
+
+
+#: What a layer sows beyond its ``AttentionStats`` that the ``"streaming"`` view keeps: a
+#: gated layer's ``gate_mean`` and the gate's effect on the first token
+#: (``first_token_mass``, ``first_token_gated`` ``[B, N]``); a recurrent layer's
+#: ``decay_mean``, ``beta_mean`` ``[B, N]`` and ``state_norm`` ``[B, N, T]``.
+LAYER_EXTRAS = (
+  "gate_mean",
+  "first_token_mass",
+  "first_token_gated",
+  "decay_mean",
+  "beta_mean",
+  "state_norm",
+)
 
 
 _summary_jit = nnx.jit(_summary_pass, static_argnames=("weights", "options"))
@@ -234,8 +251,9 @@ def layer_stats(
     ``[T, V]`` logits: ``{"features" [B, T, D], "layers": [per layer the
     non-None AttentionStats fields, "value_drain" [1, K] (Guo et al.'s
     ``||v_1|| / mean ||v_j>1||``, :func:`attnjax.stats.value_state_drain`),
-    "hidden_max_abs", "hidden_median_abs" [B]]}``; per-token NLL from the
-    features is :func:`attnjax.models.token_nll`.
+    "hidden_max_abs", "hidden_median_abs" [B] and what the layer sowed of
+    :data:`LAYER_EXTRAS` (gates' effect, recurrent state statistics)]}``; per-token NLL
+    from the features is :func:`attnjax.models.token_nll`.
   - ``"capture"``: the :class:`~attnjax.stats.LayerCapture` the summary is
     computed from (q/k as the attention compares them, allowed pairs, ...).
 

@@ -75,7 +75,7 @@ class TransformerBlock(nnx.Module):
     self.mlp_norm = norm(has_mlp and pre)
     if not has_mlp:
       self.mlp = None
-    elif config.mlp == "moe" and layer >= config.moe_first_dense:
+    elif config.is_moe_layer(layer):
       self.mlp = mlp_lib.MixtureOfExperts(
         D,
         config.hidden_dim,
@@ -92,9 +92,10 @@ class TransformerBlock(nnx.Module):
         normalize=config.moe_normalize,
         scale=config.moe_scale,
         shared_dim=config.moe_shared_dim,
+        shared_gate=config.moe_shared_gate,
         **kw,
       )
-    elif config.mlp == "moe":  # the first layers' dense MLP (DeepSeek's first_k_dense_replace)
+    elif config.mlp == "moe":  # a dense layer of a MoE model (first_k_dense_replace, ...)
       self.mlp = MLP("swiglu", D, config.dense_mlp_dim or config.hidden_dim, **kw)
     else:
       self.mlp = MLP(

@@ -46,11 +46,13 @@ class Inputs(NamedTuple):
   """A causal stateful call's inputs in the layout every engine takes (all float32).
 
   Attributes:
-    q: ``[B, T, K, G, H]`` queries grouped by key/value head, times ``scale``.
+    q: ``[B, T, K, G, H]`` queries grouped by key/value head, times ``scale`` (``G = 1``
+      where the query of a key head is shared by its value heads).
     k: ``[B, T, K, H]`` keys.
-    v: ``[B, T, K, Hv]`` values.
+    v: ``[B, T, K, Hv]`` values (``[B, T, K G, Hv]``, one per state, with grouped values).
     reset: ``[B, T]`` bool, True where a new segment starts (never at ``t = 0``).
-    state: ``[B, K, G, H, Hv]`` the state before the first token (zeros if none given).
+    state: ``[B, K, G, H, Hv]`` the state before the first token (zeros if none given): its
+      ``G`` is the call's heads per key head.
     implementation: the engine the call names, or None: auto.
     segment_ids: the call's ``[B, T]`` ids, or None (state passing compares them across
       shards: a reset at a shard's first token is not in ``reset``).
@@ -81,6 +83,7 @@ def prepare(
   chunk_size,
   family: op.Op,
   context_axis=None,
+  grouped_values: bool = False,
 ) -> Inputs:
   """Validates a causal stateful call over one sequence and returns its :class:`Inputs`.
 
@@ -96,28 +99,57 @@ def prepare(
     family: the family's op (its engines are the valid names).
     context_axis: None, or the ``shard_map`` axis the sequence is sharded over (the op's
       context strategy, :func:`context`, then runs the call).
+    grouped_values: ``v`` may have more heads ``M`` than ``k`` (``M % K == 0``, Qwen3-Next's
+      value-head grouping): ``q`` then has ``K`` or ``M`` heads and the call ``max(N, M)``
+      heads, each value head ``m`` reading key head ``m // (M // K)``. ``Inputs.v`` keeps
+      its ``M`` heads and ``Inputs.q`` its ``N // K`` per key head (1: shared).
   """
-  B, T, N, K, H, Hv, seg = validators.check_one_sequence(name, q, k, v, segment_ids)
+  value_heads = _value_heads(name, q, k, v) if grouped_values else None
+  checked_v = v if value_heads is None else v[:, :, : k.shape[2]]
+  B, T, N, K, H, Hv, seg = validators.check_one_sequence(name, q, k, checked_v, segment_ids)
+  heads = N if value_heads is None else max(N, value_heads)
   implementation = op.check_implementation(family, implementation, where=name)
   validators.check_positive_int("chunk_size", chunk_size)
   if not isinstance(return_state, bool):
     raise TypeError(f"return_state must be a bool, got {return_state!r}")
   scale = validators.check_positive_float("scale", scale)
   scale = H**-0.5 if scale is None else scale
-  state = validators.check_initial_state(initial_state, (B, N, H, Hv))
+  state = validators.check_initial_state(initial_state, (B, heads, H, Hv))
   if state is None:
-    state = jnp.zeros((B, N, H, Hv), jnp.float32)
+    state = jnp.zeros((B, heads, H, Hv), jnp.float32)
   f32 = jnp.float32
   return Inputs(
     q=group_queries(q.astype(f32) * scale, K),
     k=k.astype(f32),
     v=v.astype(f32),
     reset=masks.segment_resets(seg, B, T),
-    state=jnp.reshape(state, (B, K, N // K, H, Hv)),
+    state=jnp.reshape(state, (B, K, heads // K, H, Hv)),
     implementation=implementation,
     segment_ids=segment_ids,
     context_axis=validators.check_mesh_axis("context_axis", context_axis, name),
   )
+
+
+def _value_heads(name: str, q, k, v) -> Optional[int]:
+  """``M``, the value heads of a call whose ``v`` has more heads than ``k`` (else None),
+  checked: ``M % K == 0`` and ``q`` with ``K`` or ``M`` heads."""
+  if np.ndim(q) != 4 or np.ndim(k) != 4 or np.ndim(v) != 4:
+    return None
+  N, K, M = q.shape[2], k.shape[2], v.shape[2]
+  if M == K:
+    return None
+  if M % K:
+    raise ValueError(
+      f"{name}: v has {M} heads, not a multiple of k's {K} heads (value heads share key "
+      f"heads in groups: Hv % Hk == 0), got q {validators.shape_of(q)}, "
+      f"k {validators.shape_of(k)}, v {validators.shape_of(v)}"
+    )
+  if N not in (K, M):
+    raise ValueError(
+      f"{name}: with {M} value heads over {K} key heads, q must have the key heads ({K}) "
+      f"or the value heads ({M}), got q {validators.shape_of(q)}"
+    )
+  return M
 
 
 def context(call: tuple, implementation: Optional[str], local: Callable[..., Any]):
@@ -126,8 +158,7 @@ def context(call: tuple, implementation: Optional[str], local: Callable[..., Any
   sharded over ``x.context_axis``; ``local`` (the op's per-device computation) runs each of
   its two passes over this device's tokens."""
   x, extra, chunk_size = call
-  B, _, K, G, H = x.q.shape
-  Hv = x.v.shape[-1]
+  B, K, G, H, Hv = x.state.shape
 
   def on_shard(v: Array, state: Array):  # values [B, T, K, W], state [B, N, H, W]
     shard = x._replace(
@@ -156,12 +187,13 @@ def by_kv_head(x: Array, num_kv_heads: int) -> Array:
 
 
 def finish(out: Array, final: Array, q: Array, *, return_state: bool):
-  """``out [B, T, K, G, Hv]`` as ``[B, T, N, Hv]`` in ``q``'s dtype, and with ``return_state``
-  the final state ``[B, K, G, H, Hv]`` as ``[B, N, H, Hv]`` (float32)."""
-  B, T, N = q.shape[:3]
-  out = jnp.reshape(out, (B, T, N, out.shape[-1])).astype(q.dtype)
+  """``out [B, T, K, G, Hv]`` as ``[B, T, K G, Hv]`` in ``q``'s dtype, and with ``return_state``
+  the final state ``[B, K, G, H, Hv]`` as ``[B, K G, H, Hv]`` (float32)."""
+  B, T = q.shape[:2]
+  heads = final.shape[1] * final.shape[2]  # K G (no -1: T may be 0)
+  out = jnp.reshape(out, (B, T, heads, out.shape[-1])).astype(q.dtype)
   if return_state:
-    return out, jnp.reshape(final, (B, N) + final.shape[3:])
+    return out, jnp.reshape(final, (B, heads) + final.shape[3:])
   return out
 
 

@@ -5,6 +5,7 @@ Implementation behind the public module :mod:`attnjax.delta_rule`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal, Optional
 
 import jax
@@ -25,21 +26,34 @@ REFERENCE_ENGINE = "recurrent"
 
 
 # ---------------------------------------------------------------------------
-# The engines' computations. Each takes float32 q [B, T, K, G, H] (already scaled), k [B, T, K, H],
-# v [B, T, K, Hv], beta and log decay g [B, T, K, G], a boolean reset [B, T]
-# (True: the state is zeroed before token t) and the state [B, K, G, H, Hv];
-# each returns (out [B, T, K, G, Hv], final state).
+# The engines' computations. Each takes float32 q [B, T, K, Gq, H] (already scaled; Gq = G,
+# or 1 where a key head's query serves its G value heads), k [B, T, K, H], v [B, T, K Gv, Hv]
+# (Gv = 1: one value per key head, GQA; Gv = G: one per state, value-head grouping), beta
+# [B, T, K, G], the log decay g [B, T, K, G] (one per state) or [B, T, K, G, H] (per key channel, KDA), a
+# boolean reset [B, T] (True: the state is zeroed before token t) and the state
+# [B, K, G, H, Hv]; each returns (out [B, T, K, G, Hv], final state).
+
+
+def _by_key_head(v: Array, K: int) -> Array:
+  """Values ``[..., K Gv, Hv]`` as ``[..., K, Gv, Hv]`` (``Gv`` 1 or the group size)."""
+  return jnp.reshape(v, v.shape[:-2] + (K, v.shape[-2] // K, v.shape[-1]))
+
+
+def _decay_shape(decay: Array) -> Array:
+  """A per-state factor ``[B, K, G]`` (or per channel ``[B, K, G, H]``) shaped to multiply
+  a state ``[B, K, G, H, Hv]``."""
+  return decay[..., None, None] if decay.ndim == 3 else decay[..., None]
 
 
 def recurrent(q, k, v, beta, g, reset, state):
   """The decode engine (the reference): ``lax.scan`` over time, one delta-rule update per token.
 
   Args:
-    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    q: queries ``[B, T, K, Gq, H]`` (``Gq = G``, or 1: shared by the group's value heads).
     k: keys ``[B, T, K, H]`` (L2-normalised by the caller).
-    v: values ``[B, T, K, Hv]``.
+    v: values ``[B, T, K Gv, Hv]`` (``Gv`` 1 or ``G``).
     beta: write strengths ``[B, T, K, G]`` in ``(0, 1)``.
-    g: log decays ``[B, T, K, G]``, ``<= 0`` (zeros without a decay).
+    g: log decays ``[B, T, K, G]`` or per key channel ``[B, T, K, G, H]``, ``<= 0``.
     reset: ``[B, T]``, true (1) where the state restarts before the token.
     state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
 
@@ -47,15 +61,17 @@ def recurrent(q, k, v, beta, g, reset, state):
     ``(out [B, T, K, G, Hv] float32, final state [B, K, G, H, Hv])`` (the output before
     ``scale``).
   """
+  K = k.shape[2]
 
   def step(s, xs):
-    q_t, k_t, v_t, b_t, g_t, r_t = xs  # [B,K,G,H], [B,K,H], [B,K,Hv], [B,K,G] x2, [B]
-    keep = jnp.where(r_t, 0.0, 1.0)[:, None, None]
-    a_t = jnp.exp(g_t) * keep  # [B, K, G]
-    s = a_t[..., None, None] * s
+    q_t, k_t, v_t, b_t, g_t, r_t = xs  # [B,K,Gq,H], [B,K,H], [B,K Gv,Hv], [B,K,G](,H), [B]
+    keep = jnp.where(r_t, 0.0, 1.0)
+    a_t = jnp.exp(g_t) * jnp.reshape(keep, (-1,) + (1,) * (g_t.ndim - 1))
+    s = _decay_shape(a_t) * s
     k_s = _einsum("bkh,bkghv->bkgv", k_t, s)  # S_{t-1}^T k_t (decayed)
-    delta = b_t[..., None] * (v_t[:, :, None, :] - k_s)  # [B, K, G, Hv]
+    delta = b_t[..., None] * (_by_key_head(v_t, K) - k_s)  # [B, K, G, Hv]
     s = s + k_t[:, :, None, :, None] * delta[..., None, :]
+    q_t = jnp.broadcast_to(q_t, s.shape[:-1])
     return s, _einsum("bkgh,bkghv->bkgv", q_t, s)
 
   xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, beta, g, reset))
@@ -67,11 +83,11 @@ def quadratic(q, k, v, beta, g, reset, state):
   """The chunk computation over the whole sequence as one chunk (``_chunk_block``, no scan).
 
   Args:
-    q: queries ``[B, T, K, G, H]`` (``G = N // K`` query heads per key/value head).
+    q: queries ``[B, T, K, Gq, H]`` (``Gq = G``, or 1: shared by the group's value heads).
     k: keys ``[B, T, K, H]`` (L2-normalised by the caller).
-    v: values ``[B, T, K, Hv]``.
+    v: values ``[B, T, K Gv, Hv]`` (``Gv`` 1 or ``G``).
     beta: write strengths ``[B, T, K, G]`` in ``(0, 1)``.
-    g: log decays ``[B, T, K, G]``, ``<= 0`` (zeros without a decay).
+    g: log decays ``[B, T, K, G]`` or per key channel ``[B, T, K, G, H]``, ``<= 0``.
     reset: ``[B, T]``, true (1) where the state restarts before the token.
     state: float32 ``[B, K, G, H, Hv]``, the state before the first token.
 
@@ -99,11 +115,11 @@ def chunked(q, k, v, beta, g, reset, state, *, chunk_size: int):
   the state unchanged) and padded rows are dropped.
 
   Args:
-    q: queries ``[B, T, K, G, H]``.
+    q: queries ``[B, T, K, Gq, H]``.
     k: keys ``[B, T, K, H]``.
-    v: values ``[B, T, K, Hv]``.
+    v: values ``[B, T, K Gv, Hv]``.
     beta: ``[B, T, K, G]``.
-    g: log decays ``[B, T, K, G]``.
+    g: log decays ``[B, T, K, G]`` or ``[B, T, K, G, H]``.
     reset: ``[B, T]``, where the state restarts.
     state: float32 ``[B, K, G, H, Hv]``.
     chunk_size: tokens per chunk.
@@ -197,43 +213,69 @@ unit_lower_solve.defvjp(_unit_lower_solve_fwd, _unit_lower_solve_bwd)
 
 
 def _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c):
-  """One chunk's state-independent terms: ``(U, W, Q K^T * Gamma, exp(G) from S_0, exp(G_C - G_j))``."""
-  B, C, K, G, H = q_c.shape
+  """One chunk's state-independent terms: ``(U, W, Q K^T * Gamma, queries reading S_0, keys
+  reaching the next state, the state's decay over the chunk)``.
+
+  With a scalar decay per state, ``K K^T`` is computed once per key head and ``Q K^T`` once
+  per query (``Gq = 1``: once per key head, for the ``G`` value heads it serves); with a
+  per-channel decay (KDA) the pairs carry ``exp(G_t - G_j)`` per channel, ``[C, C, H]``,
+  exponents ``<= 0`` only.
+  """
+  B, C, K, _, H = q_c.shape
+  G = b_c.shape[-1]
   Hv = v_c.shape[-1]
+  per_channel = g_c.ndim == 5
   idx = jnp.arange(C)
   strict = jnp.reshape(idx[:, None] > idx[None, :], (1, 1, 1, C, C))  # j < t
   causal = jnp.reshape(idx[:, None] >= idx[None, :], (1, 1, 1, C, C))  # j <= t
   b_c = jnp.transpose(b_c, (0, 2, 3, 1))  # [B, K, G, C]
-  gam = jnp.cumsum(jnp.transpose(g_c, (0, 2, 3, 1)), axis=-1)  # G_t, [B, K, G, C]
   doc = jnp.cumsum(r_c.astype(jnp.int32), axis=1)  # resets so far in the chunk, [B, C]
   from_start = (doc == 0)[:, None, None, :]  # S_0 reaches token t
   same = (doc[:, :, None] == doc[:, None, :])[:, None, None]  # [B, 1, 1, C, C]
   live = jnp.logical_and(same, causal)
-  diff = gam[..., :, None] - gam[..., None, :]
-  gamma = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # [B, K, G, C, C]
-  decay0 = jnp.where(from_start, jnp.exp(gam), 0.0)  # [B, K, G, C]
-
-  kk = _einsum("bckh,bdkh->bkcd", k_c, k_c)
-  a = jnp.where(strict, b_c[..., None] * gamma * kk[:, :, None], 0.0)
-  rhs_v = b_c[..., None] * jnp.transpose(v_c, (0, 2, 1, 3))[:, :, None]  # [B, K, G, C, Hv]
-  rhs_k = (b_c * decay0)[..., None] * jnp.transpose(k_c, (0, 2, 1, 3))[:, :, None]
+  kh = jnp.transpose(k_c, (0, 2, 1, 3))  # [B, K, C, H]
+  qh = jnp.transpose(q_c, (0, 2, 3, 1, 4))  # [B, K, Gq, C, H]
+  vh = jnp.transpose(_by_key_head(v_c, K), (0, 2, 3, 1, 4))  # [B, K, Gv, C, Hv]
+  if per_channel:
+    gam = jnp.cumsum(jnp.transpose(g_c, (0, 2, 3, 1, 4)), axis=3)  # G_t, [B, K, G, C, H]
+    on = live[..., None]
+    diff = gam[..., :, None, :] - gam[..., None, :, :]  # [B, K, G, C, C, H]
+    dec = jnp.where(on, jnp.exp(jnp.where(on, diff, 0.0)), 0.0)
+    kk = _einsum("bkch,bkdh,bkgcdh->bkgcd", kh, kh, dec)
+    qb = jnp.broadcast_to(qh, (B, K, G, C, H))
+    qk = _einsum("bkgch,bkdh,bkgcdh->bkgcd", qb, kh, dec)
+    decay0 = jnp.where(from_start[..., None], jnp.exp(gam), 0.0)  # [B, K, G, C, H]
+    rhs_k = b_c[..., None] * decay0 * kh[:, :, None]
+    q_s0 = decay0 * qb
+    k_end = dec[..., -1, :, :] * kh[:, :, None]  # exp(G_C - G_j) k_j, last document
+    carry = decay0[..., -1, :]  # [B, K, G, H]
+  else:
+    gam = jnp.cumsum(jnp.transpose(g_c, (0, 2, 3, 1)), axis=-1)  # G_t, [B, K, G, C]
+    diff = gam[..., :, None] - gam[..., None, :]
+    gamma = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # [B, K, G, C, C]
+    kk = gamma * _einsum("bkch,bkdh->bkcd", kh, kh)[:, :, None]
+    qk = _einsum("bkgch,bkdh->bkgcd", qh, kh) * gamma
+    decay0 = jnp.where(from_start, jnp.exp(gam), 0.0)  # [B, K, G, C]
+    rhs_k = (b_c * decay0)[..., None] * kh[:, :, None]
+    q_s0 = decay0[..., None] * qh
+    k_end = gamma[..., -1, :][..., None] * kh[:, :, None]  # exp(G_C - G_j) k_j
+    carry = decay0[..., -1]  # [B, K, G]
+  a = jnp.where(strict, b_c[..., None] * kk, 0.0)
+  rhs_v = jnp.broadcast_to(b_c[..., None] * vh, (B, K, G, C, Hv))
   rhs = jnp.concatenate([rhs_v, jnp.broadcast_to(rhs_k, (B, K, G, C, H))], axis=-1)
   sol = unit_lower_solve(a, rhs)
   u, w = sol[..., :Hv], sol[..., Hv:]
-  qk = _einsum("bckgh,bdkh->bkgcd", q_c, k_c) * gamma
-  last = gamma[..., -1, :]  # exp(G_C - G_j) within the last document, [B, K, G, C]
-  return u, w, qk, decay0, last
+  return u, w, qk, q_s0, k_end, carry
 
 
 def _chunk_block(xs, s):
   """One chunk: ``(out [B, C, K, G, Hv], state after the chunk)``."""
   q_c, k_c, v_c, b_c, g_c, r_c = xs
-  u, w, qk, decay0, last = _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c > 0.5)
+  u, w, qk, q_s0, k_end, carry = _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c > 0.5)
   u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
-  out = decay0[..., None] * _einsum("bckgh,bkghv->bkgcv", q_c, s) + _einsum(
-    "bkgcd,bkgdv->bkgcv", qk, u
-  )
-  s = decay0[..., -1][..., None, None] * s + _einsum("bdkh,bkgd,bkgdv->bkghv", k_c, last, u)
+  q_s0 = jnp.broadcast_to(q_s0, w.shape)
+  out = _einsum("bkgch,bkghv->bkgcv", q_s0, s) + _einsum("bkgcd,bkgdv->bkgcv", qk, u)
+  s = _decay_shape(carry) * s + _einsum("bkgdh,bkgdv->bkghv", k_end, u)
   return jnp.transpose(out, (0, 3, 1, 2, 4)), s  # [B, C, K, G, Hv]
 
 
@@ -241,12 +283,17 @@ def _chunk_block(xs, s):
 # Public function.
 
 
-def _check_per_step(name: str, x, B: int, T: int, N: int) -> None:
+def _check_per_step(name: str, x, B: int, T: int, N: int, H: Optional[int] = None) -> None:
   validators.check_floating(name, x)
-  if validators.shape_of(x) != (B, T, N):
-    raise ValueError(
-      f"{name} must have shape [B, T, N] = {(B, T, N)}, got {validators.shape_of(x)}"
-    )
+  shape = validators.shape_of(x)
+  if shape == (B, T, N) or (H is not None and shape == (B, T, N, H)):
+    return
+  if H is None:
+    raise ValueError(f"{name} must have shape [B, T, N] = {(B, T, N)}, got {shape}")
+  raise ValueError(
+    f"{name} must have shape [B, T, N] = {(B, T, N)} (one decay per head) or "
+    f"[B, T, N, H] = {(B, T, N, H)} (per key channel, KDA), got {shape}"
+  )
 
 
 # The delta_rule op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
@@ -280,17 +327,26 @@ def _delta_rule_attention(
   The update of DeltaNet (Gated DeltaNet with ``log_decay``); their layers are the
   ``attnjax.nn`` families ``deltanet`` and ``gated_deltanet``.
 
-  Per query head: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
-  ``o_t = scale * S_t^T q_t`` (module docstring for the chunk computation).
+  Per head: ``S_t = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T``,
+  ``o_t = scale * S_t^T q_t``, with ``D_t = exp(g_t)`` (one decay per head: Gated DeltaNet)
+  or ``diag(exp(g_t))`` (one per key channel: Kimi Delta Attention, KDA) (module
+  docstring for the chunk computation).
+
+  Heads: ``N`` query heads over ``K`` key/value heads (GQA: head ``n`` reads key/value head
+  ``n // (N // K)``), or ``M > K`` value heads over ``K`` query/key heads (Qwen3-Next's
+  value-head grouping: value head ``m`` reads query and key head ``m // (M // K)``; ``q``
+  has ``K`` heads, or ``M``). Each of the call's heads (``N``, or ``M``) has a state, a beta
+  and a decay; a query shared by several value heads is compared with its keys once per
+  chunk, not once per value head.
 
   Args:
     q: queries ``[B, T, N, H]``.
-    k: keys ``[B, T, K, H]``, ``N % K == 0`` (GQA: query head ``n`` reads key/value
-      head ``n // (N // K)``); taken as given (callers L2-normalise).
-    v: values ``[B, T, K, Hv]``.
-    beta: write strengths ``[B, T, N]`` in (0, 1), per query head.
-    log_decay: ``g`` ``[B, T, N]`` with values ``<= 0``, per query head, or None
-      (no decay: the plain delta rule).
+    k: keys ``[B, T, K, H]``, ``N % K == 0``; taken as given (callers L2-normalise).
+    v: values ``[B, T, K, Hv]``, or ``[B, T, M, Hv]`` with ``M % K == 0`` value heads
+      (``q`` then has ``K`` or ``M`` heads); ``Hv`` may differ from ``H``.
+    beta: write strengths ``[B, T, N]`` in (0, 1), per head of the call.
+    log_decay: ``g`` with values ``<= 0``: ``[B, T, N]`` (per head), ``[B, T, N, H]`` (per
+      head and key channel, KDA), or None (no decay: the plain delta rule).
     scale: output scale, a static float; None means ``H ** -0.5``.
     initial_state: ``[B, N, H, Hv]`` state before token 0 (float32 is kept; other
       float dtypes are cast); None = zeros.
@@ -314,12 +370,12 @@ def _delta_rule_attention(
       unsharded call.
 
   Returns:
-    ``out`` ``[B, T, N, Hv]`` in ``q``'s dtype, or ``(out, state)`` with
-    ``return_state``. Internals are float32.
+    ``out`` ``[B, T, N, Hv]`` (``N`` the call's heads) in ``q``'s dtype, or ``(out, state)``
+    with ``return_state``. Internals are float32.
 
   References:
     Schlag et al. 2021; Yang et al. 2024 (WY / UT chunk form); Yang et al. 2025
-    (Gated DeltaNet).
+    (Gated DeltaNet); Kimi Team 2025 (Kimi Linear: KDA).
   """
   x = recurrence.prepare(
     "delta_rule_attention",
@@ -334,13 +390,15 @@ def _delta_rule_attention(
     chunk_size=chunk_size,
     family=OP,
     context_axis=context_axis,
+    grouped_values=True,
   )
-  B, T, N, _ = q.shape
+  B, T, _, H = q.shape
   K = k.shape[2]
+  N = K * x.state.shape[2]  # the call's heads: the queries', or the values' when more
   _check_per_step("beta", beta, B, T, N)
   if log_decay is None:
     log_decay = jnp.zeros((B, T, N), jnp.float32)
-  _check_per_step("log_decay", log_decay, B, T, N)
+  _check_per_step("log_decay", log_decay, B, T, N, H)
   extra = (recurrence.by_kv_head(beta, K), recurrence.by_kv_head(log_decay, K))
   out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
   return recurrence.finish(out, final, q, return_state=return_state)
@@ -363,4 +421,14 @@ def _samples() -> tuple[_op.Sample, ...]:
     )
     return q, (k32 / norm).astype(k.dtype), v, arrays
 
-  return (recurrence.state_passing_sample(delta_rule_attention, unit_keys_and_gates),)
+  def per_channel_decay(q, k, v):
+    # KDA: one log decay per head and key channel, [B, T, N, H], in (-1, 0).
+    q, k, v, arrays = unit_keys_and_gates(q, k, v)
+    rng = np.random.default_rng([4, *q.shape])
+    draw = rng.standard_normal(q.shape).astype(np.float32)
+    arrays["log_decay"] = jnp.asarray(-np.logaddexp(0.0, draw) * 0.5, jnp.float32)
+    return q, k, v, arrays
+
+  gated = recurrence.state_passing_sample(delta_rule_attention, unit_keys_and_gates)
+  kda = recurrence.state_passing_sample(delta_rule_attention, per_channel_decay)
+  return (gated, dataclasses.replace(kda, label="delta_rule_attention/kda"))
