@@ -18,10 +18,4 @@ from attnjax._src.ops.dsa.attention import (
   select_keys,
 )
 
-__all__ = [
-  "IMPLEMENTATIONS",
-  "dsa_attention",
-  "index_scores",
-  "indexer_loss",
-  "select_keys",
-]
+__all__ = ["IMPLEMENTATIONS", "dsa_attention", "index_scores", "indexer_loss", "select_keys"]

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnjax._src import models, nn
-from attnjax._src.models import Checkpoint, CheckpointError
+from attnjax import models, nn
+from attnjax.models import Checkpoint, CheckpointError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "pretrained")
 HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "kimi_linear")
