@@ -52,7 +52,7 @@ class Engine:
       :mod:`attnjax._src.trust` allows).
     min_length: auto-dispatch takes it from this sequence length on (the op's ``length``).
     max_length: auto-dispatch takes it up to this sequence length (None: any).
-    trust_name: the kernel whose verdicts vouch for it (:func:`attnjax._trust.allows`), where
+    trust_name: the kernel whose verdicts vouch for it (:func:`attnjax._src.trust.allows`), where
       that is not ``name``: NSA's ``pallas_tpu`` engine runs the selected-block kernel
       ``"selected_pallas_tpu"``, not the dense ``"pallas_tpu"``. Empty: ``name``.
   """

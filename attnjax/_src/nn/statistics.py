@@ -252,7 +252,7 @@ def layer_stats(
     non-None AttentionStats fields, "value_drain" [1, K] (Guo et al.'s
     ``||v_1|| / mean ||v_j>1||``, :func:`attnjax.stats.value_state_drain`),
     "hidden_max_abs", "hidden_median_abs" [B] and what the layer sowed of
-    :data:`LAYER_EXTRAS` (gates' effect, recurrent state statistics)]}``; per-token NLL
+    :data:`~attnjax._src.nn.statistics.LAYER_EXTRAS` (gates' effect, recurrent state statistics)]}``; per-token NLL
     from the features is :func:`attnjax.models.token_nll`.
   - ``"capture"``: the :class:`~attnjax.stats.LayerCapture` the summary is
     computed from (q/k as the attention compares them, allowed pairs, ...).

@@ -55,7 +55,7 @@ def arm_rows(rows: Sequence[dict]) -> list[dict]:
     One dict per arm: ``arm`` (its folder relative to the report's root), ``variant``,
     ``lr``, ``seeds`` (list), ``n`` (runs), ``diverged`` and ``failed`` (counts),
     ``runs`` (the rows), ``baseline`` (uniform attention's metrics at the arm's probe length
-    and mask, or None) and, for each key of :data:`METRICS`, its :class:`.Spread` over the
+    and mask, or None) and, for each key of :data:`~attnjax._src.train.arm_report.METRICS`, its :class:`.Spread` over the
     seeds (None where no seed has a value).
   """
   order: list[str] = []

@@ -53,7 +53,7 @@ def stacked_step(step_fn: Any, stacking: str, *, donate: bool = True) -> Any:
   Args:
     step_fn: ``(state, rest, *batch) -> (state, metrics)`` of one seed
       (:func:`attnjax.train.make_train_step`).
-    stacking: ``"map"`` or ``"vmap"`` (:data:`.STACKINGS`).
+    stacking: ``"map"`` or ``"vmap"`` (:data:`~attnjax._src.train.seeds.STACKINGS`).
     donate: donate the stacked state (the training loop's choice; a benchmark that calls
       the step on the same state again keeps it).
 
@@ -133,7 +133,7 @@ class SeedGroup:
 
   Args:
     configs: validated run configs differing only in ``seed`` and ``run_dir``.
-    stacking: ``"map"`` or ``"vmap"`` (:data:`.STACKINGS`); None: :func:`.default_stacking`
+    stacking: ``"map"`` or ``"vmap"`` (:data:`~attnjax._src.train.seeds.STACKINGS`); None: :func:`~attnjax._src.train.seeds.default_stacking`
       of the devices' platform.
 
   Attributes:
@@ -153,7 +153,7 @@ class SeedGroup:
       raise ValueError(f"stacking={stacking!r} is not one of: {', '.join(STACKINGS)}")
     for cfg in configs:
       config_lib.validate(cfg, num_devices=jax.device_count())
-    one_device = mesh_lib.MeshParallel(configs[0]).mesh.devices.size == 1
+    one_device = mesh_lib.RunMesh(configs[0]).mesh.devices.size == 1
     self.stacked = len(configs) > 1 and one_device
     models = init_models(configs) if self.stacked else [None] * len(configs)
     self.trainers = [loop.Trainer(cfg, model=m) for cfg, m in zip(configs, models)]
@@ -407,7 +407,7 @@ def train_seeds(
     configs: validated run configs (``run_dir`` set) that differ only in ``seed`` and
       ``run_dir``.
 
-    keep: a list to which the :class:`.StepHandle` of what trained here is appended (one
+    keep: a list to which the :class:`~attnjax._src.train.seeds.StepHandle` of what trained here is appended (one
       per stacked group or single run; none for seeds that ran one after another), for a
       bare-step timing after the sweep.
     stacking: how the group steps its seeds (:class:`.SeedGroup`); None: by platform.
@@ -445,7 +445,7 @@ def bare_step_rates(handles: Sequence[StepHandle], *, rounds: int = 5, calls: in
   (after one untimed call each), so load from elsewhere falls on every arm alike.
 
   Args:
-    handles: the arms' :class:`.StepHandle` (from :func:`.train_seeds`'s ``keep``).
+    handles: the arms' :class:`~attnjax._src.train.seeds.StepHandle` (from :func:`.train_seeds`'s ``keep``).
     rounds: timed rounds.
     calls: steps per arm and round.
 

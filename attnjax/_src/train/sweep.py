@@ -115,7 +115,7 @@ def seeded(arm: Arm, seeds: Sequence[int]) -> list[Arm]:
 
   Args:
     arm: the arm (its config's ``seed`` is replaced).
-    seeds: the seeds (:func:`attnjax.train.parse_seeds` checks a setting).
+    seeds: the seeds (:func:`attnjax.train.sweep.parse_seeds` checks a setting).
 
   Returns:
     One :class:`.Arm` per seed, named ``"<name> seed=<s>"``, all of group ``arm.name``.
@@ -302,9 +302,9 @@ def run_sweep(
     verbose: print one line per arm.
     root: the sweep's folder. When given and some arm trains, the host and its load while
       the sweep runs are recorded in ``root/host.json``
-      (:class:`attnjax.train.host.HostMonitor`), and, in process, each arm's compiled step
+      (:class:`attnjax._src.train.host.HostMonitor`), and, in process, each arm's compiled step
       is then timed alone, interleaved across arms, into ``root/throughput.json``
-      (:func:`attnjax.train.seeds.bare_step_rates`).
+      (:func:`attnjax._src.train.seeds.bare_step_rates`).
 
   Returns:
     The summaries in order, each with the arm's ``"arm"`` label added.

@@ -2,8 +2,8 @@
 
 :func:`pallas_tpu` and :func:`mosaic_gpu`: each query token attends, per key/value head, the
 key blocks it selected (causal within them), the maths of
-:func:`attnjax.kernels.selected.twin.gathered`. Both plan the call
-(:mod:`attnjax.kernels.selected.plan`), run the loop order the group size calls for, and
+:func:`attnjax._src.kernels.selected.twin.gathered`. Both plan the call
+(:mod:`attnjax._src.kernels.selected.plan`), run the loop order the group size calls for, and
 differentiate through the hand-written backward; forward mode and second order take the
 gathered twin's. :func:`unsupported` names what a platform's kernels refuse.
 Guide: docs/guides/kernels.md, section "Selected-block attention kernels".
@@ -53,7 +53,7 @@ def plan_call(
   order: Optional[str] = None,
   rows: Optional[int] = None,
 ) -> Plan:
-  """The checked :class:`~attnjax.kernels.selected.plan.Plan` of a call on ``platform``
+  """The checked :class:`~attnjax._src.kernels.selected.plan.Plan` of a call on ``platform``
   (``"tpu"`` or ``"cuda"``); ``order`` and ``rows`` override the plan's loop order and the
   ``"kv"`` order's rows per work item."""
   check_inputs(q, k, v, block_idx, block_size=block_size, scale=scale, normalizer=normalizer)
@@ -75,7 +75,7 @@ def plan_call(
 
 
 def case_class(platform: str, q, k, v, block_idx, **kw) -> str:
-  """The case class a call's verdicts name (:func:`attnjax._trust.case_class`): its
+  """The case class a call's verdicts name (:func:`attnjax._src.trust.case_class`): its
   normaliser, ``"selected_<loop order>"`` and q's dtype, e.g. ``"softmax selected_kv
   bfloat16"`` (``python -m attnjax.check --kernel selected_...`` checks each)."""
   p = plan_call(platform, q, k, v, block_idx, **kw)
@@ -243,7 +243,7 @@ def pallas_tpu(
     return_lse: also return the log-normaliser ``[B, T, N]`` float32 (softmax-like
       normalisers: theirs, null columns included; the others: the logsumexp of the
       attended logits; 0 on a row with no key), with its gradient.
-    order: ``"query"`` or ``"kv"`` (None: :func:`~attnjax.kernels.selected.plan.loop_order`).
+    order: ``"query"`` or ``"kv"`` (None: :func:`~attnjax._src.kernels.selected.plan.loop_order`).
     rows: ``"kv"``: rows per work item (None: 256).
 
   Returns:

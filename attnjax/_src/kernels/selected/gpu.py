@@ -1,7 +1,7 @@
 """Selected-block attention as Pallas Mosaic GPU kernels for Hopper (sm_90): forward and backward.
 
 One warpgroup per program, a two-stage TMA ring, wgmma into float32 accumulators, the
-normaliser's rows through :func:`attnjax.kernels.selected.rows.on_rows`. Query-token-major
+normaliser's rows through :func:`attnjax._src.kernels.selected.rows.on_rows`. Query-token-major
 (``"query"``): a program per (token, key/value head, batch row) holds the token's G heads as
 the first rows of a 64-row wgmma tile and walks its blocks (only the last one masked).
 Key-block-major (``"kv"``): a program per (key block, key/value head, batch row) loads the
@@ -41,7 +41,7 @@ INTERPRETER_RUNS_LAYOUTS = jax.__version_info__ >= (0, 12)
 
 def unsupported(plan: Plan, dtype) -> list[str]:
   """Reasons the Mosaic GPU kernels cannot run a call ([] = they can). Outside interpret mode
-  the target must be a Hopper (compute capability 9 as :func:`attnjax._target.cuda_major`
+  the target must be a Hopper (compute capability 9 as :func:`attnjax._src.target.cuda_major`
   reads it: the ambient mesh's device kind, else this process's GPU): the kernels are sm_90
   instructions (wgmma)."""
   reasons = []

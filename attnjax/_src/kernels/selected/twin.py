@@ -19,7 +19,7 @@ Array = jnp.ndarray
 
 def gathered(plan: Plan, q: Array, k: Array, v: Array, block_idx: Array):
   """``out [B, T, N, Hv]`` in ``q``'s dtype and ``lse [B, T, N]`` float32 (0 on a row with no
-  key) of a planned call (see :func:`attnjax.kernels.selected.selected_attention`)."""
+  key) of a planned call (see :func:`attnjax._src.kernels.selected.selected_attention`)."""
   B, T, N, K, G, bs, n = plan.B, plan.T, plan.N, plan.K, plan.G, plan.block_size, plan.n
   blocks = canonical_blocks(block_idx, plan)
   pos = blocks.idx[..., None] * bs + jnp.arange(bs, dtype=jnp.int32).reshape(1, 1, 1, 1, bs)

@@ -123,7 +123,7 @@ def select_keys(
     index_q, index_k, index_weights: the indexer's inputs (:func:`index_scores`).
     top_k: keys per query.
     segment_ids: ``[B, T]`` (self-attention), or None.
-    block_q: query rows per step (None: from :data:`INDEX_TILE_BYTES`).
+    block_q: query rows per step (None: from :data:`~attnjax._src.ops.dsa.attention.INDEX_TILE_BYTES`).
   """
   B, T, NI, _ = index_q.shape
   S = index_k.shape[1]
