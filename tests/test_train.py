@@ -483,7 +483,10 @@ def test_packed_microbatches_with_unequal_weights_give_the_whole_batch_mean(tmp_
   "overrides,match",
   [
     (["data.pack=True", "data.name=bigram_backcopy"], "data.pack=True needs a corpus"),
-    (["data.pack=True", "variant=linear"], "data.pack=True needs attention"),
+    (
+      ["data.pack=True", "data.name=shakespeare", "variant=linear"],
+      "data.pack=True needs attention",
+    ),
   ],
   ids=["bigram", "linear"],
 )
@@ -496,7 +499,8 @@ def test_packing_asks_the_family_spec_whether_it_takes_segment_ids(monkeypatch):
   from attnjax._src.nn import specs
 
   monkeypatch.setattr(specs.LinearSpec, "takes_segment_ids", True)
-  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu", ["data.pack=True", "variant=linear"])
+  overrides = ["data.pack=True", "data.name=shakespeare", "variant=linear"]
+  cfg = config_lib.load_config(f"{COMPARE}:preset=cpu", overrides)
   assert cfg.data.pack
 
 
