@@ -77,6 +77,7 @@ def gpu_run(tmp_path_factory):
   return proc.stdout, jsonl
 
 
+@pytest.mark.slow  # ~45 s: the gpu suite's subprocess; test_gpu_table_from_a_run_cut_short reads its table
 def test_gpu_suite_table_on_the_cpu(gpu_run):
   stdout, jsonl = gpu_run
   table = stdout[stdout.index("## gpu") :]
@@ -115,6 +116,7 @@ def test_gpu_suite_table_on_the_cpu(gpu_run):
   assert [s.rsplit(" ", 1)[0] for s in speedups] == columns
 
 
+@pytest.mark.slow  # the gpu suite's subprocess (~45 s, shared with the table test)
 def test_gpu_table_from_a_run_cut_short(gpu_run, tmp_path):
   # A run killed by its timeout leaves the lines written so far, the last one maybe cut: the
   # cells it timed, and "not run" for the others.

@@ -54,6 +54,7 @@ def test_greedy_32_tokens_through_the_latent_cache_equal_transformers(name):
   np.testing.assert_array_equal(np.asarray(tokens), e["generated"])
 
 
+@pytest.mark.slow  # ~13 s: test_mla_nn's latent caches decode in the default
 def test_absorbed_decode_equals_the_expanded_forward_on_v3():
   e = _expected("deepseek_v3")
   model = models.from_pretrained(os.path.join(FIXTURES, "deepseek_v3"))

@@ -66,9 +66,15 @@ def export_step(preset: str, variant: str, platform: str, *, stats: bool = True)
   return exp.mlir_module()
 
 
+def _export_cases(default: tuple[str, ...]) -> list:
+  """The compare variants, those not in ``default`` marked ``slow`` (an export compiles the
+  preset's whole step: a few seconds each)."""
+  return [pytest.param(v, marks=() if v in default else pytest.mark.slow) for v in COMPARE]
+
+
 @lowers_triton
 @pytest.mark.usefixtures("all_kernels")
-@pytest.mark.parametrize("variant", COMPARE)
+@pytest.mark.parametrize("variant", _export_cases(("qk_layernorm", "nsa")))
 def test_gpu_preset_step_exports_for_cuda(variant):
   text = export_step("gpu", variant, "cuda")
   targets = call_targets(text)
@@ -82,7 +88,7 @@ def test_gpu_preset_step_exports_for_cuda(variant):
 
 
 @pytest.mark.usefixtures("all_kernels")
-@pytest.mark.parametrize("variant", COMPARE)
+@pytest.mark.parametrize("variant", _export_cases(("dense", "dsa")))
 def test_tpu_preset_step_exports_for_tpu(variant):
   # Without per-layer statistics: splash for the softmax variants (sinks where this jax's splash
   # takes them), our Pallas TPU kernel for the other dense-kernel variants (sigmoid, ...).

@@ -243,6 +243,7 @@ def test_short_conv_masks_other_segments_and_continues_from_its_tail():
   np.testing.assert_allclose(jnp.concatenate([a, b], axis=1), out, atol=1e-6)
 
 
+@pytest.mark.slow  # ~9 s: test_train's packed runs cover the loop
 def test_three_packed_training_steps_of_a_gated_variant(tmp_path):
   from attnjax._src.train import config as config_lib
   from attnjax._src.train.loop import train

@@ -111,6 +111,7 @@ def test_every_mesh_gives_the_same_losses(tmp_path, mesh, data_parallel_losses):
   np.testing.assert_allclose(b, a, rtol=1e-5)
 
 
+@pytest.mark.slow  # ~25 s: two training runs; test_train's resume tests run in the default
 def test_a_checkpoint_resumes_on_another_mesh(tmp_path, data_parallel_losses):
   # Saved at fsdp=4, tensor=2 after 10 steps, resumed at data=8 (orbax reshards on restore):
   # the same losses as the uninterrupted data=8 run of the fixture.

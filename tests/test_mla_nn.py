@@ -256,6 +256,7 @@ TINY = [  # the cpu preset, a few steps on small batches
 ]
 
 
+@pytest.mark.slow  # ~10 s: a compare run; test_seeds runs the main job at a tiny size
 def test_compare_runs_an_mla_arm_at_the_cpu_preset(tmp_path):
   spec = importlib.util.spec_from_file_location("compare", ROOT / "experiments" / "compare.py")
   compare = importlib.util.module_from_spec(spec)

@@ -71,6 +71,7 @@ def _tiny(run_dir, **changes):
   return cfg
 
 
+@pytest.mark.slow  # ~25 s: the MLM preset trained, killed, resumed and reported
 def test_encoder_preset_trains_and_reports(tmp_path):
   full = train(_tiny(tmp_path / "dense"))
   assert full["status"] == "finished"

@@ -34,6 +34,7 @@ def execute(path: pathlib.Path, env: dict) -> nbformat.NotebookNode:
 @pytest.mark.parametrize(
   "path", [p for p in NOTEBOOKS if p.name.startswith(("01", "02"))], ids=lambda p: p.stem
 )
+@pytest.mark.slow  # ~20 s each: the docs build (CI) executes every notebook
 def test_function_notebooks_execute(path):
   nb = execute(path, {"ATTNJAX_NB_QUICK": "1", **FAST_COMPILES})
   images = sum(
@@ -84,6 +85,7 @@ def tiny_sweep_root(tmp_path_factory, compilation_cache):
   return root
 
 
+@pytest.mark.slow  # ~40 s: the docs build (CI) executes every notebook
 def test_run_dir_notebooks_execute(tiny_sweep_root):
   """03 and 04 on the same tiny run root (one test, so the root is trained once per test run),
   named relative to the directory Jupyter was started in ($PWD; the kernel runs in

@@ -128,6 +128,7 @@ def test_dsa_indexer_learns_from_its_kl_loss_only():
   assert all(not np.any(np.asarray(g[p][...])) for p in g if p[0] in index)
 
 
+@pytest.mark.slow  # ~8 s
 def test_what_the_layers_sow():
   x = _x()
   for family, options in (("nsa", NSA), ("dsa", DSA)):

@@ -627,6 +627,7 @@ def test_probe_sparsity_of_a_sparse_layer_counts_only_its_pattern():
   assert float(np.asarray(out["sparsity/per_layer"])[0]) == 0.0
 
 
+@pytest.mark.slow  # ~16 s: every family's layer; each family's own tests take layer_stats
 def test_probe_runs_on_every_nn_family():
   from flax import nnx
 
