@@ -229,7 +229,7 @@ def _rel_err(a, b) -> float:
 def check_dispatch(r: Report, platform: str) -> None:
   """Section 1: the platform's list in order, every kernel allowed (the trust rule apart)."""
   import jax.numpy as jnp
-  from attnjax._src import target as _target
+  from attnjax._src import target
   from attnjax._src.config import config
 
   platform = PLATFORM_ALIASES.get(platform, platform)
@@ -252,8 +252,8 @@ def check_dispatch(r: Report, platform: str) -> None:
       return
     # A Hopper (compute capability 9) takes our Mosaic GPU kernel where cuDNN does not cover a
     # bf16 call; where this host has no cuDNN library, cuDNN is not a choice.
-    ours = "mosaic_gpu" if _target.cuda_major() == 9 else "pallas_gpu"
-    softmax = "cudnn" if _target.cudnn_version() is not None else ours
+    ours = "mosaic_gpu" if target.cuda_major() == 9 else "pallas_gpu"
+    softmax = "cudnn" if target.cudnn_version() is not None else ours
     r.expect(pick(q, k, v, is_causal=True) == softmax, f"bf16 causal softmax -> {softmax}")
     r.expect(pick(q, k, v, normalizer="sigmoid") == ours, f"bf16 sigmoid -> {ours}")
     r.expect(pick(q, k, v, return_stats=True) == ours, f"bf16 with statistics -> {ours}")
@@ -357,7 +357,7 @@ def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1
   """Section 2: ``impl`` against the fp32 reference; returns its verdict entry (``cases``:
   each case class's result, :func:`attnjax._src.trust.case_class`)."""
   import jax
-  from attnjax._src import trust as _trust
+  from attnjax._src import trust
 
   shape, window, args = _case_args(impl, interpret)
   B, T, N, K, H = shape
@@ -379,7 +379,7 @@ def check_kernel(r: Report, impl: str, interpret: bool = False, workers: int = 1
   for (name, structure, dtype), program in zip(cases, compiled):
     got, want = program(*args[dtype])
     err = max(row_error(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-    klass = _trust.case_class(name, structure, dtype)
+    klass = trust.case_class(name, structure, dtype)
     ok = err < TOLERANCE[dtype]
     what = f"{klass}: max row err {err:.1e} (limit {TOLERANCE[dtype]:.0e}; out, dq, dk, dv)"
     r.expect(ok, what)
@@ -430,7 +430,7 @@ def check_selected(r: Report, impl: str, interpret: bool = False, workers: int =
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from attnjax._src import trust as _trust
+  from attnjax._src import trust
   from attnjax._src.kernels.selected import attention as selected, twin
 
   kernel = selected.mosaic_gpu if impl == "selected_mosaic_gpu" else selected.pallas_tpu
@@ -478,7 +478,7 @@ def check_selected(r: Report, impl: str, interpret: bool = False, workers: int =
   for (name, order, dtype), program_, (_, a) in zip(cases, compiled, programs):
     got, want = program_(*a)
     err = max(row_error(x, y) for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-    klass = _trust.case_class(name, f"selected_{order}", dtype)
+    klass = trust.case_class(name, f"selected_{order}", dtype)
     ok = err < TOLERANCE[dtype]
     what = f"{klass}: max row err {err:.1e} (limit {TOLERANCE[dtype]:.0e}; out, lse, dq, dk, dv)"
     r.expect(ok, what)
@@ -762,7 +762,7 @@ def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, 
   own (:data:`KERNEL`); "all": every one of :data:`PLATFORM_KERNELS` (on cuda, mosaic_gpu
   only where it is a Hopper, or in interpret mode); else the one named (a ``ValueError`` if
   it is another platform's)."""
-  from attnjax._src import target as _target
+  from attnjax._src import target
 
   platform = PLATFORM_ALIASES.get(platform, platform)
   if kernel == "default":
@@ -771,7 +771,7 @@ def kernels_to_check(platform: str, kernel: str, interpret: bool) -> tuple[str, 
     return tuple(
       k
       for k in PLATFORM_KERNELS[platform]
-      if k != "mosaic_gpu" or interpret or _target.cuda_major() == 9
+      if k != "mosaic_gpu" or interpret or target.cuda_major() == 9
     )
   if kernel not in PLATFORM_KERNELS[platform] + SELECTED_KERNELS[platform]:
     raise ValueError(
@@ -811,7 +811,7 @@ def run_checks(r: Report, args) -> Optional[int]:
   """Sections 1 to 5 and the verdicts; None when they ran, else the exit status (2: this host
   has no such device, or the options do not go together)."""
   import jax
-  from attnjax._src import trust as _trust
+  from attnjax._src import trust
   from attnjax._version import __version__
 
   args.platform = PLATFORM_ALIASES.get(args.platform, args.platform) or _host_platform()
@@ -833,9 +833,9 @@ def run_checks(r: Report, args) -> Optional[int]:
     for impl in kernels
   }
   r.add("")
-  paths = [_trust.write_verdict(kind, verdicts)]
+  paths = [trust.write_verdict(kind, verdicts)]
   if args.ship:
-    paths.append(_trust.write_verdict(kind, verdicts, shipped=True))
+    paths.append(trust.write_verdict(kind, verdicts, shipped=True))
   for impl, verdict in verdicts.items():
     r.add(
       f"verdict: {impl} {'passed' if verdict['passed'] else 'FAILED'} on {kind!r} "

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import lowering as _lowering, validators
+from attnjax._src import lowering, validators
 
 Array = jnp.ndarray
 
@@ -362,7 +362,7 @@ def rule_layout(rule: Any, T: int, S: int, block_size: int) -> BlockLayout:
   all_allowed = np.zeros((nq, width), bool)
   # Concrete evaluation even when called while tracing a jitted function: the
   # layout is static structure, not part of the computation.
-  with _lowering.host_eval():
+  with lowering.host_eval():
     for lo in range(0, nq, rows_per_call):
       rows = np.minimum(np.arange(lo, lo + rows_per_call), nq - 1)  # equal shapes: one compile
       a, b = classify_blocks(
@@ -563,7 +563,7 @@ def from_mask_mod(
     key = (fn, int(q_len), int(kv_len), block_q, block_k, batch, heads)
     if key in _MASK_MOD_LAYOUTS:
       return _MASK_MOD_LAYOUTS[key]
-  with _lowering.host_eval():
+  with lowering.host_eval():
     any_ok, all_ok = _mask_mod_blocks(
       fn,
       tuple(jnp.asarray(a) for a in args),

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import logits as _logits, validators
+from attnjax._src import logits, validators
 from attnjax._src.layout import FULL, MASKED, SKIP, segment_block_relations
 
 Array = jnp.ndarray
@@ -184,7 +184,7 @@ class SoftCap:
 
   def __call__(self, z, b, n, i, j):
     del b, n, i, j
-    return _logits.softcap(z, self.cap)
+    return logits.softcap(z, self.cap)
 
 
 def position_temperature_factor(

@@ -18,13 +18,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 
-from attnjax._src import (
-  validators,
-  deprecation as _deprecation,
-  lowering as _lowering,
-  sharding as _sharding,
-  trust as _trust,
-)
+from attnjax._src import validators, deprecation, lowering, sharding, trust
 
 # Who vouches for an engine on hardware (:attr:`Engine.vouched_by`).
 VOUCHED_BY = ("jax", "attnjax", "device-check")
@@ -293,7 +287,7 @@ def check_implementation(
   if implementation in op.renamed:
     new = op.renamed[implementation]
     where = where or op.name
-    _deprecation.warn_renamed(
+    deprecation.warn_renamed(
       f"{where}(implementation={implementation!r})",
       f"{where}(implementation={new!r})",
       stacklevel=3,
@@ -327,7 +321,7 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
           continue
       decision = None
       if engine.vouched_by == "device-check":
-        decision = _trust.allows(engine.verdict_name, platform, klass)
+        decision = trust.allows(engine.verdict_name, platform, klass)
         if not decision.allowed and decision.note is None:
           continue
       if name not in reasons:
@@ -343,13 +337,13 @@ def choose(op: Op, call: Sequence[Any], platforms: Sequence[str]) -> dict[str, s
       refused = "; ".join(f"{n}: {', '.join(r)}" for n, r in reasons.items() if r)
       raise ValueError(f"{op.name}: no engine covers this call on {platform!r} ({refused})")
     if notes:
-      _trust.note_skipped(notes, table[platform])
+      trust.note_skipped(notes, table[platform])
   return table
 
 
 def select(op: Op, call: Sequence[Any], platform: Optional[str] = None) -> str:
   """The engine auto-dispatch takes on ``platform`` (None: the default backend's)."""
-  platform = _lowering.current_platform() if platform is None else platform
+  platform = lowering.current_platform() if platform is None else platform
   return choose(op, call, (platform,))[platform]
 
 
@@ -359,7 +353,7 @@ def compute(engine: Engine, call: Sequence[Any], **options):
   if not engine.per_shard:
     return engine.compute(*call, **options)
   rest = tuple(call[1:])
-  return _sharding.per_shard(
+  return sharding.per_shard(
     lambda shard, offsets: engine.compute(shard, *rest, shard_offsets=offsets, **options), call[0]
   )
 
@@ -389,10 +383,10 @@ def run_engine(engine: Engine, call: Sequence[Any], *, interpret: bool = False, 
     )
   if interpret or engine.platform is None:
     return compute(engine, call, **mode, **options)
-  return _lowering.on_platform(
+  return lowering.on_platform(
     engine.platform,
     lambda: compute(engine, call, **options),
-    _lowering.wrong_platform(engine.name, engine.where),
+    lowering.wrong_platform(engine.name, engine.where),
   )
 
 
@@ -407,7 +401,7 @@ def deprecated_run(engine: Engine, module: str) -> Callable[..., Any]:
   warning once that ``module.attention`` (or the ``implementation=`` name) replaces it."""
 
   def run(inputs, opts, **options):
-    _deprecation.warn_once(
+    deprecation.warn_once(
       f"{module}.run", f"{module}.attention(q, k, v, ...) or implementation={engine.name!r}"
     )
     return run_engine(engine, (inputs, opts), **options)
@@ -438,8 +432,8 @@ def run(op: Op, call: Sequence[Any], implementation: Optional[str]):
     return op.context(call, implementation, functools.partial(run_on_this_platform, op))
   if implementation is not None:
     return run_engine(op.engines[implementation], call)
-  current = _lowering.current_platform()
-  table = choose(op, call, tuple(dict.fromkeys(_lowering.PLATFORMS + (current,))))
+  current = lowering.current_platform()
+  table = choose(op, call, tuple(dict.fromkeys(lowering.PLATFORMS + (current,))))
   if len(set(table.values())) == 1:
     return compute(op.engines[table["cpu"]], call)
   branches = {p: functools.partial(compute, op.engines[name], call) for p, name in table.items()}

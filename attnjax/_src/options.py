@@ -14,8 +14,8 @@ from typing import Any, Callable, Literal, Mapping, Optional, Sequence, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import validators, empty as _empty, logits as _logits, masks, normalizers
-from attnjax._src import static as _static_options
+from attnjax._src import validators, empty, logits, masks, normalizers
+from attnjax._src import static as static_lib
 
 Array = jnp.ndarray
 
@@ -562,7 +562,7 @@ def rows_with_keys(inputs: DenseInputs, opts: DenseOptions, T: int, S: int) -> O
     kv_segment_ids=inputs.kv_segment_ids,
   )
   if opts.mask_mod is not None:
-    grid = _logits.index_grid(inputs.q.shape[0], (inputs.q.shape[2],), jnp.arange(T), jnp.arange(S))
+    grid = logits.index_grid(inputs.q.shape[0], (inputs.q.shape[2],), jnp.arange(T), jnp.arange(S))
     full = masks.combine_masks(full, apply_mask_mod(opts, inputs.mask_mod_args, *grid))
   return jnp.any(full, axis=-1)
 
@@ -581,13 +581,13 @@ def engine_entry(run: Callable[..., Any], name: str, engine_static: tuple[str, .
       raise TypeError(f"{name}.attention takes no implementation argument (it is one)")
     engine = {key: kwargs.pop(key) for key in engine_static if key in kwargs}
     inputs, opts = validate(q, k, v, **kwargs)
-    if _empty.is_empty(q, k):
-      return _empty.dense(inputs, opts)
+    if empty.is_empty(q, k):
+      return empty.dense(inputs, opts)
     return run(inputs, opts, **engine)
 
   attention.__name__ = attention.__qualname__ = "attention"
   flags = FLAGS + tuple(name for name in engine_static if name == "interpret")
-  return _static_options.jit(
+  return static_lib.jit(
     attention,
     STATIC_NAMES + tuple(engine_static),
     flags=flags,

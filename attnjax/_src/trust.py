@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple, Optional, Union
 import jax
 import numpy as np
 
-from attnjax._src import target as _target
+from attnjax._src import target
 from attnjax._src.config import config
 from attnjax._version import __version__
 
@@ -257,7 +257,7 @@ def allows(
     return Decision(True)
   if setting == "jax":
     return Decision(False)
-  kind = _target.device_kind(platform)
+  kind = target.device_kind(platform)
   if kind is None:  # e.g. exporting for a GPU from a CPU host with no mesh: nothing names it
     return Decision(False)
   processes = jax.process_count()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import target as _target, masks, normalizers, options
+from attnjax._src import target, masks, normalizers, options
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.blockwise import kernel as blockwise
 
@@ -110,7 +110,7 @@ def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -
   ):
     if reason not in reasons:
       reasons.append(reason)
-  if _target.cudnn_version() is None:
+  if target.cudnn_version() is None:
     reasons.append(
       "this host (jax's cuDNN wrapper reads the local cuDNN library while tracing, "
       "and none is installed: pip install 'attnjax[aot]' or use a GPU machine)"
@@ -120,7 +120,7 @@ def cudnn_unsupported(inputs: options.DenseInputs, opts: options.DenseOptions) -
   H = inputs.q.shape[-1]
   # jax's wrapper allows head dims above 128 only when the tracing host's GPU is a Hopper (asked
   # only for such a head dim).
-  h_max = 256 if H > 128 and (_target.local_gpu_major() or 0) >= 9 else 128
+  h_max = 256 if H > 128 and (target.local_gpu_major() or 0) >= 9 else 128
   if H % 8 or H > h_max:
     reasons.append(
       f"head dim {H} (jax's cuDNN wrapper takes multiples of 8 up to {h_max} on this host)"

@@ -12,7 +12,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import lowering as _lowering, op, normalizers, options
+from attnjax._src import lowering, op, normalizers, options
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.blockwise import kernel as blockwise
 
@@ -30,14 +30,14 @@ DTYPES = (jnp.float32, jnp.bfloat16)
 # function traced before it (the one being traced included) miss its jit cache once
 # (tests/test_traces.py). None where this jax cannot import it.
 try:
-  from jax.experimental.pallas.ops.tpu import splash_attention as _SPLASH
+  from jax.experimental.pallas.ops.tpu import splash_attention
 except ImportError:  # pragma: no cover - a jax without the TPU Pallas ops
-  _SPLASH = None
+  splash_attention = None
 
 
 def _library():
   """The ``splash_attention`` package of the installed jax, or None where it cannot be imported."""
-  return _SPLASH
+  return splash_attention
 
 
 def block_length(length: int) -> Optional[int]:
@@ -96,7 +96,7 @@ def _kernel(
   # The kernel holds its block structure as arrays: make them concrete constants even when
   # first built inside a trace, so the cached kernel never holds a tracer (computed on this
   # host, also when the program is traced for a mesh of compile-only devices).
-  with _lowering.host_eval():
+  with lowering.host_eval():
     return lib.make_splash_mha(
       make_mask(T, S, N, is_causal=is_causal, window=window),
       block_sizes=block_sizes,

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from attnjax._src import sharding as _sharding
+from attnjax._src import sharding
 
 CONTEXT_AXIS = "context"
 # Arguments that are never token arrays (their arrays are replicated, their modifiers wrapped).
@@ -117,7 +117,7 @@ def run(
   mesh = jax.sharding.get_abstract_mesh()
   B, T, N = q.shape[:3]
   K = k.shape[2]
-  batch_axes, head_axes = _sharding.kernel_axes(mesh, B, K)
+  batch_axes, head_axes = sharding.kernel_axes(mesh, B, K)
   b, h = _axes(batch_axes), _axes(head_axes)
   spec = functools.partial(_in_spec, dims=(B, T, N, K), b=b, h=h)
 

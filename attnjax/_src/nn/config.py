@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Optional
 
-from attnjax._src import validators, deprecation as _deprecation
+from attnjax._src import validators, deprecation
 from attnjax._src.nn import rope as rope_lib
 from attnjax._src.nn import specs
 from attnjax._src.nn.specs import check_int, check_type
@@ -113,7 +113,7 @@ def _build_spec(
     cls = specs.FAMILY_SPECS[family]
   own = _spec_fields(cls)
   # A field's old name (QKNormSpec's qk_scale, now scale) warns once and means the new one.
-  options = _deprecation.renamed_in(
+  options = deprecation.renamed_in(
     "AttentionConfig", options, getattr(cls, "renamed_fields", {}), stacklevel=4
   )
   kept = {}

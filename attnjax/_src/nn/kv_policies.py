@@ -11,7 +11,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import lowering as _lowering, validators
+from attnjax._src import lowering, validators
 from attnjax._src.nn.caches import H2OCache, KVCache, QuantizedKVCache
 
 Array = jnp.ndarray
@@ -109,7 +109,7 @@ def fp8_supported() -> bool:
   if dtype is None:
     return False
   try:
-    with _lowering.host_eval():
+    with lowering.host_eval():
       back = jnp.asarray([1.5, -3.0], jnp.float32).astype(dtype).astype(jnp.float32)
       return bool(jnp.all(back == jnp.asarray([1.5, -3.0])))
   except (TypeError, ValueError, RuntimeError, NotImplementedError):
@@ -121,7 +121,7 @@ def check_fp8() -> None:
   if not fp8_supported():
     raise ValueError(
       f"cache_policy='fp8': float8_e4m3fn is unsupported by this JAX on platform "
-      f"{_lowering.current_platform()!r}; use cache_policy='int8'"
+      f"{lowering.current_platform()!r}; use cache_policy='int8'"
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import validators, deprecation as _deprecation, masks, mods, normalizers, patterns
+from attnjax._src import validators, deprecation, masks, mods, normalizers, patterns
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.ops.cosine import attention as cosine_lib
 from attnjax._src.ops.qk_norm import attention as qk_norm_lib
@@ -642,7 +642,7 @@ class DenseSpec(DotProductSpec):
     return dict(super().kwargs(layer), similarity=self.similarity, scale=self.scale)
 
 
-@_deprecation.renamed_fields(qk_scale="scale")
+@deprecation.renamed_fields(qk_scale="scale")
 @dataclasses.dataclass(frozen=True)
 class QKNormSpec(DotProductSpec):
   """Normalise q and k over the head dim (:func:`attnjax.qk_norm_attention`).

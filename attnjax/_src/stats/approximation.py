@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import validators, logits as _logits, normalizers
+from attnjax._src import validators, logits, normalizers
 from attnjax._src.stats.inputs import _allowed_pairs, _nonempty, shape_of
 
 Array = jnp.ndarray
@@ -72,12 +72,12 @@ def _feature_map_error(q, k, feature_map, *, is_causal: bool, scale: Optional[fl
   B, T, S, N, K, H, _ = validators.check_qkv(q, k, k)
   scale = H**-0.5 if scale is None else validators.check_positive_float("scale", scale)
   allowed = _allowed_pairs((B, N, T, S), is_causal=is_causal, window=None, mask=None)
-  z = jnp.reshape(_logits.scores(_logits.group_queries(q, K), k, scale=scale), (B, N, T, S))
+  z = jnp.reshape(logits.scores(logits.group_queries(q, K), k, scale=scale), (B, N, T, S))
   exact, _ = normalizers.normalize(z, allowed, normalizer="softmax")
   phi_q = _features(feature_map, q.astype(jnp.float32), is_query=True)
   phi_k = _features(feature_map, k.astype(jnp.float32), is_query=False)
   kernel = jnp.reshape(
-    _logits.scores(_logits.group_queries(phi_q, K), phi_k, scale=1.0), (B, N, T, S)
+    logits.scores(logits.group_queries(phi_q, K), phi_k, scale=1.0), (B, N, T, S)
   )
   kernel = jnp.where(allowed, kernel, 0.0)
   denom = jnp.sum(kernel, axis=-1, keepdims=True)

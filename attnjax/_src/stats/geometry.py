@@ -11,7 +11,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import validators, logits as _logits
+from attnjax._src import validators, logits
 from attnjax._src.stats.inputs import _allowed_pairs, _lift, shape_of, _stack_layers
 from attnjax._src.stats.results import LayerMean, QKStatistics, SinkGeometry
 
@@ -51,7 +51,7 @@ def _pair_cosines(q: Array, k: Array) -> Array:
   S, K = k.shape[2], k.shape[3]
   qu = jnp.reshape(_unit(q), (L * B, T, N, H))
   ku = jnp.reshape(_unit(k), (L * B, S, K, H))
-  cos = _logits.scores(_logits.group_queries(qu, K), ku, scale=1.0)  # [L*B, K, G, T, S]
+  cos = logits.scores(logits.group_queries(qu, K), ku, scale=1.0)  # [L*B, K, G, T, S]
   return jnp.reshape(cos, (L, B, N, T, S))
 
 
@@ -96,8 +96,8 @@ def _qk_statistics(
   count = jnp.sum(allowed, axis=(1, 2, 3, 4), dtype=jnp.float32)
   mean_cos = jnp.sum(jnp.where(allowed, cos, 0.0), axis=(1, 2, 3, 4)) / jnp.maximum(count, 1.0)
   K = k.shape[3]
-  z = _logits.scores(
-    _logits.group_queries(jnp.reshape(q, (L * B, T, N, H)), K),
+  z = logits.scores(
+    logits.group_queries(jnp.reshape(q, (L * B, T, N, H)), K),
     jnp.reshape(k, (L * B, k.shape[2], K, H)),
     scale=scale,
   )

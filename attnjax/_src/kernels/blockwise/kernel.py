@@ -21,16 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import (
-  deprecation,
-  empty as _empty,
-  logits as _logits,
-  static as _static,
-  options,
-  masks,
-  normalizers,
-  validators,
-)
+from attnjax._src import deprecation, empty, logits, static, options, masks, normalizers, validators
 from attnjax._src.attention_stats import AttentionStats, stats_from_rows
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.linear_map import as_aval, zeros_of
@@ -664,7 +655,7 @@ def _bwd_visit(
     dz5 = from_rows(dz, c.G)
     axes = tuple(ax for ax in range(5) if shape[ax] == 1 and dz5.shape[ax] != 1)
     d["dbias"] = jnp.sum(dz5, axis=axes, keepdims=True) if axes else dz5
-  ds = _logits.softcap_grad(dz, c.opts.softcap, capped=capped)
+  ds = logits.softcap_grad(dz, c.opts.softcap, capped=capped)
   dq = jnp.einsum("bkrs,bksh->bkrh", ds, kb, preferred_element_type=jnp.float32)
   dk = jnp.einsum("bkrs,bkrh->bksh", ds, qb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":
@@ -1129,12 +1120,12 @@ def _attention(q, k, v, *, block_q: Optional[int] = None, block_k: Optional[int]
   if "implementation" in kwargs:
     raise TypeError("blockwise.attention takes no implementation argument")
   inputs, opts = options.validate(q, k, v, **kwargs)
-  if _empty.is_empty(q, k):
-    return _empty.dense(inputs, opts)
+  if empty.is_empty(q, k):
+    return empty.dense(inputs, opts)
   return run(inputs, opts, block_q=block_q, block_k=block_k)
 
 
-attention = _static.jit(
+attention = static.jit(
   _attention,
   ("block_q", "block_k") + options.STATIC_NAMES,
   flags=options.FLAGS,

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import logits as _logits, target as _target, options
+from attnjax._src import logits, target, options
 from attnjax._src.kernels._plan import KernelPlan
 from attnjax._src.kernels.linear_map import as_aval, varying_axes
 from attnjax._src.layout import FULL, SKIP, BlockLayout, segment_block_relations
@@ -84,7 +84,7 @@ def gpu_memory_bytes(kind: Optional[str] = None) -> int:
   Args:
     kind: a device kind; None: the target's (:func:`attnjax._src.target.device_kind`).
   """
-  kind = _target.device_kind("cuda") if kind is None else kind
+  kind = target.device_kind("cuda") if kind is None else kind
   if kind:
     for name, gb in _GPU_MEMORY_GB:
       if name in kind:
@@ -295,7 +295,7 @@ def _index5(c: TilePlan, a: Arrays, q0, tq: int, k0, tk: int):
   ``i`` / ``j`` are global positions when the call has them."""
   i = q0 + jnp.arange(tq, dtype=jnp.int32) if a.q_pos is None else span(a.q_pos, q0, tq, 0)
   j = k0 + jnp.arange(tk, dtype=jnp.int32) if a.k_pos is None else span(a.k_pos, k0, tk, 0)
-  return _logits.index_grid(c.B, (c.K, c.G), i, j)
+  return logits.index_grid(c.B, (c.K, c.G), i, j)
 
 
 def tile_score_mod(
@@ -317,7 +317,7 @@ def tile_logits(c: TilePlan, a: Arrays, qb: Array, q0, tq, k0, tk):
   kb = span(a.k, k0, tk, 2)
   s = jnp.einsum("bkrh,bksh->bkrs", qb, kb, preferred_element_type=jnp.float32)
   if c.opts.similarity != "dot":  # for "dot" the scale is folded into the rows
-    s = _logits.from_dots(
+    s = logits.from_dots(
       s,
       scale=c.opts.scale,
       similarity=c.opts.similarity,
@@ -325,7 +325,7 @@ def tile_logits(c: TilePlan, a: Arrays, qb: Array, q0, tq, k0, tk):
       k_sq=span(a.k_sq, k0, tk, 3),
     )
   bias = None if a.bias is None else as_rows(tile_of(a.bias, q0, tq, k0, tk), c.G, tq)
-  return _logits.capped_logits(s, c.opts.softcap, bias)
+  return logits.capped_logits(s, c.opts.softcap, bias)
 
 
 def tile_allowed(c: TilePlan, a: Arrays, q0, tq, k0, tk, needs_mask: bool, seg_mask: bool):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax._src import logits as _logits
+from attnjax._src import logits as logits_lib
 from attnjax._src.kernels.mosaic_gpu.plan import (
   dkdv_plan,
   heaviest_first,
@@ -146,7 +146,7 @@ def _lowered_rule(c, fn, R: int, *, transposed: bool = False, iota=None):
   through the row lowering, taking the raw tile ``a b^T``: the logits ``softcap(scale * raw)``
   are formed inside the lowering, where the scale folds into the exponent's FFMA
   (``lower_rows(fuse=True)``: ``exp(scale * raw - r)`` is one FFMA and one MUFU op)."""
-  logits = lambda raw: _logits.softcap(raw * c.opts.scale, c.opts.softcap)
+  logits = lambda raw: logits_lib.softcap(raw * c.opts.scale, c.opts.softcap)
   return lower_rows(
     lambda raw, *args: fn(logits(raw), *args), R, iota=iota, transposed=transposed, fuse=True
   )
@@ -187,7 +187,7 @@ def _ds(c, dz, raw, dtype):
   ``dtype``."""
   if c.opts.softcap is None:
     return dz.astype(dtype)
-  return _logits.softcap_grad(dz, c.opts.softcap, s=raw * c.opts.scale).astype(dtype)
+  return logits_lib.softcap_grad(dz, c.opts.softcap, s=raw * c.opts.scale).astype(dtype)
 
 
 def _scratch_tail(c, scratch):

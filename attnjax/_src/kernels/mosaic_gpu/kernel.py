@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 import jax.experimental.pallas as pl
 
-from attnjax._src import logits as _logits, op, target as _target, options
+from attnjax._src import logits as logits_lib, op, target as target_lib, options
 from attnjax._src.kernels import kernel_vjp
 from attnjax._src.kernels.mosaic_gpu import backward, specialised
 from attnjax._src.attention_stats import stats_from_padded_rows
@@ -69,7 +69,7 @@ def unsupported(inputs, opts, *, interpret: bool = False) -> list[str]:
   reasons += options.unknown_options(
     opts, inputs, KNOWN_OPTIONS, KNOWN_INPUTS + ("bias", "mask"), "mosaic_gpu"
   )
-  major = None if interpret else _target.cuda_major()
+  major = None if interpret else target_lib.cuda_major()
   if not interpret and major != 9:
     target = "a GPU of unknown generation" if major is None else f"compute capability {major}"
     reasons.append(
@@ -592,7 +592,7 @@ class _Consumer:
     visit = functools.partial(c.nz.visit, stats=c.with_stats, first=j == 0)
     self.pv_calls = 0
     # the scale is applied inside the lowered visit, where it folds into the exponent's FFMA
-    logits = lambda s: _logits.softcap(s * c.opts.scale, c.opts.softcap)
+    logits = lambda s: logits_lib.softcap(s * c.opts.scale, c.opts.softcap)
     st = lower_rows(
       lambda st, s, allowed, row, pv_: visit(st, logits(s), allowed, pv_, row),
       c.bq,

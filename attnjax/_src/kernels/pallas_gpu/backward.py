@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax._src import logits as _logits, lowering as _lowering
+from attnjax._src import logits as logits_lib, lowering
 from attnjax._src.kernels.pallas_gpu.plan import (
   heads_first,
   GridPlan,
@@ -123,7 +123,7 @@ def _dq_kernel(c: GridPlan, res_keys, has_g, source, *refs):
   def step(j, dq, k_seg, masked):
     k, z, s, allowed, dp = tile(j, k_seg, masked)
     _, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
-    ds = _logits.softcap_grad(dz, c.opts.softcap, s=s)
+    ds = logits_lib.softcap_grad(dz, c.opts.softcap, s=s)
     return dq + dot(ds.astype(k.dtype), k)
 
   dq = visit_loop(c, lo, hi, jnp.zeros((bq, c.Hp), jnp.float32), step, q_seg, kseg_ref, bk, full)
@@ -211,7 +211,7 @@ def _dkdv_kernel(c: GridPlan, res_keys, has_g, has_rd, *refs):
       dp = dot(do, v, trans_b=True)
       w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g)
       dv = dv + dot(w.astype(do.dtype), do, trans_a=True)
-      ds = _logits.softcap_grad(dz, c.opts.softcap, s=s)
+      ds = logits_lib.softcap_grad(dz, c.opts.softcap, s=s)
       dk = dk + dot(ds.astype(q.dtype), q, trans_a=True)
       return dk, dv
 
@@ -316,7 +316,7 @@ def _dq_call(c: GridPlan, res_keys, has_g, arrays, rows_d, rows, seg_args, sink)
   if from_tiles:
     out_specs.append(row_spec)
     out_shape.append(jax.ShapeDtypeStruct((c.B, c.N, c.Tp, 1), jnp.float32))
-  with _lowering.gpu_lowering_target(not c.interpret):
+  with lowering.gpu_lowering_target(not c.interpret):
     outs = pl.pallas_call(
       functools.partial(_dq_kernel, c, res_keys, has_g, source),
       grid=(c.B, c.N, c.Tp // bq),
@@ -357,7 +357,7 @@ def _dkdv_call(c: GridPlan, res_keys, has_rows, arrays, rows_in, seg_args):
       pl.BlockSpec((None, c.Tp), lambda b, h, j: (b, 0)),
       pl.BlockSpec((None, bk), lambda b, h, j: (b, j)),
     ]
-  with _lowering.gpu_lowering_target(not c.interpret):
+  with lowering.gpu_lowering_target(not c.interpret):
     return pl.pallas_call(
       functools.partial(_dkdv_kernel, c, res_keys, *has_rows),
       grid=(c.B, K, c.Sp // bk),

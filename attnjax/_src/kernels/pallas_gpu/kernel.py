@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax._src import lowering as _lowering, normalizers, op, target as _target, options
+from attnjax._src import lowering, normalizers, op, target, options
 from attnjax._src.kernels import kernel_vjp
 from attnjax._src.kernels.pallas_gpu import backward
 from attnjax._src.kernels.pallas_gpu.plan import (
@@ -302,7 +302,7 @@ def forward(c: GridPlan, q, k, v, sink, q_seg, kv_seg):
   out_specs = [pl.BlockSpec((None, None, bq, c.Hvp), lambda b, n, i: (b, n, i, 0))] + [row_spec] * (
     len(res_keys) + len(stat_keys)
   )
-  with _lowering.gpu_lowering_target(not c.interpret):
+  with lowering.gpu_lowering_target(not c.interpret):
     outs = pl.pallas_call(
       functools.partial(_fwd_kernel, c, res_keys, stat_keys),
       grid=grid,
@@ -352,7 +352,7 @@ def compute(
   del shard_offsets
   if block_sizes is None:
     block_sizes = block_sizes_for(
-      max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype, _target.cuda_major()
+      max(inputs.q.shape[-1], inputs.v.shape[-1]), inputs.q.dtype, target.cuda_major()
     )
   c = make_plan(inputs, opts, block_sizes, interpret)
 

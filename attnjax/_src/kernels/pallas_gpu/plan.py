@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from attnjax._src import logits as _logits
+from attnjax._src import logits as logits_lib
 from attnjax._src.kernels._plan import KernelPlan
 
 Array = jnp.ndarray
@@ -171,7 +171,7 @@ def segments_meet(q_seg: Array, k_seg: Array) -> Array:
 def logits(c: GridPlan, q: Array, k: Array) -> tuple[Array, Array]:
   """``(z, s)`` float32 ``[tq, tk]``: the (soft-capped) logits and the scaled dots before the cap."""
   s = dot(q, k, trans_b=True) * c.opts.scale
-  return _logits.softcap(s, c.opts.softcap), s
+  return logits_lib.softcap(s, c.opts.softcap), s
 
 
 def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Array:

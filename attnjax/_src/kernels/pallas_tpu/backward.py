@@ -16,7 +16,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax._src import logits as _logits
+from attnjax._src import logits as logits_lib
 from attnjax._src.kernels.pallas_tpu.plan import (
   FULL,
   LANES,
@@ -86,7 +86,7 @@ def _tile_grads(
     dz, dargs = pull(dz)
     for a, idx, d in dargs:
       darg_refs[a][idx] += d
-  return w, _logits.softcap_grad(dz, c.opts.softcap, s=s)
+  return w, logits_lib.softcap_grad(dz, c.opts.softcap, s=s)
 
 
 def _segments(qseg_ref, kseg_ref):

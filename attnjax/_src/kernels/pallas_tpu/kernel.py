@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax._src import normalizers, op, sharding as _sharding, layout, options
+from attnjax._src import normalizers, op, sharding, layout, options
 from attnjax._src.attention_stats import stats_from_padded_rows
 from attnjax._src.kernels import kernel_vjp
 from attnjax._src.kernels.blockwise import kernel as blockwise
@@ -636,7 +636,7 @@ def compute(
   mask_args = tuple(inputs.mask_mod_args) if opts.mask_mod is not None else ()
   # A mask_mod reading the batch or head index of a shard of the call: its blocks are found
   # per call from the shard's rows and heads (a static layout would be the first shard's).
-  where = tuple(_sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
+  where = tuple(sharding.ShardOffsets() if shard_offsets is None else shard_offsets)
   shifted = _shifted_indices(opts.mask_mod, mask_args, where)
 
   def plan(q, k, v, sink, q_seg, kv_seg, score_args, mask_args):

@@ -19,7 +19,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attnjax._src import logits as _logits
+from attnjax._src import logits as logits_lib
 from attnjax._src import layout as layout_lib
 from attnjax._src.kernels._plan import KernelPlan
 from attnjax._src.kernels.blockwise.kernel import index_use
@@ -190,7 +190,7 @@ def heads_first(c: TpuPlan, q, k, v, q_seg, kv_seg):
 def logits(c: TpuPlan, q: Array, k: Array) -> tuple[Array, Array]:
   """``(z, s)`` float32 ``[tq, tk]``: the (soft-capped) logits and the scaled dots before the cap."""
   s = dot(q, k, trans_b=True) * c.opts.scale
-  return _logits.softcap(s, c.opts.softcap), s
+  return logits_lib.softcap(s, c.opts.softcap), s
 
 
 def dot(a: Array, b: Array, trans_a: bool = False, trans_b: bool = False) -> Array:

@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from attnjax._src.numerics import einsum as _ein
+from attnjax._src.numerics import einsum
 from attnjax._src.kernels import autodiff
 
 Array = jnp.ndarray
@@ -37,7 +37,7 @@ def _running_sum(x: Array, axis: int, *, reverse: bool, inclusive: bool) -> Arra
   mask = (later if reverse else jnp.logical_not(later | same)) | (same & inclusive)
   letters = "abcdefgh"[: x.ndim]
   spec = f"z{letters[axis]},{letters}->{letters.replace(letters[axis], 'z')}"
-  return _ein(spec, mask.astype(x.dtype), x)
+  return einsum(spec, mask.astype(x.dtype), x)
 
 
 def sub_block(C: int, sub: int) -> int:
@@ -124,8 +124,8 @@ def _weights(p):
   """``w [B, K, G, C, C]``, masked by ``keep``."""
   B, K, G, n, s = p["q_b"].shape[:5]
   C = n * s
-  off = _ein("bkgIih,bkgIjh->bkgIij", p["q_hat"], p["k_i"])  # [B, K, G, n, s, C]
-  diag = _ein("bkgIih,bkgIjh,bkgIijh->bkgIij", p["q_b"], p["k_b"], p["dec"])
+  off = einsum("bkgIih,bkgIjh->bkgIij", p["q_hat"], p["k_i"])  # [B, K, G, n, s, C]
+  diag = einsum("bkgIih,bkgIjh,bkgIijh->bkgIij", p["q_b"], p["k_b"], p["dec"])
   self_w = jnp.sum(p["q_b"] * p["k_b"], -1)[..., None]  # the diagonal's factor is exactly 1
   diag = diag + jnp.reshape(jnp.eye(s), (1, 1, 1, 1, s, s)) * self_w  # [B, K, G, n, s, s]
   eye = jnp.reshape(jnp.eye(n, dtype=off.dtype), (1, 1, 1, n, 1, n, 1))
@@ -139,8 +139,8 @@ def _forward(q, k, v, g, reset, state, sub):
   vh = jnp.transpose(v, (0, 2, 1, 3))  # [B, K, C, Hv]
   q_in = p["qh"] * p["e_q"]
   k_end = p["kh"] * p["e_k"]  # [B, K, G, C, H]
-  out = _ein("bkgij,bkjv->bkgiv", w, vh) + _ein("bkgih,bkghv->bkgiv", q_in, state)
-  new_state = p["carry"][..., None] * state + _ein("bkgjh,bkjv->bkghv", k_end, vh)
+  out = einsum("bkgij,bkjv->bkgiv", w, vh) + einsum("bkgih,bkghv->bkgiv", q_in, state)
+  new_state = p["carry"][..., None] * state + einsum("bkgjh,bkjv->bkghv", k_end, vh)
   return jnp.transpose(out, (0, 3, 1, 2, 4)), new_state, (p, w, vh, q_in, k_end)
 
 
@@ -182,20 +182,22 @@ def _gla_chunk_bwd(sub, res, cts):
   B, K, G, n, s, H = p["q_b"].shape
   C = n * s
   do = jnp.transpose(d_out, (0, 2, 3, 1, 4))  # [B, K, G, C, Hv]
-  dw = jnp.where(p["keep"], _ein("bkgiv,bkjv->bkgij", do, vh), 0.0)
-  dv = _ein("bkgij,bkgiv->bkjv", w, do) + _ein("bkgjh,bkghv->bkjv", k_end, d_new)
-  dq_in = _ein("bkgiv,bkghv->bkgih", do, state)
-  d_state = _ein("bkgih,bkgiv->bkghv", q_in, do) + p["carry"][..., None] * d_new
-  dk_end = _ein("bkjv,bkghv->bkgjh", vh, d_new)  # [B, K, G, C, H]
+  dw = jnp.where(p["keep"], einsum("bkgiv,bkjv->bkgij", do, vh), 0.0)
+  dv = einsum("bkgij,bkgiv->bkjv", w, do) + einsum("bkgjh,bkghv->bkjv", k_end, d_new)
+  dq_in = einsum("bkgiv,bkghv->bkgih", do, state)
+  d_state = einsum("bkgih,bkgiv->bkghv", q_in, do) + p["carry"][..., None] * d_new
+  dk_end = einsum("bkjv,bkghv->bkgjh", vh, d_new)  # [B, K, G, C, H]
   # Pairs in earlier sub-blocks, through the reference token r(I).
   dw_b = jnp.reshape(dw, (B, K, G, n, s, C))
-  dq_off = _ein("bkgIij,bkgIjh->bkgIih", dw_b, p["k_i"]) * p["e_in"]  # [B, K, G, n, s, H]
-  dk_off = _ein("bkgIjh,bkgIjh->bkgjh", _ein("bkgIij,bkgIih->bkgIjh", dw_b, p["q_hat"]), p["f_key"])
+  dq_off = einsum("bkgIij,bkgIjh->bkgIih", dw_b, p["k_i"]) * p["e_in"]  # [B, K, G, n, s, H]
+  dk_off = einsum(
+    "bkgIjh,bkgIjh->bkgjh", einsum("bkgIij,bkgIih->bkgIjh", dw_b, p["q_hat"]), p["f_key"]
+  )
   # Pairs inside a sub-block (strictly below the diagonal), and the diagonal itself.
   dwd = jnp.diagonal(jnp.reshape(dw_b, (B, K, G, n, s, n, s)), axis1=3, axis2=5)
   dwd = jnp.moveaxis(dwd, -1, 3)  # [B, K, G, n, i, j]
-  dq_in_b = _ein("bkgIij,bkgIijh,bkgIjh->bkgIih", dwd, p["dec"], p["k_b"])  # [B, K, G, n, s, H]
-  dk_in_b = _ein("bkgIij,bkgIijh,bkgIih->bkgIjh", dwd, p["dec"], p["q_b"])
+  dq_in_b = einsum("bkgIij,bkgIijh,bkgIjh->bkgIih", dwd, p["dec"], p["k_b"])  # [B, K, G, n, s, H]
+  dk_in_b = einsum("bkgIij,bkgIijh,bkgIih->bkgIjh", dwd, p["dec"], p["q_b"])
   self_w = jnp.diagonal(dwd, axis1=4, axis2=5)[..., None]  # [B, K, G, n, s, 1]
   q_flat, k_flat = p["qh"], jnp.reshape(p["k_b"], (B, K, G, C, H))
 
@@ -264,16 +266,16 @@ def _direct_forward(q, k, v, g, reset, state):
   b = _running_sum(gh, 3, reverse=False, inclusive=True)  # b_i <= 0
   e_b, e_nb = jnp.exp(b), jnp.exp(-b)
   q_hat, k_hat = qh * e_b, kh * e_nb
-  w = jnp.where(strict, _ein("bkgih,bkgjh->bkgij", q_hat, k_hat), 0.0)
+  w = jnp.where(strict, einsum("bkgih,bkgjh->bkgij", q_hat, k_hat), 0.0)
   self_w = jnp.sum(qh * kh, axis=-1)  # [B, K, G, C]
   e_q, e_k, carry = _state_factors(gh, d, e_b)
   q_in, k_end = qh * e_q, kh * e_k
   out = (
-    _ein("bkgij,bkjv->bkgiv", w, vh)
+    einsum("bkgij,bkjv->bkgiv", w, vh)
     + self_w[..., None] * vh[:, :, None]
-    + _ein("bkgih,bkghv->bkgiv", q_in, state)
+    + einsum("bkgih,bkghv->bkgiv", q_in, state)
   )
-  new_state = carry[..., None] * state + _ein("bkgjh,bkjv->bkghv", k_end, vh)
+  new_state = carry[..., None] * state + einsum("bkgjh,bkjv->bkghv", k_end, vh)
   saved = (
     qh,
     kh,
@@ -315,18 +317,18 @@ def _direct_bwd(res, cts):
   ) = res
   d_out, d_new = cts
   do = jnp.transpose(d_out, (0, 2, 3, 1, 4))  # [B, K, G, C, Hv]
-  dw = jnp.where(strict, _ein("bkgiv,bkjv->bkgij", do, vh), 0.0)
+  dw = jnp.where(strict, einsum("bkgiv,bkjv->bkgij", do, vh), 0.0)
   d_self = jnp.sum(do * vh[:, :, None], axis=-1)  # [B, K, G, C]: the diagonal of do v^T
   dv = (
-    _ein("bkgij,bkgiv->bkjv", w, do)
-    + _ein("bkgi,bkgiv->bkiv", self_w, do)
-    + _ein("bkgjh,bkghv->bkjv", k_end, d_new)
+    einsum("bkgij,bkgiv->bkjv", w, do)
+    + einsum("bkgi,bkgiv->bkiv", self_w, do)
+    + einsum("bkgjh,bkghv->bkjv", k_end, d_new)
   )
-  dq_in = _ein("bkgiv,bkghv->bkgih", do, state)
-  d_state = _ein("bkgih,bkgiv->bkghv", q_in, do) + carry[..., None] * d_new
-  dk_end = _ein("bkjv,bkghv->bkgjh", vh, d_new)
-  dq_pairs = _ein("bkgij,bkgjh->bkgih", dw, k_hat) * e_b  # sum_j dw_ij k_j exp(b_i - b_j)
-  dk_pairs = _ein("bkgij,bkgih->bkgjh", dw, q_hat) * e_nb
+  dq_in = einsum("bkgiv,bkghv->bkgih", do, state)
+  d_state = einsum("bkgih,bkgiv->bkghv", q_in, do) + carry[..., None] * d_new
+  dk_end = einsum("bkjv,bkghv->bkgjh", vh, d_new)
+  dq_pairs = einsum("bkgij,bkgjh->bkgih", dw, k_hat) * e_b  # sum_j dw_ij k_j exp(b_i - b_j)
+  dk_pairs = einsum("bkgij,bkgih->bkgjh", dw, q_hat) * e_nb
   dq = dq_pairs + d_self[..., None] * kh + dq_in * e_q
   dk = dk_pairs + d_self[..., None] * qh + dk_end * e_k
   # The decays: the pair-sum identity of the module docstring, and the state terms.

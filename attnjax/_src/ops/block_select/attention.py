@@ -12,15 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import (
-  options,
-  validators,
-  empty as _empty,
-  logits as _logits,
-  op as _op,
-  static as _static,
-  normalizers,
-)
+from attnjax._src import options, validators, empty, logits, op, static, normalizers
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.attention_stats import AttentionStats, row_mean
 
@@ -163,7 +155,7 @@ def _select_blocks(
   return _pad_to(sel, top_k, axis=3, value=-1)
 
 
-select_blocks = _static.jit(_select_blocks, ("block_size", "top_k", "is_causal", "query_pool"))
+select_blocks = static.jit(_select_blocks, ("block_size", "top_k", "is_causal", "query_pool"))
 
 
 def _check_static(q, k, block_size, top_k, query_pool, is_causal) -> str:
@@ -267,14 +259,14 @@ def _tile_logits(opts: options.DenseOptions, qb: Array, q_sq: Optional[Array], k
   """
   dots = jnp.einsum("bkrh,bklh->bkrl", qb, kg, preferred_element_type=jnp.float32)
   if q_sq is not None:
-    dots = _logits.from_dots(
+    dots = logits.from_dots(
       dots,
       scale=opts.scale,
       similarity=opts.similarity,
       q_sq=q_sq,
       k_sq=jnp.sum(kg * kg, axis=-1)[:, :, None, :],
     )
-  return _logits.softcap(dots, opts.softcap)
+  return logits.softcap(dots, opts.softcap)
 
 
 def _own_block_causal(bs: int, G: int, L: int) -> Array:
@@ -444,25 +436,25 @@ def _gathered(inputs: options.DenseInputs, opts: options.DenseOptions, sel: Arra
 
 # The block-select op: its call is ``(inputs, opts, selection, block_size)``; auto-dispatch
 # takes the gathered engine everywhere.
-ENGINES: dict[str, _op.Engine] = {
+ENGINES: dict[str, op.Engine] = {
   e.name: e
   for e in (
-    _op.Engine("reference", _reference, _op.supports_everything),
-    _op.Engine("gathered", _gathered, _op.supports_everything),
+    op.Engine("reference", _reference, op.supports_everything),
+    op.Engine("gathered", _gathered, op.supports_everything),
   )
 }
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 ImplementationName = Literal[IMPLEMENTATIONS]
 PREFERENCES: dict[str, tuple[str, ...]] = {}
 FALLBACK: tuple[str, ...] = ("gathered",)
-OP = _op.register(
-  _op.Op(
+OP = op.register(
+  op.Op(
     "block_select",
     ENGINES,
     PREFERENCES,
     FALLBACK,
-    empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
-    is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
+    empty=lambda inputs, opts, *_: empty.dense(inputs, opts),
+    is_empty=lambda inputs, *_: empty.is_empty(inputs.q, inputs.k),
     samples=lambda: _samples(),
   )
 )
@@ -530,13 +522,13 @@ def _block_select_attention(
     Yuan et al. 2025, "Native Sparse Attention" (selection shared by a GQA group).
   """
   query_pool = _check_static(q, k, block_size, top_k, query_pool, is_causal)
-  implementation = _op.check_implementation(OP, implementation, where="block_select_attention")
+  implementation = op.check_implementation(OP, implementation, where="block_select_attention")
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
-  if _empty.is_empty(q, k):  # T = S = 0: no query block selects anything (OP answers)
+  if empty.is_empty(q, k):  # T = S = 0: no query block selects anything (OP answers)
     sel = jnp.full((q.shape[0], k.shape[2], 0, top_k), -1, jnp.int32)
   else:
     sel = _selection(q, k, block_size, top_k, is_causal, query_pool)
-  res = _op.run(OP, (inputs, opts, sel, block_size), implementation)
+  res = op.run(OP, (inputs, opts, sel, block_size), implementation)
   if not return_selection:
     return res
   sel = _pad_to(sel, top_k, axis=3, value=-1)
@@ -551,12 +543,12 @@ BLOCK_SELECT_STATIC = (
   "return_selection",
 ) + options.static(DENSE_KEYWORDS)
 
-block_select_attention = _static.jit(_block_select_attention, BLOCK_SELECT_STATIC)
+block_select_attention = static.jit(_block_select_attention, BLOCK_SELECT_STATIC)
 
 
-def _samples() -> tuple[_op.Sample, ...]:
+def _samples() -> tuple[op.Sample, ...]:
   return (
-    _op.Sample(
+    op.Sample(
       block_select_attention,
       options=dict(block_size=8, top_k=2),
       self_only=True,

@@ -12,14 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import (
-  validators,
-  empty as _empty,
-  op as _op,
-  static as _static,
-  normalizers,
-  options,
-)
+from attnjax._src import validators, empty, op, static, normalizers, options
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.layout import key_block_candidates, rule_layout
@@ -397,25 +390,25 @@ def _blockwise(inputs: options.DenseInputs, opts: options.DenseOptions, c: _Rule
 
 # The compressed op: its call is ``(inputs, opts, rule)``; auto-dispatch takes the block-wise
 # engine everywhere.
-ENGINES: dict[str, _op.Engine] = {
+ENGINES: dict[str, op.Engine] = {
   e.name: e
   for e in (
-    _op.Engine("reference", _reference, _op.supports_everything),
-    _op.Engine("blockwise", _blockwise, _op.supports_everything),
+    op.Engine("reference", _reference, op.supports_everything),
+    op.Engine("blockwise", _blockwise, op.supports_everything),
   )
 }
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 ImplementationName = Literal[IMPLEMENTATIONS]
 PREFERENCES: dict[str, tuple[str, ...]] = {}
 FALLBACK: tuple[str, ...] = ("blockwise",)
-OP = _op.register(
-  _op.Op(
+OP = op.register(
+  op.Op(
     "compressed",
     ENGINES,
     PREFERENCES,
     FALLBACK,
-    empty=lambda inputs, opts, c: _empty.dense(inputs, opts),
-    is_empty=lambda inputs, opts, c: _empty.is_empty(inputs.q, inputs.k),
+    empty=lambda inputs, opts, c: empty.dense(inputs, opts),
+    is_empty=lambda inputs, opts, c: empty.is_empty(inputs.q, inputs.k),
     samples=lambda: _samples(),
   )
 )
@@ -444,7 +437,7 @@ def _compressed(
 ):
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   rule = _Rule(k_c, v_c, pool, stride, is_causal, window, block_size)
-  return _op.run(OP, (inputs, opts, rule), implementation)
+  return op.run(OP, (inputs, opts, rule), implementation)
 
 
 _compressed_jit = jax.jit(
@@ -542,7 +535,7 @@ def _compressed_attention(
   block_size = validators.check_positive_int("block_size", block_size)
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-  implementation = _op.check_implementation(OP, implementation, where="compressed_attention")
+  implementation = op.check_implementation(OP, implementation, where="compressed_attention")
   validators.check_qkv(q, k, v)
   k_c = v_c = None
   if isinstance(pool, (tuple, list)):
@@ -566,16 +559,16 @@ def _compressed_attention(
   )
 
 
-compressed_attention = _static.canonicalized(
+compressed_attention = static.canonicalized(
   _compressed_attention,
   ("stride", "is_causal", "window", "implementation", "block_size")
   + options.static(DENSE_KEYWORDS),
 )
 
 
-def _samples() -> tuple[_op.Sample, ...]:
+def _samples() -> tuple[op.Sample, ...]:
   return (
-    _op.Sample(
+    op.Sample(
       compressed_attention,
       options=dict(stride=4, is_causal=True, window=4, block_size=8),
       stats=True,

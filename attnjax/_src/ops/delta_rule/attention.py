@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import validators, op as _op, static as _static
+from attnjax._src import validators, op, static
 from attnjax._src.ops import recurrence
-from attnjax._src.numerics import einsum as _einsum
+from attnjax._src.numerics import einsum
 from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.kernels import autodiff
 from attnjax._src.kernels.recurrent import chunks
@@ -68,11 +68,11 @@ def recurrent(q, k, v, beta, g, reset, state):
     keep = jnp.where(r_t, 0.0, 1.0)
     a_t = jnp.exp(g_t) * jnp.reshape(keep, (-1,) + (1,) * (g_t.ndim - 1))
     s = _decay_shape(a_t) * s
-    k_s = _einsum("bkh,bkghv->bkgv", k_t, s)  # S_{t-1}^T k_t (decayed)
+    k_s = einsum("bkh,bkghv->bkgv", k_t, s)  # S_{t-1}^T k_t (decayed)
     delta = b_t[..., None] * (_by_key_head(v_t, K) - k_s)  # [B, K, G, Hv]
     s = s + k_t[:, :, None, :, None] * delta[..., None, :]
     q_t = jnp.broadcast_to(q_t, s.shape[:-1])
-    return s, _einsum("bkgh,bkghv->bkgv", q_t, s)
+    return s, einsum("bkgh,bkghv->bkgv", q_t, s)
 
   xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, beta, g, reset))
   final, out = jax.lax.scan(step, state, xs)
@@ -167,7 +167,7 @@ def unit_lower_inverse(a: Array) -> Array:
     low = blocks[..., s:, :s]
     inv = jnp.reshape(inv, lead + (n, 2, s, s))
     x11, x22 = inv[..., 0, :, :], inv[..., 1, :, :]
-    x21 = -_einsum("...ij,...jk,...kl->...il", x22, low, x11)
+    x21 = -einsum("...ij,...jk,...kl->...il", x22, low, x11)
     top = jnp.concatenate([x11, jnp.zeros_like(x11)], axis=-1)
     bottom = jnp.concatenate([x21, x22], axis=-1)
     inv = jnp.concatenate([top, bottom], axis=-2)  # [..., n, 2s, 2s]
@@ -191,21 +191,21 @@ def unit_lower_solve(a: Array, rhs: Array) -> Array:
   Returns:
     ``X = (I + a)^{-1} rhs``, ``[..., C, D]``.
   """
-  return _einsum("...cd,...de->...ce", unit_lower_inverse(a), rhs)
+  return einsum("...cd,...de->...ce", unit_lower_inverse(a), rhs)
 
 
 def _unit_lower_solve_fwd(a, rhs):
   inv = unit_lower_inverse(a)
-  x = _einsum("...cd,...de->...ce", inv, rhs)
+  x = einsum("...cd,...de->...ce", inv, rhs)
   return x, (inv, x)
 
 
 def _unit_lower_solve_bwd(res, dx):
   inv, x = res
-  d_rhs = _einsum("...dc,...de->...ce", inv, dx)
+  d_rhs = einsum("...dc,...de->...ce", inv, dx)
   C = inv.shape[-1]
   strict = jnp.reshape(jnp.tril(jnp.ones((C, C), bool), -1), (1,) * (inv.ndim - 2) + (C, C))
-  da = jnp.where(strict, -_einsum("...ce,...de->...cd", d_rhs, x), 0.0)
+  da = jnp.where(strict, -einsum("...ce,...de->...cd", d_rhs, x), 0.0)
   return da, d_rhs
 
 
@@ -241,9 +241,9 @@ def _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c):
     on = live[..., None]
     diff = gam[..., :, None, :] - gam[..., None, :, :]  # [B, K, G, C, C, H]
     dec = jnp.where(on, jnp.exp(jnp.where(on, diff, 0.0)), 0.0)
-    kk = _einsum("bkch,bkdh,bkgcdh->bkgcd", kh, kh, dec)
+    kk = einsum("bkch,bkdh,bkgcdh->bkgcd", kh, kh, dec)
     qb = jnp.broadcast_to(qh, (B, K, G, C, H))
-    qk = _einsum("bkgch,bkdh,bkgcdh->bkgcd", qb, kh, dec)
+    qk = einsum("bkgch,bkdh,bkgcdh->bkgcd", qb, kh, dec)
     decay0 = jnp.where(from_start[..., None], jnp.exp(gam), 0.0)  # [B, K, G, C, H]
     rhs_k = b_c[..., None] * decay0 * kh[:, :, None]
     q_s0 = decay0 * qb
@@ -253,8 +253,8 @@ def _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c):
     gam = jnp.cumsum(jnp.transpose(g_c, (0, 2, 3, 1)), axis=-1)  # G_t, [B, K, G, C]
     diff = gam[..., :, None] - gam[..., None, :]
     gamma = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # [B, K, G, C, C]
-    kk = gamma * _einsum("bkch,bkdh->bkcd", kh, kh)[:, :, None]
-    qk = _einsum("bkgch,bkdh->bkgcd", qh, kh) * gamma
+    kk = gamma * einsum("bkch,bkdh->bkcd", kh, kh)[:, :, None]
+    qk = einsum("bkgch,bkdh->bkgcd", qh, kh) * gamma
     decay0 = jnp.where(from_start, jnp.exp(gam), 0.0)  # [B, K, G, C]
     rhs_k = (b_c * decay0)[..., None] * kh[:, :, None]
     q_s0 = decay0[..., None] * qh
@@ -272,10 +272,10 @@ def _chunk_block(xs, s):
   """One chunk: ``(out [B, C, K, G, Hv], state after the chunk)``."""
   q_c, k_c, v_c, b_c, g_c, r_c = xs
   u, w, qk, q_s0, k_end, carry = _chunk_terms(q_c, k_c, v_c, b_c, g_c, r_c > 0.5)
-  u = u - _einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
+  u = u - einsum("bkgch,bkghv->bkgcv", w, s)  # U' = U - W S_0
   q_s0 = jnp.broadcast_to(q_s0, w.shape)
-  out = _einsum("bkgch,bkghv->bkgcv", q_s0, s) + _einsum("bkgcd,bkgdv->bkgcv", qk, u)
-  s = _decay_shape(carry) * s + _einsum("bkgdh,bkgdv->bkghv", k_end, u)
+  out = einsum("bkgch,bkghv->bkgcv", q_s0, s) + einsum("bkgcd,bkgdv->bkgcv", qk, u)
+  s = _decay_shape(carry) * s + einsum("bkgdh,bkgdv->bkghv", k_end, u)
   return jnp.transpose(out, (0, 3, 1, 2, 4)), s  # [B, C, K, G, Hv]
 
 
@@ -298,7 +298,7 @@ def _check_per_step(name: str, x, B: int, T: int, N: int, H: Optional[int] = Non
 
 # The delta_rule op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
 # returns ``(out [B, T, K, G, Hv], final state)``.
-ENGINES: dict[str, _op.Engine] = recurrence.engines(
+ENGINES: dict[str, op.Engine] = recurrence.engines(
   recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_ENGINE
 )
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
@@ -400,16 +400,16 @@ def _delta_rule_attention(
     log_decay = jnp.zeros((B, T, N), jnp.float32)
   _check_per_step("log_decay", log_decay, B, T, N, H)
   extra = (recurrence.by_kv_head(beta, K), recurrence.by_kv_head(log_decay, K))
-  out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
+  out, final = op.run(OP, (x, extra, chunk_size), x.implementation)
   return recurrence.finish(out, final, q, return_state=return_state)
 
 
 DELTA_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
-delta_rule_attention = _static.jit(_delta_rule_attention, DELTA_STATIC)
+delta_rule_attention = static.jit(_delta_rule_attention, DELTA_STATIC)
 
 
-def _samples() -> tuple[_op.Sample, ...]:
+def _samples() -> tuple[op.Sample, ...]:
   def unit_keys_and_gates(q, k, v):
     # The delta rule wants keys of unit norm (its update is then a contraction).
     k32 = k.astype(jnp.float32)

@@ -11,22 +11,14 @@ from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import jax.numpy as jnp
 
-from attnjax._src import (
-  empty as _empty,
-  jax_nn_compat as _jax_nn_compat,
-  lowering as _lowering,
-  op as _op,
-  static as _static,
-  trust as _trust,
-  options,
-)
+from attnjax._src import empty, jax_nn_compat, lowering, op, static, trust, options
 from attnjax._src.kernels import jax_nn, splash
 from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.kernels.mosaic_gpu import kernel as mosaic_gpu
 from attnjax._src.kernels.pallas_gpu import kernel as pallas_gpu
 from attnjax._src.kernels.pallas_tpu import kernel as pallas_tpu
 from attnjax._src.parallel import strategies
-from attnjax._src.ops.dense import reference as _dense_reference
+from attnjax._src.ops.dense import reference as reference_lib
 
 Array = jnp.ndarray
 
@@ -36,7 +28,7 @@ Similarity = options.Similarity
 SIMILARITIES = options.SIMILARITIES
 DenseOptions = options.DenseOptions
 DenseInputs = options.DenseInputs
-JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
+JAX_NN_MASKED_LOGIT = jax_nn_compat.JAX_NN_MASKED_LOGIT
 
 
 # ---------------------------------------------------------------------------
@@ -44,12 +36,12 @@ JAX_NN_MASKED_LOGIT = _jax_nn_compat.JAX_NN_MASKED_LOGIT
 
 
 # The readable engine, defined in ops/dense/reference.py.
-reference = _dense_reference.reference
+reference = reference_lib.reference
 
 
 # One dense implementation, as dispatch sees it (:class:`attnjax._src.op.Engine`): its ``compute``
 # and ``unsupported`` take the call ``(inputs, opts)``.
-Engine = _op.Engine
+Engine = op.Engine
 
 
 # Auto-dispatch uses the block-wise path from this sequence length on (the longer of T and S).
@@ -64,7 +56,7 @@ BLOCKWISE_MIN_LENGTH_CPU = 256
 ENGINES: dict[str, Engine] = {
   e.name: e
   for e in (
-    Engine("reference", reference, _op.supports_everything),
+    Engine("reference", reference, op.supports_everything),
     Engine("blockwise", blockwise.run, blockwise.unsupported, min_length=BLOCKWISE_MIN_LENGTH_CPU),
     Engine(
       "xla",
@@ -72,7 +64,7 @@ ENGINES: dict[str, Engine] = {
       jax_nn.unsupported,
       vouched_by="jax",
     ),
-    _op.platform_kernel(
+    op.platform_kernel(
       "cudnn",
       functools.partial(jax_nn.compute, implementation="cudnn"),
       jax_nn.cudnn_unsupported,
@@ -135,9 +127,9 @@ def context(call: tuple[DenseInputs, DenseOptions], implementation: Optional[str
   )
 
 
-def _samples() -> tuple[_op.Sample, ...]:
+def _samples() -> tuple[op.Sample, ...]:
   return (
-    _op.Sample(
+    op.Sample(
       dot_product_attention,
       options=dict(is_causal=True),
       stats=True,
@@ -150,24 +142,24 @@ def _samples() -> tuple[_op.Sample, ...]:
   )
 
 
-OP = _op.register(
-  _op.Op(
+OP = op.register(
+  op.Op(
     "dense",
     ENGINES,
     PREFERENCES,
     FALLBACK,
-    empty=_empty.dense,
+    empty=empty.dense,
     is_empty=is_empty,
     context=context,
     context_axis=context_axis,
     length=length,
-    trust_class=_trust.call_class,
+    trust_class=trust.call_class,
     samples=_samples,
   )
 )
 
 
-def front_end(name: str, samples) -> _op.Op:
+def front_end(name: str, samples) -> op.Op:
   """The op of a front end of dense attention (``qk_norm``, ``cosine``, ``mla``): a dense call
   of the inputs it prepares, with dense's engines and order, empty answer and context
   strategy."""
@@ -200,26 +192,26 @@ def select_implementation(
   (:func:`attnjax._src.sharding.per_shard`), so the choice never depends on the
   device count.
   """
-  return _op.select(OP, (inputs, opts), platform)
+  return op.select(OP, (inputs, opts), platform)
 
 
 def dispatch_table(inputs: DenseInputs, opts: DenseOptions) -> dict[str, str]:
   """``{platform: implementation}`` that ``implementation=None`` lowers for each of
   :data:`attnjax._src.lowering.PLATFORMS` (other platforms take the ``"cpu"`` choice)."""
-  return _op.choose(OP, (inputs, opts), _lowering.PLATFORMS)
+  return op.choose(OP, (inputs, opts), lowering.PLATFORMS)
 
 
 def run(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   """:func:`attnjax._src.op.run` of the dense op: a validated call on the named engine, or on
   each platform's choice, decided when the program is lowered (a function exported for
   ``cuda`` or ``tpu`` from a CPU host carries the GPU or TPU kernel)."""
-  return _op.run(OP, (inputs, opts), implementation)
+  return op.run(OP, (inputs, opts), implementation)
 
 
 def run_on_this_platform(inputs: DenseInputs, opts: DenseOptions, implementation: Optional[str]):
   """:func:`attnjax._src.op.run_on_this_platform` of the dense op: ``implementation=None``
   chosen for the platform lowering now."""
-  return _op.run_on_this_platform(OP, (inputs, opts), implementation)
+  return op.run_on_this_platform(OP, (inputs, opts), implementation)
 
 
 # ---------------------------------------------------------------------------
@@ -233,7 +225,7 @@ def prepare(
   its canonical inputs and options; ``implementation`` is None or a name of :data:`ENGINES`."""
   inputs, opts = options.validate(q, k, v, **dense_keywords)
   if implementation is not None:
-    _op.check_implementation(OP, implementation)
+    op.check_implementation(OP, implementation)
   return inputs, opts
 
 
@@ -381,9 +373,9 @@ def _dot_product_attention(
       f"whole sequence); pass segment ids, and return_stats for the logsumexp"
     )
   if local_window_size is not None:  # jax.nn's arguments, where given
-    dense_keywords["window"] = _jax_nn_compat.window_of(local_window_size, window)
+    dense_keywords["window"] = jax_nn_compat.window_of(local_window_size, window)
   if query_seq_lengths is not None or key_value_seq_lengths is not None:
-    dense_keywords = _jax_nn_compat.ragged(
+    dense_keywords = jax_nn_compat.ragged(
       query, key, query_seq_lengths, key_value_seq_lengths, dense_keywords
     )
   if return_residual and return_stats:
@@ -393,16 +385,16 @@ def _dot_product_attention(
     )
   inputs, opts = prepare(query, key, value, implementation=implementation, **dense_keywords)
   if not return_residual:
-    return _op.run(OP, (inputs, opts), implementation)
-  _jax_nn_compat.check_residual(
+    return op.run(OP, (inputs, opts), implementation)
+  jax_nn_compat.check_residual(
     inputs,
     opts,
     implementation,
     None if implementation is None else ENGINES[implementation].unsupported,
   )
-  out, stats = run(inputs, _jax_nn_compat.residual_options(opts), implementation)
-  return out, _jax_nn_compat.residual(inputs, stats)
+  out, stats = run(inputs, jax_nn_compat.residual_options(opts), implementation)
+  return out, jax_nn_compat.residual(inputs, stats)
 
 
 DENSE_STATIC = options.STATIC_NAMES + ("implementation", "local_window_size", "return_residual")
-dot_product_attention = _static.jit(_dot_product_attention, DENSE_STATIC)
+dot_product_attention = static.jit(_dot_product_attention, DENSE_STATIC)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from attnjax._src import logits as _logits, masks, normalizers, options
+from attnjax._src import logits, masks, normalizers, options
 from attnjax._src.attention_stats import stats_from_weights
 
 
@@ -23,8 +23,8 @@ def reference(inputs: options.DenseInputs, opts: options.DenseOptions, *, positi
   q, k, v = inputs.q, inputs.k, inputs.v
   B, T, N, H = q.shape
   _, S, K, Hv = v.shape
-  s = _logits.scores(_logits.group_queries(q, K), k, scale=opts.scale, similarity=opts.similarity)
-  z, _ = _logits.capped_logits(jnp.reshape(s, (B, N, T, S)), opts.softcap, inputs.bias)
+  s = logits.scores(logits.group_queries(q, K), k, scale=opts.scale, similarity=opts.similarity)
+  z, _ = logits.capped_logits(jnp.reshape(s, (B, N, T, S)), opts.softcap, inputs.bias)
   allowed = masks.make_attention_mask(
     T,
     S,
@@ -36,7 +36,7 @@ def reference(inputs: options.DenseInputs, opts: options.DenseOptions, *, positi
   )
   if opts.score_mod is not None or opts.mask_mod is not None:  # the indices they read
     q_pos, k_pos = (jnp.arange(T), jnp.arange(S)) if positions is None else positions
-    grid = _logits.index_grid(B, (N,), q_pos, k_pos)
+    grid = logits.index_grid(B, (N,), q_pos, k_pos)
     z = options.apply_score_mod(opts, inputs.score_mod_args, z, *grid)
     allowed = masks.combine_masks(
       allowed, options.apply_mask_mod(opts, inputs.mask_mod_args, *grid)

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import validators, op as _op, static as _static
+from attnjax._src import validators, op, static
 from attnjax._src.ops import recurrence
-from attnjax._src.numerics import einsum as _einsum
+from attnjax._src.numerics import einsum
 from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.kernels.recurrent import chunks, gla_chunk
 
@@ -55,7 +55,7 @@ def recurrent(q: Array, k: Array, v: Array, g: Array, reset: Array, state: Array
     decayed = jnp.exp(g_t)[..., None] * s  # [B,K,G,D,1] * [B,K,G,H,Hv]
     decayed = jnp.where(jnp.reshape(r_t, (-1, 1, 1, 1, 1)), 0.0, decayed)
     s = decayed + (k_t[:, :, :, None] * v_t[:, :, None, :])[:, :, None]
-    return s, _einsum("bkgh,bkghv->bkgv", q_t, s)
+    return s, einsum("bkgh,bkghv->bkgv", q_t, s)
 
   xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, reset))
   final, out = jax.lax.scan(step, state, xs)
@@ -89,8 +89,8 @@ def _decayed_scores(q: Array, k: Array, bq: Array, bk: Array, keep: Array) -> Ar
   )  # [B, K, G, i, j, D]
   decay = jnp.where(keep, jnp.exp(jnp.where(expo_keep, diff, 0.0)), 0.0)
   if bq.shape[-1] == 1:
-    return _einsum("bikgh,bjkh->bkgij", q, k) * decay[..., 0]
-  return _einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
+    return einsum("bikgh,bjkh->bkgij", q, k) * decay[..., 0]
+  return einsum("bikgh,bjkh,bkgijh->bkgij", q, k, decay)
 
 
 def _block_terms(q: Array, k: Array, g: Array, reset: Array):
@@ -137,8 +137,8 @@ def _block_terms(q: Array, k: Array, g: Array, reset: Array):
 def _block_state(xs, state: Array):
   """The state's part of one block: ``(out [B, C, K, G, Hv], state after the block)``."""
   w, q_in, k_end, carry, v = xs
-  out = _einsum("bkgij,bjkv->bikgv", w, v) + _einsum("bikgh,bkghv->bikgv", q_in, state)
-  new_state = carry[..., None] * state + _einsum("bckgh,bckv->bkghv", k_end, v)
+  out = einsum("bkgij,bjkv->bikgv", w, v) + einsum("bikgh,bkghv->bikgv", q_in, state)
+  new_state = carry[..., None] * state + einsum("bckgh,bckv->bkghv", k_end, v)
   return out, new_state
 
 
@@ -235,7 +235,7 @@ def _check_log_decay(log_decay, B: int, T: int, N: int, H: int):
 
 # The gated_linear op: its call is ``(x: recurrence.Inputs, extra, chunk_size)``; every engine
 # returns ``(out [B, T, K, G, Hv], final state)``.
-ENGINES: dict[str, _op.Engine] = recurrence.engines(
+ENGINES: dict[str, op.Engine] = recurrence.engines(
   recurrent=recurrent, quadratic=quadratic, chunked=chunked, reference=REFERENCE_ENGINE
 )
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
@@ -330,16 +330,16 @@ def _gated_linear_attention(
   B, T, N, H = q.shape
   g = recurrence.by_kv_head(_check_log_decay(log_decay, B, T, N, H), k.shape[2])
   extra = (g,)
-  out, final = _op.run(OP, (x, extra, chunk_size), x.implementation)
+  out, final = op.run(OP, (x, extra, chunk_size), x.implementation)
   return recurrence.finish(out, final, q, return_state=return_state)
 
 
 GATED_LINEAR_STATIC = ("scale", "return_state", "implementation", "chunk_size", "context_axis")
 
-gated_linear_attention = _static.jit(_gated_linear_attention, GATED_LINEAR_STATIC)
+gated_linear_attention = static.jit(_gated_linear_attention, GATED_LINEAR_STATIC)
 
 
-def _samples() -> tuple[_op.Sample, ...]:
+def _samples() -> tuple[op.Sample, ...]:
   def gates(q, k, v):
     # Decays in (-1, 0): a state that forgets over a few tokens, never all at once.
     log_decay = -np.logaddexp(0.0, recurrence.per_step(q, 1)).astype(np.float32) * 0.5

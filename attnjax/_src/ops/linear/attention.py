@@ -11,16 +11,9 @@ from typing import Callable, Literal, NamedTuple, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import (
-  validators,
-  empty as _empty,
-  op as _op,
-  static as _static,
-  feature_maps,
-  masks,
-)
+from attnjax._src import validators, empty, op, static, feature_maps, masks
 from attnjax._src.ops import recurrence
-from attnjax._src.numerics import einsum as _einsum
+from attnjax._src.numerics import einsum
 from attnjax._src.ops.recurrence import DEFAULT_CHUNK_SIZE
 from attnjax._src.attention_stats import AttentionStats, stats_from_weights
 from attnjax._src.logits import group_queries
@@ -96,15 +89,15 @@ def quadratic(phi_q: Array, phi_k: Array, v: Array, state: LinearState, *, is_ca
     every key (``finish`` turns the first two into the output).
   """
   T, S = phi_q.shape[1], phi_k.shape[1]
-  w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
+  w = einsum("btkgf,bskf->bkgts", phi_q, phi_k)
   if is_causal:
     w = jnp.where(_causal_keep(T, S), w, 0.0)
-  num = _einsum("bkgts,bskh->btkgh", w, v) + _einsum("btkgf,bkfh->btkgh", phi_q, state.kv_sum)
-  den = jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2)) + _einsum(
+  num = einsum("bkgts,bskh->btkgh", w, v) + einsum("btkgf,bkfh->btkgh", phi_q, state.kv_sum)
+  den = jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2)) + einsum(
     "btkgf,bkf->btkg", phi_q, state.k_sum
   )
   final = LinearState(
-    state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v), state.k_sum + jnp.sum(phi_k, axis=1)
+    state.kv_sum + einsum("bskf,bskh->bkfh", phi_k, v), state.k_sum + jnp.sum(phi_k, axis=1)
   )
   return num, den, final
 
@@ -129,8 +122,8 @@ def recurrent(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
     q_t, k_t, v_t = xs  # [B, K, G, F], [B, K, F], [B, K, Hv]
     kv_sum = carry.kv_sum + k_t[..., :, None] * v_t[..., None, :]
     k_sum = carry.k_sum + k_t
-    num_t = _einsum("bkgf,bkfh->bkgh", q_t, kv_sum)
-    den_t = _einsum("bkgf,bkf->bkg", q_t, k_sum)
+    num_t = einsum("bkgf,bkfh->bkgh", q_t, kv_sum)
+    den_t = einsum("bkgf,bkf->bkg", q_t, k_sum)
     return LinearState(kv_sum, k_sum), (num_t, den_t)
 
   time_major = (jnp.moveaxis(phi_q, 1, 0), jnp.moveaxis(phi_k, 1, 0), jnp.moveaxis(v, 1, 0))
@@ -198,13 +191,13 @@ def chunked(
     if pad:
       real = (index * C + jnp.arange(C)) < T
       k_c = jnp.where(jnp.reshape(real, (1, C, 1, 1)), k_c, 0.0)
-    w = jnp.where(keep, _einsum("bckgf,bdkf->bkgcd", q_c, k_c), 0.0)
-    num = _einsum("bkgcd,bdkh->bckgh", w, v_c) + _einsum("bckgf,bkfh->bckgh", q_c, carry.kv_sum)
-    den = jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2)) + _einsum(
+    w = jnp.where(keep, einsum("bckgf,bdkf->bkgcd", q_c, k_c), 0.0)
+    num = einsum("bkgcd,bdkh->bckgh", w, v_c) + einsum("bckgf,bkfh->bckgh", q_c, carry.kv_sum)
+    den = jnp.transpose(jnp.sum(w, axis=-1), (0, 3, 1, 2)) + einsum(
       "bckgf,bkf->bckg", q_c, carry.k_sum
     )
     new = LinearState(
-      carry.kv_sum + _einsum("bckf,bckh->bkfh", k_c, v_c), carry.k_sum + jnp.sum(k_c, axis=1)
+      carry.kv_sum + einsum("bckf,bckh->bkfh", k_c, v_c), carry.k_sum + jnp.sum(k_c, axis=1)
     )
     if finish_fn is not None:
       return new, finish_fn(num, den)
@@ -237,10 +230,10 @@ def noncausal(phi_q: Array, phi_k: Array, v: Array, state: LinearState):
     every key (``finish`` turns the first two into the output).
   """
   final = LinearState(
-    state.kv_sum + _einsum("bskf,bskh->bkfh", phi_k, v), state.k_sum + jnp.sum(phi_k, axis=1)
+    state.kv_sum + einsum("bskf,bskh->bkfh", phi_k, v), state.k_sum + jnp.sum(phi_k, axis=1)
   )
-  num = _einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
-  den = _einsum("btkgf,bkf->btkg", phi_q, final.k_sum)
+  num = einsum("btkgf,bkfh->btkgh", phi_q, final.kv_sum)
+  den = einsum("btkgf,bkf->btkg", phi_q, final.k_sum)
   return num, den, final
 
 
@@ -272,7 +265,7 @@ def _reference_stats(phi_q: Array, phi_k: Array, *, is_causal: bool) -> Attentio
   """Stats from the materialised implied weights ``phi(q_i).phi(k_j)`` (O(T S) memory)."""
   B, T, K, G, _ = phi_q.shape
   S = phi_k.shape[1]
-  w = _einsum("btkgf,bskf->bkgts", phi_q, phi_k)
+  w = einsum("btkgf,bskf->bkgts", phi_q, phi_k)
   w = jnp.reshape(w, (B, K * G, T, S))
   allowed = masks.causal_mask(T, S) if is_causal else jnp.ones((1, 1, 1, 1), bool)
   w = jnp.where(allowed, w, 0.0)
@@ -322,7 +315,7 @@ def _blocked_stats(
     k_prefix = jax.lax.dynamic_slice_in_dim(jnp.cumsum(phi_k, axis=1), offset, T, axis=1)
   else:
     k_prefix = jnp.sum(phi_k, axis=1, keepdims=True)
-  raw_total = _einsum("btkgf,btkf->btkg", phi_q, jnp.broadcast_to(k_prefix, (B, T, K, F)))
+  raw_total = einsum("btkgf,btkf->btkg", phi_q, jnp.broadcast_to(k_prefix, (B, T, K, F)))
   row_sum = mean_over_rows(per_head(raw_total), jnp.ones((1, 1, T), bool))
 
   num_blocks = -(-T // block)
@@ -333,7 +326,7 @@ def _blocked_stats(
 
   def one_block(xs):
     q_blk, pos = xs
-    w = _einsum("btkgf,bskf->bkgts", q_blk, phi_k)
+    w = einsum("btkgf,bskf->bkgts", q_blk, phi_k)
     if is_causal:
       keep = masks.structural_mask(pos, jnp.arange(S), is_causal=True)
       w = jnp.where(jnp.reshape(keep, (1, 1, 1, block, S)), w, 0.0)
@@ -352,7 +345,7 @@ def _blocked_stats(
   total, p0, ent = rows(total), rows(p0), rows(ent)
   normalisable = total > 0
   if nonnegative:
-    w0 = _einsum("btkgf,bkf->btkg", phi_q, phi_k[:, 0])
+    w0 = einsum("btkgf,bkf->btkg", phi_q, phi_k[:, 0])
     p0 = per_head(w0) / jnp.where(normalisable, per_head(raw_total), 1.0)
   later = (jnp.arange(T) + offset >= 1)[None, None, :]
   return AttentionStats(
@@ -379,7 +372,7 @@ def _context_states(
   (its own keys are added by its local pass). ``final`` is ``state`` plus every shard, the
   same on every device.
   """
-  own = LinearState(_einsum("bskf,bskh->bkfh", phi_k, v), jnp.sum(phi_k, axis=1))
+  own = LinearState(einsum("bskf,bskh->bkfh", phi_k, v), jnp.sum(phi_k, axis=1))
   every = every_shard(own, axis)  # each [P, ...]
   p = jax.lax.axis_index(axis)
   total = jax.tree.map(lambda x: jnp.sum(x, axis=0), every)
@@ -486,7 +479,7 @@ class _Call(NamedTuple):
 
 def _empty_stats(c: _Call) -> AttentionStats:
   B, T, K, G, _ = c.phi_q.shape
-  return _empty.empty_stats(B, K * G, T)._replace(max_logit=None, logsumexp=None)
+  return empty.empty_stats(B, K * G, T)._replace(max_logit=None, logsumexp=None)
 
 
 def _stats(c: _Call, materialised: bool) -> Optional[AttentionStats]:
@@ -576,13 +569,13 @@ QUADRATIC_MAX_LENGTH_CPU = 128
 
 # The linear op: its call is ``(_Call,)``; every engine returns ``(out [B, T, K, G, Hv], final
 # state, statistics or None)``.
-ENGINES: dict[str, _op.Engine] = recurrence.with_reference(
+ENGINES: dict[str, op.Engine] = recurrence.with_reference(
   {
-    "recurrent": _op.Engine("recurrent", _recurrent_engine, _recurrent_unsupported),
-    "quadratic": _op.Engine(
-      "quadratic", _quadratic_engine, _op.supports_everything, max_length=QUADRATIC_MAX_LENGTH_CPU
+    "recurrent": op.Engine("recurrent", _recurrent_engine, _recurrent_unsupported),
+    "quadratic": op.Engine(
+      "quadratic", _quadratic_engine, op.supports_everything, max_length=QUADRATIC_MAX_LENGTH_CPU
     ),
-    "chunked": _op.Engine("chunked", _chunked_engine, _op.supports_everything),
+    "chunked": op.Engine("chunked", _chunked_engine, op.supports_everything),
   },
   REFERENCE_ENGINE,
 )
@@ -590,8 +583,8 @@ IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
 ImplementationName = Literal[IMPLEMENTATIONS]
 PREFERENCES: dict[str, tuple[str, ...]] = {"cpu": ("quadratic",)}
 FALLBACK: tuple[str, ...] = ("chunked",)
-OP = _op.register(
-  _op.Op(
+OP = op.register(
+  op.Op(
     "linear",
     ENGINES,
     PREFERENCES,
@@ -624,7 +617,7 @@ def _prepare(
   B, T, S, N, K, H, Hv = validators.check_qkv(q, k, v)
   feature_map = _check_feature_map(feature_map, H)
   normalize = _canonical_normalize(normalize)
-  implementation = _op.check_implementation(OP, implementation, where="linear_attention")
+  implementation = op.check_implementation(OP, implementation, where="linear_attention")
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
   validators.check_positive_int("chunk_size", chunk_size)
@@ -763,7 +756,7 @@ def _linear_attention(
     nonnegative=feature_map.nonnegative,
     context_axis=context_axis,
   )
-  out, final, stats = _op.run(OP, (call,), implementation)
+  out, final, stats = op.run(OP, (call,), implementation)
   out = jnp.reshape(out, (B, T, N, Hv)).astype(q.dtype)
   result = (out, final) if return_state else out
   return (result, stats) if return_stats else result
@@ -780,7 +773,7 @@ LINEAR_STATIC = (
   "context_axis",
 )
 
-linear_attention = _static.jit(_linear_attention, LINEAR_STATIC)
+linear_attention = static.jit(_linear_attention, LINEAR_STATIC)
 
 
 def _linear_attention_weights(
@@ -821,7 +814,7 @@ def _linear_attention_weights(
   normalize = _canonical_normalize(normalize)
   phi_q = group_queries(feature_map(q, is_query=True), K)
   phi_k = feature_map(k, is_query=False)
-  w = jnp.reshape(_einsum("btkgf,bskf->bkgts", phi_q, phi_k), (B, N, T, S))
+  w = jnp.reshape(einsum("btkgf,bskf->bkgts", phi_q, phi_k), (B, N, T, S))
   if is_causal:
     w = jnp.where(masks.causal_mask(T, S), w, 0.0)
   if normalize == "denominator":
@@ -829,12 +822,12 @@ def _linear_attention_weights(
   return w
 
 
-linear_attention_weights = _static.jit(_linear_attention_weights, ("is_causal", "normalize", "eps"))
+linear_attention_weights = static.jit(_linear_attention_weights, ("is_causal", "normalize", "eps"))
 
 
-def _samples() -> tuple[_op.Sample, ...]:
+def _samples() -> tuple[op.Sample, ...]:
   return (
-    _op.Sample(
+    op.Sample(
       linear_attention,
       options=dict(is_causal=True, chunk_size=8),
       self_only=True,

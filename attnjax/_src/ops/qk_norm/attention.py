@@ -12,7 +12,7 @@ from typing import Any, Literal, Mapping, Optional, Union, get_args
 import jax
 import jax.numpy as jnp
 
-from attnjax._src import validators, deprecation as _deprecation, op, static, options
+from attnjax._src import validators, deprecation, op, static, options
 from attnjax._src.ops.dense import attention as dense
 
 Array = jnp.ndarray
@@ -169,7 +169,7 @@ def _samples() -> tuple[op.Sample, ...]:
 
 OP = op.register(dense.front_end("qk_norm", _samples))
 
-qk_norm_attention = _deprecation.renamed_keywords(
+qk_norm_attention = deprecation.renamed_keywords(
   static.jit(
     _qk_norm_attention, ("norm", "eps", "implementation") + options.static(QK_NORM_KEYWORDS)
   ),

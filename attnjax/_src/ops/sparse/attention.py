@@ -12,17 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnjax._src import (
-  validators,
-  empty as _empty,
-  op as _op,
-  static as _static,
-  masks,
-  mods,
-  normalizers,
-  options,
-  patterns,
-)
+from attnjax._src import validators, empty, op, static, masks, mods, normalizers, options, patterns
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels.blockwise import kernel as blockwise
 from attnjax._src.layout import BlockLayout
@@ -542,11 +532,11 @@ BLOCKWISE_MIN_LENGTH = 256
 
 # The sparse op: its call is ``(inputs, opts, pattern, block_size)``; auto-dispatch takes the
 # block-wise engine from BLOCKWISE_MIN_LENGTH on, the reference below.
-ENGINES: dict[str, _op.Engine] = {
+ENGINES: dict[str, op.Engine] = {
   e.name: e
   for e in (
-    _op.Engine("reference", _reference, _op.supports_everything),
-    _op.Engine("blockwise", _blockwise, _op.supports_everything, min_length=BLOCKWISE_MIN_LENGTH),
+    op.Engine("reference", _reference, op.supports_everything),
+    op.Engine("blockwise", _blockwise, op.supports_everything, min_length=BLOCKWISE_MIN_LENGTH),
   )
 }
 IMPLEMENTATIONS: tuple[str, ...] = tuple(ENGINES)
@@ -555,9 +545,9 @@ PREFERENCES: dict[str, tuple[str, ...]] = {}
 FALLBACK: tuple[str, ...] = ("blockwise", "reference")
 
 
-def _samples() -> tuple[_op.Sample, ...]:
+def _samples() -> tuple[op.Sample, ...]:
   return (
-    _op.Sample(
+    op.Sample(
       sparse_attention,
       options=dict(pattern=patterns.sliding_window(9), block_size=8),
       stats=True,
@@ -584,14 +574,14 @@ def _samples() -> tuple[_op.Sample, ...]:
   )
 
 
-OP = _op.register(
-  _op.Op(
+OP = op.register(
+  op.Op(
     "sparse",
     ENGINES,
     PREFERENCES,
     FALLBACK,
-    empty=lambda inputs, opts, *_: _empty.dense(inputs, opts),
-    is_empty=lambda inputs, *_: _empty.is_empty(inputs.q, inputs.k),
+    empty=lambda inputs, opts, *_: empty.dense(inputs, opts),
+    is_empty=lambda inputs, *_: empty.is_empty(inputs.q, inputs.k),
     context=context,
     context_axis=lambda inputs, opts, *_: opts.context_axis,
     length=lambda inputs, *_: max(inputs.q.shape[1], inputs.k.shape[1]),
@@ -689,13 +679,13 @@ def _sparse_attention(
       f"got {type(pattern).__name__}"
     )
   block_size = validators.check_positive_int("block_size", block_size)
-  implementation = _op.check_implementation(OP, implementation, where="sparse_attention")
+  implementation = op.check_implementation(OP, implementation, where="sparse_attention")
   inputs, opts = options.validate(q, k, v, **options.forwarded(DENSE_KEYWORDS, locals()))
   if opts.context_axis is None:
     pattern.check_shape(q.shape[1], k.shape[1])
-  return _op.run(OP, (inputs, opts, pattern, block_size), implementation)
+  return op.run(OP, (inputs, opts, pattern, block_size), implementation)
 
 
 SPARSE_STATIC = ("pattern", "block_size", "implementation") + options.static(DENSE_KEYWORDS)
 
-sparse_attention = _static.jit(_sparse_attention, SPARSE_STATIC)
+sparse_attention = static.jit(_sparse_attention, SPARSE_STATIC)
