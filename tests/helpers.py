@@ -296,8 +296,10 @@ def softpick_f64(q, k, v, segment_ids):
 
 
 def run_kernel(module, inputs, opts, **options):
-  """A kernel module's engine (``module.ENGINE``) on a validated dense call, through the one
-  engine runner (``interpret=True`` runs a Pallas kernel on any backend)."""
+  """A kernel module's engine (the dense op's engine named as the module, e.g.
+  ``attnjax.kernels.pallas_gpu``) on a validated dense call, through the one engine runner
+  (``interpret=True`` runs a Pallas kernel on any backend)."""
   from attnjax._src import op
 
-  return op.run_engine(module.ENGINE, (inputs, opts), **options)
+  name = module.__name__.rsplit(".", 1)[-1]
+  return op.run_engine(op.OPS["dense"].engines[name], (inputs, opts), **options)
