@@ -141,7 +141,8 @@ class SeedGroup:
     stacked: whether the seeds train stacked (one device, checkpoints at one step);
       otherwise :meth:`run` trains them one after another.
     compiled_step: the stacked step after :meth:`run` (None before it, or when not stacked).
-    state, rest: the stacked state and non-parameter variables after :meth:`run`.
+    state: the stacked training state after :meth:`run`.
+    rest: the stacked non-parameter variables after :meth:`run`.
 
   Raises:
     ValueError: configs that differ in another key (named), or repeated run directories.

@@ -44,8 +44,8 @@ class Spread:
 
   @property
   def band(self) -> tuple[float, float]:
-    """What a plot draws: the seeds' range below 5 seeds (inside ``mean ± half``), else the
-    95% interval of the mean."""
+    """The band a plot draws, ``(low, high)``: the seeds' range below 5 seeds (inside
+    ``mean ± half``), else the 95% interval of the mean."""
     if self.n < CI_FROM:
       return min(self.values), max(self.values)
     return self.lo, self.hi

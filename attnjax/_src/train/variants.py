@@ -128,7 +128,7 @@ SINK_FREE = ("softmax_one", "sink_logits", "gated", "sigmoid", "softpick")
 def check_variants(
   setting: Any, *, key: str = "sweep.variants", empty_ok: bool = False
 ) -> list[str]:
-  """The variant names of a setting, each checked against :func:`names` (:data:`.VARIANTS`
+  """The variant names of a setting, each checked against ``names()`` (:data:`.VARIANTS`
   and the registered normalisers).
 
   The one place the experiments check their arms' variant names (compare, sinks, lr_sweep).

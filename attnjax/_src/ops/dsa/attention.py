@@ -66,7 +66,7 @@ class DSAOptions:
 
 
 def index_scores(index_q: Array, index_k: Array, index_weights: Array) -> Array:
-  """The lightning indexer ``I[t, s] = sum_h w[t, h] relu(q_I[t, h] . k_I[s])``.
+  """The lightning indexer ``I[t, s] = sum_h w[t, h] relu(<q_I[t, h], k_I[s]>)``.
 
   Args:
     index_q: ``[B, T, NI, HI]``.
@@ -334,7 +334,7 @@ def _dsa_attention(
 ):
   """Causal attention over each query's top-k keys by the lightning indexer (DSA).
 
-  The indexer scores ``I[t, s] = sum_h w[t, h] relu(q_I[t, h] . k_I[s])``; causality
+  The indexer scores ``I[t, s] = sum_h w[t, h] relu(<q_I[t, h], k_I[s]>)``; causality
   (``s <= t``) and ``segment_ids`` are applied first, then each query keeps its ``top_k``
   highest-scoring keys, ties to the lowest key index (whatever the sequence's length); all
   heads attend to the same keys, with the normaliser over them. The selection carries no
