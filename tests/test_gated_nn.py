@@ -42,7 +42,10 @@ def test_every_family_is_registered():
   assert set(CASES) == set(gated_spec.GATED_FAMILIES)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# kda in -m slow: its delta rule runs in test_delta_rule and test_hybrids' Kimi layers.
+@pytest.mark.parametrize(
+  "name", [pytest.param(n, marks=[pytest.mark.slow] if n == "kda" else []) for n in sorted(CASES)]
+)
 def test_forward_shapes_and_finite_gradients_reach_every_parameter(name):
   layer = _layer(CASES[name])
   x = _x()
@@ -73,7 +76,10 @@ def test_forward_shapes_and_finite_gradients_reach_every_parameter(name):
 # deltanet in -m slow: gated_deltanet runs the same delta-rule prefill and steps, gated.
 @pytest.mark.parametrize(
   "name",
-  [pytest.param(n, marks=[pytest.mark.slow] if n == "deltanet" else []) for n in sorted(CASES)],
+  [
+    pytest.param(n, marks=[pytest.mark.slow] if n in ("deltanet", "kda") else [])
+    for n in sorted(CASES)
+  ],
 )
 def test_prefill_then_steps_equals_the_full_forward_with_packed_documents(name):
   layer = _layer(CASES[name])
