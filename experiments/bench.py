@@ -383,7 +383,7 @@ def sparse_suite(args) -> Iterable[Case]:
   default B=1, N=8, K=1, H=64): NSA in fla's configuration (block 64, 16 selected blocks,
   window 512) and the paper's (compression 32 at stride 16, selection 64), and DSA with
   top-k 2048 (at 32768 only; indexer of 4 heads of 64 and its top-k included), each
-  forward + backward divided by the block-wise dense causal engine's. Issue 58's targets on
+  forward + backward divided by the block-wise dense causal engine's. The targets on
   a CPU: NSA at most 0.35x at 32k and 0.2x at 64k, DSA at most 0.3x at 32k. The
   "crossover T=..." rows (``--crossover-sizes``, default 2048..16384) give the length from
   which each becomes faster than dense, printed below the table; ``--memory`` adds their

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The first, short call on a lent GPU (issue 62), about 4 minutes; step limits sum to 300 s:
+# The first, short call on a lent GPU, about 4 minutes; step limits sum to 300 s:
 #
 #   1. setup/env: the carried wheels; the device and the jax version       (40 + 20 s)
 #   2. smoke:     experiments/device_smoke.py, a small mosaic_gpu causal fwd+bwd against the

@@ -1,5 +1,5 @@
-"""A small mosaic_gpu forward + backward against the reference on the local GPU (first device
-call of issue 62: catches hangs and barrier races before the long runs).
+"""A small mosaic_gpu forward + backward against the reference on the local GPU (the first device
+call: catches hangs and barrier races before the long runs).
 
   python experiments/device_smoke.py [--seq 1024] [--head-dims 64,128]
 

@@ -30,7 +30,7 @@ from test_docs_api import public_modules as documented_modules
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LIST = ROOT / "tests" / "public_api.txt"
 
-# Plumbing the issue removed from the public modules (issue 57): never public again.
+# Plumbing removed from the public modules: never public again.
 PLUMBING = {
   "attnjax.dense": [
     "DENSE_STATIC",

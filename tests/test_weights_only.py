@@ -37,7 +37,7 @@ class SSMax(normalizers.WeightsOnly):
 
 
 class ClippedSoftmax(normalizers.WeightsOnly):
-  """Bondarenko et al. 2023's clipped softmax, learned bounds (issue 61 builds its own): the
+  """Bondarenko et al. 2023's clipped softmax, learned bounds (the built-in is the online form): the
   row logsumexp makes it weights-only."""
 
   name = "clipped_softmax_test"

@@ -562,7 +562,7 @@ def context(call: tuple[_Call], implementation: Optional[str], local):
 
 
 # The longest call (max(T, S)) auto-dispatch gives the quadratic engine on a CPU. Measured with
-# /tmp/linbench.py-style timing in issue 57 (causal, B=1, N=8, H=64, fp32, CPU under load;
+# interleaved timing of both engines (causal, B=1, N=8, H=64, fp32, CPU under load;
 # quadratic / chunked time): forward 0.93x at T=16, 0.47x at 64, 0.62x at 128, 1.55x at 256;
 # gradient 0.92x, 0.83x, 0.81x, 1.25x. GPUs and TPUs keep the chunked engine (not measured).
 QUADRATIC_MAX_LENGTH_CPU = 128
