@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import attnjax
+import attnjax.kernels.pallas_gpu
 from attnjax._src import sharding as _sharding, target as _target, mods, normalizers
 from attnjax._src.ops.dense import attention as dense
 from attnjax._src.kernels import jax_nn, splash
@@ -206,7 +207,7 @@ def test_platform_kernels_run_per_shard_under_a_mesh(axis_type):
   def kernel(i, offsets):
     seen.append((i.q.shape, i.k.shape, offsets))
     if axis_type == "auto":
-      return run_kernel(pallas_gpu, i, opts, interpret=True)
+      return run_kernel(attnjax.kernels.pallas_gpu, i, opts, interpret=True)
     return dense.reference(i, opts)
 
   want = kernel(dense.prepare(q, k, v, **kw)[0], _sharding.ShardOffsets())

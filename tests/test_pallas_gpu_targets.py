@@ -75,11 +75,13 @@ def assert_kernels(text: str, normalizer: str):
   assert text.count(f'custom_call_target="{pallas_gpu.TRITON_CALL_TARGET}"') >= 3
 
 
+# The default run compiles one Ampere and one Hopper case (both dtypes, head dims 128 and 256);
+# the rest, each another compile of the same kernels, under -m slow.
 CASES = [
-  ("a100", jnp.bfloat16, 64, True),
+  pytest.param(("a100", jnp.bfloat16, 64, True), marks=pytest.mark.slow),
   ("a100", jnp.float16, 128, False),
-  ("a100", jnp.bfloat16, 256, False),
-  ("h100", jnp.bfloat16, 128, True),
+  pytest.param(("a100", jnp.bfloat16, 256, False), marks=pytest.mark.slow),
+  pytest.param(("h100", jnp.bfloat16, 128, True), marks=pytest.mark.slow),
   ("h100", jnp.bfloat16, 256, False),
 ]
 
@@ -123,8 +125,10 @@ def test_row_terms_from_tiles_compiles_with_sinks_and_counts(normalizer, monkeyp
   "normalizer,dtype,segments",
   [
     ("softmax", jnp.bfloat16, True),
-    ("sigmoid", jnp.float16, False),
-    ("softpick", jnp.bfloat16, False),
+    # Other normalisers' tiles: the same block sizes (slow; softpick's Ampere backward also
+    # compiles in test_softpick_backward_with_row_terms_from_tiles_compiles by default).
+    pytest.param("sigmoid", jnp.float16, False, marks=pytest.mark.slow),
+    pytest.param("softpick", jnp.bfloat16, False, marks=pytest.mark.slow),
   ],
   ids=["softmax-bf16-segments", "sigmoid-fp16", "softpick-bf16"],
 )

@@ -512,10 +512,10 @@ def check_tpu_step(variant: str, compiled) -> None:
 
 # Meshes: (devices, variants compiled by default, None: all; every variant in -m slow). By
 # default one variant per path a step takes to the target compiles: on an H200 the Mosaic GPU
-# kernel (dense, alone and data parallel on 8; its other normalisers, windows and sinks are
-# the kernel compiles of test_mosaic_gpu.py), the dense loop without it (alibi), and the
-# recurrent families' XLA programs (linear; the gated delta rule with its short convolution);
-# the Triton kernel on 4 A100s (sigmoid). The QK-norm projections, gla, block_select,
+# kernel (dense; its other normalisers, windows and sinks are the kernel compiles of
+# test_mosaic_gpu.py), the dense loop without it (alibi), and the recurrent families' XLA
+# programs (linear; the gated delta rule with its short convolution); the Triton kernel data
+# parallel on 4 A100s (sigmoid; data parallel on 8 H200s is another mesh of the same step). The QK-norm projections, gla, block_select,
 # compressed and dilated sparse steps compile in -m slow. On
 # TPUs: splash (dense, and the QK-norm, sink and window forms data parallel on a 4-chip v5e)
 # and the Pallas TPU kernel (ALiBi's score_mod with its slopes on the 4-chip v5e, a non-softmax
@@ -526,7 +526,7 @@ def check_tpu_step(variant: str, compiled) -> None:
 GPU_STEP_MESHES = {
   "1": (("h200", 1), ("dense", "alibi", "linear", "gated_deltanet")),
   "a100-dp4": (("a100", 4), ("sigmoid",)),
-  "dp8": (("h200", 8), ("dense",)),
+  "dp8": (("h200", 8), ()),
 }
 DENSE_KERNEL_VARIANTS = (
   "dense",

@@ -130,13 +130,13 @@ class _Tools:
 
     def issue(acc_ref):
       if a_ref is not None:
-        lhs = plgpu.transpose_ref(a_ref, (1, 0)) if trans_a else a_ref
+        lhs = a_ref.transpose((1, 0)) if trans_a else a_ref
       elif self.p.interpret:
         self.staging[...] = a
         lhs = self.staging
       else:
         lhs = a
-      plgpu.wgmma(acc_ref, lhs, plgpu.transpose_ref(b_ref, (1, 0)) if trans_b else b_ref)
+      plgpu.wgmma(acc_ref, lhs, b_ref.transpose((1, 0)) if trans_b else b_ref)
 
     if acc is not None and not self.p.interpret:
       return pl.run_state(issue)(plgpu.ACC.init(acc))
