@@ -2,17 +2,19 @@
 
 Build (from the repository root)::
 
-  pip install -e '.[docs]' && sphinx-build -W -b html docs docs/_build/html
+  pip install -e '.[docs]' && sphinx-build -W -j auto -b html docs docs/_build/html
 
 Nothing is fetched at build time (no intersphinx): references to jax, numpy, flax, optax,
 the standard library and typing are listed in ``nitpick_ignore_regex``, so that ``-W`` fails on
 any broken reference to an attnjax name. The notebooks are committed without outputs and
-executed here (myst-nb, cached under ``docs/_build/.jupyter_cache``).
+executed here, those out of date in parallel before the pages are read (jupyter-cache, whose
+cache myst-nb reads: ``docs/_build/.jupyter_cache``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import pathlib
 import sys
@@ -127,7 +129,41 @@ def _fresh_stubs(app) -> None:
   shutil.rmtree(DOCS / "api" / "_generated", ignore_errors=True)
 
 
+def _execute_stale_notebooks(app):
+  """Execute the notebooks whose cached outputs are stale, as many at a time as there are CPUs.
+
+  myst-nb's cache mode executes a stale notebook while it reads the page, one after another
+  (Sphinx's parallel reading puts the notebooks into one worker's chunk); here they run
+  beforehand through jupyter-cache's parallel executor, into the same cache, in the notebook's
+  folder as myst-nb does. myst-nb then finds them up to date; a notebook that failed here is
+  executed again by myst-nb, which reports the error and fails the build.
+  """
+  if app.config.nb_execution_mode != "cache":
+    return
+  import nbformat
+  from jupyter_cache import get_cache
+  from jupyter_cache.executors import load_executor
+
+  cache = get_cache(app.config.nb_execution_cache_path)
+  stale = []
+  for path in sorted((DOCS / "notebooks").glob("*.ipynb")):
+    try:
+      cache.match_cache_notebook(nbformat.read(path, as_version=4))
+    except KeyError:
+      stale.append(str(path.absolute()))
+  if len(stale) < 2:  # nothing to overlap: myst-nb executes it
+    return
+  for path in stale:
+    cache.add_nb_to_project(path)
+  logger = logging.getLogger("attnjax.docs")
+  logger.info("executing %d notebooks in parallel", len(stale))
+  load_executor("local-parallel", cache, logger=logger).run_and_cache(
+    filter_uris=stale, timeout=app.config.nb_execution_timeout
+  )
+
+
 def setup(app):
+  app.connect("builder-inited", _execute_stale_notebooks, priority=50)
   app.connect("builder-inited", _fresh_stubs, priority=100)
   # Before napoleon (priority 500) rewrites the lines it compares with the type's docstring.
   app.connect("autodoc-process-docstring", _no_type_docstrings, priority=100)
