@@ -515,8 +515,9 @@ def check_tpu_step(variant: str, compiled) -> None:
 # kernel (dense; its other normalisers, windows and sinks are the kernel compiles of
 # test_mosaic_gpu.py), the dense loop without it (alibi), and the recurrent families' XLA
 # programs (linear; the gated delta rule with its short convolution); the Triton kernel data
-# parallel on 4 A100s (sigmoid; data parallel on 8 H200s is another mesh of the same step). The QK-norm projections, gla, block_select,
-# compressed and dilated sparse steps compile in -m slow. On
+# parallel on 4 A100s (sigmoid; data parallel on 8 H200s is another mesh of the same step).
+# The QK-norm projections, gla, block_select, compressed and dilated sparse steps compile in
+# -m slow. On
 # TPUs: splash (dense, and the QK-norm, sink and window forms data parallel on a 4-chip v5e)
 # and the Pallas TPU kernel (ALiBi's score_mod with its slopes on the 4-chip v5e, a non-softmax
 # normaliser on 8 chips: sigmoid; every normaliser's kernel is compiled above). The other families
