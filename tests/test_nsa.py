@@ -504,6 +504,46 @@ def test_interface_reference_rows():
   np.testing.assert_allclose(lse[0, :, 0], [0, 0, 0, 4 + np.log(2), 4 + np.log(2), 0], rtol=1e-6)
 
 
+def test_block_major_forward_equals_the_interface_reference(monkeypatch):
+  # Softmax, blocks of 8, no statistics: the forward runs one key block at a time. T=21 rows
+  # in steps of 8 (a ragged last step) over keys in blocks of 8 (a partial last block); row 2
+  # names only blocks after it and block 5 (past the end): no key, zero output, lse 0.
+  calls = []
+  by_block = selected._forward_by_block
+  monkeypatch.setattr(selected, "_forward_by_block", lambda *a: calls.append(1) or by_block(*a))
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.standard_normal((2, 21, 4, 8)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((2, 21, 2, 8)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((2, 21, 2, 6)), jnp.float32)
+  idx = rng.integers(-1, 4, (2, 21, 2, 3))
+  idx[0, 2, 0] = (1, 5, 2)
+  idx = jnp.asarray(idx, jnp.int32)
+  kw = dict(block_size=8, scale=0.3)
+
+  def loss_of(fn):
+    def loss(q, k, v):
+      out, lse = fn(q, k, v)
+      ct = jnp.cos(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
+      return jnp.sum(out * ct) + jnp.sum(jnp.sin(lse)), (out, lse)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+  got_fn = lambda q, k, v: selected.run(q, k, v, idx, **kw, block_q=8)[:2]
+  want_fn = lambda q, k, v: selected_reference.selected_attention(
+    q, k, v, idx, **kw, return_lse=True
+  )
+  (_, want), want_g = loss_of(want_fn)(q, k, v)
+  (_, got), got_g = loss_of(got_fn)(q, k, v)
+  assert calls
+  np.testing.assert_array_equal(got[0][0, 2, :2], 0.0)
+  np.testing.assert_array_equal(got[1][0, 2, :2], 0.0)
+  tol = reduction_tolerance(jnp.float32, 21 * 8, depth=6)
+  assert_close((got, got_g), (want, want_g), "block-major", rtol=tol, atol=tol, scaled=True)
+  t = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+  fwd = lambda fn: jax.jit(lambda q, t: jax.jvp(lambda q: fn(q, k, v), (q,), (t,)))(q, t)
+  assert_close(fwd(got_fn), fwd(want_fn), "jvp", rtol=tol, atol=tol, scaled=True)
+
+
 def test_kernel_engines_read_the_selected_verdicts(monkeypatch):
   """NSA's Pallas engines are the selected-block kernels' (attnjax._src.kernels.selected):
   auto-dispatch asks the kernel-trust rule about selected_pallas_tpu / selected_mosaic_gpu

@@ -1,13 +1,18 @@
 """Selected-block attention by gathering: each query row attends to the key blocks it chose.
 
 The O(T)-memory engine of :func:`attnjax._src.kernels.selected_reference.selected_attention`
-(NSA's selected branch; DSA's top-k keys are blocks of one key). A ``lax.scan`` over query
-blocks gathers, per row and KV head, the ``n`` chosen blocks of keys and values
-(``[rows, K, n * block_size, H]``, the group's query heads sharing them), runs the
-normaliser on that one tile, and writes its rows; the hand-written backward regathers them
-and scatter-adds the key and value cotangents into carried accumulators (no ``[T, S]``
-array, no per-block copy of ``dk``). Differentiable in every mode (``kernels.autodiff``).
-Guide: docs/guides/sparse.md, section "Native sparse attention".
+(NSA's selected branch; DSA's top-k keys are blocks of one key), in two layouts. Row-major
+(:func:`_forward`, :func:`_backward`): a ``lax.scan`` over query blocks gathers, per row and KV
+head, the ``n`` chosen blocks of keys and values (``[rows, K, n * block_size, H]``, the
+group's query heads sharing them), runs the normaliser on that one tile and writes its rows;
+the backward regathers them and scatter-adds the key and value cotangents into carried
+accumulators. Block-major, for blocks of at least :data:`BLOCK_MAJOR_MIN` keys: the
+selections are sorted by the block they name (:func:`_by_block`) and a scan over chunks of
+one block forms ``[rows * G, block]`` tiles: the backward (:func:`_backward_by_block`) and,
+for softmax without statistics, the forward (:func:`_forward_by_block`: block sums, then the
+weighted values); other normalisers and statistics keep the row-major forward. No
+``[T, S]`` array, no per-block copy of ``dk``. Differentiable in every mode
+(``kernels.autodiff``). Guide: docs/guides/sparse.md, section "Native sparse attention".
 """
 
 from __future__ import annotations
@@ -267,8 +272,9 @@ def _backward(c: _Plan, x, nondiff, residuals, cts):
   return dq[:, : c.T].astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-# Key blocks at least this long take the block-major backward (:func:`_backward_by_block`);
-# shorter ones (DSA's single keys) the row-major one, whose per-row scatters they keep small.
+# Key blocks at least this long take the block-major backward (:func:`_backward_by_block`) and
+# softmax's block-major forward (:func:`_forward_by_block`); shorter ones (DSA's single keys)
+# the row-major ones, whose per-row scatters they keep small.
 BLOCK_MAJOR_MIN = 8
 
 
@@ -296,19 +302,13 @@ def _by_block(c: _Plan, block_idx: Array, R: int):
   keys = jnp.reshape(jnp.moveaxis(keys, 2, 1), (c.B, c.K, P))  # pair t * n + slot
   order = jnp.argsort(keys, axis=-1, stable=True).astype(jnp.int32)  # [B, K, P]
   blk = jnp.take_along_axis(keys, order, axis=-1)
-  counts = (
-    jnp.sum(keys[..., None] == jnp.arange(c.nb)[None, None, None, :], axis=2)
-    if c.nb <= 64
-    else None
-  )
-  if counts is None:
-    counts = jnp.zeros((c.B, c.K, c.nb + 1), jnp.int32)
-    bi = jnp.arange(c.B)[:, None, None]
-    ki = jnp.arange(c.K)[None, :, None]
-    counts = counts.at[bi, ki, keys].add(1)[..., : c.nb]
+  # Where each block's run starts in the sorted order, and its length (no [P, nb] array).
+  find = jax.vmap(jax.vmap(lambda a: jnp.searchsorted(a, jnp.arange(c.nb + 1, dtype=a.dtype))))
+  bounds = find(blk).astype(jnp.int32)  # [B, K, nb + 1]
+  first = bounds[..., :-1]  # its first pair in the sorted order
+  counts = bounds[..., 1:] - first
   padded = -(-counts // R) * R  # [B, K, nb]
-  start = jnp.cumsum(padded, axis=-1) - padded  # where each block's run starts
-  first = jnp.cumsum(counts, axis=-1) - counts  # its first pair in the sorted order
+  start = jnp.cumsum(padded, axis=-1) - padded  # where each block's padded run starts
   blk_c = jnp.minimum(blk, c.nb - 1)
   at = lambda table: jnp.take_along_axis(table, blk_c, axis=-1)
   dest = at(start) + jnp.arange(P, dtype=jnp.int32)[None, None, :] - at(first)
@@ -321,8 +321,123 @@ def _by_block(c: _Plan, block_idx: Array, R: int):
   # A chunk's block: the last block whose run starts at or before it.
   edges = jnp.arange(chunks, dtype=jnp.int32) * R
   ends = start + padded
-  blocks = jnp.sum(ends[..., None, :] <= edges[None, None, :, None], axis=-1)  # [B, K, chunks]
+  after = jax.vmap(jax.vmap(lambda e: jnp.searchsorted(e, edges, side="right")))
+  blocks = after(ends)  # [B, K, chunks]: runs that end at or before the chunk's start
   return pairs, jnp.minimum(blocks, c.nb).astype(jnp.int32)
+
+
+def _rows_of(c: _Plan, x: Array) -> Array:
+  """``x [B, T, N, X]`` padded to ``Tp`` rows and grouped, ``[B, Tp, K, G, X]``, in the working
+  dtype."""
+  x = jnp.pad(x.astype(c.work), [(0, 0), (0, c.Tp - c.T)] + [(0, 0)] * (x.ndim - 2))
+  return jnp.reshape(x, (c.B, c.Tp, c.K, c.G, x.shape[-1]))
+
+
+def _at_rows(a: Array, t: Array) -> Array:
+  """``a [B, Tp, K, ...]`` at the rows ``t [B, K, R]`` -> ``[B, K, R, ...]``."""
+  bi = jnp.arange(t.shape[0])[:, None, None]
+  ki = jnp.arange(t.shape[1])[None, :, None]
+  return a[bi, t, ki]
+
+
+def _block_of(blocks: Array, safe: Array) -> Array:
+  """``blocks [B, nb, bs, K, X]`` at the block ``safe [B, K]`` of each (batch, kv head) ->
+  ``[B, K, bs, X]``."""
+  b2 = jnp.arange(blocks.shape[0])[:, None]
+  k2 = jnp.arange(blocks.shape[3])[None, :]
+  return blocks[b2, safe, :, k2, :]
+
+
+def _chunk(c: _Plan, qg: Array, k_blocks: Array, pair: Array, blk: Array):
+  """One chunk of the block-major passes, ``R`` selections ``pair [B, K, R]`` of the key block
+  ``blk [B, K]``: ``(t [B, K, R], qr [B, K, R, G, H], safe [B, K], kb [B, K, bs, H],
+  allowed [B, K, R, 1, bs], z [B, K, R, G, bs])`` (a padding selection reads row 0, no key)."""
+  ok = pair < c.Tp * c.n
+  t = jnp.where(ok, pair // c.n, 0)
+  qr = _at_rows(qg, t)
+  safe = jnp.minimum(blk, c.nb - 1)
+  kb = _block_of(k_blocks, safe)
+  pos = safe[..., None] * c.bs + jnp.arange(c.bs)[None, None, :]  # [B, K, bs]
+  allowed = (pos[:, :, None, :] <= t[..., None]) & (pos[:, :, None, :] < c.S) & ok[..., None]
+  allowed = jnp.logical_and(allowed, (blk < c.nb)[..., None, None])[:, :, :, None, :]
+  z = jnp.einsum("bkrgh,bksh->bkrgs", qr, kb) * c.scale
+  return t, qr, safe, kb, allowed, z
+
+
+def _chunks(c: _Plan, block_idx: Array, R: int):
+  """:func:`_by_block`'s chunks as scan inputs, ``(pairs [chunks, B, K, R], blocks [chunks, B,
+  K])``."""
+  pairs, blocks = _by_block(c, jax.lax.stop_gradient(block_idx), R)
+  return jnp.moveaxis(pairs, 2, 0), jnp.moveaxis(blocks, 2, 0)
+
+
+def plain_softmax(nz: normalizers.Normalizer) -> bool:
+  """Whether ``nz`` is softmax itself (no null column): its weights are ``exp(z - lse)`` and
+  its residual the row's logsumexp, which :func:`_forward_by_block` computes."""
+  return type(nz) is normalizers.SoftmaxFamily and not nz.null_column
+
+
+def forward_chunk_rows(G: int) -> int:
+  """Selections per chunk of the block-major forward: ``R`` rows of ``G`` heads, ~2048 rows
+  (larger tiles than the backward's: its two passes are fewer and longer scan steps)."""
+  return max(8, min(256, 2048 // max(G, 1)))
+
+
+def _forward_by_block(c: _Plan, x, nondiff):
+  """Softmax's forward one key block at a time, in two passes over :func:`_by_block`'s chunks.
+
+  Pass 1 forms each chunk's ``[R G, block]`` logits and writes, per selection and head, the
+  maximum and the sum of ``exp(z - max)`` over the block into ``[B, K, Tp n, G]`` arrays
+  (one entry per (row, slot)); a row's ``n`` slots then combine into its logsumexp. Pass 2
+  forms the logits again, weights them by ``exp(z - lse)`` and scatter-adds each chunk's
+  ``[R G, Hv]`` product into the rows' outputs. Returns what :func:`_forward` returns without
+  statistics (the residual ``log_norm`` is the row's logsumexp, 0 for a row with no key).
+  """
+  q, k, v = x
+  (block_idx,) = nondiff
+  xs = _chunks(c, block_idx, forward_chunk_rows(c.G))
+  qg = _rows_of(c, q)  # [B, Tp, K, G, H]
+  k_blocks, v_blocks = _blocks(c, k), _blocks(c, v)  # [B, nb, bs, K, X]
+  bi = jnp.arange(c.B)[:, None, None]
+  ki = jnp.arange(c.K)[None, :, None]
+  P = c.Tp * c.n
+
+  def block_sums(carry, xs):
+    m_pairs, s_pairs = carry
+    pair, blk = xs
+    _, _, _, _, allowed, z = _chunk(c, qg, k_blocks, pair, blk)
+    zm = jnp.where(allowed, z, -jnp.inf)
+    m = jax.lax.stop_gradient(jnp.max(zm, axis=-1))  # [B, K, R, G]
+    s = jnp.sum(jnp.exp(zm - jnp.where(jnp.isfinite(m), m, 0.0)[..., None]), axis=-1)
+    m_pairs = m_pairs.at[bi, ki, pair].set(m, mode="drop")  # padding (pair P): dropped
+    s_pairs = s_pairs.at[bi, ki, pair].set(s, mode="drop")
+    return (m_pairs, s_pairs), None
+
+  init = (jnp.full((c.B, c.K, P, c.G), -jnp.inf, c.work), jnp.zeros((c.B, c.K, P, c.G), c.work))
+  (m_pairs, s_pairs), _ = jax.lax.scan(block_sums, init, xs)
+  m = jnp.reshape(m_pairs, (c.B, c.K, c.Tp, c.n, c.G))
+  s = jnp.reshape(s_pairs, (c.B, c.K, c.Tp, c.n, c.G))
+  m_row = jnp.max(m, axis=3)  # [B, K, Tp, G]
+  has_key = m_row > -jnp.inf
+  m_row = jnp.where(has_key, m_row, 0.0)
+  s_row = jnp.sum(s * jnp.exp(m - m_row[:, :, :, None]), axis=3)
+  lse = m_row + jnp.log(jnp.where(s_row > 0, s_row, 1.0))
+  lse32 = jnp.moveaxis(jnp.where(has_key, lse, 0.0), 1, 2)  # [B, Tp, K, G]
+
+  def weighted_values(out, xs):
+    pair, blk = xs
+    t, _, safe, _, allowed, z = _chunk(c, qg, k_blocks, pair, blk)
+    lse_r = _at_rows(lse32, t)[..., None]  # [B, K, R, G, 1]
+    w = jnp.exp(jnp.where(allowed, z, -jnp.inf) - lse_r)
+    pv = jnp.einsum("bkrgs,bksh->bkrgh", w, _block_of(v_blocks, safe))
+    return out.at[bi, t, ki].add(pv), None
+
+  out32, _ = jax.lax.scan(weighted_values, jnp.zeros((c.B, c.Tp, c.K, c.G, c.Hv), c.work), xs)
+  out = jnp.reshape(out32[:, : c.T], (c.B, c.T, c.N, c.Hv)).astype(q.dtype)
+  lse_out = jnp.reshape(lse32[:, : c.T], (c.B, c.T, c.N))
+  # [B, Tp, K, G] -> [nq, B, tq, K, G, 1], the row-major forward's residual layout.
+  log_norm = jnp.moveaxis(jnp.reshape(lse32, (c.B, c.nq, c.tq, c.K, c.G, 1)), 1, 0)
+  return (out, lse_out, None), (out32, lse32, {"log_norm": log_norm})
 
 
 def _backward_by_block(c: _Plan, x, nondiff, residuals, cts):
@@ -339,12 +454,10 @@ def _backward_by_block(c: _Plan, x, nondiff, residuals, cts):
   out32, lse32, res_all = residuals
   d_out, d_lse = cts[0], cts[1]
   nz = c.nz
-  R = chunk_rows(c.G)
-  pairs, blocks = _by_block(c, jax.lax.stop_gradient(block_idx), R)
-  pad = lambda x: jnp.pad(x, [(0, 0), (0, c.Tp - c.T)] + [(0, 0)] * (x.ndim - 2))
-  qg = jnp.reshape(pad(q.astype(c.work)), (c.B, c.Tp, c.K, c.G, c.H))
-  do = jnp.reshape(pad(d_out.astype(c.work)), (c.B, c.Tp, c.K, c.G, c.Hv))
-  g_lse = jnp.reshape(pad(d_lse.astype(c.work)), (c.B, c.Tp, c.K, c.G, 1))
+  xs = _chunks(c, block_idx, chunk_rows(c.G))
+  qg = _rows_of(c, q)
+  do = _rows_of(c, d_out)
+  g_lse = _rows_of(c, d_lse[..., None])
   row_dot = jnp.sum(do * out32, axis=-1, keepdims=True)  # [B, Tp, K, G, 1]
   # The forward's residual rows, [nq, B, tq, K, G, 1] -> [B, Tp, K, G, 1].
   res_rows = {
@@ -356,22 +469,14 @@ def _backward_by_block(c: _Plan, x, nondiff, residuals, cts):
   ki = jnp.arange(c.K)[None, :, None]
   b2 = jnp.arange(c.B)[:, None]
   k2 = jnp.arange(c.K)[None, :]
-  P = c.Tp * c.n
 
   def step(carry, xs):
     dq, dk_blocks, dv_blocks = carry
     pair, blk = xs  # [B, K, R], [B, K]
-    ok = pair < P
-    t = jnp.where(ok, pair // c.n, 0)  # [B, K, R]
-    rows = lambda a: a[bi, t, ki]  # [B, Tp, K, ...] -> [B, K, R, ...]
-    qr, dor = rows(qg), rows(do)  # [B, K, R, G, X]
-    safe = jnp.minimum(blk, c.nb - 1)
-    kb = k_blocks[b2, safe, :, k2, :]  # [B, K, bs, H]
-    vb = v_blocks[b2, safe, :, k2, :]
-    pos = safe[..., None] * c.bs + jnp.arange(c.bs)[None, None, :]  # [B, K, bs]
-    allowed = (pos[:, :, None, :] <= t[..., None]) & (pos[:, :, None, :] < c.S) & ok[..., None]
-    allowed = jnp.logical_and(allowed, (blk < c.nb)[..., None, None])[:, :, :, None, :]
-    z = jnp.einsum("bkrgh,bksh->bkrgs", qr, kb) * c.scale  # [B, K, R, G, bs]
+    t, qr, safe, kb, allowed, z = _chunk(c, qg, k_blocks, pair, blk)
+    rows = lambda a: _at_rows(a, t)  # [B, Tp, K, ...] -> [B, K, R, ...]
+    dor = rows(do)  # [B, K, R, G, Hv]
+    vb = _block_of(v_blocks, safe)
     dp = jnp.einsum("bkrgh,bksh->bkrgs", dor, vb)
     res = {name: rows(r) for name, r in res_rows.items()}
     g = rows(g_lse)
@@ -395,7 +500,6 @@ def _backward_by_block(c: _Plan, x, nondiff, residuals, cts):
     jnp.zeros((c.B, c.nb, c.bs, c.K, c.H), c.work),
     jnp.zeros((c.B, c.nb, c.bs, c.K, c.Hv), c.work),
   )
-  xs = (jnp.moveaxis(pairs, 2, 0), jnp.moveaxis(blocks, 2, 0))
   (dq, dk, dv), _ = jax.lax.scan(step, init, xs)
   dq = jnp.reshape(dq[:, : c.T], (c.B, c.T, c.N, c.H))
   dk = jnp.reshape(dk, (c.B, c.nb * c.bs, c.K, c.H))[:, : c.S]
@@ -427,12 +531,15 @@ def run(
   """
   c = _Plan(q, k, v, block_idx, block_size, scale, normalizer, block_q, distinct)
 
+  block_major = c.bs >= BLOCK_MAJOR_MIN
+
   def forward(x, nondiff):
-    (out, lse, rows), residuals = _forward(c, x, nondiff, return_stats)
-    return (out, lse, rows), residuals
+    if block_major and plain_softmax(c.nz) and not return_stats:
+      return _forward_by_block(c, x, nondiff)
+    return _forward(c, x, nondiff, return_stats)
 
   def backward(x, nondiff, residuals, cts):
-    if c.bs >= BLOCK_MAJOR_MIN:
+    if block_major:
       return _backward_by_block(c, x, nondiff, residuals, cts)
     return _backward(c, x, nondiff, residuals, cts)
 
@@ -458,8 +565,8 @@ def selected_attention(
   interpret: bool = False,
   return_lse: bool = False,
 ):
-  """:func:`attnjax._src.kernels.selected_reference.selected_attention`, gathered per query
-  row in O(T) memory (same arguments; ``interpret`` is accepted and ignored)."""
+  """:func:`attnjax._src.kernels.selected_reference.selected_attention` by gathering in O(T)
+  memory, :func:`run` (same arguments; ``interpret`` is accepted and ignored)."""
   del interpret
   selected_reference.check_inputs(q, k, v, block_idx, block_size=block_size)
   out, lse, _ = run(q, k, v, block_idx, block_size=block_size, scale=scale, normalizer=normalizer)
