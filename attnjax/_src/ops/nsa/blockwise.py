@@ -117,8 +117,12 @@ def selection(q: Array, k_c: Array, opts: rules.NSAOptions, num_keys: int) -> Ar
       allowed = jnp.broadcast_to((ends[None, :] <= pos[:, None])[None, None, None], z.shape)
       w, _ = nz.weights(z, allowed)
       w = jnp.where(allowed, w, 0.0)
+      # The group's heads first (the map is linear), summed as a product with ones: XLA:CPU
+      # reduces over this non-minor axis at half the speed (at T=32768, C=512, G=8: the
+      # pass took 1.57 s with jnp.sum, its weights and sum 1.29 s of it against 0.64 s).
+      heads = jnp.einsum("bkgtc,g->bktc", w, jnp.ones((w.shape[2],), w.dtype))
       scores = rules.selection_scores(
-        jnp.sum(w, axis=2),  # the group's heads first: the map is linear
+        heads,
         block_length=o.block_length,
         stride=o.stride,
         selection_block=o.selection_block,
