@@ -9,10 +9,10 @@ the backward regathers them and scatter-adds the key and value cotangents into c
 accumulators. Block-major, for blocks of at least :data:`BLOCK_MAJOR_MIN` keys: the
 selections are sorted by the block they name (:func:`_by_block`) and a scan over chunks of
 one block forms ``[rows * G, block]`` tiles: the backward (:func:`_backward_by_block`) and,
-for softmax without statistics, the forward (:func:`_forward_by_block`: block sums, then the
-weighted values); other normalisers and statistics keep the row-major forward. No
-``[T, S]`` array, no per-block copy of ``dk``. Differentiable in every mode
-(``kernels.autodiff``). Guide: docs/guides/sparse.md, section "Native sparse attention".
+for softmax without statistics, the forward (:func:`_forward_by_block`: an online softmax
+per row, read and written at each chunk's rows); other normalisers and statistics keep the
+row-major forward. No ``[T, S]`` array, no per-block copy of ``dk``. Differentiable in
+every mode (``kernels.autodiff``). Guide: docs/guides/sparse.md, section "Native sparse attention".
 """
 
 from __future__ import annotations
@@ -381,19 +381,19 @@ def plain_softmax(nz: normalizers.Normalizer) -> bool:
 
 def forward_chunk_rows(G: int) -> int:
   """Selections per chunk of the block-major forward: ``R`` rows of ``G`` heads, ~2048 rows
-  (larger tiles than the backward's: its two passes are fewer and longer scan steps)."""
+  (larger tiles than the backward's: fewer, longer scan steps)."""
   return max(8, min(256, 2048 // max(G, 1)))
 
 
 def _forward_by_block(c: _Plan, x, nondiff):
-  """Softmax's forward one key block at a time, in two passes over :func:`_by_block`'s chunks.
+  """Softmax's forward one key block at a time in one pass over :func:`_by_block`'s chunks.
 
-  Pass 1 forms each chunk's ``[R G, block]`` logits and writes, per selection and head, the
-  maximum and the sum of ``exp(z - max)`` over the block into ``[B, K, Tp n, G]`` arrays
-  (one entry per (row, slot)); a row's ``n`` slots then combine into its logsumexp. Pass 2
-  forms the logits again, weights them by ``exp(z - lse)`` and scatter-adds each chunk's
-  ``[R G, Hv]`` product into the rows' outputs. Returns what :func:`_forward` returns without
-  statistics (the residual ``log_norm`` is the row's logsumexp, 0 for a row with no key).
+  Each row carries a running maximum, sum and weighted-value accumulator (online softmax):
+  a chunk reads them at its rows, forms its ``[R G, block]`` logits once, rescales and adds
+  its block, and writes them back (a row appears at most once in a chunk: its slots name
+  distinct blocks; padding selections write to a spare row ``Tp``). Returns what
+  :func:`_forward` returns without statistics (the residual ``log_norm`` is the row's
+  logsumexp, 0 for a row with no key).
   """
   q, k, v = x
   (block_idx,) = nondiff
@@ -404,40 +404,38 @@ def _forward_by_block(c: _Plan, x, nondiff):
   ki = jnp.arange(c.K)[None, :, None]
   P = c.Tp * c.n
 
-  def block_sums(carry, xs):
-    m_pairs, s_pairs = carry
-    pair, blk = xs
-    _, _, _, _, allowed, z = _chunk(c, qg, k_blocks, pair, blk)
-    zm = jnp.where(allowed, z, -jnp.inf)
-    m = jax.lax.stop_gradient(jnp.max(zm, axis=-1))  # [B, K, R, G]
-    s = jnp.sum(jnp.exp(zm - jnp.where(jnp.isfinite(m), m, 0.0)[..., None]), axis=-1)
-    m_pairs = m_pairs.at[bi, ki, pair].set(m, mode="drop")  # padding (pair P): dropped
-    s_pairs = s_pairs.at[bi, ki, pair].set(s, mode="drop")
-    return (m_pairs, s_pairs), None
-
-  init = (jnp.full((c.B, c.K, P, c.G), -jnp.inf, c.work), jnp.zeros((c.B, c.K, P, c.G), c.work))
-  (m_pairs, s_pairs), _ = jax.lax.scan(block_sums, init, xs)
-  m = jnp.reshape(m_pairs, (c.B, c.K, c.Tp, c.n, c.G))
-  s = jnp.reshape(s_pairs, (c.B, c.K, c.Tp, c.n, c.G))
-  m_row = jnp.max(m, axis=3)  # [B, K, Tp, G]
-  has_key = m_row > -jnp.inf
-  m_row = jnp.where(has_key, m_row, 0.0)
-  s_row = jnp.sum(s * jnp.exp(m - m_row[:, :, :, None]), axis=3)
-  lse = m_row + jnp.log(jnp.where(s_row > 0, s_row, 1.0))
-  lse32 = jnp.moveaxis(jnp.where(has_key, lse, 0.0), 1, 2)  # [B, Tp, K, G]
-
-  def weighted_values(out, xs):
+  def step(carry, xs):
+    m_rows, s_rows, acc_rows = carry
     pair, blk = xs
     t, _, safe, _, allowed, z = _chunk(c, qg, k_blocks, pair, blk)
-    lse_r = _at_rows(lse32, t)[..., None]  # [B, K, R, G, 1]
-    w = jnp.exp(jnp.where(allowed, z, -jnp.inf) - lse_r)
-    pv = jnp.einsum("bkrgs,bksh->bkrgh", w, _block_of(v_blocks, safe))
-    return out.at[bi, t, ki].add(pv), None
+    rows = jnp.where(pair < P, t, c.Tp)  # [B, K, R]: padding -> the spare row
+    m_old, s_old = _at_rows(m_rows, rows), _at_rows(s_rows, rows)  # [B, K, R, G]
+    zm = jnp.where(allowed, z, -jnp.inf)
+    m_new = jnp.maximum(m_old, jnp.max(zm, axis=-1))
+    m_ref = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    e = jnp.exp(zm - m_ref[..., None])  # [B, K, R, G, bs], 0 where not allowed
+    alpha = jnp.exp(m_old - m_ref)  # 0 for a row's first block
+    pv = jnp.einsum("bkrgs,bksh->bkrgh", e, _block_of(v_blocks, safe))
+    acc = _at_rows(acc_rows, rows) * alpha[..., None] + pv
+    m_rows = m_rows.at[bi, rows, ki].set(m_new)
+    s_rows = s_rows.at[bi, rows, ki].set(s_old * alpha + jnp.sum(e, axis=-1))
+    acc_rows = acc_rows.at[bi, rows, ki].set(acc)
+    return (m_rows, s_rows, acc_rows), None
 
-  out32, _ = jax.lax.scan(weighted_values, jnp.zeros((c.B, c.Tp, c.K, c.G, c.Hv), c.work), xs)
+  rows = (c.B, c.Tp + 1, c.K, c.G)
+  init = (
+    jnp.full(rows, -jnp.inf, c.work),
+    jnp.zeros(rows, c.work),
+    jnp.zeros(rows + (c.Hv,), c.work),
+  )
+  (m, s, acc), _ = jax.lax.scan(step, init, xs)
+  m, s, acc = m[:, : c.Tp], s[:, : c.Tp], acc[:, : c.Tp]
+  has_key = m > -jnp.inf
+  s_safe = jnp.where(s > 0, s, 1.0)
+  lse32 = jnp.where(has_key, m + jnp.log(s_safe), 0.0)  # [B, Tp, K, G]
+  out32 = jnp.where(has_key[..., None], acc / s_safe[..., None], 0.0)
   out = jnp.reshape(out32[:, : c.T], (c.B, c.T, c.N, c.Hv)).astype(q.dtype)
   lse_out = jnp.reshape(lse32[:, : c.T], (c.B, c.T, c.N))
-  # [B, Tp, K, G] -> [nq, B, tq, K, G, 1], the row-major forward's residual layout.
   log_norm = jnp.moveaxis(jnp.reshape(lse32, (c.B, c.nq, c.tq, c.K, c.G, 1)), 1, 0)
   return (out, lse_out, None), (out32, lse32, {"log_norm": log_norm})
 
