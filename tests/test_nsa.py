@@ -314,6 +314,25 @@ def test_blockwise_equals_reference_for_every_normalizer(normalizer):
   )
 
 
+def test_a_normaliser_with_row_passes_in_every_branch():
+  """Clipped softmax (its log-normaliser before the first key, its backward row term over
+  every key) in all three branches: the selected branch runs it row-major, where a tile holds
+  each row's every selected key."""
+  q, k, v, gates, comp = _inputs()
+
+  def fn(impl, q, k, v, gates):
+    kw = dict(compressor=comp, normalizer="clipped_softmax", implementation=impl, **CFG)
+    return nsa_attention(q, k, v, gates, return_stats=True, **kw)
+
+  want = _outputs_and_grads(functools.partial(fn, "reference"), q, k, v, gates)
+  got = _outputs_and_grads(functools.partial(fn, "blockwise"), q, k, v, gates)
+  tol = reduction_tolerance(jnp.float32, T * H, depth=8)
+  assert_close(got, want, "clipped_softmax", rtol=tol, atol=tol, scaled=True)
+  plain = dict(compressor=comp, normalizer="clipped_softmax", **CFG)  # no statistics
+  got = nsa_attention(q, k, v, gates, implementation="blockwise", **plain)
+  assert_close(got, want[0][0], "clipped_softmax, no statistics", rtol=tol, atol=tol, scaled=True)
+
+
 def test_gradients_at_a_fixed_selection():
   # Every block selected: the selection cannot move under the finite differences. The
   # reference computes in float64 (the block-wise engine's dense kernel in float32: its

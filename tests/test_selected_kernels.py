@@ -29,6 +29,13 @@ from helpers import reduction_tolerance
 
 NORMS = normalizers.NORMALIZERS
 MERGEABLE = tuple(n for n in NORMS if normalizers.REGISTRY[n].mergeable)
+# Normalisers with row pre-passes (clipped softmax): every selected-block kernel refuses them
+# (test_kernels_refuse_normalisers_with_row_passes).
+ROW_PASSES = tuple(
+  n
+  for n in NORMS
+  if normalizers.REGISTRY[n].needs_lse or not normalizers.REGISTRY[n].row_dot_of_output
+)
 
 
 def reference(q, k, v, block_idx, *, block_size, scale, normalizer):
@@ -247,11 +254,28 @@ def test_the_reference_of_part_a_agrees():
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+@pytest.mark.parametrize("normalizer", ROW_PASSES)
+def test_kernels_refuse_normalisers_with_row_passes(platform, normalizer):
+  """A normaliser whose log-normaliser comes before its first key and whose backward row term
+  sums over every key (clipped softmax) is refused by name: the kernels run neither pass, and
+  NSA / DSA take the block-wise engine for it."""
+  q, k, v, ids = inputs()
+  kw = dict(block_size=8, scale=0.25, normalizer=normalizer, interpret=True)
+  reasons = selected.unsupported(platform, q, k, v, ids, **kw)
+  assert any(f"normalizer={normalizer!r}" in r for r in reasons), reasons
+  call = selected.pallas_tpu if platform == "tpu" else selected.mosaic_gpu
+  with pytest.raises(ValueError, match=f"normalizer={normalizer!r}"):
+    call(q, k, v, ids, **kw)
+
+
 # ---------------------------------------------------------------------------
 # Pallas TPU kernels in interpret mode.
 
 TPU_CASES = [("query", "softmax"), ("kv", "softmax")]
-SLOW_TPU_CASES = [("query", n) for n in NORMS if n != "softmax"] + [("kv", "softmax_one")]
+SLOW_TPU_CASES = [("query", n) for n in NORMS if n not in ("softmax",) + ROW_PASSES] + [
+  ("kv", "softmax_one")
+]
 
 
 def _tpu_case(order, normalizer, monkeypatch):
@@ -361,7 +385,7 @@ def test_mosaic_gpu_interpret(order, normalizer):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "order,normalizer", [("query", n) for n in NORMS] + [("kv", "softmax_one")]
+  "order,normalizer", [("query", n) for n in NORMS if n not in ROW_PASSES] + [("kv", "softmax_one")]
 )
 def test_mosaic_gpu_interpret_every_normaliser(order, normalizer):
   check_gpu_kernels(order, normalizer)

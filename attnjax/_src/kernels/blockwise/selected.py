@@ -113,11 +113,14 @@ def _logits(c: _Plan, qb: Array, kg: Array) -> Array:
   return jnp.einsum("btkgh,btklh->btkgl", qb, kg) * c.scale
 
 
-def _row_inputs(c: _Plan, allowed: Array) -> dict:
+def _row_inputs(c: _Plan, z: Array, allowed: Array) -> dict:
+  """The row terms of a row-major tile, which holds every key of its rows (a ``needs_lse``
+  normaliser's log-normaliser is the tile's)."""
   counts = None
   if c.nz.needs_counts:
     counts = jnp.sum(allowed, axis=-1, keepdims=True, dtype=c.work)
-  return c.nz.row_inputs(None, counts)
+  terms = normalizers.row_softmax_terms(z, allowed) if c.nz.needs_lse else None
+  return c.nz.row_inputs(None, counts, terms)
 
 
 def _plain_lse(z: Array, allowed: Array) -> Array:
@@ -181,7 +184,7 @@ def _forward(c: _Plan, x, nondiff, stats: bool):
     qb, safe, allowed, pos = _tile(c, q, idx_all, i)
     kg, vg = _gather(c, k_blocks, safe), _gather(c, v_blocks, safe)
     z = _logits(c, qb, kg)
-    row = _row_inputs(c, allowed)
+    row = _row_inputs(c, z, allowed)
     rows = (c.B, c.tq, c.K, c.G, 1)
     st = nz.init(rows, rows[:-1] + (c.Hv,), False)
     pv = lambda w: jnp.einsum("btkgl,btklh->btkgh", w, vg)
@@ -241,7 +244,11 @@ def _backward(c: _Plan, x, nondiff, residuals, cts):
     do = jax.lax.dynamic_slice_in_dim(d_out, t0, c.tq, axis=1)
     o = jax.lax.dynamic_slice_in_dim(out32, t0, c.tq, axis=1)
     dp = jnp.einsum("btkgh,btklh->btkgl", do, vg)
-    row_dot = jnp.sum(do * o, axis=-1, keepdims=True) if nz.reads_row_dot else None
+    row_dot = None
+    if nz.reads_row_dot and nz.row_dot_of_output:
+      row_dot = jnp.sum(do * o, axis=-1, keepdims=True)
+    elif nz.reads_row_dot:  # the normaliser's own row term, over the tile (the whole row)
+      row_dot = nz.row_dot_tile(z, allowed, dp, res)
     g_lse = jax.lax.dynamic_slice_in_dim(d_lse, t0, c.tq, axis=1)
     if nz.softmax_like:  # the logsumexp is the normaliser's
       w, dz = nz.tile_backward(z, allowed, dp, res, row_dot, g_lse)
@@ -531,7 +538,10 @@ def run(
   """
   c = _Plan(q, k, v, block_idx, block_size, scale, normalizer, block_q, distinct)
 
-  block_major = c.bs >= BLOCK_MAJOR_MIN
+  # Block-major tiles hold one block of a row: a normaliser with row pre-passes (its
+  # log-normaliser, its backward row term over every key) keeps the row-major layout.
+  row_passes = c.nz.needs_lse or not c.nz.row_dot_of_output
+  block_major = c.bs >= BLOCK_MAJOR_MIN and not row_passes
 
   def forward(x, nondiff):
     if block_major and plain_softmax(c.nz) and not return_stats:

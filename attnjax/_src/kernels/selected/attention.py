@@ -86,7 +86,21 @@ def unsupported(platform: str, q, k, v, block_idx, **kw) -> list[str]:
   """Reasons ``platform``'s kernels cannot run a call ([] = they can); the call's own errors
   (shapes, dtypes, options) raise instead."""
   plan = plan_call(platform, q, k, v, block_idx, **kw)
-  return PLATFORMS[platform].unsupported(plan, q.dtype)
+  return refusals(plan, PLATFORMS[platform], q.dtype)
+
+
+def refusals(p: Plan, kernels, dtype) -> list[str]:
+  """What ``kernels`` (a platform's module) refuse of the planned call: its own
+  ``unsupported`` reasons, and a normaliser with row pre-passes, which no selected-block
+  kernel runs."""
+  reasons = list(kernels.unsupported(p, dtype))
+  if p.nz.needs_lse or not p.nz.row_dot_of_output:
+    reasons.append(
+      f"normalizer={p.normalizer!r}, which needs each row's log-normaliser before its first "
+      "block and its backward row term summed over the blocks (the selected-block kernels "
+      "run neither pre-pass; 'blockwise' and 'reference' do)"
+    )
+  return reasons
 
 
 def _forward(kernels, p: Plan, q, k, v, block_idx):
@@ -148,7 +162,7 @@ def _backward(kernels, p: Plan, q, k, v, blocks, out, res, d_out, d_lse):
 def _run(platform: str, q, k, v, block_idx, **kw):
   p = plan_call(platform, q, k, v, block_idx, **kw)
   kernels = PLATFORMS[platform]
-  reasons = kernels.unsupported(p, q.dtype)
+  reasons = refusals(p, kernels, q.dtype)
   if reasons:
     raise ValueError(
       f"selected-block attention on {platform} does not support " + "; ".join(reasons)
