@@ -1,18 +1,14 @@
 """Selected-block attention by gathering: each query row attends to the key blocks it chose.
 
 The O(T)-memory engine of :func:`attnjax._src.kernels.selected_reference.selected_attention`
-(NSA's selected branch; DSA's top-k keys are blocks of one key), in two layouts. Row-major
-(:func:`_forward`, :func:`_backward`): a ``lax.scan`` over query blocks gathers, per row and KV
-head, the ``n`` chosen blocks of keys and values (``[rows, K, n * block_size, H]``, the
-group's query heads sharing them), runs the normaliser on that one tile and writes its rows;
-the backward regathers them and scatter-adds the key and value cotangents into carried
-accumulators. Block-major, for blocks of at least :data:`BLOCK_MAJOR_MIN` keys: the
-selections are sorted by the block they name (:func:`_by_block`) and a scan over chunks of
-one block forms ``[rows * G, block]`` tiles: the backward (:func:`_backward_by_block`) and,
-for softmax without statistics, the forward (:func:`_forward_by_block`: an online softmax
-per row, read and written at each chunk's rows); other normalisers and statistics keep the
-row-major forward. No ``[T, S]`` array, no per-block copy of ``dk``. Differentiable in
-every mode (``kernels.autodiff``). Guide: docs/guides/sparse.md, section "Native sparse attention".
+(NSA's selected branch; DSA's top-k keys are blocks of one key). Row-major (:func:`_forward`,
+:func:`_backward`): a scan over query blocks gathers each row's ``n`` blocks per KV head and
+runs the normaliser on that tile. Block-major, for blocks of :data:`BLOCK_MAJOR_MIN` keys or
+more: the selections sorted by the block they name (:func:`_by_block`) form ``[rows * G,
+block]`` tiles, for the backward and for softmax's forward without statistics (an online
+softmax per row); normalisers with row pre-passes stay row-major. No ``[T, S]`` array.
+Differentiable in every mode (``kernels.autodiff``). Guide: docs/guides/sparse.md, section
+"Native sparse attention".
 """
 
 from __future__ import annotations
