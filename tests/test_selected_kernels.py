@@ -31,11 +31,7 @@ NORMS = normalizers.NORMALIZERS
 MERGEABLE = tuple(n for n in NORMS if normalizers.REGISTRY[n].mergeable)
 # Normalisers with row pre-passes (clipped softmax): every selected-block kernel refuses them
 # (test_kernels_refuse_normalisers_with_row_passes).
-ROW_PASSES = tuple(
-  n
-  for n in NORMS
-  if normalizers.REGISTRY[n].needs_lse or not normalizers.REGISTRY[n].row_dot_of_output
-)
+ROW_PASSES = tuple(n for n in NORMS if normalizers.REGISTRY[n].row_passes)
 
 
 def reference(q, k, v, block_idx, *, block_size, scale, normalizer):

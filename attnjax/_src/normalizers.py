@@ -258,6 +258,13 @@ class Normalizer:
     return f"<normalizer {self.name!r}>"
 
   @property
+  def row_passes(self) -> bool:
+    """Whether engines must run a pass over a row's key blocks before its tiles: the
+    log-normaliser first (``needs_lse``), or the backward's row term summed over the tiles
+    (not ``row_dot_of_output``). Kernels without those passes refuse the normaliser."""
+    return self.needs_lse or not self.row_dot_of_output
+
+  @property
   def weights_only(self) -> bool:
     """Written as its weights alone (:class:`WeightsOnly`): no tile interface, so the
     Pallas kernels refuse it and the block-wise engine runs it in two passes."""

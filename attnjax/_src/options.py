@@ -239,7 +239,7 @@ def array_refusals(name: str, inputs: DenseInputs, opts: DenseOptions, takes: st
   ``takes`` its structure otherwise) and a non-dot similarity."""
   reasons = []
   nz = normalizers.get(opts.normalizer)
-  if (nz.needs_lse or not nz.row_dot_of_output) and name not in ROW_PASS_KERNELS:
+  if nz.row_passes and name not in ROW_PASS_KERNELS:
     reasons.append(
       f"normalizer={opts.normalizer!r}, which needs each row's log-normaliser before its "
       f"first tile and its backward row term summed over the tiles ({name} runs neither "

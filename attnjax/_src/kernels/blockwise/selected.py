@@ -536,8 +536,7 @@ def run(
 
   # Block-major tiles hold one block of a row: a normaliser with row pre-passes (its
   # log-normaliser, its backward row term over every key) keeps the row-major layout.
-  row_passes = c.nz.needs_lse or not c.nz.row_dot_of_output
-  block_major = c.bs >= BLOCK_MAJOR_MIN and not row_passes
+  block_major = c.bs >= BLOCK_MAJOR_MIN and not c.nz.row_passes
 
   def forward(x, nondiff):
     if block_major and plain_softmax(c.nz) and not return_stats:

@@ -94,7 +94,7 @@ def refusals(p: Plan, kernels, dtype) -> list[str]:
   ``unsupported`` reasons, and a normaliser with row pre-passes, which no selected-block
   kernel runs."""
   reasons = list(kernels.unsupported(p, dtype))
-  if p.nz.needs_lse or not p.nz.row_dot_of_output:
+  if p.nz.row_passes:
     reasons.append(
       f"normalizer={p.normalizer!r}, which needs each row's log-normaliser before its first "
       "block and its backward row term summed over the blocks (the selected-block kernels "
