@@ -259,9 +259,11 @@ class Normalizer:
 
   @property
   def row_passes(self) -> bool:
-    """Whether engines must run a pass over a row's key blocks before its tiles: the
-    log-normaliser first (``needs_lse``), or the backward's row term summed over the tiles
-    (not ``row_dot_of_output``). Kernels without those passes refuse the normaliser."""
+    """Whether engines must run a pass over a row's key blocks before its tiles.
+
+    That pass finds the log-normaliser first (``needs_lse``), or sums the backward's row
+    term over the tiles (not ``row_dot_of_output``). Kernels without those passes refuse
+    the normaliser."""
     return self.needs_lse or not self.row_dot_of_output
 
   @property
