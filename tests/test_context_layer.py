@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from attnjax import nn
 from attnjax._src.nn import _context
-from helpers import assert_close
+from helpers import assert_close, reduction_tolerance
 
 AXES = ("data", "fsdp", "tensor", "context")
 B, T, D = 4, 64, 32
@@ -113,7 +113,10 @@ def test_layer_shards_the_sequence_and_matches(case):
     assert "all_gather" in jaxpr and "ppermute" not in jaxpr
   assert_close(y1, y0, scaled=True)
   np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5, atol=1e-4)  # a sum of B*T*D terms
-  assert_close(g1, g0, rtol=1e-4, atol=5e-6, scaled=True)
+  # A projection's gradient sums B*T tokens, each a sum over up to T positions (the ring's
+  # rows, the recurrence's state): two reductions of B*T*T terms in another order.
+  tol = reduction_tolerance(jnp.float32, B * T * T, depth=2)
+  assert_close(g1, g0, rtol=1e-4, atol=tol, scaled=True)
 
 
 def test_sown_statistics_match_under_context_parallelism():
