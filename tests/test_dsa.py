@@ -5,6 +5,7 @@ gradients (the indexer's only) and bad input."""
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,15 @@ def test_indexer_scores_and_selection_match_brute_force():
       row = [int(s) for s in np.asarray(got[b, t]) if s >= 0]
       assert row == keys, (b, t, row, keys)
       assert all(s == -1 for s in np.asarray(got[b, t])[len(keys) :])
+
+
+def test_selection_scores_only_the_keys_each_segment_can_see():
+  # T = 24 in blocks of 3 rows: eight blocks in four segments of two, whose rows see at most
+  # 6, 12, 18 and 24 keys; the indexer's dot products take exactly those key prefixes.
+  _, _, _, iq, ik, iw = _inputs()
+  text = str(jax.make_jaxpr(lambda *a: select_keys(*a, top_k=5, block_q=3))(iq, ik, iw))
+  widths = {int(w) for w in re.findall(rf"f32\[{B},(\d+),{HI}\]", text)} - {T}
+  assert widths == {6, 12, 18}, widths
 
 
 def test_ties_go_to_the_lowest_key_whatever_the_length():

@@ -20,6 +20,10 @@ Array = jnp.ndarray
 
 # Bytes of one indexer tile ([B, rows, NI, S] float32) of the block-wise selection.
 INDEX_TILE_BYTES = 16 * 2**20
+# Query segments of the block-wise selection: segment ``s`` of ``SELECTION_SEGMENTS`` scores
+# only the keys up to its last row (a causal staircase: ~5/8 of the ``[T, S]`` scores and
+# top-k work at 4 segments).
+SELECTION_SEGMENTS = 4
 
 
 class DSAInputs(NamedTuple):
@@ -117,7 +121,9 @@ def select_keys(
   block_q: Optional[int] = None,
 ) -> Array:
   """Each query's top-k keys, ``int32 [B, T, top_k]`` (``-1`` = none), computed a block of
-  query rows at a time (no ``[T, S]`` array); ``top_k`` clamped to ``S``.
+  query rows at a time (no ``[T, S]`` array); ``top_k`` clamped to ``S``. The blocks run in
+  :data:`~attnjax._src.ops.dsa.attention.SELECTION_SEGMENTS` segments, each scoring only the
+  keys its rows can see (``s <= t``).
 
   Args:
     index_q, index_k, index_weights: the indexer's inputs (:func:`index_scores`).
@@ -138,14 +144,22 @@ def select_keys(
   ik = jax.lax.stop_gradient(index_k)
   seg = None if segment_ids is None else pad(segment_ids)
 
-  def one(i):
+  def one(i, width: int):
+    """Query block ``i`` against the first ``width`` keys (those its rows can see)."""
     sl = lambda x: jax.lax.dynamic_slice_in_dim(x, i * tq, tq, axis=1)
     pos = i * tq + jnp.arange(tq)
-    scores = index_scores(sl(iq), ik, sl(iw))
-    allowed = allowed_keys(pos, S, None if seg is None else sl(seg), segment_ids)
-    return top_keys(scores, allowed, kk)
+    scores = index_scores(sl(iq), ik[:, :width], sl(iw))
+    kv_seg = None if segment_ids is None else segment_ids[:, :width]
+    allowed = allowed_keys(pos, width, None if seg is None else sl(seg), kv_seg)
+    idx = top_keys(scores, allowed, min(kk, width))
+    return jnp.pad(idx, [(0, 0), (0, 0), (0, kk - idx.shape[-1])], constant_values=-1)
 
-  idx = jax.lax.map(one, jnp.arange(nq))  # [nq, B, tq, kk]
+  parts = []
+  edges = sorted({round(s * nq / SELECTION_SEGMENTS) for s in range(SELECTION_SEGMENTS + 1)})
+  for lo, hi in zip(edges[:-1], edges[1:]):
+    width = max(1, min(S, hi * tq))  # keys up to the segment's last row
+    parts.append(jax.lax.map(lambda i, w=width: one(i, w), jnp.arange(lo, hi)))
+  idx = jnp.concatenate(parts, axis=0)  # [nq, B, tq, kk]
   return jnp.reshape(jnp.moveaxis(idx, 0, 1), (B, nq * tq, kk))[:, :T]
 
 
