@@ -20,10 +20,6 @@ Array = jnp.ndarray
 
 # Bytes of one indexer tile ([B, rows, NI, S] float32) of the block-wise selection.
 INDEX_TILE_BYTES = 16 * 2**20
-# Query segments of the block-wise selection: segment ``s`` of ``SELECTION_SEGMENTS`` scores
-# only the keys up to its last row (a causal staircase: ~5/8 of the ``[T, S]`` scores and
-# top-k work at 4 segments).
-SELECTION_SEGMENTS = 4
 
 
 class DSAInputs(NamedTuple):
@@ -122,8 +118,8 @@ def select_keys(
 ) -> Array:
   """Each query's top-k keys, ``int32 [B, T, top_k]`` (``-1`` = none), computed a block of
   query rows at a time (no ``[T, S]`` array); ``top_k`` clamped to ``S``. The blocks run in
-  :data:`~attnjax._src.ops.dsa.attention.SELECTION_SEGMENTS` segments, each scoring only the
-  keys its rows can see (``s <= t``).
+  segments (:func:`~attnjax._src.kernels.blockwise.selected.causal_segments`), each scoring
+  only the keys its rows can see (``s <= t``).
 
   Args:
     index_q, index_k, index_weights: the indexer's inputs (:func:`index_scores`).
@@ -154,12 +150,8 @@ def select_keys(
     idx = top_keys(scores, allowed, min(kk, width))
     return jnp.pad(idx, [(0, 0), (0, 0), (0, kk - idx.shape[-1])], constant_values=-1)
 
-  parts = []
-  edges = sorted({round(s * nq / SELECTION_SEGMENTS) for s in range(SELECTION_SEGMENTS + 1)})
-  for lo, hi in zip(edges[:-1], edges[1:]):
-    width = max(1, min(S, hi * tq))  # keys up to the segment's last row
-    parts.append(jax.lax.map(lambda i, w=width: one(i, w), jnp.arange(lo, hi)))
-  idx = jnp.concatenate(parts, axis=0)  # [nq, B, tq, kk]
+  # the keys up to a segment's last row
+  idx = selected.causal_segments(one, nq, tq, lambda end: max(1, min(S, end)))  # [nq, B, tq, kk]
   return jnp.reshape(jnp.moveaxis(idx, 0, 1), (B, nq * tq, kk))[:, :T]
 
 

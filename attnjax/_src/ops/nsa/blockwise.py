@@ -88,19 +88,13 @@ def selection_rows(B: int, N: int, C: int, T: int) -> int:
   return max(1, min(rows, T))
 
 
-# Query segments of the selection pass: segment ``s`` of ``SELECTION_SEGMENTS`` forms logits
-# only against the compressed blocks that have ended by its last row (a staircase: ~5/8 of the
-# ``[T, C]`` logits at 4 segments; at T=65536 in fla's configuration the pass took 3.1 s with
-# one segment).
-SELECTION_SEGMENTS = 4
-
-
 def selection(q: Array, k_c: Array, opts: rules.NSAOptions, num_keys: int) -> Array:
   """The selected blocks, ``int32 [B, T, K, n]``, one query block of weights at a time.
 
   Equal to :func:`attnjax._src.ops.nsa.reference.selection`; no gradient. The query blocks
-  run in :data:`SELECTION_SEGMENTS` segments, each against the compressed blocks that have
-  ended for some of its rows (the others weigh 0 for every row of the segment).
+  run in segments (:func:`attnjax._src.kernels.blockwise.selected.causal_segments`), each
+  against the compressed blocks that have ended for some of its rows (the others weigh 0 for
+  every row of the segment).
   """
   q = jax.lax.stop_gradient(q)
   k_c = jax.lax.stop_gradient(k_c)
@@ -150,12 +144,9 @@ def selection(q: Array, k_c: Array, opts: rules.NSAOptions, num_keys: int) -> Ar
     )  # [B, K, tq, n]
     return jnp.moveaxis(idx, 2, 1)
 
-  parts = []
-  edges = sorted({round(s * nq / SELECTION_SEGMENTS) for s in range(SELECTION_SEGMENTS + 1)})
-  for lo, hi in zip(edges[:-1], edges[1:]):
-    width = int(np.sum(ends_np <= hi * tq - 1))  # blocks ended by the segment's last row
-    parts.append(jax.lax.map(lambda i, w=width: one(i, w), jnp.arange(lo, hi)))
-  idx = jnp.concatenate(parts, axis=0)  # [nq, B, tq, K, n]
+  # the compressed blocks ended by a segment's last row
+  ended = lambda end: int(np.sum(ends_np <= end - 1))
+  idx = selected.causal_segments(one, nq, tq, ended)  # [nq, B, tq, K, n]
   idx = jnp.reshape(jnp.moveaxis(idx, 0, 1), (B, nq * tq, K, o.num_selected))
   return idx[:, :T]
 
