@@ -134,8 +134,8 @@ REPRESENTATIVE = [
   ),
   # Recurrent families: state passing, with resets (one at a shard boundary), initial state.
   dict(family="gated_linear", P=4, T=64, segments=True, gla=True),
-  dict(family="delta_rule", P=2, T=64, initial_state=True),
-  dict(family="delta_rule", P=2, T=64, gla=True, segments=True),  # KDA: per-channel decay
+  # KDA (per-channel decay) from an initial state, with resets
+  dict(family="delta_rule", P=2, T=64, initial_state=True, gla=True, segments=True),
   # MLA: the absorbed form's ring passes the latent; the expanded form all-gathers.
   dict(family="mla", strategy="ring", P=4, T=64, absorb=True, sinks=True, layout="zigzag"),
   dict(family="mla", strategy="all_gather", P=2, T=64, absorb=False, stats=False),

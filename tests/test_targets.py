@@ -513,19 +513,21 @@ def check_tpu_step(variant: str, compiled) -> None:
 # Meshes: (devices, variants compiled by default, None: all; every variant in -m slow). By
 # default one variant per path a step takes to the target compiles: on an H200 the Mosaic GPU
 # kernel (dense; its other normalisers, windows and sinks are the kernel compiles of
-# test_mosaic_gpu.py), the dense loop without it (alibi), and the recurrent families' XLA
-# programs (linear; the gated delta rule with its short convolution); the Triton kernel data
+# test_mosaic_gpu.py) and the dense loop without it (alibi); the Triton kernel data
 # parallel on 4 A100s (sigmoid; data parallel on 8 H200s is another mesh of the same step).
-# The QK-norm projections, gla, block_select, compressed and dilated sparse steps compile in
-# -m slow. On
-# TPUs: splash (dense, and the QK-norm, sink and window forms data parallel on a 4-chip v5e)
-# and the Pallas TPU kernel (ALiBi's score_mod with its slopes on the 4-chip v5e, a non-softmax
-# normaliser on 8 chips: sigmoid; every normaliser's kernel is compiled above). The other families
+# The recurrent families' XLA programs (linear, the gated delta rule with its short
+# convolution; test_linear_attention_takes_the_targets_engine compiles linear attention for an
+# H200 and a v5e by default), the QK-norm projections, gla, block_select, compressed and
+# dilated sparse steps compile in -m slow. On
+# TPUs: splash (dense, and sink logits data parallel on a 4-chip v5e; its QK-norm and window
+# forms in -m slow) and the Pallas TPU kernel (ALiBi's score_mod with its slopes on the 4-chip
+# v5e, a non-softmax normaliser on 8 chips: sigmoid; every normaliser's kernel is compiled
+# above). The other families
 # run no TPU kernel: their XLA programs are compiled for TPUs in -m slow, as is every other
 # (mesh, variant) pair (same kernels, other options; tests/test_export.py exports the compared
 # variants' steps for both platforms by default).
 GPU_STEP_MESHES = {
-  "1": (("h200", 1), ("dense", "alibi", "linear", "gated_deltanet")),
+  "1": (("h200", 1), ("dense", "alibi")),
   "a100-dp4": (("a100", 4), ("sigmoid",)),
   "dp8": (("h200", 8), ()),
 }
@@ -546,7 +548,7 @@ DENSE_KERNEL_VARIANTS = (
 )
 TPU_STEP_MESHES = {
   "v5e-1": (("v5e", "2x2", 1), ("dense",)),
-  "v5e-dp4": (("v5e", "2x2", 4), ("qk_layernorm", "sink_logits", "window", "alibi")),
+  "v5e-dp4": (("v5e", "2x2", 4), ("sink_logits", "alibi")),
   "v5e-dp8": (("v5e", "2x4", 8), ("sigmoid",)),
   "v6e-dp4": (("v6e", "2x2", 4), ("dense",)),
 }
