@@ -25,6 +25,10 @@ ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
 # The notebooks' kernels and autodoc's imports run on the CPU whatever plugins are installed.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The notebooks train tiny models for a few steps and compile many small programs once each,
+# as the test suite does: XLA's optimisation passes cost their kernels (which inherit this)
+# more than they save (notebook 03: 47 s with them, 28 s without). No notebook times anything.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import attnjax  # noqa: E402
 

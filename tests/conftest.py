@@ -24,29 +24,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 FAST_COMPILES = os.environ.get("ATTNJAX_TEST_OPTIMIZED", "") in ("", "0")
 
 
-def _fast_cpu_codegen_flags() -> list[str]:
-  """XLA:CPU flags that compile the suite's small programs faster, where this jaxlib has them.
-
-  jaxlib 0.10's XLA:CPU still has the elemental fusion emitter beside the MLIR one
-  (``--xla_cpu_use_fusion_emitters=false``): it compiles a block-wise forward and backward
-  in about a third of the time, and the suite is compile-bound. Later jaxlibs dropped the
-  flag (XLA aborts on a flag it does not know), so it is asked for only where the version
-  has it. ``ATTNJAX_TEST_OPTIMIZED=1`` leaves XLA's defaults alone.
-  """
-  if not FAST_COMPILES:
-    return []
-  from jaxlib import version  # reads the version only: no backend starts
-
-  if tuple(int(p) for p in version.__version__.split(".")[:2]) >= (0, 11):
-    return []
-  return ["--xla_cpu_use_fusion_emitters=false"]
-
-
-# Subprocesses of the tests inherit these flags through the environment.
-for _flag in _fast_cpu_codegen_flags():
-  if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " " + _flag
-
 # The suite runs on the CPU backend even where the 'aot' extra installs jax's CUDA and TPU
 # plugins (they only describe compile-only devices here: tests/test_targets.py); GPU and TPU
 # runs are experiments/device_check.py's.
@@ -60,6 +37,13 @@ import tempfile  # noqa: E402
 os.environ["ATTNJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnjax-test-cache-")
 os.environ.pop("ATTNJAX_AUTO_KERNELS", None)
 os.environ.pop("ATTNJAX_KERNELS", None)  # its old name
+
+# After the settings above, which jax and attnjax read when imported; before any backend
+# starts. Subprocesses of the tests inherit the flags through the environment.
+if FAST_COMPILES:
+  from attnjax._src import xla_env
+
+  xla_env.use_fast_cpu_compiles()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

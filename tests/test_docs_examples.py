@@ -89,6 +89,7 @@ def test_every_block_that_does_not_run_says_why():
         )
 
 
+@pytest.mark.docs  # CI's docs step, once (the examples call what the suite tests on every jax)
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_examples_run(path, monkeypatch):
   monkeypatch.chdir(ROOT)

@@ -107,6 +107,7 @@ def test_run_dir_notebooks_execute(tiny_sweep_root):
     assert not any("| variant |" in o.get("text", "") for o in outputs), name
 
 
+@pytest.mark.docs  # CI's docs step, beside the site build that executes every notebook
 def test_pretrained_notebook_builds_its_own_run_and_executes():
   """05 without ATTNJAX_RUN_DIR: a tiny run of experiments/pretrained.py on a test checkpoint."""
   path = NOTEBOOKS[0].parent / "05_pretrained_sinks.ipynb"
