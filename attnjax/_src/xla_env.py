@@ -1,8 +1,8 @@
 """XLA:CPU flags for processes that compile many small programs and run each a few times.
 
-The test suite and the documentation's notebooks are compile-bound on the CPU. Call
-:func:`use_fast_cpu_compiles` before jax starts its backends (the first array or device
-query); the flags reach subprocesses (notebook kernels, test subprocesses) through
+The test suite (``tests/conftest.py``) and CI's ``python -m attnjax.check --interpret`` step
+(``.ci/run``) are compile-bound on the CPU. Call :func:`use_fast_cpu_compiles` before jax
+starts its backends (the first array or device query); the flags reach subprocesses through
 ``XLA_FLAGS``. The library itself never sets them: a user's programs keep XLA's defaults.
 """
 
