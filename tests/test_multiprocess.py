@@ -41,6 +41,9 @@ def command(out, steps=20, checkpoint_every=10, mesh="data=-1"):
     "--config",
     "experiments/configs/shakespeare.py:preset=cpu",
     "--config.data.name=bigram_backcopy",
+    # test_mesh.cpu_preset's model (one layer, no microbatches), which the comparison runs
+    "--config.model.num_layers=1",
+    "--config.train.microbatches=1",
     f"--config.train.steps={steps}",
     "--config.train.eval_every=1000",
     "--config.train.probe_every=1000",
