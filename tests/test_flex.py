@@ -499,14 +499,14 @@ def test_hessian_vector_products_both_orders(path):  # sparse: slow; its jvp run
 
   assert_close(
     jax.jit(lambda: fwd_over_rev(fns[path]))(),
-    fwd_over_rev(reference),
+    jax.jit(lambda: fwd_over_rev(reference))(),
     "jvp of grad",
     rtol=2e-4,
     atol=2e-4,
   )
   assert_close(
     jax.jit(lambda: rev_over_fwd(fns[path]))(),
-    rev_over_fwd(reference),
+    jax.jit(lambda: rev_over_fwd(reference))(),
     "grad of jvp",
     rtol=2e-4,
     atol=2e-4,

@@ -49,12 +49,13 @@ def test_every_family_is_registered():
 def test_forward_shapes_and_finite_gradients_reach_every_parameter(name):
   layer = _layer(CASES[name])
   x = _x()
-  assert layer(x).shape == (B, T, D)
+  assert nnx.jit(lambda m: m(x))(layer).shape == (B, T, D)
 
   def loss(m):
     return jnp.mean(m(x) ** 2)
 
-  grads = nnx.state(nnx.grad(loss)(layer), nnx.Param)
+  # Compiled: run eagerly, every op would compile a program of its own.
+  grads = nnx.state(nnx.jit(nnx.grad(loss))(layer), nnx.Param)
   flat = dict(jax.tree_util.tree_leaves_with_path(grads))
   assert flat
   for path, g in flat.items():
@@ -85,21 +86,25 @@ def test_prefill_then_steps_equals_the_full_forward_with_packed_documents(name):
   layer = _layer(CASES[name])
   x = _x()
   seg = jnp.asarray([[0] * 6 + [1] * 5, [0] * 3 + [1] * 8], jnp.int32)
-  full = layer(x, segment_ids=seg)
+  # Compiled, as a model runs them: run eagerly, every op would compile a program of its own.
+  forward = nnx.jit(lambda layer, x, seg: layer(x, segment_ids=seg))
+  decode = nnx.jit(lambda layer, x, cache, seg: layer.decode(x, cache, segment_ids=seg))
+  full = forward(layer, x, seg)
   cache = layer.init_cache(B, T)
   assert isinstance(cache, nn.GatedCache)
   outs = []
   # Prefill 5 tokens, then one token at a time; row 0 changes document between calls.
   for start, stop in [(0, 5)] + [(t, t + 1) for t in range(5, T)]:
-    y, cache = layer.decode(x[:, start:stop], cache, segment_ids=seg[:, start:stop])
+    y, cache = decode(layer, x[:, start:stop], cache, seg[:, start:stop])
     outs.append(y)
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), full, atol=2e-5, rtol=1e-4)
   assert int(cache.index) == T
   # Without segment ids the cache continues one document: equals the unpacked forward.
   cache = layer.init_cache(B, T)
-  y1, cache = layer.decode(x[:, :7], cache)
-  y2, cache = layer.decode(x[:, 7:], cache)
-  np.testing.assert_allclose(jnp.concatenate([y1, y2], axis=1), layer(x), atol=2e-5, rtol=1e-4)
+  y1, cache = decode(layer, x[:, :7], cache, None)
+  y2, cache = decode(layer, x[:, 7:], cache, None)
+  unpacked = forward(layer, x, None)
+  np.testing.assert_allclose(jnp.concatenate([y1, y2], axis=1), unpacked, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -109,14 +114,17 @@ def test_a_token_of_document_two_is_unaffected_by_document_one(name):
   split = 5
   seg = jnp.asarray([[0] * split + [1] * (T - split)] * B, jnp.int32)
   pos = jnp.concatenate([jnp.arange(split), jnp.arange(T - split)])
-  packed = layer(x, segment_ids=seg, positions=pos)
+  # Compiled: run eagerly, every op would compile a program of its own.
+  run = nnx.jit(lambda layer, x, seg, pos: layer(x, segment_ids=seg, positions=pos))
+  packed = run(layer, x, seg, pos)
   other = x.at[:, :split].set(_x(seed=7)[:, :split])
-  packed_other = layer(other, segment_ids=seg, positions=pos)
+  packed_other = run(layer, other, seg, pos)
   np.testing.assert_allclose(packed[:, split:], packed_other[:, split:], atol=1e-6)
   assert float(jnp.max(jnp.abs(packed[:, :split] - packed_other[:, :split]))) > 1e-3
-  np.testing.assert_allclose(packed[:, split:], layer(x[:, split:]), atol=2e-5, rtol=1e-4)
+  alone = run(layer, x[:, split:], None, None)
+  np.testing.assert_allclose(packed[:, split:], alone, atol=2e-5, rtol=1e-4)
   # Without the segment ids document one does reach document two (the test can fail).
-  joined = layer(x, positions=pos)
+  joined = run(layer, x, None, pos)
   assert float(jnp.max(jnp.abs(joined[:, split:] - packed[:, split:]))) > 1e-4
 
 

@@ -211,12 +211,16 @@ def check_backward_kernels(
     return dense.reference(*dense.prepare(q, k, v, sink_logits=sink, **opts_kw))
 
   up = lambda x: x.astype(jnp.float32)
-  want, vjp = jax.vjp(ref, up(q), up(k), up(v), sink)
-  if stats:
-    want, st = want
-    want_grads = vjp((cot, jax.tree.map(jnp.zeros_like, st)._replace(logsumexp=d_lse)))
-  else:
-    want_grads = vjp(cot)
+
+  @jax.jit  # one program: run eagerly, every op of the reference would compile its own
+  def expected(q, k, v, sink):
+    want, vjp = jax.vjp(ref, up(q), up(k), up(v), sink)
+    if stats:
+      want, st = want
+      return want, vjp((cot, jax.tree.map(jnp.zeros_like, st)._replace(logsumexp=d_lse)))
+    return want, vjp(cot)
+
+  want, want_grads = expected(q, k, v, sink)
   what = f"{normalizer} {structure} {kw}"
   assert_close(out, want, what + " out", rtol=0, atol=TOL, scaled=True)
   for name, a, b in zip(("dq", "dk", "dv", "dsink"), grads, want_grads):
@@ -424,7 +428,8 @@ def test_mosaic_gpu_softpick_backward_keeps_each_rows_precision():
   got = jax.jit(kernels)(q, k, v)
   with jax.enable_x64(True):
     f64 = lambda x: np.asarray(x, np.float64)
-    exact = jax.grad(_softpick_f64, (0, 1, 2))(f64(q), f64(k), f64(v), seg, f64(cot))
+    loss = lambda q, k, v, cot: _softpick_f64(q, k, v, seg, cot)  # seg: numpy, not traced
+    exact = jax.jit(jax.grad(loss, (0, 1, 2)))(f64(q), f64(k), f64(v), f64(cot))
     exact = [np.asarray(x) for x in exact]
   tol = 16 * 2.0**-8  # bfloat16 dO, weights, dS and result (2^-9 each); a row's sums
   for name, a, b in zip(("dq", "dk", "dv"), got, exact):

@@ -165,9 +165,9 @@ def test_pallas_gpu_backward_keeps_each_rows_precision(normalizer):
   )
   got = jax.jit(jax.grad(functools.partial(loss, fn=kernel), (0, 1, 2)))(q, k, v)
   with jax.enable_x64(True):
-    exact = jax.grad(functools.partial(loss, fn=dense.reference, dtype=jnp.float64), (0, 1, 2))(
-      *(np.asarray(x, np.float64) for x in (q, k, v))
-    )
+    exact = jax.jit(
+      jax.grad(functools.partial(loss, fn=dense.reference, dtype=jnp.float64), (0, 1, 2))
+    )(*(np.asarray(x, np.float64) for x in (q, k, v)))
     exact = [np.asarray(x) for x in exact]
   # bfloat16 rounds dO, the weights and dS for the tensor-core products and the result (2^-9
   # each), and a row's sum over its keys may cancel: a few times 2^-8 per row.
