@@ -20,7 +20,7 @@ import pytest
 
 from attnjax._src.train import rundir
 from attnjax._src.train.loop import train
-from test_mesh import cpu_preset, losses
+from test_mesh import SMALLER, cpu_preset, losses
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,9 +41,8 @@ def command(out, steps=20, checkpoint_every=10, mesh="data=-1"):
     "--config",
     "experiments/configs/shakespeare.py:preset=cpu",
     "--config.data.name=bigram_backcopy",
-    # test_mesh.cpu_preset's model (one layer, no microbatches), which the comparison runs
-    "--config.model.num_layers=1",
-    "--config.train.microbatches=1",
+    # test_mesh.cpu_preset's model, which the comparison runs
+    *(f"--config.{dotted}={value}" for dotted, value in SMALLER.items()),
     f"--config.train.steps={steps}",
     "--config.train.eval_every=1000",
     "--config.train.probe_every=1000",
